@@ -1,0 +1,92 @@
+"""symbackprop: the workload written as a SymPy model, compiled to C.
+
+Variants: ``symbackprop`` (``mod.value_and_grad(**arrays)``, which checks and
+binds every array and allocates the gradients on each call) and, where the
+module has ``prepare``, ``symbackprop.prepared`` (arrays bound and outputs
+allocated once; each call only calls C).
+
+Compile time "cold" is ``sbp.compile`` with an empty cache (run.py points
+SYMBACKPROP_CACHE_DIR at a fresh folder for each run); "cached" is the same
+``sbp.compile`` again, served from that cache.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+import symbackprop as sbp
+from symbackprop import nn
+
+from ._common import Unsupported, Variant, timed
+
+VERSION = sbp.__version__
+
+
+def build_model(workload):
+    """The workload as an ``sbp.Model``."""
+    if workload.layout == "rows":
+        return _rows_model(workload)
+    return _columns_model(workload)
+
+
+def _rows_model(workload):
+    n = sp.Symbol("n", integer=True, positive=True)
+    sizes, L = workload.sizes, workload.n_layers
+    X, T = sp.MatrixSymbol("X", n, sizes[0]), sp.MatrixSymbol("T", n, sizes[-1])
+    act = getattr(nn, workload.activation)
+    params, a = [], X
+    for k in range(1, L + 1):
+        W = sp.MatrixSymbol(f"W{k}", sizes[k - 1], sizes[k])
+        b = sp.MatrixSymbol(f"b{k}", 1, sizes[k])
+        params += [W, b]
+        z = nn.linear(a, W, b)
+        a = act(z) if k < L else z
+    losses = {"mse": nn.mse, "softmax_ce": nn.softmax_cross_entropy}
+    if workload.loss not in losses:
+        raise Unsupported(f"no symbackprop loss for {workload.loss!r} in rows layout")
+    loss = losses[workload.loss](a, T)
+    return sbp.Model(workload.name, inputs=[X, T], params=params, loss=loss,
+                     outputs={"Y": a})
+
+
+def _columns_model(workload):
+    sizes, L = workload.sizes, workload.n_layers
+    if workload.loss != "half_sse" or sizes[-1] != 1 or workload.batch != 1:
+        raise Unsupported("columns layout is written for one example and one output")
+    x, t = sp.MatrixSymbol("x", sizes[0], 1), sp.MatrixSymbol("t", 1, 1)
+    act = getattr(nn, workload.activation)
+    params, a = [], x
+    for k in range(1, L + 1):
+        W = sp.MatrixSymbol(f"W{k}", sizes[k], sizes[k - 1])
+        params.append(W)
+        z = W * a
+        a = act(z) if k < L else z
+    loss = sp.HadamardPower(a - t, 2) / 2  # a 1x1 matrix: a scalar loss
+    return sbp.Model(workload.name, inputs=[x, t], params=params, loss=loss,
+                     outputs={"y": a})
+
+
+def _compile(model, dtype):
+    try:
+        return timed(sbp.compile, model, dtype=dtype)
+    except sbp.SymbackpropError as exc:
+        if dtype != "float64":
+            raise Unsupported(f"sbp.compile(dtype={dtype!r}) failed: {exc}") from exc
+        raise
+
+
+def setup(workload, dtype, inputs, params):
+    model = build_model(workload)
+    _, cold = _compile(model, dtype)
+    mod, cached = _compile(model, dtype)
+    arrays = {**inputs, **params}
+    times = dict(compile_cold_s=cold, compile_cached_s=cached)
+    variants = [Variant("symbackprop", lambda: mod.value_and_grad(**arrays), **times)]
+    if hasattr(mod, "prepare"):
+        variants.append(Variant("symbackprop.prepared", _prepared(mod, arrays), **times))
+    return variants
+
+
+def _prepared(mod, arrays):
+    call = mod.prepare(**arrays)
+    return lambda: (call(), call.grads)

@@ -1,0 +1,107 @@
+"""Runs one peer over the requested workloads and dtypes (one process per peer).
+
+Started by run.py as ``python -m benchmarks.worker --peer NAME ...``; writes
+one JSON record per line to ``--out`` as soon as each result is known, so a
+peer that is stopped for running too long keeps the results it had.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import traceback
+
+from benchmarks import measure, workloads
+from benchmarks.peers import numpy_ref
+from benchmarks.peers._common import Unsupported, bench_threads
+
+
+def main(argv=None) -> None:
+    args = _parse(argv)
+    limits = _limit_blas_threads(bench_threads())  # noqa: F841 (keep alive)
+    emit = _emitter(args.out)
+    try:
+        peer = importlib.import_module(f"benchmarks.peers.{args.peer}")
+    except ImportError as exc:
+        emit(peer=args.peer, status="not installed", reason=str(exc))
+        return
+    plan = measure.PLANS[args.plan]
+    for workload in workloads.get(args.workloads):
+        for dtype in args.dtypes.split(","):
+            for record in run_one(peer, args.peer, workload, dtype, plan):
+                emit(**record)
+
+
+def run_one(peer, peer_name, workload, dtype, plan):
+    """Records for every variant of ``peer`` on one workload and dtype."""
+    base = {"peer": peer_name, "version": getattr(peer, "VERSION", None),
+            "workload": workload.name, "dtype": dtype}
+    inputs, params = workload.make_data(dtype)
+    reference = numpy_ref.reference(workload, inputs, params)
+    try:
+        variants = peer.setup(workload, dtype, inputs, params)
+    except Unsupported as exc:
+        yield {**base, "variant": peer_name, "status": "unsupported", "reason": str(exc)}
+        return
+    except Exception:
+        yield {**base, "variant": peer_name, "status": "error", "reason": _tail()}
+        return
+    for variant in variants:
+        yield {**base, **_run_variant(peer, variant, workload, dtype, reference, plan)}
+
+
+def _run_variant(peer, variant, workload, dtype, reference, plan) -> dict:
+    record = {"variant": variant.label, "notes": variant.notes,
+              "compile_cold_s": variant.compile_cold_s,
+              "compile_cached_s": variant.compile_cached_s}
+    try:
+        error = measure.max_rel_error(variant.call(), reference)
+    except Exception:
+        return {**record, "status": "error", "reason": _tail()}
+    tolerance = measure.TOLERANCE[dtype]
+    verified = getattr(peer, "VERIFY", True)
+    record.update(max_rel_err=error if verified else None, tolerance=tolerance)
+    if verified and not error <= tolerance:
+        return {**record, "status": "failed verification",
+                "reason": f"max relative error {error:.3g} > {tolerance:g}"}
+    try:
+        timing = measure.time_call(variant.call, plan)
+    except Exception:
+        return {**record, "status": "error", "reason": _tail()}
+    gflops = workload.flops / timing["median_s"] / 1e9
+    return {**record, **timing, "status": "ok", "gflops": gflops}
+
+
+def _limit_blas_threads(n: int):
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return None  # run.py also sets OPENBLAS/OMP/MKL_NUM_THREADS
+    return threadpool_limits(limits=n)
+
+
+def _emitter(path: str):
+    def emit(**record):
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    return emit
+
+
+def _tail(limit: int = 2000) -> str:
+    return traceback.format_exc()[-limit:]
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--peer", required=True)
+    p.add_argument("--workloads", default=None)
+    p.add_argument("--dtypes", default="float64,float32")
+    p.add_argument("--plan", choices=sorted(measure.PLANS), default="full")
+    p.add_argument("--out", required=True)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""symbackprop: a symbolic-to-C backprop compiler.
+
+Declare a model in SymPy, compile it, call the generated C from Python::
+
+    mod = symbackprop.compile(model)
+    loss, grads = mod.value_and_grad(X=x, T=t, W1=w1, ...)
+"""
+
+from ._version import __version__
+from .errors import ArgumentError, BuildError, ModelError, SymbackpropError
+from .model import Model
+from .runtime import CompiledModule, compile
+
+__all__ = [
+    "ArgumentError",
+    "BuildError",
+    "CompiledModule",
+    "Model",
+    "ModelError",
+    "SymbackpropError",
+    "__version__",
+    "compile",
+]

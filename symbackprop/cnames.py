@@ -1,0 +1,89 @@
+"""User names to C identifiers: valid, not reserved, unique, deterministic.
+
+Nothing a user names reaches the C text except through `CNamer.name` (for
+identifiers) or `comment_text` (for comments).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+C_KEYWORDS = frozenset(
+    """auto break case char const continue default do double else enum extern float for goto
+    if inline int long register restrict return short signed sizeof static struct switch typedef
+    union unsigned void volatile while _Bool _Complex _Imaginary _Alignas _Alignof _Atomic
+    _Generic _Noreturn _Static_assert _Thread_local asm fortran""".split()
+)
+
+# Names from math.h, stdlib.h, stdint.h, string.h and the preprocessor that
+# a generated file may see; a user name equal to one gets a suffix.
+C_LIBRARY = frozenset(
+    """acos acosh asin asinh atan atan2 atanh cbrt ceil copysign cos cosh erf erfc exp exp2 expm1
+    fabs fdim floor fma fmax fmin fmod frexp hypot ilogb ldexp lgamma llrint llround log log10
+    log1p log2 logb lrint lround modf nan nearbyint nextafter nexttoward pow remainder remquo rint
+    round scalbln scalbn sin sinh sqrt tan tanh tgamma trunc j0 j1 jn y0 y1 yn gamma signgam
+    isnan isinf isfinite isnormal signbit fpclassify HUGE_VAL INFINITY NAN M_PI M_E errno
+    abs labs div exit free malloc calloc realloc rand srand abort atexit getenv system qsort
+    bsearch atoi atof atol strtod memcpy memset memmove strlen strcmp strcpy index rindex
+    size_t ptrdiff_t int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t
+    intptr_t uintptr_t NULL EOF FILE stdin stdout stderr main assert offsetof bool true false
+    defined __LINE__ __FILE__""".split()
+)
+
+# Names the templates use for their own locals.
+INTERNAL = frozenset("i j k acc maxval total work status".split())
+_TEMP = re.compile(r"^x\d+$")  # CSE temporaries
+MAX_LENGTH = 48
+
+
+def _ascii(name: str) -> str:
+    out = []
+    for ch in unicodedata.normalize("NFKD", name):
+        if ch.isascii():
+            out.append(ch)
+        elif unicodedata.combining(ch):
+            continue
+        else:
+            out.append(f"u{ord(ch):04x}")
+    return "".join(out)
+
+
+def sanitize(name: str) -> str:
+    """A valid C identifier that reads like `name` (not yet made unique)."""
+    ident = re.sub(r"[^A-Za-z0-9_]", "_", _ascii(name))
+    ident = re.sub(r"_+", "_", ident).strip("_") or "v"
+    if ident[0].isdigit():
+        ident = "v" + ident
+    ident = ident[:MAX_LENGTH]
+    if ident in C_KEYWORDS or ident in C_LIBRARY or ident in INTERNAL or _TEMP.match(ident):
+        ident += "_"
+    return ident
+
+
+class CNamer:
+    """Gives each logical name one C identifier; first come, first served."""
+
+    def __init__(self, reserved: frozenset[str] = frozenset()):
+        self.reserved = set(reserved)
+        self.ident: dict[str, str] = {}
+
+    def name(self, logical: str) -> str:
+        found = self.ident.get(logical)
+        if found is not None:
+            return found
+        base = sanitize(logical)
+        ident, count = base, 1
+        while ident in self.reserved:
+            count += 1
+            ident = f"{base}_{count}"
+        self.reserved.add(ident)
+        self.ident[logical] = ident
+        return ident
+
+
+def comment_text(text: str) -> str:
+    """Text that is safe inside a /* */ comment on one line, in ASCII."""
+    text = _ascii(text).replace("\r", " ").replace("\n", " ")
+    text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return text.replace("*/", "* /").replace("/*", "/ *").replace("??", "? ?")

@@ -1,0 +1,319 @@
+"""Emit C99 (source, header, cffi cdef) from function schedules.
+
+Scalars are printed by a subclass of SymPy's C99 printer; everything else
+is rendered by the Jinja templates in templates/, which get small plain
+dataclasses of strings, never the compiler's objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+import jinja2
+import sympy as sp
+from sympy.printing.c import C99CodePrinter
+
+from .cnames import CNamer, comment_text
+from .schedule import LOOP_I, LOOP_J, FunctionSchedule, MapKernel, MatMulKernel, PackKernel, ReduceKernel, View
+
+LOOP_K = sp.Symbol("k", integer=True)
+
+
+@dataclass(frozen=True)
+class RealType:
+    """The floating type of a module: its C name and its math suffix."""
+
+    name: str  # "float64" / "float32"
+    c: str  # "double" / "float"
+    numpy: str
+    sympy_type: object
+
+
+FLOAT64 = RealType("float64", "double", "float64", sp.codegen.ast.float64)
+FLOAT32 = RealType("float32", "float", "float32", sp.codegen.ast.float32)
+REAL_TYPES = {t.name: t for t in (FLOAT64, FLOAT32)}
+
+
+class ScalarPrinter(C99CodePrinter):
+    """SymPy's C99 printer with the few changes generated kernels need:
+    symbols print as given C text, integer powers as products, step
+    functions as comparisons, and literals in the module's real type."""
+
+    def __init__(self, text: dict[sp.Symbol, str], real: RealType):
+        super().__init__({"type_aliases": {sp.codegen.ast.real: real.sympy_type}})
+        self.text = text
+        self.real = real
+
+    def _print_Symbol(self, expr: sp.Symbol) -> str:
+        return self.text.get(expr) or super()._print_Symbol(expr)
+
+    def _print_Pow(self, expr: sp.Pow) -> str:
+        base, exp = expr.args
+        if exp.is_Integer and 2 <= abs(int(exp)) <= 4 and base.is_Symbol:
+            factor = self.parenthesize(base, sp.printing.precedence.PRECEDENCE["Mul"])
+            product = "(" + "*".join([factor] * abs(int(exp))) + ")"
+            return product if exp > 0 else f"{self._one()}/{product}"
+        if exp == -1:
+            return f"{self._one()}/{self.parenthesize(base, sp.printing.precedence.PRECEDENCE['Mul'])}"
+        return super()._print_Pow(expr)
+
+    def _one(self) -> str:
+        return self._print(sp.Float(1.0))
+
+    def _print_Heaviside(self, expr: sp.Expr) -> str:
+        # relu's kink: the derivative at exactly 0 is taken as 0 (as PyTorch)
+        return f"(({self._print(expr.args[0])} > 0) ? {self._one()} : {self._print(sp.Float(0.0))})"
+
+    def _print_sign(self, expr: sp.Expr) -> str:
+        x = self._print(expr.args[0])
+        return f"(({x} > 0) - ({x} < 0))"
+
+    def _print_DiracDelta(self, expr: sp.Expr) -> str:
+        return self._print(sp.Float(0.0))
+
+
+class IndexPrinter(C99CodePrinter):
+    """Integer index arithmetic: dimensions print as their C names."""
+
+    def __init__(self, text: dict[sp.Symbol, str]):
+        super().__init__()
+        self.text = text
+
+    def _print_Symbol(self, expr: sp.Symbol) -> str:
+        return self.text.get(expr) or super()._print_Symbol(expr)
+
+    def _print_Integer(self, expr: sp.Integer) -> str:
+        return str(int(expr))
+
+
+# --- what the templates get -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CParam:
+    role: str  # "dim", "input", "output", "work"
+    name: str  # the user-facing name (array keyword or result name)
+    cname: str
+    decl: str  # the C declaration, e.g. "const double *X"
+    shape: tuple[str, ...]  # C expressions of the array's shape
+
+
+@dataclass(frozen=True)
+class CKernel:
+    kind: str
+    comments: tuple[str, ...]
+    fields: dict
+
+
+@dataclass(frozen=True)
+class CFunction:
+    name: str
+    summary: str
+    params: tuple[CParam, ...]
+    dims: tuple[str, ...]
+    slots: tuple[tuple[str, str, str], ...]  # (cname, offset, comment)
+    kernels: tuple[CKernel, ...]
+    work_size: str
+    ops_before_cse: int
+    ops_after_cse: int
+
+    @property
+    def dim_params(self) -> str:
+        return ", ".join(p.decl for p in self.params if p.role == "dim") or "void"
+
+    @property
+    def all_params(self) -> str:
+        return ", ".join(p.decl for p in self.params)
+
+
+@dataclass(frozen=True)
+class CModule:
+    prefix: str
+    guard: str  # include guard macro
+    model_name: str  # as a comment-safe text
+    real: str
+    real_c: str
+    functions: tuple[CFunction, ...]
+    version: str
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """The text of a generated module and the ABI the runtime needs."""
+
+    prefix: str
+    source: str  # <prefix>.c
+    header: str  # <prefix>.h
+    cdef: str  # declarations for cffi
+    module: CModule
+
+
+# --- emission ---------------------------------------------------------------
+
+
+class FunctionEmitter:
+    """Prints one scheduled function's kernels into template data."""
+
+    def __init__(self, namer: CNamer, dims: dict[sp.Symbol, str], real: RealType):
+        self.namer = namer
+        self.dims = dims
+        self.real = real
+        self.index = IndexPrinter({**dims, LOOP_I: "i", LOOP_J: "j", LOOP_K: "k"})
+
+    def dim(self, d: object) -> str:
+        return self.index.doprint(sp.sympify(d))
+
+    def access(self, view: View, i: sp.Expr, j: sp.Expr) -> str:
+        return f"{self.namer.name(view.buffer)}[{self.index.doprint(sp.expand(view.at(i, j)))}]"
+
+    def kernel(self, kernel: object) -> CKernel:
+        comments = tuple(comment_text(c) for c in kernel.comments)
+        if isinstance(kernel, MapKernel):
+            return CKernel("map", comments, self._map(kernel))
+        if isinstance(kernel, MatMulKernel):
+            return CKernel("matmul", comments, self._matmul(kernel))
+        if isinstance(kernel, ReduceKernel):
+            return CKernel(kernel.op, comments, self._reduce(kernel))
+        if isinstance(kernel, PackKernel):
+            return CKernel("pack", comments, self._pack(kernel))
+        raise AssertionError(kernel)
+
+    def _loops(self, shape: tuple) -> tuple[list[tuple[str, str]], sp.Expr, sp.Expr]:
+        rows, cols = shape
+        loops = []
+        i = LOOP_I if rows != 1 else sp.Integer(0)
+        j = LOOP_J if cols != 1 else sp.Integer(0)
+        if rows != 1:
+            loops.append(("i", self.dim(rows)))
+        if cols != 1:
+            loops.append(("j", self.dim(cols)))
+        return loops, i, j
+
+    def _map(self, kernel: MapKernel) -> dict:
+        loops, i, j = self._loops(kernel.shape)
+        text = {sym: self.access(view, i, j) for sym, view in kernel.loads}
+        text.update({d: f"(({self.real.c}){c})" for d, c in self.dims.items()})
+        temps_text = {sym: str(sym) for sym, _ in kernel.temps}
+        printer = ScalarPrinter({**text, **temps_text}, self.real)
+        cols = kernel.shape[1]
+        out_index = sp.expand(i * (cols if kernel.shape[0] != 1 else 0) + j)
+        out_index_text = self.index.doprint(out_index)
+        return {
+            "loops": loops,
+            "temps": [(str(sym), printer.doprint(expr)) for sym, expr in kernel.temps],
+            "stores": [
+                (f"{self.namer.name(out)}[{out_index_text}]", printer.doprint(expr)) for out, expr in kernel.stores
+            ],
+        }
+
+    def _matmul(self, kernel: MatMulKernel) -> dict:
+        b_rows_contiguous = kernel.b.col_stride == 1 or kernel.n == 1
+        order = "ikj" if b_rows_contiguous else "ijk"
+        out = View(kernel.out, sp.Integer(0), sp.sympify(kernel.n), sp.Integer(1))
+        return {
+            "order": order,
+            "m": self.dim(kernel.m),
+            "k": self.dim(kernel.k),
+            "n": self.dim(kernel.n),
+            "a": self.access(kernel.a, LOOP_I, LOOP_K),
+            "b": self.access(kernel.b, LOOP_K, LOOP_J),
+            "c": self.access(out, LOOP_I, LOOP_J),
+        }
+
+    def _reduce(self, kernel: ReduceKernel) -> dict:
+        outer, inner = (LOOP_J, LOOP_I) if kernel.axis == 0 else (LOOP_I, LOOP_J)
+        outer_len, inner_len = (kernel.cols, kernel.rows) if kernel.axis == 0 else (kernel.rows, kernel.cols)
+        at = {LOOP_I: LOOP_I, LOOP_J: LOOP_J}
+        outer_name, outer_bound = str(outer), self.dim(outer_len)
+        if outer_bound == "1":
+            head = ["{", f"    const int64_t {outer_name} = 0;"]
+        else:
+            head = [f"for (int64_t {outer_name} = 0; {outer_name} < {outer_bound}; ++{outer_name}) {{"]
+        return {
+            "head": head,
+            "inner": (str(inner), self.dim(inner_len)),
+            "src": self.access(kernel.src, at[LOOP_I], at[LOOP_J]),
+            "out": f"{self.namer.name(kernel.out)}[{outer}]",
+            "real": self.real.c,
+            "suffix": "f" if self.real.c == "float" else "",
+        }
+
+    def _pack(self, kernel: PackKernel) -> dict:
+        zero = sp.Integer(0)
+        return {
+            "out": self.namer.name(kernel.out),
+            "size": self.dim(kernel.size),
+            "entries": [(str(index), self.access(view, zero, zero)) for index, view in kernel.entries],
+        }
+
+
+@lru_cache(maxsize=1)
+def template_environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(_template_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    return env
+
+
+def _template_dir() -> Path:
+    """templates/ inside the installed wheel, or at the top of a checkout."""
+    try:
+        packaged = Path(str(resources.files("symbackprop.templates")))
+        if (packaged / "module.c.j2").is_file():
+            return packaged
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parent.parent / "templates"
+
+
+def render(module: CModule) -> tuple[str, str, str]:
+    env = template_environment()
+    source = env.get_template("module.c.j2").render(m=module)
+    header = env.get_template("module.h.j2").render(m=module)
+    cdef = env.get_template("cdef.j2").render(m=module)
+    return source, header, cdef
+
+
+def emit_function(
+    schedule: FunctionSchedule,
+    namer: CNamer,
+    dims: dict[sp.Symbol, str],
+    real: RealType,
+    inputs: Sequence[tuple[str, tuple]],
+    outputs: Sequence[tuple[str, tuple]],
+    summary: str,
+    prefix: str,
+) -> CFunction:
+    emitter = FunctionEmitter(namer, dims, real)
+    params = [CParam("dim", str(d), c, f"int64_t {c}", ()) for d, c in dims.items()]
+    for name, shape in inputs:
+        c = namer.name(name)
+        params.append(CParam("input", name, c, f"const {real.c} *{c}", tuple(emitter.dim(d) for d in shape)))
+    for name, shape in outputs:
+        c = namer.name(name)
+        params.append(CParam("output", name, c, f"{real.c} *{c}", tuple(emitter.dim(d) for d in shape)))
+    params.append(CParam("work", "work", "work", f"{real.c} *work", ()))
+    slots = tuple(
+        (namer.name(slot.name), emitter.dim(slot.offset), f"{emitter.dim(slot.shape[0])} x {emitter.dim(slot.shape[1])}")
+        for slot in schedule.slots
+    )
+    return CFunction(
+        name=f"{prefix}_{schedule.name}",
+        summary=summary,
+        params=tuple(params),
+        dims=tuple(dims.values()),
+        slots=slots,
+        kernels=tuple(emitter.kernel(k) for k in schedule.kernels),
+        work_size=emitter.dim(schedule.work_size),
+        ops_before_cse=schedule.op_counts[0],
+        ops_after_cse=schedule.op_counts[1],
+    )

@@ -1,0 +1,440 @@
+"""Lower SymPy expressions to a DAG of tensor ops.
+
+Every value is a 2-D tensor (rows, cols); a scalar is 1x1. Dimensions are
+ints or SymPy Symbols (bound from the arrays at call time). Nodes are
+immutable and hash-consed: building the same op on the same arguments twice
+returns the same object, so shared subgraphs are shared nodes.
+
+The ops:
+    leaf       a declared input or parameter           attrs: (name, role)
+    map        elementwise scalar body over its args    attrs: (body,)
+               args broadcast along axes where their size is 1
+    matmul     A @ B
+    transpose  A^T (a view: no copy is made)
+    sum        sum over one axis (kept as size 1)       attrs: (axis,)
+    logsumexp  stable log(sum(exp)) over one axis       attrs: (axis,)
+    element    A[i, j] as a 1x1 (a view)                attrs: (i, j)
+    pack       a matrix from 1x1 values, zero elsewhere attrs: (positions,)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import sympy as sp
+from sympy.core.function import AppliedUndef
+from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
+from sympy.matrices.expressions.matexpr import MatrixElement
+
+from .errors import ModelError
+from .model import Model, leaf_name
+
+Dim = int | sp.Symbol
+Shape = tuple[Dim, Dim]
+SCALAR: Shape = (1, 1)
+
+
+class Node:
+    """One op applied to argument nodes. Build with the functions below."""
+
+    __slots__ = ("op", "args", "shape", "attrs")
+    op: str
+    args: tuple["Node", ...]
+    shape: Shape
+    attrs: tuple
+
+    def __repr__(self) -> str:
+        return f"Node({self.op}, shape={self.shape}, attrs={self.attrs}, nargs={len(self.args)})"
+
+
+_INTERNED: dict[tuple, Node] = {}
+
+
+def _node(op: str, args: tuple[Node, ...], shape: Shape, attrs: tuple = ()) -> Node:
+    key = (op, args, shape, attrs)
+    node = _INTERNED.get(key)
+    if node is None:
+        node = Node()
+        node.op, node.args, node.shape, node.attrs = op, args, shape, attrs
+        _INTERNED[key] = node
+    return node
+
+
+def placeholder(index: int) -> sp.Symbol:
+    """The symbol that stands for a map's index-th argument in its body."""
+    return sp.Symbol(f"_a{index}", real=True)
+
+
+# --- constructors ---------------------------------------------------------
+
+
+def leaf(name: str, shape: Shape, role: str) -> Node:
+    return _node("leaf", (), shape, (name, role))
+
+
+def const(value: sp.Expr, shape: Shape = SCALAR) -> Node:
+    return _node("map", (), shape, (sp.sympify(value),))
+
+
+def is_const(node: Node) -> bool:
+    return node.op == "map" and not node.args
+
+
+def broadcastable(arg: Shape, out: Shape) -> bool:
+    return all(a == o or a == 1 for a, o in zip(arg, out))
+
+
+def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Node:
+    """body(args) elementwise; placeholders _a0.. stand for the args in order.
+
+    Folds constant args into the body, merges repeated args, drops unused
+    ones and renumbers, so equal computations are equal nodes.
+    """
+    args = tuple(args)
+    if shape is None:
+        shape = _broadcast_shape([a.shape for a in args])
+    subs: dict[sp.Symbol, sp.Expr] = {}
+    kept: list[Node] = []
+    for index, arg in enumerate(args):
+        if not broadcastable(arg.shape, shape):
+            raise ModelError(f"cannot broadcast shape {arg.shape} to {shape} in {body}")
+        if is_const(arg):
+            subs[placeholder(index)] = arg.attrs[0]
+        elif arg in kept:
+            subs[placeholder(index)] = placeholder(kept.index(arg))
+        else:
+            subs[placeholder(index)] = placeholder(len(kept))
+            kept.append(arg)
+    body = sp.sympify(body).xreplace(subs)
+    used = [a for i, a in enumerate(kept) if placeholder(i) in body.free_symbols]
+    if len(used) != len(kept):
+        renumber = {placeholder(kept.index(a)): placeholder(i) for i, a in enumerate(used)}
+        body = body.xreplace(renumber)
+    if body == placeholder(0) and len(used) == 1 and used[0].shape == shape:
+        return used[0]
+    fused = _match_logsumexp(body, used, shape)
+    if fused is not None:
+        return fused
+    return _node("map", tuple(used), shape, (body,))
+
+
+def _broadcast_shape(shapes: list[Shape]) -> Shape:
+    if not shapes:
+        return SCALAR
+    rows = next((s[0] for s in shapes if s[0] != 1), 1)
+    cols = next((s[1] for s in shapes if s[1] != 1), 1)
+    return (rows, cols)
+
+
+def matmul(a: Node, b: Node) -> Node:
+    if a.shape[1] != b.shape[0]:
+        raise ModelError(f"matrix product of shapes {a.shape} and {b.shape}")
+    return _node("matmul", (a, b), (a.shape[0], b.shape[1]))
+
+
+def transpose(a: Node) -> Node:
+    if a.op == "transpose":
+        return a.args[0]
+    if a.shape == SCALAR or is_const(a):
+        return a if a.shape == SCALAR else const(a.attrs[0], (a.shape[1], a.shape[0]))
+    return _node("transpose", (a,), (a.shape[1], a.shape[0]))
+
+
+def reduce_sum(a: Node, axis: int) -> Node:
+    """Sum over `axis` (0: down the rows, giving 1 x cols; 1: along each row)."""
+    if a.shape[axis] == 1:
+        return a
+    shape = (1, a.shape[1]) if axis == 0 else (a.shape[0], 1)
+    if is_const(a):
+        return const(a.attrs[0] * a.shape[axis], shape)
+    return _node("sum", (a,), shape, (axis,))
+
+
+def logsumexp(a: Node, axis: int) -> Node:
+    shape = (1, a.shape[1]) if axis == 0 else (a.shape[0], 1)
+    return _node("logsumexp", (a,), shape, (axis,))
+
+
+def element(a: Node, i: int, j: int) -> Node:
+    if a.shape == SCALAR:
+        return a
+    if a.op == "pack":
+        positions = a.attrs[0]
+        return a.args[positions.index((i, j))] if (i, j) in positions else const(0)
+    return _node("element", (a,), SCALAR, (i, j))
+
+
+def pack(shape: Shape, entries: dict[tuple[int, int], Node]) -> Node:
+    entries = {p: e for p, e in entries.items() if not (is_const(e) and e.attrs[0] == 0)}
+    positions = tuple(sorted(entries))
+    return _node("pack", tuple(entries[p] for p in positions), shape, (positions,))
+
+
+def broadcast(a: Node, shape: Shape) -> Node:
+    """`a` repeated along the axes where its size is 1."""
+    return map_(placeholder(0), [a], shape)
+
+
+def _match_logsumexp(body: sp.Expr, args: list[Node], shape: Shape) -> Node | None:
+    """log(sum(exp(Z), axis)) becomes one stable logsumexp (max subtracted)."""
+    if body != sp.log(placeholder(0)) or len(args) != 1 or args[0].op != "sum":
+        return None
+    summed = args[0].args[0]
+    if summed.op == "map" and summed.attrs[0] == sp.exp(placeholder(0)):
+        inner = summed.args[0]
+        if inner.shape == summed.shape:
+            return logsumexp(inner, args[0].attrs[0])
+    return None
+
+
+# --- lowering SymPy -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A model as tensor nodes."""
+
+    model: Model
+    leaves: dict[str, Node]  # user name -> leaf node, inputs then params
+    loss: Node
+    outputs: dict[str, Node]
+    dims: tuple[sp.Symbol, ...]  # symbolic dimensions, in declaration order
+
+
+def as_dim(d: sp.Expr, where: object) -> Dim:
+    if isinstance(d, (int, sp.Integer)) or getattr(d, "is_Integer", False):
+        if int(d) < 1:
+            raise ModelError(f"dimension {d} of {where} must be positive")
+        return int(d)
+    if isinstance(d, sp.Symbol):
+        return d
+    raise ModelError(f"dimension {d} of {where} must be an integer or a Symbol")
+
+
+def shape_of(expr: sp.Basic) -> Shape:
+    if isinstance(expr, (sp.MatrixExpr, sp.MatrixBase)):
+        return (as_dim(expr.shape[0], expr), as_dim(expr.shape[1], expr))
+    return SCALAR
+
+
+def lower(model: Model) -> Lowered:
+    """Lower the model's loss and outputs to tensor nodes.
+
+    Raises:
+        ModelError: naming the subexpression that is undeclared, unsupported
+            or shaped wrong.
+    """
+    leaves: dict[str, Node] = {}
+    by_symbol: dict[sp.Basic, Node] = {}
+    dims: list[sp.Symbol] = []
+    for role, group in (("input", model.inputs), ("param", model.params)):
+        for sym in group:
+            node = leaf(leaf_name(sym), shape_of(sym), role)
+            leaves[leaf_name(sym)] = by_symbol[sym] = node
+            dims += [d for d in node.shape if isinstance(d, sp.Symbol) and d not in dims]
+    clash = [d for d in dims if leaf_name(d) in leaves]
+    if clash:
+        raise ModelError(f"{clash[0]} is used both as a dimension and as an input/param")
+    lowerer = _Lowerer(by_symbol, tuple(dims))
+    loss = lowerer.scalar_result(model.loss, "the loss")
+    outputs = {name: lowerer.lower(expr) for name, expr in model.outputs.items()}
+    return Lowered(model, leaves, loss, outputs, tuple(dims))
+
+
+class _Lowerer:
+    """Turns SymPy expressions into nodes, memoized per subexpression."""
+
+    def __init__(self, leaves: dict[sp.Basic, Node], dims: tuple[sp.Symbol, ...]):
+        self.leaves = leaves
+        self.dims = set(dims)
+        self.memo: dict[sp.Basic, Node] = {}
+
+    def scalar_result(self, expr: sp.Basic, what: str) -> Node:
+        node = self.lower(expr)
+        if node.shape != SCALAR:
+            raise ModelError(f"{what} must be a scalar; {expr} has shape {node.shape}")
+        return node
+
+    def lower(self, expr: sp.Basic) -> Node:
+        expr = sp.sympify(expr)
+        node = self.memo.get(expr)
+        if node is None:
+            node = self.memo[expr] = self._lower(expr)
+        return node
+
+    def _lower(self, expr: sp.Basic) -> Node:
+        if isinstance(expr, sp.MatrixBase):
+            return self._explicit_matrix(expr)
+        if isinstance(expr, sp.MatrixExpr):
+            rule = _MATRIX_RULES.get(type(expr))
+            if rule is None:
+                raise ModelError(f"unsupported matrix operation {type(expr).__name__}: {expr}")
+            return rule(self, expr)
+        if isinstance(expr, sp.Expr):
+            return self._scalar(expr)
+        raise ModelError(f"unsupported expression {expr!r} of type {type(expr).__name__}")
+
+    def _scalar(self, expr: sp.Expr) -> Node:
+        """A scalar expression becomes one map over its leaves and elements."""
+        atoms = _scalar_atoms(expr)
+        args: list[Node] = []
+        subs: dict[sp.Basic, sp.Expr] = {}
+        for atom in atoms:
+            if isinstance(atom, MatrixElement):
+                parent, i, j = atom.args
+                if not (i.is_Integer and j.is_Integer):
+                    raise ModelError(f"only constant indices are supported: {atom}")
+                arg = element(self.lower(parent), int(i), int(j))
+            elif atom in self.leaves:
+                arg = self.leaves[atom]
+                if arg.shape != SCALAR:
+                    raise ModelError(f"{atom} is a matrix used as a scalar in {expr}")
+            elif atom in self.dims:
+                continue  # a symbolic dimension stays in the body
+            elif isinstance(atom, sp.Symbol) and atom.name.startswith("_a"):
+                raise ModelError(f"symbol names starting with '_a' are reserved: {atom}")
+            else:
+                raise ModelError(f"{atom} is neither an input nor a param (in {expr})")
+            subs[atom] = placeholder(len(args))
+            args.append(arg)
+        return map_(expr.xreplace(subs), args, SCALAR)
+
+    def _explicit_matrix(self, expr: sp.MatrixBase) -> Node:
+        rows, cols = expr.shape
+        entries = {(i, j): self.lower(expr[i, j]) for i in range(rows) for j in range(cols)}
+        return pack((rows, cols), entries)
+
+    # --- matrix expression rules (one per SymPy class, see _MATRIX_RULES) ---
+
+    def matrix_symbol(self, expr: sp.MatrixSymbol) -> Node:
+        if expr not in self.leaves:
+            raise ModelError(f"{expr} is neither an input nor a param")
+        return self.leaves[expr]
+
+    def mat_add(self, expr: sp.MatAdd) -> Node:
+        terms = [self.lower(t) for t in expr.args]
+        body = sp.Add(*[placeholder(i) for i in range(len(terms))])
+        return map_(body, terms, shape_of(expr))
+
+    def mat_mul(self, expr: sp.MatMul) -> Node:
+        coeff, factors = expr.as_coeff_matrices()
+        product = _product_chain([self._factor(f) for f in factors])
+        if coeff == 1:
+            return product
+        return map_(placeholder(0) * placeholder(1), [self.lower(coeff), product])
+
+    def _factor(self, factor: sp.MatrixExpr) -> Node | _Ones:
+        if isinstance(factor, sp.OneMatrix):
+            return _Ones(as_dim(factor.shape[0], factor), as_dim(factor.shape[1], factor))
+        return self.lower(factor)
+
+    def hadamard_product(self, expr: sp.HadamardProduct) -> Node:
+        factors = [self.lower(f) for f in expr.args]
+        body = sp.Mul(*[placeholder(i) for i in range(len(factors))])
+        return map_(body, factors, shape_of(expr))
+
+    def hadamard_power(self, expr: sp.HadamardPower) -> Node:
+        base, exponent = expr.args
+        return map_(placeholder(0) ** placeholder(1), [self.lower(base), self.lower(exponent)])
+
+    def apply_function(self, expr: ElementwiseApplyFunction) -> Node:
+        function = expr.function
+        value = function(placeholder(0))
+        if not isinstance(value, sp.Expr):
+            raise ModelError(f"elementwise function {function} does not give a scalar")
+        inner = self.lower(expr.expr)
+        for sub in sp.preorder_traversal(value):
+            if isinstance(sub, AppliedUndef):
+                raise ModelError(f"{sub.func} is an undefined function (no derivative, no C)")
+        free = value.free_symbols - {placeholder(0)} - self.dims
+        if free:
+            raise ModelError(f"elementwise function {function} uses undeclared {sorted(map(str, free))}")
+        return map_(value, [inner], inner.shape)
+
+    def transpose(self, expr: sp.Transpose) -> Node:
+        return transpose(self.lower(expr.arg))
+
+    def one_matrix(self, expr: sp.OneMatrix) -> Node:
+        return const(1, shape_of(expr))
+
+    def zero_matrix(self, expr: sp.ZeroMatrix) -> Node:
+        return const(0, shape_of(expr))
+
+
+def _scalar_atoms(expr: sp.Expr) -> list[sp.Basic]:
+    """Symbols and matrix elements of a scalar expression, in a fixed order."""
+    atoms: list[sp.Basic] = []
+    stack = [expr]
+    while stack:
+        sub = stack.pop()
+        if isinstance(sub, AppliedUndef):
+            raise ModelError(f"{sub.func} is an undefined function (no derivative, no C)")
+        if isinstance(sub, (sp.Symbol, MatrixElement)):
+            if sub not in atoms:
+                atoms.append(sub)
+        elif isinstance(sub, (sp.MatrixExpr, sp.MatrixBase)):
+            raise ModelError(f"matrix {sub} used inside the scalar expression {expr}")
+        else:
+            stack.extend(reversed(sub.args))
+    return atoms
+
+
+@dataclass(frozen=True)
+class _Ones:
+    """A OneMatrix factor of a product: becomes a sum and/or a broadcast."""
+
+    rows: Dim
+    cols: Dim
+
+
+def _product_chain(factors: list[Node | _Ones]) -> Node:
+    acc = factors[0]
+    for factor in factors[1:]:
+        acc = _product(acc, factor)
+    if isinstance(acc, _Ones):
+        return const(1, (acc.rows, acc.cols))
+    return acc
+
+
+def _product(a: Node | _Ones, b: Node | _Ones) -> Node | _Ones:
+    if isinstance(a, _Ones) and isinstance(b, _Ones):
+        return const(a.cols, (a.rows, b.cols))
+    if isinstance(a, _Ones):  # ones(r, k) @ B: column sums, repeated on r rows
+        return broadcast(reduce_sum(b, 0), (a.rows, b.shape[1]))
+    if isinstance(b, _Ones):  # A @ ones(k, c): row sums, repeated in c columns
+        return broadcast(reduce_sum(a, 1), (a.shape[0], b.cols))
+    return matmul(a, b)
+
+
+_MATRIX_RULES: dict[type, Callable[[_Lowerer, sp.Basic], Node]] = {
+    sp.MatrixSymbol: _Lowerer.matrix_symbol,
+    sp.MatAdd: _Lowerer.mat_add,
+    sp.MatMul: _Lowerer.mat_mul,
+    sp.HadamardProduct: _Lowerer.hadamard_product,
+    sp.HadamardPower: _Lowerer.hadamard_power,
+    ElementwiseApplyFunction: _Lowerer.apply_function,
+    sp.Transpose: _Lowerer.transpose,
+    sp.OneMatrix: _Lowerer.one_matrix,
+    sp.ZeroMatrix: _Lowerer.zero_matrix,
+}
+
+
+def topological_order(roots: Iterable[Node]) -> list[Node]:
+    """Every node reachable from roots, arguments before users, in a fixed
+    order (depth-first, arguments left to right): never by set or id order."""
+    order: list[Node] = []
+    seen: set[Node] = set()
+    for root in roots:
+        stack: list[tuple[Node, int]] = [(root, 0)]
+        while stack:
+            node, index = stack.pop()
+            if node in seen:
+                continue
+            if index < len(node.args):
+                stack.append((node, index + 1))
+                stack.append((node.args[index], 0))
+            else:
+                seen.add(node)
+                order.append(node)
+    return order
