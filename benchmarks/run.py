@@ -34,16 +34,13 @@ BASELINE = "symbackprop"
 
 def main(argv=None) -> int:
     args = _parse(argv)
-    selected = workloads.get(args.workloads)
-    dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
-    peers = [p.strip() for p in args.peers.split(",")] if args.peers else list(PEERS)
     records = []
-    for peer in peers:
+    for peer in args.peers:
         print(f"[{time.strftime('%H:%M:%S')}] {peer} ...", file=sys.stderr, flush=True)
-        records += run_peer(peer, selected, dtypes, args)
-    print(format_table(records, selected))
+        records += run_peer(peer, args)
+    print(format_table(records, args.workloads))
     if args.json:
-        report = {"meta": _meta(args, selected, dtypes), "results": records}
+        report = {"meta": _meta(args), "results": records}
         Path(args.json).write_text(json.dumps(report, indent=1))
         print(f"\nwrote {args.json}")
     return 0
@@ -53,9 +50,10 @@ def main(argv=None) -> int:
 # Running one peer
 
 
-def run_peer(peer: str, selected, dtypes, args) -> list[dict]:
+def run_peer(peer: str, args) -> list[dict]:
     """Run ``peer`` in a worker subprocess; its records, plus one per
     missing workload/dtype if the worker died or ran out of time."""
+    selected, dtypes = args.workloads, args.dtype
     with tempfile.TemporaryDirectory(prefix=f"sbp_bench_{peer}_") as tmp:
         out = Path(tmp) / "records.jsonl"
         cmd = [sys.executable, "-m", "benchmarks.worker", "--peer", peer,
@@ -94,6 +92,7 @@ def _worker_env(args, tmp: str) -> dict:
         env[var] = threads
     env["SBP_BENCH_CACHE"] = str(Path(tmp) / "cache")  # fresh: first compile is cold
     env["SBP_BENCH_COMPILE_TIMEOUT"] = str(args.compile_timeout)
+    env["SYMBACKPROP_CACHE_DIR"] = str(Path(tmp) / "symbackprop")
     env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(tmp) / "torchinductor")
     env["JAX_PLATFORMS"] = "cpu"
     if args.threads == 1:
@@ -109,7 +108,7 @@ def _read_records(path: Path) -> list[dict]:
 
 
 def _missing(peer, records, selected, dtypes, status, detail) -> list[dict]:
-    if any(r.get("status") == "not installed" for r in records):
+    if any(r["status"] == "not installed" for r in records):
         return []
     seen = {(r.get("workload"), r.get("dtype")) for r in records}
     return [{"peer": peer, "variant": peer, "workload": w.name, "dtype": d,
@@ -128,11 +127,16 @@ COLUMNS = ("workload", "dtype", "peer", "status", "median", "min", "max",
 def format_table(records: list[dict], selected) -> str:
     """A plain-text table of every record, then the reasons and notes."""
     order = {w.name: i for i, w in enumerate(selected)}
-    present = sorted((r for r in records if r["status"] != "not installed"),
+    present = sorted((r for r in records if r["status"] not in ("not installed", "init")),
                      key=lambda r: (order.get(r["workload"], 99), r["dtype"] != "float64"))
     lines = _align([COLUMNS] + [_row(r, records) for r in present])
     lines += [f"{r['peer']}: not installed ({r.get('reason', '')})"
               for r in records if r["status"] == "not installed"]
+    warmups = [f"{r['peer']} {_t(r['seconds'])}" for r in records
+               if r["status"] == "init" and r.get("seconds") is not None]
+    if warmups:
+        lines += ["", "one-off warm-up per peer process (not in the compile columns): "
+                  + ", ".join(warmups)]
     notes = _notes(present)
     if notes:
         lines += ["", "notes:"] + [f"  {n}" for n in notes]
@@ -156,7 +160,7 @@ def _row(r: dict, records: list[dict]) -> tuple:
     ok = r["status"] == "ok"
     base = _baseline_medians(records, r["workload"], r["dtype"])
     ratio = lambda b: f"{r['median_s'] / b:.2f}" if ok and b else ""
-    gflops = f"{r['gflops']:.2f}" if ok and r["workload"] == "W3" else ""
+    gflops = f"{r['gflops']:.2f}" if ok and r.get("gflops") and r["workload"] == "W3" else ""
     err = r.get("max_rel_err")
     return (r["workload"], r["dtype"], r["variant"], r["status"],
             _t(r.get("median_s")), _t(r.get("min_s")), _t(r.get("max_s")),
@@ -186,7 +190,7 @@ def _align(rows) -> list[str]:
     return [fmt(rows[0]), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows[1:]]
 
 
-def _meta(args, selected, dtypes) -> dict:
+def _meta(args) -> dict:
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "python": platform.python_version(),
@@ -196,8 +200,8 @@ def _meta(args, selected, dtypes) -> dict:
         "threads": args.threads,
         "plan": "quick" if args.quick else "full",
         "workloads": {w.name: {"description": w.description, "flops": w.flops}
-                      for w in selected},
-        "dtypes": dtypes,
+                      for w in args.workloads},
+        "dtypes": args.dtype,
     }
 
 
@@ -214,6 +218,17 @@ def _parse(argv):
                    help="seconds one C compile may take")
     p.add_argument("--json", default=None, help="write all results to this file")
     args = p.parse_args(argv)
+    args.peers = [s.strip() for s in args.peers.split(",")] if args.peers else list(PEERS)
+    unknown = sorted(set(args.peers) - set(PEERS))
+    if unknown:
+        p.error(f"unknown peer(s) {unknown}; known: {', '.join(PEERS)}")
+    try:
+        args.workloads = workloads.get(args.workloads)
+    except KeyError as exc:
+        p.error(exc.args[0])
+    args.dtype = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    if not args.dtype or set(args.dtype) - set(workloads.DTYPES):
+        p.error(f"--dtype must be a comma list of {', '.join(workloads.DTYPES)}")
     if args.timeout is None:
         args.timeout = 600.0 if args.quick else 1800.0
     return args

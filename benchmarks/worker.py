@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import time
 import traceback
 
 from benchmarks import measure, workloads
@@ -27,6 +28,7 @@ def main(argv=None) -> None:
         emit(peer=args.peer, status="not installed", reason=str(exc))
         return
     plan = measure.PLANS[args.plan]
+    emit(peer=args.peer, status="init", seconds=_warm_up(peer, args.dtypes.split(",")[0]))
     for workload in workloads.get(args.workloads):
         for dtype in args.dtypes.split(","):
             for record in run_one(peer, args.peer, workload, dtype, plan):
@@ -51,6 +53,18 @@ def run_one(peer, peer_name, workload, dtype, plan):
         yield {**base, **_run_variant(peer, variant, workload, dtype, reference, plan)}
 
 
+def _warm_up(peer, dtype) -> float | None:
+    """Seconds to set up and call the peer once on the warm-up model."""
+    inputs, params = workloads.WARMUP.make_data(dtype)
+    t0 = time.perf_counter()
+    try:
+        for variant in peer.setup(workloads.WARMUP, dtype, inputs, params):
+            variant.call()
+    except Exception:
+        return None  # the real workloads will report what is wrong
+    return time.perf_counter() - t0
+
+
 def _run_variant(peer, variant, workload, dtype, reference, plan) -> dict:
     record = {"variant": variant.label, "notes": variant.notes,
               "compile_cold_s": variant.compile_cold_s,
@@ -69,7 +83,7 @@ def _run_variant(peer, variant, workload, dtype, reference, plan) -> dict:
         timing = measure.time_call(variant.call, plan)
     except Exception:
         return {**record, "status": "error", "reason": _tail()}
-    gflops = workload.flops / timing["median_s"] / 1e9
+    gflops = workload.flops / timing["median_s"] / 1e9 if verified else None
     return {**record, **timing, "status": "ok", "gflops": gflops}
 
 

@@ -136,6 +136,12 @@ WORKLOADS: dict[str, Workload] = {
     ]
 }
 
+# A tiny model, not one of the benchmarks, that each worker sets up once
+# before the real ones so that one-time framework initialisation (imports,
+# compiler start-up) is not charged to the first workload's compile time.
+WARMUP = Workload("warmup", "one-off framework warm-up, never reported",
+                  batch=3, sizes=(2, 3, 1), activation="tanh", loss="mse")
+
 
 def get(names: str | list[str] | None = None) -> list[Workload]:
     """Workloads by name (comma-separated string or list); all when None."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Sequence
 
@@ -149,6 +148,7 @@ class Emitted:
     source: str  # <prefix>.c
     header: str  # <prefix>.h
     cdef: str  # declarations for cffi
+    derivation: str  # Markdown: the backward pass as math
     module: CModule
 
 
@@ -171,7 +171,7 @@ class FunctionEmitter:
         return f"{self.namer.name(view.buffer)}[{self.index.doprint(sp.expand(view.at(i, j)))}]"
 
     def kernel(self, kernel: object) -> CKernel:
-        comments = tuple(comment_text(c) for c in kernel.comments)
+        comments = tuple(comment_text(e.comment) for e in kernel.equations)
         if isinstance(kernel, MapKernel):
             return CKernel("map", comments, self._map(kernel))
         if isinstance(kernel, MatMulKernel):
@@ -265,14 +265,13 @@ def template_environment() -> jinja2.Environment:
 
 
 def _template_dir() -> Path:
-    """templates/ inside the installed wheel, or at the top of a checkout."""
-    try:
-        packaged = Path(str(resources.files("symbackprop.templates")))
-        if (packaged / "module.c.j2").is_file():
-            return packaged
-    except (ModuleNotFoundError, TypeError):
-        pass
-    return Path(__file__).resolve().parent.parent / "templates"
+    """templates/ inside the installed wheel (package data of
+    symbackprop.templates), or at the top of a source checkout."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "templates", here.parent / "templates"):
+        if (candidate / "module.c.j2").is_file():
+            return candidate
+    raise FileNotFoundError(f"symbackprop's templates are missing (looked in {here} and {here.parent})")
 
 
 def render(module: CModule) -> tuple[str, str, str]:

@@ -9,6 +9,7 @@ from ._version import __version__
 from .autodiff import vjp
 from .cnames import CNamer, comment_text, sanitize
 from .codegen import REAL_TYPES, CModule, Emitted, emit_function, render
+from .derivation import derive, render_derivation
 from .errors import ModelError
 from .ir import SCALAR, Lowered, const, lower
 from .model import Model, leaf_name
@@ -73,7 +74,9 @@ def generate(model: Model, dtype: str = "float64") -> tuple[Emitted, Plan]:
         version=__version__,
     )
     source, header, cdef = render(module)
-    return Emitted(prefix, source, header, cdef, module), the_plan
+    forward, gradient = the_plan.functions
+    derivation = render_derivation(derive(model.name, forward, gradient, dtype, list(lowered.leaves)))
+    return Emitted(prefix, source, header, cdef, derivation, module), the_plan
 
 
 __all__ = ["Plan", "generate", "plan"]

@@ -9,6 +9,7 @@ a caller-provided workspace whose slots are reused once dead.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -34,6 +35,39 @@ class View:
 
 
 @dataclass(frozen=True)
+class Equation:
+    """What a kernel computes, for comments (text) and the derivation (LaTeX)."""
+
+    lhs: str
+    text: str
+    latex: str
+
+    @property
+    def comment(self) -> str:
+        return f"{self.lhs} = {self.text}"
+
+
+def latex_name(name: str) -> str:
+    """grad_x as dL/dx, dy_dx as dy/dx, other names as SymPy writes them."""
+    if name.startswith("grad_") and len(name) > 5:
+        return rf"\frac{{\partial L}}{{\partial {latex_name(name[5:])}}}"
+    match = re.fullmatch(r"d([A-Za-z]\w*?)_d([A-Za-z]\w*)", name)
+    if match:
+        top, bottom = (latex_name(g) for g in match.groups())
+        return rf"\frac{{\partial {top}}}{{\partial {bottom}}}"
+    return sp.latex(sp.Symbol(name))
+
+
+def latex(expr: sp.Basic) -> str:
+    names = {s: latex_name(str(s.name)) for s in expr.atoms(sp.Symbol, sp.MatrixSymbol)}
+    return sp.latex(expr, symbol_names=names)
+
+
+def _equation(lhs: str, rhs: sp.Basic) -> Equation:
+    return Equation(lhs, sp.sstr(rhs), f"{latex_name(lhs)} = {latex(rhs)}")
+
+
+@dataclass(frozen=True)
 class MapKernel:
     """A fused elementwise loop: loads, CSE temporaries, stores."""
 
@@ -41,7 +75,7 @@ class MapKernel:
     loads: tuple[tuple[sp.Symbol, View], ...]
     temps: tuple[tuple[sp.Symbol, sp.Expr], ...]
     stores: tuple[tuple[str, sp.Expr], ...]  # (output buffer, value)
-    comments: tuple[str, ...]
+    equations: tuple[Equation, ...]
     kind: str = "map"
 
 
@@ -53,7 +87,7 @@ class MatMulKernel:
     m: object
     k: object
     n: object
-    comments: tuple[str, ...]
+    equations: tuple[Equation, ...]
     kind: str = "matmul"
 
 
@@ -67,7 +101,7 @@ class ReduceKernel:
     rows: object
     cols: object
     axis: int
-    comments: tuple[str, ...]
+    equations: tuple[Equation, ...]
     kind: str = "reduce"
 
 
@@ -76,7 +110,7 @@ class PackKernel:
     out: str
     size: object
     entries: tuple[tuple[int, View], ...]
-    comments: tuple[str, ...]
+    equations: tuple[Equation, ...]
     kind: str = "pack"
 
 
@@ -329,9 +363,11 @@ class _Scheduler:
         counts[1] += sum(sp.count_ops(e) for _, e in temps) + sum(sp.count_ops(e) for e in reduced)
         load_views = tuple((sym, self._broadcast_view(node, group.shape)) for node, sym in loads.items())
         readable = {sym: sp.Symbol(self._label(node)) for node, sym in loads.items()}
-        comments = tuple(f"{self.buffer_of[m]} = {sp.sstr(value[m].xreplace(readable))}" for m in stored)
+        equations = tuple(_equation(self.buffer_of[m], value[m].xreplace(readable)) for m in stored)
+        if group.shape != SCALAR:
+            equations = tuple(Equation(e.lhs, e.text, e.latex + r" \quad \text{(elementwise)}") for e in equations)
         stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
-        return MapKernel(group.shape, load_views, tuple(temps), stores, comments)
+        return MapKernel(group.shape, load_views, tuple(temps), stores, equations)
 
     def _label(self, node: Node) -> str:
         if node.op == "transpose":
@@ -341,38 +377,59 @@ class _Scheduler:
             return f"{self._label(node.args[0])}[{i},{j}]"
         return self.buffer_of.get(node) or self.naming(node)
 
+    def _symbol(self, node: Node) -> sp.Basic:
+        """A SymPy stand-in for a kernel's argument, named as in the C."""
+        if node.op == "transpose":
+            return sp.Transpose(self._symbol(node.args[0]))
+        if node.op == "element":
+            return self._symbol(node.args[0])[node.attrs]
+        name = self.buffer_of.get(node) or self.naming(node)
+        return sp.Symbol(name) if node.shape == SCALAR else sp.MatrixSymbol(name, *node.shape)
+
     def _kernel(self, node: Node) -> Kernel:
         out = self.buffer_of[node]
         if node.op == "matmul":
             a, b = node.args
-            comment = f"{out} = {self._label(a)} @ {self._label(b)}"
-            return MatMulKernel(out, self.view(a), self.view(b), a.shape[0], a.shape[1], b.shape[1], (comment,))
+            rhs = latex(sp.MatMul(self._symbol(a), self._symbol(b)))
+            equation = Equation(out, f"{self._label(a)} @ {self._label(b)}", f"{latex_name(out)} = {rhs}")
+            return MatMulKernel(out, self.view(a), self.view(b), a.shape[0], a.shape[1], b.shape[1], (equation,))
         if node.op in ("sum", "logsumexp"):
-            (src,) = node.args
-            axis = node.attrs[0]
-            what = "columns" if axis == 0 else "rows"
-            comment = f"{out} = {node.op} of {self._label(src)} over each of its {what}"
-            if node.op == "logsumexp":
-                comment += " (max subtracted)"
-            return ReduceKernel(node.op, out, self.view(src), src.shape[0], src.shape[1], axis, (comment,))
+            return self._reduce_kernel(node, out)
         if node.op == "pack":
             rows, cols = node.shape
             entries = tuple((i * cols + j, self.view(arg)) for (i, j), arg in zip(node.attrs[0], node.args))
-            parts = ", ".join(f"[{i},{j}]={self._label(a)}" for (i, j), a in zip(node.attrs[0], node.args))
-            return PackKernel(out, rows * cols, entries, (f"{out} = matrix with {parts or 'all zeros'}",))
+            matrix = sp.zeros(rows, cols)
+            for (i, j), arg in zip(node.attrs[0], node.args):
+                matrix[i, j] = sp.Symbol(self._label(arg))
+            return PackKernel(out, rows * cols, entries, (_equation(out, sp.ImmutableMatrix(matrix)),))
         raise AssertionError(f"no kernel for op {node.op}")
+
+    def _reduce_kernel(self, node: Node, out: str) -> ReduceKernel:
+        (src,) = node.args
+        axis = node.attrs[0]
+        arg = self._label(src)
+        term = rf"\left({latex_name(arg)}\right)_{{ij}}"
+        index = "i" if axis == 0 else "j"
+        what = "down each column" if axis == 0 else "along each row"
+        if node.op == "sum":
+            text = f"sum of {arg} {what}"
+            rhs = rf"\sum_{{{index}}} {term}"
+        else:
+            text = f"log(sum(exp({arg}))) {what}, its max subtracted first"
+            rhs = rf"\log \sum_{{{index}}} \exp {term}"
+        equation = Equation(out, text, f"{latex_name(out)} = {rhs}")
+        return ReduceKernel(node.op, out, self.view(src), src.shape[0], src.shape[1], axis, (equation,))
 
     def _copies(self, bound: list[tuple[str, Node]]) -> list[Kernel]:
         kernels: list[Kernel] = []
         for out_name, node in bound:
             if is_const(node):
                 value = node.attrs[0]
-                kernels.append(MapKernel(node.shape, (), (), ((out_name, value),), (f"{out_name} = {value}",)))
+                kernels.append(MapKernel(node.shape, (), (), ((out_name, value),), (_equation(out_name, value),)))
                 continue
             sym = sp.Symbol("_load0", real=True)
-            view = self.view(node)
-            comment = f"{out_name} = {self._label(node)}"
-            kernels.append(MapKernel(node.shape, ((sym, view),), (), ((out_name, sym),), (comment,)))
+            equation = _equation(out_name, sp.Symbol(self._label(node)))
+            kernels.append(MapKernel(node.shape, ((sym, self.view(node)),), (), ((out_name, sym),), (equation,)))
         return kernels
 
     def _plan_workspace(self, kernels: list[Kernel]) -> tuple[tuple[Slot, ...], sp.Expr]:
@@ -388,9 +445,9 @@ class _Scheduler:
         first: dict[str, int] = {}
         last: dict[str, int] = {}
         for index, kernel in enumerate(kernels):
-            for buffer in _writes(kernel):
+            for buffer in kernel_writes(kernel):
                 first.setdefault(buffer, index)
-            for buffer in _reads(kernel):
+            for buffer in kernel_reads(kernel):
                 last[buffer] = index
         free: list[tuple[sp.Expr, sp.Expr]] = []  # (size, offset), released slots
         releases: dict[int, list[str]] = {}
@@ -414,13 +471,13 @@ class _Scheduler:
         return tuple(slots), sp.expand(end)
 
 
-def _writes(kernel: Kernel) -> list[str]:
+def kernel_writes(kernel: Kernel) -> list[str]:
     if isinstance(kernel, MapKernel):
         return [out for out, _ in kernel.stores]
     return [kernel.out]
 
 
-def _reads(kernel: Kernel) -> list[str]:
+def kernel_reads(kernel: Kernel) -> list[str]:
     if isinstance(kernel, MapKernel):
         return [view.buffer for _, view in kernel.loads]
     if isinstance(kernel, MatMulKernel):

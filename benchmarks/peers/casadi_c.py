@@ -17,8 +17,15 @@ from __future__ import annotations
 
 import casadi as ca
 
-from ._common import (C_TYPES, CffiCall, Unsupported, build_cffi, c_signature,
-                      cffi_variants, timed)
+from ._common import (
+    C_TYPES,
+    CffiCall,
+    Unsupported,
+    build_cffi,
+    c_signature,
+    cffi_variants,
+    timed,
+)
 
 VERSION = ca.__version__
 SX_MAX_FLOPS = 200_000  # above this many flops per step, use MX

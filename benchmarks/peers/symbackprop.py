@@ -80,7 +80,7 @@ def setup(workload, dtype, inputs, params):
     _, cold = _compile(model, dtype)
     mod, cached = _compile(model, dtype)
     arrays = {**inputs, **params}
-    times = dict(compile_cold_s=cold, compile_cached_s=cached)
+    times = {"compile_cold_s": cold, "compile_cached_s": cached}
     variants = [Variant("symbackprop", lambda: mod.value_and_grad(**arrays), **times)]
     if hasattr(mod, "prepare"):
         variants.append(Variant("symbackprop.prepared", _prepared(mod, arrays), **times))
