@@ -17,19 +17,28 @@ C_KEYWORDS = frozenset(
 )
 
 # Names from math.h, stdlib.h, stdint.h, string.h and the preprocessor that
-# a generated file may see; a user name equal to one gets a suffix.
-C_LIBRARY = frozenset(
-    """acos acosh asin asinh atan atan2 atanh cbrt ceil copysign cos cosh erf erfc exp exp2 expm1
+# a generated file may see; a user name equal to one gets a suffix. Math
+# functions are reserved with their float and long double variants too.
+_MATH = """acos acosh asin asinh atan atan2 atanh cbrt ceil copysign cos cosh erf erfc exp exp2 expm1
     fabs fdim floor fma fmax fmin fmod frexp hypot ilogb ldexp lgamma llrint llround log log10
     log1p log2 logb lrint lround modf nan nearbyint nextafter nexttoward pow remainder remquo rint
-    round scalbln scalbn sin sinh sqrt tan tanh tgamma trunc j0 j1 jn y0 y1 yn gamma signgam
-    isnan isinf isfinite isnormal signbit fpclassify HUGE_VAL INFINITY NAN M_PI M_E errno
+    round scalbln scalbn sin sinh sqrt tan tanh tgamma trunc j0 j1 jn y0 y1 yn gamma""".split()
+C_LIBRARY = frozenset(
+    [f + suffix for f in _MATH for suffix in ("", "f", "l")]
+    + """signgam isnan isinf isfinite isnormal signbit fpclassify HUGE_VAL INFINITY NAN M_PI M_E errno
     abs labs div exit free malloc calloc realloc rand srand abort atexit getenv system qsort
     bsearch atoi atof atol strtod memcpy memset memmove strlen strcmp strcpy index rindex
     size_t ptrdiff_t int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t
     intptr_t uintptr_t NULL EOF FILE stdin stdout stderr main assert offsetof bool true false
-    defined __LINE__ __FILE__""".split()
+    defined math_errhandling static_assert st_atime st_mtime st_ctime L_tmpnam L_ctermid
+    L_cuserid P_tmpdir sched_priority linux unix i386 complex imaginary""".split()
 )
+
+# Object-like macros of the C library and Python.h that the tables above do
+# not list are upper case (EDOM, INT_MAX, the header guard <PREFIX>_H) or
+# carry a library prefix (Py_, M_, PRId64); user names of that form get a
+# suffix too. Names with one capital letter (X, W1, W_2) are left alone.
+_MACRO_LIKE = re.compile(r"^(?:[^a-z]*[A-Z][^a-z]*[A-Z][^a-z]*|Py[A-Z_].*|PY.*|M_.*|(?:PRI|SCN)[a-zA-Z].*)$")
 
 # Names the templates use for their own locals.
 INTERNAL = frozenset("i j k acc maxval total work status".split())
@@ -56,9 +65,19 @@ def sanitize(name: str) -> str:
     if ident[0].isdigit():
         ident = "v" + ident
     ident = ident[:MAX_LENGTH]
-    if ident in C_KEYWORDS or ident in C_LIBRARY or ident in INTERNAL or _TEMP.match(ident):
+    if _reserved(ident):
         ident += "_"
     return ident
+
+
+def _reserved(ident: str) -> bool:
+    return (
+        ident in C_KEYWORDS
+        or ident in C_LIBRARY
+        or ident in INTERNAL
+        or _TEMP.match(ident) is not None
+        or _MACRO_LIKE.match(ident) is not None
+    )
 
 
 class CNamer:
@@ -74,7 +93,7 @@ class CNamer:
             return found
         base = sanitize(logical)
         ident, count = base, 1
-        while ident in self.reserved:
+        while ident in self.reserved or _reserved(ident):
             count += 1
             ident = f"{base}_{count}"
         self.reserved.add(ident)

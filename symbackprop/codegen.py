@@ -7,7 +7,7 @@ dataclasses of strings, never the compiler's objects.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
@@ -17,7 +17,17 @@ import sympy as sp
 from sympy.printing.c import C99CodePrinter
 
 from .cnames import CNamer, comment_text
-from .schedule import LOOP_I, LOOP_J, FunctionSchedule, MapKernel, MatMulKernel, PackKernel, ReduceKernel, View
+from .schedule import (
+    LOOP_I,
+    LOOP_J,
+    FunctionSchedule,
+    MapKernel,
+    MatMulKernel,
+    PackKernel,
+    ReduceKernel,
+    View,
+    kernel_writes,
+)
 
 LOOP_K = sp.Symbol("k", integer=True)
 
@@ -106,6 +116,7 @@ class CKernel:
     kind: str
     comments: tuple[str, ...]
     fields: dict
+    declares: tuple[tuple[str, str, str], ...] = ()  # workspace slots first written here
 
 
 @dataclass(frozen=True)
@@ -114,7 +125,7 @@ class CFunction:
     summary: str
     params: tuple[CParam, ...]
     dims: tuple[str, ...]
-    slots: tuple[tuple[str, str, str], ...]  # (cname, offset, comment)
+    uses_work: bool
     kernels: tuple[CKernel, ...]
     work_size: str
     ops_before_cse: int
@@ -168,7 +179,17 @@ class FunctionEmitter:
         return self.index.doprint(sp.sympify(d))
 
     def access(self, view: View, i: sp.Expr, j: sp.Expr) -> str:
-        return f"{self.namer.name(view.buffer)}[{self.index.doprint(sp.expand(view.at(i, j)))}]"
+        """buffer[offset + i*row_stride + j*col_stride], terms in that order."""
+        terms = []
+        for coefficient, var in ((view.offset, 1), (view.row_stride, i), (view.col_stride, j)):
+            term = sp.expand(sp.sympify(coefficient) * var)
+            if term == 0:
+                continue
+            if term.is_Number or var == 1 or coefficient == 1 or not var.is_Symbol:
+                terms.append(self.index.doprint(term))
+            else:
+                terms.append(f"{self.index.doprint(sp.sympify(coefficient))}*{self.index.doprint(var)}")
+        return f"{self.namer.name(view.buffer)}[{' + '.join(terms) or '0'}]"
 
     def kernel(self, kernel: object) -> CKernel:
         comments = tuple(comment_text(e.comment) for e in kernel.equations)
@@ -301,17 +322,23 @@ def emit_function(
         c = namer.name(name)
         params.append(CParam("output", name, c, f"{real.c} *{c}", tuple(emitter.dim(d) for d in shape)))
     params.append(CParam("work", "work", "work", f"{real.c} *work", ()))
-    slots = tuple(
-        (namer.name(slot.name), emitter.dim(slot.offset), f"{emitter.dim(slot.shape[0])} x {emitter.dim(slot.shape[1])}")
-        for slot in schedule.slots
-    )
+    kernels = [emitter.kernel(k) for k in schedule.kernels]
+    first_write = {}
+    for index, kernel in enumerate(schedule.kernels):
+        for buffer in kernel_writes(kernel):
+            first_write.setdefault(buffer, index)
+    declares: dict[int, list[tuple[str, str, str]]] = {}
+    for slot in schedule.slots:
+        shape = f"{emitter.dim(slot.shape[0])} x {emitter.dim(slot.shape[1])}"
+        declares.setdefault(first_write[slot.name], []).append((namer.name(slot.name), emitter.dim(slot.offset), shape))
+    kernels = [replace(k, declares=tuple(declares.get(i, ()))) for i, k in enumerate(kernels)]
     return CFunction(
         name=f"{prefix}_{schedule.name}",
         summary=summary,
         params=tuple(params),
         dims=tuple(dims.values()),
-        slots=slots,
-        kernels=tuple(emitter.kernel(k) for k in schedule.kernels),
+        uses_work=bool(schedule.slots),
+        kernels=tuple(kernels),
         work_size=emitter.dim(schedule.work_size),
         ops_before_cse=schedule.op_counts[0],
         ops_after_cse=schedule.op_counts[1],

@@ -33,6 +33,7 @@ class Derivation:
     inputs_read: tuple[str, ...]
     forward_work_bytes: str
     gradient_work_bytes: str
+    ops: tuple[tuple[str, int, int], ...]  # (function, scalar ops before CSE, after)
 
 
 def _bytes(count: sp.Expr, itemsize: int) -> str:
@@ -70,6 +71,7 @@ def derive(model_name: str, forward: FunctionSchedule, gradient: FunctionSchedul
         inputs_read=tuple(b for b in dict.fromkeys(read_after) if b in leaf_names),
         forward_work_bytes=_bytes(forward.work_size, itemsize),
         gradient_work_bytes=_bytes(gradient.work_size, itemsize),
+        ops=tuple((fn.name, *fn.op_counts) for fn in (forward, gradient)),
     )
 
 

@@ -4,15 +4,18 @@ Every array is checked (name, shape, dtype) before the C call; symbolic
 dimensions are bound from the arrays' shapes. Conversions that are made
 (and nothing else is converted):
 
-- Python numbers, lists and tuples become arrays of the module's dtype;
+- Python and numpy numbers (not bools), and lists and tuples of them, become
+  arrays of the module's dtype;
 - a scalar (Symbol) argument may be a number, a 0-d array, or shape (1,),
   (1, 1);
 - arrays that are not C-contiguous (Fortran order, strided views) are
   copied to C order.
 
 A numpy array of another dtype (float32 into a float64 module, integers,
-complex) is an error, not a silent cast. NaN and infinity pass through with
-IEEE semantics.
+complex) is an error, not a silent cast; so are masked arrays, whose masks
+would be ignored, and symbolic dimensions below 1 (an empty batch). Every
+error is an ArgumentError naming the argument, what was expected and what
+was received. NaN and infinity pass through with IEEE semantics.
 """
 
 from __future__ import annotations
@@ -104,7 +107,8 @@ class CompiledModule:
         sig = self.signatures[function]
         _check_names(sig, arrays)
         bound: dict[sp.Symbol, int] = {}
-        values = [self._convert(spec, arrays[spec.name], bound) for spec in sig.inputs]
+        binder: dict[sp.Symbol, str] = {}  # the argument each dimension was bound from
+        values = [self._convert(spec, arrays[spec.name], bound, binder) for spec in sig.inputs]
         for dim in sig.dims:
             if dim not in bound:
                 raise ArgumentError(f"dimension {dim} is not fixed by any argument")
@@ -120,11 +124,13 @@ class CompiledModule:
             raise ArgumentError(f"{sig.c_name} rejected the dimensions {dict(zip(map(str, sig.dims), dims))}")
         return {spec.name: (float(o.reshape(-1)[0]) if spec.scalar else o) for spec, o in zip(sig.outputs, outputs)}
 
-    def _convert(self, spec: ArraySpec, value: Any, bound: dict[sp.Symbol, int]) -> np.ndarray:
+    def _convert(self, spec: ArraySpec, value: Any, bound: dict[sp.Symbol, int], binder: dict[sp.Symbol, str]) -> np.ndarray:
         array = _as_array(spec, value, self.dtype)
         if spec.scalar:
             if array.size != 1 or array.ndim > 2:
-                raise ArgumentError(f"{spec.name} is a scalar; got an array of shape {array.shape}")
+                raise ArgumentError(
+                    f"{spec.name} is a scalar: a number or an array of shape (), (1,) or (1, 1); got shape {array.shape}"
+                )
             return np.ascontiguousarray(array.reshape(1, 1))
         if array.ndim != 2:
             raise ArgumentError(
@@ -133,11 +139,15 @@ class CompiledModule:
         for axis, (want, got) in enumerate(zip(spec.shape, array.shape)):
             if isinstance(want, sp.Symbol):
                 if got < 1:
-                    raise ArgumentError(f"{spec.name}: dimension {want} (axis {axis}) must be at least 1; got shape {array.shape}")
+                    raise ArgumentError(
+                        f"{spec.name} must have shape {_show(spec.shape)} with {want} >= 1; got {array.shape}"
+                    )
                 if bound.setdefault(want, got) != got:
                     raise ArgumentError(
-                        f"{spec.name} has {want}={got} (shape {array.shape}), but an earlier argument has {want}={bound[want]}"
+                        f"{spec.name} must have shape {_show(spec.shape)} with {want}={bound[want]} "
+                        f"(as in {binder[want]}); got {array.shape}"
                     )
+                binder.setdefault(want, spec.name)
             elif want != got:
                 raise ArgumentError(f"{spec.name} must have shape {_show(spec.shape)}; got {array.shape}")
         return np.ascontiguousarray(array)
@@ -156,21 +166,31 @@ def _check_names(sig: Signature, arrays: Mapping[str, Any]) -> None:
         raise ArgumentError(f"{'; '.join(parts)}; expected the arguments {expected}")
 
 
+_MASKED = np.ma.MaskedArray
+
+
 def _as_array(spec: ArraySpec, value: Any, dtype: np.dtype) -> np.ndarray:
     if isinstance(value, np.ndarray):
         if value.dtype != dtype:
             raise ArgumentError(
                 f"{spec.name} must have dtype {dtype}; got {value.dtype} (shape {value.shape}); convert it explicitly"
             )
+        if isinstance(value, _MASKED):
+            raise ArgumentError(f"{spec.name} is a masked array; its mask would be ignored: pass plain data")
         return value
     if isinstance(value, (bool, np.bool_)):
-        raise ArgumentError(f"{spec.name} must be numbers; got a bool")
+        raise ArgumentError(f"{spec.name} must be real numbers of dtype {dtype}; got a bool")
     if isinstance(value, (int, float, np.floating, np.integer, list, tuple)):
         try:
-            array = np.asarray(value, dtype=dtype)
-        except (TypeError, ValueError) as exc:
-            raise ArgumentError(f"{spec.name} could not be converted to {dtype}: {exc}") from exc
-        return array
+            array = np.asarray(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ArgumentError(f"{spec.name} could not be converted to an array of {dtype}: {exc}") from exc
+        if array.dtype.kind not in "iuf":
+            raise ArgumentError(
+                f"{spec.name} must be real numbers of dtype {dtype}; got a {type(value).__name__} "
+                f"that numpy reads as {array.dtype} (shape {array.shape})"
+            )
+        return array.astype(dtype, copy=False)
     raise ArgumentError(
         f"{spec.name} must be a numpy array of dtype {dtype} and shape {_show(spec.shape)}; got {type(value).__name__}"
     )

@@ -23,6 +23,7 @@ def example_names() -> list[str]:
 
 def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", default=False, help="run tests marked slow")
+    parser.addoption("--update-golden", action="store_true", default=False, help="rewrite tests/golden/")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -32,14 +32,9 @@ int mlp_forward(
     if (n < 1) {
         return 1;
     }
-    double *t1 = work + 0; /* n x 4 */
-    double *t4 = work + 4*n; /* n x 4 */
-    double *t5 = work + 8*n; /* n x 2 */
-    double *t8 = work + 10*n; /* n x 2 */
-    double *t9 = work + 12*n; /* 1 x 2 */
-    double *t10 = work + 12*n + 2; /* 1 x 1 */
 
     /* t1 = X @ W1 */
+    double *t1 = work + 0; /* n x 4 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
             t1[4*i + j] = 0;
@@ -47,12 +42,13 @@ int mlp_forward(
         for (int64_t k = 0; k < 3; ++k) {
             const double acc = X[3*i + k];
             for (int64_t j = 0; j < 4; ++j) {
-                t1[4*i + j] += acc * W1[j + 4*k];
+                t1[4*i + j] += acc * W1[4*k + j];
             }
         }
     }
 
     /* t4 = 1/(exp(-b1 - t1) + 1) */
+    double *t4 = work + 4*n; /* n x 4 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
             t4[4*i + j] = 1.0/(exp(-b1[j] - t1[4*i + j]) + 1);
@@ -60,6 +56,7 @@ int mlp_forward(
     }
 
     /* t5 = t4 @ W2 */
+    double *t5 = work + 8*n; /* n x 2 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             t5[2*i + j] = 0;
@@ -67,13 +64,14 @@ int mlp_forward(
         for (int64_t k = 0; k < 4; ++k) {
             const double acc = t4[4*i + k];
             for (int64_t j = 0; j < 2; ++j) {
-                t5[2*i + j] += acc * W2[j + 2*k];
+                t5[2*i + j] += acc * W2[2*k + j];
             }
         }
     }
 
     /* t8 = (-T + b2 + t5)**2 */
     /* Y = b2 + t5 */
+    double *t8 = work + 10*n; /* n x 2 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             const double x0 = b2[j] + t5[2*i + j];
@@ -83,6 +81,7 @@ int mlp_forward(
     }
 
     /* t9 = sum of t8 down each column */
+    double *t9 = work + 12*n; /* 1 x 2 */
     for (int64_t j = 0; j < 2; ++j) {
         double total = 0;
         for (int64_t i = 0; i < n; ++i) {
@@ -92,6 +91,7 @@ int mlp_forward(
     }
 
     /* t10 = sum of t9 along each row */
+    double *t10 = work + 12*n + 2; /* 1 x 1 */
     {
         const int64_t i = 0;
         double total = 0;
@@ -136,18 +136,9 @@ int mlp_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    double *t1 = work + 0; /* n x 4 */
-    double *dt4_dt3 = work + 4*n; /* n x 4 */
-    double *t4 = work + 8*n; /* n x 4 */
-    double *t5 = work + 12*n; /* n x 2 */
-    double *grad_t7 = work + 14*n; /* n x 2 */
-    double *t8 = work + 16*n; /* n x 2 */
-    double *t9 = work + 18*n; /* 1 x 2 */
-    double *t10 = work + 18*n + 2; /* 1 x 1 */
-    double *grad_t4 = work + 0; /* n x 4 */
-    double *grad_t3 = work + 18*n + 3; /* n x 4 */
 
     /* t1 = X @ W1 */
+    double *t1 = work + 0; /* n x 4 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
             t1[4*i + j] = 0;
@@ -155,13 +146,15 @@ int mlp_value_and_grad(
         for (int64_t k = 0; k < 3; ++k) {
             const double acc = X[3*i + k];
             for (int64_t j = 0; j < 4; ++j) {
-                t1[4*i + j] += acc * W1[j + 4*k];
+                t1[4*i + j] += acc * W1[4*k + j];
             }
         }
     }
 
     /* t4 = 1/(exp(-b1 - t1) + 1) */
     /* dt4_dt3 = exp(-b1 - t1)/(exp(-b1 - t1) + 1)**2 */
+    double *dt4_dt3 = work + 4*n; /* n x 4 */
+    double *t4 = work + 8*n; /* n x 4 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
             const double x0 = exp(-b1[j] - t1[4*i + j]);
@@ -172,6 +165,7 @@ int mlp_value_and_grad(
     }
 
     /* t5 = t4 @ W2 */
+    double *t5 = work + 12*n; /* n x 2 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             t5[2*i + j] = 0;
@@ -179,13 +173,15 @@ int mlp_value_and_grad(
         for (int64_t k = 0; k < 4; ++k) {
             const double acc = t4[4*i + k];
             for (int64_t j = 0; j < 2; ++j) {
-                t5[2*i + j] += acc * W2[j + 2*k];
+                t5[2*i + j] += acc * W2[2*k + j];
             }
         }
     }
 
     /* t8 = (-T + b2 + t5)**2 */
     /* grad_t7 = (-2*T + 2*b2 + 2*t5)/(2*n) */
+    double *grad_t7 = work + 14*n; /* n x 2 */
+    double *t8 = work + 16*n; /* n x 2 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             t8[2*i + j] = pow(-T[2*i + j] + b2[j] + t5[2*i + j], 2);
@@ -194,6 +190,7 @@ int mlp_value_and_grad(
     }
 
     /* t9 = sum of t8 down each column */
+    double *t9 = work + 18*n; /* 1 x 2 */
     for (int64_t j = 0; j < 2; ++j) {
         double total = 0;
         for (int64_t i = 0; i < n; ++i) {
@@ -203,6 +200,7 @@ int mlp_value_and_grad(
     }
 
     /* t10 = sum of t9 along each row */
+    double *t10 = work + 18*n + 2; /* 1 x 1 */
     {
         const int64_t i = 0;
         double total = 0;
@@ -218,17 +216,19 @@ int mlp_value_and_grad(
     }
 
     /* grad_t4 = grad_t7 @ W2^T */
+    double *grad_t4 = work + 0; /* n x 4 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
             double acc = 0;
             for (int64_t k = 0; k < 2; ++k) {
-                acc += grad_t7[2*i + k] * W2[2*j + k];
+                acc += grad_t7[2*i + k] * W2[k + 2*j];
             }
             grad_t4[4*i + j] = acc;
         }
     }
 
     /* grad_t3 = dt4_dt3*grad_t4 */
+    double *grad_t3 = work + 18*n + 3; /* n x 4 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
             grad_t3[4*i + j] = grad_t4[4*i + j]*dt4_dt3[4*i + j];
@@ -243,7 +243,7 @@ int mlp_value_and_grad(
         for (int64_t k = 0; k < n; ++k) {
             const double acc = X[i + 3*k];
             for (int64_t j = 0; j < 4; ++j) {
-                grad_W1[4*i + j] += acc * grad_t3[j + 4*k];
+                grad_W1[4*i + j] += acc * grad_t3[4*k + j];
             }
         }
     }
@@ -265,7 +265,7 @@ int mlp_value_and_grad(
         for (int64_t k = 0; k < n; ++k) {
             const double acc = t4[i + 4*k];
             for (int64_t j = 0; j < 2; ++j) {
-                grad_W2[2*i + j] += acc * grad_t7[j + 2*k];
+                grad_W2[2*i + j] += acc * grad_t7[2*k + j];
             }
         }
     }

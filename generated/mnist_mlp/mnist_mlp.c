@@ -27,16 +27,9 @@ int mnist_mlp_forward(
     double *work
 )
 {
-    double *t0 = work + 0; /* 128 x 256 */
-    double *t3 = work + 32768; /* 128 x 256 */
-    double *t4 = work + 65536; /* 128 x 10 */
-    double *t6 = work + 66816; /* 128 x 10 */
-    double *t7 = work + 68096; /* 128 x 1 */
-    double *t9 = work + 68224; /* 128 x 1 */
-    double *t10 = work + 68352; /* 128 x 1 */
-    double *t11 = work + 68480; /* 1 x 1 */
 
     /* t0 = X @ W1 */
+    double *t0 = work + 0; /* 128 x 256 */
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             t0[256*i + j] = 0;
@@ -44,12 +37,13 @@ int mnist_mlp_forward(
         for (int64_t k = 0; k < 784; ++k) {
             const double acc = X[784*i + k];
             for (int64_t j = 0; j < 256; ++j) {
-                t0[256*i + j] += acc * W1[j + 256*k];
+                t0[256*i + j] += acc * W1[256*k + j];
             }
         }
     }
 
     /* t3 = tanh(b1 + t0) */
+    double *t3 = work + 32768; /* 128 x 256 */
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             t3[256*i + j] = tanh(b1[j] + t0[256*i + j]);
@@ -57,6 +51,7 @@ int mnist_mlp_forward(
     }
 
     /* t4 = t3 @ W2 */
+    double *t4 = work + 65536; /* 128 x 10 */
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
             t4[10*i + j] = 0;
@@ -64,13 +59,14 @@ int mnist_mlp_forward(
         for (int64_t k = 0; k < 256; ++k) {
             const double acc = t3[256*i + k];
             for (int64_t j = 0; j < 10; ++j) {
-                t4[10*i + j] += acc * W2[j + 10*k];
+                t4[10*i + j] += acc * W2[10*k + j];
             }
         }
     }
 
     /* logits = b2 + t4 */
     /* t6 = T*(b2 + t4) */
+    double *t6 = work + 66816; /* 128 x 10 */
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
             const double x0 = b2[j] + t4[10*i + j];
@@ -80,6 +76,7 @@ int mnist_mlp_forward(
     }
 
     /* t7 = sum of t6 along each row */
+    double *t7 = work + 68096; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
         double total = 0;
         for (int64_t j = 0; j < 10; ++j) {
@@ -89,6 +86,7 @@ int mnist_mlp_forward(
     }
 
     /* t9 = log(sum(exp(logits))) along each row, its max subtracted first */
+    double *t9 = work + 68224; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
         double maxval = -INFINITY;
         for (int64_t j = 0; j < 10; ++j) {
@@ -102,11 +100,13 @@ int mnist_mlp_forward(
     }
 
     /* t10 = -t7 + t9 */
+    double *t10 = work + 68352; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
         t10[i] = -t7[i] + t9[i];
     }
 
     /* t11 = sum of t10 down each column */
+    double *t11 = work + 68480; /* 1 x 1 */
     {
         const int64_t j = 0;
         double total = 0;
@@ -146,22 +146,9 @@ int mnist_mlp_value_and_grad(
     double *work
 )
 {
-    double *t0 = work + 0; /* 128 x 256 */
-    double *dt3_dt2 = work + 32768; /* 128 x 256 */
-    double *t3 = work + 65536; /* 128 x 256 */
-    double *t4 = work + 98304; /* 128 x 10 */
-    double *logits = work + 99584; /* 128 x 10 */
-    double *t6 = work + 100864; /* 128 x 10 */
-    double *tmp1 = work + 102144; /* 128 x 10 */
-    double *t7 = work + 103424; /* 128 x 1 */
-    double *t9 = work + 103552; /* 128 x 1 */
-    double *t10 = work + 103680; /* 128 x 1 */
-    double *t11 = work + 103808; /* 1 x 1 */
-    double *grad_logits = work + 98304; /* 128 x 10 */
-    double *grad_t3 = work + 0; /* 128 x 256 */
-    double *grad_t2 = work + 103809; /* 128 x 256 */
 
     /* t0 = X @ W1 */
+    double *t0 = work + 0; /* 128 x 256 */
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             t0[256*i + j] = 0;
@@ -169,13 +156,15 @@ int mnist_mlp_value_and_grad(
         for (int64_t k = 0; k < 784; ++k) {
             const double acc = X[784*i + k];
             for (int64_t j = 0; j < 256; ++j) {
-                t0[256*i + j] += acc * W1[j + 256*k];
+                t0[256*i + j] += acc * W1[256*k + j];
             }
         }
     }
 
     /* t3 = tanh(b1 + t0) */
     /* dt3_dt2 = 1 - tanh(b1 + t0)**2 */
+    double *dt3_dt2 = work + 32768; /* 128 x 256 */
+    double *t3 = work + 65536; /* 128 x 256 */
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             const double x0 = tanh(b1[j] + t0[256*i + j]);
@@ -185,6 +174,7 @@ int mnist_mlp_value_and_grad(
     }
 
     /* t4 = t3 @ W2 */
+    double *t4 = work + 98304; /* 128 x 10 */
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
             t4[10*i + j] = 0;
@@ -192,7 +182,7 @@ int mnist_mlp_value_and_grad(
         for (int64_t k = 0; k < 256; ++k) {
             const double acc = t3[256*i + k];
             for (int64_t j = 0; j < 10; ++j) {
-                t4[10*i + j] += acc * W2[j + 10*k];
+                t4[10*i + j] += acc * W2[10*k + j];
             }
         }
     }
@@ -200,6 +190,9 @@ int mnist_mlp_value_and_grad(
     /* logits = b2 + t4 */
     /* t6 = T*(b2 + t4) */
     /* tmp1 = -T/128 */
+    double *logits = work + 99584; /* 128 x 10 */
+    double *t6 = work + 100864; /* 128 x 10 */
+    double *tmp1 = work + 102144; /* 128 x 10 */
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
             const double x0 = b2[j] + t4[10*i + j];
@@ -210,6 +203,7 @@ int mnist_mlp_value_and_grad(
     }
 
     /* t7 = sum of t6 along each row */
+    double *t7 = work + 103424; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
         double total = 0;
         for (int64_t j = 0; j < 10; ++j) {
@@ -219,6 +213,7 @@ int mnist_mlp_value_and_grad(
     }
 
     /* t9 = log(sum(exp(logits))) along each row, its max subtracted first */
+    double *t9 = work + 103552; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
         double maxval = -INFINITY;
         for (int64_t j = 0; j < 10; ++j) {
@@ -232,11 +227,13 @@ int mnist_mlp_value_and_grad(
     }
 
     /* t10 = -t7 + t9 */
+    double *t10 = work + 103680; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
         t10[i] = -t7[i] + t9[i];
     }
 
     /* t11 = sum of t10 down each column */
+    double *t11 = work + 103808; /* 1 x 1 */
     {
         const int64_t j = 0;
         double total = 0;
@@ -252,6 +249,7 @@ int mnist_mlp_value_and_grad(
     }
 
     /* grad_logits = tmp1 + exp(logits - t9)/128 */
+    double *grad_logits = work + 98304; /* 128 x 10 */
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
             grad_logits[10*i + j] = tmp1[10*i + j] + (1.0/128.0)*exp(logits[10*i + j] - t9[i]);
@@ -259,17 +257,19 @@ int mnist_mlp_value_and_grad(
     }
 
     /* grad_t3 = grad_logits @ W2^T */
+    double *grad_t3 = work + 0; /* 128 x 256 */
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             double acc = 0;
             for (int64_t k = 0; k < 10; ++k) {
-                acc += grad_logits[10*i + k] * W2[10*j + k];
+                acc += grad_logits[10*i + k] * W2[k + 10*j];
             }
             grad_t3[256*i + j] = acc;
         }
     }
 
     /* grad_t2 = dt3_dt2*grad_t3 */
+    double *grad_t2 = work + 103809; /* 128 x 256 */
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             grad_t2[256*i + j] = grad_t3[256*i + j]*dt3_dt2[256*i + j];
@@ -284,7 +284,7 @@ int mnist_mlp_value_and_grad(
         for (int64_t k = 0; k < 128; ++k) {
             const double acc = X[i + 784*k];
             for (int64_t j = 0; j < 256; ++j) {
-                grad_W1[256*i + j] += acc * grad_t2[j + 256*k];
+                grad_W1[256*i + j] += acc * grad_t2[256*k + j];
             }
         }
     }
@@ -306,7 +306,7 @@ int mnist_mlp_value_and_grad(
         for (int64_t k = 0; k < 128; ++k) {
             const double acc = t3[i + 256*k];
             for (int64_t j = 0; j < 10; ++j) {
-                grad_W2[10*i + j] += acc * grad_logits[j + 10*k];
+                grad_W2[10*i + j] += acc * grad_logits[10*k + j];
             }
         }
     }

@@ -25,10 +25,9 @@ int relu_net_forward(
     double *work
 )
 {
-    double *t1 = work + 0; /* 2 x 1 */
-    double *t2 = work + 2; /* 2 x 1 */
 
     /* t1 = W1 @ x */
+    double *t1 = work + 0; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             t1[i + j] = 0;
@@ -42,6 +41,7 @@ int relu_net_forward(
     }
 
     /* t2 = Max(0, t1) */
+    double *t2 = work + 2; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         t2[i] = fmax(0, t1[i]);
     }
@@ -85,15 +85,9 @@ int relu_net_value_and_grad(
     double *work
 )
 {
-    double *t1 = work + 0; /* 2 x 1 */
-    double *dt2_dt1 = work + 2; /* 2 x 1 */
-    double *t2 = work + 4; /* 2 x 1 */
-    double *y = work + 6; /* 1 x 1 */
-    double *grad_t3 = work + 7; /* 1 x 1 */
-    double *grad_t2 = work + 0; /* 2 x 1 */
-    double *grad_t1 = work + 8; /* 2 x 1 */
 
     /* t1 = W1 @ x */
+    double *t1 = work + 0; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             t1[i + j] = 0;
@@ -108,12 +102,15 @@ int relu_net_value_and_grad(
 
     /* t2 = Max(0, t1) */
     /* dt2_dt1 = Heaviside(t1) */
+    double *dt2_dt1 = work + 2; /* 2 x 1 */
+    double *t2 = work + 4; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         t2[i] = fmax(0, t1[i]);
         dt2_dt1[i] = ((t1[i] > 0) ? 1.0 : 0.0);
     }
 
     /* y = W2 @ t2 */
+    double *y = work + 6; /* 1 x 1 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             y[i + j] = 0;
@@ -128,6 +125,7 @@ int relu_net_value_and_grad(
 
     /* loss = (-t + y)**2/2 */
     /* grad_t3 = -t + y */
+    double *grad_t3 = work + 7; /* 1 x 1 */
     {
         const double x0 = -t[0] + y[0];
         loss[0] = (1.0/2.0)*(x0*x0);
@@ -135,6 +133,7 @@ int relu_net_value_and_grad(
     }
 
     /* grad_t2 = W2^T @ grad_t3 */
+    double *grad_t2 = work + 0; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             grad_t2[i + j] = 0;
@@ -148,6 +147,7 @@ int relu_net_value_and_grad(
     }
 
     /* grad_t1 = dt2_dt1*grad_t2 */
+    double *grad_t1 = work + 8; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         grad_t1[i] = grad_t2[i]*dt2_dt1[i];
     }
