@@ -1,10 +1,17 @@
 """Compile generated C with cffi into a content-addressed cache, and load it.
 
-The cache key covers the C source, the cffi declarations, the compiler
-flags, the compiler's identity, the Python ABI and symbackprop's version.
-A build happens in a private temporary folder under a file lock and is
-moved into place with one rename, so a half-finished build is never loaded
-and processes building the same module at once leave one entry.
+cffi writes the extension's glue code (API mode, out of line); the C
+compiler is then run directly, in one command that compiles the glue and
+the model and links them: no distutils, no change of the working folder or
+of the environment, so builds in several threads do not disturb each other
+or the program. The command and the compiler's output go to a log file.
+
+The cache key covers the C source, header and cffi declarations, the whole
+compiler command (compiler, flags, link options), what the compiler says
+its version is, the Python ABI and symbackprop's version. A build happens
+in a private temporary folder under a file lock and is moved into place
+with one rename, so a half-finished build is never loaded and processes
+building the same module at once leave one entry.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -33,6 +41,7 @@ CACHE_ENV = "SYMBACKPROP_CACHE_DIR"
 # Speed without changing results beyond rounding: no -ffast-math. -O3 and
 # the host's vector units; contraction to FMA is allowed.
 DEFAULT_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-std=c99")
+EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
 @dataclass(frozen=True)
@@ -52,22 +61,58 @@ def cache_root(options: BuildOptions | None = None) -> Path:
     return Path(base) / "symbackprop"
 
 
+def compiler_command() -> list[str]:
+    """The C compiler: $CC (which may carry options), else the one Python was built with."""
+    command = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    if not command:
+        raise BuildError("CC is set but empty; set it to a C compiler such as gcc or clang")
+    return command
+
+
+def link_options() -> list[str]:
+    """What makes a loadable extension module: Python's LDSHARED without
+    its compiler (-shared, or -bundle on macOS), and position-independent code."""
+    ldshared = shlex.split(os.environ.get("LDSHARED") or sysconfig.get_config_var("LDSHARED") or "cc -shared")
+    ccshared = shlex.split(sysconfig.get_config_var("CCSHARED") or "-fPIC")
+    return ldshared[1:] + ccshared
+
+
 @lru_cache(maxsize=None)
-def compiler_identity() -> str:
-    """The C compiler command and what it says its version is."""
-    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    cc = os.environ.get("CC", cc)
+def compiler_identity(command: tuple[str, ...]) -> str:
+    """What the compiler says its version is; BuildError when it does not run."""
     try:
-        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+        out = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise BuildError(f"no working C compiler: running {cc!r} failed ({exc}); install gcc or clang, or set CC") from exc
-    return f"{cc}\n{out.stdout.strip()}"
+        raise BuildError(
+            f"no working C compiler: running {shlex.join(command)!r} failed ({exc}); "
+            "install gcc or clang, or set CC to one"
+        ) from exc
+    return out.stdout.strip()
+
+
+def build_command(name: str, prefix: str, flags: tuple[str, ...], folder: Path) -> list[str]:
+    """One command compiling the cffi glue and the model into the extension."""
+    paths = sysconfig.get_paths()
+    includes = dict.fromkeys([paths["include"], paths["platinclude"], str(folder)])
+    return [
+        *compiler_command(),
+        *flags,
+        *link_options(),
+        *[f"-I{path}" for path in includes],
+        str(folder / f"{name}.c"),
+        str(folder / f"{prefix}.c"),
+        "-o",
+        str(folder / f"{name}{EXT_SUFFIX}"),
+        "-lm",
+    ]
 
 
 def cache_key(prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...]) -> str:
+    """The content address of a module: everything its binary depends on."""
+    command = build_command("NAME", prefix, flags, Path("FOLDER"))
     digest = hashlib.sha256()
-    for part in (prefix, source, header, cdef, " ".join(flags), compiler_identity(),
-                 sysconfig.get_config_var("EXT_SUFFIX") or "", __version__):
+    for part in (prefix, source, header, cdef, shlex.join(command),
+                 compiler_identity(tuple(compiler_command())), EXT_SUFFIX, __version__):
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:32]
@@ -75,7 +120,6 @@ def cache_key(prefix: str, source: str, header: str, cdef: str, flags: tuple[str
 
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -94,8 +138,8 @@ def build(prefix: str, source: str, header: str, cdef: str, options: BuildOption
     Returns the loaded cffi module and its cache folder.
 
     Raises:
-        BuildError: the compiler is missing or failed; the message names
-            the log file.
+        BuildError: the compiler is missing or failed (the message names
+            the log file), or the cache folder cannot be written.
     """
     options = options or BuildOptions()
     key = cache_key(prefix, source, header, cdef, options.flags)
@@ -103,90 +147,70 @@ def build(prefix: str, source: str, header: str, cdef: str, options: BuildOption
     final = root / key
     name = module_name(prefix, key)
     if not _complete(final, name):
-        with _locked(root / f"{key}.lock"):
-            if not _complete(final, name):
-                _compile_into(final, name, prefix, source, header, cdef, options.flags)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            with _locked(root / f"{key}.lock"):
+                if not _complete(final, name):
+                    _compile_into(final, name, prefix, source, header, cdef, options.flags)
+        except OSError as exc:
+            raise BuildError(f"cannot write the module cache in {root} ({exc}); set {CACHE_ENV} to a writable folder") from exc
     return _load(final, name), final
 
 
 def _complete(folder: Path, name: str) -> bool:
-    return _library(folder, name) is not None
-
-
-def _library(folder: Path, name: str) -> Path | None:
-    if not folder.is_dir():
-        return None
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = folder / f"{name}{suffix}"
-        if path.is_file():
-            return path
-    return None
+    return (folder / f"{name}{EXT_SUFFIX}").is_file()
 
 
 def _compile_into(final: Path, name: str, prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...]) -> None:
     import cffi  # imported here: loading from the cache needs no cffi build machinery
 
-    final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f"tmp-{final.name}-", dir=final.parent))
-    log = staging / "build.log"
     try:
         (staging / f"{prefix}.c").write_text(source)
         (staging / f"{prefix}.h").write_text(header)
         ffi = cffi.FFI()
         ffi.cdef(cdef)
-        ffi.set_source(
-            name,
-            f'#include "{prefix}.h"',
-            sources=[str(staging / f"{prefix}.c")],
-            include_dirs=[str(staging)],
-            extra_compile_args=list(flags),
-            libraries=["m"],
-        )
-        _run_logged(ffi, staging, log)
-        for leftover in staging.glob("*.o"):
-            leftover.unlink()
-        try:
-            os.rename(staging, final)
-        except OSError:
-            if not _complete(final, name):
-                raise
+        ffi.set_source(name, f'#include "{prefix}.h"', compiler_verbose=0)  # quiet: no "generating ..." line
+        ffi.emit_c_code(str(staging / f"{name}.c"))
+        _run_logged(build_command(name, prefix, flags, staging), staging / "build.log", final.parent)
+        if final.is_dir():  # an incomplete entry (a complete one is never replaced: we hold the lock)
+            shutil.rmtree(final)
+        os.rename(staging, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone once renamed
 
 
-def _run_logged(ffi, staging: Path, log: Path) -> None:
-    """Run cffi's compile with the compiler's output sent to the log file."""
-    saved = os.dup(1), os.dup(2)
-    try:
-        with open(log, "w") as handle:
-            os.dup2(handle.fileno(), 1)
-            os.dup2(handle.fileno(), 2)
-            try:
-                ffi.compile(tmpdir=str(staging), verbose=True)
-            except Exception as exc:
-                sys.stdout.flush()
-                failure = exc
-            else:
-                failure = None
-    finally:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
-    if failure is not None:
-        kept = staging.parent / f"failed-{staging.name}.log"
-        shutil.copyfile(log, kept)
-        raise BuildError(f"the C compiler failed on the generated module ({type(failure).__name__}: "
-                         f"{failure}); the compiler's output is in {kept}") from failure
+def _run_logged(command: list[str], log: Path, keep_in: Path) -> None:
+    """Run the compiler with its output in `log`; on failure keep the log in
+    `keep_in` and raise BuildError with the first error line."""
+    with open(log, "w") as handle:
+        handle.write(shlex.join(command) + "\n\n")
+        handle.flush()
+        try:
+            status = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, cwd=log.parent).returncode
+        except OSError as exc:
+            handle.write(f"{exc}\n")
+            status = None
+    if status == 0:
+        return
+    kept = keep_in / f"failed-{log.parent.name}.log"
+    shutil.copyfile(log, kept)
+    lines = log.read_text(errors="replace").splitlines()[2:]
+    first = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "no output")
+    what = f"exit status {status}" if status is not None else "it could not be started"
+    raise BuildError(
+        f"the C compiler {compiler_command()[0]!r} failed on the generated module ({what}): {first.strip()}; "
+        f"the command and the compiler's output are in {kept}"
+    )
 
 
 def _load(folder: Path, name: str) -> ModuleType:
     if name in sys.modules:
         return sys.modules[name]
-    path = _library(folder, name)
-    if path is None:
-        raise BuildError(f"no compiled module {name} in {folder}")
+    path = folder / f"{name}{EXT_SUFFIX}"
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or not path.is_file():
+        raise BuildError(f"no compiled module {name} in {folder}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     sys.modules[name] = module

@@ -13,9 +13,7 @@ size_t mlp_forward_work_len(int64_t n)
     return (size_t)(12*n + 3);
 }
 
-/* Forward pass: the loss and the named outputs.
- * Scalar ops in fused loops: 11 before CSE, 10 after.
- */
+/* Forward pass: the loss and the named outputs. */
 int mlp_forward(
     int64_t n,
     const double *X,
@@ -114,9 +112,7 @@ size_t mlp_value_and_grad_work_len(int64_t n)
     return (size_t)(22*n + 3);
 }
 
-/* The loss and its gradient with respect to each parameter (reverse mode).
- * Scalar ops in fused loops: 27 before CSE, 20 after.
- */
+/* The loss and its gradient with respect to each parameter (reverse mode). */
 int mlp_value_and_grad(
     int64_t n,
     const double *X,

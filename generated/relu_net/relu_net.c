@@ -12,9 +12,7 @@ size_t relu_net_forward_work_len(void)
     return (size_t)(4);
 }
 
-/* Forward pass: the loss and the named outputs.
- * Scalar ops in fused loops: 4 before CSE, 4 after.
- */
+/* Forward pass: the loss and the named outputs. */
 int relu_net_forward(
     const double *x,
     const double *t,
@@ -71,9 +69,7 @@ size_t relu_net_value_and_grad_work_len(void)
     return (size_t)(10);
 }
 
-/* The loss and its gradient with respect to each parameter (reverse mode).
- * Scalar ops in fused loops: 8 before CSE, 7 after.
- */
+/* The loss and its gradient with respect to each parameter (reverse mode). */
 int relu_net_value_and_grad(
     const double *x,
     const double *t,
