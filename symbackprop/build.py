@@ -46,8 +46,67 @@ EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or importlib.machinery.EXTEN
 
 @dataclass(frozen=True)
 class BuildOptions:
+    """How to build: compiler flags, the cache folder, whether to use BLAS.
+
+    blas: large matrix products call the BLAS of the scipy-openblas32 wheel
+    when it is installed (None: use it if it is there; True: require it;
+    False: plain C loops only).
+    """
+
     flags: tuple[str, ...] = DEFAULT_FLAGS
     cache_dir: Path | None = None  # default: $SYMBACKPROP_CACHE_DIR or the user cache
+    blas: bool | None = None
+
+
+@dataclass(frozen=True)
+class Blas:
+    """A cblas to link: compile and link arguments."""
+
+    compile_args: tuple[str, ...]
+    link_args: tuple[str, ...]
+    library: Path
+
+
+@lru_cache(maxsize=None)
+def find_blas() -> Blas | None:
+    """The scipy-openblas32 wheel's BLAS (symbols prefixed scipy_), if installed."""
+    try:
+        import scipy_openblas32 as wheel
+    except ImportError:
+        return None
+    lib_dir = wheel.get_lib_dir()
+    library = Path(lib_dir) / f"lib{wheel.get_library()}.so"
+    if not library.is_file():
+        return None
+    return Blas(
+        compile_args=(
+            "-DSYMBACKPROP_CBLAS",
+            "-DSYMBACKPROP_CBLAS_DGEMM=scipy_cblas_dgemm",
+            "-DSYMBACKPROP_CBLAS_SGEMM=scipy_cblas_sgemm",
+        ),
+        link_args=(f"-L{lib_dir}", f"-l{wheel.get_library()}", f"-Wl,-rpath,{lib_dir}"),
+        library=library,
+    )
+
+
+def _blas_for(options: BuildOptions) -> Blas | None:
+    if options.blas is False:
+        return None
+    blas = find_blas()
+    if blas is None and options.blas:
+        raise BuildError("BuildOptions(blas=True), but the scipy-openblas32 wheel is not installed "
+                         "(pip install scipy-openblas32)")
+    return blas
+
+
+def set_blas_threads(count: int) -> None:
+    """How many threads BLAS calls of compiled modules use (default: one
+    per core). Does nothing when modules are built without BLAS."""
+    blas = find_blas()
+    if blas is not None:
+        import ctypes
+
+        ctypes.CDLL(str(blas.library)).scipy_openblas_set_num_threads(int(count))
 
 
 def cache_root(options: BuildOptions | None = None) -> Path:
@@ -90,7 +149,7 @@ def compiler_identity(command: tuple[str, ...]) -> str:
     return out.stdout.strip()
 
 
-def build_command(name: str, prefix: str, flags: tuple[str, ...], folder: Path) -> list[str]:
+def build_command(name: str, prefix: str, flags: tuple[str, ...], folder: Path, libraries: tuple[str, ...] = ()) -> list[str]:
     """One command compiling the cffi glue and the model into the extension."""
     paths = sysconfig.get_paths()
     includes = dict.fromkeys([paths["include"], paths["platinclude"], str(folder)])
@@ -103,13 +162,14 @@ def build_command(name: str, prefix: str, flags: tuple[str, ...], folder: Path) 
         str(folder / f"{prefix}.c"),
         "-o",
         str(folder / f"{name}{EXT_SUFFIX}"),
+        *libraries,
         "-lm",
     ]
 
 
-def cache_key(prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...]) -> str:
+def cache_key(prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...], libraries: tuple[str, ...] = ()) -> str:
     """The content address of a module: everything its binary depends on."""
-    command = build_command("NAME", prefix, flags, Path("FOLDER"))
+    command = build_command("NAME", prefix, flags, Path("FOLDER"), libraries)
     digest = hashlib.sha256()
     for part in (prefix, source, header, cdef, shlex.join(command),
                  compiler_identity(tuple(compiler_command())), EXT_SUFFIX, __version__):
@@ -142,7 +202,10 @@ def build(prefix: str, source: str, header: str, cdef: str, options: BuildOption
             the log file), or the cache folder cannot be written.
     """
     options = options or BuildOptions()
-    key = cache_key(prefix, source, header, cdef, options.flags)
+    blas = _blas_for(options)
+    flags = options.flags + (blas.compile_args if blas else ())
+    libraries = blas.link_args if blas else ()
+    key = cache_key(prefix, source, header, cdef, flags, libraries)
     root = cache_root(options)
     final = root / key
     name = module_name(prefix, key)
@@ -151,7 +214,7 @@ def build(prefix: str, source: str, header: str, cdef: str, options: BuildOption
             root.mkdir(parents=True, exist_ok=True)
             with _locked(root / f"{key}.lock"):
                 if not _complete(final, name):
-                    _compile_into(final, name, prefix, source, header, cdef, options.flags)
+                    _compile_into(final, name, prefix, source, header, cdef, flags, libraries)
         except OSError as exc:
             raise BuildError(f"cannot write the module cache in {root} ({exc}); set {CACHE_ENV} to a writable folder") from exc
     return _load(final, name), final
@@ -161,7 +224,9 @@ def _complete(folder: Path, name: str) -> bool:
     return (folder / f"{name}{EXT_SUFFIX}").is_file()
 
 
-def _compile_into(final: Path, name: str, prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...]) -> None:
+def _compile_into(
+    final: Path, name: str, prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...], libraries: tuple[str, ...]
+) -> None:
     import cffi  # imported here: loading from the cache needs no cffi build machinery
 
     staging = Path(tempfile.mkdtemp(prefix=f"tmp-{final.name}-", dir=final.parent))
@@ -172,7 +237,7 @@ def _compile_into(final: Path, name: str, prefix: str, source: str, header: str,
         ffi.cdef(cdef)
         ffi.set_source(name, f'#include "{prefix}.h"', compiler_verbose=0)  # quiet: no "generating ..." line
         ffi.emit_c_code(str(staging / f"{name}.c"))
-        _run_logged(build_command(name, prefix, flags, staging), staging / "build.log", final.parent)
+        _run_logged(build_command(name, prefix, flags, staging, libraries), staging / "build.log", final.parent)
         if final.is_dir():  # an incomplete entry (a complete one is never replaced: we hold the lock)
             shutil.rmtree(final)
         os.rename(staging, final)

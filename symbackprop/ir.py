@@ -23,7 +23,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import sympy as sp
-from sympy.core.function import AppliedUndef
+from sympy.core.function import AppliedUndef, Application
+from sympy.core.relational import Relational
+from sympy.functions.elementary.piecewise import ExprCondPair
+from sympy.logic.boolalg import BooleanAtom, BooleanFunction
 from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 from sympy.matrices.expressions.matexpr import MatrixElement
 
@@ -49,6 +52,11 @@ class Node:
 
 
 _INTERNED: dict[tuple, Node] = {}
+
+
+class ShapeMismatch(ModelError):
+    """Operands of an op have incompatible shapes. Lowering re-raises it as
+    a ModelError that names the user's subexpression."""
 
 
 def _node(op: str, args: tuple[Node, ...], shape: Shape, attrs: tuple = ()) -> Node:
@@ -98,7 +106,7 @@ def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Nod
     kept: list[Node] = []
     for index, arg in enumerate(args):
         if not broadcastable(arg.shape, shape):
-            raise ModelError(f"cannot broadcast shape {arg.shape} to {shape} in {body}")
+            raise ShapeMismatch(f"cannot broadcast shape {arg.shape} to {shape}")
         if is_const(arg):
             subs[placeholder(index)] = arg.attrs[0]
         elif arg in kept:
@@ -129,7 +137,7 @@ def _broadcast_shape(shapes: list[Shape]) -> Shape:
 
 def matmul(a: Node, b: Node) -> Node:
     if a.shape[1] != b.shape[0]:
-        raise ModelError(f"matrix product of shapes {a.shape} and {b.shape}")
+        raise ShapeMismatch(f"matrix product of shapes {a.shape} and {b.shape}")
     return _node("matmul", (a, b), (a.shape[0], b.shape[1]))
 
 
@@ -270,10 +278,19 @@ class _Lowerer:
             rule = _MATRIX_RULES.get(type(expr))
             if rule is None:
                 raise ModelError(f"unsupported matrix operation {type(expr).__name__}: {expr}")
-            return rule(self, expr)
+            self._check_dims(expr)
+            try:
+                return rule(self, expr)
+            except ShapeMismatch as exc:
+                raise ModelError(f"{exc} in {expr}") from None
         if isinstance(expr, sp.Expr):
             return self._scalar(expr)
         raise ModelError(f"unsupported expression {expr!r} of type {type(expr).__name__}")
+
+    def _check_dims(self, expr: sp.MatrixExpr) -> None:
+        for d in expr.shape:
+            for sym in sorted(sp.sympify(d).free_symbols - self.dims, key=str):
+                raise ModelError(f"dimension {sym} of {expr} is not a dimension of any input or param")
 
     def _scalar(self, expr: sp.Expr) -> Node:
         """A scalar expression becomes one map over its leaves and elements."""
@@ -326,6 +343,7 @@ class _Lowerer:
 
     def _factor(self, factor: sp.MatrixExpr) -> Node | _Ones:
         if isinstance(factor, sp.OneMatrix):
+            self._check_dims(factor)
             return _Ones(as_dim(factor.shape[0], factor), as_dim(factor.shape[1], factor))
         return self.lower(factor)
 
@@ -344,9 +362,7 @@ class _Lowerer:
         if not isinstance(value, sp.Expr):
             raise ModelError(f"elementwise function {function} does not give a scalar")
         inner = self.lower(expr.expr)
-        for sub in sp.preorder_traversal(value):
-            if isinstance(sub, AppliedUndef):
-                raise ModelError(f"{sub.func} is an undefined function (no derivative, no C)")
+        _scalar_atoms(value)  # only supported scalar operations
         free = value.free_symbols - {placeholder(0)} - self.dims
         if free:
             raise ModelError(f"elementwise function {function} uses undeclared {sorted(map(str, free))}")
@@ -362,8 +378,18 @@ class _Lowerer:
         return const(0, shape_of(expr))
 
 
+# What a scalar expression may be built of besides atoms: arithmetic, applied
+# functions (exp, Max, Piecewise, ...) and the conditions of a Piecewise.
+_SCALAR_OPS = (sp.Add, sp.Mul, sp.Pow, Application, ExprCondPair, Relational, BooleanFunction, BooleanAtom)
+
+
 def _scalar_atoms(expr: sp.Expr) -> list[sp.Basic]:
-    """Symbols and matrix elements of a scalar expression, in a fixed order."""
+    """Symbols and matrix elements of a scalar expression, in a fixed order.
+
+    Raises:
+        ModelError: an undefined function, a non-real constant, or an
+            operation that is not plain arithmetic or a function.
+    """
     atoms: list[sp.Basic] = []
     stack = [expr]
     while stack:
@@ -375,8 +401,14 @@ def _scalar_atoms(expr: sp.Expr) -> list[sp.Basic]:
                 atoms.append(sub)
         elif isinstance(sub, (sp.MatrixExpr, sp.MatrixBase)):
             raise ModelError(f"matrix {sub} used inside the scalar expression {expr}")
-        else:
+        elif sub.is_Atom:
+            if sub.is_extended_real is False:
+                raise ModelError(f"{sub} is not a real number: {expr}")
+        elif isinstance(sub, _SCALAR_OPS):
             stack.extend(reversed(sub.args))
+        else:
+            where = "" if sub == expr else f" (in {expr})"
+            raise ModelError(f"unsupported scalar operation {type(sub).__name__}: {sub}{where}")
     return atoms
 
 

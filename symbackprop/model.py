@@ -55,7 +55,9 @@ class Model:
 
     Raises:
         ModelError: a leaf is not a Symbol/MatrixSymbol, a name is declared
-            twice, the loss is not scalar, or a grad input is not an input.
+            twice (as leaves, or as a leaf and an output), a leaf or output
+            is named "loss", the loss is not scalar, or a grad input is not
+            an input.
     """
 
     name: str
@@ -92,12 +94,17 @@ class Model:
                     raise ModelError(
                         f"{name!r} is declared twice (as {seen[name]} and as {role})"
                     )
+                if name == "loss":
+                    raise ModelError(f"'loss' is reserved for the loss; rename that {role}")
                 seen[name] = role
         for out_name in self.outputs:
             if not isinstance(out_name, str) or not out_name:
                 raise ModelError(f"output names must be non-empty strings; got {out_name!r}")
             if out_name == "loss":
                 raise ModelError("'loss' is reserved for the loss; rename that output")
+            if out_name in seen:
+                # the C functions take the leaves and return the outputs by name
+                raise ModelError(f"the output {out_name!r} clashes with the {seen[out_name]} of that name; rename one")
 
     @property
     def differentiated(self) -> tuple[Leaf, ...]:

@@ -57,3 +57,21 @@ def _sampled_differences(loss, data, name, grad, count=24, step=1e-6):
         expected.append((values[0] - values[1]) / (2 * step))
         actual.append(grad[index])
     return np.array(expected), np.array(actual)
+
+
+def test_blas_and_plain_loops_agree():
+    """Large products call BLAS when scipy-openblas32 is installed; the plain
+    C loops (the fallback, and what a C user builds by default) agree."""
+    from symbackprop.build import BuildOptions, find_blas
+
+    module = load_example("mnist_mlp")
+    data = module.sample_data(np.random.default_rng(4))
+    plain = sbp.compile(module.model, options=BuildOptions(blas=False))
+    assert "SYMBACKPROP_GEMM(" in plain.source
+    loss_plain, grads_plain = plain.value_and_grad(**data)
+    if find_blas() is None:
+        pytest.skip("scipy-openblas32 is not installed")
+    loss_blas, grads_blas = sbp.compile(module.model, options=BuildOptions(blas=True)).value_and_grad(**data)
+    assert loss_blas == pytest.approx(loss_plain, rel=1e-12)
+    for name in grads_plain:
+        np.testing.assert_allclose(grads_blas[name], grads_plain[name], rtol=1e-9, atol=1e-13)

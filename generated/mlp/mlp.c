@@ -7,6 +7,20 @@
 #include <stddef.h>
 #include "mlp.h"
 
+/* Large matrix products call a row-major cblas_dgemm when the file is
+ * compiled with -DSYMBACKPROP_CBLAS (and linked to a BLAS); the name can be
+ * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise they
+ * run as the plain loops below each call. */
+#ifdef SYMBACKPROP_CBLAS
+#ifndef SYMBACKPROP_CBLAS_DGEMM
+#define SYMBACKPROP_CBLAS_DGEMM cblas_dgemm
+#endif
+#define SYMBACKPROP_GEMM SYMBACKPROP_CBLAS_DGEMM
+void SYMBACKPROP_GEMM(int order, int trans_a, int trans_b, int m, int n, int k, double alpha,
+                      const double *a, int lda, const double *b, int ldb, double beta,
+                      double *c, int ldc);
+#endif
+
 size_t mlp_forward_work_len(int64_t n)
 {
     (void)n;
@@ -33,14 +47,21 @@ int mlp_forward(
 
     /* t1 = X @ W1 */
     double *t1 = work + 0; /* n x 4 */
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 4; ++j) {
-            t1[4*i + j] = 0;
-        }
-        for (int64_t k = 0; k < 3; ++k) {
-            const double acc = X[3*i + k];
+    #ifdef SYMBACKPROP_CBLAS
+    if (12*n >= 4096) {
+        SYMBACKPROP_GEMM(101, 111, 111, n, 4, 3, 1, X, 3, W1, 4, 0, t1, 4);
+    } else
+    #endif
+    {
+        for (int64_t i = 0; i < n; ++i) {
             for (int64_t j = 0; j < 4; ++j) {
-                t1[4*i + j] += acc * W1[4*k + j];
+                t1[4*i + j] = 0;
+            }
+            for (int64_t k = 0; k < 3; ++k) {
+                const double acc = X[3*i + k];
+                for (int64_t j = 0; j < 4; ++j) {
+                    t1[4*i + j] += acc * W1[4*k + j];
+                }
             }
         }
     }
@@ -55,14 +76,21 @@ int mlp_forward(
 
     /* t5 = t4 @ W2 */
     double *t5 = work + 8*n; /* n x 2 */
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 2; ++j) {
-            t5[2*i + j] = 0;
-        }
-        for (int64_t k = 0; k < 4; ++k) {
-            const double acc = t4[4*i + k];
+    #ifdef SYMBACKPROP_CBLAS
+    if (8*n >= 4096) {
+        SYMBACKPROP_GEMM(101, 111, 111, n, 2, 4, 1, t4, 4, W2, 2, 0, t5, 2);
+    } else
+    #endif
+    {
+        for (int64_t i = 0; i < n; ++i) {
             for (int64_t j = 0; j < 2; ++j) {
-                t5[2*i + j] += acc * W2[2*k + j];
+                t5[2*i + j] = 0;
+            }
+            for (int64_t k = 0; k < 4; ++k) {
+                const double acc = t4[4*i + k];
+                for (int64_t j = 0; j < 2; ++j) {
+                    t5[2*i + j] += acc * W2[2*k + j];
+                }
             }
         }
     }
@@ -135,14 +163,21 @@ int mlp_value_and_grad(
 
     /* t1 = X @ W1 */
     double *t1 = work + 0; /* n x 4 */
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 4; ++j) {
-            t1[4*i + j] = 0;
-        }
-        for (int64_t k = 0; k < 3; ++k) {
-            const double acc = X[3*i + k];
+    #ifdef SYMBACKPROP_CBLAS
+    if (12*n >= 4096) {
+        SYMBACKPROP_GEMM(101, 111, 111, n, 4, 3, 1, X, 3, W1, 4, 0, t1, 4);
+    } else
+    #endif
+    {
+        for (int64_t i = 0; i < n; ++i) {
             for (int64_t j = 0; j < 4; ++j) {
-                t1[4*i + j] += acc * W1[4*k + j];
+                t1[4*i + j] = 0;
+            }
+            for (int64_t k = 0; k < 3; ++k) {
+                const double acc = X[3*i + k];
+                for (int64_t j = 0; j < 4; ++j) {
+                    t1[4*i + j] += acc * W1[4*k + j];
+                }
             }
         }
     }
@@ -162,14 +197,21 @@ int mlp_value_and_grad(
 
     /* t5 = t4 @ W2 */
     double *t5 = work + 12*n; /* n x 2 */
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 2; ++j) {
-            t5[2*i + j] = 0;
-        }
-        for (int64_t k = 0; k < 4; ++k) {
-            const double acc = t4[4*i + k];
+    #ifdef SYMBACKPROP_CBLAS
+    if (8*n >= 4096) {
+        SYMBACKPROP_GEMM(101, 111, 111, n, 2, 4, 1, t4, 4, W2, 2, 0, t5, 2);
+    } else
+    #endif
+    {
+        for (int64_t i = 0; i < n; ++i) {
             for (int64_t j = 0; j < 2; ++j) {
-                t5[2*i + j] += acc * W2[2*k + j];
+                t5[2*i + j] = 0;
+            }
+            for (int64_t k = 0; k < 4; ++k) {
+                const double acc = t4[4*i + k];
+                for (int64_t j = 0; j < 2; ++j) {
+                    t5[2*i + j] += acc * W2[2*k + j];
+                }
             }
         }
     }
@@ -213,13 +255,20 @@ int mlp_value_and_grad(
 
     /* grad_t4 = grad_t7 @ W2^T */
     double *grad_t4 = work + 0; /* n x 4 */
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 4; ++j) {
-            double acc = 0;
-            for (int64_t k = 0; k < 2; ++k) {
-                acc += grad_t7[2*i + k] * W2[k + 2*j];
+    #ifdef SYMBACKPROP_CBLAS
+    if (8*n >= 4096) {
+        SYMBACKPROP_GEMM(101, 111, 112, n, 4, 2, 1, grad_t7, 2, W2, 2, 0, grad_t4, 4);
+    } else
+    #endif
+    {
+        for (int64_t i = 0; i < n; ++i) {
+            for (int64_t j = 0; j < 4; ++j) {
+                double acc = 0;
+                for (int64_t k = 0; k < 2; ++k) {
+                    acc += grad_t7[2*i + k] * W2[k + 2*j];
+                }
+                grad_t4[4*i + j] = acc;
             }
-            grad_t4[4*i + j] = acc;
         }
     }
 
@@ -232,14 +281,21 @@ int mlp_value_and_grad(
     }
 
     /* grad_W1 = X^T @ grad_t3 */
-    for (int64_t i = 0; i < 3; ++i) {
-        for (int64_t j = 0; j < 4; ++j) {
-            grad_W1[4*i + j] = 0;
-        }
-        for (int64_t k = 0; k < n; ++k) {
-            const double acc = X[i + 3*k];
+    #ifdef SYMBACKPROP_CBLAS
+    if (12*n >= 4096) {
+        SYMBACKPROP_GEMM(101, 112, 111, 3, 4, n, 1, X, 3, grad_t3, 4, 0, grad_W1, 4);
+    } else
+    #endif
+    {
+        for (int64_t i = 0; i < 3; ++i) {
             for (int64_t j = 0; j < 4; ++j) {
-                grad_W1[4*i + j] += acc * grad_t3[4*k + j];
+                grad_W1[4*i + j] = 0;
+            }
+            for (int64_t k = 0; k < n; ++k) {
+                const double acc = X[i + 3*k];
+                for (int64_t j = 0; j < 4; ++j) {
+                    grad_W1[4*i + j] += acc * grad_t3[4*k + j];
+                }
             }
         }
     }
@@ -254,14 +310,21 @@ int mlp_value_and_grad(
     }
 
     /* grad_W2 = t4^T @ grad_t7 */
-    for (int64_t i = 0; i < 4; ++i) {
-        for (int64_t j = 0; j < 2; ++j) {
-            grad_W2[2*i + j] = 0;
-        }
-        for (int64_t k = 0; k < n; ++k) {
-            const double acc = t4[i + 4*k];
+    #ifdef SYMBACKPROP_CBLAS
+    if (8*n >= 4096) {
+        SYMBACKPROP_GEMM(101, 112, 111, 4, 2, n, 1, t4, 4, grad_t7, 2, 0, grad_W2, 2);
+    } else
+    #endif
+    {
+        for (int64_t i = 0; i < 4; ++i) {
             for (int64_t j = 0; j < 2; ++j) {
-                grad_W2[2*i + j] += acc * grad_t7[2*k + j];
+                grad_W2[2*i + j] = 0;
+            }
+            for (int64_t k = 0; k < n; ++k) {
+                const double acc = t4[i + 4*k];
+                for (int64_t j = 0; j < 2; ++j) {
+                    grad_W2[2*i + j] += acc * grad_t7[2*k + j];
+                }
             }
         }
     }

@@ -7,6 +7,20 @@
 #include <stddef.h>
 #include "mnist_mlp.h"
 
+/* Large matrix products call a row-major cblas_dgemm when the file is
+ * compiled with -DSYMBACKPROP_CBLAS (and linked to a BLAS); the name can be
+ * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise they
+ * run as the plain loops below each call. */
+#ifdef SYMBACKPROP_CBLAS
+#ifndef SYMBACKPROP_CBLAS_DGEMM
+#define SYMBACKPROP_CBLAS_DGEMM cblas_dgemm
+#endif
+#define SYMBACKPROP_GEMM SYMBACKPROP_CBLAS_DGEMM
+void SYMBACKPROP_GEMM(int order, int trans_a, int trans_b, int m, int n, int k, double alpha,
+                      const double *a, int lda, const double *b, int ldb, double beta,
+                      double *c, int ldc);
+#endif
+
 size_t mnist_mlp_forward_work_len(void)
 {
     return (size_t)(68481);
@@ -28,6 +42,9 @@ int mnist_mlp_forward(
 
     /* t0 = X @ W1 */
     double *t0 = work + 0; /* 128 x 256 */
+    #ifdef SYMBACKPROP_CBLAS
+    SYMBACKPROP_GEMM(101, 111, 111, 128, 256, 784, 1, X, 784, W1, 256, 0, t0, 256);
+    #else
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             t0[256*i + j] = 0;
@@ -39,6 +56,7 @@ int mnist_mlp_forward(
             }
         }
     }
+    #endif
 
     /* t3 = tanh(b1 + t0) */
     double *t3 = work + 32768; /* 128 x 256 */
@@ -50,6 +68,9 @@ int mnist_mlp_forward(
 
     /* t4 = t3 @ W2 */
     double *t4 = work + 65536; /* 128 x 10 */
+    #ifdef SYMBACKPROP_CBLAS
+    SYMBACKPROP_GEMM(101, 111, 111, 128, 10, 256, 1, t3, 256, W2, 10, 0, t4, 10);
+    #else
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
             t4[10*i + j] = 0;
@@ -61,6 +82,7 @@ int mnist_mlp_forward(
             }
         }
     }
+    #endif
 
     /* logits = b2 + t4 */
     /* t6 = T*(b2 + t4) */
@@ -145,6 +167,9 @@ int mnist_mlp_value_and_grad(
 
     /* t0 = X @ W1 */
     double *t0 = work + 0; /* 128 x 256 */
+    #ifdef SYMBACKPROP_CBLAS
+    SYMBACKPROP_GEMM(101, 111, 111, 128, 256, 784, 1, X, 784, W1, 256, 0, t0, 256);
+    #else
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             t0[256*i + j] = 0;
@@ -156,6 +181,7 @@ int mnist_mlp_value_and_grad(
             }
         }
     }
+    #endif
 
     /* t3 = tanh(b1 + t0) */
     /* dt3_dt2 = 1 - tanh(b1 + t0)**2 */
@@ -171,6 +197,9 @@ int mnist_mlp_value_and_grad(
 
     /* t4 = t3 @ W2 */
     double *t4 = work + 98304; /* 128 x 10 */
+    #ifdef SYMBACKPROP_CBLAS
+    SYMBACKPROP_GEMM(101, 111, 111, 128, 10, 256, 1, t3, 256, W2, 10, 0, t4, 10);
+    #else
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
             t4[10*i + j] = 0;
@@ -182,6 +211,7 @@ int mnist_mlp_value_and_grad(
             }
         }
     }
+    #endif
 
     /* logits = b2 + t4 */
     /* t6 = T*(b2 + t4) */
@@ -254,6 +284,9 @@ int mnist_mlp_value_and_grad(
 
     /* grad_t3 = grad_logits @ W2^T */
     double *grad_t3 = work + 0; /* 128 x 256 */
+    #ifdef SYMBACKPROP_CBLAS
+    SYMBACKPROP_GEMM(101, 111, 112, 128, 256, 10, 1, grad_logits, 10, W2, 10, 0, grad_t3, 256);
+    #else
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             double acc = 0;
@@ -263,6 +296,7 @@ int mnist_mlp_value_and_grad(
             grad_t3[256*i + j] = acc;
         }
     }
+    #endif
 
     /* grad_t2 = dt3_dt2*grad_t3 */
     double *grad_t2 = work + 103809; /* 128 x 256 */
@@ -273,6 +307,9 @@ int mnist_mlp_value_and_grad(
     }
 
     /* grad_W1 = X^T @ grad_t2 */
+    #ifdef SYMBACKPROP_CBLAS
+    SYMBACKPROP_GEMM(101, 112, 111, 784, 256, 128, 1, X, 784, grad_t2, 256, 0, grad_W1, 256);
+    #else
     for (int64_t i = 0; i < 784; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             grad_W1[256*i + j] = 0;
@@ -284,6 +321,7 @@ int mnist_mlp_value_and_grad(
             }
         }
     }
+    #endif
 
     /* grad_b1 = sum of grad_t2 down each column */
     for (int64_t j = 0; j < 256; ++j) {
@@ -295,6 +333,9 @@ int mnist_mlp_value_and_grad(
     }
 
     /* grad_W2 = t3^T @ grad_logits */
+    #ifdef SYMBACKPROP_CBLAS
+    SYMBACKPROP_GEMM(101, 112, 111, 256, 10, 128, 1, t3, 256, grad_logits, 10, 0, grad_W2, 10);
+    #else
     for (int64_t i = 0; i < 256; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
             grad_W2[10*i + j] = 0;
@@ -306,6 +347,7 @@ int mnist_mlp_value_and_grad(
             }
         }
     }
+    #endif
 
     /* grad_b2 = sum of grad_logits down each column */
     for (int64_t j = 0; j < 10; ++j) {

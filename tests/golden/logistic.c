@@ -7,6 +7,20 @@
 #include <stddef.h>
 #include "logistic.h"
 
+/* Large matrix products call a row-major cblas_dgemm when the file is
+ * compiled with -DSYMBACKPROP_CBLAS (and linked to a BLAS); the name can be
+ * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise they
+ * run as the plain loops below each call. */
+#ifdef SYMBACKPROP_CBLAS
+#ifndef SYMBACKPROP_CBLAS_DGEMM
+#define SYMBACKPROP_CBLAS_DGEMM cblas_dgemm
+#endif
+#define SYMBACKPROP_GEMM SYMBACKPROP_CBLAS_DGEMM
+void SYMBACKPROP_GEMM(int order, int trans_a, int trans_b, int m, int n, int k, double alpha,
+                      const double *a, int lda, const double *b, int ldb, double beta,
+                      double *c, int ldc);
+#endif
+
 size_t logistic_forward_work_len(int64_t n)
 {
     (void)n;
@@ -29,14 +43,21 @@ int logistic_forward(
 
     /* t2 = X @ w */
     double *t2 = work + 0; /* n x 1 */
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 1; ++j) {
-            t2[i + j] = 0;
-        }
-        for (int64_t k = 0; k < 2; ++k) {
-            const double acc = X[2*i + k];
+    #ifdef SYMBACKPROP_CBLAS
+    if (2*n >= 4096) {
+        SYMBACKPROP_GEMM(101, 111, 111, n, 1, 2, 1, X, 2, w, 1, 0, t2, 1);
+    } else
+    #endif
+    {
+        for (int64_t i = 0; i < n; ++i) {
             for (int64_t j = 0; j < 1; ++j) {
-                t2[i + j] += acc * w[k];
+                t2[i + j] = 0;
+            }
+            for (int64_t k = 0; k < 2; ++k) {
+                const double acc = X[2*i + k];
+                for (int64_t j = 0; j < 1; ++j) {
+                    t2[i + j] += acc * w[k];
+                }
             }
         }
     }
@@ -95,14 +116,21 @@ int logistic_value_and_grad(
 
     /* t2 = X @ w */
     double *t2 = work + n; /* n x 1 */
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 1; ++j) {
-            t2[i + j] = 0;
-        }
-        for (int64_t k = 0; k < 2; ++k) {
-            const double acc = X[2*i + k];
+    #ifdef SYMBACKPROP_CBLAS
+    if (2*n >= 4096) {
+        SYMBACKPROP_GEMM(101, 111, 111, n, 1, 2, 1, X, 2, w, 1, 0, t2, 1);
+    } else
+    #endif
+    {
+        for (int64_t i = 0; i < n; ++i) {
             for (int64_t j = 0; j < 1; ++j) {
-                t2[i + j] += acc * w[k];
+                t2[i + j] = 0;
+            }
+            for (int64_t k = 0; k < 2; ++k) {
+                const double acc = X[2*i + k];
+                for (int64_t j = 0; j < 1; ++j) {
+                    t2[i + j] += acc * w[k];
+                }
             }
         }
     }
@@ -138,14 +166,21 @@ int logistic_value_and_grad(
     }
 
     /* grad_w = X^T @ grad_t2 */
-    for (int64_t i = 0; i < 2; ++i) {
-        for (int64_t j = 0; j < 1; ++j) {
-            grad_w[i + j] = 0;
-        }
-        for (int64_t k = 0; k < n; ++k) {
-            const double acc = X[i + 2*k];
+    #ifdef SYMBACKPROP_CBLAS
+    if (2*n >= 4096) {
+        SYMBACKPROP_GEMM(101, 112, 111, 2, 1, n, 1, X, 2, grad_t2, 1, 0, grad_w, 1);
+    } else
+    #endif
+    {
+        for (int64_t i = 0; i < 2; ++i) {
             for (int64_t j = 0; j < 1; ++j) {
-                grad_w[i + j] += acc * grad_t2[k];
+                grad_w[i + j] = 0;
+            }
+            for (int64_t k = 0; k < n; ++k) {
+                const double acc = X[i + 2*k];
+                for (int64_t j = 0; j < 1; ++j) {
+                    grad_w[i + j] += acc * grad_t2[k];
+                }
             }
         }
     }
