@@ -81,6 +81,18 @@ class ScalarPrinter(C99CodePrinter):
         x = self._print(expr.args[0])
         return f"(({x} > 0) - ({x} < 0))"
 
+    def _print_Piecewise(self, expr: sp.Piecewise) -> str:
+        """One line: (c1 ? e1 : (c2 ? e2 : e3)); the last branch needs no test."""
+        text = None
+        for value, condition in reversed(expr.args):
+            if text is None or condition == sp.true:
+                text = f"({self._print(value)})"
+            else:
+                text = f"(({self._print(condition)}) ? ({self._print(value)}) : {text})"
+        if expr.args[-1].cond != sp.true:
+            raise ValueError(f"Piecewise without a default branch: {expr}")
+        return text
+
     def _print_DiracDelta(self, expr: sp.Expr) -> str:
         return self._print(sp.Float(0.0))
 

@@ -75,3 +75,16 @@ def test_blas_and_plain_loops_agree():
     assert loss_blas == pytest.approx(loss_plain, rel=1e-12)
     for name in grads_plain:
         np.testing.assert_allclose(grads_blas[name], grads_plain[name], rtol=1e-9, atol=1e-13)
+
+
+def test_float32_module_agrees_with_float64(example):
+    module, mod64 = example
+    data = module.sample_data(np.random.default_rng(6))
+    mod32 = sbp.compile(module.model, dtype="float32")
+    assert "float *" in mod32.source and "double" not in mod32.source
+    loss64, grads64 = mod64.value_and_grad(**data)
+    loss32, grads32 = mod32.value_and_grad(**{k: np.asarray(v, dtype=np.float32) for k, v in data.items()})
+    assert loss32 == pytest.approx(loss64, rel=1e-5)
+    for name, grad in grads64.items():
+        assert np.asarray(grads32[name]).dtype == np.float32 or np.isscalar(grads32[name])
+        assert relative_error(grads32[name], grad) < 1e-4, name
