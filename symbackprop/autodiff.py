@@ -1,14 +1,18 @@
-"""Reverse-mode differentiation over the tensor DAG.
+"""Differentiation over the tensor DAG: reverse mode (vjp) and forward mode
+(jvp), which composed give Hessian-vector products.
 
-One registry, VJP_RULES, holds one vector-Jacobian rule per op. A rule gets
-the node and the adjoint of its value (an upstream gradient node of the same
-shape) and returns one adjoint node per argument (None where that argument
-needs none). Rules build graph nodes, never closures, so the backward pass
-can be scheduled, emitted and read like the forward one.
+One registry, RULES, holds for each op its vector-Jacobian rule and its
+Jacobian-vector rule, declared together below. A VJP rule gets the node, the
+adjoint of its value (same shape) and which arguments need one, and returns
+one adjoint per argument (None where none is needed). A JVP rule gets the
+node and the tangent of each argument (None for zero) and returns the
+node's tangent (None for zero). Rules build graph nodes, never closures, so
+derivatives are scheduled, emitted and read like the forward pass.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import sympy as sp
@@ -20,6 +24,7 @@ from .ir import (
     const,
     element,
     is_const,
+    logsumexp,
     map_,
     matmul,
     pack,
@@ -29,16 +34,28 @@ from .ir import (
     transpose,
 )
 
-Rule = Callable[[Node, Node, Sequence[bool]], tuple[Node | None, ...]]
-VJP_RULES: dict[str, Rule] = {}
+VjpRule = Callable[[Node, Node, Sequence[bool]], tuple[Node | None, ...]]
+JvpRule = Callable[[Node, Sequence[Node | None]], Node | None]
 
 
-def vjp_rule(op: str) -> Callable[[Rule], Rule]:
-    def register(rule: Rule) -> Rule:
-        VJP_RULES[op] = rule
-        return rule
+@dataclass(frozen=True)
+class OpRules:
+    vjp: VjpRule
+    jvp: JvpRule
 
-    return register
+
+RULES: dict[str, OpRules] = {}
+
+
+def rules(op: str, vjp: VjpRule, jvp: JvpRule) -> None:
+    RULES[op] = OpRules(vjp, jvp)
+
+
+def _rules_of(node: Node) -> OpRules:
+    found = RULES.get(node.op)
+    if found is None:
+        raise ModelError(f"no derivative rules for op {node.op!r}")
+    return found
 
 
 def unbroadcast(adjoint: Node, shape: tuple) -> Node:
@@ -65,7 +82,6 @@ def _readable(node: Node) -> dict:
     return {placeholder(i): sp.Symbol(f"x{i}") for i in range(len(node.args))}
 
 
-@vjp_rule("map")
 def _map_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
     adjoints: list[Node | None] = []
     for index, arg in enumerate(node.args):
@@ -77,7 +93,6 @@ def _map_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, 
     return tuple(adjoints)
 
 
-@vjp_rule("matmul")
 def _matmul_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
     a, b = node.args
     grad_a = matmul(g, transpose(b)) if needed[0] else None
@@ -85,17 +100,14 @@ def _matmul_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | Non
     return grad_a, grad_b
 
 
-@vjp_rule("transpose")
 def _transpose_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
     return (transpose(g),)
 
 
-@vjp_rule("sum")
 def _sum_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
     return (broadcast(g, node.args[0].shape),)
 
 
-@vjp_rule("logsumexp")
 def _logsumexp_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
     # d lse / d z = softmax(z) = exp(z - lse), scaled by the broadcast adjoint
     (z,) = node.args
@@ -103,12 +115,10 @@ def _logsumexp_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | 
     return (map_(body, [z, node, g], z.shape),)
 
 
-@vjp_rule("element")
 def _element_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
     return (pack(node.args[0].shape, {node.attrs: g}),)
 
 
-@vjp_rule("pack")
 def _pack_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
     positions = node.attrs[0]
     return tuple(element(g, *p) if needed[k] else None for k, p in enumerate(positions))
@@ -118,6 +128,56 @@ def add_all(terms: list[Node]) -> Node:
     if len(terms) == 1:
         return terms[0]
     return map_(sp.Add(*[placeholder(i) for i in range(len(terms))]), terms, terms[0].shape)
+
+
+def _map_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    terms = [
+        map_(placeholder(0) * placeholder(1), [local_derivative(node, index), tangent], node.shape)
+        for index, tangent in enumerate(tangents)
+        if tangent is not None
+    ]
+    return add_all(terms) if terms else None
+
+
+def _matmul_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    (a, b), (ta, tb) = node.args, tangents
+    terms = ([matmul(ta, b)] if ta is not None else []) + ([matmul(a, tb)] if tb is not None else [])
+    return add_all(terms) if terms else None
+
+
+def _transpose_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    return transpose(tangents[0]) if tangents[0] is not None else None
+
+
+def _sum_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    return reduce_sum(tangents[0], node.attrs[0]) if tangents[0] is not None else None
+
+
+def _logsumexp_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    # d lse = sum(softmax(z) * dz) over the reduced axis
+    (z,), (tz,) = node.args, tangents
+    if tz is None:
+        return None
+    weighted = map_(sp.exp(placeholder(0) - placeholder(1)) * placeholder(2), [z, node, tz], z.shape)
+    return reduce_sum(weighted, node.attrs[0])
+
+
+def _element_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    return element(tangents[0], *node.attrs) if tangents[0] is not None else None
+
+
+def _pack_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    entries = {p: t for p, t in zip(node.attrs[0], tangents) if t is not None}
+    return pack(node.shape, entries) if entries else None
+
+
+rules("map", _map_vjp, _map_jvp)
+rules("matmul", _matmul_vjp, _matmul_jvp)
+rules("transpose", _transpose_vjp, _transpose_jvp)
+rules("sum", _sum_vjp, _sum_jvp)
+rules("logsumexp", _logsumexp_vjp, _logsumexp_jvp)
+rules("element", _element_vjp, _element_jvp)
+rules("pack", _pack_vjp, _pack_jvp)
 
 
 def vjp(roots: Sequence[tuple[Node, Node]], wrt: Sequence[Node]) -> tuple[list[Node], dict[Node, Node]]:
@@ -142,11 +202,8 @@ def vjp(roots: Sequence[tuple[Node, Node]], wrt: Sequence[Node]) -> tuple[list[N
         adjoint_of.setdefault(g, node)
         if not node.args:
             continue
-        rule = VJP_RULES.get(node.op)
-        if rule is None:
-            raise ModelError(f"no vector-Jacobian rule for op {node.op!r}")
         needed = [reaches[arg] for arg in node.args]
-        arg_adjoints = rule(node, g, needed)
+        arg_adjoints = _rules_of(node).vjp(node, g, needed)
         assert len(arg_adjoints) == len(node.args), f"{node.op} rule returned wrong arity"
         for arg, adjoint in zip(node.args, arg_adjoints):
             if adjoint is None or not reaches[arg] or (is_const(adjoint) and adjoint.attrs[0] == 0):
@@ -168,3 +225,20 @@ def _depends_on(order: list[Node], wrt: set[Node]) -> dict[Node, bool]:
     for node in order:
         reaches[node] = node in wrt or any(reaches[a] for a in node.args)
     return reaches
+
+
+def jvp(roots: Sequence[Node], tangents: dict[Node, Node]) -> list[Node]:
+    """Tangents of `roots` given tangents of some leaves (forward mode).
+
+    A root that no tangent reaches gets a zero constant.
+    """
+    tangent_of: dict[Node, Node | None] = {}
+    for node in topological_order(roots):
+        if node in tangents:
+            tangent_of[node] = tangents[node]
+        elif not node.args:
+            tangent_of[node] = None
+        else:
+            arg_tangents = [tangent_of[arg] for arg in node.args]
+            tangent_of[node] = None if all(t is None for t in arg_tangents) else _rules_of(node).jvp(node, arg_tangents)
+    return [tangent_of[root] or const(0, root.shape) for root in roots]

@@ -16,7 +16,7 @@ import jinja2
 import sympy as sp
 from sympy.printing.c import C99CodePrinter
 
-from .cnames import CNamer, comment_text
+from .cnames import CNamer, comment_text, sanitize
 from .schedule import (
     LOOP_I,
     LOOP_J,
@@ -400,7 +400,7 @@ def emit_function(
         declares.setdefault(first_write[slot.name], []).append((namer.name(slot.name), emitter.dim(slot.offset), shape))
     kernels = [replace(k, declares=tuple(declares.get(i, ()))) for i, k in enumerate(kernels)]
     return CFunction(
-        name=f"{prefix}_{schedule.name}",
+        name=f"{prefix}_{sanitize(schedule.name)}",
         summary=summary,
         params=tuple(params),
         dims=tuple(dims.values()),

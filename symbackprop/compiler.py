@@ -1,19 +1,55 @@
 """The pipeline from a Model to generated C: lower, differentiate, schedule,
-emit. Each stage is a plain function of the previous stage's value."""
+emit. Each stage is a plain function of the previous stage's value.
+
+A module holds one C function per requested kind:
+
+    forward         inputs -> loss, named outputs
+    value_and_grad  inputs -> loss, grad_<w> for each w differentiated
+    vjp             inputs, seed_<y> -> grad_<w> of sum(seed * y), per named output y
+    jvp             inputs, tangent_<w> -> tangents of the loss and of each output
+    hvp             inputs, direction_<w> -> loss, grad_<w>, hvp_<w> (Hessian times direction)
+
+`w` ranges over the differentiated names: parameters, chosen inputs, and
+chosen named outputs (whose gradient is the adjoint of an intermediate).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from ._version import __version__
-from .autodiff import vjp
+from .autodiff import jvp, vjp
 from .cnames import CNamer, comment_text, sanitize
 from .codegen import REAL_TYPES, CModule, Emitted, emit_function, render
 from .derivation import derive, render_derivation
 from .errors import ModelError
-from .ir import SCALAR, Lowered, const, lower
+from .ir import SCALAR, Lowered, Node, const, leaf, lower
 from .model import Model, leaf_name
 from .schedule import FunctionSchedule, Naming, schedule
+
+DEFAULT_FUNCTIONS = ("forward", "value_and_grad")
+KINDS = ("forward", "value_and_grad", "vjp", "jvp", "hvp")
+
+SUMMARIES = {
+    "forward": "Forward pass: the loss and the named outputs.",
+    "value_and_grad": "The loss and its gradient (reverse mode).",
+    "vjp": "Vector-Jacobian product: the gradient of sum(seed * output) (reverse mode).",
+    "jvp": "Jacobian-vector product: tangents of the loss and outputs (forward mode).",
+    "hvp": "Hessian-vector product: the loss, its gradient, and the Hessian times a direction.",
+}
+
+
+@dataclass(frozen=True)
+class FunctionPlan:
+    """One C function: its schedule, its array arguments beyond the model's
+    leaves, and what each output argument means to the caller."""
+
+    kind: str
+    schedule: FunctionSchedule
+    extra_inputs: tuple[tuple[str, Node], ...]  # (argument name, leaf node)
+    returns: tuple[tuple[str, str, str], ...]  # (output argument, group, key), e.g. ("grad_W1", "grads", "W1")
+    of_output: str | None = None  # vjp: the output it is for
 
 
 @dataclass(frozen=True)
@@ -21,62 +57,157 @@ class Plan:
     """Everything between the model and its C text, for inspection."""
 
     lowered: Lowered
-    functions: tuple[FunctionSchedule, ...]
-    grad_names: dict[str, str]  # leaf name -> gradient output name
+    functions: tuple[FunctionPlan, ...]
+    wrt: tuple[str, ...]
     naming: Naming
 
-
-def plan(model: Model) -> Plan:
-    """Lower the model, differentiate its loss and schedule both functions."""
-    lowered = lower(model)
-    forward_results = [("loss", lowered.loss)] + list(lowered.outputs.items())
-    wrt = [lowered.leaves[leaf_name(s)] for s in model.differentiated]
-    grads, origins = vjp([(lowered.loss, const(1, SCALAR))], wrt)
-    naming = Naming(lowered.leaves, forward_results, origins)
-    grad_names = {leaf_name(s): naming.claim("grad_" + leaf_name(s)) for s in model.differentiated}
-    grad_results = [("loss", lowered.loss)] + [(grad_names[leaf_name(s)], g) for s, g in zip(model.differentiated, grads)]
-    leaves = list(lowered.leaves.values())
-    functions = (
-        schedule("forward", forward_results, naming, leaves),
-        schedule("value_and_grad", grad_results, naming, leaves),
-    )
-    return Plan(lowered, functions, grad_names, naming)
+    def function(self, kind: str, output: str | None = None) -> FunctionPlan:
+        for fn in self.functions:
+            if fn.kind == kind and fn.of_output == output:
+                return fn
+        raise KeyError((kind, output))
 
 
-SUMMARIES = {
-    "forward": "Forward pass: the loss and the named outputs.",
-    "value_and_grad": "The loss and its gradient with respect to each parameter (reverse mode).",
-}
+def _targets(lowered: Lowered, model: Model, wrt: Sequence[str] | None) -> list[tuple[str, Node]]:
+    names = list(wrt) if wrt is not None else [leaf_name(s) for s in model.differentiated]
+    targets = []
+    for name in names:
+        node = lowered.leaves.get(name) or lowered.outputs.get(name)
+        if node is None:
+            known = list(lowered.leaves) + list(lowered.outputs)
+            raise ModelError(f"cannot differentiate with respect to {name!r}: not an input, param or output {known}")
+        targets.append((name, node))
+    if len({n for n, _ in targets}) != len(targets):
+        raise ModelError(f"wrt names a value twice: {names}")
+    return targets
 
 
-def generate(model: Model, dtype: str = "float64") -> tuple[Emitted, Plan]:
-    """C source, header and cffi declarations for the model."""
+class _Planner:
+    """Builds the requested functions, naming everything in one namespace."""
+
+    def __init__(self, model: Model, wrt: Sequence[str] | None):
+        self.model = model
+        self.lowered = lower(model)
+        self.targets = _targets(self.lowered, model, wrt)
+        self.forward_results = [("loss", self.lowered.loss)] + list(self.lowered.outputs.items())
+        self.naming = Naming(self.lowered.leaves, self.forward_results, {})
+        self.leaves = list(self.lowered.leaves.values())
+
+    def _grads(self, roots: list[tuple[Node, Node]]) -> list[Node]:
+        grads, origins = vjp(roots, [node for _, node in self.targets])
+        self.naming.add_origins(origins)
+        return grads
+
+    def _leaf_targets(self, why: str) -> list[tuple[str, Node]]:
+        leaves = [(n, node) for n, node in self.targets if node.op == "leaf"]
+        if not leaves:
+            raise ModelError(f"{why} needs at least one input or param to differentiate")
+        return leaves
+
+    def _extra(self, stem: str, name: str, shape) -> tuple[str, Node]:
+        """A further input leaf (a seed, tangent or direction) named stem_name."""
+        arg = self.naming.claim(f"{stem}_{name}")
+        node = leaf(arg, shape, stem)
+        self.naming.names[node] = arg
+        return arg, node
+
+    def _schedule(self, kind: str, results: list[tuple[str, Node]], function_name: str | None = None) -> FunctionSchedule:
+        return schedule(function_name or kind, results, self.naming, self.leaves)
+
+    def forward(self) -> list[FunctionPlan]:
+        returns = tuple(("loss", "loss", "loss") if n == "loss" else (n, "outputs", n) for n, _ in self.forward_results)
+        return [FunctionPlan("forward", self._schedule("forward", self.forward_results), (), returns)]
+
+    def value_and_grad(self) -> list[FunctionPlan]:
+        grads = self._grads([(self.lowered.loss, const(1, SCALAR))])
+        names = [self.naming.claim("grad_" + n) for n, _ in self.targets]
+        results = [("loss", self.lowered.loss)] + list(zip(names, grads))
+        returns = (("loss", "loss", "loss"),) + tuple((g, "grads", n) for g, (n, _) in zip(names, self.targets))
+        return [FunctionPlan("value_and_grad", self._schedule("value_and_grad", results), (), returns)]
+
+    def vjp(self) -> list[FunctionPlan]:
+        plans = []
+        for out_name, node in self.lowered.outputs.items():
+            seed_arg, seed = self._extra("seed", out_name, node.shape)
+            grads = self._grads([(node, seed)])
+            names = [self.naming.claim(f"grad_{n}") for n, _ in self.targets]
+            returns = tuple((g, "grads", n) for g, (n, _) in zip(names, self.targets))
+            function_name = self.naming.claim(f"vjp_{sanitize(out_name)}")
+            fn = self._schedule("vjp", list(zip(names, grads)), function_name)
+            plans.append(FunctionPlan("vjp", fn, ((seed_arg, seed),), returns, out_name))
+        return plans
+
+    def jvp(self) -> list[FunctionPlan]:
+        extra = [self._extra("tangent", n, node.shape) for n, node in self._leaf_targets("jvp")]
+        tangents = {node: t for (_, node), (_, t) in zip(self._leaf_targets("jvp"), extra)}
+        roots = [node for _, node in self.forward_results]
+        names = [self.naming.claim(f"tangent_{n}") for n, _ in self.forward_results]
+        results = list(zip(names, jvp(roots, tangents)))
+        returns = tuple((t, "loss" if n == "loss" else "outputs", n) for t, (n, _) in zip(names, self.forward_results))
+        return [FunctionPlan("jvp", self._schedule("jvp", results), tuple(extra), returns)]
+
+    def hvp(self) -> list[FunctionPlan]:
+        targets = self._leaf_targets("hvp")
+        extra = [self._extra("direction", n, node.shape) for n, node in targets]
+        grads, origins = vjp([(self.lowered.loss, const(1, SCALAR))], [node for _, node in targets])
+        self.naming.add_origins(origins)
+        products = jvp(grads, {node: d for (_, node), (_, d) in zip(targets, extra)})
+        grad_names = [self.naming.claim(f"grad_{n}") for n, _ in targets]
+        hvp_names = [self.naming.claim(f"hvp_{n}") for n, _ in targets]
+        results = [("loss", self.lowered.loss)] + list(zip(grad_names, grads)) + list(zip(hvp_names, products))
+        returns = (
+            (("loss", "loss", "loss"),)
+            + tuple((g, "grads", n) for g, (n, _) in zip(grad_names, targets))
+            + tuple((h, "hvp", n) for h, (n, _) in zip(hvp_names, targets))
+        )
+        return [FunctionPlan("hvp", self._schedule("hvp", results), tuple(extra), returns)]
+
+
+def plan(model: Model, functions: Sequence[str] = DEFAULT_FUNCTIONS, wrt: Sequence[str] | None = None) -> Plan:
+    """Lower the model, differentiate it and schedule the requested functions."""
+    unknown = [f for f in functions if f not in KINDS]
+    if unknown or not functions:
+        raise ModelError(f"functions must be some of {KINDS}; got {list(functions)}")
+    planner = _Planner(model, wrt)
+    plans = [p for kind in KINDS if kind in functions for p in getattr(planner, kind)()]
+    return Plan(planner.lowered, tuple(plans), tuple(n for n, _ in planner.targets), planner.naming)
+
+
+def generate(
+    model: Model, dtype: str = "float64", functions: Sequence[str] = DEFAULT_FUNCTIONS, wrt: Sequence[str] | None = None
+) -> tuple[Emitted, Plan]:
+    """C source, header, cffi declarations and derivation for the model."""
     if dtype not in REAL_TYPES:
         raise ModelError(f"dtype must be one of {sorted(REAL_TYPES)}; got {dtype!r}")
     real = REAL_TYPES[dtype]
-    the_plan = plan(model)
+    the_plan = plan(model, functions, wrt)
     lowered = the_plan.lowered
     prefix = sanitize(model.name).lower()
     namer = CNamer(frozenset({prefix}))
     dims = {d: namer.name(str(d)) for d in lowered.dims}
-    inputs = [(name, node.shape) for name, node in lowered.leaves.items()]
-    functions = []
+    leaves = [(name, node.shape) for name, node in lowered.leaves.items()]
+    emitted_functions = []
     for fn in the_plan.functions:
-        outputs = [(name, node.shape) for name, node in fn.results]
-        functions.append(emit_function(fn, namer, dims, real, inputs, outputs, SUMMARIES[fn.name], prefix))
+        inputs = leaves + [(name, node.shape) for name, node in fn.extra_inputs]
+        outputs = [(name, node.shape) for name, node in fn.schedule.results]
+        emitted_functions.append(
+            emit_function(fn.schedule, namer, dims, real, inputs, outputs, SUMMARIES[fn.kind], prefix)
+        )
     module = CModule(
         prefix=prefix,
         guard=f"{prefix.upper()}_H",
         model_name=comment_text(model.name),
         real=real.name,
         real_c=real.c,
-        functions=tuple(functions),
+        functions=tuple(emitted_functions),
         version=__version__,
     )
     source, header, cdef = render(module)
-    forward, gradient = the_plan.functions
-    derivation = render_derivation(derive(model.name, forward, gradient, dtype, list(lowered.leaves)))
+    derivation = ""
+    if "value_and_grad" in functions and "forward" in functions:
+        forward, gradient = the_plan.function("forward").schedule, the_plan.function("value_and_grad").schedule
+        derivation = render_derivation(derive(model.name, forward, gradient, dtype, list(lowered.leaves)))
     return Emitted(prefix, source, header, cdef, derivation, module), the_plan
 
 
-__all__ = ["Plan", "generate", "plan"]
+__all__ = ["DEFAULT_FUNCTIONS", "KINDS", "FunctionPlan", "Plan", "generate", "plan"]

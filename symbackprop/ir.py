@@ -244,7 +244,7 @@ def lower(model: Model) -> Lowered:
     clash = [d for d in dims if leaf_name(d) in leaves]
     if clash:
         raise ModelError(f"{clash[0]} is used both as a dimension and as an input/param")
-    lowerer = _Lowerer(by_symbol, tuple(dims))
+    lowerer = _Lowerer(by_symbol, tuple(dims), tuple(model.outputs.values()))
     loss = lowerer.scalar_result(model.loss, "the loss")
     outputs = {name: lowerer.lower(expr) for name, expr in model.outputs.items()}
     return Lowered(model, leaves, loss, outputs, tuple(dims))
@@ -253,10 +253,15 @@ def lower(model: Model) -> Lowered:
 class _Lowerer:
     """Turns SymPy expressions into nodes, memoized per subexpression."""
 
-    def __init__(self, leaves: dict[sp.Basic, Node], dims: tuple[sp.Symbol, ...]):
+    def __init__(self, leaves: dict[sp.Basic, Node], dims: tuple[sp.Symbol, ...], named: tuple[sp.Basic, ...] = ()):
         self.leaves = leaves
         self.dims = set(dims)
         self.memo: dict[sp.Basic, Node] = {}
+        # Named outputs that SymPy flattens into larger sums and products
+        # (Y = A + B inside Y - T = A + B - T): lowered as their own nodes,
+        # so that a named intermediate is one value with one gradient.
+        self.named_sums = [e for e in named if isinstance(e, sp.MatAdd)]
+        self.named_products = [e for e in named if isinstance(e, sp.MatMul) and e.as_coeff_matrices()[0] == 1]
 
     def scalar_result(self, expr: sp.Basic, what: str) -> Node:
         node = self.lower(expr)
@@ -330,12 +335,13 @@ class _Lowerer:
         return self.leaves[expr]
 
     def mat_add(self, expr: sp.MatAdd) -> Node:
-        terms = [self.lower(t) for t in expr.args]
+        terms = [self.lower(t) for t in _regroup_sum(list(expr.args), self.named_sums, expr)]
         body = sp.Add(*[placeholder(i) for i in range(len(terms))])
         return map_(body, terms, shape_of(expr))
 
     def mat_mul(self, expr: sp.MatMul) -> Node:
         coeff, factors = expr.as_coeff_matrices()
+        factors = _regroup_product(list(factors), self.named_products, expr)
         product = _product_chain([self._factor(f) for f in factors])
         if coeff == 1:
             return product
@@ -381,6 +387,34 @@ class _Lowerer:
 # What a scalar expression may be built of besides atoms: arithmetic, applied
 # functions (exp, Max, Piecewise, ...) and the conditions of a Piecewise.
 _SCALAR_OPS = (sp.Add, sp.Mul, sp.Pow, Application, ExprCondPair, Relational, BooleanFunction, BooleanAtom)
+
+
+def _regroup_sum(terms: list[sp.Basic], named: list[sp.MatAdd], whole: sp.Basic) -> list[sp.Basic]:
+    """Terms with those of each named sum contained in them replaced by it."""
+    for sub in named:
+        if sub == whole:
+            continue
+        rest = list(terms)
+        try:
+            for term in sub.args:
+                rest.remove(term)
+        except ValueError:
+            continue
+        return [sub] + _regroup_sum(rest, named, whole)
+    return terms
+
+
+def _regroup_product(factors: list[sp.Basic], named: list[sp.MatMul], whole: sp.Basic) -> list[sp.Basic]:
+    """Factors with each named product occurring in them as a run replaced by it."""
+    for sub in named:
+        run = list(sub.args)
+        if sub == whole or len(run) > len(factors):
+            continue
+        for start in range(len(factors) - len(run) + 1):
+            if factors[start:start + len(run)] == run:
+                rest = factors[:start] + [sub] + factors[start + len(run):]
+                return _regroup_product(rest, named, whole)
+    return factors
 
 
 def _scalar_atoms(expr: sp.Expr) -> list[sp.Basic]:

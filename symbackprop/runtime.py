@@ -16,21 +16,26 @@ complex) is an error, not a silent cast; so are masked arrays, whose masks
 would be ignored, and symbolic dimensions below 1 (an empty batch). Every
 error is an ArgumentError naming the argument, what was expected and what
 was received. NaN and infinity pass through with IEEE semantics.
+
+Results are fresh arrays (numbers for scalars) on every call, except in a
+prepared call (`CompiledModule.prepare`), which binds its arrays once and
+writes its results into arrays it owns.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import sympy as sp
 
 from .build import BuildOptions, build
 from .codegen import REAL_TYPES, Emitted
-from .compiler import Plan, generate
-from .errors import ArgumentError
+from .compiler import DEFAULT_FUNCTIONS, FunctionPlan, Plan, generate
+from .errors import ArgumentError, ModelError
 from .model import Model, leaf_name
 
 
@@ -41,49 +46,161 @@ class ArraySpec:
     scalar: bool  # declared as a Symbol: passed and returned as a number
 
 
-@dataclass(frozen=True)
-class Signature:
-    """What one C function takes and gives, in C argument order."""
+class Function:
+    """One generated C function: its arguments in C order, their checks, and
+    the call. `call` is the hot path of the ordinary API."""
 
-    c_name: str
-    dims: tuple[sp.Symbol, ...]
-    inputs: tuple[ArraySpec, ...]
-    outputs: tuple[ArraySpec, ...]
+    def __init__(self, fn: FunctionPlan, plan: Plan, scalars: set[str], lib: Any, ffi: Any, prefix: str, dtype: np.dtype):
+        self.plan = fn
+        self.c_name = f"{prefix}_{fn.schedule.name}"
+        self.c_function = getattr(lib, self.c_name)
+        self.work_len = getattr(lib, self.c_name + "_work_len")
+        self.dims = plan.lowered.dims
+        leaves = list(plan.lowered.leaves.items()) + list(fn.extra_inputs)
+        self.inputs = tuple(ArraySpec(name, node.shape, name in scalars) for name, node in leaves)
+        nodes = dict(fn.schedule.results)
+        self.outputs = tuple(ArraySpec(out, nodes[out].shape, key in scalars) for out, _, key in fn.returns)
+        self.names = frozenset(spec.name for spec in self.inputs)
+        self.dtype = dtype
+        self.ffi = ffi
+        self.ctype = f"{REAL_TYPES[dtype.name].c}[]"
+        # fast-path shapes: exact tuples for fully fixed arrays
+        self.fixed = tuple(
+            None if spec.scalar or any(isinstance(d, sp.Symbol) for d in spec.shape) else tuple(spec.shape)
+            for spec in self.inputs
+        )
+
+    def bind(self, arrays: Mapping[str, Any]) -> tuple[list[np.ndarray], list[int]]:
+        """Checked, converted arrays in C order, and the bound dimensions."""
+        if arrays.keys() != self.names:
+            _check_names(self.inputs, arrays)
+        bound: dict[sp.Symbol, int] = {}
+        binder: dict[sp.Symbol, str] = {}
+        values = []
+        for spec, fixed in zip(self.inputs, self.fixed):
+            value = arrays[spec.name]
+            if (
+                fixed is not None
+                and type(value) is np.ndarray
+                and value.dtype == self.dtype
+                and value.shape == fixed
+                and value.flags.c_contiguous
+            ):
+                values.append(value)
+            else:
+                values.append(_convert(spec, value, self.dtype, bound, binder))
+        for dim in self.dims:
+            if dim not in bound:
+                raise ArgumentError(f"dimension {dim} is not fixed by any argument")
+        return values, [bound[d] for d in self.dims]
+
+    def allocate(self, dims: Sequence[int]) -> tuple[list[np.ndarray], np.ndarray]:
+        bound = dict(zip(self.dims, dims))
+        outputs = [np.empty(_concrete(spec.shape, bound), dtype=self.dtype) for spec in self.outputs]
+        return outputs, np.empty(self.work_len(*dims), dtype=self.dtype)
+
+    def pointers(self, arrays: Sequence[np.ndarray]) -> list[Any]:
+        buf, ctype = self.ffi.from_buffer, self.ctype
+        return [buf(ctype, a) for a in arrays]
+
+    def invoke(self, dims: Sequence[int], pointers: Sequence[Any]) -> None:
+        status = self.c_function(*dims, *pointers)
+        if status != 0:
+            raise ArgumentError(f"{self.c_name} rejected the dimensions {dict(zip(map(str, self.dims), dims))}")
+
+    def call(self, arrays: Mapping[str, Any]) -> list[Any]:
+        """Outputs in the plan's order: numbers for scalars, else arrays."""
+        values, dims = self.bind(arrays)
+        outputs, work = self.allocate(dims)
+        self.invoke(dims, self.pointers([*values, *outputs, work]))
+        return [float(o[0, 0]) if spec.scalar else o for spec, o in zip(self.outputs, outputs)]
+
+    def group(self, results: Sequence[Any], name: str) -> dict[str, Any]:
+        return {key: r for (_, group, key), r in zip(self.plan.returns, results) if group == name}
+
+
+class PreparedCall:
+    """A function bound to arrays once; each call runs the C code on their
+    current contents and writes into the arrays in `results`.
+
+    Refill the bound input arrays in place (``call.inputs["X"][:] = batch``)
+    between calls; the shapes are fixed at preparation. Nothing is checked
+    per call. Not for concurrent use from several threads (one workspace).
+    """
+
+    def __init__(self, function: Function, arrays: Mapping[str, Any]):
+        values, dims = function.bind(arrays)
+        outputs, work = function.allocate(dims)
+        self.function = function
+        self.inputs = {spec.name: v for spec, v in zip(function.inputs, values)}
+        self.results = {out: o for (out, _, _), o in zip(function.plan.returns, outputs)}
+        self._arrays = (values, outputs, work)  # keep every buffer alive
+        self._c_function = function.c_function
+        self._args = (*dims, *function.pointers([*values, *outputs, work]))
+        self._loss = self.results.get("loss")
+
+    @property
+    def grads(self) -> dict[str, np.ndarray]:
+        """The gradient arrays this call writes, by differentiated name."""
+        return {key: self.results[out] for out, group, key in self.function.plan.returns if group == "grads"}
+
+    def __call__(self) -> float | None:
+        """Run; returns the loss (if the function computes it)."""
+        if self._c_function(*self._args) != 0:
+            raise ArgumentError(f"{self.function.c_name} rejected its dimensions")
+        return None if self._loss is None else float(self._loss[0, 0])
 
 
 class CompiledModule:
-    """A compiled model. Call `forward` and `value_and_grad` with the model's
-    inputs and parameters as keyword arguments."""
+    """A compiled model: call `forward` and `value_and_grad` with the
+    model's inputs and parameters as keyword arguments.
 
-    def __init__(self, model: Model, emitted: Emitted, plan: Plan, lib: Any, ffi: Any, folder: Path, dtype: str):
+    `vjp`, `jvp`, `hvp`, `hessian` and `jacobian` compile their C functions
+    on first use (then load them from the cache).
+    """
+
+    def __init__(self, model: Model, emitted: Emitted, plan: Plan, lib: Any, ffi: Any, folder: Path,
+                 dtype: str, options: BuildOptions | None = None):
         self.model = model
         self.emitted = emitted
         self.plan = plan
         self.folder = folder
         self.dtype = np.dtype(REAL_TYPES[dtype].numpy)
-        self._ctype = REAL_TYPES[dtype].c + "[]"
-        self._lib = lib
-        self._ffi = ffi
-        scalars = {leaf_name(s) for s in model.inputs + model.params if isinstance(s, sp.Symbol)}
-        inputs = tuple(ArraySpec(n, node.shape, n in scalars) for n, node in plan.lowered.leaves.items())
-        self.grad_names = plan.grad_names
-        by_output = {v: k for k, v in plan.grad_names.items()}
-        self.signatures = {}
+        self.wrt = plan.wrt
+        self.options = options
+        self._scalars = _scalar_names(model, plan)
+        self._functions: dict[tuple[str, str | None], Function] = {}
+        self._add(plan, lib, ffi, emitted.prefix)
+        self._lock = threading.Lock()
+
+    def _add(self, plan: Plan, lib: Any, ffi: Any, prefix: str) -> None:
         for fn in plan.functions:
-            outputs = tuple(
-                ArraySpec(name, node.shape, name == "loss" or by_output.get(name) in scalars)
-                for name, node in fn.results
-            )
-            self.signatures[fn.name] = Signature(f"{emitted.prefix}_{fn.name}", plan.lowered.dims, inputs, outputs)
+            self._functions[(fn.kind, fn.of_output)] = Function(fn, plan, self._scalars, lib, ffi, prefix, self.dtype)
+
+    def function(self, kind: str, output: str | None = None) -> Function:
+        """The C function of a kind (compiled now if this module lacks it)."""
+        found = self._functions.get((kind, output))
+        if found is None:
+            with self._lock:
+                if (kind, None if kind != "vjp" else output) not in self._functions:
+                    emitted, plan = generate(self.model, self.dtype.name, functions=(kind,), wrt=self.wrt)
+                    module, _ = build(emitted.prefix, emitted.source, emitted.header, emitted.cdef, self.options)
+                    self._add(plan, module.lib, module.ffi, emitted.prefix)
+            found = self._functions.get((kind, output))
+        if found is None:
+            raise ArgumentError(f"the model has no output named {output!r}; its outputs are {list(self.model.outputs)}")
+        return found
 
     @property
     def source(self) -> str:
-        """The generated C source."""
+        """The generated C source (forward and value_and_grad)."""
         return self.emitted.source
 
     @property
     def header(self) -> str:
         return self.emitted.header
+
+    # --- the ordinary API ---------------------------------------------
 
     def forward(self, **arrays: Any) -> dict[str, Any]:
         """The loss and the named outputs: {"loss": float, name: array}.
@@ -91,70 +208,145 @@ class CompiledModule:
         Raises:
             ArgumentError: a missing, unknown or malformed argument.
         """
-        return dict(self._call("forward", arrays))
+        fn = self.function("forward")
+        results = fn.call(arrays)
+        return {key: r for (_, _, key), r in zip(fn.plan.returns, results)}
 
     def value_and_grad(self, **arrays: Any) -> tuple[float, dict[str, Any]]:
-        """The loss and {name: gradient} for each parameter (and grad input).
+        """The loss and {name: gradient} for each differentiated name.
 
         Raises:
             ArgumentError: a missing, unknown or malformed argument.
         """
-        results = self._call("value_and_grad", arrays)
-        loss = results.pop("loss")
-        return loss, {leaf: results[out] for leaf, out in self.grad_names.items()}
+        fn = self.function("value_and_grad")
+        results = fn.call(arrays)
+        return results[0], fn.group(results, "grads")
 
-    def _call(self, function: str, arrays: Mapping[str, Any]) -> dict[str, Any]:
-        sig = self.signatures[function]
-        _check_names(sig, arrays)
-        bound: dict[sp.Symbol, int] = {}
-        binder: dict[sp.Symbol, str] = {}  # the argument each dimension was bound from
-        values = [self._convert(spec, arrays[spec.name], bound, binder) for spec in sig.inputs]
-        for dim in sig.dims:
-            if dim not in bound:
-                raise ArgumentError(f"dimension {dim} is not fixed by any argument")
-        outputs = [np.empty(_concrete(spec.shape, bound), dtype=self.dtype) for spec in sig.outputs]
-        dims = [bound[d] for d in sig.dims]
-        work = np.empty(getattr(self._lib, sig.c_name + "_work_len")(*dims), dtype=self.dtype)
-        buf = self._ffi.from_buffer
-        ctype = self._ctype
-        status = getattr(self._lib, sig.c_name)(
-            *dims, *[buf(ctype, v) for v in values], *[buf(ctype, o) for o in outputs], buf(ctype, work)
-        )
-        if status != 0:
-            raise ArgumentError(f"{sig.c_name} rejected the dimensions {dict(zip(map(str, sig.dims), dims))}")
-        return {spec.name: (float(o.reshape(-1)[0]) if spec.scalar else o) for spec, o in zip(sig.outputs, outputs)}
+    def prepare(self, function: str = "value_and_grad", **arrays: Any) -> PreparedCall:
+        """Bind arrays once for a hot loop: checks and allocation happen
+        here, none per call (see PreparedCall).
 
-    def _convert(self, spec: ArraySpec, value: Any, bound: dict[sp.Symbol, int], binder: dict[sp.Symbol, str]) -> np.ndarray:
-        array = _as_array(spec, value, self.dtype)
-        if spec.scalar:
-            if array.size != 1 or array.ndim > 2:
+        Raises:
+            ArgumentError: a missing, unknown or malformed argument.
+        """
+        return PreparedCall(self.function(function), arrays)
+
+    # --- the wider autograd surface -------------------------------------
+
+    def vjp(self, output: str, seed: Any = None, **arrays: Any) -> dict[str, Any]:
+        """Gradients of sum(seed * output) for each differentiated name.
+
+        `seed` may be omitted only for a scalar output (then it is 1).
+
+        Raises:
+            ArgumentError: no seed for a non-scalar output, or a seed of the
+                wrong shape (both shapes named).
+        """
+        if output == "loss":
+            node = self.plan.lowered.loss
+        elif output in self.plan.lowered.outputs:
+            node = self.plan.lowered.outputs[output]
+        else:
+            raise ArgumentError(f"no output named {output!r}; the outputs are {['loss', *self.model.outputs]}")
+        if seed is None:
+            if node.shape != (1, 1):
                 raise ArgumentError(
-                    f"{spec.name} is a scalar: a number or an array of shape (), (1,) or (1, 1); got shape {array.shape}"
+                    f"vjp of {output!r} needs a seed because the output is not a scalar (its shape is {_show(node.shape)})"
                 )
-            return np.ascontiguousarray(array.reshape(1, 1))
-        if array.ndim != 2:
-            raise ArgumentError(
-                f"{spec.name} must be a 2-D array of shape {_show(spec.shape)}; got {array.ndim}-D shape {array.shape}"
-            )
-        for axis, (want, got) in enumerate(zip(spec.shape, array.shape)):
-            if isinstance(want, sp.Symbol):
-                if got < 1:
-                    raise ArgumentError(
-                        f"{spec.name} must have shape {_show(spec.shape)} with {want} >= 1; got {array.shape}"
-                    )
-                if bound.setdefault(want, got) != got:
-                    raise ArgumentError(
-                        f"{spec.name} must have shape {_show(spec.shape)} with {want}={bound[want]} "
-                        f"(as in {binder[want]}); got {array.shape}"
-                    )
-                binder.setdefault(want, spec.name)
-            elif want != got:
-                raise ArgumentError(f"{spec.name} must have shape {_show(spec.shape)}; got {array.shape}")
-        return np.ascontiguousarray(array)
+            seed = 1.0
+        if output == "loss":
+            loss, grads = self.value_and_grad(**arrays)
+            factor = float(np.asarray(seed).reshape(-1)[0])
+            return {k: g * factor for k, g in grads.items()}
+        fn = self.function("vjp", output)
+        expected = _concrete(node.shape, _dims_from(fn, arrays))
+        seed = _as_array(ArraySpec(f"the seed for {output!r}", node.shape, False), seed, self.dtype)
+        if expected == (1, 1) and seed.size == 1:
+            seed = seed.reshape(1, 1)
+        if tuple(seed.shape) != expected:
+            raise ArgumentError(f"the seed for {output!r} must have the output's shape {expected}; got {tuple(seed.shape)}")
+        return fn.group(fn.call({**arrays, fn.plan.extra_inputs[0][0]: seed}), "grads")
+
+    def _with_extra(self, kind: str, given: Mapping[str, Any], what: str, arrays: Mapping[str, Any]) -> tuple[Function, dict]:
+        fn = self.function(kind)
+        extra = {name[len(what) + 1:]: name for name, _ in fn.plan.extra_inputs}
+        unknown = [k for k in given if k not in extra]
+        if unknown:
+            raise ArgumentError(f"{what}s given for {unknown}, which are not differentiated; expected some of {list(extra)}")
+        full = dict(arrays)
+        for key, name in extra.items():
+            spec = next(s for s in fn.inputs if s.name == name)
+            full[name] = given[key] if key in given else np.zeros(
+                _concrete(spec.shape, _dims_from(fn, arrays)), dtype=self.dtype)
+        return fn, full
+
+    def jvp(self, tangents: Mapping[str, Any], **arrays: Any) -> dict[str, Any]:
+        """Jacobian-vector product (forward mode): {"loss": dloss, name:
+        doutput} for the tangents given ({leaf name: array}; missing = 0)."""
+        fn, full = self._with_extra("jvp", tangents, "tangent", arrays)
+        results = fn.call(full)
+        return {key: r for (_, _, key), r in zip(fn.plan.returns, results)}
+
+    def hvp(self, directions: Mapping[str, Any], **arrays: Any) -> dict[str, Any]:
+        """Hessian of the loss times a direction ({leaf name: array};
+        missing = 0): {name: (H v) for that name}."""
+        fn, full = self._with_extra("hvp", directions, "direction", arrays)
+        return fn.group(fn.call(full), "hvp")
+
+    def hessian(self, **arrays: Any) -> np.ndarray:
+        """The full Hessian of the loss over the differentiated leaves,
+        flattened in order (for small models: one hvp per entry)."""
+        fn = self.function("hvp")
+        bound = _dims_from(fn, arrays)
+        keys = [name.split("_", 1)[1] for name, _ in fn.plan.extra_inputs]
+        shapes = {k: _concrete(s.shape, bound) for k, s in zip(keys, fn.inputs[-len(keys):])}
+        sizes = [int(np.prod(shapes[k])) for k in keys]
+        columns = []
+        for k, size in zip(keys, sizes):
+            for index in range(size):
+                direction = np.zeros(size, dtype=self.dtype)
+                direction[index] = 1.0
+                product = self.hvp({k: direction.reshape(shapes[k])}, **arrays)
+                columns.append(np.concatenate([np.ravel(product[j]) for j in keys]))
+        return np.array(columns).T
+
+    def jacobian(self, output: str, **arrays: Any) -> dict[str, np.ndarray]:
+        """d output / d name for each differentiated name, as arrays of shape
+        output.shape + name.shape (for small models: one vjp per entry)."""
+        node = self.plan.lowered.outputs.get(output)
+        if node is None:
+            raise ArgumentError(f"no output named {output!r}; the outputs are {list(self.model.outputs)}")
+        shape = _concrete(node.shape, _dims_from(self.function("forward"), arrays))
+        rows: dict[str, list] = {}
+        for index in np.ndindex(*shape):
+            seed = np.zeros(shape, dtype=self.dtype)
+            seed[index] = 1.0
+            for key, grad in self.vjp(output, seed, **arrays).items():
+                rows.setdefault(key, []).append(np.asarray(grad, dtype=self.dtype))
+        return {k: np.array(v).reshape(*shape, *np.shape(v[0])) for k, v in rows.items()}
 
 
-def _check_names(sig: Signature, arrays: Mapping[str, Any]) -> None:
-    expected = [spec.name for spec in sig.inputs]
+def _scalar_names(model: Model, plan: Plan) -> set[str]:
+    """Names passed and returned as numbers: Symbol leaves, the loss, and
+    outputs given as scalar (non-matrix) expressions."""
+    names = {leaf_name(s) for s in model.inputs + model.params if isinstance(s, sp.Symbol)}
+    names.add("loss")
+    names |= {n for n, e in model.outputs.items() if not isinstance(e, (sp.MatrixExpr, sp.MatrixBase))}
+    return names
+
+
+def _dims_from(fn: Function, arrays: Mapping[str, Any]) -> dict[sp.Symbol, int]:
+    """Symbolic dimensions bound by the model's own arrays."""
+    bound: dict[sp.Symbol, int] = {}
+    binder: dict[sp.Symbol, str] = {}
+    for spec in fn.inputs:
+        if spec.name in arrays:
+            _convert(spec, arrays[spec.name], fn.dtype, bound, binder)
+    return bound
+
+
+def _check_names(inputs: Sequence[ArraySpec], arrays: Mapping[str, Any]) -> None:
+    expected = [spec.name for spec in inputs]
     missing = [n for n in expected if n not in arrays]
     unknown = [n for n in arrays if n not in expected]
     if missing or unknown:
@@ -164,6 +356,33 @@ def _check_names(sig: Signature, arrays: Mapping[str, Any]) -> None:
         if unknown:
             parts.append(f"unknown {unknown}")
         raise ArgumentError(f"{'; '.join(parts)}; expected the arguments {expected}")
+
+
+def _convert(spec: ArraySpec, value: Any, dtype: np.dtype, bound: dict[sp.Symbol, int], binder: dict[sp.Symbol, str]) -> np.ndarray:
+    array = _as_array(spec, value, dtype)
+    if spec.scalar:
+        if array.size != 1 or array.ndim > 2:
+            raise ArgumentError(
+                f"{spec.name} is a scalar: a number or an array of shape (), (1,) or (1, 1); got shape {array.shape}"
+            )
+        return np.ascontiguousarray(array.reshape(1, 1))
+    if array.ndim != 2:
+        raise ArgumentError(
+            f"{spec.name} must be a 2-D array of shape {_show(spec.shape)}; got {array.ndim}-D shape {array.shape}"
+        )
+    for want, got in zip(spec.shape, array.shape):
+        if isinstance(want, sp.Symbol):
+            if got < 1:
+                raise ArgumentError(f"{spec.name} must have shape {_show(spec.shape)} with {want} >= 1; got {array.shape}")
+            if bound.setdefault(want, got) != got:
+                raise ArgumentError(
+                    f"{spec.name} must have shape {_show(spec.shape)} with {want}={bound[want]} "
+                    f"(as in {binder[want]}); got {array.shape}"
+                )
+            binder.setdefault(want, spec.name)
+        elif want != got:
+            raise ArgumentError(f"{spec.name} must have shape {_show(spec.shape)}; got {array.shape}")
+    return np.ascontiguousarray(array)
 
 
 _MASKED = np.ma.MaskedArray
@@ -204,18 +423,31 @@ def _show(shape: tuple) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
-def compile(model: Model, dtype: str = "float64", options: BuildOptions | None = None) -> CompiledModule:
+def compile(
+    model: Model,
+    dtype: str = "float64",
+    options: BuildOptions | None = None,
+    wrt: Sequence[str] | None = None,
+    functions: Sequence[str] = DEFAULT_FUNCTIONS,
+) -> CompiledModule:
     """Generate, build (or load from the cache) and wrap the model.
 
     Args:
         model: the Model to compile.
-        dtype: "float64" (default).
-        options: compiler flags and cache folder (see BuildOptions).
+        dtype: "float64" (default) or "float32".
+        options: compiler flags, cache folder, BLAS (see BuildOptions).
+        wrt: names to differentiate with respect to: params, inputs, or named
+            outputs (the gradient of an intermediate); default: the model's
+            params and grad_inputs. Nothing else is differentiated.
+        functions: C functions to build now; others ("vjp", "jvp", "hvp")
+            are built on first use.
 
     Raises:
         ModelError: the model cannot be compiled (names the subexpression).
         BuildError: the C compiler is missing or failed (names the log).
     """
-    emitted, plan = generate(model, dtype)
+    if dtype not in REAL_TYPES:
+        raise ModelError(f"dtype must be one of {sorted(REAL_TYPES)}; got {dtype!r}")
+    emitted, plan = generate(model, dtype, functions=functions, wrt=wrt)
     module, folder = build(emitted.prefix, emitted.source, emitted.header, emitted.cdef, options)
-    return CompiledModule(model, emitted, plan, module.lib, module.ffi, folder, dtype)
+    return CompiledModule(model, emitted, plan, module.lib, module.ffi, folder, dtype, options)

@@ -151,7 +151,7 @@ class Naming:
     d<y>_d<x> for the elementwise derivative of y with respect to x."""
 
     def __init__(self, leaves: dict[str, Node], roots: Sequence[tuple[str, Node]], origins: dict[Node, tuple]):
-        self.origins = origins
+        self.origins = dict(origins)
         self.names: dict[Node, str] = {}
         self.taken: set[str] = set()
         for name, node in leaves.items():
@@ -162,6 +162,11 @@ class Naming:
         for node in topological_order([node for _, node in roots]):
             if node not in self.names and node.op not in VIEW_OPS and not is_const(node):
                 self.names[node] = self.claim("t0")
+
+    def add_origins(self, origins: dict[Node, tuple]) -> None:
+        """Where more derivative nodes come from (the first word stays)."""
+        for node, origin in origins.items():
+            self.origins.setdefault(node, origin)
 
     def claim(self, base: str) -> str:
         """`base` if free, else the next free t<k> (for "t0") or base_<k>."""

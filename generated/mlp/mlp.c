@@ -45,64 +45,64 @@ int mlp_forward(
         return 1;
     }
 
-    /* t1 = X @ W1 */
-    double *t1 = work + 0; /* n x 4 */
+    /* t0 = X @ W1 */
+    double *t0 = work + 0; /* n x 4 */
     #ifdef SYMBACKPROP_CBLAS
     if (12*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 4, 3, 1, X, 3, W1, 4, 0, t1, 4);
+        SYMBACKPROP_GEMM(101, 111, 111, n, 4, 3, 1, X, 3, W1, 4, 0, t0, 4);
     } else
     #endif
     {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t j = 0; j < 4; ++j) {
-                t1[4*i + j] = 0;
+                t0[4*i + j] = 0;
             }
             for (int64_t k = 0; k < 3; ++k) {
                 const double acc = X[3*i + k];
                 for (int64_t j = 0; j < 4; ++j) {
-                    t1[4*i + j] += acc * W1[4*k + j];
+                    t0[4*i + j] += acc * W1[4*k + j];
                 }
             }
         }
     }
 
-    /* t4 = 1/(exp(-b1 - t1) + 1) */
-    double *t4 = work + 4*n; /* n x 4 */
+    /* t3 = 1/(exp(-b1 - t0) + 1) */
+    double *t3 = work + 4*n; /* n x 4 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            t4[4*i + j] = 1.0/(exp(-b1[j] - t1[4*i + j]) + 1);
+            t3[4*i + j] = 1.0/(exp(-b1[j] - t0[4*i + j]) + 1);
         }
     }
 
-    /* t5 = t4 @ W2 */
-    double *t5 = work + 8*n; /* n x 2 */
+    /* t4 = t3 @ W2 */
+    double *t4 = work + 8*n; /* n x 2 */
     #ifdef SYMBACKPROP_CBLAS
     if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 2, 4, 1, t4, 4, W2, 2, 0, t5, 2);
+        SYMBACKPROP_GEMM(101, 111, 111, n, 2, 4, 1, t3, 4, W2, 2, 0, t4, 2);
     } else
     #endif
     {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t j = 0; j < 2; ++j) {
-                t5[2*i + j] = 0;
+                t4[2*i + j] = 0;
             }
             for (int64_t k = 0; k < 4; ++k) {
-                const double acc = t4[4*i + k];
+                const double acc = t3[4*i + k];
                 for (int64_t j = 0; j < 2; ++j) {
-                    t5[2*i + j] += acc * W2[2*k + j];
+                    t4[2*i + j] += acc * W2[2*k + j];
                 }
             }
         }
     }
 
-    /* t8 = (-T + b2 + t5)**2 */
-    /* Y = b2 + t5 */
+    /* Y = b2 + t4 */
+    /* t8 = (-T + b2 + t4)**2 */
     double *t8 = work + 10*n; /* n x 2 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            const double x0 = b2[j] + t5[2*i + j];
-            t8[2*i + j] = pow(-T[2*i + j] + x0, 2);
+            const double x0 = b2[j] + t4[2*i + j];
             Y[2*i + j] = x0;
+            t8[2*i + j] = pow(-T[2*i + j] + x0, 2);
         }
     }
 
@@ -140,7 +140,7 @@ size_t mlp_value_and_grad_work_len(int64_t n)
     return (size_t)(22*n + 3);
 }
 
-/* The loss and its gradient with respect to each parameter (reverse mode). */
+/* The loss and its gradient (reverse mode). */
 int mlp_value_and_grad(
     int64_t n,
     const double *X,
@@ -161,69 +161,69 @@ int mlp_value_and_grad(
         return 1;
     }
 
-    /* t1 = X @ W1 */
-    double *t1 = work + 0; /* n x 4 */
+    /* t0 = X @ W1 */
+    double *t0 = work + 0; /* n x 4 */
     #ifdef SYMBACKPROP_CBLAS
     if (12*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 4, 3, 1, X, 3, W1, 4, 0, t1, 4);
+        SYMBACKPROP_GEMM(101, 111, 111, n, 4, 3, 1, X, 3, W1, 4, 0, t0, 4);
     } else
     #endif
     {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t j = 0; j < 4; ++j) {
-                t1[4*i + j] = 0;
+                t0[4*i + j] = 0;
             }
             for (int64_t k = 0; k < 3; ++k) {
                 const double acc = X[3*i + k];
                 for (int64_t j = 0; j < 4; ++j) {
-                    t1[4*i + j] += acc * W1[4*k + j];
+                    t0[4*i + j] += acc * W1[4*k + j];
                 }
             }
         }
     }
 
-    /* t4 = 1/(exp(-b1 - t1) + 1) */
-    /* dt4_dt3 = exp(-b1 - t1)/(exp(-b1 - t1) + 1)**2 */
-    double *dt4_dt3 = work + 4*n; /* n x 4 */
-    double *t4 = work + 8*n; /* n x 4 */
+    /* t3 = 1/(exp(-b1 - t0) + 1) */
+    /* dt3_dt2 = exp(-b1 - t0)/(exp(-b1 - t0) + 1)**2 */
+    double *dt3_dt2 = work + 4*n; /* n x 4 */
+    double *t3 = work + 8*n; /* n x 4 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            const double x0 = exp(-b1[j] - t1[4*i + j]);
+            const double x0 = exp(-b1[j] - t0[4*i + j]);
             const double x1 = x0 + 1;
-            t4[4*i + j] = 1.0/x1;
-            dt4_dt3[4*i + j] = x0/(x1*x1);
+            t3[4*i + j] = 1.0/x1;
+            dt3_dt2[4*i + j] = x0/(x1*x1);
         }
     }
 
-    /* t5 = t4 @ W2 */
-    double *t5 = work + 12*n; /* n x 2 */
+    /* t4 = t3 @ W2 */
+    double *t4 = work + 12*n; /* n x 2 */
     #ifdef SYMBACKPROP_CBLAS
     if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 2, 4, 1, t4, 4, W2, 2, 0, t5, 2);
+        SYMBACKPROP_GEMM(101, 111, 111, n, 2, 4, 1, t3, 4, W2, 2, 0, t4, 2);
     } else
     #endif
     {
         for (int64_t i = 0; i < n; ++i) {
             for (int64_t j = 0; j < 2; ++j) {
-                t5[2*i + j] = 0;
+                t4[2*i + j] = 0;
             }
             for (int64_t k = 0; k < 4; ++k) {
-                const double acc = t4[4*i + k];
+                const double acc = t3[4*i + k];
                 for (int64_t j = 0; j < 2; ++j) {
-                    t5[2*i + j] += acc * W2[2*k + j];
+                    t4[2*i + j] += acc * W2[2*k + j];
                 }
             }
         }
     }
 
-    /* t8 = (-T + b2 + t5)**2 */
-    /* grad_t7 = (-2*T + 2*b2 + 2*t5)/(2*n) */
+    /* t8 = (-T + b2 + t4)**2 */
+    /* grad_t7 = (-2*T + 2*b2 + 2*t4)/(2*n) */
     double *grad_t7 = work + 14*n; /* n x 2 */
     double *t8 = work + 16*n; /* n x 2 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            t8[2*i + j] = pow(-T[2*i + j] + b2[j] + t5[2*i + j], 2);
-            grad_t7[2*i + j] = (1.0/2.0)*(-2*T[2*i + j] + 2*b2[j] + 2*t5[2*i + j])/((double)n);
+            t8[2*i + j] = pow(b2[j] + t4[2*i + j] - T[2*i + j], 2);
+            grad_t7[2*i + j] = (1.0/2.0)*(2*b2[j] + 2*t4[2*i + j] - 2*T[2*i + j])/((double)n);
         }
     }
 
@@ -253,11 +253,11 @@ int mlp_value_and_grad(
         loss[0] = (1.0/2.0)*t10[0]/((double)n);
     }
 
-    /* grad_t4 = grad_t7 @ W2^T */
-    double *grad_t4 = work + 0; /* n x 4 */
+    /* grad_t3 = grad_t7 @ W2^T */
+    double *grad_t3 = work + 0; /* n x 4 */
     #ifdef SYMBACKPROP_CBLAS
     if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 4, 2, 1, grad_t7, 2, W2, 2, 0, grad_t4, 4);
+        SYMBACKPROP_GEMM(101, 111, 112, n, 4, 2, 1, grad_t7, 2, W2, 2, 0, grad_t3, 4);
     } else
     #endif
     {
@@ -267,23 +267,23 @@ int mlp_value_and_grad(
                 for (int64_t k = 0; k < 2; ++k) {
                     acc += grad_t7[2*i + k] * W2[k + 2*j];
                 }
-                grad_t4[4*i + j] = acc;
+                grad_t3[4*i + j] = acc;
             }
         }
     }
 
-    /* grad_t3 = dt4_dt3*grad_t4 */
-    double *grad_t3 = work + 18*n + 3; /* n x 4 */
+    /* grad_t2 = dt3_dt2*grad_t3 */
+    double *grad_t2 = work + 18*n + 3; /* n x 4 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            grad_t3[4*i + j] = grad_t4[4*i + j]*dt4_dt3[4*i + j];
+            grad_t2[4*i + j] = grad_t3[4*i + j]*dt3_dt2[4*i + j];
         }
     }
 
-    /* grad_W1 = X^T @ grad_t3 */
+    /* grad_W1 = X^T @ grad_t2 */
     #ifdef SYMBACKPROP_CBLAS
     if (12*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 3, 4, n, 1, X, 3, grad_t3, 4, 0, grad_W1, 4);
+        SYMBACKPROP_GEMM(101, 112, 111, 3, 4, n, 1, X, 3, grad_t2, 4, 0, grad_W1, 4);
     } else
     #endif
     {
@@ -294,25 +294,25 @@ int mlp_value_and_grad(
             for (int64_t k = 0; k < n; ++k) {
                 const double acc = X[i + 3*k];
                 for (int64_t j = 0; j < 4; ++j) {
-                    grad_W1[4*i + j] += acc * grad_t3[4*k + j];
+                    grad_W1[4*i + j] += acc * grad_t2[4*k + j];
                 }
             }
         }
     }
 
-    /* grad_b1 = sum of grad_t3 down each column */
+    /* grad_b1 = sum of grad_t2 down each column */
     for (int64_t j = 0; j < 4; ++j) {
         double total = 0;
         for (int64_t i = 0; i < n; ++i) {
-            total += grad_t3[4*i + j];
+            total += grad_t2[4*i + j];
         }
         grad_b1[j] = total;
     }
 
-    /* grad_W2 = t4^T @ grad_t7 */
+    /* grad_W2 = t3^T @ grad_t7 */
     #ifdef SYMBACKPROP_CBLAS
     if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 4, 2, n, 1, t4, 4, grad_t7, 2, 0, grad_W2, 2);
+        SYMBACKPROP_GEMM(101, 112, 111, 4, 2, n, 1, t3, 4, grad_t7, 2, 0, grad_W2, 2);
     } else
     #endif
     {
@@ -321,7 +321,7 @@ int mlp_value_and_grad(
                 grad_W2[2*i + j] = 0;
             }
             for (int64_t k = 0; k < n; ++k) {
-                const double acc = t4[i + 4*k];
+                const double acc = t3[i + 4*k];
                 for (int64_t j = 0; j < 2; ++j) {
                     grad_W2[2*i + j] += acc * grad_t7[2*k + j];
                 }

@@ -29,7 +29,7 @@ extern "C" {
 size_t mlp_forward_work_len(int64_t n);
 int mlp_forward(int64_t n, const double *X, const double *T, const double *W1, const double *b1, const double *W2, const double *b2, double *loss, double *Y, double *work);
 
-/* The loss and its gradient with respect to each parameter (reverse mode).
+/* The loss and its gradient (reverse mode).
  *   X: input, n x 3
  *   T: input, n x 2
  *   W1: input, 3 x 4

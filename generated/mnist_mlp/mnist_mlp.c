@@ -148,7 +148,7 @@ size_t mnist_mlp_value_and_grad_work_len(void)
     return (size_t)(136577);
 }
 
-/* The loss and its gradient with respect to each parameter (reverse mode). */
+/* The loss and its gradient (reverse mode). */
 int mnist_mlp_value_and_grad(
     const double *X,
     const double *T,

@@ -29,7 +29,7 @@ extern "C" {
 size_t mnist_mlp_forward_work_len(void);
 int mnist_mlp_forward(const double *X, const double *T, const double *W1, const double *b1, const double *W2, const double *b2, double *loss, double *logits, double *work);
 
-/* The loss and its gradient with respect to each parameter (reverse mode).
+/* The loss and its gradient (reverse mode).
  *   X: input, 128 x 784
  *   T: input, 128 x 10
  *   W1: input, 784 x 256

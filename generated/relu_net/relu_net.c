@@ -69,7 +69,7 @@ size_t relu_net_value_and_grad_work_len(void)
     return (size_t)(10);
 }
 
-/* The loss and its gradient with respect to each parameter (reverse mode). */
+/* The loss and its gradient (reverse mode). */
 int relu_net_value_and_grad(
     const double *x,
     const double *t,

@@ -27,7 +27,7 @@ extern "C" {
 size_t relu_net_forward_work_len(void);
 int relu_net_forward(const double *x, const double *t, const double *W1, const double *W2, double *loss, double *y, double *work);
 
-/* The loss and its gradient with respect to each parameter (reverse mode).
+/* The loss and its gradient (reverse mode).
  *   x: input, 2 x 1
  *   t: input, 1 x 1
  *   W1: input, 2 x 2

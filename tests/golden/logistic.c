@@ -93,7 +93,7 @@ size_t logistic_value_and_grad_work_len(int64_t n)
     return (size_t)(4*n + 1);
 }
 
-/* The loss and its gradient with respect to each parameter (reverse mode). */
+/* The loss and its gradient (reverse mode). */
 int logistic_value_and_grad(
     int64_t n,
     const double *X,

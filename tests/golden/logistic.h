@@ -25,7 +25,7 @@ extern "C" {
 size_t logistic_forward_work_len(int64_t n);
 int logistic_forward(int64_t n, const double *X, const double *t, const double *w, double *loss, double *work);
 
-/* The loss and its gradient with respect to each parameter (reverse mode).
+/* The loss and its gradient (reverse mode).
  *   X: input, n x 2
  *   t: input, n x 1
  *   w: input, 2 x 1

@@ -34,7 +34,7 @@ size_t scalar_value_and_grad_work_len(void)
     return (size_t)(0);
 }
 
-/* The loss and its gradient with respect to each parameter (reverse mode). */
+/* The loss and its gradient (reverse mode). */
 int scalar_value_and_grad(
     const double *x,
     const double *y,

@@ -24,7 +24,7 @@ extern "C" {
 size_t scalar_forward_work_len(void);
 int scalar_forward(const double *x, const double *y, double *loss, double *work);
 
-/* The loss and its gradient with respect to each parameter (reverse mode).
+/* The loss and its gradient (reverse mode).
  *   x: input, 1 x 1
  *   y: input, 1 x 1
  *   loss: output, 1 x 1

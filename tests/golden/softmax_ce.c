@@ -82,7 +82,7 @@ size_t softmax_ce_value_and_grad_work_len(void)
     return (size_t)(37);
 }
 
-/* The loss and its gradient with respect to each parameter (reverse mode). */
+/* The loss and its gradient (reverse mode). */
 int softmax_ce_value_and_grad(
     const double *T,
     const double *Z,

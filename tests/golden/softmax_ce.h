@@ -24,7 +24,7 @@ extern "C" {
 size_t softmax_ce_forward_work_len(void);
 int softmax_ce_forward(const double *T, const double *Z, double *loss, double *work);
 
-/* The loss and its gradient with respect to each parameter (reverse mode).
+/* The loss and its gradient (reverse mode).
  *   T: input, 4 x 3
  *   Z: input, 4 x 3
  *   loss: output, 1 x 1

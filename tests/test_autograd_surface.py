@@ -1,0 +1,126 @@
+"""VJP with seeds, chosen gradients, JVP, HVP, Hessians and Jacobians,
+checked against finite differences and sympy."""
+
+import numpy as np
+import pytest
+import sympy as sp
+from conftest import load_example
+from oracles import central_differences, mlp_loss, relative_error, sigmoid
+
+import symbackprop as sbp
+from symbackprop import nn
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return load_example("mlp")
+
+
+@pytest.fixture(scope="module")
+def mod(mlp):
+    return sbp.compile(mlp.model)
+
+
+def mlp_outputs(d):
+    hidden = sigmoid(d["X"] @ d["W1"] + d["b1"])
+    return hidden @ d["W2"] + d["b2"]
+
+
+def test_vjp_with_a_seed(mlp, mod):
+    data = mlp.sample_data(np.random.default_rng(0), batch=4)
+    seed = np.random.default_rng(1).standard_normal((4, 2))
+    grads = mod.vjp("Y", seed, **data)
+    for name in ("W1", "b1", "W2", "b2"):
+        expected = central_differences(lambda d: float(np.sum(seed * mlp_outputs(d))), data, name)
+        assert relative_error(grads[name], expected) < 1e-6, name
+
+
+def test_vjp_of_a_non_scalar_output_needs_a_seed(mlp, mod):
+    data = mlp.sample_data(np.random.default_rng(0), batch=4)
+    with pytest.raises(sbp.ArgumentError, match="needs a seed because the output is not a scalar"):
+        mod.vjp("Y", **data)
+    with pytest.raises(sbp.ArgumentError, match=r"\(4, 2\).*\(2, 4\)"):
+        mod.vjp("Y", np.ones((2, 4)), **data)
+
+
+def test_gradients_of_chosen_inputs_and_intermediates(mlp):
+    mod = sbp.compile(mlp.model, wrt=["W1", "X", "Y"])
+    data = mlp.sample_data(np.random.default_rng(2), batch=3)
+    _, grads = mod.value_and_grad(**data)
+    assert set(grads) == {"W1", "X", "Y"}
+    assert relative_error(grads["X"], central_differences(mlp_loss, data, "X")) < 1e-6
+    y = mlp_outputs(data)
+    np.testing.assert_allclose(grads["Y"], 2 * (y - data["T"]) / y.size, rtol=1e-12)
+
+
+def test_nothing_that_was_not_asked_for_is_computed(mlp):
+    mod = sbp.compile(mlp.model, wrt=["W2"])
+    body = mod.source.split("_value_and_grad(")[-1]
+    assert "grad_W2" in body
+    assert "grad_W1" not in body and "grad_b1" not in body
+    assert "X^T" not in body and "W2^T" not in body  # no backward product into the first layer
+
+
+def test_jvp_is_a_directional_derivative(mlp, mod):
+    data = mlp.sample_data(np.random.default_rng(3), batch=5)
+    rng = np.random.default_rng(4)
+    tangents = {"W1": rng.standard_normal((3, 4)), "b2": rng.standard_normal((1, 2))}
+    out = mod.jvp(tangents, **data)
+    step = 1e-6
+    plus = {**data, **{k: data[k] + step * v for k, v in tangents.items()}}
+    minus = {**data, **{k: data[k] - step * v for k, v in tangents.items()}}
+    assert out["loss"] == pytest.approx((mlp_loss(plus) - mlp_loss(minus)) / (2 * step), rel=1e-6)
+    expected_y = (mlp_outputs(plus) - mlp_outputs(minus)) / (2 * step)
+    assert relative_error(out["Y"], expected_y) < 1e-6
+
+
+def test_hvp_matches_finite_differences_of_the_gradient(mlp, mod):
+    data = mlp.sample_data(np.random.default_rng(5), batch=5)
+    rng = np.random.default_rng(6)
+    direction = {k: rng.standard_normal(np.shape(data[k])) for k in ("W1", "b1", "W2", "b2")}
+    hv = mod.hvp(direction, **data)
+    step = 1e-5
+    plus = {**data, **{k: data[k] + step * v for k, v in direction.items()}}
+    minus = {**data, **{k: data[k] - step * v for k, v in direction.items()}}
+    g_plus, g_minus = mod.value_and_grad(**plus)[1], mod.value_and_grad(**minus)[1]
+    for k in direction:
+        assert relative_error(hv[k], (g_plus[k] - g_minus[k]) / (2 * step)) < 1e-6, k
+
+
+def test_scalar_hessian_matches_sympy():
+    x, y = sp.symbols("x y")
+    f = x**3 * y + sp.sin(x * y) + sp.exp(y) / x
+    mod = sbp.compile(sbp.Model("hess", params=[x, y], loss=f))
+    point = {x: 0.7, y: -0.4}
+    expected = np.array(sp.hessian(f, (x, y)).subs(point).evalf(), dtype=float)
+    np.testing.assert_allclose(mod.hessian(x=0.7, y=-0.4), expected, rtol=1e-12)
+
+
+def test_jacobian_of_a_small_vector_valued_output():
+    W = sp.MatrixSymbol("W", 2, 3)
+    x = sp.MatrixSymbol("x", 3, 1)
+    h = nn.tanh(W * x)
+    model = sbp.Model("vec", inputs=[x], params=[W], loss=nn.sum_all(h), outputs={"h": h})
+    mod = sbp.compile(model)
+    rng = np.random.default_rng(7)
+    data = {"W": rng.standard_normal((2, 3)), "x": rng.standard_normal((3, 1))}
+    jac = mod.jacobian("h", **data)["W"]
+    assert jac.shape == (2, 1, 2, 3)
+    z = data["W"] @ data["x"]
+    for i in range(2):
+        expected = np.zeros((2, 3))
+        expected[i, :] = (1 - np.tanh(z[i, 0]) ** 2) * data["x"][:, 0]
+        np.testing.assert_allclose(jac[i, 0], expected, rtol=1e-12, atol=1e-15)
+
+
+def test_prepared_call_writes_into_its_arrays(mlp, mod):
+    data = mlp.sample_data(np.random.default_rng(8), batch=6)
+    call = mod.prepare(**data)
+    loss = call()
+    expected_loss, expected = mod.value_and_grad(**data)
+    assert loss == expected_loss
+    for k, v in expected.items():
+        np.testing.assert_array_equal(call.grads[k], v)
+    doubled = {**data, "W1": data["W1"] * 2}
+    call.inputs["W1"][:] *= 2  # refill in place (the caller's own array): the next call sees it
+    assert call() == pytest.approx(mod.value_and_grad(**doubled)[0], rel=1e-15)
