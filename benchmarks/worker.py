@@ -20,7 +20,6 @@ from benchmarks.peers._common import Unsupported, bench_threads
 
 def main(argv=None) -> None:
     args = _parse(argv)
-    limits = _limit_blas_threads(bench_threads())  # noqa: F841 (keep alive)
     emit = _emitter(args.out)
     try:
         peer = importlib.import_module(f"benchmarks.peers.{args.peer}")
@@ -49,6 +48,7 @@ def run_one(peer, peer_name, workload, dtype, plan):
     except Exception:
         yield {**base, "variant": peer_name, "status": "error", "reason": _tail()}
         return
+    _limit_blas_threads(bench_threads())  # after setup: it may load a BLAS
     for variant in variants:
         yield {**base, **_run_variant(peer, variant, workload, dtype, reference, plan)}
 
@@ -87,12 +87,14 @@ def _run_variant(peer, variant, workload, dtype, reference, plan) -> dict:
     return {**record, **timing, "status": "ok", "gflops": gflops}
 
 
-def _limit_blas_threads(n: int):
+def _limit_blas_threads(n: int) -> None:
+    """Limit every BLAS/OpenMP pool loaded so far (run.py also sets
+    OPENBLAS/OMP/MKL_NUM_THREADS for the pools loaded later)."""
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:
-        return None  # run.py also sets OPENBLAS/OMP/MKL_NUM_THREADS
-    return threadpool_limits(limits=n)
+        return
+    threadpool_limits(limits=n)
 
 
 def _emitter(path: str):

@@ -151,6 +151,12 @@ class CFunction:
     def all_params(self) -> str:
         return ", ".join(p.decl for p in self.params)
 
+    @property
+    def cffi_params(self) -> str:
+        """For cffi, arrays are `void *`: it then takes untyped buffers, the
+        cheapest pointers it makes from numpy arrays."""
+        return ", ".join(p.decl if p.role == "dim" else f"void *{p.cname}" for p in self.params)
+
 
 @dataclass(frozen=True)
 class CModule:

@@ -48,7 +48,9 @@ class ArraySpec:
 
 class Function:
     """One generated C function: its arguments in C order, their checks, and
-    the call. `call` is the hot path of the ordinary API."""
+    the call. `call` is the hot path of the ordinary API: arrays that are
+    already right pass a few attribute checks; anything else goes through
+    `_convert`, which converts it or says what is wrong."""
 
     def __init__(self, fn: FunctionPlan, plan: Plan, scalars: set[str], lib: Any, ffi: Any, prefix: str, dtype: np.dtype):
         self.plan = fn
@@ -62,58 +64,86 @@ class Function:
         self.outputs = tuple(ArraySpec(out, nodes[out].shape, key in scalars) for out, _, key in fn.returns)
         self.names = frozenset(spec.name for spec in self.inputs)
         self.dtype = dtype
-        self.ffi = ffi
-        self.ctype = f"{REAL_TYPES[dtype.name].c}[]"
-        # fast-path shapes: exact tuples for fully fixed arrays
-        self.fixed = tuple(
-            None if spec.scalar or any(isinstance(d, sp.Symbol) for d in spec.shape) else tuple(spec.shape)
-            for spec in self.inputs
-        )
+        self.from_buffer = ffi.from_buffer
+        # shapes as patterns: a fixed size as itself, dimension k as -(k + 1)
+        position = {d: -(k + 1) for k, d in enumerate(self.dims)}
+        self.patterns = tuple((s.name, *(position.get(d, d) for d in s.shape)) for s in self.inputs)
+        self.out_patterns = tuple((position.get(r, r), position.get(c, c), s.scalar) for s in self.outputs for r, c in [s.shape])
+        self._local = threading.local()  # per-thread workspace, reused while the dimensions stay
 
     def bind(self, arrays: Mapping[str, Any]) -> tuple[list[np.ndarray], list[int]]:
         """Checked, converted arrays in C order, and the bound dimensions."""
         if arrays.keys() != self.names:
             _check_names(self.inputs, arrays)
+        fast = self._bind_fast(arrays)
+        if fast is not None:
+            return fast
         bound: dict[sp.Symbol, int] = {}
         binder: dict[sp.Symbol, str] = {}
-        values = []
-        for spec, fixed in zip(self.inputs, self.fixed):
-            value = arrays[spec.name]
-            if (
-                fixed is not None
-                and type(value) is np.ndarray
-                and value.dtype == self.dtype
-                and value.shape == fixed
-                and value.flags.c_contiguous
-            ):
-                values.append(value)
-            else:
-                values.append(_convert(spec, value, self.dtype, bound, binder))
+        values = [_convert(spec, arrays[spec.name], self.dtype, bound, binder) for spec in self.inputs]
         for dim in self.dims:
             if dim not in bound:
                 raise ArgumentError(f"dimension {dim} is not fixed by any argument")
         return values, [bound[d] for d in self.dims]
 
-    def allocate(self, dims: Sequence[int]) -> tuple[list[np.ndarray], np.ndarray]:
-        bound = dict(zip(self.dims, dims))
-        outputs = [np.empty(_concrete(spec.shape, bound), dtype=self.dtype) for spec in self.outputs]
-        return outputs, np.empty(self.work_len(*dims), dtype=self.dtype)
+    def _bind_fast(self, arrays: Mapping[str, Any]) -> tuple[list[np.ndarray], list[int]] | None:
+        """The arrays as they are when every one is already right, else None
+        (and `bind` takes the slow path, which names what is wrong)."""
+        dims = [0] * len(self.dims)
+        values = []
+        dtype = self.dtype
+        for name, rows, cols in self.patterns:
+            value = arrays[name]
+            if type(value) is not np.ndarray or value.dtype is not dtype or not value.flags.c_contiguous:
+                return None
+            shape = value.shape
+            if rows > 0 and cols > 0:
+                if shape != (rows, cols):
+                    return None
+                values.append(value)
+                continue
+            if len(shape) != 2:
+                return None
+            for want, got in ((rows, shape[0]), (cols, shape[1])):
+                if want > 0:
+                    if want != got:
+                        return None
+                elif dims[-want - 1] != got:
+                    if dims[-want - 1] or got < 1:
+                        return None
+                    dims[-want - 1] = got
+            values.append(value)
+        return values, dims
 
-    def pointers(self, arrays: Sequence[np.ndarray]) -> list[Any]:
-        buf, ctype = self.ffi.from_buffer, self.ctype
-        return [buf(ctype, a) for a in arrays]
+    def allocate(self, dims: Sequence[int]) -> list[np.ndarray]:
+        empty, dtype = np.empty, self.dtype
+        return [
+            empty((r if r > 0 else dims[-r - 1], c if c > 0 else dims[-c - 1]), dtype=dtype)
+            for r, c, _ in self.out_patterns
+        ]
 
-    def invoke(self, dims: Sequence[int], pointers: Sequence[Any]) -> None:
-        status = self.c_function(*dims, *pointers)
+    def workspace(self, dims: Sequence[int]) -> Any:
+        """A pointer to scratch memory of this thread, sized for `dims`."""
+        local = self._local
+        key = tuple(dims)
+        if getattr(local, "key", None) != key:
+            local.array = np.empty(max(self.work_len(*dims), 1), dtype=self.dtype)
+            local.pointer = self.from_buffer(local.array)
+            local.key = key
+        return local.pointer
+
+    def invoke(self, dims: Sequence[int], values: Sequence[np.ndarray], outputs: Sequence[np.ndarray], work: Any) -> None:
+        buf = self.from_buffer
+        status = self.c_function(*dims, *[buf(v) for v in values], *[buf(o) for o in outputs], work)
         if status != 0:
             raise ArgumentError(f"{self.c_name} rejected the dimensions {dict(zip(map(str, self.dims), dims))}")
 
     def call(self, arrays: Mapping[str, Any]) -> list[Any]:
         """Outputs in the plan's order: numbers for scalars, else arrays."""
         values, dims = self.bind(arrays)
-        outputs, work = self.allocate(dims)
-        self.invoke(dims, self.pointers([*values, *outputs, work]))
-        return [float(o[0, 0]) if spec.scalar else o for spec, o in zip(self.outputs, outputs)]
+        outputs = self.allocate(dims)
+        self.invoke(dims, values, outputs, self.workspace(dims))
+        return [float(o[0, 0]) if scalar else o for (_, _, scalar), o in zip(self.out_patterns, outputs)]
 
     def group(self, results: Sequence[Any], name: str) -> dict[str, Any]:
         return {key: r for (_, group, key), r in zip(self.plan.returns, results) if group == name}
@@ -130,13 +160,15 @@ class PreparedCall:
 
     def __init__(self, function: Function, arrays: Mapping[str, Any]):
         values, dims = function.bind(arrays)
-        outputs, work = function.allocate(dims)
+        outputs = function.allocate(dims)
+        work = np.empty(max(function.work_len(*dims), 1), dtype=function.dtype)
         self.function = function
         self.inputs = {spec.name: v for spec, v in zip(function.inputs, values)}
         self.results = {out: o for (out, _, _), o in zip(function.plan.returns, outputs)}
         self._arrays = (values, outputs, work)  # keep every buffer alive
         self._c_function = function.c_function
-        self._args = (*dims, *function.pointers([*values, *outputs, work]))
+        buf = function.from_buffer
+        self._args = (*dims, *[buf(a) for a in (*values, *outputs, work)])
         self._loss = self.results.get("loss")
 
     @property
