@@ -2,6 +2,7 @@
 
     symbackprop demo [MODEL_FILE[:NAME]]     build, write, load, call and check a model
     symbackprop build [MODEL_FILE[:NAME] ...] [--out DIR] [--check]
+    symbackprop graph MODEL_FILE[:NAME] [--format text|dot]   the backward graph
 
 With no model files, `build` takes every model in examples/ and writes to
 generated/, the layout of this repository; `--check` regenerates into a
@@ -142,6 +143,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if worst < 1e-6 else 1
 
 
+def cmd_graph(args: argparse.Namespace) -> int:
+    from .compiler import plan
+    from .graph import graph_dot, graph_text
+
+    for model, _ in models_in(args.model):
+        the_plan = plan(model, functions=("value_and_grad",))
+        sys.stdout.write(graph_dot(the_plan) if args.format == "dot" else graph_text(the_plan) + "\n")
+    return 0
+
+
 def gradient_check(loss_fn: Callable[..., float], data: dict, grads: dict, step: float = 1e-6) -> float:
     """Max over parameters of |analytic - central difference| / max|central|.
     Checks at most 20 entries per parameter, spread evenly."""
@@ -194,6 +205,10 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: generated/)")
     build.add_argument("--check", action="store_true", help="fail with a diff where the files on disk are stale")
     build.set_defaults(run=cmd_build)
+    graph = sub.add_parser("graph", help="print the backward graph (grad_fn style) as text or Graphviz DOT")
+    graph.add_argument("model", metavar="MODEL_FILE[:NAME]")
+    graph.add_argument("--format", choices=("text", "dot"), default="text")
+    graph.set_defaults(run=cmd_graph)
     demo = sub.add_parser("demo", help="build a model, call it on sample data, check and time it")
     demo.add_argument("model", nargs="?", default=str(DEMO_MODEL), metavar="MODEL_FILE[:NAME]")
     demo.add_argument("--out", type=Path, default=DEFAULT_OUT)

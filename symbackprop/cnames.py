@@ -70,14 +70,12 @@ def sanitize(name: str) -> str:
     return ident
 
 
+def _listed(ident: str) -> bool:
+    return ident in C_KEYWORDS or ident in C_LIBRARY or ident in INTERNAL or _TEMP.match(ident) is not None
+
+
 def _reserved(ident: str) -> bool:
-    return (
-        ident in C_KEYWORDS
-        or ident in C_LIBRARY
-        or ident in INTERNAL
-        or _TEMP.match(ident) is not None
-        or _MACRO_LIKE.match(ident) is not None
-    )
+    return _listed(ident) or _MACRO_LIKE.match(ident) is not None
 
 
 class CNamer:
@@ -93,7 +91,7 @@ class CNamer:
             return found
         base = sanitize(logical)
         ident, count = base, 1
-        while ident in self.reserved or _reserved(ident):
+        while ident in self.reserved or _listed(ident):
             count += 1
             ident = f"{base}_{count}"
         self.reserved.add(ident)

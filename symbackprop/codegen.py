@@ -53,7 +53,8 @@ class ScalarPrinter(C99CodePrinter):
     functions as comparisons, and literals in the module's real type."""
 
     def __init__(self, text: dict[sp.Symbol, str], real: RealType):
-        super().__init__({"type_aliases": {sp.codegen.ast.real: real.sympy_type}})
+        # no math_macros: M_PI and M_SQRT2 are not C99
+        super().__init__({"type_aliases": {sp.codegen.ast.real: real.sympy_type}, "math_macros": {}})
         self.text = text
         self.real = real
 
@@ -92,6 +93,12 @@ class ScalarPrinter(C99CodePrinter):
         if expr.args[-1].cond != sp.true:
             raise ValueError(f"Piecewise without a default branch: {expr}")
         return text
+
+    def _print_NumberSymbol(self, expr: sp.Expr) -> str:
+        """pi, E, ...: a literal with enough digits for double precision."""
+        return self._print(sp.Float(expr.evalf(20), 20))
+
+    _print_Pi = _print_Exp1 = _print_EulerGamma = _print_GoldenRatio = _print_Catalan = _print_NumberSymbol
 
     def _print_DiracDelta(self, expr: sp.Expr) -> str:
         return self._print(sp.Float(0.0))

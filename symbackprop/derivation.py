@@ -36,10 +36,6 @@ class Derivation:
     ops: tuple[tuple[str, int, int], ...]  # (function, scalar ops before CSE, after)
 
 
-def _bytes(count: sp.Expr, itemsize: int) -> str:
-    return str(sp.expand(sp.sympify(count) * itemsize))
-
-
 def split_at_loss(fn: FunctionSchedule) -> int:
     """Index of the first backward kernel: the one after the loss is written."""
     for index, kernel in enumerate(fn.kernels):
@@ -48,29 +44,54 @@ def split_at_loss(fn: FunctionSchedule) -> int:
     return len(fn.kernels)
 
 
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes, as expressions in the symbolic dimensions."""
+
+    kept: tuple[tuple[str, tuple, sp.Expr], ...]  # forward values the backward pass reads: (name, shape, bytes)
+    kept_bytes: sp.Expr
+    forward_work_bytes: sp.Expr  # the workspace of a prediction-only forward pass
+    gradient_work_bytes: sp.Expr  # the workspace of value_and_grad
+
+
+def memory_plan(forward: FunctionSchedule, gradient: FunctionSchedule, itemsize: int) -> MemoryPlan:
+    """What the buffer plans of the two functions hold."""
+    split = split_at_loss(gradient)
+    written_before = {b for k in gradient.kernels[:split] for b in kernel_writes(k)}
+    read_after = dict.fromkeys(b for k in gradient.kernels[split:] for b in kernel_reads(k))
+    slots = {slot.name: slot for slot in gradient.slots}
+    kept = tuple(
+        (b, slots[b].shape, sp.expand(sp.sympify(slots[b].shape[0]) * slots[b].shape[1] * itemsize))
+        for b in read_after
+        if b in written_before and b in slots
+    )
+    return MemoryPlan(
+        kept=kept,
+        kept_bytes=sp.expand(sum((k[2] for k in kept), sp.Integer(0))),
+        forward_work_bytes=sp.expand(forward.work_size * itemsize),
+        gradient_work_bytes=sp.expand(gradient.work_size * itemsize),
+    )
+
+
+def itemsize_of(dtype: str) -> int:
+    return 8 if REAL_TYPES[dtype].c == "double" else 4
+
+
 def derive(model_name: str, forward: FunctionSchedule, gradient: FunctionSchedule, dtype: str, leaf_names: list[str]) -> Derivation:
-    itemsize = 8 if REAL_TYPES[dtype].c == "double" else 4
+    memory = memory_plan(forward, gradient, itemsize_of(dtype))
     split = split_at_loss(gradient)
     before, after = gradient.kernels[:split], gradient.kernels[split:]
-    written_before = {b for k in before for b in kernel_writes(k)}
     read_after = [b for k in after for b in kernel_reads(k)]
-    slots = {slot.name: slot for slot in gradient.slots}
-    kept_names = [b for b in dict.fromkeys(read_after) if b in written_before and b in slots]
-    kept = tuple(
-        KeptValue(b, f"{slots[b].shape[0]} x {slots[b].shape[1]}", _bytes(sp.sympify(slots[b].shape[0]) * slots[b].shape[1], itemsize))
-        for b in kept_names
-    )
-    total = sum((sp.sympify(slots[b].shape[0]) * slots[b].shape[1] for b in kept_names), sp.Integer(0))
     return Derivation(
         model_name=model_name,
         real=dtype,
         forward=tuple(e for k in before for e in k.equations),
         backward=tuple(e for k in after for e in k.equations),
-        kept=kept,
-        kept_bytes=_bytes(total, itemsize),
+        kept=tuple(KeptValue(name, f"{shape[0]} x {shape[1]}", str(size)) for name, shape, size in memory.kept),
+        kept_bytes=str(memory.kept_bytes),
         inputs_read=tuple(b for b in dict.fromkeys(read_after) if b in leaf_names),
-        forward_work_bytes=_bytes(forward.work_size, itemsize),
-        gradient_work_bytes=_bytes(gradient.work_size, itemsize),
+        forward_work_bytes=str(memory.forward_work_bytes),
+        gradient_work_bytes=str(memory.gradient_work_bytes),
         ops=tuple((fn.name, *fn.op_counts) for fn in (forward, gradient)),
     )
 

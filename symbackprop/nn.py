@@ -102,3 +102,62 @@ def l2_penalty(*weights: sp.MatrixExpr) -> sp.MatrixExpr:
         raise ModelError("l2_penalty needs at least one weight")
     terms = [sum_all(sp.HadamardPower(w, 2)) for w in weights]
     return sp.MatAdd(*terms) if len(terms) > 1 else terms[0]
+
+
+def _broadcast_column(column: sp.MatrixExpr, cols) -> sp.MatrixExpr:
+    """A (rows x 1) column repeated in `cols` columns."""
+    return column * ones(1, cols)
+
+
+def log_softmax(z: sp.MatrixExpr) -> sp.MatrixExpr:
+    """Each row of z minus its log-sum-exp (computed with the max subtracted)."""
+    return z - _broadcast_column(logsumexp_rows(z), z.shape[1])
+
+
+def softmax(z: sp.MatrixExpr) -> sp.MatrixExpr:
+    """exp(log_softmax(z)), row by row."""
+    return log_softmax(z).applyfunc(sp.exp)
+
+
+def leaky_relu(x, slope=sp.Rational(1, 100)):
+    """x where x > 0, else slope*x; the derivative at 0 is slope (as PyTorch)."""
+    return _elementwise(x, lambda v: sp.Piecewise((v, v > 0), (slope * v, True)))
+
+
+def elu(x, alpha=1):
+    """x where x > 0, else alpha*(exp(x) - 1); the derivative at 0 is alpha."""
+    return _elementwise(x, lambda v: sp.Piecewise((v, v > 0), (alpha * (sp.exp(v) - 1), True)))
+
+
+def gelu(x):
+    """The tanh form: x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))."""
+    c = sp.sqrt(2 / sp.pi)
+    return _elementwise(x, lambda v: v / 2 * (1 + sp.tanh(c * (v + sp.Rational(44715, 1000000) * v**3))))
+
+
+def _difference(y, target, what: str):
+    if y.shape != target.shape:
+        raise ModelError(f"{what} of shapes {y.shape} and {target.shape}")
+    return y - target
+
+
+def log_cosh(y: sp.MatrixExpr, target: sp.MatrixExpr) -> sp.MatrixExpr:
+    """The mean of log(cosh(y - target)), written |d| + log(1 + exp(-2|d|)) - log 2
+    so that large differences do not overflow."""
+    d = _difference(y, target, "log_cosh")
+    return mean_all(d.applyfunc(lambda v: sp.Abs(v) + sp.log(1 + sp.exp(-2 * sp.Abs(v))) - sp.log(2)))
+
+
+def huber(y: sp.MatrixExpr, target: sp.MatrixExpr, delta=1) -> sp.MatrixExpr:
+    """The mean Huber loss: d^2/2 where |d| <= delta, else delta*(|d| - delta/2)."""
+    d = _difference(y, target, "huber")
+    return mean_all(d.applyfunc(lambda v: sp.Piecewise((v**2 / 2, sp.Abs(v) <= delta), (delta * (sp.Abs(v) - sp.Rational(1, 2) * delta), True))))
+
+
+def binary_cross_entropy_with_logits(logits: sp.MatrixExpr, target: sp.MatrixExpr) -> sp.MatrixExpr:
+    """The mean of -[t log sigmoid(z) + (1 - t) log(1 - sigmoid(z))], written
+    max(z, 0) - z t + log(1 + exp(-|z|)) so that it never overflows."""
+    if logits.shape != target.shape:
+        raise ModelError(f"binary_cross_entropy_with_logits of shapes {logits.shape} and {target.shape}")
+    positive = logits.applyfunc(lambda v: sp.Max(v, 0) + sp.log(1 + sp.exp(-sp.Abs(v))))
+    return mean_all(positive - sp.HadamardProduct(logits, target))

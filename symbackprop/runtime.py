@@ -35,7 +35,9 @@ import sympy as sp
 from .build import BuildOptions, build
 from .codegen import REAL_TYPES, Emitted
 from .compiler import DEFAULT_FUNCTIONS, FunctionPlan, Plan, generate
+from .derivation import itemsize_of, memory_plan
 from .errors import ArgumentError, ModelError
+from .graph import graph_text
 from .model import Model, leaf_name
 
 
@@ -262,6 +264,36 @@ class CompiledModule:
             ArgumentError: a missing, unknown or malformed argument.
         """
         return PreparedCall(self.function(function), arrays)
+
+    def memory(self, **dims: int) -> dict[str, int]:
+        """Bytes of memory for the given symbolic dimensions (e.g. n=128):
+
+        - "kept_for_backward": forward values value_and_grad keeps for its
+          backward pass (its buffer plan);
+        - "prediction": the workspace of a prediction-only forward pass;
+        - "value_and_grad": the whole workspace of value_and_grad.
+
+        Raises:
+            ArgumentError: a dimension is missing or unknown.
+        """
+        known = {str(d): d for d in self.plan.lowered.dims}
+        if set(dims) != set(known):
+            raise ArgumentError(f"memory() needs the dimensions {sorted(known)}; got {sorted(dims)}")
+        plan = memory_plan(
+            self.plan.function("forward").schedule,
+            self.plan.function("value_and_grad").schedule,
+            itemsize_of(self.dtype.name),
+        )
+        values = {known[name]: int(value) for name, value in dims.items()}
+        return {
+            "kept_for_backward": int(plan.kept_bytes.subs(values)),
+            "prediction": int(plan.forward_work_bytes.subs(values)),
+            "value_and_grad": int(plan.gradient_work_bytes.subs(values)),
+        }
+
+    def print_graph(self, file: Any = None) -> None:
+        """Print the backward graph as an indented tree, grad_fn style."""
+        print(graph_text(self.plan), file=file)
 
     # --- the wider autograd surface -------------------------------------
 

@@ -1,0 +1,189 @@
+"""The backward graph as a tree in the familiar grad_fn style, as text or
+Graphviz DOT.
+
+One node per backward op, named after the forward op it differentiates:
+common compositions are recognised (a matrix product plus a broadcast bias
+is one MatMulWithBias node; a mean of squared differences is one MseLoss),
+and each differentiated leaf ends in an AccumulateGrad node. A weight's
+gradient through a product takes the other operand transposed (X^T @ grad):
+it is shown as a Transpose node above the weight's AccumulateGrad.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy as sp
+
+from .ir import Node, placeholder
+
+A0, A1 = placeholder(0), placeholder(1)
+
+ELEMENTWISE_NAMES = {
+    1 / (1 + sp.exp(-A0)): "Sigmoid",
+    sp.tanh(A0): "Tanh",
+    sp.Max(A0, 0): "Relu",
+    sp.log(1 + sp.exp(A0)): "Softplus",
+    sp.exp(A0): "Exp",
+    sp.log(A0): "Log",
+    sp.sin(A0): "Sin",
+    sp.cos(A0): "Cos",
+    sp.sqrt(A0): "Sqrt",
+    A0**2: "Square",
+    -A0: "Neg",
+    A0 + A1: "Add",
+    A0 * A1: "Mul",
+}
+
+
+@dataclass
+class GraphNode:
+    name: str
+    detail: str = ""
+    children: list["GraphNode"] = field(default_factory=list)
+
+
+def _reaches(plan) -> dict[Node, bool]:
+    from .ir import topological_order
+
+    wrt = set(_wrt_nodes(plan))
+    reaches: dict[Node, bool] = {}
+    for node in topological_order([plan.lowered.loss]):
+        reaches[node] = node in wrt or any(reaches[a] for a in node.args)
+    return reaches
+
+
+def _wrt_nodes(plan) -> list[Node]:
+    lowered = plan.lowered
+    return [lowered.leaves.get(name) or lowered.outputs[name] for name in plan.wrt]
+
+
+def backward_tree(plan) -> GraphNode:
+    """The tree of backward ops from the loss down to the differentiated leaves."""
+    reaches = _reaches(plan)
+    names = {node: name for name, node in plan.lowered.leaves.items()}
+    return _tree(plan.lowered.loss, reaches, names, set(_wrt_nodes(plan)))
+
+
+def _tree(node: Node, reaches: dict[Node, bool], names: dict[Node, str], wrt: set[Node]) -> GraphNode:
+    if node.op == "leaf":
+        return GraphNode("AccumulateGrad", names.get(node, node.attrs[0]))
+    name, operands = _classify(node)
+    out = GraphNode(name + "Backward")
+    for operand, transposed in operands:
+        if not reaches.get(operand, False):
+            continue
+        child = _tree(operand, reaches, names, wrt)
+        if transposed:
+            child = GraphNode("TransposeBackward", "", [child])
+        out.children.append(child)
+    if node in wrt and node.op != "leaf":
+        out.children.append(GraphNode("AccumulateGrad", "retained gradient"))
+    return out
+
+
+def _classify(node: Node) -> tuple[str, list[tuple[Node, bool]]]:
+    """A grad_fn name and the operands below it (True: seen transposed)."""
+    plain = [(a, False) for a in node.args]
+    if node.op == "matmul":
+        return "MatMul", _product_operands(node)
+    if node.op == "map":
+        for name, recognise in (("MseLoss", _mse), ("SoftmaxCrossEntropyLoss", _softmax_cross_entropy)):
+            operand = recognise(node)
+            if operand is not None:
+                return name, [(operand, False)]
+        body = node.attrs[0]
+        if body == A0 + A1 and any(a.op == "matmul" for a in node.args):
+            product = next(a for a in node.args if a.op == "matmul")
+            bias = [(_unbroadcast(a), False) for a in node.args if a is not product]
+            return "MatMulWithBias", bias + _product_operands(product)
+        if body == A0 and node.args[0].shape != node.shape:
+            return "Broadcast", plain
+        return ELEMENTWISE_NAMES.get(body, f"Elementwise[{sp.sstr(body).replace('_a', 'x')}]"), plain
+    if node.op == "logsumexp":
+        return "LogSumExp", plain
+    return {"sum": "Sum", "transpose": "Transpose", "element": "Select", "pack": "Stack"}.get(node.op, node.op), plain
+
+
+def _product_operands(product: Node) -> list[tuple[Node, bool]]:
+    """A weight (a leaf) gets its gradient through the other operand
+    transposed (X^T @ grad, or grad @ x^T): marked True."""
+    return [(a, a.op == "leaf") for a in product.args]
+
+
+def _strip_mean(node: Node) -> Node:
+    """Below a constant scaling (the 1/count of a mean) and sums."""
+    body = node.attrs[0] if node.op == "map" else None
+    if body is not None and len(node.args) == 1 and body != A0 and sp.simplify(body / A0).free_symbols.isdisjoint({A0}):
+        node = node.args[0]
+    while node.op == "sum":
+        node = node.args[0]
+    return node
+
+
+def _is_negated(node: Node) -> bool:
+    return node.op == "map" and node.attrs[0] == -A0
+
+
+def _mse(node: Node) -> Node | None:
+    """The prediction under a mean of squared differences, if node is one."""
+    inner = _strip_mean(node)
+    if inner is node or inner.op != "map" or len(inner.args) != 1 or inner.attrs[0] != A0**2:
+        return None
+    difference = inner.args[0]
+    if difference.op == "map" and difference.attrs[0] == A0 + A1:
+        kept = [a for a in difference.args if not _is_negated(a)]
+        return kept[0] if len(kept) == 1 else difference
+    return difference
+
+
+def _softmax_cross_entropy(node: Node) -> Node | None:
+    """The logits under mean(logsumexp(Z) - sum(T * Z)), if node is one."""
+    inner = _strip_mean(node)
+    if inner is node or inner.op != "map" or inner.attrs[0] != A0 + A1:
+        return None
+    lse = [a for a in inner.args if a.op == "logsumexp"]
+    return lse[0].args[0] if len(lse) == 1 else None
+
+
+def _unbroadcast(node: Node) -> Node:
+    if node.op == "map" and node.attrs[0] == A0 and node.args[0].shape != node.shape:
+        return node.args[0]
+    return node
+
+
+def graph_text(plan) -> str:
+    lines: list[str] = []
+
+    def walk(node: GraphNode, prefix: str, last: bool, top: bool) -> None:
+        label = node.name + (f" ({node.detail})" if node.detail else "")
+        lines.append(label if top else prefix + ("└── " if last else "├── ") + label)
+        child_prefix = "" if top else prefix + ("    " if last else "│   ")
+        for k, child in enumerate(node.children):
+            walk(child, child_prefix, k == len(node.children) - 1, False)
+
+    walk(backward_tree(plan), "", True, True)
+    return "\n".join(lines)
+
+
+def graph_dot(plan) -> str:
+    lines = ["digraph backward {", "    node [shape=box, fontname=monospace];"]
+    counter = [0]
+
+    def walk(node: GraphNode) -> str:
+        ident = f"n{counter[0]}"
+        counter[0] += 1
+        label = "\\n".join(_dot_escape(part) for part in (node.name, node.detail) if part)
+        lines.append(f'    {ident} [label="{label}"];')
+        for child in node.children:
+            lines.append(f"    {ident} -> {walk(child)};")
+        return ident
+
+    walk(backward_tree(plan))
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _dot_escape(text: str) -> str:
+    """One line of text, safe inside a DOT double-quoted label."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ").replace("\r", " ")
