@@ -60,18 +60,19 @@ def run_peer(peer: str, args) -> list[dict]:
                "--workloads", ",".join(w.name for w in selected),
                "--dtypes", ",".join(dtypes), "--plan", "quick" if args.quick else "full",
                "--out", str(out)]
-        status, detail = _run_worker(cmd, _worker_env(args, tmp), args.timeout)
+        status, detail = _run_worker(cmd, _worker_env(args, tmp), args.timeout, args.threads)
         records = _read_records(out)
     if status != "done":
         records += _missing(peer, records, selected, dtypes, status, detail)
     return records
 
 
-def _run_worker(cmd, env, timeout):
+def _run_worker(cmd, env, timeout, threads):
     """('done' | 'timeout' | 'error', detail); the worker's process group is
     killed on timeout (it may have started compilers of its own)."""
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=_pin_to_cpus(threads))
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -81,6 +82,18 @@ def _run_worker(cmd, env, timeout):
     if proc.returncode != 0:
         return "error", f"worker exited {proc.returncode}: {output[-1500:]}"
     return "done", ""
+
+
+def _pin_to_cpus(threads: int):
+    """A preexec_fn confining the worker, and every thread any library starts
+    in it, to ``threads`` CPUs (None when that is all of them): thread-count
+    settings do not reach every pool (XLA's, for one)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if threads >= len(cpus):
+        return None
+    return lambda: os.sched_setaffinity(0, cpus[:threads])
 
 
 def _worker_env(args, tmp: str) -> dict:

@@ -52,7 +52,7 @@ def test_softmax_ce_gradient_on_a_small_batch():
 def test_data_is_deterministic_and_typed():
     w = workloads.WORKLOADS["W3"]
     a_in, a_par = w.make_data("float32")
-    b_in, b_par = w.make_data("float32")
+    b_in, _ = w.make_data("float32")
     for k in a_in:
         assert a_in[k].dtype == np.float32 and a_in[k].flags.c_contiguous
         assert np.array_equal(a_in[k], b_in[k])

@@ -79,7 +79,8 @@ def local_derivative(node: Node, index: int) -> Node:
 
 
 def _readable(node: Node) -> dict:
-    return {placeholder(i): sp.Symbol(f"x{i}") for i in range(len(node.args))}
+    """Placeholders as the user's names where the argument is a leaf, else x<i>."""
+    return {placeholder(i): sp.Symbol(arg.attrs[0] if arg.op == "leaf" else f"x{i}") for i, arg in enumerate(node.args)}
 
 
 def _map_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:

@@ -250,6 +250,14 @@ class FunctionEmitter:
     def _map(self, kernel: MapKernel) -> dict:
         loops, i, j = self._loops(kernel.shape)
         text = {sym: self.access(view, i, j) for sym, view in kernel.loads}
+        first = []
+        if kernel.load_first:  # what the loop overwrites is read into locals before any store
+            overwritten = {out for out, _ in kernel.stores}
+            for sym, view in kernel.loads:
+                if view.buffer in overwritten:
+                    local = self.namer.name(f"\0{view.buffer} in")
+                    first.append((local, text[sym]))
+                    text[sym] = local
         text.update({d: f"(({self.real.c}){c})" for d, c in self.dims.items()})
         temps_text = {sym: str(sym) for sym, _ in kernel.temps}
         printer = ScalarPrinter({**text, **temps_text}, self.real)
@@ -258,7 +266,7 @@ class FunctionEmitter:
         out_index_text = self.index.doprint(out_index)
         return {
             "loops": loops,
-            "temps": [(str(sym), printer.doprint(expr)) for sym, expr in kernel.temps],
+            "temps": first + [(str(sym), printer.doprint(expr)) for sym, expr in kernel.temps],
             "stores": [
                 (f"{self.namer.name(out)}[{out_index_text}]", printer.doprint(expr)) for out, expr in kernel.stores
             ],
@@ -392,13 +400,17 @@ def emit_function(
     outputs: Sequence[tuple[str, tuple]],
     summary: str,
     prefix: str,
+    inout: frozenset[str] = frozenset(),
 ) -> CFunction:
     emitter = FunctionEmitter(namer, dims, real)
     params = [CParam("dim", str(d), c, f"int64_t {c}", ()) for d, c in dims.items()]
     for name, shape in inputs:
         c = namer.name(name)
-        params.append(CParam("input", name, c, f"const {real.c} *{c}", tuple(emitter.dim(d) for d in shape)))
+        role, const = ("inout", "") if name in inout else ("input", "const ")
+        params.append(CParam(role, name, c, f"{const}{real.c} *{c}", tuple(emitter.dim(d) for d in shape)))
     for name, shape in outputs:
+        if name in inout:
+            continue
         c = namer.name(name)
         params.append(CParam("output", name, c, f"{real.c} *{c}", tuple(emitter.dim(d) for d in shape)))
     params.append(CParam("work", "work", "work", f"{real.c} *work", ()))

@@ -8,6 +8,7 @@ A module holds one C function per requested kind:
     vjp             inputs, seed_<y> -> grad_<w> of sum(seed * y), per named output y
     jvp             inputs, tangent_<w> -> tangents of the loss and of each output
     hvp             inputs, direction_<w> -> loss, grad_<w>, hvp_<w> (Hessian times direction)
+    train_step      inputs, hyperparameters, optimizer state -> loss; params and state updated in place
 
 `w` ranges over the differentiated names: parameters, chosen inputs, and
 chosen named outputs (whose gradient is the adjoint of an intermediate).
@@ -29,7 +30,7 @@ from .model import Model, leaf_name
 from .schedule import FunctionSchedule, Naming, schedule
 
 DEFAULT_FUNCTIONS = ("forward", "value_and_grad")
-KINDS = ("forward", "value_and_grad", "vjp", "jvp", "hvp")
+KINDS = ("forward", "value_and_grad", "vjp", "jvp", "hvp", "train_step")
 
 SUMMARIES = {
     "forward": "Forward pass: the loss and the named outputs.",
@@ -37,6 +38,7 @@ SUMMARIES = {
     "vjp": "Vector-Jacobian product: the gradient of sum(seed * output) (reverse mode).",
     "jvp": "Jacobian-vector product: tangents of the loss and outputs (forward mode).",
     "hvp": "Hessian-vector product: the loss, its gradient, and the Hessian times a direction.",
+    "train_step": "One training step: the loss, then the optimizer's update of the parameters and its state, in place.",
 }
 
 
@@ -50,6 +52,8 @@ class FunctionPlan:
     extra_inputs: tuple[tuple[str, Node], ...]  # (argument name, leaf node)
     returns: tuple[tuple[str, str, str], ...]  # (output argument, group, key), e.g. ("grad_W1", "grads", "W1")
     of_output: str | None = None  # vjp: the output it is for
+    inplace: frozenset[str] = frozenset()  # inputs the function overwrites (train_step)
+    extra_roles: tuple[tuple[str, str, str], ...] = ()  # (argument, role, key): ("m_W1", "state", "m_W1")
 
 
 @dataclass(frozen=True)
@@ -163,24 +167,65 @@ class _Planner:
         return [FunctionPlan("hvp", self._schedule("hvp", results), tuple(extra), returns)]
 
 
-def plan(model: Model, functions: Sequence[str] = DEFAULT_FUNCTIONS, wrt: Sequence[str] | None = None) -> Plan:
-    """Lower the model, differentiate it and schedule the requested functions."""
+    def train_step(self, optimizer) -> list[FunctionPlan]:
+        """Forward, backward and the optimizer's update, written in place."""
+        params = self._leaf_targets("train_step")
+        grads = self._grads([(self.lowered.loss, const(1, SCALAR))])[: len(self.targets)]
+        grads = [g for (n, node), g in zip(self.targets, grads) if node.op == "leaf"]
+        extra, roles = [], []
+
+        def add(stem: str, role: str, shape=SCALAR) -> Node:
+            arg = self.naming.claim(stem)
+            node = leaf(arg, shape, role)
+            self.naming.names[node] = arg
+            extra.append((arg, node))
+            roles.append((arg, role, stem))
+            return node
+
+        hyper = {h: add(h, "hyper") for h in optimizer.hyper()}
+        shared = {s: add(s, "state") for s in optimizer.shared_state}
+        new_shared = optimizer.shared_update(shared)
+        shared_now = {k: new_shared.get(k, v) for k, v in shared.items()}
+        results = [("loss", self.lowered.loss)]
+        for (name, param), grad in zip(params, grads):
+            state = {k: add(f"{k}_{name}", "state", param.shape) for k in optimizer.per_param_state}
+            new = optimizer.update(param, grad, state, hyper, shared_now)
+            for gradient in (grad, new["grad"]):
+                self.naming.names.setdefault(gradient, self.naming.claim(f"grad_{name}"))
+            results.append((name, new["param"]))
+            results += [(state[k].attrs[0], new[k]) for k in optimizer.per_param_state]
+        results += [(shared[k].attrs[0], v) for k, v in new_shared.items()]
+        inplace = frozenset(name for name, _ in results[1:])
+        fn = schedule("train_step", results, self.naming, self.leaves, inplace)
+        return [FunctionPlan("train_step", fn, tuple(extra), (("loss", "loss", "loss"),), None, inplace, tuple(roles))]
+
+
+def plan(model: Model, functions: Sequence[str] = DEFAULT_FUNCTIONS, wrt: Sequence[str] | None = None,
+         optimizer=None) -> Plan:
+    """Lower the model, differentiate it and schedule the requested functions
+    ("train_step" needs an optimizer from symbackprop.optim)."""
     unknown = [f for f in functions if f not in KINDS]
     if unknown or not functions:
         raise ModelError(f"functions must be some of {KINDS}; got {list(functions)}")
+    if "train_step" in functions and optimizer is None:
+        raise ModelError("train_step needs an optimizer, such as symbackprop.Adam(lr=1e-3)")
     planner = _Planner(model, wrt)
-    plans = [p for kind in KINDS if kind in functions for p in getattr(planner, kind)()]
+    plans = [
+        p for kind in KINDS if kind in functions
+        for p in (planner.train_step(optimizer) if kind == "train_step" else getattr(planner, kind)())
+    ]
     return Plan(planner.lowered, tuple(plans), tuple(n for n, _ in planner.targets), planner.naming)
 
 
 def generate(
-    model: Model, dtype: str = "float64", functions: Sequence[str] = DEFAULT_FUNCTIONS, wrt: Sequence[str] | None = None
+    model: Model, dtype: str = "float64", functions: Sequence[str] = DEFAULT_FUNCTIONS, wrt: Sequence[str] | None = None,
+    optimizer=None,
 ) -> tuple[Emitted, Plan]:
     """C source, header, cffi declarations and derivation for the model."""
     if dtype not in REAL_TYPES:
         raise ModelError(f"dtype must be one of {sorted(REAL_TYPES)}; got {dtype!r}")
     real = REAL_TYPES[dtype]
-    the_plan = plan(model, functions, wrt)
+    the_plan = plan(model, functions, wrt, optimizer)
     lowered = the_plan.lowered
     prefix = sanitize(model.name).lower()
     namer = CNamer(frozenset({prefix}))
@@ -191,7 +236,7 @@ def generate(
         inputs = leaves + [(name, node.shape) for name, node in fn.extra_inputs]
         outputs = [(name, node.shape) for name, node in fn.schedule.results]
         emitted_functions.append(
-            emit_function(fn.schedule, namer, dims, real, inputs, outputs, SUMMARIES[fn.kind], prefix)
+            emit_function(fn.schedule, namer, dims, real, inputs, outputs, SUMMARIES[fn.kind], prefix, fn.inplace)
         )
     module = CModule(
         prefix=prefix,

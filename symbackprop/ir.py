@@ -341,6 +341,9 @@ class _Lowerer:
 
     def mat_mul(self, expr: sp.MatMul) -> Node:
         coeff, factors = expr.as_coeff_matrices()
+        for sym in sorted(coeff.free_symbols - set(self.leaves) - self.dims, key=str):
+            # e.g. ones(1, m) * ones(m, 1), which SymPy folds into the coefficient m
+            raise ModelError(f"{sym} in {expr} is neither an input, a param nor a dimension of one")
         factors = _regroup_product(list(factors), self.named_products, expr)
         product = _product_chain([self._factor(f) for f in factors])
         if coeff == 1:

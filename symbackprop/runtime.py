@@ -194,8 +194,10 @@ class CompiledModule:
     """
 
     def __init__(self, model: Model, emitted: Emitted, plan: Plan, lib: Any, ffi: Any, folder: Path,
-                 dtype: str, options: BuildOptions | None = None):
+                 dtype: str, options: BuildOptions | None = None, optimizer: Any = None):
         self.model = model
+        self.optimizer = optimizer
+        self._trainer: Any = None
         self.emitted = emitted
         self.plan = plan
         self.folder = folder
@@ -217,7 +219,10 @@ class CompiledModule:
         if found is None:
             with self._lock:
                 if (kind, None if kind != "vjp" else output) not in self._functions:
-                    emitted, plan = generate(self.model, self.dtype.name, functions=(kind,), wrt=self.wrt)
+                    if kind == "train_step" and self.optimizer is None:
+                        raise ArgumentError("train_step needs an optimizer: compile(model, optimizer=symbackprop.Adam(...))")
+                    emitted, plan = generate(self.model, self.dtype.name, functions=(kind,), wrt=self.wrt,
+                                             optimizer=self.optimizer)
                     module, _ = build(emitted.prefix, emitted.source, emitted.header, emitted.cdef, self.options)
                     self._add(plan, module.lib, module.ffi, emitted.prefix)
             found = self._functions.get((kind, output))
@@ -294,6 +299,32 @@ class CompiledModule:
     def print_graph(self, file: Any = None) -> None:
         """Print the backward graph as an indented tree, grad_fn style."""
         print(graph_text(self.plan), file=file)
+
+    # --- training ------------------------------------------------------
+
+    @property
+    def trainer(self) -> Any:
+        """The training state of this module (see symbackprop.train.Trainer)."""
+        if self._trainer is None:
+            from .train import Trainer
+
+            self._trainer = Trainer(self, self.function("train_step"))
+        return self._trainer
+
+    def train_step(self, **arrays: Any) -> float:
+        """Forward, backward and the optimizer's update in one C call; the
+        parameter arrays passed are updated in place. Returns the loss.
+
+        Raises:
+            ArgumentError: no optimizer was given to compile, or a parameter
+                is not a writable C-contiguous array of the module's dtype.
+        """
+        return self.trainer.step(**arrays)
+
+    @property
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        """The optimizer's state arrays (momentum, moments, step count), by name."""
+        return self.trainer.state
 
     # --- the wider autograd surface -------------------------------------
 
@@ -470,10 +501,12 @@ def _as_array(spec: ArraySpec, value: Any, dtype: np.dtype) -> np.ndarray:
             raise ArgumentError(f"{spec.name} could not be converted to an array of {dtype}: {exc}") from exc
         if array.dtype.kind not in "iuf":
             raise ArgumentError(
-                f"{spec.name} must be real numbers of dtype {dtype}; got a {type(value).__name__} "
-                f"that numpy reads as {array.dtype} (shape {array.shape})"
+                f"{spec.name} must be real numbers of dtype {dtype}; numpy reads the given "
+                f"{type(value).__name__} as {array.dtype} (shape {array.shape})"
             )
         return array.astype(dtype, copy=False)
+    if spec.scalar:
+        raise ArgumentError(f"{spec.name} must be a real number (or a {dtype} array of one element); got {type(value).__name__}")
     raise ArgumentError(
         f"{spec.name} must be a numpy array of dtype {dtype} and shape {_show(spec.shape)}; got {type(value).__name__}"
     )
@@ -493,6 +526,7 @@ def compile(
     options: BuildOptions | None = None,
     wrt: Sequence[str] | None = None,
     functions: Sequence[str] = DEFAULT_FUNCTIONS,
+    optimizer: Any = None,
 ) -> CompiledModule:
     """Generate, build (or load from the cache) and wrap the model.
 
@@ -503,8 +537,9 @@ def compile(
         wrt: names to differentiate with respect to: params, inputs, or named
             outputs (the gradient of an intermediate); default: the model's
             params and grad_inputs. Nothing else is differentiated.
-        functions: C functions to build now; others ("vjp", "jvp", "hvp")
-            are built on first use.
+        functions: C functions to build now; others ("vjp", "jvp", "hvp",
+            "train_step") are built on first use.
+        optimizer: for train_step: a symbackprop.SGD or symbackprop.Adam.
 
     Raises:
         ModelError: the model cannot be compiled (names the subexpression).
@@ -512,6 +547,6 @@ def compile(
     """
     if dtype not in REAL_TYPES:
         raise ModelError(f"dtype must be one of {sorted(REAL_TYPES)}; got {dtype!r}")
-    emitted, plan = generate(model, dtype, functions=functions, wrt=wrt)
+    emitted, plan = generate(model, dtype, functions=functions, wrt=wrt, optimizer=optimizer)
     module, folder = build(emitted.prefix, emitted.source, emitted.header, emitted.cdef, options)
-    return CompiledModule(model, emitted, plan, module.lib, module.ffi, folder, dtype, options)
+    return CompiledModule(model, emitted, plan, module.lib, module.ffi, folder, dtype, options, optimizer)

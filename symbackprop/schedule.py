@@ -76,6 +76,7 @@ class MapKernel:
     temps: tuple[tuple[sp.Symbol, sp.Expr], ...]
     stores: tuple[tuple[str, sp.Expr], ...]  # (output buffer, value)
     equations: tuple[Equation, ...]
+    load_first: bool = False  # it overwrites an input: read every input before any store
     kind: str = "map"
 
 
@@ -143,6 +144,7 @@ class _Group:
     index: int
     shape: Shape
     members: list[Node] = field(default_factory=list)
+    late: bool = False  # writes over an input: runs after every other kernel
 
 
 class Naming:
@@ -200,18 +202,30 @@ def schedule(
     results: Sequence[tuple[str, Node]],
     naming: Naming,
     leaf_nodes: Sequence[Node],
+    inplace: frozenset[str] = frozenset(),
 ) -> FunctionSchedule:
-    """Plan one C function computing `results` (output name, node)."""
-    return _Scheduler(name, list(results), naming, set(leaf_nodes)).run()
+    """Plan one C function computing `results` (output name, node).
+
+    Results named in `inplace` overwrite the input of that name (a training
+    step's new parameters): they and everything computed from them run
+    after every other kernel, so nothing reads an input once overwritten.
+    """
+    return _Scheduler(name, list(results), naming, set(leaf_nodes), inplace).run()
 
 
 class _Scheduler:
-    def __init__(self, name: str, results: list[tuple[str, Node]], naming: Naming, leaves: set[Node]):
+    def __init__(self, name: str, results: list[tuple[str, Node]], naming: Naming, leaves: set[Node],
+                 inplace: frozenset[str] = frozenset()):
         self.name = name
         self.results = results
         self.naming = naming
         self.leaves = leaves
         self.order = topological_order([node for _, node in results])
+        overwriting = {node for out, node in results if out in inplace}
+        self.late: set[Node] = set()  # in-place results and what is computed from them
+        for node in self.order:
+            if node in overwriting or any(a in self.late for a in node.args):
+                self.late.add(node)
         self.users: dict[Node, list[Node]] = {node: [] for node in self.order}
         for node in self.order:
             for arg in dict.fromkeys(node.args):
@@ -234,6 +248,7 @@ class _Scheduler:
             else:
                 self.index_of[node] = len(self.plan)
                 self.plan.append(node)
+        self.plan.sort(key=self._is_late)  # stable: the overwriting phase last
         bound = self._bind_results()
         kernels: list[Kernel] = []
         counts = [0, 0]
@@ -247,6 +262,9 @@ class _Scheduler:
         kernels += self._copies(bound)
         slots, work = self._plan_workspace(kernels)
         return FunctionSchedule(self.name, tuple(self.results), tuple(kernels), slots, work, tuple(counts))
+
+    def _is_late(self, step: _Group | Node) -> bool:
+        return step.late if isinstance(step, _Group) else step in self.late
 
     def _ready_before(self, node: Node, index: int) -> bool:
         base = self._base(node)
@@ -281,8 +299,9 @@ class _Scheduler:
         members = self._with_deferred(node)
         args = [a for m in members for a in m.args if a not in members]
         chosen = None
+        late = node in self.late
         for group in reversed([s for s in self.plan if isinstance(s, _Group)]):
-            if group.shape != node.shape:
+            if group.shape != node.shape or group.late != late:
                 continue
             related = any(a in group.members or self._feeds(a, group) for a in args)
             ready = all(a in group.members or self._ready_before(a, group.index) for a in args)
@@ -293,7 +312,7 @@ class _Scheduler:
             self.deferred.add(node)
             return
         if chosen is None:
-            chosen = _Group(len(self.plan), node.shape)
+            chosen = _Group(len(self.plan), node.shape, late=late)
             self.plan.append(chosen)
         for member in members:
             chosen.members.append(member)
@@ -372,7 +391,8 @@ class _Scheduler:
         if group.shape != SCALAR:
             equations = tuple(Equation(e.lhs, e.text, e.latex + r" \quad \text{(elementwise)}") for e in equations)
         stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
-        return MapKernel(group.shape, load_views, tuple(temps), stores, equations)
+        overwrites = {out for out, _ in stores} & {view.buffer for _, view in load_views}
+        return MapKernel(group.shape, load_views, tuple(temps), stores, equations, load_first=bool(overwrites))
 
     def _label(self, node: Node) -> str:
         if node.op == "transpose":

@@ -1,8 +1,11 @@
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+from symbackprop.build import CACHE_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -33,3 +36,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def module_cache(tmp_path_factory):
+    """Compiled modules go to a fresh cache for the session (child
+    processes inherit it through the environment), never the user's."""
+    saved = os.environ.get(CACHE_ENV)
+    path = tmp_path_factory.mktemp("module-cache")
+    os.environ[CACHE_ENV] = str(path)
+    yield path
+    if saved is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = saved

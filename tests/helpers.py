@@ -149,18 +149,10 @@ def assert_gradients_match(module, model, data: Mapping[str, Any], dims: Mapping
     expected_loss = reference(data)
     loss, grads = module.value_and_grad(**data)
     assert math.isclose(loss, expected_loss, rel_tol=1e-9, abs_tol=1e-9), (loss, expected_loss)
-    arrays = {k: np.atleast_2d(np.asarray(v, dtype=float)) for k, v in data.items()}
-    reshaped = {k: (v if isinstance(data[k], np.ndarray) else float(v[0, 0])) for k, v in arrays.items()}
     for leaf in model.differentiated:
-        numeric = central_differences(lambda d: reference({**d, leaf.name: _like(d[leaf.name], data[leaf.name])}),
-                                      arrays, leaf.name)
-        actual = np.atleast_2d(np.asarray(grads[leaf.name], dtype=float))
+        numeric = central_differences(reference, data, leaf.name)
+        actual = np.asarray(grads[leaf.name], dtype=float)
+        assert actual.shape == numeric.shape or numeric.shape == (), (leaf.name, actual.shape, numeric.shape)
         scale = 1.0 + float(np.abs(numeric).max()) + 1e-3 * abs(expected_loss)
         error = float(np.abs(actual - numeric).max())
         assert error <= rtol * scale, f"d loss / d {leaf.name}: {actual} != finite differences {numeric}"
-    del reshaped
-
-
-def _like(value: np.ndarray, original: Any) -> Any:
-    """`value` (2-D) back in the form of `original` (a float for scalars)."""
-    return value if isinstance(original, np.ndarray) else float(value.reshape(-1)[0])

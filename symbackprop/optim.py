@@ -1,0 +1,79 @@
+"""Optimizers whose update step is emitted in C beside the backward pass.
+
+An optimizer describes its update as graph nodes, like a derivative rule:
+given a parameter, its gradient, its state and the hyperparameters (all
+leaves, so that they are run-time arguments), it returns the parameter's
+and the state's new values. A training step writes them in place.
+
+The updates follow PyTorch's `torch.optim.SGD` and `torch.optim.Adam`
+(weight decay added to the gradient, as their `weight_decay` does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import ClassVar
+
+import sympy as sp
+
+from .ir import Node, map_, placeholder
+
+a0, a1, a2, a3, a4 = (placeholder(k) for k in range(5))
+
+
+@dataclass(frozen=True)
+class SGD:
+    """p -= lr * v with v = momentum * v + (g + weight_decay * p); plain SGD
+    when momentum is 0 (the velocity is then the gradient)."""
+
+    lr: float = 0.01
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    per_param_state: ClassVar[tuple[str, ...]] = ("velocity",)
+    shared_state: ClassVar[tuple[str, ...]] = ()
+
+    def hyper(self) -> dict[str, float]:
+        return asdict(self)
+
+    def update(self, p: Node, g: Node, state: dict[str, Node], hyper: dict[str, Node], shared: dict[str, Node]) -> dict[str, Node]:
+        grad = map_(a0 + a1 * a2, [g, hyper["weight_decay"], p], p.shape)
+        velocity = map_(a0 * a1 + a2, [hyper["momentum"], state["velocity"], grad], p.shape)
+        return {"param": map_(a0 - a1 * a2, [p, hyper["lr"], velocity], p.shape), "velocity": velocity, "grad": grad}
+
+    def shared_update(self, shared: dict[str, Node]) -> dict[str, Node]:
+        return {}
+
+
+@dataclass(frozen=True)
+class Adam:
+    """Adam with bias correction: m, v moving averages of g and g^2;
+    p -= lr * m_hat / (sqrt(v_hat) + eps); the step count is shared state."""
+
+    lr: float = 0.001
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+    per_param_state: ClassVar[tuple[str, ...]] = ("m", "v")
+    shared_state: ClassVar[tuple[str, ...]] = ("step",)
+
+    def hyper(self) -> dict[str, float]:
+        return asdict(self)
+
+    def update(self, p: Node, g: Node, state: dict[str, Node], hyper: dict[str, Node], shared: dict[str, Node]) -> dict[str, Node]:
+        grad = map_(a0 + a1 * a2, [g, hyper["weight_decay"], p], p.shape)
+        m = map_(a0 * a1 + (1 - a0) * a2, [hyper["beta1"], state["m"], grad], p.shape)
+        v = map_(a0 * a1 + (1 - a0) * a2**2, [hyper["beta2"], state["v"], grad], p.shape)
+        step = shared["step"]  # the count after this step
+        m_hat = map_(a0 / (1 - a1**a2), [m, hyper["beta1"], step], p.shape)
+        v_hat = map_(a0 / (1 - a1**a2), [v, hyper["beta2"], step], p.shape)
+        new_p = map_(a0 - a1 * a2 / (sp.sqrt(a3) + a4), [p, hyper["lr"], m_hat, v_hat, hyper["eps"]], p.shape)
+        return {"param": new_p, "m": m, "v": v, "grad": grad}
+
+    def shared_update(self, shared: dict[str, Node]) -> dict[str, Node]:
+        return {"step": map_(a0 + 1, [shared["step"]])}
+
+
+OPTIMIZERS = (SGD, Adam)
