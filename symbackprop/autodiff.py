@@ -67,14 +67,25 @@ def unbroadcast(adjoint: Node, shape: tuple) -> Node:
 
 
 def local_derivative(node: Node, index: int) -> Node:
-    """d node / d arg[index], elementwise: a forward-time value that the
-    scheduler computes in the same loop as the node itself (shared CSE)."""
+    """d node / d arg[index], elementwise.
+
+    Where the derivative is a function of the node's own value alone
+    (tanh' = 1 - tanh^2, exp' = exp), it is computed from that value, which
+    costs no buffer. Otherwise it is a forward-time value of the node's
+    arguments, which the scheduler computes in the node's own loop with one
+    CSE over both (the sigmoid's exp serves the sigmoid and its derivative).
+    """
     body = node.attrs[0]
     # factor_terms undoes SymPy's distribution of constants (2*(a+b) -> 2*a+2*b)
     # so that the derivative shares subexpressions with the body under CSE
     derivative = sp.factor_terms(sp.diff(body, placeholder(index)))
     if derivative.has(sp.Derivative, sp.Subs):
         raise ModelError(f"no derivative known for {body.xreplace(_readable(node))}")
+    if len(node.args) == 1 and not body.is_Atom:
+        value = sp.Symbol("_value", real=True)
+        of_value = derivative.subs(body, value)
+        if of_value.free_symbols == {value}:
+            return map_(of_value.xreplace({value: placeholder(0)}), [node], node.shape)
     return map_(derivative, node.args, node.shape)
 
 

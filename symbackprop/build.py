@@ -51,11 +51,14 @@ class BuildOptions:
     blas: large matrix products call the BLAS of the scipy-openblas32 wheel
     when it is installed (None: use it if it is there; True: require it;
     False: plain C loops only).
+    vector_math: elementwise loops call the SIMD variants of exp, tanh, ...
+    from glibc's libmvec (GCC on x86_64 Linux; None: when available).
     """
 
     flags: tuple[str, ...] = DEFAULT_FLAGS
     cache_dir: Path | None = None  # default: $SYMBACKPROP_CACHE_DIR or the user cache
     blas: bool | None = None
+    vector_math: bool | None = None  # glibc's libmvec SIMD math with GCC (None: when available)
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,27 @@ def _blas_for(options: BuildOptions) -> Blas | None:
         raise BuildError("BuildOptions(blas=True), but the scipy-openblas32 wheel is not installed "
                          "(pip install scipy-openblas32)")
     return blas
+
+
+@lru_cache(maxsize=None)
+def libmvec_available(command: tuple[str, ...]) -> bool:
+    """GCC (whose simd attribute the declarations use) and glibc's libmvec."""
+    import ctypes.util
+    import platform
+
+    gcc = "Free Software Foundation" in compiler_identity(command) and "clang" not in compiler_identity(command)
+    return gcc and platform.machine() == "x86_64" and ctypes.util.find_library("mvec") is not None
+
+
+def _vector_math_args(options: BuildOptions) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if options.vector_math is False:
+        return (), ()
+    available = libmvec_available(tuple(compiler_command()))
+    if not available:
+        if options.vector_math:
+            raise BuildError("BuildOptions(vector_math=True) needs GCC on x86_64 Linux with glibc's libmvec")
+        return (), ()
+    return ("-DSYMBACKPROP_LIBMVEC",), ("-lmvec",)
 
 
 def set_blas_threads(count: int) -> None:
@@ -192,6 +216,21 @@ def module_name(prefix: str, key: str) -> str:
     return f"_sbp_{prefix}_{key[:16]}"
 
 
+def _compile_and_link_args(options: BuildOptions) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Compiler flags and link arguments: the options' flags, then BLAS and vector math."""
+    blas = _blas_for(options)
+    vector_flags, vector_libraries = _vector_math_args(options)
+    flags = options.flags + (blas.compile_args if blas else ()) + vector_flags
+    libraries = (blas.link_args if blas else ()) + vector_libraries
+    return flags, libraries
+
+
+def cache_entry(prefix: str, source: str, header: str, cdef: str, options: BuildOptions | None = None) -> Path:
+    """The cache folder the module of this C has (or will have) under these options."""
+    options = options or BuildOptions()
+    return cache_root(options) / cache_key(prefix, source, header, cdef, *_compile_and_link_args(options))
+
+
 def build(prefix: str, source: str, header: str, cdef: str, options: BuildOptions | None = None) -> tuple[ModuleType, Path]:
     """The compiled extension for this C, from the cache or freshly built.
 
@@ -202,12 +241,9 @@ def build(prefix: str, source: str, header: str, cdef: str, options: BuildOption
             the log file), or the cache folder cannot be written.
     """
     options = options or BuildOptions()
-    blas = _blas_for(options)
-    flags = options.flags + (blas.compile_args if blas else ())
-    libraries = blas.link_args if blas else ()
-    key = cache_key(prefix, source, header, cdef, flags, libraries)
-    root = cache_root(options)
-    final = root / key
+    flags, libraries = _compile_and_link_args(options)
+    final = cache_entry(prefix, source, header, cdef, options)
+    root, key = final.parent, final.name
     name = module_name(prefix, key)
     if not _complete(final, name):
         try:

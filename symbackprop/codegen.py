@@ -7,6 +7,7 @@ dataclasses of strings, never the compiler's objects.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -174,6 +175,7 @@ class CModule:
     real_c: str
     functions: tuple[CFunction, ...]
     version: str
+    epoch: object = None  # epoch.CEpoch when the module has a train_step
 
     @property
     def gemm(self) -> str:
@@ -182,6 +184,13 @@ class CModule:
     @property
     def uses_blas(self) -> bool:
         return any(k.kind == "matmul" and k.fields["blas"] for f in self.functions for k in f.kernels)
+
+    @property
+    def vector_math(self) -> list[str]:
+        """glibc's libmvec functions for this real type: all of them, so that
+        the declarations do not change when the model's functions do."""
+        suffix = "f" if self.real_c == "float" else ""
+        return [name + suffix for name in sorted(LIBMVEC)]
 
 
 @dataclass(frozen=True)
@@ -340,6 +349,15 @@ class FunctionEmitter:
         }
 
 
+# Functions with SIMD variants in glibc's libmvec (x86_64): declared with
+# GCC's simd attribute when built with -DSYMBACKPROP_LIBMVEC, loops calling
+# them vectorize (results within glibc's documented 4 ulp).
+LIBMVEC = frozenset(
+    "acos acosh asin asinh atan atan2 atanh cbrt cos cosh erf erfc exp exp10 exp2 expm1 hypot "
+    "log log10 log1p log2 pow sin sinh tan tanh".split()
+)
+
+
 # Products with fewer multiply-adds than this stay as inline loops, which
 # the C compiler unrolls for fixed small shapes; a BLAS call costs ~1 us.
 BLAS_MIN_MULTIPLY_ADDS = 4096
@@ -420,9 +438,17 @@ def emit_function(
         for buffer in kernel_writes(kernel):
             first_write.setdefault(buffer, index)
     declares: dict[int, list[tuple[str, str, str]]] = {}
+    slot_of = {slot.name: slot for slot in schedule.slots}
     for slot in schedule.slots:
         shape = f"{emitter.dim(slot.shape[0])} x {emitter.dim(slot.shape[1])}"
-        declares.setdefault(first_write[slot.name], []).append((namer.name(slot.name), emitter.dim(slot.offset), shape))
+        if slot.reuses is not None:
+            where, shape = namer.name(slot.reuses), f"{shape}, in {namer.name(slot.reuses)}'s memory"
+        elif slot.after is not None:
+            before = slot_of[slot.after]
+            where = f"{namer.name(slot.after)} + {emitter.dim(sp.sympify(before.shape[0]) * before.shape[1])}"
+        else:
+            where = "work"
+        declares.setdefault(first_write[slot.name], []).append((namer.name(slot.name), where, shape))
     kernels = [replace(k, declares=tuple(declares.get(i, ()))) for i, k in enumerate(kernels)]
     return CFunction(
         name=f"{prefix}_{sanitize(schedule.name)}",

@@ -120,9 +120,15 @@ Kernel = MapKernel | MatMulKernel | ReduceKernel | PackKernel
 
 @dataclass(frozen=True)
 class Slot:
+    """A buffer's place in the workspace. In the C it is written relative to
+    its neighbour (`after`, or `reuses` a dead buffer's memory), so a change
+    to one buffer moves no other declaration."""
+
     name: str
     shape: Shape
-    offset: sp.Expr
+    offset: sp.Expr  # absolute, in elements
+    after: str | None = None  # the new slot just before it (None: the start of work)
+    reuses: str | None = None  # the dead buffer whose memory it takes over
 
 
 @dataclass(frozen=True)
@@ -296,6 +302,9 @@ class _Scheduler:
         """Join the latest loop of the same shape that shares an argument and
         can run it; else, if its only user is a map of its shape, defer it into
         the user's loop; else open a new loop."""
+        if self._single_use(node) and _is_cheap(node.attrs[0]):
+            self.deferred.add(node)  # recomputing arithmetic in its user beats a buffer
+            return
         members = self._with_deferred(node)
         args = [a for m in members for a in m.args if a not in members]
         chosen = None
@@ -474,26 +483,35 @@ class _Scheduler:
                 first.setdefault(buffer, index)
             for buffer in kernel_reads(kernel):
                 last[buffer] = index
-        free: list[tuple[sp.Expr, sp.Expr]] = []  # (size, offset), released slots
+        free: list[str] = []  # buffers whose last reader has run
         releases: dict[int, list[str]] = {}
         slots: list[Slot] = []
         offset_of: dict[str, sp.Expr] = {}
-        end = sp.Integer(0)
+        end, previous = sp.Integer(0), None
         for buffer in sorted(sizes, key=lambda b: (first.get(b, 0), b)):
             start = first.get(buffer, 0)
             for index in sorted(k for k in releases if k < start):
-                for gone in releases.pop(index):
-                    free.append((sizes[gone], offset_of[gone]))
-            reuse = next((f for f in free if f[0] == sizes[buffer]), None)
+                free += releases.pop(index)
+            reuse = next((gone for gone in free if sizes[gone] == sizes[buffer]), None)
             if reuse is not None:
                 free.remove(reuse)
-                offset_of[buffer] = reuse[1]
+                offset_of[buffer] = offset_of[reuse]
+                slots.append(Slot(buffer, shapes[buffer], offset_of[buffer], reuses=reuse))
             else:
                 offset_of[buffer] = end
                 end = end + sizes[buffer]
+                slots.append(Slot(buffer, shapes[buffer], offset_of[buffer], after=previous))
+                previous = buffer
             releases.setdefault(last.get(buffer, start), []).append(buffer)
-            slots.append(Slot(buffer, shapes[buffer], offset_of[buffer]))
         return tuple(slots), sp.expand(end)
+
+
+def _is_cheap(body: sp.Expr) -> bool:
+    """Arithmetic only (no function calls, no non-integer powers)."""
+    return not any(
+        isinstance(sub, sp.Function) or (isinstance(sub, sp.Pow) and not sub.exp.is_Integer)
+        for sub in sp.preorder_traversal(body)
+    )
 
 
 def kernel_writes(kernel: Kernel) -> list[str]:

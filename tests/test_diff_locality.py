@@ -30,11 +30,14 @@ def hunks(before: sbp.Model, after: sbp.Model) -> list[list[str]]:
 
 
 def test_changing_one_activation_changes_only_its_blocks():
+    """sigmoid -> tanh in the first layer: its forward block (in forward and
+    in value_and_grad), its backward block, and the workspace size (tanh's
+    derivative is computed from its value, so no buffer holds it)."""
     changed = hunks(two_layer(nn.sigmoid), two_layer(nn.tanh))
-    # one hunk in the forward function, one in the gradient function
-    assert len(changed) == 2, changed
+    assert 2 <= len(changed) <= 4, changed
+    layer = ("t4", "dt4_dt3", "grad_t3", "return (size_t)")
     for hunk in changed:
-        assert all("t4" in line or "dt4_dt3" in line or line.strip().startswith("const double x") for line in hunk), hunk
+        assert all(any(word in line for word in layer) or line.strip().startswith("const double x") for line in hunk), hunk
 
 
 def test_changing_a_fixed_dimension_changes_only_constants():

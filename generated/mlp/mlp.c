@@ -7,6 +7,37 @@
 #include <stddef.h>
 #include "mlp.h"
 
+/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
+ * calling these functions use their SIMD variants. */
+#ifdef SYMBACKPROP_LIBMVEC
+__attribute__((simd("notinbranch"))) double acos(double);
+__attribute__((simd("notinbranch"))) double acosh(double);
+__attribute__((simd("notinbranch"))) double asin(double);
+__attribute__((simd("notinbranch"))) double asinh(double);
+__attribute__((simd("notinbranch"))) double atan(double);
+__attribute__((simd("notinbranch"))) double atan2(double, double);
+__attribute__((simd("notinbranch"))) double atanh(double);
+__attribute__((simd("notinbranch"))) double cbrt(double);
+__attribute__((simd("notinbranch"))) double cos(double);
+__attribute__((simd("notinbranch"))) double cosh(double);
+__attribute__((simd("notinbranch"))) double erf(double);
+__attribute__((simd("notinbranch"))) double erfc(double);
+__attribute__((simd("notinbranch"))) double exp(double);
+__attribute__((simd("notinbranch"))) double exp10(double);
+__attribute__((simd("notinbranch"))) double exp2(double);
+__attribute__((simd("notinbranch"))) double expm1(double);
+__attribute__((simd("notinbranch"))) double hypot(double, double);
+__attribute__((simd("notinbranch"))) double log(double);
+__attribute__((simd("notinbranch"))) double log10(double);
+__attribute__((simd("notinbranch"))) double log1p(double);
+__attribute__((simd("notinbranch"))) double log2(double);
+__attribute__((simd("notinbranch"))) double pow(double, double);
+__attribute__((simd("notinbranch"))) double sin(double);
+__attribute__((simd("notinbranch"))) double sinh(double);
+__attribute__((simd("notinbranch"))) double tan(double);
+__attribute__((simd("notinbranch"))) double tanh(double);
+#endif
+
 /* Large matrix products call a row-major cblas_dgemm when the file is
  * compiled with -DSYMBACKPROP_CBLAS (and linked to a BLAS); the name can be
  * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise they
@@ -46,7 +77,7 @@ int mlp_forward(
     }
 
     /* t0 = X @ W1 */
-    double *t0 = work + 0; /* n x 4 */
+    double *t0 = work; /* n x 4 */
     #ifdef SYMBACKPROP_CBLAS
     if (12*n >= 4096) {
         SYMBACKPROP_GEMM(101, 111, 111, n, 4, 3, 1, X, 3, W1, 4, 0, t0, 4);
@@ -67,7 +98,7 @@ int mlp_forward(
     }
 
     /* t3 = 1/(exp(-b1 - t0) + 1) */
-    double *t3 = work + 4*n; /* n x 4 */
+    double *t3 = t0 + 4*n; /* n x 4 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
             t3[4*i + j] = 1.0/(exp(-b1[j] - t0[4*i + j]) + 1);
@@ -75,7 +106,7 @@ int mlp_forward(
     }
 
     /* t4 = t3 @ W2 */
-    double *t4 = work + 8*n; /* n x 2 */
+    double *t4 = t3 + 4*n; /* n x 2 */
     #ifdef SYMBACKPROP_CBLAS
     if (8*n >= 4096) {
         SYMBACKPROP_GEMM(101, 111, 111, n, 2, 4, 1, t3, 4, W2, 2, 0, t4, 2);
@@ -97,7 +128,7 @@ int mlp_forward(
 
     /* Y = b2 + t4 */
     /* t8 = (-T + b2 + t4)**2 */
-    double *t8 = work + 10*n; /* n x 2 */
+    double *t8 = t4 + 2*n; /* n x 2 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             const double x0 = b2[j] + t4[2*i + j];
@@ -107,7 +138,7 @@ int mlp_forward(
     }
 
     /* t9 = sum of t8 down each column */
-    double *t9 = work + 12*n; /* 1 x 2 */
+    double *t9 = t8 + 2*n; /* 1 x 2 */
     for (int64_t j = 0; j < 2; ++j) {
         double total = 0;
         for (int64_t i = 0; i < n; ++i) {
@@ -117,7 +148,7 @@ int mlp_forward(
     }
 
     /* t10 = sum of t9 along each row */
-    double *t10 = work + 12*n + 2; /* 1 x 1 */
+    double *t10 = t9 + 2; /* 1 x 1 */
     {
         const int64_t i = 0;
         double total = 0;
@@ -162,7 +193,7 @@ int mlp_value_and_grad(
     }
 
     /* t0 = X @ W1 */
-    double *t0 = work + 0; /* n x 4 */
+    double *t0 = work; /* n x 4 */
     #ifdef SYMBACKPROP_CBLAS
     if (12*n >= 4096) {
         SYMBACKPROP_GEMM(101, 111, 111, n, 4, 3, 1, X, 3, W1, 4, 0, t0, 4);
@@ -184,8 +215,8 @@ int mlp_value_and_grad(
 
     /* t3 = 1/(exp(-b1 - t0) + 1) */
     /* dt3_dt2 = exp(-b1 - t0)/(exp(-b1 - t0) + 1)**2 */
-    double *dt3_dt2 = work + 4*n; /* n x 4 */
-    double *t3 = work + 8*n; /* n x 4 */
+    double *dt3_dt2 = t0 + 4*n; /* n x 4 */
+    double *t3 = dt3_dt2 + 4*n; /* n x 4 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
             const double x0 = exp(-b1[j] - t0[4*i + j]);
@@ -196,7 +227,7 @@ int mlp_value_and_grad(
     }
 
     /* t4 = t3 @ W2 */
-    double *t4 = work + 12*n; /* n x 2 */
+    double *t4 = t3 + 4*n; /* n x 2 */
     #ifdef SYMBACKPROP_CBLAS
     if (8*n >= 4096) {
         SYMBACKPROP_GEMM(101, 111, 111, n, 2, 4, 1, t3, 4, W2, 2, 0, t4, 2);
@@ -218,8 +249,8 @@ int mlp_value_and_grad(
 
     /* t8 = (-T + b2 + t4)**2 */
     /* grad_t7 = (-2*T + 2*b2 + 2*t4)/(2*n) */
-    double *grad_t7 = work + 14*n; /* n x 2 */
-    double *t8 = work + 16*n; /* n x 2 */
+    double *grad_t7 = t4 + 2*n; /* n x 2 */
+    double *t8 = grad_t7 + 2*n; /* n x 2 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             t8[2*i + j] = pow(b2[j] + t4[2*i + j] - T[2*i + j], 2);
@@ -228,7 +259,7 @@ int mlp_value_and_grad(
     }
 
     /* t9 = sum of t8 down each column */
-    double *t9 = work + 18*n; /* 1 x 2 */
+    double *t9 = t8 + 2*n; /* 1 x 2 */
     for (int64_t j = 0; j < 2; ++j) {
         double total = 0;
         for (int64_t i = 0; i < n; ++i) {
@@ -238,7 +269,7 @@ int mlp_value_and_grad(
     }
 
     /* t10 = sum of t9 along each row */
-    double *t10 = work + 18*n + 2; /* 1 x 1 */
+    double *t10 = t9 + 2; /* 1 x 1 */
     {
         const int64_t i = 0;
         double total = 0;
@@ -254,7 +285,7 @@ int mlp_value_and_grad(
     }
 
     /* grad_t3 = grad_t7 @ W2^T */
-    double *grad_t3 = work + 0; /* n x 4 */
+    double *grad_t3 = t0; /* n x 4, in t0's memory */
     #ifdef SYMBACKPROP_CBLAS
     if (8*n >= 4096) {
         SYMBACKPROP_GEMM(101, 111, 112, n, 4, 2, 1, grad_t7, 2, W2, 2, 0, grad_t3, 4);
@@ -273,7 +304,7 @@ int mlp_value_and_grad(
     }
 
     /* grad_t2 = dt3_dt2*grad_t3 */
-    double *grad_t2 = work + 18*n + 3; /* n x 4 */
+    double *grad_t2 = t10 + 1; /* n x 4 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
             grad_t2[4*i + j] = grad_t3[4*i + j]*dt3_dt2[4*i + j];

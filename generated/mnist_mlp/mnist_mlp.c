@@ -7,6 +7,37 @@
 #include <stddef.h>
 #include "mnist_mlp.h"
 
+/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
+ * calling these functions use their SIMD variants. */
+#ifdef SYMBACKPROP_LIBMVEC
+__attribute__((simd("notinbranch"))) double acos(double);
+__attribute__((simd("notinbranch"))) double acosh(double);
+__attribute__((simd("notinbranch"))) double asin(double);
+__attribute__((simd("notinbranch"))) double asinh(double);
+__attribute__((simd("notinbranch"))) double atan(double);
+__attribute__((simd("notinbranch"))) double atan2(double, double);
+__attribute__((simd("notinbranch"))) double atanh(double);
+__attribute__((simd("notinbranch"))) double cbrt(double);
+__attribute__((simd("notinbranch"))) double cos(double);
+__attribute__((simd("notinbranch"))) double cosh(double);
+__attribute__((simd("notinbranch"))) double erf(double);
+__attribute__((simd("notinbranch"))) double erfc(double);
+__attribute__((simd("notinbranch"))) double exp(double);
+__attribute__((simd("notinbranch"))) double exp10(double);
+__attribute__((simd("notinbranch"))) double exp2(double);
+__attribute__((simd("notinbranch"))) double expm1(double);
+__attribute__((simd("notinbranch"))) double hypot(double, double);
+__attribute__((simd("notinbranch"))) double log(double);
+__attribute__((simd("notinbranch"))) double log10(double);
+__attribute__((simd("notinbranch"))) double log1p(double);
+__attribute__((simd("notinbranch"))) double log2(double);
+__attribute__((simd("notinbranch"))) double pow(double, double);
+__attribute__((simd("notinbranch"))) double sin(double);
+__attribute__((simd("notinbranch"))) double sinh(double);
+__attribute__((simd("notinbranch"))) double tan(double);
+__attribute__((simd("notinbranch"))) double tanh(double);
+#endif
+
 /* Large matrix products call a row-major cblas_dgemm when the file is
  * compiled with -DSYMBACKPROP_CBLAS (and linked to a BLAS); the name can be
  * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise they
@@ -41,7 +72,7 @@ int mnist_mlp_forward(
 {
 
     /* t0 = X @ W1 */
-    double *t0 = work + 0; /* 128 x 256 */
+    double *t0 = work; /* 128 x 256 */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_GEMM(101, 111, 111, 128, 256, 784, 1, X, 784, W1, 256, 0, t0, 256);
     #else
@@ -59,7 +90,7 @@ int mnist_mlp_forward(
     #endif
 
     /* t3 = tanh(b1 + t0) */
-    double *t3 = work + 32768; /* 128 x 256 */
+    double *t3 = t0 + 32768; /* 128 x 256 */
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             t3[256*i + j] = tanh(b1[j] + t0[256*i + j]);
@@ -67,7 +98,7 @@ int mnist_mlp_forward(
     }
 
     /* t4 = t3 @ W2 */
-    double *t4 = work + 65536; /* 128 x 10 */
+    double *t4 = t3 + 32768; /* 128 x 10 */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_GEMM(101, 111, 111, 128, 10, 256, 1, t3, 256, W2, 10, 0, t4, 10);
     #else
@@ -86,7 +117,7 @@ int mnist_mlp_forward(
 
     /* logits = b2 + t4 */
     /* t6 = T*(b2 + t4) */
-    double *t6 = work + 66816; /* 128 x 10 */
+    double *t6 = t4 + 1280; /* 128 x 10 */
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
             const double x0 = b2[j] + t4[10*i + j];
@@ -96,7 +127,7 @@ int mnist_mlp_forward(
     }
 
     /* t7 = sum of t6 along each row */
-    double *t7 = work + 68096; /* 128 x 1 */
+    double *t7 = t6 + 1280; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
         double total = 0;
         for (int64_t j = 0; j < 10; ++j) {
@@ -106,7 +137,7 @@ int mnist_mlp_forward(
     }
 
     /* t9 = log(sum(exp(logits))) along each row, its max subtracted first */
-    double *t9 = work + 68224; /* 128 x 1 */
+    double *t9 = t7 + 128; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
         double maxval = -INFINITY;
         for (int64_t j = 0; j < 10; ++j) {
@@ -120,13 +151,13 @@ int mnist_mlp_forward(
     }
 
     /* t10 = -t7 + t9 */
-    double *t10 = work + 68352; /* 128 x 1 */
+    double *t10 = t9 + 128; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
         t10[i] = -t7[i] + t9[i];
     }
 
     /* t11 = sum of t10 down each column */
-    double *t11 = work + 68480; /* 1 x 1 */
+    double *t11 = t10 + 128; /* 1 x 1 */
     {
         const int64_t j = 0;
         double total = 0;
@@ -145,7 +176,7 @@ int mnist_mlp_forward(
 
 size_t mnist_mlp_value_and_grad_work_len(void)
 {
-    return (size_t)(136577);
+    return (size_t)(102529);
 }
 
 /* The loss and its gradient (reverse mode). */
@@ -166,7 +197,7 @@ int mnist_mlp_value_and_grad(
 {
 
     /* t0 = X @ W1 */
-    double *t0 = work + 0; /* 128 x 256 */
+    double *t0 = work; /* 128 x 256 */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_GEMM(101, 111, 111, 128, 256, 784, 1, X, 784, W1, 256, 0, t0, 256);
     #else
@@ -184,19 +215,15 @@ int mnist_mlp_value_and_grad(
     #endif
 
     /* t3 = tanh(b1 + t0) */
-    /* dt3_dt2 = 1 - tanh(b1 + t0)**2 */
-    double *dt3_dt2 = work + 32768; /* 128 x 256 */
-    double *t3 = work + 65536; /* 128 x 256 */
+    double *t3 = t0 + 32768; /* 128 x 256 */
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            const double x0 = tanh(b1[j] + t0[256*i + j]);
-            t3[256*i + j] = x0;
-            dt3_dt2[256*i + j] = 1 - (x0*x0);
+            t3[256*i + j] = tanh(b1[j] + t0[256*i + j]);
         }
     }
 
     /* t4 = t3 @ W2 */
-    double *t4 = work + 98304; /* 128 x 10 */
+    double *t4 = t3 + 32768; /* 128 x 10 */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_GEMM(101, 111, 111, 128, 10, 256, 1, t3, 256, W2, 10, 0, t4, 10);
     #else
@@ -215,21 +242,18 @@ int mnist_mlp_value_and_grad(
 
     /* logits = b2 + t4 */
     /* t6 = T*(b2 + t4) */
-    /* tmp1 = -T/128 */
-    double *logits = work + 99584; /* 128 x 10 */
-    double *t6 = work + 100864; /* 128 x 10 */
-    double *tmp1 = work + 102144; /* 128 x 10 */
+    double *logits = t4 + 1280; /* 128 x 10 */
+    double *t6 = logits + 1280; /* 128 x 10 */
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
             const double x0 = b2[j] + t4[10*i + j];
             logits[10*i + j] = x0;
             t6[10*i + j] = T[10*i + j]*x0;
-            tmp1[10*i + j] = -1.0/128.0*T[10*i + j];
         }
     }
 
     /* t7 = sum of t6 along each row */
-    double *t7 = work + 103424; /* 128 x 1 */
+    double *t7 = t6 + 1280; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
         double total = 0;
         for (int64_t j = 0; j < 10; ++j) {
@@ -239,7 +263,7 @@ int mnist_mlp_value_and_grad(
     }
 
     /* t9 = log(sum(exp(logits))) along each row, its max subtracted first */
-    double *t9 = work + 103552; /* 128 x 1 */
+    double *t9 = t7 + 128; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
         double maxval = -INFINITY;
         for (int64_t j = 0; j < 10; ++j) {
@@ -253,13 +277,13 @@ int mnist_mlp_value_and_grad(
     }
 
     /* t10 = -t7 + t9 */
-    double *t10 = work + 103680; /* 128 x 1 */
+    double *t10 = t9 + 128; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
         t10[i] = -t7[i] + t9[i];
     }
 
     /* t11 = sum of t10 down each column */
-    double *t11 = work + 103808; /* 1 x 1 */
+    double *t11 = t10 + 128; /* 1 x 1 */
     {
         const int64_t j = 0;
         double total = 0;
@@ -274,16 +298,16 @@ int mnist_mlp_value_and_grad(
         loss[0] = (1.0/128.0)*t11[0];
     }
 
-    /* grad_logits = tmp1 + exp(logits - t9)/128 */
-    double *grad_logits = work + 98304; /* 128 x 10 */
+    /* grad_logits = -T/128 + exp(logits - t9)/128 */
+    double *grad_logits = t4; /* 128 x 10, in t4's memory */
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            grad_logits[10*i + j] = tmp1[10*i + j] + (1.0/128.0)*exp(logits[10*i + j] - t9[i]);
+            grad_logits[10*i + j] = -1.0/128.0*T[10*i + j] + (1.0/128.0)*exp(logits[10*i + j] - t9[i]);
         }
     }
 
     /* grad_t3 = grad_logits @ W2^T */
-    double *grad_t3 = work + 0; /* 128 x 256 */
+    double *grad_t3 = t0; /* 128 x 256, in t0's memory */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_GEMM(101, 111, 112, 128, 256, 10, 1, grad_logits, 10, W2, 10, 0, grad_t3, 256);
     #else
@@ -298,11 +322,11 @@ int mnist_mlp_value_and_grad(
     }
     #endif
 
-    /* grad_t2 = dt3_dt2*grad_t3 */
-    double *grad_t2 = work + 103809; /* 128 x 256 */
+    /* grad_t2 = grad_t3*(1 - t3**2) */
+    double *grad_t2 = t11 + 1; /* 128 x 256 */
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            grad_t2[256*i + j] = grad_t3[256*i + j]*dt3_dt2[256*i + j];
+            grad_t2[256*i + j] = grad_t3[256*i + j]*(1 - (t3[256*i + j]*t3[256*i + j]));
         }
     }
 

@@ -7,6 +7,37 @@
 #include <stddef.h>
 #include "relu_net.h"
 
+/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
+ * calling these functions use their SIMD variants. */
+#ifdef SYMBACKPROP_LIBMVEC
+__attribute__((simd("notinbranch"))) double acos(double);
+__attribute__((simd("notinbranch"))) double acosh(double);
+__attribute__((simd("notinbranch"))) double asin(double);
+__attribute__((simd("notinbranch"))) double asinh(double);
+__attribute__((simd("notinbranch"))) double atan(double);
+__attribute__((simd("notinbranch"))) double atan2(double, double);
+__attribute__((simd("notinbranch"))) double atanh(double);
+__attribute__((simd("notinbranch"))) double cbrt(double);
+__attribute__((simd("notinbranch"))) double cos(double);
+__attribute__((simd("notinbranch"))) double cosh(double);
+__attribute__((simd("notinbranch"))) double erf(double);
+__attribute__((simd("notinbranch"))) double erfc(double);
+__attribute__((simd("notinbranch"))) double exp(double);
+__attribute__((simd("notinbranch"))) double exp10(double);
+__attribute__((simd("notinbranch"))) double exp2(double);
+__attribute__((simd("notinbranch"))) double expm1(double);
+__attribute__((simd("notinbranch"))) double hypot(double, double);
+__attribute__((simd("notinbranch"))) double log(double);
+__attribute__((simd("notinbranch"))) double log10(double);
+__attribute__((simd("notinbranch"))) double log1p(double);
+__attribute__((simd("notinbranch"))) double log2(double);
+__attribute__((simd("notinbranch"))) double pow(double, double);
+__attribute__((simd("notinbranch"))) double sin(double);
+__attribute__((simd("notinbranch"))) double sinh(double);
+__attribute__((simd("notinbranch"))) double tan(double);
+__attribute__((simd("notinbranch"))) double tanh(double);
+#endif
+
 size_t relu_net_forward_work_len(void)
 {
     return (size_t)(4);
@@ -25,7 +56,7 @@ int relu_net_forward(
 {
 
     /* t1 = W1 @ x */
-    double *t1 = work + 0; /* 2 x 1 */
+    double *t1 = work; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             t1[i + j] = 0;
@@ -39,7 +70,7 @@ int relu_net_forward(
     }
 
     /* t2 = Max(0, t1) */
-    double *t2 = work + 2; /* 2 x 1 */
+    double *t2 = t1 + 2; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         t2[i] = fmax(0, t1[i]);
     }
@@ -83,7 +114,7 @@ int relu_net_value_and_grad(
 {
 
     /* t1 = W1 @ x */
-    double *t1 = work + 0; /* 2 x 1 */
+    double *t1 = work; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             t1[i + j] = 0;
@@ -98,15 +129,15 @@ int relu_net_value_and_grad(
 
     /* t2 = Max(0, t1) */
     /* dt2_dt1 = Heaviside(t1) */
-    double *dt2_dt1 = work + 2; /* 2 x 1 */
-    double *t2 = work + 4; /* 2 x 1 */
+    double *dt2_dt1 = t1 + 2; /* 2 x 1 */
+    double *t2 = dt2_dt1 + 2; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         t2[i] = fmax(0, t1[i]);
         dt2_dt1[i] = ((t1[i] > 0) ? 1.0 : 0.0);
     }
 
     /* y = W2 @ t2 */
-    double *y = work + 6; /* 1 x 1 */
+    double *y = t2 + 2; /* 1 x 1 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             y[i + j] = 0;
@@ -121,7 +152,7 @@ int relu_net_value_and_grad(
 
     /* loss = (-t + y)**2/2 */
     /* grad_t3 = -t + y */
-    double *grad_t3 = work + 7; /* 1 x 1 */
+    double *grad_t3 = y + 1; /* 1 x 1 */
     {
         const double x0 = -t[0] + y[0];
         loss[0] = (1.0/2.0)*(x0*x0);
@@ -129,7 +160,7 @@ int relu_net_value_and_grad(
     }
 
     /* grad_t2 = W2^T @ grad_t3 */
-    double *grad_t2 = work + 0; /* 2 x 1 */
+    double *grad_t2 = t1; /* 2 x 1, in t1's memory */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             grad_t2[i + j] = 0;
@@ -143,7 +174,7 @@ int relu_net_value_and_grad(
     }
 
     /* grad_t1 = dt2_dt1*grad_t2 */
-    double *grad_t1 = work + 8; /* 2 x 1 */
+    double *grad_t1 = grad_t3 + 1; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         grad_t1[i] = grad_t2[i]*dt2_dt1[i];
     }

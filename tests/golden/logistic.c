@@ -7,6 +7,37 @@
 #include <stddef.h>
 #include "logistic.h"
 
+/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
+ * calling these functions use their SIMD variants. */
+#ifdef SYMBACKPROP_LIBMVEC
+__attribute__((simd("notinbranch"))) double acos(double);
+__attribute__((simd("notinbranch"))) double acosh(double);
+__attribute__((simd("notinbranch"))) double asin(double);
+__attribute__((simd("notinbranch"))) double asinh(double);
+__attribute__((simd("notinbranch"))) double atan(double);
+__attribute__((simd("notinbranch"))) double atan2(double, double);
+__attribute__((simd("notinbranch"))) double atanh(double);
+__attribute__((simd("notinbranch"))) double cbrt(double);
+__attribute__((simd("notinbranch"))) double cos(double);
+__attribute__((simd("notinbranch"))) double cosh(double);
+__attribute__((simd("notinbranch"))) double erf(double);
+__attribute__((simd("notinbranch"))) double erfc(double);
+__attribute__((simd("notinbranch"))) double exp(double);
+__attribute__((simd("notinbranch"))) double exp10(double);
+__attribute__((simd("notinbranch"))) double exp2(double);
+__attribute__((simd("notinbranch"))) double expm1(double);
+__attribute__((simd("notinbranch"))) double hypot(double, double);
+__attribute__((simd("notinbranch"))) double log(double);
+__attribute__((simd("notinbranch"))) double log10(double);
+__attribute__((simd("notinbranch"))) double log1p(double);
+__attribute__((simd("notinbranch"))) double log2(double);
+__attribute__((simd("notinbranch"))) double pow(double, double);
+__attribute__((simd("notinbranch"))) double sin(double);
+__attribute__((simd("notinbranch"))) double sinh(double);
+__attribute__((simd("notinbranch"))) double tan(double);
+__attribute__((simd("notinbranch"))) double tanh(double);
+#endif
+
 /* Large matrix products call a row-major cblas_dgemm when the file is
  * compiled with -DSYMBACKPROP_CBLAS (and linked to a BLAS); the name can be
  * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise they
@@ -42,7 +73,7 @@ int logistic_forward(
     }
 
     /* t2 = X @ w */
-    double *t2 = work + 0; /* n x 1 */
+    double *t2 = work; /* n x 1 */
     #ifdef SYMBACKPROP_CBLAS
     if (2*n >= 4096) {
         SYMBACKPROP_GEMM(101, 111, 111, n, 1, 2, 1, X, 2, w, 1, 0, t2, 1);
@@ -63,14 +94,14 @@ int logistic_forward(
     }
 
     /* t12 = -t*log(1/(1 + exp(-t2))) - (1 - t)*log(1 - 1/(1 + exp(-t2))) */
-    double *t12 = work + n; /* n x 1 */
+    double *t12 = t2 + n; /* n x 1 */
     for (int64_t i = 0; i < n; ++i) {
         const double x0 = 1.0/(1 + exp(-t2[i]));
         t12[i] = -t[i]*log(x0) - (1 - t[i])*log(1 - x0);
     }
 
     /* t13 = sum of t12 down each column */
-    double *t13 = work + 2*n; /* 1 x 1 */
+    double *t13 = t12 + n; /* 1 x 1 */
     {
         const int64_t j = 0;
         double total = 0;
@@ -109,13 +140,13 @@ int logistic_value_and_grad(
     }
 
     /* t1 = 1 - t */
-    double *t1 = work + 0; /* n x 1 */
+    double *t1 = work; /* n x 1 */
     for (int64_t i = 0; i < n; ++i) {
         t1[i] = 1 - t[i];
     }
 
     /* t2 = X @ w */
-    double *t2 = work + n; /* n x 1 */
+    double *t2 = t1 + n; /* n x 1 */
     #ifdef SYMBACKPROP_CBLAS
     if (2*n >= 4096) {
         SYMBACKPROP_GEMM(101, 111, 111, n, 1, 2, 1, X, 2, w, 1, 0, t2, 1);
@@ -137,8 +168,8 @@ int logistic_value_and_grad(
 
     /* t12 = -t*log(1/(1 + exp(-t2))) - t1*log(1 - 1/(1 + exp(-t2))) */
     /* grad_t2 = -t*exp(-t2)/(n*(1 + exp(-t2))) + t1*exp(-t2)/(n*(1 - 1/(1 + exp(-t2)))*(1 + exp(-t2))**2) */
-    double *grad_t2 = work + 2*n; /* n x 1 */
-    double *t12 = work + 3*n; /* n x 1 */
+    double *grad_t2 = t2 + n; /* n x 1 */
+    double *t12 = grad_t2 + n; /* n x 1 */
     for (int64_t i = 0; i < n; ++i) {
         const double x0 = exp(-t2[i]);
         const double x1 = x0 + 1;
@@ -150,7 +181,7 @@ int logistic_value_and_grad(
     }
 
     /* t13 = sum of t12 down each column */
-    double *t13 = work + 4*n; /* 1 x 1 */
+    double *t13 = t12 + n; /* 1 x 1 */
     {
         const int64_t j = 0;
         double total = 0;

@@ -7,6 +7,37 @@
 #include <stddef.h>
 #include "softmax_ce.h"
 
+/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
+ * calling these functions use their SIMD variants. */
+#ifdef SYMBACKPROP_LIBMVEC
+__attribute__((simd("notinbranch"))) double acos(double);
+__attribute__((simd("notinbranch"))) double acosh(double);
+__attribute__((simd("notinbranch"))) double asin(double);
+__attribute__((simd("notinbranch"))) double asinh(double);
+__attribute__((simd("notinbranch"))) double atan(double);
+__attribute__((simd("notinbranch"))) double atan2(double, double);
+__attribute__((simd("notinbranch"))) double atanh(double);
+__attribute__((simd("notinbranch"))) double cbrt(double);
+__attribute__((simd("notinbranch"))) double cos(double);
+__attribute__((simd("notinbranch"))) double cosh(double);
+__attribute__((simd("notinbranch"))) double erf(double);
+__attribute__((simd("notinbranch"))) double erfc(double);
+__attribute__((simd("notinbranch"))) double exp(double);
+__attribute__((simd("notinbranch"))) double exp10(double);
+__attribute__((simd("notinbranch"))) double exp2(double);
+__attribute__((simd("notinbranch"))) double expm1(double);
+__attribute__((simd("notinbranch"))) double hypot(double, double);
+__attribute__((simd("notinbranch"))) double log(double);
+__attribute__((simd("notinbranch"))) double log10(double);
+__attribute__((simd("notinbranch"))) double log1p(double);
+__attribute__((simd("notinbranch"))) double log2(double);
+__attribute__((simd("notinbranch"))) double pow(double, double);
+__attribute__((simd("notinbranch"))) double sin(double);
+__attribute__((simd("notinbranch"))) double sinh(double);
+__attribute__((simd("notinbranch"))) double tan(double);
+__attribute__((simd("notinbranch"))) double tanh(double);
+#endif
+
 size_t softmax_ce_forward_work_len(void)
 {
     return (size_t)(25);
@@ -22,7 +53,7 @@ int softmax_ce_forward(
 {
 
     /* t0 = T*Z */
-    double *t0 = work + 0; /* 4 x 3 */
+    double *t0 = work; /* 4 x 3 */
     for (int64_t i = 0; i < 4; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
             t0[3*i + j] = T[3*i + j]*Z[3*i + j];
@@ -30,7 +61,7 @@ int softmax_ce_forward(
     }
 
     /* t1 = sum of t0 along each row */
-    double *t1 = work + 12; /* 4 x 1 */
+    double *t1 = t0 + 12; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
         double total = 0;
         for (int64_t j = 0; j < 3; ++j) {
@@ -40,7 +71,7 @@ int softmax_ce_forward(
     }
 
     /* t3 = log(sum(exp(Z))) along each row, its max subtracted first */
-    double *t3 = work + 16; /* 4 x 1 */
+    double *t3 = t1 + 4; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
         double maxval = -INFINITY;
         for (int64_t j = 0; j < 3; ++j) {
@@ -54,13 +85,13 @@ int softmax_ce_forward(
     }
 
     /* t4 = -t1 + t3 */
-    double *t4 = work + 20; /* 4 x 1 */
+    double *t4 = t3 + 4; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
         t4[i] = -t1[i] + t3[i];
     }
 
     /* t5 = sum of t4 down each column */
-    double *t5 = work + 24; /* 1 x 1 */
+    double *t5 = t4 + 4; /* 1 x 1 */
     {
         const int64_t j = 0;
         double total = 0;
@@ -79,7 +110,7 @@ int softmax_ce_forward(
 
 size_t softmax_ce_value_and_grad_work_len(void)
 {
-    return (size_t)(37);
+    return (size_t)(25);
 }
 
 /* The loss and its gradient (reverse mode). */
@@ -93,18 +124,15 @@ int softmax_ce_value_and_grad(
 {
 
     /* t0 = T*Z */
-    /* tmp1 = -T/4 */
-    double *t0 = work + 0; /* 4 x 3 */
-    double *tmp1 = work + 12; /* 4 x 3 */
+    double *t0 = work; /* 4 x 3 */
     for (int64_t i = 0; i < 4; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
             t0[3*i + j] = T[3*i + j]*Z[3*i + j];
-            tmp1[3*i + j] = -1.0/4.0*T[3*i + j];
         }
     }
 
     /* t1 = sum of t0 along each row */
-    double *t1 = work + 24; /* 4 x 1 */
+    double *t1 = t0 + 12; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
         double total = 0;
         for (int64_t j = 0; j < 3; ++j) {
@@ -114,7 +142,7 @@ int softmax_ce_value_and_grad(
     }
 
     /* t3 = log(sum(exp(Z))) along each row, its max subtracted first */
-    double *t3 = work + 28; /* 4 x 1 */
+    double *t3 = t1 + 4; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
         double maxval = -INFINITY;
         for (int64_t j = 0; j < 3; ++j) {
@@ -128,13 +156,13 @@ int softmax_ce_value_and_grad(
     }
 
     /* t4 = -t1 + t3 */
-    double *t4 = work + 32; /* 4 x 1 */
+    double *t4 = t3 + 4; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
         t4[i] = -t1[i] + t3[i];
     }
 
     /* t5 = sum of t4 down each column */
-    double *t5 = work + 36; /* 1 x 1 */
+    double *t5 = t4 + 4; /* 1 x 1 */
     {
         const int64_t j = 0;
         double total = 0;
@@ -149,10 +177,10 @@ int softmax_ce_value_and_grad(
         loss[0] = (1.0/4.0)*t5[0];
     }
 
-    /* grad_Z = tmp1 + exp(Z - t3)/4 */
+    /* grad_Z = -T/4 + exp(Z - t3)/4 */
     for (int64_t i = 0; i < 4; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            grad_Z[3*i + j] = tmp1[3*i + j] + (1.0/4.0)*exp(Z[3*i + j] - t3[i]);
+            grad_Z[3*i + j] = -1.0/4.0*T[3*i + j] + (1.0/4.0)*exp(Z[3*i + j] - t3[i]);
         }
     }
     return 0;
