@@ -72,13 +72,15 @@ class Blas:
 
 @lru_cache(maxsize=None)
 def find_blas() -> Blas | None:
-    """The scipy-openblas32 wheel's BLAS (symbols prefixed scipy_), if installed."""
-    try:
-        import scipy_openblas32 as wheel
-    except ImportError:
+    """The scipy-openblas32 wheel's BLAS (symbols prefixed scipy_), if
+    installed; found without importing it (its import costs ~50 ms)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("scipy_openblas32")
+    if spec is None or not spec.submodule_search_locations:
         return None
-    lib_dir = wheel.get_lib_dir()
-    library = Path(lib_dir) / f"lib{wheel.get_library()}.so"
+    lib_dir = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    library = lib_dir / "libscipy_openblas.so"
     if not library.is_file():
         return None
     return Blas(
@@ -87,7 +89,7 @@ def find_blas() -> Blas | None:
             "-DSYMBACKPROP_CBLAS_DGEMM=scipy_cblas_dgemm",
             "-DSYMBACKPROP_CBLAS_SGEMM=scipy_cblas_sgemm",
         ),
-        link_args=(f"-L{lib_dir}", f"-l{wheel.get_library()}", f"-Wl,-rpath,{lib_dir}"),
+        link_args=(f"-L{lib_dir}", "-lscipy_openblas", f"-Wl,-rpath,{lib_dir}"),
         library=library,
     )
 
@@ -316,3 +318,53 @@ def _load(folder: Path, name: str) -> ModuleType:
     spec.loader.exec_module(module)
     sys.modules[name] = module
     return module
+
+
+# --- the front cache: a model's generated code and plan, by fingerprint ------
+
+MEMO_FOLDER = "models"
+
+
+@lru_cache(maxsize=1)
+def package_digest() -> str:
+    """A hash of symbackprop's own code and templates: a memo made by other
+    code is never used (no hand-bumped cache versions)."""
+    here = Path(__file__).resolve().parent
+    digest = hashlib.sha256(__version__.encode())
+    templates = here / "templates" if (here / "templates").is_dir() else here.parent / "templates"
+    for path in sorted(here.glob("*.py")) + sorted(templates.glob("*.j2")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def read_memo(key: str, options: BuildOptions | None = None) -> object | None:
+    """What write_memo stored under key, or None (absent or unreadable)."""
+    import pickle
+
+    path = cache_root(options) / MEMO_FOLDER / f"{key}.pickle"
+    try:
+        with open(path, "rb") as handle:
+            return pickle.load(handle)
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
+        return None
+
+
+def write_memo(key: str, value: object, options: BuildOptions | None = None) -> None:
+    """Store value under key, atomically (a reader sees all of it or none)."""
+    import pickle
+
+    folder = cache_root(options) / MEMO_FOLDER
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix="tmp-", delete=False) as handle:
+            pickle.dump(value, handle, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(handle.name, folder / f"{key}.pickle")
+    except OSError:
+        pass  # the memo only saves time
+
+
+def load_built(folder: Path, prefix: str) -> ModuleType | None:
+    """The extension module already built in a cache folder, if complete."""
+    name = module_name(prefix, folder.name)
+    return _load(folder, name) if _complete(folder, name) else None

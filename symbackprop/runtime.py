@@ -32,7 +32,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import sympy as sp
 
-from .build import BuildOptions, build
+from .build import BuildOptions, build, find_blas, load_built, package_digest, read_memo, write_memo
 from .codegen import REAL_TYPES, Emitted
 from .compiler import DEFAULT_FUNCTIONS, FunctionPlan, Plan, generate
 from .derivation import itemsize_of, memory_plan
@@ -58,6 +58,7 @@ class Function:
         self.plan = fn
         self.c_name = f"{prefix}_{fn.schedule.name}"
         self.c_function = getattr(lib, self.c_name)
+        self.lib, self.ffi = lib, ffi  # the module's other functions (train_epoch beside train_step)
         self.work_len = getattr(lib, self.c_name + "_work_len")
         self.dims = plan.lowered.dims
         leaves = list(plan.lowered.leaves.items()) + list(fn.extra_inputs)
@@ -321,6 +322,11 @@ class CompiledModule:
         """
         return self.trainer.step(**arrays)
 
+    def train_epoch(self, batch_size: int, order: Any = None, **arrays: Any) -> np.ndarray:
+        """train_step over every minibatch of the data inputs, in one C call
+        (see Trainer.epoch); returns the minibatches' losses."""
+        return self.trainer.epoch(batch_size, order, **arrays)
+
     @property
     def optimizer_state(self) -> dict[str, np.ndarray]:
         """The optimizer's state arrays (momentum, moments, step count), by name."""
@@ -547,6 +553,38 @@ def compile(
     """
     if dtype not in REAL_TYPES:
         raise ModelError(f"dtype must be one of {sorted(REAL_TYPES)}; got {dtype!r}")
-    emitted, plan = generate(model, dtype, functions=functions, wrt=wrt, optimizer=optimizer)
-    module, folder = build(emitted.prefix, emitted.source, emitted.header, emitted.cdef, options)
+    key = model_fingerprint(model, dtype, tuple(functions), None if wrt is None else tuple(wrt), optimizer, options)
+    memo = read_memo(key, options)
+    module = None
+    if memo is not None:
+        emitted, plan, folder = memo
+        module = load_built(folder, emitted.prefix)
+    if module is None:
+        emitted, plan = generate(model, dtype, functions=functions, wrt=wrt, optimizer=optimizer)
+        module, folder = build(emitted.prefix, emitted.source, emitted.header, emitted.cdef, options)
+        write_memo(key, (emitted, plan, folder), options)
     return CompiledModule(model, emitted, plan, module.lib, module.ffi, folder, dtype, options, optimizer)
+
+
+def model_fingerprint(model: Model, *settings: Any) -> str:
+    """A hash of everything generation depends on: the model's expressions
+    (SymPy's srepr, with Lambda's dummy variables numbered in order), the
+    settings, whether BLAS is installed, and symbackprop's own code."""
+    import hashlib
+
+    expressions = [model.loss, *model.outputs.values()]
+    dummies: dict[sp.Basic, sp.Symbol] = {}
+    for expr in expressions:
+        for atom in sp.preorder_traversal(expr):
+            if isinstance(atom, sp.Dummy) and atom not in dummies:
+                dummies[atom] = sp.Symbol(f"_dummy{len(dummies)}", **atom.assumptions0)
+    parts = [
+        model.name,
+        *(sp.srepr(leaf) for leaf in (*model.inputs, "|", *model.params, "|", *model.grad_inputs)),
+        *model.outputs,
+        *(sp.srepr(sp.sympify(expr).xreplace(dummies)) for expr in expressions),
+        repr(settings),
+        str(find_blas() is not None),
+        package_digest(),
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
