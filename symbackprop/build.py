@@ -59,6 +59,7 @@ class BuildOptions:
     cache_dir: Path | None = None  # default: $SYMBACKPROP_CACHE_DIR or the user cache
     blas: bool | None = None
     vector_math: bool | None = None  # glibc's libmvec SIMD math with GCC (None: when available)
+    openmp: bool = False  # elementwise loops over many rows on several threads (-fopenmp)
 
 
 @dataclass(frozen=True)
@@ -222,8 +223,9 @@ def _compile_and_link_args(options: BuildOptions) -> tuple[tuple[str, ...], tupl
     """Compiler flags and link arguments: the options' flags, then BLAS and vector math."""
     blas = _blas_for(options)
     vector_flags, vector_libraries = _vector_math_args(options)
-    flags = options.flags + (blas.compile_args if blas else ()) + vector_flags
-    libraries = (blas.link_args if blas else ()) + vector_libraries
+    openmp = ("-fopenmp",) if options.openmp else ()
+    flags = options.flags + (blas.compile_args if blas else ()) + vector_flags + openmp
+    libraries = (blas.link_args if blas else ()) + vector_libraries + openmp
     return flags, libraries
 
 

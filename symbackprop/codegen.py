@@ -186,6 +186,10 @@ class CModule:
         return any(k.kind == "matmul" and k.fields["blas"] for f in self.functions for k in f.kernels)
 
     @property
+    def uses_parallel(self) -> bool:
+        return any(k.kind == "map" and k.fields["parallel"] for f in self.functions for k in f.kernels)
+
+    @property
     def vector_math(self) -> list[str]:
         """glibc's libmvec functions for this real type: all of them, so that
         the declarations do not change when the model's functions do."""
@@ -275,6 +279,7 @@ class FunctionEmitter:
         out_index_text = self.index.doprint(out_index)
         return {
             "loops": loops,
+            "parallel": _worth_threads(kernel.shape[0]) and len(loops) > 0 and loops[0][0] == "i",
             "temps": first + [(str(sym), printer.doprint(expr)) for sym, expr in kernel.temps],
             "stores": [
                 (f"{self.namer.name(out)}[{out_index_text}]", printer.doprint(expr)) for out, expr in kernel.stores
@@ -356,6 +361,15 @@ LIBMVEC = frozenset(
     "acos acosh asin asinh atan atan2 atanh cbrt cos cosh erf erfc exp exp10 exp2 expm1 hypot "
     "log log10 log1p log2 pow sin sinh tan tanh".split()
 )
+
+
+# Loops over at least this many rows (or over a symbolic batch) are split
+# across threads when the module is built with OpenMP (-fopenmp).
+PARALLEL_MIN_ROWS = 64
+
+
+def _worth_threads(rows: object) -> bool:
+    return isinstance(rows, sp.Symbol) or int(rows) >= PARALLEL_MIN_ROWS
 
 
 # Products with fewer multiply-adds than this stay as inline loops, which

@@ -7,6 +7,13 @@
 #include <stddef.h>
 #include "mlp.h"
 
+/* Loops over many rows run on several threads when compiled with -fopenmp. */
+#ifdef _OPENMP
+#define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
+#else
+#define SYMBACKPROP_PARALLEL_FOR
+#endif
+
 /* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
  * calling these functions use their SIMD variants. */
 #ifdef SYMBACKPROP_LIBMVEC
@@ -99,6 +106,7 @@ int mlp_forward(
 
     /* t3 = 1/(exp(-b1 - t0) + 1) */
     double *t3 = t0 + 4*n; /* n x 4 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
             t3[4*i + j] = 1.0/(exp(-b1[j] - t0[4*i + j]) + 1);
@@ -129,6 +137,7 @@ int mlp_forward(
     /* Y = b2 + t4 */
     /* t8 = (-T + b2 + t4)**2 */
     double *t8 = t4 + 2*n; /* n x 2 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             const double x0 = b2[j] + t4[2*i + j];
@@ -217,6 +226,7 @@ int mlp_value_and_grad(
     /* dt3_dt2 = exp(-b1 - t0)/(exp(-b1 - t0) + 1)**2 */
     double *dt3_dt2 = t0 + 4*n; /* n x 4 */
     double *t3 = dt3_dt2 + 4*n; /* n x 4 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
             const double x0 = exp(-b1[j] - t0[4*i + j]);
@@ -251,6 +261,7 @@ int mlp_value_and_grad(
     /* grad_t7 = (-2*T + 2*b2 + 2*t4)/(2*n) */
     double *grad_t7 = t4 + 2*n; /* n x 2 */
     double *t8 = grad_t7 + 2*n; /* n x 2 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             t8[2*i + j] = pow(b2[j] + t4[2*i + j] - T[2*i + j], 2);
@@ -305,6 +316,7 @@ int mlp_value_and_grad(
 
     /* grad_t2 = dt3_dt2*grad_t3 */
     double *grad_t2 = t10 + 1; /* n x 4 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
             grad_t2[4*i + j] = grad_t3[4*i + j]*dt3_dt2[4*i + j];

@@ -7,6 +7,13 @@
 #include <stddef.h>
 #include "mnist_mlp.h"
 
+/* Loops over many rows run on several threads when compiled with -fopenmp. */
+#ifdef _OPENMP
+#define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
+#else
+#define SYMBACKPROP_PARALLEL_FOR
+#endif
+
 /* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
  * calling these functions use their SIMD variants. */
 #ifdef SYMBACKPROP_LIBMVEC
@@ -91,6 +98,7 @@ int mnist_mlp_forward(
 
     /* t3 = tanh(b1 + t0) */
     double *t3 = t0 + 32768; /* 128 x 256 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             t3[256*i + j] = tanh(b1[j] + t0[256*i + j]);
@@ -118,6 +126,7 @@ int mnist_mlp_forward(
     /* logits = b2 + t4 */
     /* t6 = T*(b2 + t4) */
     double *t6 = t4 + 1280; /* 128 x 10 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
             const double x0 = b2[j] + t4[10*i + j];
@@ -152,6 +161,7 @@ int mnist_mlp_forward(
 
     /* t10 = -t7 + t9 */
     double *t10 = t9 + 128; /* 128 x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         t10[i] = -t7[i] + t9[i];
     }
@@ -216,6 +226,7 @@ int mnist_mlp_value_and_grad(
 
     /* t3 = tanh(b1 + t0) */
     double *t3 = t0 + 32768; /* 128 x 256 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             t3[256*i + j] = tanh(b1[j] + t0[256*i + j]);
@@ -244,6 +255,7 @@ int mnist_mlp_value_and_grad(
     /* t6 = T*(b2 + t4) */
     double *logits = t4 + 1280; /* 128 x 10 */
     double *t6 = logits + 1280; /* 128 x 10 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
             const double x0 = b2[j] + t4[10*i + j];
@@ -278,6 +290,7 @@ int mnist_mlp_value_and_grad(
 
     /* t10 = -t7 + t9 */
     double *t10 = t9 + 128; /* 128 x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         t10[i] = -t7[i] + t9[i];
     }
@@ -300,6 +313,7 @@ int mnist_mlp_value_and_grad(
 
     /* grad_logits = -T/128 + exp(logits - t9)/128 */
     double *grad_logits = t4; /* 128 x 10, in t4's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
             grad_logits[10*i + j] = -1.0/128.0*T[10*i + j] + (1.0/128.0)*exp(logits[10*i + j] - t9[i]);
@@ -324,6 +338,7 @@ int mnist_mlp_value_and_grad(
 
     /* grad_t2 = grad_t3*(1 - t3**2) */
     double *grad_t2 = t11 + 1; /* 128 x 256 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             grad_t2[256*i + j] = grad_t3[256*i + j]*(1 - (t3[256*i + j]*t3[256*i + j]));

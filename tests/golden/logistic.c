@@ -7,6 +7,13 @@
 #include <stddef.h>
 #include "logistic.h"
 
+/* Loops over many rows run on several threads when compiled with -fopenmp. */
+#ifdef _OPENMP
+#define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
+#else
+#define SYMBACKPROP_PARALLEL_FOR
+#endif
+
 /* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
  * calling these functions use their SIMD variants. */
 #ifdef SYMBACKPROP_LIBMVEC
@@ -95,6 +102,7 @@ int logistic_forward(
 
     /* t12 = -t*log(1/(1 + exp(-t2))) - (1 - t)*log(1 - 1/(1 + exp(-t2))) */
     double *t12 = t2 + n; /* n x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         const double x0 = 1.0/(1 + exp(-t2[i]));
         t12[i] = -t[i]*log(x0) - (1 - t[i])*log(1 - x0);
@@ -141,6 +149,7 @@ int logistic_value_and_grad(
 
     /* t1 = 1 - t */
     double *t1 = work; /* n x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         t1[i] = 1 - t[i];
     }
@@ -170,6 +179,7 @@ int logistic_value_and_grad(
     /* grad_t2 = -t*exp(-t2)/(n*(1 + exp(-t2))) + t1*exp(-t2)/(n*(1 - 1/(1 + exp(-t2)))*(1 + exp(-t2))**2) */
     double *grad_t2 = t2 + n; /* n x 1 */
     double *t12 = grad_t2 + n; /* n x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         const double x0 = exp(-t2[i]);
         const double x1 = x0 + 1;
