@@ -60,19 +60,20 @@ def run_peer(peer: str, args) -> list[dict]:
                "--workloads", ",".join(w.name for w in selected),
                "--dtypes", ",".join(dtypes), "--plan", "quick" if args.quick else "full",
                "--out", str(out)]
-        status, detail = _run_worker(cmd, _worker_env(args, tmp), args.timeout, args.threads)
+        pin = None if args.no_pin else _pin_to_cpus(args.threads)
+        status, detail = _run_worker(cmd, _worker_env(args, tmp), args.timeout, pin)
         records = _read_records(out)
     if status != "done":
         records += _missing(peer, records, selected, dtypes, status, detail)
     return records
 
 
-def _run_worker(cmd, env, timeout, threads):
+def _run_worker(cmd, env, timeout, preexec_fn):
     """('done' | 'timeout' | 'error', detail); the worker's process group is
     killed on timeout (it may have started compilers of its own)."""
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=_pin_to_cpus(threads))
+                            preexec_fn=preexec_fn)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -211,6 +212,7 @@ def _meta(args) -> dict:
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "threads": args.threads,
+        "pinned": not args.no_pin,
         "plan": "quick" if args.quick else "full",
         "workloads": {w.name: {"description": w.description, "flops": w.flops}
                       for w in args.workloads},
@@ -225,6 +227,8 @@ def _parse(argv):
     p.add_argument("--dtype", default="float64,float32", help="float64,float32")
     p.add_argument("--peers", default=None, help=f"comma-separated subset of {','.join(PEERS)}")
     p.add_argument("--threads", type=int, default=1, help="BLAS/intra-op threads per peer")
+    p.add_argument("--no-pin", action="store_true",
+                   help="do not pin each peer process to --threads CPUs")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds per peer subprocess (default 1800, 600 with --quick)")
     p.add_argument("--compile-timeout", type=float, default=300.0,
