@@ -132,3 +132,11 @@ def test_explicit_matrix_of_scalars():
     assert grads["c"] == pytest.approx(float(sp.diff(total, c).subs(subs)), rel=1e-12)
     expected_w = np.array([float(sp.diff(total, ws[k]).subs(subs)) for k in range(4)]).reshape(2, 2)
     np.testing.assert_allclose(grads["W"], expected_w, rtol=1e-12)
+
+
+def test_documented_tie_of_max():
+    """README: at a tie of Max(a, b) neither argument gets the gradient."""
+    a, b = sp.symbols("a b")
+    mod = sbp.compile(sbp.Model("tie", params=[a, b], loss=sp.Max(a, b)))
+    assert mod.value_and_grad(a=1.0, b=1.0) == (1.0, {"a": 0.0, "b": 0.0})
+    assert mod.value_and_grad(a=2.0, b=1.0) == (2.0, {"a": 1.0, "b": 0.0})
