@@ -9,14 +9,17 @@ Declare a model in SymPy, compile it, call the generated C from Python::
 from ._version import __version__
 from .errors import ArgumentError, BuildError, ModelError, SymbackpropError
 from .model import Model
+from .optim import SGD, Adam
 from .runtime import CompiledModule, compile
 
 __all__ = [
+    "Adam",
     "ArgumentError",
     "BuildError",
     "CompiledModule",
     "Model",
     "ModelError",
+    "SGD",
     "SymbackpropError",
     "__version__",
     "compile",

@@ -36,6 +36,7 @@ from typing import Iterator
 
 from ._version import __version__
 from .errors import BuildError
+from .log import event, stage
 
 CACHE_ENV = "SYMBACKPROP_CACHE_DIR"
 # Speed without changing results beyond rounding: no -ffast-math. -O3 and
@@ -250,13 +251,17 @@ def build(prefix: str, source: str, header: str, cdef: str, options: BuildOption
     root, key = final.parent, final.name
     name = module_name(prefix, key)
     if not _complete(final, name):
+        event("cache miss: %s", final)
         try:
             root.mkdir(parents=True, exist_ok=True)
             with _locked(root / f"{key}.lock"):
                 if not _complete(final, name):
-                    _compile_into(final, name, prefix, source, header, cdef, flags, libraries)
+                    with stage("C compile", prefix):
+                        _compile_into(final, name, prefix, source, header, cdef, flags, libraries)
         except OSError as exc:
             raise BuildError(f"cannot write the module cache in {root} ({exc}); set {CACHE_ENV} to a writable folder") from exc
+    else:
+        event("cache hit: %s", final)
     return _load(final, name), final
 
 
@@ -369,4 +374,7 @@ def write_memo(key: str, value: object, options: BuildOptions | None = None) -> 
 def load_built(folder: Path, prefix: str) -> ModuleType | None:
     """The extension module already built in a cache folder, if complete."""
     name = module_name(prefix, folder.name)
-    return _load(folder, name) if _complete(folder, name) else None
+    if not _complete(folder, name):
+        return None
+    event("cache hit: %s", folder)
+    return _load(folder, name)

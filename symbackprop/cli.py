@@ -43,8 +43,9 @@ def load_file(path: Path) -> ModuleType:
     return module
 
 
-def models_in(spec: str) -> list[tuple[Model, ModuleType]]:
-    """The models named by FILE[:NAME]: that attribute, or every Model in the file."""
+def models_in(spec: str, required: bool = True) -> list[tuple[Model, ModuleType]]:
+    """The models named by FILE[:NAME]: that attribute, or every Model in the
+    file (none is an error when `required`, as for a file named on the command line)."""
     path, _, attr = spec.partition(":")
     module = load_file(Path(path))
     if attr:
@@ -53,7 +54,7 @@ def models_in(spec: str) -> list[tuple[Model, ModuleType]]:
             raise SymbackpropError(f"{path} has no Model named {attr!r}")
         return [(model, module)]
     found = [(v, module) for v in vars(module).values() if isinstance(v, Model)]
-    if not found:
+    if not found and required:
         raise SymbackpropError(f"{path} defines no symbackprop.Model")
     return found
 
@@ -103,7 +104,8 @@ def check(models: Iterable[Model], out: Path) -> list[str]:
 
 def cmd_build(args: argparse.Namespace) -> int:
     specs = args.models or default_specs()
-    models = [model for spec in specs for model, _ in models_in(spec)]
+    # scanning examples/, files that define no Model (training scripts) are skipped
+    models = [model for spec in specs for model, _ in models_in(spec, required=bool(args.models))]
     if args.check:
         diffs = check(models, args.out)
         for diff in diffs:
@@ -204,6 +206,7 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("models", nargs="*", metavar="MODEL_FILE[:NAME]", help="default: every file in examples/")
     build.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: generated/)")
     build.add_argument("--check", action="store_true", help="fail with a diff where the files on disk are stale")
+    build.add_argument("-v", "--verbose", action="store_true", help="log each stage and its duration to stderr")
     build.set_defaults(run=cmd_build)
     graph = sub.add_parser("graph", help="print the backward graph (grad_fn style) as text or Graphviz DOT")
     graph.add_argument("model", metavar="MODEL_FILE[:NAME]")
@@ -218,6 +221,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if getattr(args, "verbose", False):
+        from .log import enable
+
+        enable()
     try:
         return args.run(args)
     except SymbackpropError as exc:

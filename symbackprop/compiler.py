@@ -10,6 +10,10 @@ A module holds one C function per requested kind:
     hvp             inputs, direction_<w> -> loss, grad_<w>, hvp_<w> (Hessian times direction)
     train_step      inputs, hyperparameters, optimizer state -> loss; params and state updated in place
 
+A module with a train_step also gets `<prefix>_train_epoch`, which runs it on
+each minibatch of the data in turn (see epoch.py), when the model has a
+batch dimension.
+
 `w` ranges over the differentiated names: parameters, chosen inputs, and
 chosen named outputs (whose gradient is the adjoint of an intermediate).
 """
@@ -24,8 +28,10 @@ from .autodiff import jvp, vjp
 from .cnames import CNamer, comment_text, sanitize
 from .codegen import REAL_TYPES, CModule, Emitted, emit_function, render
 from .derivation import derive, render_derivation
+from .epoch import epoch_c, reserved_names, try_epoch_plan
 from .errors import ModelError
 from .ir import SCALAR, Lowered, Node, const, leaf, lower
+from .log import op_counts, stage
 from .model import Model, leaf_name
 from .schedule import FunctionSchedule, Naming, schedule
 
@@ -91,7 +97,8 @@ class _Planner:
 
     def __init__(self, model: Model, wrt: Sequence[str] | None):
         self.model = model
-        self.lowered = lower(model)
+        with stage("lower", model.name):
+            self.lowered = lower(model)
         self.targets = _targets(self.lowered, model, wrt)
         self.forward_results = [("loss", self.lowered.loss)] + list(self.lowered.outputs.items())
         self.naming = Naming(self.lowered.leaves, self.forward_results, {})
@@ -192,6 +199,9 @@ class _Planner:
             new = optimizer.update(param, grad, state, hyper, shared_now)
             for gradient in (grad, new["grad"]):
                 self.naming.names.setdefault(gradient, self.naming.claim(f"grad_{name}"))
+            for label, node in new.get("names", {}).items():  # the optimizer's intermediates
+                if node not in self.naming.names:
+                    self.naming.names[node] = self.naming.claim(label)
             results.append((name, new["param"]))
             results += [(state[k].attrs[0], new[k]) for k in optimizer.per_param_state]
         results += [(shared[k].attrs[0], v) for k, v in new_shared.items()]
@@ -210,10 +220,12 @@ def plan(model: Model, functions: Sequence[str] = DEFAULT_FUNCTIONS, wrt: Sequen
     if "train_step" in functions and optimizer is None:
         raise ModelError("train_step needs an optimizer, such as symbackprop.Adam(lr=1e-3)")
     planner = _Planner(model, wrt)
-    plans = [
-        p for kind in KINDS if kind in functions
-        for p in (planner.train_step(optimizer) if kind == "train_step" else getattr(planner, kind)())
-    ]
+    with stage("differentiate", model.name) as logged:  # and schedule: fuse, CSE, buffers
+        plans = [
+            p for kind in KINDS if kind in functions
+            for p in (planner.train_step(optimizer) if kind == "train_step" else getattr(planner, kind)())
+        ]
+        logged.detail(op_counts(plans))
     return Plan(planner.lowered, tuple(plans), tuple(n for n, _ in planner.targets), planner.naming)
 
 
@@ -226,9 +238,10 @@ def generate(
         raise ModelError(f"dtype must be one of {sorted(REAL_TYPES)}; got {dtype!r}")
     real = REAL_TYPES[dtype]
     the_plan = plan(model, functions, wrt, optimizer)
+    emitting = stage("emit", model.name).start()
     lowered = the_plan.lowered
     prefix = sanitize(model.name).lower()
-    namer = CNamer(frozenset({prefix}))
+    namer = CNamer(frozenset({prefix}) | (reserved_names(prefix) if "train_step" in functions else frozenset()))
     dims = {d: namer.name(str(d)) for d in lowered.dims}
     leaves = [(name, node.shape) for name, node in lowered.leaves.items()]
     emitted_functions = []
@@ -238,6 +251,13 @@ def generate(
         emitted_functions.append(
             emit_function(fn.schedule, namer, dims, real, inputs, outputs, SUMMARIES[fn.kind], prefix, fn.inplace)
         )
+    epoch = None
+    if "train_step" in functions:  # and a batch dimension: the whole epoch as one C function
+        step = the_plan.function("train_step")
+        batched = try_epoch_plan(lowered, step)
+        if batched is not None:
+            emitted_step = emitted_functions[the_plan.functions.index(step)]
+            epoch = epoch_c(batched, emitted_step, namer, dims, real, prefix)
     module = CModule(
         prefix=prefix,
         guard=f"{prefix.upper()}_H",
@@ -246,12 +266,14 @@ def generate(
         real_c=real.c,
         functions=tuple(emitted_functions),
         version=__version__,
+        epoch=epoch,
     )
     source, header, cdef = render(module)
     derivation = ""
     if "value_and_grad" in functions and "forward" in functions:
         forward, gradient = the_plan.function("forward").schedule, the_plan.function("value_and_grad").schedule
         derivation = render_derivation(derive(model.name, forward, gradient, dtype, list(lowered.leaves)))
+    emitting.stop()
     return Emitted(prefix, source, header, cdef, derivation, module), the_plan
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import sympy as sp
-from sympy.core.function import AppliedUndef, Application
+from sympy.core.function import Application, AppliedUndef
 from sympy.core.relational import Relational
 from sympy.functions.elementary.piecewise import ExprCondPair
 from sympy.logic.boolalg import BooleanAtom, BooleanFunction
@@ -136,9 +136,18 @@ def _broadcast_shape(shapes: list[Shape]) -> Shape:
 
 
 def matmul(a: Node, b: Node) -> Node:
+    """A @ B; a constant factor (every entry c, never stored in memory, e.g.
+    the seed 1 of a loss that is itself a product) folds into sums."""
     if a.shape[1] != b.shape[0]:
         raise ShapeMismatch(f"matrix product of shapes {a.shape} and {b.shape}")
-    return _node("matmul", (a, b), (a.shape[0], b.shape[1]))
+    shape = (a.shape[0], b.shape[1])
+    if is_const(a) and is_const(b):
+        return const(a.attrs[0] * b.attrs[0] * a.shape[1], shape)
+    if is_const(a):  # c * column sums of B, repeated on every row
+        return broadcast(map_(a.attrs[0] * placeholder(0), [reduce_sum(b, 0)]), shape)
+    if is_const(b):  # c * row sums of A, repeated in every column
+        return broadcast(map_(b.attrs[0] * placeholder(0), [reduce_sum(a, 1)]), shape)
+    return _node("matmul", (a, b), shape)
 
 
 def transpose(a: Node) -> Node:
@@ -380,6 +389,35 @@ class _Lowerer:
     def transpose(self, expr: sp.Transpose) -> Node:
         return transpose(self.lower(expr.arg))
 
+    def mat_pow(self, expr: sp.MatPow) -> Node:
+        """A**k for whole k >= 1 is a chain of products (SymPy writes A*A as
+        A**2); any power of a 1x1 matrix is elementwise (SymPy's
+        applyfunc(sqrt) of a 1x1 matrix gives M**(1/2))."""
+        base, exponent = expr.args
+        if shape_of(expr) == SCALAR:
+            return map_(placeholder(0) ** placeholder(1), [self.lower(base), self.lower(exponent)])
+        if not (exponent.is_Integer and exponent >= 1):
+            raise ModelError(
+                f"unsupported matrix operation MatPow (a matrix power other than A*A*...; for elementwise powers "
+                f"use HadamardPower): {expr}"
+            )
+        factor = self.lower(base)
+        product = factor
+        for _ in range(int(exponent) - 1):
+            product = matmul(product, factor)
+        return product
+
+    def adjoint(self, expr: sp.Adjoint) -> Node:
+        """The conjugate transpose, which for real values is the transpose
+        (SymPy's applyfunc(Abs) of a 1x1 matrix gives (M*Adjoint(M.T))**(1/2))."""
+        return transpose(self.lower(expr.arg))
+
+    def identity(self, expr: sp.Identity) -> Node:
+        """Only 1x1, which SymPy makes of OneMatrix(1, 1) in sums."""
+        if shape_of(expr) != SCALAR:
+            raise ModelError(f"unsupported matrix operation Identity of shape {expr.shape} (only 1x1): {expr}")
+        return const(1, SCALAR)
+
     def one_matrix(self, expr: sp.OneMatrix) -> Node:
         return const(1, shape_of(expr))
 
@@ -484,6 +522,9 @@ _MATRIX_RULES: dict[type, Callable[[_Lowerer, sp.Basic], Node]] = {
     sp.HadamardPower: _Lowerer.hadamard_power,
     ElementwiseApplyFunction: _Lowerer.apply_function,
     sp.Transpose: _Lowerer.transpose,
+    sp.MatPow: _Lowerer.mat_pow,
+    sp.Adjoint: _Lowerer.adjoint,
+    sp.Identity: _Lowerer.identity,
     sp.OneMatrix: _Lowerer.one_matrix,
     sp.ZeroMatrix: _Lowerer.zero_matrix,
 }

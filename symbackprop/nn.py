@@ -161,3 +161,95 @@ def binary_cross_entropy_with_logits(logits: sp.MatrixExpr, target: sp.MatrixExp
         raise ModelError(f"binary_cross_entropy_with_logits of shapes {logits.shape} and {target.shape}")
     positive = logits.applyfunc(lambda v: sp.Max(v, 0) + sp.log(1 + sp.exp(-sp.Abs(v))))
     return mean_all(positive - sp.HadamardProduct(logits, target))
+
+
+
+def shallow(fn, *args):
+    """fn(*args), with each matrix argument that is an expression (not a
+    MatrixSymbol) stood in for by a placeholder symbol while fn builds its
+    expression, then put back.
+
+    SymPy's matrix operators re-simplify their whole operands (doit) every
+    time, which costs time exponential in the depth of an expression that
+    reuses its parts, such as the state of an unrolled recurrent network:
+    apply helpers to such values through `shallow` (lstm_cell and gru_cell
+    do). The result is an ordinary SymPy expression.
+    """
+    back = {}
+    stand_ins = []
+    for arg in args:
+        if isinstance(arg, sp.MatrixExpr) and not isinstance(arg, sp.MatrixSymbol):
+            stand_in = sp.MatrixSymbol(sp.Dummy("shallow"), *arg.shape)
+            back[stand_in] = arg
+            arg = stand_in
+        stand_ins.append(arg)
+    out = fn(*stand_ins)
+    if not back:
+        return out
+    if isinstance(out, tuple):
+        return tuple(o.xreplace(back) for o in out)
+    return out.xreplace(back)
+
+
+def _gates(x, h, W, U, b, count: int, what: str) -> list:
+    """x W[k] + h U[k] + b[k] for each gate k (the h term left out when h is None)."""
+    if not (len(W) == len(b) == count and len(U) == count):
+        raise ModelError(f"{what} needs {count} input weights, recurrent weights and biases (one per gate); "
+                         f"got {len(W)}, {len(U)} and {len(b)}")
+    out = []
+    for w, u, bias in zip(W, U, b):
+        z = linear(x, w, bias)
+        if h is not None:
+            z = z + h * u
+        out.append(z)
+    return out
+
+
+def lstm_cell(x, h, c, W, U, b):
+    """One step of an LSTM (the equations of PyTorch's LSTMCell, with one bias
+    a gate), batch-major: for the gates input, forget, cell and output,
+
+        i = sigmoid(x W[0] + h U[0] + b[0])     f = sigmoid(x W[1] + h U[1] + b[1])
+        g = tanh(x W[2] + h U[2] + b[2])        o = sigmoid(x W[3] + h U[3] + b[3])
+        c' = f * c + i * g                      h' = o * tanh(c')
+
+    x is (batch, features); h and c are (batch, hidden), or None for the zero
+    state of the first step; W[k] is (features, hidden), U[k] (hidden, hidden)
+    and b[k] a row (1, hidden). Returns (h', c'). Unroll it over a fixed
+    number of steps for a recurrent network (see `shallow` for what to apply
+    to the states it returns).
+    """
+    if (h is None) != (c is None):
+        raise ModelError("lstm_cell needs both states h and c, or neither (the zero state)")
+
+    def cell(x, h, c):
+        zi, zf, zg, zo = _gates(x, h, W, U, b, 4, "lstm_cell")
+        i, f, g, o = sigmoid(zi), sigmoid(zf), tanh(zg), sigmoid(zo)
+        c_new = sp.HadamardProduct(i, g)
+        if c is not None:
+            c_new = sp.HadamardProduct(f, c) + c_new
+        return sp.HadamardProduct(o, tanh(c_new)), c_new
+
+    return shallow(cell, x, h, c)
+
+
+def gru_cell(x, h, W, U, b):
+    """One step of a GRU (PyTorch's GRUCell with its hidden bias b_hh zero),
+    batch-major: for the gates reset, update and candidate,
+
+        r = sigmoid(x W[0] + h U[0] + b[0])     z = sigmoid(x W[1] + h U[1] + b[1])
+        m = tanh(x W[2] + b[2] + r * (h U[2]))  h' = (1 - z) * m + z * h
+
+    with the shapes of lstm_cell; h is None for the zero state. Returns h'.
+    """
+
+    def cell(x, h):
+        zr, zz, zm = _gates(x, h, W, U, b, 3, "gru_cell")
+        keep = sigmoid(zz).applyfunc(lambda v: 1 - v)
+        if h is None:
+            return sp.HadamardProduct(keep, tanh(zm))
+        r, z = sigmoid(zr), sigmoid(zz)
+        m = tanh(linear(x, W[2], b[2]) + sp.HadamardProduct(r, h * U[2]))
+        return sp.HadamardProduct(keep, m) + sp.HadamardProduct(z, h)
+
+    return shallow(cell, x, h)

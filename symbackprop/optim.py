@@ -67,10 +67,14 @@ class Adam:
         m = map_(a0 * a1 + (1 - a0) * a2, [hyper["beta1"], state["m"], grad], p.shape)
         v = map_(a0 * a1 + (1 - a0) * a2**2, [hyper["beta2"], state["v"], grad], p.shape)
         step = shared["step"]  # the count after this step
-        m_hat = map_(a0 / (1 - a1**a2), [m, hyper["beta1"], step], p.shape)
-        v_hat = map_(a0 / (1 - a1**a2), [v, hyper["beta2"], step], p.shape)
+        # the bias corrections are scalars, computed once rather than per entry
+        correction1 = map_(1 - a0**a1, [hyper["beta1"], step])
+        correction2 = map_(1 - a0**a1, [hyper["beta2"], step])
+        m_hat = map_(a0 / a1, [m, correction1], p.shape)
+        v_hat = map_(a0 / a1, [v, correction2], p.shape)
         new_p = map_(a0 - a1 * a2 / (sp.sqrt(a3) + a4), [p, hyper["lr"], m_hat, v_hat, hyper["eps"]], p.shape)
-        return {"param": new_p, "m": m, "v": v, "grad": grad}
+        return {"param": new_p, "m": m, "v": v, "grad": grad,
+                "names": {"bias_correction1": correction1, "bias_correction2": correction2}}
 
     def shared_update(self, shared: dict[str, Node]) -> dict[str, Node]:
         return {"step": map_(a0 + 1, [shared["step"]])}

@@ -322,7 +322,7 @@ class CompiledModule:
         """
         return self.trainer.step(**arrays)
 
-    def train_epoch(self, batch_size: int, order: Any = None, **arrays: Any) -> np.ndarray:
+    def train_epoch(self, batch_size: Any = None, order: Any = None, /, **arrays: Any) -> np.ndarray:
         """train_step over every minibatch of the data inputs, in one C call
         (see Trainer.epoch); returns the minibatches' losses."""
         return self.trainer.epoch(batch_size, order, **arrays)
@@ -331,6 +331,18 @@ class CompiledModule:
     def optimizer_state(self) -> dict[str, np.ndarray]:
         """The optimizer's state arrays (momentum, moments, step count), by name."""
         return self.trainer.state
+
+    def as_torch(self, outputs: Sequence[str] = ()) -> Any:
+        """This module as a torch autograd function (see symbackprop.interop_torch)."""
+        from .interop_torch import as_torch
+
+        return as_torch(self, outputs)
+
+    def as_jax(self, outputs: Sequence[str] = ()) -> Any:
+        """This module as a JAX function with a custom VJP (see symbackprop.interop_jax)."""
+        from .interop_jax import as_jax
+
+        return as_jax(self, outputs)
 
     # --- the wider autograd surface -------------------------------------
 
@@ -566,6 +578,34 @@ def compile(
     return CompiledModule(model, emitted, plan, module.lib, module.ffi, folder, dtype, options, optimizer)
 
 
+class _ExpressionDigest:
+    """A hash of an expression's structure that visits each subexpression
+    object once (srepr and preorder_traversal walk every path of a shared
+    DAG, which is exponential for an unrolled recurrent model); Dummy
+    symbols are numbered in the order they are met."""
+
+    def __init__(self) -> None:
+        self.memo: dict[int, tuple[Any, str]] = {}
+        self.dummies: dict[sp.Dummy, int] = {}
+
+    def __call__(self, expr: Any) -> str:
+        import hashlib
+
+        found = self.memo.get(id(expr))
+        if found is not None:
+            return found[1]
+        if isinstance(expr, sp.Dummy):
+            number = self.dummies.setdefault(expr, len(self.dummies))
+            text = f"Dummy{number}{sorted(expr.assumptions0.items())}"
+        elif isinstance(expr, sp.Basic) and expr.args:
+            text = f"{type(expr).__name__}({','.join(self(a) for a in expr.args)})"
+        else:
+            text = sp.srepr(expr) if isinstance(expr, sp.Basic) else repr(expr)
+        value = hashlib.sha256(text.encode()).hexdigest()[:32]
+        self.memo[id(expr)] = (expr, value)  # holds expr so that its id stays unique
+        return value
+
+
 def model_fingerprint(model: Model, *settings: Any) -> str:
     """A hash of everything generation depends on: the model's expressions
     (SymPy's srepr, with Lambda's dummy variables numbered in order), the
@@ -573,16 +613,12 @@ def model_fingerprint(model: Model, *settings: Any) -> str:
     import hashlib
 
     expressions = [model.loss, *model.outputs.values()]
-    dummies: dict[sp.Basic, sp.Symbol] = {}
-    for expr in expressions:
-        for atom in sp.preorder_traversal(expr):
-            if isinstance(atom, sp.Dummy) and atom not in dummies:
-                dummies[atom] = sp.Symbol(f"_dummy{len(dummies)}", **atom.assumptions0)
+    digest = _ExpressionDigest()
     parts = [
         model.name,
         *(sp.srepr(leaf) for leaf in (*model.inputs, "|", *model.params, "|", *model.grad_inputs)),
         *model.outputs,
-        *(sp.srepr(sp.sympify(expr).xreplace(dummies)) for expr in expressions),
+        *(digest(sp.sympify(expr)) for expr in expressions),
         repr(settings),
         str(find_blas() is not None),
         package_digest(),

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .errors import ArgumentError
+from .errors import ArgumentError, ModelError
 
 
 class Trainer:
@@ -32,6 +32,7 @@ class Trainer:
         self._state_shapes = {arg: shapes[arg] for arg, role, _ in roles if role == "state"}
         self.state: dict[str, np.ndarray] = {}
         self._params = [name for name in function.plan.inplace if name in module.plan.lowered.leaves]
+        self._epoch: tuple[Any, Any, int] | None = None
 
     def _ensure_state(self, arrays: Mapping[str, Any]) -> None:
         """Zero state arrays, sized from the parameters, on the first step."""
@@ -55,6 +56,63 @@ class Trainer:
     def step(self, **arrays: Any) -> float:
         """One training step; returns the loss before the update."""
         return self.function.call(self._arguments(arrays))[0]
+
+    def epoch(self, batch_size: Any = None, order: Any = None, /, **arrays: Any) -> np.ndarray:
+        """One epoch in one C call: a training step on each minibatch of
+        `batch_size` rows of the data inputs (the inputs whose first dimension
+        is the batch dimension), in order, or in the row order `order` (an
+        integer array of the row numbers, such as rng.permutation(rows)). The
+        last minibatch is smaller when batch_size does not divide the rows
+        (as PyTorch's DataLoader with drop_last=False). Other arguments are
+        passed whole to every step, as to `step`. Returns the losses of the
+        minibatches, in the order they ran; the result is the same, bit for
+        bit, as calling `step` on each minibatch.
+
+        `batch_size` and `order` may be given by keyword, unless the model has
+        an input or parameter of that name (then they go by position).
+
+        Raises:
+            ArgumentError: the model has no batch dimension; batch_size is not
+                a positive integer; order is not a 1-D integer array of one
+                row number in 0 ... rows-1 for each row; or any argument
+                `step` would reject.
+        """
+        c_function, c_work_len, batch_index = self._epoch_function()
+        leaves = self.module.plan.lowered.leaves
+        if batch_size is None and "batch_size" in arrays and "batch_size" not in leaves:
+            batch_size = arrays.pop("batch_size")
+        if order is None and "order" in arrays and "order" not in leaves:
+            order = arrays.pop("order")
+        if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ArgumentError(f"batch_size must be a positive integer; got {batch_size!r}")
+        values, dims = self.function.bind(self._arguments(arrays))
+        rows = dims[batch_index]
+        other = [d for k, d in enumerate(dims) if k != batch_index]
+        batch = min(int(batch_size), rows)
+        order_array = None if order is None else _check_order(order, rows)
+        losses = np.empty(-(-rows // batch), dtype=self.module.dtype)
+        work = np.empty(max(c_work_len(rows, batch, *other), 1), dtype=self.module.dtype)
+        buf, ffi = self.function.from_buffer, self.function.ffi
+        status = c_function(rows, batch, *other, ffi.NULL if order_array is None else buf(order_array),
+                            *[buf(v) for v in values], buf(losses), buf(work))
+        if status != 0:  # the checks above make this unreachable: C checks again for C callers
+            raise ArgumentError(f"train_epoch failed with status {status} (rows={rows}, batch_size={batch}, dims={dims})")
+        return losses
+
+    def _epoch_function(self) -> tuple[Any, Any, int]:
+        """The C epoch function, its work_len, and the batch dimension's
+        position among the dimensions."""
+        if self._epoch is None:
+            from .epoch import epoch_plan
+
+            try:
+                plan = epoch_plan(self.module.plan.lowered, self.function.plan)
+            except ModelError as exc:
+                raise ArgumentError(str(exc)) from None
+            name = self.function.c_name.rsplit("_train_step", 1)[0] + "_train_epoch"
+            lib = self.function.lib
+            self._epoch = (getattr(lib, name), getattr(lib, name + "_work_len"), list(self.function.dims).index(plan.batch))
+        return self._epoch
 
     def save(self, path: str | Path, params: Mapping[str, np.ndarray]) -> None:
         """Write the parameters, the optimizer state and hyperparameters to .npz."""
@@ -84,3 +142,17 @@ def _check_writable(name: str, value: Any, dtype: np.dtype) -> None:
         raise ArgumentError(
             f"{name} is updated in place by train_step: pass a writable C-contiguous numpy array of dtype {dtype}; got {got}"
         )
+
+
+def _check_order(order: Any, rows: int) -> np.ndarray:
+    """The row order as a contiguous int64 array, checked so that C never
+    reads outside the data."""
+    array = np.asarray(order) if isinstance(order, (np.ndarray, list, tuple)) else None
+    if array is None or array.dtype.kind not in "iu" or array.ndim != 1:
+        what = f"{array.ndim}-D array of {array.dtype}" if array is not None else type(order).__name__
+        raise ArgumentError(f"order must be a 1-D array of integer row numbers (such as rng.permutation({rows})); got a {what}")
+    if array.shape[0] != rows:
+        raise ArgumentError(f"order must hold one row number per row of the data ({rows}); got {array.shape[0]}")
+    if rows and (array.min() < 0 or array.max() >= rows):
+        raise ArgumentError(f"order must hold row numbers in 0 ... {rows - 1}; got values from {array.min()} to {array.max()}")
+    return np.ascontiguousarray(array, dtype=np.int64)

@@ -1,3 +1,4 @@
+import functools
 import importlib.util
 import os
 import sys
@@ -6,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from symbackprop.build import CACHE_ENV
+from symbackprop.model import Model
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -20,8 +22,12 @@ def load_example(name: str):
     return module
 
 
+@functools.lru_cache(maxsize=None)
 def example_names() -> list[str]:
-    return sorted(p.stem for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))
+    """The example files that define a `model` (scripts such as
+    train_digits.py define none, and `symbackprop build` skips them too)."""
+    files = sorted(p.stem for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))
+    return [name for name in files if isinstance(getattr(load_example(name), "model", None), Model)]
 
 
 def pytest_addoption(parser):

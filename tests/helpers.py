@@ -5,8 +5,9 @@ for a model's leaves, and a gradient check against central differences."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from functools import reduce
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import sympy as sp
@@ -65,8 +66,11 @@ class Evaluator:
             return reduce(np.multiply, [self.matrix(a) for a in expr.args])
         if isinstance(expr, sp.HadamardPower):
             return np.power(self.matrix(expr.base), self.scalar(expr.exp))
-        if isinstance(expr, sp.Transpose):
+        if isinstance(expr, (sp.Transpose, sp.Adjoint)):  # real values
             return self.matrix(expr.arg).T
+        if isinstance(expr, sp.MatPow):  # 1x1: any power; else a whole one (A*A*...)
+            base, exponent = self.matrix(expr.base), self.scalar(expr.exp)
+            return np.power(base, exponent) if base.shape == (1, 1) else np.linalg.matrix_power(base, int(exponent))
         if isinstance(expr, ElementwiseApplyFunction):
             var = sp.Dummy("v")
             self.bound[var] = self.matrix(expr.expr)

@@ -52,4 +52,30 @@ def mnist_mlp_loss(d: dict) -> float:
     return float(np.mean(lse - (d["T"] * z).sum(axis=1)))
 
 
-NUMPY_LOSSES = {"mlp": mlp_loss, "relu_net": relu_net_loss, "mnist_mlp": mnist_mlp_loss}
+def lstm_sequence_outputs(d: dict, steps: int = 8) -> np.ndarray:
+    """The logit of examples/lstm_sequence.py: an LSTM (PyTorch's LSTMCell
+    equations, one bias a gate) over x1 ... x8 from the zero state, then a
+    linear layer."""
+    h = c = None
+    for t in range(1, steps + 1):
+        x = d[f"x{t}"]
+        z = {g: x @ d[f"W_{g}"] + d[f"b_{g}"] + (0.0 if h is None else h @ d[f"U_{g}"]) for g in "ifgo"}
+        i, f, g, o = sigmoid(z["i"]), sigmoid(z["f"]), np.tanh(z["g"]), sigmoid(z["o"])
+        c = i * g if c is None else f * c + i * g
+        h = o * np.tanh(c)
+    return h @ d["V"] + d["c0"]
+
+
+def lstm_sequence_loss(d: dict) -> float:
+    """Binary cross-entropy with logits, in the form log(1 + exp(z)) - y z."""
+    z = lstm_sequence_outputs(d)
+    return float(np.mean(np.logaddexp(0.0, z) - d["y"] * z))
+
+
+NUMPY_LOSSES = {
+    "mlp": mlp_loss,
+    "relu_net": relu_net_loss,
+    "mnist_mlp": mnist_mlp_loss,
+    "digits_mlp": mnist_mlp_loss,  # the same network: tanh MLP, softmax cross-entropy
+    "lstm_sequence": lstm_sequence_loss,
+}

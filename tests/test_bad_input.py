@@ -225,3 +225,18 @@ def test_a_rejected_call_leaves_the_module_usable(mod):
             with pytest.raises(sbp.ArgumentError):
                 mod.value_and_grad(**_arguments(changes))
     assert mod.value_and_grad(**GOOD)[0] == expected
+
+
+def test_float64_into_a_float32_module():
+    mod32 = sbp.compile(MODEL, dtype="float32")
+    with pytest.raises(sbp.ArgumentError) as info:
+        mod32.value_and_grad(**GOOD)
+    assert "X must have dtype float32; got float64" in str(info.value)
+    loss, grads = mod32.value_and_grad(**{k: (v.astype(np.float32) if isinstance(v, np.ndarray) else v) for k, v in GOOD.items()})
+    assert grads["W"].dtype == np.float32
+    assert loss == pytest.approx(_numpy_loss(), rel=1e-5)
+
+
+def _numpy_loss() -> float:
+    residual = GOOD["X"] @ GOOD["W"] + GOOD["b"] - GOOD["T"]
+    return float(np.mean(residual**2))

@@ -33,7 +33,8 @@ CASES = [
     # unsupported SymPy nodes
     ("Inverse", lambda: matrix_model(a * nn.sum_all(sp.Inverse(S)), inputs=[S], params=[a]),
      ("unsupported matrix operation Inverse", "S**(-1)")),
-    ("MatPow", lambda: matrix_model(a * nn.sum_all(S**2), inputs=[S], params=[a]), ("MatPow", "S**2")),
+    ("MatPow", lambda: matrix_model(a * nn.sum_all(S ** sp.Rational(1, 2)), inputs=[S], params=[a]), ("MatPow", "S**(1/2)")),
+    ("MatPow-negative", lambda: matrix_model(a * nn.sum_all(S**-2), inputs=[S], params=[a]), ("MatPow", "S**(-2)")),
     ("Identity", lambda: matrix_model(nn.sum_all(S + sp.Identity(3)), inputs=[], params=[S]), ("Identity",)),
     ("Trace", lambda: matrix_model(a * sp.Trace(S), inputs=[S], params=[a]), ("unsupported scalar operation Trace", "Trace(S)")),
     ("Determinant", lambda: matrix_model(a * sp.Determinant(S), inputs=[S], params=[a]), ("Determinant", "Determinant(S)")),

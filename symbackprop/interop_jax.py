@@ -1,0 +1,161 @@
+"""A compiled module as a JAX function with a custom VJP.
+
+    f = symbackprop.interop_jax.as_jax(mod)        # or mod.as_jax()
+    loss = f(X=x, T=t, W1=w1, ...)                 # arrays by keyword; a 0-d array
+    grads = jax.grad(lambda p: f(X=x, T=t, **p))(params)
+    jax.jit(jax.value_and_grad(lambda p: f(X=x, T=t, **p)))(params)
+
+The C code runs through `jax.pure_callback` (on the host), so the function
+works under `jax.jit`, `jax.grad` and `jax.value_and_grad`; the forward
+pass of a gradient makes one `value_and_grad` C call and keeps the
+gradients as residuals, and the backward pass scales them by the
+cotangent. With `outputs=("Y",)` the function returns
+`(loss, {"Y": array})` (one more C call, `forward`), and cotangents of the
+outputs are carried back by `mod.vjp`.
+
+Arguments the module does not differentiate (not in `mod.wrt`) are
+treated as constants: their cotangent is zero. Batching (`jax.vmap`) calls
+the module once per example (`vmap_method="sequential"`).
+
+Precision: JAX computes in float32 unless `jax.config.update("jax_enable_x64",
+True)` is set. The arrays are converted to the module's dtype on the host
+and the results come back in the dtype of the arguments, so a float64
+module called without x64 computes in float64 and rounds its results to
+float32. Enable x64 for float64 results (the tests do).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sympy as sp
+
+from ._interop import check_outputs, differentiable, leaf_names, scaled_gradients
+from .errors import ArgumentError
+
+
+class JaxFunction:
+    """The compiled module as a function of JAX arrays (see the module's docstring)."""
+
+    def __init__(self, mod: Any, outputs: Sequence[str] = ()):
+        self.mod = mod
+        self.names = leaf_names(mod)
+        self.outputs = check_outputs(mod, outputs)
+        self.wrt = differentiable(mod)
+        self._core = self._make_core()
+
+    # --- the host side: numpy in, numpy out --------------------------------
+
+    def _arrays(self, values: Sequence[Any]) -> dict[str, Any]:
+        return {name: np.asarray(v, dtype=self.mod.dtype) for name, v in zip(self.names, values)}
+
+    def _output_shapes(self, values: Sequence[Any]) -> list[tuple[int, ...]]:
+        """The named outputs' shapes, from the plan and the arguments' shapes."""
+        leaves = self.mod.plan.lowered.leaves
+        bound: dict[sp.Symbol, int] = {}
+        for name, value in zip(self.names, values):
+            for want, got in zip(leaves[name].shape, np.shape(value)):
+                if isinstance(want, sp.Symbol):
+                    bound[want] = int(got)
+        shapes = []
+        for name in self.outputs:
+            node = self.mod.plan.lowered.outputs[name]
+            shape = tuple(bound[d] if isinstance(d, sp.Symbol) else int(d) for d in node.shape)
+            scalar = not isinstance(self.mod.model.outputs[name], (sp.MatrixExpr, sp.MatrixBase))
+            shapes.append(() if scalar else shape)
+        return shapes
+
+    def _result_types(self, values: Sequence[Any], dtype: Any) -> tuple[Any, ...]:
+        return (jax.ShapeDtypeStruct((), dtype),
+                *(jax.ShapeDtypeStruct(s, dtype) for s in self._output_shapes(values)))
+
+    def _host_forward(self, *values: Any) -> tuple[np.ndarray, ...]:
+        dtype = np.asarray(values[0]).dtype if values else self.mod.dtype
+        results = self.mod.forward(**self._arrays(values))
+        return (np.asarray(results["loss"], dtype=dtype),
+                *(np.asarray(results[o], dtype=dtype) for o in self.outputs))
+
+    def _host_value_and_grad(self, *values: Any) -> tuple[np.ndarray, ...]:
+        dtype = np.asarray(values[0]).dtype
+        arrays = self._arrays(values)
+        loss, grads = self.mod.value_and_grad(**arrays)
+        grads = scaled_gradients(self.mod, arrays, grads, 1.0, {})
+        outs = []
+        if self.outputs:
+            results = self.mod.forward(**arrays)
+            outs = [np.asarray(results[o], dtype=dtype) for o in self.outputs]
+        return (np.asarray(loss, dtype=dtype), *outs,
+                *(np.asarray(grads[n], dtype=dtype).reshape(np.shape(values[self.names.index(n)])) for n in self.wrt))
+
+    def _host_vjp(self, *values: Any) -> tuple[np.ndarray, ...]:
+        """Gradients of sum(seed_y * y) summed over the outputs y."""
+        count = len(self.names)
+        arrays = self._arrays(values[:count])
+        seeds = dict(zip(self.outputs, (np.asarray(s, dtype=self.mod.dtype) for s in values[count:])))
+        dtype = np.asarray(values[0]).dtype
+        grads = scaled_gradients(self.mod, arrays, {n: np.zeros(np.shape(arrays[n])) for n in self.wrt}, 0.0, seeds)
+        return tuple(np.asarray(grads[n], dtype=dtype) for n in self.wrt)
+
+    # --- the JAX side --------------------------------------------------
+
+    def _make_core(self) -> Any:
+        names, wrt, outputs = self.names, self.wrt, self.outputs
+
+        def dtype_of(values):
+            return jnp.result_type(*values) if values else jnp.float64
+
+        @jax.custom_vjp
+        def core(*values):
+            types = self._result_types(values, dtype_of(values))
+            return jax.pure_callback(self._host_forward, types, *values, vmap_method="sequential")
+
+        def fwd(*values):
+            dtype = dtype_of(values)
+            types = self._result_types(values, dtype)
+            grad_types = tuple(jax.ShapeDtypeStruct(jnp.shape(values[names.index(n)]), dtype) for n in wrt)
+            results = jax.pure_callback(self._host_value_and_grad, (*types, *grad_types), *values,
+                                        vmap_method="sequential")
+            primal = results[: 1 + len(outputs)]
+            return tuple(primal), (values, results[1 + len(outputs):])
+
+        def bwd(residuals, cotangents):
+            values, grads = residuals
+            g_loss, g_outputs = cotangents[0], cotangents[1:]
+            by_name = {n: g_loss * g for n, g in zip(wrt, grads)}
+            if outputs:
+                dtype = dtype_of(values)
+                grad_types = tuple(jax.ShapeDtypeStruct(jnp.shape(values[names.index(n)]), dtype) for n in wrt)
+                extra = jax.pure_callback(self._host_vjp, grad_types, *values, *g_outputs, vmap_method="sequential")
+                by_name = {n: by_name[n] + e for n, e in zip(wrt, extra)}
+            return tuple(by_name[n] if n in by_name else jnp.zeros_like(v) for n, v in zip(names, values))
+
+        core.defvjp(fwd, bwd)
+        return core
+
+    def __call__(self, **arrays: Any) -> Any:
+        missing = [n for n in self.names if n not in arrays]
+        unknown = [n for n in arrays if n not in self.names]
+        if missing or unknown:
+            raise ArgumentError(f"missing {missing}, unknown {unknown}; expected the arguments {list(self.names)}")
+        results = self._core(*(jnp.asarray(arrays[n]) for n in self.names))
+        if not self.outputs:
+            return results[0]
+        return results[0], dict(zip(self.outputs, results[1:]))
+
+
+def as_jax(mod: Any, outputs: Sequence[str] = ()) -> JaxFunction:
+    """A function of JAX arrays by keyword returning the loss (a 0-d array),
+    differentiable by jax.grad and traceable by jax.jit; with `outputs`,
+    `(loss, {name: array})`.
+
+    Raises:
+        ArgumentError: an output name the model lacks; on call, missing or
+            unknown arguments.
+    """
+    return JaxFunction(mod, outputs)
+
+
+__all__ = ["JaxFunction", "as_jax"]

@@ -1,0 +1,54 @@
+"""Pipeline logging: each stage with its duration, cache hits and misses."""
+
+import logging
+import re
+
+import sympy as sp
+
+import symbackprop as sbp
+from symbackprop import nn
+from symbackprop.build import BuildOptions
+from symbackprop.cli import main
+
+
+def small_model():
+    x, w = sp.MatrixSymbol("x", 2, 1), sp.MatrixSymbol("w", 1, 2)
+    return sbp.Model("logged", inputs=[x], params=[w], loss=nn.sum_all(nn.tanh(w * x)))
+
+
+def test_stages_of_a_fresh_compile_then_a_cache_hit(tmp_path, caplog):
+    options = BuildOptions(cache_dir=tmp_path)
+    caplog.set_level(logging.INFO, logger="symbackprop")
+    sbp.compile(small_model(), options=options)
+    lines = [r.getMessage() for r in caplog.records if r.name == "symbackprop"]
+    for name in ("lower logged", "differentiate logged", "emit logged", "C compile logged"):
+        assert any(re.match(rf"{name}: \d+\.\d{{3}} s", line) for line in lines), (name, lines)
+    ops = next(line for line in lines if line.startswith("differentiate"))
+    before, after = map(int, re.search(r"value_and_grad: (\d+) -> (\d+) scalar ops", ops).groups())
+    assert 0 < after <= before
+    assert any(line.startswith(f"cache miss: {tmp_path}/") for line in lines), lines
+    assert not any(line.startswith("cache hit") for line in lines)
+    caplog.clear()
+    sbp.compile(small_model(), options=options)
+    lines = [r.getMessage() for r in caplog.records if r.name == "symbackprop"]
+    assert any(line.startswith(f"cache hit: {tmp_path}") for line in lines), lines
+    assert not any(line.startswith(("lower", "C compile", "cache miss")) for line in lines)
+
+
+def test_build_verbose_logs_to_stderr(tmp_path, capsys):
+    logger = logging.getLogger("symbackprop")
+    handlers, level = list(logger.handlers), logger.level
+    try:
+        model_file = tmp_path / "m.py"
+        model_file.write_text(
+            "import sympy as sp\nimport symbackprop as sbp\n"
+            "a = sp.Symbol('a')\nmodel = sbp.Model('cli_logged', params=[a], loss=a**2)\n"
+        )
+        assert main(["build", str(model_file), "--out", str(tmp_path / "out"), "-v"]) == 0
+        err = capsys.readouterr().err
+        for name in ("lower", "differentiate", "emit"):
+            assert re.search(rf"^symbackprop: {name} cli_logged: \d+\.\d+ s", err, re.MULTILINE), err
+    finally:
+        for handler in logger.handlers[len(handlers):]:
+            logger.removeHandler(handler)
+        logger.setLevel(level)
