@@ -16,7 +16,9 @@ from typing import Sequence
 import jinja2
 import sympy as sp
 from sympy.printing.c import C99CodePrinter
+from sympy.printing.codeprinter import PrintMethodNotImplementedError
 
+from .errors import ModelError
 from .cnames import CNamer, comment_text, sanitize
 from .schedule import (
     LOOP_I,
@@ -105,6 +107,20 @@ class ScalarPrinter(C99CodePrinter):
         return self._print(sp.Float(0.0))
 
 
+class _Checked:
+    """A printer whose failure to print names the expression and its kernel."""
+
+    def __init__(self, printer: ScalarPrinter, kernel: object):
+        self.printer, self.kernel = printer, kernel
+
+    def doprint(self, expr: sp.Expr) -> str:
+        try:
+            return self.printer.doprint(expr)
+        except PrintMethodNotImplementedError as exc:
+            what = "; ".join(e.comment for e in self.kernel.equations)
+            raise ModelError(f"{exc}: C has no equivalent, in {what}") from None
+
+
 class IndexPrinter(C99CodePrinter):
     """Integer index arithmetic: dimensions print as their C names."""
 
@@ -117,6 +133,13 @@ class IndexPrinter(C99CodePrinter):
 
     def _print_Integer(self, expr: sp.Integer) -> str:
         return str(int(expr))
+
+    def _print_Pow(self, expr: sp.Pow) -> str:
+        """Integer powers of dimensions as products: pow() is floating point."""
+        base, exp = expr.args
+        if exp.is_Integer and exp > 0:
+            return "*".join([self.parenthesize(base, sp.printing.precedence.PRECEDENCE["Mul"])] * int(exp))
+        raise ModelError(f"dimension expression {expr} is not a product of dimensions")
 
 
 # --- what the templates get -------------------------------------------------
@@ -273,7 +296,7 @@ class FunctionEmitter:
                     text[sym] = local
         text.update({d: f"(({self.real.c}){c})" for d, c in self.dims.items()})
         temps_text = {sym: str(sym) for sym, _ in kernel.temps}
-        printer = ScalarPrinter({**text, **temps_text}, self.real)
+        printer = _Checked(ScalarPrinter({**text, **temps_text}, self.real), kernel)
         cols = kernel.shape[1]
         out_index = sp.expand(i * (cols if kernel.shape[0] != 1 else 0) + j)
         out_index_text = self.index.doprint(out_index)
@@ -350,7 +373,10 @@ class FunctionEmitter:
         return {
             "out": self.namer.name(kernel.out),
             "size": self.dim(kernel.size),
-            "entries": [(str(index), self.access(view, zero, zero)) for index, view in kernel.entries],
+            "entries": [
+                (str(index), self.access(where, zero, zero) if isinstance(where, View) else _Checked(ScalarPrinter({}, self.real), kernel).doprint(where))
+                for index, where in kernel.entries
+            ],
         }
 
 

@@ -7,6 +7,7 @@ Matrices are row-major batches: X is (batch, features), W is (in, out).
 from __future__ import annotations
 
 import sympy as sp
+from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 
 from .errors import ModelError
 
@@ -32,7 +33,12 @@ def linear(x: sp.MatrixExpr, w: sp.MatrixExpr, b: sp.MatrixExpr | None = None) -
 
 
 def _elementwise(x, fn):
-    if isinstance(x, (sp.MatrixExpr, sp.MatrixBase)):
+    if isinstance(x, sp.MatrixExpr):
+        v = sp.Dummy("v", real=True)
+        if x.shape == (1, 1):  # its constructor would try fn(x) on the matrix
+            return sp.MatrixExpr.__new__(ElementwiseApplyFunction, sp.Lambda(v, fn(v)), x)
+        return ElementwiseApplyFunction(sp.Lambda(v, fn(v)), x)
+    if isinstance(x, sp.MatrixBase):
         return x.applyfunc(fn)
     return fn(x)
 

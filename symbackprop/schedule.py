@@ -110,7 +110,7 @@ class ReduceKernel:
 class PackKernel:
     out: str
     size: object
-    entries: tuple[tuple[int, View], ...]
+    entries: tuple[tuple[int, View | sp.Expr], ...]  # (flat index, where the value is, or the value)
     equations: tuple[Equation, ...]
     kind: str = "pack"
 
@@ -431,10 +431,14 @@ class _Scheduler:
             return self._reduce_kernel(node, out)
         if node.op == "pack":
             rows, cols = node.shape
-            entries = tuple((i * cols + j, self.view(arg)) for (i, j), arg in zip(node.attrs[0], node.args))
+            # a constant entry is its value: constants have no buffer
+            entries = tuple(
+                (i * cols + j, arg.attrs[0] if is_const(arg) else self.view(arg))
+                for (i, j), arg in zip(node.attrs[0], node.args)
+            )
             matrix = sp.zeros(rows, cols)
             for (i, j), arg in zip(node.attrs[0], node.args):
-                matrix[i, j] = sp.Symbol(self._label(arg))
+                matrix[i, j] = arg.attrs[0] if is_const(arg) else sp.Symbol(self._label(arg))
             return PackKernel(out, rows * cols, entries, (_equation(out, sp.ImmutableMatrix(matrix)),))
         raise AssertionError(f"no kernel for op {node.op}")
 
@@ -527,7 +531,7 @@ def kernel_reads(kernel: Kernel) -> list[str]:
         return [kernel.a.buffer, kernel.b.buffer]
     if isinstance(kernel, ReduceKernel):
         return [kernel.src.buffer]
-    return [view.buffer for _, view in kernel.entries]
+    return [view.buffer for _, view in kernel.entries if isinstance(view, View)]
 
 
 __all__ = ["FunctionSchedule", "Kernel", "Naming", "SCALAR", "schedule"]

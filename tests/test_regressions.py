@@ -57,9 +57,6 @@ def test_product_of_a_matrix_with_itself(rows):
     _check(sbp.Model("matpow", inputs=[X], params=[A], loss=loss), {n: 3})
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "codegen.py IndexPrinter prints a squared symbolic dimension as pow(n, 2), a double: "
-    "'double *t0 = work + pow(n, 2)' does not compile (also work_len and the BLAS threshold go through pow)"))
 def test_workspace_offset_of_a_squared_dimension():
     D1, D2 = sp.MatrixSymbol("D1", n, 2), sp.MatrixSymbol("D2", 2, n)
     model = sbp.Model("square_dim", inputs=[D1, D2], params=[sp.Symbol("s")],
@@ -67,17 +64,11 @@ def test_workspace_offset_of_a_squared_dimension():
     _check(model, {n: 3})
 
 
-@pytest.mark.xfail(strict=False, raises=ValueError, reason=(
-    "nn.py relu: SymPy's applyfunc on a 1x1 matrix calls the function on the matrix itself, "
-    "and Max(M, 0) raises 'The argument is not comparable'"))
 def test_relu_of_a_one_by_one_matrix():
     M = sp.MatrixSymbol("M", 1, 1)
     _check(sbp.Model("relu_1x1", inputs=[], params=[M], loss=nn.sum_all(nn.relu(M))))
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "codegen.py ScalarPrinter: a function (or a derivative) with no C equivalent raises SymPy's "
-    "PrintMethodNotImplementedError, not a ModelError naming the expression"))
 @pytest.mark.parametrize("loss", ["gamma", "loggamma", "besselj"])
 def test_function_without_c_is_a_model_error(loss):
     a = sp.Symbol("a")

@@ -140,3 +140,13 @@ def test_documented_tie_of_max():
     mod = sbp.compile(sbp.Model("tie", params=[a, b], loss=sp.Max(a, b)))
     assert mod.value_and_grad(a=1.0, b=1.0) == (1.0, {"a": 0.0, "b": 0.0})
     assert mod.value_and_grad(a=2.0, b=1.0) == (2.0, {"a": 1.0, "b": 0.0})
+
+
+def test_explicit_matrix_of_constants():
+    """X @ [[0], [1], [0]] selects X's middle column (a pack of constants)."""
+    X = sp.MatrixSymbol("X", 4, 3)
+    mod = sbp.compile(sbp.Model("constants", params=[X], loss=nn.sum_all(X * sp.Matrix([[0], [1], [0]]))))
+    x = np.arange(12.0).reshape(4, 3)
+    loss, grads = mod.value_and_grad(X=x)
+    assert loss == x[:, 1].sum()
+    np.testing.assert_array_equal(grads["X"], np.tile([0.0, 1.0, 0.0], (4, 1)))
