@@ -205,8 +205,13 @@ class CModule:
         return "dgemm" if self.real_c == "double" else "sgemm"
 
     @property
-    def uses_blas(self) -> bool:
-        return any(k.kind == "matmul" and k.fields["blas"] for f in self.functions for k in f.kernels)
+    def uses_matmul(self) -> bool:
+        """Whether a product calls the module's matmul helper."""
+        return any(k.kind == "matmul" and k.fields["call"] for f in self.functions for k in f.kernels)
+
+    @property
+    def blas_min(self) -> int:
+        return BLAS_MIN_MULTIPLY_ADDS
 
     @property
     def uses_parallel(self) -> bool:
@@ -310,45 +315,29 @@ class FunctionEmitter:
         }
 
     def _matmul(self, kernel: MatMulKernel) -> dict:
+        """Small products of fixed shapes as inline loops with constant trip
+        counts (the C compiler unrolls them); the rest as one call of the
+        module's matmul helper, which hands large ones to BLAS."""
+        size = sp.sympify(kernel.m) * kernel.k * kernel.n
+        if not size.is_Number or size >= BLAS_MIN_MULTIPLY_ADDS:
+            operands = [
+                (f"{self.namer.name(v.buffer)} + {self.dim(v.offset)}".replace(" + 0", ""), self.dim(v.row_stride), self.dim(v.col_stride))
+                for v in (kernel.a, kernel.b)
+            ]
+            args = [self.dim(kernel.m), self.dim(kernel.n), self.dim(kernel.k), *operands[0], *operands[1], self.namer.name(kernel.out)]
+            return {"call": ", ".join(args)}
         b_rows_contiguous = kernel.b.col_stride == 1 or kernel.n == 1
-        order = "ikj" if b_rows_contiguous else "ijk"
         out = View(kernel.out, sp.Integer(0), sp.sympify(kernel.n), sp.Integer(1))
         return {
-            "order": order,
+            "call": None,
+            "order": "ikj" if b_rows_contiguous else "ijk",
             "m": self.dim(kernel.m),
             "k": self.dim(kernel.k),
             "n": self.dim(kernel.n),
             "a": self.access(kernel.a, LOOP_I, LOOP_K),
             "b": self.access(kernel.b, LOOP_K, LOOP_J),
             "c": self.access(out, LOOP_I, LOOP_J),
-            "blas": self._blas_call(kernel),
-            "blas_if": self._blas_condition(kernel),
         }
-
-    def _blas_condition(self, kernel: MatMulKernel) -> str | None:
-        """C test of a product's size when it depends on symbolic dimensions."""
-        size = sp.sympify(kernel.m) * kernel.k * kernel.n
-        return None if size.is_Number else f"{self.index.doprint(size)} >= {BLAS_MIN_MULTIPLY_ADDS}"
-
-    def _blas_call(self, kernel: MatMulKernel) -> str | None:
-        """The arguments of a row-major cblas ?gemm for a product big enough
-        to gain from it, when both operands are plain or transposed buffers."""
-        m, k, n = (sp.sympify(d) for d in (kernel.m, kernel.k, kernel.n))
-        size = m * k * n
-        if size.is_Number and size < BLAS_MIN_MULTIPLY_ADDS:
-            return None
-        a = _blas_layout(kernel.a, m, k)
-        b = _blas_layout(kernel.b, k, n)
-        if a is None or b is None:
-            return None
-        args = [
-            "101",  # CblasRowMajor
-            a[0], b[0], self.dim(m), self.dim(n), self.dim(k), "1",
-            f"{self.namer.name(kernel.a.buffer)} + {self.dim(kernel.a.offset)}", self.dim(a[1]),
-            f"{self.namer.name(kernel.b.buffer)} + {self.dim(kernel.b.offset)}", self.dim(b[1]),
-            "0", self.namer.name(kernel.out), self.dim(n),
-        ]
-        return ", ".join(a.replace(" + 0", "") for a in args)
 
     def _reduce(self, kernel: ReduceKernel) -> dict:
         outer, inner = (LOOP_J, LOOP_I) if kernel.axis == 0 else (LOOP_I, LOOP_J)
@@ -401,23 +390,6 @@ def _worth_threads(rows: object) -> bool:
 # Products with fewer multiply-adds than this stay as inline loops, which
 # the C compiler unrolls for fixed small shapes; a BLAS call costs ~1 us.
 BLAS_MIN_MULTIPLY_ADDS = 4096
-NO_TRANS, TRANS = "111", "112"  # CblasNoTrans, CblasTrans
-
-
-def _blas_layout(view: View, rows: sp.Expr, cols: sp.Expr) -> tuple[str, sp.Expr] | None:
-    """(transpose flag, leading dimension) reading `view` as a rows x cols
-    row-major matrix, or None when its strides are no BLAS layout."""
-    row = view.row_stride if rows != 1 else None  # a length-1 axis's stride is never used
-    col = view.col_stride if cols != 1 else None
-    if row == 0 or col == 0:  # broadcast
-        return None
-    if col in (None, 1):  # rows contiguous: the matrix as stored
-        return NO_TRANS, row if row is not None else cols
-    if row in (None, 1):  # columns contiguous: the transpose of a stored matrix
-        return TRANS, col if col is not None else rows
-    return None
-
-
 @lru_cache(maxsize=1)
 def template_environment() -> jinja2.Environment:
     env = jinja2.Environment(

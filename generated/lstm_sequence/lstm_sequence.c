@@ -47,8 +47,8 @@ __attribute__((simd("notinbranch"))) double tanh(double);
 
 /* Large matrix products call a row-major cblas_dgemm when the file is
  * compiled with -DSYMBACKPROP_CBLAS (and linked to a BLAS); the name can be
- * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise they
- * run as the plain loops below each call. */
+ * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise
+ * lstm_sequence_matmul runs them as plain loops. */
 #ifdef SYMBACKPROP_CBLAS
 #ifndef SYMBACKPROP_CBLAS_DGEMM
 #define SYMBACKPROP_CBLAS_DGEMM cblas_dgemm
@@ -58,6 +58,56 @@ void SYMBACKPROP_GEMM(int order, int trans_a, int trans_b, int m, int n, int k, 
                       const double *a, int lda, const double *b, int ldb, double beta,
                       double *c, int ldc);
 #endif
+
+#ifdef SYMBACKPROP_CBLAS
+/* A rows x cols operand read at p[i*rs + j*cs] as a row-major BLAS matrix:
+ * its transpose flag (0 if it is none, e.g. broadcast) and leading dimension. */
+static int lstm_sequence_blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int *ld)
+{
+    if ((cs == 1 || cols == 1) && (rows == 1 || rs >= cols)) {
+        *ld = (int)(rows == 1 ? cols : rs);
+        return 111; /* CblasNoTrans */
+    }
+    if ((rs == 1 || rows == 1) && (cols == 1 || cs >= rows)) {
+        *ld = (int)(cols == 1 ? rows : cs);
+        return 112; /* CblasTrans */
+    }
+    return 0;
+}
+#endif
+
+/* c (m x n, contiguous) = A (m x k) @ B (k x n), where A[i][p] is
+ * a[i*a_rs + p*a_cs] and B[p][j] is b[p*b_rs + j*b_cs]. Large products go
+ * to BLAS when compiled with -DSYMBACKPROP_CBLAS; the rest are plain loops. */
+static void lstm_sequence_matmul(int64_t m, int64_t n, int64_t k,
+                                 const double *a, int64_t a_rs, int64_t a_cs,
+                                 const double *b, int64_t b_rs, int64_t b_cs, double *c)
+{
+#ifdef SYMBACKPROP_CBLAS
+    if (m * n * k >= 4096) {
+        int lda = 1, ldb = 1;
+        const int trans_a = lstm_sequence_blas_layout(m, k, a_rs, a_cs, &lda);
+        const int trans_b = lstm_sequence_blas_layout(k, n, b_rs, b_cs, &ldb);
+        if (trans_a && trans_b) {
+            SYMBACKPROP_GEMM(101, trans_a, trans_b, (int)m, (int)n, (int)k, 1, a, lda, b, ldb, 0, c, (int)n);
+            return;
+        }
+    }
+#endif
+    for (int64_t i = 0; i < m; ++i) {
+        double *row = c + i * n;
+        for (int64_t j = 0; j < n; ++j) {
+            row[j] = 0;
+        }
+        for (int64_t p = 0; p < k; ++p) {
+            const double scale = a[i * a_rs + p * a_cs];
+            const double *from = b + p * b_rs;
+            for (int64_t j = 0; j < n; ++j) {
+                row[j] += scale * from[j * b_cs];
+            }
+        }
+    }
+}
 
 size_t lstm_sequence_forward_work_len(int64_t n)
 {
@@ -102,24 +152,7 @@ int lstm_sequence_forward(
 
     /* t0 = x1 @ W_o */
     double *t0 = work; /* n x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x1_, 1, W_o, 8, 0, t0, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t0[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x1_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t0[8*i + j] += acc * W_o[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x1_, 1, 0, W_o, 0, 1, t0);
 
     /* t1 = b_o */
     /* t3 = 1/(exp(-b_o - t0) + 1) */
@@ -135,24 +168,7 @@ int lstm_sequence_forward(
 
     /* t4 = x1 @ W_i */
     double *t4 = t0; /* n x 8, in t0's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x1_, 1, W_i, 8, 0, t4, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t4[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x1_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t4[8*i + j] += acc * W_i[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x1_, 1, 0, W_i, 0, 1, t4);
 
     /* t5 = b_i */
     /* t7 = 1/(exp(-b_i - t4) + 1) */
@@ -168,24 +184,7 @@ int lstm_sequence_forward(
 
     /* t8 = x1 @ W_g */
     double *t8 = t4; /* n x 8, in t4's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x1_, 1, W_g, 8, 0, t8, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t8[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x1_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t8[8*i + j] += acc * W_g[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x1_, 1, 0, W_g, 0, 1, t8);
 
     /* t9 = b_g */
     /* t12 = t7*tanh(b_g + t8) */
@@ -205,171 +204,35 @@ int lstm_sequence_forward(
 
     /* t15 = t14 @ U_o */
     double *t15 = t3; /* n x 8, in t3's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t14, 8, U_o, 8, 0, t15, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t15[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t14[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t15[8*i + j] += acc * U_o[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_o, 8, 1, t15);
 
     /* t16 = x2 @ W_o */
     double *t16 = t7; /* n x 8, in t7's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x2_, 1, W_o, 8, 0, t16, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t16[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x2_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t16[8*i + j] += acc * W_o[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_o, 0, 1, t16);
 
     /* t19 = t14 @ U_i */
     double *t19 = t8; /* n x 8, in t8's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t14, 8, U_i, 8, 0, t19, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t19[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t14[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t19[8*i + j] += acc * U_i[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_i, 8, 1, t19);
 
     /* t20 = x2 @ W_i */
     double *t20 = t9 + 8*n; /* n x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x2_, 1, W_i, 8, 0, t20, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t20[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x2_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t20[8*i + j] += acc * W_i[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_i, 0, 1, t20);
 
     /* t23 = t14 @ U_g */
     double *t23 = t20 + 8*n; /* n x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t14, 8, U_g, 8, 0, t23, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t23[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t14[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t23[8*i + j] += acc * U_g[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_g, 8, 1, t23);
 
     /* t24 = x2 @ W_g */
     double *t24 = t23 + 8*n; /* n x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x2_, 1, W_g, 8, 0, t24, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t24[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x2_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t24[8*i + j] += acc * W_g[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_g, 0, 1, t24);
 
     /* t28 = t14 @ U_f */
     double *t28 = t24 + 8*n; /* n x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t14, 8, U_f, 8, 0, t28, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t28[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t14[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t28[8*i + j] += acc * U_f[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_f, 8, 1, t28);
 
     /* t29 = x2 @ W_f */
     double *t29 = t14; /* n x 8, in t14's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x2_, 1, W_f, 8, 0, t29, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t29[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x2_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t29[8*i + j] += acc * W_f[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_f, 0, 1, t29);
 
     /* t30 = b_f */
     /* t34 = t12/(exp(-b_f - t28 - t29) + 1) + tanh(t23 + t24 + t9)/(exp(-t19 - t20 - t5) + 1) */
@@ -389,171 +252,35 @@ int lstm_sequence_forward(
 
     /* t37 = t36 @ U_o */
     double *t37 = t12; /* n x 8, in t12's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t36, 8, U_o, 8, 0, t37, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t37[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t36[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t37[8*i + j] += acc * U_o[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_o, 8, 1, t37);
 
     /* t38 = x3 @ W_o */
     double *t38 = t15; /* n x 8, in t15's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x3_, 1, W_o, 8, 0, t38, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t38[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x3_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t38[8*i + j] += acc * W_o[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_o, 0, 1, t38);
 
     /* t41 = t36 @ U_i */
     double *t41 = t16; /* n x 8, in t16's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t36, 8, U_i, 8, 0, t41, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t41[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t36[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t41[8*i + j] += acc * U_i[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_i, 8, 1, t41);
 
     /* t42 = x3 @ W_i */
     double *t42 = t19; /* n x 8, in t19's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x3_, 1, W_i, 8, 0, t42, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t42[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x3_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t42[8*i + j] += acc * W_i[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_i, 0, 1, t42);
 
     /* t45 = t36 @ U_g */
     double *t45 = t20; /* n x 8, in t20's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t36, 8, U_g, 8, 0, t45, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t45[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t36[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t45[8*i + j] += acc * U_g[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_g, 8, 1, t45);
 
     /* t46 = x3 @ W_g */
     double *t46 = t23; /* n x 8, in t23's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x3_, 1, W_g, 8, 0, t46, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t46[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x3_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t46[8*i + j] += acc * W_g[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_g, 0, 1, t46);
 
     /* t50 = t36 @ U_f */
     double *t50 = t24; /* n x 8, in t24's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t36, 8, U_f, 8, 0, t50, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t50[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t36[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t50[8*i + j] += acc * U_f[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_f, 8, 1, t50);
 
     /* t51 = x3 @ W_f */
     double *t51 = t28; /* n x 8, in t28's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x3_, 1, W_f, 8, 0, t51, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t51[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x3_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t51[8*i + j] += acc * W_f[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_f, 0, 1, t51);
 
     /* t55 = t34/(exp(-t30 - t50 - t51) + 1) + tanh(t45 + t46 + t9)/(exp(-t41 - t42 - t5) + 1) */
     /* t57 = tanh(t34/(exp(-t30 - t50 - t51) + 1) + tanh(t45 + t46 + t9)/(exp(-t41 - t42 - t5) + 1))/(exp(-t1 - t37 - t38) + 1) */
@@ -570,171 +297,35 @@ int lstm_sequence_forward(
 
     /* t58 = t57 @ U_o */
     double *t58 = t34; /* n x 8, in t34's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t57, 8, U_o, 8, 0, t58, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t58[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t57[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t58[8*i + j] += acc * U_o[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_o, 8, 1, t58);
 
     /* t59 = x4 @ W_o */
     double *t59 = t37; /* n x 8, in t37's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x4_, 1, W_o, 8, 0, t59, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t59[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x4_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t59[8*i + j] += acc * W_o[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_o, 0, 1, t59);
 
     /* t62 = t57 @ U_i */
     double *t62 = t38; /* n x 8, in t38's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t57, 8, U_i, 8, 0, t62, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t62[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t57[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t62[8*i + j] += acc * U_i[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_i, 8, 1, t62);
 
     /* t63 = x4 @ W_i */
     double *t63 = t41; /* n x 8, in t41's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x4_, 1, W_i, 8, 0, t63, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t63[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x4_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t63[8*i + j] += acc * W_i[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_i, 0, 1, t63);
 
     /* t66 = t57 @ U_g */
     double *t66 = t42; /* n x 8, in t42's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t57, 8, U_g, 8, 0, t66, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t66[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t57[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t66[8*i + j] += acc * U_g[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_g, 8, 1, t66);
 
     /* t67 = x4 @ W_g */
     double *t67 = t45; /* n x 8, in t45's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x4_, 1, W_g, 8, 0, t67, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t67[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x4_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t67[8*i + j] += acc * W_g[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_g, 0, 1, t67);
 
     /* t71 = t57 @ U_f */
     double *t71 = t46; /* n x 8, in t46's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t57, 8, U_f, 8, 0, t71, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t71[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t57[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t71[8*i + j] += acc * U_f[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_f, 8, 1, t71);
 
     /* t72 = x4 @ W_f */
     double *t72 = t50; /* n x 8, in t50's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x4_, 1, W_f, 8, 0, t72, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t72[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x4_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t72[8*i + j] += acc * W_f[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_f, 0, 1, t72);
 
     /* t76 = t55/(exp(-t30 - t71 - t72) + 1) + tanh(t66 + t67 + t9)/(exp(-t5 - t62 - t63) + 1) */
     /* t78 = tanh(t55/(exp(-t30 - t71 - t72) + 1) + tanh(t66 + t67 + t9)/(exp(-t5 - t62 - t63) + 1))/(exp(-t1 - t58 - t59) + 1) */
@@ -751,171 +342,35 @@ int lstm_sequence_forward(
 
     /* t79 = t78 @ U_o */
     double *t79 = t55; /* n x 8, in t55's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t78, 8, U_o, 8, 0, t79, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t79[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t78[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t79[8*i + j] += acc * U_o[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_o, 8, 1, t79);
 
     /* t80 = x5 @ W_o */
     double *t80 = t58; /* n x 8, in t58's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x5_, 1, W_o, 8, 0, t80, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t80[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x5_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t80[8*i + j] += acc * W_o[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_o, 0, 1, t80);
 
     /* t83 = t78 @ U_i */
     double *t83 = t59; /* n x 8, in t59's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t78, 8, U_i, 8, 0, t83, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t83[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t78[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t83[8*i + j] += acc * U_i[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_i, 8, 1, t83);
 
     /* t84 = x5 @ W_i */
     double *t84 = t62; /* n x 8, in t62's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x5_, 1, W_i, 8, 0, t84, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t84[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x5_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t84[8*i + j] += acc * W_i[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_i, 0, 1, t84);
 
     /* t87 = t78 @ U_g */
     double *t87 = t63; /* n x 8, in t63's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t78, 8, U_g, 8, 0, t87, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t87[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t78[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t87[8*i + j] += acc * U_g[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_g, 8, 1, t87);
 
     /* t88 = x5 @ W_g */
     double *t88 = t66; /* n x 8, in t66's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x5_, 1, W_g, 8, 0, t88, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t88[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x5_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t88[8*i + j] += acc * W_g[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_g, 0, 1, t88);
 
     /* t92 = t78 @ U_f */
     double *t92 = t67; /* n x 8, in t67's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t78, 8, U_f, 8, 0, t92, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t92[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t78[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t92[8*i + j] += acc * U_f[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_f, 8, 1, t92);
 
     /* t93 = x5 @ W_f */
     double *t93 = t71; /* n x 8, in t71's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x5_, 1, W_f, 8, 0, t93, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t93[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x5_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t93[8*i + j] += acc * W_f[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_f, 0, 1, t93);
 
     /* t97 = t76/(exp(-t30 - t92 - t93) + 1) + tanh(t87 + t88 + t9)/(exp(-t5 - t83 - t84) + 1) */
     /* t99 = tanh(t76/(exp(-t30 - t92 - t93) + 1) + tanh(t87 + t88 + t9)/(exp(-t5 - t83 - t84) + 1))/(exp(-t1 - t79 - t80) + 1) */
@@ -932,171 +387,35 @@ int lstm_sequence_forward(
 
     /* t100 = t99 @ U_o */
     double *t100 = t76; /* n x 8, in t76's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t99, 8, U_o, 8, 0, t100, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t100[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t99[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t100[8*i + j] += acc * U_o[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_o, 8, 1, t100);
 
     /* t101 = x6 @ W_o */
     double *t101 = t79; /* n x 8, in t79's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x6_, 1, W_o, 8, 0, t101, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t101[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x6_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t101[8*i + j] += acc * W_o[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_o, 0, 1, t101);
 
     /* t104 = t99 @ U_i */
     double *t104 = t80; /* n x 8, in t80's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t99, 8, U_i, 8, 0, t104, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t104[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t99[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t104[8*i + j] += acc * U_i[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_i, 8, 1, t104);
 
     /* t105 = x6 @ W_i */
     double *t105 = t83; /* n x 8, in t83's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x6_, 1, W_i, 8, 0, t105, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t105[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x6_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t105[8*i + j] += acc * W_i[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_i, 0, 1, t105);
 
     /* t108 = t99 @ U_g */
     double *t108 = t84; /* n x 8, in t84's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t99, 8, U_g, 8, 0, t108, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t108[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t99[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t108[8*i + j] += acc * U_g[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_g, 8, 1, t108);
 
     /* t109 = x6 @ W_g */
     double *t109 = t87; /* n x 8, in t87's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x6_, 1, W_g, 8, 0, t109, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t109[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x6_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t109[8*i + j] += acc * W_g[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_g, 0, 1, t109);
 
     /* t113 = t99 @ U_f */
     double *t113 = t88; /* n x 8, in t88's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t99, 8, U_f, 8, 0, t113, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t113[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t99[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t113[8*i + j] += acc * U_f[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_f, 8, 1, t113);
 
     /* t114 = x6 @ W_f */
     double *t114 = t92; /* n x 8, in t92's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x6_, 1, W_f, 8, 0, t114, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t114[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x6_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t114[8*i + j] += acc * W_f[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_f, 0, 1, t114);
 
     /* t118 = t97/(exp(-t113 - t114 - t30) + 1) + tanh(t108 + t109 + t9)/(exp(-t104 - t105 - t5) + 1) */
     /* t120 = tanh(t97/(exp(-t113 - t114 - t30) + 1) + tanh(t108 + t109 + t9)/(exp(-t104 - t105 - t5) + 1))/(exp(-t1 - t100 - t101) + 1) */
@@ -1113,171 +432,35 @@ int lstm_sequence_forward(
 
     /* t121 = t120 @ U_o */
     double *t121 = t97; /* n x 8, in t97's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t120, 8, U_o, 8, 0, t121, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t121[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t120[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t121[8*i + j] += acc * U_o[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_o, 8, 1, t121);
 
     /* t122 = x7 @ W_o */
     double *t122 = t100; /* n x 8, in t100's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x7_, 1, W_o, 8, 0, t122, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t122[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x7_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t122[8*i + j] += acc * W_o[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_o, 0, 1, t122);
 
     /* t125 = t120 @ U_i */
     double *t125 = t101; /* n x 8, in t101's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t120, 8, U_i, 8, 0, t125, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t125[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t120[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t125[8*i + j] += acc * U_i[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_i, 8, 1, t125);
 
     /* t126 = x7 @ W_i */
     double *t126 = t104; /* n x 8, in t104's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x7_, 1, W_i, 8, 0, t126, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t126[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x7_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t126[8*i + j] += acc * W_i[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_i, 0, 1, t126);
 
     /* t129 = t120 @ U_g */
     double *t129 = t105; /* n x 8, in t105's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t120, 8, U_g, 8, 0, t129, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t129[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t120[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t129[8*i + j] += acc * U_g[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_g, 8, 1, t129);
 
     /* t130 = x7 @ W_g */
     double *t130 = t108; /* n x 8, in t108's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x7_, 1, W_g, 8, 0, t130, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t130[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x7_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t130[8*i + j] += acc * W_g[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_g, 0, 1, t130);
 
     /* t134 = t120 @ U_f */
     double *t134 = t109; /* n x 8, in t109's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t120, 8, U_f, 8, 0, t134, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t134[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t120[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t134[8*i + j] += acc * U_f[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_f, 8, 1, t134);
 
     /* t135 = x7 @ W_f */
     double *t135 = t113; /* n x 8, in t113's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x7_, 1, W_f, 8, 0, t135, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t135[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x7_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t135[8*i + j] += acc * W_f[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_f, 0, 1, t135);
 
     /* t139 = t118/(exp(-t134 - t135 - t30) + 1) + tanh(t129 + t130 + t9)/(exp(-t125 - t126 - t5) + 1) */
     /* t141 = tanh(t118/(exp(-t134 - t135 - t30) + 1) + tanh(t129 + t130 + t9)/(exp(-t125 - t126 - t5) + 1))/(exp(-t1 - t121 - t122) + 1) */
@@ -1294,171 +477,35 @@ int lstm_sequence_forward(
 
     /* t142 = t141 @ U_o */
     double *t142 = t118; /* n x 8, in t118's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t141, 8, U_o, 8, 0, t142, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t142[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t141[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t142[8*i + j] += acc * U_o[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_o, 8, 1, t142);
 
     /* t143 = x8 @ W_o */
     double *t143 = t121; /* n x 8, in t121's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x8_, 1, W_o, 8, 0, t143, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t143[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x8_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t143[8*i + j] += acc * W_o[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_o, 0, 1, t143);
 
     /* t146 = t141 @ U_i */
     double *t146 = t122; /* n x 8, in t122's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t141, 8, U_i, 8, 0, t146, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t146[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t141[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t146[8*i + j] += acc * U_i[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_i, 8, 1, t146);
 
     /* t147 = x8 @ W_i */
     double *t147 = t125; /* n x 8, in t125's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x8_, 1, W_i, 8, 0, t147, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t147[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x8_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t147[8*i + j] += acc * W_i[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_i, 0, 1, t147);
 
     /* t150 = t141 @ U_g */
     double *t150 = t126; /* n x 8, in t126's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t141, 8, U_g, 8, 0, t150, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t150[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t141[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t150[8*i + j] += acc * U_g[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_g, 8, 1, t150);
 
     /* t151 = x8 @ W_g */
     double *t151 = t129; /* n x 8, in t129's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x8_, 1, W_g, 8, 0, t151, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t151[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x8_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t151[8*i + j] += acc * W_g[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_g, 0, 1, t151);
 
     /* t155 = t141 @ U_f */
     double *t155 = t130; /* n x 8, in t130's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t141, 8, U_f, 8, 0, t155, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t155[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t141[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t155[8*i + j] += acc * U_f[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_f, 8, 1, t155);
 
     /* t156 = x8 @ W_f */
     double *t156 = t134; /* n x 8, in t134's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x8_, 1, W_f, 8, 0, t156, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t156[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x8_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t156[8*i + j] += acc * W_f[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_f, 0, 1, t156);
 
     /* t162 = tanh(t139/(exp(-t155 - t156 - t30) + 1) + tanh(t150 + t151 + t9)/(exp(-t146 - t147 - t5) + 1))/(exp(-t1 - t142 - t143) + 1) */
     double *t162 = t135; /* n x 8, in t135's memory */
@@ -1471,24 +518,7 @@ int lstm_sequence_forward(
 
     /* t163 = t162 @ V */
     double *t163 = t36 + 8*n; /* n x 1 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 1, 8, 1, t162, 8, V, 1, 0, t163, 1);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 1; ++j) {
-                t163[i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t162[8*i + k];
-                for (int64_t j = 0; j < 1; ++j) {
-                    t163[i + j] += acc * V[k];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 1, 8, t162, 8, 1, V, 1, 0, t163);
 
     /* logit = c0 + t163 */
     /* t168 = -y*(c0 + t163) + log(1 + exp(-Abs(c0 + t163))) + Max(0, c0 + t163) */
@@ -1574,24 +604,7 @@ int lstm_sequence_value_and_grad(
 
     /* t0 = x1 @ W_o */
     double *t0 = work; /* n x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x1_, 1, W_o, 8, 0, t0, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t0[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x1_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t0[8*i + j] += acc * W_o[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x1_, 1, 0, W_o, 0, 1, t0);
 
     /* t1 = b_o */
     /* t3 = 1/(exp(-b_o - t0) + 1) */
@@ -1612,24 +625,7 @@ int lstm_sequence_value_and_grad(
 
     /* t4 = x1 @ W_i */
     double *t4 = t0; /* n x 8, in t0's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x1_, 1, W_i, 8, 0, t4, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t4[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x1_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t4[8*i + j] += acc * W_i[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x1_, 1, 0, W_i, 0, 1, t4);
 
     /* t5 = b_i */
     /* t7 = 1/(exp(-b_i - t4) + 1) */
@@ -1650,24 +646,7 @@ int lstm_sequence_value_and_grad(
 
     /* t8 = x1 @ W_g */
     double *t8 = t4; /* n x 8, in t4's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x1_, 1, W_g, 8, 0, t8, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t8[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x1_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t8[8*i + j] += acc * W_g[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x1_, 1, 0, W_g, 0, 1, t8);
 
     /* t9 = b_g */
     /* t11 = tanh(b_g + t8) */
@@ -1695,45 +674,11 @@ int lstm_sequence_value_and_grad(
 
     /* t15 = t14 @ U_o */
     double *t15 = t8; /* n x 8, in t8's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t14, 8, U_o, 8, 0, t15, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t15[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t14[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t15[8*i + j] += acc * U_o[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_o, 8, 1, t15);
 
     /* t16 = x2 @ W_o */
     double *t16 = t9 + 8*n; /* n x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x2_, 1, W_o, 8, 0, t16, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t16[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x2_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t16[8*i + j] += acc * W_o[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_o, 0, 1, t16);
 
     /* t18 = 1/(exp(-t1 - t15 - t16) + 1) */
     /* dt18_dt17 = exp(-t1 - t15 - t16)/(exp(-t1 - t15 - t16) + 1)**2 */
@@ -1751,45 +696,11 @@ int lstm_sequence_value_and_grad(
 
     /* t19 = t14 @ U_i */
     double *t19 = t15; /* n x 8, in t15's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t14, 8, U_i, 8, 0, t19, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t19[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t14[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t19[8*i + j] += acc * U_i[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_i, 8, 1, t19);
 
     /* t20 = x2 @ W_i */
     double *t20 = t16; /* n x 8, in t16's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x2_, 1, W_i, 8, 0, t20, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t20[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x2_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t20[8*i + j] += acc * W_i[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_i, 0, 1, t20);
 
     /* t22 = 1/(exp(-t19 - t20 - t5) + 1) */
     /* dt22_dt21 = exp(-t19 - t20 - t5)/(exp(-t19 - t20 - t5) + 1)**2 */
@@ -1807,45 +718,11 @@ int lstm_sequence_value_and_grad(
 
     /* t23 = t14 @ U_g */
     double *t23 = t19; /* n x 8, in t19's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t14, 8, U_g, 8, 0, t23, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t23[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t14[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t23[8*i + j] += acc * U_g[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_g, 8, 1, t23);
 
     /* t24 = x2 @ W_g */
     double *t24 = t20; /* n x 8, in t20's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x2_, 1, W_g, 8, 0, t24, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t24[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x2_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t24[8*i + j] += acc * W_g[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_g, 0, 1, t24);
 
     /* t26 = tanh(t23 + t24 + t9) */
     double *t26 = t22 + 8*n; /* n x 8 */
@@ -1858,45 +735,11 @@ int lstm_sequence_value_and_grad(
 
     /* t28 = t14 @ U_f */
     double *t28 = t23; /* n x 8, in t23's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t14, 8, U_f, 8, 0, t28, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t28[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t14[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t28[8*i + j] += acc * U_f[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_f, 8, 1, t28);
 
     /* t29 = x2 @ W_f */
     double *t29 = t24; /* n x 8, in t24's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x2_, 1, W_f, 8, 0, t29, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t29[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x2_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t29[8*i + j] += acc * W_f[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_f, 0, 1, t29);
 
     /* t30 = b_f */
     /* t32 = 1/(exp(-b_f - t28 - t29) + 1) */
@@ -1929,45 +772,11 @@ int lstm_sequence_value_and_grad(
 
     /* t37 = t36 @ U_o */
     double *t37 = t28; /* n x 8, in t28's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t36, 8, U_o, 8, 0, t37, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t37[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t36[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t37[8*i + j] += acc * U_o[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_o, 8, 1, t37);
 
     /* t38 = x3 @ W_o */
     double *t38 = t29; /* n x 8, in t29's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x3_, 1, W_o, 8, 0, t38, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t38[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x3_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t38[8*i + j] += acc * W_o[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_o, 0, 1, t38);
 
     /* t40 = 1/(exp(-t1 - t37 - t38) + 1) */
     /* dt40_dt39 = exp(-t1 - t37 - t38)/(exp(-t1 - t37 - t38) + 1)**2 */
@@ -1985,45 +794,11 @@ int lstm_sequence_value_and_grad(
 
     /* t41 = t36 @ U_i */
     double *t41 = t37; /* n x 8, in t37's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t36, 8, U_i, 8, 0, t41, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t41[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t36[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t41[8*i + j] += acc * U_i[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_i, 8, 1, t41);
 
     /* t42 = x3 @ W_i */
     double *t42 = t38; /* n x 8, in t38's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x3_, 1, W_i, 8, 0, t42, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t42[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x3_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t42[8*i + j] += acc * W_i[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_i, 0, 1, t42);
 
     /* t44 = 1/(exp(-t41 - t42 - t5) + 1) */
     /* dt44_dt43 = exp(-t41 - t42 - t5)/(exp(-t41 - t42 - t5) + 1)**2 */
@@ -2041,45 +816,11 @@ int lstm_sequence_value_and_grad(
 
     /* t45 = t36 @ U_g */
     double *t45 = t41; /* n x 8, in t41's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t36, 8, U_g, 8, 0, t45, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t45[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t36[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t45[8*i + j] += acc * U_g[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_g, 8, 1, t45);
 
     /* t46 = x3 @ W_g */
     double *t46 = t42; /* n x 8, in t42's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x3_, 1, W_g, 8, 0, t46, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t46[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x3_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t46[8*i + j] += acc * W_g[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_g, 0, 1, t46);
 
     /* t48 = tanh(t45 + t46 + t9) */
     double *t48 = t44 + 8*n; /* n x 8 */
@@ -2092,45 +833,11 @@ int lstm_sequence_value_and_grad(
 
     /* t50 = t36 @ U_f */
     double *t50 = t45; /* n x 8, in t45's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t36, 8, U_f, 8, 0, t50, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t50[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t36[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t50[8*i + j] += acc * U_f[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_f, 8, 1, t50);
 
     /* t51 = x3 @ W_f */
     double *t51 = t46; /* n x 8, in t46's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x3_, 1, W_f, 8, 0, t51, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t51[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x3_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t51[8*i + j] += acc * W_f[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_f, 0, 1, t51);
 
     /* t53 = 1/(exp(-t30 - t50 - t51) + 1) */
     /* t55 = t34/(exp(-t30 - t50 - t51) + 1) + t44*t48 */
@@ -2160,45 +867,11 @@ int lstm_sequence_value_and_grad(
 
     /* t58 = t57 @ U_o */
     double *t58 = t50; /* n x 8, in t50's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t57, 8, U_o, 8, 0, t58, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t58[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t57[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t58[8*i + j] += acc * U_o[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_o, 8, 1, t58);
 
     /* t59 = x4 @ W_o */
     double *t59 = t51; /* n x 8, in t51's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x4_, 1, W_o, 8, 0, t59, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t59[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x4_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t59[8*i + j] += acc * W_o[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_o, 0, 1, t59);
 
     /* t61 = 1/(exp(-t1 - t58 - t59) + 1) */
     /* dt61_dt60 = exp(-t1 - t58 - t59)/(exp(-t1 - t58 - t59) + 1)**2 */
@@ -2216,45 +889,11 @@ int lstm_sequence_value_and_grad(
 
     /* t62 = t57 @ U_i */
     double *t62 = t58; /* n x 8, in t58's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t57, 8, U_i, 8, 0, t62, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t62[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t57[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t62[8*i + j] += acc * U_i[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_i, 8, 1, t62);
 
     /* t63 = x4 @ W_i */
     double *t63 = t59; /* n x 8, in t59's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x4_, 1, W_i, 8, 0, t63, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t63[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x4_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t63[8*i + j] += acc * W_i[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_i, 0, 1, t63);
 
     /* t65 = 1/(exp(-t5 - t62 - t63) + 1) */
     /* dt65_dt64 = exp(-t5 - t62 - t63)/(exp(-t5 - t62 - t63) + 1)**2 */
@@ -2272,45 +911,11 @@ int lstm_sequence_value_and_grad(
 
     /* t66 = t57 @ U_g */
     double *t66 = t62; /* n x 8, in t62's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t57, 8, U_g, 8, 0, t66, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t66[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t57[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t66[8*i + j] += acc * U_g[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_g, 8, 1, t66);
 
     /* t67 = x4 @ W_g */
     double *t67 = t63; /* n x 8, in t63's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x4_, 1, W_g, 8, 0, t67, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t67[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x4_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t67[8*i + j] += acc * W_g[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_g, 0, 1, t67);
 
     /* t69 = tanh(t66 + t67 + t9) */
     double *t69 = t65 + 8*n; /* n x 8 */
@@ -2323,45 +928,11 @@ int lstm_sequence_value_and_grad(
 
     /* t71 = t57 @ U_f */
     double *t71 = t66; /* n x 8, in t66's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t57, 8, U_f, 8, 0, t71, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t71[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t57[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t71[8*i + j] += acc * U_f[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_f, 8, 1, t71);
 
     /* t72 = x4 @ W_f */
     double *t72 = t67; /* n x 8, in t67's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x4_, 1, W_f, 8, 0, t72, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t72[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x4_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t72[8*i + j] += acc * W_f[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_f, 0, 1, t72);
 
     /* t74 = 1/(exp(-t30 - t71 - t72) + 1) */
     /* t76 = t55/(exp(-t30 - t71 - t72) + 1) + t65*t69 */
@@ -2391,45 +962,11 @@ int lstm_sequence_value_and_grad(
 
     /* t79 = t78 @ U_o */
     double *t79 = t71; /* n x 8, in t71's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t78, 8, U_o, 8, 0, t79, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t79[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t78[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t79[8*i + j] += acc * U_o[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_o, 8, 1, t79);
 
     /* t80 = x5 @ W_o */
     double *t80 = t72; /* n x 8, in t72's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x5_, 1, W_o, 8, 0, t80, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t80[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x5_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t80[8*i + j] += acc * W_o[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_o, 0, 1, t80);
 
     /* t82 = 1/(exp(-t1 - t79 - t80) + 1) */
     /* dt82_dt81 = exp(-t1 - t79 - t80)/(exp(-t1 - t79 - t80) + 1)**2 */
@@ -2447,45 +984,11 @@ int lstm_sequence_value_and_grad(
 
     /* t83 = t78 @ U_i */
     double *t83 = t79; /* n x 8, in t79's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t78, 8, U_i, 8, 0, t83, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t83[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t78[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t83[8*i + j] += acc * U_i[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_i, 8, 1, t83);
 
     /* t84 = x5 @ W_i */
     double *t84 = t80; /* n x 8, in t80's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x5_, 1, W_i, 8, 0, t84, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t84[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x5_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t84[8*i + j] += acc * W_i[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_i, 0, 1, t84);
 
     /* t86 = 1/(exp(-t5 - t83 - t84) + 1) */
     /* dt86_dt85 = exp(-t5 - t83 - t84)/(exp(-t5 - t83 - t84) + 1)**2 */
@@ -2503,45 +1006,11 @@ int lstm_sequence_value_and_grad(
 
     /* t87 = t78 @ U_g */
     double *t87 = t83; /* n x 8, in t83's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t78, 8, U_g, 8, 0, t87, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t87[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t78[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t87[8*i + j] += acc * U_g[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_g, 8, 1, t87);
 
     /* t88 = x5 @ W_g */
     double *t88 = t84; /* n x 8, in t84's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x5_, 1, W_g, 8, 0, t88, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t88[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x5_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t88[8*i + j] += acc * W_g[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_g, 0, 1, t88);
 
     /* t90 = tanh(t87 + t88 + t9) */
     double *t90 = t86 + 8*n; /* n x 8 */
@@ -2554,45 +1023,11 @@ int lstm_sequence_value_and_grad(
 
     /* t92 = t78 @ U_f */
     double *t92 = t87; /* n x 8, in t87's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t78, 8, U_f, 8, 0, t92, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t92[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t78[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t92[8*i + j] += acc * U_f[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_f, 8, 1, t92);
 
     /* t93 = x5 @ W_f */
     double *t93 = t88; /* n x 8, in t88's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x5_, 1, W_f, 8, 0, t93, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t93[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x5_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t93[8*i + j] += acc * W_f[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_f, 0, 1, t93);
 
     /* t95 = 1/(exp(-t30 - t92 - t93) + 1) */
     /* t97 = t76/(exp(-t30 - t92 - t93) + 1) + t86*t90 */
@@ -2622,45 +1057,11 @@ int lstm_sequence_value_and_grad(
 
     /* t100 = t99 @ U_o */
     double *t100 = t92; /* n x 8, in t92's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t99, 8, U_o, 8, 0, t100, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t100[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t99[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t100[8*i + j] += acc * U_o[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_o, 8, 1, t100);
 
     /* t101 = x6 @ W_o */
     double *t101 = t93; /* n x 8, in t93's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x6_, 1, W_o, 8, 0, t101, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t101[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x6_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t101[8*i + j] += acc * W_o[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_o, 0, 1, t101);
 
     /* t103 = 1/(exp(-t1 - t100 - t101) + 1) */
     /* dt103_dt102 = exp(-t1 - t100 - t101)/(exp(-t1 - t100 - t101) + 1)**2 */
@@ -2678,45 +1079,11 @@ int lstm_sequence_value_and_grad(
 
     /* t104 = t99 @ U_i */
     double *t104 = t100; /* n x 8, in t100's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t99, 8, U_i, 8, 0, t104, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t104[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t99[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t104[8*i + j] += acc * U_i[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_i, 8, 1, t104);
 
     /* t105 = x6 @ W_i */
     double *t105 = t101; /* n x 8, in t101's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x6_, 1, W_i, 8, 0, t105, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t105[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x6_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t105[8*i + j] += acc * W_i[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_i, 0, 1, t105);
 
     /* t107 = 1/(exp(-t104 - t105 - t5) + 1) */
     /* dt107_dt106 = exp(-t104 - t105 - t5)/(exp(-t104 - t105 - t5) + 1)**2 */
@@ -2734,45 +1101,11 @@ int lstm_sequence_value_and_grad(
 
     /* t108 = t99 @ U_g */
     double *t108 = t104; /* n x 8, in t104's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t99, 8, U_g, 8, 0, t108, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t108[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t99[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t108[8*i + j] += acc * U_g[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_g, 8, 1, t108);
 
     /* t109 = x6 @ W_g */
     double *t109 = t105; /* n x 8, in t105's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x6_, 1, W_g, 8, 0, t109, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t109[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x6_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t109[8*i + j] += acc * W_g[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_g, 0, 1, t109);
 
     /* t111 = tanh(t108 + t109 + t9) */
     double *t111 = t107 + 8*n; /* n x 8 */
@@ -2785,45 +1118,11 @@ int lstm_sequence_value_and_grad(
 
     /* t113 = t99 @ U_f */
     double *t113 = t108; /* n x 8, in t108's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t99, 8, U_f, 8, 0, t113, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t113[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t99[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t113[8*i + j] += acc * U_f[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_f, 8, 1, t113);
 
     /* t114 = x6 @ W_f */
     double *t114 = t109; /* n x 8, in t109's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x6_, 1, W_f, 8, 0, t114, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t114[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x6_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t114[8*i + j] += acc * W_f[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_f, 0, 1, t114);
 
     /* t116 = 1/(exp(-t113 - t114 - t30) + 1) */
     /* t118 = t107*t111 + t97/(exp(-t113 - t114 - t30) + 1) */
@@ -2853,45 +1152,11 @@ int lstm_sequence_value_and_grad(
 
     /* t121 = t120 @ U_o */
     double *t121 = t113; /* n x 8, in t113's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t120, 8, U_o, 8, 0, t121, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t121[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t120[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t121[8*i + j] += acc * U_o[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_o, 8, 1, t121);
 
     /* t122 = x7 @ W_o */
     double *t122 = t114; /* n x 8, in t114's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x7_, 1, W_o, 8, 0, t122, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t122[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x7_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t122[8*i + j] += acc * W_o[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_o, 0, 1, t122);
 
     /* t124 = 1/(exp(-t1 - t121 - t122) + 1) */
     /* dt124_dt123 = exp(-t1 - t121 - t122)/(exp(-t1 - t121 - t122) + 1)**2 */
@@ -2909,45 +1174,11 @@ int lstm_sequence_value_and_grad(
 
     /* t125 = t120 @ U_i */
     double *t125 = t121; /* n x 8, in t121's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t120, 8, U_i, 8, 0, t125, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t125[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t120[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t125[8*i + j] += acc * U_i[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_i, 8, 1, t125);
 
     /* t126 = x7 @ W_i */
     double *t126 = t122; /* n x 8, in t122's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x7_, 1, W_i, 8, 0, t126, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t126[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x7_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t126[8*i + j] += acc * W_i[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_i, 0, 1, t126);
 
     /* t128 = 1/(exp(-t125 - t126 - t5) + 1) */
     /* dt128_dt127 = exp(-t125 - t126 - t5)/(exp(-t125 - t126 - t5) + 1)**2 */
@@ -2965,45 +1196,11 @@ int lstm_sequence_value_and_grad(
 
     /* t129 = t120 @ U_g */
     double *t129 = t125; /* n x 8, in t125's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t120, 8, U_g, 8, 0, t129, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t129[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t120[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t129[8*i + j] += acc * U_g[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_g, 8, 1, t129);
 
     /* t130 = x7 @ W_g */
     double *t130 = t126; /* n x 8, in t126's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x7_, 1, W_g, 8, 0, t130, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t130[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x7_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t130[8*i + j] += acc * W_g[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_g, 0, 1, t130);
 
     /* t132 = tanh(t129 + t130 + t9) */
     double *t132 = t128 + 8*n; /* n x 8 */
@@ -3016,45 +1213,11 @@ int lstm_sequence_value_and_grad(
 
     /* t134 = t120 @ U_f */
     double *t134 = t129; /* n x 8, in t129's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t120, 8, U_f, 8, 0, t134, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t134[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t120[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t134[8*i + j] += acc * U_f[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_f, 8, 1, t134);
 
     /* t135 = x7 @ W_f */
     double *t135 = t130; /* n x 8, in t130's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x7_, 1, W_f, 8, 0, t135, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t135[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x7_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t135[8*i + j] += acc * W_f[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_f, 0, 1, t135);
 
     /* t137 = 1/(exp(-t134 - t135 - t30) + 1) */
     /* t139 = t118/(exp(-t134 - t135 - t30) + 1) + t128*t132 */
@@ -3084,45 +1247,11 @@ int lstm_sequence_value_and_grad(
 
     /* t142 = t141 @ U_o */
     double *t142 = t134; /* n x 8, in t134's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t141, 8, U_o, 8, 0, t142, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t142[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t141[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t142[8*i + j] += acc * U_o[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_o, 8, 1, t142);
 
     /* t143 = x8 @ W_o */
     double *t143 = t135; /* n x 8, in t135's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x8_, 1, W_o, 8, 0, t143, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t143[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x8_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t143[8*i + j] += acc * W_o[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_o, 0, 1, t143);
 
     /* t145 = 1/(exp(-t1 - t142 - t143) + 1) */
     /* dt145_dt144 = exp(-t1 - t142 - t143)/(exp(-t1 - t142 - t143) + 1)**2 */
@@ -3140,45 +1269,11 @@ int lstm_sequence_value_and_grad(
 
     /* t146 = t141 @ U_i */
     double *t146 = t1; /* n x 8, in t1's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t141, 8, U_i, 8, 0, t146, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t146[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t141[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t146[8*i + j] += acc * U_i[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_i, 8, 1, t146);
 
     /* t147 = x8 @ W_i */
     double *t147 = t142; /* n x 8, in t142's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x8_, 1, W_i, 8, 0, t147, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t147[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x8_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t147[8*i + j] += acc * W_i[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_i, 0, 1, t147);
 
     /* t149 = 1/(exp(-t146 - t147 - t5) + 1) */
     /* dt149_dt148 = exp(-t146 - t147 - t5)/(exp(-t146 - t147 - t5) + 1)**2 */
@@ -3196,45 +1291,11 @@ int lstm_sequence_value_and_grad(
 
     /* t150 = t141 @ U_g */
     double *t150 = t5; /* n x 8, in t5's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t141, 8, U_g, 8, 0, t150, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t150[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t141[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t150[8*i + j] += acc * U_g[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_g, 8, 1, t150);
 
     /* t151 = x8 @ W_g */
     double *t151 = t146; /* n x 8, in t146's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x8_, 1, W_g, 8, 0, t151, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t151[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x8_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t151[8*i + j] += acc * W_g[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_g, 0, 1, t151);
 
     /* t153 = tanh(t150 + t151 + t9) */
     double *t153 = t147; /* n x 8, in t147's memory */
@@ -3247,45 +1308,11 @@ int lstm_sequence_value_and_grad(
 
     /* t155 = t141 @ U_f */
     double *t155 = t9; /* n x 8, in t9's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 8, 1, t141, 8, U_f, 8, 0, t155, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t155[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t141[8*i + k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t155[8*i + j] += acc * U_f[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_f, 8, 1, t155);
 
     /* t156 = x8 @ W_f */
     double *t156 = t150; /* n x 8, in t150's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, x8_, 1, W_f, 8, 0, t156, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                t156[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = x8_[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    t156[8*i + j] += acc * W_f[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_f, 0, 1, t156);
 
     /* t158 = 1/(exp(-t155 - t156 - t30) + 1) */
     /* t161 = tanh(t139/(exp(-t155 - t156 - t30) + 1) + t149*t153) */
@@ -3311,24 +1338,7 @@ int lstm_sequence_value_and_grad(
 
     /* t163 = t162 @ V */
     double *t163 = t162 + 8*n; /* n x 1 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 1, 8, 1, t162, 8, V, 1, 0, t163, 1);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 1; ++j) {
-                t163[i + j] = 0;
-            }
-            for (int64_t k = 0; k < 8; ++k) {
-                const double acc = t162[8*i + k];
-                for (int64_t j = 0; j < 1; ++j) {
-                    t163[i + j] += acc * V[k];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 1, 8, t162, 8, 1, V, 1, 0, t163);
 
     /* t168 = -y*(c0 + t163) + log(1 + exp(-Abs(c0 + t163))) + Max(0, c0 + t163) */
     /* grad_logit = -y/n + (Heaviside(c0 + t163) - exp(-Abs(c0 + t163))*sign(c0 + t163)/(1 + exp(-Abs(c0 + t163))))/n */
@@ -3362,24 +1372,7 @@ int lstm_sequence_value_and_grad(
 
     /* grad_t162 = grad_logit @ V^T */
     double *grad_t162 = t30; /* n x 8, in t30's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 8, 1, 1, grad_logit, 1, V, 8, 0, grad_t162, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                grad_t162[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 1; ++k) {
-                const double acc = grad_logit[i];
-                for (int64_t j = 0; j < 8; ++j) {
-                    grad_t162[8*i + j] += acc * V[j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 1, grad_logit, 1, 0, V, 0, 1, grad_t162);
 
     /* grad_t160 = grad_t162*t145*(1 - t161**2) */
     /* grad_t148 = dt149_dt148*grad_t162*t145*t153*(1 - t161**2) */
@@ -3405,100 +1398,23 @@ int lstm_sequence_value_and_grad(
 
     /* tmp1 = x8^T @ grad_t148 */
     double *tmp1 = grad_t160 + 8*n; /* 1 x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x8_, n, grad_t148, 8, 0, tmp1, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x8_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1[8*i + j] += acc * grad_t148[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x8_, 0, 1, grad_t148, 8, 1, tmp1);
 
     /* tmp1_1 = grad_t157 @ U_f^T */
     double *tmp1_1 = t139; /* n x 8, in t139's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t157, 8, U_f, 8, 0, tmp1_1, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t157[8*i + k] * U_f[k + 8*j];
-                }
-                tmp1_1[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t157, 8, 1, U_f, 1, 8, tmp1_1);
 
     /* tmp1_2 = grad_t152 @ U_g^T */
     double *tmp1_2 = dt145_dt144; /* n x 8, in dt145_dt144's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t152, 8, U_g, 8, 0, tmp1_2, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t152[8*i + k] * U_g[k + 8*j];
-                }
-                tmp1_2[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t152, 8, 1, U_g, 1, 8, tmp1_2);
 
     /* tmp1_3 = grad_t148 @ U_i^T */
     double *tmp1_3 = t145; /* n x 8, in t145's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t148, 8, U_i, 8, 0, tmp1_3, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t148[8*i + k] * U_i[k + 8*j];
-                }
-                tmp1_3[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t148, 8, 1, U_i, 1, 8, tmp1_3);
 
     /* tmp1_4 = grad_t144 @ U_o^T */
     double *tmp1_4 = dt149_dt148; /* n x 8, in dt149_dt148's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t144, 8, U_o, 8, 0, tmp1_4, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t144[8*i + k] * U_o[k + 8*j];
-                }
-                tmp1_4[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t144, 8, 1, U_o, 1, 8, tmp1_4);
 
     /* grad_t139 = grad_t160*t158 + t124*(1 - t140**2)*(tmp1_1 + tmp1_2 + tmp1_3 + tmp1_4) */
     /* grad_t127 = dt128_dt127*t132*(grad_t160*t158 + t124*(1 - t140**2)*(tmp1_1 + tmp1_2 + tmp1_3 + tmp1_4)) */
@@ -3525,100 +1441,23 @@ int lstm_sequence_value_and_grad(
 
     /* tmp1_5 = x7^T @ grad_t127 */
     double *tmp1_5 = tmp1 + 8; /* 1 x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x7_, n, grad_t127, 8, 0, tmp1_5, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_5[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x7_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_5[8*i + j] += acc * grad_t127[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x7_, 0, 1, grad_t127, 8, 1, tmp1_5);
 
     /* tmp1_6 = grad_t136 @ U_f^T */
     double *tmp1_6 = t118; /* n x 8, in t118's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t136, 8, U_f, 8, 0, tmp1_6, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t136[8*i + k] * U_f[k + 8*j];
-                }
-                tmp1_6[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t136, 8, 1, U_f, 1, 8, tmp1_6);
 
     /* tmp1_7 = grad_t131 @ U_g^T */
     double *tmp1_7 = dt124_dt123; /* n x 8, in dt124_dt123's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t131, 8, U_g, 8, 0, tmp1_7, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t131[8*i + k] * U_g[k + 8*j];
-                }
-                tmp1_7[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t131, 8, 1, U_g, 1, 8, tmp1_7);
 
     /* tmp1_8 = grad_t127 @ U_i^T */
     double *tmp1_8 = t124; /* n x 8, in t124's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t127, 8, U_i, 8, 0, tmp1_8, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t127[8*i + k] * U_i[k + 8*j];
-                }
-                tmp1_8[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t127, 8, 1, U_i, 1, 8, tmp1_8);
 
     /* tmp1_9 = grad_t123 @ U_o^T */
     double *tmp1_9 = dt128_dt127; /* n x 8, in dt128_dt127's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t123, 8, U_o, 8, 0, tmp1_9, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t123[8*i + k] * U_o[k + 8*j];
-                }
-                tmp1_9[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t123, 8, 1, U_o, 1, 8, tmp1_9);
 
     /* grad_t118 = grad_t139*t137 + t103*(1 - t119**2)*(tmp1_6 + tmp1_7 + tmp1_8 + tmp1_9) */
     /* grad_t106 = dt107_dt106*t111*(grad_t139*t137 + t103*(1 - t119**2)*(tmp1_6 + tmp1_7 + tmp1_8 + tmp1_9)) */
@@ -3645,100 +1484,23 @@ int lstm_sequence_value_and_grad(
 
     /* tmp1_10 = x6^T @ grad_t106 */
     double *tmp1_10 = tmp1_5 + 8; /* 1 x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x6_, n, grad_t106, 8, 0, tmp1_10, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_10[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x6_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_10[8*i + j] += acc * grad_t106[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x6_, 0, 1, grad_t106, 8, 1, tmp1_10);
 
     /* tmp1_11 = grad_t115 @ U_f^T */
     double *tmp1_11 = grad_t160; /* n x 8, in grad_t160's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t115, 8, U_f, 8, 0, tmp1_11, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t115[8*i + k] * U_f[k + 8*j];
-                }
-                tmp1_11[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t115, 8, 1, U_f, 1, 8, tmp1_11);
 
     /* tmp1_12 = grad_t110 @ U_g^T */
     double *tmp1_12 = tmp1_1; /* n x 8, in tmp1_1's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t110, 8, U_g, 8, 0, tmp1_12, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t110[8*i + k] * U_g[k + 8*j];
-                }
-                tmp1_12[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t110, 8, 1, U_g, 1, 8, tmp1_12);
 
     /* tmp1_13 = grad_t106 @ U_i^T */
     double *tmp1_13 = tmp1_2; /* n x 8, in tmp1_2's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t106, 8, U_i, 8, 0, tmp1_13, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t106[8*i + k] * U_i[k + 8*j];
-                }
-                tmp1_13[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t106, 8, 1, U_i, 1, 8, tmp1_13);
 
     /* tmp1_14 = grad_t102 @ U_o^T */
     double *tmp1_14 = tmp1_3; /* n x 8, in tmp1_3's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t102, 8, U_o, 8, 0, tmp1_14, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t102[8*i + k] * U_o[k + 8*j];
-                }
-                tmp1_14[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t102, 8, 1, U_o, 1, 8, tmp1_14);
 
     /* grad_t97 = grad_t118*t116 + t82*(1 - t98**2)*(tmp1_11 + tmp1_12 + tmp1_13 + tmp1_14) */
     /* grad_t85 = dt86_dt85*t90*(grad_t118*t116 + t82*(1 - t98**2)*(tmp1_11 + tmp1_12 + tmp1_13 + tmp1_14)) */
@@ -3765,100 +1527,23 @@ int lstm_sequence_value_and_grad(
 
     /* tmp1_15 = x5^T @ grad_t85 */
     double *tmp1_15 = tmp1_10 + 8; /* 1 x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x5_, n, grad_t85, 8, 0, tmp1_15, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_15[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x5_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_15[8*i + j] += acc * grad_t85[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x5_, 0, 1, grad_t85, 8, 1, tmp1_15);
 
     /* tmp1_16 = grad_t94 @ U_f^T */
     double *tmp1_16 = t107; /* n x 8, in t107's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t94, 8, U_f, 8, 0, tmp1_16, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t94[8*i + k] * U_f[k + 8*j];
-                }
-                tmp1_16[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t94, 8, 1, U_f, 1, 8, tmp1_16);
 
     /* tmp1_17 = grad_t89 @ U_g^T */
     double *tmp1_17 = t111; /* n x 8, in t111's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t89, 8, U_g, 8, 0, tmp1_17, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t89[8*i + k] * U_g[k + 8*j];
-                }
-                tmp1_17[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t89, 8, 1, U_g, 1, 8, tmp1_17);
 
     /* tmp1_18 = grad_t85 @ U_i^T */
     double *tmp1_18 = dt116_dt115; /* n x 8, in dt116_dt115's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t85, 8, U_i, 8, 0, tmp1_18, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t85[8*i + k] * U_i[k + 8*j];
-                }
-                tmp1_18[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t85, 8, 1, U_i, 1, 8, tmp1_18);
 
     /* tmp1_19 = grad_t81 @ U_o^T */
     double *tmp1_19 = t119; /* n x 8, in t119's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t81, 8, U_o, 8, 0, tmp1_19, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t81[8*i + k] * U_o[k + 8*j];
-                }
-                tmp1_19[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t81, 8, 1, U_o, 1, 8, tmp1_19);
 
     /* grad_t76 = grad_t97*t95 + t61*(1 - t77**2)*(tmp1_16 + tmp1_17 + tmp1_18 + tmp1_19) */
     /* grad_t64 = dt65_dt64*t69*(grad_t97*t95 + t61*(1 - t77**2)*(tmp1_16 + tmp1_17 + tmp1_18 + tmp1_19)) */
@@ -3885,100 +1570,23 @@ int lstm_sequence_value_and_grad(
 
     /* tmp1_20 = x4^T @ grad_t64 */
     double *tmp1_20 = tmp1_15 + 8; /* 1 x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x4_, n, grad_t64, 8, 0, tmp1_20, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_20[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x4_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_20[8*i + j] += acc * grad_t64[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x4_, 0, 1, grad_t64, 8, 1, tmp1_20);
 
     /* tmp1_21 = grad_t73 @ U_f^T */
     double *tmp1_21 = tmp1_9; /* n x 8, in tmp1_9's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t73, 8, U_f, 8, 0, tmp1_21, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t73[8*i + k] * U_f[k + 8*j];
-                }
-                tmp1_21[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t73, 8, 1, U_f, 1, 8, tmp1_21);
 
     /* tmp1_22 = grad_t68 @ U_g^T */
     double *tmp1_22 = t76; /* n x 8, in t76's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t68, 8, U_g, 8, 0, tmp1_22, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t68[8*i + k] * U_g[k + 8*j];
-                }
-                tmp1_22[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t68, 8, 1, U_g, 1, 8, tmp1_22);
 
     /* tmp1_23 = grad_t64 @ U_i^T */
     double *tmp1_23 = dt82_dt81; /* n x 8, in dt82_dt81's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t64, 8, U_i, 8, 0, tmp1_23, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t64[8*i + k] * U_i[k + 8*j];
-                }
-                tmp1_23[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t64, 8, 1, U_i, 1, 8, tmp1_23);
 
     /* tmp1_24 = grad_t60 @ U_o^T */
     double *tmp1_24 = t82; /* n x 8, in t82's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t60, 8, U_o, 8, 0, tmp1_24, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t60[8*i + k] * U_o[k + 8*j];
-                }
-                tmp1_24[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t60, 8, 1, U_o, 1, 8, tmp1_24);
 
     /* grad_t55 = grad_t76*t74 + t40*(1 - t56**2)*(tmp1_21 + tmp1_22 + tmp1_23 + tmp1_24) */
     /* grad_t43 = dt44_dt43*t48*(grad_t76*t74 + t40*(1 - t56**2)*(tmp1_21 + tmp1_22 + tmp1_23 + tmp1_24)) */
@@ -4005,100 +1613,23 @@ int lstm_sequence_value_and_grad(
 
     /* tmp1_25 = x3^T @ grad_t43 */
     double *tmp1_25 = tmp1_20 + 8; /* 1 x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x3_, n, grad_t43, 8, 0, tmp1_25, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_25[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x3_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_25[8*i + j] += acc * grad_t43[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x3_, 0, 1, grad_t43, 8, 1, tmp1_25);
 
     /* tmp1_26 = grad_t52 @ U_f^T */
     double *tmp1_26 = t116; /* n x 8, in t116's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t52, 8, U_f, 8, 0, tmp1_26, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t52[8*i + k] * U_f[k + 8*j];
-                }
-                tmp1_26[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t52, 8, 1, U_f, 1, 8, tmp1_26);
 
     /* tmp1_27 = grad_t47 @ U_g^T */
     double *tmp1_27 = grad_t118; /* n x 8, in grad_t118's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t47, 8, U_g, 8, 0, tmp1_27, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t47[8*i + k] * U_g[k + 8*j];
-                }
-                tmp1_27[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t47, 8, 1, U_g, 1, 8, tmp1_27);
 
     /* tmp1_28 = grad_t43 @ U_i^T */
     double *tmp1_28 = tmp1_11; /* n x 8, in tmp1_11's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t43, 8, U_i, 8, 0, tmp1_28, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t43[8*i + k] * U_i[k + 8*j];
-                }
-                tmp1_28[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t43, 8, 1, U_i, 1, 8, tmp1_28);
 
     /* tmp1_29 = grad_t39 @ U_o^T */
     double *tmp1_29 = tmp1_12; /* n x 8, in tmp1_12's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t39, 8, U_o, 8, 0, tmp1_29, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t39[8*i + k] * U_o[k + 8*j];
-                }
-                tmp1_29[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t39, 8, 1, U_o, 1, 8, tmp1_29);
 
     /* grad_t34 = grad_t55*t53 + t18*(1 - t35**2)*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29) */
     /* grad_t21 = dt22_dt21*t26*(grad_t55*t53 + t18*(1 - t35**2)*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29)) */
@@ -4129,100 +1660,23 @@ int lstm_sequence_value_and_grad(
 
     /* tmp1_30 = x2^T @ grad_t21 */
     double *tmp1_30 = tmp1_25 + 8; /* 1 x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x2_, n, grad_t21, 8, 0, tmp1_30, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_30[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x2_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_30[8*i + j] += acc * grad_t21[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x2_, 0, 1, grad_t21, 8, 1, tmp1_30);
 
     /* tmp1_31 = grad_t31 @ U_f^T */
     double *tmp1_31 = t65; /* n x 8, in t65's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t31, 8, U_f, 8, 0, tmp1_31, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t31[8*i + k] * U_f[k + 8*j];
-                }
-                tmp1_31[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t31, 8, 1, U_f, 1, 8, tmp1_31);
 
     /* tmp1_32 = grad_t25 @ U_g^T */
     double *tmp1_32 = t69; /* n x 8, in t69's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t25, 8, U_g, 8, 0, tmp1_32, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t25[8*i + k] * U_g[k + 8*j];
-                }
-                tmp1_32[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t25, 8, 1, U_g, 1, 8, tmp1_32);
 
     /* tmp1_33 = grad_t21 @ U_i^T */
     double *tmp1_33 = dt74_dt73; /* n x 8, in dt74_dt73's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t21, 8, U_i, 8, 0, tmp1_33, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t21[8*i + k] * U_i[k + 8*j];
-                }
-                tmp1_33[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t21, 8, 1, U_i, 1, 8, tmp1_33);
 
     /* tmp1_34 = grad_t17 @ U_o^T */
     double *tmp1_34 = t77; /* n x 8, in t77's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 8, 8, 1, grad_t17, 8, U_o, 8, 0, tmp1_34, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 8; ++k) {
-                    acc += grad_t17[8*i + k] * U_o[k + 8*j];
-                }
-                tmp1_34[8*i + j] = acc;
-            }
-        }
-    }
+    lstm_sequence_matmul(n, 8, 8, grad_t17, 8, 1, U_o, 1, 8, tmp1_34);
 
     /* grad_t6 = dt7_dt6*t11*(grad_t34*t32 + t3*(1 - t13**2)*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34)) */
     /* grad_t10 = t7*(1 - t11**2)*(grad_t34*t32 + t3*(1 - t13**2)*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34)) */
@@ -4255,24 +1709,7 @@ int lstm_sequence_value_and_grad(
 
     /* tmp1_35 = x1^T @ grad_t6 */
     double *tmp1_35 = tmp1_30 + 8; /* 1 x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x1_, n, grad_t6, 8, 0, tmp1_35, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_35[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x1_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_35[8*i + j] += acc * grad_t6[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x1_, 0, 1, grad_t6, 8, 1, tmp1_35);
 
     /* grad_W_i = tmp1 + tmp1_10 + tmp1_15 + tmp1_20 + tmp1_25 + tmp1_30 + tmp1_35 + tmp1_5 */
     for (int64_t j = 0; j < 8; ++j) {
@@ -4281,150 +1718,31 @@ int lstm_sequence_value_and_grad(
 
     /* tmp1_36 = x8^T @ grad_t157 */
     double *tmp1_36 = tmp1; /* 1 x 8, in tmp1's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x8_, n, grad_t157, 8, 0, tmp1_36, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_36[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x8_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_36[8*i + j] += acc * grad_t157[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x8_, 0, 1, grad_t157, 8, 1, tmp1_36);
 
     /* tmp1_37 = x7^T @ grad_t136 */
     double *tmp1_37 = tmp1_5; /* 1 x 8, in tmp1_5's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x7_, n, grad_t136, 8, 0, tmp1_37, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_37[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x7_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_37[8*i + j] += acc * grad_t136[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x7_, 0, 1, grad_t136, 8, 1, tmp1_37);
 
     /* tmp1_38 = x6^T @ grad_t115 */
     double *tmp1_38 = tmp1_10; /* 1 x 8, in tmp1_10's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x6_, n, grad_t115, 8, 0, tmp1_38, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_38[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x6_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_38[8*i + j] += acc * grad_t115[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x6_, 0, 1, grad_t115, 8, 1, tmp1_38);
 
     /* tmp1_39 = x5^T @ grad_t94 */
     double *tmp1_39 = tmp1_15; /* 1 x 8, in tmp1_15's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x5_, n, grad_t94, 8, 0, tmp1_39, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_39[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x5_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_39[8*i + j] += acc * grad_t94[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x5_, 0, 1, grad_t94, 8, 1, tmp1_39);
 
     /* tmp1_40 = x4^T @ grad_t73 */
     double *tmp1_40 = tmp1_20; /* 1 x 8, in tmp1_20's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x4_, n, grad_t73, 8, 0, tmp1_40, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_40[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x4_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_40[8*i + j] += acc * grad_t73[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x4_, 0, 1, grad_t73, 8, 1, tmp1_40);
 
     /* tmp1_41 = x3^T @ grad_t52 */
     double *tmp1_41 = tmp1_25; /* 1 x 8, in tmp1_25's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x3_, n, grad_t52, 8, 0, tmp1_41, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_41[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x3_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_41[8*i + j] += acc * grad_t52[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x3_, 0, 1, grad_t52, 8, 1, tmp1_41);
 
     /* tmp1_42 = x2^T @ grad_t31 */
     double *tmp1_42 = tmp1_30; /* 1 x 8, in tmp1_30's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x2_, n, grad_t31, 8, 0, tmp1_42, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_42[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x2_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_42[8*i + j] += acc * grad_t31[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x2_, 0, 1, grad_t31, 8, 1, tmp1_42);
 
     /* grad_W_f = tmp1_36 + tmp1_37 + tmp1_38 + tmp1_39 + tmp1_40 + tmp1_41 + tmp1_42 */
     for (int64_t j = 0; j < 8; ++j) {
@@ -4433,171 +1751,35 @@ int lstm_sequence_value_and_grad(
 
     /* tmp1_43 = x8^T @ grad_t152 */
     double *tmp1_43 = tmp1_35; /* 1 x 8, in tmp1_35's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x8_, n, grad_t152, 8, 0, tmp1_43, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_43[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x8_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_43[8*i + j] += acc * grad_t152[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x8_, 0, 1, grad_t152, 8, 1, tmp1_43);
 
     /* tmp1_44 = x7^T @ grad_t131 */
     double *tmp1_44 = tmp1_36; /* 1 x 8, in tmp1_36's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x7_, n, grad_t131, 8, 0, tmp1_44, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_44[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x7_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_44[8*i + j] += acc * grad_t131[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x7_, 0, 1, grad_t131, 8, 1, tmp1_44);
 
     /* tmp1_45 = x6^T @ grad_t110 */
     double *tmp1_45 = tmp1_37; /* 1 x 8, in tmp1_37's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x6_, n, grad_t110, 8, 0, tmp1_45, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_45[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x6_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_45[8*i + j] += acc * grad_t110[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x6_, 0, 1, grad_t110, 8, 1, tmp1_45);
 
     /* tmp1_46 = x5^T @ grad_t89 */
     double *tmp1_46 = tmp1_38; /* 1 x 8, in tmp1_38's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x5_, n, grad_t89, 8, 0, tmp1_46, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_46[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x5_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_46[8*i + j] += acc * grad_t89[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x5_, 0, 1, grad_t89, 8, 1, tmp1_46);
 
     /* tmp1_47 = x4^T @ grad_t68 */
     double *tmp1_47 = tmp1_39; /* 1 x 8, in tmp1_39's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x4_, n, grad_t68, 8, 0, tmp1_47, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_47[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x4_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_47[8*i + j] += acc * grad_t68[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x4_, 0, 1, grad_t68, 8, 1, tmp1_47);
 
     /* tmp1_48 = x3^T @ grad_t47 */
     double *tmp1_48 = tmp1_40; /* 1 x 8, in tmp1_40's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x3_, n, grad_t47, 8, 0, tmp1_48, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_48[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x3_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_48[8*i + j] += acc * grad_t47[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x3_, 0, 1, grad_t47, 8, 1, tmp1_48);
 
     /* tmp1_49 = x2^T @ grad_t25 */
     double *tmp1_49 = tmp1_41; /* 1 x 8, in tmp1_41's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x2_, n, grad_t25, 8, 0, tmp1_49, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_49[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x2_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_49[8*i + j] += acc * grad_t25[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x2_, 0, 1, grad_t25, 8, 1, tmp1_49);
 
     /* tmp1_50 = x1^T @ grad_t10 */
     double *tmp1_50 = tmp1_42; /* 1 x 8, in tmp1_42's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x1_, n, grad_t10, 8, 0, tmp1_50, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_50[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x1_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_50[8*i + j] += acc * grad_t10[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x1_, 0, 1, grad_t10, 8, 1, tmp1_50);
 
     /* grad_W_g = tmp1_43 + tmp1_44 + tmp1_45 + tmp1_46 + tmp1_47 + tmp1_48 + tmp1_49 + tmp1_50 */
     for (int64_t j = 0; j < 8; ++j) {
@@ -4606,171 +1788,35 @@ int lstm_sequence_value_and_grad(
 
     /* tmp1_51 = x8^T @ grad_t144 */
     double *tmp1_51 = tmp1_43; /* 1 x 8, in tmp1_43's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x8_, n, grad_t144, 8, 0, tmp1_51, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_51[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x8_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_51[8*i + j] += acc * grad_t144[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x8_, 0, 1, grad_t144, 8, 1, tmp1_51);
 
     /* tmp1_52 = x7^T @ grad_t123 */
     double *tmp1_52 = tmp1_44; /* 1 x 8, in tmp1_44's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x7_, n, grad_t123, 8, 0, tmp1_52, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_52[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x7_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_52[8*i + j] += acc * grad_t123[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x7_, 0, 1, grad_t123, 8, 1, tmp1_52);
 
     /* tmp1_53 = x6^T @ grad_t102 */
     double *tmp1_53 = tmp1_45; /* 1 x 8, in tmp1_45's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x6_, n, grad_t102, 8, 0, tmp1_53, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_53[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x6_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_53[8*i + j] += acc * grad_t102[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x6_, 0, 1, grad_t102, 8, 1, tmp1_53);
 
     /* tmp1_54 = x5^T @ grad_t81 */
     double *tmp1_54 = tmp1_46; /* 1 x 8, in tmp1_46's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x5_, n, grad_t81, 8, 0, tmp1_54, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_54[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x5_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_54[8*i + j] += acc * grad_t81[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x5_, 0, 1, grad_t81, 8, 1, tmp1_54);
 
     /* tmp1_55 = x4^T @ grad_t60 */
     double *tmp1_55 = tmp1_47; /* 1 x 8, in tmp1_47's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x4_, n, grad_t60, 8, 0, tmp1_55, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_55[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x4_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_55[8*i + j] += acc * grad_t60[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x4_, 0, 1, grad_t60, 8, 1, tmp1_55);
 
     /* tmp1_56 = x3^T @ grad_t39 */
     double *tmp1_56 = tmp1_48; /* 1 x 8, in tmp1_48's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x3_, n, grad_t39, 8, 0, tmp1_56, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_56[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x3_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_56[8*i + j] += acc * grad_t39[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x3_, 0, 1, grad_t39, 8, 1, tmp1_56);
 
     /* tmp1_57 = x2^T @ grad_t17 */
     double *tmp1_57 = tmp1_49; /* 1 x 8, in tmp1_49's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x2_, n, grad_t17, 8, 0, tmp1_57, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_57[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x2_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_57[8*i + j] += acc * grad_t17[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x2_, 0, 1, grad_t17, 8, 1, tmp1_57);
 
     /* tmp1_58 = x1^T @ grad_t2 */
     double *tmp1_58 = tmp1_50; /* 1 x 8, in tmp1_50's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, 1, 8, n, 1, x1_, n, grad_t2, 8, 0, tmp1_58, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 1; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_58[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = x1_[k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_58[8*i + j] += acc * grad_t2[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(1, 8, n, x1_, 0, 1, grad_t2, 8, 1, tmp1_58);
 
     /* grad_W_o = tmp1_51 + tmp1_52 + tmp1_53 + tmp1_54 + tmp1_55 + tmp1_56 + tmp1_57 + tmp1_58 */
     for (int64_t j = 0; j < 8; ++j) {
@@ -4779,150 +1825,31 @@ int lstm_sequence_value_and_grad(
 
     /* tmp1_59 = t141^T @ grad_t148 */
     double *tmp1_59 = tmp1_35 + 8; /* 8 x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t141, 8, grad_t148, 8, 0, tmp1_59, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_59[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t141[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_59[8*i + j] += acc * grad_t148[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t141, 1, 8, grad_t148, 8, 1, tmp1_59);
 
     /* tmp1_60 = t120^T @ grad_t127 */
     double *tmp1_60 = tmp1_59 + 64; /* 8 x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t120, 8, grad_t127, 8, 0, tmp1_60, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_60[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t120[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_60[8*i + j] += acc * grad_t127[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t120, 1, 8, grad_t127, 8, 1, tmp1_60);
 
     /* tmp1_61 = t99^T @ grad_t106 */
     double *tmp1_61 = tmp1_60 + 64; /* 8 x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t99, 8, grad_t106, 8, 0, tmp1_61, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_61[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t99[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_61[8*i + j] += acc * grad_t106[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t99, 1, 8, grad_t106, 8, 1, tmp1_61);
 
     /* tmp1_62 = t78^T @ grad_t85 */
     double *tmp1_62 = tmp1_61 + 64; /* 8 x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t78, 8, grad_t85, 8, 0, tmp1_62, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_62[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t78[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_62[8*i + j] += acc * grad_t85[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t78, 1, 8, grad_t85, 8, 1, tmp1_62);
 
     /* tmp1_63 = t57^T @ grad_t64 */
     double *tmp1_63 = tmp1_62 + 64; /* 8 x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t57, 8, grad_t64, 8, 0, tmp1_63, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_63[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t57[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_63[8*i + j] += acc * grad_t64[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t57, 1, 8, grad_t64, 8, 1, tmp1_63);
 
     /* tmp1_64 = t36^T @ grad_t43 */
     double *tmp1_64 = tmp1_63 + 64; /* 8 x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t36, 8, grad_t43, 8, 0, tmp1_64, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_64[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t36[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_64[8*i + j] += acc * grad_t43[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t36, 1, 8, grad_t43, 8, 1, tmp1_64);
 
     /* tmp1_65 = t14^T @ grad_t21 */
     double *tmp1_65 = tmp1_64 + 64; /* 8 x 8 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t14, 8, grad_t21, 8, 0, tmp1_65, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_65[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t14[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_65[8*i + j] += acc * grad_t21[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t14, 1, 8, grad_t21, 8, 1, tmp1_65);
 
     /* grad_U_i = tmp1_59 + tmp1_60 + tmp1_61 + tmp1_62 + tmp1_63 + tmp1_64 + tmp1_65 */
     for (int64_t i = 0; i < 8; ++i) {
@@ -4933,150 +1860,31 @@ int lstm_sequence_value_and_grad(
 
     /* tmp1_66 = t141^T @ grad_t157 */
     double *tmp1_66 = tmp1_59; /* 8 x 8, in tmp1_59's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t141, 8, grad_t157, 8, 0, tmp1_66, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_66[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t141[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_66[8*i + j] += acc * grad_t157[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t141, 1, 8, grad_t157, 8, 1, tmp1_66);
 
     /* tmp1_67 = t120^T @ grad_t136 */
     double *tmp1_67 = tmp1_60; /* 8 x 8, in tmp1_60's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t120, 8, grad_t136, 8, 0, tmp1_67, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_67[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t120[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_67[8*i + j] += acc * grad_t136[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t120, 1, 8, grad_t136, 8, 1, tmp1_67);
 
     /* tmp1_68 = t99^T @ grad_t115 */
     double *tmp1_68 = tmp1_61; /* 8 x 8, in tmp1_61's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t99, 8, grad_t115, 8, 0, tmp1_68, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_68[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t99[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_68[8*i + j] += acc * grad_t115[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t99, 1, 8, grad_t115, 8, 1, tmp1_68);
 
     /* tmp1_69 = t78^T @ grad_t94 */
     double *tmp1_69 = tmp1_62; /* 8 x 8, in tmp1_62's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t78, 8, grad_t94, 8, 0, tmp1_69, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_69[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t78[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_69[8*i + j] += acc * grad_t94[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t78, 1, 8, grad_t94, 8, 1, tmp1_69);
 
     /* tmp1_70 = t57^T @ grad_t73 */
     double *tmp1_70 = tmp1_63; /* 8 x 8, in tmp1_63's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t57, 8, grad_t73, 8, 0, tmp1_70, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_70[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t57[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_70[8*i + j] += acc * grad_t73[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t57, 1, 8, grad_t73, 8, 1, tmp1_70);
 
     /* tmp1_71 = t36^T @ grad_t52 */
     double *tmp1_71 = tmp1_64; /* 8 x 8, in tmp1_64's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t36, 8, grad_t52, 8, 0, tmp1_71, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_71[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t36[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_71[8*i + j] += acc * grad_t52[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t36, 1, 8, grad_t52, 8, 1, tmp1_71);
 
     /* tmp1_72 = t14^T @ grad_t31 */
     double *tmp1_72 = tmp1_65; /* 8 x 8, in tmp1_65's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t14, 8, grad_t31, 8, 0, tmp1_72, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_72[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t14[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_72[8*i + j] += acc * grad_t31[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t14, 1, 8, grad_t31, 8, 1, tmp1_72);
 
     /* grad_U_f = tmp1_66 + tmp1_67 + tmp1_68 + tmp1_69 + tmp1_70 + tmp1_71 + tmp1_72 */
     for (int64_t i = 0; i < 8; ++i) {
@@ -5087,150 +1895,31 @@ int lstm_sequence_value_and_grad(
 
     /* tmp1_73 = t141^T @ grad_t152 */
     double *tmp1_73 = tmp1_66; /* 8 x 8, in tmp1_66's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t141, 8, grad_t152, 8, 0, tmp1_73, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_73[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t141[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_73[8*i + j] += acc * grad_t152[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t141, 1, 8, grad_t152, 8, 1, tmp1_73);
 
     /* tmp1_74 = t120^T @ grad_t131 */
     double *tmp1_74 = tmp1_67; /* 8 x 8, in tmp1_67's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t120, 8, grad_t131, 8, 0, tmp1_74, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_74[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t120[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_74[8*i + j] += acc * grad_t131[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t120, 1, 8, grad_t131, 8, 1, tmp1_74);
 
     /* tmp1_75 = t99^T @ grad_t110 */
     double *tmp1_75 = tmp1_68; /* 8 x 8, in tmp1_68's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t99, 8, grad_t110, 8, 0, tmp1_75, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_75[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t99[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_75[8*i + j] += acc * grad_t110[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t99, 1, 8, grad_t110, 8, 1, tmp1_75);
 
     /* tmp1_76 = t78^T @ grad_t89 */
     double *tmp1_76 = tmp1_69; /* 8 x 8, in tmp1_69's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t78, 8, grad_t89, 8, 0, tmp1_76, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_76[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t78[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_76[8*i + j] += acc * grad_t89[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t78, 1, 8, grad_t89, 8, 1, tmp1_76);
 
     /* tmp1_77 = t57^T @ grad_t68 */
     double *tmp1_77 = tmp1_70; /* 8 x 8, in tmp1_70's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t57, 8, grad_t68, 8, 0, tmp1_77, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_77[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t57[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_77[8*i + j] += acc * grad_t68[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t57, 1, 8, grad_t68, 8, 1, tmp1_77);
 
     /* tmp1_78 = t36^T @ grad_t47 */
     double *tmp1_78 = tmp1_71; /* 8 x 8, in tmp1_71's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t36, 8, grad_t47, 8, 0, tmp1_78, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_78[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t36[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_78[8*i + j] += acc * grad_t47[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t36, 1, 8, grad_t47, 8, 1, tmp1_78);
 
     /* tmp1_79 = t14^T @ grad_t25 */
     double *tmp1_79 = tmp1_72; /* 8 x 8, in tmp1_72's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t14, 8, grad_t25, 8, 0, tmp1_79, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_79[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t14[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_79[8*i + j] += acc * grad_t25[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t14, 1, 8, grad_t25, 8, 1, tmp1_79);
 
     /* grad_U_g = tmp1_73 + tmp1_74 + tmp1_75 + tmp1_76 + tmp1_77 + tmp1_78 + tmp1_79 */
     for (int64_t i = 0; i < 8; ++i) {
@@ -5241,150 +1930,31 @@ int lstm_sequence_value_and_grad(
 
     /* tmp1_80 = t141^T @ grad_t144 */
     double *tmp1_80 = tmp1_73; /* 8 x 8, in tmp1_73's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t141, 8, grad_t144, 8, 0, tmp1_80, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_80[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t141[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_80[8*i + j] += acc * grad_t144[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t141, 1, 8, grad_t144, 8, 1, tmp1_80);
 
     /* tmp1_81 = t120^T @ grad_t123 */
     double *tmp1_81 = tmp1_74; /* 8 x 8, in tmp1_74's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t120, 8, grad_t123, 8, 0, tmp1_81, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_81[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t120[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_81[8*i + j] += acc * grad_t123[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t120, 1, 8, grad_t123, 8, 1, tmp1_81);
 
     /* tmp1_82 = t99^T @ grad_t102 */
     double *tmp1_82 = tmp1_75; /* 8 x 8, in tmp1_75's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t99, 8, grad_t102, 8, 0, tmp1_82, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_82[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t99[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_82[8*i + j] += acc * grad_t102[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t99, 1, 8, grad_t102, 8, 1, tmp1_82);
 
     /* tmp1_83 = t78^T @ grad_t81 */
     double *tmp1_83 = tmp1_76; /* 8 x 8, in tmp1_76's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t78, 8, grad_t81, 8, 0, tmp1_83, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_83[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t78[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_83[8*i + j] += acc * grad_t81[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t78, 1, 8, grad_t81, 8, 1, tmp1_83);
 
     /* tmp1_84 = t57^T @ grad_t60 */
     double *tmp1_84 = tmp1_77; /* 8 x 8, in tmp1_77's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t57, 8, grad_t60, 8, 0, tmp1_84, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_84[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t57[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_84[8*i + j] += acc * grad_t60[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t57, 1, 8, grad_t60, 8, 1, tmp1_84);
 
     /* tmp1_85 = t36^T @ grad_t39 */
     double *tmp1_85 = tmp1_78; /* 8 x 8, in tmp1_78's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t36, 8, grad_t39, 8, 0, tmp1_85, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_85[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t36[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_85[8*i + j] += acc * grad_t39[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t36, 1, 8, grad_t39, 8, 1, tmp1_85);
 
     /* tmp1_86 = t14^T @ grad_t17 */
     double *tmp1_86 = tmp1_79; /* 8 x 8, in tmp1_79's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (64*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 8, n, 1, t14, 8, grad_t17, 8, 0, tmp1_86, 8);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 8; ++j) {
-                tmp1_86[8*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t14[i + 8*k];
-                for (int64_t j = 0; j < 8; ++j) {
-                    tmp1_86[8*i + j] += acc * grad_t17[8*k + j];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 8, n, t14, 1, 8, grad_t17, 8, 1, tmp1_86);
 
     /* grad_U_o = tmp1_80 + tmp1_81 + tmp1_82 + tmp1_83 + tmp1_84 + tmp1_85 + tmp1_86 */
     for (int64_t i = 0; i < 8; ++i) {
@@ -5430,24 +2000,7 @@ int lstm_sequence_value_and_grad(
     }
 
     /* grad_V = t162^T @ grad_logit */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 8, 1, n, 1, t162, 8, grad_logit, 1, 0, grad_V, 1);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 8; ++i) {
-            for (int64_t j = 0; j < 1; ++j) {
-                grad_V[i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t162[i + 8*k];
-                for (int64_t j = 0; j < 1; ++j) {
-                    grad_V[i + j] += acc * grad_logit[k];
-                }
-            }
-        }
-    }
+    lstm_sequence_matmul(8, 1, n, t162, 1, 8, grad_logit, 1, 0, grad_V);
 
     /* grad_c0 = sum of grad_logit down each column */
     {

@@ -47,8 +47,8 @@ __attribute__((simd("notinbranch"))) double tanh(double);
 
 /* Large matrix products call a row-major cblas_dgemm when the file is
  * compiled with -DSYMBACKPROP_CBLAS (and linked to a BLAS); the name can be
- * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise they
- * run as the plain loops below each call. */
+ * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise
+ * mlp_matmul runs them as plain loops. */
 #ifdef SYMBACKPROP_CBLAS
 #ifndef SYMBACKPROP_CBLAS_DGEMM
 #define SYMBACKPROP_CBLAS_DGEMM cblas_dgemm
@@ -58,6 +58,56 @@ void SYMBACKPROP_GEMM(int order, int trans_a, int trans_b, int m, int n, int k, 
                       const double *a, int lda, const double *b, int ldb, double beta,
                       double *c, int ldc);
 #endif
+
+#ifdef SYMBACKPROP_CBLAS
+/* A rows x cols operand read at p[i*rs + j*cs] as a row-major BLAS matrix:
+ * its transpose flag (0 if it is none, e.g. broadcast) and leading dimension. */
+static int mlp_blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int *ld)
+{
+    if ((cs == 1 || cols == 1) && (rows == 1 || rs >= cols)) {
+        *ld = (int)(rows == 1 ? cols : rs);
+        return 111; /* CblasNoTrans */
+    }
+    if ((rs == 1 || rows == 1) && (cols == 1 || cs >= rows)) {
+        *ld = (int)(cols == 1 ? rows : cs);
+        return 112; /* CblasTrans */
+    }
+    return 0;
+}
+#endif
+
+/* c (m x n, contiguous) = A (m x k) @ B (k x n), where A[i][p] is
+ * a[i*a_rs + p*a_cs] and B[p][j] is b[p*b_rs + j*b_cs]. Large products go
+ * to BLAS when compiled with -DSYMBACKPROP_CBLAS; the rest are plain loops. */
+static void mlp_matmul(int64_t m, int64_t n, int64_t k,
+                       const double *a, int64_t a_rs, int64_t a_cs,
+                       const double *b, int64_t b_rs, int64_t b_cs, double *c)
+{
+#ifdef SYMBACKPROP_CBLAS
+    if (m * n * k >= 4096) {
+        int lda = 1, ldb = 1;
+        const int trans_a = mlp_blas_layout(m, k, a_rs, a_cs, &lda);
+        const int trans_b = mlp_blas_layout(k, n, b_rs, b_cs, &ldb);
+        if (trans_a && trans_b) {
+            SYMBACKPROP_GEMM(101, trans_a, trans_b, (int)m, (int)n, (int)k, 1, a, lda, b, ldb, 0, c, (int)n);
+            return;
+        }
+    }
+#endif
+    for (int64_t i = 0; i < m; ++i) {
+        double *row = c + i * n;
+        for (int64_t j = 0; j < n; ++j) {
+            row[j] = 0;
+        }
+        for (int64_t p = 0; p < k; ++p) {
+            const double scale = a[i * a_rs + p * a_cs];
+            const double *from = b + p * b_rs;
+            for (int64_t j = 0; j < n; ++j) {
+                row[j] += scale * from[j * b_cs];
+            }
+        }
+    }
+}
 
 size_t mlp_forward_work_len(int64_t n)
 {
@@ -85,24 +135,7 @@ int mlp_forward(
 
     /* t0 = X @ W1 */
     double *t0 = work; /* n x 4 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (12*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 4, 3, 1, X, 3, W1, 4, 0, t0, 4);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 4; ++j) {
-                t0[4*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 3; ++k) {
-                const double acc = X[3*i + k];
-                for (int64_t j = 0; j < 4; ++j) {
-                    t0[4*i + j] += acc * W1[4*k + j];
-                }
-            }
-        }
-    }
+    mlp_matmul(n, 4, 3, X, 3, 1, W1, 4, 1, t0);
 
     /* t3 = 1/(exp(-b1 - t0) + 1) */
     double *t3 = t0 + 4*n; /* n x 4 */
@@ -115,24 +148,7 @@ int mlp_forward(
 
     /* t4 = t3 @ W2 */
     double *t4 = t3 + 4*n; /* n x 2 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 2, 4, 1, t3, 4, W2, 2, 0, t4, 2);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 2; ++j) {
-                t4[2*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 4; ++k) {
-                const double acc = t3[4*i + k];
-                for (int64_t j = 0; j < 2; ++j) {
-                    t4[2*i + j] += acc * W2[2*k + j];
-                }
-            }
-        }
-    }
+    mlp_matmul(n, 2, 4, t3, 4, 1, W2, 2, 1, t4);
 
     /* Y = b2 + t4 */
     /* t8 = (-T + b2 + t4)**2 */
@@ -203,24 +219,7 @@ int mlp_value_and_grad(
 
     /* t0 = X @ W1 */
     double *t0 = work; /* n x 4 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (12*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 4, 3, 1, X, 3, W1, 4, 0, t0, 4);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 4; ++j) {
-                t0[4*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 3; ++k) {
-                const double acc = X[3*i + k];
-                for (int64_t j = 0; j < 4; ++j) {
-                    t0[4*i + j] += acc * W1[4*k + j];
-                }
-            }
-        }
-    }
+    mlp_matmul(n, 4, 3, X, 3, 1, W1, 4, 1, t0);
 
     /* t3 = 1/(exp(-b1 - t0) + 1) */
     /* dt3_dt2 = exp(-b1 - t0)/(exp(-b1 - t0) + 1)**2 */
@@ -238,24 +237,7 @@ int mlp_value_and_grad(
 
     /* t4 = t3 @ W2 */
     double *t4 = t3 + 4*n; /* n x 2 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 2, 4, 1, t3, 4, W2, 2, 0, t4, 2);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 2; ++j) {
-                t4[2*i + j] = 0;
-            }
-            for (int64_t k = 0; k < 4; ++k) {
-                const double acc = t3[4*i + k];
-                for (int64_t j = 0; j < 2; ++j) {
-                    t4[2*i + j] += acc * W2[2*k + j];
-                }
-            }
-        }
-    }
+    mlp_matmul(n, 2, 4, t3, 4, 1, W2, 2, 1, t4);
 
     /* t8 = (-T + b2 + t4)**2 */
     /* grad_t7 = (-2*T + 2*b2 + 2*t4)/(2*n) */
@@ -297,22 +279,7 @@ int mlp_value_and_grad(
 
     /* grad_t3 = grad_t7 @ W2^T */
     double *grad_t3 = t0; /* n x 4, in t0's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 112, n, 4, 2, 1, grad_t7, 2, W2, 2, 0, grad_t3, 4);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 4; ++j) {
-                double acc = 0;
-                for (int64_t k = 0; k < 2; ++k) {
-                    acc += grad_t7[2*i + k] * W2[k + 2*j];
-                }
-                grad_t3[4*i + j] = acc;
-            }
-        }
-    }
+    mlp_matmul(n, 4, 2, grad_t7, 2, 1, W2, 1, 2, grad_t3);
 
     /* grad_t2 = dt3_dt2*grad_t3 */
     double *grad_t2 = t10 + 1; /* n x 4 */
@@ -324,24 +291,7 @@ int mlp_value_and_grad(
     }
 
     /* grad_W1 = X^T @ grad_t2 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (12*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 3, 4, n, 1, X, 3, grad_t2, 4, 0, grad_W1, 4);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 3; ++i) {
-            for (int64_t j = 0; j < 4; ++j) {
-                grad_W1[4*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = X[i + 3*k];
-                for (int64_t j = 0; j < 4; ++j) {
-                    grad_W1[4*i + j] += acc * grad_t2[4*k + j];
-                }
-            }
-        }
-    }
+    mlp_matmul(3, 4, n, X, 1, 3, grad_t2, 4, 1, grad_W1);
 
     /* grad_b1 = sum of grad_t2 down each column */
     for (int64_t j = 0; j < 4; ++j) {
@@ -353,24 +303,7 @@ int mlp_value_and_grad(
     }
 
     /* grad_W2 = t3^T @ grad_t7 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (8*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 4, 2, n, 1, t3, 4, grad_t7, 2, 0, grad_W2, 2);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 4; ++i) {
-            for (int64_t j = 0; j < 2; ++j) {
-                grad_W2[2*i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = t3[i + 4*k];
-                for (int64_t j = 0; j < 2; ++j) {
-                    grad_W2[2*i + j] += acc * grad_t7[2*k + j];
-                }
-            }
-        }
-    }
+    mlp_matmul(4, 2, n, t3, 1, 4, grad_t7, 2, 1, grad_W2);
 
     /* grad_b2 = sum of grad_t7 down each column */
     for (int64_t j = 0; j < 2; ++j) {

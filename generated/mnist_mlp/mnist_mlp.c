@@ -47,8 +47,8 @@ __attribute__((simd("notinbranch"))) double tanh(double);
 
 /* Large matrix products call a row-major cblas_dgemm when the file is
  * compiled with -DSYMBACKPROP_CBLAS (and linked to a BLAS); the name can be
- * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise they
- * run as the plain loops below each call. */
+ * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise
+ * mnist_mlp_matmul runs them as plain loops. */
 #ifdef SYMBACKPROP_CBLAS
 #ifndef SYMBACKPROP_CBLAS_DGEMM
 #define SYMBACKPROP_CBLAS_DGEMM cblas_dgemm
@@ -58,6 +58,56 @@ void SYMBACKPROP_GEMM(int order, int trans_a, int trans_b, int m, int n, int k, 
                       const double *a, int lda, const double *b, int ldb, double beta,
                       double *c, int ldc);
 #endif
+
+#ifdef SYMBACKPROP_CBLAS
+/* A rows x cols operand read at p[i*rs + j*cs] as a row-major BLAS matrix:
+ * its transpose flag (0 if it is none, e.g. broadcast) and leading dimension. */
+static int mnist_mlp_blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int *ld)
+{
+    if ((cs == 1 || cols == 1) && (rows == 1 || rs >= cols)) {
+        *ld = (int)(rows == 1 ? cols : rs);
+        return 111; /* CblasNoTrans */
+    }
+    if ((rs == 1 || rows == 1) && (cols == 1 || cs >= rows)) {
+        *ld = (int)(cols == 1 ? rows : cs);
+        return 112; /* CblasTrans */
+    }
+    return 0;
+}
+#endif
+
+/* c (m x n, contiguous) = A (m x k) @ B (k x n), where A[i][p] is
+ * a[i*a_rs + p*a_cs] and B[p][j] is b[p*b_rs + j*b_cs]. Large products go
+ * to BLAS when compiled with -DSYMBACKPROP_CBLAS; the rest are plain loops. */
+static void mnist_mlp_matmul(int64_t m, int64_t n, int64_t k,
+                             const double *a, int64_t a_rs, int64_t a_cs,
+                             const double *b, int64_t b_rs, int64_t b_cs, double *c)
+{
+#ifdef SYMBACKPROP_CBLAS
+    if (m * n * k >= 4096) {
+        int lda = 1, ldb = 1;
+        const int trans_a = mnist_mlp_blas_layout(m, k, a_rs, a_cs, &lda);
+        const int trans_b = mnist_mlp_blas_layout(k, n, b_rs, b_cs, &ldb);
+        if (trans_a && trans_b) {
+            SYMBACKPROP_GEMM(101, trans_a, trans_b, (int)m, (int)n, (int)k, 1, a, lda, b, ldb, 0, c, (int)n);
+            return;
+        }
+    }
+#endif
+    for (int64_t i = 0; i < m; ++i) {
+        double *row = c + i * n;
+        for (int64_t j = 0; j < n; ++j) {
+            row[j] = 0;
+        }
+        for (int64_t p = 0; p < k; ++p) {
+            const double scale = a[i * a_rs + p * a_cs];
+            const double *from = b + p * b_rs;
+            for (int64_t j = 0; j < n; ++j) {
+                row[j] += scale * from[j * b_cs];
+            }
+        }
+    }
+}
 
 size_t mnist_mlp_forward_work_len(void)
 {
@@ -80,21 +130,7 @@ int mnist_mlp_forward(
 
     /* t0 = X @ W1 */
     double *t0 = work; /* 128 x 256 */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_GEMM(101, 111, 111, 128, 256, 784, 1, X, 784, W1, 256, 0, t0, 256);
-    #else
-    for (int64_t i = 0; i < 128; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t0[256*i + j] = 0;
-        }
-        for (int64_t k = 0; k < 784; ++k) {
-            const double acc = X[784*i + k];
-            for (int64_t j = 0; j < 256; ++j) {
-                t0[256*i + j] += acc * W1[256*k + j];
-            }
-        }
-    }
-    #endif
+    mnist_mlp_matmul(128, 256, 784, X, 784, 1, W1, 256, 1, t0);
 
     /* t3 = tanh(b1 + t0) */
     double *t3 = t0 + 32768; /* 128 x 256 */
@@ -107,21 +143,7 @@ int mnist_mlp_forward(
 
     /* t4 = t3 @ W2 */
     double *t4 = t3 + 32768; /* 128 x 10 */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_GEMM(101, 111, 111, 128, 10, 256, 1, t3, 256, W2, 10, 0, t4, 10);
-    #else
-    for (int64_t i = 0; i < 128; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            t4[10*i + j] = 0;
-        }
-        for (int64_t k = 0; k < 256; ++k) {
-            const double acc = t3[256*i + k];
-            for (int64_t j = 0; j < 10; ++j) {
-                t4[10*i + j] += acc * W2[10*k + j];
-            }
-        }
-    }
-    #endif
+    mnist_mlp_matmul(128, 10, 256, t3, 256, 1, W2, 10, 1, t4);
 
     /* logits = b2 + t4 */
     /* t6 = T*(b2 + t4) */
@@ -208,21 +230,7 @@ int mnist_mlp_value_and_grad(
 
     /* t0 = X @ W1 */
     double *t0 = work; /* 128 x 256 */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_GEMM(101, 111, 111, 128, 256, 784, 1, X, 784, W1, 256, 0, t0, 256);
-    #else
-    for (int64_t i = 0; i < 128; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t0[256*i + j] = 0;
-        }
-        for (int64_t k = 0; k < 784; ++k) {
-            const double acc = X[784*i + k];
-            for (int64_t j = 0; j < 256; ++j) {
-                t0[256*i + j] += acc * W1[256*k + j];
-            }
-        }
-    }
-    #endif
+    mnist_mlp_matmul(128, 256, 784, X, 784, 1, W1, 256, 1, t0);
 
     /* t3 = tanh(b1 + t0) */
     double *t3 = t0 + 32768; /* 128 x 256 */
@@ -235,21 +243,7 @@ int mnist_mlp_value_and_grad(
 
     /* t4 = t3 @ W2 */
     double *t4 = t3 + 32768; /* 128 x 10 */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_GEMM(101, 111, 111, 128, 10, 256, 1, t3, 256, W2, 10, 0, t4, 10);
-    #else
-    for (int64_t i = 0; i < 128; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            t4[10*i + j] = 0;
-        }
-        for (int64_t k = 0; k < 256; ++k) {
-            const double acc = t3[256*i + k];
-            for (int64_t j = 0; j < 10; ++j) {
-                t4[10*i + j] += acc * W2[10*k + j];
-            }
-        }
-    }
-    #endif
+    mnist_mlp_matmul(128, 10, 256, t3, 256, 1, W2, 10, 1, t4);
 
     /* logits = b2 + t4 */
     /* t6 = T*(b2 + t4) */
@@ -322,19 +316,7 @@ int mnist_mlp_value_and_grad(
 
     /* grad_t3 = grad_logits @ W2^T */
     double *grad_t3 = t0; /* 128 x 256, in t0's memory */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_GEMM(101, 111, 112, 128, 256, 10, 1, grad_logits, 10, W2, 10, 0, grad_t3, 256);
-    #else
-    for (int64_t i = 0; i < 128; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            double acc = 0;
-            for (int64_t k = 0; k < 10; ++k) {
-                acc += grad_logits[10*i + k] * W2[k + 10*j];
-            }
-            grad_t3[256*i + j] = acc;
-        }
-    }
-    #endif
+    mnist_mlp_matmul(128, 256, 10, grad_logits, 10, 1, W2, 1, 10, grad_t3);
 
     /* grad_t2 = grad_t3*(1 - t3**2) */
     double *grad_t2 = t11 + 1; /* 128 x 256 */
@@ -346,21 +328,7 @@ int mnist_mlp_value_and_grad(
     }
 
     /* grad_W1 = X^T @ grad_t2 */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_GEMM(101, 112, 111, 784, 256, 128, 1, X, 784, grad_t2, 256, 0, grad_W1, 256);
-    #else
-    for (int64_t i = 0; i < 784; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            grad_W1[256*i + j] = 0;
-        }
-        for (int64_t k = 0; k < 128; ++k) {
-            const double acc = X[i + 784*k];
-            for (int64_t j = 0; j < 256; ++j) {
-                grad_W1[256*i + j] += acc * grad_t2[256*k + j];
-            }
-        }
-    }
-    #endif
+    mnist_mlp_matmul(784, 256, 128, X, 1, 784, grad_t2, 256, 1, grad_W1);
 
     /* grad_b1 = sum of grad_t2 down each column */
     for (int64_t j = 0; j < 256; ++j) {
@@ -372,21 +340,7 @@ int mnist_mlp_value_and_grad(
     }
 
     /* grad_W2 = t3^T @ grad_logits */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_GEMM(101, 112, 111, 256, 10, 128, 1, t3, 256, grad_logits, 10, 0, grad_W2, 10);
-    #else
-    for (int64_t i = 0; i < 256; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            grad_W2[10*i + j] = 0;
-        }
-        for (int64_t k = 0; k < 128; ++k) {
-            const double acc = t3[i + 256*k];
-            for (int64_t j = 0; j < 10; ++j) {
-                grad_W2[10*i + j] += acc * grad_logits[10*k + j];
-            }
-        }
-    }
-    #endif
+    mnist_mlp_matmul(256, 10, 128, t3, 1, 256, grad_logits, 10, 1, grad_W2);
 
     /* grad_b2 = sum of grad_logits down each column */
     for (int64_t j = 0; j < 10; ++j) {

@@ -47,8 +47,8 @@ __attribute__((simd("notinbranch"))) double tanh(double);
 
 /* Large matrix products call a row-major cblas_dgemm when the file is
  * compiled with -DSYMBACKPROP_CBLAS (and linked to a BLAS); the name can be
- * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise they
- * run as the plain loops below each call. */
+ * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise
+ * logistic_matmul runs them as plain loops. */
 #ifdef SYMBACKPROP_CBLAS
 #ifndef SYMBACKPROP_CBLAS_DGEMM
 #define SYMBACKPROP_CBLAS_DGEMM cblas_dgemm
@@ -58,6 +58,56 @@ void SYMBACKPROP_GEMM(int order, int trans_a, int trans_b, int m, int n, int k, 
                       const double *a, int lda, const double *b, int ldb, double beta,
                       double *c, int ldc);
 #endif
+
+#ifdef SYMBACKPROP_CBLAS
+/* A rows x cols operand read at p[i*rs + j*cs] as a row-major BLAS matrix:
+ * its transpose flag (0 if it is none, e.g. broadcast) and leading dimension. */
+static int logistic_blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int *ld)
+{
+    if ((cs == 1 || cols == 1) && (rows == 1 || rs >= cols)) {
+        *ld = (int)(rows == 1 ? cols : rs);
+        return 111; /* CblasNoTrans */
+    }
+    if ((rs == 1 || rows == 1) && (cols == 1 || cs >= rows)) {
+        *ld = (int)(cols == 1 ? rows : cs);
+        return 112; /* CblasTrans */
+    }
+    return 0;
+}
+#endif
+
+/* c (m x n, contiguous) = A (m x k) @ B (k x n), where A[i][p] is
+ * a[i*a_rs + p*a_cs] and B[p][j] is b[p*b_rs + j*b_cs]. Large products go
+ * to BLAS when compiled with -DSYMBACKPROP_CBLAS; the rest are plain loops. */
+static void logistic_matmul(int64_t m, int64_t n, int64_t k,
+                            const double *a, int64_t a_rs, int64_t a_cs,
+                            const double *b, int64_t b_rs, int64_t b_cs, double *c)
+{
+#ifdef SYMBACKPROP_CBLAS
+    if (m * n * k >= 4096) {
+        int lda = 1, ldb = 1;
+        const int trans_a = logistic_blas_layout(m, k, a_rs, a_cs, &lda);
+        const int trans_b = logistic_blas_layout(k, n, b_rs, b_cs, &ldb);
+        if (trans_a && trans_b) {
+            SYMBACKPROP_GEMM(101, trans_a, trans_b, (int)m, (int)n, (int)k, 1, a, lda, b, ldb, 0, c, (int)n);
+            return;
+        }
+    }
+#endif
+    for (int64_t i = 0; i < m; ++i) {
+        double *row = c + i * n;
+        for (int64_t j = 0; j < n; ++j) {
+            row[j] = 0;
+        }
+        for (int64_t p = 0; p < k; ++p) {
+            const double scale = a[i * a_rs + p * a_cs];
+            const double *from = b + p * b_rs;
+            for (int64_t j = 0; j < n; ++j) {
+                row[j] += scale * from[j * b_cs];
+            }
+        }
+    }
+}
 
 size_t logistic_forward_work_len(int64_t n)
 {
@@ -81,24 +131,7 @@ int logistic_forward(
 
     /* t2 = X @ w */
     double *t2 = work; /* n x 1 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (2*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 1, 2, 1, X, 2, w, 1, 0, t2, 1);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 1; ++j) {
-                t2[i + j] = 0;
-            }
-            for (int64_t k = 0; k < 2; ++k) {
-                const double acc = X[2*i + k];
-                for (int64_t j = 0; j < 1; ++j) {
-                    t2[i + j] += acc * w[k];
-                }
-            }
-        }
-    }
+    logistic_matmul(n, 1, 2, X, 2, 1, w, 1, 0, t2);
 
     /* t12 = -t*log(1/(1 + exp(-t2))) - (1 - t)*log(1 - 1/(1 + exp(-t2))) */
     double *t12 = t2 + n; /* n x 1 */
@@ -156,24 +189,7 @@ int logistic_value_and_grad(
 
     /* t2 = X @ w */
     double *t2 = t1 + n; /* n x 1 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (2*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 111, 111, n, 1, 2, 1, X, 2, w, 1, 0, t2, 1);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < n; ++i) {
-            for (int64_t j = 0; j < 1; ++j) {
-                t2[i + j] = 0;
-            }
-            for (int64_t k = 0; k < 2; ++k) {
-                const double acc = X[2*i + k];
-                for (int64_t j = 0; j < 1; ++j) {
-                    t2[i + j] += acc * w[k];
-                }
-            }
-        }
-    }
+    logistic_matmul(n, 1, 2, X, 2, 1, w, 1, 0, t2);
 
     /* t12 = -t*log(1/(1 + exp(-t2))) - t1*log(1 - 1/(1 + exp(-t2))) */
     /* grad_t2 = -t*exp(-t2)/(n*(1 + exp(-t2))) + t1*exp(-t2)/(n*(1 - 1/(1 + exp(-t2)))*(1 + exp(-t2))**2) */
@@ -207,23 +223,6 @@ int logistic_value_and_grad(
     }
 
     /* grad_w = X^T @ grad_t2 */
-    #ifdef SYMBACKPROP_CBLAS
-    if (2*n >= 4096) {
-        SYMBACKPROP_GEMM(101, 112, 111, 2, 1, n, 1, X, 2, grad_t2, 1, 0, grad_w, 1);
-    } else
-    #endif
-    {
-        for (int64_t i = 0; i < 2; ++i) {
-            for (int64_t j = 0; j < 1; ++j) {
-                grad_w[i + j] = 0;
-            }
-            for (int64_t k = 0; k < n; ++k) {
-                const double acc = X[i + 2*k];
-                for (int64_t j = 0; j < 1; ++j) {
-                    grad_w[i + j] += acc * grad_t2[k];
-                }
-            }
-        }
-    }
+    logistic_matmul(2, 1, n, X, 1, 2, grad_t2, 1, 0, grad_w);
     return 0;
 }
