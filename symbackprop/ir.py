@@ -249,7 +249,9 @@ def lower(model: Model) -> Lowered:
         for sym in group:
             node = leaf(leaf_name(sym), shape_of(sym), role)
             leaves[leaf_name(sym)] = by_symbol[sym] = node
-            dims += [d for d in node.shape if isinstance(d, sp.Symbol) and d not in dims]
+            for d in node.shape:  # once each, also for a square (n, n) leaf
+                if isinstance(d, sp.Symbol) and d not in dims:
+                    dims.append(d)
     clash = [d for d in dims if leaf_name(d) in leaves]
     if clash:
         raise ModelError(f"{clash[0]} is used both as a dimension and as an input/param")

@@ -72,6 +72,11 @@ class Function:
         position = {d: -(k + 1) for k, d in enumerate(self.dims)}
         self.patterns = tuple((s.name, *(position.get(d, d) for d in s.shape)) for s in self.inputs)
         self.out_patterns = tuple((position.get(r, r), position.get(c, c), s.scalar) for s in self.outputs for r, c in [s.shape])
+        self.out_fixed = tuple((r, c) if r > 0 and c > 0 else None for r, c, _ in self.out_patterns)
+        self.scalar_outputs = tuple(k for k, (_, _, scalar) in enumerate(self.out_patterns) if scalar)
+        self.groups: dict[str, list[tuple[int, str]]] = {}
+        for index, (_, group, key) in enumerate(fn.returns):
+            self.groups.setdefault(group, []).append((index, key))
         self._local = threading.local()  # per-thread workspace, reused while the dimensions stay
 
     def bind(self, arrays: Mapping[str, Any]) -> tuple[list[np.ndarray], list[int]]:
@@ -91,21 +96,22 @@ class Function:
 
     def _bind_fast(self, arrays: Mapping[str, Any]) -> tuple[list[np.ndarray], list[int]] | None:
         """The arrays as they are when every one is already right, else None
-        (and `bind` takes the slow path, which names what is wrong)."""
+        (and `bind` takes the slow path, which names what is wrong). Strides
+        equal to a C-contiguous layout's stand for the contiguity check."""
         dims = [0] * len(self.dims)
         values = []
-        dtype = self.dtype
+        dtype, item = self.dtype, self.dtype.itemsize
         for name, rows, cols in self.patterns:
             value = arrays[name]
-            if type(value) is not np.ndarray or value.dtype is not dtype or not value.flags.c_contiguous:
+            if type(value) is not np.ndarray or value.dtype is not dtype:
                 return None
             shape = value.shape
             if rows > 0 and cols > 0:
-                if shape != (rows, cols):
+                if shape != (rows, cols) or value.strides != (cols * item, item):
                     return None
                 values.append(value)
                 continue
-            if len(shape) != 2:
+            if len(shape) != 2 or value.strides != (shape[1] * item, item):
                 return None
             for want, got in ((rows, shape[0]), (cols, shape[1])):
                 if want > 0:
@@ -121,8 +127,8 @@ class Function:
     def allocate(self, dims: Sequence[int]) -> list[np.ndarray]:
         empty, dtype = np.empty, self.dtype
         return [
-            empty((r if r > 0 else dims[-r - 1], c if c > 0 else dims[-c - 1]), dtype=dtype)
-            for r, c, _ in self.out_patterns
+            empty(fixed if fixed is not None else (r if r > 0 else dims[-r - 1], c if c > 0 else dims[-c - 1]), dtype)
+            for (r, c, _), fixed in zip(self.out_patterns, self.out_fixed)
         ]
 
     def workspace(self, dims: Sequence[int]) -> Any:
@@ -146,10 +152,12 @@ class Function:
         values, dims = self.bind(arrays)
         outputs = self.allocate(dims)
         self.invoke(dims, values, outputs, self.workspace(dims))
-        return [float(o[0, 0]) if scalar else o for (_, _, scalar), o in zip(self.out_patterns, outputs)]
+        for index in self.scalar_outputs:
+            outputs[index] = outputs[index].item()
+        return outputs
 
     def group(self, results: Sequence[Any], name: str) -> dict[str, Any]:
-        return {key: r for (_, group, key), r in zip(self.plan.returns, results) if group == name}
+        return {key: results[index] for index, key in self.groups.get(name, ())}
 
 
 class PreparedCall:
@@ -172,7 +180,9 @@ class PreparedCall:
         self._c_function = function.c_function
         buf = function.from_buffer
         self._args = (*dims, *[buf(a) for a in (*values, *outputs, work)])
-        self._loss = self.results.get("loss")
+        loss = self.results.get("loss")
+        # a typed pointer reads the loss faster than indexing the array
+        self._loss = None if loss is None else function.ffi.cast(f"{REAL_TYPES[function.dtype.name].c} *", buf(loss))
 
     @property
     def grads(self) -> dict[str, np.ndarray]:
@@ -183,7 +193,7 @@ class PreparedCall:
         """Run; returns the loss (if the function computes it)."""
         if self._c_function(*self._args) != 0:
             raise ArgumentError(f"{self.function.c_name} rejected its dimensions")
-        return None if self._loss is None else float(self._loss[0, 0])
+        return None if self._loss is None else self._loss[0]
 
 
 class CompiledModule:

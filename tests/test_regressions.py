@@ -81,3 +81,12 @@ def test_function_without_c_is_a_model_error(loss):
     expr = {"gamma": sp.gamma(a), "loggamma": sp.loggamma(a), "besselj": sp.besselj(0, a)}[loss]
     with pytest.raises(sbp.ModelError, match="gamma|besselj"):
         sbp.compile(sbp.Model("no_c", inputs=[], params=[a], loss=expr))
+
+
+def test_a_square_leaf_binds_its_dimension_once():
+    """A first leaf of shape (n, n) listed n twice among the dimensions, so
+    the runtime passed it twice ("work_len() takes exactly one argument (2
+    given)"). Fixed in ir.lower."""
+    X, W = sp.MatrixSymbol("X", n, n), sp.MatrixSymbol("W", n, 1)
+    mod = _check(sbp.Model("square_leaf", inputs=[X], params=[W], loss=nn.sum_all(nn.tanh(X * W))), {n: 3})
+    assert mod.plan.lowered.dims == (n,)
