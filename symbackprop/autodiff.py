@@ -24,7 +24,6 @@ from .ir import (
     const,
     element,
     is_const,
-    logsumexp,
     map_,
     matmul,
     pack,

@@ -7,7 +7,6 @@ dataclasses of strings, never the compiler's objects.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -18,8 +17,8 @@ import sympy as sp
 from sympy.printing.c import C99CodePrinter
 from sympy.printing.codeprinter import PrintMethodNotImplementedError
 
-from .errors import ModelError
 from .cnames import CNamer, comment_text, sanitize
+from .errors import ModelError
 from .schedule import (
     LOOP_I,
     LOOP_J,
@@ -320,11 +319,11 @@ class FunctionEmitter:
         module's matmul helper, which hands large ones to BLAS."""
         size = sp.sympify(kernel.m) * kernel.k * kernel.n
         if not size.is_Number or size >= BLAS_MIN_MULTIPLY_ADDS:
-            operands = [
-                (f"{self.namer.name(v.buffer)} + {self.dim(v.offset)}".replace(" + 0", ""), self.dim(v.row_stride), self.dim(v.col_stride))
-                for v in (kernel.a, kernel.b)
-            ]
-            args = [self.dim(kernel.m), self.dim(kernel.n), self.dim(kernel.k), *operands[0], *operands[1], self.namer.name(kernel.out)]
+            args = [self.dim(kernel.m), self.dim(kernel.n), self.dim(kernel.k)]
+            for v in (kernel.a, kernel.b):
+                pointer = f"{self.namer.name(v.buffer)} + {self.dim(v.offset)}".replace(" + 0", "")
+                args += [pointer, self.dim(v.row_stride), self.dim(v.col_stride)]
+            args.append(self.namer.name(kernel.out))
             return {"call": ", ".join(args)}
         b_rows_contiguous = kernel.b.col_stride == 1 or kernel.n == 1
         out = View(kernel.out, sp.Integer(0), sp.sympify(kernel.n), sp.Integer(1))
@@ -359,11 +358,12 @@ class FunctionEmitter:
 
     def _pack(self, kernel: PackKernel) -> dict:
         zero = sp.Integer(0)
+        constant = _Checked(ScalarPrinter({}, self.real), kernel)
         return {
             "out": self.namer.name(kernel.out),
             "size": self.dim(kernel.size),
             "entries": [
-                (str(index), self.access(where, zero, zero) if isinstance(where, View) else _Checked(ScalarPrinter({}, self.real), kernel).doprint(where))
+                (str(index), self.access(where, zero, zero) if isinstance(where, View) else constant.doprint(where))
                 for index, where in kernel.entries
             ],
         }

@@ -77,7 +77,9 @@ def itemsize_of(dtype: str) -> int:
     return 8 if REAL_TYPES[dtype].c == "double" else 4
 
 
-def derive(model_name: str, forward: FunctionSchedule, gradient: FunctionSchedule, dtype: str, leaf_names: list[str]) -> Derivation:
+def derive(
+    model_name: str, forward: FunctionSchedule, gradient: FunctionSchedule, dtype: str, leaf_names: list[str]
+) -> Derivation:
     memory = memory_plan(forward, gradient, itemsize_of(dtype))
     split = split_at_loss(gradient)
     before, after = gradient.kernels[:split], gradient.kernels[split:]

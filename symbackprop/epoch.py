@@ -24,8 +24,8 @@ import sympy as sp
 from .errors import ModelError
 
 if TYPE_CHECKING:  # only for annotations: compiler.py imports this module
-    from .codegen import CFunction, RealType
     from .cnames import CNamer
+    from .codegen import CFunction, RealType
     from .compiler import FunctionPlan
     from .ir import Lowered
 

@@ -157,7 +157,10 @@ def log_cosh(y: sp.MatrixExpr, target: sp.MatrixExpr) -> sp.MatrixExpr:
 def huber(y: sp.MatrixExpr, target: sp.MatrixExpr, delta=1) -> sp.MatrixExpr:
     """The mean Huber loss: d^2/2 where |d| <= delta, else delta*(|d| - delta/2)."""
     d = _difference(y, target, "huber")
-    return mean_all(d.applyfunc(lambda v: sp.Piecewise((v**2 / 2, sp.Abs(v) <= delta), (delta * (sp.Abs(v) - sp.Rational(1, 2) * delta), True))))
+    def per_entry(v):
+        return sp.Piecewise((v**2 / 2, sp.Abs(v) <= delta), (delta * (sp.Abs(v) - delta / sp.Integer(2)), True))
+
+    return mean_all(d.applyfunc(per_entry))
 
 
 def binary_cross_entropy_with_logits(logits: sp.MatrixExpr, target: sp.MatrixExpr) -> sp.MatrixExpr:

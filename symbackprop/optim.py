@@ -36,7 +36,9 @@ class SGD:
     def hyper(self) -> dict[str, float]:
         return asdict(self)
 
-    def update(self, p: Node, g: Node, state: dict[str, Node], hyper: dict[str, Node], shared: dict[str, Node]) -> dict[str, Node]:
+    def update(
+        self, p: Node, g: Node, state: dict[str, Node], hyper: dict[str, Node], shared: dict[str, Node]
+    ) -> dict[str, Node]:
         grad = map_(a0 + a1 * a2, [g, hyper["weight_decay"], p], p.shape)
         velocity = map_(a0 * a1 + a2, [hyper["momentum"], state["velocity"], grad], p.shape)
         return {"param": map_(a0 - a1 * a2, [p, hyper["lr"], velocity], p.shape), "velocity": velocity, "grad": grad}
@@ -62,7 +64,9 @@ class Adam:
     def hyper(self) -> dict[str, float]:
         return asdict(self)
 
-    def update(self, p: Node, g: Node, state: dict[str, Node], hyper: dict[str, Node], shared: dict[str, Node]) -> dict[str, Node]:
+    def update(
+        self, p: Node, g: Node, state: dict[str, Node], hyper: dict[str, Node], shared: dict[str, Node]
+    ) -> dict[str, Node]:
         grad = map_(a0 + a1 * a2, [g, hyper["weight_decay"], p], p.shape)
         m = map_(a0 * a1 + (1 - a0) * a2, [hyper["beta1"], state["m"], grad], p.shape)
         v = map_(a0 * a1 + (1 - a0) * a2**2, [hyper["beta2"], state["v"], grad], p.shape)

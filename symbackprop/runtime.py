@@ -481,7 +481,9 @@ def _check_names(inputs: Sequence[ArraySpec], arrays: Mapping[str, Any]) -> None
         raise ArgumentError(f"{'; '.join(parts)}; expected the arguments {expected}")
 
 
-def _convert(spec: ArraySpec, value: Any, dtype: np.dtype, bound: dict[sp.Symbol, int], binder: dict[sp.Symbol, str]) -> np.ndarray:
+def _convert(
+    spec: ArraySpec, value: Any, dtype: np.dtype, bound: dict[sp.Symbol, int], binder: dict[sp.Symbol, str]
+) -> np.ndarray:
     array = _as_array(spec, value, dtype)
     if spec.scalar:
         if array.size != 1 or array.ndim > 2:

@@ -125,8 +125,8 @@ class Trainer:
         """Restore the optimizer state and hyperparameters from .npz; returns
         the saved parameters (fresh writable arrays)."""
         with np.load(path) as data:
-            params = {k.split("/", 1)[1]: np.array(data[k], dtype=self.module.dtype) for k in data.files if k.startswith("param/")}
-            self.state = {k.split("/", 1)[1]: np.array(data[k], dtype=self.module.dtype) for k in data.files if k.startswith("state/")}
+            params = _section(data, "param/", self.module.dtype)
+            self.state = _section(data, "state/", self.module.dtype)
             self.hyperparameters.update({k.split("/", 1)[1]: float(data[k]) for k in data.files if k.startswith("hyper/")})
         missing = set(self._state_shapes) - set(self.state)
         if missing:
@@ -156,3 +156,8 @@ def _check_order(order: Any, rows: int) -> np.ndarray:
     if rows and (array.min() < 0 or array.max() >= rows):
         raise ArgumentError(f"order must hold row numbers in 0 ... {rows - 1}; got values from {array.min()} to {array.max()}")
     return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def _section(data: Any, prefix: str, dtype: np.dtype) -> dict[str, np.ndarray]:
+    """The arrays of an .npz stored under `prefix`, as fresh writable arrays."""
+    return {k[len(prefix):]: np.array(data[k], dtype=dtype) for k in data.files if k.startswith(prefix)}
