@@ -184,6 +184,8 @@ def element(a: Node, i: int, j: int) -> Node:
 
 def pack(shape: Shape, entries: dict[tuple[int, int], Node]) -> Node:
     entries = {p: e for p, e in entries.items() if not (is_const(e) and e.attrs[0] == 0)}
+    if shape == SCALAR and (0, 0) in entries:
+        return entries[(0, 0)]
     positions = tuple(sorted(entries))
     return _node("pack", tuple(entries[p] for p in positions), shape, (positions,))
 

@@ -34,9 +34,9 @@ def linear(x: sp.MatrixExpr, w: sp.MatrixExpr, b: sp.MatrixExpr | None = None) -
 
 def _elementwise(x, fn):
     if isinstance(x, sp.MatrixExpr):
+        if x.shape == (1, 1):  # SymPy would call fn on the 1x1 matrix itself
+            return sp.ImmutableMatrix([[fn(x[0, 0])]])
         v = sp.Dummy("v", real=True)
-        if x.shape == (1, 1):  # its constructor would try fn(x) on the matrix
-            return sp.MatrixExpr.__new__(ElementwiseApplyFunction, sp.Lambda(v, fn(v)), x)
         return ElementwiseApplyFunction(sp.Lambda(v, fn(v)), x)
     if isinstance(x, sp.MatrixBase):
         return x.applyfunc(fn)

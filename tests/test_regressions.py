@@ -90,3 +90,8 @@ def test_a_square_leaf_binds_its_dimension_once():
     X, W = sp.MatrixSymbol("X", n, n), sp.MatrixSymbol("W", n, 1)
     mod = _check(sbp.Model("square_leaf", inputs=[X], params=[W], loss=nn.sum_all(nn.tanh(X * W))), {n: 3})
     assert mod.plan.lowered.dims == (n,)
+
+
+def test_relu_of_a_one_by_one_matrix_transposed():
+    M, W = sp.MatrixSymbol("M", 1, 1), sp.MatrixSymbol("W", 1, 2)
+    _check(sbp.Model("relu_1x1_t", inputs=[], params=[M, W], loss=nn.sum_all(nn.relu(M).T * W)))
