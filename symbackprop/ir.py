@@ -348,9 +348,15 @@ class _Lowerer:
         return self.leaves[expr]
 
     def mat_add(self, expr: sp.MatAdd) -> Node:
-        terms = [self.lower(t) for t in _regroup_sum(list(expr.args), self.named_sums, expr)]
+        parts = _regroup_sum(list(expr.args), self.named_sums, expr)
+        terms = [self.lower(t) for t in parts]
+        shape = shape_of(expr)
+        for part, term in zip(parts, terms):
+            if term.shape != shape:  # SymPy's sums need equal shapes: no implicit broadcast
+                raise ModelError(f"{part} has shape {term.shape} in the sum {expr} of shape {shape}: the terms "
+                                 "of a sum need equal shapes (a row b broadcasts as OneMatrix(rows, 1)*b)")
         body = sp.Add(*[placeholder(i) for i in range(len(terms))])
-        return map_(body, terms, shape_of(expr))
+        return map_(body, terms, shape)
 
     def mat_mul(self, expr: sp.MatMul) -> Node:
         coeff, factors = expr.as_coeff_matrices()

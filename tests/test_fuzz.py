@@ -6,7 +6,8 @@ it, and, for scalar models, sympy.diff.
 
 A default run draws MATRIX_EXAMPLES + SCALAR_EXAMPLES models with a fixed
 seed (about 230 distinct ones compiled, under a minute on two cores);
-SYMBACKPROP_FUZZ_EXAMPLES=N runs N of each kind with fresh random draws. A mismatch found here becomes a case in test_regressions.py.
+SYMBACKPROP_FUZZ_EXAMPLES=N runs N of each kind with fresh random draws.
+A mismatch found here becomes a case in test_regressions.py.
 """
 
 from __future__ import annotations
@@ -56,9 +57,8 @@ ANYWHERE = {
     "sigmoid": nn.sigmoid,
 }
 # Not drawn for 1x1 shapes: SymPy's applyfunc(Abs) of a 1x1 product fails
-# inside SymPy (ShapeError), and nn.relu of a 1x1 matrix fails once
-# transposed (test_relu_of_a_one_by_one_matrix_transposed).
-NOT_ONE_BY_ONE = frozenset({"abs", "relu"})
+# inside SymPy itself (ShapeError in Abs.eval), before symbackprop sees it.
+NOT_ONE_BY_ONE = frozenset({"abs"})
 POSITIVE_ONLY = {
     "log": lambda m: m.applyfunc(sp.log),
     "sqrt": lambda m: m.applyfunc(sp.sqrt),

@@ -153,7 +153,8 @@ def test_example_is_clean_under_sanitizers(name, sanitizer, tmp_path):
     exe = tmp_path / "driver"
     subprocess.run(["cc", *SANITIZE, f"-I{tmp_path}", str(tmp_path / f"{emitted.prefix}.c"), str(tmp_path / "driver.c"),
                     "-o", str(exe), "-lm"], check=True, capture_output=True, text=True)
-    run = subprocess.run([str(exe)], capture_output=True, text=True, env={**os.environ, **SANITIZER_ENV}, timeout=300, check=False)
+    env = {**os.environ, **SANITIZER_ENV}
+    run = subprocess.run([str(exe)], capture_output=True, text=True, env=env, timeout=300, check=False)
     assert run.returncode == 0, run.stderr[-4000:]
     assert "runtime error" not in run.stderr and "Sanitizer" not in run.stderr, run.stderr[-4000:]
     printed = parse_output(run.stdout)

@@ -93,5 +93,15 @@ def test_a_square_leaf_binds_its_dimension_once():
 
 
 def test_relu_of_a_one_by_one_matrix_transposed():
+    """SymPy rebuilt a 1x1 elementwise function when transposing it, and
+    Max(M.T, 0) raised 'not comparable'. Fixed in nn.py."""
     M, W = sp.MatrixSymbol("M", 1, 1), sp.MatrixSymbol("W", 1, 2)
     _check(sbp.Model("relu_1x1_t", inputs=[], params=[M, W], loss=nn.sum_all(nn.relu(M).T * W)))
+
+
+def test_a_row_added_without_a_broadcast_is_a_model_error():
+    """X + b with b (1 x k) was silently broadcast (and only in one term
+    order); SymPy's sums need equal shapes, so now it names the term."""
+    X, b = sp.MatrixSymbol("X", n, 3), sp.MatrixSymbol("b", 1, 3)
+    with pytest.raises(sbp.ModelError, match=r"b has shape \(1, 3\)"):
+        sbp.compile(sbp.Model("row_sum", inputs=[X], params=[b], loss=nn.sum_all(X + b)))
