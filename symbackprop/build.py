@@ -269,11 +269,29 @@ def _complete(folder: Path, name: str) -> bool:
     return (folder / f"{name}{EXT_SUFFIX}").is_file()
 
 
+STALE_STAGING_SECONDS = 24 * 3600
+
+
+def _remove_stale_staging(root: Path) -> None:
+    """Private folders of builds that were killed a day ago or more: no build
+    runs that long, so nothing still writes there."""
+    import time
+
+    cutoff = time.time() - STALE_STAGING_SECONDS
+    for folder in root.glob("tmp-*"):
+        try:
+            if folder.is_dir() and folder.stat().st_mtime < cutoff:
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            pass
+
+
 def _compile_into(
     final: Path, name: str, prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...], libraries: tuple[str, ...]
 ) -> None:
     import cffi  # imported here: loading from the cache needs no cffi build machinery
 
+    _remove_stale_staging(final.parent)
     staging = Path(tempfile.mkdtemp(prefix=f"tmp-{final.name}-", dir=final.parent))
     try:
         (staging / f"{prefix}.c").write_text(source)

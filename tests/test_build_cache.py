@@ -249,3 +249,14 @@ def test_a_loaded_module_is_not_rebuilt_by_build(tmp_path):
     first, folder = build(emitted.prefix, emitted.source, emitted.header, emitted.cdef, BuildOptions(cache_dir=tmp_path))
     second, again = build(emitted.prefix, emitted.source, emitted.header, emitted.cdef, BuildOptions(cache_dir=tmp_path))
     assert first is second and folder == again
+
+
+def test_private_folders_of_builds_killed_long_ago_are_removed(tmp_path):
+    cache = tmp_path / "cache"
+    old, recent = cache / "tmp-0123-abandoned", cache / "tmp-4567-in-progress"
+    for folder in (old, recent):
+        folder.mkdir(parents=True)
+    day_ago = time.time() - 2 * 24 * 3600
+    os.utime(old, (day_ago, day_ago))
+    _assert_builds_and_loads(_model(3), cache)
+    assert not old.exists() and recent.exists()
