@@ -200,7 +200,7 @@ def vjp(roots: Sequence[tuple[Node, Node]], wrt: Sequence[Node]) -> tuple[list[N
     derivative of map y with respect to its k-th argument.
     """
     order = topological_order([root for root, _ in roots])
-    reaches = _depends_on(order, set(wrt))
+    reaches = depends_on(order, set(wrt))
     contributions: dict[Node, list[Node]] = {}
     for root, seed in roots:
         contributions.setdefault(root, []).append(seed)
@@ -231,7 +231,8 @@ def vjp(roots: Sequence[tuple[Node, Node]], wrt: Sequence[Node]) -> tuple[list[N
     return grads, origins
 
 
-def _depends_on(order: list[Node], wrt: set[Node]) -> dict[Node, bool]:
+def depends_on(order: list[Node], wrt: set[Node]) -> dict[Node, bool]:
+    """For each node of a topological order: whether a node of wrt is it or feeds it."""
     reaches: dict[Node, bool] = {}
     for node in order:
         reaches[node] = node in wrt or any(reaches[a] for a in node.args)

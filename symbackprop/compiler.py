@@ -59,7 +59,7 @@ class FunctionPlan:
     returns: tuple[tuple[str, str, str], ...]  # (output argument, group, key), e.g. ("grad_W1", "grads", "W1")
     of_output: str | None = None  # vjp: the output it is for
     inplace: frozenset[str] = frozenset()  # inputs the function overwrites (train_step)
-    extra_roles: tuple[tuple[str, str, str], ...] = ()  # (argument, role, key): ("m_W1", "state", "m_W1")
+    extra_roles: tuple[tuple[str, str, str], ...] = ()  # (argument, role, key): ("tangent_W1", "tangent", "W1")
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,6 @@ class _Planner:
         self.targets = _targets(self.lowered, model, wrt)
         self.forward_results = [("loss", self.lowered.loss)] + list(self.lowered.outputs.items())
         self.naming = Naming(self.lowered.leaves, self.forward_results, {})
-        self.leaves = list(self.lowered.leaves.values())
 
     def _grads(self, roots: list[tuple[Node, Node]]) -> list[Node]:
         grads, origins = vjp(roots, [node for _, node in self.targets])
@@ -123,7 +122,7 @@ class _Planner:
         return arg, node
 
     def _schedule(self, kind: str, results: list[tuple[str, Node]], function_name: str | None = None) -> FunctionSchedule:
-        return schedule(function_name or kind, results, self.naming, self.leaves)
+        return schedule(function_name or kind, results, self.naming)
 
     def forward(self) -> list[FunctionPlan]:
         returns = tuple(("loss", "loss", "loss") if n == "loss" else (n, "outputs", n) for n, _ in self.forward_results)
@@ -150,16 +149,19 @@ class _Planner:
 
     def jvp(self) -> list[FunctionPlan]:
         extra = [self._extra("tangent", n, node.shape) for n, node in self._leaf_targets("jvp")]
-        tangents = {node: t for (_, node), (_, t) in zip(self._leaf_targets("jvp"), extra)}
+        roles = tuple((arg, "tangent", n) for (arg, _), (n, _) in zip(extra, self._leaf_targets("jvp")))
+        targets = self._leaf_targets("jvp")
+        tangents = {node: t for (_, node), (_, t) in zip(targets, extra)}
         roots = [node for _, node in self.forward_results]
         names = [self.naming.claim(f"tangent_{n}") for n, _ in self.forward_results]
         results = list(zip(names, jvp(roots, tangents)))
         returns = tuple((t, "loss" if n == "loss" else "outputs", n) for t, (n, _) in zip(names, self.forward_results))
-        return [FunctionPlan("jvp", self._schedule("jvp", results), tuple(extra), returns)]
+        return [FunctionPlan("jvp", self._schedule("jvp", results), tuple(extra), returns, extra_roles=roles)]
 
     def hvp(self) -> list[FunctionPlan]:
         targets = self._leaf_targets("hvp")
         extra = [self._extra("direction", n, node.shape) for n, node in targets]
+        roles = tuple((arg, "direction", n) for (arg, _), (n, _) in zip(extra, targets))
         grads, origins = vjp([(self.lowered.loss, const(1, SCALAR))], [node for _, node in targets])
         self.naming.add_origins(origins)
         products = jvp(grads, {node: d for (_, node), (_, d) in zip(targets, extra)})
@@ -171,7 +173,7 @@ class _Planner:
             + tuple((g, "grads", n) for g, (n, _) in zip(grad_names, targets))
             + tuple((h, "hvp", n) for h, (n, _) in zip(hvp_names, targets))
         )
-        return [FunctionPlan("hvp", self._schedule("hvp", results), tuple(extra), returns)]
+        return [FunctionPlan("hvp", self._schedule("hvp", results), tuple(extra), returns, extra_roles=roles)]
 
 
     def train_step(self, optimizer) -> list[FunctionPlan]:
@@ -206,7 +208,7 @@ class _Planner:
             results += [(state[k].attrs[0], new[k]) for k in optimizer.per_param_state]
         results += [(shared[k].attrs[0], v) for k, v in new_shared.items()]
         inplace = frozenset(name for name, _ in results[1:])
-        fn = schedule("train_step", results, self.naming, self.leaves, inplace)
+        fn = schedule("train_step", results, self.naming, inplace)
         return [FunctionPlan("train_step", fn, tuple(extra), (("loss", "loss", "loss"),), None, inplace, tuple(roles))]
 
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import sympy as sp
 
-from .ir import Node, placeholder
+from .autodiff import depends_on
+from .ir import Node, placeholder, topological_order
 
 A0, A1 = placeholder(0), placeholder(1)
 
@@ -44,13 +45,7 @@ class GraphNode:
 
 
 def _reaches(plan) -> dict[Node, bool]:
-    from .ir import topological_order
-
-    wrt = set(_wrt_nodes(plan))
-    reaches: dict[Node, bool] = {}
-    for node in topological_order([plan.lowered.loss]):
-        reaches[node] = node in wrt or any(reaches[a] for a in node.args)
-    return reaches
+    return depends_on(topological_order([plan.lowered.loss]), set(_wrt_nodes(plan)))
 
 
 def _wrt_nodes(plan) -> list[Node]:

@@ -392,15 +392,16 @@ class CompiledModule:
 
     def _with_extra(self, kind: str, given: Mapping[str, Any], what: str, arrays: Mapping[str, Any]) -> tuple[Function, dict]:
         fn = self.function(kind)
-        extra = {name[len(what) + 1:]: name for name, _ in fn.plan.extra_inputs}
+        extra = {key: arg for arg, _, key in fn.plan.extra_roles}
         unknown = [k for k in given if k not in extra]
         if unknown:
             raise ArgumentError(f"{what}s given for {unknown}, which are not differentiated; expected some of {list(extra)}")
         full = dict(arrays)
-        for key, name in extra.items():
-            spec = next(s for s in fn.inputs if s.name == name)
-            full[name] = given[key] if key in given else np.zeros(
-                _concrete(spec.shape, _dims_from(fn, arrays)), dtype=self.dtype)
+        missing = [key for key in extra if key not in given]
+        bound = _dims_from(fn, arrays) if missing else {}
+        shapes = {spec.name: spec.shape for spec in fn.inputs}
+        for key, arg in extra.items():
+            full[arg] = given[key] if key in given else np.zeros(_concrete(shapes[arg], bound), dtype=self.dtype)
         return fn, full
 
     def jvp(self, tangents: Mapping[str, Any], **arrays: Any) -> dict[str, Any]:
@@ -421,8 +422,9 @@ class CompiledModule:
         flattened in order (for small models: one hvp per entry)."""
         fn = self.function("hvp")
         bound = _dims_from(fn, arrays)
-        keys = [name.split("_", 1)[1] for name, _ in fn.plan.extra_inputs]
-        shapes = {k: _concrete(s.shape, bound) for k, s in zip(keys, fn.inputs[-len(keys):])}
+        specs = {spec.name: spec for spec in fn.inputs}
+        keys = [key for _, _, key in fn.plan.extra_roles]
+        shapes = {key: _concrete(specs[arg].shape, bound) for arg, _, key in fn.plan.extra_roles}
         sizes = [int(np.prod(shapes[k])) for k in keys]
         columns = []
         for k, size in zip(keys, sizes):

@@ -207,7 +207,6 @@ def schedule(
     name: str,
     results: Sequence[tuple[str, Node]],
     naming: Naming,
-    leaf_nodes: Sequence[Node],
     inplace: frozenset[str] = frozenset(),
 ) -> FunctionSchedule:
     """Plan one C function computing `results` (output name, node).
@@ -216,16 +215,14 @@ def schedule(
     step's new parameters): they and everything computed from them run
     after every other kernel, so nothing reads an input once overwritten.
     """
-    return _Scheduler(name, list(results), naming, set(leaf_nodes), inplace).run()
+    return _Scheduler(name, list(results), naming, inplace).run()
 
 
 class _Scheduler:
-    def __init__(self, name: str, results: list[tuple[str, Node]], naming: Naming, leaves: set[Node],
-                 inplace: frozenset[str] = frozenset()):
+    def __init__(self, name: str, results: list[tuple[str, Node]], naming: Naming, inplace: frozenset[str] = frozenset()):
         self.name = name
         self.results = results
         self.naming = naming
-        self.leaves = leaves
         self.order = topological_order([node for _, node in results])
         overwriting = {node for out, node in results if out in inplace}
         self.late: set[Node] = set()  # in-place results and what is computed from them
