@@ -11,16 +11,24 @@ from .errors import ArgumentError, BuildError, ModelError, SymbackpropError
 from .model import Model
 from .optim import SGD, Adam
 from .runtime import CompiledModule, compile
+from .scan import final_state, scan
+from .tensor import Index, gather, map_examples, reduce
 
 __all__ = [
     "Adam",
     "ArgumentError",
     "BuildError",
     "CompiledModule",
+    "Index",
     "Model",
     "ModelError",
     "SGD",
     "SymbackpropError",
     "__version__",
     "compile",
+    "final_state",
+    "gather",
+    "map_examples",
+    "reduce",
+    "scan",
 ]

@@ -35,7 +35,7 @@ def scaled_gradients(
     arrays: Mapping[str, np.ndarray],
     grads: Mapping[str, Any],
     loss_seed: float,
-    output_seeds: Mapping[str, np.ndarray],
+    output_seeds: Mapping[str, np.ndarray | None],
 ) -> dict[str, np.ndarray]:
     """loss_seed * dloss/dw + sum over outputs y of (d sum(seed_y * y) / dw),
     for each differentiated argument w, shaped like arrays[w]. `grads` is

@@ -12,23 +12,28 @@ derivatives are scheduled, emitted and read like the forward pass.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import sympy as sp
 
 from .errors import ModelError
 from .ir import (
     Node,
+    binding_width,
     broadcast,
     const,
     element,
+    emap,
     is_const,
+    let_symbol,
     map_,
     matmul,
     pack,
     placeholder,
     reduce_sum,
+    row_placeholder,
     topological_order,
     transpose,
 )
@@ -126,6 +131,101 @@ def _logsumexp_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | 
     return (map_(body, [z, node, g], z.shape),)
 
 
+def _extreme_mask(node: Node) -> Node:
+    """1 where an entry is its row's (column's) extreme, divided by the
+    number of such entries: ties split the gradient evenly (as JAX)."""
+    (z,) = node.args
+    hit = map_(sp.Piecewise((1, sp.Eq(placeholder(0), placeholder(1))), (0, True)), [z, node], z.shape)
+    count = reduce_sum(hit, node.attrs[0])
+    return map_(placeholder(0) / placeholder(1), [hit, count], z.shape)
+
+
+def _extreme_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    return (map_(placeholder(0) * placeholder(1), [_extreme_mask(node), g], node.args[0].shape),)
+
+
+def _extreme_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    if tangents[0] is None:
+        return None
+    weighted = map_(placeholder(0) * placeholder(1), [_extreme_mask(node), tangents[0]], node.args[0].shape)
+    return reduce_sum(weighted, node.attrs[0])
+
+
+def _is_variable(symbol: sp.Basic) -> bool:
+    """An argument column (_e<p>_<l>) or a local value (_v<k>) of an emap body:
+    what its derivatives are taken with respect to (not dimensions)."""
+    return isinstance(symbol, sp.Symbol) and symbol.name[:2] in ("_e", "_v")
+
+
+def _fresh_lets(lets: tuple) -> Iterator[sp.Symbol]:
+    taken = [int(sym.name[2:]) for sym, _ in lets]
+    return (let_symbol(k) for k in itertools.count(max(taken, default=-1) + 1))
+
+
+def _emap_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    """Reverse mode over the body's program: each local value's adjoint
+    becomes one more local value, and each argument's adjoint is one more
+    emap over the same examples, written (added) where the argument was read.
+    The adjoint rows g are read where the node wrote its outputs."""
+    bodies, bindings, loops, target, lets = node.attrs
+    seed = len(node.args)  # g joins as the last argument, bound like the target
+    contributions: dict[sp.Symbol, list[sp.Expr]] = {}
+
+    def propagate(expr: sp.Expr, adjoint: sp.Expr) -> None:
+        for symbol in sorted(filter(_is_variable, expr.free_symbols), key=str):
+            partial = sp.diff(expr, symbol)
+            if partial != 0:
+                contributions.setdefault(symbol, []).append(adjoint * partial)
+
+    for column, body in enumerate(bodies):
+        propagate(body, row_placeholder(seed, column))
+    program = list(lets)
+    fresh = _fresh_lets(lets)
+    for symbol, expr in reversed(lets):
+        terms = contributions.pop(symbol, None)
+        if terms:
+            adjoint = next(fresh)
+            program.append((adjoint, sp.Add(*terms)))
+            propagate(expr, adjoint)
+    adjoints: list[Node | None] = []
+    for p, arg in enumerate(node.args):
+        if not needed[p] or bindings[p][0] == "index":
+            adjoints.append(None)
+            continue
+        columns = [sp.Add(*contributions.get(row_placeholder(p, col), []))
+                   for col in range(binding_width(arg, bindings[p]))]
+        adjoints.append(emap(columns, node.args + (g,), bindings + (target,), loops, bindings[p], arg.shape, program))
+    return tuple(adjoints)
+
+
+def _emap_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    """Forward mode over the body's program: a tangent local value beside
+    each local value that depends on a tangent argument."""
+    bodies, bindings, loops, target, lets = node.attrs
+    args, extra_bindings = list(node.args), list(bindings)
+    tangent_of: dict[sp.Symbol, sp.Expr] = {}
+    for p, tangent in enumerate(tangents):
+        if tangent is not None and bindings[p][0] != "index":
+            for col in range(binding_width(node.args[p], bindings[p])):
+                tangent_of[row_placeholder(p, col)] = row_placeholder(len(args), col)
+            args.append(tangent)
+            extra_bindings.append(bindings[p])
+    if not tangent_of:
+        return None
+
+    def differential(expr: sp.Expr) -> sp.Expr:
+        return sp.Add(*[sp.diff(expr, s) * tangent_of[s] for s in sorted(expr.free_symbols, key=str) if s in tangent_of])
+
+    program = list(lets)
+    fresh = _fresh_lets(lets)
+    for symbol, expr in lets:
+        d = differential(expr)
+        if d != 0:
+            tangent_of[symbol] = next(fresh)
+            program.append((tangent_of[symbol], d))
+    return emap([differential(body) for body in bodies], args, extra_bindings, loops, target, node.shape, program)
+
+
 def _element_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
     return (pack(node.args[0].shape, {node.attrs: g}),)
 
@@ -188,10 +288,13 @@ rules("transpose", _transpose_vjp, _transpose_jvp)
 rules("sum", _sum_vjp, _sum_jvp)
 rules("logsumexp", _logsumexp_vjp, _logsumexp_jvp)
 rules("element", _element_vjp, _element_jvp)
+rules("max", _extreme_vjp, _extreme_jvp)
+rules("min", _extreme_vjp, _extreme_jvp)
+rules("emap", _emap_vjp, _emap_jvp)
 rules("pack", _pack_vjp, _pack_jvp)
 
 
-def vjp(roots: Sequence[tuple[Node, Node]], wrt: Sequence[Node]) -> tuple[list[Node], dict[Node, Node]]:
+def vjp(roots: Sequence[tuple[Node, Node]], wrt: Sequence[Node]) -> tuple[list[Node], dict[Node, tuple]]:
     """Gradients of sum(seed * root) over (root, seed) pairs w.r.t. `wrt`.
 
     Returns the gradient nodes (a zero constant where a leaf does not reach

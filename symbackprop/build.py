@@ -16,7 +16,6 @@ building the same module at once leave one entry.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -27,12 +26,11 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-from contextlib import contextmanager
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator
 
 from ._version import __version__
 from .errors import BuildError
@@ -49,11 +47,19 @@ EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or importlib.machinery.EXTEN
 class BuildOptions:
     """How to build: compiler flags, the cache folder, whether to use BLAS.
 
-    blas: large matrix products call the BLAS of the scipy-openblas32 wheel
-    when it is installed (None: use it if it is there; True: require it;
-    False: plain C loops only).
-    vector_math: elementwise loops call the SIMD variants of exp, tanh, ...
-    from glibc's libmvec (GCC on x86_64 Linux; None: when available).
+    Args:
+        flags: the C compiler's flags.
+        cache_dir: where built modules are kept (None: $SYMBACKPROP_CACHE_DIR,
+            else the user cache folder).
+        blas: large matrix products call the BLAS of the scipy-openblas32
+            wheel when it is installed (None: use it if it is there; True:
+            require it, a BuildError where it is missing; False: plain C
+            loops only).
+        vector_math: elementwise loops call the SIMD variants of exp, tanh,
+            ... from glibc's libmvec (GCC on x86_64 Linux; None: when
+            available).
+        openmp: split elementwise loops over many rows across threads
+            (-fopenmp).
     """
 
     flags: tuple[str, ...] = DEFAULT_FLAGS
@@ -138,14 +144,18 @@ def set_blas_threads(count: int) -> None:
 
 
 def cache_root(options: BuildOptions | None = None) -> Path:
-    """Where compiled modules are kept: $SYMBACKPROP_CACHE_DIR, else
-    $XDG_CACHE_HOME/symbackprop, else ~/.cache/symbackprop."""
+    """Where compiled modules are kept: BuildOptions.cache_dir, else
+    $SYMBACKPROP_CACHE_DIR, else the platform's user cache folder from
+    platformdirs (~/.cache/symbackprop or $XDG_CACHE_HOME/symbackprop on
+    Linux, ~/Library/Caches/symbackprop on macOS, %LOCALAPPDATA%\\symbackprop\\Cache
+    on Windows)."""
     if options is not None and options.cache_dir is not None:
         return Path(options.cache_dir)
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "symbackprop"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("symbackprop", appauthor=False))
 
 
 def compiler_command() -> list[str]:
@@ -206,16 +216,6 @@ def cache_key(prefix: str, source: str, header: str, cdef: str, flags: tuple[str
     return digest.hexdigest()[:32]
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def module_name(prefix: str, key: str) -> str:
     return f"_sbp_{prefix}_{key[:16]}"
 
@@ -252,9 +252,11 @@ def build(prefix: str, source: str, header: str, cdef: str, options: BuildOption
     name = module_name(prefix, key)
     if not _complete(final, name):
         event("cache miss: %s", final)
+        from filelock import FileLock  # imported here: loading from the cache takes no lock
+
         try:
             root.mkdir(parents=True, exist_ok=True)
-            with _locked(root / f"{key}.lock"):
+            with FileLock(root / f"{key}.lock"):
                 if not _complete(final, name):
                     with stage("C compile", prefix):
                         _compile_into(final, name, prefix, source, header, cdef, flags, libraries)
@@ -275,8 +277,6 @@ STALE_STAGING_SECONDS = 24 * 3600
 def _remove_stale_staging(root: Path) -> None:
     """Private folders of builds that were killed a day ago or more: no build
     runs that long, so nothing still writes there."""
-    import time
-
     cutoff = time.time() - STALE_STAGING_SECONDS
     for folder in root.glob("tmp-*"):
         try:
@@ -300,7 +300,8 @@ def _compile_into(
         ffi.cdef(cdef)
         ffi.set_source(name, f'#include "{prefix}.h"', compiler_verbose=0)  # quiet: no "generating ..." line
         ffi.emit_c_code(str(staging / f"{name}.c"))
-        _run_logged(build_command(name, prefix, flags, staging, libraries), staging / "build.log", final.parent)
+        event("compiling %s: %d lines of C, cache key %s", prefix, len(source.splitlines()), final.name[:12])
+        _run_logged(build_command(name, prefix, flags, staging, libraries), staging / "build.log", final.parent, prefix)
         if final.is_dir():  # an incomplete entry (a complete one is never replaced: we hold the lock)
             shutil.rmtree(final)
         os.rename(staging, final)
@@ -308,17 +309,35 @@ def _compile_into(
         shutil.rmtree(staging, ignore_errors=True)  # gone once renamed
 
 
-def _run_logged(command: list[str], log: Path, keep_in: Path) -> None:
-    """Run the compiler with its output in `log`; on failure keep the log in
-    `keep_in` and raise BuildError with the first error line."""
+PROGRESS_SECONDS = 2.0  # while the compiler runs, a "still compiling" line this often
+
+
+def _run_logged(command: list[str], log: Path, keep_in: Path, subject: str = "") -> None:
+    """Run the compiler with its output in `log`, logging "still compiling
+    <subject>: <s> s elapsed" every PROGRESS_SECONDS until it ends; on
+    failure keep the log in `keep_in` and raise BuildError with the first
+    error line."""
     with open(log, "w") as handle:
         handle.write(shlex.join(command) + "\n\n")
         handle.flush()
+        status: int | None = None  # None: the compiler could not be started
         try:
-            status = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, cwd=log.parent).returncode
+            process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=log.parent)
         except OSError as exc:
             handle.write(f"{exc}\n")
-            status = None
+        else:
+            began = time.perf_counter()
+            try:
+                while True:
+                    try:
+                        status = process.wait(timeout=PROGRESS_SECONDS)
+                        break
+                    except subprocess.TimeoutExpired:
+                        event("still compiling %s: %.1f s elapsed", subject, time.perf_counter() - began)
+            except BaseException:  # interrupted: leave no compiler running
+                process.kill()
+                process.wait()
+                raise
     if status == 0:
         return
     kept = keep_in / f"failed-{log.parent.name}.log"
@@ -337,7 +356,7 @@ def _load(folder: Path, name: str) -> ModuleType:
         return sys.modules[name]
     path = folder / f"{name}{EXT_SUFFIX}"
     spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or not path.is_file():
+    if spec is None or spec.loader is None or not path.is_file():
         raise BuildError(f"no compiled module {name} in {folder}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

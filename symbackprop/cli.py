@@ -38,6 +38,8 @@ def load_file(path: Path) -> ModuleType:
         raise SymbackpropError(f"no model file {path}")
     name = "_symbackprop_model_" + "".join(c if c.isalnum() else "_" for c in str(path.resolve()))
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:  # e.g. a file not named *.py
+        raise SymbackpropError(f"cannot import {path} as a Python module (is it a .py file?)")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -220,6 +222,19 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``symbackprop`` command: build, graph or demo.
+
+    Args:
+        argv: the arguments after the program name (None: sys.argv[1:]).
+
+    Returns:
+        The exit status: 0 on success; 1 when ``build --check`` finds stale
+        files or the demo's gradient check fails; 2 when a SymbackpropError
+        was raised (printed to stderr).
+
+    Raises:
+        SystemExit: the arguments are malformed, or --help was given (argparse).
+    """
     args = parser().parse_args(argv)
     if getattr(args, "verbose", False):
         from .log import enable

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import jinja2
 import sympy as sp
@@ -22,7 +22,9 @@ from .errors import ModelError
 from .schedule import (
     LOOP_I,
     LOOP_J,
+    EmapKernel,
     FunctionSchedule,
+    Kernel,
     MapKernel,
     MatMulKernel,
     PackKernel,
@@ -92,7 +94,7 @@ class ScalarPrinter(C99CodePrinter):
                 text = f"({self._print(value)})"
             else:
                 text = f"(({self._print(condition)}) ? ({self._print(value)}) : {text})"
-        if expr.args[-1].cond != sp.true:
+        if text is None or expr.args[-1].cond != sp.true:
             raise ValueError(f"Piecewise without a default branch: {expr}")
         return text
 
@@ -109,7 +111,7 @@ class ScalarPrinter(C99CodePrinter):
 class _Checked:
     """A printer whose failure to print names the expression and its kernel."""
 
-    def __init__(self, printer: ScalarPrinter, kernel: object):
+    def __init__(self, printer: ScalarPrinter, kernel: Kernel):
         self.printer, self.kernel = printer, kernel
 
     def doprint(self, expr: sp.Expr) -> str:
@@ -214,7 +216,7 @@ class CModule:
 
     @property
     def uses_parallel(self) -> bool:
-        return any(k.kind == "map" and k.fields["parallel"] for f in self.functions for k in f.kernels)
+        return any(k.fields.get("parallel") for f in self.functions for k in f.kernels)
 
     @property
     def vector_math(self) -> list[str]:
@@ -238,6 +240,12 @@ class Emitted:
 
 # --- emission ---------------------------------------------------------------
 
+# Template data of the kernels of schedule.KERNEL_BUILDERS, one function per
+# kernel class: emitter(function_emitter, kernel) -> the fields of its
+# CKernel. Its C is templates/kernel_<kind>.c.j2, which gets `k` and `real`.
+KERNEL_EMITTERS: dict[type, Callable[["FunctionEmitter", Any], dict]] = {}
+
+
 
 class FunctionEmitter:
     """Prints one scheduled function's kernels into template data."""
@@ -254,7 +262,7 @@ class FunctionEmitter:
     def access(self, view: View, i: sp.Expr, j: sp.Expr) -> str:
         """buffer[offset + i*row_stride + j*col_stride], terms in that order."""
         terms = []
-        for coefficient, var in ((view.offset, 1), (view.row_stride, i), (view.col_stride, j)):
+        for coefficient, var in ((view.offset, sp.S.One), (view.row_stride, i), (view.col_stride, j)):
             term = sp.expand(sp.sympify(coefficient) * var)
             if term == 0:
                 continue
@@ -264,7 +272,7 @@ class FunctionEmitter:
                 terms.append(f"{self.index.doprint(sp.sympify(coefficient))}*{self.index.doprint(var)}")
         return f"{self.namer.name(view.buffer)}[{' + '.join(terms) or '0'}]"
 
-    def kernel(self, kernel: object) -> CKernel:
+    def kernel(self, kernel: Kernel) -> CKernel:
         comments = tuple(comment_text(e.comment) for e in kernel.equations)
         if isinstance(kernel, MapKernel):
             return CKernel("map", comments, self._map(kernel))
@@ -274,7 +282,12 @@ class FunctionEmitter:
             return CKernel(kernel.op, comments, self._reduce(kernel))
         if isinstance(kernel, PackKernel):
             return CKernel("pack", comments, self._pack(kernel))
-        raise AssertionError(kernel)
+        if isinstance(kernel, EmapKernel):
+            return CKernel("emap", comments, self._emap(kernel))
+        emitter = KERNEL_EMITTERS.get(type(kernel))
+        if emitter is None:
+            raise AssertionError(kernel)
+        return CKernel(kernel.kind, comments, emitter(self, kernel))
 
     def _loops(self, shape: tuple) -> tuple[list[tuple[str, str]], sp.Expr, sp.Expr]:
         rows, cols = shape
@@ -356,6 +369,43 @@ class FunctionEmitter:
             "suffix": "f" if self.real.c == "float" else "",
         }
 
+    def _emap(self, kernel: EmapKernel) -> dict:
+        """Loops over the examples; gathered rows are read through their
+        index (checked against the rows it chooses among, before the loop)."""
+        loop_vars = ("i", "j")
+
+        def position(where: tuple) -> tuple[sp.Expr, sp.Expr]:
+            out = []
+            for spec in where:
+                if spec[0] == "loop":
+                    out.append((LOOP_I, LOOP_J)[spec[1]])
+                elif spec[0] == "gather":
+                    symbol = sp.Symbol(f"_gather_{spec[1]}_{spec[2]}", integer=True)
+                    self.index.text[symbol] = f"{self.namer.name(spec[1])}[{loop_vars[spec[2]]}]"
+                    out.append(symbol)
+                else:
+                    out.append(sp.Integer(spec[1]))
+            return out[0], out[1]
+
+        text = {sym: self.access(view, *position(where)) for sym, view, where in kernel.loads}
+        text.update({d: f"(({self.real.c}){c})" for d, c in self.dims.items()})
+        text.update({sym: str(sym) for sym, _ in kernel.temps})
+        printer = _Checked(ScalarPrinter(text, self.real), kernel)
+        rows, cols = kernel.out_shape
+        out_view = View(kernel.out, sp.Integer(0), sp.sympify(cols) if rows != 1 else sp.Integer(0), sp.Integer(1))
+        row, col = position(kernel.target)
+        assign = "+=" if kernel.accumulate else "="
+        first_loop = kernel.loops[0]
+        return {
+            "loops": [(var, self.dim(n)) for var, n in zip(loop_vars, kernel.loops)],
+            "checks": [(self.namer.name(name), self.dim(rows), self.dim(bound)) for name, rows, bound in kernel.index_checks],
+            "out": self.namer.name(kernel.out),
+            "zero": self.dim(sp.sympify(rows) * cols) if kernel.accumulate else None,
+            "parallel": (not kernel.accumulate or kernel.target[0] == ("loop", 0)) and _worth_threads(first_loop),
+            "temps": [(str(sym), printer.doprint(expr)) for sym, expr in kernel.temps],
+            "stores": [(self.access(out_view, row, col + c), assign, printer.doprint(expr)) for c, expr in kernel.stores],
+        }
+
     def _pack(self, kernel: PackKernel) -> dict:
         zero = sp.Integer(0)
         constant = _Checked(ScalarPrinter({}, self.real), kernel)
@@ -383,7 +433,7 @@ LIBMVEC = frozenset(
 PARALLEL_MIN_ROWS = 64
 
 
-def _worth_threads(rows: object) -> bool:
+def _worth_threads(rows: int | sp.Expr) -> bool:
     return isinstance(rows, sp.Symbol) or int(rows) >= PARALLEL_MIN_ROWS
 
 
@@ -431,13 +481,15 @@ def emit_function(
     summary: str,
     prefix: str,
     inout: frozenset[str] = frozenset(),
+    indices: frozenset[str] = frozenset(),
 ) -> CFunction:
     emitter = FunctionEmitter(namer, dims, real)
     params = [CParam("dim", str(d), c, f"int64_t {c}", ()) for d, c in dims.items()]
     for name, shape in inputs:
         c = namer.name(name)
         role, const = ("inout", "") if name in inout else ("input", "const ")
-        params.append(CParam(role, name, c, f"{const}{real.c} *{c}", tuple(emitter.dim(d) for d in shape)))
+        ctype = "int64_t" if name in indices else real.c  # an Index: row numbers
+        params.append(CParam(role, name, c, f"{const}{ctype} *{c}", tuple(emitter.dim(d) for d in shape)))
     for name, shape in outputs:
         if name in inout:
             continue
@@ -445,22 +497,22 @@ def emit_function(
         params.append(CParam("output", name, c, f"{real.c} *{c}", tuple(emitter.dim(d) for d in shape)))
     params.append(CParam("work", "work", "work", f"{real.c} *work", ()))
     kernels = [emitter.kernel(k) for k in schedule.kernels]
-    first_write = {}
+    first_write: dict[str, int] = {}
     for index, kernel in enumerate(schedule.kernels):
         for buffer in kernel_writes(kernel):
             first_write.setdefault(buffer, index)
     declares: dict[int, list[tuple[str, str, str]]] = {}
     slot_of = {slot.name: slot for slot in schedule.slots}
     for slot in schedule.slots:
-        shape = f"{emitter.dim(slot.shape[0])} x {emitter.dim(slot.shape[1])}"
+        extent = f"{emitter.dim(slot.shape[0])} x {emitter.dim(slot.shape[1])}"
         if slot.reuses is not None:
-            where, shape = namer.name(slot.reuses), f"{shape}, in {namer.name(slot.reuses)}'s memory"
+            where, extent = namer.name(slot.reuses), f"{extent}, in {namer.name(slot.reuses)}'s memory"
         elif slot.after is not None:
             before = slot_of[slot.after]
             where = f"{namer.name(slot.after)} + {emitter.dim(sp.sympify(before.shape[0]) * before.shape[1])}"
         else:
             where = "work"
-        declares.setdefault(first_write[slot.name], []).append((namer.name(slot.name), where, shape))
+        declares.setdefault(first_write[slot.name], []).append((namer.name(slot.name), where, extent))
     kernels = [replace(k, declares=tuple(declares.get(i, ()))) for i, k in enumerate(kernels)]
     return CFunction(
         name=f"{prefix}_{sanitize(schedule.name)}",

@@ -246,12 +246,13 @@ def generate(
     namer = CNamer(frozenset({prefix}) | (reserved_names(prefix) if "train_step" in functions else frozenset()))
     dims = {d: namer.name(str(d)) for d in lowered.dims}
     leaves = [(name, node.shape) for name, node in lowered.leaves.items()]
+    indices = frozenset(name for name, node in lowered.leaves.items() if node.attrs[1] == "index")
     emitted_functions = []
     for fn in the_plan.functions:
         inputs = leaves + [(name, node.shape) for name, node in fn.extra_inputs]
         outputs = [(name, node.shape) for name, node in fn.schedule.results]
         emitted_functions.append(
-            emit_function(fn.schedule, namer, dims, real, inputs, outputs, SUMMARIES[fn.kind], prefix, fn.inplace)
+            emit_function(fn.schedule, namer, dims, real, inputs, outputs, SUMMARIES[fn.kind], prefix, fn.inplace, indices)
         )
     epoch = None
     if "train_step" in functions:  # and a batch dimension: the whole epoch as one C function

@@ -17,6 +17,14 @@ from .schedule import FunctionSchedule, kernel_reads, kernel_writes
 
 @dataclass(frozen=True)
 class KeptValue:
+    """A forward value the backward pass keeps, as the derivation file lists it.
+
+    Args:
+        name: the buffer's name.
+        shape: its shape as text, "rows x cols".
+        bytes: its size in bytes, an expression as text.
+    """
+
     name: str
     shape: str
     bytes: str
@@ -24,6 +32,21 @@ class KeptValue:
 
 @dataclass(frozen=True)
 class Derivation:
+    """What the derivation file shows (see derive), as the template gets it.
+
+    Args:
+        model_name: the model's name.
+        real: the dtype, "float64" or "float32".
+        forward: the Equations up to the loss.
+        backward: the Equations after it.
+        kept: the forward values the backward pass reads.
+        kept_bytes: their total size in bytes, as text.
+        inputs_read: the leaves the backward pass reads.
+        forward_work_bytes: the workspace of forward, as text.
+        gradient_work_bytes: the workspace of value_and_grad, as text.
+        ops: (function, scalar ops before CSE, after) for both functions.
+    """
+
     model_name: str
     real: str
     forward: tuple  # Equations up to the loss
@@ -37,7 +60,14 @@ class Derivation:
 
 
 def split_at_loss(fn: FunctionSchedule) -> int:
-    """Index of the first backward kernel: the one after the loss is written."""
+    """Index of the first backward kernel: the one after the loss is written.
+
+    Args:
+        fn: a gradient function's schedule.
+
+    Returns:
+        That index; the number of kernels when none writes the loss.
+    """
     for index, kernel in enumerate(fn.kernels):
         if "loss" in kernel_writes(kernel):
             return index + 1
@@ -46,7 +76,14 @@ def split_at_loss(fn: FunctionSchedule) -> int:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    """Bytes, as expressions in the symbolic dimensions."""
+    """Bytes, as expressions in the symbolic dimensions.
+
+    Args:
+        kept: (name, shape, bytes) of each forward value the backward pass reads.
+        kept_bytes: their total.
+        forward_work_bytes: the workspace of a prediction-only forward pass.
+        gradient_work_bytes: the workspace of value_and_grad.
+    """
 
     kept: tuple[tuple[str, tuple, sp.Expr], ...]  # forward values the backward pass reads: (name, shape, bytes)
     kept_bytes: sp.Expr
@@ -55,7 +92,16 @@ class MemoryPlan:
 
 
 def memory_plan(forward: FunctionSchedule, gradient: FunctionSchedule, itemsize: int) -> MemoryPlan:
-    """What the buffer plans of the two functions hold."""
+    """What the buffer plans of the two functions hold.
+
+    Args:
+        forward: the forward function's schedule.
+        gradient: the value_and_grad function's schedule.
+        itemsize: bytes per number (8 for float64, 4 for float32).
+
+    Returns:
+        The MemoryPlan.
+    """
     split = split_at_loss(gradient)
     written_before = {b for k in gradient.kernels[:split] for b in kernel_writes(k)}
     read_after = dict.fromkeys(b for k in gradient.kernels[split:] for b in kernel_reads(k))
@@ -74,12 +120,38 @@ def memory_plan(forward: FunctionSchedule, gradient: FunctionSchedule, itemsize:
 
 
 def itemsize_of(dtype: str) -> int:
+    """Bytes per number of a module dtype.
+
+    Args:
+        dtype: "float64" or "float32".
+
+    Returns:
+        8 or 4.
+
+    Raises:
+        KeyError: dtype is not one of them.
+    """
     return 8 if REAL_TYPES[dtype].c == "double" else 4
 
 
 def derive(
     model_name: str, forward: FunctionSchedule, gradient: FunctionSchedule, dtype: str, leaf_names: list[str]
 ) -> Derivation:
+    """The backward pass as math, for the derivation file.
+
+    Args:
+        model_name: the model's name.
+        forward: the forward function's schedule.
+        gradient: the value_and_grad function's schedule.
+        dtype: "float64" or "float32".
+        leaf_names: the model's inputs and parameters.
+
+    Returns:
+        The Derivation, ready for render_derivation.
+
+    Raises:
+        KeyError: dtype is not one of "float64" and "float32".
+    """
     memory = memory_plan(forward, gradient, itemsize_of(dtype))
     split = split_at_loss(gradient)
     before, after = gradient.kernels[:split], gradient.kernels[split:]
@@ -99,4 +171,12 @@ def derive(
 
 
 def render_derivation(derivation: Derivation) -> str:
+    """The derivation file's Markdown text.
+
+    Args:
+        derivation: what derive returned.
+
+    Returns:
+        The text of the template derivation.md.j2.
+    """
     return template_environment().get_template("derivation.md.j2").render(d=derivation)

@@ -12,11 +12,15 @@ it is shown as a Transpose node above the weight's AccumulateGrad.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import sympy as sp
 
 from .autodiff import depends_on
 from .ir import Node, placeholder, topological_order
+
+if TYPE_CHECKING:  # only for annotations
+    from .compiler import Plan
 
 A0, A1 = placeholder(0), placeholder(1)
 
@@ -39,22 +43,37 @@ ELEMENTWISE_NAMES = {
 
 @dataclass
 class GraphNode:
+    """One backward op of the tree.
+
+    Args:
+        name: the grad_fn-style name, e.g. "MatMulBackward".
+        detail: what it is about (a leaf's name), or "".
+        children: the backward ops below it.
+    """
+
     name: str
     detail: str = ""
     children: list["GraphNode"] = field(default_factory=list)
 
 
-def _reaches(plan) -> dict[Node, bool]:
+def _reaches(plan: Plan) -> dict[Node, bool]:
     return depends_on(topological_order([plan.lowered.loss]), set(_wrt_nodes(plan)))
 
 
-def _wrt_nodes(plan) -> list[Node]:
+def _wrt_nodes(plan: Plan) -> list[Node]:
     lowered = plan.lowered
     return [lowered.leaves.get(name) or lowered.outputs[name] for name in plan.wrt]
 
 
-def backward_tree(plan) -> GraphNode:
-    """The tree of backward ops from the loss down to the differentiated leaves."""
+def backward_tree(plan: Plan) -> GraphNode:
+    """The tree of backward ops from the loss down to the differentiated leaves.
+
+    Args:
+        plan: a compiled module's plan (``CompiledModule.plan``).
+
+    Returns:
+        The root, the loss's backward op.
+    """
     reaches = _reaches(plan)
     names = {node: name for name, node in plan.lowered.leaves.items()}
     return _tree(plan.lowered.loss, reaches, names, set(_wrt_nodes(plan)))
@@ -147,7 +166,15 @@ def _unbroadcast(node: Node) -> Node:
     return node
 
 
-def graph_text(plan) -> str:
+def graph_text(plan: Plan) -> str:
+    """The backward tree as indented text, one op a line (as print_graph shows).
+
+    Args:
+        plan: a compiled module's plan (``CompiledModule.plan``).
+
+    Returns:
+        The text, without a final newline.
+    """
     lines: list[str] = []
 
     def walk(node: GraphNode, prefix: str, last: bool, top: bool) -> None:
@@ -161,7 +188,15 @@ def graph_text(plan) -> str:
     return "\n".join(lines)
 
 
-def graph_dot(plan) -> str:
+def graph_dot(plan: Plan) -> str:
+    """The backward tree as a Graphviz DOT digraph.
+
+    Args:
+        plan: a compiled module's plan (``CompiledModule.plan``).
+
+    Returns:
+        The DOT text, ending in a newline.
+    """
     lines = ["digraph backward {", "    node [shape=box, fontname=monospace];"]
     counter = [0]
 

@@ -26,7 +26,7 @@ float32. Enable x64 for float64 results (the tests do).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -36,11 +36,22 @@ import sympy as sp
 from ._interop import check_outputs, differentiable, leaf_names, scaled_gradients
 from .errors import ArgumentError
 
+if TYPE_CHECKING:  # only for annotations: runtime.py imports this module
+    from .runtime import CompiledModule
+
 
 class JaxFunction:
-    """The compiled module as a function of JAX arrays (see the module's docstring)."""
+    """The compiled module as a function of JAX arrays (see the module's docstring).
 
-    def __init__(self, mod: Any, outputs: Sequence[str] = ()):
+    Args:
+        mod: the compiled module.
+        outputs: named outputs to return beside the loss.
+
+    Raises:
+        ArgumentError: an output name the model lacks.
+    """
+
+    def __init__(self, mod: CompiledModule, outputs: Sequence[str] = ()) -> None:
         self.mod = mod
         self.names = leaf_names(mod)
         self.outputs = check_outputs(mod, outputs)
@@ -136,6 +147,17 @@ class JaxFunction:
         return core
 
     def __call__(self, **arrays: Any) -> Any:
+        """The loss, differentiable by jax.grad and traceable by jax.jit.
+
+        Args:
+            **arrays: every input and param by name (JAX or numpy arrays, numbers).
+
+        Returns:
+            The loss as a 0-d array; with outputs, ``(loss, {name: array})``.
+
+        Raises:
+            ArgumentError: missing or unknown arguments.
+        """
         missing = [n for n in self.names if n not in arrays]
         unknown = [n for n in arrays if n not in self.names]
         if missing or unknown:
@@ -146,10 +168,17 @@ class JaxFunction:
         return results[0], dict(zip(self.outputs, results[1:]))
 
 
-def as_jax(mod: Any, outputs: Sequence[str] = ()) -> JaxFunction:
+def as_jax(mod: CompiledModule, outputs: Sequence[str] = ()) -> JaxFunction:
     """A function of JAX arrays by keyword returning the loss (a 0-d array),
     differentiable by jax.grad and traceable by jax.jit; with `outputs`,
     `(loss, {name: array})`.
+
+    Args:
+        mod: the compiled module.
+        outputs: named outputs to return beside the loss.
+
+    Returns:
+        The JaxFunction.
 
     Raises:
         ArgumentError: an output name the model lacks; on call, missing or

@@ -26,13 +26,16 @@ so that a compiled model sits in an ordinary training loop::
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from ._interop import check_outputs, differentiable, leaf_names, scaled_gradients
 from .errors import ArgumentError
+
+if TYPE_CHECKING:  # only for annotations: runtime.py imports this module
+    from .runtime import CompiledModule
 
 
 def _to_numpy(name: str, value: Any) -> Any:
@@ -93,15 +96,36 @@ class _Function(torch.autograd.Function):
 
 
 class TorchFunction:
-    """The compiled module as a function of tensors (see the module's docstring)."""
+    """The compiled module as a function of tensors (see the module's docstring).
 
-    def __init__(self, mod: Any, outputs: Sequence[str] = ()):
+    Args:
+        mod: the compiled module.
+        outputs: named outputs to return beside the loss.
+
+    Raises:
+        ArgumentError: an output name the model lacks.
+    """
+
+    def __init__(self, mod: CompiledModule, outputs: Sequence[str] = ()) -> None:
         self.mod = mod
         self.names = leaf_names(mod)
         self.outputs = check_outputs(mod, outputs)
         self._call = _Call(mod, self.names, self.outputs)
 
     def __call__(self, **tensors: Any) -> Any:
+        """The loss, differentiable by torch.autograd.
+
+        Args:
+            **tensors: every input and param by name: CPU tensors of the
+                module's dtype, or arrays and numbers.
+
+        Returns:
+            The loss as a 0-d tensor; with outputs, ``(loss, {name: tensor})``.
+
+        Raises:
+            ArgumentError: missing or unknown arguments, a tensor not on the
+                CPU, or any argument the module rejects.
+        """
         missing = [n for n in self.names if n not in tensors]
         unknown = [n for n in tensors if n not in self.names]
         if missing or unknown:
@@ -116,10 +140,17 @@ class TorchFunction:
         return result[0], dict(zip(self.outputs, result[1:]))
 
 
-def as_torch(mod: Any, outputs: Sequence[str] = ()) -> TorchFunction:
+def as_torch(mod: CompiledModule, outputs: Sequence[str] = ()) -> TorchFunction:
     """A callable taking the module's inputs and params as tensors by
     keyword and returning the loss as a 0-d tensor, differentiable by
     torch.autograd; with `outputs`, `(loss, {name: tensor})`.
+
+    Args:
+        mod: the compiled module.
+        outputs: named outputs to return beside the loss.
+
+    Returns:
+        The TorchFunction.
 
     Raises:
         ArgumentError: an output name the model lacks; on call, missing or
@@ -135,11 +166,17 @@ class SymbackpropModule(torch.nn.Module):
     `(loss, {name: tensor})`). Params the module does not differentiate are
     Parameters with requires_grad=False.
 
+    Args:
+        mod: the compiled module.
+        params: the initial value of every param by name (arrays or tensors).
+        outputs: named outputs `forward` returns beside the loss.
+
     Raises:
-        ArgumentError: a param missing from `params`, or an unknown name.
+        ArgumentError: a param missing from `params`, an unknown name, or an
+            output name the model lacks.
     """
 
-    def __init__(self, mod: Any, params: Mapping[str, Any], outputs: Sequence[str] = ()):
+    def __init__(self, mod: CompiledModule, params: Mapping[str, Any], outputs: Sequence[str] = ()) -> None:
         super().__init__()
         self.function = as_torch(mod, outputs)
         names = [str(p.name) for p in mod.model.params]
@@ -155,6 +192,17 @@ class SymbackpropModule(torch.nn.Module):
             self.register_parameter(name, torch.nn.Parameter(value, requires_grad=name in wrt))
 
     def forward(self, **inputs: Any) -> Any:
+        """The loss at the current parameters.
+
+        Args:
+            **inputs: the model's data inputs by name.
+
+        Returns:
+            The loss as a 0-d tensor; with outputs, ``(loss, {name: tensor})``.
+
+        Raises:
+            ArgumentError: missing or unknown inputs, or any the module rejects.
+        """
         return self.function(**inputs, **{name: getattr(self, name) for name in self.param_names})
 
 

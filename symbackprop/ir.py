@@ -15,12 +15,16 @@ The ops:
     logsumexp  stable log(sum(exp)) over one axis       attrs: (axis,)
     element    A[i, j] as a 1x1 (a view)                attrs: (i, j)
     pack       a matrix from 1x1 values, zero elsewhere attrs: (positions,)
+    max, min   the extreme over one axis (kept as size 1) attrs: (axis,)
+    emap       a per-example function over one or two   attrs: (bodies, bindings,
+               loop lengths (see emap() below)                  loops, target)
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, TypeAlias
 
 import sympy as sp
 from sympy.core.function import Application, AppliedUndef
@@ -32,9 +36,10 @@ from sympy.matrices.expressions.matexpr import MatrixElement
 
 from .errors import ModelError
 from .model import Model, leaf_name
+from .tensor import ExampleMap, Gather, Index, Reduce
 
-Dim = int | sp.Symbol
-Shape = tuple[Dim, Dim]
+Dim: TypeAlias = int | sp.Symbol
+Shape: TypeAlias = tuple[Dim, Dim]
 SCALAR: Shape = (1, 1)
 
 
@@ -173,6 +178,109 @@ def logsumexp(a: Node, axis: int) -> Node:
     return _node("logsumexp", (a,), shape, (axis,))
 
 
+def reduce_extreme(op: str, a: Node, axis: int) -> Node:
+    """max or min over `axis`."""
+    if a.shape[axis] == 1:
+        return a
+    shape = (1, a.shape[1]) if axis == 0 else (a.shape[0], 1)
+    if is_const(a):
+        return const(a.attrs[0], shape)
+    return _node(op, (a,), shape, (axis,))
+
+
+def row_placeholder(arg: int, col: int) -> sp.Symbol:
+    """The symbol that stands for column `col` of an emap's arg-th argument."""
+    return sp.Symbol(f"_e{arg}_{col}", real=True)
+
+
+# How an emap reads an argument at each example (loop variables i, then k):
+#   ("row", a)        row (i, k)[a] of the argument
+#   ("gather", q, a)  row idx[(i, k)[a]], idx being argument q (an index leaf)
+#   ("whole",)        row 0: a 1-row argument shared by every example
+#   ("cell",)         element (i, k): a loops[0] x loops[1] argument
+#   ("index",)        an index leaf, read only through gathers
+# The target says where example (i, k) writes its outputs, in the same terms;
+# where several examples write one place (a gather's scatter-add, a row of a
+# two-loop map, a shared row) they add up.
+
+
+def let_symbol(k: int) -> sp.Symbol:
+    """The k-th local value of an emap's body (see emap)."""
+    return sp.Symbol(f"_v{k}", real=True)
+
+
+def emap(bodies: Iterable[sp.Expr], args: Iterable[Node], bindings: Iterable[tuple], loops: tuple,
+         target: tuple, shape: Shape, lets: Iterable[tuple[sp.Symbol, sp.Expr]] = ()) -> Node:
+    """A per-example function: for each example (i, or each pair (i, k)),
+    output column c of row target(example) is bodies[c] of the argument rows
+    bound to that example, the symbol _e<p>_<l> standing for column l of
+    argument p.
+
+    The body is a straight-line program: `lets` are (symbol, expression)
+    assignments in order, which later ones and the bodies use. Derivatives
+    extend the program (reverse or forward mode over it) instead of
+    differentiating expanded expressions, so they grow linearly with it.
+    Unused lets and arguments are dropped, constant arguments folded in.
+    """
+    arg_nodes, bindings = tuple(args), tuple(bindings)
+    folded = {}  # constant arguments become numbers in the bodies
+    for p, arg in enumerate(arg_nodes):
+        if is_const(arg):
+            folded.update({row_placeholder(p, c): arg.attrs[0] for c in range(binding_width(arg, bindings[p]))})
+    programs = tuple(sp.sympify(b).xreplace(folded) for b in bodies)
+    if all(b == 0 for b in programs) and accumulates(target, loops):
+        return const(0, shape)
+    live = _live_lets(tuple((sym, sp.sympify(e).xreplace(folded)) for sym, e in lets), programs)
+    kept, bindings, programs, live, target = _drop_unused(arg_nodes, bindings, programs, live, tuple(target))
+    return _node("emap", kept, shape, (programs, bindings, tuple(loops), target, live))
+
+
+def _live_lets(lets: tuple, bodies: tuple) -> tuple:
+    """The assignments the bodies need, in order."""
+    needed = set().union(*(b.free_symbols for b in bodies))
+    kept = []
+    for sym, expr in reversed(lets):
+        if sym in needed:
+            kept.append((sym, expr))
+            needed |= expr.free_symbols
+    return tuple(reversed(kept))
+
+
+def _drop_unused(args: tuple, bindings: tuple, bodies: tuple, lets: tuple, target: tuple) -> tuple:
+    """Only the arguments the program reads (and the index leaves its gathers
+    and the target use), renumbered in order, so equal maps are equal nodes."""
+    free = set().union(*(b.free_symbols for b in bodies), *(e.free_symbols for _, e in lets))
+    used = [p for p, a in enumerate(args) if any(row_placeholder(p, c) in free for c in range(binding_width(a, bindings[p])))]
+    needed = set(used)
+    for p in used + [None]:
+        binding = target if p is None else bindings[p]
+        if binding[0] == "gather":
+            needed.add(binding[1])
+    keep = sorted(needed)
+    if len(keep) == len(args):
+        return args, bindings, bodies, lets, target
+    new = {old: k for k, old in enumerate(keep)}
+
+    def renumber(binding: tuple) -> tuple:
+        return ("gather", new[binding[1]], binding[2]) if binding[0] == "gather" else binding
+
+    subs = {row_placeholder(old, c): row_placeholder(new[old], c)
+            for old in keep for c in range(binding_width(args[old], bindings[old]))}
+    return (tuple(args[p] for p in keep), tuple(renumber(bindings[p]) for p in keep),
+            tuple(b.xreplace(subs) for b in bodies), tuple((sym, e.xreplace(subs)) for sym, e in lets), renumber(target))
+
+
+def accumulates(target: tuple, loops: tuple) -> bool:
+    """Whether several examples write one place of an emap's output."""
+    return not (target == ("cell",) or (target[0] == "row" and len(loops) == 1))
+
+
+def binding_width(node: Node, binding: tuple) -> int:
+    if binding[0] == "index":
+        return 0
+    return 1 if binding[0] == "cell" else int(node.shape[1])
+
+
 def element(a: Node, i: int, j: int) -> Node:
     if a.shape == SCALAR:
         return a
@@ -249,7 +357,9 @@ def lower(model: Model) -> Lowered:
     dims: list[sp.Symbol] = []
     for role, group in (("input", model.inputs), ("param", model.params)):
         for sym in group:
-            node = leaf(leaf_name(sym), shape_of(sym), role)
+            if isinstance(sym, Index) and role != "input":
+                raise ModelError(f"the Index {sym} holds integers: declare it an input, not a {role}")
+            node = leaf(leaf_name(sym), shape_of(sym), "index" if isinstance(sym, Index) else role)
             leaves[leaf_name(sym)] = by_symbol[sym] = node
             for d in node.shape:  # once each, also for a square (n, n) leaf
                 if isinstance(d, sp.Symbol) and d not in dims:
@@ -428,6 +538,81 @@ class _Lowerer:
             raise ModelError(f"unsupported matrix operation Identity of shape {expr.shape} (only 1x1): {expr}")
         return const(1, SCALAR)
 
+    def index(self, expr: Index) -> Node:
+        raise ModelError(f"the Index {expr} holds row numbers: use it only to gather rows (gather({expr.name}, ...))")
+
+    def _index_leaf(self, index: Index) -> Node:
+        node = self.leaves.get(index)
+        if node is None or node.attrs[1] != "index":
+            raise ModelError(f"the Index {index} is not declared as an input")
+        return node
+
+    def gather(self, expr: Gather) -> Node:
+        """A gather alone is a map that copies the chosen rows."""
+        array = self.lower(expr.array)
+        index = self._index_leaf(expr.index)
+        width = int(array.shape[1])
+        bodies = [row_placeholder(1, col) for col in range(width)]
+        rows = index.shape[0]
+        return emap(bodies, [index, array], [("index",), ("gather", 0, 0)], (rows,), ("row", 0), (rows, width))
+
+    def example_map(self, expr: ExampleMap) -> Node:
+        loops = tuple(as_dim(d, expr) for d in expr.loops)
+        args: list[Node] = []
+        bindings: list[tuple] = []
+        subs: dict[sp.Basic, sp.Expr] = {}
+
+        def add(node: Node, binding: tuple) -> int:
+            if (node, binding) in zip(args, bindings):
+                return list(zip(args, bindings)).index((node, binding))
+            args.append(node)
+            bindings.append(binding)
+            return len(args) - 1
+
+        for symbols, source in expr.bindings:
+            if isinstance(source, Gather):
+                index = add(self._index_leaf(source.index), ("index",))
+                loop = loops.index(as_dim(source.index.shape[0], source))
+                position = add(self.lower(source.array), ("gather", index, loop))
+            else:
+                node = self.lower(source)
+                binding = ("whole",) if node.shape[0] == 1 else ("row", loops.index(node.shape[0]))
+                position = add(node, binding)
+            for col, symbol in enumerate(symbols):
+                subs[symbol] = row_placeholder(position, col)
+        bodies = []
+        for entry in expr.body:
+            for atom in _scalar_atoms(entry):
+                if atom in subs or atom in self.dims:
+                    continue
+                if isinstance(atom, MatrixElement):
+                    parent, i, j = atom.args
+                    if not (i.is_Integer and j.is_Integer):
+                        raise ModelError(f"only constant indices are supported: {atom}")
+                    node = element(self.lower(parent), int(i), int(j))
+                elif atom in self.leaves and self.leaves[atom].shape == SCALAR:
+                    node = self.leaves[atom]
+                else:
+                    raise ModelError(f"{atom} in the map's body is neither bound by the map nor a scalar input or param")
+                subs[atom] = row_placeholder(add(node, ("whole",)), 0)
+            bodies.append(entry.xreplace(subs))
+        # the body as a straight-line program, so that derivatives extend it step by step
+        lets, bodies = sp.cse(bodies, symbols=(let_symbol(k) for k in itertools.count()), order="none")
+        if len(loops) == 1:
+            return emap(bodies, args, bindings, loops, ("row", 0), (loops[0], len(bodies)), lets)
+        return emap(bodies, args, bindings, loops, ("cell",), (loops[0], loops[1]), lets)
+
+    def reduce(self, expr: Reduce) -> Node:
+        arg, axis = self.lower(expr.arg), expr.axis
+        if expr.op in ("max", "min"):
+            return reduce_extreme(expr.op, arg, axis)
+        if arg.shape[axis] == 1:
+            return arg
+        if expr.op == "logsumexp":
+            return logsumexp(arg, axis)
+        total = reduce_sum(arg, axis)
+        return total if expr.op == "sum" else map_(placeholder(0) / arg.shape[axis], [total])
+
     def one_matrix(self, expr: sp.OneMatrix) -> Node:
         return const(1, shape_of(expr))
 
@@ -515,9 +700,10 @@ def _product_chain(factors: list[Node | _Ones]) -> Node:
 
 
 def _product(a: Node | _Ones, b: Node | _Ones) -> Node | _Ones:
-    if isinstance(a, _Ones) and isinstance(b, _Ones):
-        return const(a.cols, (a.rows, b.cols))
-    if isinstance(a, _Ones):  # ones(r, k) @ B: column sums, repeated on r rows
+    if isinstance(a, _Ones):
+        if isinstance(b, _Ones):
+            return const(a.cols, (a.rows, b.cols))
+        # ones(r, k) @ B: column sums, repeated on r rows
         return broadcast(reduce_sum(b, 0), (a.rows, b.shape[1]))
     if isinstance(b, _Ones):  # A @ ones(k, c): row sums, repeated in c columns
         return broadcast(reduce_sum(a, 1), (a.shape[0], b.cols))
@@ -537,6 +723,10 @@ _MATRIX_RULES: dict[type, Callable[[_Lowerer, sp.Basic], Node]] = {
     sp.Identity: _Lowerer.identity,
     sp.OneMatrix: _Lowerer.one_matrix,
     sp.ZeroMatrix: _Lowerer.zero_matrix,
+    Index: _Lowerer.index,
+    Gather: _Lowerer.gather,
+    ExampleMap: _Lowerer.example_map,
+    Reduce: _Lowerer.reduce,
 }
 
 

@@ -11,7 +11,12 @@ hits and misses with the cache folder::
     # INFO symbackprop: differentiate mlp: 0.051 s (forward: 6 -> 6 scalar ops after CSE; ...)
     # INFO symbackprop: emit mlp: 0.020 s
     # INFO symbackprop: cache miss: /home/me/.cache/symbackprop/<key>
+    # INFO symbackprop: compiling mlp: 412 lines of C, cache key 3f9a0c1d2e4b
     # INFO symbackprop: C compile mlp: 0.812 s
+
+While the C compiler runs, a line every 2 s (build.PROGRESS_SECONDS)
+shows that a long compile is still going: `still compiling mlp: 4.0 s
+elapsed`; the "C compile" line gives the time when it is done.
 
 `symbackprop build -v` turns this on for the command line (to stderr).
 Nothing is logged unless the application configures logging (the

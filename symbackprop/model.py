@@ -9,13 +9,13 @@ offending subexpression.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, TypeAlias
 
 import sympy as sp
 
 from .errors import ModelError
 
-Leaf = sp.Symbol | sp.MatrixSymbol
+Leaf: TypeAlias = sp.Symbol | sp.MatrixSymbol
 
 
 def _as_leaves(kind: str, items: Iterable[object]) -> tuple[Leaf, ...]:
@@ -81,7 +81,12 @@ class Model:
             raise ModelError(
                 f"the loss must be a scalar (or a 1x1 matrix); got shape {shape}: {self.loss}"
             )
+        for leaf in self.params:
+            if getattr(leaf, "is_index", False):
+                raise ModelError(f"the Index {leaf_name(leaf)!r} holds integers: declare it an input, not a param")
         for leaf in self.grad_inputs:
+            if getattr(leaf, "is_index", False):
+                raise ModelError(f"grad_inputs names the Index {leaf_name(leaf)!r}: row numbers have no gradient")
             if leaf not in self.inputs:
                 raise ModelError(f"grad_inputs names {leaf_name(leaf)!r}, which is not an input")
 

@@ -24,7 +24,13 @@ a0, a1, a2, a3, a4 = (placeholder(k) for k in range(5))
 @dataclass(frozen=True)
 class SGD:
     """p -= lr * v with v = momentum * v + (g + weight_decay * p); plain SGD
-    when momentum is 0 (the velocity is then the gradient)."""
+    when momentum is 0 (the velocity is then the gradient).
+
+    Args:
+        lr: the learning rate.
+        momentum: the velocity's decay (0: plain SGD).
+        weight_decay: the L2 penalty's coefficient, added to the gradient.
+    """
 
     lr: float = 0.01
     momentum: float = 0.0
@@ -34,23 +40,58 @@ class SGD:
     shared_state: ClassVar[tuple[str, ...]] = ()
 
     def hyper(self) -> dict[str, float]:
+        """The hyperparameters by name, as passed to the C training step.
+
+        Returns:
+            A new dict of the dataclass fields.
+        """
         return asdict(self)
 
     def update(
         self, p: Node, g: Node, state: dict[str, Node], hyper: dict[str, Node], shared: dict[str, Node]
-    ) -> dict[str, Node]:
+    ) -> dict[str, Node | dict[str, Node]]:
+        """One parameter's update, as graph nodes.
+
+        Args:
+            p: the parameter.
+            g: its gradient.
+            state: its optimizer state by name (see per_param_state).
+            hyper: the hyperparameter leaves by name.
+            shared: the shared state after this step's shared_update.
+
+        Returns:
+            "param": the new parameter, "grad": the gradient with weight decay,
+            and the new value of each per-parameter state by name; optionally
+            "names": intermediate nodes by the name they get in the C code.
+        """
         grad = map_(a0 + a1 * a2, [g, hyper["weight_decay"], p], p.shape)
         velocity = map_(a0 * a1 + a2, [hyper["momentum"], state["velocity"], grad], p.shape)
         return {"param": map_(a0 - a1 * a2, [p, hyper["lr"], velocity], p.shape), "velocity": velocity, "grad": grad}
 
     def shared_update(self, shared: dict[str, Node]) -> dict[str, Node]:
+        """The update of the state shared by every parameter.
+
+        Args:
+            shared: the shared state leaves by name (see shared_state).
+
+        Returns:
+            The new value of each shared state by name.
+        """
         return {}
 
 
 @dataclass(frozen=True)
 class Adam:
     """Adam with bias correction: m, v moving averages of g and g^2;
-    p -= lr * m_hat / (sqrt(v_hat) + eps); the step count is shared state."""
+    p -= lr * m_hat / (sqrt(v_hat) + eps); the step count is shared state.
+
+    Args:
+        lr: the learning rate.
+        beta1: the decay of m, the moving average of the gradient.
+        beta2: the decay of v, the moving average of its square.
+        eps: added to sqrt(v_hat) in the denominator.
+        weight_decay: the L2 penalty's coefficient, added to the gradient.
+    """
 
     lr: float = 0.001
     beta1: float = 0.9
@@ -62,11 +103,30 @@ class Adam:
     shared_state: ClassVar[tuple[str, ...]] = ("step",)
 
     def hyper(self) -> dict[str, float]:
+        """The hyperparameters by name, as passed to the C training step.
+
+        Returns:
+            A new dict of the dataclass fields.
+        """
         return asdict(self)
 
     def update(
         self, p: Node, g: Node, state: dict[str, Node], hyper: dict[str, Node], shared: dict[str, Node]
-    ) -> dict[str, Node]:
+    ) -> dict[str, Node | dict[str, Node]]:
+        """One parameter's update, as graph nodes.
+
+        Args:
+            p: the parameter.
+            g: its gradient.
+            state: its optimizer state by name (see per_param_state).
+            hyper: the hyperparameter leaves by name.
+            shared: the shared state after this step's shared_update.
+
+        Returns:
+            "param": the new parameter, "grad": the gradient with weight decay,
+            and the new value of each per-parameter state by name; optionally
+            "names": intermediate nodes by the name they get in the C code.
+        """
         grad = map_(a0 + a1 * a2, [g, hyper["weight_decay"], p], p.shape)
         m = map_(a0 * a1 + (1 - a0) * a2, [hyper["beta1"], state["m"], grad], p.shape)
         v = map_(a0 * a1 + (1 - a0) * a2**2, [hyper["beta2"], state["v"], grad], p.shape)
@@ -81,6 +141,14 @@ class Adam:
                 "names": {"bias_correction1": correction1, "bias_correction2": correction2}}
 
     def shared_update(self, shared: dict[str, Node]) -> dict[str, Node]:
+        """The update of the state shared by every parameter.
+
+        Args:
+            shared: the shared state leaves by name (see shared_state).
+
+        Returns:
+            The new value of each shared state by name.
+        """
         return {"step": map_(a0 + 1, [shared["step"]])}
 
 

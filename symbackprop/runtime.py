@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TextIO, cast
 
 import numpy as np
 import sympy as sp
@@ -40,21 +40,40 @@ from .errors import ArgumentError, ModelError
 from .graph import graph_text
 from .model import Model, leaf_name
 
+if TYPE_CHECKING:  # only for annotations: these modules are imported on first use
+    from .interop_jax import JaxFunction
+    from .interop_torch import TorchFunction
+    from .optim import SGD, Adam
+    from .train import Trainer
+
 
 @dataclass(frozen=True)
 class ArraySpec:
     name: str
     shape: tuple  # ints and dimension Symbols
     scalar: bool  # declared as a Symbol: passed and returned as a number
+    index: bool = False  # an Index: int64 row numbers, a 1-D or (rows, 1) array
 
 
 class Function:
     """One generated C function: its arguments in C order, their checks, and
     the call. `call` is the hot path of the ordinary API: arrays that are
     already right pass a few attribute checks; anything else goes through
-    `_convert`, which converts it or says what is wrong."""
+    `_convert`, which converts it or says what is wrong.
 
-    def __init__(self, fn: FunctionPlan, plan: Plan, scalars: set[str], lib: Any, ffi: Any, prefix: str, dtype: np.dtype):
+    Args:
+        fn: the function's plan.
+        plan: the plan of the module it belongs to.
+        scalars: the names passed and returned as numbers.
+        lib: the cffi library holding the C function.
+        ffi: its FFI.
+        prefix: the module's C prefix.
+        dtype: the module's numpy dtype.
+    """
+
+    def __init__(
+        self, fn: FunctionPlan, plan: Plan, scalars: set[str], lib: Any, ffi: Any, prefix: str, dtype: np.dtype
+    ) -> None:
         self.plan = fn
         self.c_name = f"{prefix}_{fn.schedule.name}"
         self.c_function = getattr(lib, self.c_name)
@@ -62,7 +81,12 @@ class Function:
         self.work_len = getattr(lib, self.c_name + "_work_len")
         self.dims = plan.lowered.dims
         leaves = list(plan.lowered.leaves.items()) + list(fn.extra_inputs)
-        self.inputs = tuple(ArraySpec(name, node.shape, name in scalars) for name, node in leaves)
+        self.inputs = tuple(ArraySpec(name, node.shape, name in scalars, node.attrs[1] == "index") for name, node in leaves)
+        # each Index with the row counts of the arrays it chooses rows of
+        self.index_bounds: dict[str, set] = {}
+        for kernel in fn.schedule.kernels:
+            for name, _, bound in getattr(kernel, "index_checks", ()):
+                self.index_bounds.setdefault(name, set()).add(bound)
         nodes = dict(fn.schedule.results)
         self.outputs = tuple(ArraySpec(out, nodes[out].shape, key in scalars) for out, _, key in fn.returns)
         self.names = frozenset(spec.name for spec in self.inputs)
@@ -80,7 +104,18 @@ class Function:
         self._local = threading.local()  # per-thread workspace, reused while the dimensions stay
 
     def bind(self, arrays: Mapping[str, Any]) -> tuple[list[np.ndarray], list[int]]:
-        """Checked, converted arrays in C order, and the bound dimensions."""
+        """Checked, converted arrays in C order, and the bound dimensions.
+
+        Args:
+            arrays: every argument by name.
+
+        Returns:
+            (arrays in C order, the values of the symbolic dimensions in order).
+
+        Raises:
+            ArgumentError: a missing, unknown or malformed argument, or
+                inconsistent dimensions.
+        """
         if arrays.keys() != self.names:
             _check_names(self.inputs, arrays)
         fast = self._bind_fast(arrays)
@@ -92,6 +127,9 @@ class Function:
         for dim in self.dims:
             if dim not in bound:
                 raise ArgumentError(f"dimension {dim} is not fixed by any argument")
+        for spec, value in zip(self.inputs, values):
+            if spec.index:
+                _check_rows(spec.name, value, self.index_bounds.get(spec.name, ()), bound)
         return values, [bound[d] for d in self.dims]
 
     def _bind_fast(self, arrays: Mapping[str, Any]) -> tuple[list[np.ndarray], list[int]] | None:
@@ -125,6 +163,14 @@ class Function:
         return values, dims
 
     def allocate(self, dims: Sequence[int]) -> list[np.ndarray]:
+        """Fresh (uninitialised) output arrays.
+
+        Args:
+            dims: the values of the symbolic dimensions, as bind returns them.
+
+        Returns:
+            One array per output, in C order.
+        """
         empty, dtype = np.empty, self.dtype
         return [
             empty(fixed if fixed is not None else (r if r > 0 else dims[-r - 1], c if c > 0 else dims[-c - 1]), dtype)
@@ -132,7 +178,14 @@ class Function:
         ]
 
     def workspace(self, dims: Sequence[int]) -> Any:
-        """A pointer to scratch memory of this thread, sized for `dims`."""
+        """A pointer to scratch memory of this thread, sized for `dims`.
+
+        Args:
+            dims: the values of the symbolic dimensions.
+
+        Returns:
+            A cffi pointer, valid until this thread asks for other dims.
+        """
         local = self._local
         key = tuple(dims)
         if getattr(local, "key", None) != key:
@@ -142,13 +195,38 @@ class Function:
         return local.pointer
 
     def invoke(self, dims: Sequence[int], values: Sequence[np.ndarray], outputs: Sequence[np.ndarray], work: Any) -> None:
+        """Run the C function (no checks on the Python side).
+
+        Args:
+            dims: the values of the symbolic dimensions.
+            values: the arguments, as bind returns them.
+            outputs: the output arrays, as allocate returns them.
+            work: the workspace pointer.
+
+        Raises:
+            ArgumentError: the C function rejected the dimensions, or an index
+                array holds a row number out of range.
+        """
         buf = self.from_buffer
         status = self.c_function(*dims, *[buf(v) for v in values], *[buf(o) for o in outputs], work)
+        if status == 2:
+            raise ArgumentError(f"{self.c_name}: an index array holds a row number outside the array it gathers from")
         if status != 0:
             raise ArgumentError(f"{self.c_name} rejected the dimensions {dict(zip(map(str, self.dims), dims))}")
 
     def call(self, arrays: Mapping[str, Any]) -> list[Any]:
-        """Outputs in the plan's order: numbers for scalars, else arrays."""
+        """Check, convert and run.
+
+        Args:
+            arrays: every argument by name.
+
+        Returns:
+            The outputs in the plan's order: numbers for scalars, else arrays.
+
+        Raises:
+            ArgumentError: a missing, unknown or malformed argument, or
+                inconsistent dimensions.
+        """
         values, dims = self.bind(arrays)
         outputs = self.allocate(dims)
         self.invoke(dims, values, outputs, self.workspace(dims))
@@ -157,6 +235,15 @@ class Function:
         return outputs
 
     def group(self, results: Sequence[Any], name: str) -> dict[str, Any]:
+        """The results of one group by key, e.g. the gradients by param name.
+
+        Args:
+            results: what call returned.
+            name: the group ("grads", "hvp", ...).
+
+        Returns:
+            {key: result}; empty for a group the function lacks.
+        """
         return {key: results[index] for index, key in self.groups.get(name, ())}
 
 
@@ -167,9 +254,18 @@ class PreparedCall:
     Refill the bound input arrays in place (``call.inputs["X"][:] = batch``)
     between calls; the shapes are fixed at preparation. Nothing is checked
     per call. Not for concurrent use from several threads (one workspace).
+
+    Args:
+        function: the function to call.
+        arrays: every argument by name (copied where a conversion is needed:
+            refill ``call.inputs``, not the arrays given).
+
+    Raises:
+        ArgumentError: a missing, unknown or malformed argument, or
+            inconsistent dimensions.
     """
 
-    def __init__(self, function: Function, arrays: Mapping[str, Any]):
+    def __init__(self, function: Function, arrays: Mapping[str, Any]) -> None:
         values, dims = function.bind(arrays)
         outputs = function.allocate(dims)
         work = np.empty(max(function.work_len(*dims), 1), dtype=function.dtype)
@@ -186,11 +282,19 @@ class PreparedCall:
 
     @property
     def grads(self) -> dict[str, np.ndarray]:
-        """The gradient arrays this call writes, by differentiated name."""
+        """The gradient arrays this call writes, by differentiated name
+        (empty for a function without gradients)."""
         return {key: self.results[out] for out, group, key in self.function.plan.returns if group == "grads"}
 
     def __call__(self) -> float | None:
-        """Run; returns the loss (if the function computes it)."""
+        """Run the C function on the bound arrays' current contents.
+
+        Returns:
+            The loss, or None if the function does not compute it.
+
+        Raises:
+            ArgumentError: the C function rejected its dimensions.
+        """
         if self._c_function(*self._args) != 0:
             raise ArgumentError(f"{self.function.c_name} rejected its dimensions")
         return None if self._loss is None else self._loss[0]
@@ -202,13 +306,26 @@ class CompiledModule:
 
     `vjp`, `jvp`, `hvp`, `hessian` and `jacobian` compile their C functions
     on first use (then load them from the cache).
+
+    Made by `symbackprop.compile`, which passes:
+
+    Args:
+        model: the model.
+        emitted: the generated code.
+        plan: the plan it was generated from.
+        lib: the built cffi library.
+        ffi: its FFI.
+        folder: where the built module is.
+        dtype: "float64" or "float32".
+        options: the build options (for functions built on first use).
+        optimizer: the optimizer for train_step, or None.
     """
 
     def __init__(self, model: Model, emitted: Emitted, plan: Plan, lib: Any, ffi: Any, folder: Path,
-                 dtype: str, options: BuildOptions | None = None, optimizer: Any = None):
+                 dtype: str, options: BuildOptions | None = None, optimizer: SGD | Adam | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
-        self._trainer: Any = None
+        self._trainer: Trainer | None = None
         self.emitted = emitted
         self.plan = plan
         self.folder = folder
@@ -225,7 +342,19 @@ class CompiledModule:
             self._functions[(fn.kind, fn.of_output)] = Function(fn, plan, self._scalars, lib, ffi, prefix, self.dtype)
 
     def function(self, kind: str, output: str | None = None) -> Function:
-        """The C function of a kind (compiled now if this module lacks it)."""
+        """The C function of a kind (compiled now if this module lacks it).
+
+        Args:
+            kind: "forward", "value_and_grad", "vjp", "jvp", "hvp" or "train_step".
+            output: for "vjp", the output it is for.
+
+        Returns:
+            The Function.
+
+        Raises:
+            ArgumentError: train_step without an optimizer, or no output of that name.
+            ModelError, BuildError: compiling the C function on first use failed.
+        """
         found = self._functions.get((kind, output))
         if found is None:
             with self._lock:
@@ -248,25 +377,40 @@ class CompiledModule:
 
     @property
     def header(self) -> str:
+        """The generated C header (forward and value_and_grad)."""
         return self.emitted.header
 
     # --- the ordinary API ---------------------------------------------
 
     def forward(self, **arrays: Any) -> dict[str, Any]:
-        """The loss and the named outputs: {"loss": float, name: array}.
+        """The loss and the named outputs.
+
+        Args:
+            **arrays: every input and param by name.
+
+        Returns:
+            {"loss": float, output name: array (a float for a scalar output)}.
 
         Raises:
-            ArgumentError: a missing, unknown or malformed argument.
+            ArgumentError: a missing, unknown or malformed argument, or
+                inconsistent dimensions.
         """
         fn = self.function("forward")
         results = fn.call(arrays)
         return {key: r for (_, _, key), r in zip(fn.plan.returns, results)}
 
     def value_and_grad(self, **arrays: Any) -> tuple[float, dict[str, Any]]:
-        """The loss and {name: gradient} for each differentiated name.
+        """The loss and its gradients.
+
+        Args:
+            **arrays: every input and param by name.
+
+        Returns:
+            (loss, {name: gradient}) for each differentiated name (``wrt``).
 
         Raises:
-            ArgumentError: a missing, unknown or malformed argument.
+            ArgumentError: a missing, unknown or malformed argument, or
+                inconsistent dimensions.
         """
         fn = self.function("value_and_grad")
         results = fn.call(arrays)
@@ -276,8 +420,17 @@ class CompiledModule:
         """Bind arrays once for a hot loop: checks and allocation happen
         here, none per call (see PreparedCall).
 
+        Args:
+            function: the kind of C function to call (see `function`).
+            **arrays: every argument by name.
+
+        Returns:
+            The PreparedCall.
+
         Raises:
-            ArgumentError: a missing, unknown or malformed argument.
+            ArgumentError: a missing, unknown or malformed argument, or
+                inconsistent dimensions.
+            ModelError, BuildError: compiling the C function on first use failed.
         """
         return PreparedCall(self.function(function), arrays)
 
@@ -288,6 +441,12 @@ class CompiledModule:
           backward pass (its buffer plan);
         - "prediction": the workspace of a prediction-only forward pass;
         - "value_and_grad": the whole workspace of value_and_grad.
+
+        Args:
+            **dims: the value of every symbolic dimension, by name.
+
+        Returns:
+            Those three sizes, by name.
 
         Raises:
             ArgumentError: a dimension is missing or unknown.
@@ -307,15 +466,21 @@ class CompiledModule:
             "value_and_grad": int(plan.gradient_work_bytes.subs(values)),
         }
 
-    def print_graph(self, file: Any = None) -> None:
-        """Print the backward graph as an indented tree, grad_fn style."""
+    def print_graph(self, file: TextIO | None = None) -> None:
+        """Print the backward graph as an indented tree, grad_fn style.
+
+        Args:
+            file: where to print (None: sys.stdout).
+        """
         print(graph_text(self.plan), file=file)
 
     # --- training ------------------------------------------------------
 
     @property
-    def trainer(self) -> Any:
-        """The training state of this module (see symbackprop.train.Trainer)."""
+    def trainer(self) -> Trainer:
+        """The training state of this module (see symbackprop.train.Trainer);
+        made, and train_step compiled, on first use. Raises ArgumentError when
+        compile was given no optimizer."""
         if self._trainer is None:
             from .train import Trainer
 
@@ -324,32 +489,78 @@ class CompiledModule:
 
     def train_step(self, **arrays: Any) -> float:
         """Forward, backward and the optimizer's update in one C call; the
-        parameter arrays passed are updated in place. Returns the loss.
+        parameter arrays passed are updated in place.
+
+        Args:
+            **arrays: every input and param by name.
+
+        Returns:
+            The loss before the update.
 
         Raises:
-            ArgumentError: no optimizer was given to compile, or a parameter
-                is not a writable C-contiguous array of the module's dtype.
+            ArgumentError: no optimizer was given to compile, a parameter is
+                not a writable C-contiguous array of the module's dtype, or
+                any check of value_and_grad fails.
+            ModelError, BuildError: compiling the C function on first use failed.
         """
         return self.trainer.step(**arrays)
 
     def train_epoch(self, batch_size: Any = None, order: Any = None, /, **arrays: Any) -> np.ndarray:
         """train_step over every minibatch of the data inputs, in one C call
-        (see Trainer.epoch); returns the minibatches' losses."""
+        (see Trainer.epoch).
+
+        Args:
+            batch_size: rows per minibatch, a positive integer.
+            order: the row order (a permutation of the rows), or None.
+            **arrays: every input and param by name.
+
+        Returns:
+            The minibatches' losses, in the order they ran.
+
+        Raises:
+            ArgumentError: as train_step, or a bad batch_size or order, or a
+                model without a batch dimension.
+            ModelError, BuildError: compiling the C function on first use failed.
+        """
         return self.trainer.epoch(batch_size, order, **arrays)
 
     @property
     def optimizer_state(self) -> dict[str, np.ndarray]:
-        """The optimizer's state arrays (momentum, moments, step count), by name."""
+        """The optimizer's state arrays (momentum, moments, step count), by
+        name; empty before the first step. Raises ArgumentError when compile
+        was given no optimizer."""
         return self.trainer.state
 
-    def as_torch(self, outputs: Sequence[str] = ()) -> Any:
-        """This module as a torch autograd function (see symbackprop.interop_torch)."""
+    def as_torch(self, outputs: Sequence[str] = ()) -> TorchFunction:
+        """This module as a torch autograd function (see symbackprop.interop_torch).
+
+        Args:
+            outputs: named outputs to return beside the loss.
+
+        Returns:
+            The TorchFunction.
+
+        Raises:
+            ArgumentError: an output name the model lacks.
+            ImportError: PyTorch is not installed.
+        """
         from .interop_torch import as_torch
 
         return as_torch(self, outputs)
 
-    def as_jax(self, outputs: Sequence[str] = ()) -> Any:
-        """This module as a JAX function with a custom VJP (see symbackprop.interop_jax)."""
+    def as_jax(self, outputs: Sequence[str] = ()) -> JaxFunction:
+        """This module as a JAX function with a custom VJP (see symbackprop.interop_jax).
+
+        Args:
+            outputs: named outputs to return beside the loss.
+
+        Returns:
+            The JaxFunction.
+
+        Raises:
+            ArgumentError: an output name the model lacks.
+            ImportError: JAX is not installed.
+        """
         from .interop_jax import as_jax
 
         return as_jax(self, outputs)
@@ -359,11 +570,20 @@ class CompiledModule:
     def vjp(self, output: str, seed: Any = None, **arrays: Any) -> dict[str, Any]:
         """Gradients of sum(seed * output) for each differentiated name.
 
-        `seed` may be omitted only for a scalar output (then it is 1).
+        Args:
+            output: "loss" or a named output.
+            seed: an array of the output's shape; may be omitted only for a
+                scalar output (then it is 1).
+            **arrays: every input and param by name.
+
+        Returns:
+            {name: gradient} for each differentiated name.
 
         Raises:
-            ArgumentError: no seed for a non-scalar output, or a seed of the
-                wrong shape (both shapes named).
+            ArgumentError: no output of that name, no seed for a non-scalar
+                output, a seed of the wrong shape (both shapes named), or a
+                malformed argument.
+            ModelError, BuildError: compiling the C function on first use failed.
         """
         if output == "loss":
             node = self.plan.lowered.loss
@@ -405,21 +625,56 @@ class CompiledModule:
         return fn, full
 
     def jvp(self, tangents: Mapping[str, Any], **arrays: Any) -> dict[str, Any]:
-        """Jacobian-vector product (forward mode): {"loss": dloss, name:
-        doutput} for the tangents given ({leaf name: array}; missing = 0)."""
+        """Jacobian-vector product (forward mode).
+
+        Args:
+            tangents: {differentiated leaf name: array}; those missing are 0.
+            **arrays: every input and param by name.
+
+        Returns:
+            {"loss": dloss, output name: doutput}.
+
+        Raises:
+            ArgumentError: a tangent for a name not differentiated, or a
+                malformed argument.
+            ModelError, BuildError: compiling the C function on first use failed.
+        """
         fn, full = self._with_extra("jvp", tangents, "tangent", arrays)
         results = fn.call(full)
         return {key: r for (_, _, key), r in zip(fn.plan.returns, results)}
 
     def hvp(self, directions: Mapping[str, Any], **arrays: Any) -> dict[str, Any]:
-        """Hessian of the loss times a direction ({leaf name: array};
-        missing = 0): {name: (H v) for that name}."""
+        """Hessian of the loss times a direction.
+
+        Args:
+            directions: {differentiated leaf name: array}; those missing are 0.
+            **arrays: every input and param by name.
+
+        Returns:
+            {name: (H v) for that name}.
+
+        Raises:
+            ArgumentError: a direction for a name not differentiated, or a
+                malformed argument.
+            ModelError, BuildError: compiling the C function on first use failed.
+        """
         fn, full = self._with_extra("hvp", directions, "direction", arrays)
         return fn.group(fn.call(full), "hvp")
 
     def hessian(self, **arrays: Any) -> np.ndarray:
         """The full Hessian of the loss over the differentiated leaves,
-        flattened in order (for small models: one hvp per entry)."""
+        flattened in order (for small models: one hvp per entry).
+
+        Args:
+            **arrays: every input and param by name.
+
+        Returns:
+            A square array, one row and column per entry of the leaves.
+
+        Raises:
+            ArgumentError: a malformed argument.
+            ModelError, BuildError: compiling the C function on first use failed.
+        """
         fn = self.function("hvp")
         bound = _dims_from(fn, arrays)
         specs = {spec.name: spec for spec in fn.inputs}
@@ -436,8 +691,20 @@ class CompiledModule:
         return np.array(columns).T
 
     def jacobian(self, output: str, **arrays: Any) -> dict[str, np.ndarray]:
-        """d output / d name for each differentiated name, as arrays of shape
-        output.shape + name.shape (for small models: one vjp per entry)."""
+        """d output / d name for each differentiated name (for small models:
+        one vjp per entry).
+
+        Args:
+            output: a named output (not "loss").
+            **arrays: every input and param by name.
+
+        Returns:
+            {name: array of shape output.shape + name.shape}.
+
+        Raises:
+            ArgumentError: no output of that name, or a malformed argument.
+            ModelError, BuildError: compiling the C function on first use failed.
+        """
         node = self.plan.lowered.outputs.get(output)
         if node is None:
             raise ArgumentError(f"no output named {output!r}; the outputs are {list(self.model.outputs)}")
@@ -483,10 +750,32 @@ def _check_names(inputs: Sequence[ArraySpec], arrays: Mapping[str, Any]) -> None
         raise ArgumentError(f"{'; '.join(parts)}; expected the arguments {expected}")
 
 
+def _check_rows(name: str, index: np.ndarray, bounds: Any, bound: Mapping[sp.Symbol, int]) -> None:
+    """Every row number lies within each array the index chooses rows of."""
+    if not index.size:
+        return
+    low, high = int(index.min()), int(index.max())
+    for rows in bounds:
+        count = bound[rows] if isinstance(rows, sp.Symbol) else int(rows)
+        if low < 0 or high >= count:
+            bad = low if low < 0 else high
+            raise ArgumentError(f"{name} holds the row number {bad}, outside the {count} rows ({rows}) it chooses among")
+
+
+def _as_index(spec: ArraySpec, value: Any) -> np.ndarray:
+    array = np.asarray(value) if isinstance(value, (list, tuple, np.ndarray)) else None
+    if array is None or array.dtype.kind not in "iu" or array.dtype == np.uint64:
+        what = f"dtype {array.dtype}" if array is not None else type(value).__name__
+        raise ArgumentError(f"{spec.name} is an Index: an array of integer row numbers; got {what}")
+    if array.ndim == 1:
+        array = array.reshape(-1, 1)
+    return array.astype(np.int64, copy=False)
+
+
 def _convert(
     spec: ArraySpec, value: Any, dtype: np.dtype, bound: dict[sp.Symbol, int], binder: dict[sp.Symbol, str]
 ) -> np.ndarray:
-    array = _as_array(spec, value, dtype)
+    array = _as_index(spec, value) if spec.index else _as_array(spec, value, dtype)
     if spec.scalar:
         if array.size != 1 or array.ndim > 2:
             raise ArgumentError(
@@ -558,7 +847,7 @@ def compile(
     options: BuildOptions | None = None,
     wrt: Sequence[str] | None = None,
     functions: Sequence[str] = DEFAULT_FUNCTIONS,
-    optimizer: Any = None,
+    optimizer: SGD | Adam | None = None,
 ) -> CompiledModule:
     """Generate, build (or load from the cache) and wrap the model.
 
@@ -573,8 +862,12 @@ def compile(
             "train_step") are built on first use.
         optimizer: for train_step: a symbackprop.SGD or symbackprop.Adam.
 
+    Returns:
+        The CompiledModule.
+
     Raises:
-        ModelError: the model cannot be compiled (names the subexpression).
+        ModelError: the model cannot be compiled (names the subexpression),
+            or dtype is not one of the two.
         BuildError: the C compiler is missing or failed (names the log).
     """
     if dtype not in REAL_TYPES:
@@ -583,7 +876,7 @@ def compile(
     memo = read_memo(key, options)
     module = None
     if memo is not None:
-        emitted, plan, folder = memo
+        emitted, plan, folder = cast("tuple[Emitted, Plan, Path]", memo)  # as write_memo stored it below
         module = load_built(folder, emitted.prefix)
     if module is None:
         emitted, plan = generate(model, dtype, functions=functions, wrt=wrt, optimizer=optimizer)

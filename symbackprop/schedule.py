@@ -10,12 +10,12 @@ a caller-provided workspace whose slots are reused once dead.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
 
 import sympy as sp
 
-from .ir import SCALAR, Node, Shape, is_const, placeholder, topological_order
+from .ir import SCALAR, Node, Shape, accumulates, binding_width, is_const, placeholder, row_placeholder, topological_order
 
 VIEW_OPS = ("transpose", "element")
 LOOP_I, LOOP_J = sp.Symbol("i", integer=True), sp.Symbol("j", integer=True)
@@ -41,10 +41,11 @@ class Equation:
     lhs: str
     text: str
     latex: str
+    assign: str = "="  # "+=" where examples add into one place
 
     @property
     def comment(self) -> str:
-        return f"{self.lhs} = {self.text}"
+        return f"{self.lhs} {self.assign} {self.text}"
 
 
 def latex_name(name: str) -> str:
@@ -115,7 +116,37 @@ class PackKernel:
     kind: str = "pack"
 
 
-Kernel = MapKernel | MatMulKernel | ReduceKernel | PackKernel
+@dataclass(frozen=True)
+class EmapKernel:
+    """One loop (or two nested) over examples around a CSE'd body: loads
+    read argument rows where each example's binding says, stores write (or
+    add into, after zeroing the output) the row the target names."""
+
+    loops: tuple  # lengths
+    loads: tuple[tuple[sp.Symbol, View, tuple], ...]  # (symbol, view, (binding row, column))
+    temps: tuple[tuple[sp.Symbol, sp.Expr], ...]
+    stores: tuple[tuple[int, sp.Expr], ...]  # (output column, value)
+    out: str
+    out_shape: Shape
+    target: tuple  # the row the example writes, in load terms: (binding row, column 0)
+    accumulate: bool
+    index_checks: tuple[tuple[str, object, object], ...]  # (index buffer, its rows, rows of what it chooses among)
+    equations: tuple[Equation, ...]
+    kind: str = "emap"
+
+    def reads(self) -> list[str]:
+        return [view.buffer for _, view, _ in self.loads] + [check[0] for check in self.index_checks]
+
+    def writes(self) -> list[str]:
+        return [self.out]
+
+
+Kernel = MapKernel | MatMulKernel | ReduceKernel | PackKernel | EmapKernel | Any  # Any: a kernel of KERNEL_BUILDERS
+
+# Kernels of the ops that are neither maps nor one of the built-in ops above,
+# one builder per op: builder(scheduler, node, output buffer) -> kernel. Such
+# a kernel says which buffers it touches with `reads()` and `writes()`.
+KERNEL_BUILDERS: dict[str, Callable[["_Scheduler", Node, str], Any]] = {}
 
 
 @dataclass(frozen=True)
@@ -254,7 +285,7 @@ class _Scheduler:
         self.plan.sort(key=self._is_late)  # stable: the overwriting phase last
         bound = self._bind_results()
         kernels: list[Kernel] = []
-        counts = [0, 0]
+        counts: list[int] = [0, 0]
         for step in self.plan:
             if isinstance(step, _Group):
                 kernel = self._map_kernel(step, counts)
@@ -263,8 +294,9 @@ class _Scheduler:
             else:
                 kernels.append(self._kernel(step))
         kernels += self._copies(bound)
+        kernels = _check_each_index_once(kernels)
         slots, work = self._plan_workspace(kernels)
-        return FunctionSchedule(self.name, tuple(self.results), tuple(kernels), slots, work, tuple(counts))
+        return FunctionSchedule(self.name, tuple(self.results), tuple(kernels), slots, work, (counts[0], counts[1]))
 
     def _is_late(self, step: _Group | Node) -> bool:
         return step.late if isinstance(step, _Group) else step in self.late
@@ -424,7 +456,7 @@ class _Scheduler:
             rhs = latex(sp.MatMul(self._symbol(a), self._symbol(b)))
             equation = Equation(out, f"{self._label(a)} @ {self._label(b)}", f"{latex_name(out)} = {rhs}")
             return MatMulKernel(out, self.view(a), self.view(b), a.shape[0], a.shape[1], b.shape[1], (equation,))
-        if node.op in ("sum", "logsumexp"):
+        if node.op in ("sum", "logsumexp", "max", "min"):
             return self._reduce_kernel(node, out)
         if node.op == "pack":
             rows, cols = node.shape
@@ -437,7 +469,12 @@ class _Scheduler:
             for (i, j), arg in zip(node.attrs[0], node.args):
                 matrix[i, j] = arg.attrs[0] if is_const(arg) else sp.Symbol(self._label(arg))
             return PackKernel(out, rows * cols, entries, (_equation(out, sp.ImmutableMatrix(matrix)),))
-        raise AssertionError(f"no kernel for op {node.op}")
+        if node.op == "emap":
+            return self._emap_kernel(node, out)
+        builder = KERNEL_BUILDERS.get(node.op)
+        if builder is None:
+            raise AssertionError(f"no kernel for op {node.op}")
+        return builder(self, node, out)
 
     def _reduce_kernel(self, node: Node, out: str) -> ReduceKernel:
         (src,) = node.args
@@ -449,11 +486,68 @@ class _Scheduler:
         if node.op == "sum":
             text = f"sum of {arg} {what}"
             rhs = rf"\sum_{{{index}}} {term}"
+        elif node.op in ("max", "min"):
+            text = f"{node.op} of {arg} {what}"
+            rhs = rf"\{node.op}_{{{index}}} {term}"
         else:
             text = f"log(sum(exp({arg}))) {what}, its max subtracted first"
             rhs = rf"\log \sum_{{{index}}} \exp {term}"
         equation = Equation(out, text, f"{latex_name(out)} = {rhs}")
         return ReduceKernel(node.op, out, self.view(src), src.shape[0], src.shape[1], axis, (equation,))
+
+    def _emap_kernel(self, node: Node, out: str) -> EmapKernel:
+        bodies, bindings, loops, target, lets = node.attrs
+        loads: list[tuple[sp.Symbol, View, tuple]] = []
+        readable: dict[sp.Symbol, sp.Symbol] = {}
+        subs: dict[sp.Symbol, sp.Symbol] = {}
+        free = set().union(*(b.free_symbols for b in bodies), *(e.free_symbols for _, e in lets))
+        checks: dict[str, tuple] = {}  # index buffer -> (its rows, the rows it chooses among)
+        for p, arg in enumerate(node.args):
+            if bindings[p][0] == "gather":
+                index = node.args[bindings[p][1]]
+                checks.setdefault(self.view(index).buffer, (index.shape[0], arg.shape[0]))
+            for col in range(binding_width(arg, bindings[p])):
+                if row_placeholder(p, col) not in free:
+                    continue
+                sym = sp.Symbol(f"_load{len(loads)}", real=True)
+                subs[row_placeholder(p, col)] = sym
+                where = self._emap_where(node, bindings[p], col)
+                loads.append((sym, self.view(arg), where))
+                readable[sym] = sp.Symbol(f"{self._label(arg)}[{_where_text(where)}]")
+        if target[0] == "gather":
+            index = node.args[target[1]]
+            checks.setdefault(self.view(index).buffer, (index.shape[0], node.shape[0]))
+        program = [(sym, e.xreplace(subs)) for sym, e in lets]
+        exprs = [b.xreplace(subs) for b in bodies]
+        temps, reduced = _cse_program(program, exprs)
+        where = self._emap_where(node, target, 0)
+        row = _where_text(where).rsplit(",", 1)[0]
+        lhs = f"{out}[{row}, :]" if len(bodies) > 1 else f"{out}[{_where_text(where)}]"
+        accumulate = accumulates(target, loops)
+        assign = "+=" if accumulate else "="
+        size = sum(sp.count_ops(e) for e in exprs) + sum(sp.count_ops(e) for _, e in program)
+        if size > MAX_SHOWN_OPS:  # the temporaries in the C are the readable form
+            sources = dict.fromkeys(re.sub(r", \d+\]$", ", :]", str(name)) for name in readable.values())
+            text = f"{len(exprs)} values from {', '.join(sources)}: see the temporaries"
+            shown_latex = rf"\text{{{len(exprs)} values: see the C}}"
+        else:
+            inline = {sym: e for sym, e in program}
+            shown = [_inline(e, inline).xreplace(readable) for e in exprs]
+            text = sp.sstr(shown[0]) if len(shown) == 1 else "[" + ", ".join(map(sp.sstr, shown)) + "]"
+            shown_latex = latex(sp.Matrix(shown).T if len(shown) > 1 else shown[0])
+        equations = (Equation(lhs, text, rf"{latex_name(out)} \mathrel{{{assign}}} {shown_latex}", assign),)
+        return EmapKernel(tuple(loops), tuple(loads), tuple(temps), tuple(enumerate(reduced)), out, node.shape, where,
+                          accumulate, tuple((name, *sizes) for name, sizes in checks.items()), equations)
+
+    def _emap_where(self, node: Node, binding: tuple, col: int) -> tuple:
+        """(row, column) of a binding: ("loop", a), ("gather", index buffer, a), ("const", n)."""
+        if binding[0] == "row":
+            return ("loop", binding[1]), ("const", col)
+        if binding[0] == "gather":
+            return ("gather", self.view(node.args[binding[1]]).buffer, binding[2]), ("const", col)
+        if binding[0] == "cell":
+            return ("loop", 0), ("loop", 1)
+        return ("const", 0), ("const", col)
 
     def _copies(self, bound: list[tuple[str, Node]]) -> list[Kernel]:
         kernels: list[Kernel] = []
@@ -507,6 +601,95 @@ class _Scheduler:
         return tuple(slots), sp.expand(end)
 
 
+# A map body with more operations than this is shown in comments by what it
+# reads, not written out: its CSE'd temporaries in the C are the readable form.
+MAX_SHOWN_OPS = 60
+
+
+def _check_each_index_once(kernels: list[Kernel]) -> list[Kernel]:
+    """An index array is checked by the first kernel of a function to use it."""
+    checked: set[str] = set()
+    result: list[Kernel] = []
+    for kernel in kernels:
+        if isinstance(kernel, EmapKernel):
+            fresh = tuple(c for c in kernel.index_checks if c[0] not in checked)
+            checked |= {c[0] for c in fresh}
+            kernel = replace(kernel, index_checks=fresh)
+        result.append(kernel)
+    return result
+
+
+def _inline(expr: sp.Expr, lets: dict[sp.Symbol, sp.Expr]) -> sp.Expr:
+    """`expr` with the local values of a (small) program substituted back."""
+    while expr.free_symbols & lets.keys():
+        expr = expr.xreplace(lets)
+    return expr
+
+
+def _cse_program(program: list[tuple[sp.Symbol, sp.Expr]], outputs: list[sp.Expr]) -> tuple[list, list]:
+    """One CSE over a straight-line program and its outputs: the common
+    subexpressions and the program's own values as one list of temporaries,
+    each after what it uses, named x0, x1, ... in order."""
+    replacements, reduced = sp.cse([e for _, e in program] + outputs, symbols=sp.numbered_symbols("_c", real=True),
+                                   order="none")
+    definitions = dict(replacements)
+    definitions.update({sym: e for (sym, _), e in zip(program, reduced)})
+    # copies (x1 = x0) and negations of a value are substituted, not named
+    copies = _copies_of(definitions)
+    while any(e.free_symbols & copies.keys() for e in copies.values()):  # chains of copies: to their ends
+        copies = {sym: e.xreplace(copies) for sym, e in copies.items()}
+    definitions = {sym: e.xreplace(copies) for sym, e in definitions.items() if sym not in copies}
+    reduced = [e.xreplace(copies) for e in reduced]
+    ordered: list[sp.Symbol] = []
+    placed: set[sp.Symbol] = set()
+
+    def place(symbol: sp.Symbol) -> None:  # depth first: what it uses comes first
+        stack = [(symbol, False)]
+        while stack:
+            sym, expanded = stack.pop()
+            if sym in placed:
+                continue
+            if expanded:
+                placed.add(sym)
+                ordered.append(sym)
+                continue
+            stack.append((sym, True))
+            for used in sorted(definitions[sym].free_symbols & definitions.keys(), key=str, reverse=True):
+                if used not in placed:
+                    stack.append((used, False))
+
+    outputs = reduced[len(program):]
+    for expr in outputs:
+        for sym in sorted(expr.free_symbols & definitions.keys(), key=lambda s: _definition_order(s, program)):
+            place(sym)
+    names = {sym: sp.Symbol(f"x{k}", real=True) for k, sym in enumerate(ordered)}
+    temps = [(names[sym], definitions[sym].xreplace(names)) for sym in ordered]
+    return temps, [e.xreplace(names) for e in outputs]
+
+
+def _copies_of(definitions: dict[sp.Symbol, sp.Basic]) -> dict[sp.Symbol, sp.Basic]:
+    return {sym: e for sym, e in definitions.items() if e.is_Atom or (isinstance(e, sp.Expr) and (-e).is_Atom)}
+
+
+def _definition_order(symbol: sp.Symbol, program: list) -> tuple:
+    """Program values in program order, CSE temporaries after them by number."""
+    for k, (sym, _) in enumerate(program):
+        if sym == symbol:
+            return (0, k)
+    return (1, int(symbol.name[2:]))
+
+
+def _where_text(where: tuple) -> str:
+    """(row, column) of an emap load as text: "i, 3", "cam[i], 0"."""
+    def part(spec: tuple) -> str:
+        if spec[0] == "loop":
+            return "ij"[spec[1]]
+        if spec[0] == "gather":
+            return f"{spec[1]}[{'ij'[spec[2]]}]"
+        return str(spec[1])
+    return ", ".join(part(spec) for spec in where)
+
+
 def _is_cheap(body: sp.Expr) -> bool:
     """Arithmetic only (no function calls, no non-integer powers)."""
     return not any(
@@ -518,7 +701,9 @@ def _is_cheap(body: sp.Expr) -> bool:
 def kernel_writes(kernel: Kernel) -> list[str]:
     if isinstance(kernel, MapKernel):
         return [out for out, _ in kernel.stores]
-    return [kernel.out]
+    if isinstance(kernel, (MatMulKernel, ReduceKernel, PackKernel)):
+        return [kernel.out]
+    return list(kernel.writes())
 
 
 def kernel_reads(kernel: Kernel) -> list[str]:
@@ -528,7 +713,9 @@ def kernel_reads(kernel: Kernel) -> list[str]:
         return [kernel.a.buffer, kernel.b.buffer]
     if isinstance(kernel, ReduceKernel):
         return [kernel.src.buffer]
-    return [view.buffer for _, view in kernel.entries if isinstance(view, View)]
+    if isinstance(kernel, PackKernel):
+        return [view.buffer for _, view in kernel.entries if isinstance(view, View)]
+    return list(kernel.reads())
 
 
 __all__ = ["FunctionSchedule", "Kernel", "Naming", "SCALAR", "schedule"]

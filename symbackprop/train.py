@@ -11,17 +11,34 @@ from an .npz file together with the parameters.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 from .errors import ArgumentError, ModelError
 
+if TYPE_CHECKING:  # only for annotations: runtime.py imports this module
+    from .runtime import CompiledModule, Function
+
 
 class Trainer:
-    """The training state of one compiled module and one optimizer."""
+    """The training state of one compiled module and one optimizer.
 
-    def __init__(self, module: Any, function: Any):
+    Made by ``CompiledModule.trainer()``; ``hyperparameters`` (a dict, the
+    optimizer's by default) may be changed between steps, ``state`` holds the
+    optimizer state arrays by argument name.
+
+    Args:
+        module: the compiled module, built with an optimizer.
+        function: its train_step function.
+
+    Raises:
+        ArgumentError: the module has no optimizer.
+    """
+
+    def __init__(self, module: CompiledModule, function: Function) -> None:
+        if module.optimizer is None:  # compile() makes no train_step without one
+            raise ArgumentError("train_step needs an optimizer: compile(model, optimizer=symbackprop.Adam(...))")
         self.module = module
         self.function = function
         roles = function.plan.extra_roles
@@ -39,10 +56,9 @@ class Trainer:
         if self.state:
             return
         for arg, shape in self._state_shapes.items():
-            concrete = tuple(int(d) if not hasattr(d, "free_symbols") or d.is_Integer else None for d in shape)
-            if None in concrete:
+            if any(hasattr(d, "free_symbols") and not d.is_Integer for d in shape):
                 raise ArgumentError(f"optimizer state {arg} has a symbolic shape {shape}; parameters must have fixed shapes")
-            self.state[arg] = np.zeros(concrete, dtype=self.module.dtype)
+            self.state[arg] = np.zeros(tuple(int(d) for d in shape), dtype=self.module.dtype)
 
     def _arguments(self, arrays: Mapping[str, Any]) -> dict[str, Any]:
         self._ensure_state(arrays)
@@ -54,7 +70,20 @@ class Trainer:
         return {**arrays, **self.state, **hyper}
 
     def step(self, **arrays: Any) -> float:
-        """One training step; returns the loss before the update."""
+        """One training step: forward, backward and the optimizer's update of
+        the parameter arrays, in place, in one C call.
+
+        Args:
+            **arrays: every input and parameter by name; the parameters must
+                be writable C-contiguous arrays of the module's dtype.
+
+        Returns:
+            The loss before the update.
+
+        Raises:
+            ArgumentError: a parameter cannot be updated in place, a parameter
+                has a symbolic shape, or any check of value_and_grad fails.
+        """
         return self.function.call(self._arguments(arrays))[0]
 
     def epoch(self, batch_size: Any = None, order: Any = None, /, **arrays: Any) -> np.ndarray:
@@ -70,6 +99,14 @@ class Trainer:
 
         `batch_size` and `order` may be given by keyword, unless the model has
         an input or parameter of that name (then they go by position).
+
+        Args:
+            batch_size: rows per minibatch, a positive integer.
+            order: the row order, or None for 0 ... rows-1.
+            **arrays: every input and parameter by name, as for `step`.
+
+        Returns:
+            The minibatches' losses, a 1-D array of the module's dtype.
 
         Raises:
             ArgumentError: the model has no batch dimension; batch_size is not
@@ -115,15 +152,34 @@ class Trainer:
         return self._epoch
 
     def save(self, path: str | Path, params: Mapping[str, np.ndarray]) -> None:
-        """Write the parameters, the optimizer state and hyperparameters to .npz."""
+        """Write the parameters, the optimizer state and hyperparameters to .npz.
+
+        Args:
+            path: the file (numpy adds ".npz" to a name without it).
+            params: the parameter arrays by name.
+
+        Raises:
+            OSError: the file cannot be written.
+        """
         contents = {f"param/{k}": np.asarray(v) for k, v in params.items()}
         contents.update({f"state/{k}": v for k, v in self.state.items()})
         contents.update({f"hyper/{k}": np.float64(v) for k, v in self.hyperparameters.items()})
-        np.savez(path, **contents)
+        # every key has a "param/", "state/" or "hyper/" prefix, so none is savez's allow_pickle
+        np.savez(path, **contents)  # type: ignore[arg-type]
 
     def load(self, path: str | Path) -> dict[str, np.ndarray]:
-        """Restore the optimizer state and hyperparameters from .npz; returns
-        the saved parameters (fresh writable arrays)."""
+        """Restore the optimizer state and hyperparameters from .npz.
+
+        Args:
+            path: a file that `save` wrote.
+
+        Returns:
+            The saved parameters by name (fresh writable arrays).
+
+        Raises:
+            ArgumentError: the file lacks some of the optimizer's state.
+            OSError: the file cannot be read.
+        """
         with np.load(path) as data:
             params = _section(data, "param/", self.module.dtype)
             self.state = _section(data, "state/", self.module.dtype)

@@ -42,7 +42,8 @@ def driver_source(modules, function: str, dims: dict[str, int]) -> str:
         for p in fn.params:
             if p.role == "output":
                 size = _size(p.shape, fn, dims)
-                lines.append(f'    for (int k = 0; k < {size}; ++k) printf("{m.prefix} {p.name} %.17g\\n", {m.prefix}_{p.cname}[k]);')
+                value = f"{m.prefix}_{p.cname}[k]"
+                lines.append(f'    for (int k = 0; k < {size}; ++k) printf("{m.prefix} {p.name} %.17g\\n", {value});')
         for p in fn.params:
             if p.role in ("input", "output"):
                 lines.append(f"    free({m.prefix}_{p.cname});")

@@ -72,7 +72,64 @@ def lstm_sequence_loss(d: dict) -> float:
     return float(np.mean(np.logaddexp(0.0, z) - d["y"] * z))
 
 
+def _logsumexp(z: np.ndarray, axis: int) -> np.ndarray:
+    top = z.max(axis=axis, keepdims=True)
+    return (top + np.log(np.exp(z - top).sum(axis=axis, keepdims=True))).squeeze(axis)
+
+
+def gmm_loss(d: dict) -> float:
+    """ADBench's GMM objective, written with numpy's own linear algebra."""
+    X, alpha, means, qd, ql = d["X"], d["alpha"][:, 0], d["means"], d["qd"], d["ql"]
+    n, dim = X.shape
+    terms = np.empty((n, len(alpha)))
+    for k in range(len(alpha)):
+        Q = np.diag(np.exp(qd[k]))
+        Q[np.tril_indices(dim, -1)] = ql[k]  # row by row, as the example
+        z = (X - means[k]) @ Q.T
+        terms[:, k] = alpha[k] + qd[k].sum() - 0.5 * (z**2).sum(axis=1)
+    log_likelihood = _logsumexp(terms, 1).sum() - n * _logsumexp(alpha, 0) - n * dim * np.log(2 * np.pi) / 2
+    prior = 0.5 * ((np.exp(qd) ** 2).sum() + (ql**2).sum())
+    return float(prior - log_likelihood)
+
+
+def _rotate(rot: np.ndarray, v: np.ndarray) -> np.ndarray:
+    theta = np.linalg.norm(rot)
+    if theta**2 <= 1e-20:
+        return v + np.cross(rot, v)
+    axis = rot / theta
+    return v * np.cos(theta) + np.cross(axis, v) * np.sin(theta) + axis * axis.dot(v) * (1 - np.cos(theta))
+
+
+def bundle_adjustment_residuals(d: dict) -> np.ndarray:
+    rows = []
+    for i in range(len(d["cam"])):
+        c, X = d["cams"][d["cam"][i]], d["pts"][d["pt"][i]]
+        p = _rotate(c[0:3], X - c[3:6])
+        p = -p[:2] / p[2]
+        r_sq = p.dot(p)
+        projected = c[6] * (1 + c[9] * r_sq + c[10] * r_sq**2) * p + c[7:9]
+        rows.append(d["weights"][i, 0] * (projected - d["feats"][i]))
+    return np.array(rows)
+
+
+def bundle_adjustment_loss(d: dict) -> float:
+    return float((bundle_adjustment_residuals(d) ** 2).sum())
+
+
+def polynomial_fit_loss(d: dict) -> float:
+    x, y = d["points"][:, 0], d["points"][:, 1]
+    return float(np.mean((np.polyval(d["coeffs"][0, ::-1], x) - y) ** 2))
+
+
+def big_logsumexp_loss(d: dict) -> float:
+    return float(_logsumexp(d["v"][:, 0], 0))
+
+
 NUMPY_LOSSES = {
+    "gmm": gmm_loss,
+    "bundle_adjustment": bundle_adjustment_loss,
+    "polynomial_fit": polynomial_fit_loss,
+    "big_logsumexp": big_logsumexp_loss,
     "mlp": mlp_loss,
     "relu_net": relu_net_loss,
     "mnist_mlp": mnist_mlp_loss,

@@ -260,3 +260,25 @@ def test_private_folders_of_builds_killed_long_ago_are_removed(tmp_path):
     os.utime(old, (day_ago, day_ago))
     _assert_builds_and_loads(_model(3), cache)
     assert not old.exists() and recent.exists()
+
+
+def test_the_default_cache_dir_is_the_environment_else_platformdirs(monkeypatch, tmp_path):
+    """BuildOptions.cache_dir, then $SYMBACKPROP_CACHE_DIR, then the user
+    cache folder platformdirs names for this platform."""
+    import platformdirs
+
+    monkeypatch.setenv(build_module.CACHE_ENV, str(tmp_path / "from-env"))
+    assert build_module.cache_root() == tmp_path / "from-env"
+    assert build_module.cache_root(BuildOptions(cache_dir=tmp_path / "given")) == tmp_path / "given"
+    for unset in ("", None):
+        if unset is None:
+            monkeypatch.delenv(build_module.CACHE_ENV)
+        else:
+            monkeypatch.setenv(build_module.CACHE_ENV, unset)  # set but empty: as if unset
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        root = build_module.cache_root()
+        assert root == Path(platformdirs.user_cache_dir("symbackprop", appauthor=False))
+        assert root.name == "symbackprop" or root.parent.name == "symbackprop"  # Windows adds \Cache
+        assert root.is_relative_to(platformdirs.user_cache_dir())
+        if sys.platform.startswith("linux"):
+            assert root == tmp_path / "xdg" / "symbackprop"

@@ -41,6 +41,13 @@ def test_build_names_a_missing_model(tmp_path, capsys):
     assert "no model file" in capsys.readouterr().err
 
 
+def test_build_names_a_model_file_python_cannot_import(tmp_path, capsys):
+    path = tmp_path / "model.txt"  # no loader for the suffix: once an AttributeError
+    path.write_text("x = 1\n")
+    assert main(["build", str(path)]) == 2
+    assert "cannot import" in capsys.readouterr().err
+
+
 def test_demo_runs_and_reports(tmp_path):
     """The README's main job: build, write, call, check, time."""
     shutil.copytree(ROOT / "examples", tmp_path / "examples")

@@ -8,7 +8,7 @@ from conftest import load_example
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 
-import symbackprop as sbp
+import symbackprop as sbp  # noqa: E402  (kept below the skip, as in test_interop_torch)
 
 PARAMS = ("W1", "b1", "W2", "b2")
 

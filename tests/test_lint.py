@@ -1,7 +1,11 @@
-"""The package is ruff-clean (rules and line length in pyproject.toml)."""
+"""The package is ruff-clean and mypy-clean (settings in pyproject.toml)."""
 
+import importlib.util
 import shutil
 import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -12,4 +16,16 @@ def test_ruff_is_clean():
     if ruff is None:
         pytest.skip("ruff is not installed (it is in the test extra)")
     result = subprocess.run([ruff, "check", "symbackprop"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_is_clean():
+    if importlib.util.find_spec("mypy") is None:
+        pytest.skip("mypy is not installed (it is in the test extra)")
+    # the cache lives outside the checkout; warm, a run takes about a second
+    cache = Path(tempfile.gettempdir()) / "symbackprop-mypy-cache"
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(cache), "symbackprop"],
+        cwd=ROOT, capture_output=True, text=True,
+    )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -2,10 +2,12 @@
 
 import logging
 import re
+import shlex
 
 import sympy as sp
 
 import symbackprop as sbp
+import symbackprop.build as build_module
 from symbackprop import nn
 from symbackprop.build import BuildOptions
 from symbackprop.cli import main
@@ -52,3 +54,28 @@ def test_build_verbose_logs_to_stderr(tmp_path, capsys):
         for handler in logger.handlers[len(handlers):]:
             logger.removeHandler(handler)
         logger.setLevel(level)
+
+
+def test_a_slow_compile_logs_what_it_compiles_and_its_progress(tmp_path, caplog, monkeypatch):
+    """A compiler that takes 0.4 s, progress every 0.1 s: the lines before,
+    during and after the compiler runs, in that order."""
+    slow = tmp_path / "slow-cc"
+    real = shlex.join(build_module.compiler_command())
+    slow.write_text(f'#!/bin/sh\nif [ "$1" != --version ]; then sleep 0.4; fi\nexec {real} "$@"\n')
+    slow.chmod(0o755)
+    monkeypatch.setenv("CC", str(slow))
+    monkeypatch.setattr(build_module, "PROGRESS_SECONDS", 0.1)
+    caplog.set_level(logging.INFO, logger="symbackprop")
+    x, w = sp.MatrixSymbol("x", 2, 1), sp.MatrixSymbol("w", 1, 2)
+    sbp.compile(sbp.Model("slow_logged", inputs=[x], params=[w], loss=nn.sum_all(nn.tanh(w * x))),
+                options=BuildOptions(cache_dir=tmp_path / "cache"))
+    lines = [r.getMessage() for r in caplog.records if r.name == "symbackprop"]
+    starts = [i for i, line in enumerate(lines)
+              if re.fullmatch(r"compiling slow_logged: [1-9]\d* lines of C, cache key [0-9a-f]{12}", line)]
+    progress = [i for i, line in enumerate(lines) if line.startswith("still compiling")]
+    done = [i for i, line in enumerate(lines) if re.fullmatch(r"C compile slow_logged: \d+\.\d{3} s", line)]
+    assert len(starts) == 1 and progress and len(done) == 1, lines
+    assert starts[0] < min(progress) and max(progress) < done[0], lines
+    assert all(re.fullmatch(r"still compiling slow_logged: \d+\.\d s elapsed", lines[i]) for i in progress), lines
+    key = next(line for line in lines if line.startswith("cache miss: ")).rsplit("/", 1)[1]
+    assert lines[starts[0]].endswith(f"cache key {key[:12]}")

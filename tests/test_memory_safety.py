@@ -65,6 +65,8 @@ def read_header(header: str) -> list[CFunctionAbi]:
                 cname = decl.split()[-1].lstrip("*")
                 if decl.startswith("int64_t "):
                     args.append(CArg("dim", cname, ()))
+                elif decl.startswith("const int64_t *"):  # an Index: row 0 is valid whatever the sizes
+                    args.append(CArg("index", cname, shapes[cname]))
                 elif cname == "work":
                     args.append(CArg("work", cname, ()))
                 else:
@@ -96,7 +98,10 @@ def driver(header_name: str, functions: list[CFunctionAbi]) -> str:
                     continue
                 count = " * ".join(f"(size_t)({d})" for d in arg.shape) if arg.shape else \
                     f"{fn.name}_work_len({', '.join(dims)})"
-                lines.append(f"        double *a_{arg.cname} = array({count}, {salt if arg.kind == 'input' else -1});")
+                if arg.kind == "index":
+                    lines.append(f"        int64_t *a_{arg.cname} = calloc({count}, sizeof(int64_t));")
+                else:
+                    lines.append(f"        double *a_{arg.cname} = array({count}, {salt if arg.kind == 'input' else -1});")
                 call.append(f"a_{arg.cname}")
             lines.append(f"        if ({fn.name}({', '.join(call)}) != 0) return 2;")
             for arg in fn.args:
@@ -173,9 +178,11 @@ def _assert_matches_python(model, emitted, functions: list[CFunctionAbi], printe
             sizes = {cname: batch for cname in (a.cname for a in fn.args if a.kind == "dim")}
             arrays = {}
             for salt, arg in enumerate(fn.args):
+                shape = tuple(sizes.get(d) or int(d) for d in arg.shape)
                 if arg.kind == "input":
-                    shape = tuple(sizes.get(d) or int(d) for d in arg.shape)
                     arrays[by_cname[arg.cname]] = fill_values(int(np.prod(shape)), salt).reshape(shape)
+                elif arg.kind == "index":
+                    arrays[by_cname[arg.cname]] = np.zeros(shape, dtype=np.int64)
             results = dict(zip((spec.name for spec in function.outputs), function.call(arrays)))
             for arg in (a for a in fn.args if a.kind == "output"):
                 got = printed[(f"{fn.name}/{batch}", arg.cname)]
