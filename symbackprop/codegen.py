@@ -391,19 +391,24 @@ class FunctionEmitter:
         text.update({d: f"(({self.real.c}){c})" for d, c in self.dims.items()})
         text.update({sym: str(sym) for sym, _ in kernel.temps})
         printer = _Checked(ScalarPrinter(text, self.real), kernel)
-        rows, cols = kernel.out_shape
-        out_view = View(kernel.out, sp.Integer(0), sp.sympify(cols) if rows != 1 else sp.Integer(0), sp.Integer(1))
-        row, col = position(kernel.target)
-        assign = "+=" if kernel.accumulate else "="
+        stores = []
+        for number, col, expr in kernel.stores:
+            out = kernel.outputs[number]
+            rows, cols = out.shape
+            view = View(out.buffer, sp.Integer(0), sp.sympify(cols) if rows != 1 else sp.Integer(0), sp.Integer(1))
+            row, first = position(out.target)
+            stores.append((self.access(view, row, first + col), "+=" if out.accumulate else "=", printer.doprint(expr)))
         first_loop = kernel.loops[0]
+        # threads only where no two examples of different threads add into one place
+        safe = all(not out.accumulate or out.target[0] == ("loop", 0) for out in kernel.outputs)
         return {
             "loops": [(var, self.dim(n)) for var, n in zip(loop_vars, kernel.loops)],
             "checks": [(self.namer.name(name), self.dim(rows), self.dim(bound)) for name, rows, bound in kernel.index_checks],
-            "out": self.namer.name(kernel.out),
-            "zero": self.dim(sp.sympify(rows) * cols) if kernel.accumulate else None,
-            "parallel": (not kernel.accumulate or kernel.target[0] == ("loop", 0)) and _worth_threads(first_loop),
+            "zero": [(self.namer.name(out.buffer), self.dim(sp.sympify(out.shape[0]) * out.shape[1]))
+                     for out in kernel.outputs if out.accumulate],
+            "parallel": safe and _worth_threads(first_loop),
             "temps": [(str(sym), printer.doprint(expr)) for sym, expr in kernel.temps],
-            "stores": [(self.access(out_view, row, col + c), assign, printer.doprint(expr)) for c, expr in kernel.stores],
+            "stores": stores,
         }
 
     def _pack(self, kernel: PackKernel) -> dict:

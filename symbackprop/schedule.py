@@ -117,19 +117,27 @@ class PackKernel:
 
 
 @dataclass(frozen=True)
+class EmapOutput:
+    """One output of an EmapKernel: where each example writes its values."""
+
+    buffer: str
+    shape: Shape
+    target: tuple  # the row the example writes, in load terms: (binding row, column 0)
+    accumulate: bool  # several examples write one place: zeroed first, then added into
+
+
+@dataclass(frozen=True)
 class EmapKernel:
-    """One loop (or two nested) over examples around a CSE'd body: loads
-    read argument rows where each example's binding says, stores write (or
-    add into, after zeroing the output) the row the target names."""
+    """One loop (or two nested) over examples around a CSE'd program: loads
+    read argument rows where each example's binding says; each output's
+    values go to (or add into) the row its target names. Per-example maps
+    over the same examples share one loop (a value and its derivatives)."""
 
     loops: tuple  # lengths
     loads: tuple[tuple[sp.Symbol, View, tuple], ...]  # (symbol, view, (binding row, column))
     temps: tuple[tuple[sp.Symbol, sp.Expr], ...]
-    stores: tuple[tuple[int, sp.Expr], ...]  # (output column, value)
-    out: str
-    out_shape: Shape
-    target: tuple  # the row the example writes, in load terms: (binding row, column 0)
-    accumulate: bool
+    outputs: tuple[EmapOutput, ...]
+    stores: tuple[tuple[int, int, sp.Expr], ...]  # (output, column, value)
     index_checks: tuple[tuple[str, object, object], ...]  # (index buffer, its rows, rows of what it chooses among)
     equations: tuple[Equation, ...]
     kind: str = "emap"
@@ -138,7 +146,7 @@ class EmapKernel:
         return [view.buffer for _, view, _ in self.loads] + [check[0] for check in self.index_checks]
 
     def writes(self) -> list[str]:
-        return [self.out]
+        return [out.buffer for out in self.outputs]
 
 
 Kernel = MapKernel | MatMulKernel | ReduceKernel | PackKernel | EmapKernel | Any  # Any: a kernel of KERNEL_BUILDERS
@@ -172,6 +180,16 @@ class FunctionSchedule:
     slots: tuple[Slot, ...]
     work_size: sp.Expr
     op_counts: tuple[int, int]  # scalar ops in map bodies before and after CSE
+
+
+@dataclass
+class _EmapGroup:
+    """Per-example maps over the same examples that run in one loop."""
+
+    index: int
+    loops: tuple
+    members: list[Node] = field(default_factory=list)
+    late: bool = False
 
 
 @dataclass
@@ -279,6 +297,8 @@ class _Scheduler:
                 continue
             if node.op == "map":
                 self._place_map(node)
+            elif node.op == "emap":
+                self._place_emap(node)
             else:
                 self.index_of[node] = len(self.plan)
                 self.plan.append(node)
@@ -291,6 +311,8 @@ class _Scheduler:
                 kernel = self._map_kernel(step, counts)
                 if kernel is not None:
                     kernels.append(kernel)
+            elif isinstance(step, _EmapGroup):
+                kernels.append(self._emap_kernel(step.members))
             else:
                 kernels.append(self._kernel(step))
         kernels += self._copies(bound)
@@ -298,8 +320,24 @@ class _Scheduler:
         slots, work = self._plan_workspace(kernels)
         return FunctionSchedule(self.name, tuple(self.results), tuple(kernels), slots, work, (counts[0], counts[1]))
 
-    def _is_late(self, step: _Group | Node) -> bool:
-        return step.late if isinstance(step, _Group) else step in self.late
+    def _is_late(self, step: _Group | _EmapGroup | Node) -> bool:
+        return step.late if isinstance(step, (_Group, _EmapGroup)) else step in self.late
+
+    def _place_emap(self, node: Node) -> None:
+        """Join the latest loop over the same examples that can run it (its
+        arguments are ready before that loop), else open a new one."""
+        loops, late = node.attrs[2], node in self.late
+        chosen = None
+        for step in reversed(self.plan):
+            if isinstance(step, _EmapGroup) and step.loops == loops and step.late == late:
+                if all(self._ready_before(arg, step.index) for arg in node.args):
+                    chosen = step
+                break
+        if chosen is None:
+            chosen = _EmapGroup(len(self.plan), loops, late=late)
+            self.plan.append(chosen)
+        chosen.members.append(node)
+        self.index_of[node] = chosen.index
 
     def _ready_before(self, node: Node, index: int) -> bool:
         base = self._base(node)
@@ -469,8 +507,6 @@ class _Scheduler:
             for (i, j), arg in zip(node.attrs[0], node.args):
                 matrix[i, j] = arg.attrs[0] if is_const(arg) else sp.Symbol(self._label(arg))
             return PackKernel(out, rows * cols, entries, (_equation(out, sp.ImmutableMatrix(matrix)),))
-        if node.op == "emap":
-            return self._emap_kernel(node, out)
         builder = KERNEL_BUILDERS.get(node.op)
         if builder is None:
             raise AssertionError(f"no kernel for op {node.op}")
@@ -495,49 +531,69 @@ class _Scheduler:
         equation = Equation(out, text, f"{latex_name(out)} = {rhs}")
         return ReduceKernel(node.op, out, self.view(src), src.shape[0], src.shape[1], axis, (equation,))
 
-    def _emap_kernel(self, node: Node, out: str) -> EmapKernel:
-        bodies, bindings, loops, target, lets = node.attrs
-        loads: list[tuple[sp.Symbol, View, tuple]] = []
+    def _emap_kernel(self, members: list[Node]) -> EmapKernel:
+        loops = members[0].attrs[2]
+        loads: dict[tuple, sp.Symbol] = {}  # (argument, binding, column) -> its symbol
+        views: list[tuple[sp.Symbol, View, tuple]] = []
         readable: dict[sp.Symbol, sp.Symbol] = {}
-        subs: dict[sp.Symbol, sp.Symbol] = {}
-        free = set().union(*(b.free_symbols for b in bodies), *(e.free_symbols for _, e in lets))
         checks: dict[str, tuple] = {}  # index buffer -> (its rows, the rows it chooses among)
-        for p, arg in enumerate(node.args):
-            if bindings[p][0] == "gather":
-                index = node.args[bindings[p][1]]
-                checks.setdefault(self.view(index).buffer, (index.shape[0], arg.shape[0]))
-            for col in range(binding_width(arg, bindings[p])):
-                if row_placeholder(p, col) not in free:
-                    continue
-                sym = sp.Symbol(f"_load{len(loads)}", real=True)
-                subs[row_placeholder(p, col)] = sym
-                where = self._emap_where(node, bindings[p], col)
-                loads.append((sym, self.view(arg), where))
-                readable[sym] = sp.Symbol(f"{self._label(arg)}[{_where_text(where)}]")
-        if target[0] == "gather":
-            index = node.args[target[1]]
-            checks.setdefault(self.view(index).buffer, (index.shape[0], node.shape[0]))
-        program = [(sym, e.xreplace(subs)) for sym, e in lets]
-        exprs = [b.xreplace(subs) for b in bodies]
-        temps, reduced = _cse_program(program, exprs)
-        where = self._emap_where(node, target, 0)
+        program: list[tuple[sp.Symbol, sp.Expr]] = []
+        outputs, bodies, equations = [], [], []
+        for number, node in enumerate(members):
+            node_bodies, bindings, _, target, lets = node.attrs
+            free = set().union(*(b.free_symbols for b in node_bodies), *(e.free_symbols for _, e in lets))
+            subs: dict[sp.Symbol, sp.Symbol] = {sym: sp.Symbol(f"_m{number}{sym.name}", real=True) for sym, _ in lets}
+            for p, arg in enumerate(node.args):
+                if bindings[p][0] == "gather":
+                    index = node.args[bindings[p][1]]
+                    checks.setdefault(self.view(index).buffer, (index.shape[0], arg.shape[0]))
+                for col in range(binding_width(arg, bindings[p])):
+                    if row_placeholder(p, col) not in free:
+                        continue
+                    key = (arg, bindings[p] if bindings[p][0] != "gather" else ("gather", node.args[bindings[p][1]]), col)
+                    if key not in loads:
+                        sym = loads[key] = sp.Symbol(f"_load{len(loads)}", real=True)
+                        where = self._emap_where(node, bindings[p], col)
+                        views.append((sym, self.view(arg), where))
+                        readable[sym] = sp.Symbol(f"{self._label(arg)}[{_where_text(where)}]")
+                    subs[row_placeholder(p, col)] = loads[key]
+            if target[0] == "gather":
+                index = node.args[target[1]]
+                checks.setdefault(self.view(index).buffer, (index.shape[0], node.shape[0]))
+            member_program = [(subs[sym], e.xreplace(subs)) for sym, e in lets]
+            member_bodies = [b.xreplace(subs) for b in node_bodies]
+            program += member_program
+            bodies.append(member_bodies)
+            where = self._emap_where(node, target, 0)
+            out = self.buffer_of[node]
+            outputs.append(EmapOutput(out, node.shape, where, accumulates(target, loops)))
+            equations.append(self._emap_equation(out, where, member_program, member_bodies, readable,
+                                                 "+=" if outputs[-1].accumulate else "="))
+        program, flat = _number_values(program, [b for member in bodies for b in member])
+        temps, reduced = _cse_program(program, flat)
+        stores, position = [], 0
+        for number, member in enumerate(bodies):
+            for col in range(len(member)):
+                stores.append((number, col, reduced[position]))
+                position += 1
+        return EmapKernel(tuple(loops), tuple(views), tuple(temps), tuple(outputs), tuple(stores),
+                          tuple((name, *sizes) for name, sizes in checks.items()), tuple(equations))
+
+    def _emap_equation(self, out: str, where: tuple, program: list, exprs: list, readable: dict, assign: str) -> Equation:
         row = _where_text(where).rsplit(",", 1)[0]
-        lhs = f"{out}[{row}, :]" if len(bodies) > 1 else f"{out}[{_where_text(where)}]"
-        accumulate = accumulates(target, loops)
-        assign = "+=" if accumulate else "="
+        lhs = f"{out}[{row}, :]" if len(exprs) > 1 else f"{out}[{_where_text(where)}]"
         size = sum(sp.count_ops(e) for e in exprs) + sum(sp.count_ops(e) for _, e in program)
         if size > MAX_SHOWN_OPS:  # the temporaries in the C are the readable form
-            sources = dict.fromkeys(re.sub(r", \d+\]$", ", :]", str(name)) for name in readable.values())
-            text = f"{len(exprs)} values from {', '.join(sources)}: see the temporaries"
+            used = set().union(*(e.free_symbols for e in exprs), *(e.free_symbols for _, e in program))
+            sources = dict.fromkeys(re.sub(r", \d+\]$", ", :]", str(readable[s])) for s in sorted(used & readable.keys(), key=str))
+            text = f"{len(exprs)} value{'s' if len(exprs) > 1 else ''} from {', '.join(sources)}: see the temporaries"
             shown_latex = rf"\text{{{len(exprs)} values: see the C}}"
         else:
-            inline = {sym: e for sym, e in program}
+            inline = dict(program)
             shown = [_inline(e, inline).xreplace(readable) for e in exprs]
             text = sp.sstr(shown[0]) if len(shown) == 1 else "[" + ", ".join(map(sp.sstr, shown)) + "]"
             shown_latex = latex(sp.Matrix(shown).T if len(shown) > 1 else shown[0])
-        equations = (Equation(lhs, text, rf"{latex_name(out)} \mathrel{{{assign}}} {shown_latex}", assign),)
-        return EmapKernel(tuple(loops), tuple(loads), tuple(temps), tuple(enumerate(reduced)), out, node.shape, where,
-                          accumulate, tuple((name, *sizes) for name, sizes in checks.items()), equations)
+        return Equation(lhs, text, rf"{latex_name(out)} \mathrel{{{assign}}} {shown_latex}", assign)
 
     def _emap_where(self, node: Node, binding: tuple, col: int) -> tuple:
         """(row, column) of a binding: ("loop", a), ("gather", index buffer, a), ("const", n)."""
@@ -624,6 +680,22 @@ def _inline(expr: sp.Expr, lets: dict[sp.Symbol, sp.Expr]) -> sp.Expr:
     while expr.free_symbols & lets.keys():
         expr = expr.xreplace(lets)
     return expr
+
+
+def _number_values(program: list, outputs: list) -> tuple[list, list]:
+    """Value numbering over a straight-line program: a value computed again
+    (the forward pass inside each of several derivatives) becomes the first."""
+    seen: dict[sp.Basic, sp.Symbol] = {}
+    alias: dict[sp.Symbol, sp.Basic] = {}
+    kept = []
+    for sym, expr in program:
+        expr = expr.xreplace(alias)
+        if expr in seen:
+            alias[sym] = seen[expr]
+        else:
+            seen[expr] = sym
+            kept.append((sym, expr))
+    return kept, [e.xreplace(alias) for e in outputs]
 
 
 def _cse_program(program: list[tuple[sp.Symbol, sp.Expr]], outputs: list[sp.Expr]) -> tuple[list, list]:
