@@ -217,6 +217,7 @@ def parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="build a model, call it on sample data, check and time it")
     demo.add_argument("model", nargs="?", default=str(DEMO_MODEL), metavar="MODEL_FILE[:NAME]")
     demo.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    demo.add_argument("-v", "--verbose", action="store_true", help="log each stage, the C compile and its progress")
     demo.set_defaults(run=cmd_demo)
     return top
 

@@ -282,7 +282,7 @@ class _Scheduler:
         for node in self.order:
             for arg in dict.fromkeys(node.args):
                 self.users[arg].append(node)
-        self.plan: list[_Group | Node] = []
+        self.plan: list[_Group | _EmapGroup | Node] = []
         self.group_of: dict[Node, _Group] = {}
         self.index_of: dict[Node, int] = {}
         self.buffer_of: dict[Node, str] = {}
@@ -327,7 +327,7 @@ class _Scheduler:
         """Join the latest loop over the same examples that can run it (its
         arguments are ready before that loop), else open a new one."""
         loops, late = node.attrs[2], node in self.late
-        chosen = None
+        chosen: _EmapGroup | None = None
         for step in reversed(self.plan):
             if isinstance(step, _EmapGroup) and step.loops == loops and step.late == late:
                 if all(self._ready_before(arg, step.index) for arg in node.args):
@@ -585,8 +585,10 @@ class _Scheduler:
         size = sum(sp.count_ops(e) for e in exprs) + sum(sp.count_ops(e) for _, e in program)
         if size > MAX_SHOWN_OPS:  # the temporaries in the C are the readable form
             used = set().union(*(e.free_symbols for e in exprs), *(e.free_symbols for _, e in program))
-            sources = dict.fromkeys(re.sub(r", \d+\]$", ", :]", str(readable[s])) for s in sorted(used & readable.keys(), key=str))
-            text = f"{len(exprs)} value{'s' if len(exprs) > 1 else ''} from {', '.join(sources)}: see the temporaries"
+            shown_loads = sorted(used & readable.keys(), key=str)
+            sources = dict.fromkeys(re.sub(r", \d+\]$", ", :]", str(readable[s])) for s in shown_loads)
+            values = f"{len(exprs)} value{'s' if len(exprs) > 1 else ''}"
+            text = f"{values} from {', '.join(sources)}: see the temporaries"
             shown_latex = rf"\text{{{len(exprs)} values: see the C}}"
         else:
             inline = dict(program)

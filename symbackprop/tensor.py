@@ -52,7 +52,15 @@ class Index(sp.MatrixSymbol):
 
 
 class Gather(sp.MatrixExpr):
-    """Rows of `array` chosen by `index`: row i is array[index[i], :]."""
+    """Rows of `array` chosen by `index`: row i is array[index[i], :].
+
+    Args:
+        array: a matrix expression.
+        index: an Index input.
+
+    Raises:
+        ModelError: `index` is not an Index, or `array` is not a matrix.
+    """
 
     def __new__(cls, array: sp.MatrixExpr, index: Index) -> "Gather":
         if not isinstance(index, Index):
@@ -63,14 +71,17 @@ class Gather(sp.MatrixExpr):
 
     @property
     def array(self) -> sp.MatrixExpr:
+        """The matrix whose rows are chosen."""
         return self.args[0]
 
     @property
     def index(self) -> Index:
+        """The row numbers."""
         return self.args[1]
 
     @property
     def shape(self) -> tuple:
+        """(rows of the index, columns of the array)."""
         return (self.index.shape[0], self.array.shape[1])
 
     def _entry(self, i, j, **kwargs):
@@ -109,17 +120,25 @@ def _keys(key: sp.Basic) -> tuple[sp.Symbol, ...]:
 class ExampleMap(sp.MatrixExpr):
     """`body`, a function of one example, applied to every example.
 
-    Use `map_examples` to build one; it checks the declaration."""
+    Use `map_examples` to build one; it checks the declaration.
+
+    Args:
+        body: a column of scalar expressions.
+        keys: a Tuple of Tuples of Symbols, one per binding.
+        sources: a Tuple of matrix expressions (or Gathers), one per binding.
+    """
 
     def __new__(cls, body: sp.ImmutableMatrix, keys: sp.Tuple, sources: sp.Tuple) -> "ExampleMap":
         return super().__new__(cls, body, keys, sources)
 
     @property
     def body(self) -> sp.ImmutableMatrix:
+        """The per-example values, a column."""
         return self.args[0]
 
     @property
     def bindings(self) -> list[tuple[tuple[sp.Symbol, ...], sp.Basic]]:
+        """(symbols, source) pairs in declaration order."""
         return [(tuple(key), source) for key, source in zip(self.args[1], self.args[2])]
 
     @property
@@ -136,6 +155,7 @@ class ExampleMap(sp.MatrixExpr):
 
     @property
     def shape(self) -> tuple:
+        """(examples, outputs), or (N, K) for a map over pairs."""
         loops = self.loops
         if len(loops) == 2:
             return (loops[0], loops[1])
@@ -149,6 +169,12 @@ class ExampleMap(sp.MatrixExpr):
         one or more bindings' keys (their columns in the order given): row
         i holds example i's (outputs x inputs) Jacobian, row-major, derived
         symbolically and emitted as one CSE'd loop.
+
+        Args:
+            *wrt: keys of the map's bindings (Symbols, tuples or Matrices of them).
+
+        Returns:
+            An ExampleMap with outputs x inputs values per example.
 
         Raises:
             ModelError: a `wrt` is not the key of one of the map's bindings.
@@ -227,7 +253,16 @@ def map_examples(body: sp.Basic, bindings: Mapping[Any, sp.Basic] | Iterable[tup
 
 class Reduce(sp.MatrixExpr):
     """sum, mean, max, min or logsumexp of a matrix over an axis: 0 down the
-    rows (1 x cols), 1 along each row (rows x 1)."""
+    rows (1 x cols), 1 along each row (rows x 1). See `reduce`.
+
+    Args:
+        op: one of OPS.
+        x: a matrix expression.
+        axis: 0 or 1.
+
+    Raises:
+        ModelError: an unknown op or axis, or x is not a matrix.
+    """
 
     OPS = ("sum", "mean", "max", "min", "logsumexp")
 
@@ -243,18 +278,22 @@ class Reduce(sp.MatrixExpr):
 
     @property
     def op(self) -> str:
+        """The reduction's name."""
         return self.args[0].name
 
     @property
     def arg(self) -> sp.MatrixExpr:
+        """The matrix reduced."""
         return self.args[1]
 
     @property
     def axis(self) -> int:
+        """0: down the rows; 1: along each row."""
         return int(self.args[2])
 
     @property
     def shape(self) -> tuple:
+        """(1, cols) for axis 0, (rows, 1) for axis 1."""
         rows, cols = self.arg.shape
         return (1, cols) if self.axis == 0 else (rows, 1)
 

@@ -20,9 +20,9 @@ import pytest
 import symbackprop
 
 # modules whose every public function and class is part of the API
-MODULES = ["nn", "optim", "graph", "derivation", "interop_torch", "interop_jax"]
+MODULES = ["nn", "optim", "graph", "derivation", "tensor", "interop_torch", "interop_jax", "dask"]
 # modules that need an optional dependency to import
-OPTIONAL = {"interop_torch": "torch", "interop_jax": "jax"}
+OPTIONAL = {"interop_torch": "torch", "interop_jax": "jax", "dask": "distributed"}
 # public classes besides those in __all__ and the modules above
 CLASSES = [
     ("runtime", "CompiledModule"),
