@@ -79,8 +79,11 @@ def init_params(rng: np.random.Generator) -> dict:
 
 
 def sample_data(rng: np.random.Generator, length: int = 48) -> dict:
+    """A piece of the text and parameters from U(-1, 1): a random point,
+    with gradients well above the noise of finite differences."""
     start = int(rng.integers(0, len(TEXT) - length - 1))
-    return {**text_data(TEXT[start:start + length + 1]), **init_params(rng)}
+    params = {name: 4 * value for name, value in init_params(rng).items()}
+    return {**text_data(TEXT[start:start + length + 1]), **params}
 
 
 def continue_text(mod, params: dict, prompt: str, count: int) -> str:

@@ -20,6 +20,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -209,11 +210,40 @@ def cache_key(prefix: str, source: str, header: str, cdef: str, flags: tuple[str
     """The content address of a module: everything its binary depends on."""
     command = build_command("NAME", prefix, flags, Path("FOLDER"), libraries)
     digest = hashlib.sha256()
-    for part in (prefix, source, header, cdef, shlex.join(command),
+    for part in (prefix, source, header, cdef, *packed_entries(cdef), shlex.join(command),
                  compiler_identity(tuple(compiler_command())), EXT_SUFFIX, __version__):
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:32]
+
+
+_PROTOTYPE = re.compile(r"^(int|size_t) (\w+)\((.*)\);$")
+
+
+def packed_entries(cdef: str) -> tuple[str, str]:
+    """Declarations and definitions of one more entry point per generated
+    function, for symbackprop.fastcall: the dimensions as one int64 array
+    and the arrays as one pointer array, whatever the function's arity."""
+    declarations, definitions = [], []
+    for line in cdef.splitlines():
+        match = _PROTOTYPE.match(line.strip())
+        if not match:
+            continue
+        returns, name, params = match.groups()
+        kinds = [p.split()[0] if p != "void" else "" for p in params.split(", ")] if params != "void" else []
+        if any(kind not in ("int64_t", "void") for kind in kinds):
+            continue  # e.g. an epoch's hyperparameters: no packed entry
+        dims = [f"d[{k}]" for k, kind in enumerate(kinds) if kind == "int64_t"]
+        arrays = [f"a[{k}]" for k in range(len(kinds) - len(dims))]
+        if returns == "size_t":
+            signature = f"size_t {name}__packed(const int64_t *d)"
+            body = f"return {name}({', '.join(dims)});"
+        else:
+            signature = f"int {name}__packed(const int64_t *d, void *const *a)"
+            body = f"return {name}({', '.join(dims + arrays)});"
+        declarations.append(signature + ";")
+        definitions.append(f"{signature}\n{{\n    (void)d;\n    {body}\n}}")
+    return "\n".join(declarations) + "\n", "\n".join(definitions) + "\n"
 
 
 def module_name(prefix: str, key: str) -> str:
@@ -297,8 +327,10 @@ def _compile_into(
         (staging / f"{prefix}.c").write_text(source)
         (staging / f"{prefix}.h").write_text(header)
         ffi = cffi.FFI()
-        ffi.cdef(cdef)
-        ffi.set_source(name, f'#include "{prefix}.h"', compiler_verbose=0)  # quiet: no "generating ..." line
+        declarations, definitions = packed_entries(cdef)
+        ffi.cdef(cdef + declarations)
+        # quiet: no "generating ..." line
+        ffi.set_source(name, f'#include "{prefix}.h"\n' + definitions, compiler_verbose=0)
         ffi.emit_c_code(str(staging / f"{name}.c"))
         event("compiling %s: %d lines of C, cache key %s", prefix, len(source.splitlines()), final.name[:12])
         _run_logged(build_command(name, prefix, flags, staging, libraries), staging / "build.log", final.parent, prefix)

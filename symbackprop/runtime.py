@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence, TextIO, cast
 import numpy as np
 import sympy as sp
 
+from . import fastcall
 from .build import BuildOptions, build, find_blas, load_built, package_digest, read_memo, write_memo
 from .codegen import REAL_TYPES, Emitted
 from .compiler import DEFAULT_FUNCTIONS, FunctionPlan, Plan, generate
@@ -102,6 +103,12 @@ class Function:
         for index, (_, group, key) in enumerate(fn.returns):
             self.groups.setdefault(group, []).append((index, key))
         self._local = threading.local()  # per-thread workspace, reused while the dimensions stay
+        self.input_names = [spec.name for spec in self.inputs]
+        # the C hot path (fastcall.py); not for functions that overwrite their inputs
+        self.fast = None if fn.inplace else fastcall.caller(
+            lib, ffi, self.c_name, len(self.dims), dtype.itemsize,
+            [(r, c, np.dtype(np.int64 if spec.index else dtype).num) for (_, r, c), spec in zip(self.patterns, self.inputs)],
+            [(r, c, dtype.num, scalar) for r, c, scalar in self.out_patterns])
 
     def bind(self, arrays: Mapping[str, Any]) -> tuple[list[np.ndarray], list[int]]:
         """Checked, converted arrays in C order, and the bound dimensions.
@@ -227,6 +234,12 @@ class Function:
             ArgumentError: a missing, unknown or malformed argument, or
                 inconsistent dimensions.
         """
+        fast = self.fast
+        if fast is not None and arrays.keys() == self.names:
+            results = fast([arrays[name] for name in self.input_names])
+            if type(results) is list:
+                return results
+            # declined (None) or failed (a status): the Python path converts or explains
         values, dims = self.bind(arrays)
         outputs = self.allocate(dims)
         self.invoke(dims, values, outputs, self.workspace(dims))

@@ -52,7 +52,7 @@ from . import schedule as _schedule
 from .autodiff import jvp as _jvp
 from .autodiff import rules
 from .autodiff import vjp as _vjp
-from .cnames import comment_text
+from .cnames import CNamer, comment_text
 from .codegen import KERNEL_EMITTERS, LOOP_K, CKernel, FunctionEmitter, ScalarPrinter
 from .errors import ModelError
 from .ir import Node, const, is_const, leaf, map_, placeholder, topological_order
@@ -68,6 +68,7 @@ from .schedule import (
     View,
     kernel_reads,
     kernel_writes,
+    latex_name,
 )
 
 # --- the SymPy side ---------------------------------------------------------
@@ -276,8 +277,18 @@ def scan(step_state: Any, step_output: Any, state: Any, inp: Any, init: Any, seq
 
 
 def final_state(result: Any) -> Any:
-    """The state after the last step of the scan that gave `result` (one of
-    its outputs, or a final state); a tuple for a tuple of states."""
+    """The state after the last step of a scan.
+
+    Args:
+        result: what `scan` returned (one of its outputs, or a final state).
+
+    Returns:
+        A ScanFinal matrix expression shaped like the state; a tuple of them
+        for a tuple of states.
+
+    Raises:
+        ModelError: `result` does not come from `scan`.
+    """
     spec = getattr(result, "spec", None)
     if not isinstance(result, (ScanOutput, ScanFinal)) or not isinstance(spec, ScanSpec):
         raise ModelError(f"final_state needs the result of symbackprop.scan; got {result!r}")
@@ -318,7 +329,7 @@ class ScanStep:
     def width(self) -> sp.Expr:
         return sp.expand(sum(self.sizes, sp.Integer(0)))
 
-    def split(self, args: Sequence[Node]) -> tuple[tuple[Node, ...], tuple[Node, ...], tuple[Node, ...]]:
+    def split(self, args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]]:
         s, x = len(self.states), len(self.inputs)
         return tuple(args[:s]), tuple(args[s:s + x]), tuple(args[s + x:])
 
@@ -355,14 +366,32 @@ def scan_part(carrier: Node, kind: str, index: int, shape: tuple) -> Node:
     return ir._node("scan_part", (carrier,), shape, (kind, index))
 
 
-def _stored_size(roots: Sequence[Node]) -> sp.Expr:
-    """An upper bound on the buffers any schedule of these roots stores: every
-    node that is not a leaf, a view or a constant."""
-    total = sp.Integer(0)
+def _stored_size(roots: Sequence[Node], results: Sequence[Node] = ()) -> sp.Expr:
+    """An upper bound on the scratch any schedule of these roots needs: every
+    node that is not a leaf, a view, a constant or one of `results` (which
+    the scheduler writes into their result buffers: they are results of
+    every schedule of the step that reaches them)."""
+    total, written = sp.Integer(0), set(results)
     for node in topological_order(roots):
-        if node.op != "leaf" and node.op not in VIEW_OPS and not is_const(node):
+        if node.op != "leaf" and node.op not in VIEW_OPS and not is_const(node) and node not in written:
             total += _size(node.shape)
     return sp.expand(total)
+
+
+def _step_scratch(step: ScanStep) -> sp.Expr:
+    """The step's intermediates, whichever of its outputs are computed."""
+    return _stored_size(step.next_states + step.outputs, step.next_states)
+
+
+def _reverse_scratch(back: ScanBack) -> sp.Expr:
+    """The reverse step's intermediates (and, with checkpoints, the
+    recompute step's, which runs at other times: the same memory)."""
+    accumulated = tuple(n for _, _, n in back.accumulate)
+    results = back.grad_states + tuple(n for _, n in back.grad_inputs) + accumulated
+    size = _stored_size(results, back.grad_states + accumulated)
+    if back.step.every > 1:
+        size = _roomiest(_step_scratch(back.step), size)
+    return size
 
 
 def _binding(arg: Node, rows: bool) -> str:
@@ -388,7 +417,7 @@ def _binding_size(arg: Node, rows: bool) -> sp.Expr:
 
 def _forward_scratch(step: ScanStep, args: Sequence[Node]) -> sp.Expr:
     _, seqs, caps = step.split(args)
-    total = 2 * step.width + _stored_size(step.next_states + step.outputs)
+    total = 2 * step.width + _step_scratch(step)
     total += sum((_binding_size(a, True) for a in seqs), sp.Integer(0))
     total += sum((_binding_size(a, False) for a in caps), sp.Integer(0))
     return sp.expand(total)
@@ -403,13 +432,9 @@ def _roomiest(a: sp.Expr, b: sp.Expr) -> sp.Expr:
 def _backward_scratch(back: ScanBack, args: Sequence[Node]) -> sp.Expr:
     step = back.step
     _, seqs, caps, gys, _ = back.split(args)
-    results = back.grad_states + tuple(n for _, n in back.grad_inputs) + tuple(n for _, _, n in back.accumulate)
-    inner = _stored_size(results)
-    total = 2 * step.width
+    total = 2 * step.width + _reverse_scratch(back)
     if step.every > 1:  # a segment of states, and rows for the outputs recomputed with them
         total += step.every * step.width + sum((_size(o.shape) for o in step.outputs), sp.Integer(0))
-        inner = _roomiest(_stored_size(step.next_states), inner)
-    total += inner
     total += sum((_binding_size(a, True) for a in seqs + gys), sp.Integer(0))
     total += sum((_binding_size(a, False) for a in caps), sp.Integer(0))
     return sp.expand(total)  # gfs: read straight into the adjoint state
@@ -423,6 +448,8 @@ def scan_node(step: ScanStep, args: Sequence[Node]) -> Node:
 
 
 def _lower_spec(lowerer: Any, spec: ScanSpec) -> Node:
+    if getattr(lowerer, "_scan_step", False):
+        raise ModelError("scan: a scan inside the step of another scan is not supported")
     cache = lowerer.__dict__.setdefault("_scans", {})
     found = cache.get(spec)
     if found is None:
@@ -455,11 +482,14 @@ def _build_scan(lowerer: Any, spec: ScanSpec) -> Node:
             raise ModelError(f"scan: the input {sym} has {_size(input_leaves[sym].shape)} entries but the rows of "
                              f"its sequence have {seq.shape[1]}")
     sub = ir._Lowerer({**capture_leaves, **state_leaves, **input_leaves}, tuple(lowerer.dims))
+    sub._scan_step = True  # type: ignore[attr-defined]
     allowed = ", ".join(_name(s) for s in spec.states + spec.inputs)
     try:
         next_states = tuple(sub.lower(e) for e in spec.next_states)
         outputs = tuple(sub.lower(e) for e in spec.outputs)
     except ModelError as exc:
+        if "a scan inside the step" in str(exc):
+            raise
         raise ModelError(f"in the step of a scan (which may use {allowed} and the model's inputs and params): "
                          f"{exc}") from None
     for sym, nxt in zip(spec.states, next_states):
@@ -690,8 +720,8 @@ class Loop:
 
     schedule: FunctionSchedule
     region: Any  # where its slots begin in the scratch
-    pointers: tuple[Pointer, ...]  # declared at each step, only if its kernels use them
-    fills: tuple[Fill, ...]  # rows gathered at each step
+    pointers: tuple[Pointer | Fill, ...]  # declared at each step, only if its kernels use them
+    fills: tuple[Pointer | Fill, ...]  # rows gathered at each step
 
 
 @dataclass(frozen=True)
@@ -824,6 +854,14 @@ class _Binder:
         return Fill(name, self.scratch, self._room(row_shape[1]), row_shape, source, row=True)
 
 
+def _fits(fs: FunctionSchedule, room: sp.Expr) -> FunctionSchedule:
+    """The step's slots fit the room the scan node reserved for them."""
+    over = sp.sympify(fs.work_size - room)
+    if over.is_Number and over > 0:
+        raise AssertionError(f"scan: the step needs {fs.work_size} entries of scratch, {room} were reserved")
+    return fs
+
+
 def _parts(sched: Any, node: Node) -> dict[tuple[str, int], str]:
     return {user.attrs: sched.buffer_of[user] for user in sched.users[node] if user.op == "scan_part"}
 
@@ -844,11 +882,12 @@ def _build_forward(sched: Any, node: Node, out: str) -> ScanKernel:
     names = {role: inner.claim(role) for role in ("t", "cur", "nxt", "swap", "i", "j")}
     scratch = inner.claim(out, outer=out)
     width = step.width
-    binder = _Binder(sched, inner, scratch, 2 * width + _stored_size(step.next_states + step.outputs))
+    binder = _Binder(sched, inner, scratch, 2 * width + _step_scratch(step))
     state_names = [inner.claim(s.attrs[0], s) for s in step.states]
     next_names = [inner.claim(f"{s.attrs[0]}_next") for s in step.states]
     wholes = [binder.whole(c, a) for c, a in zip(step.captures, caps)]
-    step_fills, pointers = [], []
+    step_fills: list[Pointer | Fill] = []
+    pointers: list[Pointer | Fill] = []
     for x, seq in zip(step.inputs, seqs):
         bound = binder.rows(x, seq)
         (pointers if isinstance(bound, Pointer) else step_fills).append(bound)
@@ -866,7 +905,7 @@ def _build_forward(sched: Any, node: Node, out: str) -> ScanKernel:
     pointers += _state_pointers(step, state_names, names["cur"], 0, False)
     pointers += _state_pointers(step, next_names, names["nxt"], 0, True)
     inner.prename([root for _, root in results])
-    fs = _schedule.schedule(f"{out} step", results, inner.naming)
+    fs = _fits(_schedule.schedule(f"{out} step", results, inner.naming), _step_scratch(step))
     kept = parts.get(("states", 0))
     if kept is not None:
         kept = inner.claim(kept, outer=kept)
@@ -884,9 +923,10 @@ def _build_forward(sched: Any, node: Node, out: str) -> ScanKernel:
     text = (f"scan over {names['t']} < {step.length}: ({_states_text(step)}) = step({_states_text(step)}, "
             f"{', '.join(x.attrs[0] for x in step.inputs)} = row {names['t']})"
             + (f"; outputs in rows of {', '.join(outputs)}" if outputs else "")
-            + (f"; every {step.every}th state kept in {inner.bound[kept]}" if kept and step.every > 1 else "")
+            + (f"; one state in {step.every} kept in {inner.bound[kept]}" if kept and step.every > 1 else "")
             + (f"; states kept in {inner.bound[kept]}" if kept and step.every == 1 else ""))
-    latex = (rf"({_states_text(step)})_{{t+1}} = \mathrm{{step}}(({_states_text(step)})_t, x_t)"
+    made = "".join(rf", \ {latex_name(o)}_t" for o in outputs)
+    latex = (rf"({_states_text(step)})_{{t+1}}{made} = \mathrm{{step}}(({_states_text(step)})_t, x_t)"
              rf" \quad \text{{for }} t < {sp.latex(step.length)}")
     return ScanKernel(
         mode="forward", scope=out, scratch=scratch, bound=tuple(inner.bound.items()), length=step.length,
@@ -909,16 +949,13 @@ def _build_backward(sched: Any, node: Node, out: str) -> ScanKernel:
     scratch = inner.claim(out, outer=out)
     width, every = step.width, step.every
     region = 2 * width + (every * width if every > 1 else 0)
-    results_bound = back.grad_states + tuple(n for _, n in back.grad_inputs) + tuple(n for _, _, n in back.accumulate)
-    inner_size = _stored_size(results_bound)
-    if every > 1:
-        inner_size = _roomiest(_stored_size(step.next_states), inner_size)
-    binder = _Binder(sched, inner, scratch, region + inner_size)
+    binder = _Binder(sched, inner, scratch, region + _reverse_scratch(back))
     state_names = [inner.claim(s.attrs[0], s) for s in step.states]
     kept_view = binder._outer(kept_arg)
     kept = inner.claim(kept_view.buffer, outer=kept_view.buffer)
     wholes = [binder.whole(c, a) for c, a in zip(step.captures, caps)]
-    row_pointers, row_fills = [], []
+    row_pointers: list[Pointer | Fill] = []
+    row_fills: list[Pointer | Fill] = []
     for x, seq in zip(step.inputs, seqs):
         bound = binder.rows(x, seq)
         (row_pointers if isinstance(bound, Pointer) else row_fills).append(bound)
@@ -939,7 +976,7 @@ def _build_backward(sched: Any, node: Node, out: str) -> ScanKernel:
                 pointers.append(Pointer(row, scratch, binder._room(_size(root.shape)), True))
                 results.append((row, root))
         inner.prename([root for _, root in results])
-        fs = _schedule.schedule(f"{out} recompute", results, inner.naming)
+        fs = _fits(_schedule.schedule(f"{out} recompute", results, inner.naming), _reverse_scratch(back))
         loops.append(Loop(fs, region, tuple(pointers), tuple(row_fills)))
     # the reverse loop
     grad_next = [inner.claim(g.attrs[0], g) for g in back.grad_next]
@@ -975,7 +1012,7 @@ def _build_backward(sched: Any, node: Node, out: str) -> ScanKernel:
         writes.append(buffer)
     inner.prename(list(step.next_states) + list(step.outputs))
     inner.prename([root for _, root in results])
-    fs = _schedule.schedule(f"{out} reverse", results, inner.naming)
+    fs = _fits(_schedule.schedule(f"{out} reverse", results, inner.naming), _reverse_scratch(back))
     loops.append(Loop(fs, region, tuple(pointers), tuple(fills)))
     starts = []
     for i, gf in zip(back.grad_finals, gfs):
@@ -1021,11 +1058,12 @@ KERNEL_BUILDERS["scan_part"] = _build_part
 # --- emission -------------------------------------------------------------------
 
 
-class _ScopedNamer:
+class _ScopedNamer(CNamer):
     """C names for a loop's inner names: outer buffers keep theirs; the rest
     are prefixed with the scope (unique in the C function)."""
 
     def __init__(self, outer: Any, scope: str, bound: dict[str, str]):
+        super().__init__()
         self.outer, self.scope, self.bound = outer, scope, bound
 
     def name(self, logical: str) -> str:
@@ -1115,8 +1153,8 @@ class _ScanEmitter:
         self.line(depth + 1, "}")
         self.line(depth, "}")
 
-    def bind(self, depth: int, bound: Pointer | Fill) -> None:
-        if bound.name not in self.used:
+    def bind(self, depth: int, bound: Pointer | Fill, used: set[str]) -> None:
+        if bound.name not in used:
             return
         if isinstance(bound, Pointer):
             qualifier = "" if bound.writable else "const "
@@ -1129,8 +1167,9 @@ class _ScanEmitter:
     def step(self, depth: int, loop: Loop) -> None:
         """One step: its pointers and gathered rows (those its kernels use),
         its slots in the scratch, then its kernels."""
+        used = {b for kernel in loop.schedule.kernels for b in (*kernel_reads(kernel), *kernel_writes(kernel))}
         for bound in loop.pointers + loop.fills:
-            self.bind(depth, bound)
+            self.bind(depth, bound, used)
         for slot in loop.schedule.slots:
             extent = f"{self.sub.dim(slot.shape[0])} x {self.sub.dim(slot.shape[1])}"
             where = self.at(self.scratch, loop.region + slot.offset)
@@ -1153,7 +1192,7 @@ class _ScanEmitter:
         if "seg" in names:
             self.line(1, f"{real} *{names['seg']} = {self.at(self.scratch, 2 * k.width)};")
         for whole in k.wholes:
-            self.bind(1, whole)
+            self.bind(1, whole, self.used)
         for buffer, size in k.zeroed:
             self.line(1, f"for (int64_t {i} = 0; {i} < {self.index(size)}; ++{i}) {{")
             self.line(2, f"{self.c(buffer)}[{i}] = 0;")
@@ -1178,7 +1217,7 @@ class _ScanEmitter:
             self.line(2, f"const int64_t {t0} = {s}*{every};")
             self.line(2, f"const int64_t {n} = {length} - {t0} < {every} ? {length} - {t0} : {every};")
             self.line(2, f"for (int64_t {i} = 0; {i} < {width}; ++{i}) {{")
-            self.line(3, f"{seg}[{i}] = {self.c(k.kept)}[{s}*{width} + {i}];")
+            self.line(3, f"{seg}[{i}] = {self.c(str(k.kept))}[{s}*{width} + {i}];")
             self.line(2, "}")
             self.line(2, f"for (int64_t {u} = 1; {u} < {n}; ++{u}) {{")
             self.line(3, f"const int64_t {t} = {t0} + {u} - 1;")
@@ -1212,7 +1251,7 @@ class _ScanEmitter:
             depth += 1
         row = f"({t}/{every})" if every > 1 else t
         self.line(depth, f"for (int64_t {i} = 0; {i} < {width}; ++{i}) {{")
-        self.line(depth + 1, f"{self.c(k.kept)}[{row}*{width} + {i}] = {names['cur']}[{i}];")
+        self.line(depth + 1, f"{self.c(str(k.kept))}[{row}*{width} + {i}] = {names['cur']}[{i}];")
         self.line(depth, "}")
         if every > 1:
             self.line(depth - 1, "}")

@@ -125,7 +125,24 @@ def big_logsumexp_loss(d: dict) -> float:
     return float(_logsumexp(d["v"][:, 0], 0))
 
 
+def lstm_lm_loss(d: dict) -> float:
+    """examples/lstm_lm.py: an LSTM (PyTorch's LSTMCell equations, one bias a
+    gate) over the rows of X from the zero state, logits h V + c at each
+    step, softmax cross-entropy against the rows of Y, mean over steps."""
+    hidden = d["U_i"].shape[0]
+    h = cell = np.zeros((1, hidden))
+    logits = []
+    for t in range(d["X"].shape[0]):
+        z = {g: d["X"][t:t + 1] @ d[f"W_{g}"] + h @ d[f"U_{g}"] + d[f"b_{g}"] for g in "ifgo"}
+        cell = sigmoid(z["f"]) * cell + sigmoid(z["i"]) * np.tanh(z["g"])
+        h = sigmoid(z["o"]) * np.tanh(cell)
+        logits.append(h @ d["V"] + d["c"])
+    z = np.concatenate(logits)
+    return float(np.mean(_logsumexp(z, 1) - (d["Y"] * z).sum(axis=1)))
+
+
 NUMPY_LOSSES = {
+    "lstm_lm": lstm_lm_loss,
     "gmm": gmm_loss,
     "bundle_adjustment": bundle_adjustment_loss,
     "polynomial_fit": polynomial_fit_loss,

