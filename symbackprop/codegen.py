@@ -30,6 +30,7 @@ from .schedule import (
     PackKernel,
     ReduceKernel,
     View,
+    kernel_reads,
     kernel_writes,
 )
 
@@ -174,6 +175,7 @@ class CFunction:
     work_size: str
     ops_before_cse: int
     ops_after_cse: int
+    unused: tuple[str, ...] = ()  # C names of array parameters no kernel reads (a vjp of an output that ignores some inputs)
 
     @property
     def dim_params(self) -> str:
@@ -424,6 +426,13 @@ class FunctionEmitter:
         }
 
 
+def _unused_inputs(params: Sequence[CParam], schedule: FunctionSchedule) -> tuple[str, ...]:
+    """Input arrays no kernel reads: cast to void in the C, so that builds
+    with -Wunused-parameter -Werror (a C user's) accept the function."""
+    read = {buffer for kernel in schedule.kernels for buffer in kernel_reads(kernel)}
+    return tuple(p.cname for p in params if p.role in ("input", "inout") and p.name not in read)
+
+
 # Functions with SIMD variants in glibc's libmvec (x86_64): declared with
 # GCC's simd attribute when built with -DSYMBACKPROP_LIBMVEC, loops calling
 # them vectorize (results within glibc's documented 4 ulp).
@@ -525,6 +534,7 @@ def emit_function(
         params=tuple(params),
         dims=tuple(dims.values()),
         uses_work=bool(schedule.slots),
+        unused=_unused_inputs(params, schedule),
         kernels=tuple(kernels),
         work_size=emitter.dim(schedule.work_size),
         ops_before_cse=schedule.op_counts[0],

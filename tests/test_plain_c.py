@@ -30,6 +30,17 @@ def test_compiles_without_warnings(name, tmp_path):
     assert result.returncode == 0 and result.stderr == "", result.stderr
 
 
+@pytest.mark.parametrize("name", ["mlp", "gmm"])
+def test_every_kind_of_function_compiles_without_warnings(name, tmp_path):
+    """vjp of an output that ignores some inputs (the MLP's Y ignores T)
+    casts those to void; jvp and hvp take tangent and direction arrays."""
+    emitted, _ = generate(load_example(name).model, functions=("forward", "value_and_grad", "vjp", "jvp", "hvp"))
+    source = _write(emitted, tmp_path)
+    result = subprocess.run(["cc", *STRICT_FLAGS, "-c", str(source), "-o", str(tmp_path / "m.o")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
 def _shapes(example, dims):
     shapes = {}
     for leaf in example.model.inputs + example.model.params:
