@@ -100,3 +100,110 @@ def test_unsupported_and_broken_peers_are_reported():
     assert unsupported["status"] == "unsupported" and unsupported["reason"] == "no such layer"
     [broken] = _run(_fake_peer(error=ValueError("boom")))
     assert broken["status"] == "error" and "boom" in broken["reason"]
+
+
+# --------------------------------------------------------------------------
+# The example workloads (W5-W9): numpy references on small data
+
+SMALL_EXAMPLES = {
+    "W5": dict(points=30, components=4),
+    "W6": dict(cameras=3, points=7, observations=25),
+    "W6J": dict(cameras=3, points=7, observations=25),
+    "W7": dict(count=50),
+    "W8": dict(length=40),
+    "W9": dict(repeats=1),
+}
+
+
+def _small(name):
+    return workloads.WORKLOADS[name].resized(**SMALL_EXAMPLES[name])
+
+
+@pytest.mark.parametrize("name", ["W5", "W6", "W7", "W8", "W9"])
+def test_example_gradients_match_directional_differences(name, eps=1e-6):
+    w = _small(name)
+    inputs, params = w.make_data("float64")
+    _, grads = numpy_ref.value_and_grad(w, inputs, params)
+    assert set(grads) == set(w.param_names)
+    rng = np.random.default_rng(1)
+    for pname in w.param_names:
+        d = rng.standard_normal(params[pname].shape)
+        loss = lambda s: numpy_ref.value_and_grad(w, inputs, {**params, pname: params[pname] + s * d})[0]
+        fd = (loss(eps) - loss(-eps)) / (2 * eps)
+        assert abs(fd - np.sum(grads[pname] * d)) <= 1e-6 * np.linalg.norm(grads[pname]) * np.linalg.norm(d) + 1e-9
+
+
+def test_bundle_adjustment_jacobian_matches_directional_differences(eps=1e-6):
+    from benchmarks.peers import _numpy_examples
+
+    w = _small("W6J")
+    inputs, params = w.make_data("float64")
+    loss, out = numpy_ref.value_and_grad(w, inputs, params)
+    c, X, wt, u = _numpy_examples._gathered(inputs, params)
+    n = len(u)
+    d = np.random.default_rng(1).standard_normal((n, 15))  # one direction per observation
+    res = lambda s: _numpy_examples.ba_vjp(c + s * d[:, :11], X + s * d[:, 11:14],
+                                           wt + s * d[:, 14:], u, [])[0]
+    fd = (res(eps) - res(-eps)) / (2 * eps)
+    jd = np.einsum("nrk,nk->nr", out["jacobian"].reshape(n, 2, 15), d)
+    assert np.linalg.norm(jd - fd) <= 1e-6 * np.linalg.norm(fd)
+    assert np.allclose(out["residual"], res(0.0), rtol=0, atol=0)
+    assert loss == numpy_ref.value_and_grad(_small("W6"), inputs, params)[0]
+
+
+def _load(path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem + "_for_benchmarks", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["W5", "W6", "W7", "W8"])
+def test_example_losses_match_the_test_suites_numpy_oracles(name):
+    oracles = _load(workloads.EXAMPLES.parent / "tests" / "oracles.py")
+    w = _small(name)
+    inputs, params = w.make_data("float64")
+    loss, _ = numpy_ref.value_and_grad(w, inputs, params)
+    assert loss == pytest.approx(oracles.NUMPY_LOSSES[w.example]({**inputs, **params}), rel=1e-12)
+
+
+def test_example_data_is_the_examples_own_sample_data():
+    """make_data draws what the example's sample_data (or, for the LSTM,
+    text_data and init_params) would, under the names the model declares."""
+    pytest.importorskip("symbackprop")
+    from benchmarks.peers.symbackprop import load_example
+
+    for name in ["W5", "W6", "W7", "W8", "W9"]:
+        w = _small(name)
+        ex = load_example(w.example)
+        inputs, params = w.make_data("float64")
+        assert [s.name for s in ex.model.inputs] == list(w.input_names)
+        assert [s.name for s in ex.model.params] == list(w.param_names)
+        rng = np.random.default_rng(0)
+        if name == "W9":
+            expected = {**ex.text_data(ex.TEXT * dict(w.size)["repeats"]), **ex.init_params(rng)}
+        else:
+            expected = ex.sample_data(rng, **dict(w.size))
+        assert set(expected) == {*inputs, *params}
+        for key, value in {**inputs, **params}.items():
+            assert value.dtype == expected[key].dtype and np.array_equal(value, expected[key]), (name, key)
+
+
+def test_combine_takes_the_median_over_runs():
+    from benchmarks import combine
+
+    def run(sbp, prep, peer):
+        rec = lambda v, s: {"workload": "W7", "dtype": "float64", "variant": v, "status": "ok",
+                            "median_s": s}
+        return [rec("symbackprop", sbp), rec("symbackprop.prepared", prep), rec("jax_jit", peer),
+                {"workload": "W7", "dtype": "float64", "variant": "torch_compile",
+                 "status": "unsupported"}]
+
+    rows = combine.combine([run(2.0, 2.0, 1.0), run(9.0, 2.0, 3.0), run(2.0, 2.0, 2.0)])
+    by = {r["variant"]: r for r in rows}
+    assert by["jax_jit"]["median_s"] == 2.0 and by["jax_jit"]["ratio"] == 1.0
+    assert by["symbackprop"]["median_s"] == 2.0 and by["symbackprop"]["runs"] == 3
+    assert "torch_compile" not in by
+    assert "jax_jit" in combine.format_rows(rows)

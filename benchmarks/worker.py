@@ -66,7 +66,7 @@ def _warm_up(peer, dtype) -> float | None:
 
 
 def _run_variant(peer, variant, workload, dtype, reference, plan) -> dict:
-    record = {"variant": variant.label, "notes": variant.notes,
+    record = {**variant.extra, "variant": variant.label, "notes": variant.notes,
               "compile_cold_s": variant.compile_cold_s,
               "compile_cached_s": variant.compile_cached_s}
     try:
@@ -83,7 +83,7 @@ def _run_variant(peer, variant, workload, dtype, reference, plan) -> dict:
         timing = measure.time_call(variant.call, plan)
     except Exception:
         return {**record, "status": "error", "reason": _tail()}
-    gflops = workload.flops / timing["median_s"] / 1e9 if verified else None
+    gflops = workload.flops / timing["median_s"] / 1e9 if verified and workload.flops else None
     return {**record, **timing, "status": "ok", "gflops": gflops}
 
 

@@ -1,7 +1,10 @@
-"""The four benchmark workloads, described once and shared by every peer.
+"""The benchmark workloads, described once and shared by every peer.
 
-Each workload is a small multi-layer perceptron described by its layer
-sizes, its hidden activation, its loss and its layout:
+W1-W4 are multi-layer perceptrons (``Workload``); W5-W9 are the
+repository's example models (``ExampleWorkload``, see below).
+
+Each MLP workload is described by its layer sizes, its hidden activation,
+its loss and its layout:
 
 * ``rows`` layout (W1, W3, W4): a batch ``X`` of shape ``(n, in)``, weights
   ``W_k`` of shape ``(in, out)`` and biases ``b_k`` of shape ``(1, out)``;
@@ -17,7 +20,10 @@ float64 and then cast, so the float32 data is the rounded float64 data.
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -26,6 +32,8 @@ DTYPES = ("float64", "float32")
 
 @dataclass(frozen=True)
 class Workload:
+    """A multi-layer perceptron workload (W1-W4)."""
+
     name: str
     description: str
     batch: int
@@ -37,6 +45,11 @@ class Workload:
     @property
     def n_layers(self) -> int:
         return len(self.sizes) - 1
+
+    @property
+    def result_names(self) -> tuple[str, ...]:
+        """The names of the arrays a call returns beside the loss: the gradients."""
+        return self.param_names
 
     @property
     def has_bias(self) -> bool:
@@ -109,7 +122,200 @@ class Workload:
         return rng.standard_normal(shape)
 
 
-WORKLOADS: dict[str, Workload] = {
+# --------------------------------------------------------------------------
+# The example models (W5-W9)
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@dataclass(frozen=True)
+class ExampleWorkload:
+    """One of the repository's example models (``examples/<example>.py``) on
+    data of a chosen size.
+
+    ``inputs`` and ``params`` name the model's arrays as the example
+    declares them. A call returns ``(loss, {name: array})``: the gradients
+    of the params (``outputs`` empty: a value_and_grad workload), or the
+    named forward outputs (``outputs`` given: a forward workload, e.g. the
+    per-observation Jacobian of bundle adjustment).
+
+    The data is made here, without importing the example (which imports
+    SymPy), drawing from ``numpy.random.default_rng(0)`` in exactly the
+    order of the example's own ``sample_data`` (``test_harness.py`` checks
+    that they agree), then cast: float arrays to the dtype, index arrays
+    stay int64.
+    """
+
+    name: str
+    description: str
+    example: str  # examples/<example>.py
+    inputs: tuple[str, ...]
+    params: tuple[str, ...]
+    size: tuple[tuple[str, int], ...]  # keyword arguments of the data generator
+    outputs: tuple[str, ...] = ()  # forward workload: these outputs, no gradients
+    flops: int | None = None  # not counted for these (no GFLOP/s column)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return self.inputs
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return self.params
+
+    @property
+    def function(self) -> str:
+        """The symbackprop function timed: "value_and_grad" or "forward"."""
+        return "forward" if self.outputs else "value_and_grad"
+
+    @property
+    def result_names(self) -> tuple[str, ...]:
+        """The names of the arrays a call returns beside the loss."""
+        return self.outputs or self.params
+
+    def resized(self, **size: int) -> "ExampleWorkload":
+        """The same workload on data of another size (tests use small ones)."""
+        return ExampleWorkload(self.name, self.description, self.example, self.inputs,
+                               self.params, tuple({**dict(self.size), **size}.items()),
+                               self.outputs, self.flops)
+
+    def make_data(self, dtype: str = "float64") -> tuple[dict, dict]:
+        """Deterministic ``(inputs, params)``, two dicts of C-contiguous arrays."""
+        data = DATA[self.example](np.random.default_rng(0), **dict(self.size))
+        cast = lambda v: np.ascontiguousarray(v, dtype=dtype if v.dtype.kind == "f" else np.int64)
+        return ({k: cast(data[k]) for k in self.inputs},
+                {k: cast(data[k]) for k in self.params})
+
+
+GMM_D = 3  # examples/gmm.py fixes the dimension
+
+
+def _gmm_data(rng, points: int, components: int) -> dict:
+    """examples/gmm.py's sample_data."""
+    D = GMM_D
+    return {
+        "X": rng.standard_normal((points, D)),
+        "alpha": rng.standard_normal((components, 1)),
+        "means": rng.standard_normal((components, D)),
+        "qd": 0.3 * rng.standard_normal((components, D)),
+        "ql": 0.3 * rng.standard_normal((components, D * (D - 1) // 2)),
+    }
+
+
+def _bundle_adjustment_data(rng, cameras: int, points: int, observations: int) -> dict:
+    """examples/bundle_adjustment.py's sample_data."""
+    cams = np.zeros((cameras, 11))
+    cams[:, 0:3] = 0.3 * rng.standard_normal((cameras, 3))
+    cams[:, 3:6] = rng.standard_normal((cameras, 3))
+    cams[:, 6] = 1.0 + 0.1 * rng.random(cameras)
+    cams[:, 7:9] = 0.1 * rng.standard_normal((cameras, 2))
+    cams[:, 9:11] = 0.01 * rng.standard_normal((cameras, 2))
+    pts = rng.standard_normal((points, 3))
+    pts[:, 2] += 8.0  # in front of the cameras
+    return {
+        "cams": cams,
+        "pts": pts,
+        "weights": 1.0 + 0.1 * rng.standard_normal((observations, 1)),
+        "feats": rng.standard_normal((observations, 2)),
+        "cam": rng.integers(0, cameras, observations),
+        "pt": rng.integers(0, points, observations),
+    }
+
+
+POLY_DEGREE = 5  # examples/polynomial_fit.py's DEGREE
+
+
+def _polynomial_fit_data(rng, count: int) -> dict:
+    """examples/polynomial_fit.py's sample_data."""
+    x = rng.uniform(-1, 1, count)
+    return {
+        "points": np.stack([x, np.cos(3 * x) + 0.1 * rng.standard_normal(count)], axis=1),
+        "coeffs": rng.standard_normal((1, POLY_DEGREE + 1)),
+    }
+
+
+def _big_logsumexp_data(rng, length: int) -> dict:
+    """examples/big_logsumexp.py's sample_data."""
+    return {"v": 30.0 * rng.standard_normal((length, 1))}
+
+
+LSTM_GATES = ("i", "f", "g", "o")  # examples/lstm_lm.py's GATES
+LSTM_HIDDEN = 16  # examples/lstm_lm.py's HIDDEN
+
+
+@lru_cache(maxsize=1)
+def lstm_text() -> str:
+    """examples/lstm_lm.py's TEXT, read from the file (not imported: it imports SymPy)."""
+    tree = ast.parse((EXAMPLES / "lstm_lm.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["TEXT"]:
+            return ast.literal_eval(node.value)
+    raise LookupError("examples/lstm_lm.py defines no TEXT")
+
+
+def _lstm_lm_data(rng, repeats: int) -> dict:
+    """examples/lstm_lm.py's text_data(TEXT * repeats) and init_params(rng),
+    as its main() trains on (T = repeats * len(TEXT) - 1 characters)."""
+    text = lstm_text() * repeats
+    chars = sorted(set(text))
+    vocab, hidden = len(chars), LSTM_HIDDEN
+    codes = np.eye(vocab)[[chars.index(ch) for ch in text]]
+    data = {"X": codes[:-1], "Y": codes[1:]}
+    bound = 1.0 / np.sqrt(hidden)
+    for g in LSTM_GATES:
+        data[f"W_{g}"] = rng.uniform(-bound, bound, (vocab, hidden))
+        data[f"U_{g}"] = rng.uniform(-bound, bound, (hidden, hidden))
+        data[f"b_{g}"] = rng.uniform(-bound, bound, (1, hidden))
+    data["V"] = rng.uniform(-bound, bound, (hidden, vocab))
+    data["c"] = rng.uniform(-bound, bound, (1, vocab))
+    return data
+
+
+DATA = {
+    "gmm": _gmm_data,
+    "bundle_adjustment": _bundle_adjustment_data,
+    "polynomial_fit": _polynomial_fit_data,
+    "big_logsumexp": _big_logsumexp_data,
+    "lstm_lm": _lstm_lm_data,
+}
+
+_BA = dict(example="bundle_adjustment", inputs=("feats", "cam", "pt"),
+           params=("cams", "pts", "weights"),
+           size=(("cameras", 20), ("points", 1000), ("observations", 5000)))
+
+EXAMPLE_WORKLOADS = [
+    ExampleWorkload(
+        "W5", "GMM negative log-likelihood, N=1000 points, K=10 components, D=3 (examples/gmm.py)",
+        example="gmm", inputs=("X",), params=("alpha", "means", "qd", "ql"),
+        size=(("points", 1000), ("components", 10)),
+    ),
+    ExampleWorkload(
+        "W6", "bundle adjustment, sum of squared residuals, C=20 cameras, P=1000 points, "
+        "N=5000 observations (examples/bundle_adjustment.py)", **_BA,
+    ),
+    ExampleWorkload(
+        "W6J", "bundle adjustment forward: loss, residuals (5000x2) and per-observation "
+        "2x15 Jacobians (5000x30), no gradient", outputs=("residual", "jacobian"), **_BA,
+    ),
+    ExampleWorkload(
+        "W7", "polynomial (degree 5) least squares, N=100000 points (examples/polynomial_fit.py)",
+        example="polynomial_fit", inputs=("points",), params=("coeffs",),
+        size=(("count", 100_000),),
+    ),
+    ExampleWorkload(
+        "W8", "log-sum-exp of a vector of 1,000,000 entries (examples/big_logsumexp.py)",
+        example="big_logsumexp", inputs=(), params=("v",), size=(("length", 1_000_000),),
+    ),
+    ExampleWorkload(
+        "W9", "LSTM character LM (hidden 16, vocab 30) over T=2943 characters, "
+        "softmax cross-entropy (examples/lstm_lm.py)",
+        example="lstm_lm", inputs=("X", "Y"),
+        params=tuple(f"{m}_{g}" for m in "WUb" for g in LSTM_GATES) + ("V", "c"),
+        size=(("repeats", 8),),
+    ),
+]
+
+WORKLOADS: dict[str, Workload | ExampleWorkload] = {
     w.name: w
     for w in [
         Workload(
@@ -133,6 +339,7 @@ WORKLOADS: dict[str, Workload] = {
             "X(32x64) -> 8 x [linear(64) -> tanh] -> linear(1) -> MSE vs T(32x1)",
             batch=32, sizes=(64,) * 9 + (1,), activation="tanh", loss="mse",
         ),
+        *EXAMPLE_WORKLOADS,
     ]
 }
 
@@ -143,7 +350,12 @@ WARMUP = Workload("warmup", "one-off framework warm-up, never reported",
                   batch=3, sizes=(2, 3, 1), activation="tanh", loss="mse")
 
 
-def get(names: str | list[str] | None = None) -> list[Workload]:
+def is_example(workload) -> bool:
+    """Whether ``workload`` is one of the example models (W5-W9)."""
+    return isinstance(workload, ExampleWorkload)
+
+
+def get(names: str | list[str] | None = None) -> list[Workload | ExampleWorkload]:
     """Workloads by name (comma-separated string or list); all when None."""
     if names is None:
         return list(WORKLOADS.values())

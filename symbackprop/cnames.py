@@ -41,7 +41,7 @@ C_LIBRARY = frozenset(
 _MACRO_LIKE = re.compile(r"^(?:[^a-z]*[A-Z][^a-z]*[A-Z][^a-z]*|Py[A-Z_].*|PY.*|M_.*|(?:PRI|SCN)[a-zA-Z].*)$")
 
 # Names the templates use for their own locals.
-INTERNAL = frozenset("i j k acc maxval total work status".split())
+INTERNAL = frozenset("i j k l acc maxval total lane result top work status".split())
 _TEMP = re.compile(r"^x\d+$")  # CSE temporaries
 MAX_LENGTH = 48
 

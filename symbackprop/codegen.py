@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import jinja2
 import sympy as sp
@@ -52,6 +52,11 @@ FLOAT32 = RealType("float32", "float", "float32", sp.codegen.ast.float32)
 REAL_TYPES = {t.name: t for t in (FLOAT64, FLOAT32)}
 
 
+# x**n of a symbol for |n| up to this is printed as a product: without
+# -ffast-math a C compiler keeps pow() a library call (pow(x, 2) excepted).
+MAX_PRODUCT_POWER = 8
+
+
 class ScalarPrinter(C99CodePrinter):
     """SymPy's C99 printer with the few changes generated kernels need:
     symbols print as given C text, integer powers as products, step
@@ -68,7 +73,7 @@ class ScalarPrinter(C99CodePrinter):
 
     def _print_Pow(self, expr: sp.Pow) -> str:
         base, exp = expr.args
-        if exp.is_Integer and 2 <= abs(int(exp)) <= 4 and base.is_Symbol:
+        if exp.is_Integer and 2 <= abs(int(exp)) <= MAX_PRODUCT_POWER and base.is_Symbol:
             factor = self.parenthesize(base, sp.printing.precedence.PRECEDENCE["Mul"])
             product = "(" + "*".join([factor] * abs(int(exp))) + ")"
             return product if exp > 0 else f"{self._one()}/{product}"
@@ -216,6 +221,22 @@ class CModule:
     def blas_min(self) -> int:
         return BLAS_MIN_MULTIPLY_ADDS
 
+    def all_kernels(self) -> Iterator[CKernel]:
+        """Every kernel, those nested in others' fields (a scan's step) too."""
+        stack: list[Any] = [k for f in self.functions for k in f.kernels]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, CKernel):
+                yield item
+                stack.extend(item.fields.values())
+            elif isinstance(item, (list, tuple)):
+                stack.extend(item)
+
+    @property
+    def reductions(self) -> list[str]:
+        """The reduction helpers the module's kernels call (reduce.c.j2)."""
+        return sorted({k.kind for k in self.all_kernels() if k.kind in REDUCTIONS})
+
     @property
     def uses_parallel(self) -> bool:
         return any(k.fields.get("parallel") for f in self.functions for k in f.kernels)
@@ -313,6 +334,18 @@ class FunctionEmitter:
                     local = self.namer.name(f"\0{view.buffer} in")
                     first.append((local, text[sym]))
                     text[sym] = local
+        # a value the same for every element (a loss, a bias of one entry) is read
+        # once, before the loop: read inside, the compiler must assume a store
+        # may change it, and does not vectorize the loop
+        hoisted = []
+        overwritten = {out for out, _ in kernel.stores}
+        for sym, view in kernel.loads:
+            invariant = (view.row_stride == 0 or kernel.shape[0] == 1) and (view.col_stride == 0 or kernel.shape[1] == 1)
+            if loops and invariant and view.buffer not in overwritten and sym in text:
+                at = "" if view.offset == 0 else f" {view.offset}"
+                local = self.namer.name(f"\0{view.buffer}{at} value")
+                hoisted.append((local, text[sym]))
+                text[sym] = local
         text.update({d: f"(({self.real.c}){c})" for d, c in self.dims.items()})
         temps_text = {sym: str(sym) for sym, _ in kernel.temps}
         printer = _Checked(ScalarPrinter({**text, **temps_text}, self.real), kernel)
@@ -321,6 +354,7 @@ class FunctionEmitter:
         out_index_text = self.index.doprint(out_index)
         return {
             "loops": loops,
+            "hoisted": hoisted,
             "parallel": _worth_threads(kernel.shape[0]) and len(loops) > 0 and loops[0][0] == "i",
             "temps": first + [(str(sym), printer.doprint(expr)) for sym, expr in kernel.temps],
             "stores": [
@@ -354,21 +388,20 @@ class FunctionEmitter:
         }
 
     def _reduce(self, kernel: ReduceKernel) -> dict:
-        outer, inner = (LOOP_J, LOOP_I) if kernel.axis == 0 else (LOOP_I, LOOP_J)
+        """One call of the module's helper for the op (reduce.c.j2) per row
+        or column: its first entry, how many, and the stride between them."""
+        src = kernel.src
         outer_len, inner_len = (kernel.cols, kernel.rows) if kernel.axis == 0 else (kernel.rows, kernel.cols)
-        at = {LOOP_I: LOOP_I, LOOP_J: LOOP_J}
-        outer_name, outer_bound = str(outer), self.dim(outer_len)
-        if outer_bound == "1":
-            head = ["{", f"    const int64_t {outer_name} = 0;"]
-        else:
-            head = [f"for (int64_t {outer_name} = 0; {outer_name} < {outer_bound}; ++{outer_name}) {{"]
+        outer_stride, inner_stride = (src.col_stride, src.row_stride) if kernel.axis == 0 else (src.row_stride, src.col_stride)
+        outer = LOOP_J if kernel.axis == 0 else LOOP_I
+        looped = self.dim(outer_len) != "1"
+        start = sp.expand(src.offset + (outer * outer_stride if looped else 0))
+        pointer = self.namer.name(src.buffer) + ("" if start == 0 else f" + {self.index.doprint(start)}")
+        args = f"{pointer}, {self.dim(inner_len)}, {self.dim(sp.sympify(inner_stride)) if inner_len != 1 else '1'}"
         return {
-            "head": head,
-            "inner": (str(inner), self.dim(inner_len)),
-            "src": self.access(kernel.src, at[LOOP_I], at[LOOP_J]),
-            "out": f"{self.namer.name(kernel.out)}[{outer}]",
-            "real": self.real.c,
-            "suffix": "f" if self.real.c == "float" else "",
+            "loop": (str(outer), self.dim(outer_len)) if looped else None,
+            "out": f"{self.namer.name(kernel.out)}[{outer if looped else 0}]",
+            "args": args,
         }
 
     def _emap(self, kernel: EmapKernel) -> dict:
@@ -445,6 +478,9 @@ LIBMVEC = frozenset(
 # Loops over at least this many rows (or over a symbolic batch) are split
 # across threads when the module is built with OpenMP (-fopenmp).
 PARALLEL_MIN_ROWS = 64
+
+
+REDUCTIONS = ("sum", "logsumexp", "max", "min")
 
 
 def _worth_threads(rows: int | sp.Expr) -> bool:

@@ -39,6 +39,7 @@ class Variant:
     compile_cold_s: float | None = None
     compile_cached_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)  # more fields for the JSON record
 
 
 def bench_threads() -> int:

@@ -1,10 +1,16 @@
-"""What torch_eager and torch_compile share: ops, tensors, the step."""
+"""What torch_eager and torch_compile share: ops, tensors, the step, and
+the example workloads' losses (W5-W9)."""
 
 from __future__ import annotations
 
+import functools
+import types
+
 import torch
 
-from ._common import Ops, bench_threads
+from .. import workloads
+from . import _example_losses
+from ._common import Ops, bench_threads, mlp_loss
 
 torch.set_num_threads(bench_threads())
 
@@ -14,6 +20,10 @@ OPS = Ops(
     logsumexp_rows=lambda z: torch.logsumexp(z, dim=1),
     sum_rows=lambda z: z.sum(dim=1),
 )
+# what _example_losses needs, called positionally
+F = types.SimpleNamespace(exp=torch.exp, log=torch.log, sqrt=torch.sqrt, sin=torch.sin,
+                          cos=torch.cos, where=torch.where, stack=torch.stack,
+                          logsumexp=torch.logsumexp)
 
 
 def tensors(arrays: dict, requires_grad: bool = False) -> dict:
@@ -32,3 +42,100 @@ def step_call(loss_fn, inputs: dict, params: dict):
         return loss.detach(), dict(zip(tp, grads))
 
     return call
+
+
+def forward_call(fn, inputs: dict, params: dict):
+    """A no-arg call of a forward workload's ``fn(inputs, params) -> (loss, outputs)``."""
+    ti, tp = tensors(inputs), tensors(params)
+    return lambda: fn(ti, tp)
+
+
+# --------------------------------------------------------------------------
+# The loss (or forward function) of every workload
+
+
+def loss_function(workload):
+    """``fn(inputs, params)``: the scalar loss of a value_and_grad workload,
+    ``(loss, {output: tensor})`` of a forward one (W6J)."""
+    if not workloads.is_example(workload):
+        return functools.partial(mlp_loss, workload, OPS)
+    if workload.name == "W6J":
+        return ba_forward
+    if workload.name == "W9":
+        return lstm_loss
+    return functools.partial(_example_losses.LOSSES[workload.name], F)
+
+
+def _one_observation(c, X, w, u):
+    r = _example_losses.ba_residual(F, c, X, w, u)
+    return r, r
+
+
+# d residual / d (camera, point, weight) of one observation, reverse mode
+# (2 outputs, 15 inputs), vectorised over the observations
+_BA_JACOBIAN = torch.func.vmap(torch.func.jacrev(_one_observation, argnums=(0, 1, 2),
+                                                 has_aux=True))
+
+
+def ba_forward(inputs, params):
+    """W6J: the loss, the residuals and each observation's 2 x 15 Jacobian,
+    row-major, by torch.func.vmap(torch.func.jacrev(residual of one observation))."""
+    c, X = params["cams"][inputs["cam"]], params["pts"][inputs["pt"]]
+    (jc, jX, jw), r = _BA_JACOBIAN(c, X, params["weights"], inputs["feats"])
+    jacobian = torch.cat([jc, jX, jw], -1).reshape(len(r), 30)
+    return (r * r).sum(), {"residual": r, "jacobian": jacobian}
+
+
+def _lstm_weights(params):
+    gates = workloads.LSTM_GATES
+    cat = lambda m: torch.cat([params[f"{m}_{g}"] for g in gates], 1)
+    return cat("W"), cat("U"), cat("b")  # (vocab, 4H), (H, 4H), (1, 4H): gates i, f, g, o
+
+
+def _lm_loss(hs, inputs, params):
+    logits = hs @ params["V"] + params["c"]
+    return (torch.logsumexp(logits, 1) - (inputs["Y"] * logits).sum(1)).mean()
+
+
+def lstm_loss(inputs, params):
+    """W9 written out: the gate equations of examples/lstm_lm.py (PyTorch's
+    LSTMCell, one bias a gate), a Python loop over the steps; the input
+    projections of all steps are one matrix product before the loop, the
+    four gates' recurrent products one product a step."""
+    Wc, Uc, bc = _lstm_weights(params)
+    H = Uc.shape[0]
+    xw = inputs["X"] @ Wc + bc
+    h = c = xw.new_zeros(H)
+    hs = []
+    for t in range(len(xw)):
+        z = xw[t] + h @ Uc
+        s = torch.sigmoid(z)
+        i, f, o = s[:H], s[H:2 * H], s[3 * H:]
+        c = f * c + i * torch.tanh(z[2 * H:3 * H])
+        h = o * torch.tanh(c)
+        hs.append(h)
+    return _lm_loss(torch.stack(hs), inputs, params)
+
+
+@functools.lru_cache(maxsize=None)
+def _lstm_module(vocab, hidden, dtype):
+    return torch.nn.LSTM(vocab, hidden, batch_first=True, dtype=dtype)
+
+
+def lstm_loss_nn(inputs, params):
+    """W9 through torch.nn.LSTM (ATen's fused CPU LSTM), its weights the
+    example's gates stacked (i, f, g, o: nn.LSTM's order), one bias."""
+    Wc, Uc, bc = _lstm_weights(params)
+    X = inputs["X"]
+    lstm = _lstm_module(X.shape[1], Uc.shape[0], X.dtype)
+    weights = {"weight_ih_l0": Wc.T, "weight_hh_l0": Uc.T, "bias_ih_l0": bc[0],
+               "bias_hh_l0": torch.zeros_like(bc[0])}
+    hs, _ = torch.func.functional_call(lstm, weights, (X[None],))
+    return _lm_loss(hs[0], inputs, params)
+
+
+def call_for(workload, fn, inputs, params):
+    """The no-arg timed call of ``fn`` (see loss_function) on the workload."""
+    if getattr(workload, "outputs", ()):
+        return forward_call(fn, inputs, params)
+    return step_call(fn, inputs, params)

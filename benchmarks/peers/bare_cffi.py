@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import cffi
 
-from ._common import C_TYPES, CffiCall, build_cffi, c_signature, cffi_variants
+from .. import workloads
+from ._common import C_TYPES, CffiCall, Unsupported, build_cffi, c_signature, cffi_variants
 
 VERSION = cffi.__version__
 FUNC = "bare_call"
@@ -18,6 +19,8 @@ VERIFY = False  # it computes nothing: timed, never checked
 
 
 def setup(workload, dtype, inputs, params):
+    if workloads.is_example(workload):
+        raise Unsupported("the per-call floor is measured on the MLP workloads (W1-W4) only")
     shapes = workload.shapes()
     in_names = list(inputs) + list(params)
     signature = c_signature(FUNC, C_TYPES[dtype], len(in_names), 1 + len(params))

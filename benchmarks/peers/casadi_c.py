@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import casadi as ca
 
+from .. import workloads
 from ._common import (
     C_TYPES,
     CffiCall,
@@ -106,6 +107,8 @@ def _build(workload, dtype, kind):
 
 
 def setup(workload, dtype, inputs, params):
+    if workloads.is_example(workload):
+        raise Unsupported("not written for the example workloads (W5-W9)")
     kind = ca.SX if workload.flops <= SX_MAX_FLOPS else ca.MX
     cold = _build(workload, dtype, kind)
     cached = _build(workload, dtype, kind)

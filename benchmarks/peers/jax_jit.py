@@ -3,9 +3,21 @@
 Compile time "cold" is lowering plus XLA compilation with an empty
 persistent compilation cache; "cached" is the same after jax.clear_caches(),
 served from that on-disk cache.
+
+The example workloads: W5-W8 are the losses of ``_example_losses.py``; W9
+runs the LSTM with ``jax.lax.scan``; W6J (a forward workload) is
+``jax.jit`` of ``jax.vmap(jax.jacfwd(residual of one observation))``.
+
+W9 has two variants: ``jax_jit`` computes the input projections X W of
+all steps as one matrix product before the scan (as torch.nn.LSTM does);
+``jax_jit.x_in_loop`` computes x_t W inside each step, as the example's
+``symbackprop.scan`` step does.
 """
 
 from __future__ import annotations
+
+import functools
+import types
 
 import jax
 
@@ -13,6 +25,8 @@ jax.config.update("jax_enable_x64", True)  # noqa: E402 (before any array exists
 
 import jax.numpy as jnp  # noqa: E402
 
+from .. import workloads  # noqa: E402
+from . import _example_losses  # noqa: E402
 from ._common import Ops, Variant, cache_root, mlp_loss, timed  # noqa: E402
 
 VERSION = jax.__version__
@@ -21,22 +35,86 @@ OPS = Ops(
     logsumexp_rows=lambda z: jax.nn.logsumexp(z, axis=1),
     sum_rows=lambda z: z.sum(axis=1),
 )
+# what _example_losses needs, called positionally
+F = types.SimpleNamespace(exp=jnp.exp, log=jnp.log, sqrt=jnp.sqrt, sin=jnp.sin, cos=jnp.cos,
+                          where=jnp.where, stack=jnp.stack, logsumexp=jax.nn.logsumexp)
 
 jax.config.update("jax_compilation_cache_dir", str(cache_root() / "jax"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
-def _compile(workload, ji, jp):
+def lstm_loss(inputs, params, x_in_loop=False):
+    """W9: the gate equations of examples/lstm_lm.py (PyTorch's LSTMCell,
+    one bias a gate) under lax.scan; the input projections of all steps are
+    one matrix product before the scan, or with ``x_in_loop`` one product
+    a step inside it."""
+    cat = lambda m: jnp.concatenate([params[f"{m}_{g}"] for g in workloads.LSTM_GATES], 1)
+    Wc, Uc, bc = cat("W"), cat("U"), cat("b")
+    H = Uc.shape[0]
+
+    def step(state, x):
+        h, c = state
+        z = (x @ Wc + bc[0] if x_in_loop else x) + h @ Uc
+        s = jax.nn.sigmoid(z)
+        c = s[H:2 * H] * c + s[:H] * jnp.tanh(z[2 * H:3 * H])
+        h = s[3 * H:] * jnp.tanh(c)
+        return (h, c), h
+
+    zero = jnp.zeros(H, dtype=Wc.dtype)
+    xs = inputs["X"] if x_in_loop else inputs["X"] @ Wc + bc
+    _, hs = jax.lax.scan(step, (zero, zero), xs)
+    logits = hs @ params["V"] + params["c"]
+    return (jax.nn.logsumexp(logits, 1) - (inputs["Y"] * logits).sum(1)).mean()
+
+
+def _one_observation(c, X, w, u):
+    r = _example_losses.ba_residual(F, c, X, w, u)
+    return r, r
+
+
+# d residual / d (camera, point, weight) of one observation, forward mode
+_BA_JACOBIAN = jax.vmap(jax.jacfwd(_one_observation, argnums=(0, 1, 2), has_aux=True))
+
+
+def ba_forward(params, inputs):
+    """W6J: the loss, the residuals and each observation's 2 x 15 Jacobian, row-major."""
+    c, X = params["cams"][inputs["cam"]], params["pts"][inputs["pt"]]
+    (jc, jX, jw), r = _BA_JACOBIAN(c, X, params["weights"], inputs["feats"])
+    jacobian = jnp.concatenate([jc, jX, jw], -1).reshape(len(r), 30)
+    return (r * r).sum(), {"residual": r, "jacobian": jacobian}
+
+
+def _function(workload, x_in_loop=False):
+    """The jitted function of (params, inputs)."""
+    if workload.name == "W6J":
+        return ba_forward
+    if not workloads.is_example(workload):
+        loss = functools.partial(mlp_loss, workload, OPS)
+    elif workload.name == "W9":
+        loss = functools.partial(lstm_loss, x_in_loop=x_in_loop)
+    else:
+        loss = functools.partial(_example_losses.LOSSES[workload.name], F)
+    return jax.value_and_grad(lambda p, i: loss(i, p))
+
+
+def _compile(function, ji, jp):
     jax.clear_caches()
-    f = jax.value_and_grad(lambda p, i: mlp_loss(workload, OPS, i, p))
-    return timed(lambda: jax.jit(f).lower(jp, ji).compile())
+    return timed(lambda: jax.jit(function).lower(jp, ji).compile())
+
+
+def _variant(label, function, ji, jp, **kwargs):
+    _, cold = _compile(function, ji, jp)
+    compiled, cached = _compile(function, ji, jp)
+    call = lambda: jax.block_until_ready(compiled(jp, ji))
+    return Variant(label, call, compile_cold_s=cold, compile_cached_s=cached, **kwargs)
 
 
 def setup(workload, dtype, inputs, params):
     ji = {k: jnp.asarray(v) for k, v in inputs.items()}
     jp = {k: jnp.asarray(v) for k, v in params.items()}
-    _, cold = _compile(workload, ji, jp)
-    compiled, cached = _compile(workload, ji, jp)
-    call = lambda: jax.block_until_ready(compiled(jp, ji))
-    return [Variant("jax_jit", call, compile_cold_s=cold, compile_cached_s=cached)]
+    variants = [_variant("jax_jit", _function(workload), ji, jp)]
+    if workload.name == "W9":
+        variants.append(_variant("jax_jit.x_in_loop", _function(workload, x_in_loop=True), ji, jp,
+                                 notes=["x_t W computed inside each scan step, as the example's step"]))
+    return variants

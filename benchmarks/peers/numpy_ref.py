@@ -1,5 +1,8 @@
 """Hand-written numpy backprop: the reference every peer is checked against.
 
+The MLP workloads (W1-W4) are here; the example workloads (W5-W9) are in
+``_numpy_examples.py``.
+
 BLAS threads are limited by run.py (environment of the worker process) and,
 when threadpoolctl is installed, by the worker itself.
 """
@@ -8,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import workloads
+from . import _numpy_examples
 from ._common import Variant
 
 VERSION = np.__version__
@@ -26,7 +31,10 @@ _ACTIVATIONS = {
 
 
 def value_and_grad(workload, inputs: dict, params: dict):
-    """``(loss, {param: grad})`` by explicit forward and backward passes."""
+    """``(loss, {param: grad})`` by explicit forward and backward passes
+    (for a forward workload such as W6J: ``(loss, {output: array})``)."""
+    if workloads.is_example(workload):
+        return _numpy_examples.FUNCTIONS[workload.name](inputs, params)
     rows = workload.layout == "rows"
     x_name, t_name = workload.input_names
     act, dact = _ACTIVATIONS[workload.activation]
@@ -75,7 +83,8 @@ def _loss_and_grad(kind: str, y, t):
 
 def reference(workload, inputs: dict, params: dict):
     """The reference result, always computed in float64 from the given data."""
-    up = lambda d: {k: np.asarray(v, dtype=np.float64) for k, v in d.items()}
+    up = lambda d: {k: np.asarray(v, dtype=np.float64) if v.dtype.kind == "f" else v
+                    for k, v in d.items()}
     return value_and_grad(workload, up(inputs), up(params))
 
 

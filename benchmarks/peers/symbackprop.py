@@ -5,25 +5,48 @@ binds every array and allocates the gradients on each call) and, where the
 module has ``prepare``, ``symbackprop.prepared`` (arrays bound and outputs
 allocated once; each call only calls C).
 
-Compile time "cold" is ``sbp.compile`` with an empty cache (run.py points
-SYMBACKPROP_CACHE_DIR at a fresh folder for each run); "cached" is the same
-``sbp.compile`` again, served from that cache.
+The example workloads (W5-W9) compile the model of ``examples/<name>.py``
+as it is, imported from the file; W6J times ``mod.forward`` (the loss and
+the ``residual`` and ``jacobian`` outputs) instead of ``value_and_grad``.
+
+Compile time "cold" is ``sbp.compile`` with an empty cache (a fresh
+SYMBACKPROP_CACHE_DIR folder for each workload and dtype, inside the one
+run.py gives the peer process); "cached" is the same ``sbp.compile`` again,
+served from that cache. The generated C's line count (``mod.source``, the
+forward and value_and_grad functions) is reported as ``c_lines``.
 """
 
 from __future__ import annotations
+
+import functools
+import importlib.util
+import os
 
 import sympy as sp
 
 import symbackprop as sbp
 from symbackprop import nn
 
-from ._common import Unsupported, Variant, timed
+from .. import workloads
+from ._common import Unsupported, Variant, cache_root, timed
 
 VERSION = sbp.__version__
 
 
+@functools.lru_cache(maxsize=None)
+def load_example(name: str):
+    """``examples/<name>.py`` imported as a module."""
+    path = workloads.EXAMPLES / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"example_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def build_model(workload):
     """The workload as an ``sbp.Model``."""
+    if workloads.is_example(workload):
+        return load_example(workload.example).model
     if workload.layout == "rows":
         return _rows_model(workload)
     return _columns_model(workload)
@@ -75,19 +98,41 @@ def _compile(model, dtype):
         raise
 
 
+def _fresh_cache(workload, dtype) -> None:
+    """Point symbackprop at an empty cache folder of this workload and dtype
+    (W6 and W6J compile the same model: each must start cold)."""
+    folder = cache_root() / f"symbackprop_{workload.name}_{dtype}"
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ["SYMBACKPROP_CACHE_DIR"] = str(folder)
+
+
 def setup(workload, dtype, inputs, params):
     model = build_model(workload)
+    _fresh_cache(workload, dtype)
     _, cold = _compile(model, dtype)
     mod, cached = _compile(model, dtype)
     arrays = {**inputs, **params}
-    times = {"compile_cold_s": cold, "compile_cached_s": cached}
-    variants = [Variant("symbackprop", lambda: mod.value_and_grad(**arrays), **times)]
+    lines = mod.source.count("\n")
+    common = {"compile_cold_s": cold, "compile_cached_s": cached,
+              "notes": [f"generated C: {lines} lines"], "extra": {"c_lines": lines}}
+    outputs = getattr(workload, "outputs", ())
+    if outputs:
+        def call():
+            result = mod.forward(**arrays)
+            return result["loss"], {k: result[k] for k in outputs}
+    else:
+        call = lambda: mod.value_and_grad(**arrays)
+    variants = [Variant("symbackprop", call, **common)]
     if hasattr(mod, "prepare"):
-        variants.append(Variant("symbackprop.prepared", _prepared(mod, arrays), **times))
+        variants.append(Variant("symbackprop.prepared", _prepared(mod, arrays, outputs), **common))
     return variants
 
 
-def _prepared(mod, arrays):
+def _prepared(mod, arrays, outputs=()):
+    if outputs:
+        call = mod.prepare("forward", **arrays)
+        results = {k: call.results[k] for k in outputs}
+        return lambda: (call(), results)
     call = mod.prepare(**arrays)
     grads = call.grads  # the same preallocated arrays after every call
     return lambda: (call(), grads)

@@ -1,13 +1,18 @@
-"""PyTorch eager mode: the generic MLP loss, then torch.autograd.grad."""
+"""PyTorch eager mode: the workload's loss, then torch.autograd.grad.
+
+W6J (a forward workload) is torch.func.vmap(torch.func.jacrev(...)); W9
+has a second variant, ``torch_eager.nn_lstm``, through torch.nn.LSTM.
+"""
 
 from __future__ import annotations
 
-import functools
-
-from ._common import Variant, mlp_loss
-from ._torch import OPS, VERSION, step_call  # noqa: F401 (VERSION is reported)
+from ._common import Variant
+from ._torch import VERSION, call_for, loss_function, lstm_loss_nn  # noqa: F401 (VERSION is reported)
 
 
 def setup(workload, dtype, inputs, params):
-    loss_fn = functools.partial(mlp_loss, workload, OPS)
-    return [Variant("torch_eager", step_call(loss_fn, inputs, params))]
+    variants = [Variant("torch_eager", call_for(workload, loss_function(workload), inputs, params))]
+    if workload.name == "W9":
+        variants.append(Variant("torch_eager.nn_lstm", call_for(workload, lstm_loss_nn, inputs, params),
+                                notes=["torch.nn.LSTM (ATen's fused LSTM) with the example's weights"]))
+    return variants

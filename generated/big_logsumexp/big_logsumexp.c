@@ -45,6 +45,47 @@ __attribute__((simd("notinbranch"))) double tan(double);
 __attribute__((simd("notinbranch"))) double tanh(double);
 #endif
 
+/* log(sum(exp(x))) of n entries stride apart, the largest subtracted before exp. */
+static double big_logsumexp_logsumexp(const double *x, int64_t n, int64_t stride)
+{
+    double top;
+    {
+        double result = -INFINITY;
+        double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        int64_t k = 0;
+        for (; k + 8 <= n; k += 8) {
+            for (int64_t l = 0; l < 8; ++l) {
+                lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
+            }
+        }
+        for (; k < n; ++k) {
+            result = x[k*stride] > result ? x[k*stride] : result;
+        }
+        for (int64_t l = 0; l < 8; ++l) {
+            result = lane[l] > result ? lane[l] : result;
+        }
+        top = result;
+    }
+    if (isinf(top)) {
+        return top; /* every entry -inf (or one +inf) */
+    }
+    double result = 0;
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        for (int64_t l = 0; l < 8; ++l) {
+            lane[l] += exp(x[(k + l)*stride] - top);
+        }
+    }
+    for (; k < n; ++k) {
+        result += exp(x[k*stride] - top);
+    }
+    for (int64_t l = 0; l < 8; ++l) {
+        result += lane[l];
+    }
+    return top + log(result);
+}
+
 size_t big_logsumexp_forward_work_len(int64_t n)
 {
     (void)n;
@@ -65,18 +106,7 @@ int big_logsumexp_forward(
     (void)work;
 
     /* loss = log(sum(exp(v))) down each column, its max subtracted first */
-    {
-        const int64_t j = 0;
-        double maxval = -INFINITY;
-        for (int64_t i = 0; i < n; ++i) {
-            maxval = fmax(maxval, v[i]);
-        }
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += exp(v[i] - maxval);
-        }
-        loss[j] = isinf(maxval) ? maxval : maxval + log(total);
-    }
+    loss[0] = big_logsumexp_logsumexp(v, n, 1);
     return 0;
 }
 
@@ -101,23 +131,15 @@ int big_logsumexp_value_and_grad(
     (void)work;
 
     /* loss = log(sum(exp(v))) down each column, its max subtracted first */
-    {
-        const int64_t j = 0;
-        double maxval = -INFINITY;
-        for (int64_t i = 0; i < n; ++i) {
-            maxval = fmax(maxval, v[i]);
-        }
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += exp(v[i] - maxval);
-        }
-        loss[j] = isinf(maxval) ? maxval : maxval + log(total);
-    }
+    loss[0] = big_logsumexp_logsumexp(v, n, 1);
 
     /* grad_v = exp(-loss + v) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        grad_v[i] = exp(v[i] - loss[0]);
+    {
+        const double loss_value = loss[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < n; ++i) {
+            grad_v[i] = exp(v[i] - loss_value);
+        }
     }
     return 0;
 }

@@ -45,6 +45,26 @@ __attribute__((simd("notinbranch"))) double tan(double);
 __attribute__((simd("notinbranch"))) double tanh(double);
 #endif
 
+/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
+static double bundle_adjustment_sum(const double *x, int64_t n, int64_t stride)
+{
+    double result = 0;
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        for (int64_t l = 0; l < 8; ++l) {
+            lane[l] += x[(k + l)*stride];
+        }
+    }
+    for (; k < n; ++k) {
+        result += x[k*stride];
+    }
+    for (int64_t l = 0; l < 8; ++l) {
+        result += lane[l];
+    }
+    return result;
+}
+
 size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P)
 {
     (void)N;
@@ -422,22 +442,11 @@ int bundle_adjustment_forward(
     /* t1 = sum of t0 down each column */
     double *t1 = t0 + 2*N; /* 1 x 2 */
     for (int64_t j = 0; j < 2; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < N; ++i) {
-            total += t0[2*i + j];
-        }
-        t1[j] = total;
+        t1[j] = bundle_adjustment_sum(t0 + j, N, 2);
     }
 
     /* loss = sum of t1 along each row */
-    {
-        const int64_t i = 0;
-        double total = 0;
-        for (int64_t j = 0; j < 2; ++j) {
-            total += t1[j];
-        }
-        loss[i] = total;
-    }
+    loss[0] = bundle_adjustment_sum(t1, 2, 1);
     return 0;
 }
 
@@ -537,22 +546,11 @@ int bundle_adjustment_value_and_grad(
     /* t1 = sum of t0 down each column */
     double *t1 = t0 + 2*N; /* 1 x 2 */
     for (int64_t j = 0; j < 2; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < N; ++i) {
-            total += t0[2*i + j];
-        }
-        t1[j] = total;
+        t1[j] = bundle_adjustment_sum(t0 + j, N, 2);
     }
 
     /* loss = sum of t1 along each row */
-    {
-        const int64_t i = 0;
-        double total = 0;
-        for (int64_t j = 0; j < 2; ++j) {
-            total += t1[j];
-        }
-        loss[i] = total;
-    }
+    loss[0] = bundle_adjustment_sum(t1, 2, 1);
 
     /* grad_cams[cam[i], :] += 11 values from cams[cam[i], :], pts[pt[i], :], weights[i, :], grad_residual[i, :]: see the temporaries */
     /* grad_pts[pt[i], :] += 3 values from cams[cam[i], :], pts[pt[i], :], weights[i, :], grad_residual[i, :]: see the temporaries */

@@ -109,6 +109,67 @@ static void digits_mlp_matmul(int64_t m, int64_t n, int64_t k,
     }
 }
 
+/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
+static double digits_mlp_sum(const double *x, int64_t n, int64_t stride)
+{
+    double result = 0;
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        for (int64_t l = 0; l < 8; ++l) {
+            lane[l] += x[(k + l)*stride];
+        }
+    }
+    for (; k < n; ++k) {
+        result += x[k*stride];
+    }
+    for (int64_t l = 0; l < 8; ++l) {
+        result += lane[l];
+    }
+    return result;
+}
+
+/* log(sum(exp(x))) of n entries stride apart, the largest subtracted before exp. */
+static double digits_mlp_logsumexp(const double *x, int64_t n, int64_t stride)
+{
+    double top;
+    {
+        double result = -INFINITY;
+        double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        int64_t k = 0;
+        for (; k + 8 <= n; k += 8) {
+            for (int64_t l = 0; l < 8; ++l) {
+                lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
+            }
+        }
+        for (; k < n; ++k) {
+            result = x[k*stride] > result ? x[k*stride] : result;
+        }
+        for (int64_t l = 0; l < 8; ++l) {
+            result = lane[l] > result ? lane[l] : result;
+        }
+        top = result;
+    }
+    if (isinf(top)) {
+        return top; /* every entry -inf (or one +inf) */
+    }
+    double result = 0;
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        for (int64_t l = 0; l < 8; ++l) {
+            lane[l] += exp(x[(k + l)*stride] - top);
+        }
+    }
+    for (; k < n; ++k) {
+        result += exp(x[k*stride] - top);
+    }
+    for (int64_t l = 0; l < 8; ++l) {
+        result += lane[l];
+    }
+    return top + log(result);
+}
+
 size_t digits_mlp_forward_work_len(int64_t n)
 {
     (void)n;
@@ -165,25 +226,13 @@ int digits_mlp_forward(
     /* t7 = sum of t6 along each row */
     double *t7 = t6 + 10*n; /* n x 1 */
     for (int64_t i = 0; i < n; ++i) {
-        double total = 0;
-        for (int64_t j = 0; j < 10; ++j) {
-            total += t6[10*i + j];
-        }
-        t7[i] = total;
+        t7[i] = digits_mlp_sum(t6 + 10*i, 10, 1);
     }
 
     /* t9 = log(sum(exp(logits))) along each row, its max subtracted first */
     double *t9 = t7 + n; /* n x 1 */
     for (int64_t i = 0; i < n; ++i) {
-        double maxval = -INFINITY;
-        for (int64_t j = 0; j < 10; ++j) {
-            maxval = fmax(maxval, logits[10*i + j]);
-        }
-        double total = 0;
-        for (int64_t j = 0; j < 10; ++j) {
-            total += exp(logits[10*i + j] - maxval);
-        }
-        t9[i] = isinf(maxval) ? maxval : maxval + log(total);
+        t9[i] = digits_mlp_logsumexp(logits + 10*i, 10, 1);
     }
 
     /* t10 = -t7 + t9 */
@@ -195,14 +244,7 @@ int digits_mlp_forward(
 
     /* t11 = sum of t10 down each column */
     double *t11 = t10 + n; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += t10[i];
-        }
-        t11[j] = total;
-    }
+    t11[0] = digits_mlp_sum(t10, n, 1);
 
     /* loss = t11/n */
     {
@@ -271,25 +313,13 @@ int digits_mlp_value_and_grad(
     /* t7 = sum of t6 along each row */
     double *t7 = t6 + 10*n; /* n x 1 */
     for (int64_t i = 0; i < n; ++i) {
-        double total = 0;
-        for (int64_t j = 0; j < 10; ++j) {
-            total += t6[10*i + j];
-        }
-        t7[i] = total;
+        t7[i] = digits_mlp_sum(t6 + 10*i, 10, 1);
     }
 
     /* t9 = log(sum(exp(logits))) along each row, its max subtracted first */
     double *t9 = t7 + n; /* n x 1 */
     for (int64_t i = 0; i < n; ++i) {
-        double maxval = -INFINITY;
-        for (int64_t j = 0; j < 10; ++j) {
-            maxval = fmax(maxval, logits[10*i + j]);
-        }
-        double total = 0;
-        for (int64_t j = 0; j < 10; ++j) {
-            total += exp(logits[10*i + j] - maxval);
-        }
-        t9[i] = isinf(maxval) ? maxval : maxval + log(total);
+        t9[i] = digits_mlp_logsumexp(logits + 10*i, 10, 1);
     }
 
     /* t10 = -t7 + t9 */
@@ -301,14 +331,7 @@ int digits_mlp_value_and_grad(
 
     /* t11 = sum of t10 down each column */
     double *t11 = t10 + n; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += t10[i];
-        }
-        t11[j] = total;
-    }
+    t11[0] = digits_mlp_sum(t10, n, 1);
 
     /* loss = t11/n */
     {
@@ -343,11 +366,7 @@ int digits_mlp_value_and_grad(
 
     /* grad_b1 = sum of grad_t2 down each column */
     for (int64_t j = 0; j < 64; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += grad_t2[64*i + j];
-        }
-        grad_b1[j] = total;
+        grad_b1[j] = digits_mlp_sum(grad_t2 + j, n, 64);
     }
 
     /* grad_W2 = t3^T @ grad_logits */
@@ -355,11 +374,7 @@ int digits_mlp_value_and_grad(
 
     /* grad_b2 = sum of grad_logits down each column */
     for (int64_t j = 0; j < 10; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += grad_logits[10*i + j];
-        }
-        grad_b2[j] = total;
+        grad_b2[j] = digits_mlp_sum(grad_logits + j, n, 10);
     }
     return 0;
 }

@@ -45,6 +45,67 @@ __attribute__((simd("notinbranch"))) double tan(double);
 __attribute__((simd("notinbranch"))) double tanh(double);
 #endif
 
+/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
+static double gmm_sum(const double *x, int64_t n, int64_t stride)
+{
+    double result = 0;
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        for (int64_t l = 0; l < 8; ++l) {
+            lane[l] += x[(k + l)*stride];
+        }
+    }
+    for (; k < n; ++k) {
+        result += x[k*stride];
+    }
+    for (int64_t l = 0; l < 8; ++l) {
+        result += lane[l];
+    }
+    return result;
+}
+
+/* log(sum(exp(x))) of n entries stride apart, the largest subtracted before exp. */
+static double gmm_logsumexp(const double *x, int64_t n, int64_t stride)
+{
+    double top;
+    {
+        double result = -INFINITY;
+        double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        int64_t k = 0;
+        for (; k + 8 <= n; k += 8) {
+            for (int64_t l = 0; l < 8; ++l) {
+                lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
+            }
+        }
+        for (; k < n; ++k) {
+            result = x[k*stride] > result ? x[k*stride] : result;
+        }
+        for (int64_t l = 0; l < 8; ++l) {
+            result = lane[l] > result ? lane[l] : result;
+        }
+        top = result;
+    }
+    if (isinf(top)) {
+        return top; /* every entry -inf (or one +inf) */
+    }
+    double result = 0;
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        for (int64_t l = 0; l < 8; ++l) {
+            lane[l] += exp(x[(k + l)*stride] - top);
+        }
+    }
+    for (; k < n; ++k) {
+        result += exp(x[k*stride] - top);
+    }
+    for (int64_t l = 0; l < 8; ++l) {
+        result += lane[l];
+    }
+    return top + log(result);
+}
+
 size_t gmm_forward_work_len(int64_t N, int64_t K)
 {
     (void)N;
@@ -75,18 +136,7 @@ int gmm_forward(
 
     /* t0 = log(sum(exp(alpha))) down each column, its max subtracted first */
     double *t0 = work; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double maxval = -INFINITY;
-        for (int64_t i = 0; i < K; ++i) {
-            maxval = fmax(maxval, alpha[i]);
-        }
-        double total = 0;
-        for (int64_t i = 0; i < K; ++i) {
-            total += exp(alpha[i] - maxval);
-        }
-        t0[j] = isinf(maxval) ? maxval : maxval + log(total);
-    }
+    t0[0] = gmm_logsumexp(alpha, K, 1);
 
     /* log_density[i, j] = alpha[j, 0] + qd[j, 0] + qd[j, 1] + qd[j, 2] - (X[i, 0] - means[j, 0])**2*exp(2*qd[j, 0])/2 - (ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1]))**2/2 - (ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))**2/2 */
     SYMBACKPROP_PARALLEL_FOR
@@ -101,27 +151,12 @@ int gmm_forward(
     /* t2 = log(sum(exp(log_density))) along each row, its max subtracted first */
     double *t2 = t0 + 1; /* N x 1 */
     for (int64_t i = 0; i < N; ++i) {
-        double maxval = -INFINITY;
-        for (int64_t j = 0; j < K; ++j) {
-            maxval = fmax(maxval, log_density[K*i + j]);
-        }
-        double total = 0;
-        for (int64_t j = 0; j < K; ++j) {
-            total += exp(log_density[K*i + j] - maxval);
-        }
-        t2[i] = isinf(maxval) ? maxval : maxval + log(total);
+        t2[i] = gmm_logsumexp(log_density + K*i, K, 1);
     }
 
     /* t3 = sum of t2 down each column */
     double *t3 = t2 + N; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double total = 0;
-        for (int64_t i = 0; i < N; ++i) {
-            total += t2[i];
-        }
-        t3[j] = total;
-    }
+    t3[0] = gmm_sum(t2, N, 1);
 
     /* t5 = exp(2*qd) */
     double *t5 = t3 + 1; /* K x 3 */
@@ -135,23 +170,12 @@ int gmm_forward(
     /* t6 = sum of t5 down each column */
     double *t6 = t5 + 3*K; /* 1 x 3 */
     for (int64_t j = 0; j < 3; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < K; ++i) {
-            total += t5[3*i + j];
-        }
-        t6[j] = total;
+        t6[j] = gmm_sum(t5 + j, K, 3);
     }
 
     /* t7 = sum of t6 along each row */
     double *t7 = t6 + 3; /* 1 x 1 */
-    {
-        const int64_t i = 0;
-        double total = 0;
-        for (int64_t j = 0; j < 3; ++j) {
-            total += t6[j];
-        }
-        t7[i] = total;
-    }
+    t7[0] = gmm_sum(t6, 3, 1);
 
     /* t9 = ql**2 */
     double *t9 = t5; /* K x 3, in t5's memory */
@@ -165,23 +189,12 @@ int gmm_forward(
     /* t10 = sum of t9 down each column */
     double *t10 = t6; /* 1 x 3, in t6's memory */
     for (int64_t j = 0; j < 3; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < K; ++i) {
-            total += t9[3*i + j];
-        }
-        t10[j] = total;
+        t10[j] = gmm_sum(t9 + j, K, 3);
     }
 
     /* t11 = sum of t10 along each row */
     double *t11 = t7 + 1; /* 1 x 1 */
-    {
-        const int64_t i = 0;
-        double total = 0;
-        for (int64_t j = 0; j < 3; ++j) {
-            total += t10[j];
-        }
-        t11[i] = total;
-    }
+    t11[0] = gmm_sum(t10, 3, 1);
 
     /* loss = N*t0 + 3*N*log(2*pi)/2 + t11/2 - t3 + t7/2 */
     {
@@ -223,18 +236,7 @@ int gmm_value_and_grad(
 
     /* t0 = log(sum(exp(alpha))) down each column, its max subtracted first */
     double *t0 = work; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double maxval = -INFINITY;
-        for (int64_t i = 0; i < K; ++i) {
-            maxval = fmax(maxval, alpha[i]);
-        }
-        double total = 0;
-        for (int64_t i = 0; i < K; ++i) {
-            total += exp(alpha[i] - maxval);
-        }
-        t0[j] = isinf(maxval) ? maxval : maxval + log(total);
-    }
+    t0[0] = gmm_logsumexp(alpha, K, 1);
 
     /* log_density[i, j] = alpha[j, 0] + qd[j, 0] + qd[j, 1] + qd[j, 2] - (X[i, 0] - means[j, 0])**2*exp(2*qd[j, 0])/2 - (ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1]))**2/2 - (ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))**2/2 */
     double *log_density = t0 + 1; /* N x K */
@@ -250,27 +252,12 @@ int gmm_value_and_grad(
     /* t2 = log(sum(exp(log_density))) along each row, its max subtracted first */
     double *t2 = log_density + K*N; /* N x 1 */
     for (int64_t i = 0; i < N; ++i) {
-        double maxval = -INFINITY;
-        for (int64_t j = 0; j < K; ++j) {
-            maxval = fmax(maxval, log_density[K*i + j]);
-        }
-        double total = 0;
-        for (int64_t j = 0; j < K; ++j) {
-            total += exp(log_density[K*i + j] - maxval);
-        }
-        t2[i] = isinf(maxval) ? maxval : maxval + log(total);
+        t2[i] = gmm_logsumexp(log_density + K*i, K, 1);
     }
 
     /* t3 = sum of t2 down each column */
     double *t3 = t2 + N; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double total = 0;
-        for (int64_t i = 0; i < N; ++i) {
-            total += t2[i];
-        }
-        t3[j] = total;
-    }
+    t3[0] = gmm_sum(t2, N, 1);
 
     /* t5 = exp(2*qd) */
     double *t5 = t3 + 1; /* K x 3 */
@@ -284,23 +271,12 @@ int gmm_value_and_grad(
     /* t6 = sum of t5 down each column */
     double *t6 = t5 + 3*K; /* 1 x 3 */
     for (int64_t j = 0; j < 3; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < K; ++i) {
-            total += t5[3*i + j];
-        }
-        t6[j] = total;
+        t6[j] = gmm_sum(t5 + j, K, 3);
     }
 
     /* t7 = sum of t6 along each row */
     double *t7 = t6 + 3; /* 1 x 1 */
-    {
-        const int64_t i = 0;
-        double total = 0;
-        for (int64_t j = 0; j < 3; ++j) {
-            total += t6[j];
-        }
-        t7[i] = total;
-    }
+    t7[0] = gmm_sum(t6, 3, 1);
 
     /* t9 = ql**2 */
     double *t9 = t7 + 1; /* K x 3 */
@@ -314,23 +290,12 @@ int gmm_value_and_grad(
     /* t10 = sum of t9 down each column */
     double *t10 = t6; /* 1 x 3, in t6's memory */
     for (int64_t j = 0; j < 3; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < K; ++i) {
-            total += t9[3*i + j];
-        }
-        t10[j] = total;
+        t10[j] = gmm_sum(t9 + j, K, 3);
     }
 
     /* t11 = sum of t10 along each row */
     double *t11 = t9 + 3*K; /* 1 x 1 */
-    {
-        const int64_t i = 0;
-        double total = 0;
-        for (int64_t j = 0; j < 3; ++j) {
-            total += t10[j];
-        }
-        t11[i] = total;
-    }
+    t11[0] = gmm_sum(t10, 3, 1);
 
     /* loss = N*t0 + 3*N*log(2*pi)/2 + t11/2 - t3 + t7/2 */
     {
@@ -393,9 +358,12 @@ int gmm_value_and_grad(
     }
 
     /* grad_alpha = N*exp(alpha - t0) + tmp1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < K; ++i) {
-        grad_alpha[i] = ((double)N)*exp(alpha[i] - t0[0]) + tmp1[i];
+    {
+        const double t0_value = t0[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < K; ++i) {
+            grad_alpha[i] = ((double)N)*exp(alpha[i] - t0_value) + tmp1[i];
+        }
     }
 
     /* grad_qd = t5 + tmp1_1 */

@@ -45,6 +45,67 @@ __attribute__((simd("notinbranch"))) double tan(double);
 __attribute__((simd("notinbranch"))) double tanh(double);
 #endif
 
+/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
+static double lstm_lm_sum(const double *x, int64_t n, int64_t stride)
+{
+    double result = 0;
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        for (int64_t l = 0; l < 8; ++l) {
+            lane[l] += x[(k + l)*stride];
+        }
+    }
+    for (; k < n; ++k) {
+        result += x[k*stride];
+    }
+    for (int64_t l = 0; l < 8; ++l) {
+        result += lane[l];
+    }
+    return result;
+}
+
+/* log(sum(exp(x))) of n entries stride apart, the largest subtracted before exp. */
+static double lstm_lm_logsumexp(const double *x, int64_t n, int64_t stride)
+{
+    double top;
+    {
+        double result = -INFINITY;
+        double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        int64_t k = 0;
+        for (; k + 8 <= n; k += 8) {
+            for (int64_t l = 0; l < 8; ++l) {
+                lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
+            }
+        }
+        for (; k < n; ++k) {
+            result = x[k*stride] > result ? x[k*stride] : result;
+        }
+        for (int64_t l = 0; l < 8; ++l) {
+            result = lane[l] > result ? lane[l] : result;
+        }
+        top = result;
+    }
+    if (isinf(top)) {
+        return top; /* every entry -inf (or one +inf) */
+    }
+    double result = 0;
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        for (int64_t l = 0; l < 8; ++l) {
+            lane[l] += exp(x[(k + l)*stride] - top);
+        }
+    }
+    for (; k < n; ++k) {
+        result += exp(x[k*stride] - top);
+    }
+    for (int64_t l = 0; l < 8; ++l) {
+        result += lane[l];
+    }
+    return top + log(result);
+}
+
 size_t lstm_lm_forward_work_len(int64_t T)
 {
     (void)T;
@@ -245,25 +306,13 @@ int lstm_lm_forward(
     /* t2 = sum of t1 along each row */
     double *t2 = t1 + 30*T; /* T x 1 */
     for (int64_t i = 0; i < T; ++i) {
-        double total = 0;
-        for (int64_t j = 0; j < 30; ++j) {
-            total += t1[30*i + j];
-        }
-        t2[i] = total;
+        t2[i] = lstm_lm_sum(t1 + 30*i, 30, 1);
     }
 
     /* t4 = log(sum(exp(logits))) along each row, its max subtracted first */
     double *t4 = t2 + T; /* T x 1 */
     for (int64_t i = 0; i < T; ++i) {
-        double maxval = -INFINITY;
-        for (int64_t j = 0; j < 30; ++j) {
-            maxval = fmax(maxval, logits[30*i + j]);
-        }
-        double total = 0;
-        for (int64_t j = 0; j < 30; ++j) {
-            total += exp(logits[30*i + j] - maxval);
-        }
-        t4[i] = isinf(maxval) ? maxval : maxval + log(total);
+        t4[i] = lstm_lm_logsumexp(logits + 30*i, 30, 1);
     }
 
     /* t5 = -t2 + t4 */
@@ -275,14 +324,7 @@ int lstm_lm_forward(
 
     /* t6 = sum of t5 down each column */
     double *t6 = t5 + T; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double total = 0;
-        for (int64_t i = 0; i < T; ++i) {
-            total += t5[i];
-        }
-        t6[j] = total;
-    }
+    t6[0] = lstm_lm_sum(t5, T, 1);
 
     /* loss = t6/T */
     {
@@ -511,25 +553,13 @@ int lstm_lm_value_and_grad(
     /* t2 = sum of t1 along each row */
     double *t2 = t1 + 30*T; /* T x 1 */
     for (int64_t i = 0; i < T; ++i) {
-        double total = 0;
-        for (int64_t j = 0; j < 30; ++j) {
-            total += t1[30*i + j];
-        }
-        t2[i] = total;
+        t2[i] = lstm_lm_sum(t1 + 30*i, 30, 1);
     }
 
     /* t4 = log(sum(exp(logits))) along each row, its max subtracted first */
     double *t4 = t2 + T; /* T x 1 */
     for (int64_t i = 0; i < T; ++i) {
-        double maxval = -INFINITY;
-        for (int64_t j = 0; j < 30; ++j) {
-            maxval = fmax(maxval, logits[30*i + j]);
-        }
-        double total = 0;
-        for (int64_t j = 0; j < 30; ++j) {
-            total += exp(logits[30*i + j] - maxval);
-        }
-        t4[i] = isinf(maxval) ? maxval : maxval + log(total);
+        t4[i] = lstm_lm_logsumexp(logits + 30*i, 30, 1);
     }
 
     /* t5 = -t2 + t4 */
@@ -541,14 +571,7 @@ int lstm_lm_value_and_grad(
 
     /* t6 = sum of t5 down each column */
     double *t6 = t5 + T; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double total = 0;
-        for (int64_t i = 0; i < T; ++i) {
-            total += t5[i];
-        }
-        t6[j] = total;
-    }
+    t6[0] = lstm_lm_sum(t5, T, 1);
 
     /* loss = t6/T */
     {

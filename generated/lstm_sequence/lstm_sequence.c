@@ -109,6 +109,26 @@ static void lstm_sequence_matmul(int64_t m, int64_t n, int64_t k,
     }
 }
 
+/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
+static double lstm_sequence_sum(const double *x, int64_t n, int64_t stride)
+{
+    double result = 0;
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        for (int64_t l = 0; l < 8; ++l) {
+            lane[l] += x[(k + l)*stride];
+        }
+    }
+    for (; k < n; ++k) {
+        result += x[k*stride];
+    }
+    for (int64_t l = 0; l < 8; ++l) {
+        result += lane[l];
+    }
+    return result;
+}
+
 size_t lstm_sequence_forward_work_len(int64_t n)
 {
     (void)n;
@@ -523,23 +543,19 @@ int lstm_sequence_forward(
     /* logit = c0 + t163 */
     /* t168 = -y*(c0 + t163) + log(1 + exp(-Abs(c0 + t163))) + Max(0, c0 + t163) */
     double *t168 = t163 + n; /* n x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        const double x0 = c0[0] + t163[i];
-        logit[i] = x0;
-        t168[i] = -y[i]*x0 + log(1 + exp(-fabs(x0))) + fmax(0, x0);
+    {
+        const double c0_value = c0[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < n; ++i) {
+            const double x0 = c0_value + t163[i];
+            logit[i] = x0;
+            t168[i] = -y[i]*x0 + log(1 + exp(-fabs(x0))) + fmax(0, x0);
+        }
     }
 
     /* t169 = sum of t168 down each column */
     double *t169 = t168 + n; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += t168[i];
-        }
-        t169[j] = total;
-    }
+    t169[0] = lstm_sequence_sum(t168, n, 1);
 
     /* loss = t169/n */
     {
@@ -1344,26 +1360,22 @@ int lstm_sequence_value_and_grad(
     /* grad_logit = -y/n + (Heaviside(c0 + t163) - exp(-Abs(c0 + t163))*sign(c0 + t163)/(1 + exp(-Abs(c0 + t163))))/n */
     double *grad_logit = t163 + n; /* n x 1 */
     double *t168 = grad_logit + n; /* n x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        const double x0 = c0[0] + t163[i];
-        const double x1 = exp(-fabs(x0));
-        const double x2 = x1 + 1;
-        const double x3 = 1.0/((double)n);
-        t168[i] = -y[i]*x0 + log(x2) + fmax(0, x0);
-        grad_logit[i] = -y[i]*x3 + x3*(-x1*((x0 > 0) - (x0 < 0))/x2 + ((x0 > 0) ? 1.0 : 0.0));
+    {
+        const double c0_value = c0[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < n; ++i) {
+            const double x0 = c0_value + t163[i];
+            const double x1 = exp(-fabs(x0));
+            const double x2 = x1 + 1;
+            const double x3 = 1.0/((double)n);
+            t168[i] = -y[i]*x0 + log(x2) + fmax(0, x0);
+            grad_logit[i] = -y[i]*x3 + x3*(-x1*((x0 > 0) - (x0 < 0))/x2 + ((x0 > 0) ? 1.0 : 0.0));
+        }
     }
 
     /* t169 = sum of t168 down each column */
     double *t169 = t168 + n; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += t168[i];
-        }
-        t169[j] = total;
-    }
+    t169[0] = lstm_sequence_sum(t168, n, 1);
 
     /* loss = t169/n */
     {
@@ -1965,51 +1977,28 @@ int lstm_sequence_value_and_grad(
 
     /* grad_b_i = sum of grad_t5 down each column */
     for (int64_t j = 0; j < 8; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += grad_t5[8*i + j];
-        }
-        grad_b_i[j] = total;
+        grad_b_i[j] = lstm_sequence_sum(grad_t5 + j, n, 8);
     }
 
     /* grad_b_f = sum of grad_t30 down each column */
     for (int64_t j = 0; j < 8; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += grad_t30[8*i + j];
-        }
-        grad_b_f[j] = total;
+        grad_b_f[j] = lstm_sequence_sum(grad_t30 + j, n, 8);
     }
 
     /* grad_b_g = sum of grad_t9 down each column */
     for (int64_t j = 0; j < 8; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += grad_t9[8*i + j];
-        }
-        grad_b_g[j] = total;
+        grad_b_g[j] = lstm_sequence_sum(grad_t9 + j, n, 8);
     }
 
     /* grad_b_o = sum of grad_t1 down each column */
     for (int64_t j = 0; j < 8; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += grad_t1[8*i + j];
-        }
-        grad_b_o[j] = total;
+        grad_b_o[j] = lstm_sequence_sum(grad_t1 + j, n, 8);
     }
 
     /* grad_V = t162^T @ grad_logit */
     lstm_sequence_matmul(8, 1, n, t162, 1, 8, grad_logit, 1, 0, grad_V);
 
     /* grad_c0 = sum of grad_logit down each column */
-    {
-        const int64_t j = 0;
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += grad_logit[i];
-        }
-        grad_c0[j] = total;
-    }
+    grad_c0[0] = lstm_sequence_sum(grad_logit, n, 1);
     return 0;
 }

@@ -109,6 +109,26 @@ static void mlp_matmul(int64_t m, int64_t n, int64_t k,
     }
 }
 
+/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
+static double mlp_sum(const double *x, int64_t n, int64_t stride)
+{
+    double result = 0;
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        for (int64_t l = 0; l < 8; ++l) {
+            lane[l] += x[(k + l)*stride];
+        }
+    }
+    for (; k < n; ++k) {
+        result += x[k*stride];
+    }
+    for (int64_t l = 0; l < 8; ++l) {
+        result += lane[l];
+    }
+    return result;
+}
+
 size_t mlp_forward_work_len(int64_t n)
 {
     (void)n;
@@ -165,23 +185,12 @@ int mlp_forward(
     /* t9 = sum of t8 down each column */
     double *t9 = t8 + 2*n; /* 1 x 2 */
     for (int64_t j = 0; j < 2; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += t8[2*i + j];
-        }
-        t9[j] = total;
+        t9[j] = mlp_sum(t8 + j, n, 2);
     }
 
     /* t10 = sum of t9 along each row */
     double *t10 = t9 + 2; /* 1 x 1 */
-    {
-        const int64_t i = 0;
-        double total = 0;
-        for (int64_t j = 0; j < 2; ++j) {
-            total += t9[j];
-        }
-        t10[i] = total;
-    }
+    t10[0] = mlp_sum(t9, 2, 1);
 
     /* loss = t10/(2*n) */
     {
@@ -254,23 +263,12 @@ int mlp_value_and_grad(
     /* t9 = sum of t8 down each column */
     double *t9 = t8 + 2*n; /* 1 x 2 */
     for (int64_t j = 0; j < 2; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += t8[2*i + j];
-        }
-        t9[j] = total;
+        t9[j] = mlp_sum(t8 + j, n, 2);
     }
 
     /* t10 = sum of t9 along each row */
     double *t10 = t9 + 2; /* 1 x 1 */
-    {
-        const int64_t i = 0;
-        double total = 0;
-        for (int64_t j = 0; j < 2; ++j) {
-            total += t9[j];
-        }
-        t10[i] = total;
-    }
+    t10[0] = mlp_sum(t9, 2, 1);
 
     /* loss = t10/(2*n) */
     {
@@ -295,11 +293,7 @@ int mlp_value_and_grad(
 
     /* grad_b1 = sum of grad_t2 down each column */
     for (int64_t j = 0; j < 4; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += grad_t2[4*i + j];
-        }
-        grad_b1[j] = total;
+        grad_b1[j] = mlp_sum(grad_t2 + j, n, 4);
     }
 
     /* grad_W2 = t3^T @ grad_t7 */
@@ -307,11 +301,7 @@ int mlp_value_and_grad(
 
     /* grad_b2 = sum of grad_t7 down each column */
     for (int64_t j = 0; j < 2; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += grad_t7[2*i + j];
-        }
-        grad_b2[j] = total;
+        grad_b2[j] = mlp_sum(grad_t7 + j, n, 2);
     }
     return 0;
 }

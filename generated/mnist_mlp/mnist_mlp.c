@@ -109,6 +109,67 @@ static void mnist_mlp_matmul(int64_t m, int64_t n, int64_t k,
     }
 }
 
+/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
+static double mnist_mlp_sum(const double *x, int64_t n, int64_t stride)
+{
+    double result = 0;
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        for (int64_t l = 0; l < 8; ++l) {
+            lane[l] += x[(k + l)*stride];
+        }
+    }
+    for (; k < n; ++k) {
+        result += x[k*stride];
+    }
+    for (int64_t l = 0; l < 8; ++l) {
+        result += lane[l];
+    }
+    return result;
+}
+
+/* log(sum(exp(x))) of n entries stride apart, the largest subtracted before exp. */
+static double mnist_mlp_logsumexp(const double *x, int64_t n, int64_t stride)
+{
+    double top;
+    {
+        double result = -INFINITY;
+        double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        int64_t k = 0;
+        for (; k + 8 <= n; k += 8) {
+            for (int64_t l = 0; l < 8; ++l) {
+                lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
+            }
+        }
+        for (; k < n; ++k) {
+            result = x[k*stride] > result ? x[k*stride] : result;
+        }
+        for (int64_t l = 0; l < 8; ++l) {
+            result = lane[l] > result ? lane[l] : result;
+        }
+        top = result;
+    }
+    if (isinf(top)) {
+        return top; /* every entry -inf (or one +inf) */
+    }
+    double result = 0;
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        for (int64_t l = 0; l < 8; ++l) {
+            lane[l] += exp(x[(k + l)*stride] - top);
+        }
+    }
+    for (; k < n; ++k) {
+        result += exp(x[k*stride] - top);
+    }
+    for (int64_t l = 0; l < 8; ++l) {
+        result += lane[l];
+    }
+    return top + log(result);
+}
+
 size_t mnist_mlp_forward_work_len(void)
 {
     return (size_t)(68481);
@@ -160,25 +221,13 @@ int mnist_mlp_forward(
     /* t7 = sum of t6 along each row */
     double *t7 = t6 + 1280; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
-        double total = 0;
-        for (int64_t j = 0; j < 10; ++j) {
-            total += t6[10*i + j];
-        }
-        t7[i] = total;
+        t7[i] = mnist_mlp_sum(t6 + 10*i, 10, 1);
     }
 
     /* t9 = log(sum(exp(logits))) along each row, its max subtracted first */
     double *t9 = t7 + 128; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
-        double maxval = -INFINITY;
-        for (int64_t j = 0; j < 10; ++j) {
-            maxval = fmax(maxval, logits[10*i + j]);
-        }
-        double total = 0;
-        for (int64_t j = 0; j < 10; ++j) {
-            total += exp(logits[10*i + j] - maxval);
-        }
-        t9[i] = isinf(maxval) ? maxval : maxval + log(total);
+        t9[i] = mnist_mlp_logsumexp(logits + 10*i, 10, 1);
     }
 
     /* t10 = -t7 + t9 */
@@ -190,14 +239,7 @@ int mnist_mlp_forward(
 
     /* t11 = sum of t10 down each column */
     double *t11 = t10 + 128; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double total = 0;
-        for (int64_t i = 0; i < 128; ++i) {
-            total += t10[i];
-        }
-        t11[j] = total;
-    }
+    t11[0] = mnist_mlp_sum(t10, 128, 1);
 
     /* loss = t11/128 */
     {
@@ -261,25 +303,13 @@ int mnist_mlp_value_and_grad(
     /* t7 = sum of t6 along each row */
     double *t7 = t6 + 1280; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
-        double total = 0;
-        for (int64_t j = 0; j < 10; ++j) {
-            total += t6[10*i + j];
-        }
-        t7[i] = total;
+        t7[i] = mnist_mlp_sum(t6 + 10*i, 10, 1);
     }
 
     /* t9 = log(sum(exp(logits))) along each row, its max subtracted first */
     double *t9 = t7 + 128; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
-        double maxval = -INFINITY;
-        for (int64_t j = 0; j < 10; ++j) {
-            maxval = fmax(maxval, logits[10*i + j]);
-        }
-        double total = 0;
-        for (int64_t j = 0; j < 10; ++j) {
-            total += exp(logits[10*i + j] - maxval);
-        }
-        t9[i] = isinf(maxval) ? maxval : maxval + log(total);
+        t9[i] = mnist_mlp_logsumexp(logits + 10*i, 10, 1);
     }
 
     /* t10 = -t7 + t9 */
@@ -291,14 +321,7 @@ int mnist_mlp_value_and_grad(
 
     /* t11 = sum of t10 down each column */
     double *t11 = t10 + 128; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double total = 0;
-        for (int64_t i = 0; i < 128; ++i) {
-            total += t10[i];
-        }
-        t11[j] = total;
-    }
+    t11[0] = mnist_mlp_sum(t10, 128, 1);
 
     /* loss = t11/128 */
     {
@@ -332,11 +355,7 @@ int mnist_mlp_value_and_grad(
 
     /* grad_b1 = sum of grad_t2 down each column */
     for (int64_t j = 0; j < 256; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < 128; ++i) {
-            total += grad_t2[256*i + j];
-        }
-        grad_b1[j] = total;
+        grad_b1[j] = mnist_mlp_sum(grad_t2 + j, 128, 256);
     }
 
     /* grad_W2 = t3^T @ grad_logits */
@@ -344,11 +363,7 @@ int mnist_mlp_value_and_grad(
 
     /* grad_b2 = sum of grad_logits down each column */
     for (int64_t j = 0; j < 10; ++j) {
-        double total = 0;
-        for (int64_t i = 0; i < 128; ++i) {
-            total += grad_logits[10*i + j];
-        }
-        grad_b2[j] = total;
+        grad_b2[j] = mnist_mlp_sum(grad_logits + j, 128, 10);
     }
     return 0;
 }

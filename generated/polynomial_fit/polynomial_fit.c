@@ -45,6 +45,26 @@ __attribute__((simd("notinbranch"))) double tan(double);
 __attribute__((simd("notinbranch"))) double tanh(double);
 #endif
 
+/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
+static double polynomial_fit_sum(const double *x, int64_t n, int64_t stride)
+{
+    double result = 0;
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        for (int64_t l = 0; l < 8; ++l) {
+            lane[l] += x[(k + l)*stride];
+        }
+    }
+    for (; k < n; ++k) {
+        result += x[k*stride];
+    }
+    for (int64_t l = 0; l < 8; ++l) {
+        result += lane[l];
+    }
+    return result;
+}
+
 size_t polynomial_fit_forward_work_len(int64_t N)
 {
     (void)N;
@@ -68,19 +88,12 @@ int polynomial_fit_forward(
     /* squared_error[i, 0] = (coeffs[0, 0] + coeffs[0, 1]*points[i, 0] + coeffs[0, 2]*points[i, 0]**2 + coeffs[0, 3]*points[i, 0]**3 + coeffs[0, 4]*points[i, 0]**4 + coeffs[0, 5]*points[i, 0]**5 - points[i, 1])**2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
-        squared_error[i] = pow(pow(points[2*i], 5)*coeffs[5] + (points[2*i]*points[2*i]*points[2*i]*points[2*i])*coeffs[4] + (points[2*i]*points[2*i]*points[2*i])*coeffs[3] + (points[2*i]*points[2*i])*coeffs[2] + points[2*i]*coeffs[1] - points[2*i + 1] + coeffs[0], 2);
+        squared_error[i] = pow((points[2*i]*points[2*i]*points[2*i]*points[2*i]*points[2*i])*coeffs[5] + (points[2*i]*points[2*i]*points[2*i]*points[2*i])*coeffs[4] + (points[2*i]*points[2*i]*points[2*i])*coeffs[3] + (points[2*i]*points[2*i])*coeffs[2] + points[2*i]*coeffs[1] - points[2*i + 1] + coeffs[0], 2);
     }
 
     /* t0 = sum of squared_error down each column */
     double *t0 = work; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double total = 0;
-        for (int64_t i = 0; i < N; ++i) {
-            total += squared_error[i];
-        }
-        t0[j] = total;
-    }
+    t0[0] = polynomial_fit_sum(squared_error, N, 1);
 
     /* loss = t0/N */
     {
@@ -123,7 +136,7 @@ int polynomial_fit_value_and_grad(
         const double x4 = coeffs[3]*x3;
         const double x5 = (points[2*i]*points[2*i]*points[2*i]*points[2*i]);
         const double x6 = coeffs[4]*x5;
-        const double x7 = pow(points[2*i], 5);
+        const double x7 = (points[2*i]*points[2*i]*points[2*i]*points[2*i]*points[2*i]);
         const double x8 = coeffs[5]*x7;
         const double x9 = -points[2*i + 1] + coeffs[0] + x0 + x2 + x4 + x6 + x8;
         const double x10 = 1.0/((double)N);
@@ -139,14 +152,7 @@ int polynomial_fit_value_and_grad(
 
     /* t0 = sum of squared_error down each column */
     double *t0 = squared_error + N; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double total = 0;
-        for (int64_t i = 0; i < N; ++i) {
-            total += squared_error[i];
-        }
-        t0[j] = total;
-    }
+    t0[0] = polynomial_fit_sum(squared_error, N, 1);
 
     /* loss = t0/N */
     {

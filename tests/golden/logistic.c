@@ -109,6 +109,26 @@ static void logistic_matmul(int64_t m, int64_t n, int64_t k,
     }
 }
 
+/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
+static double logistic_sum(const double *x, int64_t n, int64_t stride)
+{
+    double result = 0;
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        for (int64_t l = 0; l < 8; ++l) {
+            lane[l] += x[(k + l)*stride];
+        }
+    }
+    for (; k < n; ++k) {
+        result += x[k*stride];
+    }
+    for (int64_t l = 0; l < 8; ++l) {
+        result += lane[l];
+    }
+    return result;
+}
+
 size_t logistic_forward_work_len(int64_t n)
 {
     (void)n;
@@ -143,14 +163,7 @@ int logistic_forward(
 
     /* t13 = sum of t12 down each column */
     double *t13 = t12 + n; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += t12[i];
-        }
-        t13[j] = total;
-    }
+    t13[0] = logistic_sum(t12, n, 1);
 
     /* loss = t13/n */
     {
@@ -208,14 +221,7 @@ int logistic_value_and_grad(
 
     /* t13 = sum of t12 down each column */
     double *t13 = t12 + n; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double total = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            total += t12[i];
-        }
-        t13[j] = total;
-    }
+    t13[0] = logistic_sum(t12, n, 1);
 
     /* loss = t13/n */
     {

@@ -38,6 +38,67 @@ __attribute__((simd("notinbranch"))) double tan(double);
 __attribute__((simd("notinbranch"))) double tanh(double);
 #endif
 
+/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
+static double softmax_ce_sum(const double *x, int64_t n, int64_t stride)
+{
+    double result = 0;
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        for (int64_t l = 0; l < 8; ++l) {
+            lane[l] += x[(k + l)*stride];
+        }
+    }
+    for (; k < n; ++k) {
+        result += x[k*stride];
+    }
+    for (int64_t l = 0; l < 8; ++l) {
+        result += lane[l];
+    }
+    return result;
+}
+
+/* log(sum(exp(x))) of n entries stride apart, the largest subtracted before exp. */
+static double softmax_ce_logsumexp(const double *x, int64_t n, int64_t stride)
+{
+    double top;
+    {
+        double result = -INFINITY;
+        double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        int64_t k = 0;
+        for (; k + 8 <= n; k += 8) {
+            for (int64_t l = 0; l < 8; ++l) {
+                lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
+            }
+        }
+        for (; k < n; ++k) {
+            result = x[k*stride] > result ? x[k*stride] : result;
+        }
+        for (int64_t l = 0; l < 8; ++l) {
+            result = lane[l] > result ? lane[l] : result;
+        }
+        top = result;
+    }
+    if (isinf(top)) {
+        return top; /* every entry -inf (or one +inf) */
+    }
+    double result = 0;
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        for (int64_t l = 0; l < 8; ++l) {
+            lane[l] += exp(x[(k + l)*stride] - top);
+        }
+    }
+    for (; k < n; ++k) {
+        result += exp(x[k*stride] - top);
+    }
+    for (int64_t l = 0; l < 8; ++l) {
+        result += lane[l];
+    }
+    return top + log(result);
+}
+
 size_t softmax_ce_forward_work_len(void)
 {
     return (size_t)(25);
@@ -63,25 +124,13 @@ int softmax_ce_forward(
     /* t1 = sum of t0 along each row */
     double *t1 = t0 + 12; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
-        double total = 0;
-        for (int64_t j = 0; j < 3; ++j) {
-            total += t0[3*i + j];
-        }
-        t1[i] = total;
+        t1[i] = softmax_ce_sum(t0 + 3*i, 3, 1);
     }
 
     /* t3 = log(sum(exp(Z))) along each row, its max subtracted first */
     double *t3 = t1 + 4; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
-        double maxval = -INFINITY;
-        for (int64_t j = 0; j < 3; ++j) {
-            maxval = fmax(maxval, Z[3*i + j]);
-        }
-        double total = 0;
-        for (int64_t j = 0; j < 3; ++j) {
-            total += exp(Z[3*i + j] - maxval);
-        }
-        t3[i] = isinf(maxval) ? maxval : maxval + log(total);
+        t3[i] = softmax_ce_logsumexp(Z + 3*i, 3, 1);
     }
 
     /* t4 = -t1 + t3 */
@@ -92,14 +141,7 @@ int softmax_ce_forward(
 
     /* t5 = sum of t4 down each column */
     double *t5 = t4 + 4; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double total = 0;
-        for (int64_t i = 0; i < 4; ++i) {
-            total += t4[i];
-        }
-        t5[j] = total;
-    }
+    t5[0] = softmax_ce_sum(t4, 4, 1);
 
     /* loss = t5/4 */
     {
@@ -134,25 +176,13 @@ int softmax_ce_value_and_grad(
     /* t1 = sum of t0 along each row */
     double *t1 = t0 + 12; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
-        double total = 0;
-        for (int64_t j = 0; j < 3; ++j) {
-            total += t0[3*i + j];
-        }
-        t1[i] = total;
+        t1[i] = softmax_ce_sum(t0 + 3*i, 3, 1);
     }
 
     /* t3 = log(sum(exp(Z))) along each row, its max subtracted first */
     double *t3 = t1 + 4; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
-        double maxval = -INFINITY;
-        for (int64_t j = 0; j < 3; ++j) {
-            maxval = fmax(maxval, Z[3*i + j]);
-        }
-        double total = 0;
-        for (int64_t j = 0; j < 3; ++j) {
-            total += exp(Z[3*i + j] - maxval);
-        }
-        t3[i] = isinf(maxval) ? maxval : maxval + log(total);
+        t3[i] = softmax_ce_logsumexp(Z + 3*i, 3, 1);
     }
 
     /* t4 = -t1 + t3 */
@@ -163,14 +193,7 @@ int softmax_ce_value_and_grad(
 
     /* t5 = sum of t4 down each column */
     double *t5 = t4 + 4; /* 1 x 1 */
-    {
-        const int64_t j = 0;
-        double total = 0;
-        for (int64_t i = 0; i < 4; ++i) {
-            total += t4[i];
-        }
-        t5[j] = total;
-    }
+    t5[0] = softmax_ce_sum(t4, 4, 1);
 
     /* loss = t5/4 */
     {
