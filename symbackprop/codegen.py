@@ -29,6 +29,7 @@ from .schedule import (
     MatMulKernel,
     PackKernel,
     ReduceKernel,
+    Slot,
     View,
     kernel_reads,
     kernel_writes,
@@ -181,10 +182,14 @@ class CFunction:
     ops_before_cse: int
     ops_after_cse: int
     unused: tuple[str, ...] = ()  # C names of array parameters no kernel reads (a vjp of an output that ignores some inputs)
+    static: bool = False  # internal to the module (the shared forward and gradient)
+    split: int | None = None  # kernel index where a call with `with_grads` 0 returns
+    delegate: str | None = None  # a wrapper: the call it returns
 
     @property
     def dim_params(self) -> str:
-        return ", ".join(p.decl for p in self.params if p.role == "dim") or "void"
+        """What its work_len takes: the dimensions (and a shared function's flag)."""
+        return ", ".join(p.decl for p in self.params if p.role in ("dim", "flag")) or "void"
 
     @property
     def all_params(self) -> str:
@@ -206,6 +211,7 @@ class CModule:
     real_c: str
     functions: tuple[CFunction, ...]
     version: str
+    internal: tuple[CFunction, ...] = ()  # static functions the public ones call
     epoch: object = None  # epoch.CEpoch when the module has a train_step
 
     @property
@@ -215,7 +221,7 @@ class CModule:
     @property
     def uses_matmul(self) -> bool:
         """Whether a product calls the module's matmul helper."""
-        return any(k.kind == "matmul" and k.fields["call"] for f in self.functions for k in f.kernels)
+        return any(k.kind == "matmul" and k.fields["call"] for f in self.internal + self.functions for k in f.kernels)
 
     @property
     def blas_min(self) -> int:
@@ -223,7 +229,7 @@ class CModule:
 
     def all_kernels(self) -> Iterator[CKernel]:
         """Every kernel, those nested in others' fields (a scan's step) too."""
-        stack: list[Any] = [k for f in self.functions for k in f.kernels]
+        stack: list[Any] = [k for f in self.internal + self.functions for k in f.kernels]
         while stack:
             item = stack.pop()
             if isinstance(item, CKernel):
@@ -239,7 +245,7 @@ class CModule:
 
     @property
     def uses_parallel(self) -> bool:
-        return any(k.fields.get("parallel") for f in self.functions for k in f.kernels)
+        return any(k.fields.get("parallel") for f in self.internal + self.functions for k in f.kernels)
 
     @property
     def vector_math(self) -> list[str]:
@@ -466,6 +472,33 @@ def _unused_inputs(params: Sequence[CParam], schedule: FunctionSchedule) -> tupl
     return tuple(p.cname for p in params if p.role in ("input", "inout") and p.name not in read)
 
 
+def emit_wrapper(run: CFunction, name: str, summary: str, outputs: set[str], with_grads: bool,
+                 written_before_split: set[str]) -> CFunction:
+    """A public function that calls the shared static one: forward stops at
+    the split. The results it does not return go to its workspace, after the
+    shared function's own, where they are written (value_and_grad's named
+    outputs; a gradient forward's loops compute alongside a value); the
+    others forward never writes, and gets NULL for."""
+    dims = ", ".join(run.dims + ("1" if with_grads else "0",))
+    params: list[CParam] = []
+    call: list[str] = []
+    extra: list[str] = []
+    for p in run.params:
+        if p.role == "flag":
+            call.append("1" if with_grads else "0")
+        elif p.role != "output" or p.name in outputs:
+            params.append(p)
+            call.append(p.cname)
+        elif not with_grads and p.name not in written_before_split:
+            call.append("NULL")
+        else:
+            call.append(f"work + {run.name}_work_len({dims})" + "".join(f" + {size}" for size in extra))
+            extra.append("*".join(d if d.isidentifier() or d.isdigit() else f"({d})" for d in p.shape))
+    work_size = f"{run.name}_work_len({dims})" + "".join(f" + {size}" for size in extra)
+    return CFunction(name=name, summary=summary, params=tuple(params), dims=run.dims, uses_work=True, kernels=(),
+                     work_size=work_size, ops_before_cse=0, ops_after_cse=0, delegate=f"{run.name}({', '.join(call)})")
+
+
 # Functions with SIMD variants in glibc's libmvec (x86_64): declared with
 # GCC's simd attribute when built with -DSYMBACKPROP_LIBMVEC, loops calling
 # them vectorize (results within glibc's documented 4 ulp).
@@ -532,7 +565,11 @@ def emit_function(
     prefix: str,
     inout: frozenset[str] = frozenset(),
     indices: frozenset[str] = frozenset(),
+    shared: str | None = None,
 ) -> CFunction:
+    """The template data of one scheduled function. With `shared` (its C
+    name), a static function with a last parameter `with_grads` that
+    returns after the schedule's split when it is 0 (see emit_wrapper)."""
     emitter = FunctionEmitter(namer, dims, real)
     params = [CParam("dim", str(d), c, f"int64_t {c}", ()) for d, c in dims.items()]
     for name, shape in inputs:
@@ -546,33 +583,48 @@ def emit_function(
         c = namer.name(name)
         params.append(CParam("output", name, c, f"{real.c} *{c}", tuple(emitter.dim(d) for d in shape)))
     params.append(CParam("work", "work", "work", f"{real.c} *work", ()))
+    if shared:
+        params.append(CParam("flag", "with_grads", "with_grads", "int with_grads", ()))
     kernels = [emitter.kernel(k) for k in schedule.kernels]
     first_write: dict[str, int] = {}
     for index, kernel in enumerate(schedule.kernels):
         for buffer in kernel_writes(kernel):
             first_write.setdefault(buffer, index)
     declares: dict[int, list[tuple[str, str, str]]] = {}
+
+    def place(slot: Slot, slot_of: dict[str, Slot]) -> str:
+        if slot.reuses is not None:
+            return namer.name(slot.reuses)
+        if slot.after is not None:
+            before = slot_of[slot.after]
+            return f"{namer.name(slot.after)} + {emitter.dim(sp.sympify(before.shape[0]) * before.shape[1])}"
+        return "work"
+
     slot_of = {slot.name: slot for slot in schedule.slots}
+    head_of = {slot.name: slot for slot in schedule.head_slots} if shared else {}
     for slot in schedule.slots:
         extent = f"{emitter.dim(slot.shape[0])} x {emitter.dim(slot.shape[1])}"
         if slot.reuses is not None:
-            where, extent = namer.name(slot.reuses), f"{extent}, in {namer.name(slot.reuses)}'s memory"
-        elif slot.after is not None:
-            before = slot_of[slot.after]
-            where = f"{namer.name(slot.after)} + {emitter.dim(sp.sympify(before.shape[0]) * before.shape[1])}"
-        else:
-            where = "work"
+            extent = f"{extent}, in {namer.name(slot.reuses)}'s memory"
+        where = place(slot, slot_of)
+        if slot.name in head_of and place(head_of[slot.name], head_of) != where:  # a forward-only call keeps less
+            where = f"with_grads ? {where} : {place(head_of[slot.name], head_of)}"
         declares.setdefault(first_write[slot.name], []).append((namer.name(slot.name), where, extent))
     kernels = [replace(k, declares=tuple(declares.get(i, ()))) for i, k in enumerate(kernels)]
+    work_size = emitter.dim(schedule.work_size)
+    if shared:  # its work_len takes the flag too: a forward-only call needs less
+        work_size = f"with_grads ? {work_size} : {emitter.dim(schedule.head_work_size)}"
     return CFunction(
-        name=f"{prefix}_{sanitize(schedule.name)}",
+        name=shared or f"{prefix}_{sanitize(schedule.name)}",
+        static=shared is not None,
+        split=schedule.split if shared else None,
         summary=summary,
         params=tuple(params),
         dims=tuple(dims.values()),
         uses_work=bool(schedule.slots),
         unused=_unused_inputs(params, schedule),
         kernels=tuple(kernels),
-        work_size=emitter.dim(schedule.work_size),
+        work_size=work_size,
         ops_before_cse=schedule.op_counts[0],
         ops_after_cse=schedule.op_counts[1],
     )

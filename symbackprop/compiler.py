@@ -26,17 +26,20 @@ from typing import Sequence
 from ._version import __version__
 from .autodiff import jvp, vjp
 from .cnames import CNamer, comment_text, sanitize
-from .codegen import REAL_TYPES, CModule, Emitted, emit_function, render
+from .codegen import REAL_TYPES, CFunction, CModule, Emitted, emit_function, emit_wrapper, render
 from .derivation import derive, render_derivation
 from .epoch import epoch_c, reserved_names, try_epoch_plan
 from .errors import ModelError
-from .ir import SCALAR, Lowered, Node, const, leaf, lower
+from .ir import SCALAR, Lowered, Node, const, leaf, lower, topological_order
 from .log import op_counts, stage
 from .model import Model, leaf_name
-from .schedule import FunctionSchedule, Naming, schedule
+from .schedule import FunctionSchedule, Naming, kernel_writes, schedule
 
 DEFAULT_FUNCTIONS = ("forward", "value_and_grad")
 KINDS = ("forward", "value_and_grad", "vjp", "jvp", "hvp", "train_step")
+
+SHARED_SUMMARY = ("The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: "
+                  "forward and value_and_grad call it.")
 
 SUMMARIES = {
     "forward": "Forward pass: the loss and the named outputs.",
@@ -60,6 +63,12 @@ class FunctionPlan:
     of_output: str | None = None  # vjp: the output it is for
     inplace: frozenset[str] = frozenset()  # inputs the function overwrites (train_step)
     extra_roles: tuple[tuple[str, str, str], ...] = ()  # (argument, role, key): ("tangent_W1", "tangent", "W1")
+    shared: bool = False  # forward and value_and_grad: one schedule, which forward leaves at its split
+
+    @property
+    def function_name(self) -> str:
+        """Its C name without the module prefix."""
+        return self.kind if self.shared else self.schedule.name
 
 
 @dataclass(frozen=True)
@@ -134,6 +143,20 @@ class _Planner:
         results = [("loss", self.lowered.loss)] + list(zip(names, grads))
         returns = (("loss", "loss", "loss"),) + tuple((g, "grads", n) for g, (n, _) in zip(names, self.targets))
         return [FunctionPlan("value_and_grad", self._schedule("value_and_grad", results), (), returns)]
+
+    def forward_and_gradient(self) -> list[FunctionPlan]:
+        """forward and value_and_grad as one schedule: the loss and outputs
+        first, then the gradient; forward stops after the first part, so
+        the forward pass is emitted once."""
+        grads = self._grads([(self.lowered.loss, const(1, SCALAR))])
+        names = [self.naming.claim("grad_" + n) for n, _ in self.targets]
+        results = self.forward_results + list(zip(names, grads))
+        first = frozenset(n for n, _ in self.forward_results)
+        shared = schedule("value_and_grad", results, self.naming, first=first)
+        forward_returns = tuple(("loss", "loss", "loss") if n == "loss" else (n, "outputs", n) for n, _ in self.forward_results)
+        gradient_returns = (("loss", "loss", "loss"),) + tuple((g, "grads", n) for g, (n, _) in zip(names, self.targets))
+        return [FunctionPlan("forward", shared, (), forward_returns, shared=True),
+                FunctionPlan("value_and_grad", shared, (), gradient_returns, shared=True)]
 
     def vjp(self) -> list[FunctionPlan]:
         plans = []
@@ -212,6 +235,14 @@ class _Planner:
         return [FunctionPlan("train_step", fn, tuple(extra), (("loss", "loss", "loss"),), None, inplace, tuple(roles))]
 
 
+def _sharable(lowered: Lowered) -> bool:
+    """Whether forward can be the first part of value_and_grad at no cost in
+    memory: not where a scan's forward pass would keep every state for a
+    backward pass that a forward-only call never runs."""
+    roots = [lowered.loss, *lowered.outputs.values()]
+    return not any(node.op == "scan" for node in topological_order(roots))
+
+
 def plan(model: Model, functions: Sequence[str] = DEFAULT_FUNCTIONS, wrt: Sequence[str] | None = None,
          optimizer=None) -> Plan:
     """Lower the model, differentiate it and schedule the requested functions
@@ -223,8 +254,10 @@ def plan(model: Model, functions: Sequence[str] = DEFAULT_FUNCTIONS, wrt: Sequen
         raise ModelError("train_step needs an optimizer, such as symbackprop.Adam(lr=1e-3)")
     planner = _Planner(model, wrt)
     with stage("differentiate", model.name) as logged:  # and schedule: fuse, CSE, buffers
-        plans = [
-            p for kind in KINDS if kind in functions
+        together = "forward" in functions and "value_and_grad" in functions and _sharable(planner.lowered)
+        plans = planner.forward_and_gradient() if together else []
+        plans += [
+            p for kind in KINDS if kind in functions and not (together and kind in ("forward", "value_and_grad"))
             for p in (planner.train_step(optimizer) if kind == "train_step" else getattr(planner, kind)())
         ]
         logged.detail(op_counts(plans))
@@ -248,9 +281,19 @@ def generate(
     leaves = [(name, node.shape) for name, node in lowered.leaves.items()]
     indices = frozenset(name for name, node in lowered.leaves.items() if node.attrs[1] == "index")
     emitted_functions = []
+    internal: list[CFunction] = []
     for fn in the_plan.functions:
         inputs = leaves + [(name, node.shape) for name, node in fn.extra_inputs]
         outputs = [(name, node.shape) for name, node in fn.schedule.results]
+        if fn.shared:  # one static function computes both; forward and value_and_grad call it
+            if not internal:
+                internal.append(emit_function(fn.schedule, namer, dims, real, inputs, outputs, SHARED_SUMMARY, prefix,
+                                              indices=indices, shared=namer.name(f"{prefix}_run")))
+            mine = {out for out, _, _ in fn.returns}
+            head = {b for k in fn.schedule.kernels[:fn.schedule.split] for b in kernel_writes(k)}
+            emitted_functions.append(emit_wrapper(internal[0], f"{prefix}_{fn.kind}", SUMMARIES[fn.kind], mine,
+                                                  fn.kind == "value_and_grad", head))
+            continue
         emitted_functions.append(
             emit_function(fn.schedule, namer, dims, real, inputs, outputs, SUMMARIES[fn.kind], prefix, fn.inplace, indices)
         )
@@ -268,6 +311,7 @@ def generate(
         real=real.name,
         real_c=real.c,
         functions=tuple(emitted_functions),
+        internal=tuple(internal),
         version=__version__,
         epoch=epoch,
     )

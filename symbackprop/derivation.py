@@ -8,6 +8,7 @@ values the backward pass keeps with the memory they take.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import sympy as sp
 
@@ -68,6 +69,8 @@ def split_at_loss(fn: FunctionSchedule) -> int:
     Returns:
         That index; the number of kernels when none writes the loss.
     """
+    if fn.split is not None:  # one schedule for forward and gradient: where forward stops
+        return fn.split
     for index, kernel in enumerate(fn.kernels):
         if "loss" in kernel_writes(kernel):
             return index + 1
@@ -111,11 +114,23 @@ def memory_plan(forward: FunctionSchedule, gradient: FunctionSchedule, itemsize:
         for b in read_after
         if b in written_before and b in slots
     )
+    forward_work, gradient_work = forward.work_size, gradient.work_size
+    if forward is gradient and gradient.split is not None:
+        # one shared function: each public one keeps the results it does not
+        # return in its workspace (forward the gradients, value_and_grad the outputs)
+        def sizes(names: Iterable[str]) -> sp.Expr:
+            shapes = dict(gradient.results)
+            return sum((sp.sympify(shapes[n].shape[0]) * shapes[n].shape[1] for n in names), sp.Integer(0))
+
+        names = [n for n, _ in gradient.results]
+        head = {b for k in gradient.kernels[:split] for b in kernel_writes(k)}
+        forward_work = gradient.head_work_size + sizes(n for n in names if n not in gradient.first and n in head)
+        gradient_work = gradient_work + sizes(n for n in names if n in gradient.first and n != "loss")
     return MemoryPlan(
         kept=kept,
         kept_bytes=sp.expand(sum((k[2] for k in kept), sp.Integer(0))),
-        forward_work_bytes=sp.expand(forward.work_size * itemsize),
-        gradient_work_bytes=sp.expand(gradient.work_size * itemsize),
+        forward_work_bytes=sp.expand(forward_work * itemsize),
+        gradient_work_bytes=sp.expand(gradient_work * itemsize),
     )
 
 
@@ -166,7 +181,7 @@ def derive(
         inputs_read=tuple(b for b in dict.fromkeys(read_after) if b in leaf_names),
         forward_work_bytes=str(memory.forward_work_bytes),
         gradient_work_bytes=str(memory.gradient_work_bytes),
-        ops=tuple((fn.name, *fn.op_counts) for fn in (forward, gradient)),
+        ops=tuple((fn.name, *fn.op_counts) for fn in ((forward,) if forward is gradient else (forward, gradient))),
     )
 
 

@@ -76,7 +76,7 @@ class Function:
         self, fn: FunctionPlan, plan: Plan, scalars: set[str], lib: Any, ffi: Any, prefix: str, dtype: np.dtype
     ) -> None:
         self.plan = fn
-        self.c_name = f"{prefix}_{fn.schedule.name}"
+        self.c_name = f"{prefix}_{fn.function_name}"
         self.c_function = getattr(lib, self.c_name)
         self.lib, self.ffi = lib, ffi  # the module's other functions (train_epoch beside train_step)
         self.work_len = getattr(lib, self.c_name + "_work_len")

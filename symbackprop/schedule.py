@@ -180,6 +180,10 @@ class FunctionSchedule:
     slots: tuple[Slot, ...]
     work_size: sp.Expr
     op_counts: tuple[int, int]  # scalar ops in map bodies before and after CSE
+    split: int | None = None  # kernels before this compute the `first` results (see schedule)
+    first: frozenset[str] = frozenset()
+    head_slots: tuple[Slot, ...] = ()  # the workspace plan of a call that stops at the split
+    head_work_size: sp.Expr = sp.Integer(0)
 
 
 @dataclass
@@ -257,18 +261,24 @@ def schedule(
     results: Sequence[tuple[str, Node]],
     naming: Naming,
     inplace: frozenset[str] = frozenset(),
+    first: frozenset[str] = frozenset(),
 ) -> FunctionSchedule:
     """Plan one C function computing `results` (output name, node).
 
     Results named in `inplace` overwrite the input of that name (a training
     step's new parameters): they and everything computed from them run
     after every other kernel, so nothing reads an input once overwritten.
+    Results named in `first` (a loss and outputs beside their gradient) and
+    what they need run before everything else; `split` says where that
+    part ends, so the function can stop there (a forward-only call).
     """
-    return _Scheduler(name, list(results), naming, inplace).run()
+    return _Scheduler(name, list(results), naming, inplace, first).run()
 
 
 class _Scheduler:
-    def __init__(self, name: str, results: list[tuple[str, Node]], naming: Naming, inplace: frozenset[str] = frozenset()):
+    def __init__(self, name: str, results: list[tuple[str, Node]], naming: Naming, inplace: frozenset[str] = frozenset(),
+                 first: frozenset[str] = frozenset()):
+        self.first = first
         self.name = name
         self.results = results
         self.naming = naming
@@ -303,10 +313,16 @@ class _Scheduler:
                 self.index_of[node] = len(self.plan)
                 self.plan.append(node)
         self.plan.sort(key=self._is_late)  # stable: the overwriting phase last
+        head = self._first_steps()
+        self.plan = [s for s in self.plan if id(s) in head] + [s for s in self.plan if id(s) not in head]
         bound = self._bind_results()
         kernels: list[Kernel] = []
         counts: list[int] = [0, 0]
-        for step in self.plan:
+        split = None
+        for number, step in enumerate(self.plan):
+            if self.first and number == len(head):
+                kernels += self._copies([b for b in bound if b[0] in self.first])
+                split = len(kernels)
             if isinstance(step, _Group):
                 kernel = self._map_kernel(step, counts)
                 if kernel is not None:
@@ -315,10 +331,42 @@ class _Scheduler:
                 kernels.append(self._emap_kernel(step.members))
             else:
                 kernels.append(self._kernel(step))
-        kernels += self._copies(bound)
+        if split is None and self.first:
+            kernels += self._copies([b for b in bound if b[0] in self.first])
+            split = len(kernels)
+        kernels += self._copies([b for b in bound if b[0] not in self.first])
         kernels = _check_each_index_once(kernels)
         slots, work = self._plan_workspace(kernels)
-        return FunctionSchedule(self.name, tuple(self.results), tuple(kernels), slots, work, (counts[0], counts[1]))
+        # a call that stops at the split keeps nothing for a backward pass: its own, tighter plan
+        head_slots, head_work = self._plan_workspace(kernels[:split], only_written=True) if split is not None else ((), work)
+        return FunctionSchedule(self.name, tuple(self.results), tuple(kernels), slots, work, (counts[0], counts[1]), split,
+                                self.first, head_slots, head_work)
+
+    def _first_steps(self) -> set[int]:
+        """The plan steps the `first` results need, closed under what any
+        member of those steps reads (a fused loop may hold more than needed)."""
+        if not self.first:
+            return set()
+        step_of: dict[Node, _Group | _EmapGroup | Node] = {}
+        for planned in self.plan:
+            for member in (planned.members if isinstance(planned, (_Group, _EmapGroup)) else [planned]):
+                step_of[member] = planned
+        todo = [node for out, node in self.results if out in self.first]
+        chosen: set[int] = set()
+        seen: set[Node] = set()
+        while todo:
+            node = todo.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            step: _Group | _EmapGroup | Node | None = step_of.get(node)
+            members = [node] if step is None else (step.members if isinstance(step, (_Group, _EmapGroup)) else [step])
+            if step is not None:
+                chosen.add(id(step))
+            for member in members:
+                todo.extend(member.args)
+                todo.append(member)
+        return chosen
 
     def _is_late(self, step: _Group | _EmapGroup | Node) -> bool:
         return step.late if isinstance(step, (_Group, _EmapGroup)) else step in self.late
@@ -619,14 +667,16 @@ class _Scheduler:
             kernels.append(MapKernel(node.shape, ((sym, self.view(node)),), (), ((out_name, sym),), (equation,)))
         return kernels
 
-    def _plan_workspace(self, kernels: list[Kernel]) -> tuple[tuple[Slot, ...], sp.Expr]:
+    def _plan_workspace(self, kernels: list[Kernel], only_written: bool = False) -> tuple[tuple[Slot, ...], sp.Expr]:
         """Give each intermediate a workspace slot; reuse same-size slots
-        whose last reader has already run."""
+        whose last reader has already run. `only_written`: only the buffers
+        these kernels write (a plan for the first part of a function)."""
         outputs = {name for name, _ in self.results}
+        written = {b for kernel in kernels for b in kernel_writes(kernel)}
         sizes: dict[str, sp.Expr] = {}
         shapes: dict[str, Shape] = {}
         for node, buffer in self.buffer_of.items():
-            if buffer not in outputs:
+            if buffer not in outputs and (buffer in written or not only_written):
                 sizes[buffer] = sp.sympify(node.shape[0]) * node.shape[1]
                 shapes[buffer] = node.shape
         first: dict[str, int] = {}

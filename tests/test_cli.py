@@ -28,7 +28,7 @@ def test_check_reports_a_stale_file_with_a_diff(tmp_path, capsys):
     spec = str(ROOT / "examples" / "relu_net.py")
     assert main(["build", spec, "--out", str(out_dir)]) == 0
     source = out_dir / "relu_net" / "relu_net.c"
-    source.write_text(source.read_text().replace("return 0;", "return 7;", 1))
+    source.write_text(source.read_text().replace("    return 0;\n}", "    return 7;\n}", 1))
     capsys.readouterr()
     assert main(["build", spec, "--out", str(out_dir), "--check"]) == 1
     captured = capsys.readouterr()

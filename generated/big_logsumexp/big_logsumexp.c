@@ -86,10 +86,48 @@ static double big_logsumexp_logsumexp(const double *x, int64_t n, int64_t stride
     return top + log(result);
 }
 
-size_t big_logsumexp_forward_work_len(int64_t n)
+static size_t big_logsumexp_run_work_len(int64_t n, int with_grads)
 {
     (void)n;
-    return (size_t)(0);
+    return (size_t)(with_grads ? 0 : 0);
+}
+
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+static int big_logsumexp_run(
+    int64_t n,
+    const double *v,
+    double *loss,
+    double *grad_v,
+    double *work,
+    int with_grads
+)
+{
+    if (n < 1) {
+        return 1;
+    }
+    (void)work;
+
+    /* loss = log(sum(exp(v))) down each column, its max subtracted first */
+    loss[0] = big_logsumexp_logsumexp(v, n, 1);
+
+    if (!with_grads) {
+        return 0;
+    }
+
+    /* grad_v = exp(-loss + v) */
+    {
+        const double loss_value = loss[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < n; ++i) {
+            grad_v[i] = exp(v[i] - loss_value);
+        }
+    }
+    return 0;
+}
+
+size_t big_logsumexp_forward_work_len(int64_t n)
+{
+    return (size_t)(big_logsumexp_run_work_len(n, 0));
 }
 
 /* Forward pass: the loss and the named outputs. */
@@ -100,20 +138,12 @@ int big_logsumexp_forward(
     double *work
 )
 {
-    if (n < 1) {
-        return 1;
-    }
-    (void)work;
-
-    /* loss = log(sum(exp(v))) down each column, its max subtracted first */
-    loss[0] = big_logsumexp_logsumexp(v, n, 1);
-    return 0;
+    return big_logsumexp_run(n, v, loss, NULL, work, 0);
 }
 
 size_t big_logsumexp_value_and_grad_work_len(int64_t n)
 {
-    (void)n;
-    return (size_t)(0);
+    return (size_t)(big_logsumexp_run_work_len(n, 1));
 }
 
 /* The loss and its gradient (reverse mode). */
@@ -125,21 +155,5 @@ int big_logsumexp_value_and_grad(
     double *work
 )
 {
-    if (n < 1) {
-        return 1;
-    }
-    (void)work;
-
-    /* loss = log(sum(exp(v))) down each column, its max subtracted first */
-    loss[0] = big_logsumexp_logsumexp(v, n, 1);
-
-    /* grad_v = exp(-loss + v) */
-    {
-        const double loss_value = loss[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < n; ++i) {
-            grad_v[i] = exp(v[i] - loss_value);
-        }
-    }
-    return 0;
+    return big_logsumexp_run(n, v, loss, grad_v, work, 1);
 }

@@ -170,14 +170,14 @@ static double digits_mlp_logsumexp(const double *x, int64_t n, int64_t stride)
     return top + log(result);
 }
 
-size_t digits_mlp_forward_work_len(int64_t n)
+static size_t digits_mlp_run_work_len(int64_t n, int with_grads)
 {
     (void)n;
-    return (size_t)(151*n + 1);
+    return (size_t)(with_grads ? 215*n + 1 : 151*n + 1);
 }
 
-/* Forward pass: the loss and the named outputs. */
-int digits_mlp_forward(
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+static int digits_mlp_run(
     int64_t n,
     const double *X,
     const double *T,
@@ -187,7 +187,12 @@ int digits_mlp_forward(
     const double *b2,
     double *loss,
     double *logits,
-    double *work
+    double *grad_W1,
+    double *grad_b1,
+    double *grad_W2,
+    double *grad_b2,
+    double *work,
+    int with_grads
 )
 {
     if (n < 1) {
@@ -250,92 +255,9 @@ int digits_mlp_forward(
     {
         loss[0] = t11[0]/((double)n);
     }
-    return 0;
-}
 
-size_t digits_mlp_value_and_grad_work_len(int64_t n)
-{
-    (void)n;
-    return (size_t)(225*n + 1);
-}
-
-/* The loss and its gradient (reverse mode). */
-int digits_mlp_value_and_grad(
-    int64_t n,
-    const double *X,
-    const double *T,
-    const double *W1,
-    const double *b1,
-    const double *W2,
-    const double *b2,
-    double *loss,
-    double *grad_W1,
-    double *grad_b1,
-    double *grad_W2,
-    double *grad_b2,
-    double *work
-)
-{
-    if (n < 1) {
-        return 1;
-    }
-
-    /* t0 = X @ W1 */
-    double *t0 = work; /* n x 64 */
-    digits_mlp_matmul(n, 64, 64, X, 64, 1, W1, 64, 1, t0);
-
-    /* t3 = tanh(b1 + t0) */
-    double *t3 = t0 + 64*n; /* n x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t3[64*i + j] = tanh(b1[j] + t0[64*i + j]);
-        }
-    }
-
-    /* t4 = t3 @ W2 */
-    double *t4 = t3 + 64*n; /* n x 10 */
-    digits_mlp_matmul(n, 10, 64, t3, 64, 1, W2, 10, 1, t4);
-
-    /* logits = b2 + t4 */
-    /* t6 = T*(b2 + t4) */
-    double *logits = t4 + 10*n; /* n x 10 */
-    double *t6 = logits + 10*n; /* n x 10 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const double x0 = b2[j] + t4[10*i + j];
-            logits[10*i + j] = x0;
-            t6[10*i + j] = T[10*i + j]*x0;
-        }
-    }
-
-    /* t7 = sum of t6 along each row */
-    double *t7 = t6 + 10*n; /* n x 1 */
-    for (int64_t i = 0; i < n; ++i) {
-        t7[i] = digits_mlp_sum(t6 + 10*i, 10, 1);
-    }
-
-    /* t9 = log(sum(exp(logits))) along each row, its max subtracted first */
-    double *t9 = t7 + n; /* n x 1 */
-    for (int64_t i = 0; i < n; ++i) {
-        t9[i] = digits_mlp_logsumexp(logits + 10*i, 10, 1);
-    }
-
-    /* t10 = -t7 + t9 */
-    double *t10 = t9 + n; /* n x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        t10[i] = -t7[i] + t9[i];
-    }
-
-    /* t11 = sum of t10 down each column */
-    double *t11 = t10 + n; /* 1 x 1 */
-    t11[0] = digits_mlp_sum(t10, n, 1);
-
-    /* loss = t11/n */
-    {
-        loss[0] = t11[0]/((double)n);
+    if (!with_grads) {
+        return 0;
     }
 
     /* grad_logits = -T/n + exp(logits - t9)/n */
@@ -377,4 +299,51 @@ int digits_mlp_value_and_grad(
         grad_b2[j] = digits_mlp_sum(grad_logits + j, n, 10);
     }
     return 0;
+}
+
+size_t digits_mlp_forward_work_len(int64_t n)
+{
+    return (size_t)(digits_mlp_run_work_len(n, 0));
+}
+
+/* Forward pass: the loss and the named outputs. */
+int digits_mlp_forward(
+    int64_t n,
+    const double *X,
+    const double *T,
+    const double *W1,
+    const double *b1,
+    const double *W2,
+    const double *b2,
+    double *loss,
+    double *logits,
+    double *work
+)
+{
+    return digits_mlp_run(n, X, T, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL, NULL, work, 0);
+}
+
+size_t digits_mlp_value_and_grad_work_len(int64_t n)
+{
+    return (size_t)(digits_mlp_run_work_len(n, 1) + n*10);
+}
+
+/* The loss and its gradient (reverse mode). */
+int digits_mlp_value_and_grad(
+    int64_t n,
+    const double *X,
+    const double *T,
+    const double *W1,
+    const double *b1,
+    const double *W2,
+    const double *b2,
+    double *loss,
+    double *grad_W1,
+    double *grad_b1,
+    double *grad_W2,
+    double *grad_b2,
+    double *work
+)
+{
+    return digits_mlp_run(n, X, T, W1, b1, W2, b2, loss, work + digits_mlp_run_work_len(n, 1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
 }

@@ -106,15 +106,15 @@ static double gmm_logsumexp(const double *x, int64_t n, int64_t stride)
     return top + log(result);
 }
 
-size_t gmm_forward_work_len(int64_t N, int64_t K)
+static size_t gmm_run_work_len(int64_t N, int64_t K, int with_grads)
 {
     (void)N;
     (void)K;
-    return (size_t)(3*K + N + 7);
+    return (size_t)(with_grads ? K*N + 10*K + N + 7 : 3*K + N + 7);
 }
 
-/* Forward pass: the loss and the named outputs. */
-int gmm_forward(
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+static int gmm_run(
     int64_t N,
     int64_t K,
     const double *X,
@@ -124,7 +124,12 @@ int gmm_forward(
     const double *ql,
     double *loss,
     double *log_density,
-    double *work
+    double *grad_alpha,
+    double *grad_means,
+    double *grad_qd,
+    double *grad_ql,
+    double *work,
+    int with_grads
 )
 {
     if (N < 1) {
@@ -178,7 +183,7 @@ int gmm_forward(
     t7[0] = gmm_sum(t6, 3, 1);
 
     /* t9 = ql**2 */
-    double *t9 = t5; /* K x 3, in t5's memory */
+    double *t9 = with_grads ? t7 + 1 : t5; /* K x 3 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < K; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
@@ -193,113 +198,16 @@ int gmm_forward(
     }
 
     /* t11 = sum of t10 along each row */
-    double *t11 = t7 + 1; /* 1 x 1 */
+    double *t11 = with_grads ? t9 + 3*K : t7 + 1; /* 1 x 1 */
     t11[0] = gmm_sum(t10, 3, 1);
 
     /* loss = N*t0 + 3*N*log(2*pi)/2 + t11/2 - t3 + t7/2 */
     {
         loss[0] = ((double)N)*t0[0] + (3.0/2.0)*((double)N)*log(2*3.1415926535897932) - t3[0] + (1.0/2.0)*t7[0] + (1.0/2.0)*t11[0];
     }
-    return 0;
-}
 
-size_t gmm_value_and_grad_work_len(int64_t N, int64_t K)
-{
-    (void)N;
-    (void)K;
-    return (size_t)(2*K*N + 10*K + N + 7);
-}
-
-/* The loss and its gradient (reverse mode). */
-int gmm_value_and_grad(
-    int64_t N,
-    int64_t K,
-    const double *X,
-    const double *alpha,
-    const double *means,
-    const double *qd,
-    const double *ql,
-    double *loss,
-    double *grad_alpha,
-    double *grad_means,
-    double *grad_qd,
-    double *grad_ql,
-    double *work
-)
-{
-    if (N < 1) {
-        return 1;
-    }
-    if (K < 1) {
-        return 1;
-    }
-
-    /* t0 = log(sum(exp(alpha))) down each column, its max subtracted first */
-    double *t0 = work; /* 1 x 1 */
-    t0[0] = gmm_logsumexp(alpha, K, 1);
-
-    /* log_density[i, j] = alpha[j, 0] + qd[j, 0] + qd[j, 1] + qd[j, 2] - (X[i, 0] - means[j, 0])**2*exp(2*qd[j, 0])/2 - (ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1]))**2/2 - (ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))**2/2 */
-    double *log_density = t0 + 1; /* N x K */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < N; ++i) {
-        for (int64_t j = 0; j < K; ++j) {
-            const double x0 = X[3*i] - means[3*j];
-            const double x1 = X[3*i + 1] - means[3*j + 1];
-            log_density[K*i + j] = alpha[j] + qd[3*j] + qd[3*j + 1] + qd[3*j + 2] - 1.0/2.0*(x0*x0)*exp(2*qd[3*j]) - 1.0/2.0*pow(ql[3*j]*x0 + x1*exp(qd[3*j + 1]), 2) - 1.0/2.0*pow(ql[3*j + 1]*x0 + ql[3*j + 2]*x1 + (X[3*i + 2] - means[3*j + 2])*exp(qd[3*j + 2]), 2);
-        }
-    }
-
-    /* t2 = log(sum(exp(log_density))) along each row, its max subtracted first */
-    double *t2 = log_density + K*N; /* N x 1 */
-    for (int64_t i = 0; i < N; ++i) {
-        t2[i] = gmm_logsumexp(log_density + K*i, K, 1);
-    }
-
-    /* t3 = sum of t2 down each column */
-    double *t3 = t2 + N; /* 1 x 1 */
-    t3[0] = gmm_sum(t2, N, 1);
-
-    /* t5 = exp(2*qd) */
-    double *t5 = t3 + 1; /* K x 3 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < K; ++i) {
-        for (int64_t j = 0; j < 3; ++j) {
-            t5[3*i + j] = exp(2*qd[3*i + j]);
-        }
-    }
-
-    /* t6 = sum of t5 down each column */
-    double *t6 = t5 + 3*K; /* 1 x 3 */
-    for (int64_t j = 0; j < 3; ++j) {
-        t6[j] = gmm_sum(t5 + j, K, 3);
-    }
-
-    /* t7 = sum of t6 along each row */
-    double *t7 = t6 + 3; /* 1 x 1 */
-    t7[0] = gmm_sum(t6, 3, 1);
-
-    /* t9 = ql**2 */
-    double *t9 = t7 + 1; /* K x 3 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < K; ++i) {
-        for (int64_t j = 0; j < 3; ++j) {
-            t9[3*i + j] = (ql[3*i + j]*ql[3*i + j]);
-        }
-    }
-
-    /* t10 = sum of t9 down each column */
-    double *t10 = t6; /* 1 x 3, in t6's memory */
-    for (int64_t j = 0; j < 3; ++j) {
-        t10[j] = gmm_sum(t9 + j, K, 3);
-    }
-
-    /* t11 = sum of t10 along each row */
-    double *t11 = t9 + 3*K; /* 1 x 1 */
-    t11[0] = gmm_sum(t10, 3, 1);
-
-    /* loss = N*t0 + 3*N*log(2*pi)/2 + t11/2 - t3 + t7/2 */
-    {
-        loss[0] = ((double)N)*t0[0] + (3.0/2.0)*((double)N)*log(2*3.1415926535897932) - t3[0] + (1.0/2.0)*t7[0] + (1.0/2.0)*t11[0];
+    if (!with_grads) {
+        return 0;
     }
 
     /* grad_log_density = -exp(log_density - t2) */
@@ -382,4 +290,51 @@ int gmm_value_and_grad(
         }
     }
     return 0;
+}
+
+size_t gmm_forward_work_len(int64_t N, int64_t K)
+{
+    return (size_t)(gmm_run_work_len(N, K, 0));
+}
+
+/* Forward pass: the loss and the named outputs. */
+int gmm_forward(
+    int64_t N,
+    int64_t K,
+    const double *X,
+    const double *alpha,
+    const double *means,
+    const double *qd,
+    const double *ql,
+    double *loss,
+    double *log_density,
+    double *work
+)
+{
+    return gmm_run(N, K, X, alpha, means, qd, ql, loss, log_density, NULL, NULL, NULL, NULL, work, 0);
+}
+
+size_t gmm_value_and_grad_work_len(int64_t N, int64_t K)
+{
+    return (size_t)(gmm_run_work_len(N, K, 1) + N*K);
+}
+
+/* The loss and its gradient (reverse mode). */
+int gmm_value_and_grad(
+    int64_t N,
+    int64_t K,
+    const double *X,
+    const double *alpha,
+    const double *means,
+    const double *qd,
+    const double *ql,
+    double *loss,
+    double *grad_alpha,
+    double *grad_means,
+    double *grad_qd,
+    double *grad_ql,
+    double *work
+)
+{
+    return gmm_run(N, K, X, alpha, means, qd, ql, loss, work + gmm_run_work_len(N, K, 1), grad_alpha, grad_means, grad_qd, grad_ql, work, 1);
 }

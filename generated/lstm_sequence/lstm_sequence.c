@@ -129,14 +129,14 @@ static double lstm_sequence_sum(const double *x, int64_t n, int64_t stride)
     return result;
 }
 
-size_t lstm_sequence_forward_work_len(int64_t n)
+static size_t lstm_sequence_run_work_len(int64_t n, int with_grads)
 {
     (void)n;
-    return (size_t)(122*n + 1);
+    return (size_t)(with_grads ? 667*n + 513 : 123*n + 1);
 }
 
-/* Forward pass: the loss and the named outputs. */
-int lstm_sequence_forward(
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+static int lstm_sequence_run(
     int64_t n,
     const double *x1_,
     const double *x2_,
@@ -163,440 +163,6 @@ int lstm_sequence_forward(
     const double *c0,
     double *loss,
     double *logit,
-    double *work
-)
-{
-    if (n < 1) {
-        return 1;
-    }
-
-    /* t0 = x1 @ W_o */
-    double *t0 = work; /* n x 8 */
-    lstm_sequence_matmul(n, 8, 1, x1_, 1, 0, W_o, 0, 1, t0);
-
-    /* t1 = b_o */
-    /* t3 = 1/(exp(-b_o - t0) + 1) */
-    double *t1 = t0 + 8*n; /* n x 8 */
-    double *t3 = t1 + 8*n; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t1[8*i + j] = b_o[j];
-            t3[8*i + j] = 1.0/(exp(-b_o[j] - t0[8*i + j]) + 1);
-        }
-    }
-
-    /* t4 = x1 @ W_i */
-    double *t4 = t0; /* n x 8, in t0's memory */
-    lstm_sequence_matmul(n, 8, 1, x1_, 1, 0, W_i, 0, 1, t4);
-
-    /* t5 = b_i */
-    /* t7 = 1/(exp(-b_i - t4) + 1) */
-    double *t5 = t3 + 8*n; /* n x 8 */
-    double *t7 = t5 + 8*n; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t5[8*i + j] = b_i[j];
-            t7[8*i + j] = 1.0/(exp(-b_i[j] - t4[8*i + j]) + 1);
-        }
-    }
-
-    /* t8 = x1 @ W_g */
-    double *t8 = t4; /* n x 8, in t4's memory */
-    lstm_sequence_matmul(n, 8, 1, x1_, 1, 0, W_g, 0, 1, t8);
-
-    /* t9 = b_g */
-    /* t12 = t7*tanh(b_g + t8) */
-    /* t14 = t3*tanh(t7*tanh(b_g + t8)) */
-    double *t12 = t7 + 8*n; /* n x 8 */
-    double *t14 = t12 + 8*n; /* n x 8 */
-    double *t9 = t14 + 8*n; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = t7[8*i + j]*tanh(b_g[j] + t8[8*i + j]);
-            t9[8*i + j] = b_g[j];
-            t12[8*i + j] = x0;
-            t14[8*i + j] = t3[8*i + j]*tanh(x0);
-        }
-    }
-
-    /* t15 = t14 @ U_o */
-    double *t15 = t3; /* n x 8, in t3's memory */
-    lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_o, 8, 1, t15);
-
-    /* t16 = x2 @ W_o */
-    double *t16 = t7; /* n x 8, in t7's memory */
-    lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_o, 0, 1, t16);
-
-    /* t19 = t14 @ U_i */
-    double *t19 = t8; /* n x 8, in t8's memory */
-    lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_i, 8, 1, t19);
-
-    /* t20 = x2 @ W_i */
-    double *t20 = t9 + 8*n; /* n x 8 */
-    lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_i, 0, 1, t20);
-
-    /* t23 = t14 @ U_g */
-    double *t23 = t20 + 8*n; /* n x 8 */
-    lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_g, 8, 1, t23);
-
-    /* t24 = x2 @ W_g */
-    double *t24 = t23 + 8*n; /* n x 8 */
-    lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_g, 0, 1, t24);
-
-    /* t28 = t14 @ U_f */
-    double *t28 = t24 + 8*n; /* n x 8 */
-    lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_f, 8, 1, t28);
-
-    /* t29 = x2 @ W_f */
-    double *t29 = t14; /* n x 8, in t14's memory */
-    lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_f, 0, 1, t29);
-
-    /* t30 = b_f */
-    /* t34 = t12/(exp(-b_f - t28 - t29) + 1) + tanh(t23 + t24 + t9)/(exp(-t19 - t20 - t5) + 1) */
-    /* t36 = tanh(t12/(exp(-b_f - t28 - t29) + 1) + tanh(t23 + t24 + t9)/(exp(-t19 - t20 - t5) + 1))/(exp(-t1 - t15 - t16) + 1) */
-    double *t30 = t28 + 8*n; /* n x 8 */
-    double *t34 = t30 + 8*n; /* n x 8 */
-    double *t36 = t34 + 8*n; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = t12[8*i + j]/(exp(-b_f[j] - t28[8*i + j] - t29[8*i + j]) + 1) + tanh(t23[8*i + j] + t24[8*i + j] + t9[8*i + j])/(exp(-t19[8*i + j] - t20[8*i + j] - t5[8*i + j]) + 1);
-            t30[8*i + j] = b_f[j];
-            t34[8*i + j] = x0;
-            t36[8*i + j] = tanh(x0)/(exp(-t15[8*i + j] - t16[8*i + j] - t1[8*i + j]) + 1);
-        }
-    }
-
-    /* t37 = t36 @ U_o */
-    double *t37 = t12; /* n x 8, in t12's memory */
-    lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_o, 8, 1, t37);
-
-    /* t38 = x3 @ W_o */
-    double *t38 = t15; /* n x 8, in t15's memory */
-    lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_o, 0, 1, t38);
-
-    /* t41 = t36 @ U_i */
-    double *t41 = t16; /* n x 8, in t16's memory */
-    lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_i, 8, 1, t41);
-
-    /* t42 = x3 @ W_i */
-    double *t42 = t19; /* n x 8, in t19's memory */
-    lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_i, 0, 1, t42);
-
-    /* t45 = t36 @ U_g */
-    double *t45 = t20; /* n x 8, in t20's memory */
-    lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_g, 8, 1, t45);
-
-    /* t46 = x3 @ W_g */
-    double *t46 = t23; /* n x 8, in t23's memory */
-    lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_g, 0, 1, t46);
-
-    /* t50 = t36 @ U_f */
-    double *t50 = t24; /* n x 8, in t24's memory */
-    lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_f, 8, 1, t50);
-
-    /* t51 = x3 @ W_f */
-    double *t51 = t28; /* n x 8, in t28's memory */
-    lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_f, 0, 1, t51);
-
-    /* t55 = t34/(exp(-t30 - t50 - t51) + 1) + tanh(t45 + t46 + t9)/(exp(-t41 - t42 - t5) + 1) */
-    /* t57 = tanh(t34/(exp(-t30 - t50 - t51) + 1) + tanh(t45 + t46 + t9)/(exp(-t41 - t42 - t5) + 1))/(exp(-t1 - t37 - t38) + 1) */
-    double *t55 = t29; /* n x 8, in t29's memory */
-    double *t57 = t36; /* n x 8, in t36's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = t34[8*i + j]/(exp(-t50[8*i + j] - t51[8*i + j] - t30[8*i + j]) + 1) + tanh(t45[8*i + j] + t46[8*i + j] + t9[8*i + j])/(exp(-t41[8*i + j] - t42[8*i + j] - t5[8*i + j]) + 1);
-            t55[8*i + j] = x0;
-            t57[8*i + j] = tanh(x0)/(exp(-t37[8*i + j] - t38[8*i + j] - t1[8*i + j]) + 1);
-        }
-    }
-
-    /* t58 = t57 @ U_o */
-    double *t58 = t34; /* n x 8, in t34's memory */
-    lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_o, 8, 1, t58);
-
-    /* t59 = x4 @ W_o */
-    double *t59 = t37; /* n x 8, in t37's memory */
-    lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_o, 0, 1, t59);
-
-    /* t62 = t57 @ U_i */
-    double *t62 = t38; /* n x 8, in t38's memory */
-    lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_i, 8, 1, t62);
-
-    /* t63 = x4 @ W_i */
-    double *t63 = t41; /* n x 8, in t41's memory */
-    lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_i, 0, 1, t63);
-
-    /* t66 = t57 @ U_g */
-    double *t66 = t42; /* n x 8, in t42's memory */
-    lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_g, 8, 1, t66);
-
-    /* t67 = x4 @ W_g */
-    double *t67 = t45; /* n x 8, in t45's memory */
-    lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_g, 0, 1, t67);
-
-    /* t71 = t57 @ U_f */
-    double *t71 = t46; /* n x 8, in t46's memory */
-    lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_f, 8, 1, t71);
-
-    /* t72 = x4 @ W_f */
-    double *t72 = t50; /* n x 8, in t50's memory */
-    lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_f, 0, 1, t72);
-
-    /* t76 = t55/(exp(-t30 - t71 - t72) + 1) + tanh(t66 + t67 + t9)/(exp(-t5 - t62 - t63) + 1) */
-    /* t78 = tanh(t55/(exp(-t30 - t71 - t72) + 1) + tanh(t66 + t67 + t9)/(exp(-t5 - t62 - t63) + 1))/(exp(-t1 - t58 - t59) + 1) */
-    double *t76 = t51; /* n x 8, in t51's memory */
-    double *t78 = t57; /* n x 8, in t57's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = t55[8*i + j]/(exp(-t71[8*i + j] - t72[8*i + j] - t30[8*i + j]) + 1) + tanh(t66[8*i + j] + t67[8*i + j] + t9[8*i + j])/(exp(-t62[8*i + j] - t63[8*i + j] - t5[8*i + j]) + 1);
-            t76[8*i + j] = x0;
-            t78[8*i + j] = tanh(x0)/(exp(-t58[8*i + j] - t59[8*i + j] - t1[8*i + j]) + 1);
-        }
-    }
-
-    /* t79 = t78 @ U_o */
-    double *t79 = t55; /* n x 8, in t55's memory */
-    lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_o, 8, 1, t79);
-
-    /* t80 = x5 @ W_o */
-    double *t80 = t58; /* n x 8, in t58's memory */
-    lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_o, 0, 1, t80);
-
-    /* t83 = t78 @ U_i */
-    double *t83 = t59; /* n x 8, in t59's memory */
-    lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_i, 8, 1, t83);
-
-    /* t84 = x5 @ W_i */
-    double *t84 = t62; /* n x 8, in t62's memory */
-    lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_i, 0, 1, t84);
-
-    /* t87 = t78 @ U_g */
-    double *t87 = t63; /* n x 8, in t63's memory */
-    lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_g, 8, 1, t87);
-
-    /* t88 = x5 @ W_g */
-    double *t88 = t66; /* n x 8, in t66's memory */
-    lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_g, 0, 1, t88);
-
-    /* t92 = t78 @ U_f */
-    double *t92 = t67; /* n x 8, in t67's memory */
-    lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_f, 8, 1, t92);
-
-    /* t93 = x5 @ W_f */
-    double *t93 = t71; /* n x 8, in t71's memory */
-    lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_f, 0, 1, t93);
-
-    /* t97 = t76/(exp(-t30 - t92 - t93) + 1) + tanh(t87 + t88 + t9)/(exp(-t5 - t83 - t84) + 1) */
-    /* t99 = tanh(t76/(exp(-t30 - t92 - t93) + 1) + tanh(t87 + t88 + t9)/(exp(-t5 - t83 - t84) + 1))/(exp(-t1 - t79 - t80) + 1) */
-    double *t97 = t72; /* n x 8, in t72's memory */
-    double *t99 = t78; /* n x 8, in t78's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = t76[8*i + j]/(exp(-t92[8*i + j] - t93[8*i + j] - t30[8*i + j]) + 1) + tanh(t87[8*i + j] + t88[8*i + j] + t9[8*i + j])/(exp(-t83[8*i + j] - t84[8*i + j] - t5[8*i + j]) + 1);
-            t97[8*i + j] = x0;
-            t99[8*i + j] = tanh(x0)/(exp(-t79[8*i + j] - t80[8*i + j] - t1[8*i + j]) + 1);
-        }
-    }
-
-    /* t100 = t99 @ U_o */
-    double *t100 = t76; /* n x 8, in t76's memory */
-    lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_o, 8, 1, t100);
-
-    /* t101 = x6 @ W_o */
-    double *t101 = t79; /* n x 8, in t79's memory */
-    lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_o, 0, 1, t101);
-
-    /* t104 = t99 @ U_i */
-    double *t104 = t80; /* n x 8, in t80's memory */
-    lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_i, 8, 1, t104);
-
-    /* t105 = x6 @ W_i */
-    double *t105 = t83; /* n x 8, in t83's memory */
-    lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_i, 0, 1, t105);
-
-    /* t108 = t99 @ U_g */
-    double *t108 = t84; /* n x 8, in t84's memory */
-    lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_g, 8, 1, t108);
-
-    /* t109 = x6 @ W_g */
-    double *t109 = t87; /* n x 8, in t87's memory */
-    lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_g, 0, 1, t109);
-
-    /* t113 = t99 @ U_f */
-    double *t113 = t88; /* n x 8, in t88's memory */
-    lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_f, 8, 1, t113);
-
-    /* t114 = x6 @ W_f */
-    double *t114 = t92; /* n x 8, in t92's memory */
-    lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_f, 0, 1, t114);
-
-    /* t118 = t97/(exp(-t113 - t114 - t30) + 1) + tanh(t108 + t109 + t9)/(exp(-t104 - t105 - t5) + 1) */
-    /* t120 = tanh(t97/(exp(-t113 - t114 - t30) + 1) + tanh(t108 + t109 + t9)/(exp(-t104 - t105 - t5) + 1))/(exp(-t1 - t100 - t101) + 1) */
-    double *t118 = t93; /* n x 8, in t93's memory */
-    double *t120 = t99; /* n x 8, in t99's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = t97[8*i + j]/(exp(-t113[8*i + j] - t114[8*i + j] - t30[8*i + j]) + 1) + tanh(t108[8*i + j] + t109[8*i + j] + t9[8*i + j])/(exp(-t104[8*i + j] - t105[8*i + j] - t5[8*i + j]) + 1);
-            t118[8*i + j] = x0;
-            t120[8*i + j] = tanh(x0)/(exp(-t100[8*i + j] - t101[8*i + j] - t1[8*i + j]) + 1);
-        }
-    }
-
-    /* t121 = t120 @ U_o */
-    double *t121 = t97; /* n x 8, in t97's memory */
-    lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_o, 8, 1, t121);
-
-    /* t122 = x7 @ W_o */
-    double *t122 = t100; /* n x 8, in t100's memory */
-    lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_o, 0, 1, t122);
-
-    /* t125 = t120 @ U_i */
-    double *t125 = t101; /* n x 8, in t101's memory */
-    lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_i, 8, 1, t125);
-
-    /* t126 = x7 @ W_i */
-    double *t126 = t104; /* n x 8, in t104's memory */
-    lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_i, 0, 1, t126);
-
-    /* t129 = t120 @ U_g */
-    double *t129 = t105; /* n x 8, in t105's memory */
-    lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_g, 8, 1, t129);
-
-    /* t130 = x7 @ W_g */
-    double *t130 = t108; /* n x 8, in t108's memory */
-    lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_g, 0, 1, t130);
-
-    /* t134 = t120 @ U_f */
-    double *t134 = t109; /* n x 8, in t109's memory */
-    lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_f, 8, 1, t134);
-
-    /* t135 = x7 @ W_f */
-    double *t135 = t113; /* n x 8, in t113's memory */
-    lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_f, 0, 1, t135);
-
-    /* t139 = t118/(exp(-t134 - t135 - t30) + 1) + tanh(t129 + t130 + t9)/(exp(-t125 - t126 - t5) + 1) */
-    /* t141 = tanh(t118/(exp(-t134 - t135 - t30) + 1) + tanh(t129 + t130 + t9)/(exp(-t125 - t126 - t5) + 1))/(exp(-t1 - t121 - t122) + 1) */
-    double *t139 = t114; /* n x 8, in t114's memory */
-    double *t141 = t120; /* n x 8, in t120's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = t118[8*i + j]/(exp(-t134[8*i + j] - t135[8*i + j] - t30[8*i + j]) + 1) + tanh(t129[8*i + j] + t130[8*i + j] + t9[8*i + j])/(exp(-t125[8*i + j] - t126[8*i + j] - t5[8*i + j]) + 1);
-            t139[8*i + j] = x0;
-            t141[8*i + j] = tanh(x0)/(exp(-t121[8*i + j] - t122[8*i + j] - t1[8*i + j]) + 1);
-        }
-    }
-
-    /* t142 = t141 @ U_o */
-    double *t142 = t118; /* n x 8, in t118's memory */
-    lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_o, 8, 1, t142);
-
-    /* t143 = x8 @ W_o */
-    double *t143 = t121; /* n x 8, in t121's memory */
-    lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_o, 0, 1, t143);
-
-    /* t146 = t141 @ U_i */
-    double *t146 = t122; /* n x 8, in t122's memory */
-    lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_i, 8, 1, t146);
-
-    /* t147 = x8 @ W_i */
-    double *t147 = t125; /* n x 8, in t125's memory */
-    lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_i, 0, 1, t147);
-
-    /* t150 = t141 @ U_g */
-    double *t150 = t126; /* n x 8, in t126's memory */
-    lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_g, 8, 1, t150);
-
-    /* t151 = x8 @ W_g */
-    double *t151 = t129; /* n x 8, in t129's memory */
-    lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_g, 0, 1, t151);
-
-    /* t155 = t141 @ U_f */
-    double *t155 = t130; /* n x 8, in t130's memory */
-    lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_f, 8, 1, t155);
-
-    /* t156 = x8 @ W_f */
-    double *t156 = t134; /* n x 8, in t134's memory */
-    lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_f, 0, 1, t156);
-
-    /* t162 = tanh(t139/(exp(-t155 - t156 - t30) + 1) + tanh(t150 + t151 + t9)/(exp(-t146 - t147 - t5) + 1))/(exp(-t1 - t142 - t143) + 1) */
-    double *t162 = t135; /* n x 8, in t135's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t162[8*i + j] = tanh(t139[8*i + j]/(exp(-t156[8*i + j] - t30[8*i + j] - t155[8*i + j]) + 1) + tanh(t150[8*i + j] + t151[8*i + j] + t9[8*i + j])/(exp(-t146[8*i + j] - t147[8*i + j] - t5[8*i + j]) + 1))/(exp(-t142[8*i + j] - t143[8*i + j] - t1[8*i + j]) + 1);
-        }
-    }
-
-    /* t163 = t162 @ V */
-    double *t163 = t36 + 8*n; /* n x 1 */
-    lstm_sequence_matmul(n, 1, 8, t162, 8, 1, V, 1, 0, t163);
-
-    /* logit = c0 + t163 */
-    /* t168 = -y*(c0 + t163) + log(1 + exp(-Abs(c0 + t163))) + Max(0, c0 + t163) */
-    double *t168 = t163 + n; /* n x 1 */
-    {
-        const double c0_value = c0[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < n; ++i) {
-            const double x0 = c0_value + t163[i];
-            logit[i] = x0;
-            t168[i] = -y[i]*x0 + log(1 + exp(-fabs(x0))) + fmax(0, x0);
-        }
-    }
-
-    /* t169 = sum of t168 down each column */
-    double *t169 = t168 + n; /* 1 x 1 */
-    t169[0] = lstm_sequence_sum(t168, n, 1);
-
-    /* loss = t169/n */
-    {
-        loss[0] = t169[0]/((double)n);
-    }
-    return 0;
-}
-
-size_t lstm_sequence_value_and_grad_work_len(int64_t n)
-{
-    (void)n;
-    return (size_t)(667*n + 513);
-}
-
-/* The loss and its gradient (reverse mode). */
-int lstm_sequence_value_and_grad(
-    int64_t n,
-    const double *x1_,
-    const double *x2_,
-    const double *x3_,
-    const double *x4_,
-    const double *x5_,
-    const double *x6_,
-    const double *x7_,
-    const double *x8_,
-    const double *y,
-    const double *W_i,
-    const double *W_f,
-    const double *W_g,
-    const double *W_o,
-    const double *U_i,
-    const double *U_f,
-    const double *U_g,
-    const double *U_o,
-    const double *b_i,
-    const double *b_f,
-    const double *b_g,
-    const double *b_o,
-    const double *V,
-    const double *c0,
-    double *loss,
     double *grad_W_i,
     double *grad_W_f,
     double *grad_W_g,
@@ -611,7 +177,8 @@ int lstm_sequence_value_and_grad(
     double *grad_b_o,
     double *grad_V,
     double *grad_c0,
-    double *work
+    double *work,
+    int with_grads
 )
 {
     if (n < 1) {
@@ -646,8 +213,8 @@ int lstm_sequence_value_and_grad(
     /* t5 = b_i */
     /* t7 = 1/(exp(-b_i - t4) + 1) */
     /* dt7_dt6 = exp(-b_i - t4)/(exp(-b_i - t4) + 1)**2 */
-    double *dt7_dt6 = t3 + 8*n; /* n x 8 */
-    double *t5 = dt7_dt6 + 8*n; /* n x 8 */
+    double *dt7_dt6 = with_grads ? t3 + 8*n : dt3_dt2; /* n x 8 */
+    double *t5 = with_grads ? dt7_dt6 + 8*n : t3 + 8*n; /* n x 8 */
     double *t7 = t5 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
@@ -669,8 +236,8 @@ int lstm_sequence_value_and_grad(
     /* t12 = t7*tanh(b_g + t8) */
     /* t13 = tanh(t7*tanh(b_g + t8)) */
     /* t14 = t3*tanh(t7*tanh(b_g + t8)) */
-    double *t11 = t7 + 8*n; /* n x 8 */
-    double *t12 = t11 + 8*n; /* n x 8 */
+    double *t11 = with_grads ? t7 + 8*n : dt7_dt6; /* n x 8 */
+    double *t12 = with_grads ? t11 + 8*n : t7 + 8*n; /* n x 8 */
     double *t13 = t12 + 8*n; /* n x 8 */
     double *t14 = t13 + 8*n; /* n x 8 */
     double *t9 = t14 + 8*n; /* n x 8 */
@@ -689,17 +256,17 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t15 = t14 @ U_o */
-    double *t15 = t8; /* n x 8, in t8's memory */
+    double *t15 = with_grads ? t8 : t3; /* n x 8, in t8's memory */
     lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_o, 8, 1, t15);
 
     /* t16 = x2 @ W_o */
-    double *t16 = t9 + 8*n; /* n x 8 */
+    double *t16 = with_grads ? t9 + 8*n : t7; /* n x 8 */
     lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_o, 0, 1, t16);
 
     /* t18 = 1/(exp(-t1 - t15 - t16) + 1) */
     /* dt18_dt17 = exp(-t1 - t15 - t16)/(exp(-t1 - t15 - t16) + 1)**2 */
-    double *dt18_dt17 = t16 + 8*n; /* n x 8 */
-    double *t18 = dt18_dt17 + 8*n; /* n x 8 */
+    double *dt18_dt17 = with_grads ? t16 + 8*n : t8; /* n x 8 */
+    double *t18 = with_grads ? dt18_dt17 + 8*n : t11; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -711,17 +278,17 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t19 = t14 @ U_i */
-    double *t19 = t15; /* n x 8, in t15's memory */
+    double *t19 = with_grads ? t15 : t13; /* n x 8, in t15's memory */
     lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_i, 8, 1, t19);
 
     /* t20 = x2 @ W_i */
-    double *t20 = t16; /* n x 8, in t16's memory */
+    double *t20 = with_grads ? t16 : t15; /* n x 8, in t16's memory */
     lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_i, 0, 1, t20);
 
     /* t22 = 1/(exp(-t19 - t20 - t5) + 1) */
     /* dt22_dt21 = exp(-t19 - t20 - t5)/(exp(-t19 - t20 - t5) + 1)**2 */
-    double *dt22_dt21 = t18 + 8*n; /* n x 8 */
-    double *t22 = dt22_dt21 + 8*n; /* n x 8 */
+    double *dt22_dt21 = with_grads ? t18 + 8*n : t16; /* n x 8 */
+    double *t22 = with_grads ? dt22_dt21 + 8*n : dt18_dt17; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -741,7 +308,7 @@ int lstm_sequence_value_and_grad(
     lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_g, 0, 1, t24);
 
     /* t26 = tanh(t23 + t24 + t9) */
-    double *t26 = t22 + 8*n; /* n x 8 */
+    double *t26 = with_grads ? t22 + 8*n : dt22_dt21; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -763,8 +330,8 @@ int lstm_sequence_value_and_grad(
     /* t35 = tanh(t12/(exp(-b_f - t28 - t29) + 1) + t22*t26) */
     /* t36 = t18*tanh(t12/(exp(-b_f - t28 - t29) + 1) + t22*t26) */
     /* dt32_dt31 = exp(-b_f - t28 - t29)/(exp(-b_f - t28 - t29) + 1)**2 */
-    double *dt32_dt31 = t26 + 8*n; /* n x 8 */
-    double *t30 = dt32_dt31 + 8*n; /* n x 8 */
+    double *dt32_dt31 = with_grads ? t26 + 8*n : t14; /* n x 8 */
+    double *t30 = with_grads ? dt32_dt31 + 8*n : t9 + 8*n; /* n x 8 */
     double *t32 = t30 + 8*n; /* n x 8 */
     double *t34 = t32 + 8*n; /* n x 8 */
     double *t35 = t34 + 8*n; /* n x 8 */
@@ -787,17 +354,17 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t37 = t36 @ U_o */
-    double *t37 = t28; /* n x 8, in t28's memory */
+    double *t37 = with_grads ? t28 : t12; /* n x 8, in t28's memory */
     lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_o, 8, 1, t37);
 
     /* t38 = x3 @ W_o */
-    double *t38 = t29; /* n x 8, in t29's memory */
+    double *t38 = with_grads ? t29 : t18; /* n x 8, in t29's memory */
     lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_o, 0, 1, t38);
 
     /* t40 = 1/(exp(-t1 - t37 - t38) + 1) */
     /* dt40_dt39 = exp(-t1 - t37 - t38)/(exp(-t1 - t37 - t38) + 1)**2 */
-    double *dt40_dt39 = t36 + 8*n; /* n x 8 */
-    double *t40 = dt40_dt39 + 8*n; /* n x 8 */
+    double *dt40_dt39 = with_grads ? t36 + 8*n : t22; /* n x 8 */
+    double *t40 = with_grads ? dt40_dt39 + 8*n : t26; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -809,17 +376,17 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t41 = t36 @ U_i */
-    double *t41 = t37; /* n x 8, in t37's memory */
+    double *t41 = with_grads ? t37 : t28; /* n x 8, in t37's memory */
     lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_i, 8, 1, t41);
 
     /* t42 = x3 @ W_i */
-    double *t42 = t38; /* n x 8, in t38's memory */
+    double *t42 = with_grads ? t38 : t29; /* n x 8, in t38's memory */
     lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_i, 0, 1, t42);
 
     /* t44 = 1/(exp(-t41 - t42 - t5) + 1) */
     /* dt44_dt43 = exp(-t41 - t42 - t5)/(exp(-t41 - t42 - t5) + 1)**2 */
-    double *dt44_dt43 = t40 + 8*n; /* n x 8 */
-    double *t44 = dt44_dt43 + 8*n; /* n x 8 */
+    double *dt44_dt43 = with_grads ? t40 + 8*n : dt32_dt31; /* n x 8 */
+    double *t44 = with_grads ? dt44_dt43 + 8*n : t32; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -831,15 +398,15 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t45 = t36 @ U_g */
-    double *t45 = t41; /* n x 8, in t41's memory */
+    double *t45 = with_grads ? t41 : t35; /* n x 8, in t41's memory */
     lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_g, 8, 1, t45);
 
     /* t46 = x3 @ W_g */
-    double *t46 = t42; /* n x 8, in t42's memory */
+    double *t46 = with_grads ? t42 : t37; /* n x 8, in t42's memory */
     lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_g, 0, 1, t46);
 
     /* t48 = tanh(t45 + t46 + t9) */
-    double *t48 = t44 + 8*n; /* n x 8 */
+    double *t48 = with_grads ? t44 + 8*n : t38; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -848,11 +415,11 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t50 = t36 @ U_f */
-    double *t50 = t45; /* n x 8, in t45's memory */
+    double *t50 = with_grads ? t45 : dt40_dt39; /* n x 8, in t45's memory */
     lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_f, 8, 1, t50);
 
     /* t51 = x3 @ W_f */
-    double *t51 = t46; /* n x 8, in t46's memory */
+    double *t51 = with_grads ? t46 : t41; /* n x 8, in t46's memory */
     lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_f, 0, 1, t51);
 
     /* t53 = 1/(exp(-t30 - t50 - t51) + 1) */
@@ -860,11 +427,11 @@ int lstm_sequence_value_and_grad(
     /* t56 = tanh(t34/(exp(-t30 - t50 - t51) + 1) + t44*t48) */
     /* t57 = t40*tanh(t34/(exp(-t30 - t50 - t51) + 1) + t44*t48) */
     /* dt53_dt52 = exp(-t30 - t50 - t51)/(exp(-t30 - t50 - t51) + 1)**2 */
-    double *dt53_dt52 = t48 + 8*n; /* n x 8 */
-    double *t53 = dt53_dt52 + 8*n; /* n x 8 */
-    double *t55 = t53 + 8*n; /* n x 8 */
-    double *t56 = t55 + 8*n; /* n x 8 */
-    double *t57 = t56 + 8*n; /* n x 8 */
+    double *dt53_dt52 = with_grads ? t48 + 8*n : t42; /* n x 8 */
+    double *t53 = with_grads ? dt53_dt52 + 8*n : dt44_dt43; /* n x 8 */
+    double *t55 = with_grads ? t53 + 8*n : t45; /* n x 8 */
+    double *t56 = with_grads ? t55 + 8*n : t46; /* n x 8 */
+    double *t57 = with_grads ? t56 + 8*n : t36; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -882,17 +449,17 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t58 = t57 @ U_o */
-    double *t58 = t50; /* n x 8, in t50's memory */
+    double *t58 = with_grads ? t50 : t34; /* n x 8, in t50's memory */
     lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_o, 8, 1, t58);
 
     /* t59 = x4 @ W_o */
-    double *t59 = t51; /* n x 8, in t51's memory */
+    double *t59 = with_grads ? t51 : t40; /* n x 8, in t51's memory */
     lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_o, 0, 1, t59);
 
     /* t61 = 1/(exp(-t1 - t58 - t59) + 1) */
     /* dt61_dt60 = exp(-t1 - t58 - t59)/(exp(-t1 - t58 - t59) + 1)**2 */
-    double *dt61_dt60 = t57 + 8*n; /* n x 8 */
-    double *t61 = dt61_dt60 + 8*n; /* n x 8 */
+    double *dt61_dt60 = with_grads ? t57 + 8*n : t44; /* n x 8 */
+    double *t61 = with_grads ? dt61_dt60 + 8*n : t48; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -904,17 +471,17 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t62 = t57 @ U_i */
-    double *t62 = t58; /* n x 8, in t58's memory */
+    double *t62 = with_grads ? t58 : t50; /* n x 8, in t58's memory */
     lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_i, 8, 1, t62);
 
     /* t63 = x4 @ W_i */
-    double *t63 = t59; /* n x 8, in t59's memory */
+    double *t63 = with_grads ? t59 : t51; /* n x 8, in t59's memory */
     lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_i, 0, 1, t63);
 
     /* t65 = 1/(exp(-t5 - t62 - t63) + 1) */
     /* dt65_dt64 = exp(-t5 - t62 - t63)/(exp(-t5 - t62 - t63) + 1)**2 */
-    double *dt65_dt64 = t61 + 8*n; /* n x 8 */
-    double *t65 = dt65_dt64 + 8*n; /* n x 8 */
+    double *dt65_dt64 = with_grads ? t61 + 8*n : dt53_dt52; /* n x 8 */
+    double *t65 = with_grads ? dt65_dt64 + 8*n : t53; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -926,15 +493,15 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t66 = t57 @ U_g */
-    double *t66 = t62; /* n x 8, in t62's memory */
+    double *t66 = with_grads ? t62 : t56; /* n x 8, in t62's memory */
     lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_g, 8, 1, t66);
 
     /* t67 = x4 @ W_g */
-    double *t67 = t63; /* n x 8, in t63's memory */
+    double *t67 = with_grads ? t63 : t58; /* n x 8, in t63's memory */
     lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_g, 0, 1, t67);
 
     /* t69 = tanh(t66 + t67 + t9) */
-    double *t69 = t65 + 8*n; /* n x 8 */
+    double *t69 = with_grads ? t65 + 8*n : t59; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -943,11 +510,11 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t71 = t57 @ U_f */
-    double *t71 = t66; /* n x 8, in t66's memory */
+    double *t71 = with_grads ? t66 : dt61_dt60; /* n x 8, in t66's memory */
     lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_f, 8, 1, t71);
 
     /* t72 = x4 @ W_f */
-    double *t72 = t67; /* n x 8, in t67's memory */
+    double *t72 = with_grads ? t67 : t62; /* n x 8, in t67's memory */
     lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_f, 0, 1, t72);
 
     /* t74 = 1/(exp(-t30 - t71 - t72) + 1) */
@@ -955,11 +522,11 @@ int lstm_sequence_value_and_grad(
     /* t77 = tanh(t55/(exp(-t30 - t71 - t72) + 1) + t65*t69) */
     /* t78 = t61*tanh(t55/(exp(-t30 - t71 - t72) + 1) + t65*t69) */
     /* dt74_dt73 = exp(-t30 - t71 - t72)/(exp(-t30 - t71 - t72) + 1)**2 */
-    double *dt74_dt73 = t69 + 8*n; /* n x 8 */
-    double *t74 = dt74_dt73 + 8*n; /* n x 8 */
-    double *t76 = t74 + 8*n; /* n x 8 */
-    double *t77 = t76 + 8*n; /* n x 8 */
-    double *t78 = t77 + 8*n; /* n x 8 */
+    double *dt74_dt73 = with_grads ? t69 + 8*n : t63; /* n x 8 */
+    double *t74 = with_grads ? dt74_dt73 + 8*n : dt65_dt64; /* n x 8 */
+    double *t76 = with_grads ? t74 + 8*n : t66; /* n x 8 */
+    double *t77 = with_grads ? t76 + 8*n : t67; /* n x 8 */
+    double *t78 = with_grads ? t77 + 8*n : t57; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -977,17 +544,17 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t79 = t78 @ U_o */
-    double *t79 = t71; /* n x 8, in t71's memory */
+    double *t79 = with_grads ? t71 : t55; /* n x 8, in t71's memory */
     lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_o, 8, 1, t79);
 
     /* t80 = x5 @ W_o */
-    double *t80 = t72; /* n x 8, in t72's memory */
+    double *t80 = with_grads ? t72 : t61; /* n x 8, in t72's memory */
     lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_o, 0, 1, t80);
 
     /* t82 = 1/(exp(-t1 - t79 - t80) + 1) */
     /* dt82_dt81 = exp(-t1 - t79 - t80)/(exp(-t1 - t79 - t80) + 1)**2 */
-    double *dt82_dt81 = t78 + 8*n; /* n x 8 */
-    double *t82 = dt82_dt81 + 8*n; /* n x 8 */
+    double *dt82_dt81 = with_grads ? t78 + 8*n : t65; /* n x 8 */
+    double *t82 = with_grads ? dt82_dt81 + 8*n : t69; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -999,17 +566,17 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t83 = t78 @ U_i */
-    double *t83 = t79; /* n x 8, in t79's memory */
+    double *t83 = with_grads ? t79 : t71; /* n x 8, in t79's memory */
     lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_i, 8, 1, t83);
 
     /* t84 = x5 @ W_i */
-    double *t84 = t80; /* n x 8, in t80's memory */
+    double *t84 = with_grads ? t80 : t72; /* n x 8, in t80's memory */
     lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_i, 0, 1, t84);
 
     /* t86 = 1/(exp(-t5 - t83 - t84) + 1) */
     /* dt86_dt85 = exp(-t5 - t83 - t84)/(exp(-t5 - t83 - t84) + 1)**2 */
-    double *dt86_dt85 = t82 + 8*n; /* n x 8 */
-    double *t86 = dt86_dt85 + 8*n; /* n x 8 */
+    double *dt86_dt85 = with_grads ? t82 + 8*n : dt74_dt73; /* n x 8 */
+    double *t86 = with_grads ? dt86_dt85 + 8*n : t74; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1021,15 +588,15 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t87 = t78 @ U_g */
-    double *t87 = t83; /* n x 8, in t83's memory */
+    double *t87 = with_grads ? t83 : t77; /* n x 8, in t83's memory */
     lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_g, 8, 1, t87);
 
     /* t88 = x5 @ W_g */
-    double *t88 = t84; /* n x 8, in t84's memory */
+    double *t88 = with_grads ? t84 : t79; /* n x 8, in t84's memory */
     lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_g, 0, 1, t88);
 
     /* t90 = tanh(t87 + t88 + t9) */
-    double *t90 = t86 + 8*n; /* n x 8 */
+    double *t90 = with_grads ? t86 + 8*n : t80; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1038,11 +605,11 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t92 = t78 @ U_f */
-    double *t92 = t87; /* n x 8, in t87's memory */
+    double *t92 = with_grads ? t87 : dt82_dt81; /* n x 8, in t87's memory */
     lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_f, 8, 1, t92);
 
     /* t93 = x5 @ W_f */
-    double *t93 = t88; /* n x 8, in t88's memory */
+    double *t93 = with_grads ? t88 : t83; /* n x 8, in t88's memory */
     lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_f, 0, 1, t93);
 
     /* t95 = 1/(exp(-t30 - t92 - t93) + 1) */
@@ -1050,11 +617,11 @@ int lstm_sequence_value_and_grad(
     /* t98 = tanh(t76/(exp(-t30 - t92 - t93) + 1) + t86*t90) */
     /* t99 = t82*tanh(t76/(exp(-t30 - t92 - t93) + 1) + t86*t90) */
     /* dt95_dt94 = exp(-t30 - t92 - t93)/(exp(-t30 - t92 - t93) + 1)**2 */
-    double *dt95_dt94 = t90 + 8*n; /* n x 8 */
-    double *t95 = dt95_dt94 + 8*n; /* n x 8 */
-    double *t97 = t95 + 8*n; /* n x 8 */
-    double *t98 = t97 + 8*n; /* n x 8 */
-    double *t99 = t98 + 8*n; /* n x 8 */
+    double *dt95_dt94 = with_grads ? t90 + 8*n : t84; /* n x 8 */
+    double *t95 = with_grads ? dt95_dt94 + 8*n : dt86_dt85; /* n x 8 */
+    double *t97 = with_grads ? t95 + 8*n : t87; /* n x 8 */
+    double *t98 = with_grads ? t97 + 8*n : t88; /* n x 8 */
+    double *t99 = with_grads ? t98 + 8*n : t78; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1072,17 +639,17 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t100 = t99 @ U_o */
-    double *t100 = t92; /* n x 8, in t92's memory */
+    double *t100 = with_grads ? t92 : t76; /* n x 8, in t92's memory */
     lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_o, 8, 1, t100);
 
     /* t101 = x6 @ W_o */
-    double *t101 = t93; /* n x 8, in t93's memory */
+    double *t101 = with_grads ? t93 : t82; /* n x 8, in t93's memory */
     lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_o, 0, 1, t101);
 
     /* t103 = 1/(exp(-t1 - t100 - t101) + 1) */
     /* dt103_dt102 = exp(-t1 - t100 - t101)/(exp(-t1 - t100 - t101) + 1)**2 */
-    double *dt103_dt102 = t99 + 8*n; /* n x 8 */
-    double *t103 = dt103_dt102 + 8*n; /* n x 8 */
+    double *dt103_dt102 = with_grads ? t99 + 8*n : t86; /* n x 8 */
+    double *t103 = with_grads ? dt103_dt102 + 8*n : t90; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1094,17 +661,17 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t104 = t99 @ U_i */
-    double *t104 = t100; /* n x 8, in t100's memory */
+    double *t104 = with_grads ? t100 : t92; /* n x 8, in t100's memory */
     lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_i, 8, 1, t104);
 
     /* t105 = x6 @ W_i */
-    double *t105 = t101; /* n x 8, in t101's memory */
+    double *t105 = with_grads ? t101 : t93; /* n x 8, in t101's memory */
     lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_i, 0, 1, t105);
 
     /* t107 = 1/(exp(-t104 - t105 - t5) + 1) */
     /* dt107_dt106 = exp(-t104 - t105 - t5)/(exp(-t104 - t105 - t5) + 1)**2 */
-    double *dt107_dt106 = t103 + 8*n; /* n x 8 */
-    double *t107 = dt107_dt106 + 8*n; /* n x 8 */
+    double *dt107_dt106 = with_grads ? t103 + 8*n : dt95_dt94; /* n x 8 */
+    double *t107 = with_grads ? dt107_dt106 + 8*n : t95; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1116,15 +683,15 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t108 = t99 @ U_g */
-    double *t108 = t104; /* n x 8, in t104's memory */
+    double *t108 = with_grads ? t104 : t98; /* n x 8, in t104's memory */
     lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_g, 8, 1, t108);
 
     /* t109 = x6 @ W_g */
-    double *t109 = t105; /* n x 8, in t105's memory */
+    double *t109 = with_grads ? t105 : t100; /* n x 8, in t105's memory */
     lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_g, 0, 1, t109);
 
     /* t111 = tanh(t108 + t109 + t9) */
-    double *t111 = t107 + 8*n; /* n x 8 */
+    double *t111 = with_grads ? t107 + 8*n : t101; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1133,11 +700,11 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t113 = t99 @ U_f */
-    double *t113 = t108; /* n x 8, in t108's memory */
+    double *t113 = with_grads ? t108 : dt103_dt102; /* n x 8, in t108's memory */
     lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_f, 8, 1, t113);
 
     /* t114 = x6 @ W_f */
-    double *t114 = t109; /* n x 8, in t109's memory */
+    double *t114 = with_grads ? t109 : t104; /* n x 8, in t109's memory */
     lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_f, 0, 1, t114);
 
     /* t116 = 1/(exp(-t113 - t114 - t30) + 1) */
@@ -1145,11 +712,11 @@ int lstm_sequence_value_and_grad(
     /* t119 = tanh(t107*t111 + t97/(exp(-t113 - t114 - t30) + 1)) */
     /* t120 = t103*tanh(t107*t111 + t97/(exp(-t113 - t114 - t30) + 1)) */
     /* dt116_dt115 = exp(-t113 - t114 - t30)/(exp(-t113 - t114 - t30) + 1)**2 */
-    double *dt116_dt115 = t111 + 8*n; /* n x 8 */
-    double *t116 = dt116_dt115 + 8*n; /* n x 8 */
-    double *t118 = t116 + 8*n; /* n x 8 */
-    double *t119 = t118 + 8*n; /* n x 8 */
-    double *t120 = t119 + 8*n; /* n x 8 */
+    double *dt116_dt115 = with_grads ? t111 + 8*n : t105; /* n x 8 */
+    double *t116 = with_grads ? dt116_dt115 + 8*n : dt107_dt106; /* n x 8 */
+    double *t118 = with_grads ? t116 + 8*n : t108; /* n x 8 */
+    double *t119 = with_grads ? t118 + 8*n : t109; /* n x 8 */
+    double *t120 = with_grads ? t119 + 8*n : t99; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1167,17 +734,17 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t121 = t120 @ U_o */
-    double *t121 = t113; /* n x 8, in t113's memory */
+    double *t121 = with_grads ? t113 : t97; /* n x 8, in t113's memory */
     lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_o, 8, 1, t121);
 
     /* t122 = x7 @ W_o */
-    double *t122 = t114; /* n x 8, in t114's memory */
+    double *t122 = with_grads ? t114 : t103; /* n x 8, in t114's memory */
     lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_o, 0, 1, t122);
 
     /* t124 = 1/(exp(-t1 - t121 - t122) + 1) */
     /* dt124_dt123 = exp(-t1 - t121 - t122)/(exp(-t1 - t121 - t122) + 1)**2 */
-    double *dt124_dt123 = t120 + 8*n; /* n x 8 */
-    double *t124 = dt124_dt123 + 8*n; /* n x 8 */
+    double *dt124_dt123 = with_grads ? t120 + 8*n : t107; /* n x 8 */
+    double *t124 = with_grads ? dt124_dt123 + 8*n : t111; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1189,17 +756,17 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t125 = t120 @ U_i */
-    double *t125 = t121; /* n x 8, in t121's memory */
+    double *t125 = with_grads ? t121 : t113; /* n x 8, in t121's memory */
     lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_i, 8, 1, t125);
 
     /* t126 = x7 @ W_i */
-    double *t126 = t122; /* n x 8, in t122's memory */
+    double *t126 = with_grads ? t122 : t114; /* n x 8, in t122's memory */
     lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_i, 0, 1, t126);
 
     /* t128 = 1/(exp(-t125 - t126 - t5) + 1) */
     /* dt128_dt127 = exp(-t125 - t126 - t5)/(exp(-t125 - t126 - t5) + 1)**2 */
-    double *dt128_dt127 = t124 + 8*n; /* n x 8 */
-    double *t128 = dt128_dt127 + 8*n; /* n x 8 */
+    double *dt128_dt127 = with_grads ? t124 + 8*n : dt116_dt115; /* n x 8 */
+    double *t128 = with_grads ? dt128_dt127 + 8*n : t116; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1211,15 +778,15 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t129 = t120 @ U_g */
-    double *t129 = t125; /* n x 8, in t125's memory */
+    double *t129 = with_grads ? t125 : t119; /* n x 8, in t125's memory */
     lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_g, 8, 1, t129);
 
     /* t130 = x7 @ W_g */
-    double *t130 = t126; /* n x 8, in t126's memory */
+    double *t130 = with_grads ? t126 : t121; /* n x 8, in t126's memory */
     lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_g, 0, 1, t130);
 
     /* t132 = tanh(t129 + t130 + t9) */
-    double *t132 = t128 + 8*n; /* n x 8 */
+    double *t132 = with_grads ? t128 + 8*n : t122; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1228,11 +795,11 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t134 = t120 @ U_f */
-    double *t134 = t129; /* n x 8, in t129's memory */
+    double *t134 = with_grads ? t129 : dt124_dt123; /* n x 8, in t129's memory */
     lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_f, 8, 1, t134);
 
     /* t135 = x7 @ W_f */
-    double *t135 = t130; /* n x 8, in t130's memory */
+    double *t135 = with_grads ? t130 : t125; /* n x 8, in t130's memory */
     lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_f, 0, 1, t135);
 
     /* t137 = 1/(exp(-t134 - t135 - t30) + 1) */
@@ -1240,11 +807,11 @@ int lstm_sequence_value_and_grad(
     /* t140 = tanh(t118/(exp(-t134 - t135 - t30) + 1) + t128*t132) */
     /* t141 = t124*tanh(t118/(exp(-t134 - t135 - t30) + 1) + t128*t132) */
     /* dt137_dt136 = exp(-t134 - t135 - t30)/(exp(-t134 - t135 - t30) + 1)**2 */
-    double *dt137_dt136 = t132 + 8*n; /* n x 8 */
-    double *t137 = dt137_dt136 + 8*n; /* n x 8 */
-    double *t139 = t137 + 8*n; /* n x 8 */
-    double *t140 = t139 + 8*n; /* n x 8 */
-    double *t141 = t140 + 8*n; /* n x 8 */
+    double *dt137_dt136 = with_grads ? t132 + 8*n : t126; /* n x 8 */
+    double *t137 = with_grads ? dt137_dt136 + 8*n : dt128_dt127; /* n x 8 */
+    double *t139 = with_grads ? t137 + 8*n : t129; /* n x 8 */
+    double *t140 = with_grads ? t139 + 8*n : t130; /* n x 8 */
+    double *t141 = with_grads ? t140 + 8*n : t120; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1262,17 +829,17 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t142 = t141 @ U_o */
-    double *t142 = t134; /* n x 8, in t134's memory */
+    double *t142 = with_grads ? t134 : t118; /* n x 8, in t134's memory */
     lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_o, 8, 1, t142);
 
     /* t143 = x8 @ W_o */
-    double *t143 = t135; /* n x 8, in t135's memory */
+    double *t143 = with_grads ? t135 : t124; /* n x 8, in t135's memory */
     lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_o, 0, 1, t143);
 
     /* t145 = 1/(exp(-t1 - t142 - t143) + 1) */
     /* dt145_dt144 = exp(-t1 - t142 - t143)/(exp(-t1 - t142 - t143) + 1)**2 */
-    double *dt145_dt144 = t141 + 8*n; /* n x 8 */
-    double *t145 = dt145_dt144 + 8*n; /* n x 8 */
+    double *dt145_dt144 = with_grads ? t141 + 8*n : t128; /* n x 8 */
+    double *t145 = with_grads ? dt145_dt144 + 8*n : t132; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1284,17 +851,17 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t146 = t141 @ U_i */
-    double *t146 = t1; /* n x 8, in t1's memory */
+    double *t146 = with_grads ? t1 : t134; /* n x 8, in t1's memory */
     lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_i, 8, 1, t146);
 
     /* t147 = x8 @ W_i */
-    double *t147 = t142; /* n x 8, in t142's memory */
+    double *t147 = with_grads ? t142 : t135; /* n x 8, in t142's memory */
     lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_i, 0, 1, t147);
 
     /* t149 = 1/(exp(-t146 - t147 - t5) + 1) */
     /* dt149_dt148 = exp(-t146 - t147 - t5)/(exp(-t146 - t147 - t5) + 1)**2 */
-    double *dt149_dt148 = t143; /* n x 8, in t143's memory */
-    double *t149 = t145 + 8*n; /* n x 8 */
+    double *dt149_dt148 = with_grads ? t143 : dt137_dt136; /* n x 8, in t143's memory */
+    double *t149 = with_grads ? t145 + 8*n : t137; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1306,15 +873,15 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t150 = t141 @ U_g */
-    double *t150 = t5; /* n x 8, in t5's memory */
+    double *t150 = with_grads ? t5 : t140; /* n x 8, in t5's memory */
     lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_g, 8, 1, t150);
 
     /* t151 = x8 @ W_g */
-    double *t151 = t146; /* n x 8, in t146's memory */
+    double *t151 = with_grads ? t146 : t1; /* n x 8, in t146's memory */
     lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_g, 0, 1, t151);
 
     /* t153 = tanh(t150 + t151 + t9) */
-    double *t153 = t147; /* n x 8, in t147's memory */
+    double *t153 = with_grads ? t147 : t142; /* n x 8, in t147's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1323,21 +890,21 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t155 = t141 @ U_f */
-    double *t155 = t9; /* n x 8, in t9's memory */
+    double *t155 = with_grads ? t9 : t143; /* n x 8, in t9's memory */
     lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_f, 8, 1, t155);
 
     /* t156 = x8 @ W_f */
-    double *t156 = t150; /* n x 8, in t150's memory */
+    double *t156 = with_grads ? t150 : dt145_dt144; /* n x 8, in t150's memory */
     lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_f, 0, 1, t156);
 
     /* t158 = 1/(exp(-t155 - t156 - t30) + 1) */
     /* t161 = tanh(t139/(exp(-t155 - t156 - t30) + 1) + t149*t153) */
     /* t162 = t145*tanh(t139/(exp(-t155 - t156 - t30) + 1) + t149*t153) */
     /* dt158_dt157 = exp(-t155 - t156 - t30)/(exp(-t155 - t156 - t30) + 1)**2 */
-    double *dt158_dt157 = t151; /* n x 8, in t151's memory */
-    double *t158 = t149 + 8*n; /* n x 8 */
-    double *t161 = t158 + 8*n; /* n x 8 */
-    double *t162 = t161 + 8*n; /* n x 8 */
+    double *dt158_dt157 = with_grads ? t151 : t5; /* n x 8, in t151's memory */
+    double *t158 = with_grads ? t149 + 8*n : t146; /* n x 8 */
+    double *t161 = with_grads ? t158 + 8*n : t147; /* n x 8 */
+    double *t162 = with_grads ? t161 + 8*n : dt149_dt148; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1353,9 +920,10 @@ int lstm_sequence_value_and_grad(
     }
 
     /* t163 = t162 @ V */
-    double *t163 = t162 + 8*n; /* n x 1 */
+    double *t163 = with_grads ? t162 + 8*n : t36 + 8*n; /* n x 1 */
     lstm_sequence_matmul(n, 1, 8, t162, 8, 1, V, 1, 0, t163);
 
+    /* logit = c0 + t163 */
     /* t168 = -y*(c0 + t163) + log(1 + exp(-Abs(c0 + t163))) + Max(0, c0 + t163) */
     /* grad_logit = -y/n + (Heaviside(c0 + t163) - exp(-Abs(c0 + t163))*sign(c0 + t163)/(1 + exp(-Abs(c0 + t163))))/n */
     double *grad_logit = t163 + n; /* n x 1 */
@@ -1368,6 +936,7 @@ int lstm_sequence_value_and_grad(
             const double x1 = exp(-fabs(x0));
             const double x2 = x1 + 1;
             const double x3 = 1.0/((double)n);
+            logit[i] = x0;
             t168[i] = -y[i]*x0 + log(x2) + fmax(0, x0);
             grad_logit[i] = -y[i]*x3 + x3*(-x1*((x0 > 0) - (x0 < 0))/x2 + ((x0 > 0) ? 1.0 : 0.0));
         }
@@ -1380,6 +949,10 @@ int lstm_sequence_value_and_grad(
     /* loss = t169/n */
     {
         loss[0] = t169[0]/((double)n);
+    }
+
+    if (!with_grads) {
+        return 0;
     }
 
     /* grad_t162 = grad_logit @ V^T */
@@ -2001,4 +1574,95 @@ int lstm_sequence_value_and_grad(
     /* grad_c0 = sum of grad_logit down each column */
     grad_c0[0] = lstm_sequence_sum(grad_logit, n, 1);
     return 0;
+}
+
+size_t lstm_sequence_forward_work_len(int64_t n)
+{
+    return (size_t)(lstm_sequence_run_work_len(n, 0));
+}
+
+/* Forward pass: the loss and the named outputs. */
+int lstm_sequence_forward(
+    int64_t n,
+    const double *x1_,
+    const double *x2_,
+    const double *x3_,
+    const double *x4_,
+    const double *x5_,
+    const double *x6_,
+    const double *x7_,
+    const double *x8_,
+    const double *y,
+    const double *W_i,
+    const double *W_f,
+    const double *W_g,
+    const double *W_o,
+    const double *U_i,
+    const double *U_f,
+    const double *U_g,
+    const double *U_o,
+    const double *b_i,
+    const double *b_f,
+    const double *b_g,
+    const double *b_o,
+    const double *V,
+    const double *c0,
+    double *loss,
+    double *logit,
+    double *work
+)
+{
+    return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, logit, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
+}
+
+size_t lstm_sequence_value_and_grad_work_len(int64_t n)
+{
+    return (size_t)(lstm_sequence_run_work_len(n, 1) + n*1);
+}
+
+/* The loss and its gradient (reverse mode). */
+int lstm_sequence_value_and_grad(
+    int64_t n,
+    const double *x1_,
+    const double *x2_,
+    const double *x3_,
+    const double *x4_,
+    const double *x5_,
+    const double *x6_,
+    const double *x7_,
+    const double *x8_,
+    const double *y,
+    const double *W_i,
+    const double *W_f,
+    const double *W_g,
+    const double *W_o,
+    const double *U_i,
+    const double *U_f,
+    const double *U_g,
+    const double *U_o,
+    const double *b_i,
+    const double *b_f,
+    const double *b_g,
+    const double *b_o,
+    const double *V,
+    const double *c0,
+    double *loss,
+    double *grad_W_i,
+    double *grad_W_f,
+    double *grad_W_g,
+    double *grad_W_o,
+    double *grad_U_i,
+    double *grad_U_f,
+    double *grad_U_g,
+    double *grad_U_o,
+    double *grad_b_i,
+    double *grad_b_f,
+    double *grad_b_g,
+    double *grad_b_o,
+    double *grad_V,
+    double *grad_c0,
+    double *work
+)
+{
+    return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, work + lstm_sequence_run_work_len(n, 1), grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c0, work, 1);
 }

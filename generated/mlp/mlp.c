@@ -129,14 +129,14 @@ static double mlp_sum(const double *x, int64_t n, int64_t stride)
     return result;
 }
 
-size_t mlp_forward_work_len(int64_t n)
+static size_t mlp_run_work_len(int64_t n, int with_grads)
 {
     (void)n;
-    return (size_t)(12*n + 3);
+    return (size_t)(with_grads ? 22*n + 3 : 18*n + 3);
 }
 
-/* Forward pass: the loss and the named outputs. */
-int mlp_forward(
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+static int mlp_run(
     int64_t n,
     const double *X,
     const double *T,
@@ -146,80 +146,12 @@ int mlp_forward(
     const double *b2,
     double *loss,
     double *Y,
-    double *work
-)
-{
-    if (n < 1) {
-        return 1;
-    }
-
-    /* t0 = X @ W1 */
-    double *t0 = work; /* n x 4 */
-    mlp_matmul(n, 4, 3, X, 3, 1, W1, 4, 1, t0);
-
-    /* t3 = 1/(exp(-b1 - t0) + 1) */
-    double *t3 = t0 + 4*n; /* n x 4 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 4; ++j) {
-            t3[4*i + j] = 1.0/(exp(-b1[j] - t0[4*i + j]) + 1);
-        }
-    }
-
-    /* t4 = t3 @ W2 */
-    double *t4 = t3 + 4*n; /* n x 2 */
-    mlp_matmul(n, 2, 4, t3, 4, 1, W2, 2, 1, t4);
-
-    /* Y = b2 + t4 */
-    /* t8 = (-T + b2 + t4)**2 */
-    double *t8 = t4 + 2*n; /* n x 2 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 2; ++j) {
-            const double x0 = b2[j] + t4[2*i + j];
-            Y[2*i + j] = x0;
-            t8[2*i + j] = pow(-T[2*i + j] + x0, 2);
-        }
-    }
-
-    /* t9 = sum of t8 down each column */
-    double *t9 = t8 + 2*n; /* 1 x 2 */
-    for (int64_t j = 0; j < 2; ++j) {
-        t9[j] = mlp_sum(t8 + j, n, 2);
-    }
-
-    /* t10 = sum of t9 along each row */
-    double *t10 = t9 + 2; /* 1 x 1 */
-    t10[0] = mlp_sum(t9, 2, 1);
-
-    /* loss = t10/(2*n) */
-    {
-        loss[0] = (1.0/2.0)*t10[0]/((double)n);
-    }
-    return 0;
-}
-
-size_t mlp_value_and_grad_work_len(int64_t n)
-{
-    (void)n;
-    return (size_t)(22*n + 3);
-}
-
-/* The loss and its gradient (reverse mode). */
-int mlp_value_and_grad(
-    int64_t n,
-    const double *X,
-    const double *T,
-    const double *W1,
-    const double *b1,
-    const double *W2,
-    const double *b2,
-    double *loss,
     double *grad_W1,
     double *grad_b1,
     double *grad_W2,
     double *grad_b2,
-    double *work
+    double *work,
+    int with_grads
 )
 {
     if (n < 1) {
@@ -248,6 +180,7 @@ int mlp_value_and_grad(
     double *t4 = t3 + 4*n; /* n x 2 */
     mlp_matmul(n, 2, 4, t3, 4, 1, W2, 2, 1, t4);
 
+    /* Y = b2 + t4 */
     /* t8 = (-T + b2 + t4)**2 */
     /* grad_t7 = (-2*T + 2*b2 + 2*t4)/(2*n) */
     double *grad_t7 = t4 + 2*n; /* n x 2 */
@@ -255,7 +188,9 @@ int mlp_value_and_grad(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            t8[2*i + j] = pow(b2[j] + t4[2*i + j] - T[2*i + j], 2);
+            const double x0 = b2[j] + t4[2*i + j];
+            Y[2*i + j] = x0;
+            t8[2*i + j] = pow(-T[2*i + j] + x0, 2);
             grad_t7[2*i + j] = (1.0/2.0)*(2*b2[j] + 2*t4[2*i + j] - 2*T[2*i + j])/((double)n);
         }
     }
@@ -273,6 +208,10 @@ int mlp_value_and_grad(
     /* loss = t10/(2*n) */
     {
         loss[0] = (1.0/2.0)*t10[0]/((double)n);
+    }
+
+    if (!with_grads) {
+        return 0;
     }
 
     /* grad_t3 = grad_t7 @ W2^T */
@@ -304,4 +243,51 @@ int mlp_value_and_grad(
         grad_b2[j] = mlp_sum(grad_t7 + j, n, 2);
     }
     return 0;
+}
+
+size_t mlp_forward_work_len(int64_t n)
+{
+    return (size_t)(mlp_run_work_len(n, 0));
+}
+
+/* Forward pass: the loss and the named outputs. */
+int mlp_forward(
+    int64_t n,
+    const double *X,
+    const double *T,
+    const double *W1,
+    const double *b1,
+    const double *W2,
+    const double *b2,
+    double *loss,
+    double *Y,
+    double *work
+)
+{
+    return mlp_run(n, X, T, W1, b1, W2, b2, loss, Y, NULL, NULL, NULL, NULL, work, 0);
+}
+
+size_t mlp_value_and_grad_work_len(int64_t n)
+{
+    return (size_t)(mlp_run_work_len(n, 1) + n*2);
+}
+
+/* The loss and its gradient (reverse mode). */
+int mlp_value_and_grad(
+    int64_t n,
+    const double *X,
+    const double *T,
+    const double *W1,
+    const double *b1,
+    const double *W2,
+    const double *b2,
+    double *loss,
+    double *grad_W1,
+    double *grad_b1,
+    double *grad_W2,
+    double *grad_b2,
+    double *work
+)
+{
+    return mlp_run(n, X, T, W1, b1, W2, b2, loss, work + mlp_run_work_len(n, 1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
 }

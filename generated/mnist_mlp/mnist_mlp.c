@@ -170,13 +170,13 @@ static double mnist_mlp_logsumexp(const double *x, int64_t n, int64_t stride)
     return top + log(result);
 }
 
-size_t mnist_mlp_forward_work_len(void)
+static size_t mnist_mlp_run_work_len(int with_grads)
 {
-    return (size_t)(68481);
+    return (size_t)(with_grads ? 101249 : 68481);
 }
 
-/* Forward pass: the loss and the named outputs. */
-int mnist_mlp_forward(
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+static int mnist_mlp_run(
     const double *X,
     const double *T,
     const double *W1,
@@ -185,7 +185,12 @@ int mnist_mlp_forward(
     const double *b2,
     double *loss,
     double *logits,
-    double *work
+    double *grad_W1,
+    double *grad_b1,
+    double *grad_W2,
+    double *grad_b2,
+    double *work,
+    int with_grads
 )
 {
 
@@ -245,87 +250,9 @@ int mnist_mlp_forward(
     {
         loss[0] = (1.0/128.0)*t11[0];
     }
-    return 0;
-}
 
-size_t mnist_mlp_value_and_grad_work_len(void)
-{
-    return (size_t)(102529);
-}
-
-/* The loss and its gradient (reverse mode). */
-int mnist_mlp_value_and_grad(
-    const double *X,
-    const double *T,
-    const double *W1,
-    const double *b1,
-    const double *W2,
-    const double *b2,
-    double *loss,
-    double *grad_W1,
-    double *grad_b1,
-    double *grad_W2,
-    double *grad_b2,
-    double *work
-)
-{
-
-    /* t0 = X @ W1 */
-    double *t0 = work; /* 128 x 256 */
-    mnist_mlp_matmul(128, 256, 784, X, 784, 1, W1, 256, 1, t0);
-
-    /* t3 = tanh(b1 + t0) */
-    double *t3 = t0 + 32768; /* 128 x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < 128; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t3[256*i + j] = tanh(b1[j] + t0[256*i + j]);
-        }
-    }
-
-    /* t4 = t3 @ W2 */
-    double *t4 = t3 + 32768; /* 128 x 10 */
-    mnist_mlp_matmul(128, 10, 256, t3, 256, 1, W2, 10, 1, t4);
-
-    /* logits = b2 + t4 */
-    /* t6 = T*(b2 + t4) */
-    double *logits = t4 + 1280; /* 128 x 10 */
-    double *t6 = logits + 1280; /* 128 x 10 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < 128; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const double x0 = b2[j] + t4[10*i + j];
-            logits[10*i + j] = x0;
-            t6[10*i + j] = T[10*i + j]*x0;
-        }
-    }
-
-    /* t7 = sum of t6 along each row */
-    double *t7 = t6 + 1280; /* 128 x 1 */
-    for (int64_t i = 0; i < 128; ++i) {
-        t7[i] = mnist_mlp_sum(t6 + 10*i, 10, 1);
-    }
-
-    /* t9 = log(sum(exp(logits))) along each row, its max subtracted first */
-    double *t9 = t7 + 128; /* 128 x 1 */
-    for (int64_t i = 0; i < 128; ++i) {
-        t9[i] = mnist_mlp_logsumexp(logits + 10*i, 10, 1);
-    }
-
-    /* t10 = -t7 + t9 */
-    double *t10 = t9 + 128; /* 128 x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < 128; ++i) {
-        t10[i] = -t7[i] + t9[i];
-    }
-
-    /* t11 = sum of t10 down each column */
-    double *t11 = t10 + 128; /* 1 x 1 */
-    t11[0] = mnist_mlp_sum(t10, 128, 1);
-
-    /* loss = t11/128 */
-    {
-        loss[0] = (1.0/128.0)*t11[0];
+    if (!with_grads) {
+        return 0;
     }
 
     /* grad_logits = -T/128 + exp(logits - t9)/128 */
@@ -366,4 +293,49 @@ int mnist_mlp_value_and_grad(
         grad_b2[j] = mnist_mlp_sum(grad_logits + j, 128, 10);
     }
     return 0;
+}
+
+size_t mnist_mlp_forward_work_len(void)
+{
+    return (size_t)(mnist_mlp_run_work_len(0));
+}
+
+/* Forward pass: the loss and the named outputs. */
+int mnist_mlp_forward(
+    const double *X,
+    const double *T,
+    const double *W1,
+    const double *b1,
+    const double *W2,
+    const double *b2,
+    double *loss,
+    double *logits,
+    double *work
+)
+{
+    return mnist_mlp_run(X, T, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL, NULL, work, 0);
+}
+
+size_t mnist_mlp_value_and_grad_work_len(void)
+{
+    return (size_t)(mnist_mlp_run_work_len(1) + 128*10);
+}
+
+/* The loss and its gradient (reverse mode). */
+int mnist_mlp_value_and_grad(
+    const double *X,
+    const double *T,
+    const double *W1,
+    const double *b1,
+    const double *W2,
+    const double *b2,
+    double *loss,
+    double *grad_W1,
+    double *grad_b1,
+    double *grad_W2,
+    double *grad_b2,
+    double *work
+)
+{
+    return mnist_mlp_run(X, T, W1, b1, W2, b2, loss, work + mnist_mlp_run_work_len(1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
 }

@@ -7,13 +7,6 @@
 #include <stddef.h>
 #include "polynomial_fit.h"
 
-/* Loops over many rows run on several threads when compiled with -fopenmp. */
-#ifdef _OPENMP
-#define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
-#else
-#define SYMBACKPROP_PARALLEL_FOR
-#endif
-
 /* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
  * calling these functions use their SIMD variants. */
 #ifdef SYMBACKPROP_LIBMVEC
@@ -65,57 +58,22 @@ static double polynomial_fit_sum(const double *x, int64_t n, int64_t stride)
     return result;
 }
 
-size_t polynomial_fit_forward_work_len(int64_t N)
+static size_t polynomial_fit_run_work_len(int64_t N, int with_grads)
 {
     (void)N;
-    return (size_t)(1);
+    return (size_t)(with_grads ? 1 : 1);
 }
 
-/* Forward pass: the loss and the named outputs. */
-int polynomial_fit_forward(
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+static int polynomial_fit_run(
     int64_t N,
     const double *points,
     const double *coeffs,
     double *loss,
     double *squared_error,
-    double *work
-)
-{
-    if (N < 1) {
-        return 1;
-    }
-
-    /* squared_error[i, 0] = (coeffs[0, 0] + coeffs[0, 1]*points[i, 0] + coeffs[0, 2]*points[i, 0]**2 + coeffs[0, 3]*points[i, 0]**3 + coeffs[0, 4]*points[i, 0]**4 + coeffs[0, 5]*points[i, 0]**5 - points[i, 1])**2 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < N; ++i) {
-        squared_error[i] = pow((points[2*i]*points[2*i]*points[2*i]*points[2*i]*points[2*i])*coeffs[5] + (points[2*i]*points[2*i]*points[2*i]*points[2*i])*coeffs[4] + (points[2*i]*points[2*i]*points[2*i])*coeffs[3] + (points[2*i]*points[2*i])*coeffs[2] + points[2*i]*coeffs[1] - points[2*i + 1] + coeffs[0], 2);
-    }
-
-    /* t0 = sum of squared_error down each column */
-    double *t0 = work; /* 1 x 1 */
-    t0[0] = polynomial_fit_sum(squared_error, N, 1);
-
-    /* loss = t0/N */
-    {
-        loss[0] = t0[0]/((double)N);
-    }
-    return 0;
-}
-
-size_t polynomial_fit_value_and_grad_work_len(int64_t N)
-{
-    (void)N;
-    return (size_t)(N + 1);
-}
-
-/* The loss and its gradient (reverse mode). */
-int polynomial_fit_value_and_grad(
-    int64_t N,
-    const double *points,
-    const double *coeffs,
-    double *loss,
     double *grad_coeffs,
-    double *work
+    double *work,
+    int with_grads
 )
 {
     if (N < 1) {
@@ -124,7 +82,6 @@ int polynomial_fit_value_and_grad(
 
     /* squared_error[i, 0] = (coeffs[0, 0] + coeffs[0, 1]*points[i, 0] + coeffs[0, 2]*points[i, 0]**2 + coeffs[0, 3]*points[i, 0]**3 + coeffs[0, 4]*points[i, 0]**4 + coeffs[0, 5]*points[i, 0]**5 - points[i, 1])**2 */
     /* grad_coeffs[0, :] += 6 values from points[i, :], coeffs[0, :]: see the temporaries */
-    double *squared_error = work; /* N x 1 */
     for (int64_t i = 0; i < 6; ++i) {
         grad_coeffs[i] = 0;
     }
@@ -151,12 +108,49 @@ int polynomial_fit_value_and_grad(
     }
 
     /* t0 = sum of squared_error down each column */
-    double *t0 = squared_error + N; /* 1 x 1 */
+    double *t0 = work; /* 1 x 1 */
     t0[0] = polynomial_fit_sum(squared_error, N, 1);
 
     /* loss = t0/N */
     {
         loss[0] = t0[0]/((double)N);
     }
+    (void)with_grads;
     return 0;
+}
+
+size_t polynomial_fit_forward_work_len(int64_t N)
+{
+    return (size_t)(polynomial_fit_run_work_len(N, 0) + 1*6);
+}
+
+/* Forward pass: the loss and the named outputs. */
+int polynomial_fit_forward(
+    int64_t N,
+    const double *points,
+    const double *coeffs,
+    double *loss,
+    double *squared_error,
+    double *work
+)
+{
+    return polynomial_fit_run(N, points, coeffs, loss, squared_error, work + polynomial_fit_run_work_len(N, 0), work, 0);
+}
+
+size_t polynomial_fit_value_and_grad_work_len(int64_t N)
+{
+    return (size_t)(polynomial_fit_run_work_len(N, 1) + N*1);
+}
+
+/* The loss and its gradient (reverse mode). */
+int polynomial_fit_value_and_grad(
+    int64_t N,
+    const double *points,
+    const double *coeffs,
+    double *loss,
+    double *grad_coeffs,
+    double *work
+)
+{
+    return polynomial_fit_run(N, points, coeffs, loss, work + polynomial_fit_run_work_len(N, 1), grad_coeffs, work, 1);
 }

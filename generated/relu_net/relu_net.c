@@ -38,78 +38,23 @@ __attribute__((simd("notinbranch"))) double tan(double);
 __attribute__((simd("notinbranch"))) double tanh(double);
 #endif
 
-size_t relu_net_forward_work_len(void)
+static size_t relu_net_run_work_len(int with_grads)
 {
-    return (size_t)(4);
+    return (size_t)(with_grads ? 9 : 7);
 }
 
-/* Forward pass: the loss and the named outputs. */
-int relu_net_forward(
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+static int relu_net_run(
     const double *x,
     const double *t,
     const double *W1,
     const double *W2,
     double *loss,
     double *y,
-    double *work
-)
-{
-
-    /* t1 = W1 @ x */
-    double *t1 = work; /* 2 x 1 */
-    for (int64_t i = 0; i < 2; ++i) {
-        for (int64_t j = 0; j < 1; ++j) {
-            t1[i + j] = 0;
-        }
-        for (int64_t k = 0; k < 2; ++k) {
-            const double acc = W1[2*i + k];
-            for (int64_t j = 0; j < 1; ++j) {
-                t1[i + j] += acc * x[k];
-            }
-        }
-    }
-
-    /* t2 = Max(0, t1) */
-    double *t2 = t1 + 2; /* 2 x 1 */
-    for (int64_t i = 0; i < 2; ++i) {
-        t2[i] = fmax(0, t1[i]);
-    }
-
-    /* y = W2 @ t2 */
-    for (int64_t i = 0; i < 1; ++i) {
-        for (int64_t j = 0; j < 1; ++j) {
-            y[i + j] = 0;
-        }
-        for (int64_t k = 0; k < 2; ++k) {
-            const double acc = W2[k];
-            for (int64_t j = 0; j < 1; ++j) {
-                y[i + j] += acc * t2[k];
-            }
-        }
-    }
-
-    /* loss = (-t + y)**2/2 */
-    {
-        loss[0] = (1.0/2.0)*pow(-t[0] + y[0], 2);
-    }
-    return 0;
-}
-
-size_t relu_net_value_and_grad_work_len(void)
-{
-    return (size_t)(10);
-}
-
-/* The loss and its gradient (reverse mode). */
-int relu_net_value_and_grad(
-    const double *x,
-    const double *t,
-    const double *W1,
-    const double *W2,
-    double *loss,
     double *grad_W1,
     double *grad_W2,
-    double *work
+    double *work,
+    int with_grads
 )
 {
 
@@ -137,7 +82,6 @@ int relu_net_value_and_grad(
     }
 
     /* y = W2 @ t2 */
-    double *y = t2 + 2; /* 1 x 1 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             y[i + j] = 0;
@@ -152,11 +96,15 @@ int relu_net_value_and_grad(
 
     /* loss = (-t + y)**2/2 */
     /* grad_t3 = -t + y */
-    double *grad_t3 = y + 1; /* 1 x 1 */
+    double *grad_t3 = t2 + 2; /* 1 x 1 */
     {
         const double x0 = -t[0] + y[0];
         loss[0] = (1.0/2.0)*(x0*x0);
         grad_t3[0] = x0;
+    }
+
+    if (!with_grads) {
+        return 0;
     }
 
     /* grad_t2 = W2^T @ grad_t3 */
@@ -205,4 +153,43 @@ int relu_net_value_and_grad(
         }
     }
     return 0;
+}
+
+size_t relu_net_forward_work_len(void)
+{
+    return (size_t)(relu_net_run_work_len(0));
+}
+
+/* Forward pass: the loss and the named outputs. */
+int relu_net_forward(
+    const double *x,
+    const double *t,
+    const double *W1,
+    const double *W2,
+    double *loss,
+    double *y,
+    double *work
+)
+{
+    return relu_net_run(x, t, W1, W2, loss, y, NULL, NULL, work, 0);
+}
+
+size_t relu_net_value_and_grad_work_len(void)
+{
+    return (size_t)(relu_net_run_work_len(1) + 1*1);
+}
+
+/* The loss and its gradient (reverse mode). */
+int relu_net_value_and_grad(
+    const double *x,
+    const double *t,
+    const double *W1,
+    const double *W2,
+    double *loss,
+    double *grad_W1,
+    double *grad_W2,
+    double *work
+)
+{
+    return relu_net_run(x, t, W1, W2, loss, work + relu_net_run_work_len(1), grad_W1, grad_W2, work, 1);
 }

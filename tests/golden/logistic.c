@@ -129,64 +129,22 @@ static double logistic_sum(const double *x, int64_t n, int64_t stride)
     return result;
 }
 
-size_t logistic_forward_work_len(int64_t n)
+static size_t logistic_run_work_len(int64_t n, int with_grads)
 {
     (void)n;
-    return (size_t)(2*n + 1);
+    return (size_t)(with_grads ? 4*n + 1 : 4*n + 1);
 }
 
-/* Forward pass: the loss and the named outputs. */
-int logistic_forward(
-    int64_t n,
-    const double *X,
-    const double *t,
-    const double *w,
-    double *loss,
-    double *work
-)
-{
-    if (n < 1) {
-        return 1;
-    }
-
-    /* t2 = X @ w */
-    double *t2 = work; /* n x 1 */
-    logistic_matmul(n, 1, 2, X, 2, 1, w, 1, 0, t2);
-
-    /* t12 = -t*log(1/(1 + exp(-t2))) - (1 - t)*log(1 - 1/(1 + exp(-t2))) */
-    double *t12 = t2 + n; /* n x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        const double x0 = 1.0/(1 + exp(-t2[i]));
-        t12[i] = -t[i]*log(x0) - (1 - t[i])*log(1 - x0);
-    }
-
-    /* t13 = sum of t12 down each column */
-    double *t13 = t12 + n; /* 1 x 1 */
-    t13[0] = logistic_sum(t12, n, 1);
-
-    /* loss = t13/n */
-    {
-        loss[0] = t13[0]/((double)n);
-    }
-    return 0;
-}
-
-size_t logistic_value_and_grad_work_len(int64_t n)
-{
-    (void)n;
-    return (size_t)(4*n + 1);
-}
-
-/* The loss and its gradient (reverse mode). */
-int logistic_value_and_grad(
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+static int logistic_run(
     int64_t n,
     const double *X,
     const double *t,
     const double *w,
     double *loss,
     double *grad_w,
-    double *work
+    double *work,
+    int with_grads
 )
 {
     if (n < 1) {
@@ -228,7 +186,48 @@ int logistic_value_and_grad(
         loss[0] = t13[0]/((double)n);
     }
 
+    if (!with_grads) {
+        return 0;
+    }
+
     /* grad_w = X^T @ grad_t2 */
     logistic_matmul(2, 1, n, X, 1, 2, grad_t2, 1, 0, grad_w);
     return 0;
+}
+
+size_t logistic_forward_work_len(int64_t n)
+{
+    return (size_t)(logistic_run_work_len(n, 0));
+}
+
+/* Forward pass: the loss and the named outputs. */
+int logistic_forward(
+    int64_t n,
+    const double *X,
+    const double *t,
+    const double *w,
+    double *loss,
+    double *work
+)
+{
+    return logistic_run(n, X, t, w, loss, NULL, work, 0);
+}
+
+size_t logistic_value_and_grad_work_len(int64_t n)
+{
+    return (size_t)(logistic_run_work_len(n, 1));
+}
+
+/* The loss and its gradient (reverse mode). */
+int logistic_value_and_grad(
+    int64_t n,
+    const double *X,
+    const double *t,
+    const double *w,
+    double *loss,
+    double *grad_w,
+    double *work
+)
+{
+    return logistic_run(n, X, t, w, loss, grad_w, work, 1);
 }

@@ -38,41 +38,20 @@ __attribute__((simd("notinbranch"))) double tan(double);
 __attribute__((simd("notinbranch"))) double tanh(double);
 #endif
 
-size_t scalar_forward_work_len(void)
+static size_t scalar_run_work_len(int with_grads)
 {
-    return (size_t)(0);
+    return (size_t)(with_grads ? 0 : 0);
 }
 
-/* Forward pass: the loss and the named outputs. */
-int scalar_forward(
-    const double *x,
-    const double *y,
-    double *loss,
-    double *work
-)
-{
-    (void)work;
-
-    /* loss = x**3*y + sin(x*y) + exp(y)/x */
-    {
-        loss[0] = y[0]*(x[0]*x[0]*x[0]) + sin(y[0]*x[0]) + exp(y[0])/x[0];
-    }
-    return 0;
-}
-
-size_t scalar_value_and_grad_work_len(void)
-{
-    return (size_t)(0);
-}
-
-/* The loss and its gradient (reverse mode). */
-int scalar_value_and_grad(
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+static int scalar_run(
     const double *x,
     const double *y,
     double *loss,
     double *grad_x,
     double *grad_y,
-    double *work
+    double *work,
+    int with_grads
 )
 {
     (void)work;
@@ -91,5 +70,40 @@ int scalar_value_and_grad(
         grad_x[0] = 3*y[0]*x4 + y[0]*x5 - x2/x4;
         grad_y[0] = x[0]*x5 + x1 + x3;
     }
+    (void)with_grads;
     return 0;
+}
+
+size_t scalar_forward_work_len(void)
+{
+    return (size_t)(scalar_run_work_len(0) + 1*1 + 1*1);
+}
+
+/* Forward pass: the loss and the named outputs. */
+int scalar_forward(
+    const double *x,
+    const double *y,
+    double *loss,
+    double *work
+)
+{
+    return scalar_run(x, y, loss, work + scalar_run_work_len(0), work + scalar_run_work_len(0) + 1*1, work, 0);
+}
+
+size_t scalar_value_and_grad_work_len(void)
+{
+    return (size_t)(scalar_run_work_len(1));
+}
+
+/* The loss and its gradient (reverse mode). */
+int scalar_value_and_grad(
+    const double *x,
+    const double *y,
+    double *loss,
+    double *grad_x,
+    double *grad_y,
+    double *work
+)
+{
+    return scalar_run(x, y, loss, grad_x, grad_y, work, 1);
 }

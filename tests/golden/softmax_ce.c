@@ -99,17 +99,19 @@ static double softmax_ce_logsumexp(const double *x, int64_t n, int64_t stride)
     return top + log(result);
 }
 
-size_t softmax_ce_forward_work_len(void)
+static size_t softmax_ce_run_work_len(int with_grads)
 {
-    return (size_t)(25);
+    return (size_t)(with_grads ? 25 : 25);
 }
 
-/* Forward pass: the loss and the named outputs. */
-int softmax_ce_forward(
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+static int softmax_ce_run(
     const double *T,
     const double *Z,
     double *loss,
-    double *work
+    double *grad_Z,
+    double *work,
+    int with_grads
 )
 {
 
@@ -147,12 +149,39 @@ int softmax_ce_forward(
     {
         loss[0] = (1.0/4.0)*t5[0];
     }
+
+    if (!with_grads) {
+        return 0;
+    }
+
+    /* grad_Z = -T/4 + exp(Z - t3)/4 */
+    for (int64_t i = 0; i < 4; ++i) {
+        for (int64_t j = 0; j < 3; ++j) {
+            grad_Z[3*i + j] = -1.0/4.0*T[3*i + j] + (1.0/4.0)*exp(Z[3*i + j] - t3[i]);
+        }
+    }
     return 0;
+}
+
+size_t softmax_ce_forward_work_len(void)
+{
+    return (size_t)(softmax_ce_run_work_len(0));
+}
+
+/* Forward pass: the loss and the named outputs. */
+int softmax_ce_forward(
+    const double *T,
+    const double *Z,
+    double *loss,
+    double *work
+)
+{
+    return softmax_ce_run(T, Z, loss, NULL, work, 0);
 }
 
 size_t softmax_ce_value_and_grad_work_len(void)
 {
-    return (size_t)(25);
+    return (size_t)(softmax_ce_run_work_len(1));
 }
 
 /* The loss and its gradient (reverse mode). */
@@ -164,47 +193,5 @@ int softmax_ce_value_and_grad(
     double *work
 )
 {
-
-    /* t0 = T*Z */
-    double *t0 = work; /* 4 x 3 */
-    for (int64_t i = 0; i < 4; ++i) {
-        for (int64_t j = 0; j < 3; ++j) {
-            t0[3*i + j] = T[3*i + j]*Z[3*i + j];
-        }
-    }
-
-    /* t1 = sum of t0 along each row */
-    double *t1 = t0 + 12; /* 4 x 1 */
-    for (int64_t i = 0; i < 4; ++i) {
-        t1[i] = softmax_ce_sum(t0 + 3*i, 3, 1);
-    }
-
-    /* t3 = log(sum(exp(Z))) along each row, its max subtracted first */
-    double *t3 = t1 + 4; /* 4 x 1 */
-    for (int64_t i = 0; i < 4; ++i) {
-        t3[i] = softmax_ce_logsumexp(Z + 3*i, 3, 1);
-    }
-
-    /* t4 = -t1 + t3 */
-    double *t4 = t3 + 4; /* 4 x 1 */
-    for (int64_t i = 0; i < 4; ++i) {
-        t4[i] = -t1[i] + t3[i];
-    }
-
-    /* t5 = sum of t4 down each column */
-    double *t5 = t4 + 4; /* 1 x 1 */
-    t5[0] = softmax_ce_sum(t4, 4, 1);
-
-    /* loss = t5/4 */
-    {
-        loss[0] = (1.0/4.0)*t5[0];
-    }
-
-    /* grad_Z = -T/4 + exp(Z - t3)/4 */
-    for (int64_t i = 0; i < 4; ++i) {
-        for (int64_t j = 0; j < 3; ++j) {
-            grad_Z[3*i + j] = -1.0/4.0*T[3*i + j] + (1.0/4.0)*exp(Z[3*i + j] - t3[i]);
-        }
-    }
-    return 0;
+    return softmax_ce_run(T, Z, loss, grad_Z, work, 1);
 }
