@@ -56,12 +56,20 @@ class JaxFunction:
         self.names = leaf_names(mod)
         self.outputs = check_outputs(mod, outputs)
         self.wrt = differentiable(mod)
+        leaves = mod.plan.lowered.leaves
+        self.indices = frozenset(n for n in self.names if leaves[n].attrs[1] == "index")  # int64 row numbers
         self._core = self._make_core()
 
     # --- the host side: numpy in, numpy out --------------------------------
 
     def _arrays(self, values: Sequence[Any]) -> dict[str, Any]:
-        return {name: np.asarray(v, dtype=self.mod.dtype) for name, v in zip(self.names, values)}
+        return {name: np.asarray(v, dtype=np.int64 if name in self.indices else self.mod.dtype)
+                for name, v in zip(self.names, values)}
+
+    def _real_dtype(self, values: Sequence[Any]) -> Any:
+        """The floating dtype the caller uses (not an Index's integers)."""
+        reals = [np.asarray(v).dtype for n, v in zip(self.names, values) if n not in self.indices]
+        return reals[0] if reals else self.mod.dtype
 
     def _output_shapes(self, values: Sequence[Any]) -> list[tuple[int, ...]]:
         """The named outputs' shapes, from the plan and the arguments' shapes."""
@@ -84,13 +92,13 @@ class JaxFunction:
                 *(jax.ShapeDtypeStruct(s, dtype) for s in self._output_shapes(values)))
 
     def _host_forward(self, *values: Any) -> tuple[np.ndarray, ...]:
-        dtype = np.asarray(values[0]).dtype if values else self.mod.dtype
+        dtype = self._real_dtype(values)
         results = self.mod.forward(**self._arrays(values))
         return (np.asarray(results["loss"], dtype=dtype),
                 *(np.asarray(results[o], dtype=dtype) for o in self.outputs))
 
     def _host_value_and_grad(self, *values: Any) -> tuple[np.ndarray, ...]:
-        dtype = np.asarray(values[0]).dtype
+        dtype = self._real_dtype(values)
         arrays = self._arrays(values)
         loss, grads = self.mod.value_and_grad(**arrays)
         grads = scaled_gradients(self.mod, arrays, grads, 1.0, {})
@@ -106,17 +114,23 @@ class JaxFunction:
         count = len(self.names)
         arrays = self._arrays(values[:count])
         seeds = dict(zip(self.outputs, (np.asarray(s, dtype=self.mod.dtype) for s in values[count:])))
-        dtype = np.asarray(values[0]).dtype
+        dtype = self._real_dtype(values[:count])
         grads = scaled_gradients(self.mod, arrays, {n: np.zeros(np.shape(arrays[n])) for n in self.wrt}, 0.0, seeds)
         return tuple(np.asarray(grads[n], dtype=dtype) for n in self.wrt)
 
     # --- the JAX side --------------------------------------------------
 
     def _make_core(self) -> Any:
-        names, wrt, outputs = self.names, self.wrt, self.outputs
+        names, wrt, outputs, indices = self.names, self.wrt, self.outputs, self.indices
 
         def dtype_of(values):
-            return jnp.result_type(*values) if values else jnp.float64
+            reals = [v for n, v in zip(names, values) if n not in indices]
+            return jnp.result_type(*reals) if reals else jnp.float64
+
+        def zero_cotangent(name, value):
+            if name in indices:  # integers have no tangent space: JAX's float0
+                return np.zeros(jnp.shape(value), dtype=jax.dtypes.float0)
+            return jnp.zeros_like(value)
 
         @jax.custom_vjp
         def core(*values):
@@ -141,7 +155,7 @@ class JaxFunction:
                 grad_types = tuple(jax.ShapeDtypeStruct(jnp.shape(values[names.index(n)]), dtype) for n in wrt)
                 extra = jax.pure_callback(self._host_vjp, grad_types, *values, *g_outputs, vmap_method="sequential")
                 by_name = {n: by_name[n] + e for n, e in zip(wrt, extra)}
-            return tuple(by_name[n] if n in by_name else jnp.zeros_like(v) for n, v in zip(names, values))
+            return tuple(by_name[n] if n in by_name else zero_cotangent(n, v) for n, v in zip(names, values))
 
         core.defvjp(fwd, bwd)
         return core

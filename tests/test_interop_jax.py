@@ -98,3 +98,19 @@ def test_wrong_arguments_are_named(mod):
         mod.as_jax()(X=np.ones((2, 3)))
     with pytest.raises(sbp.ArgumentError, match="no output named"):
         mod.as_jax(outputs=["Z"])
+
+
+def test_index_inputs_stay_integers_under_grad_and_jit():
+    """Bundle adjustment gathers cameras and points by int64 index arrays:
+    they pass through as integers (their cotangent is JAX's float0)."""
+    ba = load_example("bundle_adjustment")
+    mod = sbp.compile(ba.model)
+    data = ba.sample_data(np.random.default_rng(4))
+    args = {k: jnp.asarray(v) for k, v in data.items()}
+    fn = mod.as_jax()
+    loss, grads = mod.value_and_grad(**data)
+    assert float(fn(**args)) == pytest.approx(loss, rel=1e-14)
+    grad = jax.jit(jax.grad(lambda cams, pts: fn(**{**args, "cams": cams, "pts": pts}), argnums=(0, 1)))
+    cams, pts = grad(args["cams"], args["pts"])
+    np.testing.assert_allclose(np.asarray(cams), grads["cams"], rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(np.asarray(pts), grads["pts"], rtol=1e-13, atol=1e-15)

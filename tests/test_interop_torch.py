@@ -113,3 +113,16 @@ def test_sgd_steps_equal_pure_torch(mlp, mod):
     for name, p in reference.items():
         np.testing.assert_allclose(getattr(net, name).detach().numpy(), p.detach().numpy(), rtol=0, atol=1e-10)
     assert np.array_equal(params["W1"], data["W1"])  # initial values were copied, not trained in place
+
+
+def test_index_inputs_pass_as_integer_tensors():
+    ba = load_example("bundle_adjustment")
+    mod = sbp.compile(ba.model)
+    data = ba.sample_data(np.random.default_rng(5))
+    tensors = {k: torch.tensor(v, requires_grad=k in ("cams", "pts")) for k, v in data.items()}
+    loss = mod.as_torch()(**tensors)
+    loss.backward()
+    expected_loss, grads = mod.value_and_grad(**data)
+    assert loss.item() == pytest.approx(expected_loss, rel=1e-14)
+    np.testing.assert_allclose(tensors["cams"].grad.numpy(), grads["cams"], rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(tensors["pts"].grad.numpy(), grads["pts"], rtol=1e-13, atol=1e-15)
