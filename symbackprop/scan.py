@@ -30,7 +30,10 @@ The pipeline, all in this module and hooked in through the registries:
   kept), accumulating the adjoints of the captures. With
   `checkpoint_every=k` the forward pass keeps every k-th state only
   (ceil(T/k) rows instead of T) and the backward pass recomputes each
-  segment of k states from its checkpoint into a k-row buffer first.
+  segment of k states from its checkpoint into a k-row buffer first,
+  keeping the step's products of its state and inputs (an LSTM's gate
+  products) for each step of the segment too, so that the reverse step
+  reads them rather than computing them a third time.
 - forward mode: the tangent of a scan is a scan over (state, tangent)
   pairs. Forward-over-reverse (hvp, hessian) through a scan is not
   supported and says so.
@@ -63,6 +66,7 @@ from .schedule import (
     VIEW_OPS,
     Equation,
     FunctionSchedule,
+    MapKernel,
     MatMulKernel,
     Naming,
     View,
@@ -420,7 +424,7 @@ def _forward_scratch(step: ScanStep, args: Sequence[Node]) -> sp.Expr:
     total = 2 * step.width + _step_scratch(step)
     total += sum((_binding_size(a, True) for a in seqs), sp.Integer(0))
     total += sum((_binding_size(a, False) for a in caps), sp.Integer(0))
-    return sp.expand(total)
+    return sp.expand(total + ALIGN)  # the loop aligns its scratch first
 
 
 def _roomiest(a: sp.Expr, b: sp.Expr) -> sp.Expr:
@@ -435,9 +439,60 @@ def _backward_scratch(back: ScanBack, args: Sequence[Node]) -> sp.Expr:
     total = 2 * step.width + _reverse_scratch(back)
     if step.every > 1:  # a segment of states, and rows for the outputs recomputed with them
         total += step.every * step.width + sum((_size(o.shape) for o in step.outputs), sp.Integer(0))
+        cached = _cached_products(back)
+        if cached:  # one more state row, and the segment's products
+            total += step.width + step.every * _cached_width(cached)
     total += sum((_binding_size(a, True) for a in seqs + gys), sp.Integer(0))
     total += sum((_binding_size(a, False) for a in caps), sp.Integer(0))
+    total += ALIGN  # the loop aligns its scratch first
     return sp.expand(total)  # gfs: read straight into the adjoint state
+
+
+ALIGN = 16  # entries of room for a loop to start its scratch on a 64-byte boundary (16 floats)
+
+
+def _reverse_roots(back: ScanBack) -> tuple[Node, ...]:
+    return back.grad_states + tuple(n for _, n in back.grad_inputs) + tuple(n for _, _, n in back.accumulate)
+
+
+def _cached_products(back: ScanBack) -> tuple[Node, ...]:
+    """With checkpoints, the step's products (of its state or inputs) that
+    the reverse step needs: the recompute loop keeps them for each step of
+    the segment, so that the reverse step reads them instead of computing
+    them again (the same values: the same products of the same rows)."""
+    step = back.step
+    if step.every <= 1:
+        return ()
+    varying = set(step.states) | set(step.inputs)
+    for node in topological_order(step.next_states):
+        if any(a in varying for a in node.args):
+            varying.add(node)
+    recomputed = set(topological_order(step.next_states))
+    return tuple(node for node in topological_order(_reverse_roots(back))
+                 if node.op == "matmul" and node in recomputed and node in varying and _size(node.shape).is_Integer)
+
+
+def _cached_width(cached: Sequence[Node]) -> sp.Expr:
+    return sp.expand(sum((_size(n.shape) for n in cached), sp.Integer(0)))
+
+
+def _offsets(nodes: Sequence[Node]) -> list[sp.Expr]:
+    out, at = [], sp.Integer(0)
+    for node in nodes:
+        out.append(at)
+        at = at + _size(node.shape)
+    return out
+
+
+def _substitute(roots: Sequence[Node], mapping: dict[Node, Node]) -> list[Node]:
+    """The graph of `roots` with the nodes of `mapping` replaced."""
+    memo = dict(mapping)
+    for node in topological_order(roots):
+        if node in memo:
+            continue
+        args = tuple(memo.get(a, a) for a in node.args)
+        memo[node] = node if args == node.args else ir._node(node.op, args, node.shape, node.attrs)
+    return [memo[r] for r in roots]
 
 
 def scan_node(step: ScanStep, args: Sequence[Node]) -> Node:
@@ -748,6 +803,7 @@ class ScanKernel:
     reads_: tuple[str, ...]
     writes_: tuple[str, ...]
     kind: str = "scan"
+    recompute_last: bool = False  # the recompute loop also runs the segment's last step (for its products)
 
     def reads(self) -> tuple[str, ...]:
         return self.reads_
@@ -879,7 +935,7 @@ def _build_forward(sched: Any, node: Node, out: str) -> ScanKernel:
     inits, seqs, caps = step.split(node.args)
     parts = _parts(sched, node)
     inner = _Inner()
-    names = {role: inner.claim(role) for role in ("t", "cur", "nxt", "swap", "i", "j")}
+    names = {role: inner.claim(role) for role in ("t", "cur", "nxt", "swap", "i", "j", "base")}
     scratch = inner.claim(out, outer=out)
     width = step.width
     binder = _Binder(sched, inner, scratch, 2 * width + _step_scratch(step))
@@ -944,11 +1000,15 @@ def _build_backward(sched: Any, node: Node, out: str) -> ScanKernel:
     kept_arg, seqs, caps, gys, gfs = back.split(node.args)
     parts = _parts(sched, node)
     inner = _Inner(back.origins)
-    roles = ["t", "cur", "nxt", "swap", "i", "j"] + (["seg", "s", "t0", "len", "u"] if step.every > 1 else [])
+    roles = ["t", "cur", "nxt", "swap", "i", "j", "base"] + (["seg", "s", "t0", "len", "u"] if step.every > 1 else [])
     names = {role: inner.claim(role) for role in roles}
     scratch = inner.claim(out, outer=out)
     width, every = step.width, step.every
-    region = 2 * width + (every * width if every > 1 else 0)
+    cached = _cached_products(back)
+    cached_at = 2 * width + (every + 1) * width  # the products of the segment's steps, after its states
+    cached_offsets = [cached_at + off for off in _offsets(cached)]
+    cw = _cached_width(cached)
+    region = 2 * width + (every * width if every > 1 else 0) + (width + every * cw if cached else 0)
     binder = _Binder(sched, inner, scratch, region + _reverse_scratch(back))
     state_names = [inner.claim(s.attrs[0], s) for s in step.states]
     kept_view = binder._outer(kept_arg)
@@ -976,6 +1036,10 @@ def _build_backward(sched: Any, node: Node, out: str) -> ScanKernel:
                 pointers.append(Pointer(row, scratch, binder._room(_size(root.shape)), True))
                 results.append((row, root))
         inner.prename([root for _, root in results])
+        for product, at in zip(cached, cached_offsets):
+            name = inner.claim(f"{inner.naming.names[product]}_kept")
+            pointers.append(Pointer(name, scratch, at + (U - 1) * cw, True))
+            results.append((name, product))
         fs = _fits(_schedule.schedule(f"{out} recompute", results, inner.naming), _reverse_scratch(back))
         loops.append(Loop(fs, region, tuple(pointers), tuple(row_fills)))
     # the reverse loop
@@ -987,12 +1051,22 @@ def _build_backward(sched: Any, node: Node, out: str) -> ScanKernel:
     pointers += _state_pointers(step, state_names, names["seg"] if every > 1 else kept, state_row, False)
     pointers += _state_pointers(step, grad_next, names["cur"], 0, False)
     pointers += _state_pointers(step, grad_state, names["nxt"], 0, True)
-    results = list(zip(grad_state, back.grad_states))
+    kept_leaves = {}
+    for product, at in zip(cached, cached_offsets):
+        kept_leaf = leaf(f"{inner.naming.names[product]}_kept", product.shape, "scan_kept")
+        kept_leaves[product] = kept_leaf
+        pointers.append(Pointer(inner.claim(kept_leaf.attrs[0], kept_leaf), scratch, at + U * cw, False))
+    roots = _substitute(_reverse_roots(back), kept_leaves)
+    n_states, n_inputs = len(back.grad_states), len(back.grad_inputs)
+    grad_states = roots[:n_states]
+    grad_inputs = [(j, g) for (j, _), g in zip(back.grad_inputs, roots[n_states:n_states + n_inputs])]
+    totals = roots[n_states + n_inputs:]
+    results = list(zip(grad_state, grad_states))
     for (o, gy_leaf), gy in zip(back.grad_outputs, gys):
         bound = binder.rows(gy_leaf, gy)
         (pointers if isinstance(bound, Pointer) else fills).append(bound)
     writes = [out]
-    for j, grad in back.grad_inputs:
+    for j, grad in grad_inputs:
         buffer = parts.get(("grad_seq", j))
         if buffer is None:
             continue
@@ -1002,7 +1076,7 @@ def _build_backward(sched: Any, node: Node, out: str) -> ScanKernel:
         results.append((row, grad))
         writes.append(buffer)
     zeroed = []
-    for m, acc, total in back.accumulate:
+    for (m, acc, _), total in zip(back.accumulate, totals):
         buffer = parts.get(("grad_capture", m))
         if buffer is None:
             continue
@@ -1038,6 +1112,7 @@ def _build_backward(sched: Any, node: Node, out: str) -> ScanKernel:
         wholes=tuple(w for w in wholes if w.name), starts=tuple(starts), kept=kept, loops=tuple(loops),
         finals=tuple(finals), zeroed=tuple(zeroed), equations=(Equation(out, text, latex),),
         reads_=tuple(dict.fromkeys(binder.reads)), writes_=tuple(dict.fromkeys(writes)),
+        recompute_last=bool(cached),
     )
 
 
@@ -1099,6 +1174,71 @@ def _matmul_loops(em: FunctionEmitter, kernel: MatMulKernel) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class _AddProduct:
+    """acc += a @ b, an outer product (a: m x 1, b: 1 x n) added straight
+    into an accumulator: a MatMulKernel with k = 1 and the MapKernel
+    `acc = acc + product` that was its only reader, as one loop nest."""
+
+    acc: str
+    a: View
+    b: View
+    m: Any
+    n: Any
+    equations: tuple[Equation, ...]
+
+    def reads(self) -> tuple[str, ...]:
+        return (self.acc, self.a.buffer, self.b.buffer)
+
+    def writes(self) -> tuple[str, ...]:
+        return (self.acc,)
+
+
+def _added_product(kernel: Any, products: dict[str, MatMulKernel]) -> tuple[str, MatMulKernel] | None:
+    """(acc, product) when `kernel` is `acc = acc + product` over the whole
+    of an outer product, both laid out row-major from offset 0."""
+    if not isinstance(kernel, MapKernel) or kernel.temps or len(kernel.stores) != 1 or len(kernel.loads) != 2:
+        return None
+    acc, expr = kernel.stores[0]
+    views = {view.buffer: (symbol, view) for symbol, view in kernel.loads}
+    others = [buffer for buffer in views if buffer != acc]
+    if acc not in views or len(others) != 1 or others[0] not in products:
+        return None
+    product = products[others[0]]
+    shape = (sp.sympify(product.m), sp.sympify(product.n))
+    if tuple(sp.sympify(d) for d in kernel.shape) != shape or sp.sympify(expr - views[acc][0] - views[others[0]][0]) != 0:
+        return None
+    if any(sp.sympify(view.offset) != 0 or not _natural(view, shape, rows=False) for _, view in views.values()):
+        return None
+    return acc, product
+
+
+def _fuse_accumulations(kernels: Sequence[Any]) -> list[Any]:
+    """The step's kernels, with each outer product that is only added into
+    an accumulator (a weight's adjoint: x^T @ delta) added into it directly,
+    at the product's place (the accumulator is read and written by that
+    addition only)."""
+    products = {k.out: k for k in kernels if isinstance(k, MatMulKernel) and sp.sympify(k.k) == 1}
+    fused: dict[int, _AddProduct] = {}
+    dropped: set[int] = set()
+    for at, kernel in enumerate(kernels):
+        found = _added_product(kernel, products)
+        if found is None:
+            continue
+        acc, product = found
+        touching = [n for n, k in enumerate(kernels) if n != at and (
+            {acc, product.out} & set(kernel_reads(k) + kernel_writes(k)))]
+        where = kernels.index(product)
+        if touching != [where] or where > at or acc in (product.a.buffer, product.b.buffer):
+            continue
+        lhs = kernel.equations[0].lhs if kernel.equations else acc
+        text = product.equations[0].text if product.equations else "product"
+        fused[where] = _AddProduct(acc, product.a, product.b, product.m, product.n,
+                                   (Equation(lhs, text, "", "+="),))
+        dropped.add(at)
+    return [fused.get(n, k) for n, k in enumerate(kernels) if n not in dropped]
+
+
 class _ScanEmitter:
     """Prints one ScanKernel as lines of C and nested step kernels."""
 
@@ -1112,7 +1252,8 @@ class _ScanEmitter:
         self.loop_var = {STEP: sp.Symbol(self.names["t"], integer=True)}
         if "u" in self.names:
             self.loop_var[U] = sp.Symbol(self.names["u"], integer=True)
-        self.scratch = self.c(k.scratch)
+        self.unaligned = self.c(k.scratch)
+        self.scratch = self.names["base"]  # the scratch from its first 64-byte boundary
         self.lines: list[tuple[str, int, Any]] = []
         self.used: set[str] = set()
         for loop in k.loops:
@@ -1153,29 +1294,120 @@ class _ScanEmitter:
         self.line(depth + 1, "}")
         self.line(depth, "}")
 
+    def base(self, inner: str) -> str:
+        return self.scratch if inner == self.k.scratch else self.c(inner)
+
     def bind(self, depth: int, bound: Pointer | Fill, used: set[str]) -> None:
         if bound.name not in used:
             return
         if isinstance(bound, Pointer):
             qualifier = "" if bound.writable else "const "
-            self.line(depth, f"{qualifier}{self.real} *{self.c(bound.name)} = {self.at(self.c(bound.base), bound.offset)};")
+            self.line(depth, f"{qualifier}{self.real} *{self.c(bound.name)} = {self.at(self.base(bound.base), bound.offset)};")
             return
         name = self.c(bound.name)
-        self.line(depth, f"{self.real} *{name} = {self.at(self.c(bound.base), bound.offset)};")
+        self.line(depth, f"{self.real} *{name} = {self.at(self.base(bound.base), bound.offset)};")
         self.copy(depth, name, bound.shape, bound.source)
 
     def step(self, depth: int, loop: Loop) -> None:
         """One step: its pointers and gathered rows (those its kernels use),
-        its slots in the scratch, then its kernels."""
-        used = {b for kernel in loop.schedule.kernels for b in (*kernel_reads(kernel), *kernel_writes(kernel))}
+        its slots in the scratch (those they use), then its kernels."""
+        kernels = _fuse_accumulations(loop.schedule.kernels)
+        used = {b for kernel in kernels for b in (*kernel_reads(kernel), *kernel_writes(kernel))}
         for bound in loop.pointers + loop.fills:
             self.bind(depth, bound, used)
         for slot in loop.schedule.slots:
+            if slot.name not in used:
+                continue
             extent = f"{self.sub.dim(slot.shape[0])} x {self.sub.dim(slot.shape[1])}"
             where = self.at(self.scratch, loop.region + slot.offset)
             self.line(depth, f"{self.real} *{self.c(slot.name)} = {where}; /* {extent} */")
-        for kernel in loop.schedule.kernels:
-            self.lines.append(("kernel", depth, _inner_kernel(self.sub, kernel)))
+        for kernel in kernels:
+            if isinstance(kernel, _AddProduct):
+                self.add_product(depth, kernel)
+                continue
+            ck = _inner_kernel(self.sub, kernel)
+            if ck.kind == "map" and ck.fields.get("loops") and not ck.declares:
+                self.map_loops(depth, ck)
+            elif ck.kind == "matmul" and not ck.fields.get("call") and ck.fields.get("order") == "ikj" \
+                    and not ck.declares:
+                self.matmul_loops(depth, ck)
+            else:
+                self.lines.append(("kernel", depth, ck))
+
+    def independent(self, whole: bool = False) -> None:
+        """Tell GCC that the next loop's iterations are independent (and,
+        `whole`, to keep it a loop rather than unroll it into scalar code
+        that it no longer vectorizes); other compilers skip it."""
+        self.lines.append(("line", 0, "#if defined(__GNUC__) && !defined(__clang__)"))
+        self.lines.append(("line", 0, "#pragma GCC ivdep"))
+        if whole:
+            self.lines.append(("line", 0, "#pragma GCC unroll 1"))
+        self.lines.append(("line", 0, "#endif"))
+
+    def matmul_loops(self, depth: int, ck: CKernel) -> None:
+        """A small product of the step (i-k-j order, the macro's loops),
+        each row of the product accumulated over k as one vector loop over
+        j: the product never overlaps its factors. The sum over k runs in
+        the same order as the macro's, so the values are the same."""
+        f = ck.fields
+        for comment in ck.comments:
+            self.line(depth, f"/* {comment} */")
+        self.line(depth, f"for (int64_t i = 0; i < {f['m']}; ++i) {{")
+        self.line(depth + 1, f"for (int64_t j = 0; j < {f['n']}; ++j) {{")
+        self.line(depth + 2, f"{f['c']} = 0;")
+        self.line(depth + 1, "}")
+        self.line(depth + 1, f"for (int64_t k = 0; k < {f['k']}; ++k) {{")
+        self.line(depth + 2, f"const {self.real} acc = {f['a']};")
+        self.independent(whole=True)
+        self.line(depth + 2, f"for (int64_t j = 0; j < {f['n']}; ++j) {{")
+        self.line(depth + 3, f"{f['c']} += acc * {f['b']};")
+        self.line(depth + 2, "}")
+        self.line(depth + 1, "}")
+        self.line(depth, "}")
+
+    def map_loops(self, depth: int, ck: CKernel) -> None:
+        """An elementwise loop of the step, as the map macro writes it, told
+        (GCC) that its iterations are independent: each reads and writes
+        its own entries (an output overwrites an input only entry for
+        entry), so GCC needs no run-time checks of how its many pointers
+        overlap, of which it gives up past a few and then calls the scalar
+        exp and tanh instead of libmvec's."""
+        f = ck.fields
+        for comment in ck.comments:
+            self.line(depth, f"/* {comment} */")
+        if f.get("hoisted"):
+            self.line(depth, "{")
+            depth += 1
+            for name, expr in f["hoisted"]:
+                self.line(depth, f"const {self.real} {name} = {expr};")
+        self.independent()
+        loops = list(f["loops"])
+        for n, (var, bound) in enumerate(loops):
+            self.line(depth + n, f"for (int64_t {var} = 0; {var} < {bound}; ++{var}) {{")
+        inner = depth + len(loops)
+        for name, expr in f["temps"]:
+            self.line(inner, f"const {self.real} {name} = {expr};")
+        for target, expr in f["stores"]:
+            self.line(inner, f"{target} = {expr};")
+        for n in reversed(range(len(loops))):
+            self.line(depth + n, "}")
+        if f.get("hoisted"):
+            self.line(depth - 1, "}")
+
+    def add_product(self, depth: int, kernel: _AddProduct) -> None:
+        """acc += a @ b for a column a (m x 1) and a row b (1 x n), straight
+        into the accumulator (no m x n product in between)."""
+        sub, zero = self.sub, sp.Integer(0)
+        acc = View(kernel.acc, zero, sp.sympify(kernel.n), sp.Integer(1))
+        for equation in kernel.equations:
+            self.line(depth, f"/* {comment_text(equation.comment)} */")
+        self.line(depth, f"for (int64_t i = 0; i < {sub.dim(kernel.m)}; ++i) {{")
+        self.line(depth + 1, f"const {self.real} acc = {sub.access(kernel.a, LOOP_I, zero)};")
+        self.independent(whole=True)
+        self.line(depth + 1, f"for (int64_t j = 0; j < {sub.dim(kernel.n)}; ++j) {{")
+        self.line(depth + 2, f"{sub.access(acc, LOOP_I, LOOP_J)} += acc * {sub.access(kernel.b, zero, LOOP_J)};")
+        self.line(depth + 1, "}")
+        self.line(depth, "}")
 
     def swap(self, depth: int) -> None:
         cur, nxt, swap = self.names["cur"], self.names["nxt"], self.names["swap"]
@@ -1187,6 +1419,7 @@ class _ScanEmitter:
         k, names, real = self.k, self.names, self.real
         cur, i, t = names["cur"], names["i"], names["t"]
         self.line(0, "{")
+        self.line(1, f"{real} *{self.scratch} = ({real} *)(((uintptr_t){self.unaligned} + 63) & ~(uintptr_t)63);")
         self.line(1, f"{real} *{cur} = {self.scratch};")
         self.line(1, f"{real} *{names['nxt']} = {self.at(self.scratch, k.width)};")
         if "seg" in names:
@@ -1219,7 +1452,7 @@ class _ScanEmitter:
             self.line(2, f"for (int64_t {i} = 0; {i} < {width}; ++{i}) {{")
             self.line(3, f"{seg}[{i}] = {self.c(str(k.kept))}[{s}*{width} + {i}];")
             self.line(2, "}")
-            self.line(2, f"for (int64_t {u} = 1; {u} < {n}; ++{u}) {{")
+            self.line(2, f"for (int64_t {u} = 1; {u} {'<=' if k.recompute_last else '<'} {n}; ++{u}) {{")
             self.line(3, f"const int64_t {t} = {t0} + {u} - 1;")
             self.step(3, recompute)
             self.line(2, "}")

@@ -265,6 +265,15 @@ def test_checkpointing_is_exact_without_contraction(tmp_path):
         assert np.array_equal(grads_k[name], grads[name]), name
 
 
+def test_the_reverse_step_reads_the_products_the_recompute_kept():
+    source = generate(lstm_model(8))[0].source
+    backward = source[source.index("backward scan over"):]
+    for g in GATES:  # in the recompute loop of a segment, not again in the reverse step
+        assert backward.count(f"= h @ U_{g} */") == 1, g
+        assert f"grad_U_{g} += h^T @ " in backward, g  # added straight into the adjoint: no outer product
+        assert f"grad_U_{g} = grad_U_{g} + " not in backward, g
+
+
 def test_kept_memory_is_t_over_k_states():
     every, kept = sbp.compile(rnn_model()), sbp.compile(rnn_model(4))
     for steps in (400, 4001):

@@ -109,7 +109,7 @@ static double lstm_lm_logsumexp(const double *x, int64_t n, int64_t stride)
 size_t lstm_lm_forward_work_len(int64_t T)
 {
     (void)T;
-    return (size_t)(33*T + 429);
+    return (size_t)(33*T + 445);
 }
 
 /* Forward pass: the loss and the named outputs. */
@@ -141,10 +141,11 @@ int lstm_lm_forward(
     }
 
     /* t0 = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of logits */
-    double *t0 = work; /* 428 x 1 */
+    double *t0 = work; /* 444 x 1 */
     {
-        double *t0_cur = t0;
-        double *t0_nxt = t0 + 32;
+        double *t0_base = (double *)(((uintptr_t)t0 + 63) & ~(uintptr_t)63);
+        double *t0_cur = t0_base;
+        double *t0_nxt = t0_base + 32;
         for (int64_t t0_i = 0; t0_i < 16; ++t0_i) {
             t0_cur[t0_i] = 0;
         }
@@ -158,15 +159,15 @@ int lstm_lm_forward(
             const double *t0_cell = t0_cur + 16;
             double *t0_h_next = t0_nxt;
             double *t0_cell_next = t0_nxt + 16;
-            double *t0_t1 = t0 + 64; /* 1 x 16 */
-            double *t0_t2 = t0 + 80; /* 1 x 16 */
-            double *t0_t5 = t0 + 96; /* 1 x 16 */
-            double *t0_t6 = t0 + 112; /* 1 x 16 */
-            double *t0_t9 = t0 + 128; /* 1 x 16 */
-            double *t0_t10 = t0 + 144; /* 1 x 16 */
-            double *t0_t14 = t0 + 160; /* 1 x 16 */
-            double *t0_t15 = t0 + 176; /* 1 x 16 */
-            double *t0_t22 = t0 + 192; /* 1 x 30 */
+            double *t0_t1 = t0_base + 64; /* 1 x 16 */
+            double *t0_t2 = t0_base + 80; /* 1 x 16 */
+            double *t0_t5 = t0_base + 96; /* 1 x 16 */
+            double *t0_t6 = t0_base + 112; /* 1 x 16 */
+            double *t0_t9 = t0_base + 128; /* 1 x 16 */
+            double *t0_t10 = t0_base + 144; /* 1 x 16 */
+            double *t0_t14 = t0_base + 160; /* 1 x 16 */
+            double *t0_t15 = t0_base + 176; /* 1 x 16 */
+            double *t0_t22 = t0_base + 192; /* 1 x 30 */
             /* t1 = h @ U_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
@@ -174,6 +175,10 @@ int lstm_lm_forward(
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
                         t0_t1[16*i + j] += acc * U_o[16*k + j];
                     }
@@ -186,6 +191,10 @@ int lstm_lm_forward(
                 }
                 for (int64_t k = 0; k < 30; ++k) {
                     const double acc = t0_x[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
                         t0_t2[16*i + j] += acc * W_o[16*k + j];
                     }
@@ -198,6 +207,10 @@ int lstm_lm_forward(
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
                         t0_t5[16*i + j] += acc * U_i[16*k + j];
                     }
@@ -210,6 +223,10 @@ int lstm_lm_forward(
                 }
                 for (int64_t k = 0; k < 30; ++k) {
                     const double acc = t0_x[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
                         t0_t6[16*i + j] += acc * W_i[16*k + j];
                     }
@@ -222,6 +239,10 @@ int lstm_lm_forward(
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
                         t0_t9[16*i + j] += acc * U_g[16*k + j];
                     }
@@ -234,6 +255,10 @@ int lstm_lm_forward(
                 }
                 for (int64_t k = 0; k < 30; ++k) {
                     const double acc = t0_x[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
                         t0_t10[16*i + j] += acc * W_g[16*k + j];
                     }
@@ -246,6 +271,10 @@ int lstm_lm_forward(
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
                         t0_t14[16*i + j] += acc * U_f[16*k + j];
                     }
@@ -258,6 +287,10 @@ int lstm_lm_forward(
                 }
                 for (int64_t k = 0; k < 30; ++k) {
                     const double acc = t0_x[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
                         t0_t15[16*i + j] += acc * W_f[16*k + j];
                     }
@@ -265,6 +298,9 @@ int lstm_lm_forward(
             }
             /* cell_next = cell/(exp(-b_f - t14 - t15) + 1) + tanh(b_g + t10 + t9)/(exp(-b_i - t5 - t6) + 1) */
             /* h_next = tanh(cell/(exp(-b_f - t14 - t15) + 1) + tanh(b_g + t10 + t9)/(exp(-b_i - t5 - t6) + 1))/(exp(-b_o - t1 - t2) + 1) */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
             for (int64_t j = 0; j < 16; ++j) {
                 const double x0 = t0_cell[j]/(exp(-t0_t14[j] - t0_t15[j] - b_f[j]) + 1) + tanh(t0_t9[j] + t0_t10[j] + b_g[j])/(exp(-t0_t5[j] - t0_t6[j] - b_i[j]) + 1);
                 t0_cell_next[j] = x0;
@@ -277,12 +313,19 @@ int lstm_lm_forward(
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h_next[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 30; ++j) {
                         t0_t22[30*i + j] += acc * V[30*k + j];
                     }
                 }
             }
             /* logits_row = c + t22 */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
             for (int64_t j = 0; j < 30; ++j) {
                 t0_logits_row[j] = t0_t22[j] + c[j];
             }
@@ -295,7 +338,7 @@ int lstm_lm_forward(
     /* logits: the output 0 of the loop of t0, written by it */
 
     /* t1 = Y*logits */
-    double *t1 = t0 + 428; /* T x 30 */
+    double *t1 = t0 + 444; /* T x 30 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         for (int64_t j = 0; j < 30; ++j) {
@@ -336,7 +379,7 @@ int lstm_lm_forward(
 size_t lstm_lm_value_and_grad_work_len(int64_t T)
 {
     (void)T;
-    return (size_t)(63*T + 32*((T + 31)/32) + 5659);
+    return (size_t)(63*T + 32*((T + 31)/32) + 9819);
 }
 
 /* The loss and its gradient (reverse mode). */
@@ -382,11 +425,12 @@ int lstm_lm_value_and_grad(
 
     /* t0 = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of logits; one state in 32 kept in tmp1 */
     double *logits = work; /* T x 30 */
-    double *t0 = logits + 30*T; /* 428 x 1 */
-    double *tmp1 = t0 + 428; /* ((T + 31)/32) x 32 */
+    double *t0 = logits + 30*T; /* 444 x 1 */
+    double *tmp1 = t0 + 444; /* ((T + 31)/32) x 32 */
     {
-        double *t0_cur = t0;
-        double *t0_nxt = t0 + 32;
+        double *t0_base = (double *)(((uintptr_t)t0 + 63) & ~(uintptr_t)63);
+        double *t0_cur = t0_base;
+        double *t0_nxt = t0_base + 32;
         for (int64_t t0_i = 0; t0_i < 16; ++t0_i) {
             t0_cur[t0_i] = 0;
         }
@@ -405,15 +449,15 @@ int lstm_lm_value_and_grad(
             const double *t0_cell = t0_cur + 16;
             double *t0_h_next = t0_nxt;
             double *t0_cell_next = t0_nxt + 16;
-            double *t0_t1 = t0 + 64; /* 1 x 16 */
-            double *t0_t2 = t0 + 80; /* 1 x 16 */
-            double *t0_t5 = t0 + 96; /* 1 x 16 */
-            double *t0_t6 = t0 + 112; /* 1 x 16 */
-            double *t0_t9 = t0 + 128; /* 1 x 16 */
-            double *t0_t10 = t0 + 144; /* 1 x 16 */
-            double *t0_t14 = t0 + 160; /* 1 x 16 */
-            double *t0_t15 = t0 + 176; /* 1 x 16 */
-            double *t0_t22 = t0 + 192; /* 1 x 30 */
+            double *t0_t1 = t0_base + 64; /* 1 x 16 */
+            double *t0_t2 = t0_base + 80; /* 1 x 16 */
+            double *t0_t5 = t0_base + 96; /* 1 x 16 */
+            double *t0_t6 = t0_base + 112; /* 1 x 16 */
+            double *t0_t9 = t0_base + 128; /* 1 x 16 */
+            double *t0_t10 = t0_base + 144; /* 1 x 16 */
+            double *t0_t14 = t0_base + 160; /* 1 x 16 */
+            double *t0_t15 = t0_base + 176; /* 1 x 16 */
+            double *t0_t22 = t0_base + 192; /* 1 x 30 */
             /* t1 = h @ U_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
@@ -421,6 +465,10 @@ int lstm_lm_value_and_grad(
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
                         t0_t1[16*i + j] += acc * U_o[16*k + j];
                     }
@@ -433,6 +481,10 @@ int lstm_lm_value_and_grad(
                 }
                 for (int64_t k = 0; k < 30; ++k) {
                     const double acc = t0_x[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
                         t0_t2[16*i + j] += acc * W_o[16*k + j];
                     }
@@ -445,6 +497,10 @@ int lstm_lm_value_and_grad(
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
                         t0_t5[16*i + j] += acc * U_i[16*k + j];
                     }
@@ -457,6 +513,10 @@ int lstm_lm_value_and_grad(
                 }
                 for (int64_t k = 0; k < 30; ++k) {
                     const double acc = t0_x[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
                         t0_t6[16*i + j] += acc * W_i[16*k + j];
                     }
@@ -469,6 +529,10 @@ int lstm_lm_value_and_grad(
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
                         t0_t9[16*i + j] += acc * U_g[16*k + j];
                     }
@@ -481,6 +545,10 @@ int lstm_lm_value_and_grad(
                 }
                 for (int64_t k = 0; k < 30; ++k) {
                     const double acc = t0_x[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
                         t0_t10[16*i + j] += acc * W_g[16*k + j];
                     }
@@ -493,6 +561,10 @@ int lstm_lm_value_and_grad(
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
                         t0_t14[16*i + j] += acc * U_f[16*k + j];
                     }
@@ -505,6 +577,10 @@ int lstm_lm_value_and_grad(
                 }
                 for (int64_t k = 0; k < 30; ++k) {
                     const double acc = t0_x[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
                         t0_t15[16*i + j] += acc * W_f[16*k + j];
                     }
@@ -512,6 +588,9 @@ int lstm_lm_value_and_grad(
             }
             /* cell_next = cell/(exp(-b_f - t14 - t15) + 1) + tanh(b_g + t10 + t9)/(exp(-b_i - t5 - t6) + 1) */
             /* h_next = tanh(cell/(exp(-b_f - t14 - t15) + 1) + tanh(b_g + t10 + t9)/(exp(-b_i - t5 - t6) + 1))/(exp(-b_o - t1 - t2) + 1) */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
             for (int64_t j = 0; j < 16; ++j) {
                 const double x0 = t0_cell[j]/(exp(-t0_t14[j] - t0_t15[j] - b_f[j]) + 1) + tanh(t0_t9[j] + t0_t10[j] + b_g[j])/(exp(-t0_t5[j] - t0_t6[j] - b_i[j]) + 1);
                 t0_cell_next[j] = x0;
@@ -524,12 +603,19 @@ int lstm_lm_value_and_grad(
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h_next[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 30; ++j) {
                         t0_t22[30*i + j] += acc * V[30*k + j];
                     }
                 }
             }
             /* logits_row = c + t22 */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
             for (int64_t j = 0; j < 30; ++j) {
                 t0_logits_row[j] = t0_t22[j] + c[j];
             }
@@ -591,11 +677,12 @@ int lstm_lm_value_and_grad(
     }
 
     /* tmp1_1 = backward scan over t = T-1 .. 0: adjoints of (h, cell) and of the step's inputs and params, from the states kept in tmp1, each segment of 32 steps recomputed from its checkpoint */
-    double *tmp1_1 = t6 + 1; /* 5230 x 1 */
+    double *tmp1_1 = t6 + 1; /* 9374 x 1 */
     {
-        double *tmp1_1_cur = tmp1_1;
-        double *tmp1_1_nxt = tmp1_1 + 32;
-        double *tmp1_1_seg = tmp1_1 + 64;
+        double *tmp1_1_base = (double *)(((uintptr_t)tmp1_1 + 63) & ~(uintptr_t)63);
+        double *tmp1_1_cur = tmp1_1_base;
+        double *tmp1_1_nxt = tmp1_1_base + 32;
+        double *tmp1_1_seg = tmp1_1_base + 64;
         for (int64_t tmp1_1_i = 0; tmp1_1_i < 480; ++tmp1_1_i) {
             grad_W_i[tmp1_1_i] = 0;
         }
@@ -650,125 +737,160 @@ int lstm_lm_value_and_grad(
             for (int64_t tmp1_1_i = 0; tmp1_1_i < 32; ++tmp1_1_i) {
                 tmp1_1_seg[tmp1_1_i] = tmp1[tmp1_1_s*32 + tmp1_1_i];
             }
-            for (int64_t tmp1_1_u = 1; tmp1_1_u < tmp1_1_len; ++tmp1_1_u) {
+            for (int64_t tmp1_1_u = 1; tmp1_1_u <= tmp1_1_len; ++tmp1_1_u) {
                 const int64_t tmp1_1_t = tmp1_1_t0 + tmp1_1_u - 1;
                 const double *tmp1_1_x = X + 30*tmp1_1_t;
                 const double *tmp1_1_h = tmp1_1_seg + 32*tmp1_1_u - 32;
                 const double *tmp1_1_cell = tmp1_1_seg + 32*tmp1_1_u - 16;
                 double *tmp1_1_h_next = tmp1_1_seg + 32*tmp1_1_u;
                 double *tmp1_1_cell_next = tmp1_1_seg + 32*tmp1_1_u + 16;
-                double *tmp1_1_out0_row = tmp1_1 + 5200;
-                double *tmp1_1_t1 = tmp1_1 + 1088; /* 1 x 16 */
-                double *tmp1_1_t2 = tmp1_1 + 1104; /* 1 x 16 */
-                double *tmp1_1_t5 = tmp1_1 + 1120; /* 1 x 16 */
-                double *tmp1_1_t6 = tmp1_1 + 1136; /* 1 x 16 */
-                double *tmp1_1_t9 = tmp1_1 + 1152; /* 1 x 16 */
-                double *tmp1_1_t10 = tmp1_1 + 1168; /* 1 x 16 */
-                double *tmp1_1_t14 = tmp1_1 + 1184; /* 1 x 16 */
-                double *tmp1_1_t15 = tmp1_1 + 1200; /* 1 x 16 */
-                double *tmp1_1_t22 = tmp1_1 + 1216; /* 1 x 30 */
-                /* t1 = h @ U_o */
+                double *tmp1_1_out0_row = tmp1_1_base + 9328;
+                double *tmp1_1_t1_kept = tmp1_1_base + 128*tmp1_1_u + 992;
+                double *tmp1_1_t2_kept = tmp1_1_base + 128*tmp1_1_u + 1008;
+                double *tmp1_1_t5_kept = tmp1_1_base + 128*tmp1_1_u + 1024;
+                double *tmp1_1_t6_kept = tmp1_1_base + 128*tmp1_1_u + 1040;
+                double *tmp1_1_t9_kept = tmp1_1_base + 128*tmp1_1_u + 1056;
+                double *tmp1_1_t10_kept = tmp1_1_base + 128*tmp1_1_u + 1072;
+                double *tmp1_1_t14_kept = tmp1_1_base + 128*tmp1_1_u + 1088;
+                double *tmp1_1_t15_kept = tmp1_1_base + 128*tmp1_1_u + 1104;
+                double *tmp1_1_t22 = tmp1_1_base + 5216; /* 1 x 30 */
+                /* t1_kept = h @ U_o */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t1[16*i + j] = 0;
+                        tmp1_1_t1_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
                         const double acc = tmp1_1_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t1[16*i + j] += acc * U_o[16*k + j];
+                            tmp1_1_t1_kept[16*i + j] += acc * U_o[16*k + j];
                         }
                     }
                 }
-                /* t2 = x @ W_o */
+                /* t2_kept = x @ W_o */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t2[16*i + j] = 0;
+                        tmp1_1_t2_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 30; ++k) {
                         const double acc = tmp1_1_x[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t2[16*i + j] += acc * W_o[16*k + j];
+                            tmp1_1_t2_kept[16*i + j] += acc * W_o[16*k + j];
                         }
                     }
                 }
-                /* t5 = h @ U_i */
+                /* t5_kept = h @ U_i */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t5[16*i + j] = 0;
+                        tmp1_1_t5_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
                         const double acc = tmp1_1_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t5[16*i + j] += acc * U_i[16*k + j];
+                            tmp1_1_t5_kept[16*i + j] += acc * U_i[16*k + j];
                         }
                     }
                 }
-                /* t6 = x @ W_i */
+                /* t6_kept = x @ W_i */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t6[16*i + j] = 0;
+                        tmp1_1_t6_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 30; ++k) {
                         const double acc = tmp1_1_x[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t6[16*i + j] += acc * W_i[16*k + j];
+                            tmp1_1_t6_kept[16*i + j] += acc * W_i[16*k + j];
                         }
                     }
                 }
-                /* t9 = h @ U_g */
+                /* t9_kept = h @ U_g */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t9[16*i + j] = 0;
+                        tmp1_1_t9_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
                         const double acc = tmp1_1_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t9[16*i + j] += acc * U_g[16*k + j];
+                            tmp1_1_t9_kept[16*i + j] += acc * U_g[16*k + j];
                         }
                     }
                 }
-                /* t10 = x @ W_g */
+                /* t10_kept = x @ W_g */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t10[16*i + j] = 0;
+                        tmp1_1_t10_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 30; ++k) {
                         const double acc = tmp1_1_x[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t10[16*i + j] += acc * W_g[16*k + j];
+                            tmp1_1_t10_kept[16*i + j] += acc * W_g[16*k + j];
                         }
                     }
                 }
-                /* t14 = h @ U_f */
+                /* t14_kept = h @ U_f */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t14[16*i + j] = 0;
+                        tmp1_1_t14_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
                         const double acc = tmp1_1_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t14[16*i + j] += acc * U_f[16*k + j];
+                            tmp1_1_t14_kept[16*i + j] += acc * U_f[16*k + j];
                         }
                     }
                 }
-                /* t15 = x @ W_f */
+                /* t15_kept = x @ W_f */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t15[16*i + j] = 0;
+                        tmp1_1_t15_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 30; ++k) {
                         const double acc = tmp1_1_x[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t15[16*i + j] += acc * W_f[16*k + j];
+                            tmp1_1_t15_kept[16*i + j] += acc * W_f[16*k + j];
                         }
                     }
                 }
-                /* cell_next = cell/(exp(-b_f - t14 - t15) + 1) + tanh(b_g + t10 + t9)/(exp(-b_i - t5 - t6) + 1) */
-                /* h_next = tanh(cell/(exp(-b_f - t14 - t15) + 1) + tanh(b_g + t10 + t9)/(exp(-b_i - t5 - t6) + 1))/(exp(-b_o - t1 - t2) + 1) */
+                /* cell_next = cell/(exp(-b_f - t14_kept - t15_kept) + 1) + tanh(b_g + t10_kept + t9_kept)/(exp(-b_i - t5_kept - t6_kept) + 1) */
+                /* h_next = tanh(cell/(exp(-b_f - t14_kept - t15_kept) + 1) + tanh(b_g + t10_kept + t9_kept)/(exp(-b_i - t5_kept - t6_kept) + 1))/(exp(-b_o - t1_kept - t2_kept) + 1) */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    const double x0 = tmp1_1_cell[j]/(exp(-tmp1_1_t14[j] - tmp1_1_t15[j] - b_f[j]) + 1) + tanh(tmp1_1_t9[j] + tmp1_1_t10[j] + b_g[j])/(exp(-tmp1_1_t5[j] - tmp1_1_t6[j] - b_i[j]) + 1);
+                    const double x0 = tmp1_1_cell[j]/(exp(-tmp1_1_t14_kept[j] - tmp1_1_t15_kept[j] - b_f[j]) + 1) + tanh(tmp1_1_t9_kept[j] + tmp1_1_t10_kept[j] + b_g[j])/(exp(-tmp1_1_t5_kept[j] - tmp1_1_t6_kept[j] - b_i[j]) + 1);
                     tmp1_1_cell_next[j] = x0;
-                    tmp1_1_h_next[j] = tanh(x0)/(exp(-tmp1_1_t1[j] - tmp1_1_t2[j] - b_o[j]) + 1);
+                    tmp1_1_h_next[j] = tanh(x0)/(exp(-tmp1_1_t1_kept[j] - tmp1_1_t2_kept[j] - b_o[j]) + 1);
                 }
                 /* t22 = h_next @ V */
                 for (int64_t i = 0; i < 1; ++i) {
@@ -777,12 +899,19 @@ int lstm_lm_value_and_grad(
                     }
                     for (int64_t k = 0; k < 16; ++k) {
                         const double acc = tmp1_1_h_next[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                         for (int64_t j = 0; j < 30; ++j) {
                             tmp1_1_t22[30*i + j] += acc * V[30*k + j];
                         }
                     }
                 }
                 /* out0_row = c + t22 */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
                 for (int64_t j = 0; j < 30; ++j) {
                     tmp1_1_out0_row[j] = tmp1_1_t22[j] + c[j];
                 }
@@ -796,40 +925,31 @@ int lstm_lm_value_and_grad(
                 const double *tmp1_1_grad_cell_next = tmp1_1_cur + 16;
                 double *tmp1_1_grad_h = tmp1_1_nxt;
                 double *tmp1_1_grad_cell = tmp1_1_nxt + 16;
+                const double *tmp1_1_t1_kept_1 = tmp1_1_base + 128*tmp1_1_u + 1120;
+                const double *tmp1_1_t2_kept_1 = tmp1_1_base + 128*tmp1_1_u + 1136;
+                const double *tmp1_1_t5_kept_1 = tmp1_1_base + 128*tmp1_1_u + 1152;
+                const double *tmp1_1_t6_kept_1 = tmp1_1_base + 128*tmp1_1_u + 1168;
+                const double *tmp1_1_t9_kept_1 = tmp1_1_base + 128*tmp1_1_u + 1184;
+                const double *tmp1_1_t10_kept_1 = tmp1_1_base + 128*tmp1_1_u + 1200;
+                const double *tmp1_1_t14_kept_1 = tmp1_1_base + 128*tmp1_1_u + 1216;
+                const double *tmp1_1_t15_kept_1 = tmp1_1_base + 128*tmp1_1_u + 1232;
                 const double *tmp1_1_grad_out0 = grad_logits + 30*tmp1_1_t;
-                double *tmp1_1_t24 = tmp1_1 + 1088; /* 1 x 16 */
-                double *tmp1_1_t25 = tmp1_1 + 1104; /* 1 x 16 */
-                double *tmp1_1_t1 = tmp1_1 + 1088; /* 1 x 16 */
-                double *tmp1_1_t2 = tmp1_1 + 1120; /* 1 x 16 */
-                double *tmp1_1_t4 = tmp1_1 + 1136; /* 1 x 16 */
-                double *tmp1_1_t43 = tmp1_1 + 1152; /* 1 x 16 */
-                double *tmp1_1_t5 = tmp1_1 + 1088; /* 1 x 16 */
-                double *tmp1_1_t6 = tmp1_1 + 1120; /* 1 x 16 */
-                double *tmp1_1_t39 = tmp1_1 + 1168; /* 1 x 16 */
-                double *tmp1_1_t8 = tmp1_1 + 1184; /* 1 x 16 */
-                double *tmp1_1_t9 = tmp1_1 + 1088; /* 1 x 16 */
-                double *tmp1_1_t10 = tmp1_1 + 1120; /* 1 x 16 */
-                double *tmp1_1_t12 = tmp1_1 + 1200; /* 1 x 16 */
-                double *tmp1_1_t14 = tmp1_1 + 1088; /* 1 x 16 */
-                double *tmp1_1_t15 = tmp1_1 + 1120; /* 1 x 16 */
-                double *tmp1_1_t21 = tmp1_1 + 1216; /* 1 x 16 */
-                double *tmp1_1_t32 = tmp1_1 + 1232; /* 1 x 16 */
-                double *tmp1_1_t36 = tmp1_1 + 1248; /* 1 x 16 */
-                double *tmp1_1_t40 = tmp1_1 + 1264; /* 1 x 16 */
-                double *tmp1_1_t44 = tmp1_1 + 1280; /* 1 x 16 */
-                double *tmp1_1_t33 = tmp1_1 + 1104; /* 1 x 16 */
-                double *tmp1_1_t37 = tmp1_1 + 1136; /* 1 x 16 */
-                double *tmp1_1_t41 = tmp1_1 + 1152; /* 1 x 16 */
-                double *tmp1_1_t45 = tmp1_1 + 1168; /* 1 x 16 */
-                double *tmp1_1_t48 = tmp1_1 + 1296; /* 30 x 16 */
-                double *tmp1_1_t50 = tmp1_1 + 1296; /* 30 x 16 */
-                double *tmp1_1_t52 = tmp1_1 + 1296; /* 30 x 16 */
-                double *tmp1_1_t54 = tmp1_1 + 1296; /* 30 x 16 */
-                double *tmp1_1_t56 = tmp1_1 + 1776; /* 16 x 16 */
-                double *tmp1_1_t58 = tmp1_1 + 1776; /* 16 x 16 */
-                double *tmp1_1_t60 = tmp1_1 + 1776; /* 16 x 16 */
-                double *tmp1_1_t62 = tmp1_1 + 1776; /* 16 x 16 */
-                double *tmp1_1_t68 = tmp1_1 + 1296; /* 16 x 30 */
+                double *tmp1_1_t24 = tmp1_1_base + 5216; /* 1 x 16 */
+                double *tmp1_1_t25 = tmp1_1_base + 5232; /* 1 x 16 */
+                double *tmp1_1_t27 = tmp1_1_base + 5216; /* 1 x 16 */
+                double *tmp1_1_t55 = tmp1_1_base + 5248; /* 1 x 16 */
+                double *tmp1_1_t30 = tmp1_1_base + 5264; /* 1 x 16 */
+                double *tmp1_1_t51 = tmp1_1_base + 5280; /* 1 x 16 */
+                double *tmp1_1_t32 = tmp1_1_base + 5296; /* 1 x 16 */
+                double *tmp1_1_t44 = tmp1_1_base + 5312; /* 1 x 16 */
+                double *tmp1_1_t48 = tmp1_1_base + 5328; /* 1 x 16 */
+                double *tmp1_1_t52 = tmp1_1_base + 5344; /* 1 x 16 */
+                double *tmp1_1_t56 = tmp1_1_base + 5360; /* 1 x 16 */
+                double *tmp1_1_t80 = tmp1_1_base + 5376; /* 1 x 16 */
+                double *tmp1_1_t45 = tmp1_1_base + 5232; /* 1 x 16 */
+                double *tmp1_1_t49 = tmp1_1_base + 5216; /* 1 x 16 */
+                double *tmp1_1_t53 = tmp1_1_base + 5248; /* 1 x 16 */
+                double *tmp1_1_t57 = tmp1_1_base + 5264; /* 1 x 16 */
                 /* t24 = grad_out0 @ V^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
@@ -841,376 +961,229 @@ int lstm_lm_value_and_grad(
                     }
                 }
                 /* t25 = grad_h_next + t24 */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
                 for (int64_t j = 0; j < 16; ++j) {
                     tmp1_1_t25[j] = tmp1_1_grad_h_next[j] + tmp1_1_t24[j];
                 }
-                /* t1 = h @ U_o */
-                for (int64_t i = 0; i < 1; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t1[16*i + j] = 0;
-                    }
-                    for (int64_t k = 0; k < 16; ++k) {
-                        const double acc = tmp1_1_h[k];
-                        for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t1[16*i + j] += acc * U_o[16*k + j];
-                        }
-                    }
-                }
-                /* t2 = x @ W_o */
-                for (int64_t i = 0; i < 1; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t2[16*i + j] = 0;
-                    }
-                    for (int64_t k = 0; k < 30; ++k) {
-                        const double acc = tmp1_1_x[k];
-                        for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t2[16*i + j] += acc * W_o[16*k + j];
-                        }
-                    }
-                }
-                /* t4 = 1/(exp(-b_o - t1 - t2) + 1) */
-                /* t43 = exp(-b_o - t1 - t2)/(exp(-b_o - t1 - t2) + 1)**2 */
+                /* t27 = 1/(exp(-b_o - t1_kept_1 - t2_kept_1) + 1) */
+                /* t55 = exp(-b_o - t1_kept_1 - t2_kept_1)/(exp(-b_o - t1_kept_1 - t2_kept_1) + 1)**2 */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    const double x0 = exp(-tmp1_1_t1[j] - tmp1_1_t2[j] - b_o[j]);
+                    const double x0 = exp(-tmp1_1_t1_kept_1[j] - tmp1_1_t2_kept_1[j] - b_o[j]);
                     const double x1 = x0 + 1;
-                    tmp1_1_t4[j] = 1.0/x1;
-                    tmp1_1_t43[j] = x0/(x1*x1);
+                    tmp1_1_t27[j] = 1.0/x1;
+                    tmp1_1_t55[j] = x0/(x1*x1);
                 }
-                /* t5 = h @ U_i */
-                for (int64_t i = 0; i < 1; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t5[16*i + j] = 0;
-                    }
-                    for (int64_t k = 0; k < 16; ++k) {
-                        const double acc = tmp1_1_h[k];
-                        for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t5[16*i + j] += acc * U_i[16*k + j];
-                        }
-                    }
-                }
-                /* t6 = x @ W_i */
-                for (int64_t i = 0; i < 1; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t6[16*i + j] = 0;
-                    }
-                    for (int64_t k = 0; k < 30; ++k) {
-                        const double acc = tmp1_1_x[k];
-                        for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t6[16*i + j] += acc * W_i[16*k + j];
-                        }
-                    }
-                }
-                /* t8 = 1/(exp(-b_i - t5 - t6) + 1) */
-                /* t39 = exp(-b_i - t5 - t6)/(exp(-b_i - t5 - t6) + 1)**2 */
+                /* t30 = 1/(exp(-b_i - t5_kept_1 - t6_kept_1) + 1) */
+                /* t51 = exp(-b_i - t5_kept_1 - t6_kept_1)/(exp(-b_i - t5_kept_1 - t6_kept_1) + 1)**2 */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    const double x0 = exp(-tmp1_1_t5[j] - tmp1_1_t6[j] - b_i[j]);
+                    const double x0 = exp(-tmp1_1_t5_kept_1[j] - tmp1_1_t6_kept_1[j] - b_i[j]);
                     const double x1 = x0 + 1;
-                    tmp1_1_t8[j] = 1.0/x1;
-                    tmp1_1_t39[j] = x0/(x1*x1);
+                    tmp1_1_t30[j] = 1.0/x1;
+                    tmp1_1_t51[j] = x0/(x1*x1);
                 }
-                /* t9 = h @ U_g */
-                for (int64_t i = 0; i < 1; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t9[16*i + j] = 0;
-                    }
-                    for (int64_t k = 0; k < 16; ++k) {
-                        const double acc = tmp1_1_h[k];
-                        for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t9[16*i + j] += acc * U_g[16*k + j];
-                        }
-                    }
-                }
-                /* t10 = x @ W_g */
-                for (int64_t i = 0; i < 1; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t10[16*i + j] = 0;
-                    }
-                    for (int64_t k = 0; k < 30; ++k) {
-                        const double acc = tmp1_1_x[k];
-                        for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t10[16*i + j] += acc * W_g[16*k + j];
-                        }
-                    }
-                }
-                /* t12 = tanh(b_g + t10 + t9) */
+                /* t32 = tanh(b_g + t10_kept_1 + t9_kept_1) */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    tmp1_1_t12[j] = tanh(tmp1_1_t9[j] + tmp1_1_t10[j] + b_g[j]);
+                    tmp1_1_t32[j] = tanh(tmp1_1_t9_kept_1[j] + tmp1_1_t10_kept_1[j] + b_g[j]);
                 }
-                /* t14 = h @ U_f */
-                for (int64_t i = 0; i < 1; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t14[16*i + j] = 0;
-                    }
-                    for (int64_t k = 0; k < 16; ++k) {
-                        const double acc = tmp1_1_h[k];
-                        for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t14[16*i + j] += acc * U_f[16*k + j];
-                        }
-                    }
-                }
-                /* t15 = x @ W_f */
-                for (int64_t i = 0; i < 1; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t15[16*i + j] = 0;
-                    }
-                    for (int64_t k = 0; k < 30; ++k) {
-                        const double acc = tmp1_1_x[k];
-                        for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t15[16*i + j] += acc * W_f[16*k + j];
-                        }
-                    }
-                }
-                /* t32 = cell*(grad_cell_next + t25*t4*(1 - tanh(cell/(exp(-b_f - t14 - t15) + 1) + t12*t8)**2))*exp(-b_f - t14 - t15)/(exp(-b_f - t14 - t15) + 1)**2 */
-                /* t36 = t8*(1 - t12**2)*(grad_cell_next + t25*t4*(1 - tanh(cell/(exp(-b_f - t14 - t15) + 1) + t12*t8)**2)) */
-                /* t40 = t12*t39*(grad_cell_next + t25*t4*(1 - tanh(cell/(exp(-b_f - t14 - t15) + 1) + t12*t8)**2)) */
-                /* t44 = t25*t43*tanh(cell/(exp(-b_f - t14 - t15) + 1) + t12*t8) */
-                /* grad_cell = (grad_cell_next + t25*t4*(1 - tanh(cell/(exp(-b_f - t14 - t15) + 1) + t12*t8)**2))/(exp(-b_f - t14 - t15) + 1) */
-                /* grad_b_i = grad_b_i + t12*t39*(grad_cell_next + t25*t4*(1 - tanh(cell/(exp(-b_f - t14 - t15) + 1) + t12*t8)**2)) */
-                /* grad_b_f = cell*(grad_cell_next + t25*t4*(1 - tanh(cell/(exp(-b_f - t14 - t15) + 1) + t12*t8)**2))*exp(-b_f - t14 - t15)/(exp(-b_f - t14 - t15) + 1)**2 + grad_b_f */
-                /* grad_b_g = grad_b_g + t8*(1 - t12**2)*(grad_cell_next + t25*t4*(1 - tanh(cell/(exp(-b_f - t14 - t15) + 1) + t12*t8)**2)) */
-                /* grad_b_o = grad_b_o + t25*t43*tanh(cell/(exp(-b_f - t14 - t15) + 1) + t12*t8) */
-                /* t21 = t4*tanh(cell/(exp(-b_f - t14 - t15) + 1) + t12*t8) */
+                /* t44 = cell*(grad_cell_next + t25*t27*(1 - tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32)**2))*exp(-b_f - t14_kept_1 - t15_kept_1)/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1)**2 */
+                /* t48 = t30*(1 - t32**2)*(grad_cell_next + t25*t27*(1 - tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32)**2)) */
+                /* t52 = t32*t51*(grad_cell_next + t25*t27*(1 - tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32)**2)) */
+                /* t56 = t25*t55*tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32) */
+                /* grad_cell = (grad_cell_next + t25*t27*(1 - tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32)**2))/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) */
+                /* grad_b_i = grad_b_i + t32*t51*(grad_cell_next + t25*t27*(1 - tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32)**2)) */
+                /* grad_b_f = cell*(grad_cell_next + t25*t27*(1 - tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32)**2))*exp(-b_f - t14_kept_1 - t15_kept_1)/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1)**2 + grad_b_f */
+                /* grad_b_g = grad_b_g + t30*(1 - t32**2)*(grad_cell_next + t25*t27*(1 - tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32)**2)) */
+                /* grad_b_o = grad_b_o + t25*t55*tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32) */
+                /* t80 = t27*tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32) */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
                 for (int64_t j = 0; j < 16; ++j) {
                     const double tmp1_1_grad_b_i_in = grad_b_i[j];
                     const double tmp1_1_grad_b_f_in = grad_b_f[j];
                     const double tmp1_1_grad_b_g_in = grad_b_g[j];
                     const double tmp1_1_grad_b_o_in = grad_b_o[j];
-                    const double x0 = exp(-tmp1_1_t14[j] - tmp1_1_t15[j] - b_f[j]);
+                    const double x0 = exp(-tmp1_1_t14_kept_1[j] - tmp1_1_t15_kept_1[j] - b_f[j]);
                     const double x1 = x0 + 1;
                     const double x2 = 1.0/x1;
-                    const double x3 = tanh(tmp1_1_t8[j]*tmp1_1_t12[j] + tmp1_1_cell[j]*x2);
-                    const double x4 = tmp1_1_t25[j]*tmp1_1_t4[j]*(1 - (x3*x3)) + tmp1_1_grad_cell_next[j];
+                    const double x3 = tanh(tmp1_1_t30[j]*tmp1_1_t32[j] + tmp1_1_cell[j]*x2);
+                    const double x4 = tmp1_1_t25[j]*tmp1_1_t27[j]*(1 - (x3*x3)) + tmp1_1_grad_cell_next[j];
                     const double x5 = tmp1_1_cell[j]*x0*x4/(x1*x1);
-                    const double x6 = tmp1_1_t8[j]*x4*(1 - (tmp1_1_t12[j]*tmp1_1_t12[j]));
-                    const double x7 = tmp1_1_t12[j]*tmp1_1_t39[j]*x4;
-                    const double x8 = tmp1_1_t43[j]*tmp1_1_t25[j]*x3;
-                    tmp1_1_t32[j] = x5;
-                    tmp1_1_t36[j] = x6;
-                    tmp1_1_t40[j] = x7;
-                    tmp1_1_t44[j] = x8;
+                    const double x6 = tmp1_1_t30[j]*x4*(1 - (tmp1_1_t32[j]*tmp1_1_t32[j]));
+                    const double x7 = tmp1_1_t32[j]*tmp1_1_t51[j]*x4;
+                    const double x8 = tmp1_1_t55[j]*tmp1_1_t25[j]*x3;
+                    tmp1_1_t44[j] = x5;
+                    tmp1_1_t48[j] = x6;
+                    tmp1_1_t52[j] = x7;
+                    tmp1_1_t56[j] = x8;
                     tmp1_1_grad_cell[j] = x2*x4;
                     grad_b_i[j] = tmp1_1_grad_b_i_in + x7;
                     grad_b_f[j] = tmp1_1_grad_b_f_in + x5;
                     grad_b_g[j] = tmp1_1_grad_b_g_in + x6;
                     grad_b_o[j] = tmp1_1_grad_b_o_in + x8;
-                    tmp1_1_t21[j] = tmp1_1_t4[j]*x3;
+                    tmp1_1_t80[j] = tmp1_1_t27[j]*x3;
                 }
-                /* t33 = t32 @ U_f^T */
+                /* t45 = t44 @ U_f^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         double acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
-                            acc += tmp1_1_t32[k] * U_f[k + 16*j];
-                        }
-                        tmp1_1_t33[16*i + j] = acc;
-                    }
-                }
-                /* t37 = t36 @ U_g^T */
-                for (int64_t i = 0; i < 1; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        double acc = 0;
-                        for (int64_t k = 0; k < 16; ++k) {
-                            acc += tmp1_1_t36[k] * U_g[k + 16*j];
-                        }
-                        tmp1_1_t37[16*i + j] = acc;
-                    }
-                }
-                /* t41 = t40 @ U_i^T */
-                for (int64_t i = 0; i < 1; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        double acc = 0;
-                        for (int64_t k = 0; k < 16; ++k) {
-                            acc += tmp1_1_t40[k] * U_i[k + 16*j];
-                        }
-                        tmp1_1_t41[16*i + j] = acc;
-                    }
-                }
-                /* t45 = t44 @ U_o^T */
-                for (int64_t i = 0; i < 1; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        double acc = 0;
-                        for (int64_t k = 0; k < 16; ++k) {
-                            acc += tmp1_1_t44[k] * U_o[k + 16*j];
+                            acc += tmp1_1_t44[k] * U_f[k + 16*j];
                         }
                         tmp1_1_t45[16*i + j] = acc;
                     }
                 }
-                /* grad_h = t33 + t37 + t41 + t45 */
+                /* t49 = t48 @ U_g^T */
+                for (int64_t i = 0; i < 1; ++i) {
+                    for (int64_t j = 0; j < 16; ++j) {
+                        double acc = 0;
+                        for (int64_t k = 0; k < 16; ++k) {
+                            acc += tmp1_1_t48[k] * U_g[k + 16*j];
+                        }
+                        tmp1_1_t49[16*i + j] = acc;
+                    }
+                }
+                /* t53 = t52 @ U_i^T */
+                for (int64_t i = 0; i < 1; ++i) {
+                    for (int64_t j = 0; j < 16; ++j) {
+                        double acc = 0;
+                        for (int64_t k = 0; k < 16; ++k) {
+                            acc += tmp1_1_t52[k] * U_i[k + 16*j];
+                        }
+                        tmp1_1_t53[16*i + j] = acc;
+                    }
+                }
+                /* t57 = t56 @ U_o^T */
+                for (int64_t i = 0; i < 1; ++i) {
+                    for (int64_t j = 0; j < 16; ++j) {
+                        double acc = 0;
+                        for (int64_t k = 0; k < 16; ++k) {
+                            acc += tmp1_1_t56[k] * U_o[k + 16*j];
+                        }
+                        tmp1_1_t57[16*i + j] = acc;
+                    }
+                }
+                /* grad_h = t45 + t49 + t53 + t57 */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    tmp1_1_grad_h[j] = tmp1_1_t33[j] + tmp1_1_t37[j] + tmp1_1_t41[j] + tmp1_1_t45[j];
+                    tmp1_1_grad_h[j] = tmp1_1_t45[j] + tmp1_1_t49[j] + tmp1_1_t53[j] + tmp1_1_t57[j];
                 }
-                /* t48 = x^T @ t40 */
+                /* grad_W_i += x^T @ t52 */
                 for (int64_t i = 0; i < 30; ++i) {
+                    const double acc = tmp1_1_x[i];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t48[16*i + j] = 0;
-                    }
-                    for (int64_t k = 0; k < 1; ++k) {
-                        const double acc = tmp1_1_x[i];
-                        for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t48[16*i + j] += acc * tmp1_1_t40[j];
-                        }
+                        grad_W_i[16*i + j] += acc * tmp1_1_t52[j];
                     }
                 }
-                /* grad_W_i = grad_W_i + t48 */
+                /* grad_W_f += x^T @ t44 */
                 for (int64_t i = 0; i < 30; ++i) {
+                    const double acc = tmp1_1_x[i];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        const double tmp1_1_grad_W_i_in = grad_W_i[16*i + j];
-                        grad_W_i[16*i + j] = tmp1_1_grad_W_i_in + tmp1_1_t48[16*i + j];
+                        grad_W_f[16*i + j] += acc * tmp1_1_t44[j];
                     }
                 }
-                /* t50 = x^T @ t32 */
+                /* grad_W_g += x^T @ t48 */
                 for (int64_t i = 0; i < 30; ++i) {
+                    const double acc = tmp1_1_x[i];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t50[16*i + j] = 0;
-                    }
-                    for (int64_t k = 0; k < 1; ++k) {
-                        const double acc = tmp1_1_x[i];
-                        for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t50[16*i + j] += acc * tmp1_1_t32[j];
-                        }
+                        grad_W_g[16*i + j] += acc * tmp1_1_t48[j];
                     }
                 }
-                /* grad_W_f = grad_W_f + t50 */
+                /* grad_W_o += x^T @ t56 */
                 for (int64_t i = 0; i < 30; ++i) {
+                    const double acc = tmp1_1_x[i];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        const double tmp1_1_grad_W_f_in = grad_W_f[16*i + j];
-                        grad_W_f[16*i + j] = tmp1_1_grad_W_f_in + tmp1_1_t50[16*i + j];
+                        grad_W_o[16*i + j] += acc * tmp1_1_t56[j];
                     }
                 }
-                /* t52 = x^T @ t36 */
-                for (int64_t i = 0; i < 30; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t52[16*i + j] = 0;
-                    }
-                    for (int64_t k = 0; k < 1; ++k) {
-                        const double acc = tmp1_1_x[i];
-                        for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t52[16*i + j] += acc * tmp1_1_t36[j];
-                        }
-                    }
-                }
-                /* grad_W_g = grad_W_g + t52 */
-                for (int64_t i = 0; i < 30; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        const double tmp1_1_grad_W_g_in = grad_W_g[16*i + j];
-                        grad_W_g[16*i + j] = tmp1_1_grad_W_g_in + tmp1_1_t52[16*i + j];
-                    }
-                }
-                /* t54 = x^T @ t44 */
-                for (int64_t i = 0; i < 30; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t54[16*i + j] = 0;
-                    }
-                    for (int64_t k = 0; k < 1; ++k) {
-                        const double acc = tmp1_1_x[i];
-                        for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t54[16*i + j] += acc * tmp1_1_t44[j];
-                        }
-                    }
-                }
-                /* grad_W_o = grad_W_o + t54 */
-                for (int64_t i = 0; i < 30; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        const double tmp1_1_grad_W_o_in = grad_W_o[16*i + j];
-                        grad_W_o[16*i + j] = tmp1_1_grad_W_o_in + tmp1_1_t54[16*i + j];
-                    }
-                }
-                /* t56 = h^T @ t40 */
+                /* grad_U_i += h^T @ t52 */
                 for (int64_t i = 0; i < 16; ++i) {
+                    const double acc = tmp1_1_h[i];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t56[16*i + j] = 0;
-                    }
-                    for (int64_t k = 0; k < 1; ++k) {
-                        const double acc = tmp1_1_h[i];
-                        for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t56[16*i + j] += acc * tmp1_1_t40[j];
-                        }
+                        grad_U_i[16*i + j] += acc * tmp1_1_t52[j];
                     }
                 }
-                /* grad_U_i = grad_U_i + t56 */
+                /* grad_U_f += h^T @ t44 */
                 for (int64_t i = 0; i < 16; ++i) {
+                    const double acc = tmp1_1_h[i];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        const double tmp1_1_grad_U_i_in = grad_U_i[16*i + j];
-                        grad_U_i[16*i + j] = tmp1_1_grad_U_i_in + tmp1_1_t56[16*i + j];
+                        grad_U_f[16*i + j] += acc * tmp1_1_t44[j];
                     }
                 }
-                /* t58 = h^T @ t32 */
+                /* grad_U_g += h^T @ t48 */
                 for (int64_t i = 0; i < 16; ++i) {
+                    const double acc = tmp1_1_h[i];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t58[16*i + j] = 0;
-                    }
-                    for (int64_t k = 0; k < 1; ++k) {
-                        const double acc = tmp1_1_h[i];
-                        for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t58[16*i + j] += acc * tmp1_1_t32[j];
-                        }
+                        grad_U_g[16*i + j] += acc * tmp1_1_t48[j];
                     }
                 }
-                /* grad_U_f = grad_U_f + t58 */
+                /* grad_U_o += h^T @ t56 */
                 for (int64_t i = 0; i < 16; ++i) {
+                    const double acc = tmp1_1_h[i];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        const double tmp1_1_grad_U_f_in = grad_U_f[16*i + j];
-                        grad_U_f[16*i + j] = tmp1_1_grad_U_f_in + tmp1_1_t58[16*i + j];
+                        grad_U_o[16*i + j] += acc * tmp1_1_t56[j];
                     }
                 }
-                /* t60 = h^T @ t36 */
+                /* grad_V += t80^T @ grad_out0 */
                 for (int64_t i = 0; i < 16; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t60[16*i + j] = 0;
-                    }
-                    for (int64_t k = 0; k < 1; ++k) {
-                        const double acc = tmp1_1_h[i];
-                        for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t60[16*i + j] += acc * tmp1_1_t36[j];
-                        }
-                    }
-                }
-                /* grad_U_g = grad_U_g + t60 */
-                for (int64_t i = 0; i < 16; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        const double tmp1_1_grad_U_g_in = grad_U_g[16*i + j];
-                        grad_U_g[16*i + j] = tmp1_1_grad_U_g_in + tmp1_1_t60[16*i + j];
-                    }
-                }
-                /* t62 = h^T @ t44 */
-                for (int64_t i = 0; i < 16; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t62[16*i + j] = 0;
-                    }
-                    for (int64_t k = 0; k < 1; ++k) {
-                        const double acc = tmp1_1_h[i];
-                        for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t62[16*i + j] += acc * tmp1_1_t44[j];
-                        }
-                    }
-                }
-                /* grad_U_o = grad_U_o + t62 */
-                for (int64_t i = 0; i < 16; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        const double tmp1_1_grad_U_o_in = grad_U_o[16*i + j];
-                        grad_U_o[16*i + j] = tmp1_1_grad_U_o_in + tmp1_1_t62[16*i + j];
-                    }
-                }
-                /* t68 = t21^T @ grad_out0 */
-                for (int64_t i = 0; i < 16; ++i) {
+                    const double acc = tmp1_1_t80[i];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
                     for (int64_t j = 0; j < 30; ++j) {
-                        tmp1_1_t68[30*i + j] = 0;
-                    }
-                    for (int64_t k = 0; k < 1; ++k) {
-                        const double acc = tmp1_1_t21[i];
-                        for (int64_t j = 0; j < 30; ++j) {
-                            tmp1_1_t68[30*i + j] += acc * tmp1_1_grad_out0[j];
-                        }
-                    }
-                }
-                /* grad_V = grad_V + t68 */
-                for (int64_t i = 0; i < 16; ++i) {
-                    for (int64_t j = 0; j < 30; ++j) {
-                        const double tmp1_1_grad_V_in = grad_V[30*i + j];
-                        grad_V[30*i + j] = tmp1_1_grad_V_in + tmp1_1_t68[30*i + j];
+                        grad_V[30*i + j] += acc * tmp1_1_grad_out0[j];
                     }
                 }
                 /* grad_c = grad_c + grad_out0 */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
                 for (int64_t j = 0; j < 30; ++j) {
                     const double tmp1_1_grad_c_in = grad_c[j];
                     grad_c[j] = tmp1_1_grad_c_in + tmp1_1_grad_out0[j];
