@@ -475,3 +475,58 @@ def test_a_scan_inside_a_step_is_refused():
     model = sbp.Model("nested", inputs=[X], params=[W, Ux, b, h0], loss=outer * sp.OneMatrix(H, 1))
     with pytest.raises(sbp.ModelError, match="a scan inside the step of another scan"):
         generate(model)
+
+
+# --- random steps against a numpy loop and finite differences -----------------
+
+ACTIVATIONS = {
+    "tanh": (lambda m: m.applyfunc(sp.tanh), np.tanh),
+    "sin": (lambda m: m.applyfunc(sp.sin), np.sin),
+    "sigmoid": (nn.sigmoid, sigmoid),
+    "softplus": (nn.softplus, lambda z: np.log1p(np.exp(z))),
+    "identity": (lambda m: m, lambda z: z),
+}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_steps_match_a_numpy_loop_and_finite_differences(seed):
+    """A step drawn at random (activations, a gate on the state, a residual
+    term, checkpointing, the number of steps): the loss against a numpy loop
+    of the same step, every gradient against central differences of it."""
+    rng = np.random.default_rng(100 + seed)
+    first, gate, out = (list(ACTIVATIONS)[k] for k in rng.integers(0, len(ACTIVATIONS), 3))
+    gated, residual = bool(rng.integers(0, 2)), bool(rng.integers(0, 2))
+    every = [None, 1, 2, 3][int(rng.integers(0, 4))]
+    steps = int(rng.integers(1, 8))
+
+    new = ACTIVATIONS[first][0](h * W + x * Ux + b)
+    if gated:
+        new = sp.HadamardProduct(new, ACTIVATIONS[gate][0](h))
+    if residual:
+        new = new + h
+    X, Z = sp.MatrixSymbol("X", T, D), sp.MatrixSymbol("Z", T, 1)
+    Y = sbp.scan(new, ACTIVATIONS[out][0](new) * Vo, h, x, h0, X, checkpoint_every=every)
+    E = Y - Z
+    loss = sp.OneMatrix(1, T) * sp.HadamardProduct(E, E) + sbp.final_state(Y) * sp.OneMatrix(H, 1)
+    model = sbp.Model(f"random_step_{seed}", inputs=[X, Z], params=[W, Ux, b, Vo, h0], loss=loss)
+
+    def reference(d):
+        state, total = d["h0"], 0.0
+        for t in range(d["X"].shape[0]):
+            value = ACTIVATIONS[first][1](state @ d["W"] + d["X"][t:t + 1] @ d["Ux"] + d["b"])
+            if gated:
+                value = value * ACTIVATIONS[gate][1](state)
+            state = value + state if residual else value
+            total += float((ACTIVATIONS[out][1](state) @ d["Vo"] - d["Z"][t])[0, 0] ** 2)
+        return total + float(state.sum())
+
+    data = rnn_data(rng, steps)
+    with np.errstate(all="ignore"):
+        expected = reference(data)
+    if not abs(expected) < 1e4:  # a gate of the state on itself can make the recurrence diverge
+        pytest.skip(f"the drawn recurrence diverges (loss {expected:.3g}): finite differences cannot judge it")
+    mod = sbp.compile(model)
+    loss_value, grads = mod.value_and_grad(**data)
+    assert loss_value == pytest.approx(expected, rel=1e-11)
+    for name in ("W", "Ux", "b", "Vo", "h0"):
+        assert relative_error(grads[name], central_differences(reference, data, name)) < 1e-6, (name, first, gate, out)
