@@ -116,7 +116,11 @@ def _classify(node: Node) -> tuple[str, list[tuple[Node, bool]]]:
         return ELEMENTWISE_NAMES.get(body, f"Elementwise[{sp.sstr(body).replace('_a', 'x')}]"), plain
     if node.op == "logsumexp":
         return "LogSumExp", plain
-    return {"sum": "Sum", "transpose": "Transpose", "element": "Select", "pack": "Stack"}.get(node.op, node.op), plain
+    if node.op == "emap":
+        return "MapExamples", plain
+    names = {"sum": "Sum", "transpose": "Transpose", "element": "Select", "pack": "Stack", "max": "Max", "min": "Min",
+             "scan": "Scan", "scan_part": "ScanOutput"}
+    return names.get(node.op, node.op), plain
 
 
 def _product_operands(product: Node) -> list[tuple[Node, bool]]:
