@@ -236,11 +236,16 @@ class _Planner:
 
 
 def _sharable(lowered: Lowered) -> bool:
-    """Whether forward can be the first part of value_and_grad at no cost in
-    memory: not where a scan's forward pass would keep every state for a
-    backward pass that a forward-only call never runs."""
-    roots = [lowered.loss, *lowered.outputs.values()]
-    return not any(node.op == "scan" for node in topological_order(roots))
+    """Whether forward can be the first part of value_and_grad at no cost:
+    every named output is on the way to the loss (value_and_grad computes
+    them all; bundle adjustment's per-observation Jacobians, an output the
+    loss does not need, would double its time), and no scan (its forward
+    pass would keep every state for a backward pass a forward-only call
+    never runs)."""
+    needed = set(topological_order([lowered.loss]))
+    if any(node not in needed for node in lowered.outputs.values()):
+        return False
+    return not any(node.op == "scan" for node in needed)
 
 
 def plan(model: Model, functions: Sequence[str] = DEFAULT_FUNCTIONS, wrt: Sequence[str] | None = None,

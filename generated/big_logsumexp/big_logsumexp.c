@@ -51,18 +51,20 @@ static double big_logsumexp_logsumexp(const double *x, int64_t n, int64_t stride
     double top;
     {
         double result = -INFINITY;
-        double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
         int64_t k = 0;
-        for (; k + 8 <= n; k += 8) {
+        if (n >= 64) {
+            double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+            for (; k + 8 <= n; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
+                }
+            }
             for (int64_t l = 0; l < 8; ++l) {
-                lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
+                result = lane[l] > result ? lane[l] : result;
             }
         }
         for (; k < n; ++k) {
             result = x[k*stride] > result ? x[k*stride] : result;
-        }
-        for (int64_t l = 0; l < 8; ++l) {
-            result = lane[l] > result ? lane[l] : result;
         }
         top = result;
     }
@@ -70,18 +72,20 @@ static double big_logsumexp_logsumexp(const double *x, int64_t n, int64_t stride
         return top; /* every entry -inf (or one +inf) */
     }
     double result = 0;
-    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t k = 0;
-    for (; k + 8 <= n; k += 8) {
+    if (n >= 64) {
+        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (; k + 8 <= n; k += 8) {
+            for (int64_t l = 0; l < 8; ++l) {
+                lane[l] += exp(x[(k + l)*stride] - top);
+            }
+        }
         for (int64_t l = 0; l < 8; ++l) {
-            lane[l] += exp(x[(k + l)*stride] - top);
+            result += lane[l];
         }
     }
     for (; k < n; ++k) {
         result += exp(x[k*stride] - top);
-    }
-    for (int64_t l = 0; l < 8; ++l) {
-        result += lane[l];
     }
     return top + log(result);
 }

@@ -49,32 +49,34 @@ __attribute__((simd("notinbranch"))) double tanh(double);
 static double bundle_adjustment_sum(const double *x, int64_t n, int64_t stride)
 {
     double result = 0;
-    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t k = 0;
-    for (; k + 8 <= n; k += 8) {
+    if (n >= 64) {
+        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (; k + 8 <= n; k += 8) {
+            for (int64_t l = 0; l < 8; ++l) {
+                lane[l] += x[(k + l)*stride];
+            }
+        }
         for (int64_t l = 0; l < 8; ++l) {
-            lane[l] += x[(k + l)*stride];
+            result += lane[l];
         }
     }
     for (; k < n; ++k) {
         result += x[k*stride];
     }
-    for (int64_t l = 0; l < 8; ++l) {
-        result += lane[l];
-    }
     return result;
 }
 
-static size_t bundle_adjustment_run_work_len(int64_t N, int64_t C, int64_t P, int with_grads)
+size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P)
 {
     (void)N;
     (void)C;
     (void)P;
-    return (size_t)(with_grads ? 4*N + 2 : 4*N + 2);
+    return (size_t)(2*N + 2);
 }
 
-/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
-static int bundle_adjustment_run(
+/* Forward pass: the loss and the named outputs. */
+int bundle_adjustment_forward(
     int64_t N,
     int64_t C,
     int64_t P,
@@ -87,11 +89,7 @@ static int bundle_adjustment_run(
     double *loss,
     double *residual,
     double *jacobian,
-    double *grad_cams,
-    double *grad_pts,
-    double *grad_weights,
-    double *work,
-    int with_grads
+    double *work
 )
 {
     if (N < 1) {
@@ -435,8 +433,109 @@ static int bundle_adjustment_run(
     }
 
     /* t0 = residual**2 */
+    double *t0 = work; /* N x 2 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < N; ++i) {
+        for (int64_t j = 0; j < 2; ++j) {
+            t0[2*i + j] = (residual[2*i + j]*residual[2*i + j]);
+        }
+    }
+
+    /* t1 = sum of t0 down each column */
+    double *t1 = t0 + 2*N; /* 1 x 2 */
+    for (int64_t j = 0; j < 2; ++j) {
+        t1[j] = bundle_adjustment_sum(t0 + j, N, 2);
+    }
+
+    /* loss = sum of t1 along each row */
+    loss[0] = bundle_adjustment_sum(t1, 2, 1);
+    return 0;
+}
+
+size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P)
+{
+    (void)N;
+    (void)C;
+    (void)P;
+    return (size_t)(6*N + 2);
+}
+
+/* The loss and its gradient (reverse mode). */
+int bundle_adjustment_value_and_grad(
+    int64_t N,
+    int64_t C,
+    int64_t P,
+    const double *feats,
+    const int64_t *cam,
+    const int64_t *pt,
+    const double *cams,
+    const double *pts,
+    const double *weights,
+    double *loss,
+    double *grad_cams,
+    double *grad_pts,
+    double *grad_weights,
+    double *work
+)
+{
+    if (N < 1) {
+        return 1;
+    }
+    if (C < 1) {
+        return 1;
+    }
+    if (P < 1) {
+        return 1;
+    }
+
+    /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :], feats[i, :]: see the temporaries */
+    double *residual = work; /* N x 2 */
+    for (int64_t i = 0; i < N; ++i) {
+        if ((uint64_t)cam[i] >= (uint64_t)C) {
+            return 2; /* a row number outside the array it gathers from */
+        }
+    }
+    for (int64_t i = 0; i < N; ++i) {
+        if ((uint64_t)pt[i] >= (uint64_t)P) {
+            return 2; /* a row number outside the array it gathers from */
+        }
+    }
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < N; ++i) {
+        const double x0 = pts[3*pt[i]] - cams[11*cam[i] + 3];
+        const double x1 = (cams[11*cam[i]]*cams[11*cam[i]]) + (cams[11*cam[i] + 1]*cams[11*cam[i] + 1]) + (cams[11*cam[i] + 2]*cams[11*cam[i] + 2]);
+        const double x2 = sqrt(x1);
+        const double x3 = sin(x2);
+        const double x4 = 1.0/x2;
+        const double x5 = cams[11*cam[i]]*x4;
+        const double x6 = pts[3*pt[i] + 2] - cams[11*cam[i] + 5];
+        const double x7 = cams[11*cam[i] + 2]*x4;
+        const double x8 = cams[11*cam[i] + 1]*x4;
+        const double x9 = cos(x2);
+        const double x10 = -pts[3*pt[i] + 1] + cams[11*cam[i] + 4];
+        const double x11 = (1 - x9)*(x0*x5 - x10*x8 + x6*x7);
+        const double x12 = cams[11*cam[i] + 1]*x6;
+        const double x13 = -cams[11*cam[i] + 2]*x10;
+        const double x14 = x0*x9 + x11*x5 + x3*(x12*x4 - x13*x4);
+        const double x15 = x1 > 9.9999999999999995e-21;
+        const double x16 = x0 + x12 - x13;
+        const double x17 = -cams[11*cam[i]]*x10;
+        const double x18 = cams[11*cam[i] + 1]*x0;
+        const double x19 = x11*x7 + x3*(x17*x4 - x18*x4) + x6*x9;
+        const double x20 = x17 - x18 + x6;
+        const double x21 = ((x15) ? (1.0/(x19*x19)) : (1.0/(x20*x20)));
+        const double x22 = cams[11*cam[i]]*x6;
+        const double x23 = -x10*x9 + x11*x8 + x3*(x0*x7 - x22*x4);
+        const double x24 = cams[11*cam[i] + 2]*x0 - x10 - x22;
+        const double x25 = x21*((x15) ? ((x14*x14)) : ((x16*x16))) + x21*((x15) ? ((x23*x23)) : ((x24*x24)));
+        const double x26 = cams[11*cam[i] + 6]*(cams[11*cam[i] + 10]*(x25*x25) + cams[11*cam[i] + 9]*x25 + 1)*((x15) ? (1.0/x19) : (1.0/x20));
+        residual[2*i] = weights[i]*(-feats[2*i] + cams[11*cam[i] + 7] - x26*((x15) ? (x14) : (x16)));
+        residual[2*i + 1] = weights[i]*(-feats[2*i + 1] + cams[11*cam[i] + 8] - x26*((x15) ? (x23) : (x24)));
+    }
+
+    /* t0 = residual**2 */
     /* grad_residual = 2*residual */
-    double *grad_residual = work; /* N x 2 */
+    double *grad_residual = residual + 2*N; /* N x 2 */
     double *t0 = grad_residual + 2*N; /* N x 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
@@ -454,10 +553,6 @@ static int bundle_adjustment_run(
 
     /* loss = sum of t1 along each row */
     loss[0] = bundle_adjustment_sum(t1, 2, 1);
-
-    if (!with_grads) {
-        return 0;
-    }
 
     /* grad_cams[cam[i], :] += 11 values from cams[cam[i], :], pts[pt[i], :], weights[i, :], grad_residual[i, :]: see the temporaries */
     /* grad_pts[pt[i], :] += 3 values from cams[cam[i], :], pts[pt[i], :], weights[i, :], grad_residual[i, :]: see the temporaries */
@@ -570,55 +665,4 @@ static int bundle_adjustment_run(
         grad_weights[i] = grad_residual[2*i]*(cams[11*cam[i] + 7] - feats[2*i] - x42*x45) + grad_residual[2*i + 1]*(cams[11*cam[i] + 8] - feats[2*i + 1] - x42*x47);
     }
     return 0;
-}
-
-size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P)
-{
-    return (size_t)(bundle_adjustment_run_work_len(N, C, P, 0));
-}
-
-/* Forward pass: the loss and the named outputs. */
-int bundle_adjustment_forward(
-    int64_t N,
-    int64_t C,
-    int64_t P,
-    const double *feats,
-    const int64_t *cam,
-    const int64_t *pt,
-    const double *cams,
-    const double *pts,
-    const double *weights,
-    double *loss,
-    double *residual,
-    double *jacobian,
-    double *work
-)
-{
-    return bundle_adjustment_run(N, C, P, feats, cam, pt, cams, pts, weights, loss, residual, jacobian, NULL, NULL, NULL, work, 0);
-}
-
-size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P)
-{
-    return (size_t)(bundle_adjustment_run_work_len(N, C, P, 1) + N*2 + N*30);
-}
-
-/* The loss and its gradient (reverse mode). */
-int bundle_adjustment_value_and_grad(
-    int64_t N,
-    int64_t C,
-    int64_t P,
-    const double *feats,
-    const int64_t *cam,
-    const int64_t *pt,
-    const double *cams,
-    const double *pts,
-    const double *weights,
-    double *loss,
-    double *grad_cams,
-    double *grad_pts,
-    double *grad_weights,
-    double *work
-)
-{
-    return bundle_adjustment_run(N, C, P, feats, cam, pt, cams, pts, weights, loss, work + bundle_adjustment_run_work_len(N, C, P, 1), work + bundle_adjustment_run_work_len(N, C, P, 1) + N*2, grad_cams, grad_pts, grad_weights, work, 1);
 }

@@ -113,18 +113,20 @@ static void mlp_matmul(int64_t m, int64_t n, int64_t k,
 static double mlp_sum(const double *x, int64_t n, int64_t stride)
 {
     double result = 0;
-    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t k = 0;
-    for (; k + 8 <= n; k += 8) {
+    if (n >= 64) {
+        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (; k + 8 <= n; k += 8) {
+            for (int64_t l = 0; l < 8; ++l) {
+                lane[l] += x[(k + l)*stride];
+            }
+        }
         for (int64_t l = 0; l < 8; ++l) {
-            lane[l] += x[(k + l)*stride];
+            result += lane[l];
         }
     }
     for (; k < n; ++k) {
         result += x[k*stride];
-    }
-    for (int64_t l = 0; l < 8; ++l) {
-        result += lane[l];
     }
     return result;
 }
