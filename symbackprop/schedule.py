@@ -185,6 +185,12 @@ class FunctionSchedule:
     head_slots: tuple[Slot, ...] = ()  # the workspace plan of a call that stops at the split
     head_work_size: sp.Expr = sp.Integer(0)
 
+    @property
+    def written_before_split(self) -> set[str]:
+        """Buffers a call that stops at the split writes (also results
+        beyond the first ones, computed in the same loops)."""
+        return {b for k in self.kernels[:self.split] for b in kernel_writes(k)}
+
 
 @dataclass
 class _EmapGroup:
@@ -316,13 +322,24 @@ class _Scheduler:
         head = self._first_steps()
         self.plan = [s for s in self.plan if id(s) in head] + [s for s in self.plan if id(s) not in head]
         bound = self._bind_results()
-        kernels: list[Kernel] = []
         counts: list[int] = [0, 0]
+        kernels = self._kernels(self.plan[:len(head)], counts)
         split = None
-        for number, step in enumerate(self.plan):
-            if self.first and number == len(head):
-                kernels += self._copies([b for b in bound if b[0] in self.first])
-                split = len(kernels)
+        if self.first:  # the first results, complete: a call can stop here
+            kernels += self._copies([b for b in bound if b[0] in self.first])
+            split = len(kernels)
+        kernels += self._kernels(self.plan[len(head):], counts)
+        kernels += self._copies([b for b in bound if b[0] not in self.first])
+        kernels = _check_each_index_once(kernels)
+        slots, work = self._plan_workspace(kernels)
+        # a call that stops at the split keeps nothing for a backward pass: its own, tighter plan
+        head_slots, head_work = self._plan_workspace(kernels[:split], only_written=True) if split is not None else ((), work)
+        return FunctionSchedule(self.name, tuple(self.results), tuple(kernels), slots, work, (counts[0], counts[1]), split,
+                                self.first, head_slots, head_work)
+
+    def _kernels(self, steps: list[_Group | _EmapGroup | Node], counts: list[int]) -> list[Kernel]:
+        kernels: list[Kernel] = []
+        for step in steps:
             if isinstance(step, _Group):
                 kernel = self._map_kernel(step, counts)
                 if kernel is not None:
@@ -331,16 +348,7 @@ class _Scheduler:
                 kernels.append(self._emap_kernel(step.members))
             else:
                 kernels.append(self._kernel(step))
-        if split is None and self.first:
-            kernels += self._copies([b for b in bound if b[0] in self.first])
-            split = len(kernels)
-        kernels += self._copies([b for b in bound if b[0] not in self.first])
-        kernels = _check_each_index_once(kernels)
-        slots, work = self._plan_workspace(kernels)
-        # a call that stops at the split keeps nothing for a backward pass: its own, tighter plan
-        head_slots, head_work = self._plan_workspace(kernels[:split], only_written=True) if split is not None else ((), work)
-        return FunctionSchedule(self.name, tuple(self.results), tuple(kernels), slots, work, (counts[0], counts[1]), split,
-                                self.first, head_slots, head_work)
+        return kernels
 
     def _first_steps(self) -> set[int]:
         """The plan steps the `first` results need, closed under what any
@@ -584,7 +592,7 @@ class _Scheduler:
         loads: dict[tuple, sp.Symbol] = {}  # (argument, binding, column) -> its symbol
         views: list[tuple[sp.Symbol, View, tuple]] = []
         readable: dict[sp.Symbol, sp.Symbol] = {}
-        checks: dict[str, tuple] = {}  # index buffer -> (its rows, the rows it chooses among)
+        checks: dict[tuple, None] = {}  # (index buffer, its rows, the rows it chooses among), once each
         program: list[tuple[sp.Symbol, sp.Expr]] = []
         outputs, bodies, equations = [], [], []
         for number, node in enumerate(members):
@@ -594,7 +602,7 @@ class _Scheduler:
             for p, arg in enumerate(node.args):
                 if bindings[p][0] == "gather":
                     index = node.args[bindings[p][1]]
-                    checks.setdefault(self.view(index).buffer, (index.shape[0], arg.shape[0]))
+                    checks[(self.view(index).buffer, index.shape[0], arg.shape[0])] = None
                 for col in range(binding_width(arg, bindings[p])):
                     if row_placeholder(p, col) not in free:
                         continue
@@ -607,7 +615,7 @@ class _Scheduler:
                     subs[row_placeholder(p, col)] = loads[key]
             if target[0] == "gather":
                 index = node.args[target[1]]
-                checks.setdefault(self.view(index).buffer, (index.shape[0], node.shape[0]))
+                checks[(self.view(index).buffer, index.shape[0], node.shape[0])] = None
             member_program = [(subs[sym], e.xreplace(subs)) for sym, e in lets]
             member_bodies = [b.xreplace(subs) for b in node_bodies]
             program += member_program
@@ -625,7 +633,7 @@ class _Scheduler:
                 stores.append((number, col, reduced[position]))
                 position += 1
         return EmapKernel(tuple(loops), tuple(views), tuple(temps), tuple(outputs), tuple(stores),
-                          tuple((name, *sizes) for name, sizes in checks.items()), tuple(equations))
+                          tuple(checks), tuple(equations))
 
     def _emap_equation(self, out: str, where: tuple, program: list, exprs: list, readable: dict, assign: str) -> Equation:
         row = _where_text(where).rsplit(",", 1)[0]
@@ -715,13 +723,14 @@ MAX_SHOWN_OPS = 60
 
 
 def _check_each_index_once(kernels: list[Kernel]) -> list[Kernel]:
-    """An index array is checked by the first kernel of a function to use it."""
-    checked: set[str] = set()
+    """Each (index, rows it chooses among) is checked by the first kernel of a
+    function to use it."""
+    checked: set[tuple] = set()
     result: list[Kernel] = []
     for kernel in kernels:
         if isinstance(kernel, EmapKernel):
-            fresh = tuple(c for c in kernel.index_checks if c[0] not in checked)
-            checked |= {c[0] for c in fresh}
+            fresh = tuple(c for c in kernel.index_checks if c not in checked)  # an index may choose among several arrays
+            checked |= set(fresh)
             kernel = replace(kernel, index_checks=fresh)
         result.append(kernel)
     return result

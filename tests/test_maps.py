@@ -95,6 +95,25 @@ def test_the_c_checks_the_index_too(gathered):
         fn.invoke(dims, values, fn.allocate(dims), fn.workspace(dims))
 
 
+def test_one_index_into_two_arrays_is_checked_against_both():
+    """Rows 0..3 of P but only 0..1 of Q: a 3 is refused for Q, in Python
+    and in the C (each gather checks against its own array)."""
+    Q = sp.MatrixSymbol("Q", K, 1)
+    q = sp.Symbol("q", real=True)
+    R = sbp.map_examples(a[0] * q, [(a, sbp.gather(P, idx)), (q, sbp.gather(Q, idx))])
+    mod = sbp.compile(sbp.Model("two_arrays", inputs=[idx], params=[P, Q], loss=nn.sum_all(R)))
+    data = {"idx": np.array([0, 1, 1]), "P": np.ones((4, 2)), "Q": np.ones((2, 1))}
+    assert mod.forward(**data)["loss"] == 3.0
+    data["idx"] = np.array([0, 3, 1])
+    with pytest.raises(ArgumentError, match=r"idx holds the row number 3, outside the 2 rows \(K\)"):
+        mod.value_and_grad(**data)
+    fn = mod.function("value_and_grad")
+    values, dims = fn.bind({**data, "idx": np.array([0, 1, 1])})
+    values[[s.name for s in fn.inputs].index("idx")][1, 0] = 3
+    with pytest.raises(ArgumentError, match="row number outside the array it gathers from"):
+        fn.invoke(dims, values, fn.allocate(dims), fn.workspace(dims))
+
+
 def pairs_model():
     """Every (row of X, row of M) pair: the pattern of a mixture model."""
     M = sp.MatrixSymbol("M", K, 2)
