@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
+from typing import Callable
 
 from ._version import __version__
 from .errors import BuildError
@@ -278,23 +279,44 @@ def build(prefix: str, source: str, header: str, cdef: str, options: BuildOption
     options = options or BuildOptions()
     flags, libraries = _compile_and_link_args(options)
     final = cache_entry(prefix, source, header, cdef, options)
-    root, key = final.parent, final.name
-    name = module_name(prefix, key)
-    if not _complete(final, name):
-        event("cache miss: %s", final)
-        from filelock import FileLock  # imported here: loading from the cache takes no lock
-
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-            with FileLock(root / f"{key}.lock"):
-                if not _complete(final, name):
-                    with stage("C compile", prefix):
-                        _compile_into(final, name, prefix, source, header, cdef, flags, libraries)
-        except OSError as exc:
-            raise BuildError(f"cannot write the module cache in {root} ({exc}); set {CACHE_ENV} to a writable folder") from exc
-    else:
+    name = module_name(prefix, final.name)
+    if _complete(final, name):
         event("cache hit: %s", final)
+    else:
+        event("cache miss: %s", final)
+        build_once(final, lambda folder: _complete(folder, name),
+                   lambda staging: _compile_into(staging, final, name, prefix, source, header, cdef, flags, libraries))
     return _load(final, name), final
+
+
+def build_once(final: Path, complete: Callable[[Path], bool], fill: Callable[[Path], None]) -> None:
+    """Make the cache folder `final` unless it is complete: under a file lock
+    (another process may be making the same one), `fill` populates a private
+    staging folder, which is then renamed into place, so a reader sees a
+    whole entry or none.
+
+    Raises:
+        BuildError: the cache folder cannot be written (or what `fill` raises).
+    """
+    from filelock import FileLock  # imported here: loading from the cache takes no lock
+
+    root = final.parent
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with FileLock(root / f"{final.name}.lock"):
+            if complete(final):
+                return
+            _remove_stale_staging(root)
+            staging = Path(tempfile.mkdtemp(prefix=f"tmp-{final.name}-", dir=root))
+            try:
+                fill(staging)
+                if final.is_dir():  # an incomplete entry (a complete one is never replaced: we hold the lock)
+                    shutil.rmtree(final)
+                os.rename(staging, final)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)  # gone once renamed
+    except OSError as exc:
+        raise BuildError(f"cannot write the module cache in {root} ({exc}); set {CACHE_ENV} to a writable folder") from exc
 
 
 def _complete(folder: Path, name: str) -> bool:
@@ -317,13 +339,12 @@ def _remove_stale_staging(root: Path) -> None:
 
 
 def _compile_into(
-    final: Path, name: str, prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...], libraries: tuple[str, ...]
+    staging: Path, final: Path, name: str, prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...],
+    libraries: tuple[str, ...]
 ) -> None:
     import cffi  # imported here: loading from the cache needs no cffi build machinery
 
-    _remove_stale_staging(final.parent)
-    staging = Path(tempfile.mkdtemp(prefix=f"tmp-{final.name}-", dir=final.parent))
-    try:
+    with stage("C compile", prefix):
         (staging / f"{prefix}.c").write_text(source)
         (staging / f"{prefix}.h").write_text(header)
         ffi = cffi.FFI()
@@ -334,11 +355,6 @@ def _compile_into(
         ffi.emit_c_code(str(staging / f"{name}.c"))
         event("compiling %s: %d lines of C, cache key %s", prefix, len(source.splitlines()), final.name[:12])
         _run_logged(build_command(name, prefix, flags, staging, libraries), staging / "build.log", final.parent, prefix)
-        if final.is_dir():  # an incomplete entry (a complete one is never replaced: we hold the lock)
-            shutil.rmtree(final)
-        os.rename(staging, final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # gone once renamed
 
 
 PROGRESS_SECONDS = 2.0  # while the compiler runs, a "still compiling" line this often

@@ -347,7 +347,7 @@ class FunctionEmitter:
         overwritten = {out for out, _ in kernel.stores}
         for sym, view in kernel.loads:
             invariant = (view.row_stride == 0 or kernel.shape[0] == 1) and (view.col_stride == 0 or kernel.shape[1] == 1)
-            if loops and invariant and view.buffer not in overwritten and sym in text:
+            if loops and invariant and view.buffer not in overwritten:
                 at = "" if view.offset == 0 else f" {view.offset}"
                 local = self.namer.name(f"\0{view.buffer}{at} value")
                 hoisted.append((local, text[sym]))

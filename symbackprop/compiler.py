@@ -33,7 +33,7 @@ from .errors import ModelError
 from .ir import SCALAR, Lowered, Node, const, leaf, lower, topological_order
 from .log import op_counts, stage
 from .model import Model, leaf_name
-from .schedule import FunctionSchedule, Naming, kernel_writes, schedule
+from .schedule import FunctionSchedule, Naming, schedule
 
 DEFAULT_FUNCTIONS = ("forward", "value_and_grad")
 KINDS = ("forward", "value_and_grad", "vjp", "jvp", "hvp", "train_step")
@@ -295,9 +295,8 @@ def generate(
                 internal.append(emit_function(fn.schedule, namer, dims, real, inputs, outputs, SHARED_SUMMARY, prefix,
                                               indices=indices, shared=namer.name(f"{prefix}_run")))
             mine = {out for out, _, _ in fn.returns}
-            head = {b for k in fn.schedule.kernels[:fn.schedule.split] for b in kernel_writes(k)}
             emitted_functions.append(emit_wrapper(internal[0], f"{prefix}_{fn.kind}", SUMMARIES[fn.kind], mine,
-                                                  fn.kind == "value_and_grad", head))
+                                                  fn.kind == "value_and_grad", fn.schedule.written_before_split))
             continue
         emitted_functions.append(
             emit_function(fn.schedule, namer, dims, real, inputs, outputs, SUMMARIES[fn.kind], prefix, fn.inplace, indices)

@@ -123,7 +123,7 @@ def memory_plan(forward: FunctionSchedule, gradient: FunctionSchedule, itemsize:
             return sum((sp.sympify(shapes[n].shape[0]) * shapes[n].shape[1] for n in names), sp.Integer(0))
 
         names = [n for n, _ in gradient.results]
-        head = {b for k in gradient.kernels[:split] for b in kernel_writes(k)}
+        head = gradient.written_before_split
         forward_work = gradient.head_work_size + sizes(n for n in names if n not in gradient.first and n in head)
         gradient_work = gradient_work + sizes(n for n in names if n in gradient.first and n != "loss")
     return MemoryPlan(

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import sysconfig
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -32,6 +30,7 @@ from .build import (
     BuildOptions,
     _load,
     _run_logged,
+    build_once,
     cache_root,
     compiler_command,
     compiler_identity,
@@ -64,31 +63,19 @@ def extension() -> ModuleType | None:
         for part in (source, " ".join(_command(Path("FOLDER"))), compiler_identity(tuple(compiler_command())),
                      np.__version__, EXT_SUFFIX):
             digest.update(part.encode() + b"\0")
-        root = cache_root(BuildOptions())
-        final = root / f"fastcall-{digest.hexdigest()[:24]}"
-        if not (final / f"{NAME}{EXT_SUFFIX}").is_file():
-            from filelock import FileLock
-
-            root.mkdir(parents=True, exist_ok=True)
-            with FileLock(root / f"{final.name}.lock"):
-                if not (final / f"{NAME}{EXT_SUFFIX}").is_file():
-                    _compile(source, final)
+        final = cache_root(BuildOptions()) / f"fastcall-{digest.hexdigest()[:24]}"
+        built = final / f"{NAME}{EXT_SUFFIX}"
+        if not built.is_file():
+            build_once(final, lambda folder: (folder / built.name).is_file(), lambda staging: _compile(source, staging, final))
         return _load(final, NAME)
     except (OSError, BuildError, ImportError) as exc:
         event("no C hot path for calls (%s): calls take the Python path", exc)
         return None
 
 
-def _compile(source: str, final: Path) -> None:
-    staging = Path(tempfile.mkdtemp(prefix=f"tmp-{final.name}-", dir=final.parent))
-    try:
-        (staging / SOURCE.name).write_text(source)
-        _run_logged(_command(staging), staging / "build.log", final.parent, "the call hot path")
-        if final.is_dir():
-            shutil.rmtree(final)
-        os.rename(staging, final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+def _compile(source: str, staging: Path, final: Path) -> None:
+    (staging / SOURCE.name).write_text(source)
+    _run_logged(_command(staging), staging / "build.log", final.parent, "the call hot path")
 
 
 def caller(lib: Any, ffi: Any, c_name: str, n_dims: int, itemsize: int,

@@ -320,5 +320,5 @@ def reduce(op: str, x: sp.MatrixExpr, axis: int | None = None) -> sp.MatrixExpr:
         ModelError: an unknown op or axis, or x is not a matrix.
     """
     if axis is None:
-        return Reduce(op, Reduce(op, x, 1), 0) if op != "mean" else Reduce("mean", Reduce("mean", x, 1), 0)
+        return Reduce(op, Reduce(op, x, 1), 0)  # the mean of the rows' means: rows are of one length
     return Reduce(op, x, axis)
