@@ -1,5 +1,14 @@
-"""A non-editable install into a fresh virtual environment, run from
-another directory, finds its templates inside the wheel and compiles."""
+"""A non-editable install, run from another directory, finds its templates
+inside the wheel and compiles.
+
+The wheel is built with this interpreter's own setuptools and wheel (both in
+the test extra: nothing is downloaded) and installed into a folder of its
+own, which is put first on the path of a child process of this interpreter:
+that process imports the installed copy, not the source tree, and takes
+sympy, numpy and the rest from this environment. A nested virtual
+environment would see the base interpreter's packages instead of this
+environment's, which is how this test once failed in a brand-new venv.
+"""
 
 import shutil
 import subprocess
@@ -10,10 +19,10 @@ from conftest import ROOT
 
 SCRIPT = textwrap.dedent(
     """
-    import pathlib, sympy as sp, numpy as np, symbackprop as sbp
+    import pathlib, sys, sympy as sp, numpy as np, symbackprop as sbp
     from symbackprop import nn
     here = pathlib.Path(sbp.__file__).resolve()
-    assert "site-packages" in str(here), here
+    assert str(here).startswith(sys.argv[1]), here
     x = sp.MatrixSymbol("x", 1, 3)
     mod = sbp.compile(sbp.Model("packaged", params=[x], loss=nn.sum_all(x.applyfunc(sp.sin))))
     loss, grads = mod.value_and_grad(x=np.array([[0.0, 1.0, 2.0]]))
@@ -23,24 +32,29 @@ SCRIPT = textwrap.dedent(
 )
 
 
+def _run(command, **kwargs):
+    """Run a command; on failure the assertion shows its whole output."""
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, **kwargs)
+    assert result.returncode == 0, f"{command} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+    return result
+
+
 def test_wheel_install_compiles_from_another_directory(tmp_path):
     source = tmp_path / "src"
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
     for folder in ("symbackprop", "templates"):
-        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    venv = tmp_path / "venv"
-    # system site packages supply sympy, numpy, jinja2 and cffi without a download
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    python = venv / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(source)],
-                   check=True, capture_output=True, timeout=600)
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    wheels = tmp_path / "wheels"
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)])
+    (wheel,) = wheels.glob("symbackprop-*.whl")
+    target = tmp_path / "installed"
+    _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)])
+    assert (target / "symbackprop" / "templates" / "module.c.j2").is_file()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    result = subprocess.run([str(python), "-c", SCRIPT], cwd=elsewhere, capture_output=True, text=True,
-                            timeout=600, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-                                              "SYMBACKPROP_CACHE_DIR": str(tmp_path / "cache")})
-    assert result.returncode == 0, result.stdout + result.stderr
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(target),
+           "SYMBACKPROP_CACHE_DIR": str(tmp_path / "cache")}
+    result = _run([sys.executable, "-c", SCRIPT, str(target)], cwd=elsewhere, env=env)
     assert result.stdout.startswith("ok")
-    assert str(venv) in result.stdout
