@@ -46,7 +46,7 @@ from typing import Callable
 
 from . import cache_trust
 from ._version import __version__
-from .cache_key import asks_for_host_cpu, digest, target_cpu
+from .cache_key import asks_for_host_cpu, digest, host_cpu, target_cpu
 from .cache_trust import ABSENT, entry_problem, secure_root, warn
 from .errors import BuildError
 from .log import event, stage
@@ -244,11 +244,13 @@ def cache_key(prefix: str, source: str, header: str, cdef: str, flags: tuple[str
                   toolchain(command), EXT_SUFFIX, __version__)
 
 
-def options_toolchain(options: BuildOptions | None = None) -> str:
-    """toolchain() of the command these options compile with: what a memo
-    of generated code and its cache folder must also be keyed on."""
-    flags, libraries = _compile_and_link_args(options or BuildOptions())
-    return toolchain(build_command("NAME", "PREFIX", flags, Path("FOLDER"), libraries))
+def host_target(options: BuildOptions | None = None) -> str:
+    """What a memo of generated code and its cache folder must also be keyed
+    on, so that a cache shared between hosts never hands one host's entry
+    to another CPU: where the flags ask for the host's CPU, its model and
+    flags (/proc/cpuinfo: no compiler run on the memo's fast path)."""
+    command = [*compiler_command(), *(options or BuildOptions()).flags]
+    return host_cpu() if asks_for_host_cpu(command) else ""
 
 
 _PROTOTYPE = re.compile(r"^(int|size_t) (\w+)\((.*)\);$")
@@ -464,8 +466,11 @@ def _load(folder: Path, name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise BuildError(f"no compiled module {name} in {folder}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except ImportError as exc:  # whole, but e.g. a library it links is missing on this host
+        raise BuildError(f"cannot load the compiled module {path}: {exc}") from exc
     sys.modules[name] = module
     return module
 
@@ -564,4 +569,8 @@ def load_built(folder: Path, prefix: str, options: BuildOptions | None = None) -
     if not _complete(folder, name):
         return None
     event("cache hit: %s", folder)
-    return _load(folder, name)
+    try:
+        return _load(folder, name)
+    except BuildError as exc:  # the memo only saves time: generate and build instead
+        warn("%s", exc)
+        return None

@@ -79,16 +79,20 @@ def _target_options(text: str) -> str:
 def host_cpu() -> str:
     """The CPU's model and feature flags (Linux /proc/cpuinfo), else what
     the platform module says."""
+    lines = []
     try:
         with open("/proc/cpuinfo") as handle:
-            lines = handle.read().split("\n\n")[0].splitlines()
+            for line in handle:  # the first processor is enough
+                if not line.strip():
+                    break
+                lines.append(line)
     except OSError:
-        lines = []
+        pass
     fields = dict(line.split(":", 1) for line in lines if ":" in line)
     fields = {key.strip(): value.strip() for key, value in fields.items()}
     wanted = ("vendor_id", "cpu family", "model", "model name", "flags", "Features", "CPU implementer", "CPU part")
     found = [f"{key}={fields[key]}" for key in wanted if key in fields]
-    return "; ".join([platform.machine(), platform.processor(), *found])
+    return "; ".join([platform.machine(), *found])
 
 
 __all__ = ["asks_for_host_cpu", "digest", "host_cpu", "target_cpu"]

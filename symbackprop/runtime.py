@@ -929,10 +929,10 @@ class _ExpressionDigest:
 def model_fingerprint(model: Model, *settings: Any) -> str:
     """A hash of everything generation depends on: the model's expressions
     (SymPy's srepr, with Lambda's dummy variables numbered in order), the
-    settings, whether BLAS is installed, the compiler and the CPU that
-    -march=native means here (the memo names a cache entry built by them),
-    and symbackprop's own code."""
-    from .build import options_toolchain
+    settings, whether BLAS is installed, the CPU where the flags ask for
+    the host's (the memo names a cache entry built for it), and
+    symbackprop's own code."""
+    from .build import host_target
     from .cache_key import digest as key_digest
 
     options = next((s for s in settings if isinstance(s, BuildOptions)), None)
@@ -945,7 +945,7 @@ def model_fingerprint(model: Model, *settings: Any) -> str:
         *(digest(sp.sympify(expr)) for expr in expressions),
         repr(settings),
         str(find_blas() is not None),
-        options_toolchain(options),
+        host_target(options),
         package_digest(),
     ]
     return key_digest("model", *parts)

@@ -476,9 +476,14 @@ def test_march_native_is_keyed_on_the_cpu_it_means(monkeypatch):
     default = BuildOptions()
     fingerprint = model_fingerprint(model, "float64", ("forward",), None, None, default)
     monkeypatch.setattr(build_module, "target_cpu", lambda command: "compiler: -march=another-host -mno-avx512f")
+    monkeypatch.setattr(build_module, "host_cpu", lambda: "x86_64; model name=another host; flags=fpu sse")
     assert cache_key(*parts, ("-O2", "-march=native")) != native  # another CPU, another entry
     assert cache_key(*parts, ("-O2",)) == plain  # code for no CPU in particular is shared
+    plain_options = BuildOptions(flags=("-O2",))
+    plain_fingerprint = model_fingerprint(model, "float64", ("forward",), None, None, plain_options)
     assert model_fingerprint(model, "float64", ("forward",), None, None, default) != fingerprint
+    monkeypatch.undo()
+    assert model_fingerprint(model, "float64", ("forward",), None, None, plain_options) == plain_fingerprint
     for flag in ("-mcpu=native", "-mtune=native"):
         assert cache_key_module.asks_for_host_cpu(["-O2", flag])
     assert not cache_key_module.asks_for_host_cpu(["-O2", "-march=x86-64-v2"])
@@ -528,3 +533,42 @@ def test_two_dtypes_of_one_model_loaded_globally_keep_their_own_functions(tmp_pa
     results = json.loads(done.stdout.splitlines()[-1])
     for (loss, grad), rel in zip(results, (1e-12, 1e-5, 1e-12)):
         assert loss == pytest.approx(_expected(3)[0], rel=rel) and grad == pytest.approx(_expected(3)[1], rel=rel)
+
+
+def test_a_damaged_call_hot_path_extension_is_rebuilt(tmp_path):
+    """The fastcall extension lives in the same cache and gets the same check."""
+    code = textwrap.dedent(CHECK_SALT.format(salt=95)) + "import symbackprop.fastcall as f\nprint(f.extension() is not None)\n"
+    first = _child(code, tmp_path)
+    assert first.returncode == 0 and first.stdout.split()[-1] == "True", first.stderr
+    (folder,) = [p for p in tmp_path.glob("fastcall-*") if p.is_dir()]
+    _truncate(folder)
+    again = _child(code, tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.split()[-1] == "True" and "damaged or untrusted" in again.stderr
+    assert json.loads(again.stdout.splitlines()[-2])[:2] == pytest.approx(_expected(95)), again.stdout
+
+
+def test_a_whole_entry_whose_library_cannot_load_here_is_a_build_error(tmp_path):
+    """A checked entry that links a library missing on this host (built
+    elsewhere, say): a BuildError naming the library, not an ImportError."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or sys.platform != "linux":
+        pytest.skip("needs a C compiler on Linux")
+    libdir = tmp_path / "lib"
+    libdir.mkdir()
+    (libdir / "extra.c").write_text("int sbp_extra_function(void) { return 1; }\n")
+    subprocess.run([cc, "-shared", "-fPIC", str(libdir / "extra.c"), "-o", str(libdir / "libsbpextra.so")], check=True)
+    flags = ("-O1", f"-L{libdir}", "-Wl,--no-as-needed", "-lsbpextra", f"-Wl,-rpath,{libdir}")
+    code = f"""
+        from symbackprop.build import BuildOptions
+        try:
+            sbp.compile(model(96), options=BuildOptions(flags={flags!r}))
+            print("loaded")
+        except sbp.BuildError as exc:
+            print("BuildError:", exc)
+    """
+    assert _child(code, tmp_path).stdout.strip().endswith("loaded")
+    (libdir / "libsbpextra.so").unlink()
+    done = _child(code, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "BuildError: cannot load the compiled module" in done.stdout and "libsbpextra" in done.stdout
