@@ -152,10 +152,10 @@ def move_aside(folder: Path) -> None:
         return
     aside = folder.with_name(f"tmp-rejected-{folder.name}-{secrets.token_hex(4)}")
     os.rename(folder, aside)
-    if aside.is_symlink():
-        aside.unlink()
+    if aside.is_dir() and not aside.is_symlink():
+        shutil.rmtree(aside, ignore_errors=True)  # what another user owns may stay (tmp-*: retried later)
     else:
-        shutil.rmtree(aside, ignore_errors=True)
+        aside.unlink()
 
 
 def warn(text: str, *args: object) -> None:

@@ -572,3 +572,13 @@ def test_a_whole_entry_whose_library_cannot_load_here_is_a_build_error(tmp_path)
     done = _child(code, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "BuildError: cannot load the compiled module" in done.stdout and "libsbpextra" in done.stdout
+
+
+def test_what_a_rejected_entry_leaves_behind(tmp_path):
+    """A damaged entry is taken out of the cache whole; nothing of it stays."""
+    for damage in (_truncate, _entry_is_a_file):
+        folder = _built(97 + DAMAGE.index(damage), tmp_path)
+        damage(folder)
+        build_module.build_once(folder, lambda f: False, lambda staging: (staging / "x").write_text("x"))
+        assert sorted(p.name for p in folder.iterdir()) == ["manifest.json", "x"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("tmp-")]
