@@ -11,14 +11,24 @@ compiler command (compiler, flags, link options), what the compiler says
 its version is, the Python ABI and symbackprop's version. A build happens
 in a private temporary folder under a file lock and is moved into place
 with one rename, so a half-finished build is never loaded and processes
-building the same module at once leave one entry.
+building the same module at once leave one entry. `-march=native` is keyed
+on the CPU it means here (cache_key.target_cpu), so a cache shared between
+hosts never hands one host's vector code to another.
+
+Nothing in the cache is trusted blindly (see cache_trust): folders and
+files another user owns or others may write are refused, a library is
+loaded only after its entry's manifest (sizes and SHA-256) checks out,
+and a damaged entry is moved aside and rebuilt, with a logged warning.
+Memos are JSON, never pickles: reading one runs no code. Built modules
+export only their PyInit_ function (-fvisibility=hidden), so two modules
+loaded with RTLD_GLOBAL cannot call each other's functions.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -34,7 +44,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
+from . import cache_trust
 from ._version import __version__
+from .cache_key import asks_for_host_cpu, digest, host_cpu, target_cpu
+from .cache_trust import ABSENT, entry_problem, secure_root, warn
 from .errors import BuildError
 from .log import event, stage
 
@@ -152,12 +165,15 @@ def cache_root(options: BuildOptions | None = None) -> Path:
     Linux, ~/Library/Caches/symbackprop on macOS, %LOCALAPPDATA%\\symbackprop\\Cache
     on Windows)."""
     if options is not None and options.cache_dir is not None:
-        return Path(options.cache_dir)
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    import platformdirs
+        given = str(options.cache_dir)
+    elif os.environ.get(CACHE_ENV):
+        given = os.environ[CACHE_ENV]
+    else:
+        import platformdirs
 
-    return Path(platformdirs.user_cache_dir("symbackprop", appauthor=False))
+        given = platformdirs.user_cache_dir("symbackprop", appauthor=False)
+    # absolute: the compiler runs in the build folder, where a relative path means another place
+    return Path(os.path.abspath(os.path.expanduser(given)))
 
 
 def compiler_command() -> list[str]:
@@ -173,7 +189,9 @@ def link_options() -> list[str]:
     its compiler (-shared, or -bundle on macOS), and position-independent code."""
     ldshared = shlex.split(os.environ.get("LDSHARED") or sysconfig.get_config_var("LDSHARED") or "cc -shared")
     ccshared = shlex.split(sysconfig.get_config_var("CCSHARED") or "-fPIC")
-    return ldshared[1:] + ccshared
+    # only PyInit_ (PyMODINIT_FUNC) is exported: modules of one model name loaded
+    # with RTLD_GLOBAL would otherwise bind to each other's functions
+    return ldshared[1:] + ccshared + ["-fvisibility=hidden"]
 
 
 @lru_cache(maxsize=None)
@@ -187,6 +205,18 @@ def compiler_identity(command: tuple[str, ...]) -> str:
             "install gcc or clang, or set CC to one"
         ) from exc
     return out.stdout.strip()
+
+
+def toolchain(command: list[str] | tuple[str, ...]) -> str:
+    """What a compiler command's output depends on beyond its text: the
+    compiler's version, and the CPU that -march=native (or the like) means
+    on this host."""
+    compiler = tuple(compiler_command())
+    identity = compiler_identity(compiler)
+    if not asks_for_host_cpu(command):
+        return identity
+    native = tuple(arg for arg in command if arg.startswith("-m") and "native" in arg)
+    return f"{identity}\n{target_cpu(compiler + native)}"
 
 
 def build_command(name: str, prefix: str, flags: tuple[str, ...], folder: Path, libraries: tuple[str, ...] = ()) -> list[str]:
@@ -210,12 +240,17 @@ def build_command(name: str, prefix: str, flags: tuple[str, ...], folder: Path, 
 def cache_key(prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...], libraries: tuple[str, ...] = ()) -> str:
     """The content address of a module: everything its binary depends on."""
     command = build_command("NAME", prefix, flags, Path("FOLDER"), libraries)
-    digest = hashlib.sha256()
-    for part in (prefix, source, header, cdef, *packed_entries(cdef), shlex.join(command),
-                 compiler_identity(tuple(compiler_command())), EXT_SUFFIX, __version__):
-        digest.update(part.encode())
-        digest.update(b"\0")
-    return digest.hexdigest()[:32]
+    return digest("module", prefix, source, header, cdef, *packed_entries(cdef), shlex.join(command),
+                  toolchain(command), EXT_SUFFIX, __version__)
+
+
+def host_target(options: BuildOptions | None = None) -> str:
+    """What a memo of generated code and its cache folder must also be keyed
+    on, so that a cache shared between hosts never hands one host's entry
+    to another CPU: where the flags ask for the host's CPU, its model and
+    flags (/proc/cpuinfo: no compiler run on the memo's fast path)."""
+    command = [*compiler_command(), *(options or BuildOptions()).flags]
+    return host_cpu() if asks_for_host_cpu(command) else ""
 
 
 _PROTOTYPE = re.compile(r"^(int|size_t) (\w+)\((.*)\);$")
@@ -274,13 +309,15 @@ def build(prefix: str, source: str, header: str, cdef: str, options: BuildOption
 
     Raises:
         BuildError: the compiler is missing or failed (the message names
-            the log file), or the cache folder cannot be written.
+            the log file), or the cache folder cannot be written or is not
+            this user's alone.
     """
     options = options or BuildOptions()
     flags, libraries = _compile_and_link_args(options)
     final = cache_entry(prefix, source, header, cdef, options)
     name = module_name(prefix, final.name)
-    if _complete(final, name):
+    secure_root(final.parent)
+    if entry_problem(final, _library(name)) is None:
         event("cache hit: %s", final)
     else:
         event("cache miss: %s", final)
@@ -292,17 +329,19 @@ def build(prefix: str, source: str, header: str, cdef: str, options: BuildOption
 def build_once(final: Path, complete: Callable[[Path], bool], fill: Callable[[Path], None]) -> None:
     """Make the cache folder `final` unless it is complete: under a file lock
     (another process may be making the same one), `fill` populates a private
-    staging folder, which is then renamed into place, so a reader sees a
-    whole entry or none.
+    staging folder, which gets a manifest of its files and is then renamed
+    into place, so a reader sees a whole entry or none. An entry that is
+    there but not complete (damaged, unfinished, not this user's) is moved
+    aside first.
 
     Raises:
-        BuildError: the cache folder cannot be written (or what `fill` raises).
+        BuildError: the cache folder cannot be written or is not this
+            user's alone (or what `fill` raises).
     """
     from filelock import FileLock  # imported here: loading from the cache takes no lock
 
-    root = final.parent
+    root = secure_root(final.parent)
     try:
-        root.mkdir(parents=True, exist_ok=True)
         with FileLock(root / f"{final.name}.lock"):
             if complete(final):
                 return
@@ -310,8 +349,8 @@ def build_once(final: Path, complete: Callable[[Path], bool], fill: Callable[[Pa
             staging = Path(tempfile.mkdtemp(prefix=f"tmp-{final.name}-", dir=root))
             try:
                 fill(staging)
-                if final.is_dir():  # an incomplete entry (a complete one is never replaced: we hold the lock)
-                    shutil.rmtree(final)
+                cache_trust.write_manifest(staging)
+                cache_trust.move_aside(final)  # not complete (a complete one is never replaced: we hold the lock)
                 os.rename(staging, final)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)  # gone once renamed
@@ -319,8 +358,23 @@ def build_once(final: Path, complete: Callable[[Path], bool], fill: Callable[[Pa
         raise BuildError(f"cannot write the module cache in {root} ({exc}); set {CACHE_ENV} to a writable folder") from exc
 
 
+def _library(name: str) -> str:
+    return f"{name}{EXT_SUFFIX}"
+
+
 def _complete(folder: Path, name: str) -> bool:
-    return (folder / f"{name}{EXT_SUFFIX}").is_file()
+    """Whether the entry holds the module, whole and trusted; a warning where
+    it is there but damaged or not this user's alone (it will be rebuilt)."""
+    return entry_ok(folder, _library(name))
+
+
+def entry_ok(folder: Path, library: str) -> bool:
+    """Whether the cache entry `folder` may be loaded (see
+    cache_trust.entry_problem); a warning where it exists but may not."""
+    problem = entry_problem(folder, library)
+    if problem not in (None, ABSENT):
+        warn("damaged or untrusted module cache entry %s, not loaded (it is rebuilt): %s", folder, problem)
+    return problem is None
 
 
 STALE_STAGING_SECONDS = 24 * 3600
@@ -400,14 +454,23 @@ def _run_logged(command: list[str], log: Path, keep_in: Path, subject: str = "")
 
 
 def _load(folder: Path, name: str) -> ModuleType:
+    """The module `name` of the cache entry `folder`, loaded only once the
+    entry is checked (BuildError where it fails the check)."""
     if name in sys.modules:
         return sys.modules[name]
-    path = folder / f"{name}{EXT_SUFFIX}"
+    path = folder / _library(name)
+    problem = entry_problem(folder, path.name)
+    if problem is not None:
+        raise BuildError(f"not loading the compiled module {name} from {folder}: "
+                         f"{'it is not there' if problem == ABSENT else problem}")
     spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None or not path.is_file():
+    if spec is None or spec.loader is None:
         raise BuildError(f"no compiled module {name} in {folder}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except ImportError as exc:  # whole, but e.g. a library it links is missing on this host
+        raise BuildError(f"cannot load the compiled module {path}: {exc}") from exc
     sys.modules[name] = module
     return module
 
@@ -422,44 +485,92 @@ def package_digest() -> str:
     """A hash of symbackprop's own code and templates: a memo made by other
     code is never used (no hand-bumped cache versions)."""
     here = Path(__file__).resolve().parent
-    digest = hashlib.sha256(__version__.encode())
     templates = here / "templates" if (here / "templates").is_dir() else here.parent / "templates"
-    for path in sorted(here.glob("*.py")) + sorted(templates.glob("*.j2")):
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
+    files = sorted(here.glob("*.py")) + sorted(templates.glob("*.j2"))
+    return digest("package", __version__, *(part for path in files for part in (path.name, path.read_bytes())), length=64)
 
 
-def read_memo(key: str, options: BuildOptions | None = None) -> object | None:
-    """What write_memo stored under key, or None (absent or unreadable)."""
-    import pickle
+MEMO_MAX_BYTES = 64 << 20  # far above any memo; a bigger file is not one of ours
 
-    path = cache_root(options) / MEMO_FOLDER / f"{key}.pickle"
+
+def read_memo(key: str, options: BuildOptions | None = None) -> dict | None:
+    """The dict write_memo stored under key, or None: absent, or (with a
+    logged warning) unreadable, not JSON, not a dict, too large, or in a
+    file or folder that is not this user's alone. Reading runs no code."""
     try:
-        with open(path, "rb") as handle:
-            return pickle.load(handle)
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError):
+        folder = cache_root(options) / MEMO_FOLDER
+    except OSError:
         return None
+    path = folder / f"{key}.json"
+    if not os.path.lexists(path):
+        return None
+    problem = cache_trust.untrusted(folder, "folder") or cache_trust.untrusted(path, "file")
+    if problem is None:
+        try:
+            with open(path, "rb") as handle:  # the size again on the open file: it may have changed
+                data = handle.read(MEMO_MAX_BYTES + 1)
+            if len(data) > MEMO_MAX_BYTES:
+                problem = f"{path} is larger than {MEMO_MAX_BYTES} bytes"
+            else:
+                value = json.loads(data.decode("utf-8"))
+                problem = None if isinstance(value, dict) else f"{path} holds a {type(value).__name__}, not a dict"
+        except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            problem = f"{path} is not a readable JSON memo ({type(exc).__name__}: {exc})"
+    if problem is not None:
+        warn("ignoring a model memo (it is made again): %s", problem)
+        return None
+    return value
 
 
 def write_memo(key: str, value: object, options: BuildOptions | None = None) -> None:
-    """Store value under key, atomically (a reader sees all of it or none)."""
-    import pickle
-
-    folder = cache_root(options) / MEMO_FOLDER
+    """Store the JSON-serializable dict `value` under key, atomically (a
+    reader sees all of it or none). The memo only saves time: any failure
+    (a value JSON cannot hold, a full disk) is a logged warning, and leaves
+    no temporary file."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix="tmp-", delete=False) as handle:
-            pickle.dump(value, handle, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(handle.name, folder / f"{key}.pickle")
-    except OSError:
-        pass  # the memo only saves time
+        if not isinstance(value, dict):
+            raise TypeError(f"a memo is a dict, not a {type(value).__name__}")
+        text = json.dumps(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        warn("not storing the model memo %s: %s: %s", key, type(exc).__name__, exc)
+        return
+    temporary: str | None = None
+    try:
+        root = cache_root(options)
+        folder = root / MEMO_FOLDER
+        secure_root(root)
+        cache_trust.make_private_folder(folder)
+        problem = cache_trust.untrusted(folder, "folder")
+        if problem:
+            raise OSError(problem)
+        handle, temporary = tempfile.mkstemp(dir=folder, prefix="tmp-", suffix=".json")
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temporary, folder / f"{key}.json")
+        temporary = None
+    except (OSError, BuildError) as exc:
+        warn("not storing the model memo %s: %s", key, exc)
+    finally:
+        if temporary is not None:
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
 
 
-def load_built(folder: Path, prefix: str) -> ModuleType | None:
-    """The extension module already built in a cache folder, if complete."""
+def load_built(folder: Path, prefix: str, options: BuildOptions | None = None) -> ModuleType | None:
+    """The extension module already built in a cache folder, if complete
+    and trusted, and if the folder is an entry of the cache (a memo could
+    name any folder)."""
+    folder = Path(folder)
+    if folder.parent != cache_root(options) or not re.fullmatch(r"[0-9a-f]{32}", folder.name):
+        return None
     name = module_name(prefix, folder.name)
     if not _complete(folder, name):
         return None
     event("cache hit: %s", folder)
-    return _load(folder, name)
+    try:
+        return _load(folder, name)
+    except BuildError as exc:  # the memo only saves time: generate and build instead
+        warn("%s", exc)
+        return None

@@ -25,7 +25,6 @@ This module imports Dask; `import symbackprop` does not import this module.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import threading
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ import numpy as np
 import sympy as sp
 
 from .build import BuildOptions, build, package_digest
+from .cache_key import digest as key_digest
 from .codegen import Emitted
 from .compiler import Plan
 from .model import Model
@@ -96,7 +96,7 @@ class ModuleSpec:
         emitted, dtype, digest = module.emitted, module.dtype.name, package_digest()
         parts = (emitted.prefix, emitted.source, emitted.header, emitted.cdef, dtype, repr(module.options),
                  repr(module.optimizer), repr(tuple(module.wrt)), digest)
-        key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+        key = key_digest("dask-spec", *parts)
         spec = cls(module.model, emitted, module.plan, dtype, module.options, module.optimizer, tuple(module.wrt), digest, key)
         with _LOCK:
             _LOADED.setdefault(key, module)

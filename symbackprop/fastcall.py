@@ -15,7 +15,6 @@ Python path.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sysconfig
 from functools import lru_cache
@@ -33,9 +32,12 @@ from .build import (
     build_once,
     cache_root,
     compiler_command,
-    compiler_identity,
+    entry_ok,
     link_options,
+    toolchain,
 )
+from .cache_key import digest
+from .cache_trust import entry_problem
 from .errors import BuildError
 from .log import event
 
@@ -59,14 +61,12 @@ def extension() -> ModuleType | None:
         return None
     try:
         source = SOURCE.read_text()
-        digest = hashlib.sha256()
-        for part in (source, " ".join(_command(Path("FOLDER"))), compiler_identity(tuple(compiler_command())),
-                     np.__version__, EXT_SUFFIX):
-            digest.update(part.encode() + b"\0")
-        final = cache_root(BuildOptions()) / f"fastcall-{digest.hexdigest()[:24]}"
+        command = _command(Path("FOLDER"))
+        key = digest("fastcall", source, " ".join(command), toolchain(command), np.__version__, EXT_SUFFIX, length=24)
+        final = cache_root(BuildOptions()) / f"fastcall-{key}"
         built = final / f"{NAME}{EXT_SUFFIX}"
-        if not built.is_file():
-            build_once(final, lambda folder: (folder / built.name).is_file(), lambda staging: _compile(source, staging, final))
+        if entry_problem(final, built.name) is not None:
+            build_once(final, lambda folder: entry_ok(folder, built.name), lambda staging: _compile(source, staging, final))
         return _load(final, NAME)
     except (OSError, BuildError, ImportError) as exc:
         event("no C hot path for calls (%s): calls take the Python path", exc)

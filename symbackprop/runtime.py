@@ -909,7 +909,7 @@ class _ExpressionDigest:
         self.dummies: dict[sp.Dummy, int] = {}
 
     def __call__(self, expr: Any) -> str:
-        import hashlib
+        from .cache_key import digest
 
         found = self.memo.get(id(expr))
         if found is not None:
@@ -921,7 +921,7 @@ class _ExpressionDigest:
             text = f"{type(expr).__name__}({','.join(self(a) for a in expr.args)})"
         else:
             text = sp.srepr(expr) if isinstance(expr, sp.Basic) else repr(expr)
-        value = hashlib.sha256(text.encode()).hexdigest()[:32]
+        value = digest("expression", text)
         self.memo[id(expr)] = (expr, value)  # holds expr so that its id stays unique
         return value
 
@@ -929,9 +929,13 @@ class _ExpressionDigest:
 def model_fingerprint(model: Model, *settings: Any) -> str:
     """A hash of everything generation depends on: the model's expressions
     (SymPy's srepr, with Lambda's dummy variables numbered in order), the
-    settings, whether BLAS is installed, and symbackprop's own code."""
-    import hashlib
+    settings, whether BLAS is installed, the CPU where the flags ask for
+    the host's (the memo names a cache entry built for it), and
+    symbackprop's own code."""
+    from .build import host_target
+    from .cache_key import digest as key_digest
 
+    options = next((s for s in settings if isinstance(s, BuildOptions)), None)
     expressions = [model.loss, *model.outputs.values()]
     digest = _ExpressionDigest()
     parts = [
@@ -941,6 +945,7 @@ def model_fingerprint(model: Model, *settings: Any) -> str:
         *(digest(sp.sympify(expr)) for expr in expressions),
         repr(settings),
         str(find_blas() is not None),
+        host_target(options),
         package_digest(),
     ]
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+    return key_digest("model", *parts)
