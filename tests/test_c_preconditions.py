@@ -214,6 +214,7 @@ def test_a_dimension_below_1_returns_1_and_writes_nothing(two_gathers, embed_rnn
                 dims[k] = value
                 assert call(dims) == 1, (kind, k)
                 assert call.unchanged, (kind, k)
+                assert getattr(call.lib, call.cfn.name + "_work_len")(*dims) == 0  # not a size from negative products
 
 
 # --- training ------------------------------------------------------------------
@@ -270,16 +271,19 @@ def test_train_epoch_with_a_bad_fixed_index_order_or_dimension_trains_nothing(tr
 
 
 @pytest.mark.parametrize("ordered", [False, True])
-def test_train_epoch_with_index_data_equals_its_steps(ordered):
-    """The oracle: train_step on each minibatch in turn, bit for bit."""
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_train_epoch_with_index_data_equals_its_steps(ordered, dtype):
+    """The oracle: train_step on each minibatch in turn, bit for bit (float32:
+    the gathered rows of the Index take two workspace entries each)."""
     d = trained_data()
-    params = {"P": d.pop("P"), "B": d.pop("B")}
+    params = {"P": d.pop("P").astype(dtype), "B": d.pop("B").astype(dtype)}
     del d["lr"]
+    d["X"] = d["X"].astype(dtype)
     order = np.random.default_rng(2).permutation(10) if ordered else np.arange(10)
-    mod = sbp.compile(trained_model(), optimizer=Adam(lr=0.05))
+    mod = sbp.compile(trained_model(), dtype=dtype, optimizer=Adam(lr=0.05))
     epoch_params = {k: v.copy() for k, v in params.items()}
     losses = mod.train_epoch(3, order if ordered else None, **d, **epoch_params)
-    steps = sbp.compile(trained_model(), optimizer=Adam(lr=0.05))
+    steps = sbp.compile(trained_model(), dtype=dtype, optimizer=Adam(lr=0.05))
     step_params = {k: v.copy() for k, v in params.items()}
     expected = [steps.train_step(X=d["X"][order[s:s + 3]], idx=d["idx"][order[s:s + 3]], sel=d["sel"], **step_params)
                 for s in range(0, 10, 3)]
@@ -377,7 +381,7 @@ def _arrays(params, checks, roles=("input", "inout", "output")):
             bound = _index_bound(checks, p.cname)
             lines.append(f"int64_t *{p.cname} = rows_of({size}, {bound or 1});")
         else:
-            lines.append(f"double *{p.cname} = values({size}, {salt if p.role != 'output' else -1});")
+            lines.append(f"real *{p.cname} = values({size}, {salt if p.role != 'output' else -1});")
         lines.append(f"const size_t n_{p.cname} = {size}; (void)n_{p.cname};")
     return lines, names
 
@@ -386,8 +390,8 @@ def _snapshot(names, writable):
     lines = []
     for n in names:
         if n in writable:
-            lines.append(f"double *s_{n} = malloc(n_{n} * sizeof(double) + 1); memcpy(s_{n}, {n}, n_{n} * sizeof(double));")
-    same = " && ".join(f"!memcmp(s_{n}, {n}, n_{n} * sizeof(double))" for n in names if n in writable) or "1"
+            lines.append(f"real *s_{n} = malloc(n_{n} * sizeof(real) + 1); memcpy(s_{n}, {n}, n_{n} * sizeof(real));")
+    same = " && ".join(f"!memcmp(s_{n}, {n}, n_{n} * sizeof(real))" for n in names if n in writable) or "1"
     return lines, same
 
 
@@ -421,7 +425,7 @@ def function_block(fn, sizes, code):
     lines = [f"const int64_t {p.cname} = {sizes[p.name]};" for p in fn.params if p.role == "dim"]
     arrays, names = _arrays(fn.params, fn.checks)
     lines += arrays
-    lines.append(f"double *work = values({fn.name}_work_len({', '.join(dims) or ''}), -1);")
+    lines.append(f"real *work = values({fn.name}_work_len({', '.join(dims) or ''}), -1);")
     lines.append(f"const size_t n_work = {fn.name}_work_len({', '.join(dims) or ''});")
     args = [p.cname for p in fn.params]
     lines.append(f"if ({fn.name}({', '.join(args)}) != 0) return {code};")
@@ -443,9 +447,9 @@ def epoch_block(e, step, sizes, rows, batch, code):
     params = [p for p in step.params if p.role in ("input", "inout")]
     arrays, names = _arrays(params, e.checks)
     lines += arrays
-    lines.append(f"double *losses = values({-(-rows // batch)}, -1); const size_t n_losses = {-(-rows // batch)};")
+    lines.append(f"real *losses = values({-(-rows // batch)}, -1); const size_t n_losses = {-(-rows // batch)};")
     lines.append(f"int64_t *order = rows_of({e.rows}, 1); for (int64_t k = 0; k < {e.rows}; ++k) order[k] = {e.rows} - 1 - k;")
-    lines.append(f"double *work = values({e.name}_work_len({e.dim_args}), -1);")
+    lines.append(f"real *work = values({e.name}_work_len({e.dim_args}), -1);")
     lines.append(f"const size_t n_work = {e.name}_work_len({e.dim_args});")
     lines.append(f"(void){e.last}; (void){e.size};")
     args = [e.rows, e.batch, *e.dims, "order", *(p.cname for p in params), "losses", "work"]
@@ -471,9 +475,11 @@ DRIVER_HEAD = """#include <math.h>
 #include <string.h>
 #include "{header}"
 
-static double *values(size_t count, int salt) {{
-    double *a = malloc(count ? count * sizeof(double) : 1);
-    for (size_t k = 0; k < count; ++k) a[k] = salt < 0 ? 7.25 : sin((double)k + salt) * 0.5;
+typedef {real} real;
+
+static real *values(size_t count, int salt) {{
+    real *a = malloc(count ? count * sizeof(real) : 1);
+    for (size_t k = 0; k < count; ++k) a[k] = salt < 0 ? (real)7.25 : (real)(sin((double)k + salt) * 0.5);
     return a;
 }}
 
@@ -488,7 +494,7 @@ int main(void) {{
 
 
 def driver(emitted, sizes, epoch=None):
-    lines = [DRIVER_HEAD.format(header=f"{emitted.prefix}.h")]
+    lines = [DRIVER_HEAD.format(header=f"{emitted.prefix}.h", real=emitted.module.real_c)]
     for number, fn in enumerate(emitted.module.functions):
         lines += ["    " + line for line in function_block(fn, sizes, 10 * (number + 1))]
     if emitted.module.epoch is not None and epoch is not None:
@@ -505,11 +511,12 @@ def sanitizer(tmp_path_factory):
         pytest.skip("no working -fsanitize=address,undefined runtime for cc")
 
 
-SANITIZED = {
-    "two_gathers": (two_gathers_model, ("forward", "value_and_grad", "vjp"), {"N": 5, "C": 4, "K": 2}, None),
-    "trained": (trained_model, ("forward", "value_and_grad", "train_step"), {"N": 7}, [(7, 3), (7, 7), (7, 10), (1, 1)]),
-    "sliced": (sliced_gather_model, ("forward", "train_step"), {"N": 6}, [(6, 4), (6, 2)]),
-    "embed_rnn": (embed_rnn_model, ("forward", "value_and_grad"), {"T": 4, "V": 3}, None),
+SANITIZED = {  # model, functions, dimensions, dtype, train_epoch's (rows, batch) to try
+    "two_gathers": (two_gathers_model, ("forward", "value_and_grad", "vjp"), {"N": 5, "C": 4, "K": 2}, "float64", None),
+    "trained": (trained_model, TRAIN_FUNCTIONS, {"N": 7}, "float64", [(7, 3), (7, 7), (7, 10), (1, 1)]),
+    "trained_float32": (trained_model, TRAIN_FUNCTIONS, {"N": 7}, "float32", [(7, 3), (7, 2), (1, 1)]),
+    "sliced": (sliced_gather_model, ("forward", "train_step"), {"N": 6}, "float64", [(6, 4), (6, 2)]),
+    "embed_rnn": (embed_rnn_model, ("forward", "value_and_grad"), {"T": 4, "V": 3}, "float32", None),
 }
 
 
@@ -518,8 +525,8 @@ def test_valid_and_failing_calls_are_clean_under_sanitizers(name, sanitizer, tmp
     """Exact-size arrays; every failing call must return its status, leave
     every written buffer as it was, and read nothing but the indices (the
     same calls with NULL for every other array)."""
-    model, functions, sizes, epochs = SANITIZED[name]
-    emitted, _ = generate(model(), functions=functions, optimizer=SGD(lr=0.1))
+    model, functions, sizes, dtype, epochs = SANITIZED[name]
+    emitted, _ = generate(model(), dtype=dtype, functions=functions, optimizer=SGD(lr=0.1))
     (tmp_path / f"{emitted.prefix}.c").write_text(emitted.source)
     (tmp_path / f"{emitted.prefix}.h").write_text(emitted.header)
     (tmp_path / "driver.c").write_text(driver(emitted, sizes, epochs))
