@@ -10,6 +10,12 @@ workspace); the last one is smaller when `batch` does not divide the rows,
 as with PyTorch's DataLoader(drop_last=False). Other inputs, the parameters,
 the hyperparameters and the optimizer's state are passed whole.
 
+An Index of the batch dimension (one row number per example) is data, sliced
+with the examples; its row numbers refer to the whole array it gathers from.
+The C checks every Index once, before the first step (an array it gathers
+from that is itself sliced: against the smallest minibatch), so a failing
+epoch trains nothing.
+
 `epoch_plan` decides what is sliced (plain data the runtime uses too);
 `epoch_c` turns it into the small dataclass the template `epoch.c.j2` reads.
 """
@@ -59,7 +65,10 @@ def epoch_plan(lowered: Lowered, step: FunctionPlan) -> EpochPlan:
         if node.attrs[1] in ("input", "index") and name not in step.inplace and isinstance(node.shape[0], sp.Symbol)
     ]
     candidates = []
-    for dim in dict.fromkeys(node.shape[0] for _, node in data_like):
+    # an Index of the batch dimension (one row number per example) is data too; an
+    # Index of a length of its own is passed whole, and makes no batch dimension
+    arrays = [node.shape[0] for _, node in data_like if node.attrs[1] == "input"]
+    for dim in dict.fromkeys(arrays or [node.shape[0] for _, node in data_like]):
         elsewhere = [
             name for name, node in leaves
             if dim in node.shape[1:] or (dim == node.shape[0] and (name, node) not in data_like)

@@ -293,6 +293,44 @@ def test_train_epoch_with_index_data_equals_its_steps(ordered, dtype):
         assert not np.array_equal(epoch_params[k], params[k])
 
 
+def test_an_index_alone_is_sliced_as_data():
+    """Tokens are the only data: minibatches [0, 1], [4, 4], [2] of sum(E[tok]**2)
+    under SGD(lr=0.1) scale a row chosen k times in one step by 1 - 0.2k."""
+    E, tok = sp.MatrixSymbol("E", 5, 2), sbp.Index("tok", T)
+    model = sbp.Model("tokens", inputs=[tok], params=[E], loss=nn.sum_all(sp.HadamardPower(sbp.gather(E, tok), 2)))
+    mod = sbp.compile(model, optimizer=SGD(lr=0.1))
+    E_value = np.ones((5, 2))
+    losses = mod.train_epoch(2, None, tok=np.array([0, 1, 4, 4, 2]), E=E_value)
+    np.testing.assert_array_equal(losses, [4.0, 4.0, 2.0])
+    np.testing.assert_allclose(E_value[:, 0], [0.8, 0.8, 0.8, 1.0, 0.6], rtol=1e-15)
+    with pytest.raises(sbp.ArgumentError, match="tok"):
+        mod.train_epoch(2, None, tok=np.array([0, 1, 5, 4, 2]), E=E_value)
+    np.testing.assert_allclose(E_value[:, 0], [0.8, 0.8, 0.8, 1.0, 0.6], rtol=1e-15)
+
+
+def test_an_index_of_its_own_length_is_passed_whole():
+    """`sel` has a dimension of its own (M): not a batch dimension, so the
+    epoch slices X only and checks every row of sel once, before the first step."""
+    M = sp.Symbol("M", integer=True, positive=True)
+    X, P, W = sp.MatrixSymbol("X", N, 2), sp.MatrixSymbol("P", 4, 2), sp.MatrixSymbol("W", 2, 1)
+    sel = sbp.Index("sel", M)
+    loss = nn.sum_all(sp.HadamardPower(X * W, 2)) + nn.sum_all(sp.HadamardPower(sbp.gather(P, sel), 2))
+    model = sbp.Model("anchors", inputs=[X, sel], params=[P, W], loss=loss)
+    emitted, _ = generate(model, functions=("forward", "train_step"), optimizer=SGD(lr=0.1))
+    assert [d.cname for d in emitted.module.epoch.data] == ["X"]
+    assert emitted.module.epoch.checks == (("sel", "M", ("4",)),)
+    mod = sbp.compile(model, functions=("forward", "train_step"), optimizer=SGD(lr=0.1))
+    rng = np.random.default_rng(6)
+    data = {"X": rng.standard_normal((5, 2)), "sel": np.array([3, 0, 3])}
+    by_epoch = {"P": rng.standard_normal((4, 2)), "W": rng.standard_normal((2, 1))}
+    by_steps = {k: v.copy() for k, v in by_epoch.items()}
+    losses = mod.train_epoch(2, None, **data, **by_epoch)
+    expected = [mod.train_step(X=data["X"][s:s + 2], sel=data["sel"], **by_steps) for s in range(0, 5, 2)]
+    np.testing.assert_array_equal(losses, expected)
+    for k in by_epoch:
+        np.testing.assert_array_equal(by_epoch[k], by_steps[k])
+
+
 def test_an_index_into_sliced_data_is_checked_against_the_smallest_minibatch():
     """10 rows in minibatches of 4 leave 2 rows for the last: a row number 2
     fits the first two minibatches only, so the epoch refuses it up front."""
