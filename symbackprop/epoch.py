@@ -173,7 +173,7 @@ def epoch_c(plan: EpochPlan, step: CFunction, namer: CNamer, dims: dict[sp.Symbo
     size = dims[plan.batch]
     batch = local("batch")
     dim_args = ", ".join((local("rows"), batch, *(dims[d] for d in plan.other_dims)))
-    words = 8 // (8 if real.c == "double" else 4)
+    words = 2 if real.c == "float" else 1  # an int64_t in workspace entries
     data, gather_len = _batch_inputs(plan, step, local, f"work + {prefix}_train_epoch_step_len({dim_args})", batch,
                                      real, words)
     batches = {d.cname: d.batch for d in data}

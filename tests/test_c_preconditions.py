@@ -308,14 +308,19 @@ def test_an_index_alone_is_sliced_as_data():
     np.testing.assert_allclose(E_value[:, 0], [0.8, 0.8, 0.8, 1.0, 0.6], rtol=1e-15)
 
 
-def test_an_index_of_its_own_length_is_passed_whole():
-    """`sel` has a dimension of its own (M): not a batch dimension, so the
-    epoch slices X only and checks every row of sel once, before the first step."""
+def anchors_model():
+    """An Index of a length of its own (M), passed whole to every step."""
     M = sp.Symbol("M", integer=True, positive=True)
     X, P, W = sp.MatrixSymbol("X", N, 2), sp.MatrixSymbol("P", 4, 2), sp.MatrixSymbol("W", 2, 1)
     sel = sbp.Index("sel", M)
     loss = nn.sum_all(sp.HadamardPower(X * W, 2)) + nn.sum_all(sp.HadamardPower(sbp.gather(P, sel), 2))
-    model = sbp.Model("anchors", inputs=[X, sel], params=[P, W], loss=loss)
+    return sbp.Model("anchors", inputs=[X, sel], params=[P, W], loss=loss)
+
+
+def test_an_index_of_its_own_length_is_passed_whole():
+    """`sel` has a dimension of its own (M): not a batch dimension, so the
+    epoch slices X only and checks every row of sel once, before the first step."""
+    model = anchors_model()
     emitted, _ = generate(model, functions=("forward", "train_step"), optimizer=SGD(lr=0.1))
     assert [d.cname for d in emitted.module.epoch.data] == ["X"]
     assert emitted.module.epoch.checks == (("sel", "M", ("4",)),)
@@ -555,6 +560,7 @@ SANITIZED = {  # model, functions, dimensions, dtype, train_epoch's (rows, batch
     "trained_float32": (trained_model, TRAIN_FUNCTIONS, {"N": 7}, "float32", [(7, 3), (7, 2), (1, 1)]),
     "sliced": (sliced_gather_model, ("forward", "train_step"), {"N": 6}, "float64", [(6, 4), (6, 2)]),
     "embed_rnn": (embed_rnn_model, ("forward", "value_and_grad"), {"T": 4, "V": 3}, "float32", None),
+    "anchors": (anchors_model, ("forward", "train_step"), {"N": 5, "M": 3}, "float64", [(5, 2), (5, 5)]),
 }
 
 
