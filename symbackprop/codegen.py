@@ -306,7 +306,6 @@ class FunctionEmitter:
         self.dims = dims
         self.real = real
         self.index = IndexPrinter({**dims, LOOP_I: "i", LOOP_J: "j", LOOP_K: "k"})
-        self.gathers: set[tuple] = set()  # the index checks of every emap kernel printed, nested ones too
 
     def dim(self, d: object) -> str:
         return self.index.doprint(sp.sympify(d))
@@ -451,7 +450,6 @@ class FunctionEmitter:
                     out.append(sp.Integer(spec[1]))
             return out[0], out[1]
 
-        self.gathers.update(kernel.index_checks)
         text = {sym: self.access(view, *position(where)) for sym, view, where in kernel.loads}
         text.update({d: f"(({self.real.c}){c})" for d, c in self.dims.items()})
         text.update({sym: str(sym) for sym, _ in kernel.temps})
@@ -525,13 +523,13 @@ def emit_wrapper(run: CFunction, name: str, summary: str, outputs: set[str], wit
 
 def entry_checks(schedule: FunctionSchedule, emitter: "FunctionEmitter") -> tuple[tuple[str, str, tuple[str, ...]], ...]:
     """The schedule's index checks grouped by Index, as C text: (Index, its
-    rows, the rows of each array it gathers from). Every gather the emitter
-    printed must be among them: one nested where no entry check covers it
-    (a scan's step) would read unchecked rows."""
+    rows, the rows of each array it gathers from). A gather nested in a
+    kernel's own schedule (a scan's step) has no entry check: its rows would
+    be read unchecked, so it is refused here (scan's steps cannot gather)."""
+    nested = _nested_index_checks(schedule)
+    if nested:
+        raise AssertionError(f"gathers inside a nested step are not checked at the function's entry: {nested}")
     checks = schedule.index_checks
-    missed = emitter.gathers - set(checks)
-    if missed:
-        raise AssertionError(f"gathers not checked at the function's entry: {sorted(map(str, missed))}")
     grouped: dict[str, tuple[str, list[str]]] = {}
     for name, rows, bound in checks:
         cname = emitter.namer.name(name)
@@ -541,6 +539,17 @@ def entry_checks(schedule: FunctionSchedule, emitter: "FunctionEmitter") -> tupl
         if text not in bounds:
             bounds.append(text)
     return tuple((cname, rows, tuple(bounds)) for cname, (rows, bounds) in grouped.items())
+
+
+def _nested_index_checks(schedule: FunctionSchedule) -> list[tuple]:
+    """The index checks of the schedules inside the schedule's kernels (a scan's loops)."""
+    found: list[tuple] = []
+    for kernel in schedule.kernels:
+        for loop in getattr(kernel, "loops", ()):
+            inner = getattr(loop, "schedule", None)
+            if isinstance(inner, FunctionSchedule):
+                found += list(inner.index_checks) + _nested_index_checks(inner)
+    return found
 
 
 # Functions with SIMD variants in glibc's libmvec (x86_64): declared with

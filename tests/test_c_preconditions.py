@@ -582,3 +582,33 @@ def test_valid_and_failing_calls_are_clean_under_sanitizers(name, sanitizer, tmp
                          check=False)
     assert run.returncode == 0, f"driver exit {run.returncode}:\n{run.stderr[-4000:]}"
     assert "runtime error" not in run.stderr and "Sanitizer" not in run.stderr, run.stderr[-4000:]
+
+
+# --- gathers the entry checks cannot cover -----------------------------------------
+
+
+def test_a_scan_step_cannot_gather():
+    """The premise of checking at entry only: a step has no Index of its own."""
+    P, h, x = sp.MatrixSymbol("P", K, 2), sp.MatrixSymbol("h", 1, 2), sp.MatrixSymbol("x", 1, 2)
+    X, h0, idx = sp.MatrixSymbol("X", T, 2), sp.MatrixSymbol("h0", 1, 2), sbp.Index("idx", 1)
+    final = sbp.scan((h + x + sbp.gather(P, idx)).applyfunc(sp.tanh), None, h, x, h0, X)
+    model = sbp.Model("step_gather", inputs=[X, idx], params=[P, h0], loss=final * sp.OneMatrix(2, 1))
+    with pytest.raises(sbp.ModelError, match="Index idx"):
+        generate(model)
+
+
+def test_a_gather_nested_in_a_kernel_schedule_is_refused():
+    """Should a nested step ever gather, its rows would go unchecked: codegen refuses."""
+    from types import SimpleNamespace
+
+    from symbackprop.cnames import CNamer
+    from symbackprop.codegen import FLOAT64, FunctionEmitter, entry_checks
+    from symbackprop.schedule import EmapKernel, FunctionSchedule
+
+    gather = EmapKernel((N,), (), (), (), (), (("idx", N, C),), ())
+    step = FunctionSchedule("step", (), (gather,), (), sp.Integer(0), (0, 0))
+    outer = FunctionSchedule("f", (), (SimpleNamespace(loops=(SimpleNamespace(schedule=step),)),), (), sp.Integer(0), (0, 0))
+    emitter = FunctionEmitter(CNamer(frozenset({"m"})), {N: "N", C: "C"}, FLOAT64)
+    assert entry_checks(step, emitter) == (("idx", "N", ("C",)),)
+    with pytest.raises(AssertionError, match="nested step"):
+        entry_checks(outer, emitter)
