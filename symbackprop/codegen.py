@@ -185,6 +185,9 @@ class CFunction:
     static: bool = False  # internal to the module (the shared forward and gradient)
     split: int | None = None  # kernel index where a call with `with_grads` 0 returns
     delegate: str | None = None  # a wrapper: the call it returns
+    # (Index, its rows, rows of each array it gathers from): checked at entry, before anything is written
+    checks: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+    statuses: tuple[int, ...] = (0,)  # what it can return (see STATUS_TEXT)
 
     @property
     def dim_params(self) -> str:
@@ -200,6 +203,21 @@ class CFunction:
         """For cffi, arrays are `void *`: it then takes untyped buffers, the
         cheapest pointers it makes from numpy arrays."""
         return ", ".join(p.decl if p.role == "dim" else f"void *{p.cname}" for p in self.params)
+
+
+# What each status a generated function returns means (the header lists a
+# function's own); the C checks everything it relies on at its entry, so a
+# nonzero status means nothing was written.
+STATUS_TEXT = {
+    0: "success",
+    1: "a dimension is below 1 (nothing written)",
+    2: "an Index holds a row number outside an array it gathers from (nothing written)",
+}
+
+
+def statuses(dims: Sequence[str], checks: Sequence[object]) -> tuple[int, ...]:
+    """The statuses a function with these dimensions and index checks returns."""
+    return (0,) + ((1,) if dims else ()) + ((2,) if checks else ())
 
 
 @dataclass(frozen=True)
@@ -222,6 +240,10 @@ class CModule:
     def uses_matmul(self) -> bool:
         """Whether a product calls the module's matmul helper."""
         return any(k.kind == "matmul" and k.fields["call"] for f in self.internal + self.functions for k in f.kernels)
+
+    @property
+    def status_text(self) -> dict[int, str]:
+        return STATUS_TEXT
 
     @property
     def blas_min(self) -> int:
@@ -412,7 +434,7 @@ class FunctionEmitter:
 
     def _emap(self, kernel: EmapKernel) -> dict:
         """Loops over the examples; gathered rows are read through their
-        index (checked against the rows it chooses among, before the loop)."""
+        index (checked at the function's entry: see entry_checks)."""
         loop_vars = ("i", "j")
 
         def position(where: tuple) -> tuple[sp.Expr, sp.Expr]:
@@ -444,7 +466,6 @@ class FunctionEmitter:
         safe = all(not out.accumulate or out.target[0] == ("loop", 0) for out in kernel.outputs)
         return {
             "loops": [(var, self.dim(n)) for var, n in zip(loop_vars, kernel.loops)],
-            "checks": [(self.namer.name(name), self.dim(rows), self.dim(bound)) for name, rows, bound in kernel.index_checks],
             "zero": [(self.namer.name(out.buffer), self.dim(sp.sympify(out.shape[0]) * out.shape[1]))
                      for out in kernel.outputs if out.accumulate],
             "parallel": safe and _worth_threads(first_loop),
@@ -496,7 +517,39 @@ def emit_wrapper(run: CFunction, name: str, summary: str, outputs: set[str], wit
             extra.append("*".join(d if d.isidentifier() or d.isdigit() else f"({d})" for d in p.shape))
     work_size = f"{run.name}_work_len({dims})" + "".join(f" + {size}" for size in extra)
     return CFunction(name=name, summary=summary, params=tuple(params), dims=run.dims, uses_work=True, kernels=(),
-                     work_size=work_size, ops_before_cse=0, ops_after_cse=0, delegate=f"{run.name}({', '.join(call)})")
+                     work_size=work_size, ops_before_cse=0, ops_after_cse=0, delegate=f"{run.name}({', '.join(call)})",
+                     checks=run.checks, statuses=run.statuses)
+
+
+def entry_checks(schedule: FunctionSchedule, emitter: "FunctionEmitter") -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """The schedule's index checks grouped by Index, as C text: (Index, its
+    rows, the rows of each array it gathers from). A gather nested in a
+    kernel's own schedule (a scan's step) has no entry check: its rows would
+    be read unchecked, so it is refused here (scan's steps cannot gather)."""
+    nested = _nested_index_checks(schedule)
+    if nested:
+        raise AssertionError(f"gathers inside a nested step are not checked at the function's entry: {nested}")
+    checks = schedule.index_checks
+    grouped: dict[str, tuple[str, list[str]]] = {}
+    for name, rows, bound in checks:
+        cname = emitter.namer.name(name)
+        _, bounds = grouped.setdefault(cname, (emitter.dim(rows), []))
+        text = emitter.dim(bound)
+        text = text if text.isidentifier() or text.isdigit() else f"({text})"
+        if text not in bounds:
+            bounds.append(text)
+    return tuple((cname, rows, tuple(bounds)) for cname, (rows, bounds) in grouped.items())
+
+
+def _nested_index_checks(schedule: FunctionSchedule) -> list[tuple]:
+    """The index checks of the schedules inside the schedule's kernels (a scan's loops)."""
+    found: list[tuple] = []
+    for kernel in schedule.kernels:
+        for loop in getattr(kernel, "loops", ()):
+            inner = getattr(loop, "schedule", None)
+            if isinstance(inner, FunctionSchedule):
+                found += list(inner.index_checks) + _nested_index_checks(inner)
+    return found
 
 
 # Functions with SIMD variants in glibc's libmvec (x86_64): declared with
@@ -611,6 +664,7 @@ def emit_function(
             where = f"with_grads ? {where} : {place(head_of[slot.name], head_of)}"
         declares.setdefault(first_write[slot.name], []).append((namer.name(slot.name), where, extent))
     kernels = [replace(k, declares=tuple(declares.get(i, ()))) for i, k in enumerate(kernels)]
+    checks = entry_checks(schedule, emitter)
     work_size = emitter.dim(schedule.work_size)
     if shared:  # its work_len takes the flag too: a forward-only call needs less
         work_size = f"with_grads ? {work_size} : {emitter.dim(schedule.head_work_size)}"
@@ -627,4 +681,6 @@ def emit_function(
         work_size=work_size,
         ops_before_cse=schedule.op_counts[0],
         ops_after_cse=schedule.op_counts[1],
+        checks=checks,
+        statuses=statuses(tuple(dims.values()), checks),
     )

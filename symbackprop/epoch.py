@@ -10,14 +10,21 @@ workspace); the last one is smaller when `batch` does not divide the rows,
 as with PyTorch's DataLoader(drop_last=False). Other inputs, the parameters,
 the hyperparameters and the optimizer's state are passed whole.
 
+An Index of the batch dimension (one row number per example) is data, sliced
+with the examples; its row numbers refer to the whole array it gathers from.
+The C checks every Index once, before the first step (an array it gathers
+from that is itself sliced: against the smallest minibatch), so a failing
+epoch trains nothing.
+
 `epoch_plan` decides what is sliced (plain data the runtime uses too);
 `epoch_c` turns it into the small dataclass the template `epoch.c.j2` reads.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import sympy as sp
 
@@ -55,10 +62,13 @@ def epoch_plan(lowered: Lowered, step: FunctionPlan) -> EpochPlan:
     leaves = list(lowered.leaves.items()) + list(step.extra_inputs)
     data_like = [
         (name, node) for name, node in lowered.leaves.items()
-        if node.attrs[1] == "input" and name not in step.inplace and isinstance(node.shape[0], sp.Symbol)
+        if node.attrs[1] in ("input", "index") and name not in step.inplace and isinstance(node.shape[0], sp.Symbol)
     ]
     candidates = []
-    for dim in dict.fromkeys(node.shape[0] for _, node in data_like):
+    # an Index of the batch dimension (one row number per example) is data too; an
+    # Index of a length of its own is passed whole, and makes no batch dimension
+    arrays = [node.shape[0] for _, node in data_like if node.attrs[1] == "input"]
+    for dim in dict.fromkeys(arrays or [node.shape[0] for _, node in data_like]):
         elsewhere = [
             name for name, node in leaves
             if dim in node.shape[1:] or (dim == node.shape[0] and (name, node) not in data_like)
@@ -84,6 +94,7 @@ class CBatchInput:
     """One data input: the whole array, and the minibatch passed to the step."""
 
     cname: str  # the parameter: every row
+    ctype: str  # its entries' C type: the real type, or int64_t for an Index (row numbers)
     batch: str  # local pointer to the minibatch's first row
     gathered: str  # workspace slot the rows are gathered into (with an order)
     slot: str  # C expression: where that slot begins
@@ -115,10 +126,18 @@ class CEpoch:
     step_args: tuple[str, ...]
     step_dims: tuple[str, ...]  # the train step's dimension arguments
     gather_len: str  # C expression: workspace entries for the gathered rows
+    checks: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # the step's index checks for the whole epoch
+    words: int = 1  # workspace entries an int64_t takes (gathered Index rows are aligned to it)
 
     @property
     def dim_params(self) -> str:
         return ", ".join(f"int64_t {d}" for d in (self.rows, self.batch, *self.dims))
+
+    @property
+    def uses_last(self) -> bool:
+        """Whether an index check bounds by the smallest minibatch's rows."""
+        word = re.compile(rf"\b{re.escape(self.last)}\b")
+        return any(word.search(bound) for _, _, bounds in self.checks for bound in bounds)
 
     @property
     def dim_args(self) -> str:
@@ -152,26 +171,11 @@ def epoch_c(plan: EpochPlan, step: CFunction, namer: CNamer, dims: dict[sp.Symbo
     """Template data of `<prefix>_train_epoch` for a train step emitted as `step`."""
     local = lambda what: namer.name("\0" + what)  # noqa: E731 - names no user name can take
     size = dims[plan.batch]
-    by_name = {p.name: p for p in step.params}
     batch = local("batch")
     dim_args = ", ".join((local("rows"), batch, *(dims[d] for d in plan.other_dims)))
-    slot = f"work + {prefix}_train_epoch_step_len({dim_args})"
-    data = []
-    gather_terms = []
-    for name in plan.data:
-        param = by_name[name]
-        row_len = param.shape[1]
-        gathered = local(f"{param.cname} rows")
-        data.append(CBatchInput(
-            cname=param.cname,
-            batch=local(f"{param.cname} batch"),
-            gathered=gathered,
-            slot=slot,
-            row_len=row_len,
-            offset=local("start") if row_len == "1" else f"{local('start')}*{row_len}",
-        ))
-        gather_terms.append(batch if row_len == "1" else f"{batch}*{row_len}")
-        slot = f"{gathered} + {gather_terms[-1]}"
+    words = 2 if real.c == "float" else 1  # an int64_t in workspace entries
+    data, gather_len = _batch_inputs(plan, step, local, f"work + {prefix}_train_epoch_step_len({dim_args})", batch,
+                                     real, words)
     batches = {d.cname: d.batch for d in data}
     losses = local("losses")
     index = local("b")
@@ -213,9 +217,58 @@ def epoch_c(plan: EpochPlan, step: CFunction, namer: CNamer, dims: dict[sp.Symbo
         params=tuple(params),
         data=tuple(data),
         step_args=tuple(step_args),
-        gather_len=" + ".join(gather_terms) or "0",
+        gather_len=gather_len,
         step_dims=tuple(p.cname for p in step.params if p.role == "dim"),
+        checks=epoch_checks(step, size, local("rows"), local("last")),
+        words=words,
     )
+
+
+def _batch_inputs(plan: EpochPlan, step: CFunction, local: Any, start: str, batch: str, real: RealType,
+                  words: int) -> tuple[list[CBatchInput], str]:
+    """The data inputs, and the workspace entries their gathered rows take
+    after the step's: Index rows first (int64_t, aligned: the step's part is
+    rounded up to `words` entries), then the real ones."""
+    by_name = {p.name: p for p in step.params}
+    params = [by_name[name] for name in plan.data]
+    placed = sorted(params, key=lambda p: not _is_index(p))
+    at: dict[str, str] = {}
+    terms: list[str] = []
+    for param in placed:
+        row_len = param.shape[1]
+        at[param.name] = " + ".join([start, *terms])
+        count = batch if row_len == "1" else f"{batch}*{row_len}"
+        terms.append(f"{count}*{words}" if _is_index(param) and words > 1 else count)
+    data = []
+    for param in params:
+        row_len = param.shape[1]
+        ctype = "int64_t" if _is_index(param) else real.c
+        slot = at[param.name] if ctype == real.c else f"(int64_t *)(void *)({at[param.name]})"
+        data.append(CBatchInput(
+            cname=param.cname,
+            ctype=ctype,
+            batch=local(f"{param.cname} batch"),
+            gathered=local(f"{param.cname} rows"),
+            slot=slot,
+            row_len=row_len,
+            offset=local("start") if row_len == "1" else f"{local('start')}*{row_len}",
+        ))
+    return data, " + ".join(terms) or "0"
+
+
+def _is_index(param: Any) -> bool:
+    return param.decl.startswith("const int64_t *")
+
+
+def epoch_checks(step: CFunction, size: str, rows: str, last: str) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """The step's index checks, once for the whole epoch: an Index sliced
+    with the examples is checked over all `rows` of it; an array it gathers
+    from that has the batch dimension (sliced too) over the rows of the
+    smallest minibatch (`last`), so that no step can fail after another
+    has trained."""
+    word = re.compile(rf"\b{re.escape(size)}\b")
+    return tuple((index, word.sub(rows, count), tuple(word.sub(last, b) for b in bounds))
+                 for index, count, bounds in step.checks)
 
 
 def try_epoch_plan(lowered: Lowered, step: FunctionPlan) -> EpochPlan | None:

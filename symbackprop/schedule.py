@@ -10,7 +10,7 @@ a caller-provided workspace whose slots are reused once dead.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import sympy as sp
@@ -191,6 +191,13 @@ class FunctionSchedule:
         beyond the first ones, computed in the same loops)."""
         return {b for k in self.kernels[:self.split] for b in kernel_writes(k)}
 
+    @property
+    def index_checks(self) -> tuple[tuple[str, object, object], ...]:
+        """Every (Index buffer, its rows, rows of an array it gathers from)
+        of the function's kernels, once each: the C checks them all at its
+        entry, before any kernel writes (a failing call changes nothing)."""
+        return tuple(dict.fromkeys(c for k in self.kernels for c in getattr(k, "index_checks", ())))
+
 
 @dataclass
 class _EmapGroup:
@@ -330,7 +337,6 @@ class _Scheduler:
             split = len(kernels)
         kernels += self._kernels(self.plan[len(head):], counts)
         kernels += self._copies([b for b in bound if b[0] not in self.first])
-        kernels = _check_each_index_once(kernels)
         slots, work = self._plan_workspace(kernels)
         # a call that stops at the split keeps nothing for a backward pass: its own, tighter plan
         head_slots, head_work = self._plan_workspace(kernels[:split], only_written=True) if split is not None else ((), work)
@@ -720,20 +726,6 @@ class _Scheduler:
 # A map body with more operations than this is shown in comments by what it
 # reads, not written out: its CSE'd temporaries in the C are the readable form.
 MAX_SHOWN_OPS = 60
-
-
-def _check_each_index_once(kernels: list[Kernel]) -> list[Kernel]:
-    """Each (index, rows it chooses among) is checked by the first kernel of a
-    function to use it."""
-    checked: set[tuple] = set()
-    result: list[Kernel] = []
-    for kernel in kernels:
-        if isinstance(kernel, EmapKernel):
-            fresh = tuple(c for c in kernel.index_checks if c not in checked)  # an index may choose among several arrays
-            checked |= set(fresh)
-            kernel = replace(kernel, index_checks=fresh)
-        result.append(kernel)
-    return result
 
 
 def _inline(expr: sp.Expr, lets: dict[sp.Symbol, sp.Expr]) -> sp.Expr:

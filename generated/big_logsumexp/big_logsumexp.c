@@ -92,7 +92,9 @@ static double big_logsumexp_logsumexp(const double *x, int64_t n, int64_t stride
 
 static size_t big_logsumexp_run_work_len(int64_t n, int with_grads)
 {
-    (void)n;
+    if (n < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(with_grads ? 0 : 0);
 }
 
@@ -105,11 +107,10 @@ static int big_logsumexp_run(
     double *work,
     int with_grads
 )
-{
-    if (n < 1) {
+{    if (n < 1) {
         return 1;
     }
-    (void)work;
+        (void)work;
 
     /* loss = log(sum(exp(v))) down each column, its max subtracted first */
     loss[0] = big_logsumexp_logsumexp(v, n, 1);
@@ -131,6 +132,9 @@ static int big_logsumexp_run(
 
 size_t big_logsumexp_forward_work_len(int64_t n)
 {
+    if (n < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(big_logsumexp_run_work_len(n, 0));
 }
 
@@ -141,12 +145,17 @@ int big_logsumexp_forward(
     double *loss,
     double *work
 )
-{
+{    if (n < 1) {
+        return 1;
+    }
     return big_logsumexp_run(n, v, loss, NULL, work, 0);
 }
 
 size_t big_logsumexp_value_and_grad_work_len(int64_t n)
 {
+    if (n < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(big_logsumexp_run_work_len(n, 1));
 }
 
@@ -158,6 +167,8 @@ int big_logsumexp_value_and_grad(
     double *grad_v,
     double *work
 )
-{
+{    if (n < 1) {
+        return 1;
+    }
     return big_logsumexp_run(n, v, loss, grad_v, work, 1);
 }

@@ -69,9 +69,9 @@ static double bundle_adjustment_sum(const double *x, int64_t n, int64_t stride)
 
 size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P)
 {
-    (void)N;
-    (void)C;
-    (void)P;
+    if (N < 1 || C < 1 || P < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(2*N + 2);
 }
 
@@ -91,8 +91,7 @@ int bundle_adjustment_forward(
     double *jacobian,
     double *work
 )
-{
-    if (N < 1) {
+{    if (N < 1) {
         return 1;
     }
     if (C < 1) {
@@ -101,19 +100,19 @@ int bundle_adjustment_forward(
     if (P < 1) {
         return 1;
     }
-
-    /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :], feats[i, :]: see the temporaries */
-    /* jacobian[i, :] = 30 values from cams[cam[i], :], pts[pt[i], :], weights[i, :], feats[i, :]: see the temporaries */
     for (int64_t i = 0; i < N; ++i) {
         if ((uint64_t)cam[i] >= (uint64_t)C) {
-            return 2; /* a row number outside the array it gathers from */
+            return 2; /* a row number outside an array it gathers from */
         }
     }
     for (int64_t i = 0; i < N; ++i) {
         if ((uint64_t)pt[i] >= (uint64_t)P) {
-            return 2; /* a row number outside the array it gathers from */
+            return 2; /* a row number outside an array it gathers from */
         }
     }
+
+    /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :], feats[i, :]: see the temporaries */
+    /* jacobian[i, :] = 30 values from cams[cam[i], :], pts[pt[i], :], weights[i, :], feats[i, :]: see the temporaries */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         const double x0 = pts[3*pt[i]] - cams[11*cam[i] + 3];
@@ -454,9 +453,9 @@ int bundle_adjustment_forward(
 
 size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P)
 {
-    (void)N;
-    (void)C;
-    (void)P;
+    if (N < 1 || C < 1 || P < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(6*N + 2);
 }
 
@@ -477,8 +476,7 @@ int bundle_adjustment_value_and_grad(
     double *grad_weights,
     double *work
 )
-{
-    if (N < 1) {
+{    if (N < 1) {
         return 1;
     }
     if (C < 1) {
@@ -487,19 +485,19 @@ int bundle_adjustment_value_and_grad(
     if (P < 1) {
         return 1;
     }
-
-    /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :], feats[i, :]: see the temporaries */
-    double *residual = work; /* N x 2 */
     for (int64_t i = 0; i < N; ++i) {
         if ((uint64_t)cam[i] >= (uint64_t)C) {
-            return 2; /* a row number outside the array it gathers from */
+            return 2; /* a row number outside an array it gathers from */
         }
     }
     for (int64_t i = 0; i < N; ++i) {
         if ((uint64_t)pt[i] >= (uint64_t)P) {
-            return 2; /* a row number outside the array it gathers from */
+            return 2; /* a row number outside an array it gathers from */
         }
     }
+
+    /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :], feats[i, :]: see the temporaries */
+    double *residual = work; /* N x 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         const double x0 = pts[3*pt[i]] - cams[11*cam[i] + 3];

@@ -114,8 +114,9 @@ static double gmm_logsumexp(const double *x, int64_t n, int64_t stride)
 
 static size_t gmm_run_work_len(int64_t N, int64_t K, int with_grads)
 {
-    (void)N;
-    (void)K;
+    if (N < 1 || K < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(with_grads ? K*N + 10*K + N + 7 : 3*K + N + 7);
 }
 
@@ -137,14 +138,13 @@ static int gmm_run(
     double *work,
     int with_grads
 )
-{
-    if (N < 1) {
+{    if (N < 1) {
         return 1;
     }
     if (K < 1) {
         return 1;
     }
-
+    
     /* t0 = log(sum(exp(alpha))) down each column, its max subtracted first */
     double *t0 = work; /* 1 x 1 */
     t0[0] = gmm_logsumexp(alpha, K, 1);
@@ -300,6 +300,9 @@ static int gmm_run(
 
 size_t gmm_forward_work_len(int64_t N, int64_t K)
 {
+    if (N < 1 || K < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(gmm_run_work_len(N, K, 0));
 }
 
@@ -316,12 +319,20 @@ int gmm_forward(
     double *log_density,
     double *work
 )
-{
+{    if (N < 1) {
+        return 1;
+    }
+    if (K < 1) {
+        return 1;
+    }
     return gmm_run(N, K, X, alpha, means, qd, ql, loss, log_density, NULL, NULL, NULL, NULL, work, 0);
 }
 
 size_t gmm_value_and_grad_work_len(int64_t N, int64_t K)
 {
+    if (N < 1 || K < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(gmm_run_work_len(N, K, 1) + N*K);
 }
 
@@ -341,6 +352,11 @@ int gmm_value_and_grad(
     double *grad_ql,
     double *work
 )
-{
+{    if (N < 1) {
+        return 1;
+    }
+    if (K < 1) {
+        return 1;
+    }
     return gmm_run(N, K, X, alpha, means, qd, ql, loss, work + gmm_run_work_len(N, K, 1), grad_alpha, grad_means, grad_qd, grad_ql, work, 1);
 }

@@ -114,7 +114,9 @@ static double lstm_lm_logsumexp(const double *x, int64_t n, int64_t stride)
 
 size_t lstm_lm_forward_work_len(int64_t T)
 {
-    (void)T;
+    if (T < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(33*T + 445);
 }
 
@@ -141,11 +143,10 @@ int lstm_lm_forward(
     double *logits,
     double *work
 )
-{
-    if (T < 1) {
+{    if (T < 1) {
         return 1;
     }
-
+    
     /* t0 = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of logits */
     double *t0 = work; /* 444 x 1 */
     {
@@ -384,7 +385,9 @@ int lstm_lm_forward(
 
 size_t lstm_lm_value_and_grad_work_len(int64_t T)
 {
-    (void)T;
+    if (T < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(63*T + 32*((T + 31)/32) + 9819);
 }
 
@@ -424,11 +427,10 @@ int lstm_lm_value_and_grad(
     double *grad_c,
     double *work
 )
-{
-    if (T < 1) {
+{    if (T < 1) {
         return 1;
     }
-
+    
     /* t0 = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of logits; one state in 32 kept in tmp1 */
     double *logits = work; /* T x 30 */
     double *t0 = logits + 30*T; /* 444 x 1 */

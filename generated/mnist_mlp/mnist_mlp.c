@@ -50,6 +50,7 @@ __attribute__((simd("notinbranch"))) double tanh(double);
  * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise
  * mnist_mlp_matmul runs them as plain loops. */
 #ifdef SYMBACKPROP_CBLAS
+#include <limits.h>
 #ifndef SYMBACKPROP_CBLAS_DGEMM
 #define SYMBACKPROP_CBLAS_DGEMM cblas_dgemm
 #endif
@@ -61,16 +62,20 @@ void SYMBACKPROP_GEMM(int order, int trans_a, int trans_b, int m, int n, int k, 
 
 #ifdef SYMBACKPROP_CBLAS
 /* A rows x cols operand read at p[i*rs + j*cs] as a row-major BLAS matrix:
- * its transpose flag (0 if it is none, e.g. broadcast) and leading dimension. */
+ * CBLAS's transpose flag for it (111 CblasNoTrans, 112 CblasTrans; 0 if it
+ * is neither, e.g. broadcast, or its leading dimension overflows BLAS's int)
+ * and its leading dimension. Internal: never a status of a module function. */
 static int mnist_mlp_blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int *ld)
 {
     if ((cs == 1 || cols == 1) && (rows == 1 || rs >= cols)) {
-        *ld = (int)(rows == 1 ? cols : rs);
-        return 111; /* CblasNoTrans */
+        const int64_t lead = rows == 1 ? cols : rs;
+        *ld = lead <= INT_MAX ? (int)lead : 0;
+        return lead <= INT_MAX ? 111 : 0;
     }
     if ((rs == 1 || rows == 1) && (cols == 1 || cs >= rows)) {
-        *ld = (int)(cols == 1 ? rows : cs);
-        return 112; /* CblasTrans */
+        const int64_t lead = cols == 1 ? rows : cs;
+        *ld = lead <= INT_MAX ? (int)lead : 0;
+        return lead <= INT_MAX ? 112 : 0;
     }
     return 0;
 }
@@ -84,7 +89,8 @@ static void mnist_mlp_matmul(int64_t m, int64_t n, int64_t k,
                              const double *b, int64_t b_rs, int64_t b_cs, double *c)
 {
 #ifdef SYMBACKPROP_CBLAS
-    if (m * n * k >= 4096) {
+    /* BLAS takes int sizes: larger products stay loops (and m*n*k as a double cannot overflow) */
+    if ((double)m * (double)n * (double)k >= 4096 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX) {
         int lda = 1, ldb = 1;
         const int trans_a = mnist_mlp_blas_layout(m, k, a_rs, a_cs, &lda);
         const int trans_b = mnist_mlp_blas_layout(k, n, b_rs, b_cs, &ldb);
@@ -198,8 +204,7 @@ static int mnist_mlp_run(
     double *work,
     int with_grads
 )
-{
-
+{    
     /* t0 = X @ W1 */
     double *t0 = work; /* 128 x 256 */
     mnist_mlp_matmul(128, 256, 784, X, 784, 1, W1, 256, 1, t0);
@@ -318,8 +323,7 @@ int mnist_mlp_forward(
     double *logits,
     double *work
 )
-{
-    return mnist_mlp_run(X, T, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL, NULL, work, 0);
+{    return mnist_mlp_run(X, T, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL, NULL, work, 0);
 }
 
 size_t mnist_mlp_value_and_grad_work_len(void)
@@ -342,6 +346,5 @@ int mnist_mlp_value_and_grad(
     double *grad_b2,
     double *work
 )
-{
-    return mnist_mlp_run(X, T, W1, b1, W2, b2, loss, work + mnist_mlp_run_work_len(1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
+{    return mnist_mlp_run(X, T, W1, b1, W2, b2, loss, work + mnist_mlp_run_work_len(1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
 }

@@ -62,7 +62,9 @@ static double polynomial_fit_sum(const double *x, int64_t n, int64_t stride)
 
 static size_t polynomial_fit_run_work_len(int64_t N, int with_grads)
 {
-    (void)N;
+    if (N < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(with_grads ? 1 : 1);
 }
 
@@ -77,11 +79,10 @@ static int polynomial_fit_run(
     double *work,
     int with_grads
 )
-{
-    if (N < 1) {
+{    if (N < 1) {
         return 1;
     }
-
+    
     /* squared_error[i, 0] = (coeffs[0, 0] + coeffs[0, 1]*points[i, 0] + coeffs[0, 2]*points[i, 0]**2 + coeffs[0, 3]*points[i, 0]**3 + coeffs[0, 4]*points[i, 0]**4 + coeffs[0, 5]*points[i, 0]**5 - points[i, 1])**2 */
     /* grad_coeffs[0, :] += 6 values from points[i, :], coeffs[0, :]: see the temporaries */
     for (int64_t i = 0; i < 6; ++i) {
@@ -123,6 +124,9 @@ static int polynomial_fit_run(
 
 size_t polynomial_fit_forward_work_len(int64_t N)
 {
+    if (N < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(polynomial_fit_run_work_len(N, 0) + 1*6);
 }
 
@@ -135,12 +139,17 @@ int polynomial_fit_forward(
     double *squared_error,
     double *work
 )
-{
+{    if (N < 1) {
+        return 1;
+    }
     return polynomial_fit_run(N, points, coeffs, loss, squared_error, work + polynomial_fit_run_work_len(N, 0), work, 0);
 }
 
 size_t polynomial_fit_value_and_grad_work_len(int64_t N)
 {
+    if (N < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(polynomial_fit_run_work_len(N, 1) + N*1);
 }
 
@@ -153,6 +162,8 @@ int polynomial_fit_value_and_grad(
     double *grad_coeffs,
     double *work
 )
-{
+{    if (N < 1) {
+        return 1;
+    }
     return polynomial_fit_run(N, points, coeffs, loss, work + polynomial_fit_run_work_len(N, 1), grad_coeffs, work, 1);
 }

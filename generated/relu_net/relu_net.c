@@ -56,8 +56,7 @@ static int relu_net_run(
     double *work,
     int with_grads
 )
-{
-
+{    
     /* t1 = W1 @ x */
     double *t1 = work; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
@@ -170,8 +169,7 @@ int relu_net_forward(
     double *y,
     double *work
 )
-{
-    return relu_net_run(x, t, W1, W2, loss, y, NULL, NULL, work, 0);
+{    return relu_net_run(x, t, W1, W2, loss, y, NULL, NULL, work, 0);
 }
 
 size_t relu_net_value_and_grad_work_len(void)
@@ -190,6 +188,5 @@ int relu_net_value_and_grad(
     double *grad_W2,
     double *work
 )
-{
-    return relu_net_run(x, t, W1, W2, loss, work + relu_net_run_work_len(1), grad_W1, grad_W2, work, 1);
+{    return relu_net_run(x, t, W1, W2, loss, work + relu_net_run_work_len(1), grad_W1, grad_W2, work, 1);
 }

@@ -53,8 +53,7 @@ static int scalar_run(
     double *work,
     int with_grads
 )
-{
-    (void)work;
+{        (void)work;
 
     /* loss = x**3*y + sin(x*y) + exp(y)/x */
     /* grad_x = 3*x**2*y + y*cos(x*y) - exp(y)/x**2 */
@@ -86,8 +85,7 @@ int scalar_forward(
     double *loss,
     double *work
 )
-{
-    return scalar_run(x, y, loss, work + scalar_run_work_len(0), work + scalar_run_work_len(0) + 1*1, work, 0);
+{    return scalar_run(x, y, loss, work + scalar_run_work_len(0), work + scalar_run_work_len(0) + 1*1, work, 0);
 }
 
 size_t scalar_value_and_grad_work_len(void)
@@ -104,6 +102,5 @@ int scalar_value_and_grad(
     double *grad_y,
     double *work
 )
-{
-    return scalar_run(x, y, loss, grad_x, grad_y, work, 1);
+{    return scalar_run(x, y, loss, grad_x, grad_y, work, 1);
 }

@@ -119,8 +119,7 @@ static int softmax_ce_run(
     double *work,
     int with_grads
 )
-{
-
+{    
     /* t0 = T*Z */
     double *t0 = work; /* 4 x 3 */
     for (int64_t i = 0; i < 4; ++i) {
@@ -181,8 +180,7 @@ int softmax_ce_forward(
     double *loss,
     double *work
 )
-{
-    return softmax_ce_run(T, Z, loss, NULL, work, 0);
+{    return softmax_ce_run(T, Z, loss, NULL, work, 0);
 }
 
 size_t softmax_ce_value_and_grad_work_len(void)
@@ -198,6 +196,5 @@ int softmax_ce_value_and_grad(
     double *grad_Z,
     double *work
 )
-{
-    return softmax_ce_run(T, Z, loss, grad_Z, work, 1);
+{    return softmax_ce_run(T, Z, loss, grad_Z, work, 1);
 }
