@@ -181,7 +181,10 @@ class Binder:
     def diagnose(self, arrays: Mapping[str, Any], status: int, what: str) -> NoReturn:
         """After a nonzero status: bind again (naming the argument and row
         at fault), else raise the status's meaning."""
-        _, dims = self.bind(arrays)
+        try:
+            _, dims = self.bind(arrays)
+        except ArgumentError as exc:
+            raise ArgumentError(f"{what} returned status {status} ({STATUS.get(status, 'unknown')}): {exc}") from None
         raise_status(status, what, dict(zip(self.dims, dims)))
 
 
@@ -236,8 +239,8 @@ def check_rows(name: str, index: np.ndarray, bounds: Any, bound: Mapping[str, in
         if low < 0 or high >= count:
             bad = low if low < 0 else high
             row = int(np.flatnonzero(index.reshape(-1) == bad)[0])
-            raise ArgumentError(f"{name} holds the row number {bad} (at row {row}), outside the {count} rows "
-                                f"({rows}) it chooses among")
+            raise ArgumentError(f"{name} holds the row number {bad}, outside the {count} rows ({rows}) it chooses "
+                                f"among (at entry {row} of {name})")
 
 
 def as_index(spec: ArgSpec, value: Any) -> np.ndarray:
@@ -268,8 +271,9 @@ def convert(spec: ArgSpec, value: Any, dtype: np.dtype, bound: dict[str, int], b
                 raise ArgumentError(f"{name} must have shape {show(spec.shape)} with {want} >= 1; got {array.shape} "
                                     "(an empty array)")
             if bound.setdefault(want, got) != got:
+                known = show(tuple(bound.get(d, d) if isinstance(d, str) else d for d in spec.shape))
                 raise ArgumentError(f"{name} must have shape {show(spec.shape)} with {want}={bound[want]} "
-                                    f"(as in {binder[want]}); got {array.shape}")
+                                    f"(as in {binder[want]}), that is {known}; got {array.shape}")
             binder.setdefault(want, name)
         elif want != got:
             raise ArgumentError(f"{name} must have shape {show(spec.shape)}; got {array.shape}")
