@@ -133,9 +133,10 @@ class Binder:
             if type(value) is not np.ndarray or value.dtype is not dtype:
                 return None
             shape = value.shape
-            if len(shape) != 2 or value.strides != (shape[1] * item, item) or not value.flags.aligned:
+            if len(shape) != 2 or value.strides != (shape[1] * item, item):
                 return None
-            if name in writes and not value.flags.writeable:
+            flags = value.flags
+            if not flags.aligned or (name in writes and not flags.writeable):
                 return None
             for want, got in ((rows, shape[0]), (cols, shape[1])):
                 if want > 0:
@@ -154,8 +155,24 @@ class Binder:
 
     def _check_aliasing(self, values: Sequence[np.ndarray]) -> None:
         """No written array overlaps another argument (C would read what it
-        has already overwritten). Bound arrays are C-contiguous, so their
-        byte ranges overlap exactly when they share memory."""
+        has already overwritten). Arrays whose memory numpy allocated
+        separately cannot overlap, which a walk to each base shows cheaply;
+        shared or foreign memory (one base twice, a buffer, a memmap) gets
+        the exact check."""
+        roots: set[int] = set()
+        exact = False
+        for value in values:
+            root = value
+            while isinstance(root.base, np.ndarray):
+                root = root.base
+            exact = exact or root.base is not None or id(root) in roots
+            roots.add(id(root))
+        if exact:
+            self._check_spans(values)
+
+    def _check_spans(self, values: Sequence[np.ndarray]) -> None:
+        """Bound arrays are C-contiguous, so their byte ranges overlap
+        exactly when they share memory."""
         spans = sorted((v.__array_interface__["data"][0], v.nbytes, k) for k, v in enumerate(values) if v.nbytes)
         written = {k for k, spec in enumerate(self.inputs) if spec.name in self.writes}
         active: list[tuple[int, int]] = []

@@ -10,6 +10,11 @@ workspace); the last one is smaller when `batch` does not divide the rows,
 as with PyTorch's DataLoader(drop_last=False). Other inputs, the parameters,
 the hyperparameters and the optimizer's state are passed whole.
 
+An Index's row numbers refer to the rows of the whole array it gathers
+from, as the caller passed it: the runtime (train.py) refuses, before
+anything runs, an Index that gathers from a data input, which this would
+cut into minibatches.
+
 `epoch_plan` decides what is sliced (plain data the runtime uses too);
 `epoch_c` turns it into the small dataclass the template `epoch.c.j2` reads.
 """

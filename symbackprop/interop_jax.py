@@ -73,14 +73,21 @@ class JaxFunction:
 
     def _output_shapes(self, values: Sequence[Any]) -> list[tuple[int, ...]]:
         """The named outputs' shapes, from the ABI spec and the arguments'
-        shapes (bound and checked by the module's binder)."""
-        bound = self.mod.function("forward").binder.dims_from(self._arrays(values))
+        shapes (values may be tracers: the host call binds and checks them)."""
+        specs = {a.name: a for a in self.mod.function("forward").inputs}
+        bound: dict[str, int] = {}
+        for name, value in zip(self.names, values):
+            shape = np.shape(value)
+            if specs[name].index and len(shape) == 1:
+                shape = (*shape, 1)
+            for want, got in zip(specs[name].shape, shape):
+                if isinstance(want, str):
+                    bound.setdefault(want, int(got))
         outputs = {name: (shape, scalar) for name, shape, scalar in self.mod.spec.outputs}
-        shapes = []
-        for name in self.outputs:
-            shape, scalar = outputs[name]
-            shapes.append(() if scalar else concrete(shape, bound))
-        return shapes
+        missing = [d for name in self.outputs for d in outputs[name][0] if isinstance(d, str) and d not in bound]
+        if missing:
+            raise ArgumentError(f"the outputs' dimensions {missing} are not fixed by the arguments' shapes")
+        return [() if outputs[name][1] else concrete(outputs[name][0], bound) for name in self.outputs]
 
     def _result_types(self, values: Sequence[Any], dtype: Any) -> tuple[Any, ...]:
         return (jax.ShapeDtypeStruct((), dtype),

@@ -396,3 +396,35 @@ def test_a_memo_hit_runs_from_the_spec_and_regenerates_the_plan_lazily():
     assert second.value_and_grad(**d)[0] == pytest.approx(numpy_loss(d), rel=1e-13)
     assert second.memory(n=16) == first.memory(n=16)  # the plan, generated again on first use
     assert second.spec == first.spec
+
+
+def test_the_framework_bridges_go_through_the_binder(mod):
+    """An empty tensor next to a full one is refused by name in the PyTorch
+    and JAX bridges too (their host calls bind like any call)."""
+    d = data()
+    tried = 0
+    try:
+        import torch
+    except ImportError:
+        pass
+    else:
+        f = mod.as_torch()
+        args = {k: torch.from_numpy(np.array(v)) for k, v in d.items()}
+        with pytest.raises(ArgumentError, match=r"\bX\b.*>= 1"):
+            f(**{**args, "X": torch.zeros((0, 3), dtype=torch.float64)})
+        w = args["W"].clone().requires_grad_(True)
+        f(**{**args, "W": w}).backward()
+        np.testing.assert_allclose(w.grad.numpy(), mod.value_and_grad(**d)[1]["W"], rtol=1e-14)
+        tried += 1
+    try:
+        import jax
+    except ImportError:
+        pass
+    else:
+        jax.config.update("jax_enable_x64", True)
+        g = mod.as_jax()
+        with pytest.raises(Exception, match=r"\bX\b.*>= 1"):  # JAX wraps errors raised in its host callbacks
+            g(**{**d, "X": np.zeros((0, 3))})
+        tried += 1
+    if not tried:
+        pytest.skip("neither PyTorch nor JAX is installed")
