@@ -428,3 +428,16 @@ def test_the_framework_bridges_go_through_the_binder(mod):
         tried += 1
     if not tried:
         pytest.skip("neither PyTorch nor JAX is installed")
+
+
+def test_a_memo_of_any_other_shape_is_a_miss(mod):
+    from symbackprop.runtime import _from_memo, _memo
+
+    good = json.loads(json.dumps(_memo(mod.emitted, mod.spec, mod.folder)))  # JSON-able, as the cache stores it
+    emitted, spec, folder = _from_memo(good)
+    assert (emitted.source, spec, folder) == (mod.emitted.source, mod.spec, mod.folder)
+    bad = [None, 3, "x", (mod.emitted, mod.plan, mod.folder), {}, {**good, "folder": 7},
+           {**good, "emitted": {**good["emitted"], "source": None}}, {**good, "spec": {"prefix": "x"}},
+           {**good, "emitted": {**good["emitted"], "prefix": "other"}}, {**good, "emitted": []}]
+    for memo in bad:
+        assert _from_memo(memo) is None
