@@ -233,7 +233,8 @@ def check_names(inputs: Sequence[ArgSpec], arrays: Mapping[str, Any]) -> None:
 def check_writable(spec: ArgSpec, value: Any, dtype: np.dtype) -> None:
     """An argument written in place: a writable, aligned, C-contiguous
     ndarray of the module's dtype (no conversion: the update would be lost)."""
-    ok = (type(value) is np.ndarray and value.dtype == dtype and value.dtype.isnative and value.flags.c_contiguous
+    ok = (isinstance(value, np.ndarray) and not isinstance(value, _MASKED) and value.dtype == dtype
+          and value.dtype.isnative and value.flags.c_contiguous
           and value.flags.aligned and value.flags.writeable)
     if not ok:
         got = type(value).__name__

@@ -441,3 +441,14 @@ def test_a_memo_of_any_other_shape_is_a_miss(mod):
            {**good, "emitted": {**good["emitted"], "prefix": "other"}}, {**good, "emitted": []}]
     for memo in bad:
         assert _from_memo(memo) is None
+
+
+def test_a_writable_memmap_param_is_updated_in_place(tmp_path):
+    path = tmp_path / "W.npy"
+    d = data()
+    np.save(path, d["W"])
+    w = np.load(path, mmap_mode="r+")
+    expected = {**d, "W": d["W"].copy(), "b": d["b"].copy()}  # b is updated in place too
+    first, second = (sbp.compile(linear_model(), optimizer=sbp.Adam(lr=0.01)) for _ in range(2))
+    assert first.train_step(**{**d, "W": w}) == second.train_step(**expected)
+    np.testing.assert_array_equal(np.asarray(w), expected["W"])
