@@ -452,3 +452,37 @@ def test_a_writable_memmap_param_is_updated_in_place(tmp_path):
     first, second = (sbp.compile(linear_model(), optimizer=sbp.Adam(lr=0.01)) for _ in range(2))
     assert first.train_step(**{**d, "W": w}) == second.train_step(**expected)
     np.testing.assert_array_equal(np.asarray(w), expected["W"])
+
+
+INDEX_CASES = [
+    ("float-rows", lambda i: i.astype(float), "integer row numbers"),
+    ("uint64-rows", lambda i: i.astype(np.uint64), "integer row numbers"),
+    ("bool-rows", lambda i: i > 0, "integer row numbers"),
+    ("two-columns", lambda i: np.stack([i, i], axis=1), r"shape \(m, 1\)"),
+    ("negative-row", lambda i: np.where(i == i[0], -1, i), "row number -1"),
+    ("row-past-the-end", lambda i: i + 3, "row number 5"),
+    ("empty", lambda i: i[:0], "m >= 1"),
+    ("string", lambda i: "0 1", "integer row numbers"),
+]
+
+
+@pytest.fixture(scope="module")
+def gather_mod():
+    P = sp.MatrixSymbol("P", c, 3)
+    idx = sbp.Index("idx", m)
+    gathered = sbp.map_examples(sp.Matrix([A[0] * A[1] + A[2] ** 2]), [(A, sbp.gather(P, idx))])
+    return sbp.compile(sbp.Model("binder_index", inputs=[idx], params=[P], loss=nn.sum_all(gathered)),
+                       functions=("forward", "value_and_grad", "jvp"))
+
+
+@pytest.mark.parametrize("entry", ["forward", "value_and_grad", "prepare", "jvp"])
+@pytest.mark.parametrize("spoil, words", [c[1:] for c in INDEX_CASES], ids=[c[0] for c in INDEX_CASES])
+def test_a_bad_index_is_refused_by_name_on_every_entry_point(gather_mod, entry, spoil, words):
+    d = {"idx": np.array([0, 2, 1]), "P": np.ones((3, 3))}
+    assert gather_mod.forward(**d)["loss"] == 6.0
+    bad = {**d, "idx": spoil(d["idx"])}
+    calls = {"forward": lambda: gather_mod.forward(**bad), "value_and_grad": lambda: gather_mod.value_and_grad(**bad),
+             "prepare": lambda: gather_mod.prepare("value_and_grad", **bad),
+             "jvp": lambda: gather_mod.jvp({"P": np.ones((3, 3))}, **bad)}
+    with pytest.raises(ArgumentError, match=rf"idx.*{words}|{words}.*idx"):
+        calls[entry]()
