@@ -3,16 +3,20 @@
  * allocate the outputs, run the generated function through its packed
  * entry point, turn scalar outputs into Python floats.
  *
- * Anything unexpected (another type, dtype, layout or shape, a dimension
- * below 1) returns None without raising: the caller then takes the Python
- * path, which converts what it can and names what is wrong. A nonzero
- * status of the generated function is returned as an int for the same
- * reason. Built on first use by symbackprop.fastcall and cached.
+ * The patterns come from the binder (symbackprop/binding.py), and this
+ * accepts a subset of what the binder accepts: exact arrays of the right
+ * dtype, C-contiguous and aligned, every symbolic dimension >= 1 in every
+ * array that has it and equal across them. Anything else returns None
+ * without raising: the caller then takes the binder's path, which converts
+ * what it can and names what is wrong. A nonzero status of the generated
+ * function is returned as an int for the same reason. Built on first use by
+ * symbackprop.fastcall and cached.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,20 +42,30 @@ typedef struct {
 } Caller;
 
 /* Scratch memory per thread, shared by every module: generated functions
- * never call back into Python, so one call at a time uses it. */
-static Py_tss_t scratch_key = Py_tss_NEEDS_INIT;
+ * never call back into Python, so one call at a time uses it. A pthread
+ * key's destructor frees it when the thread ends. */
+static pthread_key_t scratch_key;
 
 typedef struct {
     void *data;
     size_t bytes;
 } Scratch;
 
+static void free_scratch(void *pointer)
+{
+    Scratch *s = pointer;
+    if (s != NULL) {
+        free(s->data);
+        free(s);
+    }
+}
+
 static void *scratch(size_t bytes)
 {
-    Scratch *s = PyThread_tss_get(&scratch_key);
+    Scratch *s = pthread_getspecific(scratch_key);
     if (s == NULL) {
         s = calloc(1, sizeof *s);
-        if (s == NULL || PyThread_tss_set(&scratch_key, s) != 0) {
+        if (s == NULL || pthread_setspecific(scratch_key, s) != 0) {
             free(s);
             return NULL;
         }
@@ -74,11 +88,11 @@ static int bind(npy_intp want, npy_intp got, int64_t *dims)
     if (want > 0) {
         return want == got;
     }
+    if (got < 1) {
+        return 0; /* an empty array: the binder names it */
+    }
     int64_t *dim = &dims[-want - 1];
     if (*dim == 0) {
-        if (got < 1) {
-            return 0;
-        }
         *dim = got;
         return 1;
     }
@@ -269,7 +283,11 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit_symbackprop_fastcall(void)
 {
     import_array();
-    if (PyType_Ready(&CallerType) < 0 || PyThread_tss_create(&scratch_key) != 0) {
+    if (PyType_Ready(&CallerType) < 0) {
+        return NULL;
+    }
+    if (pthread_key_create(&scratch_key, free_scratch) != 0) {
+        PyErr_SetString(PyExc_OSError, "symbackprop_fastcall: no thread-local key");
         return NULL;
     }
     PyObject *m = PyModule_Create(&module);

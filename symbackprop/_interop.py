@@ -13,7 +13,7 @@ from .errors import ArgumentError
 
 def leaf_names(mod: Any) -> tuple[str, ...]:
     """The module's arguments (inputs and params), in the C functions' order."""
-    return tuple(mod.plan.lowered.leaves)
+    return tuple(mod.spec.leaves)
 
 
 def check_outputs(mod: Any, outputs: Sequence[str]) -> tuple[str, ...]:
@@ -51,3 +51,12 @@ def scaled_gradients(
             if name in out:
                 out[name] = out[name] + np.asarray(g, dtype=mod.dtype).reshape(out[name].shape)
     return out
+
+
+def value_and_grad_or_zero(mod: Any, arrays: Mapping[str, Any]) -> tuple[float, dict[str, np.ndarray]]:
+    """value_and_grad, or for a model without a loss (only named outputs,
+    whose gradients come from vjp) a loss of 0 and zero gradients."""
+    if mod.spec.has_loss:
+        return mod.value_and_grad(**arrays)
+    mod.forward(**arrays)  # the binder checks the arguments
+    return 0.0, {name: np.zeros(np.shape(arrays[name]), dtype=mod.dtype) for name in differentiable(mod)}

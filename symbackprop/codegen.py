@@ -286,7 +286,7 @@ class Emitted:
     header: str  # <prefix>.h
     cdef: str  # declarations for cffi
     derivation: str  # Markdown: the backward pass as math
-    module: CModule
+    module: CModule | None  # None when rebuilt from compile()'s memo (only rendering reads it)
 
 
 # --- emission ---------------------------------------------------------------

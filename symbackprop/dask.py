@@ -14,7 +14,8 @@ tree on the cluster; only the sum comes back to the driver.
 
 A worker never receives a pointer or a cffi object: it receives a
 `ModuleSpec` (the model, its generated C source, header and cffi
-declarations, the plan that wraps them, and the build settings), builds the
+declarations, the ABI spec that wraps them as JSON (abi.py), and the build
+settings), builds the
 C with its own compiler through the content-addressed cache of build.py
 (a worker on the machine that compiled the module finds it there) and
 keeps the loaded module for later tasks. A worker whose symbackprop code
@@ -35,12 +36,11 @@ import dask
 import dask.array as da
 import dask.base
 import numpy as np
-import sympy as sp
 
+from .abi import ModuleSpec as AbiSpec
 from .build import BuildOptions, build, package_digest
 from .cache_key import digest as key_digest
 from .codegen import Emitted
-from .compiler import Plan
 from .model import Model
 from .optim import SGD, Adam
 from .runtime import CompiledModule, Function
@@ -61,7 +61,8 @@ class ModuleSpec:
         model: the Model (compiled again from it only where symbackprop's
             code differs from the driver's).
         emitted: the generated C source, header and cffi declarations.
-        plan: how the runtime wraps the C functions.
+        abi: how the runtime wraps the C functions: the ABI spec as JSON
+            (abi.ModuleSpec.to_json()).
         dtype: "float64" or "float32".
         options: the BuildOptions (compiler flags, cache folder, BLAS).
         optimizer: None, or the SGD/Adam the module was compiled with.
@@ -72,7 +73,7 @@ class ModuleSpec:
 
     model: Model
     emitted: Emitted  # the C source, header and cffi declarations
-    plan: Plan  # how the runtime wraps the C functions
+    abi: dict  # how the runtime wraps the C functions: abi.ModuleSpec.to_json()
     dtype: str  # "float64" or "float32"
     options: BuildOptions | None  # compiler flags, cache folder, BLAS
     optimizer: Any  # None, or the SGD/Adam the module was compiled with
@@ -97,7 +98,8 @@ class ModuleSpec:
         parts = (emitted.prefix, emitted.source, emitted.header, emitted.cdef, dtype, repr(module.options),
                  repr(module.optimizer), repr(tuple(module.wrt)), digest)
         key = key_digest("dask-spec", *parts)
-        spec = cls(module.model, emitted, module.plan, dtype, module.options, module.optimizer, tuple(module.wrt), digest, key)
+        spec = cls(module.model, emitted, module.spec.to_json(), dtype, module.options, module.optimizer,
+                   tuple(module.wrt), digest, key)
         with _LOCK:
             _LOADED.setdefault(key, module)
         return spec
@@ -122,7 +124,8 @@ class ModuleSpec:
             return compile_model(self.model, self.dtype, self.options, wrt=self.wrt, optimizer=self.optimizer)
         e = self.emitted
         built, folder = build(e.prefix, e.source, e.header, e.cdef, self.options)
-        return CompiledModule(self.model, e, self.plan, built.lib, built.ffi, folder, self.dtype, self.options, self.optimizer)
+        return CompiledModule(self.model, e, AbiSpec.from_json(self.abi), built.lib, built.ffi, folder, self.dtype,
+                              self.options, self.optimizer)
 
 
 _LOCK = threading.Lock()
@@ -234,7 +237,7 @@ class _Job:
         self.chunks = [i for i, r in enumerate(self.rows) if r > 0]  # the module takes no empty arrays
         self._refresh()
 
-    def _check_names(self, fn: Function, params: Mapping[str, Any], data: Mapping[str, Any]) -> sp.Symbol:
+    def _check_names(self, fn: Function, params: Mapping[str, Any], data: Mapping[str, Any]) -> str:
         specs = {spec.name: spec for spec in fn.inputs}
         name = self.module.model.name
         for key in data:
@@ -249,7 +252,7 @@ class _Job:
         for key in data:
             spec = specs[key]
             first = spec.shape[0]
-            if spec.scalar or not isinstance(first, sp.Symbol):
+            if spec.scalar or not isinstance(first, str):
                 raise ValueError(f"data[{key!r}] is declared with shape {_show(spec.shape)}, whose first dimension is "
                                  "not a batch (symbolic) dimension; pass it in params")
             firsts[key] = first
@@ -257,7 +260,7 @@ class _Job:
         if len(batches) > 1:
             raise ValueError(f"the data arrays must share their first (batch) dimension; the model declares {_dims(firsts)}")
         batch = batches.pop()
-        for index, bounds in getattr(fn, "index_bounds", {}).items():
+        for index, bounds in fn.index_bounds.items():
             if batch in bounds:
                 raise ValueError(f"the Index {index!r} holds row numbers of arrays with the batch dimension {batch}; "
                                  "chunks of rows would renumber them")
@@ -274,10 +277,10 @@ class _Job:
             parts = ([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown else [])
             raise ValueError(f"params: {'; '.join(parts)}; model {name!r} takes {list(specs)} "
                              f"({list(data)} in data, the others in params)")
-        for (out, group, key), spec in zip(fn.plan.returns, fn.outputs):
-            if group == "grads" and batch in spec.shape:
-                raise ValueError(f"the module differentiates with respect to {key!r}, whose gradient has the batch "
-                                 f"dimension {batch} (shape {_show(spec.shape)}); a sum over chunks cannot hold it: "
+        for out in fn.outputs:
+            if out.group == "grads" and batch in out.shape:
+                raise ValueError(f"the module differentiates with respect to {out.key!r}, whose gradient has the batch "
+                                 f"dimension {batch} (shape {_show(out.shape)}); a sum over chunks cannot hold it: "
                                  "compile without it in wrt")
         return batch
 
@@ -290,7 +293,7 @@ class _Job:
                 raise TypeError(f"data[{key!r}] must be a dask.array.Array (split into chunks of rows); got "
                                 f"{type(value).__name__}: wrap it with dask.array.from_array(x, chunks=(rows_per_chunk, -1))")
             spec = specs[key]
-            if getattr(spec, "index", False):  # an Index: integer row numbers, 1-D or one column
+            if spec.index:  # an Index: integer row numbers, 1-D or one column
                 if value.dtype.kind not in "iu" or value.dtype == np.uint64:
                     raise TypeError(f"data[{key!r}] is an Index: integer row numbers; got dtype {value.dtype}")
                 if value.ndim not in (1, 2) or value.shape[1:] not in ((), (1,)):
@@ -303,7 +306,7 @@ class _Job:
                     raise ValueError(f"data[{key!r}] must be 2-D of shape {_show(spec.shape)}; got {value.ndim}-D "
                                      f"shape {value.shape}")
                 cols = spec.shape[1]
-                if not isinstance(cols, sp.Symbol) and value.shape[1] != cols:
+                if not isinstance(cols, str) and value.shape[1] != cols:
                     raise ValueError(f"data[{key!r}] must have shape {_show(spec.shape)}; got {value.shape}")
             if any(math.isnan(c) for c in value.chunks[0]):
                 raise ValueError(f"data[{key!r}] has chunks of unknown size; call .compute_chunk_sizes() on it first")
@@ -476,7 +479,7 @@ def train(module: CompiledModule | ModuleSpec, params: Mapping[str, np.ndarray],
         symbackprop.ArgumentError: a differentiated parameter that is not
             a writable C-contiguous array of the module's dtype.
     """
-    from .train import _check_writable
+    from .binding import check_writable
 
     job = _Job(module, params, data, reduction)
     optimizer = optimizer if optimizer is not None else job.module.optimizer
@@ -488,11 +491,13 @@ def train(module: CompiledModule | ModuleSpec, params: Mapping[str, np.ndarray],
             continue
         if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
             raise ValueError(f"{what} must be a positive integer; got {value!r}")
-    differentiated = [key for out, group, key in job.module.function("value_and_grad").plan.returns if group == "grads"]
+    fn = job.module.function("value_and_grad")
+    differentiated = [out.key for out in fn.outputs if out.group == "grads"]
+    specs = {spec.name: spec for spec in fn.inputs}
     for key in differentiated:
         if key not in params:
             raise ValueError(f"the module differentiates {key!r}, which is not in params; train updates params only")
-        _check_writable(key, params[key], job.module.dtype)
+        check_writable(specs[key], params[key], job.module.dtype)  # the binder's rule for what is written in place
     update = _Update(optimizer, {key: params[key] for key in differentiated}, state if state is not None else {})
     client = _client(client)
     if persist:

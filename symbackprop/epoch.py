@@ -11,10 +11,11 @@ as with PyTorch's DataLoader(drop_last=False). Other inputs, the parameters,
 the hyperparameters and the optimizer's state are passed whole.
 
 An Index of the batch dimension (one row number per example) is data, sliced
-with the examples; its row numbers refer to the whole array it gathers from.
-The C checks every Index once, before the first step (an array it gathers
-from that is itself sliced: against the smallest minibatch), so a failing
-epoch trains nothing.
+with the examples. An Index's row numbers refer to the rows of the whole
+array it gathers from, as the caller passed it: the runtime (train.py)
+refuses, before anything runs, an Index that gathers from a data input,
+which the epoch would cut into minibatches. The C checks every Index once,
+before the first step, so a failing epoch trains nothing.
 
 `epoch_plan` decides what is sliced (plain data the runtime uses too);
 `epoch_c` turns it into the small dataclass the template `epoch.c.j2` reads.

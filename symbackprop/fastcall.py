@@ -43,7 +43,7 @@ from .log import event
 
 SOURCE = Path(__file__).with_name("_fastcall.c")
 NAME = "symbackprop_fastcall"
-FLAGS = ("-O2", "-std=c11")
+FLAGS = ("-O2", "-std=c11", "-pthread")
 DISABLE_ENV = "SYMBACKPROP_NO_FASTCALL"  # set to 1: every call takes the Python path
 
 

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-import sympy as sp
 
-from ._interop import check_outputs, differentiable, leaf_names, scaled_gradients
+from ._interop import check_outputs, differentiable, leaf_names, scaled_gradients, value_and_grad_or_zero
+from .abi import concrete
 from .errors import ArgumentError
 
 if TYPE_CHECKING:  # only for annotations: runtime.py imports this module
@@ -56,14 +56,14 @@ class JaxFunction:
         self.names = leaf_names(mod)
         self.outputs = check_outputs(mod, outputs)
         self.wrt = differentiable(mod)
-        leaves = mod.plan.lowered.leaves
-        self.indices = frozenset(n for n in self.names if leaves[n].attrs[1] == "index")  # int64 row numbers
+        self.indices = frozenset(a.name for a in mod.function("forward").inputs if a.index)  # int64 row numbers
         self._core = self._make_core()
 
     # --- the host side: numpy in, numpy out --------------------------------
 
     def _arrays(self, values: Sequence[Any]) -> dict[str, Any]:
-        return {name: np.asarray(v, dtype=np.int64 if name in self.indices else self.mod.dtype)
+        # an Index keeps its integer dtype: the binder refuses anything else
+        return {name: np.asarray(v) if name in self.indices else np.asarray(v, dtype=self.mod.dtype)
                 for name, v in zip(self.names, values)}
 
     def _real_dtype(self, values: Sequence[Any]) -> Any:
@@ -72,20 +72,22 @@ class JaxFunction:
         return reals[0] if reals else self.mod.dtype
 
     def _output_shapes(self, values: Sequence[Any]) -> list[tuple[int, ...]]:
-        """The named outputs' shapes, from the plan and the arguments' shapes."""
-        leaves = self.mod.plan.lowered.leaves
-        bound: dict[sp.Symbol, int] = {}
+        """The named outputs' shapes, from the ABI spec and the arguments'
+        shapes (values may be tracers: the host call binds and checks them)."""
+        specs = {a.name: a for a in self.mod.function("forward").inputs}
+        bound: dict[str, int] = {}
         for name, value in zip(self.names, values):
-            for want, got in zip(leaves[name].shape, np.shape(value)):
-                if isinstance(want, sp.Symbol):
-                    bound[want] = int(got)
-        shapes = []
-        for name in self.outputs:
-            node = self.mod.plan.lowered.outputs[name]
-            shape = tuple(bound[d] if isinstance(d, sp.Symbol) else int(d) for d in node.shape)
-            scalar = not isinstance(self.mod.model.outputs[name], (sp.MatrixExpr, sp.MatrixBase))
-            shapes.append(() if scalar else shape)
-        return shapes
+            shape = np.shape(value)
+            if specs[name].index and len(shape) == 1:
+                shape = (*shape, 1)
+            for want, got in zip(specs[name].shape, shape):
+                if isinstance(want, str):
+                    bound.setdefault(want, int(got))
+        outputs = {name: (shape, scalar) for name, shape, scalar in self.mod.spec.outputs}
+        missing = [d for name in self.outputs for d in outputs[name][0] if isinstance(d, str) and d not in bound]
+        if missing:
+            raise ArgumentError(f"the outputs' dimensions {missing} are not fixed by the arguments' shapes")
+        return [() if outputs[name][1] else concrete(outputs[name][0], bound) for name in self.outputs]
 
     def _result_types(self, values: Sequence[Any], dtype: Any) -> tuple[Any, ...]:
         return (jax.ShapeDtypeStruct((), dtype),
@@ -100,7 +102,7 @@ class JaxFunction:
     def _host_value_and_grad(self, *values: Any) -> tuple[np.ndarray, ...]:
         dtype = self._real_dtype(values)
         arrays = self._arrays(values)
-        loss, grads = self.mod.value_and_grad(**arrays)
+        loss, grads = value_and_grad_or_zero(self.mod, arrays)
         grads = scaled_gradients(self.mod, arrays, grads, 1.0, {})
         outs = []
         if self.outputs:

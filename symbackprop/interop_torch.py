@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from ._interop import check_outputs, differentiable, leaf_names, scaled_gradients
+from ._interop import check_outputs, differentiable, leaf_names, scaled_gradients, value_and_grad_or_zero
 from .errors import ArgumentError
 
 if TYPE_CHECKING:  # only for annotations: runtime.py imports this module
@@ -61,7 +61,7 @@ class _Function(torch.autograd.Function):
         arrays = {name: _to_numpy(name, t) for name, t in zip(call.names, tensors)}
         grads: Mapping[str, Any] = {}
         if needs:
-            loss, grads = mod.value_and_grad(**arrays)
+            loss, grads = value_and_grad_or_zero(mod, arrays)
         outputs = mod.forward(**arrays) if call.outputs or not needs else {}
         if not needs:
             loss = outputs["loss"]

@@ -1,21 +1,14 @@
 """Call a compiled module on numpy arrays.
 
-Every array is checked (name, shape, dtype) before the C call; symbolic
-dimensions are bound from the arrays' shapes. Conversions that are made
-(and nothing else is converted):
-
-- Python and numpy numbers (not bools), and lists and tuples of them, become
-  arrays of the module's dtype;
-- a scalar (Symbol) argument may be a number, a 0-d array, or shape (1,),
-  (1, 1);
-- arrays that are not C-contiguous (Fortran order, strided views) are
-  copied to C order.
-
-A numpy array of another dtype (float32 into a float64 module, integers,
-complex) is an error, not a silent cast; so are masked arrays, whose masks
-would be ignored, and symbolic dimensions below 1 (an empty batch). Every
-error is an ArgumentError naming the argument, what was expected and what
-was received. NaN and infinity pass through with IEEE semantics.
+Every argument of every entry point goes through one binder (binding.py),
+which checks it (name, shape, dtype, dimensions >= 1 and consistent, Index
+rows, writability of what a function writes) against the function's ABI
+spec (abi.py) and says what is wrong in an ArgumentError naming the
+argument. It converts Python and numpy numbers and lists of them to the
+module's dtype, accepts a number, a 0-d array or shape (1,), (1, 1) for a
+scalar (a Symbol, or a seed, tangent or direction for one), and copies
+arrays that are not C-contiguous; a numpy array of another dtype is an
+error, not a silent cast. NaN and infinity pass through with IEEE semantics.
 
 Results are fresh arrays (numbers for scalars) on every call, except in a
 prepared call (`CompiledModule.prepare`), which binds its arrays once and
@@ -25,21 +18,22 @@ writes its results into arrays it owns.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, TextIO, cast
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TextIO
 
 import numpy as np
 import sympy as sp
 
 from . import fastcall
+from .abi import ArgSpec, FunctionSpec, ModuleSpec, concrete, module_spec, show
+from .binding import Binder, convert
 from .build import BuildOptions, build, find_blas, load_built, package_digest, read_memo, write_memo
 from .codegen import REAL_TYPES, Emitted
-from .compiler import DEFAULT_FUNCTIONS, FunctionPlan, Plan, generate
+from .compiler import DEFAULT_FUNCTIONS, Plan, generate
 from .derivation import itemsize_of, memory_plan
 from .errors import ArgumentError, ModelError
 from .graph import graph_text
-from .model import Model, leaf_name
+from .model import Model
 
 if TYPE_CHECKING:  # only for annotations: these modules are imported on first use
     from .interop_jax import JaxFunction
@@ -47,71 +41,50 @@ if TYPE_CHECKING:  # only for annotations: these modules are imported on first u
     from .optim import SGD, Adam
     from .train import Trainer
 
-
-@dataclass(frozen=True)
-class ArraySpec:
-    name: str
-    shape: tuple  # ints and dimension Symbols
-    scalar: bool  # declared as a Symbol: passed and returned as a number
-    index: bool = False  # an Index: int64 row numbers, a 1-D or (rows, 1) array
+ArraySpec = ArgSpec  # the name before the ABI spec (abi.py)
 
 
 class Function:
-    """One generated C function: its arguments in C order, their checks, and
-    the call. `call` is the hot path of the ordinary API: arrays that are
-    already right pass a few attribute checks; anything else goes through
-    `_convert`, which converts it or says what is wrong.
+    """One generated C function: its ABI spec, its binder, and the call.
+    `call` is the hot path of the ordinary API: the C caller (fastcall.py)
+    takes arrays that are already right; anything else goes through the
+    binder (binding.py), which converts it or says what is wrong.
 
     Args:
-        fn: the function's plan.
-        plan: the plan of the module it belongs to.
-        scalars: the names passed and returned as numbers.
+        spec: the function's ABI spec.
         lib: the cffi library holding the C function.
         ffi: its FFI.
         prefix: the module's C prefix.
         dtype: the module's numpy dtype.
     """
 
-    def __init__(
-        self, fn: FunctionPlan, plan: Plan, scalars: set[str], lib: Any, ffi: Any, prefix: str, dtype: np.dtype
-    ) -> None:
-        self.plan = fn
-        self.c_name = f"{prefix}_{fn.function_name}"
+    def __init__(self, spec: FunctionSpec, lib: Any, ffi: Any, prefix: str, dtype: np.dtype) -> None:
+        self.spec = spec
+        self.binder = Binder(spec, dtype)
+        self.c_name = f"{prefix}_{spec.c_name}"
         self.c_function = getattr(lib, self.c_name)
         self.lib, self.ffi = lib, ffi  # the module's other functions (train_epoch beside train_step)
         self.work_len = getattr(lib, self.c_name + "_work_len")
-        self.dims = plan.lowered.dims
-        leaves = list(plan.lowered.leaves.items()) + list(fn.extra_inputs)
-        self.inputs = tuple(ArraySpec(name, node.shape, name in scalars, node.attrs[1] == "index") for name, node in leaves)
-        # each Index with the row counts of the arrays it chooses rows of
-        self.index_bounds: dict[str, set] = {}
-        for kernel in fn.schedule.kernels:
-            for name, _, bound in getattr(kernel, "index_checks", ()):
-                self.index_bounds.setdefault(name, set()).add(bound)
-        nodes = dict(fn.schedule.results)
-        self.outputs = tuple(ArraySpec(out, nodes[out].shape, key in scalars) for out, _, key in fn.returns)
-        self.names = frozenset(spec.name for spec in self.inputs)
+        self.dims = spec.dims
+        self.inputs = spec.inputs
+        self.outputs = spec.outputs
+        self.index_bounds = dict(spec.index_bounds)
+        self.names = self.binder.names
+        self.input_names = self.binder.input_names
         self.dtype = dtype
         self.from_buffer = ffi.from_buffer
-        # shapes as patterns: a fixed size as itself, dimension k as -(k + 1)
-        position = {d: -(k + 1) for k, d in enumerate(self.dims)}
-        self.patterns = tuple((s.name, *(position.get(d, d) for d in s.shape)) for s in self.inputs)
-        self.out_patterns = tuple((position.get(r, r), position.get(c, c), s.scalar) for s in self.outputs for r, c in [s.shape])
-        self.out_fixed = tuple((r, c) if r > 0 and c > 0 else None for r, c, _ in self.out_patterns)
-        self.scalar_outputs = tuple(k for k, (_, _, scalar) in enumerate(self.out_patterns) if scalar)
+        self.scalar_outputs = tuple(k for k, out in enumerate(spec.outputs) if out.scalar)
         self.groups: dict[str, list[tuple[int, str]]] = {}
-        for index, (_, group, key) in enumerate(fn.returns):
-            self.groups.setdefault(group, []).append((index, key))
+        for index, out in enumerate(spec.outputs):
+            self.groups.setdefault(out.group, []).append((index, out.key))
         self._local = threading.local()  # per-thread workspace, reused while the dimensions stay
-        self.input_names = [spec.name for spec in self.inputs]
-        # the C hot path (fastcall.py); not for functions that overwrite their inputs
-        self.fast = None if fn.inplace else fastcall.caller(
-            lib, ffi, self.c_name, len(self.dims), dtype.itemsize,
-            [(r, c, np.dtype(np.int64 if spec.index else dtype).num) for (_, r, c), spec in zip(self.patterns, self.inputs)],
-            [(r, c, dtype.num, scalar) for r, c, scalar in self.out_patterns])
+        # the C hot path (fastcall.py), from the binder's patterns; not for functions that write their inputs
+        self.fast = None if spec.inplace else fastcall.caller(lib, ffi, self.c_name, len(self.dims), dtype.itemsize,
+                                                              *self.binder.c_patterns())
 
     def bind(self, arrays: Mapping[str, Any]) -> tuple[list[np.ndarray], list[int]]:
-        """Checked, converted arrays in C order, and the bound dimensions.
+        """Checked, converted arrays in C order, and the bound dimensions
+        (see binding.Binder.bind).
 
         Args:
             arrays: every argument by name.
@@ -123,51 +96,7 @@ class Function:
             ArgumentError: a missing, unknown or malformed argument, or
                 inconsistent dimensions.
         """
-        if arrays.keys() != self.names:
-            _check_names(self.inputs, arrays)
-        fast = self._bind_fast(arrays)
-        if fast is not None:
-            return fast
-        bound: dict[sp.Symbol, int] = {}
-        binder: dict[sp.Symbol, str] = {}
-        values = [_convert(spec, arrays[spec.name], self.dtype, bound, binder) for spec in self.inputs]
-        for dim in self.dims:
-            if dim not in bound:
-                raise ArgumentError(f"dimension {dim} is not fixed by any argument")
-        for spec, value in zip(self.inputs, values):
-            if spec.index:
-                _check_rows(spec.name, value, self.index_bounds.get(spec.name, ()), bound)
-        return values, [bound[d] for d in self.dims]
-
-    def _bind_fast(self, arrays: Mapping[str, Any]) -> tuple[list[np.ndarray], list[int]] | None:
-        """The arrays as they are when every one is already right, else None
-        (and `bind` takes the slow path, which names what is wrong). Strides
-        equal to a C-contiguous layout's stand for the contiguity check."""
-        dims = [0] * len(self.dims)
-        values = []
-        dtype, item = self.dtype, self.dtype.itemsize
-        for name, rows, cols in self.patterns:
-            value = arrays[name]
-            if type(value) is not np.ndarray or value.dtype is not dtype:
-                return None
-            shape = value.shape
-            if rows > 0 and cols > 0:
-                if shape != (rows, cols) or value.strides != (cols * item, item):
-                    return None
-                values.append(value)
-                continue
-            if len(shape) != 2 or value.strides != (shape[1] * item, item):
-                return None
-            for want, got in ((rows, shape[0]), (cols, shape[1])):
-                if want > 0:
-                    if want != got:
-                        return None
-                elif dims[-want - 1] != got:
-                    if dims[-want - 1] or got < 1:
-                        return None
-                    dims[-want - 1] = got
-            values.append(value)
-        return values, dims
+        return self.binder.bind(arrays)
 
     def allocate(self, dims: Sequence[int]) -> list[np.ndarray]:
         """Fresh (uninitialised) output arrays.
@@ -179,10 +108,8 @@ class Function:
             One array per output, in C order.
         """
         empty, dtype = np.empty, self.dtype
-        return [
-            empty(fixed if fixed is not None else (r if r > 0 else dims[-r - 1], c if c > 0 else dims[-c - 1]), dtype)
-            for (r, c, _), fixed in zip(self.out_patterns, self.out_fixed)
-        ]
+        return [empty((r if r > 0 else dims[-r - 1], c if c > 0 else dims[-c - 1]), dtype)
+                for r, c, _ in self.binder.out_patterns]
 
     def workspace(self, dims: Sequence[int]) -> Any:
         """A pointer to scratch memory of this thread, sized for `dims`.
@@ -202,7 +129,7 @@ class Function:
         return local.pointer
 
     def invoke(self, dims: Sequence[int], values: Sequence[np.ndarray], outputs: Sequence[np.ndarray], work: Any) -> None:
-        """Run the C function (no checks on the Python side).
+        """Run the C function (no checks on the Python side before it).
 
         Args:
             dims: the values of the symbolic dimensions.
@@ -211,15 +138,13 @@ class Function:
             work: the workspace pointer.
 
         Raises:
-            ArgumentError: the C function rejected the dimensions, or an index
-                array holds a row number out of range.
+            ArgumentError: the C function returned a nonzero status (the
+                binder then names the argument at fault).
         """
         buf = self.from_buffer
         status = self.c_function(*dims, *[buf(v) for v in values], *[buf(o) for o in outputs], work)
-        if status == 2:
-            raise ArgumentError(f"{self.c_name}: an index array holds a row number outside the array it gathers from")
         if status != 0:
-            raise ArgumentError(f"{self.c_name} rejected the dimensions {dict(zip(map(str, self.dims), dims))}")
+            self.binder.diagnose(dict(zip(self.input_names, values)), status, self.c_name)
 
     def call(self, arrays: Mapping[str, Any]) -> list[Any]:
         """Check, convert and run.
@@ -228,7 +153,7 @@ class Function:
             arrays: every argument by name.
 
         Returns:
-            The outputs in the plan's order: numbers for scalars, else arrays.
+            The outputs in the spec's order: numbers for scalars, else arrays.
 
         Raises:
             ArgumentError: a missing, unknown or malformed argument, or
@@ -239,7 +164,8 @@ class Function:
             results = fast([arrays[name] for name in self.input_names])
             if type(results) is list:
                 return results
-            # declined (None) or failed (a status): the Python path converts or explains
+            if results is not None:  # a status: the binder names what is wrong
+                self.binder.diagnose(arrays, results, self.c_name)
         values, dims = self.bind(arrays)
         outputs = self.allocate(dims)
         self.invoke(dims, values, outputs, self.workspace(dims))
@@ -265,8 +191,11 @@ class PreparedCall:
     current contents and writes into the arrays in `results`.
 
     Refill the bound input arrays in place (``call.inputs["X"][:] = batch``)
-    between calls; the shapes are fixed at preparation. Nothing is checked
-    per call. Not for concurrent use from several threads (one workspace).
+    between calls; the shapes are fixed at preparation. Arguments the
+    function writes (train_step's params and optimizer state) are bound as
+    given and must be writable arrays (see binding.py). Calling returns the
+    loss; the gradients are in ``call.grads``. Not for concurrent use from
+    several threads (one workspace).
 
     Args:
         function: the function to call.
@@ -284,7 +213,7 @@ class PreparedCall:
         work = np.empty(max(function.work_len(*dims), 1), dtype=function.dtype)
         self.function = function
         self.inputs = {spec.name: v for spec, v in zip(function.inputs, values)}
-        self.results = {out: o for (out, _, _), o in zip(function.plan.returns, outputs)}
+        self.results = {out.name: o for out, o in zip(function.outputs, outputs)}
         self._arrays = (values, outputs, work)  # keep every buffer alive
         self._c_function = function.c_function
         buf = function.from_buffer
@@ -297,7 +226,7 @@ class PreparedCall:
     def grads(self) -> dict[str, np.ndarray]:
         """The gradient arrays this call writes, by differentiated name
         (empty for a function without gradients)."""
-        return {key: self.results[out] for out, group, key in self.function.plan.returns if group == "grads"}
+        return {out.key: self.results[out.name] for out in self.function.outputs if out.group == "grads"}
 
     def __call__(self) -> float | None:
         """Run the C function on the bound arrays' current contents.
@@ -306,10 +235,12 @@ class PreparedCall:
             The loss, or None if the function does not compute it.
 
         Raises:
-            ArgumentError: the C function rejected its dimensions.
+            ArgumentError: the C function returned a nonzero status (say, an
+                Index refilled with a row number out of range: named).
         """
-        if self._c_function(*self._args) != 0:
-            raise ArgumentError(f"{self.function.c_name} rejected its dimensions")
+        status = self._c_function(*self._args)
+        if status != 0:
+            self.function.binder.diagnose(self.inputs, status, self.function.c_name)
         return None if self._loss is None else self._loss[0]
 
 
@@ -318,41 +249,55 @@ class CompiledModule:
     model's inputs and parameters as keyword arguments.
 
     `vjp`, `jvp`, `hvp`, `hessian` and `jacobian` compile their C functions
-    on first use (then load them from the cache).
+    on first use (then load them from the cache). The module runs from its
+    ABI spec (`spec`, see abi.py); the full Plan (`plan`, for `memory` and
+    `print_graph`) is generated again on first use when the module came
+    from the cache.
 
     Made by `symbackprop.compile`, which passes:
 
     Args:
         model: the model.
         emitted: the generated code.
-        plan: the plan it was generated from.
+        spec: the ABI spec of the module's functions.
         lib: the built cffi library.
         ffi: its FFI.
         folder: where the built module is.
         dtype: "float64" or "float32".
         options: the build options (for functions built on first use).
         optimizer: the optimizer for train_step, or None.
+        plan: the plan the module was generated from, if at hand.
     """
 
-    def __init__(self, model: Model, emitted: Emitted, plan: Plan, lib: Any, ffi: Any, folder: Path,
-                 dtype: str, options: BuildOptions | None = None, optimizer: SGD | Adam | None = None) -> None:
+    def __init__(self, model: Model, emitted: Emitted, spec: ModuleSpec, lib: Any, ffi: Any, folder: Path,
+                 dtype: str, options: BuildOptions | None = None, optimizer: SGD | Adam | None = None,
+                 plan: Plan | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self._trainer: Trainer | None = None
         self.emitted = emitted
-        self.plan = plan
+        self.spec = spec
+        self._plan = plan
         self.folder = folder
         self.dtype = np.dtype(REAL_TYPES[dtype].numpy)
-        self.wrt = plan.wrt
+        self.wrt = spec.wrt
         self.options = options
-        self._scalars = _scalar_names(model, plan)
         self._functions: dict[tuple[str, str | None], Function] = {}
-        self._add(plan, lib, ffi, emitted.prefix)
+        self._add(spec, lib, ffi)
         self._lock = threading.Lock()
 
-    def _add(self, plan: Plan, lib: Any, ffi: Any, prefix: str) -> None:
-        for fn in plan.functions:
-            self._functions[(fn.kind, fn.of_output)] = Function(fn, plan, self._scalars, lib, ffi, prefix, self.dtype)
+    def _add(self, spec: ModuleSpec, lib: Any, ffi: Any) -> None:
+        for fn in spec.functions:
+            self._functions[(fn.kind, fn.of_output)] = Function(fn, lib, ffi, spec.prefix, self.dtype)
+
+    @property
+    def plan(self) -> Plan:
+        """The full plan of the module's functions (generated again on
+        first use for a module loaded from the cache)."""
+        if self._plan is None:
+            kinds = tuple(dict.fromkeys(fn.kind for fn in self.spec.functions))
+            _, self._plan = generate(self.model, self.dtype.name, functions=kinds, wrt=self.wrt, optimizer=self.optimizer)
+        return self._plan
 
     def function(self, kind: str, output: str | None = None) -> Function:
         """The C function of a kind (compiled now if this module lacks it).
@@ -365,9 +310,12 @@ class CompiledModule:
             The Function.
 
         Raises:
-            ArgumentError: train_step without an optimizer, or no output of that name.
+            ArgumentError: train_step without an optimizer, no output of that
+                name, or a function of the loss for a model without one.
             ModelError, BuildError: compiling the C function on first use failed.
         """
+        if kind in ("value_and_grad", "hvp", "train_step"):
+            self._need_loss(kind)
         found = self._functions.get((kind, output))
         if found is None:
             with self._lock:
@@ -377,11 +325,18 @@ class CompiledModule:
                     emitted, plan = generate(self.model, self.dtype.name, functions=(kind,), wrt=self.wrt,
                                              optimizer=self.optimizer)
                     module, _ = build(emitted.prefix, emitted.source, emitted.header, emitted.cdef, self.options)
-                    self._add(plan, module.lib, module.ffi, emitted.prefix)
+                    self._add(module_spec(plan, self.model, self.dtype.name, emitted.prefix), module.lib, module.ffi)
             found = self._functions.get((kind, output))
         if found is None:
             raise ArgumentError(f"the model has no output named {output!r}; its outputs are {list(self.model.outputs)}")
         return found
+
+    def _need_loss(self, what: str) -> None:
+        if not self.spec.has_loss:
+            outputs = [name for name, _, _ in self.spec.outputs]
+            raise ArgumentError(
+                f"{what}: the model {self.model.name!r} has no loss (only the named outputs {outputs}), so there is "
+                "nothing to differentiate; call vjp(output, seed, ...) for the gradient of a named output")
 
     @property
     def source(self) -> str:
@@ -410,7 +365,7 @@ class CompiledModule:
         """
         fn = self.function("forward")
         results = fn.call(arrays)
-        return {key: r for (_, _, key), r in zip(fn.plan.returns, results)}
+        return {out.key: r for out, r in zip(fn.outputs, results)}
 
     def value_and_grad(self, **arrays: Any) -> tuple[float, dict[str, Any]]:
         """The loss and its gradients.
@@ -422,8 +377,8 @@ class CompiledModule:
             (loss, {name: gradient}) for each differentiated name (``wrt``).
 
         Raises:
-            ArgumentError: a missing, unknown or malformed argument, or
-                inconsistent dimensions.
+            ArgumentError: a missing, unknown or malformed argument,
+                inconsistent dimensions, or a model without a loss.
         """
         fn = self.function("value_and_grad")
         results = fn.call(arrays)
@@ -464,9 +419,9 @@ class CompiledModule:
         Raises:
             ArgumentError: a dimension is missing or unknown.
         """
+        if set(dims) != set(self.spec.dims):
+            raise ArgumentError(f"memory() needs the dimensions {sorted(self.spec.dims)}; got {sorted(dims)}")
         known = {str(d): d for d in self.plan.lowered.dims}
-        if set(dims) != set(known):
-            raise ArgumentError(f"memory() needs the dimensions {sorted(known)}; got {sorted(dims)}")
         plan = memory_plan(
             self.plan.function("forward").schedule,
             self.plan.function("value_and_grad").schedule,
@@ -585,8 +540,9 @@ class CompiledModule:
 
         Args:
             output: "loss" or a named output.
-            seed: an array of the output's shape; may be omitted only for a
-                scalar output (then it is 1).
+            seed: an array of the output's shape (a number for a scalar
+                output, as any scalar argument); may be omitted only for an
+                output of shape (1, 1) (then it is 1).
             **arrays: every input and param by name.
 
         Returns:
@@ -594,54 +550,53 @@ class CompiledModule:
 
         Raises:
             ArgumentError: no output of that name, no seed for a non-scalar
-                output, a seed of the wrong shape (both shapes named), or a
-                malformed argument.
+                output, a malformed seed (named, with both shapes), a model
+                without a loss for "loss", or a malformed argument.
             ModelError, BuildError: compiling the C function on first use failed.
         """
-        if output == "loss":
-            node = self.plan.lowered.loss
-        elif output in self.plan.lowered.outputs:
-            node = self.plan.lowered.outputs[output]
-        else:
-            raise ArgumentError(f"no output named {output!r}; the outputs are {['loss', *self.model.outputs]}")
+        try:
+            shape = self.spec.output_shape(output)
+        except (KeyError, StopIteration):
+            raise ArgumentError(f"no output named {output!r}; the outputs are {['loss', *self.model.outputs]}") from None
         if seed is None:
-            if node.shape != (1, 1):
+            if shape != (1, 1):
                 raise ArgumentError(
-                    f"vjp of {output!r} needs a seed because the output is not a scalar (its shape is {_show(node.shape)})"
-                )
-            seed = 1.0
+                    f"vjp of {output!r} needs a seed because the output is not a scalar (its shape is {show(shape)})")
+            seed = np.ones((1, 1), dtype=self.dtype)
         if output == "loss":
-            loss, grads = self.value_and_grad(**arrays)
-            factor = float(np.asarray(seed).reshape(-1)[0])
+            self._need_loss("vjp('loss')")
+            spec = ArgSpec("seed_loss", shape, True, role="seed", key="loss")
+            factor = float(convert(spec, seed, self.dtype, {}, {})[0, 0])
+            _, grads = self.value_and_grad(**arrays)
             return {k: g * factor for k, g in grads.items()}
         fn = self.function("vjp", output)
-        expected = _concrete(node.shape, _dims_from(fn, arrays))
-        seed = _as_array(ArraySpec(f"the seed for {output!r}", node.shape, False), seed, self.dtype)
-        if expected == (1, 1) and seed.size == 1:
-            seed = seed.reshape(1, 1)
-        if tuple(seed.shape) != expected:
-            raise ArgumentError(f"the seed for {output!r} must have the output's shape {expected}; got {tuple(seed.shape)}")
-        return fn.group(fn.call({**arrays, fn.plan.extra_inputs[0][0]: seed}), "grads")
+        (seed_arg, _, _), = fn.spec.extra_roles
+        return fn.group(fn.call({**arrays, seed_arg: seed}), "grads")
 
     def _with_extra(self, kind: str, given: Mapping[str, Any], what: str, arrays: Mapping[str, Any]) -> tuple[Function, dict]:
+        """The function and its arguments, with zeros for the tangents or
+        directions not given (each given one is bound as an argument)."""
         fn = self.function(kind)
-        extra = {key: arg for arg, _, key in fn.plan.extra_roles}
+        if not isinstance(given, Mapping):
+            raise ArgumentError(f"{what}s must be a dict {{name: array}}; got {type(given).__name__}")
+        extra = {key: arg for arg, _, key in fn.spec.extra_roles}
         unknown = [k for k in given if k not in extra]
         if unknown:
             raise ArgumentError(f"{what}s given for {unknown}, which are not differentiated; expected some of {list(extra)}")
         full = dict(arrays)
         missing = [key for key in extra if key not in given]
-        bound = _dims_from(fn, arrays) if missing else {}
+        bound = fn.binder.dims_from(arrays) if missing else {}
         shapes = {spec.name: spec.shape for spec in fn.inputs}
         for key, arg in extra.items():
-            full[arg] = given[key] if key in given else np.zeros(_concrete(shapes[arg], bound), dtype=self.dtype)
+            full[arg] = given[key] if key in given else np.zeros(_shape_in(shapes[arg], bound, arg), dtype=self.dtype)
         return fn, full
 
     def jvp(self, tangents: Mapping[str, Any], **arrays: Any) -> dict[str, Any]:
         """Jacobian-vector product (forward mode).
 
         Args:
-            tangents: {differentiated leaf name: array}; those missing are 0.
+            tangents: {differentiated leaf name: array (a number for a
+                scalar)}; those missing are 0.
             **arrays: every input and param by name.
 
         Returns:
@@ -649,26 +604,27 @@ class CompiledModule:
 
         Raises:
             ArgumentError: a tangent for a name not differentiated, or a
-                malformed argument.
+                malformed argument or tangent.
             ModelError, BuildError: compiling the C function on first use failed.
         """
         fn, full = self._with_extra("jvp", tangents, "tangent", arrays)
         results = fn.call(full)
-        return {key: r for (_, _, key), r in zip(fn.plan.returns, results)}
+        return {out.key: r for out, r in zip(fn.outputs, results)}
 
     def hvp(self, directions: Mapping[str, Any], **arrays: Any) -> dict[str, Any]:
         """Hessian of the loss times a direction.
 
         Args:
-            directions: {differentiated leaf name: array}; those missing are 0.
+            directions: {differentiated leaf name: array (a number for a
+                scalar)}; those missing are 0.
             **arrays: every input and param by name.
 
         Returns:
             {name: (H v) for that name}.
 
         Raises:
-            ArgumentError: a direction for a name not differentiated, or a
-                malformed argument.
+            ArgumentError: a direction for a name not differentiated, a
+                model without a loss, or a malformed argument or direction.
             ModelError, BuildError: compiling the C function on first use failed.
         """
         fn, full = self._with_extra("hvp", directions, "direction", arrays)
@@ -685,17 +641,18 @@ class CompiledModule:
             A square array, one row and column per entry of the leaves.
 
         Raises:
-            ArgumentError: a malformed argument.
+            ArgumentError: a malformed argument, or a model without a loss.
             ModelError, BuildError: compiling the C function on first use failed.
         """
         fn = self.function("hvp")
-        bound = _dims_from(fn, arrays)
+        bound = fn.binder.dims_from(arrays)
         specs = {spec.name: spec for spec in fn.inputs}
-        keys = [key for _, _, key in fn.plan.extra_roles]
-        shapes = {key: _concrete(specs[arg].shape, bound) for arg, _, key in fn.plan.extra_roles}
-        sizes = [int(np.prod(shapes[k])) for k in keys]
+        roles = fn.spec.extra_roles
+        keys = [key for _, _, key in roles]
+        shapes = {key: _shape_in(specs[arg].shape, bound, arg) for arg, _, key in roles}
         columns = []
-        for k, size in zip(keys, sizes):
+        for k in keys:
+            size = int(np.prod(shapes[k]))
             for index in range(size):
                 direction = np.zeros(size, dtype=self.dtype)
                 direction[index] = 1.0
@@ -718,10 +675,10 @@ class CompiledModule:
             ArgumentError: no output of that name, or a malformed argument.
             ModelError, BuildError: compiling the C function on first use failed.
         """
-        node = self.plan.lowered.outputs.get(output)
-        if node is None:
+        found = [shape for name, shape, _ in self.spec.outputs if name == output]
+        if not found:
             raise ArgumentError(f"no output named {output!r}; the outputs are {list(self.model.outputs)}")
-        shape = _concrete(node.shape, _dims_from(self.function("forward"), arrays))
+        shape = _shape_in(found[0], self.function("forward").binder.dims_from(arrays), output)
         rows: dict[str, list] = {}
         for index in np.ndindex(*shape):
             seed = np.zeros(shape, dtype=self.dtype)
@@ -731,127 +688,12 @@ class CompiledModule:
         return {k: np.array(v).reshape(*shape, *np.shape(v[0])) for k, v in rows.items()}
 
 
-def _scalar_names(model: Model, plan: Plan) -> set[str]:
-    """Names passed and returned as numbers: Symbol leaves, the loss, and
-    outputs given as scalar (non-matrix) expressions."""
-    names = {leaf_name(s) for s in model.inputs + model.params if isinstance(s, sp.Symbol)}
-    names.add("loss")
-    names |= {n for n, e in model.outputs.items() if not isinstance(e, (sp.MatrixExpr, sp.MatrixBase))}
-    return names
-
-
-def _dims_from(fn: Function, arrays: Mapping[str, Any]) -> dict[sp.Symbol, int]:
-    """Symbolic dimensions bound by the model's own arrays."""
-    bound: dict[sp.Symbol, int] = {}
-    binder: dict[sp.Symbol, str] = {}
-    for spec in fn.inputs:
-        if spec.name in arrays:
-            _convert(spec, arrays[spec.name], fn.dtype, bound, binder)
-    return bound
-
-
-def _check_names(inputs: Sequence[ArraySpec], arrays: Mapping[str, Any]) -> None:
-    expected = [spec.name for spec in inputs]
-    missing = [n for n in expected if n not in arrays]
-    unknown = [n for n in arrays if n not in expected]
-    if missing or unknown:
-        parts = []
-        if missing:
-            parts.append(f"missing {missing}")
-        if unknown:
-            parts.append(f"unknown {unknown}")
-        raise ArgumentError(f"{'; '.join(parts)}; expected the arguments {expected}")
-
-
-def _check_rows(name: str, index: np.ndarray, bounds: Any, bound: Mapping[sp.Symbol, int]) -> None:
-    """Every row number lies within each array the index chooses rows of."""
-    if not index.size:
-        return
-    low, high = int(index.min()), int(index.max())
-    for rows in bounds:
-        count = bound[rows] if isinstance(rows, sp.Symbol) else int(rows)
-        if low < 0 or high >= count:
-            bad = low if low < 0 else high
-            raise ArgumentError(f"{name} holds the row number {bad}, outside the {count} rows ({rows}) it chooses among")
-
-
-def _as_index(spec: ArraySpec, value: Any) -> np.ndarray:
-    array = np.asarray(value) if isinstance(value, (list, tuple, np.ndarray)) else None
-    if array is None or array.dtype.kind not in "iu" or array.dtype == np.uint64:
-        what = f"dtype {array.dtype}" if array is not None else type(value).__name__
-        raise ArgumentError(f"{spec.name} is an Index: an array of integer row numbers; got {what}")
-    if array.ndim == 1:
-        array = array.reshape(-1, 1)
-    return array.astype(np.int64, copy=False)
-
-
-def _convert(
-    spec: ArraySpec, value: Any, dtype: np.dtype, bound: dict[sp.Symbol, int], binder: dict[sp.Symbol, str]
-) -> np.ndarray:
-    array = _as_index(spec, value) if spec.index else _as_array(spec, value, dtype)
-    if spec.scalar:
-        if array.size != 1 or array.ndim > 2:
-            raise ArgumentError(
-                f"{spec.name} is a scalar: a number or an array of shape (), (1,) or (1, 1); got shape {array.shape}"
-            )
-        return np.ascontiguousarray(array.reshape(1, 1))
-    if array.ndim != 2:
-        raise ArgumentError(
-            f"{spec.name} must be a 2-D array of shape {_show(spec.shape)}; got {array.ndim}-D shape {array.shape}"
-        )
-    for want, got in zip(spec.shape, array.shape):
-        if isinstance(want, sp.Symbol):
-            if got < 1:
-                raise ArgumentError(f"{spec.name} must have shape {_show(spec.shape)} with {want} >= 1; got {array.shape}")
-            if bound.setdefault(want, got) != got:
-                raise ArgumentError(
-                    f"{spec.name} must have shape {_show(spec.shape)} with {want}={bound[want]} "
-                    f"(as in {binder[want]}); got {array.shape}"
-                )
-            binder.setdefault(want, spec.name)
-        elif want != got:
-            raise ArgumentError(f"{spec.name} must have shape {_show(spec.shape)}; got {array.shape}")
-    return np.ascontiguousarray(array)
-
-
-_MASKED = np.ma.MaskedArray
-
-
-def _as_array(spec: ArraySpec, value: Any, dtype: np.dtype) -> np.ndarray:
-    if isinstance(value, np.ndarray):
-        if value.dtype != dtype:
-            raise ArgumentError(
-                f"{spec.name} must have dtype {dtype}; got {value.dtype} (shape {value.shape}); convert it explicitly"
-            )
-        if isinstance(value, _MASKED):
-            raise ArgumentError(f"{spec.name} is a masked array; its mask would be ignored: pass plain data")
-        return value
-    if isinstance(value, (bool, np.bool_)):
-        raise ArgumentError(f"{spec.name} must be real numbers of dtype {dtype}; got a bool")
-    if isinstance(value, (int, float, np.floating, np.integer, list, tuple)):
-        try:
-            array = np.asarray(value)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise ArgumentError(f"{spec.name} could not be converted to an array of {dtype}: {exc}") from exc
-        if array.dtype.kind not in "iuf":
-            raise ArgumentError(
-                f"{spec.name} must be real numbers of dtype {dtype}; numpy reads the given "
-                f"{type(value).__name__} as {array.dtype} (shape {array.shape})"
-            )
-        return array.astype(dtype, copy=False)
-    if spec.scalar:
-        raise ArgumentError(f"{spec.name} must be a real number (or a {dtype} array of one element); got {type(value).__name__}")
-    raise ArgumentError(
-        f"{spec.name} must be a numpy array of dtype {dtype} and shape {_show(spec.shape)}; got {type(value).__name__}"
-    )
-
-
-def _concrete(shape: tuple, bound: Mapping[sp.Symbol, int]) -> tuple[int, ...]:
-    return tuple(bound[d] if isinstance(d, sp.Symbol) else int(d) for d in shape)
-
-
-def _show(shape: tuple) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ")"
+def _shape_in(shape: tuple, bound: Mapping[str, int], what: str) -> tuple[int, ...]:
+    """A shape with its dimensions' values, which the arguments must fix."""
+    missing = [d for d in shape if isinstance(d, str) and d not in bound]
+    if missing:
+        raise ArgumentError(f"the shape {show(shape)} of {what} needs the dimensions {missing}, which no argument fixes")
+    return concrete(shape, bound)
 
 
 def compile(
@@ -886,16 +728,43 @@ def compile(
     if dtype not in REAL_TYPES:
         raise ModelError(f"dtype must be one of {sorted(REAL_TYPES)}; got {dtype!r}")
     key = model_fingerprint(model, dtype, tuple(functions), None if wrt is None else tuple(wrt), optimizer, options)
-    memo = read_memo(key, options)
-    module = None
-    if memo is not None:
-        emitted, plan, folder = cast("tuple[Emitted, Plan, Path]", memo)  # as write_memo stored it below
-        module = load_built(folder, emitted.prefix)
+    found = _from_memo(read_memo(key, options))
+    module, plan = None, None
+    if found is not None:
+        emitted, spec, folder = found
+        module = load_built(folder, emitted.prefix, options)
     if module is None:
         emitted, plan = generate(model, dtype, functions=functions, wrt=wrt, optimizer=optimizer)
+        spec = module_spec(plan, model, dtype, emitted.prefix)
         module, folder = build(emitted.prefix, emitted.source, emitted.header, emitted.cdef, options)
-        write_memo(key, (emitted, plan, folder), options)
-    return CompiledModule(model, emitted, plan, module.lib, module.ffi, folder, dtype, options, optimizer)
+        write_memo(key, _memo(emitted, spec, folder), options)
+    return CompiledModule(model, emitted, spec, module.lib, module.ffi, folder, dtype, options, optimizer, plan)
+
+
+_EMITTED_TEXTS = ("prefix", "source", "header", "cdef", "derivation")
+
+
+def _memo(emitted: Emitted, spec: ModuleSpec, folder: Path) -> dict:
+    """What compile() stores in the memo: JSON-able texts, the ABI spec and the folder."""
+    return {"emitted": {name: getattr(emitted, name) for name in _EMITTED_TEXTS}, "spec": spec.to_json(),
+            "folder": str(folder)}
+
+
+def _from_memo(memo: Any) -> tuple[Emitted, ModuleSpec, Path] | None:
+    """What _memo stored, checked; None (a miss) for anything else."""
+    try:
+        texts, folder = memo["emitted"], memo["folder"]
+        if type(texts) is not dict or set(texts) != set(_EMITTED_TEXTS) or type(folder) is not str:
+            return None
+        if not all(type(texts[name]) is str for name in _EMITTED_TEXTS):
+            return None
+        spec = ModuleSpec.from_json(memo["spec"])
+        if spec.prefix != texts["prefix"]:
+            return None
+        # the C model (CModule) is not kept: nothing reads it after rendering
+        return Emitted(**texts, module=None), spec, Path(folder)
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 class _ExpressionDigest:

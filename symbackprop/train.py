@@ -2,8 +2,9 @@
 whole epochs, and checkpoints.
 
 A step is one C call (forward, backward, update); the parameters passed are
-updated in place, so they must be writable C-contiguous arrays of the
-module's dtype. The optimizer's state (momentum, Adam's moments, the step
+updated in place, so they must be writable, aligned, C-contiguous arrays of
+the module's dtype that share no memory with another argument (the binder,
+binding.py, checks this for train_step, train_epoch and prepare alike). The optimizer's state (momentum, Adam's moments, the step
 count) lives in arrays held here, which `save` and `load` write to and read
 from an .npz file together with the parameters.
 """
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from .errors import ArgumentError, ModelError
+from .errors import ArgumentError
 
 if TYPE_CHECKING:  # only for annotations: runtime.py imports this module
     from .runtime import CompiledModule, Function
@@ -41,14 +42,13 @@ class Trainer:
             raise ArgumentError("train_step needs an optimizer: compile(model, optimizer=symbackprop.Adam(...))")
         self.module = module
         self.function = function
-        roles = function.plan.extra_roles
+        roles = function.spec.extra_roles
         shapes = {spec.name: spec.shape for spec in function.inputs}
         self.hyperparameters: dict[str, float] = dict(module.optimizer.hyper())
         self._hyper_arrays = {key: np.zeros((1, 1), dtype=module.dtype) for arg, role, key in roles if role == "hyper"}
         self._hyper_args = {arg: key for arg, role, key in roles if role == "hyper"}
         self._state_shapes = {arg: shapes[arg] for arg, role, _ in roles if role == "state"}
         self.state: dict[str, np.ndarray] = {}
-        self._params = [name for name in function.plan.inplace if name in module.plan.lowered.leaves]
         self._epoch: tuple[Any, Any, int] | None = None
 
     def _ensure_state(self, arrays: Mapping[str, Any]) -> None:
@@ -56,14 +56,12 @@ class Trainer:
         if self.state:
             return
         for arg, shape in self._state_shapes.items():
-            if any(hasattr(d, "free_symbols") and not d.is_Integer for d in shape):
+            if any(isinstance(d, str) for d in shape):
                 raise ArgumentError(f"optimizer state {arg} has a symbolic shape {shape}; parameters must have fixed shapes")
             self.state[arg] = np.zeros(tuple(int(d) for d in shape), dtype=self.module.dtype)
 
     def _arguments(self, arrays: Mapping[str, Any]) -> dict[str, Any]:
         self._ensure_state(arrays)
-        for name in self._params:
-            _check_writable(name, arrays.get(name), self.module.dtype)
         for key, array in self._hyper_arrays.items():
             array[0, 0] = self.hyperparameters[key]
         hyper = {arg: self._hyper_arrays[key] for arg, key in self._hyper_args.items()}
@@ -81,8 +79,10 @@ class Trainer:
             The loss before the update.
 
         Raises:
-            ArgumentError: a parameter cannot be updated in place, a parameter
-                has a symbolic shape, or any check of value_and_grad fails.
+            ArgumentError: a parameter cannot be updated in place (read-only,
+                not C-contiguous, another dtype, sharing memory with another
+                argument), a parameter has a symbolic shape, or any check of
+                the binder fails.
         """
         return self.function.call(self._arguments(arrays))[0]
 
@@ -100,6 +100,11 @@ class Trainer:
         `batch_size` and `order` may be given by keyword, unless the model has
         an input or parameter of that name (then they go by position).
 
+        An Index's row numbers refer to the rows of the whole array it
+        gathers from, as passed. An Index that gathers from a data input
+        (an array this sliced into minibatches) is refused before anything
+        runs: give that array a dimension of its own.
+
         Args:
             batch_size: rows per minibatch, a positive integer.
             order: the row order, or None for 0 ... rows-1.
@@ -109,13 +114,13 @@ class Trainer:
             The minibatches' losses, a 1-D array of the module's dtype.
 
         Raises:
-            ArgumentError: the model has no batch dimension; batch_size is not
-                a positive integer; order is not a 1-D integer array of one
-                row number in 0 ... rows-1 for each row; or any argument
-                `step` would reject.
+            ArgumentError: the model has no batch dimension; an Index gathers
+                from a data input; batch_size is not a positive integer; order
+                is not a 1-D integer array of one row number in 0 ... rows-1
+                for each row; or any argument `step` would reject.
         """
         c_function, c_work_len, batch_index = self._epoch_function()
-        leaves = self.module.plan.lowered.leaves
+        leaves = self.module.spec.leaves
         if batch_size is None and "batch_size" in arrays and "batch_size" not in leaves:
             batch_size = arrays.pop("batch_size")
         if order is None and "order" in arrays and "order" not in leaves:
@@ -133,22 +138,22 @@ class Trainer:
         status = c_function(rows, batch, *other, ffi.NULL if order_array is None else buf(order_array),
                             *[buf(v) for v in values], buf(losses), buf(work))
         if status != 0:  # the checks above make this unreachable: C checks again for C callers
-            raise ArgumentError(f"train_epoch failed with status {status} (rows={rows}, batch_size={batch}, dims={dims})")
+            self.function.binder.diagnose(dict(zip(self.function.input_names, values)), status, "train_epoch")
         return losses
 
     def _epoch_function(self) -> tuple[Any, Any, int]:
         """The C epoch function, its work_len, and the batch dimension's
         position among the dimensions."""
         if self._epoch is None:
-            from .epoch import epoch_plan
-
-            try:
-                plan = epoch_plan(self.module.plan.lowered, self.function.plan)
-            except ModelError as exc:
-                raise ArgumentError(str(exc)) from None
+            spec = self.function.spec
+            if spec.epoch_batch is None:
+                raise ArgumentError(
+                    "train_epoch needs one batch dimension: a symbolic dimension that is the first dimension of "
+                    "the data inputs and appears nowhere else; this model has none (or several)")
+            _check_gathers(spec.epoch_batch, spec.epoch_data, self.function.index_bounds)
             name = self.function.c_name.rsplit("_train_step", 1)[0] + "_train_epoch"
             lib = self.function.lib
-            self._epoch = (getattr(lib, name), getattr(lib, name + "_work_len"), list(self.function.dims).index(plan.batch))
+            self._epoch = (getattr(lib, name), getattr(lib, name + "_work_len"), list(self.function.dims).index(spec.epoch_batch))
         return self._epoch
 
     def save(self, path: str | Path, params: Mapping[str, np.ndarray]) -> None:
@@ -190,14 +195,16 @@ class Trainer:
         return params
 
 
-def _check_writable(name: str, value: Any, dtype: np.dtype) -> None:
-    if value is None:
-        return  # missing: the call names it
-    if not (isinstance(value, np.ndarray) and value.dtype == dtype and value.flags.c_contiguous and value.flags.writeable):
-        got = f"{type(value).__name__}" + (f" of dtype {value.dtype}" if isinstance(value, np.ndarray) else "")
-        raise ArgumentError(
-            f"{name} is updated in place by train_step: pass a writable C-contiguous numpy array of dtype {dtype}; got {got}"
-        )
+def _check_gathers(batch: str, data: tuple[str, ...], bounds: Mapping[str, Any]) -> None:
+    """Refuse an Index that gathers from a data input: its row numbers
+    refer to the whole array, which train_epoch would cut into minibatches."""
+    for index, rows in bounds.items():
+        if batch in rows:
+            raise ArgumentError(
+                f"train_epoch: the Index {index!r} gathers rows from an array with the batch dimension {batch} "
+                f"(a data input: one of {list(data)}), which train_epoch slices into minibatches, while {index!r} "
+                "numbers the rows of the whole array; give the array it gathers from a dimension of its own "
+                "(e.g. MatrixSymbol('P', m, k) instead of n rows)")
 
 
 def _check_order(order: Any, rows: int) -> np.ndarray:
