@@ -35,7 +35,7 @@ from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 from sympy.matrices.expressions.matexpr import MatrixElement
 
 from .errors import ModelError
-from .messages import described, short
+from .messages import described, shape_text, short
 from .model import Model, leaf_name
 from .tensor import ExampleMap, Gather, Index, Reduce
 
@@ -671,8 +671,8 @@ def _scalar_atoms(expr: sp.Expr) -> list[sp.Basic]:
             if sub not in atoms:
                 atoms.append(sub)
         elif isinstance(sub, (sp.MatrixExpr, sp.MatrixBase)):
-            raise ModelError(f"matrix {described(sub)} used inside the scalar expression {short(expr)}: write "
-                             "sbp.as_scalar(m) for the entry of a 1x1 matrix m, m.applyfunc(f) to apply f entrywise")
+            raise ModelError(f"matrix {short(sub)} used inside the scalar expression {short(expr)} ({shape_text(sub)}): "
+                             "write sbp.as_scalar(m) for the entry of a 1x1 matrix m, m.applyfunc(f) to apply f entrywise")
         elif sub.is_Atom:
             if sub.is_extended_real is False:
                 raise ModelError(f"{short(sub)} is not a real number: {short(expr)}")

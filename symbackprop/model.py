@@ -104,8 +104,10 @@ def _normalised_loss(loss: object) -> sp.Basic:
     """The loss as a SymPy scalar or 1x1 matrix expression."""
     if isinstance(loss, numbers.Real) and not isinstance(loss, bool):
         loss = sp.sympify(loss)
-    if not isinstance(loss, (sp.Expr, sp.MatrixBase, sp.MatrixExpr)):
+    if not isinstance(loss, sp.Basic):
         raise ModelError(f"the loss must be a SymPy expression; got {short(repr(loss))} of type {type(loss).__name__}")
+    if not isinstance(loss, (sp.Expr, sp.MatrixBase, sp.MatrixExpr)):  # e.g. a relation a > x
+        raise ModelError(f"the loss must be a scalar or a 1x1 matrix; got {short(loss)}, a {type(loss).__name__}")
     if not _is_scalar(loss):
         raise ModelError(
             f"the loss must be a scalar or a 1x1 matrix; got {described(loss)}: reduce it "
