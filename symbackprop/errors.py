@@ -12,6 +12,9 @@ class ModelError(SymbackpropError, ValueError):
 
     Its message is kept to what a person reads: an over-long one (an
     expanded expression quoted whole) is cut in the middle.
+
+    Args:
+        *args: the message, as for any exception (then any other arguments).
     """
 
     def __init__(self, *args: object) -> None:
