@@ -334,7 +334,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     model = found.model
     data = demo_inputs(found)
     generated = generate_all([found], args.out)
-    usable_out(args.out, generated)
     start = time.perf_counter()
     mod = compile(model)
     seconds = time.perf_counter() - start
@@ -342,6 +341,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         outputs = mod.forward(**data)
     except ArgumentError as exc:
         raise SymbackpropError(f"sample_data of {found.label.rpartition(':')[0]} does not fit the model: {exc}") from None
+    usable_out(args.out, generated)
     written = write_generated(generated, args.out)
     print(f"model {model.name!r}: wrote {', '.join(str(p) for p in written)}")
     print(f"compiled (or loaded from the cache) in {seconds:.2f} s")
