@@ -73,6 +73,8 @@ def load_file(path: Path) -> ModuleType:
         SymbackpropError: no such file, not a Python file, or importing it
             raised (the message names the exception and the line).
     """
+    if path.is_dir():
+        raise SymbackpropError(f"{path} is a folder; name its model files (FOLDER/*.py)")
     if not path.is_file():
         raise SymbackpropError(f"no model file {path}")
     folder = path.resolve().parent
@@ -89,16 +91,29 @@ def load_file(path: Path) -> ModuleType:
     except (Exception, SystemExit) as exc:
         raise _import_failure(path, exc) from None
     finally:
-        sys.path.remove(str(folder))
+        if str(folder) in sys.path:
+            sys.path.remove(str(folder))
         _forget_neighbours(before, folder)
     return module
 
 
 def _forget_neighbours(before: set[str], folder: Path) -> None:
-    for name in set(sys.modules) - before:
-        source = getattr(sys.modules[name], "__file__", None)
-        if source is None or Path(source).resolve().is_relative_to(folder):
+    """Drop the modules first imported from `folder` itself (and their
+    submodules); not those found elsewhere, even below it (a virtual
+    environment or a source checkout inside the folder)."""
+    new = set(sys.modules) - before
+    local = {name for name in new if "." not in name and _lies_in(sys.modules[name], folder)}
+    for name in new:
+        if name.partition(".")[0] in local:
             del sys.modules[name]
+
+
+def _lies_in(module: ModuleType, folder: Path) -> bool:
+    """The module is folder/NAME.py or the package folder/NAME/."""
+    source = getattr(module, "__file__", None)
+    places = [Path(source).resolve().parent] if source else []
+    places += [Path(p).resolve().parent for p in getattr(module, "__path__", ())]  # packages, namespace ones too
+    return folder in places
 
 
 def _split_spec(spec: str) -> tuple[Path, str]:
@@ -296,6 +311,9 @@ def demo_inputs(found: Found) -> dict:
     the model's inputs and params before anything is written."""
     sample = getattr(found.module, "sample_data", None)
     path = found.label.rpartition(":")[0]
+    if found.model.loss == 0:
+        raise SymbackpropError(f"demo checks a loss's gradient, and the model {found.model.name!r} ({found.label}) "
+                               "has no loss; build and graph take it")
     if not callable(sample):
         raise SymbackpropError(
             f"demo needs {path} to define sample_data(rng) returning a dict of arrays for every input and "

@@ -211,3 +211,36 @@ def test_a_model_error_at_compile_time_is_a_one_line_error(tmp_path):
         """)
     user_error(run("build", "m.py", "--out", "gen", cwd=tmp_path), "y is neither an input nor a param")
     assert not (tmp_path / "gen").exists()
+
+
+def test_loading_forgets_neighbours_but_not_modules_from_below_the_folder(tmp_path, monkeypatch):
+    """A neighbour is forgotten after the load (another folder's module of
+    that name is imported afresh); a module found through another sys.path
+    entry that lies below the folder (a virtual environment, a checkout)
+    stays: importing it twice would give two copies of its classes."""
+    from symbackprop.cli import load_file
+
+    write(tmp_path / "common.py", "VALUE = 1\n")
+    write(tmp_path / "site" / "deep_pkg_for_test" / "__init__.py", "class Thing:\n    pass\n")
+    write(tmp_path / "m.py", "import common\nimport deep_pkg_for_test\nVALUE = common.VALUE\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    before = list(sys.path)
+    module = load_file(tmp_path / "m.py")
+    assert module.VALUE == 1 and sys.path == before
+    assert "common" not in sys.modules
+    assert sys.modules["deep_pkg_for_test"].Thing is module.deep_pkg_for_test.Thing
+    del sys.modules["deep_pkg_for_test"]
+
+
+def test_demo_refuses_a_model_without_a_loss(tmp_path):
+    write(tmp_path / "m.py", """
+        import sympy as sp
+        import symbackprop as sbp
+        x, w = sp.symbols("x w")
+        model = sbp.Model("m", inputs=[x], params=[w], outputs={"y": w * x})
+        def sample_data(rng):
+            return {"x": 1.0, "w": 2.0}
+        """)
+    user_error(run("demo", "m.py", cwd=tmp_path), "has no loss")
+    assert not (tmp_path / "generated").exists()
+    user_error(run("build", str(tmp_path), cwd=tmp_path), "is a folder")
