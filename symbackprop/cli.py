@@ -477,6 +477,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("symbackprop: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (symbackprop graph m.py | head): no traceback at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":
