@@ -18,6 +18,7 @@ import argparse
 import difflib
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 import time
@@ -212,6 +213,26 @@ def usable_out(out: Path, generated: Iterable[Generated] = ()) -> None:
         folder = out / item.folder
         if folder.exists() and not folder.is_dir():
             raise SymbackpropError(f"{folder} is in the way of model {item.found.model.name!r}: it is not a folder")
+        _check_owner(item, folder)
+
+
+_NAMED = re.compile(r'of the model "(.*)"')
+
+
+def _check_owner(item: Generated, folder: Path) -> None:
+    """Refuse to overwrite another model's folder (written by an earlier run):
+    the header's first line names the model it was generated from."""
+    header = f"{item.folder}.h"
+    try:
+        with open(folder / header, encoding="utf-8", errors="replace") as handle:
+            old = _NAMED.search(handle.readline())
+    except OSError:
+        return
+    new = _NAMED.search(item.files[header].partition("\n")[0])
+    if old and new and old.group(1) != new.group(1):
+        raise SymbackpropError(
+            f"{folder}/ holds the code of the model \"{old.group(1)}\"; the model {item.found.model.name!r} "
+            f"({item.found.label}) maps to the same folder: rename it, or delete {folder}/ to replace it")
 
 
 def write_atomic(path: Path, text: str) -> None:

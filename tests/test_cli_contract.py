@@ -244,3 +244,13 @@ def test_demo_refuses_a_model_without_a_loss(tmp_path):
     user_error(run("demo", "m.py", cwd=tmp_path), "has no loss")
     assert not (tmp_path / "generated").exists()
     user_error(run("build", str(tmp_path), cwd=tmp_path), "is a folder")
+
+
+def test_a_later_run_does_not_overwrite_another_models_folder(tmp_path):
+    write(tmp_path / "a.py", SCALAR_MODEL.format(var="model", name="net-1"))
+    write(tmp_path / "b.py", SCALAR_MODEL.format(var="other", name="net_1"))
+    assert run("build", "a.py", "--out", "gen", cwd=tmp_path).returncode == 0
+    before = (tmp_path / "gen" / "net_1" / "net_1.h").read_text()
+    user_error(run("build", "b.py", "--out", "gen", cwd=tmp_path), 'model "net-1"', "'net_1' (b.py:other)", "delete gen/net_1/")
+    assert (tmp_path / "gen" / "net_1" / "net_1.h").read_text() == before
+    assert run("build", "a.py", "--out", "gen", cwd=tmp_path).returncode == 0  # regenerating the same model is fine
