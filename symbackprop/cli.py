@@ -50,7 +50,8 @@ class Found:
 
 def _user_line(exc: BaseException, folder: Path) -> str:
     """', line N' of the innermost frame in the model file's folder, if any."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).parent == folder]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if Path(f.filename).is_file() and Path(f.filename).resolve().parent == folder]  # not "<string>"
     return f" (line {frames[-1].lineno} of {Path(frames[-1].filename).name})" if frames else ""
 
 
@@ -136,15 +137,16 @@ def models_in(spec: str, required: bool = True) -> list[Found]:
         if isinstance(value, Model) and all(value is not f.model for f in found):
             found.append(Found(value, module, f"{path}:{variable}"))
     if attr:
-        return [_select(found, attr, path, vars(module).get(attr))]
+        return [_select(found, attr, path, module)]
     if not found and required:
         raise SymbackpropError(f"{path} defines no symbackprop.Model ({CONTRACT})")
     return found
 
 
-def _select(found: list[Found], attr: str, path: Path, variable: object) -> Found:
+def _select(found: list[Found], attr: str, path: Path, module: ModuleType) -> Found:
+    variable = vars(module).get(attr)
     if isinstance(variable, Model):
-        return Found(variable, found[0].module, f"{path}:{attr}")
+        return Found(variable, module, f"{path}:{attr}")
     by_name = [f for f in found if f.model.name == attr]
     if len(by_name) == 1:
         return by_name[0]
