@@ -11,7 +11,10 @@ LIMIT = 300
 
 def short(expr: object, limit: int = LIMIT) -> str:
     """`expr` printed on one line, its middle cut to "..." beyond `limit` characters."""
-    text = " ".join(str(expr).split())
+    try:
+        text = " ".join(str(expr).split())
+    except RecursionError:  # SymPy's printer recurses per level: a 1,000-layer expression
+        text = f"<a {type(expr).__name__} too deep to print>"
     if len(text) <= limit:
         return text
     head = (limit * 2) // 3
