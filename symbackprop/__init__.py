@@ -8,7 +8,7 @@ Declare a model in SymPy, compile it, call the generated C from Python::
 
 from ._version import __version__
 from .errors import ArgumentError, BuildError, ModelError, SymbackpropError
-from .model import Model
+from .model import Model, as_scalar
 from .optim import SGD, Adam
 from .runtime import CompiledModule, compile
 from .scan import final_state, scan
@@ -25,6 +25,7 @@ __all__ = [
     "SGD",
     "SymbackpropError",
     "__version__",
+    "as_scalar",
     "compile",
     "final_state",
     "gather",

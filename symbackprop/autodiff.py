@@ -37,6 +37,7 @@ from .ir import (
     topological_order,
     transpose,
 )
+from .messages import short
 
 VjpRule = Callable[[Node, Node, Sequence[bool]], tuple[Node | None, ...]]
 JvpRule = Callable[[Node, Sequence[Node | None]], Node | None]
@@ -84,7 +85,7 @@ def local_derivative(node: Node, index: int) -> Node:
     # so that the derivative shares subexpressions with the body under CSE
     derivative = sp.factor_terms(sp.diff(body, placeholder(index)))
     if derivative.has(sp.Derivative, sp.Subs):
-        raise ModelError(f"no derivative known for {body.xreplace(_readable(node))}")
+        raise ModelError(f"no derivative known for {short(body.xreplace(_readable(node)))}")
     if len(node.args) == 1 and not body.is_Atom:
         value = sp.Symbol("_value", real=True)
         of_value = derivative.subs(body, value)

@@ -1,12 +1,26 @@
 """The exceptions symbackprop raises; every one derives from SymbackpropError."""
 
+from .messages import capped
+
 
 class SymbackpropError(Exception):
     """Base of every error symbackprop raises on purpose."""
 
 
 class ModelError(SymbackpropError, ValueError):
-    """The declared model cannot be compiled (names the offending subexpression)."""
+    """The declared model cannot be compiled (names the offending subexpression).
+
+    Its message is kept to what a person reads: an over-long one (an
+    expanded expression quoted whole) is cut in the middle.
+
+    Args:
+        *args: the message, as for any exception (then any other arguments).
+    """
+
+    def __init__(self, *args: object) -> None:
+        if args and isinstance(args[0], str):
+            args = (capped(args[0]), *args[1:])
+        super().__init__(*args)
 
 
 class ArgumentError(SymbackpropError, ValueError):

@@ -35,6 +35,7 @@ from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 from sympy.matrices.expressions.matexpr import MatrixElement
 
 from .errors import ModelError
+from .messages import described, shape_text, short
 from .model import Model, leaf_name
 from .tensor import ExampleMap, Gather, Index, Reduce
 
@@ -389,7 +390,7 @@ class _Lowerer:
     def scalar_result(self, expr: sp.Basic, what: str) -> Node:
         node = self.lower(expr)
         if node.shape != SCALAR:
-            raise ModelError(f"{what} must be a scalar; {expr} has shape {node.shape}")
+            raise ModelError(f"{what} must be a scalar; {short(expr)} has shape {node.shape}")
         return node
 
     def lower(self, expr: sp.Basic) -> Node:
@@ -405,20 +406,20 @@ class _Lowerer:
         if isinstance(expr, sp.MatrixExpr):
             rule = _MATRIX_RULES.get(type(expr))
             if rule is None:
-                raise ModelError(f"unsupported matrix operation {type(expr).__name__}: {expr}")
+                raise ModelError(f"unsupported matrix operation {type(expr).__name__}: {described(expr)}")
             self._check_dims(expr)
             try:
                 return rule(self, expr)
             except ShapeMismatch as exc:
-                raise ModelError(f"{exc} in {expr}") from None
+                raise ModelError(f"{exc} in {short(expr)}") from None
         if isinstance(expr, sp.Expr):
             return self._scalar(expr)
-        raise ModelError(f"unsupported expression {expr!r} of type {type(expr).__name__}")
+        raise ModelError(f"unsupported expression {short(repr(expr))} of type {type(expr).__name__}")
 
     def _check_dims(self, expr: sp.MatrixExpr) -> None:
         for d in expr.shape:
             for sym in sorted(sp.sympify(d).free_symbols - self.dims, key=str):
-                raise ModelError(f"dimension {sym} of {expr} is not a dimension of any input or param")
+                raise ModelError(f"dimension {sym} of {short(expr)} is not a dimension of any input or param")
 
     def _scalar(self, expr: sp.Expr) -> Node:
         """A scalar expression becomes one map over its leaves and elements."""
@@ -429,18 +430,18 @@ class _Lowerer:
             if isinstance(atom, MatrixElement):
                 parent, i, j = atom.args
                 if not (i.is_Integer and j.is_Integer):
-                    raise ModelError(f"only constant indices are supported: {atom}")
+                    raise ModelError(f"only constant indices are supported: {short(atom)}")
                 arg = element(self.lower(parent), int(i), int(j))
             elif atom in self.leaves:
                 arg = self.leaves[atom]
                 if arg.shape != SCALAR:
-                    raise ModelError(f"{atom} is a matrix used as a scalar in {expr}")
+                    raise ModelError(f"{atom} is a matrix used as a scalar in {short(expr)}")
             elif atom in self.dims:
                 continue  # a symbolic dimension stays in the body
             elif isinstance(atom, sp.Symbol) and atom.name.startswith("_a"):
                 raise ModelError(f"symbol names starting with '_a' are reserved: {atom}")
             else:
-                raise ModelError(f"{atom} is neither an input nor a param (in {expr})")
+                raise ModelError(f"{short(atom)} is neither an input nor a param (in {short(expr)})")
             subs[atom] = placeholder(len(args))
             args.append(arg)
         return map_(expr.xreplace(subs), args, SCALAR)
@@ -454,7 +455,7 @@ class _Lowerer:
 
     def matrix_symbol(self, expr: sp.MatrixSymbol) -> Node:
         if expr not in self.leaves:
-            raise ModelError(f"{expr} is neither an input nor a param")
+            raise ModelError(f"{short(expr)} is neither an input nor a param")
         return self.leaves[expr]
 
     def mat_add(self, expr: sp.MatAdd) -> Node:
@@ -463,7 +464,7 @@ class _Lowerer:
         shape = shape_of(expr)
         for part, term in zip(parts, terms):
             if term.shape != shape:  # SymPy's sums need equal shapes: no implicit broadcast
-                raise ModelError(f"{part} has shape {term.shape} in the sum {expr} of shape {shape}: the terms "
+                raise ModelError(f"{short(part)} has shape {term.shape} in the sum {short(expr)} of shape {shape}: the terms "
                                  "of a sum need equal shapes (a row b broadcasts as OneMatrix(rows, 1)*b)")
         body = sp.Add(*[placeholder(i) for i in range(len(terms))])
         return map_(body, terms, shape)
@@ -472,7 +473,7 @@ class _Lowerer:
         coeff, factors = expr.as_coeff_matrices()
         for sym in sorted(coeff.free_symbols - set(self.leaves) - self.dims, key=str):
             # e.g. ones(1, m) * ones(m, 1), which SymPy folds into the coefficient m
-            raise ModelError(f"{sym} in {expr} is neither an input, a param nor a dimension of one")
+            raise ModelError(f"{sym} in {short(expr)} is neither an input, a param nor a dimension of one")
         factors = _regroup_product(list(factors), self.named_products, expr)
         product = _product_chain([self._factor(f) for f in factors])
         if coeff == 1:
@@ -519,7 +520,7 @@ class _Lowerer:
         if not (exponent.is_Integer and exponent >= 1):
             raise ModelError(
                 f"unsupported matrix operation MatPow (a matrix power other than A*A*...; for elementwise powers "
-                f"use HadamardPower): {expr}"
+                f"use HadamardPower): {short(expr)}"
             )
         factor = self.lower(base)
         product = factor
@@ -535,7 +536,7 @@ class _Lowerer:
     def identity(self, expr: sp.Identity) -> Node:
         """Only 1x1, which SymPy makes of OneMatrix(1, 1) in sums."""
         if shape_of(expr) != SCALAR:
-            raise ModelError(f"unsupported matrix operation Identity of shape {expr.shape} (only 1x1): {expr}")
+            raise ModelError(f"unsupported matrix operation Identity of shape {expr.shape} (only 1x1): {short(expr)}")
         return const(1, SCALAR)
 
     def index(self, expr: Index) -> Node:
@@ -588,12 +589,12 @@ class _Lowerer:
                 if isinstance(atom, MatrixElement):
                     parent, i, j = atom.args
                     if not (i.is_Integer and j.is_Integer):
-                        raise ModelError(f"only constant indices are supported: {atom}")
+                        raise ModelError(f"only constant indices are supported: {short(atom)}")
                     node = element(self.lower(parent), int(i), int(j))
                 elif atom in self.leaves and self.leaves[atom].shape == SCALAR:
                     node = self.leaves[atom]
                 else:
-                    raise ModelError(f"{atom} in the map's body is neither bound by the map nor a scalar input or param")
+                    raise ModelError(f"{short(atom)} in the map's body is neither bound by the map nor a scalar input or param")
                 subs[atom] = row_placeholder(add(node, ("whole",)), 0)
             bodies.append(entry.xreplace(subs))
         # the body as a straight-line program, so that derivatives extend it step by step
@@ -670,15 +671,16 @@ def _scalar_atoms(expr: sp.Expr) -> list[sp.Basic]:
             if sub not in atoms:
                 atoms.append(sub)
         elif isinstance(sub, (sp.MatrixExpr, sp.MatrixBase)):
-            raise ModelError(f"matrix {sub} used inside the scalar expression {expr}")
+            raise ModelError(f"matrix {short(sub)} used inside the scalar expression {short(expr)} ({shape_text(sub)}): "
+                             "write sbp.as_scalar(m) for the entry of a 1x1 matrix m, m.applyfunc(f) to apply f entrywise")
         elif sub.is_Atom:
             if sub.is_extended_real is False:
-                raise ModelError(f"{sub} is not a real number: {expr}")
+                raise ModelError(f"{short(sub)} is not a real number: {short(expr)}")
         elif isinstance(sub, _SCALAR_OPS):
             stack.extend(reversed(sub.args))
         else:
-            where = "" if sub == expr else f" (in {expr})"
-            raise ModelError(f"unsupported scalar operation {type(sub).__name__}: {sub}{where}")
+            where = "" if sub == expr else f" (in {short(expr)})"
+            raise ModelError(f"unsupported scalar operation {type(sub).__name__}: {short(sub)}{where}")
     return atoms
 
 

@@ -8,12 +8,15 @@ offending subexpression.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, TypeAlias
 
 import sympy as sp
+from sympy.matrices.expressions.matexpr import MatrixElement
 
 from .errors import ModelError
+from .messages import described, short
 
 Leaf: TypeAlias = sp.Symbol | sp.MatrixSymbol
 
@@ -39,6 +42,81 @@ def _is_scalar(expr: object) -> bool:
     return isinstance(expr, sp.Expr)
 
 
+def as_scalar(m: object) -> sp.Expr:
+    """The entry of a 1x1 matrix expression as a scalar, which mixes with
+    scalars: ``as_scalar(nn.mse(Y, T)) + lam * w**2``.
+
+    SymPy refuses ``m + s`` for a matrix m and a scalar s, and ``m[0, 0]``
+    of a product over a symbolic dimension is expanded into a ``Sum`` that
+    cannot be compiled; this entry stays ``m``'s and lowers as ``m``.
+
+    Args:
+        m: a 1x1 matrix expression (nn's losses, sum_all, mean_all), an
+            explicit 1x1 sympy Matrix, or already a scalar (returned as is).
+
+    Returns:
+        A scalar SymPy expression.
+
+    Raises:
+        ModelError: m is a matrix of another shape, or not an expression.
+    """
+    if isinstance(m, sp.MatrixBase) and m.shape == (1, 1):
+        return m[0, 0]
+    if isinstance(m, sp.MatrixExpr) and tuple(m.shape) == (1, 1):
+        return MatrixElement(m, 0, 0)  # not m[0, 0], which SymPy expands
+    if isinstance(m, (sp.MatrixBase, sp.MatrixExpr)):
+        raise ModelError(f"as_scalar needs a 1x1 matrix; got {described(m)}: reduce it first "
+                         "(nn.sum_all, nn.mean_all or reduce(op, m))")
+    if isinstance(m, numbers.Real) and not isinstance(m, bool):
+        return sp.sympify(m)
+    if isinstance(m, sp.Expr):
+        return m
+    raise ModelError(f"as_scalar takes a 1x1 matrix expression or a scalar; got {short(repr(m))} "
+                     f"of type {type(m).__name__}")
+
+
+def _find_sum(expr: sp.Basic) -> sp.Basic | None:
+    """A Sum in expr (walked without recursion, each shared subtree once)."""
+    seen: set[int] = set()
+    stack = [expr]
+    while stack:
+        sub = stack.pop()
+        if id(sub) in seen or not isinstance(sub, sp.Basic):
+            continue
+        seen.add(id(sub))
+        if isinstance(sub, sp.Sum):
+            return sub
+        stack.extend(sub.args)
+    return None
+
+
+def _check_no_sum(expr: sp.Basic, what: str) -> None:
+    found = _find_sum(expr)
+    if found is not None:
+        raise ModelError(
+            f"{what} holds {short(found, 150)}: SymPy's expansion of m[0, 0] for a product m over a symbolic "
+            "dimension (as nn's losses), which cannot be compiled. For the entry of a 1x1 matrix m write "
+            "sbp.as_scalar(m) (as_scalar(m) + s mixes with a scalar s), or keep a matrix: m + s * OneMatrix(1, 1)"
+        )
+
+
+def _normalised_loss(loss: object) -> sp.Basic:
+    """The loss as a SymPy scalar or 1x1 matrix expression."""
+    if isinstance(loss, numbers.Real) and not isinstance(loss, bool):
+        loss = sp.sympify(loss)
+    if not isinstance(loss, sp.Basic):
+        raise ModelError(f"the loss must be a SymPy expression; got {short(repr(loss))} of type {type(loss).__name__}")
+    if not isinstance(loss, (sp.Expr, sp.MatrixBase, sp.MatrixExpr)):  # e.g. a relation a > x
+        raise ModelError(f"the loss must be a scalar or a 1x1 matrix; got {short(loss)}, a {type(loss).__name__}")
+    if not _is_scalar(loss):
+        raise ModelError(
+            f"the loss must be a scalar or a 1x1 matrix; got {described(loss)}: reduce it "
+            "(nn.sum_all, nn.mean_all, or a loss of nn)"
+        )
+    _check_no_sum(loss, "the loss")
+    return loss
+
+
 @dataclass(frozen=True)
 class Model:
     """A model to compile.
@@ -48,7 +126,9 @@ class Model:
         inputs: data Symbols/MatrixSymbols; not differentiated unless listed
             in ``grad_inputs``.
         params: Symbols/MatrixSymbols the loss is differentiated against.
-        loss: a scalar expression, or a 1x1 matrix expression.
+        loss: a scalar expression (numbers too), or a 1x1 matrix expression;
+            ``as_scalar(m)`` turns a 1x1 matrix into a scalar that mixes
+            with other scalars.
         outputs: named expressions that ``forward`` returns besides the loss.
         grad_inputs: inputs to differentiate as well (e.g. for adversarial
             examples); their gradients are returned beside the parameters'.
@@ -56,8 +136,10 @@ class Model:
     Raises:
         ModelError: a leaf is not a Symbol/MatrixSymbol, a name is declared
             twice (as leaves, or as a leaf and an output), a leaf or output
-            is named "loss", the loss is not scalar, or a grad input is not
-            an input.
+            is named "loss", the loss is not scalar, the loss or an output
+            holds a SymPy Sum (what ``m[0, 0]`` of a product over a symbolic
+            dimension becomes: write ``as_scalar(m)``), or a grad input is
+            not an input.
     """
 
     name: str
@@ -76,11 +158,10 @@ class Model:
         set_(self, "grad_inputs", _as_leaves("grad_inputs", self.grad_inputs))
         set_(self, "outputs", dict(self.outputs))
         self._check_names()
-        if not _is_scalar(self.loss):
-            shape = getattr(self.loss, "shape", None)
-            raise ModelError(
-                f"the loss must be a scalar (or a 1x1 matrix); got shape {shape}: {self.loss}"
-            )
+        set_(self, "loss", _normalised_loss(self.loss))
+        for out_name, expr in self.outputs.items():
+            if isinstance(expr, sp.Basic):
+                _check_no_sum(expr, f"the output {out_name!r}")
         for leaf in self.params:
             if getattr(leaf, "is_index", False):
                 raise ModelError(f"the Index {leaf_name(leaf)!r} holds integers: declare it an input, not a param")
