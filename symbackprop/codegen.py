@@ -171,7 +171,9 @@ class ScalarPrinter(C99CodePrinter):
     _print_Pi = _print_Exp1 = _print_EulerGamma = _print_GoldenRatio = _print_Catalan = _print_NumberSymbol
 
     def _print_DiracDelta(self, expr: sp.Expr) -> str:
-        return self._print(sp.Float(0.0))
+        # a step's derivative: 0 (as PyTorch's), NaN at NaN
+        x = self._print(expr.args[0])
+        return f"(isnan({x}) ? ({x}) : {self._print(sp.Float(0.0))})"
 
 
 class _Checked:

@@ -11,9 +11,8 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence, TypeAlias
 
 import sympy as sp
-from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
-
 from sympy.codegen.cfunctions import expm1
+from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 
 from . import stable
 from .errors import ModelError
