@@ -14,13 +14,11 @@ from typing import Any, Callable, Iterator, Sequence
 
 import jinja2
 import sympy as sp
-from sympy.codegen.cfunctions import log1p
-from sympy.core.relational import Relational
-from sympy.logic.boolalg import BooleanFunction
 from sympy.printing.c import C99CodePrinter
 from sympy.printing.codeprinter import PrintMethodNotImplementedError
 
 from .cnames import CNamer, comment_text, sanitize
+from .cprint import IEEEPrinter
 from .errors import ModelError
 from .schedule import (
     LOOP_I,
@@ -61,10 +59,11 @@ REAL_TYPES = {t.name: t for t in (FLOAT64, FLOAT32)}
 MAX_PRODUCT_POWER = 8
 
 
-class ScalarPrinter(C99CodePrinter):
+class ScalarPrinter(IEEEPrinter):
     """SymPy's C99 printer with the few changes generated kernels need:
     symbols print as given C text, integer powers as products, step
-    functions as comparisons, and literals in the module's real type."""
+    functions as comparisons (NaN-propagating, see IEEEPrinter), and
+    literals in the module's real type."""
 
     def __init__(self, text: dict[sp.Symbol, str], real: RealType):
         # no math_macros: M_PI and M_SQRT2 are not C99
@@ -85,95 +84,11 @@ class ScalarPrinter(C99CodePrinter):
             return f"{self._one()}/{self.parenthesize(base, sp.printing.precedence.PRECEDENCE['Mul'])}"
         return super()._print_Pow(expr)
 
-    def _one(self) -> str:
-        return self._print(sp.Float(1.0))
-
-    def _print_Heaviside(self, expr: sp.Expr) -> str:
-        # relu's kink: the derivative at exactly 0 is taken as 0 (as PyTorch);
-        # NaN stays NaN (a comparison with NaN is false: it would give 0)
-        x = self._print(expr.args[0])
-        return f"(isnan({x}) ? ({x}) : ({x}) > 0 ? {self._one()} : {self._print(sp.Float(0.0))})"
-
-    def _print_sign(self, expr: sp.Expr) -> str:
-        x = self._print(expr.args[0])
-        return f"(isnan({x}) ? ({x}) : ({x} > 0) - ({x} < 0))"
-
-    def _print_Max(self, expr: sp.Expr) -> str:
-        return self._extreme(expr, ">")
-
-    def _print_Min(self, expr: sp.Expr) -> str:
-        return self._extreme(expr, "<")
-
-    def _extreme(self, expr: sp.Expr, op: str) -> str:
-        """NaN if any argument is NaN (as numpy's maximum and torch.maximum):
-        C's fmax/fmin return the other argument. Two arguments as one select
-        (it vectorizes); more with fmax/fmin, behind a test for NaN."""
-        args = [self._print(a) for a in expr.args]
-        if len(args) == 2:
-            a, b = args
-            nan_a = "" if expr.args[0].is_Number else f" || isnan({a})"
-            return f"((({a}) {op} ({b}){nan_a}) ? ({a}) : ({b}))"
-        call = "fmax" if op == ">" else "fmin"
-        call += "f" if self.real.c == "float" else ""
-        text = args[0]
-        for b in args[1:]:
-            text = f"{call}({text}, {b})"
-        return f"(({' || '.join(f'isnan({a})' for a in args)}) ? ({' + '.join(args)}) : {text})"
-
-    def _print_Piecewise(self, expr: sp.Piecewise) -> str:
-        """One line: (c1 ? e1 : (c2 ? e2 : e3)); the last branch needs no test.
-        NaN where a condition reads a NaN: every comparison with NaN is
-        false, which would choose the default branch silently."""
-        text = None
-        for value, condition in reversed(expr.args):
-            if text is None or condition == sp.true:
-                text = f"({self._print(value)})"
-            else:
-                text = f"(({self._print(condition)}) ? ({self._print(value)}) : {text})"
-        if text is None or expr.args[-1].cond != sp.true:
-            raise ValueError(f"Piecewise without a default branch: {expr}")
-        return self._nan_if_read(set().union(*(c.free_symbols for _, c in expr.args[:-1])), text)
-
-    def _nan_if_read(self, read: set, text: str) -> str:
-        """text, or NaN (their sum) where one of the real symbols read is NaN."""
-        tested = [self._print(s) for s in sorted(read, key=str) if not s.is_integer]
-        if not tested:
-            return text
-        return f"(({' || '.join(f'isnan({t})' for t in tested)}) ? ({' + '.join(tested)}) : {text})"
-
-    def doprint(self, expr: Any, assign_to: Any = None) -> Any:
-        """A condition computed on its own (CSE makes `x0 = z > 0` a
-        temporary) is NaN where it reads a NaN, so that the Piecewise that
-        tests it sees the NaN (see _print_Piecewise)."""
-        text = super().doprint(expr, assign_to)
-        if assign_to is None and isinstance(expr, (Relational, BooleanFunction)):
-            return self._nan_if_read(expr.free_symbols, text)
-        return text
-
-    def _print_sigmoid(self, expr: sp.Expr) -> str:
-        """(z >= 0 ? 1 : e) / (1 + e) with e = exp(-|z|) <= 1: no overflow
-        (the compiler computes e once: -fno-math-errno); NaN stays NaN."""
-        z = expr.args[0]
-        e = self._print(sp.exp(-sp.Abs(z)))
-        return f"((({self._print(z)}) >= 0 ? {self._one()} : {e}) / ({self._one()} + {e}))"
-
-    def _print_softplus(self, expr: sp.Expr) -> str:
-        """max(z, 0) + log1p(exp(-|z|)): no overflow; NaN stays NaN."""
-        z = expr.args[0]
-        x = self._print(z)
-        tail = self._print(log1p(sp.exp(-sp.Abs(z))))
-        return f"((({x}) > 0 ? ({x}) : {self._print(sp.Float(0.0))}) + {tail})"
-
     def _print_NumberSymbol(self, expr: sp.Expr) -> str:
         """pi, E, ...: a literal with enough digits for double precision."""
         return self._print(sp.Float(expr.evalf(20), 20))
 
     _print_Pi = _print_Exp1 = _print_EulerGamma = _print_GoldenRatio = _print_Catalan = _print_NumberSymbol
-
-    def _print_DiracDelta(self, expr: sp.Expr) -> str:
-        # a step's derivative: 0 (as PyTorch's), NaN at NaN
-        x = self._print(expr.args[0])
-        return f"(isnan({x}) ? ({x}) : {self._print(sp.Float(0.0))})"
 
 
 class _Checked:

@@ -206,7 +206,8 @@ def test_rewrites_are_exact_and_only_exact():
                  sp.log(1 - 1 / (1 + sp.exp(-z))), sp.exp(2 * z) / (1 + sp.exp(2 * z)) + sp.log(1 + sp.exp(y)),
                  sp.exp(z) / (1 + sp.exp(-z))]
     kept = [1 / (2 + sp.exp(-z)), sp.log(2 + sp.exp(z)), sp.log(1 + 2 * sp.exp(z)), 1 / (1 - sp.exp(-z)),
-            (1 + sp.exp(z)) ** 2, sp.exp(z) / (1 + sp.exp(z)) ** sp.Rational(1, 2), sp.log(1 + sp.exp(z) + y), 1 / (1 + sp.exp(z) ** 2 + z)]
+            (1 + sp.exp(z)) ** 2, sp.exp(z) / (1 + sp.exp(z)) ** sp.Rational(1, 2), sp.log(1 + sp.exp(z) + y),
+            1 / (1 + sp.exp(z) ** 2 + z)]
     points = [sp.Rational(k, 3) for k in range(-90, 91, 6)]
     for expr in rewritten:
         new = stabilize(expr)
