@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 import sympy as sp
+from sympy.codegen.cfunctions import log1p
 
 
 class sigmoid(sp.Function):  # noqa: N801 (printed and read as sigmoid(z))
@@ -82,12 +83,42 @@ class softplus(sp.Function):  # noqa: N801
 STABLE_FUNCTIONS = (sigmoid, softplus)
 
 
+def _is_one(x: sp.Basic) -> bool:
+    """Exactly 1: the integer, or a Float equal to it (1.0)."""
+    return bool(x.is_Number and x.is_finite and sp.Rational(x) == 1)
+
+
+def _other_than_one(expr: sp.Basic) -> sp.Basic | None:
+    """b where expr is exactly 1 + b (1 or 1.0), else None."""
+    if isinstance(expr, sp.Add) and len(expr.args) == 2:
+        first, second = expr.args
+        if _is_one(first):
+            return second
+        if _is_one(second):
+            return first
+    return None
+
+
 def _exp_argument_of_one_plus(expr: sp.Basic) -> sp.Expr | None:
     """u where expr is exactly 1 + exp(u), else None."""
-    if isinstance(expr, sp.Add) and len(expr.args) == 2 and sp.S.One in expr.args:
-        other = expr.args[0] if expr.args[1] == 1 else expr.args[1]
-        if isinstance(other, sp.exp):
-            return other.args[0]
+    other = _other_than_one(expr)
+    return other.args[0] if isinstance(other, sp.exp) else None
+
+
+def _tanh_of_quotient(factors: list) -> sp.Expr | None:
+    """(exp(u) - exp(-u)) / (exp(u) + exp(-u)) -> tanh(u) (the rest kept)."""
+    for k, factor in enumerate(factors):
+        if not (isinstance(factor, sp.Pow) and factor.exp == -1 and isinstance(factor.base, sp.Add)):
+            continue
+        terms = factor.base.args
+        if len(terms) != 2 or not all(isinstance(t, sp.exp) for t in terms) or terms[0].args[0] != -terms[1].args[0]:
+            continue
+        for u in (terms[0].args[0], terms[1].args[0]):
+            numerator = sp.exp(u) - sp.exp(-u)
+            if numerator in factors:
+                rest = [f for i, f in enumerate(factors) if i != k]
+                rest.remove(numerator)
+                return sp.Mul(sp.tanh(u), *rest)
     return None
 
 
@@ -114,6 +145,9 @@ def _rewrite_mul(expr: sp.Mul) -> sp.Expr | None:
     the power rule below it, exp(u)/(1 + exp(u)) becomes sigmoid(u) and
     exp(-z)/(1 + exp(-z))**2 sigmoid(z)*sigmoid(-z) (the rest kept)."""
     factors = list(expr.args)
+    quotient = _tanh_of_quotient(factors)
+    if quotient is not None:
+        return quotient
     for k, factor in enumerate(factors):
         found = _sigmoid_power(factor)
         if found is None or sp.exp(-found[0]) not in factors:
@@ -134,11 +168,16 @@ def _rewrite_log(expr: sp.log) -> sp.Expr | None:
         return softplus(u)
     if isinstance(arg, sigmoid):
         return -softplus(-arg.args[0])
-    if isinstance(arg, sp.Add) and len(arg.args) == 2 and sp.S.One in arg.args:
-        other = arg.args[0] if arg.args[1] == 1 else arg.args[1]
-        if isinstance(other, sp.Mul) and other.args[0] == -1 and len(other.args) == 2 and isinstance(other.args[1], sigmoid):
-            return -softplus(other.args[1].args[0])
+    other = _other_than_one(arg)
+    if isinstance(other, sp.Mul) and other.args[0] == -1 and len(other.args) == 2 and isinstance(other.args[1], sigmoid):
+        return -softplus(other.args[1].args[0])
     return None
+
+
+def _rewrite_log1p(expr: log1p) -> sp.Expr | None:
+    """log1p(exp(u)) -> softplus(u)."""
+    arg = expr.args[0]
+    return softplus(arg.args[0]) if isinstance(arg, sp.exp) else None
 
 
 def _rewrite_node(expr: sp.Basic) -> sp.Basic:
@@ -148,6 +187,8 @@ def _rewrite_node(expr: sp.Basic) -> sp.Basic:
         found = _rewrite_mul(expr)
     elif isinstance(expr, sp.log):
         found = _rewrite_log(expr)
+    elif isinstance(expr, log1p):
+        found = _rewrite_log1p(expr)
     else:
         found = None
     return expr if found is None else found
@@ -156,7 +197,8 @@ def _rewrite_node(expr: sp.Basic) -> sp.Basic:
 def stabilize(expr: sp.Expr) -> sp.Expr:
     """expr with the exact overflow-prone forms replaced, innermost first:
     1/(1 + exp(u)) by sigmoid(-u), exp(u)/(1 + exp(u)) by sigmoid(u),
-    log(1 + exp(u)) by softplus(u) and log(sigmoid(u)) by -softplus(-u).
+    log(1 + exp(u)) and log1p(exp(u)) by softplus(u), log(sigmoid(u)) by
+    -softplus(-u), (exp(u) - exp(-u))/(exp(u) + exp(-u)) by tanh(u).
 
     Only these exact shapes are matched (1 + exp(u), nothing else added),
     so the value is the same real number; only its floating-point
@@ -197,7 +239,7 @@ def _divides_or_logs(expr: sp.Basic) -> bool:
     stack = [expr]
     while stack:
         sub = stack.pop()
-        if isinstance(sub, sp.log) or (isinstance(sub, sp.Pow) and sub.exp.is_negative):
+        if isinstance(sub, (sp.log, log1p)) or (isinstance(sub, sp.Pow) and sub.exp.is_negative):
             return True
         stack.extend(sub.args)
     return False

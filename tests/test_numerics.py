@@ -17,6 +17,7 @@ import mpmath
 import numpy as np
 import pytest
 import sympy as sp
+from sympy.codegen.cfunctions import log1p
 
 import symbackprop as sbp
 from symbackprop import nn
@@ -79,6 +80,9 @@ FAMILIES = {
     "hand -log(1+exp(-z))": (_by_hand(lambda v: -sp.log(1 + sp.exp(-v))), "log_sigmoid"),
     "hand log(1-sigmoid)": (_by_hand(lambda v: sp.log(1 - 1 / (1 + sp.exp(-v)))), "log_one_minus_sigmoid"),
     "hand exp(-z)/(1+exp(-z))**2": (_by_hand(lambda v: sp.exp(-v) / (1 + sp.exp(-v)) ** 2), "sigmoid_derivative"),
+    "hand 1.0/(1.0+exp(-z))": (_by_hand(lambda v: 1.0 / (1.0 + sp.exp(-v))), "sigmoid"),
+    "hand log1p(exp(z))": (_by_hand(lambda v: log1p(sp.exp(v))), "softplus"),
+    "hand (e^z-e^-z)/(e^z+e^-z)": (_by_hand(lambda v: (sp.exp(v) - sp.exp(-v)) / (sp.exp(v) + sp.exp(-v))), "tanh"),
     "hand Max(z,0)": (_by_hand(lambda v: sp.Max(v, 0)), "relu"),
     "hand Piecewise leaky": (_by_hand(lambda v: sp.Piecewise((v, v > 0), (v / 100, True))), "leaky_relu"),
     # across matrix operations: log(ones - sigmoid(Z)), three maps
@@ -204,14 +208,16 @@ def test_rewrites_are_exact_and_only_exact():
     rewritten = [1 / (1 + sp.exp(-z)), sp.exp(z) / (1 + sp.exp(z)), sp.log(1 + sp.exp(z)), 3 / (1 + sp.exp(2 * z - y)),
                  y * sp.exp(-z) / (1 + sp.exp(-z)) ** 2, sp.log(1 / (1 + sp.exp(-z))), (1 + sp.exp(-z - y)) ** -3,
                  sp.log(1 - 1 / (1 + sp.exp(-z))), sp.exp(2 * z) / (1 + sp.exp(2 * z)) + sp.log(1 + sp.exp(y)),
-                 sp.exp(z) / (1 + sp.exp(-z))]
+                 sp.exp(z) / (1 + sp.exp(-z)), 1.0 / (1.0 + sp.exp(-z)), log1p(sp.exp(z - y)),
+                 y * (sp.exp(-z) - sp.exp(z)) / (sp.exp(z) + sp.exp(-z))]
     kept = [1 / (2 + sp.exp(-z)), sp.log(2 + sp.exp(z)), sp.log(1 + 2 * sp.exp(z)), 1 / (1 - sp.exp(-z)),
             (1 + sp.exp(z)) ** 2, sp.exp(z) / (1 + sp.exp(z)) ** sp.Rational(1, 2), sp.log(1 + sp.exp(z) + y),
-            1 / (1 + sp.exp(z) ** 2 + z)]
+            1 / (1 + sp.exp(z) ** 2 + z), sp.log(sp.Float(1.5) + sp.exp(z)), log1p(2 * sp.exp(z)),
+            (sp.exp(z) - sp.exp(-z)) / (sp.exp(z) + 2 * sp.exp(-z)), (sp.exp(z) + sp.exp(-z)) / (sp.exp(z) - sp.exp(-z))]
     points = [sp.Rational(k, 3) for k in range(-90, 91, 6)]
     for expr in rewritten:
         new = stabilize(expr)
-        assert new != expr and new.has(sigmoid, softplus), expr
+        assert new != expr and new.has(sigmoid, softplus, sp.tanh), expr
         for p in points:
             at = {z: p, y: p / 3 + sp.Rational(1, 4)}
             want = expr.subs(at).evalf(40)
