@@ -56,7 +56,8 @@ class IEEEPrinter(C99CodePrinter):
         text = args[0]
         for b in args[1:]:
             text = f"{call}({text}, {b})"
-        return f"(({' || '.join(f'isnan({a})' for a in args)}) ? ({' + '.join(args)}) : {text})"
+        tested = [t for t, arg in zip(args, expr.args) if not arg.is_Number]
+        return f"(({' || '.join(f'isnan({a})' for a in tested)}) ? ({' + '.join(tested)}) : {text})"
 
     def _print_Piecewise(self, expr: sp.Piecewise) -> str:
         """One line: (c1 ? e1 : (c2 ? e2 : e3)); the last branch needs no test.

@@ -331,3 +331,30 @@ def test_against_pytorch(family, dtype):
                 assert (math.isnan(got) and math.isnan(want)) or got == want, (family, dtype, zk, what, got, want)
             else:
                 assert abs(got - want) <= 16 * eps * abs(want) + 4 * eps, (family, dtype, zk, what, got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_new_forms_compile_without_warnings(dtype, tmp_path):
+    """The C of the stable functions and the NaN tests, in every kind of
+    function (second derivatives too), under -Wall -Wextra -Wpedantic
+    -Werror, and for float32 -Wdouble-promotion (no double literal)."""
+    import subprocess
+
+    from c_driver import STRICT_FLAGS
+
+    from symbackprop.compiler import generate
+
+    Z, V = sp.MatrixSymbol("Z", 2, 3), sp.MatrixSymbol("V", 2, 3)
+    a, b = sp.symbols("a b", real=True)
+    mixed = sp.HadamardProduct(nn.sigmoid(Z), nn.softplus(V)) + nn.relu(Z - V) + nn.leaky_relu(V) + nn.elu(Z)
+    kinks = (sp.Max(a, b, 0) + sp.Min(a, b) + sp.sign(a) + sp.Heaviside(b) * a
+             + sp.Piecewise((a, (a > 0) & (b < 1)), (0, True)) + sp.Max(a, 1) * sp.Min(b, -a, 2))
+    loss = nn.sum_all(mixed) + nn.sum_all(nn.log_sigmoid(Z)) + kinks * sp.OneMatrix(1, 1)
+    model = sbp.Model(f"numerics_strict_{dtype}", params=[Z, V, a, b], loss=loss)
+    emitted, _ = generate(model, dtype=dtype, functions=("forward", "value_and_grad", "jvp", "hvp"))
+    source = tmp_path / f"{emitted.prefix}.c"
+    source.write_text(emitted.source)
+    (tmp_path / f"{emitted.prefix}.h").write_text(emitted.header)
+    flags = [*STRICT_FLAGS] + (["-Wdouble-promotion"] if dtype == "float32" else [])
+    result = subprocess.run(["cc", *flags, "-c", str(source), "-o", str(tmp_path / "m.o")], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
