@@ -600,7 +600,7 @@ class _Lowerer:
                 else:
                     raise ModelError(f"{atom} in the map's body is neither bound by the map nor a scalar input or param")
                 subs[atom] = row_placeholder(add(node, ("whole",)), 0)
-            bodies.append(entry.xreplace(subs))
+            bodies.append(stabilize(entry.xreplace(subs)))  # before CSE splits 1 + exp(u) apart
         # the body as a straight-line program, so that derivatives extend it step by step
         lets, bodies = sp.cse(bodies, symbols=(let_symbol(k) for k in itertools.count()), order="none")
         if len(loops) == 1:
