@@ -88,6 +88,8 @@ FAMILIES = {
     # across matrix operations: log(ones - sigmoid(Z)), three maps
     "matrix log(1-sigmoid(Z))": (lambda Z: (nn.ones(*Z.shape) - nn.sigmoid(Z)).applyfunc(sp.log), "log_one_minus_sigmoid"),
     "matrix log(sigmoid(Z))": (lambda Z: nn.sigmoid(Z).applyfunc(sp.log), "log_sigmoid"),
+    "matrix 1/(ones+exp(-Z))": (lambda Z: sp.HadamardPower(nn.ones(*Z.shape) + (-Z).applyfunc(sp.exp), -1), "sigmoid"),
+    "matrix log(ones+exp(Z))": (lambda Z: (nn.ones(*Z.shape) + Z.applyfunc(sp.exp)).applyfunc(sp.log), "softplus"),
 }
 
 
@@ -386,3 +388,25 @@ def test_map_examples_bodies_are_rewritten(dtype):
     eps = float(np.finfo(np.dtype(dtype)).eps)
     assert np.isfinite(loss) and loss == pytest.approx(want, rel=16 * eps)
     assert np.isfinite(grads["w"]).all() and np.allclose(grads["w"][0], want_grad, rtol=16 * eps, atol=16 * eps * 1e4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_second_derivatives_at_saturation(dtype):
+    """hvp of sum(softplus(Z)) + sum(sigmoid(Z)) with direction ones: the
+    diagonal s(1 - s) + s(1 - s)(1 - 2s), finite wherever z is, against
+    mpmath (forward over reverse through the stable functions)."""
+    zs = [z for z in ZS if not math.isnan(z)]
+    Z = sp.MatrixSymbol("Z", 1, len(zs))
+    model = sbp.Model(f"numerics_hvp_{dtype}", params=[Z], loss=nn.sum_all(nn.softplus(Z)) + nn.sum_all(nn.sigmoid(Z)))
+    mod = sbp.compile(model, dtype=dtype, functions=("value_and_grad", "hvp"))
+    z = np.array([zs], dtype=dtype)
+    got = mod.hvp({"Z": np.ones_like(z)}, Z=z)["Z"][0]
+    eps = float(np.finfo(np.dtype(dtype)).eps)
+    for k, zk in enumerate(zs):
+        if math.isinf(zk):
+            assert got[k] == 0, (zk, got[k])
+            continue
+        x = M(float(z[0, k]))
+        s = 1 / (1 + mpmath.exp(-x))
+        want = float(s * (1 - s) * (2 - 2 * s))
+        assert abs(got[k] - want) <= 16 * eps * abs(want) + 8 * eps, (dtype, zk, got[k], want)
