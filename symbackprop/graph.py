@@ -30,6 +30,7 @@ ELEMENTWISE_NAMES = {
     sp.tanh(A0): "Tanh",
     sp.Max(A0, 0): "Relu",
     softplus(A0): "Softplus",
+    -softplus(-A0): "LogSigmoid",
     sp.exp(A0): "Exp",
     sp.log(A0): "Log",
     sp.sin(A0): "Sin",
