@@ -134,7 +134,7 @@ static double mlp_sum(const double *x, int64_t n, int64_t stride)
 static size_t mlp_run_work_len(int64_t n, int with_grads)
 {
     (void)n;
-    return (size_t)(with_grads ? 22*n + 3 : 18*n + 3);
+    return (size_t)(with_grads ? 18*n + 3 : 14*n + 3);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
@@ -164,17 +164,12 @@ static int mlp_run(
     double *t0 = work; /* n x 4 */
     mlp_matmul(n, 4, 3, X, 3, 1, W1, 4, 1, t0);
 
-    /* t3 = 1/(exp(-b1 - t0) + 1) */
-    /* dt3_dt2 = exp(-b1 - t0)/(exp(-b1 - t0) + 1)**2 */
-    double *dt3_dt2 = t0 + 4*n; /* n x 4 */
-    double *t3 = dt3_dt2 + 4*n; /* n x 4 */
+    /* t3 = sigmoid(b1 + t0) */
+    double *t3 = t0 + 4*n; /* n x 4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            const double x0 = exp(-b1[j] - t0[4*i + j]);
-            const double x1 = x0 + 1;
-            t3[4*i + j] = 1.0/x1;
-            dt3_dt2[4*i + j] = x0/(x1*x1);
+            t3[4*i + j] = (((b1[j] + t0[4*i + j]) >= 0 ? 1.0 : exp(-fabs(b1[j] + t0[4*i + j]))) / (1.0 + exp(-fabs(b1[j] + t0[4*i + j]))));
         }
     }
 
@@ -220,12 +215,12 @@ static int mlp_run(
     double *grad_t3 = t0; /* n x 4, in t0's memory */
     mlp_matmul(n, 4, 2, grad_t7, 2, 1, W2, 1, 2, grad_t3);
 
-    /* grad_t2 = dt3_dt2*grad_t3 */
+    /* grad_t2 = grad_t3*t3*(1 - t3) */
     double *grad_t2 = t10 + 1; /* n x 4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            grad_t2[4*i + j] = grad_t3[4*i + j]*dt3_dt2[4*i + j];
+            grad_t2[4*i + j] = t3[4*i + j]*grad_t3[4*i + j]*(1 - t3[4*i + j]);
         }
     }
 
