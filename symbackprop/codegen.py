@@ -18,6 +18,7 @@ from sympy.printing.c import C99CodePrinter
 from sympy.printing.codeprinter import PrintMethodNotImplementedError
 
 from .cnames import CNamer, comment_text, sanitize
+from .cprint import IEEEPrinter
 from .errors import ModelError
 from .schedule import (
     LOOP_I,
@@ -58,10 +59,11 @@ REAL_TYPES = {t.name: t for t in (FLOAT64, FLOAT32)}
 MAX_PRODUCT_POWER = 8
 
 
-class ScalarPrinter(C99CodePrinter):
+class ScalarPrinter(IEEEPrinter):
     """SymPy's C99 printer with the few changes generated kernels need:
     symbols print as given C text, integer powers as products, step
-    functions as comparisons, and literals in the module's real type."""
+    functions as comparisons (NaN-propagating, see IEEEPrinter), and
+    literals in the module's real type."""
 
     def __init__(self, text: dict[sp.Symbol, str], real: RealType):
         # no math_macros: M_PI and M_SQRT2 are not C99
@@ -82,37 +84,11 @@ class ScalarPrinter(C99CodePrinter):
             return f"{self._one()}/{self.parenthesize(base, sp.printing.precedence.PRECEDENCE['Mul'])}"
         return super()._print_Pow(expr)
 
-    def _one(self) -> str:
-        return self._print(sp.Float(1.0))
-
-    def _print_Heaviside(self, expr: sp.Expr) -> str:
-        # relu's kink: the derivative at exactly 0 is taken as 0 (as PyTorch)
-        return f"(({self._print(expr.args[0])} > 0) ? {self._one()} : {self._print(sp.Float(0.0))})"
-
-    def _print_sign(self, expr: sp.Expr) -> str:
-        x = self._print(expr.args[0])
-        return f"(({x} > 0) - ({x} < 0))"
-
-    def _print_Piecewise(self, expr: sp.Piecewise) -> str:
-        """One line: (c1 ? e1 : (c2 ? e2 : e3)); the last branch needs no test."""
-        text = None
-        for value, condition in reversed(expr.args):
-            if text is None or condition == sp.true:
-                text = f"({self._print(value)})"
-            else:
-                text = f"(({self._print(condition)}) ? ({self._print(value)}) : {text})"
-        if text is None or expr.args[-1].cond != sp.true:
-            raise ValueError(f"Piecewise without a default branch: {expr}")
-        return text
-
     def _print_NumberSymbol(self, expr: sp.Expr) -> str:
         """pi, E, ...: a literal with enough digits for double precision."""
         return self._print(sp.Float(expr.evalf(20), 20))
 
     _print_Pi = _print_Exp1 = _print_EulerGamma = _print_GoldenRatio = _print_Catalan = _print_NumberSymbol
-
-    def _print_DiracDelta(self, expr: sp.Expr) -> str:
-        return self._print(sp.Float(0.0))
 
 
 class _Checked:

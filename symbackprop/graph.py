@@ -18,6 +18,7 @@ import sympy as sp
 
 from .autodiff import depends_on
 from .ir import Node, placeholder, topological_order
+from .stable import sigmoid, softplus
 
 if TYPE_CHECKING:  # only for annotations
     from .compiler import Plan
@@ -25,10 +26,11 @@ if TYPE_CHECKING:  # only for annotations
 A0, A1 = placeholder(0), placeholder(1)
 
 ELEMENTWISE_NAMES = {
-    1 / (1 + sp.exp(-A0)): "Sigmoid",
+    sigmoid(A0): "Sigmoid",
     sp.tanh(A0): "Tanh",
     sp.Max(A0, 0): "Relu",
-    sp.log(1 + sp.exp(A0)): "Softplus",
+    softplus(A0): "Softplus",
+    -softplus(-A0): "LogSigmoid",
     sp.exp(A0): "Exp",
     sp.log(A0): "Log",
     sp.sin(A0): "Sin",

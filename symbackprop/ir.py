@@ -37,6 +37,7 @@ from sympy.matrices.expressions.matexpr import MatrixElement
 from .errors import ModelError
 from .messages import described, shape_text, short
 from .model import Model, leaf_name
+from .stable import fuse_across, stabilize
 from .tensor import ExampleMap, Gather, Index, Reduce
 
 Dim: TypeAlias = int | sp.Symbol
@@ -120,7 +121,8 @@ def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Nod
         else:
             subs[placeholder(index)] = placeholder(len(kept))
             kept.append(arg)
-    body = sp.sympify(body).xreplace(subs)
+    # exact rewrites of overflow-prone forms (1/(1 + exp(-z)) -> sigmoid(z))
+    body = stabilize(sp.sympify(body).xreplace(subs))
     used = [a for i, a in enumerate(kept) if placeholder(i) in body.free_symbols]
     if len(used) != len(kept):
         renumber = {placeholder(kept.index(a)): placeholder(i) for i, a in enumerate(used)}
@@ -130,6 +132,9 @@ def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Nod
     fused = _match_logsumexp(body, used, shape)
     if fused is not None:
         return fused
+    across = fuse_across(body, tuple(used), shape, placeholder)
+    if across is not None:  # e.g. log(1 - p) of p = sigmoid(z): -softplus(z)
+        return map_(across[0], across[1], shape)
     return _node("map", tuple(used), shape, (body,))
 
 
@@ -228,10 +233,10 @@ def emap(bodies: Iterable[sp.Expr], args: Iterable[Node], bindings: Iterable[tup
     for p, arg in enumerate(arg_nodes):
         if is_const(arg):
             folded.update({row_placeholder(p, c): arg.attrs[0] for c in range(binding_width(arg, bindings[p]))})
-    programs = tuple(sp.sympify(b).xreplace(folded) for b in bodies)
+    programs = tuple(stabilize(sp.sympify(b).xreplace(folded)) for b in bodies)
     if all(b == 0 for b in programs) and accumulates(target, loops):
         return const(0, shape)
-    live = _live_lets(tuple((sym, sp.sympify(e).xreplace(folded)) for sym, e in lets), programs)
+    live = _live_lets(tuple((sym, stabilize(sp.sympify(e).xreplace(folded))) for sym, e in lets), programs)
     kept, bindings, programs, live, target = _drop_unused(arg_nodes, bindings, programs, live, tuple(target))
     return _node("emap", kept, shape, (programs, bindings, tuple(loops), target, live))
 
@@ -596,7 +601,7 @@ class _Lowerer:
                 else:
                     raise ModelError(f"{short(atom)} in the map's body is neither bound by the map nor a scalar input or param")
                 subs[atom] = row_placeholder(add(node, ("whole",)), 0)
-            bodies.append(entry.xreplace(subs))
+            bodies.append(stabilize(entry.xreplace(subs)))  # before CSE splits 1 + exp(u) apart
         # the body as a straight-line program, so that derivatives extend it step by step
         lets, bodies = sp.cse(bodies, symbols=(let_symbol(k) for k in itertools.count()), order="none")
         if len(loops) == 1:

@@ -1,5 +1,7 @@
 """Layer, activation and loss helpers. Each returns an ordinary SymPy
-expression: whatever a helper builds, a user could have written by hand.
+expression: whatever a helper builds, a user could have written by hand
+(sigmoid and softplus are the functions of symbackprop.stable, which is
+also what 1/(1 + exp(-z)) and log(1 + exp(z)) written by hand compile to).
 
 Matrices are row-major batches: X is (batch, features), W is (in, out).
 """
@@ -9,8 +11,10 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence, TypeAlias
 
 import sympy as sp
+from sympy.codegen.cfunctions import expm1
 from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 
+from . import stable
 from .errors import ModelError
 from .tensor import Reduce
 
@@ -73,7 +77,8 @@ def _elementwise(x, fn):
 
 
 def sigmoid(x: Operand) -> Operand:
-    """1 / (1 + exp(-x)), elementwise.
+    """1 / (1 + exp(-x)), elementwise, computed without overflow at any x
+    (its derivative s*(1 - s), from its value, as PyTorch).
 
     Args:
         x: a scalar expression, a matrix expression or a Matrix.
@@ -81,7 +86,7 @@ def sigmoid(x: Operand) -> Operand:
     Returns:
         An expression of x's shape.
     """
-    return _elementwise(x, lambda v: 1 / (1 + sp.exp(-v)))
+    return _elementwise(x, stable.sigmoid)
 
 
 def tanh(x: Operand) -> Operand:
@@ -109,7 +114,8 @@ def relu(x: Operand) -> Operand:
 
 
 def softplus(x: Operand) -> Operand:
-    """log(1 + exp(x)), elementwise.
+    """log(1 + exp(x)), elementwise, computed as max(x, 0) + log1p(exp(-|x|))
+    (no overflow: softplus(800) = 800); its derivative is sigmoid(x).
 
     Args:
         x: a scalar expression, a matrix expression or a Matrix.
@@ -117,7 +123,20 @@ def softplus(x: Operand) -> Operand:
     Returns:
         An expression of x's shape.
     """
-    return _elementwise(x, lambda v: sp.log(1 + sp.exp(v)))
+    return _elementwise(x, stable.softplus)
+
+
+def log_sigmoid(x: Operand) -> Operand:
+    """log(sigmoid(x)) = -softplus(-x), elementwise (PyTorch's logsigmoid):
+    -800 at x = -800, where log of the computed sigmoid would be -inf.
+
+    Args:
+        x: a scalar expression, a matrix expression or a Matrix.
+
+    Returns:
+        An expression of x's shape.
+    """
+    return _elementwise(x, lambda v: -stable.softplus(-v))
 
 
 def sum_all(x: sp.MatrixExpr) -> sp.MatrixExpr:
@@ -301,7 +320,7 @@ def elu(x: Operand, alpha: sp.Expr | float = 1) -> Operand:
     Returns:
         An expression of x's shape.
     """
-    return _elementwise(x, lambda v: sp.Piecewise((v, v > 0), (alpha * (sp.exp(v) - 1), True)))
+    return _elementwise(x, lambda v: sp.Piecewise((v, v > 0), (alpha * expm1(v), True)))
 
 
 def gelu(x: Operand) -> Operand:
@@ -324,7 +343,7 @@ def _difference(y, target, what: str):
 
 
 def log_cosh(y: sp.MatrixExpr, target: sp.MatrixExpr) -> sp.MatrixExpr:
-    """The mean of log(cosh(y - target)), written |d| + log(1 + exp(-2|d|)) - log 2
+    """The mean of log(cosh(y - target)), written |d| + softplus(-2|d|) - log 2
     so that large differences do not overflow.
 
     Args:
@@ -338,7 +357,7 @@ def log_cosh(y: sp.MatrixExpr, target: sp.MatrixExpr) -> sp.MatrixExpr:
         ModelError: the shapes differ.
     """
     d = _difference(y, target, "log_cosh")
-    return mean_all(d.applyfunc(lambda v: sp.Abs(v) + sp.log(1 + sp.exp(-2 * sp.Abs(v))) - sp.log(2)))
+    return mean_all(d.applyfunc(lambda v: sp.Abs(v) + stable.softplus(-2 * sp.Abs(v)) - sp.log(2)))
 
 
 def huber(y: sp.MatrixExpr, target: sp.MatrixExpr, delta: sp.Expr | float = 1) -> sp.MatrixExpr:
@@ -365,7 +384,8 @@ def huber(y: sp.MatrixExpr, target: sp.MatrixExpr, delta: sp.Expr | float = 1) -
 
 def binary_cross_entropy_with_logits(logits: sp.MatrixExpr, target: sp.MatrixExpr) -> sp.MatrixExpr:
     """The mean of -[t log sigmoid(z) + (1 - t) log(1 - sigmoid(z))], written
-    max(z, 0) - z t + log(1 + exp(-|z|)) so that it never overflows.
+    softplus(z) - z t = max(z, 0) - z t + log1p(exp(-|z|)) so that it never
+    overflows; its gradient is (sigmoid(z) - t) / count.
 
     Args:
         logits: the scores z.
@@ -379,7 +399,7 @@ def binary_cross_entropy_with_logits(logits: sp.MatrixExpr, target: sp.MatrixExp
     """
     if logits.shape != target.shape:
         raise ModelError(f"binary_cross_entropy_with_logits of shapes {logits.shape} and {target.shape}")
-    positive = logits.applyfunc(lambda v: sp.Max(v, 0) + sp.log(1 + sp.exp(-sp.Abs(v))))
+    positive = logits.applyfunc(stable.softplus)
     return mean_all(positive - sp.HadamardProduct(logits, target))
 
 

@@ -12,8 +12,11 @@ from typing import Any
 import numpy as np
 import sympy as sp
 from oracles import central_differences
+from sympy.codegen.cfunctions import expm1
 from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 from sympy.matrices.expressions.matexpr import MatrixElement
+
+from symbackprop.stable import sigmoid, softplus
 
 _UNARY = {
     sp.exp: np.exp,
@@ -26,6 +29,10 @@ _UNARY = {
     sp.cosh: np.cosh,
     sp.atan: np.arctan,
     sp.Abs: np.abs,
+    # nn.sigmoid and nn.softplus (symbackprop.stable), in numpy's own stable forms
+    sigmoid: lambda z: np.exp(-np.logaddexp(0.0, -z)),
+    softplus: lambda z: np.logaddexp(0.0, z),
+    expm1: np.expm1,
 }
 
 

@@ -303,15 +303,15 @@ int lstm_lm_forward(
                     }
                 }
             }
-            /* cell_next = cell/(exp(-b_f - t14 - t15) + 1) + tanh(b_g + t10 + t9)/(exp(-b_i - t5 - t6) + 1) */
-            /* h_next = tanh(cell/(exp(-b_f - t14 - t15) + 1) + tanh(b_g + t10 + t9)/(exp(-b_i - t5 - t6) + 1))/(exp(-b_o - t1 - t2) + 1) */
+            /* cell_next = cell*sigmoid(b_f + t14 + t15) + tanh(b_g + t10 + t9)*sigmoid(b_i + t5 + t6) */
+            /* h_next = tanh(cell*sigmoid(b_f + t14 + t15) + tanh(b_g + t10 + t9)*sigmoid(b_i + t5 + t6))*sigmoid(b_o + t1 + t2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 16; ++j) {
-                const double x0 = t0_cell[j]/(exp(-t0_t14[j] - t0_t15[j] - b_f[j]) + 1) + tanh(t0_t9[j] + t0_t10[j] + b_g[j])/(exp(-t0_t5[j] - t0_t6[j] - b_i[j]) + 1);
+                const double x0 = t0_cell[j]*(((t0_t14[j] + t0_t15[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t0_t14[j] + t0_t15[j] + b_f[j]))) / (1.0 + exp(-fabs(t0_t14[j] + t0_t15[j] + b_f[j])))) + tanh(t0_t9[j] + t0_t10[j] + b_g[j])*(((t0_t5[j] + t0_t6[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t0_t5[j] + t0_t6[j] + b_i[j]))) / (1.0 + exp(-fabs(t0_t5[j] + t0_t6[j] + b_i[j]))));
                 t0_cell_next[j] = x0;
-                t0_h_next[j] = tanh(x0)/(exp(-t0_t1[j] - t0_t2[j] - b_o[j]) + 1);
+                t0_h_next[j] = tanh(x0)*(((t0_t1[j] + t0_t2[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))) / (1.0 + exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))));
             }
             /* t22 = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
@@ -594,15 +594,15 @@ int lstm_lm_value_and_grad(
                     }
                 }
             }
-            /* cell_next = cell/(exp(-b_f - t14 - t15) + 1) + tanh(b_g + t10 + t9)/(exp(-b_i - t5 - t6) + 1) */
-            /* h_next = tanh(cell/(exp(-b_f - t14 - t15) + 1) + tanh(b_g + t10 + t9)/(exp(-b_i - t5 - t6) + 1))/(exp(-b_o - t1 - t2) + 1) */
+            /* cell_next = cell*sigmoid(b_f + t14 + t15) + tanh(b_g + t10 + t9)*sigmoid(b_i + t5 + t6) */
+            /* h_next = tanh(cell*sigmoid(b_f + t14 + t15) + tanh(b_g + t10 + t9)*sigmoid(b_i + t5 + t6))*sigmoid(b_o + t1 + t2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 16; ++j) {
-                const double x0 = t0_cell[j]/(exp(-t0_t14[j] - t0_t15[j] - b_f[j]) + 1) + tanh(t0_t9[j] + t0_t10[j] + b_g[j])/(exp(-t0_t5[j] - t0_t6[j] - b_i[j]) + 1);
+                const double x0 = t0_cell[j]*(((t0_t14[j] + t0_t15[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t0_t14[j] + t0_t15[j] + b_f[j]))) / (1.0 + exp(-fabs(t0_t14[j] + t0_t15[j] + b_f[j])))) + tanh(t0_t9[j] + t0_t10[j] + b_g[j])*(((t0_t5[j] + t0_t6[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t0_t5[j] + t0_t6[j] + b_i[j]))) / (1.0 + exp(-fabs(t0_t5[j] + t0_t6[j] + b_i[j]))));
                 t0_cell_next[j] = x0;
-                t0_h_next[j] = tanh(x0)/(exp(-t0_t1[j] - t0_t2[j] - b_o[j]) + 1);
+                t0_h_next[j] = tanh(x0)*(((t0_t1[j] + t0_t2[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))) / (1.0 + exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))));
             }
             /* t22 = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
@@ -890,15 +890,15 @@ int lstm_lm_value_and_grad(
                         }
                     }
                 }
-                /* cell_next = cell/(exp(-b_f - t14_kept - t15_kept) + 1) + tanh(b_g + t10_kept + t9_kept)/(exp(-b_i - t5_kept - t6_kept) + 1) */
-                /* h_next = tanh(cell/(exp(-b_f - t14_kept - t15_kept) + 1) + tanh(b_g + t10_kept + t9_kept)/(exp(-b_i - t5_kept - t6_kept) + 1))/(exp(-b_o - t1_kept - t2_kept) + 1) */
+                /* cell_next = cell*sigmoid(b_f + t14_kept + t15_kept) + tanh(b_g + t10_kept + t9_kept)*sigmoid(b_i + t5_kept + t6_kept) */
+                /* h_next = tanh(cell*sigmoid(b_f + t14_kept + t15_kept) + tanh(b_g + t10_kept + t9_kept)*sigmoid(b_i + t5_kept + t6_kept))*sigmoid(b_o + t1_kept + t2_kept) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    const double x0 = tmp1_1_cell[j]/(exp(-tmp1_1_t14_kept[j] - tmp1_1_t15_kept[j] - b_f[j]) + 1) + tanh(tmp1_1_t9_kept[j] + tmp1_1_t10_kept[j] + b_g[j])/(exp(-tmp1_1_t5_kept[j] - tmp1_1_t6_kept[j] - b_i[j]) + 1);
+                    const double x0 = tmp1_1_cell[j]*(((tmp1_1_t14_kept[j] + tmp1_1_t15_kept[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(tmp1_1_t14_kept[j] + tmp1_1_t15_kept[j] + b_f[j]))) / (1.0 + exp(-fabs(tmp1_1_t14_kept[j] + tmp1_1_t15_kept[j] + b_f[j])))) + tanh(tmp1_1_t9_kept[j] + tmp1_1_t10_kept[j] + b_g[j])*(((tmp1_1_t5_kept[j] + tmp1_1_t6_kept[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(tmp1_1_t5_kept[j] + tmp1_1_t6_kept[j] + b_i[j]))) / (1.0 + exp(-fabs(tmp1_1_t5_kept[j] + tmp1_1_t6_kept[j] + b_i[j]))));
                     tmp1_1_cell_next[j] = x0;
-                    tmp1_1_h_next[j] = tanh(x0)/(exp(-tmp1_1_t1_kept[j] - tmp1_1_t2_kept[j] - b_o[j]) + 1);
+                    tmp1_1_h_next[j] = tanh(x0)*(((tmp1_1_t1_kept[j] + tmp1_1_t2_kept[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(tmp1_1_t1_kept[j] + tmp1_1_t2_kept[j] + b_o[j]))) / (1.0 + exp(-fabs(tmp1_1_t1_kept[j] + tmp1_1_t2_kept[j] + b_o[j]))));
                 }
                 /* t22 = h_next @ V */
                 for (int64_t i = 0; i < 1; ++i) {
@@ -945,15 +945,13 @@ int lstm_lm_value_and_grad(
                 double *tmp1_1_t24 = tmp1_1_base + 5216; /* 1 x 16 */
                 double *tmp1_1_t25 = tmp1_1_base + 5232; /* 1 x 16 */
                 double *tmp1_1_t27 = tmp1_1_base + 5216; /* 1 x 16 */
-                double *tmp1_1_t55 = tmp1_1_base + 5248; /* 1 x 16 */
-                double *tmp1_1_t30 = tmp1_1_base + 5264; /* 1 x 16 */
-                double *tmp1_1_t51 = tmp1_1_base + 5280; /* 1 x 16 */
-                double *tmp1_1_t32 = tmp1_1_base + 5296; /* 1 x 16 */
-                double *tmp1_1_t44 = tmp1_1_base + 5312; /* 1 x 16 */
-                double *tmp1_1_t48 = tmp1_1_base + 5328; /* 1 x 16 */
-                double *tmp1_1_t52 = tmp1_1_base + 5344; /* 1 x 16 */
-                double *tmp1_1_t56 = tmp1_1_base + 5360; /* 1 x 16 */
-                double *tmp1_1_t80 = tmp1_1_base + 5376; /* 1 x 16 */
+                double *tmp1_1_t30 = tmp1_1_base + 5248; /* 1 x 16 */
+                double *tmp1_1_t32 = tmp1_1_base + 5264; /* 1 x 16 */
+                double *tmp1_1_t44 = tmp1_1_base + 5280; /* 1 x 16 */
+                double *tmp1_1_t48 = tmp1_1_base + 5296; /* 1 x 16 */
+                double *tmp1_1_t52 = tmp1_1_base + 5312; /* 1 x 16 */
+                double *tmp1_1_t56 = tmp1_1_base + 5328; /* 1 x 16 */
+                double *tmp1_1_t80 = tmp1_1_base + 5344; /* 1 x 16 */
                 double *tmp1_1_t45 = tmp1_1_base + 5232; /* 1 x 16 */
                 double *tmp1_1_t49 = tmp1_1_base + 5216; /* 1 x 16 */
                 double *tmp1_1_t53 = tmp1_1_base + 5248; /* 1 x 16 */
@@ -975,27 +973,19 @@ int lstm_lm_value_and_grad(
                 for (int64_t j = 0; j < 16; ++j) {
                     tmp1_1_t25[j] = tmp1_1_grad_h_next[j] + tmp1_1_t24[j];
                 }
-                /* t27 = 1/(exp(-b_o - t1_kept_1 - t2_kept_1) + 1) */
-                /* t55 = exp(-b_o - t1_kept_1 - t2_kept_1)/(exp(-b_o - t1_kept_1 - t2_kept_1) + 1)**2 */
+                /* t27 = sigmoid(b_o + t1_kept_1 + t2_kept_1) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    const double x0 = exp(-tmp1_1_t1_kept_1[j] - tmp1_1_t2_kept_1[j] - b_o[j]);
-                    const double x1 = x0 + 1;
-                    tmp1_1_t27[j] = 1.0/x1;
-                    tmp1_1_t55[j] = x0/(x1*x1);
+                    tmp1_1_t27[j] = (((tmp1_1_t1_kept_1[j] + tmp1_1_t2_kept_1[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(tmp1_1_t1_kept_1[j] + tmp1_1_t2_kept_1[j] + b_o[j]))) / (1.0 + exp(-fabs(tmp1_1_t1_kept_1[j] + tmp1_1_t2_kept_1[j] + b_o[j]))));
                 }
-                /* t30 = 1/(exp(-b_i - t5_kept_1 - t6_kept_1) + 1) */
-                /* t51 = exp(-b_i - t5_kept_1 - t6_kept_1)/(exp(-b_i - t5_kept_1 - t6_kept_1) + 1)**2 */
+                /* t30 = sigmoid(b_i + t5_kept_1 + t6_kept_1) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    const double x0 = exp(-tmp1_1_t5_kept_1[j] - tmp1_1_t6_kept_1[j] - b_i[j]);
-                    const double x1 = x0 + 1;
-                    tmp1_1_t30[j] = 1.0/x1;
-                    tmp1_1_t51[j] = x0/(x1*x1);
+                    tmp1_1_t30[j] = (((tmp1_1_t5_kept_1[j] + tmp1_1_t6_kept_1[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(tmp1_1_t5_kept_1[j] + tmp1_1_t6_kept_1[j] + b_i[j]))) / (1.0 + exp(-fabs(tmp1_1_t5_kept_1[j] + tmp1_1_t6_kept_1[j] + b_i[j]))));
                 }
                 /* t32 = tanh(b_g + t10_kept_1 + t9_kept_1) */
     #if defined(__GNUC__) && !defined(__clang__)
@@ -1004,16 +994,16 @@ int lstm_lm_value_and_grad(
                 for (int64_t j = 0; j < 16; ++j) {
                     tmp1_1_t32[j] = tanh(tmp1_1_t9_kept_1[j] + tmp1_1_t10_kept_1[j] + b_g[j]);
                 }
-                /* t44 = cell*(grad_cell_next + t25*t27*(1 - tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32)**2))*exp(-b_f - t14_kept_1 - t15_kept_1)/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1)**2 */
-                /* t48 = t30*(1 - t32**2)*(grad_cell_next + t25*t27*(1 - tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32)**2)) */
-                /* t52 = t32*t51*(grad_cell_next + t25*t27*(1 - tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32)**2)) */
-                /* t56 = t25*t55*tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32) */
-                /* grad_cell = (grad_cell_next + t25*t27*(1 - tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32)**2))/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) */
-                /* grad_b_i = grad_b_i + t32*t51*(grad_cell_next + t25*t27*(1 - tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32)**2)) */
-                /* grad_b_f = cell*(grad_cell_next + t25*t27*(1 - tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32)**2))*exp(-b_f - t14_kept_1 - t15_kept_1)/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1)**2 + grad_b_f */
-                /* grad_b_g = grad_b_g + t30*(1 - t32**2)*(grad_cell_next + t25*t27*(1 - tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32)**2)) */
-                /* grad_b_o = grad_b_o + t25*t55*tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32) */
-                /* t80 = t27*tanh(cell/(exp(-b_f - t14_kept_1 - t15_kept_1) + 1) + t30*t32) */
+                /* t44 = cell*(1 - sigmoid(b_f + t14_kept_1 + t15_kept_1))*(grad_cell_next + t25*t27*(1 - tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32)**2))*sigmoid(b_f + t14_kept_1 + t15_kept_1) */
+                /* t48 = t30*(1 - t32**2)*(grad_cell_next + t25*t27*(1 - tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32)**2)) */
+                /* t52 = t30*t32*(1 - t30)*(grad_cell_next + t25*t27*(1 - tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32)**2)) */
+                /* t56 = t25*t27*(1 - t27)*tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32) */
+                /* grad_cell = (grad_cell_next + t25*t27*(1 - tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32)**2))*sigmoid(b_f + t14_kept_1 + t15_kept_1) */
+                /* grad_b_i = grad_b_i + t30*t32*(1 - t30)*(grad_cell_next + t25*t27*(1 - tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32)**2)) */
+                /* grad_b_f = cell*(1 - sigmoid(b_f + t14_kept_1 + t15_kept_1))*(grad_cell_next + t25*t27*(1 - tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32)**2))*sigmoid(b_f + t14_kept_1 + t15_kept_1) + grad_b_f */
+                /* grad_b_g = grad_b_g + t30*(1 - t32**2)*(grad_cell_next + t25*t27*(1 - tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32)**2)) */
+                /* grad_b_o = grad_b_o + t25*t27*(1 - t27)*tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32) */
+                /* t80 = t27*tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
@@ -1022,25 +1012,26 @@ int lstm_lm_value_and_grad(
                     const double tmp1_1_grad_b_f_in = grad_b_f[j];
                     const double tmp1_1_grad_b_g_in = grad_b_g[j];
                     const double tmp1_1_grad_b_o_in = grad_b_o[j];
-                    const double x0 = exp(-tmp1_1_t14_kept_1[j] - tmp1_1_t15_kept_1[j] - b_f[j]);
-                    const double x1 = x0 + 1;
-                    const double x2 = 1.0/x1;
-                    const double x3 = tanh(tmp1_1_t30[j]*tmp1_1_t32[j] + tmp1_1_cell[j]*x2);
+                    const double x0 = tmp1_1_t30[j]*tmp1_1_t32[j];
+                    const double x1 = (((tmp1_1_t14_kept_1[j] + tmp1_1_t15_kept_1[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(tmp1_1_t14_kept_1[j] + tmp1_1_t15_kept_1[j] + b_f[j]))) / (1.0 + exp(-fabs(tmp1_1_t14_kept_1[j] + tmp1_1_t15_kept_1[j] + b_f[j]))));
+                    const double x2 = tmp1_1_cell[j]*x1;
+                    const double x3 = tanh(x0 + x2);
                     const double x4 = tmp1_1_t25[j]*tmp1_1_t27[j]*(1 - (x3*x3)) + tmp1_1_grad_cell_next[j];
-                    const double x5 = tmp1_1_cell[j]*x0*x4/(x1*x1);
+                    const double x5 = x2*x4*(1 - x1);
                     const double x6 = tmp1_1_t30[j]*x4*(1 - (tmp1_1_t32[j]*tmp1_1_t32[j]));
-                    const double x7 = tmp1_1_t32[j]*tmp1_1_t51[j]*x4;
-                    const double x8 = tmp1_1_t55[j]*tmp1_1_t25[j]*x3;
+                    const double x7 = x0*x4*(1 - tmp1_1_t30[j]);
+                    const double x8 = tmp1_1_t27[j]*x3;
+                    const double x9 = tmp1_1_t25[j]*x8*(1 - tmp1_1_t27[j]);
                     tmp1_1_t44[j] = x5;
                     tmp1_1_t48[j] = x6;
                     tmp1_1_t52[j] = x7;
-                    tmp1_1_t56[j] = x8;
-                    tmp1_1_grad_cell[j] = x2*x4;
+                    tmp1_1_t56[j] = x9;
+                    tmp1_1_grad_cell[j] = x1*x4;
                     grad_b_i[j] = tmp1_1_grad_b_i_in + x7;
                     grad_b_f[j] = tmp1_1_grad_b_f_in + x5;
                     grad_b_g[j] = tmp1_1_grad_b_g_in + x6;
-                    grad_b_o[j] = tmp1_1_grad_b_o_in + x8;
-                    tmp1_1_t80[j] = tmp1_1_t27[j]*x3;
+                    grad_b_o[j] = tmp1_1_grad_b_o_in + x9;
+                    tmp1_1_t80[j] = x8;
                 }
                 /* t45 = t44 @ U_f^T */
                 for (int64_t i = 0; i < 1; ++i) {

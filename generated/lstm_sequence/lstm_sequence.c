@@ -50,7 +50,6 @@ __attribute__((simd("notinbranch"))) double tanh(double);
  * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise
  * lstm_sequence_matmul runs them as plain loops. */
 #ifdef SYMBACKPROP_CBLAS
-#include <limits.h>
 #ifndef SYMBACKPROP_CBLAS_DGEMM
 #define SYMBACKPROP_CBLAS_DGEMM cblas_dgemm
 #endif
@@ -62,20 +61,16 @@ void SYMBACKPROP_GEMM(int order, int trans_a, int trans_b, int m, int n, int k, 
 
 #ifdef SYMBACKPROP_CBLAS
 /* A rows x cols operand read at p[i*rs + j*cs] as a row-major BLAS matrix:
- * CBLAS's transpose flag for it (111 CblasNoTrans, 112 CblasTrans; 0 if it
- * is neither, e.g. broadcast, or its leading dimension overflows BLAS's int)
- * and its leading dimension. Internal: never a status of a module function. */
+ * its transpose flag (0 if it is none, e.g. broadcast) and leading dimension. */
 static int lstm_sequence_blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int *ld)
 {
     if ((cs == 1 || cols == 1) && (rows == 1 || rs >= cols)) {
-        const int64_t lead = rows == 1 ? cols : rs;
-        *ld = lead <= INT_MAX ? (int)lead : 0;
-        return lead <= INT_MAX ? 111 : 0;
+        *ld = (int)(rows == 1 ? cols : rs);
+        return 111; /* CblasNoTrans */
     }
     if ((rs == 1 || rows == 1) && (cols == 1 || cs >= rows)) {
-        const int64_t lead = cols == 1 ? rows : cs;
-        *ld = lead <= INT_MAX ? (int)lead : 0;
-        return lead <= INT_MAX ? 112 : 0;
+        *ld = (int)(cols == 1 ? rows : cs);
+        return 112; /* CblasTrans */
     }
     return 0;
 }
@@ -89,8 +84,7 @@ static void lstm_sequence_matmul(int64_t m, int64_t n, int64_t k,
                                  const double *b, int64_t b_rs, int64_t b_cs, double *c)
 {
 #ifdef SYMBACKPROP_CBLAS
-    /* BLAS takes int sizes: larger products stay loops (and m*n*k as a double cannot overflow) */
-    if ((double)m * (double)n * (double)k >= 4096 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX) {
+    if (m * n * k >= 4096) {
         int lda = 1, ldb = 1;
         const int trans_a = lstm_sequence_blas_layout(m, k, a_rs, a_cs, &lda);
         const int trans_b = lstm_sequence_blas_layout(k, n, b_rs, b_cs, &ldb);
@@ -139,10 +133,8 @@ static double lstm_sequence_sum(const double *x, int64_t n, int64_t stride)
 
 static size_t lstm_sequence_run_work_len(int64_t n, int with_grads)
 {
-    if (n < 1) {
-        return 0; /* the function returns 1 */
-    }
-    return (size_t)(with_grads ? 667*n + 513 : 123*n + 1);
+    (void)n;
+    return (size_t)(with_grads ? 507*n + 513 : 115*n + 1);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
@@ -190,28 +182,24 @@ static int lstm_sequence_run(
     double *work,
     int with_grads
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
-    
+
     /* t0 = x1 @ W_o */
     double *t0 = work; /* n x 8 */
     lstm_sequence_matmul(n, 8, 1, x1_, 1, 0, W_o, 0, 1, t0);
 
     /* t1 = b_o */
-    /* t3 = 1/(exp(-b_o - t0) + 1) */
-    /* dt3_dt2 = exp(-b_o - t0)/(exp(-b_o - t0) + 1)**2 */
-    double *dt3_dt2 = t0 + 8*n; /* n x 8 */
-    double *t1 = dt3_dt2 + 8*n; /* n x 8 */
+    /* t3 = sigmoid(b_o + t0) */
+    double *t1 = t0 + 8*n; /* n x 8 */
     double *t3 = t1 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-b_o[j] - t0[8*i + j]);
-            const double x1 = x0 + 1;
             t1[8*i + j] = b_o[j];
-            t3[8*i + j] = 1.0/x1;
-            dt3_dt2[8*i + j] = x0/(x1*x1);
+            t3[8*i + j] = (((b_o[j] + t0[8*i + j]) >= 0 ? 1.0 : exp(-fabs(b_o[j] + t0[8*i + j]))) / (1.0 + exp(-fabs(b_o[j] + t0[8*i + j]))));
         }
     }
 
@@ -220,19 +208,14 @@ static int lstm_sequence_run(
     lstm_sequence_matmul(n, 8, 1, x1_, 1, 0, W_i, 0, 1, t4);
 
     /* t5 = b_i */
-    /* t7 = 1/(exp(-b_i - t4) + 1) */
-    /* dt7_dt6 = exp(-b_i - t4)/(exp(-b_i - t4) + 1)**2 */
-    double *dt7_dt6 = with_grads ? t3 + 8*n : dt3_dt2; /* n x 8 */
-    double *t5 = with_grads ? dt7_dt6 + 8*n : t3 + 8*n; /* n x 8 */
+    /* t7 = sigmoid(b_i + t4) */
+    double *t5 = t3 + 8*n; /* n x 8 */
     double *t7 = t5 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-b_i[j] - t4[8*i + j]);
-            const double x1 = x0 + 1;
             t5[8*i + j] = b_i[j];
-            t7[8*i + j] = 1.0/x1;
-            dt7_dt6[8*i + j] = x0/(x1*x1);
+            t7[8*i + j] = (((b_i[j] + t4[8*i + j]) >= 0 ? 1.0 : exp(-fabs(b_i[j] + t4[8*i + j]))) / (1.0 + exp(-fabs(b_i[j] + t4[8*i + j]))));
         }
     }
 
@@ -245,8 +228,8 @@ static int lstm_sequence_run(
     /* t12 = t7*tanh(b_g + t8) */
     /* t13 = tanh(t7*tanh(b_g + t8)) */
     /* t14 = t3*tanh(t7*tanh(b_g + t8)) */
-    double *t11 = with_grads ? t7 + 8*n : dt7_dt6; /* n x 8 */
-    double *t12 = with_grads ? t11 + 8*n : t7 + 8*n; /* n x 8 */
+    double *t11 = t7 + 8*n; /* n x 8 */
+    double *t12 = t11 + 8*n; /* n x 8 */
     double *t13 = t12 + 8*n; /* n x 8 */
     double *t14 = t13 + 8*n; /* n x 8 */
     double *t9 = t14 + 8*n; /* n x 8 */
@@ -272,52 +255,42 @@ static int lstm_sequence_run(
     double *t16 = with_grads ? t9 + 8*n : t7; /* n x 8 */
     lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_o, 0, 1, t16);
 
-    /* t18 = 1/(exp(-t1 - t15 - t16) + 1) */
-    /* dt18_dt17 = exp(-t1 - t15 - t16)/(exp(-t1 - t15 - t16) + 1)**2 */
-    double *dt18_dt17 = with_grads ? t16 + 8*n : t8; /* n x 8 */
-    double *t18 = with_grads ? dt18_dt17 + 8*n : t11; /* n x 8 */
+    /* t18 = sigmoid(t1 + t15 + t16) */
+    double *t18 = with_grads ? t16 + 8*n : t8; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t15[8*i + j] - t16[8*i + j] - t1[8*i + j]);
-            const double x1 = x0 + 1;
-            t18[8*i + j] = 1.0/x1;
-            dt18_dt17[8*i + j] = x0/(x1*x1);
+            t18[8*i + j] = (((t15[8*i + j] + t16[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t15[8*i + j] + t16[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t15[8*i + j] + t16[8*i + j] + t1[8*i + j]))));
         }
     }
 
     /* t19 = t14 @ U_i */
-    double *t19 = with_grads ? t15 : t13; /* n x 8, in t15's memory */
+    double *t19 = with_grads ? t15 : t11; /* n x 8, in t15's memory */
     lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_i, 8, 1, t19);
 
     /* t20 = x2 @ W_i */
-    double *t20 = with_grads ? t16 : t15; /* n x 8, in t16's memory */
+    double *t20 = with_grads ? t16 : t13; /* n x 8, in t16's memory */
     lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_i, 0, 1, t20);
 
-    /* t22 = 1/(exp(-t19 - t20 - t5) + 1) */
-    /* dt22_dt21 = exp(-t19 - t20 - t5)/(exp(-t19 - t20 - t5) + 1)**2 */
-    double *dt22_dt21 = with_grads ? t18 + 8*n : t16; /* n x 8 */
-    double *t22 = with_grads ? dt22_dt21 + 8*n : dt18_dt17; /* n x 8 */
+    /* t22 = sigmoid(t19 + t20 + t5) */
+    double *t22 = with_grads ? t18 + 8*n : t15; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t19[8*i + j] - t20[8*i + j] - t5[8*i + j]);
-            const double x1 = x0 + 1;
-            t22[8*i + j] = 1.0/x1;
-            dt22_dt21[8*i + j] = x0/(x1*x1);
+            t22[8*i + j] = (((t19[8*i + j] + t20[8*i + j] + t5[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t19[8*i + j] + t20[8*i + j] + t5[8*i + j]))) / (1.0 + exp(-fabs(t19[8*i + j] + t20[8*i + j] + t5[8*i + j]))));
         }
     }
 
     /* t23 = t14 @ U_g */
-    double *t23 = t19; /* n x 8, in t19's memory */
+    double *t23 = with_grads ? t19 : t16; /* n x 8, in t19's memory */
     lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_g, 8, 1, t23);
 
     /* t24 = x2 @ W_g */
-    double *t24 = t20; /* n x 8, in t20's memory */
+    double *t24 = with_grads ? t20 : t19; /* n x 8, in t20's memory */
     lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_g, 0, 1, t24);
 
     /* t26 = tanh(t23 + t24 + t9) */
-    double *t26 = with_grads ? t22 + 8*n : dt22_dt21; /* n x 8 */
+    double *t26 = with_grads ? t22 + 8*n : t20; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -334,31 +307,26 @@ static int lstm_sequence_run(
     lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_f, 0, 1, t29);
 
     /* t30 = b_f */
-    /* t32 = 1/(exp(-b_f - t28 - t29) + 1) */
-    /* t34 = t12/(exp(-b_f - t28 - t29) + 1) + t22*t26 */
-    /* t35 = tanh(t12/(exp(-b_f - t28 - t29) + 1) + t22*t26) */
-    /* t36 = t18*tanh(t12/(exp(-b_f - t28 - t29) + 1) + t22*t26) */
-    /* dt32_dt31 = exp(-b_f - t28 - t29)/(exp(-b_f - t28 - t29) + 1)**2 */
-    double *dt32_dt31 = with_grads ? t26 + 8*n : t14; /* n x 8 */
-    double *t30 = with_grads ? dt32_dt31 + 8*n : t9 + 8*n; /* n x 8 */
-    double *t32 = t30 + 8*n; /* n x 8 */
+    /* t32 = sigmoid(b_f + t28 + t29) */
+    /* t34 = t12*sigmoid(b_f + t28 + t29) + t22*t26 */
+    /* t35 = tanh(t12*sigmoid(b_f + t28 + t29) + t22*t26) */
+    /* t36 = t18*tanh(t12*sigmoid(b_f + t28 + t29) + t22*t26) */
+    double *t30 = with_grads ? t26 + 8*n : t14; /* n x 8 */
+    double *t32 = with_grads ? t30 + 8*n : t9 + 8*n; /* n x 8 */
     double *t34 = t32 + 8*n; /* n x 8 */
     double *t35 = t34 + 8*n; /* n x 8 */
     double *t36 = t35 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-b_f[j] - t28[8*i + j] - t29[8*i + j]);
-            const double x1 = x0 + 1;
-            const double x2 = 1.0/x1;
-            const double x3 = t22[8*i + j]*t26[8*i + j] + t12[8*i + j]*x2;
-            const double x4 = tanh(x3);
+            const double x0 = (((b_f[j] + t28[8*i + j] + t29[8*i + j]) >= 0 ? 1.0 : exp(-fabs(b_f[j] + t28[8*i + j] + t29[8*i + j]))) / (1.0 + exp(-fabs(b_f[j] + t28[8*i + j] + t29[8*i + j]))));
+            const double x1 = t22[8*i + j]*t26[8*i + j] + t12[8*i + j]*x0;
+            const double x2 = tanh(x1);
             t30[8*i + j] = b_f[j];
-            t32[8*i + j] = x2;
-            t34[8*i + j] = x3;
-            t35[8*i + j] = x4;
-            t36[8*i + j] = t18[8*i + j]*x4;
-            dt32_dt31[8*i + j] = x0/(x1*x1);
+            t32[8*i + j] = x0;
+            t34[8*i + j] = x1;
+            t35[8*i + j] = x2;
+            t36[8*i + j] = t18[8*i + j]*x2;
         }
     }
 
@@ -370,52 +338,42 @@ static int lstm_sequence_run(
     double *t38 = with_grads ? t29 : t18; /* n x 8, in t29's memory */
     lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_o, 0, 1, t38);
 
-    /* t40 = 1/(exp(-t1 - t37 - t38) + 1) */
-    /* dt40_dt39 = exp(-t1 - t37 - t38)/(exp(-t1 - t37 - t38) + 1)**2 */
-    double *dt40_dt39 = with_grads ? t36 + 8*n : t22; /* n x 8 */
-    double *t40 = with_grads ? dt40_dt39 + 8*n : t26; /* n x 8 */
+    /* t40 = sigmoid(t1 + t37 + t38) */
+    double *t40 = with_grads ? t36 + 8*n : t22; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t37[8*i + j] - t38[8*i + j] - t1[8*i + j]);
-            const double x1 = x0 + 1;
-            t40[8*i + j] = 1.0/x1;
-            dt40_dt39[8*i + j] = x0/(x1*x1);
+            t40[8*i + j] = (((t37[8*i + j] + t38[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t37[8*i + j] + t38[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t37[8*i + j] + t38[8*i + j] + t1[8*i + j]))));
         }
     }
 
     /* t41 = t36 @ U_i */
-    double *t41 = with_grads ? t37 : t28; /* n x 8, in t37's memory */
+    double *t41 = with_grads ? t37 : t26; /* n x 8, in t37's memory */
     lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_i, 8, 1, t41);
 
     /* t42 = x3 @ W_i */
-    double *t42 = with_grads ? t38 : t29; /* n x 8, in t38's memory */
+    double *t42 = with_grads ? t38 : t28; /* n x 8, in t38's memory */
     lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_i, 0, 1, t42);
 
-    /* t44 = 1/(exp(-t41 - t42 - t5) + 1) */
-    /* dt44_dt43 = exp(-t41 - t42 - t5)/(exp(-t41 - t42 - t5) + 1)**2 */
-    double *dt44_dt43 = with_grads ? t40 + 8*n : dt32_dt31; /* n x 8 */
-    double *t44 = with_grads ? dt44_dt43 + 8*n : t32; /* n x 8 */
+    /* t44 = sigmoid(t41 + t42 + t5) */
+    double *t44 = with_grads ? t40 + 8*n : t29; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t41[8*i + j] - t42[8*i + j] - t5[8*i + j]);
-            const double x1 = x0 + 1;
-            t44[8*i + j] = 1.0/x1;
-            dt44_dt43[8*i + j] = x0/(x1*x1);
+            t44[8*i + j] = (((t41[8*i + j] + t42[8*i + j] + t5[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t41[8*i + j] + t42[8*i + j] + t5[8*i + j]))) / (1.0 + exp(-fabs(t41[8*i + j] + t42[8*i + j] + t5[8*i + j]))));
         }
     }
 
     /* t45 = t36 @ U_g */
-    double *t45 = with_grads ? t41 : t35; /* n x 8, in t41's memory */
+    double *t45 = with_grads ? t41 : t32; /* n x 8, in t41's memory */
     lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_g, 8, 1, t45);
 
     /* t46 = x3 @ W_g */
-    double *t46 = with_grads ? t42 : t37; /* n x 8, in t42's memory */
+    double *t46 = with_grads ? t42 : t35; /* n x 8, in t42's memory */
     lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_g, 0, 1, t46);
 
     /* t48 = tanh(t45 + t46 + t9) */
-    double *t48 = with_grads ? t44 + 8*n : t38; /* n x 8 */
+    double *t48 = with_grads ? t44 + 8*n : t37; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -424,36 +382,31 @@ static int lstm_sequence_run(
     }
 
     /* t50 = t36 @ U_f */
-    double *t50 = with_grads ? t45 : dt40_dt39; /* n x 8, in t45's memory */
+    double *t50 = with_grads ? t45 : t38; /* n x 8, in t45's memory */
     lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_f, 8, 1, t50);
 
     /* t51 = x3 @ W_f */
     double *t51 = with_grads ? t46 : t41; /* n x 8, in t46's memory */
     lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_f, 0, 1, t51);
 
-    /* t53 = 1/(exp(-t30 - t50 - t51) + 1) */
-    /* t55 = t34/(exp(-t30 - t50 - t51) + 1) + t44*t48 */
-    /* t56 = tanh(t34/(exp(-t30 - t50 - t51) + 1) + t44*t48) */
-    /* t57 = t40*tanh(t34/(exp(-t30 - t50 - t51) + 1) + t44*t48) */
-    /* dt53_dt52 = exp(-t30 - t50 - t51)/(exp(-t30 - t50 - t51) + 1)**2 */
-    double *dt53_dt52 = with_grads ? t48 + 8*n : t42; /* n x 8 */
-    double *t53 = with_grads ? dt53_dt52 + 8*n : dt44_dt43; /* n x 8 */
+    /* t53 = sigmoid(t30 + t50 + t51) */
+    /* t55 = t34*sigmoid(t30 + t50 + t51) + t44*t48 */
+    /* t56 = tanh(t34*sigmoid(t30 + t50 + t51) + t44*t48) */
+    /* t57 = t40*tanh(t34*sigmoid(t30 + t50 + t51) + t44*t48) */
+    double *t53 = with_grads ? t48 + 8*n : t42; /* n x 8 */
     double *t55 = with_grads ? t53 + 8*n : t45; /* n x 8 */
     double *t56 = with_grads ? t55 + 8*n : t46; /* n x 8 */
     double *t57 = with_grads ? t56 + 8*n : t36; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t50[8*i + j] - t51[8*i + j] - t30[8*i + j]);
-            const double x1 = x0 + 1;
-            const double x2 = 1.0/x1;
-            const double x3 = t44[8*i + j]*t48[8*i + j] + t34[8*i + j]*x2;
-            const double x4 = tanh(x3);
-            t53[8*i + j] = x2;
-            t55[8*i + j] = x3;
-            t56[8*i + j] = x4;
-            t57[8*i + j] = t40[8*i + j]*x4;
-            dt53_dt52[8*i + j] = x0/(x1*x1);
+            const double x0 = (((t50[8*i + j] + t51[8*i + j] + t30[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t50[8*i + j] + t51[8*i + j] + t30[8*i + j]))) / (1.0 + exp(-fabs(t50[8*i + j] + t51[8*i + j] + t30[8*i + j]))));
+            const double x1 = t44[8*i + j]*t48[8*i + j] + t34[8*i + j]*x0;
+            const double x2 = tanh(x1);
+            t53[8*i + j] = x0;
+            t55[8*i + j] = x1;
+            t56[8*i + j] = x2;
+            t57[8*i + j] = t40[8*i + j]*x2;
         }
     }
 
@@ -465,52 +418,42 @@ static int lstm_sequence_run(
     double *t59 = with_grads ? t51 : t40; /* n x 8, in t51's memory */
     lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_o, 0, 1, t59);
 
-    /* t61 = 1/(exp(-t1 - t58 - t59) + 1) */
-    /* dt61_dt60 = exp(-t1 - t58 - t59)/(exp(-t1 - t58 - t59) + 1)**2 */
-    double *dt61_dt60 = with_grads ? t57 + 8*n : t44; /* n x 8 */
-    double *t61 = with_grads ? dt61_dt60 + 8*n : t48; /* n x 8 */
+    /* t61 = sigmoid(t1 + t58 + t59) */
+    double *t61 = with_grads ? t57 + 8*n : t44; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t58[8*i + j] - t59[8*i + j] - t1[8*i + j]);
-            const double x1 = x0 + 1;
-            t61[8*i + j] = 1.0/x1;
-            dt61_dt60[8*i + j] = x0/(x1*x1);
+            t61[8*i + j] = (((t58[8*i + j] + t59[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t58[8*i + j] + t59[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t58[8*i + j] + t59[8*i + j] + t1[8*i + j]))));
         }
     }
 
     /* t62 = t57 @ U_i */
-    double *t62 = with_grads ? t58 : t50; /* n x 8, in t58's memory */
+    double *t62 = with_grads ? t58 : t48; /* n x 8, in t58's memory */
     lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_i, 8, 1, t62);
 
     /* t63 = x4 @ W_i */
-    double *t63 = with_grads ? t59 : t51; /* n x 8, in t59's memory */
+    double *t63 = with_grads ? t59 : t50; /* n x 8, in t59's memory */
     lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_i, 0, 1, t63);
 
-    /* t65 = 1/(exp(-t5 - t62 - t63) + 1) */
-    /* dt65_dt64 = exp(-t5 - t62 - t63)/(exp(-t5 - t62 - t63) + 1)**2 */
-    double *dt65_dt64 = with_grads ? t61 + 8*n : dt53_dt52; /* n x 8 */
-    double *t65 = with_grads ? dt65_dt64 + 8*n : t53; /* n x 8 */
+    /* t65 = sigmoid(t5 + t62 + t63) */
+    double *t65 = with_grads ? t61 + 8*n : t51; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t62[8*i + j] - t63[8*i + j] - t5[8*i + j]);
-            const double x1 = x0 + 1;
-            t65[8*i + j] = 1.0/x1;
-            dt65_dt64[8*i + j] = x0/(x1*x1);
+            t65[8*i + j] = (((t62[8*i + j] + t63[8*i + j] + t5[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t62[8*i + j] + t63[8*i + j] + t5[8*i + j]))) / (1.0 + exp(-fabs(t62[8*i + j] + t63[8*i + j] + t5[8*i + j]))));
         }
     }
 
     /* t66 = t57 @ U_g */
-    double *t66 = with_grads ? t62 : t56; /* n x 8, in t62's memory */
+    double *t66 = with_grads ? t62 : t53; /* n x 8, in t62's memory */
     lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_g, 8, 1, t66);
 
     /* t67 = x4 @ W_g */
-    double *t67 = with_grads ? t63 : t58; /* n x 8, in t63's memory */
+    double *t67 = with_grads ? t63 : t56; /* n x 8, in t63's memory */
     lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_g, 0, 1, t67);
 
     /* t69 = tanh(t66 + t67 + t9) */
-    double *t69 = with_grads ? t65 + 8*n : t59; /* n x 8 */
+    double *t69 = with_grads ? t65 + 8*n : t58; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -519,36 +462,31 @@ static int lstm_sequence_run(
     }
 
     /* t71 = t57 @ U_f */
-    double *t71 = with_grads ? t66 : dt61_dt60; /* n x 8, in t66's memory */
+    double *t71 = with_grads ? t66 : t59; /* n x 8, in t66's memory */
     lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_f, 8, 1, t71);
 
     /* t72 = x4 @ W_f */
     double *t72 = with_grads ? t67 : t62; /* n x 8, in t67's memory */
     lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_f, 0, 1, t72);
 
-    /* t74 = 1/(exp(-t30 - t71 - t72) + 1) */
-    /* t76 = t55/(exp(-t30 - t71 - t72) + 1) + t65*t69 */
-    /* t77 = tanh(t55/(exp(-t30 - t71 - t72) + 1) + t65*t69) */
-    /* t78 = t61*tanh(t55/(exp(-t30 - t71 - t72) + 1) + t65*t69) */
-    /* dt74_dt73 = exp(-t30 - t71 - t72)/(exp(-t30 - t71 - t72) + 1)**2 */
-    double *dt74_dt73 = with_grads ? t69 + 8*n : t63; /* n x 8 */
-    double *t74 = with_grads ? dt74_dt73 + 8*n : dt65_dt64; /* n x 8 */
+    /* t74 = sigmoid(t30 + t71 + t72) */
+    /* t76 = t55*sigmoid(t30 + t71 + t72) + t65*t69 */
+    /* t77 = tanh(t55*sigmoid(t30 + t71 + t72) + t65*t69) */
+    /* t78 = t61*tanh(t55*sigmoid(t30 + t71 + t72) + t65*t69) */
+    double *t74 = with_grads ? t69 + 8*n : t63; /* n x 8 */
     double *t76 = with_grads ? t74 + 8*n : t66; /* n x 8 */
     double *t77 = with_grads ? t76 + 8*n : t67; /* n x 8 */
     double *t78 = with_grads ? t77 + 8*n : t57; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t71[8*i + j] - t72[8*i + j] - t30[8*i + j]);
-            const double x1 = x0 + 1;
-            const double x2 = 1.0/x1;
-            const double x3 = t65[8*i + j]*t69[8*i + j] + t55[8*i + j]*x2;
-            const double x4 = tanh(x3);
-            t74[8*i + j] = x2;
-            t76[8*i + j] = x3;
-            t77[8*i + j] = x4;
-            t78[8*i + j] = t61[8*i + j]*x4;
-            dt74_dt73[8*i + j] = x0/(x1*x1);
+            const double x0 = (((t71[8*i + j] + t72[8*i + j] + t30[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t71[8*i + j] + t72[8*i + j] + t30[8*i + j]))) / (1.0 + exp(-fabs(t71[8*i + j] + t72[8*i + j] + t30[8*i + j]))));
+            const double x1 = t65[8*i + j]*t69[8*i + j] + t55[8*i + j]*x0;
+            const double x2 = tanh(x1);
+            t74[8*i + j] = x0;
+            t76[8*i + j] = x1;
+            t77[8*i + j] = x2;
+            t78[8*i + j] = t61[8*i + j]*x2;
         }
     }
 
@@ -560,52 +498,42 @@ static int lstm_sequence_run(
     double *t80 = with_grads ? t72 : t61; /* n x 8, in t72's memory */
     lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_o, 0, 1, t80);
 
-    /* t82 = 1/(exp(-t1 - t79 - t80) + 1) */
-    /* dt82_dt81 = exp(-t1 - t79 - t80)/(exp(-t1 - t79 - t80) + 1)**2 */
-    double *dt82_dt81 = with_grads ? t78 + 8*n : t65; /* n x 8 */
-    double *t82 = with_grads ? dt82_dt81 + 8*n : t69; /* n x 8 */
+    /* t82 = sigmoid(t1 + t79 + t80) */
+    double *t82 = with_grads ? t78 + 8*n : t65; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t79[8*i + j] - t80[8*i + j] - t1[8*i + j]);
-            const double x1 = x0 + 1;
-            t82[8*i + j] = 1.0/x1;
-            dt82_dt81[8*i + j] = x0/(x1*x1);
+            t82[8*i + j] = (((t79[8*i + j] + t80[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t79[8*i + j] + t80[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t79[8*i + j] + t80[8*i + j] + t1[8*i + j]))));
         }
     }
 
     /* t83 = t78 @ U_i */
-    double *t83 = with_grads ? t79 : t71; /* n x 8, in t79's memory */
+    double *t83 = with_grads ? t79 : t69; /* n x 8, in t79's memory */
     lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_i, 8, 1, t83);
 
     /* t84 = x5 @ W_i */
-    double *t84 = with_grads ? t80 : t72; /* n x 8, in t80's memory */
+    double *t84 = with_grads ? t80 : t71; /* n x 8, in t80's memory */
     lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_i, 0, 1, t84);
 
-    /* t86 = 1/(exp(-t5 - t83 - t84) + 1) */
-    /* dt86_dt85 = exp(-t5 - t83 - t84)/(exp(-t5 - t83 - t84) + 1)**2 */
-    double *dt86_dt85 = with_grads ? t82 + 8*n : dt74_dt73; /* n x 8 */
-    double *t86 = with_grads ? dt86_dt85 + 8*n : t74; /* n x 8 */
+    /* t86 = sigmoid(t5 + t83 + t84) */
+    double *t86 = with_grads ? t82 + 8*n : t72; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t83[8*i + j] - t84[8*i + j] - t5[8*i + j]);
-            const double x1 = x0 + 1;
-            t86[8*i + j] = 1.0/x1;
-            dt86_dt85[8*i + j] = x0/(x1*x1);
+            t86[8*i + j] = (((t83[8*i + j] + t84[8*i + j] + t5[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t83[8*i + j] + t84[8*i + j] + t5[8*i + j]))) / (1.0 + exp(-fabs(t83[8*i + j] + t84[8*i + j] + t5[8*i + j]))));
         }
     }
 
     /* t87 = t78 @ U_g */
-    double *t87 = with_grads ? t83 : t77; /* n x 8, in t83's memory */
+    double *t87 = with_grads ? t83 : t74; /* n x 8, in t83's memory */
     lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_g, 8, 1, t87);
 
     /* t88 = x5 @ W_g */
-    double *t88 = with_grads ? t84 : t79; /* n x 8, in t84's memory */
+    double *t88 = with_grads ? t84 : t77; /* n x 8, in t84's memory */
     lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_g, 0, 1, t88);
 
     /* t90 = tanh(t87 + t88 + t9) */
-    double *t90 = with_grads ? t86 + 8*n : t80; /* n x 8 */
+    double *t90 = with_grads ? t86 + 8*n : t79; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -614,36 +542,31 @@ static int lstm_sequence_run(
     }
 
     /* t92 = t78 @ U_f */
-    double *t92 = with_grads ? t87 : dt82_dt81; /* n x 8, in t87's memory */
+    double *t92 = with_grads ? t87 : t80; /* n x 8, in t87's memory */
     lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_f, 8, 1, t92);
 
     /* t93 = x5 @ W_f */
     double *t93 = with_grads ? t88 : t83; /* n x 8, in t88's memory */
     lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_f, 0, 1, t93);
 
-    /* t95 = 1/(exp(-t30 - t92 - t93) + 1) */
-    /* t97 = t76/(exp(-t30 - t92 - t93) + 1) + t86*t90 */
-    /* t98 = tanh(t76/(exp(-t30 - t92 - t93) + 1) + t86*t90) */
-    /* t99 = t82*tanh(t76/(exp(-t30 - t92 - t93) + 1) + t86*t90) */
-    /* dt95_dt94 = exp(-t30 - t92 - t93)/(exp(-t30 - t92 - t93) + 1)**2 */
-    double *dt95_dt94 = with_grads ? t90 + 8*n : t84; /* n x 8 */
-    double *t95 = with_grads ? dt95_dt94 + 8*n : dt86_dt85; /* n x 8 */
+    /* t95 = sigmoid(t30 + t92 + t93) */
+    /* t97 = t76*sigmoid(t30 + t92 + t93) + t86*t90 */
+    /* t98 = tanh(t76*sigmoid(t30 + t92 + t93) + t86*t90) */
+    /* t99 = t82*tanh(t76*sigmoid(t30 + t92 + t93) + t86*t90) */
+    double *t95 = with_grads ? t90 + 8*n : t84; /* n x 8 */
     double *t97 = with_grads ? t95 + 8*n : t87; /* n x 8 */
     double *t98 = with_grads ? t97 + 8*n : t88; /* n x 8 */
     double *t99 = with_grads ? t98 + 8*n : t78; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t92[8*i + j] - t93[8*i + j] - t30[8*i + j]);
-            const double x1 = x0 + 1;
-            const double x2 = 1.0/x1;
-            const double x3 = t86[8*i + j]*t90[8*i + j] + t76[8*i + j]*x2;
-            const double x4 = tanh(x3);
-            t95[8*i + j] = x2;
-            t97[8*i + j] = x3;
-            t98[8*i + j] = x4;
-            t99[8*i + j] = t82[8*i + j]*x4;
-            dt95_dt94[8*i + j] = x0/(x1*x1);
+            const double x0 = (((t92[8*i + j] + t93[8*i + j] + t30[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t92[8*i + j] + t93[8*i + j] + t30[8*i + j]))) / (1.0 + exp(-fabs(t92[8*i + j] + t93[8*i + j] + t30[8*i + j]))));
+            const double x1 = t86[8*i + j]*t90[8*i + j] + t76[8*i + j]*x0;
+            const double x2 = tanh(x1);
+            t95[8*i + j] = x0;
+            t97[8*i + j] = x1;
+            t98[8*i + j] = x2;
+            t99[8*i + j] = t82[8*i + j]*x2;
         }
     }
 
@@ -655,52 +578,42 @@ static int lstm_sequence_run(
     double *t101 = with_grads ? t93 : t82; /* n x 8, in t93's memory */
     lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_o, 0, 1, t101);
 
-    /* t103 = 1/(exp(-t1 - t100 - t101) + 1) */
-    /* dt103_dt102 = exp(-t1 - t100 - t101)/(exp(-t1 - t100 - t101) + 1)**2 */
-    double *dt103_dt102 = with_grads ? t99 + 8*n : t86; /* n x 8 */
-    double *t103 = with_grads ? dt103_dt102 + 8*n : t90; /* n x 8 */
+    /* t103 = sigmoid(t1 + t100 + t101) */
+    double *t103 = with_grads ? t99 + 8*n : t86; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t100[8*i + j] - t101[8*i + j] - t1[8*i + j]);
-            const double x1 = x0 + 1;
-            t103[8*i + j] = 1.0/x1;
-            dt103_dt102[8*i + j] = x0/(x1*x1);
+            t103[8*i + j] = (((t100[8*i + j] + t101[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t100[8*i + j] + t101[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t100[8*i + j] + t101[8*i + j] + t1[8*i + j]))));
         }
     }
 
     /* t104 = t99 @ U_i */
-    double *t104 = with_grads ? t100 : t92; /* n x 8, in t100's memory */
+    double *t104 = with_grads ? t100 : t90; /* n x 8, in t100's memory */
     lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_i, 8, 1, t104);
 
     /* t105 = x6 @ W_i */
-    double *t105 = with_grads ? t101 : t93; /* n x 8, in t101's memory */
+    double *t105 = with_grads ? t101 : t92; /* n x 8, in t101's memory */
     lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_i, 0, 1, t105);
 
-    /* t107 = 1/(exp(-t104 - t105 - t5) + 1) */
-    /* dt107_dt106 = exp(-t104 - t105 - t5)/(exp(-t104 - t105 - t5) + 1)**2 */
-    double *dt107_dt106 = with_grads ? t103 + 8*n : dt95_dt94; /* n x 8 */
-    double *t107 = with_grads ? dt107_dt106 + 8*n : t95; /* n x 8 */
+    /* t107 = sigmoid(t104 + t105 + t5) */
+    double *t107 = with_grads ? t103 + 8*n : t93; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t104[8*i + j] - t105[8*i + j] - t5[8*i + j]);
-            const double x1 = x0 + 1;
-            t107[8*i + j] = 1.0/x1;
-            dt107_dt106[8*i + j] = x0/(x1*x1);
+            t107[8*i + j] = (((t104[8*i + j] + t105[8*i + j] + t5[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t104[8*i + j] + t105[8*i + j] + t5[8*i + j]))) / (1.0 + exp(-fabs(t104[8*i + j] + t105[8*i + j] + t5[8*i + j]))));
         }
     }
 
     /* t108 = t99 @ U_g */
-    double *t108 = with_grads ? t104 : t98; /* n x 8, in t104's memory */
+    double *t108 = with_grads ? t104 : t95; /* n x 8, in t104's memory */
     lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_g, 8, 1, t108);
 
     /* t109 = x6 @ W_g */
-    double *t109 = with_grads ? t105 : t100; /* n x 8, in t105's memory */
+    double *t109 = with_grads ? t105 : t98; /* n x 8, in t105's memory */
     lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_g, 0, 1, t109);
 
     /* t111 = tanh(t108 + t109 + t9) */
-    double *t111 = with_grads ? t107 + 8*n : t101; /* n x 8 */
+    double *t111 = with_grads ? t107 + 8*n : t100; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -709,36 +622,31 @@ static int lstm_sequence_run(
     }
 
     /* t113 = t99 @ U_f */
-    double *t113 = with_grads ? t108 : dt103_dt102; /* n x 8, in t108's memory */
+    double *t113 = with_grads ? t108 : t101; /* n x 8, in t108's memory */
     lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_f, 8, 1, t113);
 
     /* t114 = x6 @ W_f */
     double *t114 = with_grads ? t109 : t104; /* n x 8, in t109's memory */
     lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_f, 0, 1, t114);
 
-    /* t116 = 1/(exp(-t113 - t114 - t30) + 1) */
-    /* t118 = t107*t111 + t97/(exp(-t113 - t114 - t30) + 1) */
-    /* t119 = tanh(t107*t111 + t97/(exp(-t113 - t114 - t30) + 1)) */
-    /* t120 = t103*tanh(t107*t111 + t97/(exp(-t113 - t114 - t30) + 1)) */
-    /* dt116_dt115 = exp(-t113 - t114 - t30)/(exp(-t113 - t114 - t30) + 1)**2 */
-    double *dt116_dt115 = with_grads ? t111 + 8*n : t105; /* n x 8 */
-    double *t116 = with_grads ? dt116_dt115 + 8*n : dt107_dt106; /* n x 8 */
+    /* t116 = sigmoid(t113 + t114 + t30) */
+    /* t118 = t107*t111 + t97*sigmoid(t113 + t114 + t30) */
+    /* t119 = tanh(t107*t111 + t97*sigmoid(t113 + t114 + t30)) */
+    /* t120 = t103*tanh(t107*t111 + t97*sigmoid(t113 + t114 + t30)) */
+    double *t116 = with_grads ? t111 + 8*n : t105; /* n x 8 */
     double *t118 = with_grads ? t116 + 8*n : t108; /* n x 8 */
     double *t119 = with_grads ? t118 + 8*n : t109; /* n x 8 */
     double *t120 = with_grads ? t119 + 8*n : t99; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t113[8*i + j] - t114[8*i + j] - t30[8*i + j]);
-            const double x1 = x0 + 1;
-            const double x2 = 1.0/x1;
-            const double x3 = t107[8*i + j]*t111[8*i + j] + t97[8*i + j]*x2;
-            const double x4 = tanh(x3);
-            t116[8*i + j] = x2;
-            t118[8*i + j] = x3;
-            t119[8*i + j] = x4;
-            t120[8*i + j] = t103[8*i + j]*x4;
-            dt116_dt115[8*i + j] = x0/(x1*x1);
+            const double x0 = (((t113[8*i + j] + t114[8*i + j] + t30[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t113[8*i + j] + t114[8*i + j] + t30[8*i + j]))) / (1.0 + exp(-fabs(t113[8*i + j] + t114[8*i + j] + t30[8*i + j]))));
+            const double x1 = t107[8*i + j]*t111[8*i + j] + t97[8*i + j]*x0;
+            const double x2 = tanh(x1);
+            t116[8*i + j] = x0;
+            t118[8*i + j] = x1;
+            t119[8*i + j] = x2;
+            t120[8*i + j] = t103[8*i + j]*x2;
         }
     }
 
@@ -750,52 +658,42 @@ static int lstm_sequence_run(
     double *t122 = with_grads ? t114 : t103; /* n x 8, in t114's memory */
     lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_o, 0, 1, t122);
 
-    /* t124 = 1/(exp(-t1 - t121 - t122) + 1) */
-    /* dt124_dt123 = exp(-t1 - t121 - t122)/(exp(-t1 - t121 - t122) + 1)**2 */
-    double *dt124_dt123 = with_grads ? t120 + 8*n : t107; /* n x 8 */
-    double *t124 = with_grads ? dt124_dt123 + 8*n : t111; /* n x 8 */
+    /* t124 = sigmoid(t1 + t121 + t122) */
+    double *t124 = with_grads ? t120 + 8*n : t107; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t121[8*i + j] - t122[8*i + j] - t1[8*i + j]);
-            const double x1 = x0 + 1;
-            t124[8*i + j] = 1.0/x1;
-            dt124_dt123[8*i + j] = x0/(x1*x1);
+            t124[8*i + j] = (((t121[8*i + j] + t122[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t121[8*i + j] + t122[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t121[8*i + j] + t122[8*i + j] + t1[8*i + j]))));
         }
     }
 
     /* t125 = t120 @ U_i */
-    double *t125 = with_grads ? t121 : t113; /* n x 8, in t121's memory */
+    double *t125 = with_grads ? t121 : t111; /* n x 8, in t121's memory */
     lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_i, 8, 1, t125);
 
     /* t126 = x7 @ W_i */
-    double *t126 = with_grads ? t122 : t114; /* n x 8, in t122's memory */
+    double *t126 = with_grads ? t122 : t113; /* n x 8, in t122's memory */
     lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_i, 0, 1, t126);
 
-    /* t128 = 1/(exp(-t125 - t126 - t5) + 1) */
-    /* dt128_dt127 = exp(-t125 - t126 - t5)/(exp(-t125 - t126 - t5) + 1)**2 */
-    double *dt128_dt127 = with_grads ? t124 + 8*n : dt116_dt115; /* n x 8 */
-    double *t128 = with_grads ? dt128_dt127 + 8*n : t116; /* n x 8 */
+    /* t128 = sigmoid(t125 + t126 + t5) */
+    double *t128 = with_grads ? t124 + 8*n : t114; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t125[8*i + j] - t126[8*i + j] - t5[8*i + j]);
-            const double x1 = x0 + 1;
-            t128[8*i + j] = 1.0/x1;
-            dt128_dt127[8*i + j] = x0/(x1*x1);
+            t128[8*i + j] = (((t125[8*i + j] + t126[8*i + j] + t5[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t125[8*i + j] + t126[8*i + j] + t5[8*i + j]))) / (1.0 + exp(-fabs(t125[8*i + j] + t126[8*i + j] + t5[8*i + j]))));
         }
     }
 
     /* t129 = t120 @ U_g */
-    double *t129 = with_grads ? t125 : t119; /* n x 8, in t125's memory */
+    double *t129 = with_grads ? t125 : t116; /* n x 8, in t125's memory */
     lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_g, 8, 1, t129);
 
     /* t130 = x7 @ W_g */
-    double *t130 = with_grads ? t126 : t121; /* n x 8, in t126's memory */
+    double *t130 = with_grads ? t126 : t119; /* n x 8, in t126's memory */
     lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_g, 0, 1, t130);
 
     /* t132 = tanh(t129 + t130 + t9) */
-    double *t132 = with_grads ? t128 + 8*n : t122; /* n x 8 */
+    double *t132 = with_grads ? t128 + 8*n : t121; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -804,36 +702,31 @@ static int lstm_sequence_run(
     }
 
     /* t134 = t120 @ U_f */
-    double *t134 = with_grads ? t129 : dt124_dt123; /* n x 8, in t129's memory */
+    double *t134 = with_grads ? t129 : t122; /* n x 8, in t129's memory */
     lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_f, 8, 1, t134);
 
     /* t135 = x7 @ W_f */
     double *t135 = with_grads ? t130 : t125; /* n x 8, in t130's memory */
     lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_f, 0, 1, t135);
 
-    /* t137 = 1/(exp(-t134 - t135 - t30) + 1) */
-    /* t139 = t118/(exp(-t134 - t135 - t30) + 1) + t128*t132 */
-    /* t140 = tanh(t118/(exp(-t134 - t135 - t30) + 1) + t128*t132) */
-    /* t141 = t124*tanh(t118/(exp(-t134 - t135 - t30) + 1) + t128*t132) */
-    /* dt137_dt136 = exp(-t134 - t135 - t30)/(exp(-t134 - t135 - t30) + 1)**2 */
-    double *dt137_dt136 = with_grads ? t132 + 8*n : t126; /* n x 8 */
-    double *t137 = with_grads ? dt137_dt136 + 8*n : dt128_dt127; /* n x 8 */
+    /* t137 = sigmoid(t134 + t135 + t30) */
+    /* t139 = t118*sigmoid(t134 + t135 + t30) + t128*t132 */
+    /* t140 = tanh(t118*sigmoid(t134 + t135 + t30) + t128*t132) */
+    /* t141 = t124*tanh(t118*sigmoid(t134 + t135 + t30) + t128*t132) */
+    double *t137 = with_grads ? t132 + 8*n : t126; /* n x 8 */
     double *t139 = with_grads ? t137 + 8*n : t129; /* n x 8 */
     double *t140 = with_grads ? t139 + 8*n : t130; /* n x 8 */
     double *t141 = with_grads ? t140 + 8*n : t120; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t134[8*i + j] - t135[8*i + j] - t30[8*i + j]);
-            const double x1 = x0 + 1;
-            const double x2 = 1.0/x1;
-            const double x3 = t128[8*i + j]*t132[8*i + j] + t118[8*i + j]*x2;
-            const double x4 = tanh(x3);
-            t137[8*i + j] = x2;
-            t139[8*i + j] = x3;
-            t140[8*i + j] = x4;
-            t141[8*i + j] = t124[8*i + j]*x4;
-            dt137_dt136[8*i + j] = x0/(x1*x1);
+            const double x0 = (((t134[8*i + j] + t135[8*i + j] + t30[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t134[8*i + j] + t135[8*i + j] + t30[8*i + j]))) / (1.0 + exp(-fabs(t134[8*i + j] + t135[8*i + j] + t30[8*i + j]))));
+            const double x1 = t128[8*i + j]*t132[8*i + j] + t118[8*i + j]*x0;
+            const double x2 = tanh(x1);
+            t137[8*i + j] = x0;
+            t139[8*i + j] = x1;
+            t140[8*i + j] = x2;
+            t141[8*i + j] = t124[8*i + j]*x2;
         }
     }
 
@@ -845,52 +738,42 @@ static int lstm_sequence_run(
     double *t143 = with_grads ? t135 : t124; /* n x 8, in t135's memory */
     lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_o, 0, 1, t143);
 
-    /* t145 = 1/(exp(-t1 - t142 - t143) + 1) */
-    /* dt145_dt144 = exp(-t1 - t142 - t143)/(exp(-t1 - t142 - t143) + 1)**2 */
-    double *dt145_dt144 = with_grads ? t141 + 8*n : t128; /* n x 8 */
-    double *t145 = with_grads ? dt145_dt144 + 8*n : t132; /* n x 8 */
+    /* t145 = sigmoid(t1 + t142 + t143) */
+    double *t145 = with_grads ? t141 + 8*n : t128; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t142[8*i + j] - t143[8*i + j] - t1[8*i + j]);
-            const double x1 = x0 + 1;
-            t145[8*i + j] = 1.0/x1;
-            dt145_dt144[8*i + j] = x0/(x1*x1);
+            t145[8*i + j] = (((t142[8*i + j] + t143[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t142[8*i + j] + t143[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t142[8*i + j] + t143[8*i + j] + t1[8*i + j]))));
         }
     }
 
     /* t146 = t141 @ U_i */
-    double *t146 = with_grads ? t1 : t134; /* n x 8, in t1's memory */
+    double *t146 = with_grads ? t1 : t132; /* n x 8, in t1's memory */
     lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_i, 8, 1, t146);
 
     /* t147 = x8 @ W_i */
-    double *t147 = with_grads ? t142 : t135; /* n x 8, in t142's memory */
+    double *t147 = with_grads ? t142 : t134; /* n x 8, in t142's memory */
     lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_i, 0, 1, t147);
 
-    /* t149 = 1/(exp(-t146 - t147 - t5) + 1) */
-    /* dt149_dt148 = exp(-t146 - t147 - t5)/(exp(-t146 - t147 - t5) + 1)**2 */
-    double *dt149_dt148 = with_grads ? t143 : dt137_dt136; /* n x 8, in t143's memory */
-    double *t149 = with_grads ? t145 + 8*n : t137; /* n x 8 */
+    /* t149 = sigmoid(t146 + t147 + t5) */
+    double *t149 = with_grads ? t143 : t135; /* n x 8, in t143's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t146[8*i + j] - t147[8*i + j] - t5[8*i + j]);
-            const double x1 = x0 + 1;
-            t149[8*i + j] = 1.0/x1;
-            dt149_dt148[8*i + j] = x0/(x1*x1);
+            t149[8*i + j] = (((t146[8*i + j] + t147[8*i + j] + t5[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t146[8*i + j] + t147[8*i + j] + t5[8*i + j]))) / (1.0 + exp(-fabs(t146[8*i + j] + t147[8*i + j] + t5[8*i + j]))));
         }
     }
 
     /* t150 = t141 @ U_g */
-    double *t150 = with_grads ? t5 : t140; /* n x 8, in t5's memory */
+    double *t150 = with_grads ? t5 : t137; /* n x 8, in t5's memory */
     lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_g, 8, 1, t150);
 
     /* t151 = x8 @ W_g */
-    double *t151 = with_grads ? t146 : t1; /* n x 8, in t146's memory */
+    double *t151 = with_grads ? t146 : t140; /* n x 8, in t146's memory */
     lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_g, 0, 1, t151);
 
     /* t153 = tanh(t150 + t151 + t9) */
-    double *t153 = with_grads ? t147 : t142; /* n x 8, in t147's memory */
+    double *t153 = with_grads ? t147 : t1; /* n x 8, in t147's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -899,32 +782,27 @@ static int lstm_sequence_run(
     }
 
     /* t155 = t141 @ U_f */
-    double *t155 = with_grads ? t9 : t143; /* n x 8, in t9's memory */
+    double *t155 = with_grads ? t9 : t142; /* n x 8, in t9's memory */
     lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_f, 8, 1, t155);
 
     /* t156 = x8 @ W_f */
-    double *t156 = with_grads ? t150 : dt145_dt144; /* n x 8, in t150's memory */
+    double *t156 = with_grads ? t150 : t143; /* n x 8, in t150's memory */
     lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_f, 0, 1, t156);
 
-    /* t158 = 1/(exp(-t155 - t156 - t30) + 1) */
-    /* t161 = tanh(t139/(exp(-t155 - t156 - t30) + 1) + t149*t153) */
-    /* t162 = t145*tanh(t139/(exp(-t155 - t156 - t30) + 1) + t149*t153) */
-    /* dt158_dt157 = exp(-t155 - t156 - t30)/(exp(-t155 - t156 - t30) + 1)**2 */
-    double *dt158_dt157 = with_grads ? t151 : t5; /* n x 8, in t151's memory */
-    double *t158 = with_grads ? t149 + 8*n : t146; /* n x 8 */
-    double *t161 = with_grads ? t158 + 8*n : t147; /* n x 8 */
-    double *t162 = with_grads ? t161 + 8*n : dt149_dt148; /* n x 8 */
+    /* t158 = sigmoid(t155 + t156 + t30) */
+    /* t161 = tanh(t139*sigmoid(t155 + t156 + t30) + t149*t153) */
+    /* t162 = t145*tanh(t139*sigmoid(t155 + t156 + t30) + t149*t153) */
+    double *t158 = with_grads ? t151 : t5; /* n x 8, in t151's memory */
+    double *t161 = with_grads ? t145 + 8*n : t146; /* n x 8 */
+    double *t162 = with_grads ? t161 + 8*n : t147; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = exp(-t155[8*i + j] - t156[8*i + j] - t30[8*i + j]);
-            const double x1 = x0 + 1;
-            const double x2 = 1.0/x1;
-            const double x3 = tanh(t149[8*i + j]*t153[8*i + j] + t139[8*i + j]*x2);
-            t158[8*i + j] = x2;
-            t161[8*i + j] = x3;
-            t162[8*i + j] = t145[8*i + j]*x3;
-            dt158_dt157[8*i + j] = x0/(x1*x1);
+            const double x0 = (((t155[8*i + j] + t156[8*i + j] + t30[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t155[8*i + j] + t156[8*i + j] + t30[8*i + j]))) / (1.0 + exp(-fabs(t155[8*i + j] + t156[8*i + j] + t30[8*i + j]))));
+            const double x1 = tanh(t149[8*i + j]*t153[8*i + j] + t139[8*i + j]*x0);
+            t158[8*i + j] = x0;
+            t161[8*i + j] = x1;
+            t162[8*i + j] = t145[8*i + j]*x1;
         }
     }
 
@@ -933,8 +811,8 @@ static int lstm_sequence_run(
     lstm_sequence_matmul(n, 1, 8, t162, 8, 1, V, 1, 0, t163);
 
     /* logit = c0 + t163 */
-    /* t168 = -y*(c0 + t163) + log(1 + exp(-Abs(c0 + t163))) + Max(0, c0 + t163) */
-    /* grad_logit = -y/n + (Heaviside(c0 + t163) - exp(-Abs(c0 + t163))*sign(c0 + t163)/(1 + exp(-Abs(c0 + t163))))/n */
+    /* t168 = -y*(c0 + t163) + softplus(c0 + t163) */
+    /* grad_logit = -y/n + sigmoid(c0 + t163)/n */
     double *grad_logit = t163 + n; /* n x 1 */
     double *t168 = grad_logit + n; /* n x 1 */
     {
@@ -942,12 +820,10 @@ static int lstm_sequence_run(
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < n; ++i) {
             const double x0 = c0_value + t163[i];
-            const double x1 = exp(-fabs(x0));
-            const double x2 = x1 + 1;
-            const double x3 = 1.0/((double)n);
+            const double x1 = 1.0/((double)n);
             logit[i] = x0;
-            t168[i] = -y[i]*x0 + log(x2) + fmax(0, x0);
-            grad_logit[i] = -y[i]*x3 + x3*(-x1*((x0 > 0) - (x0 < 0))/x2 + ((x0 > 0) ? 1.0 : 0.0));
+            t168[i] = -y[i]*x0 + (((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
+            grad_logit[i] = -y[i]*x1 + x1*(((x0) >= 0 ? 1.0 : exp(-fabs(x0))) / (1.0 + exp(-fabs(x0))));
         }
     }
 
@@ -969,10 +845,10 @@ static int lstm_sequence_run(
     lstm_sequence_matmul(n, 8, 1, grad_logit, 1, 0, V, 0, 1, grad_t162);
 
     /* grad_t160 = grad_t162*t145*(1 - t161**2) */
-    /* grad_t148 = dt149_dt148*grad_t162*t145*t153*(1 - t161**2) */
-    /* grad_t157 = dt158_dt157*grad_t162*t139*t145*(1 - t161**2) */
+    /* grad_t148 = grad_t162*t145*t149*t153*(1 - t149)*(1 - t161**2) */
+    /* grad_t157 = grad_t162*t139*t145*t158*(1 - t158)*(1 - t161**2) */
     /* grad_t152 = grad_t162*t145*t149*(1 - t153**2)*(1 - t161**2) */
-    /* grad_t144 = dt145_dt144*grad_t162*t161 */
+    /* grad_t144 = grad_t162*t145*t161*(1 - t145) */
     double *grad_t144 = t155; /* n x 8, in t155's memory */
     double *grad_t148 = t156; /* n x 8, in t156's memory */
     double *grad_t152 = t169 + 1; /* n x 8 */
@@ -981,12 +857,14 @@ static int lstm_sequence_run(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = grad_t162[8*i + j]*t145[8*i + j]*(1 - (t161[8*i + j]*t161[8*i + j]));
-            grad_t160[8*i + j] = x0;
-            grad_t148[8*i + j] = t153[8*i + j]*dt149_dt148[8*i + j]*x0;
-            grad_t157[8*i + j] = t139[8*i + j]*dt158_dt157[8*i + j]*x0;
-            grad_t152[8*i + j] = t149[8*i + j]*x0*(1 - (t153[8*i + j]*t153[8*i + j]));
-            grad_t144[8*i + j] = grad_t162[8*i + j]*t161[8*i + j]*dt145_dt144[8*i + j];
+            const double x0 = grad_t162[8*i + j]*t145[8*i + j];
+            const double x1 = x0*(1 - (t161[8*i + j]*t161[8*i + j]));
+            const double x2 = t149[8*i + j]*x1;
+            grad_t160[8*i + j] = x1;
+            grad_t148[8*i + j] = t153[8*i + j]*x2*(1 - t149[8*i + j]);
+            grad_t157[8*i + j] = t139[8*i + j]*t158[8*i + j]*x1*(1 - t158[8*i + j]);
+            grad_t152[8*i + j] = x2*(1 - (t153[8*i + j]*t153[8*i + j]));
+            grad_t144[8*i + j] = t161[8*i + j]*x0*(1 - t145[8*i + j]);
         }
     }
 
@@ -999,42 +877,43 @@ static int lstm_sequence_run(
     lstm_sequence_matmul(n, 8, 8, grad_t157, 8, 1, U_f, 1, 8, tmp1_1);
 
     /* tmp1_2 = grad_t152 @ U_g^T */
-    double *tmp1_2 = dt145_dt144; /* n x 8, in dt145_dt144's memory */
+    double *tmp1_2 = t145; /* n x 8, in t145's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t152, 8, 1, U_g, 1, 8, tmp1_2);
 
     /* tmp1_3 = grad_t148 @ U_i^T */
-    double *tmp1_3 = t145; /* n x 8, in t145's memory */
+    double *tmp1_3 = t149; /* n x 8, in t149's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t148, 8, 1, U_i, 1, 8, tmp1_3);
 
     /* tmp1_4 = grad_t144 @ U_o^T */
-    double *tmp1_4 = dt149_dt148; /* n x 8, in dt149_dt148's memory */
+    double *tmp1_4 = t153; /* n x 8, in t153's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t144, 8, 1, U_o, 1, 8, tmp1_4);
 
     /* grad_t139 = grad_t160*t158 + t124*(1 - t140**2)*(tmp1_1 + tmp1_2 + tmp1_3 + tmp1_4) */
-    /* grad_t127 = dt128_dt127*t132*(grad_t160*t158 + t124*(1 - t140**2)*(tmp1_1 + tmp1_2 + tmp1_3 + tmp1_4)) */
-    /* grad_t136 = dt137_dt136*t118*(grad_t160*t158 + t124*(1 - t140**2)*(tmp1_1 + tmp1_2 + tmp1_3 + tmp1_4)) */
+    /* grad_t127 = t128*t132*(1 - t128)*(grad_t160*t158 + t124*(1 - t140**2)*(tmp1_1 + tmp1_2 + tmp1_3 + tmp1_4)) */
+    /* grad_t136 = t118*t137*(1 - t137)*(grad_t160*t158 + t124*(1 - t140**2)*(tmp1_1 + tmp1_2 + tmp1_3 + tmp1_4)) */
     /* grad_t131 = t128*(1 - t132**2)*(grad_t160*t158 + t124*(1 - t140**2)*(tmp1_1 + tmp1_2 + tmp1_3 + tmp1_4)) */
-    /* grad_t123 = dt124_dt123*t140*(tmp1_1 + tmp1_2 + tmp1_3 + tmp1_4) */
-    double *grad_t123 = t149; /* n x 8, in t149's memory */
-    double *grad_t127 = t153; /* n x 8, in t153's memory */
-    double *grad_t131 = dt158_dt157; /* n x 8, in dt158_dt157's memory */
-    double *grad_t136 = t161; /* n x 8, in t161's memory */
-    double *grad_t139 = grad_t162; /* n x 8, in grad_t162's memory */
+    /* grad_t123 = t124*t140*(1 - t124)*(tmp1_1 + tmp1_2 + tmp1_3 + tmp1_4) */
+    double *grad_t123 = t161; /* n x 8, in t161's memory */
+    double *grad_t127 = grad_t162; /* n x 8, in grad_t162's memory */
+    double *grad_t131 = tmp1 + 8; /* n x 8 */
+    double *grad_t136 = grad_t131 + 8*n; /* n x 8 */
+    double *grad_t139 = grad_t136 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = tmp1_1[8*i + j] + tmp1_2[8*i + j] + tmp1_3[8*i + j] + tmp1_4[8*i + j];
-            const double x1 = grad_t160[8*i + j]*t158[8*i + j] + t124[8*i + j]*x0*(1 - (t140[8*i + j]*t140[8*i + j]));
+            const double x0 = t124[8*i + j]*(tmp1_1[8*i + j] + tmp1_2[8*i + j] + tmp1_3[8*i + j] + tmp1_4[8*i + j]);
+            const double x1 = grad_t160[8*i + j]*t158[8*i + j] + x0*(1 - (t140[8*i + j]*t140[8*i + j]));
+            const double x2 = t128[8*i + j]*x1;
             grad_t139[8*i + j] = x1;
-            grad_t127[8*i + j] = t132[8*i + j]*dt128_dt127[8*i + j]*x1;
-            grad_t136[8*i + j] = t118[8*i + j]*dt137_dt136[8*i + j]*x1;
-            grad_t131[8*i + j] = t128[8*i + j]*x1*(1 - (t132[8*i + j]*t132[8*i + j]));
-            grad_t123[8*i + j] = dt124_dt123[8*i + j]*t140[8*i + j]*x0;
+            grad_t127[8*i + j] = t132[8*i + j]*x2*(1 - t128[8*i + j]);
+            grad_t136[8*i + j] = t118[8*i + j]*t137[8*i + j]*x1*(1 - t137[8*i + j]);
+            grad_t131[8*i + j] = x2*(1 - (t132[8*i + j]*t132[8*i + j]));
+            grad_t123[8*i + j] = t140[8*i + j]*x0*(1 - t124[8*i + j]);
         }
     }
 
     /* tmp1_5 = x7^T @ grad_t127 */
-    double *tmp1_5 = tmp1 + 8; /* 1 x 8 */
+    double *tmp1_5 = grad_t139 + 8*n; /* 1 x 8 */
     lstm_sequence_matmul(1, 8, n, x7_, 0, 1, grad_t127, 8, 1, tmp1_5);
 
     /* tmp1_6 = grad_t136 @ U_f^T */
@@ -1042,37 +921,38 @@ static int lstm_sequence_run(
     lstm_sequence_matmul(n, 8, 8, grad_t136, 8, 1, U_f, 1, 8, tmp1_6);
 
     /* tmp1_7 = grad_t131 @ U_g^T */
-    double *tmp1_7 = dt124_dt123; /* n x 8, in dt124_dt123's memory */
+    double *tmp1_7 = t124; /* n x 8, in t124's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t131, 8, 1, U_g, 1, 8, tmp1_7);
 
     /* tmp1_8 = grad_t127 @ U_i^T */
-    double *tmp1_8 = t124; /* n x 8, in t124's memory */
+    double *tmp1_8 = t128; /* n x 8, in t128's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t127, 8, 1, U_i, 1, 8, tmp1_8);
 
     /* tmp1_9 = grad_t123 @ U_o^T */
-    double *tmp1_9 = dt128_dt127; /* n x 8, in dt128_dt127's memory */
+    double *tmp1_9 = t132; /* n x 8, in t132's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t123, 8, 1, U_o, 1, 8, tmp1_9);
 
     /* grad_t118 = grad_t139*t137 + t103*(1 - t119**2)*(tmp1_6 + tmp1_7 + tmp1_8 + tmp1_9) */
-    /* grad_t106 = dt107_dt106*t111*(grad_t139*t137 + t103*(1 - t119**2)*(tmp1_6 + tmp1_7 + tmp1_8 + tmp1_9)) */
-    /* grad_t115 = dt116_dt115*t97*(grad_t139*t137 + t103*(1 - t119**2)*(tmp1_6 + tmp1_7 + tmp1_8 + tmp1_9)) */
+    /* grad_t106 = t107*t111*(1 - t107)*(grad_t139*t137 + t103*(1 - t119**2)*(tmp1_6 + tmp1_7 + tmp1_8 + tmp1_9)) */
+    /* grad_t115 = t116*t97*(1 - t116)*(grad_t139*t137 + t103*(1 - t119**2)*(tmp1_6 + tmp1_7 + tmp1_8 + tmp1_9)) */
     /* grad_t110 = t107*(1 - t111**2)*(grad_t139*t137 + t103*(1 - t119**2)*(tmp1_6 + tmp1_7 + tmp1_8 + tmp1_9)) */
-    /* grad_t102 = dt103_dt102*t119*(tmp1_6 + tmp1_7 + tmp1_8 + tmp1_9) */
-    double *grad_t102 = t128; /* n x 8, in t128's memory */
-    double *grad_t106 = t132; /* n x 8, in t132's memory */
-    double *grad_t110 = dt137_dt136; /* n x 8, in dt137_dt136's memory */
-    double *grad_t115 = t140; /* n x 8, in t140's memory */
-    double *grad_t118 = t158; /* n x 8, in t158's memory */
+    /* grad_t102 = t103*t119*(1 - t103)*(tmp1_6 + tmp1_7 + tmp1_8 + tmp1_9) */
+    double *grad_t102 = t140; /* n x 8, in t140's memory */
+    double *grad_t106 = t158; /* n x 8, in t158's memory */
+    double *grad_t110 = grad_t160; /* n x 8, in grad_t160's memory */
+    double *grad_t115 = tmp1_1; /* n x 8, in tmp1_1's memory */
+    double *grad_t118 = tmp1_2; /* n x 8, in tmp1_2's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = tmp1_6[8*i + j] + tmp1_7[8*i + j] + tmp1_8[8*i + j] + tmp1_9[8*i + j];
-            const double x1 = grad_t139[8*i + j]*t137[8*i + j] + t103[8*i + j]*x0*(1 - (t119[8*i + j]*t119[8*i + j]));
+            const double x0 = t103[8*i + j]*(tmp1_6[8*i + j] + tmp1_7[8*i + j] + tmp1_8[8*i + j] + tmp1_9[8*i + j]);
+            const double x1 = grad_t139[8*i + j]*t137[8*i + j] + x0*(1 - (t119[8*i + j]*t119[8*i + j]));
+            const double x2 = t107[8*i + j]*x1;
             grad_t118[8*i + j] = x1;
-            grad_t106[8*i + j] = t111[8*i + j]*dt107_dt106[8*i + j]*x1;
-            grad_t115[8*i + j] = t97[8*i + j]*dt116_dt115[8*i + j]*x1;
-            grad_t110[8*i + j] = t107[8*i + j]*x1*(1 - (t111[8*i + j]*t111[8*i + j]));
-            grad_t102[8*i + j] = dt103_dt102[8*i + j]*t119[8*i + j]*x0;
+            grad_t106[8*i + j] = t111[8*i + j]*x2*(1 - t107[8*i + j]);
+            grad_t115[8*i + j] = t97[8*i + j]*t116[8*i + j]*x1*(1 - t116[8*i + j]);
+            grad_t110[8*i + j] = x2*(1 - (t111[8*i + j]*t111[8*i + j]));
+            grad_t102[8*i + j] = t119[8*i + j]*x0*(1 - t103[8*i + j]);
         }
     }
 
@@ -1081,41 +961,42 @@ static int lstm_sequence_run(
     lstm_sequence_matmul(1, 8, n, x6_, 0, 1, grad_t106, 8, 1, tmp1_10);
 
     /* tmp1_11 = grad_t115 @ U_f^T */
-    double *tmp1_11 = grad_t160; /* n x 8, in grad_t160's memory */
+    double *tmp1_11 = tmp1_3; /* n x 8, in tmp1_3's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t115, 8, 1, U_f, 1, 8, tmp1_11);
 
     /* tmp1_12 = grad_t110 @ U_g^T */
-    double *tmp1_12 = tmp1_1; /* n x 8, in tmp1_1's memory */
+    double *tmp1_12 = tmp1_4; /* n x 8, in tmp1_4's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t110, 8, 1, U_g, 1, 8, tmp1_12);
 
     /* tmp1_13 = grad_t106 @ U_i^T */
-    double *tmp1_13 = tmp1_2; /* n x 8, in tmp1_2's memory */
+    double *tmp1_13 = t97; /* n x 8, in t97's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t106, 8, 1, U_i, 1, 8, tmp1_13);
 
     /* tmp1_14 = grad_t102 @ U_o^T */
-    double *tmp1_14 = tmp1_3; /* n x 8, in tmp1_3's memory */
+    double *tmp1_14 = t103; /* n x 8, in t103's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t102, 8, 1, U_o, 1, 8, tmp1_14);
 
     /* grad_t97 = grad_t118*t116 + t82*(1 - t98**2)*(tmp1_11 + tmp1_12 + tmp1_13 + tmp1_14) */
-    /* grad_t85 = dt86_dt85*t90*(grad_t118*t116 + t82*(1 - t98**2)*(tmp1_11 + tmp1_12 + tmp1_13 + tmp1_14)) */
-    /* grad_t94 = dt95_dt94*t76*(grad_t118*t116 + t82*(1 - t98**2)*(tmp1_11 + tmp1_12 + tmp1_13 + tmp1_14)) */
+    /* grad_t85 = t86*t90*(1 - t86)*(grad_t118*t116 + t82*(1 - t98**2)*(tmp1_11 + tmp1_12 + tmp1_13 + tmp1_14)) */
+    /* grad_t94 = t76*t95*(1 - t95)*(grad_t118*t116 + t82*(1 - t98**2)*(tmp1_11 + tmp1_12 + tmp1_13 + tmp1_14)) */
     /* grad_t89 = t86*(1 - t90**2)*(grad_t118*t116 + t82*(1 - t98**2)*(tmp1_11 + tmp1_12 + tmp1_13 + tmp1_14)) */
-    /* grad_t81 = dt82_dt81*t98*(tmp1_11 + tmp1_12 + tmp1_13 + tmp1_14) */
-    double *grad_t81 = tmp1_4; /* n x 8, in tmp1_4's memory */
-    double *grad_t85 = t97; /* n x 8, in t97's memory */
-    double *grad_t89 = dt103_dt102; /* n x 8, in dt103_dt102's memory */
-    double *grad_t94 = t103; /* n x 8, in t103's memory */
-    double *grad_t97 = dt107_dt106; /* n x 8, in dt107_dt106's memory */
+    /* grad_t81 = t82*t98*(1 - t82)*(tmp1_11 + tmp1_12 + tmp1_13 + tmp1_14) */
+    double *grad_t81 = t107; /* n x 8, in t107's memory */
+    double *grad_t85 = t111; /* n x 8, in t111's memory */
+    double *grad_t89 = t119; /* n x 8, in t119's memory */
+    double *grad_t94 = t137; /* n x 8, in t137's memory */
+    double *grad_t97 = grad_t139; /* n x 8, in grad_t139's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = tmp1_11[8*i + j] + tmp1_12[8*i + j] + tmp1_13[8*i + j] + tmp1_14[8*i + j];
-            const double x1 = grad_t118[8*i + j]*t116[8*i + j] + t82[8*i + j]*x0*(1 - (t98[8*i + j]*t98[8*i + j]));
+            const double x0 = t82[8*i + j]*(tmp1_11[8*i + j] + tmp1_12[8*i + j] + tmp1_13[8*i + j] + tmp1_14[8*i + j]);
+            const double x1 = grad_t118[8*i + j]*t116[8*i + j] + x0*(1 - (t98[8*i + j]*t98[8*i + j]));
+            const double x2 = t86[8*i + j]*x1;
             grad_t97[8*i + j] = x1;
-            grad_t85[8*i + j] = t90[8*i + j]*dt86_dt85[8*i + j]*x1;
-            grad_t94[8*i + j] = t76[8*i + j]*dt95_dt94[8*i + j]*x1;
-            grad_t89[8*i + j] = t86[8*i + j]*x1*(1 - (t90[8*i + j]*t90[8*i + j]));
-            grad_t81[8*i + j] = dt82_dt81[8*i + j]*t98[8*i + j]*x0;
+            grad_t85[8*i + j] = t90[8*i + j]*x2*(1 - t86[8*i + j]);
+            grad_t94[8*i + j] = t76[8*i + j]*t95[8*i + j]*x1*(1 - t95[8*i + j]);
+            grad_t89[8*i + j] = x2*(1 - (t90[8*i + j]*t90[8*i + j]));
+            grad_t81[8*i + j] = t98[8*i + j]*x0*(1 - t82[8*i + j]);
         }
     }
 
@@ -1124,41 +1005,42 @@ static int lstm_sequence_run(
     lstm_sequence_matmul(1, 8, n, x5_, 0, 1, grad_t85, 8, 1, tmp1_15);
 
     /* tmp1_16 = grad_t94 @ U_f^T */
-    double *tmp1_16 = t107; /* n x 8, in t107's memory */
+    double *tmp1_16 = tmp1_6; /* n x 8, in tmp1_6's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t94, 8, 1, U_f, 1, 8, tmp1_16);
 
     /* tmp1_17 = grad_t89 @ U_g^T */
-    double *tmp1_17 = t111; /* n x 8, in t111's memory */
+    double *tmp1_17 = tmp1_7; /* n x 8, in tmp1_7's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t89, 8, 1, U_g, 1, 8, tmp1_17);
 
     /* tmp1_18 = grad_t85 @ U_i^T */
-    double *tmp1_18 = dt116_dt115; /* n x 8, in dt116_dt115's memory */
+    double *tmp1_18 = tmp1_8; /* n x 8, in tmp1_8's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t85, 8, 1, U_i, 1, 8, tmp1_18);
 
     /* tmp1_19 = grad_t81 @ U_o^T */
-    double *tmp1_19 = t119; /* n x 8, in t119's memory */
+    double *tmp1_19 = tmp1_9; /* n x 8, in tmp1_9's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t81, 8, 1, U_o, 1, 8, tmp1_19);
 
     /* grad_t76 = grad_t97*t95 + t61*(1 - t77**2)*(tmp1_16 + tmp1_17 + tmp1_18 + tmp1_19) */
-    /* grad_t64 = dt65_dt64*t69*(grad_t97*t95 + t61*(1 - t77**2)*(tmp1_16 + tmp1_17 + tmp1_18 + tmp1_19)) */
-    /* grad_t73 = dt74_dt73*t55*(grad_t97*t95 + t61*(1 - t77**2)*(tmp1_16 + tmp1_17 + tmp1_18 + tmp1_19)) */
+    /* grad_t64 = t65*t69*(1 - t65)*(grad_t97*t95 + t61*(1 - t77**2)*(tmp1_16 + tmp1_17 + tmp1_18 + tmp1_19)) */
+    /* grad_t73 = t55*t74*(1 - t74)*(grad_t97*t95 + t61*(1 - t77**2)*(tmp1_16 + tmp1_17 + tmp1_18 + tmp1_19)) */
     /* grad_t68 = t65*(1 - t69**2)*(grad_t97*t95 + t61*(1 - t77**2)*(tmp1_16 + tmp1_17 + tmp1_18 + tmp1_19)) */
-    /* grad_t60 = dt61_dt60*t77*(tmp1_16 + tmp1_17 + tmp1_18 + tmp1_19) */
-    double *grad_t60 = t137; /* n x 8, in t137's memory */
-    double *grad_t64 = grad_t139; /* n x 8, in grad_t139's memory */
-    double *grad_t68 = tmp1_6; /* n x 8, in tmp1_6's memory */
-    double *grad_t73 = tmp1_7; /* n x 8, in tmp1_7's memory */
-    double *grad_t76 = tmp1_8; /* n x 8, in tmp1_8's memory */
+    /* grad_t60 = t61*t77*(1 - t61)*(tmp1_16 + tmp1_17 + tmp1_18 + tmp1_19) */
+    double *grad_t60 = t76; /* n x 8, in t76's memory */
+    double *grad_t64 = t82; /* n x 8, in t82's memory */
+    double *grad_t68 = t86; /* n x 8, in t86's memory */
+    double *grad_t73 = t90; /* n x 8, in t90's memory */
+    double *grad_t76 = t98; /* n x 8, in t98's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = tmp1_16[8*i + j] + tmp1_17[8*i + j] + tmp1_18[8*i + j] + tmp1_19[8*i + j];
-            const double x1 = grad_t97[8*i + j]*t95[8*i + j] + t61[8*i + j]*x0*(1 - (t77[8*i + j]*t77[8*i + j]));
+            const double x0 = t61[8*i + j]*(tmp1_16[8*i + j] + tmp1_17[8*i + j] + tmp1_18[8*i + j] + tmp1_19[8*i + j]);
+            const double x1 = grad_t97[8*i + j]*t95[8*i + j] + x0*(1 - (t77[8*i + j]*t77[8*i + j]));
+            const double x2 = t65[8*i + j]*x1;
             grad_t76[8*i + j] = x1;
-            grad_t64[8*i + j] = t69[8*i + j]*dt65_dt64[8*i + j]*x1;
-            grad_t73[8*i + j] = t55[8*i + j]*dt74_dt73[8*i + j]*x1;
-            grad_t68[8*i + j] = t65[8*i + j]*x1*(1 - (t69[8*i + j]*t69[8*i + j]));
-            grad_t60[8*i + j] = dt61_dt60[8*i + j]*t77[8*i + j]*x0;
+            grad_t64[8*i + j] = t69[8*i + j]*x2*(1 - t65[8*i + j]);
+            grad_t73[8*i + j] = t55[8*i + j]*t74[8*i + j]*x1*(1 - t74[8*i + j]);
+            grad_t68[8*i + j] = x2*(1 - (t69[8*i + j]*t69[8*i + j]));
+            grad_t60[8*i + j] = t77[8*i + j]*x0*(1 - t61[8*i + j]);
         }
     }
 
@@ -1167,41 +1049,42 @@ static int lstm_sequence_run(
     lstm_sequence_matmul(1, 8, n, x4_, 0, 1, grad_t64, 8, 1, tmp1_20);
 
     /* tmp1_21 = grad_t73 @ U_f^T */
-    double *tmp1_21 = tmp1_9; /* n x 8, in tmp1_9's memory */
+    double *tmp1_21 = t116; /* n x 8, in t116's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t73, 8, 1, U_f, 1, 8, tmp1_21);
 
     /* tmp1_22 = grad_t68 @ U_g^T */
-    double *tmp1_22 = t76; /* n x 8, in t76's memory */
+    double *tmp1_22 = grad_t118; /* n x 8, in grad_t118's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t68, 8, 1, U_g, 1, 8, tmp1_22);
 
     /* tmp1_23 = grad_t64 @ U_i^T */
-    double *tmp1_23 = dt82_dt81; /* n x 8, in dt82_dt81's memory */
+    double *tmp1_23 = tmp1_11; /* n x 8, in tmp1_11's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t64, 8, 1, U_i, 1, 8, tmp1_23);
 
     /* tmp1_24 = grad_t60 @ U_o^T */
-    double *tmp1_24 = t82; /* n x 8, in t82's memory */
+    double *tmp1_24 = tmp1_12; /* n x 8, in tmp1_12's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t60, 8, 1, U_o, 1, 8, tmp1_24);
 
     /* grad_t55 = grad_t76*t74 + t40*(1 - t56**2)*(tmp1_21 + tmp1_22 + tmp1_23 + tmp1_24) */
-    /* grad_t43 = dt44_dt43*t48*(grad_t76*t74 + t40*(1 - t56**2)*(tmp1_21 + tmp1_22 + tmp1_23 + tmp1_24)) */
-    /* grad_t52 = dt53_dt52*t34*(grad_t76*t74 + t40*(1 - t56**2)*(tmp1_21 + tmp1_22 + tmp1_23 + tmp1_24)) */
+    /* grad_t43 = t44*t48*(1 - t44)*(grad_t76*t74 + t40*(1 - t56**2)*(tmp1_21 + tmp1_22 + tmp1_23 + tmp1_24)) */
+    /* grad_t52 = t34*t53*(1 - t53)*(grad_t76*t74 + t40*(1 - t56**2)*(tmp1_21 + tmp1_22 + tmp1_23 + tmp1_24)) */
     /* grad_t47 = t44*(1 - t48**2)*(grad_t76*t74 + t40*(1 - t56**2)*(tmp1_21 + tmp1_22 + tmp1_23 + tmp1_24)) */
-    /* grad_t39 = dt40_dt39*t56*(tmp1_21 + tmp1_22 + tmp1_23 + tmp1_24) */
-    double *grad_t39 = dt86_dt85; /* n x 8, in dt86_dt85's memory */
-    double *grad_t43 = t86; /* n x 8, in t86's memory */
-    double *grad_t47 = t90; /* n x 8, in t90's memory */
-    double *grad_t52 = dt95_dt94; /* n x 8, in dt95_dt94's memory */
-    double *grad_t55 = t98; /* n x 8, in t98's memory */
+    /* grad_t39 = t40*t56*(1 - t40)*(tmp1_21 + tmp1_22 + tmp1_23 + tmp1_24) */
+    double *grad_t39 = tmp1_13; /* n x 8, in tmp1_13's memory */
+    double *grad_t43 = tmp1_14; /* n x 8, in tmp1_14's memory */
+    double *grad_t47 = t55; /* n x 8, in t55's memory */
+    double *grad_t52 = t61; /* n x 8, in t61's memory */
+    double *grad_t55 = t65; /* n x 8, in t65's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = tmp1_21[8*i + j] + tmp1_22[8*i + j] + tmp1_23[8*i + j] + tmp1_24[8*i + j];
-            const double x1 = grad_t76[8*i + j]*t74[8*i + j] + t40[8*i + j]*x0*(1 - (t56[8*i + j]*t56[8*i + j]));
+            const double x0 = t40[8*i + j]*(tmp1_21[8*i + j] + tmp1_22[8*i + j] + tmp1_23[8*i + j] + tmp1_24[8*i + j]);
+            const double x1 = grad_t76[8*i + j]*t74[8*i + j] + x0*(1 - (t56[8*i + j]*t56[8*i + j]));
+            const double x2 = t44[8*i + j]*x1;
             grad_t55[8*i + j] = x1;
-            grad_t43[8*i + j] = t48[8*i + j]*dt44_dt43[8*i + j]*x1;
-            grad_t52[8*i + j] = t34[8*i + j]*dt53_dt52[8*i + j]*x1;
-            grad_t47[8*i + j] = t44[8*i + j]*x1*(1 - (t48[8*i + j]*t48[8*i + j]));
-            grad_t39[8*i + j] = dt40_dt39[8*i + j]*t56[8*i + j]*x0;
+            grad_t43[8*i + j] = t48[8*i + j]*x2*(1 - t44[8*i + j]);
+            grad_t52[8*i + j] = t34[8*i + j]*t53[8*i + j]*x1*(1 - t53[8*i + j]);
+            grad_t47[8*i + j] = x2*(1 - (t48[8*i + j]*t48[8*i + j]));
+            grad_t39[8*i + j] = t56[8*i + j]*x0*(1 - t40[8*i + j]);
         }
     }
 
@@ -1210,45 +1093,46 @@ static int lstm_sequence_run(
     lstm_sequence_matmul(1, 8, n, x3_, 0, 1, grad_t43, 8, 1, tmp1_25);
 
     /* tmp1_26 = grad_t52 @ U_f^T */
-    double *tmp1_26 = t116; /* n x 8, in t116's memory */
+    double *tmp1_26 = t69; /* n x 8, in t69's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t52, 8, 1, U_f, 1, 8, tmp1_26);
 
     /* tmp1_27 = grad_t47 @ U_g^T */
-    double *tmp1_27 = grad_t118; /* n x 8, in grad_t118's memory */
+    double *tmp1_27 = t77; /* n x 8, in t77's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t47, 8, 1, U_g, 1, 8, tmp1_27);
 
     /* tmp1_28 = grad_t43 @ U_i^T */
-    double *tmp1_28 = tmp1_11; /* n x 8, in tmp1_11's memory */
+    double *tmp1_28 = t95; /* n x 8, in t95's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t43, 8, 1, U_i, 1, 8, tmp1_28);
 
     /* tmp1_29 = grad_t39 @ U_o^T */
-    double *tmp1_29 = tmp1_12; /* n x 8, in tmp1_12's memory */
+    double *tmp1_29 = grad_t97; /* n x 8, in grad_t97's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t39, 8, 1, U_o, 1, 8, tmp1_29);
 
     /* grad_t34 = grad_t55*t53 + t18*(1 - t35**2)*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29) */
-    /* grad_t21 = dt22_dt21*t26*(grad_t55*t53 + t18*(1 - t35**2)*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29)) */
-    /* grad_t31 = dt32_dt31*t12*(grad_t55*t53 + t18*(1 - t35**2)*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29)) */
+    /* grad_t21 = t22*t26*(1 - t22)*(grad_t55*t53 + t18*(1 - t35**2)*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29)) */
+    /* grad_t31 = t12*t32*(1 - t32)*(grad_t55*t53 + t18*(1 - t35**2)*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29)) */
     /* grad_t25 = t22*(1 - t26**2)*(grad_t55*t53 + t18*(1 - t35**2)*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29)) */
-    /* grad_t17 = dt18_dt17*t35*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29) */
-    /* grad_t30 = dt32_dt31*t12*(grad_t55*t53 + t18*(1 - t35**2)*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29)) + grad_t115 + grad_t136 + grad_t157 + grad_t52 + grad_t73 + grad_t94 */
-    double *grad_t17 = tmp1_13; /* n x 8, in tmp1_13's memory */
-    double *grad_t21 = tmp1_14; /* n x 8, in tmp1_14's memory */
-    double *grad_t25 = t55; /* n x 8, in t55's memory */
-    double *grad_t30 = dt61_dt60; /* n x 8, in dt61_dt60's memory */
-    double *grad_t31 = t61; /* n x 8, in t61's memory */
-    double *grad_t34 = dt65_dt64; /* n x 8, in dt65_dt64's memory */
+    /* grad_t17 = t18*t35*(1 - t18)*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29) */
+    /* grad_t30 = grad_t115 + grad_t136 + grad_t157 + grad_t52 + grad_t73 + grad_t94 + t12*t32*(1 - t32)*(grad_t55*t53 + t18*(1 - t35**2)*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29)) */
+    double *grad_t17 = tmp1_16; /* n x 8, in tmp1_16's memory */
+    double *grad_t21 = tmp1_17; /* n x 8, in tmp1_17's memory */
+    double *grad_t25 = tmp1_18; /* n x 8, in tmp1_18's memory */
+    double *grad_t30 = tmp1_19; /* n x 8, in tmp1_19's memory */
+    double *grad_t31 = t34; /* n x 8, in t34's memory */
+    double *grad_t34 = t40; /* n x 8, in t40's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = tmp1_26[8*i + j] + tmp1_27[8*i + j] + tmp1_28[8*i + j] + tmp1_29[8*i + j];
-            const double x1 = grad_t55[8*i + j]*t53[8*i + j] + t18[8*i + j]*x0*(1 - (t35[8*i + j]*t35[8*i + j]));
-            const double x2 = t12[8*i + j]*dt32_dt31[8*i + j]*x1;
+            const double x0 = t18[8*i + j]*(tmp1_26[8*i + j] + tmp1_27[8*i + j] + tmp1_28[8*i + j] + tmp1_29[8*i + j]);
+            const double x1 = grad_t55[8*i + j]*t53[8*i + j] + x0*(1 - (t35[8*i + j]*t35[8*i + j]));
+            const double x2 = t22[8*i + j]*x1;
+            const double x3 = t12[8*i + j]*t32[8*i + j]*x1*(1 - t32[8*i + j]);
             grad_t34[8*i + j] = x1;
-            grad_t21[8*i + j] = t26[8*i + j]*dt22_dt21[8*i + j]*x1;
-            grad_t31[8*i + j] = x2;
-            grad_t25[8*i + j] = t22[8*i + j]*x1*(1 - (t26[8*i + j]*t26[8*i + j]));
-            grad_t17[8*i + j] = dt18_dt17[8*i + j]*t35[8*i + j]*x0;
-            grad_t30[8*i + j] = grad_t157[8*i + j] + grad_t136[8*i + j] + grad_t115[8*i + j] + grad_t94[8*i + j] + grad_t73[8*i + j] + grad_t52[8*i + j] + x2;
+            grad_t21[8*i + j] = t26[8*i + j]*x2*(1 - t22[8*i + j]);
+            grad_t31[8*i + j] = x3;
+            grad_t25[8*i + j] = x2*(1 - (t26[8*i + j]*t26[8*i + j]));
+            grad_t17[8*i + j] = t35[8*i + j]*x0*(1 - t18[8*i + j]);
+            grad_t30[8*i + j] = grad_t157[8*i + j] + grad_t136[8*i + j] + grad_t115[8*i + j] + grad_t94[8*i + j] + grad_t73[8*i + j] + grad_t52[8*i + j] + x3;
         }
     }
 
@@ -1257,41 +1141,41 @@ static int lstm_sequence_run(
     lstm_sequence_matmul(1, 8, n, x2_, 0, 1, grad_t21, 8, 1, tmp1_30);
 
     /* tmp1_31 = grad_t31 @ U_f^T */
-    double *tmp1_31 = t65; /* n x 8, in t65's memory */
+    double *tmp1_31 = t44; /* n x 8, in t44's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t31, 8, 1, U_f, 1, 8, tmp1_31);
 
     /* tmp1_32 = grad_t25 @ U_g^T */
-    double *tmp1_32 = t69; /* n x 8, in t69's memory */
+    double *tmp1_32 = t48; /* n x 8, in t48's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t25, 8, 1, U_g, 1, 8, tmp1_32);
 
     /* tmp1_33 = grad_t21 @ U_i^T */
-    double *tmp1_33 = dt74_dt73; /* n x 8, in dt74_dt73's memory */
+    double *tmp1_33 = t56; /* n x 8, in t56's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t21, 8, 1, U_i, 1, 8, tmp1_33);
 
     /* tmp1_34 = grad_t17 @ U_o^T */
-    double *tmp1_34 = t77; /* n x 8, in t77's memory */
+    double *tmp1_34 = t74; /* n x 8, in t74's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t17, 8, 1, U_o, 1, 8, tmp1_34);
 
-    /* grad_t6 = dt7_dt6*t11*(grad_t34*t32 + t3*(1 - t13**2)*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34)) */
+    /* grad_t6 = t11*t7*(1 - t7)*(grad_t34*t32 + t3*(1 - t13**2)*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34)) */
     /* grad_t10 = t7*(1 - t11**2)*(grad_t34*t32 + t3*(1 - t13**2)*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34)) */
-    /* grad_t2 = dt3_dt2*t13*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34) */
-    /* grad_t5 = dt7_dt6*t11*(grad_t34*t32 + t3*(1 - t13**2)*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34)) + grad_t106 + grad_t127 + grad_t148 + grad_t21 + grad_t43 + grad_t64 + grad_t85 */
+    /* grad_t2 = t13*t3*(1 - t3)*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34) */
+    /* grad_t5 = grad_t106 + grad_t127 + grad_t148 + grad_t21 + grad_t43 + grad_t64 + grad_t85 + t11*t7*(1 - t7)*(grad_t34*t32 + t3*(1 - t13**2)*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34)) */
     /* grad_t9 = grad_t110 + grad_t131 + grad_t152 + grad_t25 + grad_t47 + grad_t68 + grad_t89 + t7*(1 - t11**2)*(grad_t34*t32 + t3*(1 - t13**2)*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34)) */
-    /* grad_t1 = dt3_dt2*t13*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34) + grad_t102 + grad_t123 + grad_t144 + grad_t17 + grad_t39 + grad_t60 + grad_t81 */
-    double *grad_t1 = t95; /* n x 8, in t95's memory */
-    double *grad_t10 = grad_t97; /* n x 8, in grad_t97's memory */
-    double *grad_t2 = tmp1_16; /* n x 8, in tmp1_16's memory */
-    double *grad_t5 = tmp1_17; /* n x 8, in tmp1_17's memory */
-    double *grad_t6 = tmp1_18; /* n x 8, in tmp1_18's memory */
-    double *grad_t9 = tmp1_19; /* n x 8, in tmp1_19's memory */
+    /* grad_t1 = grad_t102 + grad_t123 + grad_t144 + grad_t17 + grad_t39 + grad_t60 + grad_t81 + t13*t3*(1 - t3)*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34) */
+    double *grad_t1 = grad_t76; /* n x 8, in grad_t76's memory */
+    double *grad_t10 = tmp1_21; /* n x 8, in tmp1_21's memory */
+    double *grad_t2 = tmp1_22; /* n x 8, in tmp1_22's memory */
+    double *grad_t5 = tmp1_23; /* n x 8, in tmp1_23's memory */
+    double *grad_t6 = tmp1_24; /* n x 8, in tmp1_24's memory */
+    double *grad_t9 = t12; /* n x 8, in t12's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = tmp1_31[8*i + j] + tmp1_32[8*i + j] + tmp1_33[8*i + j] + tmp1_34[8*i + j];
-            const double x1 = grad_t34[8*i + j]*t32[8*i + j] + t3[8*i + j]*x0*(1 - (t13[8*i + j]*t13[8*i + j]));
-            const double x2 = t11[8*i + j]*dt7_dt6[8*i + j]*x1;
-            const double x3 = t7[8*i + j]*x1*(1 - (t11[8*i + j]*t11[8*i + j]));
-            const double x4 = dt3_dt2[8*i + j]*t13[8*i + j]*x0;
+            const double x0 = t3[8*i + j]*(tmp1_31[8*i + j] + tmp1_32[8*i + j] + tmp1_33[8*i + j] + tmp1_34[8*i + j]);
+            const double x1 = t7[8*i + j]*(grad_t34[8*i + j]*t32[8*i + j] + x0*(1 - (t13[8*i + j]*t13[8*i + j])));
+            const double x2 = t11[8*i + j]*x1*(1 - t7[8*i + j]);
+            const double x3 = x1*(1 - (t11[8*i + j]*t11[8*i + j]));
+            const double x4 = t13[8*i + j]*x0*(1 - t3[8*i + j]);
             grad_t6[8*i + j] = x2;
             grad_t10[8*i + j] = x3;
             grad_t2[8*i + j] = x4;
@@ -1587,9 +1471,6 @@ static int lstm_sequence_run(
 
 size_t lstm_sequence_forward_work_len(int64_t n)
 {
-    if (n < 1) {
-        return 0; /* the function returns 1 */
-    }
     return (size_t)(lstm_sequence_run_work_len(n, 0));
 }
 
@@ -1623,17 +1504,12 @@ int lstm_sequence_forward(
     double *logit,
     double *work
 )
-{    if (n < 1) {
-        return 1;
-    }
+{
     return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, logit, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
 }
 
 size_t lstm_sequence_value_and_grad_work_len(int64_t n)
 {
-    if (n < 1) {
-        return 0; /* the function returns 1 */
-    }
     return (size_t)(lstm_sequence_run_work_len(n, 1) + n*1);
 }
 
@@ -1680,8 +1556,6 @@ int lstm_sequence_value_and_grad(
     double *grad_c0,
     double *work
 )
-{    if (n < 1) {
-        return 1;
-    }
+{
     return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, work + lstm_sequence_run_work_len(n, 1), grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c0, work, 1);
 }

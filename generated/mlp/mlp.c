@@ -50,7 +50,6 @@ __attribute__((simd("notinbranch"))) double tanh(double);
  * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise
  * mlp_matmul runs them as plain loops. */
 #ifdef SYMBACKPROP_CBLAS
-#include <limits.h>
 #ifndef SYMBACKPROP_CBLAS_DGEMM
 #define SYMBACKPROP_CBLAS_DGEMM cblas_dgemm
 #endif
@@ -62,20 +61,16 @@ void SYMBACKPROP_GEMM(int order, int trans_a, int trans_b, int m, int n, int k, 
 
 #ifdef SYMBACKPROP_CBLAS
 /* A rows x cols operand read at p[i*rs + j*cs] as a row-major BLAS matrix:
- * CBLAS's transpose flag for it (111 CblasNoTrans, 112 CblasTrans; 0 if it
- * is neither, e.g. broadcast, or its leading dimension overflows BLAS's int)
- * and its leading dimension. Internal: never a status of a module function. */
+ * its transpose flag (0 if it is none, e.g. broadcast) and leading dimension. */
 static int mlp_blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int *ld)
 {
     if ((cs == 1 || cols == 1) && (rows == 1 || rs >= cols)) {
-        const int64_t lead = rows == 1 ? cols : rs;
-        *ld = lead <= INT_MAX ? (int)lead : 0;
-        return lead <= INT_MAX ? 111 : 0;
+        *ld = (int)(rows == 1 ? cols : rs);
+        return 111; /* CblasNoTrans */
     }
     if ((rs == 1 || rows == 1) && (cols == 1 || cs >= rows)) {
-        const int64_t lead = cols == 1 ? rows : cs;
-        *ld = lead <= INT_MAX ? (int)lead : 0;
-        return lead <= INT_MAX ? 112 : 0;
+        *ld = (int)(cols == 1 ? rows : cs);
+        return 112; /* CblasTrans */
     }
     return 0;
 }
@@ -89,8 +84,7 @@ static void mlp_matmul(int64_t m, int64_t n, int64_t k,
                        const double *b, int64_t b_rs, int64_t b_cs, double *c)
 {
 #ifdef SYMBACKPROP_CBLAS
-    /* BLAS takes int sizes: larger products stay loops (and m*n*k as a double cannot overflow) */
-    if ((double)m * (double)n * (double)k >= 4096 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX) {
+    if (m * n * k >= 4096) {
         int lda = 1, ldb = 1;
         const int trans_a = mlp_blas_layout(m, k, a_rs, a_cs, &lda);
         const int trans_b = mlp_blas_layout(k, n, b_rs, b_cs, &ldb);
@@ -139,10 +133,8 @@ static double mlp_sum(const double *x, int64_t n, int64_t stride)
 
 static size_t mlp_run_work_len(int64_t n, int with_grads)
 {
-    if (n < 1) {
-        return 0; /* the function returns 1 */
-    }
-    return (size_t)(with_grads ? 22*n + 3 : 18*n + 3);
+    (void)n;
+    return (size_t)(with_grads ? 18*n + 3 : 14*n + 3);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
@@ -163,25 +155,21 @@ static int mlp_run(
     double *work,
     int with_grads
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
-    
+
     /* t0 = X @ W1 */
     double *t0 = work; /* n x 4 */
     mlp_matmul(n, 4, 3, X, 3, 1, W1, 4, 1, t0);
 
-    /* t3 = 1/(exp(-b1 - t0) + 1) */
-    /* dt3_dt2 = exp(-b1 - t0)/(exp(-b1 - t0) + 1)**2 */
-    double *dt3_dt2 = t0 + 4*n; /* n x 4 */
-    double *t3 = dt3_dt2 + 4*n; /* n x 4 */
+    /* t3 = sigmoid(b1 + t0) */
+    double *t3 = t0 + 4*n; /* n x 4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            const double x0 = exp(-b1[j] - t0[4*i + j]);
-            const double x1 = x0 + 1;
-            t3[4*i + j] = 1.0/x1;
-            dt3_dt2[4*i + j] = x0/(x1*x1);
+            t3[4*i + j] = (((b1[j] + t0[4*i + j]) >= 0 ? 1.0 : exp(-fabs(b1[j] + t0[4*i + j]))) / (1.0 + exp(-fabs(b1[j] + t0[4*i + j]))));
         }
     }
 
@@ -227,12 +215,12 @@ static int mlp_run(
     double *grad_t3 = t0; /* n x 4, in t0's memory */
     mlp_matmul(n, 4, 2, grad_t7, 2, 1, W2, 1, 2, grad_t3);
 
-    /* grad_t2 = dt3_dt2*grad_t3 */
+    /* grad_t2 = grad_t3*t3*(1 - t3) */
     double *grad_t2 = t10 + 1; /* n x 4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            grad_t2[4*i + j] = grad_t3[4*i + j]*dt3_dt2[4*i + j];
+            grad_t2[4*i + j] = t3[4*i + j]*grad_t3[4*i + j]*(1 - t3[4*i + j]);
         }
     }
 
@@ -256,9 +244,6 @@ static int mlp_run(
 
 size_t mlp_forward_work_len(int64_t n)
 {
-    if (n < 1) {
-        return 0; /* the function returns 1 */
-    }
     return (size_t)(mlp_run_work_len(n, 0));
 }
 
@@ -275,17 +260,12 @@ int mlp_forward(
     double *Y,
     double *work
 )
-{    if (n < 1) {
-        return 1;
-    }
+{
     return mlp_run(n, X, T, W1, b1, W2, b2, loss, Y, NULL, NULL, NULL, NULL, work, 0);
 }
 
 size_t mlp_value_and_grad_work_len(int64_t n)
 {
-    if (n < 1) {
-        return 0; /* the function returns 1 */
-    }
     return (size_t)(mlp_run_work_len(n, 1) + n*2);
 }
 
@@ -305,8 +285,6 @@ int mlp_value_and_grad(
     double *grad_b2,
     double *work
 )
-{    if (n < 1) {
-        return 1;
-    }
+{
     return mlp_run(n, X, T, W1, b1, W2, b2, loss, work + mlp_run_work_len(n, 1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
 }

@@ -76,8 +76,8 @@ static int relu_net_run(
     double *dt2_dt1 = t1 + 2; /* 2 x 1 */
     double *t2 = dt2_dt1 + 2; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
-        t2[i] = fmax(0, t1[i]);
-        dt2_dt1[i] = ((t1[i] > 0) ? 1.0 : 0.0);
+        t2[i] = (((0) > (t1[i])) ? (0) : (t1[i]));
+        dt2_dt1[i] = (isnan(t1[i]) ? (t1[i]) : (t1[i]) > 0 ? 1.0 : 0.0);
     }
 
     /* y = W2 @ t2 */

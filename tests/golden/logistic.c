@@ -171,28 +171,25 @@ static int logistic_run(
     double *t2 = t1 + n; /* n x 1 */
     logistic_matmul(n, 1, 2, X, 2, 1, w, 1, 0, t2);
 
-    /* t12 = -t*log(1/(1 + exp(-t2))) - t1*log(1 - 1/(1 + exp(-t2))) */
-    /* grad_t2 = -t*exp(-t2)/(n*(1 + exp(-t2))) + t1*exp(-t2)/(n*(1 - 1/(1 + exp(-t2)))*(1 + exp(-t2))**2) */
+    /* t9 = t*softplus(-t2) + t1*softplus(t2) */
+    /* grad_t2 = -t*sigmoid(-t2)/n + t1*sigmoid(t2)/n */
     double *grad_t2 = t2 + n; /* n x 1 */
-    double *t12 = grad_t2 + n; /* n x 1 */
+    double *t9 = grad_t2 + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        const double x0 = exp(-t2[i]);
-        const double x1 = x0 + 1;
-        const double x2 = 1.0/x1;
-        const double x3 = 1 - x2;
-        const double x4 = x0/((double)n);
-        t12[i] = -t1[i]*log(x3) - t[i]*log(x2);
-        grad_t2[i] = t1[i]*x4/((x1*x1)*x3) - t[i]*x2*x4;
+        const double x0 = -t2[i];
+        const double x1 = 1.0/((double)n);
+        t9[i] = t1[i]*(((t2[i]) > 0 ? (t2[i]) : 0.0) + log1p(exp(-fabs(t2[i])))) + t[i]*(((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
+        grad_t2[i] = t1[i]*x1*(((t2[i]) >= 0 ? 1.0 : exp(-fabs(t2[i]))) / (1.0 + exp(-fabs(t2[i])))) - t[i]*x1*(((x0) >= 0 ? 1.0 : exp(-fabs(x0))) / (1.0 + exp(-fabs(x0))));
     }
 
-    /* t13 = sum of t12 down each column */
-    double *t13 = t12 + n; /* 1 x 1 */
-    t13[0] = logistic_sum(t12, n, 1);
+    /* t10 = sum of t9 down each column */
+    double *t10 = t9 + n; /* 1 x 1 */
+    t10[0] = logistic_sum(t9, n, 1);
 
-    /* loss = t13/n */
+    /* loss = t10/n */
     {
-        loss[0] = t13[0]/((double)n);
+        loss[0] = t10[0]/((double)n);
     }
 
     if (!with_grads) {
