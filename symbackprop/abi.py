@@ -167,7 +167,7 @@ def module_spec(plan: Plan, model: Model, dtype: str, prefix: str) -> ModuleSpec
     scalars = scalar_names(model)
     lowered = plan.lowered
     outputs = tuple((n, _shape(node.shape), n in scalars) for n, node in lowered.outputs.items())
-    has_loss = not (isinstance(model.loss, sp.Basic) and model.loss == 0)
+    has_loss = model.has_loss
     return ModuleSpec(prefix, dtype, tuple(str(d) for d in lowered.dims), tuple(lowered.leaves), outputs,
                       _shape(lowered.loss.shape), has_loss, tuple(plan.wrt),
                       tuple(function_spec(fn, plan, scalars) for fn in plan.functions))

@@ -334,7 +334,7 @@ def demo_inputs(found: Found) -> dict:
     the model's inputs and params before anything is written."""
     sample = getattr(found.module, "sample_data", None)
     path = found.label.rpartition(":")[0]
-    if found.model.loss == 0:
+    if not found.model.has_loss:
         raise SymbackpropError(f"demo checks a loss's gradient, and the model {found.model.name!r} ({found.label}) "
                                "has no loss; build and graph take it")
     if not callable(sample):

@@ -128,7 +128,9 @@ class Model:
         params: Symbols/MatrixSymbols the loss is differentiated against.
         loss: a scalar expression (numbers too), or a 1x1 matrix expression;
             ``as_scalar(m)`` turns a 1x1 matrix into a scalar that mixes
-            with other scalars.
+            with other scalars. None (the default): the model has no loss,
+            only named outputs (``has_loss`` is False; ``vjp`` with a seed
+            differentiates them).
         outputs: named expressions that ``forward`` returns besides the loss.
         grad_inputs: inputs to differentiate as well (e.g. for adversarial
             examples); their gradients are returned beside the parameters'.
@@ -145,9 +147,10 @@ class Model:
     name: str
     inputs: tuple[Leaf, ...] = ()
     params: tuple[Leaf, ...] = ()
-    loss: sp.Basic = sp.Integer(0)
+    loss: sp.Basic = None  # None: no loss; a SymPy expression after __post_init__
     outputs: Mapping[str, sp.Basic] = field(default_factory=dict)
     grad_inputs: tuple[Leaf, ...] = ()
+    has_loss: bool = field(init=False, default=True)  # whether a loss was declared (a loss of 0 is one)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -158,7 +161,8 @@ class Model:
         set_(self, "grad_inputs", _as_leaves("grad_inputs", self.grad_inputs))
         set_(self, "outputs", dict(self.outputs))
         self._check_names()
-        set_(self, "loss", _normalised_loss(self.loss))
+        set_(self, "has_loss", self.loss is not None)
+        set_(self, "loss", _normalised_loss(0 if self.loss is None else self.loss))
         for out_name, expr in self.outputs.items():
             if isinstance(expr, sp.Basic):
                 _check_no_sum(expr, f"the output {out_name!r}")

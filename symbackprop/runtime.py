@@ -809,6 +809,7 @@ def model_fingerprint(model: Model, *settings: Any) -> str:
     digest = _ExpressionDigest()
     parts = [
         model.name,
+        str(model.has_loss),
         *(sp.srepr(leaf) for leaf in (*model.inputs, "|", *model.params, "|", *model.grad_inputs)),
         *model.outputs,
         *(digest(sp.sympify(expr)) for expr in expressions),

@@ -14,7 +14,8 @@ from conftest import ROOT
 
 
 def test_ruff_is_clean():
-    ruff = shutil.which("ruff")
+    # the ruff beside this interpreter (its venv's, also when not activated), else PATH's
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
     assert ruff is not None, "ruff is not installed: pip install -e '.[test]'"
     result = subprocess.run([ruff, "check", "symbackprop"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
