@@ -55,9 +55,9 @@ def generate(size: dict) -> dict:
     x = np.array([rng.normal(size=d) for _ in range(n)])
     mu = np.array([rng.uniform(size=d) for _ in range(k)])
     q = np.array([rng.normal(size=d) for _ in range(k)])
-    l = np.array([rng.normal(size=d * (d - 1) // 2) for _ in range(k)]).reshape(k, d * (d - 1) // 2)
+    low = np.array([rng.normal(size=d * (d - 1) // 2) for _ in range(k)]).reshape(k, d * (d - 1) // 2)
     alpha = rng.normal(size=k)
-    return {"x": x, "alpha": alpha, "mu": mu, "q": q, "l": l}
+    return {"x": x, "alpha": alpha, "mu": mu, "q": q, "l": low}
 
 
 def _tril(d: int) -> tuple[np.ndarray, np.ndarray]:
@@ -76,20 +76,20 @@ def _constant(d: int, k: int, n: int) -> float:
 
 def objective(data: dict) -> float:
     """The objective in plain numpy (loops over components)."""
-    x, alpha, mu, q, l = (data[k] for k in ("x", "alpha", "mu", "q", "l"))
+    x, alpha, mu, q, low = (data[k] for k in ("x", "alpha", "mu", "q", "l"))
     n, d = x.shape
     k = len(alpha)
     rows, cols = _tril(d)
     terms = np.empty((n, k))
     for j in range(k):
         Q = np.diag(np.exp(q[j]))
-        Q[rows, cols] = l[j]
+        Q[rows, cols] = low[j]
         z = (x - mu[j]) @ Q.T
         terms[:, j] = alpha[j] + q[j].sum() - 0.5 * (z * z).sum(1)
     def lse(a, axis=None):
         m = a.max(axis=axis, keepdims=True)
         return np.squeeze(m + np.log(np.exp(a - m).sum(axis=axis, keepdims=True)), axis=axis)
-    prior = -(0.5 * GAMMA**2 * ((np.exp(q) ** 2).sum() + (l**2).sum()) - M * q.sum())
+    prior = -(0.5 * GAMMA**2 * ((np.exp(q) ** 2).sum() + (low**2).sum()) - M * q.sum())
     return float(_constant(d, k, n) + lse(terms, 1).sum() - n * lse(alpha) + prior)
 
 
@@ -167,24 +167,24 @@ def sbp_calls(mod, data: dict):
 
 def _loss(xp, lse, rows, cols, const):
     def loss(p, c):
-        x, alpha, mu, q, l = c["x"], p["alpha"], p["mu"], p["q"], p["l"]
+        x, alpha, mu, q, low = c["x"], p["alpha"], p["mu"], p["q"], p["l"]
         k, d = mu.shape
         Q = xp.zeros((k, d * d), dtype=x.dtype)
-        Q = _put(Q, rows * d + cols, l)
+        Q = _put(Q, rows * d + cols, low)
         Q = Q.reshape(k, d, d)
         xc = x[:, None, :] - mu[None, :, :]  # N x K x d
         z = xp.exp(q)[None] * xc + (Q[None] @ xc[..., None])[..., 0]
         terms = alpha[None] + q.sum(1)[None] - 0.5 * (z * z).sum(2)
-        prior = -(0.5 * GAMMA**2 * ((xp.exp(q) ** 2).sum() + (l * l).sum()) - M * q.sum())
+        prior = -(0.5 * GAMMA**2 * ((xp.exp(q) ** 2).sum() + (low * low).sum()) - M * q.sum())
         return const + lse(terms, 1).sum() - x.shape[0] * lse(alpha, 0) + prior
     return loss
 
 
-def _put(Q, flat, l):
+def _put(Q, flat, low):
     if hasattr(Q, "at"):
-        return Q.at[:, flat].set(l)
+        return Q.at[:, flat].set(low)
     Q = Q.clone()
-    Q[:, flat] = l
+    Q[:, flat] = low
     return Q
 
 

@@ -34,7 +34,7 @@ from ._common import Unsupported, jax_module, jax_value_grad_pair, torch_module,
 
 NAME = "lstm"
 PRIMAL, DERIVATIVE = "objective", "jacobian"
-SIZES = [{"l": l, "c": c} for l in (2, 4) for c in (1024, 4096)]
+SIZES = [{"l": layers, "c": c} for layers in (2, 4) for c in (1024, 4096)]
 DEFAULT = {"l": 4, "c": 4096}  # issue 15's table
 SMALL = {"l": 2, "c": 1024}
 SCALING = [{"l": 2, "c": c} for c in (256, 1024, 4096)]
@@ -52,14 +52,14 @@ def work(size: dict) -> float:
 
 
 def generate(size: dict) -> dict:
-    l, c = size["l"], size["c"]
+    layers, c = size["l"], size["c"]
     text = TEXT.read_text(encoding="utf8")[:c]
     if len(text) < c:
         raise ValueError(f"the text has {len(text)} characters; c={c} asked")
     seq = np.array([[int(bit) for bit in bin(ord(ch))[2:].zfill(BITS)] for ch in text], dtype=np.float64)
     rs = np.random.RandomState(31337)
-    state = rs.random_sample((2 * l, BITS))
-    main = rs.random_sample((2 * l, 4 * BITS))
+    state = rs.random_sample((2 * layers, BITS))
+    main = rs.random_sample((2 * layers, 4 * BITS))
     extra = rs.random_sample((3, BITS))
     return {"main_params": main, "extra_params": extra, "state": state, "sequence": seq}
 
@@ -70,13 +70,13 @@ def _sigmoid(v):
 
 def objective(data: dict) -> float:
     main, extra, seq = data["main_params"], data["extra_params"], data["sequence"]
-    l, b = main.shape[0] // 2, seq.shape[1]
-    hs = [data["state"][2 * i].copy() for i in range(l)]
-    cs = [data["state"][2 * i + 1].copy() for i in range(l)]
+    layers, b = main.shape[0] // 2, seq.shape[1]
+    hs = [data["state"][2 * i].copy() for i in range(layers)]
+    cs = [data["state"][2 * i + 1].copy() for i in range(layers)]
     total = 0.0
     for t in range(len(seq) - 1):
         x = seq[t] * extra[0]
-        for i in range(l):
+        for i in range(layers):
             w, bias = main[2 * i].reshape(4, b), main[2 * i + 1].reshape(4, b)
             forget = _sigmoid(x * w[0] + bias[0])
             ingate = _sigmoid(hs[i] * w[1] + bias[1])
@@ -114,23 +114,23 @@ def build_model(size: dict):
     import symbackprop as sbp
     from symbackprop import nn
 
-    l, b = size["l"], BITS
+    layers, b = size["l"], BITS
     T = sp.Symbol("T", integer=True, positive=True)
     X, Y = sp.MatrixSymbol("X", T, b), sp.MatrixSymbol("Y", T, b)  # rows t and t+1
     row = lambda name: sp.MatrixSymbol(name, 1, b)  # noqa: E731
-    W = [[row(f"W{i}{g}") for g in GATES] for i in range(l)]
-    B = [[row(f"B{i}{g}") for g in GATES] for i in range(l)]
+    W = [[row(f"W{i}{g}") for g in GATES] for i in range(layers)]
+    B = [[row(f"B{i}{g}") for g in GATES] for i in range(layers)]
     in_w, out_w, out_b = row("in_w"), row("out_w"), row("out_b")
-    h0 = [row(f"h0_{i}") for i in range(l)]
-    s0 = [row(f"s0_{i}") for i in range(l)]
-    h = [row(f"h{i}") for i in range(l)]
-    s = [row(f"s{i}") for i in range(l)]
+    h0 = [row(f"h0_{i}") for i in range(layers)]
+    s0 = [row(f"s0_{i}") for i in range(layers)]
+    h = [row(f"h{i}") for i in range(layers)]
+    s = [row(f"s{i}") for i in range(layers)]
     x, y = row("x"), row("y")
     # the step written entry by entry (scalars of the state rows), as lstm.hpp loops over i < b
     sig = lambda v: 1 / (1 + sp.exp(-v))  # noqa: E731
     inp = [x[0, j] * in_w[0, j] for j in range(b)]
     new_h, new_s = [], []
-    for i in range(l):
+    for i in range(layers):
         wf, wi, wo, wc = W[i]
         bf, bi, bo, bc = B[i]
         hid, cel = [], []
@@ -152,8 +152,8 @@ def build_model(size: dict):
     inits = tuple(v for pair in zip(h0, s0) for v in pair)
     gains = sbp.scan(steps, gain, states, (x, y), inits, (X, Y))  # T x 1
     loss = -nn.sum_all(gains) / (T * b)
-    params = [v for i in range(l) for v in (*W[i], *B[i])] + [in_w, out_w, out_b]
-    return sbp.Model(f"gradbench_lstm_l{l}", inputs=[X, Y, *h0, *s0], params=params, loss=loss)
+    params = [v for i in range(layers) for v in (*W[i], *B[i])] + [in_w, out_w, out_b]
+    return sbp.Model(f"gradbench_lstm_l{layers}", inputs=[X, Y, *h0, *s0], params=params, loss=loss)
 
 
 SBP_FUNCTIONS = ("forward", "value_and_grad")
@@ -161,10 +161,10 @@ SBP_FUNCTIONS = ("forward", "value_and_grad")
 
 def _sbp_arrays(data: dict) -> dict:
     main, extra, state, seq = data["main_params"], data["extra_params"], data["state"], data["sequence"]
-    l, b = main.shape[0] // 2, BITS
+    layers, b = main.shape[0] // 2, BITS
     arrays = {"X": np.ascontiguousarray(seq[:-1]), "Y": np.ascontiguousarray(seq[1:]),
               "in_w": extra[0:1].copy(), "out_w": extra[1:2].copy(), "out_b": extra[2:3].copy()}
-    for i in range(l):
+    for i in range(layers):
         arrays[f"h0_{i}"] = state[2 * i:2 * i + 1].copy()
         arrays[f"s0_{i}"] = state[2 * i + 1:2 * i + 2].copy()
         for k, g in enumerate(GATES):
@@ -175,12 +175,12 @@ def _sbp_arrays(data: dict) -> dict:
 
 def sbp_calls(mod, data: dict):
     arrays = _sbp_arrays(data)
-    l = data["main_params"].shape[0] // 2
+    layers = data["main_params"].shape[0] // 2
 
     def derivative():
         g = mod.value_and_grad(**arrays)[1]
         main = np.concatenate([np.concatenate([g[f"{m}{i}{gate}"] for gate in GATES], axis=1)
-                               for i in range(l) for m in ("W", "B")], axis=0)
+                               for i in range(layers) for m in ("W", "B")], axis=0)
         extra = np.concatenate([g["in_w"], g["out_w"], g["out_b"]], axis=0)
         return {"main_params": main, "extra_params": extra}
 
@@ -193,15 +193,15 @@ def jax_calls(data: dict):
 
     def loss(p, c):
         main, extra, seq, state = p["main_params"], p["extra_params"], c["sequence"], c["state"]
-        l, b = main.shape[0] // 2, seq.shape[1]
-        w = main.reshape(l, 2, 4, b)
+        layers, b = main.shape[0] // 2, seq.shape[1]
+        w = main.reshape(layers, 2, 4, b)
 
         def step(carry, rows):
             hs, ss = carry
             xt, yt = rows
             x = xt * extra[0]
             new_h, new_s = [], []
-            for i in range(l):
+            for i in range(layers):
                 (wf, wi, wo, wc), (bf, bi, bo, bc) = w[i, 0], w[i, 1]
                 forget = jax.nn.sigmoid(x * wf + bf)
                 ingate = jax.nn.sigmoid(hs[i] * wi + bi)
@@ -229,14 +229,14 @@ def torch_calls(data: dict, compiled: bool):
 
     def loss(p, c):
         main, extra, seq, state = p["main_params"], p["extra_params"], c["sequence"], c["state"]
-        l, b = main.shape[0] // 2, seq.shape[1]
-        w = main.reshape(l, 2, 4, b)
-        hs = [state[2 * i] for i in range(l)]
-        ss = [state[2 * i + 1] for i in range(l)]
+        layers, b = main.shape[0] // 2, seq.shape[1]
+        w = main.reshape(layers, 2, 4, b)
+        hs = [state[2 * i] for i in range(layers)]
+        ss = [state[2 * i + 1] for i in range(layers)]
         total = 0.0
         for t in range(seq.shape[0] - 1):
             x = seq[t] * extra[0]
-            for i in range(l):
+            for i in range(layers):
                 (wf, wi, wo, wc), (bf, bi, bo, bc) = w[i, 0], w[i, 1]
                 forget = torch.sigmoid(x * wf + bf)
                 ingate = torch.sigmoid(hs[i] * wi + bi)
