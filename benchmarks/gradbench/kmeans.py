@@ -46,9 +46,13 @@ def generate(size: dict) -> dict:
 
 def reference(data: dict) -> tuple[dict, dict]:
     P, C = data["points"], data["centroids"]
-    dist = ((P[:, None, :] - C[None, :, :]) ** 2).sum(-1)
-    near = dist.argmin(1)
-    cost = float(dist.min(1).sum())
+    near, best = [], []
+    for start in range(0, len(P), 2000):  # the difference form, in blocks of points
+        dist = ((P[start:start + 2000, None, :] - C[None, :, :]) ** 2).sum(-1)
+        near.append(dist.argmin(1))
+        best.append(dist.min(1))
+    near = np.concatenate(near)
+    cost = float(np.concatenate(best).sum())
     count = np.bincount(near, minlength=len(C)).astype(float)
     grad = 2.0 * (count[:, None] * C - np.stack([P[near == j].sum(0) for j in range(len(C))]))
     hess = 2.0 * np.repeat(count[:, None], C.shape[1], axis=1)

@@ -213,7 +213,7 @@ def run_eval(name: str, size: dict, args, cache_root: Path) -> dict:
 
 
 def format_tables(records: list) -> str:
-    rows = [("eval", "size", "function", "peer", "status", "median", "min", "/symbackprop", "max rel err")]
+    rows = [("eval", "size", "function", "peer", "status", "median", "min", "/symbackprop", "max rel err", "fd err")]
     notes = []
     for r in records:
         base = r["peers"].get("symbackprop", {})
@@ -222,18 +222,19 @@ def format_tables(records: list) -> str:
                 t = e.get(fn)
                 b = base.get(fn)
                 ratio = f"{t['median_s'] / b['median_s']:.2f}" if t and b else ""
-                errs = e.get("errors", {})
+                errs = {k: v for k, v in e.get("errors", {}).items() if k != "finite_differences"}
                 err = max(errs.values()) if errs else None
+                fd = e.get("errors", {}).get("finite_differences")
                 rows.append((r["eval"], r["label"], f"{fn} ({r[fn]})", peer, e.get("status", ""),
                              _t(t and t["median_s"]), _t(t and t["min_s"]), ratio,
-                             f"{err:.1e}" if err is not None else ""))
-            if fn == "primal":
-                pass
+                             f"{err:.1e}" if err is not None else "", f"{fd:.1e}" if fd is not None else ""))
         for peer, e in r["peers"].items():
             if e.get("reason"):
                 notes.append(f"{r['eval']} {r['label']} {peer}: {e['reason']}")
     lines = _align(rows)
-    lines += ["", "ratio: peer median / symbackprop median on the same call (above 1: symbackprop is faster)"]
+    lines += ["", "ratio: peer median / symbackprop median on the same call (above 1: symbackprop is faster)",
+              "max rel err: primal and derivative against the numpy reference (derivative: JAX's where the eval",
+              "has no numpy derivative); fd err: symbackprop's derivative against central differences"]
     comp = [("eval", "size", "symbackprop cold", "cached", "jax primal+derivative", "torch.compile first calls")]
     for r in records:
         c = r.get("sbp_compile") or {}
