@@ -51,6 +51,23 @@ def max_rel_error(got: Outputs, ref: Outputs) -> float:
 
 
 # --------------------------------------------------------------------------
+# symbackprop
+
+
+def build_models(E, size) -> dict:
+    """The eval module E's symbackprop models at ``size``, by name."""
+    return E.build_models(size) if hasattr(E, "build_models") else {"main": E.build_model(size)}
+
+
+def sbp_compile(E, size):
+    """The compiled module (a dict of them for evals with several models)."""
+    import symbackprop as sbp
+
+    mods = {k: sbp.compile(m, functions=E.SBP_FUNCTIONS) for k, m in build_models(E, size).items()}
+    return mods if hasattr(E, "build_models") else mods["main"]
+
+
+# --------------------------------------------------------------------------
 # JAX
 
 

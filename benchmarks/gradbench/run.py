@@ -44,7 +44,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from benchmarks.gradbench import EVALS  # noqa: E402
-from benchmarks.gradbench._common import Unsupported, max_rel_error, to_numpy  # noqa: E402
+from benchmarks.gradbench._common import Unsupported, build_models, max_rel_error, sbp_compile, to_numpy  # noqa: E402
 from benchmarks.measure import PLANS, TOLERANCE, _calibrate, _sample, _warm_up  # noqa: E402
 from benchmarks.run import _align, _t  # noqa: E402
 
@@ -58,18 +58,6 @@ def load(name: str):
 
 # --------------------------------------------------------------------------
 # symbackprop: compile (in a probe process, for cold/cached times and a cap)
-
-
-def build_models(E, size) -> dict:
-    return E.build_models(size) if hasattr(E, "build_models") else {"main": E.build_model(size)}
-
-
-def sbp_compile(E, size):
-    """The compiled module (a dict of them for evals with several models)."""
-    import symbackprop as sbp
-
-    mods = {k: sbp.compile(m, functions=E.SBP_FUNCTIONS) for k, m in build_models(E, size).items()}
-    return mods if hasattr(E, "build_models") else mods["main"]
 
 
 def probe(name: str, size: dict) -> None:
@@ -222,9 +210,9 @@ def format_tables(records: list) -> str:
                 t = e.get(fn)
                 b = base.get(fn)
                 ratio = f"{t['median_s'] / b['median_s']:.2f}" if t and b else ""
-                errs = {k: v for k, v in e.get("errors", {}).items() if k != "finite_differences"}
-                err = max(errs.values()) if errs else None
-                fd = e.get("errors", {}).get("finite_differences")
+                errs = e.get("errors", {})
+                err = errs.get("primal") if fn == "primal" else errs.get("derivative", errs.get("derivative_vs_jax"))
+                fd = errs.get("finite_differences") if fn == "derivative" else None
                 rows.append((r["eval"], r["label"], f"{fn} ({r[fn]})", peer, e.get("status", ""),
                              _t(t and t["median_s"]), _t(t and t["min_s"]), ratio,
                              f"{err:.1e}" if err is not None else "", f"{fd:.1e}" if fd is not None else ""))
@@ -233,8 +221,8 @@ def format_tables(records: list) -> str:
                 notes.append(f"{r['eval']} {r['label']} {peer}: {e['reason']}")
     lines = _align(rows)
     lines += ["", "ratio: peer median / symbackprop median on the same call (above 1: symbackprop is faster)",
-              "max rel err: primal and derivative against the numpy reference (derivative: JAX's where the eval",
-              "has no numpy derivative); fd err: symbackprop's derivative against central differences"]
+              "max rel err: against the numpy reference (derivatives: against JAX's where the eval has no numpy",
+              "derivative; blank for JAX itself there); fd err: symbackprop's derivative against central differences"]
     comp = [("eval", "size", "symbackprop cold", "cached", "jax primal+derivative", "torch.compile first calls")]
     for r in records:
         c = r.get("sbp_compile") or {}

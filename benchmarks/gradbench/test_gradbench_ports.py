@@ -21,7 +21,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.gradbench import EVALS  # noqa: E402
-from benchmarks.gradbench._common import max_rel_error, to_numpy  # noqa: E402
+from benchmarks.gradbench._common import max_rel_error, sbp_compile, to_numpy  # noqa: E402
 
 TOL = 1e-9
 FD_TOL = 1e-6
@@ -32,6 +32,21 @@ TEST_SIZES = {"llsq": {"n": 16, "m": 16}}
 NO_SBP = {"lstm"}
 HAVE_JAX = importlib.util.find_spec("jax") is not None
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+@pytest.fixture(autouse=True)
+def restore_framework_state():
+    """The ports turn on JAX's float64 and give PyTorch one thread; other
+    tests in the same session get the settings they had."""
+    jax = sys.modules.get("jax") if HAVE_JAX else None
+    x64 = jax.config.jax_enable_x64 if jax is not None else None
+    torch = sys.modules.get("torch") if HAVE_TORCH else None
+    threads = torch.get_num_threads() if torch is not None else None
+    yield
+    if "jax" in sys.modules:
+        sys.modules["jax"].config.update("jax_enable_x64", bool(x64))
+    if "torch" in sys.modules and threads is not None:
+        sys.modules["torch"].set_num_threads(threads)
 
 
 def load(name):
@@ -55,8 +70,6 @@ def check(E, data, primal, derivative, jax_derivative=None):
 
 @pytest.mark.parametrize("name", [e for e in EVALS if e not in NO_SBP])
 def test_symbackprop_port(name):
-    from benchmarks.gradbench.run import sbp_compile
-
     E, size, data = load(name)
     check(E, data, *E.sbp_calls(sbp_compile(E, size), data))
 
