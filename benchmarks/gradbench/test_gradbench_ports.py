@@ -1,0 +1,134 @@
+"""Checks of the GradBench ports at their smallest sizes (`python -m pytest
+benchmarks/gradbench`; tests/test_gradbench_ports.py runs the same tests in the
+default test run): symbackprop's primal and derivative against the numpy
+reference (its closed-form derivative, or finite differences where the eval has
+none), the JAX and PyTorch peers against the same, and the data generators'
+replay of GradBench's draws. JAX / PyTorch parts are skipped when not installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.gradbench import EVALS  # noqa: E402
+from benchmarks.gradbench._common import max_rel_error, sbp_compile, to_numpy  # noqa: E402
+
+TOL = 1e-9
+FD_TOL = 1e-6
+# the smallest published sizes, except where a compile would blow the test budget:
+# llsq's published m is 128 only (a 7 s compile here); m=16 tests the same code
+TEST_SIZES = {"llsq": {"n": 16, "m": 16}}
+# symbackprop's lstm model does not compile in minutes (benchmarks/README.md, "GradBench ports")
+NO_SBP = {"lstm"}
+HAVE_JAX = importlib.util.find_spec("jax") is not None
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+@pytest.fixture(autouse=True)
+def restore_framework_state():
+    """The ports turn on JAX's float64 and give PyTorch one thread; other
+    tests in the same session get the settings they had."""
+    jax = sys.modules.get("jax") if HAVE_JAX else None
+    x64 = jax.config.jax_enable_x64 if jax is not None else None
+    torch = sys.modules.get("torch") if HAVE_TORCH else None
+    threads = torch.get_num_threads() if torch is not None else None
+    yield
+    if "jax" in sys.modules:
+        sys.modules["jax"].config.update("jax_enable_x64", bool(x64))
+    if "torch" in sys.modules and threads is not None:
+        sys.modules["torch"].set_num_threads(threads)
+
+
+def load(name):
+    E = importlib.import_module(f"benchmarks.gradbench.{name}")
+    size = TEST_SIZES.get(name, E.SMALL)
+    return E, size, E.generate(size)
+
+
+def check(E, data, primal, derivative, jax_derivative=None):
+    ref_p, ref_d = E.reference(data)
+    assert max_rel_error(to_numpy(primal()), ref_p) < TOL
+    got = to_numpy(derivative())
+    if ref_d is not None:
+        assert max_rel_error(got, ref_d) < TOL
+    if jax_derivative is not None:
+        assert max_rel_error(got, jax_derivative) < TOL
+    if hasattr(E, "fd_error"):
+        assert E.fd_error(data, got) < FD_TOL
+    return got
+
+
+@pytest.mark.parametrize("name", [e for e in EVALS if e not in NO_SBP])
+def test_symbackprop_port(name):
+    E, size, data = load(name)
+    check(E, data, *E.sbp_calls(sbp_compile(E, size), data))
+
+
+@pytest.mark.skipif(not HAVE_JAX, reason="JAX is not installed")
+@pytest.mark.parametrize("name", EVALS)
+def test_jax_peer(name):
+    E, size, data = load(name)
+    primal, derivative, _ = E.jax_calls(data)
+    check(E, data, primal, derivative)
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed")
+@pytest.mark.parametrize("name", EVALS)
+def test_torch_peer(name):
+    E, size, data = load(name)
+    primal, derivative, _ = E.torch_calls(data, compiled=False)
+    check(E, data, primal, derivative)
+
+
+def test_generators_replay_gradbench_draws():
+    from benchmarks.gradbench import det, gmm, kmeans, lse, lstm
+
+    rs = np.random.RandomState(31337)  # lse: seeded once, then one draw per n in order
+    rs.rand(2500)
+    assert np.array_equal(lse.generate({"n": 5000})["x"], rs.rand(5000))
+    rs = np.random.RandomState(31337)
+    assert np.array_equal(det.generate({"ell": 5})["A"].ravel(), rs.rand(25))
+    assert np.array_equal(det.generate({"ell": 6})["A"].ravel(), rs.rand(36))
+    g = gmm.generate({"d": 3, "k": 2, "n": 4})
+    rng = np.random.default_rng(31337)
+    assert np.array_equal(g["x"][0], rng.normal(size=3))
+    assert g["l"].shape == (2, 3) and g["alpha"].shape == (2,)
+    k = kmeans.generate({"k": 10, "n": 1000, "d": 8})
+    assert np.array_equal(k["centroids"], k["points"][-10:])
+    seq = lstm.generate({"l": 2, "c": 1024})["sequence"]
+    assert seq.shape == (1024, 14)
+    text = "".join(chr(int("".join(str(int(b)) for b in row), 2)) for row in seq[:11])
+    assert text == "THE SONNETS"
+
+
+def test_ba_sparse_layout():
+    from benchmarks.gradbench import ba
+
+    data = ba.generate({"file": 0, "n": 3, "m": 5, "p": 7})
+    rows, cols = ba.csr_indices(data)
+    assert rows[-1] == len(cols) == 30 * 7 + 7 and len(rows) == 3 * 7 + 1
+    # observation 0: camera 0's 11 columns, point 0's 3 (after 11 n), its weight (after 11 n + 3 m)
+    assert list(cols[:15]) == list(range(11)) + [33, 34, 35, 48]
+    assert list(cols[15:30]) == list(cols[:15])  # its second residual row: the same columns
+    assert list(cols[-7:]) == list(range(48, 55))  # one row per weight
+    assert list(rows[:3]) == [0, 15, 30] and list(rows[-2:]) == [30 * 7 + 6, 30 * 7 + 7]
+
+
+def test_comparison_catches_a_wrong_derivative():
+    from benchmarks.gradbench import lse
+
+    data = lse.generate({"n": 2500})
+    ref_p, ref_d = lse.reference(data)
+    wrong = {"x": ref_d["x"] * (1 + 1e-6)}
+    assert max_rel_error(wrong, ref_d) > TOL
+    assert max_rel_error({}, ref_d) == float("inf")
