@@ -23,8 +23,9 @@ The ops:
 from __future__ import annotations
 
 import itertools
+import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterable, TypeAlias
+from typing import Callable, Iterable, Iterator, TypeAlias
 
 import sympy as sp
 from sympy.core.function import Application, AppliedUndef
@@ -46,7 +47,7 @@ SCALAR: Shape = (1, 1)
 class Node:
     """One op applied to argument nodes. Build with the functions below."""
 
-    __slots__ = ("op", "args", "shape", "attrs")
+    __slots__ = ("op", "args", "shape", "attrs", "__weakref__")
     op: str
     args: tuple["Node", ...]
     shape: Shape
@@ -56,7 +57,11 @@ class Node:
         return f"Node({self.op}, shape={self.shape}, attrs={self.attrs}, nargs={len(self.args)})"
 
 
-_INTERNED: dict[tuple, Node] = {}
+# Hash-consing: each (op, args, shape, attrs) built while its node is alive
+# gives that node. Weak values, so that a node lives only as long as a graph,
+# plan or module uses it: a long session that compiles many models (or one
+# model many times) does not keep every node ever built.
+_INTERNED: weakref.WeakValueDictionary[tuple, Node] = weakref.WeakValueDictionary()
 
 
 class ShapeMismatch(ModelError):
@@ -233,6 +238,52 @@ def emap(bodies: Iterable[sp.Expr], args: Iterable[Node], bindings: Iterable[tup
     live = _live_lets(tuple((sym, sp.sympify(e).xreplace(folded)) for sym, e in lets), programs)
     kept, bindings, programs, live, target = _drop_unused(arg_nodes, bindings, programs, live, tuple(target))
     return _node("emap", kept, shape, (programs, bindings, tuple(loops), target, live))
+
+
+# The deepest a let or body of an emap program may be: deeper expressions are
+# cut into more lets, so that derivatives (one let per let) and every SymPy
+# walk over a body stay linear in its size (a Horner polynomial of degree 127
+# is 255 levels deep: its derivative by sp.diff took 24 s).
+MAX_BODY_DEPTH = 12
+
+
+def shallow_program(lets: list, bodies: list, symbols: Iterator[sp.Symbol]) -> tuple[list, list]:
+    """The program (lets, bodies) with every subexpression MAX_BODY_DEPTH
+    deep made a let of its own (named from `symbols`), in order."""
+    program: list[tuple[sp.Symbol, sp.Expr]] = []
+    memo: dict[sp.Basic, tuple[sp.Basic, int]] = {}
+
+    def cut(expr: sp.Basic) -> sp.Basic:
+        stack: list[tuple[sp.Basic, bool]] = [(expr, False)]
+        while stack:
+            sub, ready = stack.pop()
+            if sub in memo:
+                continue
+            if not sub.args:
+                memo[sub] = (sub, 0)
+            elif not ready:
+                stack.append((sub, True))
+                stack.extend((a, False) for a in sub.args if a not in memo)
+            else:
+                parts = [memo[a] for a in sub.args]
+                height = 1 + max(h for _, h in parts)
+                rebuilt = sub if all(new is a for (new, _), a in zip(parts, sub.args)) else sub.func(*(n for n, _ in parts))
+                if height >= MAX_BODY_DEPTH and sub is not expr and _is_value(sub):
+                    symbol = next(symbols)
+                    program.append((symbol, rebuilt))
+                    memo[sub] = (symbol, 0)
+                else:
+                    memo[sub] = (rebuilt, height)
+        return memo[expr][0]
+
+    for symbol, expr in lets:
+        program.append((symbol, cut(expr)))
+    return program, [cut(b) for b in bodies]
+
+
+def _is_value(expr: sp.Basic) -> bool:
+    """A real number (not a condition or a Piecewise branch): may be a let."""
+    return isinstance(expr, sp.Expr) and not isinstance(expr, (Relational, BooleanFunction, ExprCondPair))
 
 
 def _live_lets(lets: tuple, bodies: tuple) -> tuple:
@@ -597,7 +648,8 @@ class _Lowerer:
                 subs[atom] = row_placeholder(add(node, ("whole",)), 0)
             bodies.append(entry.xreplace(subs))
         # the body as a straight-line program, so that derivatives extend it step by step
-        lets, bodies = sp.cse(bodies, symbols=(let_symbol(k) for k in itertools.count()), order="none")
+        symbols = (let_symbol(k) for k in itertools.count())
+        lets, bodies = shallow_program(*sp.cse(bodies, symbols=symbols, order="none"), symbols)
         if len(loops) == 1:
             return emap(bodies, args, bindings, loops, ("row", 0), (loops[0], len(bodies)), lets)
         return emap(bodies, args, bindings, loops, ("cell",), (loops[0], loops[1]), lets)
