@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, TypeAlias
+from typing import Any, Callable, Iterable, Iterator, TypeAlias
 
 import sympy as sp
 from sympy.core.function import Application, AppliedUndef
@@ -457,7 +457,8 @@ class _Lowerer:
             rule = _MATRIX_RULES.get(type(expr))
             if rule is None:
                 raise ModelError(f"unsupported matrix operation {type(expr).__name__}: {expr}")
-            self._check_dims(expr)
+            if isinstance(expr, _OWN_SHAPE):  # other shapes follow from their (checked) arguments'
+                self._check_dims(expr)
             try:
                 return rule(self, expr)
             except ShapeMismatch as exc:
@@ -465,6 +466,16 @@ class _Lowerer:
         if isinstance(expr, sp.Expr):
             return self._scalar(expr)
         raise ModelError(f"unsupported expression {expr!r} of type {type(expr).__name__}")
+
+    def shape(self, expr: sp.MatrixExpr) -> Shape:
+        """SymPy's shape of expr, from the nodes of its lowered arguments:
+        SymPy's own walks down the whole chain under it at every level, which
+        made lowering quadratic in depth (and recursive)."""
+        node = self.memo.get(expr)
+        if node is not None:
+            return node.shape
+        rule = _SHAPE_RULES.get(type(expr))
+        return shape_of(expr) if rule is None else rule(expr, self.shape)
 
     def _check_dims(self, expr: sp.MatrixExpr) -> None:
         for d in expr.shape:
@@ -511,7 +522,7 @@ class _Lowerer:
     def mat_add(self, expr: sp.MatAdd) -> Node:
         parts = _regroup_sum(list(expr.args), self.named_sums, expr)
         terms = [self.lower(t) for t in parts]
-        shape = shape_of(expr)
+        shape = self.shape(expr)
         for part, term in zip(parts, terms):
             if term.shape != shape:  # SymPy's sums need equal shapes: no implicit broadcast
                 raise ModelError(f"{part} has shape {term.shape} in the sum {expr} of shape {shape}: the terms "
@@ -539,7 +550,7 @@ class _Lowerer:
     def hadamard_product(self, expr: sp.HadamardProduct) -> Node:
         factors = [self.lower(f) for f in expr.args]
         body = sp.Mul(*[placeholder(i) for i in range(len(factors))])
-        return map_(body, factors, shape_of(expr))
+        return map_(body, factors, self.shape(expr))
 
     def hadamard_power(self, expr: sp.HadamardPower) -> Node:
         base, exponent = expr.args
@@ -565,7 +576,7 @@ class _Lowerer:
         A**2); any power of a 1x1 matrix is elementwise (SymPy's
         applyfunc(sqrt) of a 1x1 matrix gives M**(1/2))."""
         base, exponent = expr.args
-        if shape_of(expr) == SCALAR:
+        if self.shape(expr) == SCALAR:
             return map_(placeholder(0) ** placeholder(1), [self.lower(base), self.lower(exponent)])
         if not (exponent.is_Integer and exponent >= 1):
             raise ModelError(
@@ -779,6 +790,35 @@ _MATRIX_RULES: dict[type, Callable[[_Lowerer, sp.Basic], Node]] = {
     Gather: _Lowerer.gather,
     ExampleMap: _Lowerer.example_map,
     Reduce: _Lowerer.reduce,
+}
+
+
+# Matrix expressions whose shape is their own (not their arguments'): the
+# dimensions they name must be declared.
+_OWN_SHAPE = (sp.OneMatrix, sp.ZeroMatrix, sp.Identity, ExampleMap)
+
+
+def _matmul_shape(expr: sp.MatMul, of: Callable[[sp.Basic], Shape]) -> Shape:
+    factors = expr.as_coeff_matrices()[1]
+    return (of(factors[0])[0], of(factors[-1])[1])
+
+
+def _reduce_shape(expr: Reduce, of: Callable[[sp.Basic], Shape]) -> Shape:
+    rows, cols = of(expr.arg)
+    return (1, cols) if expr.axis == 0 else (rows, 1)
+
+
+# Classes whose shape follows from their arguments' shapes, given `of`.
+_SHAPE_RULES: dict[type, Callable[[Any, Callable[[sp.Basic], Shape]], Shape]] = {
+    sp.MatAdd: lambda e, of: of(e.args[0]),
+    sp.HadamardProduct: lambda e, of: of(e.args[0]),
+    sp.HadamardPower: lambda e, of: of(e.args[0]),
+    ElementwiseApplyFunction: lambda e, of: of(e.expr),
+    sp.Transpose: lambda e, of: of(e.arg)[::-1],
+    sp.Adjoint: lambda e, of: of(e.arg)[::-1],
+    sp.MatPow: lambda e, of: of(e.args[0]),
+    sp.MatMul: _matmul_shape,
+    Reduce: _reduce_shape,
 }
 
 

@@ -221,6 +221,7 @@ class Naming:
         self.origins = dict(origins)
         self.names: dict[Node, str] = {}
         self.taken: set[str] = set()
+        self.counts: dict[str, int] = {}  # base -> the last number claimed for it
         for name, node in leaves.items():
             self.names[node] = self.claim(name)
         for name, node in roots:
@@ -239,9 +240,12 @@ class Naming:
         """`base` if free, else the next free t<k> (for "t0") or base_<k>."""
         numbered = base == "t0"
         name, count = base, 0
+        if name in self.taken:  # the search resumes where the last one for this base stopped
+            count = self.counts.get(base, 0)
         while name in self.taken:
             count += 1
             name = f"t{count}" if numbered else f"{base}_{count}"
+        self.counts[base] = count
         self.taken.add(name)
         return name
 
@@ -432,12 +436,10 @@ class _Scheduler:
         args = [a for m in members for a in m.args if a not in members]
         chosen = None
         late = node in self.late
-        for group in reversed([s for s in self.plan if isinstance(s, _Group)]):
+        for group in self._related_groups(args):  # the latest first
             if group.shape != node.shape or group.late != late:
                 continue
-            related = any(a in group.members or self._feeds(a, group) for a in args)
-            ready = all(a in group.members or self._ready_before(a, group.index) for a in args)
-            if related and ready:
+            if all(self.group_of.get(a) is group or self._ready_before(a, group.index) for a in args):
                 chosen = group
                 break
         if chosen is None and self._single_use(node):
@@ -451,8 +453,17 @@ class _Scheduler:
             self.group_of[member] = chosen
             self.index_of[member] = chosen.index
 
-    def _feeds(self, arg: Node, group: _Group) -> bool:
-        return any(arg in member.args for member in group.members)
+    def _related_groups(self, args: list[Node]) -> list[_Group]:
+        """The loops that hold one of `args` or read one, latest first: only
+        these can take a map (looking at every loop made scheduling
+        quadratic in the number of loops)."""
+        related: dict[int, _Group] = {}
+        for arg in args:
+            for holder in (arg, *self.users.get(arg, ())):
+                group = self.group_of.get(holder)
+                if group is not None:
+                    related[group.index] = group
+        return [related[k] for k in sorted(related, reverse=True)]
 
     # --- buffers --------------------------------------------------------
 
