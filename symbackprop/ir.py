@@ -659,8 +659,9 @@ class _Lowerer:
                 subs[atom] = row_placeholder(add(node, ("whole",)), 0)
             bodies.append(entry.xreplace(subs))
         # the body as a straight-line program, so that derivatives extend it step by step
-        symbols = (let_symbol(k) for k in itertools.count())
-        lets, bodies = shallow_program(*sp.cse(bodies, symbols=symbols, order="none"), symbols)
+        names = (let_symbol(k) for k in itertools.count())
+        common, reduced = sp.cse(bodies, symbols=names, order="none")
+        lets, bodies = shallow_program(common, reduced, names)
         if len(loops) == 1:
             return emap(bodies, args, bindings, loops, ("row", 0), (loops[0], len(bodies)), lets)
         return emap(bodies, args, bindings, loops, ("cell",), (loops[0], loops[1]), lets)
