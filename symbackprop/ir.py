@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, TypeAlias
+from typing import Any, Callable, Iterable, TypeAlias
 
 import sympy as sp
 from sympy.core.function import Application, AppliedUndef
@@ -36,6 +36,7 @@ from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 from sympy.matrices.expressions.matexpr import MatrixElement
 
 from .errors import ModelError
+from .exprdag import Splitter, shallow_program
 from .model import Model, leaf_name
 from .tensor import ExampleMap, Gather, Index, Reduce
 
@@ -240,52 +241,6 @@ def emap(bodies: Iterable[sp.Expr], args: Iterable[Node], bindings: Iterable[tup
     return _node("emap", kept, shape, (programs, bindings, tuple(loops), target, live))
 
 
-# The deepest a let or body of an emap program may be: deeper expressions are
-# cut into more lets, so that derivatives (one let per let) and every SymPy
-# walk over a body stay linear in its size (a Horner polynomial of degree 127
-# is 255 levels deep: its derivative by sp.diff took 24 s).
-MAX_BODY_DEPTH = 12
-
-
-def shallow_program(lets: list, bodies: list, symbols: Iterator[sp.Symbol]) -> tuple[list, list]:
-    """The program (lets, bodies) with every subexpression MAX_BODY_DEPTH
-    deep made a let of its own (named from `symbols`), in order."""
-    program: list[tuple[sp.Symbol, sp.Expr]] = []
-    memo: dict[sp.Basic, tuple[sp.Basic, int]] = {}
-
-    def cut(expr: sp.Basic) -> sp.Basic:
-        stack: list[tuple[sp.Basic, bool]] = [(expr, False)]
-        while stack:
-            sub, ready = stack.pop()
-            if sub in memo:
-                continue
-            if not sub.args:
-                memo[sub] = (sub, 0)
-            elif not ready:
-                stack.append((sub, True))
-                stack.extend((a, False) for a in sub.args if a not in memo)
-            else:
-                parts = [memo[a] for a in sub.args]
-                height = 1 + max(h for _, h in parts)
-                rebuilt = sub if all(new is a for (new, _), a in zip(parts, sub.args)) else sub.func(*(n for n, _ in parts))
-                if height >= MAX_BODY_DEPTH and sub is not expr and _is_value(sub):
-                    symbol = next(symbols)
-                    program.append((symbol, rebuilt))
-                    memo[sub] = (symbol, 0)
-                else:
-                    memo[sub] = (rebuilt, height)
-        return memo[expr][0]
-
-    for symbol, expr in lets:
-        program.append((symbol, cut(expr)))
-    return program, [cut(b) for b in bodies]
-
-
-def _is_value(expr: sp.Basic) -> bool:
-    """A real number (not a condition or a Piecewise branch): may be a let."""
-    return isinstance(expr, sp.Expr) and not isinstance(expr, (Relational, BooleanFunction, ExprCondPair))
-
-
 def _live_lets(lets: tuple, bodies: tuple) -> tuple:
     """The assignments the bodies need, in order."""
     needed = set().union(*(b.free_symbols for b in bodies))
@@ -431,6 +386,8 @@ class _Lowerer:
         self.leaves = leaves
         self.dims = set(dims)
         self.memo: dict[sp.Basic, Node] = {}
+        self.standins: dict[sp.Basic, Node] = {}  # symbols that stand for parts of a large scalar (_scalar)
+        self.splitter = Splitter(lambda _: sp.Dummy("part", real=True))
         # Named outputs that SymPy flattens into larger sums and products
         # (Y = A + B inside Y - T = A + B - T): lowered as their own nodes,
         # so that a named intermediate is one value with one gradient.
@@ -483,7 +440,18 @@ class _Lowerer:
                 raise ModelError(f"dimension {sym} of {expr} is not a dimension of any input or param")
 
     def _scalar(self, expr: sp.Expr) -> Node:
-        """A scalar expression becomes one map over its leaves and elements."""
+        """A scalar expression becomes one map over its leaves and elements;
+        a large one (many distinct subexpressions, or deep) a graph of maps,
+        one per shared or deep subexpression, so that its derivative is
+        reverse mode over that graph (linear), not one sp.diff of the whole
+        body per argument (a determinant by minors took minutes)."""
+        parts, whole = self.splitter(expr)
+        for sub, symbol, body in parts:
+            node = self.memo.get(sub)
+            self.standins[symbol] = self.memo[sub] = node if node is not None else self._scalar_map(body)
+        return self._scalar_map(whole)
+
+    def _scalar_map(self, expr: sp.Expr) -> Node:
         atoms = _scalar_atoms(expr)
         args: list[Node] = []
         subs: dict[sp.Basic, sp.Expr] = {}
@@ -493,6 +461,8 @@ class _Lowerer:
                 if not (i.is_Integer and j.is_Integer):
                     raise ModelError(f"only constant indices are supported: {atom}")
                 arg = element(self.lower(parent), int(i), int(j))
+            elif atom in self.standins:
+                arg = self.standins[atom]
             elif atom in self.leaves:
                 arg = self.leaves[atom]
                 if arg.shape != SCALAR:
@@ -726,13 +696,16 @@ def _scalar_atoms(expr: sp.Expr) -> list[sp.Basic]:
     """
     atoms: list[sp.Basic] = []
     stack = [expr]
+    seen: set[sp.Basic] = set()  # a shared subexpression is looked at once
     while stack:
         sub = stack.pop()
+        if sub in seen:
+            continue
+        seen.add(sub)
         if isinstance(sub, AppliedUndef):
             raise ModelError(f"{sub.func} is an undefined function (no derivative, no C)")
         if isinstance(sub, (sp.Symbol, MatrixElement)):
-            if sub not in atoms:
-                atoms.append(sub)
+            atoms.append(sub)
         elif isinstance(sub, (sp.MatrixExpr, sp.MatrixBase)):
             raise ModelError(f"matrix {sub} used inside the scalar expression {expr}")
         elif sub.is_Atom:

@@ -68,6 +68,15 @@ def _equation(lhs: str, rhs: sp.Basic) -> Equation:
     return Equation(lhs, sp.sstr(rhs), f"{latex_name(lhs)} = {latex(rhs)}")
 
 
+def _map_equation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
+    """A fused loop's value as an equation, or, beyond MAX_EQUATION_OPS (a
+    gradient of a determinant by minors: printing them took 20 s), a
+    pointer to the C's temporaries."""
+    if sp.count_ops(value) > MAX_EQUATION_OPS:
+        return Equation(lhs, "see the temporaries in the C", rf"{latex_name(lhs)} = \text{{see the C}}")
+    return _equation(lhs, value.xreplace(readable))
+
+
 @dataclass(frozen=True)
 class MapKernel:
     """A fused elementwise loop: loads, CSE temporaries, stores."""
@@ -512,7 +521,40 @@ class _Scheduler:
 
     def _map_kernel(self, group: _Group, counts: list[int]) -> MapKernel | None:
         loads: dict[Node, sp.Symbol] = {}
+        value, program = self._member_values(group, loads)
+        stored = [m for m in group.members if m in self.buffer_of]
+        if not stored:
+            return None
+        exprs = [value[m] for m in stored]
+        if program:  # large shared values are named, not inlined into each user (a tree exponential in depth)
+            temps, reduced = _cse_program(program, exprs)
+            before = sum(sp.count_ops(e) for _, e in program)
+        else:
+            temps, reduced = sp.cse(exprs, symbols=sp.numbered_symbols("x", real=True), order="canonical")
+            before = 0
+        counts[0] += before + sum(sp.count_ops(e) for e in exprs)
+        counts[1] += sum(sp.count_ops(e) for _, e in temps) + sum(sp.count_ops(e) for e in reduced)
+        load_views = tuple((sym, self._broadcast_view(node, group.shape)) for node, sym in loads.items())
+        readable = {sym: sp.Symbol(self._label(node)) for node, sym in loads.items()}
+        equations = tuple(_map_equation(self.buffer_of[m], value[m], readable) for m in stored)
+        if group.shape != SCALAR:
+            equations = tuple(Equation(e.lhs, e.text, e.latex + r" \quad \text{(elementwise)}") for e in equations)
+        stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
+        overwrites = {out for out, _ in stores} & {view.buffer for _, view in load_views}
+        return MapKernel(group.shape, load_views, tuple(temps), stores, equations, load_first=bool(overwrites))
+
+    def _member_values(self, group: _Group, loads: dict[Node, sp.Symbol]) -> tuple[dict, list]:
+        """Each member's value over the loop's loads, the values of the
+        members it reads substituted in; a value of more than
+        MAX_INLINED_OPS operations read by several members becomes a named
+        value of `program` instead."""
         value: dict[Node, sp.Expr] = {}
+        size: dict[Node, int] = {}
+        program: list[tuple[sp.Symbol, sp.Expr]] = []
+        readers: dict[Node, int] = {}
+        for member in group.members:
+            for arg in set(member.args):
+                readers[arg] = readers.get(arg, 0) + 1
         for member in group.members:
             subs = {}
             for index, arg in enumerate(member.args):
@@ -520,22 +562,14 @@ class _Scheduler:
                     subs[placeholder(index)] = value[arg]
                 else:
                     subs[placeholder(index)] = loads.setdefault(arg, sp.Symbol(f"_load{len(loads)}", real=True))
-            value[member] = member.attrs[0].xreplace(subs)
-        stored = [m for m in group.members if m in self.buffer_of]
-        if not stored:
-            return None
-        exprs = [value[m] for m in stored]
-        temps, reduced = sp.cse(exprs, symbols=sp.numbered_symbols("x", real=True), order="canonical")
-        counts[0] += sum(sp.count_ops(e) for e in exprs)
-        counts[1] += sum(sp.count_ops(e) for _, e in temps) + sum(sp.count_ops(e) for e in reduced)
-        load_views = tuple((sym, self._broadcast_view(node, group.shape)) for node, sym in loads.items())
-        readable = {sym: sp.Symbol(self._label(node)) for node, sym in loads.items()}
-        equations = tuple(_equation(self.buffer_of[m], value[m].xreplace(readable)) for m in stored)
-        if group.shape != SCALAR:
-            equations = tuple(Equation(e.lhs, e.text, e.latex + r" \quad \text{(elementwise)}") for e in equations)
-        stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
-        overwrites = {out for out, _ in stores} & {view.buffer for _, view in load_views}
-        return MapKernel(group.shape, load_views, tuple(temps), stores, equations, load_first=bool(overwrites))
+            body = member.attrs[0]
+            size[member] = len(body.args) + 1 + sum(size.get(a, 0) for a in member.args)
+            value[member] = body.xreplace(subs)
+            if size[member] > MAX_INLINED_OPS and readers.get(member, 0) > 1:
+                symbol = sp.Symbol(f"_p{len(program)}", real=True)
+                program.append((symbol, value[member]))
+                value[member], size[member] = symbol, 0
+        return value, program
 
     def _label(self, node: Node) -> str:
         if node.op == "transpose":
@@ -731,6 +765,7 @@ class _Scheduler:
 # A map body with more operations than this is shown in comments by what it
 # reads, not written out: its CSE'd temporaries in the C are the readable form.
 MAX_SHOWN_OPS = 60
+MAX_EQUATION_OPS = 500  # of a fused elementwise loop's value (_map_equation)
 
 
 def _check_each_index_once(kernels: list[Kernel]) -> list[Kernel]:
@@ -803,8 +838,9 @@ def _cse_program(program: list[tuple[sp.Symbol, sp.Expr]], outputs: list[sp.Expr
                     stack.append((used, False))
 
     outputs = reduced[len(program):]
+    position = {sym: k for k, (sym, _) in enumerate(program)}
     for expr in outputs:
-        for sym in sorted(expr.free_symbols & definitions.keys(), key=lambda s: _definition_order(s, program)):
+        for sym in sorted(expr.free_symbols & definitions.keys(), key=lambda s: _definition_order(s, position)):
             place(sym)
     names = {sym: sp.Symbol(f"x{k}", real=True) for k, sym in enumerate(ordered)}
     temps = [(names[sym], definitions[sym].xreplace(names)) for sym in ordered]
@@ -815,11 +851,10 @@ def _copies_of(definitions: dict[sp.Symbol, sp.Basic]) -> dict[sp.Symbol, sp.Bas
     return {sym: e for sym, e in definitions.items() if e.is_Atom or (isinstance(e, sp.Expr) and (-e).is_Atom)}
 
 
-def _definition_order(symbol: sp.Symbol, program: list) -> tuple:
+def _definition_order(symbol: sp.Symbol, position: dict[sp.Symbol, int]) -> tuple:
     """Program values in program order, CSE temporaries after them by number."""
-    for k, (sym, _) in enumerate(program):
-        if sym == symbol:
-            return (0, k)
+    if symbol in position:
+        return (0, position[symbol])
     return (1, int(symbol.name[2:]))
 
 
@@ -832,6 +867,12 @@ def _where_text(where: tuple) -> str:
             return f"{spec[1]}[{'ij'[spec[2]]}]"
         return str(spec[1])
     return ", ".join(part(spec) for spec in where)
+
+
+# A fused loop's value read by several of its members is substituted into
+# each up to this size (an estimate: operations as a tree); beyond, it is
+# named once (a determinant by minors had 87,282 operations inlined).
+MAX_INLINED_OPS = 400
 
 
 def _is_cheap(body: sp.Expr) -> bool:
