@@ -21,6 +21,7 @@ from symbackprop import ir, nn
 from symbackprop.compiler import plan
 from symbackprop.deep import run_deep
 from symbackprop.errors import ModelError
+from symbackprop.graph import graph_text
 
 TESTS = Path(__file__).resolve().parent
 
@@ -211,8 +212,11 @@ def plan_deep(mlp_depth: int, gru_steps: int) -> None:
     """Lower, differentiate and schedule without the C compile (GCC's time
     on one long straight-line function, not ours, dominates deep builds)."""
     for model in (run_deep("test", mlp_model, mlp_depth), run_deep("test", gru_model, gru_steps)):
-        schedule = plan(model).function("value_and_grad").schedule
-        assert len(schedule.kernels) > mlp_depth
+        the_plan = plan(model)
+        assert len(the_plan.function("value_and_grad").schedule.kernels) > mlp_depth
+        text = graph_text(the_plan)  # the backward graph, as deep, printed without recursion
+        assert text.count("MatMul") >= mlp_depth
+        assert ("shown above" in text) == model.name.startswith("gru")  # the shared state, expanded once
     print("ok")
 
 
