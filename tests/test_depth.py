@@ -325,3 +325,27 @@ def test_run_deep_passes_results_and_errors_through():
     with pytest.raises(ModelError, match="wrong"):
         run_deep("x", lambda: (_ for _ in ()).throw(ModelError("wrong")))
     assert sys.getrecursionlimit() == limit
+
+
+def check_scalar_horner(degree: int) -> None:
+    """A deep scalar loss (no map): lowered as a chain of maps, each at most
+    MAX_BODY_DEPTH deep."""
+    x = sp.Symbol("x", real=True)
+    k = sp.symbols(f"c0:{degree + 1}", real=True)
+    p = k[degree]
+    for j in range(degree - 1, -1, -1):
+        p = p * x + k[j]
+    model = sbp.Model(f"scalar_horner{degree}", inputs=[x], params=list(k), loss=p, grad_inputs=[x])
+    mod = run_deep("test", sbp.compile, model)
+    coeffs = np.random.default_rng(degree).standard_normal(degree + 1) / np.arange(1, degree + 2)
+    at = 0.7
+    loss, grads = mod.value_and_grad(x=at, **{f"c{j}": c for j, c in enumerate(coeffs)})
+    assert np.isclose(loss, np.polynomial.polynomial.polyval(at, coeffs), rtol=1e-12)
+    slope = np.polynomial.polynomial.polyval(at, np.polynomial.polynomial.polyder(coeffs))
+    assert np.isclose(grads["x"], slope, rtol=1e-10)
+    assert np.isclose(grads[f"c{degree}"], at ** degree, rtol=1e-10)
+    print("ok")
+
+
+def test_deep_scalar_loss():
+    assert _in_child("check_scalar_horner(150)") == "ok\n"
