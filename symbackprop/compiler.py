@@ -27,6 +27,7 @@ from ._version import __version__
 from .autodiff import jvp, vjp
 from .cnames import CNamer, comment_text, sanitize
 from .codegen import REAL_TYPES, CFunction, CModule, Emitted, emit_function, emit_wrapper, render
+from .deep import run_deep
 from .derivation import derive, render_derivation
 from .epoch import epoch_c, reserved_names, try_epoch_plan
 from .errors import ModelError
@@ -251,7 +252,12 @@ def _sharable(lowered: Lowered) -> bool:
 def plan(model: Model, functions: Sequence[str] = DEFAULT_FUNCTIONS, wrt: Sequence[str] | None = None,
          optimizer=None) -> Plan:
     """Lower the model, differentiate it and schedule the requested functions
-    ("train_step" needs an optimizer from symbackprop.optim)."""
+    ("train_step" needs an optimizer from symbackprop.optim). Runs on a
+    large stack (deep.py), so that a deep model does not exhaust Python's."""
+    return run_deep(f"the model {model.name!r}", _plan, model, functions, wrt, optimizer)
+
+
+def _plan(model: Model, functions: Sequence[str], wrt: Sequence[str] | None, optimizer) -> Plan:
     unknown = [f for f in functions if f not in KINDS]
     if unknown or not functions:
         raise ModelError(f"functions must be some of {KINDS}; got {list(functions)}")
@@ -273,7 +279,13 @@ def generate(
     model: Model, dtype: str = "float64", functions: Sequence[str] = DEFAULT_FUNCTIONS, wrt: Sequence[str] | None = None,
     optimizer=None,
 ) -> tuple[Emitted, Plan]:
-    """C source, header, cffi declarations and derivation for the model."""
+    """C source, header, cffi declarations and derivation for the model
+    (on a large stack, as plan)."""
+    return run_deep(f"the model {model.name!r}", _generate, model, dtype, functions, wrt, optimizer)
+
+
+def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[str] | None,
+              optimizer) -> tuple[Emitted, Plan]:
     if dtype not in REAL_TYPES:
         raise ModelError(f"dtype must be one of {sorted(REAL_TYPES)}; got {dtype!r}")
     real = REAL_TYPES[dtype]

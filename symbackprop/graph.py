@@ -81,21 +81,31 @@ def backward_tree(plan: Plan) -> GraphNode:
     return _tree(plan.lowered.loss, reaches, names, set(_wrt_nodes(plan)))
 
 
-def _tree(node: Node, reaches: dict[Node, bool], names: dict[Node, str], wrt: set[Node]) -> GraphNode:
-    if node.op == "leaf":
-        return GraphNode("AccumulateGrad", names.get(node, node.attrs[0]))
-    name, operands = _classify(node)
-    out = GraphNode(name + "Backward")
-    for operand, transposed in operands:
-        if not reaches.get(operand, False):
+def _tree(root: Node, reaches: dict[Node, bool], names: dict[Node, str], wrt: set[Node]) -> GraphNode:
+    """Depth first with an explicit stack (a model 1,000 layers deep is
+    1,000 levels); an op reached again (a shared value: an unrolled
+    recurrent state feeds several gates) is shown once, then as "shown
+    above", so the tree is as large as the graph, not exponential in it."""
+    top = GraphNode("")
+    expanded: set[Node] = set()
+    stack: list[tuple[Node | None, GraphNode, bool]] = [(root, top, False)]
+    while stack:
+        node, parent, transposed = stack.pop()
+        if node is None:  # after the operands: a retained intermediate's gradient
+            parent.children.append(GraphNode("AccumulateGrad", "retained gradient"))
             continue
-        child = _tree(operand, reaches, names, wrt)
-        if transposed:
-            child = GraphNode("TransposeBackward", "", [child])
-        out.children.append(child)
-    if node in wrt and node.op != "leaf":
-        out.children.append(GraphNode("AccumulateGrad", "retained gradient"))
-    return out
+        if node.op == "leaf":
+            out = GraphNode("AccumulateGrad", names.get(node, node.attrs[0]))
+        else:
+            name, operands = _classify(node)
+            out = GraphNode(name + "Backward", "shown above" if node in expanded else "")
+            if node not in expanded:
+                expanded.add(node)
+                if node in wrt:
+                    stack.append((None, out, False))
+                stack.extend((op, out, t) for op, t in reversed(operands) if reaches.get(op, False))
+        parent.children.append(GraphNode("TransposeBackward", "", [out]) if transposed else out)
+    return top.children[0]
 
 
 def _classify(node: Node) -> tuple[str, list[tuple[Node, bool]]]:
@@ -182,15 +192,14 @@ def graph_text(plan: Plan) -> str:
         The text, without a final newline.
     """
     lines: list[str] = []
-
-    def walk(node: GraphNode, prefix: str, last: bool, top: bool) -> None:
+    stack = [(backward_tree(plan), "", True, True)]
+    while stack:  # depth first, children in order
+        node, prefix, last, top = stack.pop()
         label = node.name + (f" ({node.detail})" if node.detail else "")
         lines.append(label if top else prefix + ("└── " if last else "├── ") + label)
         child_prefix = "" if top else prefix + ("    " if last else "│   ")
-        for k, child in enumerate(node.children):
-            walk(child, child_prefix, k == len(node.children) - 1, False)
-
-    walk(backward_tree(plan), "", True, True)
+        count = len(node.children)
+        stack.extend((child, child_prefix, k == count - 1, False) for k, child in reversed(list(enumerate(node.children))))
     return "\n".join(lines)
 
 
@@ -204,18 +213,22 @@ def graph_dot(plan: Plan) -> str:
         The DOT text, ending in a newline.
     """
     lines = ["digraph backward {", "    node [shape=box, fontname=monospace];"]
-    counter = [0]
-
-    def walk(node: GraphNode) -> str:
-        ident = f"n{counter[0]}"
-        counter[0] += 1
-        label = "\\n".join(_dot_escape(part) for part in (node.name, node.detail) if part)
+    # depth first: a node's line, its subtree, then its edge from the parent
+    count = 0
+    stack: list[tuple[str, GraphNode | str, str]] = [("node", backward_tree(plan), "")]
+    while stack:
+        step, item, parent = stack.pop()
+        if step == "edge":
+            lines.append(f"    {parent} -> {item};")
+            continue
+        assert isinstance(item, GraphNode)
+        ident = f"n{count}"
+        count += 1
+        label = "\\n".join(_dot_escape(part) for part in (item.name, item.detail) if part)
         lines.append(f'    {ident} [label="{label}"];')
-        for child in node.children:
-            lines.append(f"    {ident} -> {walk(child)};")
-        return ident
-
-    walk(backward_tree(plan))
+        if parent:
+            stack.append(("edge", ident, parent))
+        stack.extend(("node", child, ident) for child in reversed(item.children))
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -23,8 +23,9 @@ The ops:
 from __future__ import annotations
 
 import itertools
+import weakref
 from dataclasses import dataclass
-from typing import Callable, Iterable, TypeAlias
+from typing import Any, Callable, Iterable, TypeAlias
 
 import sympy as sp
 from sympy.core.function import Application, AppliedUndef
@@ -35,6 +36,7 @@ from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 from sympy.matrices.expressions.matexpr import MatrixElement
 
 from .errors import ModelError
+from .exprdag import Splitter, shallow_program
 from .messages import described, shape_text, short
 from .model import Model, leaf_name
 from .stable import fuse_across, stabilize
@@ -48,7 +50,7 @@ SCALAR: Shape = (1, 1)
 class Node:
     """One op applied to argument nodes. Build with the functions below."""
 
-    __slots__ = ("op", "args", "shape", "attrs")
+    __slots__ = ("op", "args", "shape", "attrs", "__weakref__")
     op: str
     args: tuple["Node", ...]
     shape: Shape
@@ -58,7 +60,11 @@ class Node:
         return f"Node({self.op}, shape={self.shape}, attrs={self.attrs}, nargs={len(self.args)})"
 
 
-_INTERNED: dict[tuple, Node] = {}
+# Hash-consing: each (op, args, shape, attrs) built while its node is alive
+# gives that node. Weak values, so that a node lives only as long as a graph,
+# plan or module uses it: a long session that compiles many models (or one
+# model many times) does not keep every node ever built.
+_INTERNED: weakref.WeakValueDictionary[tuple, Node] = weakref.WeakValueDictionary()
 
 
 class ShapeMismatch(ModelError):
@@ -386,6 +392,8 @@ class _Lowerer:
         self.leaves = leaves
         self.dims = set(dims)
         self.memo: dict[sp.Basic, Node] = {}
+        self.standins: dict[sp.Basic, Node] = {}  # symbols that stand for parts of a large scalar (_scalar)
+        self.splitter = Splitter(lambda _: sp.Dummy("part", real=True))
         # Named outputs that SymPy flattens into larger sums and products
         # (Y = A + B inside Y - T = A + B - T): lowered as their own nodes,
         # so that a named intermediate is one value with one gradient.
@@ -412,7 +420,8 @@ class _Lowerer:
             rule = _MATRIX_RULES.get(type(expr))
             if rule is None:
                 raise ModelError(f"unsupported matrix operation {type(expr).__name__}: {described(expr)}")
-            self._check_dims(expr)
+            if isinstance(expr, _OWN_SHAPE):  # other shapes follow from their (checked) arguments'
+                self._check_dims(expr)
             try:
                 return rule(self, expr)
             except ShapeMismatch as exc:
@@ -421,13 +430,34 @@ class _Lowerer:
             return self._scalar(expr)
         raise ModelError(f"unsupported expression {short(repr(expr))} of type {type(expr).__name__}")
 
+    def shape(self, expr: sp.MatrixExpr) -> Shape:
+        """SymPy's shape of expr, from the nodes of its lowered arguments:
+        SymPy's own walks down the whole chain under it at every level, which
+        made lowering quadratic in depth (and recursive)."""
+        node = self.memo.get(expr)
+        if node is not None:
+            return node.shape
+        rule = _SHAPE_RULES.get(type(expr))
+        return shape_of(expr) if rule is None else rule(expr, self.shape)
+
     def _check_dims(self, expr: sp.MatrixExpr) -> None:
         for d in expr.shape:
             for sym in sorted(sp.sympify(d).free_symbols - self.dims, key=str):
                 raise ModelError(f"dimension {sym} of {short(expr)} is not a dimension of any input or param")
 
     def _scalar(self, expr: sp.Expr) -> Node:
-        """A scalar expression becomes one map over its leaves and elements."""
+        """A scalar expression becomes one map over its leaves and elements;
+        a large one (many distinct subexpressions, or deep) a graph of maps,
+        one per shared or deep subexpression, so that its derivative is
+        reverse mode over that graph (linear), not one sp.diff of the whole
+        body per argument (a determinant by minors took minutes)."""
+        parts, whole = self.splitter(expr)
+        for sub, symbol, body in parts:
+            node = self.memo.get(sub)
+            self.standins[symbol] = self.memo[sub] = node if node is not None else self._scalar_map(body)
+        return self._scalar_map(whole)
+
+    def _scalar_map(self, expr: sp.Expr) -> Node:
         atoms = _scalar_atoms(expr)
         args: list[Node] = []
         subs: dict[sp.Basic, sp.Expr] = {}
@@ -437,6 +467,8 @@ class _Lowerer:
                 if not (i.is_Integer and j.is_Integer):
                     raise ModelError(f"only constant indices are supported: {short(atom)}")
                 arg = element(self.lower(parent), int(i), int(j))
+            elif atom in self.standins:
+                arg = self.standins[atom]
             elif atom in self.leaves:
                 arg = self.leaves[atom]
                 if arg.shape != SCALAR:
@@ -466,7 +498,7 @@ class _Lowerer:
     def mat_add(self, expr: sp.MatAdd) -> Node:
         parts = _regroup_sum(list(expr.args), self.named_sums, expr)
         terms = [self.lower(t) for t in parts]
-        shape = shape_of(expr)
+        shape = self.shape(expr)
         for part, term in zip(parts, terms):
             if term.shape != shape:  # SymPy's sums need equal shapes: no implicit broadcast
                 raise ModelError(f"{short(part)} has shape {term.shape} in the sum {short(expr)} of shape {shape}: the terms "
@@ -494,7 +526,7 @@ class _Lowerer:
     def hadamard_product(self, expr: sp.HadamardProduct) -> Node:
         factors = [self.lower(f) for f in expr.args]
         body = sp.Mul(*[placeholder(i) for i in range(len(factors))])
-        return map_(body, factors, shape_of(expr))
+        return map_(body, factors, self.shape(expr))
 
     def hadamard_power(self, expr: sp.HadamardPower) -> Node:
         base, exponent = expr.args
@@ -520,7 +552,7 @@ class _Lowerer:
         A**2); any power of a 1x1 matrix is elementwise (SymPy's
         applyfunc(sqrt) of a 1x1 matrix gives M**(1/2))."""
         base, exponent = expr.args
-        if shape_of(expr) == SCALAR:
+        if self.shape(expr) == SCALAR:
             return map_(placeholder(0) ** placeholder(1), [self.lower(base), self.lower(exponent)])
         if not (exponent.is_Integer and exponent >= 1):
             raise ModelError(
@@ -603,7 +635,9 @@ class _Lowerer:
                 subs[atom] = row_placeholder(add(node, ("whole",)), 0)
             bodies.append(stabilize(entry.xreplace(subs)))  # before CSE splits 1 + exp(u) apart
         # the body as a straight-line program, so that derivatives extend it step by step
-        lets, bodies = sp.cse(bodies, symbols=(let_symbol(k) for k in itertools.count()), order="none")
+        names = (let_symbol(k) for k in itertools.count())
+        common, reduced = sp.cse(bodies, symbols=names, order="none")
+        lets, bodies = shallow_program(common, reduced, names)
         if len(loops) == 1:
             return emap(bodies, args, bindings, loops, ("row", 0), (loops[0], len(bodies)), lets)
         return emap(bodies, args, bindings, loops, ("cell",), (loops[0], loops[1]), lets)
@@ -668,13 +702,16 @@ def _scalar_atoms(expr: sp.Expr) -> list[sp.Basic]:
     """
     atoms: list[sp.Basic] = []
     stack = [expr]
+    seen: set[sp.Basic] = set()  # a shared subexpression is looked at once
     while stack:
         sub = stack.pop()
+        if sub in seen:
+            continue
+        seen.add(sub)
         if isinstance(sub, AppliedUndef):
             raise ModelError(f"{sub.func} is an undefined function (no derivative, no C)")
         if isinstance(sub, (sp.Symbol, MatrixElement)):
-            if sub not in atoms:
-                atoms.append(sub)
+            atoms.append(sub)
         elif isinstance(sub, (sp.MatrixExpr, sp.MatrixBase)):
             raise ModelError(f"matrix {short(sub)} used inside the scalar expression {short(expr)} ({shape_text(sub)}): "
                              "write sbp.as_scalar(m) for the entry of a 1x1 matrix m, m.applyfunc(f) to apply f entrywise")
@@ -734,6 +771,35 @@ _MATRIX_RULES: dict[type, Callable[[_Lowerer, sp.Basic], Node]] = {
     Gather: _Lowerer.gather,
     ExampleMap: _Lowerer.example_map,
     Reduce: _Lowerer.reduce,
+}
+
+
+# Matrix expressions whose shape is their own (not their arguments'): the
+# dimensions they name must be declared.
+_OWN_SHAPE = (sp.OneMatrix, sp.ZeroMatrix, sp.Identity, ExampleMap)
+
+
+def _matmul_shape(expr: sp.MatMul, of: Callable[[sp.Basic], Shape]) -> Shape:
+    factors = expr.as_coeff_matrices()[1]
+    return (of(factors[0])[0], of(factors[-1])[1])
+
+
+def _reduce_shape(expr: Reduce, of: Callable[[sp.Basic], Shape]) -> Shape:
+    rows, cols = of(expr.arg)
+    return (1, cols) if expr.axis == 0 else (rows, 1)
+
+
+# Classes whose shape follows from their arguments' shapes, given `of`.
+_SHAPE_RULES: dict[type, Callable[[Any, Callable[[sp.Basic], Shape]], Shape]] = {
+    sp.MatAdd: lambda e, of: of(e.args[0]),
+    sp.HadamardProduct: lambda e, of: of(e.args[0]),
+    sp.HadamardPower: lambda e, of: of(e.args[0]),
+    ElementwiseApplyFunction: lambda e, of: of(e.expr),
+    sp.Transpose: lambda e, of: of(e.arg)[::-1],
+    sp.Adjoint: lambda e, of: of(e.arg)[::-1],
+    sp.MatPow: lambda e, of: of(e.args[0]),
+    sp.MatMul: _matmul_shape,
+    Reduce: _reduce_shape,
 }
 
 

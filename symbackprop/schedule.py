@@ -68,6 +68,15 @@ def _equation(lhs: str, rhs: sp.Basic) -> Equation:
     return Equation(lhs, sp.sstr(rhs), f"{latex_name(lhs)} = {latex(rhs)}")
 
 
+def _map_equation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
+    """A fused loop's value as an equation, or, beyond MAX_EQUATION_OPS (a
+    gradient of a determinant by minors: printing them took 20 s), a
+    pointer to the C's temporaries."""
+    if sp.count_ops(value) > MAX_EQUATION_OPS:
+        return Equation(lhs, "see the temporaries in the C", rf"{latex_name(lhs)} = \text{{see the C}}")
+    return _equation(lhs, value.xreplace(readable))
+
+
 @dataclass(frozen=True)
 class MapKernel:
     """A fused elementwise loop: loads, CSE temporaries, stores."""
@@ -228,6 +237,7 @@ class Naming:
         self.origins = dict(origins)
         self.names: dict[Node, str] = {}
         self.taken: set[str] = set()
+        self.counts: dict[str, int] = {}  # base -> the last number claimed for it
         for name, node in leaves.items():
             self.names[node] = self.claim(name)
         for name, node in roots:
@@ -246,9 +256,12 @@ class Naming:
         """`base` if free, else the next free t<k> (for "t0") or base_<k>."""
         numbered = base == "t0"
         name, count = base, 0
+        if name in self.taken:  # the search resumes where the last one for this base stopped
+            count = self.counts.get(base, 0)
         while name in self.taken:
             count += 1
             name = f"t{count}" if numbered else f"{base}_{count}"
+        self.counts[base] = count
         self.taken.add(name)
         return name
 
@@ -438,12 +451,10 @@ class _Scheduler:
         args = [a for m in members for a in m.args if a not in members]
         chosen = None
         late = node in self.late
-        for group in reversed([s for s in self.plan if isinstance(s, _Group)]):
+        for group in self._related_groups(args):  # the latest first
             if group.shape != node.shape or group.late != late:
                 continue
-            related = any(a in group.members or self._feeds(a, group) for a in args)
-            ready = all(a in group.members or self._ready_before(a, group.index) for a in args)
-            if related and ready:
+            if all(self.group_of.get(a) is group or self._ready_before(a, group.index) for a in args):
                 chosen = group
                 break
         if chosen is None and self._single_use(node):
@@ -457,8 +468,17 @@ class _Scheduler:
             self.group_of[member] = chosen
             self.index_of[member] = chosen.index
 
-    def _feeds(self, arg: Node, group: _Group) -> bool:
-        return any(arg in member.args for member in group.members)
+    def _related_groups(self, args: list[Node]) -> list[_Group]:
+        """The loops that hold one of `args` or read one, latest first: only
+        these can take a map (looking at every loop made scheduling
+        quadratic in the number of loops)."""
+        related: dict[int, _Group] = {}
+        for arg in args:
+            for holder in (arg, *self.users.get(arg, ())):
+                group = self.group_of.get(holder)
+                if group is not None:
+                    related[group.index] = group
+        return [related[k] for k in sorted(related, reverse=True)]
 
     # --- buffers --------------------------------------------------------
 
@@ -507,7 +527,40 @@ class _Scheduler:
 
     def _map_kernel(self, group: _Group, counts: list[int]) -> MapKernel | None:
         loads: dict[Node, sp.Symbol] = {}
+        value, program = self._member_values(group, loads)
+        stored = [m for m in group.members if m in self.buffer_of]
+        if not stored:
+            return None
+        exprs = [value[m] for m in stored]
+        if program:  # large shared values are named, not inlined into each user (a tree exponential in depth)
+            temps, reduced = _cse_program(program, exprs)
+            before = sum(sp.count_ops(e) for _, e in program)
+        else:
+            temps, reduced = sp.cse(exprs, symbols=sp.numbered_symbols("x", real=True), order="canonical")
+            before = 0
+        counts[0] += before + sum(sp.count_ops(e) for e in exprs)
+        counts[1] += sum(sp.count_ops(e) for _, e in temps) + sum(sp.count_ops(e) for e in reduced)
+        load_views = tuple((sym, self._broadcast_view(node, group.shape)) for node, sym in loads.items())
+        readable = {sym: sp.Symbol(self._label(node)) for node, sym in loads.items()}
+        equations = tuple(_map_equation(self.buffer_of[m], value[m], readable) for m in stored)
+        if group.shape != SCALAR:
+            equations = tuple(Equation(e.lhs, e.text, e.latex + r" \quad \text{(elementwise)}") for e in equations)
+        stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
+        overwrites = {out for out, _ in stores} & {view.buffer for _, view in load_views}
+        return MapKernel(group.shape, load_views, tuple(temps), stores, equations, load_first=bool(overwrites))
+
+    def _member_values(self, group: _Group, loads: dict[Node, sp.Symbol]) -> tuple[dict, list]:
+        """Each member's value over the loop's loads, the values of the
+        members it reads substituted in; a value of more than
+        MAX_INLINED_OPS operations read by several members becomes a named
+        value of `program` instead."""
         value: dict[Node, sp.Expr] = {}
+        size: dict[Node, int] = {}
+        program: list[tuple[sp.Symbol, sp.Expr]] = []
+        readers: dict[Node, int] = {}
+        for member in group.members:
+            for arg in set(member.args):
+                readers[arg] = readers.get(arg, 0) + 1
         for member in group.members:
             subs = {}
             for index, arg in enumerate(member.args):
@@ -515,22 +568,14 @@ class _Scheduler:
                     subs[placeholder(index)] = value[arg]
                 else:
                     subs[placeholder(index)] = loads.setdefault(arg, sp.Symbol(f"_load{len(loads)}", real=True))
-            value[member] = member.attrs[0].xreplace(subs)
-        stored = [m for m in group.members if m in self.buffer_of]
-        if not stored:
-            return None
-        exprs = [value[m] for m in stored]
-        temps, reduced = sp.cse(exprs, symbols=sp.numbered_symbols("x", real=True), order="canonical")
-        counts[0] += sum(sp.count_ops(e) for e in exprs)
-        counts[1] += sum(sp.count_ops(e) for _, e in temps) + sum(sp.count_ops(e) for e in reduced)
-        load_views = tuple((sym, self._broadcast_view(node, group.shape)) for node, sym in loads.items())
-        readable = {sym: sp.Symbol(self._label(node)) for node, sym in loads.items()}
-        equations = tuple(_equation(self.buffer_of[m], value[m].xreplace(readable)) for m in stored)
-        if group.shape != SCALAR:
-            equations = tuple(Equation(e.lhs, e.text, e.latex + r" \quad \text{(elementwise)}") for e in equations)
-        stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
-        overwrites = {out for out, _ in stores} & {view.buffer for _, view in load_views}
-        return MapKernel(group.shape, load_views, tuple(temps), stores, equations, load_first=bool(overwrites))
+            body = member.attrs[0]
+            size[member] = len(body.args) + 1 + sum(size.get(a, 0) for a in member.args)
+            value[member] = body.xreplace(subs)
+            if size[member] > MAX_INLINED_OPS and readers.get(member, 0) > 1:
+                symbol = sp.Symbol(f"_p{len(program)}", real=True)
+                program.append((symbol, value[member]))
+                value[member], size[member] = symbol, 0
+        return value, program
 
     def _label(self, node: Node) -> str:
         if node.op == "transpose":
@@ -726,6 +771,7 @@ class _Scheduler:
 # A map body with more operations than this is shown in comments by what it
 # reads, not written out: its CSE'd temporaries in the C are the readable form.
 MAX_SHOWN_OPS = 60
+MAX_EQUATION_OPS = 500  # of a fused elementwise loop's value (_map_equation)
 
 
 def _inline(expr: sp.Expr, lets: dict[sp.Symbol, sp.Expr]) -> sp.Expr:
@@ -784,8 +830,9 @@ def _cse_program(program: list[tuple[sp.Symbol, sp.Expr]], outputs: list[sp.Expr
                     stack.append((used, False))
 
     outputs = reduced[len(program):]
+    position = {sym: k for k, (sym, _) in enumerate(program)}
     for expr in outputs:
-        for sym in sorted(expr.free_symbols & definitions.keys(), key=lambda s: _definition_order(s, program)):
+        for sym in sorted(expr.free_symbols & definitions.keys(), key=lambda s: _definition_order(s, position)):
             place(sym)
     names = {sym: sp.Symbol(f"x{k}", real=True) for k, sym in enumerate(ordered)}
     temps = [(names[sym], definitions[sym].xreplace(names)) for sym in ordered]
@@ -796,11 +843,10 @@ def _copies_of(definitions: dict[sp.Symbol, sp.Basic]) -> dict[sp.Symbol, sp.Bas
     return {sym: e for sym, e in definitions.items() if e.is_Atom or (isinstance(e, sp.Expr) and (-e).is_Atom)}
 
 
-def _definition_order(symbol: sp.Symbol, program: list) -> tuple:
+def _definition_order(symbol: sp.Symbol, position: dict[sp.Symbol, int]) -> tuple:
     """Program values in program order, CSE temporaries after them by number."""
-    for k, (sym, _) in enumerate(program):
-        if sym == symbol:
-            return (0, k)
+    if symbol in position:
+        return (0, position[symbol])
     return (1, int(symbol.name[2:]))
 
 
@@ -813,6 +859,12 @@ def _where_text(where: tuple) -> str:
             return f"{spec[1]}[{'ij'[spec[2]]}]"
         return str(spec[1])
     return ", ".join(part(spec) for spec in where)
+
+
+# A fused loop's value read by several of its members is substituted into
+# each up to this size (an estimate: operations as a tree); beyond, it is
+# named once (a determinant by minors had 87,282 operations inlined).
+MAX_INLINED_OPS = 400
 
 
 def _is_cheap(body: sp.Expr) -> bool:

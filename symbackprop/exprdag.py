@@ -1,0 +1,109 @@
+"""Walks over SymPy expressions as DAGs: each distinct subexpression is
+visited once, with explicit stacks (SymPy's own walks, xreplace among them,
+visit a shared subexpression once per path: exponential for a determinant
+by minors, and recursive).
+
+A large or deep scalar expression is cut into parts (Splitter) that
+become separate graph nodes, and a deep map body into more lets
+(shallow_program), so that differentiating, simplifying and printing each
+part costs what that part costs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Container, Iterator
+
+import sympy as sp
+from sympy.core.relational import Relational
+from sympy.functions.elementary.piecewise import ExprCondPair
+from sympy.logic.boolalg import BooleanFunction
+from sympy.matrices.expressions.matexpr import MatrixElement
+
+# The deepest a part (a node's body, a let) may be: a Horner polynomial of
+# degree 127 is 255 levels deep, and its derivative by sp.diff took 24 s.
+MAX_BODY_DEPTH = 12
+# A scalar expression with more distinct subexpressions than this is split
+# at the shared ones (small ones stay one body, as they always were).
+MAX_BODY_PARTS = 80
+
+
+def is_value(expr: sp.Basic) -> bool:
+    """A scalar operation (not a condition, a Piecewise branch, a matrix or
+    its element): may be a part."""
+    return isinstance(expr, sp.Expr) and bool(_args(expr)) and not isinstance(
+        expr, (Relational, BooleanFunction, ExprCondPair, sp.MatrixExpr))
+
+
+def _args(expr: sp.Basic) -> tuple:
+    """The arguments a walk visits: none for a matrix element (a leaf of
+    the scalar expression) or a matrix."""
+    return () if isinstance(expr, (MatrixElement, sp.MatrixExpr)) else expr.args
+
+
+def post_order(expr: sp.Basic, skip: Container[sp.Basic] = ()) -> list[sp.Basic]:
+    """Each distinct subexpression once, arguments before their users; not
+    those in `skip`, nor what is only under them."""
+    order: list[sp.Basic] = []
+    seen: set[sp.Basic] = set(s for s in (expr,) if s in skip)
+    stack: list[tuple[sp.Basic, bool]] = [(expr, False)]
+    while stack:
+        sub, ready = stack.pop()
+        if ready:
+            order.append(sub)
+        elif sub not in seen and sub not in skip:
+            seen.add(sub)
+            stack.append((sub, True))
+            stack.extend((a, False) for a in reversed(_args(sub)) if a not in seen)
+    return order
+
+
+class Splitter:
+    """Cuts expressions into parts: the shared subexpressions of a large one
+    (more than MAX_BODY_PARTS distinct subexpressions) and enough others
+    that no part is deeper than MAX_BODY_DEPTH; small, shallow expressions
+    stay whole. One splitter cuts several expressions (a program's lets)
+    consistently: a subexpression is cut, and rebuilt, once."""
+
+    def __init__(self, name: Callable[[sp.Basic], sp.Basic]):
+        self.name = name  # the symbol that stands for a part, given the subexpression
+        self.done: dict[sp.Basic, sp.Basic] = {}  # subexpression -> its rebuilt form, or its part's symbol
+        self.height: dict[sp.Basic, int] = {}  # of the rebuilt form (0 for a part's symbol)
+
+    def __call__(self, expr: sp.Basic) -> tuple[list[tuple[sp.Basic, sp.Basic, sp.Basic]], sp.Basic]:
+        """(parts as (subexpression, its symbol, its body), arguments first; expr rebuilt)."""
+        order = post_order(expr, self.done)
+        uses: dict[sp.Basic, int] = {}
+        for sub in order:
+            for arg in set(_args(sub)):
+                uses[arg] = uses.get(arg, 0) + 1
+        large = sum(1 for sub in order if _args(sub)) > MAX_BODY_PARTS
+        parts = []
+        for sub in order:
+            args = [self.done[a] for a in _args(sub)]
+            rebuilt = sub if all(n is a for n, a in zip(args, _args(sub))) else sub.func(*args)
+            height = 1 + max((self.height[a] for a in _args(sub)), default=-1)
+            if sub is not expr and is_value(sub) and (height >= MAX_BODY_DEPTH or (large and uses.get(sub, 0) > 1)):
+                symbol = self.name(sub)
+                parts.append((sub, symbol, rebuilt))
+                rebuilt, height = symbol, 0
+            self.done[sub], self.height[sub] = rebuilt, height
+        return parts, self.done[expr]
+
+
+def shallow_program(lets: list, bodies: list, symbols: Iterator[sp.Symbol]) -> tuple[list, list]:
+    """The program (lets, bodies) with its deep or shared parts made lets
+    of their own (named from `symbols`), in order."""
+    program: list[tuple[sp.Symbol, sp.Expr]] = []
+    splitter = Splitter(lambda _: next(symbols))
+
+    def cut(expr: sp.Basic) -> sp.Basic:
+        parts, rebuilt = splitter(expr)
+        program.extend((symbol, body) for _, symbol, body in parts)
+        return rebuilt
+
+    for symbol, expr in lets:
+        program.append((symbol, cut(expr)))
+    return program, [cut(b) for b in bodies]
+
+
+__all__ = ["MAX_BODY_DEPTH", "MAX_BODY_PARTS", "Splitter", "is_value", "post_order", "shallow_program"]
