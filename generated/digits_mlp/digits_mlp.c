@@ -89,8 +89,10 @@ static void digits_mlp_matmul(int64_t m, int64_t n, int64_t k,
                               const double *b, int64_t b_rs, int64_t b_cs, double *c)
 {
 #ifdef SYMBACKPROP_CBLAS
-    /* BLAS takes int sizes: larger products stay loops (and m*n*k as a double cannot overflow) */
-    if ((double)m * (double)n * (double)k >= 4096 && m <= INT_MAX && n <= INT_MAX && k <= INT_MAX) {
+    /* BLAS takes int sizes: larger products stay loops. With each size at
+     * most INT_MAX, m*n fits in 62 bits, and m*n*k is only formed when
+     * m*n < 4096, so it fits too: no product overflows. */
+    if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && (m * n >= 4096 || m * n * k >= 4096)) {
         int lda = 1, ldb = 1;
         const int trans_a = digits_mlp_blas_layout(m, k, a_rs, a_cs, &lda);
         const int trans_b = digits_mlp_blas_layout(k, n, b_rs, b_cs, &ldb);

@@ -50,6 +50,7 @@ __attribute__((simd("notinbranch"))) double tanh(double);
  * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise
  * lstm_sequence_matmul runs them as plain loops. */
 #ifdef SYMBACKPROP_CBLAS
+#include <limits.h>
 #ifndef SYMBACKPROP_CBLAS_DGEMM
 #define SYMBACKPROP_CBLAS_DGEMM cblas_dgemm
 #endif
@@ -61,16 +62,20 @@ void SYMBACKPROP_GEMM(int order, int trans_a, int trans_b, int m, int n, int k, 
 
 #ifdef SYMBACKPROP_CBLAS
 /* A rows x cols operand read at p[i*rs + j*cs] as a row-major BLAS matrix:
- * its transpose flag (0 if it is none, e.g. broadcast) and leading dimension. */
+ * CBLAS's transpose flag for it (111 CblasNoTrans, 112 CblasTrans; 0 if it
+ * is neither, e.g. broadcast, or its leading dimension overflows BLAS's int)
+ * and its leading dimension. Internal: never a status of a module function. */
 static int lstm_sequence_blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int *ld)
 {
     if ((cs == 1 || cols == 1) && (rows == 1 || rs >= cols)) {
-        *ld = (int)(rows == 1 ? cols : rs);
-        return 111; /* CblasNoTrans */
+        const int64_t lead = rows == 1 ? cols : rs;
+        *ld = lead <= INT_MAX ? (int)lead : 0;
+        return lead <= INT_MAX ? 111 : 0;
     }
     if ((rs == 1 || rows == 1) && (cols == 1 || cs >= rows)) {
-        *ld = (int)(cols == 1 ? rows : cs);
-        return 112; /* CblasTrans */
+        const int64_t lead = cols == 1 ? rows : cs;
+        *ld = lead <= INT_MAX ? (int)lead : 0;
+        return lead <= INT_MAX ? 112 : 0;
     }
     return 0;
 }
@@ -84,7 +89,10 @@ static void lstm_sequence_matmul(int64_t m, int64_t n, int64_t k,
                                  const double *b, int64_t b_rs, int64_t b_cs, double *c)
 {
 #ifdef SYMBACKPROP_CBLAS
-    if (m * n * k >= 4096) {
+    /* BLAS takes int sizes: larger products stay loops. With each size at
+     * most INT_MAX, m*n fits in 62 bits, and m*n*k is only formed when
+     * m*n < 4096, so it fits too: no product overflows. */
+    if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && (m * n >= 4096 || m * n * k >= 4096)) {
         int lda = 1, ldb = 1;
         const int trans_a = lstm_sequence_blas_layout(m, k, a_rs, a_cs, &lda);
         const int trans_b = lstm_sequence_blas_layout(k, n, b_rs, b_cs, &ldb);
@@ -133,7 +141,9 @@ static double lstm_sequence_sum(const double *x, int64_t n, int64_t stride)
 
 static size_t lstm_sequence_run_work_len(int64_t n, int with_grads)
 {
-    (void)n;
+    if (n < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(with_grads ? 507*n + 513 : 115*n + 1);
 }
 
@@ -182,11 +192,10 @@ static int lstm_sequence_run(
     double *work,
     int with_grads
 )
-{
-    if (n < 1) {
+{    if (n < 1) {
         return 1;
     }
-
+    
     /* t0 = x1 @ W_o */
     double *t0 = work; /* n x 8 */
     lstm_sequence_matmul(n, 8, 1, x1_, 1, 0, W_o, 0, 1, t0);
@@ -1471,6 +1480,9 @@ static int lstm_sequence_run(
 
 size_t lstm_sequence_forward_work_len(int64_t n)
 {
+    if (n < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(lstm_sequence_run_work_len(n, 0));
 }
 
@@ -1504,12 +1516,17 @@ int lstm_sequence_forward(
     double *logit,
     double *work
 )
-{
+{    if (n < 1) {
+        return 1;
+    }
     return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, logit, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
 }
 
 size_t lstm_sequence_value_and_grad_work_len(int64_t n)
 {
+    if (n < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(lstm_sequence_run_work_len(n, 1) + n*1);
 }
 
@@ -1556,6 +1573,8 @@ int lstm_sequence_value_and_grad(
     double *grad_c0,
     double *work
 )
-{
+{    if (n < 1) {
+        return 1;
+    }
     return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, work + lstm_sequence_run_work_len(n, 1), grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c0, work, 1);
 }

@@ -50,6 +50,7 @@ __attribute__((simd("notinbranch"))) double tanh(double);
  * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise
  * mlp_matmul runs them as plain loops. */
 #ifdef SYMBACKPROP_CBLAS
+#include <limits.h>
 #ifndef SYMBACKPROP_CBLAS_DGEMM
 #define SYMBACKPROP_CBLAS_DGEMM cblas_dgemm
 #endif
@@ -61,16 +62,20 @@ void SYMBACKPROP_GEMM(int order, int trans_a, int trans_b, int m, int n, int k, 
 
 #ifdef SYMBACKPROP_CBLAS
 /* A rows x cols operand read at p[i*rs + j*cs] as a row-major BLAS matrix:
- * its transpose flag (0 if it is none, e.g. broadcast) and leading dimension. */
+ * CBLAS's transpose flag for it (111 CblasNoTrans, 112 CblasTrans; 0 if it
+ * is neither, e.g. broadcast, or its leading dimension overflows BLAS's int)
+ * and its leading dimension. Internal: never a status of a module function. */
 static int mlp_blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int *ld)
 {
     if ((cs == 1 || cols == 1) && (rows == 1 || rs >= cols)) {
-        *ld = (int)(rows == 1 ? cols : rs);
-        return 111; /* CblasNoTrans */
+        const int64_t lead = rows == 1 ? cols : rs;
+        *ld = lead <= INT_MAX ? (int)lead : 0;
+        return lead <= INT_MAX ? 111 : 0;
     }
     if ((rs == 1 || rows == 1) && (cols == 1 || cs >= rows)) {
-        *ld = (int)(cols == 1 ? rows : cs);
-        return 112; /* CblasTrans */
+        const int64_t lead = cols == 1 ? rows : cs;
+        *ld = lead <= INT_MAX ? (int)lead : 0;
+        return lead <= INT_MAX ? 112 : 0;
     }
     return 0;
 }
@@ -84,7 +89,10 @@ static void mlp_matmul(int64_t m, int64_t n, int64_t k,
                        const double *b, int64_t b_rs, int64_t b_cs, double *c)
 {
 #ifdef SYMBACKPROP_CBLAS
-    if (m * n * k >= 4096) {
+    /* BLAS takes int sizes: larger products stay loops. With each size at
+     * most INT_MAX, m*n fits in 62 bits, and m*n*k is only formed when
+     * m*n < 4096, so it fits too: no product overflows. */
+    if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && (m * n >= 4096 || m * n * k >= 4096)) {
         int lda = 1, ldb = 1;
         const int trans_a = mlp_blas_layout(m, k, a_rs, a_cs, &lda);
         const int trans_b = mlp_blas_layout(k, n, b_rs, b_cs, &ldb);
@@ -133,7 +141,9 @@ static double mlp_sum(const double *x, int64_t n, int64_t stride)
 
 static size_t mlp_run_work_len(int64_t n, int with_grads)
 {
-    (void)n;
+    if (n < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(with_grads ? 18*n + 3 : 14*n + 3);
 }
 
@@ -155,11 +165,10 @@ static int mlp_run(
     double *work,
     int with_grads
 )
-{
-    if (n < 1) {
+{    if (n < 1) {
         return 1;
     }
-
+    
     /* t0 = X @ W1 */
     double *t0 = work; /* n x 4 */
     mlp_matmul(n, 4, 3, X, 3, 1, W1, 4, 1, t0);
@@ -244,6 +253,9 @@ static int mlp_run(
 
 size_t mlp_forward_work_len(int64_t n)
 {
+    if (n < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(mlp_run_work_len(n, 0));
 }
 
@@ -260,12 +272,17 @@ int mlp_forward(
     double *Y,
     double *work
 )
-{
+{    if (n < 1) {
+        return 1;
+    }
     return mlp_run(n, X, T, W1, b1, W2, b2, loss, Y, NULL, NULL, NULL, NULL, work, 0);
 }
 
 size_t mlp_value_and_grad_work_len(int64_t n)
 {
+    if (n < 1) {
+        return 0; /* the function returns 1 */
+    }
     return (size_t)(mlp_run_work_len(n, 1) + n*2);
 }
 
@@ -285,6 +302,8 @@ int mlp_value_and_grad(
     double *grad_b2,
     double *work
 )
-{
+{    if (n < 1) {
+        return 1;
+    }
     return mlp_run(n, X, T, W1, b1, W2, b2, loss, work + mlp_run_work_len(n, 1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
 }
