@@ -777,22 +777,29 @@ class _ExpressionDigest:
         self.memo: dict[int, tuple[Any, str]] = {}
         self.dummies: dict[sp.Dummy, int] = {}
 
-    def __call__(self, expr: Any) -> str:
+    def __call__(self, root: Any) -> str:
+        """The digest of root, walked with an explicit stack (no recursion
+        per level: a model 1,000 layers deep is 1,000s of levels)."""
         from .cache_key import digest
 
-        found = self.memo.get(id(expr))
-        if found is not None:
-            return found[1]
-        if isinstance(expr, sp.Dummy):
-            number = self.dummies.setdefault(expr, len(self.dummies))
-            text = f"Dummy{number}{sorted(expr.assumptions0.items())}"
-        elif isinstance(expr, sp.Basic) and expr.args:
-            text = f"{type(expr).__name__}({','.join(self(a) for a in expr.args)})"
-        else:
-            text = sp.srepr(expr) if isinstance(expr, sp.Basic) else repr(expr)
-        value = digest("expression", text)
-        self.memo[id(expr)] = (expr, value)  # holds expr so that its id stays unique
-        return value
+        stack: list[tuple[Any, bool]] = [(root, False)]
+        while stack:
+            expr, expanded = stack.pop()
+            if id(expr) in self.memo:
+                continue
+            if isinstance(expr, sp.Dummy):
+                number = self.dummies.setdefault(expr, len(self.dummies))
+                text = f"Dummy{number}{sorted(expr.assumptions0.items())}"
+            elif isinstance(expr, sp.Basic) and expr.args:
+                if not expanded:  # its arguments first, left to right (the order dummies are numbered in)
+                    stack.append((expr, True))
+                    stack.extend((a, False) for a in reversed(expr.args))
+                    continue
+                text = f"{type(expr).__name__}({','.join(self.memo[id(a)][1] for a in expr.args)})"
+            else:
+                text = sp.srepr(expr) if isinstance(expr, sp.Basic) else repr(expr)
+            self.memo[id(expr)] = (expr, digest("expression", text))  # holds expr so that its id stays unique
+        return self.memo[id(root)][1]
 
 
 def model_fingerprint(model: Model, *settings: Any) -> str:

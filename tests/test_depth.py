@@ -3,8 +3,10 @@ compute what numpy computes; the IR's interning table does not grow.
 
 Deep cases run in a child process: they use a large thread stack, and a
 mistake there would be a crash, not a failure. SymPy itself recurses once
-per level while *building* a deep expression (a product's shape, xreplace),
-so the tests build their models, like the compile, in `run_deep`.
+per level while *building* a deep expression (a product's shape, xreplace):
+up to a few hundred levels a model builds on the main thread and compiles
+with a plain `sbp.compile` (its stages run on a large stack by themselves);
+the 1,000-level models are built in `run_deep`.
 """
 
 import gc
@@ -20,6 +22,7 @@ import symbackprop as sbp
 from symbackprop import ir, nn
 from symbackprop.compiler import plan
 from symbackprop.deep import run_deep
+from symbackprop.exprdag import MAX_BODY_DEPTH
 from symbackprop.errors import ModelError
 from symbackprop.graph import graph_text
 
@@ -88,7 +91,7 @@ def mlp_data(depth: int, width: int = 3, rows: int = 4) -> dict:
 
 
 def check_mlp(depth: int) -> None:
-    mod = run_deep("test", lambda: sbp.compile(mlp_model(depth)))
+    mod = sbp.compile(mlp_model(depth))  # as a user would: no run_deep
     probes = [("W0", (0, 1)), (f"b{depth // 2}", (0, 2)), (f"W{depth - 1}", (2, 0)), ("V", (1, 0))]
     _check_gradients(mod, mlp_data(depth), lambda a: mlp_numpy(depth, a), probes)
     print("ok")
@@ -137,7 +140,7 @@ def gru_data(steps: int, hidden: int = 3, rows: int = 4) -> dict:
 
 
 def check_gru(steps: int) -> None:
-    mod = run_deep("test", lambda: sbp.compile(gru_model(steps)))
+    mod = sbp.compile(gru_model(steps))  # as a user would: no run_deep
     # weights that every step uses
     probes = [("U_m", (0, 1)), ("W_z", (0, 2)), ("b_r", (0, 0)), ("V", (2, 0))]
     _check_gradients(mod, gru_data(steps), lambda a: gru_numpy(steps, a), probes)
@@ -159,7 +162,7 @@ def horner_model(degree: int) -> sbp.Model:
 
 
 def check_horner(degree: int) -> None:
-    mod = run_deep("test", lambda: sbp.compile(horner_model(degree)))
+    mod = sbp.compile(horner_model(degree))  # as a user would: no run_deep
     rng = np.random.default_rng(degree)
     xs = rng.uniform(-1, 1, 50)
     points = np.stack([xs, np.cos(3 * xs)], axis=1)
@@ -262,8 +265,8 @@ def test_horner_body_is_cut_into_shallow_lets():
     def depth(expr):
         return 0 if not expr.args else 1 + max(depth(a) for a in expr.args)
 
-    assert len(lets) > 127 // ir.MAX_BODY_DEPTH
-    assert max(depth(e) for e in [*bodies, *(e for _, e in lets)]) <= ir.MAX_BODY_DEPTH
+    assert len(lets) > 127 // MAX_BODY_DEPTH
+    assert max(depth(e) for e in [*bodies, *(e for _, e in lets)]) <= MAX_BODY_DEPTH
 
 
 def test_interning_table_does_not_grow():
