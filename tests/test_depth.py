@@ -22,8 +22,8 @@ import symbackprop as sbp
 from symbackprop import ir, nn
 from symbackprop.compiler import plan
 from symbackprop.deep import run_deep
-from symbackprop.exprdag import MAX_BODY_DEPTH
 from symbackprop.errors import ModelError
+from symbackprop.exprdag import MAX_BODY_DEPTH
 from symbackprop.graph import graph_text
 
 TESTS = Path(__file__).resolve().parent
