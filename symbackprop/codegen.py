@@ -18,6 +18,7 @@ from sympy.printing.c import C99CodePrinter
 from sympy.printing.codeprinter import PrintMethodNotImplementedError
 
 from .cnames import CNamer, comment_text, sanitize
+from .cparts import Prelude, part_ranges, prelude
 from .cprint import IEEEPrinter
 from .errors import ModelError
 from .schedule import (
@@ -164,6 +165,18 @@ class CFunction:
     # (Index, its rows, rows of each array it gathers from): checked at entry, before anything is written
     checks: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
     statuses: tuple[int, ...] = (0,)  # what it can return (see STATUS_TEXT)
+    parts: tuple[tuple[int, int], ...] = ()  # kernel ranges of its parts (see cparts), none when short
+    anchors: tuple[tuple[str, str], ...] = ()  # (pointer, its absolute place in work), for the parts
+
+    def prelude(self, start: int, body: str) -> Prelude:
+        """What the part beginning at kernel `start` declares, given its C text."""
+        anchor = dict(self.anchors)
+        earlier = [(name, anchor[name], extent) for kernel in self.kernels[:start] for name, _, extent in kernel.declares]
+        return prelude(earlier, [p.cname for p in self.params], body)
+
+    def declaration_of(self, cname: str) -> str:
+        """The C declaration of one of its parameters (a part takes it as is)."""
+        return next(p.decl for p in self.params if p.cname == cname)
 
     @property
     def dim_params(self) -> str:
@@ -620,6 +633,7 @@ def emit_function(
         for buffer in kernel_writes(kernel):
             first_write.setdefault(buffer, index)
     declares: dict[int, list[tuple[str, str, str]]] = {}
+    anchors: list[tuple[str, str]] = []  # each pointer at its absolute place, for the parts of a long function
 
     def place(slot: Slot, slot_of: dict[str, Slot]) -> str:
         if slot.reuses is not None:
@@ -639,6 +653,10 @@ def emit_function(
         if slot.name in head_of and place(head_of[slot.name], head_of) != where:  # a forward-only call keeps less
             where = f"with_grads ? {where} : {place(head_of[slot.name], head_of)}"
         declares.setdefault(first_write[slot.name], []).append((namer.name(slot.name), where, extent))
+        anchor = _absolute(slot, emitter)
+        if slot.name in head_of and _absolute(head_of[slot.name], emitter) != anchor:
+            anchor = f"with_grads ? {anchor} : {_absolute(head_of[slot.name], emitter)}"
+        anchors.append((namer.name(slot.name), anchor))
     kernels = [replace(k, declares=tuple(declares.get(i, ()))) for i, k in enumerate(kernels)]
     checks = entry_checks(schedule, emitter)
     work_size = emitter.dim(schedule.work_size)
@@ -659,4 +677,12 @@ def emit_function(
         ops_after_cse=schedule.op_counts[1],
         checks=checks,
         statuses=statuses(tuple(dims.values()), checks),
+        parts=part_ranges(len(kernels), schedule.split if shared else None),
+        anchors=tuple(anchors),
     )
+
+
+def _absolute(slot: Slot, emitter: FunctionEmitter) -> str:
+    """Where a slot is, from the start of work (a part of a long function
+    declares an earlier part's pointer so, not through its neighbours)."""
+    return "work" if slot.offset == 0 else f"work + {emitter.dim(slot.offset)}"

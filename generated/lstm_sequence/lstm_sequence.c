@@ -147,18 +147,15 @@ static size_t lstm_sequence_run_work_len(int64_t n, int with_grads)
     return (size_t)(with_grads ? 507*n + 513 : 115*n + 1);
 }
 
-/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
-static int lstm_sequence_run(
+/* lstm_sequence_run, part 1 of 8 (kernels 1 to 32): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+static void lstm_sequence_run_part1(
     int64_t n,
     const double *x1_,
     const double *x2_,
     const double *x3_,
     const double *x4_,
-    const double *x5_,
-    const double *x6_,
-    const double *x7_,
-    const double *x8_,
-    const double *y,
     const double *W_i,
     const double *W_f,
     const double *W_g,
@@ -171,31 +168,10 @@ static int lstm_sequence_run(
     const double *b_f,
     const double *b_g,
     const double *b_o,
-    const double *V,
-    const double *c0,
-    double *loss,
-    double *logit,
-    double *grad_W_i,
-    double *grad_W_f,
-    double *grad_W_g,
-    double *grad_W_o,
-    double *grad_U_i,
-    double *grad_U_f,
-    double *grad_U_g,
-    double *grad_U_o,
-    double *grad_b_i,
-    double *grad_b_f,
-    double *grad_b_g,
-    double *grad_b_o,
-    double *grad_V,
-    double *grad_c0,
     double *work,
     int with_grads
 )
-{    if (n < 1) {
-        return 1;
-    }
-    
+{
     /* t0 = x1 @ W_o */
     double *t0 = work; /* n x 8 */
     lstm_sequence_matmul(n, 8, 1, x1_, 1, 0, W_o, 0, 1, t0);
@@ -426,7 +402,42 @@ static int lstm_sequence_run(
     /* t59 = x4 @ W_o */
     double *t59 = with_grads ? t51 : t40; /* n x 8, in t51's memory */
     lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_o, 0, 1, t59);
+}
 
+/* lstm_sequence_run, part 2 of 8 (kernels 33 to 64): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+static void lstm_sequence_run_part2(
+    int64_t n,
+    const double *x4_,
+    const double *x5_,
+    const double *x6_,
+    const double *W_i,
+    const double *W_f,
+    const double *W_g,
+    const double *W_o,
+    const double *U_i,
+    const double *U_f,
+    const double *U_g,
+    const double *U_o,
+    double *work,
+    int with_grads
+)
+{
+    double *t1 = work + 8*n; /* n x 8; placed in an earlier part */
+    double *t5 = work + 24*n; /* n x 8; placed in an earlier part */
+    double *t9 = work + 72*n; /* n x 8; placed in an earlier part */
+    double *t30 = with_grads ? work + 112*n : work + 64*n; /* n x 8; placed in an earlier part */
+    double *t44 = with_grads ? work + 160*n : work + 40*n; /* n x 8; placed in an earlier part */
+    double *t48 = with_grads ? work + 168*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t50 = work; /* n x 8, in t45's memory; placed in an earlier part */
+    double *t51 = with_grads ? work + 80*n : work + 56*n; /* n x 8, in t46's memory; placed in an earlier part */
+    double *t53 = with_grads ? work + 176*n : work + 32*n; /* n x 8; placed in an earlier part */
+    double *t55 = with_grads ? work + 184*n : work + 80*n; /* n x 8; placed in an earlier part */
+    double *t56 = with_grads ? work + 192*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t57 = with_grads ? work + 200*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t58 = with_grads ? work : work + 88*n; /* n x 8, in t50's memory; placed in an earlier part */
+    double *t59 = with_grads ? work + 80*n : work + 16*n; /* n x 8, in t51's memory; placed in an earlier part */
     /* t61 = sigmoid(t1 + t58 + t59) */
     double *t61 = with_grads ? t57 + 8*n : t44; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
@@ -633,7 +644,48 @@ static int lstm_sequence_run(
     /* t113 = t99 @ U_f */
     double *t113 = with_grads ? t108 : t101; /* n x 8, in t108's memory */
     lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_f, 8, 1, t113);
+}
 
+/* lstm_sequence_run, part 3 of 8 (kernels 65 to 94): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+static void lstm_sequence_run_part3(
+    int64_t n,
+    const double *x6_,
+    const double *x7_,
+    const double *x8_,
+    const double *y,
+    const double *W_i,
+    const double *W_f,
+    const double *W_g,
+    const double *W_o,
+    const double *U_i,
+    const double *U_f,
+    const double *U_g,
+    const double *U_o,
+    const double *V,
+    const double *c0,
+    double *loss,
+    double *logit,
+    double *work,
+    int with_grads
+)
+{
+    double *t1 = work + 8*n; /* n x 8; placed in an earlier part */
+    double *t5 = work + 24*n; /* n x 8; placed in an earlier part */
+    double *t9 = work + 72*n; /* n x 8; placed in an earlier part */
+    double *t30 = with_grads ? work + 112*n : work + 64*n; /* n x 8; placed in an earlier part */
+    double *t36 = with_grads ? work + 144*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t97 = with_grads ? work + 296*n : work; /* n x 8; placed in an earlier part */
+    double *t99 = with_grads ? work + 312*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t103 = with_grads ? work + 320*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t104 = with_grads ? work : work + 80*n; /* n x 8, in t100's memory; placed in an earlier part */
+    double *t105 = with_grads ? work + 80*n : work + 40*n; /* n x 8, in t101's memory; placed in an earlier part */
+    double *t107 = with_grads ? work + 328*n : work + 88*n; /* n x 8; placed in an earlier part */
+    double *t108 = with_grads ? work : work + 16*n; /* n x 8, in t104's memory; placed in an earlier part */
+    double *t109 = with_grads ? work + 80*n : work + 96*n; /* n x 8, in t105's memory; placed in an earlier part */
+    double *t111 = with_grads ? work + 336*n : work + 32*n; /* n x 8; placed in an earlier part */
+    double *t113 = with_grads ? work : work + 56*n; /* n x 8, in t108's memory; placed in an earlier part */
     /* t114 = x6 @ W_f */
     double *t114 = with_grads ? t109 : t104; /* n x 8, in t109's memory */
     lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_f, 0, 1, t114);
@@ -844,11 +896,29 @@ static int lstm_sequence_run(
     {
         loss[0] = t169[0]/((double)n);
     }
+}
 
-    if (!with_grads) {
-        return 0;
-    }
-
+/* lstm_sequence_run, part 4 of 8 (kernels 95 to 96): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+static void lstm_sequence_run_part4(
+    int64_t n,
+    const double *V,
+    double *work,
+    int with_grads
+)
+{
+    double *t30 = with_grads ? work + 112*n : work + 64*n; /* n x 8; placed in an earlier part */
+    double *t139 = with_grads ? work + 408*n : work + 40*n; /* n x 8; placed in an earlier part */
+    double *t145 = with_grads ? work + 432*n : work + 80*n; /* n x 8; placed in an earlier part */
+    double *t149 = with_grads ? work + 80*n : work + 32*n; /* n x 8, in t143's memory; placed in an earlier part */
+    double *t153 = with_grads ? work : work + 8*n; /* n x 8, in t147's memory; placed in an earlier part */
+    double *t155 = with_grads ? work + 72*n : work + 16*n; /* n x 8, in t9's memory; placed in an earlier part */
+    double *t156 = with_grads ? work + 24*n : work + 88*n; /* n x 8, in t150's memory; placed in an earlier part */
+    double *t158 = with_grads ? work + 8*n : work + 24*n; /* n x 8, in t151's memory; placed in an earlier part */
+    double *t161 = with_grads ? work + 440*n : work; /* n x 8; placed in an earlier part */
+    double *grad_logit = with_grads ? work + 457*n : work + 113*n; /* n x 1; placed in an earlier part */
+    double *t169 = with_grads ? work + 459*n : work + 115*n; /* 1 x 1; placed in an earlier part */
     /* grad_t162 = grad_logit @ V^T */
     double *grad_t162 = t30; /* n x 8, in t30's memory */
     lstm_sequence_matmul(n, 8, 1, grad_logit, 1, 0, V, 0, 1, grad_t162);
@@ -876,7 +946,69 @@ static int lstm_sequence_run(
             grad_t144[8*i + j] = t161[8*i + j]*x0*(1 - t145[8*i + j]);
         }
     }
+}
 
+/* lstm_sequence_run, part 5 of 8 (kernels 97 to 128): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+static void lstm_sequence_run_part5(
+    int64_t n,
+    const double *x3_,
+    const double *x4_,
+    const double *x5_,
+    const double *x6_,
+    const double *x7_,
+    const double *x8_,
+    const double *U_i,
+    const double *U_f,
+    const double *U_g,
+    const double *U_o,
+    double *work,
+    int with_grads
+)
+{
+    double *t34 = with_grads ? work + 128*n : work + 88*n; /* n x 8; placed in an earlier part */
+    double *t40 = with_grads ? work + 152*n : work + 16*n; /* n x 8; placed in an earlier part */
+    double *t44 = with_grads ? work + 160*n : work + 40*n; /* n x 8; placed in an earlier part */
+    double *t48 = with_grads ? work + 168*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t53 = with_grads ? work + 176*n : work + 32*n; /* n x 8; placed in an earlier part */
+    double *t55 = with_grads ? work + 184*n : work + 80*n; /* n x 8; placed in an earlier part */
+    double *t56 = with_grads ? work + 192*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t61 = with_grads ? work + 208*n : work + 40*n; /* n x 8; placed in an earlier part */
+    double *t65 = with_grads ? work + 216*n : work + 56*n; /* n x 8; placed in an earlier part */
+    double *t69 = with_grads ? work + 224*n : work + 88*n; /* n x 8; placed in an earlier part */
+    double *t74 = with_grads ? work + 232*n : work; /* n x 8; placed in an earlier part */
+    double *t76 = with_grads ? work + 240*n : work + 32*n; /* n x 8; placed in an earlier part */
+    double *t77 = with_grads ? work + 248*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t82 = with_grads ? work + 264*n : work + 56*n; /* n x 8; placed in an earlier part */
+    double *t86 = with_grads ? work + 272*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t90 = with_grads ? work + 280*n : work + 80*n; /* n x 8; placed in an earlier part */
+    double *t95 = with_grads ? work + 288*n : work + 16*n; /* n x 8; placed in an earlier part */
+    double *t97 = with_grads ? work + 296*n : work; /* n x 8; placed in an earlier part */
+    double *t98 = with_grads ? work + 304*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t103 = with_grads ? work + 320*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t107 = with_grads ? work + 328*n : work + 88*n; /* n x 8; placed in an earlier part */
+    double *t111 = with_grads ? work + 336*n : work + 32*n; /* n x 8; placed in an earlier part */
+    double *t116 = with_grads ? work + 344*n : work + 40*n; /* n x 8; placed in an earlier part */
+    double *t118 = with_grads ? work + 352*n : work + 16*n; /* n x 8; placed in an earlier part */
+    double *t119 = with_grads ? work + 360*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t124 = with_grads ? work + 376*n : work + 88*n; /* n x 8; placed in an earlier part */
+    double *t128 = with_grads ? work + 384*n : work + 80*n; /* n x 8; placed in an earlier part */
+    double *t132 = with_grads ? work + 392*n : work; /* n x 8; placed in an earlier part */
+    double *t137 = with_grads ? work + 400*n : work + 56*n; /* n x 8; placed in an earlier part */
+    double *t139 = with_grads ? work + 408*n : work + 40*n; /* n x 8; placed in an earlier part */
+    double *t140 = with_grads ? work + 416*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t145 = with_grads ? work + 432*n : work + 80*n; /* n x 8; placed in an earlier part */
+    double *t149 = with_grads ? work + 80*n : work + 32*n; /* n x 8, in t143's memory; placed in an earlier part */
+    double *t153 = with_grads ? work : work + 8*n; /* n x 8, in t147's memory; placed in an earlier part */
+    double *t158 = with_grads ? work + 8*n : work + 24*n; /* n x 8, in t151's memory; placed in an earlier part */
+    double *t161 = with_grads ? work + 440*n : work; /* n x 8; placed in an earlier part */
+    double *grad_t162 = work + 112*n; /* n x 8, in t30's memory; placed in an earlier part */
+    double *grad_t144 = work + 72*n; /* n x 8, in t155's memory; placed in an earlier part */
+    double *grad_t148 = work + 24*n; /* n x 8, in t156's memory; placed in an earlier part */
+    double *grad_t152 = work + 459*n + 1; /* n x 8; placed in an earlier part */
+    double *grad_t157 = work + 467*n + 1; /* n x 8; placed in an earlier part */
+    double *grad_t160 = work + 475*n + 1; /* n x 8; placed in an earlier part */
     /* tmp1 = x8^T @ grad_t148 */
     double *tmp1 = grad_t160 + 8*n; /* 1 x 8 */
     lstm_sequence_matmul(1, 8, n, x8_, 0, 1, grad_t148, 8, 1, tmp1);
@@ -1104,7 +1236,93 @@ static int lstm_sequence_run(
     /* tmp1_26 = grad_t52 @ U_f^T */
     double *tmp1_26 = t69; /* n x 8, in t69's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t52, 8, 1, U_f, 1, 8, tmp1_26);
+}
 
+/* lstm_sequence_run, part 6 of 8 (kernels 129 to 160): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+static void lstm_sequence_run_part6(
+    int64_t n,
+    const double *x1_,
+    const double *x2_,
+    const double *x3_,
+    const double *x4_,
+    const double *x5_,
+    const double *x6_,
+    const double *x7_,
+    const double *x8_,
+    const double *U_i,
+    const double *U_f,
+    const double *U_g,
+    const double *U_o,
+    double *grad_W_i,
+    double *grad_W_f,
+    double *grad_W_g,
+    double *work,
+    int with_grads
+)
+{
+    double *t3 = work + 16*n; /* n x 8; placed in an earlier part */
+    double *t7 = work + 32*n; /* n x 8; placed in an earlier part */
+    double *t11 = work + 40*n; /* n x 8; placed in an earlier part */
+    double *t12 = work + 48*n; /* n x 8; placed in an earlier part */
+    double *t13 = work + 56*n; /* n x 8; placed in an earlier part */
+    double *t18 = with_grads ? work + 88*n : work; /* n x 8; placed in an earlier part */
+    double *t22 = with_grads ? work + 96*n : work + 16*n; /* n x 8; placed in an earlier part */
+    double *t26 = with_grads ? work + 104*n : work + 56*n; /* n x 8; placed in an earlier part */
+    double *t32 = with_grads ? work + 120*n : work + 80*n; /* n x 8; placed in an earlier part */
+    double *t34 = with_grads ? work + 128*n : work + 88*n; /* n x 8; placed in an earlier part */
+    double *t35 = with_grads ? work + 136*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t40 = with_grads ? work + 152*n : work + 16*n; /* n x 8; placed in an earlier part */
+    double *t44 = with_grads ? work + 160*n : work + 40*n; /* n x 8; placed in an earlier part */
+    double *t48 = with_grads ? work + 168*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t53 = with_grads ? work + 176*n : work + 32*n; /* n x 8; placed in an earlier part */
+    double *t56 = with_grads ? work + 192*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t74 = with_grads ? work + 232*n : work; /* n x 8; placed in an earlier part */
+    double *t77 = with_grads ? work + 248*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t95 = with_grads ? work + 288*n : work + 16*n; /* n x 8; placed in an earlier part */
+    double *grad_t144 = work + 72*n; /* n x 8, in t155's memory; placed in an earlier part */
+    double *grad_t148 = work + 24*n; /* n x 8, in t156's memory; placed in an earlier part */
+    double *grad_t152 = work + 459*n + 1; /* n x 8; placed in an earlier part */
+    double *grad_t157 = work + 467*n + 1; /* n x 8; placed in an earlier part */
+    double *tmp1 = work + 483*n + 1; /* 1 x 8; placed in an earlier part */
+    double *grad_t123 = work + 440*n; /* n x 8, in t161's memory; placed in an earlier part */
+    double *grad_t127 = work + 112*n; /* n x 8, in grad_t162's memory; placed in an earlier part */
+    double *grad_t131 = work + 483*n + 9; /* n x 8; placed in an earlier part */
+    double *grad_t136 = work + 491*n + 9; /* n x 8; placed in an earlier part */
+    double *tmp1_5 = work + 507*n + 9; /* 1 x 8; placed in an earlier part */
+    double *grad_t102 = work + 416*n; /* n x 8, in t140's memory; placed in an earlier part */
+    double *grad_t106 = work + 8*n; /* n x 8, in t158's memory; placed in an earlier part */
+    double *grad_t110 = work + 475*n + 1; /* n x 8, in grad_t160's memory; placed in an earlier part */
+    double *grad_t115 = work + 408*n; /* n x 8, in tmp1_1's memory; placed in an earlier part */
+    double *tmp1_10 = work + 507*n + 17; /* 1 x 8; placed in an earlier part */
+    double *grad_t81 = work + 328*n; /* n x 8, in t107's memory; placed in an earlier part */
+    double *grad_t85 = work + 336*n; /* n x 8, in t111's memory; placed in an earlier part */
+    double *grad_t89 = work + 360*n; /* n x 8, in t119's memory; placed in an earlier part */
+    double *grad_t94 = work + 400*n; /* n x 8, in t137's memory; placed in an earlier part */
+    double *grad_t97 = work + 499*n + 9; /* n x 8, in grad_t139's memory; placed in an earlier part */
+    double *tmp1_15 = work + 507*n + 25; /* 1 x 8; placed in an earlier part */
+    double *tmp1_16 = work + 352*n; /* n x 8, in tmp1_6's memory; placed in an earlier part */
+    double *tmp1_17 = work + 376*n; /* n x 8, in tmp1_7's memory; placed in an earlier part */
+    double *tmp1_18 = work + 384*n; /* n x 8, in tmp1_8's memory; placed in an earlier part */
+    double *tmp1_19 = work + 392*n; /* n x 8, in tmp1_9's memory; placed in an earlier part */
+    double *grad_t60 = work + 240*n; /* n x 8, in t76's memory; placed in an earlier part */
+    double *grad_t64 = work + 264*n; /* n x 8, in t82's memory; placed in an earlier part */
+    double *grad_t68 = work + 272*n; /* n x 8, in t86's memory; placed in an earlier part */
+    double *grad_t73 = work + 280*n; /* n x 8, in t90's memory; placed in an earlier part */
+    double *grad_t76 = work + 304*n; /* n x 8, in t98's memory; placed in an earlier part */
+    double *tmp1_20 = work + 507*n + 33; /* 1 x 8; placed in an earlier part */
+    double *tmp1_21 = work + 344*n; /* n x 8, in t116's memory; placed in an earlier part */
+    double *tmp1_22 = work + 432*n; /* n x 8, in grad_t118's memory; placed in an earlier part */
+    double *tmp1_23 = work + 80*n; /* n x 8, in tmp1_11's memory; placed in an earlier part */
+    double *tmp1_24 = work; /* n x 8, in tmp1_12's memory; placed in an earlier part */
+    double *grad_t39 = work + 296*n; /* n x 8, in tmp1_13's memory; placed in an earlier part */
+    double *grad_t43 = work + 320*n; /* n x 8, in tmp1_14's memory; placed in an earlier part */
+    double *grad_t47 = work + 184*n; /* n x 8, in t55's memory; placed in an earlier part */
+    double *grad_t52 = work + 208*n; /* n x 8, in t61's memory; placed in an earlier part */
+    double *grad_t55 = work + 216*n; /* n x 8, in t65's memory; placed in an earlier part */
+    double *tmp1_25 = work + 507*n + 41; /* 1 x 8; placed in an earlier part */
+    double *tmp1_26 = work + 224*n; /* n x 8, in t69's memory; placed in an earlier part */
     /* tmp1_27 = grad_t47 @ U_g^T */
     double *tmp1_27 = t77; /* n x 8, in t77's memory */
     lstm_sequence_matmul(n, 8, 8, grad_t47, 8, 1, U_g, 1, 8, tmp1_27);
@@ -1284,7 +1502,70 @@ static int lstm_sequence_run(
     /* tmp1_53 = x6^T @ grad_t102 */
     double *tmp1_53 = tmp1_45; /* 1 x 8, in tmp1_45's memory */
     lstm_sequence_matmul(1, 8, n, x6_, 0, 1, grad_t102, 8, 1, tmp1_53);
+}
 
+/* lstm_sequence_run, part 7 of 8 (kernels 161 to 192): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+static void lstm_sequence_run_part7(
+    int64_t n,
+    const double *x1_,
+    const double *x2_,
+    const double *x3_,
+    const double *x4_,
+    const double *x5_,
+    double *grad_W_o,
+    double *grad_U_i,
+    double *grad_U_f,
+    double *grad_U_g,
+    double *work,
+    int with_grads
+)
+{
+    double *t14 = work + 64*n; /* n x 8; placed in an earlier part */
+    double *t36 = with_grads ? work + 144*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t57 = with_grads ? work + 200*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t78 = with_grads ? work + 256*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t99 = with_grads ? work + 312*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t120 = with_grads ? work + 368*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t141 = with_grads ? work + 424*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *grad_t144 = work + 72*n; /* n x 8, in t155's memory; placed in an earlier part */
+    double *grad_t148 = work + 24*n; /* n x 8, in t156's memory; placed in an earlier part */
+    double *grad_t152 = work + 459*n + 1; /* n x 8; placed in an earlier part */
+    double *grad_t157 = work + 467*n + 1; /* n x 8; placed in an earlier part */
+    double *grad_t123 = work + 440*n; /* n x 8, in t161's memory; placed in an earlier part */
+    double *grad_t127 = work + 112*n; /* n x 8, in grad_t162's memory; placed in an earlier part */
+    double *grad_t131 = work + 483*n + 9; /* n x 8; placed in an earlier part */
+    double *grad_t136 = work + 491*n + 9; /* n x 8; placed in an earlier part */
+    double *grad_t106 = work + 8*n; /* n x 8, in t158's memory; placed in an earlier part */
+    double *grad_t110 = work + 475*n + 1; /* n x 8, in grad_t160's memory; placed in an earlier part */
+    double *grad_t115 = work + 408*n; /* n x 8, in tmp1_1's memory; placed in an earlier part */
+    double *grad_t81 = work + 328*n; /* n x 8, in t107's memory; placed in an earlier part */
+    double *grad_t85 = work + 336*n; /* n x 8, in t111's memory; placed in an earlier part */
+    double *grad_t89 = work + 360*n; /* n x 8, in t119's memory; placed in an earlier part */
+    double *grad_t94 = work + 400*n; /* n x 8, in t137's memory; placed in an earlier part */
+    double *grad_t60 = work + 240*n; /* n x 8, in t76's memory; placed in an earlier part */
+    double *grad_t64 = work + 264*n; /* n x 8, in t82's memory; placed in an earlier part */
+    double *grad_t68 = work + 272*n; /* n x 8, in t86's memory; placed in an earlier part */
+    double *grad_t73 = work + 280*n; /* n x 8, in t90's memory; placed in an earlier part */
+    double *grad_t39 = work + 296*n; /* n x 8, in tmp1_13's memory; placed in an earlier part */
+    double *grad_t43 = work + 320*n; /* n x 8, in tmp1_14's memory; placed in an earlier part */
+    double *grad_t47 = work + 184*n; /* n x 8, in t55's memory; placed in an earlier part */
+    double *grad_t52 = work + 208*n; /* n x 8, in t61's memory; placed in an earlier part */
+    double *grad_t17 = work + 352*n; /* n x 8, in tmp1_16's memory; placed in an earlier part */
+    double *grad_t21 = work + 376*n; /* n x 8, in tmp1_17's memory; placed in an earlier part */
+    double *grad_t25 = work + 384*n; /* n x 8, in tmp1_18's memory; placed in an earlier part */
+    double *grad_t31 = work + 128*n; /* n x 8, in t34's memory; placed in an earlier part */
+    double *grad_t2 = work + 432*n; /* n x 8, in tmp1_22's memory; placed in an earlier part */
+    double *tmp1_35 = work + 507*n + 57; /* 1 x 8; placed in an earlier part */
+    double *tmp1_46 = work + 507*n + 17; /* 1 x 8, in tmp1_38's memory; placed in an earlier part */
+    double *tmp1_47 = work + 507*n + 25; /* 1 x 8, in tmp1_39's memory; placed in an earlier part */
+    double *tmp1_48 = work + 507*n + 33; /* 1 x 8, in tmp1_40's memory; placed in an earlier part */
+    double *tmp1_49 = work + 507*n + 41; /* 1 x 8, in tmp1_41's memory; placed in an earlier part */
+    double *tmp1_50 = work + 507*n + 49; /* 1 x 8, in tmp1_42's memory; placed in an earlier part */
+    double *tmp1_51 = work + 507*n + 57; /* 1 x 8, in tmp1_43's memory; placed in an earlier part */
+    double *tmp1_52 = work + 483*n + 1; /* 1 x 8, in tmp1_44's memory; placed in an earlier part */
+    double *tmp1_53 = work + 507*n + 9; /* 1 x 8, in tmp1_45's memory; placed in an earlier part */
     /* tmp1_54 = x5^T @ grad_t81 */
     double *tmp1_54 = tmp1_46; /* 1 x 8, in tmp1_46's memory */
     lstm_sequence_matmul(1, 8, n, x5_, 0, 1, grad_t81, 8, 1, tmp1_54);
@@ -1422,7 +1703,47 @@ static int lstm_sequence_run(
     /* tmp1_81 = t120^T @ grad_t123 */
     double *tmp1_81 = tmp1_74; /* 8 x 8, in tmp1_74's memory */
     lstm_sequence_matmul(8, 8, n, t120, 1, 8, grad_t123, 8, 1, tmp1_81);
+}
 
+/* lstm_sequence_run, part 8 of 8 (kernels 193 to 204): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+static void lstm_sequence_run_part8(
+    int64_t n,
+    double *grad_U_o,
+    double *grad_b_i,
+    double *grad_b_f,
+    double *grad_b_g,
+    double *grad_b_o,
+    double *grad_V,
+    double *grad_c0,
+    double *work,
+    int with_grads
+)
+{
+    double *t14 = work + 64*n; /* n x 8; placed in an earlier part */
+    double *t36 = with_grads ? work + 144*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t57 = with_grads ? work + 200*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t78 = with_grads ? work + 256*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t99 = with_grads ? work + 312*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t162 = with_grads ? work + 448*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *grad_logit = with_grads ? work + 457*n : work + 113*n; /* n x 1; placed in an earlier part */
+    double *grad_t102 = work + 416*n; /* n x 8, in t140's memory; placed in an earlier part */
+    double *grad_t81 = work + 328*n; /* n x 8, in t107's memory; placed in an earlier part */
+    double *grad_t60 = work + 240*n; /* n x 8, in t76's memory; placed in an earlier part */
+    double *grad_t39 = work + 296*n; /* n x 8, in tmp1_13's memory; placed in an earlier part */
+    double *grad_t17 = work + 352*n; /* n x 8, in tmp1_16's memory; placed in an earlier part */
+    double *grad_t30 = work + 392*n; /* n x 8, in tmp1_19's memory; placed in an earlier part */
+    double *grad_t1 = work + 304*n; /* n x 8, in grad_t76's memory; placed in an earlier part */
+    double *grad_t5 = work + 80*n; /* n x 8, in tmp1_23's memory; placed in an earlier part */
+    double *grad_t9 = work + 48*n; /* n x 8, in t12's memory; placed in an earlier part */
+    double *tmp1_75 = work + 507*n + 193; /* 8 x 8, in tmp1_68's memory; placed in an earlier part */
+    double *tmp1_76 = work + 507*n + 257; /* 8 x 8, in tmp1_69's memory; placed in an earlier part */
+    double *tmp1_77 = work + 507*n + 321; /* 8 x 8, in tmp1_70's memory; placed in an earlier part */
+    double *tmp1_78 = work + 507*n + 385; /* 8 x 8, in tmp1_71's memory; placed in an earlier part */
+    double *tmp1_79 = work + 507*n + 449; /* 8 x 8, in tmp1_72's memory; placed in an earlier part */
+    double *tmp1_80 = work + 507*n + 65; /* 8 x 8, in tmp1_73's memory; placed in an earlier part */
+    double *tmp1_81 = work + 507*n + 129; /* 8 x 8, in tmp1_74's memory; placed in an earlier part */
     /* tmp1_82 = t99^T @ grad_t102 */
     double *tmp1_82 = tmp1_75; /* 8 x 8, in tmp1_75's memory */
     lstm_sequence_matmul(8, 8, n, t99, 1, 8, grad_t102, 8, 1, tmp1_82);
@@ -1475,6 +1796,67 @@ static int lstm_sequence_run(
 
     /* grad_c0 = sum of grad_logit down each column */
     grad_c0[0] = lstm_sequence_sum(grad_logit, n, 1);
+}
+
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+static int lstm_sequence_run(
+    int64_t n,
+    const double *x1_,
+    const double *x2_,
+    const double *x3_,
+    const double *x4_,
+    const double *x5_,
+    const double *x6_,
+    const double *x7_,
+    const double *x8_,
+    const double *y,
+    const double *W_i,
+    const double *W_f,
+    const double *W_g,
+    const double *W_o,
+    const double *U_i,
+    const double *U_f,
+    const double *U_g,
+    const double *U_o,
+    const double *b_i,
+    const double *b_f,
+    const double *b_g,
+    const double *b_o,
+    const double *V,
+    const double *c0,
+    double *loss,
+    double *logit,
+    double *grad_W_i,
+    double *grad_W_f,
+    double *grad_W_g,
+    double *grad_W_o,
+    double *grad_U_i,
+    double *grad_U_f,
+    double *grad_U_g,
+    double *grad_U_o,
+    double *grad_b_i,
+    double *grad_b_f,
+    double *grad_b_g,
+    double *grad_b_o,
+    double *grad_V,
+    double *grad_c0,
+    double *work,
+    int with_grads
+)
+{    if (n < 1) {
+        return 1;
+    }
+        lstm_sequence_run_part1(n, x1_, x2_, x3_, x4_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, work, with_grads);
+    lstm_sequence_run_part2(n, x4_, x5_, x6_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, work, with_grads);
+    lstm_sequence_run_part3(n, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, V, c0, loss, logit, work, with_grads);
+    if (!with_grads) {
+        return 0;
+    }
+    lstm_sequence_run_part4(n, V, work, with_grads);
+    lstm_sequence_run_part5(n, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, work, with_grads);
+    lstm_sequence_run_part6(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, grad_W_f, grad_W_g, work, with_grads);
+    lstm_sequence_run_part7(n, x1_, x2_, x3_, x4_, x5_, grad_W_o, grad_U_i, grad_U_f, grad_U_g, work, with_grads);
+    lstm_sequence_run_part8(n, grad_U_o, grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c0, work, with_grads);
     return 0;
 }
 

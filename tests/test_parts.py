@@ -1,0 +1,66 @@
+"""A long generated function is cut into parts (symbackprop/cparts.py): the
+parts' boundaries, what each part declares, and that the C of a deep model
+grows linearly with its depth and computes what numpy computes."""
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from symbackprop.compiler import generate
+from symbackprop.cparts import PART_KERNELS, part_ranges, prelude
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_depth import _check_gradients, mlp_data, mlp_model, mlp_numpy  # noqa: E402
+
+
+def test_short_functions_are_one_part():
+    assert part_ranges(PART_KERNELS, None) == ()
+    assert part_ranges(3, 1) == ()
+
+
+def test_parts_cover_the_kernels_and_the_split_is_a_boundary():
+    ranges = part_ranges(3 * PART_KERNELS + 5, PART_KERNELS + 7)
+    assert ranges[0][0] == 0 and ranges[-1][1] == 3 * PART_KERNELS + 5
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert PART_KERNELS + 7 in [start for start, _ in ranges]
+    assert all(end - start <= PART_KERNELS for start, end in ranges)
+
+
+def test_prelude_declares_what_the_part_uses_and_takes_only_its_parameters():
+    earlier = [("t0", "work", "n x 2"), ("t1", "work + 2*n", "n x 2"), ("t2", "with_grads ? work + 4*n : work", "n x 2")]
+    params = ["n", "X", "W", "work", "with_grads"]
+    found = prelude(earlier, params, "t3[i] = t2[i] * X[i] + t0[i]; /* t1 in a comment is a use too */")
+    assert [name for name, _, _ in found.declares] == ["t0", "t1", "t2"]
+    assert found.params == ("n", "X", "work", "with_grads")
+    unused = prelude(earlier, params, "W[0] = 1;")
+    assert unused.declares == () and unused.params == ("W",)
+
+
+def _lines(depth: int) -> list[str]:
+    emitted, _ = generate(mlp_model(depth), "float64")
+    return emitted.source.splitlines()
+
+
+def test_the_c_of_a_deep_model_grows_linearly_with_its_depth():
+    """Each part declares only what it uses: no part's text grows with the
+    function's length (it once took every parameter: quadratic)."""
+    short, long = _lines(20), _lines(40)
+    assert any("_part1(" in line for line in long)
+    assert len(long) / len(short) < 2.2, (len(short), len(long))
+    source = "\n".join(long)
+    for part in re.findall(r"static void \w+_part\d+\((.*?)\n\)", source, re.S):
+        assert part.count("\n") < 40, part  # its parameters
+
+
+def test_a_model_cut_into_parts_computes_what_numpy_computes():
+    import symbackprop as sbp
+
+    depth = 12
+    mod = sbp.compile(mlp_model(depth))
+    assert "_part2(" in mod.source
+    probes = [("W0", (0, 1)), (f"W{depth - 1}", (1, 0)), ("V", (1, 0))]
+    _check_gradients(mod, mlp_data(depth), lambda a: mlp_numpy(depth, a), probes)
+    forward = mod.forward(**mlp_data(depth))  # the forward-only call returns at the split, between parts
+    assert np.isclose(forward["loss"], mlp_numpy(depth, mlp_data(depth)))
