@@ -7,6 +7,7 @@ Declare a model in SymPy, compile it, call the generated C from Python::
 """
 
 from ._version import __version__
+from .deep import build_deep
 from .errors import ArgumentError, BuildError, ModelError, SymbackpropError
 from .model import Model, as_scalar
 from .optim import SGD, Adam
@@ -26,6 +27,7 @@ __all__ = [
     "SymbackpropError",
     "__version__",
     "as_scalar",
+    "build_deep",
     "compile",
     "final_state",
     "gather",

@@ -89,4 +89,28 @@ def run_deep(what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return outcome["value"]
 
 
-__all__ = ["RECURSION_LIMIT", "STACK_BYTES", "run_deep"]
+def build_deep(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """fn(*args, **kwargs) on a large stack: for building a model hundreds of
+    levels deep. SymPy recurses once per level while it builds a nested
+    expression (a 400-layer MLP or a GRU unrolled 300 steps is a
+    RecursionError inside SymPy on Python's default stack); `compile` needs
+    no such help, its stages run on a large stack by themselves.
+
+    Example: ``model = symbackprop.build_deep(make_mlp, 1000)``.
+
+    Args:
+        fn: the function that builds the model (or any expression).
+        *args: its positional arguments.
+        **kwargs: its keyword arguments.
+
+    Returns:
+        What fn returns.
+
+    Raises:
+        ModelError: the expression is nested deeper than even that stack
+            allows; besides whatever fn raises.
+    """
+    return run_deep("the model being built", fn, *args, **kwargs)
+
+
+__all__ = ["RECURSION_LIMIT", "STACK_BYTES", "build_deep", "run_deep"]

@@ -352,3 +352,21 @@ def check_scalar_horner(degree: int) -> None:
 
 def test_deep_scalar_loss():
     assert _in_child("check_scalar_horner(150)") == "ok\n"
+
+
+def build_deep_builds_what_the_default_stack_cannot() -> None:
+    """SymPy recurses per level while it builds a product chain: a 400-layer
+    MLP is a RecursionError on the default stack, and builds in build_deep."""
+    try:
+        mlp_model(400)
+    except RecursionError:
+        pass
+    else:
+        raise AssertionError("SymPy built 400 layers on the default stack: the test shows nothing")
+    model = sbp.build_deep(mlp_model, 400)
+    assert len(model.params) == 2 * 400 + 1
+    print("ok")
+
+
+def test_build_deep_builds_what_the_default_stack_cannot():
+    assert _in_child("build_deep_builds_what_the_default_stack_cannot()") == "ok\n"
