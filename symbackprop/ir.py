@@ -296,6 +296,8 @@ def binding_width(node: Node, binding: tuple) -> int:
 def element(a: Node, i: int, j: int) -> Node:
     if a.shape == SCALAR:
         return a
+    if is_const(a):  # a constant is never stored: its entry is the constant (a sum's seed, broadcast)
+        return const(a.attrs[0])
     if a.op == "pack":
         positions = a.attrs[0]
         return a.args[positions.index((i, j))] if (i, j) in positions else const(0)

@@ -105,3 +105,22 @@ def test_a_row_added_without_a_broadcast_is_a_model_error():
     X, b = sp.MatrixSymbol("X", n, 3), sp.MatrixSymbol("b", 1, 3)
     with pytest.raises(sbp.ModelError, match=r"b has shape \(1, 3\)"):
         sbp.compile(sbp.Model("row_sum", inputs=[X], params=[b], loss=nn.sum_all(X + b)))
+
+
+@pytest.mark.parametrize("retain", [False, True])
+def test_sum_of_an_explicit_matrix_of_entries_compiles(retain):
+    """The adjoint of a summed explicit matrix is a constant, never stored:
+    its entries fold to the constant (the C once read an undeclared
+    grad_t3). Closed form: d sum(Z*V) / dZ = V, / dV = Z, / dY = 1."""
+    Z, V = sp.MatrixSymbol("Z", 1, 3), sp.MatrixSymbol("V", 1, 3)
+    entries = sp.Matrix(1, 3, lambda i, j: Z[0, j] * V[0, j])
+    model = sbp.Model("explicit_entries", params=[Z, V], loss=nn.sum_all(entries),
+                      outputs={"Y": entries} if retain else {})
+    mod = sbp.compile(model, wrt=["Z", "V", "Y"] if retain else None)
+    z, v = np.array([[1.0, 2.0, 3.0]]), np.array([[4.0, -5.0, 6.0]])
+    loss, grads = mod.value_and_grad(Z=z, V=v)
+    assert loss == pytest.approx(float((z * v).sum()))
+    np.testing.assert_array_equal(grads["Z"], v)
+    np.testing.assert_array_equal(grads["V"], z)
+    if retain:
+        np.testing.assert_array_equal(grads["Y"], np.ones((1, 3)))
