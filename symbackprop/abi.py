@@ -290,6 +290,16 @@ def _module_from(data: Any) -> ModuleSpec:
                       tuple(_function_from(f, f"functions[{k}]") for k, f in enumerate(_list(d["functions"], "functions"))))
 
 
+# What each status of a generated function means: the C checks everything it
+# relies on at its entry, so a nonzero status means nothing was written. The
+# header (module.h.j2) documents them and the binder (binding.py) raises them.
+STATUS_TEXT = {
+    0: "success",
+    1: "a dimension is below 1 (nothing written)",
+    2: "an Index holds a row number outside an array it gathers from (nothing written)",
+}
+
+
 def concrete(shape: Shape, bound: Mapping[str, int]) -> tuple[int, ...]:
     """A shape with its dimension names replaced by their values."""
     return tuple(bound[d] if isinstance(d, str) else d for d in shape)
@@ -299,4 +309,4 @@ def show(shape: Shape) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
-__all__ = ["ArgSpec", "FunctionSpec", "ModuleSpec", "ReturnSpec", "concrete", "module_spec", "show"]
+__all__ = ["STATUS_TEXT", "ArgSpec", "FunctionSpec", "ModuleSpec", "ReturnSpec", "concrete", "module_spec", "show"]

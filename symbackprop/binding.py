@@ -22,24 +22,19 @@ the module's dtype and share no memory with any other argument.
 
 The C hot path (_fastcall.c) takes patterns from `Binder.c_patterns`: it
 accepts a subset of this (exact arrays, already right) and declines the rest
-to `Binder.bind`. Status codes of generated functions are turned into
-errors in one place, `raise_status`.
+to `Binder.bind`. Status codes of generated functions (abi.STATUS_TEXT) are
+turned into errors in one place, `raise_status`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, NoReturn, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
 
 import numpy as np
 
-from .abi import ArgSpec, FunctionSpec, show
+from .abi import STATUS_TEXT, ArgSpec, FunctionSpec, show
 from .errors import ArgumentError
 
-# what a nonzero status of a generated function means (module.h.j2 documents them)
-STATUS = {
-    1: "a symbolic dimension is below 1 or inconsistent between arrays",
-    2: "an Index holds a row number outside the array it gathers from",
-}
 _MASKED = np.ma.MaskedArray
 _LABELS = {"seed": "the seed for {key!r}", "tangent": "the tangent for {key!r}", "direction": "the direction for {key!r}",
            "hyper": "the hyperparameter {key!r}", "state": "the optimizer state {name!r}"}
@@ -201,24 +196,15 @@ class Binder:
         try:
             _, dims = self.bind(arrays)
         except ArgumentError as exc:
-            raise ArgumentError(f"{what} returned status {status} ({STATUS.get(status, 'unknown')}): {exc}") from None
+            raise ArgumentError(f"{what} returned status {status} ({STATUS_TEXT.get(status, 'unknown')}): {exc}") from None
         raise_status(status, what, dict(zip(self.dims, dims)))
 
 
 def raise_status(status: int, what: str, dims: Mapping[str, int] | None = None) -> NoReturn:
     """The ArgumentError for a nonzero status of a generated function."""
-    meaning = STATUS.get(status, "an unknown status")
+    meaning = STATUS_TEXT.get(status, "an unknown status")
     where = f" (dimensions {dict(dims)})" if dims else ""
     raise ArgumentError(f"{what} returned status {status}: {meaning}{where}")
-
-
-def check_status(status: int, what: str, diagnose: Callable[[], Any]) -> None:
-    """Nothing for status 0; else run `diagnose` (which raises naming the
-    argument), then raise the status's meaning."""
-    if status == 0:
-        return
-    diagnose()
-    raise_status(status, what)
 
 
 def check_names(inputs: Sequence[ArgSpec], arrays: Mapping[str, Any]) -> None:
@@ -326,4 +312,4 @@ def as_array(spec: ArgSpec, value: Any, dtype: np.dtype) -> np.ndarray:
                         f"got {type(value).__name__}")
 
 
-__all__ = ["STATUS", "Binder", "check_status", "convert", "label", "raise_status"]
+__all__ = ["Binder", "convert", "label", "raise_status"]

@@ -17,6 +17,7 @@ import sympy as sp
 from sympy.printing.c import C99CodePrinter
 from sympy.printing.codeprinter import PrintMethodNotImplementedError
 
+from .abi import STATUS_TEXT
 from .cnames import CNamer, comment_text, sanitize
 from .cparts import Prelude, part_ranges, prelude
 from .cprint import IEEEPrinter
@@ -172,11 +173,7 @@ class CFunction:
         """What the part beginning at kernel `start` declares, given its C text."""
         anchor = dict(self.anchors)
         earlier = [(name, anchor[name], extent) for kernel in self.kernels[:start] for name, _, extent in kernel.declares]
-        return prelude(earlier, [p.cname for p in self.params], body)
-
-    def declaration_of(self, cname: str) -> str:
-        """The C declaration of one of its parameters (a part takes it as is)."""
-        return next(p.decl for p in self.params if p.cname == cname)
+        return prelude(earlier, [(p.cname, p.decl) for p in self.params], body)
 
     @property
     def dim_params(self) -> str:
@@ -192,16 +189,6 @@ class CFunction:
         """For cffi, arrays are `void *`: it then takes untyped buffers, the
         cheapest pointers it makes from numpy arrays."""
         return ", ".join(p.decl if p.role == "dim" else f"void *{p.cname}" for p in self.params)
-
-
-# What each status a generated function returns means (the header lists a
-# function's own); the C checks everything it relies on at its entry, so a
-# nonzero status means nothing was written.
-STATUS_TEXT = {
-    0: "success",
-    1: "a dimension is below 1 (nothing written)",
-    2: "an Index holds a row number outside an array it gathers from (nothing written)",
-}
 
 
 def statuses(dims: Sequence[str], checks: Sequence[object]) -> tuple[int, ...]:

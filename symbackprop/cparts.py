@@ -42,17 +42,17 @@ class Prelude:
     """What a part declares before its kernels."""
 
     declares: tuple[tuple[str, str, str], ...]  # (name, where, extent) of earlier parts' pointers it uses
-    params: tuple[str, ...]  # the function's parameters it uses, in order
+    params: tuple[tuple[str, str], ...]  # (name, declaration) of the function's parameters it uses, in order
 
 
-def prelude(earlier: Sequence[tuple[str, str, str]], params: Sequence[str], body: str) -> Prelude:
+def prelude(earlier: Sequence[tuple[str, str, str]], params: Sequence[tuple[str, str]], body: str) -> Prelude:
     """The pointers of earlier parts that `body` uses (and those their
     expressions use, in declaration order), and the parameters it uses.
 
     Args:
         earlier: (name, where, extent) of every pointer declared by earlier
             kernels, in order.
-        params: the C names of the function's parameters.
+        params: (C name, C declaration) of the function's parameters.
         body: the C text of the part's kernels.
     """
     used = set(_IDENTIFIER.findall(body))
@@ -67,4 +67,4 @@ def prelude(earlier: Sequence[tuple[str, str, str]], params: Sequence[str], body
     declares = tuple(d for d in earlier if d[0] in needed)
     for _, where, _ in declares:
         used.update(_IDENTIFIER.findall(where))
-    return Prelude(declares, tuple(p for p in params if p in used))
+    return Prelude(declares, tuple(p for p in params if p[0] in used))

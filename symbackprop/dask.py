@@ -38,6 +38,7 @@ import dask.base
 import numpy as np
 
 from .abi import ModuleSpec as AbiSpec
+from .abi import show
 from .build import BuildOptions, build, package_digest
 from .cache_key import digest as key_digest
 from .codegen import Emitted
@@ -253,7 +254,7 @@ class _Job:
             spec = specs[key]
             first = spec.shape[0]
             if spec.scalar or not isinstance(first, str):
-                raise ValueError(f"data[{key!r}] is declared with shape {_show(spec.shape)}, whose first dimension is "
+                raise ValueError(f"data[{key!r}] is declared with shape {show(spec.shape)}, whose first dimension is "
                                  "not a batch (symbolic) dimension; pass it in params")
             firsts[key] = first
         batches = set(firsts.values())
@@ -267,10 +268,10 @@ class _Job:
         for spec in fn.inputs:
             if batch in spec.shape and spec.name not in data:
                 raise ValueError(f"the argument {spec.name!r} has the batch dimension {batch} in its shape "
-                                 f"{_show(spec.shape)}: pass it in data as a dask array split along its first axis")
+                                 f"{show(spec.shape)}: pass it in data as a dask array split along its first axis")
             if spec.name in data and batch in spec.shape[1:]:
                 raise ValueError(f"data[{spec.name!r}] has the batch dimension {batch} beyond its first axis "
-                                 f"{_show(spec.shape)}; chunks of rows cannot split it")
+                                 f"{show(spec.shape)}; chunks of rows cannot split it")
         missing = [spec.name for spec in fn.inputs if spec.name not in params and spec.name not in data]
         unknown = [key for key in params if key not in specs]
         if missing or unknown:
@@ -280,7 +281,7 @@ class _Job:
         for out in fn.outputs:
             if out.group == "grads" and batch in out.shape:
                 raise ValueError(f"the module differentiates with respect to {out.key!r}, whose gradient has the batch "
-                                 f"dimension {batch} (shape {_show(out.shape)}); a sum over chunks cannot hold it: "
+                                 f"dimension {batch} (shape {show(out.shape)}); a sum over chunks cannot hold it: "
                                  "compile without it in wrt")
         return batch
 
@@ -303,11 +304,11 @@ class _Job:
                     raise TypeError(f"data[{key!r}] has dtype {value.dtype}; the module computes in {dtype}: "
                                     f"convert it with .astype({dtype.name!r})")
                 if value.ndim != 2:
-                    raise ValueError(f"data[{key!r}] must be 2-D of shape {_show(spec.shape)}; got {value.ndim}-D "
+                    raise ValueError(f"data[{key!r}] must be 2-D of shape {show(spec.shape)}; got {value.ndim}-D "
                                      f"shape {value.shape}")
                 cols = spec.shape[1]
                 if not isinstance(cols, str) and value.shape[1] != cols:
-                    raise ValueError(f"data[{key!r}] must have shape {_show(spec.shape)}; got {value.shape}")
+                    raise ValueError(f"data[{key!r}] must have shape {show(spec.shape)}; got {value.shape}")
             if any(math.isnan(c) for c in value.chunks[0]):
                 raise ValueError(f"data[{key!r}] has chunks of unknown size; call .compute_chunk_sizes() on it first")
             arrays[key] = value
@@ -550,10 +551,6 @@ class _Update:
                 m[...] = o.beta1 * m + (1 - o.beta1) * g
                 v[...] = o.beta2 * v + (1 - o.beta2) * g**2
                 p -= o.lr * (m / correction1) / (np.sqrt(v / correction2) + o.eps)
-
-
-def _show(shape: tuple) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
 def _dims(firsts: Mapping[str, Any]) -> str:

@@ -41,9 +41,6 @@ if TYPE_CHECKING:  # only for annotations: these modules are imported on first u
     from .optim import SGD, Adam
     from .train import Trainer
 
-ArraySpec = ArgSpec  # the name before the ABI spec (abi.py)
-
-
 class Function:
     """One generated C function: its ABI spec, its binder, and the call.
     `call` is the hot path of the ordinary API: the C caller (fastcall.py)
@@ -314,7 +311,7 @@ class CompiledModule:
                 name, or a function of the loss for a model without one.
             ModelError, BuildError: compiling the C function on first use failed.
         """
-        if kind in ("value_and_grad", "hvp", "train_step"):
+        if not self.spec.has_loss and kind in ("value_and_grad", "hvp", "train_step"):
             self._need_loss(kind)
         found = self._functions.get((kind, output))
         if found is None:

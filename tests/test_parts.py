@@ -30,12 +30,12 @@ def test_parts_cover_the_kernels_and_the_split_is_a_boundary():
 
 def test_prelude_declares_what_the_part_uses_and_takes_only_its_parameters():
     earlier = [("t0", "work", "n x 2"), ("t1", "work + 2*n", "n x 2"), ("t2", "with_grads ? work + 4*n : work", "n x 2")]
-    params = ["n", "X", "W", "work", "with_grads"]
+    params = [(name, f"decl {name}") for name in ("n", "X", "W", "work", "with_grads")]
     found = prelude(earlier, params, "t3[i] = t2[i] * X[i] + t0[i]; /* t1 in a comment is a use too */")
     assert [name for name, _, _ in found.declares] == ["t0", "t1", "t2"]
-    assert found.params == ("n", "X", "work", "with_grads")
+    assert [name for name, _ in found.params] == ["n", "X", "work", "with_grads"]
     unused = prelude(earlier, params, "W[0] = 1;")
-    assert unused.declares == () and unused.params == ("W",)
+    assert unused.declares == () and unused.params == (("W", "decl W"),)
 
 
 def _lines(depth: int) -> list[str]:
