@@ -296,7 +296,7 @@ def _module_from(data: Any) -> ModuleSpec:
 STATUS_TEXT = {
     0: "success",
     1: "a dimension is below 1 (nothing written)",
-    2: "an Index holds a row number outside an array it gathers from (nothing written)",
+    2: "an Index holds a row number outside the array it gathers from (nothing written)",
 }
 
 

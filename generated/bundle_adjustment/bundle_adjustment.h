@@ -33,7 +33,7 @@ extern "C" {
  *   jacobian: output, N x 30
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
- * Returns 2: an Index holds a row number outside an array it gathers from (nothing written)
+ * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
  */
 size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P);
 int bundle_adjustment_forward(int64_t N, int64_t C, int64_t P, const double *feats, const int64_t *cam, const int64_t *pt, const double *cams, const double *pts, const double *weights, double *loss, double *residual, double *jacobian, double *work);
@@ -51,7 +51,7 @@ int bundle_adjustment_forward(int64_t N, int64_t C, int64_t P, const double *fea
  *   grad_weights: output, N x 1
  * Returns 0: success
  * Returns 1: a dimension is below 1 (nothing written)
- * Returns 2: an Index holds a row number outside an array it gathers from (nothing written)
+ * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
  */
 size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P);
 int bundle_adjustment_value_and_grad(int64_t N, int64_t C, int64_t P, const double *feats, const int64_t *cam, const int64_t *pt, const double *cams, const double *pts, const double *weights, double *loss, double *grad_cams, double *grad_pts, double *grad_weights, double *work);
