@@ -239,10 +239,10 @@ def emap(bodies: Iterable[sp.Expr], args: Iterable[Node], bindings: Iterable[tup
     for p, arg in enumerate(arg_nodes):
         if is_const(arg):
             folded.update({row_placeholder(p, c): arg.attrs[0] for c in range(binding_width(arg, bindings[p]))})
-    programs = tuple(stabilize(sp.sympify(b).xreplace(folded)) for b in bodies)
+    programs = tuple(sp.sympify(b).xreplace(folded) for b in bodies)
     if all(b == 0 for b in programs) and accumulates(target, loops):
         return const(0, shape)
-    live = _live_lets(tuple((sym, stabilize(sp.sympify(e).xreplace(folded))) for sym, e in lets), programs)
+    live = _live_lets(tuple((sym, sp.sympify(e).xreplace(folded)) for sym, e in lets), programs)
     kept, bindings, programs, live, target = _drop_unused(arg_nodes, bindings, programs, live, tuple(target))
     return _node("emap", kept, shape, (programs, bindings, tuple(loops), target, live))
 
