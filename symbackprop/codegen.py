@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import jinja2
 import sympy as sp
@@ -22,21 +22,8 @@ from .cnames import CNamer, comment_text, sanitize
 from .cparts import Prelude, part_ranges, prelude
 from .cprint import IEEEPrinter
 from .errors import ModelError
-from .schedule import (
-    LOOP_I,
-    LOOP_J,
-    EmapKernel,
-    FunctionSchedule,
-    Kernel,
-    MapKernel,
-    MatMulKernel,
-    PackKernel,
-    ReduceKernel,
-    Slot,
-    View,
-    kernel_reads,
-    kernel_writes,
-)
+from .ops.registry import record, reductions
+from .schedule import LOOP_I, LOOP_J, FunctionSchedule, Kernel, Slot, View, kernel_reads, kernel_writes
 
 LOOP_K = sp.Symbol("k", integer=True)
 
@@ -93,7 +80,7 @@ class ScalarPrinter(IEEEPrinter):
     _print_Pi = _print_Exp1 = _print_EulerGamma = _print_GoldenRatio = _print_Catalan = _print_NumberSymbol
 
 
-class _Checked:
+class CheckedPrinter:
     """A printer whose failure to print names the expression and its kernel."""
 
     def __init__(self, printer: ScalarPrinter, kernel: Kernel):
@@ -142,10 +129,11 @@ class CParam:
 
 @dataclass(frozen=True)
 class CKernel:
-    kind: str
+    kind: str  # the op whose record emitted it
     comments: tuple[str, ...]
     fields: dict
     declares: tuple[tuple[str, str, str], ...] = ()  # workspace slots first written here
+    template: str = ""  # the macro of macros.j2 (or the template file) that prints it: the record's
 
 
 @dataclass(frozen=True)
@@ -239,7 +227,7 @@ class CModule:
     @property
     def reductions(self) -> list[str]:
         """The reduction helpers the module's kernels call (reduce.c.j2)."""
-        return sorted({k.kind for k in self.all_kernels() if k.kind in REDUCTIONS})
+        return sorted({k.kind for k in self.all_kernels() if k.kind in reductions()})
 
     @property
     def uses_parallel(self) -> bool:
@@ -267,13 +255,6 @@ class Emitted:
 
 # --- emission ---------------------------------------------------------------
 
-# Template data of the kernels of schedule.KERNEL_BUILDERS, one function per
-# kernel class: emitter(function_emitter, kernel) -> the fields of its
-# CKernel. Its C is templates/kernel_<kind>.c.j2, which gets `k` and `real`.
-KERNEL_EMITTERS: dict[type, Callable[["FunctionEmitter", Any], dict]] = {}
-
-
-
 class FunctionEmitter:
     """Prints one scheduled function's kernels into template data."""
 
@@ -300,23 +281,12 @@ class FunctionEmitter:
         return f"{self.namer.name(view.buffer)}[{' + '.join(terms) or '0'}]"
 
     def kernel(self, kernel: Kernel) -> CKernel:
+        """The template data of a kernel: the fields its op's record emits."""
         comments = tuple(comment_text(e.comment) for e in kernel.equations)
-        if isinstance(kernel, MapKernel):
-            return CKernel("map", comments, self._map(kernel))
-        if isinstance(kernel, MatMulKernel):
-            return CKernel("matmul", comments, self._matmul(kernel))
-        if isinstance(kernel, ReduceKernel):
-            return CKernel(kernel.op, comments, self._reduce(kernel))
-        if isinstance(kernel, PackKernel):
-            return CKernel("pack", comments, self._pack(kernel))
-        if isinstance(kernel, EmapKernel):
-            return CKernel("emap", comments, self._emap(kernel))
-        emitter = KERNEL_EMITTERS.get(type(kernel))
-        if emitter is None:
-            raise AssertionError(kernel)
-        return CKernel(kernel.kind, comments, emitter(self, kernel))
+        found = record(kernel.kind)
+        return CKernel(kernel.kind, comments, found.need("emit")(self, kernel), template=found.need("template"))
 
-    def _loops(self, shape: tuple) -> tuple[list[tuple[str, str]], sp.Expr, sp.Expr]:
+    def loops(self, shape: tuple) -> tuple[list[tuple[str, str]], sp.Expr, sp.Expr]:
         rows, cols = shape
         loops = []
         i = LOOP_I if rows != 1 else sp.Integer(0)
@@ -326,141 +296,6 @@ class FunctionEmitter:
         if cols != 1:
             loops.append(("j", self.dim(cols)))
         return loops, i, j
-
-    def _map(self, kernel: MapKernel) -> dict:
-        loops, i, j = self._loops(kernel.shape)
-        text = {sym: self.access(view, i, j) for sym, view in kernel.loads}
-        first = []
-        if kernel.load_first:  # what the loop overwrites is read into locals before any store
-            overwritten = {out for out, _ in kernel.stores}
-            for sym, view in kernel.loads:
-                if view.buffer in overwritten:
-                    local = self.namer.name(f"\0{view.buffer} in")
-                    first.append((local, text[sym]))
-                    text[sym] = local
-        # a value the same for every element (a loss, a bias of one entry) is read
-        # once, before the loop: read inside, the compiler must assume a store
-        # may change it, and does not vectorize the loop
-        hoisted = []
-        overwritten = {out for out, _ in kernel.stores}
-        for sym, view in kernel.loads:
-            invariant = (view.row_stride == 0 or kernel.shape[0] == 1) and (view.col_stride == 0 or kernel.shape[1] == 1)
-            if loops and invariant and view.buffer not in overwritten:
-                at = "" if view.offset == 0 else f" {view.offset}"
-                local = self.namer.name(f"\0{view.buffer}{at} value")
-                hoisted.append((local, text[sym]))
-                text[sym] = local
-        text.update({d: f"(({self.real.c}){c})" for d, c in self.dims.items()})
-        temps_text = {sym: str(sym) for sym, _ in kernel.temps}
-        printer = _Checked(ScalarPrinter({**text, **temps_text}, self.real), kernel)
-        cols = kernel.shape[1]
-        out_index = sp.expand(i * (cols if kernel.shape[0] != 1 else 0) + j)
-        out_index_text = self.index.doprint(out_index)
-        return {
-            "loops": loops,
-            "hoisted": hoisted,
-            "parallel": _worth_threads(kernel.shape[0]) and len(loops) > 0 and loops[0][0] == "i",
-            "temps": first + [(str(sym), printer.doprint(expr)) for sym, expr in kernel.temps],
-            "stores": [
-                (f"{self.namer.name(out)}[{out_index_text}]", printer.doprint(expr)) for out, expr in kernel.stores
-            ],
-        }
-
-    def _matmul(self, kernel: MatMulKernel) -> dict:
-        """Small products of fixed shapes as inline loops with constant trip
-        counts (the C compiler unrolls them); the rest as one call of the
-        module's matmul helper, which hands large ones to BLAS."""
-        size = sp.sympify(kernel.m) * kernel.k * kernel.n
-        if not size.is_Number or size >= BLAS_MIN_MULTIPLY_ADDS:
-            args = [self.dim(kernel.m), self.dim(kernel.n), self.dim(kernel.k)]
-            for v in (kernel.a, kernel.b):
-                pointer = f"{self.namer.name(v.buffer)} + {self.dim(v.offset)}".replace(" + 0", "")
-                args += [pointer, self.dim(v.row_stride), self.dim(v.col_stride)]
-            args.append(self.namer.name(kernel.out))
-            return {"call": ", ".join(args)}
-        b_rows_contiguous = kernel.b.col_stride == 1 or kernel.n == 1
-        out = View(kernel.out, sp.Integer(0), sp.sympify(kernel.n), sp.Integer(1))
-        return {
-            "call": None,
-            "order": "ikj" if b_rows_contiguous else "ijk",
-            "m": self.dim(kernel.m),
-            "k": self.dim(kernel.k),
-            "n": self.dim(kernel.n),
-            "a": self.access(kernel.a, LOOP_I, LOOP_K),
-            "b": self.access(kernel.b, LOOP_K, LOOP_J),
-            "c": self.access(out, LOOP_I, LOOP_J),
-        }
-
-    def _reduce(self, kernel: ReduceKernel) -> dict:
-        """One call of the module's helper for the op (reduce.c.j2) per row
-        or column: its first entry, how many, and the stride between them."""
-        src = kernel.src
-        outer_len, inner_len = (kernel.cols, kernel.rows) if kernel.axis == 0 else (kernel.rows, kernel.cols)
-        outer_stride, inner_stride = (src.col_stride, src.row_stride) if kernel.axis == 0 else (src.row_stride, src.col_stride)
-        outer = LOOP_J if kernel.axis == 0 else LOOP_I
-        looped = self.dim(outer_len) != "1"
-        start = sp.expand(src.offset + (outer * outer_stride if looped else 0))
-        pointer = self.namer.name(src.buffer) + ("" if start == 0 else f" + {self.index.doprint(start)}")
-        args = f"{pointer}, {self.dim(inner_len)}, {self.dim(sp.sympify(inner_stride)) if inner_len != 1 else '1'}"
-        return {
-            "loop": (str(outer), self.dim(outer_len)) if looped else None,
-            "out": f"{self.namer.name(kernel.out)}[{outer if looped else 0}]",
-            "args": args,
-        }
-
-    def _emap(self, kernel: EmapKernel) -> dict:
-        """Loops over the examples; gathered rows are read through their
-        index (checked at the function's entry: see entry_checks)."""
-        loop_vars = ("i", "j")
-
-        def position(where: tuple) -> tuple[sp.Expr, sp.Expr]:
-            out = []
-            for spec in where:
-                if spec[0] == "loop":
-                    out.append((LOOP_I, LOOP_J)[spec[1]])
-                elif spec[0] == "gather":
-                    symbol = sp.Symbol(f"_gather_{spec[1]}_{spec[2]}", integer=True)
-                    self.index.text[symbol] = f"{self.namer.name(spec[1])}[{loop_vars[spec[2]]}]"
-                    out.append(symbol)
-                else:
-                    out.append(sp.Integer(spec[1]))
-            return out[0], out[1]
-
-        text = {sym: self.access(view, *position(where)) for sym, view, where in kernel.loads}
-        text.update({d: f"(({self.real.c}){c})" for d, c in self.dims.items()})
-        text.update({sym: str(sym) for sym, _ in kernel.temps})
-        printer = _Checked(ScalarPrinter(text, self.real), kernel)
-        stores = []
-        for number, col, expr in kernel.stores:
-            out = kernel.outputs[number]
-            rows, cols = out.shape
-            view = View(out.buffer, sp.Integer(0), sp.sympify(cols) if rows != 1 else sp.Integer(0), sp.Integer(1))
-            row, first = position(out.target)
-            stores.append((self.access(view, row, first + col), "+=" if out.accumulate else "=", printer.doprint(expr)))
-        first_loop = kernel.loops[0]
-        # threads only where no two examples of different threads add into one place
-        safe = all(not out.accumulate or out.target[0] == ("loop", 0) for out in kernel.outputs)
-        return {
-            "loops": [(var, self.dim(n)) for var, n in zip(loop_vars, kernel.loops)],
-            "zero": [(self.namer.name(out.buffer), self.dim(sp.sympify(out.shape[0]) * out.shape[1]))
-                     for out in kernel.outputs if out.accumulate],
-            "parallel": safe and _worth_threads(first_loop),
-            "temps": [(str(sym), printer.doprint(expr)) for sym, expr in kernel.temps],
-            "stores": stores,
-        }
-
-    def _pack(self, kernel: PackKernel) -> dict:
-        zero = sp.Integer(0)
-        constant = _Checked(ScalarPrinter({}, self.real), kernel)
-        return {
-            "out": self.namer.name(kernel.out),
-            "size": self.dim(kernel.size),
-            "entries": [
-                (str(index), self.access(where, zero, zero) if isinstance(where, View) else constant.doprint(where))
-                for index, where in kernel.entries
-            ],
-        }
-
 
 def _unused_inputs(params: Sequence[CParam], schedule: FunctionSchedule) -> tuple[str, ...]:
     """Input arrays no kernel reads: cast to void in the C, so that builds
@@ -542,16 +377,15 @@ LIBMVEC = frozenset(
 PARALLEL_MIN_ROWS = 64
 
 
-REDUCTIONS = ("sum", "logsumexp", "max", "min")
-
-
-def _worth_threads(rows: int | sp.Expr) -> bool:
+def worth_threads(rows: int | sp.Expr) -> bool:
     return isinstance(rows, sp.Symbol) or int(rows) >= PARALLEL_MIN_ROWS
 
 
 # Products with fewer multiply-adds than this stay as inline loops, which
 # the C compiler unrolls for fixed small shapes; a BLAS call costs ~1 us.
 BLAS_MIN_MULTIPLY_ADDS = 4096
+
+
 @lru_cache(maxsize=1)
 def template_environment() -> jinja2.Environment:
     env = jinja2.Environment(

@@ -1,9 +1,10 @@
 """The backward graph as a tree in the familiar grad_fn style, as text or
 Graphviz DOT.
 
-One node per backward op, named after the forward op it differentiates:
-common compositions are recognised (a matrix product plus a broadcast bias
-is one MatMulWithBias node; a mean of squared differences is one MseLoss),
+One node per backward op, named after the forward op it differentiates
+(the grad_fn field of the op's record, symbackprop.ops): common
+compositions are recognised (a matrix product plus a broadcast bias is one
+MatMulWithBias node; a mean of squared differences is one MseLoss),
 and each differentiated leaf ends in an AccumulateGrad node. A weight's
 gradient through a product takes the other operand transposed (X^T @ grad):
 it is shown as a Transpose node above the weight's AccumulateGrad.
@@ -14,33 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import sympy as sp
-
 from .autodiff import depends_on
-from .ir import Node, placeholder, topological_order
-from .stable import sigmoid, softplus
+from .ir import Node, topological_order
+from .ops.registry import rule
 
 if TYPE_CHECKING:  # only for annotations
     from .compiler import Plan
-
-A0, A1 = placeholder(0), placeholder(1)
-
-ELEMENTWISE_NAMES = {
-    sigmoid(A0): "Sigmoid",
-    sp.tanh(A0): "Tanh",
-    sp.Max(A0, 0): "Relu",
-    softplus(A0): "Softplus",
-    -softplus(-A0): "LogSigmoid",
-    sp.exp(A0): "Exp",
-    sp.log(A0): "Log",
-    sp.sin(A0): "Sin",
-    sp.cos(A0): "Cos",
-    sp.sqrt(A0): "Sqrt",
-    A0**2: "Square",
-    -A0: "Neg",
-    A0 + A1: "Add",
-    A0 * A1: "Mul",
-}
 
 
 @dataclass
@@ -109,77 +89,9 @@ def _tree(root: Node, reaches: dict[Node, bool], names: dict[Node, str], wrt: se
 
 
 def _classify(node: Node) -> tuple[str, list[tuple[Node, bool]]]:
-    """A grad_fn name and the operands below it (True: seen transposed)."""
-    plain = [(a, False) for a in node.args]
-    if node.op == "matmul":
-        return "MatMul", _product_operands(node)
-    if node.op == "map":
-        for name, recognise in (("MseLoss", _mse), ("SoftmaxCrossEntropyLoss", _softmax_cross_entropy)):
-            operand = recognise(node)
-            if operand is not None:
-                return name, [(operand, False)]
-        body = node.attrs[0]
-        if body == A0 + A1 and any(a.op == "matmul" for a in node.args):
-            product = next(a for a in node.args if a.op == "matmul")
-            bias = [(_unbroadcast(a), False) for a in node.args if a is not product]
-            return "MatMulWithBias", bias + _product_operands(product)
-        if body == A0 and node.args[0].shape != node.shape:
-            return "Broadcast", plain
-        return ELEMENTWISE_NAMES.get(body, f"Elementwise[{sp.sstr(body).replace('_a', 'x')}]"), plain
-    if node.op == "logsumexp":
-        return "LogSumExp", plain
-    if node.op == "emap":
-        return "MapExamples", plain
-    names = {"sum": "Sum", "transpose": "Transpose", "element": "Select", "pack": "Stack", "max": "Max", "min": "Min",
-             "scan": "Scan", "scan_part": "ScanOutput"}
-    return names.get(node.op, node.op), plain
-
-
-def _product_operands(product: Node) -> list[tuple[Node, bool]]:
-    """A weight (a leaf) gets its gradient through the other operand
-    transposed (X^T @ grad, or grad @ x^T): marked True."""
-    return [(a, a.op == "leaf") for a in product.args]
-
-
-def _strip_mean(node: Node) -> Node:
-    """Below a constant scaling (the 1/count of a mean) and sums."""
-    body = node.attrs[0] if node.op == "map" else None
-    if body is not None and len(node.args) == 1 and body != A0 and sp.simplify(body / A0).free_symbols.isdisjoint({A0}):
-        node = node.args[0]
-    while node.op == "sum":
-        node = node.args[0]
-    return node
-
-
-def _is_negated(node: Node) -> bool:
-    return node.op == "map" and node.attrs[0] == -A0
-
-
-def _mse(node: Node) -> Node | None:
-    """The prediction under a mean of squared differences, if node is one."""
-    inner = _strip_mean(node)
-    if inner is node or inner.op != "map" or len(inner.args) != 1 or inner.attrs[0] != A0**2:
-        return None
-    difference = inner.args[0]
-    if difference.op == "map" and difference.attrs[0] == A0 + A1:
-        kept = [a for a in difference.args if not _is_negated(a)]
-        return kept[0] if len(kept) == 1 else difference
-    return difference
-
-
-def _softmax_cross_entropy(node: Node) -> Node | None:
-    """The logits under mean(logsumexp(Z) - sum(T * Z)), if node is one."""
-    inner = _strip_mean(node)
-    if inner is node or inner.op != "map" or inner.attrs[0] != A0 + A1:
-        return None
-    lse = [a for a in inner.args if a.op == "logsumexp"]
-    return lse[0].args[0] if len(lse) == 1 else None
-
-
-def _unbroadcast(node: Node) -> Node:
-    if node.op == "map" and node.attrs[0] == A0 and node.args[0].shape != node.shape:
-        return node.args[0]
-    return node
+    """A grad_fn name and the operands below it (True: seen transposed), as
+    the node's op record says."""
+    return rule(node.op, "grad_fn")(node)
 
 
 def graph_text(plan: Plan) -> str:

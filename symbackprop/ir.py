@@ -22,25 +22,24 @@ The ops:
 
 from __future__ import annotations
 
-import itertools
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, TypeAlias
+from typing import Callable, Iterable, TypeAlias
 
 import sympy as sp
 from sympy.core.function import Application, AppliedUndef
 from sympy.core.relational import Relational
 from sympy.functions.elementary.piecewise import ExprCondPair
 from sympy.logic.boolalg import BooleanAtom, BooleanFunction
-from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 from sympy.matrices.expressions.matexpr import MatrixElement
 
 from .errors import ModelError
-from .exprdag import Splitter, shallow_program
+from .exprdag import Splitter
 from .messages import described, shape_text, short
 from .model import Model, leaf_name
+from .ops.registry import lowering_rule, shape_rule
 from .stable import fuse_across, stabilize
-from .tensor import ExampleMap, Gather, Index, Reduce
+from .tensor import ExampleMap, Index
 
 Dim: TypeAlias = int | sp.Symbol
 Shape: TypeAlias = tuple[Dim, Dim]
@@ -175,18 +174,23 @@ def transpose(a: Node) -> Node:
     return _node("transpose", (a,), (a.shape[1], a.shape[0]))
 
 
+def reduced_shape(shape: Shape, axis: int) -> Shape:
+    """The shape of a reduction of `shape` over `axis` (kept as size 1)."""
+    return (1, shape[1]) if axis == 0 else (shape[0], 1)
+
+
 def reduce_sum(a: Node, axis: int) -> Node:
     """Sum over `axis` (0: down the rows, giving 1 x cols; 1: along each row)."""
     if a.shape[axis] == 1:
         return a
-    shape = (1, a.shape[1]) if axis == 0 else (a.shape[0], 1)
+    shape = reduced_shape(a.shape, axis)
     if is_const(a):
         return const(a.attrs[0] * a.shape[axis], shape)
     return _node("sum", (a,), shape, (axis,))
 
 
 def logsumexp(a: Node, axis: int) -> Node:
-    shape = (1, a.shape[1]) if axis == 0 else (a.shape[0], 1)
+    shape = reduced_shape(a.shape, axis)
     return _node("logsumexp", (a,), shape, (axis,))
 
 
@@ -194,7 +198,7 @@ def reduce_extreme(op: str, a: Node, axis: int) -> Node:
     """max or min over `axis`."""
     if a.shape[axis] == 1:
         return a
-    shape = (1, a.shape[1]) if axis == 0 else (a.shape[0], 1)
+    shape = reduced_shape(a.shape, axis)
     if is_const(a):
         return const(a.attrs[0], shape)
     return _node(op, (a,), shape, (axis,))
@@ -419,11 +423,11 @@ class _Lowerer:
         if isinstance(expr, sp.MatrixBase):
             return self._explicit_matrix(expr)
         if isinstance(expr, sp.MatrixExpr):
-            rule = _MATRIX_RULES.get(type(expr))
+            rule = _MATRIX_RULES.get(type(expr)) or _record_rule(type(expr))
             if rule is None:
                 raise ModelError(f"unsupported matrix operation {type(expr).__name__}: {described(expr)}")
             if isinstance(expr, _OWN_SHAPE):  # other shapes follow from their (checked) arguments'
-                self._check_dims(expr)
+                self.check_dims(expr)
             try:
                 return rule(self, expr)
             except ShapeMismatch as exc:
@@ -439,10 +443,10 @@ class _Lowerer:
         node = self.memo.get(expr)
         if node is not None:
             return node.shape
-        rule = _SHAPE_RULES.get(type(expr))
+        rule = shape_rule(type(expr))
         return shape_of(expr) if rule is None else rule(expr, self.shape)
 
-    def _check_dims(self, expr: sp.MatrixExpr) -> None:
+    def check_dims(self, expr: sp.MatrixExpr) -> None:
         for d in expr.shape:
             for sym in sorted(sp.sympify(d).free_symbols - self.dims, key=str):
                 raise ModelError(f"dimension {sym} of {short(expr)} is not a dimension of any input or param")
@@ -460,7 +464,7 @@ class _Lowerer:
         return self._scalar_map(whole)
 
     def _scalar_map(self, expr: sp.Expr) -> Node:
-        atoms = _scalar_atoms(expr)
+        atoms = scalar_atoms(expr)
         args: list[Node] = []
         subs: dict[sp.Basic, sp.Expr] = {}
         for atom in atoms:
@@ -490,212 +494,22 @@ class _Lowerer:
         entries = {(i, j): self.lower(expr[i, j]) for i in range(rows) for j in range(cols)}
         return pack((rows, cols), entries)
 
-    # --- matrix expression rules (one per SymPy class, see _MATRIX_RULES) ---
+    # --- leaves (every other SymPy class lowers through an op's record) ---
 
     def matrix_symbol(self, expr: sp.MatrixSymbol) -> Node:
         if expr not in self.leaves:
             raise ModelError(f"{short(expr)} is neither an input nor a param")
         return self.leaves[expr]
 
-    def mat_add(self, expr: sp.MatAdd) -> Node:
-        parts = _regroup_sum(list(expr.args), self.named_sums, expr)
-        terms = [self.lower(t) for t in parts]
-        shape = self.shape(expr)
-        for part, term in zip(parts, terms):
-            if term.shape != shape:  # SymPy's sums need equal shapes: no implicit broadcast
-                raise ModelError(f"{short(part)} has shape {term.shape} in the sum {short(expr)} of shape {shape}: the terms "
-                                 "of a sum need equal shapes (a row b broadcasts as OneMatrix(rows, 1)*b)")
-        body = sp.Add(*[placeholder(i) for i in range(len(terms))])
-        return map_(body, terms, shape)
-
-    def mat_mul(self, expr: sp.MatMul) -> Node:
-        coeff, factors = expr.as_coeff_matrices()
-        for sym in sorted(coeff.free_symbols - set(self.leaves) - self.dims, key=str):
-            # e.g. ones(1, m) * ones(m, 1), which SymPy folds into the coefficient m
-            raise ModelError(f"{sym} in {short(expr)} is neither an input, a param nor a dimension of one")
-        factors = _regroup_product(list(factors), self.named_products, expr)
-        product = _product_chain([self._factor(f) for f in factors])
-        if coeff == 1:
-            return product
-        return map_(placeholder(0) * placeholder(1), [self.lower(coeff), product])
-
-    def _factor(self, factor: sp.MatrixExpr) -> Node | _Ones:
-        if isinstance(factor, sp.OneMatrix):
-            self._check_dims(factor)
-            return _Ones(as_dim(factor.shape[0], factor), as_dim(factor.shape[1], factor))
-        return self.lower(factor)
-
-    def hadamard_product(self, expr: sp.HadamardProduct) -> Node:
-        factors = [self.lower(f) for f in expr.args]
-        body = sp.Mul(*[placeholder(i) for i in range(len(factors))])
-        return map_(body, factors, self.shape(expr))
-
-    def hadamard_power(self, expr: sp.HadamardPower) -> Node:
-        base, exponent = expr.args
-        return map_(placeholder(0) ** placeholder(1), [self.lower(base), self.lower(exponent)])
-
-    def apply_function(self, expr: ElementwiseApplyFunction) -> Node:
-        function = expr.function
-        value = function(placeholder(0))
-        if not isinstance(value, sp.Expr):
-            raise ModelError(f"elementwise function {function} does not give a scalar")
-        inner = self.lower(expr.expr)
-        _scalar_atoms(value)  # only supported scalar operations
-        free = value.free_symbols - {placeholder(0)} - self.dims
-        if free:
-            raise ModelError(f"elementwise function {function} uses undeclared {sorted(map(str, free))}")
-        return map_(value, [inner], inner.shape)
-
-    def transpose(self, expr: sp.Transpose) -> Node:
-        return transpose(self.lower(expr.arg))
-
-    def mat_pow(self, expr: sp.MatPow) -> Node:
-        """A**k for whole k >= 1 is a chain of products (SymPy writes A*A as
-        A**2); any power of a 1x1 matrix is elementwise (SymPy's
-        applyfunc(sqrt) of a 1x1 matrix gives M**(1/2))."""
-        base, exponent = expr.args
-        if self.shape(expr) == SCALAR:
-            return map_(placeholder(0) ** placeholder(1), [self.lower(base), self.lower(exponent)])
-        if not (exponent.is_Integer and exponent >= 1):
-            raise ModelError(
-                f"unsupported matrix operation MatPow (a matrix power other than A*A*...; for elementwise powers "
-                f"use HadamardPower): {short(expr)}"
-            )
-        factor = self.lower(base)
-        product = factor
-        for _ in range(int(exponent) - 1):
-            product = matmul(product, factor)
-        return product
-
-    def adjoint(self, expr: sp.Adjoint) -> Node:
-        """The conjugate transpose, which for real values is the transpose
-        (SymPy's applyfunc(Abs) of a 1x1 matrix gives (M*Adjoint(M.T))**(1/2))."""
-        return transpose(self.lower(expr.arg))
-
-    def identity(self, expr: sp.Identity) -> Node:
-        """Only 1x1, which SymPy makes of OneMatrix(1, 1) in sums."""
-        if shape_of(expr) != SCALAR:
-            raise ModelError(f"unsupported matrix operation Identity of shape {expr.shape} (only 1x1): {short(expr)}")
-        return const(1, SCALAR)
-
     def index(self, expr: Index) -> Node:
         raise ModelError(f"the Index {expr} holds row numbers: use it only to gather rows (gather({expr.name}, ...))")
-
-    def _index_leaf(self, index: Index) -> Node:
-        node = self.leaves.get(index)
-        if node is None or node.attrs[1] != "index":
-            raise ModelError(f"the Index {index} is not declared as an input")
-        return node
-
-    def gather(self, expr: Gather) -> Node:
-        """A gather alone is a map that copies the chosen rows."""
-        array = self.lower(expr.array)
-        index = self._index_leaf(expr.index)
-        width = int(array.shape[1])
-        bodies = [row_placeholder(1, col) for col in range(width)]
-        rows = index.shape[0]
-        return emap(bodies, [index, array], [("index",), ("gather", 0, 0)], (rows,), ("row", 0), (rows, width))
-
-    def example_map(self, expr: ExampleMap) -> Node:
-        loops = tuple(as_dim(d, expr) for d in expr.loops)
-        args: list[Node] = []
-        bindings: list[tuple] = []
-        subs: dict[sp.Basic, sp.Expr] = {}
-
-        def add(node: Node, binding: tuple) -> int:
-            if (node, binding) in zip(args, bindings):
-                return list(zip(args, bindings)).index((node, binding))
-            args.append(node)
-            bindings.append(binding)
-            return len(args) - 1
-
-        for symbols, source in expr.bindings:
-            if isinstance(source, Gather):
-                index = add(self._index_leaf(source.index), ("index",))
-                loop = loops.index(as_dim(source.index.shape[0], source))
-                position = add(self.lower(source.array), ("gather", index, loop))
-            else:
-                node = self.lower(source)
-                binding = ("whole",) if node.shape[0] == 1 else ("row", loops.index(node.shape[0]))
-                position = add(node, binding)
-            for col, symbol in enumerate(symbols):
-                subs[symbol] = row_placeholder(position, col)
-        bodies = []
-        for entry in expr.body:
-            for atom in _scalar_atoms(entry):
-                if atom in subs or atom in self.dims:
-                    continue
-                if isinstance(atom, MatrixElement):
-                    parent, i, j = atom.args
-                    if not (i.is_Integer and j.is_Integer):
-                        raise ModelError(f"only constant indices are supported: {short(atom)}")
-                    node = element(self.lower(parent), int(i), int(j))
-                elif atom in self.leaves and self.leaves[atom].shape == SCALAR:
-                    node = self.leaves[atom]
-                else:
-                    raise ModelError(f"{short(atom)} in the map's body is neither bound by the map nor a scalar input or param")
-                subs[atom] = row_placeholder(add(node, ("whole",)), 0)
-            bodies.append(stabilize(entry.xreplace(subs)))  # before CSE splits 1 + exp(u) apart
-        # the body as a straight-line program, so that derivatives extend it step by step
-        names = (let_symbol(k) for k in itertools.count())
-        common, reduced = sp.cse(bodies, symbols=names, order="none")
-        lets, bodies = shallow_program(common, reduced, names)
-        if len(loops) == 1:
-            return emap(bodies, args, bindings, loops, ("row", 0), (loops[0], len(bodies)), lets)
-        return emap(bodies, args, bindings, loops, ("cell",), (loops[0], loops[1]), lets)
-
-    def reduce(self, expr: Reduce) -> Node:
-        arg, axis = self.lower(expr.arg), expr.axis
-        if expr.op in ("max", "min"):
-            return reduce_extreme(expr.op, arg, axis)
-        if arg.shape[axis] == 1:
-            return arg
-        if expr.op == "logsumexp":
-            return logsumexp(arg, axis)
-        total = reduce_sum(arg, axis)
-        return total if expr.op == "sum" else map_(placeholder(0) / arg.shape[axis], [total])
-
-    def one_matrix(self, expr: sp.OneMatrix) -> Node:
-        return const(1, shape_of(expr))
-
-    def zero_matrix(self, expr: sp.ZeroMatrix) -> Node:
-        return const(0, shape_of(expr))
-
 
 # What a scalar expression may be built of besides atoms: arithmetic, applied
 # functions (exp, Max, Piecewise, ...) and the conditions of a Piecewise.
 _SCALAR_OPS = (sp.Add, sp.Mul, sp.Pow, Application, ExprCondPair, Relational, BooleanFunction, BooleanAtom)
 
 
-def _regroup_sum(terms: list[sp.Basic], named: list[sp.MatAdd], whole: sp.Basic) -> list[sp.Basic]:
-    """Terms with those of each named sum contained in them replaced by it."""
-    for sub in named:
-        if sub == whole:
-            continue
-        rest = list(terms)
-        try:
-            for term in sub.args:
-                rest.remove(term)
-        except ValueError:
-            continue
-        return [sub] + _regroup_sum(rest, named, whole)
-    return terms
-
-
-def _regroup_product(factors: list[sp.Basic], named: list[sp.MatMul], whole: sp.Basic) -> list[sp.Basic]:
-    """Factors with each named product occurring in them as a run replaced by it."""
-    for sub in named:
-        run = list(sub.args)
-        if sub == whole or len(run) > len(factors):
-            continue
-        for start in range(len(factors) - len(run) + 1):
-            if factors[start:start + len(run)] == run:
-                rest = factors[:start] + [sub] + factors[start + len(run):]
-                return _regroup_product(rest, named, whole)
-    return factors
-
-
-def _scalar_atoms(expr: sp.Expr) -> list[sp.Basic]:
+def scalar_atoms(expr: sp.Expr) -> list[sp.Basic]:
     """Symbols and matrix elements of a scalar expression, in a fixed order.
 
     Raises:
@@ -728,81 +542,21 @@ def _scalar_atoms(expr: sp.Expr) -> list[sp.Basic]:
     return atoms
 
 
-@dataclass(frozen=True)
-class _Ones:
-    """A OneMatrix factor of a product: becomes a sum and/or a broadcast."""
-
-    rows: Dim
-    cols: Dim
-
-
-def _product_chain(factors: list[Node | _Ones]) -> Node:
-    acc = factors[0]
-    for factor in factors[1:]:
-        acc = _product(acc, factor)
-    if isinstance(acc, _Ones):
-        return const(1, (acc.rows, acc.cols))
-    return acc
-
-
-def _product(a: Node | _Ones, b: Node | _Ones) -> Node | _Ones:
-    if isinstance(a, _Ones):
-        if isinstance(b, _Ones):
-            return const(a.cols, (a.rows, b.cols))
-        # ones(r, k) @ B: column sums, repeated on r rows
-        return broadcast(reduce_sum(b, 0), (a.rows, b.shape[1]))
-    if isinstance(b, _Ones):  # A @ ones(k, c): row sums, repeated in c columns
-        return broadcast(reduce_sum(a, 1), (a.shape[0], b.cols))
-    return matmul(a, b)
-
-
 _MATRIX_RULES: dict[type, Callable[[_Lowerer, sp.Basic], Node]] = {
     sp.MatrixSymbol: _Lowerer.matrix_symbol,
-    sp.MatAdd: _Lowerer.mat_add,
-    sp.MatMul: _Lowerer.mat_mul,
-    sp.HadamardProduct: _Lowerer.hadamard_product,
-    sp.HadamardPower: _Lowerer.hadamard_power,
-    ElementwiseApplyFunction: _Lowerer.apply_function,
-    sp.Transpose: _Lowerer.transpose,
-    sp.MatPow: _Lowerer.mat_pow,
-    sp.Adjoint: _Lowerer.adjoint,
-    sp.Identity: _Lowerer.identity,
-    sp.OneMatrix: _Lowerer.one_matrix,
-    sp.ZeroMatrix: _Lowerer.zero_matrix,
     Index: _Lowerer.index,
-    Gather: _Lowerer.gather,
-    ExampleMap: _Lowerer.example_map,
-    Reduce: _Lowerer.reduce,
 }
+
+
+def _record_rule(cls: type) -> Callable[[_Lowerer, sp.Basic], Node] | None:
+    """The lowering rule an op's record declares for a SymPy class."""
+    found = lowering_rule(cls)
+    return None if found is None else found[1]
 
 
 # Matrix expressions whose shape is their own (not their arguments'): the
 # dimensions they name must be declared.
 _OWN_SHAPE = (sp.OneMatrix, sp.ZeroMatrix, sp.Identity, ExampleMap)
-
-
-def _matmul_shape(expr: sp.MatMul, of: Callable[[sp.Basic], Shape]) -> Shape:
-    factors = expr.as_coeff_matrices()[1]
-    return (of(factors[0])[0], of(factors[-1])[1])
-
-
-def _reduce_shape(expr: Reduce, of: Callable[[sp.Basic], Shape]) -> Shape:
-    rows, cols = of(expr.arg)
-    return (1, cols) if expr.axis == 0 else (rows, 1)
-
-
-# Classes whose shape follows from their arguments' shapes, given `of`.
-_SHAPE_RULES: dict[type, Callable[[Any, Callable[[sp.Basic], Shape]], Shape]] = {
-    sp.MatAdd: lambda e, of: of(e.args[0]),
-    sp.HadamardProduct: lambda e, of: of(e.args[0]),
-    sp.HadamardPower: lambda e, of: of(e.args[0]),
-    ElementwiseApplyFunction: lambda e, of: of(e.expr),
-    sp.Transpose: lambda e, of: of(e.arg)[::-1],
-    sp.Adjoint: lambda e, of: of(e.arg)[::-1],
-    sp.MatPow: lambda e, of: of(e.args[0]),
-    sp.MatMul: _matmul_shape,
-    Reduce: _reduce_shape,
-}
 
 
 def topological_order(roots: Iterable[Node]) -> list[Node]:

@@ -53,14 +53,13 @@ from sympy.matrices.expressions.matexpr import MatrixElement
 from . import ir
 from . import schedule as _schedule
 from .autodiff import jvp as _jvp
-from .autodiff import rules
 from .autodiff import vjp as _vjp
 from .cnames import CNamer, comment_text
-from .codegen import KERNEL_EMITTERS, LOOP_K, CKernel, FunctionEmitter, ScalarPrinter
+from .codegen import LOOP_K, CKernel, FunctionEmitter, ScalarPrinter
 from .errors import ModelError
 from .ir import Node, const, is_const, leaf, map_, placeholder, topological_order
+from .ops.registry import extend, plain_grad_fn
 from .schedule import (
-    KERNEL_BUILDERS,
     LOOP_I,
     LOOP_J,
     VIEW_OPS,
@@ -584,8 +583,7 @@ def _lower_final(lowerer: Any, expr: ScanFinal) -> Node:
     return scan_part(carrier, "final", expr.index, step.states[expr.index].shape)
 
 
-ir._MATRIX_RULES[ScanOutput] = _lower_output
-ir._MATRIX_RULES[ScanFinal] = _lower_final
+extend("scan_part", lowering=((ScanOutput, _lower_output), (ScanFinal, _lower_final)))
 
 
 # --- derivatives ----------------------------------------------------------------
@@ -734,10 +732,10 @@ def _unsupported_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None
     raise ModelError(NO_SECOND_ORDER)
 
 
-rules("scan", _scan_vjp, _scan_jvp)
-rules("scan_part", _part_vjp, _part_jvp)
-rules("scan_vjp", _unsupported_vjp, _unsupported_jvp)
-rules("scan_seed", _unsupported_vjp, _unsupported_jvp)
+extend("scan", vjp=_scan_vjp, jvp=_scan_jvp, grad_fn=plain_grad_fn("Scan"))
+extend("scan_part", vjp=_part_vjp, jvp=_part_jvp, grad_fn=plain_grad_fn("ScanOutput"))
+extend("scan_vjp", vjp=_unsupported_vjp, jvp=_unsupported_jvp)
+extend("scan_seed", vjp=_unsupported_vjp, jvp=_unsupported_jvp)
 
 
 # --- kernels --------------------------------------------------------------------
@@ -1125,9 +1123,9 @@ def _build_part(sched: Any, node: Node, out: str) -> PartKernel:
     return PartKernel(f"{out}: the {what} of the loop of {carrier}, written by it")
 
 
-KERNEL_BUILDERS["scan"] = _build_forward
-KERNEL_BUILDERS["scan_vjp"] = _build_backward
-KERNEL_BUILDERS["scan_part"] = _build_part
+extend("scan", kernel=_build_forward)
+extend("scan_vjp", kernel=_build_backward)
+extend("scan_part", kernel=_build_part)
 
 
 # --- emission -------------------------------------------------------------------
@@ -1498,8 +1496,8 @@ def _emit_part(em: FunctionEmitter, k: PartKernel) -> dict:
     return {"text": comment_text(k.text)}
 
 
-KERNEL_EMITTERS[ScanKernel] = _emit_scan
-KERNEL_EMITTERS[PartKernel] = _emit_part
+extend("scan", emit=_emit_scan, template="kernel_scan.c.j2")  # the kernels of scan and scan_vjp
+extend("scan_part", emit=_emit_part, template="kernel_scan_part.c.j2")
 
 
 __all__ = ["ScanFinal", "ScanOutput", "ceildiv", "final_state", "scan"]

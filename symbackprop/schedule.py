@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import sympy as sp
 
-from .ir import SCALAR, Node, Shape, accumulates, binding_width, is_const, placeholder, row_placeholder, topological_order
+from .ir import SCALAR, Node, Shape, is_const, placeholder, topological_order
+from .ops.registry import is_view, record, rule
 
-VIEW_OPS = ("transpose", "element")
 LOOP_I, LOOP_J = sp.Symbol("i", integer=True), sp.Symbol("j", integer=True)
 
 
@@ -64,17 +64,17 @@ def latex(expr: sp.Basic) -> str:
     return sp.latex(expr, symbol_names=names)
 
 
-def _equation(lhs: str, rhs: sp.Basic) -> Equation:
+def equation(lhs: str, rhs: sp.Basic) -> Equation:
     return Equation(lhs, sp.sstr(rhs), f"{latex_name(lhs)} = {latex(rhs)}")
 
 
-def _map_equation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
+def _mapequation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
     """A fused loop's value as an equation, or, beyond MAX_EQUATION_OPS (a
     gradient of a determinant by minors: printing them took 20 s), a
     pointer to the C's temporaries."""
     if sp.count_ops(value) > MAX_EQUATION_OPS:
         return Equation(lhs, "see the temporaries in the C", rf"{latex_name(lhs)} = \text{{see the C}}")
-    return _equation(lhs, value.xreplace(readable))
+    return equation(lhs, value.xreplace(readable))
 
 
 @dataclass(frozen=True)
@@ -89,81 +89,42 @@ class MapKernel:
     load_first: bool = False  # it overwrites an input: read every input before any store
     kind: str = "map"
 
-
-@dataclass(frozen=True)
-class MatMulKernel:
-    out: str
-    a: View
-    b: View
-    m: object
-    k: object
-    n: object
-    equations: tuple[Equation, ...]
-    kind: str = "matmul"
-
-
-@dataclass(frozen=True)
-class ReduceKernel:
-    """sum or logsumexp of `src` (rows x cols) over `axis`."""
-
-    op: str
-    out: str
-    src: View
-    rows: object
-    cols: object
-    axis: int
-    equations: tuple[Equation, ...]
-    kind: str = "reduce"
-
-
-@dataclass(frozen=True)
-class PackKernel:
-    out: str
-    size: object
-    entries: tuple[tuple[int, View | sp.Expr], ...]  # (flat index, where the value is, or the value)
-    equations: tuple[Equation, ...]
-    kind: str = "pack"
-
-
-@dataclass(frozen=True)
-class EmapOutput:
-    """One output of an EmapKernel: where each example writes its values."""
-
-    buffer: str
-    shape: Shape
-    target: tuple  # the row the example writes, in load terms: (binding row, column 0)
-    accumulate: bool  # several examples write one place: zeroed first, then added into
-
-
-@dataclass(frozen=True)
-class EmapKernel:
-    """One loop (or two nested) over examples around a CSE'd program: loads
-    read argument rows where each example's binding says; each output's
-    values go to (or add into) the row its target names. Per-example maps
-    over the same examples share one loop (a value and its derivatives)."""
-
-    loops: tuple  # lengths
-    loads: tuple[tuple[sp.Symbol, View, tuple], ...]  # (symbol, view, (binding row, column))
-    temps: tuple[tuple[sp.Symbol, sp.Expr], ...]
-    outputs: tuple[EmapOutput, ...]
-    stores: tuple[tuple[int, int, sp.Expr], ...]  # (output, column, value)
-    index_checks: tuple[tuple[str, object, object], ...]  # (index buffer, its rows, rows of what it chooses among)
-    equations: tuple[Equation, ...]
-    kind: str = "emap"
-
     def reads(self) -> list[str]:
-        return [view.buffer for _, view, _ in self.loads] + [check[0] for check in self.index_checks]
+        return [view.buffer for _, view in self.loads]
 
     def writes(self) -> list[str]:
-        return [out.buffer for out in self.outputs]
+        return [out for out, _ in self.stores]
 
 
-Kernel = MapKernel | MatMulKernel | ReduceKernel | PackKernel | EmapKernel | Any  # Any: a kernel of KERNEL_BUILDERS
+# A fused elementwise loop, or the kernel an op's record builds (its `kind`
+# names that op; it says which buffers it touches with reads() and writes()).
+Kernel = MapKernel | Any
 
-# Kernels of the ops that are neither maps nor one of the built-in ops above,
-# one builder per op: builder(scheduler, node, output buffer) -> kernel. Such
-# a kernel says which buffers it touches with `reads()` and `writes()`.
-KERNEL_BUILDERS: dict[str, Callable[["_Scheduler", Node, str], Any]] = {}
+# The kernels of the built-in ops live beside their records (symbackprop.ops);
+# these names are also read from here.
+_KERNEL_HOMES = {"MatMulKernel": "matmul", "ReduceKernel": "reduce", "PackKernel": "views",
+                 "EmapKernel": "emap", "EmapOutput": "emap"}
+
+
+def __getattr__(name: str) -> Any:
+    """MatMulKernel and the other kernels of ops.*, imported on first use (the
+    op modules import this one)."""
+    family = _KERNEL_HOMES.get(name)
+    if family is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib  # noqa: PLC0415 (lazy: the op modules import this one)
+
+    return getattr(importlib.import_module(f".ops.{family}", __package__), name)
+
+
+class _ViewOps:
+    """The ops that are views, as their records say (`op in VIEW_OPS`)."""
+
+    def __contains__(self, op: object) -> bool:
+        return isinstance(op, str) and is_view(op)
+
+
+VIEW_OPS = _ViewOps()
 
 
 @dataclass(frozen=True)
@@ -244,7 +205,7 @@ class Naming:
             if node not in self.names:
                 self.names[node] = self.claim(name)
         for node in topological_order([node for _, node in roots]):
-            if node not in self.names and node.op not in VIEW_OPS and not is_const(node):
+            if node not in self.names and not is_view(node.op) and not is_const(node):
                 self.names[node] = self.claim("t0")
 
     def add_origins(self, origins: dict[Node, tuple]) -> None:
@@ -329,11 +290,12 @@ class _Scheduler:
         self.result_nodes = {node for _, node in self.results}
         self.deferred: set[Node] = set()
         for node in self.order:
-            if node.op == "leaf" or node.op in VIEW_OPS or is_const(node):
+            if node.op == "leaf" or is_view(node.op) or is_const(node):
                 continue
-            if node.op == "map":
+            fused = record(node.op).fused
+            if fused == "elementwise":
                 self._place_map(node)
-            elif node.op == "emap":
+            elif fused == "examples":
                 self._place_emap(node)
             else:
                 self.index_of[node] = len(self.plan)
@@ -364,7 +326,7 @@ class _Scheduler:
                 if kernel is not None:
                     kernels.append(kernel)
             elif isinstance(step, _EmapGroup):
-                kernels.append(self._emap_kernel(step.members))
+                kernels.append(rule(step.members[0].op, "group_kernel")(self, step.members))
             else:
                 kernels.append(self._kernel(step))
         return kernels
@@ -419,7 +381,7 @@ class _Scheduler:
         return base.op == "leaf" or is_const(base) or self.index_of.get(base, index) < index
 
     def _base(self, node: Node) -> Node:
-        while node.op in VIEW_OPS:
+        while is_view(node.op):
             node = node.args[0]
         return node
 
@@ -504,14 +466,10 @@ class _Scheduler:
         return copies
 
     def view(self, node: Node) -> View:
+        """How kernels read `node`: its buffer, or a view's strides over its argument's."""
         zero, one = sp.Integer(0), sp.Integer(1)
-        if node.op == "transpose":
-            inner = self.view(node.args[0])
-            return View(inner.buffer, inner.offset, inner.col_stride, inner.row_stride)
-        if node.op == "element":
-            inner = self.view(node.args[0])
-            i, j = node.attrs
-            return View(inner.buffer, inner.at(sp.Integer(i), sp.Integer(j)), zero, zero)
+        if is_view(node.op):
+            return rule(node.op, "view").strides(self.view(node.args[0]), node)
         buffer = self.buffer_of.get(node) or self.naming(node)
         rows, cols = node.shape
         return View(buffer, zero, sp.sympify(cols) if rows != 1 else zero, one if cols != 1 else zero)
@@ -533,7 +491,7 @@ class _Scheduler:
             return None
         exprs = [value[m] for m in stored]
         if program:  # large shared values are named, not inlined into each user (a tree exponential in depth)
-            temps, reduced = _cse_program(program, exprs)
+            temps, reduced = cse_program(program, exprs)
             before = sum(sp.count_ops(e) for _, e in program)
         else:
             temps, reduced = sp.cse(exprs, symbols=sp.numbered_symbols("x", real=True), order="canonical")
@@ -541,8 +499,8 @@ class _Scheduler:
         counts[0] += before + sum(sp.count_ops(e) for e in exprs)
         counts[1] += sum(sp.count_ops(e) for _, e in temps) + sum(sp.count_ops(e) for e in reduced)
         load_views = tuple((sym, self._broadcast_view(node, group.shape)) for node, sym in loads.items())
-        readable = {sym: sp.Symbol(self._label(node)) for node, sym in loads.items()}
-        equations = tuple(_map_equation(self.buffer_of[m], value[m], readable) for m in stored)
+        readable = {sym: sp.Symbol(self.label(node)) for node, sym in loads.items()}
+        equations = tuple(_mapequation(self.buffer_of[m], value[m], readable) for m in stored)
         if group.shape != SCALAR:
             equations = tuple(Equation(e.lhs, e.text, e.latex + r" \quad \text{(elementwise)}") for e in equations)
         stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
@@ -577,153 +535,32 @@ class _Scheduler:
                 value[member], size[member] = symbol, 0
         return value, program
 
-    def _label(self, node: Node) -> str:
-        if node.op == "transpose":
-            return self._label(node.args[0]) + "^T"
-        if node.op == "element":
-            i, j = node.attrs
-            return f"{self._label(node.args[0])}[{i},{j}]"
+    def label(self, node: Node) -> str:
+        """A kernel argument as comments name it (its buffer, "A^T", "A[0,1]")."""
+        if is_view(node.op):
+            return rule(node.op, "view").label(self.label(node.args[0]), node)
         return self.buffer_of.get(node) or self.naming(node)
 
-    def _symbol(self, node: Node) -> sp.Basic:
+    def symbol(self, node: Node) -> sp.Basic:
         """A SymPy stand-in for a kernel's argument, named as in the C."""
-        if node.op == "transpose":
-            return sp.Transpose(self._symbol(node.args[0]))
-        if node.op == "element":
-            return self._symbol(node.args[0])[node.attrs]
+        if is_view(node.op):
+            return rule(node.op, "view").symbol(self.symbol(node.args[0]), node)
         name = self.buffer_of.get(node) or self.naming(node)
         return sp.Symbol(name) if node.shape == SCALAR else sp.MatrixSymbol(name, *node.shape)
 
     def _kernel(self, node: Node) -> Kernel:
-        out = self.buffer_of[node]
-        if node.op == "matmul":
-            a, b = node.args
-            rhs = latex(sp.MatMul(self._symbol(a), self._symbol(b)))
-            equation = Equation(out, f"{self._label(a)} @ {self._label(b)}", f"{latex_name(out)} = {rhs}")
-            return MatMulKernel(out, self.view(a), self.view(b), a.shape[0], a.shape[1], b.shape[1], (equation,))
-        if node.op in ("sum", "logsumexp", "max", "min"):
-            return self._reduce_kernel(node, out)
-        if node.op == "pack":
-            rows, cols = node.shape
-            # a constant entry is its value: constants have no buffer
-            entries = tuple(
-                (i * cols + j, arg.attrs[0] if is_const(arg) else self.view(arg))
-                for (i, j), arg in zip(node.attrs[0], node.args)
-            )
-            matrix = sp.zeros(rows, cols)
-            for (i, j), arg in zip(node.attrs[0], node.args):
-                matrix[i, j] = arg.attrs[0] if is_const(arg) else sp.Symbol(self._label(arg))
-            return PackKernel(out, rows * cols, entries, (_equation(out, sp.ImmutableMatrix(matrix)),))
-        builder = KERNEL_BUILDERS.get(node.op)
-        if builder is None:
-            raise AssertionError(f"no kernel for op {node.op}")
-        return builder(self, node, out)
-
-    def _reduce_kernel(self, node: Node, out: str) -> ReduceKernel:
-        (src,) = node.args
-        axis = node.attrs[0]
-        arg = self._label(src)
-        term = rf"\left({latex_name(arg)}\right)_{{ij}}"
-        index = "i" if axis == 0 else "j"
-        what = "down each column" if axis == 0 else "along each row"
-        if node.op == "sum":
-            text = f"sum of {arg} {what}"
-            rhs = rf"\sum_{{{index}}} {term}"
-        elif node.op in ("max", "min"):
-            text = f"{node.op} of {arg} {what}"
-            rhs = rf"\{node.op}_{{{index}}} {term}"
-        else:
-            text = f"log(sum(exp({arg}))) {what}, its max subtracted first"
-            rhs = rf"\log \sum_{{{index}}} \exp {term}"
-        equation = Equation(out, text, f"{latex_name(out)} = {rhs}")
-        return ReduceKernel(node.op, out, self.view(src), src.shape[0], src.shape[1], axis, (equation,))
-
-    def _emap_kernel(self, members: list[Node]) -> EmapKernel:
-        loops = members[0].attrs[2]
-        loads: dict[tuple, sp.Symbol] = {}  # (argument, binding, column) -> its symbol
-        views: list[tuple[sp.Symbol, View, tuple]] = []
-        readable: dict[sp.Symbol, sp.Symbol] = {}
-        checks: dict[tuple, None] = {}  # (index buffer, its rows, the rows it chooses among), once each
-        program: list[tuple[sp.Symbol, sp.Expr]] = []
-        outputs, bodies, equations = [], [], []
-        for number, node in enumerate(members):
-            node_bodies, bindings, _, target, lets = node.attrs
-            free = set().union(*(b.free_symbols for b in node_bodies), *(e.free_symbols for _, e in lets))
-            subs: dict[sp.Symbol, sp.Symbol] = {sym: sp.Symbol(f"_m{number}{sym.name}", real=True) for sym, _ in lets}
-            for p, arg in enumerate(node.args):
-                if bindings[p][0] == "gather":
-                    index = node.args[bindings[p][1]]
-                    checks[(self.view(index).buffer, index.shape[0], arg.shape[0])] = None
-                for col in range(binding_width(arg, bindings[p])):
-                    if row_placeholder(p, col) not in free:
-                        continue
-                    key = (arg, bindings[p] if bindings[p][0] != "gather" else ("gather", node.args[bindings[p][1]]), col)
-                    if key not in loads:
-                        sym = loads[key] = sp.Symbol(f"_load{len(loads)}", real=True)
-                        where = self._emap_where(node, bindings[p], col)
-                        views.append((sym, self.view(arg), where))
-                        readable[sym] = sp.Symbol(f"{self._label(arg)}[{_where_text(where)}]")
-                    subs[row_placeholder(p, col)] = loads[key]
-            if target[0] == "gather":
-                index = node.args[target[1]]
-                checks[(self.view(index).buffer, index.shape[0], node.shape[0])] = None
-            member_program = [(subs[sym], e.xreplace(subs)) for sym, e in lets]
-            member_bodies = [b.xreplace(subs) for b in node_bodies]
-            program += member_program
-            bodies.append(member_bodies)
-            where = self._emap_where(node, target, 0)
-            out = self.buffer_of[node]
-            outputs.append(EmapOutput(out, node.shape, where, accumulates(target, loops)))
-            equations.append(self._emap_equation(out, where, member_program, member_bodies, readable,
-                                                 "+=" if outputs[-1].accumulate else "="))
-        program, flat = _number_values(program, [b for member in bodies for b in member])
-        temps, reduced = _cse_program(program, flat)
-        stores, position = [], 0
-        for number, member in enumerate(bodies):
-            for col in range(len(member)):
-                stores.append((number, col, reduced[position]))
-                position += 1
-        return EmapKernel(tuple(loops), tuple(views), tuple(temps), tuple(outputs), tuple(stores),
-                          tuple(checks), tuple(equations))
-
-    def _emap_equation(self, out: str, where: tuple, program: list, exprs: list, readable: dict, assign: str) -> Equation:
-        row = _where_text(where).rsplit(",", 1)[0]
-        lhs = f"{out}[{row}, :]" if len(exprs) > 1 else f"{out}[{_where_text(where)}]"
-        size = sum(sp.count_ops(e) for e in exprs) + sum(sp.count_ops(e) for _, e in program)
-        if size > MAX_SHOWN_OPS:  # the temporaries in the C are the readable form
-            used = set().union(*(e.free_symbols for e in exprs), *(e.free_symbols for _, e in program))
-            shown_loads = sorted(used & readable.keys(), key=str)
-            sources = dict.fromkeys(re.sub(r", \d+\]$", ", :]", str(readable[s])) for s in shown_loads)
-            values = f"{len(exprs)} value{'s' if len(exprs) > 1 else ''}"
-            text = f"{values} from {', '.join(sources)}: see the temporaries"
-            shown_latex = rf"\text{{{len(exprs)} values: see the C}}"
-        else:
-            inline = dict(program)
-            shown = [_inline(e, inline).xreplace(readable) for e in exprs]
-            text = sp.sstr(shown[0]) if len(shown) == 1 else "[" + ", ".join(map(sp.sstr, shown)) + "]"
-            shown_latex = latex(sp.Matrix(shown).T if len(shown) > 1 else shown[0])
-        return Equation(lhs, text, rf"{latex_name(out)} \mathrel{{{assign}}} {shown_latex}", assign)
-
-    def _emap_where(self, node: Node, binding: tuple, col: int) -> tuple:
-        """(row, column) of a binding: ("loop", a), ("gather", index buffer, a), ("const", n)."""
-        if binding[0] == "row":
-            return ("loop", binding[1]), ("const", col)
-        if binding[0] == "gather":
-            return ("gather", self.view(node.args[binding[1]]).buffer, binding[2]), ("const", col)
-        if binding[0] == "cell":
-            return ("loop", 0), ("loop", 1)
-        return ("const", 0), ("const", col)
+        return rule(node.op, "kernel")(self, node, self.buffer_of[node])
 
     def _copies(self, bound: list[tuple[str, Node]]) -> list[Kernel]:
         kernels: list[Kernel] = []
         for out_name, node in bound:
             if is_const(node):
                 value = node.attrs[0]
-                kernels.append(MapKernel(node.shape, (), (), ((out_name, value),), (_equation(out_name, value),)))
+                kernels.append(MapKernel(node.shape, (), (), ((out_name, value),), (equation(out_name, value),)))
                 continue
             sym = sp.Symbol("_load0", real=True)
-            equation = _equation(out_name, sp.Symbol(self._label(node)))
-            kernels.append(MapKernel(node.shape, ((sym, self.view(node)),), (), ((out_name, sym),), (equation,)))
+            copied = equation(out_name, sp.Symbol(self.label(node)))
+            kernels.append(MapKernel(node.shape, ((sym, self.view(node)),), (), ((out_name, sym),), (copied,)))
         return kernels
 
     def _plan_workspace(self, kernels: list[Kernel], only_written: bool = False) -> tuple[tuple[Slot, ...], sp.Expr]:
@@ -774,30 +611,14 @@ MAX_SHOWN_OPS = 60
 MAX_EQUATION_OPS = 500  # of a fused elementwise loop's value (_map_equation)
 
 
-def _inline(expr: sp.Expr, lets: dict[sp.Symbol, sp.Expr]) -> sp.Expr:
+def inline(expr: sp.Expr, lets: dict[sp.Symbol, sp.Expr]) -> sp.Expr:
     """`expr` with the local values of a (small) program substituted back."""
     while expr.free_symbols & lets.keys():
         expr = expr.xreplace(lets)
     return expr
 
 
-def _number_values(program: list, outputs: list) -> tuple[list, list]:
-    """Value numbering over a straight-line program: a value computed again
-    (the forward pass inside each of several derivatives) becomes the first."""
-    seen: dict[sp.Basic, sp.Symbol] = {}
-    alias: dict[sp.Symbol, sp.Basic] = {}
-    kept = []
-    for sym, expr in program:
-        expr = expr.xreplace(alias)
-        if expr in seen:
-            alias[sym] = seen[expr]
-        else:
-            seen[expr] = sym
-            kept.append((sym, expr))
-    return kept, [e.xreplace(alias) for e in outputs]
-
-
-def _cse_program(program: list[tuple[sp.Symbol, sp.Expr]], outputs: list[sp.Expr]) -> tuple[list, list]:
+def cse_program(program: list[tuple[sp.Symbol, sp.Expr]], outputs: list[sp.Expr]) -> tuple[list, list]:
     """One CSE over a straight-line program and its outputs: the common
     subexpressions and the program's own values as one list of temporaries,
     each after what it uses, named x0, x1, ... in order."""
@@ -850,17 +671,6 @@ def _definition_order(symbol: sp.Symbol, position: dict[sp.Symbol, int]) -> tupl
     return (1, int(symbol.name[2:]))
 
 
-def _where_text(where: tuple) -> str:
-    """(row, column) of an emap load as text: "i, 3", "cam[i], 0"."""
-    def part(spec: tuple) -> str:
-        if spec[0] == "loop":
-            return "ij"[spec[1]]
-        if spec[0] == "gather":
-            return f"{spec[1]}[{'ij'[spec[2]]}]"
-        return str(spec[1])
-    return ", ".join(part(spec) for spec in where)
-
-
 # A fused loop's value read by several of its members is substituted into
 # each up to this size (an estimate: operations as a tree); beyond, it is
 # named once (a determinant by minors had 87,282 operations inlined).
@@ -876,22 +686,10 @@ def _is_cheap(body: sp.Expr) -> bool:
 
 
 def kernel_writes(kernel: Kernel) -> list[str]:
-    if isinstance(kernel, MapKernel):
-        return [out for out, _ in kernel.stores]
-    if isinstance(kernel, (MatMulKernel, ReduceKernel, PackKernel)):
-        return [kernel.out]
     return list(kernel.writes())
 
 
 def kernel_reads(kernel: Kernel) -> list[str]:
-    if isinstance(kernel, MapKernel):
-        return [view.buffer for _, view in kernel.loads]
-    if isinstance(kernel, MatMulKernel):
-        return [kernel.a.buffer, kernel.b.buffer]
-    if isinstance(kernel, ReduceKernel):
-        return [kernel.src.buffer]
-    if isinstance(kernel, PackKernel):
-        return [view.buffer for _, view in kernel.entries if isinstance(view, View)]
     return list(kernel.reads())
 
 

@@ -1,0 +1,269 @@
+"""map: a scalar body applied elementwise, its arguments broadcast along
+axes of size 1. The scheduler fuses maps of one shape into shared loops
+(schedule._map_kernel); this module holds the rest of the op.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import sympy as sp
+from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
+
+from ..autodiff import add_all, local_derivative, unbroadcast
+from ..codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
+from ..errors import ModelError
+from ..interpret import Context, apply_body
+from ..ir import SCALAR, Node, const, map_, placeholder, scalar_atoms, shape_of
+from ..messages import short
+from ..schedule import MapKernel
+from ..stable import sigmoid, softplus
+from .registry import OpRecord, register
+
+A0, A1 = placeholder(0), placeholder(1)
+
+
+# --- derivatives ------------------------------------------------------------
+
+
+def _vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    adjoints: list[Node | None] = []
+    for index, arg in enumerate(node.args):
+        if not needed[index]:
+            adjoints.append(None)
+            continue
+        product = map_(A0 * A1, [g, local_derivative(node, index)])
+        adjoints.append(unbroadcast(product, arg.shape))
+    return tuple(adjoints)
+
+
+def _jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    terms = [
+        map_(A0 * A1, [local_derivative(node, index), tangent], node.shape)
+        for index, tangent in enumerate(tangents)
+        if tangent is not None
+    ]
+    return add_all(terms) if terms else None
+
+
+# --- numpy reference --------------------------------------------------------
+
+
+def _evaluate(node: Node, args: list[np.ndarray], context: Context) -> np.ndarray:
+    symbols = tuple(placeholder(i) for i in range(len(args)))
+    return np.array(np.broadcast_to(apply_body(node.attrs[0], symbols, args, context), context.shape(node)))
+
+
+# --- C ----------------------------------------------------------------------
+
+
+def _emit(em: FunctionEmitter, kernel: MapKernel) -> dict:
+    loops, i, j = em.loops(kernel.shape)
+    text = {sym: em.access(view, i, j) for sym, view in kernel.loads}
+    first = []
+    if kernel.load_first:  # what the loop overwrites is read into locals before any store
+        overwritten = {out for out, _ in kernel.stores}
+        for sym, view in kernel.loads:
+            if view.buffer in overwritten:
+                local = em.namer.name(f"\0{view.buffer} in")
+                first.append((local, text[sym]))
+                text[sym] = local
+    # a value the same for every element (a loss, a bias of one entry) is read
+    # once, before the loop: read inside, the compiler must assume a store
+    # may change it, and does not vectorize the loop
+    hoisted = []
+    overwritten = {out for out, _ in kernel.stores}
+    for sym, view in kernel.loads:
+        invariant = (view.row_stride == 0 or kernel.shape[0] == 1) and (view.col_stride == 0 or kernel.shape[1] == 1)
+        if loops and invariant and view.buffer not in overwritten:
+            at = "" if view.offset == 0 else f" {view.offset}"
+            local = em.namer.name(f"\0{view.buffer}{at} value")
+            hoisted.append((local, text[sym]))
+            text[sym] = local
+    text.update({d: f"(({em.real.c}){c})" for d, c in em.dims.items()})
+    temps_text = {sym: str(sym) for sym, _ in kernel.temps}
+    printer = CheckedPrinter(ScalarPrinter({**text, **temps_text}, em.real), kernel)
+    cols = kernel.shape[1]
+    out_index = sp.expand(i * (cols if kernel.shape[0] != 1 else 0) + j)
+    out_index_text = em.index.doprint(out_index)
+    return {
+        "loops": loops,
+        "hoisted": hoisted,
+        "parallel": worth_threads(kernel.shape[0]) and len(loops) > 0 and loops[0][0] == "i",
+        "temps": first + [(str(sym), printer.doprint(expr)) for sym, expr in kernel.temps],
+        "stores": [(f"{em.namer.name(out)}[{out_index_text}]", printer.doprint(expr)) for out, expr in kernel.stores],
+    }
+
+
+# --- the grad_fn graph --------------------------------------------------------
+
+ELEMENTWISE_NAMES = {
+    sigmoid(A0): "Sigmoid",
+    sp.tanh(A0): "Tanh",
+    sp.Max(A0, 0): "Relu",
+    softplus(A0): "Softplus",
+    -softplus(-A0): "LogSigmoid",
+    sp.exp(A0): "Exp",
+    sp.log(A0): "Log",
+    sp.sin(A0): "Sin",
+    sp.cos(A0): "Cos",
+    sp.sqrt(A0): "Sqrt",
+    A0**2: "Square",
+    -A0: "Neg",
+    A0 + A1: "Add",
+    A0 * A1: "Mul",
+}
+
+
+def _grad_fn(node: Node) -> tuple[str, list[tuple[Node, bool]]]:
+    """Common compositions by their PyTorch names (MseLoss, MatMulWithBias,
+    ...), the rest by their function, or Elementwise[body]."""
+    plain = [(a, False) for a in node.args]
+    for name, recognise in (("MseLoss", _mse), ("SoftmaxCrossEntropyLoss", _softmax_cross_entropy)):
+        operand = recognise(node)
+        if operand is not None:
+            return name, [(operand, False)]
+    body = node.attrs[0]
+    if body == A0 + A1 and any(a.op == "matmul" for a in node.args):
+        product = next(a for a in node.args if a.op == "matmul")
+        bias = [(_unbroadcast(a), False) for a in node.args if a is not product]
+        return "MatMulWithBias", bias + product_operands(product)
+    if body == A0 and node.args[0].shape != node.shape:
+        return "Broadcast", plain
+    return ELEMENTWISE_NAMES.get(body, f"Elementwise[{sp.sstr(body).replace('_a', 'x')}]"), plain
+
+
+def product_operands(product: Node) -> list[tuple[Node, bool]]:
+    """A weight (a leaf) gets its gradient through the other operand
+    transposed (X^T @ grad, or grad @ x^T): marked True."""
+    return [(a, a.op == "leaf") for a in product.args]
+
+
+def _strip_mean(node: Node) -> Node:
+    """Below a constant scaling (the 1/count of a mean) and sums."""
+    body = node.attrs[0] if node.op == "map" else None
+    if body is not None and len(node.args) == 1 and body != A0 and sp.simplify(body / A0).free_symbols.isdisjoint({A0}):
+        node = node.args[0]
+    while node.op == "sum":
+        node = node.args[0]
+    return node
+
+
+def _is_negated(node: Node) -> bool:
+    return node.op == "map" and node.attrs[0] == -A0
+
+
+def _mse(node: Node) -> Node | None:
+    """The prediction under a mean of squared differences, if node is one."""
+    inner = _strip_mean(node)
+    if inner is node or inner.op != "map" or len(inner.args) != 1 or inner.attrs[0] != A0**2:
+        return None
+    difference = inner.args[0]
+    if difference.op == "map" and difference.attrs[0] == A0 + A1:
+        kept = [a for a in difference.args if not _is_negated(a)]
+        return kept[0] if len(kept) == 1 else difference
+    return difference
+
+
+def _softmax_cross_entropy(node: Node) -> Node | None:
+    """The logits under mean(logsumexp(Z) - sum(T * Z)), if node is one."""
+    inner = _strip_mean(node)
+    if inner is node or inner.op != "map" or inner.attrs[0] != A0 + A1:
+        return None
+    lse = [a for a in inner.args if a.op == "logsumexp"]
+    return lse[0].args[0] if len(lse) == 1 else None
+
+
+def _unbroadcast(node: Node) -> Node:
+    if node.op == "map" and node.attrs[0] == A0 and node.args[0].shape != node.shape:
+        return node.args[0]
+    return node
+
+
+# --- lowering from SymPy --------------------------------------------------------
+
+
+def _mat_add(lowerer, expr: sp.MatAdd) -> Node:
+    parts = _regroup_sum(list(expr.args), lowerer.named_sums, expr)
+    terms = [lowerer.lower(t) for t in parts]
+    shape = lowerer.shape(expr)
+    for part, term in zip(parts, terms):
+        if term.shape != shape:  # SymPy's sums need equal shapes: no implicit broadcast
+            raise ModelError(f"{short(part)} has shape {term.shape} in the sum {short(expr)} of shape {shape}: the terms "
+                             "of a sum need equal shapes (a row b broadcasts as OneMatrix(rows, 1)*b)")
+    body = sp.Add(*[placeholder(i) for i in range(len(terms))])
+    return map_(body, terms, shape)
+
+
+def _regroup_sum(terms: list[sp.Basic], named: list[sp.MatAdd], whole: sp.Basic) -> list[sp.Basic]:
+    """Terms with those of each named sum contained in them replaced by it."""
+    for sub in named:
+        if sub == whole:
+            continue
+        rest = list(terms)
+        try:
+            for term in sub.args:
+                rest.remove(term)
+        except ValueError:
+            continue
+        return [sub] + _regroup_sum(rest, named, whole)
+    return terms
+
+
+def _hadamard_product(lowerer, expr: sp.HadamardProduct) -> Node:
+    factors = [lowerer.lower(f) for f in expr.args]
+    body = sp.Mul(*[placeholder(i) for i in range(len(factors))])
+    return map_(body, factors, lowerer.shape(expr))
+
+
+def _hadamard_power(lowerer, expr: sp.HadamardPower) -> Node:
+    base, exponent = expr.args
+    return map_(A0**A1, [lowerer.lower(base), lowerer.lower(exponent)])
+
+
+def _apply_function(lowerer, expr: ElementwiseApplyFunction) -> Node:
+    function = expr.function
+    value = function(A0)
+    if not isinstance(value, sp.Expr):
+        raise ModelError(f"elementwise function {function} does not give a scalar")
+    inner = lowerer.lower(expr.expr)
+    scalar_atoms(value)  # only supported scalar operations
+    free = value.free_symbols - {A0} - lowerer.dims
+    if free:
+        raise ModelError(f"elementwise function {function} uses undeclared {sorted(map(str, free))}")
+    return map_(value, [inner], inner.shape)
+
+
+def _identity(lowerer, expr: sp.Identity) -> Node:
+    """Only 1x1, which SymPy makes of OneMatrix(1, 1) in sums."""
+    if shape_of(expr) != SCALAR:
+        raise ModelError(f"unsupported matrix operation Identity of shape {expr.shape} (only 1x1): {short(expr)}")
+    return const(1, SCALAR)
+
+
+register(OpRecord(
+    "map",
+    vjp=_vjp,
+    jvp=_jvp,
+    evaluate=_evaluate,
+    fused="elementwise",
+    emit=_emit,
+    template="map_kernel",
+    grad_fn=_grad_fn,
+    lowering=(
+        (sp.MatAdd, _mat_add),
+        (sp.HadamardProduct, _hadamard_product),
+        (sp.HadamardPower, _hadamard_power),
+        (ElementwiseApplyFunction, _apply_function),
+        (sp.Identity, _identity),
+        (sp.OneMatrix, lambda lowerer, expr: const(1, shape_of(expr))),
+        (sp.ZeroMatrix, lambda lowerer, expr: const(0, shape_of(expr))),
+    ),
+    shapes=(
+        (sp.MatAdd, lambda e, of: of(e.args[0])),
+        (sp.HadamardProduct, lambda e, of: of(e.args[0])),
+        (sp.HadamardPower, lambda e, of: of(e.args[0])),
+        (ElementwiseApplyFunction, lambda e, of: of(e.expr)),
+    ),
+))

@@ -1,0 +1,436 @@
+"""emap: a per-example function over one loop of examples or two nested
+(sbp.map_examples, and a gather alone), its body a straight-line program
+whose derivatives extend it (see ir.emap). Per-example maps over the same
+examples share one loop in the scheduler (fused="examples").
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+import sympy as sp
+from sympy.matrices.expressions.matexpr import MatrixElement
+
+from ..codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
+from ..errors import ModelError
+from ..exprdag import shallow_program
+from ..interpret import Context, apply_body
+from ..ir import (
+    SCALAR,
+    Node,
+    Shape,
+    accumulates,
+    as_dim,
+    binding_width,
+    element,
+    emap,
+    let_symbol,
+    row_placeholder,
+    scalar_atoms,
+)
+from ..messages import short
+from ..schedule import LOOP_I, LOOP_J, MAX_SHOWN_OPS, Equation, View, cse_program, inline, latex, latex_name
+from ..stable import stabilize
+from ..tensor import ExampleMap, Gather, Index
+from .registry import OpRecord, plain_grad_fn, register
+
+
+@dataclass(frozen=True)
+class EmapOutput:
+    """One output of an EmapKernel: where each example writes its values."""
+
+    buffer: str
+    shape: Shape
+    target: tuple  # the row the example writes, in load terms: (binding row, column 0)
+    accumulate: bool  # several examples write one place: zeroed first, then added into
+
+
+@dataclass(frozen=True)
+class EmapKernel:
+    """One loop (or two nested) over examples around a CSE'd program: loads
+    read argument rows where each example's binding says; each output's
+    values go to (or add into) the row its target names. Per-example maps
+    over the same examples share one loop (a value and its derivatives)."""
+
+    loops: tuple  # lengths
+    loads: tuple[tuple[sp.Symbol, View, tuple], ...]  # (symbol, view, (binding row, column))
+    temps: tuple[tuple[sp.Symbol, sp.Expr], ...]
+    outputs: tuple[EmapOutput, ...]
+    stores: tuple[tuple[int, int, sp.Expr], ...]  # (output, column, value)
+    index_checks: tuple[tuple[str, object, object], ...]  # (index buffer, its rows, rows of what it chooses among)
+    equations: tuple[Equation, ...]
+    kind: str = "emap"
+
+    def reads(self) -> list[str]:
+        return [view.buffer for _, view, _ in self.loads] + [check[0] for check in self.index_checks]
+
+    def writes(self) -> list[str]:
+        return [out.buffer for out in self.outputs]
+
+
+# --- derivatives ------------------------------------------------------------
+
+
+def _is_variable(symbol: sp.Basic) -> bool:
+    """An argument column (_e<p>_<l>) or a local value (_v<k>) of an emap body:
+    what its derivatives are taken with respect to (not dimensions)."""
+    return isinstance(symbol, sp.Symbol) and symbol.name[:2] in ("_e", "_v")
+
+
+def _fresh_lets(lets: tuple) -> Iterator[sp.Symbol]:
+    taken = [int(sym.name[2:]) for sym, _ in lets]
+    return (let_symbol(k) for k in itertools.count(max(taken, default=-1) + 1))
+
+
+def _vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    """Reverse mode over the body's program: each local value's adjoint
+    becomes one more local value, and each argument's adjoint is one more
+    emap over the same examples, written (added) where the argument was read.
+    The adjoint rows g are read where the node wrote its outputs."""
+    bodies, bindings, loops, target, lets = node.attrs
+    seed = len(node.args)  # g joins as the last argument, bound like the target
+    contributions: dict[sp.Symbol, list[sp.Expr]] = {}
+
+    def propagate(expr: sp.Expr, adjoint: sp.Expr) -> None:
+        for symbol in sorted(filter(_is_variable, expr.free_symbols), key=str):
+            partial = sp.diff(expr, symbol)
+            if partial != 0:
+                contributions.setdefault(symbol, []).append(adjoint * partial)
+
+    for column, body in enumerate(bodies):
+        propagate(body, row_placeholder(seed, column))
+    program = list(lets)
+    fresh = _fresh_lets(lets)
+    for symbol, expr in reversed(lets):
+        terms = contributions.pop(symbol, None)
+        if terms:
+            adjoint = next(fresh)
+            program.append((adjoint, sp.Add(*terms)))
+            propagate(expr, adjoint)
+    adjoints: list[Node | None] = []
+    for p, arg in enumerate(node.args):
+        if not needed[p] or bindings[p][0] == "index":
+            adjoints.append(None)
+            continue
+        columns = [sp.Add(*contributions.get(row_placeholder(p, col), []))
+                   for col in range(binding_width(arg, bindings[p]))]
+        adjoints.append(emap(columns, node.args + (g,), bindings + (target,), loops, bindings[p], arg.shape, program))
+    return tuple(adjoints)
+
+
+def _jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    """Forward mode over the body's program: a tangent local value beside
+    each local value that depends on a tangent argument."""
+    bodies, bindings, loops, target, lets = node.attrs
+    args, extra_bindings = list(node.args), list(bindings)
+    tangent_of: dict[sp.Symbol, sp.Expr] = {}
+    for p, tangent in enumerate(tangents):
+        if tangent is not None and bindings[p][0] != "index":
+            for col in range(binding_width(node.args[p], bindings[p])):
+                tangent_of[row_placeholder(p, col)] = row_placeholder(len(args), col)
+            args.append(tangent)
+            extra_bindings.append(bindings[p])
+    if not tangent_of:
+        return None
+
+    def differential(expr: sp.Expr) -> sp.Expr:
+        return sp.Add(*[sp.diff(expr, s) * tangent_of[s] for s in sorted(expr.free_symbols, key=str) if s in tangent_of])
+
+    program = list(lets)
+    fresh = _fresh_lets(lets)
+    for symbol, expr in lets:
+        d = differential(expr)
+        if d != 0:
+            tangent_of[symbol] = next(fresh)
+            program.append((tangent_of[symbol], d))
+    return emap([differential(body) for body in bodies], args, extra_bindings, loops, target, node.shape, program)
+
+
+# --- numpy reference --------------------------------------------------------
+
+
+def _examples(loops: tuple, context: Context) -> list[np.ndarray]:
+    """The loop variables of every example, flattened (i outer, k inner)."""
+    sizes = [context.dims[d] if isinstance(d, sp.Symbol) else int(d) for d in loops]
+    grids = np.meshgrid(*[np.arange(n) for n in sizes], indexing="ij")
+    return [grid.reshape(-1) for grid in grids]
+
+
+def _rows(binding: tuple, examples: list[np.ndarray], args: list[np.ndarray]) -> np.ndarray:
+    """The row each example reads (or writes) under a binding."""
+    kind = binding[0]
+    if kind == "row":
+        return examples[binding[1]]
+    if kind == "gather":
+        return args[binding[1]][examples[binding[2]], 0]
+    return np.zeros_like(examples[0])  # "whole"
+
+
+def _evaluate(node: Node, args: list[np.ndarray], context: Context) -> np.ndarray:
+    bodies, bindings, loops, target, lets = node.attrs
+    examples = _examples(loops, context)
+    env: dict[sp.Symbol, np.ndarray] = {}
+    for p, (arg, binding) in enumerate(zip(node.args, bindings)):
+        if binding[0] == "index":
+            continue
+        if binding[0] == "cell":
+            env[row_placeholder(p, 0)] = args[p][examples[0], examples[1]]
+            continue
+        rows = args[p][_rows(binding, examples, args)]
+        for col in range(binding_width(arg, binding)):
+            env[row_placeholder(p, col)] = rows[:, col]
+    for symbol, expr in lets:
+        env[symbol] = _evaluate_scalar(expr, env, len(examples[0]), context)
+    out = np.zeros(context.shape(node))
+    columns = np.stack([_evaluate_scalar(body, env, len(examples[0]), context) for body in bodies], axis=1)
+    if target == ("cell",):
+        out[examples[0], examples[1]] = columns[:, 0]
+    elif accumulates(target, loops):
+        np.add.at(out, _rows(target, examples, args), columns)
+    else:
+        out[_rows(target, examples, args)] = columns
+    return out
+
+
+def _evaluate_scalar(expr: sp.Expr, env: Mapping[sp.Symbol, np.ndarray], count: int, context: Context) -> np.ndarray:
+    symbols = tuple(sorted(expr.free_symbols & env.keys(), key=str))
+    return np.broadcast_to(apply_body(expr, symbols, [env[s] for s in symbols], context), (count,))
+
+
+# --- kernel -----------------------------------------------------------------
+
+
+def _group_kernel(sched, members: list[Node]) -> EmapKernel:
+    loops = members[0].attrs[2]
+    loads: dict[tuple, sp.Symbol] = {}  # (argument, binding, column) -> its symbol
+    views: list[tuple[sp.Symbol, View, tuple]] = []
+    readable: dict[sp.Symbol, sp.Symbol] = {}
+    checks: dict[tuple, None] = {}  # (index buffer, its rows, the rows it chooses among), once each
+    program: list[tuple[sp.Symbol, sp.Expr]] = []
+    outputs, bodies, equations = [], [], []
+    for number, node in enumerate(members):
+        node_bodies, bindings, _, target, lets = node.attrs
+        free = set().union(*(b.free_symbols for b in node_bodies), *(e.free_symbols for _, e in lets))
+        subs: dict[sp.Symbol, sp.Symbol] = {sym: sp.Symbol(f"_m{number}{sym.name}", real=True) for sym, _ in lets}
+        for p, arg in enumerate(node.args):
+            if bindings[p][0] == "gather":
+                index = node.args[bindings[p][1]]
+                checks[(sched.view(index).buffer, index.shape[0], arg.shape[0])] = None
+            for col in range(binding_width(arg, bindings[p])):
+                if row_placeholder(p, col) not in free:
+                    continue
+                key = (arg, bindings[p] if bindings[p][0] != "gather" else ("gather", node.args[bindings[p][1]]), col)
+                if key not in loads:
+                    sym = loads[key] = sp.Symbol(f"_load{len(loads)}", real=True)
+                    where = _where(sched, node, bindings[p], col)
+                    views.append((sym, sched.view(arg), where))
+                    readable[sym] = sp.Symbol(f"{sched.label(arg)}[{_where_text(where)}]")
+                subs[row_placeholder(p, col)] = loads[key]
+        if target[0] == "gather":
+            index = node.args[target[1]]
+            checks[(sched.view(index).buffer, index.shape[0], node.shape[0])] = None
+        member_program = [(subs[sym], e.xreplace(subs)) for sym, e in lets]
+        member_bodies = [b.xreplace(subs) for b in node_bodies]
+        program += member_program
+        bodies.append(member_bodies)
+        where = _where(sched, node, target, 0)
+        out = sched.buffer_of[node]
+        outputs.append(EmapOutput(out, node.shape, where, accumulates(target, loops)))
+        equations.append(_equation(out, where, member_program, member_bodies, readable,
+                                             "+=" if outputs[-1].accumulate else "="))
+    program, flat = _number_values(program, [b for member in bodies for b in member])
+    temps, reduced = cse_program(program, flat)
+    stores, position = [], 0
+    for number, member in enumerate(bodies):
+        for col in range(len(member)):
+            stores.append((number, col, reduced[position]))
+            position += 1
+    return EmapKernel(tuple(loops), tuple(views), tuple(temps), tuple(outputs), tuple(stores),
+                      tuple(checks), tuple(equations))
+
+def _equation(out: str, where: tuple, program: list, exprs: list, readable: dict, assign: str) -> Equation:
+    row = _where_text(where).rsplit(",", 1)[0]
+    lhs = f"{out}[{row}, :]" if len(exprs) > 1 else f"{out}[{_where_text(where)}]"
+    size = sum(sp.count_ops(e) for e in exprs) + sum(sp.count_ops(e) for _, e in program)
+    if size > MAX_SHOWN_OPS:  # the temporaries in the C are the readable form
+        used = set().union(*(e.free_symbols for e in exprs), *(e.free_symbols for _, e in program))
+        shown_loads = sorted(used & readable.keys(), key=str)
+        sources = dict.fromkeys(re.sub(r", \d+\]$", ", :]", str(readable[s])) for s in shown_loads)
+        values = f"{len(exprs)} value{'s' if len(exprs) > 1 else ''}"
+        text = f"{values} from {', '.join(sources)}: see the temporaries"
+        shown_latex = rf"\text{{{len(exprs)} values: see the C}}"
+    else:
+        values = dict(program)
+        shown = [inline(e, values).xreplace(readable) for e in exprs]
+        text = sp.sstr(shown[0]) if len(shown) == 1 else "[" + ", ".join(map(sp.sstr, shown)) + "]"
+        shown_latex = latex(sp.Matrix(shown).T if len(shown) > 1 else shown[0])
+    return Equation(lhs, text, rf"{latex_name(out)} \mathrel{{{assign}}} {shown_latex}", assign)
+
+def _where(sched, node: Node, binding: tuple, col: int) -> tuple:
+    """(row, column) of a binding: ("loop", a), ("gather", index buffer, a), ("const", n)."""
+    if binding[0] == "row":
+        return ("loop", binding[1]), ("const", col)
+    if binding[0] == "gather":
+        return ("gather", sched.view(node.args[binding[1]]).buffer, binding[2]), ("const", col)
+    if binding[0] == "cell":
+        return ("loop", 0), ("loop", 1)
+    return ("const", 0), ("const", col)
+
+def _number_values(program: list, outputs: list) -> tuple[list, list]:
+    """Value numbering over a straight-line program: a value computed again
+    (the forward pass inside each of several derivatives) becomes the first."""
+    seen: dict[sp.Basic, sp.Symbol] = {}
+    alias: dict[sp.Symbol, sp.Basic] = {}
+    kept = []
+    for sym, expr in program:
+        expr = expr.xreplace(alias)
+        if expr in seen:
+            alias[sym] = seen[expr]
+        else:
+            seen[expr] = sym
+            kept.append((sym, expr))
+    return kept, [e.xreplace(alias) for e in outputs]
+
+
+def _where_text(where: tuple) -> str:
+    """(row, column) of an emap load as text: "i, 3", "cam[i], 0"."""
+    def part(spec: tuple) -> str:
+        if spec[0] == "loop":
+            return "ij"[spec[1]]
+        if spec[0] == "gather":
+            return f"{spec[1]}[{'ij'[spec[2]]}]"
+        return str(spec[1])
+    return ", ".join(part(spec) for spec in where)
+
+
+
+# --- C ----------------------------------------------------------------------
+
+
+def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
+    """Loops over the examples; gathered rows are read through their
+    index (checked at the function's entry: see entry_checks)."""
+    loop_vars = ("i", "j")
+
+    def position(where: tuple) -> tuple[sp.Expr, sp.Expr]:
+        out = []
+        for spec in where:
+            if spec[0] == "loop":
+                out.append((LOOP_I, LOOP_J)[spec[1]])
+            elif spec[0] == "gather":
+                symbol = sp.Symbol(f"_gather_{spec[1]}_{spec[2]}", integer=True)
+                em.index.text[symbol] = f"{em.namer.name(spec[1])}[{loop_vars[spec[2]]}]"
+                out.append(symbol)
+            else:
+                out.append(sp.Integer(spec[1]))
+        return out[0], out[1]
+
+    text = {sym: em.access(view, *position(where)) for sym, view, where in kernel.loads}
+    text.update({d: f"(({em.real.c}){c})" for d, c in em.dims.items()})
+    text.update({sym: str(sym) for sym, _ in kernel.temps})
+    printer = CheckedPrinter(ScalarPrinter(text, em.real), kernel)
+    stores = []
+    for number, col, expr in kernel.stores:
+        out = kernel.outputs[number]
+        rows, cols = out.shape
+        view = View(out.buffer, sp.Integer(0), sp.sympify(cols) if rows != 1 else sp.Integer(0), sp.Integer(1))
+        row, first = position(out.target)
+        stores.append((em.access(view, row, first + col), "+=" if out.accumulate else "=", printer.doprint(expr)))
+    first_loop = kernel.loops[0]
+    # threads only where no two examples of different threads add into one place
+    safe = all(not out.accumulate or out.target[0] == ("loop", 0) for out in kernel.outputs)
+    return {
+        "loops": [(var, em.dim(n)) for var, n in zip(loop_vars, kernel.loops)],
+        "zero": [(em.namer.name(out.buffer), em.dim(sp.sympify(out.shape[0]) * out.shape[1]))
+                 for out in kernel.outputs if out.accumulate],
+        "parallel": safe and worth_threads(first_loop),
+        "temps": [(str(sym), printer.doprint(expr)) for sym, expr in kernel.temps],
+        "stores": stores,
+    }
+
+
+# --- lowering from SymPy ---------------------------------------------------------
+
+
+def _index_leaf(lowerer, index: Index) -> Node:
+    node = lowerer.leaves.get(index)
+    if node is None or node.attrs[1] != "index":
+        raise ModelError(f"the Index {index} is not declared as an input")
+    return node
+
+
+def _gather(lowerer, expr: Gather) -> Node:
+    """A gather alone is a map that copies the chosen rows."""
+    array = lowerer.lower(expr.array)
+    index = _index_leaf(lowerer, expr.index)
+    width = int(array.shape[1])
+    bodies = [row_placeholder(1, col) for col in range(width)]
+    rows = index.shape[0]
+    return emap(bodies, [index, array], [("index",), ("gather", 0, 0)], (rows,), ("row", 0), (rows, width))
+
+
+def _example_map(lowerer, expr: ExampleMap) -> Node:
+    loops = tuple(as_dim(d, expr) for d in expr.loops)
+    args: list[Node] = []
+    bindings: list[tuple] = []
+    subs: dict[sp.Basic, sp.Expr] = {}
+
+    def add(node: Node, binding: tuple) -> int:
+        if (node, binding) in zip(args, bindings):
+            return list(zip(args, bindings)).index((node, binding))
+        args.append(node)
+        bindings.append(binding)
+        return len(args) - 1
+
+    for symbols, source in expr.bindings:
+        if isinstance(source, Gather):
+            index = add(_index_leaf(lowerer, source.index), ("index",))
+            loop = loops.index(as_dim(source.index.shape[0], source))
+            position = add(lowerer.lower(source.array), ("gather", index, loop))
+        else:
+            node = lowerer.lower(source)
+            binding = ("whole",) if node.shape[0] == 1 else ("row", loops.index(node.shape[0]))
+            position = add(node, binding)
+        for col, symbol in enumerate(symbols):
+            subs[symbol] = row_placeholder(position, col)
+    bodies = []
+    for entry in expr.body:
+        for atom in scalar_atoms(entry):
+            if atom in subs or atom in lowerer.dims:
+                continue
+            if isinstance(atom, MatrixElement):
+                parent, i, j = atom.args
+                if not (i.is_Integer and j.is_Integer):
+                    raise ModelError(f"only constant indices are supported: {short(atom)}")
+                node = element(lowerer.lower(parent), int(i), int(j))
+            elif atom in lowerer.leaves and lowerer.leaves[atom].shape == SCALAR:
+                node = lowerer.leaves[atom]
+            else:
+                raise ModelError(f"{short(atom)} in the map's body is neither bound by the map nor a scalar input or param")
+            subs[atom] = row_placeholder(add(node, ("whole",)), 0)
+        bodies.append(stabilize(entry.xreplace(subs)))  # before CSE splits 1 + exp(u) apart
+    # the body as a straight-line program, so that derivatives extend it step by step
+    names = (let_symbol(k) for k in itertools.count())
+    common, reduced = sp.cse(bodies, symbols=names, order="none")
+    lets, bodies = shallow_program(common, reduced, names)
+    if len(loops) == 1:
+        return emap(bodies, args, bindings, loops, ("row", 0), (loops[0], len(bodies)), lets)
+    return emap(bodies, args, bindings, loops, ("cell",), (loops[0], loops[1]), lets)
+
+
+register(OpRecord(
+    "emap",
+    vjp=_vjp,
+    jvp=_jvp,
+    evaluate=_evaluate,
+    fused="examples",
+    group_kernel=_group_kernel,
+    emit=_emit,
+    template="kernel_emap.c.j2",
+    grad_fn=plain_grad_fn("MapExamples"),
+    lowering=((Gather, _gather), (ExampleMap, _example_map)),
+))

@@ -1,0 +1,177 @@
+"""Reductions over one axis (kept as size 1): sum, logsumexp, max, min.
+
+Each is one call of `reduction(...)` below, which registers its record and
+how it lowers from `sbp.reduce(name, x, axis)`; the C helper each kernel
+calls is the block of that name in templates/reduce.c.j2. The names of the
+registered reductions are the one list everyone reads (registry.reductions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import sympy as sp
+
+from ..codegen import FunctionEmitter
+from ..ir import Node, broadcast, logsumexp, map_, placeholder, reduce_extreme, reduce_sum, reduced_shape
+from ..schedule import LOOP_I, LOOP_J, Equation, View, latex_name
+from ..tensor import Reduce
+from .registry import JvpRule, OpRecord, VjpRule, extend, plain_grad_fn, register
+
+A0, A1, A2 = placeholder(0), placeholder(1), placeholder(2)
+
+
+@dataclass(frozen=True)
+class ReduceKernel:
+    """A reduction (`kind`, its op) of `src` (rows x cols) over `axis`."""
+
+    kind: str
+    out: str
+    src: View
+    rows: object
+    cols: object
+    axis: int
+    equations: tuple[Equation, ...]
+
+    def reads(self) -> list[str]:
+        return [self.src.buffer]
+
+    def writes(self) -> list[str]:
+        return [self.out]
+
+
+# How each reduction lowers from sbp.reduce(name, x, axis): node of x over axis.
+_FROM_REDUCE: dict[str, Callable[[Node, int], Node]] = {}
+
+
+def reduction(name: str, vjp: VjpRule, jvp: JvpRule, evaluate: Callable[[np.ndarray, int], np.ndarray],
+              lower: Callable[[Node, int], Node], text: str, latex: str, grad_fn: str) -> OpRecord:
+    """Register a reduction over one axis.
+
+    text, latex: what the kernel computes, for comments and the derivation,
+        with {arg} (the reduced tensor), {what} ("down each column" / "along
+        each row"), {index} (i / j) and {term} (the entry, as LaTeX).
+    """
+    _FROM_REDUCE[name] = lower
+
+    def kernel(sched, node: Node, out: str) -> ReduceKernel:
+        (src,) = node.args
+        axis = node.attrs[0]
+        words = {"arg": sched.label(src), "what": "down each column" if axis == 0 else "along each row",
+                 "index": "i" if axis == 0 else "j"}
+        words["term"] = rf"\left({latex_name(words['arg'])}\right)_{{ij}}"
+        equation = Equation(out, text.format(**words), f"{latex_name(out)} = {latex.format(**words)}")
+        return ReduceKernel(node.op, out, sched.view(src), src.shape[0], src.shape[1], axis, (equation,))
+
+    return register(OpRecord(
+        name, vjp=vjp, jvp=jvp, evaluate=lambda node, args, context: evaluate(args[0], node.attrs[0]),
+        kernel=kernel, emit=_emit, template="reduce_kernel", grad_fn=plain_grad_fn(grad_fn),
+        reduction=True,
+    ))
+
+
+def _emit(em: FunctionEmitter, kernel: ReduceKernel) -> dict:
+    """One call of the module's helper for the op (reduce.c.j2) per row
+    or column: its first entry, how many, and the stride between them."""
+    src = kernel.src
+    outer_len, inner_len = (kernel.cols, kernel.rows) if kernel.axis == 0 else (kernel.rows, kernel.cols)
+    outer_stride, inner_stride = (src.col_stride, src.row_stride) if kernel.axis == 0 else (src.row_stride, src.col_stride)
+    outer = LOOP_J if kernel.axis == 0 else LOOP_I
+    looped = em.dim(outer_len) != "1"
+    start = sp.expand(src.offset + (outer * outer_stride if looped else 0))
+    pointer = em.namer.name(src.buffer) + ("" if start == 0 else f" + {em.index.doprint(start)}")
+    args = f"{pointer}, {em.dim(inner_len)}, {em.dim(sp.sympify(inner_stride)) if inner_len != 1 else '1'}"
+    return {
+        "loop": (str(outer), em.dim(outer_len)) if looped else None,
+        "out": f"{em.namer.name(kernel.out)}[{outer if looped else 0}]",
+        "args": args,
+    }
+
+
+def _lower_reduce(lowerer, expr: Reduce) -> Node:
+    arg, axis = lowerer.lower(expr.arg), expr.axis
+    if expr.op == "mean":
+        total = reduce_sum(arg, axis)
+        return total if arg.shape[axis] == 1 else map_(A0 / arg.shape[axis], [total])
+    return _FROM_REDUCE[expr.op](arg, axis)
+
+
+def _reduce_shape(expr: Reduce, of) -> tuple:
+    return reduced_shape(of(expr.arg), expr.axis)
+
+
+# --- sum ------------------------------------------------------------------------
+
+
+def _sum_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    return (broadcast(g, node.args[0].shape),)
+
+
+def _sum_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    return reduce_sum(tangents[0], node.attrs[0]) if tangents[0] is not None else None
+
+
+# --- logsumexp -------------------------------------------------------------------
+
+
+def _logsumexp_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    # d lse / d z = softmax(z) = exp(z - lse), scaled by the broadcast adjoint
+    (z,) = node.args
+    return (map_(sp.exp(A0 - A1) * A2, [z, node, g], z.shape),)
+
+
+def _logsumexp_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    # d lse = sum(softmax(z) * dz) over the reduced axis
+    (z,), (tz,) = node.args, tangents
+    if tz is None:
+        return None
+    weighted = map_(sp.exp(A0 - A1) * A2, [z, node, tz], z.shape)
+    return reduce_sum(weighted, node.attrs[0])
+
+
+def _logsumexp_value(x: np.ndarray, axis: int) -> np.ndarray:
+    top = x.max(axis=axis, keepdims=True)
+    safe = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(all="ignore"):
+        return safe + np.log(np.exp(x - safe).sum(axis=axis, keepdims=True))
+
+
+def _lower_logsumexp(arg: Node, axis: int) -> Node:
+    return arg if arg.shape[axis] == 1 else logsumexp(arg, axis)
+
+
+# --- max, min ---------------------------------------------------------------------
+
+
+def _extreme_mask(node: Node) -> Node:
+    """1 where an entry is its row's (column's) extreme, divided by the
+    number of such entries: ties split the gradient evenly (as JAX)."""
+    (z,) = node.args
+    hit = map_(sp.Piecewise((1, sp.Eq(A0, A1)), (0, True)), [z, node], z.shape)
+    count = reduce_sum(hit, node.attrs[0])
+    return map_(A0 / A1, [hit, count], z.shape)
+
+
+def _extreme_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    return (map_(A0 * A1, [_extreme_mask(node), g], node.args[0].shape),)
+
+
+def _extreme_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    if tangents[0] is None:
+        return None
+    weighted = map_(A0 * A1, [_extreme_mask(node), tangents[0]], node.args[0].shape)
+    return reduce_sum(weighted, node.attrs[0])
+
+
+reduction("sum", _sum_vjp, _sum_jvp, lambda x, axis: x.sum(axis=axis, keepdims=True), reduce_sum,
+          "sum of {arg} {what}", r"\sum_{{{index}}} {term}", "Sum")
+reduction("logsumexp", _logsumexp_vjp, _logsumexp_jvp, _logsumexp_value, _lower_logsumexp,
+          "log(sum(exp({arg}))) {what}, its max subtracted first", r"\log \sum_{{{index}}} \exp {term}", "LogSumExp")
+reduction("max", _extreme_vjp, _extreme_jvp, lambda x, axis: x.max(axis=axis, keepdims=True),
+          lambda arg, axis: reduce_extreme("max", arg, axis), "max of {arg} {what}", r"\max_{{{index}}} {term}", "Max")
+reduction("min", _extreme_vjp, _extreme_jvp, lambda x, axis: x.min(axis=axis, keepdims=True),
+          lambda arg, axis: reduce_extreme("min", arg, axis), "min of {arg} {what}", r"\min_{{{index}}} {term}", "Min")
+# sbp.reduce(name, ...) lowers through the reduction of its name ("mean": a scaled sum)
+extend("sum", lowering=((Reduce, _lower_reduce),), shapes=((Reduce, _reduce_shape),))
