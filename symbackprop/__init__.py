@@ -13,7 +13,7 @@ from .model import Model, as_scalar
 from .optim import SGD, Adam
 from .runtime import CompiledModule, compile
 from .scan import final_state, scan
-from .tensor import Index, gather, map_examples, reduce
+from .tensor import Index, cumsum, gather, map_examples, reduce
 
 __all__ = [
     "Adam",
@@ -29,6 +29,7 @@ __all__ = [
     "as_scalar",
     "build_deep",
     "compile",
+    "cumsum",
     "final_state",
     "gather",
     "map_examples",

@@ -22,7 +22,7 @@ from .cnames import CNamer, comment_text, sanitize
 from .cparts import Prelude, part_ranges, prelude
 from .cprint import IEEEPrinter
 from .errors import ModelError
-from .ops.registry import record, reductions
+from .ops.registry import helpers, record
 from .schedule import LOOP_I, LOOP_J, FunctionSchedule, Kernel, Slot, View, kernel_reads, kernel_writes
 
 LOOP_K = sp.Symbol("k", integer=True)
@@ -225,9 +225,10 @@ class CModule:
                 stack.extend(item)
 
     @property
-    def reductions(self) -> list[str]:
-        """The reduction helpers the module's kernels call (reduce.c.j2)."""
-        return sorted({k.kind for k in self.all_kernels() if k.kind in reductions()})
+    def helpers(self) -> list[str]:
+        """The C helpers the module's kernels call (reduce.c.j2): reductions,
+        cumulative sums."""
+        return sorted({k.kind for k in self.all_kernels() if k.kind in helpers()})
 
     @property
     def uses_parallel(self) -> bool:

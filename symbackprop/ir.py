@@ -81,6 +81,12 @@ def _node(op: str, args: tuple[Node, ...], shape: Shape, attrs: tuple = ()) -> N
     return node
 
 
+def op_node(op: str, args: Iterable[Node], shape: Shape, attrs: tuple = ()) -> Node:
+    """The node of a registered op (symbackprop.ops): its family's
+    constructor checks the arguments and folds what it can first."""
+    return _node(op, tuple(args), shape, attrs)
+
+
 def placeholder(index: int) -> sp.Symbol:
     """The symbol that stands for a map's index-th argument in its body."""
     return sp.Symbol(f"_a{index}", real=True)

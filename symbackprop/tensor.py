@@ -26,6 +26,7 @@ import sympy as sp
 from sympy.core.symbol import Str
 
 from .errors import ModelError
+from .ops.registry import reductions
 
 
 class Index(sp.MatrixSymbol):
@@ -252,11 +253,11 @@ def map_examples(body: sp.Basic, bindings: Mapping[Any, sp.Basic] | Iterable[tup
 
 
 class Reduce(sp.MatrixExpr):
-    """sum, mean, max, min or logsumexp of a matrix over an axis: 0 down the
-    rows (1 x cols), 1 along each row (rows x 1). See `reduce`.
+    """sum, mean, prod, max, min or logsumexp of a matrix over an axis: 0
+    down the rows (1 x cols), 1 along each row (rows x 1). See `reduce`.
 
     Args:
-        op: one of OPS.
+        op: one of ops().
         x: a matrix expression.
         axis: 0 or 1.
 
@@ -264,12 +265,15 @@ class Reduce(sp.MatrixExpr):
         ModelError: an unknown op or axis, or x is not a matrix.
     """
 
-    OPS = ("sum", "mean", "max", "min", "logsumexp")
+    @staticmethod
+    def ops() -> tuple[str, ...]:
+        """The reductions' names: the registered ones (symbackprop.ops.reduce) and mean."""
+        return (*reductions(), "mean")
 
     def __new__(cls, op: str, x: sp.MatrixExpr, axis: int) -> "Reduce":
         op = op.name if isinstance(op, Str) else op
-        if op not in cls.OPS:
-            raise ModelError(f"unknown reduction {op!r}; one of {cls.OPS}")
+        if op not in cls.ops():
+            raise ModelError(f"unknown reduction {op!r}; one of {cls.ops()}")
         if axis not in (0, 1):
             raise ModelError(f"reduce over axis 0 (down the rows) or 1 (along each row); got {axis!r}")
         if not isinstance(x, (sp.MatrixExpr, sp.MatrixBase)):
@@ -302,14 +306,15 @@ class Reduce(sp.MatrixExpr):
 
 
 def reduce(op: str, x: sp.MatrixExpr, axis: int | None = None) -> sp.MatrixExpr:
-    """`op` ("sum", "mean", "max", "min", "logsumexp") of x over `axis` (0:
-    down the rows, 1: along each row, None: every entry, giving 1 x 1).
+    """`op` ("sum", "mean", "prod", "max", "min", "logsumexp") of x over
+    `axis` (0: down the rows, 1: along each row, None: every entry, giving 1 x 1).
 
     max and min pass the gradient to the extreme entry, split evenly among
-    ties; logsumexp subtracts the maximum before exp.
+    ties; logsumexp subtracts the maximum before exp; prod's gradient is the
+    product of the other entries (exact where an entry is 0).
 
     Args:
-        op: "sum", "mean", "max", "min" or "logsumexp".
+        op: "sum", "mean", "prod", "max", "min" or "logsumexp".
         x: a matrix expression.
         axis: 0, 1 or None.
 
@@ -322,3 +327,56 @@ def reduce(op: str, x: sp.MatrixExpr, axis: int | None = None) -> sp.MatrixExpr:
     if axis is None:
         return Reduce(op, Reduce(op, x, 1), 0)  # the mean of the rows' means: rows are of one length
     return Reduce(op, x, axis)
+
+
+class Cumsum(sp.MatrixExpr):
+    """The running sum of a matrix along an axis (0: down each column, 1:
+    along each row), from the end when `reverse`. See `cumsum`."""
+
+    def __new__(cls, x: sp.MatrixExpr, axis: int, reverse: bool = False) -> "Cumsum":
+        if axis not in (0, 1):
+            raise ModelError(f"cumsum along axis 0 (down each column) or 1 (along each row); got {axis!r}")
+        if not isinstance(x, (sp.MatrixExpr, sp.MatrixBase)):
+            raise ModelError(f"cumsum of a matrix; got {x!r}")
+        return super().__new__(cls, sp.sympify(x), sp.Integer(axis), sp.Integer(int(bool(reverse))))
+
+    @property
+    def arg(self) -> sp.MatrixExpr:
+        """The matrix summed."""
+        return self.args[0]
+
+    @property
+    def axis(self) -> int:
+        """0: down each column; 1: along each row."""
+        return int(self.args[1])
+
+    @property
+    def reverse(self) -> bool:
+        """Whether the sums run from the last entry back."""
+        return bool(self.args[2])
+
+    @property
+    def shape(self) -> tuple:
+        """The shape of the matrix summed."""
+        return self.arg.shape
+
+    def _entry(self, i, j, **kwargs):
+        return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
+
+
+def cumsum(x: sp.MatrixExpr, axis: int, reverse: bool = False) -> sp.MatrixExpr:
+    """The cumulative sum of x along `axis` (as numpy.cumsum): entry k is
+    the sum of entries 0..k (with `reverse`, of entries k..last).
+
+    Args:
+        x: a matrix expression.
+        axis: 0 (down each column) or 1 (along each row).
+        reverse: sum from the end.
+
+    Returns:
+        A matrix expression of x's shape.
+
+    Raises:
+        ModelError: an unknown axis, or x is not a matrix.
+    """
+    return Cumsum(x, axis, reverse)

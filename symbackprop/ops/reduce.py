@@ -1,4 +1,4 @@
-"""Reductions over one axis (kept as size 1): sum, logsumexp, max, min.
+"""Reductions over one axis (kept as size 1): sum, logsumexp, max, min, prod.
 
 Each is one call of `reduction(...)` below, which registers its record and
 how it lowers from `sbp.reduce(name, x, axis)`; the C helper each kernel
@@ -15,9 +15,23 @@ import numpy as np
 import sympy as sp
 
 from ..codegen import FunctionEmitter
-from ..ir import Node, broadcast, logsumexp, map_, placeholder, reduce_extreme, reduce_sum, reduced_shape
+from ..errors import ModelError
+from ..ir import (
+    Node,
+    broadcast,
+    const,
+    is_const,
+    logsumexp,
+    map_,
+    op_node,
+    placeholder,
+    reduce_extreme,
+    reduce_sum,
+    reduced_shape,
+)
 from ..schedule import LOOP_I, LOOP_J, Equation, View, latex_name
 from ..tensor import Reduce
+from .cumulative import axis_op
 from .registry import JvpRule, OpRecord, VjpRule, extend, plain_grad_fn, register
 
 A0, A1, A2 = placeholder(0), placeholder(1), placeholder(2)
@@ -68,7 +82,7 @@ def reduction(name: str, vjp: VjpRule, jvp: JvpRule, evaluate: Callable[[np.ndar
     return register(OpRecord(
         name, vjp=vjp, jvp=jvp, evaluate=lambda node, args, context: evaluate(args[0], node.attrs[0]),
         kernel=kernel, emit=_emit, template="reduce_kernel", grad_fn=plain_grad_fn(grad_fn),
-        reduction=True,
+        reduction=True, helper=True,
     ))
 
 
@@ -165,6 +179,50 @@ def _extreme_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
     return reduce_sum(weighted, node.attrs[0])
 
 
+# --- prod ---------------------------------------------------------------------------
+
+
+def reduce_prod(a: Node, axis: int) -> Node:
+    """The product over `axis` (kept as size 1)."""
+    if a.shape[axis] == 1:
+        return a
+    shape = reduced_shape(a.shape, axis)
+    if is_const(a):
+        return const(a.attrs[0] ** a.shape[axis], shape)
+    return op_node("prod", (a,), shape, (axis,))
+
+
+def prod_others(a: Node, axis: int) -> Node:
+    """Each entry's product of the other entries along `axis` (exact where
+    an entry is 0: prefix times suffix products, never a division)."""
+    return op_node("prod_others", (a,), a.shape, (axis, False))
+
+
+def _prod_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    (x,) = node.args
+    return (map_(A0 * A1, [g, prod_others(x, node.attrs[0])], x.shape),)
+
+
+def _prod_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    (x,), (tx,) = node.args, tangents
+    if tx is None:
+        return None
+    return reduce_sum(map_(A0 * A1, [prod_others(x, node.attrs[0]), tx], x.shape), node.attrs[0])
+
+
+def _others_value(x: np.ndarray, axis: int, reverse: bool) -> np.ndarray:
+    y = np.moveaxis(x, axis, -1)
+    ones = np.ones_like(y[..., :1])
+    before = np.concatenate([ones, np.cumprod(y[..., :-1], axis=-1)], axis=-1)
+    after = np.flip(np.concatenate([ones, np.cumprod(np.flip(y, -1)[..., :-1], axis=-1)], axis=-1), -1)
+    return np.moveaxis(before * after, -1, axis)
+
+
+def _second_order(node: Node, *rest: object) -> None:
+    raise ModelError("second derivatives through sbp.reduce('prod', ...) are not supported "
+                     "(the derivative of the product of the other entries)")
+
+
 reduction("sum", _sum_vjp, _sum_jvp, lambda x, axis: x.sum(axis=axis, keepdims=True), reduce_sum,
           "sum of {arg} {what}", r"\sum_{{{index}}} {term}", "Sum")
 reduction("logsumexp", _logsumexp_vjp, _logsumexp_jvp, _logsumexp_value, _lower_logsumexp,
@@ -173,5 +231,9 @@ reduction("max", _extreme_vjp, _extreme_jvp, lambda x, axis: x.max(axis=axis, ke
           lambda arg, axis: reduce_extreme("max", arg, axis), "max of {arg} {what}", r"\max_{{{index}}} {term}", "Max")
 reduction("min", _extreme_vjp, _extreme_jvp, lambda x, axis: x.min(axis=axis, keepdims=True),
           lambda arg, axis: reduce_extreme("min", arg, axis), "min of {arg} {what}", r"\min_{{{index}}} {term}", "Min")
+reduction("prod", _prod_vjp, _prod_jvp, lambda x, axis: x.prod(axis=axis, keepdims=True), reduce_prod,
+          "product of {arg} {what}", r"\prod_{{{index}}} {term}", "Prod")
+axis_op("prod_others", _second_order, _second_order, _others_value, "product of the other entries of {arg} {what}",
+        r"\prod_{{{index}' \ne {index}}} {term}", plain_grad_fn("ProdOthers"))
 # sbp.reduce(name, ...) lowers through the reduction of its name ("mean": a scaled sum)
 extend("sum", lowering=((Reduce, _lower_reduce),), shapes=((Reduce, _reduce_shape),))

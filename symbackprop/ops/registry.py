@@ -71,8 +71,10 @@ class OpRecord:
     lowering: (SymPy class, rule) pairs of what lowers to this op.
     shapes: (SymPy class, rule) pairs: a lowered class's shape from its
         arguments' (without SymPy's own walk over the whole subtree).
-    reduction: a reduction over one axis, whose kernel calls the module's
-        C helper of this name (templates/reduce.c.j2).
+    reduction: a reduction over one axis, named in sbp.reduce(name, x, axis).
+    helper: its kernel calls the module's C function <prefix>_<name>, whose
+        definition is the block of that name in templates/reduce.c.j2
+        (emitted in a module that uses it).
     """
 
     name: str
@@ -89,6 +91,7 @@ class OpRecord:
     lowering: tuple[tuple[type, LoweringRule], ...] = ()
     shapes: tuple[tuple[type, ShapeRule], ...] = ()
     reduction: bool = False
+    helper: bool = False
 
     def need(self, field: str) -> Any:
         """The value of `field`, or MissingRule naming the op and the field."""
@@ -102,7 +105,7 @@ FIELDS = tuple(f.name for f in fields(OpRecord))
 _RECORDS: dict[str, OpRecord] = {}
 _LOWERING: dict[type, tuple[str, LoweringRule]] = {}
 _SHAPES: dict[type, ShapeRule] = {}
-FAMILIES = ("elementwise", "matmul", "reduce", "views", "emap")
+FAMILIES = ("elementwise", "matmul", "reduce", "cumulative", "views", "emap")
 _loaded = False
 
 
@@ -182,6 +185,11 @@ def is_view(op: str) -> bool:
 def reductions() -> tuple[str, ...]:
     """The reductions over one axis: the one list of their names."""
     return tuple(r.name for r in records() if r.reduction)
+
+
+def helpers() -> frozenset[str]:
+    """The ops whose kernels call a C helper of their name (reduce.c.j2)."""
+    return frozenset(r.name for r in records() if r.helper)
 
 
 def lowering_rule(cls: type) -> tuple[str, LoweringRule] | None:

@@ -1,0 +1,135 @@
+"""Ops that run along one axis and keep the shape: the cumulative sum
+(sbp.cumsum), and the kernel every such op shares: one call of the
+module's C helper of the op's name per row or column (templates/reduce.c.j2),
+which walks the entries with a running value. A reversed walk is the same
+helper from the last entry, with negative strides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import sympy as sp
+
+from ..codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
+from ..ir import Node, Shape, is_const, op_node
+from ..schedule import LOOP_I, LOOP_J, Equation, View, latex_name
+from ..tensor import Cumsum
+from .registry import GradFnName, JvpRule, OpRecord, VjpRule, plain_grad_fn, register
+
+
+@dataclass(frozen=True)
+class AxisKernel:
+    """`kind` (an op) of `src` (rows x cols, or a constant read at every
+    entry) along `axis`, into the contiguous `out` of the same shape."""
+
+    kind: str
+    out: str
+    src: View | sp.Expr
+    shape: Shape
+    axis: int
+    reverse: bool
+    equations: tuple[Equation, ...]
+
+    def reads(self) -> list[str]:
+        return [self.src.buffer] if isinstance(self.src, View) else []
+
+    def writes(self) -> list[str]:
+        return [self.out]
+
+
+def axis_op(name: str, vjp: VjpRule, jvp: JvpRule, evaluate: Callable[[np.ndarray, int, bool], np.ndarray],
+            text: str, latex: str, grad_fn: GradFnName, **more: object) -> OpRecord:
+    """Register an op along one axis whose kernel is an AxisKernel; its
+    node's attrs are (axis, reverse). text, latex: what it computes, with
+    {arg}, {what} ("down each column" / "along each row"), {index}, {term}
+    and {cmp} (<= or >=, reversed). `more`: other fields of its record."""
+
+    def kernel(sched, node: Node, out: str) -> AxisKernel:
+        (src,) = node.args
+        axis, reverse = node.attrs
+        label = str(src.attrs[0]) if is_const(src) else sched.label(src)
+        words = {"arg": label, "what": ("down each column" if axis == 0 else "along each row")
+                 + (", from the end" if reverse else ""), "index": "i" if axis == 0 else "j",
+                 "cmp": r"\ge" if reverse else r"\le"}
+        words["term"] = rf"\left({latex_name(label)}\right)_{{ij}}"
+        equation = Equation(out, text.format(**words), f"{latex_name(out)} = {latex.format(**words)}")
+        where = src.attrs[0] if is_const(src) else sched.view(src)
+        return AxisKernel(name, out, where, node.shape, axis, reverse, (equation,))
+
+    return register(OpRecord(
+        name, vjp=vjp, jvp=jvp, evaluate=lambda node, args, context: evaluate(args[0], *node.attrs),
+        kernel=kernel, emit=_emit, template="axis_kernel", grad_fn=grad_fn, helper=True, **more,  # type: ignore[arg-type]
+    ))
+
+
+def _emit(em: FunctionEmitter, kernel: AxisKernel) -> dict:
+    """One helper call per row (axis 1) or column (axis 0): (first entry
+    read, count, stride, first entry written, stride); a reversed walk
+    starts at the last entries, its strides negated. A constant source is
+    a compound literal read with stride 0."""
+    rows, cols = kernel.shape
+    out = View(kernel.out, sp.Integer(0), sp.sympify(cols) if rows != 1 else sp.Integer(0),
+               sp.Integer(1) if cols != 1 else sp.Integer(0))
+    outer_len, inner_len = (cols, rows) if kernel.axis == 0 else (rows, cols)
+    outer = LOOP_J if kernel.axis == 0 else LOOP_I
+    looped = em.dim(outer_len) != "1"
+
+    def walk(view: View) -> tuple[str, str]:
+        strides = (view.col_stride, view.row_stride) if kernel.axis == 0 else (view.row_stride, view.col_stride)
+        outer_stride, inner_stride = strides
+        start = view.offset + (outer * outer_stride if looped else 0)
+        step = sp.sympify(inner_stride)
+        if kernel.reverse:
+            start, step = start + (sp.sympify(inner_len) - 1) * step, -step
+        start = sp.expand(start)
+        pointer = em.namer.name(view.buffer) + ("" if start == 0 else f" + {em.index.doprint(start)}")
+        return pointer, em.index.doprint(step) if inner_len != 1 else "1"
+
+    if isinstance(kernel.src, View):
+        src, src_step = walk(kernel.src)
+    else:
+        constant = CheckedPrinter(ScalarPrinter({}, em.real), kernel).doprint(kernel.src)
+        src, src_step = f"&(const {em.real.c}){{{constant}}}", "0"
+    dst, dst_step = walk(out)
+    return {
+        "loop": (str(outer), em.dim(outer_len)) if looped else None,
+        "args": f"{src}, {em.dim(inner_len)}, {src_step}, {dst}, {dst_step}",
+    }
+
+
+def _along(x: np.ndarray, axis: int, reverse: bool, running: Callable[[np.ndarray, int], np.ndarray]) -> np.ndarray:
+    """`running` (np.cumsum, np.cumprod) along axis, from the end when reverse."""
+    if reverse:
+        return np.flip(running(np.flip(x, axis), axis), axis)
+    return running(x, axis)
+
+
+# --- cumsum -----------------------------------------------------------------------
+
+
+def cumsum(a: Node, axis: int, reverse: bool = False) -> Node:
+    """The running sum of `a` along `axis` (from the end when reverse)."""
+    if a.shape[axis] == 1:
+        return a
+    return op_node("cumsum", (a,), a.shape, (axis, bool(reverse)))
+
+
+def _cumsum_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    axis, reverse = node.attrs  # entry k feeds the sums k.. (or ..k): the adjoint sums from the other end
+    return (cumsum(g, axis, not reverse),)
+
+
+def _cumsum_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    return cumsum(tangents[0], *node.attrs) if tangents[0] is not None else None
+
+
+def _lower_cumsum(lowerer, expr: Cumsum) -> Node:
+    return cumsum(lowerer.lower(expr.arg), expr.axis, expr.reverse)
+
+
+axis_op("cumsum", _cumsum_vjp, _cumsum_jvp, lambda x, axis, reverse: _along(x, axis, reverse, np.cumsum),
+        "running sum of {arg} {what}", r"\sum_{{{index}' {cmp} {index}}} {term}", plain_grad_fn("Cumsum"),
+        lowering=((Cumsum, _lower_cumsum),), shapes=((Cumsum, lambda e, of: of(e.arg)),))
