@@ -330,8 +330,17 @@ def reduce(op: str, x: sp.MatrixExpr, axis: int | None = None) -> sp.MatrixExpr:
 
 
 class Cumsum(sp.MatrixExpr):
-    """The running sum of a matrix along an axis (0: down each column, 1:
-    along each row), from the end when `reverse`. See `cumsum`."""
+    """The running sum of a matrix along an axis, from the end when
+    `reverse`. See `cumsum`.
+
+    Args:
+        x: a matrix expression.
+        axis: 0 (down each column) or 1 (along each row).
+        reverse: sum from the last entry back.
+
+    Raises:
+        ModelError: an unknown axis, or x is not a matrix.
+    """
 
     def __new__(cls, x: sp.MatrixExpr, axis: int, reverse: bool = False) -> "Cumsum":
         if axis not in (0, 1):

@@ -264,8 +264,8 @@ def _equation(out: str, where: tuple, program: list, exprs: list, readable: dict
         text = f"{values} from {', '.join(sources)}: see the temporaries"
         shown_latex = rf"\text{{{len(exprs)} values: see the C}}"
     else:
-        values = dict(program)
-        shown = [inline(e, values).xreplace(readable) for e in exprs]
+        lets = dict(program)
+        shown = [inline(e, lets).xreplace(readable) for e in exprs]
         text = sp.sstr(shown[0]) if len(shown) == 1 else "[" + ", ".join(map(sp.sstr, shown)) + "]"
         shown_latex = latex(sp.Matrix(shown).T if len(shown) > 1 else shown[0])
     return Equation(lhs, text, rf"{latex_name(out)} \mathrel{{{assign}}} {shown_latex}", assign)

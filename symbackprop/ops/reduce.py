@@ -9,7 +9,7 @@ registered reductions are the one list everyone reads (registry.reductions).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NoReturn, Sequence
 
 import numpy as np
 import sympy as sp
@@ -218,7 +218,7 @@ def _others_value(x: np.ndarray, axis: int, reverse: bool) -> np.ndarray:
     return np.moveaxis(before * after, -1, axis)
 
 
-def _second_order(node: Node, *rest: object) -> None:
+def _second_order(node: Node, *rest: object) -> NoReturn:
     raise ModelError("second derivatives through sbp.reduce('prod', ...) are not supported "
                      "(the derivative of the product of the other entries)")
 
