@@ -10,13 +10,16 @@ a caller-provided workspace whose slots are reused once dead.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import sympy as sp
 
+from .cse import cse_program
+from .fusion import ExamplesGroup, MapGroup, Placement
 from .ir import SCALAR, Node, Shape, is_const, placeholder, topological_order
-from .ops.registry import is_view, record, rule
+from .ops.registry import is_view, rule
+from .workspace import Slot, plan_workspace
 
 LOOP_I, LOOP_J = sp.Symbol("i", integer=True), sp.Symbol("j", integer=True)
 
@@ -68,7 +71,7 @@ def equation(lhs: str, rhs: sp.Basic) -> Equation:
     return Equation(lhs, sp.sstr(rhs), f"{latex_name(lhs)} = {latex(rhs)}")
 
 
-def _mapequation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
+def _map_equation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
     """A fused loop's value as an equation, or, beyond MAX_EQUATION_OPS (a
     gradient of a determinant by minors: printing them took 20 s), a
     pointer to the C's temporaries."""
@@ -128,19 +131,6 @@ VIEW_OPS = _ViewOps()
 
 
 @dataclass(frozen=True)
-class Slot:
-    """A buffer's place in the workspace. In the C it is written relative to
-    its neighbour (`after`, or `reuses` a dead buffer's memory), so a change
-    to one buffer moves no other declaration."""
-
-    name: str
-    shape: Shape
-    offset: sp.Expr  # absolute, in elements
-    after: str | None = None  # the new slot just before it (None: the start of work)
-    reuses: str | None = None  # the dead buffer whose memory it takes over
-
-
-@dataclass(frozen=True)
 class FunctionSchedule:
     """A C function: its arguments, kernels in order and workspace plan."""
 
@@ -167,26 +157,6 @@ class FunctionSchedule:
         of the function's kernels, once each: the C checks them all at its
         entry, before any kernel writes (a failing call changes nothing)."""
         return tuple(dict.fromkeys(c for k in self.kernels for c in getattr(k, "index_checks", ())))
-
-
-@dataclass
-class _EmapGroup:
-    """Per-example maps over the same examples that run in one loop."""
-
-    index: int
-    loops: tuple
-    members: list[Node] = field(default_factory=list)
-    late: bool = False
-
-
-@dataclass
-class _Group:
-    """Members of one fused loop, in execution order."""
-
-    index: int
-    shape: Shape
-    members: list[Node] = field(default_factory=list)
-    late: bool = False  # writes over an input: runs after every other kernel
 
 
 class Naming:
@@ -262,47 +232,19 @@ def schedule(
     return _Scheduler(name, list(results), naming, inplace, first).run()
 
 
-class _Scheduler:
+class _Scheduler(Placement):
+    """Kernels, buffers and the workspace of one function, over the plan
+    that Placement groups (see schedule)."""
+
     def __init__(self, name: str, results: list[tuple[str, Node]], naming: Naming, inplace: frozenset[str] = frozenset(),
                  first: frozenset[str] = frozenset()):
-        self.first = first
+        super().__init__(results, inplace, first)
         self.name = name
-        self.results = results
         self.naming = naming
-        self.order = topological_order([node for _, node in results])
-        overwriting = {node for out, node in results if out in inplace}
-        self.late: set[Node] = set()  # in-place results and what is computed from them
-        for node in self.order:
-            if node in overwriting or any(a in self.late for a in node.args):
-                self.late.add(node)
-        self.users: dict[Node, list[Node]] = {node: [] for node in self.order}
-        for node in self.order:
-            for arg in dict.fromkeys(node.args):
-                self.users[arg].append(node)
-        self.plan: list[_Group | _EmapGroup | Node] = []
-        self.group_of: dict[Node, _Group] = {}
-        self.index_of: dict[Node, int] = {}
         self.buffer_of: dict[Node, str] = {}
 
-    # --- grouping -------------------------------------------------------
-
     def run(self) -> FunctionSchedule:
-        self.result_nodes = {node for _, node in self.results}
-        self.deferred: set[Node] = set()
-        for node in self.order:
-            if node.op == "leaf" or is_view(node.op) or is_const(node):
-                continue
-            fused = record(node.op).fused
-            if fused == "elementwise":
-                self._place_map(node)
-            elif fused == "examples":
-                self._place_emap(node)
-            else:
-                self.index_of[node] = len(self.plan)
-                self.plan.append(node)
-        self.plan.sort(key=self._is_late)  # stable: the overwriting phase last
-        head = self._first_steps()
-        self.plan = [s for s in self.plan if id(s) in head] + [s for s in self.plan if id(s) not in head]
+        head = self.place_all()
         bound = self._bind_results()
         counts: list[int] = [0, 0]
         kernels = self._kernels(self.plan[:len(head)], counts)
@@ -312,135 +254,26 @@ class _Scheduler:
             split = len(kernels)
         kernels += self._kernels(self.plan[len(head):], counts)
         kernels += self._copies([b for b in bound if b[0] not in self.first])
-        slots, work = self._plan_workspace(kernels)
+        outputs = {name for name, _ in self.results}
+        buffers = {buffer: node.shape for node, buffer in self.buffer_of.items() if buffer not in outputs}
+        slots, work = plan_workspace(kernels, buffers)
         # a call that stops at the split keeps nothing for a backward pass: its own, tighter plan
-        head_slots, head_work = self._plan_workspace(kernels[:split], only_written=True) if split is not None else ((), work)
+        head_slots, head_work = plan_workspace(kernels[:split], buffers, only_written=True) if split is not None else ((), work)
         return FunctionSchedule(self.name, tuple(self.results), tuple(kernels), slots, work, (counts[0], counts[1]), split,
                                 self.first, head_slots, head_work)
 
-    def _kernels(self, steps: list[_Group | _EmapGroup | Node], counts: list[int]) -> list[Kernel]:
+    def _kernels(self, steps: list[MapGroup | ExamplesGroup | Node], counts: list[int]) -> list[Kernel]:
         kernels: list[Kernel] = []
         for step in steps:
-            if isinstance(step, _Group):
+            if isinstance(step, MapGroup):
                 kernel = self._map_kernel(step, counts)
                 if kernel is not None:
                     kernels.append(kernel)
-            elif isinstance(step, _EmapGroup):
+            elif isinstance(step, ExamplesGroup):
                 kernels.append(rule(step.members[0].op, "group_kernel")(self, step.members))
             else:
                 kernels.append(self._kernel(step))
         return kernels
-
-    def _first_steps(self) -> set[int]:
-        """The plan steps the `first` results need, closed under what any
-        member of those steps reads (a fused loop may hold more than needed)."""
-        if not self.first:
-            return set()
-        step_of: dict[Node, _Group | _EmapGroup | Node] = {}
-        for planned in self.plan:
-            for member in (planned.members if isinstance(planned, (_Group, _EmapGroup)) else [planned]):
-                step_of[member] = planned
-        todo = [node for out, node in self.results if out in self.first]
-        chosen: set[int] = set()
-        seen: set[Node] = set()
-        while todo:
-            node = todo.pop()
-            if node in seen:
-                continue
-            seen.add(node)
-            step: _Group | _EmapGroup | Node | None = step_of.get(node)
-            members = [node] if step is None else (step.members if isinstance(step, (_Group, _EmapGroup)) else [step])
-            if step is not None:
-                chosen.add(id(step))
-            for member in members:
-                todo.extend(member.args)
-                todo.append(member)
-        return chosen
-
-    def _is_late(self, step: _Group | _EmapGroup | Node) -> bool:
-        return step.late if isinstance(step, (_Group, _EmapGroup)) else step in self.late
-
-    def _place_emap(self, node: Node) -> None:
-        """Join the latest loop over the same examples that can run it (its
-        arguments are ready before that loop), else open a new one."""
-        loops, late = node.attrs[2], node in self.late
-        chosen: _EmapGroup | None = None
-        for step in reversed(self.plan):
-            if isinstance(step, _EmapGroup) and step.loops == loops and step.late == late:
-                if all(self._ready_before(arg, step.index) for arg in node.args):
-                    chosen = step
-                break
-        if chosen is None:
-            chosen = _EmapGroup(len(self.plan), loops, late=late)
-            self.plan.append(chosen)
-        chosen.members.append(node)
-        self.index_of[node] = chosen.index
-
-    def _ready_before(self, node: Node, index: int) -> bool:
-        base = self._base(node)
-        return base.op == "leaf" or is_const(base) or self.index_of.get(base, index) < index
-
-    def _base(self, node: Node) -> Node:
-        while is_view(node.op):
-            node = node.args[0]
-        return node
-
-    def _single_use(self, node: Node) -> bool:
-        users = self.users[node]
-        return (
-            node not in self.result_nodes
-            and len(users) == 1
-            and users[0].op == "map"
-            and users[0].shape == node.shape
-        )
-
-    def _with_deferred(self, node: Node) -> list[Node]:
-        """`node` preceded by the deferred maps it consumes, arguments first."""
-        members: list[Node] = []
-        for arg in node.args:
-            if arg in self.deferred and arg not in members:
-                members += [m for m in self._with_deferred(arg) if m not in members]
-        return members + [node]
-
-    def _place_map(self, node: Node) -> None:
-        """Join the latest loop of the same shape that shares an argument and
-        can run it; else, if its only user is a map of its shape, defer it into
-        the user's loop; else open a new loop."""
-        if self._single_use(node) and _is_cheap(node.attrs[0]):
-            self.deferred.add(node)  # recomputing arithmetic in its user beats a buffer
-            return
-        members = self._with_deferred(node)
-        args = [a for m in members for a in m.args if a not in members]
-        chosen = None
-        late = node in self.late
-        for group in self._related_groups(args):  # the latest first
-            if group.shape != node.shape or group.late != late:
-                continue
-            if all(self.group_of.get(a) is group or self._ready_before(a, group.index) for a in args):
-                chosen = group
-                break
-        if chosen is None and self._single_use(node):
-            self.deferred.add(node)
-            return
-        if chosen is None:
-            chosen = _Group(len(self.plan), node.shape, late=late)
-            self.plan.append(chosen)
-        for member in members:
-            chosen.members.append(member)
-            self.group_of[member] = chosen
-            self.index_of[member] = chosen.index
-
-    def _related_groups(self, args: list[Node]) -> list[_Group]:
-        """The loops that hold one of `args` or read one, latest first: only
-        these can take a map (looking at every loop made scheduling
-        quadratic in the number of loops)."""
-        related: dict[int, _Group] = {}
-        for arg in args:
-            for holder in (arg, *self.users.get(arg, ())):
-                group = self.group_of.get(holder)
-                if group is not None:
-                    related[group.index] = group
-        return [related[k] for k in sorted(related, reverse=True)]
 
     # --- buffers --------------------------------------------------------
 
@@ -483,7 +316,7 @@ class _Scheduler:
 
     # --- kernels --------------------------------------------------------
 
-    def _map_kernel(self, group: _Group, counts: list[int]) -> MapKernel | None:
+    def _map_kernel(self, group: MapGroup, counts: list[int]) -> MapKernel | None:
         loads: dict[Node, sp.Symbol] = {}
         value, program = self._member_values(group, loads)
         stored = [m for m in group.members if m in self.buffer_of]
@@ -500,14 +333,14 @@ class _Scheduler:
         counts[1] += sum(sp.count_ops(e) for _, e in temps) + sum(sp.count_ops(e) for e in reduced)
         load_views = tuple((sym, self._broadcast_view(node, group.shape)) for node, sym in loads.items())
         readable = {sym: sp.Symbol(self.label(node)) for node, sym in loads.items()}
-        equations = tuple(_mapequation(self.buffer_of[m], value[m], readable) for m in stored)
+        equations = tuple(_map_equation(self.buffer_of[m], value[m], readable) for m in stored)
         if group.shape != SCALAR:
             equations = tuple(Equation(e.lhs, e.text, e.latex + r" \quad \text{(elementwise)}") for e in equations)
         stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
         overwrites = {out for out, _ in stores} & {view.buffer for _, view in load_views}
         return MapKernel(group.shape, load_views, tuple(temps), stores, equations, load_first=bool(overwrites))
 
-    def _member_values(self, group: _Group, loads: dict[Node, sp.Symbol]) -> tuple[dict, list]:
+    def _member_values(self, group: MapGroup, loads: dict[Node, sp.Symbol]) -> tuple[dict, list]:
         """Each member's value over the loop's loads, the values of the
         members it reads substituted in; a value of more than
         MAX_INLINED_OPS operations read by several members becomes a named
@@ -563,126 +396,16 @@ class _Scheduler:
             kernels.append(MapKernel(node.shape, ((sym, self.view(node)),), (), ((out_name, sym),), (copied,)))
         return kernels
 
-    def _plan_workspace(self, kernels: list[Kernel], only_written: bool = False) -> tuple[tuple[Slot, ...], sp.Expr]:
-        """Give each intermediate a workspace slot; reuse same-size slots
-        whose last reader has already run. `only_written`: only the buffers
-        these kernels write (a plan for the first part of a function)."""
-        outputs = {name for name, _ in self.results}
-        written = {b for kernel in kernels for b in kernel_writes(kernel)}
-        sizes: dict[str, sp.Expr] = {}
-        shapes: dict[str, Shape] = {}
-        for node, buffer in self.buffer_of.items():
-            if buffer not in outputs and (buffer in written or not only_written):
-                sizes[buffer] = sp.sympify(node.shape[0]) * node.shape[1]
-                shapes[buffer] = node.shape
-        first: dict[str, int] = {}
-        last: dict[str, int] = {}
-        for index, kernel in enumerate(kernels):
-            for buffer in kernel_writes(kernel):
-                first.setdefault(buffer, index)
-            for buffer in kernel_reads(kernel):
-                last[buffer] = index
-        free: list[str] = []  # buffers whose last reader has run
-        releases: dict[int, list[str]] = {}
-        slots: list[Slot] = []
-        offset_of: dict[str, sp.Expr] = {}
-        end, previous = sp.Integer(0), None
-        for buffer in sorted(sizes, key=lambda b: (first.get(b, 0), b)):
-            start = first.get(buffer, 0)
-            for index in sorted(k for k in releases if k < start):
-                free += releases.pop(index)
-            reuse = next((gone for gone in free if sizes[gone] == sizes[buffer]), None)
-            if reuse is not None:
-                free.remove(reuse)
-                offset_of[buffer] = offset_of[reuse]
-                slots.append(Slot(buffer, shapes[buffer], offset_of[buffer], reuses=reuse))
-            else:
-                offset_of[buffer] = end
-                end = end + sizes[buffer]
-                slots.append(Slot(buffer, shapes[buffer], offset_of[buffer], after=previous))
-                previous = buffer
-            releases.setdefault(last.get(buffer, start), []).append(buffer)
-        return tuple(slots), sp.expand(end)
-
-
 # A map body with more operations than this is shown in comments by what it
 # reads, not written out: its CSE'd temporaries in the C are the readable form.
 MAX_SHOWN_OPS = 60
 MAX_EQUATION_OPS = 500  # of a fused elementwise loop's value (_map_equation)
 
 
-def inline(expr: sp.Expr, lets: dict[sp.Symbol, sp.Expr]) -> sp.Expr:
-    """`expr` with the local values of a (small) program substituted back."""
-    while expr.free_symbols & lets.keys():
-        expr = expr.xreplace(lets)
-    return expr
-
-
-def cse_program(program: list[tuple[sp.Symbol, sp.Expr]], outputs: list[sp.Expr]) -> tuple[list, list]:
-    """One CSE over a straight-line program and its outputs: the common
-    subexpressions and the program's own values as one list of temporaries,
-    each after what it uses, named x0, x1, ... in order."""
-    replacements, reduced = sp.cse([e for _, e in program] + outputs, symbols=sp.numbered_symbols("_c", real=True),
-                                   order="none")
-    definitions = dict(replacements)
-    definitions.update({sym: e for (sym, _), e in zip(program, reduced)})
-    # copies (x1 = x0) and negations of a value are substituted, not named
-    copies = _copies_of(definitions)
-    while any(e.free_symbols & copies.keys() for e in copies.values()):  # chains of copies: to their ends
-        copies = {sym: e.xreplace(copies) for sym, e in copies.items()}
-    definitions = {sym: e.xreplace(copies) for sym, e in definitions.items() if sym not in copies}
-    reduced = [e.xreplace(copies) for e in reduced]
-    ordered: list[sp.Symbol] = []
-    placed: set[sp.Symbol] = set()
-
-    def place(symbol: sp.Symbol) -> None:  # depth first: what it uses comes first
-        stack = [(symbol, False)]
-        while stack:
-            sym, expanded = stack.pop()
-            if sym in placed:
-                continue
-            if expanded:
-                placed.add(sym)
-                ordered.append(sym)
-                continue
-            stack.append((sym, True))
-            for used in sorted(definitions[sym].free_symbols & definitions.keys(), key=str, reverse=True):
-                if used not in placed:
-                    stack.append((used, False))
-
-    outputs = reduced[len(program):]
-    position = {sym: k for k, (sym, _) in enumerate(program)}
-    for expr in outputs:
-        for sym in sorted(expr.free_symbols & definitions.keys(), key=lambda s: _definition_order(s, position)):
-            place(sym)
-    names = {sym: sp.Symbol(f"x{k}", real=True) for k, sym in enumerate(ordered)}
-    temps = [(names[sym], definitions[sym].xreplace(names)) for sym in ordered]
-    return temps, [e.xreplace(names) for e in outputs]
-
-
-def _copies_of(definitions: dict[sp.Symbol, sp.Basic]) -> dict[sp.Symbol, sp.Basic]:
-    return {sym: e for sym, e in definitions.items() if e.is_Atom or (isinstance(e, sp.Expr) and (-e).is_Atom)}
-
-
-def _definition_order(symbol: sp.Symbol, position: dict[sp.Symbol, int]) -> tuple:
-    """Program values in program order, CSE temporaries after them by number."""
-    if symbol in position:
-        return (0, position[symbol])
-    return (1, int(symbol.name[2:]))
-
-
 # A fused loop's value read by several of its members is substituted into
 # each up to this size (an estimate: operations as a tree); beyond, it is
 # named once (a determinant by minors had 87,282 operations inlined).
 MAX_INLINED_OPS = 400
-
-
-def _is_cheap(body: sp.Expr) -> bool:
-    """Arithmetic only (no function calls, no non-integer powers)."""
-    return not any(
-        isinstance(sub, sp.Function) or (isinstance(sub, sp.Pow) and not sub.exp.is_Integer)
-        for sub in sp.preorder_traversal(body)
-    )
 
 
 def kernel_writes(kernel: Kernel) -> list[str]:

@@ -16,6 +16,7 @@ import sympy as sp
 from sympy.matrices.expressions.matexpr import MatrixElement
 
 from ..codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
+from ..cse import cse_program, inline
 from ..errors import ModelError
 from ..exprdag import shallow_program
 from ..interpret import Context, apply_body
@@ -33,7 +34,7 @@ from ..ir import (
     scalar_atoms,
 )
 from ..messages import short
-from ..schedule import LOOP_I, LOOP_J, MAX_SHOWN_OPS, Equation, View, cse_program, inline, latex, latex_name
+from ..schedule import LOOP_I, LOOP_J, MAX_SHOWN_OPS, Equation, View, latex, latex_name
 from ..stable import stabilize
 from ..tensor import ExampleMap, Gather, Index
 from .registry import OpRecord, plain_grad_fn, register
