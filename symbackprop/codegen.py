@@ -450,6 +450,39 @@ def emit_function(
     if shared:
         params.append(CParam("flag", "with_grads", "with_grads", "int with_grads", ()))
     kernels = [emitter.kernel(k) for k in schedule.kernels]
+    declares, anchors = _slot_declarations(schedule, emitter, shared is not None)
+    kernels = [replace(k, declares=tuple(declares.get(i, ()))) for i, k in enumerate(kernels)]
+    checks = entry_checks(schedule, emitter)
+    work_size = emitter.dim(schedule.work_size)
+    if shared:  # its work_len takes the flag too: a forward-only call needs less
+        work_size = f"with_grads ? {work_size} : {emitter.dim(schedule.head_work_size)}"
+    return CFunction(
+        name=shared or f"{prefix}_{sanitize(schedule.name)}",
+        static=shared is not None,
+        split=schedule.split if shared else None,
+        summary=summary,
+        params=tuple(params),
+        dims=tuple(dims.values()),
+        uses_work=bool(schedule.slots),
+        unused=_unused_inputs(params, schedule),
+        kernels=tuple(kernels),
+        work_size=work_size,
+        ops_before_cse=schedule.op_counts[0],
+        ops_after_cse=schedule.op_counts[1],
+        checks=checks,
+        statuses=statuses(tuple(dims.values()), checks),
+        parts=part_ranges(len(kernels), schedule.split if shared else None),
+        anchors=tuple(anchors),
+    )
+
+
+def _slot_declarations(schedule: FunctionSchedule, emitter: FunctionEmitter,
+                       shared: bool) -> tuple[dict[int, list[tuple[str, str, str]]], list[tuple[str, str]]]:
+    """Where each workspace pointer is declared: (C name, where, extent) at
+    the kernel that first writes it, relative to its neighbour (a shared
+    function's forward-only call may keep less); and each pointer's
+    absolute place, for the parts of a long function."""
+    namer = emitter.namer
     first_write: dict[str, int] = {}
     for index, kernel in enumerate(schedule.kernels):
         for buffer in kernel_writes(kernel):
@@ -479,29 +512,7 @@ def emit_function(
         if slot.name in head_of and _absolute(head_of[slot.name], emitter) != anchor:
             anchor = f"with_grads ? {anchor} : {_absolute(head_of[slot.name], emitter)}"
         anchors.append((namer.name(slot.name), anchor))
-    kernels = [replace(k, declares=tuple(declares.get(i, ()))) for i, k in enumerate(kernels)]
-    checks = entry_checks(schedule, emitter)
-    work_size = emitter.dim(schedule.work_size)
-    if shared:  # its work_len takes the flag too: a forward-only call needs less
-        work_size = f"with_grads ? {work_size} : {emitter.dim(schedule.head_work_size)}"
-    return CFunction(
-        name=shared or f"{prefix}_{sanitize(schedule.name)}",
-        static=shared is not None,
-        split=schedule.split if shared else None,
-        summary=summary,
-        params=tuple(params),
-        dims=tuple(dims.values()),
-        uses_work=bool(schedule.slots),
-        unused=_unused_inputs(params, schedule),
-        kernels=tuple(kernels),
-        work_size=work_size,
-        ops_before_cse=schedule.op_counts[0],
-        ops_after_cse=schedule.op_counts[1],
-        checks=checks,
-        statuses=statuses(tuple(dims.values()), checks),
-        parts=part_ranges(len(kernels), schedule.split if shared else None),
-        anchors=tuple(anchors),
-    )
+    return declares, anchors
 
 
 def _absolute(slot: Slot, emitter: FunctionEmitter) -> str:
