@@ -5,7 +5,10 @@ ints or SymPy Symbols (bound from the arrays at call time). Nodes are
 immutable and hash-consed: building the same op on the same arguments twice
 returns the same object, so shared subgraphs are shared nodes.
 
-The ops:
+Each op's rules (the SymPy classes it lowers from, derivatives, numpy
+reference, kernel, C) are its record in symbackprop.ops; this module holds
+the nodes, the constructors that fold what they can, and the lowering
+driver. The ops:
     leaf       a declared input or parameter           attrs: (name, role)
     map        elementwise scalar body over its args    attrs: (body,)
                args broadcast along axes where their size is 1
@@ -16,6 +19,8 @@ The ops:
     element    A[i, j] as a 1x1 (a view)                attrs: (i, j)
     pack       a matrix from 1x1 values, zero elsewhere attrs: (positions,)
     max, min   the extreme over one axis (kept as size 1) attrs: (axis,)
+    prod       the product over one axis (ops/reduce.py)  attrs: (axis,)
+    cumsum     the running sum along an axis (ops/cumulative.py)  attrs: (axis, reverse)
     emap       a per-example function over one or two   attrs: (bodies, bindings,
                loop lengths (see emap() below)                  loops, target)
 """
