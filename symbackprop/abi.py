@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import sympy as sp
 
+from .messages import show
+
 if TYPE_CHECKING:  # only for annotations: compiler.py imports much of the package
     from .compiler import FunctionPlan, Plan
     from .model import Model
@@ -303,10 +305,6 @@ STATUS_TEXT = {
 def concrete(shape: Shape, bound: Mapping[str, int]) -> tuple[int, ...]:
     """A shape with its dimension names replaced by their values."""
     return tuple(bound[d] if isinstance(d, str) else d for d in shape)
-
-
-def show(shape: Shape) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
 __all__ = ["STATUS_TEXT", "ArgSpec", "FunctionSpec", "ModuleSpec", "ReturnSpec", "concrete", "module_spec", "show"]

@@ -40,7 +40,7 @@ from .exprdag import Splitter, shallow_program
 from .messages import described, shape_text, short
 from .model import Model, leaf_name
 from .stable import fuse_across, stabilize
-from .tensor import ExampleMap, Gather, Index, Reduce
+from .tensor import ExampleMap, Gather, Index, Reduce, reduced_shape
 
 Dim: TypeAlias = int | sp.Symbol
 Shape: TypeAlias = tuple[Dim, Dim]
@@ -179,14 +179,14 @@ def reduce_sum(a: Node, axis: int) -> Node:
     """Sum over `axis` (0: down the rows, giving 1 x cols; 1: along each row)."""
     if a.shape[axis] == 1:
         return a
-    shape = (1, a.shape[1]) if axis == 0 else (a.shape[0], 1)
+    shape = reduced_shape(a.shape, axis)
     if is_const(a):
         return const(a.attrs[0] * a.shape[axis], shape)
     return _node("sum", (a,), shape, (axis,))
 
 
 def logsumexp(a: Node, axis: int) -> Node:
-    shape = (1, a.shape[1]) if axis == 0 else (a.shape[0], 1)
+    shape = reduced_shape(a.shape, axis)
     return _node("logsumexp", (a,), shape, (axis,))
 
 
@@ -194,7 +194,7 @@ def reduce_extreme(op: str, a: Node, axis: int) -> Node:
     """max or min over `axis`."""
     if a.shape[axis] == 1:
         return a
-    shape = (1, a.shape[1]) if axis == 0 else (a.shape[0], 1)
+    shape = reduced_shape(a.shape, axis)
     if is_const(a):
         return const(a.attrs[0], shape)
     return _node(op, (a,), shape, (axis,))
@@ -787,8 +787,7 @@ def _matmul_shape(expr: sp.MatMul, of: Callable[[sp.Basic], Shape]) -> Shape:
 
 
 def _reduce_shape(expr: Reduce, of: Callable[[sp.Basic], Shape]) -> Shape:
-    rows, cols = of(expr.arg)
-    return (1, cols) if expr.axis == 0 else (rows, 1)
+    return reduced_shape(of(expr.arg), expr.axis)
 
 
 # Classes whose shape follows from their arguments' shapes, given `of`.
