@@ -301,9 +301,16 @@ class Reduce(sp.MatrixExpr):
 
 
 def reduced_shape(shape: tuple, axis: int) -> tuple:
-    """The shape of a reduction's result over `axis` of a matrix of `shape`:
-    (1, cols) for axis 0 (down the rows), (rows, 1) for axis 1 (along each
-    row). The one rule for the expression (Reduce) and the IR nodes."""
+    """The shape of a reduction's result: the one rule for the expression
+    (Reduce) and the IR nodes.
+
+    Args:
+        shape: the reduced matrix's (rows, cols).
+        axis: 0 (down the rows) or 1 (along each row).
+
+    Returns:
+        (1, cols) for axis 0, (rows, 1) for axis 1.
+    """
     rows, cols = shape
     return (1, cols) if axis == 0 else (rows, 1)
 
