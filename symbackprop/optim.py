@@ -175,7 +175,7 @@ class NumpyStep:
         ValueError: a state array of another shape than its parameter.
     """
 
-    def __init__(self, optimizer: Optimizer, params: Mapping[str, np.ndarray], state: dict[str, np.ndarray]):
+    def __init__(self, optimizer: Optimizer, params: Mapping[str, np.ndarray], state: dict[str, np.ndarray]) -> None:
         self.params, self.state = params, state
         self.hyper = {h: np.full(SCALAR, value, dtype=np.float64) for h, value in optimizer.hyper().items()}
         dtype = next(iter(params.values())).dtype if params else np.float64
