@@ -12,7 +12,7 @@ The updates follow PyTorch's `torch.optim.SGD` and `torch.optim.Adam`
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import ClassVar, Mapping, Union
+from typing import ClassVar, Mapping, Union, cast
 
 import numpy as np
 import sympy as sp
@@ -197,7 +197,8 @@ class NumpyStep:
             new = optimizer.update(leaf(f"param {name}", shape, "input"), leaf(f"grad {name}", shape, "input"),
                                    {kind: leaf(f"state {key}", shape, "state") for kind, key in keys.items()},
                                    hyper, shared_now)
-            self.writes += [(params, name, new["param"])] + [(state, keys[kind], new[kind]) for kind in keys]
+            self.writes += [(params, name, cast(Node, new["param"]))]
+            self.writes += [(state, keys[kind], cast(Node, new[kind])) for kind in keys]
 
     def __call__(self, grads: Mapping[str, np.ndarray]) -> None:
         """One step: every parameter and state entry updated in place.
