@@ -9,6 +9,7 @@ Declare a model in SymPy, compile it, call the generated C from Python::
 from ._version import __version__
 from .deep import build_deep
 from .errors import ArgumentError, BuildError, ModelError, SymbackpropError
+from .interop import as_jax, as_torch
 from .model import Model, as_scalar
 from .optim import SGD, Adam
 from .runtime import CompiledModule, compile
@@ -26,7 +27,9 @@ __all__ = [
     "SGD",
     "SymbackpropError",
     "__version__",
+    "as_jax",
     "as_scalar",
+    "as_torch",
     "build_deep",
     "compile",
     "final_state",

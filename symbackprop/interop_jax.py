@@ -36,7 +36,7 @@ from ._interop import check_outputs, differentiable, leaf_names, scaled_gradient
 from .abi import concrete
 from .errors import ArgumentError
 
-if TYPE_CHECKING:  # only for annotations: runtime.py imports this module
+if TYPE_CHECKING:  # only for annotations
     from .runtime import CompiledModule
 
 

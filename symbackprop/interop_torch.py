@@ -34,7 +34,7 @@ import torch
 from ._interop import check_outputs, differentiable, leaf_names, scaled_gradients, value_and_grad_or_zero
 from .errors import ArgumentError
 
-if TYPE_CHECKING:  # only for annotations: runtime.py imports this module
+if TYPE_CHECKING:  # only for annotations
     from .runtime import CompiledModule
 
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TextIO
 
 import numpy as np
 import sympy as sp
 
 from . import fastcall
-from .abi import ArgSpec, FunctionSpec, ModuleSpec, concrete, module_spec, show
+from .abi import ArgSpec, FunctionSpec, ModuleSpec, concrete, show
 from .binding import Binder, convert
 from .build import BuildOptions, build, find_blas, load_built, package_digest, read_memo, write_memo
 from .codegen import REAL_TYPES, Emitted
@@ -34,12 +34,26 @@ from .derivation import itemsize_of, memory_plan
 from .errors import ArgumentError, ModelError
 from .graph import graph_text
 from .model import Model
+from .plan_spec import module_spec
 
-if TYPE_CHECKING:  # only for annotations: these modules are imported on first use
-    from .interop_jax import JaxFunction
-    from .interop_torch import TorchFunction
+if TYPE_CHECKING:  # only for annotations
     from .optim import SGD, Adam
     from .train import Trainer
+
+# The bridges to other frameworks register here (symbackprop.interop, which
+# symbackprop/__init__ imports): the run stage names none of them.
+_BRIDGES: dict[str, Callable[[CompiledModule, Sequence[str]], Any]] = {}
+
+
+def register_bridge(framework: str, make: Callable[[CompiledModule, Sequence[str]], Any]) -> None:
+    """Let `CompiledModule.as_<framework>(outputs)` return `make(module, outputs)`.
+
+    Args:
+        framework: "torch" or "jax".
+        make: the bridge's constructor.
+    """
+    _BRIDGES[framework] = make
+
 
 class Function:
     """One generated C function: its ABI spec, its binder, and the call.
@@ -496,7 +510,7 @@ class CompiledModule:
         was given no optimizer."""
         return self.trainer.state
 
-    def as_torch(self, outputs: Sequence[str] = ()) -> TorchFunction:
+    def as_torch(self, outputs: Sequence[str] = ()) -> Any:
         """This module as a torch autograd function (see symbackprop.interop_torch).
 
         Args:
@@ -509,11 +523,9 @@ class CompiledModule:
             ArgumentError: an output name the model lacks.
             ImportError: PyTorch is not installed.
         """
-        from .interop_torch import as_torch
+        return _BRIDGES["torch"](self, outputs)
 
-        return as_torch(self, outputs)
-
-    def as_jax(self, outputs: Sequence[str] = ()) -> JaxFunction:
+    def as_jax(self, outputs: Sequence[str] = ()) -> Any:
         """This module as a JAX function with a custom VJP (see symbackprop.interop_jax).
 
         Args:
@@ -526,9 +538,7 @@ class CompiledModule:
             ArgumentError: an output name the model lacks.
             ImportError: JAX is not installed.
         """
-        from .interop_jax import as_jax
-
-        return as_jax(self, outputs)
+        return _BRIDGES["jax"](self, outputs)
 
     # --- the wider autograd surface -------------------------------------
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import ArgumentError
 
-if TYPE_CHECKING:  # only for annotations: runtime.py imports this module
+if TYPE_CHECKING:  # only for annotations
     from .runtime import CompiledModule, Function
 
 
