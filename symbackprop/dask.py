@@ -44,7 +44,8 @@ from .cache_key import digest as key_digest
 from .codegen import Emitted
 from .model import Model
 from .optim import OPTIMIZERS, SGD, Adam, NumpyStep
-from .runtime import CompiledModule, Function
+from .run.function import Function
+from .run.module import CompiledModule
 from .runtime import compile as compile_model
 
 __all__ = ["ModuleSpec", "train", "value_and_grad"]

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from .runtime import register_bridge
+from .run.module import register_bridge
 
 if TYPE_CHECKING:  # only for annotations
     from .interop_jax import JaxFunction
     from .interop_torch import TorchFunction
-    from .runtime import CompiledModule
+    from .run.module import CompiledModule
 
 
 def as_torch(mod: CompiledModule, outputs: Sequence[str] = ()) -> TorchFunction:

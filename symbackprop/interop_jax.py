@@ -37,7 +37,7 @@ from .abi import concrete
 from .errors import ArgumentError
 
 if TYPE_CHECKING:  # only for annotations
-    from .runtime import CompiledModule
+    from .run.module import CompiledModule
 
 
 class JaxFunction:

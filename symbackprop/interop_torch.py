@@ -35,7 +35,7 @@ from ._interop import check_outputs, differentiable, leaf_names, scaled_gradient
 from .errors import ArgumentError
 
 if TYPE_CHECKING:  # only for annotations
-    from .runtime import CompiledModule
+    from .run.module import CompiledModule
 
 
 def _to_numpy(name: str, value: Any) -> Any:

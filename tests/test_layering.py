@@ -22,15 +22,15 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST, here: str, is_package: bool) -> set[str]:
-    """The modules of the package that `tree` imports, anywhere but under
-    `if TYPE_CHECKING:`."""
+def _imports(tree: ast.AST, here: str, is_package: bool, annotations: bool) -> set[str]:
+    """The modules that `tree` imports, anywhere but under `if
+    TYPE_CHECKING:` (there too with `annotations`)."""
     found: set[str] = set()
     base = here.split(".") if is_package else here.split(".")[:-1]
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if isinstance(node, ast.If) and _is_type_checking(node.test) and not annotations:
             stack.extend(node.orelse)
             continue
         if isinstance(node, ast.Import):
@@ -44,15 +44,16 @@ def _imports(tree: ast.AST, here: str, is_package: bool) -> set[str]:
     return found
 
 
-def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+def import_graph(package: Path = PACKAGE, annotations: bool = False) -> dict[str, set[str]]:
     """Module -> the package's modules it imports (a submodule's import
-    also imports its packages' __init__)."""
+    also imports its packages' __init__); with `annotations`, the imports
+    under `if TYPE_CHECKING:` too."""
     paths = {module_name(p, package): p for p in package.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in paths.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         targets = set()
-        for imported in _imports(tree, name, path.name == "__init__.py"):
+        for imported in _imports(tree, name, path.name == "__init__.py", annotations):
             parts = imported.split(".")
             for k in range(1, len(parts) + 1):  # importing a.b.c runs a, a.b and a.b.c
                 prefix = ".".join(parts[:k])
@@ -102,11 +103,24 @@ def _edges_within(graph: dict[str, set[str]], component: list[str]) -> list[str]
     return [f"{a} -> {b}" for a in component for b in sorted(graph[a] & members)]
 
 
+def _report(graph: dict[str, set[str]], found: list[list[str]]) -> str:
+    return "\n".join(f"  {', '.join(c)}: {'; '.join(_edges_within(graph, c))}" for c in found)
+
+
 def test_the_package_has_no_import_cycle():
     graph = import_graph()
     found = cycles(graph)
-    assert not found, "import cycles among symbackprop's modules:\n" + "\n".join(
-        f"  {' , '.join(c)}: {'; '.join(_edges_within(graph, c))}" for c in found)
+    assert not found, "import cycles among symbackprop's modules:\n" + _report(graph, found)
+
+
+def test_annotations_make_no_cycle_either():
+    """A TYPE_CHECKING import is an arrow in the design even where it never
+    runs: runtime <-> interop/train and compiler <-> epoch were cycles of
+    that kind (issue 14), broken by moving the shared types down (plan.py)
+    and by letting the upper module register with the lower one."""
+    graph = import_graph(annotations=True)
+    found = cycles(graph)
+    assert not found, "cycles through TYPE_CHECKING imports:\n" + _report(graph, found)
 
 
 def test_the_checker_finds_a_cycle(tmp_path):
@@ -123,3 +137,4 @@ def test_the_checker_finds_a_cycle(tmp_path):
     assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.a"}
     assert graph["pkg.c"] == set() and graph["pkg.d"] == {"pkg.c"}
     assert cycles(graph) == [["pkg.a", "pkg.b"]]
+    assert cycles(import_graph(package, annotations=True)) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d"]]
