@@ -6,10 +6,10 @@ Declare a model in SymPy, compile it, call the generated C from Python::
     loss, grads = mod.value_and_grad(X=x, T=t, W1=w1, ...)
 """
 
+from . import interop  # noqa: F401  (registers mod.as_torch and mod.as_jax)
 from ._version import __version__
 from .deep import build_deep
 from .errors import ArgumentError, BuildError, ModelError, SymbackpropError
-from .interop import as_jax, as_torch
 from .model import Model, as_scalar
 from .optim import SGD, Adam
 from .runtime import CompiledModule, compile
@@ -27,9 +27,7 @@ __all__ = [
     "SGD",
     "SymbackpropError",
     "__version__",
-    "as_jax",
     "as_scalar",
-    "as_torch",
     "build_deep",
     "compile",
     "final_state",

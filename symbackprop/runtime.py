@@ -2,19 +2,7 @@
 (or finds it in the memo of earlier compiles), builds it (or loads it from
 the cache) and wraps it in a CompiledModule (run/module.py).
 
-Every argument of every entry point goes through one binder (binding.py),
-which checks it (name, shape, dtype, dimensions >= 1 and consistent, Index
-rows, writability of what a function writes) against the function's ABI
-spec (abi.py) and says what is wrong in an ArgumentError naming the
-argument. It converts Python and numpy numbers and lists of them to the
-module's dtype, accepts a number, a 0-d array or shape (1,), (1, 1) for a
-scalar (a Symbol, or a seed, tangent or direction for one), and copies
-arrays that are not C-contiguous; a numpy array of another dtype is an
-error, not a silent cast. NaN and infinity pass through with IEEE semantics.
-
-Results are fresh arrays (numbers for scalars) on every call, except in a
-prepared call (`CompiledModule.prepare`), which binds its arrays once and
-writes its results into arrays it owns.
+Calls go through one binder (binding.py): see run/function.py.
 
 The run stage's classes live in symbackprop/run/; they are importable from
 here as before (symbackprop.runtime.CompiledModule, Function, PreparedCall).
