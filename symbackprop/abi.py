@@ -1,9 +1,9 @@
 """The ABI of a compiled module as plain data: what each generated C
 function takes and returns, in the order C takes it.
 
-The runtime (runtime.py, binding.py) runs from this description alone, so
-a module loaded from the cache needs no Plan. `module_spec(plan, ...)` makes
-it from a Plan; `to_json()` and `from_json()` turn it into JSON-able dicts
+The run stage (run/, binding.py) runs from this description alone, so a
+module loaded from the cache needs no Plan. `plan_spec.module_spec(plan,
+...)` makes it from a Plan (this module imports no stage); `to_json()` and `from_json()` turn it into JSON-able dicts
 and back (from_json checks every field's type and raises ValueError on
 anything unexpected: the memo on disk is not trusted).
 
