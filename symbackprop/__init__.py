@@ -6,6 +6,7 @@ Declare a model in SymPy, compile it, call the generated C from Python::
     loss, grads = mod.value_and_grad(X=x, T=t, W1=w1, ...)
 """
 
+from . import interop  # noqa: F401  (registers mod.as_torch and mod.as_jax)
 from ._version import __version__
 from .deep import build_deep
 from .errors import ArgumentError, BuildError, ModelError, SymbackpropError

@@ -1,9 +1,9 @@
 """The ABI of a compiled module as plain data: what each generated C
 function takes and returns, in the order C takes it.
 
-The runtime (runtime.py, binding.py) runs from this description alone, so
-a module loaded from the cache needs no Plan. `module_spec(plan, ...)` makes
-it from a Plan; `to_json()` and `from_json()` turn it into JSON-able dicts
+The run stage (run/, binding.py) runs from this description alone, so a
+module loaded from the cache needs no Plan. `plan_spec.module_spec(plan,
+...)` makes it from a Plan (this module imports no stage); `to_json()` and `from_json()` turn it into JSON-able dicts
 and back (from_json checks every field's type and raises ValueError on
 anything unexpected: the memo on disk is not trusted).
 
@@ -15,13 +15,9 @@ name of a symbolic dimension. A scalar is passed and returned as a number
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
-import sympy as sp
-
-if TYPE_CHECKING:  # only for annotations: compiler.py imports much of the package
-    from .compiler import FunctionPlan, Plan
-    from .model import Model
+from .messages import show
 
 Dim = "int | str"
 Shape = tuple  # (rows, cols): ints and dimension names
@@ -108,69 +104,6 @@ class ModuleSpec:
         """The spec to_json described. Raises ValueError on any unexpected
         key, type or value."""
         return _module_from(data)
-
-
-# --- from a Plan --------------------------------------------------------------
-
-
-def _dim(d: Any) -> int | str:
-    return str(d) if isinstance(d, sp.Symbol) else int(d)
-
-
-def _shape(shape: tuple) -> Shape:
-    return tuple(_dim(d) for d in shape)
-
-
-def scalar_names(model: Model) -> set[str]:
-    """Names passed and returned as numbers: Symbol leaves, the loss, and
-    outputs given as scalar (non-matrix) expressions."""
-    from .model import leaf_name
-
-    names = {leaf_name(s) for s in model.inputs + model.params if isinstance(s, sp.Symbol)}
-    names.add("loss")
-    names |= {n for n, e in model.outputs.items() if not isinstance(e, (sp.MatrixExpr, sp.MatrixBase))}
-    return names
-
-
-def function_spec(fn: FunctionPlan, plan: Plan, scalars: set[str]) -> FunctionSpec:
-    """The spec of one planned function."""
-    roles = {arg: (role, key) for arg, role, key in fn.extra_roles}
-    if fn.kind == "vjp":
-        roles[fn.extra_inputs[0][0]] = ("seed", fn.of_output or "")
-    inputs = [ArgSpec(n, _shape(node.shape), n in scalars, node.attrs[1] == "index") for n, node in plan.lowered.leaves.items()]
-    for name, node in fn.extra_inputs:
-        role, key = roles.get(name, ("extra", name))
-        scalar = role == "hyper" or key in scalars and node.shape == (1, 1)
-        inputs.append(ArgSpec(name, _shape(node.shape), scalar, False, role, key))
-    bounds: dict[str, list] = {}
-    for kernel in fn.schedule.kernels:
-        for name, _, bound in getattr(kernel, "index_checks", ()):
-            if _dim(bound) not in bounds.setdefault(name, []):
-                bounds[name].append(_dim(bound))
-    nodes = dict(fn.schedule.results)
-    outputs = tuple(ReturnSpec(out, group, key, _shape(nodes[out].shape), key in scalars) for out, group, key in fn.returns)
-    batch: str | None = None
-    data: tuple[str, ...] = ()
-    if fn.kind == "train_step":
-        from .epoch import try_epoch_plan
-
-        epoch = try_epoch_plan(plan.lowered, fn)
-        if epoch is not None:
-            batch, data = str(epoch.batch), epoch.data
-    return FunctionSpec(fn.kind, fn.of_output, fn.function_name, tuple(str(d) for d in plan.lowered.dims),
-                        tuple(inputs), outputs, tuple((k, tuple(v)) for k, v in bounds.items()),
-                        tuple(sorted(fn.inplace)), batch, data)
-
-
-def module_spec(plan: Plan, model: Model, dtype: str, prefix: str) -> ModuleSpec:
-    """The spec of a planned module (the one function that makes one)."""
-    scalars = scalar_names(model)
-    lowered = plan.lowered
-    outputs = tuple((n, _shape(node.shape), n in scalars) for n, node in lowered.outputs.items())
-    has_loss = model.has_loss
-    return ModuleSpec(prefix, dtype, tuple(str(d) for d in lowered.dims), tuple(lowered.leaves), outputs,
-                      _shape(lowered.loss.shape), has_loss, tuple(plan.wrt),
-                      tuple(function_spec(fn, plan, scalars) for fn in plan.functions))
 
 
 # --- JSON ---------------------------------------------------------------------
@@ -305,8 +238,4 @@ def concrete(shape: Shape, bound: Mapping[str, int]) -> tuple[int, ...]:
     return tuple(bound[d] if isinstance(d, str) else d for d in shape)
 
 
-def show(shape: Shape) -> str:
-    return "(" + ", ".join(str(d) for d in shape) + ")"
-
-
-__all__ = ["STATUS_TEXT", "ArgSpec", "FunctionSpec", "ModuleSpec", "ReturnSpec", "concrete", "module_spec", "show"]
+__all__ = ["STATUS_TEXT", "ArgSpec", "FunctionSpec", "ModuleSpec", "ReturnSpec", "concrete", "show"]

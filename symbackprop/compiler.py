@@ -20,7 +20,6 @@ chosen named outputs (whose gradient is the adjoint of an intermediate).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 from ._version import __version__
@@ -34,6 +33,7 @@ from .errors import ModelError
 from .ir import SCALAR, Lowered, Node, const, leaf, lower, topological_order
 from .log import op_counts, stage
 from .model import Model, leaf_name
+from .plan import FunctionPlan, Plan
 from .schedule import FunctionSchedule, Naming, schedule
 
 DEFAULT_FUNCTIONS = ("forward", "value_and_grad")
@@ -50,42 +50,6 @@ SUMMARIES = {
     "hvp": "Hessian-vector product: the loss, its gradient, and the Hessian times a direction.",
     "train_step": "One training step: the loss, then the optimizer's update of the parameters and its state, in place.",
 }
-
-
-@dataclass(frozen=True)
-class FunctionPlan:
-    """One C function: its schedule, its array arguments beyond the model's
-    leaves, and what each output argument means to the caller."""
-
-    kind: str
-    schedule: FunctionSchedule
-    extra_inputs: tuple[tuple[str, Node], ...]  # (argument name, leaf node)
-    returns: tuple[tuple[str, str, str], ...]  # (output argument, group, key), e.g. ("grad_W1", "grads", "W1")
-    of_output: str | None = None  # vjp: the output it is for
-    inplace: frozenset[str] = frozenset()  # inputs the function overwrites (train_step)
-    extra_roles: tuple[tuple[str, str, str], ...] = ()  # (argument, role, key): ("tangent_W1", "tangent", "W1")
-    shared: bool = False  # forward and value_and_grad: one schedule, which forward leaves at its split
-
-    @property
-    def function_name(self) -> str:
-        """Its C name without the module prefix."""
-        return self.kind if self.shared else self.schedule.name
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything between the model and its C text, for inspection."""
-
-    lowered: Lowered
-    functions: tuple[FunctionPlan, ...]
-    wrt: tuple[str, ...]
-    naming: Naming
-
-    def function(self, kind: str, output: str | None = None) -> FunctionPlan:
-        for fn in self.functions:
-            if fn.kind == kind and fn.of_output == output:
-                return fn
-        raise KeyError((kind, output))
 
 
 def _targets(lowered: Lowered, model: Model, wrt: Sequence[str] | None) -> list[tuple[str, Node]]:

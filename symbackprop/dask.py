@@ -43,8 +43,9 @@ from .build import BuildOptions, build, package_digest
 from .cache_key import digest as key_digest
 from .codegen import Emitted
 from .model import Model
-from .optim import SGD, Adam
-from .runtime import CompiledModule, Function
+from .optim import OPTIMIZERS, SGD, Adam, NumpyStep
+from .run.function import Function
+from .run.module import CompiledModule
 from .runtime import compile as compile_model
 
 __all__ = ["ModuleSpec", "train", "value_and_grad"]
@@ -484,7 +485,7 @@ def train(module: CompiledModule | ModuleSpec, params: Mapping[str, np.ndarray],
 
     job = _Job(module, params, data, reduction)
     optimizer = optimizer if optimizer is not None else job.module.optimizer
-    if not isinstance(optimizer, (SGD, Adam)):
+    if not isinstance(optimizer, OPTIMIZERS):
         raise TypeError(f"optimizer must be symbackprop.SGD or symbackprop.Adam; got {type(optimizer).__name__} "
                         "(and the module was compiled without one)")
     for what, value in (("epochs", epochs), ("chunks_per_step", chunks_per_step)):
@@ -499,7 +500,7 @@ def train(module: CompiledModule | ModuleSpec, params: Mapping[str, np.ndarray],
         if key not in params:
             raise ValueError(f"the module differentiates {key!r}, which is not in params; train updates params only")
         check_writable(specs[key], params[key], job.module.dtype)  # the binder's rule for what is written in place
-    update = _Update(optimizer, {key: params[key] for key in differentiated}, state if state is not None else {})
+    update = NumpyStep(optimizer, {key: params[key] for key in differentiated}, state if state is not None else {})
     client = _client(client)
     if persist:
         job.persist(client)
@@ -516,41 +517,6 @@ def train(module: CompiledModule | ModuleSpec, params: Mapping[str, np.ndarray],
             job.whole.update(update.params)
             losses.append(loss)
     return np.array(losses, dtype=job.module.dtype)
-
-
-class _Update:
-    """The optimizer's update on the driver, in numpy, as optim.py emits it
-    in C (PyTorch's SGD and Adam, weight decay added to the gradient)."""
-
-    def __init__(self, optimizer: SGD | Adam, params: dict[str, np.ndarray], state: dict[str, np.ndarray]):
-        self.optimizer, self.params, self.state = optimizer, params, state
-        for name, p in params.items():
-            for kind in optimizer.per_param_state:
-                key = f"{kind}_{name}"
-                found = state.setdefault(key, np.zeros_like(p))
-                if np.shape(found) != p.shape:
-                    raise ValueError(f"state[{key!r}] has shape {np.shape(found)}; the parameter {name!r} has {p.shape}")
-        for key in optimizer.shared_state:
-            state.setdefault(key, np.zeros((1, 1), dtype=next(iter(params.values())).dtype if params else np.float64))
-
-    def __call__(self, grads: Mapping[str, np.ndarray]) -> None:
-        o, s = self.optimizer, self.state
-        if isinstance(o, Adam):
-            s["step"] += 1
-            step = float(np.asarray(s["step"]).reshape(-1)[0])
-            correction1, correction2 = 1 - o.beta1**step, 1 - o.beta2**step
-        for name, p in self.params.items():
-            g = grads[name] + o.weight_decay * p
-            if isinstance(o, SGD):
-                velocity = s[f"velocity_{name}"]
-                velocity *= o.momentum
-                velocity += g
-                p -= o.lr * velocity
-            else:
-                m, v = s[f"m_{name}"], s[f"v_{name}"]
-                m[...] = o.beta1 * m + (1 - o.beta1) * g
-                v[...] = o.beta2 * v + (1 - o.beta2) * g**2
-                p -= o.lr * (m / correction1) / (np.sqrt(v / correction2) + o.eps)
 
 
 def _dims(firsts: Mapping[str, Any]) -> str:

@@ -31,11 +31,11 @@ import sympy as sp
 
 from .errors import ModelError
 
-if TYPE_CHECKING:  # only for annotations: compiler.py imports this module
+if TYPE_CHECKING:  # only for annotations
     from .cnames import CNamer
     from .codegen import CFunction, RealType
-    from .compiler import FunctionPlan
     from .ir import Lowered
+    from .plan import FunctionPlan
 
 SUMMARY = "One epoch: train_step on each minibatch in turn; {losses}[{b}] is the loss of minibatch {b}."
 

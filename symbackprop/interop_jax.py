@@ -36,8 +36,8 @@ from ._interop import check_outputs, differentiable, leaf_names, scaled_gradient
 from .abi import concrete
 from .errors import ArgumentError
 
-if TYPE_CHECKING:  # only for annotations: runtime.py imports this module
-    from .runtime import CompiledModule
+if TYPE_CHECKING:  # only for annotations
+    from .run.module import CompiledModule
 
 
 class JaxFunction:

@@ -34,8 +34,8 @@ import torch
 from ._interop import check_outputs, differentiable, leaf_names, scaled_gradients, value_and_grad_or_zero
 from .errors import ArgumentError
 
-if TYPE_CHECKING:  # only for annotations: runtime.py imports this module
-    from .runtime import CompiledModule
+if TYPE_CHECKING:  # only for annotations
+    from .run.module import CompiledModule
 
 
 def _to_numpy(name: str, value: Any) -> Any:

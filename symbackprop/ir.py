@@ -44,7 +44,7 @@ from .messages import described, shape_text, short
 from .model import Model, leaf_name
 from .ops.registry import lowering_rule, shape_rule
 from .stable import fuse_across, stabilize
-from .tensor import ExampleMap, Index
+from .tensor import ExampleMap, Index, reduced_shape
 
 Dim: TypeAlias = int | sp.Symbol
 Shape: TypeAlias = tuple[Dim, Dim]
@@ -183,11 +183,6 @@ def transpose(a: Node) -> Node:
     if a.shape == SCALAR or is_const(a):
         return a if a.shape == SCALAR else const(a.attrs[0], (a.shape[1], a.shape[0]))
     return _node("transpose", (a,), (a.shape[1], a.shape[0]))
-
-
-def reduced_shape(shape: Shape, axis: int) -> Shape:
-    """The shape of a reduction of `shape` over `axis` (kept as size 1)."""
-    return (1, shape[1]) if axis == 0 else (shape[0], 1)
 
 
 def reduce_sum(a: Node, axis: int) -> Node:

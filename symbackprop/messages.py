@@ -6,6 +6,8 @@ to kilobytes; a message quotes at most `LIMIT` characters of one.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 LIMIT = 300
 
 
@@ -27,7 +29,12 @@ def shape_text(expr: object) -> str:
     shape = getattr(expr, "shape", None)
     if shape is None or len(shape) != 2:
         return "a scalar"
-    return f"of shape ({shape[0]}, {shape[1]})"
+    return f"of shape {show(shape)}"
+
+
+def show(shape: Iterable[object]) -> str:
+    """A shape as messages print it: '(n, 4)' (dimension names as named)."""
+    return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
 def described(expr: object) -> str:

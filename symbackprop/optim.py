@@ -12,11 +12,13 @@ The updates follow PyTorch's `torch.optim.SGD` and `torch.optim.Adam`
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import ClassVar
+from typing import ClassVar, Mapping, Union, cast
 
+import numpy as np
 import sympy as sp
 
-from .ir import Node, map_, placeholder
+from .interpret import evaluate
+from .ir import SCALAR, Node, leaf, map_, placeholder
 
 a0, a1, a2, a3, a4 = (placeholder(k) for k in range(5))
 
@@ -153,3 +155,62 @@ class Adam:
 
 
 OPTIMIZERS = (SGD, Adam)
+Optimizer = Union[SGD, Adam]
+
+
+class NumpyStep:
+    """An optimizer's update on numpy arrays, in place: the graph its
+    `update` builds (the one the C training step is emitted from),
+    evaluated by the IR interpreter in float64, so that the update rules
+    are written once (symbackprop.dask updates on the driver with it).
+
+    Args:
+        optimizer: an SGD or Adam.
+        params: the parameters by name, updated in place.
+        state: the optimizer's state by name as `mod.optimizer_state` names
+            it ("velocity_W", "m_W", "v_W", "step"); missing entries start
+            at zero, and every entry is updated in place.
+
+    Raises:
+        ValueError: a state array of another shape than its parameter.
+    """
+
+    def __init__(self, optimizer: Optimizer, params: Mapping[str, np.ndarray], state: dict[str, np.ndarray]) -> None:
+        self.params, self.state = params, state
+        self.hyper = {h: np.full(SCALAR, value, dtype=np.float64) for h, value in optimizer.hyper().items()}
+        dtype = next(iter(params.values())).dtype if params else np.float64
+        for key in optimizer.shared_state:
+            state.setdefault(key, np.zeros(SCALAR, dtype=dtype))
+        hyper = {h: leaf(f"hyper {h}", SCALAR, "hyper") for h in self.hyper}
+        shared = {k: leaf(f"state {k}", SCALAR, "state") for k in optimizer.shared_state}
+        new_shared = optimizer.shared_update(shared)
+        shared_now = {k: new_shared.get(k, v) for k, v in shared.items()}
+        # (where the array is, its key there, its new value)
+        self.writes: list[tuple[Mapping[str, np.ndarray], str, Node]] = [(state, k, v) for k, v in new_shared.items()]
+        for name, p in params.items():
+            shape = p.shape if p.ndim == 2 else SCALAR
+            keys = {kind: f"{kind}_{name}" for kind in optimizer.per_param_state}
+            for key in keys.values():
+                found = state.setdefault(key, np.zeros_like(p))
+                if np.shape(found) != p.shape:
+                    raise ValueError(f"state[{key!r}] has shape {np.shape(found)}; the parameter {name!r} has {p.shape}")
+            new = optimizer.update(leaf(f"param {name}", shape, "input"), leaf(f"grad {name}", shape, "input"),
+                                   {kind: leaf(f"state {key}", shape, "state") for kind, key in keys.items()},
+                                   hyper, shared_now)
+            self.writes += [(params, name, cast(Node, new["param"]))]
+            self.writes += [(state, keys[kind], cast(Node, new[kind])) for kind in keys]
+
+    def __call__(self, grads: Mapping[str, np.ndarray]) -> None:
+        """One step: every parameter and state entry updated in place.
+
+        Args:
+            grads: the loss's gradient by parameter name.
+        """
+        arrays = {f"hyper {h}": value for h, value in self.hyper.items()}
+        arrays |= {f"state {key}": value for key, value in self.state.items()}
+        for name, p in self.params.items():
+            arrays[f"param {name}"], arrays[f"grad {name}"] = p, grads[name]
+        values = evaluate([node for _, _, node in self.writes], arrays, {})
+        for (where, key, _), value in zip(self.writes, values):  # written after every value is computed
+            where[key][...] = value.reshape(np.shape(where[key]))
+

@@ -298,11 +298,25 @@ class Reduce(sp.MatrixExpr):
     @property
     def shape(self) -> tuple:
         """(1, cols) for axis 0, (rows, 1) for axis 1."""
-        rows, cols = self.arg.shape
-        return (1, cols) if self.axis == 0 else (rows, 1)
+        return reduced_shape(self.arg.shape, self.axis)
 
     def _entry(self, i, j, **kwargs):
         return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
+
+
+def reduced_shape(shape: tuple, axis: int) -> tuple:
+    """The shape of a reduction's result: the one rule for the expression
+    (Reduce) and the IR nodes.
+
+    Args:
+        shape: the reduced matrix's (rows, cols).
+        axis: 0 (down the rows) or 1 (along each row).
+
+    Returns:
+        (1, cols) for axis 0, (rows, 1) for axis 1.
+    """
+    rows, cols = shape
+    return (1, cols) if axis == 0 else (rows, 1)
 
 
 def reduce(op: str, x: sp.MatrixExpr, axis: int | None = None) -> sp.MatrixExpr:

@@ -18,8 +18,10 @@ import numpy as np
 
 from .errors import ArgumentError
 
-if TYPE_CHECKING:  # only for annotations: runtime.py imports this module
-    from .runtime import CompiledModule, Function
+if TYPE_CHECKING:  # only for annotations
+    from .abi import ModuleSpec
+    from .optim import SGD, Adam
+    from .run.function import Function
 
 
 class Trainer:
@@ -37,7 +39,7 @@ class Trainer:
         ArgumentError: the module has no optimizer.
     """
 
-    def __init__(self, module: CompiledModule, function: Function) -> None:
+    def __init__(self, module: Training, function: Function) -> None:
         if module.optimizer is None:  # compile() makes no train_step without one
             raise ArgumentError("train_step needs an optimizer: compile(model, optimizer=symbackprop.Adam(...))")
         self.module = module
@@ -224,3 +226,70 @@ def _check_order(order: Any, rows: int) -> np.ndarray:
 def _section(data: Any, prefix: str, dtype: np.dtype) -> dict[str, np.ndarray]:
     """The arrays of an .npz stored under `prefix`, as fresh writable arrays."""
     return {k[len(prefix):]: np.array(data[k], dtype=dtype) for k in data.files if k.startswith(prefix)}
+
+
+class Training:
+    """train_step, train_epoch and the optimizer's state, for
+    CompiledModule (which gives the attributes and methods declared here)."""
+
+    optimizer: SGD | Adam | None
+    dtype: np.dtype
+    spec: ModuleSpec
+    _trainer: Trainer | None
+
+    if TYPE_CHECKING:  # CompiledModule's
+
+        def function(self, kind: str, output: str | None = None) -> Function: ...
+
+    @property
+    def trainer(self) -> Trainer:
+        """The training state of this module (see symbackprop.train.Trainer);
+        made, and train_step compiled, on first use. Raises ArgumentError when
+        compile was given no optimizer."""
+        if self._trainer is None:
+            self._trainer = Trainer(self, self.function("train_step"))
+        return self._trainer
+
+    def train_step(self, **arrays: Any) -> float:
+        """Forward, backward and the optimizer's update in one C call; the
+        parameter arrays passed are updated in place.
+
+        Args:
+            **arrays: every input and param by name.
+
+        Returns:
+            The loss before the update.
+
+        Raises:
+            ArgumentError: no optimizer was given to compile, a parameter is
+                not a writable C-contiguous array of the module's dtype, or
+                any check of value_and_grad fails.
+            ModelError, BuildError: compiling the C function on first use failed.
+        """
+        return self.trainer.step(**arrays)
+
+    def train_epoch(self, batch_size: Any = None, order: Any = None, /, **arrays: Any) -> np.ndarray:
+        """train_step over every minibatch of the data inputs, in one C call
+        (see Trainer.epoch).
+
+        Args:
+            batch_size: rows per minibatch, a positive integer.
+            order: the row order (a permutation of the rows), or None.
+            **arrays: every input and param by name.
+
+        Returns:
+            The minibatches' losses, in the order they ran.
+
+        Raises:
+            ArgumentError: as train_step, or a bad batch_size or order, or a
+                model without a batch dimension.
+            ModelError, BuildError: compiling the C function on first use failed.
+        """
+        return self.trainer.epoch(batch_size, order, **arrays)
+
+    @property
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        """The optimizer's state arrays (momentum, moments, step count), by
+        name; empty before the first step. Raises ArgumentError when compile
+        was given no optimizer."""
+        return self.trainer.state

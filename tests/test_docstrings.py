@@ -28,6 +28,8 @@ CLASSES = [
     ("runtime", "CompiledModule"),
     ("runtime", "Function"),
     ("runtime", "PreparedCall"),
+    ("run.derivatives", "Derivatives"),  # CompiledModule's vjp, jvp, hvp, hessian, jacobian
+    ("train", "Training"),  # CompiledModule's train_step, train_epoch, optimizer_state
     ("model", "Model"),
     ("train", "Trainer"),
     ("build", "BuildOptions"),
@@ -159,8 +161,10 @@ def test_the_walk_finds_the_api() -> None:
     names = {qualname for qualname, _ in _api(CORE)}
     for expected in [
         "symbackprop.compile",
-        "symbackprop.runtime.CompiledModule.value_and_grad",
-        "symbackprop.runtime.PreparedCall.__call__",
+        "symbackprop.run.module.CompiledModule.value_and_grad",
+        "symbackprop.run.function.PreparedCall.__call__",
+        "symbackprop.run.derivatives.Derivatives.hessian",
+        "symbackprop.train.Training.train_epoch",
         "symbackprop.nn.linear",
         "symbackprop.Adam",
         "symbackprop.train.Trainer.epoch",

@@ -14,7 +14,7 @@ from oracles import sigmoid
 import symbackprop as sbp
 from symbackprop import nn
 from symbackprop.compiler import generate
-from symbackprop.optim import SGD, Adam
+from symbackprop.optim import SGD, Adam, NumpyStep
 
 PARAMS = ("W1", "b1", "W2", "b2")
 
@@ -113,6 +113,39 @@ def test_train_step_matches_the_numpy_reference(mlp, optimizer, reference):
         np.testing.assert_allclose(mod.optimizer_state["v_W1"], ref.v["W1"], rtol=1e-12, atol=1e-15)
     elif optimizer.momentum:
         np.testing.assert_allclose(mod.optimizer_state["velocity_W1"], ref.buf["W1"], rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("optimizer, reference", OPTIMIZERS, ids=lambda o: repr(o) if not callable(o) else "")
+def test_numpy_step_matches_the_reference_and_train_step(mlp, optimizer, reference):
+    """NumpyStep (the update symbackprop.dask makes on the driver) evaluates
+    optim's update graph: the same steps as the numpy reference for the
+    same gradients, and as the C train_step (float64, bias correction)."""
+    mod = sbp.compile(mlp.model, optimizer=optimizer)
+    ref = reference()
+    ours, theirs, in_c = (_copy(_data(mlp)[1]) for _ in range(3))
+    state = {}
+    step = NumpyStep(optimizer, ours, state)
+    for k in range(5):
+        batch, _ = _data(mlp, rows=6, seed=30 + k)
+        _, grads = mod.value_and_grad(**batch, **ours)
+        step(grads)
+        ref.step(theirs, grads)
+        mod.train_step(**batch, **in_c)
+        for name in PARAMS:
+            np.testing.assert_allclose(ours[name], theirs[name], rtol=1e-12, atol=1e-14, err_msg=f"{name} at {k}")
+            np.testing.assert_allclose(ours[name], in_c[name], rtol=1e-12, atol=1e-14, err_msg=f"{name} at {k}")
+    assert set(state) == set(mod.optimizer_state)
+    for key, value in state.items():
+        np.testing.assert_allclose(value, mod.optimizer_state[key], rtol=1e-12, atol=1e-15, err_msg=key)
+    if isinstance(optimizer, Adam):
+        assert state["step"][0, 0] == 5
+        np.testing.assert_allclose(state["m_W1"], ref.m["W1"], rtol=1e-12, atol=1e-15)
+
+
+def test_numpy_step_checks_the_state_shapes(mlp):
+    params = _data(mlp)[1]
+    with pytest.raises(ValueError, match=r"state\['m_W1'\] has shape \(2, 2\)"):
+        NumpyStep(Adam(), params, {"m_W1": np.zeros((2, 2))})
 
 
 @pytest.mark.parametrize("optimizer", [SGD(lr=0.05, momentum=0.9, weight_decay=0.01),

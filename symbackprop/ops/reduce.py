@@ -27,10 +27,9 @@ from ..ir import (
     placeholder,
     reduce_extreme,
     reduce_sum,
-    reduced_shape,
 )
 from ..schedule import LOOP_I, LOOP_J, Equation, View, latex_name
-from ..tensor import Reduce
+from ..tensor import Reduce, reduced_shape
 from .cumulative import axis_op
 from .registry import JvpRule, OpRecord, VjpRule, extend, plain_grad_fn, register
 

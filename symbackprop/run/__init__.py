@@ -1,0 +1,9 @@
+"""The run stage: a built module called from Python.
+
+    function.py     one C function: its binder and the call (Function, PreparedCall)
+    module.py       CompiledModule: the functions of one model, built on first use
+    derivatives.py  vjp, jvp, hvp, hessian and jacobian of a CompiledModule
+
+symbackprop.runtime holds `compile` (generate, build or load from the
+cache) and re-exports these names; interop and Dask sit on top.
+"""

@@ -1,0 +1,196 @@
+"""The wider autograd surface of a compiled module: vector-Jacobian and
+Jacobian-vector products, Hessian-vector products, and the full Hessian
+and Jacobian of small models built from them. CompiledModule (module.py)
+inherits them; each compiles its C function on first use."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+from ..abi import ArgSpec, ModuleSpec, concrete, show
+from ..binding import convert
+from ..errors import ArgumentError
+from ..model import Model
+from .function import Function
+
+
+class Derivatives:
+    """vjp, jvp, hvp, hessian and jacobian, for CompiledModule (which
+    gives the attributes and methods declared here)."""
+
+    spec: ModuleSpec
+    model: Model
+    dtype: np.dtype
+
+    if TYPE_CHECKING:  # CompiledModule's
+
+        def function(self, kind: str, output: str | None = None) -> Function: ...
+
+        def value_and_grad(self, **arrays: Any) -> tuple[float, dict[str, Any]]: ...
+
+        def _need_loss(self, what: str) -> None: ...
+
+    def vjp(self, output: str, seed: Any = None, **arrays: Any) -> dict[str, Any]:
+        """Gradients of sum(seed * output) for each differentiated name.
+
+        Args:
+            output: "loss" or a named output.
+            seed: an array of the output's shape (a number for a scalar
+                output, as any scalar argument); may be omitted only for an
+                output of shape (1, 1) (then it is 1).
+            **arrays: every input and param by name.
+
+        Returns:
+            {name: gradient} for each differentiated name.
+
+        Raises:
+            ArgumentError: no output of that name, no seed for a non-scalar
+                output, a malformed seed (named, with both shapes), a model
+                without a loss for "loss", or a malformed argument.
+            ModelError, BuildError: compiling the C function on first use failed.
+        """
+        try:
+            shape = self.spec.output_shape(output)
+        except (KeyError, StopIteration):
+            raise ArgumentError(f"no output named {output!r}; the outputs are {['loss', *self.model.outputs]}") from None
+        if seed is None:
+            if shape != (1, 1):
+                raise ArgumentError(
+                    f"vjp of {output!r} needs a seed because the output is not a scalar (its shape is {show(shape)})")
+            seed = np.ones((1, 1), dtype=self.dtype)
+        if output == "loss":
+            self._need_loss("vjp('loss')")
+            spec = ArgSpec("seed_loss", shape, True, role="seed", key="loss")
+            factor = float(convert(spec, seed, self.dtype, {}, {})[0, 0])
+            _, grads = self.value_and_grad(**arrays)
+            return {k: g * factor for k, g in grads.items()}
+        fn = self.function("vjp", output)
+        (seed_arg, _, _), = fn.spec.extra_roles
+        return fn.group(fn.call({**arrays, seed_arg: seed}), "grads")
+
+    def _with_extra(self, kind: str, given: Mapping[str, Any], what: str, arrays: Mapping[str, Any]) -> tuple[Function, dict]:
+        """The function and its arguments, with zeros for the tangents or
+        directions not given (each given one is bound as an argument)."""
+        fn = self.function(kind)
+        if not isinstance(given, Mapping):
+            raise ArgumentError(f"{what}s must be a dict {{name: array}}; got {type(given).__name__}")
+        extra = {key: arg for arg, _, key in fn.spec.extra_roles}
+        unknown = [k for k in given if k not in extra]
+        if unknown:
+            raise ArgumentError(f"{what}s given for {unknown}, which are not differentiated; expected some of {list(extra)}")
+        full = dict(arrays)
+        missing = [key for key in extra if key not in given]
+        bound = fn.binder.dims_from(arrays) if missing else {}
+        shapes = {spec.name: spec.shape for spec in fn.inputs}
+        for key, arg in extra.items():
+            full[arg] = given[key] if key in given else np.zeros(_shape_in(shapes[arg], bound, arg), dtype=self.dtype)
+        return fn, full
+
+    def jvp(self, tangents: Mapping[str, Any], **arrays: Any) -> dict[str, Any]:
+        """Jacobian-vector product (forward mode).
+
+        Args:
+            tangents: {differentiated leaf name: array (a number for a
+                scalar)}; those missing are 0.
+            **arrays: every input and param by name.
+
+        Returns:
+            {"loss": dloss, output name: doutput}.
+
+        Raises:
+            ArgumentError: a tangent for a name not differentiated, or a
+                malformed argument or tangent.
+            ModelError, BuildError: compiling the C function on first use failed.
+        """
+        fn, full = self._with_extra("jvp", tangents, "tangent", arrays)
+        results = fn.call(full)
+        return {out.key: r for out, r in zip(fn.outputs, results)}
+
+    def hvp(self, directions: Mapping[str, Any], **arrays: Any) -> dict[str, Any]:
+        """Hessian of the loss times a direction.
+
+        Args:
+            directions: {differentiated leaf name: array (a number for a
+                scalar)}; those missing are 0.
+            **arrays: every input and param by name.
+
+        Returns:
+            {name: (H v) for that name}.
+
+        Raises:
+            ArgumentError: a direction for a name not differentiated, a
+                model without a loss, or a malformed argument or direction.
+            ModelError, BuildError: compiling the C function on first use failed.
+        """
+        fn, full = self._with_extra("hvp", directions, "direction", arrays)
+        return fn.group(fn.call(full), "hvp")
+
+    def hessian(self, **arrays: Any) -> np.ndarray:
+        """The full Hessian of the loss over the differentiated leaves,
+        flattened in order (for small models: one hvp per entry).
+
+        Args:
+            **arrays: every input and param by name.
+
+        Returns:
+            A square array, one row and column per entry of the leaves.
+
+        Raises:
+            ArgumentError: a malformed argument, or a model without a loss.
+            ModelError, BuildError: compiling the C function on first use failed.
+        """
+        fn = self.function("hvp")
+        bound = fn.binder.dims_from(arrays)
+        specs = {spec.name: spec for spec in fn.inputs}
+        roles = fn.spec.extra_roles
+        keys = [key for _, _, key in roles]
+        shapes = {key: _shape_in(specs[arg].shape, bound, arg) for arg, _, key in roles}
+        columns = []
+        for k in keys:
+            size = int(np.prod(shapes[k]))
+            for index in range(size):
+                direction = np.zeros(size, dtype=self.dtype)
+                direction[index] = 1.0
+                product = self.hvp({k: direction.reshape(shapes[k])}, **arrays)
+                columns.append(np.concatenate([np.ravel(product[j]) for j in keys]))
+        return np.array(columns).T
+
+    def jacobian(self, output: str, **arrays: Any) -> dict[str, np.ndarray]:
+        """d output / d name for each differentiated name (for small models:
+        one vjp per entry).
+
+        Args:
+            output: a named output (not "loss").
+            **arrays: every input and param by name.
+
+        Returns:
+            {name: array of shape output.shape + name.shape}.
+
+        Raises:
+            ArgumentError: no output of that name, or a malformed argument.
+            ModelError, BuildError: compiling the C function on first use failed.
+        """
+        found = [shape for name, shape, _ in self.spec.outputs if name == output]
+        if not found:
+            raise ArgumentError(f"no output named {output!r}; the outputs are {list(self.model.outputs)}")
+        shape = _shape_in(found[0], self.function("forward").binder.dims_from(arrays), output)
+        rows: dict[str, list] = {}
+        for index in np.ndindex(*shape):
+            seed = np.zeros(shape, dtype=self.dtype)
+            seed[index] = 1.0
+            for key, grad in self.vjp(output, seed, **arrays).items():
+                rows.setdefault(key, []).append(np.asarray(grad, dtype=self.dtype))
+        return {k: np.array(v).reshape(*shape, *np.shape(v[0])) for k, v in rows.items()}
+
+
+def _shape_in(shape: tuple, bound: Mapping[str, int], what: str) -> tuple[int, ...]:
+    """A shape with its dimensions' values, which the arguments must fix."""
+    missing = [d for d in shape if isinstance(d, str) and d not in bound]
+    if missing:
+        raise ArgumentError(f"the shape {show(shape)} of {what} needs the dimensions {missing}, which no argument fixes")
+    return concrete(shape, bound)
+
+
+__all__ = ["Derivatives"]

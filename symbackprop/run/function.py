@@ -1,0 +1,231 @@
+"""One generated C function called on numpy arrays.
+
+Every argument of every entry point goes through one binder (binding.py),
+which checks it (name, shape, dtype, dimensions >= 1 and consistent, Index
+rows, writability of what a function writes) against the function's ABI
+spec (abi.py) and says what is wrong in an ArgumentError naming the
+argument. It converts Python and numpy numbers and lists of them to the
+module's dtype, accepts a number, a 0-d array or shape (1,), (1, 1) for a
+scalar (a Symbol, or a seed, tangent or direction for one), and copies
+arrays that are not C-contiguous; a numpy array of another dtype is an
+error, not a silent cast. NaN and infinity pass through with IEEE semantics.
+
+Results are fresh arrays (numbers for scalars) on every call, except in a
+prepared call (`CompiledModule.prepare`), which binds its arrays once and
+writes its results into arrays it owns.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .. import fastcall
+from ..abi import FunctionSpec
+from ..binding import Binder
+from ..codegen import REAL_TYPES
+
+
+class Function:
+    """One generated C function: its ABI spec, its binder, and the call.
+    `call` is the hot path of the ordinary API: the C caller (fastcall.py)
+    takes arrays that are already right; anything else goes through the
+    binder (binding.py), which converts it or says what is wrong.
+
+    Args:
+        spec: the function's ABI spec.
+        lib: the cffi library holding the C function.
+        ffi: its FFI.
+        prefix: the module's C prefix.
+        dtype: the module's numpy dtype.
+    """
+
+    def __init__(self, spec: FunctionSpec, lib: Any, ffi: Any, prefix: str, dtype: np.dtype) -> None:
+        self.spec = spec
+        self.binder = Binder(spec, dtype)
+        self.c_name = f"{prefix}_{spec.c_name}"
+        self.c_function = getattr(lib, self.c_name)
+        self.lib, self.ffi = lib, ffi  # the module's other functions (train_epoch beside train_step)
+        self.work_len = getattr(lib, self.c_name + "_work_len")
+        self.dims = spec.dims
+        self.inputs = spec.inputs
+        self.outputs = spec.outputs
+        self.index_bounds = dict(spec.index_bounds)
+        self.names = self.binder.names
+        self.input_names = self.binder.input_names
+        self.dtype = dtype
+        self.from_buffer = ffi.from_buffer
+        self.scalar_outputs = tuple(k for k, out in enumerate(spec.outputs) if out.scalar)
+        self.groups: dict[str, list[tuple[int, str]]] = {}
+        for index, out in enumerate(spec.outputs):
+            self.groups.setdefault(out.group, []).append((index, out.key))
+        self._local = threading.local()  # per-thread workspace, reused while the dimensions stay
+        # the C hot path (fastcall.py), from the binder's patterns; not for functions that write their inputs
+        self.fast = None if spec.inplace else fastcall.caller(lib, ffi, self.c_name, len(self.dims), dtype.itemsize,
+                                                              *self.binder.c_patterns())
+
+    def bind(self, arrays: Mapping[str, Any]) -> tuple[list[np.ndarray], list[int]]:
+        """Checked, converted arrays in C order, and the bound dimensions
+        (see binding.Binder.bind).
+
+        Args:
+            arrays: every argument by name.
+
+        Returns:
+            (arrays in C order, the values of the symbolic dimensions in order).
+
+        Raises:
+            ArgumentError: a missing, unknown or malformed argument, or
+                inconsistent dimensions.
+        """
+        return self.binder.bind(arrays)
+
+    def allocate(self, dims: Sequence[int]) -> list[np.ndarray]:
+        """Fresh (uninitialised) output arrays.
+
+        Args:
+            dims: the values of the symbolic dimensions, as bind returns them.
+
+        Returns:
+            One array per output, in C order.
+        """
+        empty, dtype = np.empty, self.dtype
+        return [empty((r if r > 0 else dims[-r - 1], c if c > 0 else dims[-c - 1]), dtype)
+                for r, c, _ in self.binder.out_patterns]
+
+    def workspace(self, dims: Sequence[int]) -> Any:
+        """A pointer to scratch memory of this thread, sized for `dims`.
+
+        Args:
+            dims: the values of the symbolic dimensions.
+
+        Returns:
+            A cffi pointer, valid until this thread asks for other dims.
+        """
+        local = self._local
+        key = tuple(dims)
+        if getattr(local, "key", None) != key:
+            local.array = np.empty(max(self.work_len(*dims), 1), dtype=self.dtype)
+            local.pointer = self.from_buffer(local.array)
+            local.key = key
+        return local.pointer
+
+    def invoke(self, dims: Sequence[int], values: Sequence[np.ndarray], outputs: Sequence[np.ndarray], work: Any) -> None:
+        """Run the C function (no checks on the Python side before it).
+
+        Args:
+            dims: the values of the symbolic dimensions.
+            values: the arguments, as bind returns them.
+            outputs: the output arrays, as allocate returns them.
+            work: the workspace pointer.
+
+        Raises:
+            ArgumentError: the C function returned a nonzero status (the
+                binder then names the argument at fault).
+        """
+        buf = self.from_buffer
+        status = self.c_function(*dims, *[buf(v) for v in values], *[buf(o) for o in outputs], work)
+        if status != 0:
+            self.binder.diagnose(dict(zip(self.input_names, values)), status, self.c_name)
+
+    def call(self, arrays: Mapping[str, Any]) -> list[Any]:
+        """Check, convert and run.
+
+        Args:
+            arrays: every argument by name.
+
+        Returns:
+            The outputs in the spec's order: numbers for scalars, else arrays.
+
+        Raises:
+            ArgumentError: a missing, unknown or malformed argument, or
+                inconsistent dimensions.
+        """
+        fast = self.fast
+        if fast is not None and arrays.keys() == self.names:
+            results = fast([arrays[name] for name in self.input_names])
+            if type(results) is list:
+                return results
+            if results is not None:  # a status: the binder names what is wrong
+                self.binder.diagnose(arrays, results, self.c_name)
+        values, dims = self.bind(arrays)
+        outputs = self.allocate(dims)
+        self.invoke(dims, values, outputs, self.workspace(dims))
+        for index in self.scalar_outputs:
+            outputs[index] = outputs[index].item()
+        return outputs
+
+    def group(self, results: Sequence[Any], name: str) -> dict[str, Any]:
+        """The results of one group by key, e.g. the gradients by param name.
+
+        Args:
+            results: what call returned.
+            name: the group ("grads", "hvp", ...).
+
+        Returns:
+            {key: result}; empty for a group the function lacks.
+        """
+        return {key: results[index] for index, key in self.groups.get(name, ())}
+
+
+class PreparedCall:
+    """A function bound to arrays once; each call runs the C code on their
+    current contents and writes into the arrays in `results`.
+
+    Refill the bound input arrays in place (``call.inputs["X"][:] = batch``)
+    between calls; the shapes are fixed at preparation. Arguments the
+    function writes (train_step's params and optimizer state) are bound as
+    given and must be writable arrays (see binding.py). Calling returns the
+    loss; the gradients are in ``call.grads``. Not for concurrent use from
+    several threads (one workspace).
+
+    Args:
+        function: the function to call.
+        arrays: every argument by name (copied where a conversion is needed:
+            refill ``call.inputs``, not the arrays given).
+
+    Raises:
+        ArgumentError: a missing, unknown or malformed argument, or
+            inconsistent dimensions.
+    """
+
+    def __init__(self, function: Function, arrays: Mapping[str, Any]) -> None:
+        values, dims = function.bind(arrays)
+        outputs = function.allocate(dims)
+        work = np.empty(max(function.work_len(*dims), 1), dtype=function.dtype)
+        self.function = function
+        self.inputs = {spec.name: v for spec, v in zip(function.inputs, values)}
+        self.results = {out.name: o for out, o in zip(function.outputs, outputs)}
+        self._arrays = (values, outputs, work)  # keep every buffer alive
+        self._c_function = function.c_function
+        buf = function.from_buffer
+        self._args = (*dims, *[buf(a) for a in (*values, *outputs, work)])
+        loss = self.results.get("loss")
+        # a typed pointer reads the loss faster than indexing the array
+        self._loss = None if loss is None else function.ffi.cast(f"{REAL_TYPES[function.dtype.name].c} *", buf(loss))
+
+    @property
+    def grads(self) -> dict[str, np.ndarray]:
+        """The gradient arrays this call writes, by differentiated name
+        (empty for a function without gradients)."""
+        return {out.key: self.results[out.name] for out in self.function.outputs if out.group == "grads"}
+
+    def __call__(self) -> float | None:
+        """Run the C function on the bound arrays' current contents.
+
+        Returns:
+            The loss, or None if the function does not compute it.
+
+        Raises:
+            ArgumentError: the C function returned a nonzero status (say, an
+                Index refilled with a row number out of range: named).
+        """
+        status = self._c_function(*self._args)
+        if status != 0:
+            self.function.binder.diagnose(self.inputs, status, self.function.c_name)
+        return None if self._loss is None else self._loss[0]
+
+
+__all__ = ["Function", "PreparedCall"]
