@@ -22,6 +22,7 @@ import numpy as np
 import sympy as sp
 
 from .ir import Node, accumulates, binding_width, placeholder, row_placeholder, topological_order
+from .ops.functions import numpy_namespace
 
 
 @dataclass(frozen=True)
@@ -86,23 +87,9 @@ def evaluate(roots: Sequence[Node], arrays: Mapping[str, np.ndarray], dims: Mapp
     return [values[root] for root in roots]
 
 
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    e = np.exp(-np.abs(z))  # never exp of a positive number, as the C
-    return np.where(z >= 0, 1.0, e) / (1.0 + e)
-
-
-def _softplus(z: np.ndarray) -> np.ndarray:
-    return np.maximum(z, 0.0) + np.log1p(np.exp(-np.abs(z)))
-
-
-# numpy references of the functions symbackprop defines (symbackprop.stable)
-# and of C99's that SymPy's numpy printer may leave by name
-_FUNCTIONS = {"sigmoid": _sigmoid, "softplus": _softplus, "log1p": np.log1p, "expm1": np.expm1}
-
-
 @lru_cache(maxsize=4096)
 def _compiled(body: sp.Expr, symbols: tuple[sp.Symbol, ...]) -> Callable:
-    return sp.lambdify(symbols, body, modules=[_FUNCTIONS, "numpy"])
+    return sp.lambdify(symbols, body, modules=[numpy_namespace(), "numpy"])
 
 
 def _apply(body: sp.Expr, symbols: tuple[sp.Symbol, ...], values: Sequence[np.ndarray], context: Context) -> np.ndarray:

@@ -1,0 +1,1 @@
+"""The ops of symbackprop, one record each: scalar functions in functions.py."""
