@@ -153,7 +153,7 @@ def polygamma_scalar(n: int, x: float) -> float:
         return math.nan
     if x == math.inf:
         return math.inf if n == 0 else 0.0
-    if x <= 0 and x == math.floor(x):
+    if x <= 0 and (math.isinf(x) or x == math.floor(x)):
         return polygamma_pole(n, x)
     with mpmath.workprec(120):
         return float(mpmath.psi(n, mpmath.mpf(x)))
