@@ -95,7 +95,8 @@ def beta_numpy(d):
 def dirichlet_model():
     """Dirichlet likelihood of rows on the simplex, alpha = exp(P)."""
     alpha = [sp.exp(P[0, k]) for k in range(3)]
-    log_p = sp.loggamma(sum(alpha)) - sum(sp.loggamma(a) for a in alpha) + sum((a - 1) * sp.log(f) for a, f in zip(alpha, x))
+    log_p = (sp.loggamma(sum(alpha)) - sum(sp.loggamma(a) for a in alpha)
+             + sum((a - 1) * sp.log(f) for a, f in zip(alpha, x, strict=True)))
     loss = nn.sum_all(_rows(-log_p, (x, F)))
     return sbp.Model("dirichlet_likelihood", inputs=[F], params=[P], loss=loss)
 
@@ -229,16 +230,16 @@ def test_gradients_and_hvp_match_torch_float64(compiled):
     # torch's trigamma (polygamma(1)) is within about 5e-10 of mpmath (ours
     # and scipy's within 4e-16): where it enters, the tolerance is wider
     wide = 1e-8
-    for key, g in zip(keys, grads):
+    for key, g in zip(keys, grads, strict=True):
         rtol = wide if name == "gamma_family" else 1e-11
         np.testing.assert_allclose(compiled_grads[key], g.detach().numpy(), rtol=rtol, atol=1e-12, err_msg=key)
     params = [v.name for v in model.params]
     rng = np.random.default_rng(4)
     v = {k: rng.standard_normal(d[k].shape) for k in params}
-    dot = sum((g * torch.tensor(v[k])).sum() for k, g in zip(keys, grads) if k in params)
+    dot = sum((g * torch.tensor(v[k])).sum() for k, g in zip(keys, grads, strict=True) if k in params)
     hv = torch.autograd.grad(dot, [t[k] for k in params])
     ours = mod.hvp(v, **d)
-    for key, h in zip(params, hv):
+    for key, h in zip(params, hv, strict=True):
         np.testing.assert_allclose(ours[key], h.numpy(), rtol=wide, atol=1e-11, err_msg=key)
 
 
@@ -269,7 +270,7 @@ def test_interpreter_gradients_match_central_differences(name):
     assert loss(d) == pytest.approx(MODELS[name][1](d), rel=1e-12)
     keys = _differentiated(model)
     grads = evaluate(vjp([(lowered.loss, const(1, SCALAR))], [lowered.leaves[k] for k in keys])[0], d, dims)
-    for key, grad in zip(keys, grads):
+    for key, grad in zip(keys, grads, strict=True):
         assert relative_error(grad, central_differences(loss, d, key)) < 1e-7, key
     rng = np.random.default_rng(7)
     tangents = {lowered.leaves[k]: leaf(f"t_{k}", lowered.leaves[k].shape, "input") for k in keys}
@@ -322,10 +323,8 @@ def test_polygamma_in_c_against_mpmath(table):
         for n in ORDERS:
             got = out[f"psi{n}"].ravel()
             want = np.array([polygamma_scalar(n, v) for v in xs])
-            if n == 0 and where == "x < 0":
-                error = np.abs(got - want) / np.maximum(np.abs(want), 1.0)
-            else:
-                error = _relative(got, want)
+            scale = np.maximum(np.abs(want), 1.0) if n == 0 and where == "x < 0" else np.abs(want)
+            error = np.abs(got - want) / scale
             assert error.max() < (2e-14 if n == 0 else 4e-15), (n, where, xs[error.argmax()])
 
 
