@@ -390,3 +390,13 @@ def test_a_polygamma_order_that_is_not_a_literal_integer_is_a_model_error():
     model = sbp.Model("symbolic_order", inputs=[sp.MatrixSymbol("A", N, 2)], outputs={"out": out})
     with pytest.raises(ModelError, match="polygamma's order must be a literal integer"):
         generate(model, functions=("forward",))
+
+
+def test_a_user_name_equal_to_the_helper_is_renamed_in_the_c():
+    clash = sp.MatrixSymbol("symbackprop_polygamma", 2, 2)
+    model = sbp.Model("name_clash", params=[clash], loss=nn.sum_all(clash.applyfunc(sp.loggamma)))
+    mod = sbp.compile(model)
+    value = np.array([[0.5, 1.5], [2.5, 3.5]])
+    _, grads = mod.value_and_grad(symbackprop_polygamma=value)
+    digamma = np.vectorize(lambda t: polygamma_scalar(0, t), otypes=[np.float64])
+    np.testing.assert_allclose(grads["symbackprop_polygamma"], digamma(value), rtol=1e-14)

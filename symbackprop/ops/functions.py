@@ -41,10 +41,15 @@ class CHelper:
 
     names: tuple[str, ...]  # the functions a kernel may call (float modules: each + "f")
     template: str
+    internal: tuple[str, ...] = ()  # functions of the template that only its own functions call
 
     def c_names(self) -> frozenset[str]:
-        """Every name the helper may define, in double and float modules."""
+        """The names a kernel may call, in double and float modules."""
         return frozenset(n + suffix for n in self.names for suffix in ("", "f"))
+
+    def defined(self) -> frozenset[str]:
+        """Every name its template may define."""
+        return self.c_names() | frozenset(self.internal)
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,7 @@ def _softplus_numpy(z: np.ndarray) -> np.ndarray:
 
 # --- the gamma family ---------------------------------------------------------
 
-POLYGAMMA = CHelper(("symbackprop_polygamma",), "fn_polygamma.c.j2")
+POLYGAMMA = CHelper(("symbackprop_polygamma",), "fn_polygamma.c.j2", internal=("symbackprop_polygamma_positive",))
 
 
 def _polygamma_c(printer: Any, expr: sp.Expr) -> str:
@@ -147,8 +152,8 @@ def polygamma_pole(n: int, x: float) -> float:
 
 
 def polygamma_scalar(n: int, x: float) -> float:
-    """polygamma(n, x) to float64 by mpmath (exact to the last bit but for
-    the final rounding), with the C helper's conventions at poles."""
+    """polygamma(n, x) to float64 by mpmath (120-bit working precision,
+    then rounded once), with the C helper's conventions at poles."""
     n = int(n)
     if n < 0 or math.isnan(x):
         return math.nan
@@ -193,7 +198,7 @@ def numpy_namespace() -> dict[str, Callable[..., np.ndarray]]:
 HELPERS: tuple[CHelper, ...] = tuple(dict.fromkeys(f.helper for f in FUNCTIONS if f.helper is not None))
 
 # every C name a helper may define: no user name may take one (compiler's CNamer)
-HELPER_C_NAMES: frozenset[str] = frozenset().union(*(h.c_names() for h in HELPERS))
+HELPER_C_NAMES: frozenset[str] = frozenset().union(*(h.defined() for h in HELPERS))
 
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 
