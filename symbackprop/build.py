@@ -486,8 +486,9 @@ def package_digest() -> str:
     code is never used (no hand-bumped cache versions)."""
     here = Path(__file__).resolve().parent
     templates = here / "templates" if (here / "templates").is_dir() else here.parent / "templates"
-    files = sorted(here.glob("*.py")) + sorted(templates.glob("*.j2"))
-    return digest("package", __version__, *(part for path in files for part in (path.name, path.read_bytes())), length=64)
+    named = [(p.relative_to(here).as_posix(), p) for p in sorted(here.rglob("*.py"))]  # subpackages (ops/) too
+    named += [(p.name, p) for p in sorted(templates.glob("*.j2"))]
+    return digest("package", __version__, *(part for name, path in named for part in (name, path.read_bytes())), length=64)
 
 
 MEMO_MAX_BYTES = 64 << 20  # far above any memo; a bigger file is not one of ours

@@ -7,7 +7,8 @@ dataclasses of strings, never the compiler's objects.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, is_dataclass, replace
+from dataclasses import fields as dataclass_fields
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -22,6 +23,7 @@ from .cnames import CNamer, comment_text, sanitize
 from .cparts import Prelude, part_ranges, prelude
 from .cprint import IEEEPrinter
 from .errors import ModelError
+from .ops.functions import CHelper, helpers_called
 from .ops.registry import helpers, record
 from .schedule import LOOP_I, LOOP_J, FunctionSchedule, Kernel, Slot, View, kernel_reads, kernel_writes
 
@@ -231,6 +233,11 @@ class CModule:
         return sorted({k.kind for k in self.all_kernels() if k.kind in helpers()})
 
     @property
+    def function_helpers(self) -> tuple[CHelper, ...]:
+        """The scalar-function helpers its kernels call (ops.functions)."""
+        return helpers_called(_texts([k.fields for k in self.all_kernels()]))
+
+    @property
     def uses_parallel(self) -> bool:
         return any(k.fields.get("parallel") for f in self.internal + self.functions for k in f.kernels)
 
@@ -240,6 +247,22 @@ class CModule:
         the declarations do not change when the model's functions do."""
         suffix = "f" if self.real_c == "float" else ""
         return [name + suffix for name in sorted(LIBMVEC)]
+
+
+def _texts(value: object) -> Iterator[str]:
+    """The strings in template data (kernel fields: lists, tuples, dicts,
+    dataclasses; nested kernels are walked by CModule.all_kernels)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif is_dataclass(item) and not isinstance(item, (type, CKernel)):
+            stack.extend(getattr(item, f.name) for f in dataclass_fields(item))
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
 
 
 @dataclass(frozen=True)

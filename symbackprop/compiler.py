@@ -33,6 +33,7 @@ from .errors import ModelError
 from .ir import SCALAR, Lowered, Node, const, leaf, lower, topological_order
 from .log import op_counts, stage
 from .model import Model, leaf_name
+from .ops.functions import HELPER_C_NAMES
 from .plan import FunctionPlan, Plan
 from .schedule import FunctionSchedule, Naming, schedule
 
@@ -257,7 +258,8 @@ def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[
     emitting = stage("emit", model.name).start()
     lowered = the_plan.lowered
     prefix = sanitize(model.name).lower()
-    namer = CNamer(frozenset({prefix}) | (reserved_names(prefix) if "train_step" in functions else frozenset()))
+    reserved = frozenset({prefix}) | HELPER_C_NAMES  # the helpers' C names (ops.functions) too
+    namer = CNamer(reserved | (reserved_names(prefix) if "train_step" in functions else frozenset()))
     dims = {d: namer.name(str(d)) for d in lowered.dims}
     leaves = [(name, node.shape) for name, node in lowered.leaves.items()]
     indices = frozenset(name for name, node in lowered.leaves.items() if node.attrs[1] == "index")

@@ -1,9 +1,9 @@
 """The C text of the functions whose IEEE behaviour SymPy's C99 printer
 gets wrong or that it does not know: Max, Min, Heaviside, sign, DiracDelta
 and Piecewise propagate NaN (C's fmax returns the other argument, and a
-comparison with NaN is false, which would silently choose a branch), and
-the stable sigmoid and softplus of symbackprop.stable print as forms that
-never overflow.
+comparison with NaN is false, which would silently choose a branch). The
+functions with a record in symbackprop.ops.functions (sigmoid, softplus,
+lgamma, polygamma, ...) print as their records say.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import sympy as sp
-from sympy.codegen.cfunctions import log1p
 from sympy.core.relational import Relational
 from sympy.logic.boolalg import BooleanFunction
 from sympy.printing.c import C99CodePrinter
+
+from .ops.functions import scalar_function
 
 
 class IEEEPrinter(C99CodePrinter):
@@ -22,6 +23,13 @@ class IEEEPrinter(C99CodePrinter):
     module's real type (its .c is "double" or "float")."""
 
     real: Any
+
+    def _print(self, expr: Any, **kwargs: Any) -> str:
+        """A function with a record (ops.functions) prints as it says."""
+        record = scalar_function(type(expr))
+        if record is not None:
+            return record.c(self, expr)
+        return super()._print(expr, **kwargs)
 
     def _one(self) -> str:
         return self._print(sp.Float(1.0))
@@ -88,20 +96,6 @@ class IEEEPrinter(C99CodePrinter):
         if assign_to is None and isinstance(expr, (Relational, BooleanFunction)):
             return self._nan_if_read(expr.free_symbols, text)
         return text
-
-    def _print_sigmoid(self, expr: sp.Expr) -> str:
-        """(z >= 0 ? 1 : e) / (1 + e) with e = exp(-|z|) <= 1: no overflow
-        (the compiler computes e once: -fno-math-errno); NaN stays NaN."""
-        z = expr.args[0]
-        e = self._print(sp.exp(-sp.Abs(z)))
-        return f"((({self._print(z)}) >= 0 ? {self._one()} : {e}) / ({self._one()} + {e}))"
-
-    def _print_softplus(self, expr: sp.Expr) -> str:
-        """max(z, 0) + log1p(exp(-|z|)): no overflow; NaN stays NaN."""
-        z = expr.args[0]
-        x = self._print(z)
-        tail = self._print(log1p(sp.exp(-sp.Abs(z))))
-        return f"((({x}) > 0 ? ({x}) : {self._print(sp.Float(0.0))}) + {tail})"
 
     def _print_DiracDelta(self, expr: sp.Expr) -> str:
         # a step's derivative: 0 (as PyTorch's), NaN at NaN

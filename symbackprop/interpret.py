@@ -23,6 +23,7 @@ import numpy as np
 import sympy as sp
 
 from .ir import Node, topological_order
+from .ops.functions import numpy_namespace
 from .ops.registry import record
 
 
@@ -76,23 +77,9 @@ def evaluate(roots: Sequence[Node], arrays: Mapping[str, np.ndarray], dims: Mapp
     return [values[root] for root in roots]
 
 
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    e = np.exp(-np.abs(z))  # never exp of a positive number, as the C
-    return np.where(z >= 0, 1.0, e) / (1.0 + e)
-
-
-def _softplus(z: np.ndarray) -> np.ndarray:
-    return np.maximum(z, 0.0) + np.log1p(np.exp(-np.abs(z)))
-
-
-# numpy references of the functions symbackprop defines (symbackprop.stable)
-# and of C99's that SymPy's numpy printer may leave by name
-_FUNCTIONS = {"sigmoid": _sigmoid, "softplus": _softplus, "log1p": np.log1p, "expm1": np.expm1}
-
-
 @lru_cache(maxsize=4096)
 def _compiled(body: sp.Expr, symbols: tuple[sp.Symbol, ...]) -> Callable:
-    return sp.lambdify(symbols, body, modules=[_FUNCTIONS, "numpy"])
+    return sp.lambdify(symbols, body, modules=[numpy_namespace(), "numpy"])
 
 
 def apply_body(body: sp.Expr, symbols: tuple[sp.Symbol, ...], values: Sequence[np.ndarray], context: Context) -> np.ndarray:

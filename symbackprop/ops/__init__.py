@@ -1,4 +1,5 @@
-"""The ops of the tensor IR, one record each (see registry.py).
+"""The ops of the tensor IR, one record each (see registry.py);
+scalar functions (sigmoid, polygamma, ...) one record each in functions.py.
 
 This package imports only its registry here: the family modules build on
 the stages (ir, schedule, codegen) and are imported on the first look-up.
