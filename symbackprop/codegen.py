@@ -273,6 +273,13 @@ class Emitted:
 KERNEL_EMITTERS: dict[type, Callable[["FunctionEmitter", Any], dict]] = {}
 
 
+def register_emitter(kernel_class: type, emitter: Callable[["FunctionEmitter", Any], dict]) -> None:
+    """Print kernels of `kernel_class` (a kernel of schedule.KERNEL_BUILDERS)
+    with emitter(function_emitter, kernel) -> the fields of its CKernel,
+    rendered by templates/kernel_<kind>.c.j2."""
+    KERNEL_EMITTERS[kernel_class] = emitter
+
+
 
 class FunctionEmitter:
     """Prints one scheduled function's kernels into template data."""
@@ -366,12 +373,17 @@ class FunctionEmitter:
             ],
         }
 
-    def _matmul(self, kernel: MatMulKernel) -> dict:
+    def matmul_loops(self, kernel: MatMulKernel) -> dict:
+        """The fields of a product as inline loops, whatever its size (a
+        product inside another kernel's loop, as a scan's step)."""
+        return self._matmul(kernel, inline=True)
+
+    def _matmul(self, kernel: MatMulKernel, inline: bool = False) -> dict:
         """Small products of fixed shapes as inline loops with constant trip
         counts (the C compiler unrolls them); the rest as one call of the
         module's matmul helper, which hands large ones to BLAS."""
         size = sp.sympify(kernel.m) * kernel.k * kernel.n
-        if not size.is_Number or size >= BLAS_MIN_MULTIPLY_ADDS:
+        if not inline and (not size.is_Number or size >= BLAS_MIN_MULTIPLY_ADDS):
             args = [self.dim(kernel.m), self.dim(kernel.n), self.dim(kernel.k)]
             for v in (kernel.a, kernel.b):
                 pointer = f"{self.namer.name(v.buffer)} + {self.dim(v.offset)}".replace(" + 0", "")

@@ -401,6 +401,22 @@ class _Lowerer:
         # so that a named intermediate is one value with one gradient.
         self.named_sums = [e for e in named if isinstance(e, sp.MatAdd)]
         self.named_products = [e for e in named if isinstance(e, sp.MatMul) and e.as_coeff_matrices()[0] == 1]
+        self.caches: dict[str, dict] = {}  # see cache()
+        self.contexts: tuple[str, ...] = ()  # see nested()
+
+    def cache(self, owner: str) -> dict:
+        """A dict that lives as long as this lowering, for an op defined
+        outside this module to memoize what it lowered (scan: one node per
+        declared scan, however many of its parts the model reads)."""
+        return self.caches.setdefault(owner, {})
+
+    def nested(self, leaves: dict[sp.Basic, Node], context: str) -> "_Lowerer":
+        """A lowerer for a graph nested in this one's (a scan's step), over
+        its own `leaves` and this one's dims, with `context` added to its
+        `contexts` (so that an op can refuse to nest in itself)."""
+        sub = _Lowerer(leaves, tuple(self.dims))
+        sub.contexts = self.contexts + (context,)
+        return sub
 
     def scalar_result(self, expr: sp.Basic, what: str) -> Node:
         node = self.lower(expr)
@@ -774,6 +790,22 @@ _MATRIX_RULES: dict[type, Callable[[_Lowerer, sp.Basic], Node]] = {
     ExampleMap: _Lowerer.example_map,
     Reduce: _Lowerer.reduce,
 }
+
+
+# --- public hooks for ops defined outside this module (symbackprop.scan) ---
+
+Lowerer = _Lowerer  # the state of one lowering: .leaves, .dims, .lower(expr), .cache(owner), .nested(...)
+
+
+def node(op: str, args: tuple[Node, ...], shape: Shape, attrs: tuple = ()) -> Node:
+    """The node (op, args, shape, attrs), interned: the constructor for ops
+    that have no constructor of their own here."""
+    return _node(op, args, shape, attrs)
+
+
+def register_matrix_rule(cls: type, rule: Callable[[Lowerer, Any], Node]) -> None:
+    """Lower SymPy matrix expressions of class `cls` with rule(lowerer, expr)."""
+    _MATRIX_RULES[cls] = rule
 
 
 # Matrix expressions whose shape is their own (not their arguments'): the

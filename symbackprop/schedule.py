@@ -166,6 +166,12 @@ Kernel = MapKernel | MatMulKernel | ReduceKernel | PackKernel | EmapKernel | Any
 KERNEL_BUILDERS: dict[str, Callable[["_Scheduler", Node, str], Any]] = {}
 
 
+def register_kernel(op: str, builder: Callable[["Scheduler", Node, str], Any]) -> None:
+    """Build the kernel of nodes of `op` with builder(scheduler, node, out);
+    the builder reads the schedule through Scheduler's public accessors."""
+    KERNEL_BUILDERS[op] = builder
+
+
 @dataclass(frozen=True)
 class Slot:
     """A buffer's place in the workspace. In the C it is written relative to
@@ -503,7 +509,19 @@ class _Scheduler:
                 self.buffer_of[node] = self.naming(node)
         return copies
 
+    # --- public accessors, for the builders of KERNEL_BUILDERS -------------
+
+    def buffer(self, node: Node) -> str | None:
+        """The buffer the node's value is stored in, or None (not stored)."""
+        return self.buffer_of.get(node)
+
+    def users_of(self, node: Node) -> list[Node]:
+        """The nodes of this schedule that read `node`, in schedule order."""
+        return list(self.users.get(node, ()))
+
     def view(self, node: Node) -> View:
+        """Where the node's entries are: a buffer, an offset and strides
+        (a transpose or an element is a view of its argument's buffer)."""
         zero, one = sp.Integer(0), sp.Integer(1)
         if node.op == "transpose":
             inner = self.view(node.args[0])
@@ -766,6 +784,9 @@ class _Scheduler:
                 previous = buffer
             releases.setdefault(last.get(buffer, start), []).append(buffer)
         return tuple(slots), sp.expand(end)
+
+
+Scheduler = _Scheduler  # what a kernel builder gets: .buffer(node), .users_of(node), .view(node)
 
 
 # A map body with more operations than this is shown in comments by what it
