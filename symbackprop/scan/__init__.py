@@ -44,7 +44,9 @@ public hooks by `register` alone:
   with buffer names scoped to the loop, inside templates/kernel_scan.c.j2
   (and scan.j2, kernel_scan_add_product.c.j2).
 
-The declaration (declare.py) needs no other stage.
+The declaration (declare.py) needs no other stage. (`symbackprop.scan`, the
+attribute, is the function: import the modules with
+`from symbackprop.scan import emit`, not `import symbackprop.scan.emit`.)
 """
 
 from . import register as _register  # noqa: F401  (makes the stages know scan)
