@@ -391,13 +391,13 @@ def lower(model: Model) -> Lowered:
     clash = [d for d in dims if leaf_name(d) in leaves]
     if clash:
         raise ModelError(f"{clash[0]} is used both as a dimension and as an input/param")
-    lowerer = _Lowerer(by_symbol, tuple(dims), tuple(model.outputs.values()))
+    lowerer = Lowerer(by_symbol, tuple(dims), tuple(model.outputs.values()))
     loss = lowerer.scalar_result(model.loss, "the loss")
     outputs = {name: lowerer.lower(expr) for name, expr in model.outputs.items()}
     return Lowered(model, leaves, loss, outputs, tuple(dims))
 
 
-class _Lowerer:
+class Lowerer:
     """Turns SymPy expressions into nodes, memoized per subexpression."""
 
     def __init__(self, leaves: dict[sp.Basic, Node], dims: tuple[sp.Symbol, ...], named: tuple[sp.Basic, ...] = ()):
@@ -411,6 +411,22 @@ class _Lowerer:
         # so that a named intermediate is one value with one gradient.
         self.named_sums = [e for e in named if isinstance(e, sp.MatAdd)]
         self.named_products = [e for e in named if isinstance(e, sp.MatMul) and e.as_coeff_matrices()[0] == 1]
+        self.caches: dict[str, dict] = {}  # see cache()
+        self.contexts: tuple[str, ...] = ()  # see nested()
+
+    def cache(self, owner: str) -> dict:
+        """A dict that lives as long as this lowering, for an op defined
+        outside this module to memoize what it lowered (scan: one node per
+        declared scan, however many of its parts the model reads)."""
+        return self.caches.setdefault(owner, {})
+
+    def nested(self, leaves: dict[sp.Basic, Node], context: str) -> "Lowerer":
+        """A lowerer for a graph nested in this one's (a scan's step), over
+        its own `leaves` and this one's dims, with `context` added to its
+        `contexts` (so that an op can refuse to nest in itself)."""
+        sub = Lowerer(leaves, tuple(self.dims))
+        sub.contexts = self.contexts + (context,)
+        return sub
 
     def scalar_result(self, expr: sp.Basic, what: str) -> Node:
         node = self.lower(expr)
@@ -548,13 +564,13 @@ def scalar_atoms(expr: sp.Expr) -> list[sp.Basic]:
     return atoms
 
 
-_MATRIX_RULES: dict[type, Callable[[_Lowerer, sp.Basic], Node]] = {
-    sp.MatrixSymbol: _Lowerer.matrix_symbol,
-    Index: _Lowerer.index,
+_MATRIX_RULES: dict[type, Callable[[Lowerer, sp.Basic], Node]] = {
+    sp.MatrixSymbol: Lowerer.matrix_symbol,
+    Index: Lowerer.index,
 }
 
 
-def _record_rule(cls: type) -> Callable[[_Lowerer, sp.Basic], Node] | None:
+def _record_rule(cls: type) -> Callable[[Lowerer, sp.Basic], Node] | None:
     """The lowering rule an op's record declares for a SymPy class."""
     found = lowering_rule(cls)
     return None if found is None else found[1]

@@ -229,10 +229,10 @@ def schedule(
     what they need run before everything else; `split` says where that
     part ends, so the function can stop there (a forward-only call).
     """
-    return _Scheduler(name, list(results), naming, inplace, first).run()
+    return Scheduler(name, list(results), naming, inplace, first).run()
 
 
-class _Scheduler(Placement):
+class Scheduler(Placement):
     """Kernels, buffers and the workspace of one function, over the plan
     that Placement groups (see schedule)."""
 
@@ -297,6 +297,16 @@ class _Scheduler(Placement):
             if node not in self.buffer_of and self._stored(node):
                 self.buffer_of[node] = self.naming(node)
         return copies
+
+    # --- public accessors, for the builders of KERNEL_BUILDERS -------------
+
+    def buffer(self, node: Node) -> str | None:
+        """The buffer the node's value is stored in, or None (not stored)."""
+        return self.buffer_of.get(node)
+
+    def users_of(self, node: Node) -> list[Node]:
+        """The nodes of this schedule that read `node`, in schedule order."""
+        return list(self.users.get(node, ()))
 
     def view(self, node: Node) -> View:
         """How kernels read `node`: its buffer, or a view's strides over its argument's."""

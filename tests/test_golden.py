@@ -34,7 +34,25 @@ def softmax_model():
     return sbp.Model("softmax_ce", inputs=[T], params=[Z], loss=nn.softmax_cross_entropy(Z, T))
 
 
-MODELS = {"scalar": scalar_model, "logistic": logistic_model, "softmax_ce": softmax_model}
+def scan_model():
+    """A scan with most of its C's cases: a row state and a matrix state
+    (started from a transposed matrix: copied), a sequence given transposed
+    (its rows gathered at each step), checkpoints (the backward loop by
+    segments) and weights' adjoints added straight into their accumulators."""
+    T = sp.Symbol("T", integer=True, positive=True)
+    W, Ux, b = sp.MatrixSymbol("W", 3, 3), sp.MatrixSymbol("Ux", 2, 3), sp.MatrixSymbol("b", 1, 3)
+    V, h0, M = sp.MatrixSymbol("V", 3, 1), sp.MatrixSymbol("h0", 1, 3), sp.MatrixSymbol("M", 2, 2)
+    XT, Z = sp.MatrixSymbol("XT", 2, T), sp.MatrixSymbol("Z", T, 1)
+    h, m, x = sp.MatrixSymbol("h", 1, 3), sp.MatrixSymbol("m", 2, 2), sp.MatrixSymbol("x", 1, 2)
+    h_next = (h * W + x * Ux + b).applyfunc(sp.tanh)
+    Y = sbp.scan((h_next, m * sp.Rational(1, 2) + M.T), h_next * V, (h, m), x, (h0, M.T * 2), XT.T, checkpoint_every=2)
+    final_h, final_m = sbp.final_state(Y)
+    loss = (sp.OneMatrix(1, T) * sp.HadamardPower(Y - Z, 2) + final_h * sp.OneMatrix(3, 1)
+            + sp.OneMatrix(1, 2) * final_m * sp.OneMatrix(2, 1))
+    return sbp.Model("scan_rnn", inputs=[XT, Z], params=[W, Ux, b, V, h0, M], loss=loss)
+
+
+MODELS = {"scalar": scalar_model, "logistic": logistic_model, "softmax_ce": softmax_model, "scan_rnn": scan_model}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -65,8 +65,14 @@ def _emit(em: FunctionEmitter, kernel: MatMulKernel) -> dict:
     """Small products of fixed shapes as inline loops with constant trip
     counts (the C compiler unrolls them); the rest as one call of the
     module's matmul helper, which hands large ones to BLAS."""
+    return matmul_fields(em, kernel)
+
+
+def matmul_fields(em: FunctionEmitter, kernel: MatMulKernel, inline: bool = False) -> dict:
+    """The template data of a product; `inline`: as loops whatever its size
+    (a product inside another kernel's loop, as a scan's step)."""
     size = sp.sympify(kernel.m) * kernel.k * kernel.n
-    if not size.is_Number or size >= BLAS_MIN_MULTIPLY_ADDS:
+    if not inline and (not size.is_Number or size >= BLAS_MIN_MULTIPLY_ADDS):
         args = [em.dim(kernel.m), em.dim(kernel.n), em.dim(kernel.k)]
         for v in (kernel.a, kernel.b):
             pointer = f"{em.namer.name(v.buffer)} + {em.dim(v.offset)}".replace(" + 0", "")
