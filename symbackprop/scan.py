@@ -845,9 +845,7 @@ class _Inner:
         return name
 
     def prename(self, roots: Sequence[Node]) -> None:
-        for node in topological_order(roots):
-            if node not in self.naming.names and node.op not in VIEW_OPS and not is_const(node):
-                self.naming.names[node] = self.naming.claim("t0")
+        """Nothing: the step's values are named as the scheduler stores them (densely)."""
 
 
 def _natural(view: View, shape: tuple, rows: bool) -> bool:
@@ -1037,7 +1035,7 @@ def _build_backward(sched: Any, node: Node, out: str) -> ScanKernel:
                 results.append((row, root))
         inner.prename([root for _, root in results])
         for product, at in zip(cached, cached_offsets):
-            name = inner.claim(f"{inner.naming.names[product]}_kept")
+            name = inner.claim(f"{inner.naming(product)}_kept")
             pointers.append(Pointer(name, scratch, at + (U - 1) * cw, True))
             results.append((name, product))
         fs = _fits(_schedule.schedule(f"{out} recompute", results, inner.naming), _reverse_scratch(back))
@@ -1053,7 +1051,7 @@ def _build_backward(sched: Any, node: Node, out: str) -> ScanKernel:
     pointers += _state_pointers(step, grad_state, names["nxt"], 0, True)
     kept_leaves = {}
     for product, at in zip(cached, cached_offsets):
-        kept_leaf = leaf(f"{inner.naming.names[product]}_kept", product.shape, "scan_kept")
+        kept_leaf = leaf(f"{inner.naming(product)}_kept", product.shape, "scan_kept")
         kept_leaves[product] = kept_leaf
         pointers.append(Pointer(inner.claim(kept_leaf.attrs[0], kept_leaf), scratch, at + U * cw, False))
     roots = _substitute(_reverse_roots(back), kept_leaves)
