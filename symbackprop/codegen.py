@@ -37,6 +37,7 @@ from .schedule import (
     kernel_reads,
     kernel_writes,
 )
+from .wrap import wrap_c_comments
 
 LOOP_K = sp.Symbol("k", integer=True)
 
@@ -577,8 +578,8 @@ def _template_dir() -> Path:
 
 def render(module: CModule) -> tuple[str, str, str]:
     env = template_environment()
-    source = env.get_template("module.c.j2").render(m=module)
-    header = env.get_template("module.h.j2").render(m=module)
+    source = wrap_c_comments(env.get_template("module.c.j2").render(m=module))
+    header = wrap_c_comments(env.get_template("module.h.j2").render(m=module))
     cdef = env.get_template("cdef.j2").render(m=module)
     return source, header, cdef
 

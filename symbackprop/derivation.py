@@ -14,6 +14,7 @@ import sympy as sp
 
 from .codegen import REAL_TYPES, template_environment
 from .schedule import FunctionSchedule, kernel_reads, kernel_writes
+from .wrap import wrap_markdown_equations
 
 
 @dataclass(frozen=True)
@@ -194,4 +195,4 @@ def render_derivation(derivation: Derivation) -> str:
     Returns:
         The text of the template derivation.md.j2.
     """
-    return template_environment().get_template("derivation.md.j2").render(d=derivation)
+    return wrap_markdown_equations(template_environment().get_template("derivation.md.j2").render(d=derivation))

@@ -249,6 +249,8 @@ class Naming:
         for name, node in roots:
             if node not in self.names:
                 self.names[node] = self.claim(name)
+        # a forward value is a value, even where it is also a derivative (interned nodes)
+        self.forward = set(topological_order([node for _, node in roots]))
         for name, node in named:  # the user's names of intermediates (Model(names=...))
             if node not in self.names and node.op not in VIEW_OPS and not is_const(node):
                 self.names[node] = self.claim(name)
@@ -295,11 +297,11 @@ class Naming:
         """Whether the node's name is made from another's (an adjoint's,
         a local derivative's): those are named after the values they come from."""
         origin = self.origins.get(node)
-        return origin is not None and origin[0] in ("adjoint", "part", "local")
+        return origin is not None and origin[0] in ("adjoint", "part", "local") and node not in self.forward
 
     def _derive(self, node: Node) -> str:
         origin = self.origins.get(node)
-        if origin is None:
+        if origin is None or node in self.forward:
             return "t0"
         # made of names, sanitized as the C will have them (a user's "int" is int_, its adjoint grad_int)
         if origin[0] == "adjoint":
