@@ -210,6 +210,11 @@ class CModule:
     epoch: object = None  # epoch.CEpoch when the module has a train_step
 
     @property
+    def helpers(self) -> str:
+        """The prefix of the runtime header's helpers for this real type."""
+        return runtime_type(REAL_TYPES[self.real]).prefix
+
+    @property
     def gemm(self) -> str:
         return "dgemm" if self.real_c == "double" else "sgemm"
 
@@ -574,6 +579,39 @@ def _template_dir() -> Path:
         if (candidate / "module.c.j2").is_file():
             return candidate
     raise FileNotFoundError(f"symbackprop's templates are missing (looked in {here} and {here.parent})")
+
+
+RUNTIME_HEADER = "symbackprop_runtime.h"
+
+
+@dataclass(frozen=True)
+class RuntimeType:
+    """One real type's part of the runtime header, as its templates read it."""
+
+    real: str
+    real_c: str
+    prefix: str  # of its helpers: symbackprop_f64_matmul, ...
+    gemm: str
+    vector_math: tuple[str, ...]
+    reductions: tuple[str, ...] = REDUCTIONS
+    blas_min: int = BLAS_MIN_MULTIPLY_ADDS
+
+
+def runtime_type(real: RealType) -> RuntimeType:
+    suffix = "f" if real.c == "float" else ""
+    return RuntimeType(real.name, real.c, f"symbackprop_f{real.name[-2:]}", "dgemm" if real.c == "double" else "sgemm",
+                       tuple(name + suffix for name in sorted(LIBMVEC)))
+
+
+@lru_cache(maxsize=1)
+def runtime_header() -> str:
+    """symbackprop_runtime.h: the helpers and declarations every generated
+    module includes, the same for every model (see templates/runtime.h.j2)."""
+    from ._version import __version__
+
+    types = [runtime_type(real) for real in (FLOAT64, FLOAT32)]
+    text = template_environment().get_template("runtime.h.j2").render(types=types, version=__version__)
+    return wrap_c_comments(text)
 
 
 def render(module: CModule) -> tuple[str, str, str]:

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 import sympy as sp
-from c_driver import STRICT_FLAGS
+from c_driver import STRICT_FLAGS, write_runtime_header
 from oracles import central_differences, relative_error, sigmoid
 
 import symbackprop as sbp
@@ -305,6 +305,7 @@ def test_the_c_compiles_without_warnings(tmp_path):
     source = tmp_path / f"{emitted.prefix}.c"
     source.write_text(emitted.source)
     (tmp_path / f"{emitted.prefix}.h").write_text(emitted.header)
+    write_runtime_header(tmp_path)
     result = subprocess.run(["cc", *STRICT_FLAGS, "-c", str(source), "-o", str(tmp_path / "m.o")],
                             capture_output=True, text=True)
     assert result.returncode == 0 and result.stderr == "", result.stderr
@@ -366,6 +367,7 @@ def test_scans_are_clean_under_sanitizers(make, tmp_path):
     emitted, _ = generate(model)
     (tmp_path / f"{emitted.prefix}.c").write_text(emitted.source)
     (tmp_path / f"{emitted.prefix}.h").write_text(emitted.header)
+    write_runtime_header(tmp_path)
     functions = safety.read_header(emitted.header)
     (tmp_path / "driver.c").write_text(safety.driver(f"{emitted.prefix}.h", functions))
     exe = tmp_path / "driver"
