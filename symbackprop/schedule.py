@@ -243,7 +243,8 @@ class Naming:
         self.origins = dict(origins)
         self.names: dict[Node, str] = {}
         self.taken: set[str] = set()
-        self.counts: dict[str, int] = {}  # numbered prefix -> the last number claimed for it
+        self.counts: dict[str, int] = {}  # base -> the last suffix claimed for it
+        self.numbers: dict[str, int] = {}  # numbered prefix (t, g) -> the last number claimed for it
         for name, node in leaves.items():
             self.names[node] = self.claim(name)
         for name, node in roots:
@@ -278,12 +279,12 @@ class Naming:
 
     def number(self, prefix: str) -> str:
         """The next free <prefix><k>, k counting up from 0 per prefix."""
-        count = self.counts.get(prefix, -1)
+        count = self.numbers.get(prefix, -1)
         name = ""
         while not name or name in self.taken:
             count += 1
             name = f"{prefix}{count}"
-        self.counts[prefix] = count
+        self.numbers[prefix] = count
         self.taken.add(name)
         return name
 
@@ -782,9 +783,11 @@ class _Scheduler:
                 shapes[buffer] = node.shape
         first: dict[str, int] = {}
         last: dict[str, int] = {}
+        written_at: dict[str, int] = {}  # declared in the order written (as the comments list them), not by name
         for index, kernel in enumerate(kernels):
             for buffer in kernel_writes(kernel):
                 first.setdefault(buffer, index)
+                written_at.setdefault(buffer, len(written_at))
             for buffer in kernel_reads(kernel):
                 last[buffer] = index
         free: list[str] = []  # buffers whose last reader has run
@@ -792,7 +795,7 @@ class _Scheduler:
         slots: list[Slot] = []
         offset_of: dict[str, sp.Expr] = {}
         end, previous = sp.Integer(0), None
-        for buffer in sorted(sizes, key=lambda b: (first.get(b, 0), b)):
+        for buffer in sorted(sizes, key=lambda b: (first.get(b, 0), written_at.get(b, 0), b)):
             start = first.get(buffer, 0)
             for index in sorted(k for k in releases if k < start):
                 free += releases.pop(index)

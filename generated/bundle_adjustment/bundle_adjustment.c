@@ -477,8 +477,8 @@ int bundle_adjustment_value_and_grad(
 
     /* t0 = residual**2 */
     /* grad_residual = 2*residual */
-    double *grad_residual = residual + 2*N; /* N x 2 */
-    double *t0 = grad_residual + 2*N; /* N x 2 */
+    double *t0 = residual + 2*N; /* N x 2 */
+    double *grad_residual = t0 + 2*N; /* N x 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
@@ -488,7 +488,7 @@ int bundle_adjustment_value_and_grad(
     }
 
     /* t1 = sum of t0 down each column */
-    double *t1 = t0 + 2*N; /* 1 x 2 */
+    double *t1 = grad_residual + 2*N; /* 1 x 2 */
     for (int64_t j = 0; j < 2; ++j) {
         t1[j] = symbackprop_f64_sum(t0 + j, N, 2);
     }

@@ -62,116 +62,116 @@ int lstm_lm_forward(
             const double *t0_cell = t0_cur + 16;
             double *t0_h_next = t0_nxt;
             double *t0_cell_next = t0_nxt + 16;
-            double *t0_t2 = t0_base + 64; /* 1 x 16 */
-            double *t0_t3 = t0_base + 80; /* 1 x 16 */
-            double *t0_t4 = t0_base + 96; /* 1 x 16 */
-            double *t0_t5 = t0_base + 112; /* 1 x 16 */
-            double *t0_t6 = t0_base + 128; /* 1 x 16 */
-            double *t0_t7 = t0_base + 144; /* 1 x 16 */
-            double *t0_t8 = t0_base + 160; /* 1 x 16 */
-            double *t0_t9 = t0_base + 176; /* 1 x 16 */
-            double *t0_t10 = t0_base + 192; /* 1 x 30 */
-            /* t2 = h @ U_o */
+            double *t0_t1 = t0_base + 64; /* 1 x 16 */
+            double *t0_t2 = t0_base + 80; /* 1 x 16 */
+            double *t0_t3 = t0_base + 96; /* 1 x 16 */
+            double *t0_t4 = t0_base + 112; /* 1 x 16 */
+            double *t0_t5 = t0_base + 128; /* 1 x 16 */
+            double *t0_t6 = t0_base + 144; /* 1 x 16 */
+            double *t0_t7 = t0_base + 160; /* 1 x 16 */
+            double *t0_t8 = t0_base + 176; /* 1 x 16 */
+            double *t0_t9 = t0_base + 192; /* 1 x 30 */
+            /* t1 = h @ U_o */
+            for (int64_t i = 0; i < 1; ++i) {
+                for (int64_t j = 0; j < 16; ++j) {
+                    t0_t1[16*i + j] = 0;
+                }
+                for (int64_t k = 0; k < 16; ++k) {
+                    const double acc = t0_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
+                    for (int64_t j = 0; j < 16; ++j) {
+                        t0_t1[16*i + j] += acc * U_o[16*k + j];
+                    }
+                }
+            }
+            /* t2 = x @ W_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t2[16*i + j] = 0;
                 }
-                for (int64_t k = 0; k < 16; ++k) {
-                    const double acc = t0_h[k];
+                for (int64_t k = 0; k < 30; ++k) {
+                    const double acc = t0_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t2[16*i + j] += acc * U_o[16*k + j];
+                        t0_t2[16*i + j] += acc * W_o[16*k + j];
                     }
                 }
             }
-            /* t3 = x @ W_o */
+            /* t3 = h @ U_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t3[16*i + j] = 0;
                 }
-                for (int64_t k = 0; k < 30; ++k) {
-                    const double acc = t0_x[k];
+                for (int64_t k = 0; k < 16; ++k) {
+                    const double acc = t0_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t3[16*i + j] += acc * W_o[16*k + j];
+                        t0_t3[16*i + j] += acc * U_i[16*k + j];
                     }
                 }
             }
-            /* t4 = h @ U_i */
+            /* t4 = x @ W_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t4[16*i + j] = 0;
                 }
-                for (int64_t k = 0; k < 16; ++k) {
-                    const double acc = t0_h[k];
+                for (int64_t k = 0; k < 30; ++k) {
+                    const double acc = t0_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t4[16*i + j] += acc * U_i[16*k + j];
+                        t0_t4[16*i + j] += acc * W_i[16*k + j];
                     }
                 }
             }
-            /* t5 = x @ W_i */
+            /* t5 = h @ U_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t5[16*i + j] = 0;
                 }
-                for (int64_t k = 0; k < 30; ++k) {
-                    const double acc = t0_x[k];
+                for (int64_t k = 0; k < 16; ++k) {
+                    const double acc = t0_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t5[16*i + j] += acc * W_i[16*k + j];
+                        t0_t5[16*i + j] += acc * U_g[16*k + j];
                     }
                 }
             }
-            /* t6 = h @ U_g */
+            /* t6 = x @ W_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t6[16*i + j] = 0;
                 }
-                for (int64_t k = 0; k < 16; ++k) {
-                    const double acc = t0_h[k];
+                for (int64_t k = 0; k < 30; ++k) {
+                    const double acc = t0_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t6[16*i + j] += acc * U_g[16*k + j];
+                        t0_t6[16*i + j] += acc * W_g[16*k + j];
                     }
                 }
             }
-            /* t7 = x @ W_g */
+            /* t7 = h @ U_f */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t7[16*i + j] = 0;
                 }
-                for (int64_t k = 0; k < 30; ++k) {
-                    const double acc = t0_x[k];
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #pragma GCC unroll 1
-    #endif
-                    for (int64_t j = 0; j < 16; ++j) {
-                        t0_t7[16*i + j] += acc * W_g[16*k + j];
-                    }
-                }
-            }
-            /* t8 = h @ U_f */
-            for (int64_t i = 0; i < 1; ++i) {
-                for (int64_t j = 0; j < 16; ++j) {
-                    t0_t8[16*i + j] = 0;
-                }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -179,14 +179,14 @@ int lstm_lm_forward(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t8[16*i + j] += acc * U_f[16*k + j];
+                        t0_t7[16*i + j] += acc * U_f[16*k + j];
                     }
                 }
             }
-            /* t9 = x @ W_f */
+            /* t8 = x @ W_f */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t9[16*i + j] = 0;
+                    t0_t8[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 30; ++k) {
                     const double acc = t0_x[k];
@@ -195,26 +195,26 @@ int lstm_lm_forward(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t9[16*i + j] += acc * W_f[16*k + j];
+                        t0_t8[16*i + j] += acc * W_f[16*k + j];
                     }
                 }
             }
-            /* cell_next = cell*sigmoid(b_f + t8 + t9) + tanh(b_g + t6 + t7)*sigmoid(b_i + t4
-             * + t5) */
-            /* h_next = tanh(cell*sigmoid(b_f + t8 + t9) + tanh(b_g + t6 + t7)*sigmoid(b_i +
-             * t4 + t5))*sigmoid(b_o + t2 + t3) */
+            /* cell_next = cell*sigmoid(b_f + t7 + t8) + tanh(b_g + t5 + t6)*sigmoid(b_i + t3
+             * + t4) */
+            /* h_next = tanh(cell*sigmoid(b_f + t7 + t8) + tanh(b_g + t5 + t6)*sigmoid(b_i +
+             * t3 + t4))*sigmoid(b_o + t1 + t2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 16; ++j) {
-                const double x0 = t0_cell[j]*(((t0_t8[j] + t0_t9[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t0_t8[j] + t0_t9[j] + b_f[j]))) / (1.0 + exp(-fabs(t0_t8[j] + t0_t9[j] + b_f[j])))) + tanh(t0_t6[j] + t0_t7[j] + b_g[j])*(((t0_t4[j] + t0_t5[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t0_t4[j] + t0_t5[j] + b_i[j]))) / (1.0 + exp(-fabs(t0_t4[j] + t0_t5[j] + b_i[j]))));
+                const double x0 = t0_cell[j]*(((t0_t7[j] + t0_t8[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t0_t7[j] + t0_t8[j] + b_f[j]))) / (1.0 + exp(-fabs(t0_t7[j] + t0_t8[j] + b_f[j])))) + tanh(t0_t5[j] + t0_t6[j] + b_g[j])*(((t0_t3[j] + t0_t4[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t0_t3[j] + t0_t4[j] + b_i[j]))) / (1.0 + exp(-fabs(t0_t3[j] + t0_t4[j] + b_i[j]))));
                 t0_cell_next[j] = x0;
-                t0_h_next[j] = tanh(x0)*(((t0_t2[j] + t0_t3[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t0_t2[j] + t0_t3[j] + b_o[j]))) / (1.0 + exp(-fabs(t0_t2[j] + t0_t3[j] + b_o[j]))));
+                t0_h_next[j] = tanh(x0)*(((t0_t1[j] + t0_t2[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))) / (1.0 + exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))));
             }
-            /* t10 = h_next @ V */
+            /* t9 = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 30; ++j) {
-                    t0_t10[30*i + j] = 0;
+                    t0_t9[30*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h_next[k];
@@ -223,16 +223,16 @@ int lstm_lm_forward(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 30; ++j) {
-                        t0_t10[30*i + j] += acc * V[30*k + j];
+                        t0_t9[30*i + j] += acc * V[30*k + j];
                     }
                 }
             }
-            /* logits_row = c + t10 */
+            /* logits_row = c + t9 */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 30; ++j) {
-                t0_logits_row[j] = t0_t10[j] + c[j];
+                t0_logits_row[j] = t0_t9[j] + c[j];
             }
             double *t0_swap = t0_cur;
             t0_cur = t0_nxt;
@@ -331,9 +331,9 @@ int lstm_lm_value_and_grad(
     
     /* t0 = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of logits;
      * one state in 32 kept in t6 */
-    double *logits = work; /* T x 30 */
-    double *t0 = logits + 30*T; /* 444 x 1 */
-    double *t6 = t0 + 444; /* ((T + 31)/32) x 32 */
+    double *t0 = work; /* 444 x 1 */
+    double *logits = t0 + 444; /* T x 30 */
+    double *t6 = logits + 30*T; /* ((T + 31)/32) x 32 */
     {
         double *t0_base = (double *)(((uintptr_t)t0 + 63) & ~(uintptr_t)63);
         double *t0_cur = t0_base;
@@ -356,116 +356,116 @@ int lstm_lm_value_and_grad(
             const double *t0_cell = t0_cur + 16;
             double *t0_h_next = t0_nxt;
             double *t0_cell_next = t0_nxt + 16;
-            double *t0_t2 = t0_base + 64; /* 1 x 16 */
-            double *t0_t3 = t0_base + 80; /* 1 x 16 */
-            double *t0_t4 = t0_base + 96; /* 1 x 16 */
-            double *t0_t5 = t0_base + 112; /* 1 x 16 */
-            double *t0_t6 = t0_base + 128; /* 1 x 16 */
-            double *t0_t7 = t0_base + 144; /* 1 x 16 */
-            double *t0_t8 = t0_base + 160; /* 1 x 16 */
-            double *t0_t9 = t0_base + 176; /* 1 x 16 */
-            double *t0_t10 = t0_base + 192; /* 1 x 30 */
-            /* t2 = h @ U_o */
+            double *t0_t1 = t0_base + 64; /* 1 x 16 */
+            double *t0_t2 = t0_base + 80; /* 1 x 16 */
+            double *t0_t3 = t0_base + 96; /* 1 x 16 */
+            double *t0_t4 = t0_base + 112; /* 1 x 16 */
+            double *t0_t5 = t0_base + 128; /* 1 x 16 */
+            double *t0_t6 = t0_base + 144; /* 1 x 16 */
+            double *t0_t7 = t0_base + 160; /* 1 x 16 */
+            double *t0_t8 = t0_base + 176; /* 1 x 16 */
+            double *t0_t9 = t0_base + 192; /* 1 x 30 */
+            /* t1 = h @ U_o */
+            for (int64_t i = 0; i < 1; ++i) {
+                for (int64_t j = 0; j < 16; ++j) {
+                    t0_t1[16*i + j] = 0;
+                }
+                for (int64_t k = 0; k < 16; ++k) {
+                    const double acc = t0_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
+                    for (int64_t j = 0; j < 16; ++j) {
+                        t0_t1[16*i + j] += acc * U_o[16*k + j];
+                    }
+                }
+            }
+            /* t2 = x @ W_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t2[16*i + j] = 0;
                 }
-                for (int64_t k = 0; k < 16; ++k) {
-                    const double acc = t0_h[k];
+                for (int64_t k = 0; k < 30; ++k) {
+                    const double acc = t0_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t2[16*i + j] += acc * U_o[16*k + j];
+                        t0_t2[16*i + j] += acc * W_o[16*k + j];
                     }
                 }
             }
-            /* t3 = x @ W_o */
+            /* t3 = h @ U_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t3[16*i + j] = 0;
                 }
-                for (int64_t k = 0; k < 30; ++k) {
-                    const double acc = t0_x[k];
+                for (int64_t k = 0; k < 16; ++k) {
+                    const double acc = t0_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t3[16*i + j] += acc * W_o[16*k + j];
+                        t0_t3[16*i + j] += acc * U_i[16*k + j];
                     }
                 }
             }
-            /* t4 = h @ U_i */
+            /* t4 = x @ W_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t4[16*i + j] = 0;
                 }
-                for (int64_t k = 0; k < 16; ++k) {
-                    const double acc = t0_h[k];
+                for (int64_t k = 0; k < 30; ++k) {
+                    const double acc = t0_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t4[16*i + j] += acc * U_i[16*k + j];
+                        t0_t4[16*i + j] += acc * W_i[16*k + j];
                     }
                 }
             }
-            /* t5 = x @ W_i */
+            /* t5 = h @ U_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t5[16*i + j] = 0;
                 }
-                for (int64_t k = 0; k < 30; ++k) {
-                    const double acc = t0_x[k];
+                for (int64_t k = 0; k < 16; ++k) {
+                    const double acc = t0_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t5[16*i + j] += acc * W_i[16*k + j];
+                        t0_t5[16*i + j] += acc * U_g[16*k + j];
                     }
                 }
             }
-            /* t6 = h @ U_g */
+            /* t6 = x @ W_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t6[16*i + j] = 0;
                 }
-                for (int64_t k = 0; k < 16; ++k) {
-                    const double acc = t0_h[k];
+                for (int64_t k = 0; k < 30; ++k) {
+                    const double acc = t0_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t6[16*i + j] += acc * U_g[16*k + j];
+                        t0_t6[16*i + j] += acc * W_g[16*k + j];
                     }
                 }
             }
-            /* t7 = x @ W_g */
+            /* t7 = h @ U_f */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t7[16*i + j] = 0;
                 }
-                for (int64_t k = 0; k < 30; ++k) {
-                    const double acc = t0_x[k];
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #pragma GCC unroll 1
-    #endif
-                    for (int64_t j = 0; j < 16; ++j) {
-                        t0_t7[16*i + j] += acc * W_g[16*k + j];
-                    }
-                }
-            }
-            /* t8 = h @ U_f */
-            for (int64_t i = 0; i < 1; ++i) {
-                for (int64_t j = 0; j < 16; ++j) {
-                    t0_t8[16*i + j] = 0;
-                }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -473,14 +473,14 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t8[16*i + j] += acc * U_f[16*k + j];
+                        t0_t7[16*i + j] += acc * U_f[16*k + j];
                     }
                 }
             }
-            /* t9 = x @ W_f */
+            /* t8 = x @ W_f */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t9[16*i + j] = 0;
+                    t0_t8[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 30; ++k) {
                     const double acc = t0_x[k];
@@ -489,26 +489,26 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t9[16*i + j] += acc * W_f[16*k + j];
+                        t0_t8[16*i + j] += acc * W_f[16*k + j];
                     }
                 }
             }
-            /* cell_next = cell*sigmoid(b_f + t8 + t9) + tanh(b_g + t6 + t7)*sigmoid(b_i + t4
-             * + t5) */
-            /* h_next = tanh(cell*sigmoid(b_f + t8 + t9) + tanh(b_g + t6 + t7)*sigmoid(b_i +
-             * t4 + t5))*sigmoid(b_o + t2 + t3) */
+            /* cell_next = cell*sigmoid(b_f + t7 + t8) + tanh(b_g + t5 + t6)*sigmoid(b_i + t3
+             * + t4) */
+            /* h_next = tanh(cell*sigmoid(b_f + t7 + t8) + tanh(b_g + t5 + t6)*sigmoid(b_i +
+             * t3 + t4))*sigmoid(b_o + t1 + t2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 16; ++j) {
-                const double x0 = t0_cell[j]*(((t0_t8[j] + t0_t9[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t0_t8[j] + t0_t9[j] + b_f[j]))) / (1.0 + exp(-fabs(t0_t8[j] + t0_t9[j] + b_f[j])))) + tanh(t0_t6[j] + t0_t7[j] + b_g[j])*(((t0_t4[j] + t0_t5[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t0_t4[j] + t0_t5[j] + b_i[j]))) / (1.0 + exp(-fabs(t0_t4[j] + t0_t5[j] + b_i[j]))));
+                const double x0 = t0_cell[j]*(((t0_t7[j] + t0_t8[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t0_t7[j] + t0_t8[j] + b_f[j]))) / (1.0 + exp(-fabs(t0_t7[j] + t0_t8[j] + b_f[j])))) + tanh(t0_t5[j] + t0_t6[j] + b_g[j])*(((t0_t3[j] + t0_t4[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t0_t3[j] + t0_t4[j] + b_i[j]))) / (1.0 + exp(-fabs(t0_t3[j] + t0_t4[j] + b_i[j]))));
                 t0_cell_next[j] = x0;
-                t0_h_next[j] = tanh(x0)*(((t0_t2[j] + t0_t3[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t0_t2[j] + t0_t3[j] + b_o[j]))) / (1.0 + exp(-fabs(t0_t2[j] + t0_t3[j] + b_o[j]))));
+                t0_h_next[j] = tanh(x0)*(((t0_t1[j] + t0_t2[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))) / (1.0 + exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))));
             }
-            /* t10 = h_next @ V */
+            /* t9 = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 30; ++j) {
-                    t0_t10[30*i + j] = 0;
+                    t0_t9[30*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h_next[k];
@@ -517,16 +517,16 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 30; ++j) {
-                        t0_t10[30*i + j] += acc * V[30*k + j];
+                        t0_t9[30*i + j] += acc * V[30*k + j];
                     }
                 }
             }
-            /* logits_row = c + t10 */
+            /* logits_row = c + t9 */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 30; ++j) {
-                t0_logits_row[j] = t0_t10[j] + c[j];
+                t0_logits_row[j] = t0_t9[j] + c[j];
             }
             double *t0_swap = t0_cur;
             t0_cur = t0_nxt;
@@ -643,129 +643,129 @@ int lstm_lm_value_and_grad(
             (t7_cur + 16)[t7_i] = 0;
         }
         for (int64_t t7_s = ((T + 31)/32) - 1; t7_s >= 0; --t7_s) {
-            const int64_t t7_t1 = t7_s*32;
-            const int64_t t7_len = T - t7_t1 < 32 ? T - t7_t1 : 32;
+            const int64_t t7_t0 = t7_s*32;
+            const int64_t t7_len = T - t7_t0 < 32 ? T - t7_t0 : 32;
             for (int64_t t7_i = 0; t7_i < 32; ++t7_i) {
                 t7_seg[t7_i] = t6[t7_s*32 + t7_i];
             }
             for (int64_t t7_u = 1; t7_u <= t7_len; ++t7_u) {
-                const int64_t t7_t = t7_t1 + t7_u - 1;
+                const int64_t t7_t = t7_t0 + t7_u - 1;
                 const double *t7_x = X + 30*t7_t;
                 const double *t7_h = t7_seg + 32*t7_u - 32;
                 const double *t7_cell = t7_seg + 32*t7_u - 16;
                 double *t7_h_next = t7_seg + 32*t7_u;
                 double *t7_cell_next = t7_seg + 32*t7_u + 16;
                 double *t7_out0_row = t7_base + 9328;
-                double *t7_t2_kept = t7_base + 128*t7_u + 992;
-                double *t7_t3_kept = t7_base + 128*t7_u + 1008;
-                double *t7_t4_kept = t7_base + 128*t7_u + 1024;
-                double *t7_t5_kept = t7_base + 128*t7_u + 1040;
-                double *t7_t8_kept = t7_base + 128*t7_u + 1056;
-                double *t7_t9_kept = t7_base + 128*t7_u + 1072;
-                double *t7_t10_kept = t7_base + 128*t7_u + 1088;
-                double *t7_t11_kept = t7_base + 128*t7_u + 1104;
-                double *t7_t12 = t7_base + 5216; /* 1 x 30 */
-                /* t2_kept = h @ U_o */
+                double *t7_t1_kept = t7_base + 128*t7_u + 992;
+                double *t7_t2_kept = t7_base + 128*t7_u + 1008;
+                double *t7_t3_kept = t7_base + 128*t7_u + 1024;
+                double *t7_t4_kept = t7_base + 128*t7_u + 1040;
+                double *t7_t5_kept = t7_base + 128*t7_u + 1056;
+                double *t7_t8_kept = t7_base + 128*t7_u + 1072;
+                double *t7_t9_kept = t7_base + 128*t7_u + 1088;
+                double *t7_t10_kept = t7_base + 128*t7_u + 1104;
+                double *t7_t11 = t7_base + 5216; /* 1 x 30 */
+                /* t1_kept = h @ U_o */
+                for (int64_t i = 0; i < 1; ++i) {
+                    for (int64_t j = 0; j < 16; ++j) {
+                        t7_t1_kept[16*i + j] = 0;
+                    }
+                    for (int64_t k = 0; k < 16; ++k) {
+                        const double acc = t7_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
+                        for (int64_t j = 0; j < 16; ++j) {
+                            t7_t1_kept[16*i + j] += acc * U_o[16*k + j];
+                        }
+                    }
+                }
+                /* t2_kept = x @ W_o */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         t7_t2_kept[16*i + j] = 0;
                     }
-                    for (int64_t k = 0; k < 16; ++k) {
-                        const double acc = t7_h[k];
+                    for (int64_t k = 0; k < 30; ++k) {
+                        const double acc = t7_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t7_t2_kept[16*i + j] += acc * U_o[16*k + j];
+                            t7_t2_kept[16*i + j] += acc * W_o[16*k + j];
                         }
                     }
                 }
-                /* t3_kept = x @ W_o */
+                /* t3_kept = h @ U_i */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         t7_t3_kept[16*i + j] = 0;
                     }
-                    for (int64_t k = 0; k < 30; ++k) {
-                        const double acc = t7_x[k];
+                    for (int64_t k = 0; k < 16; ++k) {
+                        const double acc = t7_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t7_t3_kept[16*i + j] += acc * W_o[16*k + j];
+                            t7_t3_kept[16*i + j] += acc * U_i[16*k + j];
                         }
                     }
                 }
-                /* t4_kept = h @ U_i */
+                /* t4_kept = x @ W_i */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         t7_t4_kept[16*i + j] = 0;
                     }
-                    for (int64_t k = 0; k < 16; ++k) {
-                        const double acc = t7_h[k];
+                    for (int64_t k = 0; k < 30; ++k) {
+                        const double acc = t7_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t7_t4_kept[16*i + j] += acc * U_i[16*k + j];
+                            t7_t4_kept[16*i + j] += acc * W_i[16*k + j];
                         }
                     }
                 }
-                /* t5_kept = x @ W_i */
+                /* t5_kept = h @ U_g */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         t7_t5_kept[16*i + j] = 0;
                     }
-                    for (int64_t k = 0; k < 30; ++k) {
-                        const double acc = t7_x[k];
+                    for (int64_t k = 0; k < 16; ++k) {
+                        const double acc = t7_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t7_t5_kept[16*i + j] += acc * W_i[16*k + j];
+                            t7_t5_kept[16*i + j] += acc * U_g[16*k + j];
                         }
                     }
                 }
-                /* t8_kept = h @ U_g */
+                /* t8_kept = x @ W_g */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         t7_t8_kept[16*i + j] = 0;
                     }
-                    for (int64_t k = 0; k < 16; ++k) {
-                        const double acc = t7_h[k];
+                    for (int64_t k = 0; k < 30; ++k) {
+                        const double acc = t7_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t7_t8_kept[16*i + j] += acc * U_g[16*k + j];
+                            t7_t8_kept[16*i + j] += acc * W_g[16*k + j];
                         }
                     }
                 }
-                /* t9_kept = x @ W_g */
+                /* t9_kept = h @ U_f */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         t7_t9_kept[16*i + j] = 0;
                     }
-                    for (int64_t k = 0; k < 30; ++k) {
-                        const double acc = t7_x[k];
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #pragma GCC unroll 1
-    #endif
-                        for (int64_t j = 0; j < 16; ++j) {
-                            t7_t9_kept[16*i + j] += acc * W_g[16*k + j];
-                        }
-                    }
-                }
-                /* t10_kept = h @ U_f */
-                for (int64_t i = 0; i < 1; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        t7_t10_kept[16*i + j] = 0;
-                    }
                     for (int64_t k = 0; k < 16; ++k) {
                         const double acc = t7_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -773,14 +773,14 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t7_t10_kept[16*i + j] += acc * U_f[16*k + j];
+                            t7_t9_kept[16*i + j] += acc * U_f[16*k + j];
                         }
                     }
                 }
-                /* t11_kept = x @ W_f */
+                /* t10_kept = x @ W_f */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        t7_t11_kept[16*i + j] = 0;
+                        t7_t10_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 30; ++k) {
                         const double acc = t7_x[k];
@@ -789,27 +789,27 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t7_t11_kept[16*i + j] += acc * W_f[16*k + j];
+                            t7_t10_kept[16*i + j] += acc * W_f[16*k + j];
                         }
                     }
                 }
-                /* cell_next = cell*sigmoid(b_f + t10_kept + t11_kept) + tanh(b_g + t8_kept +
-                 * t9_kept)*sigmoid(b_i + t4_kept + t5_kept) */
-                /* h_next = tanh(cell*sigmoid(b_f + t10_kept + t11_kept) + tanh(b_g + t8_kept
-                 * + t9_kept)*sigmoid(b_i + t4_kept + t5_kept))*sigmoid(b_o + t2_kept +
-                 * t3_kept) */
+                /* cell_next = cell*sigmoid(b_f + t10_kept + t9_kept) + tanh(b_g + t5_kept +
+                 * t8_kept)*sigmoid(b_i + t3_kept + t4_kept) */
+                /* h_next = tanh(cell*sigmoid(b_f + t10_kept + t9_kept) + tanh(b_g + t5_kept
+                 * + t8_kept)*sigmoid(b_i + t3_kept + t4_kept))*sigmoid(b_o + t1_kept +
+                 * t2_kept) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    const double x0 = t7_cell[j]*(((t7_t10_kept[j] + t7_t11_kept[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t7_t10_kept[j] + t7_t11_kept[j] + b_f[j]))) / (1.0 + exp(-fabs(t7_t10_kept[j] + t7_t11_kept[j] + b_f[j])))) + tanh(t7_t8_kept[j] + t7_t9_kept[j] + b_g[j])*(((t7_t4_kept[j] + t7_t5_kept[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t7_t4_kept[j] + t7_t5_kept[j] + b_i[j]))) / (1.0 + exp(-fabs(t7_t4_kept[j] + t7_t5_kept[j] + b_i[j]))));
+                    const double x0 = t7_cell[j]*(((t7_t9_kept[j] + t7_t10_kept[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t7_t9_kept[j] + t7_t10_kept[j] + b_f[j]))) / (1.0 + exp(-fabs(t7_t9_kept[j] + t7_t10_kept[j] + b_f[j])))) + tanh(t7_t5_kept[j] + t7_t8_kept[j] + b_g[j])*(((t7_t3_kept[j] + t7_t4_kept[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t7_t3_kept[j] + t7_t4_kept[j] + b_i[j]))) / (1.0 + exp(-fabs(t7_t3_kept[j] + t7_t4_kept[j] + b_i[j]))));
                     t7_cell_next[j] = x0;
-                    t7_h_next[j] = tanh(x0)*(((t7_t2_kept[j] + t7_t3_kept[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t7_t2_kept[j] + t7_t3_kept[j] + b_o[j]))) / (1.0 + exp(-fabs(t7_t2_kept[j] + t7_t3_kept[j] + b_o[j]))));
+                    t7_h_next[j] = tanh(x0)*(((t7_t1_kept[j] + t7_t2_kept[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t7_t1_kept[j] + t7_t2_kept[j] + b_o[j]))) / (1.0 + exp(-fabs(t7_t1_kept[j] + t7_t2_kept[j] + b_o[j]))));
                 }
-                /* t12 = h_next @ V */
+                /* t11 = h_next @ V */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 30; ++j) {
-                        t7_t12[30*i + j] = 0;
+                        t7_t11[30*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
                         const double acc = t7_h_next[k];
@@ -818,20 +818,20 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 30; ++j) {
-                            t7_t12[30*i + j] += acc * V[30*k + j];
+                            t7_t11[30*i + j] += acc * V[30*k + j];
                         }
                     }
                 }
-                /* out0_row = c + t12 */
+                /* out0_row = c + t11 */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 30; ++j) {
-                    t7_out0_row[j] = t7_t12[j] + c[j];
+                    t7_out0_row[j] = t7_t11[j] + c[j];
                 }
             }
             for (int64_t t7_u = t7_len - 1; t7_u >= 0; --t7_u) {
-                const int64_t t7_t = t7_t1 + t7_u;
+                const int64_t t7_t = t7_t0 + t7_u;
                 const double *t7_x = X + 30*t7_t;
                 const double *t7_h = t7_seg + 32*t7_u;
                 const double *t7_cell = t7_seg + 32*t7_u + 16;
@@ -839,29 +839,29 @@ int lstm_lm_value_and_grad(
                 const double *t7_grad_cell_next = t7_cur + 16;
                 double *t7_grad_h = t7_nxt;
                 double *t7_grad_cell = t7_nxt + 16;
-                const double *t7_t2_kept_1 = t7_base + 128*t7_u + 1120;
-                const double *t7_t3_kept_1 = t7_base + 128*t7_u + 1136;
-                const double *t7_t4_kept_1 = t7_base + 128*t7_u + 1152;
-                const double *t7_t5_kept_1 = t7_base + 128*t7_u + 1168;
-                const double *t7_t8_kept_1 = t7_base + 128*t7_u + 1184;
-                const double *t7_t9_kept_1 = t7_base + 128*t7_u + 1200;
-                const double *t7_t10_kept_1 = t7_base + 128*t7_u + 1216;
-                const double *t7_t11_kept_1 = t7_base + 128*t7_u + 1232;
+                const double *t7_t1_kept_1 = t7_base + 128*t7_u + 1120;
+                const double *t7_t2_kept_1 = t7_base + 128*t7_u + 1136;
+                const double *t7_t3_kept_1 = t7_base + 128*t7_u + 1152;
+                const double *t7_t4_kept_1 = t7_base + 128*t7_u + 1168;
+                const double *t7_t5_kept_1 = t7_base + 128*t7_u + 1184;
+                const double *t7_t8_kept_1 = t7_base + 128*t7_u + 1200;
+                const double *t7_t9_kept_1 = t7_base + 128*t7_u + 1216;
+                const double *t7_t10_kept_1 = t7_base + 128*t7_u + 1232;
                 const double *t7_grad_out0 = grad_logits + 30*t7_t;
                 double *t7_g0 = t7_base + 5216; /* 1 x 16 */
                 double *t7_g1 = t7_base + 5232; /* 1 x 16 */
-                double *t7_t13 = t7_base + 5216; /* 1 x 16 */
-                double *t7_t14 = t7_base + 5248; /* 1 x 16 */
-                double *t7_t15 = t7_base + 5264; /* 1 x 16 */
-                double *t7_t16 = t7_base + 5280; /* 1 x 16 */
-                double *t7_t17 = t7_base + 5296; /* 1 x 16 */
-                double *t7_t18 = t7_base + 5312; /* 1 x 16 */
-                double *t7_t19 = t7_base + 5328; /* 1 x 16 */
-                double *t7_t20 = t7_base + 5344; /* 1 x 16 */
-                double *t7_t21 = t7_base + 5232; /* 1 x 16 */
-                double *t7_t22 = t7_base + 5216; /* 1 x 16 */
-                double *t7_t23 = t7_base + 5248; /* 1 x 16 */
-                double *t7_t24 = t7_base + 5264; /* 1 x 16 */
+                double *t7_t12 = t7_base + 5216; /* 1 x 16 */
+                double *t7_t13 = t7_base + 5248; /* 1 x 16 */
+                double *t7_t14 = t7_base + 5264; /* 1 x 16 */
+                double *t7_t15 = t7_base + 5280; /* 1 x 16 */
+                double *t7_t16 = t7_base + 5296; /* 1 x 16 */
+                double *t7_t17 = t7_base + 5312; /* 1 x 16 */
+                double *t7_t18 = t7_base + 5328; /* 1 x 16 */
+                double *t7_t19 = t7_base + 5344; /* 1 x 16 */
+                double *t7_t20 = t7_base + 5232; /* 1 x 16 */
+                double *t7_t21 = t7_base + 5216; /* 1 x 16 */
+                double *t7_t22 = t7_base + 5248; /* 1 x 16 */
+                double *t7_t23 = t7_base + 5264; /* 1 x 16 */
                 /* g0 = grad_out0 @ V^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
@@ -879,48 +879,48 @@ int lstm_lm_value_and_grad(
                 for (int64_t j = 0; j < 16; ++j) {
                     t7_g1[j] = t7_grad_h_next[j] + t7_g0[j];
                 }
-                /* t13 = sigmoid(b_o + t2_kept_1 + t3_kept_1) */
+                /* t12 = sigmoid(b_o + t1_kept_1 + t2_kept_1) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    t7_t13[j] = (((t7_t2_kept_1[j] + t7_t3_kept_1[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t7_t2_kept_1[j] + t7_t3_kept_1[j] + b_o[j]))) / (1.0 + exp(-fabs(t7_t2_kept_1[j] + t7_t3_kept_1[j] + b_o[j]))));
+                    t7_t12[j] = (((t7_t1_kept_1[j] + t7_t2_kept_1[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t7_t1_kept_1[j] + t7_t2_kept_1[j] + b_o[j]))) / (1.0 + exp(-fabs(t7_t1_kept_1[j] + t7_t2_kept_1[j] + b_o[j]))));
                 }
-                /* t14 = sigmoid(b_i + t4_kept_1 + t5_kept_1) */
+                /* t13 = sigmoid(b_i + t3_kept_1 + t4_kept_1) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    t7_t14[j] = (((t7_t4_kept_1[j] + t7_t5_kept_1[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t7_t4_kept_1[j] + t7_t5_kept_1[j] + b_i[j]))) / (1.0 + exp(-fabs(t7_t4_kept_1[j] + t7_t5_kept_1[j] + b_i[j]))));
+                    t7_t13[j] = (((t7_t3_kept_1[j] + t7_t4_kept_1[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t7_t3_kept_1[j] + t7_t4_kept_1[j] + b_i[j]))) / (1.0 + exp(-fabs(t7_t3_kept_1[j] + t7_t4_kept_1[j] + b_i[j]))));
                 }
-                /* t15 = tanh(b_g + t8_kept_1 + t9_kept_1) */
+                /* t14 = tanh(b_g + t5_kept_1 + t8_kept_1) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    t7_t15[j] = tanh(t7_t8_kept_1[j] + t7_t9_kept_1[j] + b_g[j]);
+                    t7_t14[j] = tanh(t7_t5_kept_1[j] + t7_t8_kept_1[j] + b_g[j]);
                 }
-                /* t16 = cell*(1 - sigmoid(b_f + t10_kept_1 + t11_kept_1))*(g1*t13*(1 -
-                 * tanh(cell*sigmoid(b_f + t10_kept_1 + t11_kept_1) + t14*t15)**2) +
-                 * grad_cell_next)*sigmoid(b_f + t10_kept_1 + t11_kept_1) */
-                /* t17 = t14*(1 - t15**2)*(g1*t13*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 +
-                 * t11_kept_1) + t14*t15)**2) + grad_cell_next) */
-                /* t18 = t14*t15*(1 - t14)*(g1*t13*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 +
-                 * t11_kept_1) + t14*t15)**2) + grad_cell_next) */
-                /* t19 = g1*t13*(1 - t13)*tanh(cell*sigmoid(b_f + t10_kept_1 + t11_kept_1) +
-                 * t14*t15) */
-                /* grad_cell = (g1*t13*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 + t11_kept_1)
-                 * + t14*t15)**2) + grad_cell_next)*sigmoid(b_f + t10_kept_1 + t11_kept_1) */
-                /* grad_b_i = grad_b_i + t14*t15*(1 - t14)*(g1*t13*(1 - tanh(cell*sigmoid(b_f
-                 * + t10_kept_1 + t11_kept_1) + t14*t15)**2) + grad_cell_next) */
-                /* grad_b_f = cell*(1 - sigmoid(b_f + t10_kept_1 + t11_kept_1))*(g1*t13*(1 -
-                 * tanh(cell*sigmoid(b_f + t10_kept_1 + t11_kept_1) + t14*t15)**2) +
-                 * grad_cell_next)*sigmoid(b_f + t10_kept_1 + t11_kept_1) + grad_b_f */
-                /* grad_b_g = grad_b_g + t14*(1 - t15**2)*(g1*t13*(1 - tanh(cell*sigmoid(b_f
-                 * + t10_kept_1 + t11_kept_1) + t14*t15)**2) + grad_cell_next) */
-                /* grad_b_o = g1*t13*(1 - t13)*tanh(cell*sigmoid(b_f + t10_kept_1 +
-                 * t11_kept_1) + t14*t15) + grad_b_o */
-                /* t20 = t13*tanh(cell*sigmoid(b_f + t10_kept_1 + t11_kept_1) + t14*t15) */
+                /* t15 = cell*(1 - sigmoid(b_f + t10_kept_1 + t9_kept_1))*(g1*t12*(1 -
+                 * tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) + t13*t14)**2) +
+                 * grad_cell_next)*sigmoid(b_f + t10_kept_1 + t9_kept_1) */
+                /* t16 = t13*(1 - t14**2)*(g1*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 +
+                 * t9_kept_1) + t13*t14)**2) + grad_cell_next) */
+                /* t17 = t13*t14*(1 - t13)*(g1*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 +
+                 * t9_kept_1) + t13*t14)**2) + grad_cell_next) */
+                /* t18 = g1*t12*(1 - t12)*tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) +
+                 * t13*t14) */
+                /* grad_cell = (g1*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) +
+                 * t13*t14)**2) + grad_cell_next)*sigmoid(b_f + t10_kept_1 + t9_kept_1) */
+                /* grad_b_i = grad_b_i + t13*t14*(1 - t13)*(g1*t12*(1 - tanh(cell*sigmoid(b_f
+                 * + t10_kept_1 + t9_kept_1) + t13*t14)**2) + grad_cell_next) */
+                /* grad_b_f = cell*(1 - sigmoid(b_f + t10_kept_1 + t9_kept_1))*(g1*t12*(1 -
+                 * tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) + t13*t14)**2) +
+                 * grad_cell_next)*sigmoid(b_f + t10_kept_1 + t9_kept_1) + grad_b_f */
+                /* grad_b_g = grad_b_g + t13*(1 - t14**2)*(g1*t12*(1 - tanh(cell*sigmoid(b_f
+                 * + t10_kept_1 + t9_kept_1) + t13*t14)**2) + grad_cell_next) */
+                /* grad_b_o = g1*t12*(1 - t12)*tanh(cell*sigmoid(b_f + t10_kept_1 +
+                 * t9_kept_1) + t13*t14) + grad_b_o */
+                /* t19 = t12*tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) + t13*t14) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
@@ -929,75 +929,75 @@ int lstm_lm_value_and_grad(
                     const double t7_grad_b_f_in = grad_b_f[j];
                     const double t7_grad_b_g_in = grad_b_g[j];
                     const double t7_grad_b_o_in = grad_b_o[j];
-                    const double x0 = t7_t14[j]*t7_t15[j];
-                    const double x1 = (((t7_t10_kept_1[j] + t7_t11_kept_1[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t7_t10_kept_1[j] + t7_t11_kept_1[j] + b_f[j]))) / (1.0 + exp(-fabs(t7_t10_kept_1[j] + t7_t11_kept_1[j] + b_f[j]))));
+                    const double x0 = t7_t13[j]*t7_t14[j];
+                    const double x1 = (((t7_t9_kept_1[j] + t7_t10_kept_1[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t7_t9_kept_1[j] + t7_t10_kept_1[j] + b_f[j]))) / (1.0 + exp(-fabs(t7_t9_kept_1[j] + t7_t10_kept_1[j] + b_f[j]))));
                     const double x2 = t7_cell[j]*x1;
                     const double x3 = tanh(x0 + x2);
-                    const double x4 = t7_g1[j]*t7_t13[j]*(1 - (x3*x3)) + t7_grad_cell_next[j];
+                    const double x4 = t7_g1[j]*t7_t12[j]*(1 - (x3*x3)) + t7_grad_cell_next[j];
                     const double x5 = x2*x4*(1 - x1);
-                    const double x6 = t7_t14[j]*x4*(1 - (t7_t15[j]*t7_t15[j]));
-                    const double x7 = x0*x4*(1 - t7_t14[j]);
-                    const double x8 = t7_t13[j]*x3;
-                    const double x9 = t7_g1[j]*x8*(1 - t7_t13[j]);
-                    t7_t16[j] = x5;
-                    t7_t17[j] = x6;
-                    t7_t18[j] = x7;
-                    t7_t19[j] = x9;
+                    const double x6 = t7_t13[j]*x4*(1 - (t7_t14[j]*t7_t14[j]));
+                    const double x7 = x0*x4*(1 - t7_t13[j]);
+                    const double x8 = t7_t12[j]*x3;
+                    const double x9 = t7_g1[j]*x8*(1 - t7_t12[j]);
+                    t7_t15[j] = x5;
+                    t7_t16[j] = x6;
+                    t7_t17[j] = x7;
+                    t7_t18[j] = x9;
                     t7_grad_cell[j] = x1*x4;
                     grad_b_i[j] = t7_grad_b_i_in + x7;
                     grad_b_f[j] = t7_grad_b_f_in + x5;
                     grad_b_g[j] = t7_grad_b_g_in + x6;
                     grad_b_o[j] = t7_grad_b_o_in + x9;
-                    t7_t20[j] = x8;
+                    t7_t19[j] = x8;
                 }
-                /* t21 = t16 @ U_f^T */
+                /* t20 = t15 @ U_f^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         double acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
-                            acc += t7_t16[k] * U_f[k + 16*j];
+                            acc += t7_t15[k] * U_f[k + 16*j];
+                        }
+                        t7_t20[16*i + j] = acc;
+                    }
+                }
+                /* t21 = t16 @ U_g^T */
+                for (int64_t i = 0; i < 1; ++i) {
+                    for (int64_t j = 0; j < 16; ++j) {
+                        double acc = 0;
+                        for (int64_t k = 0; k < 16; ++k) {
+                            acc += t7_t16[k] * U_g[k + 16*j];
                         }
                         t7_t21[16*i + j] = acc;
                     }
                 }
-                /* t22 = t17 @ U_g^T */
+                /* t22 = t17 @ U_i^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         double acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
-                            acc += t7_t17[k] * U_g[k + 16*j];
+                            acc += t7_t17[k] * U_i[k + 16*j];
                         }
                         t7_t22[16*i + j] = acc;
                     }
                 }
-                /* t23 = t18 @ U_i^T */
+                /* t23 = t18 @ U_o^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         double acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
-                            acc += t7_t18[k] * U_i[k + 16*j];
+                            acc += t7_t18[k] * U_o[k + 16*j];
                         }
                         t7_t23[16*i + j] = acc;
                     }
                 }
-                /* t24 = t19 @ U_o^T */
-                for (int64_t i = 0; i < 1; ++i) {
-                    for (int64_t j = 0; j < 16; ++j) {
-                        double acc = 0;
-                        for (int64_t k = 0; k < 16; ++k) {
-                            acc += t7_t19[k] * U_o[k + 16*j];
-                        }
-                        t7_t24[16*i + j] = acc;
-                    }
-                }
-                /* grad_h = t21 + t22 + t23 + t24 */
+                /* grad_h = t20 + t21 + t22 + t23 */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    t7_grad_h[j] = t7_t21[j] + t7_t22[j] + t7_t23[j] + t7_t24[j];
+                    t7_grad_h[j] = t7_t20[j] + t7_t21[j] + t7_t22[j] + t7_t23[j];
                 }
-                /* grad_W_i += x^T @ t18 */
+                /* grad_W_i += x^T @ t17 */
                 for (int64_t i = 0; i < 30; ++i) {
                     const double acc = t7_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -1005,10 +1005,10 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_i[16*i + j] += acc * t7_t18[j];
+                        grad_W_i[16*i + j] += acc * t7_t17[j];
                     }
                 }
-                /* grad_W_f += x^T @ t16 */
+                /* grad_W_f += x^T @ t15 */
                 for (int64_t i = 0; i < 30; ++i) {
                     const double acc = t7_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -1016,10 +1016,10 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_f[16*i + j] += acc * t7_t16[j];
+                        grad_W_f[16*i + j] += acc * t7_t15[j];
                     }
                 }
-                /* grad_W_g += x^T @ t17 */
+                /* grad_W_g += x^T @ t16 */
                 for (int64_t i = 0; i < 30; ++i) {
                     const double acc = t7_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -1027,10 +1027,10 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_g[16*i + j] += acc * t7_t17[j];
+                        grad_W_g[16*i + j] += acc * t7_t16[j];
                     }
                 }
-                /* grad_W_o += x^T @ t19 */
+                /* grad_W_o += x^T @ t18 */
                 for (int64_t i = 0; i < 30; ++i) {
                     const double acc = t7_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -1038,10 +1038,10 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_o[16*i + j] += acc * t7_t19[j];
+                        grad_W_o[16*i + j] += acc * t7_t18[j];
                     }
                 }
-                /* grad_U_i += h^T @ t18 */
+                /* grad_U_i += h^T @ t17 */
                 for (int64_t i = 0; i < 16; ++i) {
                     const double acc = t7_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -1049,10 +1049,10 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_i[16*i + j] += acc * t7_t18[j];
+                        grad_U_i[16*i + j] += acc * t7_t17[j];
                     }
                 }
-                /* grad_U_f += h^T @ t16 */
+                /* grad_U_f += h^T @ t15 */
                 for (int64_t i = 0; i < 16; ++i) {
                     const double acc = t7_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -1060,10 +1060,10 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_f[16*i + j] += acc * t7_t16[j];
+                        grad_U_f[16*i + j] += acc * t7_t15[j];
                     }
                 }
-                /* grad_U_g += h^T @ t17 */
+                /* grad_U_g += h^T @ t16 */
                 for (int64_t i = 0; i < 16; ++i) {
                     const double acc = t7_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -1071,10 +1071,10 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_g[16*i + j] += acc * t7_t17[j];
+                        grad_U_g[16*i + j] += acc * t7_t16[j];
                     }
                 }
-                /* grad_U_o += h^T @ t19 */
+                /* grad_U_o += h^T @ t18 */
                 for (int64_t i = 0; i < 16; ++i) {
                     const double acc = t7_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -1082,12 +1082,12 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_o[16*i + j] += acc * t7_t19[j];
+                        grad_U_o[16*i + j] += acc * t7_t18[j];
                     }
                 }
-                /* grad_V += t20^T @ grad_out0 */
+                /* grad_V += t19^T @ grad_out0 */
                 for (int64_t i = 0; i < 16; ++i) {
-                    const double acc = t7_t20[i];
+                    const double acc = t7_t19[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1

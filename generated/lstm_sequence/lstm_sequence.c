@@ -82,11 +82,11 @@ static void lstm_sequence_run_part1(
     /* t9 = t5*tanh(b_g + t6) */
     /* t10 = tanh(t5*tanh(b_g + t6)) */
     /* t11 = t2*tanh(t5*tanh(b_g + t6)) */
-    double *t10 = t5 + 8*n; /* n x 8 */
-    double *t11 = t10 + 8*n; /* n x 8 */
-    double *t7 = t11 + 8*n; /* n x 8 */
+    double *t7 = t5 + 8*n; /* n x 8 */
     double *t8 = t7 + 8*n; /* n x 8 */
     double *t9 = t8 + 8*n; /* n x 8 */
+    double *t10 = t9 + 8*n; /* n x 8 */
+    double *t11 = t10 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -106,7 +106,7 @@ static void lstm_sequence_run_part1(
     symbackprop_f64_matmul(n, 8, 8, t11, 8, 1, U_o, 8, 1, t12);
 
     /* t13 = x2 @ W_o */
-    double *t13 = with_grads ? t9 + 8*n : t5; /* n x 8 */
+    double *t13 = with_grads ? t11 + 8*n : t5; /* n x 8 */
     symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_o, 0, 1, t13);
 
     /* t14 = sigmoid(t1 + t12 + t13) */
@@ -119,11 +119,11 @@ static void lstm_sequence_run_part1(
     }
 
     /* t15 = t11 @ U_i */
-    double *t15 = with_grads ? t12 : t10; /* n x 8, in t12's memory */
+    double *t15 = with_grads ? t12 : t8; /* n x 8, in t12's memory */
     symbackprop_f64_matmul(n, 8, 8, t11, 8, 1, U_i, 8, 1, t15);
 
     /* t16 = x2 @ W_i */
-    double *t16 = with_grads ? t13 : t8; /* n x 8, in t13's memory */
+    double *t16 = with_grads ? t13 : t10; /* n x 8, in t13's memory */
     symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_i, 0, 1, t16);
 
     /* t17 = sigmoid(t15 + t16 + t4) */
@@ -166,7 +166,7 @@ static void lstm_sequence_run_part1(
     /* t26 = tanh(t17*t20 + t9*sigmoid(b_f + t21 + t22)) */
     /* t27 = t14*tanh(t17*t20 + t9*sigmoid(b_f + t21 + t22)) */
     double *t23 = with_grads ? t20 + 8*n : t11; /* n x 8 */
-    double *t24 = with_grads ? t23 + 8*n : t9 + 8*n; /* n x 8 */
+    double *t24 = with_grads ? t23 + 8*n : t11 + 8*n; /* n x 8 */
     double *t25 = t24 + 8*n; /* n x 8 */
     double *t26 = t25 + 8*n; /* n x 8 */
     double *t27 = t26 + 8*n; /* n x 8 */
@@ -295,10 +295,10 @@ static void lstm_sequence_run_part2(
 {
     double *t1 = work + 8*n; /* n x 8; placed in an earlier part */
     double *t4 = work + 24*n; /* n x 8; placed in an earlier part */
-    double *t7 = work + 56*n; /* n x 8; placed in an earlier part */
-    double *t23 = with_grads ? work + 112*n : work + 48*n; /* n x 8; placed in an earlier part */
-    double *t33 = with_grads ? work + 160*n : work + 40*n; /* n x 8; placed in an earlier part */
-    double *t36 = with_grads ? work + 168*n : work + 72*n; /* n x 8; placed in an earlier part */
+    double *t7 = work + 40*n; /* n x 8; placed in an earlier part */
+    double *t23 = with_grads ? work + 112*n : work + 72*n; /* n x 8; placed in an earlier part */
+    double *t33 = with_grads ? work + 160*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t36 = with_grads ? work + 168*n : work + 56*n; /* n x 8; placed in an earlier part */
     double *t37 = work; /* n x 8, in t34's memory; placed in an earlier part */
     double *t38 = with_grads ? work + 80*n : work + 64*n; /* n x 8, in t35's memory; placed in an earlier part */
     double *t39 = with_grads ? work + 176*n : work + 32*n; /* n x 8; placed in an earlier part */
@@ -542,14 +542,14 @@ static void lstm_sequence_run_part3(
 {
     double *t1 = work + 8*n; /* n x 8; placed in an earlier part */
     double *t4 = work + 24*n; /* n x 8; placed in an earlier part */
-    double *t7 = work + 56*n; /* n x 8; placed in an earlier part */
-    double *t23 = with_grads ? work + 112*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t7 = work + 40*n; /* n x 8; placed in an earlier part */
+    double *t23 = with_grads ? work + 112*n : work + 72*n; /* n x 8; placed in an earlier part */
     double *t27 = with_grads ? work + 144*n : work + 104*n; /* n x 8; placed in an earlier part */
     double *t70 = with_grads ? work + 296*n : work; /* n x 8; placed in an earlier part */
     double *t72 = with_grads ? work + 312*n : work + 104*n; /* n x 8; placed in an earlier part */
-    double *t75 = with_grads ? work + 320*n : work + 72*n; /* n x 8; placed in an earlier part */
+    double *t75 = with_grads ? work + 320*n : work + 56*n; /* n x 8; placed in an earlier part */
     double *t76 = with_grads ? work : work + 80*n; /* n x 8, in t73's memory; placed in an earlier part */
-    double *t77 = with_grads ? work + 80*n : work + 40*n; /* n x 8, in t74's memory; placed in an earlier part */
+    double *t77 = with_grads ? work + 80*n : work + 48*n; /* n x 8, in t74's memory; placed in an earlier part */
     double *t78 = with_grads ? work + 328*n : work + 88*n; /* n x 8; placed in an earlier part */
     double *t79 = with_grads ? work : work + 16*n; /* n x 8, in t76's memory; placed in an earlier part */
     double *t80 = with_grads ? work + 80*n : work + 96*n; /* n x 8, in t77's memory; placed in an earlier part */
@@ -643,10 +643,10 @@ static void lstm_sequence_run_part3(
     /* t100 = t85*sigmoid(t23 + t97 + t98) + t93*t96 */
     /* t101 = tanh(t85*sigmoid(t23 + t97 + t98) + t93*t96) */
     /* t102 = t90*tanh(t85*sigmoid(t23 + t97 + t98) + t93*t96) */
-    double *t100 = with_grads ? t96 + 8*n : t92; /* n x 8 */
-    double *t101 = with_grads ? t100 + 8*n : t94; /* n x 8 */
-    double *t102 = with_grads ? t101 + 8*n : t95; /* n x 8 */
-    double *t99 = with_grads ? t102 + 8*n : t87; /* n x 8 */
+    double *t99 = with_grads ? t96 + 8*n : t92; /* n x 8 */
+    double *t100 = with_grads ? t99 + 8*n : t94; /* n x 8 */
+    double *t101 = with_grads ? t100 + 8*n : t95; /* n x 8 */
+    double *t102 = with_grads ? t101 + 8*n : t87; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -669,7 +669,7 @@ static void lstm_sequence_run_part3(
     symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_o, 0, 1, t104);
 
     /* t105 = sigmoid(t1 + t103 + t104) */
-    double *t105 = with_grads ? t99 + 8*n : t93; /* n x 8 */
+    double *t105 = with_grads ? t102 + 8*n : t93; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -695,11 +695,11 @@ static void lstm_sequence_run_part3(
     }
 
     /* t109 = t102 @ U_g */
-    double *t109 = with_grads ? t4 : t101; /* n x 8, in t4's memory */
+    double *t109 = with_grads ? t4 : t99; /* n x 8, in t4's memory */
     symbackprop_f64_matmul(n, 8, 8, t102, 8, 1, U_g, 8, 1, t109);
 
     /* t110 = x8 @ W_g */
-    double *t110 = with_grads ? t106 : t99; /* n x 8, in t106's memory */
+    double *t110 = with_grads ? t106 : t101; /* n x 8, in t106's memory */
     symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_g, 0, 1, t110);
 
     /* t111 = tanh(t109 + t110 + t7) */
@@ -743,8 +743,8 @@ static void lstm_sequence_run_part3(
     /* logit = c0 + t117 */
     /* t118 = -y*(c0 + t117) + softplus(c0 + t117) */
     /* grad_logit = -y/n + sigmoid(c0 + t117)/n */
-    double *grad_logit = t117 + n; /* n x 1 */
-    double *t118 = grad_logit + n; /* n x 1 */
+    double *t118 = t117 + n; /* n x 1 */
+    double *grad_logit = t118 + n; /* n x 1 */
     {
         const double c0_value = c0[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -758,7 +758,7 @@ static void lstm_sequence_run_part3(
     }
 
     /* t119 = sum of t118 down each column */
-    double *t119 = t118 + n; /* 1 x 1 */
+    double *t119 = grad_logit + n; /* 1 x 1 */
     t119[0] = symbackprop_f64_sum(t118, n, 1);
 
     /* loss = t119/n */
@@ -777,16 +777,16 @@ static void lstm_sequence_run_part4(
     int with_grads
 )
 {
-    double *t23 = with_grads ? work + 112*n : work + 48*n; /* n x 8; placed in an earlier part */
-    double *t100 = with_grads ? work + 400*n : work + 64*n; /* n x 8; placed in an earlier part */
+    double *t23 = with_grads ? work + 112*n : work + 72*n; /* n x 8; placed in an earlier part */
+    double *t100 = with_grads ? work + 408*n : work + 48*n; /* n x 8; placed in an earlier part */
     double *t105 = with_grads ? work + 432*n : work + 80*n; /* n x 8; placed in an earlier part */
     double *t108 = with_grads ? work + 80*n : work + 32*n; /* n x 8, in t104's memory; placed in an earlier part */
     double *t111 = with_grads ? work : work + 8*n; /* n x 8, in t107's memory; placed in an earlier part */
-    double *t112 = with_grads ? work + 56*n : work + 16*n; /* n x 8, in t7's memory; placed in an earlier part */
+    double *t112 = with_grads ? work + 40*n : work + 16*n; /* n x 8, in t7's memory; placed in an earlier part */
     double *t113 = with_grads ? work + 24*n : work + 88*n; /* n x 8, in t109's memory; placed in an earlier part */
     double *t114 = with_grads ? work + 8*n : work + 24*n; /* n x 8, in t110's memory; placed in an earlier part */
     double *t115 = with_grads ? work + 440*n : work; /* n x 8; placed in an earlier part */
-    double *grad_logit = with_grads ? work + 457*n : work + 113*n; /* n x 1; placed in an earlier part */
+    double *grad_logit = with_grads ? work + 458*n : work + 114*n; /* n x 1; placed in an earlier part */
     double *t119 = with_grads ? work + 459*n : work + 115*n; /* 1 x 1; placed in an earlier part */
     /* grad_t116 = grad_logit @ V^T */
     double *grad_t116 = t23; /* n x 8, in t23's memory */
@@ -838,42 +838,42 @@ static void lstm_sequence_run_part5(
 {
     double *t25 = with_grads ? work + 128*n : work + 88*n; /* n x 8; placed in an earlier part */
     double *t30 = with_grads ? work + 152*n : work + 16*n; /* n x 8; placed in an earlier part */
-    double *t33 = with_grads ? work + 160*n : work + 40*n; /* n x 8; placed in an earlier part */
-    double *t36 = with_grads ? work + 168*n : work + 72*n; /* n x 8; placed in an earlier part */
+    double *t33 = with_grads ? work + 160*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t36 = with_grads ? work + 168*n : work + 56*n; /* n x 8; placed in an earlier part */
     double *t39 = with_grads ? work + 176*n : work + 32*n; /* n x 8; placed in an earlier part */
     double *t40 = with_grads ? work + 184*n : work + 80*n; /* n x 8; placed in an earlier part */
     double *t41 = with_grads ? work + 192*n : work + 96*n; /* n x 8; placed in an earlier part */
-    double *t45 = with_grads ? work + 208*n : work + 40*n; /* n x 8; placed in an earlier part */
+    double *t45 = with_grads ? work + 208*n : work + 48*n; /* n x 8; placed in an earlier part */
     double *t48 = with_grads ? work + 216*n : work + 64*n; /* n x 8; placed in an earlier part */
     double *t51 = with_grads ? work + 224*n : work + 88*n; /* n x 8; placed in an earlier part */
     double *t54 = with_grads ? work + 232*n : work; /* n x 8; placed in an earlier part */
     double *t55 = with_grads ? work + 240*n : work + 32*n; /* n x 8; placed in an earlier part */
     double *t56 = with_grads ? work + 248*n : work + 96*n; /* n x 8; placed in an earlier part */
     double *t60 = with_grads ? work + 264*n : work + 64*n; /* n x 8; placed in an earlier part */
-    double *t63 = with_grads ? work + 272*n : work + 72*n; /* n x 8; placed in an earlier part */
+    double *t63 = with_grads ? work + 272*n : work + 56*n; /* n x 8; placed in an earlier part */
     double *t66 = with_grads ? work + 280*n : work + 80*n; /* n x 8; placed in an earlier part */
     double *t69 = with_grads ? work + 288*n : work + 16*n; /* n x 8; placed in an earlier part */
     double *t70 = with_grads ? work + 296*n : work; /* n x 8; placed in an earlier part */
     double *t71 = with_grads ? work + 304*n : work + 96*n; /* n x 8; placed in an earlier part */
-    double *t75 = with_grads ? work + 320*n : work + 72*n; /* n x 8; placed in an earlier part */
+    double *t75 = with_grads ? work + 320*n : work + 56*n; /* n x 8; placed in an earlier part */
     double *t78 = with_grads ? work + 328*n : work + 88*n; /* n x 8; placed in an earlier part */
     double *t81 = with_grads ? work + 336*n : work + 32*n; /* n x 8; placed in an earlier part */
-    double *t84 = with_grads ? work + 344*n : work + 40*n; /* n x 8; placed in an earlier part */
+    double *t84 = with_grads ? work + 344*n : work + 48*n; /* n x 8; placed in an earlier part */
     double *t85 = with_grads ? work + 352*n : work + 16*n; /* n x 8; placed in an earlier part */
     double *t86 = with_grads ? work + 360*n : work + 96*n; /* n x 8; placed in an earlier part */
     double *t90 = with_grads ? work + 376*n : work + 88*n; /* n x 8; placed in an earlier part */
     double *t93 = with_grads ? work + 384*n : work + 80*n; /* n x 8; placed in an earlier part */
     double *t96 = with_grads ? work + 392*n : work; /* n x 8; placed in an earlier part */
-    double *t100 = with_grads ? work + 400*n : work + 64*n; /* n x 8; placed in an earlier part */
-    double *t101 = with_grads ? work + 408*n : work + 40*n; /* n x 8; placed in an earlier part */
-    double *t99 = with_grads ? work + 424*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t99 = with_grads ? work + 400*n : work + 64*n; /* n x 8; placed in an earlier part */
+    double *t100 = with_grads ? work + 408*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t101 = with_grads ? work + 416*n : work + 96*n; /* n x 8; placed in an earlier part */
     double *t105 = with_grads ? work + 432*n : work + 80*n; /* n x 8; placed in an earlier part */
     double *t108 = with_grads ? work + 80*n : work + 32*n; /* n x 8, in t104's memory; placed in an earlier part */
     double *t111 = with_grads ? work : work + 8*n; /* n x 8, in t107's memory; placed in an earlier part */
     double *t114 = with_grads ? work + 8*n : work + 24*n; /* n x 8, in t110's memory; placed in an earlier part */
     double *t115 = with_grads ? work + 440*n : work; /* n x 8; placed in an earlier part */
     double *grad_t116 = work + 112*n; /* n x 8, in t23's memory; placed in an earlier part */
-    double *g0 = work + 56*n; /* n x 8, in t112's memory; placed in an earlier part */
+    double *g0 = work + 40*n; /* n x 8, in t112's memory; placed in an earlier part */
     double *g1 = work + 24*n; /* n x 8, in t113's memory; placed in an earlier part */
     double *g2 = work + 459*n + 1; /* n x 8; placed in an earlier part */
     double *g3 = work + 467*n + 1; /* n x 8; placed in an earlier part */
@@ -908,11 +908,11 @@ static void lstm_sequence_run_part5(
      * + grad_t102_part_2 + grad_t102_part_3)) */
     /* g8 = t101*t90*(1 - t90)*(grad_t102_part + grad_t102_part_1 + grad_t102_part_2 +
      * grad_t102_part_3) */
-    double *g5 = t115; /* n x 8, in t115's memory */
-    double *g6 = grad_t116; /* n x 8, in grad_t116's memory */
-    double *g7 = grad_W_i_part + 8; /* n x 8 */
+    double *grad_t100 = t115; /* n x 8, in t115's memory */
+    double *g5 = grad_t116; /* n x 8, in grad_t116's memory */
+    double *g6 = grad_W_i_part + 8; /* n x 8 */
+    double *g7 = g6 + 8*n; /* n x 8 */
     double *g8 = g7 + 8*n; /* n x 8 */
-    double *grad_t100 = g8 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -928,7 +928,7 @@ static void lstm_sequence_run_part5(
     }
 
     /* grad_W_i_part_1 = x7^T @ g5 */
-    double *grad_W_i_part_1 = grad_t100 + 8*n; /* 1 x 8 */
+    double *grad_W_i_part_1 = g8 + 8*n; /* 1 x 8 */
     symbackprop_f64_matmul(1, 8, n, x7_, 0, 1, g5, 8, 1, grad_W_i_part_1);
 
     /* grad_t87_part = g6 @ U_f^T */
@@ -957,11 +957,11 @@ static void lstm_sequence_run_part5(
      * grad_t87_part_1 + grad_t87_part_2 + grad_t87_part_3)) */
     /* g12 = t75*t86*(1 - t75)*(grad_t87_part + grad_t87_part_1 + grad_t87_part_2 +
      * grad_t87_part_3) */
-    double *g10 = t101; /* n x 8, in t101's memory */
-    double *g11 = t114; /* n x 8, in t114's memory */
-    double *g12 = g0; /* n x 8, in g0's memory */
-    double *g9 = grad_t102_part; /* n x 8, in grad_t102_part's memory */
-    double *grad_t85 = grad_t102_part_1; /* n x 8, in grad_t102_part_1's memory */
+    double *grad_t85 = t101; /* n x 8, in t101's memory */
+    double *g9 = t114; /* n x 8, in t114's memory */
+    double *g10 = g0; /* n x 8, in g0's memory */
+    double *g11 = grad_t102_part; /* n x 8, in grad_t102_part's memory */
+    double *g12 = grad_t102_part_1; /* n x 8, in grad_t102_part_1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1006,11 +1006,11 @@ static void lstm_sequence_run_part5(
      * grad_t72_part_1 + grad_t72_part_2 + grad_t72_part_3)) */
     /* g16 = t60*t71*(1 - t60)*(grad_t72_part + grad_t72_part_1 + grad_t72_part_2 +
      * grad_t72_part_3) */
-    double *g13 = t78; /* n x 8, in t78's memory */
-    double *g14 = t81; /* n x 8, in t81's memory */
-    double *g15 = t86; /* n x 8, in t86's memory */
-    double *g16 = t99; /* n x 8, in t99's memory */
-    double *grad_t70 = grad_t100; /* n x 8, in grad_t100's memory */
+    double *grad_t70 = t78; /* n x 8, in t78's memory */
+    double *g13 = t81; /* n x 8, in t81's memory */
+    double *g14 = t86; /* n x 8, in t86's memory */
+    double *g15 = t99; /* n x 8, in t99's memory */
+    double *g16 = grad_t100; /* n x 8, in grad_t100's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1055,11 +1055,11 @@ static void lstm_sequence_run_part5(
      * grad_t57_part_1 + grad_t57_part_2 + grad_t57_part_3)) */
     /* g20 = t45*t56*(1 - t45)*(grad_t57_part + grad_t57_part_1 + grad_t57_part_2 +
      * grad_t57_part_3) */
-    double *g17 = t55; /* n x 8, in t55's memory */
-    double *g18 = t60; /* n x 8, in t60's memory */
-    double *g19 = t63; /* n x 8, in t63's memory */
-    double *g20 = t66; /* n x 8, in t66's memory */
-    double *grad_t55 = t71; /* n x 8, in t71's memory */
+    double *grad_t55 = t55; /* n x 8, in t55's memory */
+    double *g17 = t60; /* n x 8, in t60's memory */
+    double *g18 = t63; /* n x 8, in t63's memory */
+    double *g19 = t66; /* n x 8, in t66's memory */
+    double *g20 = t71; /* n x 8, in t71's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1104,11 +1104,11 @@ static void lstm_sequence_run_part5(
      * grad_t42_part_1 + grad_t42_part_2 + grad_t42_part_3)) */
     /* g24 = t30*t41*(1 - t30)*(grad_t42_part + grad_t42_part_1 + grad_t42_part_2 +
      * grad_t42_part_3) */
-    double *g21 = grad_t72_part_2; /* n x 8, in grad_t72_part_2's memory */
-    double *g22 = grad_t72_part_3; /* n x 8, in grad_t72_part_3's memory */
-    double *g23 = t40; /* n x 8, in t40's memory */
-    double *g24 = t45; /* n x 8, in t45's memory */
-    double *grad_t40 = t48; /* n x 8, in t48's memory */
+    double *grad_t40 = grad_t72_part_2; /* n x 8, in grad_t72_part_2's memory */
+    double *g21 = grad_t72_part_3; /* n x 8, in grad_t72_part_3's memory */
+    double *g22 = t40; /* n x 8, in t40's memory */
+    double *g23 = t45; /* n x 8, in t45's memory */
+    double *g24 = t48; /* n x 8, in t48's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1158,9 +1158,9 @@ static void lstm_sequence_run_part6(
 {
     double *t2 = work + 16*n; /* n x 8; placed in an earlier part */
     double *t5 = work + 32*n; /* n x 8; placed in an earlier part */
-    double *t10 = work + 40*n; /* n x 8; placed in an earlier part */
-    double *t8 = work + 64*n; /* n x 8; placed in an earlier part */
-    double *t9 = work + 72*n; /* n x 8; placed in an earlier part */
+    double *t8 = work + 48*n; /* n x 8; placed in an earlier part */
+    double *t9 = work + 56*n; /* n x 8; placed in an earlier part */
+    double *t10 = work + 64*n; /* n x 8; placed in an earlier part */
     double *t14 = with_grads ? work + 88*n : work; /* n x 8; placed in an earlier part */
     double *t17 = with_grads ? work + 96*n : work + 16*n; /* n x 8; placed in an earlier part */
     double *t20 = with_grads ? work + 104*n : work + 64*n; /* n x 8; placed in an earlier part */
@@ -1168,8 +1168,8 @@ static void lstm_sequence_run_part6(
     double *t25 = with_grads ? work + 128*n : work + 88*n; /* n x 8; placed in an earlier part */
     double *t26 = with_grads ? work + 136*n : work + 96*n; /* n x 8; placed in an earlier part */
     double *t30 = with_grads ? work + 152*n : work + 16*n; /* n x 8; placed in an earlier part */
-    double *t33 = with_grads ? work + 160*n : work + 40*n; /* n x 8; placed in an earlier part */
-    double *t36 = with_grads ? work + 168*n : work + 72*n; /* n x 8; placed in an earlier part */
+    double *t33 = with_grads ? work + 160*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t36 = with_grads ? work + 168*n : work + 56*n; /* n x 8; placed in an earlier part */
     double *t39 = with_grads ? work + 176*n : work + 32*n; /* n x 8; placed in an earlier part */
     double *t41 = with_grads ? work + 192*n : work + 96*n; /* n x 8; placed in an earlier part */
     double *t54 = with_grads ? work + 232*n : work; /* n x 8; placed in an earlier part */
@@ -1180,41 +1180,41 @@ static void lstm_sequence_run_part6(
     double *g3 = work + 467*n + 1; /* n x 8; placed in an earlier part */
     double *g4 = work + 475*n + 1; /* n x 8; placed in an earlier part */
     double *grad_W_i_part = work + 483*n + 1; /* 1 x 8; placed in an earlier part */
-    double *g5 = work + 440*n; /* n x 8, in t115's memory; placed in an earlier part */
-    double *g6 = work + 112*n; /* n x 8, in grad_t116's memory; placed in an earlier part */
-    double *g7 = work + 483*n + 9; /* n x 8; placed in an earlier part */
-    double *g8 = work + 491*n + 9; /* n x 8; placed in an earlier part */
+    double *g5 = work + 112*n; /* n x 8, in grad_t116's memory; placed in an earlier part */
+    double *g6 = work + 483*n + 9; /* n x 8; placed in an earlier part */
+    double *g7 = work + 491*n + 9; /* n x 8; placed in an earlier part */
+    double *g8 = work + 499*n + 9; /* n x 8; placed in an earlier part */
     double *grad_W_i_part_1 = work + 507*n + 9; /* 1 x 8; placed in an earlier part */
-    double *g10 = work + 408*n; /* n x 8, in t101's memory; placed in an earlier part */
-    double *g11 = work + 8*n; /* n x 8, in t114's memory; placed in an earlier part */
-    double *g12 = work + 56*n; /* n x 8, in g0's memory; placed in an earlier part */
-    double *g9 = work + 400*n; /* n x 8, in grad_t102_part's memory; placed in an earlier part */
+    double *g9 = work + 8*n; /* n x 8, in t114's memory; placed in an earlier part */
+    double *g10 = work + 40*n; /* n x 8, in g0's memory; placed in an earlier part */
+    double *g11 = work + 408*n; /* n x 8, in grad_t102_part's memory; placed in an earlier part */
+    double *g12 = work + 432*n; /* n x 8, in grad_t102_part_1's memory; placed in an earlier part */
     double *grad_W_i_part_2 = work + 507*n + 17; /* 1 x 8; placed in an earlier part */
-    double *g13 = work + 328*n; /* n x 8, in t78's memory; placed in an earlier part */
-    double *g14 = work + 336*n; /* n x 8, in t81's memory; placed in an earlier part */
-    double *g15 = work + 360*n; /* n x 8, in t86's memory; placed in an earlier part */
-    double *g16 = work + 424*n; /* n x 8, in t99's memory; placed in an earlier part */
-    double *grad_t70 = work + 499*n + 9; /* n x 8, in grad_t100's memory; placed in an earlier part */
+    double *grad_t70 = work + 328*n; /* n x 8, in t78's memory; placed in an earlier part */
+    double *g13 = work + 336*n; /* n x 8, in t81's memory; placed in an earlier part */
+    double *g14 = work + 360*n; /* n x 8, in t86's memory; placed in an earlier part */
+    double *g15 = work + 400*n; /* n x 8, in t99's memory; placed in an earlier part */
+    double *g16 = work + 440*n; /* n x 8, in grad_t100's memory; placed in an earlier part */
     double *grad_W_i_part_3 = work + 507*n + 25; /* 1 x 8; placed in an earlier part */
     double *grad_t57_part = work + 352*n; /* n x 8, in grad_t87_part's memory; placed in an earlier part */
     double *grad_t57_part_1 = work + 376*n; /* n x 8, in grad_t87_part_1's memory; placed in an earlier part */
     double *grad_t57_part_2 = work + 384*n; /* n x 8, in grad_t87_part_2's memory; placed in an earlier part */
     double *grad_t57_part_3 = work + 392*n; /* n x 8, in grad_t87_part_3's memory; placed in an earlier part */
-    double *g17 = work + 240*n; /* n x 8, in t55's memory; placed in an earlier part */
-    double *g18 = work + 264*n; /* n x 8, in t60's memory; placed in an earlier part */
-    double *g19 = work + 272*n; /* n x 8, in t63's memory; placed in an earlier part */
-    double *g20 = work + 280*n; /* n x 8, in t66's memory; placed in an earlier part */
-    double *grad_t55 = work + 304*n; /* n x 8, in t71's memory; placed in an earlier part */
+    double *grad_t55 = work + 240*n; /* n x 8, in t55's memory; placed in an earlier part */
+    double *g17 = work + 264*n; /* n x 8, in t60's memory; placed in an earlier part */
+    double *g18 = work + 272*n; /* n x 8, in t63's memory; placed in an earlier part */
+    double *g19 = work + 280*n; /* n x 8, in t66's memory; placed in an earlier part */
+    double *g20 = work + 304*n; /* n x 8, in t71's memory; placed in an earlier part */
     double *grad_W_i_part_4 = work + 507*n + 33; /* 1 x 8; placed in an earlier part */
     double *grad_t42_part = work + 344*n; /* n x 8, in t84's memory; placed in an earlier part */
-    double *grad_t42_part_1 = work + 432*n; /* n x 8, in grad_t85's memory; placed in an earlier part */
+    double *grad_t42_part_1 = work + 416*n; /* n x 8, in grad_t85's memory; placed in an earlier part */
     double *grad_t42_part_2 = work + 80*n; /* n x 8, in grad_t72_part's memory; placed in an earlier part */
     double *grad_t42_part_3 = work; /* n x 8, in grad_t72_part_1's memory; placed in an earlier part */
-    double *g21 = work + 296*n; /* n x 8, in grad_t72_part_2's memory; placed in an earlier part */
-    double *g22 = work + 320*n; /* n x 8, in grad_t72_part_3's memory; placed in an earlier part */
-    double *g23 = work + 184*n; /* n x 8, in t40's memory; placed in an earlier part */
-    double *g24 = work + 208*n; /* n x 8, in t45's memory; placed in an earlier part */
-    double *grad_t40 = work + 216*n; /* n x 8, in t48's memory; placed in an earlier part */
+    double *grad_t40 = work + 296*n; /* n x 8, in grad_t72_part_2's memory; placed in an earlier part */
+    double *g21 = work + 320*n; /* n x 8, in grad_t72_part_3's memory; placed in an earlier part */
+    double *g22 = work + 184*n; /* n x 8, in t40's memory; placed in an earlier part */
+    double *g23 = work + 208*n; /* n x 8, in t45's memory; placed in an earlier part */
+    double *g24 = work + 216*n; /* n x 8, in t48's memory; placed in an earlier part */
     double *grad_W_i_part_5 = work + 507*n + 41; /* 1 x 8; placed in an earlier part */
     double *grad_t27_part = work + 224*n; /* n x 8, in t51's memory; placed in an earlier part */
     /* grad_t27_part_1 = g23 @ U_g^T */
@@ -1241,12 +1241,12 @@ static void lstm_sequence_run_part6(
      * grad_t27_part_3) */
     /* grad_t23 = g10 + g14 + g18 + g2 + g22 + g6 + t24*t9*(1 - t24)*(grad_t40*t39 + t14*(1 -
      * t26**2)*(grad_t27_part + grad_t27_part_1 + grad_t27_part_2 + grad_t27_part_3)) */
-    double *g25 = grad_t57_part; /* n x 8, in grad_t57_part's memory */
-    double *g26 = grad_t57_part_1; /* n x 8, in grad_t57_part_1's memory */
-    double *g27 = grad_t57_part_2; /* n x 8, in grad_t57_part_2's memory */
-    double *g28 = grad_t57_part_3; /* n x 8, in grad_t57_part_3's memory */
-    double *grad_t23 = t25; /* n x 8, in t25's memory */
-    double *grad_t25 = t30; /* n x 8, in t30's memory */
+    double *grad_t25 = grad_t57_part; /* n x 8, in grad_t57_part's memory */
+    double *g25 = grad_t57_part_1; /* n x 8, in grad_t57_part_1's memory */
+    double *g26 = grad_t57_part_2; /* n x 8, in grad_t57_part_2's memory */
+    double *g27 = grad_t57_part_3; /* n x 8, in grad_t57_part_3's memory */
+    double *g28 = t25; /* n x 8, in t25's memory */
+    double *grad_t23 = t30; /* n x 8, in t30's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1298,9 +1298,9 @@ static void lstm_sequence_run_part6(
     double *g29 = grad_t55; /* n x 8, in grad_t55's memory */
     double *g30 = grad_t42_part; /* n x 8, in grad_t42_part's memory */
     double *g31 = grad_t42_part_1; /* n x 8, in grad_t42_part_1's memory */
-    double *grad_t1 = grad_t42_part_2; /* n x 8, in grad_t42_part_2's memory */
-    double *grad_t4 = grad_t42_part_3; /* n x 8, in grad_t42_part_3's memory */
-    double *grad_t7 = t9; /* n x 8, in t9's memory */
+    double *grad_t4 = grad_t42_part_2; /* n x 8, in grad_t42_part_2's memory */
+    double *grad_t7 = grad_t42_part_3; /* n x 8, in grad_t42_part_3's memory */
+    double *grad_t1 = t9; /* n x 8, in t9's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1431,41 +1431,41 @@ static void lstm_sequence_run_part7(
     int with_grads
 )
 {
-    double *t11 = work + 48*n; /* n x 8; placed in an earlier part */
+    double *t11 = work + 72*n; /* n x 8; placed in an earlier part */
     double *t27 = with_grads ? work + 144*n : work + 104*n; /* n x 8; placed in an earlier part */
     double *t42 = with_grads ? work + 200*n : work + 104*n; /* n x 8; placed in an earlier part */
     double *t57 = with_grads ? work + 256*n : work + 104*n; /* n x 8; placed in an earlier part */
     double *t72 = with_grads ? work + 312*n : work + 104*n; /* n x 8; placed in an earlier part */
     double *t87 = with_grads ? work + 368*n : work + 104*n; /* n x 8; placed in an earlier part */
-    double *t102 = with_grads ? work + 416*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t102 = with_grads ? work + 424*n : work + 104*n; /* n x 8; placed in an earlier part */
     double *g1 = work + 24*n; /* n x 8, in t113's memory; placed in an earlier part */
     double *g2 = work + 459*n + 1; /* n x 8; placed in an earlier part */
     double *g3 = work + 467*n + 1; /* n x 8; placed in an earlier part */
     double *g4 = work + 475*n + 1; /* n x 8; placed in an earlier part */
-    double *g5 = work + 440*n; /* n x 8, in t115's memory; placed in an earlier part */
-    double *g6 = work + 112*n; /* n x 8, in grad_t116's memory; placed in an earlier part */
-    double *g7 = work + 483*n + 9; /* n x 8; placed in an earlier part */
-    double *g8 = work + 491*n + 9; /* n x 8; placed in an earlier part */
-    double *g10 = work + 408*n; /* n x 8, in t101's memory; placed in an earlier part */
-    double *g11 = work + 8*n; /* n x 8, in t114's memory; placed in an earlier part */
-    double *g9 = work + 400*n; /* n x 8, in grad_t102_part's memory; placed in an earlier part */
-    double *g13 = work + 328*n; /* n x 8, in t78's memory; placed in an earlier part */
-    double *g14 = work + 336*n; /* n x 8, in t81's memory; placed in an earlier part */
-    double *g15 = work + 360*n; /* n x 8, in t86's memory; placed in an earlier part */
-    double *g16 = work + 424*n; /* n x 8, in t99's memory; placed in an earlier part */
-    double *g17 = work + 240*n; /* n x 8, in t55's memory; placed in an earlier part */
-    double *g18 = work + 264*n; /* n x 8, in t60's memory; placed in an earlier part */
-    double *g19 = work + 272*n; /* n x 8, in t63's memory; placed in an earlier part */
-    double *g20 = work + 280*n; /* n x 8, in t66's memory; placed in an earlier part */
-    double *g21 = work + 296*n; /* n x 8, in grad_t72_part_2's memory; placed in an earlier part */
-    double *g22 = work + 320*n; /* n x 8, in grad_t72_part_3's memory; placed in an earlier part */
-    double *g23 = work + 184*n; /* n x 8, in t40's memory; placed in an earlier part */
-    double *g24 = work + 208*n; /* n x 8, in t45's memory; placed in an earlier part */
-    double *g25 = work + 352*n; /* n x 8, in grad_t57_part's memory; placed in an earlier part */
-    double *g26 = work + 376*n; /* n x 8, in grad_t57_part_1's memory; placed in an earlier part */
-    double *g27 = work + 384*n; /* n x 8, in grad_t57_part_2's memory; placed in an earlier part */
-    double *g28 = work + 392*n; /* n x 8, in grad_t57_part_3's memory; placed in an earlier part */
-    double *g31 = work + 432*n; /* n x 8, in grad_t42_part_1's memory; placed in an earlier part */
+    double *g5 = work + 112*n; /* n x 8, in grad_t116's memory; placed in an earlier part */
+    double *g6 = work + 483*n + 9; /* n x 8; placed in an earlier part */
+    double *g7 = work + 491*n + 9; /* n x 8; placed in an earlier part */
+    double *g8 = work + 499*n + 9; /* n x 8; placed in an earlier part */
+    double *g9 = work + 8*n; /* n x 8, in t114's memory; placed in an earlier part */
+    double *g10 = work + 40*n; /* n x 8, in g0's memory; placed in an earlier part */
+    double *g11 = work + 408*n; /* n x 8, in grad_t102_part's memory; placed in an earlier part */
+    double *g13 = work + 336*n; /* n x 8, in t81's memory; placed in an earlier part */
+    double *g14 = work + 360*n; /* n x 8, in t86's memory; placed in an earlier part */
+    double *g15 = work + 400*n; /* n x 8, in t99's memory; placed in an earlier part */
+    double *g16 = work + 440*n; /* n x 8, in grad_t100's memory; placed in an earlier part */
+    double *g17 = work + 264*n; /* n x 8, in t60's memory; placed in an earlier part */
+    double *g18 = work + 272*n; /* n x 8, in t63's memory; placed in an earlier part */
+    double *g19 = work + 280*n; /* n x 8, in t66's memory; placed in an earlier part */
+    double *g20 = work + 304*n; /* n x 8, in t71's memory; placed in an earlier part */
+    double *g21 = work + 320*n; /* n x 8, in grad_t72_part_3's memory; placed in an earlier part */
+    double *g22 = work + 184*n; /* n x 8, in t40's memory; placed in an earlier part */
+    double *g23 = work + 208*n; /* n x 8, in t45's memory; placed in an earlier part */
+    double *g24 = work + 216*n; /* n x 8, in t48's memory; placed in an earlier part */
+    double *g25 = work + 376*n; /* n x 8, in grad_t57_part_1's memory; placed in an earlier part */
+    double *g26 = work + 384*n; /* n x 8, in grad_t57_part_2's memory; placed in an earlier part */
+    double *g27 = work + 392*n; /* n x 8, in grad_t57_part_3's memory; placed in an earlier part */
+    double *g28 = work + 128*n; /* n x 8, in t25's memory; placed in an earlier part */
+    double *g31 = work + 416*n; /* n x 8, in grad_t42_part_1's memory; placed in an earlier part */
     double *grad_W_i_part_7 = work + 507*n + 57; /* 1 x 8; placed in an earlier part */
     double *grad_W_g_part_3 = work + 507*n + 17; /* 1 x 8, in grad_W_f_part_2's memory; placed in an earlier part */
     double *grad_W_g_part_4 = work + 507*n + 25; /* 1 x 8, in grad_W_f_part_3's memory; placed in an earlier part */
@@ -1634,22 +1634,22 @@ static void lstm_sequence_run_part8(
     int with_grads
 )
 {
-    double *t11 = work + 48*n; /* n x 8; placed in an earlier part */
+    double *t11 = work + 72*n; /* n x 8; placed in an earlier part */
     double *t27 = with_grads ? work + 144*n : work + 104*n; /* n x 8; placed in an earlier part */
     double *t42 = with_grads ? work + 200*n : work + 104*n; /* n x 8; placed in an earlier part */
     double *t57 = with_grads ? work + 256*n : work + 104*n; /* n x 8; placed in an earlier part */
     double *t72 = with_grads ? work + 312*n : work + 104*n; /* n x 8; placed in an earlier part */
-    double *t116 = with_grads ? work + 448*n : work + 72*n; /* n x 8; placed in an earlier part */
-    double *grad_logit = with_grads ? work + 457*n : work + 113*n; /* n x 1; placed in an earlier part */
-    double *g12 = work + 56*n; /* n x 8, in g0's memory; placed in an earlier part */
-    double *g16 = work + 424*n; /* n x 8, in t99's memory; placed in an earlier part */
-    double *g20 = work + 280*n; /* n x 8, in t66's memory; placed in an earlier part */
-    double *g24 = work + 208*n; /* n x 8, in t45's memory; placed in an earlier part */
-    double *g28 = work + 392*n; /* n x 8, in grad_t57_part_3's memory; placed in an earlier part */
-    double *grad_t23 = work + 128*n; /* n x 8, in t25's memory; placed in an earlier part */
-    double *grad_t1 = work + 80*n; /* n x 8, in grad_t42_part_2's memory; placed in an earlier part */
-    double *grad_t4 = work; /* n x 8, in grad_t42_part_3's memory; placed in an earlier part */
-    double *grad_t7 = work + 72*n; /* n x 8, in t9's memory; placed in an earlier part */
+    double *t116 = with_grads ? work + 448*n : work + 56*n; /* n x 8; placed in an earlier part */
+    double *grad_logit = with_grads ? work + 458*n : work + 114*n; /* n x 1; placed in an earlier part */
+    double *g12 = work + 432*n; /* n x 8, in grad_t102_part_1's memory; placed in an earlier part */
+    double *g16 = work + 440*n; /* n x 8, in grad_t100's memory; placed in an earlier part */
+    double *g20 = work + 304*n; /* n x 8, in t71's memory; placed in an earlier part */
+    double *g24 = work + 216*n; /* n x 8, in t48's memory; placed in an earlier part */
+    double *g28 = work + 128*n; /* n x 8, in t25's memory; placed in an earlier part */
+    double *grad_t23 = work + 152*n; /* n x 8, in t30's memory; placed in an earlier part */
+    double *grad_t4 = work + 80*n; /* n x 8, in grad_t42_part_2's memory; placed in an earlier part */
+    double *grad_t7 = work; /* n x 8, in grad_t42_part_3's memory; placed in an earlier part */
+    double *grad_t1 = work + 56*n; /* n x 8, in t9's memory; placed in an earlier part */
     double *grad_U_g_part_2 = work + 507*n + 193; /* 8 x 8, in grad_U_f_part_2's memory; placed in an earlier part */
     double *grad_U_g_part_3 = work + 507*n + 257; /* 8 x 8, in grad_U_f_part_3's memory; placed in an earlier part */
     double *grad_U_g_part_4 = work + 507*n + 321; /* 8 x 8, in grad_U_f_part_4's memory; placed in an earlier part */

@@ -59,8 +59,8 @@ static int mlp_run(
     /* Y = b2 + t2 */
     /* t3 = (-T + b2 + t2)**2 */
     /* g0 = (-2*T + 2*b2 + 2*t2)/(2*n) */
-    double *g0 = t2 + 2*n; /* n x 2 */
-    double *t3 = g0 + 2*n; /* n x 2 */
+    double *t3 = t2 + 2*n; /* n x 2 */
+    double *g0 = t3 + 2*n; /* n x 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
@@ -72,7 +72,7 @@ static int mlp_run(
     }
 
     /* t4 = sum of t3 down each column */
-    double *t4 = t3 + 2*n; /* 1 x 2 */
+    double *t4 = g0 + 2*n; /* 1 x 2 */
     for (int64_t j = 0; j < 2; ++j) {
         t4[j] = symbackprop_f64_sum(t3 + j, n, 2);
     }

@@ -28,30 +28,30 @@ static int relu_net_run(
     int with_grads
 )
 {    
-    /* t1 = W1 @ x */
-    double *t1 = work; /* 2 x 1 */
+    /* t0 = W1 @ x */
+    double *t0 = work; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
-            t1[i + j] = 0;
+            t0[i + j] = 0;
         }
         for (int64_t k = 0; k < 2; ++k) {
             const double acc = W1[2*i + k];
             for (int64_t j = 0; j < 1; ++j) {
-                t1[i + j] += acc * x[k];
+                t0[i + j] += acc * x[k];
             }
         }
     }
 
-    /* t2 = Max(0, t1) */
-    /* dt2_dt1 = Heaviside(t1) */
-    double *dt2_dt1 = t1 + 2; /* 2 x 1 */
-    double *t2 = dt2_dt1 + 2; /* 2 x 1 */
+    /* t1 = Max(0, t0) */
+    /* dt1_dt0 = Heaviside(t0) */
+    double *t1 = t0 + 2; /* 2 x 1 */
+    double *dt1_dt0 = t1 + 2; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
-        t2[i] = (((0) > (t1[i])) ? (0) : (t1[i]));
-        dt2_dt1[i] = (isnan(t1[i]) ? (t1[i]) : (t1[i]) > 0 ? 1.0 : 0.0);
+        t1[i] = (((0) > (t0[i])) ? (0) : (t0[i]));
+        dt1_dt0[i] = (isnan(t0[i]) ? (t0[i]) : (t0[i]) > 0 ? 1.0 : 0.0);
     }
 
-    /* y = W2 @ t2 */
+    /* y = W2 @ t1 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             y[i + j] = 0;
@@ -59,14 +59,14 @@ static int relu_net_run(
         for (int64_t k = 0; k < 2; ++k) {
             const double acc = W2[k];
             for (int64_t j = 0; j < 1; ++j) {
-                y[i + j] += acc * t2[k];
+                y[i + j] += acc * t1[k];
             }
         }
     }
 
     /* loss = (-t + y)**2/2 */
     /* g0 = -t + y */
-    double *g0 = t2 + 2; /* 1 x 1 */
+    double *g0 = dt1_dt0 + 2; /* 1 x 1 */
     {
         const double x0 = -t[0] + y[0];
         loss[0] = (1.0/2.0)*(x0*x0);
@@ -77,40 +77,40 @@ static int relu_net_run(
         return 0;
     }
 
-    /* grad_t2 = W2^T @ g0 */
-    double *grad_t2 = t1; /* 2 x 1, in t1's memory */
+    /* grad_t1 = W2^T @ g0 */
+    double *grad_t1 = t0; /* 2 x 1, in t0's memory */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
-            grad_t2[i + j] = 0;
+            grad_t1[i + j] = 0;
         }
         for (int64_t k = 0; k < 1; ++k) {
             const double acc = W2[i];
             for (int64_t j = 0; j < 1; ++j) {
-                grad_t2[i + j] += acc * g0[0];
+                grad_t1[i + j] += acc * g0[0];
             }
         }
     }
 
-    /* grad_t1 = dt2_dt1*grad_t2 */
-    double *grad_t1 = g0 + 1; /* 2 x 1 */
+    /* grad_t0 = dt1_dt0*grad_t1 */
+    double *grad_t0 = g0 + 1; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
-        grad_t1[i] = grad_t2[i]*dt2_dt1[i];
+        grad_t0[i] = grad_t1[i]*dt1_dt0[i];
     }
 
-    /* grad_W1 = grad_t1 @ x^T */
+    /* grad_W1 = grad_t0 @ x^T */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             grad_W1[2*i + j] = 0;
         }
         for (int64_t k = 0; k < 1; ++k) {
-            const double acc = grad_t1[i];
+            const double acc = grad_t0[i];
             for (int64_t j = 0; j < 2; ++j) {
                 grad_W1[2*i + j] += acc * x[j];
             }
         }
     }
 
-    /* grad_W2 = g0 @ t2^T */
+    /* grad_W2 = g0 @ t1^T */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             grad_W2[2*i + j] = 0;
@@ -118,7 +118,7 @@ static int relu_net_run(
         for (int64_t k = 0; k < 1; ++k) {
             const double acc = g0[0];
             for (int64_t j = 0; j < 2; ++j) {
-                grad_W2[2*i + j] += acc * t2[j];
+                grad_W2[2*i + j] += acc * t1[j];
             }
         }
     }

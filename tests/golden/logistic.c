@@ -32,44 +32,44 @@ static int logistic_run(
         return 1;
     }
     
-    /* t1 = 1 - t */
-    double *t1 = work; /* n x 1 */
+    /* t0 = 1 - t */
+    double *t0 = work; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t1[i] = 1 - t[i];
+        t0[i] = 1 - t[i];
     }
 
-    /* t2 = X @ w */
+    /* t1 = X @ w */
+    double *t1 = t0 + n; /* n x 1 */
+    symbackprop_f64_matmul(n, 1, 2, X, 2, 1, w, 1, 0, t1);
+
+    /* t2 = t*softplus(-t1) + t0*softplus(t1) */
+    /* grad_t1 = -t*sigmoid(-t1)/n + t0*sigmoid(t1)/n */
     double *t2 = t1 + n; /* n x 1 */
-    symbackprop_f64_matmul(n, 1, 2, X, 2, 1, w, 1, 0, t2);
-
-    /* t3 = t*softplus(-t2) + t1*softplus(t2) */
-    /* grad_t2 = -t*sigmoid(-t2)/n + t1*sigmoid(t2)/n */
-    double *grad_t2 = t2 + n; /* n x 1 */
-    double *t3 = grad_t2 + n; /* n x 1 */
+    double *grad_t1 = t2 + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        const double x0 = -t2[i];
+        const double x0 = -t1[i];
         const double x1 = 1.0/((double)n);
-        t3[i] = t1[i]*(((t2[i]) > 0 ? (t2[i]) : 0.0) + log1p(exp(-fabs(t2[i])))) + t[i]*(((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
-        grad_t2[i] = t1[i]*x1*(((t2[i]) >= 0 ? 1.0 : exp(-fabs(t2[i]))) / (1.0 + exp(-fabs(t2[i])))) - t[i]*x1*(((x0) >= 0 ? 1.0 : exp(-fabs(x0))) / (1.0 + exp(-fabs(x0))));
+        t2[i] = t0[i]*(((t1[i]) > 0 ? (t1[i]) : 0.0) + log1p(exp(-fabs(t1[i])))) + t[i]*(((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
+        grad_t1[i] = t0[i]*x1*(((t1[i]) >= 0 ? 1.0 : exp(-fabs(t1[i]))) / (1.0 + exp(-fabs(t1[i])))) - t[i]*x1*(((x0) >= 0 ? 1.0 : exp(-fabs(x0))) / (1.0 + exp(-fabs(x0))));
     }
 
-    /* t4 = sum of t3 down each column */
-    double *t4 = t3 + n; /* 1 x 1 */
-    t4[0] = symbackprop_f64_sum(t3, n, 1);
+    /* t3 = sum of t2 down each column */
+    double *t3 = grad_t1 + n; /* 1 x 1 */
+    t3[0] = symbackprop_f64_sum(t2, n, 1);
 
-    /* loss = t4/n */
+    /* loss = t3/n */
     {
-        loss[0] = t4[0]/((double)n);
+        loss[0] = t3[0]/((double)n);
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_w = X^T @ grad_t2 */
-    symbackprop_f64_matmul(2, 1, n, X, 1, 2, grad_t2, 1, 0, grad_w);
+    /* grad_w = X^T @ grad_t1 */
+    symbackprop_f64_matmul(2, 1, n, X, 1, 2, grad_t1, 1, 0, grad_w);
     return 0;
 }
 
