@@ -70,8 +70,9 @@ def vjp(roots: Sequence[tuple[Node, Node]], wrt: Sequence[Node]) -> tuple[list[N
 
     Returns the gradient nodes (a zero constant where a leaf does not reach
     a root) and, for naming, where each backward node comes from:
-    ("adjoint", x) for the adjoint of x, ("local", y, k) for the elementwise
-    derivative of map y with respect to its k-th argument.
+    ("adjoint", x) for the adjoint of x, ("part", x) for one term of it,
+    ("local", y, k) for the elementwise derivative of map y with respect to
+    its k-th argument.
     """
     order = topological_order([root for root, _ in roots])
     reaches = depends_on(order, set(wrt))
@@ -79,6 +80,7 @@ def vjp(roots: Sequence[tuple[Node, Node]], wrt: Sequence[Node]) -> tuple[list[N
     for root, seed in roots:
         contributions.setdefault(root, []).append(seed)
     adjoint_of: dict[Node, Node] = {}
+    part_of: dict[Node, Node] = {}  # a term of an adjoint (for naming) -> whose
     adjoints: dict[Node, Node] = {}
     for node in reversed(order):
         if node not in contributions or not reaches[node]:
@@ -95,8 +97,11 @@ def vjp(roots: Sequence[tuple[Node, Node]], wrt: Sequence[Node]) -> tuple[list[N
                 continue
             assert adjoint.shape == arg.shape, f"{node.op} rule: adjoint shape {adjoint.shape} != {arg.shape}"
             contributions.setdefault(arg, []).append(adjoint)
+            part_of.setdefault(adjoint, arg)
     grads = [adjoints.get(leaf, const(0, leaf.shape)) for leaf in wrt]
     origins: dict[Node, tuple] = {g: ("adjoint", node) for g, node in adjoint_of.items()}
+    for part, node in part_of.items():
+        origins.setdefault(part, ("part", node))
     for node in order:
         if node.op == "map" and node in adjoints:
             for index, arg in enumerate(node.args):

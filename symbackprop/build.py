@@ -6,7 +6,7 @@ the model and links them: no distutils, no change of the working folder or
 of the environment, so builds in several threads do not disturb each other
 or the program. The command and the compiler's output go to a log file.
 
-The cache key covers the C source, header and cffi declarations, the whole
+The cache key covers the C source, header, runtime header and cffi declarations, the whole
 compiler command (compiler, flags, link options), what the compiler says
 its version is, the Python ABI and symbackprop's version. A build happens
 in a private temporary folder under a file lock and is moved into place
@@ -48,6 +48,7 @@ from . import cache_trust
 from ._version import __version__
 from .cache_key import asks_for_host_cpu, digest, host_cpu, target_cpu
 from .cache_trust import ABSENT, entry_problem, secure_root, warn
+from .codegen import RUNTIME_HEADER, runtime_header
 from .errors import BuildError
 from .log import event, stage
 
@@ -240,7 +241,7 @@ def build_command(name: str, prefix: str, flags: tuple[str, ...], folder: Path, 
 def cache_key(prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...], libraries: tuple[str, ...] = ()) -> str:
     """The content address of a module: everything its binary depends on."""
     command = build_command("NAME", prefix, flags, Path("FOLDER"), libraries)
-    return digest("module", prefix, source, header, cdef, *packed_entries(cdef), shlex.join(command),
+    return digest("module", prefix, source, header, runtime_header(), cdef, *packed_entries(cdef), shlex.join(command),
                   toolchain(command), EXT_SUFFIX, __version__)
 
 
@@ -401,6 +402,7 @@ def _compile_into(
     with stage("C compile", prefix):
         (staging / f"{prefix}.c").write_text(source)
         (staging / f"{prefix}.h").write_text(header)
+        (staging / RUNTIME_HEADER).write_text(runtime_header())  # what every module's .c includes
         ffi = cffi.FFI()
         declarations, definitions = packed_entries(cdef)
         ffi.cdef(cdef + declarations)

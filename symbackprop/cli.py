@@ -260,6 +260,8 @@ def _umask() -> int:
 
 def write_generated(generated: Iterable[Generated], out: Path) -> list[Path]:
     """Write each model's folder under `out`; an OSError is a SymbackpropError."""
+    from .codegen import RUNTIME_HEADER, runtime_header
+
     written = []
     try:
         for item in generated:
@@ -268,6 +270,9 @@ def write_generated(generated: Iterable[Generated], out: Path) -> list[Path]:
             for name, text in item.files.items():
                 write_atomic(folder / name, text)
                 written.append(folder / name)
+        if written:  # the header every model's .c includes, once, at the top of out
+            write_atomic(out / RUNTIME_HEADER, runtime_header())
+            written.append(out / RUNTIME_HEADER)
     except OSError as exc:
         raise SymbackpropError(f"cannot write into {out}: {exc}") from None
     return written
@@ -287,12 +292,15 @@ def _read_or_empty(path: Path) -> str:
         raise SymbackpropError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
-def check(generated: Iterable[Generated], out: Path) -> list[str]:
+def check(generated: list[Generated], out: Path) -> list[str]:
     """Unified diffs between what is in `out` and what the models generate now."""
+    from .codegen import RUNTIME_HEADER, runtime_header
+
     diffs = []
-    for item in generated:
-        for name, text in item.files.items():
-            on_disk = out / item.folder / name
+    shared = [(Path(), {RUNTIME_HEADER: runtime_header()})] if generated else []
+    for folder, files in [(Path(item.folder), item.files) for item in generated] + shared:
+        for name, text in files.items():
+            on_disk = out / folder / name
             old = _read_or_empty(on_disk)
             if old != text:
                 diffs.append("".join(difflib.unified_diff(

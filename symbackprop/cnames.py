@@ -75,7 +75,8 @@ def _listed(ident: str) -> bool:
 
 
 def _reserved(ident: str) -> bool:
-    return _listed(ident) or _MACRO_LIKE.match(ident) is not None
+    # symbackprop_*: the runtime header's helpers (symbackprop_f64_matmul, ...)
+    return _listed(ident) or _MACRO_LIKE.match(ident) is not None or ident.lower().startswith("symbackprop_")
 
 
 class CNamer:

@@ -26,6 +26,7 @@ from .errors import ModelError
 from .ops.functions import CHelper, helpers_called
 from .ops.registry import helpers, record
 from .schedule import LOOP_I, LOOP_J, FunctionSchedule, Kernel, Slot, View, kernel_reads, kernel_writes
+from .wrap import wrap_c_comments
 
 LOOP_K = sp.Symbol("k", integer=True)
 
@@ -199,6 +200,11 @@ class CModule:
     epoch: object = None  # epoch.CEpoch when the module has a train_step
 
     @property
+    def helper_prefix(self) -> str:
+        """The prefix of the runtime header's helpers for this real type."""
+        return runtime_type(REAL_TYPES[self.real]).prefix
+
+    @property
     def gemm(self) -> str:
         return "dgemm" if self.real_c == "double" else "sgemm"
 
@@ -225,12 +231,6 @@ class CModule:
                 stack.extend(item.fields.values())
             elif isinstance(item, (list, tuple)):
                 stack.extend(item)
-
-    @property
-    def helpers(self) -> list[str]:
-        """The C helpers the module's kernels call (reduce.c.j2): reductions,
-        cumulative sums."""
-        return sorted({k.kind for k in self.all_kernels() if k.kind in helpers()})
 
     @property
     def function_helpers(self) -> tuple[CHelper, ...]:
@@ -433,10 +433,43 @@ def _template_dir() -> Path:
     raise FileNotFoundError(f"symbackprop's templates are missing (looked in {here} and {here.parent})")
 
 
+RUNTIME_HEADER = "symbackprop_runtime.h"
+
+
+@dataclass(frozen=True)
+class RuntimeType:
+    """One real type's part of the runtime header, as its templates read it."""
+
+    real: str
+    real_c: str
+    prefix: str  # of its helpers: symbackprop_f64_matmul, ...
+    gemm: str
+    vector_math: tuple[str, ...]
+    helpers: tuple[str, ...]  # the ops' C helpers of reduce.c.j2 (ops.registry.helpers): all of them
+    blas_min: int = BLAS_MIN_MULTIPLY_ADDS
+
+
+def runtime_type(real: RealType) -> RuntimeType:
+    suffix = "f" if real.c == "float" else ""
+    return RuntimeType(real.name, real.c, f"symbackprop_f{real.name[-2:]}", "dgemm" if real.c == "double" else "sgemm",
+                       tuple(name + suffix for name in sorted(LIBMVEC)), tuple(sorted(helpers())))
+
+
+@lru_cache(maxsize=1)
+def runtime_header() -> str:
+    """symbackprop_runtime.h: the helpers and declarations every generated
+    module includes, the same for every model (see templates/runtime.h.j2)."""
+    from ._version import __version__
+
+    types = [runtime_type(real) for real in (FLOAT64, FLOAT32)]
+    text = template_environment().get_template("runtime.h.j2").render(types=types, version=__version__)
+    return wrap_c_comments(text)
+
+
 def render(module: CModule) -> tuple[str, str, str]:
     env = template_environment()
-    source = env.get_template("module.c.j2").render(m=module)
-    header = env.get_template("module.h.j2").render(m=module)
+    source = wrap_c_comments(env.get_template("module.c.j2").render(m=module))
+    header = wrap_c_comments(env.get_template("module.h.j2").render(m=module))
     cdef = env.get_template("cdef.j2").render(m=module)
     return source, header, cdef
 

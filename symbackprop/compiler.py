@@ -76,7 +76,8 @@ class _Planner:
             self.lowered = lower(model)
         self.targets = _targets(self.lowered, model, wrt)
         self.forward_results = [("loss", self.lowered.loss)] + list(self.lowered.outputs.items())
-        self.naming = Naming(self.lowered.leaves, self.forward_results, {})
+        named = [(sanitize(name), node) for name, node in self.lowered.named]  # as the C will read it
+        self.naming = Naming(self.lowered.leaves, self.forward_results, {}, named)
 
     def _grads(self, roots: list[tuple[Node, Node]]) -> list[Node]:
         grads, origins = vjp(roots, [node for _, node in self.targets])

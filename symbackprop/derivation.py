@@ -14,6 +14,7 @@ import sympy as sp
 
 from .codegen import REAL_TYPES, template_environment
 from .schedule import FunctionSchedule, kernel_reads, kernel_writes
+from .wrap import wrap_markdown_equations
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class Derivation:
         forward_work_bytes: the workspace of forward, as text.
         gradient_work_bytes: the workspace of value_and_grad, as text.
         ops: (function, scalar ops before CSE, after) for both functions.
+        forward_work, backward_work: each kernel's work, in order.
+        forward_total, backward_total: their sums, as text.
     """
 
     model_name: str
@@ -58,6 +61,10 @@ class Derivation:
     forward_work_bytes: str
     gradient_work_bytes: str
     ops: tuple[tuple[str, int, int], ...]  # (function, scalar ops before CSE, after)
+    forward_work: tuple[KernelWork, ...] = ()  # each kernel's scalar operations, up to the loss
+    backward_work: tuple[KernelWork, ...] = ()  # and after it
+    forward_total: str = ""
+    backward_total: str = ""
 
 
 def split_at_loss(fn: FunctionSchedule) -> int:
@@ -134,6 +141,91 @@ def memory_plan(forward: FunctionSchedule, gradient: FunctionSchedule, itemsize:
     )
 
 
+@dataclass(frozen=True)
+class KernelWork:
+    """What one kernel computes, counted, for the derivation file.
+
+    Args:
+        step: the value it writes (its first equation's left side).
+        what: the kind of kernel, in words.
+        work: its scalar operations, as text in the dimensions (a product's
+            multiply-adds counted apart from other operations).
+    """
+
+    step: str
+    what: str
+    work: str
+
+
+_KINDS = {"map": "elementwise loop", "matmul": "matrix product", "sum": "sum", "max": "maximum", "min": "minimum",
+          "logsumexp": "log-sum-exp", "pack": "packed entries", "emap": "per-example loop", "scan": "scan loop"}
+
+
+def _kind(kernel: object) -> str:
+    kind = getattr(kernel, "kind", "kernel")
+    return getattr(kernel, "op", kind) if kind == "reduce" else kind
+
+
+def kernel_counts(kernel: object) -> tuple[sp.Expr, sp.Expr]:
+    """(multiply-adds, other scalar operations) a kernel performs, in its
+    dimensions: a product m*k*n multiply-adds; an elementwise loop its
+    body's operations (after CSE) per element; a reduction one operation
+    per entry (log-sum-exp four: max, subtract, exp, add); a per-example
+    loop its program per example; a scan its step's kernels per step. A
+    kernel of another kind counts what it says it does (`counts()`), else 0."""
+    kind = _kind(kernel)
+    zero = sp.Integer(0)
+    if kind == "matmul" or hasattr(kernel, "m") and hasattr(kernel, "n") and not hasattr(kernel, "loops"):
+        return sp.sympify(kernel.m) * getattr(kernel, "k", 1) * kernel.n, zero
+    if kind == "map":
+        per = sum((sp.count_ops(e) for _, e in kernel.temps), zero) + sum((sp.count_ops(e) for _, e in kernel.stores), zero)
+        return zero, sp.sympify(kernel.shape[0]) * kernel.shape[1] * per
+    if kind in ("sum", "max", "min", "logsumexp"):
+        entries = sp.sympify(kernel.rows) * kernel.cols
+        return zero, entries * (4 if kind == "logsumexp" else 1)
+    if kind == "emap":
+        per = sum((sp.count_ops(e) for _, e in kernel.temps), zero) + sum((sp.count_ops(e) for *_, e in kernel.stores), zero)
+        return zero, sp.Mul(*kernel.loops) * per
+    if kind == "scan":  # each loop over the steps runs its step's kernels once a step
+        madds, ops = zero, zero
+        for loop in kernel.loops:
+            for inner in loop.schedule.kernels:
+                m, o = kernel_counts(inner)
+                madds, ops = madds + m, ops + o
+        return sp.expand(kernel.length * madds), sp.expand(kernel.length * ops)
+    if hasattr(kernel, "counts"):
+        return kernel.counts()
+    return zero, zero
+
+
+def _work_text(madds: sp.Expr, ops: sp.Expr) -> str:
+    parts = [_counted(madds, "multiply-add")] if madds != 0 else []
+    parts += [_counted(ops, "operation")] if ops != 0 or not parts else []
+    return ", ".join(parts)
+
+
+def _counted(count: sp.Expr, noun: str) -> str:
+    count = sp.expand(count)
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def kernel_work(kernels: Iterable[object]) -> tuple[tuple[KernelWork, ...], str]:
+    """Each kernel's work (see kernel_counts) and the total, as text."""
+    rows, total = [], (sp.Integer(0), sp.Integer(0))
+    for kernel in kernels:
+        madds, ops = kernel_counts(kernel)
+        total = (total[0] + madds, total[1] + ops)
+        equations = getattr(kernel, "equations", ())
+        if not equations and madds == 0 and ops == 0:
+            continue  # runs nothing (a scan's outputs, which its loop wrote)
+        step = ", ".join(dict.fromkeys(e.lhs for e in equations)) or "?"
+        what = _KINDS.get(_kind(kernel), _kind(kernel))
+        if what == "elementwise loop" and madds == 0 and ops == 0:
+            what = "copy"
+        rows.append(KernelWork(step, what, _work_text(madds, ops)))
+    return tuple(rows), _work_text(*total)
+
+
 def itemsize_of(dtype: str) -> int:
     """Bytes per number of a module dtype.
 
@@ -171,6 +263,8 @@ def derive(
     split = split_at_loss(gradient)
     before, after = gradient.kernels[:split], gradient.kernels[split:]
     read_after = [b for k in after for b in kernel_reads(k)]
+    forward_rows, forward_total = kernel_work(before)
+    backward_rows, backward_total = kernel_work(after)
     return Derivation(
         model_name=model_name,
         real=dtype,
@@ -182,6 +276,10 @@ def derive(
         forward_work_bytes=str(memory.forward_work_bytes),
         gradient_work_bytes=str(memory.gradient_work_bytes),
         ops=tuple((fn.name, *fn.op_counts) for fn in ((forward,) if forward is gradient else (forward, gradient))),
+        forward_work=forward_rows,
+        backward_work=backward_rows,
+        forward_total=forward_total,
+        backward_total=backward_total,
     )
 
 
@@ -194,4 +292,4 @@ def render_derivation(derivation: Derivation) -> str:
     Returns:
         The text of the template derivation.md.j2.
     """
-    return template_environment().get_template("derivation.md.j2").render(d=derivation)
+    return wrap_markdown_equations(template_environment().get_template("derivation.md.j2").render(d=derivation))

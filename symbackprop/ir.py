@@ -351,6 +351,7 @@ class Lowered:
     loss: Node
     outputs: dict[str, Node]
     dims: tuple[sp.Symbol, ...]  # symbolic dimensions, in declaration order
+    named: tuple[tuple[str, Node], ...] = ()  # the user's names of intermediates (Model.names)
 
 
 def as_dim(d: sp.Expr, where: object) -> Dim:
@@ -391,10 +392,11 @@ def lower(model: Model) -> Lowered:
     clash = [d for d in dims if leaf_name(d) in leaves]
     if clash:
         raise ModelError(f"{clash[0]} is used both as a dimension and as an input/param")
-    lowerer = Lowerer(by_symbol, tuple(dims), tuple(model.outputs.values()))
+    lowerer = Lowerer(by_symbol, tuple(dims), (*model.outputs.values(), *model.names.values()))
     loss = lowerer.scalar_result(model.loss, "the loss")
     outputs = {name: lowerer.lower(expr) for name, expr in model.outputs.items()}
-    return Lowered(model, leaves, loss, outputs, tuple(dims))
+    named = tuple((name, lowerer.lower(expr)) for name, expr in model.names.items())  # the memo's nodes
+    return Lowered(model, leaves, loss, outputs, tuple(dims), named)
 
 
 class Lowerer:

@@ -134,12 +134,17 @@ class Model:
         outputs: named expressions that ``forward`` returns besides the loss.
         grad_inputs: inputs to differentiate as well (e.g. for adversarial
             examples); their gradients are returned beside the parameters'.
+        names: names of intermediates, ``{"hidden": H}``: where the
+            generated C stores H it is called ``hidden`` (sanitized into a C
+            identifier, made unique) and its adjoint ``grad_hidden``, in the
+            C, its comments and derivation.md. Naming changes no result and
+            no schedule: a value computed inside a loop stays unstored.
 
     Raises:
         ModelError: a leaf is not a Symbol/MatrixSymbol, a name is declared
             twice (as leaves, or as a leaf and an output), a leaf or output
-            is named "loss", the loss is not scalar, the loss or an output
-            holds a SymPy Sum (what ``m[0, 0]`` of a product over a symbolic
+            is named "loss", an intermediate's name is one of those, the
+            loss is not scalar, the loss or an output holds a SymPy Sum (what ``m[0, 0]`` of a product over a symbolic
             dimension becomes: write ``as_scalar(m)``), or a grad input is
             not an input.
     """
@@ -150,6 +155,7 @@ class Model:
     loss: sp.Basic = None  # None: no loss; a SymPy expression after __post_init__
     outputs: Mapping[str, sp.Basic] = field(default_factory=dict)
     grad_inputs: tuple[Leaf, ...] = ()
+    names: Mapping[str, sp.Basic] = field(default_factory=dict)
     has_loss: bool = field(init=False, default=True)  # whether a loss was declared (a loss of 0 is one)
 
     def __post_init__(self) -> None:
@@ -160,12 +166,17 @@ class Model:
         set_(self, "params", _as_leaves("params", self.params))
         set_(self, "grad_inputs", _as_leaves("grad_inputs", self.grad_inputs))
         set_(self, "outputs", dict(self.outputs))
+        set_(self, "names", dict(self.names))
         self._check_names()
         set_(self, "has_loss", self.loss is not None)
         set_(self, "loss", _normalised_loss(0 if self.loss is None else self.loss))
         for out_name, expr in self.outputs.items():
             if isinstance(expr, sp.Basic):
                 _check_no_sum(expr, f"the output {out_name!r}")
+        for value_name, expr in self.names.items():
+            if not isinstance(expr, sp.Basic):
+                raise ModelError(f"names maps {value_name!r} to {short(repr(expr))}, not a SymPy expression")
+            _check_no_sum(expr, f"the value named {value_name!r}")
         for leaf in self.params:
             if getattr(leaf, "is_index", False):
                 raise ModelError(f"the Index {leaf_name(leaf)!r} holds integers: declare it an input, not a param")
@@ -195,6 +206,13 @@ class Model:
             if out_name in seen:
                 # the C functions take the leaves and return the outputs by name
                 raise ModelError(f"the output {out_name!r} clashes with the {seen[out_name]} of that name; rename one")
+            seen[out_name] = "output"
+        for value_name in self.names:
+            if not isinstance(value_name, str) or not value_name:
+                raise ModelError(f"names of intermediates must be non-empty strings; got {value_name!r}")
+            if value_name == "loss" or value_name in seen:
+                what = "the loss" if value_name == "loss" else f"the {seen[value_name]} of that name"
+                raise ModelError(f"the intermediate named {value_name!r} clashes with {what}; rename one")
 
     @property
     def differentiated(self) -> tuple[Leaf, ...]:

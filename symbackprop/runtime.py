@@ -145,13 +145,15 @@ def model_fingerprint(model: Model, *settings: Any) -> str:
     from .cache_key import digest as key_digest
 
     options = next((s for s in settings if isinstance(s, BuildOptions)), None)
-    expressions = [model.loss, *model.outputs.values()]
+    expressions = [model.loss, *model.outputs.values(), *model.names.values()]
     digest = _ExpressionDigest()
     parts = [
         model.name,
         str(model.has_loss),
         *(sp.srepr(leaf) for leaf in (*model.inputs, "|", *model.params, "|", *model.grad_inputs)),
         *model.outputs,
+        "|",
+        *model.names,
         *(digest(sp.sympify(expr)) for expr in expressions),
         repr(settings),
         str(find_blas() is not None),

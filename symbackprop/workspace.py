@@ -39,9 +39,11 @@ def plan_workspace(kernels: Sequence[Any], buffers: Mapping[str, Shape],
     sizes = {buffer: sp.sympify(shape[0]) * shape[1] for buffer, shape in shapes.items()}
     first: dict[str, int] = {}
     last: dict[str, int] = {}
+    written_at: dict[str, int] = {}  # declared in the order written (as the comments list them), not by name
     for index, kernel in enumerate(kernels):
         for buffer in kernel.writes():
             first.setdefault(buffer, index)
+            written_at.setdefault(buffer, len(written_at))
         for buffer in kernel.reads():
             last[buffer] = index
     free: list[str] = []  # buffers whose last reader has run
@@ -49,7 +51,7 @@ def plan_workspace(kernels: Sequence[Any], buffers: Mapping[str, Shape],
     slots: list[Slot] = []
     offset_of: dict[str, sp.Expr] = {}
     end, previous = sp.Integer(0), None
-    for buffer in sorted(sizes, key=lambda b: (first.get(b, 0), b)):
+    for buffer in sorted(sizes, key=lambda b: (first.get(b, 0), written_at.get(b, 0), b)):
         start = first.get(buffer, 0)
         for index in sorted(k for k in releases if k < start):
             free += releases.pop(index)

@@ -11,6 +11,15 @@ import numpy as np
 STRICT_FLAGS = ["-std=c99", "-Wall", "-Wextra", "-Wpedantic", "-Werror"]
 
 
+def write_runtime_header(folder: Path) -> Path:
+    """symbackprop_runtime.h, which every generated .c includes, into `folder`."""
+    from symbackprop.codegen import RUNTIME_HEADER, runtime_header
+
+    path = Path(folder) / RUNTIME_HEADER
+    path.write_text(runtime_header())
+    return path
+
+
 def fill_values(size: int, salt: int) -> np.ndarray:
     """The deterministic values a driver puts in an array: sin(k + salt)."""
     return np.sin(np.arange(size, dtype=np.float64) + salt) * 0.5

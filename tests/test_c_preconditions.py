@@ -14,7 +14,7 @@ import subprocess
 import numpy as np
 import pytest
 import sympy as sp
-from c_driver import STRICT_FLAGS
+from c_driver import STRICT_FLAGS, write_runtime_header
 from test_memory_safety import SANITIZE, SANITIZER_ENV, _sanitizer_works
 
 import symbackprop as sbp
@@ -573,6 +573,7 @@ def test_valid_and_failing_calls_are_clean_under_sanitizers(name, sanitizer, tmp
     emitted, _ = generate(model(), dtype=dtype, functions=functions, optimizer=SGD(lr=0.1))
     (tmp_path / f"{emitted.prefix}.c").write_text(emitted.source)
     (tmp_path / f"{emitted.prefix}.h").write_text(emitted.header)
+    write_runtime_header(tmp_path)
     (tmp_path / "driver.c").write_text(driver(emitted, sizes, epochs))
     exe = tmp_path / "driver"
     built = subprocess.run(["cc", *SANITIZE, *STRICT_FLAGS[1:], f"-I{tmp_path}", str(tmp_path / f"{emitted.prefix}.c"),

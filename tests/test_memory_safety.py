@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from c_driver import fill_values, parse_output
+from c_driver import fill_values, parse_output, write_runtime_header
 from conftest import example_names, load_example
 
 import symbackprop as sbp
@@ -153,6 +153,7 @@ def test_example_is_clean_under_sanitizers(name, sanitizer, tmp_path):
     emitted, _ = generate(example.model)
     (tmp_path / f"{emitted.prefix}.c").write_text(emitted.source)
     (tmp_path / f"{emitted.prefix}.h").write_text(emitted.header)
+    write_runtime_header(tmp_path)
     functions = read_header(emitted.header)
     (tmp_path / "driver.c").write_text(driver(f"{emitted.prefix}.h", functions))
     exe = tmp_path / "driver"

@@ -342,7 +342,7 @@ def test_new_forms_compile_without_warnings(dtype, tmp_path):
     -Werror, and for float32 -Wdouble-promotion (no double literal)."""
     import subprocess
 
-    from c_driver import STRICT_FLAGS
+    from c_driver import STRICT_FLAGS, write_runtime_header
 
     from symbackprop.compiler import generate
 
@@ -357,6 +357,7 @@ def test_new_forms_compile_without_warnings(dtype, tmp_path):
     source = tmp_path / f"{emitted.prefix}.c"
     source.write_text(emitted.source)
     (tmp_path / f"{emitted.prefix}.h").write_text(emitted.header)
+    write_runtime_header(tmp_path)
     flags = [*STRICT_FLAGS] + (["-Wdouble-promotion"] if dtype == "float32" else [])
     result = subprocess.run(["cc", *flags, "-c", str(source), "-o", str(tmp_path / "m.o")], capture_output=True, text=True)
     assert result.returncode == 0 and result.stderr == "", result.stderr

@@ -7,7 +7,7 @@ import subprocess
 import numpy as np
 import pytest
 import sympy as sp
-from c_driver import STRICT_FLAGS, build_program, driver_source, input_arrays, parse_output
+from c_driver import STRICT_FLAGS, build_program, driver_source, input_arrays, parse_output, write_runtime_header
 from conftest import example_names, load_example
 
 import symbackprop as sbp
@@ -18,6 +18,7 @@ def _write(emitted, folder):
     source = folder / f"{emitted.prefix}.c"
     source.write_text(emitted.source)
     (folder / f"{emitted.prefix}.h").write_text(emitted.header)
+    write_runtime_header(folder)
     return source
 
 

@@ -7,7 +7,7 @@ import subprocess
 import numpy as np
 import pytest
 import sympy as sp
-from c_driver import STRICT_FLAGS
+from c_driver import STRICT_FLAGS, write_runtime_header
 from conftest import load_example
 from oracles import sigmoid
 
@@ -408,6 +408,7 @@ def test_the_epoch_is_plain_c(mlp, tmp_path):
     source = tmp_path / "mlp.c"
     source.write_text(emitted.source)
     (tmp_path / "mlp.h").write_text(emitted.header)
+    write_runtime_header(tmp_path)
     result = subprocess.run(["cc", *STRICT_FLAGS, "-c", str(source), "-o", str(tmp_path / "mlp.o")],
                             capture_output=True, text=True)
     assert result.returncode == 0 and result.stderr == "", result.stderr

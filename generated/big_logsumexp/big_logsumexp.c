@@ -6,89 +6,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "big_logsumexp.h"
-
-/* Loops over many rows run on several threads when compiled with -fopenmp. */
-#ifdef _OPENMP
-#define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
-#else
-#define SYMBACKPROP_PARALLEL_FOR
-#endif
-
-/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
- * calling these functions use their SIMD variants. */
-#ifdef SYMBACKPROP_LIBMVEC
-__attribute__((simd("notinbranch"))) double acos(double);
-__attribute__((simd("notinbranch"))) double acosh(double);
-__attribute__((simd("notinbranch"))) double asin(double);
-__attribute__((simd("notinbranch"))) double asinh(double);
-__attribute__((simd("notinbranch"))) double atan(double);
-__attribute__((simd("notinbranch"))) double atan2(double, double);
-__attribute__((simd("notinbranch"))) double atanh(double);
-__attribute__((simd("notinbranch"))) double cbrt(double);
-__attribute__((simd("notinbranch"))) double cos(double);
-__attribute__((simd("notinbranch"))) double cosh(double);
-__attribute__((simd("notinbranch"))) double erf(double);
-__attribute__((simd("notinbranch"))) double erfc(double);
-__attribute__((simd("notinbranch"))) double exp(double);
-__attribute__((simd("notinbranch"))) double exp10(double);
-__attribute__((simd("notinbranch"))) double exp2(double);
-__attribute__((simd("notinbranch"))) double expm1(double);
-__attribute__((simd("notinbranch"))) double hypot(double, double);
-__attribute__((simd("notinbranch"))) double log(double);
-__attribute__((simd("notinbranch"))) double log10(double);
-__attribute__((simd("notinbranch"))) double log1p(double);
-__attribute__((simd("notinbranch"))) double log2(double);
-__attribute__((simd("notinbranch"))) double pow(double, double);
-__attribute__((simd("notinbranch"))) double sin(double);
-__attribute__((simd("notinbranch"))) double sinh(double);
-__attribute__((simd("notinbranch"))) double tan(double);
-__attribute__((simd("notinbranch"))) double tanh(double);
-#endif
-
-/* log(sum(exp(x))) of n entries stride apart, the largest subtracted before exp. */
-static double big_logsumexp_logsumexp(const double *x, int64_t n, int64_t stride)
-{
-    double top;
-    {
-        double result = -INFINITY;
-        int64_t k = 0;
-        if (n >= 64) {
-            double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-            for (; k + 8 <= n; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
-                }
-            }
-            for (int64_t l = 0; l < 8; ++l) {
-                result = lane[l] > result ? lane[l] : result;
-            }
-        }
-        for (; k < n; ++k) {
-            result = x[k*stride] > result ? x[k*stride] : result;
-        }
-        top = result;
-    }
-    if (isinf(top)) {
-        return top; /* every entry -inf (or one +inf) */
-    }
-    double result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
-        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += exp(x[(k + l)*stride] - top);
-            }
-        }
-        for (int64_t l = 0; l < 8; ++l) {
-            result += lane[l];
-        }
-    }
-    for (; k < n; ++k) {
-        result += exp(x[k*stride] - top);
-    }
-    return top + log(result);
-}
+#include "symbackprop_runtime.h"
 
 static size_t big_logsumexp_run_work_len(int64_t n, int with_grads)
 {
@@ -98,7 +16,8 @@ static size_t big_logsumexp_run_work_len(int64_t n, int with_grads)
     return (size_t)(with_grads ? 0 : 0);
 }
 
-/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
+ * gradient: forward and value_and_grad call it. */
 static int big_logsumexp_run(
     int64_t n,
     const double *v,
@@ -113,7 +32,7 @@ static int big_logsumexp_run(
         (void)work;
 
     /* loss = log(sum(exp(v))) down each column, its max subtracted first */
-    loss[0] = big_logsumexp_logsumexp(v, n, 1);
+    loss[0] = symbackprop_f64_logsumexp(v, n, 1);
 
     if (!with_grads) {
         return 0;

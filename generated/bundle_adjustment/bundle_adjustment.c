@@ -6,66 +6,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "bundle_adjustment.h"
-
-/* Loops over many rows run on several threads when compiled with -fopenmp. */
-#ifdef _OPENMP
-#define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
-#else
-#define SYMBACKPROP_PARALLEL_FOR
-#endif
-
-/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
- * calling these functions use their SIMD variants. */
-#ifdef SYMBACKPROP_LIBMVEC
-__attribute__((simd("notinbranch"))) double acos(double);
-__attribute__((simd("notinbranch"))) double acosh(double);
-__attribute__((simd("notinbranch"))) double asin(double);
-__attribute__((simd("notinbranch"))) double asinh(double);
-__attribute__((simd("notinbranch"))) double atan(double);
-__attribute__((simd("notinbranch"))) double atan2(double, double);
-__attribute__((simd("notinbranch"))) double atanh(double);
-__attribute__((simd("notinbranch"))) double cbrt(double);
-__attribute__((simd("notinbranch"))) double cos(double);
-__attribute__((simd("notinbranch"))) double cosh(double);
-__attribute__((simd("notinbranch"))) double erf(double);
-__attribute__((simd("notinbranch"))) double erfc(double);
-__attribute__((simd("notinbranch"))) double exp(double);
-__attribute__((simd("notinbranch"))) double exp10(double);
-__attribute__((simd("notinbranch"))) double exp2(double);
-__attribute__((simd("notinbranch"))) double expm1(double);
-__attribute__((simd("notinbranch"))) double hypot(double, double);
-__attribute__((simd("notinbranch"))) double log(double);
-__attribute__((simd("notinbranch"))) double log10(double);
-__attribute__((simd("notinbranch"))) double log1p(double);
-__attribute__((simd("notinbranch"))) double log2(double);
-__attribute__((simd("notinbranch"))) double pow(double, double);
-__attribute__((simd("notinbranch"))) double sin(double);
-__attribute__((simd("notinbranch"))) double sinh(double);
-__attribute__((simd("notinbranch"))) double tan(double);
-__attribute__((simd("notinbranch"))) double tanh(double);
-#endif
-
-/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
-static double bundle_adjustment_sum(const double *x, int64_t n, int64_t stride)
-{
-    double result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
-        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += x[(k + l)*stride];
-            }
-        }
-        for (int64_t l = 0; l < 8; ++l) {
-            result += lane[l];
-        }
-    }
-    for (; k < n; ++k) {
-        result += x[k*stride];
-    }
-    return result;
-}
+#include "symbackprop_runtime.h"
 
 size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P)
 {
@@ -111,8 +52,10 @@ int bundle_adjustment_forward(
         }
     }
 
-    /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :], feats[i, :]: see the temporaries */
-    /* jacobian[i, :] = 30 values from cams[cam[i], :], pts[pt[i], :], weights[i, :], feats[i, :]: see the temporaries */
+    /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
+     * feats[i, :]: see the temporaries */
+    /* jacobian[i, :] = 30 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
+     * feats[i, :]: see the temporaries */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         const double x0 = pts[3*pt[i]] - cams[11*cam[i] + 3];
@@ -443,11 +386,11 @@ int bundle_adjustment_forward(
     /* t1 = sum of t0 down each column */
     double *t1 = t0 + 2*N; /* 1 x 2 */
     for (int64_t j = 0; j < 2; ++j) {
-        t1[j] = bundle_adjustment_sum(t0 + j, N, 2);
+        t1[j] = symbackprop_f64_sum(t0 + j, N, 2);
     }
 
     /* loss = sum of t1 along each row */
-    loss[0] = bundle_adjustment_sum(t1, 2, 1);
+    loss[0] = symbackprop_f64_sum(t1, 2, 1);
     return 0;
 }
 
@@ -496,7 +439,8 @@ int bundle_adjustment_value_and_grad(
         }
     }
 
-    /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :], feats[i, :]: see the temporaries */
+    /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
+     * feats[i, :]: see the temporaries */
     double *residual = work; /* N x 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
@@ -533,8 +477,8 @@ int bundle_adjustment_value_and_grad(
 
     /* t0 = residual**2 */
     /* grad_residual = 2*residual */
-    double *grad_residual = residual + 2*N; /* N x 2 */
-    double *t0 = grad_residual + 2*N; /* N x 2 */
+    double *t0 = residual + 2*N; /* N x 2 */
+    double *grad_residual = t0 + 2*N; /* N x 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
@@ -544,17 +488,20 @@ int bundle_adjustment_value_and_grad(
     }
 
     /* t1 = sum of t0 down each column */
-    double *t1 = t0 + 2*N; /* 1 x 2 */
+    double *t1 = grad_residual + 2*N; /* 1 x 2 */
     for (int64_t j = 0; j < 2; ++j) {
-        t1[j] = bundle_adjustment_sum(t0 + j, N, 2);
+        t1[j] = symbackprop_f64_sum(t0 + j, N, 2);
     }
 
     /* loss = sum of t1 along each row */
-    loss[0] = bundle_adjustment_sum(t1, 2, 1);
+    loss[0] = symbackprop_f64_sum(t1, 2, 1);
 
-    /* grad_cams[cam[i], :] += 11 values from cams[cam[i], :], pts[pt[i], :], weights[i, :], grad_residual[i, :]: see the temporaries */
-    /* grad_pts[pt[i], :] += 3 values from cams[cam[i], :], pts[pt[i], :], weights[i, :], grad_residual[i, :]: see the temporaries */
-    /* grad_weights[i, 0] = 1 value from cams[cam[i], :], pts[pt[i], :], grad_residual[i, :], feats[i, :]: see the temporaries */
+    /* grad_cams[cam[i], :] += 11 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
+     * grad_residual[i, :]: see the temporaries */
+    /* grad_pts[pt[i], :] += 3 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
+     * grad_residual[i, :]: see the temporaries */
+    /* grad_weights[i, 0] = 1 value from cams[cam[i], :], pts[pt[i], :], grad_residual[i, :],
+     * feats[i, :]: see the temporaries */
     for (int64_t i = 0; i < 11*C; ++i) {
         grad_cams[i] = 0;
     }

@@ -6,111 +6,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "gmm.h"
-
-/* Loops over many rows run on several threads when compiled with -fopenmp. */
-#ifdef _OPENMP
-#define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
-#else
-#define SYMBACKPROP_PARALLEL_FOR
-#endif
-
-/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
- * calling these functions use their SIMD variants. */
-#ifdef SYMBACKPROP_LIBMVEC
-__attribute__((simd("notinbranch"))) double acos(double);
-__attribute__((simd("notinbranch"))) double acosh(double);
-__attribute__((simd("notinbranch"))) double asin(double);
-__attribute__((simd("notinbranch"))) double asinh(double);
-__attribute__((simd("notinbranch"))) double atan(double);
-__attribute__((simd("notinbranch"))) double atan2(double, double);
-__attribute__((simd("notinbranch"))) double atanh(double);
-__attribute__((simd("notinbranch"))) double cbrt(double);
-__attribute__((simd("notinbranch"))) double cos(double);
-__attribute__((simd("notinbranch"))) double cosh(double);
-__attribute__((simd("notinbranch"))) double erf(double);
-__attribute__((simd("notinbranch"))) double erfc(double);
-__attribute__((simd("notinbranch"))) double exp(double);
-__attribute__((simd("notinbranch"))) double exp10(double);
-__attribute__((simd("notinbranch"))) double exp2(double);
-__attribute__((simd("notinbranch"))) double expm1(double);
-__attribute__((simd("notinbranch"))) double hypot(double, double);
-__attribute__((simd("notinbranch"))) double log(double);
-__attribute__((simd("notinbranch"))) double log10(double);
-__attribute__((simd("notinbranch"))) double log1p(double);
-__attribute__((simd("notinbranch"))) double log2(double);
-__attribute__((simd("notinbranch"))) double pow(double, double);
-__attribute__((simd("notinbranch"))) double sin(double);
-__attribute__((simd("notinbranch"))) double sinh(double);
-__attribute__((simd("notinbranch"))) double tan(double);
-__attribute__((simd("notinbranch"))) double tanh(double);
-#endif
-
-/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
-static double gmm_sum(const double *x, int64_t n, int64_t stride)
-{
-    double result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
-        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += x[(k + l)*stride];
-            }
-        }
-        for (int64_t l = 0; l < 8; ++l) {
-            result += lane[l];
-        }
-    }
-    for (; k < n; ++k) {
-        result += x[k*stride];
-    }
-    return result;
-}
-
-/* log(sum(exp(x))) of n entries stride apart, the largest subtracted before exp. */
-static double gmm_logsumexp(const double *x, int64_t n, int64_t stride)
-{
-    double top;
-    {
-        double result = -INFINITY;
-        int64_t k = 0;
-        if (n >= 64) {
-            double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-            for (; k + 8 <= n; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
-                }
-            }
-            for (int64_t l = 0; l < 8; ++l) {
-                result = lane[l] > result ? lane[l] : result;
-            }
-        }
-        for (; k < n; ++k) {
-            result = x[k*stride] > result ? x[k*stride] : result;
-        }
-        top = result;
-    }
-    if (isinf(top)) {
-        return top; /* every entry -inf (or one +inf) */
-    }
-    double result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
-        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += exp(x[(k + l)*stride] - top);
-            }
-        }
-        for (int64_t l = 0; l < 8; ++l) {
-            result += lane[l];
-        }
-    }
-    for (; k < n; ++k) {
-        result += exp(x[k*stride] - top);
-    }
-    return top + log(result);
-}
+#include "symbackprop_runtime.h"
 
 static size_t gmm_run_work_len(int64_t N, int64_t K, int with_grads)
 {
@@ -120,7 +16,8 @@ static size_t gmm_run_work_len(int64_t N, int64_t K, int with_grads)
     return (size_t)(with_grads ? K*N + 10*K + N + 7 : 3*K + N + 7);
 }
 
-/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
+ * gradient: forward and value_and_grad call it. */
 static int gmm_run(
     int64_t N,
     int64_t K,
@@ -147,9 +44,12 @@ static int gmm_run(
     
     /* t0 = log(sum(exp(alpha))) down each column, its max subtracted first */
     double *t0 = work; /* 1 x 1 */
-    t0[0] = gmm_logsumexp(alpha, K, 1);
+    t0[0] = symbackprop_f64_logsumexp(alpha, K, 1);
 
-    /* log_density[i, j] = alpha[j, 0] + qd[j, 0] + qd[j, 1] + qd[j, 2] - (X[i, 0] - means[j, 0])**2*exp(2*qd[j, 0])/2 - (ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1]))**2/2 - (ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))**2/2 */
+    /* log_density[i, j] = alpha[j, 0] + qd[j, 0] + qd[j, 1] + qd[j, 2] - (X[i, 0] -
+     * means[j, 0])**2*exp(2*qd[j, 0])/2 - (ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] -
+     * means[j, 1])*exp(qd[j, 1]))**2/2 - (ql[j, 1]*(X[i, 0] - means[j, 0]) +
+     * ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))**2/2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < K; ++j) {
@@ -159,90 +59,105 @@ static int gmm_run(
         }
     }
 
-    /* t2 = log(sum(exp(log_density))) along each row, its max subtracted first */
-    double *t2 = t0 + 1; /* N x 1 */
+    /* t1 = log(sum(exp(log_density))) along each row, its max subtracted first */
+    double *t1 = t0 + 1; /* N x 1 */
     for (int64_t i = 0; i < N; ++i) {
-        t2[i] = gmm_logsumexp(log_density + K*i, K, 1);
+        t1[i] = symbackprop_f64_logsumexp(log_density + K*i, K, 1);
     }
 
-    /* t3 = sum of t2 down each column */
-    double *t3 = t2 + N; /* 1 x 1 */
-    t3[0] = gmm_sum(t2, N, 1);
+    /* t2 = sum of t1 down each column */
+    double *t2 = t1 + N; /* 1 x 1 */
+    t2[0] = symbackprop_f64_sum(t1, N, 1);
 
-    /* t5 = exp(2*qd) */
-    double *t5 = t3 + 1; /* K x 3 */
+    /* t3 = exp(2*qd) */
+    double *t3 = t2 + 1; /* K x 3 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < K; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            t5[3*i + j] = exp(2*qd[3*i + j]);
+            t3[3*i + j] = exp(2*qd[3*i + j]);
         }
     }
 
-    /* t6 = sum of t5 down each column */
-    double *t6 = t5 + 3*K; /* 1 x 3 */
+    /* t4 = sum of t3 down each column */
+    double *t4 = t3 + 3*K; /* 1 x 3 */
     for (int64_t j = 0; j < 3; ++j) {
-        t6[j] = gmm_sum(t5 + j, K, 3);
+        t4[j] = symbackprop_f64_sum(t3 + j, K, 3);
     }
 
-    /* t7 = sum of t6 along each row */
-    double *t7 = t6 + 3; /* 1 x 1 */
-    t7[0] = gmm_sum(t6, 3, 1);
+    /* t5 = sum of t4 along each row */
+    double *t5 = t4 + 3; /* 1 x 1 */
+    t5[0] = symbackprop_f64_sum(t4, 3, 1);
 
-    /* t9 = ql**2 */
-    double *t9 = with_grads ? t7 + 1 : t5; /* K x 3 */
+    /* t6 = ql**2 */
+    double *t6 = with_grads ? t5 + 1 : t3; /* K x 3 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < K; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            t9[3*i + j] = (ql[3*i + j]*ql[3*i + j]);
+            t6[3*i + j] = (ql[3*i + j]*ql[3*i + j]);
         }
     }
 
-    /* t10 = sum of t9 down each column */
-    double *t10 = t6; /* 1 x 3, in t6's memory */
+    /* t7 = sum of t6 down each column */
+    double *t7 = t4; /* 1 x 3, in t4's memory */
     for (int64_t j = 0; j < 3; ++j) {
-        t10[j] = gmm_sum(t9 + j, K, 3);
+        t7[j] = symbackprop_f64_sum(t6 + j, K, 3);
     }
 
-    /* t11 = sum of t10 along each row */
-    double *t11 = with_grads ? t9 + 3*K : t7 + 1; /* 1 x 1 */
-    t11[0] = gmm_sum(t10, 3, 1);
+    /* t8 = sum of t7 along each row */
+    double *t8 = with_grads ? t6 + 3*K : t5 + 1; /* 1 x 1 */
+    t8[0] = symbackprop_f64_sum(t7, 3, 1);
 
-    /* loss = N*t0 + 3*N*log(2*pi)/2 + t11/2 - t3 + t7/2 */
+    /* loss = N*t0 + 3*N*log(2*pi)/2 - t2 + t5/2 + t8/2 */
     {
-        loss[0] = ((double)N)*t0[0] + (3.0/2.0)*((double)N)*log(2*3.1415926535897932) - t3[0] + (1.0/2.0)*t7[0] + (1.0/2.0)*t11[0];
+        loss[0] = ((double)N)*t0[0] + (3.0/2.0)*((double)N)*log(2*3.1415926535897932) - t2[0] + (1.0/2.0)*t5[0] + (1.0/2.0)*t8[0];
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_log_density = -exp(log_density - t2) */
-    double *grad_log_density = t11 + 1; /* N x K */
+    /* grad_log_density = -exp(log_density - t1) */
+    double *grad_log_density = t8 + 1; /* N x K */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < K; ++j) {
-            grad_log_density[K*i + j] = -exp(log_density[K*i + j] - t2[i]);
+            grad_log_density[K*i + j] = -exp(log_density[K*i + j] - t1[i]);
         }
     }
 
-    /* tmp1[j, 0] += grad_log_density[i, j] */
-    /* grad_means[j, :] += [-grad_log_density[i, j]*(-ql[j, 0]*(ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1])) - ql[j, 1]*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2])) - (X[i, 0] - means[j, 0])*exp(2*qd[j, 0])), -grad_log_density[i, j]*(-ql[j, 2]*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2])) - (ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1]))*exp(qd[j, 1])), grad_log_density[i, j]*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))*exp(qd[j, 2])] */
-    /* tmp1_1[j, :] += [grad_log_density[i, j]*(-(X[i, 0] - means[j, 0])**2*exp(2*qd[j, 0]) + 1), grad_log_density[i, j]*(-(X[i, 1] - means[j, 1])*(ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1]))*exp(qd[j, 1]) + 1), grad_log_density[i, j]*(-(X[i, 2] - means[j, 2])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))*exp(qd[j, 2]) + 1)] */
-    /* tmp1_2[j, :] += [-grad_log_density[i, j]*(X[i, 0] - means[j, 0])*(ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1])), -grad_log_density[i, j]*(X[i, 0] - means[j, 0])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2])), -grad_log_density[i, j]*(X[i, 1] - means[j, 1])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))] */
-    double *tmp1 = grad_log_density + K*N; /* K x 1 */
-    double *tmp1_1 = t9; /* K x 3, in t9's memory */
-    double *tmp1_2 = tmp1 + K; /* K x 3 */
+    /* grad_alpha_part[j, 0] += grad_log_density[i, j] */
+    /* grad_means[j, :] += [-grad_log_density[i, j]*(-ql[j, 0]*(ql[j, 0]*(X[i, 0] -
+     * means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1])) - ql[j, 1]*(ql[j, 1]*(X[i, 0] -
+     * means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] -
+     * means[j, 2])*exp(qd[j, 2])) - (X[i, 0] - means[j, 0])*exp(2*qd[j, 0])),
+     * -grad_log_density[i, j]*(-ql[j, 2]*(ql[j, 1]*(X[i, 0] - means[j, 0]) +
+     * ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2])) - ... */
+    /* grad_qd_part[j, :] += [grad_log_density[i, j]*(-(X[i, 0] -
+     * means[j, 0])**2*exp(2*qd[j, 0]) + 1), grad_log_density[i, j]*(-(X[i, 1] -
+     * means[j, 1])*(ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] -
+     * means[j, 1])*exp(qd[j, 1]))*exp(qd[j, 1]) + 1), grad_log_density[i, j]*(-(X[i, 2] -
+     * means[j, 2])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) +
+     * (X[i, 2] - means[j, 2])*exp(qd[j, 2]))*exp(qd[j, 2]) + 1)] */
+    /* grad_ql_part[j, :] += [-grad_log_density[i, j]*(X[i, 0] -
+     * means[j, 0])*(ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] -
+     * means[j, 1])*exp(qd[j, 1])), -grad_log_density[i, j]*(X[i, 0] -
+     * means[j, 0])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) +
+     * (X[i, 2] - means[j, 2])*exp(qd[j, 2])), -grad_log_density[i, j]*(X[i, 1] -
+     * means[j, 1])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + ... */
+    double *grad_alpha_part = grad_log_density + K*N; /* K x 1 */
+    double *grad_qd_part = t6; /* K x 3, in t6's memory */
+    double *grad_ql_part = grad_alpha_part + K; /* K x 3 */
     for (int64_t i = 0; i < K; ++i) {
-        tmp1[i] = 0;
+        grad_alpha_part[i] = 0;
     }
     for (int64_t i = 0; i < 3*K; ++i) {
         grad_means[i] = 0;
     }
     for (int64_t i = 0; i < 3*K; ++i) {
-        tmp1_1[i] = 0;
+        grad_qd_part[i] = 0;
     }
     for (int64_t i = 0; i < 3*K; ++i) {
-        tmp1_2[i] = 0;
+        grad_ql_part[i] = 0;
     }
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < K; ++j) {
@@ -258,41 +173,41 @@ static int gmm_run(
             const double x9 = grad_log_density[K*i + j]*(-ql[3*j]*x7 - ql[3*j + 1]*x4 - x2*x8);
             const double x10 = grad_log_density[K*i + j]*(-ql[3*j + 2]*x4 - x5*x7);
             const double x11 = grad_log_density[K*i + j]*x4;
-            tmp1[j] += grad_log_density[K*i + j];
+            grad_alpha_part[j] += grad_log_density[K*i + j];
             grad_means[3*j] += -x9;
             grad_means[3*j + 1] += -x10;
             grad_means[3*j + 2] += x0*x11;
-            tmp1_1[3*j] += grad_log_density[K*i + j]*(-(x2*x2)*x8 + 1);
-            tmp1_1[3*j + 1] += grad_log_density[K*i + j]*(-x6*x7 + 1);
-            tmp1_1[3*j + 2] += grad_log_density[K*i + j]*(-x1*x4 + 1);
-            tmp1_2[3*j] += -grad_log_density[K*i + j]*x2*x7;
-            tmp1_2[3*j + 1] += -x11*x2;
-            tmp1_2[3*j + 2] += -x11*x3;
+            grad_qd_part[3*j] += grad_log_density[K*i + j]*(-(x2*x2)*x8 + 1);
+            grad_qd_part[3*j + 1] += grad_log_density[K*i + j]*(-x6*x7 + 1);
+            grad_qd_part[3*j + 2] += grad_log_density[K*i + j]*(-x1*x4 + 1);
+            grad_ql_part[3*j] += -grad_log_density[K*i + j]*x2*x7;
+            grad_ql_part[3*j + 1] += -x11*x2;
+            grad_ql_part[3*j + 2] += -x11*x3;
         }
     }
 
-    /* grad_alpha = N*exp(alpha - t0) + tmp1 */
+    /* grad_alpha = N*exp(alpha - t0) + grad_alpha_part */
     {
         const double t0_value = t0[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < K; ++i) {
-            grad_alpha[i] = ((double)N)*exp(alpha[i] - t0_value) + tmp1[i];
+            grad_alpha[i] = ((double)N)*exp(alpha[i] - t0_value) + grad_alpha_part[i];
         }
     }
 
-    /* grad_qd = t5 + tmp1_1 */
+    /* grad_qd = grad_qd_part + t3 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < K; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            grad_qd[3*i + j] = t5[3*i + j] + tmp1_1[3*i + j];
+            grad_qd[3*i + j] = t3[3*i + j] + grad_qd_part[3*i + j];
         }
     }
 
-    /* grad_ql = ql + tmp1_2 */
+    /* grad_ql = grad_ql_part + ql */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < K; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            grad_ql[3*i + j] = ql[3*i + j] + tmp1_2[3*i + j];
+            grad_ql[3*i + j] = ql[3*i + j] + grad_ql_part[3*i + j];
         }
     }
     return 0;

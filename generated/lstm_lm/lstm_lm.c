@@ -6,111 +6,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "lstm_lm.h"
-
-/* Loops over many rows run on several threads when compiled with -fopenmp. */
-#ifdef _OPENMP
-#define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
-#else
-#define SYMBACKPROP_PARALLEL_FOR
-#endif
-
-/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
- * calling these functions use their SIMD variants. */
-#ifdef SYMBACKPROP_LIBMVEC
-__attribute__((simd("notinbranch"))) double acos(double);
-__attribute__((simd("notinbranch"))) double acosh(double);
-__attribute__((simd("notinbranch"))) double asin(double);
-__attribute__((simd("notinbranch"))) double asinh(double);
-__attribute__((simd("notinbranch"))) double atan(double);
-__attribute__((simd("notinbranch"))) double atan2(double, double);
-__attribute__((simd("notinbranch"))) double atanh(double);
-__attribute__((simd("notinbranch"))) double cbrt(double);
-__attribute__((simd("notinbranch"))) double cos(double);
-__attribute__((simd("notinbranch"))) double cosh(double);
-__attribute__((simd("notinbranch"))) double erf(double);
-__attribute__((simd("notinbranch"))) double erfc(double);
-__attribute__((simd("notinbranch"))) double exp(double);
-__attribute__((simd("notinbranch"))) double exp10(double);
-__attribute__((simd("notinbranch"))) double exp2(double);
-__attribute__((simd("notinbranch"))) double expm1(double);
-__attribute__((simd("notinbranch"))) double hypot(double, double);
-__attribute__((simd("notinbranch"))) double log(double);
-__attribute__((simd("notinbranch"))) double log10(double);
-__attribute__((simd("notinbranch"))) double log1p(double);
-__attribute__((simd("notinbranch"))) double log2(double);
-__attribute__((simd("notinbranch"))) double pow(double, double);
-__attribute__((simd("notinbranch"))) double sin(double);
-__attribute__((simd("notinbranch"))) double sinh(double);
-__attribute__((simd("notinbranch"))) double tan(double);
-__attribute__((simd("notinbranch"))) double tanh(double);
-#endif
-
-/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
-static double lstm_lm_sum(const double *x, int64_t n, int64_t stride)
-{
-    double result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
-        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += x[(k + l)*stride];
-            }
-        }
-        for (int64_t l = 0; l < 8; ++l) {
-            result += lane[l];
-        }
-    }
-    for (; k < n; ++k) {
-        result += x[k*stride];
-    }
-    return result;
-}
-
-/* log(sum(exp(x))) of n entries stride apart, the largest subtracted before exp. */
-static double lstm_lm_logsumexp(const double *x, int64_t n, int64_t stride)
-{
-    double top;
-    {
-        double result = -INFINITY;
-        int64_t k = 0;
-        if (n >= 64) {
-            double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-            for (; k + 8 <= n; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
-                }
-            }
-            for (int64_t l = 0; l < 8; ++l) {
-                result = lane[l] > result ? lane[l] : result;
-            }
-        }
-        for (; k < n; ++k) {
-            result = x[k*stride] > result ? x[k*stride] : result;
-        }
-        top = result;
-    }
-    if (isinf(top)) {
-        return top; /* every entry -inf (or one +inf) */
-    }
-    double result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
-        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += exp(x[(k + l)*stride] - top);
-            }
-        }
-        for (int64_t l = 0; l < 8; ++l) {
-            result += lane[l];
-        }
-    }
-    for (; k < n; ++k) {
-        result += exp(x[k*stride] - top);
-    }
-    return top + log(result);
-}
+#include "symbackprop_runtime.h"
 
 size_t lstm_lm_forward_work_len(int64_t T)
 {
@@ -168,13 +64,13 @@ int lstm_lm_forward(
             double *t0_cell_next = t0_nxt + 16;
             double *t0_t1 = t0_base + 64; /* 1 x 16 */
             double *t0_t2 = t0_base + 80; /* 1 x 16 */
-            double *t0_t5 = t0_base + 96; /* 1 x 16 */
-            double *t0_t6 = t0_base + 112; /* 1 x 16 */
-            double *t0_t9 = t0_base + 128; /* 1 x 16 */
-            double *t0_t10 = t0_base + 144; /* 1 x 16 */
-            double *t0_t14 = t0_base + 160; /* 1 x 16 */
-            double *t0_t15 = t0_base + 176; /* 1 x 16 */
-            double *t0_t22 = t0_base + 192; /* 1 x 30 */
+            double *t0_t3 = t0_base + 96; /* 1 x 16 */
+            double *t0_t4 = t0_base + 112; /* 1 x 16 */
+            double *t0_t5 = t0_base + 128; /* 1 x 16 */
+            double *t0_t6 = t0_base + 144; /* 1 x 16 */
+            double *t0_t7 = t0_base + 160; /* 1 x 16 */
+            double *t0_t8 = t0_base + 176; /* 1 x 16 */
+            double *t0_t9 = t0_base + 192; /* 1 x 30 */
             /* t1 = h @ U_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
@@ -207,7 +103,39 @@ int lstm_lm_forward(
                     }
                 }
             }
-            /* t5 = h @ U_i */
+            /* t3 = h @ U_i */
+            for (int64_t i = 0; i < 1; ++i) {
+                for (int64_t j = 0; j < 16; ++j) {
+                    t0_t3[16*i + j] = 0;
+                }
+                for (int64_t k = 0; k < 16; ++k) {
+                    const double acc = t0_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
+                    for (int64_t j = 0; j < 16; ++j) {
+                        t0_t3[16*i + j] += acc * U_i[16*k + j];
+                    }
+                }
+            }
+            /* t4 = x @ W_i */
+            for (int64_t i = 0; i < 1; ++i) {
+                for (int64_t j = 0; j < 16; ++j) {
+                    t0_t4[16*i + j] = 0;
+                }
+                for (int64_t k = 0; k < 30; ++k) {
+                    const double acc = t0_x[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
+                    for (int64_t j = 0; j < 16; ++j) {
+                        t0_t4[16*i + j] += acc * W_i[16*k + j];
+                    }
+                }
+            }
+            /* t5 = h @ U_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t5[16*i + j] = 0;
@@ -219,11 +147,11 @@ int lstm_lm_forward(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t5[16*i + j] += acc * U_i[16*k + j];
+                        t0_t5[16*i + j] += acc * U_g[16*k + j];
                     }
                 }
             }
-            /* t6 = x @ W_i */
+            /* t6 = x @ W_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t6[16*i + j] = 0;
@@ -235,14 +163,14 @@ int lstm_lm_forward(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t6[16*i + j] += acc * W_i[16*k + j];
+                        t0_t6[16*i + j] += acc * W_g[16*k + j];
                     }
                 }
             }
-            /* t9 = h @ U_g */
+            /* t7 = h @ U_f */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t9[16*i + j] = 0;
+                    t0_t7[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h[k];
@@ -251,14 +179,14 @@ int lstm_lm_forward(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t9[16*i + j] += acc * U_g[16*k + j];
+                        t0_t7[16*i + j] += acc * U_f[16*k + j];
                     }
                 }
             }
-            /* t10 = x @ W_g */
+            /* t8 = x @ W_f */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t10[16*i + j] = 0;
+                    t0_t8[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 30; ++k) {
                     const double acc = t0_x[k];
@@ -267,56 +195,26 @@ int lstm_lm_forward(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t10[16*i + j] += acc * W_g[16*k + j];
+                        t0_t8[16*i + j] += acc * W_f[16*k + j];
                     }
                 }
             }
-            /* t14 = h @ U_f */
-            for (int64_t i = 0; i < 1; ++i) {
-                for (int64_t j = 0; j < 16; ++j) {
-                    t0_t14[16*i + j] = 0;
-                }
-                for (int64_t k = 0; k < 16; ++k) {
-                    const double acc = t0_h[k];
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #pragma GCC unroll 1
-    #endif
-                    for (int64_t j = 0; j < 16; ++j) {
-                        t0_t14[16*i + j] += acc * U_f[16*k + j];
-                    }
-                }
-            }
-            /* t15 = x @ W_f */
-            for (int64_t i = 0; i < 1; ++i) {
-                for (int64_t j = 0; j < 16; ++j) {
-                    t0_t15[16*i + j] = 0;
-                }
-                for (int64_t k = 0; k < 30; ++k) {
-                    const double acc = t0_x[k];
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #pragma GCC unroll 1
-    #endif
-                    for (int64_t j = 0; j < 16; ++j) {
-                        t0_t15[16*i + j] += acc * W_f[16*k + j];
-                    }
-                }
-            }
-            /* cell_next = cell*sigmoid(b_f + t14 + t15) + tanh(b_g + t10 + t9)*sigmoid(b_i + t5 + t6) */
-            /* h_next = tanh(cell*sigmoid(b_f + t14 + t15) + tanh(b_g + t10 + t9)*sigmoid(b_i + t5 + t6))*sigmoid(b_o + t1 + t2) */
+            /* cell_next = cell*sigmoid(b_f + t7 + t8) + tanh(b_g + t5 + t6)*sigmoid(b_i + t3
+             * + t4) */
+            /* h_next = tanh(cell*sigmoid(b_f + t7 + t8) + tanh(b_g + t5 + t6)*sigmoid(b_i +
+             * t3 + t4))*sigmoid(b_o + t1 + t2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 16; ++j) {
-                const double x0 = t0_cell[j]*(((t0_t14[j] + t0_t15[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t0_t14[j] + t0_t15[j] + b_f[j]))) / (1.0 + exp(-fabs(t0_t14[j] + t0_t15[j] + b_f[j])))) + tanh(t0_t9[j] + t0_t10[j] + b_g[j])*(((t0_t5[j] + t0_t6[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t0_t5[j] + t0_t6[j] + b_i[j]))) / (1.0 + exp(-fabs(t0_t5[j] + t0_t6[j] + b_i[j]))));
+                const double x0 = t0_cell[j]*(((t0_t7[j] + t0_t8[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t0_t7[j] + t0_t8[j] + b_f[j]))) / (1.0 + exp(-fabs(t0_t7[j] + t0_t8[j] + b_f[j])))) + tanh(t0_t5[j] + t0_t6[j] + b_g[j])*(((t0_t3[j] + t0_t4[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t0_t3[j] + t0_t4[j] + b_i[j]))) / (1.0 + exp(-fabs(t0_t3[j] + t0_t4[j] + b_i[j]))));
                 t0_cell_next[j] = x0;
                 t0_h_next[j] = tanh(x0)*(((t0_t1[j] + t0_t2[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))) / (1.0 + exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))));
             }
-            /* t22 = h_next @ V */
+            /* t9 = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 30; ++j) {
-                    t0_t22[30*i + j] = 0;
+                    t0_t9[30*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h_next[k];
@@ -325,16 +223,16 @@ int lstm_lm_forward(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 30; ++j) {
-                        t0_t22[30*i + j] += acc * V[30*k + j];
+                        t0_t9[30*i + j] += acc * V[30*k + j];
                     }
                 }
             }
-            /* logits_row = c + t22 */
+            /* logits_row = c + t9 */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 30; ++j) {
-                t0_logits_row[j] = t0_t22[j] + c[j];
+                t0_logits_row[j] = t0_t9[j] + c[j];
             }
             double *t0_swap = t0_cur;
             t0_cur = t0_nxt;
@@ -356,29 +254,29 @@ int lstm_lm_forward(
     /* t2 = sum of t1 along each row */
     double *t2 = t1 + 30*T; /* T x 1 */
     for (int64_t i = 0; i < T; ++i) {
-        t2[i] = lstm_lm_sum(t1 + 30*i, 30, 1);
+        t2[i] = symbackprop_f64_sum(t1 + 30*i, 30, 1);
     }
 
-    /* t4 = log(sum(exp(logits))) along each row, its max subtracted first */
-    double *t4 = t2 + T; /* T x 1 */
+    /* t3 = log(sum(exp(logits))) along each row, its max subtracted first */
+    double *t3 = t2 + T; /* T x 1 */
     for (int64_t i = 0; i < T; ++i) {
-        t4[i] = lstm_lm_logsumexp(logits + 30*i, 30, 1);
+        t3[i] = symbackprop_f64_logsumexp(logits + 30*i, 30, 1);
     }
 
-    /* t5 = -t2 + t4 */
-    double *t5 = t4 + T; /* T x 1 */
+    /* t4 = -t2 + t3 */
+    double *t4 = t3 + T; /* T x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
-        t5[i] = -t2[i] + t4[i];
+        t4[i] = -t2[i] + t3[i];
     }
 
-    /* t6 = sum of t5 down each column */
-    double *t6 = t5 + T; /* 1 x 1 */
-    t6[0] = lstm_lm_sum(t5, T, 1);
+    /* t5 = sum of t4 down each column */
+    double *t5 = t4 + T; /* 1 x 1 */
+    t5[0] = symbackprop_f64_sum(t4, T, 1);
 
-    /* loss = t6/T */
+    /* loss = t5/T */
     {
-        loss[0] = t6[0]/((double)T);
+        loss[0] = t5[0]/((double)T);
     }
     return 0;
 }
@@ -431,10 +329,11 @@ int lstm_lm_value_and_grad(
         return 1;
     }
     
-    /* t0 = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of logits; one state in 32 kept in tmp1 */
-    double *logits = work; /* T x 30 */
-    double *t0 = logits + 30*T; /* 444 x 1 */
-    double *tmp1 = t0 + 444; /* ((T + 31)/32) x 32 */
+    /* t0 = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of logits;
+     * one state in 32 kept in t6 */
+    double *t0 = work; /* 444 x 1 */
+    double *logits = t0 + 444; /* T x 30 */
+    double *t6 = logits + 30*T; /* ((T + 31)/32) x 32 */
     {
         double *t0_base = (double *)(((uintptr_t)t0 + 63) & ~(uintptr_t)63);
         double *t0_cur = t0_base;
@@ -448,7 +347,7 @@ int lstm_lm_value_and_grad(
         for (int64_t t0_t = 0; t0_t < T; ++t0_t) {
             if (t0_t % 32 == 0) {
                 for (int64_t t0_i = 0; t0_i < 32; ++t0_i) {
-                    tmp1[(t0_t/32)*32 + t0_i] = t0_cur[t0_i];
+                    t6[(t0_t/32)*32 + t0_i] = t0_cur[t0_i];
                 }
             }
             const double *t0_x = X + 30*t0_t;
@@ -459,13 +358,13 @@ int lstm_lm_value_and_grad(
             double *t0_cell_next = t0_nxt + 16;
             double *t0_t1 = t0_base + 64; /* 1 x 16 */
             double *t0_t2 = t0_base + 80; /* 1 x 16 */
-            double *t0_t5 = t0_base + 96; /* 1 x 16 */
-            double *t0_t6 = t0_base + 112; /* 1 x 16 */
-            double *t0_t9 = t0_base + 128; /* 1 x 16 */
-            double *t0_t10 = t0_base + 144; /* 1 x 16 */
-            double *t0_t14 = t0_base + 160; /* 1 x 16 */
-            double *t0_t15 = t0_base + 176; /* 1 x 16 */
-            double *t0_t22 = t0_base + 192; /* 1 x 30 */
+            double *t0_t3 = t0_base + 96; /* 1 x 16 */
+            double *t0_t4 = t0_base + 112; /* 1 x 16 */
+            double *t0_t5 = t0_base + 128; /* 1 x 16 */
+            double *t0_t6 = t0_base + 144; /* 1 x 16 */
+            double *t0_t7 = t0_base + 160; /* 1 x 16 */
+            double *t0_t8 = t0_base + 176; /* 1 x 16 */
+            double *t0_t9 = t0_base + 192; /* 1 x 30 */
             /* t1 = h @ U_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
@@ -498,7 +397,39 @@ int lstm_lm_value_and_grad(
                     }
                 }
             }
-            /* t5 = h @ U_i */
+            /* t3 = h @ U_i */
+            for (int64_t i = 0; i < 1; ++i) {
+                for (int64_t j = 0; j < 16; ++j) {
+                    t0_t3[16*i + j] = 0;
+                }
+                for (int64_t k = 0; k < 16; ++k) {
+                    const double acc = t0_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
+                    for (int64_t j = 0; j < 16; ++j) {
+                        t0_t3[16*i + j] += acc * U_i[16*k + j];
+                    }
+                }
+            }
+            /* t4 = x @ W_i */
+            for (int64_t i = 0; i < 1; ++i) {
+                for (int64_t j = 0; j < 16; ++j) {
+                    t0_t4[16*i + j] = 0;
+                }
+                for (int64_t k = 0; k < 30; ++k) {
+                    const double acc = t0_x[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
+                    for (int64_t j = 0; j < 16; ++j) {
+                        t0_t4[16*i + j] += acc * W_i[16*k + j];
+                    }
+                }
+            }
+            /* t5 = h @ U_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t5[16*i + j] = 0;
@@ -510,11 +441,11 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t5[16*i + j] += acc * U_i[16*k + j];
+                        t0_t5[16*i + j] += acc * U_g[16*k + j];
                     }
                 }
             }
-            /* t6 = x @ W_i */
+            /* t6 = x @ W_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t6[16*i + j] = 0;
@@ -526,14 +457,14 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t6[16*i + j] += acc * W_i[16*k + j];
+                        t0_t6[16*i + j] += acc * W_g[16*k + j];
                     }
                 }
             }
-            /* t9 = h @ U_g */
+            /* t7 = h @ U_f */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t9[16*i + j] = 0;
+                    t0_t7[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h[k];
@@ -542,14 +473,14 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t9[16*i + j] += acc * U_g[16*k + j];
+                        t0_t7[16*i + j] += acc * U_f[16*k + j];
                     }
                 }
             }
-            /* t10 = x @ W_g */
+            /* t8 = x @ W_f */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t10[16*i + j] = 0;
+                    t0_t8[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 30; ++k) {
                     const double acc = t0_x[k];
@@ -558,56 +489,26 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t10[16*i + j] += acc * W_g[16*k + j];
+                        t0_t8[16*i + j] += acc * W_f[16*k + j];
                     }
                 }
             }
-            /* t14 = h @ U_f */
-            for (int64_t i = 0; i < 1; ++i) {
-                for (int64_t j = 0; j < 16; ++j) {
-                    t0_t14[16*i + j] = 0;
-                }
-                for (int64_t k = 0; k < 16; ++k) {
-                    const double acc = t0_h[k];
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #pragma GCC unroll 1
-    #endif
-                    for (int64_t j = 0; j < 16; ++j) {
-                        t0_t14[16*i + j] += acc * U_f[16*k + j];
-                    }
-                }
-            }
-            /* t15 = x @ W_f */
-            for (int64_t i = 0; i < 1; ++i) {
-                for (int64_t j = 0; j < 16; ++j) {
-                    t0_t15[16*i + j] = 0;
-                }
-                for (int64_t k = 0; k < 30; ++k) {
-                    const double acc = t0_x[k];
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #pragma GCC unroll 1
-    #endif
-                    for (int64_t j = 0; j < 16; ++j) {
-                        t0_t15[16*i + j] += acc * W_f[16*k + j];
-                    }
-                }
-            }
-            /* cell_next = cell*sigmoid(b_f + t14 + t15) + tanh(b_g + t10 + t9)*sigmoid(b_i + t5 + t6) */
-            /* h_next = tanh(cell*sigmoid(b_f + t14 + t15) + tanh(b_g + t10 + t9)*sigmoid(b_i + t5 + t6))*sigmoid(b_o + t1 + t2) */
+            /* cell_next = cell*sigmoid(b_f + t7 + t8) + tanh(b_g + t5 + t6)*sigmoid(b_i + t3
+             * + t4) */
+            /* h_next = tanh(cell*sigmoid(b_f + t7 + t8) + tanh(b_g + t5 + t6)*sigmoid(b_i +
+             * t3 + t4))*sigmoid(b_o + t1 + t2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 16; ++j) {
-                const double x0 = t0_cell[j]*(((t0_t14[j] + t0_t15[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t0_t14[j] + t0_t15[j] + b_f[j]))) / (1.0 + exp(-fabs(t0_t14[j] + t0_t15[j] + b_f[j])))) + tanh(t0_t9[j] + t0_t10[j] + b_g[j])*(((t0_t5[j] + t0_t6[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t0_t5[j] + t0_t6[j] + b_i[j]))) / (1.0 + exp(-fabs(t0_t5[j] + t0_t6[j] + b_i[j]))));
+                const double x0 = t0_cell[j]*(((t0_t7[j] + t0_t8[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t0_t7[j] + t0_t8[j] + b_f[j]))) / (1.0 + exp(-fabs(t0_t7[j] + t0_t8[j] + b_f[j])))) + tanh(t0_t5[j] + t0_t6[j] + b_g[j])*(((t0_t3[j] + t0_t4[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t0_t3[j] + t0_t4[j] + b_i[j]))) / (1.0 + exp(-fabs(t0_t3[j] + t0_t4[j] + b_i[j]))));
                 t0_cell_next[j] = x0;
                 t0_h_next[j] = tanh(x0)*(((t0_t1[j] + t0_t2[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))) / (1.0 + exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))));
             }
-            /* t22 = h_next @ V */
+            /* t9 = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 30; ++j) {
-                    t0_t22[30*i + j] = 0;
+                    t0_t9[30*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const double acc = t0_h_next[k];
@@ -616,16 +517,16 @@ int lstm_lm_value_and_grad(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 30; ++j) {
-                        t0_t22[30*i + j] += acc * V[30*k + j];
+                        t0_t9[30*i + j] += acc * V[30*k + j];
                     }
                 }
             }
-            /* logits_row = c + t22 */
+            /* logits_row = c + t9 */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 30; ++j) {
-                t0_logits_row[j] = t0_t22[j] + c[j];
+                t0_logits_row[j] = t0_t9[j] + c[j];
             }
             double *t0_swap = t0_cur;
             t0_cur = t0_nxt;
@@ -636,7 +537,7 @@ int lstm_lm_value_and_grad(
     /* logits: the output 0 of the loop of t0, written by it */
 
     /* t1 = Y*logits */
-    double *t1 = tmp1 + 32*((T + 31)/32); /* T x 30 */
+    double *t1 = t6 + 32*((T + 31)/32); /* T x 30 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         for (int64_t j = 0; j < 30; ++j) {
@@ -647,536 +548,552 @@ int lstm_lm_value_and_grad(
     /* t2 = sum of t1 along each row */
     double *t2 = t1 + 30*T; /* T x 1 */
     for (int64_t i = 0; i < T; ++i) {
-        t2[i] = lstm_lm_sum(t1 + 30*i, 30, 1);
+        t2[i] = symbackprop_f64_sum(t1 + 30*i, 30, 1);
     }
 
-    /* t4 = log(sum(exp(logits))) along each row, its max subtracted first */
-    double *t4 = t2 + T; /* T x 1 */
+    /* t3 = log(sum(exp(logits))) along each row, its max subtracted first */
+    double *t3 = t2 + T; /* T x 1 */
     for (int64_t i = 0; i < T; ++i) {
-        t4[i] = lstm_lm_logsumexp(logits + 30*i, 30, 1);
+        t3[i] = symbackprop_f64_logsumexp(logits + 30*i, 30, 1);
     }
 
-    /* t5 = -t2 + t4 */
-    double *t5 = t4 + T; /* T x 1 */
+    /* t4 = -t2 + t3 */
+    double *t4 = t3 + T; /* T x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
-        t5[i] = -t2[i] + t4[i];
+        t4[i] = -t2[i] + t3[i];
     }
 
-    /* t6 = sum of t5 down each column */
-    double *t6 = t5 + T; /* 1 x 1 */
-    t6[0] = lstm_lm_sum(t5, T, 1);
+    /* t5 = sum of t4 down each column */
+    double *t5 = t4 + T; /* 1 x 1 */
+    t5[0] = symbackprop_f64_sum(t4, T, 1);
 
-    /* loss = t6/T */
+    /* loss = t5/T */
     {
-        loss[0] = t6[0]/((double)T);
+        loss[0] = t5[0]/((double)T);
     }
 
-    /* tmp1: the kept states of the loop of t0, written by it */
+    /* t6: the kept states of the loop of t0, written by it */
 
-    /* grad_logits = -Y/T + exp(logits - t4)/T */
+    /* grad_logits = -Y/T + exp(logits - t3)/T */
     double *grad_logits = t1; /* T x 30, in t1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         for (int64_t j = 0; j < 30; ++j) {
             const double x0 = 1.0/((double)T);
-            grad_logits[30*i + j] = -Y[30*i + j]*x0 + x0*exp(logits[30*i + j] - t4[i]);
+            grad_logits[30*i + j] = -Y[30*i + j]*x0 + x0*exp(logits[30*i + j] - t3[i]);
         }
     }
 
-    /* tmp1_1 = backward scan over t = T-1 .. 0: adjoints of (h, cell) and of the step's inputs and params, from the states kept in tmp1, each segment of 32 steps recomputed from its checkpoint */
-    double *tmp1_1 = t6 + 1; /* 9374 x 1 */
+    /* t7 = backward scan over t = T-1 .. 0: adjoints of (h, cell) and of the step's inputs
+     * and params, from the states kept in t6, each segment of 32 steps recomputed from its
+     * checkpoint */
+    double *t7 = t5 + 1; /* 9374 x 1 */
     {
-        double *tmp1_1_base = (double *)(((uintptr_t)tmp1_1 + 63) & ~(uintptr_t)63);
-        double *tmp1_1_cur = tmp1_1_base;
-        double *tmp1_1_nxt = tmp1_1_base + 32;
-        double *tmp1_1_seg = tmp1_1_base + 64;
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 480; ++tmp1_1_i) {
-            grad_W_i[tmp1_1_i] = 0;
+        double *t7_base = (double *)(((uintptr_t)t7 + 63) & ~(uintptr_t)63);
+        double *t7_cur = t7_base;
+        double *t7_nxt = t7_base + 32;
+        double *t7_seg = t7_base + 64;
+        for (int64_t t7_i = 0; t7_i < 480; ++t7_i) {
+            grad_W_i[t7_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 480; ++tmp1_1_i) {
-            grad_W_f[tmp1_1_i] = 0;
+        for (int64_t t7_i = 0; t7_i < 480; ++t7_i) {
+            grad_W_f[t7_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 480; ++tmp1_1_i) {
-            grad_W_g[tmp1_1_i] = 0;
+        for (int64_t t7_i = 0; t7_i < 480; ++t7_i) {
+            grad_W_g[t7_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 480; ++tmp1_1_i) {
-            grad_W_o[tmp1_1_i] = 0;
+        for (int64_t t7_i = 0; t7_i < 480; ++t7_i) {
+            grad_W_o[t7_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 256; ++tmp1_1_i) {
-            grad_U_i[tmp1_1_i] = 0;
+        for (int64_t t7_i = 0; t7_i < 256; ++t7_i) {
+            grad_U_i[t7_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 256; ++tmp1_1_i) {
-            grad_U_f[tmp1_1_i] = 0;
+        for (int64_t t7_i = 0; t7_i < 256; ++t7_i) {
+            grad_U_f[t7_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 256; ++tmp1_1_i) {
-            grad_U_g[tmp1_1_i] = 0;
+        for (int64_t t7_i = 0; t7_i < 256; ++t7_i) {
+            grad_U_g[t7_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 256; ++tmp1_1_i) {
-            grad_U_o[tmp1_1_i] = 0;
+        for (int64_t t7_i = 0; t7_i < 256; ++t7_i) {
+            grad_U_o[t7_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 16; ++tmp1_1_i) {
-            grad_b_i[tmp1_1_i] = 0;
+        for (int64_t t7_i = 0; t7_i < 16; ++t7_i) {
+            grad_b_i[t7_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 16; ++tmp1_1_i) {
-            grad_b_f[tmp1_1_i] = 0;
+        for (int64_t t7_i = 0; t7_i < 16; ++t7_i) {
+            grad_b_f[t7_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 16; ++tmp1_1_i) {
-            grad_b_g[tmp1_1_i] = 0;
+        for (int64_t t7_i = 0; t7_i < 16; ++t7_i) {
+            grad_b_g[t7_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 16; ++tmp1_1_i) {
-            grad_b_o[tmp1_1_i] = 0;
+        for (int64_t t7_i = 0; t7_i < 16; ++t7_i) {
+            grad_b_o[t7_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 480; ++tmp1_1_i) {
-            grad_V[tmp1_1_i] = 0;
+        for (int64_t t7_i = 0; t7_i < 480; ++t7_i) {
+            grad_V[t7_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 30; ++tmp1_1_i) {
-            grad_c[tmp1_1_i] = 0;
+        for (int64_t t7_i = 0; t7_i < 30; ++t7_i) {
+            grad_c[t7_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 16; ++tmp1_1_i) {
-            tmp1_1_cur[tmp1_1_i] = 0;
+        for (int64_t t7_i = 0; t7_i < 16; ++t7_i) {
+            t7_cur[t7_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 16; ++tmp1_1_i) {
-            (tmp1_1_cur + 16)[tmp1_1_i] = 0;
+        for (int64_t t7_i = 0; t7_i < 16; ++t7_i) {
+            (t7_cur + 16)[t7_i] = 0;
         }
-        for (int64_t tmp1_1_s = ((T + 31)/32) - 1; tmp1_1_s >= 0; --tmp1_1_s) {
-            const int64_t tmp1_1_t0 = tmp1_1_s*32;
-            const int64_t tmp1_1_len = T - tmp1_1_t0 < 32 ? T - tmp1_1_t0 : 32;
-            for (int64_t tmp1_1_i = 0; tmp1_1_i < 32; ++tmp1_1_i) {
-                tmp1_1_seg[tmp1_1_i] = tmp1[tmp1_1_s*32 + tmp1_1_i];
+        for (int64_t t7_s = ((T + 31)/32) - 1; t7_s >= 0; --t7_s) {
+            const int64_t t7_t0 = t7_s*32;
+            const int64_t t7_len = T - t7_t0 < 32 ? T - t7_t0 : 32;
+            for (int64_t t7_i = 0; t7_i < 32; ++t7_i) {
+                t7_seg[t7_i] = t6[t7_s*32 + t7_i];
             }
-            for (int64_t tmp1_1_u = 1; tmp1_1_u <= tmp1_1_len; ++tmp1_1_u) {
-                const int64_t tmp1_1_t = tmp1_1_t0 + tmp1_1_u - 1;
-                const double *tmp1_1_x = X + 30*tmp1_1_t;
-                const double *tmp1_1_h = tmp1_1_seg + 32*tmp1_1_u - 32;
-                const double *tmp1_1_cell = tmp1_1_seg + 32*tmp1_1_u - 16;
-                double *tmp1_1_h_next = tmp1_1_seg + 32*tmp1_1_u;
-                double *tmp1_1_cell_next = tmp1_1_seg + 32*tmp1_1_u + 16;
-                double *tmp1_1_out0_row = tmp1_1_base + 9328;
-                double *tmp1_1_t1_kept = tmp1_1_base + 128*tmp1_1_u + 992;
-                double *tmp1_1_t2_kept = tmp1_1_base + 128*tmp1_1_u + 1008;
-                double *tmp1_1_t5_kept = tmp1_1_base + 128*tmp1_1_u + 1024;
-                double *tmp1_1_t6_kept = tmp1_1_base + 128*tmp1_1_u + 1040;
-                double *tmp1_1_t9_kept = tmp1_1_base + 128*tmp1_1_u + 1056;
-                double *tmp1_1_t10_kept = tmp1_1_base + 128*tmp1_1_u + 1072;
-                double *tmp1_1_t14_kept = tmp1_1_base + 128*tmp1_1_u + 1088;
-                double *tmp1_1_t15_kept = tmp1_1_base + 128*tmp1_1_u + 1104;
-                double *tmp1_1_t22 = tmp1_1_base + 5216; /* 1 x 30 */
+            for (int64_t t7_u = 1; t7_u <= t7_len; ++t7_u) {
+                const int64_t t7_t = t7_t0 + t7_u - 1;
+                const double *t7_x = X + 30*t7_t;
+                const double *t7_h = t7_seg + 32*t7_u - 32;
+                const double *t7_cell = t7_seg + 32*t7_u - 16;
+                double *t7_h_next = t7_seg + 32*t7_u;
+                double *t7_cell_next = t7_seg + 32*t7_u + 16;
+                double *t7_out0_row = t7_base + 9328;
+                double *t7_t1_kept = t7_base + 128*t7_u + 992;
+                double *t7_t2_kept = t7_base + 128*t7_u + 1008;
+                double *t7_t3_kept = t7_base + 128*t7_u + 1024;
+                double *t7_t4_kept = t7_base + 128*t7_u + 1040;
+                double *t7_t5_kept = t7_base + 128*t7_u + 1056;
+                double *t7_t8_kept = t7_base + 128*t7_u + 1072;
+                double *t7_t9_kept = t7_base + 128*t7_u + 1088;
+                double *t7_t10_kept = t7_base + 128*t7_u + 1104;
+                double *t7_t11 = t7_base + 5216; /* 1 x 30 */
                 /* t1_kept = h @ U_o */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t1_kept[16*i + j] = 0;
+                        t7_t1_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const double acc = tmp1_1_h[k];
+                        const double acc = t7_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t1_kept[16*i + j] += acc * U_o[16*k + j];
+                            t7_t1_kept[16*i + j] += acc * U_o[16*k + j];
                         }
                     }
                 }
                 /* t2_kept = x @ W_o */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t2_kept[16*i + j] = 0;
+                        t7_t2_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 30; ++k) {
-                        const double acc = tmp1_1_x[k];
+                        const double acc = t7_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t2_kept[16*i + j] += acc * W_o[16*k + j];
+                            t7_t2_kept[16*i + j] += acc * W_o[16*k + j];
                         }
                     }
                 }
-                /* t5_kept = h @ U_i */
+                /* t3_kept = h @ U_i */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t5_kept[16*i + j] = 0;
+                        t7_t3_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const double acc = tmp1_1_h[k];
+                        const double acc = t7_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t5_kept[16*i + j] += acc * U_i[16*k + j];
+                            t7_t3_kept[16*i + j] += acc * U_i[16*k + j];
                         }
                     }
                 }
-                /* t6_kept = x @ W_i */
+                /* t4_kept = x @ W_i */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t6_kept[16*i + j] = 0;
+                        t7_t4_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 30; ++k) {
-                        const double acc = tmp1_1_x[k];
+                        const double acc = t7_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t6_kept[16*i + j] += acc * W_i[16*k + j];
+                            t7_t4_kept[16*i + j] += acc * W_i[16*k + j];
                         }
                     }
                 }
-                /* t9_kept = h @ U_g */
+                /* t5_kept = h @ U_g */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t9_kept[16*i + j] = 0;
+                        t7_t5_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const double acc = tmp1_1_h[k];
+                        const double acc = t7_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t9_kept[16*i + j] += acc * U_g[16*k + j];
+                            t7_t5_kept[16*i + j] += acc * U_g[16*k + j];
                         }
                     }
                 }
-                /* t10_kept = x @ W_g */
+                /* t8_kept = x @ W_g */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t10_kept[16*i + j] = 0;
+                        t7_t8_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 30; ++k) {
-                        const double acc = tmp1_1_x[k];
+                        const double acc = t7_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t10_kept[16*i + j] += acc * W_g[16*k + j];
+                            t7_t8_kept[16*i + j] += acc * W_g[16*k + j];
                         }
                     }
                 }
-                /* t14_kept = h @ U_f */
+                /* t9_kept = h @ U_f */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t14_kept[16*i + j] = 0;
+                        t7_t9_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const double acc = tmp1_1_h[k];
+                        const double acc = t7_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t14_kept[16*i + j] += acc * U_f[16*k + j];
+                            t7_t9_kept[16*i + j] += acc * U_f[16*k + j];
                         }
                     }
                 }
-                /* t15_kept = x @ W_f */
+                /* t10_kept = x @ W_f */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        tmp1_1_t15_kept[16*i + j] = 0;
+                        t7_t10_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 30; ++k) {
-                        const double acc = tmp1_1_x[k];
+                        const double acc = t7_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            tmp1_1_t15_kept[16*i + j] += acc * W_f[16*k + j];
+                            t7_t10_kept[16*i + j] += acc * W_f[16*k + j];
                         }
                     }
                 }
-                /* cell_next = cell*sigmoid(b_f + t14_kept + t15_kept) + tanh(b_g + t10_kept + t9_kept)*sigmoid(b_i + t5_kept + t6_kept) */
-                /* h_next = tanh(cell*sigmoid(b_f + t14_kept + t15_kept) + tanh(b_g + t10_kept + t9_kept)*sigmoid(b_i + t5_kept + t6_kept))*sigmoid(b_o + t1_kept + t2_kept) */
+                /* cell_next = cell*sigmoid(b_f + t10_kept + t9_kept) + tanh(b_g + t5_kept +
+                 * t8_kept)*sigmoid(b_i + t3_kept + t4_kept) */
+                /* h_next = tanh(cell*sigmoid(b_f + t10_kept + t9_kept) + tanh(b_g + t5_kept
+                 * + t8_kept)*sigmoid(b_i + t3_kept + t4_kept))*sigmoid(b_o + t1_kept +
+                 * t2_kept) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    const double x0 = tmp1_1_cell[j]*(((tmp1_1_t14_kept[j] + tmp1_1_t15_kept[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(tmp1_1_t14_kept[j] + tmp1_1_t15_kept[j] + b_f[j]))) / (1.0 + exp(-fabs(tmp1_1_t14_kept[j] + tmp1_1_t15_kept[j] + b_f[j])))) + tanh(tmp1_1_t9_kept[j] + tmp1_1_t10_kept[j] + b_g[j])*(((tmp1_1_t5_kept[j] + tmp1_1_t6_kept[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(tmp1_1_t5_kept[j] + tmp1_1_t6_kept[j] + b_i[j]))) / (1.0 + exp(-fabs(tmp1_1_t5_kept[j] + tmp1_1_t6_kept[j] + b_i[j]))));
-                    tmp1_1_cell_next[j] = x0;
-                    tmp1_1_h_next[j] = tanh(x0)*(((tmp1_1_t1_kept[j] + tmp1_1_t2_kept[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(tmp1_1_t1_kept[j] + tmp1_1_t2_kept[j] + b_o[j]))) / (1.0 + exp(-fabs(tmp1_1_t1_kept[j] + tmp1_1_t2_kept[j] + b_o[j]))));
+                    const double x0 = t7_cell[j]*(((t7_t9_kept[j] + t7_t10_kept[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t7_t9_kept[j] + t7_t10_kept[j] + b_f[j]))) / (1.0 + exp(-fabs(t7_t9_kept[j] + t7_t10_kept[j] + b_f[j])))) + tanh(t7_t5_kept[j] + t7_t8_kept[j] + b_g[j])*(((t7_t3_kept[j] + t7_t4_kept[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t7_t3_kept[j] + t7_t4_kept[j] + b_i[j]))) / (1.0 + exp(-fabs(t7_t3_kept[j] + t7_t4_kept[j] + b_i[j]))));
+                    t7_cell_next[j] = x0;
+                    t7_h_next[j] = tanh(x0)*(((t7_t1_kept[j] + t7_t2_kept[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t7_t1_kept[j] + t7_t2_kept[j] + b_o[j]))) / (1.0 + exp(-fabs(t7_t1_kept[j] + t7_t2_kept[j] + b_o[j]))));
                 }
-                /* t22 = h_next @ V */
+                /* t11 = h_next @ V */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 30; ++j) {
-                        tmp1_1_t22[30*i + j] = 0;
+                        t7_t11[30*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const double acc = tmp1_1_h_next[k];
+                        const double acc = t7_h_next[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 30; ++j) {
-                            tmp1_1_t22[30*i + j] += acc * V[30*k + j];
+                            t7_t11[30*i + j] += acc * V[30*k + j];
                         }
                     }
                 }
-                /* out0_row = c + t22 */
+                /* out0_row = c + t11 */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 30; ++j) {
-                    tmp1_1_out0_row[j] = tmp1_1_t22[j] + c[j];
+                    t7_out0_row[j] = t7_t11[j] + c[j];
                 }
             }
-            for (int64_t tmp1_1_u = tmp1_1_len - 1; tmp1_1_u >= 0; --tmp1_1_u) {
-                const int64_t tmp1_1_t = tmp1_1_t0 + tmp1_1_u;
-                const double *tmp1_1_x = X + 30*tmp1_1_t;
-                const double *tmp1_1_h = tmp1_1_seg + 32*tmp1_1_u;
-                const double *tmp1_1_cell = tmp1_1_seg + 32*tmp1_1_u + 16;
-                const double *tmp1_1_grad_h_next = tmp1_1_cur;
-                const double *tmp1_1_grad_cell_next = tmp1_1_cur + 16;
-                double *tmp1_1_grad_h = tmp1_1_nxt;
-                double *tmp1_1_grad_cell = tmp1_1_nxt + 16;
-                const double *tmp1_1_t1_kept_1 = tmp1_1_base + 128*tmp1_1_u + 1120;
-                const double *tmp1_1_t2_kept_1 = tmp1_1_base + 128*tmp1_1_u + 1136;
-                const double *tmp1_1_t5_kept_1 = tmp1_1_base + 128*tmp1_1_u + 1152;
-                const double *tmp1_1_t6_kept_1 = tmp1_1_base + 128*tmp1_1_u + 1168;
-                const double *tmp1_1_t9_kept_1 = tmp1_1_base + 128*tmp1_1_u + 1184;
-                const double *tmp1_1_t10_kept_1 = tmp1_1_base + 128*tmp1_1_u + 1200;
-                const double *tmp1_1_t14_kept_1 = tmp1_1_base + 128*tmp1_1_u + 1216;
-                const double *tmp1_1_t15_kept_1 = tmp1_1_base + 128*tmp1_1_u + 1232;
-                const double *tmp1_1_grad_out0 = grad_logits + 30*tmp1_1_t;
-                double *tmp1_1_t24 = tmp1_1_base + 5216; /* 1 x 16 */
-                double *tmp1_1_t25 = tmp1_1_base + 5232; /* 1 x 16 */
-                double *tmp1_1_t27 = tmp1_1_base + 5216; /* 1 x 16 */
-                double *tmp1_1_t30 = tmp1_1_base + 5248; /* 1 x 16 */
-                double *tmp1_1_t32 = tmp1_1_base + 5264; /* 1 x 16 */
-                double *tmp1_1_t44 = tmp1_1_base + 5280; /* 1 x 16 */
-                double *tmp1_1_t48 = tmp1_1_base + 5296; /* 1 x 16 */
-                double *tmp1_1_t52 = tmp1_1_base + 5312; /* 1 x 16 */
-                double *tmp1_1_t56 = tmp1_1_base + 5328; /* 1 x 16 */
-                double *tmp1_1_t80 = tmp1_1_base + 5344; /* 1 x 16 */
-                double *tmp1_1_t45 = tmp1_1_base + 5232; /* 1 x 16 */
-                double *tmp1_1_t49 = tmp1_1_base + 5216; /* 1 x 16 */
-                double *tmp1_1_t53 = tmp1_1_base + 5248; /* 1 x 16 */
-                double *tmp1_1_t57 = tmp1_1_base + 5264; /* 1 x 16 */
-                /* t24 = grad_out0 @ V^T */
+            for (int64_t t7_u = t7_len - 1; t7_u >= 0; --t7_u) {
+                const int64_t t7_t = t7_t0 + t7_u;
+                const double *t7_x = X + 30*t7_t;
+                const double *t7_h = t7_seg + 32*t7_u;
+                const double *t7_cell = t7_seg + 32*t7_u + 16;
+                const double *t7_grad_h_next = t7_cur;
+                const double *t7_grad_cell_next = t7_cur + 16;
+                double *t7_grad_h = t7_nxt;
+                double *t7_grad_cell = t7_nxt + 16;
+                const double *t7_t1_kept_1 = t7_base + 128*t7_u + 1120;
+                const double *t7_t2_kept_1 = t7_base + 128*t7_u + 1136;
+                const double *t7_t3_kept_1 = t7_base + 128*t7_u + 1152;
+                const double *t7_t4_kept_1 = t7_base + 128*t7_u + 1168;
+                const double *t7_t5_kept_1 = t7_base + 128*t7_u + 1184;
+                const double *t7_t8_kept_1 = t7_base + 128*t7_u + 1200;
+                const double *t7_t9_kept_1 = t7_base + 128*t7_u + 1216;
+                const double *t7_t10_kept_1 = t7_base + 128*t7_u + 1232;
+                const double *t7_grad_out0 = grad_logits + 30*t7_t;
+                double *t7_g0 = t7_base + 5216; /* 1 x 16 */
+                double *t7_g1 = t7_base + 5232; /* 1 x 16 */
+                double *t7_t12 = t7_base + 5216; /* 1 x 16 */
+                double *t7_t13 = t7_base + 5248; /* 1 x 16 */
+                double *t7_t14 = t7_base + 5264; /* 1 x 16 */
+                double *t7_t15 = t7_base + 5280; /* 1 x 16 */
+                double *t7_t16 = t7_base + 5296; /* 1 x 16 */
+                double *t7_t17 = t7_base + 5312; /* 1 x 16 */
+                double *t7_t18 = t7_base + 5328; /* 1 x 16 */
+                double *t7_t19 = t7_base + 5344; /* 1 x 16 */
+                double *t7_t20 = t7_base + 5232; /* 1 x 16 */
+                double *t7_t21 = t7_base + 5216; /* 1 x 16 */
+                double *t7_t22 = t7_base + 5248; /* 1 x 16 */
+                double *t7_t23 = t7_base + 5264; /* 1 x 16 */
+                /* g0 = grad_out0 @ V^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         double acc = 0;
                         for (int64_t k = 0; k < 30; ++k) {
-                            acc += tmp1_1_grad_out0[k] * V[k + 30*j];
+                            acc += t7_grad_out0[k] * V[k + 30*j];
                         }
-                        tmp1_1_t24[16*i + j] = acc;
+                        t7_g0[16*i + j] = acc;
                     }
                 }
-                /* t25 = grad_h_next + t24 */
+                /* g1 = g0 + grad_h_next */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    tmp1_1_t25[j] = tmp1_1_grad_h_next[j] + tmp1_1_t24[j];
+                    t7_g1[j] = t7_grad_h_next[j] + t7_g0[j];
                 }
-                /* t27 = sigmoid(b_o + t1_kept_1 + t2_kept_1) */
+                /* t12 = sigmoid(b_o + t1_kept_1 + t2_kept_1) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    tmp1_1_t27[j] = (((tmp1_1_t1_kept_1[j] + tmp1_1_t2_kept_1[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(tmp1_1_t1_kept_1[j] + tmp1_1_t2_kept_1[j] + b_o[j]))) / (1.0 + exp(-fabs(tmp1_1_t1_kept_1[j] + tmp1_1_t2_kept_1[j] + b_o[j]))));
+                    t7_t12[j] = (((t7_t1_kept_1[j] + t7_t2_kept_1[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t7_t1_kept_1[j] + t7_t2_kept_1[j] + b_o[j]))) / (1.0 + exp(-fabs(t7_t1_kept_1[j] + t7_t2_kept_1[j] + b_o[j]))));
                 }
-                /* t30 = sigmoid(b_i + t5_kept_1 + t6_kept_1) */
+                /* t13 = sigmoid(b_i + t3_kept_1 + t4_kept_1) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    tmp1_1_t30[j] = (((tmp1_1_t5_kept_1[j] + tmp1_1_t6_kept_1[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(tmp1_1_t5_kept_1[j] + tmp1_1_t6_kept_1[j] + b_i[j]))) / (1.0 + exp(-fabs(tmp1_1_t5_kept_1[j] + tmp1_1_t6_kept_1[j] + b_i[j]))));
+                    t7_t13[j] = (((t7_t3_kept_1[j] + t7_t4_kept_1[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t7_t3_kept_1[j] + t7_t4_kept_1[j] + b_i[j]))) / (1.0 + exp(-fabs(t7_t3_kept_1[j] + t7_t4_kept_1[j] + b_i[j]))));
                 }
-                /* t32 = tanh(b_g + t10_kept_1 + t9_kept_1) */
+                /* t14 = tanh(b_g + t5_kept_1 + t8_kept_1) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    tmp1_1_t32[j] = tanh(tmp1_1_t9_kept_1[j] + tmp1_1_t10_kept_1[j] + b_g[j]);
+                    t7_t14[j] = tanh(t7_t5_kept_1[j] + t7_t8_kept_1[j] + b_g[j]);
                 }
-                /* t44 = cell*(1 - sigmoid(b_f + t14_kept_1 + t15_kept_1))*(grad_cell_next + t25*t27*(1 - tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32)**2))*sigmoid(b_f + t14_kept_1 + t15_kept_1) */
-                /* t48 = t30*(1 - t32**2)*(grad_cell_next + t25*t27*(1 - tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32)**2)) */
-                /* t52 = t30*t32*(1 - t30)*(grad_cell_next + t25*t27*(1 - tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32)**2)) */
-                /* t56 = t25*t27*(1 - t27)*tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32) */
-                /* grad_cell = (grad_cell_next + t25*t27*(1 - tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32)**2))*sigmoid(b_f + t14_kept_1 + t15_kept_1) */
-                /* grad_b_i = grad_b_i + t30*t32*(1 - t30)*(grad_cell_next + t25*t27*(1 - tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32)**2)) */
-                /* grad_b_f = cell*(1 - sigmoid(b_f + t14_kept_1 + t15_kept_1))*(grad_cell_next + t25*t27*(1 - tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32)**2))*sigmoid(b_f + t14_kept_1 + t15_kept_1) + grad_b_f */
-                /* grad_b_g = grad_b_g + t30*(1 - t32**2)*(grad_cell_next + t25*t27*(1 - tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32)**2)) */
-                /* grad_b_o = grad_b_o + t25*t27*(1 - t27)*tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32) */
-                /* t80 = t27*tanh(cell*sigmoid(b_f + t14_kept_1 + t15_kept_1) + t30*t32) */
+                /* t15 = cell*(1 - sigmoid(b_f + t10_kept_1 + t9_kept_1))*(g1*t12*(1 -
+                 * tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) + t13*t14)**2) +
+                 * grad_cell_next)*sigmoid(b_f + t10_kept_1 + t9_kept_1) */
+                /* t16 = t13*(1 - t14**2)*(g1*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 +
+                 * t9_kept_1) + t13*t14)**2) + grad_cell_next) */
+                /* t17 = t13*t14*(1 - t13)*(g1*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 +
+                 * t9_kept_1) + t13*t14)**2) + grad_cell_next) */
+                /* t18 = g1*t12*(1 - t12)*tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) +
+                 * t13*t14) */
+                /* grad_cell = (g1*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) +
+                 * t13*t14)**2) + grad_cell_next)*sigmoid(b_f + t10_kept_1 + t9_kept_1) */
+                /* grad_b_i = grad_b_i + t13*t14*(1 - t13)*(g1*t12*(1 - tanh(cell*sigmoid(b_f
+                 * + t10_kept_1 + t9_kept_1) + t13*t14)**2) + grad_cell_next) */
+                /* grad_b_f = cell*(1 - sigmoid(b_f + t10_kept_1 + t9_kept_1))*(g1*t12*(1 -
+                 * tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) + t13*t14)**2) +
+                 * grad_cell_next)*sigmoid(b_f + t10_kept_1 + t9_kept_1) + grad_b_f */
+                /* grad_b_g = grad_b_g + t13*(1 - t14**2)*(g1*t12*(1 - tanh(cell*sigmoid(b_f
+                 * + t10_kept_1 + t9_kept_1) + t13*t14)**2) + grad_cell_next) */
+                /* grad_b_o = g1*t12*(1 - t12)*tanh(cell*sigmoid(b_f + t10_kept_1 +
+                 * t9_kept_1) + t13*t14) + grad_b_o */
+                /* t19 = t12*tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) + t13*t14) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    const double tmp1_1_grad_b_i_in = grad_b_i[j];
-                    const double tmp1_1_grad_b_f_in = grad_b_f[j];
-                    const double tmp1_1_grad_b_g_in = grad_b_g[j];
-                    const double tmp1_1_grad_b_o_in = grad_b_o[j];
-                    const double x0 = tmp1_1_t30[j]*tmp1_1_t32[j];
-                    const double x1 = (((tmp1_1_t14_kept_1[j] + tmp1_1_t15_kept_1[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(tmp1_1_t14_kept_1[j] + tmp1_1_t15_kept_1[j] + b_f[j]))) / (1.0 + exp(-fabs(tmp1_1_t14_kept_1[j] + tmp1_1_t15_kept_1[j] + b_f[j]))));
-                    const double x2 = tmp1_1_cell[j]*x1;
+                    const double t7_grad_b_i_in = grad_b_i[j];
+                    const double t7_grad_b_f_in = grad_b_f[j];
+                    const double t7_grad_b_g_in = grad_b_g[j];
+                    const double t7_grad_b_o_in = grad_b_o[j];
+                    const double x0 = t7_t13[j]*t7_t14[j];
+                    const double x1 = (((t7_t9_kept_1[j] + t7_t10_kept_1[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t7_t9_kept_1[j] + t7_t10_kept_1[j] + b_f[j]))) / (1.0 + exp(-fabs(t7_t9_kept_1[j] + t7_t10_kept_1[j] + b_f[j]))));
+                    const double x2 = t7_cell[j]*x1;
                     const double x3 = tanh(x0 + x2);
-                    const double x4 = tmp1_1_t25[j]*tmp1_1_t27[j]*(1 - (x3*x3)) + tmp1_1_grad_cell_next[j];
+                    const double x4 = t7_g1[j]*t7_t12[j]*(1 - (x3*x3)) + t7_grad_cell_next[j];
                     const double x5 = x2*x4*(1 - x1);
-                    const double x6 = tmp1_1_t30[j]*x4*(1 - (tmp1_1_t32[j]*tmp1_1_t32[j]));
-                    const double x7 = x0*x4*(1 - tmp1_1_t30[j]);
-                    const double x8 = tmp1_1_t27[j]*x3;
-                    const double x9 = tmp1_1_t25[j]*x8*(1 - tmp1_1_t27[j]);
-                    tmp1_1_t44[j] = x5;
-                    tmp1_1_t48[j] = x6;
-                    tmp1_1_t52[j] = x7;
-                    tmp1_1_t56[j] = x9;
-                    tmp1_1_grad_cell[j] = x1*x4;
-                    grad_b_i[j] = tmp1_1_grad_b_i_in + x7;
-                    grad_b_f[j] = tmp1_1_grad_b_f_in + x5;
-                    grad_b_g[j] = tmp1_1_grad_b_g_in + x6;
-                    grad_b_o[j] = tmp1_1_grad_b_o_in + x9;
-                    tmp1_1_t80[j] = x8;
+                    const double x6 = t7_t13[j]*x4*(1 - (t7_t14[j]*t7_t14[j]));
+                    const double x7 = x0*x4*(1 - t7_t13[j]);
+                    const double x8 = t7_t12[j]*x3;
+                    const double x9 = t7_g1[j]*x8*(1 - t7_t12[j]);
+                    t7_t15[j] = x5;
+                    t7_t16[j] = x6;
+                    t7_t17[j] = x7;
+                    t7_t18[j] = x9;
+                    t7_grad_cell[j] = x1*x4;
+                    grad_b_i[j] = t7_grad_b_i_in + x7;
+                    grad_b_f[j] = t7_grad_b_f_in + x5;
+                    grad_b_g[j] = t7_grad_b_g_in + x6;
+                    grad_b_o[j] = t7_grad_b_o_in + x9;
+                    t7_t19[j] = x8;
                 }
-                /* t45 = t44 @ U_f^T */
+                /* t20 = t15 @ U_f^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         double acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
-                            acc += tmp1_1_t44[k] * U_f[k + 16*j];
+                            acc += t7_t15[k] * U_f[k + 16*j];
                         }
-                        tmp1_1_t45[16*i + j] = acc;
+                        t7_t20[16*i + j] = acc;
                     }
                 }
-                /* t49 = t48 @ U_g^T */
+                /* t21 = t16 @ U_g^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         double acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
-                            acc += tmp1_1_t48[k] * U_g[k + 16*j];
+                            acc += t7_t16[k] * U_g[k + 16*j];
                         }
-                        tmp1_1_t49[16*i + j] = acc;
+                        t7_t21[16*i + j] = acc;
                     }
                 }
-                /* t53 = t52 @ U_i^T */
+                /* t22 = t17 @ U_i^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         double acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
-                            acc += tmp1_1_t52[k] * U_i[k + 16*j];
+                            acc += t7_t17[k] * U_i[k + 16*j];
                         }
-                        tmp1_1_t53[16*i + j] = acc;
+                        t7_t22[16*i + j] = acc;
                     }
                 }
-                /* t57 = t56 @ U_o^T */
+                /* t23 = t18 @ U_o^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         double acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
-                            acc += tmp1_1_t56[k] * U_o[k + 16*j];
+                            acc += t7_t18[k] * U_o[k + 16*j];
                         }
-                        tmp1_1_t57[16*i + j] = acc;
+                        t7_t23[16*i + j] = acc;
                     }
                 }
-                /* grad_h = t45 + t49 + t53 + t57 */
+                /* grad_h = t20 + t21 + t22 + t23 */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    tmp1_1_grad_h[j] = tmp1_1_t45[j] + tmp1_1_t49[j] + tmp1_1_t53[j] + tmp1_1_t57[j];
+                    t7_grad_h[j] = t7_t20[j] + t7_t21[j] + t7_t22[j] + t7_t23[j];
                 }
-                /* grad_W_i += x^T @ t52 */
+                /* grad_W_i += x^T @ t17 */
                 for (int64_t i = 0; i < 30; ++i) {
-                    const double acc = tmp1_1_x[i];
+                    const double acc = t7_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_i[16*i + j] += acc * tmp1_1_t52[j];
+                        grad_W_i[16*i + j] += acc * t7_t17[j];
                     }
                 }
-                /* grad_W_f += x^T @ t44 */
+                /* grad_W_f += x^T @ t15 */
                 for (int64_t i = 0; i < 30; ++i) {
-                    const double acc = tmp1_1_x[i];
+                    const double acc = t7_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_f[16*i + j] += acc * tmp1_1_t44[j];
+                        grad_W_f[16*i + j] += acc * t7_t15[j];
                     }
                 }
-                /* grad_W_g += x^T @ t48 */
+                /* grad_W_g += x^T @ t16 */
                 for (int64_t i = 0; i < 30; ++i) {
-                    const double acc = tmp1_1_x[i];
+                    const double acc = t7_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_g[16*i + j] += acc * tmp1_1_t48[j];
+                        grad_W_g[16*i + j] += acc * t7_t16[j];
                     }
                 }
-                /* grad_W_o += x^T @ t56 */
+                /* grad_W_o += x^T @ t18 */
                 for (int64_t i = 0; i < 30; ++i) {
-                    const double acc = tmp1_1_x[i];
+                    const double acc = t7_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_o[16*i + j] += acc * tmp1_1_t56[j];
+                        grad_W_o[16*i + j] += acc * t7_t18[j];
                     }
                 }
-                /* grad_U_i += h^T @ t52 */
+                /* grad_U_i += h^T @ t17 */
                 for (int64_t i = 0; i < 16; ++i) {
-                    const double acc = tmp1_1_h[i];
+                    const double acc = t7_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_i[16*i + j] += acc * tmp1_1_t52[j];
+                        grad_U_i[16*i + j] += acc * t7_t17[j];
                     }
                 }
-                /* grad_U_f += h^T @ t44 */
+                /* grad_U_f += h^T @ t15 */
                 for (int64_t i = 0; i < 16; ++i) {
-                    const double acc = tmp1_1_h[i];
+                    const double acc = t7_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_f[16*i + j] += acc * tmp1_1_t44[j];
+                        grad_U_f[16*i + j] += acc * t7_t15[j];
                     }
                 }
-                /* grad_U_g += h^T @ t48 */
+                /* grad_U_g += h^T @ t16 */
                 for (int64_t i = 0; i < 16; ++i) {
-                    const double acc = tmp1_1_h[i];
+                    const double acc = t7_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_g[16*i + j] += acc * tmp1_1_t48[j];
+                        grad_U_g[16*i + j] += acc * t7_t16[j];
                     }
                 }
-                /* grad_U_o += h^T @ t56 */
+                /* grad_U_o += h^T @ t18 */
                 for (int64_t i = 0; i < 16; ++i) {
-                    const double acc = tmp1_1_h[i];
+                    const double acc = t7_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_o[16*i + j] += acc * tmp1_1_t56[j];
+                        grad_U_o[16*i + j] += acc * t7_t18[j];
                     }
                 }
-                /* grad_V += t80^T @ grad_out0 */
+                /* grad_V += t19^T @ grad_out0 */
                 for (int64_t i = 0; i < 16; ++i) {
-                    const double acc = tmp1_1_t80[i];
+                    const double acc = t7_t19[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 30; ++j) {
-                        grad_V[30*i + j] += acc * tmp1_1_grad_out0[j];
+                        grad_V[30*i + j] += acc * t7_grad_out0[j];
                     }
                 }
                 /* grad_c = grad_c + grad_out0 */
@@ -1184,42 +1101,42 @@ int lstm_lm_value_and_grad(
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 30; ++j) {
-                    const double tmp1_1_grad_c_in = grad_c[j];
-                    grad_c[j] = tmp1_1_grad_c_in + tmp1_1_grad_out0[j];
+                    const double t7_grad_c_in = grad_c[j];
+                    grad_c[j] = t7_grad_c_in + t7_grad_out0[j];
                 }
-                double *tmp1_1_swap = tmp1_1_cur;
-                tmp1_1_cur = tmp1_1_nxt;
-                tmp1_1_nxt = tmp1_1_swap;
+                double *t7_swap = t7_cur;
+                t7_cur = t7_nxt;
+                t7_nxt = t7_swap;
             }
         }
     }
 
-    /* grad_W_i: the adjoint of captured value 0 of the loop of tmp1_1, written by it */
+    /* grad_W_i: the adjoint of captured value 0 of the loop of t7, written by it */
 
-    /* grad_W_f: the adjoint of captured value 1 of the loop of tmp1_1, written by it */
+    /* grad_W_f: the adjoint of captured value 1 of the loop of t7, written by it */
 
-    /* grad_W_g: the adjoint of captured value 2 of the loop of tmp1_1, written by it */
+    /* grad_W_g: the adjoint of captured value 2 of the loop of t7, written by it */
 
-    /* grad_W_o: the adjoint of captured value 3 of the loop of tmp1_1, written by it */
+    /* grad_W_o: the adjoint of captured value 3 of the loop of t7, written by it */
 
-    /* grad_U_i: the adjoint of captured value 4 of the loop of tmp1_1, written by it */
+    /* grad_U_i: the adjoint of captured value 4 of the loop of t7, written by it */
 
-    /* grad_U_f: the adjoint of captured value 5 of the loop of tmp1_1, written by it */
+    /* grad_U_f: the adjoint of captured value 5 of the loop of t7, written by it */
 
-    /* grad_U_g: the adjoint of captured value 6 of the loop of tmp1_1, written by it */
+    /* grad_U_g: the adjoint of captured value 6 of the loop of t7, written by it */
 
-    /* grad_U_o: the adjoint of captured value 7 of the loop of tmp1_1, written by it */
+    /* grad_U_o: the adjoint of captured value 7 of the loop of t7, written by it */
 
-    /* grad_b_i: the adjoint of captured value 8 of the loop of tmp1_1, written by it */
+    /* grad_b_i: the adjoint of captured value 8 of the loop of t7, written by it */
 
-    /* grad_b_f: the adjoint of captured value 9 of the loop of tmp1_1, written by it */
+    /* grad_b_f: the adjoint of captured value 9 of the loop of t7, written by it */
 
-    /* grad_b_g: the adjoint of captured value 10 of the loop of tmp1_1, written by it */
+    /* grad_b_g: the adjoint of captured value 10 of the loop of t7, written by it */
 
-    /* grad_b_o: the adjoint of captured value 11 of the loop of tmp1_1, written by it */
+    /* grad_b_o: the adjoint of captured value 11 of the loop of t7, written by it */
 
-    /* grad_V: the adjoint of captured value 12 of the loop of tmp1_1, written by it */
+    /* grad_V: the adjoint of captured value 12 of the loop of t7, written by it */
 
-    /* grad_c: the adjoint of captured value 13 of the loop of tmp1_1, written by it */
+    /* grad_c: the adjoint of captured value 13 of the loop of t7, written by it */
     return 0;
 }

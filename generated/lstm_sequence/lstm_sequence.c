@@ -6,138 +6,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "lstm_sequence.h"
-
-/* Loops over many rows run on several threads when compiled with -fopenmp. */
-#ifdef _OPENMP
-#define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
-#else
-#define SYMBACKPROP_PARALLEL_FOR
-#endif
-
-/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
- * calling these functions use their SIMD variants. */
-#ifdef SYMBACKPROP_LIBMVEC
-__attribute__((simd("notinbranch"))) double acos(double);
-__attribute__((simd("notinbranch"))) double acosh(double);
-__attribute__((simd("notinbranch"))) double asin(double);
-__attribute__((simd("notinbranch"))) double asinh(double);
-__attribute__((simd("notinbranch"))) double atan(double);
-__attribute__((simd("notinbranch"))) double atan2(double, double);
-__attribute__((simd("notinbranch"))) double atanh(double);
-__attribute__((simd("notinbranch"))) double cbrt(double);
-__attribute__((simd("notinbranch"))) double cos(double);
-__attribute__((simd("notinbranch"))) double cosh(double);
-__attribute__((simd("notinbranch"))) double erf(double);
-__attribute__((simd("notinbranch"))) double erfc(double);
-__attribute__((simd("notinbranch"))) double exp(double);
-__attribute__((simd("notinbranch"))) double exp10(double);
-__attribute__((simd("notinbranch"))) double exp2(double);
-__attribute__((simd("notinbranch"))) double expm1(double);
-__attribute__((simd("notinbranch"))) double hypot(double, double);
-__attribute__((simd("notinbranch"))) double log(double);
-__attribute__((simd("notinbranch"))) double log10(double);
-__attribute__((simd("notinbranch"))) double log1p(double);
-__attribute__((simd("notinbranch"))) double log2(double);
-__attribute__((simd("notinbranch"))) double pow(double, double);
-__attribute__((simd("notinbranch"))) double sin(double);
-__attribute__((simd("notinbranch"))) double sinh(double);
-__attribute__((simd("notinbranch"))) double tan(double);
-__attribute__((simd("notinbranch"))) double tanh(double);
-#endif
-
-/* Large matrix products call a row-major cblas_dgemm when the file is
- * compiled with -DSYMBACKPROP_CBLAS (and linked to a BLAS); the name can be
- * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise
- * lstm_sequence_matmul runs them as plain loops. */
-#ifdef SYMBACKPROP_CBLAS
-#include <limits.h>
-#ifndef SYMBACKPROP_CBLAS_DGEMM
-#define SYMBACKPROP_CBLAS_DGEMM cblas_dgemm
-#endif
-#define SYMBACKPROP_GEMM SYMBACKPROP_CBLAS_DGEMM
-void SYMBACKPROP_GEMM(int order, int trans_a, int trans_b, int m, int n, int k, double alpha,
-                      const double *a, int lda, const double *b, int ldb, double beta,
-                      double *c, int ldc);
-#endif
-
-#ifdef SYMBACKPROP_CBLAS
-/* A rows x cols operand read at p[i*rs + j*cs] as a row-major BLAS matrix:
- * CBLAS's transpose flag for it (111 CblasNoTrans, 112 CblasTrans; 0 if it
- * is neither, e.g. broadcast, or its leading dimension overflows BLAS's int)
- * and its leading dimension. Internal: never a status of a module function. */
-static int lstm_sequence_blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int *ld)
-{
-    if ((cs == 1 || cols == 1) && (rows == 1 || rs >= cols)) {
-        const int64_t lead = rows == 1 ? cols : rs;
-        *ld = lead <= INT_MAX ? (int)lead : 0;
-        return lead <= INT_MAX ? 111 : 0;
-    }
-    if ((rs == 1 || rows == 1) && (cols == 1 || cs >= rows)) {
-        const int64_t lead = cols == 1 ? rows : cs;
-        *ld = lead <= INT_MAX ? (int)lead : 0;
-        return lead <= INT_MAX ? 112 : 0;
-    }
-    return 0;
-}
-#endif
-
-/* c (m x n, contiguous) = A (m x k) @ B (k x n), where A[i][p] is
- * a[i*a_rs + p*a_cs] and B[p][j] is b[p*b_rs + j*b_cs]. Large products go
- * to BLAS when compiled with -DSYMBACKPROP_CBLAS; the rest are plain loops. */
-static void lstm_sequence_matmul(int64_t m, int64_t n, int64_t k,
-                                 const double *a, int64_t a_rs, int64_t a_cs,
-                                 const double *b, int64_t b_rs, int64_t b_cs, double *c)
-{
-#ifdef SYMBACKPROP_CBLAS
-    /* BLAS takes int sizes: larger products stay loops. With each size at
-     * most INT_MAX, m*n fits in 62 bits, and m*n*k is only formed when
-     * m*n < 4096, so it fits too: no product overflows. */
-    if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && (m * n >= 4096 || m * n * k >= 4096)) {
-        int lda = 1, ldb = 1;
-        const int trans_a = lstm_sequence_blas_layout(m, k, a_rs, a_cs, &lda);
-        const int trans_b = lstm_sequence_blas_layout(k, n, b_rs, b_cs, &ldb);
-        if (trans_a && trans_b) {
-            SYMBACKPROP_GEMM(101, trans_a, trans_b, (int)m, (int)n, (int)k, 1, a, lda, b, ldb, 0, c, (int)n);
-            return;
-        }
-    }
-#endif
-    for (int64_t i = 0; i < m; ++i) {
-        double *row = c + i * n;
-        for (int64_t j = 0; j < n; ++j) {
-            row[j] = 0;
-        }
-        for (int64_t p = 0; p < k; ++p) {
-            const double scale = a[i * a_rs + p * a_cs];
-            const double *from = b + p * b_rs;
-            for (int64_t j = 0; j < n; ++j) {
-                row[j] += scale * from[j * b_cs];
-            }
-        }
-    }
-}
-
-/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
-static double lstm_sequence_sum(const double *x, int64_t n, int64_t stride)
-{
-    double result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
-        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += x[(k + l)*stride];
-            }
-        }
-        for (int64_t l = 0; l < 8; ++l) {
-            result += lane[l];
-        }
-    }
-    for (; k < n; ++k) {
-        result += x[k*stride];
-    }
-    return result;
-}
+#include "symbackprop_runtime.h"
 
 static size_t lstm_sequence_run_work_len(int64_t n, int with_grads)
 {
@@ -174,234 +43,234 @@ static void lstm_sequence_run_part1(
 {
     /* t0 = x1 @ W_o */
     double *t0 = work; /* n x 8 */
-    lstm_sequence_matmul(n, 8, 1, x1_, 1, 0, W_o, 0, 1, t0);
+    symbackprop_f64_matmul(n, 8, 1, x1_, 1, 0, W_o, 0, 1, t0);
 
     /* t1 = b_o */
-    /* t3 = sigmoid(b_o + t0) */
+    /* t2 = sigmoid(b_o + t0) */
     double *t1 = t0 + 8*n; /* n x 8 */
-    double *t3 = t1 + 8*n; /* n x 8 */
+    double *t2 = t1 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
             t1[8*i + j] = b_o[j];
-            t3[8*i + j] = (((b_o[j] + t0[8*i + j]) >= 0 ? 1.0 : exp(-fabs(b_o[j] + t0[8*i + j]))) / (1.0 + exp(-fabs(b_o[j] + t0[8*i + j]))));
+            t2[8*i + j] = (((b_o[j] + t0[8*i + j]) >= 0 ? 1.0 : exp(-fabs(b_o[j] + t0[8*i + j]))) / (1.0 + exp(-fabs(b_o[j] + t0[8*i + j]))));
         }
     }
 
-    /* t4 = x1 @ W_i */
-    double *t4 = t0; /* n x 8, in t0's memory */
-    lstm_sequence_matmul(n, 8, 1, x1_, 1, 0, W_i, 0, 1, t4);
+    /* t3 = x1 @ W_i */
+    double *t3 = t0; /* n x 8, in t0's memory */
+    symbackprop_f64_matmul(n, 8, 1, x1_, 1, 0, W_i, 0, 1, t3);
 
-    /* t5 = b_i */
-    /* t7 = sigmoid(b_i + t4) */
-    double *t5 = t3 + 8*n; /* n x 8 */
+    /* t4 = b_i */
+    /* t5 = sigmoid(b_i + t3) */
+    double *t4 = t2 + 8*n; /* n x 8 */
+    double *t5 = t4 + 8*n; /* n x 8 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            t4[8*i + j] = b_i[j];
+            t5[8*i + j] = (((b_i[j] + t3[8*i + j]) >= 0 ? 1.0 : exp(-fabs(b_i[j] + t3[8*i + j]))) / (1.0 + exp(-fabs(b_i[j] + t3[8*i + j]))));
+        }
+    }
+
+    /* t6 = x1 @ W_g */
+    double *t6 = t3; /* n x 8, in t3's memory */
+    symbackprop_f64_matmul(n, 8, 1, x1_, 1, 0, W_g, 0, 1, t6);
+
+    /* t7 = b_g */
+    /* t8 = tanh(b_g + t6) */
+    /* t9 = t5*tanh(b_g + t6) */
+    /* t10 = tanh(t5*tanh(b_g + t6)) */
+    /* t11 = t2*tanh(t5*tanh(b_g + t6)) */
     double *t7 = t5 + 8*n; /* n x 8 */
+    double *t8 = t7 + 8*n; /* n x 8 */
+    double *t9 = t8 + 8*n; /* n x 8 */
+    double *t10 = t9 + 8*n; /* n x 8 */
+    double *t11 = t10 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t5[8*i + j] = b_i[j];
-            t7[8*i + j] = (((b_i[j] + t4[8*i + j]) >= 0 ? 1.0 : exp(-fabs(b_i[j] + t4[8*i + j]))) / (1.0 + exp(-fabs(b_i[j] + t4[8*i + j]))));
-        }
-    }
-
-    /* t8 = x1 @ W_g */
-    double *t8 = t4; /* n x 8, in t4's memory */
-    lstm_sequence_matmul(n, 8, 1, x1_, 1, 0, W_g, 0, 1, t8);
-
-    /* t9 = b_g */
-    /* t11 = tanh(b_g + t8) */
-    /* t12 = t7*tanh(b_g + t8) */
-    /* t13 = tanh(t7*tanh(b_g + t8)) */
-    /* t14 = t3*tanh(t7*tanh(b_g + t8)) */
-    double *t11 = t7 + 8*n; /* n x 8 */
-    double *t12 = t11 + 8*n; /* n x 8 */
-    double *t13 = t12 + 8*n; /* n x 8 */
-    double *t14 = t13 + 8*n; /* n x 8 */
-    double *t9 = t14 + 8*n; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = tanh(b_g[j] + t8[8*i + j]);
-            const double x1 = t7[8*i + j]*x0;
+            const double x0 = tanh(b_g[j] + t6[8*i + j]);
+            const double x1 = t5[8*i + j]*x0;
             const double x2 = tanh(x1);
-            t9[8*i + j] = b_g[j];
-            t11[8*i + j] = x0;
-            t12[8*i + j] = x1;
-            t13[8*i + j] = x2;
-            t14[8*i + j] = t3[8*i + j]*x2;
+            t7[8*i + j] = b_g[j];
+            t8[8*i + j] = x0;
+            t9[8*i + j] = x1;
+            t10[8*i + j] = x2;
+            t11[8*i + j] = t2[8*i + j]*x2;
         }
     }
 
-    /* t15 = t14 @ U_o */
-    double *t15 = with_grads ? t8 : t3; /* n x 8, in t8's memory */
-    lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_o, 8, 1, t15);
+    /* t12 = t11 @ U_o */
+    double *t12 = with_grads ? t6 : t2; /* n x 8, in t6's memory */
+    symbackprop_f64_matmul(n, 8, 8, t11, 8, 1, U_o, 8, 1, t12);
 
-    /* t16 = x2 @ W_o */
-    double *t16 = with_grads ? t9 + 8*n : t7; /* n x 8 */
-    lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_o, 0, 1, t16);
+    /* t13 = x2 @ W_o */
+    double *t13 = with_grads ? t11 + 8*n : t5; /* n x 8 */
+    symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_o, 0, 1, t13);
 
-    /* t18 = sigmoid(t1 + t15 + t16) */
-    double *t18 = with_grads ? t16 + 8*n : t8; /* n x 8 */
+    /* t14 = sigmoid(t1 + t12 + t13) */
+    double *t14 = with_grads ? t13 + 8*n : t6; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t18[8*i + j] = (((t15[8*i + j] + t16[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t15[8*i + j] + t16[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t15[8*i + j] + t16[8*i + j] + t1[8*i + j]))));
+            t14[8*i + j] = (((t12[8*i + j] + t13[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t12[8*i + j] + t13[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t12[8*i + j] + t13[8*i + j] + t1[8*i + j]))));
         }
     }
 
-    /* t19 = t14 @ U_i */
-    double *t19 = with_grads ? t15 : t11; /* n x 8, in t15's memory */
-    lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_i, 8, 1, t19);
+    /* t15 = t11 @ U_i */
+    double *t15 = with_grads ? t12 : t8; /* n x 8, in t12's memory */
+    symbackprop_f64_matmul(n, 8, 8, t11, 8, 1, U_i, 8, 1, t15);
 
-    /* t20 = x2 @ W_i */
-    double *t20 = with_grads ? t16 : t13; /* n x 8, in t16's memory */
-    lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_i, 0, 1, t20);
+    /* t16 = x2 @ W_i */
+    double *t16 = with_grads ? t13 : t10; /* n x 8, in t13's memory */
+    symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_i, 0, 1, t16);
 
-    /* t22 = sigmoid(t19 + t20 + t5) */
-    double *t22 = with_grads ? t18 + 8*n : t15; /* n x 8 */
+    /* t17 = sigmoid(t15 + t16 + t4) */
+    double *t17 = with_grads ? t14 + 8*n : t12; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t22[8*i + j] = (((t19[8*i + j] + t20[8*i + j] + t5[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t19[8*i + j] + t20[8*i + j] + t5[8*i + j]))) / (1.0 + exp(-fabs(t19[8*i + j] + t20[8*i + j] + t5[8*i + j]))));
+            t17[8*i + j] = (((t15[8*i + j] + t16[8*i + j] + t4[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t15[8*i + j] + t16[8*i + j] + t4[8*i + j]))) / (1.0 + exp(-fabs(t15[8*i + j] + t16[8*i + j] + t4[8*i + j]))));
         }
     }
 
-    /* t23 = t14 @ U_g */
-    double *t23 = with_grads ? t19 : t16; /* n x 8, in t19's memory */
-    lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_g, 8, 1, t23);
+    /* t18 = t11 @ U_g */
+    double *t18 = with_grads ? t15 : t13; /* n x 8, in t15's memory */
+    symbackprop_f64_matmul(n, 8, 8, t11, 8, 1, U_g, 8, 1, t18);
 
-    /* t24 = x2 @ W_g */
-    double *t24 = with_grads ? t20 : t19; /* n x 8, in t20's memory */
-    lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_g, 0, 1, t24);
+    /* t19 = x2 @ W_g */
+    double *t19 = with_grads ? t16 : t15; /* n x 8, in t16's memory */
+    symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_g, 0, 1, t19);
 
-    /* t26 = tanh(t23 + t24 + t9) */
-    double *t26 = with_grads ? t22 + 8*n : t20; /* n x 8 */
+    /* t20 = tanh(t18 + t19 + t7) */
+    double *t20 = with_grads ? t17 + 8*n : t16; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t26[8*i + j] = tanh(t23[8*i + j] + t24[8*i + j] + t9[8*i + j]);
+            t20[8*i + j] = tanh(t18[8*i + j] + t19[8*i + j] + t7[8*i + j]);
         }
     }
 
-    /* t28 = t14 @ U_f */
-    double *t28 = t23; /* n x 8, in t23's memory */
-    lstm_sequence_matmul(n, 8, 8, t14, 8, 1, U_f, 8, 1, t28);
+    /* t21 = t11 @ U_f */
+    double *t21 = t18; /* n x 8, in t18's memory */
+    symbackprop_f64_matmul(n, 8, 8, t11, 8, 1, U_f, 8, 1, t21);
 
-    /* t29 = x2 @ W_f */
-    double *t29 = t24; /* n x 8, in t24's memory */
-    lstm_sequence_matmul(n, 8, 1, x2_, 1, 0, W_f, 0, 1, t29);
+    /* t22 = x2 @ W_f */
+    double *t22 = t19; /* n x 8, in t19's memory */
+    symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_f, 0, 1, t22);
 
-    /* t30 = b_f */
-    /* t32 = sigmoid(b_f + t28 + t29) */
-    /* t34 = t12*sigmoid(b_f + t28 + t29) + t22*t26 */
-    /* t35 = tanh(t12*sigmoid(b_f + t28 + t29) + t22*t26) */
-    /* t36 = t18*tanh(t12*sigmoid(b_f + t28 + t29) + t22*t26) */
-    double *t30 = with_grads ? t26 + 8*n : t14; /* n x 8 */
-    double *t32 = with_grads ? t30 + 8*n : t9 + 8*n; /* n x 8 */
-    double *t34 = t32 + 8*n; /* n x 8 */
-    double *t35 = t34 + 8*n; /* n x 8 */
-    double *t36 = t35 + 8*n; /* n x 8 */
+    /* t23 = b_f */
+    /* t24 = sigmoid(b_f + t21 + t22) */
+    /* t25 = t17*t20 + t9*sigmoid(b_f + t21 + t22) */
+    /* t26 = tanh(t17*t20 + t9*sigmoid(b_f + t21 + t22)) */
+    /* t27 = t14*tanh(t17*t20 + t9*sigmoid(b_f + t21 + t22)) */
+    double *t23 = with_grads ? t20 + 8*n : t11; /* n x 8 */
+    double *t24 = with_grads ? t23 + 8*n : t11 + 8*n; /* n x 8 */
+    double *t25 = t24 + 8*n; /* n x 8 */
+    double *t26 = t25 + 8*n; /* n x 8 */
+    double *t27 = t26 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = (((b_f[j] + t28[8*i + j] + t29[8*i + j]) >= 0 ? 1.0 : exp(-fabs(b_f[j] + t28[8*i + j] + t29[8*i + j]))) / (1.0 + exp(-fabs(b_f[j] + t28[8*i + j] + t29[8*i + j]))));
-            const double x1 = t22[8*i + j]*t26[8*i + j] + t12[8*i + j]*x0;
+            const double x0 = (((b_f[j] + t21[8*i + j] + t22[8*i + j]) >= 0 ? 1.0 : exp(-fabs(b_f[j] + t21[8*i + j] + t22[8*i + j]))) / (1.0 + exp(-fabs(b_f[j] + t21[8*i + j] + t22[8*i + j]))));
+            const double x1 = t17[8*i + j]*t20[8*i + j] + t9[8*i + j]*x0;
             const double x2 = tanh(x1);
-            t30[8*i + j] = b_f[j];
-            t32[8*i + j] = x0;
-            t34[8*i + j] = x1;
-            t35[8*i + j] = x2;
-            t36[8*i + j] = t18[8*i + j]*x2;
+            t23[8*i + j] = b_f[j];
+            t24[8*i + j] = x0;
+            t25[8*i + j] = x1;
+            t26[8*i + j] = x2;
+            t27[8*i + j] = t14[8*i + j]*x2;
         }
     }
 
-    /* t37 = t36 @ U_o */
-    double *t37 = with_grads ? t28 : t12; /* n x 8, in t28's memory */
-    lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_o, 8, 1, t37);
+    /* t28 = t27 @ U_o */
+    double *t28 = with_grads ? t21 : t9; /* n x 8, in t21's memory */
+    symbackprop_f64_matmul(n, 8, 8, t27, 8, 1, U_o, 8, 1, t28);
 
-    /* t38 = x3 @ W_o */
-    double *t38 = with_grads ? t29 : t18; /* n x 8, in t29's memory */
-    lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_o, 0, 1, t38);
+    /* t29 = x3 @ W_o */
+    double *t29 = with_grads ? t22 : t14; /* n x 8, in t22's memory */
+    symbackprop_f64_matmul(n, 8, 1, x3_, 1, 0, W_o, 0, 1, t29);
 
-    /* t40 = sigmoid(t1 + t37 + t38) */
-    double *t40 = with_grads ? t36 + 8*n : t22; /* n x 8 */
+    /* t30 = sigmoid(t1 + t28 + t29) */
+    double *t30 = with_grads ? t27 + 8*n : t17; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t40[8*i + j] = (((t37[8*i + j] + t38[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t37[8*i + j] + t38[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t37[8*i + j] + t38[8*i + j] + t1[8*i + j]))));
+            t30[8*i + j] = (((t28[8*i + j] + t29[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t28[8*i + j] + t29[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t28[8*i + j] + t29[8*i + j] + t1[8*i + j]))));
         }
     }
 
-    /* t41 = t36 @ U_i */
-    double *t41 = with_grads ? t37 : t26; /* n x 8, in t37's memory */
-    lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_i, 8, 1, t41);
+    /* t31 = t27 @ U_i */
+    double *t31 = with_grads ? t28 : t20; /* n x 8, in t28's memory */
+    symbackprop_f64_matmul(n, 8, 8, t27, 8, 1, U_i, 8, 1, t31);
 
-    /* t42 = x3 @ W_i */
-    double *t42 = with_grads ? t38 : t28; /* n x 8, in t38's memory */
-    lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_i, 0, 1, t42);
+    /* t32 = x3 @ W_i */
+    double *t32 = with_grads ? t29 : t21; /* n x 8, in t29's memory */
+    symbackprop_f64_matmul(n, 8, 1, x3_, 1, 0, W_i, 0, 1, t32);
 
-    /* t44 = sigmoid(t41 + t42 + t5) */
-    double *t44 = with_grads ? t40 + 8*n : t29; /* n x 8 */
+    /* t33 = sigmoid(t31 + t32 + t4) */
+    double *t33 = with_grads ? t30 + 8*n : t22; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t44[8*i + j] = (((t41[8*i + j] + t42[8*i + j] + t5[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t41[8*i + j] + t42[8*i + j] + t5[8*i + j]))) / (1.0 + exp(-fabs(t41[8*i + j] + t42[8*i + j] + t5[8*i + j]))));
+            t33[8*i + j] = (((t31[8*i + j] + t32[8*i + j] + t4[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t31[8*i + j] + t32[8*i + j] + t4[8*i + j]))) / (1.0 + exp(-fabs(t31[8*i + j] + t32[8*i + j] + t4[8*i + j]))));
         }
     }
 
-    /* t45 = t36 @ U_g */
-    double *t45 = with_grads ? t41 : t32; /* n x 8, in t41's memory */
-    lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_g, 8, 1, t45);
+    /* t34 = t27 @ U_g */
+    double *t34 = with_grads ? t31 : t24; /* n x 8, in t31's memory */
+    symbackprop_f64_matmul(n, 8, 8, t27, 8, 1, U_g, 8, 1, t34);
 
-    /* t46 = x3 @ W_g */
-    double *t46 = with_grads ? t42 : t35; /* n x 8, in t42's memory */
-    lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_g, 0, 1, t46);
+    /* t35 = x3 @ W_g */
+    double *t35 = with_grads ? t32 : t26; /* n x 8, in t32's memory */
+    symbackprop_f64_matmul(n, 8, 1, x3_, 1, 0, W_g, 0, 1, t35);
 
-    /* t48 = tanh(t45 + t46 + t9) */
-    double *t48 = with_grads ? t44 + 8*n : t37; /* n x 8 */
+    /* t36 = tanh(t34 + t35 + t7) */
+    double *t36 = with_grads ? t33 + 8*n : t28; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t48[8*i + j] = tanh(t45[8*i + j] + t46[8*i + j] + t9[8*i + j]);
+            t36[8*i + j] = tanh(t34[8*i + j] + t35[8*i + j] + t7[8*i + j]);
         }
     }
 
-    /* t50 = t36 @ U_f */
-    double *t50 = with_grads ? t45 : t38; /* n x 8, in t45's memory */
-    lstm_sequence_matmul(n, 8, 8, t36, 8, 1, U_f, 8, 1, t50);
+    /* t37 = t27 @ U_f */
+    double *t37 = with_grads ? t34 : t29; /* n x 8, in t34's memory */
+    symbackprop_f64_matmul(n, 8, 8, t27, 8, 1, U_f, 8, 1, t37);
 
-    /* t51 = x3 @ W_f */
-    double *t51 = with_grads ? t46 : t41; /* n x 8, in t46's memory */
-    lstm_sequence_matmul(n, 8, 1, x3_, 1, 0, W_f, 0, 1, t51);
+    /* t38 = x3 @ W_f */
+    double *t38 = with_grads ? t35 : t31; /* n x 8, in t35's memory */
+    symbackprop_f64_matmul(n, 8, 1, x3_, 1, 0, W_f, 0, 1, t38);
 
-    /* t53 = sigmoid(t30 + t50 + t51) */
-    /* t55 = t34*sigmoid(t30 + t50 + t51) + t44*t48 */
-    /* t56 = tanh(t34*sigmoid(t30 + t50 + t51) + t44*t48) */
-    /* t57 = t40*tanh(t34*sigmoid(t30 + t50 + t51) + t44*t48) */
-    double *t53 = with_grads ? t48 + 8*n : t42; /* n x 8 */
-    double *t55 = with_grads ? t53 + 8*n : t45; /* n x 8 */
-    double *t56 = with_grads ? t55 + 8*n : t46; /* n x 8 */
-    double *t57 = with_grads ? t56 + 8*n : t36; /* n x 8 */
+    /* t39 = sigmoid(t23 + t37 + t38) */
+    /* t40 = t25*sigmoid(t23 + t37 + t38) + t33*t36 */
+    /* t41 = tanh(t25*sigmoid(t23 + t37 + t38) + t33*t36) */
+    /* t42 = t30*tanh(t25*sigmoid(t23 + t37 + t38) + t33*t36) */
+    double *t39 = with_grads ? t36 + 8*n : t32; /* n x 8 */
+    double *t40 = with_grads ? t39 + 8*n : t34; /* n x 8 */
+    double *t41 = with_grads ? t40 + 8*n : t35; /* n x 8 */
+    double *t42 = with_grads ? t41 + 8*n : t27; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = (((t50[8*i + j] + t51[8*i + j] + t30[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t50[8*i + j] + t51[8*i + j] + t30[8*i + j]))) / (1.0 + exp(-fabs(t50[8*i + j] + t51[8*i + j] + t30[8*i + j]))));
-            const double x1 = t44[8*i + j]*t48[8*i + j] + t34[8*i + j]*x0;
+            const double x0 = (((t37[8*i + j] + t38[8*i + j] + t23[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t37[8*i + j] + t38[8*i + j] + t23[8*i + j]))) / (1.0 + exp(-fabs(t37[8*i + j] + t38[8*i + j] + t23[8*i + j]))));
+            const double x1 = t33[8*i + j]*t36[8*i + j] + t25[8*i + j]*x0;
             const double x2 = tanh(x1);
-            t53[8*i + j] = x0;
-            t55[8*i + j] = x1;
-            t56[8*i + j] = x2;
-            t57[8*i + j] = t40[8*i + j]*x2;
+            t39[8*i + j] = x0;
+            t40[8*i + j] = x1;
+            t41[8*i + j] = x2;
+            t42[8*i + j] = t30[8*i + j]*x2;
         }
     }
 
-    /* t58 = t57 @ U_o */
-    double *t58 = with_grads ? t50 : t34; /* n x 8, in t50's memory */
-    lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_o, 8, 1, t58);
+    /* t43 = t42 @ U_o */
+    double *t43 = with_grads ? t37 : t25; /* n x 8, in t37's memory */
+    symbackprop_f64_matmul(n, 8, 8, t42, 8, 1, U_o, 8, 1, t43);
 
-    /* t59 = x4 @ W_o */
-    double *t59 = with_grads ? t51 : t40; /* n x 8, in t51's memory */
-    lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_o, 0, 1, t59);
+    /* t44 = x4 @ W_o */
+    double *t44 = with_grads ? t38 : t30; /* n x 8, in t38's memory */
+    symbackprop_f64_matmul(n, 8, 1, x4_, 1, 0, W_o, 0, 1, t44);
 }
 
 /* lstm_sequence_run, part 2 of 8 (kernels 33 to 64): a long
@@ -425,225 +294,225 @@ static void lstm_sequence_run_part2(
 )
 {
     double *t1 = work + 8*n; /* n x 8; placed in an earlier part */
-    double *t5 = work + 24*n; /* n x 8; placed in an earlier part */
-    double *t9 = work + 72*n; /* n x 8; placed in an earlier part */
-    double *t30 = with_grads ? work + 112*n : work + 64*n; /* n x 8; placed in an earlier part */
-    double *t44 = with_grads ? work + 160*n : work + 40*n; /* n x 8; placed in an earlier part */
-    double *t48 = with_grads ? work + 168*n : work + 48*n; /* n x 8; placed in an earlier part */
-    double *t50 = work; /* n x 8, in t45's memory; placed in an earlier part */
-    double *t51 = with_grads ? work + 80*n : work + 56*n; /* n x 8, in t46's memory; placed in an earlier part */
-    double *t53 = with_grads ? work + 176*n : work + 32*n; /* n x 8; placed in an earlier part */
-    double *t55 = with_grads ? work + 184*n : work + 80*n; /* n x 8; placed in an earlier part */
-    double *t56 = with_grads ? work + 192*n : work + 96*n; /* n x 8; placed in an earlier part */
-    double *t57 = with_grads ? work + 200*n : work + 104*n; /* n x 8; placed in an earlier part */
-    double *t58 = with_grads ? work : work + 88*n; /* n x 8, in t50's memory; placed in an earlier part */
-    double *t59 = with_grads ? work + 80*n : work + 16*n; /* n x 8, in t51's memory; placed in an earlier part */
-    /* t61 = sigmoid(t1 + t58 + t59) */
-    double *t61 = with_grads ? t57 + 8*n : t44; /* n x 8 */
+    double *t4 = work + 24*n; /* n x 8; placed in an earlier part */
+    double *t7 = work + 40*n; /* n x 8; placed in an earlier part */
+    double *t23 = with_grads ? work + 112*n : work + 72*n; /* n x 8; placed in an earlier part */
+    double *t33 = with_grads ? work + 160*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t36 = with_grads ? work + 168*n : work + 56*n; /* n x 8; placed in an earlier part */
+    double *t37 = work; /* n x 8, in t34's memory; placed in an earlier part */
+    double *t38 = with_grads ? work + 80*n : work + 64*n; /* n x 8, in t35's memory; placed in an earlier part */
+    double *t39 = with_grads ? work + 176*n : work + 32*n; /* n x 8; placed in an earlier part */
+    double *t40 = with_grads ? work + 184*n : work + 80*n; /* n x 8; placed in an earlier part */
+    double *t41 = with_grads ? work + 192*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t42 = with_grads ? work + 200*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t43 = with_grads ? work : work + 88*n; /* n x 8, in t37's memory; placed in an earlier part */
+    double *t44 = with_grads ? work + 80*n : work + 16*n; /* n x 8, in t38's memory; placed in an earlier part */
+    /* t45 = sigmoid(t1 + t43 + t44) */
+    double *t45 = with_grads ? t42 + 8*n : t33; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t61[8*i + j] = (((t58[8*i + j] + t59[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t58[8*i + j] + t59[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t58[8*i + j] + t59[8*i + j] + t1[8*i + j]))));
+            t45[8*i + j] = (((t43[8*i + j] + t44[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t43[8*i + j] + t44[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t43[8*i + j] + t44[8*i + j] + t1[8*i + j]))));
         }
     }
 
-    /* t62 = t57 @ U_i */
-    double *t62 = with_grads ? t58 : t48; /* n x 8, in t58's memory */
-    lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_i, 8, 1, t62);
+    /* t46 = t42 @ U_i */
+    double *t46 = with_grads ? t43 : t36; /* n x 8, in t43's memory */
+    symbackprop_f64_matmul(n, 8, 8, t42, 8, 1, U_i, 8, 1, t46);
 
-    /* t63 = x4 @ W_i */
-    double *t63 = with_grads ? t59 : t50; /* n x 8, in t59's memory */
-    lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_i, 0, 1, t63);
+    /* t47 = x4 @ W_i */
+    double *t47 = with_grads ? t44 : t37; /* n x 8, in t44's memory */
+    symbackprop_f64_matmul(n, 8, 1, x4_, 1, 0, W_i, 0, 1, t47);
 
-    /* t65 = sigmoid(t5 + t62 + t63) */
-    double *t65 = with_grads ? t61 + 8*n : t51; /* n x 8 */
+    /* t48 = sigmoid(t4 + t46 + t47) */
+    double *t48 = with_grads ? t45 + 8*n : t38; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t65[8*i + j] = (((t62[8*i + j] + t63[8*i + j] + t5[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t62[8*i + j] + t63[8*i + j] + t5[8*i + j]))) / (1.0 + exp(-fabs(t62[8*i + j] + t63[8*i + j] + t5[8*i + j]))));
+            t48[8*i + j] = (((t46[8*i + j] + t47[8*i + j] + t4[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t46[8*i + j] + t47[8*i + j] + t4[8*i + j]))) / (1.0 + exp(-fabs(t46[8*i + j] + t47[8*i + j] + t4[8*i + j]))));
         }
     }
 
-    /* t66 = t57 @ U_g */
-    double *t66 = with_grads ? t62 : t53; /* n x 8, in t62's memory */
-    lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_g, 8, 1, t66);
+    /* t49 = t42 @ U_g */
+    double *t49 = with_grads ? t46 : t39; /* n x 8, in t46's memory */
+    symbackprop_f64_matmul(n, 8, 8, t42, 8, 1, U_g, 8, 1, t49);
 
-    /* t67 = x4 @ W_g */
-    double *t67 = with_grads ? t63 : t56; /* n x 8, in t63's memory */
-    lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_g, 0, 1, t67);
+    /* t50 = x4 @ W_g */
+    double *t50 = with_grads ? t47 : t41; /* n x 8, in t47's memory */
+    symbackprop_f64_matmul(n, 8, 1, x4_, 1, 0, W_g, 0, 1, t50);
 
-    /* t69 = tanh(t66 + t67 + t9) */
-    double *t69 = with_grads ? t65 + 8*n : t58; /* n x 8 */
+    /* t51 = tanh(t49 + t50 + t7) */
+    double *t51 = with_grads ? t48 + 8*n : t43; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t69[8*i + j] = tanh(t66[8*i + j] + t67[8*i + j] + t9[8*i + j]);
+            t51[8*i + j] = tanh(t49[8*i + j] + t50[8*i + j] + t7[8*i + j]);
         }
     }
 
-    /* t71 = t57 @ U_f */
-    double *t71 = with_grads ? t66 : t59; /* n x 8, in t66's memory */
-    lstm_sequence_matmul(n, 8, 8, t57, 8, 1, U_f, 8, 1, t71);
+    /* t52 = t42 @ U_f */
+    double *t52 = with_grads ? t49 : t44; /* n x 8, in t49's memory */
+    symbackprop_f64_matmul(n, 8, 8, t42, 8, 1, U_f, 8, 1, t52);
 
-    /* t72 = x4 @ W_f */
-    double *t72 = with_grads ? t67 : t62; /* n x 8, in t67's memory */
-    lstm_sequence_matmul(n, 8, 1, x4_, 1, 0, W_f, 0, 1, t72);
+    /* t53 = x4 @ W_f */
+    double *t53 = with_grads ? t50 : t46; /* n x 8, in t50's memory */
+    symbackprop_f64_matmul(n, 8, 1, x4_, 1, 0, W_f, 0, 1, t53);
 
-    /* t74 = sigmoid(t30 + t71 + t72) */
-    /* t76 = t55*sigmoid(t30 + t71 + t72) + t65*t69 */
-    /* t77 = tanh(t55*sigmoid(t30 + t71 + t72) + t65*t69) */
-    /* t78 = t61*tanh(t55*sigmoid(t30 + t71 + t72) + t65*t69) */
-    double *t74 = with_grads ? t69 + 8*n : t63; /* n x 8 */
-    double *t76 = with_grads ? t74 + 8*n : t66; /* n x 8 */
-    double *t77 = with_grads ? t76 + 8*n : t67; /* n x 8 */
-    double *t78 = with_grads ? t77 + 8*n : t57; /* n x 8 */
+    /* t54 = sigmoid(t23 + t52 + t53) */
+    /* t55 = t40*sigmoid(t23 + t52 + t53) + t48*t51 */
+    /* t56 = tanh(t40*sigmoid(t23 + t52 + t53) + t48*t51) */
+    /* t57 = t45*tanh(t40*sigmoid(t23 + t52 + t53) + t48*t51) */
+    double *t54 = with_grads ? t51 + 8*n : t47; /* n x 8 */
+    double *t55 = with_grads ? t54 + 8*n : t49; /* n x 8 */
+    double *t56 = with_grads ? t55 + 8*n : t50; /* n x 8 */
+    double *t57 = with_grads ? t56 + 8*n : t42; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = (((t71[8*i + j] + t72[8*i + j] + t30[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t71[8*i + j] + t72[8*i + j] + t30[8*i + j]))) / (1.0 + exp(-fabs(t71[8*i + j] + t72[8*i + j] + t30[8*i + j]))));
-            const double x1 = t65[8*i + j]*t69[8*i + j] + t55[8*i + j]*x0;
+            const double x0 = (((t52[8*i + j] + t53[8*i + j] + t23[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t52[8*i + j] + t53[8*i + j] + t23[8*i + j]))) / (1.0 + exp(-fabs(t52[8*i + j] + t53[8*i + j] + t23[8*i + j]))));
+            const double x1 = t48[8*i + j]*t51[8*i + j] + t40[8*i + j]*x0;
             const double x2 = tanh(x1);
-            t74[8*i + j] = x0;
-            t76[8*i + j] = x1;
-            t77[8*i + j] = x2;
-            t78[8*i + j] = t61[8*i + j]*x2;
+            t54[8*i + j] = x0;
+            t55[8*i + j] = x1;
+            t56[8*i + j] = x2;
+            t57[8*i + j] = t45[8*i + j]*x2;
         }
     }
 
-    /* t79 = t78 @ U_o */
-    double *t79 = with_grads ? t71 : t55; /* n x 8, in t71's memory */
-    lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_o, 8, 1, t79);
+    /* t58 = t57 @ U_o */
+    double *t58 = with_grads ? t52 : t40; /* n x 8, in t52's memory */
+    symbackprop_f64_matmul(n, 8, 8, t57, 8, 1, U_o, 8, 1, t58);
 
-    /* t80 = x5 @ W_o */
-    double *t80 = with_grads ? t72 : t61; /* n x 8, in t72's memory */
-    lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_o, 0, 1, t80);
+    /* t59 = x5 @ W_o */
+    double *t59 = with_grads ? t53 : t45; /* n x 8, in t53's memory */
+    symbackprop_f64_matmul(n, 8, 1, x5_, 1, 0, W_o, 0, 1, t59);
 
-    /* t82 = sigmoid(t1 + t79 + t80) */
-    double *t82 = with_grads ? t78 + 8*n : t65; /* n x 8 */
+    /* t60 = sigmoid(t1 + t58 + t59) */
+    double *t60 = with_grads ? t57 + 8*n : t48; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t82[8*i + j] = (((t79[8*i + j] + t80[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t79[8*i + j] + t80[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t79[8*i + j] + t80[8*i + j] + t1[8*i + j]))));
+            t60[8*i + j] = (((t58[8*i + j] + t59[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t58[8*i + j] + t59[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t58[8*i + j] + t59[8*i + j] + t1[8*i + j]))));
         }
     }
 
-    /* t83 = t78 @ U_i */
-    double *t83 = with_grads ? t79 : t69; /* n x 8, in t79's memory */
-    lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_i, 8, 1, t83);
+    /* t61 = t57 @ U_i */
+    double *t61 = with_grads ? t58 : t51; /* n x 8, in t58's memory */
+    symbackprop_f64_matmul(n, 8, 8, t57, 8, 1, U_i, 8, 1, t61);
 
-    /* t84 = x5 @ W_i */
-    double *t84 = with_grads ? t80 : t71; /* n x 8, in t80's memory */
-    lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_i, 0, 1, t84);
+    /* t62 = x5 @ W_i */
+    double *t62 = with_grads ? t59 : t52; /* n x 8, in t59's memory */
+    symbackprop_f64_matmul(n, 8, 1, x5_, 1, 0, W_i, 0, 1, t62);
 
-    /* t86 = sigmoid(t5 + t83 + t84) */
-    double *t86 = with_grads ? t82 + 8*n : t72; /* n x 8 */
+    /* t63 = sigmoid(t4 + t61 + t62) */
+    double *t63 = with_grads ? t60 + 8*n : t53; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t86[8*i + j] = (((t83[8*i + j] + t84[8*i + j] + t5[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t83[8*i + j] + t84[8*i + j] + t5[8*i + j]))) / (1.0 + exp(-fabs(t83[8*i + j] + t84[8*i + j] + t5[8*i + j]))));
+            t63[8*i + j] = (((t61[8*i + j] + t62[8*i + j] + t4[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t61[8*i + j] + t62[8*i + j] + t4[8*i + j]))) / (1.0 + exp(-fabs(t61[8*i + j] + t62[8*i + j] + t4[8*i + j]))));
         }
     }
 
-    /* t87 = t78 @ U_g */
-    double *t87 = with_grads ? t83 : t74; /* n x 8, in t83's memory */
-    lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_g, 8, 1, t87);
+    /* t64 = t57 @ U_g */
+    double *t64 = with_grads ? t61 : t54; /* n x 8, in t61's memory */
+    symbackprop_f64_matmul(n, 8, 8, t57, 8, 1, U_g, 8, 1, t64);
 
-    /* t88 = x5 @ W_g */
-    double *t88 = with_grads ? t84 : t77; /* n x 8, in t84's memory */
-    lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_g, 0, 1, t88);
+    /* t65 = x5 @ W_g */
+    double *t65 = with_grads ? t62 : t56; /* n x 8, in t62's memory */
+    symbackprop_f64_matmul(n, 8, 1, x5_, 1, 0, W_g, 0, 1, t65);
 
-    /* t90 = tanh(t87 + t88 + t9) */
-    double *t90 = with_grads ? t86 + 8*n : t79; /* n x 8 */
+    /* t66 = tanh(t64 + t65 + t7) */
+    double *t66 = with_grads ? t63 + 8*n : t58; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t90[8*i + j] = tanh(t87[8*i + j] + t88[8*i + j] + t9[8*i + j]);
+            t66[8*i + j] = tanh(t64[8*i + j] + t65[8*i + j] + t7[8*i + j]);
         }
     }
 
-    /* t92 = t78 @ U_f */
-    double *t92 = with_grads ? t87 : t80; /* n x 8, in t87's memory */
-    lstm_sequence_matmul(n, 8, 8, t78, 8, 1, U_f, 8, 1, t92);
+    /* t67 = t57 @ U_f */
+    double *t67 = with_grads ? t64 : t59; /* n x 8, in t64's memory */
+    symbackprop_f64_matmul(n, 8, 8, t57, 8, 1, U_f, 8, 1, t67);
 
-    /* t93 = x5 @ W_f */
-    double *t93 = with_grads ? t88 : t83; /* n x 8, in t88's memory */
-    lstm_sequence_matmul(n, 8, 1, x5_, 1, 0, W_f, 0, 1, t93);
+    /* t68 = x5 @ W_f */
+    double *t68 = with_grads ? t65 : t61; /* n x 8, in t65's memory */
+    symbackprop_f64_matmul(n, 8, 1, x5_, 1, 0, W_f, 0, 1, t68);
 
-    /* t95 = sigmoid(t30 + t92 + t93) */
-    /* t97 = t76*sigmoid(t30 + t92 + t93) + t86*t90 */
-    /* t98 = tanh(t76*sigmoid(t30 + t92 + t93) + t86*t90) */
-    /* t99 = t82*tanh(t76*sigmoid(t30 + t92 + t93) + t86*t90) */
-    double *t95 = with_grads ? t90 + 8*n : t84; /* n x 8 */
-    double *t97 = with_grads ? t95 + 8*n : t87; /* n x 8 */
-    double *t98 = with_grads ? t97 + 8*n : t88; /* n x 8 */
-    double *t99 = with_grads ? t98 + 8*n : t78; /* n x 8 */
+    /* t69 = sigmoid(t23 + t67 + t68) */
+    /* t70 = t55*sigmoid(t23 + t67 + t68) + t63*t66 */
+    /* t71 = tanh(t55*sigmoid(t23 + t67 + t68) + t63*t66) */
+    /* t72 = t60*tanh(t55*sigmoid(t23 + t67 + t68) + t63*t66) */
+    double *t69 = with_grads ? t66 + 8*n : t62; /* n x 8 */
+    double *t70 = with_grads ? t69 + 8*n : t64; /* n x 8 */
+    double *t71 = with_grads ? t70 + 8*n : t65; /* n x 8 */
+    double *t72 = with_grads ? t71 + 8*n : t57; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = (((t92[8*i + j] + t93[8*i + j] + t30[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t92[8*i + j] + t93[8*i + j] + t30[8*i + j]))) / (1.0 + exp(-fabs(t92[8*i + j] + t93[8*i + j] + t30[8*i + j]))));
-            const double x1 = t86[8*i + j]*t90[8*i + j] + t76[8*i + j]*x0;
+            const double x0 = (((t67[8*i + j] + t68[8*i + j] + t23[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t67[8*i + j] + t68[8*i + j] + t23[8*i + j]))) / (1.0 + exp(-fabs(t67[8*i + j] + t68[8*i + j] + t23[8*i + j]))));
+            const double x1 = t63[8*i + j]*t66[8*i + j] + t55[8*i + j]*x0;
             const double x2 = tanh(x1);
-            t95[8*i + j] = x0;
-            t97[8*i + j] = x1;
-            t98[8*i + j] = x2;
-            t99[8*i + j] = t82[8*i + j]*x2;
+            t69[8*i + j] = x0;
+            t70[8*i + j] = x1;
+            t71[8*i + j] = x2;
+            t72[8*i + j] = t60[8*i + j]*x2;
         }
     }
 
-    /* t100 = t99 @ U_o */
-    double *t100 = with_grads ? t92 : t76; /* n x 8, in t92's memory */
-    lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_o, 8, 1, t100);
+    /* t73 = t72 @ U_o */
+    double *t73 = with_grads ? t67 : t55; /* n x 8, in t67's memory */
+    symbackprop_f64_matmul(n, 8, 8, t72, 8, 1, U_o, 8, 1, t73);
 
-    /* t101 = x6 @ W_o */
-    double *t101 = with_grads ? t93 : t82; /* n x 8, in t93's memory */
-    lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_o, 0, 1, t101);
+    /* t74 = x6 @ W_o */
+    double *t74 = with_grads ? t68 : t60; /* n x 8, in t68's memory */
+    symbackprop_f64_matmul(n, 8, 1, x6_, 1, 0, W_o, 0, 1, t74);
 
-    /* t103 = sigmoid(t1 + t100 + t101) */
-    double *t103 = with_grads ? t99 + 8*n : t86; /* n x 8 */
+    /* t75 = sigmoid(t1 + t73 + t74) */
+    double *t75 = with_grads ? t72 + 8*n : t63; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t103[8*i + j] = (((t100[8*i + j] + t101[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t100[8*i + j] + t101[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t100[8*i + j] + t101[8*i + j] + t1[8*i + j]))));
+            t75[8*i + j] = (((t73[8*i + j] + t74[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t73[8*i + j] + t74[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t73[8*i + j] + t74[8*i + j] + t1[8*i + j]))));
         }
     }
 
-    /* t104 = t99 @ U_i */
-    double *t104 = with_grads ? t100 : t90; /* n x 8, in t100's memory */
-    lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_i, 8, 1, t104);
+    /* t76 = t72 @ U_i */
+    double *t76 = with_grads ? t73 : t66; /* n x 8, in t73's memory */
+    symbackprop_f64_matmul(n, 8, 8, t72, 8, 1, U_i, 8, 1, t76);
 
-    /* t105 = x6 @ W_i */
-    double *t105 = with_grads ? t101 : t92; /* n x 8, in t101's memory */
-    lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_i, 0, 1, t105);
+    /* t77 = x6 @ W_i */
+    double *t77 = with_grads ? t74 : t67; /* n x 8, in t74's memory */
+    symbackprop_f64_matmul(n, 8, 1, x6_, 1, 0, W_i, 0, 1, t77);
 
-    /* t107 = sigmoid(t104 + t105 + t5) */
-    double *t107 = with_grads ? t103 + 8*n : t93; /* n x 8 */
+    /* t78 = sigmoid(t4 + t76 + t77) */
+    double *t78 = with_grads ? t75 + 8*n : t68; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t107[8*i + j] = (((t104[8*i + j] + t105[8*i + j] + t5[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t104[8*i + j] + t105[8*i + j] + t5[8*i + j]))) / (1.0 + exp(-fabs(t104[8*i + j] + t105[8*i + j] + t5[8*i + j]))));
+            t78[8*i + j] = (((t76[8*i + j] + t77[8*i + j] + t4[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t76[8*i + j] + t77[8*i + j] + t4[8*i + j]))) / (1.0 + exp(-fabs(t76[8*i + j] + t77[8*i + j] + t4[8*i + j]))));
         }
     }
 
-    /* t108 = t99 @ U_g */
-    double *t108 = with_grads ? t104 : t95; /* n x 8, in t104's memory */
-    lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_g, 8, 1, t108);
+    /* t79 = t72 @ U_g */
+    double *t79 = with_grads ? t76 : t69; /* n x 8, in t76's memory */
+    symbackprop_f64_matmul(n, 8, 8, t72, 8, 1, U_g, 8, 1, t79);
 
-    /* t109 = x6 @ W_g */
-    double *t109 = with_grads ? t105 : t98; /* n x 8, in t105's memory */
-    lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_g, 0, 1, t109);
+    /* t80 = x6 @ W_g */
+    double *t80 = with_grads ? t77 : t71; /* n x 8, in t77's memory */
+    symbackprop_f64_matmul(n, 8, 1, x6_, 1, 0, W_g, 0, 1, t80);
 
-    /* t111 = tanh(t108 + t109 + t9) */
-    double *t111 = with_grads ? t107 + 8*n : t100; /* n x 8 */
+    /* t81 = tanh(t7 + t79 + t80) */
+    double *t81 = with_grads ? t78 + 8*n : t73; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t111[8*i + j] = tanh(t108[8*i + j] + t109[8*i + j] + t9[8*i + j]);
+            t81[8*i + j] = tanh(t79[8*i + j] + t80[8*i + j] + t7[8*i + j]);
         }
     }
 
-    /* t113 = t99 @ U_f */
-    double *t113 = with_grads ? t108 : t101; /* n x 8, in t108's memory */
-    lstm_sequence_matmul(n, 8, 8, t99, 8, 1, U_f, 8, 1, t113);
+    /* t82 = t72 @ U_f */
+    double *t82 = with_grads ? t79 : t74; /* n x 8, in t79's memory */
+    symbackprop_f64_matmul(n, 8, 8, t72, 8, 1, U_f, 8, 1, t82);
 }
 
 /* lstm_sequence_run, part 3 of 8 (kernels 65 to 94): a long
@@ -672,229 +541,229 @@ static void lstm_sequence_run_part3(
 )
 {
     double *t1 = work + 8*n; /* n x 8; placed in an earlier part */
-    double *t5 = work + 24*n; /* n x 8; placed in an earlier part */
-    double *t9 = work + 72*n; /* n x 8; placed in an earlier part */
-    double *t30 = with_grads ? work + 112*n : work + 64*n; /* n x 8; placed in an earlier part */
-    double *t36 = with_grads ? work + 144*n : work + 104*n; /* n x 8; placed in an earlier part */
-    double *t97 = with_grads ? work + 296*n : work; /* n x 8; placed in an earlier part */
-    double *t99 = with_grads ? work + 312*n : work + 104*n; /* n x 8; placed in an earlier part */
-    double *t103 = with_grads ? work + 320*n : work + 48*n; /* n x 8; placed in an earlier part */
-    double *t104 = with_grads ? work : work + 80*n; /* n x 8, in t100's memory; placed in an earlier part */
-    double *t105 = with_grads ? work + 80*n : work + 40*n; /* n x 8, in t101's memory; placed in an earlier part */
-    double *t107 = with_grads ? work + 328*n : work + 88*n; /* n x 8; placed in an earlier part */
-    double *t108 = with_grads ? work : work + 16*n; /* n x 8, in t104's memory; placed in an earlier part */
-    double *t109 = with_grads ? work + 80*n : work + 96*n; /* n x 8, in t105's memory; placed in an earlier part */
-    double *t111 = with_grads ? work + 336*n : work + 32*n; /* n x 8; placed in an earlier part */
-    double *t113 = with_grads ? work : work + 56*n; /* n x 8, in t108's memory; placed in an earlier part */
-    /* t114 = x6 @ W_f */
-    double *t114 = with_grads ? t109 : t104; /* n x 8, in t109's memory */
-    lstm_sequence_matmul(n, 8, 1, x6_, 1, 0, W_f, 0, 1, t114);
+    double *t4 = work + 24*n; /* n x 8; placed in an earlier part */
+    double *t7 = work + 40*n; /* n x 8; placed in an earlier part */
+    double *t23 = with_grads ? work + 112*n : work + 72*n; /* n x 8; placed in an earlier part */
+    double *t27 = with_grads ? work + 144*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t70 = with_grads ? work + 296*n : work; /* n x 8; placed in an earlier part */
+    double *t72 = with_grads ? work + 312*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t75 = with_grads ? work + 320*n : work + 56*n; /* n x 8; placed in an earlier part */
+    double *t76 = with_grads ? work : work + 80*n; /* n x 8, in t73's memory; placed in an earlier part */
+    double *t77 = with_grads ? work + 80*n : work + 48*n; /* n x 8, in t74's memory; placed in an earlier part */
+    double *t78 = with_grads ? work + 328*n : work + 88*n; /* n x 8; placed in an earlier part */
+    double *t79 = with_grads ? work : work + 16*n; /* n x 8, in t76's memory; placed in an earlier part */
+    double *t80 = with_grads ? work + 80*n : work + 96*n; /* n x 8, in t77's memory; placed in an earlier part */
+    double *t81 = with_grads ? work + 336*n : work + 32*n; /* n x 8; placed in an earlier part */
+    double *t82 = with_grads ? work : work + 64*n; /* n x 8, in t79's memory; placed in an earlier part */
+    /* t83 = x6 @ W_f */
+    double *t83 = with_grads ? t80 : t76; /* n x 8, in t80's memory */
+    symbackprop_f64_matmul(n, 8, 1, x6_, 1, 0, W_f, 0, 1, t83);
 
-    /* t116 = sigmoid(t113 + t114 + t30) */
-    /* t118 = t107*t111 + t97*sigmoid(t113 + t114 + t30) */
-    /* t119 = tanh(t107*t111 + t97*sigmoid(t113 + t114 + t30)) */
-    /* t120 = t103*tanh(t107*t111 + t97*sigmoid(t113 + t114 + t30)) */
-    double *t116 = with_grads ? t111 + 8*n : t105; /* n x 8 */
-    double *t118 = with_grads ? t116 + 8*n : t108; /* n x 8 */
-    double *t119 = with_grads ? t118 + 8*n : t109; /* n x 8 */
-    double *t120 = with_grads ? t119 + 8*n : t99; /* n x 8 */
+    /* t84 = sigmoid(t23 + t82 + t83) */
+    /* t85 = t70*sigmoid(t23 + t82 + t83) + t78*t81 */
+    /* t86 = tanh(t70*sigmoid(t23 + t82 + t83) + t78*t81) */
+    /* t87 = t75*tanh(t70*sigmoid(t23 + t82 + t83) + t78*t81) */
+    double *t84 = with_grads ? t81 + 8*n : t77; /* n x 8 */
+    double *t85 = with_grads ? t84 + 8*n : t79; /* n x 8 */
+    double *t86 = with_grads ? t85 + 8*n : t80; /* n x 8 */
+    double *t87 = with_grads ? t86 + 8*n : t72; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = (((t113[8*i + j] + t114[8*i + j] + t30[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t113[8*i + j] + t114[8*i + j] + t30[8*i + j]))) / (1.0 + exp(-fabs(t113[8*i + j] + t114[8*i + j] + t30[8*i + j]))));
-            const double x1 = t107[8*i + j]*t111[8*i + j] + t97[8*i + j]*x0;
+            const double x0 = (((t82[8*i + j] + t83[8*i + j] + t23[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t82[8*i + j] + t83[8*i + j] + t23[8*i + j]))) / (1.0 + exp(-fabs(t82[8*i + j] + t83[8*i + j] + t23[8*i + j]))));
+            const double x1 = t78[8*i + j]*t81[8*i + j] + t70[8*i + j]*x0;
             const double x2 = tanh(x1);
-            t116[8*i + j] = x0;
-            t118[8*i + j] = x1;
-            t119[8*i + j] = x2;
-            t120[8*i + j] = t103[8*i + j]*x2;
+            t84[8*i + j] = x0;
+            t85[8*i + j] = x1;
+            t86[8*i + j] = x2;
+            t87[8*i + j] = t75[8*i + j]*x2;
         }
     }
 
-    /* t121 = t120 @ U_o */
-    double *t121 = with_grads ? t113 : t97; /* n x 8, in t113's memory */
-    lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_o, 8, 1, t121);
+    /* t88 = t87 @ U_o */
+    double *t88 = with_grads ? t82 : t70; /* n x 8, in t82's memory */
+    symbackprop_f64_matmul(n, 8, 8, t87, 8, 1, U_o, 8, 1, t88);
 
-    /* t122 = x7 @ W_o */
-    double *t122 = with_grads ? t114 : t103; /* n x 8, in t114's memory */
-    lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_o, 0, 1, t122);
+    /* t89 = x7 @ W_o */
+    double *t89 = with_grads ? t83 : t75; /* n x 8, in t83's memory */
+    symbackprop_f64_matmul(n, 8, 1, x7_, 1, 0, W_o, 0, 1, t89);
 
-    /* t124 = sigmoid(t1 + t121 + t122) */
-    double *t124 = with_grads ? t120 + 8*n : t107; /* n x 8 */
+    /* t90 = sigmoid(t1 + t88 + t89) */
+    double *t90 = with_grads ? t87 + 8*n : t78; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t124[8*i + j] = (((t121[8*i + j] + t122[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t121[8*i + j] + t122[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t121[8*i + j] + t122[8*i + j] + t1[8*i + j]))));
+            t90[8*i + j] = (((t88[8*i + j] + t89[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t88[8*i + j] + t89[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t88[8*i + j] + t89[8*i + j] + t1[8*i + j]))));
         }
     }
 
-    /* t125 = t120 @ U_i */
-    double *t125 = with_grads ? t121 : t111; /* n x 8, in t121's memory */
-    lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_i, 8, 1, t125);
+    /* t91 = t87 @ U_i */
+    double *t91 = with_grads ? t88 : t81; /* n x 8, in t88's memory */
+    symbackprop_f64_matmul(n, 8, 8, t87, 8, 1, U_i, 8, 1, t91);
 
-    /* t126 = x7 @ W_i */
-    double *t126 = with_grads ? t122 : t113; /* n x 8, in t122's memory */
-    lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_i, 0, 1, t126);
+    /* t92 = x7 @ W_i */
+    double *t92 = with_grads ? t89 : t82; /* n x 8, in t89's memory */
+    symbackprop_f64_matmul(n, 8, 1, x7_, 1, 0, W_i, 0, 1, t92);
 
-    /* t128 = sigmoid(t125 + t126 + t5) */
-    double *t128 = with_grads ? t124 + 8*n : t114; /* n x 8 */
+    /* t93 = sigmoid(t4 + t91 + t92) */
+    double *t93 = with_grads ? t90 + 8*n : t83; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t128[8*i + j] = (((t125[8*i + j] + t126[8*i + j] + t5[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t125[8*i + j] + t126[8*i + j] + t5[8*i + j]))) / (1.0 + exp(-fabs(t125[8*i + j] + t126[8*i + j] + t5[8*i + j]))));
+            t93[8*i + j] = (((t91[8*i + j] + t92[8*i + j] + t4[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t91[8*i + j] + t92[8*i + j] + t4[8*i + j]))) / (1.0 + exp(-fabs(t91[8*i + j] + t92[8*i + j] + t4[8*i + j]))));
         }
     }
 
-    /* t129 = t120 @ U_g */
-    double *t129 = with_grads ? t125 : t116; /* n x 8, in t125's memory */
-    lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_g, 8, 1, t129);
+    /* t94 = t87 @ U_g */
+    double *t94 = with_grads ? t91 : t84; /* n x 8, in t91's memory */
+    symbackprop_f64_matmul(n, 8, 8, t87, 8, 1, U_g, 8, 1, t94);
 
-    /* t130 = x7 @ W_g */
-    double *t130 = with_grads ? t126 : t119; /* n x 8, in t126's memory */
-    lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_g, 0, 1, t130);
+    /* t95 = x7 @ W_g */
+    double *t95 = with_grads ? t92 : t86; /* n x 8, in t92's memory */
+    symbackprop_f64_matmul(n, 8, 1, x7_, 1, 0, W_g, 0, 1, t95);
 
-    /* t132 = tanh(t129 + t130 + t9) */
-    double *t132 = with_grads ? t128 + 8*n : t121; /* n x 8 */
+    /* t96 = tanh(t7 + t94 + t95) */
+    double *t96 = with_grads ? t93 + 8*n : t88; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t132[8*i + j] = tanh(t129[8*i + j] + t130[8*i + j] + t9[8*i + j]);
+            t96[8*i + j] = tanh(t94[8*i + j] + t95[8*i + j] + t7[8*i + j]);
         }
     }
 
-    /* t134 = t120 @ U_f */
-    double *t134 = with_grads ? t129 : t122; /* n x 8, in t129's memory */
-    lstm_sequence_matmul(n, 8, 8, t120, 8, 1, U_f, 8, 1, t134);
+    /* t97 = t87 @ U_f */
+    double *t97 = with_grads ? t94 : t89; /* n x 8, in t94's memory */
+    symbackprop_f64_matmul(n, 8, 8, t87, 8, 1, U_f, 8, 1, t97);
 
-    /* t135 = x7 @ W_f */
-    double *t135 = with_grads ? t130 : t125; /* n x 8, in t130's memory */
-    lstm_sequence_matmul(n, 8, 1, x7_, 1, 0, W_f, 0, 1, t135);
+    /* t98 = x7 @ W_f */
+    double *t98 = with_grads ? t95 : t91; /* n x 8, in t95's memory */
+    symbackprop_f64_matmul(n, 8, 1, x7_, 1, 0, W_f, 0, 1, t98);
 
-    /* t137 = sigmoid(t134 + t135 + t30) */
-    /* t139 = t118*sigmoid(t134 + t135 + t30) + t128*t132 */
-    /* t140 = tanh(t118*sigmoid(t134 + t135 + t30) + t128*t132) */
-    /* t141 = t124*tanh(t118*sigmoid(t134 + t135 + t30) + t128*t132) */
-    double *t137 = with_grads ? t132 + 8*n : t126; /* n x 8 */
-    double *t139 = with_grads ? t137 + 8*n : t129; /* n x 8 */
-    double *t140 = with_grads ? t139 + 8*n : t130; /* n x 8 */
-    double *t141 = with_grads ? t140 + 8*n : t120; /* n x 8 */
+    /* t99 = sigmoid(t23 + t97 + t98) */
+    /* t100 = t85*sigmoid(t23 + t97 + t98) + t93*t96 */
+    /* t101 = tanh(t85*sigmoid(t23 + t97 + t98) + t93*t96) */
+    /* t102 = t90*tanh(t85*sigmoid(t23 + t97 + t98) + t93*t96) */
+    double *t99 = with_grads ? t96 + 8*n : t92; /* n x 8 */
+    double *t100 = with_grads ? t99 + 8*n : t94; /* n x 8 */
+    double *t101 = with_grads ? t100 + 8*n : t95; /* n x 8 */
+    double *t102 = with_grads ? t101 + 8*n : t87; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = (((t134[8*i + j] + t135[8*i + j] + t30[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t134[8*i + j] + t135[8*i + j] + t30[8*i + j]))) / (1.0 + exp(-fabs(t134[8*i + j] + t135[8*i + j] + t30[8*i + j]))));
-            const double x1 = t128[8*i + j]*t132[8*i + j] + t118[8*i + j]*x0;
+            const double x0 = (((t97[8*i + j] + t98[8*i + j] + t23[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t97[8*i + j] + t98[8*i + j] + t23[8*i + j]))) / (1.0 + exp(-fabs(t97[8*i + j] + t98[8*i + j] + t23[8*i + j]))));
+            const double x1 = t93[8*i + j]*t96[8*i + j] + t85[8*i + j]*x0;
             const double x2 = tanh(x1);
-            t137[8*i + j] = x0;
-            t139[8*i + j] = x1;
-            t140[8*i + j] = x2;
-            t141[8*i + j] = t124[8*i + j]*x2;
+            t99[8*i + j] = x0;
+            t100[8*i + j] = x1;
+            t101[8*i + j] = x2;
+            t102[8*i + j] = t90[8*i + j]*x2;
         }
     }
 
-    /* t142 = t141 @ U_o */
-    double *t142 = with_grads ? t134 : t118; /* n x 8, in t134's memory */
-    lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_o, 8, 1, t142);
+    /* t103 = t102 @ U_o */
+    double *t103 = with_grads ? t97 : t85; /* n x 8, in t97's memory */
+    symbackprop_f64_matmul(n, 8, 8, t102, 8, 1, U_o, 8, 1, t103);
 
-    /* t143 = x8 @ W_o */
-    double *t143 = with_grads ? t135 : t124; /* n x 8, in t135's memory */
-    lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_o, 0, 1, t143);
+    /* t104 = x8 @ W_o */
+    double *t104 = with_grads ? t98 : t90; /* n x 8, in t98's memory */
+    symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_o, 0, 1, t104);
 
-    /* t145 = sigmoid(t1 + t142 + t143) */
-    double *t145 = with_grads ? t141 + 8*n : t128; /* n x 8 */
+    /* t105 = sigmoid(t1 + t103 + t104) */
+    double *t105 = with_grads ? t102 + 8*n : t93; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t145[8*i + j] = (((t142[8*i + j] + t143[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t142[8*i + j] + t143[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t142[8*i + j] + t143[8*i + j] + t1[8*i + j]))));
+            t105[8*i + j] = (((t103[8*i + j] + t104[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t103[8*i + j] + t104[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t103[8*i + j] + t104[8*i + j] + t1[8*i + j]))));
         }
     }
 
-    /* t146 = t141 @ U_i */
-    double *t146 = with_grads ? t1 : t132; /* n x 8, in t1's memory */
-    lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_i, 8, 1, t146);
+    /* t106 = t102 @ U_i */
+    double *t106 = with_grads ? t1 : t96; /* n x 8, in t1's memory */
+    symbackprop_f64_matmul(n, 8, 8, t102, 8, 1, U_i, 8, 1, t106);
 
-    /* t147 = x8 @ W_i */
-    double *t147 = with_grads ? t142 : t134; /* n x 8, in t142's memory */
-    lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_i, 0, 1, t147);
+    /* t107 = x8 @ W_i */
+    double *t107 = with_grads ? t103 : t97; /* n x 8, in t103's memory */
+    symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_i, 0, 1, t107);
 
-    /* t149 = sigmoid(t146 + t147 + t5) */
-    double *t149 = with_grads ? t143 : t135; /* n x 8, in t143's memory */
+    /* t108 = sigmoid(t106 + t107 + t4) */
+    double *t108 = with_grads ? t104 : t98; /* n x 8, in t104's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t149[8*i + j] = (((t146[8*i + j] + t147[8*i + j] + t5[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t146[8*i + j] + t147[8*i + j] + t5[8*i + j]))) / (1.0 + exp(-fabs(t146[8*i + j] + t147[8*i + j] + t5[8*i + j]))));
+            t108[8*i + j] = (((t106[8*i + j] + t107[8*i + j] + t4[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t106[8*i + j] + t107[8*i + j] + t4[8*i + j]))) / (1.0 + exp(-fabs(t106[8*i + j] + t107[8*i + j] + t4[8*i + j]))));
         }
     }
 
-    /* t150 = t141 @ U_g */
-    double *t150 = with_grads ? t5 : t137; /* n x 8, in t5's memory */
-    lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_g, 8, 1, t150);
+    /* t109 = t102 @ U_g */
+    double *t109 = with_grads ? t4 : t99; /* n x 8, in t4's memory */
+    symbackprop_f64_matmul(n, 8, 8, t102, 8, 1, U_g, 8, 1, t109);
 
-    /* t151 = x8 @ W_g */
-    double *t151 = with_grads ? t146 : t140; /* n x 8, in t146's memory */
-    lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_g, 0, 1, t151);
+    /* t110 = x8 @ W_g */
+    double *t110 = with_grads ? t106 : t101; /* n x 8, in t106's memory */
+    symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_g, 0, 1, t110);
 
-    /* t153 = tanh(t150 + t151 + t9) */
-    double *t153 = with_grads ? t147 : t1; /* n x 8, in t147's memory */
+    /* t111 = tanh(t109 + t110 + t7) */
+    double *t111 = with_grads ? t107 : t1; /* n x 8, in t107's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t153[8*i + j] = tanh(t150[8*i + j] + t151[8*i + j] + t9[8*i + j]);
+            t111[8*i + j] = tanh(t109[8*i + j] + t110[8*i + j] + t7[8*i + j]);
         }
     }
 
-    /* t155 = t141 @ U_f */
-    double *t155 = with_grads ? t9 : t142; /* n x 8, in t9's memory */
-    lstm_sequence_matmul(n, 8, 8, t141, 8, 1, U_f, 8, 1, t155);
+    /* t112 = t102 @ U_f */
+    double *t112 = with_grads ? t7 : t103; /* n x 8, in t7's memory */
+    symbackprop_f64_matmul(n, 8, 8, t102, 8, 1, U_f, 8, 1, t112);
 
-    /* t156 = x8 @ W_f */
-    double *t156 = with_grads ? t150 : t143; /* n x 8, in t150's memory */
-    lstm_sequence_matmul(n, 8, 1, x8_, 1, 0, W_f, 0, 1, t156);
+    /* t113 = x8 @ W_f */
+    double *t113 = with_grads ? t109 : t104; /* n x 8, in t109's memory */
+    symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_f, 0, 1, t113);
 
-    /* t158 = sigmoid(t155 + t156 + t30) */
-    /* t161 = tanh(t139*sigmoid(t155 + t156 + t30) + t149*t153) */
-    /* t162 = t145*tanh(t139*sigmoid(t155 + t156 + t30) + t149*t153) */
-    double *t158 = with_grads ? t151 : t5; /* n x 8, in t151's memory */
-    double *t161 = with_grads ? t145 + 8*n : t146; /* n x 8 */
-    double *t162 = with_grads ? t161 + 8*n : t147; /* n x 8 */
+    /* t114 = sigmoid(t112 + t113 + t23) */
+    /* t115 = tanh(t100*sigmoid(t112 + t113 + t23) + t108*t111) */
+    /* t116 = t105*tanh(t100*sigmoid(t112 + t113 + t23) + t108*t111) */
+    double *t114 = with_grads ? t110 : t4; /* n x 8, in t110's memory */
+    double *t115 = with_grads ? t105 + 8*n : t106; /* n x 8 */
+    double *t116 = with_grads ? t115 + 8*n : t107; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = (((t155[8*i + j] + t156[8*i + j] + t30[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t155[8*i + j] + t156[8*i + j] + t30[8*i + j]))) / (1.0 + exp(-fabs(t155[8*i + j] + t156[8*i + j] + t30[8*i + j]))));
-            const double x1 = tanh(t149[8*i + j]*t153[8*i + j] + t139[8*i + j]*x0);
-            t158[8*i + j] = x0;
-            t161[8*i + j] = x1;
-            t162[8*i + j] = t145[8*i + j]*x1;
+            const double x0 = (((t112[8*i + j] + t113[8*i + j] + t23[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t112[8*i + j] + t113[8*i + j] + t23[8*i + j]))) / (1.0 + exp(-fabs(t112[8*i + j] + t113[8*i + j] + t23[8*i + j]))));
+            const double x1 = tanh(t108[8*i + j]*t111[8*i + j] + t100[8*i + j]*x0);
+            t114[8*i + j] = x0;
+            t115[8*i + j] = x1;
+            t116[8*i + j] = t105[8*i + j]*x1;
         }
     }
 
-    /* t163 = t162 @ V */
-    double *t163 = with_grads ? t162 + 8*n : t36 + 8*n; /* n x 1 */
-    lstm_sequence_matmul(n, 1, 8, t162, 8, 1, V, 1, 0, t163);
+    /* t117 = t116 @ V */
+    double *t117 = with_grads ? t116 + 8*n : t27 + 8*n; /* n x 1 */
+    symbackprop_f64_matmul(n, 1, 8, t116, 8, 1, V, 1, 0, t117);
 
-    /* logit = c0 + t163 */
-    /* t168 = -y*(c0 + t163) + softplus(c0 + t163) */
-    /* grad_logit = -y/n + sigmoid(c0 + t163)/n */
-    double *grad_logit = t163 + n; /* n x 1 */
-    double *t168 = grad_logit + n; /* n x 1 */
+    /* logit = c0 + t117 */
+    /* t118 = -y*(c0 + t117) + softplus(c0 + t117) */
+    /* grad_logit = -y/n + sigmoid(c0 + t117)/n */
+    double *t118 = t117 + n; /* n x 1 */
+    double *grad_logit = t118 + n; /* n x 1 */
     {
         const double c0_value = c0[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < n; ++i) {
-            const double x0 = c0_value + t163[i];
+            const double x0 = c0_value + t117[i];
             const double x1 = 1.0/((double)n);
             logit[i] = x0;
-            t168[i] = -y[i]*x0 + (((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
+            t118[i] = -y[i]*x0 + (((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
             grad_logit[i] = -y[i]*x1 + x1*(((x0) >= 0 ? 1.0 : exp(-fabs(x0))) / (1.0 + exp(-fabs(x0))));
         }
     }
 
-    /* t169 = sum of t168 down each column */
-    double *t169 = t168 + n; /* 1 x 1 */
-    t169[0] = lstm_sequence_sum(t168, n, 1);
+    /* t119 = sum of t118 down each column */
+    double *t119 = grad_logit + n; /* 1 x 1 */
+    t119[0] = symbackprop_f64_sum(t118, n, 1);
 
-    /* loss = t169/n */
+    /* loss = t119/n */
     {
-        loss[0] = t169[0]/((double)n);
+        loss[0] = t119[0]/((double)n);
     }
 }
 
@@ -908,42 +777,42 @@ static void lstm_sequence_run_part4(
     int with_grads
 )
 {
-    double *t30 = with_grads ? work + 112*n : work + 64*n; /* n x 8; placed in an earlier part */
-    double *t139 = with_grads ? work + 408*n : work + 40*n; /* n x 8; placed in an earlier part */
-    double *t145 = with_grads ? work + 432*n : work + 80*n; /* n x 8; placed in an earlier part */
-    double *t149 = with_grads ? work + 80*n : work + 32*n; /* n x 8, in t143's memory; placed in an earlier part */
-    double *t153 = with_grads ? work : work + 8*n; /* n x 8, in t147's memory; placed in an earlier part */
-    double *t155 = with_grads ? work + 72*n : work + 16*n; /* n x 8, in t9's memory; placed in an earlier part */
-    double *t156 = with_grads ? work + 24*n : work + 88*n; /* n x 8, in t150's memory; placed in an earlier part */
-    double *t158 = with_grads ? work + 8*n : work + 24*n; /* n x 8, in t151's memory; placed in an earlier part */
-    double *t161 = with_grads ? work + 440*n : work; /* n x 8; placed in an earlier part */
-    double *grad_logit = with_grads ? work + 457*n : work + 113*n; /* n x 1; placed in an earlier part */
-    double *t169 = with_grads ? work + 459*n : work + 115*n; /* 1 x 1; placed in an earlier part */
-    /* grad_t162 = grad_logit @ V^T */
-    double *grad_t162 = t30; /* n x 8, in t30's memory */
-    lstm_sequence_matmul(n, 8, 1, grad_logit, 1, 0, V, 0, 1, grad_t162);
+    double *t23 = with_grads ? work + 112*n : work + 72*n; /* n x 8; placed in an earlier part */
+    double *t100 = with_grads ? work + 408*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t105 = with_grads ? work + 432*n : work + 80*n; /* n x 8; placed in an earlier part */
+    double *t108 = with_grads ? work + 80*n : work + 32*n; /* n x 8, in t104's memory; placed in an earlier part */
+    double *t111 = with_grads ? work : work + 8*n; /* n x 8, in t107's memory; placed in an earlier part */
+    double *t112 = with_grads ? work + 40*n : work + 16*n; /* n x 8, in t7's memory; placed in an earlier part */
+    double *t113 = with_grads ? work + 24*n : work + 88*n; /* n x 8, in t109's memory; placed in an earlier part */
+    double *t114 = with_grads ? work + 8*n : work + 24*n; /* n x 8, in t110's memory; placed in an earlier part */
+    double *t115 = with_grads ? work + 440*n : work; /* n x 8; placed in an earlier part */
+    double *grad_logit = with_grads ? work + 458*n : work + 114*n; /* n x 1; placed in an earlier part */
+    double *t119 = with_grads ? work + 459*n : work + 115*n; /* 1 x 1; placed in an earlier part */
+    /* grad_t116 = grad_logit @ V^T */
+    double *grad_t116 = t23; /* n x 8, in t23's memory */
+    symbackprop_f64_matmul(n, 8, 1, grad_logit, 1, 0, V, 0, 1, grad_t116);
 
-    /* grad_t160 = grad_t162*t145*(1 - t161**2) */
-    /* grad_t148 = grad_t162*t145*t149*t153*(1 - t149)*(1 - t161**2) */
-    /* grad_t157 = grad_t162*t139*t145*t158*(1 - t158)*(1 - t161**2) */
-    /* grad_t152 = grad_t162*t145*t149*(1 - t153**2)*(1 - t161**2) */
-    /* grad_t144 = grad_t162*t145*t161*(1 - t145) */
-    double *grad_t144 = t155; /* n x 8, in t155's memory */
-    double *grad_t148 = t156; /* n x 8, in t156's memory */
-    double *grad_t152 = t169 + 1; /* n x 8 */
-    double *grad_t157 = grad_t152 + 8*n; /* n x 8 */
-    double *grad_t160 = grad_t157 + 8*n; /* n x 8 */
+    /* g0 = grad_t116*t105*(1 - t115**2) */
+    /* g1 = grad_t116*t105*t108*t111*(1 - t108)*(1 - t115**2) */
+    /* g2 = grad_t116*t100*t105*t114*(1 - t114)*(1 - t115**2) */
+    /* g3 = grad_t116*t105*t108*(1 - t111**2)*(1 - t115**2) */
+    /* g4 = grad_t116*t105*t115*(1 - t105) */
+    double *g0 = t112; /* n x 8, in t112's memory */
+    double *g1 = t113; /* n x 8, in t113's memory */
+    double *g2 = t119 + 1; /* n x 8 */
+    double *g3 = g2 + 8*n; /* n x 8 */
+    double *g4 = g3 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = grad_t162[8*i + j]*t145[8*i + j];
-            const double x1 = x0*(1 - (t161[8*i + j]*t161[8*i + j]));
-            const double x2 = t149[8*i + j]*x1;
-            grad_t160[8*i + j] = x1;
-            grad_t148[8*i + j] = t153[8*i + j]*x2*(1 - t149[8*i + j]);
-            grad_t157[8*i + j] = t139[8*i + j]*t158[8*i + j]*x1*(1 - t158[8*i + j]);
-            grad_t152[8*i + j] = x2*(1 - (t153[8*i + j]*t153[8*i + j]));
-            grad_t144[8*i + j] = t161[8*i + j]*x0*(1 - t145[8*i + j]);
+            const double x0 = grad_t116[8*i + j]*t105[8*i + j];
+            const double x1 = x0*(1 - (t115[8*i + j]*t115[8*i + j]));
+            const double x2 = t108[8*i + j]*x1;
+            g0[8*i + j] = x1;
+            g1[8*i + j] = t111[8*i + j]*x2*(1 - t108[8*i + j]);
+            g2[8*i + j] = t100[8*i + j]*t114[8*i + j]*x1*(1 - t114[8*i + j]);
+            g3[8*i + j] = x2*(1 - (t111[8*i + j]*t111[8*i + j]));
+            g4[8*i + j] = t115[8*i + j]*x0*(1 - t105[8*i + j]);
         }
     }
 }
@@ -967,275 +836,300 @@ static void lstm_sequence_run_part5(
     int with_grads
 )
 {
-    double *t34 = with_grads ? work + 128*n : work + 88*n; /* n x 8; placed in an earlier part */
-    double *t40 = with_grads ? work + 152*n : work + 16*n; /* n x 8; placed in an earlier part */
-    double *t44 = with_grads ? work + 160*n : work + 40*n; /* n x 8; placed in an earlier part */
-    double *t48 = with_grads ? work + 168*n : work + 48*n; /* n x 8; placed in an earlier part */
-    double *t53 = with_grads ? work + 176*n : work + 32*n; /* n x 8; placed in an earlier part */
-    double *t55 = with_grads ? work + 184*n : work + 80*n; /* n x 8; placed in an earlier part */
-    double *t56 = with_grads ? work + 192*n : work + 96*n; /* n x 8; placed in an earlier part */
-    double *t61 = with_grads ? work + 208*n : work + 40*n; /* n x 8; placed in an earlier part */
-    double *t65 = with_grads ? work + 216*n : work + 56*n; /* n x 8; placed in an earlier part */
-    double *t69 = with_grads ? work + 224*n : work + 88*n; /* n x 8; placed in an earlier part */
-    double *t74 = with_grads ? work + 232*n : work; /* n x 8; placed in an earlier part */
-    double *t76 = with_grads ? work + 240*n : work + 32*n; /* n x 8; placed in an earlier part */
-    double *t77 = with_grads ? work + 248*n : work + 96*n; /* n x 8; placed in an earlier part */
-    double *t82 = with_grads ? work + 264*n : work + 56*n; /* n x 8; placed in an earlier part */
-    double *t86 = with_grads ? work + 272*n : work + 48*n; /* n x 8; placed in an earlier part */
-    double *t90 = with_grads ? work + 280*n : work + 80*n; /* n x 8; placed in an earlier part */
-    double *t95 = with_grads ? work + 288*n : work + 16*n; /* n x 8; placed in an earlier part */
-    double *t97 = with_grads ? work + 296*n : work; /* n x 8; placed in an earlier part */
-    double *t98 = with_grads ? work + 304*n : work + 96*n; /* n x 8; placed in an earlier part */
-    double *t103 = with_grads ? work + 320*n : work + 48*n; /* n x 8; placed in an earlier part */
-    double *t107 = with_grads ? work + 328*n : work + 88*n; /* n x 8; placed in an earlier part */
-    double *t111 = with_grads ? work + 336*n : work + 32*n; /* n x 8; placed in an earlier part */
-    double *t116 = with_grads ? work + 344*n : work + 40*n; /* n x 8; placed in an earlier part */
-    double *t118 = with_grads ? work + 352*n : work + 16*n; /* n x 8; placed in an earlier part */
-    double *t119 = with_grads ? work + 360*n : work + 96*n; /* n x 8; placed in an earlier part */
-    double *t124 = with_grads ? work + 376*n : work + 88*n; /* n x 8; placed in an earlier part */
-    double *t128 = with_grads ? work + 384*n : work + 80*n; /* n x 8; placed in an earlier part */
-    double *t132 = with_grads ? work + 392*n : work; /* n x 8; placed in an earlier part */
-    double *t137 = with_grads ? work + 400*n : work + 56*n; /* n x 8; placed in an earlier part */
-    double *t139 = with_grads ? work + 408*n : work + 40*n; /* n x 8; placed in an earlier part */
-    double *t140 = with_grads ? work + 416*n : work + 96*n; /* n x 8; placed in an earlier part */
-    double *t145 = with_grads ? work + 432*n : work + 80*n; /* n x 8; placed in an earlier part */
-    double *t149 = with_grads ? work + 80*n : work + 32*n; /* n x 8, in t143's memory; placed in an earlier part */
-    double *t153 = with_grads ? work : work + 8*n; /* n x 8, in t147's memory; placed in an earlier part */
-    double *t158 = with_grads ? work + 8*n : work + 24*n; /* n x 8, in t151's memory; placed in an earlier part */
-    double *t161 = with_grads ? work + 440*n : work; /* n x 8; placed in an earlier part */
-    double *grad_t162 = work + 112*n; /* n x 8, in t30's memory; placed in an earlier part */
-    double *grad_t144 = work + 72*n; /* n x 8, in t155's memory; placed in an earlier part */
-    double *grad_t148 = work + 24*n; /* n x 8, in t156's memory; placed in an earlier part */
-    double *grad_t152 = work + 459*n + 1; /* n x 8; placed in an earlier part */
-    double *grad_t157 = work + 467*n + 1; /* n x 8; placed in an earlier part */
-    double *grad_t160 = work + 475*n + 1; /* n x 8; placed in an earlier part */
-    /* tmp1 = x8^T @ grad_t148 */
-    double *tmp1 = grad_t160 + 8*n; /* 1 x 8 */
-    lstm_sequence_matmul(1, 8, n, x8_, 0, 1, grad_t148, 8, 1, tmp1);
+    double *t25 = with_grads ? work + 128*n : work + 88*n; /* n x 8; placed in an earlier part */
+    double *t30 = with_grads ? work + 152*n : work + 16*n; /* n x 8; placed in an earlier part */
+    double *t33 = with_grads ? work + 160*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t36 = with_grads ? work + 168*n : work + 56*n; /* n x 8; placed in an earlier part */
+    double *t39 = with_grads ? work + 176*n : work + 32*n; /* n x 8; placed in an earlier part */
+    double *t40 = with_grads ? work + 184*n : work + 80*n; /* n x 8; placed in an earlier part */
+    double *t41 = with_grads ? work + 192*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t45 = with_grads ? work + 208*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t48 = with_grads ? work + 216*n : work + 64*n; /* n x 8; placed in an earlier part */
+    double *t51 = with_grads ? work + 224*n : work + 88*n; /* n x 8; placed in an earlier part */
+    double *t54 = with_grads ? work + 232*n : work; /* n x 8; placed in an earlier part */
+    double *t55 = with_grads ? work + 240*n : work + 32*n; /* n x 8; placed in an earlier part */
+    double *t56 = with_grads ? work + 248*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t60 = with_grads ? work + 264*n : work + 64*n; /* n x 8; placed in an earlier part */
+    double *t63 = with_grads ? work + 272*n : work + 56*n; /* n x 8; placed in an earlier part */
+    double *t66 = with_grads ? work + 280*n : work + 80*n; /* n x 8; placed in an earlier part */
+    double *t69 = with_grads ? work + 288*n : work + 16*n; /* n x 8; placed in an earlier part */
+    double *t70 = with_grads ? work + 296*n : work; /* n x 8; placed in an earlier part */
+    double *t71 = with_grads ? work + 304*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t75 = with_grads ? work + 320*n : work + 56*n; /* n x 8; placed in an earlier part */
+    double *t78 = with_grads ? work + 328*n : work + 88*n; /* n x 8; placed in an earlier part */
+    double *t81 = with_grads ? work + 336*n : work + 32*n; /* n x 8; placed in an earlier part */
+    double *t84 = with_grads ? work + 344*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t85 = with_grads ? work + 352*n : work + 16*n; /* n x 8; placed in an earlier part */
+    double *t86 = with_grads ? work + 360*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t90 = with_grads ? work + 376*n : work + 88*n; /* n x 8; placed in an earlier part */
+    double *t93 = with_grads ? work + 384*n : work + 80*n; /* n x 8; placed in an earlier part */
+    double *t96 = with_grads ? work + 392*n : work; /* n x 8; placed in an earlier part */
+    double *t99 = with_grads ? work + 400*n : work + 64*n; /* n x 8; placed in an earlier part */
+    double *t100 = with_grads ? work + 408*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t101 = with_grads ? work + 416*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t105 = with_grads ? work + 432*n : work + 80*n; /* n x 8; placed in an earlier part */
+    double *t108 = with_grads ? work + 80*n : work + 32*n; /* n x 8, in t104's memory; placed in an earlier part */
+    double *t111 = with_grads ? work : work + 8*n; /* n x 8, in t107's memory; placed in an earlier part */
+    double *t114 = with_grads ? work + 8*n : work + 24*n; /* n x 8, in t110's memory; placed in an earlier part */
+    double *t115 = with_grads ? work + 440*n : work; /* n x 8; placed in an earlier part */
+    double *grad_t116 = work + 112*n; /* n x 8, in t23's memory; placed in an earlier part */
+    double *g0 = work + 40*n; /* n x 8, in t112's memory; placed in an earlier part */
+    double *g1 = work + 24*n; /* n x 8, in t113's memory; placed in an earlier part */
+    double *g2 = work + 459*n + 1; /* n x 8; placed in an earlier part */
+    double *g3 = work + 467*n + 1; /* n x 8; placed in an earlier part */
+    double *g4 = work + 475*n + 1; /* n x 8; placed in an earlier part */
+    /* grad_W_i_part = x8^T @ g1 */
+    double *grad_W_i_part = g4 + 8*n; /* 1 x 8 */
+    symbackprop_f64_matmul(1, 8, n, x8_, 0, 1, g1, 8, 1, grad_W_i_part);
 
-    /* tmp1_1 = grad_t157 @ U_f^T */
-    double *tmp1_1 = t139; /* n x 8, in t139's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t157, 8, 1, U_f, 1, 8, tmp1_1);
+    /* grad_t102_part = g2 @ U_f^T */
+    double *grad_t102_part = t100; /* n x 8, in t100's memory */
+    symbackprop_f64_matmul(n, 8, 8, g2, 8, 1, U_f, 1, 8, grad_t102_part);
 
-    /* tmp1_2 = grad_t152 @ U_g^T */
-    double *tmp1_2 = t145; /* n x 8, in t145's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t152, 8, 1, U_g, 1, 8, tmp1_2);
+    /* grad_t102_part_1 = g3 @ U_g^T */
+    double *grad_t102_part_1 = t105; /* n x 8, in t105's memory */
+    symbackprop_f64_matmul(n, 8, 8, g3, 8, 1, U_g, 1, 8, grad_t102_part_1);
 
-    /* tmp1_3 = grad_t148 @ U_i^T */
-    double *tmp1_3 = t149; /* n x 8, in t149's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t148, 8, 1, U_i, 1, 8, tmp1_3);
+    /* grad_t102_part_2 = g1 @ U_i^T */
+    double *grad_t102_part_2 = t108; /* n x 8, in t108's memory */
+    symbackprop_f64_matmul(n, 8, 8, g1, 8, 1, U_i, 1, 8, grad_t102_part_2);
 
-    /* tmp1_4 = grad_t144 @ U_o^T */
-    double *tmp1_4 = t153; /* n x 8, in t153's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t144, 8, 1, U_o, 1, 8, tmp1_4);
+    /* grad_t102_part_3 = g4 @ U_o^T */
+    double *grad_t102_part_3 = t111; /* n x 8, in t111's memory */
+    symbackprop_f64_matmul(n, 8, 8, g4, 8, 1, U_o, 1, 8, grad_t102_part_3);
 
-    /* grad_t139 = grad_t160*t158 + t124*(1 - t140**2)*(tmp1_1 + tmp1_2 + tmp1_3 + tmp1_4) */
-    /* grad_t127 = t128*t132*(1 - t128)*(grad_t160*t158 + t124*(1 - t140**2)*(tmp1_1 + tmp1_2 + tmp1_3 + tmp1_4)) */
-    /* grad_t136 = t118*t137*(1 - t137)*(grad_t160*t158 + t124*(1 - t140**2)*(tmp1_1 + tmp1_2 + tmp1_3 + tmp1_4)) */
-    /* grad_t131 = t128*(1 - t132**2)*(grad_t160*t158 + t124*(1 - t140**2)*(tmp1_1 + tmp1_2 + tmp1_3 + tmp1_4)) */
-    /* grad_t123 = t124*t140*(1 - t124)*(tmp1_1 + tmp1_2 + tmp1_3 + tmp1_4) */
-    double *grad_t123 = t161; /* n x 8, in t161's memory */
-    double *grad_t127 = grad_t162; /* n x 8, in grad_t162's memory */
-    double *grad_t131 = tmp1 + 8; /* n x 8 */
-    double *grad_t136 = grad_t131 + 8*n; /* n x 8 */
-    double *grad_t139 = grad_t136 + 8*n; /* n x 8 */
+    /* grad_t100 = g0*t114 + t90*(1 - t101**2)*(grad_t102_part + grad_t102_part_1 +
+     * grad_t102_part_2 + grad_t102_part_3) */
+    /* g5 = t93*t96*(1 - t93)*(g0*t114 + t90*(1 - t101**2)*(grad_t102_part + grad_t102_part_1
+     * + grad_t102_part_2 + grad_t102_part_3)) */
+    /* g6 = t85*t99*(1 - t99)*(g0*t114 + t90*(1 - t101**2)*(grad_t102_part + grad_t102_part_1
+     * + grad_t102_part_2 + grad_t102_part_3)) */
+    /* g7 = t93*(1 - t96**2)*(g0*t114 + t90*(1 - t101**2)*(grad_t102_part + grad_t102_part_1
+     * + grad_t102_part_2 + grad_t102_part_3)) */
+    /* g8 = t101*t90*(1 - t90)*(grad_t102_part + grad_t102_part_1 + grad_t102_part_2 +
+     * grad_t102_part_3) */
+    double *grad_t100 = t115; /* n x 8, in t115's memory */
+    double *g5 = grad_t116; /* n x 8, in grad_t116's memory */
+    double *g6 = grad_W_i_part + 8; /* n x 8 */
+    double *g7 = g6 + 8*n; /* n x 8 */
+    double *g8 = g7 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = t124[8*i + j]*(tmp1_1[8*i + j] + tmp1_2[8*i + j] + tmp1_3[8*i + j] + tmp1_4[8*i + j]);
-            const double x1 = grad_t160[8*i + j]*t158[8*i + j] + x0*(1 - (t140[8*i + j]*t140[8*i + j]));
-            const double x2 = t128[8*i + j]*x1;
-            grad_t139[8*i + j] = x1;
-            grad_t127[8*i + j] = t132[8*i + j]*x2*(1 - t128[8*i + j]);
-            grad_t136[8*i + j] = t118[8*i + j]*t137[8*i + j]*x1*(1 - t137[8*i + j]);
-            grad_t131[8*i + j] = x2*(1 - (t132[8*i + j]*t132[8*i + j]));
-            grad_t123[8*i + j] = t140[8*i + j]*x0*(1 - t124[8*i + j]);
+            const double x0 = t90[8*i + j]*(grad_t102_part[8*i + j] + grad_t102_part_1[8*i + j] + grad_t102_part_2[8*i + j] + grad_t102_part_3[8*i + j]);
+            const double x1 = g0[8*i + j]*t114[8*i + j] + x0*(1 - (t101[8*i + j]*t101[8*i + j]));
+            const double x2 = t93[8*i + j]*x1;
+            grad_t100[8*i + j] = x1;
+            g5[8*i + j] = t96[8*i + j]*x2*(1 - t93[8*i + j]);
+            g6[8*i + j] = t85[8*i + j]*t99[8*i + j]*x1*(1 - t99[8*i + j]);
+            g7[8*i + j] = x2*(1 - (t96[8*i + j]*t96[8*i + j]));
+            g8[8*i + j] = t101[8*i + j]*x0*(1 - t90[8*i + j]);
         }
     }
 
-    /* tmp1_5 = x7^T @ grad_t127 */
-    double *tmp1_5 = grad_t139 + 8*n; /* 1 x 8 */
-    lstm_sequence_matmul(1, 8, n, x7_, 0, 1, grad_t127, 8, 1, tmp1_5);
+    /* grad_W_i_part_1 = x7^T @ g5 */
+    double *grad_W_i_part_1 = g8 + 8*n; /* 1 x 8 */
+    symbackprop_f64_matmul(1, 8, n, x7_, 0, 1, g5, 8, 1, grad_W_i_part_1);
 
-    /* tmp1_6 = grad_t136 @ U_f^T */
-    double *tmp1_6 = t118; /* n x 8, in t118's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t136, 8, 1, U_f, 1, 8, tmp1_6);
+    /* grad_t87_part = g6 @ U_f^T */
+    double *grad_t87_part = t85; /* n x 8, in t85's memory */
+    symbackprop_f64_matmul(n, 8, 8, g6, 8, 1, U_f, 1, 8, grad_t87_part);
 
-    /* tmp1_7 = grad_t131 @ U_g^T */
-    double *tmp1_7 = t124; /* n x 8, in t124's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t131, 8, 1, U_g, 1, 8, tmp1_7);
+    /* grad_t87_part_1 = g7 @ U_g^T */
+    double *grad_t87_part_1 = t90; /* n x 8, in t90's memory */
+    symbackprop_f64_matmul(n, 8, 8, g7, 8, 1, U_g, 1, 8, grad_t87_part_1);
 
-    /* tmp1_8 = grad_t127 @ U_i^T */
-    double *tmp1_8 = t128; /* n x 8, in t128's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t127, 8, 1, U_i, 1, 8, tmp1_8);
+    /* grad_t87_part_2 = g5 @ U_i^T */
+    double *grad_t87_part_2 = t93; /* n x 8, in t93's memory */
+    symbackprop_f64_matmul(n, 8, 8, g5, 8, 1, U_i, 1, 8, grad_t87_part_2);
 
-    /* tmp1_9 = grad_t123 @ U_o^T */
-    double *tmp1_9 = t132; /* n x 8, in t132's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t123, 8, 1, U_o, 1, 8, tmp1_9);
+    /* grad_t87_part_3 = g8 @ U_o^T */
+    double *grad_t87_part_3 = t96; /* n x 8, in t96's memory */
+    symbackprop_f64_matmul(n, 8, 8, g8, 8, 1, U_o, 1, 8, grad_t87_part_3);
 
-    /* grad_t118 = grad_t139*t137 + t103*(1 - t119**2)*(tmp1_6 + tmp1_7 + tmp1_8 + tmp1_9) */
-    /* grad_t106 = t107*t111*(1 - t107)*(grad_t139*t137 + t103*(1 - t119**2)*(tmp1_6 + tmp1_7 + tmp1_8 + tmp1_9)) */
-    /* grad_t115 = t116*t97*(1 - t116)*(grad_t139*t137 + t103*(1 - t119**2)*(tmp1_6 + tmp1_7 + tmp1_8 + tmp1_9)) */
-    /* grad_t110 = t107*(1 - t111**2)*(grad_t139*t137 + t103*(1 - t119**2)*(tmp1_6 + tmp1_7 + tmp1_8 + tmp1_9)) */
-    /* grad_t102 = t103*t119*(1 - t103)*(tmp1_6 + tmp1_7 + tmp1_8 + tmp1_9) */
-    double *grad_t102 = t140; /* n x 8, in t140's memory */
-    double *grad_t106 = t158; /* n x 8, in t158's memory */
-    double *grad_t110 = grad_t160; /* n x 8, in grad_t160's memory */
-    double *grad_t115 = tmp1_1; /* n x 8, in tmp1_1's memory */
-    double *grad_t118 = tmp1_2; /* n x 8, in tmp1_2's memory */
+    /* grad_t85 = grad_t100*t99 + t75*(1 - t86**2)*(grad_t87_part + grad_t87_part_1 +
+     * grad_t87_part_2 + grad_t87_part_3) */
+    /* g9 = t78*t81*(1 - t78)*(grad_t100*t99 + t75*(1 - t86**2)*(grad_t87_part +
+     * grad_t87_part_1 + grad_t87_part_2 + grad_t87_part_3)) */
+    /* g10 = t70*t84*(1 - t84)*(grad_t100*t99 + t75*(1 - t86**2)*(grad_t87_part +
+     * grad_t87_part_1 + grad_t87_part_2 + grad_t87_part_3)) */
+    /* g11 = t78*(1 - t81**2)*(grad_t100*t99 + t75*(1 - t86**2)*(grad_t87_part +
+     * grad_t87_part_1 + grad_t87_part_2 + grad_t87_part_3)) */
+    /* g12 = t75*t86*(1 - t75)*(grad_t87_part + grad_t87_part_1 + grad_t87_part_2 +
+     * grad_t87_part_3) */
+    double *grad_t85 = t101; /* n x 8, in t101's memory */
+    double *g9 = t114; /* n x 8, in t114's memory */
+    double *g10 = g0; /* n x 8, in g0's memory */
+    double *g11 = grad_t102_part; /* n x 8, in grad_t102_part's memory */
+    double *g12 = grad_t102_part_1; /* n x 8, in grad_t102_part_1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = t103[8*i + j]*(tmp1_6[8*i + j] + tmp1_7[8*i + j] + tmp1_8[8*i + j] + tmp1_9[8*i + j]);
-            const double x1 = grad_t139[8*i + j]*t137[8*i + j] + x0*(1 - (t119[8*i + j]*t119[8*i + j]));
-            const double x2 = t107[8*i + j]*x1;
-            grad_t118[8*i + j] = x1;
-            grad_t106[8*i + j] = t111[8*i + j]*x2*(1 - t107[8*i + j]);
-            grad_t115[8*i + j] = t97[8*i + j]*t116[8*i + j]*x1*(1 - t116[8*i + j]);
-            grad_t110[8*i + j] = x2*(1 - (t111[8*i + j]*t111[8*i + j]));
-            grad_t102[8*i + j] = t119[8*i + j]*x0*(1 - t103[8*i + j]);
+            const double x0 = t75[8*i + j]*(grad_t87_part[8*i + j] + grad_t87_part_1[8*i + j] + grad_t87_part_2[8*i + j] + grad_t87_part_3[8*i + j]);
+            const double x1 = grad_t100[8*i + j]*t99[8*i + j] + x0*(1 - (t86[8*i + j]*t86[8*i + j]));
+            const double x2 = t78[8*i + j]*x1;
+            grad_t85[8*i + j] = x1;
+            g9[8*i + j] = t81[8*i + j]*x2*(1 - t78[8*i + j]);
+            g10[8*i + j] = t70[8*i + j]*t84[8*i + j]*x1*(1 - t84[8*i + j]);
+            g11[8*i + j] = x2*(1 - (t81[8*i + j]*t81[8*i + j]));
+            g12[8*i + j] = t86[8*i + j]*x0*(1 - t75[8*i + j]);
         }
     }
 
-    /* tmp1_10 = x6^T @ grad_t106 */
-    double *tmp1_10 = tmp1_5 + 8; /* 1 x 8 */
-    lstm_sequence_matmul(1, 8, n, x6_, 0, 1, grad_t106, 8, 1, tmp1_10);
+    /* grad_W_i_part_2 = x6^T @ g9 */
+    double *grad_W_i_part_2 = grad_W_i_part_1 + 8; /* 1 x 8 */
+    symbackprop_f64_matmul(1, 8, n, x6_, 0, 1, g9, 8, 1, grad_W_i_part_2);
 
-    /* tmp1_11 = grad_t115 @ U_f^T */
-    double *tmp1_11 = tmp1_3; /* n x 8, in tmp1_3's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t115, 8, 1, U_f, 1, 8, tmp1_11);
+    /* grad_t72_part = g10 @ U_f^T */
+    double *grad_t72_part = grad_t102_part_2; /* n x 8, in grad_t102_part_2's memory */
+    symbackprop_f64_matmul(n, 8, 8, g10, 8, 1, U_f, 1, 8, grad_t72_part);
 
-    /* tmp1_12 = grad_t110 @ U_g^T */
-    double *tmp1_12 = tmp1_4; /* n x 8, in tmp1_4's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t110, 8, 1, U_g, 1, 8, tmp1_12);
+    /* grad_t72_part_1 = g11 @ U_g^T */
+    double *grad_t72_part_1 = grad_t102_part_3; /* n x 8, in grad_t102_part_3's memory */
+    symbackprop_f64_matmul(n, 8, 8, g11, 8, 1, U_g, 1, 8, grad_t72_part_1);
 
-    /* tmp1_13 = grad_t106 @ U_i^T */
-    double *tmp1_13 = t97; /* n x 8, in t97's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t106, 8, 1, U_i, 1, 8, tmp1_13);
+    /* grad_t72_part_2 = g9 @ U_i^T */
+    double *grad_t72_part_2 = t70; /* n x 8, in t70's memory */
+    symbackprop_f64_matmul(n, 8, 8, g9, 8, 1, U_i, 1, 8, grad_t72_part_2);
 
-    /* tmp1_14 = grad_t102 @ U_o^T */
-    double *tmp1_14 = t103; /* n x 8, in t103's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t102, 8, 1, U_o, 1, 8, tmp1_14);
+    /* grad_t72_part_3 = g12 @ U_o^T */
+    double *grad_t72_part_3 = t75; /* n x 8, in t75's memory */
+    symbackprop_f64_matmul(n, 8, 8, g12, 8, 1, U_o, 1, 8, grad_t72_part_3);
 
-    /* grad_t97 = grad_t118*t116 + t82*(1 - t98**2)*(tmp1_11 + tmp1_12 + tmp1_13 + tmp1_14) */
-    /* grad_t85 = t86*t90*(1 - t86)*(grad_t118*t116 + t82*(1 - t98**2)*(tmp1_11 + tmp1_12 + tmp1_13 + tmp1_14)) */
-    /* grad_t94 = t76*t95*(1 - t95)*(grad_t118*t116 + t82*(1 - t98**2)*(tmp1_11 + tmp1_12 + tmp1_13 + tmp1_14)) */
-    /* grad_t89 = t86*(1 - t90**2)*(grad_t118*t116 + t82*(1 - t98**2)*(tmp1_11 + tmp1_12 + tmp1_13 + tmp1_14)) */
-    /* grad_t81 = t82*t98*(1 - t82)*(tmp1_11 + tmp1_12 + tmp1_13 + tmp1_14) */
-    double *grad_t81 = t107; /* n x 8, in t107's memory */
-    double *grad_t85 = t111; /* n x 8, in t111's memory */
-    double *grad_t89 = t119; /* n x 8, in t119's memory */
-    double *grad_t94 = t137; /* n x 8, in t137's memory */
-    double *grad_t97 = grad_t139; /* n x 8, in grad_t139's memory */
+    /* grad_t70 = grad_t85*t84 + t60*(1 - t71**2)*(grad_t72_part + grad_t72_part_1 +
+     * grad_t72_part_2 + grad_t72_part_3) */
+    /* g13 = t63*t66*(1 - t63)*(grad_t85*t84 + t60*(1 - t71**2)*(grad_t72_part +
+     * grad_t72_part_1 + grad_t72_part_2 + grad_t72_part_3)) */
+    /* g14 = t55*t69*(1 - t69)*(grad_t85*t84 + t60*(1 - t71**2)*(grad_t72_part +
+     * grad_t72_part_1 + grad_t72_part_2 + grad_t72_part_3)) */
+    /* g15 = t63*(1 - t66**2)*(grad_t85*t84 + t60*(1 - t71**2)*(grad_t72_part +
+     * grad_t72_part_1 + grad_t72_part_2 + grad_t72_part_3)) */
+    /* g16 = t60*t71*(1 - t60)*(grad_t72_part + grad_t72_part_1 + grad_t72_part_2 +
+     * grad_t72_part_3) */
+    double *grad_t70 = t78; /* n x 8, in t78's memory */
+    double *g13 = t81; /* n x 8, in t81's memory */
+    double *g14 = t86; /* n x 8, in t86's memory */
+    double *g15 = t99; /* n x 8, in t99's memory */
+    double *g16 = grad_t100; /* n x 8, in grad_t100's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = t82[8*i + j]*(tmp1_11[8*i + j] + tmp1_12[8*i + j] + tmp1_13[8*i + j] + tmp1_14[8*i + j]);
-            const double x1 = grad_t118[8*i + j]*t116[8*i + j] + x0*(1 - (t98[8*i + j]*t98[8*i + j]));
-            const double x2 = t86[8*i + j]*x1;
-            grad_t97[8*i + j] = x1;
-            grad_t85[8*i + j] = t90[8*i + j]*x2*(1 - t86[8*i + j]);
-            grad_t94[8*i + j] = t76[8*i + j]*t95[8*i + j]*x1*(1 - t95[8*i + j]);
-            grad_t89[8*i + j] = x2*(1 - (t90[8*i + j]*t90[8*i + j]));
-            grad_t81[8*i + j] = t98[8*i + j]*x0*(1 - t82[8*i + j]);
+            const double x0 = t60[8*i + j]*(grad_t72_part[8*i + j] + grad_t72_part_1[8*i + j] + grad_t72_part_2[8*i + j] + grad_t72_part_3[8*i + j]);
+            const double x1 = grad_t85[8*i + j]*t84[8*i + j] + x0*(1 - (t71[8*i + j]*t71[8*i + j]));
+            const double x2 = t63[8*i + j]*x1;
+            grad_t70[8*i + j] = x1;
+            g13[8*i + j] = t66[8*i + j]*x2*(1 - t63[8*i + j]);
+            g14[8*i + j] = t55[8*i + j]*t69[8*i + j]*x1*(1 - t69[8*i + j]);
+            g15[8*i + j] = x2*(1 - (t66[8*i + j]*t66[8*i + j]));
+            g16[8*i + j] = t71[8*i + j]*x0*(1 - t60[8*i + j]);
         }
     }
 
-    /* tmp1_15 = x5^T @ grad_t85 */
-    double *tmp1_15 = tmp1_10 + 8; /* 1 x 8 */
-    lstm_sequence_matmul(1, 8, n, x5_, 0, 1, grad_t85, 8, 1, tmp1_15);
+    /* grad_W_i_part_3 = x5^T @ g13 */
+    double *grad_W_i_part_3 = grad_W_i_part_2 + 8; /* 1 x 8 */
+    symbackprop_f64_matmul(1, 8, n, x5_, 0, 1, g13, 8, 1, grad_W_i_part_3);
 
-    /* tmp1_16 = grad_t94 @ U_f^T */
-    double *tmp1_16 = tmp1_6; /* n x 8, in tmp1_6's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t94, 8, 1, U_f, 1, 8, tmp1_16);
+    /* grad_t57_part = g14 @ U_f^T */
+    double *grad_t57_part = grad_t87_part; /* n x 8, in grad_t87_part's memory */
+    symbackprop_f64_matmul(n, 8, 8, g14, 8, 1, U_f, 1, 8, grad_t57_part);
 
-    /* tmp1_17 = grad_t89 @ U_g^T */
-    double *tmp1_17 = tmp1_7; /* n x 8, in tmp1_7's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t89, 8, 1, U_g, 1, 8, tmp1_17);
+    /* grad_t57_part_1 = g15 @ U_g^T */
+    double *grad_t57_part_1 = grad_t87_part_1; /* n x 8, in grad_t87_part_1's memory */
+    symbackprop_f64_matmul(n, 8, 8, g15, 8, 1, U_g, 1, 8, grad_t57_part_1);
 
-    /* tmp1_18 = grad_t85 @ U_i^T */
-    double *tmp1_18 = tmp1_8; /* n x 8, in tmp1_8's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t85, 8, 1, U_i, 1, 8, tmp1_18);
+    /* grad_t57_part_2 = g13 @ U_i^T */
+    double *grad_t57_part_2 = grad_t87_part_2; /* n x 8, in grad_t87_part_2's memory */
+    symbackprop_f64_matmul(n, 8, 8, g13, 8, 1, U_i, 1, 8, grad_t57_part_2);
 
-    /* tmp1_19 = grad_t81 @ U_o^T */
-    double *tmp1_19 = tmp1_9; /* n x 8, in tmp1_9's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t81, 8, 1, U_o, 1, 8, tmp1_19);
+    /* grad_t57_part_3 = g16 @ U_o^T */
+    double *grad_t57_part_3 = grad_t87_part_3; /* n x 8, in grad_t87_part_3's memory */
+    symbackprop_f64_matmul(n, 8, 8, g16, 8, 1, U_o, 1, 8, grad_t57_part_3);
 
-    /* grad_t76 = grad_t97*t95 + t61*(1 - t77**2)*(tmp1_16 + tmp1_17 + tmp1_18 + tmp1_19) */
-    /* grad_t64 = t65*t69*(1 - t65)*(grad_t97*t95 + t61*(1 - t77**2)*(tmp1_16 + tmp1_17 + tmp1_18 + tmp1_19)) */
-    /* grad_t73 = t55*t74*(1 - t74)*(grad_t97*t95 + t61*(1 - t77**2)*(tmp1_16 + tmp1_17 + tmp1_18 + tmp1_19)) */
-    /* grad_t68 = t65*(1 - t69**2)*(grad_t97*t95 + t61*(1 - t77**2)*(tmp1_16 + tmp1_17 + tmp1_18 + tmp1_19)) */
-    /* grad_t60 = t61*t77*(1 - t61)*(tmp1_16 + tmp1_17 + tmp1_18 + tmp1_19) */
-    double *grad_t60 = t76; /* n x 8, in t76's memory */
-    double *grad_t64 = t82; /* n x 8, in t82's memory */
-    double *grad_t68 = t86; /* n x 8, in t86's memory */
-    double *grad_t73 = t90; /* n x 8, in t90's memory */
-    double *grad_t76 = t98; /* n x 8, in t98's memory */
+    /* grad_t55 = grad_t70*t69 + t45*(1 - t56**2)*(grad_t57_part + grad_t57_part_1 +
+     * grad_t57_part_2 + grad_t57_part_3) */
+    /* g17 = t48*t51*(1 - t48)*(grad_t70*t69 + t45*(1 - t56**2)*(grad_t57_part +
+     * grad_t57_part_1 + grad_t57_part_2 + grad_t57_part_3)) */
+    /* g18 = t40*t54*(1 - t54)*(grad_t70*t69 + t45*(1 - t56**2)*(grad_t57_part +
+     * grad_t57_part_1 + grad_t57_part_2 + grad_t57_part_3)) */
+    /* g19 = t48*(1 - t51**2)*(grad_t70*t69 + t45*(1 - t56**2)*(grad_t57_part +
+     * grad_t57_part_1 + grad_t57_part_2 + grad_t57_part_3)) */
+    /* g20 = t45*t56*(1 - t45)*(grad_t57_part + grad_t57_part_1 + grad_t57_part_2 +
+     * grad_t57_part_3) */
+    double *grad_t55 = t55; /* n x 8, in t55's memory */
+    double *g17 = t60; /* n x 8, in t60's memory */
+    double *g18 = t63; /* n x 8, in t63's memory */
+    double *g19 = t66; /* n x 8, in t66's memory */
+    double *g20 = t71; /* n x 8, in t71's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = t61[8*i + j]*(tmp1_16[8*i + j] + tmp1_17[8*i + j] + tmp1_18[8*i + j] + tmp1_19[8*i + j]);
-            const double x1 = grad_t97[8*i + j]*t95[8*i + j] + x0*(1 - (t77[8*i + j]*t77[8*i + j]));
-            const double x2 = t65[8*i + j]*x1;
-            grad_t76[8*i + j] = x1;
-            grad_t64[8*i + j] = t69[8*i + j]*x2*(1 - t65[8*i + j]);
-            grad_t73[8*i + j] = t55[8*i + j]*t74[8*i + j]*x1*(1 - t74[8*i + j]);
-            grad_t68[8*i + j] = x2*(1 - (t69[8*i + j]*t69[8*i + j]));
-            grad_t60[8*i + j] = t77[8*i + j]*x0*(1 - t61[8*i + j]);
-        }
-    }
-
-    /* tmp1_20 = x4^T @ grad_t64 */
-    double *tmp1_20 = tmp1_15 + 8; /* 1 x 8 */
-    lstm_sequence_matmul(1, 8, n, x4_, 0, 1, grad_t64, 8, 1, tmp1_20);
-
-    /* tmp1_21 = grad_t73 @ U_f^T */
-    double *tmp1_21 = t116; /* n x 8, in t116's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t73, 8, 1, U_f, 1, 8, tmp1_21);
-
-    /* tmp1_22 = grad_t68 @ U_g^T */
-    double *tmp1_22 = grad_t118; /* n x 8, in grad_t118's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t68, 8, 1, U_g, 1, 8, tmp1_22);
-
-    /* tmp1_23 = grad_t64 @ U_i^T */
-    double *tmp1_23 = tmp1_11; /* n x 8, in tmp1_11's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t64, 8, 1, U_i, 1, 8, tmp1_23);
-
-    /* tmp1_24 = grad_t60 @ U_o^T */
-    double *tmp1_24 = tmp1_12; /* n x 8, in tmp1_12's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t60, 8, 1, U_o, 1, 8, tmp1_24);
-
-    /* grad_t55 = grad_t76*t74 + t40*(1 - t56**2)*(tmp1_21 + tmp1_22 + tmp1_23 + tmp1_24) */
-    /* grad_t43 = t44*t48*(1 - t44)*(grad_t76*t74 + t40*(1 - t56**2)*(tmp1_21 + tmp1_22 + tmp1_23 + tmp1_24)) */
-    /* grad_t52 = t34*t53*(1 - t53)*(grad_t76*t74 + t40*(1 - t56**2)*(tmp1_21 + tmp1_22 + tmp1_23 + tmp1_24)) */
-    /* grad_t47 = t44*(1 - t48**2)*(grad_t76*t74 + t40*(1 - t56**2)*(tmp1_21 + tmp1_22 + tmp1_23 + tmp1_24)) */
-    /* grad_t39 = t40*t56*(1 - t40)*(tmp1_21 + tmp1_22 + tmp1_23 + tmp1_24) */
-    double *grad_t39 = tmp1_13; /* n x 8, in tmp1_13's memory */
-    double *grad_t43 = tmp1_14; /* n x 8, in tmp1_14's memory */
-    double *grad_t47 = t55; /* n x 8, in t55's memory */
-    double *grad_t52 = t61; /* n x 8, in t61's memory */
-    double *grad_t55 = t65; /* n x 8, in t65's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = t40[8*i + j]*(tmp1_21[8*i + j] + tmp1_22[8*i + j] + tmp1_23[8*i + j] + tmp1_24[8*i + j]);
-            const double x1 = grad_t76[8*i + j]*t74[8*i + j] + x0*(1 - (t56[8*i + j]*t56[8*i + j]));
-            const double x2 = t44[8*i + j]*x1;
+            const double x0 = t45[8*i + j]*(grad_t57_part[8*i + j] + grad_t57_part_1[8*i + j] + grad_t57_part_2[8*i + j] + grad_t57_part_3[8*i + j]);
+            const double x1 = grad_t70[8*i + j]*t69[8*i + j] + x0*(1 - (t56[8*i + j]*t56[8*i + j]));
+            const double x2 = t48[8*i + j]*x1;
             grad_t55[8*i + j] = x1;
-            grad_t43[8*i + j] = t48[8*i + j]*x2*(1 - t44[8*i + j]);
-            grad_t52[8*i + j] = t34[8*i + j]*t53[8*i + j]*x1*(1 - t53[8*i + j]);
-            grad_t47[8*i + j] = x2*(1 - (t48[8*i + j]*t48[8*i + j]));
-            grad_t39[8*i + j] = t56[8*i + j]*x0*(1 - t40[8*i + j]);
+            g17[8*i + j] = t51[8*i + j]*x2*(1 - t48[8*i + j]);
+            g18[8*i + j] = t40[8*i + j]*t54[8*i + j]*x1*(1 - t54[8*i + j]);
+            g19[8*i + j] = x2*(1 - (t51[8*i + j]*t51[8*i + j]));
+            g20[8*i + j] = t56[8*i + j]*x0*(1 - t45[8*i + j]);
         }
     }
 
-    /* tmp1_25 = x3^T @ grad_t43 */
-    double *tmp1_25 = tmp1_20 + 8; /* 1 x 8 */
-    lstm_sequence_matmul(1, 8, n, x3_, 0, 1, grad_t43, 8, 1, tmp1_25);
+    /* grad_W_i_part_4 = x4^T @ g17 */
+    double *grad_W_i_part_4 = grad_W_i_part_3 + 8; /* 1 x 8 */
+    symbackprop_f64_matmul(1, 8, n, x4_, 0, 1, g17, 8, 1, grad_W_i_part_4);
 
-    /* tmp1_26 = grad_t52 @ U_f^T */
-    double *tmp1_26 = t69; /* n x 8, in t69's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t52, 8, 1, U_f, 1, 8, tmp1_26);
+    /* grad_t42_part = g18 @ U_f^T */
+    double *grad_t42_part = t84; /* n x 8, in t84's memory */
+    symbackprop_f64_matmul(n, 8, 8, g18, 8, 1, U_f, 1, 8, grad_t42_part);
+
+    /* grad_t42_part_1 = g19 @ U_g^T */
+    double *grad_t42_part_1 = grad_t85; /* n x 8, in grad_t85's memory */
+    symbackprop_f64_matmul(n, 8, 8, g19, 8, 1, U_g, 1, 8, grad_t42_part_1);
+
+    /* grad_t42_part_2 = g17 @ U_i^T */
+    double *grad_t42_part_2 = grad_t72_part; /* n x 8, in grad_t72_part's memory */
+    symbackprop_f64_matmul(n, 8, 8, g17, 8, 1, U_i, 1, 8, grad_t42_part_2);
+
+    /* grad_t42_part_3 = g20 @ U_o^T */
+    double *grad_t42_part_3 = grad_t72_part_1; /* n x 8, in grad_t72_part_1's memory */
+    symbackprop_f64_matmul(n, 8, 8, g20, 8, 1, U_o, 1, 8, grad_t42_part_3);
+
+    /* grad_t40 = grad_t55*t54 + t30*(1 - t41**2)*(grad_t42_part + grad_t42_part_1 +
+     * grad_t42_part_2 + grad_t42_part_3) */
+    /* g21 = t33*t36*(1 - t33)*(grad_t55*t54 + t30*(1 - t41**2)*(grad_t42_part +
+     * grad_t42_part_1 + grad_t42_part_2 + grad_t42_part_3)) */
+    /* g22 = t25*t39*(1 - t39)*(grad_t55*t54 + t30*(1 - t41**2)*(grad_t42_part +
+     * grad_t42_part_1 + grad_t42_part_2 + grad_t42_part_3)) */
+    /* g23 = t33*(1 - t36**2)*(grad_t55*t54 + t30*(1 - t41**2)*(grad_t42_part +
+     * grad_t42_part_1 + grad_t42_part_2 + grad_t42_part_3)) */
+    /* g24 = t30*t41*(1 - t30)*(grad_t42_part + grad_t42_part_1 + grad_t42_part_2 +
+     * grad_t42_part_3) */
+    double *grad_t40 = grad_t72_part_2; /* n x 8, in grad_t72_part_2's memory */
+    double *g21 = grad_t72_part_3; /* n x 8, in grad_t72_part_3's memory */
+    double *g22 = t40; /* n x 8, in t40's memory */
+    double *g23 = t45; /* n x 8, in t45's memory */
+    double *g24 = t48; /* n x 8, in t48's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            const double x0 = t30[8*i + j]*(grad_t42_part[8*i + j] + grad_t42_part_1[8*i + j] + grad_t42_part_2[8*i + j] + grad_t42_part_3[8*i + j]);
+            const double x1 = grad_t55[8*i + j]*t54[8*i + j] + x0*(1 - (t41[8*i + j]*t41[8*i + j]));
+            const double x2 = t33[8*i + j]*x1;
+            grad_t40[8*i + j] = x1;
+            g21[8*i + j] = t36[8*i + j]*x2*(1 - t33[8*i + j]);
+            g22[8*i + j] = t25[8*i + j]*t39[8*i + j]*x1*(1 - t39[8*i + j]);
+            g23[8*i + j] = x2*(1 - (t36[8*i + j]*t36[8*i + j]));
+            g24[8*i + j] = t41[8*i + j]*x0*(1 - t30[8*i + j]);
+        }
+    }
+
+    /* grad_W_i_part_5 = x3^T @ g21 */
+    double *grad_W_i_part_5 = grad_W_i_part_4 + 8; /* 1 x 8 */
+    symbackprop_f64_matmul(1, 8, n, x3_, 0, 1, g21, 8, 1, grad_W_i_part_5);
+
+    /* grad_t27_part = g22 @ U_f^T */
+    double *grad_t27_part = t51; /* n x 8, in t51's memory */
+    symbackprop_f64_matmul(n, 8, 8, g22, 8, 1, U_f, 1, 8, grad_t27_part);
 }
 
 /* lstm_sequence_run, part 6 of 8 (kernels 129 to 160): a long
@@ -1262,246 +1156,261 @@ static void lstm_sequence_run_part6(
     int with_grads
 )
 {
-    double *t3 = work + 16*n; /* n x 8; placed in an earlier part */
-    double *t7 = work + 32*n; /* n x 8; placed in an earlier part */
-    double *t11 = work + 40*n; /* n x 8; placed in an earlier part */
-    double *t12 = work + 48*n; /* n x 8; placed in an earlier part */
-    double *t13 = work + 56*n; /* n x 8; placed in an earlier part */
-    double *t18 = with_grads ? work + 88*n : work; /* n x 8; placed in an earlier part */
-    double *t22 = with_grads ? work + 96*n : work + 16*n; /* n x 8; placed in an earlier part */
-    double *t26 = with_grads ? work + 104*n : work + 56*n; /* n x 8; placed in an earlier part */
-    double *t32 = with_grads ? work + 120*n : work + 80*n; /* n x 8; placed in an earlier part */
-    double *t34 = with_grads ? work + 128*n : work + 88*n; /* n x 8; placed in an earlier part */
-    double *t35 = with_grads ? work + 136*n : work + 96*n; /* n x 8; placed in an earlier part */
-    double *t40 = with_grads ? work + 152*n : work + 16*n; /* n x 8; placed in an earlier part */
-    double *t44 = with_grads ? work + 160*n : work + 40*n; /* n x 8; placed in an earlier part */
-    double *t48 = with_grads ? work + 168*n : work + 48*n; /* n x 8; placed in an earlier part */
-    double *t53 = with_grads ? work + 176*n : work + 32*n; /* n x 8; placed in an earlier part */
-    double *t56 = with_grads ? work + 192*n : work + 96*n; /* n x 8; placed in an earlier part */
-    double *t74 = with_grads ? work + 232*n : work; /* n x 8; placed in an earlier part */
-    double *t77 = with_grads ? work + 248*n : work + 96*n; /* n x 8; placed in an earlier part */
-    double *t95 = with_grads ? work + 288*n : work + 16*n; /* n x 8; placed in an earlier part */
-    double *grad_t144 = work + 72*n; /* n x 8, in t155's memory; placed in an earlier part */
-    double *grad_t148 = work + 24*n; /* n x 8, in t156's memory; placed in an earlier part */
-    double *grad_t152 = work + 459*n + 1; /* n x 8; placed in an earlier part */
-    double *grad_t157 = work + 467*n + 1; /* n x 8; placed in an earlier part */
-    double *tmp1 = work + 483*n + 1; /* 1 x 8; placed in an earlier part */
-    double *grad_t123 = work + 440*n; /* n x 8, in t161's memory; placed in an earlier part */
-    double *grad_t127 = work + 112*n; /* n x 8, in grad_t162's memory; placed in an earlier part */
-    double *grad_t131 = work + 483*n + 9; /* n x 8; placed in an earlier part */
-    double *grad_t136 = work + 491*n + 9; /* n x 8; placed in an earlier part */
-    double *tmp1_5 = work + 507*n + 9; /* 1 x 8; placed in an earlier part */
-    double *grad_t102 = work + 416*n; /* n x 8, in t140's memory; placed in an earlier part */
-    double *grad_t106 = work + 8*n; /* n x 8, in t158's memory; placed in an earlier part */
-    double *grad_t110 = work + 475*n + 1; /* n x 8, in grad_t160's memory; placed in an earlier part */
-    double *grad_t115 = work + 408*n; /* n x 8, in tmp1_1's memory; placed in an earlier part */
-    double *tmp1_10 = work + 507*n + 17; /* 1 x 8; placed in an earlier part */
-    double *grad_t81 = work + 328*n; /* n x 8, in t107's memory; placed in an earlier part */
-    double *grad_t85 = work + 336*n; /* n x 8, in t111's memory; placed in an earlier part */
-    double *grad_t89 = work + 360*n; /* n x 8, in t119's memory; placed in an earlier part */
-    double *grad_t94 = work + 400*n; /* n x 8, in t137's memory; placed in an earlier part */
-    double *grad_t97 = work + 499*n + 9; /* n x 8, in grad_t139's memory; placed in an earlier part */
-    double *tmp1_15 = work + 507*n + 25; /* 1 x 8; placed in an earlier part */
-    double *tmp1_16 = work + 352*n; /* n x 8, in tmp1_6's memory; placed in an earlier part */
-    double *tmp1_17 = work + 376*n; /* n x 8, in tmp1_7's memory; placed in an earlier part */
-    double *tmp1_18 = work + 384*n; /* n x 8, in tmp1_8's memory; placed in an earlier part */
-    double *tmp1_19 = work + 392*n; /* n x 8, in tmp1_9's memory; placed in an earlier part */
-    double *grad_t60 = work + 240*n; /* n x 8, in t76's memory; placed in an earlier part */
-    double *grad_t64 = work + 264*n; /* n x 8, in t82's memory; placed in an earlier part */
-    double *grad_t68 = work + 272*n; /* n x 8, in t86's memory; placed in an earlier part */
-    double *grad_t73 = work + 280*n; /* n x 8, in t90's memory; placed in an earlier part */
-    double *grad_t76 = work + 304*n; /* n x 8, in t98's memory; placed in an earlier part */
-    double *tmp1_20 = work + 507*n + 33; /* 1 x 8; placed in an earlier part */
-    double *tmp1_21 = work + 344*n; /* n x 8, in t116's memory; placed in an earlier part */
-    double *tmp1_22 = work + 432*n; /* n x 8, in grad_t118's memory; placed in an earlier part */
-    double *tmp1_23 = work + 80*n; /* n x 8, in tmp1_11's memory; placed in an earlier part */
-    double *tmp1_24 = work; /* n x 8, in tmp1_12's memory; placed in an earlier part */
-    double *grad_t39 = work + 296*n; /* n x 8, in tmp1_13's memory; placed in an earlier part */
-    double *grad_t43 = work + 320*n; /* n x 8, in tmp1_14's memory; placed in an earlier part */
-    double *grad_t47 = work + 184*n; /* n x 8, in t55's memory; placed in an earlier part */
-    double *grad_t52 = work + 208*n; /* n x 8, in t61's memory; placed in an earlier part */
-    double *grad_t55 = work + 216*n; /* n x 8, in t65's memory; placed in an earlier part */
-    double *tmp1_25 = work + 507*n + 41; /* 1 x 8; placed in an earlier part */
-    double *tmp1_26 = work + 224*n; /* n x 8, in t69's memory; placed in an earlier part */
-    /* tmp1_27 = grad_t47 @ U_g^T */
-    double *tmp1_27 = t77; /* n x 8, in t77's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t47, 8, 1, U_g, 1, 8, tmp1_27);
+    double *t2 = work + 16*n; /* n x 8; placed in an earlier part */
+    double *t5 = work + 32*n; /* n x 8; placed in an earlier part */
+    double *t8 = work + 48*n; /* n x 8; placed in an earlier part */
+    double *t9 = work + 56*n; /* n x 8; placed in an earlier part */
+    double *t10 = work + 64*n; /* n x 8; placed in an earlier part */
+    double *t14 = with_grads ? work + 88*n : work; /* n x 8; placed in an earlier part */
+    double *t17 = with_grads ? work + 96*n : work + 16*n; /* n x 8; placed in an earlier part */
+    double *t20 = with_grads ? work + 104*n : work + 64*n; /* n x 8; placed in an earlier part */
+    double *t24 = with_grads ? work + 120*n : work + 80*n; /* n x 8; placed in an earlier part */
+    double *t25 = with_grads ? work + 128*n : work + 88*n; /* n x 8; placed in an earlier part */
+    double *t26 = with_grads ? work + 136*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t30 = with_grads ? work + 152*n : work + 16*n; /* n x 8; placed in an earlier part */
+    double *t33 = with_grads ? work + 160*n : work + 48*n; /* n x 8; placed in an earlier part */
+    double *t36 = with_grads ? work + 168*n : work + 56*n; /* n x 8; placed in an earlier part */
+    double *t39 = with_grads ? work + 176*n : work + 32*n; /* n x 8; placed in an earlier part */
+    double *t41 = with_grads ? work + 192*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t54 = with_grads ? work + 232*n : work; /* n x 8; placed in an earlier part */
+    double *t56 = with_grads ? work + 248*n : work + 96*n; /* n x 8; placed in an earlier part */
+    double *t69 = with_grads ? work + 288*n : work + 16*n; /* n x 8; placed in an earlier part */
+    double *g1 = work + 24*n; /* n x 8, in t113's memory; placed in an earlier part */
+    double *g2 = work + 459*n + 1; /* n x 8; placed in an earlier part */
+    double *g3 = work + 467*n + 1; /* n x 8; placed in an earlier part */
+    double *g4 = work + 475*n + 1; /* n x 8; placed in an earlier part */
+    double *grad_W_i_part = work + 483*n + 1; /* 1 x 8; placed in an earlier part */
+    double *g5 = work + 112*n; /* n x 8, in grad_t116's memory; placed in an earlier part */
+    double *g6 = work + 483*n + 9; /* n x 8; placed in an earlier part */
+    double *g7 = work + 491*n + 9; /* n x 8; placed in an earlier part */
+    double *g8 = work + 499*n + 9; /* n x 8; placed in an earlier part */
+    double *grad_W_i_part_1 = work + 507*n + 9; /* 1 x 8; placed in an earlier part */
+    double *g9 = work + 8*n; /* n x 8, in t114's memory; placed in an earlier part */
+    double *g10 = work + 40*n; /* n x 8, in g0's memory; placed in an earlier part */
+    double *g11 = work + 408*n; /* n x 8, in grad_t102_part's memory; placed in an earlier part */
+    double *g12 = work + 432*n; /* n x 8, in grad_t102_part_1's memory; placed in an earlier part */
+    double *grad_W_i_part_2 = work + 507*n + 17; /* 1 x 8; placed in an earlier part */
+    double *grad_t70 = work + 328*n; /* n x 8, in t78's memory; placed in an earlier part */
+    double *g13 = work + 336*n; /* n x 8, in t81's memory; placed in an earlier part */
+    double *g14 = work + 360*n; /* n x 8, in t86's memory; placed in an earlier part */
+    double *g15 = work + 400*n; /* n x 8, in t99's memory; placed in an earlier part */
+    double *g16 = work + 440*n; /* n x 8, in grad_t100's memory; placed in an earlier part */
+    double *grad_W_i_part_3 = work + 507*n + 25; /* 1 x 8; placed in an earlier part */
+    double *grad_t57_part = work + 352*n; /* n x 8, in grad_t87_part's memory; placed in an earlier part */
+    double *grad_t57_part_1 = work + 376*n; /* n x 8, in grad_t87_part_1's memory; placed in an earlier part */
+    double *grad_t57_part_2 = work + 384*n; /* n x 8, in grad_t87_part_2's memory; placed in an earlier part */
+    double *grad_t57_part_3 = work + 392*n; /* n x 8, in grad_t87_part_3's memory; placed in an earlier part */
+    double *grad_t55 = work + 240*n; /* n x 8, in t55's memory; placed in an earlier part */
+    double *g17 = work + 264*n; /* n x 8, in t60's memory; placed in an earlier part */
+    double *g18 = work + 272*n; /* n x 8, in t63's memory; placed in an earlier part */
+    double *g19 = work + 280*n; /* n x 8, in t66's memory; placed in an earlier part */
+    double *g20 = work + 304*n; /* n x 8, in t71's memory; placed in an earlier part */
+    double *grad_W_i_part_4 = work + 507*n + 33; /* 1 x 8; placed in an earlier part */
+    double *grad_t42_part = work + 344*n; /* n x 8, in t84's memory; placed in an earlier part */
+    double *grad_t42_part_1 = work + 416*n; /* n x 8, in grad_t85's memory; placed in an earlier part */
+    double *grad_t42_part_2 = work + 80*n; /* n x 8, in grad_t72_part's memory; placed in an earlier part */
+    double *grad_t42_part_3 = work; /* n x 8, in grad_t72_part_1's memory; placed in an earlier part */
+    double *grad_t40 = work + 296*n; /* n x 8, in grad_t72_part_2's memory; placed in an earlier part */
+    double *g21 = work + 320*n; /* n x 8, in grad_t72_part_3's memory; placed in an earlier part */
+    double *g22 = work + 184*n; /* n x 8, in t40's memory; placed in an earlier part */
+    double *g23 = work + 208*n; /* n x 8, in t45's memory; placed in an earlier part */
+    double *g24 = work + 216*n; /* n x 8, in t48's memory; placed in an earlier part */
+    double *grad_W_i_part_5 = work + 507*n + 41; /* 1 x 8; placed in an earlier part */
+    double *grad_t27_part = work + 224*n; /* n x 8, in t51's memory; placed in an earlier part */
+    /* grad_t27_part_1 = g23 @ U_g^T */
+    double *grad_t27_part_1 = t56; /* n x 8, in t56's memory */
+    symbackprop_f64_matmul(n, 8, 8, g23, 8, 1, U_g, 1, 8, grad_t27_part_1);
 
-    /* tmp1_28 = grad_t43 @ U_i^T */
-    double *tmp1_28 = t95; /* n x 8, in t95's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t43, 8, 1, U_i, 1, 8, tmp1_28);
+    /* grad_t27_part_2 = g21 @ U_i^T */
+    double *grad_t27_part_2 = t69; /* n x 8, in t69's memory */
+    symbackprop_f64_matmul(n, 8, 8, g21, 8, 1, U_i, 1, 8, grad_t27_part_2);
 
-    /* tmp1_29 = grad_t39 @ U_o^T */
-    double *tmp1_29 = grad_t97; /* n x 8, in grad_t97's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t39, 8, 1, U_o, 1, 8, tmp1_29);
+    /* grad_t27_part_3 = g24 @ U_o^T */
+    double *grad_t27_part_3 = grad_t70; /* n x 8, in grad_t70's memory */
+    symbackprop_f64_matmul(n, 8, 8, g24, 8, 1, U_o, 1, 8, grad_t27_part_3);
 
-    /* grad_t34 = grad_t55*t53 + t18*(1 - t35**2)*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29) */
-    /* grad_t21 = t22*t26*(1 - t22)*(grad_t55*t53 + t18*(1 - t35**2)*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29)) */
-    /* grad_t31 = t12*t32*(1 - t32)*(grad_t55*t53 + t18*(1 - t35**2)*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29)) */
-    /* grad_t25 = t22*(1 - t26**2)*(grad_t55*t53 + t18*(1 - t35**2)*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29)) */
-    /* grad_t17 = t18*t35*(1 - t18)*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29) */
-    /* grad_t30 = grad_t115 + grad_t136 + grad_t157 + grad_t52 + grad_t73 + grad_t94 + t12*t32*(1 - t32)*(grad_t55*t53 + t18*(1 - t35**2)*(tmp1_26 + tmp1_27 + tmp1_28 + tmp1_29)) */
-    double *grad_t17 = tmp1_16; /* n x 8, in tmp1_16's memory */
-    double *grad_t21 = tmp1_17; /* n x 8, in tmp1_17's memory */
-    double *grad_t25 = tmp1_18; /* n x 8, in tmp1_18's memory */
-    double *grad_t30 = tmp1_19; /* n x 8, in tmp1_19's memory */
-    double *grad_t31 = t34; /* n x 8, in t34's memory */
-    double *grad_t34 = t40; /* n x 8, in t40's memory */
+    /* grad_t25 = grad_t40*t39 + t14*(1 - t26**2)*(grad_t27_part + grad_t27_part_1 +
+     * grad_t27_part_2 + grad_t27_part_3) */
+    /* g25 = t17*t20*(1 - t17)*(grad_t40*t39 + t14*(1 - t26**2)*(grad_t27_part +
+     * grad_t27_part_1 + grad_t27_part_2 + grad_t27_part_3)) */
+    /* g26 = t24*t9*(1 - t24)*(grad_t40*t39 + t14*(1 - t26**2)*(grad_t27_part +
+     * grad_t27_part_1 + grad_t27_part_2 + grad_t27_part_3)) */
+    /* g27 = t17*(1 - t20**2)*(grad_t40*t39 + t14*(1 - t26**2)*(grad_t27_part +
+     * grad_t27_part_1 + grad_t27_part_2 + grad_t27_part_3)) */
+    /* g28 = t14*t26*(1 - t14)*(grad_t27_part + grad_t27_part_1 + grad_t27_part_2 +
+     * grad_t27_part_3) */
+    /* grad_t23 = g10 + g14 + g18 + g2 + g22 + g6 + t24*t9*(1 - t24)*(grad_t40*t39 + t14*(1 -
+     * t26**2)*(grad_t27_part + grad_t27_part_1 + grad_t27_part_2 + grad_t27_part_3)) */
+    double *grad_t25 = grad_t57_part; /* n x 8, in grad_t57_part's memory */
+    double *g25 = grad_t57_part_1; /* n x 8, in grad_t57_part_1's memory */
+    double *g26 = grad_t57_part_2; /* n x 8, in grad_t57_part_2's memory */
+    double *g27 = grad_t57_part_3; /* n x 8, in grad_t57_part_3's memory */
+    double *g28 = t25; /* n x 8, in t25's memory */
+    double *grad_t23 = t30; /* n x 8, in t30's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = t18[8*i + j]*(tmp1_26[8*i + j] + tmp1_27[8*i + j] + tmp1_28[8*i + j] + tmp1_29[8*i + j]);
-            const double x1 = grad_t55[8*i + j]*t53[8*i + j] + x0*(1 - (t35[8*i + j]*t35[8*i + j]));
-            const double x2 = t22[8*i + j]*x1;
-            const double x3 = t12[8*i + j]*t32[8*i + j]*x1*(1 - t32[8*i + j]);
-            grad_t34[8*i + j] = x1;
-            grad_t21[8*i + j] = t26[8*i + j]*x2*(1 - t22[8*i + j]);
-            grad_t31[8*i + j] = x3;
-            grad_t25[8*i + j] = x2*(1 - (t26[8*i + j]*t26[8*i + j]));
-            grad_t17[8*i + j] = t35[8*i + j]*x0*(1 - t18[8*i + j]);
-            grad_t30[8*i + j] = grad_t157[8*i + j] + grad_t136[8*i + j] + grad_t115[8*i + j] + grad_t94[8*i + j] + grad_t73[8*i + j] + grad_t52[8*i + j] + x3;
+            const double x0 = t14[8*i + j]*(grad_t27_part[8*i + j] + grad_t27_part_1[8*i + j] + grad_t27_part_2[8*i + j] + grad_t27_part_3[8*i + j]);
+            const double x1 = grad_t40[8*i + j]*t39[8*i + j] + x0*(1 - (t26[8*i + j]*t26[8*i + j]));
+            const double x2 = t17[8*i + j]*x1;
+            const double x3 = t9[8*i + j]*t24[8*i + j]*x1*(1 - t24[8*i + j]);
+            grad_t25[8*i + j] = x1;
+            g25[8*i + j] = t20[8*i + j]*x2*(1 - t17[8*i + j]);
+            g26[8*i + j] = x3;
+            g27[8*i + j] = x2*(1 - (t20[8*i + j]*t20[8*i + j]));
+            g28[8*i + j] = t26[8*i + j]*x0*(1 - t14[8*i + j]);
+            grad_t23[8*i + j] = g2[8*i + j] + g6[8*i + j] + g10[8*i + j] + g14[8*i + j] + g18[8*i + j] + g22[8*i + j] + x3;
         }
     }
 
-    /* tmp1_30 = x2^T @ grad_t21 */
-    double *tmp1_30 = tmp1_25 + 8; /* 1 x 8 */
-    lstm_sequence_matmul(1, 8, n, x2_, 0, 1, grad_t21, 8, 1, tmp1_30);
+    /* grad_W_i_part_6 = x2^T @ g25 */
+    double *grad_W_i_part_6 = grad_W_i_part_5 + 8; /* 1 x 8 */
+    symbackprop_f64_matmul(1, 8, n, x2_, 0, 1, g25, 8, 1, grad_W_i_part_6);
 
-    /* tmp1_31 = grad_t31 @ U_f^T */
-    double *tmp1_31 = t44; /* n x 8, in t44's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t31, 8, 1, U_f, 1, 8, tmp1_31);
+    /* grad_t11_part = g26 @ U_f^T */
+    double *grad_t11_part = t33; /* n x 8, in t33's memory */
+    symbackprop_f64_matmul(n, 8, 8, g26, 8, 1, U_f, 1, 8, grad_t11_part);
 
-    /* tmp1_32 = grad_t25 @ U_g^T */
-    double *tmp1_32 = t48; /* n x 8, in t48's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t25, 8, 1, U_g, 1, 8, tmp1_32);
+    /* grad_t11_part_1 = g27 @ U_g^T */
+    double *grad_t11_part_1 = t36; /* n x 8, in t36's memory */
+    symbackprop_f64_matmul(n, 8, 8, g27, 8, 1, U_g, 1, 8, grad_t11_part_1);
 
-    /* tmp1_33 = grad_t21 @ U_i^T */
-    double *tmp1_33 = t56; /* n x 8, in t56's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t21, 8, 1, U_i, 1, 8, tmp1_33);
+    /* grad_t11_part_2 = g25 @ U_i^T */
+    double *grad_t11_part_2 = t41; /* n x 8, in t41's memory */
+    symbackprop_f64_matmul(n, 8, 8, g25, 8, 1, U_i, 1, 8, grad_t11_part_2);
 
-    /* tmp1_34 = grad_t17 @ U_o^T */
-    double *tmp1_34 = t74; /* n x 8, in t74's memory */
-    lstm_sequence_matmul(n, 8, 8, grad_t17, 8, 1, U_o, 1, 8, tmp1_34);
+    /* grad_t11_part_3 = g28 @ U_o^T */
+    double *grad_t11_part_3 = t54; /* n x 8, in t54's memory */
+    symbackprop_f64_matmul(n, 8, 8, g28, 8, 1, U_o, 1, 8, grad_t11_part_3);
 
-    /* grad_t6 = t11*t7*(1 - t7)*(grad_t34*t32 + t3*(1 - t13**2)*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34)) */
-    /* grad_t10 = t7*(1 - t11**2)*(grad_t34*t32 + t3*(1 - t13**2)*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34)) */
-    /* grad_t2 = t13*t3*(1 - t3)*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34) */
-    /* grad_t5 = grad_t106 + grad_t127 + grad_t148 + grad_t21 + grad_t43 + grad_t64 + grad_t85 + t11*t7*(1 - t7)*(grad_t34*t32 + t3*(1 - t13**2)*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34)) */
-    /* grad_t9 = grad_t110 + grad_t131 + grad_t152 + grad_t25 + grad_t47 + grad_t68 + grad_t89 + t7*(1 - t11**2)*(grad_t34*t32 + t3*(1 - t13**2)*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34)) */
-    /* grad_t1 = grad_t102 + grad_t123 + grad_t144 + grad_t17 + grad_t39 + grad_t60 + grad_t81 + t13*t3*(1 - t3)*(tmp1_31 + tmp1_32 + tmp1_33 + tmp1_34) */
-    double *grad_t1 = grad_t76; /* n x 8, in grad_t76's memory */
-    double *grad_t10 = tmp1_21; /* n x 8, in tmp1_21's memory */
-    double *grad_t2 = tmp1_22; /* n x 8, in tmp1_22's memory */
-    double *grad_t5 = tmp1_23; /* n x 8, in tmp1_23's memory */
-    double *grad_t6 = tmp1_24; /* n x 8, in tmp1_24's memory */
-    double *grad_t9 = t12; /* n x 8, in t12's memory */
+    /* g29 = t5*t8*(1 - t5)*(grad_t25*t24 + t2*(1 - t10**2)*(grad_t11_part + grad_t11_part_1
+     * + grad_t11_part_2 + grad_t11_part_3)) */
+    /* g30 = t5*(1 - t8**2)*(grad_t25*t24 + t2*(1 - t10**2)*(grad_t11_part + grad_t11_part_1
+     * + grad_t11_part_2 + grad_t11_part_3)) */
+    /* g31 = t10*t2*(1 - t2)*(grad_t11_part + grad_t11_part_1 + grad_t11_part_2 +
+     * grad_t11_part_3) */
+    /* grad_t4 = g1 + g13 + g17 + g21 + g25 + g5 + g9 + t5*t8*(1 - t5)*(grad_t25*t24 + t2*(1
+     * - t10**2)*(grad_t11_part + grad_t11_part_1 + grad_t11_part_2 + grad_t11_part_3)) */
+    /* grad_t7 = g11 + g15 + g19 + g23 + g27 + g3 + g7 + t5*(1 - t8**2)*(grad_t25*t24 + t2*(1
+     * - t10**2)*(grad_t11_part + grad_t11_part_1 + grad_t11_part_2 + grad_t11_part_3)) */
+    /* grad_t1 = g12 + g16 + g20 + g24 + g28 + g4 + g8 + t10*t2*(1 - t2)*(grad_t11_part +
+     * grad_t11_part_1 + grad_t11_part_2 + grad_t11_part_3) */
+    double *g29 = grad_t55; /* n x 8, in grad_t55's memory */
+    double *g30 = grad_t42_part; /* n x 8, in grad_t42_part's memory */
+    double *g31 = grad_t42_part_1; /* n x 8, in grad_t42_part_1's memory */
+    double *grad_t4 = grad_t42_part_2; /* n x 8, in grad_t42_part_2's memory */
+    double *grad_t7 = grad_t42_part_3; /* n x 8, in grad_t42_part_3's memory */
+    double *grad_t1 = t9; /* n x 8, in t9's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const double x0 = t3[8*i + j]*(tmp1_31[8*i + j] + tmp1_32[8*i + j] + tmp1_33[8*i + j] + tmp1_34[8*i + j]);
-            const double x1 = t7[8*i + j]*(grad_t34[8*i + j]*t32[8*i + j] + x0*(1 - (t13[8*i + j]*t13[8*i + j])));
-            const double x2 = t11[8*i + j]*x1*(1 - t7[8*i + j]);
-            const double x3 = x1*(1 - (t11[8*i + j]*t11[8*i + j]));
-            const double x4 = t13[8*i + j]*x0*(1 - t3[8*i + j]);
-            grad_t6[8*i + j] = x2;
-            grad_t10[8*i + j] = x3;
-            grad_t2[8*i + j] = x4;
-            grad_t5[8*i + j] = grad_t148[8*i + j] + grad_t127[8*i + j] + grad_t106[8*i + j] + grad_t85[8*i + j] + grad_t64[8*i + j] + grad_t43[8*i + j] + grad_t21[8*i + j] + x2;
-            grad_t9[8*i + j] = grad_t152[8*i + j] + grad_t131[8*i + j] + grad_t110[8*i + j] + grad_t89[8*i + j] + grad_t68[8*i + j] + grad_t47[8*i + j] + grad_t25[8*i + j] + x3;
-            grad_t1[8*i + j] = grad_t144[8*i + j] + grad_t123[8*i + j] + grad_t102[8*i + j] + grad_t81[8*i + j] + grad_t60[8*i + j] + grad_t39[8*i + j] + grad_t17[8*i + j] + x4;
+            const double x0 = t2[8*i + j]*(grad_t11_part[8*i + j] + grad_t11_part_1[8*i + j] + grad_t11_part_2[8*i + j] + grad_t11_part_3[8*i + j]);
+            const double x1 = t5[8*i + j]*(grad_t25[8*i + j]*t24[8*i + j] + x0*(1 - (t10[8*i + j]*t10[8*i + j])));
+            const double x2 = t8[8*i + j]*x1*(1 - t5[8*i + j]);
+            const double x3 = x1*(1 - (t8[8*i + j]*t8[8*i + j]));
+            const double x4 = t10[8*i + j]*x0*(1 - t2[8*i + j]);
+            g29[8*i + j] = x2;
+            g30[8*i + j] = x3;
+            g31[8*i + j] = x4;
+            grad_t4[8*i + j] = g1[8*i + j] + g5[8*i + j] + g9[8*i + j] + g13[8*i + j] + g17[8*i + j] + g21[8*i + j] + g25[8*i + j] + x2;
+            grad_t7[8*i + j] = g3[8*i + j] + g7[8*i + j] + g11[8*i + j] + g15[8*i + j] + g19[8*i + j] + g23[8*i + j] + g27[8*i + j] + x3;
+            grad_t1[8*i + j] = g4[8*i + j] + g8[8*i + j] + g12[8*i + j] + g16[8*i + j] + g20[8*i + j] + g24[8*i + j] + g28[8*i + j] + x4;
         }
     }
 
-    /* tmp1_35 = x1^T @ grad_t6 */
-    double *tmp1_35 = tmp1_30 + 8; /* 1 x 8 */
-    lstm_sequence_matmul(1, 8, n, x1_, 0, 1, grad_t6, 8, 1, tmp1_35);
+    /* grad_W_i_part_7 = x1^T @ g29 */
+    double *grad_W_i_part_7 = grad_W_i_part_6 + 8; /* 1 x 8 */
+    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g29, 8, 1, grad_W_i_part_7);
 
-    /* grad_W_i = tmp1 + tmp1_10 + tmp1_15 + tmp1_20 + tmp1_25 + tmp1_30 + tmp1_35 + tmp1_5 */
+    /* grad_W_i = grad_W_i_part + grad_W_i_part_1 + grad_W_i_part_2 + grad_W_i_part_3 +
+     * grad_W_i_part_4 + grad_W_i_part_5 + grad_W_i_part_6 + grad_W_i_part_7 */
     for (int64_t j = 0; j < 8; ++j) {
-        grad_W_i[j] = tmp1[j] + tmp1_5[j] + tmp1_10[j] + tmp1_15[j] + tmp1_20[j] + tmp1_25[j] + tmp1_30[j] + tmp1_35[j];
+        grad_W_i[j] = grad_W_i_part[j] + grad_W_i_part_1[j] + grad_W_i_part_2[j] + grad_W_i_part_3[j] + grad_W_i_part_4[j] + grad_W_i_part_5[j] + grad_W_i_part_6[j] + grad_W_i_part_7[j];
     }
 
-    /* tmp1_36 = x8^T @ grad_t157 */
-    double *tmp1_36 = tmp1; /* 1 x 8, in tmp1's memory */
-    lstm_sequence_matmul(1, 8, n, x8_, 0, 1, grad_t157, 8, 1, tmp1_36);
+    /* grad_W_f_part = x8^T @ g2 */
+    double *grad_W_f_part = grad_W_i_part; /* 1 x 8, in grad_W_i_part's memory */
+    symbackprop_f64_matmul(1, 8, n, x8_, 0, 1, g2, 8, 1, grad_W_f_part);
 
-    /* tmp1_37 = x7^T @ grad_t136 */
-    double *tmp1_37 = tmp1_5; /* 1 x 8, in tmp1_5's memory */
-    lstm_sequence_matmul(1, 8, n, x7_, 0, 1, grad_t136, 8, 1, tmp1_37);
+    /* grad_W_f_part_1 = x7^T @ g6 */
+    double *grad_W_f_part_1 = grad_W_i_part_1; /* 1 x 8, in grad_W_i_part_1's memory */
+    symbackprop_f64_matmul(1, 8, n, x7_, 0, 1, g6, 8, 1, grad_W_f_part_1);
 
-    /* tmp1_38 = x6^T @ grad_t115 */
-    double *tmp1_38 = tmp1_10; /* 1 x 8, in tmp1_10's memory */
-    lstm_sequence_matmul(1, 8, n, x6_, 0, 1, grad_t115, 8, 1, tmp1_38);
+    /* grad_W_f_part_2 = x6^T @ g10 */
+    double *grad_W_f_part_2 = grad_W_i_part_2; /* 1 x 8, in grad_W_i_part_2's memory */
+    symbackprop_f64_matmul(1, 8, n, x6_, 0, 1, g10, 8, 1, grad_W_f_part_2);
 
-    /* tmp1_39 = x5^T @ grad_t94 */
-    double *tmp1_39 = tmp1_15; /* 1 x 8, in tmp1_15's memory */
-    lstm_sequence_matmul(1, 8, n, x5_, 0, 1, grad_t94, 8, 1, tmp1_39);
+    /* grad_W_f_part_3 = x5^T @ g14 */
+    double *grad_W_f_part_3 = grad_W_i_part_3; /* 1 x 8, in grad_W_i_part_3's memory */
+    symbackprop_f64_matmul(1, 8, n, x5_, 0, 1, g14, 8, 1, grad_W_f_part_3);
 
-    /* tmp1_40 = x4^T @ grad_t73 */
-    double *tmp1_40 = tmp1_20; /* 1 x 8, in tmp1_20's memory */
-    lstm_sequence_matmul(1, 8, n, x4_, 0, 1, grad_t73, 8, 1, tmp1_40);
+    /* grad_W_f_part_4 = x4^T @ g18 */
+    double *grad_W_f_part_4 = grad_W_i_part_4; /* 1 x 8, in grad_W_i_part_4's memory */
+    symbackprop_f64_matmul(1, 8, n, x4_, 0, 1, g18, 8, 1, grad_W_f_part_4);
 
-    /* tmp1_41 = x3^T @ grad_t52 */
-    double *tmp1_41 = tmp1_25; /* 1 x 8, in tmp1_25's memory */
-    lstm_sequence_matmul(1, 8, n, x3_, 0, 1, grad_t52, 8, 1, tmp1_41);
+    /* grad_W_f_part_5 = x3^T @ g22 */
+    double *grad_W_f_part_5 = grad_W_i_part_5; /* 1 x 8, in grad_W_i_part_5's memory */
+    symbackprop_f64_matmul(1, 8, n, x3_, 0, 1, g22, 8, 1, grad_W_f_part_5);
 
-    /* tmp1_42 = x2^T @ grad_t31 */
-    double *tmp1_42 = tmp1_30; /* 1 x 8, in tmp1_30's memory */
-    lstm_sequence_matmul(1, 8, n, x2_, 0, 1, grad_t31, 8, 1, tmp1_42);
+    /* grad_W_f_part_6 = x2^T @ g26 */
+    double *grad_W_f_part_6 = grad_W_i_part_6; /* 1 x 8, in grad_W_i_part_6's memory */
+    symbackprop_f64_matmul(1, 8, n, x2_, 0, 1, g26, 8, 1, grad_W_f_part_6);
 
-    /* grad_W_f = tmp1_36 + tmp1_37 + tmp1_38 + tmp1_39 + tmp1_40 + tmp1_41 + tmp1_42 */
+    /* grad_W_f = grad_W_f_part + grad_W_f_part_1 + grad_W_f_part_2 + grad_W_f_part_3 +
+     * grad_W_f_part_4 + grad_W_f_part_5 + grad_W_f_part_6 */
     for (int64_t j = 0; j < 8; ++j) {
-        grad_W_f[j] = tmp1_36[j] + tmp1_37[j] + tmp1_38[j] + tmp1_39[j] + tmp1_40[j] + tmp1_41[j] + tmp1_42[j];
+        grad_W_f[j] = grad_W_f_part[j] + grad_W_f_part_1[j] + grad_W_f_part_2[j] + grad_W_f_part_3[j] + grad_W_f_part_4[j] + grad_W_f_part_5[j] + grad_W_f_part_6[j];
     }
 
-    /* tmp1_43 = x8^T @ grad_t152 */
-    double *tmp1_43 = tmp1_35; /* 1 x 8, in tmp1_35's memory */
-    lstm_sequence_matmul(1, 8, n, x8_, 0, 1, grad_t152, 8, 1, tmp1_43);
+    /* grad_W_g_part = x8^T @ g3 */
+    double *grad_W_g_part = grad_W_i_part_7; /* 1 x 8, in grad_W_i_part_7's memory */
+    symbackprop_f64_matmul(1, 8, n, x8_, 0, 1, g3, 8, 1, grad_W_g_part);
 
-    /* tmp1_44 = x7^T @ grad_t131 */
-    double *tmp1_44 = tmp1_36; /* 1 x 8, in tmp1_36's memory */
-    lstm_sequence_matmul(1, 8, n, x7_, 0, 1, grad_t131, 8, 1, tmp1_44);
+    /* grad_W_g_part_1 = x7^T @ g7 */
+    double *grad_W_g_part_1 = grad_W_f_part; /* 1 x 8, in grad_W_f_part's memory */
+    symbackprop_f64_matmul(1, 8, n, x7_, 0, 1, g7, 8, 1, grad_W_g_part_1);
 
-    /* tmp1_45 = x6^T @ grad_t110 */
-    double *tmp1_45 = tmp1_37; /* 1 x 8, in tmp1_37's memory */
-    lstm_sequence_matmul(1, 8, n, x6_, 0, 1, grad_t110, 8, 1, tmp1_45);
+    /* grad_W_g_part_2 = x6^T @ g11 */
+    double *grad_W_g_part_2 = grad_W_f_part_1; /* 1 x 8, in grad_W_f_part_1's memory */
+    symbackprop_f64_matmul(1, 8, n, x6_, 0, 1, g11, 8, 1, grad_W_g_part_2);
 
-    /* tmp1_46 = x5^T @ grad_t89 */
-    double *tmp1_46 = tmp1_38; /* 1 x 8, in tmp1_38's memory */
-    lstm_sequence_matmul(1, 8, n, x5_, 0, 1, grad_t89, 8, 1, tmp1_46);
+    /* grad_W_g_part_3 = x5^T @ g15 */
+    double *grad_W_g_part_3 = grad_W_f_part_2; /* 1 x 8, in grad_W_f_part_2's memory */
+    symbackprop_f64_matmul(1, 8, n, x5_, 0, 1, g15, 8, 1, grad_W_g_part_3);
 
-    /* tmp1_47 = x4^T @ grad_t68 */
-    double *tmp1_47 = tmp1_39; /* 1 x 8, in tmp1_39's memory */
-    lstm_sequence_matmul(1, 8, n, x4_, 0, 1, grad_t68, 8, 1, tmp1_47);
+    /* grad_W_g_part_4 = x4^T @ g19 */
+    double *grad_W_g_part_4 = grad_W_f_part_3; /* 1 x 8, in grad_W_f_part_3's memory */
+    symbackprop_f64_matmul(1, 8, n, x4_, 0, 1, g19, 8, 1, grad_W_g_part_4);
 
-    /* tmp1_48 = x3^T @ grad_t47 */
-    double *tmp1_48 = tmp1_40; /* 1 x 8, in tmp1_40's memory */
-    lstm_sequence_matmul(1, 8, n, x3_, 0, 1, grad_t47, 8, 1, tmp1_48);
+    /* grad_W_g_part_5 = x3^T @ g23 */
+    double *grad_W_g_part_5 = grad_W_f_part_4; /* 1 x 8, in grad_W_f_part_4's memory */
+    symbackprop_f64_matmul(1, 8, n, x3_, 0, 1, g23, 8, 1, grad_W_g_part_5);
 
-    /* tmp1_49 = x2^T @ grad_t25 */
-    double *tmp1_49 = tmp1_41; /* 1 x 8, in tmp1_41's memory */
-    lstm_sequence_matmul(1, 8, n, x2_, 0, 1, grad_t25, 8, 1, tmp1_49);
+    /* grad_W_g_part_6 = x2^T @ g27 */
+    double *grad_W_g_part_6 = grad_W_f_part_5; /* 1 x 8, in grad_W_f_part_5's memory */
+    symbackprop_f64_matmul(1, 8, n, x2_, 0, 1, g27, 8, 1, grad_W_g_part_6);
 
-    /* tmp1_50 = x1^T @ grad_t10 */
-    double *tmp1_50 = tmp1_42; /* 1 x 8, in tmp1_42's memory */
-    lstm_sequence_matmul(1, 8, n, x1_, 0, 1, grad_t10, 8, 1, tmp1_50);
+    /* grad_W_g_part_7 = x1^T @ g30 */
+    double *grad_W_g_part_7 = grad_W_f_part_6; /* 1 x 8, in grad_W_f_part_6's memory */
+    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g30, 8, 1, grad_W_g_part_7);
 
-    /* grad_W_g = tmp1_43 + tmp1_44 + tmp1_45 + tmp1_46 + tmp1_47 + tmp1_48 + tmp1_49 + tmp1_50 */
+    /* grad_W_g = grad_W_g_part + grad_W_g_part_1 + grad_W_g_part_2 + grad_W_g_part_3 +
+     * grad_W_g_part_4 + grad_W_g_part_5 + grad_W_g_part_6 + grad_W_g_part_7 */
     for (int64_t j = 0; j < 8; ++j) {
-        grad_W_g[j] = tmp1_43[j] + tmp1_44[j] + tmp1_45[j] + tmp1_46[j] + tmp1_47[j] + tmp1_48[j] + tmp1_49[j] + tmp1_50[j];
+        grad_W_g[j] = grad_W_g_part[j] + grad_W_g_part_1[j] + grad_W_g_part_2[j] + grad_W_g_part_3[j] + grad_W_g_part_4[j] + grad_W_g_part_5[j] + grad_W_g_part_6[j] + grad_W_g_part_7[j];
     }
 
-    /* tmp1_51 = x8^T @ grad_t144 */
-    double *tmp1_51 = tmp1_43; /* 1 x 8, in tmp1_43's memory */
-    lstm_sequence_matmul(1, 8, n, x8_, 0, 1, grad_t144, 8, 1, tmp1_51);
+    /* grad_W_o_part = x8^T @ g4 */
+    double *grad_W_o_part = grad_W_g_part; /* 1 x 8, in grad_W_g_part's memory */
+    symbackprop_f64_matmul(1, 8, n, x8_, 0, 1, g4, 8, 1, grad_W_o_part);
 
-    /* tmp1_52 = x7^T @ grad_t123 */
-    double *tmp1_52 = tmp1_44; /* 1 x 8, in tmp1_44's memory */
-    lstm_sequence_matmul(1, 8, n, x7_, 0, 1, grad_t123, 8, 1, tmp1_52);
+    /* grad_W_o_part_1 = x7^T @ g8 */
+    double *grad_W_o_part_1 = grad_W_g_part_1; /* 1 x 8, in grad_W_g_part_1's memory */
+    symbackprop_f64_matmul(1, 8, n, x7_, 0, 1, g8, 8, 1, grad_W_o_part_1);
 
-    /* tmp1_53 = x6^T @ grad_t102 */
-    double *tmp1_53 = tmp1_45; /* 1 x 8, in tmp1_45's memory */
-    lstm_sequence_matmul(1, 8, n, x6_, 0, 1, grad_t102, 8, 1, tmp1_53);
+    /* grad_W_o_part_2 = x6^T @ g12 */
+    double *grad_W_o_part_2 = grad_W_g_part_2; /* 1 x 8, in grad_W_g_part_2's memory */
+    symbackprop_f64_matmul(1, 8, n, x6_, 0, 1, g12, 8, 1, grad_W_o_part_2);
 }
 
 /* lstm_sequence_run, part 7 of 8 (kernels 161 to 192): a long
@@ -1522,187 +1431,191 @@ static void lstm_sequence_run_part7(
     int with_grads
 )
 {
-    double *t14 = work + 64*n; /* n x 8; placed in an earlier part */
-    double *t36 = with_grads ? work + 144*n : work + 104*n; /* n x 8; placed in an earlier part */
-    double *t57 = with_grads ? work + 200*n : work + 104*n; /* n x 8; placed in an earlier part */
-    double *t78 = with_grads ? work + 256*n : work + 104*n; /* n x 8; placed in an earlier part */
-    double *t99 = with_grads ? work + 312*n : work + 104*n; /* n x 8; placed in an earlier part */
-    double *t120 = with_grads ? work + 368*n : work + 104*n; /* n x 8; placed in an earlier part */
-    double *t141 = with_grads ? work + 424*n : work + 104*n; /* n x 8; placed in an earlier part */
-    double *grad_t144 = work + 72*n; /* n x 8, in t155's memory; placed in an earlier part */
-    double *grad_t148 = work + 24*n; /* n x 8, in t156's memory; placed in an earlier part */
-    double *grad_t152 = work + 459*n + 1; /* n x 8; placed in an earlier part */
-    double *grad_t157 = work + 467*n + 1; /* n x 8; placed in an earlier part */
-    double *grad_t123 = work + 440*n; /* n x 8, in t161's memory; placed in an earlier part */
-    double *grad_t127 = work + 112*n; /* n x 8, in grad_t162's memory; placed in an earlier part */
-    double *grad_t131 = work + 483*n + 9; /* n x 8; placed in an earlier part */
-    double *grad_t136 = work + 491*n + 9; /* n x 8; placed in an earlier part */
-    double *grad_t106 = work + 8*n; /* n x 8, in t158's memory; placed in an earlier part */
-    double *grad_t110 = work + 475*n + 1; /* n x 8, in grad_t160's memory; placed in an earlier part */
-    double *grad_t115 = work + 408*n; /* n x 8, in tmp1_1's memory; placed in an earlier part */
-    double *grad_t81 = work + 328*n; /* n x 8, in t107's memory; placed in an earlier part */
-    double *grad_t85 = work + 336*n; /* n x 8, in t111's memory; placed in an earlier part */
-    double *grad_t89 = work + 360*n; /* n x 8, in t119's memory; placed in an earlier part */
-    double *grad_t94 = work + 400*n; /* n x 8, in t137's memory; placed in an earlier part */
-    double *grad_t60 = work + 240*n; /* n x 8, in t76's memory; placed in an earlier part */
-    double *grad_t64 = work + 264*n; /* n x 8, in t82's memory; placed in an earlier part */
-    double *grad_t68 = work + 272*n; /* n x 8, in t86's memory; placed in an earlier part */
-    double *grad_t73 = work + 280*n; /* n x 8, in t90's memory; placed in an earlier part */
-    double *grad_t39 = work + 296*n; /* n x 8, in tmp1_13's memory; placed in an earlier part */
-    double *grad_t43 = work + 320*n; /* n x 8, in tmp1_14's memory; placed in an earlier part */
-    double *grad_t47 = work + 184*n; /* n x 8, in t55's memory; placed in an earlier part */
-    double *grad_t52 = work + 208*n; /* n x 8, in t61's memory; placed in an earlier part */
-    double *grad_t17 = work + 352*n; /* n x 8, in tmp1_16's memory; placed in an earlier part */
-    double *grad_t21 = work + 376*n; /* n x 8, in tmp1_17's memory; placed in an earlier part */
-    double *grad_t25 = work + 384*n; /* n x 8, in tmp1_18's memory; placed in an earlier part */
-    double *grad_t31 = work + 128*n; /* n x 8, in t34's memory; placed in an earlier part */
-    double *grad_t2 = work + 432*n; /* n x 8, in tmp1_22's memory; placed in an earlier part */
-    double *tmp1_35 = work + 507*n + 57; /* 1 x 8; placed in an earlier part */
-    double *tmp1_46 = work + 507*n + 17; /* 1 x 8, in tmp1_38's memory; placed in an earlier part */
-    double *tmp1_47 = work + 507*n + 25; /* 1 x 8, in tmp1_39's memory; placed in an earlier part */
-    double *tmp1_48 = work + 507*n + 33; /* 1 x 8, in tmp1_40's memory; placed in an earlier part */
-    double *tmp1_49 = work + 507*n + 41; /* 1 x 8, in tmp1_41's memory; placed in an earlier part */
-    double *tmp1_50 = work + 507*n + 49; /* 1 x 8, in tmp1_42's memory; placed in an earlier part */
-    double *tmp1_51 = work + 507*n + 57; /* 1 x 8, in tmp1_43's memory; placed in an earlier part */
-    double *tmp1_52 = work + 483*n + 1; /* 1 x 8, in tmp1_44's memory; placed in an earlier part */
-    double *tmp1_53 = work + 507*n + 9; /* 1 x 8, in tmp1_45's memory; placed in an earlier part */
-    /* tmp1_54 = x5^T @ grad_t81 */
-    double *tmp1_54 = tmp1_46; /* 1 x 8, in tmp1_46's memory */
-    lstm_sequence_matmul(1, 8, n, x5_, 0, 1, grad_t81, 8, 1, tmp1_54);
+    double *t11 = work + 72*n; /* n x 8; placed in an earlier part */
+    double *t27 = with_grads ? work + 144*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t42 = with_grads ? work + 200*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t57 = with_grads ? work + 256*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t72 = with_grads ? work + 312*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t87 = with_grads ? work + 368*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t102 = with_grads ? work + 424*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *g1 = work + 24*n; /* n x 8, in t113's memory; placed in an earlier part */
+    double *g2 = work + 459*n + 1; /* n x 8; placed in an earlier part */
+    double *g3 = work + 467*n + 1; /* n x 8; placed in an earlier part */
+    double *g4 = work + 475*n + 1; /* n x 8; placed in an earlier part */
+    double *g5 = work + 112*n; /* n x 8, in grad_t116's memory; placed in an earlier part */
+    double *g6 = work + 483*n + 9; /* n x 8; placed in an earlier part */
+    double *g7 = work + 491*n + 9; /* n x 8; placed in an earlier part */
+    double *g8 = work + 499*n + 9; /* n x 8; placed in an earlier part */
+    double *g9 = work + 8*n; /* n x 8, in t114's memory; placed in an earlier part */
+    double *g10 = work + 40*n; /* n x 8, in g0's memory; placed in an earlier part */
+    double *g11 = work + 408*n; /* n x 8, in grad_t102_part's memory; placed in an earlier part */
+    double *g13 = work + 336*n; /* n x 8, in t81's memory; placed in an earlier part */
+    double *g14 = work + 360*n; /* n x 8, in t86's memory; placed in an earlier part */
+    double *g15 = work + 400*n; /* n x 8, in t99's memory; placed in an earlier part */
+    double *g16 = work + 440*n; /* n x 8, in grad_t100's memory; placed in an earlier part */
+    double *g17 = work + 264*n; /* n x 8, in t60's memory; placed in an earlier part */
+    double *g18 = work + 272*n; /* n x 8, in t63's memory; placed in an earlier part */
+    double *g19 = work + 280*n; /* n x 8, in t66's memory; placed in an earlier part */
+    double *g20 = work + 304*n; /* n x 8, in t71's memory; placed in an earlier part */
+    double *g21 = work + 320*n; /* n x 8, in grad_t72_part_3's memory; placed in an earlier part */
+    double *g22 = work + 184*n; /* n x 8, in t40's memory; placed in an earlier part */
+    double *g23 = work + 208*n; /* n x 8, in t45's memory; placed in an earlier part */
+    double *g24 = work + 216*n; /* n x 8, in t48's memory; placed in an earlier part */
+    double *g25 = work + 376*n; /* n x 8, in grad_t57_part_1's memory; placed in an earlier part */
+    double *g26 = work + 384*n; /* n x 8, in grad_t57_part_2's memory; placed in an earlier part */
+    double *g27 = work + 392*n; /* n x 8, in grad_t57_part_3's memory; placed in an earlier part */
+    double *g28 = work + 128*n; /* n x 8, in t25's memory; placed in an earlier part */
+    double *g31 = work + 416*n; /* n x 8, in grad_t42_part_1's memory; placed in an earlier part */
+    double *grad_W_i_part_7 = work + 507*n + 57; /* 1 x 8; placed in an earlier part */
+    double *grad_W_g_part_3 = work + 507*n + 17; /* 1 x 8, in grad_W_f_part_2's memory; placed in an earlier part */
+    double *grad_W_g_part_4 = work + 507*n + 25; /* 1 x 8, in grad_W_f_part_3's memory; placed in an earlier part */
+    double *grad_W_g_part_5 = work + 507*n + 33; /* 1 x 8, in grad_W_f_part_4's memory; placed in an earlier part */
+    double *grad_W_g_part_6 = work + 507*n + 41; /* 1 x 8, in grad_W_f_part_5's memory; placed in an earlier part */
+    double *grad_W_g_part_7 = work + 507*n + 49; /* 1 x 8, in grad_W_f_part_6's memory; placed in an earlier part */
+    double *grad_W_o_part = work + 507*n + 57; /* 1 x 8, in grad_W_g_part's memory; placed in an earlier part */
+    double *grad_W_o_part_1 = work + 483*n + 1; /* 1 x 8, in grad_W_g_part_1's memory; placed in an earlier part */
+    double *grad_W_o_part_2 = work + 507*n + 9; /* 1 x 8, in grad_W_g_part_2's memory; placed in an earlier part */
+    /* grad_W_o_part_3 = x5^T @ g16 */
+    double *grad_W_o_part_3 = grad_W_g_part_3; /* 1 x 8, in grad_W_g_part_3's memory */
+    symbackprop_f64_matmul(1, 8, n, x5_, 0, 1, g16, 8, 1, grad_W_o_part_3);
 
-    /* tmp1_55 = x4^T @ grad_t60 */
-    double *tmp1_55 = tmp1_47; /* 1 x 8, in tmp1_47's memory */
-    lstm_sequence_matmul(1, 8, n, x4_, 0, 1, grad_t60, 8, 1, tmp1_55);
+    /* grad_W_o_part_4 = x4^T @ g20 */
+    double *grad_W_o_part_4 = grad_W_g_part_4; /* 1 x 8, in grad_W_g_part_4's memory */
+    symbackprop_f64_matmul(1, 8, n, x4_, 0, 1, g20, 8, 1, grad_W_o_part_4);
 
-    /* tmp1_56 = x3^T @ grad_t39 */
-    double *tmp1_56 = tmp1_48; /* 1 x 8, in tmp1_48's memory */
-    lstm_sequence_matmul(1, 8, n, x3_, 0, 1, grad_t39, 8, 1, tmp1_56);
+    /* grad_W_o_part_5 = x3^T @ g24 */
+    double *grad_W_o_part_5 = grad_W_g_part_5; /* 1 x 8, in grad_W_g_part_5's memory */
+    symbackprop_f64_matmul(1, 8, n, x3_, 0, 1, g24, 8, 1, grad_W_o_part_5);
 
-    /* tmp1_57 = x2^T @ grad_t17 */
-    double *tmp1_57 = tmp1_49; /* 1 x 8, in tmp1_49's memory */
-    lstm_sequence_matmul(1, 8, n, x2_, 0, 1, grad_t17, 8, 1, tmp1_57);
+    /* grad_W_o_part_6 = x2^T @ g28 */
+    double *grad_W_o_part_6 = grad_W_g_part_6; /* 1 x 8, in grad_W_g_part_6's memory */
+    symbackprop_f64_matmul(1, 8, n, x2_, 0, 1, g28, 8, 1, grad_W_o_part_6);
 
-    /* tmp1_58 = x1^T @ grad_t2 */
-    double *tmp1_58 = tmp1_50; /* 1 x 8, in tmp1_50's memory */
-    lstm_sequence_matmul(1, 8, n, x1_, 0, 1, grad_t2, 8, 1, tmp1_58);
+    /* grad_W_o_part_7 = x1^T @ g31 */
+    double *grad_W_o_part_7 = grad_W_g_part_7; /* 1 x 8, in grad_W_g_part_7's memory */
+    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g31, 8, 1, grad_W_o_part_7);
 
-    /* grad_W_o = tmp1_51 + tmp1_52 + tmp1_53 + tmp1_54 + tmp1_55 + tmp1_56 + tmp1_57 + tmp1_58 */
+    /* grad_W_o = grad_W_o_part + grad_W_o_part_1 + grad_W_o_part_2 + grad_W_o_part_3 +
+     * grad_W_o_part_4 + grad_W_o_part_5 + grad_W_o_part_6 + grad_W_o_part_7 */
     for (int64_t j = 0; j < 8; ++j) {
-        grad_W_o[j] = tmp1_51[j] + tmp1_52[j] + tmp1_53[j] + tmp1_54[j] + tmp1_55[j] + tmp1_56[j] + tmp1_57[j] + tmp1_58[j];
+        grad_W_o[j] = grad_W_o_part[j] + grad_W_o_part_1[j] + grad_W_o_part_2[j] + grad_W_o_part_3[j] + grad_W_o_part_4[j] + grad_W_o_part_5[j] + grad_W_o_part_6[j] + grad_W_o_part_7[j];
     }
 
-    /* tmp1_59 = t141^T @ grad_t148 */
-    double *tmp1_59 = tmp1_35 + 8; /* 8 x 8 */
-    lstm_sequence_matmul(8, 8, n, t141, 1, 8, grad_t148, 8, 1, tmp1_59);
+    /* grad_U_i_part = t102^T @ g1 */
+    double *grad_U_i_part = grad_W_i_part_7 + 8; /* 8 x 8 */
+    symbackprop_f64_matmul(8, 8, n, t102, 1, 8, g1, 8, 1, grad_U_i_part);
 
-    /* tmp1_60 = t120^T @ grad_t127 */
-    double *tmp1_60 = tmp1_59 + 64; /* 8 x 8 */
-    lstm_sequence_matmul(8, 8, n, t120, 1, 8, grad_t127, 8, 1, tmp1_60);
+    /* grad_U_i_part_1 = t87^T @ g5 */
+    double *grad_U_i_part_1 = grad_U_i_part + 64; /* 8 x 8 */
+    symbackprop_f64_matmul(8, 8, n, t87, 1, 8, g5, 8, 1, grad_U_i_part_1);
 
-    /* tmp1_61 = t99^T @ grad_t106 */
-    double *tmp1_61 = tmp1_60 + 64; /* 8 x 8 */
-    lstm_sequence_matmul(8, 8, n, t99, 1, 8, grad_t106, 8, 1, tmp1_61);
+    /* grad_U_i_part_2 = t72^T @ g9 */
+    double *grad_U_i_part_2 = grad_U_i_part_1 + 64; /* 8 x 8 */
+    symbackprop_f64_matmul(8, 8, n, t72, 1, 8, g9, 8, 1, grad_U_i_part_2);
 
-    /* tmp1_62 = t78^T @ grad_t85 */
-    double *tmp1_62 = tmp1_61 + 64; /* 8 x 8 */
-    lstm_sequence_matmul(8, 8, n, t78, 1, 8, grad_t85, 8, 1, tmp1_62);
+    /* grad_U_i_part_3 = t57^T @ g13 */
+    double *grad_U_i_part_3 = grad_U_i_part_2 + 64; /* 8 x 8 */
+    symbackprop_f64_matmul(8, 8, n, t57, 1, 8, g13, 8, 1, grad_U_i_part_3);
 
-    /* tmp1_63 = t57^T @ grad_t64 */
-    double *tmp1_63 = tmp1_62 + 64; /* 8 x 8 */
-    lstm_sequence_matmul(8, 8, n, t57, 1, 8, grad_t64, 8, 1, tmp1_63);
+    /* grad_U_i_part_4 = t42^T @ g17 */
+    double *grad_U_i_part_4 = grad_U_i_part_3 + 64; /* 8 x 8 */
+    symbackprop_f64_matmul(8, 8, n, t42, 1, 8, g17, 8, 1, grad_U_i_part_4);
 
-    /* tmp1_64 = t36^T @ grad_t43 */
-    double *tmp1_64 = tmp1_63 + 64; /* 8 x 8 */
-    lstm_sequence_matmul(8, 8, n, t36, 1, 8, grad_t43, 8, 1, tmp1_64);
+    /* grad_U_i_part_5 = t27^T @ g21 */
+    double *grad_U_i_part_5 = grad_U_i_part_4 + 64; /* 8 x 8 */
+    symbackprop_f64_matmul(8, 8, n, t27, 1, 8, g21, 8, 1, grad_U_i_part_5);
 
-    /* tmp1_65 = t14^T @ grad_t21 */
-    double *tmp1_65 = tmp1_64 + 64; /* 8 x 8 */
-    lstm_sequence_matmul(8, 8, n, t14, 1, 8, grad_t21, 8, 1, tmp1_65);
+    /* grad_U_i_part_6 = t11^T @ g25 */
+    double *grad_U_i_part_6 = grad_U_i_part_5 + 64; /* 8 x 8 */
+    symbackprop_f64_matmul(8, 8, n, t11, 1, 8, g25, 8, 1, grad_U_i_part_6);
 
-    /* grad_U_i = tmp1_59 + tmp1_60 + tmp1_61 + tmp1_62 + tmp1_63 + tmp1_64 + tmp1_65 */
+    /* grad_U_i = grad_U_i_part + grad_U_i_part_1 + grad_U_i_part_2 + grad_U_i_part_3 +
+     * grad_U_i_part_4 + grad_U_i_part_5 + grad_U_i_part_6 */
     for (int64_t i = 0; i < 8; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            grad_U_i[8*i + j] = tmp1_59[8*i + j] + tmp1_60[8*i + j] + tmp1_61[8*i + j] + tmp1_62[8*i + j] + tmp1_63[8*i + j] + tmp1_64[8*i + j] + tmp1_65[8*i + j];
+            grad_U_i[8*i + j] = grad_U_i_part[8*i + j] + grad_U_i_part_1[8*i + j] + grad_U_i_part_2[8*i + j] + grad_U_i_part_3[8*i + j] + grad_U_i_part_4[8*i + j] + grad_U_i_part_5[8*i + j] + grad_U_i_part_6[8*i + j];
         }
     }
 
-    /* tmp1_66 = t141^T @ grad_t157 */
-    double *tmp1_66 = tmp1_59; /* 8 x 8, in tmp1_59's memory */
-    lstm_sequence_matmul(8, 8, n, t141, 1, 8, grad_t157, 8, 1, tmp1_66);
+    /* grad_U_f_part = t102^T @ g2 */
+    double *grad_U_f_part = grad_U_i_part; /* 8 x 8, in grad_U_i_part's memory */
+    symbackprop_f64_matmul(8, 8, n, t102, 1, 8, g2, 8, 1, grad_U_f_part);
 
-    /* tmp1_67 = t120^T @ grad_t136 */
-    double *tmp1_67 = tmp1_60; /* 8 x 8, in tmp1_60's memory */
-    lstm_sequence_matmul(8, 8, n, t120, 1, 8, grad_t136, 8, 1, tmp1_67);
+    /* grad_U_f_part_1 = t87^T @ g6 */
+    double *grad_U_f_part_1 = grad_U_i_part_1; /* 8 x 8, in grad_U_i_part_1's memory */
+    symbackprop_f64_matmul(8, 8, n, t87, 1, 8, g6, 8, 1, grad_U_f_part_1);
 
-    /* tmp1_68 = t99^T @ grad_t115 */
-    double *tmp1_68 = tmp1_61; /* 8 x 8, in tmp1_61's memory */
-    lstm_sequence_matmul(8, 8, n, t99, 1, 8, grad_t115, 8, 1, tmp1_68);
+    /* grad_U_f_part_2 = t72^T @ g10 */
+    double *grad_U_f_part_2 = grad_U_i_part_2; /* 8 x 8, in grad_U_i_part_2's memory */
+    symbackprop_f64_matmul(8, 8, n, t72, 1, 8, g10, 8, 1, grad_U_f_part_2);
 
-    /* tmp1_69 = t78^T @ grad_t94 */
-    double *tmp1_69 = tmp1_62; /* 8 x 8, in tmp1_62's memory */
-    lstm_sequence_matmul(8, 8, n, t78, 1, 8, grad_t94, 8, 1, tmp1_69);
+    /* grad_U_f_part_3 = t57^T @ g14 */
+    double *grad_U_f_part_3 = grad_U_i_part_3; /* 8 x 8, in grad_U_i_part_3's memory */
+    symbackprop_f64_matmul(8, 8, n, t57, 1, 8, g14, 8, 1, grad_U_f_part_3);
 
-    /* tmp1_70 = t57^T @ grad_t73 */
-    double *tmp1_70 = tmp1_63; /* 8 x 8, in tmp1_63's memory */
-    lstm_sequence_matmul(8, 8, n, t57, 1, 8, grad_t73, 8, 1, tmp1_70);
+    /* grad_U_f_part_4 = t42^T @ g18 */
+    double *grad_U_f_part_4 = grad_U_i_part_4; /* 8 x 8, in grad_U_i_part_4's memory */
+    symbackprop_f64_matmul(8, 8, n, t42, 1, 8, g18, 8, 1, grad_U_f_part_4);
 
-    /* tmp1_71 = t36^T @ grad_t52 */
-    double *tmp1_71 = tmp1_64; /* 8 x 8, in tmp1_64's memory */
-    lstm_sequence_matmul(8, 8, n, t36, 1, 8, grad_t52, 8, 1, tmp1_71);
+    /* grad_U_f_part_5 = t27^T @ g22 */
+    double *grad_U_f_part_5 = grad_U_i_part_5; /* 8 x 8, in grad_U_i_part_5's memory */
+    symbackprop_f64_matmul(8, 8, n, t27, 1, 8, g22, 8, 1, grad_U_f_part_5);
 
-    /* tmp1_72 = t14^T @ grad_t31 */
-    double *tmp1_72 = tmp1_65; /* 8 x 8, in tmp1_65's memory */
-    lstm_sequence_matmul(8, 8, n, t14, 1, 8, grad_t31, 8, 1, tmp1_72);
+    /* grad_U_f_part_6 = t11^T @ g26 */
+    double *grad_U_f_part_6 = grad_U_i_part_6; /* 8 x 8, in grad_U_i_part_6's memory */
+    symbackprop_f64_matmul(8, 8, n, t11, 1, 8, g26, 8, 1, grad_U_f_part_6);
 
-    /* grad_U_f = tmp1_66 + tmp1_67 + tmp1_68 + tmp1_69 + tmp1_70 + tmp1_71 + tmp1_72 */
+    /* grad_U_f = grad_U_f_part + grad_U_f_part_1 + grad_U_f_part_2 + grad_U_f_part_3 +
+     * grad_U_f_part_4 + grad_U_f_part_5 + grad_U_f_part_6 */
     for (int64_t i = 0; i < 8; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            grad_U_f[8*i + j] = tmp1_66[8*i + j] + tmp1_67[8*i + j] + tmp1_68[8*i + j] + tmp1_69[8*i + j] + tmp1_70[8*i + j] + tmp1_71[8*i + j] + tmp1_72[8*i + j];
+            grad_U_f[8*i + j] = grad_U_f_part[8*i + j] + grad_U_f_part_1[8*i + j] + grad_U_f_part_2[8*i + j] + grad_U_f_part_3[8*i + j] + grad_U_f_part_4[8*i + j] + grad_U_f_part_5[8*i + j] + grad_U_f_part_6[8*i + j];
         }
     }
 
-    /* tmp1_73 = t141^T @ grad_t152 */
-    double *tmp1_73 = tmp1_66; /* 8 x 8, in tmp1_66's memory */
-    lstm_sequence_matmul(8, 8, n, t141, 1, 8, grad_t152, 8, 1, tmp1_73);
+    /* grad_U_g_part = t102^T @ g3 */
+    double *grad_U_g_part = grad_U_f_part; /* 8 x 8, in grad_U_f_part's memory */
+    symbackprop_f64_matmul(8, 8, n, t102, 1, 8, g3, 8, 1, grad_U_g_part);
 
-    /* tmp1_74 = t120^T @ grad_t131 */
-    double *tmp1_74 = tmp1_67; /* 8 x 8, in tmp1_67's memory */
-    lstm_sequence_matmul(8, 8, n, t120, 1, 8, grad_t131, 8, 1, tmp1_74);
+    /* grad_U_g_part_1 = t87^T @ g7 */
+    double *grad_U_g_part_1 = grad_U_f_part_1; /* 8 x 8, in grad_U_f_part_1's memory */
+    symbackprop_f64_matmul(8, 8, n, t87, 1, 8, g7, 8, 1, grad_U_g_part_1);
 
-    /* tmp1_75 = t99^T @ grad_t110 */
-    double *tmp1_75 = tmp1_68; /* 8 x 8, in tmp1_68's memory */
-    lstm_sequence_matmul(8, 8, n, t99, 1, 8, grad_t110, 8, 1, tmp1_75);
+    /* grad_U_g_part_2 = t72^T @ g11 */
+    double *grad_U_g_part_2 = grad_U_f_part_2; /* 8 x 8, in grad_U_f_part_2's memory */
+    symbackprop_f64_matmul(8, 8, n, t72, 1, 8, g11, 8, 1, grad_U_g_part_2);
 
-    /* tmp1_76 = t78^T @ grad_t89 */
-    double *tmp1_76 = tmp1_69; /* 8 x 8, in tmp1_69's memory */
-    lstm_sequence_matmul(8, 8, n, t78, 1, 8, grad_t89, 8, 1, tmp1_76);
+    /* grad_U_g_part_3 = t57^T @ g15 */
+    double *grad_U_g_part_3 = grad_U_f_part_3; /* 8 x 8, in grad_U_f_part_3's memory */
+    symbackprop_f64_matmul(8, 8, n, t57, 1, 8, g15, 8, 1, grad_U_g_part_3);
 
-    /* tmp1_77 = t57^T @ grad_t68 */
-    double *tmp1_77 = tmp1_70; /* 8 x 8, in tmp1_70's memory */
-    lstm_sequence_matmul(8, 8, n, t57, 1, 8, grad_t68, 8, 1, tmp1_77);
+    /* grad_U_g_part_4 = t42^T @ g19 */
+    double *grad_U_g_part_4 = grad_U_f_part_4; /* 8 x 8, in grad_U_f_part_4's memory */
+    symbackprop_f64_matmul(8, 8, n, t42, 1, 8, g19, 8, 1, grad_U_g_part_4);
 
-    /* tmp1_78 = t36^T @ grad_t47 */
-    double *tmp1_78 = tmp1_71; /* 8 x 8, in tmp1_71's memory */
-    lstm_sequence_matmul(8, 8, n, t36, 1, 8, grad_t47, 8, 1, tmp1_78);
+    /* grad_U_g_part_5 = t27^T @ g23 */
+    double *grad_U_g_part_5 = grad_U_f_part_5; /* 8 x 8, in grad_U_f_part_5's memory */
+    symbackprop_f64_matmul(8, 8, n, t27, 1, 8, g23, 8, 1, grad_U_g_part_5);
 
-    /* tmp1_79 = t14^T @ grad_t25 */
-    double *tmp1_79 = tmp1_72; /* 8 x 8, in tmp1_72's memory */
-    lstm_sequence_matmul(8, 8, n, t14, 1, 8, grad_t25, 8, 1, tmp1_79);
+    /* grad_U_g_part_6 = t11^T @ g27 */
+    double *grad_U_g_part_6 = grad_U_f_part_6; /* 8 x 8, in grad_U_f_part_6's memory */
+    symbackprop_f64_matmul(8, 8, n, t11, 1, 8, g27, 8, 1, grad_U_g_part_6);
 
-    /* grad_U_g = tmp1_73 + tmp1_74 + tmp1_75 + tmp1_76 + tmp1_77 + tmp1_78 + tmp1_79 */
+    /* grad_U_g = grad_U_g_part + grad_U_g_part_1 + grad_U_g_part_2 + grad_U_g_part_3 +
+     * grad_U_g_part_4 + grad_U_g_part_5 + grad_U_g_part_6 */
     for (int64_t i = 0; i < 8; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            grad_U_g[8*i + j] = tmp1_73[8*i + j] + tmp1_74[8*i + j] + tmp1_75[8*i + j] + tmp1_76[8*i + j] + tmp1_77[8*i + j] + tmp1_78[8*i + j] + tmp1_79[8*i + j];
+            grad_U_g[8*i + j] = grad_U_g_part[8*i + j] + grad_U_g_part_1[8*i + j] + grad_U_g_part_2[8*i + j] + grad_U_g_part_3[8*i + j] + grad_U_g_part_4[8*i + j] + grad_U_g_part_5[8*i + j] + grad_U_g_part_6[8*i + j];
         }
     }
 
-    /* tmp1_80 = t141^T @ grad_t144 */
-    double *tmp1_80 = tmp1_73; /* 8 x 8, in tmp1_73's memory */
-    lstm_sequence_matmul(8, 8, n, t141, 1, 8, grad_t144, 8, 1, tmp1_80);
+    /* grad_U_o_part = t102^T @ g4 */
+    double *grad_U_o_part = grad_U_g_part; /* 8 x 8, in grad_U_g_part's memory */
+    symbackprop_f64_matmul(8, 8, n, t102, 1, 8, g4, 8, 1, grad_U_o_part);
 
-    /* tmp1_81 = t120^T @ grad_t123 */
-    double *tmp1_81 = tmp1_74; /* 8 x 8, in tmp1_74's memory */
-    lstm_sequence_matmul(8, 8, n, t120, 1, 8, grad_t123, 8, 1, tmp1_81);
+    /* grad_U_o_part_1 = t87^T @ g8 */
+    double *grad_U_o_part_1 = grad_U_g_part_1; /* 8 x 8, in grad_U_g_part_1's memory */
+    symbackprop_f64_matmul(8, 8, n, t87, 1, 8, g8, 8, 1, grad_U_o_part_1);
 }
 
 /* lstm_sequence_run, part 8 of 8 (kernels 193 to 204): a long
@@ -1721,84 +1634,86 @@ static void lstm_sequence_run_part8(
     int with_grads
 )
 {
-    double *t14 = work + 64*n; /* n x 8; placed in an earlier part */
-    double *t36 = with_grads ? work + 144*n : work + 104*n; /* n x 8; placed in an earlier part */
-    double *t57 = with_grads ? work + 200*n : work + 104*n; /* n x 8; placed in an earlier part */
-    double *t78 = with_grads ? work + 256*n : work + 104*n; /* n x 8; placed in an earlier part */
-    double *t99 = with_grads ? work + 312*n : work + 104*n; /* n x 8; placed in an earlier part */
-    double *t162 = with_grads ? work + 448*n : work + 48*n; /* n x 8; placed in an earlier part */
-    double *grad_logit = with_grads ? work + 457*n : work + 113*n; /* n x 1; placed in an earlier part */
-    double *grad_t102 = work + 416*n; /* n x 8, in t140's memory; placed in an earlier part */
-    double *grad_t81 = work + 328*n; /* n x 8, in t107's memory; placed in an earlier part */
-    double *grad_t60 = work + 240*n; /* n x 8, in t76's memory; placed in an earlier part */
-    double *grad_t39 = work + 296*n; /* n x 8, in tmp1_13's memory; placed in an earlier part */
-    double *grad_t17 = work + 352*n; /* n x 8, in tmp1_16's memory; placed in an earlier part */
-    double *grad_t30 = work + 392*n; /* n x 8, in tmp1_19's memory; placed in an earlier part */
-    double *grad_t1 = work + 304*n; /* n x 8, in grad_t76's memory; placed in an earlier part */
-    double *grad_t5 = work + 80*n; /* n x 8, in tmp1_23's memory; placed in an earlier part */
-    double *grad_t9 = work + 48*n; /* n x 8, in t12's memory; placed in an earlier part */
-    double *tmp1_75 = work + 507*n + 193; /* 8 x 8, in tmp1_68's memory; placed in an earlier part */
-    double *tmp1_76 = work + 507*n + 257; /* 8 x 8, in tmp1_69's memory; placed in an earlier part */
-    double *tmp1_77 = work + 507*n + 321; /* 8 x 8, in tmp1_70's memory; placed in an earlier part */
-    double *tmp1_78 = work + 507*n + 385; /* 8 x 8, in tmp1_71's memory; placed in an earlier part */
-    double *tmp1_79 = work + 507*n + 449; /* 8 x 8, in tmp1_72's memory; placed in an earlier part */
-    double *tmp1_80 = work + 507*n + 65; /* 8 x 8, in tmp1_73's memory; placed in an earlier part */
-    double *tmp1_81 = work + 507*n + 129; /* 8 x 8, in tmp1_74's memory; placed in an earlier part */
-    /* tmp1_82 = t99^T @ grad_t102 */
-    double *tmp1_82 = tmp1_75; /* 8 x 8, in tmp1_75's memory */
-    lstm_sequence_matmul(8, 8, n, t99, 1, 8, grad_t102, 8, 1, tmp1_82);
+    double *t11 = work + 72*n; /* n x 8; placed in an earlier part */
+    double *t27 = with_grads ? work + 144*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t42 = with_grads ? work + 200*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t57 = with_grads ? work + 256*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t72 = with_grads ? work + 312*n : work + 104*n; /* n x 8; placed in an earlier part */
+    double *t116 = with_grads ? work + 448*n : work + 56*n; /* n x 8; placed in an earlier part */
+    double *grad_logit = with_grads ? work + 458*n : work + 114*n; /* n x 1; placed in an earlier part */
+    double *g12 = work + 432*n; /* n x 8, in grad_t102_part_1's memory; placed in an earlier part */
+    double *g16 = work + 440*n; /* n x 8, in grad_t100's memory; placed in an earlier part */
+    double *g20 = work + 304*n; /* n x 8, in t71's memory; placed in an earlier part */
+    double *g24 = work + 216*n; /* n x 8, in t48's memory; placed in an earlier part */
+    double *g28 = work + 128*n; /* n x 8, in t25's memory; placed in an earlier part */
+    double *grad_t23 = work + 152*n; /* n x 8, in t30's memory; placed in an earlier part */
+    double *grad_t4 = work + 80*n; /* n x 8, in grad_t42_part_2's memory; placed in an earlier part */
+    double *grad_t7 = work; /* n x 8, in grad_t42_part_3's memory; placed in an earlier part */
+    double *grad_t1 = work + 56*n; /* n x 8, in t9's memory; placed in an earlier part */
+    double *grad_U_g_part_2 = work + 507*n + 193; /* 8 x 8, in grad_U_f_part_2's memory; placed in an earlier part */
+    double *grad_U_g_part_3 = work + 507*n + 257; /* 8 x 8, in grad_U_f_part_3's memory; placed in an earlier part */
+    double *grad_U_g_part_4 = work + 507*n + 321; /* 8 x 8, in grad_U_f_part_4's memory; placed in an earlier part */
+    double *grad_U_g_part_5 = work + 507*n + 385; /* 8 x 8, in grad_U_f_part_5's memory; placed in an earlier part */
+    double *grad_U_g_part_6 = work + 507*n + 449; /* 8 x 8, in grad_U_f_part_6's memory; placed in an earlier part */
+    double *grad_U_o_part = work + 507*n + 65; /* 8 x 8, in grad_U_g_part's memory; placed in an earlier part */
+    double *grad_U_o_part_1 = work + 507*n + 129; /* 8 x 8, in grad_U_g_part_1's memory; placed in an earlier part */
+    /* grad_U_o_part_2 = t72^T @ g12 */
+    double *grad_U_o_part_2 = grad_U_g_part_2; /* 8 x 8, in grad_U_g_part_2's memory */
+    symbackprop_f64_matmul(8, 8, n, t72, 1, 8, g12, 8, 1, grad_U_o_part_2);
 
-    /* tmp1_83 = t78^T @ grad_t81 */
-    double *tmp1_83 = tmp1_76; /* 8 x 8, in tmp1_76's memory */
-    lstm_sequence_matmul(8, 8, n, t78, 1, 8, grad_t81, 8, 1, tmp1_83);
+    /* grad_U_o_part_3 = t57^T @ g16 */
+    double *grad_U_o_part_3 = grad_U_g_part_3; /* 8 x 8, in grad_U_g_part_3's memory */
+    symbackprop_f64_matmul(8, 8, n, t57, 1, 8, g16, 8, 1, grad_U_o_part_3);
 
-    /* tmp1_84 = t57^T @ grad_t60 */
-    double *tmp1_84 = tmp1_77; /* 8 x 8, in tmp1_77's memory */
-    lstm_sequence_matmul(8, 8, n, t57, 1, 8, grad_t60, 8, 1, tmp1_84);
+    /* grad_U_o_part_4 = t42^T @ g20 */
+    double *grad_U_o_part_4 = grad_U_g_part_4; /* 8 x 8, in grad_U_g_part_4's memory */
+    symbackprop_f64_matmul(8, 8, n, t42, 1, 8, g20, 8, 1, grad_U_o_part_4);
 
-    /* tmp1_85 = t36^T @ grad_t39 */
-    double *tmp1_85 = tmp1_78; /* 8 x 8, in tmp1_78's memory */
-    lstm_sequence_matmul(8, 8, n, t36, 1, 8, grad_t39, 8, 1, tmp1_85);
+    /* grad_U_o_part_5 = t27^T @ g24 */
+    double *grad_U_o_part_5 = grad_U_g_part_5; /* 8 x 8, in grad_U_g_part_5's memory */
+    symbackprop_f64_matmul(8, 8, n, t27, 1, 8, g24, 8, 1, grad_U_o_part_5);
 
-    /* tmp1_86 = t14^T @ grad_t17 */
-    double *tmp1_86 = tmp1_79; /* 8 x 8, in tmp1_79's memory */
-    lstm_sequence_matmul(8, 8, n, t14, 1, 8, grad_t17, 8, 1, tmp1_86);
+    /* grad_U_o_part_6 = t11^T @ g28 */
+    double *grad_U_o_part_6 = grad_U_g_part_6; /* 8 x 8, in grad_U_g_part_6's memory */
+    symbackprop_f64_matmul(8, 8, n, t11, 1, 8, g28, 8, 1, grad_U_o_part_6);
 
-    /* grad_U_o = tmp1_80 + tmp1_81 + tmp1_82 + tmp1_83 + tmp1_84 + tmp1_85 + tmp1_86 */
+    /* grad_U_o = grad_U_o_part + grad_U_o_part_1 + grad_U_o_part_2 + grad_U_o_part_3 +
+     * grad_U_o_part_4 + grad_U_o_part_5 + grad_U_o_part_6 */
     for (int64_t i = 0; i < 8; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            grad_U_o[8*i + j] = tmp1_80[8*i + j] + tmp1_81[8*i + j] + tmp1_82[8*i + j] + tmp1_83[8*i + j] + tmp1_84[8*i + j] + tmp1_85[8*i + j] + tmp1_86[8*i + j];
+            grad_U_o[8*i + j] = grad_U_o_part[8*i + j] + grad_U_o_part_1[8*i + j] + grad_U_o_part_2[8*i + j] + grad_U_o_part_3[8*i + j] + grad_U_o_part_4[8*i + j] + grad_U_o_part_5[8*i + j] + grad_U_o_part_6[8*i + j];
         }
     }
 
-    /* grad_b_i = sum of grad_t5 down each column */
+    /* grad_b_i = sum of grad_t4 down each column */
     for (int64_t j = 0; j < 8; ++j) {
-        grad_b_i[j] = lstm_sequence_sum(grad_t5 + j, n, 8);
+        grad_b_i[j] = symbackprop_f64_sum(grad_t4 + j, n, 8);
     }
 
-    /* grad_b_f = sum of grad_t30 down each column */
+    /* grad_b_f = sum of grad_t23 down each column */
     for (int64_t j = 0; j < 8; ++j) {
-        grad_b_f[j] = lstm_sequence_sum(grad_t30 + j, n, 8);
+        grad_b_f[j] = symbackprop_f64_sum(grad_t23 + j, n, 8);
     }
 
-    /* grad_b_g = sum of grad_t9 down each column */
+    /* grad_b_g = sum of grad_t7 down each column */
     for (int64_t j = 0; j < 8; ++j) {
-        grad_b_g[j] = lstm_sequence_sum(grad_t9 + j, n, 8);
+        grad_b_g[j] = symbackprop_f64_sum(grad_t7 + j, n, 8);
     }
 
     /* grad_b_o = sum of grad_t1 down each column */
     for (int64_t j = 0; j < 8; ++j) {
-        grad_b_o[j] = lstm_sequence_sum(grad_t1 + j, n, 8);
+        grad_b_o[j] = symbackprop_f64_sum(grad_t1 + j, n, 8);
     }
 
-    /* grad_V = t162^T @ grad_logit */
-    lstm_sequence_matmul(8, 1, n, t162, 1, 8, grad_logit, 1, 0, grad_V);
+    /* grad_V = t116^T @ grad_logit */
+    symbackprop_f64_matmul(8, 1, n, t116, 1, 8, grad_logit, 1, 0, grad_V);
 
     /* grad_c0 = sum of grad_logit down each column */
-    grad_c0[0] = lstm_sequence_sum(grad_logit, n, 1);
+    grad_c0[0] = symbackprop_f64_sum(grad_logit, n, 1);
 }
 
-/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
+ * gradient: forward and value_and_grad call it. */
 static int lstm_sequence_run(
     int64_t n,
     const double *x1_,

@@ -6,138 +6,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "mlp.h"
-
-/* Loops over many rows run on several threads when compiled with -fopenmp. */
-#ifdef _OPENMP
-#define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
-#else
-#define SYMBACKPROP_PARALLEL_FOR
-#endif
-
-/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
- * calling these functions use their SIMD variants. */
-#ifdef SYMBACKPROP_LIBMVEC
-__attribute__((simd("notinbranch"))) double acos(double);
-__attribute__((simd("notinbranch"))) double acosh(double);
-__attribute__((simd("notinbranch"))) double asin(double);
-__attribute__((simd("notinbranch"))) double asinh(double);
-__attribute__((simd("notinbranch"))) double atan(double);
-__attribute__((simd("notinbranch"))) double atan2(double, double);
-__attribute__((simd("notinbranch"))) double atanh(double);
-__attribute__((simd("notinbranch"))) double cbrt(double);
-__attribute__((simd("notinbranch"))) double cos(double);
-__attribute__((simd("notinbranch"))) double cosh(double);
-__attribute__((simd("notinbranch"))) double erf(double);
-__attribute__((simd("notinbranch"))) double erfc(double);
-__attribute__((simd("notinbranch"))) double exp(double);
-__attribute__((simd("notinbranch"))) double exp10(double);
-__attribute__((simd("notinbranch"))) double exp2(double);
-__attribute__((simd("notinbranch"))) double expm1(double);
-__attribute__((simd("notinbranch"))) double hypot(double, double);
-__attribute__((simd("notinbranch"))) double log(double);
-__attribute__((simd("notinbranch"))) double log10(double);
-__attribute__((simd("notinbranch"))) double log1p(double);
-__attribute__((simd("notinbranch"))) double log2(double);
-__attribute__((simd("notinbranch"))) double pow(double, double);
-__attribute__((simd("notinbranch"))) double sin(double);
-__attribute__((simd("notinbranch"))) double sinh(double);
-__attribute__((simd("notinbranch"))) double tan(double);
-__attribute__((simd("notinbranch"))) double tanh(double);
-#endif
-
-/* Large matrix products call a row-major cblas_dgemm when the file is
- * compiled with -DSYMBACKPROP_CBLAS (and linked to a BLAS); the name can be
- * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise
- * mlp_matmul runs them as plain loops. */
-#ifdef SYMBACKPROP_CBLAS
-#include <limits.h>
-#ifndef SYMBACKPROP_CBLAS_DGEMM
-#define SYMBACKPROP_CBLAS_DGEMM cblas_dgemm
-#endif
-#define SYMBACKPROP_GEMM SYMBACKPROP_CBLAS_DGEMM
-void SYMBACKPROP_GEMM(int order, int trans_a, int trans_b, int m, int n, int k, double alpha,
-                      const double *a, int lda, const double *b, int ldb, double beta,
-                      double *c, int ldc);
-#endif
-
-#ifdef SYMBACKPROP_CBLAS
-/* A rows x cols operand read at p[i*rs + j*cs] as a row-major BLAS matrix:
- * CBLAS's transpose flag for it (111 CblasNoTrans, 112 CblasTrans; 0 if it
- * is neither, e.g. broadcast, or its leading dimension overflows BLAS's int)
- * and its leading dimension. Internal: never a status of a module function. */
-static int mlp_blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int *ld)
-{
-    if ((cs == 1 || cols == 1) && (rows == 1 || rs >= cols)) {
-        const int64_t lead = rows == 1 ? cols : rs;
-        *ld = lead <= INT_MAX ? (int)lead : 0;
-        return lead <= INT_MAX ? 111 : 0;
-    }
-    if ((rs == 1 || rows == 1) && (cols == 1 || cs >= rows)) {
-        const int64_t lead = cols == 1 ? rows : cs;
-        *ld = lead <= INT_MAX ? (int)lead : 0;
-        return lead <= INT_MAX ? 112 : 0;
-    }
-    return 0;
-}
-#endif
-
-/* c (m x n, contiguous) = A (m x k) @ B (k x n), where A[i][p] is
- * a[i*a_rs + p*a_cs] and B[p][j] is b[p*b_rs + j*b_cs]. Large products go
- * to BLAS when compiled with -DSYMBACKPROP_CBLAS; the rest are plain loops. */
-static void mlp_matmul(int64_t m, int64_t n, int64_t k,
-                       const double *a, int64_t a_rs, int64_t a_cs,
-                       const double *b, int64_t b_rs, int64_t b_cs, double *c)
-{
-#ifdef SYMBACKPROP_CBLAS
-    /* BLAS takes int sizes: larger products stay loops. With each size at
-     * most INT_MAX, m*n fits in 62 bits, and m*n*k is only formed when
-     * m*n < 4096, so it fits too: no product overflows. */
-    if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && (m * n >= 4096 || m * n * k >= 4096)) {
-        int lda = 1, ldb = 1;
-        const int trans_a = mlp_blas_layout(m, k, a_rs, a_cs, &lda);
-        const int trans_b = mlp_blas_layout(k, n, b_rs, b_cs, &ldb);
-        if (trans_a && trans_b) {
-            SYMBACKPROP_GEMM(101, trans_a, trans_b, (int)m, (int)n, (int)k, 1, a, lda, b, ldb, 0, c, (int)n);
-            return;
-        }
-    }
-#endif
-    for (int64_t i = 0; i < m; ++i) {
-        double *row = c + i * n;
-        for (int64_t j = 0; j < n; ++j) {
-            row[j] = 0;
-        }
-        for (int64_t p = 0; p < k; ++p) {
-            const double scale = a[i * a_rs + p * a_cs];
-            const double *from = b + p * b_rs;
-            for (int64_t j = 0; j < n; ++j) {
-                row[j] += scale * from[j * b_cs];
-            }
-        }
-    }
-}
-
-/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
-static double mlp_sum(const double *x, int64_t n, int64_t stride)
-{
-    double result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
-        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += x[(k + l)*stride];
-            }
-        }
-        for (int64_t l = 0; l < 8; ++l) {
-            result += lane[l];
-        }
-    }
-    for (; k < n; ++k) {
-        result += x[k*stride];
-    }
-    return result;
-}
+#include "symbackprop_runtime.h"
 
 static size_t mlp_run_work_len(int64_t n, int with_grads)
 {
@@ -147,7 +16,8 @@ static size_t mlp_run_work_len(int64_t n, int with_grads)
     return (size_t)(with_grads ? 18*n + 3 : 14*n + 3);
 }
 
-/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
+ * gradient: forward and value_and_grad call it. */
 static int mlp_run(
     int64_t n,
     const double *X,
@@ -171,82 +41,82 @@ static int mlp_run(
     
     /* t0 = X @ W1 */
     double *t0 = work; /* n x 4 */
-    mlp_matmul(n, 4, 3, X, 3, 1, W1, 4, 1, t0);
+    symbackprop_f64_matmul(n, 4, 3, X, 3, 1, W1, 4, 1, t0);
 
-    /* t3 = sigmoid(b1 + t0) */
-    double *t3 = t0 + 4*n; /* n x 4 */
+    /* t1 = sigmoid(b1 + t0) */
+    double *t1 = t0 + 4*n; /* n x 4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            t3[4*i + j] = (((b1[j] + t0[4*i + j]) >= 0 ? 1.0 : exp(-fabs(b1[j] + t0[4*i + j]))) / (1.0 + exp(-fabs(b1[j] + t0[4*i + j]))));
+            t1[4*i + j] = (((b1[j] + t0[4*i + j]) >= 0 ? 1.0 : exp(-fabs(b1[j] + t0[4*i + j]))) / (1.0 + exp(-fabs(b1[j] + t0[4*i + j]))));
         }
     }
 
-    /* t4 = t3 @ W2 */
-    double *t4 = t3 + 4*n; /* n x 2 */
-    mlp_matmul(n, 2, 4, t3, 4, 1, W2, 2, 1, t4);
+    /* t2 = t1 @ W2 */
+    double *t2 = t1 + 4*n; /* n x 2 */
+    symbackprop_f64_matmul(n, 2, 4, t1, 4, 1, W2, 2, 1, t2);
 
-    /* Y = b2 + t4 */
-    /* t8 = (-T + b2 + t4)**2 */
-    /* grad_t7 = (-2*T + 2*b2 + 2*t4)/(2*n) */
-    double *grad_t7 = t4 + 2*n; /* n x 2 */
-    double *t8 = grad_t7 + 2*n; /* n x 2 */
+    /* Y = b2 + t2 */
+    /* t3 = (-T + b2 + t2)**2 */
+    /* g0 = (-2*T + 2*b2 + 2*t2)/(2*n) */
+    double *t3 = t2 + 2*n; /* n x 2 */
+    double *g0 = t3 + 2*n; /* n x 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            const double x0 = b2[j] + t4[2*i + j];
+            const double x0 = b2[j] + t2[2*i + j];
             Y[2*i + j] = x0;
-            t8[2*i + j] = pow(-T[2*i + j] + x0, 2);
-            grad_t7[2*i + j] = (1.0/2.0)*(2*b2[j] + 2*t4[2*i + j] - 2*T[2*i + j])/((double)n);
+            t3[2*i + j] = pow(-T[2*i + j] + x0, 2);
+            g0[2*i + j] = (1.0/2.0)*(2*b2[j] + 2*t2[2*i + j] - 2*T[2*i + j])/((double)n);
         }
     }
 
-    /* t9 = sum of t8 down each column */
-    double *t9 = t8 + 2*n; /* 1 x 2 */
+    /* t4 = sum of t3 down each column */
+    double *t4 = g0 + 2*n; /* 1 x 2 */
     for (int64_t j = 0; j < 2; ++j) {
-        t9[j] = mlp_sum(t8 + j, n, 2);
+        t4[j] = symbackprop_f64_sum(t3 + j, n, 2);
     }
 
-    /* t10 = sum of t9 along each row */
-    double *t10 = t9 + 2; /* 1 x 1 */
-    t10[0] = mlp_sum(t9, 2, 1);
+    /* t5 = sum of t4 along each row */
+    double *t5 = t4 + 2; /* 1 x 1 */
+    t5[0] = symbackprop_f64_sum(t4, 2, 1);
 
-    /* loss = t10/(2*n) */
+    /* loss = t5/(2*n) */
     {
-        loss[0] = (1.0/2.0)*t10[0]/((double)n);
+        loss[0] = (1.0/2.0)*t5[0]/((double)n);
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_t3 = grad_t7 @ W2^T */
-    double *grad_t3 = t0; /* n x 4, in t0's memory */
-    mlp_matmul(n, 4, 2, grad_t7, 2, 1, W2, 1, 2, grad_t3);
+    /* grad_t1 = g0 @ W2^T */
+    double *grad_t1 = t0; /* n x 4, in t0's memory */
+    symbackprop_f64_matmul(n, 4, 2, g0, 2, 1, W2, 1, 2, grad_t1);
 
-    /* grad_t2 = grad_t3*t3*(1 - t3) */
-    double *grad_t2 = t10 + 1; /* n x 4 */
+    /* g1 = grad_t1*t1*(1 - t1) */
+    double *g1 = t5 + 1; /* n x 4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            grad_t2[4*i + j] = t3[4*i + j]*grad_t3[4*i + j]*(1 - t3[4*i + j]);
+            g1[4*i + j] = t1[4*i + j]*grad_t1[4*i + j]*(1 - t1[4*i + j]);
         }
     }
 
-    /* grad_W1 = X^T @ grad_t2 */
-    mlp_matmul(3, 4, n, X, 1, 3, grad_t2, 4, 1, grad_W1);
+    /* grad_W1 = X^T @ g1 */
+    symbackprop_f64_matmul(3, 4, n, X, 1, 3, g1, 4, 1, grad_W1);
 
-    /* grad_b1 = sum of grad_t2 down each column */
+    /* grad_b1 = sum of g1 down each column */
     for (int64_t j = 0; j < 4; ++j) {
-        grad_b1[j] = mlp_sum(grad_t2 + j, n, 4);
+        grad_b1[j] = symbackprop_f64_sum(g1 + j, n, 4);
     }
 
-    /* grad_W2 = t3^T @ grad_t7 */
-    mlp_matmul(4, 2, n, t3, 1, 4, grad_t7, 2, 1, grad_W2);
+    /* grad_W2 = t1^T @ g0 */
+    symbackprop_f64_matmul(4, 2, n, t1, 1, 4, g0, 2, 1, grad_W2);
 
-    /* grad_b2 = sum of grad_t7 down each column */
+    /* grad_b2 = sum of g0 down each column */
     for (int64_t j = 0; j < 2; ++j) {
-        grad_b2[j] = mlp_sum(grad_t7 + j, n, 2);
+        grad_b2[j] = symbackprop_f64_sum(g0 + j, n, 2);
     }
     return 0;
 }

@@ -6,190 +6,15 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "mnist_mlp.h"
-
-/* Loops over many rows run on several threads when compiled with -fopenmp. */
-#ifdef _OPENMP
-#define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
-#else
-#define SYMBACKPROP_PARALLEL_FOR
-#endif
-
-/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
- * calling these functions use their SIMD variants. */
-#ifdef SYMBACKPROP_LIBMVEC
-__attribute__((simd("notinbranch"))) double acos(double);
-__attribute__((simd("notinbranch"))) double acosh(double);
-__attribute__((simd("notinbranch"))) double asin(double);
-__attribute__((simd("notinbranch"))) double asinh(double);
-__attribute__((simd("notinbranch"))) double atan(double);
-__attribute__((simd("notinbranch"))) double atan2(double, double);
-__attribute__((simd("notinbranch"))) double atanh(double);
-__attribute__((simd("notinbranch"))) double cbrt(double);
-__attribute__((simd("notinbranch"))) double cos(double);
-__attribute__((simd("notinbranch"))) double cosh(double);
-__attribute__((simd("notinbranch"))) double erf(double);
-__attribute__((simd("notinbranch"))) double erfc(double);
-__attribute__((simd("notinbranch"))) double exp(double);
-__attribute__((simd("notinbranch"))) double exp10(double);
-__attribute__((simd("notinbranch"))) double exp2(double);
-__attribute__((simd("notinbranch"))) double expm1(double);
-__attribute__((simd("notinbranch"))) double hypot(double, double);
-__attribute__((simd("notinbranch"))) double log(double);
-__attribute__((simd("notinbranch"))) double log10(double);
-__attribute__((simd("notinbranch"))) double log1p(double);
-__attribute__((simd("notinbranch"))) double log2(double);
-__attribute__((simd("notinbranch"))) double pow(double, double);
-__attribute__((simd("notinbranch"))) double sin(double);
-__attribute__((simd("notinbranch"))) double sinh(double);
-__attribute__((simd("notinbranch"))) double tan(double);
-__attribute__((simd("notinbranch"))) double tanh(double);
-#endif
-
-/* Large matrix products call a row-major cblas_dgemm when the file is
- * compiled with -DSYMBACKPROP_CBLAS (and linked to a BLAS); the name can be
- * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise
- * mnist_mlp_matmul runs them as plain loops. */
-#ifdef SYMBACKPROP_CBLAS
-#include <limits.h>
-#ifndef SYMBACKPROP_CBLAS_DGEMM
-#define SYMBACKPROP_CBLAS_DGEMM cblas_dgemm
-#endif
-#define SYMBACKPROP_GEMM SYMBACKPROP_CBLAS_DGEMM
-void SYMBACKPROP_GEMM(int order, int trans_a, int trans_b, int m, int n, int k, double alpha,
-                      const double *a, int lda, const double *b, int ldb, double beta,
-                      double *c, int ldc);
-#endif
-
-#ifdef SYMBACKPROP_CBLAS
-/* A rows x cols operand read at p[i*rs + j*cs] as a row-major BLAS matrix:
- * CBLAS's transpose flag for it (111 CblasNoTrans, 112 CblasTrans; 0 if it
- * is neither, e.g. broadcast, or its leading dimension overflows BLAS's int)
- * and its leading dimension. Internal: never a status of a module function. */
-static int mnist_mlp_blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int *ld)
-{
-    if ((cs == 1 || cols == 1) && (rows == 1 || rs >= cols)) {
-        const int64_t lead = rows == 1 ? cols : rs;
-        *ld = lead <= INT_MAX ? (int)lead : 0;
-        return lead <= INT_MAX ? 111 : 0;
-    }
-    if ((rs == 1 || rows == 1) && (cols == 1 || cs >= rows)) {
-        const int64_t lead = cols == 1 ? rows : cs;
-        *ld = lead <= INT_MAX ? (int)lead : 0;
-        return lead <= INT_MAX ? 112 : 0;
-    }
-    return 0;
-}
-#endif
-
-/* c (m x n, contiguous) = A (m x k) @ B (k x n), where A[i][p] is
- * a[i*a_rs + p*a_cs] and B[p][j] is b[p*b_rs + j*b_cs]. Large products go
- * to BLAS when compiled with -DSYMBACKPROP_CBLAS; the rest are plain loops. */
-static void mnist_mlp_matmul(int64_t m, int64_t n, int64_t k,
-                             const double *a, int64_t a_rs, int64_t a_cs,
-                             const double *b, int64_t b_rs, int64_t b_cs, double *c)
-{
-#ifdef SYMBACKPROP_CBLAS
-    /* BLAS takes int sizes: larger products stay loops. With each size at
-     * most INT_MAX, m*n fits in 62 bits, and m*n*k is only formed when
-     * m*n < 4096, so it fits too: no product overflows. */
-    if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && (m * n >= 4096 || m * n * k >= 4096)) {
-        int lda = 1, ldb = 1;
-        const int trans_a = mnist_mlp_blas_layout(m, k, a_rs, a_cs, &lda);
-        const int trans_b = mnist_mlp_blas_layout(k, n, b_rs, b_cs, &ldb);
-        if (trans_a && trans_b) {
-            SYMBACKPROP_GEMM(101, trans_a, trans_b, (int)m, (int)n, (int)k, 1, a, lda, b, ldb, 0, c, (int)n);
-            return;
-        }
-    }
-#endif
-    for (int64_t i = 0; i < m; ++i) {
-        double *row = c + i * n;
-        for (int64_t j = 0; j < n; ++j) {
-            row[j] = 0;
-        }
-        for (int64_t p = 0; p < k; ++p) {
-            const double scale = a[i * a_rs + p * a_cs];
-            const double *from = b + p * b_rs;
-            for (int64_t j = 0; j < n; ++j) {
-                row[j] += scale * from[j * b_cs];
-            }
-        }
-    }
-}
-
-/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
-static double mnist_mlp_sum(const double *x, int64_t n, int64_t stride)
-{
-    double result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
-        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += x[(k + l)*stride];
-            }
-        }
-        for (int64_t l = 0; l < 8; ++l) {
-            result += lane[l];
-        }
-    }
-    for (; k < n; ++k) {
-        result += x[k*stride];
-    }
-    return result;
-}
-
-/* log(sum(exp(x))) of n entries stride apart, the largest subtracted before exp. */
-static double mnist_mlp_logsumexp(const double *x, int64_t n, int64_t stride)
-{
-    double top;
-    {
-        double result = -INFINITY;
-        int64_t k = 0;
-        if (n >= 64) {
-            double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-            for (; k + 8 <= n; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
-                }
-            }
-            for (int64_t l = 0; l < 8; ++l) {
-                result = lane[l] > result ? lane[l] : result;
-            }
-        }
-        for (; k < n; ++k) {
-            result = x[k*stride] > result ? x[k*stride] : result;
-        }
-        top = result;
-    }
-    if (isinf(top)) {
-        return top; /* every entry -inf (or one +inf) */
-    }
-    double result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
-        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += exp(x[(k + l)*stride] - top);
-            }
-        }
-        for (int64_t l = 0; l < 8; ++l) {
-            result += lane[l];
-        }
-    }
-    for (; k < n; ++k) {
-        result += exp(x[k*stride] - top);
-    }
-    return top + log(result);
-}
+#include "symbackprop_runtime.h"
 
 static size_t mnist_mlp_run_work_len(int with_grads)
 {
     return (size_t)(with_grads ? 101249 : 68481);
 }
 
-/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
+ * gradient: forward and value_and_grad call it. */
 static int mnist_mlp_run(
     const double *X,
     const double *T,
@@ -209,101 +34,101 @@ static int mnist_mlp_run(
 {    
     /* t0 = X @ W1 */
     double *t0 = work; /* 128 x 256 */
-    mnist_mlp_matmul(128, 256, 784, X, 784, 1, W1, 256, 1, t0);
+    symbackprop_f64_matmul(128, 256, 784, X, 784, 1, W1, 256, 1, t0);
 
-    /* t3 = tanh(b1 + t0) */
-    double *t3 = t0 + 32768; /* 128 x 256 */
+    /* t1 = tanh(b1 + t0) */
+    double *t1 = t0 + 32768; /* 128 x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            t3[256*i + j] = tanh(b1[j] + t0[256*i + j]);
+            t1[256*i + j] = tanh(b1[j] + t0[256*i + j]);
         }
     }
 
-    /* t4 = t3 @ W2 */
-    double *t4 = t3 + 32768; /* 128 x 10 */
-    mnist_mlp_matmul(128, 10, 256, t3, 256, 1, W2, 10, 1, t4);
+    /* t2 = t1 @ W2 */
+    double *t2 = t1 + 32768; /* 128 x 10 */
+    symbackprop_f64_matmul(128, 10, 256, t1, 256, 1, W2, 10, 1, t2);
 
-    /* logits = b2 + t4 */
-    /* t6 = T*(b2 + t4) */
-    double *t6 = t4 + 1280; /* 128 x 10 */
+    /* logits = b2 + t2 */
+    /* t3 = T*(b2 + t2) */
+    double *t3 = t2 + 1280; /* 128 x 10 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            const double x0 = b2[j] + t4[10*i + j];
+            const double x0 = b2[j] + t2[10*i + j];
             logits[10*i + j] = x0;
-            t6[10*i + j] = T[10*i + j]*x0;
+            t3[10*i + j] = T[10*i + j]*x0;
         }
     }
 
-    /* t7 = sum of t6 along each row */
-    double *t7 = t6 + 1280; /* 128 x 1 */
+    /* t4 = sum of t3 along each row */
+    double *t4 = t3 + 1280; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
-        t7[i] = mnist_mlp_sum(t6 + 10*i, 10, 1);
+        t4[i] = symbackprop_f64_sum(t3 + 10*i, 10, 1);
     }
 
-    /* t9 = log(sum(exp(logits))) along each row, its max subtracted first */
-    double *t9 = t7 + 128; /* 128 x 1 */
+    /* t5 = log(sum(exp(logits))) along each row, its max subtracted first */
+    double *t5 = t4 + 128; /* 128 x 1 */
     for (int64_t i = 0; i < 128; ++i) {
-        t9[i] = mnist_mlp_logsumexp(logits + 10*i, 10, 1);
+        t5[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }
 
-    /* t10 = -t7 + t9 */
-    double *t10 = t9 + 128; /* 128 x 1 */
+    /* t6 = -t4 + t5 */
+    double *t6 = t5 + 128; /* 128 x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
-        t10[i] = -t7[i] + t9[i];
+        t6[i] = -t4[i] + t5[i];
     }
 
-    /* t11 = sum of t10 down each column */
-    double *t11 = t10 + 128; /* 1 x 1 */
-    t11[0] = mnist_mlp_sum(t10, 128, 1);
+    /* t7 = sum of t6 down each column */
+    double *t7 = t6 + 128; /* 1 x 1 */
+    t7[0] = symbackprop_f64_sum(t6, 128, 1);
 
-    /* loss = t11/128 */
+    /* loss = t7/128 */
     {
-        loss[0] = (1.0/128.0)*t11[0];
+        loss[0] = (1.0/128.0)*t7[0];
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_logits = -T/128 + exp(logits - t9)/128 */
-    double *grad_logits = t4; /* 128 x 10, in t4's memory */
+    /* grad_logits = -T/128 + exp(logits - t5)/128 */
+    double *grad_logits = t2; /* 128 x 10, in t2's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            grad_logits[10*i + j] = -1.0/128.0*T[10*i + j] + (1.0/128.0)*exp(logits[10*i + j] - t9[i]);
+            grad_logits[10*i + j] = -1.0/128.0*T[10*i + j] + (1.0/128.0)*exp(logits[10*i + j] - t5[i]);
         }
     }
 
-    /* grad_t3 = grad_logits @ W2^T */
-    double *grad_t3 = t0; /* 128 x 256, in t0's memory */
-    mnist_mlp_matmul(128, 256, 10, grad_logits, 10, 1, W2, 1, 10, grad_t3);
+    /* grad_t1 = grad_logits @ W2^T */
+    double *grad_t1 = t0; /* 128 x 256, in t0's memory */
+    symbackprop_f64_matmul(128, 256, 10, grad_logits, 10, 1, W2, 1, 10, grad_t1);
 
-    /* grad_t2 = grad_t3*(1 - t3**2) */
-    double *grad_t2 = t11 + 1; /* 128 x 256 */
+    /* g0 = grad_t1*(1 - t1**2) */
+    double *g0 = t7 + 1; /* 128 x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            grad_t2[256*i + j] = grad_t3[256*i + j]*(1 - (t3[256*i + j]*t3[256*i + j]));
+            g0[256*i + j] = grad_t1[256*i + j]*(1 - (t1[256*i + j]*t1[256*i + j]));
         }
     }
 
-    /* grad_W1 = X^T @ grad_t2 */
-    mnist_mlp_matmul(784, 256, 128, X, 1, 784, grad_t2, 256, 1, grad_W1);
+    /* grad_W1 = X^T @ g0 */
+    symbackprop_f64_matmul(784, 256, 128, X, 1, 784, g0, 256, 1, grad_W1);
 
-    /* grad_b1 = sum of grad_t2 down each column */
+    /* grad_b1 = sum of g0 down each column */
     for (int64_t j = 0; j < 256; ++j) {
-        grad_b1[j] = mnist_mlp_sum(grad_t2 + j, 128, 256);
+        grad_b1[j] = symbackprop_f64_sum(g0 + j, 128, 256);
     }
 
-    /* grad_W2 = t3^T @ grad_logits */
-    mnist_mlp_matmul(256, 10, 128, t3, 1, 256, grad_logits, 10, 1, grad_W2);
+    /* grad_W2 = t1^T @ grad_logits */
+    symbackprop_f64_matmul(256, 10, 128, t1, 1, 256, grad_logits, 10, 1, grad_W2);
 
     /* grad_b2 = sum of grad_logits down each column */
     for (int64_t j = 0; j < 10; ++j) {
-        grad_b2[j] = mnist_mlp_sum(grad_logits + j, 128, 10);
+        grad_b2[j] = symbackprop_f64_sum(grad_logits + j, 128, 10);
     }
     return 0;
 }

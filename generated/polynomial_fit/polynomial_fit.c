@@ -6,59 +6,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "polynomial_fit.h"
-
-/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
- * calling these functions use their SIMD variants. */
-#ifdef SYMBACKPROP_LIBMVEC
-__attribute__((simd("notinbranch"))) double acos(double);
-__attribute__((simd("notinbranch"))) double acosh(double);
-__attribute__((simd("notinbranch"))) double asin(double);
-__attribute__((simd("notinbranch"))) double asinh(double);
-__attribute__((simd("notinbranch"))) double atan(double);
-__attribute__((simd("notinbranch"))) double atan2(double, double);
-__attribute__((simd("notinbranch"))) double atanh(double);
-__attribute__((simd("notinbranch"))) double cbrt(double);
-__attribute__((simd("notinbranch"))) double cos(double);
-__attribute__((simd("notinbranch"))) double cosh(double);
-__attribute__((simd("notinbranch"))) double erf(double);
-__attribute__((simd("notinbranch"))) double erfc(double);
-__attribute__((simd("notinbranch"))) double exp(double);
-__attribute__((simd("notinbranch"))) double exp10(double);
-__attribute__((simd("notinbranch"))) double exp2(double);
-__attribute__((simd("notinbranch"))) double expm1(double);
-__attribute__((simd("notinbranch"))) double hypot(double, double);
-__attribute__((simd("notinbranch"))) double log(double);
-__attribute__((simd("notinbranch"))) double log10(double);
-__attribute__((simd("notinbranch"))) double log1p(double);
-__attribute__((simd("notinbranch"))) double log2(double);
-__attribute__((simd("notinbranch"))) double pow(double, double);
-__attribute__((simd("notinbranch"))) double sin(double);
-__attribute__((simd("notinbranch"))) double sinh(double);
-__attribute__((simd("notinbranch"))) double tan(double);
-__attribute__((simd("notinbranch"))) double tanh(double);
-#endif
-
-/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
-static double polynomial_fit_sum(const double *x, int64_t n, int64_t stride)
-{
-    double result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
-        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += x[(k + l)*stride];
-            }
-        }
-        for (int64_t l = 0; l < 8; ++l) {
-            result += lane[l];
-        }
-    }
-    for (; k < n; ++k) {
-        result += x[k*stride];
-    }
-    return result;
-}
+#include "symbackprop_runtime.h"
 
 static size_t polynomial_fit_run_work_len(int64_t N, int with_grads)
 {
@@ -68,7 +16,8 @@ static size_t polynomial_fit_run_work_len(int64_t N, int with_grads)
     return (size_t)(with_grads ? 1 : 1);
 }
 
-/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
+ * gradient: forward and value_and_grad call it. */
 static int polynomial_fit_run(
     int64_t N,
     const double *points,
@@ -83,7 +32,9 @@ static int polynomial_fit_run(
         return 1;
     }
     
-    /* squared_error[i, 0] = (coeffs[0, 0] + coeffs[0, 1]*points[i, 0] + coeffs[0, 2]*points[i, 0]**2 + coeffs[0, 3]*points[i, 0]**3 + coeffs[0, 4]*points[i, 0]**4 + coeffs[0, 5]*points[i, 0]**5 - points[i, 1])**2 */
+    /* squared_error[i, 0] = (coeffs[0, 0] + coeffs[0, 1]*points[i, 0] +
+     * coeffs[0, 2]*points[i, 0]**2 + coeffs[0, 3]*points[i, 0]**3 +
+     * coeffs[0, 4]*points[i, 0]**4 + coeffs[0, 5]*points[i, 0]**5 - points[i, 1])**2 */
     /* grad_coeffs[0, :] += 6 values from points[i, :], coeffs[0, :]: see the temporaries */
     for (int64_t i = 0; i < 6; ++i) {
         grad_coeffs[i] = 0;
@@ -112,7 +63,7 @@ static int polynomial_fit_run(
 
     /* t0 = sum of squared_error down each column */
     double *t0 = work; /* 1 x 1 */
-    t0[0] = polynomial_fit_sum(squared_error, N, 1);
+    t0[0] = symbackprop_f64_sum(squared_error, N, 1);
 
     /* loss = t0/N */
     {

@@ -6,44 +6,15 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "relu_net.h"
-
-/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
- * calling these functions use their SIMD variants. */
-#ifdef SYMBACKPROP_LIBMVEC
-__attribute__((simd("notinbranch"))) double acos(double);
-__attribute__((simd("notinbranch"))) double acosh(double);
-__attribute__((simd("notinbranch"))) double asin(double);
-__attribute__((simd("notinbranch"))) double asinh(double);
-__attribute__((simd("notinbranch"))) double atan(double);
-__attribute__((simd("notinbranch"))) double atan2(double, double);
-__attribute__((simd("notinbranch"))) double atanh(double);
-__attribute__((simd("notinbranch"))) double cbrt(double);
-__attribute__((simd("notinbranch"))) double cos(double);
-__attribute__((simd("notinbranch"))) double cosh(double);
-__attribute__((simd("notinbranch"))) double erf(double);
-__attribute__((simd("notinbranch"))) double erfc(double);
-__attribute__((simd("notinbranch"))) double exp(double);
-__attribute__((simd("notinbranch"))) double exp10(double);
-__attribute__((simd("notinbranch"))) double exp2(double);
-__attribute__((simd("notinbranch"))) double expm1(double);
-__attribute__((simd("notinbranch"))) double hypot(double, double);
-__attribute__((simd("notinbranch"))) double log(double);
-__attribute__((simd("notinbranch"))) double log10(double);
-__attribute__((simd("notinbranch"))) double log1p(double);
-__attribute__((simd("notinbranch"))) double log2(double);
-__attribute__((simd("notinbranch"))) double pow(double, double);
-__attribute__((simd("notinbranch"))) double sin(double);
-__attribute__((simd("notinbranch"))) double sinh(double);
-__attribute__((simd("notinbranch"))) double tan(double);
-__attribute__((simd("notinbranch"))) double tanh(double);
-#endif
+#include "symbackprop_runtime.h"
 
 static size_t relu_net_run_work_len(int with_grads)
 {
     return (size_t)(with_grads ? 9 : 7);
 }
 
-/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
+ * gradient: forward and value_and_grad call it. */
 static int relu_net_run(
     const double *x,
     const double *t,
@@ -57,30 +28,30 @@ static int relu_net_run(
     int with_grads
 )
 {    
-    /* t1 = W1 @ x */
-    double *t1 = work; /* 2 x 1 */
+    /* t0 = W1 @ x */
+    double *t0 = work; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
-            t1[i + j] = 0;
+            t0[i + j] = 0;
         }
         for (int64_t k = 0; k < 2; ++k) {
             const double acc = W1[2*i + k];
             for (int64_t j = 0; j < 1; ++j) {
-                t1[i + j] += acc * x[k];
+                t0[i + j] += acc * x[k];
             }
         }
     }
 
-    /* t2 = Max(0, t1) */
-    /* dt2_dt1 = Heaviside(t1) */
-    double *dt2_dt1 = t1 + 2; /* 2 x 1 */
-    double *t2 = dt2_dt1 + 2; /* 2 x 1 */
+    /* t1 = Max(0, t0) */
+    /* dt1_dt0 = Heaviside(t0) */
+    double *t1 = t0 + 2; /* 2 x 1 */
+    double *dt1_dt0 = t1 + 2; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
-        t2[i] = (((0) > (t1[i])) ? (0) : (t1[i]));
-        dt2_dt1[i] = (isnan(t1[i]) ? (t1[i]) : (t1[i]) > 0 ? 1.0 : 0.0);
+        t1[i] = (((0) > (t0[i])) ? (0) : (t0[i]));
+        dt1_dt0[i] = (isnan(t0[i]) ? (t0[i]) : (t0[i]) > 0 ? 1.0 : 0.0);
     }
 
-    /* y = W2 @ t2 */
+    /* y = W2 @ t1 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             y[i + j] = 0;
@@ -88,66 +59,66 @@ static int relu_net_run(
         for (int64_t k = 0; k < 2; ++k) {
             const double acc = W2[k];
             for (int64_t j = 0; j < 1; ++j) {
-                y[i + j] += acc * t2[k];
+                y[i + j] += acc * t1[k];
             }
         }
     }
 
     /* loss = (-t + y)**2/2 */
-    /* grad_t3 = -t + y */
-    double *grad_t3 = t2 + 2; /* 1 x 1 */
+    /* g0 = -t + y */
+    double *g0 = dt1_dt0 + 2; /* 1 x 1 */
     {
         const double x0 = -t[0] + y[0];
         loss[0] = (1.0/2.0)*(x0*x0);
-        grad_t3[0] = x0;
+        g0[0] = x0;
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_t2 = W2^T @ grad_t3 */
-    double *grad_t2 = t1; /* 2 x 1, in t1's memory */
+    /* grad_t1 = W2^T @ g0 */
+    double *grad_t1 = t0; /* 2 x 1, in t0's memory */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
-            grad_t2[i + j] = 0;
+            grad_t1[i + j] = 0;
         }
         for (int64_t k = 0; k < 1; ++k) {
             const double acc = W2[i];
             for (int64_t j = 0; j < 1; ++j) {
-                grad_t2[i + j] += acc * grad_t3[0];
+                grad_t1[i + j] += acc * g0[0];
             }
         }
     }
 
-    /* grad_t1 = dt2_dt1*grad_t2 */
-    double *grad_t1 = grad_t3 + 1; /* 2 x 1 */
+    /* grad_t0 = dt1_dt0*grad_t1 */
+    double *grad_t0 = g0 + 1; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
-        grad_t1[i] = grad_t2[i]*dt2_dt1[i];
+        grad_t0[i] = grad_t1[i]*dt1_dt0[i];
     }
 
-    /* grad_W1 = grad_t1 @ x^T */
+    /* grad_W1 = grad_t0 @ x^T */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             grad_W1[2*i + j] = 0;
         }
         for (int64_t k = 0; k < 1; ++k) {
-            const double acc = grad_t1[i];
+            const double acc = grad_t0[i];
             for (int64_t j = 0; j < 2; ++j) {
                 grad_W1[2*i + j] += acc * x[j];
             }
         }
     }
 
-    /* grad_W2 = grad_t3 @ t2^T */
+    /* grad_W2 = g0 @ t1^T */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             grad_W2[2*i + j] = 0;
         }
         for (int64_t k = 0; k < 1; ++k) {
-            const double acc = grad_t3[0];
+            const double acc = g0[0];
             for (int64_t j = 0; j < 2; ++j) {
-                grad_W2[2*i + j] += acc * t2[j];
+                grad_W2[2*i + j] += acc * t1[j];
             }
         }
     }

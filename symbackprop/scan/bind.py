@@ -10,8 +10,8 @@ from typing import Any, Sequence
 
 import sympy as sp
 
-from ..ir import Node, is_const, topological_order
-from ..schedule import VIEW_OPS, Equation, FunctionSchedule, Naming, Scheduler, View
+from ..ir import Node
+from ..schedule import Equation, FunctionSchedule, Naming, Scheduler, View
 from .declare import entries
 from .graph import ScanStep, binding
 
@@ -118,9 +118,7 @@ class InnerNames:
         return name
 
     def prename(self, roots: Sequence[Node]) -> None:
-        for node in topological_order(roots):
-            if node not in self.naming.names and node.op not in VIEW_OPS and not is_const(node):
-                self.naming.names[node] = self.naming.claim("t0")
+        """Nothing: the step's values are named as the scheduler stores them (densely)."""
 
 
 def natural_layout(view: View, shape: tuple, rows: bool) -> bool:

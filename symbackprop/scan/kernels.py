@@ -169,7 +169,7 @@ class _Backward:
                 results.append((row, root))
         inner.prename([root for _, root in results])
         for product, at in zip(self.cached, self.cached_offsets):
-            name = inner.claim(f"{inner.naming.names[product]}_kept")
+            name = inner.claim(f"{inner.naming(product)}_kept")
             pointers.append(Pointer(name, scratch, at + (U - 1) * self.cw, True))
             results.append((name, product))
         fs = fits(schedule(f"{self.out} recompute", results, inner.naming), reverse_scratch(self.back))
@@ -189,7 +189,7 @@ class _Backward:
         pointers += state_pointers(step, grad_state, self.names["nxt"], 0, True)
         kept_leaves = {}
         for product, at in zip(self.cached, self.cached_offsets):
-            kept_leaf = leaf(f"{inner.naming.names[product]}_kept", product.shape, "scan_kept")
+            kept_leaf = leaf(f"{inner.naming(product)}_kept", product.shape, "scan_kept")
             kept_leaves[product] = kept_leaf
             pointers.append(Pointer(inner.claim(kept_leaf.attrs[0], kept_leaf), self.scratch, at + U * self.cw, False))
         roots = substitute(reverse_roots(back), kept_leaves)

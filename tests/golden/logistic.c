@@ -6,138 +6,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "logistic.h"
-
-/* Loops over many rows run on several threads when compiled with -fopenmp. */
-#ifdef _OPENMP
-#define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
-#else
-#define SYMBACKPROP_PARALLEL_FOR
-#endif
-
-/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
- * calling these functions use their SIMD variants. */
-#ifdef SYMBACKPROP_LIBMVEC
-__attribute__((simd("notinbranch"))) double acos(double);
-__attribute__((simd("notinbranch"))) double acosh(double);
-__attribute__((simd("notinbranch"))) double asin(double);
-__attribute__((simd("notinbranch"))) double asinh(double);
-__attribute__((simd("notinbranch"))) double atan(double);
-__attribute__((simd("notinbranch"))) double atan2(double, double);
-__attribute__((simd("notinbranch"))) double atanh(double);
-__attribute__((simd("notinbranch"))) double cbrt(double);
-__attribute__((simd("notinbranch"))) double cos(double);
-__attribute__((simd("notinbranch"))) double cosh(double);
-__attribute__((simd("notinbranch"))) double erf(double);
-__attribute__((simd("notinbranch"))) double erfc(double);
-__attribute__((simd("notinbranch"))) double exp(double);
-__attribute__((simd("notinbranch"))) double exp10(double);
-__attribute__((simd("notinbranch"))) double exp2(double);
-__attribute__((simd("notinbranch"))) double expm1(double);
-__attribute__((simd("notinbranch"))) double hypot(double, double);
-__attribute__((simd("notinbranch"))) double log(double);
-__attribute__((simd("notinbranch"))) double log10(double);
-__attribute__((simd("notinbranch"))) double log1p(double);
-__attribute__((simd("notinbranch"))) double log2(double);
-__attribute__((simd("notinbranch"))) double pow(double, double);
-__attribute__((simd("notinbranch"))) double sin(double);
-__attribute__((simd("notinbranch"))) double sinh(double);
-__attribute__((simd("notinbranch"))) double tan(double);
-__attribute__((simd("notinbranch"))) double tanh(double);
-#endif
-
-/* Large matrix products call a row-major cblas_dgemm when the file is
- * compiled with -DSYMBACKPROP_CBLAS (and linked to a BLAS); the name can be
- * changed with -DSYMBACKPROP_CBLAS_DGEMM=name. Otherwise
- * logistic_matmul runs them as plain loops. */
-#ifdef SYMBACKPROP_CBLAS
-#include <limits.h>
-#ifndef SYMBACKPROP_CBLAS_DGEMM
-#define SYMBACKPROP_CBLAS_DGEMM cblas_dgemm
-#endif
-#define SYMBACKPROP_GEMM SYMBACKPROP_CBLAS_DGEMM
-void SYMBACKPROP_GEMM(int order, int trans_a, int trans_b, int m, int n, int k, double alpha,
-                      const double *a, int lda, const double *b, int ldb, double beta,
-                      double *c, int ldc);
-#endif
-
-#ifdef SYMBACKPROP_CBLAS
-/* A rows x cols operand read at p[i*rs + j*cs] as a row-major BLAS matrix:
- * CBLAS's transpose flag for it (111 CblasNoTrans, 112 CblasTrans; 0 if it
- * is neither, e.g. broadcast, or its leading dimension overflows BLAS's int)
- * and its leading dimension. Internal: never a status of a module function. */
-static int logistic_blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, int *ld)
-{
-    if ((cs == 1 || cols == 1) && (rows == 1 || rs >= cols)) {
-        const int64_t lead = rows == 1 ? cols : rs;
-        *ld = lead <= INT_MAX ? (int)lead : 0;
-        return lead <= INT_MAX ? 111 : 0;
-    }
-    if ((rs == 1 || rows == 1) && (cols == 1 || cs >= rows)) {
-        const int64_t lead = cols == 1 ? rows : cs;
-        *ld = lead <= INT_MAX ? (int)lead : 0;
-        return lead <= INT_MAX ? 112 : 0;
-    }
-    return 0;
-}
-#endif
-
-/* c (m x n, contiguous) = A (m x k) @ B (k x n), where A[i][p] is
- * a[i*a_rs + p*a_cs] and B[p][j] is b[p*b_rs + j*b_cs]. Large products go
- * to BLAS when compiled with -DSYMBACKPROP_CBLAS; the rest are plain loops. */
-static void logistic_matmul(int64_t m, int64_t n, int64_t k,
-                            const double *a, int64_t a_rs, int64_t a_cs,
-                            const double *b, int64_t b_rs, int64_t b_cs, double *c)
-{
-#ifdef SYMBACKPROP_CBLAS
-    /* BLAS takes int sizes: larger products stay loops. With each size at
-     * most INT_MAX, m*n fits in 62 bits, and m*n*k is only formed when
-     * m*n < 4096, so it fits too: no product overflows. */
-    if (m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && (m * n >= 4096 || m * n * k >= 4096)) {
-        int lda = 1, ldb = 1;
-        const int trans_a = logistic_blas_layout(m, k, a_rs, a_cs, &lda);
-        const int trans_b = logistic_blas_layout(k, n, b_rs, b_cs, &ldb);
-        if (trans_a && trans_b) {
-            SYMBACKPROP_GEMM(101, trans_a, trans_b, (int)m, (int)n, (int)k, 1, a, lda, b, ldb, 0, c, (int)n);
-            return;
-        }
-    }
-#endif
-    for (int64_t i = 0; i < m; ++i) {
-        double *row = c + i * n;
-        for (int64_t j = 0; j < n; ++j) {
-            row[j] = 0;
-        }
-        for (int64_t p = 0; p < k; ++p) {
-            const double scale = a[i * a_rs + p * a_cs];
-            const double *from = b + p * b_rs;
-            for (int64_t j = 0; j < n; ++j) {
-                row[j] += scale * from[j * b_cs];
-            }
-        }
-    }
-}
-
-/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
-static double logistic_sum(const double *x, int64_t n, int64_t stride)
-{
-    double result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
-        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += x[(k + l)*stride];
-            }
-        }
-        for (int64_t l = 0; l < 8; ++l) {
-            result += lane[l];
-        }
-    }
-    for (; k < n; ++k) {
-        result += x[k*stride];
-    }
-    return result;
-}
+#include "symbackprop_runtime.h"
 
 static size_t logistic_run_work_len(int64_t n, int with_grads)
 {
@@ -147,7 +16,8 @@ static size_t logistic_run_work_len(int64_t n, int with_grads)
     return (size_t)(with_grads ? 4*n + 1 : 4*n + 1);
 }
 
-/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
+ * gradient: forward and value_and_grad call it. */
 static int logistic_run(
     int64_t n,
     const double *X,
@@ -162,44 +32,44 @@ static int logistic_run(
         return 1;
     }
     
-    /* t1 = 1 - t */
-    double *t1 = work; /* n x 1 */
+    /* t0 = 1 - t */
+    double *t0 = work; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t1[i] = 1 - t[i];
+        t0[i] = 1 - t[i];
     }
 
-    /* t2 = X @ w */
+    /* t1 = X @ w */
+    double *t1 = t0 + n; /* n x 1 */
+    symbackprop_f64_matmul(n, 1, 2, X, 2, 1, w, 1, 0, t1);
+
+    /* t2 = t*softplus(-t1) + t0*softplus(t1) */
+    /* grad_t1 = -t*sigmoid(-t1)/n + t0*sigmoid(t1)/n */
     double *t2 = t1 + n; /* n x 1 */
-    logistic_matmul(n, 1, 2, X, 2, 1, w, 1, 0, t2);
-
-    /* t9 = t*softplus(-t2) + t1*softplus(t2) */
-    /* grad_t2 = -t*sigmoid(-t2)/n + t1*sigmoid(t2)/n */
-    double *grad_t2 = t2 + n; /* n x 1 */
-    double *t9 = grad_t2 + n; /* n x 1 */
+    double *grad_t1 = t2 + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        const double x0 = -t2[i];
+        const double x0 = -t1[i];
         const double x1 = 1.0/((double)n);
-        t9[i] = t1[i]*(((t2[i]) > 0 ? (t2[i]) : 0.0) + log1p(exp(-fabs(t2[i])))) + t[i]*(((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
-        grad_t2[i] = t1[i]*x1*(((t2[i]) >= 0 ? 1.0 : exp(-fabs(t2[i]))) / (1.0 + exp(-fabs(t2[i])))) - t[i]*x1*(((x0) >= 0 ? 1.0 : exp(-fabs(x0))) / (1.0 + exp(-fabs(x0))));
+        t2[i] = t0[i]*(((t1[i]) > 0 ? (t1[i]) : 0.0) + log1p(exp(-fabs(t1[i])))) + t[i]*(((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
+        grad_t1[i] = t0[i]*x1*(((t1[i]) >= 0 ? 1.0 : exp(-fabs(t1[i]))) / (1.0 + exp(-fabs(t1[i])))) - t[i]*x1*(((x0) >= 0 ? 1.0 : exp(-fabs(x0))) / (1.0 + exp(-fabs(x0))));
     }
 
-    /* t10 = sum of t9 down each column */
-    double *t10 = t9 + n; /* 1 x 1 */
-    t10[0] = logistic_sum(t9, n, 1);
+    /* t3 = sum of t2 down each column */
+    double *t3 = grad_t1 + n; /* 1 x 1 */
+    t3[0] = symbackprop_f64_sum(t2, n, 1);
 
-    /* loss = t10/n */
+    /* loss = t3/n */
     {
-        loss[0] = t10[0]/((double)n);
+        loss[0] = t3[0]/((double)n);
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_w = X^T @ grad_t2 */
-    logistic_matmul(2, 1, n, X, 1, 2, grad_t2, 1, 0, grad_w);
+    /* grad_w = X^T @ grad_t1 */
+    symbackprop_f64_matmul(2, 1, n, X, 1, 2, grad_t1, 1, 0, grad_w);
     return 0;
 }
 

@@ -6,44 +6,15 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "scalar.h"
-
-/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
- * calling these functions use their SIMD variants. */
-#ifdef SYMBACKPROP_LIBMVEC
-__attribute__((simd("notinbranch"))) double acos(double);
-__attribute__((simd("notinbranch"))) double acosh(double);
-__attribute__((simd("notinbranch"))) double asin(double);
-__attribute__((simd("notinbranch"))) double asinh(double);
-__attribute__((simd("notinbranch"))) double atan(double);
-__attribute__((simd("notinbranch"))) double atan2(double, double);
-__attribute__((simd("notinbranch"))) double atanh(double);
-__attribute__((simd("notinbranch"))) double cbrt(double);
-__attribute__((simd("notinbranch"))) double cos(double);
-__attribute__((simd("notinbranch"))) double cosh(double);
-__attribute__((simd("notinbranch"))) double erf(double);
-__attribute__((simd("notinbranch"))) double erfc(double);
-__attribute__((simd("notinbranch"))) double exp(double);
-__attribute__((simd("notinbranch"))) double exp10(double);
-__attribute__((simd("notinbranch"))) double exp2(double);
-__attribute__((simd("notinbranch"))) double expm1(double);
-__attribute__((simd("notinbranch"))) double hypot(double, double);
-__attribute__((simd("notinbranch"))) double log(double);
-__attribute__((simd("notinbranch"))) double log10(double);
-__attribute__((simd("notinbranch"))) double log1p(double);
-__attribute__((simd("notinbranch"))) double log2(double);
-__attribute__((simd("notinbranch"))) double pow(double, double);
-__attribute__((simd("notinbranch"))) double sin(double);
-__attribute__((simd("notinbranch"))) double sinh(double);
-__attribute__((simd("notinbranch"))) double tan(double);
-__attribute__((simd("notinbranch"))) double tanh(double);
-#endif
+#include "symbackprop_runtime.h"
 
 static size_t scalar_run_work_len(int with_grads)
 {
     return (size_t)(with_grads ? 0 : 0);
 }
 
-/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
+ * gradient: forward and value_and_grad call it. */
 static int scalar_run(
     const double *x,
     const double *y,

@@ -6,66 +6,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "scan_rnn.h"
-
-/* Loops over many rows run on several threads when compiled with -fopenmp. */
-#ifdef _OPENMP
-#define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
-#else
-#define SYMBACKPROP_PARALLEL_FOR
-#endif
-
-/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
- * calling these functions use their SIMD variants. */
-#ifdef SYMBACKPROP_LIBMVEC
-__attribute__((simd("notinbranch"))) double acos(double);
-__attribute__((simd("notinbranch"))) double acosh(double);
-__attribute__((simd("notinbranch"))) double asin(double);
-__attribute__((simd("notinbranch"))) double asinh(double);
-__attribute__((simd("notinbranch"))) double atan(double);
-__attribute__((simd("notinbranch"))) double atan2(double, double);
-__attribute__((simd("notinbranch"))) double atanh(double);
-__attribute__((simd("notinbranch"))) double cbrt(double);
-__attribute__((simd("notinbranch"))) double cos(double);
-__attribute__((simd("notinbranch"))) double cosh(double);
-__attribute__((simd("notinbranch"))) double erf(double);
-__attribute__((simd("notinbranch"))) double erfc(double);
-__attribute__((simd("notinbranch"))) double exp(double);
-__attribute__((simd("notinbranch"))) double exp10(double);
-__attribute__((simd("notinbranch"))) double exp2(double);
-__attribute__((simd("notinbranch"))) double expm1(double);
-__attribute__((simd("notinbranch"))) double hypot(double, double);
-__attribute__((simd("notinbranch"))) double log(double);
-__attribute__((simd("notinbranch"))) double log10(double);
-__attribute__((simd("notinbranch"))) double log1p(double);
-__attribute__((simd("notinbranch"))) double log2(double);
-__attribute__((simd("notinbranch"))) double pow(double, double);
-__attribute__((simd("notinbranch"))) double sin(double);
-__attribute__((simd("notinbranch"))) double sinh(double);
-__attribute__((simd("notinbranch"))) double tan(double);
-__attribute__((simd("notinbranch"))) double tanh(double);
-#endif
-
-/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
-static double scan_rnn_sum(const double *x, int64_t n, int64_t stride)
-{
-    double result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
-        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += x[(k + l)*stride];
-            }
-        }
-        for (int64_t l = 0; l < 8; ++l) {
-            result += lane[l];
-        }
-    }
-    for (; k < n; ++k) {
-        result += x[k*stride];
-    }
-    return result;
-}
+#include "symbackprop_runtime.h"
 
 size_t scan_rnn_forward_work_len(int64_t T)
 {
@@ -93,81 +34,81 @@ int scan_rnn_forward(
         return 1;
     }
     
-    /* t1 = 2*M^T */
-    double *t1 = work; /* 2 x 2 */
+    /* t0 = 2*M^T */
+    double *t0 = work; /* 2 x 2 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            t1[2*i + j] = 2*M[i + 2*j];
+            t0[2*i + j] = 2*M[i + 2*j];
         }
     }
 
-    /* t2 = scan over t < T: (h, m) = step(h, m, x = row t); outputs in rows of t3 */
-    double *t2 = t1 + 4; /* 46 x 1 */
-    double *t3 = t2 + 46; /* T x 1 */
-    double *t7 = t3 + T; /* 1 x 3 */
-    double *t9 = t7 + 3; /* 2 x 2 */
+    /* t1 = scan over t < T: (h, m) = step(h, m, x = row t); outputs in rows of t2 */
+    double *t1 = t0 + 4; /* 46 x 1 */
+    double *t2 = t1 + 46; /* T x 1 */
+    double *t5 = t2 + T; /* 1 x 3 */
+    double *t7 = t5 + 3; /* 2 x 2 */
     {
-        double *t2_base = (double *)(((uintptr_t)t2 + 63) & ~(uintptr_t)63);
-        double *t2_cur = t2_base;
-        double *t2_nxt = t2_base + 7;
-        for (int64_t t2_i = 0; t2_i < 3; ++t2_i) {
-            t2_cur[t2_i] = h0[t2_i];
+        double *t1_base = (double *)(((uintptr_t)t1 + 63) & ~(uintptr_t)63);
+        double *t1_cur = t1_base;
+        double *t1_nxt = t1_base + 7;
+        for (int64_t t1_i = 0; t1_i < 3; ++t1_i) {
+            t1_cur[t1_i] = h0[t1_i];
         }
-        for (int64_t t2_i = 0; t2_i < 2; ++t2_i) {
-            for (int64_t t2_j = 0; t2_j < 2; ++t2_j) {
-                (t2_cur + 3)[t2_i*2 + t2_j] = t1[2*t2_i + t2_j];
+        for (int64_t t1_i = 0; t1_i < 2; ++t1_i) {
+            for (int64_t t1_j = 0; t1_j < 2; ++t1_j) {
+                (t1_cur + 3)[t1_i*2 + t1_j] = t0[2*t1_i + t1_j];
             }
         }
-        for (int64_t t2_t = 0; t2_t < T; ++t2_t) {
-            double *t2_t3_row = t3 + t2_t;
-            const double *t2_h = t2_cur;
-            const double *t2_m = t2_cur + 3;
-            double *t2_h_next = t2_nxt;
-            double *t2_m_next = t2_nxt + 3;
-            double *t2_x = t2_base + 28;
-            for (int64_t t2_i = 0; t2_i < 2; ++t2_i) {
-                t2_x[t2_i] = XT_[t2_t + T*t2_i];
+        for (int64_t t1_t = 0; t1_t < T; ++t1_t) {
+            double *t1_t2_row = t2 + t1_t;
+            const double *t1_h = t1_cur;
+            const double *t1_m = t1_cur + 3;
+            double *t1_h_next = t1_nxt;
+            double *t1_m_next = t1_nxt + 3;
+            double *t1_x = t1_base + 28;
+            for (int64_t t1_i = 0; t1_i < 2; ++t1_i) {
+                t1_x[t1_i] = XT_[t1_t + T*t1_i];
             }
-            double *t2_t0 = t2_base + 14; /* 1 x 3 */
-            double *t2_t1 = t2_base + 17; /* 1 x 3 */
+            double *t1_t0 = t1_base + 14; /* 1 x 3 */
+            double *t1_t3 = t1_base + 17; /* 1 x 3 */
             /* t0 = h @ W */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 3; ++j) {
-                    t2_t0[3*i + j] = 0;
+                    t1_t0[3*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 3; ++k) {
-                    const double acc = t2_h[k];
+                    const double acc = t1_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 3; ++j) {
-                        t2_t0[3*i + j] += acc * W[3*k + j];
+                        t1_t0[3*i + j] += acc * W[3*k + j];
                     }
                 }
             }
-            /* t1 = x @ Ux */
+            /* t3 = x @ Ux */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 3; ++j) {
-                    t2_t1[3*i + j] = 0;
+                    t1_t3[3*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 2; ++k) {
-                    const double acc = t2_x[k];
+                    const double acc = t1_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 3; ++j) {
-                        t2_t1[3*i + j] += acc * Ux[3*k + j];
+                        t1_t3[3*i + j] += acc * Ux[3*k + j];
                     }
                 }
             }
-            /* h_next = tanh(b + t0 + t1) */
+            /* h_next = tanh(b + t0 + t3) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 3; ++j) {
-                t2_h_next[j] = tanh(t2_t0[j] + t2_t1[j] + b[j]);
+                t1_h_next[j] = tanh(t1_t0[j] + t1_t3[j] + b[j]);
             }
             /* m_next = M^T + m/2 */
     #if defined(__GNUC__) && !defined(__clang__)
@@ -175,71 +116,71 @@ int scan_rnn_forward(
     #endif
             for (int64_t i = 0; i < 2; ++i) {
                 for (int64_t j = 0; j < 2; ++j) {
-                    t2_m_next[2*i + j] = (1.0/2.0)*t2_m[2*i + j] + M[i + 2*j];
+                    t1_m_next[2*i + j] = (1.0/2.0)*t1_m[2*i + j] + M[i + 2*j];
                 }
             }
-            /* t3_row = h_next @ V */
+            /* t2_row = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 1; ++j) {
-                    t2_t3_row[i + j] = 0;
+                    t1_t2_row[i + j] = 0;
                 }
                 for (int64_t k = 0; k < 3; ++k) {
-                    const double acc = t2_h_next[k];
+                    const double acc = t1_h_next[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 1; ++j) {
-                        t2_t3_row[i + j] += acc * V[k];
+                        t1_t2_row[i + j] += acc * V[k];
                     }
                 }
             }
-            double *t2_swap = t2_cur;
-            t2_cur = t2_nxt;
-            t2_nxt = t2_swap;
+            double *t1_swap = t1_cur;
+            t1_cur = t1_nxt;
+            t1_nxt = t1_swap;
         }
-        for (int64_t t2_i = 0; t2_i < 3; ++t2_i) {
-            t7[t2_i] = t2_cur[t2_i];
+        for (int64_t t1_i = 0; t1_i < 3; ++t1_i) {
+            t5[t1_i] = t1_cur[t1_i];
         }
-        for (int64_t t2_i = 0; t2_i < 4; ++t2_i) {
-            t9[t2_i] = t2_cur[t2_i + 3];
+        for (int64_t t1_i = 0; t1_i < 4; ++t1_i) {
+            t7[t1_i] = t1_cur[t1_i + 3];
         }
     }
 
-    /* t3: the output 0 of the loop of t2, written by it */
+    /* t2: the output 0 of the loop of t1, written by it */
 
-    /* t5 = (-Z + t3)**2 */
-    double *t5 = t9 + 4; /* T x 1 */
+    /* t3 = (-Z + t2)**2 */
+    double *t3 = t7 + 4; /* T x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
-        t5[i] = pow(-Z[i] + t3[i], 2);
+        t3[i] = pow(-Z[i] + t2[i], 2);
     }
 
-    /* t6 = sum of t5 down each column */
-    double *t6 = t5 + T; /* 1 x 1 */
-    t6[0] = scan_rnn_sum(t5, T, 1);
+    /* t4 = sum of t3 down each column */
+    double *t4 = t3 + T; /* 1 x 1 */
+    t4[0] = symbackprop_f64_sum(t3, T, 1);
 
-    /* t7: the final state 0 of the loop of t2, written by it */
+    /* t5: the final state 0 of the loop of t1, written by it */
 
-    /* t8 = sum of t7 along each row */
-    double *t8 = t6 + 1; /* 1 x 1 */
-    t8[0] = scan_rnn_sum(t7, 3, 1);
+    /* t6 = sum of t5 along each row */
+    double *t6 = t4 + 1; /* 1 x 1 */
+    t6[0] = symbackprop_f64_sum(t5, 3, 1);
 
-    /* t9: the final state 1 of the loop of t2, written by it */
+    /* t7: the final state 1 of the loop of t1, written by it */
 
-    /* t10 = sum of t9 down each column */
-    double *t10 = t8 + 1; /* 1 x 2 */
+    /* t8 = sum of t7 down each column */
+    double *t8 = t6 + 1; /* 1 x 2 */
     for (int64_t j = 0; j < 2; ++j) {
-        t10[j] = scan_rnn_sum(t9 + j, 2, 2);
+        t8[j] = symbackprop_f64_sum(t7 + j, 2, 2);
     }
 
-    /* t11 = sum of t10 along each row */
-    double *t11 = t10 + 2; /* 1 x 1 */
-    t11[0] = scan_rnn_sum(t10, 2, 1);
+    /* t9 = sum of t8 along each row */
+    double *t9 = t8 + 2; /* 1 x 1 */
+    t9[0] = symbackprop_f64_sum(t8, 2, 1);
 
-    /* loss = t11 + t6 + t8 */
+    /* loss = t4 + t6 + t9 */
     {
-        loss[0] = t6[0] + t8[0] + t11[0];
+        loss[0] = t4[0] + t6[0] + t9[0];
     }
     return 0;
 }
@@ -276,87 +217,88 @@ int scan_rnn_value_and_grad(
         return 1;
     }
     
-    /* t1 = 2*M^T */
-    double *t1 = work; /* 2 x 2 */
+    /* t0 = 2*M^T */
+    double *t0 = work; /* 2 x 2 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            t1[2*i + j] = 2*M[i + 2*j];
+            t0[2*i + j] = 2*M[i + 2*j];
         }
     }
 
-    /* t2 = scan over t < T: (h, m) = step(h, m, x = row t); outputs in rows of t3; one state in 2 kept in tmp1 */
-    double *t2 = t1 + 4; /* 46 x 1 */
-    double *t3 = t2 + 46; /* T x 1 */
-    double *t7 = t3 + T; /* 1 x 3 */
-    double *t9 = t7 + 3; /* 2 x 2 */
-    double *tmp1 = t9 + 4; /* ((T + 1)/2) x 7 */
+    /* t1 = scan over t < T: (h, m) = step(h, m, x = row t); outputs in rows of t2; one state
+     * in 2 kept in t10 */
+    double *t1 = t0 + 4; /* 46 x 1 */
+    double *t2 = t1 + 46; /* T x 1 */
+    double *t10 = t2 + T; /* ((T + 1)/2) x 7 */
+    double *t5 = t10 + 7*((T + 1)/2); /* 1 x 3 */
+    double *t7 = t5 + 3; /* 2 x 2 */
     {
-        double *t2_base = (double *)(((uintptr_t)t2 + 63) & ~(uintptr_t)63);
-        double *t2_cur = t2_base;
-        double *t2_nxt = t2_base + 7;
-        for (int64_t t2_i = 0; t2_i < 3; ++t2_i) {
-            t2_cur[t2_i] = h0[t2_i];
+        double *t1_base = (double *)(((uintptr_t)t1 + 63) & ~(uintptr_t)63);
+        double *t1_cur = t1_base;
+        double *t1_nxt = t1_base + 7;
+        for (int64_t t1_i = 0; t1_i < 3; ++t1_i) {
+            t1_cur[t1_i] = h0[t1_i];
         }
-        for (int64_t t2_i = 0; t2_i < 2; ++t2_i) {
-            for (int64_t t2_j = 0; t2_j < 2; ++t2_j) {
-                (t2_cur + 3)[t2_i*2 + t2_j] = t1[2*t2_i + t2_j];
+        for (int64_t t1_i = 0; t1_i < 2; ++t1_i) {
+            for (int64_t t1_j = 0; t1_j < 2; ++t1_j) {
+                (t1_cur + 3)[t1_i*2 + t1_j] = t0[2*t1_i + t1_j];
             }
         }
-        for (int64_t t2_t = 0; t2_t < T; ++t2_t) {
-            if (t2_t % 2 == 0) {
-                for (int64_t t2_i = 0; t2_i < 7; ++t2_i) {
-                    tmp1[(t2_t/2)*7 + t2_i] = t2_cur[t2_i];
+        for (int64_t t1_t = 0; t1_t < T; ++t1_t) {
+            if (t1_t % 2 == 0) {
+                for (int64_t t1_i = 0; t1_i < 7; ++t1_i) {
+                    t10[(t1_t/2)*7 + t1_i] = t1_cur[t1_i];
                 }
             }
-            double *t2_t3_row = t3 + t2_t;
-            const double *t2_h = t2_cur;
-            const double *t2_m = t2_cur + 3;
-            double *t2_h_next = t2_nxt;
-            double *t2_m_next = t2_nxt + 3;
-            double *t2_x = t2_base + 28;
-            for (int64_t t2_i = 0; t2_i < 2; ++t2_i) {
-                t2_x[t2_i] = XT_[t2_t + T*t2_i];
+            double *t1_t2_row = t2 + t1_t;
+            const double *t1_h = t1_cur;
+            const double *t1_m = t1_cur + 3;
+            double *t1_h_next = t1_nxt;
+            double *t1_m_next = t1_nxt + 3;
+            double *t1_x = t1_base + 28;
+            for (int64_t t1_i = 0; t1_i < 2; ++t1_i) {
+                t1_x[t1_i] = XT_[t1_t + T*t1_i];
             }
-            double *t2_t0 = t2_base + 14; /* 1 x 3 */
-            double *t2_t1 = t2_base + 17; /* 1 x 3 */
+            double *t1_t0 = t1_base + 14; /* 1 x 3 */
+            double *t1_t3 = t1_base + 17; /* 1 x 3 */
             /* t0 = h @ W */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 3; ++j) {
-                    t2_t0[3*i + j] = 0;
+                    t1_t0[3*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 3; ++k) {
-                    const double acc = t2_h[k];
+                    const double acc = t1_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 3; ++j) {
-                        t2_t0[3*i + j] += acc * W[3*k + j];
+                        t1_t0[3*i + j] += acc * W[3*k + j];
                     }
                 }
             }
-            /* t1 = x @ Ux */
+            /* t3 = x @ Ux */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 3; ++j) {
-                    t2_t1[3*i + j] = 0;
+                    t1_t3[3*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 2; ++k) {
-                    const double acc = t2_x[k];
+                    const double acc = t1_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 3; ++j) {
-                        t2_t1[3*i + j] += acc * Ux[3*k + j];
+                        t1_t3[3*i + j] += acc * Ux[3*k + j];
                     }
                 }
             }
-            /* h_next = tanh(b + t0 + t1) */
+            /* h_next = tanh(b + t0 + t3) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 3; ++j) {
-                t2_h_next[j] = tanh(t2_t0[j] + t2_t1[j] + b[j]);
+                t1_h_next[j] = tanh(t1_t0[j] + t1_t3[j] + b[j]);
             }
             /* m_next = M^T + m/2 */
     #if defined(__GNUC__) && !defined(__clang__)
@@ -364,158 +306,160 @@ int scan_rnn_value_and_grad(
     #endif
             for (int64_t i = 0; i < 2; ++i) {
                 for (int64_t j = 0; j < 2; ++j) {
-                    t2_m_next[2*i + j] = (1.0/2.0)*t2_m[2*i + j] + M[i + 2*j];
+                    t1_m_next[2*i + j] = (1.0/2.0)*t1_m[2*i + j] + M[i + 2*j];
                 }
             }
-            /* t3_row = h_next @ V */
+            /* t2_row = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 1; ++j) {
-                    t2_t3_row[i + j] = 0;
+                    t1_t2_row[i + j] = 0;
                 }
                 for (int64_t k = 0; k < 3; ++k) {
-                    const double acc = t2_h_next[k];
+                    const double acc = t1_h_next[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 1; ++j) {
-                        t2_t3_row[i + j] += acc * V[k];
+                        t1_t2_row[i + j] += acc * V[k];
                     }
                 }
             }
-            double *t2_swap = t2_cur;
-            t2_cur = t2_nxt;
-            t2_nxt = t2_swap;
+            double *t1_swap = t1_cur;
+            t1_cur = t1_nxt;
+            t1_nxt = t1_swap;
         }
-        for (int64_t t2_i = 0; t2_i < 3; ++t2_i) {
-            t7[t2_i] = t2_cur[t2_i];
+        for (int64_t t1_i = 0; t1_i < 3; ++t1_i) {
+            t5[t1_i] = t1_cur[t1_i];
         }
-        for (int64_t t2_i = 0; t2_i < 4; ++t2_i) {
-            t9[t2_i] = t2_cur[t2_i + 3];
+        for (int64_t t1_i = 0; t1_i < 4; ++t1_i) {
+            t7[t1_i] = t1_cur[t1_i + 3];
         }
     }
 
-    /* t3: the output 0 of the loop of t2, written by it */
+    /* t2: the output 0 of the loop of t1, written by it */
 
-    /* t5 = (-Z + t3)**2 */
-    /* grad_t4 = -2*Z + 2*t3 */
-    double *grad_t4 = tmp1 + 7*((T + 1)/2); /* T x 1 */
-    double *t5 = grad_t4 + T; /* T x 1 */
+    /* t3 = (-Z + t2)**2 */
+    /* g0 = -2*Z + 2*t2 */
+    double *t3 = t7 + 4; /* T x 1 */
+    double *g0 = t3 + T; /* T x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
-        t5[i] = pow(-Z[i] + t3[i], 2);
-        grad_t4[i] = -2*Z[i] + 2*t3[i];
+        t3[i] = pow(-Z[i] + t2[i], 2);
+        g0[i] = -2*Z[i] + 2*t2[i];
     }
 
-    /* t6 = sum of t5 down each column */
-    double *t6 = t5 + T; /* 1 x 1 */
-    t6[0] = scan_rnn_sum(t5, T, 1);
+    /* t4 = sum of t3 down each column */
+    double *t4 = g0 + T; /* 1 x 1 */
+    t4[0] = symbackprop_f64_sum(t3, T, 1);
 
-    /* t7: the final state 0 of the loop of t2, written by it */
+    /* t5: the final state 0 of the loop of t1, written by it */
 
-    /* t8 = sum of t7 along each row */
-    double *t8 = t6 + 1; /* 1 x 1 */
-    t8[0] = scan_rnn_sum(t7, 3, 1);
+    /* t6 = sum of t5 along each row */
+    double *t6 = t4 + 1; /* 1 x 1 */
+    t6[0] = symbackprop_f64_sum(t5, 3, 1);
 
-    /* t9: the final state 1 of the loop of t2, written by it */
+    /* t7: the final state 1 of the loop of t1, written by it */
 
-    /* t10 = sum of t9 down each column */
-    double *t10 = t8 + 1; /* 1 x 2 */
+    /* t8 = sum of t7 down each column */
+    double *t8 = t6 + 1; /* 1 x 2 */
     for (int64_t j = 0; j < 2; ++j) {
-        t10[j] = scan_rnn_sum(t9 + j, 2, 2);
+        t8[j] = symbackprop_f64_sum(t7 + j, 2, 2);
     }
 
-    /* t11 = sum of t10 along each row */
-    double *t11 = t10 + 2; /* 1 x 1 */
-    t11[0] = scan_rnn_sum(t10, 2, 1);
+    /* t9 = sum of t8 along each row */
+    double *t9 = t8 + 2; /* 1 x 1 */
+    t9[0] = symbackprop_f64_sum(t8, 2, 1);
 
-    /* loss = t11 + t6 + t8 */
+    /* loss = t4 + t6 + t9 */
     {
-        loss[0] = t6[0] + t8[0] + t11[0];
+        loss[0] = t4[0] + t6[0] + t9[0];
     }
 
-    /* tmp1: the kept states of the loop of t2, written by it */
+    /* t10: the kept states of the loop of t1, written by it */
 
-    /* tmp1_1 = backward scan over t = T-1 .. 0: adjoints of (h, m) and of the step's inputs and params, from the states kept in tmp1, each segment of 2 steps recomputed from its checkpoint */
-    double *grad_t1 = t1; /* 2 x 2, in t1's memory */
-    double *tmp1_1 = t11 + 1; /* 108 x 1 */
-    double *tmp1_2 = t9; /* 2 x 2, in t9's memory */
+    /* t11 = backward scan over t = T-1 .. 0: adjoints of (h, m) and of the step's inputs and
+     * params, from the states kept in t10, each segment of 2 steps recomputed from its
+     * checkpoint */
+    double *t11 = t9 + 1; /* 108 x 1 */
+    double *grad_M_part = t0; /* 2 x 2, in t0's memory */
+    double *grad_t0 = t7; /* 2 x 2, in t7's memory */
     {
-        double *tmp1_1_base = (double *)(((uintptr_t)tmp1_1 + 63) & ~(uintptr_t)63);
-        double *tmp1_1_cur = tmp1_1_base;
-        double *tmp1_1_nxt = tmp1_1_base + 7;
-        double *tmp1_1_seg = tmp1_1_base + 14;
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 9; ++tmp1_1_i) {
-            grad_W[tmp1_1_i] = 0;
+        double *t11_base = (double *)(((uintptr_t)t11 + 63) & ~(uintptr_t)63);
+        double *t11_cur = t11_base;
+        double *t11_nxt = t11_base + 7;
+        double *t11_seg = t11_base + 14;
+        for (int64_t t11_i = 0; t11_i < 9; ++t11_i) {
+            grad_W[t11_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 6; ++tmp1_1_i) {
-            grad_Ux[tmp1_1_i] = 0;
+        for (int64_t t11_i = 0; t11_i < 6; ++t11_i) {
+            grad_Ux[t11_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 3; ++tmp1_1_i) {
-            grad_b[tmp1_1_i] = 0;
+        for (int64_t t11_i = 0; t11_i < 3; ++t11_i) {
+            grad_b[t11_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 3; ++tmp1_1_i) {
-            grad_V[tmp1_1_i] = 0;
+        for (int64_t t11_i = 0; t11_i < 3; ++t11_i) {
+            grad_V[t11_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 4; ++tmp1_1_i) {
-            tmp1_2[tmp1_1_i] = 0;
+        for (int64_t t11_i = 0; t11_i < 4; ++t11_i) {
+            grad_M_part[t11_i] = 0;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 3; ++tmp1_1_i) {
-            tmp1_1_cur[tmp1_1_i] = 1;
+        for (int64_t t11_i = 0; t11_i < 3; ++t11_i) {
+            t11_cur[t11_i] = 1;
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 2; ++tmp1_1_i) {
-            for (int64_t tmp1_1_j = 0; tmp1_1_j < 2; ++tmp1_1_j) {
-                (tmp1_1_cur + 3)[tmp1_1_i*2 + tmp1_1_j] = 1;
+        for (int64_t t11_i = 0; t11_i < 2; ++t11_i) {
+            for (int64_t t11_j = 0; t11_j < 2; ++t11_j) {
+                (t11_cur + 3)[t11_i*2 + t11_j] = 1;
             }
         }
-        for (int64_t tmp1_1_s = ((T + 1)/2) - 1; tmp1_1_s >= 0; --tmp1_1_s) {
-            const int64_t tmp1_1_t0 = tmp1_1_s*2;
-            const int64_t tmp1_1_len = T - tmp1_1_t0 < 2 ? T - tmp1_1_t0 : 2;
-            for (int64_t tmp1_1_i = 0; tmp1_1_i < 7; ++tmp1_1_i) {
-                tmp1_1_seg[tmp1_1_i] = tmp1[tmp1_1_s*7 + tmp1_1_i];
+        for (int64_t t11_s = ((T + 1)/2) - 1; t11_s >= 0; --t11_s) {
+            const int64_t t11_t0 = t11_s*2;
+            const int64_t t11_len = T - t11_t0 < 2 ? T - t11_t0 : 2;
+            for (int64_t t11_i = 0; t11_i < 7; ++t11_i) {
+                t11_seg[t11_i] = t10[t11_s*7 + t11_i];
             }
-            for (int64_t tmp1_1_u = 1; tmp1_1_u <= tmp1_1_len; ++tmp1_1_u) {
-                const int64_t tmp1_1_t = tmp1_1_t0 + tmp1_1_u - 1;
-                const double *tmp1_1_h = tmp1_1_seg + 7*tmp1_1_u - 7;
-                const double *tmp1_1_m = tmp1_1_seg + 7*tmp1_1_u - 4;
-                double *tmp1_1_h_next = tmp1_1_seg + 7*tmp1_1_u;
-                double *tmp1_1_m_next = tmp1_1_seg + 7*tmp1_1_u + 3;
-                double *tmp1_1_out0_row = tmp1_1_base + 91;
-                double *tmp1_1_t1_kept = tmp1_1_base + 6*tmp1_1_u + 29;
-                double *tmp1_1_t2_kept = tmp1_1_base + 6*tmp1_1_u + 32;
-                double *tmp1_1_x = tmp1_1_base + 89;
-                for (int64_t tmp1_1_i = 0; tmp1_1_i < 2; ++tmp1_1_i) {
-                    tmp1_1_x[tmp1_1_i] = XT_[tmp1_1_t + T*tmp1_1_i];
+            for (int64_t t11_u = 1; t11_u <= t11_len; ++t11_u) {
+                const int64_t t11_t = t11_t0 + t11_u - 1;
+                const double *t11_h = t11_seg + 7*t11_u - 7;
+                const double *t11_m = t11_seg + 7*t11_u - 4;
+                double *t11_h_next = t11_seg + 7*t11_u;
+                double *t11_m_next = t11_seg + 7*t11_u + 3;
+                double *t11_out0_row = t11_base + 91;
+                double *t11_t1_kept = t11_base + 6*t11_u + 29;
+                double *t11_t2_kept = t11_base + 6*t11_u + 32;
+                double *t11_x = t11_base + 89;
+                for (int64_t t11_i = 0; t11_i < 2; ++t11_i) {
+                    t11_x[t11_i] = XT_[t11_t + T*t11_i];
                 }
                 /* t1_kept = h @ W */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 3; ++j) {
-                        tmp1_1_t1_kept[3*i + j] = 0;
+                        t11_t1_kept[3*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 3; ++k) {
-                        const double acc = tmp1_1_h[k];
+                        const double acc = t11_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 3; ++j) {
-                            tmp1_1_t1_kept[3*i + j] += acc * W[3*k + j];
+                            t11_t1_kept[3*i + j] += acc * W[3*k + j];
                         }
                     }
                 }
                 /* t2_kept = x @ Ux */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 3; ++j) {
-                        tmp1_1_t2_kept[3*i + j] = 0;
+                        t11_t2_kept[3*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 2; ++k) {
-                        const double acc = tmp1_1_x[k];
+                        const double acc = t11_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 3; ++j) {
-                            tmp1_1_t2_kept[3*i + j] += acc * Ux[3*k + j];
+                            t11_t2_kept[3*i + j] += acc * Ux[3*k + j];
                         }
                     }
                 }
@@ -524,7 +468,7 @@ int scan_rnn_value_and_grad(
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 3; ++j) {
-                    tmp1_1_h_next[j] = tanh(tmp1_1_t1_kept[j] + tmp1_1_t2_kept[j] + b[j]);
+                    t11_h_next[j] = tanh(t11_t1_kept[j] + t11_t2_kept[j] + b[j]);
                 }
                 /* m_next = M^T + m/2 */
     #if defined(__GNUC__) && !defined(__clang__)
@@ -532,81 +476,81 @@ int scan_rnn_value_and_grad(
     #endif
                 for (int64_t i = 0; i < 2; ++i) {
                     for (int64_t j = 0; j < 2; ++j) {
-                        tmp1_1_m_next[2*i + j] = (1.0/2.0)*tmp1_1_m[2*i + j] + M[i + 2*j];
+                        t11_m_next[2*i + j] = (1.0/2.0)*t11_m[2*i + j] + M[i + 2*j];
                     }
                 }
                 /* out0_row = h_next @ V */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 1; ++j) {
-                        tmp1_1_out0_row[i + j] = 0;
+                        t11_out0_row[i + j] = 0;
                     }
                     for (int64_t k = 0; k < 3; ++k) {
-                        const double acc = tmp1_1_h_next[k];
+                        const double acc = t11_h_next[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 1; ++j) {
-                            tmp1_1_out0_row[i + j] += acc * V[k];
+                            t11_out0_row[i + j] += acc * V[k];
                         }
                     }
                 }
             }
-            for (int64_t tmp1_1_u = tmp1_1_len - 1; tmp1_1_u >= 0; --tmp1_1_u) {
-                const int64_t tmp1_1_t = tmp1_1_t0 + tmp1_1_u;
-                const double *tmp1_1_h = tmp1_1_seg + 7*tmp1_1_u;
-                const double *tmp1_1_grad_h_next = tmp1_1_cur;
-                const double *tmp1_1_grad_m_next = tmp1_1_cur + 3;
-                double *tmp1_1_grad_h = tmp1_1_nxt;
-                double *tmp1_1_grad_m = tmp1_1_nxt + 3;
-                const double *tmp1_1_t1_kept_1 = tmp1_1_base + 6*tmp1_1_u + 35;
-                const double *tmp1_1_t2_kept_1 = tmp1_1_base + 6*tmp1_1_u + 38;
-                const double *tmp1_1_grad_out0 = grad_t4 + tmp1_1_t;
-                double *tmp1_1_x = tmp1_1_base + 89;
-                for (int64_t tmp1_1_i = 0; tmp1_1_i < 2; ++tmp1_1_i) {
-                    tmp1_1_x[tmp1_1_i] = XT_[tmp1_1_t + T*tmp1_1_i];
+            for (int64_t t11_u = t11_len - 1; t11_u >= 0; --t11_u) {
+                const int64_t t11_t = t11_t0 + t11_u;
+                const double *t11_h = t11_seg + 7*t11_u;
+                const double *t11_grad_h_next = t11_cur;
+                const double *t11_grad_m_next = t11_cur + 3;
+                double *t11_grad_h = t11_nxt;
+                double *t11_grad_m = t11_nxt + 3;
+                const double *t11_t1_kept_1 = t11_base + 6*t11_u + 35;
+                const double *t11_t2_kept_1 = t11_base + 6*t11_u + 38;
+                const double *t11_grad_out0 = g0 + t11_t;
+                double *t11_x = t11_base + 89;
+                for (int64_t t11_i = 0; t11_i < 2; ++t11_i) {
+                    t11_x[t11_i] = XT_[t11_t + T*t11_i];
                 }
-                double *tmp1_1_t8 = tmp1_1_base + 47; /* 1 x 3 */
-                double *tmp1_1_t11 = tmp1_1_base + 50; /* 1 x 3 */
-                double *tmp1_1_t13 = tmp1_1_base + 53; /* 1 x 3 */
-                /* t8 = grad_out0 @ V^T */
+                double *t11_g1 = t11_base + 47; /* 1 x 3 */
+                double *t11_t3 = t11_base + 50; /* 1 x 3 */
+                double *t11_t4 = t11_base + 53; /* 1 x 3 */
+                /* g1 = grad_out0 @ V^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 3; ++j) {
-                        tmp1_1_t8[3*i + j] = 0;
+                        t11_g1[3*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 1; ++k) {
-                        const double acc = tmp1_1_grad_out0[0];
+                        const double acc = t11_grad_out0[0];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 3; ++j) {
-                            tmp1_1_t8[3*i + j] += acc * V[j];
+                            t11_g1[3*i + j] += acc * V[j];
                         }
                     }
                 }
-                /* t11 = tanh(b + t1_kept_1 + t2_kept_1) */
-                /* t13 = (1 - tanh(b + t1_kept_1 + t2_kept_1)**2)*(grad_h_next + t8) */
-                /* grad_b = grad_b + (1 - tanh(b + t1_kept_1 + t2_kept_1)**2)*(grad_h_next + t8) */
+                /* t3 = tanh(b + t1_kept_1 + t2_kept_1) */
+                /* t4 = (1 - tanh(b + t1_kept_1 + t2_kept_1)**2)*(g1 + grad_h_next) */
+                /* grad_b = grad_b + (1 - tanh(b + t1_kept_1 + t2_kept_1)**2)*(g1 + grad_h_next) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 3; ++j) {
-                    const double tmp1_1_grad_b_in = grad_b[j];
-                    const double x0 = tanh(tmp1_1_t1_kept_1[j] + tmp1_1_t2_kept_1[j] + b[j]);
-                    const double x1 = (1 - (x0*x0))*(tmp1_1_grad_h_next[j] + tmp1_1_t8[j]);
-                    tmp1_1_t11[j] = x0;
-                    tmp1_1_t13[j] = x1;
-                    grad_b[j] = tmp1_1_grad_b_in + x1;
+                    const double t11_grad_b_in = grad_b[j];
+                    const double x0 = tanh(t11_t1_kept_1[j] + t11_t2_kept_1[j] + b[j]);
+                    const double x1 = (1 - (x0*x0))*(t11_grad_h_next[j] + t11_g1[j]);
+                    t11_t3[j] = x0;
+                    t11_t4[j] = x1;
+                    grad_b[j] = t11_grad_b_in + x1;
                 }
-                /* grad_h = t13 @ W^T */
+                /* grad_h = t4 @ W^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 3; ++j) {
                         double acc = 0;
                         for (int64_t k = 0; k < 3; ++k) {
-                            acc += tmp1_1_t13[k] * W[k + 3*j];
+                            acc += t11_t4[k] * W[k + 3*j];
                         }
-                        tmp1_1_grad_h[3*i + j] = acc;
+                        t11_grad_h[3*i + j] = acc;
                     }
                 }
                 /* grad_m = grad_m_next/2 */
@@ -615,91 +559,91 @@ int scan_rnn_value_and_grad(
     #endif
                 for (int64_t i = 0; i < 2; ++i) {
                     for (int64_t j = 0; j < 2; ++j) {
-                        tmp1_1_grad_m[2*i + j] = (1.0/2.0)*tmp1_1_grad_m_next[2*i + j];
+                        t11_grad_m[2*i + j] = (1.0/2.0)*t11_grad_m_next[2*i + j];
                     }
                 }
-                /* grad_W += h^T @ t13 */
+                /* grad_W += h^T @ t4 */
                 for (int64_t i = 0; i < 3; ++i) {
-                    const double acc = tmp1_1_h[i];
+                    const double acc = t11_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 3; ++j) {
-                        grad_W[3*i + j] += acc * tmp1_1_t13[j];
+                        grad_W[3*i + j] += acc * t11_t4[j];
                     }
                 }
-                /* grad_Ux += x^T @ t13 */
+                /* grad_Ux += x^T @ t4 */
                 for (int64_t i = 0; i < 2; ++i) {
-                    const double acc = tmp1_1_x[i];
+                    const double acc = t11_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 3; ++j) {
-                        grad_Ux[3*i + j] += acc * tmp1_1_t13[j];
+                        grad_Ux[3*i + j] += acc * t11_t4[j];
                     }
                 }
-                /* grad_V += t11^T @ grad_out0 */
+                /* grad_V += t3^T @ grad_out0 */
                 for (int64_t i = 0; i < 3; ++i) {
-                    const double acc = tmp1_1_t11[i];
+                    const double acc = t11_t3[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 1; ++j) {
-                        grad_V[i + j] += acc * tmp1_1_grad_out0[0];
+                        grad_V[i + j] += acc * t11_grad_out0[0];
                     }
                 }
-                /* tmp1_2 = grad_m_next^T + tmp1_2 */
+                /* grad_M_part = grad_M_part + grad_m_next^T */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t i = 0; i < 2; ++i) {
                     for (int64_t j = 0; j < 2; ++j) {
-                        const double tmp1_1_tmp1_2_in = tmp1_2[2*i + j];
-                        tmp1_2[2*i + j] = tmp1_1_tmp1_2_in + tmp1_1_grad_m_next[i + 2*j];
+                        const double t11_grad_M_part_in = grad_M_part[2*i + j];
+                        grad_M_part[2*i + j] = t11_grad_M_part_in + t11_grad_m_next[i + 2*j];
                     }
                 }
-                double *tmp1_1_swap = tmp1_1_cur;
-                tmp1_1_cur = tmp1_1_nxt;
-                tmp1_1_nxt = tmp1_1_swap;
+                double *t11_swap = t11_cur;
+                t11_cur = t11_nxt;
+                t11_nxt = t11_swap;
             }
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 3; ++tmp1_1_i) {
-            grad_h0[tmp1_1_i] = tmp1_1_cur[tmp1_1_i];
+        for (int64_t t11_i = 0; t11_i < 3; ++t11_i) {
+            grad_h0[t11_i] = t11_cur[t11_i];
         }
-        for (int64_t tmp1_1_i = 0; tmp1_1_i < 4; ++tmp1_1_i) {
-            grad_t1[tmp1_1_i] = tmp1_1_cur[tmp1_1_i + 3];
-        }
-    }
-
-    /* grad_W: the adjoint of captured value 0 of the loop of tmp1_1, written by it */
-
-    /* grad_Ux: the adjoint of captured value 1 of the loop of tmp1_1, written by it */
-
-    /* grad_b: the adjoint of captured value 2 of the loop of tmp1_1, written by it */
-
-    /* grad_V: the adjoint of captured value 3 of the loop of tmp1_1, written by it */
-
-    /* grad_h0: the adjoint of init 0 of the loop of tmp1_1, written by it */
-
-    /* tmp1_2: the adjoint of captured value 4 of the loop of tmp1_1, written by it */
-
-    /* grad_t1: the adjoint of init 1 of the loop of tmp1_1, written by it */
-
-    /* tmp1_3 = 2*grad_t1 */
-    double *tmp1_3 = tmp1_1 + 108; /* 2 x 2 */
-    for (int64_t i = 0; i < 2; ++i) {
-        for (int64_t j = 0; j < 2; ++j) {
-            tmp1_3[2*i + j] = 2*grad_t1[2*i + j];
+        for (int64_t t11_i = 0; t11_i < 4; ++t11_i) {
+            grad_t0[t11_i] = t11_cur[t11_i + 3];
         }
     }
 
-    /* grad_M = tmp1_2 + tmp1_3^T */
+    /* grad_W: the adjoint of captured value 0 of the loop of t11, written by it */
+
+    /* grad_Ux: the adjoint of captured value 1 of the loop of t11, written by it */
+
+    /* grad_b: the adjoint of captured value 2 of the loop of t11, written by it */
+
+    /* grad_V: the adjoint of captured value 3 of the loop of t11, written by it */
+
+    /* grad_h0: the adjoint of init 0 of the loop of t11, written by it */
+
+    /* grad_M_part: the adjoint of captured value 4 of the loop of t11, written by it */
+
+    /* grad_t0: the adjoint of init 1 of the loop of t11, written by it */
+
+    /* g1 = 2*grad_t0 */
+    double *g1 = t11 + 108; /* 2 x 2 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            grad_M[2*i + j] = tmp1_2[2*i + j] + tmp1_3[i + 2*j];
+            g1[2*i + j] = 2*grad_t0[2*i + j];
+        }
+    }
+
+    /* grad_M = g1^T + grad_M_part */
+    for (int64_t i = 0; i < 2; ++i) {
+        for (int64_t j = 0; j < 2; ++j) {
+            grad_M[2*i + j] = grad_M_part[2*i + j] + g1[i + 2*j];
         }
     }
     return 0;

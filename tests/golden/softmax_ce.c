@@ -6,111 +6,15 @@
 #include <stdint.h>
 #include <stddef.h>
 #include "softmax_ce.h"
-
-/* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
- * calling these functions use their SIMD variants. */
-#ifdef SYMBACKPROP_LIBMVEC
-__attribute__((simd("notinbranch"))) double acos(double);
-__attribute__((simd("notinbranch"))) double acosh(double);
-__attribute__((simd("notinbranch"))) double asin(double);
-__attribute__((simd("notinbranch"))) double asinh(double);
-__attribute__((simd("notinbranch"))) double atan(double);
-__attribute__((simd("notinbranch"))) double atan2(double, double);
-__attribute__((simd("notinbranch"))) double atanh(double);
-__attribute__((simd("notinbranch"))) double cbrt(double);
-__attribute__((simd("notinbranch"))) double cos(double);
-__attribute__((simd("notinbranch"))) double cosh(double);
-__attribute__((simd("notinbranch"))) double erf(double);
-__attribute__((simd("notinbranch"))) double erfc(double);
-__attribute__((simd("notinbranch"))) double exp(double);
-__attribute__((simd("notinbranch"))) double exp10(double);
-__attribute__((simd("notinbranch"))) double exp2(double);
-__attribute__((simd("notinbranch"))) double expm1(double);
-__attribute__((simd("notinbranch"))) double hypot(double, double);
-__attribute__((simd("notinbranch"))) double log(double);
-__attribute__((simd("notinbranch"))) double log10(double);
-__attribute__((simd("notinbranch"))) double log1p(double);
-__attribute__((simd("notinbranch"))) double log2(double);
-__attribute__((simd("notinbranch"))) double pow(double, double);
-__attribute__((simd("notinbranch"))) double sin(double);
-__attribute__((simd("notinbranch"))) double sinh(double);
-__attribute__((simd("notinbranch"))) double tan(double);
-__attribute__((simd("notinbranch"))) double tanh(double);
-#endif
-
-/* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
-static double softmax_ce_sum(const double *x, int64_t n, int64_t stride)
-{
-    double result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
-        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += x[(k + l)*stride];
-            }
-        }
-        for (int64_t l = 0; l < 8; ++l) {
-            result += lane[l];
-        }
-    }
-    for (; k < n; ++k) {
-        result += x[k*stride];
-    }
-    return result;
-}
-
-/* log(sum(exp(x))) of n entries stride apart, the largest subtracted before exp. */
-static double softmax_ce_logsumexp(const double *x, int64_t n, int64_t stride)
-{
-    double top;
-    {
-        double result = -INFINITY;
-        int64_t k = 0;
-        if (n >= 64) {
-            double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-            for (; k + 8 <= n; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
-                }
-            }
-            for (int64_t l = 0; l < 8; ++l) {
-                result = lane[l] > result ? lane[l] : result;
-            }
-        }
-        for (; k < n; ++k) {
-            result = x[k*stride] > result ? x[k*stride] : result;
-        }
-        top = result;
-    }
-    if (isinf(top)) {
-        return top; /* every entry -inf (or one +inf) */
-    }
-    double result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
-        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
-            for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += exp(x[(k + l)*stride] - top);
-            }
-        }
-        for (int64_t l = 0; l < 8; ++l) {
-            result += lane[l];
-        }
-    }
-    for (; k < n; ++k) {
-        result += exp(x[k*stride] - top);
-    }
-    return top + log(result);
-}
+#include "symbackprop_runtime.h"
 
 static size_t softmax_ce_run_work_len(int with_grads)
 {
     return (size_t)(with_grads ? 25 : 25);
 }
 
-/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: forward and value_and_grad call it. */
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
+ * gradient: forward and value_and_grad call it. */
 static int softmax_ce_run(
     const double *T,
     const double *Z,
@@ -131,38 +35,38 @@ static int softmax_ce_run(
     /* t1 = sum of t0 along each row */
     double *t1 = t0 + 12; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
-        t1[i] = softmax_ce_sum(t0 + 3*i, 3, 1);
+        t1[i] = symbackprop_f64_sum(t0 + 3*i, 3, 1);
     }
 
-    /* t3 = log(sum(exp(Z))) along each row, its max subtracted first */
-    double *t3 = t1 + 4; /* 4 x 1 */
+    /* t2 = log(sum(exp(Z))) along each row, its max subtracted first */
+    double *t2 = t1 + 4; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
-        t3[i] = softmax_ce_logsumexp(Z + 3*i, 3, 1);
+        t2[i] = symbackprop_f64_logsumexp(Z + 3*i, 3, 1);
     }
 
-    /* t4 = -t1 + t3 */
-    double *t4 = t3 + 4; /* 4 x 1 */
+    /* t3 = -t1 + t2 */
+    double *t3 = t2 + 4; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
-        t4[i] = -t1[i] + t3[i];
+        t3[i] = -t1[i] + t2[i];
     }
 
-    /* t5 = sum of t4 down each column */
-    double *t5 = t4 + 4; /* 1 x 1 */
-    t5[0] = softmax_ce_sum(t4, 4, 1);
+    /* t4 = sum of t3 down each column */
+    double *t4 = t3 + 4; /* 1 x 1 */
+    t4[0] = symbackprop_f64_sum(t3, 4, 1);
 
-    /* loss = t5/4 */
+    /* loss = t4/4 */
     {
-        loss[0] = (1.0/4.0)*t5[0];
+        loss[0] = (1.0/4.0)*t4[0];
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_Z = -T/4 + exp(Z - t3)/4 */
+    /* grad_Z = -T/4 + exp(Z - t2)/4 */
     for (int64_t i = 0; i < 4; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            grad_Z[3*i + j] = -1.0/4.0*T[3*i + j] + (1.0/4.0)*exp(Z[3*i + j] - t3[i]);
+            grad_Z[3*i + j] = -1.0/4.0*T[3*i + j] + (1.0/4.0)*exp(Z[3*i + j] - t2[i]);
         }
     }
     return 0;

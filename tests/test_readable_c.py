@@ -1,0 +1,145 @@
+"""The C a reviewer reads: names numbered without gaps in the order the C
+stores them, the user's names of intermediates carried into the C (made
+valid identifiers), comment lines at most 100 columns, every kernel's
+operations counted in derivation.md, and the model-independent helpers in
+one shared header."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sympy as sp
+from conftest import example_names
+
+import symbackprop as sbp
+from symbackprop import nn
+from symbackprop.codegen import RUNTIME_HEADER
+from symbackprop.compiler import generate
+from symbackprop.errors import ModelError
+from symbackprop.wrap import WIDTH, wrap, wrap_c_comments, wrap_markdown_equations
+
+GENERATED = Path(__file__).resolve().parent.parent / "generated"
+
+
+def _mlp(names=None):
+    n = sp.Symbol("n", integer=True, positive=True)
+    X, T = sp.MatrixSymbol("X", n, 3), sp.MatrixSymbol("T", n, 2)
+    W1, b1 = sp.MatrixSymbol("W1", 3, 4), sp.MatrixSymbol("b1", 1, 4)
+    W2, b2 = sp.MatrixSymbol("W2", 4, 2), sp.MatrixSymbol("b2", 1, 2)
+    Z = nn.linear(X, W1, b1)
+    H = nn.sigmoid(Z)
+    Y = nn.linear(H, W2, b2)
+    chosen = {key: {"Z": Z, "H": H, "R": Y - T}[value] for key, value in (names or {}).items()}
+    return sbp.Model("mlp", inputs=[X, T], params=[W1, b1, W2, b2], loss=nn.mse(Y, T), outputs={"Y": Y},
+                     names=chosen)
+
+
+def _first_appearances(text: str, prefix: str) -> list[int]:
+    """The numbers of the identifiers <prefix><k> in the order they first appear."""
+    return list(dict.fromkeys(int(m) for m in re.findall(rf"\b{prefix}(\d+)\b", text)))
+
+
+@pytest.mark.parametrize("name", example_names())
+def test_numbered_names_have_no_gaps_and_come_in_order(name):
+    """t<k> and g<k> count 0, 1, 2, ... in the order they first appear in
+    the C (the code, not the comments, which name the same values)."""
+    source = (GENERATED / name / f"{name}.c").read_text()
+    code = re.sub(r"/\*.*?\*/", " ", source, flags=re.S)
+    for prefix in ("t", "g"):
+        numbers = _first_appearances(code, prefix)
+        assert numbers == list(range(len(numbers))), (prefix, numbers)
+
+
+def test_an_adjoint_is_named_after_its_value_only_when_that_value_has_a_name():
+    source = generate(_mlp())[0].source
+    declared = set(re.findall(r"\*(\w+) = ", source))
+    for grad in (d for d in declared if d.startswith("grad_t")):
+        assert grad[len("grad_"):] in declared  # the value it is the adjoint of is in the C too
+    assert "g0" in declared  # the adjoint of Y - T, which only lives inside a loop
+
+
+def test_the_users_names_of_intermediates_reach_the_c_as_identifiers():
+    emitted, _ = generate(_mlp({"hidden layer": "H", "int": "Z", "residual": "R"}))
+    source, derivation = emitted.source, emitted.derivation
+    declared = set(re.findall(r"\*(\w+) = ", source))
+    assert {"hidden_layer", "grad_hidden_layer", "grad_residual", "grad_int"} <= declared
+    assert "hidden layer" not in source and "int int" not in source
+    assert r"\frac{\partial L}{\partial residual}" in derivation
+    assert "/* hidden_layer = sigmoid(b1 + t0) */" in source
+
+
+def test_naming_changes_no_result():
+    rng = np.random.default_rng(0)
+    data = {"X": rng.standard_normal((5, 3)), "T": rng.standard_normal((5, 2)), "W1": rng.standard_normal((3, 4)),
+            "b1": rng.standard_normal((1, 4)), "W2": rng.standard_normal((4, 2)), "b2": rng.standard_normal((1, 2))}
+    plain = sbp.compile(_mlp()).value_and_grad(**data)
+    named = sbp.compile(_mlp({"hidden": "H", "for": "Z"})).value_and_grad(**data)
+    assert plain[0] == named[0]
+    for key in plain[1]:
+        assert np.array_equal(plain[1][key], named[1][key])
+
+
+@pytest.mark.parametrize("names, fragment", [
+    ({"X": "H"}, "clashes with the input"),
+    ({"Y": "H"}, "clashes with the output"),
+    ({"loss": "H"}, "clashes with the loss"),
+    ({"": "H"}, "non-empty strings"),
+])
+def test_a_name_that_clashes_is_refused(names, fragment):
+    with pytest.raises(ModelError, match=fragment):
+        _mlp(names)
+
+
+def test_comment_lines_fit_in_100_columns():
+    files = [*GENERATED.glob("*/*.c"), *GENERATED.glob("*/*.h"), GENERATED / RUNTIME_HEADER]
+    for path in files:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if line.lstrip().startswith(("/*", "* ")):
+                assert len(line) <= WIDTH, f"{path}:{number}"
+    for path in GENERATED.glob("*/derivation.md"):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if "$$" in line or line.startswith("   "):
+                assert len(line) <= WIDTH or " " not in line.strip(), f"{path}:{number}"
+
+
+def test_wrapping_keeps_every_word_in_order():
+    text = " ".join(f"w{k}[i, {k}]*(a + b{k})" for k in range(40))
+    lines = wrap(text, 60, 60)
+    assert all(len(line) <= 60 for line in lines)
+    assert " ".join(lines) == text
+    comment = "    /* " + text + " */"
+    wrapped = wrap_c_comments(comment).split("\n")
+    assert wrapped[0].startswith("    /* ") and all(line.startswith("     * ") for line in wrapped[1:])
+    assert wrapped[-1].endswith(" */") and all(len(line) <= WIDTH for line in wrapped)
+    assert wrap_c_comments(comment) == wrap_c_comments(comment)
+    equation = "1. $$" + r" + \frac{a}{b}" * 30 + "$$"
+    lines = wrap_markdown_equations(equation).split("\n")
+    assert len(lines) > 1 and all(line.startswith("   ") for line in lines[1:])
+    assert re.sub(r"\s+", " ", " ".join(lines)) == re.sub(r"\s+", " ", equation)
+
+
+def test_every_kernel_has_its_operations_counted():
+    """A product X (n x 3) @ W1 (3 x 4) is n*3*4 multiply-adds; the sum of
+    a (n x 2) matrix down its columns n*2 additions."""
+    derivation = generate(_mlp())[0].derivation
+    table = derivation.split("## Operations per kernel", 1)[1]
+    assert "| `t0` | matrix product | 12*n multiply-adds |" in table
+    assert "| `t4` | sum | 2*n operations |" in table
+    assert "| `grad_W1` | matrix product | 12*n multiply-adds |" in table
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    steps = [e for e in re.findall(r"^1\. \$\$(.*?) =", derivation, flags=re.M)]
+    assert len(rows) == len([k for k in generate(_mlp())[1].function("value_and_grad").schedule.kernels])
+    assert len(steps) >= len(rows)
+
+
+def test_the_shared_helpers_are_in_the_runtime_header_only():
+    emitted, _ = generate(_mlp())
+    assert '#include "symbackprop_runtime.h"' in emitted.source
+    assert "simd" not in emitted.source and "cblas" not in emitted.source.lower()
+    assert "symbackprop_f64_matmul(" in emitted.source
+    header = (GENERATED / RUNTIME_HEADER).read_text()
+    for helper in ("matmul", "sum", "max", "min", "logsumexp"):
+        assert f"symbackprop_f64_{helper}(" in header and f"symbackprop_f32_{helper}(" in header
