@@ -13,7 +13,7 @@ from typing import Iterable
 import sympy as sp
 
 from .codegen import REAL_TYPES, template_environment
-from .schedule import FunctionSchedule, kernel_reads, kernel_writes
+from .schedule import FunctionSchedule, Kernel, kernel_reads, kernel_writes
 from .wrap import wrap_markdown_equations
 
 
@@ -157,45 +157,11 @@ class KernelWork:
     work: str
 
 
-_KINDS = {"map": "elementwise loop", "matmul": "matrix product", "sum": "sum", "max": "maximum", "min": "minimum",
-          "logsumexp": "log-sum-exp", "pack": "packed entries", "emap": "per-example loop", "scan": "scan loop"}
-
-
-def _kind(kernel: object) -> str:
-    kind = getattr(kernel, "kind", "kernel")
-    return getattr(kernel, "op", kind) if kind == "reduce" else kind
-
-
-def kernel_counts(kernel: object) -> tuple[sp.Expr, sp.Expr]:
+def kernel_counts(kernel: Kernel) -> tuple[sp.Expr, sp.Expr]:
     """(multiply-adds, other scalar operations) a kernel performs, in its
-    dimensions: a product m*k*n multiply-adds; an elementwise loop its
-    body's operations (after CSE) per element; a reduction one operation
-    per entry (log-sum-exp four: max, subtract, exp, add); a per-example
-    loop its program per example; a scan its step's kernels per step. A
-    kernel of another kind counts what it says it does (`counts()`), else 0."""
-    kind = _kind(kernel)
-    zero = sp.Integer(0)
-    if kind == "matmul" or hasattr(kernel, "m") and hasattr(kernel, "n") and not hasattr(kernel, "loops"):
-        return sp.sympify(kernel.m) * getattr(kernel, "k", 1) * kernel.n, zero
-    if kind == "map":
-        per = sum((sp.count_ops(e) for _, e in kernel.temps), zero) + sum((sp.count_ops(e) for _, e in kernel.stores), zero)
-        return zero, sp.sympify(kernel.shape[0]) * kernel.shape[1] * per
-    if kind in ("sum", "max", "min", "logsumexp"):
-        entries = sp.sympify(kernel.rows) * kernel.cols
-        return zero, entries * (4 if kind == "logsumexp" else 1)
-    if kind == "emap":
-        per = sum((sp.count_ops(e) for _, e in kernel.temps), zero) + sum((sp.count_ops(e) for *_, e in kernel.stores), zero)
-        return zero, sp.Mul(*kernel.loops) * per
-    if kind == "scan":  # each loop over the steps runs its step's kernels once a step
-        madds, ops = zero, zero
-        for loop in kernel.loops:
-            for inner in loop.schedule.kernels:
-                m, o = kernel_counts(inner)
-                madds, ops = madds + m, ops + o
-        return sp.expand(kernel.length * madds), sp.expand(kernel.length * ops)
-    if hasattr(kernel, "counts"):
-        return kernel.counts()
-    return zero, zero
+    dimensions: what the kernel's own `work()` says (each kernel class, in
+    its op's module, knows its work)."""
+    return kernel.work()
 
 
 def _work_text(madds: sp.Expr, ops: sp.Expr) -> str:
@@ -209,7 +175,7 @@ def _counted(count: sp.Expr, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def kernel_work(kernels: Iterable[object]) -> tuple[tuple[KernelWork, ...], str]:
+def kernel_work(kernels: Iterable[Kernel]) -> tuple[tuple[KernelWork, ...], str]:
     """Each kernel's work (see kernel_counts) and the total, as text."""
     rows, total = [], (sp.Integer(0), sp.Integer(0))
     for kernel in kernels:
@@ -219,9 +185,7 @@ def kernel_work(kernels: Iterable[object]) -> tuple[tuple[KernelWork, ...], str]
         if not equations and madds == 0 and ops == 0:
             continue  # runs nothing (a scan's outputs, which its loop wrote)
         step = ", ".join(dict.fromkeys(e.lhs for e in equations)) or "?"
-        what = _KINDS.get(_kind(kernel), _kind(kernel))
-        if what == "elementwise loop" and madds == 0 and ops == 0:
-            what = "copy"
+        what = kernel.title
         rows.append(KernelWork(step, what, _work_text(madds, ops)))
     return tuple(rows), _work_text(*total)
 

@@ -99,6 +99,16 @@ class MapKernel:
     def writes(self) -> list[str]:
         return [out for out, _ in self.stores]
 
+    @property
+    def title(self) -> str:
+        return "elementwise loop" if any(self.work()) else "copy"
+
+    def work(self) -> tuple[sp.Expr, sp.Expr]:
+        """(multiply-adds, other operations): its body's (after CSE) per element."""
+        per = sum((sp.count_ops(e) for _, e in self.temps), sp.Integer(0))
+        per += sum((sp.count_ops(e) for _, e in self.stores), sp.Integer(0))
+        return sp.Integer(0), sp.sympify(self.shape[0]) * self.shape[1] * per
+
 
 # A fused elementwise loop, or the kernel an op's record builds (its `kind`
 # names that op; it says which buffers it touches with reads() and writes()).

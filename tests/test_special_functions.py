@@ -17,7 +17,7 @@ import subprocess
 import numpy as np
 import pytest
 import sympy as sp
-from c_driver import STRICT_FLAGS
+from c_driver import STRICT_FLAGS, write_runtime_header
 from oracles import central_differences, relative_error
 
 import symbackprop as sbp
@@ -373,6 +373,7 @@ def test_the_helper_is_emitted_once_and_compiles_without_warnings(dtype, tmp_pat
     source = tmp_path / f"{emitted.prefix}.c"
     source.write_text(emitted.source)
     (tmp_path / f"{emitted.prefix}.h").write_text(emitted.header)
+    write_runtime_header(tmp_path)
     flags = [*STRICT_FLAGS] + (["-Wdouble-promotion"] if dtype == "float32" else [])
     result = subprocess.run(["cc", *flags, "-c", str(source), "-o", str(tmp_path / "m.o")], capture_output=True, text=True)
     assert result.returncode == 0 and result.stderr == "", result.stderr

@@ -39,6 +39,14 @@ class AxisKernel:
     def writes(self) -> list[str]:
         return [self.out]
 
+    @property
+    def title(self) -> str:
+        return {"cumsum": "cumulative sum"}.get(self.kind, self.kind)
+
+    def work(self) -> tuple[sp.Expr, sp.Expr]:
+        """(multiply-adds, other operations): one an entry."""
+        return sp.Integer(0), sp.sympify(self.shape[0]) * self.shape[1]
+
 
 def axis_op(name: str, vjp: VjpRule, jvp: JvpRule, evaluate: Callable[[np.ndarray, int, bool], np.ndarray],
             text: str, latex: str, grad_fn: GradFnName, **more: object) -> OpRecord:

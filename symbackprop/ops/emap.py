@@ -72,6 +72,14 @@ class EmapKernel:
     def writes(self) -> list[str]:
         return [out.buffer for out in self.outputs]
 
+    title = "per-example loop"
+
+    def work(self) -> tuple[sp.Expr, sp.Expr]:
+        """(multiply-adds, other operations): its program's, once an example."""
+        per = sum((sp.count_ops(e) for _, e in self.temps), sp.Integer(0))
+        per += sum((sp.count_ops(e) for *_, e in self.stores), sp.Integer(0))
+        return sp.Integer(0), sp.Mul(*self.loops) * per
+
 
 # --- derivatives ------------------------------------------------------------
 

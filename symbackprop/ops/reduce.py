@@ -54,6 +54,18 @@ class ReduceKernel:
     def writes(self) -> list[str]:
         return [self.out]
 
+    @property
+    def title(self) -> str:
+        return _TITLES.get(self.kind, self.kind)
+
+    def work(self) -> tuple[sp.Expr, sp.Expr]:
+        """(multiply-adds, other operations): one a reduced entry (log-sum-exp
+        four: max, subtract, exp, add)."""
+        return sp.Integer(0), sp.sympify(self.rows) * self.cols * (4 if self.kind == "logsumexp" else 1)
+
+
+_TITLES = {"sum": "sum", "max": "maximum", "min": "minimum", "logsumexp": "log-sum-exp", "prod": "product"}
+
 
 # How each reduction lowers from sbp.reduce(name, x, axis): node of x over axis.
 _FROM_REDUCE: dict[str, Callable[[Node, int], Node]] = {}

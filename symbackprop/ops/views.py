@@ -85,6 +85,12 @@ class PackKernel:
     def writes(self) -> list[str]:
         return [self.out]
 
+    title = "packed entries"
+
+    def work(self) -> tuple[sp.Expr, sp.Expr]:
+        """Copies only."""
+        return sp.Integer(0), sp.Integer(0)
+
 
 def _pack_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
     positions = node.attrs[0]

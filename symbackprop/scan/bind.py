@@ -84,6 +84,18 @@ class ScanKernel:
     def writes(self) -> tuple[str, ...]:
         return self.writes_
 
+    title = "scan loop"
+
+    def work(self) -> tuple[sp.Expr, sp.Expr]:
+        """(multiply-adds, other operations): each loop over the steps runs
+        its step's kernels once a step."""
+        madds, ops = sp.Integer(0), sp.Integer(0)
+        for loop in self.loops:
+            for inner in loop.schedule.kernels:
+                m, o = inner.work()
+                madds, ops = madds + m, ops + o
+        return sp.expand(self.length * madds), sp.expand(self.length * ops)
+
 
 @dataclass(frozen=True)
 class PartKernel:
@@ -98,6 +110,12 @@ class PartKernel:
 
     def writes(self) -> tuple[str, ...]:
         return ()
+
+    title = "scan output"
+
+    def work(self) -> tuple[sp.Expr, sp.Expr]:
+        """Nothing: the loop did the work."""
+        return sp.Integer(0), sp.Integer(0)
 
 
 class InnerNames:

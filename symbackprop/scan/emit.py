@@ -65,6 +65,12 @@ class AddProduct:
     equations: tuple[Equation, ...]
     kind: str = "scan_add_product"
 
+    title = "product added"
+
+    def work(self) -> tuple[sp.Expr, sp.Expr]:
+        """(multiply-adds, other operations): m*n multiply-adds (k = 1)."""
+        return sp.sympify(self.m) * self.n, sp.Integer(0)
+
     def reads(self) -> tuple[str, ...]:
         return (self.acc, self.a.buffer, self.b.buffer)
 
