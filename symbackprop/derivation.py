@@ -8,7 +8,7 @@ values the backward pass keeps with the memory they take.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 import sympy as sp
 
@@ -161,18 +161,26 @@ _KINDS = {"map": "elementwise loop", "matmul": "matrix product", "sum": "sum", "
           "logsumexp": "log-sum-exp", "pack": "packed entries", "emap": "per-example loop", "scan": "scan loop"}
 
 
-def _kind(kernel: object) -> str:
+def _kind(kernel: Any) -> str:
     kind = getattr(kernel, "kind", "kernel")
     return getattr(kernel, "op", kind) if kind == "reduce" else kind
 
 
-def kernel_counts(kernel: object) -> tuple[sp.Expr, sp.Expr]:
-    """(multiply-adds, other scalar operations) a kernel performs, in its
-    dimensions: a product m*k*n multiply-adds; an elementwise loop its
-    body's operations (after CSE) per element; a reduction one operation
-    per entry (log-sum-exp four: max, subtract, exp, add); a per-example
-    loop its program per example; a scan its step's kernels per step. A
-    kernel of another kind counts what it says it does (`counts()`), else 0."""
+def kernel_counts(kernel: Any) -> tuple[sp.Expr, sp.Expr]:
+    """The scalar operations a kernel performs, in its dimensions.
+
+    A product is m*k*n multiply-adds; an elementwise loop its body's
+    operations (after CSE) per element; a reduction one operation per entry
+    (log-sum-exp four: max, subtract, exp, add); a per-example loop its
+    program per example; a scan its step's kernels per step. A kernel of
+    another kind counts what it says it does (`counts()`), else nothing.
+
+    Args:
+        kernel: a kernel of a FunctionSchedule.
+
+    Returns:
+        (multiply-adds, other scalar operations).
+    """
     kind = _kind(kernel)
     zero = sp.Integer(0)
     if kind == "matmul" or hasattr(kernel, "m") and hasattr(kernel, "n") and not hasattr(kernel, "loops"):
@@ -209,8 +217,16 @@ def _counted(count: sp.Expr, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def kernel_work(kernels: Iterable[object]) -> tuple[tuple[KernelWork, ...], str]:
-    """Each kernel's work (see kernel_counts) and the total, as text."""
+def kernel_work(kernels: Iterable[Any]) -> tuple[tuple[KernelWork, ...], str]:
+    """Each kernel's work and the total, as the derivation file shows them.
+
+    Args:
+        kernels: kernels of a FunctionSchedule, in order.
+
+    Returns:
+        (a KernelWork per kernel that runs something, the total as text);
+        see kernel_counts.
+    """
     rows, total = [], (sp.Integer(0), sp.Integer(0))
     for kernel in kernels:
         madds, ops = kernel_counts(kernel)
