@@ -158,9 +158,16 @@ class KernelWork:
 
 
 def kernel_counts(kernel: Kernel) -> tuple[sp.Expr, sp.Expr]:
-    """(multiply-adds, other scalar operations) a kernel performs, in its
-    dimensions: what the kernel's own `work()` says (each kernel class, in
-    its op's module, knows its work)."""
+    """The scalar operations a kernel performs, in its dimensions: what the
+    kernel's own `work()` says (each kernel class, in its op's module,
+    knows its work).
+
+    Args:
+        kernel: a kernel of a FunctionSchedule.
+
+    Returns:
+        (multiply-adds, other scalar operations).
+    """
     return kernel.work()
 
 
@@ -176,7 +183,15 @@ def _counted(count: sp.Expr, noun: str) -> str:
 
 
 def kernel_work(kernels: Iterable[Kernel]) -> tuple[tuple[KernelWork, ...], str]:
-    """Each kernel's work (see kernel_counts) and the total, as text."""
+    """Each kernel's work and the total, as the derivation file shows them.
+
+    Args:
+        kernels: kernels of a FunctionSchedule, in order.
+
+    Returns:
+        (a KernelWork per kernel that runs something, the total as text);
+        see kernel_counts.
+    """
     rows, total = [], (sp.Integer(0), sp.Integer(0))
     for kernel in kernels:
         madds, ops = kernel_counts(kernel)

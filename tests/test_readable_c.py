@@ -143,3 +143,18 @@ def test_the_shared_helpers_are_in_the_runtime_header_only():
     header = (GENERATED / RUNTIME_HEADER).read_text()
     for helper in ("matmul", "sum", "max", "min", "logsumexp"):
         assert f"symbackprop_f64_{helper}(" in header and f"symbackprop_f32_{helper}(" in header
+
+
+def test_the_cffi_build_carries_the_runtime_header_and_keys_on_it(tmp_path, monkeypatch):
+    from symbackprop import build
+    from symbackprop.build import BuildOptions, cache_key
+
+    x, w = sp.symbols("x w")
+    mod = sbp.compile(sbp.Model("rt_header", params=[w], inputs=[x], loss=sp.tanh(w * x)),
+                      options=BuildOptions(cache_dir=tmp_path))
+    assert (mod.folder / RUNTIME_HEADER).read_text() == (GENERATED / RUNTIME_HEADER).read_text()
+    assert RUNTIME_HEADER in (mod.folder / "manifest.json").read_text()
+    emitted = mod.emitted
+    key = cache_key(emitted.prefix, emitted.source, emitted.header, emitted.cdef, ())
+    monkeypatch.setattr(build, "runtime_header", lambda: "/* another runtime */\n")
+    assert cache_key(emitted.prefix, emitted.source, emitted.header, emitted.cdef, ()) != key
