@@ -4,141 +4,22 @@ Elementwise maps of one shape fuse into one loop when they share arguments
 and all their inputs are ready (a forward map and its local derivative so
 share one CSE'd body). A map whose every user sits in its own loop is never
 stored. Everything else that is stored gets a buffer; intermediates live in
-a caller-provided workspace whose slots are reused once dead.
-"""
+a caller-provided workspace whose slots are reused once dead."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import sympy as sp
 
-from .cnames import sanitize
 from .cse import cse_program
 from .fusion import ExamplesGroup, MapGroup, Placement
-from .ir import SCALAR, Node, Shape, is_const, placeholder, topological_order
+from .ir import SCALAR, Node, Shape, is_const, placeholder
 from .ops.registry import is_view, rule
+from .schedule_kernel import MAX_INLINED_OPS, Equation, Kernel, MapKernel, View, _map_equation, equation, kernel_writes
+from .schedule_naming import Naming
 from .workspace import Slot, plan_workspace
-
-LOOP_I, LOOP_J = sp.Symbol("i", integer=True), sp.Symbol("j", integer=True)
-
-
-@dataclass(frozen=True)
-class View:
-    """How a kernel reads a tensor: buffer[offset + i*row_stride + j*col_stride]."""
-
-    buffer: str
-    offset: sp.Expr
-    row_stride: sp.Expr
-    col_stride: sp.Expr
-
-    def at(self, i: sp.Expr, j: sp.Expr) -> sp.Expr:
-        return self.offset + i * self.row_stride + j * self.col_stride
-
-
-@dataclass(frozen=True)
-class Equation:
-    """What a kernel computes, for comments (text) and the derivation (LaTeX)."""
-
-    lhs: str
-    text: str
-    latex: str
-    assign: str = "="  # "+=" where examples add into one place
-
-    @property
-    def comment(self) -> str:
-        return f"{self.lhs} {self.assign} {self.text}"
-
-
-def latex_name(name: str) -> str:
-    """grad_x as dL/dx, dy_dx as dy/dx, other names as SymPy writes them."""
-    if name.startswith("grad_") and len(name) > 5:
-        return rf"\frac{{\partial L}}{{\partial {latex_name(name[5:])}}}"
-    match = re.fullmatch(r"d([A-Za-z]\w*?)_d([A-Za-z]\w*)", name)
-    if match:
-        top, bottom = (latex_name(g) for g in match.groups())
-        return rf"\frac{{\partial {top}}}{{\partial {bottom}}}"
-    return sp.latex(sp.Symbol(name))
-
-
-def latex(expr: sp.Basic) -> str:
-    names = {s: latex_name(str(s.name)) for s in expr.atoms(sp.Symbol, sp.MatrixSymbol)}
-    return sp.latex(expr, symbol_names=names)
-
-
-def equation(lhs: str, rhs: sp.Basic) -> Equation:
-    return Equation(lhs, sp.sstr(rhs), f"{latex_name(lhs)} = {latex(rhs)}")
-
-
-def _map_equation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
-    """A fused loop's value as an equation, or, beyond MAX_EQUATION_OPS (a
-    gradient of a determinant by minors: printing them took 20 s), a
-    pointer to the C's temporaries."""
-    if sp.count_ops(value) > MAX_EQUATION_OPS:
-        return Equation(lhs, "see the temporaries in the C", rf"{latex_name(lhs)} = \text{{see the C}}")
-    return equation(lhs, value.xreplace(readable))
-
-
-@dataclass(frozen=True)
-class MapKernel:
-    """A fused elementwise loop: loads, CSE temporaries, stores."""
-
-    shape: Shape
-    loads: tuple[tuple[sp.Symbol, View], ...]
-    temps: tuple[tuple[sp.Symbol, sp.Expr], ...]
-    stores: tuple[tuple[str, sp.Expr], ...]  # (output buffer, value)
-    equations: tuple[Equation, ...]
-    load_first: bool = False  # it overwrites an input: read every input before any store
-    kind: str = "map"
-
-    def reads(self) -> list[str]:
-        return [view.buffer for _, view in self.loads]
-
-    def writes(self) -> list[str]:
-        return [out for out, _ in self.stores]
-
-    @property
-    def title(self) -> str:
-        return "elementwise loop" if any(self.work()) else "copy"
-
-    def work(self) -> tuple[sp.Expr, sp.Expr]:
-        """(multiply-adds, other operations): its body's (after CSE) per element."""
-        per = sum((sp.count_ops(e) for _, e in self.temps), sp.Integer(0))
-        per += sum((sp.count_ops(e) for _, e in self.stores), sp.Integer(0))
-        return sp.Integer(0), sp.sympify(self.shape[0]) * self.shape[1] * per
-
-
-# A fused elementwise loop, or the kernel an op's record builds (its `kind`
-# names that op; it says which buffers it touches with reads() and writes()).
-Kernel = MapKernel | Any
-
-# The kernels of the built-in ops live beside their records (symbackprop.ops);
-# these names are also read from here.
-_KERNEL_HOMES = {"MatMulKernel": "matmul", "ReduceKernel": "reduce", "PackKernel": "views",
-                 "EmapKernel": "emap", "EmapOutput": "emap"}
-
-
-def __getattr__(name: str) -> Any:
-    """MatMulKernel and the other kernels of ops.*, imported on first use (the
-    op modules import this one)."""
-    family = _KERNEL_HOMES.get(name)
-    if family is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib  # noqa: PLC0415 (lazy: the op modules import this one)
-
-    return getattr(importlib.import_module(f".ops.{family}", __package__), name)
-
-
-class _ViewOps:
-    """The ops that are views, as their records say (`op in VIEW_OPS`)."""
-
-    def __contains__(self, op: object) -> bool:
-        return isinstance(op, str) and is_view(op)
-
-
-VIEW_OPS = _ViewOps()
 
 
 @dataclass(frozen=True)
@@ -169,96 +50,6 @@ class FunctionSchedule:
         entry, before any kernel writes (a failing call changes nothing)."""
         return tuple(dict.fromkeys(c for k in self.kernels for c in getattr(k, "index_checks", ())))
 
-
-class Naming:
-    """Readable, stable, unique names for nodes: the user's names where there
-    are some, grad_<x> for the adjoint of x, d<y>_d<x> for the elementwise
-    derivative of y with respect to x, and the rest numbered densely, t<k>
-    (g<k> for an adjoint of a value that has no name), in the order the
-    scheduler asks for them: only the values the C stores get a number, so
-    the numbers that appear have no gaps, and an adjoint is named after its
-    value only when that value has a name a reader can find."""
-
-    def __init__(self, leaves: dict[str, Node], roots: Sequence[tuple[str, Node]], origins: dict[Node, tuple],
-                 named: Sequence[tuple[str, Node]] = ()):
-        self.origins = dict(origins)
-        self.names: dict[Node, str] = {}
-        self.taken: set[str] = set()
-        self.counts: dict[str, int] = {}  # base -> the last suffix claimed for it
-        self.numbers: dict[str, int] = {}  # numbered prefix (t, g) -> the last number claimed for it
-        for name, node in leaves.items():
-            self.names[node] = self.claim(name)
-        for name, node in roots:
-            if node not in self.names:
-                self.names[node] = self.claim(name)
-        # a forward value is a value, even where it is also a derivative (interned nodes)
-        self.forward = set(topological_order([node for _, node in roots]))
-        for name, node in named:  # the user's names of intermediates (Model(names=...))
-            if node not in self.names and not is_view(node.op) and not is_const(node):
-                self.names[node] = self.claim(name)
-
-    def add_origins(self, origins: dict[Node, tuple]) -> None:
-        """Where more derivative nodes come from (the first word stays)."""
-        for node, origin in origins.items():
-            self.origins.setdefault(node, origin)
-
-    def claim(self, base: str) -> str:
-        """`base` if free, else base_<k> for the first free k; "t0" (or "g0")
-        is the next free t<k> (g<k>)."""
-        numbered = _NUMBERED.fullmatch(base)
-        if numbered:
-            return self.number(numbered.group(1))
-        name, count = base, 0
-        if name in self.taken:  # the search resumes where the last one for this base stopped
-            count = self.counts.get(base, 0)
-        while name in self.taken:
-            count += 1
-            name = f"{base}_{count}"
-        self.counts[base] = count
-        self.taken.add(name)
-        return name
-
-    def number(self, prefix: str) -> str:
-        """The next free <prefix><k>, k counting up from 0 per prefix."""
-        count = self.numbers.get(prefix, -1)
-        name = ""
-        while not name or name in self.taken:
-            count += 1
-            name = f"{prefix}{count}"
-        self.numbers[prefix] = count
-        self.taken.add(name)
-        return name
-
-    def __call__(self, node: Node) -> str:
-        name = self.names.get(node)
-        if name is None:
-            name = self.names[node] = self.claim(self._derive(node))
-        return name
-
-    def derived(self, node: Node) -> bool:
-        """Whether the node's name is made from another's (an adjoint's,
-        a local derivative's): those are named after the values they come from."""
-        origin = self.origins.get(node)
-        return origin is not None and origin[0] in ("adjoint", "part", "local") and node not in self.forward
-
-    def _derive(self, node: Node) -> str:
-        origin = self.origins.get(node)
-        if origin is None or node in self.forward:
-            return "t0"
-        # made of names, sanitized as the C will have them (a user's "int" is int_, its adjoint grad_int)
-        if origin[0] == "adjoint":
-            return sanitize("grad_" + self.names[origin[1]]) if origin[1] in self.names else "g0"
-        if origin[0] == "part":  # one term of the adjoint of origin[1]
-            return sanitize(f"grad_{self.names[origin[1]]}_part") if origin[1] in self.names else "g0"
-        if origin[0] == "local":
-            _, fwd, index = origin
-            arg = fwd.args[index]
-            if fwd in self.names and arg in self.names:
-                return sanitize(f"d{self.names[fwd]}_d{self.names[arg]}")
-        return "t0"
-
-
-_NUMBERED = re.compile(r"([tg])0")
 
 
 def schedule(
@@ -458,25 +249,3 @@ class Scheduler(Placement):
             copied = equation(out_name, sp.Symbol(self.label(node)))
             kernels.append(MapKernel(node.shape, ((sym, self.view(node)),), (), ((out_name, sym),), (copied,)))
         return kernels
-
-# A map body with more operations than this is shown in comments by what it
-# reads, not written out: its CSE'd temporaries in the C are the readable form.
-MAX_SHOWN_OPS = 60
-MAX_EQUATION_OPS = 500  # of a fused elementwise loop's value (_map_equation)
-
-
-# A fused loop's value read by several of its members is substituted into
-# each up to this size (an estimate: operations as a tree); beyond, it is
-# named once (a determinant by minors had 87,282 operations inlined).
-MAX_INLINED_OPS = 400
-
-
-def kernel_writes(kernel: Kernel) -> list[str]:
-    return list(kernel.writes())
-
-
-def kernel_reads(kernel: Kernel) -> list[str]:
-    return list(kernel.reads())
-
-
-__all__ = ["FunctionSchedule", "Kernel", "Naming", "SCALAR", "schedule"]

@@ -604,7 +604,8 @@ def test_a_gather_nested_in_a_kernel_schedule_is_refused():
 
     from symbackprop.cnames import CNamer
     from symbackprop.codegen import FLOAT64, FunctionEmitter, entry_checks
-    from symbackprop.schedule import EmapKernel, FunctionSchedule
+    from symbackprop.ops.emap import EmapKernel
+    from symbackprop.schedule import FunctionSchedule
 
     gather = EmapKernel((N,), (), (), (), (), (("idx", N, C),), ())
     step = FunctionSchedule("step", (), (gather,), (), sp.Integer(0), (0, 0))

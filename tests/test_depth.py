@@ -19,7 +19,7 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop import ir, nn
+from symbackprop import ir_construct, ir_lower, ir_node, nn
 from symbackprop.compiler import plan
 from symbackprop.deep import run_deep
 from symbackprop.errors import ModelError
@@ -258,8 +258,8 @@ def test_mlp_1000_layers_and_gru_1000_steps_plan():
 def test_horner_body_is_cut_into_shallow_lets():
     """The map's program holds no expression deeper than MAX_BODY_DEPTH,
     so its derivatives are linear in its size."""
-    lowered = run_deep("test", lambda: ir.lower(horner_model(127)))
-    (emap,) = [n for n in ir.topological_order([lowered.loss]) if n.op == "emap"]
+    lowered = run_deep("test", lambda: ir_lower.lower(horner_model(127)))
+    (emap,) = [n for n in ir_node.topological_order([lowered.loss]) if n.op == "emap"]
     bodies, lets = emap.attrs[0], emap.attrs[4]
 
     def depth(expr):
@@ -279,20 +279,20 @@ def test_interning_table_does_not_grow():
         sbp.compile(model)
         plan(model, functions=kinds)
         gc.collect()
-        sizes.append(len(ir._INTERNED))
+        sizes.append(len(ir_node._INTERNED))
     assert sizes[-1] <= sizes[0], sizes
     assert max(sizes) == sizes[0], sizes
 
 
 def test_hash_consing_holds_while_a_node_lives():
-    a = ir.leaf("a_depth_test", (3, 1), "param")
-    first = ir.map_(sp.tanh(ir.placeholder(0)), [a])
-    assert ir.map_(sp.tanh(ir.placeholder(0)), [a]) is first
-    key = ("map", (a,), (3, 1), (sp.tanh(ir.placeholder(0)),))
-    assert ir._INTERNED.get(key) is first
+    a = ir_construct.leaf("a_depth_test", (3, 1), "param")
+    first = ir_construct.map_(sp.tanh(ir_node.placeholder(0)), [a])
+    assert ir_construct.map_(sp.tanh(ir_node.placeholder(0)), [a]) is first
+    key = ("map", (a,), (3, 1), (sp.tanh(ir_node.placeholder(0)),))
+    assert ir_node._INTERNED.get(key) is first
     del first
     gc.collect()
-    assert ir._INTERNED.get(key) is None
+    assert ir_node._INTERNED.get(key) is None
 
 
 def _nest(levels: int) -> sp.Expr:

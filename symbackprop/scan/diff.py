@@ -10,11 +10,11 @@ from typing import Sequence
 
 import sympy as sp
 
-from .. import ir
 from ..autodiff import jvp as _jvp
 from ..autodiff import vjp as _vjp
 from ..errors import ModelError
 from ..ir import Node, const, is_const, leaf, map_, placeholder
+from ..ir_node import op_node
 from .graph import ScanBack, ScanStep, backward_scratch, scan_node, scan_part
 
 NO_SECOND_ORDER = (
@@ -28,7 +28,7 @@ def part_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, 
     if kind not in ("output", "final"):
         raise ModelError(f"scan: the {kind} of a scan cannot be differentiated ({NO_SECOND_ORDER})")
     carrier = node.args[0]
-    return (ir.op_node("scan_seed", (g,), carrier.shape, (kind, index)),)
+    return (op_node("scan_seed", (g,), carrier.shape, (kind, index)),)
 
 
 def part_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
@@ -98,7 +98,7 @@ def scan_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, 
     kept = scan_part(node, "states", 0, (step.kept_rows(), step.width))
     args = (kept, *seqs, *caps, *[seeds[("output", o)] for o, _ in grad_outputs],
             *[seeds[("final", i)] for i in grad_finals])
-    backward = ir.op_node("scan_vjp", args, (backward_scratch(back, args), 1), (back,))
+    backward = op_node("scan_vjp", args, (backward_scratch(back, args), 1), (back,))
     adjoints: list[Node | None] = [scan_part(backward, "grad_init", i, inits[i].shape) if needed[i] else None
                                    for i in range(n_states)]
     have_inputs = {j for j, _ in back.grad_inputs}

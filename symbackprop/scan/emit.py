@@ -12,8 +12,8 @@ import sympy as sp
 
 from ..cnames import CNamer, comment_text
 from ..codegen import CKernel, FunctionEmitter, ScalarPrinter
-from ..ops.matmul import matmul_fields
-from ..schedule import LOOP_I, LOOP_J, Equation, MapKernel, MatMulKernel, View, kernel_reads, kernel_writes
+from ..ops.matmul import MatMulKernel, matmul_fields
+from ..schedule import LOOP_I, LOOP_J, Equation, MapKernel, View, kernel_reads, kernel_writes
 from .bind import STEP, Fill, Loop, PartKernel, Pointer, ScanKernel, U, natural_layout
 from .declare import ceildiv, entries
 

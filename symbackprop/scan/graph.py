@@ -10,9 +10,9 @@ from typing import Any, Sequence
 
 import sympy as sp
 
-from .. import ir
 from ..ir import Node, is_const, topological_order
-from ..schedule import VIEW_OPS
+from ..ir_node import op_node
+from ..ops.registry import is_view
 from .declare import ceildiv, entries, is_vector
 
 
@@ -80,7 +80,7 @@ def scan_part(carrier: Node, kind: str, index: int, shape: tuple) -> Node:
     """What a scan (or scan_vjp) node computes besides its scratch: kind
     "output", "final" or "states" of a scan; "grad_init", "grad_seq" or
     "grad_capture" of a scan_vjp."""
-    return ir.op_node("scan_part", (carrier,), shape, (kind, index))
+    return op_node("scan_part", (carrier,), shape, (kind, index))
 
 
 def _stored_size(roots: Sequence[Node], results: Sequence[Node] = ()) -> sp.Expr:
@@ -90,7 +90,7 @@ def _stored_size(roots: Sequence[Node], results: Sequence[Node] = ()) -> sp.Expr
     every schedule of the step that reaches them)."""
     total, written = sp.Integer(0), set(results)
     for node in topological_order(roots):
-        if node.op != "leaf" and node.op not in VIEW_OPS and not is_const(node) and node not in written:
+        if node.op != "leaf" and not is_view(node.op) and not is_const(node) and node not in written:
             total += entries(node.shape)
     return sp.expand(total)
 
@@ -117,7 +117,7 @@ def binding(arg: Node, rows: bool) -> str:
     whole before the loop, or row by row at each step) or "const"."""
     if is_const(arg):
         return "const"
-    if arg.op == "element" or arg.op not in VIEW_OPS:
+    if arg.op == "element" or not is_view(arg.op):
         return "alias"
     if arg.op == "transpose":
         if rows:
@@ -204,10 +204,10 @@ def substitute(roots: Sequence[Node], mapping: dict[Node, Node]) -> list[Node]:
         if node in memo:
             continue
         args = tuple(memo.get(a, a) for a in node.args)
-        memo[node] = node if args == node.args else ir.op_node(node.op, args, node.shape, node.attrs)
+        memo[node] = node if args == node.args else op_node(node.op, args, node.shape, node.attrs)
     return [memo[r] for r in roots]
 
 
 def scan_node(step: ScanStep, args: Sequence[Node]) -> Node:
-    return ir.op_node("scan", tuple(args), (_forward_scratch(step, args), 1), (step,))
+    return op_node("scan", tuple(args), (_forward_scratch(step, args), 1), (step,))
 
