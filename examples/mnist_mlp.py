@@ -5,7 +5,7 @@ import numpy as np
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop import nn
+from symbackprop.declare import nn
 
 BATCH, PIXELS, HIDDEN, CLASSES = 128, 784, 256, 10
 

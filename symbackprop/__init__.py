@@ -6,15 +6,15 @@ Declare a model in SymPy, compile it, call the generated C from Python::
     loss, grads = mod.value_and_grad(X=x, T=t, W1=w1, ...)
 """
 
-from . import interop  # noqa: F401  (registers mod.as_torch and mod.as_jax)
-from ._version import __version__
-from .deep import build_deep
-from .errors import ArgumentError, BuildError, ModelError, SymbackpropError
-from .model import Model, as_scalar
-from .optim import SGD, Adam
-from .runtime import CompiledModule, compile
-from .scan import final_state, scan
-from .tensor import Index, cumsum, gather, map_examples, reduce
+from symbackprop._version import __version__
+from symbackprop.declare.model import Model, as_scalar
+from symbackprop.declare.tensor import Index, cumsum, gather, map_examples, reduce
+from symbackprop.deep import build_deep
+from symbackprop.errors import ArgumentError, BuildError, ModelError, SymbackpropError
+from symbackprop.interop import bridges as _bridges  # noqa: F401  (registers mod.as_torch and mod.as_jax)
+from symbackprop.loops.declare import final_state, scan
+from symbackprop.run.optim import SGD, Adam
+from symbackprop.run.runtime import CompiledModule, compile
 
 __all__ = [
     "Adam",

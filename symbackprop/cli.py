@@ -30,8 +30,8 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .errors import ArgumentError, SymbackpropError
-from .model import Model, leaf_name
+from symbackprop.declare.model import Model, leaf_name
+from symbackprop.errors import ArgumentError, SymbackpropError
 
 DEFAULT_EXAMPLES = Path("examples")
 DEFAULT_OUT = Path("generated")
@@ -173,7 +173,7 @@ def generate_all(found: Iterable[Found], out: Path | None = None) -> list[Genera
     """Generate every model's files in memory; the same model found twice is
     written once, and two models whose names map to one C identifier (and so
     one folder) are an error naming both."""
-    from .compiler import generate
+    from symbackprop.pipeline import generate
 
     result: dict[str, Generated] = {}
     for item in found:
@@ -260,7 +260,7 @@ def _umask() -> int:
 
 def write_generated(generated: Iterable[Generated], out: Path) -> list[Path]:
     """Write each model's folder under `out`; an OSError is a SymbackpropError."""
-    from .codegen import RUNTIME_HEADER, runtime_header
+    from symbackprop.emit.codegen import RUNTIME_HEADER, runtime_header
 
     written = []
     try:
@@ -294,7 +294,7 @@ def _read_or_empty(path: Path) -> str:
 
 def check(generated: list[Generated], out: Path) -> list[str]:
     """Unified diffs between what is in `out` and what the models generate now."""
-    from .codegen import RUNTIME_HEADER, runtime_header
+    from symbackprop.emit.codegen import RUNTIME_HEADER, runtime_header
 
     diffs = []
     shared = [(Path(), {RUNTIME_HEADER: runtime_header()})] if generated else []
@@ -375,7 +375,7 @@ def _one_model(spec: str, command: str) -> Found:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .runtime import compile
+    from symbackprop.run.runtime import compile
 
     if args.model == str(DEMO_MODEL) and not DEMO_MODEL.is_file():
         raise SymbackpropError(f"no model file {DEMO_MODEL} (run in the repository root, or name a model file)")
@@ -407,8 +407,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    from .compiler import plan
-    from .graph import graph_dot, graph_text
+    from symbackprop.emit.graph import graph_dot, graph_text
+    from symbackprop.pipeline import plan
 
     for item in models_in(args.model):
         the_plan = plan(item.model, functions=("value_and_grad",))
@@ -497,7 +497,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = parser().parse_args(argv)
     if getattr(args, "verbose", False):
-        from .log import enable
+        from symbackprop.log import enable
 
         enable()
     try:

@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import Any, Callable, TypeVar
 
-from .errors import ModelError
+from symbackprop.errors import ModelError
 
 STACK_BYTES = 512 * 1024 * 1024  # address space only: pages are used as the stack grows
 RECURSION_LIMIT = 100_000

@@ -1,6 +1,6 @@
 """The exceptions symbackprop raises; every one derives from SymbackpropError."""
 
-from .messages import capped
+from symbackprop.messages import capped
 
 
 class SymbackpropError(Exception):

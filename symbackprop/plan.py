@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only for annotations: the fields hold values of the stages before
-    from .ir import Lowered, Node
-    from .schedule import FunctionSchedule, Naming
+    from symbackprop.ir.lower import Lowered
+    from symbackprop.ir.node import Node
+    from symbackprop.schedule.naming import Naming
+    from symbackprop.schedule.scheduler import FunctionSchedule
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ STRICT_FLAGS = ["-std=c99", "-Wall", "-Wextra", "-Wpedantic", "-Werror"]
 
 def write_runtime_header(folder: Path) -> Path:
     """symbackprop_runtime.h, which every generated .c includes, into `folder`."""
-    from symbackprop.codegen import RUNTIME_HEADER, runtime_header
+    from symbackprop.emit.codegen import RUNTIME_HEADER, runtime_header
 
     path = Path(folder) / RUNTIME_HEADER
     path.write_text(runtime_header())

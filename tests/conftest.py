@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from symbackprop.build import CACHE_ENV
-from symbackprop.model import Model
+from symbackprop.build.builder import CACHE_ENV
+from symbackprop.declare.model import Model
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -8,7 +8,7 @@ from conftest import load_example
 from oracles import central_differences, mlp_loss, relative_error, sigmoid
 
 import symbackprop as sbp
-from symbackprop import nn
+from symbackprop.declare import nn
 
 
 @pytest.fixture(scope="module")

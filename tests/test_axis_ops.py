@@ -12,7 +12,7 @@ import sympy as sp
 import torch
 
 import symbackprop as sbp
-from symbackprop import nn
+from symbackprop.declare import nn
 from symbackprop.errors import ModelError
 
 n, m = sp.symbols("n m", integer=True, positive=True)

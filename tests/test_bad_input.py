@@ -14,7 +14,7 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop import nn
+from symbackprop.declare import nn
 
 n = sp.Symbol("n", integer=True, positive=True)
 X = sp.MatrixSymbol("X", n, 3)

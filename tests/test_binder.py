@@ -15,9 +15,9 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop import nn
-from symbackprop.abi import ModuleSpec
+from symbackprop.declare import nn
 from symbackprop.errors import ArgumentError
+from symbackprop.run.abi import ModuleSpec
 
 n, m, c = sp.symbols("n m c", integer=True, positive=True)
 X = sp.MatrixSymbol("X", n, 3)
@@ -431,7 +431,7 @@ def test_the_framework_bridges_go_through_the_binder(mod):
 
 
 def test_a_memo_of_any_other_shape_is_a_miss(mod):
-    from symbackprop.runtime import _from_memo, _memo
+    from symbackprop.run.runtime import _from_memo, _memo
 
     good = json.loads(json.dumps(_memo(mod.emitted, mod.spec, mod.folder)))  # JSON-able, as the cache stores it
     emitted, spec, folder = _from_memo(good)

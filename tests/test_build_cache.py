@@ -18,9 +18,9 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-import symbackprop.build as build_module
-from symbackprop.build import BuildOptions, build, cache_entry, cache_key
-from symbackprop.compiler import generate
+import symbackprop.build.builder as build_module
+from symbackprop.build.builder import BuildOptions, build, cache_entry, cache_key
+from symbackprop.pipeline import generate
 
 ROOT = Path(__file__).resolve().parent.parent
 

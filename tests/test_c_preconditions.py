@@ -18,9 +18,9 @@ from c_driver import STRICT_FLAGS, write_runtime_header
 from test_memory_safety import SANITIZE, SANITIZER_ENV, _sanitizer_works
 
 import symbackprop as sbp
-from symbackprop import nn
-from symbackprop.compiler import generate
-from symbackprop.optim import SGD, Adam
+from symbackprop.declare import nn
+from symbackprop.pipeline import generate
+from symbackprop.run.optim import SGD, Adam
 
 N, C, K, T, V = sp.symbols("N C K T V", integer=True, positive=True)
 SENTINEL = 7.25  # what every written buffer holds before a call that must fail
@@ -602,10 +602,10 @@ def test_a_gather_nested_in_a_kernel_schedule_is_refused():
     """Should a nested step ever gather, its rows would go unchecked: codegen refuses."""
     from types import SimpleNamespace
 
-    from symbackprop.cnames import CNamer
-    from symbackprop.codegen import FLOAT64, FunctionEmitter, entry_checks
+    from symbackprop.emit.cnames import CNamer
+    from symbackprop.emit.codegen import FLOAT64, FunctionEmitter, entry_checks
     from symbackprop.ops.emap import EmapKernel
-    from symbackprop.schedule import FunctionSchedule
+    from symbackprop.schedule.scheduler import FunctionSchedule
 
     gather = EmapKernel((N,), (), (), (), (), (("idx", N, C),), ())
     step = FunctionSchedule("step", (), (gather,), (), sp.Integer(0), (0, 0))

@@ -26,12 +26,12 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-import symbackprop.build as build_module
-import symbackprop.cache_key as cache_key_module
-from symbackprop.build import EXT_SUFFIX, BuildOptions, cache_entry, cache_key, read_memo, write_memo
-from symbackprop.cache_key import digest
-from symbackprop.compiler import generate
-from symbackprop.runtime import model_fingerprint
+import symbackprop.build.builder as build_module
+import symbackprop.build.key as cache_key_module
+from symbackprop.build.builder import EXT_SUFFIX, BuildOptions, cache_entry, cache_key, read_memo, write_memo
+from symbackprop.build.key import digest
+from symbackprop.pipeline import generate
+from symbackprop.run.runtime import DEFAULT_FUNCTIONS, model_fingerprint
 
 ROOT = Path(__file__).resolve().parent.parent
 AS_ROOT = hasattr(os, "getuid") and os.getuid() == 0
@@ -346,7 +346,7 @@ def test_an_old_pickle_memo_for_the_real_key_is_never_unpickled(tmp_path):
     marker = tmp_path / "code-ran"
     model = _model(60)
     options = BuildOptions(cache_dir=tmp_path / "cache")
-    key = model_fingerprint(model, "float64", tuple(sbp.runtime.DEFAULT_FUNCTIONS), None, None, options)
+    key = model_fingerprint(model, "float64", tuple(DEFAULT_FUNCTIONS), None, None, options)
     payload = pickle.dumps(Planted(marker))
     _memo_path(tmp_path / "cache", key).write_bytes(payload)
     _memo_path(tmp_path / "cache", key).with_suffix(".pickle").write_bytes(payload)
@@ -537,7 +537,8 @@ def test_two_dtypes_of_one_model_loaded_globally_keep_their_own_functions(tmp_pa
 
 def test_a_damaged_call_hot_path_extension_is_rebuilt(tmp_path):
     """The fastcall extension lives in the same cache and gets the same check."""
-    code = textwrap.dedent(CHECK_SALT.format(salt=95)) + "import symbackprop.fastcall as f\nprint(f.extension() is not None)\n"
+    check = "import symbackprop.run.fastcall as f\nprint(f.extension() is not None)\n"
+    code = textwrap.dedent(CHECK_SALT.format(salt=95)) + check
     first = _child(code, tmp_path)
     assert first.returncode == 0 and first.stdout.split()[-1] == "True", first.stderr
     (folder,) = [p for p in tmp_path.glob("fastcall-*") if p.is_dir()]
@@ -560,7 +561,7 @@ def test_a_whole_entry_whose_library_cannot_load_here_is_a_build_error(tmp_path)
     subprocess.run([cc, "-shared", "-fPIC", str(libdir / "extra.c"), "-o", str(libdir / "libsbpextra.so")], check=True)
     flags = ("-O1", f"-L{libdir}", "-Wl,--no-as-needed", "-lsbpextra", f"-Wl,-rpath,{libdir}")
     code = f"""
-        from symbackprop.build import BuildOptions
+        from symbackprop.build.builder import BuildOptions
         try:
             sbp.compile(model(96), options=BuildOptions(flags={flags!r}))
             print("loaded")

@@ -1,4 +1,4 @@
-"""symbackprop.dask: the loss and gradient over chunks of Dask arrays on a
+"""symbackprop.interop.dask: the loss and gradient over chunks of Dask arrays on a
 LocalCluster of two worker processes equal one call on the whole data, and
 data-parallel training makes the steps train_step / train_epoch make."""
 
@@ -11,11 +11,11 @@ import sympy as sp
 from conftest import load_example
 
 import symbackprop as sbp
-from symbackprop import nn
+from symbackprop.declare import nn
 
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
-sbd = pytest.importorskip("symbackprop.dask")
+sbd = pytest.importorskip("symbackprop.interop.dask")
 
 n = sp.Symbol("n", integer=True, positive=True)
 X, T = sp.MatrixSymbol("X", n, 3), sp.MatrixSymbol("T", n, 1)
@@ -80,9 +80,9 @@ def test_workers_build_the_module_themselves(client, mlp):
     sbd.value_and_grad(mod, params, {"X": chunked(x, 8), "T": chunked(t, 8)}, client=client)
 
     def loaded_keys():  # a local function: pickled by value, so workers need not import this file
-        import symbackprop.dask
+        import symbackprop.interop.dask
 
-        return sorted(symbackprop.dask._LOADED)
+        return sorted(symbackprop.interop.dask._LOADED)
 
     loaded = client.run(loaded_keys)
     assert any(spec.key in keys for keys in loaded.values())  # the tasks ran there (on one worker or both)
@@ -119,7 +119,7 @@ def test_the_reduction_check(client, mlp):
 
 
 def test_an_index_is_split_with_the_rows(client):
-    tensor = pytest.importorskip("symbackprop.tensor")
+    tensor = pytest.importorskip("symbackprop.declare.tensor")
     E, Y = sp.MatrixSymbol("E", 5, 2), sp.MatrixSymbol("Y", n, 2)
     rows = tensor.Index("I", n)
     mod = sbp.compile(sbp.Model("dask_embed", inputs=[Y, rows], params=[E], loss=nn.mse(tensor.gather(E, rows), Y)))

@@ -19,12 +19,15 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop import ir_construct, ir_lower, ir_node, nn
-from symbackprop.compiler import plan
+from symbackprop.declare import nn
 from symbackprop.deep import run_deep
+from symbackprop.emit.graph import graph_text
 from symbackprop.errors import ModelError
-from symbackprop.exprdag import MAX_BODY_DEPTH
-from symbackprop.graph import graph_text
+from symbackprop.ir import construct as ir_construct
+from symbackprop.ir import node as ir_node
+from symbackprop.ir.exprdag import MAX_BODY_DEPTH
+from symbackprop.ir.lower import lower as ir_lower
+from symbackprop.pipeline import plan
 
 TESTS = Path(__file__).resolve().parent
 

@@ -6,8 +6,8 @@ import re
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop import nn
-from symbackprop.compiler import generate
+from symbackprop.declare import nn
+from symbackprop.pipeline import generate
 
 
 def two_layer(activation=nn.sigmoid, hidden=4, out_activation=None):

@@ -20,19 +20,19 @@ import pytest
 import symbackprop
 
 # modules whose every public function and class is part of the API
-MODULES = ["nn", "optim", "graph", "derivation", "tensor", "interop_torch", "interop_jax", "dask"]
+MODULES = ["declare.nn", "run.optim", "emit.graph", "emit.derivation", "declare.tensor", "interop.torch", "interop.jax", "interop.dask"]
 # modules that need an optional dependency to import
-OPTIONAL = {"interop_torch": "torch", "interop_jax": "jax", "dask": "distributed"}
+OPTIONAL = {"interop.torch": "torch", "interop.jax": "jax", "interop.dask": "distributed"}
 # public classes besides those in __all__ and the modules above
 CLASSES = [
-    ("runtime", "CompiledModule"),
-    ("runtime", "Function"),
-    ("runtime", "PreparedCall"),
+    ("run.runtime", "CompiledModule"),
+    ("run.runtime", "Function"),
+    ("run.runtime", "PreparedCall"),
     ("run.derivatives", "Derivatives"),  # CompiledModule's vjp, jvp, hvp, hessian, jacobian
-    ("train", "Training"),  # CompiledModule's train_step, train_epoch, optimizer_state
-    ("model", "Model"),
-    ("train", "Trainer"),
-    ("build", "BuildOptions"),
+    ("run.train", "Training"),  # CompiledModule's train_step, train_epoch, optimizer_state
+    ("declare.model", "Model"),
+    ("run.train", "Trainer"),
+    ("build.builder", "BuildOptions"),
 ]
 FUNCTIONS = [("cli", "main")]
 
@@ -164,10 +164,10 @@ def test_the_walk_finds_the_api() -> None:
         "symbackprop.run.module.CompiledModule.value_and_grad",
         "symbackprop.run.function.PreparedCall.__call__",
         "symbackprop.run.derivatives.Derivatives.hessian",
-        "symbackprop.train.Training.train_epoch",
-        "symbackprop.nn.linear",
+        "symbackprop.run.train.Training.train_epoch",
+        "symbackprop.declare.nn.linear",
         "symbackprop.Adam",
-        "symbackprop.train.Trainer.epoch",
+        "symbackprop.run.train.Trainer.epoch",
         "symbackprop.cli.main",
     ]:
         assert expected in names

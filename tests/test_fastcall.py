@@ -10,8 +10,8 @@ import pytest
 from conftest import example_names, load_example
 
 import symbackprop as sbp
-from symbackprop import fastcall
 from symbackprop.errors import ArgumentError
+from symbackprop.run import fastcall
 
 pytestmark = pytest.mark.skipif(fastcall.extension() is None, reason="the C hot path could not be built here")
 

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import symbackprop as sbp
-from symbackprop import nn
-from symbackprop.build import BuildOptions
+from symbackprop.build.builder import BuildOptions
+from symbackprop.declare import nn
 
 MATRIX_EXAMPLES, SCALAR_EXAMPLES = 200, 70
 _OVERRIDE = int(os.environ.get("SYMBACKPROP_FUZZ_EXAMPLES", "0"))

@@ -9,8 +9,8 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop import nn
-from symbackprop.compiler import generate
+from symbackprop.declare import nn
+from symbackprop.pipeline import generate
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 

@@ -9,10 +9,10 @@ import sympy as sp
 from conftest import ROOT, load_example
 
 import symbackprop as sbp
-from symbackprop import nn
 from symbackprop.cli import main
-from symbackprop.compiler import plan
-from symbackprop.graph import graph_text
+from symbackprop.declare import nn
+from symbackprop.emit.graph import graph_text
+from symbackprop.pipeline import plan
 
 
 def one_layer():

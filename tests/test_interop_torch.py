@@ -7,9 +7,9 @@ from conftest import load_example
 
 torch = pytest.importorskip("torch")
 
-# imported after the skip: symbackprop.interop_torch imports torch
+# imported after the skip: symbackprop.interop.torch imports torch
 import symbackprop as sbp  # noqa: E402
-from symbackprop.interop_torch import SymbackpropModule, as_torch  # noqa: E402
+from symbackprop.interop.torch import SymbackpropModule, as_torch  # noqa: E402
 
 
 @pytest.fixture(scope="module")

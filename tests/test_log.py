@@ -7,10 +7,10 @@ import shlex
 import sympy as sp
 
 import symbackprop as sbp
-import symbackprop.build as build_module
-from symbackprop import nn
-from symbackprop.build import BuildOptions
+import symbackprop.build.builder as build_module
+from symbackprop.build.builder import BuildOptions
 from symbackprop.cli import main
+from symbackprop.declare import nn
 
 
 def small_model():

@@ -8,7 +8,7 @@ from conftest import load_example
 from oracles import bundle_adjustment_residuals, central_differences, relative_error
 
 import symbackprop as sbp
-from symbackprop import nn
+from symbackprop.declare import nn
 from symbackprop.errors import ArgumentError, ModelError
 
 N, C, K = sp.symbols("N C K", integer=True, positive=True)

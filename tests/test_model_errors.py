@@ -8,7 +8,7 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop import nn
+from symbackprop.declare import nn
 
 a, x, y = sp.symbols("a x y")
 n, m = sp.symbols("n m", integer=True, positive=True)

@@ -12,7 +12,7 @@ import sympy as sp
 from oracles import central_differences, relative_error
 
 import symbackprop as sbp
-from symbackprop import nn
+from symbackprop.declare import nn
 from symbackprop.messages import LIMIT, short
 
 n = sp.Symbol("n", integer=True, positive=True)

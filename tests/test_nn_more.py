@@ -9,7 +9,7 @@ import sympy as sp
 from oracles import central_differences, relative_error
 
 import symbackprop as sbp
-from symbackprop import nn
+from symbackprop.declare import nn
 
 ROWS, COLS = 4, 3
 

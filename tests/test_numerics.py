@@ -20,8 +20,8 @@ import sympy as sp
 from sympy.codegen.cfunctions import log1p
 
 import symbackprop as sbp
-from symbackprop import nn
-from symbackprop.stable import sigmoid, softplus, stabilize
+from symbackprop.declare import nn
+from symbackprop.declare.stable import sigmoid, softplus, stabilize
 
 NAN, INF = math.nan, math.inf
 ZS = [-1e4, -800.0, -710.0, -89.0, -88.0, -20.0, 0.0, 20.0, 88.0, 89.0, 710.0, 800.0, 1e4, NAN, INF, -INF]
@@ -344,7 +344,7 @@ def test_new_forms_compile_without_warnings(dtype, tmp_path):
 
     from c_driver import STRICT_FLAGS, write_runtime_header
 
-    from symbackprop.compiler import generate
+    from symbackprop.pipeline import generate
 
     Z, V = sp.MatrixSymbol("Z", 2, 3), sp.MatrixSymbol("V", 2, 3)
     a, b = sp.symbols("a b", real=True)

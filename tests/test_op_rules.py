@@ -1,7 +1,7 @@
 """Every op's derivative rules, checked without C (in the manner of JAX's
 lax_autodiff_test): a table of small models, one or more per op, lowered to
 the IR; the VJP and JVP graphs that autodiff builds are evaluated by the
-numpy interpreter (symbackprop.interpret) and compared with central finite
+numpy interpreter (symbackprop.ir.interpret) and compared with central finite
 differences of the interpreted loss. Each model's interpreted loss is first
 compared with a numpy formula written independently of the IR.
 
@@ -19,10 +19,12 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop import nn
-from symbackprop.autodiff import jvp, vjp
-from symbackprop.interpret import bind_dims, evaluate
-from symbackprop.ir import SCALAR, const, leaf, lower
+from symbackprop.declare import nn
+from symbackprop.diff.autodiff import jvp, vjp
+from symbackprop.ir.construct import const, leaf
+from symbackprop.ir.interpret import bind_dims, evaluate
+from symbackprop.ir.lower import lower
+from symbackprop.ir.node import SCALAR
 
 n, k = sp.symbols("n k", integer=True, positive=True)
 X = sp.MatrixSymbol("X", n, 3)
@@ -216,7 +218,7 @@ def test_compiled_module_agrees_with_the_interpreter(name):
 
 
 def test_stable_functions_through_the_interpreter():
-    """sigmoid and softplus (symbackprop.stable) evaluate and differentiate
+    """sigmoid and softplus (symbackprop.declare.stable) evaluate and differentiate
     without C, at ordinary points and where exp would overflow."""
     model = _model("m_stable", _sum((X * W).applyfunc(lambda t: nn.sigmoid(t) + nn.softplus(-t))))
     lowered = lower(model)

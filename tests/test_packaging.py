@@ -44,14 +44,14 @@ def test_wheel_install_compiles_from_another_directory(tmp_path):
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for folder in ("symbackprop", "templates"):
+    for folder in ("symbackprop",):
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     wheels = tmp_path / "wheels"
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)])
     (wheel,) = wheels.glob("symbackprop-*.whl")
     target = tmp_path / "installed"
     _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)])
-    assert (target / "symbackprop" / "templates" / "module.c.j2").is_file()
+    assert (target / "symbackprop" / "emit" / "templates" / "module.c.j2").is_file()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(target),

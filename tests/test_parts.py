@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from symbackprop.compiler import generate
-from symbackprop.cparts import PART_KERNELS, part_ranges, prelude
+from symbackprop.emit.cparts import PART_KERNELS, part_ranges, prelude
+from symbackprop.pipeline import generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_depth import _check_gradients, mlp_data, mlp_model, mlp_numpy  # noqa: E402

@@ -11,7 +11,7 @@ from c_driver import STRICT_FLAGS, build_program, driver_source, input_arrays, p
 from conftest import example_names, load_example
 
 import symbackprop as sbp
-from symbackprop.compiler import generate
+from symbackprop.pipeline import generate
 
 
 def _write(emitted, folder):

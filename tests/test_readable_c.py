@@ -15,11 +15,11 @@ import sympy as sp
 from conftest import example_names
 
 import symbackprop as sbp
-from symbackprop import nn
-from symbackprop.codegen import RUNTIME_HEADER
-from symbackprop.compiler import generate
+from symbackprop.declare import nn
+from symbackprop.emit.codegen import RUNTIME_HEADER
+from symbackprop.emit.wrap import WIDTH, wrap, wrap_c_comments, wrap_markdown_equations
 from symbackprop.errors import ModelError
-from symbackprop.wrap import WIDTH, wrap, wrap_c_comments, wrap_markdown_equations
+from symbackprop.pipeline import generate
 
 GENERATED = Path(__file__).resolve().parent.parent / "generated"
 
@@ -146,8 +146,8 @@ def test_the_shared_helpers_are_in_the_runtime_header_only():
 
 
 def test_the_cffi_build_carries_the_runtime_header_and_keys_on_it(tmp_path, monkeypatch):
-    from symbackprop import build
-    from symbackprop.build import BuildOptions, cache_key
+    from symbackprop.build import builder as build
+    from symbackprop.build.builder import BuildOptions, cache_key
 
     x, w = sp.symbols("x w")
     mod = sbp.compile(sbp.Model("rt_header", params=[w], inputs=[x], loss=sp.tanh(w * x)),

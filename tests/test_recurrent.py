@@ -11,8 +11,8 @@ from conftest import load_example
 from oracles import central_differences, lstm_sequence_outputs, relative_error, sigmoid
 
 import symbackprop as sbp
-from symbackprop import nn
-from symbackprop.optim import Adam
+from symbackprop.declare import nn
+from symbackprop.run.optim import Adam
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-import symbackprop.scan  # noqa: F401 (registers scan's ops)
-from symbackprop.ops import MissingRule, OpRecord, record, records, reductions, register, rule
-from symbackprop.tensor import Reduce
+from symbackprop.declare.tensor import Reduce
+from symbackprop.ops.registry import MissingRule, OpRecord, record, records, reductions, register, rule
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = Path(__file__).resolve().parent.parent / "symbackprop" / "emit" / "templates"
 
 
 def test_a_missing_op_is_named():

@@ -10,7 +10,7 @@ import sympy as sp
 from helpers import assert_gradients_match, random_data
 
 import symbackprop as sbp
-from symbackprop import nn
+from symbackprop.declare import nn
 
 n = sp.Symbol("n", integer=True, positive=True)
 

@@ -14,10 +14,10 @@ from c_driver import STRICT_FLAGS, write_runtime_header
 from oracles import central_differences, relative_error, sigmoid
 
 import symbackprop as sbp
-from symbackprop import nn
-from symbackprop.build import BuildOptions
-from symbackprop.compiler import generate
-from symbackprop.optim import SGD, Adam
+from symbackprop.build.builder import BuildOptions
+from symbackprop.declare import nn
+from symbackprop.pipeline import generate
+from symbackprop.run.optim import SGD, Adam
 
 T = sp.Symbol("T", integer=True, positive=True)
 

@@ -21,13 +21,15 @@ from c_driver import STRICT_FLAGS, write_runtime_header
 from oracles import central_differences, relative_error
 
 import symbackprop as sbp
-from symbackprop import nn
-from symbackprop.autodiff import jvp, vjp
-from symbackprop.compiler import generate
+from symbackprop.declare import nn
+from symbackprop.diff.autodiff import jvp, vjp
 from symbackprop.errors import ModelError
-from symbackprop.interpret import bind_dims, evaluate
-from symbackprop.ir import SCALAR, const, leaf, lower
+from symbackprop.ir.construct import const, leaf
+from symbackprop.ir.interpret import bind_dims, evaluate
+from symbackprop.ir.lower import lower
+from symbackprop.ir.node import SCALAR
 from symbackprop.ops.functions import polygamma_scalar
+from symbackprop.pipeline import generate
 
 N = sp.Symbol("N", integer=True, positive=True)
 X = sp.MatrixSymbol("X", N, 3)  # covariates

@@ -12,9 +12,9 @@ from conftest import load_example
 from oracles import sigmoid
 
 import symbackprop as sbp
-from symbackprop import nn
-from symbackprop.compiler import generate
-from symbackprop.optim import SGD, Adam, NumpyStep
+from symbackprop.declare import nn
+from symbackprop.pipeline import generate
+from symbackprop.run.optim import SGD, Adam, NumpyStep
 
 PARAMS = ("W1", "b1", "W2", "b2")
 
@@ -117,7 +117,7 @@ def test_train_step_matches_the_numpy_reference(mlp, optimizer, reference):
 
 @pytest.mark.parametrize("optimizer, reference", OPTIMIZERS, ids=lambda o: repr(o) if not callable(o) else "")
 def test_numpy_step_matches_the_reference_and_train_step(mlp, optimizer, reference):
-    """NumpyStep (the update symbackprop.dask makes on the driver) evaluates
+    """NumpyStep (the update symbackprop.interop.dask makes on the driver) evaluates
     optim's update graph: the same steps as the numpy reference for the
     same gradients, and as the C train_step (float64, bias correction)."""
     mod = sbp.compile(mlp.model, optimizer=optimizer)

@@ -8,7 +8,7 @@ from conftest import load_example
 from oracles import relative_error
 
 import symbackprop as sbp
-from symbackprop import nn
+from symbackprop.declare import nn
 
 
 def test_relu_network_worked_example():

@@ -116,7 +116,7 @@ def build_models(size: dict) -> dict:
     import sympy as sp
 
     import symbackprop as sbp
-    from symbackprop import nn
+    from symbackprop.declare import nn
 
     N, C, P = sp.symbols("N C P", integer=True, positive=True)
     cams = sp.MatrixSymbol("cams", C, 11)

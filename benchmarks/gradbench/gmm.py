@@ -113,7 +113,7 @@ def build_model(size: dict):
     import sympy as sp
 
     import symbackprop as sbp
-    from symbackprop import nn
+    from symbackprop.declare import nn
 
     d = size["d"]
     nl = d * (d - 1) // 2

@@ -63,7 +63,7 @@ def build_model(size: dict):
     import sympy as sp
 
     import symbackprop as sbp
-    from symbackprop import nn
+    from symbackprop.declare import nn
 
     d = size["d"]
     N, K = sp.symbols("N K", integer=True, positive=True)

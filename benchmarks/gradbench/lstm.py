@@ -112,7 +112,7 @@ def build_model(size: dict):
     import sympy as sp
 
     import symbackprop as sbp
-    from symbackprop import nn
+    from symbackprop.declare import nn
 
     layers, b = size["l"], BITS
     T = sp.Symbol("T", integer=True, positive=True)

@@ -25,7 +25,7 @@ import os
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop import nn
+from symbackprop.declare import nn
 
 from .. import workloads
 from ._common import Unsupported, Variant, cache_root, timed

@@ -1,10 +1,5 @@
-"""The ops of the tensor IR, one record each (see registry.py);
-scalar functions (sigmoid, polygamma, ...) one record each in functions.py.
-
-This package imports only its registry here: the family modules build on
-the stages (ir, schedule, codegen) and are imported on the first look-up.
-"""
-
-from .registry import MissingRule, OpRecord, ViewRule, extend, is_view, record, records, reductions, register, rule
-
-__all__ = ["MissingRule", "OpRecord", "ViewRule", "extend", "is_view", "record", "records", "reductions", "register", "rule"]
+"""The ops of the tensor IR, one record each (registry.py: OpRecord; one
+module a family: elementwise, matmul, reduce, cumulative, views, emap; scan's
+in symbackprop.loops); scalar functions (sigmoid, polygamma, ...) one record
+each in functions.py. The registry imports no stage: the families build on
+the stages and are imported on the first look-up."""

@@ -13,11 +13,12 @@ from typing import Callable, Sequence
 import numpy as np
 import sympy as sp
 
-from ..codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
-from ..ir import Node, Shape, is_const, op_node
-from ..schedule import LOOP_I, LOOP_J, Equation, View, latex_name
-from ..tensor import Cumsum
-from .registry import GradFnName, JvpRule, OpRecord, VjpRule, plain_grad_fn, register
+from symbackprop.declare.tensor import Cumsum
+from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
+from symbackprop.ir.construct import is_const
+from symbackprop.ir.node import Node, Shape, op_node
+from symbackprop.ops.registry import GradFnName, JvpRule, OpRecord, VjpRule, plain_grad_fn, register
+from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Equation, View, latex_name
 
 
 @dataclass(frozen=True)

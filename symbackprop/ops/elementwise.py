@@ -11,15 +11,17 @@ import numpy as np
 import sympy as sp
 from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 
-from ..autodiff import add_all, local_derivative, unbroadcast
-from ..codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
-from ..errors import ModelError
-from ..interpret import Context, apply_body
-from ..ir import SCALAR, Node, const, map_, placeholder, scalar_atoms, shape_of
-from ..messages import short
-from ..schedule import MapKernel
-from ..stable import sigmoid, softplus
-from .registry import OpRecord, register
+from symbackprop.declare.stable import sigmoid, softplus
+from symbackprop.diff.autodiff import add_all, local_derivative, unbroadcast
+from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
+from symbackprop.errors import ModelError
+from symbackprop.ir.construct import const, map_
+from symbackprop.ir.interpret import Context, apply_body
+from symbackprop.ir.lower import scalar_atoms, shape_of
+from symbackprop.ir.node import SCALAR, Node, placeholder
+from symbackprop.messages import short
+from symbackprop.ops.registry import OpRecord, register
+from symbackprop.schedule.kernel import MapKernel
 
 A0, A1 = placeholder(0), placeholder(1)
 

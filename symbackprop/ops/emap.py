@@ -15,29 +15,19 @@ import numpy as np
 import sympy as sp
 from sympy.matrices.expressions.matexpr import MatrixElement
 
-from ..codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
-from ..cse import cse_program, inline
-from ..errors import ModelError
-from ..exprdag import shallow_program
-from ..interpret import Context, apply_body
-from ..ir import (
-    SCALAR,
-    Node,
-    Shape,
-    accumulates,
-    as_dim,
-    binding_width,
-    element,
-    emap,
-    let_symbol,
-    row_placeholder,
-    scalar_atoms,
-)
-from ..messages import short
-from ..schedule import LOOP_I, LOOP_J, MAX_SHOWN_OPS, Equation, View, latex, latex_name
-from ..stable import stabilize
-from ..tensor import ExampleMap, Gather, Index
-from .registry import OpRecord, plain_grad_fn, register
+from symbackprop.declare.stable import stabilize
+from symbackprop.declare.tensor import ExampleMap, Gather, Index
+from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
+from symbackprop.errors import ModelError
+from symbackprop.ir.construct import accumulates, binding_width, element, emap, let_symbol, row_placeholder
+from symbackprop.ir.exprdag import shallow_program
+from symbackprop.ir.interpret import Context, apply_body
+from symbackprop.ir.lower import as_dim, scalar_atoms
+from symbackprop.ir.node import SCALAR, Node, Shape
+from symbackprop.messages import short
+from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
+from symbackprop.schedule.cse import cse_program, inline
+from symbackprop.schedule.kernel import LOOP_I, LOOP_J, MAX_SHOWN_OPS, Equation, View, latex, latex_name
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ A record says everything symbackprop knows about one SymPy function class:
 how an application prints in C (a libm call, an inline expression, or a
 call of a helper function that the module defines when a kernel calls it,
 its C in templates/), and its numpy reference for the C-free interpreter
-(symbackprop.interpret). The derivative is SymPy's own (`fdiff`): loggamma
+(symbackprop.ir.interpret). The derivative is SymPy's own (`fdiff`): loggamma
 -> polygamma(0, x), polygamma(n, x) -> polygamma(n + 1, x), gamma -> gamma
-* polygamma(0, x); sigmoid and softplus define theirs (symbackprop.stable).
+* polygamma(0, x); sigmoid and softplus define theirs (symbackprop.declare.stable).
 
 The printer (cprint.IEEEPrinter), the interpreter and the module template
 (through codegen.CModule.function_helpers) read these records; adding a function is
@@ -26,8 +26,8 @@ import numpy as np
 import sympy as sp
 from sympy.codegen.cfunctions import expm1, log1p
 
-from ..errors import ModelError
-from ..stable import sigmoid, softplus
+from symbackprop.declare.stable import sigmoid, softplus
+from symbackprop.errors import ModelError
 
 # the printer (cprint.IEEEPrinter) and the application, e.g. lgamma(x)
 CText = Callable[[Any, sp.Expr], str]

@@ -8,15 +8,17 @@ from typing import Sequence
 import numpy as np
 import sympy as sp
 
-from ..autodiff import add_all
-from ..codegen import BLAS_MIN_MULTIPLY_ADDS, LOOP_K, FunctionEmitter
-from ..errors import ModelError
-from ..interpret import Context
-from ..ir import SCALAR, Dim, Node, as_dim, broadcast, const, map_, matmul, reduce_sum, transpose
-from ..messages import short
-from ..schedule import LOOP_I, LOOP_J, Equation, View, latex, latex_name
-from .elementwise import A0, A1, product_operands
-from .registry import OpRecord, register
+from symbackprop.diff.autodiff import add_all
+from symbackprop.emit.codegen import BLAS_MIN_MULTIPLY_ADDS, LOOP_K, FunctionEmitter
+from symbackprop.errors import ModelError
+from symbackprop.ir.construct import broadcast, const, map_, matmul, reduce_sum, transpose
+from symbackprop.ir.interpret import Context
+from symbackprop.ir.lower import as_dim
+from symbackprop.ir.node import SCALAR, Dim, Node
+from symbackprop.messages import short
+from symbackprop.ops.elementwise import A0, A1, product_operands
+from symbackprop.ops.registry import OpRecord, register
+from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Equation, View, latex, latex_name
 
 
 @dataclass(frozen=True)

@@ -14,24 +14,14 @@ from typing import Callable, NoReturn, Sequence
 import numpy as np
 import sympy as sp
 
-from ..codegen import FunctionEmitter
-from ..errors import ModelError
-from ..ir import (
-    Node,
-    broadcast,
-    const,
-    is_const,
-    logsumexp,
-    map_,
-    op_node,
-    placeholder,
-    reduce_extreme,
-    reduce_sum,
-)
-from ..schedule import LOOP_I, LOOP_J, Equation, View, latex_name
-from ..tensor import Reduce, reduced_shape
-from .cumulative import axis_op
-from .registry import JvpRule, OpRecord, VjpRule, extend, plain_grad_fn, register
+from symbackprop.declare.tensor import Reduce, reduced_shape
+from symbackprop.emit.codegen import FunctionEmitter
+from symbackprop.errors import ModelError
+from symbackprop.ir.construct import broadcast, const, is_const, logsumexp, map_, reduce_extreme, reduce_sum
+from symbackprop.ir.node import Node, op_node, placeholder
+from symbackprop.ops.cumulative import axis_op
+from symbackprop.ops.registry import JvpRule, OpRecord, VjpRule, extend, plain_grad_fn, register
+from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Equation, View, latex_name
 
 A0, A1, A2 = placeholder(0), placeholder(1), placeholder(2)
 

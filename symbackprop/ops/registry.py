@@ -16,14 +16,14 @@ import importlib
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ..errors import ModelError
+from symbackprop.errors import ModelError
 
 if TYPE_CHECKING:  # only for annotations: the registry imports no stage
     import numpy as np
     import sympy as sp
 
-    from ..ir import Node
-    from ..schedule import View
+    from symbackprop.ir.node import Node
+    from symbackprop.schedule.kernel import View
 
 VjpRule = Callable[["Node", "Node", Sequence[bool]], tuple["Node | None", ...]]
 JvpRule = Callable[["Node", Sequence["Node | None"]], "Node | None"]
@@ -105,7 +105,9 @@ FIELDS = tuple(f.name for f in fields(OpRecord))
 _RECORDS: dict[str, OpRecord] = {}
 _LOWERING: dict[type, tuple[str, LoweringRule]] = {}
 _SHAPES: dict[type, ShapeRule] = {}
-FAMILIES = ("elementwise", "matmul", "reduce", "cumulative", "views", "emap")
+# the modules that register ops (on import), loaded on the first look-up
+FAMILIES = tuple(f"symbackprop.ops.{family}" for family in ("elementwise", "matmul", "reduce", "cumulative", "views", "emap"))
+FAMILIES += ("symbackprop.loops.register",)
 _loaded = False
 
 
@@ -143,7 +145,7 @@ def _load() -> None:
     if not _loaded:
         _loaded = True
         for family in FAMILIES:
-            importlib.import_module(f"{__package__}.{family}")
+            importlib.import_module(family)
 
 
 def record(op: str) -> OpRecord:

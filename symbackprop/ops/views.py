@@ -9,11 +9,12 @@ from typing import Sequence
 import numpy as np
 import sympy as sp
 
-from ..codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
-from ..interpret import Context
-from ..ir import Node, element, is_const, pack, transpose
-from ..schedule import Equation, View, equation
-from .registry import OpRecord, ViewRule, plain_grad_fn, register
+from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
+from symbackprop.ir.construct import element, is_const, pack, transpose
+from symbackprop.ir.interpret import Context
+from symbackprop.ir.node import Node
+from symbackprop.ops.registry import OpRecord, ViewRule, plain_grad_fn, register
+from symbackprop.schedule.kernel import Equation, View, equation
 
 # --- transpose ------------------------------------------------------------------
 

@@ -4,6 +4,6 @@
     module.py       CompiledModule: the functions of one model, built on first use
     derivatives.py  vjp, jvp, hvp, hessian and jacobian of a CompiledModule
 
-symbackprop.runtime holds `compile` (generate, build or load from the
+symbackprop.run.runtime holds `compile` (generate, build or load from the
 cache) and re-exports these names; interop and Dask sit on top.
 """

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from ..abi import ArgSpec, ModuleSpec, concrete, show
-from ..binding import convert
-from ..errors import ArgumentError
-from ..model import Model
-from .function import Function
+from symbackprop.declare.model import Model
+from symbackprop.errors import ArgumentError
+from symbackprop.run.abi import ArgSpec, ModuleSpec, concrete, show
+from symbackprop.run.binding import convert
+from symbackprop.run.function import Function
 
 
 class Derivatives:

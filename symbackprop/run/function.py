@@ -22,10 +22,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .. import fastcall
-from ..abi import FunctionSpec
-from ..binding import Binder
-from ..codegen import REAL_TYPES
+from symbackprop.emit.codegen import REAL_TYPES
+from symbackprop.run import fastcall
+from symbackprop.run.abi import FunctionSpec
+from symbackprop.run.binding import Binder
 
 
 class Function:

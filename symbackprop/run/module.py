@@ -11,23 +11,23 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
 
 import numpy as np
 
-from ..abi import ModuleSpec
-from ..build import BuildOptions, build
-from ..codegen import REAL_TYPES, Emitted
-from ..compiler import Plan, generate
-from ..derivation import itemsize_of, memory_plan
-from ..errors import ArgumentError
-from ..graph import graph_text
-from ..model import Model
-from ..plan_spec import module_spec
-from ..train import Trainer, Training
-from .derivatives import Derivatives
-from .function import Function, PreparedCall
+from symbackprop.build.builder import BuildOptions, build
+from symbackprop.declare.model import Model
+from symbackprop.emit.codegen import REAL_TYPES, Emitted
+from symbackprop.emit.derivation import itemsize_of, memory_plan
+from symbackprop.emit.graph import graph_text
+from symbackprop.errors import ArgumentError
+from symbackprop.pipeline import Plan, generate
+from symbackprop.run.abi import ModuleSpec
+from symbackprop.run.derivatives import Derivatives
+from symbackprop.run.function import Function, PreparedCall
+from symbackprop.run.plan_spec import module_spec
+from symbackprop.run.train import Trainer, Training
 
 if TYPE_CHECKING:  # only for annotations
-    from ..optim import SGD, Adam
+    from symbackprop.run.optim import SGD, Adam
 
-# The bridges to other frameworks register here (symbackprop.interop, which
+# The bridges to other frameworks register here (symbackprop.interop.bridges, which
 # symbackprop/__init__ imports): the run stage names none of them.
 _BRIDGES: dict[str, Callable[[CompiledModule, Sequence[str]], Any]] = {}
 
@@ -241,7 +241,7 @@ class CompiledModule(Training, Derivatives):
         print(graph_text(self.plan), file=file)
 
     def as_torch(self, outputs: Sequence[str] = ()) -> Any:
-        """This module as a torch autograd function (see symbackprop.interop_torch).
+        """This module as a torch autograd function (see symbackprop.interop.torch).
 
         Args:
             outputs: named outputs to return beside the loss.
@@ -256,7 +256,7 @@ class CompiledModule(Training, Derivatives):
         return _BRIDGES["torch"](self, outputs)
 
     def as_jax(self, outputs: Sequence[str] = ()) -> Any:
-        """This module as a JAX function with a custom VJP (see symbackprop.interop_jax).
+        """This module as a JAX function with a custom VJP (see symbackprop.interop.jax).
 
         Args:
             outputs: named outputs to return beside the loss.

@@ -1,0 +1,578 @@
+"""Compile generated C with cffi into a content-addressed cache, and load it.
+
+cffi writes the extension's glue code (API mode, out of line); the C
+compiler is then run directly, in one command that compiles the glue and
+the model and links them: no distutils, no change of the working folder or
+of the environment, so builds in several threads do not disturb each other
+or the program. The command and the compiler's output go to a log file.
+
+The cache key covers the C source, header, runtime header and cffi declarations, the whole
+compiler command (compiler, flags, link options), what the compiler says
+its version is, the Python ABI and symbackprop's version. A build happens
+in a private temporary folder under a file lock and is moved into place
+with one rename, so a half-finished build is never loaded and processes
+building the same module at once leave one entry. `-march=native` is keyed
+on the CPU it means here (cache_key.target_cpu), so a cache shared between
+hosts never hands one host's vector code to another.
+
+Nothing in the cache is trusted blindly (see cache_trust): folders and
+files another user owns or others may write are refused, a library is
+loaded only after its entry's manifest (sizes and SHA-256) checks out,
+and a damaged entry is moved aside and rebuilt, with a logged warning.
+Memos are JSON, never pickles: reading one runs no code. Built modules
+export only their PyInit_ function (-fvisibility=hidden), so two modules
+loaded with RTLD_GLOBAL cannot call each other's functions.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
+from typing import Callable
+
+from symbackprop.build import trust as cache_trust
+from symbackprop._version import __version__
+from symbackprop.build.key import asks_for_host_cpu, digest, host_cpu, target_cpu
+from symbackprop.build.trust import ABSENT, entry_problem, secure_root, warn
+from symbackprop.emit.codegen import RUNTIME_HEADER, runtime_header
+from symbackprop.errors import BuildError
+from symbackprop.log import event, stage
+
+CACHE_ENV = "SYMBACKPROP_CACHE_DIR"
+# Speed without changing results beyond rounding: no -ffast-math. -O3 and
+# the host's vector units; contraction to FMA is allowed.
+DEFAULT_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-std=c99")
+EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or importlib.machinery.EXTENSION_SUFFIXES[0]
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """How to build: compiler flags, the cache folder, whether to use BLAS.
+
+    Args:
+        flags: the C compiler's flags.
+        cache_dir: where built modules are kept (None: $SYMBACKPROP_CACHE_DIR,
+            else the user cache folder).
+        blas: large matrix products call the BLAS of the scipy-openblas32
+            wheel when it is installed (None: use it if it is there; True:
+            require it, a BuildError where it is missing; False: plain C
+            loops only).
+        vector_math: elementwise loops call the SIMD variants of exp, tanh,
+            ... from glibc's libmvec (GCC on x86_64 Linux; None: when
+            available).
+        openmp: split elementwise loops over many rows across threads
+            (-fopenmp).
+    """
+
+    flags: tuple[str, ...] = DEFAULT_FLAGS
+    cache_dir: Path | None = None  # default: $SYMBACKPROP_CACHE_DIR or the user cache
+    blas: bool | None = None
+    vector_math: bool | None = None  # glibc's libmvec SIMD math with GCC (None: when available)
+    openmp: bool = False  # elementwise loops over many rows on several threads (-fopenmp)
+
+
+@dataclass(frozen=True)
+class Blas:
+    """A cblas to link: compile and link arguments."""
+
+    compile_args: tuple[str, ...]
+    link_args: tuple[str, ...]
+    library: Path
+
+
+@lru_cache(maxsize=None)
+def find_blas() -> Blas | None:
+    """The scipy-openblas32 wheel's BLAS (symbols prefixed scipy_), if
+    installed; found without importing it (its import costs ~50 ms)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("scipy_openblas32")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    lib_dir = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    library = lib_dir / "libscipy_openblas.so"
+    if not library.is_file():
+        return None
+    return Blas(
+        compile_args=(
+            "-DSYMBACKPROP_CBLAS",
+            "-DSYMBACKPROP_CBLAS_DGEMM=scipy_cblas_dgemm",
+            "-DSYMBACKPROP_CBLAS_SGEMM=scipy_cblas_sgemm",
+        ),
+        link_args=(f"-L{lib_dir}", "-lscipy_openblas", f"-Wl,-rpath,{lib_dir}"),
+        library=library,
+    )
+
+
+def _blas_for(options: BuildOptions) -> Blas | None:
+    if options.blas is False:
+        return None
+    blas = find_blas()
+    if blas is None and options.blas:
+        raise BuildError("BuildOptions(blas=True), but the scipy-openblas32 wheel is not installed "
+                         "(pip install scipy-openblas32)")
+    return blas
+
+
+@lru_cache(maxsize=None)
+def libmvec_available(command: tuple[str, ...]) -> bool:
+    """GCC (whose simd attribute the declarations use) and glibc's libmvec."""
+    import ctypes.util
+    import platform
+
+    gcc = "Free Software Foundation" in compiler_identity(command) and "clang" not in compiler_identity(command)
+    return gcc and platform.machine() == "x86_64" and ctypes.util.find_library("mvec") is not None
+
+
+def _vector_math_args(options: BuildOptions) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    if options.vector_math is False:
+        return (), ()
+    available = libmvec_available(tuple(compiler_command()))
+    if not available:
+        if options.vector_math:
+            raise BuildError("BuildOptions(vector_math=True) needs GCC on x86_64 Linux with glibc's libmvec")
+        return (), ()
+    return ("-DSYMBACKPROP_LIBMVEC",), ("-lmvec",)
+
+
+def set_blas_threads(count: int) -> None:
+    """How many threads BLAS calls of compiled modules use (default: one
+    per core). Does nothing when modules are built without BLAS."""
+    blas = find_blas()
+    if blas is not None:
+        import ctypes
+
+        ctypes.CDLL(str(blas.library)).scipy_openblas_set_num_threads(int(count))
+
+
+def cache_root(options: BuildOptions | None = None) -> Path:
+    """Where compiled modules are kept: BuildOptions.cache_dir, else
+    $SYMBACKPROP_CACHE_DIR, else the platform's user cache folder from
+    platformdirs (~/.cache/symbackprop or $XDG_CACHE_HOME/symbackprop on
+    Linux, ~/Library/Caches/symbackprop on macOS, %LOCALAPPDATA%\\symbackprop\\Cache
+    on Windows)."""
+    if options is not None and options.cache_dir is not None:
+        given = str(options.cache_dir)
+    elif os.environ.get(CACHE_ENV):
+        given = os.environ[CACHE_ENV]
+    else:
+        import platformdirs
+
+        given = platformdirs.user_cache_dir("symbackprop", appauthor=False)
+    # absolute: the compiler runs in the build folder, where a relative path means another place
+    return Path(os.path.abspath(os.path.expanduser(given)))
+
+
+def compiler_command() -> list[str]:
+    """The C compiler: $CC (which may carry options), else the one Python was built with."""
+    command = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    if not command:
+        raise BuildError("CC is set but empty; set it to a C compiler such as gcc or clang")
+    return command
+
+
+def link_options() -> list[str]:
+    """What makes a loadable extension module: Python's LDSHARED without
+    its compiler (-shared, or -bundle on macOS), and position-independent code."""
+    ldshared = shlex.split(os.environ.get("LDSHARED") or sysconfig.get_config_var("LDSHARED") or "cc -shared")
+    ccshared = shlex.split(sysconfig.get_config_var("CCSHARED") or "-fPIC")
+    # only PyInit_ (PyMODINIT_FUNC) is exported: modules of one model name loaded
+    # with RTLD_GLOBAL would otherwise bind to each other's functions
+    return ldshared[1:] + ccshared + ["-fvisibility=hidden"]
+
+
+@lru_cache(maxsize=None)
+def compiler_identity(command: tuple[str, ...]) -> str:
+    """What the compiler says its version is; BuildError when it does not run."""
+    try:
+        out = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BuildError(
+            f"no working C compiler: running {shlex.join(command)!r} failed ({exc}); "
+            "install gcc or clang, or set CC to one"
+        ) from exc
+    return out.stdout.strip()
+
+
+def toolchain(command: list[str] | tuple[str, ...]) -> str:
+    """What a compiler command's output depends on beyond its text: the
+    compiler's version, and the CPU that -march=native (or the like) means
+    on this host."""
+    compiler = tuple(compiler_command())
+    identity = compiler_identity(compiler)
+    if not asks_for_host_cpu(command):
+        return identity
+    native = tuple(arg for arg in command if arg.startswith("-m") and "native" in arg)
+    return f"{identity}\n{target_cpu(compiler + native)}"
+
+
+def build_command(name: str, prefix: str, flags: tuple[str, ...], folder: Path, libraries: tuple[str, ...] = ()) -> list[str]:
+    """One command compiling the cffi glue and the model into the extension."""
+    paths = sysconfig.get_paths()
+    includes = dict.fromkeys([paths["include"], paths["platinclude"], str(folder)])
+    return [
+        *compiler_command(),
+        *flags,
+        *link_options(),
+        *[f"-I{path}" for path in includes],
+        str(folder / f"{name}.c"),
+        str(folder / f"{prefix}.c"),
+        "-o",
+        str(folder / f"{name}{EXT_SUFFIX}"),
+        *libraries,
+        "-lm",
+    ]
+
+
+def cache_key(prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...], libraries: tuple[str, ...] = ()) -> str:
+    """The content address of a module: everything its binary depends on."""
+    command = build_command("NAME", prefix, flags, Path("FOLDER"), libraries)
+    return digest("module", prefix, source, header, runtime_header(), cdef, *packed_entries(cdef), shlex.join(command),
+                  toolchain(command), EXT_SUFFIX, __version__)
+
+
+def host_target(options: BuildOptions | None = None) -> str:
+    """What a memo of generated code and its cache folder must also be keyed
+    on, so that a cache shared between hosts never hands one host's entry
+    to another CPU: where the flags ask for the host's CPU, its model and
+    flags (/proc/cpuinfo: no compiler run on the memo's fast path)."""
+    command = [*compiler_command(), *(options or BuildOptions()).flags]
+    return host_cpu() if asks_for_host_cpu(command) else ""
+
+
+_PROTOTYPE = re.compile(r"^(int|size_t) (\w+)\((.*)\);$")
+
+
+def packed_entries(cdef: str) -> tuple[str, str]:
+    """Declarations and definitions of one more entry point per generated
+    function, for symbackprop.run.fastcall: the dimensions as one int64 array
+    and the arrays as one pointer array, whatever the function's arity."""
+    declarations, definitions = [], []
+    for line in cdef.splitlines():
+        match = _PROTOTYPE.match(line.strip())
+        if not match:
+            continue
+        returns, name, params = match.groups()
+        kinds = [p.split()[0] if p != "void" else "" for p in params.split(", ")] if params != "void" else []
+        if any(kind not in ("int64_t", "void") for kind in kinds):
+            continue  # e.g. an epoch's hyperparameters: no packed entry
+        dims = [f"d[{k}]" for k, kind in enumerate(kinds) if kind == "int64_t"]
+        arrays = [f"a[{k}]" for k in range(len(kinds) - len(dims))]
+        if returns == "size_t":
+            signature = f"size_t {name}__packed(const int64_t *d)"
+            body = f"return {name}({', '.join(dims)});"
+        else:
+            signature = f"int {name}__packed(const int64_t *d, void *const *a)"
+            body = f"return {name}({', '.join(dims + arrays)});"
+        declarations.append(signature + ";")
+        definitions.append(f"{signature}\n{{\n    (void)d;\n    {body}\n}}")
+    return "\n".join(declarations) + "\n", "\n".join(definitions) + "\n"
+
+
+def module_name(prefix: str, key: str) -> str:
+    return f"_sbp_{prefix}_{key[:16]}"
+
+
+def _compile_and_link_args(options: BuildOptions) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Compiler flags and link arguments: the options' flags, then BLAS and vector math."""
+    blas = _blas_for(options)
+    vector_flags, vector_libraries = _vector_math_args(options)
+    openmp = ("-fopenmp",) if options.openmp else ()
+    flags = options.flags + (blas.compile_args if blas else ()) + vector_flags + openmp
+    libraries = (blas.link_args if blas else ()) + vector_libraries + openmp
+    return flags, libraries
+
+
+def cache_entry(prefix: str, source: str, header: str, cdef: str, options: BuildOptions | None = None) -> Path:
+    """The cache folder the module of this C has (or will have) under these options."""
+    options = options or BuildOptions()
+    return cache_root(options) / cache_key(prefix, source, header, cdef, *_compile_and_link_args(options))
+
+
+def build(prefix: str, source: str, header: str, cdef: str, options: BuildOptions | None = None) -> tuple[ModuleType, Path]:
+    """The compiled extension for this C, from the cache or freshly built.
+
+    Returns the loaded cffi module and its cache folder.
+
+    Raises:
+        BuildError: the compiler is missing or failed (the message names
+            the log file), or the cache folder cannot be written or is not
+            this user's alone.
+    """
+    options = options or BuildOptions()
+    flags, libraries = _compile_and_link_args(options)
+    final = cache_entry(prefix, source, header, cdef, options)
+    name = module_name(prefix, final.name)
+    secure_root(final.parent)
+    if entry_problem(final, _library(name)) is None:
+        event("cache hit: %s", final)
+    else:
+        event("cache miss: %s", final)
+        build_once(final, lambda folder: _complete(folder, name),
+                   lambda staging: _compile_into(staging, final, name, prefix, source, header, cdef, flags, libraries))
+    return _load(final, name), final
+
+
+def build_once(final: Path, complete: Callable[[Path], bool], fill: Callable[[Path], None]) -> None:
+    """Make the cache folder `final` unless it is complete: under a file lock
+    (another process may be making the same one), `fill` populates a private
+    staging folder, which gets a manifest of its files and is then renamed
+    into place, so a reader sees a whole entry or none. An entry that is
+    there but not complete (damaged, unfinished, not this user's) is moved
+    aside first.
+
+    Raises:
+        BuildError: the cache folder cannot be written or is not this
+            user's alone (or what `fill` raises).
+    """
+    from filelock import FileLock  # imported here: loading from the cache takes no lock
+
+    root = secure_root(final.parent)
+    try:
+        with FileLock(root / f"{final.name}.lock"):
+            if complete(final):
+                return
+            _remove_stale_staging(root)
+            staging = Path(tempfile.mkdtemp(prefix=f"tmp-{final.name}-", dir=root))
+            try:
+                fill(staging)
+                cache_trust.write_manifest(staging)
+                cache_trust.move_aside(final)  # not complete (a complete one is never replaced: we hold the lock)
+                os.rename(staging, final)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)  # gone once renamed
+    except OSError as exc:
+        raise BuildError(f"cannot write the module cache in {root} ({exc}); set {CACHE_ENV} to a writable folder") from exc
+
+
+def _library(name: str) -> str:
+    return f"{name}{EXT_SUFFIX}"
+
+
+def _complete(folder: Path, name: str) -> bool:
+    """Whether the entry holds the module, whole and trusted; a warning where
+    it is there but damaged or not this user's alone (it will be rebuilt)."""
+    return entry_ok(folder, _library(name))
+
+
+def entry_ok(folder: Path, library: str) -> bool:
+    """Whether the cache entry `folder` may be loaded (see
+    cache_trust.entry_problem); a warning where it exists but may not."""
+    problem = entry_problem(folder, library)
+    if problem not in (None, ABSENT):
+        warn("damaged or untrusted module cache entry %s, not loaded (it is rebuilt): %s", folder, problem)
+    return problem is None
+
+
+STALE_STAGING_SECONDS = 24 * 3600
+
+
+def _remove_stale_staging(root: Path) -> None:
+    """Private folders of builds that were killed a day ago or more: no build
+    runs that long, so nothing still writes there."""
+    cutoff = time.time() - STALE_STAGING_SECONDS
+    for folder in root.glob("tmp-*"):
+        try:
+            if folder.is_dir() and folder.stat().st_mtime < cutoff:
+                shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def _compile_into(
+    staging: Path, final: Path, name: str, prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...],
+    libraries: tuple[str, ...]
+) -> None:
+    import cffi  # imported here: loading from the cache needs no cffi build machinery
+
+    with stage("C compile", prefix):
+        (staging / f"{prefix}.c").write_text(source)
+        (staging / f"{prefix}.h").write_text(header)
+        (staging / RUNTIME_HEADER).write_text(runtime_header())  # what every module's .c includes
+        ffi = cffi.FFI()
+        declarations, definitions = packed_entries(cdef)
+        ffi.cdef(cdef + declarations)
+        # quiet: no "generating ..." line
+        ffi.set_source(name, f'#include "{prefix}.h"\n' + definitions, compiler_verbose=0)
+        ffi.emit_c_code(str(staging / f"{name}.c"))
+        event("compiling %s: %d lines of C, cache key %s", prefix, len(source.splitlines()), final.name[:12])
+        _run_logged(build_command(name, prefix, flags, staging, libraries), staging / "build.log", final.parent, prefix)
+
+
+PROGRESS_SECONDS = 2.0  # while the compiler runs, a "still compiling" line this often
+
+
+def _run_logged(command: list[str], log: Path, keep_in: Path, subject: str = "") -> None:
+    """Run the compiler with its output in `log`, logging "still compiling
+    <subject>: <s> s elapsed" every PROGRESS_SECONDS until it ends; on
+    failure keep the log in `keep_in` and raise BuildError with the first
+    error line."""
+    with open(log, "w") as handle:
+        handle.write(shlex.join(command) + "\n\n")
+        handle.flush()
+        status: int | None = None  # None: the compiler could not be started
+        try:
+            process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=log.parent)
+        except OSError as exc:
+            handle.write(f"{exc}\n")
+        else:
+            began = time.perf_counter()
+            try:
+                while True:
+                    try:
+                        status = process.wait(timeout=PROGRESS_SECONDS)
+                        break
+                    except subprocess.TimeoutExpired:
+                        event("still compiling %s: %.1f s elapsed", subject, time.perf_counter() - began)
+            except BaseException:  # interrupted: leave no compiler running
+                process.kill()
+                process.wait()
+                raise
+    if status == 0:
+        return
+    kept = keep_in / f"failed-{log.parent.name}.log"
+    shutil.copyfile(log, kept)
+    lines = log.read_text(errors="replace").splitlines()[2:]
+    first = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "no output")
+    what = f"exit status {status}" if status is not None else "it could not be started"
+    raise BuildError(
+        f"the C compiler {compiler_command()[0]!r} failed on the generated module ({what}): {first.strip()}; "
+        f"the command and the compiler's output are in {kept}"
+    )
+
+
+def _load(folder: Path, name: str) -> ModuleType:
+    """The module `name` of the cache entry `folder`, loaded only once the
+    entry is checked (BuildError where it fails the check)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    path = folder / _library(name)
+    problem = entry_problem(folder, path.name)
+    if problem is not None:
+        raise BuildError(f"not loading the compiled module {name} from {folder}: "
+                         f"{'it is not there' if problem == ABSENT else problem}")
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise BuildError(f"no compiled module {name} in {folder}")
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except ImportError as exc:  # whole, but e.g. a library it links is missing on this host
+        raise BuildError(f"cannot load the compiled module {path}: {exc}") from exc
+    sys.modules[name] = module
+    return module
+
+
+# --- the front cache: a model's generated code and plan, by fingerprint ------
+
+MEMO_FOLDER = "models"
+
+
+@lru_cache(maxsize=1)
+def package_digest() -> str:
+    """A hash of symbackprop's own code and templates: a memo made by other
+    code is never used (no hand-bumped cache versions)."""
+    package = Path(__file__).resolve().parent.parent  # every stage's code, templates and C
+    files = sorted(path for pattern in ("*.py", "*.j2", "*.c") for path in package.rglob(pattern))
+    named = [(path.relative_to(package).as_posix(), path) for path in files]
+    return digest("package", __version__, *(part for name, path in named for part in (name, path.read_bytes())), length=64)
+
+
+MEMO_MAX_BYTES = 64 << 20  # far above any memo; a bigger file is not one of ours
+
+
+def read_memo(key: str, options: BuildOptions | None = None) -> dict | None:
+    """The dict write_memo stored under key, or None: absent, or (with a
+    logged warning) unreadable, not JSON, not a dict, too large, or in a
+    file or folder that is not this user's alone. Reading runs no code."""
+    try:
+        folder = cache_root(options) / MEMO_FOLDER
+    except OSError:
+        return None
+    path = folder / f"{key}.json"
+    if not os.path.lexists(path):
+        return None
+    problem = cache_trust.untrusted(folder, "folder") or cache_trust.untrusted(path, "file")
+    if problem is None:
+        try:
+            with open(path, "rb") as handle:  # the size again on the open file: it may have changed
+                data = handle.read(MEMO_MAX_BYTES + 1)
+            if len(data) > MEMO_MAX_BYTES:
+                problem = f"{path} is larger than {MEMO_MAX_BYTES} bytes"
+            else:
+                value = json.loads(data.decode("utf-8"))
+                problem = None if isinstance(value, dict) else f"{path} holds a {type(value).__name__}, not a dict"
+        except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            problem = f"{path} is not a readable JSON memo ({type(exc).__name__}: {exc})"
+    if problem is not None:
+        warn("ignoring a model memo (it is made again): %s", problem)
+        return None
+    return value
+
+
+def write_memo(key: str, value: object, options: BuildOptions | None = None) -> None:
+    """Store the JSON-serializable dict `value` under key, atomically (a
+    reader sees all of it or none). The memo only saves time: any failure
+    (a value JSON cannot hold, a full disk) is a logged warning, and leaves
+    no temporary file."""
+    try:
+        if not isinstance(value, dict):
+            raise TypeError(f"a memo is a dict, not a {type(value).__name__}")
+        text = json.dumps(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        warn("not storing the model memo %s: %s: %s", key, type(exc).__name__, exc)
+        return
+    temporary: str | None = None
+    try:
+        root = cache_root(options)
+        folder = root / MEMO_FOLDER
+        secure_root(root)
+        cache_trust.make_private_folder(folder)
+        problem = cache_trust.untrusted(folder, "folder")
+        if problem:
+            raise OSError(problem)
+        handle, temporary = tempfile.mkstemp(dir=folder, prefix="tmp-", suffix=".json")
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temporary, folder / f"{key}.json")
+        temporary = None
+    except (OSError, BuildError) as exc:
+        warn("not storing the model memo %s: %s", key, exc)
+    finally:
+        if temporary is not None:
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
+
+
+def load_built(folder: Path, prefix: str, options: BuildOptions | None = None) -> ModuleType | None:
+    """The extension module already built in a cache folder, if complete
+    and trusted, and if the folder is an entry of the cache (a memo could
+    name any folder)."""
+    folder = Path(folder)
+    if folder.parent != cache_root(options) or not re.fullmatch(r"[0-9a-f]{32}", folder.name):
+        return None
+    name = module_name(prefix, folder.name)
+    if not _complete(folder, name):
+        return None
+    event("cache hit: %s", folder)
+    try:
+        return _load(folder, name)
+    except BuildError as exc:  # the memo only saves time: generate and build instead
+        warn("%s", exc)
+        return None

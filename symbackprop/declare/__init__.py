@@ -1,0 +1,1 @@
+"""Declare: the model language (Model, layers, tensors, the stable functions)."""

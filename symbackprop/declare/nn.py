@@ -1,0 +1,543 @@
+"""Layer, activation and loss helpers. Each returns an ordinary SymPy
+expression: whatever a helper builds, a user could have written by hand
+(sigmoid and softplus are the functions of symbackprop.declare.stable, which is
+also what 1/(1 + exp(-z)) and log(1 + exp(z)) written by hand compile to).
+
+Matrices are row-major batches: X is (batch, features), W is (in, out).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence, TypeAlias
+
+import sympy as sp
+from sympy.codegen.cfunctions import expm1
+from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
+
+from symbackprop.declare import stable
+from symbackprop.declare.tensor import Reduce
+from symbackprop.errors import ModelError
+
+# What the elementwise helpers take and return: a scalar expression, a matrix
+# expression, or an explicit sympy.Matrix.
+Operand: TypeAlias = sp.Expr | sp.MatrixExpr | sp.MatrixBase
+
+
+def _rows_cols(x: sp.MatrixExpr) -> tuple:
+    if not isinstance(x, (sp.MatrixExpr, sp.MatrixBase)):
+        raise ModelError(f"expected a matrix expression, got {x!r}")
+    return x.shape
+
+
+def ones(rows: int | sp.Expr, cols: int | sp.Expr) -> sp.OneMatrix:
+    """The all-ones matrix (a broadcast, or a sum when multiplied by).
+
+    Args:
+        rows: its number of rows (an integer or a Symbol).
+        cols: its number of columns.
+
+    Returns:
+        ``sympy.OneMatrix(rows, cols)``.
+    """
+    return sp.OneMatrix(rows, cols)
+
+
+def linear(x: sp.MatrixExpr, w: sp.MatrixExpr, b: sp.MatrixExpr | None = None) -> sp.MatrixExpr:
+    """x @ w, plus the row b broadcast over the batch: x*w + ones(n, 1)*b.
+
+    Args:
+        x: the batch, (n, in).
+        w: the weights, (in, out).
+        b: the bias, a row (1, out), or None for none.
+
+    Returns:
+        The (n, out) matrix expression.
+
+    Raises:
+        ModelError: b is not a row.
+        sympy.ShapeError: x and w cannot be multiplied.
+    """
+    out = x * w
+    if b is not None:
+        if b.shape[0] != 1:
+            raise ModelError(f"the bias {b} must be a row (1 x out); its shape is {b.shape}")
+        out = out + ones(x.shape[0], 1) * b
+    return out
+
+
+def _elementwise(x, fn):
+    if isinstance(x, sp.MatrixExpr):
+        if x.shape == (1, 1):  # SymPy would call fn on the 1x1 matrix itself
+            return sp.ImmutableMatrix([[fn(x[0, 0])]])
+        v = sp.Dummy("v", real=True)
+        return ElementwiseApplyFunction(sp.Lambda(v, fn(v)), x)
+    if isinstance(x, sp.MatrixBase):
+        return x.applyfunc(fn)
+    return fn(x)
+
+
+def sigmoid(x: Operand) -> Operand:
+    """1 / (1 + exp(-x)), elementwise, computed without overflow at any x
+    (its derivative s*(1 - s), from its value, as PyTorch).
+
+    Args:
+        x: a scalar expression, a matrix expression or a Matrix.
+
+    Returns:
+        An expression of x's shape.
+    """
+    return _elementwise(x, stable.sigmoid)
+
+
+def tanh(x: Operand) -> Operand:
+    """tanh(x), elementwise.
+
+    Args:
+        x: a scalar expression, a matrix expression or a Matrix.
+
+    Returns:
+        An expression of x's shape.
+    """
+    return _elementwise(x, sp.tanh)
+
+
+def relu(x: Operand) -> Operand:
+    """max(x, 0), elementwise; its derivative at exactly 0 is taken as 0.
+
+    Args:
+        x: a scalar expression, a matrix expression or a Matrix.
+
+    Returns:
+        An expression of x's shape.
+    """
+    return _elementwise(x, lambda v: sp.Max(v, 0))
+
+
+def softplus(x: Operand) -> Operand:
+    """log(1 + exp(x)), elementwise, computed as max(x, 0) + log1p(exp(-|x|))
+    (no overflow: softplus(800) = 800); its derivative is sigmoid(x).
+
+    Args:
+        x: a scalar expression, a matrix expression or a Matrix.
+
+    Returns:
+        An expression of x's shape.
+    """
+    return _elementwise(x, stable.softplus)
+
+
+def log_sigmoid(x: Operand) -> Operand:
+    """log(sigmoid(x)) = -softplus(-x), elementwise (PyTorch's logsigmoid):
+    -800 at x = -800, where log of the computed sigmoid would be -inf.
+
+    Args:
+        x: a scalar expression, a matrix expression or a Matrix.
+
+    Returns:
+        An expression of x's shape.
+    """
+    return _elementwise(x, lambda v: -stable.softplus(-v))
+
+
+def sum_all(x: sp.MatrixExpr) -> sp.MatrixExpr:
+    """The sum of every entry, as a 1x1 matrix: ones(1, rows) * x * ones(cols, 1).
+
+    Args:
+        x: a matrix expression.
+
+    Returns:
+        A 1x1 matrix expression.
+
+    Raises:
+        ModelError: x is not a matrix.
+    """
+    rows, cols = _rows_cols(x)
+    return ones(1, rows) * x * ones(cols, 1)
+
+
+def mean_all(x: sp.MatrixExpr) -> sp.MatrixExpr:
+    """The mean of every entry, as a 1x1 matrix.
+
+    Args:
+        x: a matrix expression.
+
+    Returns:
+        A 1x1 matrix expression: sum_all(x) / (rows * cols).
+
+    Raises:
+        ModelError: x is not a matrix.
+    """
+    rows, cols = _rows_cols(x)
+    return sum_all(x) / (rows * cols)
+
+
+def row_sums(x: sp.MatrixExpr) -> sp.MatrixExpr:
+    """The sum along each row.
+
+    Args:
+        x: a matrix expression.
+
+    Returns:
+        A (rows x 1) matrix expression: x * ones(cols, 1).
+    """
+    return x * ones(x.shape[1], 1)
+
+
+def mse(y: sp.MatrixExpr, target: sp.MatrixExpr) -> sp.MatrixExpr:
+    """The mean over every entry of (y - target)**2 (as PyTorch's MSELoss).
+
+    Args:
+        y: the prediction.
+        target: the target, of y's shape.
+
+    Returns:
+        A 1x1 matrix expression.
+
+    Raises:
+        ModelError: the shapes differ.
+    """
+    if y.shape != target.shape:
+        raise ModelError(f"mse of shapes {y.shape} and {target.shape}")
+    return mean_all(sp.HadamardPower(y - target, 2))
+
+
+def logsumexp_rows(z: sp.MatrixExpr) -> sp.MatrixExpr:
+    """log(sum(exp(z))) along each row. Compiled stably, with the row's
+    maximum subtracted before exp, whenever log, row sum and exp appear in
+    this form.
+
+    Args:
+        z: a matrix expression.
+
+    Returns:
+        A (rows x 1) matrix expression.
+    """
+    return row_sums(z.applyfunc(sp.exp)).applyfunc(sp.log)
+
+
+def softmax_cross_entropy(logits: sp.MatrixExpr, target: sp.MatrixExpr) -> sp.MatrixExpr:
+    """The mean over rows of -sum(target * log_softmax(logits)).
+
+    Args:
+        logits: (n, classes) unnormalised scores.
+        target: (n, classes) class probabilities (one-hot for hard labels),
+            each row summing to 1.
+
+    Returns:
+        A 1x1 matrix expression.
+
+    Raises:
+        ModelError: the shapes differ.
+    """
+    if logits.shape != target.shape:
+        raise ModelError(f"softmax_cross_entropy of shapes {logits.shape} and {target.shape}")
+    rows = logits.shape[0]
+    per_row = logsumexp_rows(logits) - row_sums(sp.HadamardProduct(target, logits))
+    return sum_all(per_row) / rows
+
+
+def l2_penalty(*weights: sp.MatrixExpr) -> sp.MatrixExpr:
+    """The sum of squares of every entry of the given weights.
+
+    Args:
+        *weights: matrix expressions.
+
+    Returns:
+        A 1x1 matrix expression.
+
+    Raises:
+        ModelError: no weight is given.
+    """
+    if not weights:
+        raise ModelError("l2_penalty needs at least one weight")
+    terms = [sum_all(sp.HadamardPower(w, 2)) for w in weights]
+    return sp.MatAdd(*terms) if len(terms) > 1 else terms[0]
+
+
+def _broadcast_column(column: sp.MatrixExpr, cols: int | sp.Expr) -> sp.MatrixExpr:
+    """A (rows x 1) column repeated in `cols` columns."""
+    return column * ones(1, cols)
+
+
+def log_softmax(z: sp.MatrixExpr, axis: int = 1) -> sp.MatrixExpr:
+    """z minus its log-sum-exp along `axis` (computed with the max subtracted).
+
+    Args:
+        z: a matrix expression, one row per example.
+        axis: 1 (the default): along each row; 0: down each column.
+
+    Returns:
+        A matrix expression of z's shape.
+
+    Raises:
+        ModelError: axis is neither 0 nor 1.
+    """
+    if axis == 1:
+        return z - _broadcast_column(logsumexp_rows(z), z.shape[1])
+    if axis == 0:
+        return z - ones(z.shape[0], 1) * Reduce("logsumexp", z, 0)
+    raise ModelError(f"log_softmax along axis 0 or 1; got {axis!r}")
+
+
+def softmax(z: sp.MatrixExpr, axis: int = 1) -> sp.MatrixExpr:
+    """exp(log_softmax(z, axis)): rows (axis 1) or columns (axis 0) summing to 1.
+
+    Args:
+        z: a matrix expression, one row per example.
+        axis: 1 (the default): each row; 0: each column.
+
+    Returns:
+        A matrix expression of z's shape.
+
+    Raises:
+        ModelError: axis is neither 0 nor 1.
+    """
+    return log_softmax(z, axis).applyfunc(sp.exp)
+
+
+def leaky_relu(x: Operand, slope: sp.Expr | float = sp.Rational(1, 100)) -> Operand:
+    """x where x > 0, else slope*x, elementwise; the derivative at 0 is slope
+    (as PyTorch).
+
+    Args:
+        x: a scalar expression, a matrix expression or a Matrix.
+        slope: the slope for negative x.
+
+    Returns:
+        An expression of x's shape.
+    """
+    return _elementwise(x, lambda v: sp.Piecewise((v, v > 0), (slope * v, True)))
+
+
+def elu(x: Operand, alpha: sp.Expr | float = 1) -> Operand:
+    """x where x > 0, else alpha*(exp(x) - 1), elementwise; the derivative at
+    0 is alpha.
+
+    Args:
+        x: a scalar expression, a matrix expression or a Matrix.
+        alpha: the scale of the negative part.
+
+    Returns:
+        An expression of x's shape.
+    """
+    return _elementwise(x, lambda v: sp.Piecewise((v, v > 0), (alpha * expm1(v), True)))
+
+
+def gelu(x: Operand) -> Operand:
+    """The tanh form, elementwise: x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3))).
+
+    Args:
+        x: a scalar expression, a matrix expression or a Matrix.
+
+    Returns:
+        An expression of x's shape.
+    """
+    c = sp.sqrt(2 / sp.pi)
+    return _elementwise(x, lambda v: v / 2 * (1 + sp.tanh(c * (v + sp.Rational(44715, 1000000) * v**3))))
+
+
+def _difference(y, target, what: str):
+    if y.shape != target.shape:
+        raise ModelError(f"{what} of shapes {y.shape} and {target.shape}")
+    return y - target
+
+
+def log_cosh(y: sp.MatrixExpr, target: sp.MatrixExpr) -> sp.MatrixExpr:
+    """The mean of log(cosh(y - target)), written |d| + softplus(-2|d|) - log 2
+    so that large differences do not overflow.
+
+    Args:
+        y: the prediction.
+        target: the target, of y's shape.
+
+    Returns:
+        A 1x1 matrix expression.
+
+    Raises:
+        ModelError: the shapes differ.
+    """
+    d = _difference(y, target, "log_cosh")
+    return mean_all(d.applyfunc(lambda v: sp.Abs(v) + stable.softplus(-2 * sp.Abs(v)) - sp.log(2)))
+
+
+def huber(y: sp.MatrixExpr, target: sp.MatrixExpr, delta: sp.Expr | float = 1) -> sp.MatrixExpr:
+    """The mean Huber loss: d^2/2 where |d| <= delta, else delta*(|d| - delta/2),
+    for d = y - target.
+
+    Args:
+        y: the prediction.
+        target: the target, of y's shape.
+        delta: where the loss turns from quadratic to linear.
+
+    Returns:
+        A 1x1 matrix expression.
+
+    Raises:
+        ModelError: the shapes differ.
+    """
+    d = _difference(y, target, "huber")
+    def per_entry(v):
+        return sp.Piecewise((v**2 / 2, sp.Abs(v) <= delta), (delta * (sp.Abs(v) - delta / sp.Integer(2)), True))
+
+    return mean_all(d.applyfunc(per_entry))
+
+
+def binary_cross_entropy_with_logits(logits: sp.MatrixExpr, target: sp.MatrixExpr) -> sp.MatrixExpr:
+    """The mean of -[t log sigmoid(z) + (1 - t) log(1 - sigmoid(z))], written
+    softplus(z) - z t = max(z, 0) - z t + log1p(exp(-|z|)) so that it never
+    overflows; its gradient is (sigmoid(z) - t) / count.
+
+    Args:
+        logits: the scores z.
+        target: the probabilities t, of the logits' shape.
+
+    Returns:
+        A 1x1 matrix expression.
+
+    Raises:
+        ModelError: the shapes differ.
+    """
+    if logits.shape != target.shape:
+        raise ModelError(f"binary_cross_entropy_with_logits of shapes {logits.shape} and {target.shape}")
+    positive = logits.applyfunc(stable.softplus)
+    return mean_all(positive - sp.HadamardProduct(logits, target))
+
+
+
+def shallow(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args), with each matrix argument that is an expression (not a
+    MatrixSymbol) stood in for by a placeholder symbol while fn builds its
+    expression, then put back.
+
+    SymPy's matrix operators re-simplify their whole operands (doit) every
+    time, which costs time exponential in the depth of an expression that
+    reuses its parts, such as the state of an unrolled recurrent network:
+    apply helpers to such values through `shallow` (lstm_cell and gru_cell
+    do). The result is an ordinary SymPy expression.
+
+    Args:
+        fn: the helper to apply.
+        *args: its arguments.
+
+    Returns:
+        What fn returns (an expression, or a tuple of them), with the
+        stand-ins replaced by the arguments.
+    """
+    back = {}
+    stand_ins = []
+    for arg in args:
+        if isinstance(arg, sp.MatrixExpr) and not isinstance(arg, sp.MatrixSymbol):
+            stand_in = sp.MatrixSymbol(sp.Dummy("shallow"), *arg.shape)
+            back[stand_in] = arg
+            arg = stand_in
+        stand_ins.append(arg)
+    out = fn(*stand_ins)
+    if not back:
+        return out
+    if isinstance(out, tuple):
+        return tuple(o.xreplace(back) for o in out)
+    return out.xreplace(back)
+
+
+def _gates(x, h, W, U, b, count: int, what: str) -> list:
+    """x W[k] + h U[k] + b[k] for each gate k (the h term left out when h is None)."""
+    if not (len(W) == len(b) == count and len(U) == count):
+        raise ModelError(f"{what} needs {count} input weights, recurrent weights and biases (one per gate); "
+                         f"got {len(W)}, {len(U)} and {len(b)}")
+    out = []
+    for w, u, bias in zip(W, U, b):
+        z = linear(x, w, bias)
+        if h is not None:
+            z = z + h * u
+        out.append(z)
+    return out
+
+
+def lstm_cell(
+    x: sp.MatrixExpr,
+    h: sp.MatrixExpr | None,
+    c: sp.MatrixExpr | None,
+    W: Sequence[sp.MatrixExpr],
+    U: Sequence[sp.MatrixExpr],
+    b: Sequence[sp.MatrixExpr],
+) -> tuple[sp.MatrixExpr, sp.MatrixExpr]:
+    """One step of an LSTM (the equations of PyTorch's LSTMCell, with one bias
+    a gate), batch-major: for the gates input, forget, cell and output,
+
+        i = sigmoid(x W[0] + h U[0] + b[0])     f = sigmoid(x W[1] + h U[1] + b[1])
+        g = tanh(x W[2] + h U[2] + b[2])        o = sigmoid(x W[3] + h U[3] + b[3])
+        c' = f * c + i * g                      h' = o * tanh(c')
+
+    x is (batch, features); h and c are (batch, hidden), or None for the zero
+    state of the first step; W[k] is (features, hidden), U[k] (hidden, hidden)
+    and b[k] a row (1, hidden). Returns (h', c'). Unroll it over a fixed
+    number of steps for a recurrent network (see `shallow` for what to apply
+    to the states it returns).
+
+    Args:
+        x: the step's input, (batch, features).
+        h: the hidden state, (batch, hidden), or None (the zero state).
+        c: the cell state, (batch, hidden), or None with h.
+        W: the 4 input weights, (features, hidden) each.
+        U: the 4 recurrent weights, (hidden, hidden) each.
+        b: the 4 biases, rows (1, hidden).
+
+    Returns:
+        (h', c'), the new hidden and cell states.
+
+    Raises:
+        ModelError: only one of h and c is None, or W, U or b does not have 4 entries.
+    """
+    if (h is None) != (c is None):
+        raise ModelError("lstm_cell needs both states h and c, or neither (the zero state)")
+
+    def cell(x, h, c):
+        zi, zf, zg, zo = _gates(x, h, W, U, b, 4, "lstm_cell")
+        i, f, g, o = sigmoid(zi), sigmoid(zf), tanh(zg), sigmoid(zo)
+        c_new = sp.HadamardProduct(i, g)
+        if c is not None:
+            c_new = sp.HadamardProduct(f, c) + c_new
+        return sp.HadamardProduct(o, tanh(c_new)), c_new
+
+    return shallow(cell, x, h, c)
+
+
+def gru_cell(
+    x: sp.MatrixExpr,
+    h: sp.MatrixExpr | None,
+    W: Sequence[sp.MatrixExpr],
+    U: Sequence[sp.MatrixExpr],
+    b: Sequence[sp.MatrixExpr],
+) -> sp.MatrixExpr:
+    """One step of a GRU (PyTorch's GRUCell with its hidden bias b_hh zero),
+    batch-major: for the gates reset, update and candidate,
+
+        r = sigmoid(x W[0] + h U[0] + b[0])     z = sigmoid(x W[1] + h U[1] + b[1])
+        m = tanh(x W[2] + b[2] + r * (h U[2]))  h' = (1 - z) * m + z * h
+
+    with the shapes of lstm_cell; h is None for the zero state.
+
+    Args:
+        x: the step's input, (batch, features).
+        h: the hidden state, (batch, hidden), or None (the zero state).
+        W: the 3 input weights, (features, hidden) each.
+        U: the 3 recurrent weights, (hidden, hidden) each.
+        b: the 3 biases, rows (1, hidden).
+
+    Returns:
+        h', the new hidden state.
+
+    Raises:
+        ModelError: W, U or b does not have 3 entries.
+    """
+
+    def cell(x, h):
+        zr, zz, zm = _gates(x, h, W, U, b, 3, "gru_cell")
+        keep = sigmoid(zz).applyfunc(lambda v: 1 - v)
+        if h is None:
+            return sp.HadamardProduct(keep, tanh(zm))
+        r, z = sigmoid(zr), sigmoid(zz)
+        m = tanh(linear(x, W[2], b[2]) + sp.HadamardProduct(r, h * U[2]))
+        return sp.HadamardProduct(keep, m) + sp.HadamardProduct(z, h)
+
+    return shallow(cell, x, h)

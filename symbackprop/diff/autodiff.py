@@ -1,0 +1,136 @@
+"""Differentiation over the tensor DAG: reverse mode (vjp) and forward mode
+(jvp), which composed give Hessian-vector products.
+
+Each op's vector-Jacobian and Jacobian-vector rules are fields of its
+record (symbackprop.ops), declared beside the rest of the op; here are the
+drivers and the helpers rules share. A VJP rule gets the node, the
+adjoint of its value (same shape) and which arguments need one, and returns
+one adjoint per argument (None where none is needed). A JVP rule gets the
+node and the tangent of each argument (None for zero) and returns the
+node's tangent (None for zero). Rules build graph nodes, never closures, so
+derivatives are scheduled, emitted and read like the forward pass.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import sympy as sp
+
+from symbackprop.errors import ModelError
+from symbackprop.ir.construct import const, is_const, map_, reduce_sum
+from symbackprop.ir.node import Node, placeholder, topological_order
+from symbackprop.messages import short
+from symbackprop.ops.registry import rule
+
+
+def unbroadcast(adjoint: Node, shape: tuple) -> Node:
+    """Sum an adjoint over the axes its argument was broadcast along."""
+    for axis in (0, 1):
+        if shape[axis] == 1 and adjoint.shape[axis] != 1:
+            adjoint = reduce_sum(adjoint, axis)
+    return adjoint
+
+
+def local_derivative(node: Node, index: int) -> Node:
+    """d node / d arg[index], elementwise.
+
+    Where the derivative is a function of the node's own value alone
+    (tanh' = 1 - tanh^2, exp' = exp), it is computed from that value, which
+    costs no buffer. Otherwise it is a forward-time value of the node's
+    arguments, which the scheduler computes in the node's own loop with one
+    CSE over both (the sigmoid's exp serves the sigmoid and its derivative).
+    """
+    body = node.attrs[0]
+    # factor_terms undoes SymPy's distribution of constants (2*(a+b) -> 2*a+2*b)
+    # so that the derivative shares subexpressions with the body under CSE
+    derivative = sp.factor_terms(sp.diff(body, placeholder(index)))
+    if derivative.has(sp.Derivative, sp.Subs):
+        raise ModelError(f"no derivative known for {short(body.xreplace(_readable(node)))}")
+    if len(node.args) == 1 and not body.is_Atom:
+        value = sp.Symbol("_value", real=True)
+        of_value = derivative.subs(body, value)
+        if of_value.free_symbols == {value}:
+            return map_(of_value.xreplace({value: placeholder(0)}), [node], node.shape)
+    return map_(derivative, node.args, node.shape)
+
+
+def _readable(node: Node) -> dict:
+    """Placeholders as the user's names where the argument is a leaf, else x<i>."""
+    return {placeholder(i): sp.Symbol(arg.attrs[0] if arg.op == "leaf" else f"x{i}") for i, arg in enumerate(node.args)}
+
+
+def add_all(terms: list[Node]) -> Node:
+    if len(terms) == 1:
+        return terms[0]
+    return map_(sp.Add(*[placeholder(i) for i in range(len(terms))]), terms, terms[0].shape)
+
+
+def vjp(roots: Sequence[tuple[Node, Node]], wrt: Sequence[Node]) -> tuple[list[Node], dict[Node, tuple]]:
+    """Gradients of sum(seed * root) over (root, seed) pairs w.r.t. `wrt`.
+
+    Returns the gradient nodes (a zero constant where a leaf does not reach
+    a root) and, for naming, where each backward node comes from:
+    ("adjoint", x) for the adjoint of x, ("part", x) for one term of it,
+    ("local", y, k) for the elementwise derivative of map y with respect to
+    its k-th argument.
+    """
+    order = topological_order([root for root, _ in roots])
+    reaches = depends_on(order, set(wrt))
+    contributions: dict[Node, list[Node]] = {}
+    for root, seed in roots:
+        contributions.setdefault(root, []).append(seed)
+    adjoint_of: dict[Node, Node] = {}
+    part_of: dict[Node, Node] = {}  # a term of an adjoint (for naming) -> whose
+    adjoints: dict[Node, Node] = {}
+    for node in reversed(order):
+        if node not in contributions or not reaches[node]:
+            continue
+        g = adjoints[node] = add_all(contributions.pop(node))
+        adjoint_of.setdefault(g, node)
+        if not node.args:
+            continue
+        needed = [reaches[arg] for arg in node.args]
+        arg_adjoints = rule(node.op, "vjp")(node, g, needed)
+        assert len(arg_adjoints) == len(node.args), f"{node.op} rule returned wrong arity"
+        for arg, adjoint in zip(node.args, arg_adjoints):
+            if adjoint is None or not reaches[arg] or (is_const(adjoint) and adjoint.attrs[0] == 0):
+                continue
+            assert adjoint.shape == arg.shape, f"{node.op} rule: adjoint shape {adjoint.shape} != {arg.shape}"
+            contributions.setdefault(arg, []).append(adjoint)
+            part_of.setdefault(adjoint, arg)
+    grads = [adjoints.get(leaf, const(0, leaf.shape)) for leaf in wrt]
+    origins: dict[Node, tuple] = {g: ("adjoint", node) for g, node in adjoint_of.items()}
+    for part, node in part_of.items():
+        origins.setdefault(part, ("part", node))
+    for node in order:
+        if node.op == "map" and node in adjoints:
+            for index, arg in enumerate(node.args):
+                if reaches[arg]:
+                    origins.setdefault(local_derivative(node, index), ("local", node, index))
+    return grads, origins
+
+
+def depends_on(order: list[Node], wrt: set[Node]) -> dict[Node, bool]:
+    """For each node of a topological order: whether a node of wrt is it or feeds it."""
+    reaches: dict[Node, bool] = {}
+    for node in order:
+        reaches[node] = node in wrt or any(reaches[a] for a in node.args)
+    return reaches
+
+
+def jvp(roots: Sequence[Node], tangents: dict[Node, Node]) -> list[Node]:
+    """Tangents of `roots` given tangents of some leaves (forward mode).
+
+    A root that no tangent reaches gets a zero constant.
+    """
+    tangent_of: dict[Node, Node | None] = {}
+    for node in topological_order(roots):
+        if node in tangents:
+            tangent_of[node] = tangents[node]
+        elif not node.args:
+            tangent_of[node] = None
+        else:
+            arg_tangents = [tangent_of[arg] for arg in node.args]
+            tangent_of[node] = None if all(t is None for t in arg_tangents) else rule(node.op, "jvp")(node, arg_tangents)
+    return [tangent_of[root] or const(0, root.shape) for root in roots]

@@ -1,0 +1,2 @@
+"""Emit: C source through the Jinja templates in templates/, the
+derivation file and the grad_fn graph."""

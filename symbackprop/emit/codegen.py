@@ -1,0 +1,577 @@
+"""Emit C99 (source, header, cffi cdef) from function schedules.
+
+Scalars are printed by a subclass of SymPy's C99 printer; everything else
+is rendered by the Jinja templates in templates/, which get small plain
+dataclasses of strings, never the compiler's objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, is_dataclass, replace
+from dataclasses import fields as dataclass_fields
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import jinja2
+import sympy as sp
+from sympy.printing.c import C99CodePrinter
+from sympy.printing.codeprinter import PrintMethodNotImplementedError
+
+from symbackprop.emit.cnames import CNamer, comment_text, sanitize
+from symbackprop.emit.cparts import Prelude, part_ranges, prelude
+from symbackprop.emit.cprint import IEEEPrinter
+from symbackprop.emit.wrap import wrap_c_comments
+from symbackprop.errors import ModelError
+from symbackprop.ops.functions import CHelper, helpers_called
+from symbackprop.ops.registry import helpers, record
+from symbackprop.run.abi import STATUS_TEXT
+from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Kernel, View, kernel_reads, kernel_writes
+from symbackprop.schedule.scheduler import FunctionSchedule, Slot
+
+LOOP_K = sp.Symbol("k", integer=True)
+
+
+@dataclass(frozen=True)
+class RealType:
+    """The floating type of a module: its C name and its math suffix."""
+
+    name: str  # "float64" / "float32"
+    c: str  # "double" / "float"
+    numpy: str
+    sympy_type: object
+
+
+FLOAT64 = RealType("float64", "double", "float64", sp.codegen.ast.float64)
+FLOAT32 = RealType("float32", "float", "float32", sp.codegen.ast.float32)
+REAL_TYPES = {t.name: t for t in (FLOAT64, FLOAT32)}
+
+
+# x**n of a symbol for |n| up to this is printed as a product: without
+# -ffast-math a C compiler keeps pow() a library call (pow(x, 2) excepted).
+MAX_PRODUCT_POWER = 8
+
+
+class ScalarPrinter(IEEEPrinter):
+    """SymPy's C99 printer with the few changes generated kernels need:
+    symbols print as given C text, integer powers as products, step
+    functions as comparisons (NaN-propagating, see IEEEPrinter), and
+    literals in the module's real type."""
+
+    def __init__(self, text: dict[sp.Symbol, str], real: RealType):
+        # no math_macros: M_PI and M_SQRT2 are not C99
+        super().__init__({"type_aliases": {sp.codegen.ast.real: real.sympy_type}, "math_macros": {}})
+        self.text = text
+        self.real = real
+
+    def _print_Symbol(self, expr: sp.Symbol) -> str:
+        return self.text.get(expr) or super()._print_Symbol(expr)
+
+    def _print_Pow(self, expr: sp.Pow) -> str:
+        base, exp = expr.args
+        if exp.is_Integer and 2 <= abs(int(exp)) <= MAX_PRODUCT_POWER and base.is_Symbol:
+            factor = self.parenthesize(base, sp.printing.precedence.PRECEDENCE["Mul"])
+            product = "(" + "*".join([factor] * abs(int(exp))) + ")"
+            return product if exp > 0 else f"{self._one()}/{product}"
+        if exp == -1:
+            return f"{self._one()}/{self.parenthesize(base, sp.printing.precedence.PRECEDENCE['Mul'])}"
+        return super()._print_Pow(expr)
+
+    def _print_NumberSymbol(self, expr: sp.Expr) -> str:
+        """pi, E, ...: a literal with enough digits for double precision."""
+        return self._print(sp.Float(expr.evalf(20), 20))
+
+    _print_Pi = _print_Exp1 = _print_EulerGamma = _print_GoldenRatio = _print_Catalan = _print_NumberSymbol
+
+
+class CheckedPrinter:
+    """A printer whose failure to print names the expression and its kernel."""
+
+    def __init__(self, printer: ScalarPrinter, kernel: Kernel):
+        self.printer, self.kernel = printer, kernel
+
+    def doprint(self, expr: sp.Expr) -> str:
+        try:
+            return self.printer.doprint(expr)
+        except PrintMethodNotImplementedError as exc:
+            what = "; ".join(e.comment for e in self.kernel.equations)
+            raise ModelError(f"{exc}: C has no equivalent, in {what}") from None
+
+
+class IndexPrinter(C99CodePrinter):
+    """Integer index arithmetic: dimensions print as their C names."""
+
+    def __init__(self, text: dict[sp.Symbol, str]):
+        super().__init__()
+        self.text = text
+
+    def _print_Symbol(self, expr: sp.Symbol) -> str:
+        return self.text.get(expr) or super()._print_Symbol(expr)
+
+    def _print_Integer(self, expr: sp.Integer) -> str:
+        return str(int(expr))
+
+    def _print_Pow(self, expr: sp.Pow) -> str:
+        """Integer powers of dimensions as products: pow() is floating point."""
+        base, exp = expr.args
+        if exp.is_Integer and exp > 0:
+            return "*".join([self.parenthesize(base, sp.printing.precedence.PRECEDENCE["Mul"])] * int(exp))
+        raise ModelError(f"dimension expression {expr} is not a product of dimensions")
+
+
+# --- what the templates get -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CParam:
+    role: str  # "dim", "input", "output", "work"
+    name: str  # the user-facing name (array keyword or result name)
+    cname: str
+    decl: str  # the C declaration, e.g. "const double *X"
+    shape: tuple[str, ...]  # C expressions of the array's shape
+
+
+@dataclass(frozen=True)
+class CKernel:
+    kind: str  # the op whose record emitted it
+    comments: tuple[str, ...]
+    fields: dict
+    declares: tuple[tuple[str, str, str], ...] = ()  # workspace slots first written here
+    template: str = ""  # the macro of macros.j2 (or the template file) that prints it: the record's
+
+
+@dataclass(frozen=True)
+class CFunction:
+    name: str
+    summary: str
+    params: tuple[CParam, ...]
+    dims: tuple[str, ...]
+    uses_work: bool
+    kernels: tuple[CKernel, ...]
+    work_size: str
+    ops_before_cse: int
+    ops_after_cse: int
+    unused: tuple[str, ...] = ()  # C names of array parameters no kernel reads (a vjp of an output that ignores some inputs)
+    static: bool = False  # internal to the module (the shared forward and gradient)
+    split: int | None = None  # kernel index where a call with `with_grads` 0 returns
+    delegate: str | None = None  # a wrapper: the call it returns
+    # (Index, its rows, rows of each array it gathers from): checked at entry, before anything is written
+    checks: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+    statuses: tuple[int, ...] = (0,)  # what it can return (see STATUS_TEXT)
+    parts: tuple[tuple[int, int], ...] = ()  # kernel ranges of its parts (see cparts), none when short
+    anchors: tuple[tuple[str, str], ...] = ()  # (pointer, its absolute place in work), for the parts
+
+    def prelude(self, start: int, body: str) -> Prelude:
+        """What the part beginning at kernel `start` declares, given its C text."""
+        anchor = dict(self.anchors)
+        earlier = [(name, anchor[name], extent) for kernel in self.kernels[:start] for name, _, extent in kernel.declares]
+        return prelude(earlier, [(p.cname, p.decl) for p in self.params], body)
+
+    @property
+    def dim_params(self) -> str:
+        """What its work_len takes: the dimensions (and a shared function's flag)."""
+        return ", ".join(p.decl for p in self.params if p.role in ("dim", "flag")) or "void"
+
+    @property
+    def all_params(self) -> str:
+        return ", ".join(p.decl for p in self.params)
+
+    @property
+    def cffi_params(self) -> str:
+        """For cffi, arrays are `void *`: it then takes untyped buffers, the
+        cheapest pointers it makes from numpy arrays."""
+        return ", ".join(p.decl if p.role == "dim" else f"void *{p.cname}" for p in self.params)
+
+
+def statuses(dims: Sequence[str], checks: Sequence[object]) -> tuple[int, ...]:
+    """The statuses a function with these dimensions and index checks returns."""
+    return (0,) + ((1,) if dims else ()) + ((2,) if checks else ())
+
+
+@dataclass(frozen=True)
+class CModule:
+    prefix: str
+    guard: str  # include guard macro
+    model_name: str  # as a comment-safe text
+    real: str
+    real_c: str
+    functions: tuple[CFunction, ...]
+    version: str
+    internal: tuple[CFunction, ...] = ()  # static functions the public ones call
+    epoch: object = None  # epoch.CEpoch when the module has a train_step
+
+    @property
+    def helper_prefix(self) -> str:
+        """The prefix of the runtime header's helpers for this real type."""
+        return runtime_type(REAL_TYPES[self.real]).prefix
+
+    @property
+    def gemm(self) -> str:
+        return "dgemm" if self.real_c == "double" else "sgemm"
+
+    @property
+    def uses_matmul(self) -> bool:
+        """Whether a product calls the module's matmul helper."""
+        return any(k.kind == "matmul" and k.fields["call"] for f in self.internal + self.functions for k in f.kernels)
+
+    @property
+    def status_text(self) -> dict[int, str]:
+        return STATUS_TEXT
+
+    @property
+    def blas_min(self) -> int:
+        return BLAS_MIN_MULTIPLY_ADDS
+
+    def all_kernels(self) -> Iterator[CKernel]:
+        """Every kernel, those nested in others' fields (a scan's step) too."""
+        stack: list[Any] = [k for f in self.internal + self.functions for k in f.kernels]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, CKernel):
+                yield item
+                stack.extend(item.fields.values())
+            elif isinstance(item, (list, tuple)):
+                stack.extend(item)
+
+    @property
+    def function_helpers(self) -> tuple[CHelper, ...]:
+        """The scalar-function helpers its kernels call (ops.functions)."""
+        return helpers_called(_texts([k.fields for k in self.all_kernels()]))
+
+    @property
+    def uses_parallel(self) -> bool:
+        return any(k.fields.get("parallel") for f in self.internal + self.functions for k in f.kernels)
+
+    @property
+    def vector_math(self) -> list[str]:
+        """glibc's libmvec functions for this real type: all of them, so that
+        the declarations do not change when the model's functions do."""
+        suffix = "f" if self.real_c == "float" else ""
+        return [name + suffix for name in sorted(LIBMVEC)]
+
+
+def _texts(value: object) -> Iterator[str]:
+    """The strings in template data (kernel fields: lists, tuples, dicts,
+    dataclasses; nested kernels are walked by CModule.all_kernels)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif is_dataclass(item) and not isinstance(item, (type, CKernel)):
+            stack.extend(getattr(item, f.name) for f in dataclass_fields(item))
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """The text of a generated module and the ABI the runtime needs."""
+
+    prefix: str
+    source: str  # <prefix>.c
+    header: str  # <prefix>.h
+    cdef: str  # declarations for cffi
+    derivation: str  # Markdown: the backward pass as math
+    module: CModule | None  # None when rebuilt from compile()'s memo (only rendering reads it)
+
+
+# --- emission ---------------------------------------------------------------
+
+class FunctionEmitter:
+    """Prints one scheduled function's kernels into template data."""
+
+    def __init__(self, namer: CNamer, dims: dict[sp.Symbol, str], real: RealType):
+        self.namer = namer
+        self.dims = dims
+        self.real = real
+        self.index = IndexPrinter({**dims, LOOP_I: "i", LOOP_J: "j", LOOP_K: "k"})
+
+    def dim(self, d: object) -> str:
+        return self.index.doprint(sp.sympify(d))
+
+    def access(self, view: View, i: sp.Expr, j: sp.Expr) -> str:
+        """buffer[offset + i*row_stride + j*col_stride], terms in that order."""
+        terms = []
+        for coefficient, var in ((view.offset, sp.S.One), (view.row_stride, i), (view.col_stride, j)):
+            term = sp.expand(sp.sympify(coefficient) * var)
+            if term == 0:
+                continue
+            if term.is_Number or var == 1 or coefficient == 1 or not var.is_Symbol:
+                terms.append(self.index.doprint(term))
+            else:
+                terms.append(f"{self.index.doprint(sp.sympify(coefficient))}*{self.index.doprint(var)}")
+        return f"{self.namer.name(view.buffer)}[{' + '.join(terms) or '0'}]"
+
+    def kernel(self, kernel: Kernel) -> CKernel:
+        """The template data of a kernel: the fields its op's record emits."""
+        comments = tuple(comment_text(e.comment) for e in kernel.equations)
+        found = record(kernel.kind)
+        return CKernel(kernel.kind, comments, found.need("emit")(self, kernel), template=found.need("template"))
+
+    def loops(self, shape: tuple) -> tuple[list[tuple[str, str]], sp.Expr, sp.Expr]:
+        rows, cols = shape
+        loops = []
+        i = LOOP_I if rows != 1 else sp.Integer(0)
+        j = LOOP_J if cols != 1 else sp.Integer(0)
+        if rows != 1:
+            loops.append(("i", self.dim(rows)))
+        if cols != 1:
+            loops.append(("j", self.dim(cols)))
+        return loops, i, j
+
+def _unused_inputs(params: Sequence[CParam], schedule: FunctionSchedule) -> tuple[str, ...]:
+    """Input arrays no kernel reads: cast to void in the C, so that builds
+    with -Wunused-parameter -Werror (a C user's) accept the function."""
+    read = {buffer for kernel in schedule.kernels for buffer in kernel_reads(kernel)}
+    return tuple(p.cname for p in params if p.role in ("input", "inout") and p.name not in read)
+
+
+def emit_wrapper(run: CFunction, name: str, summary: str, outputs: set[str], with_grads: bool,
+                 written_before_split: set[str]) -> CFunction:
+    """A public function that calls the shared static one: forward stops at
+    the split. The results it does not return go to its workspace, after the
+    shared function's own, where they are written (value_and_grad's named
+    outputs; a gradient forward's loops compute alongside a value); the
+    others forward never writes, and gets NULL for."""
+    dims = ", ".join(run.dims + ("1" if with_grads else "0",))
+    params: list[CParam] = []
+    call: list[str] = []
+    extra: list[str] = []
+    for p in run.params:
+        if p.role == "flag":
+            call.append("1" if with_grads else "0")
+        elif p.role != "output" or p.name in outputs:
+            params.append(p)
+            call.append(p.cname)
+        elif not with_grads and p.name not in written_before_split:
+            call.append("NULL")
+        else:
+            call.append(f"work + {run.name}_work_len({dims})" + "".join(f" + {size}" for size in extra))
+            extra.append("*".join(d if d.isidentifier() or d.isdigit() else f"({d})" for d in p.shape))
+    work_size = f"{run.name}_work_len({dims})" + "".join(f" + {size}" for size in extra)
+    return CFunction(name=name, summary=summary, params=tuple(params), dims=run.dims, uses_work=True, kernels=(),
+                     work_size=work_size, ops_before_cse=0, ops_after_cse=0, delegate=f"{run.name}({', '.join(call)})",
+                     checks=run.checks, statuses=run.statuses)
+
+
+def entry_checks(schedule: FunctionSchedule, emitter: "FunctionEmitter") -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+    """The schedule's index checks grouped by Index, as C text: (Index, its
+    rows, the rows of each array it gathers from). A gather nested in a
+    kernel's own schedule (a scan's step) has no entry check: its rows would
+    be read unchecked, so it is refused here (scan's steps cannot gather)."""
+    nested = _nested_index_checks(schedule)
+    if nested:
+        raise AssertionError(f"gathers inside a nested step are not checked at the function's entry: {nested}")
+    checks = schedule.index_checks
+    grouped: dict[str, tuple[str, list[str]]] = {}
+    for name, rows, bound in checks:
+        cname = emitter.namer.name(name)
+        _, bounds = grouped.setdefault(cname, (emitter.dim(rows), []))
+        text = emitter.dim(bound)
+        text = text if text.isidentifier() or text.isdigit() else f"({text})"
+        if text not in bounds:
+            bounds.append(text)
+    return tuple((cname, rows, tuple(bounds)) for cname, (rows, bounds) in grouped.items())
+
+
+def _nested_index_checks(schedule: FunctionSchedule) -> list[tuple]:
+    """The index checks of the schedules inside the schedule's kernels (a scan's loops)."""
+    found: list[tuple] = []
+    for kernel in schedule.kernels:
+        for loop in getattr(kernel, "loops", ()):
+            inner = getattr(loop, "schedule", None)
+            if isinstance(inner, FunctionSchedule):
+                found += list(inner.index_checks) + _nested_index_checks(inner)
+    return found
+
+
+# Functions with SIMD variants in glibc's libmvec (x86_64): declared with
+# GCC's simd attribute when built with -DSYMBACKPROP_LIBMVEC, loops calling
+# them vectorize (results within glibc's documented 4 ulp).
+LIBMVEC = frozenset(
+    "acos acosh asin asinh atan atan2 atanh cbrt cos cosh erf erfc exp exp10 exp2 expm1 hypot "
+    "log log10 log1p log2 pow sin sinh tan tanh".split()
+)
+
+
+# Loops over at least this many rows (or over a symbolic batch) are split
+# across threads when the module is built with OpenMP (-fopenmp).
+PARALLEL_MIN_ROWS = 64
+
+
+def worth_threads(rows: int | sp.Expr) -> bool:
+    return isinstance(rows, sp.Symbol) or int(rows) >= PARALLEL_MIN_ROWS
+
+
+# Products with fewer multiply-adds than this stay as inline loops, which
+# the C compiler unrolls for fixed small shapes; a BLAS call costs ~1 us.
+BLAS_MIN_MULTIPLY_ADDS = 4096
+
+
+@lru_cache(maxsize=1)
+def template_environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(_template_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    return env
+
+
+def _template_dir() -> Path:
+    """The templates: package data of symbackprop.emit, in a checkout and in
+    the wheel alike."""
+    folder = Path(__file__).resolve().parent / "templates"
+    if not (folder / "module.c.j2").is_file():
+        raise FileNotFoundError(f"symbackprop's templates are missing from {folder}")
+    return folder
+
+
+RUNTIME_HEADER = "symbackprop_runtime.h"
+
+
+@dataclass(frozen=True)
+class RuntimeType:
+    """One real type's part of the runtime header, as its templates read it."""
+
+    real: str
+    real_c: str
+    prefix: str  # of its helpers: symbackprop_f64_matmul, ...
+    gemm: str
+    vector_math: tuple[str, ...]
+    helpers: tuple[str, ...]  # the ops' C helpers of reduce.c.j2 (ops.registry.helpers): all of them
+    blas_min: int = BLAS_MIN_MULTIPLY_ADDS
+
+
+def runtime_type(real: RealType) -> RuntimeType:
+    suffix = "f" if real.c == "float" else ""
+    return RuntimeType(real.name, real.c, f"symbackprop_f{real.name[-2:]}", "dgemm" if real.c == "double" else "sgemm",
+                       tuple(name + suffix for name in sorted(LIBMVEC)), tuple(sorted(helpers())))
+
+
+@lru_cache(maxsize=1)
+def runtime_header() -> str:
+    """symbackprop_runtime.h: the helpers and declarations every generated
+    module includes, the same for every model (see templates/runtime.h.j2)."""
+    from symbackprop._version import __version__
+
+    types = [runtime_type(real) for real in (FLOAT64, FLOAT32)]
+    text = template_environment().get_template("runtime.h.j2").render(types=types, version=__version__)
+    return wrap_c_comments(text)
+
+
+def render(module: CModule) -> tuple[str, str, str]:
+    env = template_environment()
+    source = wrap_c_comments(env.get_template("module.c.j2").render(m=module))
+    header = wrap_c_comments(env.get_template("module.h.j2").render(m=module))
+    cdef = env.get_template("cdef.j2").render(m=module)
+    return source, header, cdef
+
+
+def emit_function(
+    schedule: FunctionSchedule,
+    namer: CNamer,
+    dims: dict[sp.Symbol, str],
+    real: RealType,
+    inputs: Sequence[tuple[str, tuple]],
+    outputs: Sequence[tuple[str, tuple]],
+    summary: str,
+    prefix: str,
+    inout: frozenset[str] = frozenset(),
+    indices: frozenset[str] = frozenset(),
+    shared: str | None = None,
+) -> CFunction:
+    """The template data of one scheduled function. With `shared` (its C
+    name), a static function with a last parameter `with_grads` that
+    returns after the schedule's split when it is 0 (see emit_wrapper)."""
+    emitter = FunctionEmitter(namer, dims, real)
+    params = [CParam("dim", str(d), c, f"int64_t {c}", ()) for d, c in dims.items()]
+    for name, shape in inputs:
+        c = namer.name(name)
+        role, const = ("inout", "") if name in inout else ("input", "const ")
+        ctype = "int64_t" if name in indices else real.c  # an Index: row numbers
+        params.append(CParam(role, name, c, f"{const}{ctype} *{c}", tuple(emitter.dim(d) for d in shape)))
+    for name, shape in outputs:
+        if name in inout:
+            continue
+        c = namer.name(name)
+        params.append(CParam("output", name, c, f"{real.c} *{c}", tuple(emitter.dim(d) for d in shape)))
+    params.append(CParam("work", "work", "work", f"{real.c} *work", ()))
+    if shared:
+        params.append(CParam("flag", "with_grads", "with_grads", "int with_grads", ()))
+    kernels = [emitter.kernel(k) for k in schedule.kernels]
+    declares, anchors = _slot_declarations(schedule, emitter, shared is not None)
+    kernels = [replace(k, declares=tuple(declares.get(i, ()))) for i, k in enumerate(kernels)]
+    checks = entry_checks(schedule, emitter)
+    work_size = emitter.dim(schedule.work_size)
+    if shared:  # its work_len takes the flag too: a forward-only call needs less
+        work_size = f"with_grads ? {work_size} : {emitter.dim(schedule.head_work_size)}"
+    return CFunction(
+        name=shared or f"{prefix}_{sanitize(schedule.name)}",
+        static=shared is not None,
+        split=schedule.split if shared else None,
+        summary=summary,
+        params=tuple(params),
+        dims=tuple(dims.values()),
+        uses_work=bool(schedule.slots),
+        unused=_unused_inputs(params, schedule),
+        kernels=tuple(kernels),
+        work_size=work_size,
+        ops_before_cse=schedule.op_counts[0],
+        ops_after_cse=schedule.op_counts[1],
+        checks=checks,
+        statuses=statuses(tuple(dims.values()), checks),
+        parts=part_ranges(len(kernels), schedule.split if shared else None),
+        anchors=tuple(anchors),
+    )
+
+
+def _slot_declarations(schedule: FunctionSchedule, emitter: FunctionEmitter,
+                       shared: bool) -> tuple[dict[int, list[tuple[str, str, str]]], list[tuple[str, str]]]:
+    """Where each workspace pointer is declared: (C name, where, extent) at
+    the kernel that first writes it, relative to its neighbour (a shared
+    function's forward-only call may keep less); and each pointer's
+    absolute place, for the parts of a long function."""
+    namer = emitter.namer
+    first_write: dict[str, int] = {}
+    for index, kernel in enumerate(schedule.kernels):
+        for buffer in kernel_writes(kernel):
+            first_write.setdefault(buffer, index)
+    declares: dict[int, list[tuple[str, str, str]]] = {}
+    anchors: list[tuple[str, str]] = []  # each pointer at its absolute place, for the parts of a long function
+
+    def place(slot: Slot, slot_of: dict[str, Slot]) -> str:
+        if slot.reuses is not None:
+            return namer.name(slot.reuses)
+        if slot.after is not None:
+            before = slot_of[slot.after]
+            return f"{namer.name(slot.after)} + {emitter.dim(sp.sympify(before.shape[0]) * before.shape[1])}"
+        return "work"
+
+    slot_of = {slot.name: slot for slot in schedule.slots}
+    head_of = {slot.name: slot for slot in schedule.head_slots} if shared else {}
+    for slot in schedule.slots:
+        extent = f"{emitter.dim(slot.shape[0])} x {emitter.dim(slot.shape[1])}"
+        if slot.reuses is not None:
+            extent = f"{extent}, in {namer.name(slot.reuses)}'s memory"
+        where = place(slot, slot_of)
+        if slot.name in head_of and place(head_of[slot.name], head_of) != where:  # a forward-only call keeps less
+            where = f"with_grads ? {where} : {place(head_of[slot.name], head_of)}"
+        declares.setdefault(first_write[slot.name], []).append((namer.name(slot.name), where, extent))
+        anchor = _absolute(slot, emitter)
+        if slot.name in head_of and _absolute(head_of[slot.name], emitter) != anchor:
+            anchor = f"with_grads ? {anchor} : {_absolute(head_of[slot.name], emitter)}"
+        anchors.append((namer.name(slot.name), anchor))
+    return declares, anchors
+
+
+def _absolute(slot: Slot, emitter: FunctionEmitter) -> str:
+    """Where a slot is, from the start of work (a part of a long function
+    declares an earlier part's pointer so, not through its neighbours)."""
+    return "work" if slot.offset == 0 else f"work + {emitter.dim(slot.offset)}"

@@ -1,0 +1,103 @@
+"""The C text of the functions whose IEEE behaviour SymPy's C99 printer
+gets wrong or that it does not know: Max, Min, Heaviside, sign, DiracDelta
+and Piecewise propagate NaN (C's fmax returns the other argument, and a
+comparison with NaN is false, which would silently choose a branch). The
+functions with a record in symbackprop.ops.functions (sigmoid, softplus,
+lgamma, polygamma, ...) print as their records say.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy as sp
+from sympy.core.relational import Relational
+from sympy.logic.boolalg import BooleanFunction
+from sympy.printing.c import C99CodePrinter
+
+from symbackprop.ops.functions import scalar_function
+
+
+class IEEEPrinter(C99CodePrinter):
+    """C99 with NaN in, NaN out; `real` (set by the subclass) names the
+    module's real type (its .c is "double" or "float")."""
+
+    real: Any
+
+    def _print(self, expr: Any, **kwargs: Any) -> str:
+        """A function with a record (ops.functions) prints as it says."""
+        record = scalar_function(type(expr))
+        if record is not None:
+            return record.c(self, expr)
+        return super()._print(expr, **kwargs)
+
+    def _one(self) -> str:
+        return self._print(sp.Float(1.0))
+
+    def _print_Heaviside(self, expr: sp.Expr) -> str:
+        # relu's kink: the derivative at exactly 0 is taken as 0 (as PyTorch);
+        # NaN stays NaN (a comparison with NaN is false: it would give 0)
+        x = self._print(expr.args[0])
+        return f"(isnan({x}) ? ({x}) : ({x}) > 0 ? {self._one()} : {self._print(sp.Float(0.0))})"
+
+    def _print_sign(self, expr: sp.Expr) -> str:
+        x = self._print(expr.args[0])
+        return f"(isnan({x}) ? ({x}) : ({x} > 0) - ({x} < 0))"
+
+    def _print_Max(self, expr: sp.Expr) -> str:
+        return self._extreme(expr, ">")
+
+    def _print_Min(self, expr: sp.Expr) -> str:
+        return self._extreme(expr, "<")
+
+    def _extreme(self, expr: sp.Expr, op: str) -> str:
+        """NaN if any argument is NaN (as numpy's maximum and torch.maximum):
+        C's fmax/fmin return the other argument. Two arguments as one select
+        (it vectorizes); more with fmax/fmin, behind a test for NaN."""
+        args = [self._print(a) for a in expr.args]
+        if len(args) == 2:
+            a, b = args
+            nan_a = "" if expr.args[0].is_Number else f" || isnan({a})"
+            return f"((({a}) {op} ({b}){nan_a}) ? ({a}) : ({b}))"
+        call = "fmax" if op == ">" else "fmin"
+        call += "f" if self.real.c == "float" else ""
+        text = args[0]
+        for b in args[1:]:
+            text = f"{call}({text}, {b})"
+        tested = [t for t, arg in zip(args, expr.args) if not arg.is_Number]
+        return f"(({' || '.join(f'isnan({a})' for a in tested)}) ? ({' + '.join(tested)}) : {text})"
+
+    def _print_Piecewise(self, expr: sp.Piecewise) -> str:
+        """One line: (c1 ? e1 : (c2 ? e2 : e3)); the last branch needs no test.
+        NaN where a condition reads a NaN: every comparison with NaN is
+        false, which would choose the default branch silently."""
+        text = None
+        for value, condition in reversed(expr.args):
+            if text is None or condition == sp.true:
+                text = f"({self._print(value)})"
+            else:
+                text = f"(({self._print(condition)}) ? ({self._print(value)}) : {text})"
+        if text is None or expr.args[-1].cond != sp.true:
+            raise ValueError(f"Piecewise without a default branch: {expr}")
+        return self._nan_if_read(set().union(*(c.free_symbols for _, c in expr.args[:-1])), text)
+
+    def _nan_if_read(self, read: set, text: str) -> str:
+        """text, or NaN (their sum) where one of the real symbols read is NaN."""
+        tested = [self._print(s) for s in sorted(read, key=str) if not s.is_integer]
+        if not tested:
+            return text
+        return f"(({' || '.join(f'isnan({t})' for t in tested)}) ? ({' + '.join(tested)}) : {text})"
+
+    def doprint(self, expr: Any, assign_to: Any = None) -> Any:
+        """A condition computed on its own (CSE makes `x0 = z > 0` a
+        temporary) is NaN where it reads a NaN, so that the Piecewise that
+        tests it sees the NaN (see _print_Piecewise)."""
+        text = super().doprint(expr, assign_to)
+        if assign_to is None and isinstance(expr, (Relational, BooleanFunction)):
+            return self._nan_if_read(expr.free_symbols, text)
+        return text
+
+    def _print_DiracDelta(self, expr: sp.Expr) -> str:
+        # a step's derivative: 0 (as PyTorch's), NaN at NaN
+        x = self._print(expr.args[0])
+        return f"(isnan({x}) ? ({x}) : {self._print(sp.Float(0.0))})"

@@ -1,0 +1,1 @@
+"""Interop: PyTorch, JAX and Dask on top of compiled modules."""

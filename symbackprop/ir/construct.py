@@ -1,0 +1,276 @@
+"""The constructors of IR nodes, which fold what they can.
+
+Every value is a 2-D tensor (rows, cols); a scalar is 1x1. Dimensions are
+ints or SymPy Symbols (bound from the arrays at call time). Nodes are
+immutable and hash-consed: building the same op on the same arguments twice
+returns the same object, so shared subgraphs are shared nodes.
+
+Each op's rules (the SymPy classes it lowers from, derivatives, numpy
+reference, kernel, C) are its record in symbackprop.ops; this module holds
+the nodes, the constructors that fold what they can, and the lowering
+driver. The ops:
+    leaf       a declared input or parameter           attrs: (name, role)
+    map        elementwise scalar body over its args    attrs: (body,)
+               args broadcast along axes where their size is 1
+    matmul     A @ B
+    transpose  A^T (a view: no copy is made)
+    sum        sum over one axis (kept as size 1)       attrs: (axis,)
+    logsumexp  stable log(sum(exp)) over one axis       attrs: (axis,)
+    element    A[i, j] as a 1x1 (a view)                attrs: (i, j)
+    pack       a matrix from 1x1 values, zero elsewhere attrs: (positions,)
+    max, min   the extreme over one axis (kept as size 1) attrs: (axis,)
+    prod       the product over one axis (ops/reduce.py)  attrs: (axis,)
+    cumsum     the running sum along an axis (ops/cumulative.py)  attrs: (axis, reverse)
+    emap       a per-example function over one or two   attrs: (bodies, bindings,
+               loop lengths (see emap() below)                  loops, target)"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import sympy as sp
+
+from symbackprop.declare.stable import fuse_across, stabilize
+from symbackprop.declare.tensor import reduced_shape
+from symbackprop.ir.node import SCALAR, Node, Shape, ShapeMismatch, _node, placeholder
+
+# --- constructors ---------------------------------------------------------
+
+
+def leaf(name: str, shape: Shape, role: str) -> Node:
+    return _node("leaf", (), shape, (name, role))
+
+
+def const(value: sp.Expr, shape: Shape = SCALAR) -> Node:
+    return _node("map", (), shape, (sp.sympify(value),))
+
+
+def is_const(node: Node) -> bool:
+    return node.op == "map" and not node.args
+
+
+def broadcastable(arg: Shape, out: Shape) -> bool:
+    return all(a == o or a == 1 for a, o in zip(arg, out))
+
+
+def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Node:
+    """body(args) elementwise; placeholders _a0.. stand for the args in order.
+
+    Folds constant args into the body, merges repeated args, drops unused
+    ones and renumbers, so equal computations are equal nodes.
+    """
+    args = tuple(args)
+    if shape is None:
+        shape = _broadcast_shape([a.shape for a in args])
+    subs: dict[sp.Symbol, sp.Expr] = {}
+    kept: list[Node] = []
+    for index, arg in enumerate(args):
+        if not broadcastable(arg.shape, shape):
+            raise ShapeMismatch(f"cannot broadcast shape {arg.shape} to {shape}")
+        if is_const(arg):
+            subs[placeholder(index)] = arg.attrs[0]
+        elif arg in kept:
+            subs[placeholder(index)] = placeholder(kept.index(arg))
+        else:
+            subs[placeholder(index)] = placeholder(len(kept))
+            kept.append(arg)
+    # exact rewrites of overflow-prone forms (1/(1 + exp(-z)) -> sigmoid(z))
+    body = stabilize(sp.sympify(body).xreplace(subs))
+    used = [a for i, a in enumerate(kept) if placeholder(i) in body.free_symbols]
+    if len(used) != len(kept):
+        renumber = {placeholder(kept.index(a)): placeholder(i) for i, a in enumerate(used)}
+        body = body.xreplace(renumber)
+    if body == placeholder(0) and len(used) == 1 and used[0].shape == shape:
+        return used[0]
+    fused = _match_logsumexp(body, used, shape)
+    if fused is not None:
+        return fused
+    across = fuse_across(body, tuple(used), shape, placeholder)
+    if across is not None:  # e.g. log(1 - p) of p = sigmoid(z): -softplus(z)
+        return map_(across[0], across[1], shape)
+    return _node("map", tuple(used), shape, (body,))
+
+
+def _broadcast_shape(shapes: list[Shape]) -> Shape:
+    if not shapes:
+        return SCALAR
+    rows = next((s[0] for s in shapes if s[0] != 1), 1)
+    cols = next((s[1] for s in shapes if s[1] != 1), 1)
+    return (rows, cols)
+
+
+def matmul(a: Node, b: Node) -> Node:
+    """A @ B; a constant factor (every entry c, never stored in memory, e.g.
+    the seed 1 of a loss that is itself a product) folds into sums."""
+    if a.shape[1] != b.shape[0]:
+        raise ShapeMismatch(f"matrix product of shapes {a.shape} and {b.shape}")
+    shape = (a.shape[0], b.shape[1])
+    if is_const(a) and is_const(b):
+        return const(a.attrs[0] * b.attrs[0] * a.shape[1], shape)
+    if is_const(a):  # c * column sums of B, repeated on every row
+        return broadcast(map_(a.attrs[0] * placeholder(0), [reduce_sum(b, 0)]), shape)
+    if is_const(b):  # c * row sums of A, repeated in every column
+        return broadcast(map_(b.attrs[0] * placeholder(0), [reduce_sum(a, 1)]), shape)
+    return _node("matmul", (a, b), shape)
+
+
+def transpose(a: Node) -> Node:
+    if a.op == "transpose":
+        return a.args[0]
+    if a.shape == SCALAR or is_const(a):
+        return a if a.shape == SCALAR else const(a.attrs[0], (a.shape[1], a.shape[0]))
+    return _node("transpose", (a,), (a.shape[1], a.shape[0]))
+
+
+def reduce_sum(a: Node, axis: int) -> Node:
+    """Sum over `axis` (0: down the rows, giving 1 x cols; 1: along each row)."""
+    if a.shape[axis] == 1:
+        return a
+    shape = reduced_shape(a.shape, axis)
+    if is_const(a):
+        return const(a.attrs[0] * a.shape[axis], shape)
+    return _node("sum", (a,), shape, (axis,))
+
+
+def logsumexp(a: Node, axis: int) -> Node:
+    shape = reduced_shape(a.shape, axis)
+    return _node("logsumexp", (a,), shape, (axis,))
+
+
+def reduce_extreme(op: str, a: Node, axis: int) -> Node:
+    """max or min over `axis`."""
+    if a.shape[axis] == 1:
+        return a
+    shape = reduced_shape(a.shape, axis)
+    if is_const(a):
+        return const(a.attrs[0], shape)
+    return _node(op, (a,), shape, (axis,))
+
+
+def row_placeholder(arg: int, col: int) -> sp.Symbol:
+    """The symbol that stands for column `col` of an emap's arg-th argument."""
+    return sp.Symbol(f"_e{arg}_{col}", real=True)
+
+
+# How an emap reads an argument at each example (loop variables i, then k):
+#   ("row", a)        row (i, k)[a] of the argument
+#   ("gather", q, a)  row idx[(i, k)[a]], idx being argument q (an index leaf)
+#   ("whole",)        row 0: a 1-row argument shared by every example
+#   ("cell",)         element (i, k): a loops[0] x loops[1] argument
+#   ("index",)        an index leaf, read only through gathers
+# The target says where example (i, k) writes its outputs, in the same terms;
+# where several examples write one place (a gather's scatter-add, a row of a
+# two-loop map, a shared row) they add up.
+
+
+def let_symbol(k: int) -> sp.Symbol:
+    """The k-th local value of an emap's body (see emap)."""
+    return sp.Symbol(f"_v{k}", real=True)
+
+
+def emap(bodies: Iterable[sp.Expr], args: Iterable[Node], bindings: Iterable[tuple], loops: tuple,
+         target: tuple, shape: Shape, lets: Iterable[tuple[sp.Symbol, sp.Expr]] = ()) -> Node:
+    """A per-example function: for each example (i, or each pair (i, k)),
+    output column c of row target(example) is bodies[c] of the argument rows
+    bound to that example, the symbol _e<p>_<l> standing for column l of
+    argument p.
+
+    The body is a straight-line program: `lets` are (symbol, expression)
+    assignments in order, which later ones and the bodies use. Derivatives
+    extend the program (reverse or forward mode over it) instead of
+    differentiating expanded expressions, so they grow linearly with it.
+    Unused lets and arguments are dropped, constant arguments folded in.
+    """
+    arg_nodes, bindings = tuple(args), tuple(bindings)
+    folded = {}  # constant arguments become numbers in the bodies
+    for p, arg in enumerate(arg_nodes):
+        if is_const(arg):
+            folded.update({row_placeholder(p, c): arg.attrs[0] for c in range(binding_width(arg, bindings[p]))})
+    programs = tuple(sp.sympify(b).xreplace(folded) for b in bodies)
+    if all(b == 0 for b in programs) and accumulates(target, loops):
+        return const(0, shape)
+    live = _live_lets(tuple((sym, sp.sympify(e).xreplace(folded)) for sym, e in lets), programs)
+    kept, bindings, programs, live, target = _drop_unused(arg_nodes, bindings, programs, live, tuple(target))
+    return _node("emap", kept, shape, (programs, bindings, tuple(loops), target, live))
+
+
+def _live_lets(lets: tuple, bodies: tuple) -> tuple:
+    """The assignments the bodies need, in order."""
+    needed = set().union(*(b.free_symbols for b in bodies))
+    kept = []
+    for sym, expr in reversed(lets):
+        if sym in needed:
+            kept.append((sym, expr))
+            needed |= expr.free_symbols
+    return tuple(reversed(kept))
+
+
+def _drop_unused(args: tuple, bindings: tuple, bodies: tuple, lets: tuple, target: tuple) -> tuple:
+    """Only the arguments the program reads (and the index leaves its gathers
+    and the target use), renumbered in order, so equal maps are equal nodes."""
+    free = set().union(*(b.free_symbols for b in bodies), *(e.free_symbols for _, e in lets))
+    used = [p for p, a in enumerate(args) if any(row_placeholder(p, c) in free for c in range(binding_width(a, bindings[p])))]
+    needed = set(used)
+    for p in used + [None]:
+        binding = target if p is None else bindings[p]
+        if binding[0] == "gather":
+            needed.add(binding[1])
+    keep = sorted(needed)
+    if len(keep) == len(args):
+        return args, bindings, bodies, lets, target
+    new = {old: k for k, old in enumerate(keep)}
+
+    def renumber(binding: tuple) -> tuple:
+        return ("gather", new[binding[1]], binding[2]) if binding[0] == "gather" else binding
+
+    subs = {row_placeholder(old, c): row_placeholder(new[old], c)
+            for old in keep for c in range(binding_width(args[old], bindings[old]))}
+    return (tuple(args[p] for p in keep), tuple(renumber(bindings[p]) for p in keep),
+            tuple(b.xreplace(subs) for b in bodies), tuple((sym, e.xreplace(subs)) for sym, e in lets), renumber(target))
+
+
+def accumulates(target: tuple, loops: tuple) -> bool:
+    """Whether several examples write one place of an emap's output."""
+    return not (target == ("cell",) or (target[0] == "row" and len(loops) == 1))
+
+
+def binding_width(node: Node, binding: tuple) -> int:
+    if binding[0] == "index":
+        return 0
+    return 1 if binding[0] == "cell" else int(node.shape[1])
+
+
+def element(a: Node, i: int, j: int) -> Node:
+    if a.shape == SCALAR:
+        return a
+    if is_const(a):  # a constant is never stored: its entry is the constant (a sum's seed, broadcast)
+        return const(a.attrs[0])
+    if a.op == "pack":
+        positions = a.attrs[0]
+        return a.args[positions.index((i, j))] if (i, j) in positions else const(0)
+    return _node("element", (a,), SCALAR, (i, j))
+
+
+def pack(shape: Shape, entries: dict[tuple[int, int], Node]) -> Node:
+    entries = {p: e for p, e in entries.items() if not (is_const(e) and e.attrs[0] == 0)}
+    if shape == SCALAR and (0, 0) in entries:
+        return entries[(0, 0)]
+    positions = tuple(sorted(entries))
+    return _node("pack", tuple(entries[p] for p in positions), shape, (positions,))
+
+
+def broadcast(a: Node, shape: Shape) -> Node:
+    """`a` repeated along the axes where its size is 1."""
+    return map_(placeholder(0), [a], shape)
+
+
+def _match_logsumexp(body: sp.Expr, args: list[Node], shape: Shape) -> Node | None:
+    """log(sum(exp(Z), axis)) becomes one stable logsumexp (max subtracted)."""
+    if body != sp.log(placeholder(0)) or len(args) != 1 or args[0].op != "sum":
+        return None
+    summed = args[0].args[0]
+    if summed.op == "map" and summed.attrs[0] == sp.exp(placeholder(0)):
+        inner = summed.args[0]
+        if inner.shape == summed.shape:
+            return logsumexp(inner, args[0].attrs[0])
+    return None

@@ -1,0 +1,100 @@
+"""Lowering a scan: ScanOutput and ScanFinal become "scan_part" nodes of
+one "scan" node, whose step is lowered by a nested lowerer over placeholder
+leaves for the state, the input row and the outer values the step reads."""
+
+from __future__ import annotations
+
+from symbackprop.errors import ModelError
+from symbackprop.ir.construct import leaf
+from symbackprop.ir.lower import Lowerer, shape_of
+from symbackprop.ir.node import Node, topological_order
+from symbackprop.loops.declare import ScanFinal, ScanOutput, ScanSpec, entries, is_vector, same_layout, symbol_name
+from symbackprop.loops.graph import ScanStep, scan_node, scan_part
+
+STEP_CONTEXT = "scan step"  # the context of the lowerer of a scan's step (see ir.Lowerer.nested)
+
+
+def _lower_spec(lowerer: Lowerer, spec: ScanSpec) -> Node:
+    """The scan node of `spec`, lowered once per lowering (however many of
+    its outputs and final states the model reads)."""
+    if STEP_CONTEXT in lowerer.contexts:
+        raise ModelError("scan: a scan inside the step of another scan is not supported")
+    cache = lowerer.cache("scan")
+    found = cache.get(spec)
+    if found is None:
+        found = cache[spec] = _build_scan(lowerer, spec)
+    return found
+
+
+def _build_scan(lowerer: Lowerer, spec: ScanSpec) -> Node:
+    outer: dict = lowerer.leaves
+    outer_names = {symbol_name(sym) for sym in outer}
+    for sym in spec.states + spec.inputs:
+        if sym in outer or symbol_name(sym) in outer_names:
+            raise ModelError(
+                f"scan: {sym} stands for the scan's state or input and cannot also be an input or param of the model"
+            )
+    inits = [lowerer.lower(e) for e in spec.inits]
+    seqs = [lowerer.lower(e) for e in spec.sequences]
+    state_leaves = {sym: leaf(symbol_name(sym), shape_of(sym), "scan_state") for sym in spec.states}
+    input_leaves = {sym: leaf(symbol_name(sym), shape_of(sym), "scan_input") for sym in spec.inputs}
+    capture_leaves = {sym: leaf(symbol_name(sym), node.shape, "scan_capture") for sym, node in outer.items()}
+    for sym, init in zip(spec.states, inits):
+        if not same_layout(init.shape, state_leaves[sym].shape):
+            raise ModelError(f"scan: the state {sym} has shape {state_leaves[sym].shape} but its init has shape "
+                             f"{init.shape}")
+    length = seqs[0].shape[0]
+    for sym, seq in zip(spec.inputs, seqs):
+        if seq.shape[0] != length:
+            raise ModelError(f"scan: the sequences have different numbers of rows ({length} and {seq.shape[0]})")
+        if entries(input_leaves[sym].shape) != seq.shape[1]:
+            raise ModelError(f"scan: the input {sym} has {entries(input_leaves[sym].shape)} entries but the rows of "
+                             f"its sequence have {seq.shape[1]}")
+    sub = lowerer.nested({**capture_leaves, **state_leaves, **input_leaves}, STEP_CONTEXT)
+    allowed = ", ".join(symbol_name(s) for s in spec.states + spec.inputs)
+    try:
+        next_states = tuple(sub.lower(e) for e in spec.next_states)
+        outputs = tuple(sub.lower(e) for e in spec.outputs)
+    except ModelError as exc:
+        if "a scan inside the step" in str(exc):
+            raise
+        raise ModelError(f"in the step of a scan (which may use {allowed} and the model's inputs and params): "
+                         f"{exc}") from None
+    for sym, nxt in zip(spec.states, next_states):
+        if nxt.shape != state_leaves[sym].shape:
+            raise ModelError(f"scan: the state {sym} has shape {state_leaves[sym].shape} but its step_state has "
+                             f"shape {nxt.shape}")
+    for out in outputs:
+        if not is_vector(out.shape):
+            raise ModelError(f"scan: a step output must be a vector; got shape {out.shape}")
+    order = topological_order(next_states + outputs)
+    if any(node.op in ("scan", "scan_vjp") for node in order):
+        raise ModelError("scan: a scan inside the step of another scan is not supported")
+    reached = set(order)
+    captured = [(sym, c) for sym, c in capture_leaves.items() if c in reached]
+    step = ScanStep(
+        states=tuple(state_leaves.values()),
+        inputs=tuple(input_leaves.values()),
+        captures=tuple(c for _, c in captured),
+        next_states=next_states,
+        outputs=outputs,
+        every=spec.every,
+        length=length,
+    )
+    return scan_node(step, inits + seqs + [outer[sym] for sym, _ in captured])
+
+
+def lower_output(lowerer: Lowerer, expr: ScanOutput) -> Node:
+    """ScanOutput -> the "output" part of its scan node."""
+    carrier = _lower_spec(lowerer, expr.spec)
+    step: ScanStep = carrier.attrs[0]
+    out = step.outputs[expr.index]
+    return scan_part(carrier, "output", expr.index, (step.length, entries(out.shape)))
+
+
+def lower_final(lowerer: Lowerer, expr: ScanFinal) -> Node:
+    """ScanFinal -> the "final" part of its scan node."""
+    carrier = _lower_spec(lowerer, expr.spec)
+    step: ScanStep = carrier.attrs[0]
+    return scan_part(carrier, "final", expr.index, step.states[expr.index].shape)
+

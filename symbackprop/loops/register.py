@@ -1,0 +1,26 @@
+"""Every registration of scan into the other stages, in one place: the
+records of its ops (symbackprop.ops.registry) with their lowering (ir),
+derivative rules (autodiff), kernel builders (schedule), kernels' template
+data (codegen) and templates. Importing this module makes the stages know
+scan; symbackprop.scan imports it."""
+
+from __future__ import annotations
+
+from symbackprop.loops.declare import ScanFinal, ScanOutput
+from symbackprop.loops.diff import part_jvp, part_vjp, scan_jvp, scan_vjp, unsupported_jvp, unsupported_vjp
+from symbackprop.loops.emit import emit_add_product, emit_part, emit_scan
+from symbackprop.loops.kernels import build_backward, build_forward, build_part
+from symbackprop.loops.lower import lower_final, lower_output
+from symbackprop.ops.registry import extend, plain_grad_fn
+
+# a scan node runs the loop; its scan_part nodes name what it writes (the
+# user's ScanOutput and ScanFinal lower to them); its VJP is a scan_vjp node
+# seeded through scan_seed nodes
+extend("scan", vjp=scan_vjp, jvp=scan_jvp, grad_fn=plain_grad_fn("Scan"), kernel=build_forward,
+       emit=emit_scan, template="kernel_scan.c.j2")  # the kernels of scan and scan_vjp
+extend("scan_part", lowering=((ScanOutput, lower_output), (ScanFinal, lower_final)), vjp=part_vjp, jvp=part_jvp,
+       grad_fn=plain_grad_fn("ScanOutput"), kernel=build_part, emit=emit_part, template="kernel_scan_part.c.j2")
+extend("scan_vjp", vjp=unsupported_vjp, jvp=unsupported_jvp, kernel=build_backward)
+extend("scan_seed", vjp=unsupported_vjp, jvp=unsupported_jvp)
+# a product added into an accumulator inside a step (kernel_scan_add_product.c.j2)
+extend("scan_add_product", emit=emit_add_product, template="kernel_scan_add_product.c.j2")

@@ -1,0 +1,313 @@
+"""The pipeline from a Model to generated C: lower, differentiate, schedule,
+emit. Each stage is a plain function of the previous stage's value.
+
+A module holds one C function per requested kind:
+
+    forward         inputs -> loss, named outputs
+    value_and_grad  inputs -> loss, grad_<w> for each w differentiated
+    vjp             inputs, seed_<y> -> grad_<w> of sum(seed * y), per named output y
+    jvp             inputs, tangent_<w> -> tangents of the loss and of each output
+    hvp             inputs, direction_<w> -> loss, grad_<w>, hvp_<w> (Hessian times direction)
+    train_step      inputs, hyperparameters, optimizer state -> loss; params and state updated in place
+
+A module with a train_step also gets `<prefix>_train_epoch`, which runs it on
+each minibatch of the data in turn (see epoch.py), when the model has a
+batch dimension.
+
+`w` ranges over the differentiated names: parameters, chosen inputs, and
+chosen named outputs (whose gradient is the adjoint of an intermediate).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from symbackprop._version import __version__
+from symbackprop.declare.model import Model, leaf_name
+from symbackprop.deep import run_deep
+from symbackprop.diff.autodiff import jvp, vjp
+from symbackprop.emit.cnames import CNamer, comment_text, sanitize
+from symbackprop.emit.codegen import REAL_TYPES, CFunction, CModule, Emitted, emit_function, emit_wrapper, render
+from symbackprop.emit.derivation import derive, render_derivation
+from symbackprop.emit.epoch import epoch_c, reserved_names, try_epoch_plan
+from symbackprop.errors import ModelError
+from symbackprop.ir.construct import const, leaf
+from symbackprop.ir.lower import Lowered, lower
+from symbackprop.ir.node import SCALAR, Node, topological_order
+from symbackprop.log import op_counts, stage
+from symbackprop.ops.functions import HELPER_C_NAMES
+from symbackprop.plan import FunctionPlan, Plan
+from symbackprop.schedule.naming import Naming
+from symbackprop.schedule.scheduler import FunctionSchedule, schedule
+
+DEFAULT_FUNCTIONS = ("forward", "value_and_grad")
+KINDS = ("forward", "value_and_grad", "vjp", "jvp", "hvp", "train_step")
+
+SHARED_SUMMARY = ("The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: "
+                  "forward and value_and_grad call it.")
+
+SUMMARIES = {
+    "forward": "Forward pass: the loss and the named outputs.",
+    "value_and_grad": "The loss and its gradient (reverse mode).",
+    "vjp": "Vector-Jacobian product: the gradient of sum(seed * output) (reverse mode).",
+    "jvp": "Jacobian-vector product: tangents of the loss and outputs (forward mode).",
+    "hvp": "Hessian-vector product: the loss, its gradient, and the Hessian times a direction.",
+    "train_step": "One training step: the loss, then the optimizer's update of the parameters and its state, in place.",
+}
+
+
+def _targets(lowered: Lowered, model: Model, wrt: Sequence[str] | None) -> list[tuple[str, Node]]:
+    names = list(wrt) if wrt is not None else [leaf_name(s) for s in model.differentiated]
+    targets = []
+    for name in names:
+        node = lowered.leaves.get(name) or lowered.outputs.get(name)
+        if node is None:
+            known = list(lowered.leaves) + list(lowered.outputs)
+            raise ModelError(f"cannot differentiate with respect to {name!r}: not an input, param or output {known}")
+        targets.append((name, node))
+    if len({n for n, _ in targets}) != len(targets):
+        raise ModelError(f"wrt names a value twice: {names}")
+    return targets
+
+
+class _Planner:
+    """Builds the requested functions, naming everything in one namespace."""
+
+    def __init__(self, model: Model, wrt: Sequence[str] | None):
+        self.model = model
+        with stage("lower", model.name):
+            self.lowered = lower(model)
+        self.targets = _targets(self.lowered, model, wrt)
+        self.forward_results = [("loss", self.lowered.loss)] + list(self.lowered.outputs.items())
+        named = [(sanitize(name), node) for name, node in self.lowered.named]  # as the C will read it
+        self.naming = Naming(self.lowered.leaves, self.forward_results, {}, named)
+
+    def _grads(self, roots: list[tuple[Node, Node]]) -> list[Node]:
+        grads, origins = vjp(roots, [node for _, node in self.targets])
+        self.naming.add_origins(origins)
+        return grads
+
+    def _leaf_targets(self, why: str) -> list[tuple[str, Node]]:
+        leaves = [(n, node) for n, node in self.targets if node.op == "leaf"]
+        if not leaves:
+            raise ModelError(f"{why} needs at least one input or param to differentiate")
+        return leaves
+
+    def _extra(self, stem: str, name: str, shape) -> tuple[str, Node]:
+        """A further input leaf (a seed, tangent or direction) named stem_name."""
+        arg = self.naming.claim(f"{stem}_{name}")
+        node = leaf(arg, shape, stem)
+        self.naming.names[node] = arg
+        return arg, node
+
+    def _schedule(self, kind: str, results: list[tuple[str, Node]], function_name: str | None = None) -> FunctionSchedule:
+        return schedule(function_name or kind, results, self.naming)
+
+    def forward(self) -> list[FunctionPlan]:
+        returns = tuple(("loss", "loss", "loss") if n == "loss" else (n, "outputs", n) for n, _ in self.forward_results)
+        return [FunctionPlan("forward", self._schedule("forward", self.forward_results), (), returns)]
+
+    def value_and_grad(self) -> list[FunctionPlan]:
+        grads = self._grads([(self.lowered.loss, const(1, SCALAR))])
+        names = [self.naming.claim("grad_" + n) for n, _ in self.targets]
+        results = [("loss", self.lowered.loss)] + list(zip(names, grads))
+        returns = (("loss", "loss", "loss"),) + tuple((g, "grads", n) for g, (n, _) in zip(names, self.targets))
+        return [FunctionPlan("value_and_grad", self._schedule("value_and_grad", results), (), returns)]
+
+    def forward_and_gradient(self) -> list[FunctionPlan]:
+        """forward and value_and_grad as one schedule: the loss and outputs
+        first, then the gradient; forward stops after the first part, so
+        the forward pass is emitted once."""
+        grads = self._grads([(self.lowered.loss, const(1, SCALAR))])
+        names = [self.naming.claim("grad_" + n) for n, _ in self.targets]
+        results = self.forward_results + list(zip(names, grads))
+        first = frozenset(n for n, _ in self.forward_results)
+        shared = schedule("value_and_grad", results, self.naming, first=first)
+        forward_returns = tuple(("loss", "loss", "loss") if n == "loss" else (n, "outputs", n) for n, _ in self.forward_results)
+        gradient_returns = (("loss", "loss", "loss"),) + tuple((g, "grads", n) for g, (n, _) in zip(names, self.targets))
+        return [FunctionPlan("forward", shared, (), forward_returns, shared=True),
+                FunctionPlan("value_and_grad", shared, (), gradient_returns, shared=True)]
+
+    def vjp(self) -> list[FunctionPlan]:
+        plans = []
+        for out_name, node in self.lowered.outputs.items():
+            seed_arg, seed = self._extra("seed", out_name, node.shape)
+            grads = self._grads([(node, seed)])
+            names = [self.naming.claim(f"grad_{n}") for n, _ in self.targets]
+            returns = tuple((g, "grads", n) for g, (n, _) in zip(names, self.targets))
+            function_name = self.naming.claim(f"vjp_{sanitize(out_name)}")
+            fn = self._schedule("vjp", list(zip(names, grads)), function_name)
+            plans.append(FunctionPlan("vjp", fn, ((seed_arg, seed),), returns, out_name))
+        return plans
+
+    def jvp(self) -> list[FunctionPlan]:
+        extra = [self._extra("tangent", n, node.shape) for n, node in self._leaf_targets("jvp")]
+        roles = tuple((arg, "tangent", n) for (arg, _), (n, _) in zip(extra, self._leaf_targets("jvp")))
+        targets = self._leaf_targets("jvp")
+        tangents = {node: t for (_, node), (_, t) in zip(targets, extra)}
+        roots = [node for _, node in self.forward_results]
+        names = [self.naming.claim(f"tangent_{n}") for n, _ in self.forward_results]
+        results = list(zip(names, jvp(roots, tangents)))
+        returns = tuple((t, "loss" if n == "loss" else "outputs", n) for t, (n, _) in zip(names, self.forward_results))
+        return [FunctionPlan("jvp", self._schedule("jvp", results), tuple(extra), returns, extra_roles=roles)]
+
+    def hvp(self) -> list[FunctionPlan]:
+        targets = self._leaf_targets("hvp")
+        extra = [self._extra("direction", n, node.shape) for n, node in targets]
+        roles = tuple((arg, "direction", n) for (arg, _), (n, _) in zip(extra, targets))
+        grads, origins = vjp([(self.lowered.loss, const(1, SCALAR))], [node for _, node in targets])
+        self.naming.add_origins(origins)
+        products = jvp(grads, {node: d for (_, node), (_, d) in zip(targets, extra)})
+        grad_names = [self.naming.claim(f"grad_{n}") for n, _ in targets]
+        hvp_names = [self.naming.claim(f"hvp_{n}") for n, _ in targets]
+        results = [("loss", self.lowered.loss)] + list(zip(grad_names, grads)) + list(zip(hvp_names, products))
+        returns = (
+            (("loss", "loss", "loss"),)
+            + tuple((g, "grads", n) for g, (n, _) in zip(grad_names, targets))
+            + tuple((h, "hvp", n) for h, (n, _) in zip(hvp_names, targets))
+        )
+        return [FunctionPlan("hvp", self._schedule("hvp", results), tuple(extra), returns, extra_roles=roles)]
+
+
+    def train_step(self, optimizer) -> list[FunctionPlan]:
+        """Forward, backward and the optimizer's update, written in place."""
+        params = self._leaf_targets("train_step")
+        grads = self._grads([(self.lowered.loss, const(1, SCALAR))])[: len(self.targets)]
+        grads = [g for (n, node), g in zip(self.targets, grads) if node.op == "leaf"]
+        extra, roles = [], []
+
+        def add(stem: str, role: str, shape=SCALAR) -> Node:
+            arg = self.naming.claim(stem)
+            node = leaf(arg, shape, role)
+            self.naming.names[node] = arg
+            extra.append((arg, node))
+            roles.append((arg, role, stem))
+            return node
+
+        hyper = {h: add(h, "hyper") for h in optimizer.hyper()}
+        shared = {s: add(s, "state") for s in optimizer.shared_state}
+        new_shared = optimizer.shared_update(shared)
+        shared_now = {k: new_shared.get(k, v) for k, v in shared.items()}
+        results = [("loss", self.lowered.loss)]
+        for (name, param), grad in zip(params, grads):
+            state = {k: add(f"{k}_{name}", "state", param.shape) for k in optimizer.per_param_state}
+            new = optimizer.update(param, grad, state, hyper, shared_now)
+            for gradient in (grad, new["grad"]):
+                self.naming.names.setdefault(gradient, self.naming.claim(f"grad_{name}"))
+            for label, node in new.get("names", {}).items():  # the optimizer's intermediates
+                if node not in self.naming.names:
+                    self.naming.names[node] = self.naming.claim(label)
+            results.append((name, new["param"]))
+            results += [(state[k].attrs[0], new[k]) for k in optimizer.per_param_state]
+        results += [(shared[k].attrs[0], v) for k, v in new_shared.items()]
+        inplace = frozenset(name for name, _ in results[1:])
+        fn = schedule("train_step", results, self.naming, inplace)
+        return [FunctionPlan("train_step", fn, tuple(extra), (("loss", "loss", "loss"),), None, inplace, tuple(roles))]
+
+
+def _sharable(lowered: Lowered) -> bool:
+    """Whether forward can be the first part of value_and_grad at no cost:
+    every named output is on the way to the loss (value_and_grad computes
+    them all; bundle adjustment's per-observation Jacobians, an output the
+    loss does not need, would double its time), and no scan (its forward
+    pass would keep every state for a backward pass a forward-only call
+    never runs)."""
+    needed = set(topological_order([lowered.loss]))
+    if any(node not in needed for node in lowered.outputs.values()):
+        return False
+    return not any(node.op == "scan" for node in needed)
+
+
+def plan(model: Model, functions: Sequence[str] = DEFAULT_FUNCTIONS, wrt: Sequence[str] | None = None,
+         optimizer=None) -> Plan:
+    """Lower the model, differentiate it and schedule the requested functions
+    ("train_step" needs an optimizer from symbackprop.optim). Runs on a
+    large stack (deep.py), so that a deep model does not exhaust Python's."""
+    return run_deep(f"the model {model.name!r}", _plan, model, functions, wrt, optimizer)
+
+
+def _plan(model: Model, functions: Sequence[str], wrt: Sequence[str] | None, optimizer) -> Plan:
+    unknown = [f for f in functions if f not in KINDS]
+    if unknown or not functions:
+        raise ModelError(f"functions must be some of {KINDS}; got {list(functions)}")
+    if "train_step" in functions and optimizer is None:
+        raise ModelError("train_step needs an optimizer, such as symbackprop.Adam(lr=1e-3)")
+    planner = _Planner(model, wrt)
+    with stage("differentiate", model.name) as logged:  # and schedule: fuse, CSE, buffers
+        together = "forward" in functions and "value_and_grad" in functions and _sharable(planner.lowered)
+        plans = planner.forward_and_gradient() if together else []
+        plans += [
+            p for kind in KINDS if kind in functions and not (together and kind in ("forward", "value_and_grad"))
+            for p in (planner.train_step(optimizer) if kind == "train_step" else getattr(planner, kind)())
+        ]
+        logged.detail(op_counts(plans))
+    return Plan(planner.lowered, tuple(plans), tuple(n for n, _ in planner.targets), planner.naming)
+
+
+def generate(
+    model: Model, dtype: str = "float64", functions: Sequence[str] = DEFAULT_FUNCTIONS, wrt: Sequence[str] | None = None,
+    optimizer=None,
+) -> tuple[Emitted, Plan]:
+    """C source, header, cffi declarations and derivation for the model
+    (on a large stack, as plan)."""
+    return run_deep(f"the model {model.name!r}", _generate, model, dtype, functions, wrt, optimizer)
+
+
+def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[str] | None,
+              optimizer) -> tuple[Emitted, Plan]:
+    if dtype not in REAL_TYPES:
+        raise ModelError(f"dtype must be one of {sorted(REAL_TYPES)}; got {dtype!r}")
+    real = REAL_TYPES[dtype]
+    the_plan = plan(model, functions, wrt, optimizer)
+    emitting = stage("emit", model.name).start()
+    lowered = the_plan.lowered
+    prefix = sanitize(model.name).lower()
+    reserved = frozenset({prefix}) | HELPER_C_NAMES  # the helpers' C names (ops.functions) too
+    namer = CNamer(reserved | (reserved_names(prefix) if "train_step" in functions else frozenset()))
+    dims = {d: namer.name(str(d)) for d in lowered.dims}
+    leaves = [(name, node.shape) for name, node in lowered.leaves.items()]
+    indices = frozenset(name for name, node in lowered.leaves.items() if node.attrs[1] == "index")
+    emitted_functions = []
+    internal: list[CFunction] = []
+    for fn in the_plan.functions:
+        inputs = leaves + [(name, node.shape) for name, node in fn.extra_inputs]
+        outputs = [(name, node.shape) for name, node in fn.schedule.results]
+        if fn.shared:  # one static function computes both; forward and value_and_grad call it
+            if not internal:
+                internal.append(emit_function(fn.schedule, namer, dims, real, inputs, outputs, SHARED_SUMMARY, prefix,
+                                              indices=indices, shared=namer.name(f"{prefix}_run")))
+            mine = {out for out, _, _ in fn.returns}
+            emitted_functions.append(emit_wrapper(internal[0], f"{prefix}_{fn.kind}", SUMMARIES[fn.kind], mine,
+                                                  fn.kind == "value_and_grad", fn.schedule.written_before_split))
+            continue
+        emitted_functions.append(
+            emit_function(fn.schedule, namer, dims, real, inputs, outputs, SUMMARIES[fn.kind], prefix, fn.inplace, indices)
+        )
+    epoch = None
+    if "train_step" in functions:  # and a batch dimension: the whole epoch as one C function
+        step = the_plan.function("train_step")
+        batched = try_epoch_plan(lowered, step)
+        if batched is not None:
+            emitted_step = emitted_functions[the_plan.functions.index(step)]
+            epoch = epoch_c(batched, emitted_step, namer, dims, real, prefix)
+    module = CModule(
+        prefix=prefix,
+        guard=f"{prefix.upper()}_H",
+        model_name=comment_text(model.name),
+        real=real.name,
+        real_c=real.c,
+        functions=tuple(emitted_functions),
+        internal=tuple(internal),
+        version=__version__,
+        epoch=epoch,
+    )
+    source, header, cdef = render(module)
+    derivation = ""
+    if "value_and_grad" in functions and "forward" in functions:
+        forward, gradient = the_plan.function("forward").schedule, the_plan.function("value_and_grad").schedule
+        derivation = render_derivation(derive(model.name, forward, gradient, dtype, list(lowered.leaves)))
+    emitting.stop()
+    return Emitted(prefix, source, header, cdef, derivation, module), the_plan
+
+
+__all__ = ["DEFAULT_FUNCTIONS", "KINDS", "FunctionPlan", "Plan", "generate", "plan"]

@@ -1,0 +1,104 @@
+"""The C hot path of ordinary calls (`_fastcall.c`), built on first use.
+
+cffi makes a pointer from a numpy array in about 0.2 us; a call of a
+generated function with a dozen arrays spends more than that on checks,
+allocation and pointers than on its arithmetic. `Caller` does the checks,
+the allocation of the outputs and the call in C, through a packed entry
+point that every module has beside each function (see
+build.packed_entries). It declines (returns None) whatever it does not
+expect, and the Python path then converts or explains.
+
+The extension is compiled once per Python, numpy and compiler into the
+module cache; if that fails (no numpy headers, say) calls simply take the
+Python path.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from functools import lru_cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from symbackprop.build.builder import (
+    EXT_SUFFIX,
+    BuildOptions,
+    _load,
+    _run_logged,
+    build_once,
+    cache_root,
+    compiler_command,
+    entry_ok,
+    link_options,
+    toolchain,
+)
+from symbackprop.build.key import digest
+from symbackprop.build.trust import entry_problem
+from symbackprop.errors import BuildError
+from symbackprop.log import event
+
+SOURCE = Path(__file__).with_name("_fastcall.c")
+NAME = "symbackprop_fastcall"
+FLAGS = ("-O2", "-std=c11", "-pthread")
+DISABLE_ENV = "SYMBACKPROP_NO_FASTCALL"  # set to 1: every call takes the Python path
+
+
+def _command(folder: Path) -> list[str]:
+    paths = sysconfig.get_paths()
+    includes = dict.fromkeys([paths["include"], paths["platinclude"], np.get_include()])
+    return [*compiler_command(), *FLAGS, *link_options(), *[f"-I{path}" for path in includes],
+            str(folder / SOURCE.name), "-o", str(folder / f"{NAME}{EXT_SUFFIX}")]
+
+
+@lru_cache(maxsize=1)
+def extension() -> ModuleType | None:
+    """The compiled extension, or None where it cannot be built or is disabled."""
+    if os.environ.get(DISABLE_ENV):
+        return None
+    try:
+        source = SOURCE.read_text()
+        command = _command(Path("FOLDER"))
+        key = digest("fastcall", source, " ".join(command), toolchain(command), np.__version__, EXT_SUFFIX, length=24)
+        final = cache_root(BuildOptions()) / f"fastcall-{key}"
+        built = final / f"{NAME}{EXT_SUFFIX}"
+        if entry_problem(final, built.name) is not None:
+            build_once(final, lambda folder: entry_ok(folder, built.name), lambda staging: _compile(source, staging, final))
+        return _load(final, NAME)
+    except (OSError, BuildError, ImportError) as exc:
+        event("no C hot path for calls (%s): calls take the Python path", exc)
+        return None
+
+
+def _compile(source: str, staging: Path, final: Path) -> None:
+    (staging / SOURCE.name).write_text(source)
+    _run_logged(_command(staging), staging / "build.log", final.parent, "the call hot path")
+
+
+def caller(lib: Any, ffi: Any, c_name: str, n_dims: int, itemsize: int,
+           inputs: list[tuple[int, int, int]], outputs: list[tuple[int, int, int, bool]]) -> Any | None:
+    """A C caller of one generated function, or None (no extension, or a
+    module built without packed entry points).
+
+    Args:
+        lib, ffi: the module's cffi library and FFI.
+        c_name: the generated function's C name.
+        n_dims: how many symbolic dimensions it takes.
+        itemsize: the bytes of one element of its real type.
+        inputs: (rows, cols, numpy type number) per input, in C order; a
+            size > 0 is fixed, -(k + 1) is dimension k.
+        outputs: (rows, cols, numpy type number, returned as a float) per output.
+
+    Returns:
+        A callable taking the list of input arrays and returning the list of
+        outputs, None to decline, or an int status of the C function.
+    """
+    module = extension()
+    if module is None or not hasattr(lib, f"{c_name}__packed"):
+        return None
+    entry = int(ffi.cast("uintptr_t", ffi.addressof(lib, f"{c_name}__packed")))
+    work_len = int(ffi.cast("uintptr_t", ffi.addressof(lib, f"{c_name}_work_len__packed")))
+    return module.Caller(entry, work_len, n_dims, itemsize, tuple(inputs), tuple(outputs))

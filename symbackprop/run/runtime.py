@@ -1,0 +1,167 @@
+"""Compile a model and call it on numpy arrays: `compile` generates the C
+(or finds it in the memo of earlier compiles), builds it (or loads it from
+the cache) and wraps it in a CompiledModule (run/module.py).
+
+Calls go through one binder (binding.py): see run/function.py.
+
+The run stage's classes live in symbackprop/run/; they are importable from
+here as before (symbackprop.run.runtime.CompiledModule, Function, PreparedCall).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import sympy as sp
+
+from symbackprop.build.builder import BuildOptions, build, find_blas, load_built, package_digest, read_memo, write_memo
+from symbackprop.declare.model import Model
+from symbackprop.emit.codegen import REAL_TYPES, Emitted
+from symbackprop.errors import ModelError
+from symbackprop.pipeline import DEFAULT_FUNCTIONS, generate
+from symbackprop.run.abi import ModuleSpec
+from symbackprop.run.function import Function, PreparedCall
+from symbackprop.run.module import CompiledModule, register_bridge
+from symbackprop.run.plan_spec import module_spec
+
+if TYPE_CHECKING:  # only for annotations
+    from symbackprop.run.optim import SGD, Adam
+
+
+def compile(
+    model: Model,
+    dtype: str = "float64",
+    options: BuildOptions | None = None,
+    wrt: Sequence[str] | None = None,
+    functions: Sequence[str] = DEFAULT_FUNCTIONS,
+    optimizer: SGD | Adam | None = None,
+) -> CompiledModule:
+    """Generate, build (or load from the cache) and wrap the model.
+
+    Args:
+        model: the Model to compile.
+        dtype: "float64" (default) or "float32".
+        options: compiler flags, cache folder, BLAS (see BuildOptions).
+        wrt: names to differentiate with respect to: params, inputs, or named
+            outputs (the gradient of an intermediate); default: the model's
+            params and grad_inputs. Nothing else is differentiated.
+        functions: C functions to build now; others ("vjp", "jvp", "hvp",
+            "train_step") are built on first use.
+        optimizer: for train_step: a symbackprop.SGD or symbackprop.Adam.
+
+    Returns:
+        The CompiledModule.
+
+    Raises:
+        ModelError: the model cannot be compiled (names the subexpression),
+            or dtype is not one of the two.
+        BuildError: the C compiler is missing or failed (names the log).
+    """
+    if dtype not in REAL_TYPES:
+        raise ModelError(f"dtype must be one of {sorted(REAL_TYPES)}; got {dtype!r}")
+    key = model_fingerprint(model, dtype, tuple(functions), None if wrt is None else tuple(wrt), optimizer, options)
+    found = _from_memo(read_memo(key, options))
+    module, plan = None, None
+    if found is not None:
+        emitted, spec, folder = found
+        module = load_built(folder, emitted.prefix, options)
+    if module is None:
+        emitted, plan = generate(model, dtype, functions=functions, wrt=wrt, optimizer=optimizer)
+        spec = module_spec(plan, model, dtype, emitted.prefix)
+        module, folder = build(emitted.prefix, emitted.source, emitted.header, emitted.cdef, options)
+        write_memo(key, _memo(emitted, spec, folder), options)
+    return CompiledModule(model, emitted, spec, module.lib, module.ffi, folder, dtype, options, optimizer, plan)
+
+
+_EMITTED_TEXTS = ("prefix", "source", "header", "cdef", "derivation")
+
+
+def _memo(emitted: Emitted, spec: ModuleSpec, folder: Path) -> dict:
+    """What compile() stores in the memo: JSON-able texts, the ABI spec and the folder."""
+    return {"emitted": {name: getattr(emitted, name) for name in _EMITTED_TEXTS}, "spec": spec.to_json(),
+            "folder": str(folder)}
+
+
+def _from_memo(memo: Any) -> tuple[Emitted, ModuleSpec, Path] | None:
+    """What _memo stored, checked; None (a miss) for anything else."""
+    try:
+        texts, folder = memo["emitted"], memo["folder"]
+        if type(texts) is not dict or set(texts) != set(_EMITTED_TEXTS) or type(folder) is not str:
+            return None
+        if not all(type(texts[name]) is str for name in _EMITTED_TEXTS):
+            return None
+        spec = ModuleSpec.from_json(memo["spec"])
+        if spec.prefix != texts["prefix"]:
+            return None
+        # the C model (CModule) is not kept: nothing reads it after rendering
+        return Emitted(**texts, module=None), spec, Path(folder)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class _ExpressionDigest:
+    """A hash of an expression's structure that visits each subexpression
+    object once (srepr and preorder_traversal walk every path of a shared
+    DAG, which is exponential for an unrolled recurrent model); Dummy
+    symbols are numbered in the order they are met."""
+
+    def __init__(self) -> None:
+        self.memo: dict[int, tuple[Any, str]] = {}
+        self.dummies: dict[sp.Dummy, int] = {}
+
+    def __call__(self, root: Any) -> str:
+        """The digest of root, walked with an explicit stack (no recursion
+        per level: a model 1,000 layers deep is 1,000s of levels)."""
+        from symbackprop.build.key import digest
+
+        stack: list[tuple[Any, bool]] = [(root, False)]
+        while stack:
+            expr, expanded = stack.pop()
+            if id(expr) in self.memo:
+                continue
+            if isinstance(expr, sp.Dummy):
+                number = self.dummies.setdefault(expr, len(self.dummies))
+                text = f"Dummy{number}{sorted(expr.assumptions0.items())}"
+            elif isinstance(expr, sp.Basic) and expr.args:
+                if not expanded:  # its arguments first, left to right (the order dummies are numbered in)
+                    stack.append((expr, True))
+                    stack.extend((a, False) for a in reversed(expr.args))
+                    continue
+                text = f"{type(expr).__name__}({','.join(self.memo[id(a)][1] for a in expr.args)})"
+            else:
+                text = sp.srepr(expr) if isinstance(expr, sp.Basic) else repr(expr)
+            self.memo[id(expr)] = (expr, digest("expression", text))  # holds expr so that its id stays unique
+        return self.memo[id(root)][1]
+
+
+def model_fingerprint(model: Model, *settings: Any) -> str:
+    """A hash of everything generation depends on: the model's expressions
+    (SymPy's srepr, with Lambda's dummy variables numbered in order), the
+    settings, whether BLAS is installed, the CPU where the flags ask for
+    the host's (the memo names a cache entry built for it), and
+    symbackprop's own code."""
+    from symbackprop.build.builder import host_target
+    from symbackprop.build.key import digest as key_digest
+
+    options = next((s for s in settings if isinstance(s, BuildOptions)), None)
+    expressions = [model.loss, *model.outputs.values(), *model.names.values()]
+    digest = _ExpressionDigest()
+    parts = [
+        model.name,
+        str(model.has_loss),
+        *(sp.srepr(leaf) for leaf in (*model.inputs, "|", *model.params, "|", *model.grad_inputs)),
+        *model.outputs,
+        "|",
+        *model.names,
+        *(digest(sp.sympify(expr)) for expr in expressions),
+        repr(settings),
+        str(find_blas() is not None),
+        host_target(options),
+        package_digest(),
+    ]
+    return key_digest("model", *parts)
+
+
+__all__ = ["DEFAULT_FUNCTIONS", "CompiledModule", "Function", "PreparedCall", "compile", "model_fingerprint",
+           "register_bridge"]

@@ -1,0 +1,2 @@
+"""Schedule: kernels (kernel.py), fusion, CSE, names and the workspace of
+each function (scheduler.py drives them)."""

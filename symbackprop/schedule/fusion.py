@@ -1,0 +1,200 @@
+"""Which nodes share a loop: elementwise maps of one shape fuse when they
+share arguments and their inputs are ready (a forward map and its local
+derivative so share one CSE'd body); per-example maps over the same
+examples share one loop; every other op is a step of its own. The
+scheduler (schedule.py) then builds each step's kernel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy as sp
+
+from symbackprop.ir.construct import is_const
+from symbackprop.ir.node import Node, Shape, topological_order
+from symbackprop.ops.registry import is_view, record
+
+
+@dataclass
+class ExamplesGroup:
+    """Per-example maps over the same examples that run in one loop."""
+
+    index: int
+    loops: tuple
+    members: list[Node] = field(default_factory=list)
+    late: bool = False
+
+
+@dataclass
+class MapGroup:
+    """Members of one fused loop, in execution order."""
+
+    index: int
+    shape: Shape
+    members: list[Node] = field(default_factory=list)
+    late: bool = False  # writes over an input: runs after every other kernel
+
+
+class Placement:
+    """The plan of one function: its steps in order, each a MapGroup, an
+    ExamplesGroup or a node with a kernel of its own. In-place results
+    (`inplace`) and what is computed from them run last; the `first`
+    results and what they need, first."""
+
+    def __init__(self, results: list[tuple[str, Node]], inplace: frozenset[str] = frozenset(),
+                 first: frozenset[str] = frozenset()):
+        self.first = first
+        self.results = results
+        self.order = topological_order([node for _, node in results])
+        overwriting = {node for out, node in results if out in inplace}
+        self.late: set[Node] = set()  # in-place results and what is computed from them
+        for node in self.order:
+            if node in overwriting or any(a in self.late for a in node.args):
+                self.late.add(node)
+        self.users: dict[Node, list[Node]] = {node: [] for node in self.order}
+        for node in self.order:
+            for arg in dict.fromkeys(node.args):
+                self.users[arg].append(node)
+        self.plan: list[MapGroup | ExamplesGroup | Node] = []
+        self.group_of: dict[Node, MapGroup] = {}
+        self.index_of: dict[Node, int] = {}
+        self.result_nodes = {node for _, node in results}
+        self.deferred: set[Node] = set()
+
+    def place_all(self) -> set[int]:
+        """Place every node; returns the ids of the steps the `first`
+        results need, which now lead the plan."""
+        for node in self.order:
+            if node.op == "leaf" or is_view(node.op) or is_const(node):
+                continue
+            fused = record(node.op).fused
+            if fused == "elementwise":
+                self._place_map(node)
+            elif fused == "examples":
+                self._place_emap(node)
+            else:
+                self.index_of[node] = len(self.plan)
+                self.plan.append(node)
+        self.plan.sort(key=self._is_late)  # stable: the overwriting phase last
+        head = self._first_steps()
+        self.plan = [s for s in self.plan if id(s) in head] + [s for s in self.plan if id(s) not in head]
+        return head
+
+    def _first_steps(self) -> set[int]:
+        """The plan steps the `first` results need, closed under what any
+        member of those steps reads (a fused loop may hold more than needed)."""
+        if not self.first:
+            return set()
+        step_of: dict[Node, MapGroup | ExamplesGroup | Node] = {}
+        for planned in self.plan:
+            for member in (planned.members if isinstance(planned, (MapGroup, ExamplesGroup)) else [planned]):
+                step_of[member] = planned
+        todo = [node for out, node in self.results if out in self.first]
+        chosen: set[int] = set()
+        seen: set[Node] = set()
+        while todo:
+            node = todo.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            step: MapGroup | ExamplesGroup | Node | None = step_of.get(node)
+            members = [node] if step is None else (step.members if isinstance(step, (MapGroup, ExamplesGroup)) else [step])
+            if step is not None:
+                chosen.add(id(step))
+            for member in members:
+                todo.extend(member.args)
+                todo.append(member)
+        return chosen
+
+    def _is_late(self, step: MapGroup | ExamplesGroup | Node) -> bool:
+        return step.late if isinstance(step, (MapGroup, ExamplesGroup)) else step in self.late
+
+    def _place_emap(self, node: Node) -> None:
+        """Join the latest loop over the same examples that can run it (its
+        arguments are ready before that loop), else open a new one."""
+        loops, late = node.attrs[2], node in self.late
+        chosen: ExamplesGroup | None = None
+        for step in reversed(self.plan):
+            if isinstance(step, ExamplesGroup) and step.loops == loops and step.late == late:
+                if all(self._ready_before(arg, step.index) for arg in node.args):
+                    chosen = step
+                break
+        if chosen is None:
+            chosen = ExamplesGroup(len(self.plan), loops, late=late)
+            self.plan.append(chosen)
+        chosen.members.append(node)
+        self.index_of[node] = chosen.index
+
+    def _ready_before(self, node: Node, index: int) -> bool:
+        base = self._base(node)
+        return base.op == "leaf" or is_const(base) or self.index_of.get(base, index) < index
+
+    def _base(self, node: Node) -> Node:
+        while is_view(node.op):
+            node = node.args[0]
+        return node
+
+    def _single_use(self, node: Node) -> bool:
+        users = self.users[node]
+        return (
+            node not in self.result_nodes
+            and len(users) == 1
+            and users[0].op == "map"
+            and users[0].shape == node.shape
+        )
+
+    def _with_deferred(self, node: Node) -> list[Node]:
+        """`node` preceded by the deferred maps it consumes, arguments first."""
+        members: list[Node] = []
+        for arg in node.args:
+            if arg in self.deferred and arg not in members:
+                members += [m for m in self._with_deferred(arg) if m not in members]
+        return members + [node]
+
+    def _place_map(self, node: Node) -> None:
+        """Join the latest loop of the same shape that shares an argument and
+        can run it; else, if its only user is a map of its shape, defer it into
+        the user's loop; else open a new loop."""
+        if self._single_use(node) and _is_cheap(node.attrs[0]):
+            self.deferred.add(node)  # recomputing arithmetic in its user beats a buffer
+            return
+        members = self._with_deferred(node)
+        args = [a for m in members for a in m.args if a not in members]
+        chosen = None
+        late = node in self.late
+        for group in self._related_groups(args):  # the latest first
+            if group.shape != node.shape or group.late != late:
+                continue
+            if all(self.group_of.get(a) is group or self._ready_before(a, group.index) for a in args):
+                chosen = group
+                break
+        if chosen is None and self._single_use(node):
+            self.deferred.add(node)
+            return
+        if chosen is None:
+            chosen = MapGroup(len(self.plan), node.shape, late=late)
+            self.plan.append(chosen)
+        for member in members:
+            chosen.members.append(member)
+            self.group_of[member] = chosen
+            self.index_of[member] = chosen.index
+
+    def _related_groups(self, args: list[Node]) -> list[MapGroup]:
+        """The loops that hold one of `args` or read one, latest first: only
+        these can take a map (looking at every loop made scheduling
+        quadratic in the number of loops)."""
+        related: dict[int, MapGroup] = {}
+        for arg in args:
+            for holder in (arg, *self.users.get(arg, ())):
+                group = self.group_of.get(holder)
+                if group is not None:
+                    related[group.index] = group
+        return [related[k] for k in sorted(related, reverse=True)]
+
+
+def _is_cheap(body: sp.Expr) -> bool:
+    """Arithmetic only (no function calls, no non-integer powers)."""
+    return not any(
+        isinstance(sub, sp.Function) or (isinstance(sub, sp.Pow) and not sub.exp.is_Integer)
+        for sub in sp.preorder_traversal(body)
+    )

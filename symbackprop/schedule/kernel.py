@@ -1,0 +1,124 @@
+"""The vocabulary of kernels: how a kernel reads a tensor (View), the
+equation a kernel's comment shows, and the fused elementwise loop (MapKernel);
+the kernels of other ops live beside their records (symbackprop.ops)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import sympy as sp
+
+from symbackprop.ir.node import Shape
+
+LOOP_I, LOOP_J = sp.Symbol("i", integer=True), sp.Symbol("j", integer=True)
+
+
+@dataclass(frozen=True)
+class View:
+    """How a kernel reads a tensor: buffer[offset + i*row_stride + j*col_stride]."""
+
+    buffer: str
+    offset: sp.Expr
+    row_stride: sp.Expr
+    col_stride: sp.Expr
+
+    def at(self, i: sp.Expr, j: sp.Expr) -> sp.Expr:
+        return self.offset + i * self.row_stride + j * self.col_stride
+
+
+@dataclass(frozen=True)
+class Equation:
+    """What a kernel computes, for comments (text) and the derivation (LaTeX)."""
+
+    lhs: str
+    text: str
+    latex: str
+    assign: str = "="  # "+=" where examples add into one place
+
+    @property
+    def comment(self) -> str:
+        return f"{self.lhs} {self.assign} {self.text}"
+
+
+def latex_name(name: str) -> str:
+    """grad_x as dL/dx, dy_dx as dy/dx, other names as SymPy writes them."""
+    if name.startswith("grad_") and len(name) > 5:
+        return rf"\frac{{\partial L}}{{\partial {latex_name(name[5:])}}}"
+    match = re.fullmatch(r"d([A-Za-z]\w*?)_d([A-Za-z]\w*)", name)
+    if match:
+        top, bottom = (latex_name(g) for g in match.groups())
+        return rf"\frac{{\partial {top}}}{{\partial {bottom}}}"
+    return sp.latex(sp.Symbol(name))
+
+
+def latex(expr: sp.Basic) -> str:
+    names = {s: latex_name(str(s.name)) for s in expr.atoms(sp.Symbol, sp.MatrixSymbol)}
+    return sp.latex(expr, symbol_names=names)
+
+
+def equation(lhs: str, rhs: sp.Basic) -> Equation:
+    return Equation(lhs, sp.sstr(rhs), f"{latex_name(lhs)} = {latex(rhs)}")
+
+
+def _map_equation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
+    """A fused loop's value as an equation, or, beyond MAX_EQUATION_OPS (a
+    gradient of a determinant by minors: printing them took 20 s), a
+    pointer to the C's temporaries."""
+    if sp.count_ops(value) > MAX_EQUATION_OPS:
+        return Equation(lhs, "see the temporaries in the C", rf"{latex_name(lhs)} = \text{{see the C}}")
+    return equation(lhs, value.xreplace(readable))
+
+
+@dataclass(frozen=True)
+class MapKernel:
+    """A fused elementwise loop: loads, CSE temporaries, stores."""
+
+    shape: Shape
+    loads: tuple[tuple[sp.Symbol, View], ...]
+    temps: tuple[tuple[sp.Symbol, sp.Expr], ...]
+    stores: tuple[tuple[str, sp.Expr], ...]  # (output buffer, value)
+    equations: tuple[Equation, ...]
+    load_first: bool = False  # it overwrites an input: read every input before any store
+    kind: str = "map"
+
+    def reads(self) -> list[str]:
+        return [view.buffer for _, view in self.loads]
+
+    def writes(self) -> list[str]:
+        return [out for out, _ in self.stores]
+
+    @property
+    def title(self) -> str:
+        return "elementwise loop" if any(self.work()) else "copy"
+
+    def work(self) -> tuple[sp.Expr, sp.Expr]:
+        """(multiply-adds, other operations): its body's (after CSE) per element."""
+        per = sum((sp.count_ops(e) for _, e in self.temps), sp.Integer(0))
+        per += sum((sp.count_ops(e) for _, e in self.stores), sp.Integer(0))
+        return sp.Integer(0), sp.sympify(self.shape[0]) * self.shape[1] * per
+
+
+# A fused elementwise loop, or the kernel an op's record builds (its `kind`
+# names that op; it says which buffers it touches with reads() and writes()).
+Kernel = MapKernel | Any
+
+# A map body with more operations than this is shown in comments by what it
+# reads, not written out: its CSE'd temporaries in the C are the readable form.
+MAX_SHOWN_OPS = 60
+MAX_EQUATION_OPS = 500  # of a fused elementwise loop's value (_map_equation)
+
+
+# A fused loop's value read by several of its members is substituted into
+# each up to this size (an estimate: operations as a tree); beyond, it is
+# named once (a determinant by minors had 87,282 operations inlined).
+MAX_INLINED_OPS = 400
+
+
+def kernel_writes(kernel: Kernel) -> list[str]:
+    return list(kernel.writes())
+
+
+def kernel_reads(kernel: Kernel) -> list[str]:
+    return list(kernel.reads())

@@ -1,0 +1,252 @@
+"""Turn a DAG into kernels: fused elementwise loops, products, reductions.
+
+Elementwise maps of one shape fuse into one loop when they share arguments
+and all their inputs are ready (a forward map and its local derivative so
+share one CSE'd body). A map whose every user sits in its own loop is never
+stored. Everything else that is stored gets a buffer; intermediates live in
+a caller-provided workspace whose slots are reused once dead."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import sympy as sp
+
+from symbackprop.ir.construct import is_const
+from symbackprop.ir.node import SCALAR, Node, Shape, placeholder
+from symbackprop.ops.registry import is_view, rule
+from symbackprop.schedule.cse import cse_program
+from symbackprop.schedule.fusion import ExamplesGroup, MapGroup, Placement
+from symbackprop.schedule.kernel import MAX_INLINED_OPS, Equation, Kernel, MapKernel, View, _map_equation, equation, kernel_writes
+from symbackprop.schedule.naming import Naming
+from symbackprop.schedule.workspace import Slot, plan_workspace
+
+
+@dataclass(frozen=True)
+class FunctionSchedule:
+    """A C function: its arguments, kernels in order and workspace plan."""
+
+    name: str
+    results: tuple[tuple[str, Node], ...]  # (output argument name, node)
+    kernels: tuple[Kernel, ...]
+    slots: tuple[Slot, ...]
+    work_size: sp.Expr
+    op_counts: tuple[int, int]  # scalar ops in map bodies before and after CSE
+    split: int | None = None  # kernels before this compute the `first` results (see schedule)
+    first: frozenset[str] = frozenset()
+    head_slots: tuple[Slot, ...] = ()  # the workspace plan of a call that stops at the split
+    head_work_size: sp.Expr = sp.Integer(0)
+
+    @property
+    def written_before_split(self) -> set[str]:
+        """Buffers a call that stops at the split writes (also results
+        beyond the first ones, computed in the same loops)."""
+        return {b for k in self.kernels[:self.split] for b in kernel_writes(k)}
+
+    @property
+    def index_checks(self) -> tuple[tuple[str, object, object], ...]:
+        """Every (Index buffer, its rows, rows of an array it gathers from)
+        of the function's kernels, once each: the C checks them all at its
+        entry, before any kernel writes (a failing call changes nothing)."""
+        return tuple(dict.fromkeys(c for k in self.kernels for c in getattr(k, "index_checks", ())))
+
+
+
+def schedule(
+    name: str,
+    results: Sequence[tuple[str, Node]],
+    naming: Naming,
+    inplace: frozenset[str] = frozenset(),
+    first: frozenset[str] = frozenset(),
+) -> FunctionSchedule:
+    """Plan one C function computing `results` (output name, node).
+
+    Results named in `inplace` overwrite the input of that name (a training
+    step's new parameters): they and everything computed from them run
+    after every other kernel, so nothing reads an input once overwritten.
+    Results named in `first` (a loss and outputs beside their gradient) and
+    what they need run before everything else; `split` says where that
+    part ends, so the function can stop there (a forward-only call).
+    """
+    return Scheduler(name, list(results), naming, inplace, first).run()
+
+
+class Scheduler(Placement):
+    """Kernels, buffers and the workspace of one function, over the plan
+    that Placement groups (see schedule)."""
+
+    def __init__(self, name: str, results: list[tuple[str, Node]], naming: Naming, inplace: frozenset[str] = frozenset(),
+                 first: frozenset[str] = frozenset()):
+        super().__init__(results, inplace, first)
+        self.name = name
+        self.naming = naming
+        self.buffer_of: dict[Node, str] = {}
+
+    def run(self) -> FunctionSchedule:
+        head = self.place_all()
+        bound = self._bind_results()
+        counts: list[int] = [0, 0]
+        kernels = self._kernels(self.plan[:len(head)], counts)
+        split = None
+        if self.first:  # the first results, complete: a call can stop here
+            kernels += self._copies([b for b in bound if b[0] in self.first])
+            split = len(kernels)
+        kernels += self._kernels(self.plan[len(head):], counts)
+        kernels += self._copies([b for b in bound if b[0] not in self.first])
+        outputs = {name for name, _ in self.results}
+        buffers = {buffer: node.shape for node, buffer in self.buffer_of.items() if buffer not in outputs}
+        slots, work = plan_workspace(kernels, buffers)
+        # a call that stops at the split keeps nothing for a backward pass: its own, tighter plan
+        head_slots, head_work = plan_workspace(kernels[:split], buffers, only_written=True) if split is not None else ((), work)
+        return FunctionSchedule(self.name, tuple(self.results), tuple(kernels), slots, work, (counts[0], counts[1]), split,
+                                self.first, head_slots, head_work)
+
+    def _kernels(self, steps: list[MapGroup | ExamplesGroup | Node], counts: list[int]) -> list[Kernel]:
+        kernels: list[Kernel] = []
+        for step in steps:
+            if isinstance(step, MapGroup):
+                kernel = self._map_kernel(step, counts)
+                if kernel is not None:
+                    kernels.append(kernel)
+            elif isinstance(step, ExamplesGroup):
+                kernels.append(rule(step.members[0].op, "group_kernel")(self, step.members))
+            else:
+                kernels.append(self._kernel(step))
+        return kernels
+
+    # --- buffers --------------------------------------------------------
+
+    def _stored(self, node: Node) -> bool:
+        group = self.group_of.get(node)
+        if group is None:
+            return True
+        return any(self.group_of.get(user) is not group for user in self.users[node])
+
+    def _bind_results(self) -> list[tuple[str, Node]]:
+        """Write each result straight into its output where possible; the
+        rest (leaves, views, constants, repeats) are copied at the end."""
+        copies = []
+        for out_name, node in self.results:
+            produced = node in self.index_of and node not in self.buffer_of
+            if produced:
+                self.buffer_of[node] = out_name
+            else:
+                copies.append((out_name, node))
+        stored = [node for node in self._planned() if node not in self.buffer_of and self._stored(node)]
+        # values first, in the order they run, then what is named after them
+        for node in sorted(stored, key=self.naming.derived):
+            self.buffer_of[node] = self.naming(node)
+        return copies
+
+    # --- public accessors, for the builders of KERNEL_BUILDERS -------------
+
+    def buffer(self, node: Node) -> str | None:
+        """The buffer the node's value is stored in, or None (not stored)."""
+        return self.buffer_of.get(node)
+
+    def users_of(self, node: Node) -> list[Node]:
+        """The nodes of this schedule that read `node`, in schedule order."""
+        return list(self.users.get(node, ()))
+
+    def _planned(self) -> list[Node]:
+        """The nodes of the plan in the order the C computes them."""
+        return [m for step in self.plan for m in (step.members if isinstance(step, (MapGroup, ExamplesGroup)) else [step])]
+
+    def view(self, node: Node) -> View:
+        """How kernels read `node`: its buffer, or a view's strides over its argument's."""
+        zero, one = sp.Integer(0), sp.Integer(1)
+        if is_view(node.op):
+            return rule(node.op, "view").strides(self.view(node.args[0]), node)
+        buffer = self.buffer_of.get(node) or self.naming(node)
+        rows, cols = node.shape
+        return View(buffer, zero, sp.sympify(cols) if rows != 1 else zero, one if cols != 1 else zero)
+
+    def _broadcast_view(self, node: Node, shape: Shape) -> View:
+        view = self.view(node)
+        zero = sp.Integer(0)
+        row = view.row_stride if node.shape[0] == shape[0] else zero
+        col = view.col_stride if node.shape[1] == shape[1] else zero
+        return View(view.buffer, view.offset, row, col)
+
+    # --- kernels --------------------------------------------------------
+
+    def _map_kernel(self, group: MapGroup, counts: list[int]) -> MapKernel | None:
+        loads: dict[Node, sp.Symbol] = {}
+        value, program = self._member_values(group, loads)
+        stored = [m for m in group.members if m in self.buffer_of]
+        if not stored:
+            return None
+        exprs = [value[m] for m in stored]
+        if program:  # large shared values are named, not inlined into each user (a tree exponential in depth)
+            temps, reduced = cse_program(program, exprs)
+            before = sum(sp.count_ops(e) for _, e in program)
+        else:
+            temps, reduced = sp.cse(exprs, symbols=sp.numbered_symbols("x", real=True), order="canonical")
+            before = 0
+        counts[0] += before + sum(sp.count_ops(e) for e in exprs)
+        counts[1] += sum(sp.count_ops(e) for _, e in temps) + sum(sp.count_ops(e) for e in reduced)
+        load_views = tuple((sym, self._broadcast_view(node, group.shape)) for node, sym in loads.items())
+        readable = {sym: sp.Symbol(self.label(node)) for node, sym in loads.items()}
+        equations = tuple(_map_equation(self.buffer_of[m], value[m], readable) for m in stored)
+        if group.shape != SCALAR:
+            equations = tuple(Equation(e.lhs, e.text, e.latex + r" \quad \text{(elementwise)}") for e in equations)
+        stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
+        overwrites = {out for out, _ in stores} & {view.buffer for _, view in load_views}
+        return MapKernel(group.shape, load_views, tuple(temps), stores, equations, load_first=bool(overwrites))
+
+    def _member_values(self, group: MapGroup, loads: dict[Node, sp.Symbol]) -> tuple[dict, list]:
+        """Each member's value over the loop's loads, the values of the
+        members it reads substituted in; a value of more than
+        MAX_INLINED_OPS operations read by several members becomes a named
+        value of `program` instead."""
+        value: dict[Node, sp.Expr] = {}
+        size: dict[Node, int] = {}
+        program: list[tuple[sp.Symbol, sp.Expr]] = []
+        readers: dict[Node, int] = {}
+        for member in group.members:
+            for arg in set(member.args):
+                readers[arg] = readers.get(arg, 0) + 1
+        for member in group.members:
+            subs = {}
+            for index, arg in enumerate(member.args):
+                if arg in value:
+                    subs[placeholder(index)] = value[arg]
+                else:
+                    subs[placeholder(index)] = loads.setdefault(arg, sp.Symbol(f"_load{len(loads)}", real=True))
+            body = member.attrs[0]
+            size[member] = len(body.args) + 1 + sum(size.get(a, 0) for a in member.args)
+            value[member] = body.xreplace(subs)
+            if size[member] > MAX_INLINED_OPS and readers.get(member, 0) > 1:
+                symbol = sp.Symbol(f"_p{len(program)}", real=True)
+                program.append((symbol, value[member]))
+                value[member], size[member] = symbol, 0
+        return value, program
+
+    def label(self, node: Node) -> str:
+        """A kernel argument as comments name it (its buffer, "A^T", "A[0,1]")."""
+        if is_view(node.op):
+            return rule(node.op, "view").label(self.label(node.args[0]), node)
+        return self.buffer_of.get(node) or self.naming(node)
+
+    def symbol(self, node: Node) -> sp.Basic:
+        """A SymPy stand-in for a kernel's argument, named as in the C."""
+        if is_view(node.op):
+            return rule(node.op, "view").symbol(self.symbol(node.args[0]), node)
+        name = self.buffer_of.get(node) or self.naming(node)
+        return sp.Symbol(name) if node.shape == SCALAR else sp.MatrixSymbol(name, *node.shape)
+
+    def _kernel(self, node: Node) -> Kernel:
+        return rule(node.op, "kernel")(self, node, self.buffer_of[node])
+
+    def _copies(self, bound: list[tuple[str, Node]]) -> list[Kernel]:
+        kernels: list[Kernel] = []
+        for out_name, node in bound:
+            if is_const(node):
+                value = node.attrs[0]
+                kernels.append(MapKernel(node.shape, (), (), ((out_name, value),), (equation(out_name, value),)))
+                continue
+            sym = sp.Symbol("_load0", real=True)
+            copied = equation(out_name, sp.Symbol(self.label(node)))
+            kernels.append(MapKernel(node.shape, ((sym, self.view(node)),), (), ((out_name, sym),), (copied,)))
+        return kernels

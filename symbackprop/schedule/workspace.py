@@ -1,0 +1,69 @@
+"""The workspace plan of a function: a slot for each intermediate buffer,
+reusing the memory of a buffer of the same size whose last reader has run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import sympy as sp
+
+from symbackprop.ir.node import Shape
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A buffer's place in the workspace. In the C it is written relative to
+    its neighbour (`after`, or `reuses` a dead buffer's memory), so a change
+    to one buffer moves no other declaration."""
+
+    name: str
+    shape: Shape
+    offset: sp.Expr  # absolute, in elements
+    after: str | None = None  # the new slot just before it (None: the start of work)
+    reuses: str | None = None  # the dead buffer whose memory it takes over
+
+
+def plan_workspace(kernels: Sequence[Any], buffers: Mapping[str, Shape],
+                   only_written: bool = False) -> tuple[tuple[Slot, ...], sp.Expr]:
+    """Give each intermediate buffer (name -> shape) a workspace slot; reuse
+    same-size slots whose last reader has already run. Kernels say what
+    they touch with reads() and writes(). `only_written`: only the buffers
+    these kernels write (a plan for the first part of a function).
+
+    Returns:
+        The slots, in order, and the workspace's size in elements.
+    """
+    written = {b for kernel in kernels for b in kernel.writes()}
+    shapes = {buffer: shape for buffer, shape in buffers.items() if buffer in written or not only_written}
+    sizes = {buffer: sp.sympify(shape[0]) * shape[1] for buffer, shape in shapes.items()}
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    written_at: dict[str, int] = {}  # declared in the order written (as the comments list them), not by name
+    for index, kernel in enumerate(kernels):
+        for buffer in kernel.writes():
+            first.setdefault(buffer, index)
+            written_at.setdefault(buffer, len(written_at))
+        for buffer in kernel.reads():
+            last[buffer] = index
+    free: list[str] = []  # buffers whose last reader has run
+    releases: dict[int, list[str]] = {}
+    slots: list[Slot] = []
+    offset_of: dict[str, sp.Expr] = {}
+    end, previous = sp.Integer(0), None
+    for buffer in sorted(sizes, key=lambda b: (first.get(b, 0), written_at.get(b, 0), b)):
+        start = first.get(buffer, 0)
+        for index in sorted(k for k in releases if k < start):
+            free += releases.pop(index)
+        reuse = next((gone for gone in free if sizes[gone] == sizes[buffer]), None)
+        if reuse is not None:
+            free.remove(reuse)
+            offset_of[buffer] = offset_of[reuse]
+            slots.append(Slot(buffer, shapes[buffer], offset_of[buffer], reuses=reuse))
+        else:
+            offset_of[buffer] = end
+            end = end + sizes[buffer]
+            slots.append(Slot(buffer, shapes[buffer], offset_of[buffer], after=previous))
+            previous = buffer
+        releases.setdefault(last.get(buffer, start), []).append(buffer)
+    return tuple(slots), sp.expand(end)
