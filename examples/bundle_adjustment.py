@@ -15,7 +15,7 @@ import numpy as np
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop.declare import nn
+from symbackprop import nn
 
 N, C, P = sp.symbols("N C P", integer=True, positive=True)
 cams = sp.MatrixSymbol("cams", C, 11)

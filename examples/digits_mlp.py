@@ -11,7 +11,7 @@ import numpy as np
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop.declare import nn
+from symbackprop import nn
 
 PIXELS, HIDDEN, CLASSES = 64, 64, 10
 

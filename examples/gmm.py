@@ -13,7 +13,7 @@ import numpy as np
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop.declare import nn
+from symbackprop import nn
 
 D = 3  # dimensions: the body has O(D^2) operations
 N, K = sp.symbols("N K", integer=True, positive=True)

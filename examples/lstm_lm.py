@@ -17,7 +17,7 @@ import numpy as np
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop.declare import nn
+from symbackprop import nn
 
 TEXT = (
     "the quick brown fox jumps over the lazy dog. a backprop compiler differentiates a model "
@@ -99,7 +99,7 @@ def continue_text(mod, params: dict, prompt: str, count: int) -> str:
 def main(steps: int = 300, lr: float = 1e-2, seed: int = 0) -> float:
     import time
 
-    from symbackprop.run.optim import Adam
+    from symbackprop.optim import Adam
 
     rng = np.random.default_rng(seed)
     data = text_data(TEXT * 8)  # 8 passes over the text in one sequence: T = 8 len(TEXT) - 1

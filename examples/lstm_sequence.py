@@ -13,7 +13,7 @@ import numpy as np
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop.declare import nn
+from symbackprop import nn
 
 STEPS, HIDDEN = 8, 8
 GATES = ("i", "f", "g", "o")  # input, forget, cell, output
@@ -76,7 +76,7 @@ def accuracy(mod, params: dict, data: dict) -> float:
 def main(epochs: int = 30, batch_size: int = 32, lr: float = 1e-2, seed: int = 0) -> float:
     import time
 
-    from symbackprop.run.optim import Adam
+    from symbackprop.optim import Adam
 
     rng = np.random.default_rng(seed)
     train, test = make_task(rng, 2048), make_task(rng, 512)

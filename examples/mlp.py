@@ -7,7 +7,7 @@ import numpy as np
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop.declare import nn
+from symbackprop import nn
 
 n = sp.Symbol("n", integer=True, positive=True)
 X = sp.MatrixSymbol("X", n, 3)

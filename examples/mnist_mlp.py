@@ -5,7 +5,7 @@ import numpy as np
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop.declare import nn
+from symbackprop import nn
 
 BATCH, PIXELS, HIDDEN, CLASSES = 128, 784, 256, 10
 

@@ -10,7 +10,7 @@ import numpy as np
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop.declare import nn
+from symbackprop import nn
 
 x = sp.MatrixSymbol("x", 2, 1)
 t = sp.MatrixSymbol("t", 1, 1)

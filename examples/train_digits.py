@@ -52,7 +52,7 @@ def train_symbackprop(setup_: dict, batch_size: int, lr: float, mode: str = "epo
     parameters, the losses of every minibatch (one row an epoch) and the
     seconds each epoch took."""
     import symbackprop as sbp
-    from symbackprop.run.optim import Adam
+    from symbackprop.optim import Adam
 
     digits, data = setup_["digits"], setup_["data"]
     orders = setup_["orders"][:epochs]

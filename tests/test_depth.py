@@ -24,9 +24,9 @@ from symbackprop.deep import run_deep
 from symbackprop.emit.graph import graph_text
 from symbackprop.errors import ModelError
 from symbackprop.ir import construct as ir_construct
+from symbackprop.ir import lower as ir_lower
 from symbackprop.ir import node as ir_node
 from symbackprop.ir.exprdag import MAX_BODY_DEPTH
-from symbackprop.ir.lower import lower as ir_lower
 from symbackprop.pipeline import plan
 
 TESTS = Path(__file__).resolve().parent
