@@ -67,7 +67,7 @@ def load_data(seed: int = 0, test_fraction: float = 0.2) -> dict:
     images = digits.data.astype(np.float64) / 16.0
     labels = digits.target.astype(np.int64)
     order = np.random.default_rng(seed).permutation(len(labels))
-    test = int(round(len(labels) * test_fraction))
+    test = round(len(labels) * test_fraction)
     test_rows, train_rows = order[:test], order[test:]
     return {
         "X_train": np.ascontiguousarray(images[train_rows]), "y_train": labels[train_rows],

@@ -106,7 +106,7 @@ def main(steps: int = 300, lr: float = 1e-2, seed: int = 0) -> float:
     params = init_params(rng)
     start = time.perf_counter()
     mod = sbp.compile(model, optimizer=Adam(lr=lr))
-    mod.trainer  # builds train_step now, not in the first step
+    _ = mod.trainer  # builds train_step now, not in the first step
     print(f"compiled in {time.perf_counter() - start:.1f} s; T = {len(data['X'])} characters; "
           f"memory for backward: {mod.memory(T=len(data['X']))['kept_for_backward'] / 1e3:.0f} kB")
     bits = np.log2(np.e)

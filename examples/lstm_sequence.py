@@ -83,7 +83,7 @@ def main(epochs: int = 30, batch_size: int = 32, lr: float = 1e-2, seed: int = 0
     params = init_params(rng)
     start = time.perf_counter()
     mod = sbp.compile(model, optimizer=Adam(lr=lr))
-    mod.trainer  # builds train_step and train_epoch now, not in the first epoch
+    _ = mod.trainer  # builds train_step and train_epoch now, not in the first epoch
     print(f"compiled in {time.perf_counter() - start:.1f} s")
     for epoch in range(1, epochs + 1):
         start = time.perf_counter()

@@ -57,7 +57,7 @@ def train_symbackprop(setup_: dict, batch_size: int, lr: float, mode: str = "epo
     digits, data = setup_["digits"], setup_["data"]
     orders = setup_["orders"][:epochs]
     mod = sbp.compile(digits.model, optimizer=Adam(lr=lr))
-    mod.trainer  # builds (or loads) train_step and train_epoch now, not in the first epoch
+    _ = mod.trainer  # builds (or loads) train_step and train_epoch now, not in the first epoch
     params = {k: v.copy() for k, v in setup_["params"].items()}
     X, T = data["X_train"], digits.one_hot(data["y_train"])
     curves, seconds = [], []
@@ -122,7 +122,7 @@ def train_torch(setup_: dict, batch_size: int, lr: float, epochs: int | None = N
 
 
 def progress(done: int, total: int, width: int = 24) -> str:
-    filled = int(round(width * done / total))
+    filled = round(width * done / total)
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 

@@ -17,6 +17,7 @@ from symbackprop.run.optim import SGD, Adam
 from symbackprop.run.runtime import CompiledModule, compile
 
 __all__ = [
+    "SGD",
     "Adam",
     "ArgumentError",
     "BuildError",
@@ -24,7 +25,6 @@ __all__ = [
     "Index",
     "Model",
     "ModelError",
-    "SGD",
     "SymbackpropError",
     "__version__",
     "as_scalar",

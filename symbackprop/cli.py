@@ -23,10 +23,10 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -197,7 +197,7 @@ def _same_model(a: Model, b: Model) -> bool:
     """The same declaration (e.g. a model file imported by its neighbour)."""
     try:
         return a is b or bool(a == b)
-    except Exception:  # noqa: BLE001 - SymPy may refuse to compare exotic expressions
+    except Exception:
         return False
 
 
@@ -240,7 +240,7 @@ def _check_owner(item: Generated, folder: Path) -> None:
 def write_atomic(path: Path, text: str) -> None:
     """Write whole or not at all: a temporary file beside it, then a rename
     (readers never see half a file; an interrupted build leaves the old one)."""
-    handle = tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
+    handle = tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",  # noqa: SIM115 (closed below, then renamed)
                                          delete=False, encoding="utf-8")
     try:
         with handle:
@@ -351,7 +351,7 @@ def demo_inputs(found: Found) -> dict:
             f"param of the model (build and graph need only a Model; {CONTRACT})")
     try:
         data = sample(np.random.default_rng(0))
-    except Exception as exc:  # noqa: BLE001 - the user's code: report it, no traceback
+    except Exception as exc:
         folder = Path(path).resolve().parent
         raise SymbackpropError(f"sample_data of {path} raised{_user_line(exc, folder)} "
                                f"{type(exc).__name__}: {exc}") from None

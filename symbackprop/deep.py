@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from symbackprop.errors import ModelError
 

@@ -6,7 +6,7 @@ to kilobytes; a message quotes at most `LIMIT` characters of one.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 LIMIT = 300
 

@@ -20,7 +20,7 @@ chosen named outputs (whose gradient is the adjoint of an intermediate).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from symbackprop._version import __version__
 from symbackprop.declare.model import Model, leaf_name

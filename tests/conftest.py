@@ -22,7 +22,7 @@ def load_example(name: str):
     return module
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def example_names() -> list[str]:
     """The example files that define a `model` (scripts such as
     train_digits.py define none, and `symbackprop build` skips them too)."""

@@ -3,7 +3,7 @@ numpy evaluations of the example models."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

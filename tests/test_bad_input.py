@@ -172,7 +172,7 @@ def test_rejected_with_a_message_naming_what_is_wrong(mod, changes, expect, call
 
 @pytest.mark.parametrize("changes, expect", CONVERTED)
 def test_converted_as_documented(mod, changes, expect):
-    (name,) = [k for k in changes]
+    (name,) = list(changes)
     reference = {**GOOD, name: expect.canonical}
     loss, grads = mod.value_and_grad(**_arguments(changes))
     expected_loss, expected_grads = mod.value_and_grad(**reference)

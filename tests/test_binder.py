@@ -266,7 +266,7 @@ def test_the_c_hot_path_accepts_only_what_the_binder_accepts(mod, variant, name)
     d = data()
     d[name] = VARIANTS[variant](d[name])
     try:
-        values, dims = fn.bind(d)
+        values, _dims = fn.bind(d)
     except ArgumentError:
         accepted = None
     else:

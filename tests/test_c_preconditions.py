@@ -137,7 +137,7 @@ class Direct:
                 self.arrays[p.cname] = np.array(value, dtype=np.int64 if index else float)
 
     def shape(self, p):
-        return tuple(int(eval(d, {}, dict(self.sizes))) for d in p.shape)  # noqa: S307 - C dimension expressions
+        return tuple(int(eval(d, {}, dict(self.sizes))) for d in p.shape)
 
     def __call__(self, dims=None):
         buf = self.ffi.from_buffer
@@ -430,10 +430,8 @@ def _arrays(params, checks, roles=("input", "inout", "output")):
 
 
 def _snapshot(names, writable):
-    lines = []
-    for n in names:
-        if n in writable:
-            lines.append(f"real *s_{n} = malloc(n_{n} * sizeof(real) + 1); memcpy(s_{n}, {n}, n_{n} * sizeof(real));")
+    lines = [f"real *s_{n} = malloc(n_{n} * sizeof(real) + 1); memcpy(s_{n}, {n}, n_{n} * sizeof(real));"
+             for n in names if n in writable]
     same = " && ".join(f"!memcmp(s_{n}, {n}, n_{n} * sizeof(real))" for n in names if n in writable) or "1"
     return lines, same
 

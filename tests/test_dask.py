@@ -31,9 +31,9 @@ SUMMED = sbp.Model("dask_summed", inputs=[X, T], params=[W, b], loss=nn.sum_all(
 
 @pytest.fixture(scope="module")
 def client():
-    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster:
-        with distributed.Client(cluster) as c:
-            yield c
+    cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None)
+    with cluster, distributed.Client(cluster) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def assert_same(result, reference, rtol=1e-12):
 
 
 def test_mean_loss_over_chunks_equals_the_whole(client, mlp):
-    model, mod, params, x, t = mlp
+    _model, mod, params, x, t = mlp
     reference = mod.value_and_grad(X=x, T=t, **params)
     # uneven chunks (16, 16, 16, 12), and X in two column chunks (joined)
     result = sbd.value_and_grad(mod, params, {"X": chunked(x, cols=2), "T": chunked(t)}, client=client)
@@ -178,7 +178,7 @@ def test_full_batch_training_matches_train_step(client, mlp):
 
 
 def test_chunk_steps_match_train_epoch(client, mlp):
-    model, mod, params, x, t = mlp
+    model, _mod, params, x, t = mlp
     sgd = sbp.SGD(lr=0.1, momentum=0.9, weight_decay=1e-3)
     one = sbp.compile(model, optimizer=sgd)
     alone, spread = copy(params), copy(params)

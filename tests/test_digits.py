@@ -57,8 +57,8 @@ def test_accuracy_is_counted_by_hand(script, start, trained):
 
 
 def test_train_step_calls_give_the_same_curve(script, start, trained):
-    _, params, curves, _ = trained
-    _, step_params, step_curves, _ = script.train_symbackprop(start, BATCH, LR, "step", epochs=3)
+    _, _params, curves, _ = trained
+    _, _step_params, step_curves, _ = script.train_symbackprop(start, BATCH, LR, "step", epochs=3)
     np.testing.assert_array_equal(step_curves, curves[:3])
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.gradbench.test_gradbench_ports import (  # noqa: E402, F401
+from benchmarks.gradbench.test_gradbench_ports import (  # noqa: F401
     restore_framework_state,
     test_ba_sparse_layout,
     test_comparison_catches_a_wrong_derivative,

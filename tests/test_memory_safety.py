@@ -176,7 +176,7 @@ def _assert_matches_python(model, emitted, functions: list[CFunctionAbi], printe
         kind = fn.name[len(emitted.prefix) + 1:]
         function = mod.function(kind)
         for batch in BATCHES:
-            sizes = {cname: batch for cname in (a.cname for a in fn.args if a.kind == "dim")}
+            sizes = dict.fromkeys((a.cname for a in fn.args if a.kind == "dim"), batch)
             arrays = {}
             for salt, arg in enumerate(fn.args):
                 shape = tuple(sizes.get(d) or int(d) for d in arg.shape)

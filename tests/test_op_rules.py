@@ -11,8 +11,8 @@ interpreter does (the interpreter is then an oracle for the emitted code).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -171,7 +171,7 @@ def test_vjp_matches_central_differences(case):
     grads, _ = vjp([(lowered.loss, const(1, SCALAR))], [node for _, node in targets])
     values = evaluate(grads, arrays, dims)
     step = 1e-6
-    for (name, node), grad in zip(targets, values):
+    for (name, _node), grad in zip(targets, values):
         numeric = np.zeros_like(arrays[name])
         for index in np.ndindex(*arrays[name].shape):
             for sign in (1, -1):

@@ -12,7 +12,9 @@ from symbackprop.emit.cparts import PART_KERNELS, part_ranges, prelude
 from symbackprop.pipeline import generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_depth import _check_gradients, mlp_data, mlp_model, mlp_numpy  # noqa: E402
+import itertools
+
+from test_depth import _check_gradients, mlp_data, mlp_model, mlp_numpy
 
 
 def test_short_functions_are_one_part():
@@ -23,7 +25,7 @@ def test_short_functions_are_one_part():
 def test_parts_cover_the_kernels_and_the_split_is_a_boundary():
     ranges = part_ranges(3 * PART_KERNELS + 5, PART_KERNELS + 7)
     assert ranges[0][0] == 0 and ranges[-1][1] == 3 * PART_KERNELS + 5
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
     assert PART_KERNELS + 7 in [start for start, _ in ranges]
     assert all(end - start <= PART_KERNELS for start, end in ranges)
 

@@ -130,8 +130,8 @@ def test_every_kernel_has_its_operations_counted():
     assert "| `t4` | sum | 2*n operations |" in table
     assert "| `grad_W1` | matrix product | 12*n multiply-adds |" in table
     rows = [line for line in table.splitlines() if line.startswith("| `")]
-    steps = [e for e in re.findall(r"^1\. \$\$(.*?) =", derivation, flags=re.M)]
-    assert len(rows) == len([k for k in generate(_mlp())[1].function("value_and_grad").schedule.kernels])
+    steps = list(re.findall(r"^1\. \$\$(.*?) =", derivation, flags=re.M))
+    assert len(rows) == len(list(generate(_mlp())[1].function("value_and_grad").schedule.kernels))
     assert len(steps) >= len(rows)
 
 

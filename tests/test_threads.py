@@ -48,7 +48,7 @@ def _run_threads(count: int, work) -> list[BaseException]:
         try:
             barrier.wait()
             work(k)
-        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=body, args=(k,)) for k in range(count)]

@@ -278,7 +278,7 @@ def test_a_learning_rate_schedule_takes_effect(mlp):
     ref = TorchSGD(0.1, 0.5)
     data, init = _data(mlp)
     ours, theirs = _copy(init), _copy(init)
-    for step, lr in enumerate([0.1, 0.05, 0.0, 0.2, 0.01]):
+    for _step, lr in enumerate([0.1, 0.05, 0.0, 0.2, 0.01]):
         mod.trainer.hyperparameters["lr"] = lr
         ref.lr = lr
         before = _copy(ours)

@@ -9,8 +9,9 @@ offending subexpression.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, TypeAlias
+from typing import TypeAlias
 
 import sympy as sp
 from sympy.matrices.expressions.matexpr import MatrixElement

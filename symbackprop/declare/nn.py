@@ -8,7 +8,8 @@ Matrices are row-major batches: X is (batch, features), W is (in, out).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, TypeAlias
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
 
 import sympy as sp
 from sympy.codegen.cfunctions import expm1
@@ -295,7 +296,10 @@ def softmax(z: sp.MatrixExpr, axis: int = 1) -> sp.MatrixExpr:
     return log_softmax(z, axis).applyfunc(sp.exp)
 
 
-def leaky_relu(x: Operand, slope: sp.Expr | float = sp.Rational(1, 100)) -> Operand:
+LEAKY_SLOPE = sp.Rational(1, 100)  # PyTorch's default negative slope
+
+
+def leaky_relu(x: Operand, slope: sp.Expr | float = LEAKY_SLOPE) -> Operand:
     """x where x > 0, else slope*x, elementwise; the derivative at 0 is slope
     (as PyTorch).
 

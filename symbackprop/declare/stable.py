@@ -9,13 +9,13 @@ codegen.ScalarPrinter), and their derivatives are again such functions.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import sympy as sp
 from sympy.codegen.cfunctions import log1p
 
 
-class sigmoid(sp.Function):  # noqa: N801 (printed and read as sigmoid(z))
+class sigmoid(sp.Function):
     """1 / (1 + exp(-z)); its derivative s*(1 - s), a function of its value."""
 
     nargs = 1
@@ -48,7 +48,7 @@ class sigmoid(sp.Function):  # noqa: N801 (printed and read as sigmoid(z))
         return self.rewrite(sp.exp)._eval_evalf(prec)
 
 
-class softplus(sp.Function):  # noqa: N801
+class softplus(sp.Function):
     """log(1 + exp(z)); its derivative sigmoid(z)."""
 
     nargs = 1

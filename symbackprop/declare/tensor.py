@@ -20,7 +20,8 @@ body's operations, never with N.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import sympy as sp
 from sympy.core.symbol import Str
@@ -46,7 +47,7 @@ class Index(sp.MatrixSymbol):
 
     is_index = True
 
-    def __new__(cls, name: str, rows: sp.Expr, cols: sp.Expr = 1) -> "Index":
+    def __new__(cls, name: str, rows: sp.Expr, cols: sp.Expr = 1) -> Index:
         if cols != 1:  # cols is a parameter only so that SymPy can rebuild it from its args
             raise ModelError(f"an Index is one column of row numbers; got {cols} columns for {name}")
         return super().__new__(cls, name, rows, 1)
@@ -63,7 +64,7 @@ class Gather(sp.MatrixExpr):
         ModelError: `index` is not an Index, or `array` is not a matrix.
     """
 
-    def __new__(cls, array: sp.MatrixExpr, index: Index) -> "Gather":
+    def __new__(cls, array: sp.MatrixExpr, index: Index) -> Gather:
         if not isinstance(index, Index):
             raise ModelError(f"gather needs an Index (integer input) to choose rows by; got {index!r}")
         if not isinstance(array, (sp.MatrixExpr, sp.MatrixBase)):
@@ -129,7 +130,7 @@ class ExampleMap(sp.MatrixExpr):
         sources: a Tuple of matrix expressions (or Gathers), one per binding.
     """
 
-    def __new__(cls, body: sp.ImmutableMatrix, keys: sp.Tuple, sources: sp.Tuple) -> "ExampleMap":
+    def __new__(cls, body: sp.ImmutableMatrix, keys: sp.Tuple, sources: sp.Tuple) -> ExampleMap:
         return super().__new__(cls, body, keys, sources)
 
     @property
@@ -165,7 +166,7 @@ class ExampleMap(sp.MatrixExpr):
     def _entry(self, i, j, **kwargs):
         return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
 
-    def jacobian(self, *wrt: sp.Basic) -> "ExampleMap":
+    def jacobian(self, *wrt: sp.Basic) -> ExampleMap:
         """Per-example Jacobians of the body with respect to the symbols of
         one or more bindings' keys (their columns in the order given): row
         i holds example i's (outputs x inputs) Jacobian, row-major, derived
@@ -270,7 +271,7 @@ class Reduce(sp.MatrixExpr):
         """The reductions' names: the registered ones (symbackprop.ops.reduce) and mean."""
         return (*reductions(), "mean")
 
-    def __new__(cls, op: str, x: sp.MatrixExpr, axis: int) -> "Reduce":
+    def __new__(cls, op: str, x: sp.MatrixExpr, axis: int) -> Reduce:
         op = op.name if isinstance(op, Str) else op
         if op not in cls.ops():
             raise ModelError(f"unknown reduction {op!r}; one of {cls.ops()}")
@@ -356,7 +357,7 @@ class Cumsum(sp.MatrixExpr):
         ModelError: an unknown axis, or x is not a matrix.
     """
 
-    def __new__(cls, x: sp.MatrixExpr, axis: int, reverse: bool = False) -> "Cumsum":
+    def __new__(cls, x: sp.MatrixExpr, axis: int, reverse: bool = False) -> Cumsum:
         if axis not in (0, 1):
             raise ModelError(f"cumsum along axis 0 (down each column) or 1 (along each row); got {axis!r}")
         if not isinstance(x, (sp.MatrixExpr, sp.MatrixBase)):

@@ -13,7 +13,7 @@ derivatives are scheduled, emitted and read like the forward pass.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import sympy as sp
 

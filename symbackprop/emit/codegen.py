@@ -7,11 +7,12 @@ dataclasses of strings, never the compiler's objects.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, is_dataclass, replace
 from dataclasses import fields as dataclass_fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import jinja2
 import sympy as sp
@@ -357,7 +358,7 @@ def emit_wrapper(run: CFunction, name: str, summary: str, outputs: set[str], wit
                      checks=run.checks, statuses=run.statuses)
 
 
-def entry_checks(schedule: FunctionSchedule, emitter: "FunctionEmitter") -> tuple[tuple[str, str, tuple[str, ...]], ...]:
+def entry_checks(schedule: FunctionSchedule, emitter: FunctionEmitter) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
     """The schedule's index checks grouped by Index, as C text: (Index, its
     rows, the rows of each array it gathers from). A gather nested in a
     kernel's own schedule (a scan's step) has no entry check: its rows would
@@ -413,7 +414,7 @@ BLAS_MIN_MULTIPLY_ADDS = 4096
 
 @lru_cache(maxsize=1)
 def template_environment() -> jinja2.Environment:
-    env = jinja2.Environment(
+    return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(_template_dir())),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -421,7 +422,6 @@ def template_environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
-    return env
 
 
 def _template_dir() -> Path:

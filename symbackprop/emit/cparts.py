@@ -15,9 +15,10 @@ the length of the function.
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 PART_KERNELS = 32  # kernels per part; a function with more is cut
 
@@ -34,7 +35,7 @@ def part_ranges(count: int, split: int | None) -> tuple[tuple[int, int], ...]:
     if split is not None and 0 < split < count:
         bounds.add(split)
     edges = sorted(bounds)
-    return tuple(zip(edges[:-1], edges[1:]))
+    return tuple(itertools.pairwise(edges))
 
 
 @dataclass(frozen=True)

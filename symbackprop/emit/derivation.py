@@ -7,8 +7,8 @@ values the backward pass keeps with the memory they take.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import sympy as sp
 

@@ -35,7 +35,7 @@ class GraphNode:
 
     name: str
     detail: str = ""
-    children: list["GraphNode"] = field(default_factory=list)
+    children: list[GraphNode] = field(default_factory=list)
 
 
 def _reaches(plan: Plan) -> dict[Node, bool]:

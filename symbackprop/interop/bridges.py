@@ -6,7 +6,8 @@ symbackprop.interop.jax.as_jax."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from symbackprop.run.module import register_bridge
 

@@ -4,7 +4,8 @@ products as plain numpy arrays of the arguments' shapes."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

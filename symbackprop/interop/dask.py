@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Integral
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import dask
 import dask.array as da

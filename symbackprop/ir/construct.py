@@ -26,7 +26,7 @@ driver. The ops:
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import sympy as sp
 

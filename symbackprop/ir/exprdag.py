@@ -11,7 +11,7 @@ part costs what that part costs.
 
 from __future__ import annotations
 
-from typing import Callable, Container, Iterator
+from collections.abc import Callable, Container, Iterator
 
 import sympy as sp
 from sympy.core.relational import Relational
@@ -44,7 +44,7 @@ def post_order(expr: sp.Basic, skip: Container[sp.Basic] = ()) -> list[sp.Basic]
     """Each distinct subexpression once, arguments before their users; not
     those in `skip`, nor what is only under them."""
     order: list[sp.Basic] = []
-    seen: set[sp.Basic] = set(s for s in (expr,) if s in skip)
+    seen: set[sp.Basic] = {s for s in (expr,) if s in skip}
     stack: list[tuple[sp.Basic, bool]] = [(expr, False)]
     while stack:
         sub, ready = stack.pop()

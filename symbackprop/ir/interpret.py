@@ -15,9 +15,9 @@ shape (rows, 1).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import sympy as sp

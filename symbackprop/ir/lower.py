@@ -4,8 +4,8 @@ symbols and indices here."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import sympy as sp
 from sympy.core.function import Application, AppliedUndef
@@ -106,7 +106,7 @@ class Lowerer:
         declared scan, however many of its parts the model reads)."""
         return self.caches.setdefault(owner, {})
 
-    def nested(self, leaves: dict[sp.Basic, Node], context: str) -> "Lowerer":
+    def nested(self, leaves: dict[sp.Basic, Node], context: str) -> Lowerer:
         """A lowerer for a graph nested in this one's (a scan's step), over
         its own `leaves` and this one's dims, with `context` added to its
         `contexts` (so that an op can refuse to nest in itself)."""

@@ -7,7 +7,8 @@ Symbols (bound from the arrays at call time)."""
 from __future__ import annotations
 
 import weakref
-from typing import Iterable, TypeAlias
+from collections.abc import Iterable
+from typing import TypeAlias
 
 import sympy as sp
 
@@ -21,9 +22,9 @@ SCALAR: Shape = (1, 1)
 class Node:
     """One op applied to argument nodes. Build with the functions below."""
 
-    __slots__ = ("op", "args", "shape", "attrs", "__weakref__")
+    __slots__ = ("__weakref__", "args", "attrs", "op", "shape")
     op: str
-    args: tuple["Node", ...]
+    args: tuple[Node, ...]
     shape: Shape
     attrs: tuple
 

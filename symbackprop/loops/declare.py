@@ -61,7 +61,7 @@ def symbol_name(symbol: Any) -> str:
 class ScanSpec(sp.Basic):
     """What `scan` was given, as one SymPy object (hashed with the model)."""
 
-    def __new__(cls, states, inputs, next_states, outputs, inits, sequences, every) -> "ScanSpec":
+    def __new__(cls, states, inputs, next_states, outputs, inits, sequences, every) -> ScanSpec:
         return sp.Basic.__new__(
             cls, sp.Tuple(*states), sp.Tuple(*inputs), sp.Tuple(*next_states), sp.Tuple(*outputs),
             sp.Tuple(*inits), sp.Tuple(*sequences), sp.Integer(every),
@@ -88,7 +88,7 @@ class ScanSpec(sp.Basic):
 class ScanOutput(sp.MatrixExpr):
     """The outputs of a scan: row t is the step's output at step t (T x O)."""
 
-    def __new__(cls, spec: ScanSpec, index: int) -> "ScanOutput":
+    def __new__(cls, spec: ScanSpec, index: int) -> ScanOutput:
         return sp.Basic.__new__(cls, spec, sp.Integer(index))
 
     spec = property(lambda self: self.args[0])
@@ -113,7 +113,7 @@ class ScanOutput(sp.MatrixExpr):
 class ScanFinal(sp.MatrixExpr):
     """The state after the last step of a scan (shaped like the state)."""
 
-    def __new__(cls, spec: ScanSpec, index: int) -> "ScanFinal":
+    def __new__(cls, spec: ScanSpec, index: int) -> ScanFinal:
         return sp.Basic.__new__(cls, spec, sp.Integer(index))
 
     spec = property(lambda self: self.args[0])

@@ -6,7 +6,7 @@ is refused."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import sympy as sp
 
@@ -122,9 +122,9 @@ def scan_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
     inits, seqs, caps = step.split(node.args)
     t_inits, t_seqs, t_caps = step.split(list(tangents))
     d_states = tuple(leaf(f"d{s.attrs[0]}", s.shape, "scan_tangent") for s in step.states)
-    given = {s: d for s, d in zip(step.states, d_states)}
+    given = dict(zip(step.states, d_states))
     d_inputs, d_seqs = [], []
-    for x, seq, t in zip(step.inputs, seqs, t_seqs):
+    for x, _seq, t in zip(step.inputs, seqs, t_seqs):
         if t is not None:
             d = leaf(f"d{x.attrs[0]}", x.shape, "scan_tangent")
             given[x] = d

@@ -5,8 +5,9 @@ fill in: pointers, offsets, the loops' bounds, each copy as a map kernel."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any
 
 import sympy as sp
 

@@ -5,8 +5,9 @@ loop reserves."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import sympy as sp
 

@@ -90,7 +90,7 @@ def build_forward(sched: Scheduler, node: Node, out: str) -> ScanKernel:
             finals.append((inner.claim(buffer, outer=buffer), step.offsets[index], step.sizes[index]))
             writes.append(buffer)
     starts = []
-    for off, size, init, s in zip(step.offsets, step.sizes, inits, step.states):
+    for off, size, init, _s in zip(step.offsets, step.sizes, inits, step.states):
         source = init.attrs[0] if is_const(init) else binder.outer(init)
         starts.append((off, size, source, init.shape))
     outputs = [parts[("output", o)] for o in range(len(step.outputs)) if ("output", o) in parts]
@@ -197,7 +197,7 @@ class _Backward:
         roots = substitute(reverse_roots(back), kept_leaves)
         n_states, n_inputs = len(back.grad_states), len(back.grad_inputs)
         results = list(zip(grad_state, roots[:n_states]))
-        for (o, gy_leaf), gy in zip(back.grad_outputs, self.gys):
+        for (_o, gy_leaf), gy in zip(back.grad_outputs, self.gys):
             bound = self.binder.rows(gy_leaf, gy)
             (pointers if isinstance(bound, Pointer) else fills).append(bound)
         grad_inputs = [(j, g) for (j, _), g in zip(back.grad_inputs, roots[n_states:n_states + n_inputs])]
@@ -239,9 +239,8 @@ class _Backward:
             source = gf.attrs[0] if is_const(gf) else self.binder.outer(gf)
             starts.append((step.offsets[i], step.sizes[i], source, gf.shape))
         have = set(back.grad_finals)
-        for i in range(len(step.states)):
-            if i not in have:
-                starts.append((step.offsets[i], step.sizes[i], sp.Integer(0), step.states[i].shape))
+        starts.extend((step.offsets[i], step.sizes[i], sp.Integer(0), step.states[i].shape)
+                      for i in range(len(step.states)) if i not in have)
         finals = []
         for (kind, index), buffer in self.parts.items():
             if kind == "grad_init":

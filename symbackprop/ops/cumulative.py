@@ -7,8 +7,8 @@ helper from the last entry, with negative strides.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 import sympy as sp

@@ -5,7 +5,7 @@ axes of size 1. The scheduler fuses maps of one shape into shared loops
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import sympy as sp

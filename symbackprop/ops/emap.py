@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import sympy as sp

@@ -8,8 +8,9 @@ registered reductions are the one list everyone reads (registry.reductions).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, NoReturn, Sequence
+from typing import NoReturn
 
 import numpy as np
 import sympy as sp

@@ -13,8 +13,9 @@ on ir, schedule and codegen, which read the registry themselves.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from symbackprop.errors import ModelError
 
@@ -44,9 +45,9 @@ class MissingRule(ModelError, LookupError):
 class ViewRule:
     """How a view op reads its argument's memory, with no kernel of its own."""
 
-    strides: Callable[["View", "Node"], "View"]  # the argument's view -> the node's
-    label: Callable[[str, "Node"], str]  # the argument's label -> the node's ("A^T", "A[0,1]")
-    symbol: Callable[["sp.Basic", "Node"], "sp.Basic"]  # the argument's SymPy stand-in -> the node's
+    strides: Callable[[View, Node], View]  # the argument's view -> the node's
+    label: Callable[[str, Node], str]  # the argument's label -> the node's ("A^T", "A[0,1]")
+    symbol: Callable[[sp.Basic, Node], sp.Basic]  # the argument's SymPy stand-in -> the node's
 
 
 @dataclass(frozen=True)
@@ -135,8 +136,7 @@ def extend(op: str, **values: Any) -> OpRecord:
 def _index(record: OpRecord) -> None:
     for cls, rule in record.lowering:
         _LOWERING[cls] = (record.name, rule)
-    for cls, shape in record.shapes:
-        _SHAPES[cls] = shape
+    _SHAPES.update(record.shapes)
 
 
 def _load() -> None:

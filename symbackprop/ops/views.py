@@ -3,8 +3,8 @@ never stored); pack: a matrix from 1x1 values, zero elsewhere."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import sympy as sp

@@ -14,8 +14,9 @@ name of a symbolic dimension. A scalar is passed and returned as a number
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from symbackprop.messages import show
 

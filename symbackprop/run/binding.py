@@ -28,7 +28,8 @@ turned into errors in one place, `raise_status`.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NoReturn, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 
 import numpy as np
 

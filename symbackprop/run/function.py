@@ -18,7 +18,8 @@ writes its results into arrays it owns.
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

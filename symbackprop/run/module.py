@@ -6,8 +6,9 @@ from the classes it inherits. Made by symbackprop.compile (runtime.py)."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 

@@ -11,8 +11,9 @@ The updates follow PyTorch's `torch.optim.SGD` and `torch.optim.Adam`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import ClassVar, Mapping, Union, cast
+from typing import ClassVar, cast
 
 import numpy as np
 import sympy as sp
@@ -156,7 +157,7 @@ class Adam:
 
 
 OPTIMIZERS = (SGD, Adam)
-Optimizer = Union[SGD, Adam]
+Optimizer = SGD | Adam
 
 
 class NumpyStep:

@@ -40,7 +40,7 @@ def function_spec(fn: FunctionPlan, plan: Plan, scalars: set[str]) -> FunctionSp
     inputs = [ArgSpec(n, _shape(node.shape), n in scalars, node.attrs[1] == "index") for n, node in plan.lowered.leaves.items()]
     for name, node in fn.extra_inputs:
         role, key = roles.get(name, ("extra", name))
-        scalar = role == "hyper" or key in scalars and node.shape == (1, 1)
+        scalar = role == "hyper" or (key in scalars and node.shape == (1, 1))
         inputs.append(ArgSpec(name, _shape(node.shape), scalar, False, role, key))
     bounds: dict[str, list] = {}
     for kernel in fn.schedule.kernels:

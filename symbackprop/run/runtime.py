@@ -10,8 +10,9 @@ here as before (symbackprop.run.runtime.CompiledModule, Function, PreparedCall).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 import sympy as sp
 

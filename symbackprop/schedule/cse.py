@@ -41,9 +41,8 @@ def cse_program(program: list[tuple[sp.Symbol, sp.Expr]], outputs: list[sp.Expr]
                 ordered.append(sym)
                 continue
             stack.append((sym, True))
-            for used in sorted(definitions[sym].free_symbols & definitions.keys(), key=str, reverse=True):
-                if used not in placed:
-                    stack.append((used, False))
+            uses = sorted(definitions[sym].free_symbols & definitions.keys(), key=str, reverse=True)
+            stack.extend((used, False) for used in uses if used not in placed)
 
     outputs = reduced[len(program):]
     position = {sym: k for k, (sym, _) in enumerate(program)}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from symbackprop.emit.cnames import sanitize
 from symbackprop.ir.construct import is_const

@@ -8,8 +8,8 @@ a caller-provided workspace whose slots are reused once dead."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import sympy as sp
 
@@ -36,7 +36,7 @@ class FunctionSchedule:
     split: int | None = None  # kernels before this compute the `first` results (see schedule)
     first: frozenset[str] = frozenset()
     head_slots: tuple[Slot, ...] = ()  # the workspace plan of a call that stops at the split
-    head_work_size: sp.Expr = sp.Integer(0)
+    head_work_size: sp.Expr = sp.Integer(0)  # noqa: RUF009 (a SymPy Integer is immutable)
 
     @property
     def written_before_split(self) -> set[str]:

@@ -3,8 +3,9 @@ reusing the memory of a buffer of the same size whose last reader has run."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import sympy as sp
 
