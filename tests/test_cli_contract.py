@@ -71,7 +71,7 @@ def test_a_model_imported_by_its_neighbour_is_written_once(tmp_path):
     write(tmp_path / "user.py", "from base import model\n")
     result = run("build", "base.py", "user.py", "--out", "gen", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert files_under(tmp_path / "gen") == ["base", "base/base.c", "base/base.h", "base/derivation.md"]
+    assert files_under(tmp_path / "gen") == ["base", "base/base.c", "base/base.h", "base/derivation.md", "symbackprop_runtime.h"]
 
 
 def test_neighbours_of_the_same_name_in_two_folders_are_each_their_own(tmp_path):
@@ -129,7 +129,8 @@ def test_writes_are_atomic_replacements(tmp_path):
     assert run("build", "m.py", "--out", "gen", cwd=tmp_path).returncode == 0
     assert keep.read_text() == "stale\n" and source.read_text() != "stale\n"
     assert os.stat(source).st_ino != os.stat(keep).st_ino
-    assert files_under(tmp_path / "gen") == ["m", "m/derivation.md", "m/m.c", "m/m.h"]  # no temporary left
+    # no temporary left
+    assert files_under(tmp_path / "gen") == ["m", "m/derivation.md", "m/m.c", "m/m.h", "symbackprop_runtime.h"]
     assert oct(source.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
 
 
