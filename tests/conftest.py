@@ -47,9 +47,15 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session", autouse=True)
 def module_cache(tmp_path_factory):
     """Compiled modules go to a fresh cache for the session (child
-    processes inherit it through the environment), never the user's."""
+    processes inherit it through the environment), never the user's. The
+    workers of one parallel session share it (a model several test files
+    compile is built once; the cache is safe for processes building at once)."""
     saved = os.environ.get(CACHE_ENV)
-    path = tmp_path_factory.mktemp("module-cache")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        path = tmp_path_factory.getbasetemp().parent / "module-cache"
+        path.mkdir(mode=0o700, exist_ok=True)
+    else:
+        path = tmp_path_factory.mktemp("module-cache")
     os.environ[CACHE_ENV] = str(path)
     yield path
     if saved is None:

