@@ -32,17 +32,17 @@ import sympy as sp
 
 from symbackprop.declare.stable import fuse_across, stabilize
 from symbackprop.declare.tensor import reduced_shape
-from symbackprop.ir.node import SCALAR, Node, Shape, ShapeMismatch, _node, placeholder
+from symbackprop.ir.node import SCALAR, Node, Shape, ShapeMismatch, op_node, placeholder
 
 # --- constructors ---------------------------------------------------------
 
 
 def leaf(name: str, shape: Shape, role: str) -> Node:
-    return _node("leaf", (), shape, (name, role))
+    return op_node("leaf", (), shape, (name, role))
 
 
 def const(value: sp.Expr, shape: Shape = SCALAR) -> Node:
-    return _node("map", (), shape, (sp.sympify(value),))
+    return op_node("map", (), shape, (sp.sympify(value),))
 
 
 def is_const(node: Node) -> bool:
@@ -88,7 +88,7 @@ def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Nod
     across = fuse_across(body, tuple(used), shape, placeholder)
     if across is not None:  # e.g. log(1 - p) of p = sigmoid(z): -softplus(z)
         return map_(across[0], across[1], shape)
-    return _node("map", tuple(used), shape, (body,))
+    return op_node("map", tuple(used), shape, (body,))
 
 
 def _broadcast_shape(shapes: list[Shape]) -> Shape:
@@ -111,7 +111,7 @@ def matmul(a: Node, b: Node) -> Node:
         return broadcast(map_(a.attrs[0] * placeholder(0), [reduce_sum(b, 0)]), shape)
     if is_const(b):  # c * row sums of A, repeated in every column
         return broadcast(map_(b.attrs[0] * placeholder(0), [reduce_sum(a, 1)]), shape)
-    return _node("matmul", (a, b), shape)
+    return op_node("matmul", (a, b), shape)
 
 
 def transpose(a: Node) -> Node:
@@ -119,7 +119,7 @@ def transpose(a: Node) -> Node:
         return a.args[0]
     if a.shape == SCALAR or is_const(a):
         return a if a.shape == SCALAR else const(a.attrs[0], (a.shape[1], a.shape[0]))
-    return _node("transpose", (a,), (a.shape[1], a.shape[0]))
+    return op_node("transpose", (a,), (a.shape[1], a.shape[0]))
 
 
 def reduce_sum(a: Node, axis: int) -> Node:
@@ -129,12 +129,12 @@ def reduce_sum(a: Node, axis: int) -> Node:
     shape = reduced_shape(a.shape, axis)
     if is_const(a):
         return const(a.attrs[0] * a.shape[axis], shape)
-    return _node("sum", (a,), shape, (axis,))
+    return op_node("sum", (a,), shape, (axis,))
 
 
 def logsumexp(a: Node, axis: int) -> Node:
     shape = reduced_shape(a.shape, axis)
-    return _node("logsumexp", (a,), shape, (axis,))
+    return op_node("logsumexp", (a,), shape, (axis,))
 
 
 def reduce_extreme(op: str, a: Node, axis: int) -> Node:
@@ -144,7 +144,7 @@ def reduce_extreme(op: str, a: Node, axis: int) -> Node:
     shape = reduced_shape(a.shape, axis)
     if is_const(a):
         return const(a.attrs[0], shape)
-    return _node(op, (a,), shape, (axis,))
+    return op_node(op, (a,), shape, (axis,))
 
 
 def row_placeholder(arg: int, col: int) -> sp.Symbol:
@@ -191,7 +191,7 @@ def emap(bodies: Iterable[sp.Expr], args: Iterable[Node], bindings: Iterable[tup
         return const(0, shape)
     live = _live_lets(tuple((sym, sp.sympify(e).xreplace(folded)) for sym, e in lets), programs)
     kept, bindings, programs, live, target = _drop_unused(arg_nodes, bindings, programs, live, tuple(target))
-    return _node("emap", kept, shape, (programs, bindings, tuple(loops), target, live))
+    return op_node("emap", kept, shape, (programs, bindings, tuple(loops), target, live))
 
 
 def _live_lets(lets: tuple, bodies: tuple) -> tuple:
@@ -248,7 +248,7 @@ def element(a: Node, i: int, j: int) -> Node:
     if a.op == "pack":
         positions = a.attrs[0]
         return a.args[positions.index((i, j))] if (i, j) in positions else const(0)
-    return _node("element", (a,), SCALAR, (i, j))
+    return op_node("element", (a,), SCALAR, (i, j))
 
 
 def pack(shape: Shape, entries: dict[tuple[int, int], Node]) -> Node:
@@ -256,7 +256,7 @@ def pack(shape: Shape, entries: dict[tuple[int, int], Node]) -> Node:
     if shape == SCALAR and (0, 0) in entries:
         return entries[(0, 0)]
     positions = tuple(sorted(entries))
-    return _node("pack", tuple(entries[p] for p in positions), shape, (positions,))
+    return op_node("pack", tuple(entries[p] for p in positions), shape, (positions,))
 
 
 def broadcast(a: Node, shape: Shape) -> Node:

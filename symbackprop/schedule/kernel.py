@@ -62,7 +62,7 @@ def equation(lhs: str, rhs: sp.Basic) -> Equation:
     return Equation(lhs, sp.sstr(rhs), f"{latex_name(lhs)} = {latex(rhs)}")
 
 
-def _map_equation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
+def map_equation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
     """A fused loop's value as an equation, or, beyond MAX_EQUATION_OPS (a
     gradient of a determinant by minors: printing them took 20 s), a
     pointer to the C's temporaries."""
@@ -107,7 +107,7 @@ Kernel = MapKernel | Any
 # A map body with more operations than this is shown in comments by what it
 # reads, not written out: its CSE'd temporaries in the C are the readable form.
 MAX_SHOWN_OPS = 60
-MAX_EQUATION_OPS = 500  # of a fused elementwise loop's value (_map_equation)
+MAX_EQUATION_OPS = 500  # of a fused elementwise loop's value (map_equation)
 
 
 # A fused loop's value read by several of its members is substituted into

@@ -18,7 +18,7 @@ from symbackprop.ir.node import SCALAR, Node, Shape, placeholder
 from symbackprop.ops.registry import is_view, rule
 from symbackprop.schedule.cse import cse_program
 from symbackprop.schedule.fusion import ExamplesGroup, MapGroup, Placement
-from symbackprop.schedule.kernel import MAX_INLINED_OPS, Equation, Kernel, MapKernel, View, _map_equation, equation, kernel_writes
+from symbackprop.schedule.kernel import MAX_INLINED_OPS, Equation, Kernel, MapKernel, View, equation, kernel_writes, map_equation
 from symbackprop.schedule.naming import Naming
 from symbackprop.schedule.workspace import Slot, plan_workspace
 
@@ -188,7 +188,7 @@ class Scheduler(Placement):
         counts[1] += sum(sp.count_ops(e) for _, e in temps) + sum(sp.count_ops(e) for e in reduced)
         load_views = tuple((sym, self._broadcast_view(node, group.shape)) for node, sym in loads.items())
         readable = {sym: sp.Symbol(self.label(node)) for node, sym in loads.items()}
-        equations = tuple(_map_equation(self.buffer_of[m], value[m], readable) for m in stored)
+        equations = tuple(map_equation(self.buffer_of[m], value[m], readable) for m in stored)
         if group.shape != SCALAR:
             equations = tuple(Equation(e.lhs, e.text, e.latex + r" \quad \text{(elementwise)}") for e in equations)
         stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
