@@ -274,12 +274,12 @@ def test_horner_body_is_cut_into_shallow_lets():
 
 
 def test_interning_table_does_not_grow():
-    """Compiling (and planning every kind of function for) one model 20
+    """Compiling (and planning every kind of function for) one model 10
     times leaves the table as it was after the first time."""
     model = mlp_model(2)
     kinds = ("forward", "value_and_grad", "vjp", "jvp", "hvp")
     sizes = []
-    for _ in range(20):
+    for _ in range(10):
         sbp.compile(model)
         plan(model, functions=kinds)
         gc.collect()
