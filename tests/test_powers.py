@@ -123,7 +123,8 @@ def test_power_chain_lengths():
     assert len(_power_chain([64])) == 6  # square and multiply, not 63 multiplications
     assert len(_power_chain(list(range(2, 41)))) == 39
     assert len(_power_chain([1000])) <= 2 * 10
-    assert _power_chain(list(range(2, 9)))[8] == (4, 4)  # as even as the chain allows: a short dependency path
+    assert _power_chain(list(range(2, 9)))[8] == (7, 1)  # up to MAX_PRODUCT_POWER: what a product of x computes
+    assert _power_chain(list(range(2, 41)))[40] == (20, 20)  # above: as even as can be, a short dependency path
 
 
 def test_a_lone_square_or_cube_is_left_alone():

