@@ -43,11 +43,11 @@ static int polynomial_fit_run(
         const double x0 = points[2*i]*coeffs[1];
         const double x1 = (points[2*i]*points[2*i]);
         const double x2 = coeffs[2]*x1;
-        const double x3 = (points[2*i]*points[2*i]*points[2*i]);
+        const double x3 = points[2*i]*x1;
         const double x4 = coeffs[3]*x3;
-        const double x5 = (points[2*i]*points[2*i]*points[2*i]*points[2*i]);
+        const double x5 = points[2*i]*x3;
         const double x6 = coeffs[4]*x5;
-        const double x7 = (points[2*i]*points[2*i]*points[2*i]*points[2*i]*points[2*i]);
+        const double x7 = points[2*i]*x5;
         const double x8 = coeffs[5]*x7;
         const double x9 = -points[2*i + 1] + coeffs[0] + x0 + x2 + x4 + x6 + x8;
         const double x10 = 1.0/((double)N);

@@ -27,6 +27,7 @@ from symbackprop.errors import ModelError
 from symbackprop.ops.functions import CHelper, helpers_called
 from symbackprop.ops.registry import helpers, record
 from symbackprop.run.abi import STATUS_TEXT
+from symbackprop.schedule.cse import MAX_PRODUCT_POWER
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Kernel, View, kernel_reads, kernel_writes
 from symbackprop.schedule.scheduler import FunctionSchedule, Slot
 
@@ -46,11 +47,6 @@ class RealType:
 FLOAT64 = RealType("float64", "double", "float64", sp.codegen.ast.float64)
 FLOAT32 = RealType("float32", "float", "float32", sp.codegen.ast.float32)
 REAL_TYPES = {t.name: t for t in (FLOAT64, FLOAT32)}
-
-
-# x**n of a symbol for |n| up to this is printed as a product: without
-# -ffast-math a C compiler keeps pow() a library call (pow(x, 2) excepted).
-MAX_PRODUCT_POWER = 8
 
 
 class ScalarPrinter(IEEEPrinter):

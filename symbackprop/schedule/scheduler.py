@@ -16,7 +16,7 @@ import sympy as sp
 from symbackprop.ir.construct import is_const
 from symbackprop.ir.node import SCALAR, Node, Shape, placeholder
 from symbackprop.ops.registry import is_view, rule
-from symbackprop.schedule.cse import cse_program
+from symbackprop.schedule.cse import cse_program, share_powers
 from symbackprop.schedule.fusion import ExamplesGroup, MapGroup, Placement
 from symbackprop.schedule.kernel import MAX_INLINED_OPS, Equation, Kernel, MapKernel, View, equation, kernel_writes, map_equation
 from symbackprop.schedule.naming import Naming
@@ -182,7 +182,7 @@ class Scheduler(Placement):
             temps, reduced = cse_program(program, exprs)
             before = sum(sp.count_ops(e) for _, e in program)
         else:
-            temps, reduced = sp.cse(exprs, symbols=sp.numbered_symbols("x", real=True), order="canonical")
+            temps, reduced = share_powers(*sp.cse(exprs, symbols=sp.numbered_symbols("x", real=True), order="canonical"))
             before = 0
         counts[0] += before + sum(sp.count_ops(e) for e in exprs)
         counts[1] += sum(sp.count_ops(e) for _, e in temps) + sum(sp.count_ops(e) for e in reduced)

@@ -31,14 +31,14 @@ static int scalar_run(
     /* grad_y = x**3 + x*cos(x*y) + exp(y)/x */
     {
         const double x0 = y[0]*x[0];
-        const double x1 = (x[0]*x[0]*x[0]);
-        const double x2 = exp(y[0]);
-        const double x3 = x2/x[0];
-        const double x4 = (x[0]*x[0]);
+        const double x1 = (x[0]*x[0]);
+        const double x2 = x[0]*x1;
+        const double x3 = exp(y[0]);
+        const double x4 = x3/x[0];
         const double x5 = cos(x0);
-        loss[0] = y[0]*x1 + x3 + sin(x0);
-        grad_x[0] = 3*y[0]*x4 + y[0]*x5 - x2/x4;
-        grad_y[0] = x[0]*x5 + x1 + x3;
+        loss[0] = y[0]*x2 + x4 + sin(x0);
+        grad_x[0] = 3*y[0]*x1 + y[0]*x5 - x3/x1;
+        grad_y[0] = x[0]*x5 + x2 + x4;
     }
     (void)with_grads;
     return 0;
