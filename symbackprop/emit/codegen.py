@@ -502,6 +502,8 @@ def emit_function(
     if shared:
         params.append(CParam("flag", "with_grads", "with_grads", "int with_grads", ()))
     kernels = [emitter.kernel(k) for k in schedule.kernels]
+    if shared:
+        kernels = forward_only(kernels, schedule)
     declares, anchors = _slot_declarations(schedule, emitter, shared is not None)
     kernels = [replace(k, declares=tuple(declares.get(i, ()))) for i, k in enumerate(kernels)]
     checks = entry_checks(schedule, emitter)
@@ -565,6 +567,47 @@ def _slot_declarations(schedule: FunctionSchedule, emitter: FunctionEmitter,
             anchor = f"with_grads ? {anchor} : {_absolute(head_of[slot.name], emitter)}"
         anchors.append((namer.name(slot.name), anchor))
     return declares, anchors
+
+
+def forward_only(kernels: list[CKernel], schedule: FunctionSchedule) -> list[CKernel]:
+    """In the shared forward-and-gradient function, a per-example loop that
+    computes forward values and adds into gradients in one pass gets a
+    second, value-only variant (`forward` in its fields) that a call with
+    `with_grads` 0 runs: forward does no derivative work, and
+    value_and_grad keeps its single pass over the examples."""
+    end = len(kernels) if schedule.split is None else schedule.split
+    needed = set(schedule.first)
+    for kernel in reversed(schedule.kernels[:end]):
+        if needed & set(kernel_writes(kernel)):
+            needed |= set(kernel_reads(kernel))
+    out = list(kernels)
+    for index, ck in enumerate(kernels[:end]):
+        fields = ck.fields
+        if ck.kind != "emap" or "store_buffers" not in fields:
+            continue
+        keep = [b in needed for b in fields["store_buffers"]]
+        if all(keep) or not any(keep):
+            continue
+        out[index] = replace(ck, fields={**fields, "forward": _value_only(fields, keep, needed)})
+    return out
+
+
+def _value_only(fields: dict, keep: list[bool], needed: set[str]) -> dict:
+    """The stores kept, the temporaries they use (transitively), the
+    zeroing of the accumulators kept."""
+    uses = dict(zip((name for name, _ in fields["temps"]), fields["temp_uses"]))
+    live: set[str] = set()
+    stack = [t for kept, used in zip(keep, fields["store_uses"]) if kept for t in used]
+    while stack:
+        name = stack.pop()
+        if name not in live:
+            live.add(name)
+            stack.extend(uses[name])
+    return {
+        "zero": [z for z, b in zip(fields["zero"], fields["zero_buffers"]) if b in needed],
+        "temps": [(name, expr) for name, expr in fields["temps"] if name in live],
+        "stores": [store for store, kept in zip(fields["stores"], keep) if kept],
+    }
 
 
 def _absolute(slot: Slot, emitter: FunctionEmitter) -> str:

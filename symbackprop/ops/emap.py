@@ -342,6 +342,7 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     first_loop = kernel.loops[0]
     # threads only where no two examples of different threads add into one place
     safe = all(not out.accumulate or out.target[0] == ("loop", 0) for out in kernel.outputs)
+    temp_symbols = {sym for sym, _ in kernel.temps}
     return {
         "loops": [(var, em.dim(n)) for var, n in zip(loop_vars, kernel.loops)],
         "zero": [(em.namer.name(out.buffer), em.dim(sp.sympify(out.shape[0]) * out.shape[1]))
@@ -349,6 +350,12 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         "parallel": safe and worth_threads(first_loop),
         "temps": [(str(sym), printer.doprint(expr)) for sym, expr in kernel.temps],
         "stores": stores,
+        # what each piece writes and reads, for a call that needs only some
+        # outputs (codegen.forward_only: forward through the shared function)
+        "zero_buffers": [out.buffer for out in kernel.outputs if out.accumulate],
+        "store_buffers": [kernel.outputs[number].buffer for number, _, _ in kernel.stores],
+        "temp_uses": [sorted(str(s) for s in expr.free_symbols & temp_symbols) for _, expr in kernel.temps],
+        "store_uses": [sorted(str(s) for s in expr.free_symbols & temp_symbols) for _, _, expr in kernel.stores],
     }
 
 
