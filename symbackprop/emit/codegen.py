@@ -43,6 +43,15 @@ class RealType:
     numpy: str
     sympy_type: object
 
+    @property
+    def helper_prefix(self) -> str:
+        """The prefix of its helpers in the runtime header: symbackprop_f64_matmul, ..."""
+        return f"symbackprop_f{self.name[-2:]}"
+
+    @property
+    def gemm(self) -> str:
+        return "dgemm" if self.c == "double" else "sgemm"
+
 
 FLOAT64 = RealType("float64", "double", "float64", sp.codegen.ast.float64)
 FLOAT32 = RealType("float32", "float", "float32", sp.codegen.ast.float32)
@@ -200,24 +209,11 @@ class CModule:
     @property
     def helper_prefix(self) -> str:
         """The prefix of the runtime header's helpers for this real type."""
-        return runtime_type(REAL_TYPES[self.real]).prefix
-
-    @property
-    def gemm(self) -> str:
-        return "dgemm" if self.real_c == "double" else "sgemm"
-
-    @property
-    def uses_matmul(self) -> bool:
-        """Whether a product calls the module's matmul helper."""
-        return any(k.kind == "matmul" and k.fields["call"] for f in self.internal + self.functions for k in f.kernels)
+        return REAL_TYPES[self.real].helper_prefix
 
     @property
     def status_text(self) -> dict[int, str]:
         return STATUS_TEXT
-
-    @property
-    def blas_min(self) -> int:
-        return BLAS_MIN_MULTIPLY_ADDS
 
     def all_kernels(self) -> Iterator[CKernel]:
         """Every kernel, those nested in others' fields (a scan's step) too."""
@@ -234,17 +230,6 @@ class CModule:
     def function_helpers(self) -> tuple[CHelper, ...]:
         """The scalar-function helpers its kernels call (ops.functions)."""
         return helpers_called(_texts([k.fields for k in self.all_kernels()]))
-
-    @property
-    def uses_parallel(self) -> bool:
-        return any(k.fields.get("parallel") for f in self.internal + self.functions for k in f.kernels)
-
-    @property
-    def vector_math(self) -> list[str]:
-        """glibc's libmvec functions for this real type: all of them, so that
-        the declarations do not change when the model's functions do."""
-        suffix = "f" if self.real_c == "float" else ""
-        return [name + suffix for name in sorted(LIBMVEC)]
 
 
 def _texts(value: object) -> Iterator[str]:
@@ -446,8 +431,10 @@ class RuntimeType:
 
 
 def runtime_type(real: RealType) -> RuntimeType:
+    """A real type's part of the header: every libmvec function and every
+    op's helper, so that the header is the same whatever the models."""
     suffix = "f" if real.c == "float" else ""
-    return RuntimeType(real.name, real.c, f"symbackprop_f{real.name[-2:]}", "dgemm" if real.c == "double" else "sgemm",
+    return RuntimeType(real.name, real.c, real.helper_prefix, real.gemm,
                        tuple(name + suffix for name in sorted(LIBMVEC)), tuple(sorted(helpers())))
 
 
@@ -575,13 +562,9 @@ def forward_only(kernels: list[CKernel], schedule: FunctionSchedule) -> list[CKe
     second, value-only variant (`forward` in its fields) that a call with
     `with_grads` 0 runs: forward does no derivative work, and
     value_and_grad keeps its single pass over the examples."""
-    end = len(kernels) if schedule.split is None else schedule.split
-    needed = set(schedule.first)
-    for kernel in reversed(schedule.kernels[:end]):
-        if needed & set(kernel_writes(kernel)):
-            needed |= set(kernel_reads(kernel))
+    needed = schedule.needed_before_split
     out = list(kernels)
-    for index, ck in enumerate(kernels[:end]):
+    for index, ck in enumerate(kernels[:schedule.split]):
         fields = ck.fields
         if ck.kind != "emap" or "store_buffers" not in fields:
             continue

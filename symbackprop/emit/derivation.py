@@ -158,20 +158,6 @@ class KernelWork:
     work: str
 
 
-def kernel_counts(kernel: Kernel) -> tuple[sp.Expr, sp.Expr]:
-    """The scalar operations a kernel performs, in its dimensions: what the
-    kernel's own `work()` says (each kernel class, in its op's module,
-    knows its work).
-
-    Args:
-        kernel: a kernel of a FunctionSchedule.
-
-    Returns:
-        (multiply-adds, other scalar operations).
-    """
-    return kernel.work()
-
-
 def _work_text(madds: sp.Expr, ops: sp.Expr) -> str:
     parts = [_counted(madds, "multiply-add")] if madds != 0 else []
     parts += [_counted(ops, "operation")] if ops != 0 or not parts else []
@@ -191,11 +177,11 @@ def kernel_work(kernels: Iterable[Kernel]) -> tuple[tuple[KernelWork, ...], str]
 
     Returns:
         (a KernelWork per kernel that runs something, the total as text);
-        see kernel_counts.
+        see each kernel's work().
     """
     rows, total = [], (sp.Integer(0), sp.Integer(0))
     for kernel in kernels:
-        madds, ops = kernel_counts(kernel)
+        madds, ops = kernel.work()
         total = (total[0] + madds, total[1] + ops)
         equations = getattr(kernel, "equations", ())
         if not equations and madds == 0 and ops == 0:

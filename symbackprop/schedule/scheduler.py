@@ -18,7 +18,17 @@ from symbackprop.ir.node import SCALAR, Node, Shape, placeholder
 from symbackprop.ops.registry import is_view, rule
 from symbackprop.schedule.cse import cse_program, share_powers
 from symbackprop.schedule.fusion import ExamplesGroup, MapGroup, Placement
-from symbackprop.schedule.kernel import MAX_INLINED_OPS, Equation, Kernel, MapKernel, View, equation, kernel_writes, map_equation
+from symbackprop.schedule.kernel import (
+    MAX_INLINED_OPS,
+    Equation,
+    Kernel,
+    MapKernel,
+    View,
+    equation,
+    kernel_reads,
+    kernel_writes,
+    map_equation,
+)
 from symbackprop.schedule.naming import Naming
 from symbackprop.schedule.workspace import Slot, plan_workspace
 
@@ -43,6 +53,16 @@ class FunctionSchedule:
         """Buffers a call that stops at the split writes (also results
         beyond the first ones, computed in the same loops)."""
         return {b for k in self.kernels[:self.split] for b in kernel_writes(k)}
+
+    @property
+    def needed_before_split(self) -> set[str]:
+        """Buffers the `first` results need (they and what they read, back
+        through the kernels before the split)."""
+        needed = set(self.first)
+        for kernel in reversed(self.kernels[:self.split]):
+            if needed & set(kernel_writes(kernel)):
+                needed |= set(kernel_reads(kernel))
+        return needed
 
     @property
     def index_checks(self) -> tuple[tuple[str, object, object], ...]:
