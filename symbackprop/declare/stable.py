@@ -80,7 +80,6 @@ class softplus(sp.Function):
         return self.rewrite(sp.exp)._eval_evalf(prec)
 
 
-STABLE_FUNCTIONS = (sigmoid, softplus)
 
 
 def _is_one(x: sp.Basic) -> bool:
