@@ -80,8 +80,6 @@ class softplus(sp.Function):
         return self.rewrite(sp.exp)._eval_evalf(prec)
 
 
-
-
 def _is_one(x: sp.Basic) -> bool:
     """Exactly 1: the integer, or a Float equal to it (1.0)."""
     return bool(x.is_Number and x.is_finite and sp.Rational(x) == 1)
