@@ -51,11 +51,15 @@ static int gmm_run(
      * means[j, 1])*exp(qd[j, 1]))**2/2 - (ql[j, 1]*(X[i, 0] - means[j, 0]) +
      * ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))**2/2 */
     SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < N; ++i) {
-        for (int64_t j = 0; j < K; ++j) {
-            const double x0 = X[3*i] - means[3*j];
-            const double x1 = X[3*i + 1] - means[3*j + 1];
-            log_density[K*i + j] = alpha[j] + qd[3*j] + qd[3*j + 1] + qd[3*j + 2] - 1.0/2.0*(x0*x0)*exp(2*qd[3*j]) - 1.0/2.0*pow(ql[3*j]*x0 + x1*exp(qd[3*j + 1]), 2) - 1.0/2.0*pow(ql[3*j + 1]*x0 + ql[3*j + 2]*x1 + (X[3*i + 2] - means[3*j + 2])*exp(qd[3*j + 2]), 2);
+    for (int64_t j = 0; j < K; ++j) {
+        const double x0 = exp(qd[3*j + 1]);
+        const double x1 = exp(qd[3*j + 2]);
+        const double x2 = -1.0/2.0*exp(2*qd[3*j]);
+        const double x3 = alpha[j] + qd[3*j] + qd[3*j + 1] + qd[3*j + 2];
+        for (int64_t i = 0; i < N; ++i) {
+            const double x4 = X[3*i] - means[3*j];
+            const double x5 = X[3*i + 1] - means[3*j + 1];
+            log_density[K*i + j] = x2*(x4*x4) + x3 - 1.0/2.0*pow(ql[3*j]*x4 + x0*x5, 2) - 1.0/2.0*pow(ql[3*j + 1]*x4 + ql[3*j + 2]*x5 + x1*(X[3*i + 2] - means[3*j + 2]), 2);
         }
     }
 
@@ -159,31 +163,89 @@ static int gmm_run(
     for (int64_t i = 0; i < 3*K; ++i) {
         grad_ql_part[i] = 0;
     }
-    for (int64_t i = 0; i < N; ++i) {
-        for (int64_t j = 0; j < K; ++j) {
-            const double x0 = exp(qd[3*j + 2]);
-            const double x1 = x0*(X[3*i + 2] - means[3*j + 2]);
-            const double x2 = X[3*i] - means[3*j];
-            const double x3 = X[3*i + 1] - means[3*j + 1];
-            const double x4 = ql[3*j + 1]*x2 + ql[3*j + 2]*x3 + x1;
-            const double x5 = exp(qd[3*j + 1]);
-            const double x6 = x3*x5;
-            const double x7 = ql[3*j]*x2 + x6;
-            const double x8 = exp(2*qd[3*j]);
-            const double x9 = grad_log_density[K*i + j]*(-ql[3*j]*x7 - ql[3*j + 1]*x4 - x2*x8);
-            const double x10 = grad_log_density[K*i + j]*(-ql[3*j + 2]*x4 - x5*x7);
-            const double x11 = grad_log_density[K*i + j]*x4;
-            grad_alpha_part[j] += grad_log_density[K*i + j];
-            grad_means[3*j] += -x9;
-            grad_means[3*j + 1] += -x10;
-            grad_means[3*j + 2] += x0*x11;
-            grad_qd_part[3*j] += grad_log_density[K*i + j]*(-(x2*x2)*x8 + 1);
-            grad_qd_part[3*j + 1] += grad_log_density[K*i + j]*(-x6*x7 + 1);
-            grad_qd_part[3*j + 2] += grad_log_density[K*i + j]*(-x1*x4 + 1);
-            grad_ql_part[3*j] += -grad_log_density[K*i + j]*x2*x7;
-            grad_ql_part[3*j + 1] += -x11*x2;
-            grad_ql_part[3*j + 2] += -x11*x3;
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t j = 0; j < K; ++j) {
+        const double x0 = exp(qd[3*j + 2]);
+        const double x1 = exp(qd[3*j + 1]);
+        const double x2 = exp(2*qd[3*j]);
+        double acc0[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        double acc1[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        double acc2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        double acc3[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        double acc4[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        double acc5[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        double acc6[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        double acc7[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        double acc8[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        double acc9[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int64_t k = 0;
+        for (; k + 8 <= N; k += 8) {
+            for (int64_t l = 0; l < 8; ++l) {
+                const int64_t i = k + l;
+                const double x3 = x0*(X[3*i + 2] - means[3*j + 2]);
+                const double x4 = X[3*i] - means[3*j];
+                const double x5 = X[3*i + 1] - means[3*j + 1];
+                const double x6 = ql[3*j + 1]*x4 + ql[3*j + 2]*x5 + x3;
+                const double x7 = x1*x5;
+                const double x8 = ql[3*j]*x4 + x7;
+                const double x9 = grad_log_density[K*i + j]*(-ql[3*j]*x8 - ql[3*j + 1]*x6 - x2*x4);
+                const double x10 = grad_log_density[K*i + j]*(-ql[3*j + 2]*x6 - x1*x8);
+                const double x11 = grad_log_density[K*i + j]*x6;
+                acc0[l] += grad_log_density[K*i + j];
+                acc1[l] += -x9;
+                acc2[l] += -x10;
+                acc3[l] += x0*x11;
+                acc4[l] += grad_log_density[K*i + j]*(-x2*(x4*x4) + 1);
+                acc5[l] += grad_log_density[K*i + j]*(-x7*x8 + 1);
+                acc6[l] += grad_log_density[K*i + j]*(-x3*x6 + 1);
+                acc7[l] += -grad_log_density[K*i + j]*x4*x8;
+                acc8[l] += -x11*x4;
+                acc9[l] += -x11*x5;
+            }
         }
+        for (int64_t l = 1; l < 8; ++l) {
+            acc0[0] += acc0[l];
+            acc1[0] += acc1[l];
+            acc2[0] += acc2[l];
+            acc3[0] += acc3[l];
+            acc4[0] += acc4[l];
+            acc5[0] += acc5[l];
+            acc6[0] += acc6[l];
+            acc7[0] += acc7[l];
+            acc8[0] += acc8[l];
+            acc9[0] += acc9[l];
+        }
+        for (int64_t i = k; i < N; ++i) {
+            const double x3 = x0*(X[3*i + 2] - means[3*j + 2]);
+            const double x4 = X[3*i] - means[3*j];
+            const double x5 = X[3*i + 1] - means[3*j + 1];
+            const double x6 = ql[3*j + 1]*x4 + ql[3*j + 2]*x5 + x3;
+            const double x7 = x1*x5;
+            const double x8 = ql[3*j]*x4 + x7;
+            const double x9 = grad_log_density[K*i + j]*(-ql[3*j]*x8 - ql[3*j + 1]*x6 - x2*x4);
+            const double x10 = grad_log_density[K*i + j]*(-ql[3*j + 2]*x6 - x1*x8);
+            const double x11 = grad_log_density[K*i + j]*x6;
+            acc0[0] += grad_log_density[K*i + j];
+            acc1[0] += -x9;
+            acc2[0] += -x10;
+            acc3[0] += x0*x11;
+            acc4[0] += grad_log_density[K*i + j]*(-x2*(x4*x4) + 1);
+            acc5[0] += grad_log_density[K*i + j]*(-x7*x8 + 1);
+            acc6[0] += grad_log_density[K*i + j]*(-x3*x6 + 1);
+            acc7[0] += -grad_log_density[K*i + j]*x4*x8;
+            acc8[0] += -x11*x4;
+            acc9[0] += -x11*x5;
+        }
+        grad_alpha_part[j] += acc0[0];
+        grad_means[3*j] += acc1[0];
+        grad_means[3*j + 1] += acc2[0];
+        grad_means[3*j + 2] += acc3[0];
+        grad_qd_part[3*j] += acc4[0];
+        grad_qd_part[3*j + 1] += acc5[0];
+        grad_qd_part[3*j + 2] += acc6[0];
+        grad_ql_part[3*j] += acc7[0];
+        grad_ql_part[3*j + 1] += acc8[0];
+        grad_ql_part[3*j + 2] += acc9[0];
     }
 
     /* grad_alpha = N*exp(alpha - t0) + grad_alpha_part */

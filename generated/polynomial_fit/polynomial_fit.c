@@ -40,40 +40,86 @@ static int polynomial_fit_run(
         for (int64_t i = 0; i < 6; ++i) {
             grad_coeffs[i] = 0;
         }
-        for (int64_t i = 0; i < N; ++i) {
-            const double x0 = points[2*i]*coeffs[1];
-            const double x1 = (points[2*i]*points[2*i]);
-            const double x2 = coeffs[2]*x1;
-            const double x3 = points[2*i]*x1;
-            const double x4 = coeffs[3]*x3;
-            const double x5 = points[2*i]*x3;
-            const double x6 = coeffs[4]*x5;
-            const double x7 = points[2*i]*x5;
-            const double x8 = coeffs[5]*x7;
-            const double x9 = -points[2*i + 1] + coeffs[0] + x0 + x2 + x4 + x6 + x8;
-            const double x10 = 1.0/((double)N);
-            const double x11 = 2*x10*x9;
-            squared_error[i] = (x9*x9);
-            grad_coeffs[0] += x10*(-2*points[2*i + 1] + 2*coeffs[0] + 2*x0 + 2*x2 + 2*x4 + 2*x6 + 2*x8);
-            grad_coeffs[1] += points[2*i]*x11;
-            grad_coeffs[2] += x1*x11;
-            grad_coeffs[3] += x11*x3;
-            grad_coeffs[4] += x11*x5;
-            grad_coeffs[5] += x11*x7;
+        {
+            const double x0 = 1.0/((double)N);
+            double acc0[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            double acc1[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            double acc2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            double acc3[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            double acc4[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            double acc5[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= N; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    const int64_t i = k + l;
+                    const double x1 = points[2*i]*coeffs[1];
+                    const double x2 = (points[2*i]*points[2*i]);
+                    const double x3 = coeffs[2]*x2;
+                    const double x4 = points[2*i]*x2;
+                    const double x5 = coeffs[3]*x4;
+                    const double x6 = points[2*i]*x4;
+                    const double x7 = coeffs[4]*x6;
+                    const double x8 = points[2*i]*x6;
+                    const double x9 = coeffs[5]*x8;
+                    const double x10 = -points[2*i + 1] + coeffs[0] + x1 + x3 + x5 + x7 + x9;
+                    const double x11 = 2*x0*x10;
+                    squared_error[i] = (x10*x10);
+                    acc0[l] += x0*(-2*points[2*i + 1] + 2*coeffs[0] + 2*x1 + 2*x3 + 2*x5 + 2*x7 + 2*x9);
+                    acc1[l] += points[2*i]*x11;
+                    acc2[l] += x11*x2;
+                    acc3[l] += x11*x4;
+                    acc4[l] += x11*x6;
+                    acc5[l] += x11*x8;
+                }
+            }
+            for (int64_t l = 1; l < 8; ++l) {
+                acc0[0] += acc0[l];
+                acc1[0] += acc1[l];
+                acc2[0] += acc2[l];
+                acc3[0] += acc3[l];
+                acc4[0] += acc4[l];
+                acc5[0] += acc5[l];
+            }
+            for (int64_t i = k; i < N; ++i) {
+                const double x1 = points[2*i]*coeffs[1];
+                const double x2 = (points[2*i]*points[2*i]);
+                const double x3 = coeffs[2]*x2;
+                const double x4 = points[2*i]*x2;
+                const double x5 = coeffs[3]*x4;
+                const double x6 = points[2*i]*x4;
+                const double x7 = coeffs[4]*x6;
+                const double x8 = points[2*i]*x6;
+                const double x9 = coeffs[5]*x8;
+                const double x10 = -points[2*i + 1] + coeffs[0] + x1 + x3 + x5 + x7 + x9;
+                const double x11 = 2*x0*x10;
+                squared_error[i] = (x10*x10);
+                acc0[0] += x0*(-2*points[2*i + 1] + 2*coeffs[0] + 2*x1 + 2*x3 + 2*x5 + 2*x7 + 2*x9);
+                acc1[0] += points[2*i]*x11;
+                acc2[0] += x11*x2;
+                acc3[0] += x11*x4;
+                acc4[0] += x11*x6;
+                acc5[0] += x11*x8;
+            }
+            grad_coeffs[0] += acc0[0];
+            grad_coeffs[1] += acc1[0];
+            grad_coeffs[2] += acc2[0];
+            grad_coeffs[3] += acc3[0];
+            grad_coeffs[4] += acc4[0];
+            grad_coeffs[5] += acc5[0];
         }
     } else {  /* the forward values only */
         for (int64_t i = 0; i < N; ++i) {
-            const double x0 = points[2*i]*coeffs[1];
-            const double x1 = (points[2*i]*points[2*i]);
-            const double x2 = coeffs[2]*x1;
-            const double x3 = points[2*i]*x1;
-            const double x4 = coeffs[3]*x3;
-            const double x5 = points[2*i]*x3;
-            const double x6 = coeffs[4]*x5;
-            const double x7 = points[2*i]*x5;
-            const double x8 = coeffs[5]*x7;
-            const double x9 = -points[2*i + 1] + coeffs[0] + x0 + x2 + x4 + x6 + x8;
-            squared_error[i] = (x9*x9);
+            const double x1 = points[2*i]*coeffs[1];
+            const double x2 = (points[2*i]*points[2*i]);
+            const double x3 = coeffs[2]*x2;
+            const double x4 = points[2*i]*x2;
+            const double x5 = coeffs[3]*x4;
+            const double x6 = points[2*i]*x4;
+            const double x7 = coeffs[4]*x6;
+            const double x8 = points[2*i]*x6;
+            const double x9 = coeffs[5]*x8;
+            const double x10 = -points[2*i + 1] + coeffs[0] + x1 + x3 + x5 + x7 + x9;
+            squared_error[i] = (x10*x10);
         }
     }
 

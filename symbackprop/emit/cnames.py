@@ -42,7 +42,7 @@ _MACRO_LIKE = re.compile(r"^(?:[^a-z]*[A-Z][^a-z]*[A-Z][^a-z]*|Py[A-Z_].*|PY.*|M
 
 # Names the templates use for their own locals.
 INTERNAL = frozenset("i j k l acc maxval total lane result top work status".split())
-_TEMP = re.compile(r"^x\d+$")  # CSE temporaries
+_TEMP = re.compile(r"^(x|acc)\d+$")  # CSE temporaries, accumulators
 MAX_LENGTH = 48
 
 

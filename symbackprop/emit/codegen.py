@@ -578,7 +578,7 @@ def forward_only(kernels: list[CKernel], schedule: FunctionSchedule) -> list[CKe
 def _value_only(fields: dict, keep: list[bool], needed: set[str]) -> dict:
     """The stores kept, the temporaries they use (transitively), the
     zeroing of the accumulators kept."""
-    uses = dict(zip((name for name, _ in fields["temps"]), fields["temp_uses"]))
+    uses = dict(zip((temp[0] for temp in fields["temps"]), fields["temp_uses"]))
     live: set[str] = set()
     stack = [t for kept, used in zip(keep, fields["store_uses"]) if kept for t in used]
     while stack:
@@ -588,7 +588,7 @@ def _value_only(fields: dict, keep: list[bool], needed: set[str]) -> dict:
             stack.extend(uses[name])
     return {
         "zero": [z for z, b in zip(fields["zero"], fields["zero_buffers"]) if b in needed],
-        "temps": [(name, expr) for name, expr in fields["temps"] if name in live],
+        "temps": [temp for temp in fields["temps"] if temp[0] in live],
         "stores": [store for store, kept in zip(fields["stores"], keep) if kept],
     }
 

@@ -309,10 +309,81 @@ def _where_text(where: tuple) -> str:
 
 # --- C ----------------------------------------------------------------------
 
+# Accumulators of a body at most this large (sympy operations an example)
+# run in eight lanes, which the compiler vectorizes; a larger body stays
+# one scalar lane, the compile time of a vectorized wide body being large.
+LANES_MAX_OPS = 200
+LANES = 8
+
+
+def _loop_uses(kernel: EmapKernel) -> dict[sp.Symbol, frozenset]:
+    """The loops (0, 1) each load and temporary depends on."""
+    uses: dict[sp.Symbol, frozenset] = {}
+    for sym, _, where in kernel.loads:
+        uses[sym] = frozenset(spec[-1] for spec in where if spec[0] in ("loop", "gather"))
+    for sym, expr in kernel.temps:
+        uses[sym] = frozenset().union(*(uses.get(s, frozenset()) for s in expr.free_symbols))
+    return uses
+
+
+def _varies(expr: sp.Expr, uses: dict, inner: int) -> bool:
+    return any(inner in uses.get(s, ()) for s in expr.free_symbols)
+
+
+def _hoist(expr: sp.Expr, uses: dict, inner: int, fresh: Iterator[sp.Symbol], out: list) -> sp.Expr:
+    """expr with its largest parts that the inner loop does not change
+    (exp of a parameter, a sum of parameters) replaced by temporaries
+    appended to `out`, computed once before that loop."""
+    if not _varies(expr, uses, inner) and isinstance(expr, sp.Expr):  # not a condition or a piece
+        if expr.is_Atom or sp.count_ops(expr) == 0 or expr.is_Mul and len(expr.args) == 2 and expr.args[0].is_Number and expr.args[1].is_Symbol:
+            return expr  # nothing to compute, or a negation
+        sym = next(fresh)
+        out.append((sym, expr))
+        uses[sym] = frozenset()
+        return sym
+    if not expr.args:
+        return expr
+    if isinstance(expr, (sp.Add, sp.Mul)):
+        fixed = [a for a in expr.args if not _varies(a, uses, inner)]
+        if len(fixed) > 1:  # the terms (factors) that do not vary, as one
+            moving = [_hoist(a, uses, inner, fresh, out) for a in expr.args if _varies(a, uses, inner)]
+            return expr.func(_hoist(expr.func(*fixed), uses, inner, fresh, out), *moving)
+    return expr.func(*[_hoist(a, uses, inner, fresh, out) for a in expr.args])
+
+
+def _outer_loop(kernel: EmapKernel, uses: dict) -> int:
+    """Which of two loops runs outside: the one whose rows the sums add
+    into (the inner loop then adds into locals), else the one under which
+    more of the body is computed once (exp of a parameter row, ...)."""
+    if len(kernel.loops) == 1:
+        return 0
+
+    def score(outer: int) -> tuple[int, int]:
+        inner = 1 - outer
+        local = sum(int(out.shape[1]) for out in kernel.outputs if _local(out, inner))
+        fixed: list = []
+        fresh = (sp.Symbol(f"_h{k}") for k in itertools.count())
+        for _, expr in kernel.temps:
+            _hoist(expr, dict(uses), inner, fresh, fixed)
+        for *_, expr in kernel.stores:
+            _hoist(expr, dict(uses), inner, fresh, fixed)
+        return local, sum(sp.count_ops(e) for _, e in fixed)
+
+    return 1 if score(1) > score(0) else 0
+
+
+def _local(out: EmapOutput, inner: int) -> bool:
+    """Whether an output adds into one row during the whole inner loop:
+    then it adds into a local there, and into memory once after."""
+    row = out.target[0]
+    return out.accumulate and (row[0] == "const" or row[0] in ("loop", "gather") and row[-1] != inner)
+
 
 def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     """Loops over the examples; gathered rows are read through their
-    index (checked at the function's entry: see entry_checks)."""
+    index (checked at the function's entry: see entry_checks). What the
+    inner loop does not change is computed before it, and sums into one
+    row add into locals there (in eight lanes for a small body)."""
     loop_vars = ("i", "j")
 
     def position(where: tuple) -> tuple[sp.Expr, sp.Expr]:
@@ -328,35 +399,55 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
                 out.append(sp.Integer(spec[1]))
         return out[0], out[1]
 
+    uses = _loop_uses(kernel)
+    outer = _outer_loop(kernel, uses)
+    inner = len(kernel.loops) - 1 - outer
+    hoisted, moving = _split_temps(kernel, uses, inner)
+    fresh = (sp.Symbol(f"_h{k}") for k in itertools.count())
+    stores_exprs = [_hoist(expr, uses, inner, fresh, hoisted) for *_, expr in kernel.stores]
+    moving = [(sym, _hoist(expr, uses, inner, fresh, hoisted)) for sym, expr in moving]
+    # temporaries named x0, x1, ... in the order the C computes them
+    names = {sym: sp.Symbol(f"x{k}", real=True) for k, (sym, _) in enumerate(hoisted + moving)}
+    temps = [(names[sym], expr.xreplace(names), k < len(hoisted)) for k, (sym, expr) in enumerate(hoisted + moving)]
     text = {sym: em.access(view, *position(where)) for sym, view, where in kernel.loads}
     text.update({d: f"(({em.real.c}){c})" for d, c in em.dims.items()})
-    text.update({sym: str(sym) for sym, _ in kernel.temps})
+    text.update({sym: str(sym) for sym, _, _ in temps})
     printer = CheckedPrinter(ScalarPrinter(text, em.real), kernel)
     stores = []
-    for number, col, expr in kernel.stores:
+    size = sum(sp.count_ops(e) for _, e, _ in temps) + sum(sp.count_ops(e) for e in stores_exprs)
+    for (number, col, _), expr in zip(kernel.stores, stores_exprs):
         out = kernel.outputs[number]
         rows, cols = out.shape
         view = View(out.buffer, sp.Integer(0), sp.sympify(cols) if rows != 1 else sp.Integer(0), sp.Integer(1))
         row, first = position(out.target)
-        stores.append((em.access(view, row, first + col), "+=" if out.accumulate else "=", printer.doprint(expr)))
-    first_loop = kernel.loops[0]
+        local = f"acc{sum(1 for *_, named in stores if named)}" if _local(out, inner) else ""
+        stores.append((em.access(view, row, first + col), "+=" if out.accumulate else "=",
+                       printer.doprint(expr.xreplace(names)), local))
+    order = (outer, inner)[:len(kernel.loops)]
     # threads only where no two examples of different threads add into one place
-    safe = all(not out.accumulate or out.target[0] == ("loop", 0) for out in kernel.outputs)
-    temp_symbols = {sym for sym, _ in kernel.temps}
+    safe = all(not out.accumulate or out.target[0] == ("loop", outer) for out in kernel.outputs)
+    temp_symbols = {sym for sym, _, _ in temps}
     return {
-        "loops": [(var, em.dim(n)) for var, n in zip(loop_vars, kernel.loops)],
+        "loops": [(loop_vars[a], em.dim(kernel.loops[a])) for a in order],
+        "lanes": LANES if size <= LANES_MAX_OPS else 1,
         "zero": [(em.namer.name(out.buffer), em.dim(sp.sympify(out.shape[0]) * out.shape[1]))
                  for out in kernel.outputs if out.accumulate],
-        "parallel": safe and worth_threads(first_loop),
-        "temps": [(str(sym), printer.doprint(expr)) for sym, expr in kernel.temps],
+        "parallel": safe and worth_threads(kernel.loops[outer]),
+        "temps": [(str(sym), printer.doprint(expr), fixed) for sym, expr, fixed in temps],
         "stores": stores,
         # what each piece writes and reads, for a call that needs only some
         # outputs (codegen.forward_only: forward through the shared function)
         "zero_buffers": [out.buffer for out in kernel.outputs if out.accumulate],
         "store_buffers": [kernel.outputs[number].buffer for number, _, _ in kernel.stores],
-        "temp_uses": [sorted(str(s) for s in expr.free_symbols & temp_symbols) for _, expr in kernel.temps],
-        "store_uses": [sorted(str(s) for s in expr.free_symbols & temp_symbols) for _, _, expr in kernel.stores],
+        "temp_uses": [sorted(str(s) for s in expr.free_symbols & temp_symbols) for _, expr, _ in temps],
+        "store_uses": [sorted(str(s) for s in expr.xreplace(names).free_symbols & temp_symbols) for expr in stores_exprs],
     }
+
+
+def _split_temps(kernel: EmapKernel, uses: dict, inner: int) -> tuple[list, list]:
+    """The temporaries the inner loop does not change, and the others."""
+    fixed = [(sym, e) for sym, e in kernel.temps if inner not in uses[sym]]
+    return fixed, [(sym, e) for sym, e in kernel.temps if inner in uses[sym]]
 
 
 # --- lowering from SymPy ---------------------------------------------------------
