@@ -52,14 +52,24 @@ static int gmm_run(
      * ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))**2/2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t j = 0; j < K; ++j) {
-        const double x0 = exp(qd[3*j + 1]);
-        const double x1 = exp(qd[3*j + 2]);
-        const double x2 = -1.0/2.0*exp(2*qd[3*j]);
-        const double x3 = alpha[j] + qd[3*j] + qd[3*j + 1] + qd[3*j + 2];
+        const double x0 = means[3*j];
+        const double x1 = means[3*j + 1];
+        const double x2 = means[3*j + 2];
+        const double x3 = qd[3*j];
+        const double x4 = qd[3*j + 1];
+        const double x5 = qd[3*j + 2];
+        const double x6 = ql[3*j];
+        const double x7 = ql[3*j + 1];
+        const double x8 = ql[3*j + 2];
+        const double x9 = alpha[j];
+        const double x10 = exp(x4);
+        const double x11 = exp(x5);
+        const double x12 = -1.0/2.0*exp(2*x3);
+        const double x13 = x3 + x4 + x5 + x9;
         for (int64_t i = 0; i < N; ++i) {
-            const double x4 = X[3*i] - means[3*j];
-            const double x5 = X[3*i + 1] - means[3*j + 1];
-            log_density[K*i + j] = x2*(x4*x4) + x3 - 1.0/2.0*pow(ql[3*j]*x4 + x0*x5, 2) - 1.0/2.0*pow(ql[3*j + 1]*x4 + ql[3*j + 2]*x5 + x1*(X[3*i + 2] - means[3*j + 2]), 2);
+            const double x14 = X[3*i] - x0;
+            const double x15 = X[3*i + 1] - x1;
+            log_density[K*i + j] = x12*(x14*x14) + x13 - 1.0/2.0*pow(x10*x15 + x14*x6, 2) - 1.0/2.0*pow(x11*(X[3*i + 2] - x2) + x14*x7 + x15*x8, 2);
         }
     }
 
@@ -165,9 +175,18 @@ static int gmm_run(
     }
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t j = 0; j < K; ++j) {
-        const double x0 = exp(qd[3*j + 2]);
-        const double x1 = exp(qd[3*j + 1]);
-        const double x2 = exp(2*qd[3*j]);
+        const double x0 = means[3*j];
+        const double x1 = means[3*j + 1];
+        const double x2 = means[3*j + 2];
+        const double x3 = qd[3*j];
+        const double x4 = qd[3*j + 1];
+        const double x5 = qd[3*j + 2];
+        const double x6 = ql[3*j];
+        const double x7 = ql[3*j + 1];
+        const double x8 = ql[3*j + 2];
+        const double x9 = exp(x5);
+        const double x10 = exp(x4);
+        const double x11 = exp(2*x3);
         double acc0[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         double acc1[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         double acc2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -182,25 +201,25 @@ static int gmm_run(
         for (; k + 8 <= N; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
                 const int64_t i = k + l;
-                const double x3 = x0*(X[3*i + 2] - means[3*j + 2]);
-                const double x4 = X[3*i] - means[3*j];
-                const double x5 = X[3*i + 1] - means[3*j + 1];
-                const double x6 = ql[3*j + 1]*x4 + ql[3*j + 2]*x5 + x3;
-                const double x7 = x1*x5;
-                const double x8 = ql[3*j]*x4 + x7;
-                const double x9 = grad_log_density[K*i + j]*(-ql[3*j]*x8 - ql[3*j + 1]*x6 - x2*x4);
-                const double x10 = grad_log_density[K*i + j]*(-ql[3*j + 2]*x6 - x1*x8);
-                const double x11 = grad_log_density[K*i + j]*x6;
+                const double x12 = x9*(X[3*i + 2] - x2);
+                const double x13 = X[3*i] - x0;
+                const double x14 = X[3*i + 1] - x1;
+                const double x15 = x12 + x13*x7 + x14*x8;
+                const double x16 = x10*x14;
+                const double x17 = x13*x6 + x16;
+                const double x18 = grad_log_density[K*i + j]*(-x11*x13 - x15*x7 - x17*x6);
+                const double x19 = grad_log_density[K*i + j]*(-x10*x17 - x15*x8);
+                const double x20 = grad_log_density[K*i + j]*x15;
                 acc0[l] += grad_log_density[K*i + j];
-                acc1[l] += -x9;
-                acc2[l] += -x10;
-                acc3[l] += x0*x11;
-                acc4[l] += grad_log_density[K*i + j]*(-x2*(x4*x4) + 1);
-                acc5[l] += grad_log_density[K*i + j]*(-x7*x8 + 1);
-                acc6[l] += grad_log_density[K*i + j]*(-x3*x6 + 1);
-                acc7[l] += -grad_log_density[K*i + j]*x4*x8;
-                acc8[l] += -x11*x4;
-                acc9[l] += -x11*x5;
+                acc1[l] += -x18;
+                acc2[l] += -x19;
+                acc3[l] += x20*x9;
+                acc4[l] += grad_log_density[K*i + j]*(-x11*(x13*x13) + 1);
+                acc5[l] += grad_log_density[K*i + j]*(-x16*x17 + 1);
+                acc6[l] += grad_log_density[K*i + j]*(-x12*x15 + 1);
+                acc7[l] += -grad_log_density[K*i + j]*x13*x17;
+                acc8[l] += -x13*x20;
+                acc9[l] += -x14*x20;
             }
         }
         for (int64_t l = 1; l < 8; ++l) {
@@ -216,25 +235,25 @@ static int gmm_run(
             acc9[0] += acc9[l];
         }
         for (int64_t i = k; i < N; ++i) {
-            const double x3 = x0*(X[3*i + 2] - means[3*j + 2]);
-            const double x4 = X[3*i] - means[3*j];
-            const double x5 = X[3*i + 1] - means[3*j + 1];
-            const double x6 = ql[3*j + 1]*x4 + ql[3*j + 2]*x5 + x3;
-            const double x7 = x1*x5;
-            const double x8 = ql[3*j]*x4 + x7;
-            const double x9 = grad_log_density[K*i + j]*(-ql[3*j]*x8 - ql[3*j + 1]*x6 - x2*x4);
-            const double x10 = grad_log_density[K*i + j]*(-ql[3*j + 2]*x6 - x1*x8);
-            const double x11 = grad_log_density[K*i + j]*x6;
+            const double x12 = x9*(X[3*i + 2] - x2);
+            const double x13 = X[3*i] - x0;
+            const double x14 = X[3*i + 1] - x1;
+            const double x15 = x12 + x13*x7 + x14*x8;
+            const double x16 = x10*x14;
+            const double x17 = x13*x6 + x16;
+            const double x18 = grad_log_density[K*i + j]*(-x11*x13 - x15*x7 - x17*x6);
+            const double x19 = grad_log_density[K*i + j]*(-x10*x17 - x15*x8);
+            const double x20 = grad_log_density[K*i + j]*x15;
             acc0[0] += grad_log_density[K*i + j];
-            acc1[0] += -x9;
-            acc2[0] += -x10;
-            acc3[0] += x0*x11;
-            acc4[0] += grad_log_density[K*i + j]*(-x2*(x4*x4) + 1);
-            acc5[0] += grad_log_density[K*i + j]*(-x7*x8 + 1);
-            acc6[0] += grad_log_density[K*i + j]*(-x3*x6 + 1);
-            acc7[0] += -grad_log_density[K*i + j]*x4*x8;
-            acc8[0] += -x11*x4;
-            acc9[0] += -x11*x5;
+            acc1[0] += -x18;
+            acc2[0] += -x19;
+            acc3[0] += x20*x9;
+            acc4[0] += grad_log_density[K*i + j]*(-x11*(x13*x13) + 1);
+            acc5[0] += grad_log_density[K*i + j]*(-x16*x17 + 1);
+            acc6[0] += grad_log_density[K*i + j]*(-x12*x15 + 1);
+            acc7[0] += -grad_log_density[K*i + j]*x13*x17;
+            acc8[0] += -x13*x20;
+            acc9[0] += -x14*x20;
         }
         grad_alpha_part[j] += acc0[0];
         grad_means[3*j] += acc1[0];

@@ -41,7 +41,13 @@ static int polynomial_fit_run(
             grad_coeffs[i] = 0;
         }
         {
-            const double x0 = 1.0/((double)N);
+            const double x0 = coeffs[0];
+            const double x1 = coeffs[1];
+            const double x2 = coeffs[2];
+            const double x3 = coeffs[3];
+            const double x4 = coeffs[4];
+            const double x5 = coeffs[5];
+            const double x6 = 1.0/((double)N);
             double acc0[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             double acc1[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             double acc2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -52,24 +58,24 @@ static int polynomial_fit_run(
             for (; k + 8 <= N; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
                     const int64_t i = k + l;
-                    const double x1 = points[2*i]*coeffs[1];
-                    const double x2 = (points[2*i]*points[2*i]);
-                    const double x3 = coeffs[2]*x2;
-                    const double x4 = points[2*i]*x2;
-                    const double x5 = coeffs[3]*x4;
-                    const double x6 = points[2*i]*x4;
-                    const double x7 = coeffs[4]*x6;
-                    const double x8 = points[2*i]*x6;
-                    const double x9 = coeffs[5]*x8;
-                    const double x10 = -points[2*i + 1] + coeffs[0] + x1 + x3 + x5 + x7 + x9;
-                    const double x11 = 2*x0*x10;
-                    squared_error[i] = (x10*x10);
-                    acc0[l] += x0*(-2*points[2*i + 1] + 2*coeffs[0] + 2*x1 + 2*x3 + 2*x5 + 2*x7 + 2*x9);
-                    acc1[l] += points[2*i]*x11;
-                    acc2[l] += x11*x2;
-                    acc3[l] += x11*x4;
-                    acc4[l] += x11*x6;
-                    acc5[l] += x11*x8;
+                    const double x7 = points[2*i]*x1;
+                    const double x8 = (points[2*i]*points[2*i]);
+                    const double x9 = x2*x8;
+                    const double x10 = points[2*i]*x8;
+                    const double x11 = x10*x3;
+                    const double x12 = points[2*i]*x10;
+                    const double x13 = x12*x4;
+                    const double x14 = points[2*i]*x12;
+                    const double x15 = x14*x5;
+                    const double x16 = -points[2*i + 1] + x0 + x11 + x13 + x15 + x7 + x9;
+                    const double x17 = 2*x16*x6;
+                    squared_error[i] = (x16*x16);
+                    acc0[l] += x6*(-2*points[2*i + 1] + 2*x0 + 2*x11 + 2*x13 + 2*x15 + 2*x7 + 2*x9);
+                    acc1[l] += points[2*i]*x17;
+                    acc2[l] += x17*x8;
+                    acc3[l] += x10*x17;
+                    acc4[l] += x12*x17;
+                    acc5[l] += x14*x17;
                 }
             }
             for (int64_t l = 1; l < 8; ++l) {
@@ -81,24 +87,24 @@ static int polynomial_fit_run(
                 acc5[0] += acc5[l];
             }
             for (int64_t i = k; i < N; ++i) {
-                const double x1 = points[2*i]*coeffs[1];
-                const double x2 = (points[2*i]*points[2*i]);
-                const double x3 = coeffs[2]*x2;
-                const double x4 = points[2*i]*x2;
-                const double x5 = coeffs[3]*x4;
-                const double x6 = points[2*i]*x4;
-                const double x7 = coeffs[4]*x6;
-                const double x8 = points[2*i]*x6;
-                const double x9 = coeffs[5]*x8;
-                const double x10 = -points[2*i + 1] + coeffs[0] + x1 + x3 + x5 + x7 + x9;
-                const double x11 = 2*x0*x10;
-                squared_error[i] = (x10*x10);
-                acc0[0] += x0*(-2*points[2*i + 1] + 2*coeffs[0] + 2*x1 + 2*x3 + 2*x5 + 2*x7 + 2*x9);
-                acc1[0] += points[2*i]*x11;
-                acc2[0] += x11*x2;
-                acc3[0] += x11*x4;
-                acc4[0] += x11*x6;
-                acc5[0] += x11*x8;
+                const double x7 = points[2*i]*x1;
+                const double x8 = (points[2*i]*points[2*i]);
+                const double x9 = x2*x8;
+                const double x10 = points[2*i]*x8;
+                const double x11 = x10*x3;
+                const double x12 = points[2*i]*x10;
+                const double x13 = x12*x4;
+                const double x14 = points[2*i]*x12;
+                const double x15 = x14*x5;
+                const double x16 = -points[2*i + 1] + x0 + x11 + x13 + x15 + x7 + x9;
+                const double x17 = 2*x16*x6;
+                squared_error[i] = (x16*x16);
+                acc0[0] += x6*(-2*points[2*i + 1] + 2*x0 + 2*x11 + 2*x13 + 2*x15 + 2*x7 + 2*x9);
+                acc1[0] += points[2*i]*x17;
+                acc2[0] += x17*x8;
+                acc3[0] += x10*x17;
+                acc4[0] += x12*x17;
+                acc5[0] += x14*x17;
             }
             grad_coeffs[0] += acc0[0];
             grad_coeffs[1] += acc1[0];
@@ -108,18 +114,26 @@ static int polynomial_fit_run(
             grad_coeffs[5] += acc5[0];
         }
     } else {  /* the forward values only */
-        for (int64_t i = 0; i < N; ++i) {
-            const double x1 = points[2*i]*coeffs[1];
-            const double x2 = (points[2*i]*points[2*i]);
-            const double x3 = coeffs[2]*x2;
-            const double x4 = points[2*i]*x2;
-            const double x5 = coeffs[3]*x4;
-            const double x6 = points[2*i]*x4;
-            const double x7 = coeffs[4]*x6;
-            const double x8 = points[2*i]*x6;
-            const double x9 = coeffs[5]*x8;
-            const double x10 = -points[2*i + 1] + coeffs[0] + x1 + x3 + x5 + x7 + x9;
-            squared_error[i] = (x10*x10);
+        {
+            const double x0 = coeffs[0];
+            const double x1 = coeffs[1];
+            const double x2 = coeffs[2];
+            const double x3 = coeffs[3];
+            const double x4 = coeffs[4];
+            const double x5 = coeffs[5];
+            for (int64_t i = 0; i < N; ++i) {
+                const double x7 = points[2*i]*x1;
+                const double x8 = (points[2*i]*points[2*i]);
+                const double x9 = x2*x8;
+                const double x10 = points[2*i]*x8;
+                const double x11 = x10*x3;
+                const double x12 = points[2*i]*x10;
+                const double x13 = x12*x4;
+                const double x14 = points[2*i]*x12;
+                const double x15 = x14*x5;
+                const double x16 = -points[2*i + 1] + x0 + x11 + x13 + x15 + x7 + x9;
+                squared_error[i] = (x16*x16);
+            }
         }
     }
 

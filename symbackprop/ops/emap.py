@@ -402,9 +402,9 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     uses = _loop_uses(kernel)
     outer = _outer_loop(kernel, uses)
     inner = len(kernel.loops) - 1 - outer
-    hoisted, moving = _split_temps(kernel, uses, inner)
+    hoisted, moving, loaded = _split_temps(kernel, uses, inner)
     fresh = (sp.Symbol(f"_h{k}") for k in itertools.count())
-    stores_exprs = [_hoist(expr, uses, inner, fresh, hoisted) for *_, expr in kernel.stores]
+    stores_exprs = [_hoist(expr.xreplace(loaded), uses, inner, fresh, hoisted) for *_, expr in kernel.stores]
     moving = [(sym, _hoist(expr, uses, inner, fresh, hoisted)) for sym, expr in moving]
     # temporaries named x0, x1, ... in the order the C computes them
     names = {sym: sp.Symbol(f"x{k}", real=True) for k, (sym, _) in enumerate(hoisted + moving)}
@@ -444,10 +444,18 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     }
 
 
-def _split_temps(kernel: EmapKernel, uses: dict, inner: int) -> tuple[list, list]:
-    """The temporaries the inner loop does not change, and the others."""
-    fixed = [(sym, e) for sym, e in kernel.temps if inner not in uses[sym]]
-    return fixed, [(sym, e) for sym, e in kernel.temps if inner in uses[sym]]
+def _split_temps(kernel: EmapKernel, uses: dict, inner: int) -> tuple[list, list, dict]:
+    """The temporaries the inner loop does not change (the loads first:
+    a local the compiler need not read again after each store), the
+    others, and each such load's local."""
+    used = set().union(*(e.free_symbols for _, e in kernel.temps), *(e.free_symbols for *_, e in kernel.stores))
+    loaded = {sym: sp.Symbol(f"_f{sym.name}", real=True) for sym, _, _ in kernel.loads
+              if not uses[sym] - {1 - inner} and sym in used}
+    for sym, local in loaded.items():
+        uses[local] = uses[sym]
+    temps = [(sym, e.xreplace(loaded)) for sym, e in kernel.temps]
+    fixed = [(local, sym) for sym, local in loaded.items()] + [(sym, e) for sym, e in temps if inner not in uses[sym]]
+    return fixed, [(sym, e) for sym, e in temps if inner in uses[sym]], loaded
 
 
 # --- lowering from SymPy ---------------------------------------------------------
