@@ -289,3 +289,54 @@ def test_a_gather_alone_copies_rows_and_scatters_its_gradient():
 def test_bad_declarations_say_what_is_wrong(build, message):
     with pytest.raises(ModelError, match=message):
         build()
+
+
+def shared_row_model():
+    """A row shared by every example (a one-row source): its gradient adds up
+    over the examples in the map's own loop (eight lanes, then the rest)."""
+    Xs = sp.MatrixSymbol("Xs", N, 2)
+    c = sp.MatrixSymbol("c", 1, 3)
+    u, y = sp.symbols("u y", real=True)
+    k = sp.symbols("k0:3", real=True)
+    R = sbp.map_examples((k[0] + k[1] * u + k[2] * u**2 - y) ** 2, [((u, y), Xs), (k, c)])
+    return sbp.Model("shared_row", inputs=[Xs], params=[c], loss=nn.sum_all(R), outputs={"R": R})
+
+
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 67])
+def test_a_shared_rows_gradient_matches_the_closed_form_at_every_length(rows):
+    mod = sbp.compile(shared_row_model())
+    rng = np.random.default_rng(rows)
+    d = {"Xs": rng.standard_normal((rows, 2)), "c": rng.standard_normal((1, 3))}
+    u, y = d["Xs"][:, 0], d["Xs"][:, 1]
+    r = d["c"][0, 0] + d["c"][0, 1] * u + d["c"][0, 2] * u**2 - y
+    loss, grads = mod.value_and_grad(**d)
+    assert loss == pytest.approx((r**2).sum(), rel=1e-13)
+    np.testing.assert_allclose(grads["c"], [[(2 * r * u**p).sum() for p in range(3)]], rtol=1e-12)
+    np.testing.assert_allclose(mod.forward(**d)["R"], (r**2)[:, None], rtol=1e-13)
+    again = mod.value_and_grad(**d)[1]["c"]
+    assert np.array_equal(again, grads["c"])  # a fixed order of additions
+
+
+def test_a_map_over_pairs_adding_into_rows_of_either_source_and_a_shared_one():
+    """Sums into each component's row (the component loop runs outside),
+    into a shared row (all pairs), and exp of a component's parameter
+    (computed once a component)."""
+    Mc = sp.MatrixSymbol("Mc", K, 2)
+    S = sp.MatrixSymbol("S", 1, 1)
+    m, b, s = sp.symbols("m b s", real=True)
+    body = sp.exp(b) * (x[0] - m) ** 2 + s * x[1] + s**2 * m
+    L = sbp.map_examples(body, [(x, X), ((m, b), Mc), (s, S)])
+    mod = sbp.compile(sbp.Model("pairs_shared", inputs=[X], params=[Mc, S], loss=nn.sum_all(L), outputs={"L": L}))
+    rng = np.random.default_rng(3)
+    d = {"X": rng.standard_normal((11, 2)), "Mc": rng.standard_normal((5, 2)), "S": rng.standard_normal((1, 1))}
+    xs, m, b, s = d["X"], d["Mc"][:, 0], d["Mc"][:, 1], d["S"][0, 0]
+    diff = xs[:, :1] - m[None]  # N x K
+    L = np.exp(b)[None] * diff**2 + s * xs[:, 1:] + s**2 * m[None]
+    loss, grads = mod.value_and_grad(**d)
+    assert loss == pytest.approx(L.sum(), rel=1e-13)
+    np.testing.assert_allclose(mod.forward(**d)["L"], L, rtol=1e-13)
+    grad_m = (-2 * np.exp(b)[None] * diff).sum(0) + len(xs) * s**2
+    grad_b = (np.exp(b)[None] * diff**2).sum(0)
+    np.testing.assert_allclose(grads["Mc"], np.stack([grad_m, grad_b], 1), rtol=1e-12)
+    grad_s = len(m) * xs[:, 1].sum() + 2 * s * len(xs) * m.sum()
+    assert grads["S"][0, 0] == pytest.approx(grad_s, rel=1e-12)

@@ -335,7 +335,7 @@ def _hoist(expr: sp.Expr, uses: dict, inner: int, fresh: Iterator[sp.Symbol], ou
     (exp of a parameter, a sum of parameters) replaced by temporaries
     appended to `out`, computed once before that loop."""
     if not _varies(expr, uses, inner) and isinstance(expr, sp.Expr):  # not a condition or a piece
-        if expr.is_Atom or sp.count_ops(expr) == 0 or expr.is_Mul and len(expr.args) == 2 and expr.args[0].is_Number and expr.args[1].is_Symbol:
+        if expr.is_Atom or sp.count_ops(expr) == 0 or _scaled_symbol(expr):
             return expr  # nothing to compute, or a negation
         sym = next(fresh)
         out.append((sym, expr))
@@ -349,6 +349,10 @@ def _hoist(expr: sp.Expr, uses: dict, inner: int, fresh: Iterator[sp.Symbol], ou
             moving = [_hoist(a, uses, inner, fresh, out) for a in expr.args if _varies(a, uses, inner)]
             return expr.func(_hoist(expr.func(*fixed), uses, inner, fresh, out), *moving)
     return expr.func(*[_hoist(a, uses, inner, fresh, out) for a in expr.args])
+
+
+def _scaled_symbol(expr: sp.Basic) -> bool:
+    return expr.is_Mul and len(expr.args) == 2 and expr.args[0].is_Number and expr.args[1].is_Symbol
 
 
 def _outer_loop(kernel: EmapKernel, uses: dict) -> int:
@@ -376,7 +380,7 @@ def _local(out: EmapOutput, inner: int) -> bool:
     """Whether an output adds into one row during the whole inner loop:
     then it adds into a local there, and into memory once after."""
     row = out.target[0]
-    return out.accumulate and (row[0] == "const" or row[0] in ("loop", "gather") and row[-1] != inner)
+    return out.accumulate and (row[0] == "const" or (row[0] in ("loop", "gather") and row[-1] != inner))
 
 
 def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
@@ -413,7 +417,7 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     text.update({d: f"(({em.real.c}){c})" for d, c in em.dims.items()})
     text.update({sym: str(sym) for sym, _, _ in temps})
     printer = CheckedPrinter(ScalarPrinter(text, em.real), kernel)
-    stores = []
+    stores: list[tuple[str, str, str, str]] = []
     size = sum(sp.count_ops(e) for _, e, _ in temps) + sum(sp.count_ops(e) for e in stores_exprs)
     for (number, col, _), expr in zip(kernel.stores, stores_exprs):
         out = kernel.outputs[number]
