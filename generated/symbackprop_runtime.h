@@ -21,6 +21,15 @@
 #define SYMBACKPROP_HELPER static
 #endif
 
+/* A function holding a wide per-example body (hundreds of statements an
+ * example): GCC's loop distribution spends a fifth of its compile time
+ * there and changes nothing (GradBench gmm d=20: 1.4 -> 1.15 s). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define SYMBACKPROP_WIDE __attribute__((optimize("no-tree-loop-distribution")))
+#else
+#define SYMBACKPROP_WIDE
+#endif
+
 /* Loops over many rows run on several threads when compiled with -fopenmp. */
 #ifdef _OPENMP
 #define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")

@@ -17,7 +17,7 @@ size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P)
 }
 
 /* Forward pass: the loss and the named outputs. */
-int bundle_adjustment_forward(
+SYMBACKPROP_WIDE int bundle_adjustment_forward(
     int64_t N,
     int64_t C,
     int64_t P,
@@ -407,7 +407,7 @@ size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P
 }
 
 /* The loss and its gradient (reverse mode). */
-int bundle_adjustment_value_and_grad(
+SYMBACKPROP_WIDE int bundle_adjustment_value_and_grad(
     int64_t N,
     int64_t C,
     int64_t P,

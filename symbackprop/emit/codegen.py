@@ -167,6 +167,11 @@ class CFunction:
     parts: tuple[tuple[int, int], ...] = ()  # kernel ranges of its parts (see cparts), none when short
     anchors: tuple[tuple[str, str], ...] = ()  # (pointer, its absolute place in work), for the parts
 
+    def wide(self, start: int = 0, end: int | None = None) -> bool:
+        """Whether its kernels (those from start to end) hold a wide
+        per-example body: marked SYMBACKPROP_WIDE (the runtime header)."""
+        return any(k.fields.get("wide") for k in self.kernels[start:end])
+
     def prelude(self, start: int, body: str) -> Prelude:
         """What the part beginning at kernel `start` declares, given its C text."""
         anchor = dict(self.anchors)

@@ -434,6 +434,7 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     return {
         "loops": [(loop_vars[a], em.dim(kernel.loops[a])) for a in order],
         "lanes": LANES if size <= LANES_MAX_OPS else 1,
+        "wide": size > LANES_MAX_OPS,  # its function is SYMBACKPROP_WIDE
         "zero": [(em.namer.name(out.buffer), em.dim(sp.sympify(out.shape[0]) * out.shape[1]))
                  for out in kernel.outputs if out.accumulate],
         "parallel": safe and worth_threads(kernel.loops[outer]),
