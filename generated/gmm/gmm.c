@@ -65,11 +65,11 @@ static int gmm_run(
         const double x10 = exp(x4);
         const double x11 = exp(x5);
         const double x12 = -1.0/2.0*exp(2*x3);
-        const double x13 = x3 + x4 + x5 + x9;
+        const double x13 = x9 + x3 + x4 + x5;
         for (int64_t i = 0; i < N; ++i) {
             const double x14 = X[3*i] - x0;
             const double x15 = X[3*i + 1] - x1;
-            log_density[K*i + j] = x12*(x14*x14) + x13 - 1.0/2.0*pow(x10*x15 + x14*x6, 2) - 1.0/2.0*pow(x11*(X[3*i + 2] - x2) + x14*x7 + x15*x8, 2);
+            log_density[K*i + j] = x12*(x14*x14) + x13 - 1.0/2.0*pow(x10*x15 + x6*x14, 2) - 1.0/2.0*pow(x11*(X[3*i + 2] - x2) + x7*x14 + x8*x15, 2);
         }
     }
 
@@ -204,22 +204,22 @@ static int gmm_run(
                 const double x12 = x9*(X[3*i + 2] - x2);
                 const double x13 = X[3*i] - x0;
                 const double x14 = X[3*i + 1] - x1;
-                const double x15 = x12 + x13*x7 + x14*x8;
-                const double x16 = x10*x14;
-                const double x17 = x13*x6 + x16;
-                const double x18 = grad_log_density[K*i + j]*(-x11*x13 - x15*x7 - x17*x6);
-                const double x19 = grad_log_density[K*i + j]*(-x10*x17 - x15*x8);
+                const double x15 = x7*x13 + x8*x14 + x12;
+                const double x16 = x14*x10;
+                const double x17 = x6*x13 + x16;
+                const double x18 = grad_log_density[K*i + j]*(-x6*x17 - x7*x15 - x13*x11);
+                const double x19 = grad_log_density[K*i + j]*(-x8*x15 - x10*x17);
                 const double x20 = grad_log_density[K*i + j]*x15;
                 acc0[l] += grad_log_density[K*i + j];
                 acc1[l] += -x18;
                 acc2[l] += -x19;
-                acc3[l] += x20*x9;
-                acc4[l] += grad_log_density[K*i + j]*(-x11*(x13*x13) + 1);
+                acc3[l] += x9*x20;
+                acc4[l] += grad_log_density[K*i + j]*(-(x13*x13)*x11 + 1);
                 acc5[l] += grad_log_density[K*i + j]*(-x16*x17 + 1);
                 acc6[l] += grad_log_density[K*i + j]*(-x12*x15 + 1);
                 acc7[l] += -grad_log_density[K*i + j]*x13*x17;
-                acc8[l] += -x13*x20;
-                acc9[l] += -x14*x20;
+                acc8[l] += -x20*x13;
+                acc9[l] += -x20*x14;
             }
         }
         for (int64_t l = 1; l < 8; ++l) {
@@ -238,22 +238,22 @@ static int gmm_run(
             const double x12 = x9*(X[3*i + 2] - x2);
             const double x13 = X[3*i] - x0;
             const double x14 = X[3*i + 1] - x1;
-            const double x15 = x12 + x13*x7 + x14*x8;
-            const double x16 = x10*x14;
-            const double x17 = x13*x6 + x16;
-            const double x18 = grad_log_density[K*i + j]*(-x11*x13 - x15*x7 - x17*x6);
-            const double x19 = grad_log_density[K*i + j]*(-x10*x17 - x15*x8);
+            const double x15 = x7*x13 + x8*x14 + x12;
+            const double x16 = x14*x10;
+            const double x17 = x6*x13 + x16;
+            const double x18 = grad_log_density[K*i + j]*(-x6*x17 - x7*x15 - x13*x11);
+            const double x19 = grad_log_density[K*i + j]*(-x8*x15 - x10*x17);
             const double x20 = grad_log_density[K*i + j]*x15;
             acc0[0] += grad_log_density[K*i + j];
             acc1[0] += -x18;
             acc2[0] += -x19;
-            acc3[0] += x20*x9;
-            acc4[0] += grad_log_density[K*i + j]*(-x11*(x13*x13) + 1);
+            acc3[0] += x9*x20;
+            acc4[0] += grad_log_density[K*i + j]*(-(x13*x13)*x11 + 1);
             acc5[0] += grad_log_density[K*i + j]*(-x16*x17 + 1);
             acc6[0] += grad_log_density[K*i + j]*(-x12*x15 + 1);
             acc7[0] += -grad_log_density[K*i + j]*x13*x17;
-            acc8[0] += -x13*x20;
-            acc9[0] += -x14*x20;
+            acc8[0] += -x20*x13;
+            acc9[0] += -x20*x14;
         }
         grad_alpha_part[j] += acc0[0];
         grad_means[3*j] += acc1[0];

@@ -62,20 +62,20 @@ static int polynomial_fit_run(
                     const double x8 = (points[2*i]*points[2*i]);
                     const double x9 = x2*x8;
                     const double x10 = points[2*i]*x8;
-                    const double x11 = x10*x3;
+                    const double x11 = x3*x10;
                     const double x12 = points[2*i]*x10;
-                    const double x13 = x12*x4;
+                    const double x13 = x4*x12;
                     const double x14 = points[2*i]*x12;
-                    const double x15 = x14*x5;
-                    const double x16 = -points[2*i + 1] + x0 + x11 + x13 + x15 + x7 + x9;
-                    const double x17 = 2*x16*x6;
+                    const double x15 = x5*x14;
+                    const double x16 = -points[2*i + 1] + x0 + x7 + x9 + x11 + x13 + x15;
+                    const double x17 = 2*x6*x16;
                     squared_error[i] = (x16*x16);
-                    acc0[l] += x6*(-2*points[2*i + 1] + 2*x0 + 2*x11 + 2*x13 + 2*x15 + 2*x7 + 2*x9);
+                    acc0[l] += x6*(-2*points[2*i + 1] + 2*x0 + 2*x7 + 2*x9 + 2*x11 + 2*x13 + 2*x15);
                     acc1[l] += points[2*i]*x17;
-                    acc2[l] += x17*x8;
-                    acc3[l] += x10*x17;
-                    acc4[l] += x12*x17;
-                    acc5[l] += x14*x17;
+                    acc2[l] += x8*x17;
+                    acc3[l] += x17*x10;
+                    acc4[l] += x17*x12;
+                    acc5[l] += x17*x14;
                 }
             }
             for (int64_t l = 1; l < 8; ++l) {
@@ -91,20 +91,20 @@ static int polynomial_fit_run(
                 const double x8 = (points[2*i]*points[2*i]);
                 const double x9 = x2*x8;
                 const double x10 = points[2*i]*x8;
-                const double x11 = x10*x3;
+                const double x11 = x3*x10;
                 const double x12 = points[2*i]*x10;
-                const double x13 = x12*x4;
+                const double x13 = x4*x12;
                 const double x14 = points[2*i]*x12;
-                const double x15 = x14*x5;
-                const double x16 = -points[2*i + 1] + x0 + x11 + x13 + x15 + x7 + x9;
-                const double x17 = 2*x16*x6;
+                const double x15 = x5*x14;
+                const double x16 = -points[2*i + 1] + x0 + x7 + x9 + x11 + x13 + x15;
+                const double x17 = 2*x6*x16;
                 squared_error[i] = (x16*x16);
-                acc0[0] += x6*(-2*points[2*i + 1] + 2*x0 + 2*x11 + 2*x13 + 2*x15 + 2*x7 + 2*x9);
+                acc0[0] += x6*(-2*points[2*i + 1] + 2*x0 + 2*x7 + 2*x9 + 2*x11 + 2*x13 + 2*x15);
                 acc1[0] += points[2*i]*x17;
-                acc2[0] += x17*x8;
-                acc3[0] += x10*x17;
-                acc4[0] += x12*x17;
-                acc5[0] += x14*x17;
+                acc2[0] += x8*x17;
+                acc3[0] += x17*x10;
+                acc4[0] += x17*x12;
+                acc5[0] += x17*x14;
             }
             grad_coeffs[0] += acc0[0];
             grad_coeffs[1] += acc1[0];
@@ -126,12 +126,12 @@ static int polynomial_fit_run(
                 const double x8 = (points[2*i]*points[2*i]);
                 const double x9 = x2*x8;
                 const double x10 = points[2*i]*x8;
-                const double x11 = x10*x3;
+                const double x11 = x3*x10;
                 const double x12 = points[2*i]*x10;
-                const double x13 = x12*x4;
+                const double x13 = x4*x12;
                 const double x14 = points[2*i]*x12;
-                const double x15 = x14*x5;
-                const double x16 = -points[2*i + 1] + x0 + x11 + x13 + x15 + x7 + x9;
+                const double x15 = x5*x14;
+                const double x16 = -points[2*i + 1] + x0 + x7 + x9 + x11 + x13 + x15;
                 squared_error[i] = (x16*x16);
             }
         }

@@ -326,33 +326,52 @@ def _loop_uses(kernel: EmapKernel) -> dict[sp.Symbol, frozenset]:
     return uses
 
 
-def _varies(expr: sp.Expr, uses: dict, inner: int) -> bool:
+def _varies(expr: sp.Basic, uses: dict, inner: int) -> bool:
     return any(inner in uses.get(s, ()) for s in expr.free_symbols)
 
 
-def _hoist(expr: sp.Expr, uses: dict, inner: int, fresh: Iterator[sp.Symbol], out: list) -> sp.Expr:
+def _worth_a_temporary(expr: sp.Basic) -> bool:
+    """Not a symbol or number, nor a multiple of one (a negation)."""
+    if expr.is_Atom or not isinstance(expr, sp.Expr):  # not a condition or a piece
+        return False
+    return not (expr.is_Mul and len(expr.args) == 2 and expr.args[0].is_Number and expr.args[1].is_Atom)
+
+
+def _hoist(expr: sp.Basic, uses: dict, inner: int, fresh: Iterator[sp.Symbol], out: list) -> sp.Basic:
     """expr with its largest parts that the inner loop does not change
     (exp of a parameter, a sum of parameters) replaced by temporaries
     appended to `out`, computed once before that loop."""
-    if not _varies(expr, uses, inner) and isinstance(expr, sp.Expr):  # not a condition or a piece
-        if expr.is_Atom or sp.count_ops(expr) == 0 or _scaled_symbol(expr):
-            return expr  # nothing to compute, or a negation
+    if not expr.args:
+        return expr
+    if not _varies(expr, uses, inner):
+        if not _worth_a_temporary(expr):
+            return expr
         sym = next(fresh)
         out.append((sym, expr))
         uses[sym] = frozenset()
         return sym
-    if not expr.args:
-        return expr
+    args = expr.args
     if isinstance(expr, (sp.Add, sp.Mul)):
-        fixed = [a for a in expr.args if not _varies(a, uses, inner)]
+        fixed = [a for a in args if not _varies(a, uses, inner)]
         if len(fixed) > 1:  # the terms (factors) that do not vary, as one
-            moving = [_hoist(a, uses, inner, fresh, out) for a in expr.args if _varies(a, uses, inner)]
+            moving = [_hoist(a, uses, inner, fresh, out) for a in args if _varies(a, uses, inner)]
             return expr.func(_hoist(expr.func(*fixed), uses, inner, fresh, out), *moving)
-    return expr.func(*[_hoist(a, uses, inner, fresh, out) for a in expr.args])
+    new = [_hoist(a, uses, inner, fresh, out) for a in args]
+    return expr if all(a is b for a, b in zip(new, args)) else expr.func(*new)
 
 
-def _scaled_symbol(expr: sp.Basic) -> bool:
-    return expr.is_Mul and len(expr.args) == 2 and expr.args[0].is_Number and expr.args[1].is_Symbol
+def _fixed_ops(expr: sp.Basic, uses: dict, inner: int) -> int:
+    """About how many operations of expr _hoist would take out of the inner loop."""
+    if not expr.args:
+        return 0
+    if not _varies(expr, uses, inner):
+        return _ops(expr) if _worth_a_temporary(expr) else 0
+    return sum(_fixed_ops(a, uses, inner) for a in expr.args)
+
+
+def _ops(expr: sp.Basic) -> int:
+    """Operations in expr, about (count_ops without its cost)."""
+    return sum(max(len(node.args) - 1, 1) for node in sp.preorder_traversal(expr) if node.args)
 
 
 def _outer_loop(kernel: EmapKernel, uses: dict) -> int:
@@ -361,17 +380,12 @@ def _outer_loop(kernel: EmapKernel, uses: dict) -> int:
     more of the body is computed once (exp of a parameter row, ...)."""
     if len(kernel.loops) == 1:
         return 0
+    exprs = [e for _, e in kernel.temps] + [e for *_, e in kernel.stores]
 
     def score(outer: int) -> tuple[int, int]:
         inner = 1 - outer
         local = sum(int(out.shape[1]) for out in kernel.outputs if _local(out, inner))
-        fixed: list = []
-        fresh = (sp.Symbol(f"_h{k}") for k in itertools.count())
-        for _, expr in kernel.temps:
-            _hoist(expr, dict(uses), inner, fresh, fixed)
-        for *_, expr in kernel.stores:
-            _hoist(expr, dict(uses), inner, fresh, fixed)
-        return local, sum(sp.count_ops(e) for _, e in fixed)
+        return local, sum(_fixed_ops(e, uses, inner) for e in exprs)
 
     return 1 if score(1) > score(0) else 0
 
@@ -386,8 +400,10 @@ def _local(out: EmapOutput, inner: int) -> bool:
 def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     """Loops over the examples; gathered rows are read through their
     index (checked at the function's entry: see entry_checks). What the
-    inner loop does not change is computed before it, and sums into one
-    row add into locals there (in eight lanes for a small body)."""
+    inner loop does not change is computed before it (the loads it reads
+    first: locals, which the compiler need not read again after each
+    store), and sums into one row add into locals there (in eight lanes
+    for a small body)."""
     loop_vars = ("i", "j")
 
     def position(where: tuple) -> tuple[sp.Expr, sp.Expr]:
@@ -406,61 +422,52 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     uses = _loop_uses(kernel)
     outer = _outer_loop(kernel, uses)
     inner = len(kernel.loops) - 1 - outer
-    hoisted, moving, loaded = _split_temps(kernel, uses, inner)
+    access = {sym: em.access(view, *position(where)) for sym, view, where in kernel.loads}
+    used = set().union(*(e.free_symbols for _, e in kernel.temps), *(e.free_symbols for *_, e in kernel.stores))
+    loaded = [sym for sym, _, _ in kernel.loads if inner not in uses[sym] and sym in used]
+    hoisted = [(sym, e) for sym, e in kernel.temps if inner not in uses[sym]]
     fresh = (sp.Symbol(f"_h{k}") for k in itertools.count())
-    stores_exprs = [_hoist(expr.xreplace(loaded), uses, inner, fresh, hoisted) for *_, expr in kernel.stores]
-    moving = [(sym, _hoist(expr, uses, inner, fresh, hoisted)) for sym, expr in moving]
-    # temporaries named x0, x1, ... in the order the C computes them
-    names = {sym: sp.Symbol(f"x{k}", real=True) for k, (sym, _) in enumerate(hoisted + moving)}
-    temps = [(names[sym], expr.xreplace(names), k < len(hoisted)) for k, (sym, expr) in enumerate(hoisted + moving)]
-    text = {sym: em.access(view, *position(where)) for sym, view, where in kernel.loads}
+    store_exprs = [_hoist(expr, uses, inner, fresh, hoisted) for *_, expr in kernel.stores]
+    moving = [(sym, _hoist(e, uses, inner, fresh, hoisted)) for sym, e in kernel.temps if inner in uses[sym]]
+    # named x0, x1, ... in the order the C computes them
+    order = [(sym, sym) for sym in loaded] + hoisted + moving
+    names = {sym: f"x{k}" for k, (sym, _) in enumerate(order)}
+    text = {**access, **names}
     text.update({d: f"(({em.real.c}){c})" for d, c in em.dims.items()})
-    text.update({sym: str(sym) for sym, _, _ in temps})
     printer = CheckedPrinter(ScalarPrinter(text, em.real), kernel)
+    temps = [(names[sym], access[sym], True) for sym in loaded]
+    temps += [(names[sym], printer.doprint(e), k < len(hoisted)) for k, (sym, e) in enumerate(hoisted + moving)]
     stores: list[tuple[str, str, str, str]] = []
-    size = sum(sp.count_ops(e) for _, e, _ in temps) + sum(sp.count_ops(e) for e in stores_exprs)
-    for (number, col, _), expr in zip(kernel.stores, stores_exprs):
+    for (number, col, _), expr in zip(kernel.stores, store_exprs):
         out = kernel.outputs[number]
         rows, cols = out.shape
         view = View(out.buffer, sp.Integer(0), sp.sympify(cols) if rows != 1 else sp.Integer(0), sp.Integer(1))
         row, first = position(out.target)
         local = f"acc{sum(1 for *_, named in stores if named)}" if _local(out, inner) else ""
-        stores.append((em.access(view, row, first + col), "+=" if out.accumulate else "=",
-                       printer.doprint(expr.xreplace(names)), local))
-    order = (outer, inner)[:len(kernel.loops)]
+        stores.append((em.access(view, row, first + col), "+=" if out.accumulate else "=", printer.doprint(expr), local))
+    size = sum(_ops(e) for _, e in hoisted + moving) + sum(_ops(e) for e in store_exprs)
     # threads only where no two examples of different threads add into one place
     safe = all(not out.accumulate or out.target[0] == ("loop", outer) for out in kernel.outputs)
-    temp_symbols = {sym for sym, _, _ in temps}
+
+    def named(expr: sp.Basic) -> list[str]:
+        return sorted(names[s] for s in expr.free_symbols if s in names)
+
     return {
-        "loops": [(loop_vars[a], em.dim(kernel.loops[a])) for a in order],
+        "loops": [(loop_vars[a], em.dim(kernel.loops[a])) for a in (outer, inner)[:len(kernel.loops)]],
         "lanes": LANES if size <= LANES_MAX_OPS else 1,
         "wide": size > LANES_MAX_OPS,  # its function is SYMBACKPROP_WIDE
         "zero": [(em.namer.name(out.buffer), em.dim(sp.sympify(out.shape[0]) * out.shape[1]))
                  for out in kernel.outputs if out.accumulate],
         "parallel": safe and worth_threads(kernel.loops[outer]),
-        "temps": [(str(sym), printer.doprint(expr), fixed) for sym, expr, fixed in temps],
+        "temps": temps,
         "stores": stores,
         # what each piece writes and reads, for a call that needs only some
         # outputs (codegen.forward_only: forward through the shared function)
         "zero_buffers": [out.buffer for out in kernel.outputs if out.accumulate],
         "store_buffers": [kernel.outputs[number].buffer for number, _, _ in kernel.stores],
-        "temp_uses": [sorted(str(s) for s in expr.free_symbols & temp_symbols) for _, expr, _ in temps],
-        "store_uses": [sorted(str(s) for s in expr.xreplace(names).free_symbols & temp_symbols) for expr in stores_exprs],
+        "temp_uses": [[] for _ in loaded] + [named(e) for _, e in hoisted + moving],
+        "store_uses": [named(e) for e in store_exprs],
     }
-
-
-def _split_temps(kernel: EmapKernel, uses: dict, inner: int) -> tuple[list, list, dict]:
-    """The temporaries the inner loop does not change (the loads first:
-    a local the compiler need not read again after each store), the
-    others, and each such load's local."""
-    used = set().union(*(e.free_symbols for _, e in kernel.temps), *(e.free_symbols for *_, e in kernel.stores))
-    loaded = {sym: sp.Symbol(f"_f{sym.name}", real=True) for sym, _, _ in kernel.loads
-              if not uses[sym] - {1 - inner} and sym in used}
-    for sym, local in loaded.items():
-        uses[local] = uses[sym]
-    temps = [(sym, e.xreplace(loaded)) for sym, e in kernel.temps]
-    fixed = [(local, sym) for sym, local in loaded.items()] + [(sym, e) for sym, e in temps if inner not in uses[sym]]
-    return fixed, [(sym, e) for sym, e in temps if inner in uses[sym]], loaded
 
 
 # --- lowering from SymPy ---------------------------------------------------------
