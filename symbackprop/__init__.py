@@ -15,6 +15,7 @@ from symbackprop.interop import bridges as _bridges  # noqa: F401  (registers mo
 from symbackprop.loops.declare import final_state, scan
 from symbackprop.run.optim import SGD, Adam
 from symbackprop.run.runtime import CompiledModule, compile
+from symbackprop.run.sparse import SparseLayout, sparse_layout
 
 __all__ = [
     "SGD",
@@ -25,6 +26,7 @@ __all__ = [
     "Index",
     "Model",
     "ModelError",
+    "SparseLayout",
     "SymbackpropError",
     "__version__",
     "as_scalar",
@@ -36,4 +38,5 @@ __all__ = [
     "map_examples",
     "reduce",
     "scan",
+    "sparse_layout",
 ]

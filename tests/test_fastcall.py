@@ -134,8 +134,9 @@ def test_threads_calling_one_function_get_their_own_results(mlp):
 @pytest.mark.parametrize("args, error", [
     ((0, 0, 1, 8, (), ()), None),
     ((1, 1, -1, 8, (), ()), ValueError),
-    ((1, 1, 1, 8, ((0, 1, 12),), ()), ValueError),
-    ((1, 1, 1, 8, ((-3, 1, 12),), ()), ValueError),
+    ((1, 1, 1, 8, ((0, 1, 12, False),), ()), ValueError),
+    ((1, 1, 1, 8, ((-3, 1, 12, False),), ()), ValueError),
+    ((1, 1, 1, 8, ((1, 1, 12, False),), (), ("a", "b")), ValueError),  # one name per input
     (("a",), TypeError),
 ])
 def test_a_caller_checks_its_construction(args, error):
@@ -146,3 +147,47 @@ def test_a_caller_checks_its_construction(args, error):
         return
     with pytest.raises(error):
         module.Caller(*args)
+
+
+@pytest.fixture(scope="module", params=["float64", "float32"])
+def scalars(request):
+    """A model with two scalar params: numbers for them take the C path."""
+    import sympy as sp
+
+    x = sp.MatrixSymbol("x", 3, 1)
+    a, b = sp.symbols("a b")
+    model = sbp.Model(f"fast_scalars_{request.param}", inputs=[x], params=[a, b],
+                      loss=sbp.as_scalar(sp.OneMatrix(1, 3) * x) * a + b**2)
+    return sbp.compile(model, dtype=request.param), np.dtype(request.param)
+
+
+@pytest.mark.parametrize("a, b", [(1.5, 2), (np.float64(-0.25), 3.0), (2**40 + 1, 1e-3), (0.1, -7)])
+def test_numbers_for_scalars_take_the_c_path_with_the_binders_conversion(scalars, monkeypatch, a, b):
+    mod, dtype = scalars
+    x = np.array([[1.0], [2.0], [4.0]], dtype=dtype)
+    as_arrays = mod.value_and_grad(x=x, a=np.full((1, 1), a, dtype), b=np.full((1, 1), b, dtype))
+    fn = mod.function("value_and_grad")
+    monkeypatch.setattr(type(fn), "bind", lambda *_: pytest.fail("the Python path ran"))
+    loss, grads = mod.value_and_grad(x=x, a=a, b=b)
+    assert loss == as_arrays[0]
+    for name in ("a", "b"):
+        np.testing.assert_array_equal(grads[name], as_arrays[1][name])
+    # closed forms: d/da = sum(x), d/db = 2b (in the module's precision)
+    assert grads["a"] == pytest.approx(7.0, rel=1e-6)
+    assert grads["b"] == pytest.approx(2 * float(dtype.type(b)), rel=1e-6)
+
+
+@pytest.mark.parametrize("value", [True, 2**64, 1e300, "1.0", None])
+def test_numbers_the_c_path_declines_go_to_the_binder(scalars, value):
+    mod, dtype = scalars
+    fn = mod.function("value_and_grad")
+    x = np.ones((3, 1), dtype=dtype)
+    taken = fn.fast({"x": x, "a": value, "b": 1.0}) is not None
+    assert taken == (type(value) is float and dtype == np.float64)  # float32 would overflow: numpy warns
+    try:
+        expected = fn.bind({"x": x, "a": value, "b": 1.0})
+    except ArgumentError:
+        with pytest.raises(ArgumentError, match="a"):
+            mod.value_and_grad(x=x, a=value, b=1.0)
+    else:
+        assert mod.value_and_grad(x=x, a=value, b=1.0)[0] == fn.call(dict(zip(fn.input_names, expected[0])))[0]

@@ -9,7 +9,8 @@ x0, radial distortion k1 k2):
 `objective` returns reproj_err (p x 2) and w_err (p); `jacobian` the (3p) x (11n + 3m + p)
 sparse Jacobian in CSR form: two rows per observation with 15 entries each (its camera's
 11, its point's 3, its weight), then one row per weight (-2 w_i). Only `vals` is timed
-and compared: `rows` and `cols` depend on the indices only and are built once in numpy.
+and compared: `rows` and `cols` depend on the indices only and are built once, by
+`symbackprop.sparse_layout` for the residuals' rows.
 Data (evals/ba/run.py, ba.hpp's from_json): one camera, point, weight and feature,
 replicated n, m, p times, obs = (i % n, i % m). The sizes are ADBench's files
 (ba1_n49_m7776_p31843 ...); GradBench runs ba1 and ba2 by default. The files' single
@@ -62,14 +63,16 @@ def generate(size: dict) -> dict:
 
 
 def csr_indices(data: dict) -> tuple[np.ndarray, np.ndarray]:
-    """GradBench's `rows` (row pointers) and `cols` for the Jacobian."""
-    n, m, p = len(data["cams"]), len(data["X"]), len(data["w"])
-    cam, pt = data["cam"], data["pt"]
-    block = np.concatenate([11 * cam[:, None] + np.arange(11), 11 * n + 3 * pt[:, None] + np.arange(3),
-                            (11 * n + 3 * m + np.arange(p))[:, None]], axis=1)  # p x 15
-    cols = np.concatenate([np.repeat(block, 2, axis=0).ravel(), 11 * n + 3 * m + np.arange(p)])
-    rows = np.concatenate([np.arange(0, 30 * p + 1, 15), 30 * p + np.arange(1, p + 1)])
-    return rows, cols
+    """GradBench's `rows` (row pointers) and `cols` for the Jacobian: the
+    residuals' rows as symbackprop's sparse layout of `residual.jacobian(c, X, w)`
+    gives them (columns: cams, then X, then w, each flattened), then one row per weight."""
+    import symbackprop as sbp
+
+    layout = sbp.sparse_layout(*_declare())
+    indptr, indices, (_, width) = layout.csr(_arrays(data))
+    p = len(data["w"])
+    cols = np.concatenate([indices, width - p + np.arange(p)])
+    return np.concatenate([indptr, indptr[-1] + np.arange(1, p + 1)]), cols
 
 
 def residual_rows(c, X, w, feat, xp=np):
@@ -112,11 +115,11 @@ def fd_error(data: dict, deriv: dict, eps: float = 1e-6) -> float:
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
-def build_models(size: dict) -> dict:
+def _declare():
+    """The residual of one observation mapped over the observations, and its keys (c, X, w)."""
     import sympy as sp
 
     import symbackprop as sbp
-    from symbackprop.declare import nn
 
     N, C, P = sp.symbols("N C P", integer=True, positive=True)
     cams = sp.MatrixSymbol("cams", C, 11)
@@ -140,10 +143,22 @@ def build_models(size: dict) -> dict:
     p = p * (1 + c[9] * r2 + c[10] * r2**2)
     proj = p * c[6] + c[7:9, 0]
     bindings = [(c, sbp.gather(cams, cam)), (X, sbp.gather(pts, pt)), (w, weights), (u, feats)]
-    residual = sbp.map_examples(w * (proj - u), bindings)  # N x 2
+    return sbp.map_examples(w * (proj - u), bindings), c, X, w  # N x 2
+
+
+def build_models(size: dict) -> dict:
+    import sympy as sp
+
+    import symbackprop as sbp
+    from symbackprop.declare import nn
+
+    residual, c, X, w = _declare()
+    (_, cams), (_, pts), (_, weights), (_, feats) = residual.bindings
+    cam, pt = cams.index, pts.index
+    cams, pts = cams.array, pts.array
     w_err = sbp.map_examples(1 - w**2, [(w, weights)])  # N x 1
     loss = nn.sum_all(sp.HadamardPower(residual, 2)) + nn.sum_all(sp.HadamardPower(w_err, 2))
-    common = dict(inputs=[feats, cam, pt], params=[cams, pts, weights], loss=loss)
+    common = {"inputs": [feats, cam, pt], "params": [cams, pts, weights], "loss": loss}
     return {
         "primal": sbp.Model("gradbench_ba", outputs={"reproj_err": residual, "w_err": w_err}, **common),
         "derivative": sbp.Model("gradbench_ba_jac", outputs={"J": residual.jacobian(c, X, w)}, **common),
@@ -153,9 +168,13 @@ def build_models(size: dict) -> dict:
 SBP_FUNCTIONS = ("forward",)
 
 
+def _arrays(data: dict) -> dict:
+    return {"cams": data["cams"], "X": data["X"], "w": data["w"].reshape(-1, 1), "feats": data["feats"],
+            "cam": data["cam"], "pt": data["pt"]}
+
+
 def sbp_calls(mods: dict, data: dict):
-    arrays = {"cams": data["cams"], "X": data["X"], "w": data["w"].reshape(-1, 1), "feats": data["feats"],
-              "cam": data["cam"], "pt": data["pt"]}
+    arrays = _arrays(data)
     w = data["w"]
 
     def primal():

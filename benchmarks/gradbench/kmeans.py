@@ -11,8 +11,8 @@ seeds it with np.random.RandomState(31337). Published sizes: k in (10, 100, 1000
 n in (1000, 10000, 100000), d in (8, 16).
 
 Every peer gets the Hessian's diagonal as a Hessian-vector product with a vector of
-ones (exact here, since the Hessian is diagonal): symbackprop `value_and_grad` then
-`hvp`; JAX `jvp` of `grad`; PyTorch double backward. The frameworks compute the
+ones (exact here, since the Hessian is diagonal): symbackprop `value_grad_and_hvp` (the
+gradient and the product from one C call); JAX `jvp` of `grad`; PyTorch double backward. The frameworks compute the
 distances as ||P||^2 - 2 P C^T + ||C||^2 (one matrix product); symbackprop maps the
 difference form over every (point, centroid) pair.
 """
@@ -76,7 +76,7 @@ def build_model(size: dict):
                      loss=nn.sum_all(sbp.reduce("min", dist, 1)))
 
 
-SBP_FUNCTIONS = ("forward", "value_and_grad", "hvp")
+SBP_FUNCTIONS = ("forward", "hvp")
 
 
 def sbp_calls(mod, data: dict):
@@ -84,8 +84,7 @@ def sbp_calls(mod, data: dict):
     ones = np.ones_like(C)
 
     def direction():
-        _, g = mod.value_and_grad(points=P, centroids=C)
-        h = mod.hvp({"centroids": ones}, points=P, centroids=C)
+        _, g, h = mod.value_grad_and_hvp({"centroids": ones}, points=P, centroids=C)
         return {"dir": g["centroids"] / h["centroids"]}
 
     return (lambda: {"value": mod.forward(points=P, centroids=C)["loss"]}), direction

@@ -126,27 +126,25 @@ def build_model(size: dict):
     h = [row(f"h{i}") for i in range(layers)]
     s = [row(f"s{i}") for i in range(layers)]
     x, y = row("x"), row("y")
-    # the step written entry by entry (scalars of the state rows), as lstm.hpp loops over i < b
-    sig = lambda v: 1 / (1 + sp.exp(-v))  # noqa: E731
-    inp = [x[0, j] * in_w[0, j] for j in range(b)]
+    # the step in rows (1 x b), as the JAX port writes it: elementwise
+    # products and functions of rows, fused by the compiler into one loop
+    mul = sp.HadamardProduct
+    inp = mul(x, in_w)
     new_h, new_s = [], []
     for i in range(layers):
         wf, wi, wo, wc = W[i]
         bf, bi, bo, bc = B[i]
-        hid, cel = [], []
-        for j in range(b):
-            forget = sig(inp[j] * wf[0, j] + bf[0, j])
-            ingate = sig(h[i][0, j] * wi[0, j] + bi[0, j])
-            outgate = sig(inp[j] * wo[0, j] + bo[0, j])
-            change = sp.tanh(h[i][0, j] * wc[0, j] + bc[0, j])
-            cel.append(s[i][0, j] * forget + ingate * change)
-            hid.append(outgate * sp.tanh(cel[j]))
-        new_h.append(sp.ImmutableMatrix([hid]))
-        new_s.append(sp.ImmutableMatrix([cel]))
-        inp = hid
-    ypred = [inp[j] * out_w[0, j] + out_b[0, j] for j in range(b)]
-    lse = sp.log(sum(sp.exp(v) for v in ypred) + 2)
-    gain = sp.ImmutableMatrix([[sum(y[0, j] * (ypred[j] - lse) for j in range(b))]])  # 1 x 1 a step
+        forget = nn.sigmoid(mul(inp, wf) + bf)
+        ingate = nn.sigmoid(mul(h[i], wi) + bi)
+        outgate = nn.sigmoid(mul(inp, wo) + bo)
+        change = nn.tanh(mul(h[i], wc) + bc)
+        cell = mul(s[i], forget) + mul(ingate, change)
+        new_s.append(cell)
+        new_h.append(mul(outgate, nn.tanh(cell)))
+        inp = new_h[-1]
+    ypred = mul(inp, out_w) + out_b
+    lse = sp.log(nn.sum_all(ypred.applyfunc(sp.exp))[0, 0] + 2)
+    gain = nn.sum_all(mul(y, ypred - lse * nn.ones(1, b)))  # 1 x 1 a step
     states = tuple(v for pair in zip(h, s) for v in pair)
     steps = tuple(v for pair in zip(new_h, new_s) for v in pair)
     inits = tuple(v for pair in zip(h0, s0) for v in pair)

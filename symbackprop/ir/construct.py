@@ -76,7 +76,8 @@ def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Nod
             kept.append(arg)
     # exact rewrites of overflow-prone forms (1/(1 + exp(-z)) -> sigmoid(z))
     body = stabilize(sp.sympify(body).xreplace(subs))
-    used = [a for i, a in enumerate(kept) if placeholder(i) in body.free_symbols]
+    free = body.free_symbols  # once: a walk of the body (per argument, it was quadratic in a wide body)
+    used = [a for i, a in enumerate(kept) if placeholder(i) in free]
     if len(used) != len(kept):
         renumber = {placeholder(kept.index(a)): placeholder(i) for i, a in enumerate(used)}
         body = body.xreplace(renumber)

@@ -17,6 +17,7 @@ from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symbackprop.declare.stable import stabilize
 from symbackprop.declare.tensor import ExampleMap, Gather, Index
+from symbackprop.diff.autodiff import partial
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import accumulates, binding_width, element, emap, let_symbol, row_placeholder
@@ -27,7 +28,7 @@ from symbackprop.ir.node import SCALAR, Node, Shape
 from symbackprop.messages import short
 from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
 from symbackprop.schedule.cse import cse_program, inline
-from symbackprop.schedule.kernel import LOOP_I, LOOP_J, MAX_SHOWN_OPS, Equation, View, latex, latex_name
+from symbackprop.schedule.kernel import LOOP_I, LOOP_J, MAX_SHOWN_OPS, Equation, View, count_ops, latex, latex_name
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,8 @@ class EmapKernel:
 
     def work(self) -> tuple[sp.Expr, sp.Expr]:
         """(multiply-adds, other operations): its program's, once an example."""
-        per = sum((sp.count_ops(e) for _, e in self.temps), sp.Integer(0))
-        per += sum((sp.count_ops(e) for *_, e in self.stores), sp.Integer(0))
+        per = sum((count_ops(e) for _, e in self.temps), sp.Integer(0))
+        per += sum((count_ops(e) for *_, e in self.stores), sp.Integer(0))
         return sp.Integer(0), sp.Mul(*self.loops) * per
 
 
@@ -96,9 +97,9 @@ def _vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]
 
     def propagate(expr: sp.Expr, adjoint: sp.Expr) -> None:
         for symbol in sorted(filter(_is_variable, expr.free_symbols), key=str):
-            partial = sp.diff(expr, symbol)
-            if partial != 0:
-                contributions.setdefault(symbol, []).append(adjoint * partial)
+            derivative = partial(expr, symbol)
+            if derivative != 0:
+                contributions.setdefault(symbol, []).append(adjoint * derivative)
 
     for column, body in enumerate(bodies):
         propagate(body, row_placeholder(seed, column))
@@ -137,7 +138,7 @@ def _jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
         return None
 
     def differential(expr: sp.Expr) -> sp.Expr:
-        return sp.Add(*[sp.diff(expr, s) * tangent_of[s] for s in sorted(expr.free_symbols, key=str) if s in tangent_of])
+        return sp.Add(*[partial(expr, s) * tangent_of[s] for s in sorted(expr.free_symbols, key=str) if s in tangent_of])
 
     program = list(lets)
     fresh = _fresh_lets(lets)
@@ -254,7 +255,7 @@ def _group_kernel(sched, members: list[Node]) -> EmapKernel:
 def _equation(out: str, where: tuple, program: list, exprs: list, readable: dict, assign: str) -> Equation:
     row = _where_text(where).rsplit(",", 1)[0]
     lhs = f"{out}[{row}, :]" if len(exprs) > 1 else f"{out}[{_where_text(where)}]"
-    size = sum(sp.count_ops(e) for e in exprs) + sum(sp.count_ops(e) for _, e in program)
+    size = sum(count_ops(e) for e in exprs) + sum(count_ops(e) for _, e in program)
     if size > MAX_SHOWN_OPS:  # the temporaries in the C are the readable form
         used = set().union(*(e.free_symbols for e in exprs), *(e.free_symbols for _, e in program))
         shown_loads = sorted(used & readable.keys(), key=str)

@@ -6,7 +6,10 @@
  * The patterns come from the binder (symbackprop/binding.py), and this
  * accepts a subset of what the binder accepts: exact arrays of the right
  * dtype, C-contiguous and aligned, every symbolic dimension >= 1 in every
- * array that has it and equal across them. Anything else returns None
+ * array that has it and equal across them, and for a scalar a Python float
+ * (or a subclass: numpy's float64) or an int that fits int64 (not a bool),
+ * converted as numpy converts it. The arguments come as a list in C order,
+ * or as the dict of keyword arguments (looked up by the names given). Anything else returns None
  * without raising: the caller then takes the binder's path, which converts
  * what it can and names what is wrong. A nonzero status of the generated
  * function is returned as an int for the same reason. Built on first use by
@@ -16,6 +19,7 @@
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -30,7 +34,7 @@ enum { MAX_DIMS = 64 };
 typedef struct {
     npy_intp rows, cols;
     int type;
-    int scalar; /* outputs: returned as a Python float */
+    int scalar; /* inputs: a number is accepted; outputs: returned as a Python float */
 } Pattern;
 
 typedef struct {
@@ -39,6 +43,7 @@ typedef struct {
     work_len_fn work_len;
     int n_dims, n_inputs, n_outputs, itemsize;
     Pattern *patterns; /* inputs, then outputs */
+    PyObject *names;   /* the inputs' names in C order (a tuple), or NULL: lists only */
 } Caller;
 
 /* Scratch memory per thread, shared by every module: generated functions
@@ -104,6 +109,50 @@ static npy_intp resolve(npy_intp size, const int64_t *dims)
     return size > 0 ? size : (npy_intp)dims[-size - 1];
 }
 
+/* A Python number for a scalar input, written into `slot` in the input's
+ * type; 0 to decline (the binder converts or explains), as numpy would:
+ * a float as is, an int through int64, a float32 rounded to nearest. */
+static int number(PyObject *item, int type, double *slot)
+{
+    double value;
+    if (PyFloat_Check(item)) {
+        value = PyFloat_AS_DOUBLE(item);
+    } else if (PyLong_CheckExact(item)) {
+        int overflow;
+        long long whole = PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (overflow || (whole == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return 0;
+        }
+        value = (double)whole;
+    } else {
+        return 0;
+    }
+    if (type == NPY_DOUBLE) {
+        *slot = value;
+        return 1;
+    }
+    float narrow = (float)value;
+    if (type != NPY_FLOAT || (isfinite(value) && !isfinite(narrow))) {
+        return 0; /* numpy warns of the overflow: the binder's path */
+    }
+    memcpy(slot, &narrow, sizeof narrow);
+    return 1;
+}
+
+/* Input k of a list in C order or of the keyword arguments; NULL to decline. */
+static PyObject *argument(const Caller *self, PyObject *values, int k)
+{
+    if (PyList_CheckExact(values)) {
+        return PyList_GET_ITEM(values, k);
+    }
+    PyObject *item = PyDict_GetItemWithError(values, PyTuple_GET_ITEM(self->names, k));
+    if (item == NULL) {
+        PyErr_Clear();
+    }
+    return item;
+}
+
 static PyObject *Caller_call(Caller *self, PyObject *args, PyObject *kwargs)
 {
     PyObject *values;
@@ -115,17 +164,29 @@ static PyObject *Caller_call(Caller *self, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_TypeError, "an uninitialized Caller");
         return NULL;
     }
-    if (!PyList_CheckExact(values) || PyList_GET_SIZE(values) != self->n_inputs) {
-        PyErr_SetString(PyExc_TypeError, "a Caller takes one list of its inputs");
+    if (PyDict_CheckExact(values)) {
+        if (self->names == NULL || PyDict_GET_SIZE(values) != self->n_inputs) {
+            Py_RETURN_NONE; /* every name found and no other: the binder names what is missing or unknown */
+        }
+    } else if (!PyList_CheckExact(values) || PyList_GET_SIZE(values) != self->n_inputs) {
+        PyErr_SetString(PyExc_TypeError, "a Caller takes one list of its inputs or the dict of them by name");
         return NULL;
     }
     int64_t dims[MAX_DIMS] = {0};
     void *pointers[self->n_inputs + self->n_outputs + 1]; /* on this call's stack: threads share the Caller */
+    double numbers[self->n_inputs + 1];                    /* scalars given as Python numbers */
     for (int k = 0; k < self->n_inputs; ++k) {
-        PyObject *item = PyList_GET_ITEM(values, k);
+        PyObject *item = argument(self, values, k);
         const Pattern *p = &self->patterns[k];
-        if (!PyArray_CheckExact(item)) {
+        if (item == NULL) {
             Py_RETURN_NONE;
+        }
+        if (!PyArray_CheckExact(item)) {
+            if (!p->scalar || !number(item, p->type, &numbers[k])) {
+                Py_RETURN_NONE;
+            }
+            pointers[k] = &numbers[k];
+            continue;
         }
         PyArrayObject *array = (PyArrayObject *)item;
         /* an Index (int64) may be 1-D: a column of row numbers */
@@ -193,7 +254,7 @@ static PyObject *Caller_call(Caller *self, PyObject *args, PyObject *kwargs)
     return outputs;
 }
 
-static int read_patterns(PyObject *sequence, Pattern *into, Py_ssize_t count, int with_scalar)
+static int read_patterns(PyObject *sequence, Pattern *into, Py_ssize_t count)
 {
     for (Py_ssize_t k = 0; k < count; ++k) {
         PyObject *item = PyTuple_GetItem(sequence, k);
@@ -202,8 +263,7 @@ static int read_patterns(PyObject *sequence, Pattern *into, Py_ssize_t count, in
         }
         long rows, cols;
         int type, scalar = 0;
-        if (with_scalar ? !PyArg_ParseTuple(item, "llip", &rows, &cols, &type, &scalar)
-                        : !PyArg_ParseTuple(item, "lli", &rows, &cols, &type)) {
+        if (!PyArg_ParseTuple(item, "llip", &rows, &cols, &type, &scalar)) {
             return -1;
         }
         into[k] = (Pattern){rows, cols, type, scalar};
@@ -215,11 +275,11 @@ static int Caller_init(Caller *self, PyObject *args, PyObject *kwargs)
 {
     unsigned long long entry, work_len;
     int n_dims, itemsize;
-    PyObject *inputs, *outputs;
-    if (kwargs != NULL || !PyArg_ParseTuple(args, "KKiiO!O!", &entry, &work_len, &n_dims, &itemsize,
-                                            &PyTuple_Type, &inputs, &PyTuple_Type, &outputs)) {
+    PyObject *inputs, *outputs, *names = NULL;
+    if (kwargs != NULL || !PyArg_ParseTuple(args, "KKiiO!O!|O!", &entry, &work_len, &n_dims, &itemsize,
+                                            &PyTuple_Type, &inputs, &PyTuple_Type, &outputs, &PyTuple_Type, &names)) {
         if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "Caller(entry, work_len, n_dims, itemsize, inputs, outputs)");
+            PyErr_SetString(PyExc_TypeError, "Caller(entry, work_len, n_dims, itemsize, inputs, outputs[, names])");
         }
         return -1;
     }
@@ -238,8 +298,11 @@ static int Caller_init(Caller *self, PyObject *args, PyObject *kwargs)
         PyErr_NoMemory();
         return -1;
     }
-    if (read_patterns(inputs, self->patterns, n_in, 0) < 0 ||
-        read_patterns(outputs, self->patterns + n_in, n_out, 1) < 0) {
+    if (read_patterns(inputs, self->patterns, n_in) < 0 || read_patterns(outputs, self->patterns + n_in, n_out) < 0) {
+        return -1;
+    }
+    if (names != NULL && PyTuple_GET_SIZE(names) != n_in) {
+        PyErr_SetString(PyExc_ValueError, "Caller: one name per input");
         return -1;
     }
     for (Py_ssize_t k = 0; k < n_in + n_out; ++k) {
@@ -255,12 +318,15 @@ static int Caller_init(Caller *self, PyObject *args, PyObject *kwargs)
     self->n_inputs = (int)n_in;
     self->n_outputs = (int)n_out;
     self->itemsize = itemsize;
+    Py_XINCREF(names);
+    Py_XSETREF(self->names, names);
     return 0;
 }
 
 static void Caller_dealloc(Caller *self)
 {
     PyMem_Free(self->patterns);
+    Py_XDECREF(self->names);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -269,7 +335,7 @@ static PyTypeObject CallerType = {
     .tp_name = "symbackprop_fastcall.Caller",
     .tp_basicsize = sizeof(Caller),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Caller(entry, work_len, n_dims, itemsize, inputs, outputs): calls one generated function",
+    .tp_doc = "Caller(entry, work_len, n_dims, itemsize, inputs, outputs[, names]): calls one generated function",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Caller_init,
     .tp_dealloc = (destructor)Caller_dealloc,

@@ -70,11 +70,12 @@ class Binder:
         self.out_patterns = tuple((*(position.get(d, d) for d in r.shape), r.scalar) for r in fn.outputs)
         self._fast_ok = not any(a.index for a in fn.inputs)  # row numbers are checked on the slow path
 
-    def c_patterns(self) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int, bool]]]:
-        """The C hot path's input and output patterns: (rows, cols, numpy type number[, scalar])."""
+    def c_patterns(self) -> tuple[list[tuple[int, int, int, bool]], list[tuple[int, int, int, bool]]]:
+        """The C hot path's input and output patterns: (rows, cols, numpy
+        type number, scalar: a number accepted / returned as a float)."""
         real: int = self.dtype.num
         index: int = np.dtype(np.int64).num
-        inputs = [(r, c, index if a.index else real) for (_, r, c), a in zip(self.patterns, self.inputs)]
+        inputs = [(r, c, index if a.index else real, a.scalar) for (_, r, c), a in zip(self.patterns, self.inputs)]
         return inputs, [(r, c, real, scalar) for r, c, scalar in self.out_patterns]
 
     def bind(self, arrays: Mapping[str, Any]) -> tuple[list[np.ndarray], list[int]]:

@@ -18,7 +18,7 @@ from symbackprop.run.function import Function
 
 
 class Derivatives:
-    """vjp, jvp, hvp, hessian and jacobian, for CompiledModule (which
+    """vjp, jvp, hvp (and value_grad_and_hvp), hessian and jacobian, for CompiledModule (which
     gives the attributes and methods declared here)."""
 
     spec: ModuleSpec
@@ -127,6 +127,27 @@ class Derivatives:
         """
         fn, full = self._with_extra("hvp", directions, "direction", arrays)
         return fn.group(fn.call(full), "hvp")
+
+    def value_grad_and_hvp(self, directions: Mapping[str, Any], **arrays: Any) -> tuple[float, dict[str, Any], dict[str, Any]]:
+        """The loss, its gradients and the Hessian times a direction, from
+        one call of the C function `hvp` runs (which computes all three).
+
+        Args:
+            directions: {differentiated leaf name: array (a number for a
+                scalar)}; those missing are 0.
+            **arrays: every input and param by name.
+
+        Returns:
+            (loss, {name: gradient}, {name: (H v) for that name}).
+
+        Raises:
+            ArgumentError: a direction for a name not differentiated, a
+                model without a loss, or a malformed argument or direction.
+            ModelError, BuildError: compiling the C function on first use failed.
+        """
+        fn, full = self._with_extra("hvp", directions, "direction", arrays)
+        results = fn.call(full)
+        return results[fn.groups["loss"][0][0]], fn.group(results, "grads"), fn.group(results, "hvp")
 
     def hessian(self, **arrays: Any) -> np.ndarray:
         """The full Hessian of the loss over the differentiated leaves,

@@ -16,6 +16,7 @@ Python path.
 from __future__ import annotations
 
 import os
+import sys
 import sysconfig
 from functools import lru_cache
 from pathlib import Path
@@ -79,7 +80,8 @@ def _compile(source: str, staging: Path, final: Path) -> None:
 
 
 def caller(lib: Any, ffi: Any, c_name: str, n_dims: int, itemsize: int,
-           inputs: list[tuple[int, int, int]], outputs: list[tuple[int, int, int, bool]]) -> Any | None:
+           inputs: list[tuple[int, int, int, bool]], outputs: list[tuple[int, int, int, bool]],
+           names: tuple[str, ...] = ()) -> Any | None:
     """A C caller of one generated function, or None (no extension, or a
     module built without packed entry points).
 
@@ -88,17 +90,21 @@ def caller(lib: Any, ffi: Any, c_name: str, n_dims: int, itemsize: int,
         c_name: the generated function's C name.
         n_dims: how many symbolic dimensions it takes.
         itemsize: the bytes of one element of its real type.
-        inputs: (rows, cols, numpy type number) per input, in C order; a
-            size > 0 is fixed, -(k + 1) is dimension k.
+        inputs: (rows, cols, numpy type number, a scalar) per input, in C
+            order; a size > 0 is fixed, -(k + 1) is dimension k.
         outputs: (rows, cols, numpy type number, returned as a float) per output.
+        names: the inputs' names in C order (then the caller also takes
+            the dict of keyword arguments).
 
     Returns:
-        A callable taking the list of input arrays and returning the list of
-        outputs, None to decline, or an int status of the C function.
+        A callable taking the list of inputs in C order (or the dict of them
+        by name) and returning the list of outputs, None to decline, or an
+        int status of the C function.
     """
     module = extension()
     if module is None or not hasattr(lib, f"{c_name}__packed"):
         return None
     entry = int(ffi.cast("uintptr_t", ffi.addressof(lib, f"{c_name}__packed")))
     work_len = int(ffi.cast("uintptr_t", ffi.addressof(lib, f"{c_name}_work_len__packed")))
-    return module.Caller(entry, work_len, n_dims, itemsize, tuple(inputs), tuple(outputs))
+    named = (tuple(sys.intern(name) for name in names),) if names else ()  # interned: keyword arguments' keys are
+    return module.Caller(entry, work_len, n_dims, itemsize, tuple(inputs), tuple(outputs), *named)

@@ -65,7 +65,7 @@ class Function:
         self._local = threading.local()  # per-thread workspace, reused while the dimensions stay
         # the C hot path (fastcall.py), from the binder's patterns; not for functions that write their inputs
         self.fast = None if spec.inplace else fastcall.caller(lib, ffi, self.c_name, len(self.dims), dtype.itemsize,
-                                                              *self.binder.c_patterns())
+                                                              *self.binder.c_patterns(), tuple(self.input_names))
 
     def bind(self, arrays: Mapping[str, Any]) -> tuple[list[np.ndarray], list[int]]:
         """Checked, converted arrays in C order, and the bound dimensions
@@ -145,8 +145,8 @@ class Function:
                 inconsistent dimensions.
         """
         fast = self.fast
-        if fast is not None and arrays.keys() == self.names:
-            results = fast([arrays[name] for name in self.input_names])
+        if fast is not None:  # it looks the arguments up by name, and declines unknown or missing ones
+            results = fast(arrays if type(arrays) is dict else dict(arrays))
             if type(results) is list:
                 return results
             if results is not None:  # a status: the binder names what is wrong
@@ -200,9 +200,14 @@ class PreparedCall:
         self.inputs = {spec.name: v for spec, v in zip(function.inputs, values)}
         self.results = {out.name: o for out, o in zip(function.outputs, outputs)}
         self._arrays = (values, outputs, work)  # keep every buffer alive
-        self._c_function = function.c_function
-        buf = function.from_buffer
-        self._args = (*dims, *[buf(a) for a in (*values, *outputs, work)])
+        buf, ffi = function.from_buffer, function.ffi
+        pointers = self._pointers = [buf(a) for a in (*values, *outputs, work)]
+        packed = getattr(function.lib, function.c_name + "__packed", None)
+        if packed is None:
+            self._c_function, self._args = function.c_function, (*dims, *pointers)
+        else:  # two arguments, whatever the arity: cffi converts each argument of every call
+            self._c_function = packed
+            self._args = (ffi.new("int64_t[]", [*dims, 0]), ffi.new("void *[]", pointers))
         loss = self.results.get("loss")
         # a typed pointer reads the loss faster than indexing the array
         self._loss = None if loss is None else function.ffi.cast(f"{REAL_TYPES[function.dtype.name].c} *", buf(loss))

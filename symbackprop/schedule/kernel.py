@@ -4,7 +4,9 @@ the kernels of other ops live beside their records (symbackprop.ops)."""
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,12 +32,21 @@ class View:
 
 @dataclass(frozen=True)
 class Equation:
-    """What a kernel computes, for comments (text) and the derivation (LaTeX)."""
+    """What a kernel computes, for comments (text) and the derivation (LaTeX).
+
+    The LaTeX may be given as a function that writes it: only the
+    derivation reads it, and a scan's step kernels, which it does not
+    show, have hundreds of equations (printing them took most of an LSTM's
+    compile)."""
 
     lhs: str
     text: str
-    latex: str
+    written: str | Callable[[], str]  # the LaTeX, or what writes it when first asked
     assign: str = "="  # "+=" where examples add into one place
+
+    @functools.cached_property
+    def latex(self) -> str:
+        return self.written if isinstance(self.written, str) else self.written()
 
     @property
     def comment(self) -> str:
@@ -59,14 +70,21 @@ def latex(expr: sp.Basic) -> str:
 
 
 def equation(lhs: str, rhs: sp.Basic) -> Equation:
-    return Equation(lhs, sp.sstr(rhs), f"{latex_name(lhs)} = {latex(rhs)}")
+    return Equation(lhs, sp.sstr(rhs), lambda: f"{latex_name(lhs)} = {latex(rhs)}")
+
+
+@functools.lru_cache(maxsize=8192)
+def count_ops(expr: sp.Basic) -> Any:
+    """sp.count_ops, once per expression: a fused loop's values are counted
+    for its equation, the function's operation counts and its work."""
+    return sp.count_ops(expr)
 
 
 def map_equation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
     """A fused loop's value as an equation, or, beyond MAX_EQUATION_OPS (a
     gradient of a determinant by minors: printing them took 20 s), a
     pointer to the C's temporaries."""
-    if sp.count_ops(value) > MAX_EQUATION_OPS:
+    if count_ops(value) > MAX_EQUATION_OPS:
         return Equation(lhs, "see the temporaries in the C", rf"{latex_name(lhs)} = \text{{see the C}}")
     return equation(lhs, value.xreplace(readable))
 
@@ -95,8 +113,8 @@ class MapKernel:
 
     def work(self) -> tuple[sp.Expr, sp.Expr]:
         """(multiply-adds, other operations): its body's (after CSE) per element."""
-        per = sum((sp.count_ops(e) for _, e in self.temps), sp.Integer(0))
-        per += sum((sp.count_ops(e) for _, e in self.stores), sp.Integer(0))
+        per = sum((count_ops(e) for _, e in self.temps), sp.Integer(0))
+        per += sum((count_ops(e) for _, e in self.stores), sp.Integer(0))
         return sp.Integer(0), sp.sympify(self.shape[0]) * self.shape[1] * per
 
 

@@ -24,6 +24,7 @@ from symbackprop.schedule.kernel import (
     Kernel,
     MapKernel,
     View,
+    count_ops,
     equation,
     kernel_reads,
     kernel_writes,
@@ -200,17 +201,18 @@ class Scheduler(Placement):
         exprs = [value[m] for m in stored]
         if program:  # large shared values are named, not inlined into each user (a tree exponential in depth)
             temps, reduced = cse_program(program, exprs)
-            before = sum(sp.count_ops(e) for _, e in program)
+            before = sum(count_ops(e) for _, e in program)
         else:
             temps, reduced = share_powers(*sp.cse(exprs, symbols=sp.numbered_symbols("x", real=True), order="canonical"))
             before = 0
-        counts[0] += before + sum(sp.count_ops(e) for e in exprs)
-        counts[1] += sum(sp.count_ops(e) for _, e in temps) + sum(sp.count_ops(e) for e in reduced)
+        counts[0] += before + sum(count_ops(e) for e in exprs)
+        counts[1] += sum(count_ops(e) for _, e in temps) + sum(count_ops(e) for e in reduced)
         load_views = tuple((sym, self._broadcast_view(node, group.shape)) for node, sym in loads.items())
         readable = {sym: sp.Symbol(self.label(node)) for node, sym in loads.items()}
         equations = tuple(map_equation(self.buffer_of[m], value[m], readable) for m in stored)
         if group.shape != SCALAR:
-            equations = tuple(Equation(e.lhs, e.text, e.latex + r" \quad \text{(elementwise)}") for e in equations)
+            equations = tuple(Equation(e.lhs, e.text, lambda e=e: e.latex + r" \quad \text{(elementwise)}")
+                              for e in equations)
         stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
         overwrites = {out for out, _ in stores} & {view.buffer for _, view in load_views}
         return MapKernel(group.shape, load_views, tuple(temps), stores, equations, load_first=bool(overwrites))
