@@ -8,7 +8,7 @@ a caller-provided workspace whose slots are reused once dead."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import sympy as sp
@@ -211,8 +211,7 @@ class Scheduler(Placement):
         readable = {sym: sp.Symbol(self.label(node)) for node, sym in loads.items()}
         equations = tuple(map_equation(self.buffer_of[m], value[m], readable) for m in stored)
         if group.shape != SCALAR:
-            equations = tuple(Equation(e.lhs, e.text, lambda e=e: e.latex + r" \quad \text{(elementwise)}")
-                              for e in equations)
+            equations = tuple(Equation(e.lhs, e.text, _elementwise_latex(e)) for e in equations)
         stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
         overwrites = {out for out, _ in stores} & {view.buffer for _, view in load_views}
         return MapKernel(group.shape, load_views, tuple(temps), stores, equations, load_first=bool(overwrites))
@@ -272,3 +271,8 @@ class Scheduler(Placement):
             copied = equation(out_name, sp.Symbol(self.label(node)))
             kernels.append(MapKernel(node.shape, ((sym, self.view(node)),), (), ((out_name, sym),), (copied,)))
         return kernels
+
+
+def _elementwise_latex(equation: Equation) -> Callable[[], str]:
+    """What writes an elementwise kernel's LaTeX, when the derivation asks."""
+    return lambda: equation.latex + r" \quad \text{(elementwise)}"
