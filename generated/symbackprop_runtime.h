@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <string.h>
 
 /* The helpers are static: each module has its own copy, and one it does not
  * call is no warning. */
@@ -327,6 +328,59 @@ SYMBACKPROP_HELPER void symbackprop_f64_cumsum(const double *x, int64_t n, int64
 
 /* --- float32 (float) helpers --- */
 
+
+/* exp(x), within 1 ulp (tests/test_exp.py checks it against mpmath over the
+ * whole range). x = k ln2 + r with |r| <= ln2/2 (ln2 in two parts, the first
+ * with trailing zero bits, so that k*ln2_hi is exact); exp(r) by its Taylor
+ * polynomial of degree 7 (truncation below 0.05 ulp); then times 2^k,
+ * built in the exponent bits. x is clamped first, so that overflow (inf)
+ * and underflow (0) come out of the same arithmetic; results below the
+ * normal range are p 2^(k + 149) rounded to an integer, which is the
+ * subnormal's bit pattern: rounded once, and no floating-point operation
+ * underflows (on x86 each one that does takes a microcode assist). NaN
+ * stays NaN. */
+SYMBACKPROP_HELPER inline float symbackprop_f32_exp(float x)
+{
+    x = x < -104.0f ? -104.0f : x;
+    x = x > 89.0f ? 89.0f : x;
+    const float shift = 0x1.8p23f; /* x/ln2 + shift: k in the low bits */
+    const float kr = x * 0x1.715476p0f + shift;
+    const float k_real = kr - shift;
+    const float z = (x - k_real * 0x1.62e4p-1f) - k_real * 0x1.7f7d1cp-20f;
+    float p = 1.0f / 5040.0f;
+    p = p * z + 1.0f / 720.0f;
+    p = p * z + 1.0f / 120.0f;
+    p = p * z + 1.0f / 24.0f;
+    p = p * z + 1.0f / 6.0f;
+    p = p * z + 0.5f;
+    p = p * z + 1.0f;
+    p = p * z + 1.0f;
+    uint32_t kr_bits, shift_bits;
+    memcpy(&kr_bits, &kr, sizeof kr_bits);
+    memcpy(&shift_bits, &shift, sizeof shift_bits);
+    const int32_t k = (int32_t)(kr_bits - shift_bits);
+    /* normal results: p 2^k as p 2^(k/2) 2^(k - k/2) (2^k alone may overflow
+     * where the product does not); each path computes on a harmless k in
+     * the lanes the other one takes */
+    const int32_t k_big = k < -126 ? 0 : k, half = k_big >> 1;
+    const uint32_t scale1_bits = (uint32_t)(half + 127) << 23, scale2_bits = (uint32_t)(k_big - half + 127) << 23;
+    float scale1, scale2;
+    memcpy(&scale1, &scale1_bits, sizeof scale1);
+    memcpy(&scale2, &scale2_bits, sizeof scale2);
+    const float big = p * scale1 * scale2;
+    /* subnormal results: the integer nearest p 2^(k + 149) (below 2^23) */
+    const int32_t k_small = k < -126 ? k : -127;
+    const uint32_t to_int_bits = (uint32_t)(k_small + 276) << 23;
+    float to_int, small;
+    memcpy(&to_int, &to_int_bits, sizeof to_int);
+    const float magic = 0x1p23f, rounded = p * to_int + magic;
+    uint32_t rounded_bits, magic_bits;
+    memcpy(&rounded_bits, &rounded, sizeof rounded_bits);
+    memcpy(&magic_bits, &magic, sizeof magic_bits);
+    rounded_bits -= magic_bits;
+    memcpy(&small, &rounded_bits, sizeof small);
+    return k < -126 ? small : big;
+}
 #ifdef SYMBACKPROP_CBLAS
 /* A rows x cols operand read at p[i*rs + j*cs] as a row-major BLAS matrix:
  * CBLAS's transpose flag for it (111 CblasNoTrans, 112 CblasTrans; 0 if it
@@ -482,7 +536,7 @@ SYMBACKPROP_HELPER float symbackprop_f32_logsumexp(const float *x, int64_t n, in
         float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (; k + 8 <= n; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += expf(x[(k + l)*stride] - top);
+                lane[l] += symbackprop_f32_exp(x[(k + l)*stride] - top);
             }
         }
         for (int64_t l = 0; l < 8; ++l) {
@@ -490,7 +544,7 @@ SYMBACKPROP_HELPER float symbackprop_f32_logsumexp(const float *x, int64_t n, in
         }
     }
     for (; k < n; ++k) {
-        result += expf(x[k*stride] - top);
+        result += symbackprop_f32_exp(x[k*stride] - top);
     }
     return top + logf(result);
 }
