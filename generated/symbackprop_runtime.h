@@ -188,6 +188,46 @@ SYMBACKPROP_HELPER double symbackprop_f64_sum(const double *x, int64_t n, int64_
     return result;
 }
 
+/* out[j] = the sum of column j of the n x cols matrix x, whose rows are
+ * row_stride apart and entries contiguous: the additions of _sum down each
+ * column, in the same order, but reading the rows once, a block of columns
+ * at a time (a column at a time walks the whole matrix, a cache line an entry,
+ * for every column). */
+SYMBACKPROP_HELPER void symbackprop_f64_sum_columns(const double *x, int64_t n, int64_t cols, int64_t row_stride, double *out)
+{
+    enum { BLOCK = 64 };
+    for (int64_t j0 = 0; j0 < cols; j0 += BLOCK) {
+        const int64_t width = cols - j0 < BLOCK ? cols - j0 : BLOCK;
+        double result[BLOCK] = {0};
+        int64_t k = 0;
+        if (n >= 64) {
+            double lane[8][BLOCK] = {{0}};
+            for (; k + 8 <= n; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    const double *row = x + (k + l) * row_stride + j0;
+                    for (int64_t j = 0; j < width; ++j) {
+                        lane[l][j] += row[j];
+                    }
+                }
+            }
+            for (int64_t l = 0; l < 8; ++l) {
+                for (int64_t j = 0; j < width; ++j) {
+                    result[j] += lane[l][j];
+                }
+            }
+        }
+        for (; k < n; ++k) {
+            const double *row = x + k * row_stride + j0;
+            for (int64_t j = 0; j < width; ++j) {
+                result[j] += row[j];
+            }
+        }
+        for (int64_t j = 0; j < width; ++j) {
+            out[j0 + j] = result[j];
+        }
+    }
+}
+
 /* The largest of n entries stride apart; NaN if any is NaN (as numpy). */
 SYMBACKPROP_HELPER double symbackprop_f64_max(const double *x, int64_t n, int64_t stride)
 {
@@ -458,6 +498,46 @@ SYMBACKPROP_HELPER float symbackprop_f32_sum(const float *x, int64_t n, int64_t 
         result += x[k*stride];
     }
     return result;
+}
+
+/* out[j] = the sum of column j of the n x cols matrix x, whose rows are
+ * row_stride apart and entries contiguous: the additions of _sum down each
+ * column, in the same order, but reading the rows once, a block of columns
+ * at a time (a column at a time walks the whole matrix, a cache line an entry,
+ * for every column). */
+SYMBACKPROP_HELPER void symbackprop_f32_sum_columns(const float *x, int64_t n, int64_t cols, int64_t row_stride, float *out)
+{
+    enum { BLOCK = 64 };
+    for (int64_t j0 = 0; j0 < cols; j0 += BLOCK) {
+        const int64_t width = cols - j0 < BLOCK ? cols - j0 : BLOCK;
+        float result[BLOCK] = {0};
+        int64_t k = 0;
+        if (n >= 64) {
+            float lane[8][BLOCK] = {{0}};
+            for (; k + 8 <= n; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    const float *row = x + (k + l) * row_stride + j0;
+                    for (int64_t j = 0; j < width; ++j) {
+                        lane[l][j] += row[j];
+                    }
+                }
+            }
+            for (int64_t l = 0; l < 8; ++l) {
+                for (int64_t j = 0; j < width; ++j) {
+                    result[j] += lane[l][j];
+                }
+            }
+        }
+        for (; k < n; ++k) {
+            const float *row = x + k * row_stride + j0;
+            for (int64_t j = 0; j < width; ++j) {
+                result[j] += row[j];
+            }
+        }
+        for (int64_t j = 0; j < width; ++j) {
+            out[j0 + j] = result[j];
+        }
+    }
 }
 
 /* The largest of n entries stride apart; NaN if any is NaN (as numpy). */

@@ -57,3 +57,20 @@ def test_weight_gradient_is_one_product_in_place():
     assert re.search(r"_matmul\([^;]*, grad_W1\);", source)
     assert re.search(r"_matmul\([^;]*, grad_W2\);", source)
     assert not re.search(r"grad_W[12]\[[^]]*\] = ", source)
+
+
+@pytest.mark.parametrize("n", [5, 203])
+def test_column_sums_of_a_wide_batch(n):
+    """Sums down the columns (a bias's gradient), all columns in one pass
+    (sum_columns): 150 columns, blocks of 64 and a partial one; 203 rows,
+    past the 8 running sums and a tail. Against numpy."""
+    rows = sp.Symbol("n", integer=True, positive=True)
+    X = sp.MatrixSymbol("X", rows, 150)
+    S = sbp.reduce("sum", X.applyfunc(sp.sin), 0)  # 1 x 150
+    mod = sbp.compile(sbp.Model("column_sums", params=[X], loss=S * S.T))
+    assert "_sum_columns(" in mod.source
+    x = np.random.default_rng(5).standard_normal((n, 150))
+    loss, grads = mod.value_and_grad(X=x)
+    sums = np.sin(x).sum(axis=0)
+    assert np.isclose(float(np.asarray(loss).ravel()[0]), sums @ sums, rtol=1e-13)
+    np.testing.assert_allclose(grads["X"], 2 * sums * np.cos(x), rtol=1e-12, atol=1e-12)
