@@ -36,9 +36,14 @@ def torch_loss(t: dict):
 def test_gradients_equal_torch_autograd(dtype):
     rng = np.random.default_rng(3)
     n = 40  # a product of n*5*7 multiply-adds: above the BLAS threshold, so both paths
-    data = {"X": rng.standard_normal((n, 7)), "T": np.eye(3)[rng.integers(0, 3, n)],
-            "W1": rng.standard_normal((5, 7)), "b1": rng.standard_normal((1, 5)),
-            "W2": rng.standard_normal((3, 5)), "b2": rng.standard_normal((1, 3))}
+    data = {
+        "X": rng.standard_normal((n, 7)),
+        "T": np.eye(3)[rng.integers(0, 3, n)],
+        "W1": rng.standard_normal((5, 7)),
+        "b1": rng.standard_normal((1, 5)),
+        "W2": rng.standard_normal((3, 5)),
+        "b2": rng.standard_normal((1, 3)),
+    }
     mod = sbp.compile(linear_out_in_model(), dtype=dtype)
     loss, grads = mod.value_and_grad(**{k: v.astype(dtype) for k, v in data.items()})
     t = {k: torch.tensor(v, requires_grad=k in grads) for k, v in data.items()}

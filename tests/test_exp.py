@@ -8,11 +8,10 @@ import subprocess
 import mpmath
 import numpy as np
 import pytest
+from c_driver import STRICT_FLAGS
 
 from symbackprop.build.builder import DEFAULT_FLAGS, compiler_command
 from symbackprop.emit.codegen import FLOAT32, FLOAT64, runtime_type, template_environment
-
-from c_driver import STRICT_FLAGS
 
 TYPES = {"float64": (FLOAT64, np.float64), "float32": (FLOAT32, np.float32)}
 
@@ -26,21 +25,23 @@ def library(tmp_path_factory):
     for real, _ in TYPES.values():
         m = runtime_type(real)
         parts.append(env.get_template("exp.c.j2").render(m=m))
-        parts.append(f"void loop_{real.name}(const {real.c} *x, {real.c} *y, long n)\n"
-                     f"{{ for (long i = 0; i < n; ++i) y[i] = {m.prefix}_exp(x[i]); }}")
+        parts.append(
+            f"void loop_{real.name}(const {real.c} *x, {real.c} *y, long n)\n"
+            f"{{ for (long i = 0; i < n; ++i) y[i] = {m.prefix}_exp(x[i]); }}"
+        )
     source = folder / "exp.c"
     source.write_text("\n".join(parts) + "\n")
     out = folder / "exp.so"
-    subprocess.run([*compiler_command(), *DEFAULT_FLAGS, *STRICT_FLAGS, "-fPIC", "-shared", str(source), "-o", str(out)],
-                   check=True)
+    subprocess.run(
+        [*compiler_command(), *DEFAULT_FLAGS, *STRICT_FLAGS, "-fPIC", "-shared", str(source), "-o", str(out)], check=True
+    )
     return ctypes.CDLL(str(out))
 
 
 def call(library, dtype: str, x: np.ndarray) -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=TYPES[dtype][1])
     y = np.empty_like(x)
-    getattr(library, f"loop_{dtype}")(ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(y.ctypes.data),
-                                     ctypes.c_long(x.size))
+    getattr(library, f"loop_{dtype}")(ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(y.ctypes.data), ctypes.c_long(x.size))
     return y
 
 
@@ -61,13 +62,15 @@ RANGES = {"float64": (-745.2, 709.8, -708.4), "float32": (-104.0, 88.8, -87.4)}
 def arguments(dtype: str) -> np.ndarray:
     low, high, normal = RANGES[dtype]
     rng = np.random.default_rng(7)
-    return np.concatenate([
-        rng.uniform(low - 5, high + 5, 6000),  # the whole range and past both ends
-        rng.uniform(low, normal + 1, 3000),  # subnormal results and the step to normal ones
-        rng.uniform(high - 2, high, 1000),  # near overflow
-        rng.uniform(-1, 1, 2000),
-        np.arange(-40, 41) * np.log(2.0),  # k*ln2: the reduction's rounding boundaries
-    ]).astype(TYPES[dtype][1])
+    return np.concatenate(
+        [
+            rng.uniform(low - 5, high + 5, 6000),  # the whole range and past both ends
+            rng.uniform(low, normal + 1, 3000),  # subnormal results and the step to normal ones
+            rng.uniform(high - 2, high, 1000),  # near overflow
+            rng.uniform(-1, 1, 2000),
+            np.arange(-40, 41) * np.log(2.0),  # k*ln2: the reduction's rounding boundaries
+        ]
+    ).astype(TYPES[dtype][1])
 
 
 def ulps(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
