@@ -99,3 +99,35 @@ def test_special_values(library, dtype):
     assert np.isnan(got[0])
     assert got[1] == np.inf and got[2] == 0 and got[3] == 1 and got[4] == 1
     assert got[5] == TYPES[dtype][1](np.e)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("case", ["plain", "underflow", "nan", "inf", "minus_inf"])
+def test_logsumexp_of_a_long_vector(dtype, case):
+    """log(sum(exp(v))) and softmax of 1003 contiguous entries (the vectorized
+    maximum and exp, past the eight lanes, a tail) against numpy in float64,
+    with most terms underflowing and with NaN and infinite entries."""
+    import sympy as sp
+
+    import symbackprop as sbp
+
+    n = sp.Symbol("n", integer=True, positive=True)
+    v = sp.MatrixSymbol("v", n, 1)
+    mod = sbp.compile(sbp.Model("lse_long", params=[v], loss=sbp.reduce("logsumexp", v, 0)), dtype=dtype)
+    x = np.random.default_rng(11).standard_normal((1003, 1)) * (300.0 if case == "underflow" else 3.0)
+    special = {"nan": np.nan, "inf": np.inf, "minus_inf": -np.inf}
+    if case in special:
+        x[500, 0] = special[case]
+    x = x.astype(dtype)
+    loss, grads = mod.value_and_grad(v=x)
+    wide = x.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        top = np.max(wide)
+        want = top + np.log(np.sum(np.exp(wide - top))) if np.isfinite(top) else top
+    got = float(np.asarray(loss).ravel()[0])
+    if case == "nan":
+        assert np.isnan(got)
+        return
+    assert got == want if case == "inf" else np.isclose(got, want, rtol=1e-6 if dtype == "float32" else 1e-14)
+    if case != "inf":
+        np.testing.assert_allclose(grads["v"], np.exp(wide - want), rtol=1e-5 if dtype == "float32" else 1e-13, atol=1e-30)
