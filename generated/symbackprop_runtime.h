@@ -406,16 +406,14 @@ SYMBACKPROP_HELPER void symbackprop_f64_cumsum(const double *x, int64_t n, int64
  * whole range). x = k ln2 + r with |r| <= ln2/2 (ln2 in two parts, the first
  * with trailing zero bits, so that k*ln2_hi is exact); exp(r) by its Taylor
  * polynomial of degree 7 (truncation below 0.05 ulp); then times 2^k,
- * built in the exponent bits. x is clamped first, so that overflow (inf)
- * and underflow (0) come out of the same arithmetic; results below the
- * normal range are p 2^(k + 149) rounded to an integer, which is the
- * subnormal's bit pattern: rounded once, and no floating-point operation
- * underflows (on x86 each one that does takes a microcode assist). NaN
- * stays NaN. */
+ * built in the exponent bits. Results below the normal range are
+ * p 2^(k + 149) rounded to an integer, which is the subnormal's bit
+ * pattern: rounded once, and no floating-point operation underflows (on x86
+ * each one that does takes a microcode assist). Past the ends of the range
+ * the result (inf, 0, NaN) is selected last: clamping x first instead lets
+ * the compiler specialize the clamped lanes, a third more instructions. */
 SYMBACKPROP_HELPER inline float symbackprop_f32_exp(float x)
 {
-    x = x < -104.0f ? -104.0f : x;
-    x = x > 89.0f ? 89.0f : x;
     const float shift = 0x1.8p23f; /* x/ln2 + shift: k in the low bits */
     const float kr = x * 0x1.715476p0f + shift;
     const float k_real = kr - shift;
@@ -452,7 +450,10 @@ SYMBACKPROP_HELPER inline float symbackprop_f32_exp(float x)
     memcpy(&magic_bits, &magic, sizeof magic_bits);
     rounded_bits -= magic_bits;
     memcpy(&small, &rounded_bits, sizeof small);
-    return k < -126 ? small : big;
+    float result = k < -126 ? small : big;
+    result = x < -104.0f ? 0 : result;
+    result = x > 89.0f ? INFINITY : result;
+    return x != x ? x : result;
 }
 #ifdef SYMBACKPROP_CBLAS
 /* A rows x cols operand read at p[i*rs + j*cs] as a row-major BLAS matrix:

@@ -21,7 +21,7 @@ def library(tmp_path_factory):
     """Both types' exp, each behind a loop over an array (the vectorized form)."""
     folder = tmp_path_factory.mktemp("exp")
     env = template_environment()
-    parts = ["#include <stdint.h>", "#include <string.h>", "#define SYMBACKPROP_HELPER static"]
+    parts = ["#include <math.h>", "#include <stdint.h>", "#include <string.h>", "#define SYMBACKPROP_HELPER static"]
     for real, _ in TYPES.values():
         m = runtime_type(real)
         parts.append(env.get_template("exp.c.j2").render(m=m))
@@ -94,9 +94,10 @@ def test_within_one_ulp_over_the_whole_range(library, dtype):
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_special_values(library, dtype):
-    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0])
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -np.nan])
+    assert np.signbit(x[6])  # a NaN with its sign bit set, too
     got = call(library, dtype, x)
-    assert np.isnan(got[0])
+    assert np.isnan(got[0]) and np.isnan(got[6])
     assert got[1] == np.inf and got[2] == 0 and got[3] == 1 and got[4] == 1
     assert got[5] == TYPES[dtype][1](np.e)
 
