@@ -59,7 +59,7 @@ def run_peer(peer: str, args) -> list[dict]:
         cmd = [sys.executable, "-m", "benchmarks.worker", "--peer", peer,
                "--workloads", ",".join(w.name for w in selected),
                "--dtypes", ",".join(dtypes), "--plan", "quick" if args.quick else "full",
-               "--out", str(out)]
+               "--out", str(out)] + (["--batch", str(args.batch)] if args.batch else [])
         pin = None if args.no_pin else _pin_to_cpus(args.threads)
         status, detail = _run_worker(cmd, _worker_env(args, tmp), args.timeout, pin)
         records = _read_records(out)
@@ -212,6 +212,7 @@ def _meta(args) -> dict:
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "threads": args.threads,
+        "batch": args.batch,
         "pinned": not args.no_pin,
         "plan": "quick" if args.quick else "full",
         "workloads": {w.name: {"description": w.description, "flops": w.flops}
@@ -227,6 +228,8 @@ def _parse(argv):
     p.add_argument("--dtype", default="float64,float32", help="float64,float32")
     p.add_argument("--peers", default=None, help=f"comma-separated subset of {','.join(PEERS)}")
     p.add_argument("--threads", type=int, default=1, help="BLAS/intra-op threads per peer")
+    p.add_argument("--batch", type=int, default=None,
+                   help="rows of the batch MLPs' X (W1, W3, W4) instead of their own")
     p.add_argument("--no-pin", action="store_true",
                    help="do not pin each peer process to --threads CPUs")
     p.add_argument("--timeout", type=float, default=None,
@@ -240,7 +243,7 @@ def _parse(argv):
     if unknown:
         p.error(f"unknown peer(s) {unknown}; known: {', '.join(PEERS)}")
     try:
-        args.workloads = workloads.get(args.workloads)
+        args.workloads = workloads.get(args.workloads, args.batch)
     except KeyError as exc:
         p.error(exc.args[0])
     args.dtype = [d.strip() for d in args.dtype.split(",") if d.strip()]

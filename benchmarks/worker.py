@@ -28,7 +28,7 @@ def main(argv=None) -> None:
         return
     plan = measure.PLANS[args.plan]
     emit(peer=args.peer, status="init", seconds=_warm_up(peer, args.dtypes.split(",")[0]))
-    for workload in workloads.get(args.workloads):
+    for workload in workloads.get(args.workloads, args.batch):
         for dtype in args.dtypes.split(","):
             for record in run_one(peer, args.peer, workload, dtype, plan):
                 emit(**record)
@@ -116,6 +116,7 @@ def _parse(argv):
     p.add_argument("--dtypes", default="float64,float32")
     p.add_argument("--plan", choices=sorted(measure.PLANS), default="full")
     p.add_argument("--out", required=True)
+    p.add_argument("--batch", type=int, default=None)
     return p.parse_args(argv)
 
 

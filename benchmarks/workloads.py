@@ -21,7 +21,7 @@ float64 and then cast, so the float32 data is the rounded float64 data.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -355,13 +355,18 @@ def is_example(workload) -> bool:
     return isinstance(workload, ExampleWorkload)
 
 
-def get(names: str | list[str] | None = None) -> list[Workload | ExampleWorkload]:
-    """Workloads by name (comma-separated string or list); all when None."""
+def get(names: str | list[str] | None = None, batch: int | None = None) -> list[Workload | ExampleWorkload]:
+    """Workloads by name (comma-separated string or list); all when None.
+    ``batch``: the number of rows of the batch MLPs (rows layout: W1, W3,
+    W4) instead of their own; the others stay as they are."""
     if names is None:
-        return list(WORKLOADS.values())
+        names = list(WORKLOADS)
     if isinstance(names, str):
         names = [s.strip() for s in names.split(",") if s.strip()]
     unknown = [s for s in names if s not in WORKLOADS]
     if unknown:
         raise KeyError(f"unknown workload(s) {unknown}; known: {list(WORKLOADS)}")
-    return [WORKLOADS[s] for s in names]
+    chosen = [WORKLOADS[s] for s in names]
+    if batch is None:
+        return chosen
+    return [replace(w, batch=batch) if isinstance(w, Workload) and w.layout == "rows" else w for w in chosen]

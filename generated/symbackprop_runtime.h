@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <string.h>
 
 /* The helpers are static: each module has its own copy, and one it does not
  * call is no warning. */
@@ -197,6 +198,46 @@ SYMBACKPROP_HELPER double symbackprop_f64_sum(const double *x, int64_t n, int64_
     return result;
 }
 
+/* out[j] = the sum of column j of the n x cols matrix x, whose rows are
+ * row_stride apart and entries contiguous: the additions of _sum down each
+ * column, in the same order, but reading the rows once, a block of columns
+ * at a time (a column at a time walks the whole matrix, a cache line an entry,
+ * for every column). */
+SYMBACKPROP_HELPER void symbackprop_f64_sum_columns(const double *x, int64_t n, int64_t cols, int64_t row_stride, double *out)
+{
+    enum { BLOCK = 64 };
+    for (int64_t j0 = 0; j0 < cols; j0 += BLOCK) {
+        const int64_t width = cols - j0 < BLOCK ? cols - j0 : BLOCK;
+        double result[BLOCK] = {0};
+        int64_t k = 0;
+        if (n >= 64) {
+            double lane[8][BLOCK] = {{0}};
+            for (; k + 8 <= n; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    const double *row = x + (k + l) * row_stride + j0;
+                    for (int64_t j = 0; j < width; ++j) {
+                        lane[l][j] += row[j];
+                    }
+                }
+            }
+            for (int64_t l = 0; l < 8; ++l) {
+                for (int64_t j = 0; j < width; ++j) {
+                    result[j] += lane[l][j];
+                }
+            }
+        }
+        for (; k < n; ++k) {
+            const double *row = x + k * row_stride + j0;
+            for (int64_t j = 0; j < width; ++j) {
+                result[j] += row[j];
+            }
+        }
+        for (int64_t j = 0; j < width; ++j) {
+            out[j0 + j] = result[j];
+        }
+    }
+}
+
 /* The largest of n entries stride apart; NaN if any is NaN (as numpy). */
 SYMBACKPROP_HELPER double symbackprop_f64_max(const double *x, int64_t n, int64_t stride)
 {
@@ -240,11 +281,44 @@ SYMBACKPROP_HELPER double symbackprop_f64_min(const double *x, int64_t n, int64_
     }
     return result;
 }
+#if defined(__GNUC__)
+
+/* The largest of n >= 64 contiguous entries, NaN ignored: the eight running
+ * maxima of the loop below (the same result) as one vector of GCC's and
+ * clang's vector extension, as the compiler does not vectorize a maximum
+ * that must keep IEEE semantics. */
+SYMBACKPROP_HELPER double symbackprop_f64_max_contiguous(const double *x, int64_t n)
+{
+    typedef double lanes_t __attribute__((vector_size(8 * sizeof(double))));
+    typedef int64_t mask_t __attribute__((vector_size(8 * sizeof(double))));
+    lanes_t lane = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        lanes_t value;
+        memcpy(&value, x + k, sizeof value);
+        const mask_t above = value > lane;
+        lane = (lanes_t)(((mask_t)value & above) | ((mask_t)lane & ~above));
+    }
+    double result = -INFINITY;
+    for (int l = 0; l < 8; ++l) {
+        result = lane[l] > result ? lane[l] : result;
+    }
+    for (; k < n; ++k) {
+        result = x[k] > result ? x[k] : result;
+    }
+    return result;
+}
+#endif
 
 /* log(sum(exp(x))) of n entries stride apart, the largest subtracted before exp. */
 SYMBACKPROP_HELPER double symbackprop_f64_logsumexp(const double *x, int64_t n, int64_t stride)
 {
     double top;
+#if defined(__GNUC__)
+    if (stride == 1 && n >= 64) {
+        top = symbackprop_f64_max_contiguous(x, n);
+    } else
+#endif
     {
         double result = -INFINITY;
         int64_t k = 0;
@@ -337,6 +411,60 @@ SYMBACKPROP_HELPER void symbackprop_f64_cumsum(const double *x, int64_t n, int64
 
 /* --- float32 (float) helpers --- */
 
+
+/* exp(x), within 1 ulp (tests/test_exp.py checks it against mpmath over the
+ * whole range). x = k ln2 + r with |r| <= ln2/2 (ln2 in two parts, the first
+ * with trailing zero bits, so that k*ln2_hi is exact); exp(r) by its Taylor
+ * polynomial of degree 7 (truncation below 0.05 ulp); then times 2^k,
+ * built in the exponent bits. Results below the normal range are
+ * p 2^(k + 149) rounded to an integer, which is the subnormal's bit
+ * pattern: rounded once, and no floating-point operation underflows (on x86
+ * each one that does takes a microcode assist). Past the ends of the range
+ * the result (inf, 0, NaN) is selected last: clamping x first instead lets
+ * the compiler specialize the clamped lanes, a third more instructions. */
+SYMBACKPROP_HELPER inline float symbackprop_f32_exp(float x)
+{
+    const float shift = 0x1.8p23f; /* x/ln2 + shift: k in the low bits */
+    const float kr = x * 0x1.715476p0f + shift;
+    const float k_real = kr - shift;
+    const float z = (x - k_real * 0x1.62e4p-1f) - k_real * 0x1.7f7d1cp-20f;
+    float p = 1.0f / 5040.0f;
+    p = p * z + 1.0f / 720.0f;
+    p = p * z + 1.0f / 120.0f;
+    p = p * z + 1.0f / 24.0f;
+    p = p * z + 1.0f / 6.0f;
+    p = p * z + 0.5f;
+    p = p * z + 1.0f;
+    p = p * z + 1.0f;
+    uint32_t kr_bits, shift_bits;
+    memcpy(&kr_bits, &kr, sizeof kr_bits);
+    memcpy(&shift_bits, &shift, sizeof shift_bits);
+    const int32_t k = (int32_t)(kr_bits - shift_bits);
+    /* normal results: p 2^k as p 2^(k/2) 2^(k - k/2) (2^k alone may overflow
+     * where the product does not); each path computes on a harmless k in
+     * the lanes the other one takes */
+    const int32_t k_big = k < -126 ? 0 : k, half = k_big >> 1;
+    const uint32_t scale1_bits = (uint32_t)(half + 127) << 23, scale2_bits = (uint32_t)(k_big - half + 127) << 23;
+    float scale1, scale2;
+    memcpy(&scale1, &scale1_bits, sizeof scale1);
+    memcpy(&scale2, &scale2_bits, sizeof scale2);
+    const float big = p * scale1 * scale2;
+    /* subnormal results: the integer nearest p 2^(k + 149) (below 2^23) */
+    const int32_t k_small = k < -126 ? k : -127;
+    const uint32_t to_int_bits = (uint32_t)(k_small + 276) << 23;
+    float to_int, small;
+    memcpy(&to_int, &to_int_bits, sizeof to_int);
+    const float magic = 0x1p23f, rounded = p * to_int + magic;
+    uint32_t rounded_bits, magic_bits;
+    memcpy(&rounded_bits, &rounded, sizeof rounded_bits);
+    memcpy(&magic_bits, &magic, sizeof magic_bits);
+    rounded_bits -= magic_bits;
+    memcpy(&small, &rounded_bits, sizeof small);
+    float result = k < -126 ? small : big;
+    result = x < -104.0f ? 0 : result;
+    result = x > 89.0f ? INFINITY : result;
+    return x != x ? x : result;
+}
 #ifdef SYMBACKPROP_CBLAS
 /* A rows x cols operand read at p[i*rs + j*cs] as a row-major BLAS matrix:
  * CBLAS's transpose flag for it (111 CblasNoTrans, 112 CblasTrans; 0 if it
@@ -416,6 +544,46 @@ SYMBACKPROP_HELPER float symbackprop_f32_sum(const float *x, int64_t n, int64_t 
     return result;
 }
 
+/* out[j] = the sum of column j of the n x cols matrix x, whose rows are
+ * row_stride apart and entries contiguous: the additions of _sum down each
+ * column, in the same order, but reading the rows once, a block of columns
+ * at a time (a column at a time walks the whole matrix, a cache line an entry,
+ * for every column). */
+SYMBACKPROP_HELPER void symbackprop_f32_sum_columns(const float *x, int64_t n, int64_t cols, int64_t row_stride, float *out)
+{
+    enum { BLOCK = 64 };
+    for (int64_t j0 = 0; j0 < cols; j0 += BLOCK) {
+        const int64_t width = cols - j0 < BLOCK ? cols - j0 : BLOCK;
+        float result[BLOCK] = {0};
+        int64_t k = 0;
+        if (n >= 64) {
+            float lane[8][BLOCK] = {{0}};
+            for (; k + 8 <= n; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    const float *row = x + (k + l) * row_stride + j0;
+                    for (int64_t j = 0; j < width; ++j) {
+                        lane[l][j] += row[j];
+                    }
+                }
+            }
+            for (int64_t l = 0; l < 8; ++l) {
+                for (int64_t j = 0; j < width; ++j) {
+                    result[j] += lane[l][j];
+                }
+            }
+        }
+        for (; k < n; ++k) {
+            const float *row = x + k * row_stride + j0;
+            for (int64_t j = 0; j < width; ++j) {
+                result[j] += row[j];
+            }
+        }
+        for (int64_t j = 0; j < width; ++j) {
+            out[j0 + j] = result[j];
+        }
+    }
+}
+
 /* The largest of n entries stride apart; NaN if any is NaN (as numpy). */
 SYMBACKPROP_HELPER float symbackprop_f32_max(const float *x, int64_t n, int64_t stride)
 {
@@ -459,11 +627,44 @@ SYMBACKPROP_HELPER float symbackprop_f32_min(const float *x, int64_t n, int64_t 
     }
     return result;
 }
+#if defined(__GNUC__)
+
+/* The largest of n >= 64 contiguous entries, NaN ignored: the eight running
+ * maxima of the loop below (the same result) as one vector of GCC's and
+ * clang's vector extension, as the compiler does not vectorize a maximum
+ * that must keep IEEE semantics. */
+SYMBACKPROP_HELPER float symbackprop_f32_max_contiguous(const float *x, int64_t n)
+{
+    typedef float lanes_t __attribute__((vector_size(8 * sizeof(float))));
+    typedef int32_t mask_t __attribute__((vector_size(8 * sizeof(float))));
+    lanes_t lane = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        lanes_t value;
+        memcpy(&value, x + k, sizeof value);
+        const mask_t above = value > lane;
+        lane = (lanes_t)(((mask_t)value & above) | ((mask_t)lane & ~above));
+    }
+    float result = -INFINITY;
+    for (int l = 0; l < 8; ++l) {
+        result = lane[l] > result ? lane[l] : result;
+    }
+    for (; k < n; ++k) {
+        result = x[k] > result ? x[k] : result;
+    }
+    return result;
+}
+#endif
 
 /* log(sum(exp(x))) of n entries stride apart, the largest subtracted before exp. */
 SYMBACKPROP_HELPER float symbackprop_f32_logsumexp(const float *x, int64_t n, int64_t stride)
 {
     float top;
+#if defined(__GNUC__)
+    if (stride == 1 && n >= 64) {
+        top = symbackprop_f32_max_contiguous(x, n);
+    } else
+#endif
     {
         float result = -INFINITY;
         int64_t k = 0;
@@ -492,7 +693,7 @@ SYMBACKPROP_HELPER float symbackprop_f32_logsumexp(const float *x, int64_t n, in
         float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (; k + 8 <= n; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += expf(x[(k + l)*stride] - top);
+                lane[l] += symbackprop_f32_exp(x[(k + l)*stride] - top);
             }
         }
         for (int64_t l = 0; l < 8; ++l) {
@@ -500,7 +701,7 @@ SYMBACKPROP_HELPER float symbackprop_f32_logsumexp(const float *x, int64_t n, in
         }
     }
     for (; k < n; ++k) {
-        result += expf(x[k*stride] - top);
+        result += symbackprop_f32_exp(x[k*stride] - top);
     }
     return top + logf(result);
 }

@@ -389,9 +389,7 @@ SYMBACKPROP_WIDE int bundle_adjustment_forward(
 
     /* t1 = sum of t0 down each column */
     double *t1 = t0 + 2*N; /* 1 x 2 */
-    for (int64_t j = 0; j < 2; ++j) {
-        t1[j] = symbackprop_f64_sum(t0 + j, N, 2);
-    }
+    symbackprop_f64_sum_columns(t0, N, 2, 2, t1);
 
     /* loss = sum of t1 along each row */
     loss[0] = symbackprop_f64_sum(t1, 2, 1);
@@ -493,9 +491,7 @@ SYMBACKPROP_WIDE int bundle_adjustment_value_and_grad(
 
     /* t1 = sum of t0 down each column */
     double *t1 = grad_residual + 2*N; /* 1 x 2 */
-    for (int64_t j = 0; j < 2; ++j) {
-        t1[j] = symbackprop_f64_sum(t0 + j, N, 2);
-    }
+    symbackprop_f64_sum_columns(t0, N, 2, 2, t1);
 
     /* loss = sum of t1 along each row */
     loss[0] = symbackprop_f64_sum(t1, 2, 1);

@@ -127,17 +127,13 @@ static int digits_mlp_run(
     symbackprop_f64_matmul(64, 64, n, X, 1, 64, g0, 64, 1, grad_W1);
 
     /* grad_b1 = sum of g0 down each column */
-    for (int64_t j = 0; j < 64; ++j) {
-        grad_b1[j] = symbackprop_f64_sum(g0 + j, n, 64);
-    }
+    symbackprop_f64_sum_columns(g0, n, 64, 64, grad_b1);
 
     /* grad_W2 = t1^T @ grad_logits */
     symbackprop_f64_matmul(64, 10, n, t1, 1, 64, grad_logits, 10, 1, grad_W2);
 
     /* grad_b2 = sum of grad_logits down each column */
-    for (int64_t j = 0; j < 10; ++j) {
-        grad_b2[j] = symbackprop_f64_sum(grad_logits + j, n, 10);
-    }
+    symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2);
     return 0;
 }
 

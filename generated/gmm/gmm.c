@@ -94,9 +94,7 @@ static int gmm_run(
 
     /* t4 = sum of t3 down each column */
     double *t4 = t3 + 3*K; /* 1 x 3 */
-    for (int64_t j = 0; j < 3; ++j) {
-        t4[j] = symbackprop_f64_sum(t3 + j, K, 3);
-    }
+    symbackprop_f64_sum_columns(t3, K, 3, 3, t4);
 
     /* t5 = sum of t4 along each row */
     double *t5 = t4 + 3; /* 1 x 1 */
@@ -113,9 +111,7 @@ static int gmm_run(
 
     /* t7 = sum of t6 down each column */
     double *t7 = t4; /* 1 x 3, in t4's memory */
-    for (int64_t j = 0; j < 3; ++j) {
-        t7[j] = symbackprop_f64_sum(t6 + j, K, 3);
-    }
+    symbackprop_f64_sum_columns(t6, K, 3, 3, t7);
 
     /* t8 = sum of t7 along each row */
     double *t8 = with_grads ? t6 + 3*K : t5 + 1; /* 1 x 1 */

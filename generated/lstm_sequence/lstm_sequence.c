@@ -1686,24 +1686,16 @@ static void lstm_sequence_run_part8(
     }
 
     /* grad_b_i = sum of grad_t4 down each column */
-    for (int64_t j = 0; j < 8; ++j) {
-        grad_b_i[j] = symbackprop_f64_sum(grad_t4 + j, n, 8);
-    }
+    symbackprop_f64_sum_columns(grad_t4, n, 8, 8, grad_b_i);
 
     /* grad_b_f = sum of grad_t23 down each column */
-    for (int64_t j = 0; j < 8; ++j) {
-        grad_b_f[j] = symbackprop_f64_sum(grad_t23 + j, n, 8);
-    }
+    symbackprop_f64_sum_columns(grad_t23, n, 8, 8, grad_b_f);
 
     /* grad_b_g = sum of grad_t7 down each column */
-    for (int64_t j = 0; j < 8; ++j) {
-        grad_b_g[j] = symbackprop_f64_sum(grad_t7 + j, n, 8);
-    }
+    symbackprop_f64_sum_columns(grad_t7, n, 8, 8, grad_b_g);
 
     /* grad_b_o = sum of grad_t1 down each column */
-    for (int64_t j = 0; j < 8; ++j) {
-        grad_b_o[j] = symbackprop_f64_sum(grad_t1 + j, n, 8);
-    }
+    symbackprop_f64_sum_columns(grad_t1, n, 8, 8, grad_b_o);
 
     /* grad_V = t116^T @ grad_logit */
     symbackprop_f64_matmul(8, 1, n, t116, 1, 8, grad_logit, 1, 0, grad_V);

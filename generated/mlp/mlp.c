@@ -73,9 +73,7 @@ static int mlp_run(
 
     /* t4 = sum of t3 down each column */
     double *t4 = g0 + 2*n; /* 1 x 2 */
-    for (int64_t j = 0; j < 2; ++j) {
-        t4[j] = symbackprop_f64_sum(t3 + j, n, 2);
-    }
+    symbackprop_f64_sum_columns(t3, n, 2, 2, t4);
 
     /* t5 = sum of t4 along each row */
     double *t5 = t4 + 2; /* 1 x 1 */
@@ -107,17 +105,13 @@ static int mlp_run(
     symbackprop_f64_matmul(3, 4, n, X, 1, 3, g1, 4, 1, grad_W1);
 
     /* grad_b1 = sum of g1 down each column */
-    for (int64_t j = 0; j < 4; ++j) {
-        grad_b1[j] = symbackprop_f64_sum(g1 + j, n, 4);
-    }
+    symbackprop_f64_sum_columns(g1, n, 4, 4, grad_b1);
 
     /* grad_W2 = t1^T @ g0 */
     symbackprop_f64_matmul(4, 2, n, t1, 1, 4, g0, 2, 1, grad_W2);
 
     /* grad_b2 = sum of g0 down each column */
-    for (int64_t j = 0; j < 2; ++j) {
-        grad_b2[j] = symbackprop_f64_sum(g0 + j, n, 2);
-    }
+    symbackprop_f64_sum_columns(g0, n, 2, 2, grad_b2);
     return 0;
 }
 

@@ -119,17 +119,13 @@ static int mnist_mlp_run(
     symbackprop_f64_matmul(784, 256, 128, X, 1, 784, g0, 256, 1, grad_W1);
 
     /* grad_b1 = sum of g0 down each column */
-    for (int64_t j = 0; j < 256; ++j) {
-        grad_b1[j] = symbackprop_f64_sum(g0 + j, 128, 256);
-    }
+    symbackprop_f64_sum_columns(g0, 128, 256, 256, grad_b1);
 
     /* grad_W2 = t1^T @ grad_logits */
     symbackprop_f64_matmul(256, 10, 128, t1, 1, 256, grad_logits, 10, 1, grad_W2);
 
     /* grad_b2 = sum of grad_logits down each column */
-    for (int64_t j = 0; j < 10; ++j) {
-        grad_b2[j] = symbackprop_f64_sum(grad_logits + j, 128, 10);
-    }
+    symbackprop_f64_sum_columns(grad_logits, 128, 10, 10, grad_b2);
     return 0;
 }
 

@@ -105,6 +105,17 @@ def _softplus_numpy(z: np.ndarray) -> np.ndarray:
     return np.maximum(z, 0.0) + np.log1p(np.exp(-np.abs(z)))
 
 
+def _exp_c(printer: Any, expr: sp.Expr) -> str:
+    """float: the runtime header's exp (templates/exp.c.j2), which vectorizes
+    with no slow path: libmvec's expf leaves its vector code for every result
+    that underflows (17 ms instead of 1 for a million exps of a softmax).
+    double: libm's exp (libmvec's, where built with it), faster there: its
+    slow path is only beyond |x| > 708."""
+    if printer.real.c == "float":
+        return f"{printer.real.helper_prefix}_exp({printer._print(expr.args[0])})"
+    return libm("exp")(printer, expr)
+
+
 # --- the gamma family ---------------------------------------------------------
 
 POLYGAMMA = CHelper(("symbackprop_polygamma",), "fn_polygamma.c.j2", internal=("symbackprop_polygamma_positive",))
@@ -175,6 +186,7 @@ def _elementwise(scalar: Callable[..., float]) -> Callable[..., np.ndarray]:
 FUNCTIONS: tuple[ScalarFunction, ...] = (
     ScalarFunction(sigmoid, _sigmoid_c, _sigmoid_numpy, ("sigmoid",)),
     ScalarFunction(softplus, _softplus_c, _softplus_numpy, ("softplus",)),
+    ScalarFunction(sp.exp, _exp_c, np.exp, ("exp",)),
     ScalarFunction(log1p, libm("log1p"), np.log1p, ("log1p",)),
     ScalarFunction(expm1, libm("expm1"), np.expm1, ("expm1",)),
     ScalarFunction(sp.loggamma, libm("lgamma"), _elementwise(_lgamma_scalar), ("lgamma", "loggamma")),

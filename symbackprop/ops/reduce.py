@@ -99,7 +99,13 @@ def _emit(em: FunctionEmitter, kernel: ReduceKernel) -> dict:
     start = sp.expand(src.offset + (outer * outer_stride if looped else 0))
     pointer = em.namer.name(src.buffer) + ("" if start == 0 else f" + {em.index.doprint(start)}")
     args = f"{pointer}, {em.dim(inner_len)}, {em.dim(sp.sympify(inner_stride)) if inner_len != 1 else '1'}"
+    if kernel.kind == "sum" and kernel.axis == 0 and looped and src.col_stride == 1 and inner_len != 1:
+        # every column's sum in one pass over the rows (a bias's gradient of a large batch)
+        base = em.namer.name(src.buffer) + ("" if src.offset == 0 else f" + {em.dim(src.offset)}")
+        columns = f"{base}, {em.dim(inner_len)}, {em.dim(outer_len)}, {em.dim(sp.sympify(inner_stride))}"
+        return {"columns": f"{columns}, {em.namer.name(kernel.out)}", "loop": None, "out": None, "args": None}
     return {
+        "columns": None,
         "loop": (str(outer), em.dim(outer_len)) if looped else None,
         "out": f"{em.namer.name(kernel.out)}[{outer if looped else 0}]",
         "args": args,

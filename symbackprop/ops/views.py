@@ -10,7 +10,7 @@ import numpy as np
 import sympy as sp
 
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
-from symbackprop.ir.construct import element, is_const, pack, transpose
+from symbackprop.ir.construct import element, is_const, matmul, pack, transpose
 from symbackprop.ir.interpret import Context
 from symbackprop.ir.node import Node
 from symbackprop.ops.registry import OpRecord, ViewRule, plain_grad_fn, register
@@ -25,9 +25,19 @@ def _transpose_lowering(lowerer, expr: sp.Transpose | sp.Adjoint) -> Node:
     return transpose(lowerer.lower(expr.arg))
 
 
+def _transposed(g: Node) -> Node:
+    """g^T; where g is a product A @ B (the gradient of W^T in x @ W^T, as
+    torch.nn.Linear stores W), B^T @ A^T: the product written straight in the
+    layout W has, with no transposed copy of it. (Only for a derivative: g
+    feeds nothing else, so the product is not computed twice.)"""
+    if g.op == "matmul":
+        return matmul(transpose(g.args[1]), transpose(g.args[0]))
+    return transpose(g)
+
+
 register(OpRecord(
     "transpose",
-    vjp=lambda node, g, needed: (transpose(g),),
+    vjp=lambda node, g, needed: (_transposed(g),),
     jvp=lambda node, tangents: transpose(tangents[0]) if tangents[0] is not None else None,
     evaluate=lambda node, args, context: args[0].T.copy(),
     grad_fn=plain_grad_fn("Transpose"),

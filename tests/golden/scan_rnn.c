@@ -170,9 +170,7 @@ int scan_rnn_forward(
 
     /* t8 = sum of t7 down each column */
     double *t8 = t6 + 1; /* 1 x 2 */
-    for (int64_t j = 0; j < 2; ++j) {
-        t8[j] = symbackprop_f64_sum(t7 + j, 2, 2);
-    }
+    symbackprop_f64_sum_columns(t7, 2, 2, 2, t8);
 
     /* t9 = sum of t8 along each row */
     double *t9 = t8 + 2; /* 1 x 1 */
@@ -363,9 +361,7 @@ int scan_rnn_value_and_grad(
 
     /* t8 = sum of t7 down each column */
     double *t8 = t6 + 1; /* 1 x 2 */
-    for (int64_t j = 0; j < 2; ++j) {
-        t8[j] = symbackprop_f64_sum(t7 + j, 2, 2);
-    }
+    symbackprop_f64_sum_columns(t7, 2, 2, 2, t8);
 
     /* t9 = sum of t8 along each row */
     double *t9 = t8 + 2; /* 1 x 1 */
