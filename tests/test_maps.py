@@ -340,3 +340,34 @@ def test_a_map_over_pairs_adding_into_rows_of_either_source_and_a_shared_one():
     np.testing.assert_allclose(grads["Mc"], np.stack([grad_m, grad_b], 1), rtol=1e-12)
     grad_s = len(m) * xs[:, 1].sum() + 2 * s * len(xs) * m.sum()
     assert grads["S"][0, 0] == pytest.approx(grad_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("points, centroids", [(1, 1), (9, 13), (40, 3), (2, 17)])
+def test_pair_distances_read_by_column_match_closed_forms(points, centroids):
+    """k-means: the rows the inner loop reads (width 3) come from a copy by
+    column (emap.ColumnCopy) and the loop carries ivdep; the cost, its
+    gradient and Hessian-vector product match the closed forms (ties none:
+    random data), at sizes around the vector width and of one example."""
+    Pt = sp.MatrixSymbol("Pt", N, 3)
+    Cm = sp.MatrixSymbol("Cm", K, 3)
+    p = sp.Matrix(sp.symbols("p0:3", real=True))
+    c = sp.Matrix(sp.symbols("c0:3", real=True))
+    dist = sbp.map_examples(sum((p[f] - c[f]) ** 2 for f in range(3)), [(p, Pt), (c, Cm)])
+    mod = sbp.compile(sbp.Model("pair_distances", inputs=[Pt], params=[Cm],
+                                loss=nn.sum_all(sbp.reduce("min", dist, 1)), outputs={"dist": dist}),
+                      functions=("forward", "value_and_grad", "hvp"))
+    assert "Cm_by_column" in mod.source or "Pt_by_column" in mod.source
+    assert "ivdep" in mod.source
+    rng = np.random.default_rng(points * 100 + centroids)
+    d = {"Pt": rng.random((points, 3)), "Cm": rng.random((centroids, 3))}
+    D = ((d["Pt"][:, None, :] - d["Cm"][None, :, :]) ** 2).sum(-1)
+    near = D.argmin(1)
+    np.testing.assert_allclose(mod.forward(**d)["dist"], D, rtol=1e-14)
+    count = np.bincount(near, minlength=centroids)[:, None]
+    sums = np.zeros((centroids, 3))
+    np.add.at(sums, near, d["Pt"])
+    v = rng.standard_normal((centroids, 3))
+    loss, grads, hv = mod.value_grad_and_hvp({"Cm": v}, **d)
+    assert loss == pytest.approx(D.min(1).sum(), rel=1e-14)
+    np.testing.assert_allclose(grads["Cm"], 2 * (count * d["Cm"] - sums), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(hv["Cm"], 2 * count * v, rtol=1e-14)

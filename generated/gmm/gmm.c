@@ -13,7 +13,7 @@ static size_t gmm_run_work_len(int64_t N, int64_t K, int with_grads)
     if (N < 1 || K < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? K*N + 10*K + N + 7 : 3*K + N + 7);
+    return (size_t)(with_grads ? K*N + 10*K + 4*N + 7 : 3*K + 4*N + 7);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -50,6 +50,13 @@ static int gmm_run(
      * means[j, 0])**2*exp(2*qd[j, 0])/2 - (ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] -
      * means[j, 1])*exp(qd[j, 1]))**2/2 - (ql[j, 1]*(X[i, 0] - means[j, 0]) +
      * ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))**2/2 */
+    double *X_by_column = t0 + 1; /* 3 x N */
+    /* X_by_column: the rows of X the inner loop reads, by column */
+    for (int64_t i = 0; i < N; ++i) {
+        X_by_column[i] = X[3*i];
+        X_by_column[i + N] = X[3*i + 1];
+        X_by_column[i + 2*N] = X[3*i + 2];
+    }
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t j = 0; j < K; ++j) {
         const double x0 = means[3*j];
@@ -66,15 +73,18 @@ static int gmm_run(
         const double x11 = exp(x5);
         const double x12 = -1.0/2.0*exp(2*x3);
         const double x13 = x9 + x3 + x4 + x5;
+        #if defined(__GNUC__) && !defined(__clang__)
+        #pragma GCC ivdep
+        #endif
         for (int64_t i = 0; i < N; ++i) {
-            const double x14 = X[3*i] - x0;
-            const double x15 = X[3*i + 1] - x1;
-            log_density[K*i + j] = x12*(x14*x14) + x13 - 1.0/2.0*pow(x10*x15 + x6*x14, 2) - 1.0/2.0*pow(x11*(X[3*i + 2] - x2) + x7*x14 + x8*x15, 2);
+            const double x14 = X_by_column[i] - x0;
+            const double x15 = X_by_column[i + N] - x1;
+            log_density[K*i + j] = x12*(x14*x14) + x13 - 1.0/2.0*pow(x10*x15 + x6*x14, 2) - 1.0/2.0*pow(x11*(X_by_column[i + 2*N] - x2) + x7*x14 + x8*x15, 2);
         }
     }
 
     /* t1 = log(sum(exp(log_density))) along each row, its max subtracted first */
-    double *t1 = t0 + 1; /* N x 1 */
+    double *t1 = X_by_column + 3*N; /* N x 1 */
     for (int64_t i = 0; i < N; ++i) {
         t1[i] = symbackprop_f64_logsumexp(log_density + K*i, K, 1);
     }
@@ -154,9 +164,16 @@ static int gmm_run(
      * means[j, 0])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) +
      * (X[i, 2] - means[j, 2])*exp(qd[j, 2])), -grad_log_density[i, j]*(X[i, 1] -
      * means[j, 1])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + ... */
+    double *X_by_column_1 = X_by_column; /* 3 x N, in X_by_column's memory */
     double *grad_alpha_part = grad_log_density + K*N; /* K x 1 */
     double *grad_qd_part = t6; /* K x 3, in t6's memory */
     double *grad_ql_part = grad_alpha_part + K; /* K x 3 */
+    /* X_by_column_1: the rows of X the inner loop reads, by column */
+    for (int64_t i = 0; i < N; ++i) {
+        X_by_column_1[i] = X[3*i];
+        X_by_column_1[i + N] = X[3*i + 1];
+        X_by_column_1[i + 2*N] = X[3*i + 2];
+    }
     for (int64_t i = 0; i < K; ++i) {
         grad_alpha_part[i] = 0;
     }
@@ -197,9 +214,9 @@ static int gmm_run(
         for (; k + 8 <= N; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
                 const int64_t i = k + l;
-                const double x12 = x9*(X[3*i + 2] - x2);
-                const double x13 = X[3*i] - x0;
-                const double x14 = X[3*i + 1] - x1;
+                const double x12 = x9*(X_by_column_1[i + 2*N] - x2);
+                const double x13 = X_by_column_1[i] - x0;
+                const double x14 = X_by_column_1[i + N] - x1;
                 const double x15 = x7*x13 + x8*x14 + x12;
                 const double x16 = x14*x10;
                 const double x17 = x6*x13 + x16;
@@ -231,9 +248,9 @@ static int gmm_run(
             acc9[0] += acc9[l];
         }
         for (int64_t i = k; i < N; ++i) {
-            const double x12 = x9*(X[3*i + 2] - x2);
-            const double x13 = X[3*i] - x0;
-            const double x14 = X[3*i + 1] - x1;
+            const double x12 = x9*(X_by_column_1[i + 2*N] - x2);
+            const double x13 = X_by_column_1[i] - x0;
+            const double x14 = X_by_column_1[i + N] - x1;
             const double x15 = x7*x13 + x8*x14 + x12;
             const double x16 = x14*x10;
             const double x17 = x6*x13 + x16;

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import sympy as sp
@@ -42,6 +42,19 @@ class EmapOutput:
 
 
 @dataclass(frozen=True)
+class ColumnCopy:
+    """Rows that the inner of two loops reads, copied column by column
+    before the loops (each column contiguous): consecutive examples then
+    read adjacent entries, which the compiler vectorizes, where a row-major
+    row is `width` entries apart (centroids of k-means, a GMM's means)."""
+
+    scratch: str  # a workspace buffer, columns x rows
+    source: View
+    rows: sp.Expr
+    columns: tuple[int, ...]  # the source's columns copied, in order
+
+
+@dataclass(frozen=True)
 class EmapKernel:
     """One loop (or two nested) over examples around a CSE'd program: loads
     read argument rows where each example's binding says; each output's
@@ -55,13 +68,15 @@ class EmapKernel:
     stores: tuple[tuple[int, int, sp.Expr], ...]  # (output, column, value)
     index_checks: tuple[tuple[str, object, object], ...]  # (index buffer, its rows, rows of what it chooses among)
     equations: tuple[Equation, ...]
+    copies: tuple[ColumnCopy, ...] = ()
     kind: str = "emap"
 
     def reads(self) -> list[str]:
-        return [view.buffer for _, view, _ in self.loads] + [check[0] for check in self.index_checks]
+        return ([copy.source.buffer for copy in self.copies] + [view.buffer for _, view, _ in self.loads]
+                + [check[0] for check in self.index_checks])
 
     def writes(self) -> list[str]:
-        return [out.buffer for out in self.outputs]
+        return [copy.scratch for copy in self.copies] + [out.buffer for out in self.outputs]
 
     title = "per-example loop"
 
@@ -249,8 +264,39 @@ def _group_kernel(sched, members: list[Node]) -> EmapKernel:
         for col in range(len(member)):
             stores.append((number, col, reduced[position]))
             position += 1
-    return EmapKernel(tuple(loops), tuple(views), tuple(temps), tuple(outputs), tuple(stores),
-                      tuple(checks), tuple(equations))
+    kernel = EmapKernel(tuple(loops), tuple(views), tuple(temps), tuple(outputs), tuple(stores),
+                        tuple(checks), tuple(equations))
+    return _inner_rows_by_column(sched, kernel)
+
+
+def _inner_rows_by_column(sched, kernel: EmapKernel) -> EmapKernel:
+    """Of two loops, the rows the inner one reads (a row of `width`
+    entries an example) come from a copy in columns (see ColumnCopy).
+    The copy costs one pass over those rows; the loop reads them once per
+    outer example."""
+    if len(kernel.loops) != 2:
+        return kernel
+    inner = 1 - _outer_loop(kernel, _loop_uses(kernel))
+    columns: dict[View, list[int]] = {}
+    for _, view, where in kernel.loads:
+        if where[0] == ("loop", inner) and where[1][0] == "const" and view.row_stride != 1:
+            columns.setdefault(view, []).append(where[1][1])
+    if not columns:
+        return kernel
+    rows = kernel.loops[inner]
+    copies: dict[View, ColumnCopy] = {}
+    for view, used in columns.items():
+        kept = tuple(sorted(set(used)))
+        scratch = sched.claim_scratch(f"{view.buffer}_by_column", (len(kept), rows))
+        copies[view] = ColumnCopy(scratch, view, rows, kept)
+    loads = []
+    for sym, view, where in kernel.loads:
+        copy = copies.get(view)
+        if copy is not None and where[0] == ("loop", inner) and where[1][0] == "const":
+            view = View(copy.scratch, sp.Integer(0), sp.Integer(1), sp.sympify(rows))
+            where = (where[0], ("const", copy.columns.index(where[1][1])))
+        loads.append((sym, view, where))
+    return replace(kernel, loads=tuple(loads), copies=tuple(copies.values()))
 
 def _equation(out: str, where: tuple, program: list, exprs: list, readable: dict, assign: str) -> Equation:
     row = _where_text(where).rsplit(",", 1)[0]
@@ -398,6 +444,12 @@ def _local(out: EmapOutput, inner: int) -> bool:
     return out.accumulate and (row[0] == "const" or (row[0] in ("loop", "gather") and row[-1] != inner))
 
 
+def _apart(out: EmapOutput, inner: int) -> bool:
+    """Whether each example of the inner loop writes its own place (not
+    through an index, where two examples may choose one row)."""
+    return ("loop", inner) in out.target and not any(s[0] == "gather" and s[-1] == inner for s in out.target)
+
+
 def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     """Loops over the examples; gathered rows are read through their
     index (checked at the function's entry: see entry_checks). What the
@@ -454,8 +506,14 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         return sorted(names[s] for s in expr.free_symbols if s in names)
 
     return {
+        "copies": [_copy_fields(em, copy) for copy in kernel.copies],
         "loops": [(loop_vars[a], em.dim(kernel.loops[a])) for a in (outer, inner)[:len(kernel.loops)]],
         "lanes": LANES if size <= LANES_MAX_OPS else 1,
+        # of two loops, an inner loop of a small body whose examples write
+        # apart (and add up only in locals) carries `#pragma GCC ivdep`: GCC
+        # cannot tell the workspace's buffers apart and would not vectorize it
+        "independent": len(kernel.loops) == 2 and size <= LANES_MAX_OPS
+        and all(_local(out, inner) or _apart(out, inner) for out in kernel.outputs),
         "wide": size > LANES_MAX_OPS,  # its function is SYMBACKPROP_WIDE
         "zero": [(em.namer.name(out.buffer), em.dim(sp.sympify(out.shape[0]) * out.shape[1]))
                  for out in kernel.outputs if out.accumulate],
@@ -468,6 +526,18 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         "store_buffers": [kernel.outputs[number].buffer for number, _, _ in kernel.stores],
         "temp_uses": [[] for _ in loaded] + [named(e) for _, e in hoisted + moving],
         "store_uses": [named(e) for e in store_exprs],
+    }
+
+
+def _copy_fields(em: FunctionEmitter, copy: ColumnCopy) -> dict:
+    """A ColumnCopy's loop: each source row read once, written down the columns."""
+    scratch = View(copy.scratch, sp.Integer(0), sp.Integer(1), sp.sympify(copy.rows))
+    return {
+        "rows": em.dim(copy.rows),
+        "assigns": [(em.access(scratch, LOOP_I, sp.Integer(k)), em.access(copy.source, LOOP_I, sp.Integer(col)))
+                    for k, col in enumerate(copy.columns)],
+        "source": em.namer.name(copy.source.buffer),
+        "scratch": em.namer.name(copy.scratch),
     }
 
 

@@ -103,6 +103,13 @@ class Scheduler(Placement):
         self.name = name
         self.naming = naming
         self.buffer_of: dict[Node, str] = {}
+        self.scratch: dict[str, Shape] = {}  # buffers a kernel uses inside itself (no node's value)
+
+    def claim_scratch(self, base: str, shape: Shape) -> str:
+        """A workspace buffer of `shape` that a kernel writes and reads itself."""
+        name = self.naming.claim(base)
+        self.scratch[name] = shape
+        return name
 
     def run(self) -> FunctionSchedule:
         head = self.place_all()
@@ -117,6 +124,7 @@ class Scheduler(Placement):
         kernels += self._copies([b for b in bound if b[0] not in self.first])
         outputs = {name for name, _ in self.results}
         buffers = {buffer: node.shape for node, buffer in self.buffer_of.items() if buffer not in outputs}
+        buffers.update(self.scratch)
         slots, work = plan_workspace(kernels, buffers)
         # a call that stops at the split keeps nothing for a backward pass: its own, tighter plan
         head_slots, head_work = plan_workspace(kernels[:split], buffers, only_written=True) if split is not None else ((), work)
