@@ -237,10 +237,42 @@ SYMBACKPROP_HELPER void symbackprop_f64_sum_columns(const double *x, int64_t n, 
         }
     }
 }
+#if defined(__GNUC__)
+
+/* symbackprop_f64_max of n >= 64 contiguous entries: its eight lanes as one
+ * vector of GCC's and clang's vector extension (the same comparisons, so
+ * the same result), as the compiler does not vectorize the loop itself. */
+SYMBACKPROP_HELPER double symbackprop_f64_max_vector(const double *x, int64_t n)
+{
+    typedef double lanes_t __attribute__((vector_size(8 * sizeof(double))));
+    typedef int64_t mask_t __attribute__((vector_size(8 * sizeof(double))));
+    lanes_t lane = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        lanes_t value;
+        memcpy(&value, x + k, sizeof value);
+        const mask_t pick = (value > lane) | (value != value);
+        lane = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane & ~pick));
+    }
+    double result = -INFINITY;
+    for (int l = 0; l < 8; ++l) {
+        result = (lane[l] > result || isnan(lane[l])) ? lane[l] : result;
+    }
+    for (; k < n; ++k) {
+        result = (x[k] > result || isnan(x[k])) ? x[k] : result;
+    }
+    return result;
+}
+#endif
 
 /* The largest of n entries stride apart; NaN if any is NaN (as numpy). */
 SYMBACKPROP_HELPER double symbackprop_f64_max(const double *x, int64_t n, int64_t stride)
 {
+#if defined(__GNUC__)
+    if (stride == 1 && n >= 64) {
+        return symbackprop_f64_max_vector(x, n);
+    }
+#endif
     double result = -INFINITY;
     int64_t k = 0;
     if (n >= 64) {
@@ -259,10 +291,42 @@ SYMBACKPROP_HELPER double symbackprop_f64_max(const double *x, int64_t n, int64_
     }
     return result;
 }
+#if defined(__GNUC__)
+
+/* symbackprop_f64_min of n >= 64 contiguous entries: its eight lanes as one
+ * vector of GCC's and clang's vector extension (the same comparisons, so
+ * the same result), as the compiler does not vectorize the loop itself. */
+SYMBACKPROP_HELPER double symbackprop_f64_min_vector(const double *x, int64_t n)
+{
+    typedef double lanes_t __attribute__((vector_size(8 * sizeof(double))));
+    typedef int64_t mask_t __attribute__((vector_size(8 * sizeof(double))));
+    lanes_t lane = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        lanes_t value;
+        memcpy(&value, x + k, sizeof value);
+        const mask_t pick = (value < lane) | (value != value);
+        lane = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane & ~pick));
+    }
+    double result = INFINITY;
+    for (int l = 0; l < 8; ++l) {
+        result = (lane[l] < result || isnan(lane[l])) ? lane[l] : result;
+    }
+    for (; k < n; ++k) {
+        result = (x[k] < result || isnan(x[k])) ? x[k] : result;
+    }
+    return result;
+}
+#endif
 
 /* The smallest of n entries stride apart; NaN if any is NaN (as numpy). */
 SYMBACKPROP_HELPER double symbackprop_f64_min(const double *x, int64_t n, int64_t stride)
 {
+#if defined(__GNUC__)
+    if (stride == 1 && n >= 64) {
+        return symbackprop_f64_min_vector(x, n);
+    }
+#endif
     double result = INFINITY;
     int64_t k = 0;
     if (n >= 64) {
@@ -583,10 +647,42 @@ SYMBACKPROP_HELPER void symbackprop_f32_sum_columns(const float *x, int64_t n, i
         }
     }
 }
+#if defined(__GNUC__)
+
+/* symbackprop_f32_max of n >= 64 contiguous entries: its eight lanes as one
+ * vector of GCC's and clang's vector extension (the same comparisons, so
+ * the same result), as the compiler does not vectorize the loop itself. */
+SYMBACKPROP_HELPER float symbackprop_f32_max_vector(const float *x, int64_t n)
+{
+    typedef float lanes_t __attribute__((vector_size(8 * sizeof(float))));
+    typedef int32_t mask_t __attribute__((vector_size(8 * sizeof(float))));
+    lanes_t lane = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        lanes_t value;
+        memcpy(&value, x + k, sizeof value);
+        const mask_t pick = (value > lane) | (value != value);
+        lane = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane & ~pick));
+    }
+    float result = -INFINITY;
+    for (int l = 0; l < 8; ++l) {
+        result = (lane[l] > result || isnan(lane[l])) ? lane[l] : result;
+    }
+    for (; k < n; ++k) {
+        result = (x[k] > result || isnan(x[k])) ? x[k] : result;
+    }
+    return result;
+}
+#endif
 
 /* The largest of n entries stride apart; NaN if any is NaN (as numpy). */
 SYMBACKPROP_HELPER float symbackprop_f32_max(const float *x, int64_t n, int64_t stride)
 {
+#if defined(__GNUC__)
+    if (stride == 1 && n >= 64) {
+        return symbackprop_f32_max_vector(x, n);
+    }
+#endif
     float result = -INFINITY;
     int64_t k = 0;
     if (n >= 64) {
@@ -605,10 +701,42 @@ SYMBACKPROP_HELPER float symbackprop_f32_max(const float *x, int64_t n, int64_t 
     }
     return result;
 }
+#if defined(__GNUC__)
+
+/* symbackprop_f32_min of n >= 64 contiguous entries: its eight lanes as one
+ * vector of GCC's and clang's vector extension (the same comparisons, so
+ * the same result), as the compiler does not vectorize the loop itself. */
+SYMBACKPROP_HELPER float symbackprop_f32_min_vector(const float *x, int64_t n)
+{
+    typedef float lanes_t __attribute__((vector_size(8 * sizeof(float))));
+    typedef int32_t mask_t __attribute__((vector_size(8 * sizeof(float))));
+    lanes_t lane = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8) {
+        lanes_t value;
+        memcpy(&value, x + k, sizeof value);
+        const mask_t pick = (value < lane) | (value != value);
+        lane = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane & ~pick));
+    }
+    float result = INFINITY;
+    for (int l = 0; l < 8; ++l) {
+        result = (lane[l] < result || isnan(lane[l])) ? lane[l] : result;
+    }
+    for (; k < n; ++k) {
+        result = (x[k] < result || isnan(x[k])) ? x[k] : result;
+    }
+    return result;
+}
+#endif
 
 /* The smallest of n entries stride apart; NaN if any is NaN (as numpy). */
 SYMBACKPROP_HELPER float symbackprop_f32_min(const float *x, int64_t n, int64_t stride)
 {
+#if defined(__GNUC__)
+    if (stride == 1 && n >= 64) {
+        return symbackprop_f32_min_vector(x, n);
+    }
+#endif
     float result = INFINITY;
     int64_t k = 0;
     if (n >= 64) {

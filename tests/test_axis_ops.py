@@ -85,3 +85,27 @@ def test_second_derivative_through_a_product_is_refused():
     module = sbp.compile(sbp.Model("prod_hvp", inputs=[], params=[X], loss=loss))
     with pytest.raises(ModelError, match="second derivatives through sbp.reduce\\('prod'"):
         module.hvp({"X": np.ones((2, 3))}, X=np.ones((2, 3)))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("op", ["min", "max"])
+def test_min_and_max_of_long_rows_match_numpy_with_nan_and_infinities(op, dtype):
+    """Rows of 64 entries and more take the vector helper (_min_vector,
+    _max_vector): the same result as numpy's, NaN wherever a row holds one
+    (first, in a lane, in the tail), infinities and signed zeros kept."""
+    Z = sp.MatrixSymbol("Z", sp.Symbol("R", integer=True, positive=True), sp.Symbol("L", integer=True, positive=True))
+    mod = sbp.compile(sbp.Model(f"long_{op}", inputs=[Z], outputs={"y": sbp.reduce(op, Z, 1)}),
+                      functions=("forward",), dtype=dtype)
+    rng = np.random.default_rng(11)
+    for length in (63, 64, 71, 200):
+        z = rng.standard_normal((8, length)).astype(dtype)
+        z[1, 0] = np.nan
+        z[2, 37 % length] = np.nan
+        z[3, length - 1] = np.nan
+        z[4, 5] = np.inf
+        z[5, 9] = -np.inf
+        z[6] = 0.0
+        z[6, 1::2] = -0.0
+        got = mod.forward(Z=z)["y"][:, 0]
+        np.testing.assert_array_equal(got, getattr(np, op)(z, axis=1))
+        assert np.isnan(got[1:4]).all()
