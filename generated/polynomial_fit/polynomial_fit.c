@@ -35,45 +35,39 @@ static int polynomial_fit_run(
     /* squared_error[i, 0] = (coeffs[0, 0] + coeffs[0, 1]*points[i, 0] +
      * coeffs[0, 2]*points[i, 0]**2 + coeffs[0, 3]*points[i, 0]**3 +
      * coeffs[0, 4]*points[i, 0]**4 + coeffs[0, 5]*points[i, 0]**5 - points[i, 1])**2 */
-    /* grad_coeffs[0, :] += 6 values from points[i, :], coeffs[0, :]: see the temporaries */
+    /* grad_coeffs[0, :] += [2*(coeffs[0, 0] + coeffs[0, 1]*points[i, 0] +
+     * coeffs[0, 2]*points[i, 0]**2 + coeffs[0, 3]*points[i, 0]**3 +
+     * coeffs[0, 4]*points[i, 0]**4 + coeffs[0, 5]*points[i, 0]**5 - points[i, 1])/N,
+     * 2*points[i, 0]*(coeffs[0, 0] + coeffs[0, 1]*points[i, 0] +
+     * coeffs[0, 2]*points[i, 0]**2 + coeffs[0, 3]*points[i, 0]**3 +
+     * coeffs[0, 4]*points[i, 0]**4 + coeffs[0, 5]*points[i, 0]**5 - points[i, 1])/N, ... */
     if (with_grads) {
         for (int64_t i = 0; i < 6; ++i) {
             grad_coeffs[i] = 0;
         }
         for (int64_t i = 0; i < N; ++i) {
-            const double x0 = points[2*i]*coeffs[1];
-            const double x1 = (points[2*i]*points[2*i]);
-            const double x2 = coeffs[2]*x1;
-            const double x3 = points[2*i]*x1;
-            const double x4 = coeffs[3]*x3;
-            const double x5 = points[2*i]*x3;
-            const double x6 = coeffs[4]*x5;
-            const double x7 = points[2*i]*x5;
-            const double x8 = coeffs[5]*x7;
-            const double x9 = -points[2*i + 1] + coeffs[0] + x0 + x2 + x4 + x6 + x8;
-            const double x10 = 1.0/((double)N);
-            const double x11 = 2*x10*x9;
-            squared_error[i] = (x9*x9);
-            grad_coeffs[0] += x10*(-2*points[2*i + 1] + 2*coeffs[0] + 2*x0 + 2*x2 + 2*x4 + 2*x6 + 2*x8);
-            grad_coeffs[1] += points[2*i]*x11;
-            grad_coeffs[2] += x1*x11;
-            grad_coeffs[3] += x11*x3;
-            grad_coeffs[4] += x11*x5;
-            grad_coeffs[5] += x11*x7;
+            const double x0 = (points[2*i]*points[2*i]);
+            const double x1 = points[2*i]*x0;
+            const double x2 = points[2*i]*x1;
+            const double x3 = points[2*i]*x2;
+            const double x4 = points[2*i]*coeffs[1] - points[2*i + 1] + coeffs[0] + coeffs[2]*x0 + coeffs[3]*x1 + coeffs[4]*x2 + coeffs[5]*x3;
+            const double x5 = 2*x4/((double)N);
+            squared_error[i] = (x4*x4);
+            grad_coeffs[0] += x5;
+            grad_coeffs[1] += points[2*i]*x5;
+            grad_coeffs[2] += x0*x5;
+            grad_coeffs[3] += x1*x5;
+            grad_coeffs[4] += x2*x5;
+            grad_coeffs[5] += x3*x5;
         }
     } else {  /* the forward values only */
         for (int64_t i = 0; i < N; ++i) {
-            const double x0 = points[2*i]*coeffs[1];
-            const double x1 = (points[2*i]*points[2*i]);
-            const double x2 = coeffs[2]*x1;
-            const double x3 = points[2*i]*x1;
-            const double x4 = coeffs[3]*x3;
-            const double x5 = points[2*i]*x3;
-            const double x6 = coeffs[4]*x5;
-            const double x7 = points[2*i]*x5;
-            const double x8 = coeffs[5]*x7;
-            const double x9 = -points[2*i + 1] + coeffs[0] + x0 + x2 + x4 + x6 + x8;
-            squared_error[i] = (x9*x9);
+            const double x0 = (points[2*i]*points[2*i]);
+            const double x1 = points[2*i]*x0;
+            const double x2 = points[2*i]*x1;
+            const double x3 = points[2*i]*x2;
+            const double x4 = points[2*i]*coeffs[1] - points[2*i + 1] + coeffs[0] + coeffs[2]*x0 + coeffs[3]*x1 + coeffs[4]*x2 + coeffs[5]*x3;
+            squared_error[i] = (x4*x4);
         }
     }
 
