@@ -18,11 +18,28 @@ def random_expr(depth: int, rng: random.Random) -> sp.Expr:
     if depth == 0:
         return rng.choice([*XS, sp.Integer(rng.randint(1, 3)), sp.Rational(1, 2)])
     a, b = random_expr(depth - 1, rng), random_expr(depth - 1, rng)
-    return rng.choice([
-        a + b, a * b, a - 3 * b, 2 * (a + b), a**2, a**3, 1 / (2 + a**2), sp.sqrt(1 + a**2),
-        (1 + a**2) ** sp.tanh(b), sp.exp(a), sp.tanh(a), sp.sin(a), sigmoid(a), softplus(a),
-        sp.log(1 + a**2), sp.Max(a, b), sp.Abs(a), sp.Piecewise((a, b > 0), (a**2, True)),
-    ])
+    return rng.choice(
+        [
+            a + b,
+            a * b,
+            a - 3 * b,
+            2 * (a + b),
+            a**2,
+            a**3,
+            1 / (2 + a**2),
+            sp.sqrt(1 + a**2),
+            (1 + a**2) ** sp.tanh(b),
+            sp.exp(a),
+            sp.tanh(a),
+            sp.sin(a),
+            sigmoid(a),
+            softplus(a),
+            sp.log(1 + a**2),
+            sp.Max(a, b),
+            sp.Abs(a),
+            sp.Piecewise((a, b > 0), (a**2, True)),
+        ]
+    )
 
 
 class Program:

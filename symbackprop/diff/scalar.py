@@ -32,8 +32,7 @@ def _inline(value: sp.Expr) -> sp.Expr:
     return value
 
 
-def backward(expr: sp.Expr, seed: sp.Expr, wanted: Callable[[sp.Basic], bool],
-             let: Let = _inline) -> dict[sp.Basic, sp.Expr]:
+def backward(expr: sp.Expr, seed: sp.Expr, wanted: Callable[[sp.Basic], bool], let: Let = _inline) -> dict[sp.Basic, sp.Expr]:
     """seed * d expr / d s for each symbol s of expr that `wanted` accepts
     (those with a zero derivative left out), in the order the sweep reaches
     them. An adjoint that several arguments of a subexpression use is
@@ -80,8 +79,7 @@ def forward(expr: sp.Expr, tangent_of: Mapping[sp.Basic, sp.Expr], let: Let = _i
         local = _local(sub, holds)
         if local is None:
             local = [(s, sp.diff(sub, s)) for s in sorted(sub.free_symbols & tangent_of.keys(), key=str)]
-        value = sp.Add(*[_product(derivative, tangent[arg]) for arg, derivative in local
-                         if derivative != 0 and arg in tangent])
+        value = sp.Add(*[_product(derivative, tangent[arg]) for arg, derivative in local if derivative != 0 and arg in tangent])
         if value != 0:
             tangent[sub] = let(value) if uses.get(sub, 0) > 1 and not value.is_Atom else value
     return tangent.get(expr, sp.Integer(0))
@@ -103,7 +101,7 @@ def _local(sub: sp.Basic, holds: Mapping[sp.Basic, bool]) -> list[tuple[sp.Basic
     if sub.is_Add:
         return [(a, sp.Integer(1)) for a in args if holds[a]]
     if sub.is_Mul:  # the product of the others, as Mul._eval_derivative
-        return [(a, sp.Mul(*args[:i], *args[i + 1:])) for i, a in enumerate(args) if holds[a]]
+        return [(a, sp.Mul(*args[:i], *args[i + 1 :])) for i, a in enumerate(args) if holds[a]]
     if sub.is_Pow:  # Pow._eval_derivative: self * (dexp log(base) + dbase exp / base)
         base, exp = args
         local = [(base, _product(exp, sub / base))] if holds[base] else []
