@@ -90,8 +90,9 @@ def test_wide_sum_shares_its_adjoint():
     expr = (s - sum(kj * t**j for j, kj in enumerate(k))) ** 2
     program = Program("_t")
     found = backward(expr, sp.Integer(1), lambda v: v in k or v == t, program.let)
-    assert len(program.lets) == 1  # the sum's adjoint, named once
-    shared = program.lets[0][0]
+    # the sum, and the sum's adjoint 2*(sum) as a multiple of it (kept whole)
+    assert [value for _, value in program.lets][1:] == [2 * program.lets[0][0]]
+    shared = program.lets[1][0]
     for j, kj in enumerate(k):
         assert found[kj] == -shared * t**j  # the terms are -k_j t^j
         assert sp.expand(program.inline(found[kj]) - sp.diff(expr, kj)) == 0

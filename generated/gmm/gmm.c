@@ -126,24 +126,24 @@ static int gmm_run(
     }
 
     /* grad_alpha_part[j, 0] += grad_log_density[i, j] */
-    /* grad_means[j, :] += [grad_log_density[i, j]*ql[j, 0]*(ql[j, 0]*(X[i, 0] - means[j, 0])
-     * + (X[i, 1] - means[j, 1])*exp(qd[j, 1])) +
-     * grad_log_density[i, j]*ql[j, 1]*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1]
-     * - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2])) +
-     * grad_log_density[i, j]*(X[i, 0] - means[j, 0])*exp(2*qd[j, 0]),
-     * grad_log_density[i, j]*ql[j, 2]*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] ... */
-    /* grad_qd_part[j, :] += [-grad_log_density[i, j]*(X[i, 0] -
-     * means[j, 0])**2*exp(2*qd[j, 0]) + grad_log_density[i, j],
-     * -grad_log_density[i, j]*(X[i, 1] - means[j, 1])*(ql[j, 0]*(X[i, 0] - means[j, 0]) +
-     * (X[i, 1] - means[j, 1])*exp(qd[j, 1]))*exp(qd[j, 1]) + grad_log_density[i, j],
-     * -grad_log_density[i, j]*(X[i, 2] - means[j, 2])*(ql[j, 1]*(X[i, 0] - means[j, 0]) +
-     * ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - ... */
-    /* grad_ql_part[j, :] += [-grad_log_density[i, j]*(X[i, 0] -
-     * means[j, 0])*(ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] -
-     * means[j, 1])*exp(qd[j, 1])), -grad_log_density[i, j]*(X[i, 0] -
-     * means[j, 0])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) +
-     * (X[i, 2] - means[j, 2])*exp(qd[j, 2])), -grad_log_density[i, j]*(X[i, 1] -
-     * means[j, 1])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + ... */
+    /* grad_means[j, :] += [-grad_log_density[i, j]*(ql[j, 0]*(-ql[j, 0]*(X[i, 0] -
+     * means[j, 0]) - (X[i, 1] - means[j, 1])*exp(qd[j, 1])) + ql[j, 1]*(-ql[j, 1]*(X[i, 0] -
+     * means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) - (X[i, 2] -
+     * means[j, 2])*exp(qd[j, 2])) - (X[i, 0] - means[j, 0])*exp(2*qd[j, 0])),
+     * -grad_log_density[i, j]*(ql[j, 2]*(-ql[j, 1]*(X[i, 0] - means[j, 0]) -
+     * ql[j, 2]*(X[i, 1] - means[j, 1]) - (X[i, 2] - means[j, 2])*exp(qd[j, 2])) + ... */
+    /* grad_qd_part[j, :] += [grad_log_density[i, j]*(-(X[i, 0] -
+     * means[j, 0])**2*exp(2*qd[j, 0]) + 1), grad_log_density[i, j]*((X[i, 1] -
+     * means[j, 1])*(-ql[j, 0]*(X[i, 0] - means[j, 0]) - (X[i, 1] -
+     * means[j, 1])*exp(qd[j, 1]))*exp(qd[j, 1]) + 1), grad_log_density[i, j]*((X[i, 2] -
+     * means[j, 2])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) -
+     * (X[i, 2] - means[j, 2])*exp(qd[j, 2]))*exp(qd[j, 2]) + 1)] */
+    /* grad_ql_part[j, :] += [grad_log_density[i, j]*(X[i, 0] -
+     * means[j, 0])*(-ql[j, 0]*(X[i, 0] - means[j, 0]) - (X[i, 1] -
+     * means[j, 1])*exp(qd[j, 1])), grad_log_density[i, j]*(X[i, 0] -
+     * means[j, 0])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) -
+     * (X[i, 2] - means[j, 2])*exp(qd[j, 2])), grad_log_density[i, j]*(X[i, 1] -
+     * means[j, 1])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) - ... */
     double *grad_alpha_part = grad_log_density + K*N; /* K x 1 */
     double *grad_qd_part = t6; /* K x 3, in t6's memory */
     double *grad_ql_part = grad_alpha_part + K; /* K x 3 */
@@ -161,28 +161,29 @@ static int gmm_run(
     }
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < K; ++j) {
-            const double x0 = grad_log_density[K*i + j]*exp(2*qd[3*j]);
+            const double x0 = exp(2*qd[3*j]);
             const double x1 = X[3*i] - means[3*j];
             const double x2 = exp(qd[3*j + 2]);
             const double x3 = x2*(X[3*i + 2] - means[3*j + 2]);
             const double x4 = X[3*i + 1] - means[3*j + 1];
-            const double x5 = -grad_log_density[K*i + j]*(ql[3*j + 1]*x1 + ql[3*j + 2]*x4 + x3);
+            const double x5 = -ql[3*j + 1]*x1 - ql[3*j + 2]*x4 - x3;
             const double x6 = exp(qd[3*j + 1]);
             const double x7 = x4*x6;
-            const double x8 = -grad_log_density[K*i + j]*(ql[3*j]*x1 + x7);
-            const double x9 = ql[3*j]*x8 + ql[3*j + 1]*x5 - x0*x1;
-            const double x10 = ql[3*j + 2]*x5 + x6*x8;
+            const double x8 = -ql[3*j]*x1 - x7;
+            const double x9 = grad_log_density[K*i + j]*(ql[3*j]*x8 + ql[3*j + 1]*x5 - x0*x1);
+            const double x10 = grad_log_density[K*i + j]*(ql[3*j + 2]*x5 + x6*x8);
             const double x11 = x2*x5;
+            const double x12 = grad_log_density[K*i + j]*x1;
             grad_alpha_part[j] += grad_log_density[K*i + j];
             grad_means[3*j] += -x9;
             grad_means[3*j + 1] += -x10;
-            grad_means[3*j + 2] += -x11;
-            grad_qd_part[3*j] += grad_log_density[K*i + j] - x0*(x1*x1);
-            grad_qd_part[3*j + 1] += grad_log_density[K*i + j] + x7*x8;
-            grad_qd_part[3*j + 2] += grad_log_density[K*i + j] + x3*x5;
-            grad_ql_part[3*j] += x1*x8;
-            grad_ql_part[3*j + 1] += x1*x5;
-            grad_ql_part[3*j + 2] += x4*x5;
+            grad_means[3*j + 2] += -grad_log_density[K*i + j]*x11;
+            grad_qd_part[3*j] += grad_log_density[K*i + j]*(-x0*(x1*x1) + 1);
+            grad_qd_part[3*j + 1] += grad_log_density[K*i + j]*(x7*x8 + 1);
+            grad_qd_part[3*j + 2] += grad_log_density[K*i + j]*(x3*x5 + 1);
+            grad_ql_part[3*j] += x12*x8;
+            grad_ql_part[3*j + 1] += x12*x5;
+            grad_ql_part[3*j + 2] += grad_log_density[K*i + j]*x4*x5;
         }
     }
 

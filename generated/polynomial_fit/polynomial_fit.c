@@ -51,14 +51,15 @@ static int polynomial_fit_run(
             const double x2 = points[2*i]*x1;
             const double x3 = points[2*i]*x2;
             const double x4 = points[2*i]*coeffs[1] - points[2*i + 1] + coeffs[0] + coeffs[2]*x0 + coeffs[3]*x1 + coeffs[4]*x2 + coeffs[5]*x3;
-            const double x5 = 2*x4/((double)N);
+            const double x5 = 2*x4;
+            const double x6 = x5/((double)N);
             squared_error[i] = (x4*x4);
-            grad_coeffs[0] += x5;
-            grad_coeffs[1] += points[2*i]*x5;
-            grad_coeffs[2] += x0*x5;
-            grad_coeffs[3] += x1*x5;
-            grad_coeffs[4] += x2*x5;
-            grad_coeffs[5] += x3*x5;
+            grad_coeffs[0] += x6;
+            grad_coeffs[1] += points[2*i]*x6;
+            grad_coeffs[2] += x0*x6;
+            grad_coeffs[3] += x1*x6;
+            grad_coeffs[4] += x2*x6;
+            grad_coeffs[5] += x3*x6;
         }
     } else {  /* the forward values only */
         for (int64_t i = 0; i < N; ++i) {

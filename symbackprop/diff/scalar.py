@@ -52,7 +52,7 @@ def backward(expr: sp.Expr, seed: sp.Expr, wanted: Callable[[sp.Basic], bool], l
         if local is None:  # no rule of its own: sp.diff by each symbol under it
             local = [(s, sp.diff(sub, s)) for s in sorted(filter(wanted, sub.free_symbols), key=str)]
         if len(local) > 1 and not adjoint.is_Atom:
-            adjoint = let(adjoint)
+            adjoint = _let_kept(adjoint, let)
         for arg, derivative in local:
             if derivative != 0:
                 terms.setdefault(arg, []).append(_product(adjoint, derivative))
@@ -83,6 +83,16 @@ def forward(expr: sp.Expr, tangent_of: Mapping[sp.Basic, sp.Expr], let: Let = _i
         if value != 0:
             tangent[sub] = let(value) if uses.get(sub, 0) > 1 and not value.is_Atom else value
     return tangent.get(expr, sp.Integer(0))
+
+
+def _let_kept(value: sp.Expr, let: Let) -> sp.Expr:
+    """let(value); a coefficient times a sum as two values, the sum and
+    its multiple: 2*(a + b) rebuilt by a later substitution would become
+    2*a + 2*b, which no longer shares a + b with the expression."""
+    coeff, rest = value.as_coeff_Mul()
+    if coeff != 1 and rest.is_Add:
+        return let(_keep_coeff(coeff, let(rest)))
+    return let(value)
 
 
 def _holds(order: list[sp.Basic], wanted: Callable[[sp.Basic], bool]) -> dict[sp.Basic, bool]:

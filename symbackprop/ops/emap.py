@@ -109,8 +109,8 @@ def _vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]
     program, let = _extensible(lets)
 
     def propagate(expr: sp.Expr, adjoint: sp.Expr) -> None:
-        for symbol, term in backward(expr, adjoint, _is_variable, let).items():
-            contributions.setdefault(symbol, []).append(term)
+        for symbol, term in backward(expr, sp.Integer(1), _is_variable, let).items():
+            contributions.setdefault(symbol, []).append(adjoint * term)
 
     for column, body in enumerate(bodies):
         propagate(body, row_placeholder(seed, column))
