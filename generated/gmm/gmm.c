@@ -146,24 +146,24 @@ static int gmm_run(
     }
 
     /* grad_alpha_part[j, 0] += grad_log_density[i, j] */
-    /* grad_means[j, :] += [-grad_log_density[i, j]*(-ql[j, 0]*(ql[j, 0]*(X[i, 0] -
-     * means[j, 0]) + (X[i, 1] - means[j, 1])*exp(qd[j, 1])) - ql[j, 1]*(ql[j, 1]*(X[i, 0] -
-     * means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] -
+    /* grad_means[j, :] += [-grad_log_density[i, j]*(ql[j, 0]*(-ql[j, 0]*(X[i, 0] -
+     * means[j, 0]) - (X[i, 1] - means[j, 1])*exp(qd[j, 1])) + ql[j, 1]*(-ql[j, 1]*(X[i, 0] -
+     * means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) - (X[i, 2] -
      * means[j, 2])*exp(qd[j, 2])) - (X[i, 0] - means[j, 0])*exp(2*qd[j, 0])),
-     * -grad_log_density[i, j]*(-ql[j, 2]*(ql[j, 1]*(X[i, 0] - means[j, 0]) +
-     * ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2])) - ... */
+     * -grad_log_density[i, j]*(ql[j, 2]*(-ql[j, 1]*(X[i, 0] - means[j, 0]) -
+     * ql[j, 2]*(X[i, 1] - means[j, 1]) - (X[i, 2] - means[j, 2])*exp(qd[j, 2])) + ... */
     /* grad_qd_part[j, :] += [grad_log_density[i, j]*(-(X[i, 0] -
-     * means[j, 0])**2*exp(2*qd[j, 0]) + 1), grad_log_density[i, j]*(-(X[i, 1] -
-     * means[j, 1])*(ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] -
-     * means[j, 1])*exp(qd[j, 1]))*exp(qd[j, 1]) + 1), grad_log_density[i, j]*(-(X[i, 2] -
-     * means[j, 2])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) +
+     * means[j, 0])**2*exp(2*qd[j, 0]) + 1), grad_log_density[i, j]*((X[i, 1] -
+     * means[j, 1])*(-ql[j, 0]*(X[i, 0] - means[j, 0]) - (X[i, 1] -
+     * means[j, 1])*exp(qd[j, 1]))*exp(qd[j, 1]) + 1), grad_log_density[i, j]*((X[i, 2] -
+     * means[j, 2])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) -
      * (X[i, 2] - means[j, 2])*exp(qd[j, 2]))*exp(qd[j, 2]) + 1)] */
-    /* grad_ql_part[j, :] += [-grad_log_density[i, j]*(X[i, 0] -
-     * means[j, 0])*(ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] -
-     * means[j, 1])*exp(qd[j, 1])), -grad_log_density[i, j]*(X[i, 0] -
-     * means[j, 0])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) +
-     * (X[i, 2] - means[j, 2])*exp(qd[j, 2])), -grad_log_density[i, j]*(X[i, 1] -
-     * means[j, 1])*(ql[j, 1]*(X[i, 0] - means[j, 0]) + ql[j, 2]*(X[i, 1] - means[j, 1]) + ... */
+    /* grad_ql_part[j, :] += [grad_log_density[i, j]*(X[i, 0] -
+     * means[j, 0])*(-ql[j, 0]*(X[i, 0] - means[j, 0]) - (X[i, 1] -
+     * means[j, 1])*exp(qd[j, 1])), grad_log_density[i, j]*(X[i, 0] -
+     * means[j, 0])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) -
+     * (X[i, 2] - means[j, 2])*exp(qd[j, 2])), grad_log_density[i, j]*(X[i, 1] -
+     * means[j, 1])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) - ... */
     double *X_by_column_1 = X_by_column; /* 3 x N, in X_by_column's memory */
     double *grad_alpha_part = grad_log_density + K*N; /* K x 1 */
     double *grad_qd_part = t6; /* K x 3, in t6's memory */
@@ -197,9 +197,9 @@ static int gmm_run(
         const double x6 = ql[3*j];
         const double x7 = ql[3*j + 1];
         const double x8 = ql[3*j + 2];
-        const double x9 = exp(x5);
-        const double x10 = exp(x4);
-        const double x11 = exp(2*x3);
+        const double x9 = exp(2*x3);
+        const double x10 = exp(x5);
+        const double x11 = exp(x4);
         double acc0[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         double acc1[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         double acc2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -214,25 +214,26 @@ static int gmm_run(
         for (; k + 8 <= N; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
                 const int64_t i = k + l;
-                const double x12 = x9*(X_by_column_1[i + 2*N] - x2);
-                const double x13 = X_by_column_1[i] - x0;
+                const double x12 = X_by_column_1[i] - x0;
+                const double x13 = x10*(X_by_column_1[i + 2*N] - x2);
                 const double x14 = X_by_column_1[i + N] - x1;
-                const double x15 = x7*x13 + x8*x14 + x12;
-                const double x16 = x14*x10;
-                const double x17 = x6*x13 + x16;
-                const double x18 = grad_log_density[K*i + j]*(-x6*x17 - x7*x15 - x13*x11);
-                const double x19 = grad_log_density[K*i + j]*(-x8*x15 - x10*x17);
-                const double x20 = grad_log_density[K*i + j]*x15;
+                const double x15 = -x7*x12 - x8*x14 - x13;
+                const double x16 = x14*x11;
+                const double x17 = -x6*x12 - x16;
+                const double x18 = grad_log_density[K*i + j]*(x6*x17 + x7*x15 - x9*x12);
+                const double x19 = grad_log_density[K*i + j]*(x8*x15 + x11*x17);
+                const double x20 = x10*x15;
+                const double x21 = grad_log_density[K*i + j]*x12;
                 acc0[l] += grad_log_density[K*i + j];
                 acc1[l] += -x18;
                 acc2[l] += -x19;
-                acc3[l] += x9*x20;
-                acc4[l] += grad_log_density[K*i + j]*(-(x13*x13)*x11 + 1);
-                acc5[l] += grad_log_density[K*i + j]*(-x16*x17 + 1);
-                acc6[l] += grad_log_density[K*i + j]*(-x12*x15 + 1);
-                acc7[l] += -grad_log_density[K*i + j]*x13*x17;
-                acc8[l] += -x20*x13;
-                acc9[l] += -x20*x14;
+                acc3[l] += -grad_log_density[K*i + j]*x20;
+                acc4[l] += grad_log_density[K*i + j]*(-x9*(x12*x12) + 1);
+                acc5[l] += grad_log_density[K*i + j]*(x16*x17 + 1);
+                acc6[l] += grad_log_density[K*i + j]*(x13*x15 + 1);
+                acc7[l] += x21*x17;
+                acc8[l] += x21*x15;
+                acc9[l] += grad_log_density[K*i + j]*x14*x15;
             }
         }
         for (int64_t l = 1; l < 8; ++l) {
@@ -248,25 +249,26 @@ static int gmm_run(
             acc9[0] += acc9[l];
         }
         for (int64_t i = k; i < N; ++i) {
-            const double x12 = x9*(X_by_column_1[i + 2*N] - x2);
-            const double x13 = X_by_column_1[i] - x0;
+            const double x12 = X_by_column_1[i] - x0;
+            const double x13 = x10*(X_by_column_1[i + 2*N] - x2);
             const double x14 = X_by_column_1[i + N] - x1;
-            const double x15 = x7*x13 + x8*x14 + x12;
-            const double x16 = x14*x10;
-            const double x17 = x6*x13 + x16;
-            const double x18 = grad_log_density[K*i + j]*(-x6*x17 - x7*x15 - x13*x11);
-            const double x19 = grad_log_density[K*i + j]*(-x8*x15 - x10*x17);
-            const double x20 = grad_log_density[K*i + j]*x15;
+            const double x15 = -x7*x12 - x8*x14 - x13;
+            const double x16 = x14*x11;
+            const double x17 = -x6*x12 - x16;
+            const double x18 = grad_log_density[K*i + j]*(x6*x17 + x7*x15 - x9*x12);
+            const double x19 = grad_log_density[K*i + j]*(x8*x15 + x11*x17);
+            const double x20 = x10*x15;
+            const double x21 = grad_log_density[K*i + j]*x12;
             acc0[0] += grad_log_density[K*i + j];
             acc1[0] += -x18;
             acc2[0] += -x19;
-            acc3[0] += x9*x20;
-            acc4[0] += grad_log_density[K*i + j]*(-(x13*x13)*x11 + 1);
-            acc5[0] += grad_log_density[K*i + j]*(-x16*x17 + 1);
-            acc6[0] += grad_log_density[K*i + j]*(-x12*x15 + 1);
-            acc7[0] += -grad_log_density[K*i + j]*x13*x17;
-            acc8[0] += -x20*x13;
-            acc9[0] += -x20*x14;
+            acc3[0] += -grad_log_density[K*i + j]*x20;
+            acc4[0] += grad_log_density[K*i + j]*(-x9*(x12*x12) + 1);
+            acc5[0] += grad_log_density[K*i + j]*(x16*x17 + 1);
+            acc6[0] += grad_log_density[K*i + j]*(x13*x15 + 1);
+            acc7[0] += x21*x17;
+            acc8[0] += x21*x15;
+            acc9[0] += grad_log_density[K*i + j]*x14*x15;
         }
         grad_alpha_part[j] += acc0[0];
         grad_means[3*j] += acc1[0];

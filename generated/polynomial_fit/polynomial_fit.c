@@ -35,7 +35,12 @@ static int polynomial_fit_run(
     /* squared_error[i, 0] = (coeffs[0, 0] + coeffs[0, 1]*points[i, 0] +
      * coeffs[0, 2]*points[i, 0]**2 + coeffs[0, 3]*points[i, 0]**3 +
      * coeffs[0, 4]*points[i, 0]**4 + coeffs[0, 5]*points[i, 0]**5 - points[i, 1])**2 */
-    /* grad_coeffs[0, :] += 6 values from points[i, :], coeffs[0, :]: see the temporaries */
+    /* grad_coeffs[0, :] += [2*(coeffs[0, 0] + coeffs[0, 1]*points[i, 0] +
+     * coeffs[0, 2]*points[i, 0]**2 + coeffs[0, 3]*points[i, 0]**3 +
+     * coeffs[0, 4]*points[i, 0]**4 + coeffs[0, 5]*points[i, 0]**5 - points[i, 1])/N,
+     * 2*points[i, 0]*(coeffs[0, 0] + coeffs[0, 1]*points[i, 0] +
+     * coeffs[0, 2]*points[i, 0]**2 + coeffs[0, 3]*points[i, 0]**3 +
+     * coeffs[0, 4]*points[i, 0]**4 + coeffs[0, 5]*points[i, 0]**5 - points[i, 1])/N, ... */
     if (with_grads) {
         for (int64_t i = 0; i < 6; ++i) {
             grad_coeffs[i] = 0;
@@ -58,24 +63,20 @@ static int polynomial_fit_run(
             for (; k + 8 <= N; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
                     const int64_t i = k + l;
-                    const double x7 = points[2*i]*x1;
-                    const double x8 = (points[2*i]*points[2*i]);
-                    const double x9 = x2*x8;
-                    const double x10 = points[2*i]*x8;
-                    const double x11 = x3*x10;
-                    const double x12 = points[2*i]*x10;
-                    const double x13 = x4*x12;
-                    const double x14 = points[2*i]*x12;
-                    const double x15 = x5*x14;
-                    const double x16 = -points[2*i + 1] + x0 + x7 + x9 + x11 + x13 + x15;
-                    const double x17 = 2*x6*x16;
-                    squared_error[i] = (x16*x16);
-                    acc0[l] += x6*(-2*points[2*i + 1] + 2*x0 + 2*x7 + 2*x9 + 2*x11 + 2*x13 + 2*x15);
-                    acc1[l] += points[2*i]*x17;
-                    acc2[l] += x8*x17;
-                    acc3[l] += x17*x10;
-                    acc4[l] += x17*x12;
-                    acc5[l] += x17*x14;
+                    const double x7 = (points[2*i]*points[2*i]);
+                    const double x8 = points[2*i]*x7;
+                    const double x9 = points[2*i]*x8;
+                    const double x10 = points[2*i]*x9;
+                    const double x11 = points[2*i]*x1 - points[2*i + 1] + x0 + x2*x7 + x3*x8 + x4*x9 + x5*x10;
+                    const double x12 = 2*x11;
+                    const double x13 = x6*x12;
+                    squared_error[i] = (x11*x11);
+                    acc0[l] += x13;
+                    acc1[l] += points[2*i]*x13;
+                    acc2[l] += x7*x13;
+                    acc3[l] += x8*x13;
+                    acc4[l] += x9*x13;
+                    acc5[l] += x10*x13;
                 }
             }
             for (int64_t l = 1; l < 8; ++l) {
@@ -87,24 +88,20 @@ static int polynomial_fit_run(
                 acc5[0] += acc5[l];
             }
             for (int64_t i = k; i < N; ++i) {
-                const double x7 = points[2*i]*x1;
-                const double x8 = (points[2*i]*points[2*i]);
-                const double x9 = x2*x8;
-                const double x10 = points[2*i]*x8;
-                const double x11 = x3*x10;
-                const double x12 = points[2*i]*x10;
-                const double x13 = x4*x12;
-                const double x14 = points[2*i]*x12;
-                const double x15 = x5*x14;
-                const double x16 = -points[2*i + 1] + x0 + x7 + x9 + x11 + x13 + x15;
-                const double x17 = 2*x6*x16;
-                squared_error[i] = (x16*x16);
-                acc0[0] += x6*(-2*points[2*i + 1] + 2*x0 + 2*x7 + 2*x9 + 2*x11 + 2*x13 + 2*x15);
-                acc1[0] += points[2*i]*x17;
-                acc2[0] += x8*x17;
-                acc3[0] += x17*x10;
-                acc4[0] += x17*x12;
-                acc5[0] += x17*x14;
+                const double x7 = (points[2*i]*points[2*i]);
+                const double x8 = points[2*i]*x7;
+                const double x9 = points[2*i]*x8;
+                const double x10 = points[2*i]*x9;
+                const double x11 = points[2*i]*x1 - points[2*i + 1] + x0 + x2*x7 + x3*x8 + x4*x9 + x5*x10;
+                const double x12 = 2*x11;
+                const double x13 = x6*x12;
+                squared_error[i] = (x11*x11);
+                acc0[0] += x13;
+                acc1[0] += points[2*i]*x13;
+                acc2[0] += x7*x13;
+                acc3[0] += x8*x13;
+                acc4[0] += x9*x13;
+                acc5[0] += x10*x13;
             }
             grad_coeffs[0] += acc0[0];
             grad_coeffs[1] += acc1[0];
@@ -122,17 +119,12 @@ static int polynomial_fit_run(
             const double x4 = coeffs[4];
             const double x5 = coeffs[5];
             for (int64_t i = 0; i < N; ++i) {
-                const double x7 = points[2*i]*x1;
-                const double x8 = (points[2*i]*points[2*i]);
-                const double x9 = x2*x8;
-                const double x10 = points[2*i]*x8;
-                const double x11 = x3*x10;
-                const double x12 = points[2*i]*x10;
-                const double x13 = x4*x12;
-                const double x14 = points[2*i]*x12;
-                const double x15 = x5*x14;
-                const double x16 = -points[2*i + 1] + x0 + x7 + x9 + x11 + x13 + x15;
-                squared_error[i] = (x16*x16);
+                const double x7 = (points[2*i]*points[2*i]);
+                const double x8 = points[2*i]*x7;
+                const double x9 = points[2*i]*x8;
+                const double x10 = points[2*i]*x9;
+                const double x11 = points[2*i]*x1 - points[2*i + 1] + x0 + x2*x7 + x3*x8 + x4*x9 + x5*x10;
+                squared_error[i] = (x11*x11);
             }
         }
     }

@@ -13,12 +13,12 @@ derivatives are scheduled, emitted and read like the forward pass.
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Sequence
 
 import sympy as sp
 
+from symbackprop.diff.scalar import backward
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, is_const, map_, reduce_sum
 from symbackprop.ir.node import Node, placeholder, topological_order
@@ -37,6 +37,8 @@ def unbroadcast(adjoint: Node, shape: tuple) -> Node:
 # The local derivatives of each map, once: the map's rule and the naming of
 # the vjp's nodes both ask. Weak both ways, so they live as long as the graph.
 _LOCAL: weakref.WeakKeyDictionary[Node, dict[int, weakref.ref[Node]]] = weakref.WeakKeyDictionary()
+# d body / d placeholder, all of a map's at once (one sweep over its body)
+_PARTIALS: weakref.WeakKeyDictionary[Node, dict[sp.Basic, sp.Expr]] = weakref.WeakKeyDictionary()
 
 
 def local_derivative(node: Node, index: int) -> Node:
@@ -58,9 +60,10 @@ def local_derivative(node: Node, index: int) -> Node:
 
 def _local_derivative(node: Node, index: int) -> Node:
     body = node.attrs[0]
-    # factor_terms undoes SymPy's distribution of constants (2*(a+b) -> 2*a+2*b)
-    # so that the derivative shares subexpressions with the body under CSE
-    derivative = sp.factor_terms(partial(body, placeholder(index)))
+    if node not in _PARTIALS:
+        arguments = {placeholder(i) for i in range(len(node.args))}
+        _PARTIALS[node] = backward(body, sp.Integer(1), arguments.__contains__)
+    derivative = _PARTIALS[node].get(placeholder(index), sp.Integer(0))
     if derivative.has(sp.Derivative, sp.Subs):
         raise ModelError(f"no derivative known for {short(body.xreplace(_readable(node)))}")
     if len(node.args) == 1 and not body.is_Atom:
@@ -69,25 +72,6 @@ def _local_derivative(node: Node, index: int) -> Node:
         if of_value.free_symbols == {value}:
             return map_(of_value.xreplace({value: placeholder(0)}), [node], node.shape)
     return map_(derivative, node.args, node.shape)
-
-
-def partial(expr: sp.Expr, symbol: sp.Symbol) -> sp.Expr:
-    """sp.diff(expr, symbol), the same expression; of a sum, only the terms
-    that hold the symbol are differentiated (sp.diff walks every term, so
-    the derivatives by each argument of a wide sum took quadratic time)."""
-    if not expr.is_Add:
-        return sp.diff(expr, symbol)
-    return sp.Add(*[sp.diff(term, symbol) for term in _terms_by_symbol(expr).get(symbol, ())])
-
-
-@functools.lru_cache(maxsize=64)
-def _terms_by_symbol(expr: sp.Add) -> dict[sp.Basic, list[sp.Expr]]:
-    """The terms of a sum that hold each free symbol (asked once per argument)."""
-    terms: dict[sp.Basic, list[sp.Expr]] = {}
-    for term in expr.args:
-        for symbol in term.free_symbols:
-            terms.setdefault(symbol, []).append(term)
-    return terms
 
 
 def _readable(node: Node) -> dict:

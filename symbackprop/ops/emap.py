@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -17,7 +17,7 @@ from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symbackprop.declare.stable import stabilize
 from symbackprop.declare.tensor import ExampleMap, Gather, Index
-from symbackprop.diff.autodiff import partial
+from symbackprop.diff.scalar import backward, forward
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import accumulates, binding_width, element, emap, let_symbol, row_placeholder
@@ -96,36 +96,43 @@ def _is_variable(symbol: sp.Basic) -> bool:
     return isinstance(symbol, sp.Symbol) and symbol.name[:2] in ("_e", "_v")
 
 
-def _fresh_lets(lets: tuple) -> Iterator[sp.Symbol]:
+def _extensible(lets: tuple) -> tuple[list, Callable[[sp.Expr], sp.Symbol]]:
+    """The body's program as a list, and a function that appends a value
+    to it as a new local value and returns its symbol (the derivatives'
+    adjoints and tangents, shared where several terms use them)."""
+    program = list(lets)
     taken = [int(sym.name[2:]) for sym, _ in lets]
-    return (let_symbol(k) for k in itertools.count(max(taken, default=-1) + 1))
+    fresh = (let_symbol(k) for k in itertools.count(max(taken, default=-1) + 1))
+
+    def let(value: sp.Expr) -> sp.Symbol:
+        symbol = next(fresh)
+        program.append((symbol, value))
+        return symbol
+
+    return program, let
 
 
 def _vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
     """Reverse mode over the body's program: each local value's adjoint
-    becomes one more local value, and each argument's adjoint is one more
+    becomes one more local value (and so does an adjoint inside an
+    expression that several of its terms use), and each argument's adjoint is one more
     emap over the same examples, written (added) where the argument was read.
     The adjoint rows g are read where the node wrote its outputs."""
     bodies, bindings, loops, target, lets = node.attrs
     seed = len(node.args)  # g joins as the last argument, bound like the target
-    contributions: dict[sp.Symbol, list[sp.Expr]] = {}
+    contributions: dict[sp.Basic, list[sp.Expr]] = {}
+    program, let = _extensible(lets)
 
     def propagate(expr: sp.Expr, adjoint: sp.Expr) -> None:
-        for symbol in sorted(filter(_is_variable, expr.free_symbols), key=str):
-            derivative = partial(expr, symbol)
-            if derivative != 0:
-                contributions.setdefault(symbol, []).append(adjoint * derivative)
+        for symbol, term in backward(expr, sp.Integer(1), _is_variable, let).items():
+            contributions.setdefault(symbol, []).append(adjoint * term)
 
     for column, body in enumerate(bodies):
         propagate(body, row_placeholder(seed, column))
-    program = list(lets)
-    fresh = _fresh_lets(lets)
     for symbol, expr in reversed(lets):
         terms = contributions.pop(symbol, None)
         if terms:
-            adjoint = next(fresh)
-            program.append((adjoint, sp.Add(*terms)))
-            propagate(expr, adjoint)
+            propagate(expr, let(sp.Add(*terms)))
     adjoints: list[Node | None] = []
     for p, arg in enumerate(node.args):
         if not needed[p] or bindings[p][0] == "index":
@@ -142,7 +149,7 @@ def _jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
     each local value that depends on a tangent argument."""
     bodies, bindings, loops, target, lets = node.attrs
     args, extra_bindings = list(node.args), list(bindings)
-    tangent_of: dict[sp.Symbol, sp.Expr] = {}
+    tangent_of: dict[sp.Basic, sp.Expr] = {}
     for p, tangent in enumerate(tangents):
         if tangent is not None and bindings[p][0] != "index":
             for col in range(binding_width(node.args[p], bindings[p])):
@@ -152,16 +159,15 @@ def _jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
     if not tangent_of:
         return None
 
-    def differential(expr: sp.Expr) -> sp.Expr:
-        return sp.Add(*[partial(expr, s) * tangent_of[s] for s in sorted(expr.free_symbols, key=str) if s in tangent_of])
+    program, let = _extensible(lets)
 
-    program = list(lets)
-    fresh = _fresh_lets(lets)
+    def differential(expr: sp.Expr) -> sp.Expr:
+        return forward(expr, tangent_of, let)
+
     for symbol, expr in lets:
         d = differential(expr)
         if d != 0:
-            tangent_of[symbol] = next(fresh)
-            program.append((tangent_of[symbol], d))
+            tangent_of[symbol] = let(d)
     return emap([differential(body) for body in bodies], args, extra_bindings, loops, target, node.shape, program)
 
 

@@ -97,13 +97,11 @@ class Placement:
             if node in seen:
                 continue
             seen.add(node)
+            todo.extend(node.args)
             step: MapGroup | ExamplesGroup | Node | None = step_of.get(node)
-            members = [node] if step is None else (step.members if isinstance(step, (MapGroup, ExamplesGroup)) else [step])
-            if step is not None:
+            if step is not None and id(step) not in chosen:  # its members once a step (it was once a member)
                 chosen.add(id(step))
-            for member in members:
-                todo.extend(member.args)
-                todo.append(member)
+                todo.extend(step.members if isinstance(step, (MapGroup, ExamplesGroup)) else [step])
         return chosen
 
     def _is_late(self, step: MapGroup | ExamplesGroup | Node) -> bool:

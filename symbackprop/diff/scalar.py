@@ -1,0 +1,145 @@
+"""Derivatives of one scalar expression by many symbols at once, over the
+expression as a DAG: reverse mode (an adjoint per distinct subexpression,
+one sweep from the root) and forward mode (a tangent per subexpression).
+
+sp.diff by each symbol walks the whole expression once per symbol:
+quadratic in a wide body (llsq's polynomial of 128 terms, by each of its
+129 columns; an LSTM step's maps of 200 arguments). Here each
+subexpression is visited once, and an adjoint or tangent that several
+arguments use can be named (`let`: a shared local value of the caller's
+program) instead of written out again.
+
+The local rules are SymPy's own (those of Add, Mul, Pow, and a function's
+fdiff, as in their _eval_derivative), so the derivatives are sp.diff's,
+grouped by subexpression. Anything else (Piecewise, Abs, Max, ...) is
+differentiated whole by sp.diff; such parts are small.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import sympy as sp
+from sympy.core.exprtools import _keep_coeff
+from sympy.core.function import ArgumentIndexError
+
+from symbackprop.ir.exprdag import _args, post_order
+
+Let = Callable[[sp.Expr], sp.Expr]
+
+
+def _inline(value: sp.Expr) -> sp.Expr:
+    return value
+
+
+def backward(expr: sp.Expr, seed: sp.Expr, wanted: Callable[[sp.Basic], bool], let: Let = _inline) -> dict[sp.Basic, sp.Expr]:
+    """seed * d expr / d s for each symbol s of expr that `wanted` accepts
+    (those with a zero derivative left out), in the order the sweep reaches
+    them. An adjoint that several arguments of a subexpression use is
+    passed through `let` first (which may name it)."""
+    order = post_order(expr)
+    holds = _holds(order, wanted)
+    terms: dict[sp.Basic, list[sp.Expr]] = {expr: [seed]}
+    found: dict[sp.Basic, sp.Expr] = {}
+    for sub in reversed(order):
+        adjoint = sp.Add(*terms.pop(sub, ()))
+        if adjoint == 0 or not holds[sub]:
+            continue
+        if not _args(sub):
+            found[sub] = adjoint
+            continue
+        local = _local(sub, holds)
+        if local is None:  # no rule of its own: sp.diff by each symbol under it
+            local = [(s, sp.diff(sub, s)) for s in sorted(filter(wanted, sub.free_symbols), key=str)]
+        if len(local) > 1 and not adjoint.is_Atom:
+            adjoint = _let_kept(adjoint, let)
+        for arg, derivative in local:
+            if derivative != 0:
+                terms.setdefault(arg, []).append(_product(adjoint, derivative))
+    return found
+
+
+def forward(expr: sp.Expr, tangent_of: Mapping[sp.Basic, sp.Expr], let: Let = _inline) -> sp.Expr:
+    """The differential of expr: the sum over its symbols s of
+    d expr / d s * tangent_of[s] (symbols without a tangent held constant).
+    A tangent that several subexpressions use is passed through `let`."""
+    order = post_order(expr)
+    holds = _holds(order, tangent_of.__contains__)
+    uses: dict[sp.Basic, int] = {}
+    for sub in order:
+        for arg in set(_args(sub)):
+            uses[arg] = uses.get(arg, 0) + 1
+    tangent: dict[sp.Basic, sp.Expr] = {}
+    for sub in order:
+        if not holds[sub]:
+            continue
+        if not _args(sub):
+            tangent[sub] = tangent_of[sub]
+            continue
+        local = _local(sub, holds)
+        if local is None:
+            local = [(s, sp.diff(sub, s)) for s in sorted(sub.free_symbols & tangent_of.keys(), key=str)]
+        value = sp.Add(*[_product(derivative, tangent[arg]) for arg, derivative in local if derivative != 0 and arg in tangent])
+        if value != 0:
+            tangent[sub] = let(value) if uses.get(sub, 0) > 1 and not value.is_Atom else value
+    return tangent.get(expr, sp.Integer(0))
+
+
+def _let_kept(value: sp.Expr, let: Let) -> sp.Expr:
+    """let(value); a coefficient times a sum as two values, the sum and
+    its multiple: 2*(a + b) rebuilt by a later substitution would become
+    2*a + 2*b, which no longer shares a + b with the expression."""
+    coeff, rest = value.as_coeff_Mul()
+    if coeff != 1 and rest.is_Add:
+        return let(_keep_coeff(coeff, let(rest)))
+    return let(value)
+
+
+def _holds(order: list[sp.Basic], wanted: Callable[[sp.Basic], bool]) -> dict[sp.Basic, bool]:
+    """For each subexpression: whether a wanted symbol is it or under it."""
+    holds: dict[sp.Basic, bool] = {}
+    for sub in order:
+        args = _args(sub)
+        holds[sub] = any(holds[a] for a in args) if args else bool(wanted(sub))
+    return holds
+
+
+def _local(sub: sp.Basic, holds: Mapping[sp.Basic, bool]) -> list[tuple[sp.Basic, sp.Expr]] | None:
+    """(argument, d sub / d argument) for the arguments that hold a wanted
+    symbol, by SymPy's rule for sub's kind; None for a kind without one here."""
+    args = sub.args
+    if sub.is_Add:
+        return [(a, sp.Integer(1)) for a in args if holds[a]]
+    if sub.is_Mul:  # the product of the others, as Mul._eval_derivative
+        return [(a, sp.Mul(*args[:i], *args[i + 1 :])) for i, a in enumerate(args) if holds[a]]
+    if sub.is_Pow:  # Pow._eval_derivative: self * (dexp log(base) + dbase exp / base)
+        base, exp = args
+        local = [(base, _product(exp, sub / base))] if holds[base] else []
+        return local + ([(exp, _product(sub, sp.log(base)))] if holds[exp] else [])
+    if isinstance(sub, sp.Function) and type(sub)._eval_derivative is sp.Function._eval_derivative:
+        return [(a, _fdiff(sub, i + 1)) for i, a in enumerate(args) if holds[a]]
+    return None
+
+
+def _fdiff(function: sp.Function, index: int) -> sp.Expr:
+    """As Function._eval_derivative: the function's own rule, else SymPy's
+    unevaluated form (which the callers refuse)."""
+    try:
+        return function.fdiff(index)
+    except ArgumentIndexError:
+        return sp.Function.fdiff(function, index)
+
+
+def _product(*factors: sp.Expr) -> sp.Expr:
+    """The product, with its numeric coefficient kept outside a sum
+    (SymPy distributes 2*(a + b) into 2*a + 2*b, which no longer shares
+    a + b with the expression under CSE)."""
+    coeff, rest = sp.Integer(1), []
+    for factor in factors:
+        c, r = factor.as_coeff_Mul()
+        coeff *= c
+        rest.append(r)
+    return _keep_coeff(coeff, sp.Mul(*rest))
+
+
+__all__ = ["backward", "forward"]
