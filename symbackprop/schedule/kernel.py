@@ -125,7 +125,7 @@ Kernel = MapKernel | Any
 # A map body with more operations than this is shown in comments by what it
 # reads, not written out: its CSE'd temporaries in the C are the readable form.
 MAX_SHOWN_OPS = 60
-MAX_EQUATION_OPS = 500  # of a fused elementwise loop's value (map_equation)
+MAX_EQUATION_OPS = 120  # of a fused elementwise loop's value (map_equation)
 
 
 # A fused loop's value read by several of its members is substituted into
