@@ -9,6 +9,7 @@ codegen.ScalarPrinter), and their derivatives are again such functions.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import sympy as sp
@@ -242,8 +243,18 @@ def _divides_or_logs(expr: sp.Basic) -> bool:
     return False
 
 
-# how many levels of elementwise arguments fuse_across looks through
+# how many levels of elementwise arguments fuse_across looks through, and
+# the largest argument body it puts in (the forms it rewrites are small; a
+# wide fused body put in at every level made an LSTM step's compile grow
+# steeply with its depth)
 FUSE_DEPTH = 3
+FUSE_MAX_NODES = 200
+
+
+@functools.lru_cache(maxsize=4096)
+def _small(expr: sp.Basic) -> bool:
+    """Whether expr has at most FUSE_MAX_NODES nodes (counted as a tree)."""
+    return all(count <= FUSE_MAX_NODES for count, _ in enumerate(sp.preorder_traversal(expr), 1))
 
 
 def fuse_across(body: sp.Expr, args: tuple, shape: tuple, placeholder: Callable[[int], sp.Symbol]) -> tuple | None:
@@ -261,7 +272,7 @@ def fuse_across(body: sp.Expr, args: tuple, shape: tuple, placeholder: Callable[
     def inline(expr: sp.Expr, nodes: tuple, depth: int) -> sp.Expr:
         subs = {}
         for i, node in enumerate(nodes):
-            if depth < FUSE_DEPTH and node.op == "map" and node.args and node.shape == shape:
+            if depth < FUSE_DEPTH and node.op == "map" and node.args and node.shape == shape and _small(node.attrs[0]):
                 subs[placeholder(i)] = inline(node.attrs[0], node.args, depth + 1)
                 continue
             if node not in kept:
