@@ -244,17 +244,21 @@ def _divides_or_logs(expr: sp.Basic) -> bool:
 
 
 # how many levels of elementwise arguments fuse_across looks through, and
-# the largest argument body it puts in (the forms it rewrites are small; a
-# wide fused body put in at every level made an LSTM step's compile grow
-# steeply with its depth)
+# how many nodes of argument bodies it puts in, in all (the forms it
+# rewrites are small; wide bodies put in at every level made an LSTM
+# step's compile grow steeply with its depth)
 FUSE_DEPTH = 3
 FUSE_MAX_NODES = 200
 
 
 @functools.lru_cache(maxsize=4096)
-def _small(expr: sp.Basic) -> bool:
-    """Whether expr has at most FUSE_MAX_NODES nodes (counted as a tree)."""
-    return all(count <= FUSE_MAX_NODES for count, _ in enumerate(sp.preorder_traversal(expr), 1))
+def _size(expr: sp.Basic) -> int:
+    """expr's nodes counted as a tree, up to FUSE_MAX_NODES + 1."""
+    count = 0
+    for count, _ in enumerate(sp.preorder_traversal(expr), 1):
+        if count > FUSE_MAX_NODES:
+            break
+    return count
 
 
 def fuse_across(body: sp.Expr, args: tuple, shape: tuple, placeholder: Callable[[int], sp.Symbol]) -> tuple | None:
@@ -268,11 +272,14 @@ def fuse_across(body: sp.Expr, args: tuple, shape: tuple, placeholder: Callable[
     if not args or not _divides_or_logs(body):
         return None
     kept: list = []
+    budget = [FUSE_MAX_NODES]
 
     def inline(expr: sp.Expr, nodes: tuple, depth: int) -> sp.Expr:
         subs = {}
         for i, node in enumerate(nodes):
-            if depth < FUSE_DEPTH and node.op == "map" and node.args and node.shape == shape and _small(node.attrs[0]):
+            if (depth < FUSE_DEPTH and node.op == "map" and node.args and node.shape == shape
+                    and _size(node.attrs[0]) <= budget[0]):
+                budget[0] -= _size(node.attrs[0])
                 subs[placeholder(i)] = inline(node.attrs[0], node.args, depth + 1)
                 continue
             if node not in kept:
