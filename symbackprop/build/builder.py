@@ -30,6 +30,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -54,8 +55,13 @@ from symbackprop.log import event, stage
 
 CACHE_ENV = "SYMBACKPROP_CACHE_DIR"
 # Speed without changing results beyond rounding: no -ffast-math. -O3 and
-# the host's vector units; contraction to FMA is allowed.
-DEFAULT_FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fno-math-errno", "-std=c99")
+# the host's vector units; contraction to FMA is allowed. On x86-64, loops
+# use 512-bit vectors where the CPU has them (GCC prefers 256 by default):
+# libmvec's 8-wide exp made log-sum-exp's gradient 1.3x and k-means' Newton
+# direction 1.6x faster; without AVX-512 the flag changes nothing.
+_X86_64 = platform.machine().lower() in ("x86_64", "amd64")
+DEFAULT_FLAGS = ("-O3", "-march=native", *(("-mprefer-vector-width=512",) if _X86_64 else ()),
+                 "-ffp-contract=fast", "-fno-math-errno", "-std=c99")
 EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
