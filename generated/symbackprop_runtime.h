@@ -239,9 +239,8 @@ SYMBACKPROP_HELPER void symbackprop_f64_sum_columns(const double *x, int64_t n, 
 }
 #if defined(__GNUC__)
 
-/* symbackprop_f64_max of n >= 64 contiguous entries: its eight lanes as one
- * vector of GCC's and clang's vector extension (the same comparisons, so
- * the same result), as the compiler does not vectorize the loop itself. */
+/* The largest of n >= 64 contiguous entries, NaN wins: the eight
+ * lanes as one vector of the vector extension (the same comparisons). */
 SYMBACKPROP_HELPER double symbackprop_f64_max_vector(const double *x, int64_t n)
 {
     typedef double lanes_t __attribute__((vector_size(8 * sizeof(double))));
@@ -293,9 +292,8 @@ SYMBACKPROP_HELPER double symbackprop_f64_max(const double *x, int64_t n, int64_
 }
 #if defined(__GNUC__)
 
-/* symbackprop_f64_min of n >= 64 contiguous entries: its eight lanes as one
- * vector of GCC's and clang's vector extension (the same comparisons, so
- * the same result), as the compiler does not vectorize the loop itself. */
+/* The smallest of n >= 64 contiguous entries, NaN wins: the eight
+ * lanes as one vector of the vector extension (the same comparisons). */
 SYMBACKPROP_HELPER double symbackprop_f64_min_vector(const double *x, int64_t n)
 {
     typedef double lanes_t __attribute__((vector_size(8 * sizeof(double))));
@@ -347,10 +345,8 @@ SYMBACKPROP_HELPER double symbackprop_f64_min(const double *x, int64_t n, int64_
 }
 #if defined(__GNUC__)
 
-/* The largest of n >= 64 contiguous entries, NaN ignored: the eight running
- * maxima of the loop below (the same result) as one vector of GCC's and
- * clang's vector extension, as the compiler does not vectorize a maximum
- * that must keep IEEE semantics. */
+/* The largest of n >= 64 contiguous entries, NaN skipped: the eight
+ * lanes as one vector of the vector extension (the same comparisons). */
 SYMBACKPROP_HELPER double symbackprop_f64_max_contiguous(const double *x, int64_t n)
 {
     typedef double lanes_t __attribute__((vector_size(8 * sizeof(double))));
@@ -360,15 +356,15 @@ SYMBACKPROP_HELPER double symbackprop_f64_max_contiguous(const double *x, int64_
     for (; k + 8 <= n; k += 8) {
         lanes_t value;
         memcpy(&value, x + k, sizeof value);
-        const mask_t above = value > lane;
-        lane = (lanes_t)(((mask_t)value & above) | ((mask_t)lane & ~above));
+        const mask_t pick = (value > lane);
+        lane = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane & ~pick));
     }
     double result = -INFINITY;
     for (int l = 0; l < 8; ++l) {
-        result = lane[l] > result ? lane[l] : result;
+        result = (lane[l] > result) ? lane[l] : result;
     }
     for (; k < n; ++k) {
-        result = x[k] > result ? x[k] : result;
+        result = (x[k] > result) ? x[k] : result;
     }
     return result;
 }
@@ -649,9 +645,8 @@ SYMBACKPROP_HELPER void symbackprop_f32_sum_columns(const float *x, int64_t n, i
 }
 #if defined(__GNUC__)
 
-/* symbackprop_f32_max of n >= 64 contiguous entries: its eight lanes as one
- * vector of GCC's and clang's vector extension (the same comparisons, so
- * the same result), as the compiler does not vectorize the loop itself. */
+/* The largest of n >= 64 contiguous entries, NaN wins: the eight
+ * lanes as one vector of the vector extension (the same comparisons). */
 SYMBACKPROP_HELPER float symbackprop_f32_max_vector(const float *x, int64_t n)
 {
     typedef float lanes_t __attribute__((vector_size(8 * sizeof(float))));
@@ -703,9 +698,8 @@ SYMBACKPROP_HELPER float symbackprop_f32_max(const float *x, int64_t n, int64_t 
 }
 #if defined(__GNUC__)
 
-/* symbackprop_f32_min of n >= 64 contiguous entries: its eight lanes as one
- * vector of GCC's and clang's vector extension (the same comparisons, so
- * the same result), as the compiler does not vectorize the loop itself. */
+/* The smallest of n >= 64 contiguous entries, NaN wins: the eight
+ * lanes as one vector of the vector extension (the same comparisons). */
 SYMBACKPROP_HELPER float symbackprop_f32_min_vector(const float *x, int64_t n)
 {
     typedef float lanes_t __attribute__((vector_size(8 * sizeof(float))));
@@ -757,10 +751,8 @@ SYMBACKPROP_HELPER float symbackprop_f32_min(const float *x, int64_t n, int64_t 
 }
 #if defined(__GNUC__)
 
-/* The largest of n >= 64 contiguous entries, NaN ignored: the eight running
- * maxima of the loop below (the same result) as one vector of GCC's and
- * clang's vector extension, as the compiler does not vectorize a maximum
- * that must keep IEEE semantics. */
+/* The largest of n >= 64 contiguous entries, NaN skipped: the eight
+ * lanes as one vector of the vector extension (the same comparisons). */
 SYMBACKPROP_HELPER float symbackprop_f32_max_contiguous(const float *x, int64_t n)
 {
     typedef float lanes_t __attribute__((vector_size(8 * sizeof(float))));
@@ -770,15 +762,15 @@ SYMBACKPROP_HELPER float symbackprop_f32_max_contiguous(const float *x, int64_t 
     for (; k + 8 <= n; k += 8) {
         lanes_t value;
         memcpy(&value, x + k, sizeof value);
-        const mask_t above = value > lane;
-        lane = (lanes_t)(((mask_t)value & above) | ((mask_t)lane & ~above));
+        const mask_t pick = (value > lane);
+        lane = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane & ~pick));
     }
     float result = -INFINITY;
     for (int l = 0; l < 8; ++l) {
-        result = lane[l] > result ? lane[l] : result;
+        result = (lane[l] > result) ? lane[l] : result;
     }
     for (; k < n; ++k) {
-        result = x[k] > result ? x[k] : result;
+        result = (x[k] > result) ? x[k] : result;
     }
     return result;
 }
