@@ -53,6 +53,11 @@ class ColumnCopy:
     rows: sp.Expr
     columns: tuple[int, ...]  # the source's columns copied, in order
 
+    @property
+    def view(self) -> View:
+        """How the loop reads the copy: example r's k-th column at k*rows + r."""
+        return View(self.scratch, sp.Integer(0), sp.Integer(1), sp.sympify(self.rows))
+
 
 @dataclass(frozen=True)
 class EmapKernel:
@@ -69,6 +74,7 @@ class EmapKernel:
     index_checks: tuple[tuple[str, object, object], ...]  # (index buffer, its rows, rows of what it chooses among)
     equations: tuple[Equation, ...]
     copies: tuple[ColumnCopy, ...] = ()
+    outer: int = 0  # of two loops, the one that runs outside (see _outer_loop)
     kind: str = "emap"
 
     def reads(self) -> list[str]:
@@ -272,6 +278,7 @@ def _group_kernel(sched, members: list[Node]) -> EmapKernel:
             position += 1
     kernel = EmapKernel(tuple(loops), tuple(views), tuple(temps), tuple(outputs), tuple(stores),
                         tuple(checks), tuple(equations))
+    kernel = replace(kernel, outer=_outer_loop(kernel, _loop_uses(kernel)))
     return _inner_rows_by_column(sched, kernel)
 
 
@@ -282,7 +289,7 @@ def _inner_rows_by_column(sched, kernel: EmapKernel) -> EmapKernel:
     outer example."""
     if len(kernel.loops) != 2:
         return kernel
-    inner = 1 - _outer_loop(kernel, _loop_uses(kernel))
+    inner = 1 - kernel.outer
     columns: dict[View, list[int]] = {}
     for _, view, where in kernel.loads:
         if where[0] == ("loop", inner) and where[1][0] == "const" and view.row_stride != 1:
@@ -299,7 +306,7 @@ def _inner_rows_by_column(sched, kernel: EmapKernel) -> EmapKernel:
     for sym, view, where in kernel.loads:
         copy = copies.get(view)
         if copy is not None and where[0] == ("loop", inner) and where[1][0] == "const":
-            view = View(copy.scratch, sp.Integer(0), sp.Integer(1), sp.sympify(rows))
+            view = copy.view
             where = (where[0], ("const", copy.columns.index(where[1][1])))
         loads.append((sym, view, where))
     return replace(kernel, loads=tuple(loads), copies=tuple(copies.values()))
@@ -479,7 +486,7 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         return out[0], out[1]
 
     uses = _loop_uses(kernel)
-    outer = _outer_loop(kernel, uses)
+    outer = kernel.outer
     inner = len(kernel.loops) - 1 - outer
     access = {sym: em.access(view, *position(where)) for sym, view, where in kernel.loads}
     used = set().union(*(e.free_symbols for _, e in kernel.temps), *(e.free_symbols for *_, e in kernel.stores))
@@ -537,10 +544,9 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
 
 def _copy_fields(em: FunctionEmitter, copy: ColumnCopy) -> dict:
     """A ColumnCopy's loop: each source row read once, written down the columns."""
-    scratch = View(copy.scratch, sp.Integer(0), sp.Integer(1), sp.sympify(copy.rows))
     return {
         "rows": em.dim(copy.rows),
-        "assigns": [(em.access(scratch, LOOP_I, sp.Integer(k)), em.access(copy.source, LOOP_I, sp.Integer(col)))
+        "assigns": [(em.access(copy.view, LOOP_I, sp.Integer(k)), em.access(copy.source, LOOP_I, sp.Integer(col)))
                     for k, col in enumerate(copy.columns)],
         "source": em.namer.name(copy.source.buffer),
         "scratch": em.namer.name(copy.scratch),
