@@ -116,9 +116,19 @@ def _problems(qualname: str, obj: Any) -> list[str]:
         doc = None  # the signature dataclasses writes when there is no docstring
     if not doc or not doc.strip():
         return [f"{qualname}: no docstring"]
-    if _arguments(obj) and "Args:" not in doc:
-        return [f"{qualname}: takes arguments but its docstring has no 'Args:' section"]
+    where = _documents_arguments(obj)
+    if _arguments(obj) and "Args:" not in (doc if where is obj else inspect.getdoc(where) or ""):
+        return [f"{qualname}: takes arguments but its {'' if where is obj else '__new__ '}docstring has no 'Args:' section"]
     return []
+
+
+def _documents_arguments(obj: Any) -> Any:
+    """Whose docstring has obj's "Args:": a class that defines __new__ and
+    no __init__ (a SymPy class) documents them on __new__, since the API
+    reference (griffe, in mkdocs.yml) matches a class's to __init__ only."""
+    if inspect.isclass(obj) and "__init__" not in vars(obj) and "__new__" in vars(obj):
+        return _constructor(obj)
+    return obj
 
 
 def _unannotated(qualname: str, obj: Any) -> list[str]:

@@ -35,36 +35,39 @@ class Index(sp.MatrixSymbol):
     for `gather`. Passed as a 1-D or (rows, 1) array of integers; every
     entry must lie within the rows of the arrays it gathers from (checked
     before each call, and again by the C).
-
-    Args:
-        name: the argument's name.
-        rows: how many row numbers (a dimension Symbol or an int).
-        cols: always 1 (a parameter only so that SymPy can rebuild it).
-
-    Raises:
-        ModelError: cols is not 1.
     """
 
     is_index = True
 
     def __new__(cls, name: str, rows: sp.Expr, cols: sp.Expr = 1) -> Index:
+        """Build the Index.
+
+        Args:
+            name: the argument's name.
+            rows: how many row numbers (a dimension Symbol or an int).
+            cols: always 1 (a parameter only so that SymPy can rebuild it).
+
+        Raises:
+            ModelError: cols is not 1.
+        """
         if cols != 1:  # cols is a parameter only so that SymPy can rebuild it from its args
             raise ModelError(f"an Index is one column of row numbers; got {cols} columns for {name}")
         return super().__new__(cls, name, rows, 1)
 
 
 class Gather(sp.MatrixExpr):
-    """Rows of `array` chosen by `index`: row i is array[index[i], :].
-
-    Args:
-        array: a matrix expression.
-        index: an Index input.
-
-    Raises:
-        ModelError: `index` is not an Index, or `array` is not a matrix.
-    """
+    """Rows of `array` chosen by `index`: row i is array[index[i], :]."""
 
     def __new__(cls, array: sp.MatrixExpr, index: Index) -> Gather:
+        """Build the Gather.
+
+        Args:
+            array: a matrix expression.
+            index: an Index input.
+
+        Raises:
+            ModelError: `index` is not an Index, or `array` is not a matrix.
+        """
         if not isinstance(index, Index):
             raise ModelError(f"gather needs an Index (integer input) to choose rows by; got {index!r}")
         if not isinstance(array, (sp.MatrixExpr, sp.MatrixBase)):
@@ -123,14 +126,16 @@ class ExampleMap(sp.MatrixExpr):
     """`body`, a function of one example, applied to every example.
 
     Use `map_examples` to build one; it checks the declaration.
-
-    Args:
-        body: a column of scalar expressions.
-        keys: a Tuple of Tuples of Symbols, one per binding.
-        sources: a Tuple of matrix expressions (or Gathers), one per binding.
     """
 
     def __new__(cls, body: sp.ImmutableMatrix, keys: sp.Tuple, sources: sp.Tuple) -> ExampleMap:
+        """Build the ExampleMap.
+
+        Args:
+            body: a column of scalar expressions.
+            keys: a Tuple of Tuples of Symbols, one per binding.
+            sources: a Tuple of matrix expressions (or Gathers), one per binding.
+        """
         return super().__new__(cls, body, keys, sources)
 
     @property
@@ -256,14 +261,6 @@ def map_examples(body: sp.Basic, bindings: Mapping[Any, sp.Basic] | Iterable[tup
 class Reduce(sp.MatrixExpr):
     """sum, mean, prod, max, min or logsumexp of a matrix over an axis: 0
     down the rows (1 x cols), 1 along each row (rows x 1). See `reduce`.
-
-    Args:
-        op: one of ops().
-        x: a matrix expression.
-        axis: 0 or 1.
-
-    Raises:
-        ModelError: an unknown op or axis, or x is not a matrix.
     """
 
     @staticmethod
@@ -272,6 +269,16 @@ class Reduce(sp.MatrixExpr):
         return (*reductions(), "mean")
 
     def __new__(cls, op: str, x: sp.MatrixExpr, axis: int) -> Reduce:
+        """Build the Reduce.
+
+        Args:
+            op: one of ops().
+            x: a matrix expression.
+            axis: 0 or 1.
+
+        Raises:
+            ModelError: an unknown op or axis, or x is not a matrix.
+        """
         op = op.name if isinstance(op, Str) else op
         if op not in cls.ops():
             raise ModelError(f"unknown reduction {op!r}; one of {cls.ops()}")
@@ -347,17 +354,19 @@ def reduce(op: str, x: sp.MatrixExpr, axis: int | None = None) -> sp.MatrixExpr:
 class Cumsum(sp.MatrixExpr):
     """The running sum of a matrix along an axis, from the end when
     `reverse`. See `cumsum`.
-
-    Args:
-        x: a matrix expression.
-        axis: 0 (down each column) or 1 (along each row).
-        reverse: sum from the last entry back.
-
-    Raises:
-        ModelError: an unknown axis, or x is not a matrix.
     """
 
     def __new__(cls, x: sp.MatrixExpr, axis: int, reverse: bool = False) -> Cumsum:
+        """Build the Cumsum.
+
+        Args:
+            x: a matrix expression.
+            axis: 0 (down each column) or 1 (along each row).
+            reverse: sum from the last entry back.
+
+        Raises:
+            ModelError: an unknown axis, or x is not a matrix.
+        """
         if axis not in (0, 1):
             raise ModelError(f"cumsum along axis 0 (down each column) or 1 (along each row); got {axis!r}")
         if not isinstance(x, (sp.MatrixExpr, sp.MatrixBase)):
