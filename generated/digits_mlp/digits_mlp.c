@@ -202,8 +202,7 @@ size_t digits_mlp_train_step_work_len(int64_t n)
     return (size_t)(225*n + 9622);
 }
 
-/* One training step: the loss, then the optimizer's update of the parameters and its state,
- * in place. */
+/* One training step: the loss, then the optimizer updates the parameters and its state in place. */
 int digits_mlp_train_step(
     int64_t n,
     const double *X,

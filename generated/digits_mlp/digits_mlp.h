@@ -54,7 +54,7 @@ int digits_mlp_forward(int64_t n, const double *X, const double *T, const double
 size_t digits_mlp_value_and_grad_work_len(int64_t n);
 int digits_mlp_value_and_grad(int64_t n, const double *X, const double *T, const double *W1, const double *b1, const double *W2, const double *b2, double *loss, double *grad_W1, double *grad_b1, double *grad_W2, double *grad_b2, double *work);
 
-/* One training step: the loss, then the optimizer's update of the parameters and its state, in place.
+/* One training step: the loss, then the optimizer updates the parameters and its state in place.
  *   X: input, n x 64
  *   T: input, n x 10
  *   W1: input, updated in place, 64 x 64
