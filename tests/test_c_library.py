@@ -177,6 +177,15 @@ def test_bad_optimizer_in_a_model_file_is_a_clear_error(tmp_path, capsys, line, 
     assert not (tmp_path / "gen").exists()  # checked before anything is written
 
 
+def test_library_named_like_a_system_library_is_refused(tmp_path, capsys):
+    path = tmp_path / "m.py"
+    path.write_text(MODEL_FILE.replace('"net-1"', '"M"'))  # its library would be libm
+    assert main(["build", str(path), "--out", str(tmp_path / "gen")]) == 0  # without --library: fine
+    assert main(["build", str(path), "--out", str(tmp_path / "lib"), "--library"]) == 2
+    assert "would build the library libm" in capsys.readouterr().err
+    assert not (tmp_path / "lib").exists()
+
+
 def test_train_digits_c_program_learns(tmp_path):
     """examples/c: write the data, build train_digits with its CMake project
     (which adds generated/digits_mlp/), run it: no Python in the loop."""

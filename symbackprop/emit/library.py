@@ -20,9 +20,14 @@ import re
 
 from symbackprop._version import __version__
 from symbackprop.emit.codegen import template_environment
+from symbackprop.errors import ModelError
 
 TEMPLATES = {"CMakeLists.txt": "library_cmake.j2", "Makefile": "library_make.j2", "{p}.pc.in": "library_pc.j2"}
 _PREFIX = re.compile(r"[a-z_][a-z0-9_]*")
+# lib<prefix> must not shadow a library the link needs (a model named "m"
+# would make a libm), nor <prefix> be a target CMake or make defines
+TAKEN = frozenset("""c m dl rt pthread util crypt resolv gcc gcc_s stdc++ atomic mvec gomp omp iomp5 blas cblas
+    openblas lapack all clean install test help package package_source edit_cache rebuild_cache depend""".split())
 
 
 def library_files(prefix: str) -> dict[str, str]:
@@ -30,11 +35,16 @@ def library_files(prefix: str) -> dict[str, str]:
     `prefix` (as `pipeline.generate` names it: sanitized, lower case).
 
     Raises:
+        ModelError: the library would be named as a system library or a
+            build target (`TAKEN`): rename the model.
         ValueError: `prefix` is not a lower-case C identifier (a bug: the
             prefix comes from the C namer, never straight from the user).
     """
     if not _PREFIX.fullmatch(prefix):
         raise ValueError(f"the library files need the model's C prefix; got {prefix!r}")
+    if prefix in TAKEN:
+        raise ModelError(f"a model whose C prefix is {prefix!r} would build the library lib{prefix}, the name of a "
+                         "system library or a build target: rename the model for --library")
     env = template_environment()
     return {name.format(p=prefix): env.get_template(template).render(p=prefix, version=__version__)
             for name, template in TEMPLATES.items()}
