@@ -9,8 +9,9 @@ generated/, the layout of this repository; `--check` regenerates into
 memory and fails, printing a unified diff, where the files on disk differ
 (and fails where it found no model to check); `--library` adds a CMake
 project, a Makefile and a pkg-config file per model (docs/c_library.md).
-What a model file must define is in docs/model_files.md; it is checked before anything is
-written, and so are name collisions and the output folder.
+What a model file must define is in docs/model_files.md; it is checked
+before anything is written, and so are name collisions and the output
+folder.
 """
 
 from __future__ import annotations
