@@ -4,7 +4,7 @@ tanh -> linear(10) -> softmax cross-entropy.
 
 The batch size n is symbolic, so one compiled module trains on minibatches
 of any size (and `train_epoch` runs a whole epoch in one C call). Train it
-with `python examples/train_digits.py`.
+with `python examples/train_digits.py`, or from C: examples/c/train_digits.c.
 """
 
 import numpy as np
@@ -33,6 +33,11 @@ model = sbp.Model(
     loss=nn.softmax_cross_entropy(Z, T),
     outputs={"logits": Z},
 )
+
+# `symbackprop build` also writes Adam's train_step and train_epoch into the
+# C (docs/model_files.md); the C takes lr, beta1, ... as arguments, and
+# examples/c/train_digits.c trains with them, without Python.
+optimizer = sbp.Adam(lr=3e-3)
 
 
 def init_params(rng: np.random.Generator) -> dict:

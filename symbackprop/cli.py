@@ -1,15 +1,17 @@
 """The `symbackprop` command.
 
     symbackprop demo [MODEL_FILE[:NAME]]     build, write, load, call and check a model
-    symbackprop build [MODEL_FILE[:NAME] ...] [--out DIR] [--check]
+    symbackprop build [MODEL_FILE[:NAME] ...] [--out DIR] [--check] [--library]
     symbackprop graph MODEL_FILE[:NAME] [--format text|dot]   the backward graph
 
 With no model files, `build` takes every model in examples/ and writes to
 generated/, the layout of this repository; `--check` regenerates into
 memory and fails, printing a unified diff, where the files on disk differ
-(and fails where it found no model to check). What a model file must
-define is in docs/model_files.md; it is checked before anything is
-written, and so are name collisions and the output folder.
+(and fails where it found no model to check); `--library` adds a CMake
+project, a Makefile and a pkg-config file per model (docs/c_library.md).
+What a model file must define is in docs/model_files.md; it is checked
+before anything is written, and so are name collisions and the output
+folder.
 """
 
 from __future__ import annotations
@@ -177,7 +179,7 @@ def generate_all(found: Iterable[Found], out: Path | None = None) -> list[Genera
 
     result: dict[str, Generated] = {}
     for item in found:
-        emitted, _ = generate(item.model)
+        emitted, _ = generate(item.model, **training(item))
         other = result.get(emitted.prefix)
         if other is not None:
             if _same_model(other.found.model, item.model):
@@ -191,6 +193,27 @@ def generate_all(found: Iterable[Found], out: Path | None = None) -> list[Genera
                  "derivation.md": emitted.derivation}
         result[emitted.prefix] = Generated(item, emitted.prefix, files)
     return list(result.values())
+
+
+def training(found: Found) -> dict:
+    """generate's arguments for a model file's module-level `optimizer`
+    (docs/model_files.md): train_step and train_epoch beside the defaults."""
+    from symbackprop.pipeline import DEFAULT_FUNCTIONS
+    from symbackprop.run.optim import OPTIMIZERS
+
+    optimizer = vars(found.module).get("optimizer")
+    if optimizer is None:
+        return {}
+    path = found.label.rpartition(":")[0]
+    if not isinstance(optimizer, OPTIMIZERS):
+        what = f"the class {optimizer.__name__} (call it: {optimizer.__name__}(lr=...))" \
+            if isinstance(optimizer, type) else f"a {type(optimizer).__name__}"
+        raise SymbackpropError(f"{path}: `optimizer` asks build for train_step and train_epoch, and must be a "
+                               f"symbackprop.SGD or symbackprop.Adam; it is {what} ({CONTRACT})")
+    if not found.model.has_loss:
+        raise SymbackpropError(f"{path}: `optimizer` asks build for train_step, and the model {found.model.name!r} "
+                               f"({found.label}) has no loss to train")
+    return {"functions": (*DEFAULT_FUNCTIONS, "train_step"), "optimizer": optimizer}
 
 
 def _same_model(a: Model, b: Model) -> bool:
@@ -317,6 +340,10 @@ def cmd_build(args: argparse.Namespace) -> int:
         where = f"{DEFAULT_EXAMPLES}/ (run in the repository root, or name model files)"
         raise SymbackpropError(f"found no model in {where}: {'nothing was checked' if args.check else 'nothing to build'}")
     generated = generate_all(found, args.out)
+    if args.library:
+        from symbackprop.emit.library import library_files
+
+        generated = [Generated(g.found, g.folder, {**g.files, **library_files(g.folder)}) for g in generated]
     if args.check:
         return _report_check(generated, args)
     usable_out(args.out, generated)
@@ -330,7 +357,7 @@ def _report_check(generated: list[Generated], args: argparse.Namespace) -> int:
     for diff in diffs:
         sys.stdout.write(diff)
     if diffs:
-        rerun = "symbackprop build" + "".join(f" {s}" for s in args.models) + f" --out {args.out}"
+        rerun = "symbackprop build" + "".join(f" {s}" for s in args.models) + f" --out {args.out}" + " --library" * args.library
         print(f"\n{len(diffs)} generated file(s) are stale; regenerate them with: {rerun}", file=sys.stderr)
         return 1
     print(f"generated code in {args.out} is up to date ({len(generated)} model(s))")
@@ -467,6 +494,8 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("models", nargs="*", metavar="MODEL_FILE[:NAME]", help="default: every file in examples/")
     build.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: generated/)")
     build.add_argument("--check", action="store_true", help="fail with a diff where the files on disk are stale")
+    build.add_argument("--library", action="store_true",
+                       help="also write a CMakeLists.txt, a Makefile and a pkg-config file per model")
     build.add_argument("-v", "--verbose", action="store_true", help="log each stage and its duration to stderr")
     build.set_defaults(run=cmd_build)
     graph = sub.add_parser("graph", help="print the backward graph (grad_fn style) as text or Graphviz DOT")

@@ -52,7 +52,7 @@ SUMMARIES = {
     "vjp": "Vector-Jacobian product: the gradient of sum(seed * output) (reverse mode).",
     "jvp": "Jacobian-vector product: tangents of the loss and outputs (forward mode).",
     "hvp": "Hessian-vector product: the loss, its gradient, and the Hessian times a direction.",
-    "train_step": "One training step: the loss, then the optimizer's update of the parameters and its state, in place.",
+    "train_step": "One training step: the loss, then the optimizer updates the parameters and its state in place.",
 }
 
 

@@ -193,3 +193,418 @@ int digits_mlp_value_and_grad(
     }
     return digits_mlp_run(n, X, T, W1, b1, W2, b2, loss, work + digits_mlp_run_work_len(n, 1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
 }
+
+size_t digits_mlp_train_step_work_len(int64_t n)
+{
+    if (n < 1) {
+        return 0; /* the function returns 1 */
+    }
+    return (size_t)(225*n + 9622);
+}
+
+/* One training step: the loss, then the optimizer updates the parameters and its state in place. */
+int digits_mlp_train_step(
+    int64_t n,
+    const double *X,
+    const double *T,
+    double *W1,
+    double *b1,
+    double *W2,
+    double *b2,
+    const double *lr,
+    const double *beta1,
+    const double *beta2,
+    const double *eps,
+    const double *weight_decay,
+    double *step,
+    double *m_W1,
+    double *v_W1,
+    double *m_b1,
+    double *v_b1,
+    double *m_W2,
+    double *v_W2,
+    double *m_b2,
+    double *v_b2,
+    double *loss,
+    double *work
+)
+{    if (n < 1) {
+        return 1;
+    }
+    
+    /* t0 = X @ W1 */
+    double *t0 = work; /* n x 64 */
+    symbackprop_f64_matmul(n, 64, 64, X, 64, 1, W1, 64, 1, t0);
+
+    /* t1 = tanh(b1 + t0) */
+    double *t1 = t0 + 64*n; /* n x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            t1[64*i + j] = tanh(b1[j] + t0[64*i + j]);
+        }
+    }
+
+    /* t2 = t1 @ W2 */
+    double *t2 = t1 + 64*n; /* n x 10 */
+    symbackprop_f64_matmul(n, 10, 64, t1, 64, 1, W2, 10, 1, t2);
+
+    /* logits = b2 + t2 */
+    /* t3 = T*(b2 + t2) */
+    double *logits = t2 + 10*n; /* n x 10 */
+    double *t3 = logits + 10*n; /* n x 10 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            const double x0 = b2[j] + t2[10*i + j];
+            logits[10*i + j] = x0;
+            t3[10*i + j] = T[10*i + j]*x0;
+        }
+    }
+
+    /* t4 = sum of t3 along each row */
+    double *t4 = t3 + 10*n; /* n x 1 */
+    for (int64_t i = 0; i < n; ++i) {
+        t4[i] = symbackprop_f64_sum(t3 + 10*i, 10, 1);
+    }
+
+    /* t5 = log(sum(exp(logits))) along each row, its max subtracted first */
+    double *t5 = t4 + n; /* n x 1 */
+    for (int64_t i = 0; i < n; ++i) {
+        t5[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
+    }
+
+    /* t6 = -t4 + t5 */
+    double *t6 = t5 + n; /* n x 1 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        t6[i] = -t4[i] + t5[i];
+    }
+
+    /* t7 = sum of t6 down each column */
+    double *t7 = t6 + n; /* 1 x 1 */
+    t7[0] = symbackprop_f64_sum(t6, n, 1);
+
+    /* loss = t7/n */
+    {
+        loss[0] = t7[0]/((double)n);
+    }
+
+    /* grad_logits = -T/n + exp(logits - t5)/n */
+    double *grad_logits = t2; /* n x 10, in t2's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            const double x0 = 1.0/((double)n);
+            grad_logits[10*i + j] = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - t5[i]);
+        }
+    }
+
+    /* grad_t1 = grad_logits @ W2^T */
+    double *grad_t1 = t0; /* n x 64, in t0's memory */
+    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t1);
+
+    /* g0 = grad_t1*(1 - t1**2) */
+    double *g0 = t7 + 1; /* n x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            g0[64*i + j] = grad_t1[64*i + j]*(1 - (t1[64*i + j]*t1[64*i + j]));
+        }
+    }
+
+    /* grad_W1_1 = X^T @ g0 */
+    double *grad_W1_1 = g0 + 64*n; /* 64 x 64 */
+    symbackprop_f64_matmul(64, 64, n, X, 1, 64, g0, 64, 1, grad_W1_1);
+
+    /* grad_W1_2 = W1*weight_decay + grad_W1_1 */
+    double *grad_W1_2 = grad_W1_1 + 4096; /* 64 x 64 */
+    {
+        const double weight_decay_value = weight_decay[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 64; ++i) {
+            for (int64_t j = 0; j < 64; ++j) {
+                grad_W1_2[64*i + j] = grad_W1_1[64*i + j] + weight_decay_value*W1[64*i + j];
+            }
+        }
+    }
+
+    /* grad_b1_1 = sum of g0 down each column */
+    double *grad_b1_1 = grad_W1_2 + 4096; /* 1 x 64 */
+    symbackprop_f64_sum_columns(g0, n, 64, 64, grad_b1_1);
+
+    /* grad_b1_2 = b1*weight_decay + grad_b1_1 */
+    double *grad_b1_2 = grad_b1_1 + 64; /* 1 x 64 */
+    {
+        const double weight_decay_value = weight_decay[0];
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_b1_2[j] = grad_b1_1[j] + weight_decay_value*b1[j];
+        }
+    }
+
+    /* grad_W2_1 = t1^T @ grad_logits */
+    double *grad_W2_1 = grad_b1_2 + 64; /* 64 x 10 */
+    symbackprop_f64_matmul(64, 10, n, t1, 1, 64, grad_logits, 10, 1, grad_W2_1);
+
+    /* grad_W2_2 = W2*weight_decay + grad_W2_1 */
+    double *grad_W2_2 = grad_W2_1 + 640; /* 64 x 10 */
+    {
+        const double weight_decay_value = weight_decay[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 64; ++i) {
+            for (int64_t j = 0; j < 10; ++j) {
+                grad_W2_2[10*i + j] = grad_W2_1[10*i + j] + weight_decay_value*W2[10*i + j];
+            }
+        }
+    }
+
+    /* grad_b2_1 = sum of grad_logits down each column */
+    double *grad_b2_1 = grad_W2_2 + 640; /* 1 x 10 */
+    symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2_1);
+
+    /* grad_b2_2 = b2*weight_decay + grad_b2_1 */
+    double *grad_b2_2 = grad_b2_1 + 10; /* 1 x 10 */
+    {
+        const double weight_decay_value = weight_decay[0];
+        for (int64_t j = 0; j < 10; ++j) {
+            grad_b2_2[j] = grad_b2_1[j] + weight_decay_value*b2[j];
+        }
+    }
+
+    /* m_W1 = beta1*m_W1 + grad_W1_2*(1 - beta1) */
+    /* v_W1 = beta2*v_W1 + grad_W1_2**2*(1 - beta2) */
+    {
+        const double beta1_value = beta1[0];
+        const double beta2_value = beta2[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 64; ++i) {
+            for (int64_t j = 0; j < 64; ++j) {
+                const double m_W1_in = m_W1[64*i + j];
+                const double v_W1_in = v_W1[64*i + j];
+                m_W1[64*i + j] = beta1_value*m_W1_in + grad_W1_2[64*i + j]*(1 - beta1_value);
+                v_W1[64*i + j] = (grad_W1_2[64*i + j]*grad_W1_2[64*i + j])*(1 - beta2_value) + beta2_value*v_W1_in;
+            }
+        }
+    }
+
+    /* step = step + 1 */
+    /* bias_correction1 = 1 - beta1**(step + 1) */
+    /* bias_correction2 = 1 - beta2**(step + 1) */
+    double *bias_correction1 = t7; /* 1 x 1, in t7's memory */
+    double *bias_correction2 = grad_b2_2 + 10; /* 1 x 1 */
+    {
+        const double step_in = step[0];
+        const double x0 = step_in + 1;
+        step[0] = x0;
+        bias_correction1[0] = 1 - pow(beta1[0], x0);
+        bias_correction2[0] = 1 - pow(beta2[0], x0);
+    }
+
+    /* W1 = W1 - lr*m_W1/(bias_correction1*(eps + sqrt(v_W1/bias_correction2))) */
+    {
+        const double bias_correction1_value = bias_correction1[0];
+        const double bias_correction2_value = bias_correction2[0];
+        const double lr_value = lr[0];
+        const double eps_value = eps[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 64; ++i) {
+            for (int64_t j = 0; j < 64; ++j) {
+                const double W1_in = W1[64*i + j];
+                W1[64*i + j] = -m_W1[64*i + j]*lr_value/(bias_correction1_value*(eps_value + sqrt(v_W1[64*i + j]/bias_correction2_value))) + W1_in;
+            }
+        }
+    }
+
+    /* m_b1 = beta1*m_b1 + grad_b1_2*(1 - beta1) */
+    /* v_b1 = beta2*v_b1 + grad_b1_2**2*(1 - beta2) */
+    /* b1 = b1 - lr*(beta1*m_b1 + grad_b1_2*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b1 + grad_b1_2**2*(1 - beta2))/bias_correction2))) */
+    {
+        const double beta1_value = beta1[0];
+        const double beta2_value = beta2[0];
+        const double bias_correction1_value = bias_correction1[0];
+        const double bias_correction2_value = bias_correction2[0];
+        const double lr_value = lr[0];
+        const double eps_value = eps[0];
+        for (int64_t j = 0; j < 64; ++j) {
+            const double m_b1_in = m_b1[j];
+            const double v_b1_in = v_b1[j];
+            const double b1_in = b1[j];
+            const double x0 = beta1_value*m_b1_in + grad_b1_2[j]*(1 - beta1_value);
+            const double x1 = (grad_b1_2[j]*grad_b1_2[j])*(1 - beta2_value) + beta2_value*v_b1_in;
+            m_b1[j] = x0;
+            v_b1[j] = x1;
+            b1[j] = b1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+        }
+    }
+
+    /* m_W2 = beta1*m_W2 + grad_W2_2*(1 - beta1) */
+    /* v_W2 = beta2*v_W2 + grad_W2_2**2*(1 - beta2) */
+    /* W2 = W2 - lr*(beta1*m_W2 + grad_W2_2*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_W2 + grad_W2_2**2*(1 - beta2))/bias_correction2))) */
+    {
+        const double beta1_value = beta1[0];
+        const double beta2_value = beta2[0];
+        const double bias_correction1_value = bias_correction1[0];
+        const double bias_correction2_value = bias_correction2[0];
+        const double lr_value = lr[0];
+        const double eps_value = eps[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 64; ++i) {
+            for (int64_t j = 0; j < 10; ++j) {
+                const double m_W2_in = m_W2[10*i + j];
+                const double v_W2_in = v_W2[10*i + j];
+                const double W2_in = W2[10*i + j];
+                const double x0 = beta1_value*m_W2_in + grad_W2_2[10*i + j]*(1 - beta1_value);
+                const double x1 = (grad_W2_2[10*i + j]*grad_W2_2[10*i + j])*(1 - beta2_value) + beta2_value*v_W2_in;
+                m_W2[10*i + j] = x0;
+                v_W2[10*i + j] = x1;
+                W2[10*i + j] = W2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+            }
+        }
+    }
+
+    /* m_b2 = beta1*m_b2 + grad_b2_2*(1 - beta1) */
+    /* v_b2 = beta2*v_b2 + grad_b2_2**2*(1 - beta2) */
+    /* b2 = b2 - lr*(beta1*m_b2 + grad_b2_2*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b2 + grad_b2_2**2*(1 - beta2))/bias_correction2))) */
+    {
+        const double beta1_value = beta1[0];
+        const double beta2_value = beta2[0];
+        const double bias_correction1_value = bias_correction1[0];
+        const double bias_correction2_value = bias_correction2[0];
+        const double lr_value = lr[0];
+        const double eps_value = eps[0];
+        for (int64_t j = 0; j < 10; ++j) {
+            const double m_b2_in = m_b2[j];
+            const double v_b2_in = v_b2[j];
+            const double b2_in = b2[j];
+            const double x0 = beta1_value*m_b2_in + grad_b2_2[j]*(1 - beta1_value);
+            const double x1 = (grad_b2_2[j]*grad_b2_2[j])*(1 - beta2_value) + beta2_value*v_b2_in;
+            m_b2[j] = x0;
+            v_b2[j] = x1;
+            b2[j] = b2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+        }
+    }
+    return 0;
+}
+
+/* The train step's workspace for any minibatch of the epoch (the last may be smaller). */
+static size_t digits_mlp_train_epoch_step_len(int64_t rows, int64_t batch)
+{
+    const int64_t last = rows - (rows - 1) / batch * batch;
+    const size_t full = digits_mlp_train_step_work_len(batch);
+    const size_t part = digits_mlp_train_step_work_len(last);
+    return full > part ? full : part;
+}
+
+size_t digits_mlp_train_epoch_work_len(int64_t rows, int64_t batch)
+{
+    if (rows < 1 || batch < 1) {
+        return 0; /* the epoch returns 1 */
+    }
+    if (batch > rows) {
+        batch = rows;
+    }
+    return digits_mlp_train_epoch_step_len(rows, batch) + (size_t)(batch*64 + batch*10);
+}
+
+/* One epoch: train_step on each minibatch in turn; losses[b] is the loss of minibatch b.
+ * Minibatch b holds rows b*batch ... of X, T (the last one fewer when
+ * batch does not divide rows), or with order not NULL the rows order[b*batch], ...
+ * gathered into the workspace. Everything a step relies on is checked before
+ * the first one (a failing epoch trains nothing): returns 1 when a dimension
+ * is below 1, 2 when order names a row outside 0 ... rows-1 or an Index
+ * a row outside an array it gathers from, else 0. */
+int digits_mlp_train_epoch(
+    int64_t rows,
+    int64_t batch,
+    const int64_t *order,
+    const double *X,
+    const double *T,
+    double *W1,
+    double *b1,
+    double *W2,
+    double *b2,
+    const double *lr,
+    const double *beta1,
+    const double *beta2,
+    const double *eps,
+    const double *weight_decay,
+    double *step,
+    double *m_W1,
+    double *v_W1,
+    double *m_b1,
+    double *v_b1,
+    double *m_W2,
+    double *v_W2,
+    double *m_b2,
+    double *v_b2,
+    double *losses,
+    double *work
+)
+{
+    if (rows < 1 || batch < 1) {
+        return 1;
+    }
+    if (order != NULL) {
+        for (int64_t i = 0; i < rows; ++i) {
+            if (order[i] < 0 || order[i] >= rows) {
+                return 2;
+            }
+        }
+    }
+    if (batch > rows) {
+        batch = rows;
+    }
+    double *X_rows = work + digits_mlp_train_epoch_step_len(rows, batch); /* batch x 64 */
+    double *T_rows = work + digits_mlp_train_epoch_step_len(rows, batch) + batch*64; /* batch x 10 */
+    int64_t b = 0;
+    for (int64_t start = 0; start < rows; start += batch) {
+        const int64_t n = rows - start < batch ? rows - start : batch;
+        const double *X_batch = X + start*64;
+        const double *T_batch = T + start*10;
+        if (order != NULL) {
+            for (int64_t i = 0; i < n; ++i) {
+                for (int64_t j = 0; j < 64; ++j) {
+                    X_rows[i*64 + j] = X[order[start + i]*64 + j];
+                }
+                for (int64_t j = 0; j < 10; ++j) {
+                    T_rows[i*10 + j] = T[order[start + i]*10 + j];
+                }
+            }
+            X_batch = X_rows;
+            T_batch = T_rows;
+        }
+        const int status = digits_mlp_train_step(
+            n,
+            X_batch,
+            T_batch,
+            W1,
+            b1,
+            W2,
+            b2,
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+            step,
+            m_W1,
+            v_W1,
+            m_b1,
+            v_b1,
+            m_W2,
+            v_W2,
+            m_b2,
+            v_b2,
+            losses + b,
+            work
+        );
+        if (status != 0) {
+            return status; /* not reached: the step checks nothing the epoch has not */
+        }
+        ++b;
+    }
+    return 0;
+}

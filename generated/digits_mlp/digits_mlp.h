@@ -54,6 +54,48 @@ int digits_mlp_forward(int64_t n, const double *X, const double *T, const double
 size_t digits_mlp_value_and_grad_work_len(int64_t n);
 int digits_mlp_value_and_grad(int64_t n, const double *X, const double *T, const double *W1, const double *b1, const double *W2, const double *b2, double *loss, double *grad_W1, double *grad_b1, double *grad_W2, double *grad_b2, double *work);
 
+/* One training step: the loss, then the optimizer updates the parameters and its state in place.
+ *   X: input, n x 64
+ *   T: input, n x 10
+ *   W1: input, updated in place, 64 x 64
+ *   b1: input, updated in place, 1 x 64
+ *   W2: input, updated in place, 64 x 10
+ *   b2: input, updated in place, 1 x 10
+ *   lr: input, 1 x 1
+ *   beta1: input, 1 x 1
+ *   beta2: input, 1 x 1
+ *   eps: input, 1 x 1
+ *   weight_decay: input, 1 x 1
+ *   step: input, updated in place, 1 x 1
+ *   m_W1: input, updated in place, 64 x 64
+ *   v_W1: input, updated in place, 64 x 64
+ *   m_b1: input, updated in place, 1 x 64
+ *   v_b1: input, updated in place, 1 x 64
+ *   m_W2: input, updated in place, 64 x 10
+ *   v_W2: input, updated in place, 64 x 10
+ *   m_b2: input, updated in place, 1 x 10
+ *   v_b2: input, updated in place, 1 x 10
+ *   loss: output, 1 x 1
+ * Returns 0: success
+ * Returns 1: a dimension is below 1 (nothing written)
+ */
+size_t digits_mlp_train_step_work_len(int64_t n);
+int digits_mlp_train_step(int64_t n, const double *X, const double *T, double *W1, double *b1, double *W2, double *b2, const double *lr, const double *beta1, const double *beta2, const double *eps, const double *weight_decay, double *step, double *m_W1, double *v_W1, double *m_b1, double *v_b1, double *m_W2, double *v_W2, double *m_b2, double *v_b2, double *loss, double *work);
+
+/* One epoch: train_step on each minibatch in turn; losses[b] is the loss of minibatch b.
+ *   rows: rows of X, T; batch: rows a minibatch (the last may have fewer)
+ *   order: NULL (rows in order) or rows row numbers (a permutation of 0 ... rows-1)
+ *   the other arrays as for digits_mlp_train_step; losses: output, ceil(rows / batch) entries
+ * Everything is checked before the first step, so a failing epoch trains nothing
+ * (no parameter, no optimizer state changed, no loss written):
+ * Returns 0: success
+ * Returns 1: rows, batch or a dimension is below 1 (nothing written)
+ * Returns 2: order names a row outside 0 ... rows-1, or an Index holds a row
+ *   number outside an array it gathers from (nothing written)
+ */
+size_t digits_mlp_train_epoch_work_len(int64_t rows, int64_t batch);
+int digits_mlp_train_epoch(int64_t rows, int64_t batch, const int64_t *order, const double *X, const double *T, double *W1, double *b1, double *W2, double *b2, const double *lr, const double *beta1, const double *beta2, const double *eps, const double *weight_decay, double *step, double *m_W1, double *v_W1, double *m_b1, double *v_b1, double *m_W2, double *v_W2, double *m_b2, double *v_b2, double *losses, double *work);
+
 #ifdef __cplusplus
 }
 #endif
