@@ -29,8 +29,7 @@ def test_linear_sigmoid_mse_graph(capsys):
         "└── SigmoidBackward",
         "    └── MatMulWithBiasBackward",
         "        ├── AccumulateGrad (b)",
-        "        └── TransposeBackward",
-        "            └── AccumulateGrad (W)",
+        "        └── AccumulateGrad (W)",  # X @ W transposes nothing: no Transpose node
     ]
 
 
