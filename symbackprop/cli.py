@@ -408,11 +408,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_graph(args: argparse.Namespace) -> int:
     from symbackprop.emit.graph import graph_dot, graph_text
+    from symbackprop.emit.picture import FORMATS, render_dot
     from symbackprop.pipeline import plan
 
-    for item in models_in(args.model):
-        the_plan = plan(item.model, functions=("value_and_grad",))
-        sys.stdout.write(graph_dot(the_plan) if args.format == "dot" else graph_text(the_plan) + "\n")
+    found = models_in(args.model)
+    if args.format in FORMATS and len(found) > 1:  # one picture, one model
+        names = ", ".join(item.label for item in found)
+        raise SymbackpropError(f"--format {args.format} draws one model; {args.model} has several ({names}): name one")
+    plans = [plan(item.model, functions=("value_and_grad",)) for item in found]
+    if args.format in FORMATS:
+        data: str | bytes = render_dot(graph_dot(plans[0]), args.format)  # ToolMissing (status 2) without Graphviz
+        data = data.decode("utf-8") if args.format == "svg" else data
+    else:
+        data = "".join(graph_dot(p) if args.format == "dot" else graph_text(p) + "\n" for p in plans)
+    if args.output is not None:
+        args.output.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+        print(f"wrote {args.output}", file=sys.stderr)
+    elif isinstance(data, bytes):  # a PNG
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+    else:
+        sys.stdout.write(data)
     return 0
 
 
@@ -469,9 +485,11 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--check", action="store_true", help="fail with a diff where the files on disk are stale")
     build.add_argument("-v", "--verbose", action="store_true", help="log each stage and its duration to stderr")
     build.set_defaults(run=cmd_build)
-    graph = sub.add_parser("graph", help="print the backward graph (grad_fn style) as text or Graphviz DOT")
+    graph = sub.add_parser("graph", help="print the backward graph (grad_fn style) as text, Graphviz DOT, SVG or PNG")
     graph.add_argument("model", metavar="MODEL_FILE[:NAME]")
-    graph.add_argument("--format", choices=("text", "dot"), default="text")
+    graph.add_argument("--format", choices=("text", "dot", "svg", "png"), default="text",
+                       help="svg and png are drawn by Graphviz's dot program, which must be installed")
+    graph.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE (default: stdout)")
     graph.set_defaults(run=cmd_graph)
     demo = sub.add_parser("demo", help="build a model, call it on sample data, check and time it")
     demo.add_argument("model", nargs="?", default=str(DEMO_MODEL), metavar="MODEL_FILE[:NAME]")

@@ -18,7 +18,7 @@ from symbackprop.errors import ToolMissing
 class Collect(HTMLParser):
     """The text of an HTML fragment and its tags, checked for balance."""
 
-    VOID = {"br", "hr", "img", "meta", "link", "input"}
+    VOID = frozenset({"br", "hr", "img", "meta", "link", "input"})
 
     def __init__(self) -> None:
         super().__init__()

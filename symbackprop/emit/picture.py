@@ -41,6 +41,7 @@ def render_dot(dot: str, fmt: str) -> bytes:
         raise ValueError(f"picture format {fmt!r}: expected one of {FORMATS}")
     program = dot_program()
     if program is None:
-        raise ToolMissing(f"drawing a {fmt.upper()} needs Graphviz's `dot` program, which is not on PATH: {INSTALL_HINT}")
+        raise ToolMissing(f"drawing the graph as {fmt.upper()} needs Graphviz's `dot` program, "
+                          f"which is not on PATH: {INSTALL_HINT}")
     done = subprocess.run([program, f"-T{fmt}"], input=dot.encode("utf-8"), capture_output=True, check=True, timeout=120)
     return done.stdout
