@@ -417,8 +417,8 @@ def cmd_graph(args: argparse.Namespace) -> int:
         raise SymbackpropError(f"--format {args.format} draws one model; {args.model} has several ({names}): name one")
     plans = [plan(item.model, functions=("value_and_grad",)) for item in found]
     if args.format in FORMATS:
-        data: str | bytes = render_dot(graph_dot(plans[0]), args.format)  # ToolMissing (status 2) without Graphviz
-        data = data.decode("utf-8") if args.format == "svg" else data
+        picture = render_dot(graph_dot(plans[0]), args.format)  # ToolMissing (status 2) without Graphviz
+        data: str | bytes = picture.decode("utf-8") if args.format == "svg" else picture
     else:
         data = "".join(graph_dot(p) if args.format == "dot" else graph_text(p) + "\n" for p in plans)
     if args.output is not None:
