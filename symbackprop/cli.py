@@ -32,6 +32,7 @@ import numpy as np
 
 from symbackprop.declare.model import Model, leaf_name
 from symbackprop.errors import ArgumentError, SymbackpropError
+from symbackprop.progress import Progress, ProgressArg
 
 DEFAULT_EXAMPLES = Path("examples")
 DEFAULT_OUT = Path("generated")
@@ -169,15 +170,18 @@ class Generated:
     files: dict[str, str]
 
 
-def generate_all(found: Iterable[Found], out: Path | None = None) -> list[Generated]:
+def generate_all(found: Iterable[Found], out: Path | None = None, progress: ProgressArg = False) -> list[Generated]:
     """Generate every model's files in memory; the same model found twice is
     written once, and two models whose names map to one C identifier (and so
-    one folder) are an error naming both."""
+    one folder) are an error naming both. `progress`: see symbackprop.progress."""
     from symbackprop.pipeline import generate
 
     result: dict[str, Generated] = {}
+    found = list(found)
+    bar = Progress(len(found), "model", progress)  # ends itself after the last model
     for item in found:
         emitted, _ = generate(item.model)
+        bar.step(model=item.model.name)
         other = result.get(emitted.prefix)
         if other is not None:
             if _same_model(other.found.model, item.model):
@@ -316,7 +320,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     if not found:
         where = f"{DEFAULT_EXAMPLES}/ (run in the repository root, or name model files)"
         raise SymbackpropError(f"found no model in {where}: {'nothing was checked' if args.check else 'nothing to build'}")
-    generated = generate_all(found, args.out)
+    generated = generate_all(found, args.out, args.progress)
     if args.check:
         return _report_check(generated, args)
     usable_out(args.out, generated)
@@ -484,6 +488,8 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: generated/)")
     build.add_argument("--check", action="store_true", help="fail with a diff where the files on disk are stale")
     build.add_argument("-v", "--verbose", action="store_true", help="log each stage and its duration to stderr")
+    build.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                       help="a progress bar over the models (tqdm, if installed); default: when stderr is a terminal")
     build.set_defaults(run=cmd_build)
     graph = sub.add_parser("graph", help="print the backward graph (grad_fn style) as text, Graphviz DOT, SVG or PNG")
     graph.add_argument("model", metavar="MODEL_FILE[:NAME]")
