@@ -8,15 +8,34 @@ Everything a user names (model, inputs, parameters) reaches the HTML escaped.
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
 
 from symbackprop.emit.derivation import plan_derivation, render_derivation, render_derivation_html
 from symbackprop.emit.graph import graph_dot, graph_text
 from symbackprop.emit.picture import dot_program, render_dot
 
 if TYPE_CHECKING:  # only for annotations
+    from symbackprop.declare.model import Model
+    from symbackprop.emit.codegen import Emitted
+    from symbackprop.emit.derivation import MemoryPlan
     from symbackprop.plan import Plan
-    from symbackprop.run.module import CompiledModule
+    from symbackprop.run.abi import ModuleSpec
+
+
+class Shown(Protocol):
+    """What this module reads of a CompiledModule (named here, not imported: module.py imports this)."""
+
+    model: Model
+    dtype: np.dtype
+    spec: ModuleSpec
+    emitted: Emitted
+
+    @property
+    def plan(self) -> Plan: ...
+
+    def memory_plan(self) -> MemoryPlan: ...
 
 # the memory report's rows: key -> what it is
 MEMORY_ROWS = {
@@ -123,14 +142,14 @@ def memory_markdown(sizes: dict[str, object], caption: str) -> str:
     return f"{caption}:\n\n| memory | what | bytes | |\n|---|---|---|---|\n{rows}\n"
 
 
-def _symbolic_sizes(mod: CompiledModule) -> dict[str, object] | None:
+def _symbolic_sizes(mod: Shown) -> dict[str, object] | None:
     """The memory report in the dimensions; None for a model without a loss."""
     if not mod.spec.has_loss:
         return None
     return {name: (int(size) if size.is_Integer else size) for name, size in mod.memory_plan().sizes().items()}
 
 
-def _arguments_html(mod: CompiledModule) -> str:
+def _arguments_html(mod: Shown) -> str:
     rows = "\n".join(
         f"<tr><td><code>{html.escape(str(leaf.name))}</code></td><td>{role}</td>"
         f"<td>{html.escape(' x '.join(str(d) for d in leaf.shape))}</td></tr>"
@@ -138,7 +157,7 @@ def _arguments_html(mod: CompiledModule) -> str:
     return f"<table>\n<thead><tr><th>argument</th><th>role</th><th>shape</th></tr></thead>\n<tbody>\n{rows}\n</tbody>\n</table>"
 
 
-def module_html(mod: CompiledModule) -> str:
+def module_html(mod: Shown) -> str:
     """A compiled module in Jupyter: arguments, backward graph, memory, derivation.
 
     Args:
@@ -159,7 +178,7 @@ def module_html(mod: CompiledModule) -> str:
     return "\n".join(parts) + "\n"
 
 
-def module_markdown(mod: CompiledModule) -> str:
+def module_markdown(mod: Shown) -> str:
     """A compiled module as Markdown: the derivation (its math in $$...$$),
     the memory report and the backward graph as text.
 
@@ -179,7 +198,7 @@ def module_markdown(mod: CompiledModule) -> str:
     ])
 
 
-def _derivation_markdown(mod: CompiledModule) -> str:
+def _derivation_markdown(mod: Shown) -> str:
     """The derivation file's text, for a module compiled without it (some functions only)."""
     derivation = plan_derivation(mod.plan, mod.model.name, mod.dtype.name)
     return "" if derivation is None else render_derivation(derivation)
