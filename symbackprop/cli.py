@@ -34,6 +34,7 @@ import numpy as np
 
 from symbackprop.declare.model import Model, leaf_name
 from symbackprop.errors import ArgumentError, SymbackpropError
+from symbackprop.progress import Progress, ProgressArg
 
 DEFAULT_EXAMPLES = Path("examples")
 DEFAULT_OUT = Path("generated")
@@ -171,15 +172,18 @@ class Generated:
     files: dict[str, str]
 
 
-def generate_all(found: Iterable[Found], out: Path | None = None) -> list[Generated]:
+def generate_all(found: Iterable[Found], out: Path | None = None, progress: ProgressArg = False) -> list[Generated]:
     """Generate every model's files in memory; the same model found twice is
     written once, and two models whose names map to one C identifier (and so
-    one folder) are an error naming both."""
+    one folder) are an error naming both. `progress`: see symbackprop.progress."""
     from symbackprop.pipeline import generate
 
     result: dict[str, Generated] = {}
+    found = list(found)
+    bar = Progress(len(found), "model", progress)  # ends itself after the last model
     for item in found:
         emitted, _ = generate(item.model, **training(item))
+        bar.step(model=item.model.name)
         other = result.get(emitted.prefix)
         if other is not None:
             if _same_model(other.found.model, item.model):
@@ -339,7 +343,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     if not found:
         where = f"{DEFAULT_EXAMPLES}/ (run in the repository root, or name model files)"
         raise SymbackpropError(f"found no model in {where}: {'nothing was checked' if args.check else 'nothing to build'}")
-    generated = generate_all(found, args.out)
+    generated = generate_all(found, args.out, args.progress)
     if args.library:
         from symbackprop.emit.library import library_files
 
@@ -435,11 +439,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_graph(args: argparse.Namespace) -> int:
     from symbackprop.emit.graph import graph_dot, graph_text
+    from symbackprop.emit.picture import FORMATS, render_dot
     from symbackprop.pipeline import plan
 
-    for item in models_in(args.model):
-        the_plan = plan(item.model, functions=("value_and_grad",))
-        sys.stdout.write(graph_dot(the_plan) if args.format == "dot" else graph_text(the_plan) + "\n")
+    found = models_in(args.model)
+    if args.format in FORMATS and len(found) > 1:  # one picture, one model
+        names = ", ".join(item.label for item in found)
+        raise SymbackpropError(f"--format {args.format} draws one model; {args.model} has several ({names}): name one")
+    plans = [plan(item.model, functions=("value_and_grad",)) for item in found]
+    if args.format in FORMATS:
+        picture = render_dot(graph_dot(plans[0]), args.format)  # ToolMissing (status 2) without Graphviz
+        data: str | bytes = picture.decode("utf-8") if args.format == "svg" else picture
+    else:
+        data = "".join(graph_dot(p) if args.format == "dot" else graph_text(p) + "\n" for p in plans)
+    if args.output is not None:
+        args.output.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+        print(f"wrote {args.output}", file=sys.stderr)
+    elif isinstance(data, bytes):  # a PNG
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+    else:
+        sys.stdout.write(data)
     return 0
 
 
@@ -497,10 +517,14 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--library", action="store_true",
                        help="also write a CMakeLists.txt, a Makefile and a pkg-config file per model")
     build.add_argument("-v", "--verbose", action="store_true", help="log each stage and its duration to stderr")
+    build.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                       help="a progress bar over the models (tqdm, if installed); default: when stderr is a terminal")
     build.set_defaults(run=cmd_build)
-    graph = sub.add_parser("graph", help="print the backward graph (grad_fn style) as text or Graphviz DOT")
+    graph = sub.add_parser("graph", help="print the backward graph (grad_fn style) as text, Graphviz DOT, SVG or PNG")
     graph.add_argument("model", metavar="MODEL_FILE[:NAME]")
-    graph.add_argument("--format", choices=("text", "dot"), default="text")
+    graph.add_argument("--format", choices=("text", "dot", "svg", "png"), default="text",
+                       help="svg and png are drawn by Graphviz's dot program, which must be installed")
+    graph.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE (default: stdout)")
     graph.set_defaults(run=cmd_graph)
     demo = sub.add_parser("demo", help="build a model, call it on sample data, check and time it")
     demo.add_argument("model", nargs="?", default=str(DEMO_MODEL), metavar="MODEL_FILE[:NAME]")

@@ -29,3 +29,7 @@ class ArgumentError(SymbackpropError, ValueError):
 
 class BuildError(SymbackpropError, RuntimeError):
     """The C compiler failed or could not be found (says where the log is)."""
+
+
+class ToolMissing(SymbackpropError, RuntimeError):
+    """An optional program symbackprop runs (Graphviz's `dot`) is not installed (says how to install it)."""

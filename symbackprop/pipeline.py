@@ -28,7 +28,7 @@ from symbackprop.deep import run_deep
 from symbackprop.diff.autodiff import jvp, vjp
 from symbackprop.emit.cnames import CNamer, comment_text, sanitize
 from symbackprop.emit.codegen import REAL_TYPES, CFunction, CModule, Emitted, emit_function, emit_wrapper, render
-from symbackprop.emit.derivation import derive, render_derivation
+from symbackprop.emit.derivation import plan_derivation, render_derivation
 from symbackprop.emit.epoch import epoch_c, reserved_names, try_epoch_plan
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, leaf
@@ -302,10 +302,8 @@ def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[
         epoch=epoch,
     )
     source, header, cdef = render(module)
-    derivation = ""
-    if "value_and_grad" in functions and "forward" in functions:
-        forward, gradient = the_plan.function("forward").schedule, the_plan.function("value_and_grad").schedule
-        derivation = render_derivation(derive(model.name, forward, gradient, dtype, list(lowered.leaves)))
+    derived = plan_derivation(the_plan, model.name, dtype)
+    derivation = "" if derived is None else render_derivation(derived)
     emitting.stop()
     return Emitted(prefix, source, header, cdef, derivation, module), the_plan
 

@@ -3,6 +3,7 @@ LocalCluster of two worker processes equal one call on the whole data, and
 data-parallel training makes the steps train_step / train_epoch make."""
 
 import dataclasses
+import importlib.util
 import pickle
 
 import numpy as np
@@ -188,6 +189,26 @@ def test_chunk_steps_match_train_epoch(client, mlp):
     np.testing.assert_allclose(losses, expected, rtol=1e-10)
     for key in params:
         np.testing.assert_allclose(spread[key], alone[key], rtol=1e-9, atol=1e-12, err_msg=key)
+
+
+def test_training_reports_progress_per_epoch_and_the_same_losses(mlp, capsys):
+    import dask
+
+    model, _mod, params, x, t = mlp
+    sgd = sbp.SGD(lr=0.1, momentum=0.9)
+    data = {"X": chunked(x), "T": chunked(t)}  # 4 chunks: 4 steps an epoch
+    reports, runs = [], []
+    with dask.config.set(scheduler="threads"):
+        for progress in (False, lambda done, total, info: reports.append((done, total, info["loss"])), True):
+            params_now = copy(params)
+            runs.append(sbd.train(sbp.compile(model, optimizer=sgd), params_now, data, epochs=3, chunks_per_step=1,
+                                  progress=progress))
+    for other in runs[1:]:
+        np.testing.assert_array_equal(other, runs[0])  # progress changes nothing
+    assert [(d, n) for d, n, _ in reports] == [(1, 3), (2, 3), (3, 3)]
+    assert [loss for _, _, loss in reports] == [float(np.mean(runs[0][k:k + 4])) for k in (0, 4, 8)]
+    if importlib.util.find_spec("tqdm") is not None:
+        assert "3/3" in capsys.readouterr().err  # the bar asked for with True
 
 
 BAD = {

@@ -29,8 +29,7 @@ def test_linear_sigmoid_mse_graph(capsys):
         "└── SigmoidBackward",
         "    └── MatMulWithBiasBackward",
         "        ├── AccumulateGrad (b)",
-        "        └── TransposeBackward",
-        "            └── AccumulateGrad (W)",
+        "        └── AccumulateGrad (W)",  # X @ W transposes nothing: no Transpose node
     ]
 
 
@@ -76,3 +75,35 @@ def test_memory_of_fixed_shapes_float32():
     report = mod.memory()
     assert report["value_and_grad"] == 4 * mod.function("value_and_grad").work_len()
     assert np.all(np.array(list(report.values())) >= 0)
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
+def test_graph_command_draws_svg_and_png(tmp_path, capsys):
+    import xml.etree.ElementTree as ET
+
+    model = str(ROOT / "examples" / "mlp.py")
+    assert main(["graph", model, "--format", "svg", "-o", str(tmp_path / "g.svg")]) == 0
+    root = ET.fromstring((tmp_path / "g.svg").read_bytes())
+    labels = {t.text for t in root.iter("{http://www.w3.org/2000/svg}text")}
+    assert {"MseLossBackward", "SigmoidBackward", "AccumulateGrad", "W1", "b2"} <= labels
+    assert "TransposeBackward" not in labels
+    assert main(["graph", model, "--format", "png", "-o", str(tmp_path / "g.png")]) == 0
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    capsys.readouterr()
+    assert main(["graph", model, "--format", "svg"]) == 0  # to stdout
+    assert ET.fromstring(capsys.readouterr().out.encode()).tag.endswith("svg")
+
+
+def test_graph_command_without_graphviz_names_how_to_install(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no dot there
+    target = tmp_path / "g.svg"
+    assert main(["graph", str(ROOT / "examples" / "mlp.py"), "--format", "svg", "-o", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert "Graphviz's `dot`" in err and "apt install graphviz" in err and "--format dot" in err
+    assert not target.exists()
+
+
+def test_graph_command_text_to_a_file(tmp_path, capsys):
+    target = tmp_path / "g.txt"
+    assert main(["graph", str(ROOT / "examples" / "mlp.py"), "-o", str(target)]) == 0
+    assert target.read_text().splitlines()[0] == "MseLossBackward" and capsys.readouterr().out == ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import sympy as sp
 
@@ -16,6 +17,9 @@ from symbackprop.emit.codegen import REAL_TYPES, template_environment
 from symbackprop.emit.wrap import wrap_markdown_equations
 from symbackprop.schedule.kernel import Kernel, kernel_reads, kernel_writes
 from symbackprop.schedule.scheduler import FunctionSchedule
+
+if TYPE_CHECKING:  # only for annotations
+    from symbackprop.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,14 @@ class MemoryPlan:
     kept_bytes: sp.Expr
     forward_work_bytes: sp.Expr  # the workspace of a prediction-only forward pass
     gradient_work_bytes: sp.Expr  # the workspace of value_and_grad
+
+    def sizes(self) -> dict[str, sp.Expr]:
+        """The three sizes a module reports (CompiledModule.memory), by name."""
+        return {
+            "kept_for_backward": self.kept_bytes,
+            "prediction": self.forward_work_bytes,
+            "value_and_grad": self.gradient_work_bytes,
+        }
 
 
 def memory_plan(forward: FunctionSchedule, gradient: FunctionSchedule, itemsize: int) -> MemoryPlan:
@@ -247,6 +259,39 @@ def derive(
         forward_total=forward_total,
         backward_total=backward_total,
     )
+
+
+def plan_derivation(plan: Plan, model_name: str, dtype: str) -> Derivation | None:
+    """The derivation of a plan's gradient function (see derive).
+
+    Args:
+        plan: the plan of a module's functions.
+        model_name: the model's name.
+        dtype: "float64" or "float32".
+
+    Returns:
+        The Derivation; None when the plan lacks forward or value_and_grad
+        (a model without a loss).
+    """
+    kinds = {fn.kind for fn in plan.functions}
+    if not {"forward", "value_and_grad"} <= kinds:
+        return None
+    forward, gradient = plan.function("forward").schedule, plan.function("value_and_grad").schedule
+    return derive(model_name, forward, gradient, dtype, list(plan.lowered.leaves))
+
+
+def render_derivation_html(derivation: Derivation) -> str:
+    """The derivation's equations and kept values as an HTML fragment (for
+    Jupyter, whose MathJax typesets the $$...$$ in it); every name escaped.
+
+    Args:
+        derivation: what derive returned.
+
+    Returns:
+        The text of the template derivation.html.j2.
+    """
+    environment = template_environment().overlay(autoescape=True)
+    return environment.get_template("derivation.html.j2").render(d=derivation)
 
 
 def render_derivation(derivation: Derivation) -> str:

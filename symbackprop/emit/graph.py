@@ -5,9 +5,10 @@ One node per backward op, named after the forward op it differentiates
 (the grad_fn field of the op's record, symbackprop.ops): common
 compositions are recognised (a matrix product plus a broadcast bias is one
 MatMulWithBias node; a mean of squared differences is one MseLoss),
-and each differentiated leaf ends in an AccumulateGrad node. A weight's
-gradient through a product takes the other operand transposed (X^T @ grad):
-it is shown as a Transpose node above the weight's AccumulateGrad.
+and each differentiated leaf ends in an AccumulateGrad node. Every node
+is an operation of the forward expression: how its derivative is computed
+(a weight's gradient through a product takes the other operand transposed,
+X^T @ grad) is not drawn, so a Transpose node means the model transposes.
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ def _tree(root: Node, reaches: dict[Node, bool], names: dict[Node, str], wrt: se
     above", so the tree is as large as the graph, not exponential in it."""
     top = GraphNode("")
     expanded: set[Node] = set()
-    stack: list[tuple[Node | None, GraphNode, bool]] = [(root, top, False)]
+    stack: list[tuple[Node | None, GraphNode]] = [(root, top)]
     while stack:
-        node, parent, transposed = stack.pop()
+        node, parent = stack.pop()
         if node is None:  # after the operands: a retained intermediate's gradient
             parent.children.append(GraphNode("AccumulateGrad", "retained gradient"))
             continue
@@ -82,15 +83,14 @@ def _tree(root: Node, reaches: dict[Node, bool], names: dict[Node, str], wrt: se
             if node not in expanded:
                 expanded.add(node)
                 if node in wrt:
-                    stack.append((None, out, False))
-                stack.extend((op, out, t) for op, t in reversed(operands) if reaches.get(op, False))
-        parent.children.append(GraphNode("TransposeBackward", "", [out]) if transposed else out)
+                    stack.append((None, out))
+                stack.extend((op, out) for op in reversed(operands) if reaches.get(op, False))
+        parent.children.append(out)
     return top.children[0]
 
 
-def _classify(node: Node) -> tuple[str, list[tuple[Node, bool]]]:
-    """A grad_fn name and the operands below it (True: seen transposed), as
-    the node's op record says."""
+def _classify(node: Node) -> tuple[str, list[Node]]:
+    """A grad_fn name and the operands below it, as the node's op record says."""
     return rule(node.op, "grad_fn")(node)
 
 

@@ -42,6 +42,7 @@ from symbackprop.build.builder import BuildOptions, build, package_digest
 from symbackprop.build.key import digest as key_digest
 from symbackprop.declare.model import Model
 from symbackprop.emit.codegen import Emitted
+from symbackprop.progress import Progress, ProgressArg
 from symbackprop.run.abi import ModuleSpec as AbiSpec
 from symbackprop.run.abi import show
 from symbackprop.run.function import Function
@@ -441,7 +442,7 @@ def value_and_grad(module: CompiledModule | ModuleSpec, params: Mapping[str, Any
 def train(module: CompiledModule | ModuleSpec, params: Mapping[str, np.ndarray], data: Mapping[str, Any], *,
           optimizer: SGD | Adam | None = None, epochs: int = 1, chunks_per_step: int | None = None,
           reduction: str = "mean", state: dict[str, np.ndarray] | None = None, client: Any = None,
-          check: bool = True, persist: bool = True) -> np.ndarray:
+          check: bool = True, persist: bool = True, progress: ProgressArg = None) -> np.ndarray:
     """Data-parallel training: each step's gradient is computed on the
     workers (as `value_and_grad` computes it) and the driver updates the
     parameters in place with the optimizer, as `train_step` would.
@@ -471,6 +472,10 @@ def train(module: CompiledModule | ModuleSpec, params: Mapping[str, np.ndarray],
         check: test the reduction once, on the first step.
         persist: keep the data in the workers' memory for the epochs
             (else every step computes the data arrays again).
+        progress: a bar over the epochs with the last epoch's mean loss
+            (tqdm, if installed): None (when stderr is a terminal), True,
+            False, or a callable progress(epoch, epochs, {"loss": ...})
+            (see symbackprop.progress).
 
     Returns:
         The loss of each step, before its update.
@@ -509,6 +514,7 @@ def train(module: CompiledModule | ModuleSpec, params: Mapping[str, np.ndarray],
     count = len(job.chunks)
     per_step = count if chunks_per_step is None else int(chunks_per_step)
     losses = []
+    bar = Progress(int(epochs), "epoch", progress)  # ends itself after the last epoch
     for _ in range(int(epochs)):
         for start in range(0, count, per_step):
             total, checked = job.graph(spec, job.chunks[start:start + per_step], check)
@@ -517,6 +523,7 @@ def train(module: CompiledModule | ModuleSpec, params: Mapping[str, np.ndarray],
             update(grads)
             job.whole.update(update.params)
             losses.append(loss)
+        bar.step(loss=float(np.mean(losses[-math.ceil(count / per_step):])))  # this epoch's steps
     return np.array(losses, dtype=job.module.dtype)
 
 

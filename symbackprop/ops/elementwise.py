@@ -118,28 +118,24 @@ ELEMENTWISE_NAMES = {
 }
 
 
-def _grad_fn(node: Node) -> tuple[str, list[tuple[Node, bool]]]:
+def _grad_fn(node: Node) -> tuple[str, list[Node]]:
     """Common compositions by their PyTorch names (MseLoss, MatMulWithBias,
-    ...), the rest by their function, or Elementwise[body]."""
-    plain = [(a, False) for a in node.args]
-    for name, recognise in (("MseLoss", _mse), ("SoftmaxCrossEntropyLoss", _softmax_cross_entropy)):
+    ...), the rest by their function, or Elementwise[body]. Only operations
+    of the forward expression are shown (a weight's gradient through a
+    product is computed with the other operand transposed, but the model
+    transposes nothing, so no Transpose node)."""
+    plain = list(node.args)
+    for name, recognise in (("MseLoss", _mse), ("SoftmaxCrossEntropyLoss", _softmax_cross_entropy), ("Mean", _mean)):
         operand = recognise(node)
         if operand is not None:
-            return name, [(operand, False)]
+            return name, [operand]
     body = node.attrs[0]
     if body == A0 + A1 and any(a.op == "matmul" for a in node.args):
         product = next(a for a in node.args if a.op == "matmul")
-        bias = [(_unbroadcast(a), False) for a in node.args if a is not product]
-        return "MatMulWithBias", bias + product_operands(product)
+        return "MatMulWithBias", [_unbroadcast(a) for a in node.args if a is not product] + list(product.args)
     if body == A0 and node.args[0].shape != node.shape:
         return "Broadcast", plain
     return ELEMENTWISE_NAMES.get(body, f"Elementwise[{sp.sstr(body).replace('_a', 'x')}]"), plain
-
-
-def product_operands(product: Node) -> list[tuple[Node, bool]]:
-    """A weight (a leaf) gets its gradient through the other operand
-    transposed (X^T @ grad, or grad @ x^T): marked True."""
-    return [(a, a.op == "leaf") for a in product.args]
 
 
 def _strip_mean(node: Node) -> Node:
@@ -175,6 +171,18 @@ def _softmax_cross_entropy(node: Node) -> Node | None:
         return None
     lse = [a for a in inner.args if a.op == "logsumexp"]
     return lse[0].args[0] if len(lse) == 1 else None
+
+
+def _mean(node: Node) -> Node | None:
+    """The operand of a mean (a sum scaled by 1/count, as a mean lowers), if
+    node is one: shown as the Mean the model wrote, not a sum and a scale."""
+    if node.op != "map" or len(node.args) != 1 or node.args[0].op != "sum":
+        return None
+    inner, count = node.args[0], sp.Integer(1)
+    while inner.op == "sum":
+        count *= inner.args[0].shape[inner.attrs[0]]
+        inner = inner.args[0]
+    return inner if sp.simplify(node.attrs[0] - A0 / count) == 0 else None
 
 
 def _unbroadcast(node: Node) -> Node:

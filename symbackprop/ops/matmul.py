@@ -16,8 +16,8 @@ from symbackprop.ir.interpret import Context
 from symbackprop.ir.lower import as_dim
 from symbackprop.ir.node import SCALAR, Dim, Node
 from symbackprop.messages import short
-from symbackprop.ops.elementwise import A0, A1, product_operands
-from symbackprop.ops.registry import OpRecord, register
+from symbackprop.ops.elementwise import A0, A1
+from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Equation, View, latex, latex_name
 
 
@@ -196,7 +196,7 @@ register(OpRecord(
     kernel=_kernel,
     emit=_emit,
     template="matmul_kernel",
-    grad_fn=lambda node: ("MatMul", product_operands(node)),
+    grad_fn=plain_grad_fn("MatMul"),
     lowering=((sp.MatMul, _mat_mul), (sp.MatPow, _mat_pow)),
     shapes=((sp.MatMul, _matmul_shape), (sp.MatPow, lambda e, of: of(e.args[0]))),
 ))

@@ -32,7 +32,7 @@ Evaluator = Callable[["Node", list["np.ndarray"], Any], "np.ndarray"]  # (node, 
 KernelBuilder = Callable[[Any, "Node", str], Any]  # (scheduler, node, output buffer) -> kernel
 GroupKernelBuilder = Callable[[Any, list["Node"]], Any]  # (scheduler, the nodes of one loop) -> kernel
 Emitter = Callable[[Any, Any], dict]  # (codegen.FunctionEmitter, kernel) -> the template's fields
-GradFnName = Callable[["Node"], tuple[str, list]]  # node -> (grad_fn name, [(operand, shown transposed)])
+GradFnName = Callable[["Node"], tuple[str, list]]  # node -> (grad_fn name, [operand shown below it])
 LoweringRule = Callable[[Any, Any], "Node"]  # (ir lowerer, SymPy expression) -> node
 ShapeRule = Callable[[Any, Callable[[Any], tuple]], tuple]  # (SymPy expression, shape of a subexpression) -> shape
 
@@ -163,7 +163,7 @@ def record(op: str) -> OpRecord:
 
 def plain_grad_fn(name: str) -> GradFnName:
     """A grad_fn rule that shows every argument below a node of this name."""
-    return lambda node: (name, [(arg, False) for arg in node.args])
+    return lambda node: (name, list(node.args))
 
 
 def rule(op: str, field: str) -> Any:

@@ -15,12 +15,13 @@ import numpy as np
 from symbackprop.build.builder import BuildOptions, build
 from symbackprop.declare.model import Model
 from symbackprop.emit.codegen import REAL_TYPES, Emitted
-from symbackprop.emit.derivation import itemsize_of, memory_plan
+from symbackprop.emit.derivation import MemoryPlan, itemsize_of, memory_plan
 from symbackprop.emit.graph import graph_text
 from symbackprop.errors import ArgumentError
 from symbackprop.pipeline import Plan, generate
 from symbackprop.run.abi import ModuleSpec
 from symbackprop.run.derivatives import Derivatives
+from symbackprop.run.display import BackwardGraph, MemoryReport, module_html, module_markdown
 from symbackprop.run.function import Function, PreparedCall
 from symbackprop.run.plan_spec import module_spec
 from symbackprop.run.train import Trainer, Training
@@ -213,7 +214,7 @@ class CompiledModule(Training, Derivatives):
             **dims: the value of every symbolic dimension, by name.
 
         Returns:
-            Those three sizes, by name.
+            Those three sizes, by name (a dict; shown as a table in Jupyter).
 
         Raises:
             ArgumentError: a dimension is missing or unknown.
@@ -221,17 +222,20 @@ class CompiledModule(Training, Derivatives):
         if set(dims) != set(self.spec.dims):
             raise ArgumentError(f"memory() needs the dimensions {sorted(self.spec.dims)}; got {sorted(dims)}")
         known = {str(d): d for d in self.plan.lowered.dims}
-        plan = memory_plan(
+        values = {known[name]: int(value) for name, value in dims.items()}
+        return MemoryReport({name: int(size.subs(values)) for name, size in self.memory_plan().sizes().items()}, dims)
+
+    def memory_plan(self) -> MemoryPlan:
+        """The memory report's sizes as expressions in the dimensions (see `memory`).
+
+        Returns:
+            The MemoryPlan of forward and value_and_grad.
+        """
+        return memory_plan(
             self.plan.function("forward").schedule,
             self.plan.function("value_and_grad").schedule,
             itemsize_of(self.dtype.name),
         )
-        values = {known[name]: int(value) for name, value in dims.items()}
-        return {
-            "kept_for_backward": int(plan.kept_bytes.subs(values)),
-            "prediction": int(plan.forward_work_bytes.subs(values)),
-            "value_and_grad": int(plan.gradient_work_bytes.subs(values)),
-        }
 
     def print_graph(self, file: TextIO | None = None) -> None:
         """Print the backward graph as an indented tree, grad_fn style.
@@ -240,6 +244,17 @@ class CompiledModule(Training, Derivatives):
             file: where to print (None: sys.stdout).
         """
         print(graph_text(self.plan), file=file)
+
+    @property
+    def graph(self) -> BackwardGraph:
+        """The backward graph: text when printed, an SVG in Jupyter (see run.display)."""
+        return BackwardGraph(self.plan)
+
+    def _repr_html_(self) -> str:
+        return module_html(self)
+
+    def _repr_markdown_(self) -> str:
+        return module_markdown(self)
 
     def as_torch(self, outputs: Sequence[str] = ()) -> Any:
         """This module as a torch autograd function (see symbackprop.interop.torch).

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from symbackprop.errors import ArgumentError
+from symbackprop.progress import Progress, ProgressArg
 
 if TYPE_CHECKING:  # only for annotations
     from symbackprop.run.abi import ModuleSpec
@@ -143,6 +144,21 @@ class Trainer:
         if status != 0:  # the checks above make this unreachable: C checks again for C callers
             self.function.binder.diagnose(dict(zip(self.function.input_names, values)), status, "train_epoch")
         return losses
+
+    def batch_rows(self, arrays: Mapping[str, Any]) -> int:
+        """The number of rows of the data inputs (what `epoch` splits into minibatches).
+
+        Args:
+            arrays: every input and parameter by name, as for `epoch`.
+
+        Returns:
+            The rows.
+
+        Raises:
+            ArgumentError: as `epoch`.
+        """
+        _, _, batch_index = self._epoch_function()
+        return int(self.function.bind(self._arguments(arrays))[1][batch_index])
 
     def _epoch_function(self) -> tuple[Any, Any, int]:
         """The C epoch function, its work_len, and the batch dimension's
@@ -287,6 +303,39 @@ class Training:
             ModelError, BuildError: compiling the C function on first use failed.
         """
         return self.trainer.epoch(batch_size, order, **arrays)
+
+    def fit(self, epochs: int, batch_size: int, /, *, shuffle: np.random.Generator | None = None,
+            progress: ProgressArg = None, **arrays: Any) -> np.ndarray:
+        """`epochs` calls of train_epoch, as a PyTorch or Keras training loop:
+        the parameter arrays are updated in place, and a progress bar (tqdm,
+        when installed) shows the epochs and the last epoch's mean loss.
+
+        Args:
+            epochs: the number of epochs, a positive integer.
+            batch_size: rows per minibatch (see train_epoch).
+            shuffle: draws each epoch's row order (rng.permutation(rows)); None: the rows in order.
+            progress: None (a bar when stderr is a terminal), True, False, or
+                a callable progress(epoch, epochs, {"loss": mean loss}) (see symbackprop.progress).
+            **arrays: every input and param by name, as for train_epoch (an
+                input named shuffle or progress: call train_epoch instead).
+
+        Returns:
+            The minibatches' losses, one row per epoch; the same, bit for bit,
+            as the train_epoch calls, with or without progress.
+
+        Raises:
+            ArgumentError: epochs is not a positive integer, or as train_epoch.
+        """
+        if isinstance(epochs, (bool, np.bool_)) or not isinstance(epochs, (int, np.integer)) or epochs < 1:
+            raise ArgumentError(f"epochs must be a positive integer; got {epochs!r}")
+        rows = self.trainer.batch_rows(arrays) if shuffle is not None else 0
+        curves = []
+        with Progress(int(epochs), "epoch", progress) as bar:
+            for _ in range(int(epochs)):
+                order = None if shuffle is None else shuffle.permutation(rows)
+                curves.append(self.train_epoch(batch_size, order, **arrays))
+                bar.step(loss=float(np.mean(curves[-1])))
+        return np.stack(curves)
 
     @property
     def optimizer_state(self) -> dict[str, np.ndarray]:

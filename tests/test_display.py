@@ -1,0 +1,129 @@
+"""A compiled module in Jupyter: _repr_html_ / _repr_markdown_ / _repr_svg_.
+Checked by parsing what they return (html.parser, an XML parser for the
+SVG Graphviz draws), against the module's own plan and memory()."""
+
+import shutil
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+
+import pytest
+import sympy as sp
+from conftest import load_example
+
+import symbackprop as sbp
+from symbackprop import nn
+from symbackprop.errors import ToolMissing
+
+
+class Collect(HTMLParser):
+    """The text of an HTML fragment and its tags, checked for balance."""
+
+    VOID = frozenset({"br", "hr", "img", "meta", "link", "input"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open: list[str] = []
+        self.tags: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        if tag not in self.VOID:
+            self.open.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self.tags.append(tag)
+
+    def handle_endtag(self, tag):
+        assert self.open and self.open[-1] == tag, (tag, self.open[-3:])
+        self.open.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse(fragment: str) -> Collect:
+    parser = Collect()
+    parser.feed(fragment)
+    parser.close()
+    assert parser.open == [], parser.open  # every element closed
+    return parser
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return sbp.compile(load_example("mlp").model)
+
+
+def test_html_shows_arguments_memory_graph_and_equations(mlp):
+    page = parse(mlp._repr_html_())
+    text = "".join(page.text)
+    assert {"h3", "table", "ol", "li"} <= set(page.tags)
+    for name in ("W1", "b1", "W2", "b2", "X", "T"):
+        assert f"{name}" in text
+    sizes = mlp.memory_plan().sizes()  # the expressions memory(n=...) substitutes into
+    assert sizes["kept_for_backward"] == 48 * sp.Symbol("n", integer=True, positive=True)
+    for size in sizes.values():
+        assert str(size) in text
+    # the adjoint equations of the derivation file, as LaTeX for MathJax
+    equations = [line.split("$$")[1] for line in mlp.emitted.derivation.splitlines() if line.startswith("1. $$") and
+                 line.count("$$") == 2]
+    assert equations and all(f"$${e}$$" in text for e in equations)
+    for node in ("MseLossBackward", "SigmoidBackward", "MatMulWithBiasBackward", "AccumulateGrad"):
+        assert node in text  # an SVG's <text>, or the DOT text in a <pre>
+
+
+def test_markdown_is_the_derivation_memory_and_graph(mlp):
+    markdown = mlp._repr_markdown_()
+    assert markdown.startswith(mlp.emitted.derivation)
+    assert "| `value_and_grad` | workspace of value_and_grad | 160*n + 24 |" in markdown
+    assert "```text\n" + str(mlp.graph) + "\n```" in markdown
+
+
+def test_memory_report_is_a_dict_and_a_table(mlp):
+    report = mlp.memory(n=1000)
+    # generated/mlp/derivation.md: kept 48*n, workspaces 112*n + 24 and 160*n + 24 bytes
+    assert report == {"kept_for_backward": 48_000, "prediction": 112_024, "value_and_grad": 160_024}
+    page = parse(report._repr_html_())
+    cells = [t for t in page.text if t.strip()]
+    assert "Memory for n = 1000" in cells
+    for name, size in report.items():
+        at = cells.index(name)
+        assert cells[at + 2] == str(size)
+    assert "| `prediction` | workspace of a prediction-only forward pass | 112024 | 109 KiB |" in report._repr_markdown_()
+
+
+def test_user_names_are_escaped():
+    X = sp.MatrixSymbol("X", 4, 2)
+    model = sbp.Model("a<b>&c", inputs=[X], params=[], loss=nn.sum_all(X))
+    mod = sbp.compile(model, wrt=["X"])
+    fragment = mod._repr_html_()
+    assert "<b>" not in fragment and "a&lt;b&gt;&amp;c" in fragment
+    assert "a<b>&c" in "".join(parse(fragment).text)
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
+def test_svg_is_valid_xml_with_the_node_labels(mlp):
+    svg = mlp.graph._repr_svg_()
+    root = ET.fromstring(svg)
+    assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    labels = {t.text for t in root.iter("{http://www.w3.org/2000/svg}text")}
+    assert labels == {"MseLossBackward", "MatMulWithBiasBackward", "SigmoidBackward", "AccumulateGrad",
+                      "W1", "b1", "W2", "b2"}
+    assert mlp.graph._repr_html_().startswith("<svg")
+
+
+def test_without_dot_the_graph_is_dot_text(mlp, monkeypatch):
+    monkeypatch.setenv("PATH", "")  # no dot to find
+    assert mlp.graph._repr_svg_() is None  # IPython then shows another representation
+    with pytest.raises(ToolMissing, match="install Graphviz"):
+        mlp.graph.svg()
+    page = parse(mlp.graph._repr_html_())
+    assert "pre" in page.tags and "".join(page.text).count("digraph backward {") == 1
+
+
+def test_ipython_formatter_picks_them_up(mlp):
+    formatters = pytest.importorskip("IPython.core.formatters")
+    data, _ = formatters.DisplayFormatter().format(mlp)
+    assert data["text/html"] == mlp._repr_html_()
+    assert data["text/markdown"] == mlp._repr_markdown_()
