@@ -371,8 +371,8 @@ def render_text(diff: MathDiff, old_label: str, new_label: str) -> str:
             out += [f"  {row.kind} {row.label}: {row.before or '-'} -> {row.after or '-'}" for row in rows]
     out.append("\nMemory, in bytes:" + ("" if diff.memory_changed else " no change"))
     for row in diff.memory:
-        change = _memory_change(row)
-        out.append(f"  {row.label}: {row.before or '-'} -> {row.after or '-'}" + (f" ({change})" if change else ""))
+        delta = _memory_change(row)
+        out.append(f"  {row.label}: {row.before or '-'} -> {row.after or '-'}" + (f" ({delta})" if delta else ""))
     return "\n".join(out + _renamed_text(diff)) + "\n"
 
 
