@@ -105,6 +105,29 @@ def test_identical_models_are_no_change_and_status_0(tmp_path, capsys):
     assert status == 0 and "**No change in the math.**" in out
 
 
+def test_a_model_without_a_loss_has_no_backward_pass():
+    import sympy as sp
+
+    import symbackprop as sbp
+    from symbackprop import nn
+    from symbackprop.review.mathdiff import render_text
+
+    x, w = sp.MatrixSymbol("x", 2, 1), sp.MatrixSymbol("w", 1, 2)
+    tanh = sbp.Model("f", inputs=[x], params=[w], outputs={"y": nn.tanh(w * x)})
+    sigmoid = sbp.Model("f", inputs=[x], params=[w], outputs={"y": nn.sigmoid(w * x)})
+    change = diff_models(tanh, sigmoid)
+    assert change.names("changed") == {"y"} and change.sections == ("forward",)
+    assert "Adjoint" not in render_text(change, "a", "b")
+    assert not diff_models(tanh, tanh).changed
+
+
+def test_a_scan_model_is_no_change_against_itself():
+    """lstm_lm keeps buffers its loop writes, which no equation defines."""
+    model = models_in(str(ROOT / "examples" / "lstm_lm.py"))[0].model
+    change = diff_models(model, model)
+    assert not change.changed and model_math(model).kept
+
+
 def test_a_change_is_status_1_with_minus_and_plus_lines(tmp_path, capsys):
     (tmp_path / "a.py").write_text(MLP)
     (tmp_path / "b.py").write_text(TANH_OUTPUT)

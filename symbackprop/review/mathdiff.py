@@ -281,6 +281,8 @@ class MathDiff:
         leaves: the inputs and params added, removed or reshaped.
         kept: the values kept for the backward pass added, removed or resized.
         memory: every memory size, before and after (bytes).
+        sections: the keys of SECTIONS either version has (no backward
+            pass without a loss).
     """
 
     model: str
@@ -289,6 +291,7 @@ class MathDiff:
     leaves: tuple[Row, ...]
     kept: tuple[Row, ...]
     memory: tuple[Row, ...]
+    sections: tuple[str, ...] = tuple(SECTIONS)
 
     @property
     def memory_changed(self) -> bool:
@@ -326,16 +329,20 @@ def diff_math(old: ModelMath, new: ModelMath) -> MathDiff:
     changes += [Change("removed", step, None) for name, step in old.steps.items() if name not in matching.to_new]
     renamed = tuple((a, b) for a, b in matching.to_new.items() if a != b)
     leaves = _rows(old.leaves, new.leaves, lambda shape: shape)
-    kept = _rows(old.kept, new.kept, lambda value: f"{value[0]}, {value[1]} bytes", matching.to_new)
+    # a kept buffer no equation defines (a loop's) keeps its name; an unmatched intermediate has none now
+    kept_names = {name: matching.to_new.get(name, name) for name in old.kept
+                  if name in matching.to_new or name not in old.steps or name in old.anchors}
+    kept = _rows(old.kept, new.kept, lambda value: f"{value[0]}, {value[1]} bytes", kept_names)
     memory = tuple(Row(MEMORY[key], str(old.memory.get(key, "")), str(new.memory.get(key, "")))
                    for key in MEMORY if key in old.memory or key in new.memory)
     title = old.name if old.name == new.name else f"{old.name} -> {new.name}"
-    return MathDiff(title, tuple(changes), renamed, leaves, kept, memory)
+    present = {step.section for version in (old, new) for step in version.steps.values()}
+    return MathDiff(title, tuple(changes), renamed, leaves, kept, memory, tuple(s for s in SECTIONS if s in present))
 
 
 def _rows(old: dict, new: dict, text: Callable[[Any], str], to_new: Mapping[str, str] | None = None) -> tuple[Row, ...]:
     """The entries added, removed or different; `to_new` renames the old
-    keys (a removed one is labelled "old (now new)")."""
+    keys (one it leaves out is gone; a removed one is labelled "old (now new)")."""
     to_new = to_new or {key: key for key in old}
     before = {to_new[key]: text(value) for key, value in old.items() if key in to_new}
     rows = [Row(key, before.get(key, ""), text(value)) for key, value in new.items() if before.get(key) != text(value)]
@@ -358,7 +365,8 @@ def render_text(diff: MathDiff, old_label: str, new_label: str) -> str:
     out = [f"math diff of {diff.model}: {old_label} -> {new_label}"]
     if not diff.changed:
         return "\n".join([*out, "no change in the math", *_renamed_text(diff)]) + "\n"
-    for section, title in SECTIONS.items():
+    for section in diff.sections:
+        title = SECTIONS[section]
         changes = [c for c in diff.equations if c.section == section]
         out.append(f"\n{title}:" + ("" if changes else " no change"))
         for change in changes:
@@ -394,7 +402,8 @@ def render_markdown(diff: MathDiff, old_label: str, new_label: str) -> str:
     out = [f"### Math diff of `{diff.model}`", "", f"{_code(old_label)} → {_code(new_label)}", ""]
     if not diff.changed:
         return "\n".join([*out, "**No change in the math.**", *_renamed_text(diff)]) + "\n"
-    for section, title in SECTIONS.items():
+    for section in diff.sections:
+        title = SECTIONS[section]
         changes = [c for c in diff.equations if c.section == section]
         out += [f"#### {title}", ""]
         if not changes:
