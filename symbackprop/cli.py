@@ -3,6 +3,7 @@
     symbackprop demo [MODEL_FILE[:NAME]]     build, write, load, call and check a model
     symbackprop build [MODEL_FILE[:NAME] ...] [--out DIR] [--check] [--library]
     symbackprop graph MODEL_FILE[:NAME] [--format text|dot]   the backward graph
+    symbackprop diff OLD NEW | --rev REV [--rev REV2] MODEL [--format text|markdown]   what changed in the math
 
 With no model files, `build` takes every model in examples/ and writes to
 generated/, the layout of this repository; `--check` regenerates into
@@ -463,6 +464,12 @@ def cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    from symbackprop.review.command import run_diff
+
+    return run_diff(args.models, args.rev or [], args.format, lambda spec: _one_model(spec, "diff").model, _split_spec)
+
+
 def gradient_check(loss_fn: Callable[..., float], data: dict, grads: dict, step: float = 1e-6) -> float:
     """Max over parameters of |analytic - central difference| / max|central|.
     Checks at most 20 entries per parameter, spread evenly."""
@@ -526,6 +533,11 @@ def parser() -> argparse.ArgumentParser:
                        help="svg and png are drawn by Graphviz's dot program, which must be installed")
     graph.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE (default: stdout)")
     graph.set_defaults(run=cmd_graph)
+    diff = sub.add_parser("diff", help="what changed in a model's math: equations, kept values, memory (docs/review.md)")
+    diff.add_argument("models", nargs="+", metavar="MODEL_FILE[:NAME]", help="OLD NEW, or one with --rev")
+    diff.add_argument("--rev", action="append", metavar="REV", help="git revision of the old (then the new) version")
+    diff.add_argument("--format", choices=("text", "markdown"), default="text")
+    diff.set_defaults(run=cmd_diff)
     demo = sub.add_parser("demo", help="build a model, call it on sample data, check and time it")
     demo.add_argument("model", nargs="?", default=str(DEMO_MODEL), metavar="MODEL_FILE[:NAME]")
     demo.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -542,7 +554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         The exit status: 0 on success; 1 when ``build --check`` finds stale
-        files or the demo's gradient check fails; 2 when a SymbackpropError
+        files, the demo's gradient check fails or ``diff`` finds a change; 2 when a SymbackpropError
         was raised (printed to stderr).
 
     Raises:
