@@ -140,6 +140,18 @@ def log_sigmoid(x: Operand) -> Operand:
     return _elementwise(x, lambda v: -stable.softplus(-v))
 
 
+def silu(x: Operand) -> Operand:
+    """x * sigmoid(x), elementwise (PyTorch's silu, also called swish).
+
+    Args:
+        x: a scalar expression, a matrix expression or a Matrix.
+
+    Returns:
+        An expression of x's shape.
+    """
+    return _elementwise(x, lambda v: v * stable.sigmoid(v))
+
+
 def sum_all(x: sp.MatrixExpr) -> sp.MatrixExpr:
     """The sum of every entry, as a 1x1 matrix: ones(1, rows) * x * ones(cols, 1).
 
