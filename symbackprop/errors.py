@@ -29,3 +29,8 @@ class ArgumentError(SymbackpropError, ValueError):
 
 class BuildError(SymbackpropError, RuntimeError):
     """The C compiler failed or could not be found (says where the log is)."""
+
+
+class GradientCheckError(SymbackpropError, AssertionError):
+    """check_grads found a gradient that disagrees with central differences
+    beyond the tolerance given (names the arguments)."""

@@ -15,10 +15,11 @@ from symbackprop.errors import ArgumentError
 from symbackprop.run.abi import ArgSpec, ModuleSpec, concrete, show
 from symbackprop.run.binding import convert
 from symbackprop.run.function import Function
+from symbackprop.run.gradcheck import GradCheckReport, check_gradient, enforce
 
 
 class Derivatives:
-    """vjp, jvp, hvp (and value_grad_and_hvp), hessian and jacobian, for CompiledModule (which
+    """vjp, jvp, hvp (and value_grad_and_hvp), hessian, jacobian and check_grads, for CompiledModule (which
     gives the attributes and methods declared here)."""
 
     spec: ModuleSpec
@@ -30,6 +31,8 @@ class Derivatives:
         def function(self, kind: str, output: str | None = None) -> Function: ...
 
         def value_and_grad(self, **arrays: Any) -> tuple[float, dict[str, Any]]: ...
+
+        def forward(self, **arrays: Any) -> dict[str, Any]: ...
 
         def _need_loss(self, what: str) -> None: ...
 
@@ -205,6 +208,37 @@ class Derivatives:
             for key, grad in self.vjp(output, seed, **arrays).items():
                 rows.setdefault(key, []).append(np.asarray(grad, dtype=self.dtype))
         return {k: np.array(v).reshape(*shape, *np.shape(v[0])) for k, v in rows.items()}
+
+    def check_grads(self, *, rtol: float | None = None, atol: float | None = None, directions: int = 2,
+                    step: float | None = None, seed: int = 0, **arrays: Any) -> GradCheckReport:
+        """Check value_and_grad's gradients against central differences of
+        the loss (forward) along random directions, as
+        torch.autograd.gradcheck and jax.test_util.check_grads do (see
+        gradcheck.py): per argument, the worst relative error.
+
+        Args:
+            rtol, atol: raise when, for some argument, |<grad, v> -
+                difference| > atol + rtol * |difference| (one given: the
+                other is 0); neither: only report.
+            directions: random directions per argument.
+            step: the difference step; None: eps^(1/3) times the argument's
+                largest entry (at least 1).
+            seed: the seed of the directions.
+            **arrays: every input and param by name (a leaf named like
+                an option above cannot be passed here).
+
+        Returns:
+            The GradCheckReport: `.arguments[name].rel_error`, `.worst`;
+            printing it gives one line per argument.
+
+        Raises:
+            GradientCheckError: a tolerance was given and exceeded.
+            ArgumentError: a malformed argument, or a model without a loss.
+        """
+        _, grads = self.value_and_grad(**arrays)
+        report = check_gradient(lambda a: self.forward(**a)["loss"], grads, arrays, self.dtype, directions, step, seed)
+        enforce(report, rtol, atol)
+        return report
 
 
 def _shape_in(shape: tuple, bound: Mapping[str, int], what: str) -> tuple[int, ...]:
