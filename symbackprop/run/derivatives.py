@@ -72,7 +72,7 @@ class Derivatives:
             return {k: g * factor for k, g in grads.items()}
         fn = self.function("vjp", output)
         (seed_arg, _, _), = fn.spec.extra_roles
-        return fn.group(fn.call({**arrays, seed_arg: seed}), "grads")
+        return fn.returned(fn.call({**arrays, seed_arg: seed}))
 
     def _with_extra(self, kind: str, given: Mapping[str, Any], what: str, arrays: Mapping[str, Any]) -> tuple[Function, dict]:
         """The function and its arguments, with zeros for the tangents or
@@ -109,8 +109,7 @@ class Derivatives:
             ModelError, BuildError: compiling the C function on first use failed.
         """
         fn, full = self._with_extra("jvp", tangents, "tangent", arrays)
-        results = fn.call(full)
-        return {out.key: r for out, r in zip(fn.outputs, results)}
+        return fn.returned(fn.call(full))
 
     def hvp(self, directions: Mapping[str, Any], **arrays: Any) -> dict[str, Any]:
         """Hessian of the loss times a direction.
@@ -149,12 +148,39 @@ class Derivatives:
             ModelError, BuildError: compiling the C function on first use failed.
         """
         fn, full = self._with_extra("hvp", directions, "direction", arrays)
-        results = fn.call(full)
-        return results[fn.groups["loss"][0][0]], fn.group(results, "grads"), fn.group(results, "hvp")
+        return fn.returned(fn.call(full))
 
-    def hessian(self, **arrays: Any) -> np.ndarray:
-        """The full Hessian of the loss over the differentiated leaves,
-        flattened in order (for small models: one hvp per entry).
+    def hessian(self, **arrays: Any) -> dict[str, dict[str, Any]]:
+        """The full Hessian of the loss, by pairs of differentiated leaves
+        (as jax.hessian of a function of a dict): ``H[a][b]`` is
+        d^2 loss / (d a d b), of shape a.shape + b.shape (a float when both
+        are scalars). For small models: one hvp per entry.
+
+        Args:
+            **arrays: every input and param by name.
+
+        Returns:
+            {a: {b: block}} over the differentiated leaves, in order.
+
+        Raises:
+            ArgumentError: a malformed argument, or a model without a loss.
+            ModelError, BuildError: compiling the C function on first use failed.
+        """
+        flat, shapes = self._hessian(arrays)
+        sizes = [int(np.prod(shape)) for shape in shapes.values()]
+        spans = {key: slice(end - size, end) for key, size, end in zip(shapes, sizes, np.cumsum(sizes))}
+        blocks: dict[str, dict[str, Any]] = {}
+        for a, shape_a in shapes.items():
+            blocks[a] = {}
+            for b, shape_b in shapes.items():
+                block = flat[spans[a], spans[b]].reshape((*shape_a, *shape_b))
+                blocks[a][b] = block.item() if block.ndim == 0 else block
+        return blocks
+
+    def hessian_matrix(self, **arrays: Any) -> np.ndarray:
+        """The full Hessian of the loss as one square matrix: the
+        differentiated leaves flattened (row-major) and concatenated in
+        order (the blocks of `hessian`, for a solver or an eigendecomposition).
 
         Args:
             **arrays: every input and param by name.
@@ -166,6 +192,11 @@ class Derivatives:
             ArgumentError: a malformed argument, or a model without a loss.
             ModelError, BuildError: compiling the C function on first use failed.
         """
+        return self._hessian(arrays)[0]
+
+    def _hessian(self, arrays: Mapping[str, Any]) -> tuple[np.ndarray, dict[str, tuple[int, ...]]]:
+        """The flat Hessian (one hvp per column), and each leaf's shape as
+        its gradient has it (() for a scalar)."""
         fn = self.function("hvp")
         bound = fn.binder.dims_from(arrays)
         specs = {spec.name: spec for spec in fn.inputs}
@@ -180,7 +211,8 @@ class Derivatives:
                 direction[index] = 1.0
                 product = self.hvp({k: direction.reshape(shapes[k])}, **arrays)
                 columns.append(np.concatenate([np.ravel(product[j]) for j in keys]))
-        return np.array(columns).T
+        shown = {key: () if specs[arg].scalar else shapes[key] for arg, _, key in roles}
+        return np.array(columns).T, shown
 
     def jacobian(self, output: str, **arrays: Any) -> dict[str, np.ndarray]:
         """d output / d name for each differentiated name (for small models:
