@@ -111,7 +111,7 @@ class _Builder:
 
 def _identifier(key: str) -> str:
     """A state_dict key as an identifier: "0.weight" -> "l0_weight"."""
-    name = re.sub(r"\W", "_", key)
+    name = re.sub(r"[^0-9A-Za-z_]", "_", key)  # ASCII: the names reach C (sanitized there too)
     return f"l{name}" if name[0].isdigit() else name
 
 
@@ -268,7 +268,7 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
                                  f"or None; got {loss!r}")
             loss = LOSSES[loss]
         loss_expr, inputs = loss(Y, T), [X, T]
-    model = Model(name, inputs=inputs, params=builder.symbols, loss=loss_expr, outputs={"Y": Y})
+    model = Model(name, inputs=tuple(inputs), params=tuple(builder.symbols), loss=loss_expr, outputs={"Y": Y})
     return model, TorchParams(builder.arrays, builder.torch_names, builder.torch_shapes)
 
 
