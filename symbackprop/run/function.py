@@ -239,6 +239,9 @@ class PreparedCall:
         self.inputs = {spec.name: v for spec, v in zip(function.inputs, values)}
         self.results = {out.name: o for out, o in zip(function.outputs, outputs)}
         self._arrays = (values, outputs, work)  # keep every buffer alive
+        self._results: list[Any] = list(outputs)  # what __call__ shapes, its scalars refreshed each call
+        self._scalars = [(index, outputs[index]) for index in function.scalar_outputs]
+        self._returned = function._returned
         buf, ffi = function.from_buffer, function.ffi
         pointers = self._pointers = [buf(a) for a in (*values, *outputs, work)]
         packed = getattr(function.lib, function.c_name + "__packed", None)
@@ -283,11 +286,10 @@ class PreparedCall:
             ArgumentError: as `run`.
         """
         self.run()
-        function = self.function
-        results: list[Any] = list(self._arrays[1])
-        for index in function.scalar_outputs:
-            results[index] = results[index].item()
-        return function.returned(results)
+        results = self._results
+        for index, array in self._scalars:  # read now: the others are the arrays themselves
+            results[index] = array.item()
+        return self._returned(results)
 
 
 __all__ = ["Function", "PreparedCall"]
