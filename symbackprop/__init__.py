@@ -10,8 +10,9 @@ from symbackprop._version import __version__
 from symbackprop.declare.model import Model, as_scalar
 from symbackprop.declare.tensor import Index, cumsum, gather, map_examples, reduce
 from symbackprop.deep import build_deep
-from symbackprop.errors import ArgumentError, BuildError, ModelError, SymbackpropError
+from symbackprop.errors import ArgumentError, BuildError, GradientCheckError, ModelError, SymbackpropError
 from symbackprop.interop import bridges as _bridges  # noqa: F401  (registers mod.as_torch and mod.as_jax)
+from symbackprop.interop.from_torch import from_torch
 from symbackprop.loops.declare import final_state, scan
 from symbackprop.run.optim import SGD, Adam
 from symbackprop.run.runtime import CompiledModule, compile
@@ -23,6 +24,7 @@ __all__ = [
     "ArgumentError",
     "BuildError",
     "CompiledModule",
+    "GradientCheckError",
     "Index",
     "Model",
     "ModelError",
@@ -34,6 +36,7 @@ __all__ = [
     "compile",
     "cumsum",
     "final_state",
+    "from_torch",
     "gather",
     "map_examples",
     "reduce",

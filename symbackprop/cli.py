@@ -426,12 +426,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     written = write_generated(generated, args.out)
     print(f"model {model.name!r}: wrote {', '.join(str(p) for p in written)}")
     print(f"compiled (or loaded from the cache) in {seconds:.2f} s")
-    loss, grads = mod.value_and_grad(**data)
+    loss, _ = mod.value_and_grad(**data)
     print(f"loss = {loss:.10g}")
     for name, value in outputs.items():
         if name != "loss":
             print(f"output {name}: shape {np.shape(value)}")
-    worst = gradient_check(lambda **a: mod.forward(**a)["loss"], data, grads)
+    worst = mod.check_grads(**data).worst
     print(f"gradient check against central finite differences: max relative error {worst:.2e}")
     per_call = time_call(lambda: mod.value_and_grad(**data))
     print(f"value_and_grad: {per_call * 1e6:.2f} us per call (median)")
@@ -468,30 +468,6 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from symbackprop.review.command import run_diff
 
     return run_diff(args.models, args.rev or [], args.format, lambda spec: _one_model(spec, "diff").model, _split_spec)
-
-
-def gradient_check(loss_fn: Callable[..., float], data: dict, grads: dict, step: float = 1e-6) -> float:
-    """Max over parameters of |analytic - central difference| / max|central|.
-    Checks at most 20 entries per parameter, spread evenly."""
-    worst = 0.0
-    for name, grad in grads.items():
-        base = np.asarray(data[name], dtype=float)
-        grad = np.asarray(grad, dtype=float).reshape(base.shape)
-        flat_indices = np.unique(np.linspace(0, base.size - 1, min(base.size, 20)).astype(int))
-        numeric, analytic = [], []
-        for flat in flat_indices:
-            index = np.unravel_index(flat, base.shape)
-            values = []
-            for sign in (1, -1):
-                shifted = base.copy()
-                shifted[index] += sign * step
-                values.append(loss_fn(**{**data, name: shifted}))
-            numeric.append((values[0] - values[1]) / (2 * step))
-            analytic.append(grad[index])
-        numeric_a, analytic_a = np.array(numeric), np.array(analytic)
-        scale = max(np.abs(numeric_a).max(), 1e-8)
-        worst = max(worst, float(np.abs(numeric_a - analytic_a).max() / scale))
-    return worst
 
 
 def time_call(fn: Callable[[], object], repeats: int = 15, min_time: float = 0.02) -> float:

@@ -33,3 +33,8 @@ class BuildError(SymbackpropError, RuntimeError):
 
 class ToolMissing(SymbackpropError, RuntimeError):
     """An optional program symbackprop runs (Graphviz's `dot`) is not installed (says how to install it)."""
+
+
+class GradientCheckError(SymbackpropError, AssertionError):
+    """check_grads found a gradient that disagrees with central differences
+    beyond the tolerance given (names the arguments)."""

@@ -93,7 +93,31 @@ def test_scalar_hessian_matches_sympy():
     mod = sbp.compile(sbp.Model("hess", params=[x, y], loss=f))
     point = {x: 0.7, y: -0.4}
     expected = np.array(sp.hessian(f, (x, y)).subs(point).evalf(), dtype=float)
-    np.testing.assert_allclose(mod.hessian(x=0.7, y=-0.4), expected, rtol=1e-12)
+    np.testing.assert_allclose(mod.hessian_matrix(x=0.7, y=-0.4), expected, rtol=1e-12)
+    blocks = mod.hessian(x=0.7, y=-0.4)
+    assert isinstance(blocks["x"]["y"], float)
+    np.testing.assert_allclose([[blocks[a][b] for b in "xy"] for a in "xy"], expected, rtol=1e-12)
+
+
+def test_hessian_blocks_are_keyed_by_argument(mlp, mod):
+    """H[a][b] of shape a.shape + b.shape: against finite differences of the gradient."""
+    data = mlp.sample_data(np.random.default_rng(5), batch=3)
+    blocks = mod.hessian(**data)
+    keys = ["W1", "b1", "W2", "b2"]
+    assert list(blocks) == keys and all(list(row) == keys for row in blocks.values())
+    step = 1e-5
+    for b in keys:
+        for index in np.ndindex(data[b].shape):
+            plus, minus = {**data, b: data[b].copy()}, {**data, b: data[b].copy()}
+            plus[b][index] += step
+            minus[b][index] -= step
+            g_plus, g_minus = mod.value_and_grad(**plus)[1], mod.value_and_grad(**minus)[1]
+            for a in keys:
+                assert blocks[a][b].shape == data[a].shape + data[b].shape
+                column = blocks[a][b][(Ellipsis, *index)]
+                assert relative_error(column, (g_plus[a] - g_minus[a]) / (2 * step)) < 1e-6, (a, b, index)
+    flat = mod.hessian_matrix(**data)
+    np.testing.assert_array_equal(flat[:12, 12:16], blocks["W1"]["b1"].reshape(12, 4))
 
 
 def test_jacobian_of_a_small_vector_valued_output():
@@ -116,11 +140,35 @@ def test_jacobian_of_a_small_vector_valued_output():
 def test_prepared_call_writes_into_its_arrays(mlp, mod):
     data = mlp.sample_data(np.random.default_rng(8), batch=6)
     call = mod.prepare(**data)
-    loss = call()
+    loss, grads = call()  # what value_and_grad returns, in the call's own arrays
     expected_loss, expected = mod.value_and_grad(**data)
-    assert loss == expected_loss
+    assert loss == expected_loss and set(grads) == set(expected)
     for k, v in expected.items():
         np.testing.assert_array_equal(call.grads[k], v)
+        assert grads[k] is call.grads[k]
     doubled = {**data, "W1": data["W1"] * 2}
     call.inputs["W1"][:] *= 2  # refill in place (the caller's own array): the next call sees it
-    assert call() == pytest.approx(mod.value_and_grad(**doubled)[0], rel=1e-15)
+    assert call.run() == pytest.approx(mod.value_and_grad(**doubled)[0], rel=1e-15)
+
+
+@pytest.mark.parametrize("kind", ["forward", "value_and_grad", "jvp", "hvp"])
+def test_a_prepared_call_returns_what_the_method_returns(mlp, mod, kind):
+    data = mlp.sample_data(np.random.default_rng(9), batch=5)
+    direction = {"W1": np.ones((3, 4))}
+    methods = {
+        "forward": lambda: mod.forward(**data),
+        "value_and_grad": lambda: mod.value_and_grad(**data),
+        "jvp": lambda: mod.jvp(direction, **data),
+        "hvp": lambda: mod.value_grad_and_hvp(direction, **data),
+    }
+    extra = {arg: direction.get(key, np.zeros_like(data[key])) for arg, _, key in mod.function(kind).spec.extra_roles}
+    got, want = mod.prepare(kind, **data, **extra)(), methods[kind]()
+
+    def same(a, b):
+        if isinstance(b, tuple):
+            return type(a) is tuple and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        if isinstance(b, dict):
+            return type(a) is dict and set(a) == set(b) and all(same(a[k], b[k]) for k in b)
+        return type(a) is type(b) and np.array_equal(a, b)
+
+    assert same(got, want), (got, want)

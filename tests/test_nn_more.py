@@ -30,6 +30,8 @@ CASES = {
     "elu": (lambda Z, T: nn.sum_all(sp.HadamardProduct(nn.elu(Z), T)),
             lambda z, t: float(np.sum(np.where(z > 0, z, np.exp(z) - 1) * t))),
     "gelu": (lambda Z, T: nn.sum_all(sp.HadamardProduct(nn.gelu(Z), T)),
+             lambda z, t: float(np.sum(0.5 * z * (1 + np.vectorize(math.erf)(z / math.sqrt(2))) * t))),
+    "gelu_tanh": (lambda Z, T: nn.sum_all(sp.HadamardProduct(nn.gelu(Z, approximate="tanh"), T)),
              lambda z, t: float(np.sum(0.5 * z * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3))) * t))),
     "log_cosh": (lambda Z, T: nn.log_cosh(Z, T), lambda z, t: float(np.mean(np.log(np.cosh(z - t))))),
     "huber": (lambda Z, T: nn.huber(Z, T),

@@ -132,7 +132,7 @@ def _prepared(mod, arrays, outputs=()):
     if outputs:
         call = mod.prepare("forward", **arrays)
         results = {k: call.results[k] for k in outputs}
-        return lambda: (call(), results)
+        return lambda: (call.run(), results)
     call = mod.prepare(**arrays)
     grads = call.grads  # the same preallocated arrays after every call
-    return lambda: (call(), grads)
+    return lambda: (call.run(), grads)  # run(): the loss alone, the least a call does

@@ -2,7 +2,8 @@
 
     function.py     one C function: its binder and the call (Function, PreparedCall)
     module.py       CompiledModule: the functions of one model, built on first use
-    derivatives.py  vjp, jvp, hvp, hessian and jacobian of a CompiledModule
+    derivatives.py  vjp, jvp, hvp, hessian, jacobian and check_grads of a CompiledModule
+    gradcheck.py    the gradient check against central differences along random directions
 
 symbackprop.run.runtime holds `compile` (generate, build or load from the
 cache) and re-exports these names; interop and Dask sit on top.

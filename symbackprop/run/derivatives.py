@@ -15,10 +15,11 @@ from symbackprop.errors import ArgumentError
 from symbackprop.run.abi import ArgSpec, ModuleSpec, concrete, show
 from symbackprop.run.binding import convert
 from symbackprop.run.function import Function
+from symbackprop.run.gradcheck import GradCheckReport, check_gradient, enforce
 
 
 class Derivatives:
-    """vjp, jvp, hvp (and value_grad_and_hvp), hessian and jacobian, for CompiledModule (which
+    """vjp, jvp, hvp (and value_grad_and_hvp), hessian, jacobian and check_grads, for CompiledModule (which
     gives the attributes and methods declared here)."""
 
     spec: ModuleSpec
@@ -30,6 +31,8 @@ class Derivatives:
         def function(self, kind: str, output: str | None = None) -> Function: ...
 
         def value_and_grad(self, **arrays: Any) -> tuple[float, dict[str, Any]]: ...
+
+        def forward(self, **arrays: Any) -> dict[str, Any]: ...
 
         def _need_loss(self, what: str) -> None: ...
 
@@ -69,7 +72,7 @@ class Derivatives:
             return {k: g * factor for k, g in grads.items()}
         fn = self.function("vjp", output)
         (seed_arg, _, _), = fn.spec.extra_roles
-        return fn.group(fn.call({**arrays, seed_arg: seed}), "grads")
+        return fn.returned(fn.call({**arrays, seed_arg: seed}))
 
     def _with_extra(self, kind: str, given: Mapping[str, Any], what: str, arrays: Mapping[str, Any]) -> tuple[Function, dict]:
         """The function and its arguments, with zeros for the tangents or
@@ -106,8 +109,7 @@ class Derivatives:
             ModelError, BuildError: compiling the C function on first use failed.
         """
         fn, full = self._with_extra("jvp", tangents, "tangent", arrays)
-        results = fn.call(full)
-        return {out.key: r for out, r in zip(fn.outputs, results)}
+        return fn.returned(fn.call(full))
 
     def hvp(self, directions: Mapping[str, Any], **arrays: Any) -> dict[str, Any]:
         """Hessian of the loss times a direction.
@@ -146,12 +148,39 @@ class Derivatives:
             ModelError, BuildError: compiling the C function on first use failed.
         """
         fn, full = self._with_extra("hvp", directions, "direction", arrays)
-        results = fn.call(full)
-        return results[fn.groups["loss"][0][0]], fn.group(results, "grads"), fn.group(results, "hvp")
+        return fn.returned(fn.call(full))
 
-    def hessian(self, **arrays: Any) -> np.ndarray:
-        """The full Hessian of the loss over the differentiated leaves,
-        flattened in order (for small models: one hvp per entry).
+    def hessian(self, **arrays: Any) -> dict[str, dict[str, Any]]:
+        """The full Hessian of the loss, by pairs of differentiated leaves
+        (as jax.hessian of a function of a dict): ``H[a][b]`` is
+        d^2 loss / (d a d b), of shape a.shape + b.shape (a float when both
+        are scalars). For small models: one hvp per entry.
+
+        Args:
+            **arrays: every input and param by name.
+
+        Returns:
+            {a: {b: block}} over the differentiated leaves, in order.
+
+        Raises:
+            ArgumentError: a malformed argument, or a model without a loss.
+            ModelError, BuildError: compiling the C function on first use failed.
+        """
+        flat, shapes = self._hessian(arrays)
+        sizes = [int(np.prod(shape)) for shape in shapes.values()]
+        spans = {key: slice(end - size, end) for key, size, end in zip(shapes, sizes, np.cumsum(sizes))}
+        blocks: dict[str, dict[str, Any]] = {}
+        for a, shape_a in shapes.items():
+            blocks[a] = {}
+            for b, shape_b in shapes.items():
+                block = flat[spans[a], spans[b]].reshape((*shape_a, *shape_b))
+                blocks[a][b] = block.item() if block.ndim == 0 else block
+        return blocks
+
+    def hessian_matrix(self, **arrays: Any) -> np.ndarray:
+        """The full Hessian of the loss as one square matrix: the
+        differentiated leaves flattened (row-major) and concatenated in
+        order (the blocks of `hessian`, for a solver or an eigendecomposition).
 
         Args:
             **arrays: every input and param by name.
@@ -163,6 +192,11 @@ class Derivatives:
             ArgumentError: a malformed argument, or a model without a loss.
             ModelError, BuildError: compiling the C function on first use failed.
         """
+        return self._hessian(arrays)[0]
+
+    def _hessian(self, arrays: Mapping[str, Any]) -> tuple[np.ndarray, dict[str, tuple[int, ...]]]:
+        """The flat Hessian (one hvp per column), and each leaf's shape as
+        its gradient has it (() for a scalar)."""
         fn = self.function("hvp")
         bound = fn.binder.dims_from(arrays)
         specs = {spec.name: spec for spec in fn.inputs}
@@ -177,7 +211,8 @@ class Derivatives:
                 direction[index] = 1.0
                 product = self.hvp({k: direction.reshape(shapes[k])}, **arrays)
                 columns.append(np.concatenate([np.ravel(product[j]) for j in keys]))
-        return np.array(columns).T
+        shown = {key: () if specs[arg].scalar else shapes[key] for arg, _, key in roles}
+        return np.array(columns).T, shown
 
     def jacobian(self, output: str, **arrays: Any) -> dict[str, np.ndarray]:
         """d output / d name for each differentiated name (for small models:
@@ -205,6 +240,37 @@ class Derivatives:
             for key, grad in self.vjp(output, seed, **arrays).items():
                 rows.setdefault(key, []).append(np.asarray(grad, dtype=self.dtype))
         return {k: np.array(v).reshape(*shape, *np.shape(v[0])) for k, v in rows.items()}
+
+    def check_grads(self, *, rtol: float | None = None, atol: float | None = None, directions: int = 2,
+                    step: float | None = None, seed: int = 0, **arrays: Any) -> GradCheckReport:
+        """Check value_and_grad's gradients against central differences of
+        the loss (forward) along random directions, as
+        torch.autograd.gradcheck and jax.test_util.check_grads do (see
+        gradcheck.py): per argument, the worst relative error.
+
+        Args:
+            rtol, atol: raise when, for some argument, |<grad, v> -
+                difference| > atol + rtol * |difference| (one given: the
+                other is 0); neither: only report.
+            directions: random directions per argument.
+            step: the difference step; None: eps^(1/3) times the argument's
+                largest entry (at least 1).
+            seed: the seed of the directions.
+            **arrays: every input and param by name (a leaf named like
+                an option above cannot be passed here).
+
+        Returns:
+            The GradCheckReport: `.arguments[name].rel_error`, `.worst`;
+            printing it gives one line per argument.
+
+        Raises:
+            GradientCheckError: a tolerance was given and exceeded.
+            ArgumentError: a malformed argument, or a model without a loss.
+        """
+        _, grads = self.value_and_grad(**arrays)
+        report = check_gradient(lambda a: self.forward(**a)["loss"], grads, arrays, self.dtype, directions, step, seed)
+        enforce(report, rtol, atol)
+        return report
 
 
 def _shape_in(shape: tuple, bound: Mapping[str, int], what: str) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ writes its results into arrays it owns.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,7 @@ class Function:
         self.groups: dict[str, list[tuple[int, str]]] = {}
         for index, out in enumerate(spec.outputs):
             self.groups.setdefault(out.group, []).append((index, out.key))
+        self._returned = self._shaper()
         self._local = threading.local()  # per-thread workspace, reused while the dimensions stay
         # the C hot path (fastcall.py), from the binder's patterns; not for functions that write their inputs
         self.fast = None if spec.inplace else fastcall.caller(lib, ffi, self.c_name, len(self.dims), dtype.itemsize,
@@ -170,6 +171,41 @@ class Function:
         """
         return {key: results[index] for index, key in self.groups.get(name, ())}
 
+    def returned(self, results: Sequence[Any]) -> Any:
+        """What the module's method of this function's kind returns, made
+        from `call`'s results (the one place that decides it, so that a
+        prepared call returns the same):
+
+        - forward, jvp: {"loss": ..., output name: ...};
+        - value_and_grad: (loss, {name: gradient});
+        - hvp: (loss, {name: gradient}, {name: H v}), as value_grad_and_hvp;
+        - vjp: {name: gradient};
+        - train_step: the loss before the update.
+
+        Args:
+            results: what call returned.
+
+        Returns:
+            As listed above.
+        """
+        return self._returned(results)
+
+    def _shaper(self) -> Callable[[Sequence[Any]], Any]:
+        """`returned`, with the indices looked up once (it is on the hot path)."""
+        kind = self.spec.kind
+        if kind in ("forward", "jvp"):
+            keys = tuple(out.key for out in self.outputs)
+            return lambda results: dict(zip(keys, results))
+        if kind == "train_step":
+            return lambda results: results[0]
+        grads = tuple(self.groups.get("grads", ()))
+        hvp = tuple(self.groups.get("hvp", ()))
+        if "loss" not in self.groups:
+            return lambda results: {key: results[i] for i, key in grads}
+        loss = self.groups["loss"][0][0]
+        if not hvp:
+            return lambda results: (results[loss], {key: results[i] for i, key in grads})
+        return lambda results: (results[loss], {key: results[i] for i, key in grads}, {key: results[i] for i, key in hvp})
 
 class PreparedCall:
     """A function bound to arrays once; each call runs the C code on their
@@ -178,9 +214,12 @@ class PreparedCall:
     Refill the bound input arrays in place (``call.inputs["X"][:] = batch``)
     between calls; the shapes are fixed at preparation. Arguments the
     function writes (train_step's params and optimizer state) are bound as
-    given and must be writable arrays (see binding.py). Calling returns the
-    loss; the gradients are in ``call.grads``. Not for concurrent use from
-    several threads (one workspace).
+    given and must be writable arrays (see binding.py). Calling returns what
+    the module's method of the function's kind returns (`Function.returned`:
+    ``(loss, grads)`` for value_and_grad), its arrays the ones in `results`,
+    overwritten by the next call; `run()` runs it and returns only the loss
+    (the least work a call can do, for the hottest loops). Not for
+    concurrent use from several threads (one workspace).
 
     Args:
         function: the function to call.
@@ -200,6 +239,9 @@ class PreparedCall:
         self.inputs = {spec.name: v for spec, v in zip(function.inputs, values)}
         self.results = {out.name: o for out, o in zip(function.outputs, outputs)}
         self._arrays = (values, outputs, work)  # keep every buffer alive
+        self._results: list[Any] = list(outputs)  # what __call__ shapes, its scalars refreshed each call
+        self._scalars = [(index, outputs[index]) for index in function.scalar_outputs]
+        self._returned = function._returned
         buf, ffi = function.from_buffer, function.ffi
         pointers = self._pointers = [buf(a) for a in (*values, *outputs, work)]
         packed = getattr(function.lib, function.c_name + "__packed", None)
@@ -218,7 +260,7 @@ class PreparedCall:
         (empty for a function without gradients)."""
         return {out.key: self.results[out.name] for out in self.function.outputs if out.group == "grads"}
 
-    def __call__(self) -> float | None:
+    def run(self) -> float | None:
         """Run the C function on the bound arrays' current contents.
 
         Returns:
@@ -232,6 +274,22 @@ class PreparedCall:
         if status != 0:
             self.function.binder.diagnose(self.inputs, status, self.function.c_name)
         return None if self._loss is None else self._loss[0]
+
+    def __call__(self) -> Any:
+        """Run the C function on the bound arrays' current contents.
+
+        Returns:
+            What the module's method of the function's kind returns (see
+            `Function.returned`), its arrays those of `results`.
+
+        Raises:
+            ArgumentError: as `run`.
+        """
+        self.run()
+        results = self._results
+        for index, array in self._scalars:  # read now: the others are the arrays themselves
+            results[index] = array.item()
+        return self._returned(results)
 
 
 __all__ = ["Function", "PreparedCall"]

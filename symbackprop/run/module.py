@@ -164,8 +164,7 @@ class CompiledModule(Training, Derivatives):
                 inconsistent dimensions.
         """
         fn = self.function("forward")
-        results = fn.call(arrays)
-        return {out.key: r for out, r in zip(fn.outputs, results)}
+        return fn.returned(fn.call(arrays))
 
     def value_and_grad(self, **arrays: Any) -> tuple[float, dict[str, Any]]:
         """The loss and its gradients.
@@ -181,8 +180,7 @@ class CompiledModule(Training, Derivatives):
                 inconsistent dimensions, or a model without a loss.
         """
         fn = self.function("value_and_grad")
-        results = fn.call(arrays)
-        return results[0], fn.group(results, "grads")
+        return fn.returned(fn.call(arrays))
 
     def prepare(self, function: str = "value_and_grad", **arrays: Any) -> PreparedCall:
         """Bind arrays once for a hot loop: checks and allocation happen
