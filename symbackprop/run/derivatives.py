@@ -249,9 +249,10 @@ class Derivatives:
         gradcheck.py): per argument, the worst relative error.
 
         Args:
-            rtol, atol: raise when, for some argument, |<grad, v> -
-                difference| > atol + rtol * |difference| (one given: the
-                other is 0); neither: only report.
+            rtol: raise when, for some argument, |<grad, v> - difference|
+                > atol + rtol * |difference| (one of rtol and atol given:
+                the other is 0; neither: only report).
+            atol: the absolute part of that tolerance.
             directions: random directions per argument.
             step: the difference step; None: eps^(1/3) times the argument's
                 largest entry (at least 1).
