@@ -105,7 +105,7 @@ def _expected(mod, kind: str):
     """What the Python module returns for the program's inputs: (inputs,
     outputs), each [(name, shape, values)] in the C order."""
     fn = mod.spec.function(kind)
-    bound = {d: BATCH for d in mod.spec.dims}
+    bound = dict.fromkeys(mod.spec.dims, BATCH)
     inputs = []
     for salt, arg in enumerate(fn.inputs):
         shape = concrete(arg.shape, bound)
@@ -230,7 +230,7 @@ def test_the_description_is_the_python_spec(model, tmp_path):
     spec = sbp.compile(model(), functions=functions, optimizer=SGD(lr=0.1)).spec
     lines = _described(emitted, functions, tmp_path)
     assert lines[:len(spec.dims) + 1] == [f"dim {d}" for d in spec.dims] + ["dim NULL"]
-    bound = {d: 3 for d in spec.dims}
+    bound = dict.fromkeys(spec.dims, 3)
     expected = []
     for kind in functions:
         fn = spec.function(kind)
@@ -239,9 +239,8 @@ def test_the_description_is_the_python_spec(model, tmp_path):
             expected.append(f"{kind} in {arg.name} {code} 0 {' '.join(map(str, concrete(arg.shape, bound)))}")
         last = expected[-1].rsplit(" ", 2)[1:]
         expected.append(f"{kind} in NULL -1 3 {' '.join(last)}")  # shape left as it was
-        outputs = [out for out in fn.outputs if out.name not in fn.inplace]
-        for out in outputs:
-            expected.append(f"{kind} out {out.name} 0 0 {' '.join(map(str, concrete(out.shape, bound)))}")
+        expected += [f"{kind} out {out.name} 0 0 {' '.join(map(str, concrete(out.shape, bound)))}"
+                     for out in fn.outputs if out.name not in fn.inplace]
         last = expected[-1].rsplit(" ", 2)[1:]
         expected.append(f"{kind} out NULL 0 3 {' '.join(last)}")
     assert lines[len(spec.dims) + 1:] == expected

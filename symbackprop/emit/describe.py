@@ -53,7 +53,8 @@ def _kind(role: str, index: bool) -> int:
 def describe(fn: Any) -> CDescription:
     """The description of a public function (codegen.CFunction): its array
     parameters in C order, those it reads and those it only writes."""
-    inputs, outputs = [], []
+    inputs: list[CArgument] = []
+    outputs: list[CArgument] = []
     for p in fn.params:
         if p.role in ("input", "inout", "output"):
             rows, cols = p.shape

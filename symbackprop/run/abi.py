@@ -251,4 +251,5 @@ def concrete(shape: Shape, bound: Mapping[str, int]) -> tuple[int, ...]:
     return tuple(bound[d] if isinstance(d, str) else d for d in shape)
 
 
-__all__ = ["ARG_INDEX", "ARG_KINDS", "ARG_REAL", "ARG_UPDATED", "STATUS_TEXT", "ArgSpec", "FunctionSpec", "ModuleSpec", "ReturnSpec", "concrete", "show"]
+__all__ = ["ARG_INDEX", "ARG_KINDS", "ARG_REAL", "ARG_UPDATED", "STATUS_TEXT", "ArgSpec", "FunctionSpec", "ModuleSpec",
+           "ReturnSpec", "concrete", "show"]
