@@ -875,4 +875,22 @@ SYMBACKPROP_HELPER void symbackprop_f32_cumsum(const float *x, int64_t n, int64_
     }
 }
 
+/* A float64 module compiled in single precision (its <PREFIX>_REAL=float)
+ * defines SYMBACKPROP_F64_AS_F32: its calls go to the float helpers. */
+#ifdef SYMBACKPROP_F64_AS_F32
+#define symbackprop_f64_blas_layout symbackprop_f32_blas_layout
+#define symbackprop_f64_cumsum symbackprop_f32_cumsum
+#define symbackprop_f64_logsumexp symbackprop_f32_logsumexp
+#define symbackprop_f64_matmul symbackprop_f32_matmul
+#define symbackprop_f64_max symbackprop_f32_max
+#define symbackprop_f64_max_contiguous symbackprop_f32_max_contiguous
+#define symbackprop_f64_max_vector symbackprop_f32_max_vector
+#define symbackprop_f64_min symbackprop_f32_min
+#define symbackprop_f64_min_vector symbackprop_f32_min_vector
+#define symbackprop_f64_prod symbackprop_f32_prod
+#define symbackprop_f64_prod_others symbackprop_f32_prod_others
+#define symbackprop_f64_sum symbackprop_f32_sum
+#define symbackprop_f64_sum_columns symbackprop_f32_sum_columns
+#endif
+
 #endif /* SYMBACKPROP_RUNTIME_H */

@@ -21,12 +21,13 @@ chosen named outputs (whose gradient is the adjoint of an intermediate).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from symbackprop._version import __version__
 from symbackprop.declare.model import Model, leaf_name
 from symbackprop.deep import run_deep
 from symbackprop.diff.autodiff import jvp, vjp
-from symbackprop.emit.cnames import CNamer, comment_text, sanitize
+from symbackprop.emit.cnames import CNamer, abi_names, comment_text, real_macro, sanitize
 from symbackprop.emit.codegen import REAL_TYPES, CFunction, CModule, Emitted, emit_function, emit_wrapper, render
 from symbackprop.emit.derivation import plan_derivation, render_derivation
 from symbackprop.emit.epoch import epoch_c, reserved_names, try_epoch_plan
@@ -257,12 +258,12 @@ def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[
               optimizer) -> tuple[Emitted, Plan]:
     if dtype not in REAL_TYPES:
         raise ModelError(f"dtype must be one of {sorted(REAL_TYPES)}; got {dtype!r}")
-    real = REAL_TYPES[dtype]
     the_plan = plan(model, functions, wrt, optimizer)
     emitting = stage("emit", model.name).start()
     lowered = the_plan.lowered
     prefix = sanitize(model.name).lower()
-    reserved = frozenset({prefix}) | HELPER_C_NAMES  # the helpers' C names (ops.functions) too
+    real = replace(REAL_TYPES[dtype], c=real_macro(prefix))  # its text names the type by a macro
+    reserved = frozenset({prefix}) | HELPER_C_NAMES | abi_names(prefix, functions)  # helpers (ops.functions), ABI
     namer = CNamer(reserved | (reserved_names(prefix) if "train_step" in functions else frozenset()))
     dims = {d: namer.name(str(d)) for d in lowered.dims}
     leaves = [(name, node.shape) for name, node in lowered.leaves.items()]
@@ -296,6 +297,7 @@ def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[
         model_name=comment_text(model.name),
         real=real.name,
         real_c=real.c,
+        dims=tuple(dims.values()),
         functions=tuple(emitted_functions),
         internal=tuple(internal),
         version=__version__,

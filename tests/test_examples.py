@@ -83,7 +83,8 @@ def test_float32_module_agrees_with_float64(example):
     module, mod64 = example
     data = module.sample_data(np.random.default_rng(6))
     mod32 = sbp.compile(module.model, dtype="float32")
-    assert "float *" in mod32.source and "double" not in mod32.source
+    real = f"{mod32.spec.prefix.upper()}_REAL"  # the real-type macro of its text: float
+    assert f"#define {real} float\n" in mod32.header and f"{real} *" in mod32.source and "double" not in mod32.source
     loss64, grads64 = mod64.value_and_grad(**data)
     as32 = {k: v if np.asarray(v).dtype.kind in "iu" else np.asarray(v, dtype=np.float32) for k, v in data.items()}
     loss32, grads32 = mod32.value_and_grad(**as32)  # Index arrays stay integers

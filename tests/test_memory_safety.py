@@ -49,9 +49,11 @@ SHAPE_LINE = re.compile(r"^ \*\s+(\w+): (input|output), (.+)$")
 
 
 def read_header(header: str) -> list[CFunctionAbi]:
-    """The functions a generated header declares, with each array's shape
-    from the comment above its prototype."""
+    """The functions a generated header declares (those with a workspace:
+    not the self-describing ones), with each array's shape from the comment
+    above its prototype."""
     functions, shapes = [], {}
+    computing = set(re.findall(r"^size_t (\w+)_work_len\(", header, re.M))
     for line in header.splitlines():
         if line.startswith("/*"):
             shapes = {}
@@ -59,7 +61,7 @@ def read_header(header: str) -> list[CFunctionAbi]:
         if documented:
             shapes[documented.group(1)] = tuple(d.strip() for d in documented.group(3).split(" x "))
         prototype = PROTOTYPE.match(line)
-        if prototype:
+        if prototype and prototype.group(1) in computing:
             args = []
             for decl in prototype.group(2).split(", "):
                 cname = decl.split()[-1].lstrip("*")

@@ -143,7 +143,7 @@ def test_generation_is_deterministic_with_hostile_names():
 
 
 COMMENT = re.compile(r"/\*.*?\*/", re.DOTALL)
-DIRECTIVE = re.compile(r"^\s*#\s*(include|ifndef|ifdef|if|define|endif|else|elif|undef)\b")
+DIRECTIVE = re.compile(r"^\s*#\s*(include|ifndef|ifdef|if|define|endif|else|elif|undef|error)\b")
 
 
 def _assert_nothing_injected(text: str) -> None:
@@ -165,8 +165,13 @@ STRING_LITERAL = re.compile(r'"(?:\\.|[^"\\])*"')
 
 
 def _literals(code: str) -> set[str]:
-    """String literals of C code, the header's own #include excepted."""
-    return set(STRING_LITERAL.findall(re.sub(r'#include "\w+\.h"', "", code)))
+    """String literals of C code, the header's own #include excepted; a
+    module's real-type macro (in an #error) read as P_REAL, and quoted C
+    identifiers (the names the self-description returns, made by the namer)
+    as one: neither can carry a user's text other than as an identifier."""
+    found = STRING_LITERAL.findall(re.sub(r'#include "\w+\.h"', "", code))
+    return {'"identifier"' if re.fullmatch(r'"[A-Za-z_]\w*"', s) else re.sub(r"\b\w+_REAL\b", "P_REAL", s)
+            for s in found}
 
 
 @functools.lru_cache(maxsize=1)

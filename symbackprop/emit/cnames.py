@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Iterable
 
 C_KEYWORDS = frozenset(
     """auto break case char const continue default do double else enum extern float for goto
@@ -40,8 +41,10 @@ C_LIBRARY = frozenset(
 # suffix too. Names with one capital letter (X, W1, W_2) are left alone.
 _MACRO_LIKE = re.compile(r"^(?:[^a-z]*[A-Z][^a-z]*[A-Z][^a-z]*|Py[A-Z_].*|PY.*|M_.*|(?:PRI|SCN)[a-zA-Z].*)$")
 
-# Names the templates use for their own locals.
-INTERNAL = frozenset("i j k l acc maxval total lane result top work status".split())
+# Names the templates use for their own locals and parameters (dims and
+# shape: those of the self-describing functions, whose bodies name the
+# dimensions too).
+INTERNAL = frozenset("i j k l acc maxval total lane result top work status dims shape".split())
 _TEMP = re.compile(r"^(x|acc)\d+$")  # CSE temporaries, accumulators
 MAX_LENGTH = 48
 
@@ -98,6 +101,32 @@ class CNamer:
         self.reserved.add(ident)
         self.ident[logical] = ident
         return ident
+
+
+# The functions by which a generated module describes itself (emit/describe.py):
+# <prefix>_<what> for the module, <function>_<what> for each function.
+DESCRIBE_MODULE = ("n_dims", "name_dim")
+DESCRIBE_FUNCTION = ("n_in", "n_out", "name_in", "name_out", "kind_in", "shape_in", "shape_out")
+
+
+def describing(function: str) -> dict[str, str]:
+    """The C names of a function's self-describing functions, by what they say."""
+    return {what: f"{function}_{what}" for what in DESCRIBE_FUNCTION}
+
+
+def abi_names(prefix: str, kinds: Iterable[str]) -> frozenset[str]:
+    """The C names a module with these functions defines besides the
+    functions themselves: reserved, so that no user name shadows one."""
+    names = {f"{prefix}_{what}" for what in DESCRIBE_MODULE}
+    for kind in kinds:
+        names |= {f"{prefix}_{kind}_work_len", *describing(f"{prefix}_{kind}").values()}
+    return frozenset(names)
+
+
+def real_macro(prefix: str) -> str:
+    """The macro that a module's C text names its real type by (<PREFIX>_REAL):
+    upper case with an underscore, so no user name can take it (_MACRO_LIKE)."""
+    return f"{prefix.upper()}_REAL"
 
 
 def comment_text(text: str) -> str:

@@ -7,6 +7,7 @@ dataclasses of strings, never the compiler's objects.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, is_dataclass, replace
 from dataclasses import fields as dataclass_fields
@@ -19,14 +20,15 @@ import sympy as sp
 from sympy.printing.c import C99CodePrinter
 from sympy.printing.codeprinter import PrintMethodNotImplementedError
 
-from symbackprop.emit.cnames import CNamer, comment_text, sanitize
+from symbackprop.emit.cnames import DESCRIBE_MODULE, CNamer, comment_text, sanitize
 from symbackprop.emit.cparts import Prelude, part_ranges, prelude
 from symbackprop.emit.cprint import IEEEPrinter
+from symbackprop.emit.describe import SHAPE_STATUSES, CDescription, describe
 from symbackprop.emit.wrap import wrap_c_comments
 from symbackprop.errors import ModelError
 from symbackprop.ops.functions import CHelper, helpers_called
 from symbackprop.ops.registry import helpers, record
-from symbackprop.run.abi import STATUS_TEXT
+from symbackprop.run.abi import ARG_KINDS, STATUS_TEXT
 from symbackprop.schedule.cse import MAX_PRODUCT_POWER
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Kernel, View, kernel_reads, kernel_writes
 from symbackprop.schedule.scheduler import FunctionSchedule, Slot
@@ -39,7 +41,7 @@ class RealType:
     """The floating type of a module: its C name and its math suffix."""
 
     name: str  # "float64" / "float32"
-    c: str  # "double" / "float"
+    c: str  # "double" / "float"; in a module's text, its real-type macro (cnames.real_macro)
     numpy: str
     sympy_type: object
 
@@ -50,7 +52,7 @@ class RealType:
 
     @property
     def gemm(self) -> str:
-        return "dgemm" if self.c == "double" else "sgemm"
+        return "dgemm" if self.name == "float64" else "sgemm"
 
 
 FLOAT64 = RealType("float64", "double", "float64", sp.codegen.ast.float64)
@@ -135,6 +137,7 @@ class CParam:
     cname: str
     decl: str  # the C declaration, e.g. "const double *X"
     shape: tuple[str, ...]  # C expressions of the array's shape
+    index: bool = False  # an Index: int64_t row numbers
 
 
 @dataclass(frozen=True)
@@ -204,12 +207,36 @@ class CModule:
     prefix: str
     guard: str  # include guard macro
     model_name: str  # as a comment-safe text
-    real: str
-    real_c: str
+    real: str  # "float64" / "float32": what it was generated for
+    real_c: str  # the real type in its text: its macro (cnames.real_macro), by default real_default
     functions: tuple[CFunction, ...]
     version: str
     internal: tuple[CFunction, ...] = ()  # static functions the public ones call
     epoch: object = None  # epoch.CEpoch when the module has a train_step
+    dims: tuple[str, ...] = ()  # C names of its dimensions, in the order of a `dims` array
+
+    @property
+    def real_default(self) -> str:
+        """The C type it was generated for: double or float."""
+        return REAL_TYPES[self.real].c
+
+    @property
+    def descriptions(self) -> tuple[CDescription, ...]:
+        """What the self-describing functions say of each public function."""
+        return tuple(describe(fn) for fn in self.functions)
+
+    @property
+    def describe_statuses(self) -> tuple[int, ...]:
+        return SHAPE_STATUSES
+
+    @property
+    def arg_kinds(self) -> dict[int, str]:
+        return ARG_KINDS
+
+    @property
+    def module_names(self) -> dict[str, str]:
+        """The C names of the module's own self-describing functions."""
+        return {what: f"{self.prefix}_{what}" for what in DESCRIBE_MODULE}
 
     @property
     def helper_prefix(self) -> str:
@@ -438,7 +465,7 @@ class RuntimeType:
 def runtime_type(real: RealType) -> RuntimeType:
     """A real type's part of the header: every libmvec function and every
     op's helper, so that the header is the same whatever the models."""
-    suffix = "f" if real.c == "float" else ""
+    suffix = "f" if real.name == "float32" else ""
     return RuntimeType(real.name, real.c, real.helper_prefix, real.gemm,
                        tuple(name + suffix for name in sorted(LIBMVEC)), tuple(sorted(helpers())))
 
@@ -446,11 +473,16 @@ def runtime_type(real: RealType) -> RuntimeType:
 @lru_cache(maxsize=1)
 def runtime_header() -> str:
     """symbackprop_runtime.h: the helpers and declarations every generated
-    module includes, the same for every model (see templates/runtime.h.j2)."""
+    module includes, the same for every model (see templates/runtime.h.j2).
+    Rendered twice: the helpers both types define, found in the first text,
+    are the aliases a float64 module compiled as float calls."""
     from symbackprop._version import __version__
 
     types = [runtime_type(real) for real in (FLOAT64, FLOAT32)]
-    text = template_environment().get_template("runtime.h.j2").render(types=types, version=__version__)
+    template = template_environment().get_template("runtime.h.j2")
+    helpers = template.render(types=types, version=__version__, aliases=())
+    names = [set(re.findall(rf"\b{t.prefix}_(\w+)\(", helpers)) for t in types]
+    text = template.render(types=types, version=__version__, aliases=sorted(names[0] & names[1]))
     return wrap_c_comments(text)
 
 
@@ -484,7 +516,8 @@ def emit_function(
         c = namer.name(name)
         role, const = ("inout", "") if name in inout else ("input", "const ")
         ctype = "int64_t" if name in indices else real.c  # an Index: row numbers
-        params.append(CParam(role, name, c, f"{const}{ctype} *{c}", tuple(emitter.dim(d) for d in shape)))
+        params.append(CParam(role, name, c, f"{const}{ctype} *{c}", tuple(emitter.dim(d) for d in shape),
+                             index=name in indices))
     for name, shape in outputs:
         if name in inout:
             continue

@@ -20,7 +20,8 @@ from symbackprop.ops.functions import scalar_function
 
 class IEEEPrinter(C99CodePrinter):
     """C99 with NaN in, NaN out; `real` (set by the subclass) names the
-    module's real type (its .c is "double" or "float")."""
+    module's real type (its .name is "float64" or "float32"; its .c, the C
+    text of the type, may be a macro)."""
 
     real: Any
 
@@ -60,7 +61,7 @@ class IEEEPrinter(C99CodePrinter):
             nan_a = "" if expr.args[0].is_Number else f" || isnan({a})"
             return f"((({a}) {op} ({b}){nan_a}) ? ({a}) : ({b}))"
         call = "fmax" if op == ">" else "fmin"
-        call += "f" if self.real.c == "float" else ""
+        call += "f" if self.real.name == "float32" else ""
         text = args[0]
         for b in args[1:]:
             text = f"{call}({text}, {b})"

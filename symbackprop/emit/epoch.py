@@ -174,7 +174,7 @@ def epoch_c(plan: EpochPlan, step: CFunction, namer: CNamer, dims: dict[sp.Symbo
     size = dims[plan.batch]
     batch = local("batch")
     dim_args = ", ".join((local("rows"), batch, *(dims[d] for d in plan.other_dims)))
-    words = 2 if real.c == "float" else 1  # an int64_t in workspace entries
+    words = 2 if real.name == "float32" else 1  # an int64_t in workspace entries
     data, gather_len = _batch_inputs(plan, step, local, f"work + {prefix}_train_epoch_step_len({dim_args})", batch,
                                      real, words)
     batches = {d.cname: d.batch for d in data}
@@ -258,7 +258,7 @@ def _batch_inputs(plan: EpochPlan, step: CFunction, local: Any, start: str, batc
 
 
 def _is_index(param: Any) -> bool:
-    return param.decl.startswith("const int64_t *")
+    return bool(param.index)
 
 
 def epoch_checks(step: CFunction, size: str, rows: str, last: str) -> tuple[tuple[str, str, tuple[str, ...]], ...]:

@@ -64,7 +64,7 @@ class ScalarFunction:
 
 
 def _suffix(printer: Any) -> str:
-    return "f" if printer.real.c == "float" else ""
+    return "f" if printer.real.name == "float32" else ""
 
 
 def libm(name: str) -> CText:
@@ -111,7 +111,7 @@ def _exp_c(printer: Any, expr: sp.Expr) -> str:
     that underflows (17 ms instead of 1 for a million exps of a softmax).
     double: libm's exp (libmvec's, where built with it), faster there: its
     slow path is only beyond |x| > 708."""
-    if printer.real.c == "float":
+    if printer.real.name == "float32":
         return f"{printer.real.helper_prefix}_exp({printer._print(expr.args[0])})"
     return libm("exp")(printer, expr)
 

@@ -227,10 +227,22 @@ def _module_from(data: Any) -> ModuleSpec:
 # What each status of a generated function means: the C checks everything it
 # relies on at its entry, so a nonzero status means nothing was written. The
 # header (module.h.j2) documents them and the binder (binding.py) raises them.
+# This table is the one list of them: every status any generated function
+# (the self-describing ones of emit/describe.py too) returns is here.
 STATUS_TEXT = {
     0: "success",
     1: "a dimension is below 1 (nothing written)",
     2: "an Index holds a row number outside the array it gathers from (nothing written)",
+    3: "no argument of that number (nothing written)",
+}
+
+# What an input array of a generated function is: its <function>_kind_in(i)
+# in C returns the code (the header lists them from here).
+ARG_REAL, ARG_INDEX, ARG_UPDATED = 0, 1, 2
+ARG_KINDS = {
+    ARG_REAL: "reals it reads",
+    ARG_INDEX: "an Index: int64_t row numbers it reads",
+    ARG_UPDATED: "reals it reads and updates in place (a train step's parameters and state)",
 }
 
 
@@ -239,4 +251,5 @@ def concrete(shape: Shape, bound: Mapping[str, int]) -> tuple[int, ...]:
     return tuple(bound[d] if isinstance(d, str) else d for d in shape)
 
 
-__all__ = ["STATUS_TEXT", "ArgSpec", "FunctionSpec", "ModuleSpec", "ReturnSpec", "concrete", "show"]
+__all__ = ["ARG_INDEX", "ARG_KINDS", "ARG_REAL", "ARG_UPDATED", "STATUS_TEXT", "ArgSpec", "FunctionSpec", "ModuleSpec",
+           "ReturnSpec", "concrete", "show"]
