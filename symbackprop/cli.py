@@ -344,17 +344,24 @@ def cmd_build(args: argparse.Namespace) -> int:
     if not found:
         where = f"{DEFAULT_EXAMPLES}/ (run in the repository root, or name model files)"
         raise SymbackpropError(f"found no model in {where}: {'nothing was checked' if args.check else 'nothing to build'}")
-    generated = generate_all(found, args.out, args.progress)
-    if args.library:
-        from symbackprop.emit.library import library_files
-
-        generated = [Generated(g.found, g.folder, {**g.files, **library_files(g.folder)}) for g in generated]
+    generated = [_with_library(g, args) for g in generate_all(found, args.out, args.progress)]
     if args.check:
         return _report_check(generated, args)
     usable_out(args.out, generated)
     for path in write_generated(generated, args.out):
         print(f"wrote {path}")
     return 0
+
+
+def _with_library(item: Generated, args: argparse.Namespace) -> Generated:
+    """Add the build files where asked (--library) or where a folder has them
+    already, so that a later `build` keeps them current and `build --check`
+    (the pre-commit hook) finds them stale."""
+    from symbackprop.emit.library import CMAKE, library_files
+
+    if not (args.library or (args.out / item.folder / CMAKE).is_file()):
+        return item
+    return Generated(item.found, item.folder, {**item.files, **library_files(item.folder)})
 
 
 def _report_check(generated: list[Generated], args: argparse.Namespace) -> int:

@@ -135,7 +135,7 @@ def test_library_files_are_deterministic_and_checked(library, tmp_path, capsys):
     spec = [str(library["folder"] / "net.py"), "--out", str(again)]
     assert main(["build", *spec, "--check", "--library"]) == 0
     (again / PREFIX / "Makefile").write_text("stale\n")
-    assert main(["build", *spec, "--check"]) == 0  # without --library the build files are not checked
+    assert main(["build", *spec, "--check"]) == 1  # a folder that has the build files: checked without --library too
     capsys.readouterr()
     assert main(["build", *spec, "--check", "--library"]) == 1
     captured = capsys.readouterr()
@@ -201,3 +201,27 @@ def test_train_digits_c_program_learns(tmp_path):
     accuracy = float(re.search(r"test accuracy: (\S+)", printed).group(1))
     assert len(losses) == 20 and losses[-1] < losses[0] / 10
     assert accuracy >= 0.95, printed
+
+
+def test_a_folder_with_build_files_keeps_them_checked_without_the_flag(tmp_path, monkeypatch):
+    """Once written, the build files are part of the model's output: plain
+    `build --check` (the pre-commit hook) finds them stale, plain `build`
+    rewrites them, and a folder without them does not get them."""
+    from symbackprop.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "net.py").write_text(
+        "import sympy as sp\nimport symbackprop as sbp\n"
+        "n = sp.Symbol('n', integer=True, positive=True)\n"
+        "X = sp.MatrixSymbol('X', n, 2)\nW = sp.MatrixSymbol('W', 2, 1)\n"
+        "model = sbp.Model('net', inputs=[X], params=[W], loss=sbp.as_scalar((X * W).T * (X * W)))\n")
+    assert main(["build", "net.py", "--out", "gen"]) == 0
+    assert not (tmp_path / "gen" / "net" / "CMakeLists.txt").exists()
+    assert main(["build", "net.py", "--out", "gen", "--library"]) == 0
+    makefile = tmp_path / "gen" / "net" / "Makefile"
+    fresh = makefile.read_text()
+    makefile.write_text(fresh + "# edited by hand\n")
+    assert main(["build", "net.py", "--out", "gen", "--check"]) == 1
+    assert main(["build", "net.py", "--out", "gen"]) == 0
+    assert makefile.read_text() == fresh
+    assert main(["build", "net.py", "--out", "gen", "--check"]) == 0

@@ -22,7 +22,8 @@ from symbackprop._version import __version__
 from symbackprop.emit.codegen import template_environment
 from symbackprop.errors import ModelError
 
-TEMPLATES = {"CMakeLists.txt": "library_cmake.j2", "Makefile": "library_make.j2", "{p}.pc.in": "library_pc.j2"}
+CMAKE = "CMakeLists.txt"  # also the mark of a folder that has the build files (cli._with_library)
+TEMPLATES = {CMAKE: "library_cmake.j2", "Makefile": "library_make.j2", "{p}.pc.in": "library_pc.j2"}
 _PREFIX = re.compile(r"[a-z_][a-z0-9_]*")
 # lib<prefix> must not shadow a library the link needs (a model named "m"
 # would make a libm), nor <prefix> be a target CMake or make defines
@@ -50,4 +51,4 @@ def library_files(prefix: str) -> dict[str, str]:
             for name, template in TEMPLATES.items()}
 
 
-__all__ = ["TEMPLATES", "library_files"]
+__all__ = ["CMAKE", "TEMPLATES", "library_files"]
