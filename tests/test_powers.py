@@ -91,7 +91,7 @@ def test_the_gradient_of_a_power_sum_multiplies_once_per_power():
     run = source[source.index("_run("):]
     run = run.split("/* the forward values only */")[0]  # the gradient's loop (forward has its own copy)
     run = run.split("for (int64_t i = k;")[0]  # its eight-lane part (the examples after the last eight repeat it)
-    products = re.findall(r"const double (x\d+) = \(?(points\[2\*i\]|x\d+)\*(points\[2\*i\]|x\d+)\)?;", run)
+    products = re.findall(r"const \w+ (x\d+) = \(?(points\[2\*i\]|x\d+)\*(points\[2\*i\]|x\d+)\)?;", run)
     powers = {"points[2*i]"}  # the products of powers of the point, in the order the C computes them
     for name, a, b in products:
         if a in powers and b in powers:
@@ -107,7 +107,7 @@ def test_generated_c_is_the_same_in_every_process():
             "print(generate(test_powers.polynomial_model(24, 'sum'))[0].source)")
     sources = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
-    assert sources[0] == sources[1] and "const double" in sources[0]
+    assert sources[0] == sources[1] and "SUM24_REAL x" in sources[0]
 
 
 # --- share_powers itself ------------------------------------------------------
