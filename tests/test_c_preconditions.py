@@ -19,7 +19,7 @@ from test_memory_safety import SANITIZE, SANITIZER_ENV, _sanitizer_works
 
 import symbackprop as sbp
 from symbackprop.declare import nn
-from symbackprop.emit.describe import SHAPE_STATUSES
+from symbackprop.emit.describe import NULL_POINTER, SHAPE_STATUSES
 from symbackprop.pipeline import generate
 from symbackprop.run.abi import STATUS_TEXT
 from symbackprop.run.optim import SGD, Adam
@@ -386,7 +386,8 @@ def test_the_header_lists_every_status_of_each_function(model):
     functions = ("forward", "value_and_grad", "train_step")
     emitted, _ = generate(model(), functions=functions, optimizer=SGD(lr=0.1))
     documented = documented_statuses(emitted.header)
-    computing = set(re.findall(r"^size_t (\w+)_work_len\(", emitted.header, re.M))
+    computing = {name for name in re.findall(r"^size_t (\w+)_work_len\(", emitted.header, re.M)
+                 if not name.endswith("_call")}  # F_call: the header's top says what it returns
     prototypes = [(name, params) for name, params in re.findall(r"^int (\w+)\((.*)\);$", emitted.header, re.M)
                   if name in computing]
     assert {name for name, _ in prototypes} == computing and computing <= set(documented)
@@ -406,6 +407,9 @@ def test_the_header_lists_every_status_of_each_function(model):
     shape_bodies = re.findall(r"^int \w+_shape_(?:in|out)\(.*?^}", describing_text, re.M | re.S)
     returned = {int(s) for body in shape_bodies for s in re.findall(r"return (\d+);", body)}
     assert shape_bodies and {0, 3} <= returned <= set(SHAPE_STATUSES)
+    call_bodies = re.findall(r"^int \w+_call\(.*?^}", describing_text, re.M | re.S)
+    assert len(call_bodies) == len(computing)  # one array-form call a function: 4, or what the function returns
+    assert {int(s) for body in call_bodies for s in re.findall(r"return (\d+);", body)} == {NULL_POINTER}
 
 
 # --- sanitizers: a plain C driver ------------------------------------------------

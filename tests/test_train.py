@@ -414,8 +414,9 @@ def test_the_epoch_is_plain_c(mlp, tmp_path):
     assert result.returncode == 0 and result.stderr == "", result.stderr
     defined = subprocess.run(["nm", "-g", "--defined-only", str(tmp_path / "mlp.o")], capture_output=True,
                              text=True, check=True).stdout.split()[2::3]
-    describing = {"mlp_n_dims", "mlp_name_dim"} | {f"mlp_train_step_{what}" for what in (
-        "n_in", "n_out", "name_in", "name_out", "kind_in", "shape_in", "shape_out")}  # the self-description
+    describing = {"mlp_n_dims", "mlp_name_dim"} | {f"mlp_{kind}_{what}" for kind in ("train_step", "train_epoch") for what in (
+        "n_dims", "name_dim", "n_in", "n_out", "name_in", "name_out", "kind_in", "shape_in", "shape_out", "call",
+        "call_work_len")}  # the self-description and the array-form call
     assert set(defined) == {"mlp_train_step", "mlp_train_step_work_len", "mlp_train_epoch", "mlp_train_epoch_work_len",
                             *describing}
     assert "train_epoch" not in generate(mlp.model)[0].source  # only modules with a train step have one

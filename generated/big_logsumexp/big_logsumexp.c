@@ -96,7 +96,8 @@ int big_logsumexp_value_and_grad(
     return big_logsumexp_run(n, v, loss, grad_v, work, 1);
 }
 
-/* --- what the functions take (see big_logsumexp.h) --- */
+/* --- what the functions take, and each called with its arrays in arrays (see
+ * big_logsumexp.h) --- */
 
 int big_logsumexp_n_dims(void)
 {
@@ -109,6 +110,16 @@ const char *big_logsumexp_name_dim(int64_t i)
     return i >= 0 && i < 1 ? names[i] : NULL;
 }
 
+
+int big_logsumexp_forward_n_dims(void)
+{
+    return big_logsumexp_n_dims(); /* the module's */
+}
+
+const char *big_logsumexp_forward_name_dim(int64_t i)
+{
+    return big_logsumexp_name_dim(i);
+}
 
 int big_logsumexp_forward_n_in(void)
 {
@@ -163,6 +174,42 @@ int big_logsumexp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shap
     }
 }
 
+size_t big_logsumexp_forward_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : big_logsumexp_forward_work_len(dims[0]);
+}
+
+/* big_logsumexp_forward with its arrays in arrays (see big_logsumexp.h). */
+int big_logsumexp_forward_call(const int64_t *dims, const void *const *in, void *const *out, BIG_LOGSUMEXP_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && big_logsumexp_forward_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 1; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 1; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return big_logsumexp_forward(
+        dims[0], (const BIG_LOGSUMEXP_REAL *)in[0], (BIG_LOGSUMEXP_REAL *)out[0], work
+    );
+}
+
+int big_logsumexp_value_and_grad_n_dims(void)
+{
+    return big_logsumexp_n_dims(); /* the module's */
+}
+
+const char *big_logsumexp_value_and_grad_name_dim(int64_t i)
+{
+    return big_logsumexp_name_dim(i);
+}
+
 int big_logsumexp_value_and_grad_n_in(void)
 {
     return 1;
@@ -215,4 +262,31 @@ int big_logsumexp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64
     default:
         return 3;
     }
+}
+
+size_t big_logsumexp_value_and_grad_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : big_logsumexp_value_and_grad_work_len(dims[0]);
+}
+
+/* big_logsumexp_value_and_grad with its arrays in arrays (see big_logsumexp.h). */
+int big_logsumexp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, BIG_LOGSUMEXP_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && big_logsumexp_value_and_grad_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 1; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return big_logsumexp_value_and_grad(
+        dims[0], (const BIG_LOGSUMEXP_REAL *)in[0], (BIG_LOGSUMEXP_REAL *)out[0],
+        (BIG_LOGSUMEXP_REAL *)out[1], work
+    );
 }

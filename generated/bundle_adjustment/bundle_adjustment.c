@@ -620,7 +620,8 @@ SYMBACKPROP_WIDE int bundle_adjustment_value_and_grad(
     return 0;
 }
 
-/* --- what the functions take (see bundle_adjustment.h) --- */
+/* --- what the functions take, and each called with its arrays in arrays (see
+ * bundle_adjustment.h) --- */
 
 int bundle_adjustment_n_dims(void)
 {
@@ -633,6 +634,16 @@ const char *bundle_adjustment_name_dim(int64_t i)
     return i >= 0 && i < 3 ? names[i] : NULL;
 }
 
+
+int bundle_adjustment_forward_n_dims(void)
+{
+    return bundle_adjustment_n_dims(); /* the module's */
+}
+
+const char *bundle_adjustment_forward_name_dim(int64_t i)
+{
+    return bundle_adjustment_name_dim(i);
+}
 
 int bundle_adjustment_forward_n_in(void)
 {
@@ -699,6 +710,45 @@ int bundle_adjustment_forward_shape_out(int64_t i, const int64_t *dims, int64_t 
     }
 }
 
+size_t bundle_adjustment_forward_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : bundle_adjustment_forward_work_len(dims[0], dims[1], dims[2]);
+}
+
+/* bundle_adjustment_forward with its arrays in arrays (see bundle_adjustment.h). */
+int bundle_adjustment_forward_call(const int64_t *dims, const void *const *in, void *const *out, BUNDLE_ADJUSTMENT_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && bundle_adjustment_forward_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 6; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 3; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return bundle_adjustment_forward(
+        dims[0], dims[1], dims[2], (const BUNDLE_ADJUSTMENT_REAL *)in[0], (const int64_t *)in[1],
+        (const int64_t *)in[2], (const BUNDLE_ADJUSTMENT_REAL *)in[3], (const BUNDLE_ADJUSTMENT_REAL *)in[4],
+        (const BUNDLE_ADJUSTMENT_REAL *)in[5], (BUNDLE_ADJUSTMENT_REAL *)out[0],
+        (BUNDLE_ADJUSTMENT_REAL *)out[1], (BUNDLE_ADJUSTMENT_REAL *)out[2], work
+    );
+}
+
+int bundle_adjustment_value_and_grad_n_dims(void)
+{
+    return bundle_adjustment_n_dims(); /* the module's */
+}
+
+const char *bundle_adjustment_value_and_grad_name_dim(int64_t i)
+{
+    return bundle_adjustment_name_dim(i);
+}
+
 int bundle_adjustment_value_and_grad_n_in(void)
 {
     return 6;
@@ -763,4 +813,34 @@ int bundle_adjustment_value_and_grad_shape_out(int64_t i, const int64_t *dims, i
     default:
         return 3;
     }
+}
+
+size_t bundle_adjustment_value_and_grad_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : bundle_adjustment_value_and_grad_work_len(dims[0], dims[1], dims[2]);
+}
+
+/* bundle_adjustment_value_and_grad with its arrays in arrays (see bundle_adjustment.h). */
+int bundle_adjustment_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, BUNDLE_ADJUSTMENT_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && bundle_adjustment_value_and_grad_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 6; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 4; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return bundle_adjustment_value_and_grad(
+        dims[0], dims[1], dims[2], (const BUNDLE_ADJUSTMENT_REAL *)in[0], (const int64_t *)in[1],
+        (const int64_t *)in[2], (const BUNDLE_ADJUSTMENT_REAL *)in[3], (const BUNDLE_ADJUSTMENT_REAL *)in[4],
+        (const BUNDLE_ADJUSTMENT_REAL *)in[5], (BUNDLE_ADJUSTMENT_REAL *)out[0],
+        (BUNDLE_ADJUSTMENT_REAL *)out[1], (BUNDLE_ADJUSTMENT_REAL *)out[2], (BUNDLE_ADJUSTMENT_REAL *)out[3],
+        work
+    );
 }

@@ -613,7 +613,7 @@ int digits_mlp_train_epoch(
     return 0;
 }
 
-/* --- what the functions take (see digits_mlp.h) --- */
+/* --- what the functions take, and each called with its arrays in arrays (see digits_mlp.h) --- */
 
 int digits_mlp_n_dims(void)
 {
@@ -626,6 +626,16 @@ const char *digits_mlp_name_dim(int64_t i)
     return i >= 0 && i < 1 ? names[i] : NULL;
 }
 
+
+int digits_mlp_forward_n_dims(void)
+{
+    return digits_mlp_n_dims(); /* the module's */
+}
+
+const char *digits_mlp_forward_name_dim(int64_t i)
+{
+    return digits_mlp_name_dim(i);
+}
 
 int digits_mlp_forward_n_in(void)
 {
@@ -684,6 +694,44 @@ int digits_mlp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     default:
         return 3;
     }
+}
+
+size_t digits_mlp_forward_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : digits_mlp_forward_work_len(dims[0]);
+}
+
+/* digits_mlp_forward with its arrays in arrays (see digits_mlp.h). */
+int digits_mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && digits_mlp_forward_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 6; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return digits_mlp_forward(
+        dims[0], (const DIGITS_MLP_REAL *)in[0], (const DIGITS_MLP_REAL *)in[1],
+        (const DIGITS_MLP_REAL *)in[2], (const DIGITS_MLP_REAL *)in[3], (const DIGITS_MLP_REAL *)in[4],
+        (const DIGITS_MLP_REAL *)in[5], (DIGITS_MLP_REAL *)out[0], (DIGITS_MLP_REAL *)out[1], work
+    );
+}
+
+int digits_mlp_value_and_grad_n_dims(void)
+{
+    return digits_mlp_n_dims(); /* the module's */
+}
+
+const char *digits_mlp_value_and_grad_name_dim(int64_t i)
+{
+    return digits_mlp_name_dim(i);
 }
 
 int digits_mlp_value_and_grad_n_in(void)
@@ -746,6 +794,45 @@ int digits_mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t 
     default:
         return 3;
     }
+}
+
+size_t digits_mlp_value_and_grad_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : digits_mlp_value_and_grad_work_len(dims[0]);
+}
+
+/* digits_mlp_value_and_grad with its arrays in arrays (see digits_mlp.h). */
+int digits_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && digits_mlp_value_and_grad_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 6; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 5; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return digits_mlp_value_and_grad(
+        dims[0], (const DIGITS_MLP_REAL *)in[0], (const DIGITS_MLP_REAL *)in[1],
+        (const DIGITS_MLP_REAL *)in[2], (const DIGITS_MLP_REAL *)in[3], (const DIGITS_MLP_REAL *)in[4],
+        (const DIGITS_MLP_REAL *)in[5], (DIGITS_MLP_REAL *)out[0], (DIGITS_MLP_REAL *)out[1],
+        (DIGITS_MLP_REAL *)out[2], (DIGITS_MLP_REAL *)out[3], (DIGITS_MLP_REAL *)out[4], work
+    );
+}
+
+int digits_mlp_train_step_n_dims(void)
+{
+    return digits_mlp_n_dims(); /* the module's */
+}
+
+const char *digits_mlp_train_step_name_dim(int64_t i)
+{
+    return digits_mlp_name_dim(i);
 }
 
 int digits_mlp_train_step_n_in(void)
@@ -819,4 +906,156 @@ int digits_mlp_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shap
     default:
         return 3;
     }
+}
+
+size_t digits_mlp_train_step_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : digits_mlp_train_step_work_len(dims[0]);
+}
+
+/* digits_mlp_train_step with its arrays in arrays (see digits_mlp.h). */
+int digits_mlp_train_step_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && digits_mlp_train_step_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 20; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 1; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return digits_mlp_train_step(
+        dims[0], (const DIGITS_MLP_REAL *)in[0], (const DIGITS_MLP_REAL *)in[1], (DIGITS_MLP_REAL *)in[2],
+        (DIGITS_MLP_REAL *)in[3], (DIGITS_MLP_REAL *)in[4], (DIGITS_MLP_REAL *)in[5],
+        (const DIGITS_MLP_REAL *)in[6], (const DIGITS_MLP_REAL *)in[7], (const DIGITS_MLP_REAL *)in[8],
+        (const DIGITS_MLP_REAL *)in[9], (const DIGITS_MLP_REAL *)in[10], (DIGITS_MLP_REAL *)in[11],
+        (DIGITS_MLP_REAL *)in[12], (DIGITS_MLP_REAL *)in[13], (DIGITS_MLP_REAL *)in[14],
+        (DIGITS_MLP_REAL *)in[15], (DIGITS_MLP_REAL *)in[16], (DIGITS_MLP_REAL *)in[17],
+        (DIGITS_MLP_REAL *)in[18], (DIGITS_MLP_REAL *)in[19], (DIGITS_MLP_REAL *)out[0], work
+    );
+}
+
+int digits_mlp_train_epoch_n_dims(void)
+{
+    return 2;
+}
+
+const char *digits_mlp_train_epoch_name_dim(int64_t i)
+{
+    static const char *const names[] = {"rows", "batch"};
+    return i >= 0 && i < 2 ? names[i] : NULL;
+}
+
+int digits_mlp_train_epoch_n_in(void)
+{
+    return 21;
+}
+
+int digits_mlp_train_epoch_n_out(void)
+{
+    return 1;
+}
+
+const char *digits_mlp_train_epoch_name_in(int64_t i)
+{
+    static const char *const names[] = {"order", "X", "T", "W1", "b1", "W2", "b2", "lr", "beta1", "beta2", "eps", "weight_decay", "step", "m_W1", "v_W1", "m_b1", "v_b1", "m_W2", "v_W2", "m_b2", "v_b2"};
+    return i >= 0 && i < 21 ? names[i] : NULL;
+}
+
+const char *digits_mlp_train_epoch_name_out(int64_t i)
+{
+    static const char *const names[] = {"losses"};
+    return i >= 0 && i < 1 ? names[i] : NULL;
+}
+
+int digits_mlp_train_epoch_kind_in(int64_t i)
+{
+    static const int kinds[] = {1, 0, 0, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2};
+    return i >= 0 && i < 21 ? kinds[i] : -1;
+}
+
+int digits_mlp_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t shape[2])
+{
+    const int64_t rows = dims[0];
+    const int64_t batch = dims[1];
+    if (rows < 1 || batch < 1) {
+        return 1;
+    }
+    switch (i) {
+    case 0: shape[0] = rows; shape[1] = 1; return 0; /* order */
+    case 1: shape[0] = rows; shape[1] = 64; return 0; /* X */
+    case 2: shape[0] = rows; shape[1] = 10; return 0; /* T */
+    case 3: shape[0] = 64; shape[1] = 64; return 0; /* W1 */
+    case 4: shape[0] = 1; shape[1] = 64; return 0; /* b1 */
+    case 5: shape[0] = 64; shape[1] = 10; return 0; /* W2 */
+    case 6: shape[0] = 1; shape[1] = 10; return 0; /* b2 */
+    case 7: shape[0] = 1; shape[1] = 1; return 0; /* lr */
+    case 8: shape[0] = 1; shape[1] = 1; return 0; /* beta1 */
+    case 9: shape[0] = 1; shape[1] = 1; return 0; /* beta2 */
+    case 10: shape[0] = 1; shape[1] = 1; return 0; /* eps */
+    case 11: shape[0] = 1; shape[1] = 1; return 0; /* weight_decay */
+    case 12: shape[0] = 1; shape[1] = 1; return 0; /* step */
+    case 13: shape[0] = 64; shape[1] = 64; return 0; /* m_W1 */
+    case 14: shape[0] = 64; shape[1] = 64; return 0; /* v_W1 */
+    case 15: shape[0] = 1; shape[1] = 64; return 0; /* m_b1 */
+    case 16: shape[0] = 1; shape[1] = 64; return 0; /* v_b1 */
+    case 17: shape[0] = 64; shape[1] = 10; return 0; /* m_W2 */
+    case 18: shape[0] = 64; shape[1] = 10; return 0; /* v_W2 */
+    case 19: shape[0] = 1; shape[1] = 10; return 0; /* m_b2 */
+    case 20: shape[0] = 1; shape[1] = 10; return 0; /* v_b2 */
+    default:
+        return 3;
+    }
+}
+
+int digits_mlp_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
+{
+    const int64_t rows = dims[0];
+    const int64_t batch = dims[1];
+    if (rows < 1 || batch < 1) {
+        return 1;
+    }
+    switch (i) {
+    case 0: shape[0] = (rows + batch - 1)/batch; shape[1] = 1; return 0; /* losses */
+    default:
+        return 3;
+    }
+}
+
+size_t digits_mlp_train_epoch_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : digits_mlp_train_epoch_work_len(dims[0], dims[1]);
+}
+
+/* digits_mlp_train_epoch with its arrays in arrays (see digits_mlp.h). */
+int digits_mlp_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && digits_mlp_train_epoch_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 1; i < 21; ++i) { /* order may be NULL */
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 1; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return digits_mlp_train_epoch(
+        dims[0], dims[1], (const int64_t *)in[0], (const DIGITS_MLP_REAL *)in[1],
+        (const DIGITS_MLP_REAL *)in[2], (DIGITS_MLP_REAL *)in[3], (DIGITS_MLP_REAL *)in[4],
+        (DIGITS_MLP_REAL *)in[5], (DIGITS_MLP_REAL *)in[6], (const DIGITS_MLP_REAL *)in[7],
+        (const DIGITS_MLP_REAL *)in[8], (const DIGITS_MLP_REAL *)in[9], (const DIGITS_MLP_REAL *)in[10],
+        (const DIGITS_MLP_REAL *)in[11], (DIGITS_MLP_REAL *)in[12], (DIGITS_MLP_REAL *)in[13],
+        (DIGITS_MLP_REAL *)in[14], (DIGITS_MLP_REAL *)in[15], (DIGITS_MLP_REAL *)in[16],
+        (DIGITS_MLP_REAL *)in[17], (DIGITS_MLP_REAL *)in[18], (DIGITS_MLP_REAL *)in[19],
+        (DIGITS_MLP_REAL *)in[20], (DIGITS_MLP_REAL *)out[0], work
+    );
 }

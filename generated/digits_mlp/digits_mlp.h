@@ -8,6 +8,7 @@
  *   1: a dimension is below 1 (nothing written)
  *   2: an Index holds a row number outside the array it gathers from (nothing written)
  *   3: no argument of that number (nothing written)
+ *   4: a NULL pointer where an array is needed (nothing written)
  * Each function's comment lists those it can return.
  * `work` must hold <function>_work_len(dims) elements of DIGITS_MLP_REAL (0 when a
  * dimension is below 1: the function then returns 1 without touching it); it is
@@ -15,11 +16,14 @@
  * at once with one workspace each. Output arrays must not overlap inputs.
  *
  * The module describes itself (docs/c_programs.md), so that a program can
- * find every array's name and shape without reading Python:
+ * find every array's name and shape, and call any function, without reading
+ * Python:
  *   digits_mlp_n_dims(), digits_mlp_name_dim(i): its dimensions, in the order
  *     a `dims` array lists them;
- *   for each function F: F_n_in(), F_n_out(): how many arrays it reads and
- *     writes (in the order of its parameters, after the dimensions);
+ *   for each function F: F_n_dims(), F_name_dim(i): the dimensions its `dims`
+ *     array holds (the module's, but for a train_epoch);
+ *     F_n_in(), F_n_out(): how many arrays it reads and writes (in the
+ *     order of its parameters, after the dimensions);
  *     F_name_in(i), F_name_out(i): their parameter names (NULL past the last);
  *     F_kind_in(i): what the i-th input is (-1 past the last):
  *       0: reals it reads;
@@ -27,7 +31,12 @@
  *       2: reals it reads and updates in place (a train step's parameters and state);
  *     F_shape_in(i, dims, shape), F_shape_out(i, dims, shape): set shape[0]
  *     and shape[1] to its rows and columns (arrays are dense, row-major)
- *     and return 0; or return 1 or 3 (see above) and set nothing.
+ *     and return 0; or return 1 or 3 (see above) and set nothing;
+ *     F_call(dims, in, out, work): F with its arrays in arrays: in[i] the
+ *     i-th input (DIGITS_MLP_REAL or, an Index, int64_t; one of kind 2, which F
+ *     updates, must be writable), out[i] the i-th output, work of
+ *     F_call_work_len(dims) elements; returns 4 when a pointer it needs
+ *     is NULL, else what F returns.
  */
 #ifndef DIGITS_MLP_H
 #define DIGITS_MLP_H
@@ -73,6 +82,8 @@ const char *digits_mlp_name_dim(int64_t i);
  */
 size_t digits_mlp_forward_work_len(int64_t n);
 int digits_mlp_forward(int64_t n, const DIGITS_MLP_REAL *X, const DIGITS_MLP_REAL *T, const DIGITS_MLP_REAL *W1, const DIGITS_MLP_REAL *b1, const DIGITS_MLP_REAL *W2, const DIGITS_MLP_REAL *b2, DIGITS_MLP_REAL *loss, DIGITS_MLP_REAL *logits, DIGITS_MLP_REAL *work);
+int digits_mlp_forward_n_dims(void);
+const char *digits_mlp_forward_name_dim(int64_t i);
 int digits_mlp_forward_n_in(void);
 int digits_mlp_forward_n_out(void);
 const char *digits_mlp_forward_name_in(int64_t i);
@@ -80,6 +91,8 @@ const char *digits_mlp_forward_name_out(int64_t i);
 int digits_mlp_forward_kind_in(int64_t i);
 int digits_mlp_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int digits_mlp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
+size_t digits_mlp_forward_call_work_len(const int64_t *dims);
+int digits_mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work);
 
 /* The loss and its gradient (reverse mode).
  *   X: input, n x 64
@@ -98,6 +111,8 @@ int digits_mlp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
  */
 size_t digits_mlp_value_and_grad_work_len(int64_t n);
 int digits_mlp_value_and_grad(int64_t n, const DIGITS_MLP_REAL *X, const DIGITS_MLP_REAL *T, const DIGITS_MLP_REAL *W1, const DIGITS_MLP_REAL *b1, const DIGITS_MLP_REAL *W2, const DIGITS_MLP_REAL *b2, DIGITS_MLP_REAL *loss, DIGITS_MLP_REAL *grad_W1, DIGITS_MLP_REAL *grad_b1, DIGITS_MLP_REAL *grad_W2, DIGITS_MLP_REAL *grad_b2, DIGITS_MLP_REAL *work);
+int digits_mlp_value_and_grad_n_dims(void);
+const char *digits_mlp_value_and_grad_name_dim(int64_t i);
 int digits_mlp_value_and_grad_n_in(void);
 int digits_mlp_value_and_grad_n_out(void);
 const char *digits_mlp_value_and_grad_name_in(int64_t i);
@@ -105,6 +120,8 @@ const char *digits_mlp_value_and_grad_name_out(int64_t i);
 int digits_mlp_value_and_grad_kind_in(int64_t i);
 int digits_mlp_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int digits_mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
+size_t digits_mlp_value_and_grad_call_work_len(const int64_t *dims);
+int digits_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work);
 
 /* One training step: the loss, then the optimizer updates the parameters and its state in place.
  *   X: input, n x 64
@@ -133,6 +150,8 @@ int digits_mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t 
  */
 size_t digits_mlp_train_step_work_len(int64_t n);
 int digits_mlp_train_step(int64_t n, const DIGITS_MLP_REAL *X, const DIGITS_MLP_REAL *T, DIGITS_MLP_REAL *W1, DIGITS_MLP_REAL *b1, DIGITS_MLP_REAL *W2, DIGITS_MLP_REAL *b2, const DIGITS_MLP_REAL *lr, const DIGITS_MLP_REAL *beta1, const DIGITS_MLP_REAL *beta2, const DIGITS_MLP_REAL *eps, const DIGITS_MLP_REAL *weight_decay, DIGITS_MLP_REAL *step, DIGITS_MLP_REAL *m_W1, DIGITS_MLP_REAL *v_W1, DIGITS_MLP_REAL *m_b1, DIGITS_MLP_REAL *v_b1, DIGITS_MLP_REAL *m_W2, DIGITS_MLP_REAL *v_W2, DIGITS_MLP_REAL *m_b2, DIGITS_MLP_REAL *v_b2, DIGITS_MLP_REAL *loss, DIGITS_MLP_REAL *work);
+int digits_mlp_train_step_n_dims(void);
+const char *digits_mlp_train_step_name_dim(int64_t i);
 int digits_mlp_train_step_n_in(void);
 int digits_mlp_train_step_n_out(void);
 const char *digits_mlp_train_step_name_in(int64_t i);
@@ -140,6 +159,8 @@ const char *digits_mlp_train_step_name_out(int64_t i);
 int digits_mlp_train_step_kind_in(int64_t i);
 int digits_mlp_train_step_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int digits_mlp_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
+size_t digits_mlp_train_step_call_work_len(const int64_t *dims);
+int digits_mlp_train_step_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work);
 
 /* One epoch: train_step on each minibatch in turn; losses[b] is the loss of minibatch b.
  *   rows: rows of X, T; batch: rows a minibatch (the last may have fewer)
@@ -151,10 +172,23 @@ int digits_mlp_train_step_shape_out(int64_t i, const int64_t *dims, int64_t shap
  * Returns 1: a dimension is below 1 (nothing written)
  * Returns 2: an Index holds a row number outside the array it gathers from (nothing written)
  *   (1 also when rows or batch is below 1; 2 also when order names a row
- *   outside 0 ... rows-1). It does not describe itself: its arrays are digits_mlp_train_step's.
+ *   outside 0 ... rows-1). It describes itself as the others do: its `dims` array holds
+ *   rows, batch; its inputs are order (NULL allowed, in digits_mlp_train_epoch_call too), then
+ *   digits_mlp_train_step's with all the rows of its data; its output losses.
  */
 size_t digits_mlp_train_epoch_work_len(int64_t rows, int64_t batch);
 int digits_mlp_train_epoch(int64_t rows, int64_t batch, const int64_t *order, const DIGITS_MLP_REAL *X, const DIGITS_MLP_REAL *T, DIGITS_MLP_REAL *W1, DIGITS_MLP_REAL *b1, DIGITS_MLP_REAL *W2, DIGITS_MLP_REAL *b2, const DIGITS_MLP_REAL *lr, const DIGITS_MLP_REAL *beta1, const DIGITS_MLP_REAL *beta2, const DIGITS_MLP_REAL *eps, const DIGITS_MLP_REAL *weight_decay, DIGITS_MLP_REAL *step, DIGITS_MLP_REAL *m_W1, DIGITS_MLP_REAL *v_W1, DIGITS_MLP_REAL *m_b1, DIGITS_MLP_REAL *v_b1, DIGITS_MLP_REAL *m_W2, DIGITS_MLP_REAL *v_W2, DIGITS_MLP_REAL *m_b2, DIGITS_MLP_REAL *v_b2, DIGITS_MLP_REAL *losses, DIGITS_MLP_REAL *work);
+int digits_mlp_train_epoch_n_dims(void);
+const char *digits_mlp_train_epoch_name_dim(int64_t i);
+int digits_mlp_train_epoch_n_in(void);
+int digits_mlp_train_epoch_n_out(void);
+const char *digits_mlp_train_epoch_name_in(int64_t i);
+const char *digits_mlp_train_epoch_name_out(int64_t i);
+int digits_mlp_train_epoch_kind_in(int64_t i);
+int digits_mlp_train_epoch_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
+int digits_mlp_train_epoch_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
+size_t digits_mlp_train_epoch_call_work_len(const int64_t *dims);
+int digits_mlp_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work);
 
 #ifdef __cplusplus
 }

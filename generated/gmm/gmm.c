@@ -376,7 +376,7 @@ int gmm_value_and_grad(
     return gmm_run(N, K, X, alpha, means, qd, ql, loss, work + gmm_run_work_len(N, K, 1), grad_alpha, grad_means, grad_qd, grad_ql, work, 1);
 }
 
-/* --- what the functions take (see gmm.h) --- */
+/* --- what the functions take, and each called with its arrays in arrays (see gmm.h) --- */
 
 int gmm_n_dims(void)
 {
@@ -389,6 +389,16 @@ const char *gmm_name_dim(int64_t i)
     return i >= 0 && i < 2 ? names[i] : NULL;
 }
 
+
+int gmm_forward_n_dims(void)
+{
+    return gmm_n_dims(); /* the module's */
+}
+
+const char *gmm_forward_name_dim(int64_t i)
+{
+    return gmm_name_dim(i);
+}
 
 int gmm_forward_n_in(void)
 {
@@ -448,6 +458,43 @@ int gmm_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     default:
         return 3;
     }
+}
+
+size_t gmm_forward_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : gmm_forward_work_len(dims[0], dims[1]);
+}
+
+/* gmm_forward with its arrays in arrays (see gmm.h). */
+int gmm_forward_call(const int64_t *dims, const void *const *in, void *const *out, GMM_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && gmm_forward_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 5; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return gmm_forward(
+        dims[0], dims[1], (const GMM_REAL *)in[0], (const GMM_REAL *)in[1], (const GMM_REAL *)in[2],
+        (const GMM_REAL *)in[3], (const GMM_REAL *)in[4], (GMM_REAL *)out[0], (GMM_REAL *)out[1], work
+    );
+}
+
+int gmm_value_and_grad_n_dims(void)
+{
+    return gmm_n_dims(); /* the module's */
+}
+
+const char *gmm_value_and_grad_name_dim(int64_t i)
+{
+    return gmm_name_dim(i);
 }
 
 int gmm_value_and_grad_n_in(void)
@@ -511,4 +558,32 @@ int gmm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     default:
         return 3;
     }
+}
+
+size_t gmm_value_and_grad_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : gmm_value_and_grad_work_len(dims[0], dims[1]);
+}
+
+/* gmm_value_and_grad with its arrays in arrays (see gmm.h). */
+int gmm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, GMM_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && gmm_value_and_grad_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 5; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 5; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return gmm_value_and_grad(
+        dims[0], dims[1], (const GMM_REAL *)in[0], (const GMM_REAL *)in[1], (const GMM_REAL *)in[2],
+        (const GMM_REAL *)in[3], (const GMM_REAL *)in[4], (GMM_REAL *)out[0], (GMM_REAL *)out[1],
+        (GMM_REAL *)out[2], (GMM_REAL *)out[3], (GMM_REAL *)out[4], work
+    );
 }

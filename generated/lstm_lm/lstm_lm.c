@@ -1145,7 +1145,7 @@ int lstm_lm_value_and_grad(
     return 0;
 }
 
-/* --- what the functions take (see lstm_lm.h) --- */
+/* --- what the functions take, and each called with its arrays in arrays (see lstm_lm.h) --- */
 
 int lstm_lm_n_dims(void)
 {
@@ -1158,6 +1158,16 @@ const char *lstm_lm_name_dim(int64_t i)
     return i >= 0 && i < 1 ? names[i] : NULL;
 }
 
+
+int lstm_lm_forward_n_dims(void)
+{
+    return lstm_lm_n_dims(); /* the module's */
+}
+
+const char *lstm_lm_forward_name_dim(int64_t i)
+{
+    return lstm_lm_name_dim(i);
+}
 
 int lstm_lm_forward_n_in(void)
 {
@@ -1226,6 +1236,47 @@ int lstm_lm_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     default:
         return 3;
     }
+}
+
+size_t lstm_lm_forward_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : lstm_lm_forward_work_len(dims[0]);
+}
+
+/* lstm_lm_forward with its arrays in arrays (see lstm_lm.h). */
+int lstm_lm_forward_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_LM_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && lstm_lm_forward_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 16; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return lstm_lm_forward(
+        dims[0], (const LSTM_LM_REAL *)in[0], (const LSTM_LM_REAL *)in[1], (const LSTM_LM_REAL *)in[2],
+        (const LSTM_LM_REAL *)in[3], (const LSTM_LM_REAL *)in[4], (const LSTM_LM_REAL *)in[5],
+        (const LSTM_LM_REAL *)in[6], (const LSTM_LM_REAL *)in[7], (const LSTM_LM_REAL *)in[8],
+        (const LSTM_LM_REAL *)in[9], (const LSTM_LM_REAL *)in[10], (const LSTM_LM_REAL *)in[11],
+        (const LSTM_LM_REAL *)in[12], (const LSTM_LM_REAL *)in[13], (const LSTM_LM_REAL *)in[14],
+        (const LSTM_LM_REAL *)in[15], (LSTM_LM_REAL *)out[0], (LSTM_LM_REAL *)out[1], work
+    );
+}
+
+int lstm_lm_value_and_grad_n_dims(void)
+{
+    return lstm_lm_n_dims(); /* the module's */
+}
+
+const char *lstm_lm_value_and_grad_name_dim(int64_t i)
+{
+    return lstm_lm_name_dim(i);
 }
 
 int lstm_lm_value_and_grad_n_in(void)
@@ -1308,4 +1359,39 @@ int lstm_lm_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t sha
     default:
         return 3;
     }
+}
+
+size_t lstm_lm_value_and_grad_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : lstm_lm_value_and_grad_work_len(dims[0]);
+}
+
+/* lstm_lm_value_and_grad with its arrays in arrays (see lstm_lm.h). */
+int lstm_lm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_LM_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && lstm_lm_value_and_grad_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 16; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 15; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return lstm_lm_value_and_grad(
+        dims[0], (const LSTM_LM_REAL *)in[0], (const LSTM_LM_REAL *)in[1], (const LSTM_LM_REAL *)in[2],
+        (const LSTM_LM_REAL *)in[3], (const LSTM_LM_REAL *)in[4], (const LSTM_LM_REAL *)in[5],
+        (const LSTM_LM_REAL *)in[6], (const LSTM_LM_REAL *)in[7], (const LSTM_LM_REAL *)in[8],
+        (const LSTM_LM_REAL *)in[9], (const LSTM_LM_REAL *)in[10], (const LSTM_LM_REAL *)in[11],
+        (const LSTM_LM_REAL *)in[12], (const LSTM_LM_REAL *)in[13], (const LSTM_LM_REAL *)in[14],
+        (const LSTM_LM_REAL *)in[15], (LSTM_LM_REAL *)out[0], (LSTM_LM_REAL *)out[1], (LSTM_LM_REAL *)out[2],
+        (LSTM_LM_REAL *)out[3], (LSTM_LM_REAL *)out[4], (LSTM_LM_REAL *)out[5], (LSTM_LM_REAL *)out[6],
+        (LSTM_LM_REAL *)out[7], (LSTM_LM_REAL *)out[8], (LSTM_LM_REAL *)out[9], (LSTM_LM_REAL *)out[10],
+        (LSTM_LM_REAL *)out[11], (LSTM_LM_REAL *)out[12], (LSTM_LM_REAL *)out[13], (LSTM_LM_REAL *)out[14],
+        work
+    );
 }

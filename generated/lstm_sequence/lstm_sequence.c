@@ -1872,7 +1872,8 @@ int lstm_sequence_value_and_grad(
     return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, work + lstm_sequence_run_work_len(n, 1), grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c0, work, 1);
 }
 
-/* --- what the functions take (see lstm_sequence.h) --- */
+/* --- what the functions take, and each called with its arrays in arrays (see
+ * lstm_sequence.h) --- */
 
 int lstm_sequence_n_dims(void)
 {
@@ -1885,6 +1886,16 @@ const char *lstm_sequence_name_dim(int64_t i)
     return i >= 0 && i < 1 ? names[i] : NULL;
 }
 
+
+int lstm_sequence_forward_n_dims(void)
+{
+    return lstm_sequence_n_dims(); /* the module's */
+}
+
+const char *lstm_sequence_forward_name_dim(int64_t i)
+{
+    return lstm_sequence_name_dim(i);
+}
 
 int lstm_sequence_forward_n_in(void)
 {
@@ -1960,6 +1971,53 @@ int lstm_sequence_forward_shape_out(int64_t i, const int64_t *dims, int64_t shap
     default:
         return 3;
     }
+}
+
+size_t lstm_sequence_forward_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : lstm_sequence_forward_work_len(dims[0]);
+}
+
+/* lstm_sequence_forward with its arrays in arrays (see lstm_sequence.h). */
+int lstm_sequence_forward_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_SEQUENCE_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && lstm_sequence_forward_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 23; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return lstm_sequence_forward(
+        dims[0], (const LSTM_SEQUENCE_REAL *)in[0], (const LSTM_SEQUENCE_REAL *)in[1],
+        (const LSTM_SEQUENCE_REAL *)in[2], (const LSTM_SEQUENCE_REAL *)in[3],
+        (const LSTM_SEQUENCE_REAL *)in[4], (const LSTM_SEQUENCE_REAL *)in[5],
+        (const LSTM_SEQUENCE_REAL *)in[6], (const LSTM_SEQUENCE_REAL *)in[7],
+        (const LSTM_SEQUENCE_REAL *)in[8], (const LSTM_SEQUENCE_REAL *)in[9],
+        (const LSTM_SEQUENCE_REAL *)in[10], (const LSTM_SEQUENCE_REAL *)in[11],
+        (const LSTM_SEQUENCE_REAL *)in[12], (const LSTM_SEQUENCE_REAL *)in[13],
+        (const LSTM_SEQUENCE_REAL *)in[14], (const LSTM_SEQUENCE_REAL *)in[15],
+        (const LSTM_SEQUENCE_REAL *)in[16], (const LSTM_SEQUENCE_REAL *)in[17],
+        (const LSTM_SEQUENCE_REAL *)in[18], (const LSTM_SEQUENCE_REAL *)in[19],
+        (const LSTM_SEQUENCE_REAL *)in[20], (const LSTM_SEQUENCE_REAL *)in[21],
+        (const LSTM_SEQUENCE_REAL *)in[22], (LSTM_SEQUENCE_REAL *)out[0], (LSTM_SEQUENCE_REAL *)out[1], work
+    );
+}
+
+int lstm_sequence_value_and_grad_n_dims(void)
+{
+    return lstm_sequence_n_dims(); /* the module's */
+}
+
+const char *lstm_sequence_value_and_grad_name_dim(int64_t i)
+{
+    return lstm_sequence_name_dim(i);
 }
 
 int lstm_sequence_value_and_grad_n_in(void)
@@ -2049,4 +2107,46 @@ int lstm_sequence_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64
     default:
         return 3;
     }
+}
+
+size_t lstm_sequence_value_and_grad_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : lstm_sequence_value_and_grad_work_len(dims[0]);
+}
+
+/* lstm_sequence_value_and_grad with its arrays in arrays (see lstm_sequence.h). */
+int lstm_sequence_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_SEQUENCE_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && lstm_sequence_value_and_grad_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 23; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 15; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return lstm_sequence_value_and_grad(
+        dims[0], (const LSTM_SEQUENCE_REAL *)in[0], (const LSTM_SEQUENCE_REAL *)in[1],
+        (const LSTM_SEQUENCE_REAL *)in[2], (const LSTM_SEQUENCE_REAL *)in[3],
+        (const LSTM_SEQUENCE_REAL *)in[4], (const LSTM_SEQUENCE_REAL *)in[5],
+        (const LSTM_SEQUENCE_REAL *)in[6], (const LSTM_SEQUENCE_REAL *)in[7],
+        (const LSTM_SEQUENCE_REAL *)in[8], (const LSTM_SEQUENCE_REAL *)in[9],
+        (const LSTM_SEQUENCE_REAL *)in[10], (const LSTM_SEQUENCE_REAL *)in[11],
+        (const LSTM_SEQUENCE_REAL *)in[12], (const LSTM_SEQUENCE_REAL *)in[13],
+        (const LSTM_SEQUENCE_REAL *)in[14], (const LSTM_SEQUENCE_REAL *)in[15],
+        (const LSTM_SEQUENCE_REAL *)in[16], (const LSTM_SEQUENCE_REAL *)in[17],
+        (const LSTM_SEQUENCE_REAL *)in[18], (const LSTM_SEQUENCE_REAL *)in[19],
+        (const LSTM_SEQUENCE_REAL *)in[20], (const LSTM_SEQUENCE_REAL *)in[21],
+        (const LSTM_SEQUENCE_REAL *)in[22], (LSTM_SEQUENCE_REAL *)out[0], (LSTM_SEQUENCE_REAL *)out[1],
+        (LSTM_SEQUENCE_REAL *)out[2], (LSTM_SEQUENCE_REAL *)out[3], (LSTM_SEQUENCE_REAL *)out[4],
+        (LSTM_SEQUENCE_REAL *)out[5], (LSTM_SEQUENCE_REAL *)out[6], (LSTM_SEQUENCE_REAL *)out[7],
+        (LSTM_SEQUENCE_REAL *)out[8], (LSTM_SEQUENCE_REAL *)out[9], (LSTM_SEQUENCE_REAL *)out[10],
+        (LSTM_SEQUENCE_REAL *)out[11], (LSTM_SEQUENCE_REAL *)out[12], (LSTM_SEQUENCE_REAL *)out[13],
+        (LSTM_SEQUENCE_REAL *)out[14], work
+    );
 }

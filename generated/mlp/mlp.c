@@ -176,7 +176,7 @@ int mlp_value_and_grad(
     return mlp_run(n, X, T, W1, b1, W2, b2, loss, work + mlp_run_work_len(n, 1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
 }
 
-/* --- what the functions take (see mlp.h) --- */
+/* --- what the functions take, and each called with its arrays in arrays (see mlp.h) --- */
 
 int mlp_n_dims(void)
 {
@@ -189,6 +189,16 @@ const char *mlp_name_dim(int64_t i)
     return i >= 0 && i < 1 ? names[i] : NULL;
 }
 
+
+int mlp_forward_n_dims(void)
+{
+    return mlp_n_dims(); /* the module's */
+}
+
+const char *mlp_forward_name_dim(int64_t i)
+{
+    return mlp_name_dim(i);
+}
 
 int mlp_forward_n_in(void)
 {
@@ -247,6 +257,44 @@ int mlp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     default:
         return 3;
     }
+}
+
+size_t mlp_forward_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : mlp_forward_work_len(dims[0]);
+}
+
+/* mlp_forward with its arrays in arrays (see mlp.h). */
+int mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out, MLP_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && mlp_forward_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 6; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return mlp_forward(
+        dims[0], (const MLP_REAL *)in[0], (const MLP_REAL *)in[1], (const MLP_REAL *)in[2],
+        (const MLP_REAL *)in[3], (const MLP_REAL *)in[4], (const MLP_REAL *)in[5], (MLP_REAL *)out[0],
+        (MLP_REAL *)out[1], work
+    );
+}
+
+int mlp_value_and_grad_n_dims(void)
+{
+    return mlp_n_dims(); /* the module's */
+}
+
+const char *mlp_value_and_grad_name_dim(int64_t i)
+{
+    return mlp_name_dim(i);
 }
 
 int mlp_value_and_grad_n_in(void)
@@ -309,4 +357,32 @@ int mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     default:
         return 3;
     }
+}
+
+size_t mlp_value_and_grad_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : mlp_value_and_grad_work_len(dims[0]);
+}
+
+/* mlp_value_and_grad with its arrays in arrays (see mlp.h). */
+int mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, MLP_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && mlp_value_and_grad_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 6; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 5; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return mlp_value_and_grad(
+        dims[0], (const MLP_REAL *)in[0], (const MLP_REAL *)in[1], (const MLP_REAL *)in[2],
+        (const MLP_REAL *)in[3], (const MLP_REAL *)in[4], (const MLP_REAL *)in[5], (MLP_REAL *)out[0],
+        (MLP_REAL *)out[1], (MLP_REAL *)out[2], (MLP_REAL *)out[3], (MLP_REAL *)out[4], work
+    );
 }

@@ -176,7 +176,7 @@ int mnist_mlp_value_and_grad(
 {    return mnist_mlp_run(X, T, W1, b1, W2, b2, loss, work + mnist_mlp_run_work_len(1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
 }
 
-/* --- what the functions take (see mnist_mlp.h) --- */
+/* --- what the functions take, and each called with its arrays in arrays (see mnist_mlp.h) --- */
 
 int mnist_mlp_n_dims(void)
 {
@@ -189,6 +189,16 @@ const char *mnist_mlp_name_dim(int64_t i)
     return NULL;
 }
 
+
+int mnist_mlp_forward_n_dims(void)
+{
+    return mnist_mlp_n_dims(); /* the module's */
+}
+
+const char *mnist_mlp_forward_name_dim(int64_t i)
+{
+    return mnist_mlp_name_dim(i);
+}
 
 int mnist_mlp_forward_n_in(void)
 {
@@ -241,6 +251,45 @@ int mnist_mlp_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]
     default:
         return 3;
     }
+}
+
+size_t mnist_mlp_forward_call_work_len(const int64_t *dims)
+{
+    (void)dims;
+    return mnist_mlp_forward_work_len();
+}
+
+/* mnist_mlp_forward with its arrays in arrays (see mnist_mlp.h). */
+int mnist_mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out, MNIST_MLP_REAL *work)
+{
+    if (in == NULL || out == NULL || (work == NULL && mnist_mlp_forward_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 6; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return mnist_mlp_forward(
+        (const MNIST_MLP_REAL *)in[0], (const MNIST_MLP_REAL *)in[1], (const MNIST_MLP_REAL *)in[2],
+        (const MNIST_MLP_REAL *)in[3], (const MNIST_MLP_REAL *)in[4], (const MNIST_MLP_REAL *)in[5],
+        (MNIST_MLP_REAL *)out[0], (MNIST_MLP_REAL *)out[1], work
+    );
+}
+
+int mnist_mlp_value_and_grad_n_dims(void)
+{
+    return mnist_mlp_n_dims(); /* the module's */
+}
+
+const char *mnist_mlp_value_and_grad_name_dim(int64_t i)
+{
+    return mnist_mlp_name_dim(i);
 }
 
 int mnist_mlp_value_and_grad_n_in(void)
@@ -297,4 +346,34 @@ int mnist_mlp_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t s
     default:
         return 3;
     }
+}
+
+size_t mnist_mlp_value_and_grad_call_work_len(const int64_t *dims)
+{
+    (void)dims;
+    return mnist_mlp_value_and_grad_work_len();
+}
+
+/* mnist_mlp_value_and_grad with its arrays in arrays (see mnist_mlp.h). */
+int mnist_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, MNIST_MLP_REAL *work)
+{
+    if (in == NULL || out == NULL || (work == NULL && mnist_mlp_value_and_grad_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 6; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 5; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return mnist_mlp_value_and_grad(
+        (const MNIST_MLP_REAL *)in[0], (const MNIST_MLP_REAL *)in[1], (const MNIST_MLP_REAL *)in[2],
+        (const MNIST_MLP_REAL *)in[3], (const MNIST_MLP_REAL *)in[4], (const MNIST_MLP_REAL *)in[5],
+        (MNIST_MLP_REAL *)out[0], (MNIST_MLP_REAL *)out[1], (MNIST_MLP_REAL *)out[2],
+        (MNIST_MLP_REAL *)out[3], (MNIST_MLP_REAL *)out[4], work
+    );
 }

@@ -191,7 +191,8 @@ int polynomial_fit_value_and_grad(
     return polynomial_fit_run(N, points, coeffs, loss, work + polynomial_fit_run_work_len(N, 1), grad_coeffs, work, 1);
 }
 
-/* --- what the functions take (see polynomial_fit.h) --- */
+/* --- what the functions take, and each called with its arrays in arrays (see
+ * polynomial_fit.h) --- */
 
 int polynomial_fit_n_dims(void)
 {
@@ -204,6 +205,16 @@ const char *polynomial_fit_name_dim(int64_t i)
     return i >= 0 && i < 1 ? names[i] : NULL;
 }
 
+
+int polynomial_fit_forward_n_dims(void)
+{
+    return polynomial_fit_n_dims(); /* the module's */
+}
+
+const char *polynomial_fit_forward_name_dim(int64_t i)
+{
+    return polynomial_fit_name_dim(i);
+}
 
 int polynomial_fit_forward_n_in(void)
 {
@@ -260,6 +271,43 @@ int polynomial_fit_forward_shape_out(int64_t i, const int64_t *dims, int64_t sha
     }
 }
 
+size_t polynomial_fit_forward_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : polynomial_fit_forward_work_len(dims[0]);
+}
+
+/* polynomial_fit_forward with its arrays in arrays (see polynomial_fit.h). */
+int polynomial_fit_forward_call(const int64_t *dims, const void *const *in, void *const *out, POLYNOMIAL_FIT_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && polynomial_fit_forward_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return polynomial_fit_forward(
+        dims[0], (const POLYNOMIAL_FIT_REAL *)in[0], (const POLYNOMIAL_FIT_REAL *)in[1],
+        (POLYNOMIAL_FIT_REAL *)out[0], (POLYNOMIAL_FIT_REAL *)out[1], work
+    );
+}
+
+int polynomial_fit_value_and_grad_n_dims(void)
+{
+    return polynomial_fit_n_dims(); /* the module's */
+}
+
+const char *polynomial_fit_value_and_grad_name_dim(int64_t i)
+{
+    return polynomial_fit_name_dim(i);
+}
+
 int polynomial_fit_value_and_grad_n_in(void)
 {
     return 2;
@@ -313,4 +361,31 @@ int polynomial_fit_value_and_grad_shape_out(int64_t i, const int64_t *dims, int6
     default:
         return 3;
     }
+}
+
+size_t polynomial_fit_value_and_grad_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : polynomial_fit_value_and_grad_work_len(dims[0]);
+}
+
+/* polynomial_fit_value_and_grad with its arrays in arrays (see polynomial_fit.h). */
+int polynomial_fit_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, POLYNOMIAL_FIT_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && polynomial_fit_value_and_grad_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return polynomial_fit_value_and_grad(
+        dims[0], (const POLYNOMIAL_FIT_REAL *)in[0], (const POLYNOMIAL_FIT_REAL *)in[1],
+        (POLYNOMIAL_FIT_REAL *)out[0], (POLYNOMIAL_FIT_REAL *)out[1], work
+    );
 }

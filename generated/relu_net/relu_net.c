@@ -166,7 +166,7 @@ int relu_net_value_and_grad(
 {    return relu_net_run(x, t, W1, W2, loss, work + relu_net_run_work_len(1), grad_W1, grad_W2, work, 1);
 }
 
-/* --- what the functions take (see relu_net.h) --- */
+/* --- what the functions take, and each called with its arrays in arrays (see relu_net.h) --- */
 
 int relu_net_n_dims(void)
 {
@@ -179,6 +179,16 @@ const char *relu_net_name_dim(int64_t i)
     return NULL;
 }
 
+
+int relu_net_forward_n_dims(void)
+{
+    return relu_net_n_dims(); /* the module's */
+}
+
+const char *relu_net_forward_name_dim(int64_t i)
+{
+    return relu_net_name_dim(i);
+}
 
 int relu_net_forward_n_in(void)
 {
@@ -231,6 +241,44 @@ int relu_net_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     }
 }
 
+size_t relu_net_forward_call_work_len(const int64_t *dims)
+{
+    (void)dims;
+    return relu_net_forward_work_len();
+}
+
+/* relu_net_forward with its arrays in arrays (see relu_net.h). */
+int relu_net_forward_call(const int64_t *dims, const void *const *in, void *const *out, RELU_NET_REAL *work)
+{
+    if (in == NULL || out == NULL || (work == NULL && relu_net_forward_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 4; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return relu_net_forward(
+        (const RELU_NET_REAL *)in[0], (const RELU_NET_REAL *)in[1], (const RELU_NET_REAL *)in[2],
+        (const RELU_NET_REAL *)in[3], (RELU_NET_REAL *)out[0], (RELU_NET_REAL *)out[1], work
+    );
+}
+
+int relu_net_value_and_grad_n_dims(void)
+{
+    return relu_net_n_dims(); /* the module's */
+}
+
+const char *relu_net_value_and_grad_name_dim(int64_t i)
+{
+    return relu_net_name_dim(i);
+}
+
 int relu_net_value_and_grad_n_in(void)
 {
     return 4;
@@ -281,4 +329,33 @@ int relu_net_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t sh
     default:
         return 3;
     }
+}
+
+size_t relu_net_value_and_grad_call_work_len(const int64_t *dims)
+{
+    (void)dims;
+    return relu_net_value_and_grad_work_len();
+}
+
+/* relu_net_value_and_grad with its arrays in arrays (see relu_net.h). */
+int relu_net_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, RELU_NET_REAL *work)
+{
+    if (in == NULL || out == NULL || (work == NULL && relu_net_value_and_grad_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 4; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 3; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return relu_net_value_and_grad(
+        (const RELU_NET_REAL *)in[0], (const RELU_NET_REAL *)in[1], (const RELU_NET_REAL *)in[2],
+        (const RELU_NET_REAL *)in[3], (RELU_NET_REAL *)out[0], (RELU_NET_REAL *)out[1],
+        (RELU_NET_REAL *)out[2], work
+    );
 }

@@ -106,7 +106,8 @@ class CNamer:
 # The functions by which a generated module describes itself (emit/describe.py):
 # <prefix>_<what> for the module, <function>_<what> for each function.
 DESCRIBE_MODULE = ("n_dims", "name_dim")
-DESCRIBE_FUNCTION = ("n_in", "n_out", "name_in", "name_out", "kind_in", "shape_in", "shape_out")
+DESCRIBE_FUNCTION = ("n_dims", "name_dim", "n_in", "n_out", "name_in", "name_out", "kind_in", "shape_in", "shape_out",
+                     "call", "call_work_len")
 
 
 def describing(function: str) -> dict[str, str]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, is_dataclass, replace
 from dataclasses import fields as dataclass_fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import sympy as sp
@@ -23,7 +23,7 @@ from sympy.printing.codeprinter import PrintMethodNotImplementedError
 from symbackprop.emit.cnames import DESCRIBE_MODULE, CNamer, comment_text, sanitize
 from symbackprop.emit.cparts import Prelude, part_ranges, prelude
 from symbackprop.emit.cprint import IEEEPrinter
-from symbackprop.emit.describe import SHAPE_STATUSES, CDescription, describe
+from symbackprop.emit.describe import NULL_POINTER, SHAPE_STATUSES, CDescription, describe, describe_epoch
 from symbackprop.emit.wrap import wrap_c_comments
 from symbackprop.errors import ModelError
 from symbackprop.ops.functions import CHelper, helpers_called
@@ -32,6 +32,9 @@ from symbackprop.run.abi import ARG_KINDS, STATUS_TEXT
 from symbackprop.schedule.cse import MAX_PRODUCT_POWER
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Kernel, View, kernel_reads, kernel_writes
 from symbackprop.schedule.scheduler import FunctionSchedule, Slot
+
+if TYPE_CHECKING:  # only for annotations
+    from symbackprop.emit.epoch import CEpoch
 
 LOOP_K = sp.Symbol("k", integer=True)
 
@@ -212,7 +215,7 @@ class CModule:
     functions: tuple[CFunction, ...]
     version: str
     internal: tuple[CFunction, ...] = ()  # static functions the public ones call
-    epoch: object = None  # epoch.CEpoch when the module has a train_step
+    epoch: CEpoch | None = None  # when the module has a train_step
     dims: tuple[str, ...] = ()  # C names of its dimensions, in the order of a `dims` array
 
     @property
@@ -222,12 +225,22 @@ class CModule:
 
     @property
     def descriptions(self) -> tuple[CDescription, ...]:
-        """What the self-describing functions say of each public function."""
-        return tuple(describe(fn) for fn in self.functions)
+        """What the self-describing functions say of each public function,
+        then of train_epoch when there is one."""
+        described = tuple(describe(fn, self.real_c) for fn in self.functions)
+        if self.epoch is None:
+            return described
+        step = next(d for d in described if d.function == self.epoch.step)
+        return (*described, describe_epoch(step, self.epoch, self.real_c))
 
     @property
     def describe_statuses(self) -> tuple[int, ...]:
         return SHAPE_STATUSES
+
+    @property
+    def null_status(self) -> int:
+        """What an array-form call returns for a NULL pointer it needs."""
+        return NULL_POINTER
 
     @property
     def arg_kinds(self) -> dict[int, str]:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import sympy as sp
 
+from symbackprop.emit.cnames import describing
 from symbackprop.errors import ModelError
 
 if TYPE_CHECKING:  # only for annotations
@@ -129,6 +130,7 @@ class CEpoch:
     gather_len: str  # C expression: workspace entries for the gathered rows
     checks: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # the step's index checks for the whole epoch
     words: int = 1  # workspace entries an int64_t takes (gathered Index rows are aligned to it)
+    statuses: tuple[int, ...] = (0, 1, 2)  # what it returns (run.abi.STATUS_TEXT): it checks its order too
 
     @property
     def dim_params(self) -> str:
@@ -162,9 +164,11 @@ class CEpoch:
 
 
 def reserved_names(prefix: str) -> frozenset[str]:
-    """C names the epoch calls or defines: no user name may shadow them."""
-    return frozenset(f"{prefix}_{n}" for n in ("train_step", "train_step_work_len", "train_epoch",
-                                              "train_epoch_work_len", "train_epoch_step_len"))
+    """C names the epoch calls or defines (its self-description too): no
+    user name may shadow them."""
+    names = {f"{prefix}_{n}" for n in ("train_step", "train_step_work_len", "train_epoch", "train_epoch_work_len",
+                                       "train_epoch_step_len")}
+    return frozenset(names | set(describing(f"{prefix}_train_epoch").values()))
 
 
 def epoch_c(plan: EpochPlan, step: CFunction, namer: CNamer, dims: dict[sp.Symbol, str], real: RealType,

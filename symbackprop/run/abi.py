@@ -234,6 +234,7 @@ STATUS_TEXT = {
     1: "a dimension is below 1 (nothing written)",
     2: "an Index holds a row number outside the array it gathers from (nothing written)",
     3: "no argument of that number (nothing written)",
+    4: "a NULL pointer where an array is needed (nothing written)",
 }
 
 # What an input array of a generated function is: its <function>_kind_in(i)

@@ -124,7 +124,7 @@ int logistic_value_and_grad(
     return logistic_run(n, X, t, w, loss, grad_w, work, 1);
 }
 
-/* --- what the functions take (see logistic.h) --- */
+/* --- what the functions take, and each called with its arrays in arrays (see logistic.h) --- */
 
 int logistic_n_dims(void)
 {
@@ -137,6 +137,16 @@ const char *logistic_name_dim(int64_t i)
     return i >= 0 && i < 1 ? names[i] : NULL;
 }
 
+
+int logistic_forward_n_dims(void)
+{
+    return logistic_n_dims(); /* the module's */
+}
+
+const char *logistic_forward_name_dim(int64_t i)
+{
+    return logistic_name_dim(i);
+}
 
 int logistic_forward_n_in(void)
 {
@@ -193,6 +203,43 @@ int logistic_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     }
 }
 
+size_t logistic_forward_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : logistic_forward_work_len(dims[0]);
+}
+
+/* logistic_forward with its arrays in arrays (see logistic.h). */
+int logistic_forward_call(const int64_t *dims, const void *const *in, void *const *out, LOGISTIC_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && logistic_forward_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 3; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 1; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return logistic_forward(
+        dims[0], (const LOGISTIC_REAL *)in[0], (const LOGISTIC_REAL *)in[1], (const LOGISTIC_REAL *)in[2],
+        (LOGISTIC_REAL *)out[0], work
+    );
+}
+
+int logistic_value_and_grad_n_dims(void)
+{
+    return logistic_n_dims(); /* the module's */
+}
+
+const char *logistic_value_and_grad_name_dim(int64_t i)
+{
+    return logistic_name_dim(i);
+}
+
 int logistic_value_and_grad_n_in(void)
 {
     return 3;
@@ -247,4 +294,31 @@ int logistic_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t sh
     default:
         return 3;
     }
+}
+
+size_t logistic_value_and_grad_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : logistic_value_and_grad_work_len(dims[0]);
+}
+
+/* logistic_value_and_grad with its arrays in arrays (see logistic.h). */
+int logistic_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, LOGISTIC_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && logistic_value_and_grad_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 3; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return logistic_value_and_grad(
+        dims[0], (const LOGISTIC_REAL *)in[0], (const LOGISTIC_REAL *)in[1], (const LOGISTIC_REAL *)in[2],
+        (LOGISTIC_REAL *)out[0], (LOGISTIC_REAL *)out[1], work
+    );
 }

@@ -80,7 +80,7 @@ int scalar_value_and_grad(
 {    return scalar_run(x, y, loss, grad_x, grad_y, work, 1);
 }
 
-/* --- what the functions take (see scalar.h) --- */
+/* --- what the functions take, and each called with its arrays in arrays (see scalar.h) --- */
 
 int scalar_n_dims(void)
 {
@@ -93,6 +93,16 @@ const char *scalar_name_dim(int64_t i)
     return NULL;
 }
 
+
+int scalar_forward_n_dims(void)
+{
+    return scalar_n_dims(); /* the module's */
+}
+
+const char *scalar_forward_name_dim(int64_t i)
+{
+    return scalar_name_dim(i);
+}
 
 int scalar_forward_n_in(void)
 {
@@ -140,6 +150,43 @@ int scalar_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     default:
         return 3;
     }
+}
+
+size_t scalar_forward_call_work_len(const int64_t *dims)
+{
+    (void)dims;
+    return scalar_forward_work_len();
+}
+
+/* scalar_forward with its arrays in arrays (see scalar.h). */
+int scalar_forward_call(const int64_t *dims, const void *const *in, void *const *out, SCALAR_REAL *work)
+{
+    if (in == NULL || out == NULL || (work == NULL && scalar_forward_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 1; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return scalar_forward(
+        (const SCALAR_REAL *)in[0], (const SCALAR_REAL *)in[1], (SCALAR_REAL *)out[0], work
+    );
+}
+
+int scalar_value_and_grad_n_dims(void)
+{
+    return scalar_n_dims(); /* the module's */
+}
+
+const char *scalar_value_and_grad_name_dim(int64_t i)
+{
+    return scalar_name_dim(i);
 }
 
 int scalar_value_and_grad_n_in(void)
@@ -190,4 +237,32 @@ int scalar_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shap
     default:
         return 3;
     }
+}
+
+size_t scalar_value_and_grad_call_work_len(const int64_t *dims)
+{
+    (void)dims;
+    return scalar_value_and_grad_work_len();
+}
+
+/* scalar_value_and_grad with its arrays in arrays (see scalar.h). */
+int scalar_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, SCALAR_REAL *work)
+{
+    if (in == NULL || out == NULL || (work == NULL && scalar_value_and_grad_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 3; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return scalar_value_and_grad(
+        (const SCALAR_REAL *)in[0], (const SCALAR_REAL *)in[1], (SCALAR_REAL *)out[0], (SCALAR_REAL *)out[1],
+        (SCALAR_REAL *)out[2], work
+    );
 }

@@ -649,7 +649,7 @@ int scan_rnn_value_and_grad(
     return 0;
 }
 
-/* --- what the functions take (see scan_rnn.h) --- */
+/* --- what the functions take, and each called with its arrays in arrays (see scan_rnn.h) --- */
 
 int scan_rnn_n_dims(void)
 {
@@ -662,6 +662,16 @@ const char *scan_rnn_name_dim(int64_t i)
     return i >= 0 && i < 1 ? names[i] : NULL;
 }
 
+
+int scan_rnn_forward_n_dims(void)
+{
+    return scan_rnn_n_dims(); /* the module's */
+}
+
+const char *scan_rnn_forward_name_dim(int64_t i)
+{
+    return scan_rnn_name_dim(i);
+}
 
 int scan_rnn_forward_n_in(void)
 {
@@ -721,6 +731,44 @@ int scan_rnn_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2])
     default:
         return 3;
     }
+}
+
+size_t scan_rnn_forward_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : scan_rnn_forward_work_len(dims[0]);
+}
+
+/* scan_rnn_forward with its arrays in arrays (see scan_rnn.h). */
+int scan_rnn_forward_call(const int64_t *dims, const void *const *in, void *const *out, SCAN_RNN_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && scan_rnn_forward_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 8; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 1; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return scan_rnn_forward(
+        dims[0], (const SCAN_RNN_REAL *)in[0], (const SCAN_RNN_REAL *)in[1], (const SCAN_RNN_REAL *)in[2],
+        (const SCAN_RNN_REAL *)in[3], (const SCAN_RNN_REAL *)in[4], (const SCAN_RNN_REAL *)in[5],
+        (const SCAN_RNN_REAL *)in[6], (const SCAN_RNN_REAL *)in[7], (SCAN_RNN_REAL *)out[0], work
+    );
+}
+
+int scan_rnn_value_and_grad_n_dims(void)
+{
+    return scan_rnn_n_dims(); /* the module's */
+}
+
+const char *scan_rnn_value_and_grad_name_dim(int64_t i)
+{
+    return scan_rnn_name_dim(i);
 }
 
 int scan_rnn_value_and_grad_n_in(void)
@@ -787,4 +835,34 @@ int scan_rnn_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t sh
     default:
         return 3;
     }
+}
+
+size_t scan_rnn_value_and_grad_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : scan_rnn_value_and_grad_work_len(dims[0]);
+}
+
+/* scan_rnn_value_and_grad with its arrays in arrays (see scan_rnn.h). */
+int scan_rnn_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, SCAN_RNN_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && scan_rnn_value_and_grad_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 8; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 7; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return scan_rnn_value_and_grad(
+        dims[0], (const SCAN_RNN_REAL *)in[0], (const SCAN_RNN_REAL *)in[1], (const SCAN_RNN_REAL *)in[2],
+        (const SCAN_RNN_REAL *)in[3], (const SCAN_RNN_REAL *)in[4], (const SCAN_RNN_REAL *)in[5],
+        (const SCAN_RNN_REAL *)in[6], (const SCAN_RNN_REAL *)in[7], (SCAN_RNN_REAL *)out[0],
+        (SCAN_RNN_REAL *)out[1], (SCAN_RNN_REAL *)out[2], (SCAN_RNN_REAL *)out[3], (SCAN_RNN_REAL *)out[4],
+        (SCAN_RNN_REAL *)out[5], (SCAN_RNN_REAL *)out[6], work
+    );
 }

@@ -107,7 +107,7 @@ int softmax_ce_value_and_grad(
 {    return softmax_ce_run(T, Z, loss, grad_Z, work, 1);
 }
 
-/* --- what the functions take (see softmax_ce.h) --- */
+/* --- what the functions take, and each called with its arrays in arrays (see softmax_ce.h) --- */
 
 int softmax_ce_n_dims(void)
 {
@@ -120,6 +120,16 @@ const char *softmax_ce_name_dim(int64_t i)
     return NULL;
 }
 
+
+int softmax_ce_forward_n_dims(void)
+{
+    return softmax_ce_n_dims(); /* the module's */
+}
+
+const char *softmax_ce_forward_name_dim(int64_t i)
+{
+    return softmax_ce_name_dim(i);
+}
 
 int softmax_ce_forward_n_in(void)
 {
@@ -169,6 +179,43 @@ int softmax_ce_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
     }
 }
 
+size_t softmax_ce_forward_call_work_len(const int64_t *dims)
+{
+    (void)dims;
+    return softmax_ce_forward_work_len();
+}
+
+/* softmax_ce_forward with its arrays in arrays (see softmax_ce.h). */
+int softmax_ce_forward_call(const int64_t *dims, const void *const *in, void *const *out, SOFTMAX_CE_REAL *work)
+{
+    if (in == NULL || out == NULL || (work == NULL && softmax_ce_forward_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 1; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return softmax_ce_forward(
+        (const SOFTMAX_CE_REAL *)in[0], (const SOFTMAX_CE_REAL *)in[1], (SOFTMAX_CE_REAL *)out[0], work
+    );
+}
+
+int softmax_ce_value_and_grad_n_dims(void)
+{
+    return softmax_ce_n_dims(); /* the module's */
+}
+
+const char *softmax_ce_value_and_grad_name_dim(int64_t i)
+{
+    return softmax_ce_name_dim(i);
+}
+
 int softmax_ce_value_and_grad_n_in(void)
 {
     return 2;
@@ -216,4 +263,32 @@ int softmax_ce_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t 
     default:
         return 3;
     }
+}
+
+size_t softmax_ce_value_and_grad_call_work_len(const int64_t *dims)
+{
+    (void)dims;
+    return softmax_ce_value_and_grad_work_len();
+}
+
+/* softmax_ce_value_and_grad with its arrays in arrays (see softmax_ce.h). */
+int softmax_ce_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, SOFTMAX_CE_REAL *work)
+{
+    if (in == NULL || out == NULL || (work == NULL && softmax_ce_value_and_grad_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return softmax_ce_value_and_grad(
+        (const SOFTMAX_CE_REAL *)in[0], (const SOFTMAX_CE_REAL *)in[1], (SOFTMAX_CE_REAL *)out[0],
+        (SOFTMAX_CE_REAL *)out[1], work
+    );
 }

@@ -8,6 +8,7 @@
  *   1: a dimension is below 1 (nothing written)
  *   2: an Index holds a row number outside the array it gathers from (nothing written)
  *   3: no argument of that number (nothing written)
+ *   4: a NULL pointer where an array is needed (nothing written)
  * Each function's comment lists those it can return.
  * `work` must hold <function>_work_len(dims) elements of SOFTMAX_CE_REAL (0 when a
  * dimension is below 1: the function then returns 1 without touching it); it is
@@ -15,11 +16,14 @@
  * at once with one workspace each. Output arrays must not overlap inputs.
  *
  * The module describes itself (docs/c_programs.md), so that a program can
- * find every array's name and shape without reading Python:
+ * find every array's name and shape, and call any function, without reading
+ * Python:
  *   softmax_ce_n_dims(), softmax_ce_name_dim(i): its dimensions, in the order
  *     a `dims` array lists them;
- *   for each function F: F_n_in(), F_n_out(): how many arrays it reads and
- *     writes (in the order of its parameters, after the dimensions);
+ *   for each function F: F_n_dims(), F_name_dim(i): the dimensions its `dims`
+ *     array holds (the module's, but for a train_epoch);
+ *     F_n_in(), F_n_out(): how many arrays it reads and writes (in the
+ *     order of its parameters, after the dimensions);
  *     F_name_in(i), F_name_out(i): their parameter names (NULL past the last);
  *     F_kind_in(i): what the i-th input is (-1 past the last):
  *       0: reals it reads;
@@ -27,7 +31,12 @@
  *       2: reals it reads and updates in place (a train step's parameters and state);
  *     F_shape_in(i, dims, shape), F_shape_out(i, dims, shape): set shape[0]
  *     and shape[1] to its rows and columns (arrays are dense, row-major)
- *     and return 0; or return 1 or 3 (see above) and set nothing.
+ *     and return 0; or return 1 or 3 (see above) and set nothing;
+ *     F_call(dims, in, out, work): F with its arrays in arrays: in[i] the
+ *     i-th input (SOFTMAX_CE_REAL or, an Index, int64_t; one of kind 2, which F
+ *     updates, must be writable), out[i] the i-th output, work of
+ *     F_call_work_len(dims) elements; returns 4 when a pointer it needs
+ *     is NULL, else what F returns.
  */
 #ifndef SOFTMAX_CE_H
 #define SOFTMAX_CE_H
@@ -67,6 +76,8 @@ const char *softmax_ce_name_dim(int64_t i);
  */
 size_t softmax_ce_forward_work_len(void);
 int softmax_ce_forward(const SOFTMAX_CE_REAL *T, const SOFTMAX_CE_REAL *Z, SOFTMAX_CE_REAL *loss, SOFTMAX_CE_REAL *work);
+int softmax_ce_forward_n_dims(void);
+const char *softmax_ce_forward_name_dim(int64_t i);
 int softmax_ce_forward_n_in(void);
 int softmax_ce_forward_n_out(void);
 const char *softmax_ce_forward_name_in(int64_t i);
@@ -74,6 +85,8 @@ const char *softmax_ce_forward_name_out(int64_t i);
 int softmax_ce_forward_kind_in(int64_t i);
 int softmax_ce_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int softmax_ce_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
+size_t softmax_ce_forward_call_work_len(const int64_t *dims);
+int softmax_ce_forward_call(const int64_t *dims, const void *const *in, void *const *out, SOFTMAX_CE_REAL *work);
 
 /* The loss and its gradient (reverse mode).
  *   T: input, 4 x 3
@@ -84,6 +97,8 @@ int softmax_ce_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2
  */
 size_t softmax_ce_value_and_grad_work_len(void);
 int softmax_ce_value_and_grad(const SOFTMAX_CE_REAL *T, const SOFTMAX_CE_REAL *Z, SOFTMAX_CE_REAL *loss, SOFTMAX_CE_REAL *grad_Z, SOFTMAX_CE_REAL *work);
+int softmax_ce_value_and_grad_n_dims(void);
+const char *softmax_ce_value_and_grad_name_dim(int64_t i);
 int softmax_ce_value_and_grad_n_in(void);
 int softmax_ce_value_and_grad_n_out(void);
 const char *softmax_ce_value_and_grad_name_in(int64_t i);
@@ -91,6 +106,8 @@ const char *softmax_ce_value_and_grad_name_out(int64_t i);
 int softmax_ce_value_and_grad_kind_in(int64_t i);
 int softmax_ce_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int softmax_ce_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
+size_t softmax_ce_value_and_grad_call_work_len(const int64_t *dims);
+int softmax_ce_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, SOFTMAX_CE_REAL *work);
 
 #ifdef __cplusplus
 }
