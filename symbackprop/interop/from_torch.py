@@ -156,7 +156,7 @@ def _trace(module: Any) -> Any:
         where = path or type(module).__name__
         kind = type(module.get_submodule(path)).__name__
         raise ModelError(f"{where}: torch.fx cannot trace {kind}.forward ({type(error).__name__}: {error}); "
-                         "from_torch reads a forward without data-dependent control flow") from error
+                         "from_torch reads a forward torch.fx can trace (no control flow on the data)") from error
     graph = fx.GraphModule(module, graph).graph  # owned by a module: dead code elimination asks it
     graph.eliminate_dead_code()  # what the output does not use is not translated
     return graph
@@ -214,11 +214,12 @@ def _network(module: Any, x: sp.MatrixExpr, builder: _Builder) -> sp.MatrixExpr:
         raise ModelError(f"{type(module).__name__}.forward takes {inputs}; from_torch converts a forward of "
                          "one input, the batch")
     values: dict[Any, Any] = {}
-    for node in graph.nodes:
-        try:
+    node = None
+    try:
+        for node in graph.nodes:
             values[node] = _value(node, module, builder, values, x)
-        except (ModelError, sp.ShapeError) as error:
-            raise ModelError(f"{_where(node, module)}: {error}") from error
+    except (ModelError, sp.ShapeError) as error:
+        raise ModelError(f"{_where(node, module)}: {error}") from error
     out = values[next(node for node in graph.nodes if node.op == "output")]
     if not isinstance(out, sp.MatrixExpr) or not out.shape[1].is_Integer:
         raise ModelError(f"{type(module).__name__}.forward returns {out!r}; from_torch converts a forward "

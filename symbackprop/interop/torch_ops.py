@@ -210,18 +210,20 @@ def _elu(x: Any, alpha: float = 1.0, inplace: bool = False) -> Any:
     return nn.elu(_matrix(x, "elu"), sp.Float(alpha))
 
 
-def _softmax_dim(dim: Any, what: str) -> None:
+def _softmax_args(dim: Any, dtype: Any, what: str) -> None:
     if dim not in (None, 1, -1):  # None: torch's implicit choice, dim 1 for a 2-D input
         raise ModelError(f"{what} along dim {dim}: only dim=1 (= -1, along each row) is supported")
+    if dtype is not None and dtype != _torch().float64:
+        raise ModelError(f"{what} in {str(dtype).removeprefix('torch.')}: from_torch computes in float64")
 
 
 def _softmax(x: Any, dim: Any = None, _stacklevel: Any = 3, dtype: Any = None) -> Any:
-    _softmax_dim(dim, "softmax")
+    _softmax_args(dim, dtype, "softmax")
     return nn.softmax(_matrix(x, "softmax"))
 
 
 def _log_softmax(x: Any, dim: Any = None, _stacklevel: Any = 3, dtype: Any = None) -> Any:
-    _softmax_dim(dim, "log_softmax")
+    _softmax_args(dim, dtype, "log_softmax")
     return nn.log_softmax(_matrix(x, "log_softmax"))
 
 
@@ -270,7 +272,9 @@ def functions() -> dict[Any, Converter]:
         F.linear: _linear, F.layer_norm: _layer_norm, F.dropout: _dropout,
         F.relu: _relu, torch.relu: _relu, torch.tanh: _tanh, F.tanh: _tanh, torch.sigmoid: _sigmoid, F.sigmoid: _sigmoid,
         F.silu: _silu, F.gelu: _gelu, F.softplus: _softplus, F.leaky_relu: _leaky_relu, F.elu: _elu,
-        F.softmax: _softmax, torch.softmax: _softmax, F.log_softmax: _log_softmax, torch.log_softmax: _log_softmax,
+        F.softmax: _softmax, F.log_softmax: _log_softmax,  # F's third argument is _stacklevel; torch's is dtype
+        torch.softmax: lambda x, dim, dtype=None: _softmax(x, dim, dtype=dtype),
+        torch.log_softmax: lambda x, dim, dtype=None: _log_softmax(x, dim, dtype=dtype),
     }
     return table
 
