@@ -118,7 +118,7 @@ class _Builder:
         convert = layers().get(kind)
         if convert is None:
             raise ModelError(f"{kind.__name__} is not supported yet; from_torch converts the layers "
-                             f"{', '.join(sorted(t.__name__ for t in layers()))} and the functions of functions()")
+                             f"{', '.join(sorted(t.__name__ for t in layers()))} and the functions of torch_ops.functions()")
         if len(args) != 1 or kwargs:
             raise ModelError(f"{kind.__name__} called with {len(args) + len(kwargs)} arguments; it takes one")
 
