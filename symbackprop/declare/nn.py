@@ -252,7 +252,12 @@ def one_hot(labels: Index, classes: int) -> sp.MatrixExpr:
     Returns:
         A (labels rows x classes) matrix expression: the rows of the
         identity matrix that `labels` gathers (no gradient flows to labels).
+
+    Raises:
+        ModelError: classes is not a number (the identity is explicit).
     """
+    if not sp.sympify(classes).is_Integer:
+        raise ModelError(f"one_hot needs the number of classes as an integer; got {classes}")
     return gather(sp.ImmutableMatrix(sp.eye(int(classes))), labels)
 
 
