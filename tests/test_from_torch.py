@@ -98,6 +98,23 @@ class Residual(tnn.Module):
         return h + self.inner(h)
 
 
+class InPlace(tnn.Module):
+    """In-place activations: what they overwrite, used again, is their result (as torch computes it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = tnn.Linear(3, 4)
+        self.act = tnn.ReLU(inplace=True)
+
+    def forward(self, x):
+        y = self.a(x)
+        y += x @ self.a.weight.T  # a rebinding, as torch.fx records it
+        z = self.act(y)  # y is now z
+        u = y * 0.5 - 1
+        v = F.elu(u, 0.5, True)  # u is now v
+        return y * 2 + z + u * v
+
+
 def _nested_custom():
     return tnn.Sequential(tnn.Linear(3, 6), Residual(tnn.Sequential(Gate(6), tnn.Tanh(), Residual(Gate(6)))),
                           tnn.ReLU(), Gate(6), tnn.Linear(6, 4))
@@ -134,6 +151,7 @@ STACKS = {
     "residual_mlp": (ResidualMLP, "cross_entropy_labels", F.cross_entropy, "labels"),
     "functional": (Functional, "mse", F.mse_loss, "values"),
     "raw_parameters": (RawParameters, ("mse", "sum"), _mse_sum, "values"),
+    "in_place": (InPlace, "mse", F.mse_loss, "values"),
     "nested_custom": (_nested_custom, ("cross_entropy_labels", "sum"), _labels_sum, "labels"),
 }
 

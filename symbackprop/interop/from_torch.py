@@ -201,6 +201,16 @@ def _value(node: Any, root: Any, builder: _Builder, values: dict, x: sp.MatrixEx
     return convert(*args, **kwargs)
 
 
+def _in_place(node: Any, root: Any) -> bool:
+    """Whether the node overwrites its input (inplace=True, a layer's or a function's)."""
+    if node.op == "call_module":
+        return getattr(root.get_submodule(node.target), "inplace", False) is True
+    convert = functions().get(node.target) if node.op == "call_function" else None
+    if convert is None:
+        return False
+    return inspect.signature(convert).bind(*node.args, **node.kwargs).arguments.get("inplace") is True
+
+
 def _network(module: Any, x: sp.MatrixExpr, builder: _Builder) -> sp.MatrixExpr:
     """The network's output: a torch.nn layer as it is, anything else traced."""
     if _torch().fx.Tracer().is_leaf_module(module, ""):
@@ -218,6 +228,8 @@ def _network(module: Any, x: sp.MatrixExpr, builder: _Builder) -> sp.MatrixExpr:
     try:
         for node in graph.nodes:
             values[node] = _value(node, module, builder, values, x)
+            if _in_place(node, module):  # later uses of what it overwrote read its result, as in torch
+                values[node.args[0]] = values[node]
     except (ModelError, sp.ShapeError) as error:
         raise ModelError(f"{_where(node, module)}: {error}") from error
     out = values[next(node for node in graph.nodes if node.op == "output")]
