@@ -257,6 +257,15 @@ class _Buffered(tnn.Module):
         return h + self.shift
 
 
+class _Vector(tnn.Module):
+    def __init__(self):
+        super().__init__()
+        self.v = tnn.Parameter(torch.ones(3))
+
+    def forward(self, h):
+        return h @ self.v  # (batch,): not a (batch, outputs) matrix
+
+
 class _TwoInputs(tnn.Module):
     def forward(self, a, b):
         return a + b
@@ -285,6 +294,7 @@ class _Attention(tnn.Module):
     (_Block(op=lambda h: F.softmax(h, 1, dtype=torch.float32)), r"softmax in float32: from_torch computes in float64"),
     (_Block(op=lambda h: h.log_softmax(1, torch.float32)), r"log_softmax in float32: from_torch computes in float64"),
     (_Buffered(), r"^shift: a tensor that is not a parameter"),
+    (_Vector(), r"^_Vector\.forward: @ of shapes \(n, 3\) and \(1, 3\) \(a 1-D parameter is a row"),
     (_TwoInputs(), r"_TwoInputs\.forward takes \['a', 'b'\]; from_torch converts a forward of one input"),
     (_Block(op=lambda h: (h, h)), r"_Block\.forward returns .*one \(batch, outputs\) tensor"),
     (tnn.Conv1d(1, 1, 3), r"^the module: Conv1d is not supported yet"),

@@ -126,7 +126,11 @@ def _pow(a: Any, b: Any) -> Any:
 
 
 def _matmul(a: Any, b: Any) -> sp.MatrixExpr:
-    return _matrix(a, "@") * _matrix(b, "@")
+    a, b = _matrix(a, "@"), _matrix(b, "@")
+    if a.shape[1] != b.shape[0]:
+        raise ModelError(f"@ of shapes {a.shape} and {b.shape} (a 1-D parameter is a row (1, k) here: "
+                         "a product with a vector is not translated)")
+    return a * b
 
 
 def _t(x: Any) -> sp.MatrixExpr:
