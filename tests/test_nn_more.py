@@ -71,3 +71,25 @@ def test_kinks_follow_pytorch():
     mod = sbp.compile(sbp.Model("kinks", params=[x], loss=nn.sum_all(nn.leaky_relu(x, 0.2)) + nn.sum_all(nn.elu(x, 2))))
     _, grads = mod.value_and_grad(x=np.zeros((1, 2)))
     np.testing.assert_allclose(grads["x"], [[2.2, 2.2]])
+
+
+def test_cross_entropy_of_an_index_of_labels_and_the_sum_reduction():
+    """softmax_cross_entropy of an Index: logsumexp(z) - z[label] per row and the gradient
+    softmax(z) - one_hot, in closed form; the sum reduction and mse's against numpy."""
+    n = sp.Symbol("n", integer=True, positive=True)
+    Z, Y = sp.MatrixSymbol("Z", n, COLS), sp.MatrixSymbol("Y", n, COLS)
+    labels = sbp.Index("labels", n)
+    loss = nn.softmax_cross_entropy(Z, labels, reduction="sum") + nn.mse(Z, Y, reduction="sum")
+    mod = sbp.compile(sbp.Model("ce_labels_sum", inputs=[labels, Y], params=[Z], loss=loss))
+    rng = np.random.default_rng(11)
+    for rows in (1, 5):
+        z, y, t = rng.standard_normal((rows, COLS)), rng.standard_normal((rows, COLS)), rng.integers(0, COLS, rows)
+        value, grads = mod.value_and_grad(labels=t, Y=y, Z=z)
+        log_p = _np_log_softmax(z)
+        expected = -log_p[np.arange(rows), t].sum() + ((z - y) ** 2).sum()
+        assert value == pytest.approx(expected, rel=1e-13)
+        np.testing.assert_allclose(grads["Z"], np.exp(log_p) - np.eye(COLS)[t] + 2 * (z - y), rtol=1e-12, atol=1e-14)
+    with pytest.raises(sbp.ModelError, match="number of classes as an integer"):
+        nn.one_hot(labels, n)
+    with pytest.raises(sbp.ModelError, match="reduction is one of"):
+        nn.mse(Z, Y, reduction="none")

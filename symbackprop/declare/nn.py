@@ -16,7 +16,7 @@ from sympy.codegen.cfunctions import expm1
 from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 
 from symbackprop.declare import stable
-from symbackprop.declare.tensor import Reduce
+from symbackprop.declare.tensor import Index, Reduce, gather
 from symbackprop.errors import ModelError
 
 # What the elementwise helpers take and return: a scalar expression, a matrix
@@ -196,22 +196,35 @@ def row_sums(x: sp.MatrixExpr) -> sp.MatrixExpr:
     return x * ones(x.shape[1], 1)
 
 
-def mse(y: sp.MatrixExpr, target: sp.MatrixExpr) -> sp.MatrixExpr:
-    """The mean over every entry of (y - target)**2 (as PyTorch's MSELoss).
+REDUCTIONS = ("mean", "sum")  # as PyTorch's losses' `reduction` (but "none": a loss is 1x1)
+
+
+def _reduced(terms: sp.MatrixExpr, reduction: str) -> sp.MatrixExpr:
+    """A loss's terms summed, or averaged over their entries (one per row, or every entry)."""
+    if reduction == "mean":
+        return mean_all(terms)
+    if reduction == "sum":
+        return sum_all(terms)
+    raise ModelError(f"a loss's reduction is one of {REDUCTIONS}; got {reduction!r}")
+
+
+def mse(y: sp.MatrixExpr, target: sp.MatrixExpr, reduction: str = "mean") -> sp.MatrixExpr:
+    """The mean (or sum) over every entry of (y - target)**2 (as PyTorch's MSELoss).
 
     Args:
         y: the prediction.
         target: the target, of y's shape.
+        reduction: "mean" (the default) or "sum", as PyTorch's.
 
     Returns:
         A 1x1 matrix expression.
 
     Raises:
-        ModelError: the shapes differ.
+        ModelError: the shapes differ, or an unknown reduction.
     """
     if y.shape != target.shape:
         raise ModelError(f"mse of shapes {y.shape} and {target.shape}")
-    return mean_all(sp.HadamardPower(y - target, 2))
+    return _reduced(sp.HadamardPower(y - target, 2), reduction)
 
 
 def logsumexp_rows(z: sp.MatrixExpr) -> sp.MatrixExpr:
@@ -228,25 +241,50 @@ def logsumexp_rows(z: sp.MatrixExpr) -> sp.MatrixExpr:
     return row_sums(z.applyfunc(sp.exp)).applyfunc(sp.log)
 
 
-def softmax_cross_entropy(logits: sp.MatrixExpr, target: sp.MatrixExpr) -> sp.MatrixExpr:
-    """The mean over rows of -sum(target * log_softmax(logits)).
+def one_hot(labels: Index, classes: int) -> sp.MatrixExpr:
+    """Class labels as one-hot rows: row i is 1 in column labels[i], 0 elsewhere.
+
+    Args:
+        labels: an Index input of class numbers, 0 to classes - 1 (checked
+            before each call, as any Index).
+        classes: how many classes (an int).
+
+    Returns:
+        A (labels rows x classes) matrix expression: the rows of the
+        identity matrix that `labels` gathers (no gradient flows to labels).
+
+    Raises:
+        ModelError: classes is not a number (the identity is explicit).
+    """
+    if not sp.sympify(classes).is_Integer:
+        raise ModelError(f"one_hot needs the number of classes as an integer; got {classes}")
+    return gather(sp.ImmutableMatrix(sp.eye(int(classes))), labels)
+
+
+def softmax_cross_entropy(logits: sp.MatrixExpr, target: sp.MatrixExpr,
+                          reduction: str = "mean") -> sp.MatrixExpr:
+    """The mean (or sum) over rows of -sum(target * log_softmax(logits)),
+    as PyTorch's CrossEntropyLoss.
 
     Args:
         logits: (n, classes) unnormalised scores.
-        target: (n, classes) class probabilities (one-hot for hard labels),
-            each row summing to 1.
+        target: (n, classes) class probabilities, each row summing to 1,
+            or an Index of n class numbers (the one-hot rows they gather:
+            exactly -log_softmax(logits)[label], gradient softmax - one-hot).
+        reduction: "mean" (the default: over the rows) or "sum", as PyTorch's.
 
     Returns:
         A 1x1 matrix expression.
 
     Raises:
-        ModelError: the shapes differ.
+        ModelError: the shapes differ, or an unknown reduction.
     """
+    if isinstance(target, Index):
+        target = one_hot(target, logits.shape[1])
     if logits.shape != target.shape:
         raise ModelError(f"softmax_cross_entropy of shapes {logits.shape} and {target.shape}")
-    rows = logits.shape[0]
     per_row = logsumexp_rows(logits) - row_sums(sp.HadamardProduct(target, logits))
-    return sum_all(per_row) / rows
+    return _reduced(per_row, reduction)
 
 
 def l2_penalty(*weights: sp.MatrixExpr) -> sp.MatrixExpr:

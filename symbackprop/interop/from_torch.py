@@ -5,36 +5,49 @@
     loss, grads = mod.value_and_grad(X=x, T=t, **params)
     net_grads = params.state_dict(grads)         # {"0.weight": tensor, ...}
 
-The module is a torch.nn.Sequential (nested ones too) of the layers in
-`layers()`: each becomes the symbackprop.nn expression that computes what the
-layer computes, weights kept in torch's (out, in) layout (x @ W.T). The
-model's inputs are X (batch, features) and T, the targets (batch, outputs);
-the batch is the symbolic dimension n; its output Y is the network's.
-Parameters are named after their state_dict keys, made identifiers
-("0.weight" -> "l0_weight"); `params.torch_names` maps them back.
+The module is a torch.nn layer of `layers()`, a torch.nn.Sequential of them,
+or any module whose forward torch.fx can trace (no data-dependent control
+flow) into those layers and the functions of `functions()`; the graph is
+translated node by node (symbackprop.interop.torch_ops), each into the
+symbackprop.nn expression computing what torch computes, weights kept in
+torch's (out, in) layout (x @ W.T). The model's inputs are X
+(batch, features) and T, the targets ((batch, outputs), or an Index of class
+labels for "cross_entropy_labels"); the batch is the symbolic dimension n;
+its output Y is the network's. Parameters are named after their state_dict
+keys, made identifiers ("0.weight" -> "l0_weight"); `params.torch_names`
+maps them back.
 """
 
 from __future__ import annotations
 
-import functools
+import inspect
 import re
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple
 
 import numpy as np
 import sympy as sp
 
 from symbackprop.declare import nn
 from symbackprop.declare.model import Model
-from symbackprop.declare.tensor import reduce
+from symbackprop.declare.tensor import Index
 from symbackprop.errors import ModelError
+from symbackprop.interop.torch_ops import functions, layers, method, op_name
 
 BATCH = sp.Symbol("n", integer=True, positive=True)
 
-# loss name -> the symbackprop loss of (network output, targets), as torch's default (mean) reduction
-LOSSES: dict[str, Callable[[sp.MatrixExpr, sp.MatrixExpr], sp.MatrixExpr]] = {
-    "mse": nn.mse,  # torch.nn.MSELoss()
-    "cross_entropy": nn.softmax_cross_entropy,  # torch.nn.CrossEntropyLoss() with class probabilities (one-hot) as targets
+
+class Loss(NamedTuple):
+    """A named loss: fn(output Y, targets T, reduction) and whether T is class labels (an Index)."""
+
+    fn: Callable[[sp.MatrixExpr, sp.MatrixExpr, str], sp.MatrixExpr]
+    labels: bool
+
+
+LOSSES: dict[str, Loss] = {
+    "mse": Loss(nn.mse, False),  # torch.nn.MSELoss()
+    "cross_entropy": Loss(nn.softmax_cross_entropy, False),  # CrossEntropyLoss() of class probabilities (one-hot)
+    "cross_entropy_labels": Loss(nn.softmax_cross_entropy, True),  # CrossEntropyLoss() of class numbers
 }
 
 
@@ -71,20 +84,24 @@ class TorchParams(dict):
 
 
 class _Builder:
-    """Walks the module tree, building the expression and collecting the params."""
+    """Collects the parameters the network uses, one symbol per tensor."""
 
     def __init__(self) -> None:
         self.symbols: list[sp.MatrixSymbol] = []
         self.arrays: dict[str, np.ndarray] = {}
         self.torch_names: dict[str, str] = {}
         self.torch_shapes: dict[str, tuple[int, ...]] = {}
+        self.seen: dict[int, sp.MatrixSymbol] = {}  # id(tensor) -> its symbol: a shared weight is one param
 
-    def param(self, path: str, key: str, tensor: Any) -> sp.MatrixSymbol:
-        torch_key = f"{path}.{key}" if path else key
+    def param(self, torch_key: str, tensor: Any) -> sp.MatrixSymbol:
+        if id(tensor) in self.seen:
+            return self.seen[id(tensor)]
         name = _identifier(torch_key)
         if name in self.arrays:
             raise ModelError(f"{torch_key}: two parameters are both named {name!r} once made identifiers")
         value = tensor.detach().cpu().to(dtype=_torch().float64).numpy().copy()
+        if value.ndim not in (1, 2):
+            raise ModelError(f"{torch_key}: a parameter of shape {tuple(value.shape)}; from_torch takes 1-D and 2-D ones")
         self.torch_shapes[name] = value.shape
         if value.ndim == 1:  # a bias or a norm's scale: a row, broadcast over the batch
             value = value.reshape(1, -1)
@@ -92,21 +109,24 @@ class _Builder:
         self.symbols.append(symbol)
         self.arrays[name] = value
         self.torch_names[name] = torch_key
+        self.seen[id(tensor)] = symbol
         return symbol
 
-    def apply(self, module: Any, path: str, x: sp.MatrixExpr) -> sp.MatrixExpr:
-        torch = _torch()
+    def layer(self, module: Any, path: str, args: tuple, kwargs: dict) -> sp.MatrixExpr:
+        """A torch.nn layer called on args, as its converter computes it."""
         kind = type(module)
-        if kind is torch.nn.Sequential:
-            for child_name, child in module.named_children():
-                x = self.apply(child, f"{path}.{child_name}" if path else child_name, x)
-            return x
-        layer = layers().get(kind)
-        if layer is None:
-            where = path or "the module"
-            raise ModelError(f"{where}: {kind.__name__} is not supported yet; from_torch converts a "
-                             f"torch.nn.Sequential of {', '.join(sorted(t.__name__ for t in layers()))}")
-        return layer(self, module, path, x)
+        convert = layers().get(kind)
+        if convert is None:
+            raise ModelError(f"{kind.__name__} is not supported yet; from_torch converts the layers "
+                             f"{', '.join(sorted(t.__name__ for t in layers()))} and the functions of torch_ops.functions()")
+        if len(args) != 1 or kwargs:
+            raise ModelError(f"{kind.__name__} called with {len(args) + len(kwargs)} arguments; it takes one")
+
+        def param(key: str) -> sp.MatrixSymbol | None:
+            tensor = getattr(module, key, None)
+            return None if tensor is None else self.param(f"{path}.{key}" if path else key, tensor)
+
+        return convert(module, args[0], param)
 
 
 def _identifier(key: str) -> str:
@@ -121,127 +141,126 @@ def _torch() -> Any:
     return torch
 
 
-def _columns(x: sp.MatrixExpr) -> Any:
-    return x.shape[1]
+# --- reading the network -----------------------------------------------------------
 
 
-# --- the layers ------------------------------------------------------------------
+def _trace(module: Any) -> Any:
+    """The module's forward as a torch.fx Graph (torch.nn layers left as calls)."""
+    fx = _torch().fx
+    tracer = fx.Tracer()
+    try:
+        graph = tracer.trace(module)
+    except Exception as error:  # TraceError, or whatever the forward raised given a Proxy
+        stack = list(getattr(tracer, "module_stack", {}))  # the modules whose forward was being traced
+        path = stack[-1] if stack else ""
+        where = path or type(module).__name__
+        kind = type(module.get_submodule(path)).__name__
+        raise ModelError(f"{where}: torch.fx cannot trace {kind}.forward ({type(error).__name__}: {error}); "
+                         "from_torch reads a forward torch.fx can trace (no control flow on the data)") from error
+    graph = fx.GraphModule(module, graph).graph  # owned by a module: dead code elimination asks it
+    graph.eliminate_dead_code()  # what the output does not use is not translated
+    return graph
 
 
-def _linear(b: _Builder, m: Any, path: str, x: sp.MatrixExpr) -> sp.MatrixExpr:
-    if _columns(x) != m.in_features:
-        raise ModelError(f"{path}: Linear takes {m.in_features} features; its input has {_columns(x)}")
-    weight = b.param(path, "weight", m.weight)
-    bias = b.param(path, "bias", m.bias) if m.bias is not None else None
-    return nn.linear(x, weight.T, bias)
+def _where(node: Any, root: Any) -> str:
+    """The module path a node is in, for messages (the root by its class)."""
+    if node.op in ("call_module", "get_attr"):
+        return str(node.target)
+    stack = node.meta.get("nn_module_stack") or {}
+    return str(list(stack)[-1]) if stack else f"{type(root).__name__}.forward"
 
 
-def _layer_norm(b: _Builder, m: Any, path: str, x: sp.MatrixExpr) -> sp.MatrixExpr:
-    if tuple(m.normalized_shape) != (_columns(x),):
-        raise ModelError(f"{path}: LayerNorm over {tuple(m.normalized_shape)}; from_torch normalizes rows "
-                         f"of {_columns(x)} features only")
-    rows, cols = x.shape
-    centred = x - reduce("mean", x, 1) * nn.ones(1, cols)
-    variance = reduce("mean", sp.HadamardPower(centred, 2), 1)  # biased, as torch's
-    eps = sp.Float(m.eps)
-    scale = variance.applyfunc(lambda v: 1 / sp.sqrt(v + eps))
-    y = sp.HadamardProduct(centred, scale * nn.ones(1, cols))
-    if m.weight is not None:
-        y = sp.HadamardProduct(y, nn.ones(rows, 1) * b.param(path, "weight", m.weight))
-    if getattr(m, "bias", None) is not None:
-        y = y + nn.ones(rows, 1) * b.param(path, "bias", m.bias)
-    return y
+def _value(node: Any, root: Any, builder: _Builder, values: dict, x: sp.MatrixExpr) -> Any:
+    """What the node computes, from the values of the nodes before it."""
+    fx = _torch().fx
+    args = fx.node.map_arg(node.args, values.__getitem__)
+    kwargs = fx.node.map_arg(node.kwargs, values.__getitem__)
+    if node.op == "placeholder":
+        return x
+    if node.op == "output":
+        return args[0]
+    if node.op == "get_attr":
+        params = dict(root.named_parameters(remove_duplicate=False))
+        if node.target not in params:
+            raise ModelError("a tensor that is not a parameter (a buffer or a constant) is not supported")
+        return builder.param(node.target, params[node.target])
+    if node.op == "call_module":
+        return builder.layer(root.get_submodule(node.target), node.target, args, kwargs)
+    if node.op == "call_method":
+        convert, name = method(node.target), f"Tensor.{node.target}()"
+    else:
+        convert, name = functions().get(node.target), op_name(node.target)
+    if convert is None:
+        known = sorted({op_name(f) for f in functions()})
+        raise ModelError(f"{name} is not supported yet; from_torch converts {', '.join(known)} "
+                         "(and the tensor methods of those names)")
+    try:
+        inspect.signature(convert).bind(*args, **kwargs)
+    except TypeError as error:
+        raise ModelError(f"{name}: arguments from_torch does not translate ({error})") from error
+    return convert(*args, **kwargs)
 
 
-def _dropout(b: _Builder, m: Any, path: str, x: sp.MatrixExpr) -> sp.MatrixExpr:
-    if m.training and m.p > 0:
-        raise ModelError(f"{path}: Dropout in training mode is random; call .eval() on the network first "
-                         "(in eval mode it is the identity)")
-    return x
+def _in_place(node: Any, root: Any) -> bool:
+    """Whether the node overwrites its input (inplace=True, a layer's or a function's)."""
+    if node.op == "call_module":
+        return getattr(root.get_submodule(node.target), "inplace", False) is True
+    convert = functions().get(node.target) if node.op == "call_function" else None
+    if convert is None:
+        return False
+    return inspect.signature(convert).bind(*node.args, **node.kwargs).arguments.get("inplace") is True
 
 
-def _flatten(b: _Builder, m: Any, path: str, x: sp.MatrixExpr) -> sp.MatrixExpr:
-    if m.start_dim not in (1, -1) or m.end_dim != -1:
-        raise ModelError(f"{path}: Flatten(start_dim={m.start_dim}, end_dim={m.end_dim}) of a (batch, features) "
-                         "input; only Flatten() (the identity there) is supported")
-    return x
-
-
-def _gelu(b: _Builder, m: Any, path: str, x: sp.MatrixExpr) -> sp.MatrixExpr:
-    return nn.gelu(x, approximate=m.approximate)
-
-
-def _softplus(b: _Builder, m: Any, path: str, x: sp.MatrixExpr) -> sp.MatrixExpr:
-    # torch returns x itself where beta*x > threshold (20): ours differs there by log1p(exp(-beta*x))/beta < 2.1e-9
-    if m.beta == 1:
-        return nn.softplus(x)
-    beta = sp.Float(m.beta)
-    return nn.softplus(x * beta) / beta
-
-
-def _softmax_dim(m: Any, path: str) -> None:
-    if m.dim not in (1, -1):
-        raise ModelError(f"{path}: {type(m).__name__}(dim={m.dim}); only dim=1 (= -1, along each row) is supported")
-
-
-def _softmax(b: _Builder, m: Any, path: str, x: sp.MatrixExpr) -> sp.MatrixExpr:
-    _softmax_dim(m, path)
-    return nn.softmax(x)
-
-
-def _log_softmax(b: _Builder, m: Any, path: str, x: sp.MatrixExpr) -> sp.MatrixExpr:
-    _softmax_dim(m, path)
-    return nn.log_softmax(x)
-
-
-def _activation(fn: Callable[[sp.MatrixExpr], Any]) -> Callable[[_Builder, Any, str, sp.MatrixExpr], Any]:
-    """A layer without parameters or options."""
-    return lambda b, m, path, x: fn(x)
-
-
-Layer: TypeAlias = Callable[[_Builder, Any, str, sp.MatrixExpr], sp.MatrixExpr]
-
-
-@functools.cache
-def layers() -> dict[type, Layer]:
-    """The torch layer classes from_torch converts, each with its converter
-    (builder, layer, path, input expression) -> output expression."""
-    tnn = _torch().nn
-    return {
-        tnn.Linear: _linear,
-        tnn.LayerNorm: _layer_norm,
-        tnn.Dropout: _dropout,
-        tnn.Flatten: _flatten,
-        tnn.Identity: _activation(lambda x: x),
-        tnn.ReLU: _activation(nn.relu),
-        tnn.Tanh: _activation(nn.tanh),
-        tnn.Sigmoid: _activation(nn.sigmoid),
-        tnn.SiLU: _activation(nn.silu),
-        tnn.GELU: _gelu,
-        tnn.Softplus: _softplus,
-        tnn.LeakyReLU: lambda b, m, path, x: nn.leaky_relu(x, sp.Float(m.negative_slope)),
-        tnn.ELU: lambda b, m, path, x: nn.elu(x, sp.Float(m.alpha)),
-        tnn.Softmax: _softmax,
-        tnn.LogSoftmax: _log_softmax,
-    }
+def _network(module: Any, x: sp.MatrixExpr, builder: _Builder) -> sp.MatrixExpr:
+    """The network's output: a torch.nn layer as it is, anything else traced."""
+    if _torch().fx.Tracer().is_leaf_module(module, ""):
+        try:
+            return builder.layer(module, "", (x,), {})
+        except (ModelError, sp.ShapeError) as error:
+            raise ModelError(f"the module: {error}") from error
+    graph = _trace(module)
+    inputs = [node.target for node in graph.nodes if node.op == "placeholder"]
+    if len(inputs) != 1:
+        raise ModelError(f"{type(module).__name__}.forward takes {inputs}; from_torch converts a forward of "
+                         "one input, the batch")
+    values: dict[Any, Any] = {}
+    node = None
+    try:
+        for node in graph.nodes:
+            values[node] = _value(node, module, builder, values, x)
+            if _in_place(node, module):  # later uses of what it overwrote read its result, as in torch
+                values[node.args[0]] = values[node]
+    except (ModelError, sp.ShapeError) as error:
+        raise ModelError(f"{_where(node, module)}: {error}") from error
+    out = values[next(node for node in graph.nodes if node.op == "output")]
+    if not isinstance(out, sp.MatrixExpr) or not out.shape[1].is_Integer:
+        raise ModelError(f"{type(module).__name__}.forward returns {out!r}; from_torch converts a forward "
+                         "returning one (batch, outputs) tensor")
+    return out
 
 
 def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixExpr, sp.MatrixSymbol], Any] | None = "mse",
-               name: str = "from_torch") -> tuple[Model, TorchParams]:
-    """A torch.nn.Sequential network, and a loss, as a symbackprop Model
-    and its parameters (see the module's docstring).
+               name: str = "from_torch", reduction: str = "mean") -> tuple[Model, TorchParams]:
+    """A PyTorch network, and a loss, as a symbackprop Model and its
+    parameters (see the module's docstring).
 
     Args:
-        module: the network: a torch.nn.Sequential (nested ones too) of the
-            layers of `layers()` (Dropout in eval mode).
+        module: the network: a layer of `layers()`, a torch.nn.Sequential
+            (nested ones too) of them, or a module whose forward torch.fx
+            traces into those layers and the functions of `functions()`
+            (Dropout in eval mode).
         example_input: an input batch (batch, features), a tensor or array:
             it fixes the number of features (the batch is the symbol n).
         loss: "mse" (torch.nn.MSELoss()), "cross_entropy"
-            (torch.nn.CrossEntropyLoss() with class probabilities, one-hot
-            for class labels, as targets), a callable (Y, T) -> a 1x1
-            symbackprop loss of the output Y and the targets T, or None
-            (no loss: the model has only the output Y).
+            (torch.nn.CrossEntropyLoss() with class probabilities as
+            targets, T (batch, classes)), "cross_entropy_labels" (the same
+            with class numbers as targets: T is an Index, an integer array
+            of batch entries), a callable (Y, T) -> a 1x1 symbackprop loss
+            of the output Y and the targets T, or None (no loss: the model
+            has only the output Y).
         name: the model's name.
+        reduction: "mean" (the default) or "sum", as torch's losses' (for
+            a named loss).
 
     Returns:
         (model, params): the Model (inputs X and T, output Y) and its
@@ -249,27 +268,34 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
         torch_names maps them back to the state_dict keys).
 
     Raises:
-        ModelError: a layer that is not supported (named by its path in
-            the tree), an example input that is not 2-D, or an unknown loss.
+        ModelError: a layer or function that is not supported (named with
+            the path of the module it is in), a forward torch.fx cannot
+            trace, an example input that is not 2-D, an unknown loss, or a
+            reduction with a loss that is not named.
     """
     shape = tuple(np.shape(example_input.detach().cpu().numpy() if hasattr(example_input, "detach") else example_input))
     if len(shape) != 2:
         raise ModelError(f"from_torch takes a (batch, features) example input; got shape {shape}")
+    if reduction != "mean" and not isinstance(loss, str):
+        raise ModelError(f"from_torch's reduction {reduction!r} applies to a named loss; the callable or None "
+                         "loss reduces as it computes")
     X = sp.MatrixSymbol("X", BATCH, shape[1])
     builder = _Builder()
-    Y = builder.apply(module, "", X)
-    T = sp.MatrixSymbol("T", BATCH, Y.shape[1])
+    Y = _network(module, X, builder)
     if loss is None:
         loss_expr, inputs = None, [X]
+    elif isinstance(loss, str):
+        if loss not in LOSSES:
+            raise ModelError(f"from_torch's loss must be one of {sorted(LOSSES)}, a callable (Y, T) -> loss, "
+                             f"or None; got {loss!r}")
+        named = LOSSES[loss]
+        T = Index("T", BATCH) if named.labels else sp.MatrixSymbol("T", BATCH, Y.shape[1])
+        loss_expr, inputs = named.fn(Y, T, reduction), [X, T]
     else:
-        if isinstance(loss, str):
-            if loss not in LOSSES:
-                raise ModelError(f"from_torch's loss must be one of {sorted(LOSSES)}, a callable (Y, T) -> loss, "
-                                 f"or None; got {loss!r}")
-            loss = LOSSES[loss]
+        T = sp.MatrixSymbol("T", BATCH, Y.shape[1])
         loss_expr, inputs = loss(Y, T), [X, T]
     model = Model(name, inputs=tuple(inputs), params=tuple(builder.symbols), loss=loss_expr, outputs={"Y": Y})
     return model, TorchParams(builder.arrays, builder.torch_names, builder.torch_shapes)
 
 
-__all__ = ["BATCH", "LOSSES", "TorchParams", "from_torch", "layers"]
+__all__ = ["BATCH", "LOSSES", "Loss", "TorchParams", "from_torch", "functions", "layers"]

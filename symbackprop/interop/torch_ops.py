@@ -1,0 +1,327 @@
+"""What from_torch translates: torch functions, tensor methods and torch.nn
+layers, each as the symbackprop expression that computes the same thing.
+
+A value is a SymPy matrix expression (rows, columns): the batch
+(n, features), a parameter (a 1-D one, a bias or a scale, as a row (1, k),
+broadcast over the batch as torch broadcasts it), or a Python number. A
+layer is translated through the function its forward calls (nn.GELU through
+F.gelu, nn.Linear through F.linear), so each computation is written once
+here, for both a torch.nn.Sequential and a traced custom forward.
+
+A converter takes the torch function's own arguments (positional and
+keyword, as torch.fx recorded them) and returns the value; it raises
+ModelError naming the function and what it cannot translate.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import operator
+from collections.abc import Callable
+from typing import Any, TypeAlias
+
+import sympy as sp
+
+from symbackprop.declare import nn
+from symbackprop.declare.tensor import reduce
+from symbackprop.errors import ModelError
+
+Converter: TypeAlias = Callable[..., Any]
+# (layer, its input, param) -> output; param(key) is the layer's parameter `key` as a symbol (None if unset)
+Layer: TypeAlias = Callable[[Any, sp.MatrixExpr, Callable[[str], Any]], sp.MatrixExpr]
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+# --- values ----------------------------------------------------------------------
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> sp.Expr:
+    return sp.Integer(v) if isinstance(v, int) else sp.Float(v)  # a float64 constant, as torch's
+
+
+def _matrix(v: Any, what: str) -> sp.MatrixExpr:
+    if not isinstance(v, (sp.MatrixExpr, sp.MatrixBase)):
+        raise ModelError(f"{what} takes a tensor; got {v!r}")
+    return v
+
+
+def _expand(x: sp.MatrixExpr, rows: Any, cols: Any) -> sp.MatrixExpr:
+    """x broadcast to (rows, cols), as torch broadcasts a row or a column."""
+    if x.shape[0] == 1 and rows != 1:
+        x = nn.ones(rows, 1) * x
+    if x.shape[1] == 1 and cols != 1:
+        x = x * nn.ones(1, cols)
+    return x
+
+
+def _broadcast(a: sp.MatrixExpr, b: sp.MatrixExpr, what: str) -> tuple[sp.MatrixExpr, sp.MatrixExpr]:
+    rows = b.shape[0] if a.shape[0] == 1 else a.shape[0]
+    cols = b.shape[1] if a.shape[1] == 1 else a.shape[1]
+    a, b = _expand(a, rows, cols), _expand(b, rows, cols)
+    if a.shape != b.shape:
+        raise ModelError(f"{what} of shapes {a.shape} and {b.shape}, which do not broadcast")
+    return a, b
+
+
+def _elementwise(x: Any, fn: Callable[[sp.Expr], sp.Expr], what: str) -> Any:
+    if _is_number(x):
+        return fn(_number(x))
+    return _matrix(x, what).applyfunc(fn)
+
+
+# --- arithmetic --------------------------------------------------------------------
+
+
+def _add(a: Any, b: Any, alpha: Any = 1) -> Any:
+    if alpha != 1:
+        b = _mul(b, alpha)
+    if _is_number(a) and _is_number(b):
+        return a + b
+    if _is_number(a) or _is_number(b):
+        m, c = (b, a) if _is_number(a) else (a, b)
+        m = _matrix(m, "+")
+        return m + _number(c) * nn.ones(*m.shape)
+    a, b = _broadcast(_matrix(a, "+"), _matrix(b, "+"), "+")
+    return a + b
+
+
+def _neg(a: Any) -> Any:
+    return -a if _is_number(a) else -_matrix(a, "-")
+
+
+def _sub(a: Any, b: Any, alpha: Any = 1) -> Any:
+    return _add(a, _neg(b), alpha)
+
+
+def _mul(a: Any, b: Any) -> Any:
+    if _is_number(a) and _is_number(b):
+        return a * b
+    if _is_number(a) or _is_number(b):
+        m, c = (b, a) if _is_number(a) else (a, b)
+        return _number(c) * _matrix(m, "*")
+    a, b = _broadcast(_matrix(a, "*"), _matrix(b, "*"), "*")
+    return sp.HadamardProduct(a, b)
+
+
+def _truediv(a: Any, b: Any) -> Any:
+    if _is_number(b):
+        return _mul(a, 1 / b) if not _is_number(a) else a / b
+    return _mul(a, _elementwise(b, lambda v: 1 / v, "/"))
+
+
+def _pow(a: Any, b: Any) -> Any:
+    if not _is_number(b):
+        raise ModelError("** takes a number as the exponent")
+    return _elementwise(a, lambda v: v ** _number(b), "**")
+
+
+def _matmul(a: Any, b: Any) -> sp.MatrixExpr:
+    a, b = _matrix(a, "@"), _matrix(b, "@")
+    if a.shape[1] != b.shape[0]:
+        raise ModelError(f"@ of shapes {a.shape} and {b.shape} (a 1-D parameter is a row (1, k) here: "
+                         "a product with a vector is not translated)")
+    return a * b
+
+
+def _t(x: Any) -> sp.MatrixExpr:
+    return _matrix(x, "t").T
+
+
+def _getattr(x: Any, name: str) -> Any:
+    if name == "T":
+        return _t(x)
+    raise ModelError(f"the tensor attribute .{name} is not supported (only .T)")
+
+
+def _cat(tensors: Any, dim: int = 0) -> sp.MatrixExpr:
+    """Side by side: the sum of each block times the 0/1 matrix placing its
+    columns, exact (one product by 1 per entry; the rest adds zeros)."""
+    if dim not in (1, -1):
+        raise ModelError(f"cat along dim {dim}: only along the features (dim=1) is supported")
+    blocks = [_matrix(t, "cat") for t in tensors]
+    if len({b.shape[0] for b in blocks}) != 1:
+        raise ModelError(f"cat of blocks of rows {[b.shape[0] for b in blocks]}: they differ")
+    widths = [int(b.shape[1]) for b in blocks]
+    total, out, start = sum(widths), [], 0
+    for block, width in zip(blocks, widths):
+        place = sp.zeros(width, total)
+        place[:, start:start + width] = sp.eye(width)
+        out.append(block * sp.ImmutableMatrix(place))
+        start += width
+    return sp.MatAdd(*out) if len(out) > 1 else out[0]
+
+
+def _flatten(x: Any, start_dim: int = 0, end_dim: int = -1) -> sp.MatrixExpr:
+    if start_dim not in (1, -1) or end_dim != -1:
+        raise ModelError(f"flatten(start_dim={start_dim}, end_dim={end_dim}) of a (batch, features) input: "
+                         "only start_dim=1 (the identity there) is supported")
+    return _matrix(x, "flatten")
+
+
+def _dropout(x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> sp.MatrixExpr:
+    if training and p > 0:
+        raise ModelError("Dropout in training mode is random; call .eval() on the network first "
+                         "(in eval mode it is the identity)")
+    return _matrix(x, "dropout")
+
+
+# --- activations -------------------------------------------------------------------
+
+
+def _relu(x: Any, inplace: bool = False) -> Any:
+    return nn.relu(_matrix(x, "relu"))
+
+
+def _tanh(x: Any) -> Any:
+    return nn.tanh(_matrix(x, "tanh"))
+
+
+def _sigmoid(x: Any) -> Any:
+    return nn.sigmoid(_matrix(x, "sigmoid"))
+
+
+def _silu(x: Any, inplace: bool = False) -> Any:
+    return nn.silu(_matrix(x, "silu"))
+
+
+def _gelu(x: Any, approximate: str = "none") -> Any:
+    return nn.gelu(_matrix(x, "gelu"), approximate=approximate)
+
+
+def _softplus(x: Any, beta: float = 1.0, threshold: float = 20.0) -> Any:
+    # torch returns x itself where beta*x > threshold (20): ours differs there by log1p(exp(-beta*x))/beta < 2.1e-9
+    x = _matrix(x, "softplus")
+    if beta == 1:
+        return nn.softplus(x)
+    return nn.softplus(x * sp.Float(beta)) / sp.Float(beta)
+
+
+def _leaky_relu(x: Any, negative_slope: float = 0.01, inplace: bool = False) -> Any:
+    return nn.leaky_relu(_matrix(x, "leaky_relu"), sp.Float(negative_slope))
+
+
+def _elu(x: Any, alpha: float = 1.0, inplace: bool = False) -> Any:
+    return nn.elu(_matrix(x, "elu"), sp.Float(alpha))
+
+
+def _softmax_args(dim: Any, dtype: Any, what: str) -> None:
+    if dim not in (None, 1, -1):  # None: torch's implicit choice, dim 1 for a 2-D input
+        raise ModelError(f"{what} along dim {dim}: only dim=1 (= -1, along each row) is supported")
+    if dtype is not None and dtype != _torch().float64:
+        raise ModelError(f"{what} in {str(dtype).removeprefix('torch.')}: from_torch computes in float64")
+
+
+def _softmax(x: Any, dim: Any = None, _stacklevel: Any = 3, dtype: Any = None) -> Any:
+    _softmax_args(dim, dtype, "softmax")
+    return nn.softmax(_matrix(x, "softmax"))
+
+
+def _log_softmax(x: Any, dim: Any = None, _stacklevel: Any = 3, dtype: Any = None) -> Any:
+    _softmax_args(dim, dtype, "log_softmax")
+    return nn.log_softmax(_matrix(x, "log_softmax"))
+
+
+# --- layers with parameters --------------------------------------------------------
+
+
+def _linear(x: Any, weight: Any, bias: Any = None) -> sp.MatrixExpr:
+    """x @ weight.T + bias, the weight in torch's (out, in) layout."""
+    x, weight = _matrix(x, "linear"), _matrix(weight, "linear")
+    if x.shape[1] != weight.shape[1]:
+        raise ModelError(f"Linear takes {weight.shape[1]} features; its input has {x.shape[1]}")
+    return nn.linear(x, weight.T, bias)
+
+
+def _layer_norm(x: Any, normalized_shape: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> sp.MatrixExpr:
+    x = _matrix(x, "layer_norm")
+    rows, cols = x.shape
+    if tuple(normalized_shape) != (cols,):
+        raise ModelError(f"LayerNorm over {tuple(normalized_shape)}; from_torch normalizes rows of {cols} features only")
+    centred = x - reduce("mean", x, 1) * nn.ones(1, cols)
+    variance = reduce("mean", sp.HadamardPower(centred, 2), 1)  # biased, as torch's
+    scale = variance.applyfunc(lambda v: 1 / sp.sqrt(v + sp.Float(eps)))
+    y = sp.HadamardProduct(centred, scale * nn.ones(1, cols))
+    if weight is not None:
+        y = sp.HadamardProduct(y, _expand(weight, rows, cols))
+    if bias is not None:
+        y = y + _expand(bias, rows, cols)
+    return y
+
+
+# --- the tables --------------------------------------------------------------------
+
+
+@functools.cache
+def functions() -> dict[Any, Converter]:
+    """The torch functions (and operators) from_torch translates in a traced
+    forward, each with its converter (torch's arguments) -> value. A tensor
+    method is the torch function of its name (x.relu() as torch.relu(x))."""
+    torch = _torch()
+    F = torch.nn.functional
+    table: dict[Any, Converter] = {
+        operator.add: _add, operator.sub: _sub, operator.mul: _mul, operator.truediv: _truediv,
+        operator.neg: _neg, operator.pow: _pow, operator.matmul: _matmul, builtins.getattr: _getattr,
+        torch.add: _add, torch.sub: _sub, torch.mul: _mul, torch.neg: _neg, torch.matmul: _matmul, torch.mm: _matmul,
+        torch.t: _t, torch.cat: _cat, torch.concat: _cat, torch.flatten: _flatten,
+        F.linear: _linear, F.layer_norm: _layer_norm, F.dropout: _dropout,
+        F.relu: _relu, torch.relu: _relu, torch.tanh: _tanh, F.tanh: _tanh, torch.sigmoid: _sigmoid, F.sigmoid: _sigmoid,
+        F.silu: _silu, F.gelu: _gelu, F.softplus: _softplus, F.leaky_relu: _leaky_relu, F.elu: _elu,
+        F.softmax: _softmax, F.log_softmax: _log_softmax,  # F's third argument is _stacklevel; torch's is dtype
+        torch.softmax: lambda x, dim, dtype=None: _softmax(x, dim, dtype=dtype),
+        torch.log_softmax: lambda x, dim, dtype=None: _log_softmax(x, dim, dtype=dtype),
+    }
+    return table
+
+
+def method(name: str) -> Converter | None:
+    """The converter of the tensor method `name` (that of the torch function of that name), or None."""
+    fn = getattr(_torch(), name, None)
+    return functions().get(fn) if fn is not None else None
+
+
+def op_name(target: Any) -> str:
+    """A function's name as a user writes it: F.gelu, torch.cat, operator.add."""
+    torch = _torch()
+    name = getattr(target, "__name__", repr(target))
+    for prefix, owner in (("F", torch.nn.functional), ("torch", torch), ("operator", operator)):
+        if getattr(owner, name, None) is target:
+            return f"{prefix}.{name}"
+    return name
+
+
+@functools.cache
+def layers() -> dict[type, Layer]:
+    """The torch layer classes from_torch converts, each with its converter
+    (layer, input expression, param) -> output expression, through the
+    converter of the function the layer's forward calls."""
+    tnn = _torch().nn
+    return {
+        tnn.Linear: lambda m, x, param: _linear(x, param("weight"), param("bias")),
+        tnn.LayerNorm: lambda m, x, param: _layer_norm(x, m.normalized_shape, param("weight"), param("bias"), m.eps),
+        tnn.Dropout: lambda m, x, param: _dropout(x, m.p, m.training),
+        tnn.Flatten: lambda m, x, param: _flatten(x, m.start_dim, m.end_dim),
+        tnn.Identity: lambda m, x, param: x,
+        tnn.ReLU: lambda m, x, param: _relu(x),
+        tnn.Tanh: lambda m, x, param: _tanh(x),
+        tnn.Sigmoid: lambda m, x, param: _sigmoid(x),
+        tnn.SiLU: lambda m, x, param: _silu(x),
+        tnn.GELU: lambda m, x, param: _gelu(x, m.approximate),
+        tnn.Softplus: lambda m, x, param: _softplus(x, m.beta, m.threshold),
+        tnn.LeakyReLU: lambda m, x, param: _leaky_relu(x, m.negative_slope),
+        tnn.ELU: lambda m, x, param: _elu(x, m.alpha),
+        tnn.Softmax: lambda m, x, param: _softmax(x, m.dim),
+        tnn.LogSoftmax: lambda m, x, param: _log_softmax(x, m.dim),
+    }
+
+
+__all__ = ["Converter", "Layer", "functions", "layers", "method", "op_name"]
