@@ -13,7 +13,7 @@ from dataclasses import dataclass, is_dataclass, replace
 from dataclasses import fields as dataclass_fields
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jinja2
 import sympy as sp
@@ -23,7 +23,7 @@ from sympy.printing.codeprinter import PrintMethodNotImplementedError
 from symbackprop.emit.cnames import DESCRIBE_MODULE, CNamer, comment_text, sanitize
 from symbackprop.emit.cparts import Prelude, part_ranges, prelude
 from symbackprop.emit.cprint import IEEEPrinter
-from symbackprop.emit.describe import NULL_POINTER, SHAPE_STATUSES, CDescription, describe, describe_epoch
+from symbackprop.emit.describe import NULL_POINTER, SHAPE_STATUSES, CDescription, EpochNames, describe, describe_epoch
 from symbackprop.emit.wrap import wrap_c_comments
 from symbackprop.errors import ModelError
 from symbackprop.ops.functions import CHelper, helpers_called
@@ -32,9 +32,6 @@ from symbackprop.run.abi import ARG_KINDS, STATUS_TEXT
 from symbackprop.schedule.cse import MAX_PRODUCT_POWER
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Kernel, View, kernel_reads, kernel_writes
 from symbackprop.schedule.scheduler import FunctionSchedule, Slot
-
-if TYPE_CHECKING:  # only for annotations
-    from symbackprop.emit.epoch import CEpoch
 
 LOOP_K = sp.Symbol("k", integer=True)
 
@@ -215,7 +212,7 @@ class CModule:
     functions: tuple[CFunction, ...]
     version: str
     internal: tuple[CFunction, ...] = ()  # static functions the public ones call
-    epoch: CEpoch | None = None  # when the module has a train_step
+    epoch: EpochNames | None = None  # an epoch.CEpoch, when the module has a train_step
     dims: tuple[str, ...] = ()  # C names of its dimensions, in the order of a `dims` array
 
     @property

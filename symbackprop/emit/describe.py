@@ -29,13 +29,36 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from symbackprop.emit.cnames import describing
 from symbackprop.run.abi import ARG_INDEX, ARG_REAL, ARG_UPDATED
 
-if TYPE_CHECKING:  # only for annotations
-    from symbackprop.emit.epoch import CEpoch
+
+class EpochNames(Protocol):
+    """What describe_epoch reads of an epoch.CEpoch (a protocol, so that
+    neither this module nor codegen imports epoch, which imports codegen)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def step(self) -> str: ...
+    @property
+    def rows(self) -> str: ...
+    @property
+    def batch(self) -> str: ...
+    @property
+    def size(self) -> str: ...
+    @property
+    def order(self) -> str: ...
+    @property
+    def losses(self) -> str: ...
+    @property
+    def dims(self) -> tuple[str, ...]: ...
+    @property
+    def params(self) -> tuple[tuple[str, str], ...]: ...
+    @property
+    def statuses(self) -> tuple[int, ...]: ...
 
 # What the shape functions return (run.abi.STATUS_TEXT): success, a
 # dimension below 1, no argument of that number.
@@ -134,7 +157,7 @@ def describe(fn: Any, real: str) -> CDescription:
                         _arguments([p.role for p in fn.params], inputs, real), _statuses(fn.statuses))
 
 
-def describe_epoch(step: CDescription, epoch: CEpoch, real: str) -> CDescription:
+def describe_epoch(step: CDescription, epoch: EpochNames, real: str) -> CDescription:
     """train_epoch's description, read off train_step's: its dimensions are
     the rows of the data, the minibatch size, and the step's others; its
     inputs the row order (an Index, which may be NULL), then the step's, the
