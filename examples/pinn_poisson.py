@@ -87,7 +87,6 @@ def train_torch(data: dict, params: dict, orders: list, batch_size: int, lr: flo
         import torch
     except ImportError:
         return None
-    torch.set_num_threads(1)
     p = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in params.items()}
     opt = torch.optim.Adam(list(p.values()), lr=lr)
     xs, xb_ = torch.tensor(data["x"]), torch.tensor(data["xb"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import sympy as sp
+from conftest import load_example
 from oracles import central_differences, relative_error
 
 import symbackprop as sbp
@@ -275,3 +276,21 @@ def test_an_op_that_cannot_be_differentiated_twice_is_named(make, names):
     loss = nn.sum_all(square(sbp.grad(make(), W1)))
     with pytest.raises(sbp.ModelError, match=names):
         sbp.compile(sbp.Model("twice", inputs=[X], params=[W1], loss=loss))
+
+
+# --- the example: training converges, as nested torch.autograd.grad does ------
+
+
+def test_the_pinn_example_trains_as_torch_and_converges_to_the_solution():
+    pinn = load_example("pinn_poisson")
+    rng = np.random.default_rng(0)
+    data = {"x": rng.uniform(0, 1, (256, 1)), "xb": np.array([[0.0], [1.0]])}
+    params = pinn.init_params(rng)
+    orders = [rng.permutation(256) for _ in range(1000)]
+    ours, _ = pinn.train_symbackprop(data, params, orders, 64, 1e-2)
+    assert pinn.max_error(ours) < 0.1 < pinn.max_error(params)  # against sin(pi x)
+    pytest.importorskip("torch")
+    early, _ = pinn.train_symbackprop(data, params, orders[:20], 64, 1e-2)
+    theirs, _ = pinn.train_torch(data, params, orders[:20], 64, 1e-2)  # create_graph=True, torch.optim.Adam
+    for name in params:
+        assert relative_error(early[name], theirs[name]) < 1e-8, name
