@@ -294,3 +294,25 @@ def test_the_pinn_example_trains_as_torch_and_converges_to_the_solution():
     theirs, _ = pinn.train_torch(data, params, orders[:20], 64, 1e-2)  # create_graph=True, torch.optim.Adam
     for name in params:
         assert relative_error(early[name], theirs[name]) < 1e-8, name
+
+
+def test_the_hvp_of_a_loss_that_holds_a_gradient_matches_jax():
+    """Forward over reverse over reverse: the module's hvp of the saddle
+    loss (which holds grad_q g) against jax.jvp of jax.grad."""
+    loss = sbp.as_scalar(nn.sum_all(square(sbp.grad(saddle_g(), q)))) + sbp.as_scalar(nn.sum_all(p.applyfunc(sp.cos)))
+    mod = sbp.compile(sbp.Model("saddle_hvp", inputs=[A], params=[p, q, s], loss=loss), functions=("hvp",))
+    rng = np.random.default_rng(7)
+    arrays = {"A": rng.standard_normal((2, 3)), "p": rng.standard_normal((3, 1)), "q": rng.standard_normal((2, 1)),
+              "s": 0.9}
+    directions = {"p": rng.standard_normal((3, 1)), "q": rng.standard_normal((2, 1)), "s": -0.3}
+
+    def jax_loss(v):
+        grad_q = jax.grad(lambda q_: jax_saddle_g(v, q_))(v["q"][:, 0])
+        return jnp.sum(grad_q**2) + jnp.sum(jnp.cos(v["p"]))
+
+    primal = {k: jnp.asarray(arrays[k]) for k in ("p", "q", "s")}
+    tangent = {k: jnp.asarray(directions[k]) for k in ("p", "q", "s")}
+    _, want = jax.jvp(jax.grad(lambda w: jax_loss({**w, "A": jnp.asarray(arrays["A"])})), (primal,), (tangent,))
+    got = mod.hvp(directions, **arrays)
+    for name in ("p", "q", "s"):
+        assert relative_error(np.reshape(got[name], np.shape(want[name])), np.asarray(want[name])) < 1e-10, name
