@@ -51,7 +51,8 @@ d2u = sbp.grad(nn.sum_all(du), x)  # u''(x_i)
 source = x.applyfunc(lambda v: sp.pi**2 * sp.sin(sp.pi * v))
 loss = nn.mean_all(square(d2u + source)) + nn.mean_all(square(u(xb)))
 
-model = sbp.Model("pinn_poisson", inputs=[x, xb], params=list(PARAMS), loss=loss, outputs={"u": u(x)})
+model = sbp.Model("pinn_poisson", inputs=[x, xb], params=list(PARAMS), loss=loss, outputs={"u": u(x)},
+                  names={"du": du, "d2u": d2u})  # what the C calls them
 
 
 def init_params(rng: np.random.Generator) -> dict:

@@ -200,36 +200,36 @@ int pinn_poisson_forward(
         }
     }
 
-    /* t22 = t21 @ W1^T */
-    PINN_POISSON_REAL *t22 = t16 + 16*n; /* n x 1 */
-    symbackprop_f64_matmul(n, 1, 16, t21, 16, 1, W1, 1, 0, t22);
+    /* d2u = t21 @ W1^T */
+    PINN_POISSON_REAL *d2u = t16 + 16*n; /* n x 1 */
+    symbackprop_f64_matmul(n, 1, 16, t21, 16, 1, W1, 1, 0, d2u);
 
-    /* t23 = (t22 + pi**2*sin(pi*x))**2 */
-    PINN_POISSON_REAL *t23 = t22 + n; /* n x 1 */
+    /* t22 = (d2u + pi**2*sin(pi*x))**2 */
+    PINN_POISSON_REAL *t22 = d2u + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t23[i] = pow(t22[i] + pow(3.1415926535897932, 2)*sin(3.1415926535897932*x[i]), 2);
+        t22[i] = pow(d2u[i] + pow(3.1415926535897932, 2)*sin(3.1415926535897932*x[i]), 2);
     }
 
-    /* t24 = sum of t23 down each column */
-    PINN_POISSON_REAL *t24 = t23 + n; /* 1 x 1 */
-    t24[0] = symbackprop_f64_sum(t23, n, 1);
+    /* t23 = sum of t22 down each column */
+    PINN_POISSON_REAL *t23 = t22 + n; /* 1 x 1 */
+    t23[0] = symbackprop_f64_sum(t22, n, 1);
 
-    /* loss = t6/2 + t24/n */
+    /* loss = t6/2 + t23/n */
     {
-        loss[0] = (1.0/2.0)*t6[0] + t24[0]/((PINN_POISSON_REAL)n);
+        loss[0] = (1.0/2.0)*t6[0] + t23[0]/((PINN_POISSON_REAL)n);
     }
 
-    /* t25 = t14 @ W3 */
-    PINN_POISSON_REAL *t25 = t22; /* n x 1, in t22's memory */
-    symbackprop_f64_matmul(n, 1, 16, t14, 16, 1, W3, 1, 0, t25);
+    /* t24 = t14 @ W3 */
+    PINN_POISSON_REAL *t24 = d2u; /* n x 1, in d2u's memory */
+    symbackprop_f64_matmul(n, 1, 16, t14, 16, 1, W3, 1, 0, t24);
 
-    /* u = b3 + t25 */
+    /* u = b3 + t24 */
     {
         const PINN_POISSON_REAL b3_value = b3[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < n; ++i) {
-            u[i] = b3_value + t25[i];
+            u[i] = b3_value + t24[i];
         }
     }
     return 0;
@@ -358,17 +358,17 @@ static void pinn_poisson_value_and_grad_part1(
     symbackprop_f64_matmul(n, 16, 1, x, 1, 0, W1, 0, 1, t9);
 
     /* t10 = tanh(b1 + t9) */
-    /* t26 = -2*tanh(b1 + t9) */
+    /* t25 = -2*tanh(b1 + t9) */
     /* t11 = 1 - tanh(b1 + t9)**2 */
     PINN_POISSON_REAL *t10 = t9 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t26 = t10 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t11 = t26 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *t25 = t10 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *t11 = t25 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             const PINN_POISSON_REAL x0 = tanh(b1[j] + t9[16*i + j]);
             t10[16*i + j] = x0;
-            t26[16*i + j] = -2*x0;
+            t25[16*i + j] = -2*x0;
             t11[16*i + j] = 1 - (x0*x0);
         }
     }
@@ -379,10 +379,10 @@ static void pinn_poisson_value_and_grad_part1(
 
     /* t15 = 1 - tanh(b2 + t13)**2 */
     /* t16 = t8*(1 - tanh(b2 + t13)**2) */
-    /* t27 = -2*tanh(b2 + t13) */
+    /* t26 = -2*tanh(b2 + t13) */
     PINN_POISSON_REAL *t15 = t11 + 16*n; /* n x 16 */
     PINN_POISSON_REAL *t16 = t15 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t27 = t16 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *t26 = t16 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
@@ -390,7 +390,7 @@ static void pinn_poisson_value_and_grad_part1(
             const PINN_POISSON_REAL x1 = 1 - (x0*x0);
             t15[16*i + j] = x1;
             t16[16*i + j] = t8[16*i + j]*x1;
-            t27[16*i + j] = -2*x0;
+            t26[16*i + j] = -2*x0;
         }
     }
 
@@ -398,14 +398,14 @@ static void pinn_poisson_value_and_grad_part1(
     PINN_POISSON_REAL *t17 = t13; /* n x 16, in t13's memory */
     symbackprop_f64_matmul(n, 16, 16, t16, 16, 1, W2, 1, 16, t17);
 
-    /* t28 = t17*t7 */
+    /* t27 = t17*t7 */
     /* t12 = t11*t7 */
-    PINN_POISSON_REAL *t28 = t27 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t12 = t28 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *t27 = t26 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *t12 = t27 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t28[16*i + j] = t7[16*i + j]*t17[16*i + j];
+            t27[16*i + j] = t7[16*i + j]*t17[16*i + j];
             t12[16*i + j] = t7[16*i + j]*t11[16*i + j];
         }
     }
@@ -414,19 +414,19 @@ static void pinn_poisson_value_and_grad_part1(
     PINN_POISSON_REAL *t18 = t12 + 16*n; /* n x 16 */
     symbackprop_f64_matmul(n, 16, 16, t12, 16, 1, W2, 16, 1, t18);
 
-    /* t29 = t18*t8 */
-    /* t30 = t18*t27*t8 */
-    /* t19 = t15*t18*t27*t8 */
-    PINN_POISSON_REAL *t29 = t18 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t30 = t29 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t19 = t30 + 16*n; /* n x 16 */
+    /* t28 = t18*t8 */
+    /* t29 = t18*t26*t8 */
+    /* t19 = t15*t18*t26*t8 */
+    PINN_POISSON_REAL *t28 = t18 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *t29 = t28 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *t19 = t29 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             const PINN_POISSON_REAL x0 = t18[16*i + j]*t8[16*i + j];
-            const PINN_POISSON_REAL x1 = t27[16*i + j]*x0;
-            t29[16*i + j] = x0;
-            t30[16*i + j] = x1;
+            const PINN_POISSON_REAL x1 = t26[16*i + j]*x0;
+            t28[16*i + j] = x0;
+            t29[16*i + j] = x1;
             t19[16*i + j] = t15[16*i + j]*x1;
         }
     }
@@ -435,85 +435,85 @@ static void pinn_poisson_value_and_grad_part1(
     PINN_POISSON_REAL *t20 = t19 + 16*n; /* n x 16 */
     symbackprop_f64_matmul(n, 16, 16, t19, 16, 1, W2, 1, 16, t20);
 
-    /* t31 = t20 + t26*t28 */
-    /* t21 = t11*(t20 + t26*t28) */
-    PINN_POISSON_REAL *t31 = t20 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t21 = t31 + 16*n; /* n x 16 */
+    /* t30 = t20 + t25*t27 */
+    /* t21 = t11*(t20 + t25*t27) */
+    PINN_POISSON_REAL *t30 = t20 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *t21 = t30 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = t28[16*i + j]*t26[16*i + j] + t20[16*i + j];
-            t31[16*i + j] = x0;
+            const PINN_POISSON_REAL x0 = t27[16*i + j]*t25[16*i + j] + t20[16*i + j];
+            t30[16*i + j] = x0;
             t21[16*i + j] = t11[16*i + j]*x0;
         }
     }
 
-    /* t22 = t21 @ W1^T */
-    PINN_POISSON_REAL *t22 = t21 + 16*n; /* n x 1 */
-    symbackprop_f64_matmul(n, 1, 16, t21, 16, 1, W1, 1, 0, t22);
+    /* d2u = t21 @ W1^T */
+    PINN_POISSON_REAL *d2u = t21 + 16*n; /* n x 1 */
+    symbackprop_f64_matmul(n, 1, 16, t21, 16, 1, W1, 1, 0, d2u);
 
-    /* t23 = (t22 + pi**2*sin(pi*x))**2 */
-    /* g1 = (2*t22 + 2*pi**2*sin(pi*x))/n */
-    PINN_POISSON_REAL *t23 = t22 + n; /* n x 1 */
-    PINN_POISSON_REAL *g1 = t23 + n; /* n x 1 */
+    /* t22 = (d2u + pi**2*sin(pi*x))**2 */
+    /* g1 = (2*d2u + 2*pi**2*sin(pi*x))/n */
+    PINN_POISSON_REAL *t22 = d2u + n; /* n x 1 */
+    PINN_POISSON_REAL *g1 = t22 + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         const PINN_POISSON_REAL x0 = pow(3.1415926535897932, 2)*sin(3.1415926535897932*x[i]);
-        t23[i] = pow(t22[i] + x0, 2);
-        g1[i] = (2*t22[i] + 2*x0)/((PINN_POISSON_REAL)n);
+        t22[i] = pow(d2u[i] + x0, 2);
+        g1[i] = (2*d2u[i] + 2*x0)/((PINN_POISSON_REAL)n);
     }
 
-    /* t24 = sum of t23 down each column */
-    PINN_POISSON_REAL *t24 = g1 + n; /* 1 x 1 */
-    t24[0] = symbackprop_f64_sum(t23, n, 1);
+    /* t23 = sum of t22 down each column */
+    PINN_POISSON_REAL *t23 = g1 + n; /* 1 x 1 */
+    t23[0] = symbackprop_f64_sum(t22, n, 1);
 
-    /* loss = t6/2 + t24/n */
+    /* loss = t6/2 + t23/n */
     {
-        loss[0] = (1.0/2.0)*t6[0] + t24[0]/((PINN_POISSON_REAL)n);
+        loss[0] = (1.0/2.0)*t6[0] + t23[0]/((PINN_POISSON_REAL)n);
     }
 
     /* grad_W1_part = g1^T @ t21 */
-    PINN_POISSON_REAL *grad_W1_part = t24 + 1; /* 1 x 16 */
+    PINN_POISSON_REAL *grad_W1_part = t23 + 1; /* 1 x 16 */
     symbackprop_f64_matmul(1, 16, n, g1, 0, 1, t21, 16, 1, grad_W1_part);
 
     /* grad_t21 = g1 @ W1 */
     PINN_POISSON_REAL *grad_t21 = t20; /* n x 16, in t20's memory */
     symbackprop_f64_matmul(n, 16, 1, g1, 1, 0, W1, 0, 1, grad_t21);
 
-    /* grad_t31 = grad_t21*t11 */
-    /* grad_t28 = grad_t21*t11*t26 */
-    /* grad_t17 = grad_t21*t11*t26*t7 */
-    PINN_POISSON_REAL *grad_t31 = t21; /* n x 16, in t21's memory */
-    PINN_POISSON_REAL *grad_t28 = grad_W1_part + 16; /* n x 16 */
-    PINN_POISSON_REAL *grad_t17 = grad_t28 + 16*n; /* n x 16 */
+    /* grad_t30 = grad_t21*t11 */
+    /* grad_t27 = grad_t21*t11*t25 */
+    /* grad_t17 = grad_t21*t11*t25*t7 */
+    PINN_POISSON_REAL *grad_t30 = t21; /* n x 16, in t21's memory */
+    PINN_POISSON_REAL *grad_t27 = grad_W1_part + 16; /* n x 16 */
+    PINN_POISSON_REAL *grad_t17 = grad_t27 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             const PINN_POISSON_REAL x0 = grad_t21[16*i + j]*t11[16*i + j];
-            const PINN_POISSON_REAL x1 = t26[16*i + j]*x0;
-            grad_t31[16*i + j] = x0;
-            grad_t28[16*i + j] = x1;
+            const PINN_POISSON_REAL x1 = t25[16*i + j]*x0;
+            grad_t30[16*i + j] = x0;
+            grad_t27[16*i + j] = x1;
             grad_t17[16*i + j] = t7[16*i + j]*x1;
         }
     }
 
-    /* grad_t19 = grad_t31 @ W2 */
+    /* grad_t19 = grad_t30 @ W2 */
     PINN_POISSON_REAL *grad_t19 = grad_t17 + 16*n; /* n x 16 */
-    symbackprop_f64_matmul(n, 16, 16, grad_t31, 16, 1, W2, 16, 1, grad_t19);
+    symbackprop_f64_matmul(n, 16, 16, grad_t30, 16, 1, W2, 16, 1, grad_t19);
 
-    /* grad_t30 = grad_t19*t15 */
-    /* grad_t29 = grad_t19*t15*t27 */
-    /* grad_t18 = grad_t19*t15*t27*t8 */
-    PINN_POISSON_REAL *grad_t30 = grad_t19 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *grad_t29 = grad_t30 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *grad_t18 = grad_t29 + 16*n; /* n x 16 */
+    /* grad_t29 = grad_t19*t15 */
+    /* grad_t28 = grad_t19*t15*t26 */
+    /* grad_t18 = grad_t19*t15*t26*t8 */
+    PINN_POISSON_REAL *grad_t29 = grad_t19 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_t28 = grad_t29 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_t18 = grad_t28 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             const PINN_POISSON_REAL x0 = grad_t19[16*i + j]*t15[16*i + j];
-            const PINN_POISSON_REAL x1 = t27[16*i + j]*x0;
-            grad_t30[16*i + j] = x0;
-            grad_t29[16*i + j] = x1;
+            const PINN_POISSON_REAL x1 = t26[16*i + j]*x0;
+            grad_t29[16*i + j] = x0;
+            grad_t28[16*i + j] = x1;
             grad_t18[16*i + j] = t8[16*i + j]*x1;
         }
     }
@@ -526,15 +526,15 @@ static void pinn_poisson_value_and_grad_part1(
     PINN_POISSON_REAL *grad_t16 = grad_t12 + 16*n; /* n x 16 */
     symbackprop_f64_matmul(n, 16, 16, grad_t17, 16, 1, W2, 16, 1, grad_t16);
 
-    /* g2 = t15*(-2*grad_t30*t29 + t27*(grad_t16*t8 + grad_t19*t30)) */
-    /* grad_t8 = grad_t16*t15 + grad_t29*t18 */
+    /* g2 = t15*(-2*grad_t29*t28 + t26*(grad_t16*t8 + grad_t19*t29)) */
+    /* grad_t8 = grad_t16*t15 + grad_t28*t18 */
     PINN_POISSON_REAL *g2 = grad_t16 + 16*n; /* n x 16 */
     PINN_POISSON_REAL *grad_t8 = g2 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            g2[16*i + j] = t15[16*i + j]*(-2*grad_t30[16*i + j]*t29[16*i + j] + t27[16*i + j]*(grad_t19[16*i + j]*t30[16*i + j] + grad_t16[16*i + j]*t8[16*i + j]));
-            grad_t8[16*i + j] = grad_t16[16*i + j]*t15[16*i + j] + grad_t29[16*i + j]*t18[16*i + j];
+            g2[16*i + j] = t15[16*i + j]*(-2*grad_t29[16*i + j]*t28[16*i + j] + t26[16*i + j]*(grad_t19[16*i + j]*t29[16*i + j] + grad_t16[16*i + j]*t8[16*i + j]));
+            grad_t8[16*i + j] = grad_t16[16*i + j]*t15[16*i + j] + grad_t28[16*i + j]*t18[16*i + j];
         }
     }
 
@@ -567,35 +567,35 @@ static void pinn_poisson_value_and_grad_part2(
     PINN_POISSON_REAL *g0 = work + 100; /* 2 x 1; placed in an earlier part */
     PINN_POISSON_REAL *t7 = work + 103; /* n x 16; placed in an earlier part */
     PINN_POISSON_REAL *t10 = work + 48*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *t26 = work + 64*n + 103; /* n x 16; placed in an earlier part */
+    PINN_POISSON_REAL *t25 = work + 64*n + 103; /* n x 16; placed in an earlier part */
     PINN_POISSON_REAL *t11 = work + 80*n + 103; /* n x 16; placed in an earlier part */
     PINN_POISSON_REAL *t15 = work + 96*n + 103; /* n x 16; placed in an earlier part */
     PINN_POISSON_REAL *t16 = work + 112*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *t27 = work + 128*n + 103; /* n x 16; placed in an earlier part */
+    PINN_POISSON_REAL *t26 = work + 128*n + 103; /* n x 16; placed in an earlier part */
     PINN_POISSON_REAL *t17 = work + 32*n + 103; /* n x 16, in t13's memory; placed in an earlier part */
-    PINN_POISSON_REAL *t28 = work + 144*n + 103; /* n x 16; placed in an earlier part */
+    PINN_POISSON_REAL *t27 = work + 144*n + 103; /* n x 16; placed in an earlier part */
     PINN_POISSON_REAL *t12 = work + 160*n + 103; /* n x 16; placed in an earlier part */
     PINN_POISSON_REAL *t19 = work + 224*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *t31 = work + 256*n + 103; /* n x 16; placed in an earlier part */
+    PINN_POISSON_REAL *t30 = work + 256*n + 103; /* n x 16; placed in an earlier part */
     PINN_POISSON_REAL *grad_W1_part = work + 291*n + 104; /* 1 x 16; placed in an earlier part */
     PINN_POISSON_REAL *grad_t21 = work + 240*n + 103; /* n x 16, in t20's memory; placed in an earlier part */
-    PINN_POISSON_REAL *grad_t31 = work + 272*n + 103; /* n x 16, in t21's memory; placed in an earlier part */
-    PINN_POISSON_REAL *grad_t28 = work + 291*n + 120; /* n x 16; placed in an earlier part */
+    PINN_POISSON_REAL *grad_t30 = work + 272*n + 103; /* n x 16, in t21's memory; placed in an earlier part */
+    PINN_POISSON_REAL *grad_t27 = work + 291*n + 120; /* n x 16; placed in an earlier part */
     PINN_POISSON_REAL *grad_t17 = work + 307*n + 120; /* n x 16; placed in an earlier part */
     PINN_POISSON_REAL *grad_t18 = work + 371*n + 120; /* n x 16; placed in an earlier part */
     PINN_POISSON_REAL *grad_t12 = work + 387*n + 120; /* n x 16; placed in an earlier part */
     PINN_POISSON_REAL *g2 = work + 419*n + 120; /* n x 16; placed in an earlier part */
     PINN_POISSON_REAL *grad_t8 = work + 435*n + 120; /* n x 16; placed in an earlier part */
     PINN_POISSON_REAL *grad_t10_part = work + 16*n + 103; /* n x 16, in t8's memory; placed in an earlier part */
-    /* g3 = t11*(grad_t10_part - 2*grad_t31*t28 + t26*(grad_t12*t7 + grad_t21*t31)) */
-    /* grad_t7 = grad_t12*t11 + grad_t28*t17 */
+    /* g3 = t11*(grad_t10_part - 2*grad_t30*t27 + t25*(grad_t12*t7 + grad_t21*t30)) */
+    /* grad_t7 = grad_t12*t11 + grad_t27*t17 */
     PINN_POISSON_REAL *g3 = t15; /* n x 16, in t15's memory */
-    PINN_POISSON_REAL *grad_t7 = t27; /* n x 16, in t27's memory */
+    PINN_POISSON_REAL *grad_t7 = t26; /* n x 16, in t26's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            g3[16*i + j] = t11[16*i + j]*(t26[16*i + j]*(grad_t21[16*i + j]*t31[16*i + j] + grad_t12[16*i + j]*t7[16*i + j]) - 2*grad_t31[16*i + j]*t28[16*i + j] + grad_t10_part[16*i + j]);
-            grad_t7[16*i + j] = t17[16*i + j]*grad_t28[16*i + j] + grad_t12[16*i + j]*t11[16*i + j];
+            g3[16*i + j] = t11[16*i + j]*(t25[16*i + j]*(grad_t21[16*i + j]*t30[16*i + j] + grad_t12[16*i + j]*t7[16*i + j]) - 2*grad_t30[16*i + j]*t27[16*i + j] + grad_t10_part[16*i + j]);
+            grad_t7[16*i + j] = t17[16*i + j]*grad_t27[16*i + j] + grad_t12[16*i + j]*t11[16*i + j];
         }
     }
 
@@ -685,9 +685,9 @@ static void pinn_poisson_value_and_grad_part2(
     PINN_POISSON_REAL *grad_W2_part = grad_W1_part_3 + 16; /* 16 x 16 */
     symbackprop_f64_matmul(16, 16, n, t12, 1, 16, grad_t18, 16, 1, grad_W2_part);
 
-    /* g6 = t19^T @ grad_t31 */
+    /* g6 = t19^T @ grad_t30 */
     PINN_POISSON_REAL *g6 = grad_W2_part + 256; /* 16 x 16 */
-    symbackprop_f64_matmul(16, 16, n, t19, 1, 16, grad_t31, 16, 1, g6);
+    symbackprop_f64_matmul(16, 16, n, t19, 1, 16, grad_t30, 16, 1, g6);
 
     /* g7 = t16^T @ grad_t17 */
     PINN_POISSON_REAL *g7 = g6 + 256; /* 16 x 16 */
