@@ -7,6 +7,7 @@ Declare a model in SymPy, compile it, call the generated C from Python::
 """
 
 from symbackprop._version import __version__
+from symbackprop.declare.derivatives import grad, jvp
 from symbackprop.declare.model import Model, as_scalar
 from symbackprop.declare.tensor import Index, cumsum, gather, map_examples, reduce
 from symbackprop.deep import build_deep
@@ -38,6 +39,8 @@ __all__ = [
     "final_state",
     "from_torch",
     "gather",
+    "grad",
+    "jvp",
     "map_examples",
     "reduce",
     "scan",

@@ -141,7 +141,27 @@ def lstm_lm_loss(d: dict) -> float:
     return float(np.mean(_logsumexp(z, 1) - (d["Y"] * z).sum(axis=1)))
 
 
+def _mlp_and_second_derivative(d: dict, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A two-hidden-layer tanh MLP of a column x and its second derivative
+    in x, by the chain rule written out (tanh' = 1 - tanh^2)."""
+    h1 = np.tanh(x @ d["W1"] + d["b1"])
+    dh1 = (1 - h1**2) * d["W1"]
+    d2h1 = -2 * h1 * (1 - h1**2) * d["W1"] ** 2
+    h2 = np.tanh(h1 @ d["W2"] + d["b2"])
+    dz2, d2z2 = dh1 @ d["W2"], d2h1 @ d["W2"]
+    d2h2 = -2 * h2 * (1 - h2**2) * dz2**2 + (1 - h2**2) * d2z2
+    return h2 @ d["W3"] + d["b3"], d2h2 @ d["W3"]
+
+
+def pinn_poisson_loss(d: dict) -> float:
+    """examples/pinn_poisson.py: mean (u'' + pi^2 sin(pi x))^2 + mean u(boundary)^2."""
+    _, d2u = _mlp_and_second_derivative(d, d["x"])
+    boundary, _ = _mlp_and_second_derivative(d, d["xb"])
+    return float(np.mean((d2u + np.pi**2 * np.sin(np.pi * d["x"])) ** 2) + np.mean(boundary**2))
+
+
 NUMPY_LOSSES = {
+    "pinn_poisson": pinn_poisson_loss,
     "lstm_lm": lstm_lm_loss,
     "gmm": gmm_loss,
     "bundle_adjustment": bundle_adjustment_loss,

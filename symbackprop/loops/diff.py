@@ -18,8 +18,8 @@ from symbackprop.ir.node import Node, op_node, placeholder
 from symbackprop.loops.graph import ScanBack, ScanStep, backward_scratch, scan_node, scan_part
 
 NO_SECOND_ORDER = (
-    "forward-over-reverse differentiation (hvp, hessian) through a scan is not supported; "
-    "use value_and_grad, vjp or jvp"
+    "differentiating a scan's backward pass again (hvp, hessian, a loss that holds sbp.grad of a scan) "
+    "through a scan is not supported; use value_and_grad, vjp or jvp (sbp.jvp inside a loss)"
 )
 
 

@@ -1,0 +1,60 @@
+"""Lowering sbp.grad and sbp.jvp (symbackprop.declare.derivatives): the
+differentiated expression is lowered with the model's other expressions
+(one memo: its nodes are the forward pass's), then reverse or forward mode
+runs over that subgraph. The result is ordinary IR nodes, hash-consed with
+the rest, which the pipeline's own differentiation differentiates again:
+second order needs no op of its own, only that every op the rules emit has
+rules itself. Where one has none (scan's backward pass, prod's product of
+the others) its rule raises a ModelError that names it.
+
+The records below are lowering rules only: no node has their tags.
+"""
+
+from __future__ import annotations
+
+from symbackprop.declare.derivatives import Grad, Jvp
+from symbackprop.diff.autodiff import jvp, vjp
+from symbackprop.errors import ModelError
+from symbackprop.ir.lower import Lowerer, shape_of
+from symbackprop.ir.node import Node
+from symbackprop.messages import short
+from symbackprop.ops.registry import extend
+
+
+def _target(lowerer: Lowerer, wrt, what: str) -> Node:
+    """The leaf node of `wrt`: an input or param of the model."""
+    node = lowerer.leaves.get(wrt)
+    if node is None or node.op != "leaf":
+        raise ModelError(f"{what} is taken with respect to {wrt}, which is not an input or param of the model "
+                         "(declare it in inputs or params; an intermediate value has no leaf to differentiate by)")
+    return node
+
+
+def _mismatch(what: str, given: Node, want: Node, expr) -> ModelError:
+    return ModelError(f"{what} has shape {given.shape} but must have shape {want.shape} in {short(expr)}")
+
+
+def lower_grad(lowerer: Lowerer, expr: Grad) -> Node:
+    """The adjoint of wrt, seeded with the cotangent at expr."""
+    target = _target(lowerer, expr.wrt, f"grad of {short(expr.expr)}")
+    root = lowerer.lower(expr.expr)
+    seed = lowerer.lower(expr.cotangent)
+    if seed.shape != root.shape:
+        raise _mismatch("the cotangent of grad", seed, root, expr)
+    (gradient,), _ = vjp([(root, seed)], [target])
+    return gradient
+
+
+def lower_jvp(lowerer: Lowerer, expr: Jvp) -> Node:
+    """The tangent of expr, wrt moving along the direction."""
+    target = _target(lowerer, expr.wrt, f"jvp of {short(expr.expr)}")
+    root = lowerer.lower(expr.expr)
+    direction = lowerer.lower(expr.direction)
+    if direction.shape != target.shape:
+        raise _mismatch("the direction of jvp", direction, target, expr)
+    (tangent,) = jvp([root], {target: direction})
+    return tangent
+
+
+extend("grad", lowering=((Grad, lower_grad),), shapes=((Grad, lambda e, of: shape_of(e.wrt)),))
+extend("jvp", lowering=((Jvp, lower_jvp),), shapes=((Jvp, lambda e, of: of(e.expr)),))
