@@ -794,7 +794,8 @@ int pinn_poisson_value_and_grad(
     return 0;
 }
 
-/* --- what the functions take (see pinn_poisson.h) --- */
+/* --- what the functions take, and each called with its arrays in arrays (see
+ * pinn_poisson.h) --- */
 
 int pinn_poisson_n_dims(void)
 {
@@ -807,6 +808,16 @@ const char *pinn_poisson_name_dim(int64_t i)
     return i >= 0 && i < 1 ? names[i] : NULL;
 }
 
+
+int pinn_poisson_forward_n_dims(void)
+{
+    return pinn_poisson_n_dims(); /* the module's */
+}
+
+const char *pinn_poisson_forward_name_dim(int64_t i)
+{
+    return pinn_poisson_name_dim(i);
+}
 
 int pinn_poisson_forward_n_in(void)
 {
@@ -867,6 +878,45 @@ int pinn_poisson_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape
     default:
         return 3;
     }
+}
+
+size_t pinn_poisson_forward_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : pinn_poisson_forward_work_len(dims[0]);
+}
+
+/* pinn_poisson_forward with its arrays in arrays (see pinn_poisson.h). */
+int pinn_poisson_forward_call(const int64_t *dims, const void *const *in, void *const *out, PINN_POISSON_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && pinn_poisson_forward_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 8; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return pinn_poisson_forward(
+        dims[0], (const PINN_POISSON_REAL *)in[0], (const PINN_POISSON_REAL *)in[1],
+        (const PINN_POISSON_REAL *)in[2], (const PINN_POISSON_REAL *)in[3], (const PINN_POISSON_REAL *)in[4],
+        (const PINN_POISSON_REAL *)in[5], (const PINN_POISSON_REAL *)in[6], (const PINN_POISSON_REAL *)in[7],
+        (PINN_POISSON_REAL *)out[0], (PINN_POISSON_REAL *)out[1], work
+    );
+}
+
+int pinn_poisson_value_and_grad_n_dims(void)
+{
+    return pinn_poisson_n_dims(); /* the module's */
+}
+
+const char *pinn_poisson_value_and_grad_name_dim(int64_t i)
+{
+    return pinn_poisson_name_dim(i);
 }
 
 int pinn_poisson_value_and_grad_n_in(void)
@@ -933,4 +983,35 @@ int pinn_poisson_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_
     default:
         return 3;
     }
+}
+
+size_t pinn_poisson_value_and_grad_call_work_len(const int64_t *dims)
+{
+    return dims == NULL ? 0 : pinn_poisson_value_and_grad_work_len(dims[0]);
+}
+
+/* pinn_poisson_value_and_grad with its arrays in arrays (see pinn_poisson.h). */
+int pinn_poisson_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, PINN_POISSON_REAL *work)
+{
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL && pinn_poisson_value_and_grad_call_work_len(dims) > 0)) {
+        return 4;
+    }
+    for (int i = 0; i < 8; ++i) {
+        if (in[i] == NULL) {
+            return 4;
+        }
+    }
+    for (int i = 0; i < 7; ++i) {
+        if (out[i] == NULL) {
+            return 4;
+        }
+    }
+    return pinn_poisson_value_and_grad(
+        dims[0], (const PINN_POISSON_REAL *)in[0], (const PINN_POISSON_REAL *)in[1],
+        (const PINN_POISSON_REAL *)in[2], (const PINN_POISSON_REAL *)in[3], (const PINN_POISSON_REAL *)in[4],
+        (const PINN_POISSON_REAL *)in[5], (const PINN_POISSON_REAL *)in[6], (const PINN_POISSON_REAL *)in[7],
+        (PINN_POISSON_REAL *)out[0], (PINN_POISSON_REAL *)out[1], (PINN_POISSON_REAL *)out[2],
+        (PINN_POISSON_REAL *)out[3], (PINN_POISSON_REAL *)out[4], (PINN_POISSON_REAL *)out[5],
+        (PINN_POISSON_REAL *)out[6], work
+    );
 }

@@ -8,6 +8,7 @@
  *   1: a dimension is below 1 (nothing written)
  *   2: an Index holds a row number outside the array it gathers from (nothing written)
  *   3: no argument of that number (nothing written)
+ *   4: a NULL pointer where an array is needed (nothing written)
  * Each function's comment lists those it can return.
  * `work` must hold <function>_work_len(dims) elements of PINN_POISSON_REAL (0 when a
  * dimension is below 1: the function then returns 1 without touching it); it is
@@ -15,11 +16,14 @@
  * at once with one workspace each. Output arrays must not overlap inputs.
  *
  * The module describes itself (docs/c_programs.md), so that a program can
- * find every array's name and shape without reading Python:
+ * find every array's name and shape, and call any function, without reading
+ * Python:
  *   pinn_poisson_n_dims(), pinn_poisson_name_dim(i): its dimensions, in the order
  *     a `dims` array lists them;
- *   for each function F: F_n_in(), F_n_out(): how many arrays it reads and
- *     writes (in the order of its parameters, after the dimensions);
+ *   for each function F: F_n_dims(), F_name_dim(i): the dimensions its `dims`
+ *     array holds (the module's, but for a train_epoch);
+ *     F_n_in(), F_n_out(): how many arrays it reads and writes (in the
+ *     order of its parameters, after the dimensions);
  *     F_name_in(i), F_name_out(i): their parameter names (NULL past the last);
  *     F_kind_in(i): what the i-th input is (-1 past the last):
  *       0: reals it reads;
@@ -27,7 +31,12 @@
  *       2: reals it reads and updates in place (a train step's parameters and state);
  *     F_shape_in(i, dims, shape), F_shape_out(i, dims, shape): set shape[0]
  *     and shape[1] to its rows and columns (arrays are dense, row-major)
- *     and return 0; or return 1 or 3 (see above) and set nothing.
+ *     and return 0; or return 1 or 3 (see above) and set nothing;
+ *     F_call(dims, in, out, work): F with its arrays in arrays: in[i] the
+ *     i-th input (PINN_POISSON_REAL or, an Index, int64_t; one of kind 2, which F
+ *     updates, must be writable), out[i] the i-th output, work of
+ *     F_call_work_len(dims) elements; returns 4 when a pointer it needs
+ *     is NULL, else what F returns.
  */
 #ifndef PINN_POISSON_H
 #define PINN_POISSON_H
@@ -75,6 +84,8 @@ const char *pinn_poisson_name_dim(int64_t i);
  */
 size_t pinn_poisson_forward_work_len(int64_t n);
 int pinn_poisson_forward(int64_t n, const PINN_POISSON_REAL *x, const PINN_POISSON_REAL *xb, const PINN_POISSON_REAL *W1, const PINN_POISSON_REAL *b1, const PINN_POISSON_REAL *W2, const PINN_POISSON_REAL *b2, const PINN_POISSON_REAL *W3, const PINN_POISSON_REAL *b3, PINN_POISSON_REAL *loss, PINN_POISSON_REAL *u, PINN_POISSON_REAL *work);
+int pinn_poisson_forward_n_dims(void);
+const char *pinn_poisson_forward_name_dim(int64_t i);
 int pinn_poisson_forward_n_in(void);
 int pinn_poisson_forward_n_out(void);
 const char *pinn_poisson_forward_name_in(int64_t i);
@@ -82,6 +93,8 @@ const char *pinn_poisson_forward_name_out(int64_t i);
 int pinn_poisson_forward_kind_in(int64_t i);
 int pinn_poisson_forward_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int pinn_poisson_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
+size_t pinn_poisson_forward_call_work_len(const int64_t *dims);
+int pinn_poisson_forward_call(const int64_t *dims, const void *const *in, void *const *out, PINN_POISSON_REAL *work);
 
 /* The loss and its gradient (reverse mode).
  *   x: input, n x 1
@@ -104,6 +117,8 @@ int pinn_poisson_forward_shape_out(int64_t i, const int64_t *dims, int64_t shape
  */
 size_t pinn_poisson_value_and_grad_work_len(int64_t n);
 int pinn_poisson_value_and_grad(int64_t n, const PINN_POISSON_REAL *x, const PINN_POISSON_REAL *xb, const PINN_POISSON_REAL *W1, const PINN_POISSON_REAL *b1, const PINN_POISSON_REAL *W2, const PINN_POISSON_REAL *b2, const PINN_POISSON_REAL *W3, const PINN_POISSON_REAL *b3, PINN_POISSON_REAL *loss, PINN_POISSON_REAL *grad_W1, PINN_POISSON_REAL *grad_b1, PINN_POISSON_REAL *grad_W2, PINN_POISSON_REAL *grad_b2, PINN_POISSON_REAL *grad_W3, PINN_POISSON_REAL *grad_b3, PINN_POISSON_REAL *work);
+int pinn_poisson_value_and_grad_n_dims(void);
+const char *pinn_poisson_value_and_grad_name_dim(int64_t i);
 int pinn_poisson_value_and_grad_n_in(void);
 int pinn_poisson_value_and_grad_n_out(void);
 const char *pinn_poisson_value_and_grad_name_in(int64_t i);
@@ -111,6 +126,8 @@ const char *pinn_poisson_value_and_grad_name_out(int64_t i);
 int pinn_poisson_value_and_grad_kind_in(int64_t i);
 int pinn_poisson_value_and_grad_shape_in(int64_t i, const int64_t *dims, int64_t shape[2]);
 int pinn_poisson_value_and_grad_shape_out(int64_t i, const int64_t *dims, int64_t shape[2]);
+size_t pinn_poisson_value_and_grad_call_work_len(const int64_t *dims);
+int pinn_poisson_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, PINN_POISSON_REAL *work);
 
 #ifdef __cplusplus
 }
