@@ -53,7 +53,8 @@ def read_header(header: str) -> list[CFunctionAbi]:
     not the self-describing ones), with each array's shape from the comment
     above its prototype."""
     functions, shapes = [], {}
-    computing = set(re.findall(r"^size_t (\w+)_work_len\(", header, re.M))
+    computing = {name for name in re.findall(r"^size_t (\w+)_work_len\(", header, re.M)
+                 if not name.endswith("_call")}  # F_call, the array form: its arrays are F's
     for line in header.splitlines():
         if line.startswith("/*"):
             shapes = {}
