@@ -105,6 +105,16 @@ def test_comment_lines_fit_in_100_columns():
                 assert len(line) <= WIDTH or " " not in line.strip(), f"{path}:{number}"
 
 
+def test_no_trailing_blanks_and_a_function_body_opens_on_its_own_line():
+    """What a reviewer's diff shows as noise: blanks at line ends, and code
+    glued to the brace that opens a function."""
+    files = [*GENERATED.glob("*/*.c"), *GENERATED.glob("*/*.h"), GENERATED / RUNTIME_HEADER]
+    for path in files:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            assert line == line.rstrip(), f"{path}:{number}: trailing blanks"
+            assert not re.match(r"\{\s*\S", line), f"{path}:{number}: code after an opening brace"
+
+
 def test_wrapping_keeps_every_word_in_order():
     text = " ".join(f"w{k}[i, {k}]*(a + b{k})" for k in range(40))
     lines = wrap(text, 60, 60)

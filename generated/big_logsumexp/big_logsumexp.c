@@ -30,10 +30,11 @@ static int big_logsumexp_run(
     BIG_LOGSUMEXP_REAL *work,
     int with_grads
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
-        (void)work;
+    (void)work;
 
     /* loss = log(sum(exp(v))) down each column, its max subtracted first */
     loss[0] = symbackprop_f64_logsumexp(v, n, 1);
@@ -68,7 +69,8 @@ int big_logsumexp_forward(
     BIG_LOGSUMEXP_REAL *loss,
     BIG_LOGSUMEXP_REAL *work
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
     return big_logsumexp_run(n, v, loss, NULL, work, 0);
@@ -90,7 +92,8 @@ int big_logsumexp_value_and_grad(
     BIG_LOGSUMEXP_REAL *grad_v,
     BIG_LOGSUMEXP_REAL *work
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
     return big_logsumexp_run(n, v, loss, grad_v, work, 1);

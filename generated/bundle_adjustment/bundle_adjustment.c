@@ -36,7 +36,8 @@ SYMBACKPROP_WIDE int bundle_adjustment_forward(
     BUNDLE_ADJUSTMENT_REAL *jacobian,
     BUNDLE_ADJUSTMENT_REAL *work
 )
-{    if (N < 1) {
+{
+    if (N < 1) {
         return 1;
     }
     if (C < 1) {
@@ -425,7 +426,8 @@ SYMBACKPROP_WIDE int bundle_adjustment_value_and_grad(
     BUNDLE_ADJUSTMENT_REAL *grad_weights,
     BUNDLE_ADJUSTMENT_REAL *work
 )
-{    if (N < 1) {
+{
+    if (N < 1) {
         return 1;
     }
     if (C < 1) {

@@ -39,10 +39,11 @@ static int digits_mlp_run(
     DIGITS_MLP_REAL *work,
     int with_grads
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
-    
+
     /* t0 = X @ W1 */
     DIGITS_MLP_REAL *t0 = work; /* n x 64 */
     symbackprop_f64_matmul(n, 64, 64, X, 64, 1, W1, 64, 1, t0);
@@ -162,7 +163,8 @@ int digits_mlp_forward(
     DIGITS_MLP_REAL *logits,
     DIGITS_MLP_REAL *work
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
     return digits_mlp_run(n, X, T, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL, NULL, work, 0);
@@ -192,7 +194,8 @@ int digits_mlp_value_and_grad(
     DIGITS_MLP_REAL *grad_b2,
     DIGITS_MLP_REAL *work
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
     return digits_mlp_run(n, X, T, W1, b1, W2, b2, loss, work + digits_mlp_run_work_len(n, 1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
@@ -232,10 +235,11 @@ int digits_mlp_train_step(
     DIGITS_MLP_REAL *loss,
     DIGITS_MLP_REAL *work
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
-    
+
     /* t0 = X @ W1 */
     DIGITS_MLP_REAL *t0 = work; /* n x 64 */
     symbackprop_f64_matmul(n, 64, 64, X, 64, 1, W1, 64, 1, t0);

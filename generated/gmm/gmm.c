@@ -39,13 +39,14 @@ static int gmm_run(
     GMM_REAL *work,
     int with_grads
 )
-{    if (N < 1) {
+{
+    if (N < 1) {
         return 1;
     }
     if (K < 1) {
         return 1;
     }
-    
+
     /* t0 = log(sum(exp(alpha))) down each column, its max subtracted first */
     GMM_REAL *t0 = work; /* 1 x 1 */
     t0[0] = symbackprop_f64_logsumexp(alpha, K, 1);
@@ -334,7 +335,8 @@ int gmm_forward(
     GMM_REAL *log_density,
     GMM_REAL *work
 )
-{    if (N < 1) {
+{
+    if (N < 1) {
         return 1;
     }
     if (K < 1) {
@@ -367,7 +369,8 @@ int gmm_value_and_grad(
     GMM_REAL *grad_ql,
     GMM_REAL *work
 )
-{    if (N < 1) {
+{
+    if (N < 1) {
         return 1;
     }
     if (K < 1) {

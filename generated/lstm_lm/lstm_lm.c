@@ -43,10 +43,11 @@ int lstm_lm_forward(
     LSTM_LM_REAL *logits,
     LSTM_LM_REAL *work
 )
-{    if (T < 1) {
+{
+    if (T < 1) {
         return 1;
     }
-    
+
     /* t0 = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of logits */
     LSTM_LM_REAL *t0 = work; /* 444 x 1 */
     {
@@ -329,10 +330,11 @@ int lstm_lm_value_and_grad(
     LSTM_LM_REAL *grad_c,
     LSTM_LM_REAL *work
 )
-{    if (T < 1) {
+{
+    if (T < 1) {
         return 1;
     }
-    
+
     /* t0 = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of logits;
      * one state in 32 kept in t6 */
     LSTM_LM_REAL *t0 = work; /* 444 x 1 */

@@ -1754,10 +1754,11 @@ static int lstm_sequence_run(
     LSTM_SEQUENCE_REAL *work,
     int with_grads
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
-        lstm_sequence_run_part1(n, x1_, x2_, x3_, x4_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, work, with_grads);
+    lstm_sequence_run_part1(n, x1_, x2_, x3_, x4_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, work, with_grads);
     lstm_sequence_run_part2(n, x4_, x5_, x6_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, work, with_grads);
     lstm_sequence_run_part3(n, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, V, c0, loss, logit, work, with_grads);
     if (!with_grads) {
@@ -1809,7 +1810,8 @@ int lstm_sequence_forward(
     LSTM_SEQUENCE_REAL *logit,
     LSTM_SEQUENCE_REAL *work
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
     return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, logit, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
@@ -1866,7 +1868,8 @@ int lstm_sequence_value_and_grad(
     LSTM_SEQUENCE_REAL *grad_c0,
     LSTM_SEQUENCE_REAL *work
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
     return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, work + lstm_sequence_run_work_len(n, 1), grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c0, work, 1);

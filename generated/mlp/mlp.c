@@ -39,10 +39,11 @@ static int mlp_run(
     MLP_REAL *work,
     int with_grads
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
-    
+
     /* t0 = X @ W1 */
     MLP_REAL *t0 = work; /* n x 4 */
     symbackprop_f64_matmul(n, 4, 3, X, 3, 1, W1, 4, 1, t0);
@@ -140,7 +141,8 @@ int mlp_forward(
     MLP_REAL *Y,
     MLP_REAL *work
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
     return mlp_run(n, X, T, W1, b1, W2, b2, loss, Y, NULL, NULL, NULL, NULL, work, 0);
@@ -170,7 +172,8 @@ int mlp_value_and_grad(
     MLP_REAL *grad_b2,
     MLP_REAL *work
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
     return mlp_run(n, X, T, W1, b1, W2, b2, loss, work + mlp_run_work_len(n, 1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);

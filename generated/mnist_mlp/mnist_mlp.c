@@ -35,7 +35,8 @@ static int mnist_mlp_run(
     MNIST_MLP_REAL *work,
     int with_grads
 )
-{    
+{
+
     /* t0 = X @ W1 */
     MNIST_MLP_REAL *t0 = work; /* 128 x 256 */
     symbackprop_f64_matmul(128, 256, 784, X, 784, 1, W1, 256, 1, t0);
@@ -150,7 +151,8 @@ int mnist_mlp_forward(
     MNIST_MLP_REAL *logits,
     MNIST_MLP_REAL *work
 )
-{    return mnist_mlp_run(X, T, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL, NULL, work, 0);
+{
+    return mnist_mlp_run(X, T, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL, NULL, work, 0);
 }
 
 size_t mnist_mlp_value_and_grad_work_len(void)
@@ -173,7 +175,8 @@ int mnist_mlp_value_and_grad(
     MNIST_MLP_REAL *grad_b2,
     MNIST_MLP_REAL *work
 )
-{    return mnist_mlp_run(X, T, W1, b1, W2, b2, loss, work + mnist_mlp_run_work_len(1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
+{
+    return mnist_mlp_run(X, T, W1, b1, W2, b2, loss, work + mnist_mlp_run_work_len(1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see mnist_mlp.h) --- */

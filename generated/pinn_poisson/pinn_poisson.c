@@ -35,10 +35,11 @@ int pinn_poisson_forward(
     PINN_POISSON_REAL *u,
     PINN_POISSON_REAL *work
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
-    
+
     /* t0 = xb @ W1 */
     PINN_POISSON_REAL *t0 = work; /* 2 x 16 */
     for (int64_t i = 0; i < 2; ++i) {
@@ -786,10 +787,11 @@ int pinn_poisson_value_and_grad(
     PINN_POISSON_REAL *grad_b3,
     PINN_POISSON_REAL *work
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
-        pinn_poisson_value_and_grad_part1(n, x, xb, W1, b1, W2, b2, W3, b3, loss, work);
+    pinn_poisson_value_and_grad_part1(n, x, xb, W1, b1, W2, b2, W3, b3, loss, work);
     pinn_poisson_value_and_grad_part2(n, x, xb, W2, W3, grad_W1, grad_b1, grad_W2, grad_b2, grad_W3, grad_b3, work);
     return 0;
 }

@@ -32,10 +32,11 @@ static int polynomial_fit_run(
     POLYNOMIAL_FIT_REAL *work,
     int with_grads
 )
-{    if (N < 1) {
+{
+    if (N < 1) {
         return 1;
     }
-    
+
     /* squared_error[i, 0] = (coeffs[0, 0] + coeffs[0, 1]*points[i, 0] +
      * coeffs[0, 2]*points[i, 0]**2 + coeffs[0, 3]*points[i, 0]**3 +
      * coeffs[0, 4]*points[i, 0]**4 + coeffs[0, 5]*points[i, 0]**5 - points[i, 1])**2 */
@@ -162,7 +163,8 @@ int polynomial_fit_forward(
     POLYNOMIAL_FIT_REAL *squared_error,
     POLYNOMIAL_FIT_REAL *work
 )
-{    if (N < 1) {
+{
+    if (N < 1) {
         return 1;
     }
     return polynomial_fit_run(N, points, coeffs, loss, squared_error, work + polynomial_fit_run_work_len(N, 0), work, 0);
@@ -185,7 +187,8 @@ int polynomial_fit_value_and_grad(
     POLYNOMIAL_FIT_REAL *grad_coeffs,
     POLYNOMIAL_FIT_REAL *work
 )
-{    if (N < 1) {
+{
+    if (N < 1) {
         return 1;
     }
     return polynomial_fit_run(N, points, coeffs, loss, work + polynomial_fit_run_work_len(N, 1), grad_coeffs, work, 1);

@@ -31,7 +31,8 @@ static int relu_net_run(
     RELU_NET_REAL *work,
     int with_grads
 )
-{    
+{
+
     /* t0 = W1 @ x */
     RELU_NET_REAL *t0 = work; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
@@ -144,7 +145,8 @@ int relu_net_forward(
     RELU_NET_REAL *y,
     RELU_NET_REAL *work
 )
-{    return relu_net_run(x, t, W1, W2, loss, y, NULL, NULL, work, 0);
+{
+    return relu_net_run(x, t, W1, W2, loss, y, NULL, NULL, work, 0);
 }
 
 size_t relu_net_value_and_grad_work_len(void)
@@ -163,7 +165,8 @@ int relu_net_value_and_grad(
     RELU_NET_REAL *grad_W2,
     RELU_NET_REAL *work
 )
-{    return relu_net_run(x, t, W1, W2, loss, work + relu_net_run_work_len(1), grad_W1, grad_W2, work, 1);
+{
+    return relu_net_run(x, t, W1, W2, loss, work + relu_net_run_work_len(1), grad_W1, grad_W2, work, 1);
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see relu_net.h) --- */

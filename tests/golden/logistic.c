@@ -32,10 +32,11 @@ static int logistic_run(
     LOGISTIC_REAL *work,
     int with_grads
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
-    
+
     /* t0 = 1 - t */
     LOGISTIC_REAL *t0 = work; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
@@ -94,7 +95,8 @@ int logistic_forward(
     LOGISTIC_REAL *loss,
     LOGISTIC_REAL *work
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
     return logistic_run(n, X, t, w, loss, NULL, work, 0);
@@ -118,7 +120,8 @@ int logistic_value_and_grad(
     LOGISTIC_REAL *grad_w,
     LOGISTIC_REAL *work
 )
-{    if (n < 1) {
+{
+    if (n < 1) {
         return 1;
     }
     return logistic_run(n, X, t, w, loss, grad_w, work, 1);

@@ -28,7 +28,8 @@ static int scalar_run(
     SCALAR_REAL *work,
     int with_grads
 )
-{        (void)work;
+{
+    (void)work;
 
     /* loss = x**3*y + sin(x*y) + exp(y)/x */
     /* grad_x = 3*x**2*y + y*cos(x*y) - exp(y)/x**2 */
@@ -60,7 +61,8 @@ int scalar_forward(
     SCALAR_REAL *loss,
     SCALAR_REAL *work
 )
-{    return scalar_run(x, y, loss, work + scalar_run_work_len(0), work + scalar_run_work_len(0) + 1*1, work, 0);
+{
+    return scalar_run(x, y, loss, work + scalar_run_work_len(0), work + scalar_run_work_len(0) + 1*1, work, 0);
 }
 
 size_t scalar_value_and_grad_work_len(void)
@@ -77,7 +79,8 @@ int scalar_value_and_grad(
     SCALAR_REAL *grad_y,
     SCALAR_REAL *work
 )
-{    return scalar_run(x, y, loss, grad_x, grad_y, work, 1);
+{
+    return scalar_run(x, y, loss, grad_x, grad_y, work, 1);
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see scalar.h) --- */

@@ -34,10 +34,11 @@ int scan_rnn_forward(
     SCAN_RNN_REAL *loss,
     SCAN_RNN_REAL *work
 )
-{    if (T < 1) {
+{
+    if (T < 1) {
         return 1;
     }
-    
+
     /* t0 = 2*M^T */
     SCAN_RNN_REAL *t0 = work; /* 2 x 2 */
     for (int64_t i = 0; i < 2; ++i) {
@@ -215,10 +216,11 @@ int scan_rnn_value_and_grad(
     SCAN_RNN_REAL *grad_M,
     SCAN_RNN_REAL *work
 )
-{    if (T < 1) {
+{
+    if (T < 1) {
         return 1;
     }
-    
+
     /* t0 = 2*M^T */
     SCAN_RNN_REAL *t0 = work; /* 2 x 2 */
     for (int64_t i = 0; i < 2; ++i) {

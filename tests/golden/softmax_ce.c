@@ -27,7 +27,8 @@ static int softmax_ce_run(
     SOFTMAX_CE_REAL *work,
     int with_grads
 )
-{    
+{
+
     /* t0 = T*Z */
     SOFTMAX_CE_REAL *t0 = work; /* 4 x 3 */
     for (int64_t i = 0; i < 4; ++i) {
@@ -88,7 +89,8 @@ int softmax_ce_forward(
     SOFTMAX_CE_REAL *loss,
     SOFTMAX_CE_REAL *work
 )
-{    return softmax_ce_run(T, Z, loss, NULL, work, 0);
+{
+    return softmax_ce_run(T, Z, loss, NULL, work, 0);
 }
 
 size_t softmax_ce_value_and_grad_work_len(void)
@@ -104,7 +106,8 @@ int softmax_ce_value_and_grad(
     SOFTMAX_CE_REAL *grad_Z,
     SOFTMAX_CE_REAL *work
 )
-{    return softmax_ce_run(T, Z, loss, grad_Z, work, 1);
+{
+    return softmax_ce_run(T, Z, loss, grad_Z, work, 1);
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see softmax_ce.h) --- */
