@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger("symbackprop")
@@ -37,24 +38,26 @@ class stage:
     """Time a pipeline stage and log `<name>: <seconds> s (<details>)` at
     INFO when it ends without an exception. Use it as a context manager, or
     with `start()` and `stop()` around code that cannot be indented.
-    `detail(text)` adds to the line."""
+    `detail(text)` adds to the line (text may be a function that writes it,
+    called only when the line is logged)."""
 
     def __init__(self, name: str, subject: str = "") -> None:
         self.name = f"{name} {subject}" if subject else name
-        self.details: list[str] = []
+        self.details: list[str | Callable[[], str]] = []
         self.began = 0.0
 
     def start(self) -> stage:
         self.began = time.perf_counter()
         return self
 
-    def detail(self, text: str) -> None:
+    def detail(self, text: str | Callable[[], str]) -> None:
         self.details.append(text)
 
     def stop(self) -> float:
         seconds = time.perf_counter() - self.began
         if logger.isEnabledFor(logging.INFO):
-            more = f" ({'; '.join(self.details)})" if self.details else ""
+            written = [d if isinstance(d, str) else d() for d in self.details]
+            more = f" ({'; '.join(written)})" if written else ""
             logger.info("%s: %.3f s%s", self.name, seconds, more)
         return seconds
 

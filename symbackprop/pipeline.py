@@ -241,7 +241,7 @@ def _plan(model: Model, functions: Sequence[str], wrt: Sequence[str] | None, opt
             p for kind in KINDS if kind in functions and not (together and kind in ("forward", "value_and_grad"))
             for p in (planner.train_step(optimizer) if kind == "train_step" else getattr(planner, kind)())
         ]
-        logged.detail(op_counts(plans))
+        logged.detail(lambda: op_counts(plans))  # counting is work: only when logged
     return Plan(planner.lowered, tuple(plans), tuple(n for n, _ in planner.targets), planner.naming)
 
 

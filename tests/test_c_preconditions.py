@@ -623,8 +623,8 @@ def test_a_gather_nested_in_a_kernel_schedule_is_refused():
     from symbackprop.schedule.scheduler import FunctionSchedule
 
     gather = EmapKernel((N,), (), (), (), (), (("idx", N, C),), ())
-    step = FunctionSchedule("step", (), (gather,), (), sp.Integer(0), (0, 0))
-    outer = FunctionSchedule("f", (), (SimpleNamespace(loops=(SimpleNamespace(schedule=step),)),), (), sp.Integer(0), (0, 0))
+    step = FunctionSchedule("step", (), (gather,), (), sp.Integer(0))
+    outer = FunctionSchedule("f", (), (SimpleNamespace(loops=(SimpleNamespace(schedule=step),)),), (), sp.Integer(0))
     emitter = FunctionEmitter(CNamer(frozenset({"m"})), {N: "N", C: "C"}, FLOAT64)
     assert entry_checks(step, emitter) == (("idx", "N", ("C",)),)
     with pytest.raises(AssertionError, match="nested step"):

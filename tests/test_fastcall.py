@@ -191,3 +191,27 @@ def test_numbers_the_c_path_declines_go_to_the_binder(scalars, value):
             mod.value_and_grad(x=x, a=value, b=1.0)
     else:
         assert mod.value_and_grad(x=x, a=value, b=1.0)[0] == fn.call(dict(zip(fn.input_names, expected[0])))[0]
+
+
+def test_an_empty_cache_builds_the_hot_path_beside_the_first_model(tmp_path):
+    """build_beside starts the extension's build in a thread where the cache
+    has none, leaves a whole entry that extension() then loads, and starts
+    nothing once the entry is there (a fresh process: extension() is
+    memoized in this one)."""
+    import os
+    import subprocess
+
+    script = (
+        "from symbackprop.run import fastcall\n"
+        "thread = fastcall.build_beside()\n"
+        "assert thread is not None\n"
+        "thread.join()\n"
+        "source, final, built = fastcall._entry()\n"
+        "assert built.is_file(), built\n"
+        "assert fastcall.build_beside() is None\n"
+        "assert fastcall.extension() is not None\n"
+    )
+    env = {**os.environ, "SYMBACKPROP_CACHE_DIR": str(tmp_path)}
+    env.pop("SYMBACKPROP_NO_FASTCALL", None)
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr

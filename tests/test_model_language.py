@@ -64,6 +64,9 @@ ACCEPTED = [
     ("product-of-entries", sbp.as_scalar(MSE) * sbp.as_scalar(nn.l2_penalty(W)) * lam, [W, lam],
      lambda d: _mse(d) * float((d["W"] ** 2).sum()) * d["lam"]),
     ("matrix-plus-onematrix", CE + PENALTY * sp.OneMatrix(1, 1), [W, b, lam], lambda d: _ce(d) + _penalty(d)),
+    # an entry times a matrix (SymPy calls doit on it): the MSE of every row shifted by the MSE
+    ("entry-times-matrix", nn.mean_all((X * W - T) - lam * sbp.as_scalar(MSE) * nn.ones(n, 2)), [W, lam],
+     lambda d: float(np.mean(d["X"] @ d["W"] - d["T"])) - d["lam"] * _mse(d)),
 ]
 
 
@@ -78,6 +81,17 @@ def test_mixed_losses_match_numpy_and_finite_differences(loss, params, oracle):
     for name in grads:
         numeric = central_differences(oracle, data, name)
         assert relative_error(np.reshape(grads[name], np.shape(numeric)), numeric) < 1e-6, name
+
+
+def test_an_entry_stays_an_entry_when_it_scales_a_matrix():
+    """scalar * matrix runs doit, which writes MatrixElement's entry of a
+    product out term by term; as_scalar's entry stays one (one node to
+    lower and differentiate, not the product written out)."""
+    row = sp.MatrixSymbol("r", 1, 3)
+    entry = sbp.as_scalar(nn.sum_all(row.applyfunc(sp.exp)))
+    scaled = (sp.log(entry + 2) * nn.ones(1, 3)).doit()
+    assert entry in scaled.atoms(type(entry))
+    assert not any(isinstance(a, sp.exp) and a.args[0] == row[0, 0] for a in sp.preorder_traversal(scaled))
 
 
 def test_as_scalar_of_an_explicit_matrix_and_of_a_scalar():

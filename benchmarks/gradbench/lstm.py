@@ -143,7 +143,7 @@ def build_model(size: dict):
         new_h.append(mul(outgate, nn.tanh(cell)))
         inp = new_h[-1]
     ypred = mul(inp, out_w) + out_b
-    lse = sp.log(nn.sum_all(ypred.applyfunc(sp.exp))[0, 0] + 2)
+    lse = sp.log(sbp.as_scalar(nn.sum_all(ypred.applyfunc(sp.exp))) + 2)  # as_scalar: m[0, 0] would write the sum out
     gain = nn.sum_all(mul(y, ypred - lse * nn.ones(1, b)))  # 1 x 1 a step
     states = tuple(v for pair in zip(h, s) for v in pair)
     steps = tuple(v for pair in zip(new_h, new_s) for v in pair)

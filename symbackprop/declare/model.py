@@ -43,6 +43,20 @@ def _is_scalar(expr: object) -> bool:
     return isinstance(expr, sp.Expr)
 
 
+class Entry(MatrixElement):
+    """The entry of a 1x1 matrix expression that as_scalar gives: it stays
+    an entry through doit, which SymPy calls on every scalar * matrix
+    (MatrixElement's doit writes the entry of a product out, a term per
+    entry: an LSTM's log-sum-exp times a row of ones became its whole step
+    written out per bit, its derivative hundreds of scalar values)."""
+
+    def doit(self, **hints: object) -> sp.Expr:
+        parent = self.parent.doit(**hints) if hints.get("deep", True) else self.parent
+        if isinstance(parent, sp.MatrixExpr):
+            return Entry(parent, self.i, self.j)
+        return parent[self.i, self.j]
+
+
 def as_scalar(m: object) -> sp.Expr:
     """The entry of a 1x1 matrix expression as a scalar, which mixes with
     scalars: ``as_scalar(nn.mse(Y, T)) + lam * w**2``.
@@ -64,7 +78,7 @@ def as_scalar(m: object) -> sp.Expr:
     if isinstance(m, sp.MatrixBase) and m.shape == (1, 1):
         return m[0, 0]
     if isinstance(m, sp.MatrixExpr) and tuple(m.shape) == (1, 1):
-        return MatrixElement(m, 0, 0)  # not m[0, 0], which SymPy expands
+        return Entry(m, 0, 0)  # not m[0, 0], which SymPy expands
     if isinstance(m, (sp.MatrixBase, sp.MatrixExpr)):
         raise ModelError(f"as_scalar needs a 1x1 matrix; got {described(m)}: reduce it first "
                          "(nn.sum_all, nn.mean_all or reduce(op, m))")

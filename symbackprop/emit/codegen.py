@@ -158,8 +158,6 @@ class CFunction:
     uses_work: bool
     kernels: tuple[CKernel, ...]
     work_size: str
-    ops_before_cse: int
-    ops_after_cse: int
     unused: tuple[str, ...] = ()  # C names of array parameters no kernel reads (a vjp of an output that ignores some inputs)
     static: bool = False  # internal to the module (the shared forward and gradient)
     split: int | None = None  # kernel index where a call with `with_grads` 0 returns
@@ -377,7 +375,7 @@ def emit_wrapper(run: CFunction, name: str, summary: str, outputs: set[str], wit
             extra.append("*".join(d if d.isidentifier() or d.isdigit() else f"({d})" for d in p.shape))
     work_size = f"{run.name}_work_len({dims})" + "".join(f" + {size}" for size in extra)
     return CFunction(name=name, summary=summary, params=tuple(params), dims=run.dims, uses_work=True, kernels=(),
-                     work_size=work_size, ops_before_cse=0, ops_after_cse=0, delegate=f"{run.name}({', '.join(call)})",
+                     work_size=work_size, delegate=f"{run.name}({', '.join(call)})",
                      checks=run.checks, statuses=run.statuses)
 
 
@@ -556,8 +554,6 @@ def emit_function(
         unused=_unused_inputs(params, schedule),
         kernels=tuple(kernels),
         work_size=work_size,
-        ops_before_cse=schedule.op_counts[0],
-        ops_after_cse=schedule.op_counts[1],
         checks=checks,
         statuses=statuses(tuple(dims.values()), checks),
         parts=part_ranges(len(kernels), schedule.split if shared else None),

@@ -15,9 +15,11 @@ Python path.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import sysconfig
+import threading
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -61,17 +63,49 @@ def extension() -> ModuleType | None:
     if os.environ.get(DISABLE_ENV):
         return None
     try:
-        source = SOURCE.read_text()
-        command = _command(Path("FOLDER"))
-        key = digest("fastcall", source, " ".join(command), toolchain(command), np.__version__, EXT_SUFFIX, length=24)
-        final = cache_root(BuildOptions()) / f"fastcall-{key}"
-        built = final / f"{NAME}{EXT_SUFFIX}"
+        source, final, built = _entry()
         if entry_problem(final, built.name) is not None:
-            build_once(final, lambda folder: entry_ok(folder, built.name), lambda staging: _compile(source, staging, final))
+            _build(source, final, built)
         return _load(final, NAME)
     except (OSError, BuildError, ImportError) as exc:
         event("no C hot path for calls (%s): calls take the Python path", exc)
         return None
+
+
+def _entry() -> tuple[str, Path, Path]:
+    """The extension's source, its cache folder and its library there."""
+    source = SOURCE.read_text()
+    command = _command(Path("FOLDER"))
+    key = digest("fastcall", source, " ".join(command), toolchain(command), np.__version__, EXT_SUFFIX, length=24)
+    final = cache_root(BuildOptions()) / f"fastcall-{key}"
+    return source, final, final / f"{NAME}{EXT_SUFFIX}"
+
+
+def _build(source: str, final: Path, built: Path) -> None:
+    build_once(final, lambda folder: entry_ok(folder, built.name), lambda staging: _compile(source, staging, final))
+
+
+def build_beside() -> threading.Thread | None:
+    """Start building the extension in a thread where its cache entry is
+    missing (an empty cache), so that it compiles beside the first model's
+    C, on another core, not after it; extension() then waits for it (the
+    entry's file lock). The thread, or None where nothing is to be built."""
+    if os.environ.get(DISABLE_ENV) or extension.cache_info().currsize:
+        return None
+    try:
+        source, final, built = _entry()
+        if entry_problem(final, built.name) is None:
+            return None
+    except (OSError, BuildError):
+        return None  # extension() says why, when a call first asks
+
+    def build() -> None:
+        with contextlib.suppress(OSError, BuildError):  # extension() tries again, and says why
+            _build(source, final, built)
+
+    thread = threading.Thread(target=build, name="symbackprop fastcall build")
+    thread.start()
+    return thread
 
 
 def _compile(source: str, staging: Path, final: Path) -> None:

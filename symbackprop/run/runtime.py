@@ -21,6 +21,7 @@ from symbackprop.declare.model import Model
 from symbackprop.emit.codegen import REAL_TYPES, Emitted
 from symbackprop.errors import ModelError
 from symbackprop.pipeline import DEFAULT_FUNCTIONS, generate
+from symbackprop.run import fastcall
 from symbackprop.run.abi import ModuleSpec
 from symbackprop.run.function import Function, PreparedCall
 from symbackprop.run.module import CompiledModule, register_bridge
@@ -68,6 +69,7 @@ def compile(
         emitted, spec, folder = found
         module = load_built(folder, emitted.prefix, options)
     if module is None:
+        fastcall.build_beside()  # an empty cache: the call hot path compiles beside this model
         emitted, plan = generate(model, dtype, functions=functions, wrt=wrt, optimizer=optimizer)
         spec = module_spec(plan, model, dtype, emitted.prefix)
         module, folder = build(emitted.prefix, emitted.source, emitted.header, emitted.cdef, options)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sympy as sp
 
 from symbackprop.ir.node import Shape
+from symbackprop.schedule import opcount
 
 LOOP_I, LOOP_J = sp.Symbol("i", integer=True), sp.Symbol("j", integer=True)
 
@@ -75,9 +76,10 @@ def equation(lhs: str, rhs: sp.Basic) -> Equation:
 
 @functools.lru_cache(maxsize=8192)
 def count_ops(expr: sp.Basic) -> Any:
-    """sp.count_ops, once per expression: a fused loop's values are counted
-    for its equation, the function's operation counts and its work."""
-    return sp.count_ops(expr)
+    """sp.count_ops, over expr's distinct terms (opcount): a fused loop's
+    values are counted for its equation, the function's operation counts
+    and its work."""
+    return opcount.count_ops(expr)
 
 
 def map_equation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
@@ -100,6 +102,8 @@ class MapKernel:
     equations: tuple[Equation, ...]
     load_first: bool = False  # it overwrites an input: read every input before any store
     kind: str = "map"
+    # its values before CSE, for the op counts (None: not counted, a copy)
+    before_cse: tuple[sp.Expr, ...] | None = field(default=None, compare=False)
 
     def reads(self) -> list[str]:
         return [view.buffer for _, view in self.loads]
@@ -110,6 +114,11 @@ class MapKernel:
     @property
     def title(self) -> str:
         return "elementwise loop" if any(self.work()) else "copy"
+
+    def op_counts(self) -> tuple[int, int]:
+        """Scalar operations in its values before CSE and in its body after."""
+        before = sum(count_ops(e) for e in self.before_cse or ())
+        return before, sum(count_ops(e) for _, e in self.temps) + sum(count_ops(e) for _, e in self.stores)
 
     def work(self) -> tuple[sp.Expr, sp.Expr]:
         """(multiply-adds, other operations): its body's (after CSE) per element."""

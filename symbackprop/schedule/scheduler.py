@@ -8,6 +8,7 @@ a caller-provided workspace whose slots are reused once dead."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -24,7 +25,6 @@ from symbackprop.schedule.kernel import (
     Kernel,
     MapKernel,
     View,
-    count_ops,
     equation,
     kernel_reads,
     kernel_writes,
@@ -43,11 +43,17 @@ class FunctionSchedule:
     kernels: tuple[Kernel, ...]
     slots: tuple[Slot, ...]
     work_size: sp.Expr
-    op_counts: tuple[int, int]  # scalar ops in map bodies before and after CSE
     split: int | None = None  # kernels before this compute the `first` results (see schedule)
     first: frozenset[str] = frozenset()
     head_slots: tuple[Slot, ...] = ()  # the workspace plan of a call that stops at the split
     head_work_size: sp.Expr = sp.Integer(0)  # noqa: RUF009 (a SymPy Integer is immutable)
+
+    @functools.cached_property
+    def op_counts(self) -> tuple[int, int]:
+        """Scalar operations in its fused loops' bodies, before and after CSE:
+        counted when asked (the log, the derivation), never for a scan's step."""
+        counted = [k.op_counts() for k in self.kernels if isinstance(k, MapKernel) and k.before_cse is not None]
+        return sum(b for b, _ in counted), sum(a for _, a in counted)
 
     @property
     def written_before_split(self) -> set[str]:
@@ -114,13 +120,12 @@ class Scheduler(Placement):
     def run(self) -> FunctionSchedule:
         head = self.place_all()
         bound = self._bind_results()
-        counts: list[int] = [0, 0]
-        kernels = self._kernels(self.plan[:len(head)], counts)
+        kernels = self._kernels(self.plan[:len(head)])
         split = None
         if self.first:  # the first results, complete: a call can stop here
             kernels += self._copies([b for b in bound if b[0] in self.first])
             split = len(kernels)
-        kernels += self._kernels(self.plan[len(head):], counts)
+        kernels += self._kernels(self.plan[len(head):])
         kernels += self._copies([b for b in bound if b[0] not in self.first])
         outputs = {name for name, _ in self.results}
         buffers = {buffer: node.shape for node, buffer in self.buffer_of.items() if buffer not in outputs}
@@ -128,14 +133,14 @@ class Scheduler(Placement):
         slots, work = plan_workspace(kernels, buffers)
         # a call that stops at the split keeps nothing for a backward pass: its own, tighter plan
         head_slots, head_work = plan_workspace(kernels[:split], buffers, only_written=True) if split is not None else ((), work)
-        return FunctionSchedule(self.name, tuple(self.results), tuple(kernels), slots, work, (counts[0], counts[1]), split,
+        return FunctionSchedule(self.name, tuple(self.results), tuple(kernels), slots, work, split,
                                 self.first, head_slots, head_work)
 
-    def _kernels(self, steps: list[MapGroup | ExamplesGroup | Node], counts: list[int]) -> list[Kernel]:
+    def _kernels(self, steps: list[MapGroup | ExamplesGroup | Node]) -> list[Kernel]:
         kernels: list[Kernel] = []
         for step in steps:
             if isinstance(step, MapGroup):
-                kernel = self._map_kernel(step, counts)
+                kernel = self._map_kernel(step)
                 if kernel is not None:
                     kernels.append(kernel)
             elif isinstance(step, ExamplesGroup):
@@ -200,7 +205,7 @@ class Scheduler(Placement):
 
     # --- kernels --------------------------------------------------------
 
-    def _map_kernel(self, group: MapGroup, counts: list[int]) -> MapKernel | None:
+    def _map_kernel(self, group: MapGroup) -> MapKernel | None:
         loads: dict[Node, sp.Symbol] = {}
         value, program = self._member_values(group, loads)
         stored = [m for m in group.members if m in self.buffer_of]
@@ -209,12 +214,8 @@ class Scheduler(Placement):
         exprs = [value[m] for m in stored]
         if program:  # large shared values are named, not inlined into each user (a tree exponential in depth)
             temps, reduced = cse_program(program, exprs)
-            before = sum(count_ops(e) for _, e in program)
         else:
             temps, reduced = share_powers(*sp.cse(exprs, symbols=sp.numbered_symbols("x", real=True), order="canonical"))
-            before = 0
-        counts[0] += before + sum(count_ops(e) for e in exprs)
-        counts[1] += sum(count_ops(e) for _, e in temps) + sum(count_ops(e) for e in reduced)
         load_views = tuple((sym, self._broadcast_view(node, group.shape)) for node, sym in loads.items())
         readable = {sym: sp.Symbol(self.label(node)) for node, sym in loads.items()}
         equations = tuple(map_equation(self.buffer_of[m], value[m], readable) for m in stored)
@@ -222,7 +223,8 @@ class Scheduler(Placement):
             equations = tuple(Equation(e.lhs, e.text, _elementwise_latex(e)) for e in equations)
         stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
         overwrites = {out for out, _ in stores} & {view.buffer for _, view in load_views}
-        return MapKernel(group.shape, load_views, tuple(temps), stores, equations, load_first=bool(overwrites))
+        return MapKernel(group.shape, load_views, tuple(temps), stores, equations, load_first=bool(overwrites),
+                         before_cse=tuple(e for _, e in program) + tuple(exprs))
 
     def _member_values(self, group: MapGroup, loads: dict[Node, sp.Symbol]) -> tuple[dict, list]:
         """Each member's value over the loop's loads, the values of the

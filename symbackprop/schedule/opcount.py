@@ -1,0 +1,82 @@
+"""sp.count_ops(expr), each distinct subexpression counted once.
+
+sp.count_ops walks its expression as a tree: a fused loop's value, whose
+members' values are substituted into each other, shares subexpressions
+without bound, and counting it took most of an LSTM step's schedule (and
+of a determinant by minors'). The count is a sum over the terms the walk
+visits of what each adds, and what a term adds and which terms it visits
+next depend on that term alone; so here the same walk is made over the
+DAG, with the count of each distinct term kept. The rules are sp.count_ops'
+own (SymPy 1.12 to 1.14), term for term; tests/test_opcount.py checks the
+two agree.
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+from sympy.concrete.summations import Sum
+from sympy.core.function import Derivative
+from sympy.core.function import _coeff_isneg as coeff_isneg  # the test sp.count_ops applies
+from sympy.core.operations import LatticeOp
+from sympy.integrals.integrals import Integral
+from sympy.simplify.radsimp import fraction
+
+_COUNTED = (Derivative, Integral, Sum)
+
+
+def _step(a: sp.Basic) -> tuple[int, list[sp.Basic]]:
+    """What sp.count_ops adds for the term `a` and the terms it visits next
+    (its loop body, with each operation symbol's coefficient summed)."""
+    ops = 0
+    if a.is_Rational:
+        if a is not sp.S.One:
+            return int(a.p < 0) + int(a.q != 1), []
+    elif a.is_Mul or a.is_MatMul:
+        if coeff_isneg(a):
+            ops += 1
+            a = a.as_two_terms()[1] if a.args[0] is sp.S.NegativeOne else -a
+        n, d = fraction(a)
+        if n.is_Integer:
+            return ops + 1 + int(bool(n < 0)), [d]
+        if d is not sp.S.One:
+            return ops + 1, ([] if d.is_Integer else [d]) + [n]
+    elif a.is_Add or a.is_MatAdd:
+        terms = list(a.args)
+        negative = [coeff_isneg(t) for t in terms]
+        ops += len(terms) - 1  # an ADD or a SUB between terms
+        if all(negative):
+            ops += 1  # -x - y: a NEG besides the SUB
+        return ops, [-t if neg else t for t, neg in zip(terms, negative)]
+    if a.is_Pow and a.exp is sp.S.NegativeOne:
+        return ops + 1, [a.base]
+    if a == sp.S.Exp1:
+        return ops + 1, []
+    if a.is_Pow and a.base == sp.S.Exp1:
+        return ops + 1, [a.exp]
+    if a.is_Mul or isinstance(a, LatticeOp):
+        ops += len(a.args) - 1
+    elif a.args and (a.is_Pow or a.is_Function or isinstance(a, _COUNTED)):
+        ops += 1
+    return ops, ([] if a.is_Symbol else list(a.args))
+
+
+def count_ops(expr: sp.Basic) -> int:
+    """sp.count_ops(expr) (an int), in time linear in expr's distinct terms."""
+    if not isinstance(expr, sp.Expr) or expr.is_Relational:
+        return int(sp.count_ops(expr))
+    total: dict[sp.Basic, int] = {}
+    nexts: dict[sp.Basic, tuple[int, list[sp.Basic]]] = {}
+    stack = [expr]
+    while stack:  # post-order, without recursion: bodies may be deep
+        a = stack[-1]
+        if a in total:
+            stack.pop()
+            continue
+        if a not in nexts:
+            nexts[a] = _step(a)
+            stack.extend(b for b in nexts[a][1] if b not in total)
+            continue
+        stack.pop()
+        own, visits = nexts.pop(a)
+        total[a] = own + sum(total[b] for b in visits)
+    return total[expr]

@@ -1,0 +1,62 @@
+"""opcount.count_ops (a walk over distinct terms) against sp.count_ops (a
+walk over the tree): the same number on every form the rules tell apart,
+and on random expressions that share subexpressions."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import sympy as sp
+
+from symbackprop.declare.stable import sigmoid, softplus
+from symbackprop.schedule.opcount import count_ops
+
+x, y, z = sp.symbols("x y z", real=True)
+f = sp.Function("f")
+
+FORMS = [
+    x, sp.Integer(1), sp.Integer(-3), sp.Rational(-1, 3), sp.Rational(2, 5), sp.pi, sp.E, sp.Float(2.5),
+    -x, x - y, -x - y, -x + y, x + y + z, 2 * x, -2 * x, x / y, -x / y, 1 / x, 2 / x, -3 / (x * y), x / 3,
+    x**2, x**-2, x**sp.Rational(1, 2), sp.sqrt(x + 1), sp.exp(x), sp.E**x, sp.exp(-x) / (1 + sp.exp(-x)),
+    sp.log(1 + sp.exp(x)), sp.Max(x, y, 0), sp.Min(x, 1), sp.Abs(x - y), sp.sin(x) * sp.cos(y), f(x, y),
+    sigmoid(x) * (1 - sigmoid(x)), softplus(-x), sp.tanh(x) ** 2 - 1, sp.Piecewise((x, x > 0), (-x, True)),
+    sp.Derivative(f(x), x), (x - y) ** -1 * (y - z) ** -3, -(x + y) / (x - y), sp.Mul(-1, x, y, evaluate=False),
+]
+
+
+@pytest.mark.parametrize("expr", FORMS, ids=[str(e) for e in FORMS])
+def test_each_form_counts_as_sympy(expr):
+    assert count_ops(expr) == sp.count_ops(expr)
+
+
+def _random_expr(rng: random.Random, size: int) -> sp.Expr:
+    """An expression of `size` steps, each combining earlier ones (so terms are shared)."""
+    pool: list[sp.Expr] = [x, y, z, sp.Rational(rng.randint(-5, 5), rng.randint(1, 4))]
+    unary = [sp.exp, sp.log, sp.sin, sp.tanh, sp.sqrt, sigmoid, lambda a: -a, lambda a: 1 / a, lambda a: a**2,
+             lambda a: a ** sp.Rational(-3, 2), lambda a: sp.E**a]
+    binary = [lambda a, b: a + b, lambda a, b: a - b, lambda a, b: a * b, lambda a, b: a / b,
+              lambda a, b: -a * b / 3, lambda a, b: sp.Max(a, b), lambda a, b: a * b - 2 * a]
+    for _ in range(size):
+        if rng.random() < 0.4:
+            new = rng.choice(unary)(rng.choice(pool))
+        else:
+            new = rng.choice(binary)(rng.choice(pool), rng.choice(pool))
+        pool.append(new)
+    return sp.Add(*pool[-3:])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_shared_expressions_count_as_sympy(seed):
+    expr = _random_expr(random.Random(seed), 14)
+    assert count_ops(expr) == sp.count_ops(expr)
+
+
+def test_shared_terms_counted_as_often_as_they_occur():
+    """A term used twice counts twice (it is the tree's count), yet the walk
+    visits it once: 40 levels of doubling, 2**40 leaves as a tree."""
+    e = x
+    for _ in range(40):
+        e = sp.sin(e) * sp.cos(e)
+    # per level: sin, cos, one MUL, each counted once per copy of the level above
+    assert count_ops(e) == 3 * (2**40 - 1)
