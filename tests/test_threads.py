@@ -80,12 +80,24 @@ def test_four_threads_give_the_sequential_results(mod):
 def test_the_c_call_releases_the_gil():
     """While four threads are inside long C calls, the main thread keeps
     running Python: its longest pause is a small part of one call. Were the
-    GIL held, it would pause for whole calls. (Plain loops: BLAS threads
-    of four calls at once would only crowd the two cores.)"""
+    GIL held, it would pause for whole calls, every time; on a loaded
+    machine (CI runs two test workers on two cores) the OS can also pause
+    it, now and then, so the best of three tries counts. (Plain loops: BLAS
+    threads of four calls at once would only crowd the two cores.)"""
     mod = sbp.compile(MODEL, options=BuildOptions(blas=False))
     rows = max(2000, min(400_000, int(2000 * 0.25 / _seconds_per_call(mod, _data(0, 2000)))))
     data = _data(0, rows)
     single = _seconds_per_call(mod, data)  # about a quarter of a second
+    stalls = []
+    for _ in range(3):
+        stalls.append(_longest_pause_during_calls(mod, data))
+        if stalls[-1] < 0.5 * single:
+            break
+    assert min(stalls) < 0.5 * single, f"the main thread stalled {stalls} s; one call takes {single:.3f} s"
+
+
+def _longest_pause_during_calls(mod, data: dict) -> float:
+    """The main thread's longest pause while four threads call the module."""
     done = threading.Event()
     intervals: list[tuple[float, float]] = []
 
@@ -103,8 +115,7 @@ def test_the_c_call_releases_the_gil():
     assert len(intervals) == 4
     last_entry, first_exit = max(s for s, _ in intervals), min(e for _, e in intervals)
     assert last_entry < first_exit  # the four calls were in progress together
-    gaps = np.diff(beats)
-    assert gaps.max() < 0.5 * single, f"the main thread stalled {gaps.max():.3f} s; one call takes {single:.3f} s"
+    return float(np.diff(beats).max())
 
 
 def _seconds_per_call(mod, data: dict) -> float:
