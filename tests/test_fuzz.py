@@ -25,7 +25,7 @@ import symbackprop as sbp
 from symbackprop.build.builder import BuildOptions
 from symbackprop.declare import nn
 
-MATRIX_EXAMPLES, SCALAR_EXAMPLES = 100, 35
+MATRIX_EXAMPLES, SCALAR_EXAMPLES = 60, 25  # the default run; SYMBACKPROP_FUZZ_EXAMPLES=N for more
 _OVERRIDE = int(os.environ.get("SYMBACKPROP_FUZZ_EXAMPLES", "0"))
 # Generated models are small and many: -O1 keeps each build near 0.2 s.
 # Optimization levels are covered by the other tests; rounding is not at stake.
