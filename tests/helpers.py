@@ -29,6 +29,10 @@ _UNARY = {
     sp.cosh: np.cosh,
     sp.atan: np.arctan,
     sp.Abs: np.abs,
+    # SymPy writes Abs(exp(x)) as exp(re(x)) for a symbol not declared real;
+    # every array here is real
+    sp.re: np.real,
+    sp.im: np.imag,
     # nn.sigmoid and nn.softplus (symbackprop.declare.stable), in numpy's own stable forms
     sigmoid: lambda z: np.exp(-np.logaddexp(0.0, -z)),
     softplus: lambda z: np.logaddexp(0.0, z),
