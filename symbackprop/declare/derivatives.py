@@ -61,7 +61,24 @@ def _same_shape(given: sp.Basic, shape: tuple, what: str, of: str) -> None:
         raise ModelError(f"{what} has shape {_shape(given)} but {of} has shape {shape}: {described(given)}")
 
 
-class Grad(sp.MatrixExpr):
+class _Derivative(sp.MatrixExpr):
+    """What Grad and Jvp share: args (expr, wrt, seed), entries by index."""
+
+    @property
+    def expr(self) -> sp.Basic:
+        """The differentiated expression."""
+        return self.args[0]
+
+    @property
+    def wrt(self) -> sp.Basic:
+        """The leaf it is differentiated with respect to."""
+        return self.args[1]
+
+    def _entry(self, i, j, **kwargs):
+        return MatrixElement(self, i, j)
+
+
+class Grad(_Derivative):
     """The gradient of sum(cotangent * expr) with respect to the leaf
     `wrt`, of wrt's shape. Build one with `grad`."""
 
@@ -76,16 +93,6 @@ class Grad(sp.MatrixExpr):
         return super().__new__(cls, expr, wrt, cotangent)
 
     @property
-    def expr(self) -> sp.Basic:
-        """The differentiated expression."""
-        return self.args[0]
-
-    @property
-    def wrt(self) -> sp.Basic:
-        """The leaf it is differentiated with respect to."""
-        return self.args[1]
-
-    @property
     def cotangent(self) -> sp.Basic:
         """The weights of the expression's entries (1 for a scalar)."""
         return self.args[2]
@@ -95,11 +102,8 @@ class Grad(sp.MatrixExpr):
         """The shape of wrt."""
         return _shape(self.wrt)
 
-    def _entry(self, i, j, **kwargs):
-        return MatrixElement(self, i, j)
 
-
-class Jvp(sp.MatrixExpr):
+class Jvp(_Derivative):
     """The directional derivative of expr along `direction` (a tangent of
     the leaf `wrt`), of expr's shape. Build one with `jvp`."""
 
@@ -114,16 +118,6 @@ class Jvp(sp.MatrixExpr):
         return super().__new__(cls, expr, wrt, direction)
 
     @property
-    def expr(self) -> sp.Basic:
-        """The differentiated expression."""
-        return self.args[0]
-
-    @property
-    def wrt(self) -> sp.Basic:
-        """The leaf that moves."""
-        return self.args[1]
-
-    @property
     def direction(self) -> sp.Basic:
         """The tangent of wrt."""
         return self.args[2]
@@ -132,9 +126,6 @@ class Jvp(sp.MatrixExpr):
     def shape(self) -> tuple:
         """The shape of expr."""
         return _shape(self.expr)
-
-    def _entry(self, i, j, **kwargs):
-        return MatrixElement(self, i, j)
 
 
 def grad(expr: sp.Basic, wrt: sp.Symbol | sp.MatrixSymbol, cotangent: sp.Basic | None = None) -> sp.Basic:
