@@ -62,7 +62,8 @@ class Function:
         self.groups: dict[str, list[tuple[int, str]]] = {}
         for index, out in enumerate(spec.outputs):
             self.groups.setdefault(out.group, []).append((index, out.key))
-        self._returned = self._shaper()
+        # what the module's method of this kind returns, made from call's results
+        self.returned: Callable[[Sequence[Any]], Any] = self._shaper()
         self._local = threading.local()  # per-thread workspace, reused while the dimensions stay
         # the C hot path (fastcall.py), from the binder's patterns; not for functions that write their inputs
         self.fast = None if spec.inplace else fastcall.caller(lib, ffi, self.c_name, len(self.dims), dtype.itemsize,
@@ -171,27 +172,18 @@ class Function:
         """
         return {key: results[index] for index, key in self.groups.get(name, ())}
 
-    def returned(self, results: Sequence[Any]) -> Any:
-        """What the module's method of this function's kind returns, made
-        from `call`'s results (the one place that decides it, so that a
-        prepared call returns the same):
+    def _shaper(self) -> Callable[[Sequence[Any]], Any]:
+        """`returned`: what the module's method of this function's kind
+        returns, made from `call`'s results, the one place that decides it
+        (a prepared call returns the same). Its indices are looked up here,
+        once: it runs on every call.
 
         - forward, jvp: {"loss": ..., output name: ...};
         - value_and_grad: (loss, {name: gradient});
         - hvp: (loss, {name: gradient}, {name: H v}), as value_grad_and_hvp;
         - vjp: {name: gradient};
         - train_step: the loss before the update.
-
-        Args:
-            results: what call returned.
-
-        Returns:
-            As listed above.
         """
-        return self._returned(results)
-
-    def _shaper(self) -> Callable[[Sequence[Any]], Any]:
-        """`returned`, with the indices looked up once (it is on the hot path)."""
         kind = self.spec.kind
         if kind in ("forward", "jvp"):
             keys = tuple(out.key for out in self.outputs)
@@ -241,7 +233,7 @@ class PreparedCall:
         self._arrays = (values, outputs, work)  # keep every buffer alive
         self._results: list[Any] = list(outputs)  # what __call__ shapes, its scalars refreshed each call
         self._scalars = [(index, outputs[index]) for index in function.scalar_outputs]
-        self._returned = function._returned
+        self._returned = function.returned
         buf, ffi = function.from_buffer, function.ffi
         pointers = self._pointers = [buf(a) for a in (*values, *outputs, work)]
         packed = getattr(function.lib, function.c_name + "__packed", None)
