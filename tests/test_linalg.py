@@ -1,0 +1,232 @@
+"""Linear algebra ops (sbp.det, logdet, solve, cholesky, triangular_solve)
+on matrices of a symbolic size n: values and gradients of the compiled C
+against JAX and PyTorch in float64 (1e-10 relative) and central finite
+differences, second derivatives (sbp.grad in the model, hvp) against JAX's
+nested derivatives, and the documented answers for singular and indefinite
+matrices. One compiled module per model, shared by the tests (module-scoped).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sympy as sp
+
+import symbackprop as sbp
+from symbackprop.declare import nn
+from symbackprop.errors import ModelError
+
+n, k = sp.symbols("n k", integer=True, positive=True)
+A = sp.MatrixSymbol("A", n, n)
+B = sp.MatrixSymbol("B", n, k)
+S = sp.MatrixSymbol("S", n, n)
+C = sp.MatrixSymbol("C", n, n)
+D = sp.MatrixSymbol("D", n, k)
+SIZES = (1, 2, 3, 5)
+
+
+def _sum(m):
+    return sbp.as_scalar(nn.sum_all(m))
+
+
+def _parts():
+    """The five ops in one loss, each through a different nonlinearity."""
+    return {
+        "det": sbp.det(A),
+        "logdet": sbp.logdet(A),
+        "solve": _sum(sbp.solve(A, B).applyfunc(sp.sin)),
+        "cholesky": _sum(sbp.cholesky(S).applyfunc(sp.cos)),
+        "lower": _sum(sbp.triangular_solve(A, B, lower=True).applyfunc(lambda v: v**2)),
+        "upper_t": _sum(sbp.triangular_solve(A, B, lower=False, transpose=True).applyfunc(sp.sin)),
+    }
+
+
+def _loss_expr():
+    p = _parts()
+    return p["det"] / 3 + p["logdet"] + p["solve"] + p["cholesky"] + p["lower"] / 5 + p["upper_t"]
+
+
+@pytest.fixture(scope="module")
+def mod():
+    outputs = {"d": sbp.det(A) * sp.OneMatrix(1, 1), "ld": sbp.logdet(A) * sp.OneMatrix(1, 1),
+               "X": sbp.solve(A, B), "L": sbp.cholesky(S), "T": sbp.triangular_solve(A, B, lower=False)}
+    model = sbp.Model("linalg_all", params=[A, B, S], loss=_loss_expr(), outputs=outputs)
+    return sbp.compile(model)
+
+
+def _draw(size, seed=0):
+    rng = np.random.default_rng(seed + size)
+    a = rng.standard_normal((size, size)) + 0.5 * np.eye(size)
+    m = rng.standard_normal((size, size))
+    s = m @ m.T + size * np.eye(size) + 0.1 * rng.standard_normal((size, size))  # not symmetric: its symmetric part is factored
+    return {"A": a, "B": rng.standard_normal((size, 2)), "S": s}
+
+
+def _reference_loss(xp, linalg, tri, arrays):
+    """The loss in a framework (xp: its numpy; tri(t, b, lower, transpose))."""
+    a, b, s = arrays["A"], arrays["B"], arrays["S"]
+    lower = tri(a, b, True, False)
+    upper_t = tri(a, b, False, True)
+    return (linalg.det(a) / 3 + linalg.slogdet(a)[1] + xp.sum(xp.sin(linalg.solve(a, b)))
+            + xp.sum(xp.cos(linalg.cholesky((s + s.T) / 2))) + xp.sum(lower**2) / 5 + xp.sum(xp.sin(upper_t)))
+
+
+def _jax():
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+    from jax.scipy.linalg import solve_triangular
+
+    def tri(t, b, lower, transpose):
+        return solve_triangular(t, b, lower=lower, trans=1 if transpose else 0)
+
+    return jax, jnp, tri
+
+
+def _torch():
+    torch = pytest.importorskip("torch")
+
+    def tri(t, b, lower, transpose):
+        t = t.tril() if lower else t.triu()
+        return torch.linalg.solve_triangular(t.T if transpose else t, b, upper=(lower == transpose))
+
+    return torch, tri
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_value_and_grad_match_jax(mod, size):
+    jax, jnp, tri = _jax()
+    arrays = _draw(size)
+    loss, grads = mod.value_and_grad(**arrays)
+    ref_loss, ref_grads = jax.value_and_grad(lambda d: _reference_loss(jnp, jnp.linalg, tri, d))(
+        {name: jnp.asarray(v) for name, v in arrays.items()})
+    assert loss == pytest.approx(float(ref_loss), rel=1e-10)
+    for name in ("A", "B", "S"):
+        np.testing.assert_allclose(grads[name], np.asarray(ref_grads[name]), rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_value_and_grad_match_torch(mod, size):
+    torch, tri = _torch()
+    arrays = _draw(size, seed=10)
+    tensors = {name: torch.tensor(v, dtype=torch.float64, requires_grad=True) for name, v in arrays.items()}
+    ref = _reference_loss(torch, torch.linalg, tri, tensors)
+    ref.backward()
+    loss, grads = mod.value_and_grad(**arrays)
+    assert loss == pytest.approx(ref.item(), rel=1e-10)
+    for name in ("A", "B", "S"):
+        np.testing.assert_allclose(grads[name], tensors[name].grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("size", (2, 5))
+def test_outputs_match_numpy(mod, size):
+    arrays = _draw(size, seed=20)
+    out = mod.forward(**arrays)
+    a, b, s = arrays["A"], arrays["B"], arrays["S"]
+    np.testing.assert_allclose(out["d"], np.linalg.det(a), rtol=1e-12)
+    np.testing.assert_allclose(out["ld"], np.linalg.slogdet(a)[1], rtol=1e-12)
+    np.testing.assert_allclose(out["X"], np.linalg.solve(a, b), rtol=1e-10)
+    np.testing.assert_allclose(out["L"], np.linalg.cholesky((s + s.T) / 2), rtol=1e-12, atol=1e-14)
+    assert np.all(np.triu(out["L"], 1) == 0)
+    np.testing.assert_allclose(np.triu(a) @ out["T"], b, rtol=1e-10, atol=1e-12)
+
+
+def test_grad_matches_central_differences(mod):
+    arrays = _draw(3, seed=30)
+    _, grads = mod.value_and_grad(**arrays)
+    step = 1e-6
+    for name in ("A", "B", "S"):
+        numeric = np.zeros_like(arrays[name])
+        for index in np.ndindex(*arrays[name].shape):
+            for sign in (1, -1):
+                moved = {**arrays, name: arrays[name].copy()}
+                moved[name][index] += sign * step
+                numeric[index] += sign * mod.forward(**moved)["loss"] / (2 * step)
+        np.testing.assert_allclose(grads[name], numeric, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+def test_singular_and_indefinite_give_the_documented_values(mod):
+    singular = np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [0.0, 1.0, 1.0]])  # row 2 = 2 * row 1
+    indefinite = np.diag([1.0, -1.0, 2.0])
+    out = mod.forward(A=singular, B=np.ones((3, 2)), S=indefinite)
+    assert out["d"] == 0.0
+    assert out["ld"] == -np.inf
+    assert not np.all(np.isfinite(out["X"]))  # never a silent finite answer
+    assert np.isfinite(out["L"][0, 0]) and np.isnan(out["L"][1:, 1:]).any()
+    with_nan = singular.copy()
+    with_nan[2, 0] = np.nan
+    out = mod.forward(A=with_nan, B=np.ones((3, 2)), S=np.eye(3))
+    assert np.isnan(out["d"]) and np.isnan(out["ld"])
+    assert np.isnan(out["X"]).any()
+
+
+# --- second derivatives ---------------------------------------------------------------
+
+
+def _nested_loss_expr():
+    """Gradients of each op inside the loss, weighted by the inputs C and D."""
+    p = _parts()
+    inner_a = sbp.grad(p["det"] + p["logdet"] + p["solve"] + p["lower"] + p["upper_t"], A)
+    inner_b = sbp.grad(p["solve"], B)
+    inner_s = sbp.grad(p["cholesky"], S)
+    return _sum(sp.HadamardProduct(C, inner_a)) + _sum(sp.HadamardProduct(D, inner_b)) + _sum(sp.HadamardProduct(C, inner_s))
+
+
+@pytest.fixture(scope="module")
+def nested():
+    return sbp.compile(sbp.Model("linalg_nested", inputs=[C, D], params=[A, B, S], loss=_nested_loss_expr()))
+
+
+def _jax_parts(jnp, tri, d):
+    a, b, s = d["A"], d["B"], d["S"]
+    return {
+        "A": jnp.linalg.det(a) + jnp.linalg.slogdet(a)[1] + jnp.sum(jnp.sin(jnp.linalg.solve(a, b)))
+        + jnp.sum(tri(a, b, True, False) ** 2) + jnp.sum(jnp.sin(tri(a, b, False, True))),
+        "B": jnp.sum(jnp.sin(jnp.linalg.solve(a, b))),
+        "S": jnp.sum(jnp.cos(jnp.linalg.cholesky((s + s.T) / 2))),
+    }
+
+
+@pytest.mark.parametrize("size", (1, 2, 5))
+def test_grad_inside_the_model_matches_nested_jax(nested, size):
+    jax, jnp, tri = _jax()
+    arrays = _draw(size, seed=40)
+    rng = np.random.default_rng(size)
+    weights = {"C": rng.standard_normal((size, size)), "D": rng.standard_normal((size, 2))}
+
+    def loss(d):
+        inner = {name: jax.grad(lambda e, name=name: _jax_parts(jnp, tri, e)[name])(d)[name] for name in ("A", "B", "S")}
+        return (jnp.sum(weights["C"] * inner["A"]) + jnp.sum(weights["D"] * inner["B"])
+                + jnp.sum(weights["C"] * inner["S"]))
+
+    ref_loss, ref_grads = jax.value_and_grad(loss)({name: jnp.asarray(v) for name, v in arrays.items()})
+    value, grads = nested.value_and_grad(**arrays, **weights)
+    assert value == pytest.approx(float(ref_loss), rel=1e-10)
+    for name in ("A", "B", "S"):
+        np.testing.assert_allclose(grads[name], np.asarray(ref_grads[name]), rtol=1e-9, atol=1e-11, err_msg=name)
+
+
+def test_hvp_matches_jax(mod):
+    jax, jnp, tri = _jax()
+    arrays = _draw(3, seed=50)
+    rng = np.random.default_rng(5)
+    directions = {name: rng.standard_normal(v.shape) for name, v in arrays.items()}
+    got = mod.hvp(directions, **arrays)
+    primals = {name: jnp.asarray(v) for name, v in arrays.items()}
+    tangents = {name: jnp.asarray(v) for name, v in directions.items()}
+    gradient = jax.grad(lambda d: _reference_loss(jnp, jnp.linalg, tri, d))
+    _, ref = jax.jvp(gradient, (primals,), (tangents,))
+    for name in ("A", "B", "S"):
+        np.testing.assert_allclose(got[name], np.asarray(ref[name]), rtol=1e-9, atol=1e-11, err_msg=name)
+
+
+# --- declaration errors ------------------------------------------------------------------
+
+
+def test_non_square_and_mismatched_shapes_are_refused():
+    with pytest.raises(ModelError, match="square"):
+        sbp.det(B)
+    with pytest.raises(ModelError, match="rows"):
+        sbp.solve(A, sp.MatrixSymbol("E", k, 2))
+    with pytest.raises(ModelError, match="matrix expression"):
+        sbp.cholesky(sp.Symbol("x"))
