@@ -37,9 +37,9 @@ def _square(value: object, what: str) -> sp.MatrixExpr:
     return a
 
 
-def _right_side(b: object, a: sp.MatrixExpr, what: str) -> sp.MatrixExpr:
+def _right_side(value: object, a: sp.MatrixExpr, what: str) -> sp.MatrixExpr:
     """The right-hand side of a solve: a matrix of n rows (n x k)."""
-    b = _matrix(b, what)
+    b = _matrix(value, what)
     if sp.simplify(b.shape[0] - a.shape[0]) != 0:
         raise ModelError(f"{what} must have the {a.shape[0]} rows of the matrix solved with; it has shape "
                          f"{b.shape}: {described(b)}")
@@ -166,8 +166,8 @@ def solve(a: sp.MatrixExpr, b: sp.MatrixExpr) -> sp.MatrixExpr:
     Raises:
         ModelError: `a` is not square, or `b` does not have a's rows.
     """
-    a = _square(a, "the matrix of solve")
-    return Solve(a, _right_side(b, a, "the right-hand side of solve"))
+    square = _square(a, "the matrix of solve")
+    return Solve(square, _right_side(b, square, "the right-hand side of solve"))
 
 
 def cholesky(a: sp.MatrixExpr) -> sp.MatrixExpr:
@@ -209,6 +209,6 @@ def triangular_solve(l: sp.MatrixExpr, b: sp.MatrixExpr, lower: bool = True, tra
     Raises:
         ModelError: `l` is not square, or `b` does not have its rows.
     """
-    l = _square(l, "the matrix of triangular_solve")  # noqa: E741
-    b = _right_side(b, l, "the right-hand side of triangular_solve")
-    return TriangularSolve(l, b, sp.Integer(int(bool(lower))), sp.Integer(int(bool(transpose))))
+    t = _square(l, "the matrix of triangular_solve")
+    rhs = _right_side(b, t, "the right-hand side of triangular_solve")
+    return TriangularSolve(t, rhs, sp.Integer(int(bool(lower))), sp.Integer(int(bool(transpose))))

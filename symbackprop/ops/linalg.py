@@ -32,7 +32,6 @@ from symbackprop.declare.linalg import Cholesky, Det, LogDet, Solve, TriangularS
 from symbackprop.diff.autodiff import add_all
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
 from symbackprop.ir.construct import const, is_const, map_, matmul, reduce_sum, transpose
-from symbackprop.ir.interpret import Context
 from symbackprop.ir.node import SCALAR, Node, Shape, op_node, placeholder
 from symbackprop.ops.registry import JvpRule, OpRecord, VjpRule, plain_grad_fn, register
 from symbackprop.schedule.kernel import Equation, View, latex_name
@@ -379,9 +378,17 @@ def _texts(template: str, latex: str) -> Callable[[list[str], Node], tuple[str, 
     return text
 
 
+_BAND_WORDS = {(0, 1, 0): "the diagonal of {0}", (1, 1, 0): "the lower triangle of {0}",
+               (0, 1, 1): "the upper triangle of {0}", (1, sp.Rational(1, 2), 0): "the lower triangle of {0}, diagonal halved",
+               (1, 1, 1): "{0}"}
+
+
 def _band_text(labels: list[str], node: Node) -> tuple[str, str]:
     below, diagonal, above = node.attrs
-    return (f"{labels[0]} times {below} below the diagonal, {diagonal} on it, {above} above",
+    if node.attrs == (0, 1, 0) and is_const(node.args[0]) and node.args[0].attrs[0] == 1:
+        return "the identity", "I"
+    words = _BAND_WORDS.get(node.attrs, "{0} times " + f"{below} below the diagonal, {diagonal} on it, {above} above")
+    return (words.format(labels[0]),
             rf"\operatorname{{band}}_{{{below},{diagonal},{above}}}\left({latex_name(labels[0])}\right)")
 
 
