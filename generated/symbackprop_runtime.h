@@ -547,7 +547,7 @@ SYMBACKPROP_HELPER int symbackprop_f64_lu(const double *a, int64_t n, int64_t rs
 /* det(a) = sign(P) * prod_c U[c, c]: 0 for a singular a, NaN for a NaN entry. */
 SYMBACKPROP_HELPER double symbackprop_f64_det(const double *a, int64_t n, int64_t rs, int64_t cs, double *lu)
 {
-    double result = symbackprop_f64_lu(a, n, rs, cs, lu, NULL, 0);
+    double result = (double)symbackprop_f64_lu(a, n, rs, cs, lu, NULL, 0);
     for (int64_t c = 0; c < n; ++c) {
         result *= lu[c * n + c];
     }
@@ -1133,7 +1133,7 @@ SYMBACKPROP_HELPER int symbackprop_f32_lu(const float *a, int64_t n, int64_t rs,
 /* det(a) = sign(P) * prod_c U[c, c]: 0 for a singular a, NaN for a NaN entry. */
 SYMBACKPROP_HELPER float symbackprop_f32_det(const float *a, int64_t n, int64_t rs, int64_t cs, float *lu)
 {
-    float result = symbackprop_f32_lu(a, n, rs, cs, lu, NULL, 0);
+    float result = (float)symbackprop_f32_lu(a, n, rs, cs, lu, NULL, 0);
     for (int64_t c = 0; c < n; ++c) {
         result *= lu[c * n + c];
     }

@@ -75,7 +75,7 @@ class OpRecord:
     reduction: a reduction over one axis, named in sbp.reduce(name, x, axis).
     helper: its kernel calls the module's C function <prefix>_<name>, whose
         definition is the block of that name in templates/reduce.c.j2
-        (emitted in a module that uses it).
+        (linalg.c.j2 for linear algebra), in the runtime header.
     """
 
     name: str
@@ -191,7 +191,7 @@ def reductions() -> tuple[str, ...]:
 
 
 def helpers() -> frozenset[str]:
-    """The ops whose kernels call a C helper of their name (reduce.c.j2)."""
+    """The ops whose kernels call a C helper of their name (reduce.c.j2, linalg.c.j2)."""
     return frozenset(r.name for r in records() if r.helper)
 
 
