@@ -240,3 +240,77 @@ def test_non_square_and_mismatched_shapes_are_refused():
         sbp.solve(A, sp.MatrixSymbol("E", k, 2))
     with pytest.raises(ModelError, match="matrix expression"):
         sbp.cholesky(sp.Symbol("x"))
+
+
+# --- the C helpers under AddressSanitizer and UndefinedBehaviorSanitizer ----------------------
+
+
+def _c_array(name, values):
+    """A malloc'd array of exactly these values (an overrun by one is found)."""
+    flat = ", ".join("NAN" if np.isnan(v) else repr(float(v)) for v in np.ravel(values))
+    return (f"double *{name} = malloc({max(np.size(values), 1)} * sizeof(double));\n"
+            f"{{ const double init[] = {{{flat}}}; memcpy({name}, init, sizeof init); }}\n")
+
+
+def test_helpers_are_memory_safe_on_singular_and_nan_input(tmp_path):
+    """Each helper on exact-size arrays, read row- and column-major (a
+    transposed view), at n = 1, 2, 5 and on singular, indefinite and NaN
+    matrices: no sanitizer finding, and the documented values."""
+    import shutil
+    import subprocess
+
+    from c_driver import write_runtime_header
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    write_runtime_header(tmp_path)
+    rng = np.random.default_rng(7)
+    cases = [rng.standard_normal((size, size)) for size in (1, 2, 5)]
+    cases += [np.array([[1.0, 2.0], [2.0, 4.0]]), np.diag([1.0, -1.0, 2.0]), np.array([[1.0, np.nan], [0.0, 1.0]])]
+    body = []
+    for number, a in enumerate(cases):
+        size = a.shape[0]
+        body.append(_c_array(f"a{number}", a) + _c_array(f"b{number}", np.ones((size, 2))))
+        body.extend(f"double *{out}{number} = malloc({size * cols} * sizeof(double));\n"
+                    for out, cols in (("x", 2), ("t", 2), ("l", size), ("lu", size)))
+        for rs, cs, tag in ((size, 1, "row"), (1, size, "col")):
+            call = f"a{number}, {size}, {rs}, {cs}"
+            body.append(
+                f'printf("{number} {tag} det %.17g\\n", symbackprop_f64_det({call}, lu{number}));\n'
+                f'printf("{number} {tag} logdet %.17g\\n", symbackprop_f64_logdet({call}, lu{number}));\n'
+                f"symbackprop_f64_solve({call}, b{number}, 2, 2, 1, x{number}, lu{number});\n"
+                f"symbackprop_f64_cholesky({call}, l{number});\n"
+                f"symbackprop_f64_triangular_solve({call}, b{number}, 2, 2, 1, 0, t{number});\n"
+                f'for (int i = 0; i < {2 * size}; ++i) printf("{number} {tag} solve %.17g\\n", x{number}[i]);\n'
+                f'for (int i = 0; i < {size * size}; ++i) printf("{number} {tag} cholesky %.17g\\n", l{number}[i]);\n'
+                f'for (int i = 0; i < {2 * size}; ++i) printf("{number} {tag} upper %.17g\\n", t{number}[i]);\n')
+    source = ('#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n#include "symbackprop_runtime.h"\n'
+              "int main(void) {\n" + "".join(body) + "return 0;\n}\n")
+    (tmp_path / "driver.c").write_text(source)
+    flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g", "-O0", "-std=c99"]
+    subprocess.run(["gcc", *flags, "-I", str(tmp_path), str(tmp_path / "driver.c"), "-o", str(tmp_path / "driver"), "-lm"],
+                   check=True, capture_output=True, timeout=120)
+    run = subprocess.run([str(tmp_path / "driver")], capture_output=True, text=True, timeout=60,
+                         env={"ASAN_OPTIONS": "detect_leaks=0", "UBSAN_OPTIONS": "halt_on_error=1"})
+    assert run.returncode == 0, run.stderr
+    values: dict[tuple, list] = {}
+    for line in run.stdout.split("\n"):
+        if line:
+            number, tag, what, value = line.split()
+            values.setdefault((int(number), tag, what), []).append(float(value))
+    for number, a in enumerate(cases):
+        for tag, m in (("row", a), ("col", a.T)):
+            got = {what: np.array(values[number, tag, what]) for what in ("det", "logdet", "solve", "cholesky", "upper")}
+            size = m.shape[0]
+            if number < 3:  # regular: numpy's values
+                np.testing.assert_allclose(got["det"], np.linalg.det(m), rtol=1e-12)
+                np.testing.assert_allclose(got["logdet"], np.linalg.slogdet(m)[1], rtol=1e-12, atol=1e-14)
+                np.testing.assert_allclose(got["solve"].reshape(size, 2), np.linalg.solve(m, np.ones((size, 2))), rtol=1e-10)
+                np.testing.assert_allclose(got["upper"].reshape(size, 2), np.linalg.solve(np.triu(m), np.ones((size, 2))),
+                                           rtol=1e-10)
+            elif number == 3:  # singular
+                assert got["det"] == 0 and got["logdet"] == -np.inf and not np.isfinite(got["solve"]).all()
+            elif number == 4:  # indefinite: NaN from the second pivot on
+                assert got["cholesky"][0] == 1 and np.isnan(got["cholesky"][4])
+            else:  # a NaN entry
+                assert np.isnan(got["det"]) and np.isnan(got["logdet"]) and np.isnan(got["solve"]).any()
