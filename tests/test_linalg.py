@@ -314,3 +314,30 @@ def test_helpers_are_memory_safe_on_singular_and_nan_input(tmp_path):
                 assert got["cholesky"][0] == 1 and np.isnan(got["cholesky"][4])
             else:  # a NaN entry
                 assert np.isnan(got["det"]) and np.isnan(got["logdet"]) and np.isnan(got["solve"]).any()
+
+
+# --- small explicit matrices inside a map: closed forms ----------------------------------------
+
+
+def test_small_matrices_inside_a_map_match_jax_vmap():
+    """A 2x2 matrix per example (an explicit sp.Matrix of the body's
+    symbols): its closed forms, differentiated by the map's scalar rules."""
+    jax, jnp, tri = _jax()
+    x = sp.symbols("x0:4", real=True)
+    m = sp.Matrix([[x[0], x[1]], [x[2], x[3]]])
+    rhs = sp.Matrix([1, x[0]])
+    body = (sbp.det(m) + sbp.logdet(m) + sbp.solve(m, rhs)[1, 0] + sbp.cholesky(m * m.T + sp.eye(2))[1, 0]
+            + sbp.triangular_solve(m, rhs, lower=False, transpose=True)[1, 0])
+    rows = sp.MatrixSymbol("R", n, 4)
+    mod = sbp.compile(sbp.Model("linalg_in_map", params=[rows], loss=nn.sum_all(sbp.map_examples(body, [(sp.Matrix(x), rows)]))))
+
+    def one(r):
+        a, b = r.reshape(2, 2), jnp.stack([1.0, r[0]])
+        return (jnp.linalg.det(a) + jnp.linalg.slogdet(a)[1] + jnp.linalg.solve(a, b)[1]
+                + jnp.linalg.cholesky(a @ a.T + jnp.eye(2))[1, 0] + tri(a, b, False, True)[1])
+
+    values = np.random.default_rng(3).standard_normal((6, 4))
+    ref, ref_grad = jax.jit(jax.value_and_grad(lambda r: jnp.sum(jax.vmap(one)(r))))(jnp.asarray(values))
+    loss, grads = mod.value_and_grad(R=values)
+    assert loss == pytest.approx(float(ref), rel=1e-10)
+    np.testing.assert_allclose(grads["R"], np.asarray(ref_grad), rtol=1e-10, atol=1e-12)

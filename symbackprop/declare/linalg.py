@@ -10,6 +10,13 @@ The matrices may be of a symbolic size n, bound when the module is called::
 
 Each function returns an unevaluated SymPy node (a scalar for det and
 logdet); the compiler lowers it to its op (symbackprop.ops.linalg).
+
+Explicit matrices (sp.Matrix of scalar expressions, as in a map_examples
+body, where each example has its own small matrix) of at most
+MAX_CLOSED_FORM rows get closed forms in scalars instead, which the map's
+scalar derivatives differentiate: det by Berkowitz (division-free), solve
+as adjugate(A) B / det(A) (no pivot to choose), Cholesky and substitution
+as the C helpers do them.
 """
 
 from __future__ import annotations
@@ -44,6 +51,20 @@ def _right_side(value: object, a: sp.MatrixExpr, what: str) -> sp.MatrixExpr:
         raise ModelError(f"{what} must have the {a.shape[0]} rows of the matrix solved with; it has shape "
                          f"{b.shape}: {described(b)}")
     return b
+
+
+# An explicit matrix (entries given, as in a map_examples body) of at most
+# this size gets its closed form in scalars, which a per-example body needs.
+MAX_CLOSED_FORM = 4
+
+
+def _explicit(*values: sp.Basic) -> bool:
+    """Whether every matrix is explicit and the first (square) one small."""
+    return all(isinstance(v, sp.MatrixBase) for v in values) and values[0].shape[0] <= MAX_CLOSED_FORM
+
+
+def _closed_det(a: sp.MatrixBase) -> sp.Expr:
+    return a.det(method="berkowitz")  # division-free: no pivot to choose
 
 
 class LinalgExpr(sp.MatrixExpr):
@@ -117,6 +138,9 @@ def det(a: sp.MatrixExpr) -> sp.Expr:
     determinant 0 (exactly, where the elimination meets a zero column) and a
     gradient of inf or NaN entries, as JAX's; a NaN entry gives NaN.
 
+    An explicit matrix (sp.Matrix, as in a map_examples body) of at most 4
+    rows gets its closed form in scalars (symbackprop.declare.linalg).
+
     Args:
         a: a square matrix expression.
 
@@ -126,7 +150,8 @@ def det(a: sp.MatrixExpr) -> sp.Expr:
     Raises:
         ModelError: `a` is not a square matrix expression.
     """
-    return MatrixElement(Det(_square(a, "the matrix of det")), 0, 0)
+    square = _square(a, "the matrix of det")
+    return _closed_det(square) if _explicit(square) else MatrixElement(Det(square), 0, 0)
 
 
 def logdet(a: sp.MatrixExpr) -> sp.Expr:
@@ -135,6 +160,9 @@ def logdet(a: sp.MatrixExpr) -> sp.Expr:
     differs for a negative determinant: NaN there). A singular `a` gives
     -inf (and a gradient of inf or NaN entries); a NaN entry gives NaN.
     Its gradient is g * A^{-T}, for either sign of the determinant.
+
+    An explicit matrix (sp.Matrix, as in a map_examples body) of at most 4
+    rows gets its closed form in scalars (symbackprop.declare.linalg).
 
     Args:
         a: a square matrix expression (for a symmetric positive definite
@@ -146,7 +174,8 @@ def logdet(a: sp.MatrixExpr) -> sp.Expr:
     Raises:
         ModelError: `a` is not a square matrix expression.
     """
-    return MatrixElement(LogDet(_square(a, "the matrix of logdet")), 0, 0)
+    square = _square(a, "the matrix of logdet")
+    return sp.log(sp.Abs(_closed_det(square))) if _explicit(square) else MatrixElement(LogDet(square), 0, 0)
 
 
 def solve(a: sp.MatrixExpr, b: sp.MatrixExpr) -> sp.MatrixExpr:
@@ -155,6 +184,9 @@ def solve(a: sp.MatrixExpr, b: sp.MatrixExpr) -> sp.MatrixExpr:
     X has inf or NaN entries (JAX's answer; numpy raises), never a silent
     finite value. Its derivatives are solves with a^T: b-bar = a^{-T} G,
     a-bar = -b-bar X^T.
+
+    An explicit matrix (sp.Matrix, as in a map_examples body) of at most 4
+    rows gets its closed form in scalars (symbackprop.declare.linalg).
 
     Args:
         a: a square matrix expression (n x n).
@@ -167,7 +199,10 @@ def solve(a: sp.MatrixExpr, b: sp.MatrixExpr) -> sp.MatrixExpr:
         ModelError: `a` is not square, or `b` does not have a's rows.
     """
     square = _square(a, "the matrix of solve")
-    return Solve(square, _right_side(b, square, "the right-hand side of solve"))
+    rhs = _right_side(b, square, "the right-hand side of solve")
+    if _explicit(square, rhs):  # adjugate / det: no pivoting, exact for these sizes
+        return sp.ImmutableMatrix(square.adjugate(method="berkowitz") * rhs / _closed_det(square))
+    return Solve(square, rhs)
 
 
 def cholesky(a: sp.MatrixExpr) -> sp.MatrixExpr:
@@ -178,6 +213,9 @@ def cholesky(a: sp.MatrixExpr) -> sp.MatrixExpr:
     non-positive pivot on (JAX's answer; numpy and PyTorch raise); a zero
     pivot gives inf or NaN below it.
 
+    An explicit matrix (sp.Matrix, as in a map_examples body) of at most 4
+    rows gets its closed form in scalars (symbackprop.declare.linalg).
+
     Args:
         a: a square matrix expression.
 
@@ -187,7 +225,10 @@ def cholesky(a: sp.MatrixExpr) -> sp.MatrixExpr:
     Raises:
         ModelError: `a` is not a square matrix expression.
     """
-    return Cholesky(_square(a, "the matrix of cholesky"))
+    square = _square(a, "the matrix of cholesky")
+    if _explicit(square):
+        return _closed_cholesky((square + square.T) / 2)
+    return Cholesky(square)
 
 
 def triangular_solve(l: sp.MatrixExpr, b: sp.MatrixExpr, lower: bool = True, transpose: bool = False) -> sp.MatrixExpr:  # noqa: E741
@@ -196,6 +237,9 @@ def triangular_solve(l: sp.MatrixExpr, b: sp.MatrixExpr, lower: bool = True, tra
     solve_triangular(l, b, lower=lower, trans=transpose)). The other
     triangle of `l` is never read, and its gradient there is 0. A zero on
     the diagonal gives inf or NaN entries.
+
+    An explicit matrix (sp.Matrix, as in a map_examples body) of at most 4
+    rows gets its closed form in scalars (symbackprop.declare.linalg).
 
     Args:
         l: a square matrix expression.
@@ -211,4 +255,30 @@ def triangular_solve(l: sp.MatrixExpr, b: sp.MatrixExpr, lower: bool = True, tra
     """
     t = _square(l, "the matrix of triangular_solve")
     rhs = _right_side(b, t, "the right-hand side of triangular_solve")
+    if _explicit(t, rhs):
+        triangle = sp.Matrix(t).lower_triangular() if lower else sp.Matrix(t).upper_triangular()
+        triangle = triangle.T if transpose else triangle
+        rows = range(t.shape[0]) if lower != bool(transpose) else range(t.shape[0] - 1, -1, -1)
+        return _closed_substitution(triangle, sp.Matrix(rhs), rows)
     return TriangularSolve(t, rhs, sp.Integer(int(bool(lower))), sp.Integer(int(bool(transpose))))
+
+
+def _closed_cholesky(s: sp.MatrixBase) -> sp.ImmutableMatrix:
+    """The Cholesky factor of the symmetric s, column by column (as the C helper)."""
+    size = s.shape[0]
+    low = sp.zeros(size, size)
+    for j in range(size):
+        low[j, j] = sp.sqrt(s[j, j] - sum(low[j, m] ** 2 for m in range(j)))
+        for i in range(j + 1, size):
+            low[i, j] = (s[i, j] - sum(low[i, m] * low[j, m] for m in range(j))) / low[j, j]
+    return sp.ImmutableMatrix(low)
+
+
+def _closed_substitution(triangle: sp.Matrix, x: sp.Matrix, rows: range) -> sp.ImmutableMatrix:
+    """triangle^{-1} x by substitution, its rows in the order given (those
+    already solved first)."""
+    done: list[int] = []
+    for i in rows:
+        x[i, :] = (x[i, :] - sum((triangle[i, j] * x[j, :] for j in done), sp.zeros(1, x.shape[1]))) / triangle[i, i]
+        done.append(i)
+    return sp.ImmutableMatrix(x)
