@@ -472,6 +472,186 @@ SYMBACKPROP_HELPER void symbackprop_f64_cumsum(const double *x, int64_t n, int64
     }
 }
 
+/* out[i, j] = x[i, j] * (below if i > j, diagonal if i == j, above if i < j),
+ * out rows x cols; a scale 0 gives 0 whatever the entry (a mask: inf * 0 is
+ * not NaN here). */
+SYMBACKPROP_HELPER void symbackprop_f64_band(const double *x, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
+                                            double below, double diagonal, double above, double *out)
+{
+    for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < cols; ++j) {
+            const double scale = i > j ? below : (i == j ? diagonal : above);
+            out[i * cols + j] = scale == 0 ? 0 : scale * x[i * rs + j * cs];
+        }
+    }
+}
+
+/* LU factorization with partial pivoting, P A = L U, of the n x n matrix a
+ * (a[i, j] at a[i*rs + j*cs]) into lu (row-major): U on and above the
+ * diagonal, L's multipliers (unit diagonal) below it. Column c's pivot is
+ * its largest |entry| on or below the diagonal (a NaN is taken first, so it
+ * spreads). When x is not NULL (n x k, row-major), its rows are swapped and
+ * eliminated alongside: x <- L^{-1} P x. A zero pivot means the column is
+ * zero from the diagonal down: nothing to eliminate, U[c, c] = 0 stays.
+ * Returns the sign of P (+1 or -1). */
+SYMBACKPROP_HELPER int symbackprop_f64_lu(const double *a, int64_t n, int64_t rs, int64_t cs, double *lu, double *x, int64_t k)
+{
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+            lu[i * n + j] = a[i * rs + j * cs];
+        }
+    }
+    int sign = 1;
+    for (int64_t c = 0; c < n; ++c) {
+        int64_t p = c;
+        double best = fabs(lu[c * n + c]);
+        for (int64_t i = c + 1; i < n && !isnan(best); ++i) {
+            const double size = fabs(lu[i * n + c]);
+            if (size > best || isnan(size)) {
+                best = size;
+                p = i;
+            }
+        }
+        if (p != c) {
+            sign = -sign;
+            for (int64_t j = 0; j < n; ++j) {
+                const double t = lu[c * n + j];
+                lu[c * n + j] = lu[p * n + j];
+                lu[p * n + j] = t;
+            }
+            for (int64_t j = 0; x != NULL && j < k; ++j) {
+                const double t = x[c * k + j];
+                x[c * k + j] = x[p * k + j];
+                x[p * k + j] = t;
+            }
+        }
+        const double pivot = lu[c * n + c];
+        if (pivot == 0) {
+            continue;
+        }
+        for (int64_t i = c + 1; i < n; ++i) {
+            /* row i -= (lu[i, c] / pivot) * row c, the multiplier kept in lu[i, c] */
+            const double factor = lu[i * n + c] / pivot;
+            lu[i * n + c] = factor;
+            for (int64_t j = c + 1; j < n; ++j) {
+                lu[i * n + j] -= factor * lu[c * n + j];
+            }
+            for (int64_t j = 0; x != NULL && j < k; ++j) {
+                x[i * k + j] -= factor * x[c * k + j];
+            }
+        }
+    }
+    return sign;
+}
+
+/* det(a) = sign(P) * prod_c U[c, c]: 0 for a singular a, NaN for a NaN entry. */
+SYMBACKPROP_HELPER double symbackprop_f64_det(const double *a, int64_t n, int64_t rs, int64_t cs, double *lu)
+{
+    double result = (double)symbackprop_f64_lu(a, n, rs, cs, lu, NULL, 0);
+    for (int64_t c = 0; c < n; ++c) {
+        result *= lu[c * n + c];
+    }
+    return result;
+}
+
+/* log|det(a)| = sum_c log|U[c, c]| (numpy's slogdet(a)[1]): -inf for a
+ * singular a, NaN for a NaN entry. */
+SYMBACKPROP_HELPER double symbackprop_f64_logdet(const double *a, int64_t n, int64_t rs, int64_t cs, double *lu)
+{
+    symbackprop_f64_lu(a, n, rs, cs, lu, NULL, 0);
+    double result = 0;
+    for (int64_t c = 0; c < n; ++c) {
+        result += log(fabs(lu[c * n + c]));
+    }
+    return result;
+}
+
+/* x <- T^{-1} x for the n x k row-major x: T the lower (lower != 0) or upper
+ * triangle of t (t[i, j] at t[i*rs + j*cs]), its diagonal included unless
+ * unit (then ones). Forward substitution from the first row for a lower T,
+ * back substitution from the last for an upper one:
+ * x[i, :] = (x[i, :] - sum_{j before i} T[i, j] x[j, :]) / T[i, i].
+ * A zero T[i, i] gives inf or NaN. */
+SYMBACKPROP_HELPER void symbackprop_f64_substitute(const double *t, int64_t n, int64_t rs, int64_t cs, int lower, int unit,
+                                                  double *x, int64_t k)
+{
+    for (int64_t step = 0; step < n; ++step) {
+        const int64_t i = lower ? step : n - 1 - step;
+        const int64_t first = lower ? 0 : i + 1;
+        const int64_t last = lower ? i : n;
+        for (int64_t j = first; j < last; ++j) {
+            const double factor = t[i * rs + j * cs];
+            for (int64_t l = 0; l < k; ++l) {
+                x[i * k + l] -= factor * x[j * k + l];
+            }
+        }
+        if (!unit) {
+            const double diagonal = t[i * rs + i * cs];
+            for (int64_t l = 0; l < k; ++l) {
+                x[i * k + l] /= diagonal;
+            }
+        }
+    }
+}
+
+/* out = b (n x k, b[i, j] at b[i*brs + j*bcs]), row-major. */
+SYMBACKPROP_HELPER void symbackprop_f64_copy_rhs(const double *b, int64_t n, int64_t k, int64_t brs, int64_t bcs, double *out)
+{
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < k; ++j) {
+            out[i * k + j] = b[i * brs + j * bcs];
+        }
+    }
+}
+
+/* x = a^{-1} b (a n x n, b n x k): LU with partial pivoting, b's rows
+ * permuted and eliminated alongside (L^{-1} P b), then back substitution
+ * with U. A singular a gives inf or NaN entries (a zero U[c, c]). */
+SYMBACKPROP_HELPER void symbackprop_f64_solve(const double *a, int64_t n, int64_t rs, int64_t cs,
+                                             const double *b, int64_t k, int64_t brs, int64_t bcs, double *x, double *lu)
+{
+    symbackprop_f64_copy_rhs(b, n, k, brs, bcs, x);
+    symbackprop_f64_lu(a, n, rs, cs, lu, x, k);
+    symbackprop_f64_substitute(lu, n, n, 1, 0, 0, x, k);
+}
+
+/* x = T^{-1} b, T the lower (lower != 0) or upper triangle of t; the other
+ * triangle is never read. */
+SYMBACKPROP_HELPER void symbackprop_f64_triangular_solve(const double *t, int64_t n, int64_t rs, int64_t cs,
+                                                        const double *b, int64_t k, int64_t brs, int64_t bcs, int lower, double *x)
+{
+    symbackprop_f64_copy_rhs(b, n, k, brs, bcs, x);
+    symbackprop_f64_substitute(t, n, rs, cs, lower, 0, x, k);
+}
+
+/* The lower L with L L^T = S = (a + a^T)/2, column by column:
+ *   L[j, j] = sqrt(S[j, j] - sum_{l<j} L[j, l]^2)
+ *   L[i, j] = (S[i, j] - sum_{l<j} L[i, l] L[j, l]) / L[j, j]   for i > j
+ * and 0 above the diagonal. A non-positive pivot gives NaN (sqrt of a
+ * negative number) or a zero L[j, j], then inf or NaN below it; they spread
+ * to the later columns. */
+SYMBACKPROP_HELPER void symbackprop_f64_cholesky(const double *a, int64_t n, int64_t rs, int64_t cs, double *out)
+{
+    for (int64_t j = 0; j < n; ++j) {
+        for (int64_t i = 0; i < j; ++i) {
+            out[i * n + j] = 0;
+        }
+        double pivot = a[j * rs + j * cs];
+        for (int64_t l = 0; l < j; ++l) {
+            pivot -= out[j * n + l] * out[j * n + l];
+        }
+        const double diagonal = sqrt(pivot);
+        out[j * n + j] = diagonal;
+        for (int64_t i = j + 1; i < n; ++i) {
+            double value = (a[i * rs + j * cs] + a[j * rs + i * cs]) / 2;
+            for (int64_t l = 0; l < j; ++l) {
+                value -= out[i * n + l] * out[j * n + l];
+            }
+            out[i * n + j] = value / diagonal;
+        }
+    }
+}
+
 /* --- float32 (float) helpers --- */
 
 
@@ -878,12 +1058,198 @@ SYMBACKPROP_HELPER void symbackprop_f32_cumsum(const float *x, int64_t n, int64_
     }
 }
 
+/* out[i, j] = x[i, j] * (below if i > j, diagonal if i == j, above if i < j),
+ * out rows x cols; a scale 0 gives 0 whatever the entry (a mask: inf * 0 is
+ * not NaN here). */
+SYMBACKPROP_HELPER void symbackprop_f32_band(const float *x, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
+                                            float below, float diagonal, float above, float *out)
+{
+    for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < cols; ++j) {
+            const float scale = i > j ? below : (i == j ? diagonal : above);
+            out[i * cols + j] = scale == 0 ? 0 : scale * x[i * rs + j * cs];
+        }
+    }
+}
+
+/* LU factorization with partial pivoting, P A = L U, of the n x n matrix a
+ * (a[i, j] at a[i*rs + j*cs]) into lu (row-major): U on and above the
+ * diagonal, L's multipliers (unit diagonal) below it. Column c's pivot is
+ * its largest |entry| on or below the diagonal (a NaN is taken first, so it
+ * spreads). When x is not NULL (n x k, row-major), its rows are swapped and
+ * eliminated alongside: x <- L^{-1} P x. A zero pivot means the column is
+ * zero from the diagonal down: nothing to eliminate, U[c, c] = 0 stays.
+ * Returns the sign of P (+1 or -1). */
+SYMBACKPROP_HELPER int symbackprop_f32_lu(const float *a, int64_t n, int64_t rs, int64_t cs, float *lu, float *x, int64_t k)
+{
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+            lu[i * n + j] = a[i * rs + j * cs];
+        }
+    }
+    int sign = 1;
+    for (int64_t c = 0; c < n; ++c) {
+        int64_t p = c;
+        float best = fabsf(lu[c * n + c]);
+        for (int64_t i = c + 1; i < n && !isnan(best); ++i) {
+            const float size = fabsf(lu[i * n + c]);
+            if (size > best || isnan(size)) {
+                best = size;
+                p = i;
+            }
+        }
+        if (p != c) {
+            sign = -sign;
+            for (int64_t j = 0; j < n; ++j) {
+                const float t = lu[c * n + j];
+                lu[c * n + j] = lu[p * n + j];
+                lu[p * n + j] = t;
+            }
+            for (int64_t j = 0; x != NULL && j < k; ++j) {
+                const float t = x[c * k + j];
+                x[c * k + j] = x[p * k + j];
+                x[p * k + j] = t;
+            }
+        }
+        const float pivot = lu[c * n + c];
+        if (pivot == 0) {
+            continue;
+        }
+        for (int64_t i = c + 1; i < n; ++i) {
+            /* row i -= (lu[i, c] / pivot) * row c, the multiplier kept in lu[i, c] */
+            const float factor = lu[i * n + c] / pivot;
+            lu[i * n + c] = factor;
+            for (int64_t j = c + 1; j < n; ++j) {
+                lu[i * n + j] -= factor * lu[c * n + j];
+            }
+            for (int64_t j = 0; x != NULL && j < k; ++j) {
+                x[i * k + j] -= factor * x[c * k + j];
+            }
+        }
+    }
+    return sign;
+}
+
+/* det(a) = sign(P) * prod_c U[c, c]: 0 for a singular a, NaN for a NaN entry. */
+SYMBACKPROP_HELPER float symbackprop_f32_det(const float *a, int64_t n, int64_t rs, int64_t cs, float *lu)
+{
+    float result = (float)symbackprop_f32_lu(a, n, rs, cs, lu, NULL, 0);
+    for (int64_t c = 0; c < n; ++c) {
+        result *= lu[c * n + c];
+    }
+    return result;
+}
+
+/* log|det(a)| = sum_c log|U[c, c]| (numpy's slogdet(a)[1]): -inf for a
+ * singular a, NaN for a NaN entry. */
+SYMBACKPROP_HELPER float symbackprop_f32_logdet(const float *a, int64_t n, int64_t rs, int64_t cs, float *lu)
+{
+    symbackprop_f32_lu(a, n, rs, cs, lu, NULL, 0);
+    float result = 0;
+    for (int64_t c = 0; c < n; ++c) {
+        result += logf(fabsf(lu[c * n + c]));
+    }
+    return result;
+}
+
+/* x <- T^{-1} x for the n x k row-major x: T the lower (lower != 0) or upper
+ * triangle of t (t[i, j] at t[i*rs + j*cs]), its diagonal included unless
+ * unit (then ones). Forward substitution from the first row for a lower T,
+ * back substitution from the last for an upper one:
+ * x[i, :] = (x[i, :] - sum_{j before i} T[i, j] x[j, :]) / T[i, i].
+ * A zero T[i, i] gives inf or NaN. */
+SYMBACKPROP_HELPER void symbackprop_f32_substitute(const float *t, int64_t n, int64_t rs, int64_t cs, int lower, int unit,
+                                                  float *x, int64_t k)
+{
+    for (int64_t step = 0; step < n; ++step) {
+        const int64_t i = lower ? step : n - 1 - step;
+        const int64_t first = lower ? 0 : i + 1;
+        const int64_t last = lower ? i : n;
+        for (int64_t j = first; j < last; ++j) {
+            const float factor = t[i * rs + j * cs];
+            for (int64_t l = 0; l < k; ++l) {
+                x[i * k + l] -= factor * x[j * k + l];
+            }
+        }
+        if (!unit) {
+            const float diagonal = t[i * rs + i * cs];
+            for (int64_t l = 0; l < k; ++l) {
+                x[i * k + l] /= diagonal;
+            }
+        }
+    }
+}
+
+/* out = b (n x k, b[i, j] at b[i*brs + j*bcs]), row-major. */
+SYMBACKPROP_HELPER void symbackprop_f32_copy_rhs(const float *b, int64_t n, int64_t k, int64_t brs, int64_t bcs, float *out)
+{
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < k; ++j) {
+            out[i * k + j] = b[i * brs + j * bcs];
+        }
+    }
+}
+
+/* x = a^{-1} b (a n x n, b n x k): LU with partial pivoting, b's rows
+ * permuted and eliminated alongside (L^{-1} P b), then back substitution
+ * with U. A singular a gives inf or NaN entries (a zero U[c, c]). */
+SYMBACKPROP_HELPER void symbackprop_f32_solve(const float *a, int64_t n, int64_t rs, int64_t cs,
+                                             const float *b, int64_t k, int64_t brs, int64_t bcs, float *x, float *lu)
+{
+    symbackprop_f32_copy_rhs(b, n, k, brs, bcs, x);
+    symbackprop_f32_lu(a, n, rs, cs, lu, x, k);
+    symbackprop_f32_substitute(lu, n, n, 1, 0, 0, x, k);
+}
+
+/* x = T^{-1} b, T the lower (lower != 0) or upper triangle of t; the other
+ * triangle is never read. */
+SYMBACKPROP_HELPER void symbackprop_f32_triangular_solve(const float *t, int64_t n, int64_t rs, int64_t cs,
+                                                        const float *b, int64_t k, int64_t brs, int64_t bcs, int lower, float *x)
+{
+    symbackprop_f32_copy_rhs(b, n, k, brs, bcs, x);
+    symbackprop_f32_substitute(t, n, rs, cs, lower, 0, x, k);
+}
+
+/* The lower L with L L^T = S = (a + a^T)/2, column by column:
+ *   L[j, j] = sqrt(S[j, j] - sum_{l<j} L[j, l]^2)
+ *   L[i, j] = (S[i, j] - sum_{l<j} L[i, l] L[j, l]) / L[j, j]   for i > j
+ * and 0 above the diagonal. A non-positive pivot gives NaN (sqrt of a
+ * negative number) or a zero L[j, j], then inf or NaN below it; they spread
+ * to the later columns. */
+SYMBACKPROP_HELPER void symbackprop_f32_cholesky(const float *a, int64_t n, int64_t rs, int64_t cs, float *out)
+{
+    for (int64_t j = 0; j < n; ++j) {
+        for (int64_t i = 0; i < j; ++i) {
+            out[i * n + j] = 0;
+        }
+        float pivot = a[j * rs + j * cs];
+        for (int64_t l = 0; l < j; ++l) {
+            pivot -= out[j * n + l] * out[j * n + l];
+        }
+        const float diagonal = sqrtf(pivot);
+        out[j * n + j] = diagonal;
+        for (int64_t i = j + 1; i < n; ++i) {
+            float value = (a[i * rs + j * cs] + a[j * rs + i * cs]) / 2;
+            for (int64_t l = 0; l < j; ++l) {
+                value -= out[i * n + l] * out[j * n + l];
+            }
+            out[i * n + j] = value / diagonal;
+        }
+    }
+}
+
 /* A float64 module compiled in single precision (its <PREFIX>_REAL=float)
  * defines SYMBACKPROP_F64_AS_F32: its calls go to the float helpers. */
 #ifdef SYMBACKPROP_F64_AS_F32
+#define symbackprop_f64_band symbackprop_f32_band
 #define symbackprop_f64_blas_layout symbackprop_f32_blas_layout
+#define symbackprop_f64_cholesky symbackprop_f32_cholesky
+#define symbackprop_f64_copy_rhs symbackprop_f32_copy_rhs
 #define symbackprop_f64_cumsum symbackprop_f32_cumsum
+#define symbackprop_f64_det symbackprop_f32_det
+#define symbackprop_f64_logdet symbackprop_f32_logdet
 #define symbackprop_f64_logsumexp symbackprop_f32_logsumexp
+#define symbackprop_f64_lu symbackprop_f32_lu
 #define symbackprop_f64_matmul symbackprop_f32_matmul
 #define symbackprop_f64_max symbackprop_f32_max
 #define symbackprop_f64_max_contiguous symbackprop_f32_max_contiguous
@@ -892,8 +1258,11 @@ SYMBACKPROP_HELPER void symbackprop_f32_cumsum(const float *x, int64_t n, int64_
 #define symbackprop_f64_min_vector symbackprop_f32_min_vector
 #define symbackprop_f64_prod symbackprop_f32_prod
 #define symbackprop_f64_prod_others symbackprop_f32_prod_others
+#define symbackprop_f64_solve symbackprop_f32_solve
+#define symbackprop_f64_substitute symbackprop_f32_substitute
 #define symbackprop_f64_sum symbackprop_f32_sum
 #define symbackprop_f64_sum_columns symbackprop_f32_sum_columns
+#define symbackprop_f64_triangular_solve symbackprop_f32_triangular_solve
 #endif
 
 #endif /* SYMBACKPROP_RUNTIME_H */

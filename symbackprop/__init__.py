@@ -8,6 +8,7 @@ Declare a model in SymPy, compile it, call the generated C from Python::
 
 from symbackprop._version import __version__
 from symbackprop.declare.derivatives import grad, jvp
+from symbackprop.declare.linalg import cholesky, det, logdet, solve, triangular_solve
 from symbackprop.declare.model import Model, as_scalar
 from symbackprop.declare.tensor import Index, cumsum, gather, map_examples, reduce
 from symbackprop.deep import build_deep
@@ -34,15 +35,20 @@ __all__ = [
     "__version__",
     "as_scalar",
     "build_deep",
+    "cholesky",
     "compile",
     "cumsum",
+    "det",
     "final_state",
     "from_torch",
     "gather",
     "grad",
     "jvp",
+    "logdet",
     "map_examples",
     "reduce",
     "scan",
+    "solve",
     "sparse_layout",
+    "triangular_solve",
 ]

@@ -75,7 +75,7 @@ class OpRecord:
     reduction: a reduction over one axis, named in sbp.reduce(name, x, axis).
     helper: its kernel calls the module's C function <prefix>_<name>, whose
         definition is the block of that name in templates/reduce.c.j2
-        (emitted in a module that uses it).
+        (linalg.c.j2 for linear algebra), in the runtime header.
     """
 
     name: str
@@ -107,7 +107,8 @@ _RECORDS: dict[str, OpRecord] = {}
 _LOWERING: dict[type, tuple[str, LoweringRule]] = {}
 _SHAPES: dict[type, ShapeRule] = {}
 # the modules that register ops (on import), loaded on the first look-up
-FAMILIES = tuple(f"symbackprop.ops.{family}" for family in ("elementwise", "matmul", "reduce", "cumulative", "views", "emap"))
+FAMILIES = tuple(f"symbackprop.ops.{family}"
+                 for family in ("elementwise", "matmul", "reduce", "cumulative", "views", "emap", "linalg"))
 FAMILIES += ("symbackprop.loops.register", "symbackprop.diff.nested")
 _loaded = False
 
@@ -190,7 +191,7 @@ def reductions() -> tuple[str, ...]:
 
 
 def helpers() -> frozenset[str]:
-    """The ops whose kernels call a C helper of their name (reduce.c.j2)."""
+    """The ops whose kernels call a C helper of their name (reduce.c.j2, linalg.c.j2)."""
     return frozenset(r.name for r in records() if r.helper)
 
 
