@@ -1,0 +1,164 @@
+"""Second order through a scan: the module's hvp and hessian (reverse over
+forward: the vjp of the scan's tangent scan), against JAX's
+jax.jvp(jax.grad(f)) over jax.lax.scan in float64 (1e-10 relative) and
+central differences of the compiled gradient."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sympy as sp
+from oracles import relative_error
+
+import symbackprop as sbp
+from symbackprop import nn
+from symbackprop.diff.hessian import route
+from symbackprop.pipeline import plan
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+T = sp.Symbol("T", integer=True, positive=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def x64():
+    saved = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", saved)
+
+
+# --- a tanh RNN: output and final state in the loss ---------------------------
+
+H, D = 3, 2
+W, Ux, b = sp.MatrixSymbol("W", H, H), sp.MatrixSymbol("Ux", D, H), sp.MatrixSymbol("b", 1, H)
+Vo, h0 = sp.MatrixSymbol("Vo", H, 1), sp.MatrixSymbol("h0", 1, H)
+RNN_PARAMS = ("W", "Ux", "b", "Vo", "h0")
+
+
+def rnn_model(every=None, name="rnn2"):
+    X, Z = sp.MatrixSymbol("X", T, D), sp.MatrixSymbol("Z", T, 1)
+    h, x = sp.MatrixSymbol("h", 1, H), sp.MatrixSymbol("x", 1, D)
+    new = (h * W + x * Ux + b).applyfunc(sp.tanh)
+    Y = sbp.scan(new, new * Vo, h, x, h0, X, checkpoint_every=every)
+    E = Y - Z
+    loss = sp.OneMatrix(1, T) * sp.HadamardProduct(E, E) + sbp.final_state(Y) * sp.OneMatrix(H, 1)
+    return sbp.Model(name, inputs=[X, Z], params=[W, Ux, b, Vo, h0], loss=loss)
+
+
+def rnn_jax(p):
+    def step(state, row):
+        new = jnp.tanh(state @ p["W"] + row[None, :] @ p["Ux"] + p["b"])
+        return new, (new @ p["Vo"])[0, 0]
+
+    final, ys = jax.lax.scan(step, p["h0"], p["X"])
+    return jnp.sum((ys - p["Z"][:, 0]) ** 2) + jnp.sum(final)
+
+
+def rnn_data(rng, steps):
+    return {"X": rng.standard_normal((steps, D)), "Z": rng.standard_normal((steps, 1)),
+            "W": 0.6 * rng.standard_normal((H, H)), "Ux": rng.standard_normal((D, H)),
+            "b": rng.standard_normal((1, H)), "Vo": rng.standard_normal((H, 1)), "h0": rng.standard_normal((1, H))}
+
+
+def jax_hvp(loss, arrays, directions, params):
+    fixed = {k: jnp.asarray(v) for k, v in arrays.items() if k not in params}
+    primal = {k: jnp.asarray(arrays[k]) for k in params}
+    tangent = {k: jnp.asarray(directions[k]) for k in params}
+    _, out = jax.jvp(jax.grad(lambda w: loss({**fixed, **w})), (primal,), (tangent,))
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def check_hvp(mod, loss, arrays, params, rng, eps=1e-5):
+    directions = {k: rng.standard_normal(np.shape(arrays[k])) for k in params}
+    got_loss, grads, got = mod.value_grad_and_hvp(directions, **arrays)
+    want = jax_hvp(loss, arrays, directions, params)
+    assert got_loss == pytest.approx(float(loss({k: jnp.asarray(v) for k, v in arrays.items()})), rel=1e-12)
+    moved = [{**arrays, **{k: arrays[k] + s * eps * directions[k] for k in params}} for s in (1, -1)]
+    plus, minus = (mod.value_grad_and_hvp(directions, **m)[1] for m in moved)
+    for name in params:
+        assert relative_error(np.reshape(got[name], want[name].shape), want[name]) < 1e-10, name
+        fd = (np.asarray(plus[name]) - np.asarray(minus[name])) / (2 * eps)
+        assert relative_error(got[name], fd) < 1e-7, name
+    return grads
+
+
+@pytest.mark.parametrize("every", [None, 3])
+def test_the_hvp_of_a_tanh_rnn_matches_jax_and_differences_of_the_gradient(every):
+    mod = sbp.compile(rnn_model(every, f"rnn2_{every}"), functions=("hvp",))
+    check_hvp(mod, rnn_jax, rnn_data(np.random.default_rng(1), 7), RNN_PARAMS, np.random.default_rng(2))
+
+
+def test_the_hessian_of_a_tanh_rnn_matches_jax_hessian():
+    mod = sbp.compile(rnn_model(name="rnn2_hessian"), functions=("hvp",))
+    arrays = rnn_data(np.random.default_rng(3), 5)
+    got = mod.hessian_matrix(**arrays)
+    fixed = {k: jnp.asarray(v) for k, v in arrays.items() if k not in RNN_PARAMS}
+    sizes = [arrays[k].size for k in RNN_PARAMS]
+    ends = np.cumsum(sizes)
+
+    def flat_loss(theta):
+        parts = {k: theta[e - s:e].reshape(arrays[k].shape) for k, s, e in zip(RNN_PARAMS, sizes, ends)}
+        return rnn_jax({**fixed, **parts})
+
+    theta = jnp.concatenate([jnp.ravel(jnp.asarray(arrays[k])) for k in RNN_PARAMS])
+    want = np.asarray(jax.hessian(flat_loss)(theta))
+    assert got.shape == want.shape
+    assert relative_error(got, want) < 1e-10
+    assert relative_error(got, got.T) < 1e-12  # a Hessian: symmetric
+
+
+# --- an LSTM: two states, a sequence and params captured -----------------------
+
+LH, LD = 3, 2
+LW = [sp.MatrixSymbol(f"W_{g}", LD, LH) for g in "ifgo"]
+LU = [sp.MatrixSymbol(f"U_{g}", LH, LH) for g in "ifgo"]
+LB = [sp.MatrixSymbol(f"b_{g}", 1, LH) for g in "ifgo"]
+LV = sp.MatrixSymbol("v", LH, 1)
+LSTM_PARAMS = tuple(m.name for m in (*LW, *LU, *LB, LV))
+
+
+def lstm_model():
+    X = sp.MatrixSymbol("X", T, LD)
+    h, c, x = sp.MatrixSymbol("h", 1, LH), sp.MatrixSymbol("c", 1, LH), sp.MatrixSymbol("x", 1, LD)
+    h_next, c_next = nn.lstm_cell(x, h, c, LW, LU, LB)
+    zero = sp.ZeroMatrix(1, LH)
+    Y = sbp.scan((h_next, c_next), h_next * LV, (h, c), x, (zero, zero), X)
+    return sbp.Model("lstm2", inputs=[X], params=[*LW, *LU, *LB, LV],
+                     loss=nn.sum_all(Y.applyfunc(sp.sin)))
+
+
+def lstm_jax(p):
+    def gate(k, row, h):
+        g = "ifgo"[k]
+        return row[None, :] @ p[f"W_{g}"] + h @ p[f"U_{g}"] + p[f"b_{g}"]
+
+    def step(carry, row):
+        h, c = carry
+        i, f = jax.nn.sigmoid(gate(0, row, h)), jax.nn.sigmoid(gate(1, row, h))
+        g, o = jnp.tanh(gate(2, row, h)), jax.nn.sigmoid(gate(3, row, h))
+        c = f * c + i * g
+        h = o * jnp.tanh(c)
+        return (h, c), (h @ p["v"])[0, 0]
+
+    zero = jnp.zeros((1, LH))
+    _, ys = jax.lax.scan(step, (zero, zero), p["X"])
+    return jnp.sum(jnp.sin(ys))
+
+
+def test_the_hvp_of_an_lstm_matches_jax_and_differences_of_the_gradient():
+    rng = np.random.default_rng(4)
+    arrays = {"X": rng.standard_normal((6, LD))}
+    arrays.update({k: 0.7 * rng.standard_normal(s.shape) for k, s in zip(LSTM_PARAMS, (*LW, *LU, *LB, LV))})
+    mod = sbp.compile(lstm_model(), functions=("hvp",))
+    check_hvp(mod, lstm_jax, arrays, LSTM_PARAMS, rng)
+
+
+def test_the_route_is_reverse_over_forward_only_where_a_scan_is():
+    with_scan = plan(rnn_model(name="rnn2_plan"), ("forward",)).lowered.loss
+    assert route(with_scan) == "reverse_over_forward"
+    n = sp.Symbol("n", integer=True, positive=True)
+    A, w = sp.MatrixSymbol("A", n, 2), sp.MatrixSymbol("w", 2, 1)
+    mlp = sbp.Model("no_scan", inputs=[A], params=[w], loss=nn.sum_all((A * w).applyfunc(sp.tanh)))
+    assert route(plan(mlp, ("forward",)).lowered.loss) == "forward_over_reverse"
