@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import sympy as sp
-from oracles import relative_error
+from oracles import central_differences, relative_error
 
 import symbackprop as sbp
 from symbackprop import nn
@@ -162,3 +162,65 @@ def test_the_route_is_reverse_over_forward_only_where_a_scan_is():
     A, w = sp.MatrixSymbol("A", n, 2), sp.MatrixSymbol("w", 2, 1)
     mlp = sbp.Model("no_scan", inputs=[A], params=[w], loss=nn.sum_all((A * w).applyfunc(sp.tanh)))
     assert route(plan(mlp, ("forward",)).lowered.loss) == "forward_over_reverse"
+
+
+# --- sbp.grad of a scan inside the loss: the backward pass differentiated ------
+
+P = sp.MatrixSymbol("P", T, D)  # the sequence the inner gradient is taken by
+
+
+def penalty_model(every=None, name="rnn_penalty"):
+    """A gradient penalty through an RNN: f a tanh RNN over P (outputs and
+    final state); the loss holds d f / d P (a sequence's adjoint), d f / d h0
+    (an init's) and d f / d W (a captured param's)."""
+    h, x = sp.MatrixSymbol("h", 1, H), sp.MatrixSymbol("x", 1, D)
+    new = (h * W + x * Ux + b).applyfunc(sp.tanh)
+    Y = sbp.scan(new, new * Vo, h, x, h0, P, checkpoint_every=every)
+    f = nn.sum_all(Y.applyfunc(sp.sin)) + sbp.final_state(Y) * sp.OneMatrix(H, 1)
+    loss = (nn.sum_all(sbp.grad(f, P).applyfunc(lambda e: e**2)) + nn.sum_all(sbp.grad(f, h0).applyfunc(sp.cos))
+            + nn.sum_all(sbp.grad(f, W).applyfunc(sp.sin)))
+    return sbp.Model(name, inputs=[P], params=[W, Ux, b, Vo, h0], loss=loss)
+
+
+def penalty_jax(p):
+    def f(seq, start, w):
+        def step(state, row):
+            new = jnp.tanh(state @ w + row[None, :] @ p["Ux"] + p["b"])
+            return new, (new @ p["Vo"])[0, 0]
+
+        final, ys = jax.lax.scan(step, start, seq)
+        return jnp.sum(jnp.sin(ys)) + jnp.sum(final)
+
+    g_seq, g_start, g_w = jax.grad(f, argnums=(0, 1, 2))(p["P"], p["h0"], p["W"])
+    return jnp.sum(g_seq**2) + jnp.sum(jnp.cos(g_start)) + jnp.sum(jnp.sin(g_w))
+
+
+def penalty_data(rng, steps):
+    data = rnn_data(rng, steps)
+    return {"P": data.pop("X"), **{k: v for k, v in data.items() if k != "Z"}}
+
+
+def test_a_gradient_penalty_through_an_rnn_matches_nested_jax_grad_and_differences():
+    mod = sbp.compile(penalty_model())
+    arrays = penalty_data(np.random.default_rng(6), 6)
+    loss, grads = mod.value_and_grad(**arrays)
+    values = {k: jnp.asarray(v) for k, v in arrays.items()}
+    want_loss, want = jax.value_and_grad(lambda w: penalty_jax({**values, **w}))({k: values[k] for k in RNN_PARAMS})
+    assert loss == pytest.approx(float(want_loss), rel=1e-12)
+    for name in RNN_PARAMS:
+        assert relative_error(np.reshape(grads[name], want[name].shape), np.asarray(want[name])) < 1e-10, name
+        fd = central_differences(lambda d: mod.forward(**d)["loss"], arrays, name)
+        assert relative_error(grads[name], fd) < 1e-6, name
+
+
+def test_the_hvp_of_a_loss_that_holds_the_gradient_of_a_scan_matches_jax():
+    """Third order: the tangent of the backward pass's generic scan, then
+    its VJP."""
+    mod = sbp.compile(penalty_model(name="rnn_penalty_hvp"), functions=("hvp",))
+    check_hvp(mod, penalty_jax, penalty_data(np.random.default_rng(7), 5), RNN_PARAMS, np.random.default_rng(8))
+
+
+def test_a_checkpointed_scan_is_refused_for_second_order_only():
+    sbp.compile(rnn_model(2, "rnn_first_order_checkpointed"))  # first order: fine
+    with pytest.raises(sbp.ModelError, match="drop checkpoint_every"):
+        sbp.compile(penalty_model(2, "rnn_penalty_checkpointed"))

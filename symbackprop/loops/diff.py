@@ -7,6 +7,7 @@ is refused."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import sympy as sp
 
@@ -15,6 +16,7 @@ from symbackprop.diff.autodiff import vjp as _vjp
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, is_const, leaf, map_
 from symbackprop.ir.node import Node, op_node, placeholder
+from symbackprop.loops.again import NO_CHECKPOINTS, backward_jvp, backward_vjp, columns, generic_index
 from symbackprop.loops.graph import ScanBack, ScanStep, backward_scratch, scan_node, scan_part
 
 NO_SECOND_ORDER = (
@@ -24,22 +26,25 @@ NO_SECOND_ORDER = (
 
 
 def part_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
-    kind, index = node.attrs
-    if kind not in ("output", "final"):
-        raise ModelError(f"scan: the {kind} of a scan cannot be differentiated ({NO_SECOND_ORDER})")
-    carrier = node.args[0]
-    return (op_node("scan_seed", (g,), carrier.shape, (kind, index)),)
+    """The adjoint of a part, handed to its loop's rule (which collects
+    them all, _seeds) as a scan_seed node."""
+    return (op_node("scan_seed", (g,), node.args[0].shape, node.attrs),)
 
 
 def part_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    """The tangent of a part: the matching part of the loop's tangent scan,
+    whose states and outputs are the loop's, then their tangents."""
     kind, index = node.attrs
     tangent = tangents[0]
     if tangent is None:
         return None
-    if kind not in ("output", "final"):
-        raise ModelError(NO_SECOND_ORDER)
-    step: ScanStep = node.args[0].attrs[0]
-    shift = len(step.outputs) if kind == "output" else len(step.states)
+    augmented: ScanStep = tangent.attrs[0]
+    if kind == "states":  # the tangents' columns of the tangent scan's kept states
+        width = node.args[0].attrs[0].width
+        return columns(scan_part(tangent, "states", 0, (node.shape[0], 2 * width)), width, width)
+    if kind not in ("output", "final"):  # a part of a backward pass: of its generic scan (again.py)
+        kind, index = generic_index(node.args[0].attrs[0], kind, index)
+    shift = len(augmented.outputs if kind == "output" else augmented.states) // 2
     return scan_part(tangent, kind, index + shift, node.shape)
 
 
@@ -60,6 +65,9 @@ def scan_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, 
     step: ScanStep = node.attrs[0]
     inits, seqs, caps = step.split(node.args)
     seeds = _seeds(g)
+    kept_seed = seeds.pop(("states", 0), None)
+    if kept_seed is not None:  # the kept states are read (again.py): each state is an output too
+        step, seeds = _states_as_outputs(step, seeds, kept_seed)
     n_states, n_inputs = len(step.states), len(step.inputs)
     grad_next = tuple(leaf(f"grad_{s.attrs[0]}_next", s.shape, "scan_adjoint") for s in step.states)
     grad_outputs = tuple(
@@ -110,6 +118,22 @@ def scan_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, 
     return tuple(adjoints)
 
 
+def _states_as_outputs(step: ScanStep, seeds: dict, kept_seed: Node) -> tuple[ScanStep, dict]:
+    """The step with its states as further outputs (row t: the state at
+    step t, as kept), seeded with the kept states' adjoint's columns."""
+    if step.every > 1:
+        raise ModelError(NO_CHECKPOINTS)
+    seeds = dict(seeds)
+    for i, (off, size) in enumerate(zip(step.offsets, step.sizes)):
+        seeds[("output", len(step.outputs) + i)] = columns(kept_seed, off, size)
+    return replace(step, outputs=step.outputs + step.states), seeds
+
+
+def backward_vjp_rule(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    """The VJP of a scan_vjp node: of its generic scan (again.py)."""
+    return backward_vjp(node, g, needed, _seeds(g))
+
+
 def is_zero(node: Node) -> bool:
     return is_const(node) and node.attrs[0] == 0
 
@@ -147,6 +171,7 @@ def scan_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
         outputs=step.outputs + tuple(derived[len(step.states):]),
         every=step.every,
         length=step.length,
+        reverse=step.reverse,
     )
     d_inits = [t if t is not None else const(0, init.shape) for init, t in zip(inits, t_inits)]
     args = (*inits, *d_inits, *seqs, *d_seqs, *caps, *d_cap_args)

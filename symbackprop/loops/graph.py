@@ -30,6 +30,7 @@ class ScanStep:
     outputs: tuple[Node, ...]
     every: int  # a state kept every `every` steps for the backward pass
     length: Any  # T
+    reverse: bool = False  # rows T-1 .. 0 (a backward pass as a scan, loops/again.py)
 
     @property
     def sizes(self) -> tuple[sp.Expr, ...]:
