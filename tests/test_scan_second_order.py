@@ -224,3 +224,31 @@ def test_a_checkpointed_scan_is_refused_for_second_order_only():
     sbp.compile(rnn_model(2, "rnn_first_order_checkpointed"))  # first order: fine
     with pytest.raises(sbp.ModelError, match="drop checkpoint_every"):
         sbp.compile(penalty_model(2, "rnn_penalty_checkpointed"))
+
+
+def test_a_gradient_penalty_through_an_lstm_matches_nested_jax_grad():
+    """Two states (h, c) side by side in each kept row; the penalty on the
+    sequence's adjoint and on a captured gate weight's."""
+    X = sp.MatrixSymbol("X", T, LD)
+    f = lstm_model().loss  # a function of X
+    loss = nn.sum_all(sbp.grad(f, X).applyfunc(lambda e: e**2)) + nn.sum_all(sbp.grad(f, LU[1]).applyfunc(sp.sin))
+    mod = sbp.compile(sbp.Model("lstm_penalty", inputs=[X], params=[*LW, *LU, *LB, LV], loss=loss))
+
+    def jax_loss(p):
+        def f_of(seq, u_f):
+            return lstm_jax({**p, "X": seq, "U_f": u_f})
+
+        g_seq, g_u = jax.grad(f_of, argnums=(0, 1))(p["X"], p["U_f"])
+        return jnp.sum(g_seq**2) + jnp.sum(jnp.sin(g_u))
+
+    rng = np.random.default_rng(9)
+    arrays = {"X": rng.standard_normal((5, LD))}
+    arrays.update({k: 0.7 * rng.standard_normal(s.shape) for k, s in zip(LSTM_PARAMS, (*LW, *LU, *LB, LV))})
+    loss_value, grads = mod.value_and_grad(**arrays)
+    values = {k: jnp.asarray(v) for k, v in arrays.items()}
+    want_loss, want = jax.value_and_grad(lambda w: jax_loss({**values, **w}))({k: values[k] for k in LSTM_PARAMS})
+    assert loss_value == pytest.approx(float(want_loss), rel=1e-12)
+    for name in LSTM_PARAMS:
+        assert relative_error(np.reshape(grads[name], want[name].shape), np.asarray(want[name])) < 1e-10, name
+    fd = central_differences(lambda d: mod.forward(**d)["loss"], arrays, "U_i")
+    assert relative_error(grads["U_i"], fd) < 1e-6

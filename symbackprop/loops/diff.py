@@ -16,7 +16,7 @@ from symbackprop.diff.autodiff import vjp as _vjp
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, is_const, leaf, map_
 from symbackprop.ir.node import Node, op_node, placeholder
-from symbackprop.loops.again import NO_CHECKPOINTS, backward_jvp, backward_vjp, columns, generic_index
+from symbackprop.loops.again import NO_CHECKPOINTS, backward_vjp, columns, generic_index
 from symbackprop.loops.graph import ScanBack, ScanStep, backward_scratch, scan_node, scan_part
 
 NO_SECOND_ORDER = (

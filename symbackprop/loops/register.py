@@ -6,8 +6,8 @@ scan; symbackprop.scan imports it."""
 
 from __future__ import annotations
 
-from symbackprop.loops.declare import ScanFinal, ScanOutput
 from symbackprop.loops.again import backward_jvp
+from symbackprop.loops.declare import ScanFinal, ScanOutput
 from symbackprop.loops.diff import backward_vjp_rule, part_jvp, part_vjp, scan_jvp, scan_vjp, unsupported_jvp, unsupported_vjp
 from symbackprop.loops.emit import emit_add_product, emit_part, emit_scan
 from symbackprop.loops.kernels import build_backward, build_forward, build_part
