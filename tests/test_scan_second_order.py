@@ -252,3 +252,36 @@ def test_a_gradient_penalty_through_an_lstm_matches_nested_jax_grad():
         assert relative_error(np.reshape(grads[name], want[name].shape), np.asarray(want[name])) < 1e-10, name
     fd = central_differences(lambda d: mod.forward(**d)["loss"], arrays, "U_i")
     assert relative_error(grads["U_i"], fd) < 1e-6
+
+
+def test_a_slope_penalty_with_one_column_rows_matches_nested_jax_grad():
+    """Rows of one column: the backward pass reads the outputs' adjoints
+    (1 x 1 rows) and its own backward pass computes the adjoints of its
+    outputs (1 x 1 rows too), in placeholders kept apart."""
+    seq, row = sp.MatrixSymbol("seq", T, 1), sp.MatrixSymbol("row", 1, 1)
+    w_in = sp.MatrixSymbol("w_in", 1, H)
+    h = sp.MatrixSymbol("h", 1, H)
+    new = (h * W + row * w_in + b).applyfunc(sp.tanh)
+    Y = sbp.scan(new, new * Vo, h, row, sp.ZeroMatrix(1, H), seq)
+    slope = sbp.grad(nn.sum_all(Y.applyfunc(sp.sin)), seq)
+    mod = sbp.compile(sbp.Model("rnn_slope", inputs=[seq], params=[W, w_in, b, Vo],
+                                loss=nn.mean_all(slope.applyfunc(lambda s: (s - 1) ** 2))))
+
+    def jax_loss(p):
+        def f(s):
+            def step(state, r):
+                new = jnp.tanh(state @ p["W"] + r[None, :] @ p["w_in"] + p["b"])
+                return new, (new @ p["Vo"])[0, 0]
+
+            return jnp.sum(jnp.sin(jax.lax.scan(step, jnp.zeros((1, H)), s)[1]))
+
+        return jnp.mean((jax.grad(f)(p["seq"]) - 1) ** 2)
+
+    rng = np.random.default_rng(10)
+    arrays = {"seq": rng.standard_normal((6, 1)), "W": 0.6 * rng.standard_normal((H, H)),
+              "w_in": rng.standard_normal((1, H)), "b": rng.standard_normal((1, H)), "Vo": rng.standard_normal((H, 1))}
+    _, grads = mod.value_and_grad(**arrays)
+    values = {k: jnp.asarray(v) for k, v in arrays.items()}
+    want = jax.grad(lambda w: jax_loss({**values, **w}))({k: values[k] for k in ("W", "w_in", "b", "Vo")})
+    for name, value in want.items():
+        assert relative_error(np.reshape(grads[name], value.shape), np.asarray(value)) < 1e-10, name

@@ -14,10 +14,10 @@ import sympy as sp
 from symbackprop.diff.autodiff import jvp as _jvp
 from symbackprop.diff.autodiff import vjp as _vjp
 from symbackprop.errors import ModelError
-from symbackprop.ir.construct import const, is_const, leaf, map_
+from symbackprop.ir.construct import const, is_const, map_
 from symbackprop.ir.node import Node, op_node, placeholder
 from symbackprop.loops.again import NO_CHECKPOINTS, backward_vjp, columns, generic_index
-from symbackprop.loops.graph import ScanBack, ScanStep, backward_scratch, scan_node, scan_part
+from symbackprop.loops.graph import FreshLeaves, ScanBack, ScanStep, backward_scratch, scan_node, scan_part
 
 NO_SECOND_ORDER = (
     "differentiating a scan's backward pass again (hvp, hessian, a loss that holds sbp.grad of a scan) "
@@ -69,6 +69,7 @@ def scan_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, 
     if kept_seed is not None:  # the kept states are read (again.py): each state is an output too
         step, seeds = _states_as_outputs(step, seeds, kept_seed)
     n_states, n_inputs = len(step.states), len(step.inputs)
+    leaf = FreshLeaves(step)
     grad_next = tuple(leaf(f"grad_{s.attrs[0]}_next", s.shape, "scan_adjoint") for s in step.states)
     grad_outputs = tuple(
         (o, leaf(f"grad_out{o}", out.shape, "scan_adjoint"))
@@ -145,6 +146,7 @@ def scan_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
     step: ScanStep = node.attrs[0]
     inits, seqs, caps = step.split(node.args)
     t_inits, t_seqs, t_caps = step.split(list(tangents))
+    leaf = FreshLeaves(step)
     d_states = tuple(leaf(f"d{s.attrs[0]}", s.shape, "scan_tangent") for s in step.states)
     given = dict(zip(step.states, d_states))
     d_inputs, d_seqs = [], []
