@@ -2,8 +2,8 @@
 direction, by one of two compositions of the drivers in autodiff.py.
 
 - forward over reverse: H v = jvp of the gradient graph along v. The
-  default: on a small MLP its call measured as fast as the other
-  (docs/ROADMAP.md), and its nodes are the gradient's tangents.
+  default: on an MLP (256 x 32 -> 64 -> 10, tanh, mse) its call took
+  0.54-0.57 ms against 0.60-0.63 ms reverse over forward (2-core machine).
 - reverse over forward: H v = grad_w <grad f, v> = the vjp of the loss's
   tangent along v. Chosen when the loss's graph holds a scan: the tangent
   of a scan is a scan (over state, tangent pairs) and a scan has a VJP, so

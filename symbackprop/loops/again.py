@@ -33,8 +33,9 @@ from symbackprop.ir.construct import const, emap, leaf, row_placeholder
 from symbackprop.ir.node import Node, op_node, topological_order
 from symbackprop.loops.graph import ScanBack, ScanStep, backward_scratch, scan_node, scan_part
 
-NO_CHECKPOINTS = ("scan: differentiating a scan's backward pass again (a loss that holds sbp.grad of a scan) "
-                  "needs every state kept: drop checkpoint_every from that scan")
+NO_SECOND_ORDER = (  # what stays refused
+    "scan: differentiating a scan's backward pass again (a loss that holds sbp.grad of a scan) "
+    "needs every state kept: drop checkpoint_every from that scan (hvp, hessian and first order allow it)")
 
 
 def columns(a: Node, start, count) -> Node:
@@ -72,7 +73,7 @@ def generic_scan(back: ScanBack, args: Sequence[Node]) -> Node:
     """The scan computing what a scan_vjp node over `args` computes."""
     step = back.step
     if step.every > 1:
-        raise ModelError(NO_CHECKPOINTS)
+        raise ModelError(NO_SECOND_ORDER)
     kept, seqs, caps, gys, gfs = back.split(args)
     states = [columns(kept, off, size) for off, size in zip(step.offsets, step.sizes)]
     given = dict(zip(back.grad_finals, gfs))

@@ -1,8 +1,14 @@
 """A scan's derivatives. Reverse mode: a "scan_vjp" node, whose loop runs
 the step's VJP backwards over the kept states, accumulating the adjoints of
 the captured values. Forward mode: the tangent of a scan is a scan over
-(state, tangent) pairs. Forward-over-reverse (hvp, hessian) through a scan
-is refused."""
+(state, tangent) pairs. Second order: the module's hvp goes reverse over
+forward where the loss holds a scan (diff/hessian.py); a scan_vjp that is
+differentiated again (sbp.grad of a scan in the loss) is re-expressed as a
+generic scan running backwards (again.py), which these rules differentiate.
+The kept states read by that scan have rules too: their tangent is the
+tangent scan's, their adjoint is added to each step's state adjoint (the
+states as further outputs of the step). Refused: the second order of a
+checkpointed scan (NO_SECOND_ORDER)."""
 
 from __future__ import annotations
 
@@ -16,13 +22,8 @@ from symbackprop.diff.autodiff import vjp as _vjp
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, is_const, map_
 from symbackprop.ir.node import Node, op_node, placeholder
-from symbackprop.loops.again import NO_CHECKPOINTS, backward_vjp, columns, generic_index
+from symbackprop.loops.again import NO_SECOND_ORDER, backward_vjp, columns, generic_index
 from symbackprop.loops.graph import FreshLeaves, ScanBack, ScanStep, backward_scratch, scan_node, scan_part
-
-NO_SECOND_ORDER = (
-    "differentiating a scan's backward pass again (hvp, hessian, a loss that holds sbp.grad of a scan) "
-    "through a scan is not supported; use value_and_grad, vjp or jvp (sbp.jvp inside a loss)"
-)
 
 
 def part_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
@@ -123,7 +124,7 @@ def _states_as_outputs(step: ScanStep, seeds: dict, kept_seed: Node) -> tuple[Sc
     """The step with its states as further outputs (row t: the state at
     step t, as kept), seeded with the kept states' adjoint's columns."""
     if step.every > 1:
-        raise ModelError(NO_CHECKPOINTS)
+        raise ModelError(NO_SECOND_ORDER)
     seeds = dict(seeds)
     for i, (off, size) in enumerate(zip(step.offsets, step.sizes)):
         seeds[("output", len(step.outputs) + i)] = columns(kept_seed, off, size)
@@ -181,9 +182,8 @@ def scan_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
 
 
 def unsupported_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
-    raise ModelError(f"scan: {node.op} cannot be differentiated again ({NO_SECOND_ORDER})")
+    raise AssertionError(f"scan: a {node.op} node is read by its loop's rule (_seeds), never differentiated")
 
 
 def unsupported_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
-    raise ModelError(NO_SECOND_ORDER)
-
+    raise AssertionError(f"scan: a {node.op} node is read by its loop's rule (_seeds), never differentiated")
