@@ -27,6 +27,7 @@ from symbackprop._version import __version__
 from symbackprop.declare.model import Model, leaf_name
 from symbackprop.deep import run_deep
 from symbackprop.diff.autodiff import jvp, vjp
+from symbackprop.diff.hessian import hessian_vector
 from symbackprop.emit.cnames import CNamer, abi_names, comment_text, real_macro, sanitize
 from symbackprop.emit.codegen import REAL_TYPES, CFunction, CModule, Emitted, emit_function, emit_wrapper, render
 from symbackprop.emit.derivation import plan_derivation, render_derivation
@@ -156,9 +157,9 @@ class _Planner:
         targets = self._leaf_targets("hvp")
         extra = [self._extra("direction", n, node.shape) for n, node in targets]
         roles = tuple((arg, "direction", n) for (arg, _), (n, _) in zip(extra, targets))
-        grads, origins = vjp([(self.lowered.loss, const(1, SCALAR))], [node for _, node in targets])
+        grads, products, origins = hessian_vector(self.lowered.loss, [node for _, node in targets],
+                                                  [d for _, d in extra])
         self.naming.add_origins(origins)
-        products = jvp(grads, {node: d for (_, node), (_, d) in zip(targets, extra)})
         grad_names = [self.naming.claim(f"grad_{n}") for n, _ in targets]
         hvp_names = [self.naming.claim(f"hvp_{n}") for n, _ in targets]
         results = [("loss", self.lowered.loss)] + list(zip(grad_names, grads)) + list(zip(hvp_names, products))

@@ -4,8 +4,8 @@ differentiated expression is lowered with the model's other expressions
 runs over that subgraph. The result is ordinary IR nodes, hash-consed with
 the rest, which the pipeline's own differentiation differentiates again:
 second order needs no op of its own, only that every op the rules emit has
-rules itself. Where one has none (scan's backward pass, prod's product of
-the others) its rule raises a ModelError that names it.
+rules itself (a scan's backward pass gets them in loops/again.py). Where
+one has none (prod's product of the others) its rule raises a ModelError that names it.
 
 The records below are lowering rules only: no node has their tags.
 """

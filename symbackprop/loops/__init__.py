@@ -39,8 +39,12 @@ scan_add_product):
   products) for each step of the segment too, so that the reverse step
   reads them rather than computing them a third time.
 - forward mode: the tangent of a scan is a scan over (state, tangent)
-  pairs. Forward-over-reverse (hvp, hessian) through a scan is not
-  supported and says so.
+  pairs. Second order (again.py): hvp and hessian go reverse over forward
+  where the loss holds a scan (the VJP of the tangent scan); a scan_vjp
+  differentiated again (sbp.grad of a scan in the loss) is re-expressed,
+  there only, as a scan that runs backwards (ScanStep.reverse), whose rules
+  are the scan's. A checkpointed scan's backward pass is not differentiated
+  again (a ModelError says so).
 - kernels (kernels.py, bind.py; the records' `kernel`) and their C
   (emit.py; the records' `emit` and `template`): the step's
   graph is scheduled with the ordinary scheduler; its kernels are emitted

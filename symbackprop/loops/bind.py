@@ -80,6 +80,7 @@ class ScanKernel:
     writes_: tuple[str, ...]
     kind: str = "scan"
     recompute_last: bool = False  # the recompute loop also runs the segment's last step (for its products)
+    reverse: bool = False  # the step's rows run T-1 .. 0 (and its backward pass 0 .. T-1)
 
     def reads(self) -> tuple[str, ...]:
         return self.reads_

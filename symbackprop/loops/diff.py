@@ -1,45 +1,51 @@
 """A scan's derivatives. Reverse mode: a "scan_vjp" node, whose loop runs
 the step's VJP backwards over the kept states, accumulating the adjoints of
 the captured values. Forward mode: the tangent of a scan is a scan over
-(state, tangent) pairs. Forward-over-reverse (hvp, hessian) through a scan
-is refused."""
+(state, tangent) pairs. Second order: the module's hvp goes reverse over
+forward where the loss holds a scan (diff/hessian.py); a scan_vjp that is
+differentiated again (sbp.grad of a scan in the loss) is re-expressed as a
+generic scan running backwards (again.py), which these rules differentiate.
+The kept states read by that scan have rules too: their tangent is the
+tangent scan's, their adjoint is added to each step's state adjoint (the
+states as further outputs of the step). Refused: the second order of a
+checkpointed scan (NO_SECOND_ORDER)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import sympy as sp
 
 from symbackprop.diff.autodiff import jvp as _jvp
 from symbackprop.diff.autodiff import vjp as _vjp
 from symbackprop.errors import ModelError
-from symbackprop.ir.construct import const, is_const, leaf, map_
+from symbackprop.ir.construct import const, is_const, map_
 from symbackprop.ir.node import Node, op_node, placeholder
-from symbackprop.loops.graph import ScanBack, ScanStep, backward_scratch, scan_node, scan_part
-
-NO_SECOND_ORDER = (
-    "differentiating a scan's backward pass again (hvp, hessian, a loss that holds sbp.grad of a scan) "
-    "through a scan is not supported; use value_and_grad, vjp or jvp (sbp.jvp inside a loss)"
-)
+from symbackprop.loops.again import NO_SECOND_ORDER, backward_vjp, columns, generic_index
+from symbackprop.loops.graph import FreshLeaves, ScanBack, ScanStep, backward_scratch, scan_node, scan_part
 
 
 def part_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
-    kind, index = node.attrs
-    if kind not in ("output", "final"):
-        raise ModelError(f"scan: the {kind} of a scan cannot be differentiated ({NO_SECOND_ORDER})")
-    carrier = node.args[0]
-    return (op_node("scan_seed", (g,), carrier.shape, (kind, index)),)
+    """The adjoint of a part, handed to its loop's rule (which collects
+    them all, _seeds) as a scan_seed node."""
+    return (op_node("scan_seed", (g,), node.args[0].shape, node.attrs),)
 
 
 def part_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    """The tangent of a part: the matching part of the loop's tangent scan,
+    whose states and outputs are the loop's, then their tangents."""
     kind, index = node.attrs
     tangent = tangents[0]
     if tangent is None:
         return None
-    if kind not in ("output", "final"):
-        raise ModelError(NO_SECOND_ORDER)
-    step: ScanStep = node.args[0].attrs[0]
-    shift = len(step.outputs) if kind == "output" else len(step.states)
+    augmented: ScanStep = tangent.attrs[0]
+    if kind == "states":  # the tangents' columns of the tangent scan's kept states
+        width = node.args[0].attrs[0].width
+        return columns(scan_part(tangent, "states", 0, (node.shape[0], 2 * width)), width, width)
+    if kind not in ("output", "final"):  # a part of a backward pass: of its generic scan (again.py)
+        kind, index = generic_index(node.args[0].attrs[0], kind, index)
+    shift = len(augmented.outputs if kind == "output" else augmented.states) // 2
     return scan_part(tangent, kind, index + shift, node.shape)
 
 
@@ -60,7 +66,11 @@ def scan_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, 
     step: ScanStep = node.attrs[0]
     inits, seqs, caps = step.split(node.args)
     seeds = _seeds(g)
+    kept_seed = seeds.pop(("states", 0), None)
+    if kept_seed is not None:  # the kept states are read (again.py): each state is an output too
+        step, seeds = _states_as_outputs(step, seeds, kept_seed)
     n_states, n_inputs = len(step.states), len(step.inputs)
+    leaf = FreshLeaves(step)
     grad_next = tuple(leaf(f"grad_{s.attrs[0]}_next", s.shape, "scan_adjoint") for s in step.states)
     grad_outputs = tuple(
         (o, leaf(f"grad_out{o}", out.shape, "scan_adjoint"))
@@ -110,6 +120,22 @@ def scan_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, 
     return tuple(adjoints)
 
 
+def _states_as_outputs(step: ScanStep, seeds: dict, kept_seed: Node) -> tuple[ScanStep, dict]:
+    """The step with its states as further outputs (row t: the state at
+    step t, as kept), seeded with the kept states' adjoint's columns."""
+    if step.every > 1:
+        raise ModelError(NO_SECOND_ORDER)
+    seeds = dict(seeds)
+    for i, (off, size) in enumerate(zip(step.offsets, step.sizes)):
+        seeds[("output", len(step.outputs) + i)] = columns(kept_seed, off, size)
+    return replace(step, outputs=step.outputs + step.states), seeds
+
+
+def backward_vjp_rule(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    """The VJP of a scan_vjp node: of its generic scan (again.py)."""
+    return backward_vjp(node, g, needed, _seeds(g))
+
+
 def is_zero(node: Node) -> bool:
     return is_const(node) and node.attrs[0] == 0
 
@@ -121,6 +147,7 @@ def scan_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
     step: ScanStep = node.attrs[0]
     inits, seqs, caps = step.split(node.args)
     t_inits, t_seqs, t_caps = step.split(list(tangents))
+    leaf = FreshLeaves(step)
     d_states = tuple(leaf(f"d{s.attrs[0]}", s.shape, "scan_tangent") for s in step.states)
     given = dict(zip(step.states, d_states))
     d_inputs, d_seqs = [], []
@@ -147,6 +174,7 @@ def scan_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
         outputs=step.outputs + tuple(derived[len(step.states):]),
         every=step.every,
         length=step.length,
+        reverse=step.reverse,
     )
     d_inits = [t if t is not None else const(0, init.shape) for init, t in zip(inits, t_inits)]
     args = (*inits, *d_inits, *seqs, *d_seqs, *caps, *d_cap_args)
@@ -154,9 +182,8 @@ def scan_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
 
 
 def unsupported_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
-    raise ModelError(f"scan: {node.op} cannot be differentiated again ({NO_SECOND_ORDER})")
+    raise AssertionError(f"scan: a {node.op} node is read by its loop's rule (_seeds), never differentiated")
 
 
 def unsupported_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
-    raise ModelError(NO_SECOND_ORDER)
-
+    raise AssertionError(f"scan: a {node.op} node is read by its loop's rule (_seeds), never differentiated")

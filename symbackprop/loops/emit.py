@@ -241,7 +241,7 @@ class _ScanData:
         for off, _, source, shape in k.starts:
             target = self.at(names["cur"], off) if self.index(off) == "0" else f"({self.at(names['cur'], off)})"
             starts.append(self.copy(target, shape, source))
-        fields.update(starts=starts, length=self.index(k.length), keep=None, segments=None)
+        fields.update(starts=starts, length=self.index(k.length), keep=None, segments=None, reverse=k.reverse)
         if k.mode == "forward":
             fields["mode"] = "forward"
             if k.kept is not None:

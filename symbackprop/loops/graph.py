@@ -11,7 +11,7 @@ from typing import Any
 
 import sympy as sp
 
-from symbackprop.ir.construct import is_const
+from symbackprop.ir.construct import is_const, leaf
 from symbackprop.ir.node import Node, op_node, topological_order
 from symbackprop.loops.declare import ceildiv, entries, is_vector
 from symbackprop.ops.registry import is_view
@@ -30,6 +30,7 @@ class ScanStep:
     outputs: tuple[Node, ...]
     every: int  # a state kept every `every` steps for the backward pass
     length: Any  # T
+    reverse: bool = False  # rows T-1 .. 0 (a backward pass as a scan, loops/again.py)
 
     @property
     def sizes(self) -> tuple[sp.Expr, ...]:
@@ -75,6 +76,25 @@ class ScanBack:
         x, c, y = len(self.step.inputs), len(self.step.captures), len(self.grad_outputs)
         return (args[0], tuple(args[1:1 + x]), tuple(args[1 + x:1 + x + c]),
                 tuple(args[1 + x + c:1 + x + c + y]), tuple(args[1 + x + c + y:]))
+
+
+class FreshLeaves:
+    """Placeholders for a step's derivative, named apart from every leaf
+    the step already has: a backward pass's own backward pass (again.py)
+    would otherwise get the same placeholder (name, shape, role) for two
+    different values ("grad_out0" for the adjoint it reads and the one it
+    computes)."""
+
+    def __init__(self, step: ScanStep):
+        roots = step.states + step.inputs + step.captures + step.next_states + step.outputs
+        self.taken = {node.attrs[0] for node in topological_order(roots) if node.op == "leaf"}
+
+    def __call__(self, name: str, shape: tuple, role: str) -> Node:
+        fresh, k = name, 1
+        while fresh in self.taken:
+            fresh, k = f"{name}_{k}", k + 1
+        self.taken.add(fresh)
+        return leaf(fresh, shape, role)
 
 
 def scan_part(carrier: Node, kind: str, index: int, shape: tuple) -> Node:

@@ -101,7 +101,7 @@ def build_forward(sched: Scheduler, node: Node, out: str) -> ScanKernel:
         wholes=tuple(w for w in wholes if w.name), starts=tuple(starts), kept=kept,
         loops=(Loop(fs, 2 * width, tuple(pointers), tuple(step_fills)),),
         finals=tuple(finals), zeroed=(), equations=(Equation(out, text, latex),),
-        reads_=tuple(dict.fromkeys(binder.reads)), writes_=tuple(dict.fromkeys(writes)),
+        reads_=tuple(dict.fromkeys(binder.reads)), writes_=tuple(dict.fromkeys(writes)), reverse=step.reverse,
     )
 
 
@@ -270,7 +270,7 @@ def build_backward(sched: Scheduler, node: Node, out: str) -> ScanKernel:
         wholes=tuple(w for w in b.wholes if w.name), starts=tuple(starts), kept=b.kept, loops=tuple(loops),
         finals=tuple(finals), zeroed=tuple(b.zeroed), equations=(b.equation(),),
         reads_=tuple(dict.fromkeys(b.binder.reads)), writes_=tuple(dict.fromkeys(b.writes)),
-        recompute_last=bool(b.cached),
+        recompute_last=bool(b.cached), reverse=step.reverse,
     )
 
 

@@ -6,8 +6,9 @@ scan; symbackprop.scan imports it."""
 
 from __future__ import annotations
 
+from symbackprop.loops.again import backward_jvp
 from symbackprop.loops.declare import ScanFinal, ScanOutput
-from symbackprop.loops.diff import part_jvp, part_vjp, scan_jvp, scan_vjp, unsupported_jvp, unsupported_vjp
+from symbackprop.loops.diff import backward_vjp_rule, part_jvp, part_vjp, scan_jvp, scan_vjp, unsupported_jvp, unsupported_vjp
 from symbackprop.loops.emit import emit_add_product, emit_part, emit_scan
 from symbackprop.loops.kernels import build_backward, build_forward, build_part
 from symbackprop.loops.lower import lower_final, lower_output
@@ -20,7 +21,8 @@ extend("scan", vjp=scan_vjp, jvp=scan_jvp, grad_fn=plain_grad_fn("Scan"), kernel
        emit=emit_scan, template="kernel_scan.c.j2")  # the kernels of scan and scan_vjp
 extend("scan_part", lowering=((ScanOutput, lower_output), (ScanFinal, lower_final)), vjp=part_vjp, jvp=part_jvp,
        grad_fn=plain_grad_fn("ScanOutput"), kernel=build_part, emit=emit_part, template="kernel_scan_part.c.j2")
-extend("scan_vjp", vjp=unsupported_vjp, jvp=unsupported_jvp, kernel=build_backward)
+# differentiated again as a generic scan running backwards (again.py)
+extend("scan_vjp", vjp=backward_vjp_rule, jvp=backward_jvp, kernel=build_backward)
 extend("scan_seed", vjp=unsupported_vjp, jvp=unsupported_jvp)
 # a product added into an accumulator inside a step (kernel_scan_add_product.c.j2)
 extend("scan_add_product", emit=emit_add_product, template="kernel_scan_add_product.c.j2")
