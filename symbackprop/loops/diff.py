@@ -7,6 +7,7 @@ is refused."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import sympy as sp
 
@@ -25,6 +26,8 @@ NO_SECOND_ORDER = (
 
 def part_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
     kind, index = node.attrs
+    if kind == "count":  # a fixed point's number of steps: piecewise constant
+        return (None,)
     if kind not in ("output", "final"):
         raise ModelError(f"scan: the {kind} of a scan cannot be differentiated ({NO_SECOND_ORDER})")
     carrier = node.args[0]
@@ -34,7 +37,7 @@ def part_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, 
 def part_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
     kind, index = node.attrs
     tangent = tangents[0]
-    if tangent is None:
+    if tangent is None or kind == "count":
         return None
     if kind not in ("output", "final"):
         raise ModelError(NO_SECOND_ORDER)
@@ -98,6 +101,9 @@ def scan_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, 
     kept = scan_part(node, "states", 0, (step.kept_rows(), step.width))
     args = (kept, *seqs, *caps, *[seeds[("output", o)] for o, _ in grad_outputs],
             *[seeds[("final", i)] for i in grad_finals])
+    if step.until is not None:  # a fixed point unrolled: back from the last step that ran
+        args += (scan_part(node, "count", 0, (1, 1)),)
+        back = replace(back, counted=True)
     backward = op_node("scan_vjp", args, (backward_scratch(back, args), 1), (back,))
     adjoints: list[Node | None] = [scan_part(backward, "grad_init", i, inits[i].shape) if needed[i] else None
                                    for i in range(n_states)]
@@ -139,15 +145,18 @@ def scan_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
             d_cap_args.append(t)
     roots = step.next_states + step.outputs
     derived = _jvp(list(roots), given)
-    augmented = ScanStep(
+    augmented = replace(
+        step,
         states=step.states + d_states,
         inputs=step.inputs + tuple(d_inputs),
         captures=step.captures + tuple(d_caps),
         next_states=step.next_states + tuple(derived[:len(step.states)]),
         outputs=step.outputs + tuple(derived[len(step.states):]),
-        every=step.every,
-        length=step.length,
     )
+    if step.until is not None and step.until.mode == "implicit":
+        # the tangents iterate to the implicit function theorem's: the loop
+        # runs until they have converged too (unrolled: the primal's steps)
+        augmented = replace(augmented, until=replace(step.until, watch=augmented.width))
     d_inits = [t if t is not None else const(0, init.shape) for init, t in zip(inits, t_inits)]
     args = (*inits, *d_inits, *seqs, *d_seqs, *caps, *d_cap_args)
     return scan_node(augmented, args)
