@@ -196,6 +196,24 @@ def test_deq_implicit_matches_jax_custom_root_and_unrolled_matches_jax_fori_loop
         assert relative_error(grads[name], np.asarray(want[name])) < 1e-10, name
 
 
+def test_deq_hvp_through_the_implicit_derivative_matches_jax(jax64):
+    """The implicit VJP is itself a fixed-point loop and one step's VJP, so
+    forward-over-reverse (hvp) runs through it; the unrolled one refuses."""
+    jax = jax64
+    d = deq_data(8)
+    params = {k: d[k] for k in ("W", "U", "bias", "v")}
+    rng = np.random.default_rng(9)
+    directions = {k: rng.standard_normal(p.shape) for k, p in params.items()}
+    mod = sbp.compile(deq_model("implicit", name="deq_hvp"), functions=("hvp",))
+    got = mod.hvp(directions, **d)
+    loss = _jax_loss(jax, None)
+    _, want = jax.jvp(jax.grad(lambda p: loss(p, d["u"])), (params,), (directions,))
+    for name in params:
+        assert relative_error(got[name], np.asarray(want[name])) < 1e-10, name
+    with pytest.raises(sbp.ModelError, match="not supported"):
+        generate(deq_model("unrolled", name="deq_hvp"), "float64", functions=("hvp",))
+
+
 def test_unrolled_is_exact_for_the_computed_function_when_the_loop_stops_early(jax64):
     """At a loose tol the loop stops far from the fixed point: the unrolled
     derivative is that of the steps run (JAX unrolled to the same count),
