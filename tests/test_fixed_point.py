@@ -42,6 +42,20 @@ def test_newton_sqrt_and_its_derivative_match_the_closed_form(mode):
     np.testing.assert_allclose(grads["a"], 0.5 / np.sqrt(values), rtol=1e-12)  # d sqrt(a) / da
 
 
+@pytest.mark.parametrize("mode", ["implicit", "unrolled"])
+def test_a_scalar_state_solves_x_equals_c_cos_x(mode):
+    """x* = c cos x*: dx*/dc = cos x* / (1 + c sin x*) (implicit
+    differentiation by hand); x* by scipy's root bracketing."""
+    brentq = pytest.importorskip("scipy.optimize").brentq
+    s, c = sp.Symbol("s"), sp.Symbol("c")
+    root = sbp.fixed_point(c * sp.cos(s), s, 0, tol=1e-15, max_iter=500, diff=mode)
+    mod = sbp.compile(sbp.Model(f"cos_fixed_point_{mode}", inputs=[], params=[c], loss=root))
+    loss, grads = mod.value_and_grad(c=0.7)
+    want = brentq(lambda v: v - 0.7 * np.cos(v), 0, 1, xtol=1e-16)
+    assert loss == pytest.approx(want, rel=1e-14)
+    assert grads["c"] == pytest.approx(np.cos(want) / (1 + 0.7 * np.sin(want)), rel=1e-12)
+
+
 def test_the_count_is_bounded_by_max_iter_and_a_nan_stops_the_loop():
     mod = sbp.compile(sqrt_model("unrolled", max_iter=25))
     # sqrt(-2) by Newton never converges (a chaotic orbit from -2): the loop runs max_iter steps, no more
