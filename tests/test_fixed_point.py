@@ -6,10 +6,12 @@ unrolled), central differences; the C's bounds (max_iter, NaN); training;
 declaration errors."""
 
 import re
+import subprocess
 
 import numpy as np
 import pytest
 import sympy as sp
+from c_driver import STRICT_FLAGS, write_runtime_header
 from oracles import central_differences, relative_error
 
 import symbackprop as sbp
@@ -264,6 +266,22 @@ def test_a_deq_loss_trains(deq_modules):
     mod.train_step(u=d["u"], t=target, **fresh)
     for k in fresh:
         np.testing.assert_allclose(fresh[k], expected[k], rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_c_compiles_without_warnings(tmp_path, dtype):
+    emitted, _ = generate(deq_model("unrolled", name=f"deq_strict_{dtype}"), dtype,
+                          functions=("forward", "value_and_grad", "jvp"))
+    emitted_implicit, _ = generate(deq_model("implicit", name=f"deq_strict_i_{dtype}"), dtype,
+                                   functions=("forward", "value_and_grad", "jvp", "hvp"))
+    write_runtime_header(tmp_path)
+    for e in (emitted, emitted_implicit):
+        source = tmp_path / f"{e.prefix}.c"
+        source.write_text(e.source)
+        (tmp_path / f"{e.prefix}.h").write_text(e.header)
+        result = subprocess.run(["cc", *STRICT_FLAGS, "-c", str(source), "-o", str(tmp_path / f"{e.prefix}.o")],
+                                capture_output=True, text=True)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
 
 
 # --- declaration errors -----------------------------------------------------------
