@@ -46,7 +46,7 @@ def part_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
     return scan_part(tangent, kind, index + shift, node.shape)
 
 
-def _seeds(g: Node) -> dict[tuple[str, int], Node]:
+def part_seeds(g: Node) -> dict[tuple[str, int], Node]:
     """The adjoints of a scan's parts, from the sum autodiff made of them."""
     parts = [g] if g.op == "scan_seed" else list(g.args)
     if g.op != "scan_seed" and (g.op != "map" or g.attrs[0] != sp.Add(*[placeholder(i) for i in range(len(parts))])):
@@ -62,7 +62,7 @@ def _seeds(g: Node) -> dict[tuple[str, int], Node]:
 def scan_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
     step: ScanStep = node.attrs[0]
     inits, seqs, caps = step.split(node.args)
-    seeds = _seeds(g)
+    seeds = part_seeds(g)
     n_states, n_inputs = len(step.states), len(step.inputs)
     grad_next = tuple(leaf(f"grad_{s.attrs[0]}_next", s.shape, "scan_adjoint") for s in step.states)
     grad_outputs = tuple(

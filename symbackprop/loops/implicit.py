@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from symbackprop.diff.autodiff import vjp as _vjp
 from symbackprop.ir.construct import const, leaf, map_
 from symbackprop.ir.node import Node, placeholder, topological_order
-from symbackprop.loops.diff import _seeds, is_zero, scan_vjp
+from symbackprop.loops.diff import is_zero, part_seeds, scan_vjp
 from symbackprop.loops.graph import ScanStep, scan_node, scan_part, substitute
 
 
@@ -25,7 +25,7 @@ def fixed_point_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node |
     assert step.until is not None
     if step.until.mode == "unrolled":
         return scan_vjp(node, g, needed)
-    return _implicit_vjp(node, step, _seeds(g), needed)
+    return _implicit_vjp(node, step, part_seeds(g), needed)
 
 
 def _implicit_vjp(node: Node, step: ScanStep, seeds: dict, needed: Sequence[bool]) -> tuple[Node | None, ...]:
