@@ -16,6 +16,7 @@ from symbackprop.errors import ArgumentError, BuildError, GradientCheckError, Mo
 from symbackprop.interop import bridges as _bridges  # noqa: F401  (registers mod.as_torch and mod.as_jax)
 from symbackprop.interop.from_torch import from_torch
 from symbackprop.loops.declare import final_state, scan
+from symbackprop.loops.fixpoint import fixed_point, iterations
 from symbackprop.run.optim import SGD, Adam
 from symbackprop.run.runtime import CompiledModule, compile
 from symbackprop.run.sparse import SparseLayout, sparse_layout
@@ -40,9 +41,11 @@ __all__ = [
     "cumsum",
     "det",
     "final_state",
+    "fixed_point",
     "from_torch",
     "gather",
     "grad",
+    "iterations",
     "jvp",
     "logdet",
     "map_examples",

@@ -51,7 +51,17 @@ scan_add_product):
   with buffer names scoped to the loop, inside templates/kernel_scan.c.j2
   (and scan.j2, kernel_scan_add_product.c.j2).
 
-The declaration (declare.py) needs no other stage. (`symbackprop.scan`, the
+A loop that stops on a condition (`symbackprop.fixed_point`) is the same
+machinery: declared in fixpoint.py, lowered (fixpoint_lower.py) to a
+"fixed_point" node whose ScanStep has no sequences and an `until` (the
+forward loop runs at most max_iter steps and stops when the state's largest
+change is <= tol, or NaN, writing the count of steps run as a "count"
+part), emitted by the scan's forward loop (the `until` macro of scan.j2);
+its derivative (implicit.py) is the implicit function theorem's, as a
+second fixed-point loop for the adjoint, or the scan's backward pass from
+the count ("unrolled").
+
+The declarations (declare.py, fixpoint.py) need no other stage. (`symbackprop.scan`, the
 attribute, is the function: import the modules with
 `from symbackprop.loops import emit`; `sbp.scan` is the function.)
 """

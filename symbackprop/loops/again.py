@@ -36,6 +36,9 @@ from symbackprop.loops.graph import ScanBack, ScanStep, backward_scratch, scan_n
 NO_SECOND_ORDER = (  # what stays refused
     "scan: differentiating a scan's backward pass again (a loss that holds sbp.grad of a scan) "
     "needs every state kept: drop checkpoint_every from that scan (hvp, hessian and first order allow it)")
+UNROLLED_AGAIN = (
+    "fixed_point: differentiating the backward pass of diff=\"unrolled\" again (a loss that holds sbp.grad "
+    "of a fixed point) is not supported; use diff=\"implicit\" (hvp and hessian allow both)")
 
 
 def columns(a: Node, start, count) -> Node:
@@ -74,6 +77,8 @@ def generic_scan(back: ScanBack, args: Sequence[Node]) -> Node:
     step = back.step
     if step.every > 1:
         raise ModelError(NO_SECOND_ORDER)
+    if back.counted:  # its kept states past the steps that ran are not states at all
+        raise ModelError(UNROLLED_AGAIN)
     kept, seqs, caps, gys, gfs = back.split(args)
     states = [columns(kept, off, size) for off, size in zip(step.offsets, step.sizes)]
     given = dict(zip(back.grad_finals, gfs))

@@ -81,6 +81,8 @@ class ScanKernel:
     kind: str = "scan"
     recompute_last: bool = False  # the recompute loop also runs the segment's last step (for its products)
     reverse: bool = False  # the step's rows run T-1 .. 0 (and its backward pass 0 .. T-1)
+    until: tuple | None = None  # a fixed point's forward loop: (tol, entries tested, inner name of the count or None)
+    count: View | None = None  # an unrolled fixed point's backward loop: the count of steps run (its length)
 
     def reads(self) -> tuple[str, ...]:
         return self.reads_

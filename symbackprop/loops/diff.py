@@ -28,7 +28,9 @@ from symbackprop.loops.graph import FreshLeaves, ScanBack, ScanStep, backward_sc
 
 def part_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
     """The adjoint of a part, handed to its loop's rule (which collects
-    them all, _seeds) as a scan_seed node."""
+    them all, part_seeds) as a scan_seed node."""
+    if node.attrs[0] == "count":  # a fixed point's number of steps: piecewise constant
+        return (None,)
     return (op_node("scan_seed", (g,), node.args[0].shape, node.attrs),)
 
 
@@ -37,7 +39,7 @@ def part_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
     whose states and outputs are the loop's, then their tangents."""
     kind, index = node.attrs
     tangent = tangents[0]
-    if tangent is None:
+    if tangent is None or kind == "count":
         return None
     augmented: ScanStep = tangent.attrs[0]
     if kind == "states":  # the tangents' columns of the tangent scan's kept states
@@ -49,7 +51,7 @@ def part_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
     return scan_part(tangent, kind, index + shift, node.shape)
 
 
-def _seeds(g: Node) -> dict[tuple[str, int], Node]:
+def part_seeds(g: Node) -> dict[tuple[str, int], Node]:
     """The adjoints of a scan's parts, from the sum autodiff made of them."""
     parts = [g] if g.op == "scan_seed" else list(g.args)
     if g.op != "scan_seed" and (g.op != "map" or g.attrs[0] != sp.Add(*[placeholder(i) for i in range(len(parts))])):
@@ -65,7 +67,7 @@ def _seeds(g: Node) -> dict[tuple[str, int], Node]:
 def scan_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
     step: ScanStep = node.attrs[0]
     inits, seqs, caps = step.split(node.args)
-    seeds = _seeds(g)
+    seeds = part_seeds(g)
     kept_seed = seeds.pop(("states", 0), None)
     if kept_seed is not None:  # the kept states are read (again.py): each state is an output too
         step, seeds = _states_as_outputs(step, seeds, kept_seed)
@@ -108,6 +110,9 @@ def scan_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, 
     kept = scan_part(node, "states", 0, (step.kept_rows(), step.width))
     args = (kept, *seqs, *caps, *[seeds[("output", o)] for o, _ in grad_outputs],
             *[seeds[("final", i)] for i in grad_finals])
+    if step.until is not None:  # a fixed point unrolled: back from the last step that ran
+        args += (scan_part(node, "count", 0, (1, 1)),)
+        back = replace(back, counted=True)
     backward = op_node("scan_vjp", args, (backward_scratch(back, args), 1), (back,))
     adjoints: list[Node | None] = [scan_part(backward, "grad_init", i, inits[i].shape) if needed[i] else None
                                    for i in range(n_states)]
@@ -133,7 +138,7 @@ def _states_as_outputs(step: ScanStep, seeds: dict, kept_seed: Node) -> tuple[Sc
 
 def backward_vjp_rule(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
     """The VJP of a scan_vjp node: of its generic scan (again.py)."""
-    return backward_vjp(node, g, needed, _seeds(g))
+    return backward_vjp(node, g, needed, part_seeds(g))
 
 
 def is_zero(node: Node) -> bool:
@@ -166,24 +171,26 @@ def scan_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
             d_cap_args.append(t)
     roots = step.next_states + step.outputs
     derived = _jvp(list(roots), given)
-    augmented = ScanStep(
+    augmented = replace(
+        step,
         states=step.states + d_states,
         inputs=step.inputs + tuple(d_inputs),
         captures=step.captures + tuple(d_caps),
         next_states=step.next_states + tuple(derived[:len(step.states)]),
         outputs=step.outputs + tuple(derived[len(step.states):]),
-        every=step.every,
-        length=step.length,
-        reverse=step.reverse,
     )
+    if step.until is not None and step.until.mode == "implicit":
+        # the tangents iterate to the implicit function theorem's: the loop
+        # runs until they have converged too (unrolled: the primal's steps)
+        augmented = replace(augmented, until=replace(step.until, watch=augmented.width))
     d_inits = [t if t is not None else const(0, init.shape) for init, t in zip(inits, t_inits)]
     args = (*inits, *d_inits, *seqs, *d_seqs, *caps, *d_cap_args)
     return scan_node(augmented, args)
 
 
 def unsupported_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
-    raise AssertionError(f"scan: a {node.op} node is read by its loop's rule (_seeds), never differentiated")
+    raise AssertionError(f"scan: a {node.op} node is read by its loop's rule (part_seeds), never differentiated")
 
 
 def unsupported_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
-    raise AssertionError(f"scan: a {node.op} node is read by its loop's rule (_seeds), never differentiated")
+    raise AssertionError(f"scan: a {node.op} node is read by its loop's rule (part_seeds), never differentiated")

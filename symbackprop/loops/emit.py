@@ -241,9 +241,17 @@ class _ScanData:
         for off, _, source, shape in k.starts:
             target = self.at(names["cur"], off) if self.index(off) == "0" else f"({self.at(names['cur'], off)})"
             starts.append(self.copy(target, shape, source))
-        fields.update(starts=starts, length=self.index(k.length), keep=None, segments=None, reverse=k.reverse)
+        fields.update(starts=starts, length=self.index(k.length), keep=None, segments=None, reverse=k.reverse,
+                      until=None)
+        if k.count is not None:  # an unrolled fixed point: back from the last step that ran
+            fields["length"] = f"(int64_t){self.value(k.count, sp.Integer(0), sp.Integer(0))}"
         if k.mode == "forward":
             fields["mode"] = "forward"
+            if k.until is not None:
+                fields["mode"] = "until"
+                tol, watch, count = k.until
+                fields["until"] = {"tol": repr(float(tol)), "watch": self.index(watch),
+                                   "count": self.c(count) if count else None}
             if k.kept is not None:
                 fields["keep"] = self.keep()
         else:

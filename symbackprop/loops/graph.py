@@ -18,6 +18,17 @@ from symbackprop.ops.registry import is_view
 
 
 @dataclass(frozen=True)
+class Until:
+    """A loop that may stop early (a fixed point, loops/fixpoint.py): after
+    each step, it stops when the largest absolute change of the first
+    `watch` entries of the state is <= tol, or NaN; `length` is max_iter."""
+
+    tol: float
+    mode: str  # how it is differentiated: "implicit" or "unrolled" (fixpoint.MODES)
+    watch: Any  # the entries of the state the test reads (from offset 0)
+
+
+@dataclass(frozen=True)
 class ScanStep:
     """One step as a graph over placeholder leaves (the attrs of a scan node,
     whose args are the inits, the sequences and the captured values, in
@@ -29,8 +40,9 @@ class ScanStep:
     next_states: tuple[Node, ...]
     outputs: tuple[Node, ...]
     every: int  # a state kept every `every` steps for the backward pass
-    length: Any  # T
+    length: Any  # T (a fixed point's max_iter)
     reverse: bool = False  # rows T-1 .. 0 (a backward pass as a scan, loops/again.py)
+    until: Until | None = None  # None: a scan, which runs `length` steps
 
     @property
     def sizes(self) -> tuple[sp.Expr, ...]:
@@ -71,11 +83,13 @@ class ScanBack:
     accumulate: tuple[tuple[int, Node, Node], ...]  # (capture, accumulator placeholder, accumulator + adjoint)
     grad_inits: tuple[int, ...]  # states whose init needs its adjoint
     origins: tuple[tuple[Node, tuple], ...]  # for naming the backward nodes
+    counted: bool = False  # a fixed point's: its last arg is the count of steps run (the loop's length)
 
     def split(self, args: Sequence[Node]) -> tuple[Node, tuple, tuple, tuple, tuple]:
         x, c, y = len(self.step.inputs), len(self.step.captures), len(self.grad_outputs)
+        at = 1 + x + c + y
         return (args[0], tuple(args[1:1 + x]), tuple(args[1 + x:1 + x + c]),
-                tuple(args[1 + x + c:1 + x + c + y]), tuple(args[1 + x + c + y:]))
+                tuple(args[1 + x + c:at]), tuple(args[at:at + len(self.grad_finals)]))
 
 
 class FreshLeaves:
@@ -230,5 +244,7 @@ def substitute(roots: Sequence[Node], mapping: dict[Node, Node]) -> list[Node]:
 
 
 def scan_node(step: ScanStep, args: Sequence[Node]) -> Node:
-    return op_node("scan", tuple(args), (_forward_scratch(step, args), 1), (step,))
+    """The loop of `step`: a "scan", or a "fixed_point" when it may stop early."""
+    op = "scan" if step.until is None else "fixed_point"
+    return op_node(op, tuple(args), (_forward_scratch(step, args), 1), (step,))
 

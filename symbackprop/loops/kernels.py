@@ -93,6 +93,14 @@ def build_forward(sched: Scheduler, node: Node, out: str) -> ScanKernel:
     for off, size, init, _s in zip(step.offsets, step.sizes, inits, step.states):
         source = init.attrs[0] if is_const(init) else binder.outer(init)
         starts.append((off, size, source, init.shape))
+    until = None
+    if step.until is not None:  # a fixed point: its test's locals and the count of steps run
+        names.update(change=inner.claim("change"), d=inner.claim("d"))
+        count = parts.get(("count", 0))
+        if count is not None:
+            writes.append(count)
+            count = inner.claim(count, outer=count)
+        until = (step.until.tol, step.until.watch, count)
     outputs = [parts[("output", o)] for o in range(len(step.outputs)) if ("output", o) in parts]
     text, latex = _forward_equation(step, names["t"], outputs, inner.bound[kept] if kept else None)
     return ScanKernel(
@@ -102,11 +110,14 @@ def build_forward(sched: Scheduler, node: Node, out: str) -> ScanKernel:
         loops=(Loop(fs, 2 * width, tuple(pointers), tuple(step_fills)),),
         finals=tuple(finals), zeroed=(), equations=(Equation(out, text, latex),),
         reads_=tuple(dict.fromkeys(binder.reads)), writes_=tuple(dict.fromkeys(writes)), reverse=step.reverse,
+        until=until,
     )
 
 
 def _forward_equation(step: ScanStep, t: str, outputs: list[str], kept: str | None) -> tuple[str, str]:
     """The comment and the LaTeX of a forward loop."""
+    if step.until is not None:
+        return _until_equation(step, t, kept)
     text = (f"scan over {t} < {step.length}: ({states_text(step)}) = step({states_text(step)}, "
             f"{', '.join(x.attrs[0] for x in step.inputs)} = row {t})"
             + (f"; outputs in rows of {', '.join(outputs)}" if outputs else "")
@@ -115,6 +126,17 @@ def _forward_equation(step: ScanStep, t: str, outputs: list[str], kept: str | No
     made = "".join(rf", \ {latex_name(o)}_t" for o in outputs)
     latex = (rf"({states_text(step)})_{{t+1}}{made} = \mathrm{{step}}(({states_text(step)})_t, x_t)"
              rf" \quad \text{{for }} t < {sp.latex(step.length)}")
+    return text, latex
+
+
+def _until_equation(step: ScanStep, t: str, kept: str | None) -> tuple[str, str]:
+    """The comment and the LaTeX of a fixed point's loop."""
+    assert step.until is not None
+    text = (f"fixed point: ({states_text(step)}) = step({states_text(step)}) until the largest change is "
+            f"<= {step.until.tol!r} or NaN, at most {step.length} steps ({t})"
+            + (f"; states kept in {kept}" if kept else ""))
+    latex = (rf"({states_text(step)})_{{k+1}} = \mathrm{{step}}(({states_text(step)})_k) \quad \text{{until }} "
+             rf"\max |\Delta| \le {sp.latex(sp.Float(step.until.tol, 3))}, \ k < {step.length}")
     return text, latex
 
 
@@ -152,6 +174,7 @@ class _Backward:
             (self.row_pointers if isinstance(bound, Pointer) else self.row_fills).append(bound)
         self.writes = [out]
         self.zeroed: list[tuple[str, Any]] = []
+        self.count = binder.outer(node.args[-1]) if back.counted else None  # the steps a fixed point ran
 
     def recompute_loop(self) -> Loop:
         """A segment's states: state u-1 -> state u, inputs at row t = t0 + u - 1."""
@@ -250,7 +273,8 @@ class _Backward:
 
     def equation(self) -> Equation:
         step, every = self.step, self.step.every
-        text = (f"backward scan over {self.names['t']} = {step.length}-1 .. 0: adjoints of ({states_text(step)}) and of "
+        last = "the count of steps run" if self.count is not None else step.length
+        text = (f"backward scan over {self.names['t']} = {last}-1 .. 0: adjoints of ({states_text(step)}) and of "
                 f"the step's inputs and params, from the states kept in {self.kept_view.buffer}"
                 + (f", each segment of {every} steps recomputed from its checkpoint" if every > 1 else ""))
         latex = (rf"\bar{{s}}_t = \bar{{s}}_{{t+1}} \frac{{\partial s_{{t+1}}}}{{\partial s_t}} + \bar{{y}}_t "
@@ -270,7 +294,7 @@ def build_backward(sched: Scheduler, node: Node, out: str) -> ScanKernel:
         wholes=tuple(w for w in b.wholes if w.name), starts=tuple(starts), kept=b.kept, loops=tuple(loops),
         finals=tuple(finals), zeroed=tuple(b.zeroed), equations=(b.equation(),),
         reads_=tuple(dict.fromkeys(b.binder.reads)), writes_=tuple(dict.fromkeys(b.writes)),
-        recompute_last=bool(b.cached), reverse=step.reverse,
+        recompute_last=bool(b.cached), reverse=step.reverse, count=b.count,
     )
 
 
@@ -280,6 +304,6 @@ def build_part(sched: Scheduler, node: Node, out: str) -> PartKernel:
     carrier = sched.buffer(node.args[0]) or "?"
     what = {"output": f"output {index}", "final": f"final state {index}", "states": "kept states",
             "grad_init": f"adjoint of init {index}", "grad_seq": f"adjoint of sequence {index}",
-            "grad_capture": f"adjoint of captured value {index}"}[kind]
+            "grad_capture": f"adjoint of captured value {index}", "count": "count of steps"}[kind]
     return PartKernel(f"{out}: the {what} of the loop of {carrier}, written by it")
 

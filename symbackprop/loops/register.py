@@ -10,6 +10,10 @@ from symbackprop.loops.again import backward_jvp
 from symbackprop.loops.declare import ScanFinal, ScanOutput
 from symbackprop.loops.diff import backward_vjp_rule, part_jvp, part_vjp, scan_jvp, scan_vjp, unsupported_jvp, unsupported_vjp
 from symbackprop.loops.emit import emit_add_product, emit_part, emit_scan
+from symbackprop.loops.fixpoint import FixedPointCount, FixedPointFinal
+from symbackprop.loops.fixpoint_lower import lower_count
+from symbackprop.loops.fixpoint_lower import lower_final as lower_fixed_point
+from symbackprop.loops.implicit import fixed_point_vjp
 from symbackprop.loops.kernels import build_backward, build_forward, build_part
 from symbackprop.loops.lower import lower_final, lower_output
 from symbackprop.ops.registry import extend, plain_grad_fn
@@ -26,3 +30,8 @@ extend("scan_vjp", vjp=backward_vjp_rule, jvp=backward_jvp, kernel=build_backwar
 extend("scan_seed", vjp=unsupported_vjp, jvp=unsupported_jvp)
 # a product added into an accumulator inside a step (kernel_scan_add_product.c.j2)
 extend("scan_add_product", emit=emit_add_product, template="kernel_scan_add_product.c.j2")
+# a fixed point: a scan's loop without sequences that may stop early (loops/fixpoint*.py); its
+# parts (final states, count) are scan_part nodes; its VJP is implicit or the scan's (loops/implicit.py)
+extend("fixed_point", lowering=((FixedPointFinal, lower_fixed_point), (FixedPointCount, lower_count)),
+       vjp=fixed_point_vjp, jvp=scan_jvp, grad_fn=plain_grad_fn("FixedPoint"), kernel=build_forward,
+       emit=emit_scan, template="kernel_scan.c.j2")
