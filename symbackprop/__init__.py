@@ -9,7 +9,7 @@ Declare a model in SymPy, compile it, call the generated C from Python::
 from symbackprop._version import __version__
 from symbackprop.declare.derivatives import grad, jvp
 from symbackprop.declare.model import Model, as_scalar
-from symbackprop.declare.tensor import Index, cumsum, gather, map_examples, reduce
+from symbackprop.declare.tensor import Index, cumsum, gather, map_examples, reduce, shift
 from symbackprop.deep import build_deep
 from symbackprop.errors import ArgumentError, BuildError, GradientCheckError, ModelError, SymbackpropError
 from symbackprop.interop import bridges as _bridges  # noqa: F401  (registers mod.as_torch and mod.as_jax)
@@ -44,5 +44,6 @@ __all__ = [
     "map_examples",
     "reduce",
     "scan",
+    "shift",
     "sparse_layout",
 ]
