@@ -134,7 +134,7 @@ def test_shift_against_numpy_and_finite_differences(k, axis, fill, transposed):
         out = np.full_like(a, float(fill))
         length = a.shape[axis]
         if abs(k) < length:
-            src = np.take(a, range(0, length - k) if k > 0 else range(-k, length), axis=axis)
+            src = np.take(a, range(length - k) if k > 0 else range(-k, length), axis=axis)
             index = [slice(None)] * 2
             index[axis] = slice(k, length) if k > 0 else slice(0, length + k)
             out[tuple(index)] = src

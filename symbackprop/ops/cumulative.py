@@ -154,7 +154,7 @@ axis_op("cumsum", _cumsum_vjp, _cumsum_jvp, lambda x, axis, reverse: _along(x, a
 # --- shift ------------------------------------------------------------------------
 
 
-def shift(a: Node, k: int, axis: int, fill: sp.Expr = sp.Integer(0)) -> Node:
+def shift(a: Node, k: int, axis: int, fill: sp.Expr | int = 0) -> Node:
     """`a` moved k entries along `axis` (toward the end when k > 0), `fill`
     where nothing moves in; attrs (axis, reverse, |k|, fill): a negative k
     is the same walk from the end (reverse)."""
