@@ -113,9 +113,10 @@ def test_the_length_is_bound_at_call_time():
         solve = _jax_solve(_chain_jax, sizes)
         got = mod.forward(x=xv.reshape(-1, 1), steps=sizes.reshape(-1, 1), w=wv.reshape(-1, 1))["y"]
         assert _rel(got, np.asarray(solve(jnp.asarray(xv)))) < RTOL
-    calls = [line for line in mod.source.splitlines() if "_shift(" in line]
-    assert "< s; ++" in mod.source and calls  # a loop over the steps; shifts of n entries inside
-    assert all(", n, " in line for line in calls)
+    # a loop over the steps; inside, loops over the n entries that read y_{i-1} in place
+    # (the shift is not copied: schedule/shifted.py) and, in the backward pass, g_{i+1}
+    assert "< s; ++" in mod.source and "for (int64_t i = 1; i < n; ++i)" in mod.source
+    assert "[i - 1]" in mod.source and "[i + 1]" in mod.source and "_shift(" not in mod.source
 
 
 M = sp.MatrixSymbol("M", n, s)
@@ -160,3 +161,45 @@ def test_shift_against_numpy_and_finite_differences(k, axis, fill, transposed):
 def test_shift_refuses_bad_arguments(args, message):
     with pytest.raises(ModelError, match=message):
         sbp.shift(*args)
+
+
+def _moved_np(a, k, axis, fill):
+    out = np.full_like(a, float(fill))
+    length = a.shape[axis]
+    if abs(k) < length:
+        src = np.take(a, range(length - k) if k > 0 else range(-k, length), axis=axis)
+        index = [slice(None)] * 2
+        index[axis] = slice(k, length) if k > 0 else slice(0, length + k)
+        out[tuple(index)] = src
+    return out
+
+
+def test_shifts_read_inside_vector_loops_at_every_length():
+    """Shifts of a column and of a row read in place by the loops that use
+    them (moved both ways in one loop, so it splits in three parts), at
+    lengths shorter than the moves too; value and gradient against numpy
+    and finite differences."""
+    v, r = sp.MatrixSymbol("v", n, 1), sp.MatrixSymbol("r", 1, n)
+    col = sp.HadamardProduct(sbp.shift(v, 2, fill=0.5), sbp.shift(v, -1, fill=-2), v).applyfunc(sp.sin)
+    row = sp.HadamardProduct(sbp.shift(r, -3, 1, fill=0.25), r).applyfunc(sp.cos)
+    mod = sbp.compile(sbp.Model("shift_vectors", params=[v, r], loss=nn.sum_all(col) + nn.sum_all(row)))
+    assert "? " in mod.source and "_shift(" not in mod.source  # guarded parts, no copies
+
+    def numpy_loss(a, b):
+        return (np.sin(_moved_np(a, 2, 0, 0.5) * _moved_np(a, -1, 0, -2) * a).sum()
+                + np.cos(_moved_np(b, -3, 1, 0.25) * b).sum())
+
+    rng = np.random.default_rng(8)
+    for length in (1, 2, 3, 4, 7):
+        a, b = rng.uniform(-1, 1, (length, 1)), rng.uniform(-1, 1, (1, length))
+        value, grads = mod.value_and_grad(v=a, r=b)
+        assert value == pytest.approx(numpy_loss(a, b), rel=1e-13)
+        for name, arr in (("v", a), ("r", b)):
+            fd = np.zeros_like(arr)
+            for index in np.ndindex(arr.shape):
+                step = np.zeros_like(arr)
+                step[index] = 1e-6
+                up = numpy_loss(a + step, b) if name == "v" else numpy_loss(a, b + step)
+                down = numpy_loss(a - step, b) if name == "v" else numpy_loss(a, b - step)
+                fd[index] = (up - down) / 2e-6
+            np.testing.assert_allclose(grads[name], fd, rtol=1e-7, atol=1e-9, err_msg=f"{name}, length {length}")
