@@ -402,6 +402,18 @@ class Shift(sp.MatrixExpr):
     in. See `shift`."""
 
     def __new__(cls, x: sp.MatrixExpr, k: int, axis: int, fill: float | int = 0) -> Shift:
+        """Build the Shift.
+
+        Args:
+            x: a matrix expression.
+            k: entries moved (toward the end when positive).
+            axis: 0 (down each column) or 1 (along each row).
+            fill: a real number: the entries nothing moves into.
+
+        Raises:
+            ModelError: an unknown axis, a k that is not a whole number, a
+                fill that is not a real number, or x is not a matrix.
+        """
         if axis not in (0, 1):
             raise ModelError(f"shift along axis 0 (down each column) or 1 (along each row); got {axis!r}")
         if not isinstance(x, (sp.MatrixExpr, sp.MatrixBase)):
