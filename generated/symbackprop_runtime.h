@@ -461,6 +461,24 @@ SYMBACKPROP_HELPER void symbackprop_f64_prod_others(const double *x, int64_t n, 
     }
 }
 
+/* out[i*out_stride] = fill for i < k, else x[(i - k)*stride] (negative
+ * strides from the last entries: a shift toward the start). */
+SYMBACKPROP_HELPER void symbackprop_f64_shift(const double *x, int64_t n, int64_t stride, double *out, int64_t out_stride,
+                                             int64_t k, double fill)
+{
+    const int64_t head = k < n ? k : n;
+    for (int64_t i = 0; i < head; ++i) {
+        out[i * out_stride] = fill;
+    }
+    if (stride == 1 && out_stride == 1) { /* the usual case: one copy the compiler vectorizes */
+        memcpy(out + head, x, (size_t)(n - head) * sizeof(*out));
+        return;
+    }
+    for (int64_t i = head; i < n; ++i) {
+        out[i * out_stride] = x[(i - k) * stride];
+    }
+}
+
 /* out[k*out_stride] = x[0] + x[stride] + ... + x[k*stride] for k < n (negative
  * strides from the last entries: the sums from the end). */
 SYMBACKPROP_HELPER void symbackprop_f64_cumsum(const double *x, int64_t n, int64_t stride, double *out, int64_t out_stride)
@@ -1047,6 +1065,24 @@ SYMBACKPROP_HELPER void symbackprop_f32_prod_others(const float *x, int64_t n, i
     }
 }
 
+/* out[i*out_stride] = fill for i < k, else x[(i - k)*stride] (negative
+ * strides from the last entries: a shift toward the start). */
+SYMBACKPROP_HELPER void symbackprop_f32_shift(const float *x, int64_t n, int64_t stride, float *out, int64_t out_stride,
+                                             int64_t k, float fill)
+{
+    const int64_t head = k < n ? k : n;
+    for (int64_t i = 0; i < head; ++i) {
+        out[i * out_stride] = fill;
+    }
+    if (stride == 1 && out_stride == 1) { /* the usual case: one copy the compiler vectorizes */
+        memcpy(out + head, x, (size_t)(n - head) * sizeof(*out));
+        return;
+    }
+    for (int64_t i = head; i < n; ++i) {
+        out[i * out_stride] = x[(i - k) * stride];
+    }
+}
+
 /* out[k*out_stride] = x[0] + x[stride] + ... + x[k*stride] for k < n (negative
  * strides from the last entries: the sums from the end). */
 SYMBACKPROP_HELPER void symbackprop_f32_cumsum(const float *x, int64_t n, int64_t stride, float *out, int64_t out_stride)
@@ -1258,6 +1294,7 @@ SYMBACKPROP_HELPER void symbackprop_f32_cholesky(const float *a, int64_t n, int6
 #define symbackprop_f64_min_vector symbackprop_f32_min_vector
 #define symbackprop_f64_prod symbackprop_f32_prod
 #define symbackprop_f64_prod_others symbackprop_f32_prod_others
+#define symbackprop_f64_shift symbackprop_f32_shift
 #define symbackprop_f64_solve symbackprop_f32_solve
 #define symbackprop_f64_substitute symbackprop_f32_substitute
 #define symbackprop_f64_sum symbackprop_f32_sum

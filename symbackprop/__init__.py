@@ -10,7 +10,7 @@ from symbackprop._version import __version__
 from symbackprop.declare.derivatives import grad, jvp
 from symbackprop.declare.linalg import cholesky, det, logdet, solve, triangular_solve
 from symbackprop.declare.model import Model, as_scalar
-from symbackprop.declare.tensor import Index, cumsum, gather, map_examples, reduce
+from symbackprop.declare.tensor import Index, cumsum, gather, map_examples, reduce, shift
 from symbackprop.deep import build_deep
 from symbackprop.errors import ArgumentError, BuildError, GradientCheckError, ModelError, SymbackpropError
 from symbackprop.interop import bridges as _bridges  # noqa: F401  (registers mod.as_torch and mod.as_jax)
@@ -52,6 +52,7 @@ __all__ = [
     "reduce",
     "scan",
     "solve",
+    "shift",
     "sparse_layout",
     "triangular_solve",
 ]

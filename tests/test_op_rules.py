@@ -103,6 +103,11 @@ CASES = [
     Case("triangular_solve", lambda: _model("m26", _sum(sbp.triangular_solve(X.T * X, W, lower=False, transpose=True)),
                                             params=(W, X), inputs=()),
          lambda d: np.linalg.solve(np.triu(d["X"].T @ d["X"]).T, d["W"]).sum()),
+    Case("shift_down_fill", lambda: _model("m14d", _sum(sp.HadamardProduct(sbp.shift(X * W, 1, 0, fill=1.5), X * W)
+                                                    .applyfunc(sp.sin))),
+         lambda d: np.sin(np.vstack([np.full((1, 2), 1.5), (d["X"] @ d["W"])[:-1]]) * (d["X"] @ d["W"])).sum()),
+    Case("shift_left_axis1", lambda: _model("m14e", _sum(sbp.shift(X * W, -1, 1).applyfunc(sp.exp))),
+         lambda d: np.exp(np.hstack([(d["X"] @ d["W"])[:, 1:], np.zeros((len(d["X"]), 1))])).sum()),
     Case("element", lambda: _model("m15", sp.sin((X * W)[0, 1]) * sp.cos((X * W)[1, 0])),
          lambda d: np.sin((d["X"] @ d["W"])[0, 1]) * np.cos((d["X"] @ d["W"])[1, 0])),
     Case("pack", lambda: _model("m16", _sum(sp.Matrix([[sp.sin(W[0, 0]), W[1, 1] ** 2]]) * V),
@@ -212,7 +217,8 @@ def test_jvp_matches_directional_difference(case):
     assert value == pytest.approx(numeric, rel=1e-6, abs=1e-7)
 
 
-@pytest.mark.parametrize("name", ["map_exp_sin", "logsumexp_axis0", "emap_gather", "emap_pairs", "prod_axis0", "cumsum_axis1"])
+@pytest.mark.parametrize("name", ["map_exp_sin", "logsumexp_axis0", "emap_gather", "emap_pairs", "prod_axis0", "cumsum_axis1",
+                                  "shift_down_fill", "shift_left_axis1"])
 def test_compiled_module_agrees_with_the_interpreter(name):
     case = next(c for c in CASES if c.name == name)
     model = case.model()

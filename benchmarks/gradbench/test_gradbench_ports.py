@@ -27,7 +27,8 @@ TOL = 1e-9
 FD_TOL = 1e-6
 # the smallest published sizes, except where a compile would blow the test budget:
 # llsq's published m is 128 only (a 7 s compile here); m=16 tests the same code
-TEST_SIZES = {"llsq": {"n": 16, "m": 16}}
+# ode: at GradBench's n (1000 and up) y's last entry underflows to 0, and so does its gradient
+TEST_SIZES = {"llsq": {"n": 16, "m": 16}, "ode": {"n": 12, "s": 10}}
 # symbackprop's lstm model does not compile in minutes (benchmarks/README.md, "GradBench ports")
 NO_SBP = {"lstm"}
 HAVE_JAX = importlib.util.find_spec("jax") is not None
@@ -91,7 +92,7 @@ def test_torch_peer(name):
 
 
 def test_generators_replay_gradbench_draws():
-    from benchmarks.gradbench import det, gmm, kmeans, lse, lstm
+    from benchmarks.gradbench import det, gmm, kmeans, lse, lstm, ode
 
     rs = np.random.RandomState(31337)  # lse: seeded once, then one draw per n in order
     rs.rand(2500)
@@ -99,6 +100,10 @@ def test_generators_replay_gradbench_draws():
     rs = np.random.RandomState(31337)
     assert np.array_equal(det.generate({"ell": 5})["A"].ravel(), rs.rand(25))
     assert np.array_equal(det.generate({"ell": 6})["A"].ravel(), rs.rand(36))
+    rs = np.random.RandomState(31337)  # ode: one draw per (n, s), in order of n * s
+    rs.rand(1000)  # (1000, 1)
+    assert np.array_equal(ode.generate({"n": 1000, "s": 10})["x"], rs.rand(1000))
+    assert np.array_equal(ode.generate({"n": 10000, "s": 1})["x"], rs.rand(10000))
     g = gmm.generate({"d": 3, "k": 2, "n": 4})
     rng = np.random.default_rng(31337)
     assert np.array_equal(g["x"][0], rng.normal(size=3))

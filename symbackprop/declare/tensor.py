@@ -397,6 +397,87 @@ class Cumsum(sp.MatrixExpr):
         return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
 
 
+class Shift(sp.MatrixExpr):
+    """A matrix moved `k` entries along an axis, `fill` where nothing moves
+    in. See `shift`."""
+
+    def __new__(cls, x: sp.MatrixExpr, k: int, axis: int, fill: float | int = 0) -> Shift:
+        """Build the Shift.
+
+        Args:
+            x: a matrix expression.
+            k: entries moved (toward the end when positive).
+            axis: 0 (down each column) or 1 (along each row).
+            fill: a real number: the entries nothing moves into.
+
+        Raises:
+            ModelError: an unknown axis, a k that is not a whole number, a
+                fill that is not a real number, or x is not a matrix.
+        """
+        if axis not in (0, 1):
+            raise ModelError(f"shift along axis 0 (down each column) or 1 (along each row); got {axis!r}")
+        if not isinstance(x, (sp.MatrixExpr, sp.MatrixBase)):
+            raise ModelError(f"shift of a matrix; got {x!r}")
+        if isinstance(k, bool) or not isinstance(k, (int, sp.Integer)):
+            raise ModelError(f"shift by a whole number of entries; got {k!r}")
+        value = sp.sympify(fill)
+        if not (value.is_Number and value.is_real):
+            raise ModelError(f"shift: fill must be a real number; got {fill!r}")
+        return super().__new__(cls, sp.sympify(x), sp.Integer(k), sp.Integer(axis), value)
+
+    @property
+    def arg(self) -> sp.MatrixExpr:
+        """The matrix moved."""
+        return self.args[0]
+
+    @property
+    def k(self) -> int:
+        """Entries moved: toward the end when positive, toward the start when negative."""
+        return int(self.args[1])
+
+    @property
+    def axis(self) -> int:
+        """0: down each column; 1: along each row."""
+        return int(self.args[2])
+
+    @property
+    def fill(self) -> sp.Expr:
+        """The value of the |k| entries nothing moves into."""
+        return self.args[3]
+
+    @property
+    def shape(self) -> tuple:
+        """The shape of the matrix moved."""
+        return self.arg.shape
+
+    def _entry(self, i, j, **kwargs):
+        return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
+
+
+def shift(x: sp.MatrixExpr, k: int, axis: int = 0, fill: float | int = 0) -> sp.MatrixExpr:
+    """x moved k entries along `axis`, `fill` where nothing moves in: entry
+    i of the result is entry i - k of x (as numpy.roll, without the wrap).
+    The length along `axis` may be symbolic; y_{i-1} of a recurrence along
+    a vector y is `shift(y, 1)`.
+
+    Args:
+        x: a matrix expression.
+        k: entries moved: toward the end when positive (the first k entries
+            are `fill`), toward the start when negative (the last |k|).
+        axis: 0 (down each column) or 1 (along each row).
+        fill: a real number (0 by default): the entries nothing moves into.
+
+    Returns:
+        A matrix expression of x's shape. Its gradient is the opposite shift
+        of the adjoint, filled with 0.
+
+    Raises:
+        ModelError: an unknown axis, a k that is not a whole number, a fill
+            that is not a real number, or x is not a matrix.
+    """
+    return Shift(x, k, axis, fill)
+
+
 def cumsum(x: sp.MatrixExpr, axis: int, reverse: bool = False) -> sp.MatrixExpr:
     """The cumulative sum of x along `axis` (as numpy.cumsum): entry k is
     the sum of entries 0..k (with `reverse`, of entries k..last).

@@ -21,6 +21,8 @@ driver. The ops:
     max, min   the extreme over one axis (kept as size 1) attrs: (axis,)
     prod       the product over one axis (ops/reduce.py)  attrs: (axis,)
     cumsum     the running sum along an axis (ops/cumulative.py)  attrs: (axis, reverse)
+    shift      moved k entries along an axis, a fill where none moves in (ops/cumulative.py)
+                                                        attrs: (axis, reverse, k, fill)
     emap       a per-example function over one or two   attrs: (bodies, bindings,
                loop lengths (see emap() below)                  loops, target)"""
 

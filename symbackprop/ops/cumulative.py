@@ -1,8 +1,9 @@
 """Ops that run along one axis and keep the shape: the cumulative sum
-(sbp.cumsum), and the kernel every such op shares: one call of the
-module's C helper of the op's name per row or column (templates/reduce.c.j2),
-which walks the entries with a running value. A reversed walk is the same
-helper from the last entry, with negative strides.
+(sbp.cumsum), the shift (sbp.shift), and the kernel every such op shares:
+one call of the module's C helper of the op's name per row or column
+(templates/reduce.c.j2), which walks the entries. A reversed walk is the
+same helper from the last entry, with negative strides. A node's attrs are
+(axis, reverse, *more): `more` is passed to the helper after its strides.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
-from symbackprop.declare.tensor import Cumsum
+from symbackprop.declare.tensor import Cumsum, Shift
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
 from symbackprop.ir.construct import is_const
 from symbackprop.ir.node import Node, Shape, op_node
@@ -33,6 +34,7 @@ class AxisKernel:
     axis: int
     reverse: bool
     equations: tuple[Equation, ...]
+    more: tuple = ()  # the helper's further arguments (the node's attrs after axis and reverse)
 
     def reads(self) -> list[str]:
         return [self.src.buffer] if isinstance(self.src, View) else []
@@ -42,31 +44,32 @@ class AxisKernel:
 
     @property
     def title(self) -> str:
-        return {"cumsum": "cumulative sum"}.get(self.kind, self.kind)
+        return {"cumsum": "cumulative sum", "shift": "shift"}.get(self.kind, self.kind)
 
     def work(self) -> tuple[sp.Expr, sp.Expr]:
         """(multiply-adds, other operations): one an entry."""
         return sp.Integer(0), sp.sympify(self.shape[0]) * self.shape[1]
 
 
-def axis_op(name: str, vjp: VjpRule, jvp: JvpRule, evaluate: Callable[[np.ndarray, int, bool], np.ndarray],
+def axis_op(name: str, vjp: VjpRule, jvp: JvpRule, evaluate: Callable[..., np.ndarray],
             text: str, latex: str, grad_fn: GradFnName, **more: object) -> OpRecord:
     """Register an op along one axis whose kernel is an AxisKernel; its
-    node's attrs are (axis, reverse). text, latex: what it computes, with
-    {arg}, {what} ("down each column" / "along each row"), {index}, {term}
-    and {cmp} (<= or >=, reversed). `more`: other fields of its record."""
+    node's attrs are (axis, reverse, *more), and evaluate(x, *attrs) is its
+    numpy reference. text, latex: what it computes, with {arg}, {what}
+    ("down each column" / "along each row"), {index}, {term}, {cmp} (<= or
+    >=, reversed) and {more[0]}, ... `more`: other fields of its record."""
 
     def kernel(sched, node: Node, out: str) -> AxisKernel:
         (src,) = node.args
-        axis, reverse = node.attrs
+        axis, reverse, *extra = node.attrs
         label = str(src.attrs[0]) if is_const(src) else sched.label(src)
         words = {"arg": label, "what": ("down each column" if axis == 0 else "along each row")
                  + (", from the end" if reverse else ""), "index": "i" if axis == 0 else "j",
-                 "cmp": r"\ge" if reverse else r"\le"}
+                 "cmp": r"\ge" if reverse else r"\le", "more": extra}
         words["term"] = rf"\left({latex_name(label)}\right)_{{ij}}"
         equation = Equation(out, text.format(**words), f"{latex_name(out)} = {latex.format(**words)}")
         where = src.attrs[0] if is_const(src) else sched.view(src)
-        return AxisKernel(name, out, where, node.shape, axis, reverse, (equation,))
+        return AxisKernel(name, out, where, node.shape, axis, reverse, (equation,), tuple(extra))
 
     return register(OpRecord(
         name, vjp=vjp, jvp=jvp, evaluate=lambda node, args, context: evaluate(args[0], *node.attrs),
@@ -76,9 +79,10 @@ def axis_op(name: str, vjp: VjpRule, jvp: JvpRule, evaluate: Callable[[np.ndarra
 
 def _emit(em: FunctionEmitter, kernel: AxisKernel) -> dict:
     """One helper call per row (axis 1) or column (axis 0): (first entry
-    read, count, stride, first entry written, stride); a reversed walk
-    starts at the last entries, its strides negated. A constant source is
-    a compound literal read with stride 0."""
+    read, count, stride, first entry written, stride, *more: an integer, or
+    a real number printed as a C constant); a reversed walk starts at the
+    last entries, its strides negated. A constant source is a compound
+    literal read with stride 0."""
     rows, cols = kernel.shape
     out = View(kernel.out, sp.Integer(0), sp.sympify(cols) if rows != 1 else sp.Integer(0),
                sp.Integer(1) if cols != 1 else sp.Integer(0))
@@ -103,9 +107,12 @@ def _emit(em: FunctionEmitter, kernel: AxisKernel) -> dict:
         constant = CheckedPrinter(ScalarPrinter({}, em.real), kernel).doprint(kernel.src)
         src, src_step = f"&(const {em.real.c}){{{constant}}}", "0"
     dst, dst_step = walk(out)
+    printer = CheckedPrinter(ScalarPrinter({}, em.real), kernel)
+    more = "".join(f", {int(v)}" if isinstance(v, (int, sp.Integer)) else f", {printer.doprint(v)}"
+                   for v in kernel.more)
     return {
         "loop": (str(outer), em.dim(outer_len)) if looped else None,
-        "args": f"{src}, {em.dim(inner_len)}, {src_step}, {dst}, {dst_step}",
+        "args": f"{src}, {em.dim(inner_len)}, {src_step}, {dst}, {dst_step}{more}",
     }
 
 
@@ -142,3 +149,52 @@ def _lower_cumsum(lowerer, expr: Cumsum) -> Node:
 axis_op("cumsum", _cumsum_vjp, _cumsum_jvp, lambda x, axis, reverse: _along(x, axis, reverse, np.cumsum),
         "running sum of {arg} {what}", r"\sum_{{{index}' {cmp} {index}}} {term}", plain_grad_fn("Cumsum"),
         lowering=((Cumsum, _lower_cumsum),), shapes=((Cumsum, lambda e, of: of(e.arg)),))
+
+
+# --- shift ------------------------------------------------------------------------
+
+
+def shift(a: Node, k: int, axis: int, fill: sp.Expr | int = 0) -> Node:
+    """`a` moved k entries along `axis` (toward the end when k > 0), `fill`
+    where nothing moves in; attrs (axis, reverse, |k|, fill): a negative k
+    is the same walk from the end (reverse)."""
+    if k == 0:
+        return a
+    if is_const(a) and sp.sympify(a.attrs[0]) == sp.sympify(fill):
+        return a  # a constant moved over itself
+    return op_node("shift", (a,), a.shape, (axis, k < 0, abs(int(k)), sp.sympify(fill)))
+
+
+def _shift_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    axis, reverse, k, _ = node.attrs  # entry i came from i - k: its adjoint moves back, 0 where none came
+    return (shift(g, k if reverse else -k, axis),)
+
+
+def _shift_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    axis, reverse, k, _ = node.attrs  # the fill is a constant: its tangent is 0
+    return shift(tangents[0], -k if reverse else k, axis) if tangents[0] is not None else None
+
+
+def _shifted(x: np.ndarray, axis: int, reverse: bool, k: int, fill: sp.Expr) -> np.ndarray:
+    def forward(v: np.ndarray, ax: int) -> np.ndarray:
+        out = np.full_like(v, float(fill))
+        n = v.shape[ax]
+        if k < n:
+            src = [slice(None)] * v.ndim
+            dst = [slice(None)] * v.ndim
+            src[ax], dst[ax] = slice(0, n - k), slice(k, n)
+            out[tuple(dst)] = v[tuple(src)]
+        return out
+
+    return _along(np.asarray(x, dtype=float), axis, reverse, forward)
+
+
+def _lower_shift(lowerer, expr: Shift) -> Node:
+    return shift(lowerer.lower(expr.arg), expr.k, expr.axis, expr.fill)
+
+
+axis_op("shift", _shift_vjp, _shift_jvp, _shifted,
+        "{arg} moved {more[0]} entries {what}, {more[1]} where none moves in",
+        r"\left({arg}\right)_{{{index} - {more[0]}}} \text{{ ({more[1]} before the first, {what})}}",
+        lambda node: ("Shift", list(node.args)),
+        lowering=((Shift, _lower_shift),), shapes=((Shift, lambda e, of: of(e.arg)),))

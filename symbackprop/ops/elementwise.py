@@ -22,6 +22,7 @@ from symbackprop.ir.node import SCALAR, Node, placeholder
 from symbackprop.messages import short
 from symbackprop.ops.registry import OpRecord, register
 from symbackprop.schedule.kernel import MapKernel
+from symbackprop.schedule.shifted import ShiftedView
 
 A0, A1 = placeholder(0), placeholder(1)
 
@@ -62,12 +63,13 @@ def _evaluate(node: Node, args: list[np.ndarray], context: Context) -> np.ndarra
 
 def _emit(em: FunctionEmitter, kernel: MapKernel) -> dict:
     loops, i, j = em.loops(kernel.shape)
-    text = {sym: em.access(view, i, j) for sym, view in kernel.loads}
+    shifted = {sym: view for sym, view in kernel.loads if isinstance(view, ShiftedView)}
+    text = {sym: em.access(view, i, j) for sym, view in kernel.loads if sym not in shifted}
     first = []
     if kernel.load_first:  # what the loop overwrites is read into locals before any store
         overwritten = {out for out, _ in kernel.stores}
         for sym, view in kernel.loads:
-            if view.buffer in overwritten:
+            if view.buffer in overwritten and sym not in shifted:
                 local = em.namer.name(f"\0{view.buffer} in")
                 first.append((local, text[sym]))
                 text[sym] = local
@@ -85,17 +87,54 @@ def _emit(em: FunctionEmitter, kernel: MapKernel) -> dict:
             text[sym] = local
     text.update({d: f"(({em.real.c}){c})" for d, c in em.dims.items()})
     temps_text = {sym: str(sym) for sym, _ in kernel.temps}
-    printer = CheckedPrinter(ScalarPrinter({**text, **temps_text}, em.real), kernel)
     cols = kernel.shape[1]
     out_index = sp.expand(i * (cols if kernel.shape[0] != 1 else 0) + j)
     out_index_text = em.index.doprint(out_index)
-    return {
-        "loops": loops,
-        "hoisted": hoisted,
-        "parallel": worth_threads(kernel.shape[0]) and len(loops) > 0 and loops[0][0] == "i",
-        "temps": first + [(str(sym), printer.doprint(expr)) for sym, expr in kernel.temps],
-        "stores": [(f"{em.namer.name(out)}[{out_index_text}]", printer.doprint(expr)) for out, expr in kernel.stores],
-    }
+    parallel = worth_threads(kernel.shape[0]) and len(loops) > 0 and loops[0][0] == "i"
+
+    def body(loads_text: dict) -> dict:
+        printer = CheckedPrinter(ScalarPrinter({**text, **loads_text, **temps_text}, em.real), kernel)
+        return {"temps": first + [(str(sym), printer.doprint(expr)) for sym, expr in kernel.temps],
+                "stores": [(f"{em.namer.name(out)}[{out_index_text}]", printer.doprint(expr))
+                           for out, expr in kernel.stores]}
+
+    fields = {"loops": loops, "hoisted": hoisted, "parallel": parallel}
+    if shifted:
+        fields["parts"] = _shifted_parts(em, loops, i, j, shifted, body)
+    else:
+        fields.update(body({}))
+    return fields
+
+
+def _shifted_parts(em: FunctionEmitter, loops: list, i: sp.Expr, j: sp.Expr, shifted: dict, body) -> list:
+    """The loop of a vector split where its moved loads (schedule.shifted)
+    run out: [0, K+) and [max(K+, N - K-), N) test each moved entry and read
+    the fill outside the vector; [K+, N - K-), between them, reads straight
+    (the main part: the one run on threads, where the loop is)."""
+    ((var, length),) = loops
+    index = i if var == "i" else j
+    fill_printer = ScalarPrinter({}, em.real)
+    ahead = max([v.k for v in shifted.values()] + [0])
+    behind = max([-v.k for v in shifted.values()] + [0])
+
+    def read(view: ShiftedView) -> str:
+        return em.access(view, index - view.k, j) if var == "i" else em.access(view, i, index - view.k)
+
+    def guarded(view: ShiftedView) -> str:
+        inside = f"{var} >= {view.k}" if view.k > 0 else f"{var} + {-view.k} < {length}"
+        return f"(({inside}) ? {read(view)} : {fill_printer.doprint(view.fill)})"
+
+    parts = []
+    if ahead:
+        parts.append({"var": var, "start": "0", "end": f"({ahead} < {length} ? {ahead} : {length})", "main": False,
+                      **body({sym: guarded(v) for sym, v in shifted.items()})})
+    parts.append({"var": var, "start": str(ahead), "end": f"{length} - {behind}" if behind else length,
+                  "main": True, **body({sym: read(v) for sym, v in shifted.items()})})
+    if behind:
+        start = f"({ahead} > {length} - {behind} ? {ahead} : {length} - {behind})"  # never before 0, nor the head
+        parts.append({"var": var, "start": start, "end": length, "main": False,
+                      **body({sym: guarded(v) for sym, v in shifted.items()})})
+    return parts
 
 
 # --- the grad_fn graph --------------------------------------------------------

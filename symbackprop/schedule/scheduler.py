@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy as sp
 
@@ -31,6 +31,7 @@ from symbackprop.schedule.kernel import (
     map_equation,
 )
 from symbackprop.schedule.naming import Naming
+from symbackprop.schedule.shifted import foldable, shifted_label, shifted_view
 from symbackprop.schedule.workspace import Slot, plan_workspace
 
 
@@ -110,6 +111,7 @@ class Scheduler(Placement):
         self.naming = naming
         self.buffer_of: dict[Node, str] = {}
         self.scratch: dict[str, Shape] = {}  # buffers a kernel uses inside itself (no node's value)
+        self.folded: set[Node] = set()  # shifts read inside the loops that use them (schedule.shifted)
 
     def claim_scratch(self, base: str, shape: Shape) -> str:
         """A workspace buffer of `shape` that a kernel writes and reads itself."""
@@ -118,14 +120,19 @@ class Scheduler(Placement):
         return name
 
     def run(self) -> FunctionSchedule:
-        head = self.place_all()
+        head = len(self.place_all())
+        if not self.late:  # (an in-place result could overwrite what a loop reads moved)
+            self.folded = foldable(self.order, self.users, set(self.group_of), self.result_nodes)
+            kept = [not (isinstance(step, Node) and step in self.folded) for step in self.plan]
+            head = sum(kept[:head])
+            self.plan = [step for step, keep in zip(self.plan, kept) if keep]
         bound = self._bind_results()
-        kernels = self._kernels(self.plan[:len(head)])
+        kernels = self._kernels(self.plan[:head])
         split = None
         if self.first:  # the first results, complete: a call can stop here
             kernels += self._copies([b for b in bound if b[0] in self.first])
             split = len(kernels)
-        kernels += self._kernels(self.plan[len(head):])
+        kernels += self._kernels(self.plan[head:])
         kernels += self._copies([b for b in bound if b[0] not in self.first])
         outputs = {name for name, _ in self.results}
         buffers = {buffer: node.shape for node, buffer in self.buffer_of.items() if buffer not in outputs}
@@ -190,6 +197,8 @@ class Scheduler(Placement):
     def view(self, node: Node) -> View:
         """How kernels read `node`: its buffer, or a view's strides over its argument's."""
         zero, one = sp.Integer(0), sp.Integer(1)
+        if node in self.folded:
+            return shifted_view(self.view(node.args[0]), node)
         if is_view(node.op):
             return rule(node.op, "view").strides(self.view(node.args[0]), node)
         buffer = self.buffer_of.get(node) or self.naming(node)
@@ -201,7 +210,7 @@ class Scheduler(Placement):
         zero = sp.Integer(0)
         row = view.row_stride if node.shape[0] == shape[0] else zero
         col = view.col_stride if node.shape[1] == shape[1] else zero
-        return View(view.buffer, view.offset, row, col)
+        return replace(view, row_stride=row, col_stride=col)
 
     # --- kernels --------------------------------------------------------
 
@@ -255,7 +264,9 @@ class Scheduler(Placement):
         return value, program
 
     def label(self, node: Node) -> str:
-        """A kernel argument as comments name it (its buffer, "A^T", "A[0,1]")."""
+        """A kernel argument as comments name it (its buffer, "A^T", "A[0,1]", "t5[i-1]")."""
+        if node in self.folded:
+            return shifted_label(self.label(node.args[0]), node)
         if is_view(node.op):
             return rule(node.op, "view").label(self.label(node.args[0]), node)
         return self.buffer_of.get(node) or self.naming(node)
