@@ -51,8 +51,8 @@ __all__ = [
     "map_examples",
     "reduce",
     "scan",
-    "solve",
     "shift",
+    "solve",
     "sparse_layout",
     "triangular_solve",
 ]
