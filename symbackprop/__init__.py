@@ -7,6 +7,7 @@ Declare a model in SymPy, compile it, call the generated C from Python::
 """
 
 from symbackprop._version import __version__
+from symbackprop.declare.conv import Images, conv_weight, images
 from symbackprop.declare.derivatives import grad, jvp
 from symbackprop.declare.model import Model, as_scalar
 from symbackprop.declare.tensor import Index, cumsum, gather, map_examples, reduce
@@ -26,6 +27,7 @@ __all__ = [
     "BuildError",
     "CompiledModule",
     "GradientCheckError",
+    "Images",
     "Index",
     "Model",
     "ModelError",
@@ -35,11 +37,13 @@ __all__ = [
     "as_scalar",
     "build_deep",
     "compile",
+    "conv_weight",
     "cumsum",
     "final_state",
     "from_torch",
     "gather",
     "grad",
+    "images",
     "jvp",
     "map_examples",
     "reduce",
