@@ -365,22 +365,23 @@ class ImageKernel:
         return sp.Integer(0), rows * p.C * p.HO * p.WO * p.K * p.K
 
 
-# What each op's comment says it computes ({0}, {1}: its arguments' labels).
+# What each op's comment says it computes: (the entry written, =/+=, its
+# value), {0} and {1} its arguments' labels, as the loops of kernel_conv.c.j2 name them.
 _MATH = {
-    "conv2d": "out[i,oc,oy,ox] = sum_{{ic,ky,kx}} {1}[oc,ic,ky,kx] * {0}[i,ic,oy*{S}+ky-{P},ox*{S}+kx-{P}] "
-              "(conv2d, zero outside the image)",
-    "conv2d_input_grad": "out[i,ic,oy*{S}+ky-{P},ox*{S}+kx-{P}] += {1}[oc,ic,ky,kx] * {0}[i,oc,oy,ox] "
-                         "(the gradient of conv2d by its images)",
-    "conv2d_weight_grad": "out[oc,ic,ky,kx] = sum_{{i,oy,ox}} {0}[i,oc,oy,ox] * {1}[i,ic,oy*{S}+ky-{P},ox*{S}+kx-{P}] "
-                          "(the gradient of conv2d by its weights)",
-    "max_pool2d": "out[i,ch,oy,ox] = {1}[i,ch,at] at the first largest {0}[i,ch,at] of the window "
-                  "at = (oy*{S}+ky, ox*{S}+kx), ky,kx < {K}",
-    "max_unpool2d": "out[i,ch,at] += {1}[i,ch,oy,ox] at the first largest {0}[i,ch,at] of the window "
-                    "at = (oy*{S}+ky, ox*{S}+kx), ky,kx < {K}; zero elsewhere",
-    "avg_pool2d": "out[i,ch,oy,ox] = sum_{{ky,kx < {K}}} {0}[i,ch,oy*{S}+ky,ox*{S}+kx] / {K}^2",
-    "avg_unpool2d": "out[i,ch,oy*{S}+ky,ox*{S}+kx] += {0}[i,ch,oy,ox] / {K}^2 for ky,kx < {K}",
-    "channel_sum": "out[i,ch] = sum_at {0}[i,ch,at] (over each channel's pixels)",
-    "channel_broadcast": "out[i,ch,at] = {0}[i,ch] (over each channel's pixels)",
+    "conv2d": ("[i,oc,oy,ox]", "=", "sum_{{ic,ky,kx}} {1}[oc,ic,ky,kx] * {0}[i,ic,oy*{S}+ky-{P},ox*{S}+kx-{P}] "
+               "(conv2d; zero outside the image)"),
+    "conv2d_input_grad": ("[i,ic,oy*{S}+ky-{P},ox*{S}+kx-{P}]", "+=", "{1}[oc,ic,ky,kx] * {0}[i,oc,oy,ox] "
+                          "(conv2d's gradient by its images)"),
+    "conv2d_weight_grad": ("[oc,ic,ky,kx]", "=", "sum_{{i,oy,ox}} {0}[i,oc,oy,ox] * {1}[i,ic,oy*{S}+ky-{P},ox*{S}+kx-{P}] "
+                           "(conv2d's gradient by its weights)"),
+    "max_pool2d": ("[i,ch,oy,ox]", "=", "{1}[i,ch,best], best: the first largest {0}[i,ch,oy*{S}+ky,ox*{S}+kx], "
+                   "ky,kx < {K}"),
+    "max_unpool2d": ("[i,ch,best]", "+=", "{1}[i,ch,oy,ox], best: the first largest {0}[i,ch,oy*{S}+ky,ox*{S}+kx], "
+                     "ky,kx < {K} (zero elsewhere)"),
+    "avg_pool2d": ("[i,ch,oy,ox]", "=", "sum_{{ky,kx < {K}}} {0}[i,ch,oy*{S}+ky,ox*{S}+kx] / {K}^2"),
+    "avg_unpool2d": ("[i,ch,oy*{S}+ky,ox*{S}+kx]", "+=", "{0}[i,ch,oy,ox] / {K}^2, ky,kx < {K}"),
+    "channel_sum": ("[i,ch]", "=", "sum_at {0}[i,ch,at] (over each channel's pixels)"),
+    "channel_broadcast": ("[i,ch,at]", "=", "{0}[i,ch] (over each channel's pixels)"),
 }
 
 
@@ -400,10 +401,10 @@ def _kernel(sched, node: Node, out: str) -> ImageKernel:
         args.append((view.buffer, None))
         labels.append(sched.label(arg))
     geometry = tuple(node.attrs)
-    text = _MATH[node.op].format(*labels, **_constants(node.op, geometry))
+    entry, assign, value = (part.format(*labels, **_constants(node.op, geometry)) for part in _MATH[node.op])
     latex = rf"{latex_name(out)} = \operatorname{{{node.op.replace('_', '-')}}}({', '.join(latex_name(s) for s in labels)})"
     rows = node.args[0].shape[0]
-    return ImageKernel(node.op, out, tuple(args), rows, geometry, (Equation(out, text, latex),))
+    return ImageKernel(node.op, out, tuple(args), rows, geometry, (Equation(out + entry, value, latex, assign),))
 
 
 def _constants(op: str, geometry: tuple) -> dict:
