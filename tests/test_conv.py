@@ -194,3 +194,15 @@ def test_bad_geometry_is_a_model_error():
         nn.conv2d(x, sbp.conv_weight("w", 3, 2, 3), stride=0)
     with pytest.raises(sbp.ModelError, match="columns"):
         sbp.Images(sp.MatrixSymbol("y", n, 30), 2, 4, 4)
+
+
+def test_cnn_digits_example_trains_beside_pytorch(capsys):
+    """examples/cnn_digits.py: at least 98% test accuracy (its exit status),
+    and PyTorch's loss curve from the same start and data order agrees."""
+    pytest.importorskip("sklearn")
+    from conftest import load_example
+
+    assert load_example("cnn_digits").main([]) == 0
+    printed = capsys.readouterr().out
+    difference = float(printed.split("largest loss difference ")[1].split()[0])
+    assert difference < 1e-9, printed
