@@ -46,7 +46,7 @@ _MACRO_LIKE = re.compile(r"^(?:[^a-z]*[A-Z][^a-z]*[A-Z][^a-z]*|Py[A-Z_].*|PY.*|M
 # dimensions too).
 INTERNAL = frozenset("i j k l acc maxval total lane result top work status dims shape".split()
                      # the loop variables of the image ops (templates/kernel_conv.c.j2)
-                     + "at best share wv ch ic oc ky kx oy ox".split())
+                     + "at best share wv ch ic oc kk ky kx oy ox iy ix".split())
 _TEMP = re.compile(r"^(x|acc)\d+$")  # CSE temporaries, accumulators
 MAX_LENGTH = 48
 

@@ -342,12 +342,13 @@ class ImageKernel:
     rows: object  # the batch (the output's rows; a weight gradient's: the argument's)
     geometry: tuple
     equations: tuple[Equation, ...]
+    cols: str | None = None  # a convolution's workspace: one example's im2col matrix
 
     def reads(self) -> list[str]:
-        return [buffer for buffer, _ in self.args if buffer is not None]
+        return [buffer for buffer, _ in self.args if buffer is not None] + ([self.cols] if self.cols else [])
 
     def writes(self) -> list[str]:
-        return [self.out]
+        return [self.out] + ([self.cols] if self.cols else [])
 
     @property
     def title(self) -> str:
@@ -404,7 +405,11 @@ def _kernel(sched, node: Node, out: str) -> ImageKernel:
     entry, assign, value = (part.format(*labels, **_constants(node.op, geometry)) for part in _MATH[node.op])
     latex = rf"{latex_name(out)} = \operatorname{{{node.op.replace('_', '-')}}}({', '.join(latex_name(s) for s in labels)})"
     rows = node.args[0].shape[0]
-    return ImageKernel(node.op, out, tuple(args), rows, geometry, (Equation(out + entry, value, latex, assign),))
+    cols = None
+    if node.op.startswith("conv2d"):
+        c = Conv(*geometry)
+        cols = sched.claim_scratch(f"{out}_cols", (c.C * c.KH * c.KW, c.HO * c.WO))
+    return ImageKernel(node.op, out, tuple(args), rows, geometry, (Equation(out + entry, value, latex, assign),), cols)
 
 
 def _constants(op: str, geometry: tuple) -> dict:
@@ -418,16 +423,6 @@ def _constants(op: str, geometry: tuple) -> dict:
     return {"S": p.S, "K": p.K}
 
 
-def _range(k: str, size: int, out: int, stride: int, pad: int) -> tuple[str, str]:
-    """C bounds [lo, hi) of the outputs y whose input y*stride + k - pad lies
-    in [0, size), given the window offset `k` (a C variable)."""
-    if pad == 0:
-        return "0", str(out)  # y*stride + k <= (out-1)*stride + kernel-1 < size
-    lo = f"({k} < {pad} ? ({pad} - {k} + {stride - 1}) / {stride} : 0)" if stride != 1 else f"({k} < {pad} ? {pad} - {k} : 0)"
-    last = f"({size + pad + stride - 1} - {k}) / {stride}" if stride != 1 else f"{size + pad} - {k}"
-    return lo, f"({last} < {out} ? {last} : {out})"
-
-
 def _emit(em: FunctionEmitter, kernel: ImageKernel) -> dict:
     printer = CheckedPrinter(ScalarPrinter({}, em.real), kernel)
     args = [Operand(em.namer.name(b)) if b is not None else Operand(None, printer.doprint(v)) for b, v in kernel.args]
@@ -436,10 +431,10 @@ def _emit(em: FunctionEmitter, kernel: ImageKernel) -> dict:
     if kernel.kind.startswith("conv2d"):
         c = Conv(*kernel.geometry)
         fields.update(asdict(c), HO=c.HO, WO=c.WO)
-        fields["oy"] = _range("ky", c.H, c.HO, c.S, c.P)
-        fields["ox"] = _range("kx", c.W, c.WO, c.S, c.P)
         fields["iy"] = _offset("oy", c.S, "ky", c.P)
         fields["ix"] = _offset("ox", c.S, "kx", c.P)
+        fields["inside"] = f"iy >= 0 && iy < {c.H} && ix >= 0 && ix < {c.W}" if c.P else None
+        fields["cols"] = em.namer.name(kernel.cols)
     elif kernel.kind.startswith("channel"):
         fields["C"], fields["P"] = kernel.geometry
     else:
