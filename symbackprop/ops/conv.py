@@ -25,6 +25,7 @@ numbers but the batch size's, never unrolled over pixels.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -402,7 +403,9 @@ def _kernel(sched, node: Node, out: str) -> ImageKernel:
         args.append((view.buffer, None))
         labels.append(sched.label(arg))
     geometry = tuple(node.attrs)
-    entry, assign, value = (part.format(*labels, **_constants(node.op, geometry)) for part in _MATH[node.op])
+    # the math with this op's numbers ("oy*1+ky" is written "oy+ky")
+    entry, assign, value = (re.sub(r"\*1\+", "+", part.format(*labels, **_constants(node.op, geometry)))
+                            for part in _MATH[node.op])
     latex = rf"{latex_name(out)} = \operatorname{{{node.op.replace('_', '-')}}}({', '.join(latex_name(s) for s in labels)})"
     rows = node.args[0].shape[0]
     cols = None
@@ -434,7 +437,7 @@ def _emit(em: FunctionEmitter, kernel: ImageKernel) -> dict:
         fields["iy"] = _offset("oy", c.S, "ky", c.P)
         fields["ix"] = _offset("ox", c.S, "kx", c.P)
         fields["inside"] = f"iy >= 0 && iy < {c.H} && ix >= 0 && ix < {c.W}" if c.P else None
-        fields["cols"] = em.namer.name(kernel.cols)
+        fields["cols"] = em.namer.name(kernel.cols) if kernel.cols is not None else None
     elif kernel.kind.startswith("channel"):
         fields["C"], fields["P"] = kernel.geometry
     else:
