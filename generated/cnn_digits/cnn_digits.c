@@ -93,21 +93,21 @@ static void cnn_digits_run_part1(
     }
 
     /* t3 = Max(0, t1 + t2) */
-    /* t16 = Heaviside(t1 + t2) */
+    /* t4 = Heaviside(t1 + t2) */
     CNN_DIGITS_REAL *t3 = t2_cols + 576; /* n x 1024 */
-    CNN_DIGITS_REAL *t16 = t3 + 1024*n; /* n x 1024 */
+    CNN_DIGITS_REAL *t4 = t3 + 1024*n; /* n x 1024 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 1024; ++j) {
             const CNN_DIGITS_REAL x0 = t1[j] + t2[1024*i + j];
             t3[1024*i + j] = (((0) > (x0)) ? (0) : (x0));
-            t16[1024*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+            t4[1024*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
         }
     }
 
-    /* t4[i,ch,oy,ox] = t3[i,ch,best], best: the first largest t3[i,ch,oy*2+ky,ox*2+kx],
+    /* t5[i,ch,oy,ox] = t3[i,ch,best], best: the first largest t3[i,ch,oy*2+ky,ox*2+kx],
      * ky,kx < 2 */
-    CNN_DIGITS_REAL *t4 = t16 + 1024*n; /* n x 256 */
+    CNN_DIGITS_REAL *t5 = t4 + 1024*n; /* n x 256 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
             for (int64_t oy = 0; oy < 4; ++oy) {
@@ -121,60 +121,60 @@ static void cnn_digits_run_part1(
                             }
                         }
                     }
-                    t4[((i * 16 + ch) * 4 + oy) * 4 + ox] = t3[best];
+                    t5[((i * 16 + ch) * 4 + oy) * 4 + ox] = t3[best];
                 }
             }
         }
     }
 
-    /* t5[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] * t4[i,ic,oy+ky-1,ox+kx-1] (conv2d;
+    /* t6[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] * t5[i,ic,oy+ky-1,ox+kx-1] (conv2d;
      * zero outside the image) */
-    CNN_DIGITS_REAL *t5 = t4 + 256*n; /* n x 512 */
-    CNN_DIGITS_REAL *t5_cols = t5 + 512*n; /* 144 x 16 */
+    CNN_DIGITS_REAL *t6 = t5 + 256*n; /* n x 512 */
+    CNN_DIGITS_REAL *t6_cols = t6 + 512*n; /* 144 x 16 */
     for (int64_t i = 0; i < n; ++i) {
-        /* t5_cols: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
+        /* t6_cols: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
         for (int64_t ic = 0; ic < 16; ++ic) {
             for (int64_t ky = 0; ky < 3; ++ky) {
                 for (int64_t kx = 0; kx < 3; ++kx) {
                     for (int64_t oy = 0; oy < 4; ++oy) {
                         for (int64_t ox = 0; ox < 4; ++ox) {
                             const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                            t5_cols[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t4[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                            t6_cols[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
                         }
                     }
                 }
             }
         }
-        /* t5[i,oc,at] = sum_kk K2[oc,kk] * t5_cols[kk,at] */
+        /* t6[i,oc,at] = sum_kk K2[oc,kk] * t6_cols[kk,at] */
         for (int64_t oc = 0; oc < 32; ++oc) {
             for (int64_t at = 0; at < 16; ++at) {
-                t5[(i * 32 + oc) * 16 + at] = 0;
+                t6[(i * 32 + oc) * 16 + at] = 0;
             }
             for (int64_t kk = 0; kk < 144; ++kk) {
                 const CNN_DIGITS_REAL wv = K2[oc * 144 + kk];
                 for (int64_t at = 0; at < 16; ++at) {
-                    t5[(i * 32 + oc) * 16 + at] += wv * t5_cols[kk * 16 + at];
+                    t6[(i * 32 + oc) * 16 + at] += wv * t6_cols[kk * 16 + at];
                 }
             }
         }
     }
 
-    /* t6 = Max(0, t0 + t5) */
-    /* t17 = Heaviside(t0 + t5) */
-    CNN_DIGITS_REAL *t6 = t5_cols + 2304; /* n x 512 */
-    CNN_DIGITS_REAL *t17 = t6 + 512*n; /* n x 512 */
+    /* t7 = Max(0, t0 + t6) */
+    /* t8 = Heaviside(t0 + t6) */
+    CNN_DIGITS_REAL *t7 = t6_cols + 2304; /* n x 512 */
+    CNN_DIGITS_REAL *t8 = t7 + 512*n; /* n x 512 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 512; ++j) {
-            const CNN_DIGITS_REAL x0 = t0[j] + t5[512*i + j];
-            t6[512*i + j] = (((0) > (x0)) ? (0) : (x0));
-            t17[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+            const CNN_DIGITS_REAL x0 = t0[j] + t6[512*i + j];
+            t7[512*i + j] = (((0) > (x0)) ? (0) : (x0));
+            t8[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
         }
     }
 
-    /* t7[i,ch,oy,ox] = t6[i,ch,best], best: the first largest t6[i,ch,oy*2+ky,ox*2+kx],
+    /* t9[i,ch,oy,ox] = t7[i,ch,best], best: the first largest t7[i,ch,oy*2+ky,ox*2+kx],
      * ky,kx < 2 */
-    CNN_DIGITS_REAL *t7 = t17 + 512*n; /* n x 128 */
+    CNN_DIGITS_REAL *t9 = t8 + 512*n; /* n x 128 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
             for (int64_t oy = 0; oy < 2; ++oy) {
@@ -183,76 +183,76 @@ static void cnn_digits_run_part1(
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            if (t6[at] > t6[best]) {
+                            if (t7[at] > t7[best]) {
                                 best = at;
                             }
                         }
                     }
-                    t7[((i * 32 + ch) * 2 + oy) * 2 + ox] = t6[best];
+                    t9[((i * 32 + ch) * 2 + oy) * 2 + ox] = t7[best];
                 }
             }
         }
     }
 
-    /* t8 = t7 @ W1 */
-    CNN_DIGITS_REAL *t8 = t7 + 128*n; /* n x 64 */
-    symbackprop_f64_matmul(n, 64, 128, t7, 128, 1, W1, 64, 1, t8);
+    /* t10 = t9 @ W1 */
+    CNN_DIGITS_REAL *t10 = t9 + 128*n; /* n x 64 */
+    symbackprop_f64_matmul(n, 64, 128, t9, 128, 1, W1, 64, 1, t10);
 
-    /* t9 = Max(0, b1 + t8) */
-    /* t18 = Heaviside(b1 + t8) */
-    CNN_DIGITS_REAL *t9 = t8 + 64*n; /* n x 64 */
-    CNN_DIGITS_REAL *t18 = t9 + 64*n; /* n x 64 */
+    /* t11 = Max(0, b1 + t10) */
+    /* t12 = Heaviside(b1 + t10) */
+    CNN_DIGITS_REAL *t11 = t10 + 64*n; /* n x 64 */
+    CNN_DIGITS_REAL *t12 = t11 + 64*n; /* n x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const CNN_DIGITS_REAL x0 = b1[j] + t8[64*i + j];
-            t9[64*i + j] = (((0) > (x0)) ? (0) : (x0));
-            t18[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+            const CNN_DIGITS_REAL x0 = b1[j] + t10[64*i + j];
+            t11[64*i + j] = (((0) > (x0)) ? (0) : (x0));
+            t12[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
         }
     }
 
-    /* t10 = t9 @ W2 */
-    CNN_DIGITS_REAL *t10 = t18 + 64*n; /* n x 10 */
-    symbackprop_f64_matmul(n, 10, 64, t9, 64, 1, W2, 10, 1, t10);
+    /* t13 = t11 @ W2 */
+    CNN_DIGITS_REAL *t13 = t12 + 64*n; /* n x 10 */
+    symbackprop_f64_matmul(n, 10, 64, t11, 64, 1, W2, 10, 1, t13);
 
-    /* logits = b2 + t10 */
-    /* t11 = T*(b2 + t10) */
-    CNN_DIGITS_REAL *t11 = t10 + 10*n; /* n x 10 */
+    /* logits = b2 + t13 */
+    /* t14 = T*(b2 + t13) */
+    CNN_DIGITS_REAL *t14 = t13 + 10*n; /* n x 10 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = b2[j] + t10[10*i + j];
+            const CNN_DIGITS_REAL x0 = b2[j] + t13[10*i + j];
             logits[10*i + j] = x0;
-            t11[10*i + j] = T[10*i + j]*x0;
+            t14[10*i + j] = T[10*i + j]*x0;
         }
     }
 
-    /* t12 = sum of t11 along each row */
-    CNN_DIGITS_REAL *t12 = t11 + 10*n; /* n x 1 */
+    /* t15 = sum of t14 along each row */
+    CNN_DIGITS_REAL *t15 = t14 + 10*n; /* n x 1 */
     for (int64_t i = 0; i < n; ++i) {
-        t12[i] = symbackprop_f64_sum(t11 + 10*i, 10, 1);
+        t15[i] = symbackprop_f64_sum(t14 + 10*i, 10, 1);
     }
 
-    /* t13 = log(sum(exp(logits))) along each row, its max subtracted first */
-    CNN_DIGITS_REAL *t13 = t12 + n; /* n x 1 */
+    /* t16 = log(sum(exp(logits))) along each row, its max subtracted first */
+    CNN_DIGITS_REAL *t16 = t15 + n; /* n x 1 */
     for (int64_t i = 0; i < n; ++i) {
-        t13[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
+        t16[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }
 
-    /* t14 = -t12 + t13 */
-    CNN_DIGITS_REAL *t14 = t13 + n; /* n x 1 */
+    /* t17 = -t15 + t16 */
+    CNN_DIGITS_REAL *t17 = t16 + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t14[i] = -t12[i] + t13[i];
+        t17[i] = -t15[i] + t16[i];
     }
 
-    /* t15 = sum of t14 down each column */
-    CNN_DIGITS_REAL *t15 = t14 + n; /* 1 x 1 */
-    t15[0] = symbackprop_f64_sum(t14, n, 1);
+    /* t18 = sum of t17 down each column */
+    CNN_DIGITS_REAL *t18 = t17 + n; /* 1 x 1 */
+    t18[0] = symbackprop_f64_sum(t17, n, 1);
 
-    /* loss = t15/n */
+    /* loss = t18/n */
     {
-        loss[0] = t15[0]/((CNN_DIGITS_REAL)n);
+        loss[0] = t18[0]/((CNN_DIGITS_REAL)n);
     }
 }
 
@@ -279,49 +279,49 @@ static void cnn_digits_run_part2(
     CNN_DIGITS_REAL *t2 = work + 1536; /* n x 1024; placed in an earlier part */
     CNN_DIGITS_REAL *t2_cols = work + 1024*n + 1536; /* 9 x 64; placed in an earlier part */
     CNN_DIGITS_REAL *t3 = work + 1024*n + 2112; /* n x 1024; placed in an earlier part */
-    CNN_DIGITS_REAL *t16 = work + 2048*n + 2112; /* n x 1024; placed in an earlier part */
-    CNN_DIGITS_REAL *t4 = work + 3072*n + 2112; /* n x 256; placed in an earlier part */
-    CNN_DIGITS_REAL *t5 = work + 3328*n + 2112; /* n x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t5_cols = work + 3840*n + 2112; /* 144 x 16; placed in an earlier part */
-    CNN_DIGITS_REAL *t6 = work + 3840*n + 4416; /* n x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t17 = work + 4352*n + 4416; /* n x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t8 = work + 4992*n + 4416; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *t18 = work + 5120*n + 4416; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *t10 = work + 5184*n + 4416; /* n x 10; placed in an earlier part */
-    CNN_DIGITS_REAL *t13 = work + 5205*n + 4416; /* n x 1; placed in an earlier part */
-    CNN_DIGITS_REAL *t15 = work + 5207*n + 4416; /* 1 x 1; placed in an earlier part */
-    /* grad_logits = -T/n + exp(logits - t13)/n */
-    CNN_DIGITS_REAL *grad_logits = t10; /* n x 10, in t10's memory */
+    CNN_DIGITS_REAL *t4 = work + 2048*n + 2112; /* n x 1024; placed in an earlier part */
+    CNN_DIGITS_REAL *t5 = work + 3072*n + 2112; /* n x 256; placed in an earlier part */
+    CNN_DIGITS_REAL *t6 = work + 3328*n + 2112; /* n x 512; placed in an earlier part */
+    CNN_DIGITS_REAL *t6_cols = work + 3840*n + 2112; /* 144 x 16; placed in an earlier part */
+    CNN_DIGITS_REAL *t7 = work + 3840*n + 4416; /* n x 512; placed in an earlier part */
+    CNN_DIGITS_REAL *t8 = work + 4352*n + 4416; /* n x 512; placed in an earlier part */
+    CNN_DIGITS_REAL *t10 = work + 4992*n + 4416; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *t12 = work + 5120*n + 4416; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *t13 = work + 5184*n + 4416; /* n x 10; placed in an earlier part */
+    CNN_DIGITS_REAL *t16 = work + 5205*n + 4416; /* n x 1; placed in an earlier part */
+    CNN_DIGITS_REAL *t18 = work + 5207*n + 4416; /* 1 x 1; placed in an earlier part */
+    /* grad_logits = -T/n + exp(logits - t16)/n */
+    CNN_DIGITS_REAL *grad_logits = t13; /* n x 10, in t13's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
             const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
-            grad_logits[10*i + j] = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - t13[i]);
+            grad_logits[10*i + j] = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - t16[i]);
         }
     }
 
-    /* grad_t9 = grad_logits @ W2^T */
-    CNN_DIGITS_REAL *grad_t9 = t8; /* n x 64, in t8's memory */
-    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t9);
+    /* grad_t11 = grad_logits @ W2^T */
+    CNN_DIGITS_REAL *grad_t11 = t10; /* n x 64, in t10's memory */
+    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t11);
 
-    /* g0 = grad_t9*t18 */
-    CNN_DIGITS_REAL *g0 = t15 + 1; /* n x 64 */
+    /* g0 = grad_t11*t12 */
+    CNN_DIGITS_REAL *g0 = t18 + 1; /* n x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            g0[64*i + j] = grad_t9[64*i + j]*t18[64*i + j];
+            g0[64*i + j] = grad_t11[64*i + j]*t12[64*i + j];
         }
     }
 
-    /* grad_t7 = g0 @ W1^T */
-    CNN_DIGITS_REAL *grad_t7 = g0 + 64*n; /* n x 128 */
-    symbackprop_f64_matmul(n, 128, 64, g0, 64, 1, W1, 1, 64, grad_t7);
+    /* grad_t9 = g0 @ W1^T */
+    CNN_DIGITS_REAL *grad_t9 = g0 + 64*n; /* n x 128 */
+    symbackprop_f64_matmul(n, 128, 64, g0, 64, 1, W1, 1, 64, grad_t9);
 
-    /* grad_t6[i,ch,best] += grad_t7[i,ch,oy,ox], best: the first largest
-     * t6[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    CNN_DIGITS_REAL *grad_t6 = t5; /* n x 512, in t5's memory */
+    /* grad_t7[i,ch,best] += grad_t9[i,ch,oy,ox], best: the first largest
+     * t7[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
+    CNN_DIGITS_REAL *grad_t7 = t6; /* n x 512, in t6's memory */
     for (int64_t at = 0; at < n * 512; ++at) {
-        grad_t6[at] = 0;
+        grad_t7[at] = 0;
     }
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
@@ -331,45 +331,45 @@ static void cnn_digits_run_part2(
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            if (t6[at] > t6[best]) {
+                            if (t7[at] > t7[best]) {
                                 best = at;
                             }
                         }
                     }
-                    grad_t6[best] += grad_t7[((i * 32 + ch) * 2 + oy) * 2 + ox];
+                    grad_t7[best] += grad_t9[((i * 32 + ch) * 2 + oy) * 2 + ox];
                 }
             }
         }
     }
 
-    /* g1 = grad_t6*t17 */
-    CNN_DIGITS_REAL *g1 = t6; /* n x 512, in t6's memory */
+    /* g1 = grad_t7*t8 */
+    CNN_DIGITS_REAL *g1 = t7; /* n x 512, in t7's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 512; ++j) {
-            g1[512*i + j] = grad_t6[512*i + j]*t17[512*i + j];
+            g1[512*i + j] = grad_t7[512*i + j]*t8[512*i + j];
         }
     }
 
-    /* grad_t4[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
+    /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
      * by its images) */
-    CNN_DIGITS_REAL *grad_t4 = grad_t7 + 128*n; /* n x 256 */
-    CNN_DIGITS_REAL *grad_t4_cols = t5_cols; /* 144 x 16, in t5_cols's memory */
+    CNN_DIGITS_REAL *grad_t5 = grad_t9 + 128*n; /* n x 256 */
+    CNN_DIGITS_REAL *grad_t5_cols = t6_cols; /* 144 x 16, in t6_cols's memory */
     for (int64_t i = 0; i < n; ++i) {
-        /* grad_t4_cols[kk,at] = sum_oc K2[oc,kk] * g1[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
+        /* grad_t5_cols[kk,at] = sum_oc K2[oc,kk] * g1[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
         for (int64_t at = 0; at < 2304; ++at) {
-            grad_t4_cols[at] = 0;
+            grad_t5_cols[at] = 0;
         }
         for (int64_t oc = 0; oc < 32; ++oc) {
             for (int64_t kk = 0; kk < 144; ++kk) {
                 const CNN_DIGITS_REAL wv = K2[oc * 144 + kk];
                 for (int64_t at = 0; at < 16; ++at) {
-                    grad_t4_cols[kk * 16 + at] += wv * g1[(i * 32 + oc) * 16 + at];
+                    grad_t5_cols[kk * 16 + at] += wv * g1[(i * 32 + oc) * 16 + at];
                 }
             }
         }
         for (int64_t at = 0; at < 256; ++at) {
-            grad_t4[i * 256 + at] = 0;
+            grad_t5[i * 256 + at] = 0;
         }
         /* each window's entries added back to the pixels they were read from (col2im) */
         for (int64_t ic = 0; ic < 16; ++ic) {
@@ -379,7 +379,7 @@ static void cnn_digits_run_part2(
                         for (int64_t ox = 0; ox < 4; ++ox) {
                             const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
                             if (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) {
-                                grad_t4[((i * 16 + ic) * 4 + iy) * 4 + ix] += grad_t4_cols[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
+                                grad_t5[((i * 16 + ic) * 4 + iy) * 4 + ix] += grad_t5_cols[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
                             }
                         }
                     }
@@ -388,7 +388,7 @@ static void cnn_digits_run_part2(
         }
     }
 
-    /* grad_t3[i,ch,best] += grad_t4[i,ch,oy,ox], best: the first largest
+    /* grad_t3[i,ch,best] += grad_t5[i,ch,oy,ox], best: the first largest
      * t3[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
     CNN_DIGITS_REAL *grad_t3 = t2; /* n x 1024, in t2's memory */
     for (int64_t at = 0; at < n * 1024; ++at) {
@@ -407,18 +407,18 @@ static void cnn_digits_run_part2(
                             }
                         }
                     }
-                    grad_t3[best] += grad_t4[((i * 16 + ch) * 4 + oy) * 4 + ox];
+                    grad_t3[best] += grad_t5[((i * 16 + ch) * 4 + oy) * 4 + ox];
                 }
             }
         }
     }
 
-    /* g2 = grad_t3*t16 */
+    /* g2 = grad_t3*t4 */
     CNN_DIGITS_REAL *g2 = t3; /* n x 1024, in t3's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 1024; ++j) {
-            g2[1024*i + j] = grad_t3[1024*i + j]*t16[1024*i + j];
+            g2[1024*i + j] = grad_t3[1024*i + j]*t4[1024*i + j];
         }
     }
 
@@ -468,9 +468,9 @@ static void cnn_digits_run_part2(
         }
     }
 
-    /* grad_K2[oc,ic,ky,kx] = sum_{i,oy,ox} g1[i,oc,oy,ox] * t4[i,ic,oy+ky-1,ox+kx-1]
+    /* grad_K2[oc,ic,ky,kx] = sum_{i,oy,ox} g1[i,oc,oy,ox] * t5[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K2_cols = grad_t4_cols; /* 144 x 16, in grad_t4_cols's memory */
+    CNN_DIGITS_REAL *grad_K2_cols = grad_t5_cols; /* 144 x 16, in grad_t5_cols's memory */
     for (int64_t at = 0; at < 4608; ++at) {
         grad_K2[at] = 0;
     }
@@ -482,7 +482,7 @@ static void cnn_digits_run_part2(
                     for (int64_t oy = 0; oy < 4; ++oy) {
                         for (int64_t ox = 0; ox < 4; ++ox) {
                             const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                            grad_K2_cols[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t4[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                            grad_K2_cols[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
                         }
                     }
                 }
@@ -528,18 +528,18 @@ static void cnn_digits_run_part3(
     CNN_DIGITS_REAL *work
 )
 {
-    CNN_DIGITS_REAL *t7 = work + 4864*n + 4416; /* n x 128; placed in an earlier part */
-    CNN_DIGITS_REAL *t9 = work + 5056*n + 4416; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 4416; /* n x 10, in t10's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *t9 = work + 4864*n + 4416; /* n x 128; placed in an earlier part */
+    CNN_DIGITS_REAL *t11 = work + 5056*n + 4416; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 4416; /* n x 10, in t13's memory; placed in an earlier part */
     CNN_DIGITS_REAL *g0 = work + 5207*n + 4417; /* n x 64; placed in an earlier part */
-    /* grad_W1 = t7^T @ g0 */
-    symbackprop_f64_matmul(128, 64, n, t7, 1, 128, g0, 64, 1, grad_W1);
+    /* grad_W1 = t9^T @ g0 */
+    symbackprop_f64_matmul(128, 64, n, t9, 1, 128, g0, 64, 1, grad_W1);
 
     /* grad_b1 = sum of g0 down each column */
     symbackprop_f64_sum_columns(g0, n, 64, 64, grad_b1);
 
-    /* grad_W2 = t9^T @ grad_logits */
-    symbackprop_f64_matmul(64, 10, n, t9, 1, 64, grad_logits, 10, 1, grad_W2);
+    /* grad_W2 = t11^T @ grad_logits */
+    symbackprop_f64_matmul(64, 10, n, t11, 1, 64, grad_logits, 10, 1, grad_W2);
 
     /* grad_b2 = sum of grad_logits down each column */
     symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2);
@@ -737,21 +737,21 @@ static void cnn_digits_train_step_part1(
     }
 
     /* t3 = Max(0, t1 + t2) */
-    /* t16 = Heaviside(t1 + t2) */
+    /* t4 = Heaviside(t1 + t2) */
     CNN_DIGITS_REAL *t3 = t2_cols_1 + 576; /* n x 1024 */
-    CNN_DIGITS_REAL *t16 = t3 + 1024*n; /* n x 1024 */
+    CNN_DIGITS_REAL *t4 = t3 + 1024*n; /* n x 1024 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 1024; ++j) {
             const CNN_DIGITS_REAL x0 = t1[j] + t2[1024*i + j];
             t3[1024*i + j] = (((0) > (x0)) ? (0) : (x0));
-            t16[1024*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+            t4[1024*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
         }
     }
 
-    /* t4[i,ch,oy,ox] = t3[i,ch,best], best: the first largest t3[i,ch,oy*2+ky,ox*2+kx],
+    /* t5[i,ch,oy,ox] = t3[i,ch,best], best: the first largest t3[i,ch,oy*2+ky,ox*2+kx],
      * ky,kx < 2 */
-    CNN_DIGITS_REAL *t4 = t16 + 1024*n; /* n x 256 */
+    CNN_DIGITS_REAL *t5 = t4 + 1024*n; /* n x 256 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
             for (int64_t oy = 0; oy < 4; ++oy) {
@@ -765,60 +765,60 @@ static void cnn_digits_train_step_part1(
                             }
                         }
                     }
-                    t4[((i * 16 + ch) * 4 + oy) * 4 + ox] = t3[best];
+                    t5[((i * 16 + ch) * 4 + oy) * 4 + ox] = t3[best];
                 }
             }
         }
     }
 
-    /* t5[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] * t4[i,ic,oy+ky-1,ox+kx-1] (conv2d;
+    /* t6[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] * t5[i,ic,oy+ky-1,ox+kx-1] (conv2d;
      * zero outside the image) */
-    CNN_DIGITS_REAL *t5 = t4 + 256*n; /* n x 512 */
-    CNN_DIGITS_REAL *t5_cols_1 = t5 + 512*n; /* 144 x 16 */
+    CNN_DIGITS_REAL *t6 = t5 + 256*n; /* n x 512 */
+    CNN_DIGITS_REAL *t6_cols_1 = t6 + 512*n; /* 144 x 16 */
     for (int64_t i = 0; i < n; ++i) {
-        /* t5_cols_1: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
+        /* t6_cols_1: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
         for (int64_t ic = 0; ic < 16; ++ic) {
             for (int64_t ky = 0; ky < 3; ++ky) {
                 for (int64_t kx = 0; kx < 3; ++kx) {
                     for (int64_t oy = 0; oy < 4; ++oy) {
                         for (int64_t ox = 0; ox < 4; ++ox) {
                             const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                            t5_cols_1[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t4[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                            t6_cols_1[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
                         }
                     }
                 }
             }
         }
-        /* t5[i,oc,at] = sum_kk K2[oc,kk] * t5_cols_1[kk,at] */
+        /* t6[i,oc,at] = sum_kk K2[oc,kk] * t6_cols_1[kk,at] */
         for (int64_t oc = 0; oc < 32; ++oc) {
             for (int64_t at = 0; at < 16; ++at) {
-                t5[(i * 32 + oc) * 16 + at] = 0;
+                t6[(i * 32 + oc) * 16 + at] = 0;
             }
             for (int64_t kk = 0; kk < 144; ++kk) {
                 const CNN_DIGITS_REAL wv = K2[oc * 144 + kk];
                 for (int64_t at = 0; at < 16; ++at) {
-                    t5[(i * 32 + oc) * 16 + at] += wv * t5_cols_1[kk * 16 + at];
+                    t6[(i * 32 + oc) * 16 + at] += wv * t6_cols_1[kk * 16 + at];
                 }
             }
         }
     }
 
-    /* t6 = Max(0, t0 + t5) */
-    /* t17 = Heaviside(t0 + t5) */
-    CNN_DIGITS_REAL *t6 = t5_cols_1 + 2304; /* n x 512 */
-    CNN_DIGITS_REAL *t17 = t6 + 512*n; /* n x 512 */
+    /* t7 = Max(0, t0 + t6) */
+    /* t8 = Heaviside(t0 + t6) */
+    CNN_DIGITS_REAL *t7 = t6_cols_1 + 2304; /* n x 512 */
+    CNN_DIGITS_REAL *t8 = t7 + 512*n; /* n x 512 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 512; ++j) {
-            const CNN_DIGITS_REAL x0 = t0[j] + t5[512*i + j];
-            t6[512*i + j] = (((0) > (x0)) ? (0) : (x0));
-            t17[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+            const CNN_DIGITS_REAL x0 = t0[j] + t6[512*i + j];
+            t7[512*i + j] = (((0) > (x0)) ? (0) : (x0));
+            t8[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
         }
     }
 
-    /* t7[i,ch,oy,ox] = t6[i,ch,best], best: the first largest t6[i,ch,oy*2+ky,ox*2+kx],
+    /* t9[i,ch,oy,ox] = t7[i,ch,best], best: the first largest t7[i,ch,oy*2+ky,ox*2+kx],
      * ky,kx < 2 */
-    CNN_DIGITS_REAL *t7 = t17 + 512*n; /* n x 128 */
+    CNN_DIGITS_REAL *t9 = t8 + 512*n; /* n x 128 */
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
             for (int64_t oy = 0; oy < 2; ++oy) {
@@ -827,111 +827,111 @@ static void cnn_digits_train_step_part1(
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            if (t6[at] > t6[best]) {
+                            if (t7[at] > t7[best]) {
                                 best = at;
                             }
                         }
                     }
-                    t7[((i * 32 + ch) * 2 + oy) * 2 + ox] = t6[best];
+                    t9[((i * 32 + ch) * 2 + oy) * 2 + ox] = t7[best];
                 }
             }
         }
     }
 
-    /* t8 = t7 @ W1 */
-    CNN_DIGITS_REAL *t8 = t7 + 128*n; /* n x 64 */
-    symbackprop_f64_matmul(n, 64, 128, t7, 128, 1, W1, 64, 1, t8);
+    /* t10 = t9 @ W1 */
+    CNN_DIGITS_REAL *t10 = t9 + 128*n; /* n x 64 */
+    symbackprop_f64_matmul(n, 64, 128, t9, 128, 1, W1, 64, 1, t10);
 
-    /* t9 = Max(0, b1 + t8) */
-    /* t18 = Heaviside(b1 + t8) */
-    CNN_DIGITS_REAL *t9 = t8 + 64*n; /* n x 64 */
-    CNN_DIGITS_REAL *t18 = t9 + 64*n; /* n x 64 */
+    /* t11 = Max(0, b1 + t10) */
+    /* t12 = Heaviside(b1 + t10) */
+    CNN_DIGITS_REAL *t11 = t10 + 64*n; /* n x 64 */
+    CNN_DIGITS_REAL *t12 = t11 + 64*n; /* n x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const CNN_DIGITS_REAL x0 = b1[j] + t8[64*i + j];
-            t9[64*i + j] = (((0) > (x0)) ? (0) : (x0));
-            t18[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+            const CNN_DIGITS_REAL x0 = b1[j] + t10[64*i + j];
+            t11[64*i + j] = (((0) > (x0)) ? (0) : (x0));
+            t12[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
         }
     }
 
-    /* t10 = t9 @ W2 */
-    CNN_DIGITS_REAL *t10 = t18 + 64*n; /* n x 10 */
-    symbackprop_f64_matmul(n, 10, 64, t9, 64, 1, W2, 10, 1, t10);
+    /* t13 = t11 @ W2 */
+    CNN_DIGITS_REAL *t13 = t12 + 64*n; /* n x 10 */
+    symbackprop_f64_matmul(n, 10, 64, t11, 64, 1, W2, 10, 1, t13);
 
-    /* logits = b2 + t10 */
-    /* t11 = T*(b2 + t10) */
-    CNN_DIGITS_REAL *logits = t10 + 10*n; /* n x 10 */
-    CNN_DIGITS_REAL *t11 = logits + 10*n; /* n x 10 */
+    /* logits = b2 + t13 */
+    /* t14 = T*(b2 + t13) */
+    CNN_DIGITS_REAL *logits = t13 + 10*n; /* n x 10 */
+    CNN_DIGITS_REAL *t14 = logits + 10*n; /* n x 10 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = b2[j] + t10[10*i + j];
+            const CNN_DIGITS_REAL x0 = b2[j] + t13[10*i + j];
             logits[10*i + j] = x0;
-            t11[10*i + j] = T[10*i + j]*x0;
+            t14[10*i + j] = T[10*i + j]*x0;
         }
     }
 
-    /* t12 = sum of t11 along each row */
-    CNN_DIGITS_REAL *t12 = t11 + 10*n; /* n x 1 */
+    /* t15 = sum of t14 along each row */
+    CNN_DIGITS_REAL *t15 = t14 + 10*n; /* n x 1 */
     for (int64_t i = 0; i < n; ++i) {
-        t12[i] = symbackprop_f64_sum(t11 + 10*i, 10, 1);
+        t15[i] = symbackprop_f64_sum(t14 + 10*i, 10, 1);
     }
 
-    /* t13 = log(sum(exp(logits))) along each row, its max subtracted first */
-    CNN_DIGITS_REAL *t13 = t12 + n; /* n x 1 */
+    /* t16 = log(sum(exp(logits))) along each row, its max subtracted first */
+    CNN_DIGITS_REAL *t16 = t15 + n; /* n x 1 */
     for (int64_t i = 0; i < n; ++i) {
-        t13[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
+        t16[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }
 
-    /* t14 = -t12 + t13 */
-    CNN_DIGITS_REAL *t14 = t13 + n; /* n x 1 */
+    /* t17 = -t15 + t16 */
+    CNN_DIGITS_REAL *t17 = t16 + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t14[i] = -t12[i] + t13[i];
+        t17[i] = -t15[i] + t16[i];
     }
 
-    /* t15 = sum of t14 down each column */
-    CNN_DIGITS_REAL *t15 = t14 + n; /* 1 x 1 */
-    t15[0] = symbackprop_f64_sum(t14, n, 1);
+    /* t18 = sum of t17 down each column */
+    CNN_DIGITS_REAL *t18 = t17 + n; /* 1 x 1 */
+    t18[0] = symbackprop_f64_sum(t17, n, 1);
 
-    /* loss = t15/n */
+    /* loss = t18/n */
     {
-        loss[0] = t15[0]/((CNN_DIGITS_REAL)n);
+        loss[0] = t18[0]/((CNN_DIGITS_REAL)n);
     }
 
-    /* grad_logits = -T/n + exp(logits - t13)/n */
-    CNN_DIGITS_REAL *grad_logits = t10; /* n x 10, in t10's memory */
+    /* grad_logits = -T/n + exp(logits - t16)/n */
+    CNN_DIGITS_REAL *grad_logits = t13; /* n x 10, in t13's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
             const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
-            grad_logits[10*i + j] = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - t13[i]);
+            grad_logits[10*i + j] = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - t16[i]);
         }
     }
 
-    /* grad_t9 = grad_logits @ W2^T */
-    CNN_DIGITS_REAL *grad_t9 = t8; /* n x 64, in t8's memory */
-    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t9);
+    /* grad_t11 = grad_logits @ W2^T */
+    CNN_DIGITS_REAL *grad_t11 = t10; /* n x 64, in t10's memory */
+    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t11);
 
-    /* g0 = grad_t9*t18 */
-    CNN_DIGITS_REAL *g0 = t15 + 1; /* n x 64 */
+    /* g0 = grad_t11*t12 */
+    CNN_DIGITS_REAL *g0 = t18 + 1; /* n x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            g0[64*i + j] = grad_t9[64*i + j]*t18[64*i + j];
+            g0[64*i + j] = grad_t11[64*i + j]*t12[64*i + j];
         }
     }
 
-    /* grad_t7 = g0 @ W1^T */
-    CNN_DIGITS_REAL *grad_t7 = g0 + 64*n; /* n x 128 */
-    symbackprop_f64_matmul(n, 128, 64, g0, 64, 1, W1, 1, 64, grad_t7);
+    /* grad_t9 = g0 @ W1^T */
+    CNN_DIGITS_REAL *grad_t9 = g0 + 64*n; /* n x 128 */
+    symbackprop_f64_matmul(n, 128, 64, g0, 64, 1, W1, 1, 64, grad_t9);
 
-    /* grad_t6[i,ch,best] += grad_t7[i,ch,oy,ox], best: the first largest
-     * t6[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    CNN_DIGITS_REAL *grad_t6 = t5; /* n x 512, in t5's memory */
+    /* grad_t7[i,ch,best] += grad_t9[i,ch,oy,ox], best: the first largest
+     * t7[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
+    CNN_DIGITS_REAL *grad_t7 = t6; /* n x 512, in t6's memory */
     for (int64_t at = 0; at < n * 512; ++at) {
-        grad_t6[at] = 0;
+        grad_t7[at] = 0;
     }
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
@@ -941,45 +941,45 @@ static void cnn_digits_train_step_part1(
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            if (t6[at] > t6[best]) {
+                            if (t7[at] > t7[best]) {
                                 best = at;
                             }
                         }
                     }
-                    grad_t6[best] += grad_t7[((i * 32 + ch) * 2 + oy) * 2 + ox];
+                    grad_t7[best] += grad_t9[((i * 32 + ch) * 2 + oy) * 2 + ox];
                 }
             }
         }
     }
 
-    /* g1 = grad_t6*t17 */
-    CNN_DIGITS_REAL *g1 = t6; /* n x 512, in t6's memory */
+    /* g1 = grad_t7*t8 */
+    CNN_DIGITS_REAL *g1 = t7; /* n x 512, in t7's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 512; ++j) {
-            g1[512*i + j] = grad_t6[512*i + j]*t17[512*i + j];
+            g1[512*i + j] = grad_t7[512*i + j]*t8[512*i + j];
         }
     }
 
-    /* grad_t4[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
+    /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
      * by its images) */
-    CNN_DIGITS_REAL *grad_t4 = grad_t7 + 128*n; /* n x 256 */
-    CNN_DIGITS_REAL *grad_t4_cols_1 = t5_cols_1; /* 144 x 16, in t5_cols_1's memory */
+    CNN_DIGITS_REAL *grad_t5 = grad_t9 + 128*n; /* n x 256 */
+    CNN_DIGITS_REAL *grad_t5_cols_1 = t6_cols_1; /* 144 x 16, in t6_cols_1's memory */
     for (int64_t i = 0; i < n; ++i) {
-        /* grad_t4_cols_1[kk,at] = sum_oc K2[oc,kk] * g1[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
+        /* grad_t5_cols_1[kk,at] = sum_oc K2[oc,kk] * g1[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
         for (int64_t at = 0; at < 2304; ++at) {
-            grad_t4_cols_1[at] = 0;
+            grad_t5_cols_1[at] = 0;
         }
         for (int64_t oc = 0; oc < 32; ++oc) {
             for (int64_t kk = 0; kk < 144; ++kk) {
                 const CNN_DIGITS_REAL wv = K2[oc * 144 + kk];
                 for (int64_t at = 0; at < 16; ++at) {
-                    grad_t4_cols_1[kk * 16 + at] += wv * g1[(i * 32 + oc) * 16 + at];
+                    grad_t5_cols_1[kk * 16 + at] += wv * g1[(i * 32 + oc) * 16 + at];
                 }
             }
         }
         for (int64_t at = 0; at < 256; ++at) {
-            grad_t4[i * 256 + at] = 0;
+            grad_t5[i * 256 + at] = 0;
         }
         /* each window's entries added back to the pixels they were read from (col2im) */
         for (int64_t ic = 0; ic < 16; ++ic) {
@@ -989,7 +989,7 @@ static void cnn_digits_train_step_part1(
                         for (int64_t ox = 0; ox < 4; ++ox) {
                             const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
                             if (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) {
-                                grad_t4[((i * 16 + ic) * 4 + iy) * 4 + ix] += grad_t4_cols_1[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
+                                grad_t5[((i * 16 + ic) * 4 + iy) * 4 + ix] += grad_t5_cols_1[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
                             }
                         }
                     }
@@ -998,7 +998,7 @@ static void cnn_digits_train_step_part1(
         }
     }
 
-    /* grad_t3[i,ch,best] += grad_t4[i,ch,oy,ox], best: the first largest
+    /* grad_t3[i,ch,best] += grad_t5[i,ch,oy,ox], best: the first largest
      * t3[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
     CNN_DIGITS_REAL *grad_t3 = t2; /* n x 1024, in t2's memory */
     for (int64_t at = 0; at < n * 1024; ++at) {
@@ -1017,24 +1017,24 @@ static void cnn_digits_train_step_part1(
                             }
                         }
                     }
-                    grad_t3[best] += grad_t4[((i * 16 + ch) * 4 + oy) * 4 + ox];
+                    grad_t3[best] += grad_t5[((i * 16 + ch) * 4 + oy) * 4 + ox];
                 }
             }
         }
     }
 
-    /* g2 = grad_t3*t16 */
+    /* g2 = grad_t3*t4 */
     CNN_DIGITS_REAL *g2 = t3; /* n x 1024, in t3's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 1024; ++j) {
-            g2[1024*i + j] = grad_t3[1024*i + j]*t16[1024*i + j];
+            g2[1024*i + j] = grad_t3[1024*i + j]*t4[1024*i + j];
         }
     }
 
     /* grad_K1_1[oc,ic,ky,kx] = sum_{i,oy,ox} g2[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K1_1 = grad_t4 + 256*n; /* 16 x 9 */
+    CNN_DIGITS_REAL *grad_K1_1 = grad_t5 + 256*n; /* 16 x 9 */
     CNN_DIGITS_REAL *grad_K1_1_cols = t2_cols_1; /* 9 x 64, in t2_cols_1's memory */
     for (int64_t at = 0; at < 144; ++at) {
         grad_K1_1[at] = 0;
@@ -1100,10 +1100,10 @@ static void cnn_digits_train_step_part1(
         }
     }
 
-    /* grad_K2_1[oc,ic,ky,kx] = sum_{i,oy,ox} g1[i,oc,oy,ox] * t4[i,ic,oy+ky-1,ox+kx-1]
+    /* grad_K2_1[oc,ic,ky,kx] = sum_{i,oy,ox} g1[i,oc,oy,ox] * t5[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
     CNN_DIGITS_REAL *grad_K2_1 = grad_c1_2 + 16; /* 32 x 144 */
-    CNN_DIGITS_REAL *grad_K2_1_cols = grad_t4_cols_1; /* 144 x 16, in grad_t4_cols_1's memory */
+    CNN_DIGITS_REAL *grad_K2_1_cols = grad_t5_cols_1; /* 144 x 16, in grad_t5_cols_1's memory */
     for (int64_t at = 0; at < 4608; ++at) {
         grad_K2_1[at] = 0;
     }
@@ -1115,7 +1115,7 @@ static void cnn_digits_train_step_part1(
                     for (int64_t oy = 0; oy < 4; ++oy) {
                         for (int64_t ox = 0; ox < 4; ++ox) {
                             const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                            grad_K2_1_cols[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t4[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                            grad_K2_1_cols[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
                         }
                     }
                 }
@@ -1173,12 +1173,12 @@ static void cnn_digits_train_step_part2(
 )
 {
     CNN_DIGITS_REAL *t0 = work; /* 1 x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t7 = work + 4864*n + 4416; /* n x 128; placed in an earlier part */
-    CNN_DIGITS_REAL *t9 = work + 5056*n + 4416; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *t15 = work + 5217*n + 4416; /* 1 x 1; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 4416; /* n x 10, in t10's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *t9 = work + 4864*n + 4416; /* n x 128; placed in an earlier part */
+    CNN_DIGITS_REAL *t11 = work + 5056*n + 4416; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *t18 = work + 5217*n + 4416; /* 1 x 1; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 4416; /* n x 10, in t13's memory; placed in an earlier part */
     CNN_DIGITS_REAL *g0 = work + 5217*n + 4417; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *g1 = work + 3840*n + 4416; /* n x 512, in t6's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *g1 = work + 3840*n + 4416; /* n x 512, in t7's memory; placed in an earlier part */
     CNN_DIGITS_REAL *grad_K1_2 = work + 5665*n + 4561; /* 16 x 9; placed in an earlier part */
     CNN_DIGITS_REAL *grad_c1_2 = work + 5665*n + 4721; /* 1 x 16; placed in an earlier part */
     CNN_DIGITS_REAL *grad_K2_1 = work + 5665*n + 4737; /* 32 x 144; placed in an earlier part */
@@ -1218,9 +1218,9 @@ static void cnn_digits_train_step_part2(
         }
     }
 
-    /* grad_W1_1 = t7^T @ g0 */
+    /* grad_W1_1 = t9^T @ g0 */
     CNN_DIGITS_REAL *grad_W1_1 = grad_c2_2 + 32; /* 128 x 64 */
-    symbackprop_f64_matmul(128, 64, n, t7, 1, 128, g0, 64, 1, grad_W1_1);
+    symbackprop_f64_matmul(128, 64, n, t9, 1, 128, g0, 64, 1, grad_W1_1);
 
     /* grad_W1_2 = W1*weight_decay + grad_W1_1 */
     CNN_DIGITS_REAL *grad_W1_2 = grad_W1_1 + 8192; /* 128 x 64 */
@@ -1247,9 +1247,9 @@ static void cnn_digits_train_step_part2(
         }
     }
 
-    /* grad_W2_1 = t9^T @ grad_logits */
+    /* grad_W2_1 = t11^T @ grad_logits */
     CNN_DIGITS_REAL *grad_W2_1 = grad_b1_2 + 64; /* 64 x 10 */
-    symbackprop_f64_matmul(64, 10, n, t9, 1, 64, grad_logits, 10, 1, grad_W2_1);
+    symbackprop_f64_matmul(64, 10, n, t11, 1, 64, grad_logits, 10, 1, grad_W2_1);
 
     /* grad_W2_2 = W2*weight_decay + grad_W2_1 */
     CNN_DIGITS_REAL *grad_W2_2 = grad_W2_1 + 640; /* 64 x 10 */
@@ -1294,7 +1294,7 @@ static void cnn_digits_train_step_part2(
     /* step = step + 1 */
     /* bias_correction1 = 1 - beta1**(step + 1) */
     /* bias_correction2 = 1 - beta2**(step + 1) */
-    CNN_DIGITS_REAL *bias_correction1 = t15; /* 1 x 1, in t15's memory */
+    CNN_DIGITS_REAL *bias_correction1 = t18; /* 1 x 1, in t18's memory */
     CNN_DIGITS_REAL *bias_correction2 = grad_b2_2 + 10; /* 1 x 1 */
     {
         const CNN_DIGITS_REAL step_in = step[0];

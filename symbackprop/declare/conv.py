@@ -191,7 +191,8 @@ def conv2d(x: Images, w: sp.MatrixExpr, b: sp.MatrixExpr | None = None, stride: 
         x: a batch of images (C_in channels).
         w: C_out x (C_in*k*k) (conv_weight: a square kernel of side k).
         b: 1 x C_out, or None.
-        stride, padding: ints (the same along both axes).
+        stride: the window's step (an int, the same along both axes).
+        padding: zeros added on each side (an int, the same along both axes).
 
     Raises:
         ModelError: shapes that do not fit, or a window larger than the padded image.
