@@ -7,6 +7,7 @@ Declare a model in SymPy, compile it, call the generated C from Python::
 """
 
 from symbackprop._version import __version__
+from symbackprop.declare.conv import Images, conv_weight, images
 from symbackprop.declare.derivatives import grad, jvp
 from symbackprop.declare.linalg import cholesky, det, logdet, solve, triangular_solve
 from symbackprop.declare.model import Model, as_scalar
@@ -28,6 +29,7 @@ __all__ = [
     "BuildError",
     "CompiledModule",
     "GradientCheckError",
+    "Images",
     "Index",
     "Model",
     "ModelError",
@@ -38,6 +40,7 @@ __all__ = [
     "build_deep",
     "cholesky",
     "compile",
+    "conv_weight",
     "cumsum",
     "det",
     "final_state",
@@ -45,6 +48,7 @@ __all__ = [
     "from_torch",
     "gather",
     "grad",
+    "images",
     "iterations",
     "jvp",
     "logdet",

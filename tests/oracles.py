@@ -52,6 +52,30 @@ def mnist_mlp_loss(d: dict) -> float:
     return float(np.mean(lse - (d["T"] * z).sum(axis=1)))
 
 
+def _conv_relu_pool(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """PyTorch's conv2d (3x3, padding 1) + bias, relu, 2x2 max pool, by the
+    definitions' loops; x: n x C x H x W, w: the C_out x (C*9) weights."""
+    n, channels, height, width = x.shape
+    w = w.reshape(-1, channels, 3, 3)
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros((n, w.shape[0], height, width))
+    for r in range(height):
+        for c in range(width):
+            out[:, :, r, c] = np.einsum("ncuv,ocuv->no", padded[:, :, r:r + 3, c:c + 3], w) + b[0]
+    out = np.maximum(out, 0)
+    return out.reshape(n, w.shape[0], height // 2, 2, width // 2, 2).max(axis=(3, 5))
+
+
+def cnn_digits_loss(d: dict) -> float:
+    """examples/cnn_digits.py: two conv-relu-pool blocks, relu MLP, softmax cross-entropy."""
+    h = _conv_relu_pool(d["X"].reshape(-1, 1, 8, 8), d["K1"], d["c1"])
+    h = _conv_relu_pool(h, d["K2"], d["c2"]).reshape(len(d["X"]), -1)
+    z = np.maximum(h @ d["W1"] + d["b1"], 0) @ d["W2"] + d["b2"]
+    zmax = z.max(axis=1, keepdims=True)
+    lse = zmax[:, 0] + np.log(np.exp(z - zmax).sum(axis=1))
+    return float(np.mean(lse - (d["T"] * z).sum(axis=1)))
+
+
 def lstm_sequence_outputs(d: dict, steps: int = 8) -> np.ndarray:
     """The logit of examples/lstm_sequence.py: an LSTM (PyTorch's LSTMCell
     equations, one bias a gate) over x1 ... x8 from the zero state, then a
@@ -170,6 +194,7 @@ NUMPY_LOSSES = {
     "mlp": mlp_loss,
     "relu_net": relu_net_loss,
     "mnist_mlp": mnist_mlp_loss,
-    "digits_mlp": mnist_mlp_loss,  # the same network: tanh MLP, softmax cross-entropy
+    "digits_mlp": mnist_mlp_loss,
+    "cnn_digits": cnn_digits_loss,  # the same network: tanh MLP, softmax cross-entropy
     "lstm_sequence": lstm_sequence_loss,
 }

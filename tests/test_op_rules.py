@@ -34,6 +34,9 @@ B = sp.MatrixSymbol("B", 1, 2)
 C = sp.MatrixSymbol("C", k, 3)
 a = sp.Symbol("a", real=True)
 idx = sbp.Index("idx", n)
+IMG = sbp.images("IMG", n, 2, 5, 4)  # n x 40: 2 channels of 5 x 4
+KER, KB = sbp.conv_weight("KER", 3, 2, 3), sp.MatrixSymbol("KB", 1, 3)
+GAMMA, BETA = sp.MatrixSymbol("GAMMA", 1, 2), sp.MatrixSymbol("BETA", 1, 2)
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,43 @@ CASES = [
          lambda d: np.sum(np.exp(-((d["X"][:, None, :] - d["C"][None, :, :]) ** 2).sum(axis=2)))),
     Case("emap_shared_row", lambda: _model("m21", _sum(_shared_map()), params=(B,), inputs=(X,)),
          lambda d: np.sum(np.tanh(d["X"][:, 0] * d["B"][0, 0] + d["B"][0, 1]) ** 2)),
+    Case("conv2d_stride2_pad1", lambda: _model("m22", _sum(nn.conv2d(IMG, KER, KB, stride=2, padding=1).matrix.applyfunc(sp.sin)),
+                                               params=(IMG, KER, KB), inputs=()),
+         lambda d: np.sin(_np_conv(d["IMG"], d["KER"], d["KB"], 2, 1)).sum()),
+    Case("max_pool2d", lambda: _model("m23", _sum(nn.max_pool2d(IMG, 2, 1).matrix.applyfunc(sp.sin)), params=(IMG,), inputs=()),
+         lambda d: np.sin(_np_pool(d["IMG"], 2, 1, np.max)).sum()),
+    Case("avg_pool2d", lambda: _model("m24", _sum(nn.avg_pool2d(IMG, 3, 2).matrix.applyfunc(sp.exp)), params=(IMG,), inputs=()),
+         lambda d: np.exp(_np_pool(d["IMG"], 3, 2, np.mean)).sum()),
+    Case("batch_norm", lambda: _model("m25", _sum(nn.batch_norm(IMG, GAMMA, BETA).matrix.applyfunc(sp.sin)),
+                                      params=(IMG, GAMMA, BETA), inputs=()),
+         lambda d: np.sin(_np_batch_norm(d["IMG"], d["GAMMA"], d["BETA"])).sum()),
 ]
+
+
+def _np_conv(x, w, b, stride, pad):
+    """PyTorch's conv2d of IMG by KER, written as the definition's loops."""
+    x = np.pad(x.reshape(-1, 2, 5, 4), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    w = w.reshape(3, 2, 3, 3)
+    rows, cols = (x.shape[2] - 3) // stride + 1, (x.shape[3] - 3) // stride + 1
+    out = np.zeros((x.shape[0], 3, rows, cols))
+    for i, o, r, c in np.ndindex(*out.shape):
+        out[i, o, r, c] = b[0, o] + np.sum(w[o] * x[i, :, r * stride:r * stride + 3, c * stride:c * stride + 3])
+    return out
+
+
+def _np_pool(x, k, stride, reduce):
+    x = x.reshape(-1, 2, 5, 4)
+    rows, cols = (5 - k) // stride + 1, (4 - k) // stride + 1
+    out = np.zeros((x.shape[0], 2, rows, cols))
+    for i, ch, r, c in np.ndindex(*out.shape):
+        out[i, ch, r, c] = reduce(x[i, ch, r * stride:r * stride + k, c * stride:c * stride + k])
+    return out
+
+
+def _np_batch_norm(x, gamma, beta, eps=1e-5):
+    x = x.reshape(-1, 2, 5, 4)
+    mean, var = x.mean(axis=(0, 2, 3), keepdims=True), x.var(axis=(0, 2, 3), keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * gamma.reshape(1, 2, 1, 1) + beta.reshape(1, 2, 1, 1)
 
 
 def _row_map():
@@ -219,6 +258,7 @@ def test_jvp_matches_directional_difference(case):
 
 @pytest.mark.parametrize("name", ["map_exp_sin", "logsumexp_axis0", "emap_gather", "emap_pairs", "prod_axis0", "cumsum_axis1",
                                   "shift_down_fill", "shift_left_axis1"])
+                                  "conv2d_stride2_pad1", "max_pool2d", "avg_pool2d", "batch_norm"])
 def test_compiled_module_agrees_with_the_interpreter(name):
     case = next(c for c in CASES if c.name == name)
     model = case.model()

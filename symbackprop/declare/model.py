@@ -16,6 +16,7 @@ from typing import TypeAlias
 import sympy as sp
 from sympy.matrices.expressions.matexpr import MatrixElement
 
+from symbackprop.declare.conv import Images
 from symbackprop.errors import ModelError
 from symbackprop.messages import described, short
 
@@ -23,7 +24,7 @@ Leaf: TypeAlias = sp.Symbol | sp.MatrixSymbol
 
 
 def _as_leaves(kind: str, items: Iterable[object]) -> tuple[Leaf, ...]:
-    leaves = tuple(items)
+    leaves = tuple(item.matrix if isinstance(item, Images) else item for item in items)  # sbp.images: its matrix
     for leaf in leaves:
         if not isinstance(leaf, (sp.Symbol, sp.MatrixSymbol)):
             raise ModelError(

@@ -16,6 +16,17 @@ from sympy.codegen.cfunctions import expm1
 from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 
 from symbackprop.declare import stable
+from symbackprop.declare.conv import (  # noqa: F401  (the convolutional layers: nn.conv2d, ...)
+    Images,
+    avg_pool2d,
+    batch_norm,
+    batch_stats,
+    conv2d,
+    conv_weight,
+    flatten,
+    images,
+    max_pool2d,
+)
 from symbackprop.declare.tensor import Index, Reduce, gather
 from symbackprop.errors import ModelError
 

@@ -44,7 +44,9 @@ _MACRO_LIKE = re.compile(r"^(?:[^a-z]*[A-Z][^a-z]*[A-Z][^a-z]*|Py[A-Z_].*|PY.*|M
 # Names the templates use for their own locals and parameters (dims and
 # shape: those of the self-describing functions, whose bodies name the
 # dimensions too).
-INTERNAL = frozenset("i j k l acc maxval total lane result top work status dims shape".split())
+INTERNAL = frozenset("i j k l acc maxval total lane result top work status dims shape".split()
+                     # the loop variables of the image ops (templates/kernel_conv.c.j2)
+                     + "at best share wv ch ic oc kk ky kx oy ox iy ix".split())
 _TEMP = re.compile(r"^(x|acc)\d+$")  # CSE temporaries, accumulators
 MAX_LENGTH = 48
 

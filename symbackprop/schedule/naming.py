@@ -80,7 +80,12 @@ class Naming:
         """Whether the node's name is made from another's (an adjoint's,
         a local derivative's): those are named after the values they come from."""
         origin = self.origins.get(node)
-        return origin is not None and origin[0] in ("adjoint", "part", "local") and node not in self.forward
+        if origin is None or node in self.forward:
+            return False
+        if origin[0] == "local":  # d<y>_d<x> only where both have names by now; else a t<k> in run order
+            _, fwd, index = origin
+            return fwd in self.names and fwd.args[index] in self.names
+        return origin[0] in ("adjoint", "part")
 
     def _derive(self, node: Node) -> str:
         origin = self.origins.get(node)

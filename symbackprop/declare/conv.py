@@ -1,0 +1,280 @@
+"""Convolutional layers over batches of images (docs/conv.md).
+
+A batch of images is a matrix: one row per example, its C*H*W entries in
+NCHW order (channel, then row, then column: PyTorch's layout, so a torch
+tensor's memory is the matrix's). The IR stays 2-D; what a matrix alone
+does not say, the image shape (C, H, W), an `Images` value carries beside
+it. The batch size n is a symbol bound at call time; C, H and W are fixed
+integers, so every loop bound but the batch's is a number in the C.
+
+The layers return `Images` (conv2d, pools, batch_norm) or the plain matrix
+(flatten). Their SymPy classes below are matrix expressions whose
+arguments are the operand matrices followed by the integers of their
+geometry; symbackprop.ops.conv lowers them to the IR ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import sympy as sp
+
+from symbackprop.errors import ModelError
+
+
+def out_size(size: int, kernel: int, stride: int, padding: int) -> int:
+    """The output length of a window of `kernel` sliding by `stride` over
+    `size` entries padded by `padding` on both sides (PyTorch's floor rule)."""
+    return (size + 2 * padding - kernel) // stride + 1
+
+
+def out_cols(op: str, geometry: tuple[int, ...]) -> int:
+    """The columns of an image op's result from its geometry (the one place
+    this is written; the IR ops read it too)."""
+    if op == "conv2d":
+        channels, height, width, out, kh, kw, stride, padding = geometry
+        return out * out_size(height, kh, stride, padding) * out_size(width, kw, stride, padding)
+    if op in ("max_pool2d", "avg_pool2d"):
+        channels, height, width, k, stride = geometry
+        return channels * out_size(height, k, stride, 0) * out_size(width, k, stride, 0)
+    if op == "channel_sum":
+        return geometry[0]
+    if op == "channel_broadcast":
+        return geometry[0] * geometry[1]
+    raise ModelError(f"unknown image op {op!r}")
+
+
+class ImageOp(sp.MatrixExpr):
+    """An image op: `op` of `arity` operand matrices, with integer geometry.
+    The result has the first operand's rows (the batch)."""
+
+    op: ClassVar[str]
+    arity: ClassVar[int]
+
+    def __new__(cls, *args: sp.Basic) -> ImageOp:
+        """ImageOp(*operands, *geometry): flat, as SymPy rebuilds an expression (func(*args))."""
+        operands = args[: cls.arity]
+        for operand in operands:
+            if not isinstance(operand, (sp.MatrixExpr, sp.MatrixBase)):
+                raise ModelError(f"{cls.op} of matrices; got {operand!r}")
+        return super().__new__(cls, *(sp.sympify(o) for o in operands), *(sp.Integer(g) for g in args[cls.arity:]))
+
+    @property
+    def operands(self) -> tuple:
+        return self.args[: self.arity]
+
+    @property
+    def geometry(self) -> tuple[int, ...]:
+        return tuple(int(g) for g in self.args[self.arity:])
+
+    @property
+    def shape(self) -> tuple:
+        return (self.operands[0].shape[0], out_cols(self.op, self.geometry))
+
+    def _entry(self, i, j, **kwargs):
+        return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
+
+
+class Conv2d(ImageOp):
+    """conv2d(x, w): geometry (C_in, H, W, C_out, kh, kw, stride, padding)."""
+
+    op, arity = "conv2d", 2
+
+
+class MaxPool2d(ImageOp):
+    """The maximum of each k x k window: geometry (C, H, W, k, stride)."""
+
+    op, arity = "max_pool2d", 1
+
+
+class AvgPool2d(ImageOp):
+    """The mean of each k x k window: geometry (C, H, W, k, stride)."""
+
+    op, arity = "avg_pool2d", 1
+
+
+class ChannelSum(ImageOp):
+    """Each row's sum over each channel's pixels: (r x C*P) -> (r x C); geometry (C, P)."""
+
+    op, arity = "channel_sum", 1
+
+
+class ChannelBroadcast(ImageOp):
+    """Each entry repeated over its channel's pixels: (r x C) -> (r x C*P); geometry (C, P)."""
+
+    op, arity = "channel_broadcast", 1
+
+
+@dataclass(frozen=True)
+class Images:
+    """A batch of images: `matrix` is n x (channels*height*width), one row
+    per example in NCHW order."""
+
+    matrix: sp.MatrixExpr
+    channels: int
+    height: int
+    width: int
+
+    def __post_init__(self) -> None:
+        for what in ("channels", "height", "width"):
+            value = getattr(self, what)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ModelError(f"an image's {what} must be a positive int; got {value!r}")
+        cols = self.matrix.shape[1]
+        if cols != self.channels * self.height * self.width:
+            raise ModelError(f"{self.matrix} has {cols} columns, not channels*height*width = "
+                             f"{self.channels}*{self.height}*{self.width}")
+
+    @property
+    def pixels(self) -> int:
+        return self.height * self.width
+
+    def map(self, fn: Callable[[sp.MatrixExpr], sp.MatrixExpr]) -> Images:
+        """fn applied to the matrix (an elementwise function: nn.relu), same shape."""
+        return Images(fn(self.matrix), self.channels, self.height, self.width)
+
+
+def images(name: str, n: sp.Expr | int, channels: int, height: int, width: int) -> Images:
+    """A batch input of n images: the n x (C*H*W) MatrixSymbol `name` (pass
+    `.matrix` to Model's inputs) and its image shape."""
+    return Images(sp.MatrixSymbol(name, n, channels * height * width), channels, height, width)
+
+
+def conv_weight(name: str, out_channels: int, in_channels: int, kh: int, kw: int | None = None) -> sp.MatrixSymbol:
+    """The weights of a convolution as PyTorch stores them, (C_out, C_in, kh, kw),
+    as the C_out x (C_in*kh*kw) matrix of the same memory
+    (`torch_weight.reshape(C_out, -1)`)."""
+    return sp.MatrixSymbol(name, out_channels, in_channels * kh * (kh if kw is None else kw))
+
+
+def _checked(x: Images, what: str) -> Images:
+    if not isinstance(x, Images):
+        raise ModelError(f"{what} takes Images (sbp.images(...) or a layer's result); got {type(x).__name__}")
+    return x
+
+
+def _positive(what: str, value: int, least: int = 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ModelError(f"{what} must be an int >= {least}; got {value!r}")
+    return value
+
+
+def channel_broadcast(values: sp.MatrixExpr, channels: int, pixels: int) -> sp.MatrixExpr:
+    """(r x C) -> (r x C*P): each entry repeated over its channel's P pixels."""
+    return ChannelBroadcast(values, channels, pixels)
+
+
+def channel_sum(x: sp.MatrixExpr, channels: int, pixels: int) -> sp.MatrixExpr:
+    """(r x C*P) -> (r x C): each row's sum over each channel's P pixels."""
+    return ChannelSum(x, channels, pixels)
+
+
+def _per_channel(x: Images, row: sp.MatrixExpr) -> sp.MatrixExpr:
+    """A 1 x C row of per-channel values, as a 1 x C*H*W row (added to a batch, it broadcasts)."""
+    if row.shape != (1, x.channels):
+        raise ModelError(f"a per-channel row must be 1 x {x.channels}; {row} is {row.shape[0]} x {row.shape[1]}")
+    return channel_broadcast(row, x.channels, x.pixels)
+
+
+def _rows(m: sp.MatrixExpr, rows: sp.Expr | int) -> sp.MatrixExpr:
+    """A 1 x c row repeated over `rows` rows (SymPy's broadcast: ones * row)."""
+    return sp.OneMatrix(rows, 1) * m
+
+
+def conv2d(x: Images, w: sp.MatrixExpr, b: sp.MatrixExpr | None = None, stride: int = 1, padding: int = 0) -> Images:
+    """2-D cross-correlation (PyTorch's Conv2d), zero padding:
+    y[i, o, p, q] = b[o] + sum_{c, u, v} w[o, c, u, v] * x[i, c, p*stride + u - padding, q*stride + v - padding].
+
+    Args:
+        x: a batch of images (C_in channels).
+        w: C_out x (C_in*k*k) (conv_weight: a square kernel of side k).
+        b: 1 x C_out, or None.
+        stride: the window's step (an int, the same along both axes).
+        padding: zeros added on each side (an int, the same along both axes).
+
+    Raises:
+        ModelError: shapes that do not fit, or a window larger than the padded image.
+    """
+    x = _checked(x, "conv2d")
+    _positive("conv2d's stride", stride)
+    _positive("conv2d's padding", padding, 0)
+    out_channels, per = w.shape
+    if not isinstance(out_channels, (int, sp.Integer)) or per % x.channels:
+        raise ModelError(f"conv2d's weights {w} must be C_out x (C_in*k*k) with C_in = {x.channels}; "
+                         f"they are {out_channels} x {per}")
+    k = int(sp.sqrt(per // x.channels))
+    if k * k * x.channels != per:
+        raise ModelError(f"conv2d's weights {w}: {per} columns are not C_in*k*k for C_in = {x.channels}")
+    height, width = (out_size(s, k, stride, padding) for s in (x.height, x.width))
+    if height < 1 or width < 1:
+        raise ModelError(f"conv2d's {k}x{k} window is larger than the padded {x.height}x{x.width} image")
+    geometry = (x.channels, x.height, x.width, int(out_channels), k, k, stride, padding)
+    y = Conv2d(x.matrix, w, *geometry)
+    if b is not None:
+        y = y + _rows(_per_channel(Images(y, int(out_channels), height, width), b), x.matrix.shape[0])
+    return Images(y, int(out_channels), height, width)
+
+
+def _pool(cls: type[ImageOp], x: Images, k: int, stride: int | None) -> Images:
+    x = _checked(x, cls.op)
+    _positive(f"{cls.op}'s window", k)
+    stride = _positive(f"{cls.op}'s stride", k if stride is None else stride)
+    if k > min(x.height, x.width):
+        raise ModelError(f"{cls.op}'s {k}x{k} window is larger than the {x.height}x{x.width} image")
+    y = cls(x.matrix, x.channels, x.height, x.width, k, stride)
+    return Images(y, x.channels, out_size(x.height, k, stride, 0), out_size(x.width, k, stride, 0))
+
+
+def max_pool2d(x: Images, k: int, stride: int | None = None) -> Images:
+    """The maximum of each k x k window (stride: k by default), no padding.
+    Its gradient goes to the window's first largest entry (as PyTorch)."""
+    return _pool(MaxPool2d, x, k, stride)
+
+
+def avg_pool2d(x: Images, k: int, stride: int | None = None) -> Images:
+    """The mean of each k x k window (stride: k by default), no padding."""
+    return _pool(AvgPool2d, x, k, stride)
+
+
+def batch_stats(x: Images) -> tuple[sp.MatrixExpr, sp.MatrixExpr]:
+    """The batch's per-channel mean and (biased) variance, 1 x C each, over
+    the examples and pixels (what batch_norm normalizes with in training;
+    make them outputs to update running statistics)."""
+    x = _checked(x, "batch_stats")
+    n = x.matrix.shape[0]
+    count = n * x.pixels
+
+    def mean(m: sp.MatrixExpr) -> sp.MatrixExpr:
+        from symbackprop.declare.tensor import reduce
+
+        return channel_sum(reduce("sum", m, 0), x.channels, x.pixels) / count
+
+    mu = mean(x.matrix)
+    centred = x.matrix - _rows(_per_channel(x, mu), n)
+    return mu, mean(sp.hadamard_product(centred, centred))
+
+
+def batch_norm(x: Images, gamma: sp.MatrixExpr, beta: sp.MatrixExpr, eps: float = 1e-5,
+               running: tuple[sp.MatrixExpr, sp.MatrixExpr] | None = None) -> Images:
+    """Batch normalization (PyTorch's BatchNorm2d): per channel,
+    y = gamma * (x - mean) / sqrt(var + eps) + beta.
+
+    Training mode (running=None): mean and var are the batch's (batch_stats),
+    and the gradient flows through them. Inference mode: running = (mean, var),
+    1 x C inputs (the running statistics).
+    """
+    x = _checked(x, "batch_norm")
+    n = x.matrix.shape[0]
+    mean, var = batch_stats(x) if running is None else running
+    scale = sp.hadamard_product(gamma, var.applyfunc(lambda v: 1 / sp.sqrt(v + eps)))
+    centred = x.matrix - _rows(_per_channel(x, mean), n)
+    y = sp.hadamard_product(centred, _rows(_per_channel(x, scale), n)) + _rows(_per_channel(x, beta), n)
+    return Images(y, x.channels, x.height, x.width)
+
+
+def flatten(x: Images) -> sp.MatrixExpr:
+    """The batch as its n x (C*H*W) matrix, for the linear layers that follow
+    (no copy: it is the matrix, as torch.flatten(x, 1) of NCHW)."""
+    return _checked(x, "flatten").matrix

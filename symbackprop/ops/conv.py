@@ -1,0 +1,487 @@
+"""The ops of convolutional layers (symbackprop.declare.conv, docs/conv.md).
+
+Every value is still a matrix: a batch of images is n x (C*H*W), NCHW
+order. The ops and their geometry attrs:
+
+    conv2d(x, w)             (C, H, W, F, kh, kw, stride, pad)  n x F*Ho*Wo
+    conv2d_input_grad(g, w)  the same geometry                  n x C*H*W
+    conv2d_weight_grad(g, x) the same geometry                  F x C*kh*kw
+    max_pool2d(x, t)         (C, H, W, k, stride)   t's entry where x is largest in each window
+    max_unpool2d(x, g)       the same               g sent back to those entries
+    avg_pool2d(x)            (C, H, W, k, stride)   each window's mean
+    avg_unpool2d(g)          the same               g/k^2 sent back over each window
+    channel_sum(a)           (C, P)                 r x C*P -> r x C
+    channel_broadcast(a)     (C, P)                 r x C -> r x C*P
+
+Each op's VJP is made of these ops again (the three convolutions are one
+trilinear form <y, conv(x, w)>, read three ways; the pools and channel ops
+are pairs of transposes), so gradients of gradients exist too. A max pool
+is max_pool2d(x, x): the argmax is piecewise constant, so only the second
+argument carries a derivative.
+
+The C of each is a loop nest over the batch (kernel_conv.c.j2), its bounds
+numbers but the batch size's, never unrolled over pixels.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import sympy as sp
+
+from symbackprop.declare import conv as declared
+from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
+from symbackprop.errors import ModelError
+from symbackprop.ir.construct import const, is_const, map_
+from symbackprop.ir.node import Node, op_node, placeholder
+from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
+from symbackprop.schedule.kernel import Equation, latex_name
+
+A0, A1 = placeholder(0), placeholder(1)
+
+# --- geometry -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Conv:
+    """A convolution's geometry: C in-channels of H x W, F out-channels, a kh x kw window."""
+
+    C: int
+    H: int
+    W: int
+    F: int  # the out-channels (filters)
+    KH: int
+    KW: int
+    S: int
+    P: int
+
+    @property
+    def HO(self) -> int:
+        return declared.out_size(self.H, self.KH, self.S, self.P)
+
+    @property
+    def WO(self) -> int:
+        return declared.out_size(self.W, self.KW, self.S, self.P)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A pool's geometry: C channels of H x W, a k x k window moved by S."""
+
+    C: int
+    H: int
+    W: int
+    K: int
+    S: int
+
+    @property
+    def HO(self) -> int:
+        return declared.out_size(self.H, self.K, self.S, 0)
+
+    @property
+    def WO(self) -> int:
+        return declared.out_size(self.W, self.K, self.S, 0)
+
+
+# --- constructors ---------------------------------------------------------------
+
+
+def _add(a: Node | None, b: Node | None) -> Node | None:
+    if a is None or b is None:
+        return a if b is None else b
+    return map_(A0 + A1, [a, b])
+
+
+def conv2d(x: Node, w: Node, geometry: tuple) -> Node:
+    return op_node("conv2d", (x, w), (x.shape[0], declared.out_cols("conv2d", geometry)), geometry)
+
+
+def conv2d_input_grad(g: Node, w: Node, geometry: tuple) -> Node:
+    c = Conv(*geometry)
+    return op_node("conv2d_input_grad", (g, w), (g.shape[0], c.C * c.H * c.W), geometry)
+
+
+def conv2d_weight_grad(g: Node, x: Node, geometry: tuple) -> Node:
+    c = Conv(*geometry)
+    return op_node("conv2d_weight_grad", (g, x), (c.F, c.C * c.KH * c.KW), geometry)
+
+
+def max_pool2d(x: Node, t: Node, geometry: tuple) -> Node:
+    return op_node("max_pool2d", (x, t), (x.shape[0], declared.out_cols("max_pool2d", geometry)), geometry)
+
+
+def max_unpool2d(x: Node, g: Node, geometry: tuple) -> Node:
+    return op_node("max_unpool2d", (x, g), x.shape, geometry)
+
+
+def avg_pool2d(x: Node, geometry: tuple) -> Node:
+    shape = (x.shape[0], declared.out_cols("avg_pool2d", geometry))
+    return const(x.attrs[0], shape) if is_const(x) else op_node("avg_pool2d", (x,), shape, geometry)
+
+
+def avg_unpool2d(g: Node, geometry: tuple) -> Node:
+    p = Pool(*geometry)
+    shape = (g.shape[0], p.C * p.H * p.W)
+    return op_node("avg_unpool2d", (g,), shape, geometry)
+
+
+def channel_sum(a: Node, geometry: tuple) -> Node:
+    channels, pixels = geometry
+    if is_const(a):
+        return const(a.attrs[0] * pixels, (a.shape[0], channels))
+    return op_node("channel_sum", (a,), (a.shape[0], channels), geometry)
+
+
+def channel_broadcast(a: Node, geometry: tuple) -> Node:
+    channels, pixels = geometry
+    if is_const(a):
+        return const(a.attrs[0], (a.shape[0], channels * pixels))
+    return op_node("channel_broadcast", (a,), (a.shape[0], channels * pixels), geometry)
+
+
+# --- derivatives ------------------------------------------------------------------
+# <y', conv(x, w)> = <x, input_grad(y', w)> = <w, weight_grad(y', x)>: each
+# of the three is linear in both arguments, and its VJP is the other two.
+
+
+def _conv_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    x, w = node.args
+    geometry = node.attrs
+    return (conv2d_input_grad(g, w, geometry) if needed[0] else None,
+            conv2d_weight_grad(g, x, geometry) if needed[1] else None)
+
+
+def _input_grad_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    y, w = node.args  # node = input_grad(y, w); g is an image batch's adjoint
+    geometry = node.attrs
+    return (conv2d(g, w, geometry) if needed[0] else None,
+            conv2d_weight_grad(y, g, geometry) if needed[1] else None)
+
+
+def _weight_grad_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    y, x = node.args  # node = weight_grad(y, x); g is a weight's adjoint
+    geometry = node.attrs
+    return (conv2d(x, g, geometry) if needed[0] else None,
+            conv2d_input_grad(y, g, geometry) if needed[1] else None)
+
+
+def _bilinear_jvp(build: Callable[[Node, Node, tuple], Node]) -> Callable:
+    def jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+        a, b = node.args
+        ta, tb = tangents
+        return _add(build(ta, b, node.attrs) if ta is not None else None,
+                    build(a, tb, node.attrs) if tb is not None else None)
+
+    return jvp
+
+
+def _max_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    x, _ = node.args
+    return (None, max_unpool2d(x, g, node.attrs) if needed[1] else None)
+
+
+def _max_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    return max_pool2d(node.args[0], tangents[1], node.attrs) if tangents[1] is not None else None
+
+
+def _unpool_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    x, _ = node.args
+    return (None, max_pool2d(x, g, node.attrs) if needed[1] else None)
+
+
+def _unpool_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    return max_unpool2d(node.args[0], tangents[1], node.attrs) if tangents[1] is not None else None
+
+
+def _linear(forward: Callable[[Node, tuple], Node], back: Callable[[Node, tuple], Node]) -> tuple[Callable, Callable]:
+    """The VJP (the transpose, `back`) and JVP (itself) of a linear op of one argument."""
+
+    def vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+        return (back(g, node.attrs),)
+
+    def jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+        return forward(tangents[0], node.attrs) if tangents[0] is not None else None
+
+    return vjp, jvp
+
+
+# --- numpy references ---------------------------------------------------------------
+
+
+def _images(a: np.ndarray, rows: int, channels: int, height: int, width: int) -> np.ndarray:
+    return np.broadcast_to(a, (rows, channels * height * width)).reshape(rows, channels, height, width)
+
+
+def _windows(x4: np.ndarray, kh: int, kw: int, stride: int, height: int, width: int):
+    """(ky, kx, the slice of x4 that window entry (ky, kx) reads for every output pixel)."""
+    for ky in range(kh):
+        for kx in range(kw):
+            yield ky, kx, (slice(None), slice(None), slice(ky, ky + stride * (height - 1) + 1, stride),
+                           slice(kx, kx + stride * (width - 1) + 1, stride))
+
+
+def _padded(x4: np.ndarray, pad: int) -> np.ndarray:
+    return np.pad(x4, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+
+
+def _eval_conv(node: Node, args: list[np.ndarray], context) -> np.ndarray:
+    c = Conv(*node.attrs)
+    n = context.shape(node)[0]
+    x = _padded(_images(args[0], n, c.C, c.H, c.W), c.P)
+    w = np.broadcast_to(args[1], (c.F, c.C * c.KH * c.KW)).reshape(c.F, c.C, c.KH, c.KW)
+    y = np.zeros((n, c.F, c.HO, c.WO))
+    for ky, kx, at in _windows(x, c.KH, c.KW, c.S, c.HO, c.WO):
+        y += np.einsum("nchw,oc->nohw", x[at], w[:, :, ky, kx])
+    return y.reshape(n, -1)
+
+
+def _eval_input_grad(node: Node, args: list[np.ndarray], context) -> np.ndarray:
+    c = Conv(*node.attrs)
+    n = context.shape(node)[0]
+    g = _images(args[0], n, c.F, c.HO, c.WO)
+    w = np.broadcast_to(args[1], (c.F, c.C * c.KH * c.KW)).reshape(c.F, c.C, c.KH, c.KW)
+    dx = np.zeros((n, c.C, c.H + 2 * c.P, c.W + 2 * c.P))
+    for ky, kx, at in _windows(dx, c.KH, c.KW, c.S, c.HO, c.WO):
+        dx[at] += np.einsum("nohw,oc->nchw", g, w[:, :, ky, kx])
+    return dx[:, :, c.P:c.P + c.H, c.P:c.P + c.W].reshape(n, -1)
+
+
+def _eval_weight_grad(node: Node, args: list[np.ndarray], context) -> np.ndarray:
+    c = Conv(*node.attrs)
+    n = context.shape(node.args[0])[0]
+    g = _images(args[0], n, c.F, c.HO, c.WO)
+    x = _padded(_images(args[1], n, c.C, c.H, c.W), c.P)
+    dw = np.zeros((c.F, c.C, c.KH, c.KW))
+    for ky, kx, at in _windows(x, c.KH, c.KW, c.S, c.HO, c.WO):
+        dw[:, :, ky, kx] = np.einsum("nohw,nchw->oc", g, x[at])
+    return dw.reshape(c.F, -1)
+
+
+def _argmax(x4: np.ndarray, p: Pool) -> np.ndarray:
+    """Each window's first largest entry, as its (ky*k + kx): n x C x Ho x Wo."""
+    stacked = np.stack([x4[at] for _, _, at in _windows(x4, p.K, p.K, p.S, p.HO, p.WO)])
+    return np.argmax(stacked, axis=0)
+
+
+def _eval_max(node: Node, args: list[np.ndarray], context) -> np.ndarray:
+    p = Pool(*node.attrs)
+    n = context.shape(node)[0]
+    x, t = (_images(a, n, p.C, p.H, p.W) for a in args)
+    chosen = _argmax(x, p)
+    y = np.zeros((n, p.C, p.HO, p.WO))
+    for ky, kx, at in _windows(t, p.K, p.K, p.S, p.HO, p.WO):
+        y = np.where(chosen == ky * p.K + kx, t[at], y)
+    return y.reshape(n, -1)
+
+
+def _eval_unpool(node: Node, args: list[np.ndarray], context) -> np.ndarray:
+    p = Pool(*node.attrs)
+    n = context.shape(node)[0]
+    x = _images(args[0], n, p.C, p.H, p.W)
+    g = _images(args[1], n, p.C, p.HO, p.WO)
+    chosen = _argmax(x, p)
+    dx = np.zeros((n, p.C, p.H, p.W))
+    for ky, kx, at in _windows(dx, p.K, p.K, p.S, p.HO, p.WO):
+        dx[at] += np.where(chosen == ky * p.K + kx, g, 0.0)
+    return dx.reshape(n, -1)
+
+
+def _eval_avg(node: Node, args: list[np.ndarray], context) -> np.ndarray:
+    p = Pool(*node.attrs)
+    n = context.shape(node)[0]
+    x = _images(args[0], n, p.C, p.H, p.W)
+    return (sum(x[at] for _, _, at in _windows(x, p.K, p.K, p.S, p.HO, p.WO)) / p.K**2).reshape(n, -1)
+
+
+def _eval_avg_unpool(node: Node, args: list[np.ndarray], context) -> np.ndarray:
+    p = Pool(*node.attrs)
+    n = context.shape(node)[0]
+    g = _images(args[0], n, p.C, p.HO, p.WO) / p.K**2
+    dx = np.zeros((n, p.C, p.H, p.W))
+    for _, _, at in _windows(dx, p.K, p.K, p.S, p.HO, p.WO):
+        dx[at] += g
+    return dx.reshape(n, -1)
+
+
+def _eval_channel_sum(node: Node, args: list[np.ndarray], context) -> np.ndarray:
+    channels, pixels = node.attrs
+    rows = context.shape(node)[0]
+    return np.broadcast_to(args[0], (rows, channels * pixels)).reshape(rows, channels, pixels).sum(axis=2)
+
+
+def _eval_channel_broadcast(node: Node, args: list[np.ndarray], context) -> np.ndarray:
+    channels, pixels = node.attrs
+    rows = context.shape(node)[0]
+    return np.repeat(np.broadcast_to(args[0], (rows, channels)), pixels, axis=1)
+
+
+# --- kernels ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Operand:
+    """How the C reads a kernel's argument: a contiguous buffer, or a
+    constant (an adjoint of 1, never stored) read the same at every entry."""
+
+    buffer: str | None
+    value: str | None = None
+
+    def at(self, index: str) -> str:
+        return f"{self.buffer}[{index}]" if self.buffer is not None else f"({self.value})"
+
+
+@dataclass(frozen=True)
+class ImageKernel:
+    """One image op (`kind`) of `args` (buffers, or constants) into `out`."""
+
+    kind: str
+    out: str
+    args: tuple[tuple[str | None, sp.Expr | None], ...]  # (buffer, None) or (None, constant)
+    rows: object  # the batch (the output's rows; a weight gradient's: the argument's)
+    geometry: tuple
+    equations: tuple[Equation, ...]
+    cols: str | None = None  # a convolution's workspace: one example's im2col matrix
+
+    def reads(self) -> list[str]:
+        return [buffer for buffer, _ in self.args if buffer is not None] + ([self.cols] if self.cols else [])
+
+    def writes(self) -> list[str]:
+        return [self.out] + ([self.cols] if self.cols else [])
+
+    @property
+    def title(self) -> str:
+        return self.kind.replace("_", " ")
+
+    def work(self) -> tuple[sp.Expr, sp.Expr]:
+        """(multiply-adds, other operations)."""
+        rows = sp.sympify(self.rows)
+        if self.kind.startswith("conv2d"):
+            c = Conv(*self.geometry)
+            return rows * c.F * c.HO * c.WO * c.C * c.KH * c.KW, sp.Integer(0)
+        if self.kind.startswith("channel"):
+            return sp.Integer(0), rows * self.geometry[0] * self.geometry[1]
+        p = Pool(*self.geometry)
+        return sp.Integer(0), rows * p.C * p.HO * p.WO * p.K * p.K
+
+
+# What each op's comment says it computes: (the entry written, =/+=, its
+# value), {0} and {1} its arguments' labels, as the loops of kernel_conv.c.j2 name them.
+_MATH = {
+    "conv2d": ("[i,oc,oy,ox]", "=", "sum_{{ic,ky,kx}} {1}[oc,ic,ky,kx] * {0}[i,ic,oy*{S}+ky-{P},ox*{S}+kx-{P}] "
+               "(conv2d; zero outside the image)"),
+    "conv2d_input_grad": ("[i,ic,oy*{S}+ky-{P},ox*{S}+kx-{P}]", "+=", "{1}[oc,ic,ky,kx] * {0}[i,oc,oy,ox] "
+                          "(conv2d's gradient by its images)"),
+    "conv2d_weight_grad": ("[oc,ic,ky,kx]", "=", "sum_{{i,oy,ox}} {0}[i,oc,oy,ox] * {1}[i,ic,oy*{S}+ky-{P},ox*{S}+kx-{P}] "
+                           "(conv2d's gradient by its weights)"),
+    "max_pool2d": ("[i,ch,oy,ox]", "=", "{1}[i,ch,best], best: the first largest {0}[i,ch,oy*{S}+ky,ox*{S}+kx], "
+                   "ky,kx < {K}"),
+    "max_unpool2d": ("[i,ch,best]", "+=", "{1}[i,ch,oy,ox], best: the first largest {0}[i,ch,oy*{S}+ky,ox*{S}+kx], "
+                     "ky,kx < {K} (zero elsewhere)"),
+    "avg_pool2d": ("[i,ch,oy,ox]", "=", "sum_{{ky,kx < {K}}} {0}[i,ch,oy*{S}+ky,ox*{S}+kx] / {K}^2"),
+    "avg_unpool2d": ("[i,ch,oy*{S}+ky,ox*{S}+kx]", "+=", "{0}[i,ch,oy,ox] / {K}^2, ky,kx < {K}"),
+    "channel_sum": ("[i,ch]", "=", "sum_at {0}[i,ch,at] (over each channel's pixels)"),
+    "channel_broadcast": ("[i,ch,at]", "=", "{0}[i,ch] (over each channel's pixels)"),
+}
+
+
+def _kernel(sched, node: Node, out: str) -> ImageKernel:
+    args: list[tuple[str | None, sp.Expr | None]] = []
+    labels = []
+    for arg in node.args:
+        if is_const(arg):
+            args.append((None, arg.attrs[0]))
+            labels.append(str(arg.attrs[0]))
+            continue
+        view = sched.view(arg)
+        rows, cols = arg.shape
+        if view.offset != 0 or view.col_stride != (1 if cols != 1 else 0) or (rows != 1 and view.row_stride != cols):
+            raise ModelError(f"{node.op} reads its argument {sched.label(arg)} as a contiguous matrix; "
+                             "a transposed or sliced view is not supported")
+        args.append((view.buffer, None))
+        labels.append(sched.label(arg))
+    geometry = tuple(node.attrs)
+    # the math with this op's numbers ("oy*1+ky" is written "oy+ky")
+    entry, assign, value = (re.sub(r"\*1\+", "+", part.format(*labels, **_constants(node.op, geometry)))
+                            for part in _MATH[node.op])
+    latex = rf"{latex_name(out)} = \operatorname{{{node.op.replace('_', '-')}}}({', '.join(latex_name(s) for s in labels)})"
+    rows = node.args[0].shape[0]
+    cols = None
+    if node.op.startswith("conv2d"):
+        c = Conv(*geometry)
+        cols = sched.claim_scratch(f"{out}_cols", (c.C * c.KH * c.KW, c.HO * c.WO))
+    return ImageKernel(node.op, out, tuple(args), rows, geometry, (Equation(out + entry, value, latex, assign),), cols)
+
+
+def _constants(op: str, geometry: tuple) -> dict:
+    """The numbers a comment names: stride S, padding P, window K."""
+    if op.startswith("conv2d"):
+        c = Conv(*geometry)
+        return {"S": c.S, "P": c.P}
+    if op.startswith("channel"):
+        return {}
+    p = Pool(*geometry)
+    return {"S": p.S, "K": p.K}
+
+
+def _emit(em: FunctionEmitter, kernel: ImageKernel) -> dict:
+    printer = CheckedPrinter(ScalarPrinter({}, em.real), kernel)
+    args = [Operand(em.namer.name(b)) if b is not None else Operand(None, printer.doprint(v)) for b, v in kernel.args]
+    fields: dict = {"n": em.dim(kernel.rows), "out": em.namer.name(kernel.out), "a": args[0],
+                    "b": args[1] if len(args) > 1 else None}
+    if kernel.kind.startswith("conv2d"):
+        c = Conv(*kernel.geometry)
+        fields.update(asdict(c), HO=c.HO, WO=c.WO)
+        fields["iy"] = _offset("oy", c.S, "ky", c.P)
+        fields["ix"] = _offset("ox", c.S, "kx", c.P)
+        fields["inside"] = f"iy >= 0 && iy < {c.H} && ix >= 0 && ix < {c.W}" if c.P else None
+        fields["cols"] = em.namer.name(kernel.cols) if kernel.cols is not None else None
+    elif kernel.kind.startswith("channel"):
+        fields["C"], fields["P"] = kernel.geometry
+    else:
+        p = Pool(*kernel.geometry)
+        fields.update(asdict(p), HO=p.HO, WO=p.WO)
+        fields["iy"] = _offset("oy", p.S, "ky", 0)
+        fields["ix"] = _offset("ox", p.S, "kx", 0)
+    return fields
+
+
+def _offset(out: str, stride: int, k: str, pad: int) -> str:
+    """The C of an input coordinate: out*stride + k - pad."""
+    text = out if stride == 1 else f"{out} * {stride}"
+    return f"{text} + {k}" + (f" - {pad}" if pad else "")
+
+
+def _lower(lowerer, expr: declared.ImageOp) -> Node:
+    operands = [lowerer.lower(o) for o in expr.operands]
+    geometry = expr.geometry
+    if expr.op == "conv2d":
+        return conv2d(operands[0], operands[1], geometry)
+    if expr.op == "max_pool2d":
+        return max_pool2d(operands[0], operands[0], geometry)
+    return {"avg_pool2d": avg_pool2d, "channel_sum": channel_sum, "channel_broadcast": channel_broadcast}[expr.op](
+        operands[0], geometry)
+
+
+def _shape(expr: declared.ImageOp, of) -> tuple:
+    return (of(expr.operands[0])[0], declared.out_cols(expr.op, expr.geometry))
+
+
+def _op(name: str, vjp, jvp, evaluate, grad_fn: str, lowers: type | None = None) -> None:
+    more = {"lowering": ((lowers, _lower),), "shapes": ((lowers, _shape),)} if lowers is not None else {}
+    register(OpRecord(name, vjp=vjp, jvp=jvp, evaluate=evaluate, kernel=_kernel, emit=_emit,
+                      template="kernel_conv.c.j2", grad_fn=plain_grad_fn(grad_fn), **more))  # type: ignore[arg-type]
+
+
+_op("conv2d", _conv_vjp, _bilinear_jvp(conv2d), _eval_conv, "Conv2d", declared.Conv2d)
+_op("conv2d_input_grad", _input_grad_vjp, _bilinear_jvp(conv2d_input_grad), _eval_input_grad, "Conv2dInputGrad")
+_op("conv2d_weight_grad", _weight_grad_vjp, _bilinear_jvp(conv2d_weight_grad), _eval_weight_grad, "Conv2dWeightGrad")
+_op("max_pool2d", _max_vjp, _max_jvp, _eval_max, "MaxPool2d", declared.MaxPool2d)
+_op("max_unpool2d", _unpool_vjp, _unpool_jvp, _eval_unpool, "MaxUnpool2d")
+_op("avg_pool2d", *_linear(avg_pool2d, avg_unpool2d), _eval_avg, "AvgPool2d", declared.AvgPool2d)
+_op("avg_unpool2d", *_linear(avg_unpool2d, avg_pool2d), _eval_avg_unpool, "AvgUnpool2d")
+_op("channel_sum", *_linear(channel_sum, channel_broadcast), _eval_channel_sum, "ChannelSum", declared.ChannelSum)
+_op("channel_broadcast", *_linear(channel_broadcast, channel_sum), _eval_channel_broadcast, "ChannelBroadcast",
+    declared.ChannelBroadcast)
