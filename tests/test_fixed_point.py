@@ -214,7 +214,9 @@ def test_deq_implicit_matches_jax_custom_root_and_unrolled_matches_jax_fori_loop
 
 def test_deq_hvp_through_the_implicit_derivative_matches_jax(jax64):
     """The implicit VJP is itself a fixed-point loop and one step's VJP, so
-    forward-over-reverse (hvp) runs through it; the unrolled one refuses."""
+    forward-over-reverse (hvp) runs through it; the unrolled one goes reverse
+    over forward (the vjp of the loss's tangent), against JAX unrolled to
+    the same number of steps."""
     jax = jax64
     d = deq_data(8)
     params = {k: d[k] for k in ("W", "U", "bias", "v")}
@@ -226,8 +228,13 @@ def test_deq_hvp_through_the_implicit_derivative_matches_jax(jax64):
     _, want = jax.jvp(jax.grad(lambda p: loss(p, d["u"])), (params,), (directions,))
     for name in params:
         assert relative_error(got[name], np.asarray(want[name])) < 1e-10, name
-    with pytest.raises(sbp.ModelError, match="not supported"):
-        generate(deq_model("unrolled", name="deq_hvp"), "float64", functions=("hvp",))
+    unrolled = sbp.compile(deq_model("unrolled", name="deq_hvp_unrolled"), functions=("forward", "hvp"))
+    steps = int(unrolled.forward(**d)["steps"][0, 0])
+    loss = _jax_loss(jax, steps)
+    _, want = jax.jvp(jax.grad(lambda p: loss(p, d["u"])), (params,), (directions,))
+    got = unrolled.hvp(directions, **d)
+    for name in params:
+        assert relative_error(got[name], np.asarray(want[name])) < 1e-10, name
 
 
 def test_unrolled_is_exact_for_the_computed_function_when_the_loop_stops_early(jax64):
@@ -324,3 +331,14 @@ def test_a_fixed_point_inside_a_scan_step_is_refused():
     final = sbp.scan(inner, None, h, row, a, X)
     with pytest.raises(sbp.ModelError, match="inside the step of a scan"):
         generate(sbp.Model("fp_in_scan", inputs=[X], params=[a], loss=nn.sum_all(final)), "float64")
+
+
+def test_a_gradient_penalty_through_an_unrolled_fixed_point_is_refused_by_name():
+    """sbp.grad of an unrolled loop, differentiated again, would read kept
+    states past the steps that ran: refused, naming the mode that works."""
+    z_star = sbp.fixed_point((W * z + U * u + bias).applyfunc(sp.tanh), z, sp.ZeroMatrix(H, 1), tol=1e-14,
+                             max_iter=50, diff="unrolled")
+    penalty = nn.sum_all(sbp.grad(nn.sum_all(z_star), u).applyfunc(lambda e: e**2))
+    model = sbp.Model("deq_penalty", inputs=[u], params=[W, U, bias, v], loss=penalty)
+    with pytest.raises(sbp.ModelError, match='diff="implicit"'):
+        generate(model, "float64", functions=("value_and_grad",))

@@ -5,7 +5,7 @@ direction, by one of two compositions of the drivers in autodiff.py.
   default: on an MLP (256 x 32 -> 64 -> 10, tanh, mse) its call took
   0.54-0.57 ms against 0.60-0.63 ms reverse over forward (2-core machine).
 - reverse over forward: H v = grad_w <grad f, v> = the vjp of the loss's
-  tangent along v. Chosen when the loss's graph holds a scan: the tangent
+  tangent along v. Chosen when the loss's graph holds a loop (a scan, a fixed point): the tangent
   of a scan is a scan (over state, tangent pairs) and a scan has a VJP, so
   no rule differentiates a scan's backward pass.
 
@@ -19,14 +19,13 @@ from collections.abc import Sequence
 from symbackprop.diff.autodiff import jvp, vjp
 from symbackprop.ir.construct import const
 from symbackprop.ir.node import Node, topological_order
-
-LOOPS = frozenset({"scan"})  # ops whose backward pass is a loop of its own (loops/diff.py)
+from symbackprop.ops.registry import is_loop
 
 
 def route(loss: Node) -> str:
-    """ "reverse_over_forward" when the loss's graph holds a scan, else
+    """ "reverse_over_forward" when the loss's graph holds a loop, else
     "forward_over_reverse"."""
-    if any(node.op in LOOPS for node in topological_order([loss])):
+    if any(is_loop(node.op) for node in topological_order([loss])):
         return "reverse_over_forward"
     return "forward_over_reverse"
 

@@ -16,9 +16,9 @@ from symbackprop.loops.declare import same_layout, symbol_name
 from symbackprop.loops.fixpoint import FixedPointCount, FixedPointFinal, FixedPointSpec
 from symbackprop.loops.graph import ScanStep, Until, scan_node, scan_part
 from symbackprop.loops.lower import STEP_CONTEXT
+from symbackprop.ops.registry import is_loop
 
 FIXED_POINT_CONTEXT = "fixed-point step"  # the context of the lowerer of a fixed point's step
-LOOP_OPS = ("scan", "scan_vjp", "fixed_point")  # loops, which a loop's step may not contain
 
 
 def _lower_spec(lowerer: Lowerer, spec: FixedPointSpec) -> Node:
@@ -57,7 +57,7 @@ def _build(lowerer: Lowerer, spec: FixedPointSpec) -> Node:
         raise ModelError(f"in the step of a fixed point (which may use {allowed} and the model's inputs and "
                          f"params): {exc}") from None
     order = topological_order(next_states)
-    if any(node.op in LOOP_OPS for node in order):
+    if any(is_loop(node.op) for node in order):  # a loop's step holds no loop
         raise ModelError("fixed_point: a loop inside the step of a fixed point is not supported")
     reached = set(order)
     captured = [(sym, c) for sym, c in capture_leaves.items() if c in reached]

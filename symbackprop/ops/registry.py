@@ -76,6 +76,9 @@ class OpRecord:
     helper: its kernel calls the module's C function <prefix>_<name>, whose
         definition is the block of that name in templates/reduce.c.j2
         (linalg.c.j2 for linear algebra), in the runtime header.
+    loop: its node runs a loop over a step graph of its own (scan, its
+        backward pass, fixed_point): a loop's step may not hold one, and a
+        Hessian-vector product through one goes reverse over forward.
     """
 
     name: str
@@ -93,6 +96,7 @@ class OpRecord:
     shapes: tuple[tuple[type, ShapeRule], ...] = ()
     reduction: bool = False
     helper: bool = False
+    loop: bool = False
 
     def need(self, field: str) -> Any:
         """The value of `field`, or MissingRule naming the op and the field."""
@@ -183,6 +187,13 @@ def is_view(op: str) -> bool:
     _load()
     found = _RECORDS.get(op)
     return found is not None and found.view is not None
+
+
+def is_loop(op: str) -> bool:
+    """Whether `op`'s node runs a loop over a step graph of its own (OpRecord.loop)."""
+    _load()
+    found = _RECORDS.get(op)
+    return found is not None and found.loop
 
 
 def reductions() -> tuple[str, ...]:
