@@ -1,9 +1,12 @@
 """Cold compile of GradBench ports, stage by stage, wall and CPU time.
 
     python -m benchmarks.gradbench.coldcompile [--evals gmm,llsq] [--repeat 3] [--json out.json]
+                                               [--code /other/checkout,.]
 
 Each sample is a fresh process with an empty SYMBACKPROP_CACHE_DIR (cold),
-then one more process on the same folder (cached). Stage times come from the
+then one more process on the same folder (cached); with --code, the
+samples of each checkout's symbackprop alternate (a before/after table on
+a machine whose load changes). Stage times come from the
 "symbackprop" logger (summed over models and functions); CPU time is
 resource.getrusage of the process and its children (the C compiler), which
 a loaded machine disturbs less than wall time.
@@ -38,7 +41,7 @@ def probe(name: str) -> None:
     import importlib
     import logging
 
-    sys.path.insert(0, str(ROOT))
+    sys.path.append(str(ROOT))  # after PYTHONPATH: symbackprop from the checkout being measured
     lines: list[str] = []
 
     class Keep(logging.Handler):
@@ -69,10 +72,10 @@ def probe(name: str) -> None:
                       "import_cpu": c1 - c0, **stages}))
 
 
-def sample(name: str, cache: str) -> dict:
-    env = dict(os.environ, SYMBACKPROP_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-m", "benchmarks.gradbench.coldcompile", "--probe", name],
-                         cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+def sample(name: str, cache: str, code: Path = ROOT) -> dict:
+    env = dict(os.environ, SYMBACKPROP_CACHE_DIR=cache, PYTHONPATH=str(code))
+    out = subprocess.run([sys.executable, __file__, "--probe", name],
+                         cwd=code, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -81,24 +84,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--evals", default=",".join(DEFAULT_EVALS))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json", default=None)
+    p.add_argument("--code", default=None, help="comma list of checkouts whose symbackprop to time, alternately")
     p.add_argument("--probe", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.probe:
         probe(args.probe)
         return 0
-    results = {}
+    codes = [Path(c).resolve() for c in args.code.split(",")] if args.code else [ROOT]
+    results: dict = {}
     keys = ("compile", "compile_cpu", "lower", "differentiate", "emit", "C compile", "cc_cpu")
-    print(f"{'eval':8} " + " ".join(f"{k:>13}" for k in (*keys, "cached")))
+    print(f"{'eval':8} {'code':24} " + " ".join(f"{k:>13}" for k in (*keys, "cached")))
     for name in args.evals.split(","):
-        runs, cached = [], []
+        runs: dict = {code: [] for code in codes}
+        cached: dict = {code: [] for code in codes}
         for _ in range(args.repeat):
-            with tempfile.TemporaryDirectory(prefix="sbp-cold-") as cache:
-                runs.append(sample(name, cache))
-                cached.append(sample(name, cache)["compile"])
-        med = {k: statistics.median(r.get(k, 0.0) for r in runs) for k in keys}
-        med["cached"] = statistics.median(cached)
-        results[name] = {"median": med, "runs": runs, "cached": cached}
-        print(f"{name:8} " + " ".join(f"{med[k]:13.3f}" for k in (*keys, "cached")), flush=True)
+            for code in codes:
+                with tempfile.TemporaryDirectory(prefix="sbp-cold-") as cache:
+                    runs[code].append(sample(name, cache, code))
+                    cached[code].append(sample(name, cache, code)["compile"])
+        for code in codes:
+            med = {k: statistics.median(r.get(k, 0.0) for r in runs[code]) for k in keys}
+            med["cached"] = statistics.median(cached[code])
+            results.setdefault(name, {})[str(code)] = {"median": med, "runs": runs[code], "cached": cached[code]}
+            print(f"{name:8} {str(code)[-24:]:24} " + " ".join(f"{med[k]:13.3f}" for k in (*keys, "cached")), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
