@@ -75,7 +75,9 @@ def probe(name: str) -> None:
 def sample(name: str, cache: str, code: Path = ROOT) -> dict:
     env = dict(os.environ, SYMBACKPROP_CACHE_DIR=cache, PYTHONPATH=str(code))
     out = subprocess.run([sys.executable, __file__, "--probe", name],
-                         cwd=code, env=env, capture_output=True, text=True, check=True)
+                         cwd=code, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{name} in {code} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
