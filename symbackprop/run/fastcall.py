@@ -110,7 +110,7 @@ def build_beside() -> threading.Thread | None:
 
 def _compile(source: str, staging: Path, final: Path) -> None:
     (staging / SOURCE.name).write_text(source)
-    _run_logged(_command(staging), staging / "build.log", final.parent, "the call hot path")
+    _run_logged([[_command(staging)]], staging / "build.log", final.parent, "the call hot path")
 
 
 def caller(lib: Any, ffi: Any, c_name: str, n_dims: int, itemsize: int,

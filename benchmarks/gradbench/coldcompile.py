@@ -1,0 +1,118 @@
+"""Cold compile of GradBench ports, stage by stage, wall and CPU time.
+
+    python -m benchmarks.gradbench.coldcompile [--evals gmm,llsq] [--repeat 3] [--json out.json]
+                                               [--code /other/checkout,.]
+
+Each sample is a fresh process with an empty SYMBACKPROP_CACHE_DIR (cold),
+then one more process on the same folder (cached); with --code, the
+samples of each checkout's symbackprop alternate (a before/after table on
+a machine whose load changes). Stage times come from the
+"symbackprop" logger (summed over models and functions); CPU time is
+resource.getrusage of the process and its children (the C compiler), which
+a loaded machine disturbs less than wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_EVALS = ("lse", "kmeans", "llsq", "ba", "gmm", "lstm")
+_STAGE = re.compile(r"^(lower|differentiate|emit|C compile) .*?: ([0-9.]+) s")
+
+
+def _cpu() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def probe(name: str) -> None:
+    """(In the subprocess) compile eval `name` at its default size; print JSON."""
+    import importlib
+    import logging
+
+    sys.path.append(str(ROOT))  # after PYTHONPATH: symbackprop from the checkout being measured
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    t0, c0 = time.perf_counter(), _cpu()
+    import symbackprop as sbp
+    from benchmarks.gradbench._common import build_models
+
+    logging.getLogger("symbackprop").addHandler(Keep())
+    logging.getLogger("symbackprop").setLevel(logging.INFO)
+    E = importlib.import_module(f"benchmarks.gradbench.{name}")
+    models = build_models(E, E.DEFAULT)
+    t1, c1 = time.perf_counter(), _cpu()
+    kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for m in models.values():
+        sbp.compile(m, functions=E.SBP_FUNCTIONS)
+    t2, c2 = time.perf_counter(), _cpu()
+    kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    stages: dict[str, float] = {}
+    for line in lines:
+        match = _STAGE.match(line)
+        if match:
+            stages[match.group(1)] = stages.get(match.group(1), 0.0) + float(match.group(2))
+    cc_cpu = (kids1.ru_utime + kids1.ru_stime) - (kids0.ru_utime + kids0.ru_stime)
+    print(json.dumps({"declare": t1 - t0, "compile": t2 - t1, "compile_cpu": c2 - c1, "cc_cpu": cc_cpu,
+                      "import_cpu": c1 - c0, **stages}))
+
+
+def sample(name: str, cache: str, code: Path = ROOT) -> dict:
+    env = dict(os.environ, SYMBACKPROP_CACHE_DIR=cache, PYTHONPATH=str(code))
+    out = subprocess.run([sys.executable, __file__, "--probe", name],
+                         cwd=code, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{name} in {code} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--evals", default=",".join(DEFAULT_EVALS))
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--json", default=None)
+    p.add_argument("--code", default=None, help="comma list of checkouts whose symbackprop to time, alternately")
+    p.add_argument("--probe", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.probe:
+        probe(args.probe)
+        return 0
+    codes = [Path(c).resolve() for c in args.code.split(",")] if args.code else [ROOT]
+    results: dict = {}
+    keys = ("compile", "compile_cpu", "lower", "differentiate", "emit", "C compile", "cc_cpu")
+    print(f"{'eval':8} {'code':24} " + " ".join(f"{k:>13}" for k in (*keys, "cached")))
+    for name in args.evals.split(","):
+        runs: dict = {code: [] for code in codes}
+        cached: dict = {code: [] for code in codes}
+        for _ in range(args.repeat):
+            for code in codes:
+                with tempfile.TemporaryDirectory(prefix="sbp-cold-") as cache:
+                    runs[code].append(sample(name, cache, code))
+                    cached[code].append(sample(name, cache, code)["compile"])
+        for code in codes:
+            med = {k: statistics.median(r.get(k, 0.0) for r in runs[code]) for k in keys}
+            med["cached"] = statistics.median(cached[code])
+            results.setdefault(name, {})[str(code)] = {"median": med, "runs": runs[code], "cached": cached[code]}
+            print(f"{name:8} {str(code)[-24:]:24} " + " ".join(f"{med[k]:13.3f}" for k in (*keys, "cached")), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
