@@ -90,6 +90,28 @@ class Splitter:
         return parts, self.done[expr]
 
 
+def substitute(exprs: list[sp.Basic], rule: dict) -> list[sp.Basic]:
+    """[e.xreplace(rule) for e in exprs], each distinct subexpression rebuilt
+    once over all of them (xreplace rebuilds a shared one once per path, and
+    each rebuild of a product or sum flattens and sorts its arguments again:
+    most of a large CSE's renaming)."""
+    done: dict[sp.Basic, sp.Basic] = {}
+    stack: list[tuple[sp.Basic, bool]] = [(e, False) for e in reversed(exprs)]
+    while stack:
+        sub, ready = stack.pop()
+        if sub in done:
+            continue
+        if sub in rule or not sub.args:
+            done[sub] = rule.get(sub, sub)
+        elif ready:
+            args = [done[a] for a in sub.args]
+            done[sub] = sub if all(n is a for n, a in zip(args, sub.args)) else sub.func(*args)
+        else:
+            stack.append((sub, True))
+            stack.extend((a, False) for a in sub.args if a not in done)
+    return [done[e] for e in exprs]
+
+
 def shallow_program(lets: list, bodies: list, symbols: Iterator[sp.Symbol]) -> tuple[list, list]:
     """The program (lets, bodies) with its deep or shared parts made lets
     of their own (named from `symbols`), in order."""
@@ -106,4 +128,4 @@ def shallow_program(lets: list, bodies: list, symbols: Iterator[sp.Symbol]) -> t
     return program, [cut(b) for b in bodies]
 
 
-__all__ = ["MAX_BODY_DEPTH", "MAX_BODY_PARTS", "Splitter", "is_value", "post_order", "shallow_program"]
+__all__ = ["MAX_BODY_DEPTH", "MAX_BODY_PARTS", "Splitter", "is_value", "post_order", "shallow_program", "substitute"]
