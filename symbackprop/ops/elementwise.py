@@ -60,6 +60,11 @@ def _evaluate(node: Node, args: list[np.ndarray], context: Context) -> np.ndarra
 # --- C ----------------------------------------------------------------------
 
 
+# A loop-free body of more statements than this makes its function
+# SYMBACKPROP_STRAIGHT (the runtime header: GCC vectorizes no basic block).
+STRAIGHT_MIN_STATEMENTS = 200
+
+
 def _emit(em: FunctionEmitter, kernel: MapKernel) -> dict:
     loops, i, j = em.loops(kernel.shape)
     text = {sym: em.access(view, i, j) for sym, view in kernel.loads}
@@ -95,6 +100,7 @@ def _emit(em: FunctionEmitter, kernel: MapKernel) -> dict:
         "parallel": worth_threads(kernel.shape[0]) and len(loops) > 0 and loops[0][0] == "i",
         "temps": first + [(str(sym), printer.doprint(expr)) for sym, expr in kernel.temps],
         "stores": [(f"{em.namer.name(out)}[{out_index_text}]", printer.doprint(expr)) for out, expr in kernel.stores],
+        "straight": not loops and len(kernel.temps) + len(kernel.stores) > STRAIGHT_MIN_STATEMENTS,
     }
 
 
