@@ -32,7 +32,7 @@
 /* A function holding a long straight-line body (a scalar loss and its
  * gradient written out, thousands of statements): GCC's vectorizer of
  * basic blocks spends a quarter of the compile on it and the calls are as
- * fast without (GradBench det ell=9: 5.5 -> 4.1 s, calls within 2%). */
+ * fast without (GradBench det ell=9: 5.5 -> 4.1 s of CPU, calls no slower). */
 #if defined(__GNUC__) && !defined(__clang__)
 #define SYMBACKPROP_WIDE __attribute__((optimize("no-tree-loop-distribution", "no-gcse-after-reload", "ira-region=one")))
 #define SYMBACKPROP_STRAIGHT __attribute__((optimize("no-tree-slp-vectorize")))
