@@ -5,6 +5,8 @@ and on random expressions that share subexpressions."""
 from __future__ import annotations
 
 import random
+import sys
+from pathlib import Path
 
 import pytest
 import sympy as sp
@@ -67,6 +69,7 @@ def test_products_without_a_denominator_are_not_rebuilt(monkeypatch):
     them again); count_ops calls it only where a factor may go below the
     line, so a determinant by minors (sums of products, no division) costs
     one step per distinct term and the count is still SymPy's."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmarks package
     from benchmarks.gradbench.det import det_by_minors
     from symbackprop.schedule import opcount
 
