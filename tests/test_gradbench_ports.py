@@ -10,6 +10,7 @@ from benchmarks.gradbench.test_gradbench_ports import (  # noqa: F401
     restore_framework_state,
     test_ba_sparse_layout,
     test_comparison_catches_a_wrong_derivative,
+    test_det_at_ell_9,
     test_generators_replay_gradbench_draws,
     test_jax_peer,
     test_symbackprop_port,

@@ -5,6 +5,8 @@ and on random expressions that share subexpressions."""
 from __future__ import annotations
 
 import random
+import sys
+from pathlib import Path
 
 import pytest
 import sympy as sp
@@ -60,3 +62,24 @@ def test_shared_terms_counted_as_often_as_they_occur():
         e = sp.sin(e) * sp.cos(e)
     # per level: sin, cos, one MUL, each counted once per copy of the level above
     assert count_ops(e) == 3 * (2**40 - 1)
+
+
+def test_products_without_a_denominator_are_not_rebuilt(monkeypatch):
+    """fraction rebuilds a product from its factors (SymPy flattens and sorts
+    them again); count_ops calls it only where a factor may go below the
+    line, so a determinant by minors (sums of products, no division) costs
+    one step per distinct term and the count is still SymPy's."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmarks package
+    from benchmarks.gradbench.det import det_by_minors
+    from symbackprop.schedule import opcount
+
+    calls = []
+    real = opcount.fraction
+    monkeypatch.setattr(opcount, "fraction", lambda e: calls.append(e) or real(e))
+    A = sp.Matrix(5, 5, lambda i, j: sp.Symbol(f"a{i}{j}", real=True))
+    det = det_by_minors(lambda i, j: A[i, j], 5, lambda a, b: a + b, sp.Integer(0))
+    with_division = det / (A[0, 0] * A[1, 1]) - 3 * det / 2
+    assert count_ops(det) == sp.count_ops(det)
+    assert calls == []
+    assert count_ops(with_division) == sp.count_ops(with_division)
+    assert len(calls) > 0

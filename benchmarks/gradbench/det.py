@@ -10,7 +10,8 @@ Every peer builds the same expression: the minor of rows r.. and a set of column
 one shared node (memoised on (r, columns)), so the graph has about ell 2^(ell-1)
 multiply-adds instead of the recursion's ell! (symbackprop would share them anyway:
 SymPy hash-conses equal subexpressions and the compiler CSEs them). The reference is
-numpy's det(A) and its gradient det(A) inv(A)^T.
+numpy's det(A) and its gradient det(A) inv(A)^T; fd_error checks a
+gradient against central differences of numpy's det.
 """
 
 from __future__ import annotations
@@ -51,6 +52,16 @@ def reference(data: dict) -> tuple[dict, dict]:
     A = data["A"]
     d = float(np.linalg.det(A))
     return {"value": d}, {"A": d * np.linalg.inv(A).T}
+
+
+def fd_error(data: dict, deriv: dict, eps: float = 1e-6) -> float:
+    """Relative error of the directional derivative along a random direction
+    (central differences of numpy's determinant)."""
+    A = data["A"]
+    v = np.random.default_rng(1).standard_normal(A.shape)
+    fd = (np.linalg.det(A + eps * v) - np.linalg.det(A - eps * v)) / (2 * eps)
+    got = float(np.sum(np.asarray(deriv["A"]).reshape(A.shape) * v))
+    return abs(got - fd) / max(abs(fd), 1e-300)
 
 
 def det_by_minors(entry, ell: int, add, zero):

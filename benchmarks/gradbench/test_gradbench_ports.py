@@ -91,6 +91,22 @@ def test_torch_peer(name):
     check(E, data, primal, derivative)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_JAX, reason="JAX is not installed")
+def test_det_at_ell_9():
+    """det at the largest size issue 17 asks for (ell=9: 2,304 minors):
+    symbackprop against numpy's closed form, finite differences and JAX's
+    gradient, taken op by op (jit compiles ell=7 in a minute; ell=9 longer)."""
+    from benchmarks.gradbench import det
+    from benchmarks.gradbench._common import jax_module
+
+    size = {"ell": 9}
+    data = det.generate(size)
+    jax = jax_module()
+    by_jax = jax.grad(det._loss)({"A": jax.numpy.asarray(data["A"])}, {})
+    check(det, data, *det.sbp_calls(sbp_compile(det, size), data), to_numpy(by_jax))
+
+
 def test_generators_replay_gradbench_draws():
     from benchmarks.gradbench import det, gmm, kmeans, lse, lstm, ode
 

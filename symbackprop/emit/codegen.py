@@ -173,6 +173,14 @@ class CFunction:
         per-example body: marked SYMBACKPROP_WIDE (the runtime header)."""
         return any(k.fields.get("wide") for k in self.kernels[start:end])
 
+    def attribute(self, start: int = 0, end: int | None = None) -> str:
+        """The C attribute macro (and a space) its kernels from start to
+        end call for: SYMBACKPROP_WIDE for a wide per-example body, else
+        SYMBACKPROP_STRAIGHT for a long straight-line one; or nothing."""
+        if self.wide(start, end):
+            return "SYMBACKPROP_WIDE "
+        return "SYMBACKPROP_STRAIGHT " if any(k.fields.get("straight") for k in self.kernels[start:end]) else ""
+
     def prelude(self, start: int, body: str) -> Prelude:
         """What the part beginning at kernel `start` declares, given its C text."""
         anchor = dict(self.anchors)

@@ -61,6 +61,11 @@ def _evaluate(node: Node, args: list[np.ndarray], context: Context) -> np.ndarra
 # --- C ----------------------------------------------------------------------
 
 
+# A loop-free body of more statements than this makes its function
+# SYMBACKPROP_STRAIGHT (the runtime header: GCC vectorizes no basic block).
+STRAIGHT_MIN_STATEMENTS = 200
+
+
 def _emit(em: FunctionEmitter, kernel: MapKernel) -> dict:
     loops, i, j = em.loops(kernel.shape)
     shifted = {sym: view for sym, view in kernel.loads if isinstance(view, ShiftedView)}
@@ -98,7 +103,8 @@ def _emit(em: FunctionEmitter, kernel: MapKernel) -> dict:
                 "stores": [(f"{em.namer.name(out)}[{out_index_text}]", printer.doprint(expr))
                            for out, expr in kernel.stores]}
 
-    fields = {"loops": loops, "hoisted": hoisted, "parallel": parallel}
+    fields = {"loops": loops, "hoisted": hoisted, "parallel": parallel,
+              "straight": not loops and len(kernel.temps) + len(kernel.stores) > STRAIGHT_MIN_STATEMENTS}
     if shifted:
         fields["parts"] = _shifted_parts(em, loops, i, j, shifted, body)
     else:

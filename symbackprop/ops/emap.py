@@ -21,7 +21,7 @@ from symbackprop.diff.scalar import backward, forward
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import accumulates, binding_width, element, emap, let_symbol, row_placeholder
-from symbackprop.ir.exprdag import replace_shared, shallow_program
+from symbackprop.ir.exprdag import shallow_program, substitute
 from symbackprop.ir.interpret import Context, apply_body
 from symbackprop.ir.lower import as_dim, scalar_atoms
 from symbackprop.ir.node import SCALAR, Node, Shape
@@ -612,7 +612,7 @@ def _example_map(lowerer, expr: ExampleMap) -> Node:
                 raise ModelError(f"{short(atom)} in the map's body is neither bound by the map nor a scalar input or param")
             subs[atom] = row_placeholder(add(node, ("whole",)), 0)
     # stabilized before CSE splits 1 + exp(u) apart
-    bodies = [stabilize(body) for body in replace_shared(list(expr.body), subs)]
+    bodies = [stabilize(body) for body in substitute(list(expr.body), subs)]
     # the body as a straight-line program, so that derivatives extend it step by step
     names = (let_symbol(k) for k in itertools.count())
     common, reduced = sp.cse(bodies, symbols=names, order="none")

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import sympy as sp
 
+from symbackprop.ir.exprdag import substitute
+
 # x**n of a symbol for |n| up to this is printed as a product: without
 # -ffast-math a C compiler keeps pow() a library call (pow(x, 2) excepted).
 MAX_PRODUCT_POWER = 8
@@ -31,8 +33,9 @@ def cse_program(program: list[tuple[sp.Symbol, sp.Expr]], outputs: list[sp.Expr]
     copies = _copies_of(definitions)
     while any(e.free_symbols & copies.keys() for e in copies.values()):  # chains of copies: to their ends
         copies = {sym: e.xreplace(copies) for sym, e in copies.items()}
-    definitions = {sym: e.xreplace(copies) for sym, e in definitions.items() if sym not in copies}
-    reduced = [e.xreplace(copies) for e in reduced]
+    kept = [sym for sym in definitions if sym not in copies]
+    rewritten = substitute([definitions[sym] for sym in kept] + reduced, copies)
+    definitions, reduced = dict(zip(kept, rewritten)), rewritten[len(kept):]
     ordered: list[sp.Symbol] = []
     placed: set[sp.Symbol] = set()
 
@@ -56,8 +59,8 @@ def cse_program(program: list[tuple[sp.Symbol, sp.Expr]], outputs: list[sp.Expr]
         for sym in sorted(expr.free_symbols & definitions.keys(), key=lambda s: _definition_order(s, position)):
             place(sym)
     names = {sym: sp.Symbol(f"x{k}", real=True) for k, sym in enumerate(ordered)}
-    temps = [(names[sym], definitions[sym].xreplace(names)) for sym in ordered]
-    return share_powers(temps, [e.xreplace(names) for e in outputs])
+    renamed = substitute([definitions[sym] for sym in ordered] + outputs, names)
+    return share_powers(list(zip((names[sym] for sym in ordered), renamed)), renamed[len(ordered):])
 
 
 def share_powers(temps: Sequence[tuple[sp.Symbol, sp.Expr]], outputs: Sequence[sp.Expr]) -> tuple[list, list]:
@@ -175,7 +178,12 @@ def _power_chain(exponents: list[int]) -> dict[int, tuple[int, int]]:
 
 
 def _copies_of(definitions: dict[sp.Symbol, sp.Basic]) -> dict[sp.Symbol, sp.Basic]:
-    return {sym: e for sym, e in definitions.items() if e.is_Atom or (isinstance(e, sp.Expr) and (-e).is_Atom)}
+    return {sym: e for sym, e in definitions.items() if e.is_Atom or _negated_atom(e)}
+
+
+def _negated_atom(e: sp.Basic) -> bool:
+    """Whether -e is an atom (e is -1 times one), without building -e."""
+    return e.is_Mul and len(e.args) == 2 and e.args[0] is sp.S.NegativeOne and e.args[1].is_Atom
 
 
 def _definition_order(symbol: sp.Symbol, position: dict[sp.Symbol, int]) -> tuple:

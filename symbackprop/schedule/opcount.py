@@ -35,7 +35,7 @@ def _step(a: sp.Basic) -> tuple[int, list[sp.Basic]]:
         if coeff_isneg(a):
             ops += 1
             a = a.as_two_terms()[1] if a.args[0] is sp.S.NegativeOne else -a
-        n, d = fraction(a)
+        n, d = _fraction(a)
         if n.is_Integer:
             return ops + 1 + int(bool(n < 0)), [d]
         if d is not sp.S.One:
@@ -58,6 +58,23 @@ def _step(a: sp.Basic) -> tuple[int, list[sp.Basic]]:
     elif a.args and (a.is_Pow or a.is_Function or isinstance(a, _COUNTED)):
         ops += 1
     return ops, ([] if a.is_Symbol else list(a.args))
+
+
+def _fraction(a: sp.Basic) -> tuple[sp.Basic, sp.Basic]:
+    """fraction(a), without rebuilding a product that has no denominator:
+    fraction remakes every product as Mul(*numerator), a flattening of all
+    its factors, and that was most of the count on a determinant's gradient."""
+    if a.is_Mul and not any(_in_denominator(t) for t in a.args):
+        return a, sp.S.One
+    return fraction(a)
+
+
+def _in_denominator(term: sp.Basic) -> bool:
+    """Whether fraction could put some of the factor `term` below the line
+    (a power whose exponent is not known positive, a non-integer Rational)."""
+    if term.is_commutative and (term.is_Pow or isinstance(term, sp.exp)):
+        return not term.as_base_exp()[1].is_positive
+    return bool(term.is_Rational and not term.is_Integer)
 
 
 def count_ops(expr: sp.Basic) -> int:
