@@ -33,7 +33,7 @@ import symbackprop as sbp
 from symbackprop import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lstm_lm import CHARS, GATES, TEXT, VOCAB  # noqa: E402  (the text and its alphabet)
+from lstm_lm import CHARS, GATES, TEXT, VOCAB  # the text and its alphabet
 
 BATCH, WINDOW = 16, 32  # windows a minibatch, characters a window
 
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
           f"Adam lr={args.lr}; {args.epochs} epochs")
     params = {k: v.copy() for k, v in start_params.items()}
     start = time.perf_counter()
-    mod, curves, seconds = train_symbackprop(params, wins, orders, args.hidden, args.lr)
+    _, curves, seconds = train_symbackprop(params, wins, orders, args.hidden, args.lr)
     bits = np.log2(np.e)
     print(f"symbackprop (compiled, trained in {time.perf_counter() - start:.1f} s): first epoch "
           f"{curves[0].mean() * bits:.3f}, last {curves[-1].mean() * bits:.3f} bits/char")

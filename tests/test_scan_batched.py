@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import sympy as sp
+from conftest import load_example
 from oracles import relative_error
 
 import symbackprop as sbp
@@ -15,19 +16,19 @@ from symbackprop.declare import nn
 from symbackprop.errors import ModelError
 
 N, B = sp.symbols("N B", integer=True, positive=True)
-D, H, O = 3, 4, 2
+D, H, OUT = 3, 4, 2
 GATES = "ifgo"
 SHAPES = [(1, 1), (1, 4), (3, 1), (5, 4), (2, 3)]  # (B, T): batch 1, odd B, T=1
 RTOL = 1e-10
 
 
 def lstm_model(name: str, every: int | None = None) -> sbp.Model:
-    X, target = sp.MatrixSymbol("X", N, D), sp.MatrixSymbol("target", N, O)
+    X, target = sp.MatrixSymbol("X", N, D), sp.MatrixSymbol("target", N, OUT)
     h0, c0 = sp.MatrixSymbol("h0", B, H), sp.MatrixSymbol("c0", B, H)
     W = [sp.MatrixSymbol(f"W_{g}", D, H) for g in GATES]
     U = [sp.MatrixSymbol(f"U_{g}", H, H) for g in GATES]
     b = [sp.MatrixSymbol(f"b_{g}", 1, H) for g in GATES]
-    V = sp.MatrixSymbol("V", H, O)
+    V = sp.MatrixSymbol("V", H, OUT)
     h, c, x = sp.MatrixSymbol("h", B, H), sp.MatrixSymbol("c", B, H), sp.MatrixSymbol("x", B, D)
     h_next, c_next = nn.lstm_cell(x, h, c, W, U, b)  # x: B x D, a matrix product per gate
     Y = sbp.scan((h_next, c_next), h_next * V, (h, c), x, (h0, c0), X, checkpoint_every=every, batch=B)
@@ -37,9 +38,9 @@ def lstm_model(name: str, every: int | None = None) -> sbp.Model:
 
 
 def lstm_data(rng: np.random.Generator, batch: int, steps: int) -> dict:
-    data = {"X": rng.standard_normal((steps * batch, D)), "target": rng.standard_normal((steps * batch, O)),
+    data = {"X": rng.standard_normal((steps * batch, D)), "target": rng.standard_normal((steps * batch, OUT)),
             "h0": rng.standard_normal((batch, H)) * 0.5, "c0": rng.standard_normal((batch, H)) * 0.5,
-            "V": rng.uniform(-0.5, 0.5, (H, O))}
+            "V": rng.uniform(-0.5, 0.5, (H, OUT))}
     for g in GATES:
         data[f"W_{g}"] = rng.uniform(-0.5, 0.5, (D, H))
         data[f"U_{g}"] = rng.uniform(-0.5, 0.5, (H, H))
@@ -89,7 +90,7 @@ def jax_lstm_loss(data: dict, batch: int, steps: int):
             return (h, c), h @ p["V"]
 
         _, ys = jax.lax.scan(step, (p["h0"], p["c0"]), p["X"].reshape(steps, batch, D))
-        return jnp.sum((ys.reshape(steps * batch, O) - p["target"]) ** 2)
+        return jnp.sum((ys.reshape(steps * batch, OUT) - p["target"]) ** 2)
 
     return jax, loss
 
@@ -178,3 +179,19 @@ def test_batched_scan_declaration_errors():
         sbp.scan(h, None, h, x, sp.ZeroMatrix(B, H), X, batch=0)
     with pytest.raises(ModelError, match="a step output has B rows"):
         sbp.scan(x * W, (x * W).T, h, x, sp.ZeroMatrix(B, H), X, batch=B)
+
+
+def test_example_trains_on_minibatches_as_torch_does():
+    """examples/lstm_lm_batched.py: train_epoch over time-major minibatches
+    gives PyTorch nn.LSTM's loss curve (same init, order and Adam)."""
+    pytest.importorskip("torch")
+    example = load_example("lstm_lm_batched")
+    rng = np.random.default_rng(0)
+    wins = example.windows(example.TEXT * 2)
+    start = example.init_params(rng, 8)
+    orders = [rng.permutation(len(wins)) for _ in range(2)]
+    params = {k: v.copy() for k, v in start.items()}
+    _, curves, _ = example.train_symbackprop(params, wins, orders, 8, 1e-2)
+    torch_curves, _ = example.train_torch(start, wins, orders, 8, 1e-2)
+    assert curves.shape == torch_curves.shape == (2, len(wins) // example.BATCH)
+    assert relative_error(curves, torch_curves) < 1e-10

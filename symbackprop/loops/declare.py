@@ -227,7 +227,7 @@ def _checked_batch(batch: Any) -> sp.Expr:
 
 
 def _check_declaration(states: tuple, inputs: tuple, next_states: tuple, inits: tuple, sequences: tuple,
-                       outputs: tuple, batch: sp.Expr = sp.Integer(1)) -> None:
+                       outputs: tuple, batch: sp.Expr) -> None:
     """The arguments of `scan` agree in number, kind and shape (else a ModelError)."""
     if not states:
         raise ModelError("scan needs at least one state")
