@@ -179,6 +179,9 @@ def test_batched_scan_declaration_errors():
         sbp.scan(h, None, h, x, sp.ZeroMatrix(B, H), X, batch=0)
     with pytest.raises(ModelError, match="a step output has B rows"):
         sbp.scan(x * W, (x * W).T, h, x, sp.ZeroMatrix(B, H), X, batch=B)
+    Y = sbp.scan(h + x * W, h + x * W, h, x, sp.ZeroMatrix(B, H), X, batch=B)
+    with pytest.raises(ModelError, match="batch=B is not a dimension of any input or param"):
+        sbp.compile(sbp.Model("batch_unbound", inputs=[X], params=[W], loss=nn.sum_all(Y)))
 
 
 def test_example_trains_on_minibatches_as_torch_does():

@@ -35,6 +35,9 @@ def _build_scan(lowerer: Lowerer, spec: ScanSpec) -> Node:
             raise ModelError(
                 f"scan: {sym} stands for the scan's state or input and cannot also be an input or param of the model"
             )
+    if spec.batch.free_symbols - lowerer.dims:
+        raise ModelError(f"scan: batch={spec.batch} is not a dimension of any input or param (it is bound at call "
+                         f"time from one that has it, e.g. an initial state of {spec.batch} rows)")
     inits = [lowerer.lower(e) for e in spec.inits]
     seqs = [_steps(lowerer.lower(e), spec) for e in spec.sequences]
     state_leaves = {sym: leaf(symbol_name(sym), shape_of(sym), "scan_state") for sym in spec.states}
