@@ -198,3 +198,18 @@ def test_example_trains_on_minibatches_as_torch_does():
     torch_curves, _ = example.train_torch(start, wins, orders, 8, 1e-2)
     assert curves.shape == torch_curves.shape == (2, len(wins) // example.BATCH)
     assert relative_error(curves, torch_curves) < 1e-10
+
+
+def test_batched_lstm_hvp_matches_jax(lstm):
+    """Second order through a batched scan: the hvp (reverse over forward)
+    against jax.jvp(jax.grad)."""
+    rng = np.random.default_rng(21)
+    batch, steps = 3, 4
+    data = lstm_data(rng, batch, steps)
+    jax, loss_fn = jax_lstm_loss(data, batch, steps)
+    direction = {k: rng.standard_normal(v.shape) for k, v in data.items() if k not in ("X", "target", "h0", "c0")}
+    zeros = {k: direction.get(k, np.zeros_like(v)) for k, v in data.items()}
+    _, want = jax.jvp(jax.grad(loss_fn), (data,), (zeros,))
+    products = lstm.hvp(direction, **data)
+    for name, product in products.items():
+        assert relative_error(product, np.asarray(want[name])) < RTOL, name
