@@ -433,7 +433,8 @@ PARALLEL_MIN_ROWS = 64
 
 
 def worth_threads(rows: int | sp.Expr) -> bool:
-    return isinstance(rows, sp.Symbol) or int(rows) >= PARALLEL_MIN_ROWS
+    rows = sp.sympify(rows)  # symbolic: a dimension, or an expression of them (a batched scan's N/B steps)
+    return not rows.is_Integer or int(rows) >= PARALLEL_MIN_ROWS
 
 
 # Products with fewer multiply-adds than this stay as inline loops, which

@@ -16,6 +16,11 @@ the last step. Vectors may be rows (1 x n) or columns (n x 1); the step's
 shapes never depend on T, and neither does the generated C: the step is
 scheduled once (fused, CSE'd) and emitted inside a `for` loop over t.
 
+With `batch=B` a step reads B rows (the t-th step of B sequences, stored
+time-major: a (T*B) x D sequence): lowering reads each sequence as T rows
+of B*D entries and the outputs back as (T*B) x O through a "reshape" view
+(reshape.py, the same memory), so the loop is the unbatched one's.
+
 The pipeline, one module per stage, hooked into the stages through their
 public hooks, registered by `register` alone (which the op registry
 imports on its first look-up, like the built-in families) (one record per op in

@@ -30,6 +30,28 @@ class ceildiv(sp.Function):
         return f"(({printer._print(n)} + {int(k) - 1})/{int(k)})"
 
 
+class blocks(sp.Function):
+    """n / k for positive integers, k dividing n: the steps of a batched
+    scan (n rows, k a step); C integer division in the C."""
+
+    is_integer = True
+    is_positive = True
+
+    @classmethod
+    def eval(cls, n: sp.Expr, k: sp.Expr) -> sp.Expr | None:
+        if k == 1:
+            return n
+        if n.is_Integer and k.is_Integer:
+            if int(n) % int(k):
+                raise ModelError(f"scan: {n} rows do not make whole steps of {k} rows (batch={k})")
+            return sp.Integer(int(n) // int(k))
+        return None
+
+    def _ccode(self, printer: Any, **kwargs: Any) -> str:
+        n, k = self.args
+        return f"(({printer._print(n)})/({printer._print(k)}))"
+
+
 def as_tuple(value: Any) -> tuple:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
@@ -61,10 +83,10 @@ def symbol_name(symbol: Any) -> str:
 class ScanSpec(sp.Basic):
     """What `scan` was given, as one SymPy object (hashed with the model)."""
 
-    def __new__(cls, states, inputs, next_states, outputs, inits, sequences, every) -> ScanSpec:
+    def __new__(cls, states, inputs, next_states, outputs, inits, sequences, every, batch=1) -> ScanSpec:
         return sp.Basic.__new__(
             cls, sp.Tuple(*states), sp.Tuple(*inputs), sp.Tuple(*next_states), sp.Tuple(*outputs),
-            sp.Tuple(*inits), sp.Tuple(*sequences), sp.Integer(every),
+            sp.Tuple(*inits), sp.Tuple(*sequences), sp.Integer(every), sp.sympify(batch),
         )
 
     states = property(lambda self: tuple(self.args[0]))
@@ -74,10 +96,17 @@ class ScanSpec(sp.Basic):
     inits = property(lambda self: tuple(self.args[4]))
     sequences = property(lambda self: tuple(self.args[5]))
     every = property(lambda self: int(self.args[6]))
+    batch = property(lambda self: self.args[7])  # rows a step (1: one row, a vector)
+
+    @property
+    def rows(self) -> sp.Expr:
+        """The rows of each sequence (T steps of `batch` rows)."""
+        return expr_shape(self.sequences[0])[0]
 
     @property
     def length(self) -> sp.Expr:
-        return expr_shape(self.sequences[0])[0]
+        """T, the number of steps."""
+        return blocks(self.rows, self.batch)
 
     def _sympystr(self, printer: Any) -> str:
         seqs = ", ".join(printer._print(s) for s in self.sequences)
@@ -96,7 +125,10 @@ class ScanOutput(sp.MatrixExpr):
 
     @property
     def shape(self) -> tuple:
-        return (self.spec.length, entries(expr_shape(self.spec.outputs[self.index])))
+        out = expr_shape(self.spec.outputs[self.index])
+        if self.spec.batch != 1:  # step t's B x O block is rows tB .. tB+B-1
+            return (self.spec.rows, out[1])
+        return (self.spec.rows, entries(out))
 
     def _entry(self, i: Any, j: Any, **kwargs: Any) -> sp.Expr:
         return MatrixElement(self, i, j)
@@ -131,8 +163,14 @@ class ScanFinal(sp.MatrixExpr):
 
 
 def scan(step_state: Any, step_output: Any, state: Any, inp: Any, init: Any, sequence: Any,
-         checkpoint_every: int | None = None) -> Any:
+         checkpoint_every: int | None = None, batch: Any = 1) -> Any:
     """A recurrence over the rows of `sequence`, run as a loop in the C.
+
+    With `batch=B`, each step reads B rows (the t-th step of B sequences,
+    stored time-major: step t is rows tB .. tB+B-1 of a (T*B) x D
+    sequence), `inp` is B x D, the state usually B x H and each output
+    B x O (rows tB .. tB+B-1 of the (T*B) x O result): the step is matrix
+    code, one product per gate for the whole batch.
 
     Args:
         step_state: the next state, a SymPy expression of `state`, `inp` and
@@ -150,6 +188,10 @@ def scan(step_state: Any, step_output: Any, state: Any, inp: Any, init: Any, seq
         checkpoint_every: keep every k-th state for the backward pass and
             recompute the others (memory ~ T/k + k states instead of T);
             None keeps every state.
+        batch: the rows a step reads: 1 (a row, the default) or a positive
+            integer or symbolic dimension B (bound at call time by an input
+            or param that has it, e.g. the initial state). The sequences'
+            rows must be a multiple of B.
 
     Returns:
         The outputs as a (T x O) ScanOutput (a SymPy matrix expression), a
@@ -167,16 +209,25 @@ def scan(step_state: Any, step_output: Any, state: Any, inp: Any, init: Any, seq
     every = 1 if checkpoint_every is None else checkpoint_every
     if isinstance(every, bool) or not isinstance(every, (int, sp.Integer)) or int(every) < 1:
         raise ModelError(f"scan: checkpoint_every must be a positive integer or None; got {checkpoint_every!r}")
-    _check_declaration(states, inputs, next_states, inits, sequences, outputs)
-    spec = ScanSpec(states, inputs, next_states, outputs, inits, sequences, int(every))
+    batch = _checked_batch(batch)
+    _check_declaration(states, inputs, next_states, inits, sequences, outputs, batch)
+    spec = ScanSpec(states, inputs, next_states, outputs, inits, sequences, int(every), batch)
     if not outputs:
         return final_state(ScanFinal(spec, 0))
     results = tuple(ScanOutput(spec, k) for k in range(len(outputs)))
     return results if isinstance(step_output, (tuple, list)) else results[0]
 
 
+def _checked_batch(batch: Any) -> sp.Expr:
+    value = sp.sympify(batch) if not isinstance(batch, bool) else None
+    if value is None or not (value.is_Symbol or value.is_Integer) or value.is_positive is not True:
+        raise ModelError(f"scan: batch must be a positive integer or a positive integer Symbol (a dimension); "
+                         f"got {batch!r}")
+    return value
+
+
 def _check_declaration(states: tuple, inputs: tuple, next_states: tuple, inits: tuple, sequences: tuple,
-                       outputs: tuple) -> None:
+                       outputs: tuple, batch: sp.Expr) -> None:
     """The arguments of `scan` agree in number, kind and shape (else a ModelError)."""
     if not states:
         raise ModelError("scan needs at least one state")
@@ -197,11 +248,11 @@ def _check_declaration(states: tuple, inputs: tuple, next_states: tuple, inits: 
         )
     if len(sequences) != len(inputs):
         raise ModelError(f"scan: {len(inputs)} inputs need as many sequences; got {len(sequences)}")
-    _check_shapes(states, inputs, next_states, inits, sequences, outputs)
+    _check_shapes(states, inputs, next_states, inits, sequences, outputs, batch)
 
 
 def _check_shapes(states: tuple, inputs: tuple, next_states: tuple, inits: tuple, sequences: tuple,
-                  outputs: tuple) -> None:
+                  outputs: tuple, batch: sp.Expr) -> None:
     for symbol, nxt, start in zip(states, next_states, inits):
         want = expr_shape(symbol)
         if expr_shape(nxt) != want:
@@ -213,7 +264,12 @@ def _check_shapes(states: tuple, inputs: tuple, next_states: tuple, inits: tuple
     length = expr_shape(sequences[0])[0]
     for symbol, seq in zip(inputs, sequences):
         rows, cols = expr_shape(seq)
-        if not is_vector(expr_shape(symbol)) or entries(expr_shape(symbol)) != cols:
+        if batch != 1:
+            if expr_shape(symbol) != (batch, cols):
+                raise ModelError(f"scan: the input {symbol} (shape {expr_shape(symbol)}) stands for one step of the "
+                                 f"sequence {seq} (shape {(rows, cols)}), batch={batch} rows: it must be "
+                                 f"{batch} x {cols}")
+        elif not is_vector(expr_shape(symbol)) or entries(expr_shape(symbol)) != cols:
             raise ModelError(
                 f"scan: the input {symbol} (shape {expr_shape(symbol)}) stands for one row of the sequence {seq} "
                 f"(shape {(rows, cols)}): it must be a vector of {cols} entries"
@@ -221,7 +277,11 @@ def _check_shapes(states: tuple, inputs: tuple, next_states: tuple, inits: tuple
         if rows != length:
             raise ModelError(f"scan: the sequences have different numbers of rows ({length} and {rows})")
     for out in outputs:
-        if not is_vector(expr_shape(out)):
+        if batch != 1:
+            if expr_shape(out)[0] != batch:
+                raise ModelError(f"scan: with batch={batch}, a step output has {batch} rows (one a sequence); "
+                                 f"got shape {expr_shape(out)}")
+        elif not is_vector(expr_shape(out)):
             raise ModelError(f"scan: a step output must be a vector (one row of the outputs); got shape {expr_shape(out)}")
 
 

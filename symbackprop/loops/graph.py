@@ -152,7 +152,7 @@ def binding(arg: Node, rows: bool) -> str:
     whole before the loop, or row by row at each step) or "const"."""
     if is_const(arg):
         return "const"
-    if arg.op == "element" or not is_view(arg.op):
+    if arg.op in ("element", "reshape") or not is_view(arg.op):  # a reshape is row-major
         return "alias"
     if arg.op == "transpose":
         if rows:

@@ -10,6 +10,7 @@ from symbackprop.ir.lower import Lowerer, shape_of
 from symbackprop.ir.node import Node, topological_order
 from symbackprop.loops.declare import ScanFinal, ScanOutput, ScanSpec, entries, is_vector, same_layout, symbol_name
 from symbackprop.loops.graph import ScanStep, scan_node, scan_part
+from symbackprop.loops.reshape import reshape
 
 STEP_CONTEXT = "scan step"  # the context of the lowerer of a scan's step (see ir.Lowerer.nested)
 
@@ -34,8 +35,11 @@ def _build_scan(lowerer: Lowerer, spec: ScanSpec) -> Node:
             raise ModelError(
                 f"scan: {sym} stands for the scan's state or input and cannot also be an input or param of the model"
             )
+    if spec.batch.free_symbols - lowerer.dims:
+        raise ModelError(f"scan: batch={spec.batch} is not a dimension of any input or param (it is bound at call "
+                         f"time from one that has it, e.g. an initial state of {spec.batch} rows)")
     inits = [lowerer.lower(e) for e in spec.inits]
-    seqs = [lowerer.lower(e) for e in spec.sequences]
+    seqs = [_steps(lowerer.lower(e), spec) for e in spec.sequences]
     state_leaves = {sym: leaf(symbol_name(sym), shape_of(sym), "scan_state") for sym in spec.states}
     input_leaves = {sym: leaf(symbol_name(sym), shape_of(sym), "scan_input") for sym in spec.inputs}
     capture_leaves = {sym: leaf(symbol_name(sym), node.shape, "scan_capture") for sym, node in outer.items()}
@@ -43,7 +47,7 @@ def _build_scan(lowerer: Lowerer, spec: ScanSpec) -> Node:
         if not same_layout(init.shape, state_leaves[sym].shape):
             raise ModelError(f"scan: the state {sym} has shape {state_leaves[sym].shape} but its init has shape "
                              f"{init.shape}")
-    length = seqs[0].shape[0]
+    length = spec.length
     for sym, seq in zip(spec.inputs, seqs):
         if seq.shape[0] != length:
             raise ModelError(f"scan: the sequences have different numbers of rows ({length} and {seq.shape[0]})")
@@ -65,7 +69,7 @@ def _build_scan(lowerer: Lowerer, spec: ScanSpec) -> Node:
             raise ModelError(f"scan: the state {sym} has shape {state_leaves[sym].shape} but its step_state has "
                              f"shape {nxt.shape}")
     for out in outputs:
-        if not is_vector(out.shape):
+        if not is_vector(out.shape) and spec.batch == 1:
             raise ModelError(f"scan: a step output must be a vector; got shape {out.shape}")
     order = topological_order(next_states + outputs)
     if any(node.op in ("scan", "scan_vjp") for node in order):
@@ -84,12 +88,24 @@ def _build_scan(lowerer: Lowerer, spec: ScanSpec) -> Node:
     return scan_node(step, inits + seqs + [outer[sym] for sym, _ in captured])
 
 
+def _steps(seq: Node, spec: ScanSpec) -> Node:
+    """A sequence as the loop reads it: one row a step (T x B*D, the same
+    memory as the (T*B) x D sequence, time-major)."""
+    if spec.batch == 1:
+        return seq
+    if seq.shape[0] != spec.rows:
+        raise ModelError(f"scan: the sequences have different numbers of rows ({spec.rows} and {seq.shape[0]})")
+    return reshape(seq, (spec.length, spec.batch * seq.shape[1]))
+
+
 def lower_output(lowerer: Lowerer, expr: ScanOutput) -> Node:
-    """ScanOutput -> the "output" part of its scan node."""
+    """ScanOutput -> the "output" part of its scan node (batched: read back
+    as (T*B) x O)."""
     carrier = _lower_spec(lowerer, expr.spec)
     step: ScanStep = carrier.attrs[0]
     out = step.outputs[expr.index]
-    return scan_part(carrier, "output", expr.index, (step.length, entries(out.shape)))
+    part = scan_part(carrier, "output", expr.index, (step.length, entries(out.shape)))
+    return reshape(part, expr.shape) if expr.spec.batch != 1 else part
 
 
 def lower_final(lowerer: Lowerer, expr: ScanFinal) -> Node:

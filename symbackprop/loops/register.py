@@ -16,6 +16,7 @@ from symbackprop.loops.fixpoint_lower import lower_final as lower_fixed_point
 from symbackprop.loops.implicit import fixed_point_vjp
 from symbackprop.loops.kernels import build_backward, build_forward, build_part
 from symbackprop.loops.lower import lower_final, lower_output
+from symbackprop.loops.reshape import reshape as _reshape  # noqa: F401  (registers the "reshape" view)
 from symbackprop.ops.registry import extend, plain_grad_fn
 
 # a scan node runs the loop; its scan_part nodes name what it writes (the
