@@ -213,3 +213,22 @@ def test_batched_lstm_hvp_matches_jax(lstm):
     products = lstm.hvp(direction, **data)
     for name, product in products.items():
         assert relative_error(product, np.asarray(want[name])) < RTOL, name
+
+
+def test_rows_that_are_not_whole_steps_are_refused_and_nothing_is_written():
+    """T = rows / B: rows that are not a multiple of B would leave the last
+    rows unread; the C returns status 5 before writing, the call raises."""
+    N_, B_ = sp.symbols("N B", integer=True, positive=True)
+    X_, h0_ = sp.MatrixSymbol("X", N_, 2), sp.MatrixSymbol("h0", B_, 3)
+    W_, U_ = sp.MatrixSymbol("W", 2, 3), sp.MatrixSymbol("U", 3, 3)
+    h_, x_ = sp.MatrixSymbol("h", B_, 3), sp.MatrixSymbol("x", B_, 2)
+    step = (x_ * W_ + h_ * U_).applyfunc(sp.tanh)
+    Y_ = sbp.scan(step, step, h_, x_, h0_, X_, batch=B_)
+    mod = sbp.compile(sbp.Model("bscan_whole", inputs=[X_, h0_], params=[W_, U_], loss=nn.sum_all(Y_), outputs={"Y": Y_}))
+    rng = np.random.default_rng(0)
+    d = {"W": rng.standard_normal((2, 3)), "U": 0.3 * rng.standard_normal((3, 3)), "h0": np.zeros((2, 3))}
+    assert mod.forward(X=rng.standard_normal((6, 2)), **d)["Y"].shape == (6, 3)
+    for call in (mod.forward, mod.value_and_grad):
+        with pytest.raises(sbp.ArgumentError, match="status 5: a batched scan's rows are not a multiple of its batch"):
+            call(X=rng.standard_normal((5, 2)), **d)
+    assert "% (B) != 0" in mod.source

@@ -165,6 +165,8 @@ class CFunction:
     # (Index, its rows, rows of each array it gathers from): checked at entry, before anything is written
     checks: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
     statuses: tuple[int, ...] = (0,)  # what it can return (see STATUS_TEXT)
+    # (rows, batch) as C text: rows % batch must be 0 (a batched scan's whole steps), checked at entry
+    divides: tuple[tuple[str, str], ...] = ()
     parts: tuple[tuple[int, int], ...] = ()  # kernel ranges of its parts (see cparts), none when short
     anchors: tuple[tuple[str, str], ...] = ()  # (pointer, its absolute place in work), for the parts
 
@@ -203,9 +205,17 @@ class CFunction:
         return ", ".join(p.decl if p.role == "dim" else f"void *{p.cname}" for p in self.params)
 
 
-def statuses(dims: Sequence[str], checks: Sequence[object]) -> tuple[int, ...]:
-    """The statuses a function with these dimensions and index checks returns."""
-    return (0,) + ((1,) if dims else ()) + ((2,) if checks else ())
+def statuses(dims: Sequence[str], checks: Sequence[object], divides: Sequence[object] = ()) -> tuple[int, ...]:
+    """The statuses a function with these dimensions, index checks and
+    whole-step checks returns."""
+    return (0,) + ((1,) if dims else ()) + ((2,) if checks else ()) + ((5,) if divides else ())
+
+
+def whole_steps(schedule: FunctionSchedule, emitter: FunctionEmitter) -> tuple[tuple[str, str], ...]:
+    """The (rows, batch) pairs its kernels need whole (a kernel's divides(),
+    a batched scan's), as C text, each once."""
+    pairs = (pair for kernel in schedule.kernels for pair in getattr(kernel, "divides", tuple)())
+    return tuple(dict.fromkeys((emitter.dim(n), emitter.dim(k)) for n, k in pairs))
 
 
 @dataclass(frozen=True)
@@ -384,7 +394,7 @@ def emit_wrapper(run: CFunction, name: str, summary: str, outputs: set[str], wit
     work_size = f"{run.name}_work_len({dims})" + "".join(f" + {size}" for size in extra)
     return CFunction(name=name, summary=summary, params=tuple(params), dims=run.dims, uses_work=True, kernels=(),
                      work_size=work_size, delegate=f"{run.name}({', '.join(call)})",
-                     checks=run.checks, statuses=run.statuses)
+                     checks=run.checks, statuses=run.statuses, divides=run.divides)
 
 
 def entry_checks(schedule: FunctionSchedule, emitter: FunctionEmitter) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
@@ -549,6 +559,7 @@ def emit_function(
     declares, anchors = _slot_declarations(schedule, emitter, shared is not None)
     kernels = [replace(k, declares=tuple(declares.get(i, ()))) for i, k in enumerate(kernels)]
     checks = entry_checks(schedule, emitter)
+    divides = whole_steps(schedule, emitter)
     work_size = emitter.dim(schedule.work_size)
     if shared:  # its work_len takes the flag too: a forward-only call needs less
         work_size = f"with_grads ? {work_size} : {emitter.dim(schedule.head_work_size)}"
@@ -564,7 +575,8 @@ def emit_function(
         kernels=tuple(kernels),
         work_size=work_size,
         checks=checks,
-        statuses=statuses(tuple(dims.values()), checks),
+        divides=divides,
+        statuses=statuses(tuple(dims.values()), checks, divides),
         parts=part_ranges(len(kernels), schedule.split if shared else None),
         anchors=tuple(anchors),
     )

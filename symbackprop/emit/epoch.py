@@ -226,6 +226,7 @@ def epoch_c(plan: EpochPlan, step: CFunction, namer: CNamer, dims: dict[sp.Symbo
         step_dims=tuple(p.cname for p in step.params if p.role == "dim"),
         checks=epoch_checks(step, size, local("rows"), local("last")),
         words=words,
+        statuses=(0, 1, 2, 5) if step.divides else (0, 1, 2),  # 5: a minibatch that is not whole steps of a batched scan
     )
 
 

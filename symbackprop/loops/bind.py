@@ -12,7 +12,7 @@ from typing import Any
 import sympy as sp
 
 from symbackprop.ir.node import Node
-from symbackprop.loops.declare import entries
+from symbackprop.loops.declare import blocks, entries
 from symbackprop.loops.graph import ScanStep, binding
 from symbackprop.schedule.kernel import Equation, View
 from symbackprop.schedule.naming import Naming
@@ -91,6 +91,12 @@ class ScanKernel:
         return self.writes_
 
     title = "scan loop"
+
+    def divides(self) -> tuple[tuple[sp.Expr, sp.Expr], ...]:
+        """(rows, batch) pairs the call must check first: a batched scan
+        runs rows / batch steps, which must be whole (else the last rows
+        would be left unread and their outputs unwritten)."""
+        return tuple(b.args for b in sp.sympify(self.length).atoms(blocks))
 
     def work(self) -> tuple[sp.Expr, sp.Expr]:
         """(multiply-adds, other operations): each loop over the steps runs
