@@ -18,7 +18,7 @@ TYPES = {"float64": (FLOAT64, np.float64), "float32": (FLOAT32, np.float32)}
 
 @pytest.fixture(scope="module")
 def library(tmp_path_factory):
-    """Both types' exp, each behind a loop over an array (the vectorized form)."""
+    """Both types' exp and exp_term, each behind a loop over an array (the vectorized form)."""
     folder = tmp_path_factory.mktemp("exp")
     env = template_environment()
     parts = ["#include <math.h>", "#include <stdint.h>", "#include <string.h>", "#define SYMBACKPROP_HELPER static"]
@@ -29,6 +29,10 @@ def library(tmp_path_factory):
             f"void loop_{real.name}(const {real.c} *x, {real.c} *y, long n)\n"
             f"{{ for (long i = 0; i < n; ++i) y[i] = {m.prefix}_exp(x[i]); }}"
         )
+        parts.append(
+            f"void term_{real.name}(const {real.c} *x, {real.c} *y, long n)\n"
+            f"{{ for (long i = 0; i < n; ++i) y[i] = {m.prefix}_exp_term(x[i]); }}"
+        )
     source = folder / "exp.c"
     source.write_text("\n".join(parts) + "\n")
     out = folder / "exp.so"
@@ -38,10 +42,10 @@ def library(tmp_path_factory):
     return ctypes.CDLL(str(out))
 
 
-def call(library, dtype: str, x: np.ndarray) -> np.ndarray:
+def call(library, dtype: str, x: np.ndarray, loop: str = "loop") -> np.ndarray:
     x = np.ascontiguousarray(x, dtype=TYPES[dtype][1])
     y = np.empty_like(x)
-    getattr(library, f"loop_{dtype}")(ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(y.ctypes.data), ctypes.c_long(x.size))
+    getattr(library, f"{loop}_{dtype}")(ctypes.c_void_p(x.ctypes.data), ctypes.c_void_p(y.ctypes.data), ctypes.c_long(x.size))
     return y
 
 
@@ -100,6 +104,27 @@ def test_special_values(library, dtype):
     assert np.isnan(got[0]) and np.isnan(got[6])
     assert got[1] == np.inf and got[2] == 0 and got[3] == 1 and got[4] == 1
     assert got[5] == TYPES[dtype][1](np.e)
+
+
+# exp_term's arguments below which it returns 0, and the bound on exp there
+TERM_FLUSH = {"float64": (-707.0, 2.0**-1019), "float32": (-86.0, 2.0**-124)}
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_exp_term_within_one_ulp_and_zero_only_below_its_bound(library, dtype):
+    """exp_term (log-sum-exp's terms, x <= 0): within 1 ulp of mpmath down to
+    its flush bound, 0 below it where exp itself is under the documented bound,
+    exact at 0, -inf and NaN."""
+    x = arguments(dtype)
+    x = np.concatenate([x[x <= 0], np.linspace(TERM_FLUSH[dtype][0] - 1, TERM_FLUSH[dtype][0] + 1, 401)]).astype(x.dtype)
+    got, want = call(library, dtype, x, "term"), reference(x)
+    flush, bound = TERM_FLUSH[dtype]
+    kept = x >= flush
+    assert kept.sum() > 1000 and (~kept).sum() > 1000
+    assert ulps(got[kept], want[kept]).max() <= 1.0
+    assert np.all(got[~kept] == 0) and np.all(want[~kept].astype(np.float64) < bound)
+    special = call(library, dtype, np.array([0.0, -0.0, -np.inf, np.nan, -np.nan]), "term")
+    assert special[0] == 1 and special[1] == 1 and special[2] == 0 and np.isnan(special[3]) and np.isnan(special[4])
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
