@@ -103,7 +103,7 @@ def test_unsupported_and_broken_peers_are_reported():
 
 
 # --------------------------------------------------------------------------
-# The example workloads (W5-W9): numpy references on small data
+# The example workloads (W5-W10): numpy references on small data
 
 SMALL_EXAMPLES = {
     "W5": dict(points=30, components=4),
@@ -112,6 +112,7 @@ SMALL_EXAMPLES = {
     "W7": dict(count=50),
     "W8": dict(length=40),
     "W9": dict(repeats=1),
+    "W10": dict(batch=3),
 }
 
 
@@ -119,7 +120,7 @@ def _small(name):
     return workloads.WORKLOADS[name].resized(**SMALL_EXAMPLES[name])
 
 
-@pytest.mark.parametrize("name", ["W5", "W6", "W7", "W8", "W9"])
+@pytest.mark.parametrize("name", ["W5", "W6", "W7", "W8", "W9", "W10"])
 def test_example_gradients_match_directional_differences(name, eps=1e-6):
     w = _small(name)
     inputs, params = w.make_data("float64")
@@ -175,7 +176,7 @@ def test_example_data_is_the_examples_own_sample_data():
     pytest.importorskip("symbackprop")
     from benchmarks.peers.symbackprop import load_example
 
-    for name in ["W5", "W6", "W7", "W8", "W9"]:
+    for name in ["W5", "W6", "W7", "W8", "W9", "W10"]:
         w = _small(name)
         ex = load_example(w.example)
         inputs, params = w.make_data("float64")

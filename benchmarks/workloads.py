@@ -1,6 +1,6 @@
 """The benchmark workloads, described once and shared by every peer.
 
-W1-W4 are multi-layer perceptrons (``Workload``); W5-W9 are the
+W1-W4 are multi-layer perceptrons (``Workload``); W5-W10B are the
 repository's example models (``ExampleWorkload``, see below).
 
 Each MLP workload is described by its layer sizes, its hidden activation,
@@ -123,7 +123,7 @@ class Workload:
 
 
 # --------------------------------------------------------------------------
-# The example models (W5-W9)
+# The example models (W5-W10B)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -271,7 +271,28 @@ def _lstm_lm_data(rng, repeats: int) -> dict:
     return data
 
 
+# examples/cnn_digits.py's sizes: 1 x 8 x 8 images, conv 3x3 to 16 then 32
+# channels (padding 1, each followed by relu and a 2 x 2 max pool), linear 64, 10 classes
+CNN_SIDE, CNN_C1, CNN_C2, CNN_HIDDEN, CNN_CLASSES = 8, 16, 32, 64, 10
+CNN_FLAT = CNN_C2 * (CNN_SIDE // 4) ** 2
+
+
+def _cnn_digits_data(rng, batch: int) -> dict:
+    """examples/cnn_digits.py's sample_data: pixels U(0, 1), one-hot labels,
+    then init_params (PyTorch's default U(+-1/sqrt(fan_in)), in its SHAPES order)."""
+    c1, c2, flat, hidden = CNN_C1, CNN_C2, CNN_FLAT, CNN_HIDDEN
+    data = {"X": rng.random((batch, CNN_SIDE * CNN_SIDE)),
+            "T": np.eye(CNN_CLASSES)[rng.integers(0, CNN_CLASSES, size=batch)]}
+    shapes = [("K1", (c1, 9), 9), ("c1", (1, c1), 9), ("K2", (c2, c1 * 9), c1 * 9), ("c2", (1, c2), c1 * 9),
+              ("W1", (flat, hidden), flat), ("b1", (1, hidden), flat),
+              ("W2", (hidden, CNN_CLASSES), hidden), ("b2", (1, CNN_CLASSES), hidden)]
+    for name, shape, fan_in in shapes:
+        data[name] = rng.uniform(-1, 1, size=shape) / np.sqrt(fan_in)
+    return data
+
+
 DATA = {
+    "cnn_digits": _cnn_digits_data,
     "gmm": _gmm_data,
     "bundle_adjustment": _bundle_adjustment_data,
     "polynomial_fit": _polynomial_fit_data,
@@ -313,6 +334,13 @@ EXAMPLE_WORKLOADS = [
         params=tuple(f"{m}_{g}" for m in "WUb" for g in LSTM_GATES) + ("V", "c"),
         size=(("repeats", 8),),
     ),
+    *(ExampleWorkload(
+        name, f"LeNet-style CNN on 8x8 digits, batch {batch}: conv 3x3 (16) -> relu -> max pool 2 -> "
+        "conv 3x3 (32) -> relu -> max pool 2 -> linear(64) -> relu -> linear(10), softmax cross-entropy "
+        "(examples/cnn_digits.py)",
+        example="cnn_digits", inputs=("X", "T"), params=("K1", "c1", "K2", "c2", "W1", "b1", "W2", "b2"),
+        size=(("batch", batch),),
+    ) for name, batch in (("W10", 32), ("W10B", 128))),
 ]
 
 WORKLOADS: dict[str, Workload | ExampleWorkload] = {
@@ -351,7 +379,7 @@ WARMUP = Workload("warmup", "one-off framework warm-up, never reported",
 
 
 def is_example(workload) -> bool:
-    """Whether ``workload`` is one of the example models (W5-W9)."""
+    """Whether ``workload`` is one of the example models (W5-W10B)."""
     return isinstance(workload, ExampleWorkload)
 
 

@@ -20,25 +20,27 @@ n = sp.Symbol("n", integer=True, positive=True)
 BATCHES = (1, 3)
 
 
-def _close(got, want, what):
+def _close(got, want, what, rel=1e-10):
     want = want.detach().numpy().reshape(np.shape(got))
     scale = max(np.abs(want).max(), 1e-300)
-    assert np.abs(np.asarray(got) - want).max() <= 1e-10 * scale, what
+    assert np.abs(np.asarray(got, dtype=np.float64) - want).max() <= rel * scale, what
 
 
-def _check(model, build_torch, shapes, batch, seed=0, wrt=None):
-    """Compile `model`, draw arrays of `shapes` (n: the batch), and compare
-    its loss and gradients with build_torch(tensors) -> loss under autograd."""
+def _check(model, build_torch, shapes, batch, seed=0, wrt=None, rel=1e-10, **compile_kwargs):
+    """Compile `model` (with `compile_kwargs`), draw arrays of `shapes` (n:
+    the batch), and compare its loss and gradients with build_torch(tensors)
+    -> loss under float64 autograd, to `rel` relative."""
     rng = np.random.default_rng(seed + batch)
     arrays = {name: rng.standard_normal(tuple(batch if d == "n" else d for d in shape)) for name, shape in shapes.items()}
-    mod = sbp.compile(model)
-    loss, grads = mod.value_and_grad(**arrays)
+    mod = sbp.compile(model, **compile_kwargs)
+    dtype = compile_kwargs.get("dtype", "float64")
+    loss, grads = mod.value_and_grad(**{name: a.astype(dtype) for name, a in arrays.items()})
     tensors = {name: torch.tensor(a, requires_grad=True) for name, a in arrays.items()}
     want = build_torch(tensors)
     want.backward()
-    assert loss == pytest.approx(want.item(), rel=1e-10, abs=1e-12)
+    assert loss == pytest.approx(want.item(), rel=rel, abs=1e-12)
     for name in wrt or grads:
-        _close(grads[name], tensors[name].grad, f"d loss / d {name}")
+        _close(grads[name], tensors[name].grad, f"d loss / d {name}", rel)
     return mod, arrays
 
 
@@ -138,9 +140,7 @@ def test_batch_norm_inference_and_batch_stats(batch):
     _close(out["var"], images.var(dim=(0, 2, 3), unbiased=False), "batch variance")
 
 
-def test_lenet_block_end_to_end():
-    """conv -> relu -> max pool -> conv -> batch norm -> avg pool -> flatten ->
-    linear -> softmax cross-entropy: every parameter's gradient."""
+def _lenet_block():
     x = sbp.images("x", n, 1, 8, 8)
     t = sp.MatrixSymbol("t", n, 4)
     w1, b1 = sbp.conv_weight("w1", 3, 1, 3), sp.MatrixSymbol("b1", 1, 3)
@@ -164,9 +164,29 @@ def test_lenet_block_end_to_end():
 
     shapes = {"x": ("n", 64), "t": ("n", 4), "w1": (3, 9), "b1": (1, 3), "w2": (4, 27), "b2": (1, 4),
               "gamma": (1, 4), "beta": (1, 4), "v": (4, 4), "c": (1, 4)}
+    return model, reference, shapes
+
+
+def test_lenet_block_end_to_end():
+    """conv -> relu -> max pool -> conv -> batch norm -> avg pool -> flatten ->
+    linear -> softmax cross-entropy: every parameter's gradient."""
+    model, reference, shapes = _lenet_block()
     mod, arrays = _check(model, reference, shapes, 5, wrt=["w1", "b1", "w2", "gamma", "beta", "v", "c"])
     # batch norm subtracts the batch mean: the bias before it has no effect
     assert np.abs(mod.value_and_grad(**arrays)[1]["b2"]).max() < 1e-15
+
+
+@pytest.mark.parametrize(("dtype", "blas", "rel"), [("float32", None, 1e-4), ("float64", False, 1e-10)])
+def test_lenet_block_float32_and_plain_loops(dtype, blas, rel):
+    """The same net compiled in float32 (the conv kernels' C in float, their
+    products through the float matmul helper) and without BLAS (the
+    helper's plain loops), against PyTorch float64."""
+    from symbackprop.build.builder import BuildOptions
+
+    model, reference, shapes = _lenet_block()
+    mod, _ = _check(model, reference, shapes, 5, wrt=["w1", "b1", "w2", "gamma", "beta", "v", "c"], rel=rel,
+                    dtype=dtype, options=BuildOptions(blas=blas))
+    assert f"Real type: {dtype}" in mod.source
 
 
 def test_generated_c_is_loops_with_math():

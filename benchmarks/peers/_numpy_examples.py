@@ -1,5 +1,5 @@
 """Hand-written numpy forward and backward passes of the example workloads
-(W5-W9): the reference the other peers are checked against, and the
+(W5-W10B): the reference the other peers are checked against, and the
 numpy_ref peer's timed code.
 
 Each function takes ``(inputs, params)`` and returns ``(loss, {name:
@@ -250,6 +250,88 @@ def lstm_lm(inputs, params):
     return loss, grads
 
 
+# --------------------------------------------------------------------------
+# W10, W10B: examples/cnn_digits.py
+
+
+def _conv3x3(x, w):
+    """A 3x3 convolution, stride 1, zero padding 1 (PyTorch's Conv2d, no
+    bias) of ``x`` (n, C, H, W) by ``w`` (C_out, C*9); returns the output
+    (n, C_out, H, W) and the windows (n*H*W, C*9) its backward needs."""
+    n, C, H, W = x.shape
+    padded = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))  # n, C, H, W, 3, 3
+    cols = np.ascontiguousarray(windows.transpose(0, 2, 3, 1, 4, 5)).reshape(n * H * W, C * 9)
+    return (cols @ w.T).reshape(n, H, W, -1).transpose(0, 3, 1, 2), cols
+
+
+def _conv3x3_backward(d_out, cols, w, x_shape):
+    """Gradients of the weights and of the input of ``_conv3x3``."""
+    n, C, H, W = x_shape
+    d_rows = d_out.transpose(0, 2, 3, 1).reshape(n * H * W, -1)  # n*H*W, C_out
+    d_cols = (d_rows @ w).reshape(n, H, W, C, 3, 3)
+    d_padded = np.zeros((n, C, H + 2, W + 2), dtype=d_out.dtype)
+    for i in range(3):
+        for j in range(3):
+            d_padded[:, :, i:i + H, j:j + W] += d_cols[:, :, :, :, i, j].transpose(0, 3, 1, 2)
+    return d_rows.T @ cols, d_padded[:, :, 1:-1, 1:-1]
+
+
+def _max_pool2(x):
+    """2 x 2 max pool, stride 2; returns the output and each window's
+    first largest entry (PyTorch's choice for the gradient)."""
+    n, C, H, W = x.shape
+    windows = x.reshape(n, C, H // 2, 2, W // 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(n, C, H // 2, W // 2, 4)
+    first = windows.argmax(axis=-1)
+    return np.take_along_axis(windows, first[..., None], -1)[..., 0], first
+
+
+def _max_pool2_backward(d_out, first, x_shape):
+    n, C, H, W = x_shape
+    d_windows = (np.arange(4) == first[..., None]) * d_out[..., None]  # n, C, H/2, W/2, 4
+    return d_windows.reshape(n, C, H // 2, W // 2, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(x_shape)
+
+
+def _conv_block(x, w, b):
+    """conv 3x3 (padding 1) + bias -> relu -> max pool 2, and what its backward needs."""
+    z, cols = _conv3x3(x, w)
+    a = np.maximum(z + b.reshape(1, -1, 1, 1), 0)
+    pooled, first = _max_pool2(a)
+    return pooled, (x.shape, cols, a.shape, a > 0, first)
+
+
+def _conv_block_backward(d_pooled, w, saved):
+    x_shape, cols, a_shape, positive, first = saved
+    dz = _max_pool2_backward(d_pooled, first, a_shape) * positive
+    dw, dx = _conv3x3_backward(dz, cols, w, x_shape)
+    return dw, dz.sum(axis=(0, 2, 3))[None, :], dx
+
+
+def cnn_digits(inputs, params):
+    """The LeNet-style net of examples/cnn_digits.py: images as NCHW rows,
+    two conv-relu-pool blocks, flatten (NCHW order, as torch.flatten),
+    linear-relu-linear, softmax cross-entropy, mean over the batch."""
+    X, T = inputs["X"], inputs["T"]
+    n, side = len(X), workloads.CNN_SIDE
+    p = params
+    h1, saved1 = _conv_block(X.reshape(n, 1, side, side), p["K1"], p["c1"])
+    h2, saved2 = _conv_block(h1, p["K2"], p["c2"])
+    flat = h2.reshape(n, -1)
+    z1 = flat @ p["W1"] + p["b1"]
+    a1 = np.maximum(z1, 0)
+    logits = a1 @ p["W2"] + p["b2"]
+    loss = float(np.mean(_logsumexp(logits, 1) - (T * logits).sum(axis=1)))
+
+    d_logits = (_softmax(logits, 1) * T.sum(axis=1, keepdims=True) - T) / n
+    d_z1 = (d_logits @ p["W2"].T) * (z1 > 0)
+    grads = {"W2": a1.T @ d_logits, "b2": d_logits.sum(axis=0, keepdims=True),
+             "W1": flat.T @ d_z1, "b1": d_z1.sum(axis=0, keepdims=True)}
+    d_h2 = (d_z1 @ p["W1"].T).reshape(h2.shape)
+    grads["K2"], grads["c2"], d_h1 = _conv_block_backward(d_h2, p["K2"], saved2)
+    grads["K1"], grads["c1"], _ = _conv_block_backward(d_h1, p["K1"], saved1)
+    return loss, {name: grads[name] for name in ("K1", "c1", "K2", "c2", "W1", "b1", "W2", "b2")}
+
+
 # by workload name: W6 and W6J share the example
 FUNCTIONS = {
     "W5": gmm,
@@ -258,4 +340,6 @@ FUNCTIONS = {
     "W7": polynomial_fit,
     "W8": big_logsumexp,
     "W9": lstm_lm,
+    "W10": cnn_digits,
+    "W10B": cnn_digits,
 }

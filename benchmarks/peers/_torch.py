@@ -1,5 +1,5 @@
 """What torch_eager and torch_compile share: ops, tensors, the step, and
-the example workloads' losses (W5-W9)."""
+the example workloads' losses (W5-W10B)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,8 @@ def loss_function(workload):
         return ba_forward
     if workload.name == "W9":
         return lstm_loss
+    if workload.example == "cnn_digits":
+        return cnn_loss
     return functools.partial(_example_losses.LOSSES[workload.name], F)
 
 
@@ -84,6 +86,19 @@ def ba_forward(inputs, params):
     (jc, jX, jw), r = _BA_JACOBIAN(c, X, params["weights"], inputs["feats"])
     jacobian = torch.cat([jc, jX, jw], -1).reshape(len(r), 30)
     return (r * r).sum(), {"residual": r, "jacobian": jacobian}
+
+
+def cnn_loss(inputs, params):
+    """W10/W10B: examples/cnn_digits.py's net with torch.nn.functional
+    (conv2d, relu, max_pool2d, linear), on the example's arrays as views:
+    NCHW rows reshaped to (n, 1, 8, 8), conv weights to (C_out, C_in, 3, 3)."""
+    fn, side = torch.nn.functional, workloads.CNN_SIDE
+    h = inputs["X"].reshape(-1, 1, side, side)
+    for w, b in (("K1", "c1"), ("K2", "c2")):
+        weight = params[w].reshape(params[w].shape[0], h.shape[1], 3, 3)
+        h = fn.max_pool2d(torch.relu(fn.conv2d(h, weight, params[b][0], padding=1)), 2)
+    z = torch.relu(h.flatten(1) @ params["W1"] + params["b1"]) @ params["W2"] + params["b2"]
+    return (torch.logsumexp(z, 1) - (inputs["T"] * z).sum(1)).mean()
 
 
 def _lstm_weights(params):

@@ -108,7 +108,7 @@ def _build(workload, dtype, kind):
 
 def setup(workload, dtype, inputs, params):
     if workloads.is_example(workload):
-        raise Unsupported("not written for the example workloads (W5-W9)")
+        raise Unsupported("not written for the example workloads (W5-W10B)")
     kind = ca.SX if workload.flops <= SX_MAX_FLOPS else ca.MX
     cold = _build(workload, dtype, kind)
     cached = _build(workload, dtype, kind)

@@ -6,7 +6,8 @@ served from that on-disk cache.
 
 The example workloads: W5-W8 are the losses of ``_example_losses.py``; W9
 runs the LSTM with ``jax.lax.scan``; W6J (a forward workload) is
-``jax.jit`` of ``jax.vmap(jax.jacfwd(residual of one observation))``.
+``jax.jit`` of ``jax.vmap(jax.jacfwd(residual of one observation))``;
+W10/W10B (the CNN) use ``lax.conv_general_dilated`` and ``lax.reduce_window``.
 
 W9 has two variants: ``jax_jit`` computes the input projections X W of
 all steps as one matrix product before the scan (as torch.nn.LSTM does);
@@ -68,6 +69,21 @@ def lstm_loss(inputs, params, x_in_loop=False):
     return (jax.nn.logsumexp(logits, 1) - (inputs["Y"] * logits).sum(1)).mean()
 
 
+def cnn_loss(inputs, params):
+    """W10/W10B: examples/cnn_digits.py's net with jax.lax.conv_general_dilated
+    (NCHW, OIHW weights) and lax.reduce_window for the max pools."""
+    side = workloads.CNN_SIDE
+    h = inputs["X"].reshape(-1, 1, side, side)
+    for w, b in (("K1", "c1"), ("K2", "c2")):
+        weight = params[w].reshape(params[w].shape[0], h.shape[1], 3, 3)
+        z = jax.lax.conv_general_dilated(h, weight, (1, 1), ((1, 1), (1, 1)),
+                                         dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        a = jax.nn.relu(z + params[b].reshape(1, -1, 1, 1))
+        h = jax.lax.reduce_window(a, -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+    z = jax.nn.relu(h.reshape(len(h), -1) @ params["W1"] + params["b1"]) @ params["W2"] + params["b2"]
+    return (jax.nn.logsumexp(z, 1) - (inputs["T"] * z).sum(1)).mean()
+
+
 def _one_observation(c, X, w, u):
     r = _example_losses.ba_residual(F, c, X, w, u)
     return r, r
@@ -93,6 +109,8 @@ def _function(workload, x_in_loop=False):
         loss = functools.partial(mlp_loss, workload, OPS)
     elif workload.name == "W9":
         loss = functools.partial(lstm_loss, x_in_loop=x_in_loop)
+    elif workload.example == "cnn_digits":
+        loss = cnn_loss
     else:
         loss = functools.partial(_example_losses.LOSSES[workload.name], F)
     return jax.value_and_grad(lambda p, i: loss(i, p))

@@ -79,17 +79,7 @@ static void cnn_digits_run_part1(
             }
         }
         /* t2[i,oc,at] = sum_kk K1[oc,kk] * t2_cols[kk,at] */
-        for (int64_t oc = 0; oc < 16; ++oc) {
-            for (int64_t at = 0; at < 64; ++at) {
-                t2[(i * 16 + oc) * 64 + at] = 0;
-            }
-            for (int64_t kk = 0; kk < 9; ++kk) {
-                const CNN_DIGITS_REAL wv = K1[oc * 9 + kk];
-                for (int64_t at = 0; at < 64; ++at) {
-                    t2[(i * 16 + oc) * 64 + at] += wv * t2_cols[kk * 64 + at];
-                }
-            }
-        }
+        symbackprop_f64_matmul(16, 64, 9, K1, 9, 1, t2_cols, 64, 1, t2 + i * 1024);
     }
 
     /* t3 = Max(0, t1 + t2) */
@@ -146,17 +136,7 @@ static void cnn_digits_run_part1(
             }
         }
         /* t6[i,oc,at] = sum_kk K2[oc,kk] * t6_cols[kk,at] */
-        for (int64_t oc = 0; oc < 32; ++oc) {
-            for (int64_t at = 0; at < 16; ++at) {
-                t6[(i * 32 + oc) * 16 + at] = 0;
-            }
-            for (int64_t kk = 0; kk < 144; ++kk) {
-                const CNN_DIGITS_REAL wv = K2[oc * 144 + kk];
-                for (int64_t at = 0; at < 16; ++at) {
-                    t6[(i * 32 + oc) * 16 + at] += wv * t6_cols[kk * 16 + at];
-                }
-            }
-        }
+        symbackprop_f64_matmul(32, 16, 144, K2, 144, 1, t6_cols, 16, 1, t6 + i * 512);
     }
 
     /* t7 = Max(0, t0 + t6) */
@@ -357,17 +337,7 @@ static void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_t5_cols = t6_cols; /* 144 x 16, in t6_cols's memory */
     for (int64_t i = 0; i < n; ++i) {
         /* grad_t5_cols[kk,at] = sum_oc K2[oc,kk] * g1[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
-        for (int64_t at = 0; at < 2304; ++at) {
-            grad_t5_cols[at] = 0;
-        }
-        for (int64_t oc = 0; oc < 32; ++oc) {
-            for (int64_t kk = 0; kk < 144; ++kk) {
-                const CNN_DIGITS_REAL wv = K2[oc * 144 + kk];
-                for (int64_t at = 0; at < 16; ++at) {
-                    grad_t5_cols[kk * 16 + at] += wv * g1[(i * 32 + oc) * 16 + at];
-                }
-            }
-        }
+        symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, g1 + i * 512, 16, 1, grad_t5_cols);
         for (int64_t at = 0; at < 256; ++at) {
             grad_t5[i * 256 + at] = 0;
         }
@@ -723,17 +693,7 @@ static void cnn_digits_train_step_part1(
             }
         }
         /* t2[i,oc,at] = sum_kk K1[oc,kk] * t2_cols_1[kk,at] */
-        for (int64_t oc = 0; oc < 16; ++oc) {
-            for (int64_t at = 0; at < 64; ++at) {
-                t2[(i * 16 + oc) * 64 + at] = 0;
-            }
-            for (int64_t kk = 0; kk < 9; ++kk) {
-                const CNN_DIGITS_REAL wv = K1[oc * 9 + kk];
-                for (int64_t at = 0; at < 64; ++at) {
-                    t2[(i * 16 + oc) * 64 + at] += wv * t2_cols_1[kk * 64 + at];
-                }
-            }
-        }
+        symbackprop_f64_matmul(16, 64, 9, K1, 9, 1, t2_cols_1, 64, 1, t2 + i * 1024);
     }
 
     /* t3 = Max(0, t1 + t2) */
@@ -790,17 +750,7 @@ static void cnn_digits_train_step_part1(
             }
         }
         /* t6[i,oc,at] = sum_kk K2[oc,kk] * t6_cols_1[kk,at] */
-        for (int64_t oc = 0; oc < 32; ++oc) {
-            for (int64_t at = 0; at < 16; ++at) {
-                t6[(i * 32 + oc) * 16 + at] = 0;
-            }
-            for (int64_t kk = 0; kk < 144; ++kk) {
-                const CNN_DIGITS_REAL wv = K2[oc * 144 + kk];
-                for (int64_t at = 0; at < 16; ++at) {
-                    t6[(i * 32 + oc) * 16 + at] += wv * t6_cols_1[kk * 16 + at];
-                }
-            }
-        }
+        symbackprop_f64_matmul(32, 16, 144, K2, 144, 1, t6_cols_1, 16, 1, t6 + i * 512);
     }
 
     /* t7 = Max(0, t0 + t6) */
@@ -967,17 +917,7 @@ static void cnn_digits_train_step_part1(
     CNN_DIGITS_REAL *grad_t5_cols_1 = t6_cols_1; /* 144 x 16, in t6_cols_1's memory */
     for (int64_t i = 0; i < n; ++i) {
         /* grad_t5_cols_1[kk,at] = sum_oc K2[oc,kk] * g1[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
-        for (int64_t at = 0; at < 2304; ++at) {
-            grad_t5_cols_1[at] = 0;
-        }
-        for (int64_t oc = 0; oc < 32; ++oc) {
-            for (int64_t kk = 0; kk < 144; ++kk) {
-                const CNN_DIGITS_REAL wv = K2[oc * 144 + kk];
-                for (int64_t at = 0; at < 16; ++at) {
-                    grad_t5_cols_1[kk * 16 + at] += wv * g1[(i * 32 + oc) * 16 + at];
-                }
-            }
-        }
+        symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, g1 + i * 512, 16, 1, grad_t5_cols_1);
         for (int64_t at = 0; at < 256; ++at) {
             grad_t5[i * 256 + at] = 0;
         }
