@@ -490,7 +490,6 @@ static void cnn_digits_run_part2(
  * linearly with a function's length. */
 static void cnn_digits_run_part3(
     int64_t n,
-    const CNN_DIGITS_REAL *T,
     CNN_DIGITS_REAL *grad_W1,
     CNN_DIGITS_REAL *grad_b1,
     CNN_DIGITS_REAL *grad_W2,
@@ -551,7 +550,7 @@ static int cnn_digits_run(
         return 0;
     }
     cnn_digits_run_part2(n, X, T, K2, W1, W2, logits, grad_K1, grad_c1, grad_K2, grad_c2, work);
-    cnn_digits_run_part3(n, T, grad_W1, grad_b1, grad_W2, grad_b2, work);
+    cnn_digits_run_part3(n, grad_W1, grad_b1, grad_W2, grad_b2, work);
     return 0;
 }
 
@@ -1078,7 +1077,6 @@ static void cnn_digits_train_step_part1(
  * linearly with a function's length. */
 static void cnn_digits_train_step_part2(
     int64_t n,
-    const CNN_DIGITS_REAL *T,
     CNN_DIGITS_REAL *K1,
     CNN_DIGITS_REAL *c1,
     CNN_DIGITS_REAL *K2,
@@ -1471,7 +1469,7 @@ int cnn_digits_train_step(
         return 1;
     }
     cnn_digits_train_step_part1(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, weight_decay, loss, work);
-    cnn_digits_train_step_part2(n, T, K1, c1, K2, c2, W1, b1, W2, b2, lr, beta1, beta2, eps, weight_decay, step, m_K1, v_K1, m_c1, v_c1, m_K2, v_K2, m_c2, v_c2, m_W1, v_W1, m_b1, v_b1, m_W2, v_W2, m_b2, v_b2, work);
+    cnn_digits_train_step_part2(n, K1, c1, K2, c2, W1, b1, W2, b2, lr, beta1, beta2, eps, weight_decay, step, m_K1, v_K1, m_c1, v_c1, m_K2, v_K2, m_c2, v_c2, m_W1, v_W1, m_b1, v_b1, m_W2, v_W2, m_b2, v_b2, work);
     return 0;
 }
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 PART_KERNELS = 32  # kernels per part; a function with more is cut
 
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
 
 
 def part_ranges(count: int, split: int | None) -> tuple[tuple[int, int], ...]:
@@ -56,7 +57,7 @@ def prelude(earlier: Sequence[tuple[str, str, str]], params: Sequence[tuple[str,
         params: (C name, C declaration) of the function's parameters.
         body: the C text of the part's kernels.
     """
-    used = set(_IDENTIFIER.findall(body))
+    used = set(_IDENTIFIER.findall(_COMMENT.sub(" ", body)))  # a comment's words ("t9^T") use nothing
     where_of = {name: where for name, where, _ in earlier}
     needed: set[str] = set()
     pending = [name for name in used if name in where_of]
