@@ -110,7 +110,14 @@ class ChannelBroadcast(ImageOp):
 @dataclass(frozen=True)
 class Images:
     """A batch of images: `matrix` is n x (channels*height*width), one row
-    per example in NCHW order."""
+    per example in NCHW order.
+
+    Args:
+        matrix: the n x (channels*height*width) matrix expression.
+        channels: C, a positive int.
+        height: H, a positive int.
+        width: W, a positive int.
+    """
 
     matrix: sp.MatrixExpr
     channels: int
@@ -129,23 +136,44 @@ class Images:
 
     @property
     def pixels(self) -> int:
+        """H*W: the entries of one channel of one image."""
         return self.height * self.width
 
     def map(self, fn: Callable[[sp.MatrixExpr], sp.MatrixExpr]) -> Images:
-        """fn applied to the matrix (an elementwise function: nn.relu), same shape."""
+        """fn applied to the matrix, same shape.
+
+        Args:
+            fn: an elementwise function of a matrix (nn.relu).
+        """
         return Images(fn(self.matrix), self.channels, self.height, self.width)
 
 
 def images(name: str, n: sp.Expr | int, channels: int, height: int, width: int) -> Images:
-    """A batch input of n images: the n x (C*H*W) MatrixSymbol `name` (pass
-    `.matrix` to Model's inputs) and its image shape."""
+    """A batch input of n images: the n x (C*H*W) MatrixSymbol `name` and
+    its image shape (Model's inputs take it, or its `.matrix`).
+
+    Args:
+        name: the input's name.
+        n: the batch size: a positive integer Symbol bound at call time, or an int.
+        channels: C.
+        height: H.
+        width: W.
+    """
     return Images(sp.MatrixSymbol(name, n, channels * height * width), channels, height, width)
 
 
 def conv_weight(name: str, out_channels: int, in_channels: int, kh: int, kw: int | None = None) -> sp.MatrixSymbol:
     """The weights of a convolution as PyTorch stores them, (C_out, C_in, kh, kw),
     as the C_out x (C_in*kh*kw) matrix of the same memory
-    (`torch_weight.reshape(C_out, -1)`)."""
+    (`torch_weight.reshape(C_out, -1)`).
+
+    Args:
+        name: the parameter's name.
+        out_channels: C_out.
+        in_channels: C_in.
+        kh: the window's height.
+        kw: its width (default kh: a square window).
+    """
     return sp.MatrixSymbol(name, out_channels, in_channels * kh * (kh if kw is None else kw))
 
 

@@ -235,7 +235,7 @@ STATUS_TEXT = {
     2: "an Index holds a row number outside the array it gathers from (nothing written)",
     3: "no argument of that number (nothing written)",
     4: "a NULL pointer where an array is needed (nothing written)",
-    5: "a batched scan's rows are not a multiple of its batch: not a whole number of steps (nothing written)",
+    5: "a batched scan's rows are not a multiple of its batch (nothing written)",
 }
 
 # What an input array of a generated function is: its <function>_kind_in(i)
