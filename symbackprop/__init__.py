@@ -7,6 +7,7 @@ Declare a model in SymPy, compile it, call the generated C from Python::
 """
 
 from symbackprop._version import __version__
+from symbackprop.declare.attention import Sequences, position_ids, sequences
 from symbackprop.declare.conv import Images, conv_weight, images
 from symbackprop.declare.derivatives import grad, jvp
 from symbackprop.declare.linalg import cholesky, det, logdet, solve, triangular_solve
@@ -24,6 +25,7 @@ from symbackprop.run.sparse import SparseLayout, sparse_layout
 
 __all__ = [
     "SGD",
+    "Sequences",
     "Adam",
     "ArgumentError",
     "BuildError",
@@ -53,8 +55,10 @@ __all__ = [
     "jvp",
     "logdet",
     "map_examples",
+    "position_ids",
     "reduce",
     "scan",
+    "sequences",
     "shift",
     "solve",
     "sparse_layout",

@@ -27,6 +27,15 @@ from symbackprop.declare.conv import (  # noqa: F401  (the convolutional layers:
     images,
     max_pool2d,
 )
+from symbackprop.declare.attention import (  # noqa: F401  (attention and transformer layers)
+    Sequences,
+    add_positions,
+    causal_attention,
+    embedding,
+    layer_norm,
+    self_attention,
+    sequences,
+)
 from symbackprop.declare.tensor import Index, Reduce, gather
 from symbackprop.errors import ModelError
 
