@@ -211,7 +211,7 @@ def _emit(em: FunctionEmitter, kernel: AttentionKernel) -> dict:
     length, heads, dh = kernel.geometry
     return {"m": em.dim(kernel.rows), "out": em.namer.name(kernel.out), "a": args[0],
             "b": args[1] if len(args) > 1 else None, "L": length, "H": heads, "DH": dh,
-            "exp": printer.doprint(sp.exp(sp.Symbol("v", real=True) - sp.Symbol("top", real=True)))}
+            "exp": printer.doprint(sp.exp(sp.Symbol("val", real=True) - sp.Symbol("top", real=True)))}
 
 
 def _lower(lowerer, expr: declared.SequenceOp) -> Node:
