@@ -141,6 +141,23 @@ def self_attention(x: Sequences, wq: sp.MatrixExpr, wk: sp.MatrixExpr, wv: sp.Ma
     return causal_attention(q, k, v, heads).map(lambda m: m * wo)
 
 
+class RowNormalize(sp.MatrixExpr):
+    """Each row minus its mean, over the square root of its (biased)
+    variance plus eps: one SymPy node (x appears once: written out, x
+    would appear three times a layer, and SymPy's tree of a deep model
+    grows by that factor per layer); it lowers to the IR's sums and maps."""
+
+    def __new__(cls, x: sp.MatrixExpr, eps: sp.Expr) -> RowNormalize:
+        return super().__new__(cls, x, sp.sympify(eps))
+
+    @property
+    def shape(self) -> tuple:
+        return self.args[0].shape
+
+    def _entry(self, i, j, **kwargs):
+        return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
+
+
 def layer_norm(x: sp.MatrixExpr, gamma: sp.MatrixExpr, beta: sp.MatrixExpr, eps: float = 1e-5) -> sp.MatrixExpr:
     """Each row normalized over its d entries (PyTorch's LayerNorm(d)):
     gamma * (x - mean) / sqrt(var + eps) + beta, var biased; gamma, beta 1 x d.
@@ -151,12 +168,8 @@ def layer_norm(x: sp.MatrixExpr, gamma: sp.MatrixExpr, beta: sp.MatrixExpr, eps:
     for p in (gamma, beta):
         if p.shape != (1, d):
             raise ModelError(f"layer_norm's gamma and beta are 1 x {d}; {p} is {p.shape}")
-    across = sp.OneMatrix(d, 1) * sp.OneMatrix(1, d) / d  # x * across: each row's mean, in every column
-    centred = x - x * across
-    variance = sp.hadamard_product(centred, centred) * across
-    scale = variance.applyfunc(lambda s: 1 / sp.sqrt(s + eps))
     down = sp.OneMatrix(rows, 1)
-    return sp.hadamard_product(centred, scale, down * gamma) + down * beta
+    return sp.hadamard_product(RowNormalize(x, eps), down * gamma) + down * beta
 
 
 def embedding(table: sp.MatrixExpr, ids: Index, length: int) -> Sequences:
