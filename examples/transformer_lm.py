@@ -8,7 +8,7 @@ Python's argparse module (they ship with Python, no download):
 A batch of sequences is a matrix with one row per position (docs/attention.md):
 m = n*64 rows, bound at call time by the token ids (an Index).
 
-    python examples/transformer_lm.py [--epochs 4] [--batch-size 16] [--lr 0.003]
+    python examples/transformer_lm.py [--epochs 4] [--batch-size 8] [--lr 0.003]
 
 trains it with `train_epoch` (one C call an epoch; an epoch's order moves
 whole sequences), prints the loss before and after beside the text's unigram
@@ -103,6 +103,8 @@ def sample_data(rng: np.random.Generator, sequences: int = 2) -> dict:
     data = windows(encode(TEXT[start:start + sequences * CONTEXT + 1]))
     params = init_params(rng)
     params["E"], params["P"] = 50 * params["E"], 50 * params["P"]  # gradients well above rounding
+    for b in range(BLOCKS):
+        params[f"Wq{b}"], params[f"Wk{b}"] = 4 * params[f"Wq{b}"], 4 * params[f"Wk{b}"]  # attention far from uniform
     return {**data, **params}
 
 
@@ -191,7 +193,7 @@ def train_torch(params: dict, data: dict, orders: list, batch_size: int, lr: flo
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=16, help="sequences per minibatch")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per minibatch")
     parser.add_argument("--lr", type=float, default=3e-3, help="Adam's learning rate")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")

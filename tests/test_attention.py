@@ -159,3 +159,15 @@ def test_bad_declarations_are_named():
         nn.add_positions(x, sp.MatrixSymbol("P", 5, 6), sbp.Index("pos", m))
     with pytest.raises(sbp.ModelError, match="length must be an int"):
         sbp.sequences("y", m, 0, 6)
+
+
+def test_transformer_lm_example_trains_beside_pytorch(capsys):
+    """examples/transformer_lm.py: the loss falls below 0.8 of the unigram
+    entropy (its exit status), and the PyTorch run agrees step for step."""
+    from conftest import load_example
+
+    assert load_example("transformer_lm").main([]) == 0
+    out = capsys.readouterr().out
+    assert "unigram entropy" in out and "largest loss difference" in out
+    difference = float(out.split("largest loss difference ")[1].split()[0])
+    assert difference < 1e-9
