@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
         torch_curves, torch_seconds = train_torch(start_params, data, orders, args.batch_size, args.lr)
         difference = float(np.abs(torch_curves - curves).max())
-        print(f"PyTorch {torch.__version__} eager (1 thread): final loss {torch_curves[-1, -1]:.3f}; largest "
+        print(f"PyTorch {torch.__version__} eager (1 thread): last step's loss {torch_curves[-1, -1]:.3f} "
+              f"(symbackprop's {curves[-1, -1]:.3f}); largest "
               f"loss difference {difference:.2e} over {curves.size} steps")
         columns.append((f"PyTorch {torch.__version__} eager", torch_seconds))
     print("median time per epoch: " + " | ".join(f"{name} {np.median(s) * 1e3:.0f} ms" for name, s in columns))

@@ -25,7 +25,6 @@ from symbackprop.run.sparse import SparseLayout, sparse_layout
 
 __all__ = [
     "SGD",
-    "Sequences",
     "Adam",
     "ArgumentError",
     "BuildError",
@@ -35,6 +34,7 @@ __all__ = [
     "Index",
     "Model",
     "ModelError",
+    "Sequences",
     "SparseLayout",
     "SymbackpropError",
     "__version__",

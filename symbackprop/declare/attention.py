@@ -137,8 +137,9 @@ def self_attention(x: Sequences, wq: sp.MatrixExpr, wk: sp.MatrixExpr, wv: sp.Ma
     for w in (wq, wk, wv, wo):
         if w.shape != (x.features, x.features):
             raise ModelError(f"self_attention's weights are {x.features} x {x.features}; {w} is {w.shape}")
-    q, k, v = (x.map(lambda m, w=w: m * w) for w in (wq, wk, wv))
-    return causal_attention(q, k, v, heads).map(lambda m: m * wo)
+    q, k, v = (Sequences(x.matrix * w, x.length) for w in (wq, wk, wv))
+    out = causal_attention(q, k, v, heads)
+    return Sequences(out.matrix * wo, out.length)
 
 
 class RowNormalize(sp.MatrixExpr):
@@ -158,12 +159,17 @@ class RowNormalize(sp.MatrixExpr):
         return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
 
 
-def layer_norm(x: sp.MatrixExpr, gamma: sp.MatrixExpr, beta: sp.MatrixExpr, eps: float = 1e-5) -> sp.MatrixExpr:
+def layer_norm(x: sp.MatrixExpr | Sequences, gamma: sp.MatrixExpr, beta: sp.MatrixExpr,
+               eps: float = 1e-5) -> sp.MatrixExpr | Sequences:
     """Each row normalized over its d entries (PyTorch's LayerNorm(d)):
     gamma * (x - mean) / sqrt(var + eps) + beta, var biased; gamma, beta 1 x d.
     On Sequences, per position."""
     if isinstance(x, Sequences):
-        return x.map(lambda m: layer_norm(m, gamma, beta, eps))  # type: ignore[return-value]
+        return Sequences(_normalized(x.matrix, gamma, beta, eps), x.length)
+    return _normalized(x, gamma, beta, eps)
+
+
+def _normalized(x: sp.MatrixExpr, gamma: sp.MatrixExpr, beta: sp.MatrixExpr, eps: float) -> sp.MatrixExpr:
     rows, d = x.shape
     for p in (gamma, beta):
         if p.shape != (1, d):

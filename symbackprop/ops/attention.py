@@ -24,7 +24,7 @@ unrolled over positions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -216,7 +216,8 @@ def _emit(em: FunctionEmitter, kernel: AttentionKernel) -> dict:
 
 def _lower(lowerer, expr: declared.SequenceOp) -> Node:
     operands = [lowerer.lower(o) for o in expr.operands]
-    build = {"attention_scores": attention_scores, "attention_mix": attention_mix, "causal_softmax": causal_softmax}
+    build: dict[str, Callable[..., Node]] = {"attention_scores": attention_scores, "attention_mix": attention_mix,
+                                             "causal_softmax": causal_softmax}
     return build[expr.op](*operands, expr.geometry)
 
 
