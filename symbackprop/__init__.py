@@ -7,6 +7,7 @@ Declare a model in SymPy, compile it, call the generated C from Python::
 """
 
 from symbackprop._version import __version__
+from symbackprop.declare.attention import Sequences, position_ids, sequences
 from symbackprop.declare.conv import Images, conv_weight, images
 from symbackprop.declare.derivatives import grad, jvp
 from symbackprop.declare.linalg import cholesky, det, logdet, solve, triangular_solve
@@ -33,6 +34,7 @@ __all__ = [
     "Index",
     "Model",
     "ModelError",
+    "Sequences",
     "SparseLayout",
     "SymbackpropError",
     "__version__",
@@ -53,8 +55,10 @@ __all__ = [
     "jvp",
     "logdet",
     "map_examples",
+    "position_ids",
     "reduce",
     "scan",
+    "sequences",
     "shift",
     "solve",
     "sparse_layout",

@@ -76,6 +76,38 @@ def cnn_digits_loss(d: dict) -> float:
     return float(np.mean(lse - (d["T"] * z).sum(axis=1)))
 
 
+def _layer_norm(x, gamma, beta, eps=1e-5):
+    centred = x - x.mean(axis=1, keepdims=True)
+    return centred / np.sqrt((centred**2).mean(axis=1, keepdims=True) + eps) * gamma + beta
+
+
+def _causal_attention(q, k, v, length, heads):
+    n, d = q.shape[0] // length, q.shape[1]
+    q, k, v = (z.reshape(n, length, heads, d // heads).transpose(0, 2, 1, 3) for z in (q, k, v))
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d // heads)
+    scores = np.where(np.tril(np.ones((length, length), dtype=bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(axis=3, keepdims=True))
+    out = (weights / weights.sum(axis=3, keepdims=True)) @ v
+    return out.transpose(0, 2, 1, 3).reshape(n * length, d)
+
+
+def transformer_lm_loss(d: dict, length: int = 64, heads: int = 4, blocks: int = 2) -> float:
+    """examples/transformer_lm.py: embeddings, pre-norm blocks (causal
+    attention, gelu MLP), a final layer norm and cross-entropy of the next char."""
+    from scipy.special import erf
+
+    x = d["E"][d["ids"]] + d["P"][d["positions"]]
+    for b in range(blocks):
+        h = _layer_norm(x, d[f"g{b}a"], d[f"b{b}a"])
+        x = x + _causal_attention(h @ d[f"Wq{b}"], h @ d[f"Wk{b}"], h @ d[f"Wv{b}"], length, heads) @ d[f"Wo{b}"]
+        u = _layer_norm(x, d[f"g{b}m"], d[f"b{b}m"]) @ d[f"W{b}up"] + d[f"c{b}up"]
+        x = x + (u * (1 + erf(u / np.sqrt(2))) / 2) @ d[f"W{b}down"] + d[f"c{b}down"]
+    z = _layer_norm(x, d["gf"], d["bf"]) @ d["Wout"]
+    zmax = z.max(axis=1, keepdims=True)
+    lse = zmax[:, 0] + np.log(np.exp(z - zmax).sum(axis=1))
+    return float(np.mean(lse - z[np.arange(len(z)), d["targets"]]))
+
+
 def lstm_sequence_outputs(d: dict, steps: int = 8) -> np.ndarray:
     """The logit of examples/lstm_sequence.py: an LSTM (PyTorch's LSTMCell
     equations, one bias a gate) over x1 ... x8 from the zero state, then a
@@ -197,4 +229,5 @@ NUMPY_LOSSES = {
     "digits_mlp": mnist_mlp_loss,
     "cnn_digits": cnn_digits_loss,  # the same network: tanh MLP, softmax cross-entropy
     "lstm_sequence": lstm_sequence_loss,
+    "transformer_lm": transformer_lm_loss,
 }

@@ -37,6 +37,8 @@ idx = sbp.Index("idx", n)
 IMG = sbp.images("IMG", n, 2, 5, 4)  # n x 40: 2 channels of 5 x 4
 KER, KB = sbp.conv_weight("KER", 3, 2, 3), sp.MatrixSymbol("KB", 1, 3)
 GAMMA, BETA = sp.MatrixSymbol("GAMMA", 1, 2), sp.MatrixSymbol("BETA", 1, 2)
+SQ, SK, SV = (sbp.sequences(name, n, 3, 4) for name in ("SQ", "SK", "SV"))  # n = 5 rows: sequences of 3, then 2
+LNG, LNB = sp.MatrixSymbol("LNG", 1, 3), sp.MatrixSymbol("LNB", 1, 3)
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,13 @@ CASES = [
     Case("batch_norm", lambda: _model("m25", _sum(nn.batch_norm(IMG, GAMMA, BETA).matrix.applyfunc(sp.sin)),
                                       params=(IMG, GAMMA, BETA), inputs=()),
          lambda d: np.sin(_np_batch_norm(d["IMG"], d["GAMMA"], d["BETA"])).sum()),
+    Case("causal_attention", lambda: _model("m26", _sum(nn.causal_attention(SQ, SK, SV, 2).matrix.applyfunc(sp.sin)),
+                                            params=(SQ.matrix, SK.matrix, SV.matrix), inputs=()),
+         lambda d: np.sin(_np_attention(d["SQ"], d["SK"], d["SV"], 3, 2)).sum()),
+    Case("layer_norm", lambda: _model("m27", _sum(nn.layer_norm(X, LNG, LNB).applyfunc(sp.sin)), params=(X, LNG, LNB),
+                                      inputs=()),
+         lambda d: np.sin((d["X"] - d["X"].mean(1, keepdims=True)) / np.sqrt(d["X"].var(1, keepdims=True) + 1e-5)
+                          * d["LNG"] + d["LNB"]).sum()),
 ]
 
 
@@ -164,6 +173,21 @@ def _np_batch_norm(x, gamma, beta, eps=1e-5):
     x = x.reshape(-1, 2, 5, 4)
     mean, var = x.mean(axis=(0, 2, 3), keepdims=True), x.var(axis=(0, 2, 3), keepdims=True)
     return (x - mean) / np.sqrt(var + eps) * gamma.reshape(1, 2, 1, 1) + beta.reshape(1, 2, 1, 1)
+
+
+def _np_attention(q, k, v, length, heads):
+    """Causal attention by its definition: each sequence of `length` rows
+    (the last shorter), each head's columns, keys s <= t only."""
+    out = np.zeros_like(q)
+    dh = q.shape[1] // heads
+    for first in range(0, q.shape[0], length):
+        for t in range(first, min(first + length, q.shape[0])):
+            for h in range(heads):
+                cols = slice(h * dh, (h + 1) * dh)
+                scores = np.array([q[t, cols] @ k[s, cols] / np.sqrt(dh) for s in range(first, t + 1)])
+                weights = np.exp(scores - scores.max())
+                out[t, cols] = (weights / weights.sum()) @ v[first:t + 1, cols]
+    return out
 
 
 def _row_map():
@@ -258,7 +282,8 @@ def test_jvp_matches_directional_difference(case):
 
 @pytest.mark.parametrize("name", ["map_exp_sin", "logsumexp_axis0", "emap_gather", "emap_pairs", "prod_axis0", "cumsum_axis1",
                                   "shift_down_fill", "shift_left_axis1",
-                                  "conv2d_stride2_pad1", "max_pool2d", "avg_pool2d", "batch_norm"])
+                                  "conv2d_stride2_pad1", "max_pool2d", "avg_pool2d", "batch_norm",
+                                  "causal_attention", "layer_norm"])
 def test_compiled_module_agrees_with_the_interpreter(name):
     case = next(c for c in CASES if c.name == name)
     model = case.model()

@@ -16,6 +16,15 @@ from sympy.codegen.cfunctions import expm1
 from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 
 from symbackprop.declare import stable
+from symbackprop.declare.attention import (  # noqa: F401  (attention and transformer layers)
+    Sequences,
+    add_positions,
+    causal_attention,
+    embedding,
+    layer_norm,
+    self_attention,
+    sequences,
+)
 from symbackprop.declare.conv import (  # noqa: F401  (the convolutional layers: nn.conv2d, ...)
     Images,
     avg_pool2d,

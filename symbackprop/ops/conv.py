@@ -387,7 +387,10 @@ _MATH = {
 }
 
 
-def _kernel(sched, node: Node, out: str) -> ImageKernel:
+def kernel_operands(sched, node: Node) -> tuple[list[tuple[str | None, sp.Expr | None]], list[str]]:
+    """How a loop-nest kernel reads its arguments: (buffer, None) or (None,
+    a constant) each, and their labels for its comment. (Shared with the
+    attention ops, whose kernels read contiguous matrices too.)"""
     args: list[tuple[str | None, sp.Expr | None]] = []
     labels = []
     for arg in node.args:
@@ -402,6 +405,11 @@ def _kernel(sched, node: Node, out: str) -> ImageKernel:
                              "a transposed or sliced view is not supported")
         args.append((view.buffer, None))
         labels.append(sched.label(arg))
+    return args, labels
+
+
+def _kernel(sched, node: Node, out: str) -> ImageKernel:
+    args, labels = kernel_operands(sched, node)
     geometry = tuple(node.attrs)
     # the math with this op's numbers ("oy*1+ky" is written "oy+ky")
     entry, assign, value = (re.sub(r"\*1\+", "+", part.format(*labels, **_constants(node.op, geometry)))

@@ -1,0 +1,200 @@
+"""Attention and the layers of a transformer over batches of sequences (docs/attention.md).
+
+A batch of sequences is a matrix with one row per *position*: m rows of d
+features, each sequence L consecutive rows (m = n*L for n whole sequences;
+the last may be shorter). Its memory is PyTorch's (n, L, d) tensor's, and
+the n x (L*d) matrix's: a row per position is the view on which a
+per-position linear layer, layer norm, gelu and residual additions are
+plain matrix ops, so only attention needs ops of its own. The row count m
+is a symbol bound at call time (by the token ids' length, an Index of m
+entries); L, d and the heads are fixed integers, so every loop bound of
+the C but the positions' is a number.
+
+Attention's SymPy classes below are matrix expressions whose arguments are
+the operand matrices followed by (L, heads); symbackprop.ops.attention
+lowers them to IR ops. Row (e, t) is position t of sequence e; a head h
+owns the columns h*dh .. h*dh + dh - 1 of Q, K and V (heads split the
+columns), and the L columns h*L .. h*L + L - 1 of a scores matrix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import sympy as sp
+
+from symbackprop.declare.conv import ImageOp
+from symbackprop.declare.tensor import Index, gather
+from symbackprop.errors import ModelError
+
+
+class SequenceOp(ImageOp):
+    """An attention op of `arity` matrices with geometry (L, heads); rows: positions."""
+
+    @property
+    def shape(self) -> tuple:
+        length, heads = self.geometry
+        rows = self.operands[0].shape[0]
+        return (rows, heads * length) if self.op == "attention_scores" else (rows, self.operands[-1].shape[1])
+
+
+class AttentionScores(SequenceOp):
+    """S[(e,t), (h,s)] = Q[(e,t), h] . K[(e,s), h] (each head's columns), 0 past the sequence's end."""
+
+    op, arity = "attention_scores", 2
+
+
+class CausalSoftmax(SequenceOp):
+    """Each head's row of scores softmaxed over keys s <= t; exactly 0 for s > t."""
+
+    op, arity = "causal_softmax", 1
+
+
+class AttentionMix(SequenceOp):
+    """O[(e,t), h] = sum_s P[(e,t), (h,s)] V[(e,s), h]: each head's weights times its values."""
+
+    op, arity = "attention_mix", 2
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """A batch of sequences: `matrix` is m x d, one row per position, each
+    sequence `length` consecutive rows."""
+
+    matrix: sp.MatrixExpr
+    length: int
+
+    def __post_init__(self) -> None:
+        _positive("a sequence's length", self.length)
+
+    @property
+    def features(self) -> int:
+        return int(self.matrix.shape[1])
+
+    def map(self, fn: Callable[[sp.MatrixExpr], sp.MatrixExpr]) -> Sequences:
+        """fn applied to the matrix (per position: nn.gelu, a linear layer, layer_norm)."""
+        return Sequences(fn(self.matrix), self.length)
+
+    def __add__(self, other: Sequences) -> Sequences:
+        """The residual connection x + f(x)."""
+        other = _checked(other, "a residual addition")
+        if other.length != self.length or other.matrix.shape != self.matrix.shape:
+            raise ModelError(f"cannot add sequences of length {self.length}, {self.matrix.shape} and "
+                             f"length {other.length}, {other.matrix.shape}")
+        return Sequences(self.matrix + other.matrix, self.length)
+
+
+def _positive(what: str, value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ModelError(f"{what} must be an int >= 1; got {value!r}")
+    return value
+
+
+def _checked(x: Sequences, what: str) -> Sequences:
+    if not isinstance(x, Sequences):
+        raise ModelError(f"{what} takes Sequences (sbp.sequences(...), nn.embedding(...) or a layer's result); "
+                         f"got {type(x).__name__}")
+    return x
+
+
+def sequences(name: str, m: sp.Expr | int, length: int, features: int) -> Sequences:
+    """A batch input of sequences: the m x features MatrixSymbol `name` (one
+    row per position; pass `.matrix` to Model's inputs), in sequences of `length`."""
+    return Sequences(sp.MatrixSymbol(name, m, _positive("features", features)), _positive("length", length))
+
+
+def _head_size(d: object, heads: int, what: str) -> int:
+    _positive(f"{what}'s heads", heads)
+    if not isinstance(d, (int, sp.Integer)) or int(d) % heads:
+        raise ModelError(f"{what}: {d} features do not split into {heads} heads")
+    return int(d) // heads
+
+
+def causal_attention(q: Sequences, k: Sequences, v: Sequences, heads: int) -> Sequences:
+    """softmax(Q K^T / sqrt(dh), keys s <= t) V per sequence and per head
+    (dh = d / heads: head h reads and writes columns h*dh .. h*dh+dh-1).
+    Keys after the query are excluded exactly (weight 0, as -inf scores).
+
+    Raises:
+        ModelError: q, k, v differ in shape or length, or d is not a multiple of heads.
+    """
+    q, k, v = (_checked(s, "causal_attention") for s in (q, k, v))
+    if not q.length == k.length == v.length or not q.matrix.shape == k.matrix.shape == v.matrix.shape:
+        raise ModelError("causal_attention's q, k and v must be sequences of one length and shape")
+    dh = _head_size(q.features, heads, "causal_attention")
+    scores = AttentionScores(q.matrix, k.matrix, q.length, heads) / sp.sqrt(dh)
+    weights = CausalSoftmax(scores, q.length, heads)
+    return Sequences(AttentionMix(weights, v.matrix, q.length, heads), q.length)
+
+
+def self_attention(x: Sequences, wq: sp.MatrixExpr, wk: sp.MatrixExpr, wv: sp.MatrixExpr, wo: sp.MatrixExpr,
+                   heads: int) -> Sequences:
+    """Multi-head causal self-attention: causal_attention(x Wq, x Wk, x Wv) Wo,
+    the four d x d (PyTorch's in_proj and out_proj weights transposed, no biases)."""
+    x = _checked(x, "self_attention")
+    for w in (wq, wk, wv, wo):
+        if w.shape != (x.features, x.features):
+            raise ModelError(f"self_attention's weights are {x.features} x {x.features}; {w} is {w.shape}")
+    q, k, v = (Sequences(x.matrix * w, x.length) for w in (wq, wk, wv))
+    out = causal_attention(q, k, v, heads)
+    return Sequences(out.matrix * wo, out.length)
+
+
+class RowNormalize(sp.MatrixExpr):
+    """Each row minus its mean, over the square root of its (biased)
+    variance plus eps: one SymPy node (x appears once: written out, x
+    would appear three times a layer, and SymPy's tree of a deep model
+    grows by that factor per layer); it lowers to the IR's sums and maps."""
+
+    def __new__(cls, x: sp.MatrixExpr, eps: sp.Expr) -> RowNormalize:
+        return super().__new__(cls, x, sp.sympify(eps))
+
+    @property
+    def shape(self) -> tuple:
+        return self.args[0].shape
+
+    def _entry(self, i, j, **kwargs):
+        return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
+
+
+def layer_norm(x: sp.MatrixExpr | Sequences, gamma: sp.MatrixExpr, beta: sp.MatrixExpr,
+               eps: float = 1e-5) -> sp.MatrixExpr | Sequences:
+    """Each row normalized over its d entries (PyTorch's LayerNorm(d)):
+    gamma * (x - mean) / sqrt(var + eps) + beta, var biased; gamma, beta 1 x d.
+    On Sequences, per position."""
+    if isinstance(x, Sequences):
+        return Sequences(_normalized(x.matrix, gamma, beta, eps), x.length)
+    return _normalized(x, gamma, beta, eps)
+
+
+def _normalized(x: sp.MatrixExpr, gamma: sp.MatrixExpr, beta: sp.MatrixExpr, eps: float) -> sp.MatrixExpr:
+    rows, d = x.shape
+    for p in (gamma, beta):
+        if p.shape != (1, d):
+            raise ModelError(f"layer_norm's gamma and beta are 1 x {d}; {p} is {p.shape}")
+    down = sp.OneMatrix(rows, 1)
+    return sp.hadamard_product(RowNormalize(x, eps), down * gamma) + down * beta
+
+
+def embedding(table: sp.MatrixExpr, ids: Index, length: int) -> Sequences:
+    """The rows of `table` (vocabulary x d) at the token ids (an Index of m
+    entries: the n x L ids, flattened), as sequences of `length`. Its
+    gradient adds each position's adjoint into its token's row (scatter-add)."""
+    return Sequences(gather(table, ids), _positive("length", length))
+
+
+def add_positions(x: Sequences, table: sp.MatrixExpr, positions: Index) -> Sequences:
+    """x plus a learned positional embedding: row t of `table` (L x d) added
+    at position t; `positions` is the Index of each row's position
+    (position_ids(n, L))."""
+    x = _checked(x, "add_positions")
+    if table.shape != (x.length, x.features):
+        raise ModelError(f"a positional table is {x.length} x {x.features}; {table} is {table.shape}")
+    return Sequences(x.matrix + gather(table, positions), x.length)
+
+
+def position_ids(n: int, length: int) -> np.ndarray:
+    """The positions Index of n sequences of `length` rows: 0 .. L-1, n times (for add_positions)."""
+    return np.tile(np.arange(length, dtype=np.int64), n)

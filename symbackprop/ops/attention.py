@@ -1,0 +1,255 @@
+"""The ops of causal attention (symbackprop.declare.attention, docs/attention.md).
+
+Rows are positions: m rows, sequence e its rows e*L .. e*L + len_e - 1
+(len_e = L but for a shorter last sequence). Q, K, V are m x d, a head h
+their columns h*dh .. h*dh + dh - 1; a scores matrix is m x (H*L), head h
+its columns h*L + s (s the key's position). The ops, all with attrs (L, H):
+
+    attention_scores(A, B)  S[(e,t),(h,s)] = A[(e,t),h] . B[(e,s),h]   (0 for s >= len_e)
+    attention_mix(P, V)     O[(e,t),h] = sum_s P[(e,t),(h,s)] V[(e,s),h]
+    attention_mix_t(P, V)   O[(e,s),h] = sum_t P[(e,t),(h,s)] V[(e,t),h]
+    causal_softmax(S)       P[(e,t),(h,s)] = exp(S - max) / sum over s <= t; 0 for s > t
+
+The three products are one trilinear form <G, scores(A, B)> read three
+ways, so each one's VJP is made of the other two (and gradients of
+gradients exist). The softmax's VJP, P * (G - sum_s P*G), is made of
+elementwise maps and the per-head sums and broadcasts of ops.conv
+(channel_sum, channel_broadcast over H blocks of L columns); a masked
+entry has P = 0 exactly, so no gradient reaches it.
+
+The C of each is a loop nest over the sequences and heads
+(kernel_attention.c.j2), its bounds numbers but the positions', never
+unrolled over positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import sympy as sp
+
+from symbackprop.declare import attention as declared
+from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
+from symbackprop.ir.construct import map_, reduce_sum
+from symbackprop.ir.node import Node, op_node, placeholder
+from symbackprop.ops.conv import Operand, _bilinear_jvp, channel_broadcast, channel_sum, kernel_operands
+from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
+from symbackprop.schedule.kernel import Equation, latex_name
+
+A0, A1, A2 = placeholder(0), placeholder(1), placeholder(2)
+
+# --- constructors ---------------------------------------------------------------
+
+
+def attention_scores(a: Node, b: Node, geometry: tuple) -> Node:
+    length, heads = geometry
+    return op_node("attention_scores", (a, b), (a.shape[0], heads * length), geometry)
+
+
+def attention_mix(p: Node, v: Node, geometry: tuple) -> Node:
+    return op_node("attention_mix", (p, v), (p.shape[0], v.shape[1]), geometry)
+
+
+def attention_mix_t(p: Node, v: Node, geometry: tuple) -> Node:
+    return op_node("attention_mix_t", (p, v), (p.shape[0], v.shape[1]), geometry)
+
+
+def causal_softmax(s: Node, geometry: tuple) -> Node:
+    return op_node("causal_softmax", (s,), s.shape, geometry)
+
+
+# --- derivatives ------------------------------------------------------------------
+# <G, scores(A, B)> = <mix(G, B), A> = <mix_t(G, A), B>; <G, mix(P, V)> =
+# <scores(G, V), P> = <mix_t(P, G), V>; <G, mix_t(P, V)> = <scores(V, G), P> = <mix(P, G), V>.
+
+
+def _scores_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    a, b = node.args
+    return (attention_mix(g, b, node.attrs) if needed[0] else None,
+            attention_mix_t(g, a, node.attrs) if needed[1] else None)
+
+
+def _mix_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    p, v = node.args
+    return (attention_scores(g, v, node.attrs) if needed[0] else None,
+            attention_mix_t(p, g, node.attrs) if needed[1] else None)
+
+
+def _mix_t_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    p, v = node.args
+    return (attention_scores(v, g, node.attrs) if needed[0] else None,
+            attention_mix(p, g, node.attrs) if needed[1] else None)
+
+
+def _softmax_derivative(p: Node, d: Node, geometry: tuple) -> Node:
+    """P * (D - sum over each head's keys of P*D): the softmax's VJP (D an
+    adjoint) and JVP (D a tangent), the same linear map (it is symmetric)."""
+    length, heads = geometry
+    per_head = channel_sum(map_(A0 * A1, [p, d]), (heads, length))
+    return map_(A0 * (A1 - A2), [p, d, channel_broadcast(per_head, (heads, length))])
+
+
+def _softmax_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    return (_softmax_derivative(node, g, node.attrs),)
+
+
+def _softmax_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    return _softmax_derivative(node, tangents[0], node.attrs) if tangents[0] is not None else None
+
+
+# --- numpy references ---------------------------------------------------------------
+
+
+def _blocks(a: np.ndarray, rows: int, length: int, heads: int, width: int) -> np.ndarray:
+    """m x (heads*width) rows as (sequences, L, heads, width), zero past the last position."""
+    a = np.broadcast_to(a, (rows, heads * width))
+    count = -(-rows // length)
+    padded = np.zeros((count * length, heads * width))
+    padded[:rows] = a
+    return padded.reshape(count, length, heads, width)
+
+
+def _rows(a: np.ndarray, rows: int) -> np.ndarray:
+    """(sequences, L, ...) back to the m x (...) matrix."""
+    return a.reshape(a.shape[0] * a.shape[1], -1)[:rows]
+
+
+def _heads(node: Node, context) -> tuple[int, int, int, int]:
+    """(m, L, H, dh) of an op whose last argument is m x d."""
+    length, heads = node.attrs
+    return context.shape(node)[0], length, heads, node.args[-1].shape[1] // heads
+
+
+def _eval_scores(node: Node, args: list[np.ndarray], context) -> np.ndarray:
+    length, heads = node.attrs
+    m, dh = context.shape(node)[0], node.args[0].shape[1] // heads
+    a, b = (_blocks(x, m, length, heads, dh) for x in args)
+    return _rows(np.einsum("ethk,eshk->ethks", a, b).sum(axis=3), m)
+
+
+def _eval_mix(node: Node, args: list[np.ndarray], context) -> np.ndarray:
+    m, length, heads, dh = _heads(node, context)
+    p, v = _blocks(args[0], m, length, heads, length), _blocks(args[1], m, length, heads, dh)
+    return _rows(np.einsum("eths,eshk->ethk", p, v), m)
+
+
+def _eval_mix_t(node: Node, args: list[np.ndarray], context) -> np.ndarray:
+    m, length, heads, dh = _heads(node, context)
+    p, v = _blocks(args[0], m, length, heads, length), _blocks(args[1], m, length, heads, dh)
+    return _rows(np.einsum("eths,ethk->eshk", p, v), m)
+
+
+def _eval_softmax(node: Node, args: list[np.ndarray], context) -> np.ndarray:
+    length, heads = node.attrs
+    m = context.shape(node)[0]
+    s = _blocks(args[0], m, length, heads, length)
+    allowed = np.tril(np.ones((length, length), dtype=bool))[None, :, None, :]  # [t, s]: s <= t
+    s = np.where(allowed, s, -np.inf)
+    e = np.exp(s - s.max(axis=3, keepdims=True))
+    return _rows(e / e.sum(axis=3, keepdims=True), m)
+
+
+# --- kernels ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionKernel:
+    """One attention op (`kind`) of `args` (buffers, or constants) into `out`."""
+
+    kind: str
+    out: str
+    args: tuple[tuple[str | None, sp.Expr | None], ...]
+    rows: object  # the positions, m
+    geometry: tuple  # (L, H, dh): dh the head's width (0 for the softmax)
+    equations: tuple[Equation, ...]
+
+    def reads(self) -> list[str]:
+        return [buffer for buffer, _ in self.args if buffer is not None]
+
+    def writes(self) -> list[str]:
+        return [self.out]
+
+    @property
+    def title(self) -> str:
+        return self.kind.replace("_", " ")
+
+    def work(self) -> tuple[sp.Expr, sp.Expr]:
+        """(multiply-adds, other operations)."""
+        length, heads, dh = self.geometry
+        rows = sp.sympify(self.rows)
+        if self.kind == "causal_softmax":
+            return sp.Integer(0), 3 * rows * heads * length
+        return rows * heads * length * dh, sp.Integer(0)
+
+
+# What each comment says: (the entry written, its value); {0}, {1} the arguments' labels.
+_MATH = {
+    "attention_scores": ("[(e,t),(h,s)]", "sum_k {0}[(e,t),h*dh+k] * {1}[(e,s),h*dh+k] (0 for s past the sequence)"),
+    "attention_mix": ("[(e,t),h*dh+k]", "sum_s {0}[(e,t),(h,s)] * {1}[(e,s),h*dh+k]"),
+    "attention_mix_t": ("[(e,s),h*dh+k]", "sum_t {0}[(e,t),(h,s)] * {1}[(e,t),h*dh+k]"),
+    "causal_softmax": ("[(e,t),(h,s)]", "exp({0}[(e,t),(h,s)] - max_{{s'<=t}} {0}[(e,t),(h,s')]) / "
+                       "sum_{{s'<=t}} exp(...) for s <= t, 0 for s > t (the causal mask)"),
+}
+
+
+def _kernel(sched, node: Node, out: str) -> AttentionKernel:
+    args, labels = kernel_operands(sched, node)
+    length, heads = node.attrs
+    dh = 0 if node.op == "causal_softmax" else node.args[-1].shape[1] // heads
+    entry, value = (part.format(*labels) for part in _MATH[node.op])
+    value += f" (rows (e,t) = e*{length}+t, {heads} heads" + (f" of {dh} columns)" if dh else ")")
+    latex = rf"{latex_name(out)} = \operatorname{{{node.op.replace('_', '-')}}}({', '.join(latex_name(s) for s in labels)})"
+    return AttentionKernel(node.op, out, tuple(args), node.shape[0], (length, heads, dh),
+                           (Equation(out + entry, value, latex),))
+
+
+def _emit(em: FunctionEmitter, kernel: AttentionKernel) -> dict:
+    printer = CheckedPrinter(ScalarPrinter({}, em.real), kernel)
+    args = [Operand(em.namer.name(b)) if b is not None else Operand(None, printer.doprint(v)) for b, v in kernel.args]
+    length, heads, dh = kernel.geometry
+    return {"m": em.dim(kernel.rows), "out": em.namer.name(kernel.out), "a": args[0],
+            "b": args[1] if len(args) > 1 else None, "L": length, "H": heads, "DH": dh,
+            "exp": printer.doprint(sp.exp(sp.Symbol("val", real=True) - sp.Symbol("top", real=True)))}
+
+
+def _lower(lowerer, expr: declared.SequenceOp) -> Node:
+    operands = [lowerer.lower(o) for o in expr.operands]
+    build: dict[str, Callable[..., Node]] = {"attention_scores": attention_scores, "attention_mix": attention_mix,
+                                             "causal_softmax": causal_softmax}
+    return build[expr.op](*operands, expr.geometry)
+
+
+def _shape(expr: declared.SequenceOp, of) -> tuple:
+    rows = of(expr.operands[0])[0]
+    length, heads = expr.geometry
+    return (rows, heads * length) if expr.op == "attention_scores" else (rows, of(expr.operands[-1])[1])
+
+
+def _op(name: str, vjp, jvp, evaluate, grad_fn: str, lowers: type | None = None) -> None:
+    more = {"lowering": ((lowers, _lower),), "shapes": ((lowers, _shape),)} if lowers is not None else {}
+    register(OpRecord(name, vjp=vjp, jvp=jvp, evaluate=evaluate, kernel=_kernel, emit=_emit,
+                      template="kernel_attention.c.j2", grad_fn=plain_grad_fn(grad_fn), **more))  # type: ignore[arg-type]
+
+
+_op("attention_scores", _scores_vjp, _bilinear_jvp(attention_scores), _eval_scores, "AttentionScores",
+    declared.AttentionScores)
+_op("attention_mix", _mix_vjp, _bilinear_jvp(attention_mix), _eval_mix, "AttentionMix", declared.AttentionMix)
+_op("attention_mix_t", _mix_t_vjp, _bilinear_jvp(attention_mix_t), _eval_mix_t, "AttentionMixT")
+_op("causal_softmax", _softmax_vjp, _softmax_jvp, _eval_softmax, "CausalSoftmax", declared.CausalSoftmax)
+
+
+def _normalize_rows(lowerer, expr: declared.RowNormalize) -> Node:
+    """(x - mean) / sqrt(var + eps) per row, as the IR's row sums and maps
+    (their rules give its derivatives; the IR is a graph, so x is one node)."""
+    x, eps = lowerer.lower(expr.args[0]), expr.args[1]
+    d = x.shape[1]
+    centred = map_(A0 - A1 / d, [x, reduce_sum(x, 1)])
+    variance = reduce_sum(map_(A0**2, [centred]), 1)
+    return map_(A0 / sp.sqrt(A1 / d + eps), [centred, variance])
+
+
+# layer_norm's normalization has no op of its own: this record only lowers it
+register(OpRecord("row_normalize", lowering=((declared.RowNormalize, _normalize_rows),),
+                  shapes=((declared.RowNormalize, lambda e, of: of(e.args[0])),)))
