@@ -9,6 +9,7 @@
  *   2: an Index holds a row number outside the array it gathers from (nothing written)
  *   3: no argument of that number (nothing written)
  *   4: a NULL pointer where an array is needed (nothing written)
+ *   5: a batched scan's rows are not a multiple of its batch (nothing written)
  * Each function's comment lists those it can return.
  * `work` must hold <function>_work_len(dims) elements of TRANSFORMER_LM_REAL (0 when a
  * dimension is below 1: the function then returns 1 without touching it); it is
