@@ -15,8 +15,6 @@ from symbackprop.ir.node import Node, topological_order
 from symbackprop.loops.declare import same_layout, symbol_name
 from symbackprop.loops.fixpoint import FixedPointCount, FixedPointFinal, FixedPointSpec
 from symbackprop.loops.graph import ScanStep, Until, scan_node, scan_part
-from symbackprop.loops.lower import STEP_CONTEXT
-from symbackprop.ops.registry import is_loop
 
 FIXED_POINT_CONTEXT = "fixed-point step"  # the context of the lowerer of a fixed point's step
 
