@@ -323,16 +323,6 @@ def test_bad_declarations_are_model_errors():
         generate(sbp.Model("fp_stray", inputs=[], params=[a], loss=nn.sum_all(stray)), "float64")
 
 
-def test_a_fixed_point_inside_a_scan_step_is_refused():
-    T = sp.Symbol("T", integer=True, positive=True)
-    X, h = sp.MatrixSymbol("X", T, N), sp.MatrixSymbol("h", 1, N)
-    row = sp.MatrixSymbol("row", 1, N)
-    inner = sbp.fixed_point(NEWTON, x, h + row)
-    final = sbp.scan(inner, None, h, row, a, X)
-    with pytest.raises(sbp.ModelError, match="inside the step of a scan"):
-        generate(sbp.Model("fp_in_scan", inputs=[X], params=[a], loss=nn.sum_all(final)), "float64")
-
-
 def test_a_gradient_penalty_through_an_unrolled_fixed_point_is_refused_by_name():
     """sbp.grad of an unrolled loop, differentiated again, would read kept
     states past the steps that ran: refused, naming the mode that works."""

@@ -475,16 +475,6 @@ def test_a_state_cannot_also_be_a_param():
         generate(model)
 
 
-def test_a_scan_inside_a_step_is_refused():
-    X = sp.MatrixSymbol("X", T, D)
-    inner = sbp.scan(rnn_step(h, x), None, h, x, h0, X)
-    g = sp.MatrixSymbol("g", 1, H)
-    outer = sbp.scan(g + inner, None, g, x, h0, X)
-    model = sbp.Model("nested", inputs=[X], params=[W, Ux, b, h0], loss=outer * sp.OneMatrix(H, 1))
-    with pytest.raises(sbp.ModelError, match="a scan inside the step of another scan"):
-        generate(model)
-
-
 # --- random steps against a numpy loop and finite differences -----------------
 
 ACTIVATIONS = {

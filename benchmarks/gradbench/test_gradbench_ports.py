@@ -153,3 +153,14 @@ def test_comparison_catches_a_wrong_derivative():
     wrong = {"x": ref_d["x"] * (1 + 1e-6)}
     assert max_rel_error(wrong, ref_d) > TOL
     assert max_rel_error({}, ref_d) == float("inf")
+
+
+def test_saddle_reproduces_gradbench_expected_output():
+    """GradBench's own expected output for saddle from (1, 1) (its eval's
+    run.py): the numpy reference and symbackprop's nested fixed points."""
+    from benchmarks.gradbench import saddle
+
+    E, size, data = load("saddle")
+    np.testing.assert_allclose(E.reference(data)[0]["xy"], saddle.EXPECTED, rtol=1e-12)
+    primal, _ = E.sbp_calls(sbp_compile(E, size), data)
+    np.testing.assert_allclose(primal()["xy"], saddle.EXPECTED, rtol=1e-10)

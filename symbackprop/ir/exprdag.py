@@ -40,6 +40,20 @@ def _args(expr: sp.Basic) -> tuple:
     return () if isinstance(expr, (MatrixElement, sp.MatrixExpr)) else expr.args
 
 
+def rebuild(expr: sp.Basic, args: list) -> sp.Basic:
+    """expr over new arguments (expr itself when they are the same). A
+    Piecewise and its pairs are rebuilt as they stand: SymPy's constructor
+    folds a Piecewise found anywhere under a condition, an inner loop's
+    step among them (under a matrix element), out into the condition."""
+    if all(n is a for n, a in zip(args, expr.args)):
+        return expr
+    if isinstance(expr, ExprCondPair):
+        return sp.Tuple.__new__(ExprCondPair, *args)
+    if isinstance(expr, sp.Piecewise):
+        return sp.Basic.__new__(sp.Piecewise, *args)
+    return expr.func(*args)
+
+
 def post_order(expr: sp.Basic, skip: Container[sp.Basic] = ()) -> list[sp.Basic]:
     """Each distinct subexpression once, arguments before their users; not
     those in `skip`, nor what is only under them."""
@@ -80,7 +94,7 @@ class Splitter:
         parts = []
         for sub in order:
             args = [self.done[a] for a in _args(sub)]
-            rebuilt = sub if all(n is a for n, a in zip(args, _args(sub))) else sub.func(*args)
+            rebuilt = rebuild(sub, args) if _args(sub) else sub
             height = 1 + max((self.height[a] for a in _args(sub)), default=-1)
             if sub is not expr and is_value(sub) and (height >= MAX_BODY_DEPTH or (large and uses.get(sub, 0) > 1)):
                 symbol = self.name(sub)

@@ -80,7 +80,19 @@ def symbol_name(symbol: Any) -> str:
     return str(symbol.name)
 
 
-class ScanSpec(sp.Basic):
+class LoopSpec(sp.Basic):
+    """What a loop was given (its step, states, inits), as one SymPy
+    object: a declaration, left as it stands by doit. SymPy calls doit on
+    the arguments of a matrix product (nn.sum_all of a loop's result), and
+    a doit through the step would rebuild each Piecewise in it, which folds
+    a Piecewise found under a condition (an inner loop's step) out into the
+    outer step: its own symbols leak, and the rebuild costs minutes."""
+
+    def doit(self, **hints: Any) -> LoopSpec:
+        return self
+
+
+class ScanSpec(LoopSpec):
     """What `scan` was given, as one SymPy object (hashed with the model)."""
 
     def __new__(cls, states, inputs, next_states, outputs, inits, sequences, every, batch=1) -> ScanSpec:

@@ -20,12 +20,12 @@ import sympy as sp
 from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symbackprop.errors import ModelError
-from symbackprop.loops.declare import as_tuple, expr_shape, same_layout, symbol_name
+from symbackprop.loops.declare import LoopSpec, as_tuple, expr_shape, same_layout, symbol_name
 
 MODES = ("implicit", "unrolled")  # how a fixed point is differentiated (the one list of them)
 
 
-class FixedPointSpec(sp.Basic):
+class FixedPointSpec(LoopSpec):
     """What `fixed_point` was given, as one SymPy object (hashed with the model)."""
 
     def __new__(cls, states, next_states, inits, tol: Any, max_iter: Any, mode: Any) -> FixedPointSpec:

@@ -15,17 +15,12 @@ from symbackprop.ir.node import Node, topological_order
 from symbackprop.loops.declare import same_layout, symbol_name
 from symbackprop.loops.fixpoint import FixedPointCount, FixedPointFinal, FixedPointSpec
 from symbackprop.loops.graph import ScanStep, Until, scan_node, scan_part
-from symbackprop.loops.lower import STEP_CONTEXT
-from symbackprop.ops.registry import is_loop
 
 FIXED_POINT_CONTEXT = "fixed-point step"  # the context of the lowerer of a fixed point's step
 
 
 def _lower_spec(lowerer: Lowerer, spec: FixedPointSpec) -> Node:
     """The fixed_point node of `spec`, lowered once per lowering."""
-    if STEP_CONTEXT in lowerer.contexts or FIXED_POINT_CONTEXT in lowerer.contexts:
-        raise ModelError("fixed_point: a fixed point inside the step of a scan or of another fixed point "
-                         "is not supported")
     cache = lowerer.cache("fixed_point")
     found = cache.get(spec)
     if found is None:
@@ -56,10 +51,7 @@ def _build(lowerer: Lowerer, spec: FixedPointSpec) -> Node:
             raise
         raise ModelError(f"in the step of a fixed point (which may use {allowed} and the model's inputs and "
                          f"params): {exc}") from None
-    order = topological_order(next_states)
-    if any(is_loop(node.op) for node in order):  # a loop's step holds no loop
-        raise ModelError("fixed_point: a loop inside the step of a fixed point is not supported")
-    reached = set(order)
+    reached = set(topological_order(next_states))
     captured = [(sym, c) for sym, c in capture_leaves.items() if c in reached]
     states = tuple(state_leaves.values())
     step = ScanStep(states=states, inputs=(), captures=tuple(c for _, c in captured), next_states=next_states,

@@ -77,8 +77,9 @@ class OpRecord:
         definition is the block of that name in templates/reduce.c.j2
         (linalg.c.j2 for linear algebra), in the runtime header.
     loop: its node runs a loop over a step graph of its own (scan, its
-        backward pass, fixed_point): a loop's step may not hold one, and a
-        Hessian-vector product through one goes reverse over forward.
+        backward pass, fixed_point): a Hessian-vector product through one
+        goes reverse over forward. A loop's step may hold another (emitted
+        inside the outer loop's body, its scratch in the step's).
     """
 
     name: str
