@@ -315,24 +315,24 @@ static void transformer_lm_run_part1(
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t base = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t14[base];
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL top = t14[qbase];
                 for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t14[base + ks];
+                    const TRANSFORMER_LM_REAL val = t14[qbase + ks];
                     top = val > top ? val : top;
                 }
                 TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t14[base + ks];
+                    const TRANSFORMER_LM_REAL val = t14[qbase + ks];
                     const TRANSFORMER_LM_REAL wt = exp(-top + val);
-                    t15[base + ks] = wt;
+                    t15[qbase + ks] = wt;
                     total += wt;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t15[base + ks] /= total;
+                    t15[qbase + ks] /= total;
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t15[base + ks] = 0;
+                    t15[qbase + ks] = 0;
                 }
             }
         }
@@ -608,24 +608,24 @@ static void transformer_lm_run_part2(
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t base = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t43[base];
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL top = t43[qbase];
                 for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t43[base + ks];
+                    const TRANSFORMER_LM_REAL val = t43[qbase + ks];
                     top = val > top ? val : top;
                 }
                 TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t43[base + ks];
+                    const TRANSFORMER_LM_REAL val = t43[qbase + ks];
                     const TRANSFORMER_LM_REAL wt = exp(-top + val);
-                    t44[base + ks] = wt;
+                    t44[qbase + ks] = wt;
                     total += wt;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t44[base + ks] /= total;
+                    t44[qbase + ks] /= total;
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t44[base + ks] = 0;
+                    t44[qbase + ks] = 0;
                 }
             }
         }
@@ -2537,24 +2537,24 @@ static void transformer_lm_train_step_part1(
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t base = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t14[base];
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL top = t14[qbase];
                 for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t14[base + ks];
+                    const TRANSFORMER_LM_REAL val = t14[qbase + ks];
                     top = val > top ? val : top;
                 }
                 TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t14[base + ks];
+                    const TRANSFORMER_LM_REAL val = t14[qbase + ks];
                     const TRANSFORMER_LM_REAL wt = exp(-top + val);
-                    t15[base + ks] = wt;
+                    t15[qbase + ks] = wt;
                     total += wt;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t15[base + ks] /= total;
+                    t15[qbase + ks] /= total;
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t15[base + ks] = 0;
+                    t15[qbase + ks] = 0;
                 }
             }
         }
@@ -2823,24 +2823,24 @@ static void transformer_lm_train_step_part2(
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t base = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t43[base];
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL top = t43[qbase];
                 for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t43[base + ks];
+                    const TRANSFORMER_LM_REAL val = t43[qbase + ks];
                     top = val > top ? val : top;
                 }
                 TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t43[base + ks];
+                    const TRANSFORMER_LM_REAL val = t43[qbase + ks];
                     const TRANSFORMER_LM_REAL wt = exp(-top + val);
-                    t44[base + ks] = wt;
+                    t44[qbase + ks] = wt;
                     total += wt;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t44[base + ks] /= total;
+                    t44[qbase + ks] /= total;
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t44[base + ks] = 0;
+                    t44[qbase + ks] = 0;
                 }
             }
         }

@@ -61,7 +61,12 @@ class AttentionMix(SequenceOp):
 @dataclass(frozen=True)
 class Sequences:
     """A batch of sequences: `matrix` is m x d, one row per position, each
-    sequence `length` consecutive rows."""
+    sequence `length` consecutive rows.
+
+    Args:
+        matrix: the m x d matrix expression.
+        length: L, the rows of one sequence (the last may be shorter).
+    """
 
     matrix: sp.MatrixExpr
     length: int
@@ -71,10 +76,15 @@ class Sequences:
 
     @property
     def features(self) -> int:
+        """d: the features of a position."""
         return int(self.matrix.shape[1])
 
     def map(self, fn: Callable[[sp.MatrixExpr], sp.MatrixExpr]) -> Sequences:
-        """fn applied to the matrix (per position: nn.gelu, a linear layer, layer_norm)."""
+        """fn applied to the matrix, same length.
+
+        Args:
+            fn: a function of the matrix, per position (nn.gelu, a linear layer, layer_norm).
+        """
         return Sequences(fn(self.matrix), self.length)
 
     def __add__(self, other: Sequences) -> Sequences:
@@ -101,7 +111,14 @@ def _checked(x: Sequences, what: str) -> Sequences:
 
 def sequences(name: str, m: sp.Expr | int, length: int, features: int) -> Sequences:
     """A batch input of sequences: the m x features MatrixSymbol `name` (one
-    row per position; pass `.matrix` to Model's inputs), in sequences of `length`."""
+    row per position; pass `.matrix` to Model's inputs), in sequences of `length`.
+
+    Args:
+        name: the input's name.
+        m: the rows (all positions): a positive integer Symbol bound at call time, or an int.
+        length: L, the rows of one sequence.
+        features: d.
+    """
     return Sequences(sp.MatrixSymbol(name, m, _positive("features", features)), _positive("length", length))
 
 
@@ -196,5 +213,10 @@ def add_positions(x: Sequences, table: sp.MatrixExpr, positions: Index) -> Seque
 
 
 def position_ids(n: int, length: int) -> np.ndarray:
-    """The positions Index of n sequences of `length` rows: 0 .. L-1, n times (for add_positions)."""
+    """The positions Index of n sequences of `length` rows: 0 .. L-1, n times (for add_positions).
+
+    Args:
+        n: the number of sequences.
+        length: L.
+    """
     return np.tile(np.arange(length, dtype=np.int64), n)

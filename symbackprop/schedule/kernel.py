@@ -65,7 +65,14 @@ def latex_name(name: str) -> str:
     return sp.latex(sp.Symbol(name))
 
 
+# An explicit matrix of more entries than this is shown by its shape in the
+# derivation (a 62 x 62 one-hot table or 62 gathered entries are no reading).
+MAX_SHOWN_ENTRIES = 16
+
+
 def latex(expr: sp.Basic) -> str:
+    if isinstance(expr, sp.MatrixBase) and expr.rows * expr.cols > MAX_SHOWN_ENTRIES:
+        return rf"\text{{a {expr.rows} x {expr.cols} matrix: see the C}}"
     names = {s: latex_name(str(s.name)) for s in expr.atoms(sp.Symbol, sp.MatrixSymbol)}
     return sp.latex(expr, symbol_names=names)
 
