@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
-from symbackprop.declare.conv import ImageOp
+from symbackprop.declare.conv import ImageOp, _positive
 from symbackprop.declare.tensor import Index, gather
 from symbackprop.errors import ModelError
 
@@ -94,12 +94,6 @@ class Sequences:
             raise ModelError(f"cannot add sequences of length {self.length}, {self.matrix.shape} and "
                              f"length {other.length}, {other.matrix.shape}")
         return Sequences(self.matrix + other.matrix, self.length)
-
-
-def _positive(what: str, value: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ModelError(f"{what} must be an int >= 1; got {value!r}")
-    return value
 
 
 def _checked(x: Sequences, what: str) -> Sequences:
