@@ -82,7 +82,7 @@ def _accel(x: np.ndarray, dx: np.ndarray, w: float) -> tuple[np.ndarray, np.ndar
         r = np.sqrt(d @ d)
         a += d / r**3
         da += dd / r**3 - 3 * d * (d @ dd) / r**5
-    return -a, -da
+    return a, da
 
 
 def naive_euler(w: float) -> tuple[float, float]:

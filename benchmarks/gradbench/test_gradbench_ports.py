@@ -83,8 +83,12 @@ def test_jax_peer(name):
     check(E, data, primal, derivative)
 
 
+# particle's PyTorch argmin takes ~90 gradients through 350 Python Euler steps (about a minute)
+TORCH_SLOW = {"particle"}
+
+
 @pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch is not installed")
-@pytest.mark.parametrize("name", EVALS)
+@pytest.mark.parametrize("name", [pytest.param(e, marks=pytest.mark.slow) if e in TORCH_SLOW else e for e in EVALS])
 def test_torch_peer(name):
     E, size, data = load(name)
     primal, derivative, _ = E.torch_calls(data, compiled=False)
@@ -164,3 +168,27 @@ def test_saddle_reproduces_gradbench_expected_output():
     np.testing.assert_allclose(E.reference(data)[0]["xy"], saddle.EXPECTED, rtol=1e-12)
     primal, _ = E.sbp_calls(sbp_compile(E, size), data)
     np.testing.assert_allclose(primal()["xy"], saddle.EXPECTED, rtol=1e-10)
+
+
+def test_particle_reproduces_gradbench_expected_output():
+    """GradBench's own expected output for particle from w0 = 0 (its eval's
+    run.py): the numpy reference and symbackprop's argmin over the Euler
+    fixed point; and d naive_euler / dw through the Euler loop against the
+    hand-written forward mode, central differences and (when installed)
+    JAX's jacfwd through its while_loop and PyTorch's nested autograd, to 1e-10."""
+    from benchmarks.gradbench import particle
+
+    E, size, data = load("particle")
+    ref_p, ref_d = E.reference(data)
+    np.testing.assert_allclose(ref_p["w"], particle.EXPECTED, rtol=1e-12)
+    primal, derivative = E.sbp_calls(sbp_compile(E, size), data)
+    np.testing.assert_allclose(primal()["w"], particle.EXPECTED, rtol=1e-12)
+    got = derivative()["w"]
+    np.testing.assert_allclose(got, ref_d["w"], rtol=1e-10)
+    assert E.fd_error(data, {"w": got}) < FD_TOL
+    if HAVE_JAX:
+        _, by_jax, _ = E.jax_calls(data)
+        np.testing.assert_allclose(got, to_numpy(by_jax()["w"]), rtol=1e-10)
+    if HAVE_TORCH:  # its derivative only (its argmin is a slow test: test_torch_peer)
+        _, by_torch, _ = E.torch_calls(data, compiled=False)
+        np.testing.assert_allclose(got, to_numpy(by_torch()["w"]), rtol=1e-10)
