@@ -169,3 +169,57 @@ def test_a_scan_inside_a_fixed_point_matches_the_implicit_function_theorem(outer
     want = np.einsum("i,ikn->kn", lam, fp)
     _, grads = mod.value_and_grad(P=Pv)
     assert relative_error(grads["P"], want) < RTOL
+
+
+# --- second order: hvp through a loop inside a loop -----------------------------------
+
+
+def _jax_hvp(loss, primal, tangent):
+    return np.asarray(jax.jvp(jax.grad(loss), (jnp.asarray(primal),), (jnp.asarray(tangent),))[1])
+
+
+def _check_hvp(mod, jax_loss, data, name, value, rng, eps=1e-5):
+    """hvp against jax.jvp(jax.grad) and central differences of the gradient."""
+    v = rng.standard_normal(value.shape)
+    _, _, got = mod.value_grad_and_hvp({name: v}, **data, **{name: value})
+    want = _jax_hvp(lambda q: jax_loss(q), value, v)
+    assert relative_error(np.reshape(got[name], want.shape), want) < RTOL
+    plus, minus = (mod.value_and_grad(**data, **{name: value + s * eps * v})[1][name] for s in (1, -1))
+    assert relative_error(got[name], (plus - minus) / (2 * eps)) < 1e-7
+
+
+@pytest.mark.parametrize("every", [None, 2])
+def test_the_hvp_through_a_scan_inside_a_scan_matches_nested_lax_scan(every):
+    mod = sbp.compile(_scan_in_scan(every), functions=("value_and_grad", "hvp"))
+    rng = np.random.default_rng(4)
+    data = {"X": rng.standard_normal((6, N)), "w": rng.standard_normal((1, N))}
+    _check_hvp(mod, lambda q: _scan_in_scan_jax(data["X"], data["w"], q), data, "P", rng.standard_normal((K, N)), rng)
+
+
+@pytest.mark.parametrize("inner_mode", MODES)
+def test_the_hvp_through_a_fixed_point_inside_a_scan_matches_jax(inner_mode):
+    mod = sbp.compile(_fp_in_scan(inner_mode), functions=("value_and_grad", "hvp"))
+    rng = np.random.default_rng(5)
+    data = {"X": rng.uniform(0.5, 2.0, (5, N)), "w": rng.standard_normal((1, N))}
+    _check_hvp(mod, lambda q: _fp_in_scan_jax(data["X"], data["w"], q), data, "b", rng.uniform(0.5, 1.5, (1, N)), rng)
+
+
+@pytest.mark.parametrize("outer_mode", MODES)
+@pytest.mark.parametrize("inner_mode", MODES)
+def test_the_hvp_through_a_fixed_point_inside_a_fixed_point_matches_the_closed_form(inner_mode, outer_mode):
+    mod = sbp.compile(_nested_sqrt(inner_mode, outer_mode), functions=("value_and_grad", "hvp"))
+    closed = lambda q: jnp.sum(((1 + jnp.sqrt(1 + 16 * q)) / 8) ** 2)  # noqa: E731
+    _check_hvp(mod, closed, {}, "a", np.array([[1.0, 2.0, 5.0]]), np.random.default_rng(6))
+
+
+@pytest.mark.parametrize("outer_mode", MODES)
+def test_the_hvp_through_a_scan_inside_a_fixed_point_matches_jax(outer_mode):
+    """JAX's oracle: 300 steps of the same iteration (a contraction: the
+    derivatives of its iterates converge to those at the fixed point)."""
+    mod = sbp.compile(_scan_in_fp(outer_mode), functions=("value_and_grad", "hvp"))
+
+    def loss(q):
+        return jnp.sum(jnp.sin(jax.lax.fori_loop(0, 300, lambda _, yv: _scan_in_fp_step(yv, q), jnp.zeros(N))))
+
+    rng = np.random.default_rng(7)
+    _check_hvp(mod, loss, {}, "P", rng.uniform(-0.5, 0.5, (K, N)), rng)
