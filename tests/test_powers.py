@@ -157,3 +157,29 @@ def test_a_compound_base_is_named_once():
     assert str(temps[0][1]) == "x + y"
     assert not any(isinstance(node, sp.Pow) and node.exp > 2
                    for e in [*(e for _, e in temps), *outputs] for node in sp.preorder_traversal(e))
+
+
+@pytest.mark.parametrize("dtype, rtol", [("float64", 1e-13), ("float32", 1e-5)])
+def test_half_integer_powers_print_as_products_with_sqrt(dtype, rtol):
+    """r**(k/2) for |k| >= 3 (an inverse-distance potential's gradient has
+    r**(-3/2)) prints as products of r and one sqrt(r), not pow() (r**(-1/2)
+    stays pow: layer norms' rounding unchanged); values and gradient against
+    numpy's closed form."""
+    points = sp.MatrixSymbol("points", N, 2)
+    c = sp.MatrixSymbol("c", 1, 2)
+    x, y, cx, cy = sp.symbols("x y cx cy", real=True)
+    r2 = (x - cx) ** 2 + (y - cy) ** 2 + 1
+    term = sbp.map_examples(1 / sp.sqrt(r2) + r2 ** sp.Rational(5, 2), [((x, y), points), ((cx, cy), c)])
+    model = sbp.Model(f"half_powers_{dtype}", inputs=[points], params=[c], loss=sbp.reduce("sum", term, 0))
+    mod = sbp.compile(model, dtype=dtype)
+    assert not re.search(r"\bpowf?\([^;]*[35]\.0F?/2\.0F?\)", mod.source), "r**(3/2) or r**(5/2) printed as pow()"
+    assert re.search(r"\bsqrtf?\(", mod.source)
+    rng = np.random.default_rng(0)
+    pts, cv = rng.standard_normal((9, 2)), rng.standard_normal((1, 2))
+    loss, grads = mod.value_and_grad(points=pts.astype(dtype), c=cv.astype(dtype))
+    d = pts - cv
+    s = 1 + np.sum(d**2, axis=1)
+    want = np.sum(s**-0.5 + s**2.5)
+    dds = -0.5 * s**-1.5 + 2.5 * s**1.5  # d term / d s; ds/dc = -2 d
+    np.testing.assert_allclose(loss, want, rtol=rtol)
+    np.testing.assert_allclose(grads["c"][0], np.sum(dds[:, None] * -2 * d, axis=0), rtol=rtol * 10)

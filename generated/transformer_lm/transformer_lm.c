@@ -265,7 +265,7 @@ static void transformer_lm_run_part1(
             t9[64*i + j] = x2;
             t10[64*i + j] = b0a[j] + t1[64*i + j]*x2;
             dt9_dt6[64*i + j] = x1;
-            dt9_dt8[64*i + j] = -1.0/128.0*t6[64*i + j]/pow(x0, 3.0/2.0);
+            dt9_dt8[64*i + j] = -1.0/128.0*t6[64*i + j]/(x0*sqrt(x0));
         }
     }
 
@@ -436,7 +436,7 @@ static void transformer_lm_run_part1(
             t26[64*i + j] = x2;
             t27[64*i + j] = b0m[j] + t20[64*i + j]*x2;
             dt26_dt23[64*i + j] = x1;
-            dt26_dt25[64*i + j] = -1.0/128.0*t23[64*i + j]/pow(x0, 3.0/2.0);
+            dt26_dt25[64*i + j] = -1.0/128.0*t23[64*i + j]/(x0*sqrt(x0));
         }
     }
 
@@ -519,7 +519,7 @@ static void transformer_lm_run_part1(
             t38[64*i + j] = x2;
             t39[64*i + j] = b1a[j] + t19[64*i + j]*x2;
             dt38_dt35[64*i + j] = x1;
-            dt38_dt37[64*i + j] = -1.0/128.0*t35[64*i + j]/pow(x0, 3.0/2.0);
+            dt38_dt37[64*i + j] = -1.0/128.0*t35[64*i + j]/(x0*sqrt(x0));
         }
     }
 
@@ -720,7 +720,7 @@ static void transformer_lm_run_part2(
             t54[64*i + j] = x2;
             t55[64*i + j] = b1m[j] + t48[64*i + j]*x2;
             dt54_dt51[64*i + j] = x1;
-            dt54_dt53[64*i + j] = -1.0/128.0*t51[64*i + j]/pow(x0, 3.0/2.0);
+            dt54_dt53[64*i + j] = -1.0/128.0*t51[64*i + j]/(x0*sqrt(x0));
         }
     }
 
@@ -800,7 +800,7 @@ static void transformer_lm_run_part2(
             t65[64*i + j] = x2;
             t66[64*i + j] = bf[j] + t0[64*i + j]*x2;
             dt65_dt62[64*i + j] = x1;
-            dt65_dt64[64*i + j] = -1.0/128.0*t62[64*i + j]/pow(x0, 3.0/2.0);
+            dt65_dt64[64*i + j] = -1.0/128.0*t62[64*i + j]/(x0*sqrt(x0));
         }
     }
 
@@ -2487,7 +2487,7 @@ static void transformer_lm_train_step_part1(
             t9[64*i + j] = x2;
             t10[64*i + j] = b0a[j] + t1[64*i + j]*x2;
             dt9_dt6[64*i + j] = x1;
-            dt9_dt8[64*i + j] = -1.0/128.0*t6[64*i + j]/pow(x0, 3.0/2.0);
+            dt9_dt8[64*i + j] = -1.0/128.0*t6[64*i + j]/(x0*sqrt(x0));
         }
     }
 
@@ -2658,7 +2658,7 @@ static void transformer_lm_train_step_part1(
             t26[64*i + j] = x2;
             t27[64*i + j] = b0m[j] + t20[64*i + j]*x2;
             dt26_dt23[64*i + j] = x1;
-            dt26_dt25[64*i + j] = -1.0/128.0*t23[64*i + j]/pow(x0, 3.0/2.0);
+            dt26_dt25[64*i + j] = -1.0/128.0*t23[64*i + j]/(x0*sqrt(x0));
         }
     }
 
@@ -2741,7 +2741,7 @@ static void transformer_lm_train_step_part1(
             t38[64*i + j] = x2;
             t39[64*i + j] = b1a[j] + t19[64*i + j]*x2;
             dt38_dt35[64*i + j] = x1;
-            dt38_dt37[64*i + j] = -1.0/128.0*t35[64*i + j]/pow(x0, 3.0/2.0);
+            dt38_dt37[64*i + j] = -1.0/128.0*t35[64*i + j]/(x0*sqrt(x0));
         }
     }
 
@@ -2935,7 +2935,7 @@ static void transformer_lm_train_step_part2(
             t54[64*i + j] = x2;
             t55[64*i + j] = b1m[j] + t48[64*i + j]*x2;
             dt54_dt51[64*i + j] = x1;
-            dt54_dt53[64*i + j] = -1.0/128.0*t51[64*i + j]/pow(x0, 3.0/2.0);
+            dt54_dt53[64*i + j] = -1.0/128.0*t51[64*i + j]/(x0*sqrt(x0));
         }
     }
 
@@ -3015,7 +3015,7 @@ static void transformer_lm_train_step_part2(
             t65[64*i + j] = x2;
             t66[64*i + j] = bf[j] + t0[64*i + j]*x2;
             dt65_dt62[64*i + j] = x1;
-            dt65_dt64[64*i + j] = -1.0/128.0*t62[64*i + j]/pow(x0, 3.0/2.0);
+            dt65_dt64[64*i + j] = -1.0/128.0*t62[64*i + j]/(x0*sqrt(x0));
         }
     }
 

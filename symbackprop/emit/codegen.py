@@ -83,6 +83,11 @@ class ScalarPrinter(IEEEPrinter):
             return product if exp > 0 else f"{self._one()}/{product}"
         if exp == -1:
             return f"{self._one()}/{self.parenthesize(base, sp.printing.precedence.PRECEDENCE['Mul'])}"
+        if exp.is_Rational and exp.q == 2 and 3 <= abs(exp.p) <= 2 * MAX_PRODUCT_POWER + 1 and base.is_Symbol:
+            # x**(k/2) as x**floor(k/2) * sqrt(x): pow() of a non-integer costs several times a sqrt
+            factor = self.parenthesize(base, sp.printing.precedence.PRECEDENCE["Mul"])
+            product = "*".join([factor] * (abs(int(exp.p)) // 2) + [self._print(sp.sqrt(base))])
+            return f"({product})" if exp > 0 else f"{self._one()}/({product})"
         return super()._print_Pow(expr)
 
     def _print_NumberSymbol(self, expr: sp.Expr) -> str:
