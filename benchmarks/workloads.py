@@ -312,9 +312,12 @@ def transformer_text() -> str:
 def transformer_shapes(vocab: int) -> list[tuple[str, tuple[int, int]]]:
     """examples/transformer_lm.py's SHAPES, in its order."""
     d, blocks = TRANSFORMER_D, TRANSFORMER_BLOCKS
-    block = lambda b: [(f"g{b}a", (1, d)), (f"b{b}a", (1, d)), *((f"W{q}{b}", (d, d)) for q in "qkvo"),
-                       (f"g{b}m", (1, d)), (f"b{b}m", (1, d)), (f"W{b}up", (d, 4 * d)), (f"c{b}up", (1, 4 * d)),
-                       (f"W{b}down", (4 * d, d)), (f"c{b}down", (1, d))]
+
+    def block(b: int) -> list[tuple[str, tuple[int, int]]]:
+        return [(f"g{b}a", (1, d)), (f"b{b}a", (1, d)), *((f"W{q}{b}", (d, d)) for q in "qkvo"),
+                (f"g{b}m", (1, d)), (f"b{b}m", (1, d)), (f"W{b}up", (d, 4 * d)), (f"c{b}up", (1, 4 * d)),
+                (f"W{b}down", (4 * d, d)), (f"c{b}down", (1, d))]
+
     return [("E", (vocab, d)), ("P", (TRANSFORMER_CONTEXT, d)), *(s for b in range(blocks) for s in block(b)),
             ("gf", (1, d)), ("bf", (1, d)), ("Wout", (d, vocab))]
 

@@ -11,10 +11,9 @@ import ctypes.util
 
 import numpy as np
 import pytest
+from test_conv import _check, _lenet_block
 
 from symbackprop.build.builder import BuildOptions
-
-from test_conv import _check, _lenet_block
 
 torch = pytest.importorskip("torch")
 

@@ -439,8 +439,8 @@ BATCH_BLOCKS = 8
 
 def batch_blocks(rows: object) -> int:
     """The blocks of a batch of `rows` examples (fewer for a smaller fixed batch)."""
-    rows = sp.sympify(rows)
-    return min(BATCH_BLOCKS, int(rows)) if rows.is_Integer else BATCH_BLOCKS
+    count = sp.sympify(rows)
+    return min(BATCH_BLOCKS, int(count)) if count.is_Integer else BATCH_BLOCKS
 
 
 def _constants(op: str, geometry: tuple) -> dict:
