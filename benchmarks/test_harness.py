@@ -208,3 +208,30 @@ def test_combine_takes_the_median_over_runs():
     assert by["symbackprop"]["median_s"] == 2.0 and by["symbackprop"]["runs"] == 3
     assert "torch_compile" not in by
     assert "jax_jit" in combine.format_rows(rows)
+
+
+def test_transformer_and_batched_lstm_data_are_the_examples():
+    """W11's arrays are transformer_lm.py's windows() of its text and its
+    init_params(rng); W12's are lstm_lm_batched.py's first windows, time-major
+    as its epoch_data lays out a minibatch, and its init_params(rng, 64)."""
+    pytest.importorskip("symbackprop")
+    from benchmarks.peers.symbackprop import load_example
+
+    tf = load_example("transformer_lm")
+    inputs, params = workloads.WORKLOADS["W11"].resized(sequences=3).make_data("float64")
+    assert [s.name for s in tf.model.params] == list(params)
+    data = tf.windows(tf.encode(tf.TEXT))
+    for key in ("ids", "positions", "targets"):
+        assert np.array_equal(inputs[key], data[key][:3 * tf.CONTEXT]), key
+    for key, value in tf.init_params(np.random.default_rng(0)).items():
+        assert np.array_equal(params[key], value), key
+
+    lstm = load_example("lstm_lm_batched")
+    inputs, params = workloads.WORKLOADS["W12"].resized(batch=5).make_data("float64")
+    wins = lstm.windows(lstm.TEXT * 2)[:5]  # the example's windows; the batch the workload's
+    steps = wins.T  # (WINDOW + 1, 5): time-major, as epoch_data orders a minibatch
+    eye = np.eye(lstm.VOCAB)
+    assert np.array_equal(inputs["X"], eye[steps[:-1].reshape(-1)])
+    assert np.array_equal(inputs["Y"], eye[steps[1:].reshape(-1)])
+    for key, value in lstm.init_params(np.random.default_rng(0), workloads.LSTM_BATCHED_HIDDEN).items():
+        assert np.array_equal(params[key], value), key

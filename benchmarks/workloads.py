@@ -1,6 +1,6 @@
 """The benchmark workloads, described once and shared by every peer.
 
-W1-W4 are multi-layer perceptrons (``Workload``); W5-W10B are the
+W1-W4 are multi-layer perceptrons (``Workload``); W5-W12B are the
 repository's example models (``ExampleWorkload``, see below).
 
 Each MLP workload is described by its layer sizes, its hidden activation,
@@ -123,7 +123,7 @@ class Workload:
 
 
 # --------------------------------------------------------------------------
-# The example models (W5-W10B)
+# The example models (W5-W12B)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -291,7 +291,91 @@ def _cnn_digits_data(rng, batch: int) -> dict:
     return data
 
 
+# examples/transformer_lm.py's sizes: context 64, d=64, 4 heads, 2 pre-norm
+# blocks (mlp 4d), on the first 12288 characters of argparse's docstrings
+TRANSFORMER_CONTEXT, TRANSFORMER_D, TRANSFORMER_HEADS, TRANSFORMER_BLOCKS = 64, 64, 4, 2
+
+
+@lru_cache(maxsize=1)
+def transformer_text() -> str:
+    """examples/transformer_lm.py's TEXT: its corpus() (and the CHARS it
+    reads), run from the file's source, not imported (it imports SymPy)."""
+    tree = ast.parse((EXAMPLES / "transformer_lm.py").read_text())
+    wanted = [node for node in tree.body
+              if (isinstance(node, ast.FunctionDef) and node.name == "corpus")
+              or (isinstance(node, ast.Assign) and "CHARS" in ast.unparse(node.targets[0]))]
+    namespace: dict = {"argparse": __import__("argparse"), "inspect": __import__("inspect")}
+    exec(compile(ast.Module(wanted, []), "transformer_lm.py", "exec"), namespace)
+    return namespace["corpus"]()
+
+
+def transformer_shapes(vocab: int) -> list[tuple[str, tuple[int, int]]]:
+    """examples/transformer_lm.py's SHAPES, in its order."""
+    d, blocks = TRANSFORMER_D, TRANSFORMER_BLOCKS
+
+    def block(b: int) -> list[tuple[str, tuple[int, int]]]:
+        return [(f"g{b}a", (1, d)), (f"b{b}a", (1, d)), *((f"W{q}{b}", (d, d)) for q in "qkvo"),
+                (f"g{b}m", (1, d)), (f"b{b}m", (1, d)), (f"W{b}up", (d, 4 * d)), (f"c{b}up", (1, 4 * d)),
+                (f"W{b}down", (4 * d, d)), (f"c{b}down", (1, d))]
+
+    return [("E", (vocab, d)), ("P", (TRANSFORMER_CONTEXT, d)), *(s for b in range(blocks) for s in block(b)),
+            ("gf", (1, d)), ("bf", (1, d)), ("Wout", (d, vocab))]
+
+
+def _transformer_lm_data(rng, sequences: int) -> dict:
+    """The text's first ``sequences`` windows of 64 characters (rows of
+    ``ids``, ``positions`` and ``targets``, the example's windows()) and the
+    example's init_params(rng)."""
+    text = transformer_text()
+    alphabet = sorted(set(text))
+    codes = np.array([alphabet.index(ch) for ch in text[:sequences * TRANSFORMER_CONTEXT + 1]], dtype=np.int64)
+    rows = np.arange(sequences * TRANSFORMER_CONTEXT)
+    data = {"ids": codes[rows], "targets": codes[rows + 1], "positions": rows % TRANSFORMER_CONTEXT}
+    shapes = transformer_shapes(len(alphabet))
+    for name, shape in shapes:
+        if name in ("E", "P"):
+            data[name] = 0.02 * rng.standard_normal(shape)
+        elif name[0] == "g":
+            data[name] = np.ones(shape)
+        elif name[0] == "b":
+            data[name] = np.zeros(shape)
+        else:
+            fan_in = dict(shapes)["W" + name[1:]][0] if name[0] == "c" else shape[0]
+            data[name] = rng.uniform(-1, 1, size=shape) / np.sqrt(fan_in)
+    return data
+
+
+# examples/lstm_lm_batched.py: windows of 32 characters, hidden 64 (its main's default)
+LSTM_WINDOW, LSTM_BATCHED_HIDDEN = 32, 64
+
+
+def _lstm_lm_batched_data(rng, batch: int) -> dict:
+    """A minibatch of examples/lstm_lm_batched.py: ``batch`` windows of
+    WINDOW characters of lstm_lm.py's text (repeated as far as needed),
+    time-major (row t*batch + s: character t of window s), and its
+    init_params(rng, 64)."""
+    text = lstm_text()
+    chars = sorted(set(text))
+    text = text * (batch * LSTM_WINDOW // len(text) + 2)
+    codes = np.array([chars.index(ch) for ch in text[:batch * LSTM_WINDOW + 1]])
+    wins = np.stack([codes[k * LSTM_WINDOW:k * LSTM_WINDOW + LSTM_WINDOW + 1] for k in range(batch)])
+    steps = wins.T  # (WINDOW + 1, batch)
+    eye = np.eye(len(chars))
+    data = {"X": eye[steps[:-1].reshape(-1)], "Y": eye[steps[1:].reshape(-1)]}
+    hidden, vocab = LSTM_BATCHED_HIDDEN, len(chars)
+    bound = 1.0 / np.sqrt(hidden)
+    for g in LSTM_GATES:
+        data[f"W_{g}"] = rng.uniform(-bound, bound, (vocab, hidden))
+        data[f"U_{g}"] = rng.uniform(-bound, bound, (hidden, hidden))
+        data[f"b_{g}"] = rng.uniform(-bound, bound, (1, hidden))
+    data["V"] = rng.uniform(-bound, bound, (hidden, vocab))
+    data["c"] = rng.uniform(-bound, bound, (1, vocab))
+    return data
+
+
 DATA = {
+    "transformer_lm": _transformer_lm_data,
+    "lstm_lm_batched": _lstm_lm_batched_data,
     "cnn_digits": _cnn_digits_data,
     "gmm": _gmm_data,
     "bundle_adjustment": _bundle_adjustment_data,
@@ -341,6 +425,19 @@ EXAMPLE_WORKLOADS = [
         example="cnn_digits", inputs=("X", "T"), params=("K1", "c1", "K2", "c2", "W1", "b1", "W2", "b2"),
         size=(("batch", batch),),
     ) for name, batch in (("W10", 32), ("W10B", 128))),
+    *(ExampleWorkload(
+        name, f"character transformer LM, batch {batch} sequences of 64: token + position embedding -> "
+        "2 pre-norm blocks (causal self-attention, 4 heads, d=64; mlp 256 gelu) -> layer norm -> linear, "
+        "softmax cross-entropy (examples/transformer_lm.py)",
+        example="transformer_lm", inputs=("ids", "positions", "targets"),
+        params=tuple(name for name, _ in transformer_shapes(1)), size=(("sequences", batch),),
+    ) for name, batch in (("W11", 32), ("W11B", 128))),
+    *(ExampleWorkload(
+        name, f"batched LSTM character LM, batch {batch} windows of 32 characters, hidden 64, "
+        "softmax cross-entropy (examples/lstm_lm_batched.py)",
+        example="lstm_lm_batched", inputs=("X", "Y"),
+        params=tuple(f"{m}_{g}" for m in "WUb" for g in LSTM_GATES) + ("V", "c"), size=(("batch", batch),),
+    ) for name, batch in (("W12", 32), ("W12B", 128))),
 ]
 
 WORKLOADS: dict[str, Workload | ExampleWorkload] = {
@@ -379,7 +476,7 @@ WARMUP = Workload("warmup", "one-off framework warm-up, never reported",
 
 
 def is_example(workload) -> bool:
-    """Whether ``workload`` is one of the example models (W5-W10B)."""
+    """Whether ``workload`` is one of the example models (W5-W12B)."""
     return isinstance(workload, ExampleWorkload)
 
 

@@ -41,11 +41,18 @@
 #define SYMBACKPROP_STRAIGHT
 #endif
 
-/* Loops over many rows run on several threads when compiled with -fopenmp. */
+/* Loops over many rows run on several threads when compiled with -fopenmp,
+ * in fixed chunks of 16 rows: a vectorized loop computes the last rows of a
+ * chunk apart (libmvec's exp and its scalar exp can differ in the last
+ * bit), so chunks that do not move with the thread count keep the results
+ * the same on any number of threads. */
 #ifdef _OPENMP
-#define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static)")
+#define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static, 16)")
+/* a loop over a convolution's fixed blocks of examples (ops/conv.py) */
+#define SYMBACKPROP_PARALLEL_BLOCKS _Pragma("omp parallel for schedule(static)")
 #else
 #define SYMBACKPROP_PARALLEL_FOR
+#define SYMBACKPROP_PARALLEL_BLOCKS
 #endif
 
 /* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops

@@ -1,5 +1,5 @@
 """What torch_eager and torch_compile share: ops, tensors, the step, and
-the example workloads' losses (W5-W10B)."""
+the example workloads' losses (W5-W12B)."""
 
 from __future__ import annotations
 
@@ -65,6 +65,10 @@ def loss_function(workload):
         return lstm_loss
     if workload.example == "cnn_digits":
         return cnn_loss
+    if workload.example == "transformer_lm":
+        return transformer_loss
+    if workload.example == "lstm_lm_batched":
+        return functools.partial(lstm_batched_loss, batch=dict(workload.size)["batch"])
     return functools.partial(_example_losses.LOSSES[workload.name], F)
 
 
@@ -99,6 +103,55 @@ def cnn_loss(inputs, params):
         h = fn.max_pool2d(torch.relu(fn.conv2d(h, weight, params[b][0], padding=1)), 2)
     z = torch.relu(h.flatten(1) @ params["W1"] + params["b1"]) @ params["W2"] + params["b2"]
     return (torch.logsumexp(z, 1) - (inputs["T"] * z).sum(1)).mean()
+
+
+def transformer_loss(inputs, params):
+    """W11/W11B: examples/transformer_lm.py's torch_model written with
+    torch.nn.functional (layer_norm, gelu, softmax with a causal mask,
+    cross_entropy); the heads by reshaping (n, 64, heads, d/heads)."""
+    fn, w = torch.nn.functional, params
+    L, d, heads = workloads.TRANSFORMER_CONTEXT, workloads.TRANSFORMER_D, workloads.TRANSFORMER_HEADS
+    dh = d // heads
+    masked = torch.triu(torch.ones(L, L, dtype=torch.bool), diagonal=1)
+
+    def attention(h, b):
+        n = h.shape[0] // L
+        q, k, v = (((h @ w[f"W{c}{b}"]).reshape(n, L, heads, dh).transpose(1, 2)) for c in "qkv")
+        scores = (q @ k.transpose(2, 3) / dh**0.5).masked_fill(masked, float("-inf"))
+        return (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(n * L, d) @ w[f"Wo{b}"]
+
+    x = w["E"][inputs["ids"]] + w["P"][inputs["positions"]]
+    for b in range(workloads.TRANSFORMER_BLOCKS):
+        x = x + attention(fn.layer_norm(x, (d,), w[f"g{b}a"][0], w[f"b{b}a"][0]), b)
+        h = fn.gelu(fn.layer_norm(x, (d,), w[f"g{b}m"][0], w[f"b{b}m"][0]) @ w[f"W{b}up"] + w[f"c{b}up"])
+        x = x + h @ w[f"W{b}down"] + w[f"c{b}down"]
+    return fn.cross_entropy(fn.layer_norm(x, (d,), w["gf"][0], w["bf"][0]) @ w["Wout"], inputs["targets"])
+
+
+def lstm_batched_loss(inputs, params, batch):
+    """W12/W12B: examples/lstm_lm_batched.py's step, time-major rows (t*batch
+    + s), the gates as W9's (one product a step for the four gates' recurrent
+    products, the input projections of all steps one product before the loop)."""
+    Wc, Uc, bc = _lstm_weights(params)
+    H = Uc.shape[0]
+    xw = (inputs["X"] @ Wc + bc).reshape(-1, batch, 4 * H)
+    h = c = xw.new_zeros(batch, H)
+    hs = []
+    for t in range(len(xw)):
+        z = xw[t] + h @ Uc
+        s = torch.sigmoid(z)
+        c = s[:, H:2 * H] * c + s[:, :H] * torch.tanh(z[:, 2 * H:3 * H])
+        h = s[:, 3 * H:] * torch.tanh(c)
+        hs.append(h)
+    return _lm_loss(torch.cat(hs), inputs, params)
+
+
+def reference_float64(workload, inputs, params):
+    """The loss and gradients by autograd in float64: the reference of the
+    workloads with no hand-written numpy backward (W11, W12)."""
+    fn = loss_function(workload)
+    loss, grads = step_call(fn, inputs, params)()
+    return float(loss), {k: g.numpy() for k, g in grads.items()}
 
 
 def _lstm_weights(params):

@@ -7,7 +7,9 @@ served from that on-disk cache.
 The example workloads: W5-W8 are the losses of ``_example_losses.py``; W9
 runs the LSTM with ``jax.lax.scan``; W6J (a forward workload) is
 ``jax.jit`` of ``jax.vmap(jax.jacfwd(residual of one observation))``;
-W10/W10B (the CNN) use ``lax.conv_general_dilated`` and ``lax.reduce_window``.
+W10/W10B (the CNN) use ``lax.conv_general_dilated`` and ``lax.reduce_window``;
+W11/W11B (the transformer) reshape the heads and mask with ``jnp.where``;
+W12/W12B (the batched LSTM) run ``lax.scan`` over the steps of a batch.
 
 W9 has two variants: ``jax_jit`` computes the input projections X W of
 all steps as one matrix product before the scan (as torch.nn.LSTM does);
@@ -84,6 +86,57 @@ def cnn_loss(inputs, params):
     return (jax.nn.logsumexp(z, 1) - (inputs["T"] * z).sum(1)).mean()
 
 
+def _layer_norm(x, gamma, beta, eps=1e-5):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / jnp.sqrt(var + eps) * gamma + beta
+
+
+def transformer_loss(inputs, params):
+    """W11/W11B: examples/transformer_lm.py's model, the heads by reshaping
+    (n, 64, heads, d/heads), the causal mask by jnp.where, gelu exact (erf)."""
+    w = params
+    L, d, heads = workloads.TRANSFORMER_CONTEXT, workloads.TRANSFORMER_D, workloads.TRANSFORMER_HEADS
+    dh = d // heads
+    causal = jnp.tril(jnp.ones((L, L), dtype=bool))
+
+    def attention(h, b):
+        n = h.shape[0] // L
+        q, k, v = ((h @ w[f"W{c}{b}"]).reshape(n, L, heads, dh).transpose(0, 2, 1, 3) for c in "qkv")
+        scores = jnp.where(causal, q @ k.transpose(0, 1, 3, 2) / dh**0.5, -jnp.inf)
+        return (jax.nn.softmax(scores, axis=-1) @ v).transpose(0, 2, 1, 3).reshape(n * L, d) @ w[f"Wo{b}"]
+
+    x = w["E"][inputs["ids"]] + w["P"][inputs["positions"]]
+    for b in range(workloads.TRANSFORMER_BLOCKS):
+        x = x + attention(_layer_norm(x, w[f"g{b}a"], w[f"b{b}a"]), b)
+        h = jax.nn.gelu(_layer_norm(x, w[f"g{b}m"], w[f"b{b}m"]) @ w[f"W{b}up"] + w[f"c{b}up"], approximate=False)
+        x = x + h @ w[f"W{b}down"] + w[f"c{b}down"]
+    logits = _layer_norm(x, w["gf"], w["bf"]) @ w["Wout"]
+    picked = jnp.take_along_axis(logits, inputs["targets"][:, None], axis=1)[:, 0]
+    return (jax.nn.logsumexp(logits, 1) - picked).mean()
+
+
+def lstm_batched_loss(inputs, params, batch):
+    """W12/W12B: W9's gates over a batch of windows under lax.scan, rows
+    time-major (t*batch + s), X W before the scan."""
+    cat = lambda m: jnp.concatenate([params[f"{m}_{g}"] for g in workloads.LSTM_GATES], 1)
+    Wc, Uc, bc = cat("W"), cat("U"), cat("b")
+    H = Uc.shape[0]
+
+    def step(state, xw):
+        h, c = state
+        z = xw + h @ Uc
+        s = jax.nn.sigmoid(z)
+        c = s[:, H:2 * H] * c + s[:, :H] * jnp.tanh(z[:, 2 * H:3 * H])
+        h = s[:, 3 * H:] * jnp.tanh(c)
+        return (h, c), h
+
+    zero = jnp.zeros((batch, H), dtype=Wc.dtype)
+    _, hs = jax.lax.scan(step, (zero, zero), (inputs["X"] @ Wc + bc).reshape(-1, batch, 4 * H))
+    logits = hs.reshape(-1, H) @ params["V"] + params["c"]
+    return (jax.nn.logsumexp(logits, 1) - (inputs["Y"] * logits).sum(1)).mean()
+
+
 def _one_observation(c, X, w, u):
     r = _example_losses.ba_residual(F, c, X, w, u)
     return r, r
@@ -111,6 +164,10 @@ def _function(workload, x_in_loop=False):
         loss = functools.partial(lstm_loss, x_in_loop=x_in_loop)
     elif workload.example == "cnn_digits":
         loss = cnn_loss
+    elif workload.example == "transformer_lm":
+        loss = transformer_loss
+    elif workload.example == "lstm_lm_batched":
+        loss = functools.partial(lstm_batched_loss, batch=dict(workload.size)["batch"])
     else:
         loss = functools.partial(_example_losses.LOSSES[workload.name], F)
     return jax.value_and_grad(lambda p, i: loss(i, p))

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import workloads
 from . import _numpy_examples
-from ._common import Variant
+from ._common import Unsupported, Variant
 
 VERSION = np.__version__
 
@@ -81,12 +81,22 @@ def _loss_and_grad(kind: str, y, t):
     raise ValueError(f"unknown loss {kind!r}")
 
 
+# Written with no numpy backward: their reference is PyTorch autograd in float64.
+TORCH_REFERENCED = ("transformer_lm", "lstm_lm_batched")
+
+
 def reference(workload, inputs: dict, params: dict):
     """The reference result, always computed in float64 from the given data."""
     up = lambda d: {k: np.asarray(v, dtype=np.float64) if v.dtype.kind == "f" else v
                     for k, v in d.items()}
+    if getattr(workload, "example", None) in TORCH_REFERENCED:
+        from ._torch import reference_float64  # torch is needed to check these
+
+        return reference_float64(workload, up(inputs), up(params))
     return value_and_grad(workload, up(inputs), up(params))
 
 
 def setup(workload, dtype, inputs, params):
+    if getattr(workload, "example", None) in TORCH_REFERENCED:
+        raise Unsupported("no hand-written numpy backward (the reference is torch float64 autograd)")
     return [Variant("numpy_ref", lambda: value_and_grad(workload, inputs, params))]

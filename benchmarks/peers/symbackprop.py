@@ -25,10 +25,11 @@ import os
 import sympy as sp
 
 import symbackprop as sbp
+from symbackprop.build.builder import BuildOptions
 from symbackprop.declare import nn
 
 from .. import workloads
-from ._common import Unsupported, Variant, cache_root, timed
+from ._common import Unsupported, Variant, bench_threads, cache_root, timed
 
 VERSION = sbp.__version__
 
@@ -45,6 +46,9 @@ def load_example(name: str):
 
 def build_model(workload):
     """The workload as an ``sbp.Model``."""
+    if getattr(workload, "example", None) == "lstm_lm_batched":
+        batch = dict(workload.size)["batch"]  # the batch is the scan's: a model of its own
+        return load_example(workload.example).lm_model(workloads.LSTM_BATCHED_HIDDEN, batch, f"lstm_lm_b{batch}")
     if workloads.is_example(workload):
         return load_example(workload.example).model
     if workload.layout == "rows":
@@ -90,8 +94,10 @@ def _columns_model(workload):
 
 
 def _compile(model, dtype):
+    # with more than one thread, the batch loops run on them too (OpenMP)
+    options = BuildOptions(openmp=bench_threads() > 1)
     try:
-        return timed(sbp.compile, model, dtype=dtype)
+        return timed(sbp.compile, model, dtype=dtype, options=options)
     except sbp.SymbackpropError as exc:
         if dtype != "float64":
             raise Unsupported(f"sbp.compile(dtype={dtype!r}) failed: {exc}") from exc

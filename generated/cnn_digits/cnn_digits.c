@@ -17,7 +17,7 @@ static size_t cnn_digits_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 5655*n + 4417 : 5207*n + 4417);
+    return (size_t)(with_grads ? 5655*n + 85633 : 5207*n + 24577);
 }
 
 /* cnn_digits_run, part 1 of 3 (kernels 1 to 17): a long
@@ -63,28 +63,33 @@ static void cnn_digits_run_part1(
     /* t2[i,oc,oy,ox] = sum_{ic,ky,kx} K1[oc,ic,ky,kx] * X[i,ic,oy+ky-1,ox+kx-1] (conv2d;
      * zero outside the image) */
     CNN_DIGITS_REAL *t2 = t1 + 1024; /* n x 1024 */
-    CNN_DIGITS_REAL *t2_cols = t2 + 1024*n; /* 9 x 64 */
-    for (int64_t i = 0; i < n; ++i) {
-        /* t2_cols: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
-        for (int64_t ic = 0; ic < 1; ++ic) {
-            for (int64_t ky = 0; ky < 3; ++ky) {
-                for (int64_t kx = 0; kx < 3; ++kx) {
-                    for (int64_t oy = 0; oy < 8; ++oy) {
-                        for (int64_t ox = 0; ox < 8; ++ox) {
-                            const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                            t2_cols[((ic * 3 + ky) * 3 + kx) * 64 + oy * 8 + ox] = (iy >= 0 && iy < 8 && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
+    CNN_DIGITS_REAL *t2_cols = t2 + 1024*n; /* 8 x 576 */
+    /* the batch in 8 fixed blocks of examples, each with its own 576 entries of t2_cols */
+    SYMBACKPROP_PARALLEL_BLOCKS
+    for (int64_t blk = 0; blk < 8; ++blk) {
+        CNN_DIGITS_REAL *const win = t2_cols + blk * 576;
+        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
+            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
+            for (int64_t ic = 0; ic < 1; ++ic) {
+                for (int64_t ky = 0; ky < 3; ++ky) {
+                    for (int64_t kx = 0; kx < 3; ++kx) {
+                        for (int64_t oy = 0; oy < 8; ++oy) {
+                            for (int64_t ox = 0; ox < 8; ++ox) {
+                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
+                                win[((ic * 3 + ky) * 3 + kx) * 64 + oy * 8 + ox] = (iy >= 0 && iy < 8 && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
+                            }
                         }
                     }
                 }
             }
+            /* t2[i,oc,at] = sum_kk K1[oc,kk] * win[kk,at] */
+            symbackprop_f64_matmul(16, 64, 9, K1, 9, 1, win, 64, 1, t2 + i * 1024);
         }
-        /* t2[i,oc,at] = sum_kk K1[oc,kk] * t2_cols[kk,at] */
-        symbackprop_f64_matmul(16, 64, 9, K1, 9, 1, t2_cols, 64, 1, t2 + i * 1024);
     }
 
     /* t3 = Max(0, t1 + t2) */
     /* t4 = Heaviside(t1 + t2) */
-    CNN_DIGITS_REAL *t3 = t2_cols + 576; /* n x 1024 */
+    CNN_DIGITS_REAL *t3 = t2_cols + 4608; /* n x 1024 */
     CNN_DIGITS_REAL *t4 = t3 + 1024*n; /* n x 1024 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
@@ -98,6 +103,7 @@ static void cnn_digits_run_part1(
     /* t5[i,ch,oy,ox] = t3[i,ch,best], best: the first largest t3[i,ch,oy*2+ky,ox*2+kx],
      * ky,kx < 2 */
     CNN_DIGITS_REAL *t5 = t4 + 1024*n; /* n x 256 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
             for (int64_t oy = 0; oy < 4; ++oy) {
@@ -120,28 +126,33 @@ static void cnn_digits_run_part1(
     /* t6[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] * t5[i,ic,oy+ky-1,ox+kx-1] (conv2d;
      * zero outside the image) */
     CNN_DIGITS_REAL *t6 = t5 + 256*n; /* n x 512 */
-    CNN_DIGITS_REAL *t6_cols = t6 + 512*n; /* 144 x 16 */
-    for (int64_t i = 0; i < n; ++i) {
-        /* t6_cols: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
-        for (int64_t ic = 0; ic < 16; ++ic) {
-            for (int64_t ky = 0; ky < 3; ++ky) {
-                for (int64_t kx = 0; kx < 3; ++kx) {
-                    for (int64_t oy = 0; oy < 4; ++oy) {
-                        for (int64_t ox = 0; ox < 4; ++ox) {
-                            const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                            t6_cols[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+    CNN_DIGITS_REAL *t6_cols = t6 + 512*n; /* 8 x 2304 */
+    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of t6_cols */
+    SYMBACKPROP_PARALLEL_BLOCKS
+    for (int64_t blk = 0; blk < 8; ++blk) {
+        CNN_DIGITS_REAL *const win = t6_cols + blk * 2304;
+        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
+            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
+            for (int64_t ic = 0; ic < 16; ++ic) {
+                for (int64_t ky = 0; ky < 3; ++ky) {
+                    for (int64_t kx = 0; kx < 3; ++kx) {
+                        for (int64_t oy = 0; oy < 4; ++oy) {
+                            for (int64_t ox = 0; ox < 4; ++ox) {
+                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
+                                win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                            }
                         }
                     }
                 }
             }
+            /* t6[i,oc,at] = sum_kk K2[oc,kk] * win[kk,at] */
+            symbackprop_f64_matmul(32, 16, 144, K2, 144, 1, win, 16, 1, t6 + i * 512);
         }
-        /* t6[i,oc,at] = sum_kk K2[oc,kk] * t6_cols[kk,at] */
-        symbackprop_f64_matmul(32, 16, 144, K2, 144, 1, t6_cols, 16, 1, t6 + i * 512);
     }
 
     /* t7 = Max(0, t0 + t6) */
     /* t8 = Heaviside(t0 + t6) */
-    CNN_DIGITS_REAL *t7 = t6_cols + 2304; /* n x 512 */
+    CNN_DIGITS_REAL *t7 = t6_cols + 18432; /* n x 512 */
     CNN_DIGITS_REAL *t8 = t7 + 512*n; /* n x 512 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
@@ -155,6 +166,7 @@ static void cnn_digits_run_part1(
     /* t9[i,ch,oy,ox] = t7[i,ch,best], best: the first largest t7[i,ch,oy*2+ky,ox*2+kx],
      * ky,kx < 2 */
     CNN_DIGITS_REAL *t9 = t8 + 512*n; /* n x 128 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
             for (int64_t oy = 0; oy < 2; ++oy) {
@@ -257,19 +269,18 @@ static void cnn_digits_run_part2(
     CNN_DIGITS_REAL *t0 = work; /* 1 x 512; placed in an earlier part */
     CNN_DIGITS_REAL *t1 = work + 512; /* 1 x 1024; placed in an earlier part */
     CNN_DIGITS_REAL *t2 = work + 1536; /* n x 1024; placed in an earlier part */
-    CNN_DIGITS_REAL *t2_cols = work + 1024*n + 1536; /* 9 x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *t3 = work + 1024*n + 2112; /* n x 1024; placed in an earlier part */
-    CNN_DIGITS_REAL *t4 = work + 2048*n + 2112; /* n x 1024; placed in an earlier part */
-    CNN_DIGITS_REAL *t5 = work + 3072*n + 2112; /* n x 256; placed in an earlier part */
-    CNN_DIGITS_REAL *t6 = work + 3328*n + 2112; /* n x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t6_cols = work + 3840*n + 2112; /* 144 x 16; placed in an earlier part */
-    CNN_DIGITS_REAL *t7 = work + 3840*n + 4416; /* n x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t8 = work + 4352*n + 4416; /* n x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t10 = work + 4992*n + 4416; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *t12 = work + 5120*n + 4416; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *t13 = work + 5184*n + 4416; /* n x 10; placed in an earlier part */
-    CNN_DIGITS_REAL *t16 = work + 5205*n + 4416; /* n x 1; placed in an earlier part */
-    CNN_DIGITS_REAL *t18 = work + 5207*n + 4416; /* 1 x 1; placed in an earlier part */
+    CNN_DIGITS_REAL *t3 = work + 1024*n + 6144; /* n x 1024; placed in an earlier part */
+    CNN_DIGITS_REAL *t4 = work + 2048*n + 6144; /* n x 1024; placed in an earlier part */
+    CNN_DIGITS_REAL *t5 = work + 3072*n + 6144; /* n x 256; placed in an earlier part */
+    CNN_DIGITS_REAL *t6 = work + 3328*n + 6144; /* n x 512; placed in an earlier part */
+    CNN_DIGITS_REAL *t6_cols = work + 3840*n + 6144; /* 8 x 2304; placed in an earlier part */
+    CNN_DIGITS_REAL *t7 = work + 3840*n + 24576; /* n x 512; placed in an earlier part */
+    CNN_DIGITS_REAL *t8 = work + 4352*n + 24576; /* n x 512; placed in an earlier part */
+    CNN_DIGITS_REAL *t10 = work + 4992*n + 24576; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *t12 = work + 5120*n + 24576; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *t13 = work + 5184*n + 24576; /* n x 10; placed in an earlier part */
+    CNN_DIGITS_REAL *t16 = work + 5205*n + 24576; /* n x 1; placed in an earlier part */
+    CNN_DIGITS_REAL *t18 = work + 5207*n + 24576; /* 1 x 1; placed in an earlier part */
     /* grad_logits = -T/n + exp(logits - t16)/n */
     CNN_DIGITS_REAL *grad_logits = t13; /* n x 10, in t13's memory */
     SYMBACKPROP_PARALLEL_FOR
@@ -300,10 +311,11 @@ static void cnn_digits_run_part2(
     /* grad_t7[i,ch,best] += grad_t9[i,ch,oy,ox], best: the first largest
      * t7[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
     CNN_DIGITS_REAL *grad_t7 = t6; /* n x 512, in t6's memory */
-    for (int64_t at = 0; at < n * 512; ++at) {
-        grad_t7[at] = 0;
-    }
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
+        for (int64_t at = 0; at < 512; ++at) {
+            grad_t7[i * 512 + at] = 0;
+        }
         for (int64_t ch = 0; ch < 32; ++ch) {
             for (int64_t oy = 0; oy < 2; ++oy) {
                 for (int64_t ox = 0; ox < 2; ++ox) {
@@ -334,22 +346,27 @@ static void cnn_digits_run_part2(
     /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
      * by its images) */
     CNN_DIGITS_REAL *grad_t5 = grad_t9 + 128*n; /* n x 256 */
-    CNN_DIGITS_REAL *grad_t5_cols = t6_cols; /* 144 x 16, in t6_cols's memory */
-    for (int64_t i = 0; i < n; ++i) {
-        /* grad_t5_cols[kk,at] = sum_oc K2[oc,kk] * g1[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
-        symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, g1 + i * 512, 16, 1, grad_t5_cols);
-        for (int64_t at = 0; at < 256; ++at) {
-            grad_t5[i * 256 + at] = 0;
-        }
-        /* each window's entries added back to the pixels they were read from (col2im) */
-        for (int64_t ic = 0; ic < 16; ++ic) {
-            for (int64_t ky = 0; ky < 3; ++ky) {
-                for (int64_t kx = 0; kx < 3; ++kx) {
-                    for (int64_t oy = 0; oy < 4; ++oy) {
-                        for (int64_t ox = 0; ox < 4; ++ox) {
-                            const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                            if (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) {
-                                grad_t5[((i * 16 + ic) * 4 + iy) * 4 + ix] += grad_t5_cols[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
+    CNN_DIGITS_REAL *grad_t5_cols = t6_cols; /* 8 x 2304, in t6_cols's memory */
+    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of grad_t5_cols */
+    SYMBACKPROP_PARALLEL_BLOCKS
+    for (int64_t blk = 0; blk < 8; ++blk) {
+        CNN_DIGITS_REAL *const win = grad_t5_cols + blk * 2304;
+        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
+            /* win[kk,at] = sum_oc K2[oc,kk] * g1[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
+            symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, g1 + i * 512, 16, 1, win);
+            for (int64_t at = 0; at < 256; ++at) {
+                grad_t5[i * 256 + at] = 0;
+            }
+            /* each window's entries added back to the pixels they were read from (col2im) */
+            for (int64_t ic = 0; ic < 16; ++ic) {
+                for (int64_t ky = 0; ky < 3; ++ky) {
+                    for (int64_t kx = 0; kx < 3; ++kx) {
+                        for (int64_t oy = 0; oy < 4; ++oy) {
+                            for (int64_t ox = 0; ox < 4; ++ox) {
+                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
+                                if (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) {
+                                    grad_t5[((i * 16 + ic) * 4 + iy) * 4 + ix] += win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
+                                }
                             }
                         }
                     }
@@ -361,10 +378,11 @@ static void cnn_digits_run_part2(
     /* grad_t3[i,ch,best] += grad_t5[i,ch,oy,ox], best: the first largest
      * t3[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
     CNN_DIGITS_REAL *grad_t3 = t2; /* n x 1024, in t2's memory */
-    for (int64_t at = 0; at < n * 1024; ++at) {
-        grad_t3[at] = 0;
-    }
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
+        for (int64_t at = 0; at < 1024; ++at) {
+            grad_t3[i * 1024 + at] = 0;
+        }
         for (int64_t ch = 0; ch < 16; ++ch) {
             for (int64_t oy = 0; oy < 4; ++oy) {
                 for (int64_t ox = 0; ox < 4; ++ox) {
@@ -394,33 +412,47 @@ static void cnn_digits_run_part2(
 
     /* grad_K1[oc,ic,ky,kx] = sum_{i,oy,ox} g2[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K1_cols = t2_cols; /* 9 x 64, in t2_cols's memory */
-    for (int64_t at = 0; at < 144; ++at) {
-        grad_K1[at] = 0;
-    }
-    for (int64_t i = 0; i < n; ++i) {
-        /* grad_K1_cols: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
-        for (int64_t ic = 0; ic < 1; ++ic) {
-            for (int64_t ky = 0; ky < 3; ++ky) {
-                for (int64_t kx = 0; kx < 3; ++kx) {
-                    for (int64_t oy = 0; oy < 8; ++oy) {
-                        for (int64_t ox = 0; ox < 8; ++ox) {
-                            const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                            grad_K1_cols[(oy * 8 + ox) * 9 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 8 && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
+    CNN_DIGITS_REAL *grad_K1_cols = grad_t5 + 256*n; /* 8 x 720 */
+    /* the batch in 8 fixed blocks of examples, each with its own 720 entries of grad_K1_cols */
+    SYMBACKPROP_PARALLEL_BLOCKS
+    for (int64_t blk = 0; blk < 8; ++blk) {
+        CNN_DIGITS_REAL *const win = grad_K1_cols + blk * 720;
+        CNN_DIGITS_REAL *const wsum = win + 576; /* this block's sum */
+        for (int64_t at = 0; at < 144; ++at) {
+            wsum[at] = 0;
+        }
+        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
+            /* win: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
+            for (int64_t ic = 0; ic < 1; ++ic) {
+                for (int64_t ky = 0; ky < 3; ++ky) {
+                    for (int64_t kx = 0; kx < 3; ++kx) {
+                        for (int64_t oy = 0; oy < 8; ++oy) {
+                            for (int64_t ox = 0; ox < 8; ++ox) {
+                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
+                                win[(oy * 8 + ox) * 9 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 8 && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
+                            }
                         }
                     }
                 }
             }
-        }
-        /* grad_K1[oc,kk] += sum_at g2[i,oc,at] * grad_K1_cols[at,kk] */
-        for (int64_t oc = 0; oc < 16; ++oc) {
-            for (int64_t at = 0; at < 64; ++at) {
-                const CNN_DIGITS_REAL wv = g2[(i * 16 + oc) * 64 + at];
-                for (int64_t kk = 0; kk < 9; ++kk) {
-                    grad_K1[oc * 9 + kk] += wv * grad_K1_cols[at * 9 + kk];
+            /* wsum[oc,kk] += sum_at g2[i,oc,at] * win[at,kk] */
+            for (int64_t oc = 0; oc < 16; ++oc) {
+                for (int64_t at = 0; at < 64; ++at) {
+                    const CNN_DIGITS_REAL wv = g2[(i * 16 + oc) * 64 + at];
+                    for (int64_t kk = 0; kk < 9; ++kk) {
+                        wsum[oc * 9 + kk] += wv * win[at * 9 + kk];
+                    }
                 }
             }
         }
+    }
+    /* grad_K1[oc,kk] = the blocks' sums, added in block order */
+    for (int64_t at = 0; at < 144; ++at) {
+        CNN_DIGITS_REAL acc = grad_K1_cols[576 + at];
+        for (int64_t blk = 1; blk < 8; ++blk) {
+            acc += grad_K1_cols[blk * 720 + 576 + at];
+        }
+        grad_K1[at] = acc;
     }
 
     /* grad_t1 = sum of g2 down each column */
@@ -440,33 +472,47 @@ static void cnn_digits_run_part2(
 
     /* grad_K2[oc,ic,ky,kx] = sum_{i,oy,ox} g1[i,oc,oy,ox] * t5[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K2_cols = grad_t5_cols; /* 144 x 16, in grad_t5_cols's memory */
-    for (int64_t at = 0; at < 4608; ++at) {
-        grad_K2[at] = 0;
-    }
-    for (int64_t i = 0; i < n; ++i) {
-        /* grad_K2_cols: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
-        for (int64_t ic = 0; ic < 16; ++ic) {
-            for (int64_t ky = 0; ky < 3; ++ky) {
-                for (int64_t kx = 0; kx < 3; ++kx) {
-                    for (int64_t oy = 0; oy < 4; ++oy) {
-                        for (int64_t ox = 0; ox < 4; ++ox) {
-                            const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                            grad_K2_cols[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+    CNN_DIGITS_REAL *grad_K2_cols = grad_K1_cols + 5760; /* 8 x 6912 */
+    /* the batch in 8 fixed blocks of examples, each with its own 6912 entries of grad_K2_cols */
+    SYMBACKPROP_PARALLEL_BLOCKS
+    for (int64_t blk = 0; blk < 8; ++blk) {
+        CNN_DIGITS_REAL *const win = grad_K2_cols + blk * 6912;
+        CNN_DIGITS_REAL *const wsum = win + 2304; /* this block's sum */
+        for (int64_t at = 0; at < 4608; ++at) {
+            wsum[at] = 0;
+        }
+        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
+            /* win: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
+            for (int64_t ic = 0; ic < 16; ++ic) {
+                for (int64_t ky = 0; ky < 3; ++ky) {
+                    for (int64_t kx = 0; kx < 3; ++kx) {
+                        for (int64_t oy = 0; oy < 4; ++oy) {
+                            for (int64_t ox = 0; ox < 4; ++ox) {
+                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
+                                win[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                            }
                         }
                     }
                 }
             }
-        }
-        /* grad_K2[oc,kk] += sum_at g1[i,oc,at] * grad_K2_cols[at,kk] */
-        for (int64_t oc = 0; oc < 32; ++oc) {
-            for (int64_t at = 0; at < 16; ++at) {
-                const CNN_DIGITS_REAL wv = g1[(i * 32 + oc) * 16 + at];
-                for (int64_t kk = 0; kk < 144; ++kk) {
-                    grad_K2[oc * 144 + kk] += wv * grad_K2_cols[at * 144 + kk];
+            /* wsum[oc,kk] += sum_at g1[i,oc,at] * win[at,kk] */
+            for (int64_t oc = 0; oc < 32; ++oc) {
+                for (int64_t at = 0; at < 16; ++at) {
+                    const CNN_DIGITS_REAL wv = g1[(i * 32 + oc) * 16 + at];
+                    for (int64_t kk = 0; kk < 144; ++kk) {
+                        wsum[oc * 144 + kk] += wv * win[at * 144 + kk];
+                    }
                 }
             }
         }
+    }
+    /* grad_K2[oc,kk] = the blocks' sums, added in block order */
+    for (int64_t at = 0; at < 4608; ++at) {
+        CNN_DIGITS_REAL acc = grad_K2_cols[2304 + at];
+        for (int64_t blk = 1; blk < 8; ++blk) {
+            acc += grad_K2_cols[blk * 6912 + 2304 + at];
+        }
+        grad_K2[at] = acc;
     }
 
     /* grad_t0 = sum of g1 down each column */
@@ -497,10 +543,10 @@ static void cnn_digits_run_part3(
     CNN_DIGITS_REAL *work
 )
 {
-    CNN_DIGITS_REAL *t9 = work + 4864*n + 4416; /* n x 128; placed in an earlier part */
-    CNN_DIGITS_REAL *t11 = work + 5056*n + 4416; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 4416; /* n x 10, in t13's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *g0 = work + 5207*n + 4417; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *t9 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
+    CNN_DIGITS_REAL *t11 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 24576; /* n x 10, in t13's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *g0 = work + 5207*n + 24577; /* n x 64; placed in an earlier part */
     /* grad_W1 = t9^T @ g0 */
     symbackprop_f64_matmul(128, 64, n, t9, 1, 128, g0, 64, 1, grad_W1);
 
@@ -630,7 +676,7 @@ size_t cnn_digits_train_step_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(5665*n + 31830);
+    return (size_t)(5665*n + 108438);
 }
 
 /* cnn_digits_train_step, part 1 of 2 (kernels 1 to 32): a long
@@ -676,28 +722,33 @@ static void cnn_digits_train_step_part1(
     /* t2[i,oc,oy,ox] = sum_{ic,ky,kx} K1[oc,ic,ky,kx] * X[i,ic,oy+ky-1,ox+kx-1] (conv2d;
      * zero outside the image) */
     CNN_DIGITS_REAL *t2 = t1 + 1024; /* n x 1024 */
-    CNN_DIGITS_REAL *t2_cols_1 = t2 + 1024*n; /* 9 x 64 */
-    for (int64_t i = 0; i < n; ++i) {
-        /* t2_cols_1: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
-        for (int64_t ic = 0; ic < 1; ++ic) {
-            for (int64_t ky = 0; ky < 3; ++ky) {
-                for (int64_t kx = 0; kx < 3; ++kx) {
-                    for (int64_t oy = 0; oy < 8; ++oy) {
-                        for (int64_t ox = 0; ox < 8; ++ox) {
-                            const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                            t2_cols_1[((ic * 3 + ky) * 3 + kx) * 64 + oy * 8 + ox] = (iy >= 0 && iy < 8 && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
+    CNN_DIGITS_REAL *t2_cols_1 = t2 + 1024*n; /* 8 x 576 */
+    /* the batch in 8 fixed blocks of examples, each with its own 576 entries of t2_cols_1 */
+    SYMBACKPROP_PARALLEL_BLOCKS
+    for (int64_t blk = 0; blk < 8; ++blk) {
+        CNN_DIGITS_REAL *const win = t2_cols_1 + blk * 576;
+        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
+            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
+            for (int64_t ic = 0; ic < 1; ++ic) {
+                for (int64_t ky = 0; ky < 3; ++ky) {
+                    for (int64_t kx = 0; kx < 3; ++kx) {
+                        for (int64_t oy = 0; oy < 8; ++oy) {
+                            for (int64_t ox = 0; ox < 8; ++ox) {
+                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
+                                win[((ic * 3 + ky) * 3 + kx) * 64 + oy * 8 + ox] = (iy >= 0 && iy < 8 && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
+                            }
                         }
                     }
                 }
             }
+            /* t2[i,oc,at] = sum_kk K1[oc,kk] * win[kk,at] */
+            symbackprop_f64_matmul(16, 64, 9, K1, 9, 1, win, 64, 1, t2 + i * 1024);
         }
-        /* t2[i,oc,at] = sum_kk K1[oc,kk] * t2_cols_1[kk,at] */
-        symbackprop_f64_matmul(16, 64, 9, K1, 9, 1, t2_cols_1, 64, 1, t2 + i * 1024);
     }
 
     /* t3 = Max(0, t1 + t2) */
     /* t4 = Heaviside(t1 + t2) */
-    CNN_DIGITS_REAL *t3 = t2_cols_1 + 576; /* n x 1024 */
+    CNN_DIGITS_REAL *t3 = t2_cols_1 + 4608; /* n x 1024 */
     CNN_DIGITS_REAL *t4 = t3 + 1024*n; /* n x 1024 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
@@ -711,6 +762,7 @@ static void cnn_digits_train_step_part1(
     /* t5[i,ch,oy,ox] = t3[i,ch,best], best: the first largest t3[i,ch,oy*2+ky,ox*2+kx],
      * ky,kx < 2 */
     CNN_DIGITS_REAL *t5 = t4 + 1024*n; /* n x 256 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
             for (int64_t oy = 0; oy < 4; ++oy) {
@@ -733,28 +785,33 @@ static void cnn_digits_train_step_part1(
     /* t6[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] * t5[i,ic,oy+ky-1,ox+kx-1] (conv2d;
      * zero outside the image) */
     CNN_DIGITS_REAL *t6 = t5 + 256*n; /* n x 512 */
-    CNN_DIGITS_REAL *t6_cols_1 = t6 + 512*n; /* 144 x 16 */
-    for (int64_t i = 0; i < n; ++i) {
-        /* t6_cols_1: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
-        for (int64_t ic = 0; ic < 16; ++ic) {
-            for (int64_t ky = 0; ky < 3; ++ky) {
-                for (int64_t kx = 0; kx < 3; ++kx) {
-                    for (int64_t oy = 0; oy < 4; ++oy) {
-                        for (int64_t ox = 0; ox < 4; ++ox) {
-                            const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                            t6_cols_1[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+    CNN_DIGITS_REAL *t6_cols_1 = t6 + 512*n; /* 8 x 2304 */
+    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of t6_cols_1 */
+    SYMBACKPROP_PARALLEL_BLOCKS
+    for (int64_t blk = 0; blk < 8; ++blk) {
+        CNN_DIGITS_REAL *const win = t6_cols_1 + blk * 2304;
+        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
+            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
+            for (int64_t ic = 0; ic < 16; ++ic) {
+                for (int64_t ky = 0; ky < 3; ++ky) {
+                    for (int64_t kx = 0; kx < 3; ++kx) {
+                        for (int64_t oy = 0; oy < 4; ++oy) {
+                            for (int64_t ox = 0; ox < 4; ++ox) {
+                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
+                                win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                            }
                         }
                     }
                 }
             }
+            /* t6[i,oc,at] = sum_kk K2[oc,kk] * win[kk,at] */
+            symbackprop_f64_matmul(32, 16, 144, K2, 144, 1, win, 16, 1, t6 + i * 512);
         }
-        /* t6[i,oc,at] = sum_kk K2[oc,kk] * t6_cols_1[kk,at] */
-        symbackprop_f64_matmul(32, 16, 144, K2, 144, 1, t6_cols_1, 16, 1, t6 + i * 512);
     }
 
     /* t7 = Max(0, t0 + t6) */
     /* t8 = Heaviside(t0 + t6) */
-    CNN_DIGITS_REAL *t7 = t6_cols_1 + 2304; /* n x 512 */
+    CNN_DIGITS_REAL *t7 = t6_cols_1 + 18432; /* n x 512 */
     CNN_DIGITS_REAL *t8 = t7 + 512*n; /* n x 512 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
@@ -768,6 +825,7 @@ static void cnn_digits_train_step_part1(
     /* t9[i,ch,oy,ox] = t7[i,ch,best], best: the first largest t7[i,ch,oy*2+ky,ox*2+kx],
      * ky,kx < 2 */
     CNN_DIGITS_REAL *t9 = t8 + 512*n; /* n x 128 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
             for (int64_t oy = 0; oy < 2; ++oy) {
@@ -879,10 +937,11 @@ static void cnn_digits_train_step_part1(
     /* grad_t7[i,ch,best] += grad_t9[i,ch,oy,ox], best: the first largest
      * t7[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
     CNN_DIGITS_REAL *grad_t7 = t6; /* n x 512, in t6's memory */
-    for (int64_t at = 0; at < n * 512; ++at) {
-        grad_t7[at] = 0;
-    }
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
+        for (int64_t at = 0; at < 512; ++at) {
+            grad_t7[i * 512 + at] = 0;
+        }
         for (int64_t ch = 0; ch < 32; ++ch) {
             for (int64_t oy = 0; oy < 2; ++oy) {
                 for (int64_t ox = 0; ox < 2; ++ox) {
@@ -913,22 +972,27 @@ static void cnn_digits_train_step_part1(
     /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
      * by its images) */
     CNN_DIGITS_REAL *grad_t5 = grad_t9 + 128*n; /* n x 256 */
-    CNN_DIGITS_REAL *grad_t5_cols_1 = t6_cols_1; /* 144 x 16, in t6_cols_1's memory */
-    for (int64_t i = 0; i < n; ++i) {
-        /* grad_t5_cols_1[kk,at] = sum_oc K2[oc,kk] * g1[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
-        symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, g1 + i * 512, 16, 1, grad_t5_cols_1);
-        for (int64_t at = 0; at < 256; ++at) {
-            grad_t5[i * 256 + at] = 0;
-        }
-        /* each window's entries added back to the pixels they were read from (col2im) */
-        for (int64_t ic = 0; ic < 16; ++ic) {
-            for (int64_t ky = 0; ky < 3; ++ky) {
-                for (int64_t kx = 0; kx < 3; ++kx) {
-                    for (int64_t oy = 0; oy < 4; ++oy) {
-                        for (int64_t ox = 0; ox < 4; ++ox) {
-                            const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                            if (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) {
-                                grad_t5[((i * 16 + ic) * 4 + iy) * 4 + ix] += grad_t5_cols_1[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
+    CNN_DIGITS_REAL *grad_t5_cols_1 = t6_cols_1; /* 8 x 2304, in t6_cols_1's memory */
+    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of grad_t5_cols_1 */
+    SYMBACKPROP_PARALLEL_BLOCKS
+    for (int64_t blk = 0; blk < 8; ++blk) {
+        CNN_DIGITS_REAL *const win = grad_t5_cols_1 + blk * 2304;
+        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
+            /* win[kk,at] = sum_oc K2[oc,kk] * g1[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
+            symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, g1 + i * 512, 16, 1, win);
+            for (int64_t at = 0; at < 256; ++at) {
+                grad_t5[i * 256 + at] = 0;
+            }
+            /* each window's entries added back to the pixels they were read from (col2im) */
+            for (int64_t ic = 0; ic < 16; ++ic) {
+                for (int64_t ky = 0; ky < 3; ++ky) {
+                    for (int64_t kx = 0; kx < 3; ++kx) {
+                        for (int64_t oy = 0; oy < 4; ++oy) {
+                            for (int64_t ox = 0; ox < 4; ++ox) {
+                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
+                                if (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) {
+                                    grad_t5[((i * 16 + ic) * 4 + iy) * 4 + ix] += win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
+                                }
                             }
                         }
                     }
@@ -940,10 +1004,11 @@ static void cnn_digits_train_step_part1(
     /* grad_t3[i,ch,best] += grad_t5[i,ch,oy,ox], best: the first largest
      * t3[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
     CNN_DIGITS_REAL *grad_t3 = t2; /* n x 1024, in t2's memory */
-    for (int64_t at = 0; at < n * 1024; ++at) {
-        grad_t3[at] = 0;
-    }
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
+        for (int64_t at = 0; at < 1024; ++at) {
+            grad_t3[i * 1024 + at] = 0;
+        }
         for (int64_t ch = 0; ch < 16; ++ch) {
             for (int64_t oy = 0; oy < 4; ++oy) {
                 for (int64_t ox = 0; ox < 4; ++ox) {
@@ -974,37 +1039,51 @@ static void cnn_digits_train_step_part1(
     /* grad_K1_1[oc,ic,ky,kx] = sum_{i,oy,ox} g2[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
     CNN_DIGITS_REAL *grad_K1_1 = grad_t5 + 256*n; /* 16 x 9 */
-    CNN_DIGITS_REAL *grad_K1_1_cols = t2_cols_1; /* 9 x 64, in t2_cols_1's memory */
-    for (int64_t at = 0; at < 144; ++at) {
-        grad_K1_1[at] = 0;
-    }
-    for (int64_t i = 0; i < n; ++i) {
-        /* grad_K1_1_cols: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
-        for (int64_t ic = 0; ic < 1; ++ic) {
-            for (int64_t ky = 0; ky < 3; ++ky) {
-                for (int64_t kx = 0; kx < 3; ++kx) {
-                    for (int64_t oy = 0; oy < 8; ++oy) {
-                        for (int64_t ox = 0; ox < 8; ++ox) {
-                            const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                            grad_K1_1_cols[(oy * 8 + ox) * 9 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 8 && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
+    CNN_DIGITS_REAL *grad_K1_1_cols = grad_K1_1 + 144; /* 8 x 720 */
+    /* the batch in 8 fixed blocks of examples, each with its own 720 entries of grad_K1_1_cols */
+    SYMBACKPROP_PARALLEL_BLOCKS
+    for (int64_t blk = 0; blk < 8; ++blk) {
+        CNN_DIGITS_REAL *const win = grad_K1_1_cols + blk * 720;
+        CNN_DIGITS_REAL *const wsum = win + 576; /* this block's sum */
+        for (int64_t at = 0; at < 144; ++at) {
+            wsum[at] = 0;
+        }
+        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
+            /* win: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
+            for (int64_t ic = 0; ic < 1; ++ic) {
+                for (int64_t ky = 0; ky < 3; ++ky) {
+                    for (int64_t kx = 0; kx < 3; ++kx) {
+                        for (int64_t oy = 0; oy < 8; ++oy) {
+                            for (int64_t ox = 0; ox < 8; ++ox) {
+                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
+                                win[(oy * 8 + ox) * 9 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 8 && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
+                            }
                         }
                     }
                 }
             }
-        }
-        /* grad_K1_1[oc,kk] += sum_at g2[i,oc,at] * grad_K1_1_cols[at,kk] */
-        for (int64_t oc = 0; oc < 16; ++oc) {
-            for (int64_t at = 0; at < 64; ++at) {
-                const CNN_DIGITS_REAL wv = g2[(i * 16 + oc) * 64 + at];
-                for (int64_t kk = 0; kk < 9; ++kk) {
-                    grad_K1_1[oc * 9 + kk] += wv * grad_K1_1_cols[at * 9 + kk];
+            /* wsum[oc,kk] += sum_at g2[i,oc,at] * win[at,kk] */
+            for (int64_t oc = 0; oc < 16; ++oc) {
+                for (int64_t at = 0; at < 64; ++at) {
+                    const CNN_DIGITS_REAL wv = g2[(i * 16 + oc) * 64 + at];
+                    for (int64_t kk = 0; kk < 9; ++kk) {
+                        wsum[oc * 9 + kk] += wv * win[at * 9 + kk];
+                    }
                 }
             }
         }
     }
+    /* grad_K1_1[oc,kk] = the blocks' sums, added in block order */
+    for (int64_t at = 0; at < 144; ++at) {
+        CNN_DIGITS_REAL acc = grad_K1_1_cols[576 + at];
+        for (int64_t blk = 1; blk < 8; ++blk) {
+            acc += grad_K1_1_cols[blk * 720 + 576 + at];
+        }
+        grad_K1_1[at] = acc;
+    }
 
     /* grad_K1_2 = K1*weight_decay + grad_K1_1 */
-    CNN_DIGITS_REAL *grad_K1_2 = grad_K1_1 + 144; /* 16 x 9 */
+    CNN_DIGITS_REAL *grad_K1_2 = grad_K1_1_cols + 5760; /* 16 x 9 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t i = 0; i < 16; ++i) {
@@ -1041,34 +1120,48 @@ static void cnn_digits_train_step_part1(
 
     /* grad_K2_1[oc,ic,ky,kx] = sum_{i,oy,ox} g1[i,oc,oy,ox] * t5[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K2_1 = grad_c1_2 + 16; /* 32 x 144 */
-    CNN_DIGITS_REAL *grad_K2_1_cols = grad_t5_cols_1; /* 144 x 16, in grad_t5_cols_1's memory */
-    for (int64_t at = 0; at < 4608; ++at) {
-        grad_K2_1[at] = 0;
-    }
-    for (int64_t i = 0; i < n; ++i) {
-        /* grad_K2_1_cols: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
-        for (int64_t ic = 0; ic < 16; ++ic) {
-            for (int64_t ky = 0; ky < 3; ++ky) {
-                for (int64_t kx = 0; kx < 3; ++kx) {
-                    for (int64_t oy = 0; oy < 4; ++oy) {
-                        for (int64_t ox = 0; ox < 4; ++ox) {
-                            const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                            grad_K2_1_cols[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+    CNN_DIGITS_REAL *grad_K2_1 = t2_cols_1; /* 32 x 144, in t2_cols_1's memory */
+    CNN_DIGITS_REAL *grad_K2_1_cols = grad_c1_2 + 16; /* 8 x 6912 */
+    /* the batch in 8 fixed blocks of examples, each with its own 6912 entries of grad_K2_1_cols */
+    SYMBACKPROP_PARALLEL_BLOCKS
+    for (int64_t blk = 0; blk < 8; ++blk) {
+        CNN_DIGITS_REAL *const win = grad_K2_1_cols + blk * 6912;
+        CNN_DIGITS_REAL *const wsum = win + 2304; /* this block's sum */
+        for (int64_t at = 0; at < 4608; ++at) {
+            wsum[at] = 0;
+        }
+        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
+            /* win: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
+            for (int64_t ic = 0; ic < 16; ++ic) {
+                for (int64_t ky = 0; ky < 3; ++ky) {
+                    for (int64_t kx = 0; kx < 3; ++kx) {
+                        for (int64_t oy = 0; oy < 4; ++oy) {
+                            for (int64_t ox = 0; ox < 4; ++ox) {
+                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
+                                win[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                            }
                         }
                     }
                 }
             }
-        }
-        /* grad_K2_1[oc,kk] += sum_at g1[i,oc,at] * grad_K2_1_cols[at,kk] */
-        for (int64_t oc = 0; oc < 32; ++oc) {
-            for (int64_t at = 0; at < 16; ++at) {
-                const CNN_DIGITS_REAL wv = g1[(i * 32 + oc) * 16 + at];
-                for (int64_t kk = 0; kk < 144; ++kk) {
-                    grad_K2_1[oc * 144 + kk] += wv * grad_K2_1_cols[at * 144 + kk];
+            /* wsum[oc,kk] += sum_at g1[i,oc,at] * win[at,kk] */
+            for (int64_t oc = 0; oc < 32; ++oc) {
+                for (int64_t at = 0; at < 16; ++at) {
+                    const CNN_DIGITS_REAL wv = g1[(i * 32 + oc) * 16 + at];
+                    for (int64_t kk = 0; kk < 144; ++kk) {
+                        wsum[oc * 144 + kk] += wv * win[at * 144 + kk];
+                    }
                 }
             }
         }
+    }
+    /* grad_K2_1[oc,kk] = the blocks' sums, added in block order */
+    for (int64_t at = 0; at < 4608; ++at) {
+        CNN_DIGITS_REAL acc = grad_K2_1_cols[2304 + at];
+        for (int64_t blk = 1; blk < 8; ++blk) {
+            acc += grad_K2_1_cols[blk * 6912 + 2304 + at];
+        }
+        grad_K2_1[at] = acc;
     }
 }
 
@@ -1111,17 +1204,18 @@ static void cnn_digits_train_step_part2(
 )
 {
     CNN_DIGITS_REAL *t0 = work; /* 1 x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t9 = work + 4864*n + 4416; /* n x 128; placed in an earlier part */
-    CNN_DIGITS_REAL *t11 = work + 5056*n + 4416; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *t18 = work + 5217*n + 4416; /* 1 x 1; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 4416; /* n x 10, in t13's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *g0 = work + 5217*n + 4417; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *g1 = work + 3840*n + 4416; /* n x 512, in t7's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_K1_2 = work + 5665*n + 4561; /* 16 x 9; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_c1_2 = work + 5665*n + 4721; /* 1 x 16; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_K2_1 = work + 5665*n + 4737; /* 32 x 144; placed in an earlier part */
+    CNN_DIGITS_REAL *t9 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
+    CNN_DIGITS_REAL *t11 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *t18 = work + 5217*n + 24576; /* 1 x 1; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 24576; /* n x 10, in t13's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *g0 = work + 5217*n + 24577; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *g1 = work + 3840*n + 24576; /* n x 512, in t7's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_K1_2 = work + 5665*n + 30481; /* 16 x 9; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_c1_2 = work + 5665*n + 30641; /* 1 x 16; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_K2_1 = work + 1024*n + 1536; /* 32 x 144, in t2_cols_1's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_K2_1_cols = work + 5665*n + 30657; /* 8 x 6912; placed in an earlier part */
     /* grad_K2_2 = K2*weight_decay + grad_K2_1 */
-    CNN_DIGITS_REAL *grad_K2_2 = grad_K2_1 + 4608; /* 32 x 144 */
+    CNN_DIGITS_REAL *grad_K2_2 = grad_K2_1_cols + 55296; /* 32 x 144 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t i = 0; i < 32; ++i) {

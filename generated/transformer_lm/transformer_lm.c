@@ -1251,6 +1251,7 @@ static void transformer_lm_run_part4(
 
     /* t80[i,ch] = sum_at t79[i,ch,at] (over each channel's pixels) */
     TRANSFORMER_LM_REAL *t80 = g0 + 256*m; /* m x 4 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t ch = 0; ch < 4; ++ch) {
             TRANSFORMER_LM_REAL acc = 0;
@@ -1263,6 +1264,7 @@ static void transformer_lm_run_part4(
 
     /* t81[i,ch,at] = t80[i,ch] (over each channel's pixels) */
     TRANSFORMER_LM_REAL *t81 = t79; /* m x 256, in t79's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t ch = 0; ch < 4; ++ch) {
             for (int64_t at = 0; at < 64; ++at) {
@@ -1585,6 +1587,7 @@ static void transformer_lm_run_part5(
 
     /* t87[i,ch] = sum_at t86[i,ch,at] (over each channel's pixels) */
     TRANSFORMER_LM_REAL *t87 = t80; /* m x 4, in t80's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t ch = 0; ch < 4; ++ch) {
             TRANSFORMER_LM_REAL acc = 0;
@@ -1597,6 +1600,7 @@ static void transformer_lm_run_part5(
 
     /* t88[i,ch,at] = t87[i,ch] (over each channel's pixels) */
     TRANSFORMER_LM_REAL *t88 = t30; /* m x 256, in t30's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t ch = 0; ch < 4; ++ch) {
             for (int64_t at = 0; at < 64; ++at) {
@@ -3449,6 +3453,7 @@ static void transformer_lm_train_step_part3(
 
     /* t80[i,ch] = sum_at t79[i,ch,at] (over each channel's pixels) */
     TRANSFORMER_LM_REAL *t80 = g0 + 256*m; /* m x 4 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t ch = 0; ch < 4; ++ch) {
             TRANSFORMER_LM_REAL acc = 0;
@@ -3461,6 +3466,7 @@ static void transformer_lm_train_step_part3(
 
     /* t81[i,ch,at] = t80[i,ch] (over each channel's pixels) */
     TRANSFORMER_LM_REAL *t81 = t79; /* m x 256, in t79's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t ch = 0; ch < 4; ++ch) {
             for (int64_t at = 0; at < 64; ++at) {
@@ -3776,6 +3782,7 @@ static void transformer_lm_train_step_part4(
 
     /* t87[i,ch] = sum_at t86[i,ch,at] (over each channel's pixels) */
     TRANSFORMER_LM_REAL *t87 = t80; /* m x 4, in t80's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t ch = 0; ch < 4; ++ch) {
             TRANSFORMER_LM_REAL acc = 0;
@@ -3788,6 +3795,7 @@ static void transformer_lm_train_step_part4(
 
     /* t88[i,ch,at] = t87[i,ch] (over each channel's pixels) */
     TRANSFORMER_LM_REAL *t88 = t30; /* m x 256, in t30's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t ch = 0; ch < 4; ++ch) {
             for (int64_t at = 0; at < 64; ++at) {

@@ -46,7 +46,7 @@ _MACRO_LIKE = re.compile(r"^(?:[^a-z]*[A-Z][^a-z]*[A-Z][^a-z]*|Py[A-Z_].*|PY.*|M
 # dimensions too).
 INTERNAL = frozenset("i j k l acc maxval total lane result top work status dims shape".split()
                      # the loop variables of the image ops (templates/kernel_conv.c.j2)
-                     + "at best share wv ch ic oc kk ky kx oy ox iy ix".split()
+                     + "at best share wv ch ic oc kk ky kx oy ox iy ix blk win wsum".split()
                      # and of attention (templates/kernel_attention.c.j2)
                      + "seq len row0 qt ks hd dk qbase val wt pw".split())
 _TEMP = re.compile(r"^(x|acc)\d+$")  # CSE temporaries, accumulators

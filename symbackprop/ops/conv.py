@@ -20,7 +20,9 @@ is max_pool2d(x, x): the argmax is piecewise constant, so only the second
 argument carries a derivative.
 
 The C of each is a loop nest over the batch (kernel_conv.c.j2), its bounds
-numbers but the batch size's, never unrolled over pixels.
+numbers but the batch size's, never unrolled over pixels; built with
+OpenMP, the batch loop runs on several threads (a convolution's in fixed
+blocks: BATCH_BLOCKS), with the same results on any number of them.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import numpy as np
 import sympy as sp
 
 from symbackprop.declare import conv as declared
-from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
+from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, is_const, map_
 from symbackprop.ir.node import Node, op_node, placeholder
@@ -343,7 +345,7 @@ class ImageKernel:
     rows: object  # the batch (the output's rows; a weight gradient's: the argument's)
     geometry: tuple
     equations: tuple[Equation, ...]
-    cols: str | None = None  # a convolution's workspace: one example's im2col matrix
+    cols: str | None = None  # a convolution's workspace: each batch block's im2col matrix (and partial sum)
 
     def reads(self) -> list[str]:
         return [buffer for buffer, _ in self.args if buffer is not None] + ([self.cols] if self.cols else [])
@@ -419,8 +421,26 @@ def _kernel(sched, node: Node, out: str) -> ImageKernel:
     cols = None
     if node.op.startswith("conv2d"):
         c = Conv(*geometry)
-        cols = sched.claim_scratch(f"{out}_cols", (c.C * c.KH * c.KW, c.HO * c.WO))
+        ckk = c.C * c.KH * c.KW
+        per_block = ckk * c.HO * c.WO + (c.F * ckk if node.op == "conv2d_weight_grad" else 0)
+        cols = sched.claim_scratch(f"{out}_cols", (batch_blocks(rows), per_block))
     return ImageKernel(node.op, out, tuple(args), rows, geometry, (Equation(out + entry, value, latex, assign),), cols)
+
+
+# A convolution runs its batch as this many fixed blocks of examples, each
+# with its own windows (and a weight gradient's partial sum) in the
+# workspace: the blocks can run on as many threads, and a weight gradient
+# adds the blocks' sums in block order, so it is bit for bit the same on
+# any number of threads. 8 blocks: the workspace stays small (LeNet's
+# second convolution: 8 x 144 x 16 entries) and 2, 4 or 8 threads share
+# them evenly.
+BATCH_BLOCKS = 8
+
+
+def batch_blocks(rows: object) -> int:
+    """The blocks of a batch of `rows` examples (fewer for a smaller fixed batch)."""
+    count = sp.sympify(rows)
+    return min(BATCH_BLOCKS, int(count)) if count.is_Integer else BATCH_BLOCKS
 
 
 def _constants(op: str, geometry: tuple) -> dict:
@@ -438,7 +458,8 @@ def _emit(em: FunctionEmitter, kernel: ImageKernel) -> dict:
     printer = CheckedPrinter(ScalarPrinter({}, em.real), kernel)
     args = [Operand(em.namer.name(b)) if b is not None else Operand(None, printer.doprint(v)) for b, v in kernel.args]
     fields: dict = {"n": em.dim(kernel.rows), "out": em.namer.name(kernel.out), "a": args[0],
-                    "b": args[1] if len(args) > 1 else None}
+                    "b": args[1] if len(args) > 1 else None, "parallel": worth_threads(kernel.rows),
+                    "blocks": batch_blocks(kernel.rows)}
     if kernel.kind.startswith("conv2d"):
         c = Conv(*kernel.geometry)
         fields.update(asdict(c), HO=c.HO, WO=c.WO)
