@@ -112,7 +112,6 @@ def _argmin_loop(fn, x, init, prefix: str):
     """GradBench's multivariate_argmin of fn (a 1 x n expression -> a
     scalar) over the state x (1 x n), from init, as a fixed point."""
     import sympy as sp
-    from sympy.functions.elementary.piecewise import ExprCondPair
 
     import symbackprop as sbp
 
@@ -130,11 +129,9 @@ def _argmin_loop(fn, x, init, prefix: str):
     gxp = sbp.grad(fn(xp), x)  # d fn(x - eta gx) / dx: fn's gradient at xp
 
     def pick(keep, doubled, moved, halved, at_first=None):
-        pairs = ((keep if at_first is None else at_first, first), (keep, stop_g), (doubled, double), (keep, stop_x),
-                 (moved, better), (halved, sp.true))
-        # built as it stands: SymPy's Piecewise folds any Piecewise under a
-        # condition into it, here the inner loop's step (under `better`)
-        return sp.Basic.__new__(sp.Piecewise, *(sp.Tuple.__new__(ExprCondPair, sp.sympify(v), c) for v, c in pairs))
+        where = sbp.where  # a Piecewise as it stands (SymPy's would fold the inner loop's step into it)
+        rest = where(stop_g, keep, where(double, doubled, where(stop_x, keep, where(better, moved, halved))))
+        return where(first, keep if at_first is None else at_first, rest)
 
     step = (sp.Matrix(1, n, lambda r, c: pick(x[r, c], x[r, c], xp[0, c], x[r, c])),
             sp.Matrix([[pick(fv, fv, fxp, fv, fxp)]]),
