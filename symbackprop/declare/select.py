@@ -26,7 +26,7 @@ def where(cond: object, a: object, b: object) -> sp.Basic:
 
     Args:
         cond: a SymPy condition (``sp.Lt(x, 0)``, ``sp.Eq(k, 10)``, an ``And``
-            of them), or a matrix of conditions of the branches' shape.
+            of them), or a list of rows of conditions of the branches' shape.
         a: the value where `cond` holds: a scalar expression or a matrix.
         b: the value elsewhere, of `a`'s shape (a scalar is broadcast).
 
@@ -39,6 +39,8 @@ def where(cond: object, a: object, b: object) -> sp.Basic:
     Unlike ``jnp.where``, the branch not taken is not differentiated either:
     ``where(x > 0, sqrt(x), 0)`` has derivative 0 at ``x = -1`` (JAX: NaN).
     """
+    if isinstance(cond, (list, tuple)):  # rows of conditions (a SymPy Matrix may not hold them)
+        cond = _Rows(cond)
     shape = _shape(a, "a") or _shape(b, "b") or _shape(cond, "cond")
     if shape is None:
         return _select(_condition(cond), _scalar(a, "a"), _scalar(b, "b"))
@@ -53,7 +55,21 @@ def where(cond: object, a: object, b: object) -> sp.Basic:
     return sp.Matrix(shape[0], shape[1], lambda i, j: where(entry(cond, i, j), entry(a, i, j), entry(b, i, j)))
 
 
+class _Rows:
+    """A list of rows of conditions, read as a matrix is."""
+
+    def __init__(self, rows: list | tuple) -> None:
+        if not rows or not all(isinstance(r, (list, tuple)) and len(r) == len(rows[0]) for r in rows):
+            raise ModelError("where: cond as a list must be a non-empty list of rows of equal length")
+        self.rows, self.shape = rows, (len(rows), len(rows[0]))
+
+    def __getitem__(self, ij: tuple[int, int]) -> object:
+        return self.rows[ij[0]][ij[1]]
+
+
 def _shape(value: object, what: str) -> tuple[int, int] | None:
+    if isinstance(value, _Rows):
+        return value.shape
     if isinstance(value, (sp.MatrixBase, sp.MatrixExpr)):
         if not all(isinstance(d, (int, sp.Integer)) for d in value.shape):
             raise ModelError(f"where: {what} has a symbolic shape {value.shape}; select within a map instead")
