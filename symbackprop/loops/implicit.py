@@ -19,14 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from symbackprop.diff.autodiff import vjp as _vjp
 import sympy as sp
 
+from symbackprop.diff.autodiff import vjp as _vjp
 from symbackprop.ir.construct import const, element, leaf, map_, pack
-from symbackprop.ops.linalg import solve
 from symbackprop.ir.node import Node, placeholder, topological_order
 from symbackprop.loops.diff import is_zero, part_seeds, scan_vjp
 from symbackprop.loops.graph import ScanStep, scan_node, scan_part, substitute
+from symbackprop.ops.linalg import solve
 
 
 def fixed_point_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
@@ -111,8 +111,10 @@ def _direct_adjoint(step: ScanStep, caps: Sequence[Node], finals: list[Node], gs
     matrix = {}
     for r in range(n):  # A[r, c] = delta - J[c, r], rows and columns of frozen entries replaced by I's
         for c in range(n):
-            a = map_(-placeholder(0) * placeholder(1) * placeholder(2), [jac[c][r], keep[r], keep[c]])
-            matrix[(r, c)] = map_(placeholder(0) + placeholder(1) * (1 - placeholder(2)), [frozen[r], keep[r], jac[r][r]]) if r == c else a
+            if r == c:
+                matrix[(r, c)] = map_(placeholder(0) + placeholder(1) * (1 - placeholder(2)), [frozen[r], keep[r], jac[r][r]])
+            else:
+                matrix[(r, c)] = map_(-placeholder(0) * placeholder(1) * placeholder(2), [jac[c][r], keep[r], keep[c]])
     rhs = {(m, 0): map_(placeholder(0) * placeholder(1), [element(gs[k], i, j), keep[m]]) for m, (k, i, j) in enumerate(entries)}
     lam = solve(pack((n, n), matrix), pack((n, 1), rhs))
     out = []
