@@ -102,3 +102,22 @@ def test_saddles_nested_gradient_through_a_stopped_argmax():
     pytest.importorskip("jax")
     _, r_grad = saddle._jax_parts()
     assert relative_error(grads["q"][0], np.asarray(r_grad(q[0], s[0]))) < 1e-10
+
+
+def test_a_loop_that_does_not_read_the_step_state_runs_once_outside():
+    """y <- (y + sqrt(a)) / 2 with sqrt(a) by Newton: the inner loop reads
+    only a, so it is lowered before the outer loop (not nested in its C);
+    y* = sqrt(a), dy*/da = 1 / (2 sqrt(a))."""
+    n = 3
+    av, r, y = sp.MatrixSymbol("av", 1, n), sp.MatrixSymbol("r", 1, n), sp.MatrixSymbol("y", 1, n)
+    root = sbp.fixed_point(sp.Matrix(1, n, lambda i, j: (r[i, j] + av[i, j] / r[i, j]) / 2), r, av, tol=1e-15,
+                           max_iter=80)
+    y_star = sbp.fixed_point((y + root) / 2, y, sp.ZeroMatrix(1, n), tol=1e-15, max_iter=200)
+    model = sbp.Model("hoisted_inner", inputs=[], params=[av], loss=nn.sum_all(y_star), outputs={"y": y_star})
+    source = generate(model, "float64")[0].source
+    indents = {len(line) - len(line.lstrip()) for line in source.splitlines() if line.lstrip().startswith("while (")}
+    assert len(indents) == 1, indents  # every loop at the function's top level
+    values = np.array([[2.0, 9.0, 0.5]])
+    mod = sbp.compile(model)
+    np.testing.assert_allclose(mod.forward(av=values)["y"], np.sqrt(values), rtol=1e-14)
+    np.testing.assert_allclose(mod.value_and_grad(av=values)[1]["av"], 0.5 / np.sqrt(values), rtol=1e-12)
