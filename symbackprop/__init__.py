@@ -12,6 +12,7 @@ from symbackprop.declare.conv import Images, conv_weight, images
 from symbackprop.declare.derivatives import grad, jvp
 from symbackprop.declare.linalg import cholesky, det, logdet, solve, triangular_solve
 from symbackprop.declare.model import Model, as_scalar
+from symbackprop.declare.select import where
 from symbackprop.declare.tensor import Index, cumsum, gather, map_examples, reduce, shift
 from symbackprop.deep import build_deep
 from symbackprop.errors import ArgumentError, BuildError, GradientCheckError, ModelError, SymbackpropError
@@ -63,4 +64,5 @@ __all__ = [
     "solve",
     "sparse_layout",
     "triangular_solve",
+    "where",
 ]

@@ -69,11 +69,15 @@ def test_the_count_is_bounded_by_max_iter_and_a_nan_stops_the_loop():
     assert np.isfinite(stopped["root"][0, 1:]).all()
 
 
-def test_the_c_bounds_the_loop_and_tests_for_nan():
+@pytest.mark.parametrize("direct", [True, False])
+def test_the_c_bounds_the_loop_and_tests_for_nan(direct, monkeypatch):
+    if not direct:  # the adjoint by its loop, as for a state of over DIRECT_ENTRIES entries
+        monkeypatch.setattr("symbackprop.loops.implicit.DIRECT_ENTRIES", 0)
     source = generate(sqrt_model("implicit", max_iter=37), "float64")[0].source
     conditions = re.findall(r"while \((.*?)\) \{", source)
-    # forward's loop, and value_and_grad's forward and adjoint loops: each bounded by max_iter
-    assert len(conditions) == 3 and all(re.fullmatch(r"\w+ < 37", c) for c in conditions), conditions
+    # forward's loop, and value_and_grad's forward and adjoint loops (none: a 1 x 4 state's adjoint
+    # is solved directly): each bounded by max_iter
+    assert len(conditions) == (2 if direct else 3) and all(re.fullmatch(r"\w+ < 37", c) for c in conditions), conditions
     assert "!= " in source and "break; /* converged, or NaN */" in source
 
 

@@ -24,15 +24,16 @@ mode at both levels ("rr"); the other three variants would give the same
 output and are not ported.
 
 What is exact: the inner argmax is differentiated by diff="implicit". At
-its last state the step takes the stop branch, the identity, which does not
-read q: the implicit VJP's term (d step / d q)^T lambda is exactly 0, so
-dR/dq = df/dq(q, p*), the envelope theorem at the computed p*. Here p* does
-not depend on q at all (f separates), so that is the exact derivative of
-the computed R, 2q; for a coupled f it would be the envelope theorem's
-value, exact only where p* is an exact maximiser (the adjoint iteration
-itself runs to max_iter there, as d step / d state = I at the stop, and
-only its product with 0 is used). `derivative` is that nested gradient,
-dR/dq at q = s.
+its last state the step takes the stop branch, the identity: every entry
+is frozen (docs/fixed_point.md), so its adjoint is 0 (solved directly: the
+state has 7 entries) and dR/dq = df/dq(q, p*), the envelope theorem at the
+computed p*. Here p* does not depend on q at all (f separates; the inner
+loop does not read q and is lowered once, outside the outer loop), so that
+is the exact derivative of the computed R, 2q, as JAX's jacfwd through the
+while loop gives; for a coupled f it would be the envelope theorem's value,
+exact only where p* is an exact maximiser. `derivative` is that nested
+gradient, dR/dq at q = s. The selects are `sbp.where`s (a Piecewise as it
+stands: SymPy's would fold the inner loop's step into the outer one).
 
 Where the API bends GradBench's text: |x - x'| is computed as |eta g| (SymPy
 simplifies x - (x - eta g)), which differs only by rounding.
@@ -48,7 +49,7 @@ NAME = "saddle"
 PRIMAL, DERIVATIVE = "primal", "gradient"
 TOL_G = TOL_X = 1e-5
 ETA0 = 1e-5
-MAX_ITER = 400  # each loop's bound (GradBench's have none; 171 steps from (1, 1)); the inner implicit adjoint runs it all
+MAX_ITER = 400  # each loop's bound (GradBench's have none; 171 steps from (1, 1))
 EXPECTED = 8.246324826140356e-06  # GradBench's expected output, each of the four numbers, from (1, 1)
 SIZES = [{"start": (1.0, 1.0)}]
 DEFAULT = SMALL = SIZES[0]
@@ -112,7 +113,6 @@ def _argmin_loop(fn, x, init, prefix: str):
     """GradBench's multivariate_argmin of fn (a 1 x n expression -> a
     scalar) over the state x (1 x n), from init, as a fixed point."""
     import sympy as sp
-    from sympy.functions.elementary.piecewise import ExprCondPair
 
     import symbackprop as sbp
 
@@ -130,11 +130,9 @@ def _argmin_loop(fn, x, init, prefix: str):
     gxp = sbp.grad(fn(xp), x)  # d fn(x - eta gx) / dx: fn's gradient at xp
 
     def pick(keep, doubled, moved, halved, at_first=None):
-        pairs = ((keep if at_first is None else at_first, first), (keep, stop_g), (doubled, double), (keep, stop_x),
-                 (moved, better), (halved, sp.true))
-        # built as it stands: SymPy's Piecewise folds any Piecewise under a
-        # condition into it, here the inner loop's step (under `better`)
-        return sp.Basic.__new__(sp.Piecewise, *(sp.Tuple.__new__(ExprCondPair, sp.sympify(v), c) for v, c in pairs))
+        where = sbp.where  # as it stands: SymPy's Piecewise would fold the inner loop's step into it
+        rest = where(stop_g, keep, where(double, doubled, where(stop_x, keep, where(better, moved, halved))))
+        return where(first, keep if at_first is None else at_first, rest)
 
     step = (sp.Matrix(1, n, lambda r, c: pick(x[r, c], x[r, c], xp[0, c], x[r, c])),
             sp.Matrix([[pick(fv, fv, fxp, fv, fxp)]]),

@@ -15,6 +15,7 @@ from symbackprop.ir.node import Node, topological_order
 from symbackprop.loops.declare import same_layout, symbol_name
 from symbackprop.loops.fixpoint import FixedPointCount, FixedPointFinal, FixedPointSpec
 from symbackprop.loops.graph import ScanStep, Until, scan_node, scan_part
+from symbackprop.loops.hoist import hoist_loops
 
 FIXED_POINT_CONTEXT = "fixed-point step"  # the context of the lowerer of a fixed point's step
 
@@ -51,13 +52,14 @@ def _build(lowerer: Lowerer, spec: FixedPointSpec) -> Node:
             raise
         raise ModelError(f"in the step of a fixed point (which may use {allowed} and the model's inputs and "
                          f"params): {exc}") from None
-    reached = set(topological_order(next_states))
-    captured = [(sym, c) for sym, c in capture_leaves.items() if c in reached]
     states = tuple(state_leaves.values())
-    step = ScanStep(states=states, inputs=(), captures=tuple(c for _, c in captured), next_states=next_states,
+    roots, values = hoist_loops(next_states, states, {c: outer[sym] for sym, c in capture_leaves.items()})
+    reached = set(topological_order(roots))
+    captured = [c for c in values if c in reached]
+    step = ScanStep(states=states, inputs=(), captures=tuple(captured), next_states=tuple(roots),
                     outputs=(), every=1, length=spec.max_iter, until=None)
     step = replace(step, until=Until(spec.tol, spec.mode, step.width))  # the test reads every state
-    return scan_node(step, inits + [outer[sym] for sym, _ in captured])
+    return scan_node(step, inits + [values[c] for c in captured])
 
 
 def lower_final(lowerer: Lowerer, expr: FixedPointFinal) -> Node:

@@ -10,6 +10,7 @@ from symbackprop.ir.lower import Lowerer, shape_of
 from symbackprop.ir.node import Node, topological_order
 from symbackprop.loops.declare import ScanFinal, ScanOutput, ScanSpec, entries, is_vector, same_layout, symbol_name
 from symbackprop.loops.graph import ScanStep, scan_node, scan_part
+from symbackprop.loops.hoist import hoist_loops
 from symbackprop.loops.reshape import reshape
 
 STEP_CONTEXT = "scan step"  # the context of the lowerer of a scan's step (see ir.Lowerer.nested)
@@ -67,18 +68,20 @@ def _build_scan(lowerer: Lowerer, spec: ScanSpec) -> Node:
     for out in outputs:
         if not is_vector(out.shape) and spec.batch == 1:
             raise ModelError(f"scan: a step output must be a vector; got shape {out.shape}")
-    reached = set(topological_order(next_states + outputs))
-    captured = [(sym, c) for sym, c in capture_leaves.items() if c in reached]
+    varying = (*state_leaves.values(), *input_leaves.values())
+    roots, values = hoist_loops(next_states + outputs, varying, {c: outer[sym] for sym, c in capture_leaves.items()})
+    reached = set(topological_order(roots))
+    captured = [c for c in values if c in reached]
     step = ScanStep(
         states=tuple(state_leaves.values()),
         inputs=tuple(input_leaves.values()),
-        captures=tuple(c for _, c in captured),
-        next_states=next_states,
-        outputs=outputs,
+        captures=tuple(captured),
+        next_states=tuple(roots[:len(next_states)]),
+        outputs=tuple(roots[len(next_states):]),
         every=spec.every,
         length=length,
     )
-    return scan_node(step, inits + seqs + [outer[sym] for sym, _ in captured])
+    return scan_node(step, inits + seqs + [values[c] for c in captured])
 
 
 def _steps(seq: Node, spec: ScanSpec) -> Node:
