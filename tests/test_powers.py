@@ -157,3 +157,25 @@ def test_a_compound_base_is_named_once():
     assert str(temps[0][1]) == "x + y"
     assert not any(isinstance(node, sp.Pow) and node.exp > 2
                    for e in [*(e for _, e in temps), *outputs] for node in sp.preorder_traversal(e))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_half_powers_print_as_sqrt(dtype):
+    """x**(-1/2) and x**(+-3/2) (layer norm's and their derivatives) print
+    through sqrt, never pow(); values and gradients against numpy's."""
+    points = sp.MatrixSymbol("points", N, 2)
+    scale = sp.MatrixSymbol("scale", 1, 1)
+    x, y, c = sp.symbols("x y c", real=True)
+    body = y / sp.sqrt(x * c + 1) + (x + c) ** sp.Rational(3, 2) + c * x ** sp.Rational(-3, 2)
+    error = sbp.map_examples(body, [((x, y), points), (sp.Matrix([c]), scale)])
+    model = sbp.Model("halfpowers", inputs=[points], params=[scale], loss=sbp.reduce("sum", error, 0))
+    assert not POW.search(generate(model, dtype)[0].source)
+    rng = np.random.default_rng(1)
+    xs, ys, cv = rng.uniform(0.5, 2.0, 30), rng.standard_normal(30), 0.7
+    loss, grads = sbp.compile(model, dtype=dtype).value_and_grad(
+        points=np.stack([xs, ys], axis=1).astype(dtype), scale=np.array([[cv]], dtype=dtype))
+    want = np.sum(ys / np.sqrt(xs * cv + 1) + (xs + cv) ** 1.5 + cv * xs ** -1.5)
+    dwant = np.sum(-0.5 * ys * xs * (xs * cv + 1) ** -1.5 + 1.5 * (xs + cv) ** 0.5 + xs ** -1.5)
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    assert loss == pytest.approx(want, rel=tol)
+    assert grads["scale"][0, 0] == pytest.approx(dwant, rel=tol)

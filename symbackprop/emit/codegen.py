@@ -62,7 +62,8 @@ REAL_TYPES = {t.name: t for t in (FLOAT64, FLOAT32)}
 
 class ScalarPrinter(IEEEPrinter):
     """SymPy's C99 printer with the few changes generated kernels need:
-    symbols print as given C text, integer powers as products, step
+    symbols print as given C text, integer powers as products, powers
+    -1/2 and +-3/2 through sqrt (no pow() call), step
     functions as comparisons (NaN-propagating, see IEEEPrinter), and
     literals in the module's real type."""
 
@@ -83,6 +84,12 @@ class ScalarPrinter(IEEEPrinter):
             return product if exp > 0 else f"{self._one()}/{product}"
         if exp == -1:
             return f"{self._one()}/{self.parenthesize(base, sp.printing.precedence.PRECEDENCE['Mul'])}"
+        if exp in (-sp.S.Half, sp.Rational(3, 2), sp.Rational(-3, 2)):
+            # x**(-1/2), x**(+-3/2) (layer norm's): sqrt vectorizes, pow() is a libm call an entry
+            root = self._print(sp.sqrt(base))
+            factor = self.parenthesize(base, sp.printing.precedence.PRECEDENCE["Mul"])
+            power = root if abs(exp) == sp.S.Half else f"({factor}*{root})"
+            return power if exp > 0 else f"{self._one()}/{power}"
         return super()._print_Pow(expr)
 
     def _print_NumberSymbol(self, expr: sp.Expr) -> str:
