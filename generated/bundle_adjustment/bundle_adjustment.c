@@ -117,7 +117,7 @@ SYMBACKPROP_WIDE int bundle_adjustment_forward(
         const BUNDLE_ADJUSTMENT_REAL x51 = x40*x50;
         const BUNDLE_ADJUSTMENT_REAL x52 = x48*x51;
         const BUNDLE_ADJUSTMENT_REAL x53 = ((isnan(x38)) ? (x38) : x38 > 9.9999999999999995e-21);
-        const BUNDLE_ADJUSTMENT_REAL x54 = pow(x38, -3.0/2.0);
+        const BUNDLE_ADJUSTMENT_REAL x54 = 1.0/(x38*sqrt(x38));
         const BUNDLE_ADJUSTMENT_REAL x55 = x3*x54;
         const BUNDLE_ADJUSTMENT_REAL x56 = cams[11*cam[i] + 1]*x54;
         const BUNDLE_ADJUSTMENT_REAL x57 = x21*x56;
