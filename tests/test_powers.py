@@ -162,9 +162,8 @@ def test_a_compound_base_is_named_once():
 @pytest.mark.parametrize("dtype, rtol", [("float64", 1e-13), ("float32", 1e-5)])
 def test_half_integer_powers_print_as_products_with_sqrt(dtype, rtol):
     """r**(k/2) for |k| >= 3 (an inverse-distance potential's gradient has
-    r**(-3/2)) prints as products of r and one sqrt(r), not pow() (r**(-1/2)
-    stays pow: layer norms' rounding unchanged); values and gradient against
-    numpy's closed form."""
+    r**(-3/2)) prints as products of r and one sqrt(r), not pow(); values and
+    gradient against numpy's closed form."""
     points = sp.MatrixSymbol("points", N, 2)
     c = sp.MatrixSymbol("c", 1, 2)
     x, y, cx, cy = sp.symbols("x y cx cy", real=True)
@@ -183,3 +182,23 @@ def test_half_integer_powers_print_as_products_with_sqrt(dtype, rtol):
     dds = -0.5 * s**-1.5 + 2.5 * s**1.5  # d term / d s; ds/dc = -2 d
     np.testing.assert_allclose(loss, want, rtol=rtol)
     np.testing.assert_allclose(grads["c"][0], np.sum(dds[:, None] * -2 * d, axis=0), rtol=rtol * 10)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_half_powers_print_as_sqrt(dtype):
+    """x**(-1/2) and x**(+-3/2) (layer norm's and their derivatives) print
+    through sqrt, never pow(); values and gradients against numpy's."""
+    points = sp.MatrixSymbol("points", N, 2)
+    scale = sp.MatrixSymbol("scale", 1, 1)
+    x, y, c = sp.symbols("x y c", real=True)
+    body = y / sp.sqrt(x * c + 1) + (x + c) ** sp.Rational(3, 2) + c * x ** sp.Rational(-3, 2)
+    error = sbp.map_examples(body, [((x, y), points), (sp.Matrix([c]), scale)])
+    model = sbp.Model("halfpowers", inputs=[points], params=[scale], loss=sbp.reduce("sum", error, 0))
+    assert not POW.search(generate(model, dtype)[0].source)
+    rng = np.random.default_rng(1)
+    xs, ys, cv = rng.uniform(0.5, 2.0, 30), rng.standard_normal(30), 0.7
+    loss, grads = sbp.compile(model, dtype=dtype).value_and_grad(
+        points=np.stack([xs, ys], axis=1).astype(dtype), scale=np.array([[cv]], dtype=dtype))
+    want = np.sum(ys / np.sqrt(xs * cv + 1) + (xs + cv) ** 1.5 + cv * xs ** -1.5)
+    dwant = np.sum(-0.5 * ys * xs * (xs * cv + 1) ** -1.5 + 1.5 * (xs + cv) ** 0.5 + xs ** -1.5)
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    assert loss == pytest.approx(want, rel=tol)
+    assert grads["scale"][0, 0] == pytest.approx(dwant, rel=tol)

@@ -18,7 +18,7 @@ static size_t transformer_lm_run_work_len(int64_t m, int with_grads)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 5185*m + 3845 : 1789*m + 3845);
+    return (size_t)(with_grads ? 5185*m + 4869 : 1789*m + 4869);
 }
 
 /* transformer_lm_run, part 1 of 6 (kernels 1 to 32): a long
@@ -260,7 +260,7 @@ static void transformer_lm_run_part1(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t8[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
+            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
             const TRANSFORMER_LM_REAL x2 = t6[64*i + j]*x1;
             t9[64*i + j] = x2;
             t10[64*i + j] = b0a[j] + t1[64*i + j]*x2;
@@ -277,29 +277,39 @@ static void transformer_lm_run_part1(
     TRANSFORMER_LM_REAL *t12 = with_grads ? t11 + 64*m : t6; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t10, 64, 1, Wk0, 64, 1, t12);
 
-    /* t13[(e,t),(h,s)] = sum_k t11[(e,t),h*dh+k] * t12[(e,s),h*dh+k] (0 for s past the
-     * sequence) (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    /* t13[(e,t),(h,s)] = sum_k t11[(e,t),h*dh+k] * t12[(e,s),h*dh+k] for s <= t, 0 for s > t
+     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t13 = with_grads ? t12 + 64*m : dt9_dt8 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *t13_block = t13 + 256*m; /* 64 x 16 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* t13_block[dk][ks] = t12[(e,ks), hd*16+dk]: the head's keys transposed, so that
+             * a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    t13_block[dk * 64 + ks] = t12[(row0 + ks) * 64 + hd * 16 + dk];
+                }
+            }
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = t13 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
-                    TRANSFORMER_LM_REAL acc = 0;
-                    if (ks < len) {
-                        for (int64_t dk = 0; dk < 16; ++dk) {
-                            acc += t11[(row0 + qt) * 64 + hd * 16 + dk] * t12[(row0 + ks) * 64 + hd * 16 + dk];
-                        }
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += t11[(e,qt), hd*16+dk] * t13_block[dk][ks] for keys ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = t11[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * t13_block[dk * 64 + ks];
                     }
-                    t13[(row0 + qt) * 256 + hd * 64 + ks] = acc;
                 }
             }
         }
     }
 
     /* t14 = t13/4 */
-    TRANSFORMER_LM_REAL *t14 = t13 + 256*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *t14 = t13_block + 1024; /* m x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
@@ -321,12 +331,13 @@ static void transformer_lm_run_part1(
                     const TRANSFORMER_LM_REAL val = t14[qbase + ks];
                     top = val > top ? val : top;
                 }
-                TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
                     const TRANSFORMER_LM_REAL val = t14[qbase + ks];
-                    const TRANSFORMER_LM_REAL wt = exp(-top + val);
-                    t15[qbase + ks] = wt;
-                    total += wt;
+                    t15[qbase + ks] = exp(-top + val);
+                }
+                TRANSFORMER_LM_REAL total = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    total += t15[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
                     t15[qbase + ks] /= total;
@@ -342,21 +353,24 @@ static void transformer_lm_run_part1(
     TRANSFORMER_LM_REAL *t16 = with_grads ? t14 + 256*m : t9; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t10, 64, 1, Wv0, 64, 1, t16);
 
-    /* t17[(e,t),h*dh+k] = sum_s t15[(e,t),(h,s)] * t16[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4
-     * heads of 16 columns) */
+    /* t17[(e,t),h*dh+k] = sum_{s<=t} t15[(e,t),(h,s)] * t16[(e,s),h*dh+k] (rows (e,t) =
+     * e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t17 = with_grads ? t16 + 64*m : dt9_dt6; /* m x 64 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t at = row0 * 64; at < (row0 + len) * 64; ++at) {
-            t17[at] = 0;
-        }
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                for (int64_t ks = 0; ks < len; ++ks) {
+                /* orow[dk] = sum over keys ks <= qt of t15[(e,qt),(hd,ks)] *
+                 * t16[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = t17 + (row0 + qt) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
                     const TRANSFORMER_LM_REAL pw = t15[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        t17[(row0 + qt) * 64 + hd * 16 + dk] += pw * t16[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t16[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -431,7 +445,7 @@ static void transformer_lm_run_part1(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t25[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
+            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
             const TRANSFORMER_LM_REAL x2 = t23[64*i + j]*x1;
             t26[64*i + j] = x2;
             t27[64*i + j] = b0m[j] + t20[64*i + j]*x2;
@@ -514,7 +528,7 @@ static void transformer_lm_run_part1(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t37[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
+            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
             const TRANSFORMER_LM_REAL x2 = t35[64*i + j]*x1;
             t38[64*i + j] = x2;
             t39[64*i + j] = b1a[j] + t19[64*i + j]*x2;
@@ -553,39 +567,50 @@ static void transformer_lm_run_part2(
     TRANSFORMER_LM_REAL *t0 = work; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t2 = work + 128*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t3 = work + 192*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t18 = with_grads ? work + 1345*m : work + 513*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t28 = with_grads ? work + 961*m : work + 833*m; /* m x 256, in t14's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t29 = with_grads ? work + 1857*m : work + 577*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 2113*m : work + 1217*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t31 = with_grads ? work + 2369*m : work + 321*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 2433*m : work + 256*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2561*m : work + 1089*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t13_block = with_grads ? work + 961*m : work + 833*m; /* 64 x 16; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t18 = with_grads ? work + 1345*m + 1024 : work + 513*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t28 = with_grads ? work + 961*m + 1024 : work + 833*m + 1024; /* m x 256, in t14's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t29 = with_grads ? work + 1857*m + 1024 : work + 577*m; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 2113*m + 1024 : work + 1217*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t31 = with_grads ? work + 2369*m + 1024 : work + 321*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 2433*m + 1024 : work + 256*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2561*m + 1024 : work + 1089*m + 1024; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t37 = work + 320*m; /* m x 1, in t34's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t38 = with_grads ? work + 2497*m : work + 449*m; /* m x 64, in t33's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 2625*m : work + 385*m; /* m x 64, in t36's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt38_dt35 = with_grads ? work + 2689*m : work + 1153*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt38_dt37 = with_grads ? work + 2753*m : work + 1473*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = with_grads ? work + 2817*m : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t38 = with_grads ? work + 2497*m + 1024 : work + 449*m; /* m x 64, in t33's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 2625*m + 1024 : work + 385*m; /* m x 64, in t36's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt38_dt35 = with_grads ? work + 2689*m + 1024 : work + 1153*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt38_dt37 = with_grads ? work + 2753*m + 1024 : work + 1473*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t40 = with_grads ? work + 2817*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
     /* t41 = t39 @ Wk1 */
     TRANSFORMER_LM_REAL *t41 = with_grads ? t40 + 64*m : t35; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t39, 64, 1, Wk1, 64, 1, t41);
 
-    /* t42[(e,t),(h,s)] = sum_k t40[(e,t),h*dh+k] * t41[(e,s),h*dh+k] (0 for s past the
-     * sequence) (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    /* t42[(e,t),(h,s)] = sum_k t40[(e,t),h*dh+k] * t41[(e,s),h*dh+k] for s <= t, 0 for s > t
+     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t42 = t28; /* m x 256, in t28's memory */
+    TRANSFORMER_LM_REAL *t42_block = t13_block; /* 64 x 16, in t13_block's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* t42_block[dk][ks] = t41[(e,ks), hd*16+dk]: the head's keys transposed, so that
+             * a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    t42_block[dk * 64 + ks] = t41[(row0 + ks) * 64 + hd * 16 + dk];
+                }
+            }
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = t42 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
-                    TRANSFORMER_LM_REAL acc = 0;
-                    if (ks < len) {
-                        for (int64_t dk = 0; dk < 16; ++dk) {
-                            acc += t40[(row0 + qt) * 64 + hd * 16 + dk] * t41[(row0 + ks) * 64 + hd * 16 + dk];
-                        }
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += t40[(e,qt), hd*16+dk] * t42_block[dk][ks] for keys ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = t40[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * t42_block[dk * 64 + ks];
                     }
-                    t42[(row0 + qt) * 256 + hd * 64 + ks] = acc;
                 }
             }
         }
@@ -614,12 +639,13 @@ static void transformer_lm_run_part2(
                     const TRANSFORMER_LM_REAL val = t43[qbase + ks];
                     top = val > top ? val : top;
                 }
-                TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
                     const TRANSFORMER_LM_REAL val = t43[qbase + ks];
-                    const TRANSFORMER_LM_REAL wt = exp(-top + val);
-                    t44[qbase + ks] = wt;
-                    total += wt;
+                    t44[qbase + ks] = exp(-top + val);
+                }
+                TRANSFORMER_LM_REAL total = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    total += t44[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
                     t44[qbase + ks] /= total;
@@ -635,21 +661,24 @@ static void transformer_lm_run_part2(
     TRANSFORMER_LM_REAL *t45 = with_grads ? t43 + 256*m : t38; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t39, 64, 1, Wv1, 64, 1, t45);
 
-    /* t46[(e,t),h*dh+k] = sum_s t44[(e,t),(h,s)] * t45[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4
-     * heads of 16 columns) */
+    /* t46[(e,t),h*dh+k] = sum_{s<=t} t44[(e,t),(h,s)] * t45[(e,s),h*dh+k] (rows (e,t) =
+     * e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t46 = with_grads ? t45 + 64*m : dt38_dt35; /* m x 64 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t at = row0 * 64; at < (row0 + len) * 64; ++at) {
-            t46[at] = 0;
-        }
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                for (int64_t ks = 0; ks < len; ++ks) {
+                /* orow[dk] = sum over keys ks <= qt of t44[(e,qt),(hd,ks)] *
+                 * t45[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = t46 + (row0 + qt) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
                     const TRANSFORMER_LM_REAL pw = t44[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        t46[(row0 + qt) * 64 + hd * 16 + dk] += pw * t45[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t45[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -715,7 +744,7 @@ static void transformer_lm_run_part2(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t53[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
+            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
             const TRANSFORMER_LM_REAL x2 = t51[64*i + j]*x1;
             t54[64*i + j] = x2;
             t55[64*i + j] = b1m[j] + t48[64*i + j]*x2;
@@ -795,7 +824,7 @@ static void transformer_lm_run_part2(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t64[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
+            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
             const TRANSFORMER_LM_REAL x2 = t62[64*i + j]*x1;
             t65[64*i + j] = x2;
             t66[64*i + j] = bf[j] + t0[64*i + j]*x2;
@@ -1002,11 +1031,11 @@ static void transformer_lm_run_part3(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t59 = with_grads ? work + 4289*m : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t67 = with_grads ? work + 4417*m : work + 1601*m; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t69 = with_grads ? work + 4479*m + 3844 : work + 1663*m + 3844; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t70 = with_grads ? work + 4541*m + 3844 : work + 1725*m + 3844; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t72 = with_grads ? work + 4603*m + 3844 : work + 1787*m + 3844; /* m x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t59 = with_grads ? work + 4289*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t67 = with_grads ? work + 4417*m + 1024 : work + 1601*m + 1024; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t69 = with_grads ? work + 4479*m + 4868 : work + 1663*m + 4868; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t70 = with_grads ? work + 4541*m + 4868 : work + 1725*m + 4868; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t72 = with_grads ? work + 4603*m + 4868 : work + 1787*m + 4868; /* m x 1; placed in an earlier part */
     /* grad_t67 = -t69/m + exp(t67 - t72)/m */
     TRANSFORMER_LM_REAL *grad_t67 = t70; /* m x 62, in t70's memory */
     SYMBACKPROP_PARALLEL_FOR
@@ -1039,34 +1068,35 @@ static void transformer_lm_run_part4(
 )
 {
     TRANSFORMER_LM_REAL *t0 = work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t19 = with_grads ? work + 1409*m : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 2113*m : work + 1217*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2561*m : work + 1089*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t38 = with_grads ? work + 2497*m : work + 449*m; /* m x 64, in t33's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt38_dt35 = with_grads ? work + 2689*m : work + 1153*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt38_dt37 = with_grads ? work + 2753*m : work + 1473*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = with_grads ? work + 2817*m : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t41 = with_grads ? work + 2881*m : work + 1089*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t44 = with_grads ? work + 961*m : work + 577*m; /* m x 256, in t42's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t45 = with_grads ? work + 3201*m : work + 449*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t48 = with_grads ? work + 3393*m : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t51 = with_grads ? work + 3521*m : work + 385*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t54 = with_grads ? work + 3457*m : work + 1153*m; /* m x 64, in t49's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt54_dt51 = with_grads ? work + 3649*m : work + 449*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt54_dt53 = with_grads ? work + 3713*m : work + 1537*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t56 = with_grads ? work + 2945*m : work + 833*m; /* m x 256, in t43's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t58 = with_grads ? work + 4033*m : work + 577*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t60 = with_grads ? work + 4353*m : work + 385*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t62 = with_grads ? work + 128*m : work + 1153*m; /* m x 64, in t2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t19 = with_grads ? work + 1409*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 2113*m + 1024 : work + 1217*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2561*m + 1024 : work + 1089*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t38 = with_grads ? work + 2497*m + 1024 : work + 449*m; /* m x 64, in t33's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt38_dt35 = with_grads ? work + 2689*m + 1024 : work + 1153*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt38_dt37 = with_grads ? work + 2753*m + 1024 : work + 1473*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t40 = with_grads ? work + 2817*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t41 = with_grads ? work + 2881*m + 1024 : work + 1089*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t42_block = with_grads ? work + 961*m : work + 833*m; /* 64 x 16, in t13_block's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t44 = with_grads ? work + 961*m + 1024 : work + 577*m; /* m x 256, in t42's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t45 = with_grads ? work + 3201*m + 1024 : work + 449*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t48 = with_grads ? work + 3393*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t51 = with_grads ? work + 3521*m + 1024 : work + 385*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t54 = with_grads ? work + 3457*m + 1024 : work + 1153*m + 1024; /* m x 64, in t49's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt54_dt51 = with_grads ? work + 3649*m + 1024 : work + 449*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt54_dt53 = with_grads ? work + 3713*m + 1024 : work + 1537*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t56 = with_grads ? work + 2945*m + 1024 : work + 833*m + 1024; /* m x 256, in t43's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t58 = with_grads ? work + 4033*m + 1024 : work + 577*m; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t60 = with_grads ? work + 4353*m + 1024 : work + 385*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t62 = with_grads ? work + 128*m : work + 1153*m + 1024; /* m x 64, in t2's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t63 = with_grads ? work + 192*m : work + 449*m; /* m x 64, in t3's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t65 = with_grads ? work + 1345*m : work + 1537*m; /* m x 64, in t18's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt65_dt62 = with_grads ? work + 2433*m : work + 128*m; /* m x 64, in t32's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt65_dt64 = with_grads ? work + 3329*m : work + 192*m; /* m x 64, in t47's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t65 = with_grads ? work + 1345*m + 1024 : work + 1537*m + 1024; /* m x 64, in t18's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt65_dt62 = with_grads ? work + 2433*m + 1024 : work + 128*m; /* m x 64, in t32's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt65_dt64 = with_grads ? work + 3329*m + 1024 : work + 192*m; /* m x 64, in t47's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t71 = work + 320*m; /* m x 1, in t64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t72 = with_grads ? work + 4603*m + 3844 : work + 1787*m + 3844; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t73 = with_grads ? work + 4604*m + 3844 : work + 1788*m + 3844; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t74 = with_grads ? work + 4605*m + 3844 : work + 1789*m + 3844; /* 1 x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t66 = work + 4289*m; /* m x 64, in t59's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t72 = with_grads ? work + 4603*m + 4868 : work + 1787*m + 4868; /* m x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t73 = with_grads ? work + 4604*m + 4868 : work + 1788*m + 4868; /* m x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t74 = with_grads ? work + 4605*m + 4868 : work + 1789*m + 4868; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t66 = work + 4289*m + 1024; /* m x 64, in t59's memory; placed in an earlier part */
     /* grad_t65 = grad_t66*t0 */
     /* t75 = dt65_dt64*grad_t66*t0 */
     /* grad_t0 = grad_t66*t65 */
@@ -1194,21 +1224,24 @@ static void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *grad_t46 = dt54_dt53; /* m x 64, in dt54_dt53's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t47, 64, 1, Wo1, 1, 64, grad_t46);
 
-    /* grad_t45[(e,s),h*dh+k] = sum_t t44[(e,t),(h,s)] * grad_t46[(e,t),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
+    /* grad_t45[(e,s),h*dh+k] = sum_{t>=s} t44[(e,t),(h,s)] * grad_t46[(e,t),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t45 = t77; /* m x 64, in t77's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t at = row0 * 64; at < (row0 + len) * 64; ++at) {
-            grad_t45[at] = 0;
-        }
-        for (int64_t qt = 0; qt < len; ++qt) {
+        for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                for (int64_t ks = 0; ks < len; ++ks) {
+                /* orow[dk] = sum over queries qt >= ks of t44[(e,qt),(hd,ks)] *
+                 * grad_t46[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t45 + (row0 + ks) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
                     const TRANSFORMER_LM_REAL pw = t44[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        grad_t45[(row0 + ks) * 64 + hd * 16 + dk] += pw * grad_t46[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_t46[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1219,22 +1252,33 @@ static void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *grad_t39_part = t51; /* m x 64, in t51's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t45, 64, 1, Wv1, 1, 64, grad_t39_part);
 
-    /* grad_t44[(e,t),(h,s)] = sum_k grad_t46[(e,t),h*dh+k] * t45[(e,s),h*dh+k] (0 for s past
-     * the sequence) (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    /* grad_t44[(e,t),(h,s)] = sum_k grad_t46[(e,t),h*dh+k] * t45[(e,s),h*dh+k] for s <= t, 0
+     * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t44 = t58; /* m x 256, in t58's memory */
+    TRANSFORMER_LM_REAL *grad_t44_block = t42_block; /* 64 x 16, in t42_block's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* grad_t44_block[dk][ks] = t45[(e,ks), hd*16+dk]: the head's keys transposed, so
+             * that a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    grad_t44_block[dk * 64 + ks] = t45[(row0 + ks) * 64 + hd * 16 + dk];
+                }
+            }
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = grad_t44 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
-                    TRANSFORMER_LM_REAL acc = 0;
-                    if (ks < len) {
-                        for (int64_t dk = 0; dk < 16; ++dk) {
-                            acc += grad_t46[(row0 + qt) * 64 + hd * 16 + dk] * t45[(row0 + ks) * 64 + hd * 16 + dk];
-                        }
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += grad_t46[(e,qt), hd*16+dk] * grad_t44_block[dk][ks] for keys
+                 * ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = grad_t46[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * grad_t44_block[dk * 64 + ks];
                     }
-                    grad_t44[(row0 + qt) * 256 + hd * 64 + ks] = acc;
                 }
             }
         }
@@ -1282,21 +1326,24 @@ static void transformer_lm_run_part4(
         }
     }
 
-    /* grad_t41[(e,s),h*dh+k] = sum_t grad_t42[(e,t),(h,s)] * t40[(e,t),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
+    /* grad_t41[(e,s),h*dh+k] = sum_{t>=s} grad_t42[(e,t),(h,s)] * t40[(e,t),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t41 = dt54_dt51; /* m x 64, in dt54_dt51's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t at = row0 * 64; at < (row0 + len) * 64; ++at) {
-            grad_t41[at] = 0;
-        }
-        for (int64_t qt = 0; qt < len; ++qt) {
+        for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                for (int64_t ks = 0; ks < len; ++ks) {
+                /* orow[dk] = sum over queries qt >= ks of grad_t42[(e,qt),(hd,ks)] *
+                 * t40[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t41 + (row0 + ks) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
                     const TRANSFORMER_LM_REAL pw = grad_t42[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        grad_t41[(row0 + ks) * 64 + hd * 16 + dk] += pw * t40[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t40[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1307,21 +1354,24 @@ static void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *grad_t39_part_1 = grad_t54; /* m x 64, in grad_t54's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t41, 64, 1, Wk1, 1, 64, grad_t39_part_1);
 
-    /* grad_t40[(e,t),h*dh+k] = sum_s grad_t42[(e,t),(h,s)] * t41[(e,s),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
+    /* grad_t40[(e,t),h*dh+k] = sum_{s<=t} grad_t42[(e,t),(h,s)] * t41[(e,s),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t40 = t78; /* m x 64, in t78's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t at = row0 * 64; at < (row0 + len) * 64; ++at) {
-            grad_t40[at] = 0;
-        }
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                for (int64_t ks = 0; ks < len; ++ks) {
+                /* orow[dk] = sum over keys ks <= qt of grad_t42[(e,qt),(hd,ks)] *
+                 * t41[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t40 + (row0 + qt) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
                     const TRANSFORMER_LM_REAL pw = grad_t42[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        grad_t40[(row0 + qt) * 64 + hd * 16 + dk] += pw * t41[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t41[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1440,33 +1490,34 @@ static void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *t11 = with_grads ? work + 577*m : work + 64*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t12 = with_grads ? work + 641*m : work + 321*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t15 = with_grads ? work + 705*m : work + 577*m; /* m x 256, in t13's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t16 = with_grads ? work + 1217*m : work + 256*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t17 = with_grads ? work + 1281*m : work + 449*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t20 = with_grads ? work + 1473*m : work + 321*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1601*m : work + 256*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1537*m : work + 385*m; /* m x 64, in t21's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt26_dt23 = with_grads ? work + 1729*m : work + 1089*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt26_dt25 = with_grads ? work + 1793*m : work + 1153*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 2113*m : work + 1217*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2561*m : work + 1089*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt38_dt35 = with_grads ? work + 2689*m : work + 1153*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t60 = work + 3329*m; /* m x 64, in dt65_dt64's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t16 = with_grads ? work + 1217*m + 1024 : work + 256*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t17 = with_grads ? work + 1281*m + 1024 : work + 449*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t20 = with_grads ? work + 1473*m + 1024 : work + 321*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1601*m + 1024 : work + 256*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1537*m + 1024 : work + 385*m; /* m x 64, in t21's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt26_dt23 = with_grads ? work + 1729*m + 1024 : work + 1089*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt26_dt25 = with_grads ? work + 1793*m + 1024 : work + 1153*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 2113*m + 1024 : work + 1217*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2561*m + 1024 : work + 1089*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt38_dt35 = with_grads ? work + 2689*m + 1024 : work + 1153*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t60 = work + 3329*m + 1024; /* m x 64, in dt65_dt64's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t50 = work + 320*m; /* m x 1, in grad_t64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t49 = work + 3393*m; /* m x 64, in t48's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t80 = work + 4925*m + 3845; /* m x 4; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t81 = work + 2945*m; /* m x 256, in t79's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t42 = work + 4929*m + 3845; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t49 = work + 3393*m + 1024; /* m x 64, in t48's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t44_block = work + 961*m; /* 64 x 16, in t42_block's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t80 = work + 4925*m + 4869; /* m x 4; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t81 = work + 2945*m + 1024; /* m x 256, in t79's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t42 = work + 4929*m + 4869; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t39_part_1 = work + 128*m; /* m x 64, in grad_t54's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t39_part_2 = work + 1345*m; /* m x 64, in grad_t51's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t38 = work + 3713*m; /* m x 64, in grad_t46's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t82 = work + 2817*m; /* m x 64, in t40's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t37 = work + 4604*m + 3844; /* m x 1, in grad_t61's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t35 = work + 1409*m; /* m x 64, in t19's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t83 = work + 2497*m; /* m x 64, in t38's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t34 = work + 4603*m + 3844; /* m x 1, in grad_t53's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t33 = work + 2753*m; /* m x 64, in dt38_dt37's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t29 = work + 961*m; /* m x 256, in t44's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 4033*m; /* m x 256, in grad_t44's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t39_part_2 = work + 1345*m + 1024; /* m x 64, in grad_t51's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t38 = work + 3713*m + 1024; /* m x 64, in grad_t46's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t82 = work + 2817*m + 1024; /* m x 64, in t40's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t37 = work + 4604*m + 4868; /* m x 1, in grad_t61's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t35 = work + 1409*m + 1024; /* m x 64, in t19's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t83 = work + 2497*m + 1024; /* m x 64, in t38's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t34 = work + 4603*m + 4868; /* m x 1, in grad_t53's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t33 = work + 2753*m + 1024; /* m x 64, in dt38_dt37's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t29 = work + 961*m + 1024; /* m x 256, in t44's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g1 = work + 4033*m + 1024; /* m x 256, in grad_t44's memory; placed in an earlier part */
     /* grad_t27 = g1 @ W0up^T */
     TRANSFORMER_LM_REAL *grad_t27 = grad_t39_part_1; /* m x 64, in grad_t39_part_1's memory */
     symbackprop_f64_matmul(m, 64, 256, g1, 256, 1, W0up, 1, 256, grad_t27);
@@ -1530,21 +1581,24 @@ static void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *grad_t17 = t20; /* m x 64, in t20's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t18, 64, 1, Wo0, 1, 64, grad_t17);
 
-    /* grad_t16[(e,s),h*dh+k] = sum_t t15[(e,t),(h,s)] * grad_t17[(e,t),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
+    /* grad_t16[(e,s),h*dh+k] = sum_{t>=s} t15[(e,t),(h,s)] * grad_t17[(e,t),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t16 = t26; /* m x 64, in t26's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t at = row0 * 64; at < (row0 + len) * 64; ++at) {
-            grad_t16[at] = 0;
-        }
-        for (int64_t qt = 0; qt < len; ++qt) {
+        for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                for (int64_t ks = 0; ks < len; ++ks) {
+                /* orow[dk] = sum over queries qt >= ks of t15[(e,qt),(hd,ks)] *
+                 * grad_t17[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t16 + (row0 + ks) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
                     const TRANSFORMER_LM_REAL pw = t15[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        grad_t16[(row0 + ks) * 64 + hd * 16 + dk] += pw * grad_t17[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_t17[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1555,22 +1609,33 @@ static void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *grad_t10_part = dt26_dt25; /* m x 64, in dt26_dt25's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t16, 64, 1, Wv0, 1, 64, grad_t10_part);
 
-    /* grad_t15[(e,t),(h,s)] = sum_k grad_t17[(e,t),h*dh+k] * t16[(e,s),h*dh+k] (0 for s past
-     * the sequence) (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    /* grad_t15[(e,t),(h,s)] = sum_k grad_t17[(e,t),h*dh+k] * t16[(e,s),h*dh+k] for s <= t, 0
+     * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t15 = t81; /* m x 256, in t81's memory */
+    TRANSFORMER_LM_REAL *grad_t15_block = grad_t44_block; /* 64 x 16, in grad_t44_block's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* grad_t15_block[dk][ks] = t16[(e,ks), hd*16+dk]: the head's keys transposed, so
+             * that a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    grad_t15_block[dk * 64 + ks] = t16[(row0 + ks) * 64 + hd * 16 + dk];
+                }
+            }
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = grad_t15 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
-                    TRANSFORMER_LM_REAL acc = 0;
-                    if (ks < len) {
-                        for (int64_t dk = 0; dk < 16; ++dk) {
-                            acc += grad_t17[(row0 + qt) * 64 + hd * 16 + dk] * t16[(row0 + ks) * 64 + hd * 16 + dk];
-                        }
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += grad_t17[(e,qt), hd*16+dk] * grad_t15_block[dk][ks] for keys
+                 * ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = grad_t17[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * grad_t15_block[dk * 64 + ks];
                     }
-                    grad_t15[(row0 + qt) * 256 + hd * 64 + ks] = acc;
                 }
             }
         }
@@ -1618,21 +1683,24 @@ static void transformer_lm_run_part5(
         }
     }
 
-    /* grad_t12[(e,s),h*dh+k] = sum_t grad_t13[(e,t),(h,s)] * t11[(e,t),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
+    /* grad_t12[(e,s),h*dh+k] = sum_{t>=s} grad_t13[(e,t),(h,s)] * t11[(e,t),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t12 = t84; /* m x 64, in t84's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t at = row0 * 64; at < (row0 + len) * 64; ++at) {
-            grad_t12[at] = 0;
-        }
-        for (int64_t qt = 0; qt < len; ++qt) {
+        for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                for (int64_t ks = 0; ks < len; ++ks) {
+                /* orow[dk] = sum over queries qt >= ks of grad_t13[(e,qt),(hd,ks)] *
+                 * t11[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t12 + (row0 + ks) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
                     const TRANSFORMER_LM_REAL pw = grad_t13[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        grad_t12[(row0 + ks) * 64 + hd * 16 + dk] += pw * t11[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t11[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1643,21 +1711,24 @@ static void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *grad_t10_part_1 = t23; /* m x 64, in t23's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t12, 64, 1, Wk0, 1, 64, grad_t10_part_1);
 
-    /* grad_t11[(e,t),h*dh+k] = sum_s grad_t13[(e,t),(h,s)] * t12[(e,s),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
+    /* grad_t11[(e,t),h*dh+k] = sum_{s<=t} grad_t13[(e,t),(h,s)] * t12[(e,s),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t11 = dt26_dt23; /* m x 64, in dt26_dt23's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t at = row0 * 64; at < (row0 + len) * 64; ++at) {
-            grad_t11[at] = 0;
-        }
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                for (int64_t ks = 0; ks < len; ++ks) {
+                /* orow[dk] = sum over keys ks <= qt of grad_t13[(e,qt),(hd,ks)] *
+                 * t12[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t11 + (row0 + qt) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
                     const TRANSFORMER_LM_REAL pw = grad_t13[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        grad_t11[(row0 + qt) * 64 + hd * 16 + dk] += pw * t12[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t12[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1925,28 +1996,28 @@ static void transformer_lm_run_part6(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1665*m : work + 449*m; /* m x 64, in t24's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t29 = with_grads ? work + 1857*m : work + 577*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 2625*m : work + 385*m; /* m x 64, in t36's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t46 = with_grads ? work + 3265*m : work + 1153*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t55 = with_grads ? work + 3585*m : work + 1089*m; /* m x 64, in t52's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t57 = with_grads ? work + 3777*m : work + 1217*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t66 = with_grads ? work + 2369*m : work + 1089*m; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t67 = work + 4541*m + 3844; /* m x 62, in t70's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t66 = work + 4289*m; /* m x 64, in t59's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t0 = work + 4605*m + 3845; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t60 = work + 3329*m; /* m x 64, in dt65_dt64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 4669*m + 3845; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1665*m + 1024 : work + 449*m; /* m x 64, in t24's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t29 = with_grads ? work + 1857*m + 1024 : work + 577*m; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 2625*m + 1024 : work + 385*m; /* m x 64, in t36's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t46 = with_grads ? work + 3265*m + 1024 : work + 1153*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t55 = with_grads ? work + 3585*m + 1024 : work + 1089*m + 1024; /* m x 64, in t52's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t57 = with_grads ? work + 3777*m + 1024 : work + 1217*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t66 = with_grads ? work + 2369*m + 1024 : work + 1089*m + 1024; /* m x 64, in t31's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t67 = work + 4541*m + 4868; /* m x 62, in t70's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t66 = work + 4289*m + 1024; /* m x 64, in t59's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t0 = work + 4605*m + 4869; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t60 = work + 3329*m + 1024; /* m x 64, in dt65_dt64's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g0 = work + 4669*m + 4869; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t55 = work + 192*m; /* m x 64, in t75's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t48 = work + 4353*m; /* m x 64, in grad_t65's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t47 = work + 3457*m; /* m x 64, in t54's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t45 = work + 2433*m; /* m x 64, in t77's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t41 = work + 3649*m; /* m x 64, in dt54_dt51's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t48 = work + 4353*m + 1024; /* m x 64, in grad_t65's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t47 = work + 3457*m + 1024; /* m x 64, in t54's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t45 = work + 2433*m + 1024; /* m x 64, in t77's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t41 = work + 3649*m + 1024; /* m x 64, in dt54_dt51's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t40 = work; /* m x 64, in t78's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t39 = work + 3201*m; /* m x 64, in t45's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t19 = work + 2881*m; /* m x 64, in t41's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t32 = work + 3521*m; /* m x 64, in grad_t39_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 4033*m; /* m x 256, in grad_t44's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t39 = work + 3201*m + 1024; /* m x 64, in t45's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t19 = work + 2881*m + 1024; /* m x 64, in t41's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t32 = work + 3521*m + 1024; /* m x 64, in grad_t39_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g1 = work + 4033*m + 1024; /* m x 256, in grad_t44's memory; placed in an earlier part */
     /* grad_W0up = t27^T @ g1 */
     symbackprop_f64_matmul(64, 256, m, t27, 1, 64, g1, 256, 1, grad_W0up);
 
@@ -2245,7 +2316,7 @@ size_t transformer_lm_train_step_work_len(int64_t m)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(5185*m + 140230);
+    return (size_t)(5185*m + 141254);
 }
 
 /* transformer_lm_train_step, part 1 of 7 (kernels 1 to 32): a long
@@ -2486,7 +2557,7 @@ static void transformer_lm_train_step_part1(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t8[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
+            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
             const TRANSFORMER_LM_REAL x2 = t6[64*i + j]*x1;
             t9[64*i + j] = x2;
             t10[64*i + j] = b0a[j] + t1[64*i + j]*x2;
@@ -2503,29 +2574,39 @@ static void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *t12 = t11 + 64*m; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t10, 64, 1, Wk0, 64, 1, t12);
 
-    /* t13[(e,t),(h,s)] = sum_k t11[(e,t),h*dh+k] * t12[(e,s),h*dh+k] (0 for s past the
-     * sequence) (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    /* t13[(e,t),(h,s)] = sum_k t11[(e,t),h*dh+k] * t12[(e,s),h*dh+k] for s <= t, 0 for s > t
+     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t13 = t12 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *t13_block_1 = t13 + 256*m; /* 64 x 16 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* t13_block_1[dk][ks] = t12[(e,ks), hd*16+dk]: the head's keys transposed, so
+             * that a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    t13_block_1[dk * 64 + ks] = t12[(row0 + ks) * 64 + hd * 16 + dk];
+                }
+            }
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = t13 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
-                    TRANSFORMER_LM_REAL acc = 0;
-                    if (ks < len) {
-                        for (int64_t dk = 0; dk < 16; ++dk) {
-                            acc += t11[(row0 + qt) * 64 + hd * 16 + dk] * t12[(row0 + ks) * 64 + hd * 16 + dk];
-                        }
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += t11[(e,qt), hd*16+dk] * t13_block_1[dk][ks] for keys ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = t11[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * t13_block_1[dk * 64 + ks];
                     }
-                    t13[(row0 + qt) * 256 + hd * 64 + ks] = acc;
                 }
             }
         }
     }
 
     /* t14 = t13/4 */
-    TRANSFORMER_LM_REAL *t14 = t13 + 256*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *t14 = t13_block_1 + 1024; /* m x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
@@ -2547,12 +2628,13 @@ static void transformer_lm_train_step_part1(
                     const TRANSFORMER_LM_REAL val = t14[qbase + ks];
                     top = val > top ? val : top;
                 }
-                TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
                     const TRANSFORMER_LM_REAL val = t14[qbase + ks];
-                    const TRANSFORMER_LM_REAL wt = exp(-top + val);
-                    t15[qbase + ks] = wt;
-                    total += wt;
+                    t15[qbase + ks] = exp(-top + val);
+                }
+                TRANSFORMER_LM_REAL total = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    total += t15[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
                     t15[qbase + ks] /= total;
@@ -2568,21 +2650,24 @@ static void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *t16 = t14 + 256*m; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t10, 64, 1, Wv0, 64, 1, t16);
 
-    /* t17[(e,t),h*dh+k] = sum_s t15[(e,t),(h,s)] * t16[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4
-     * heads of 16 columns) */
+    /* t17[(e,t),h*dh+k] = sum_{s<=t} t15[(e,t),(h,s)] * t16[(e,s),h*dh+k] (rows (e,t) =
+     * e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t17 = t16 + 64*m; /* m x 64 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t at = row0 * 64; at < (row0 + len) * 64; ++at) {
-            t17[at] = 0;
-        }
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                for (int64_t ks = 0; ks < len; ++ks) {
+                /* orow[dk] = sum over keys ks <= qt of t15[(e,qt),(hd,ks)] *
+                 * t16[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = t17 + (row0 + qt) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
                     const TRANSFORMER_LM_REAL pw = t15[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        t17[(row0 + qt) * 64 + hd * 16 + dk] += pw * t16[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t16[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -2657,7 +2742,7 @@ static void transformer_lm_train_step_part1(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t25[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
+            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
             const TRANSFORMER_LM_REAL x2 = t23[64*i + j]*x1;
             t26[64*i + j] = x2;
             t27[64*i + j] = b0m[j] + t20[64*i + j]*x2;
@@ -2740,7 +2825,7 @@ static void transformer_lm_train_step_part1(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t37[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
+            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
             const TRANSFORMER_LM_REAL x2 = t35[64*i + j]*x1;
             t38[64*i + j] = x2;
             t39[64*i + j] = b1a[j] + t19[64*i + j]*x2;
@@ -2778,33 +2863,44 @@ static void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *t0 = work; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t2 = work + 128*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t3 = work + 192*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t18 = work + 1345*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t28 = work + 961*m; /* m x 256, in t14's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t31 = work + 2369*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = work + 2433*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t13_block_1 = work + 961*m; /* 64 x 16; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t18 = work + 1345*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t28 = work + 961*m + 1024; /* m x 256, in t14's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t31 = work + 2369*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = work + 2433*m + 1024; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t37 = work + 320*m; /* m x 1, in t34's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = work + 2625*m; /* m x 64, in t36's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = work + 2817*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = work + 2625*m + 1024; /* m x 64, in t36's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t40 = work + 2817*m + 1024; /* m x 64; placed in an earlier part */
     /* t41 = t39 @ Wk1 */
     TRANSFORMER_LM_REAL *t41 = t40 + 64*m; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t39, 64, 1, Wk1, 64, 1, t41);
 
-    /* t42[(e,t),(h,s)] = sum_k t40[(e,t),h*dh+k] * t41[(e,s),h*dh+k] (0 for s past the
-     * sequence) (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    /* t42[(e,t),(h,s)] = sum_k t40[(e,t),h*dh+k] * t41[(e,s),h*dh+k] for s <= t, 0 for s > t
+     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t42 = t28; /* m x 256, in t28's memory */
+    TRANSFORMER_LM_REAL *t42_block_1 = t13_block_1; /* 64 x 16, in t13_block_1's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* t42_block_1[dk][ks] = t41[(e,ks), hd*16+dk]: the head's keys transposed, so
+             * that a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    t42_block_1[dk * 64 + ks] = t41[(row0 + ks) * 64 + hd * 16 + dk];
+                }
+            }
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = t42 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
-                    TRANSFORMER_LM_REAL acc = 0;
-                    if (ks < len) {
-                        for (int64_t dk = 0; dk < 16; ++dk) {
-                            acc += t40[(row0 + qt) * 64 + hd * 16 + dk] * t41[(row0 + ks) * 64 + hd * 16 + dk];
-                        }
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += t40[(e,qt), hd*16+dk] * t42_block_1[dk][ks] for keys ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = t40[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * t42_block_1[dk * 64 + ks];
                     }
-                    t42[(row0 + qt) * 256 + hd * 64 + ks] = acc;
                 }
             }
         }
@@ -2833,12 +2929,13 @@ static void transformer_lm_train_step_part2(
                     const TRANSFORMER_LM_REAL val = t43[qbase + ks];
                     top = val > top ? val : top;
                 }
-                TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
                     const TRANSFORMER_LM_REAL val = t43[qbase + ks];
-                    const TRANSFORMER_LM_REAL wt = exp(-top + val);
-                    t44[qbase + ks] = wt;
-                    total += wt;
+                    t44[qbase + ks] = exp(-top + val);
+                }
+                TRANSFORMER_LM_REAL total = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    total += t44[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
                     t44[qbase + ks] /= total;
@@ -2854,21 +2951,24 @@ static void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *t45 = t43 + 256*m; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t39, 64, 1, Wv1, 64, 1, t45);
 
-    /* t46[(e,t),h*dh+k] = sum_s t44[(e,t),(h,s)] * t45[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4
-     * heads of 16 columns) */
+    /* t46[(e,t),h*dh+k] = sum_{s<=t} t44[(e,t),(h,s)] * t45[(e,s),h*dh+k] (rows (e,t) =
+     * e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t46 = t45 + 64*m; /* m x 64 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t at = row0 * 64; at < (row0 + len) * 64; ++at) {
-            t46[at] = 0;
-        }
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                for (int64_t ks = 0; ks < len; ++ks) {
+                /* orow[dk] = sum over keys ks <= qt of t44[(e,qt),(hd,ks)] *
+                 * t45[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = t46 + (row0 + qt) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
                     const TRANSFORMER_LM_REAL pw = t44[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        t46[(row0 + qt) * 64 + hd * 16 + dk] += pw * t45[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t45[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -2934,7 +3034,7 @@ static void transformer_lm_train_step_part2(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t53[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
+            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
             const TRANSFORMER_LM_REAL x2 = t51[64*i + j]*x1;
             t54[64*i + j] = x2;
             t55[64*i + j] = b1m[j] + t48[64*i + j]*x2;
@@ -3014,7 +3114,7 @@ static void transformer_lm_train_step_part2(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t64[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
+            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
             const TRANSFORMER_LM_REAL x2 = t62[64*i + j]*x1;
             t65[64*i + j] = x2;
             t66[64*i + j] = bf[j] + t0[64*i + j]*x2;
@@ -3241,34 +3341,35 @@ static void transformer_lm_train_step_part3(
 )
 {
     TRANSFORMER_LM_REAL *t0 = work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t19 = work + 1409*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = work + 2113*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = work + 2561*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t38 = work + 2497*m; /* m x 64, in t33's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt38_dt35 = work + 2689*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt38_dt37 = work + 2753*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = work + 2817*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t41 = work + 2881*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t44 = work + 961*m; /* m x 256, in t42's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t45 = work + 3201*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t48 = work + 3393*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t51 = work + 3521*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t54 = work + 3457*m; /* m x 64, in t49's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt54_dt51 = work + 3649*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt54_dt53 = work + 3713*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t56 = work + 2945*m; /* m x 256, in t43's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t58 = work + 4033*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t60 = work + 4353*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t19 = work + 1409*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t30 = work + 2113*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = work + 2561*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t38 = work + 2497*m + 1024; /* m x 64, in t33's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt38_dt35 = work + 2689*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt38_dt37 = work + 2753*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t40 = work + 2817*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t41 = work + 2881*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t42_block_1 = work + 961*m; /* 64 x 16, in t13_block_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t44 = work + 961*m + 1024; /* m x 256, in t42's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t45 = work + 3201*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t48 = work + 3393*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t51 = work + 3521*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t54 = work + 3457*m + 1024; /* m x 64, in t49's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt54_dt51 = work + 3649*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt54_dt53 = work + 3713*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t56 = work + 2945*m + 1024; /* m x 256, in t43's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t58 = work + 4033*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t60 = work + 4353*m + 1024; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t62 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t63 = work + 192*m; /* m x 64, in t3's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t65 = work + 1345*m; /* m x 64, in t18's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt65_dt62 = work + 2433*m; /* m x 64, in t32's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt65_dt64 = work + 3329*m; /* m x 64, in t47's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t65 = work + 1345*m + 1024; /* m x 64, in t18's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt65_dt62 = work + 2433*m + 1024; /* m x 64, in t32's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt65_dt64 = work + 3329*m + 1024; /* m x 64, in t47's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t71 = work + 320*m; /* m x 1, in t64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t72 = work + 4603*m + 3844; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t73 = work + 4604*m + 3844; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t74 = work + 4605*m + 3844; /* 1 x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t66 = work + 4289*m; /* m x 64, in t59's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t72 = work + 4603*m + 4868; /* m x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t73 = work + 4604*m + 4868; /* m x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t74 = work + 4605*m + 4868; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t66 = work + 4289*m + 1024; /* m x 64, in t59's memory; placed in an earlier part */
     /* grad_t65 = grad_t66*t0 */
     /* t75 = dt65_dt64*grad_t66*t0 */
     /* grad_t0 = grad_t66*t65 */
@@ -3396,21 +3497,24 @@ static void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *grad_t46 = dt54_dt53; /* m x 64, in dt54_dt53's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t47, 64, 1, Wo1, 1, 64, grad_t46);
 
-    /* grad_t45[(e,s),h*dh+k] = sum_t t44[(e,t),(h,s)] * grad_t46[(e,t),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
+    /* grad_t45[(e,s),h*dh+k] = sum_{t>=s} t44[(e,t),(h,s)] * grad_t46[(e,t),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t45 = t77; /* m x 64, in t77's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t at = row0 * 64; at < (row0 + len) * 64; ++at) {
-            grad_t45[at] = 0;
-        }
-        for (int64_t qt = 0; qt < len; ++qt) {
+        for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                for (int64_t ks = 0; ks < len; ++ks) {
+                /* orow[dk] = sum over queries qt >= ks of t44[(e,qt),(hd,ks)] *
+                 * grad_t46[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t45 + (row0 + ks) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
                     const TRANSFORMER_LM_REAL pw = t44[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        grad_t45[(row0 + ks) * 64 + hd * 16 + dk] += pw * grad_t46[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_t46[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -3421,22 +3525,33 @@ static void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *grad_t39_part = t51; /* m x 64, in t51's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t45, 64, 1, Wv1, 1, 64, grad_t39_part);
 
-    /* grad_t44[(e,t),(h,s)] = sum_k grad_t46[(e,t),h*dh+k] * t45[(e,s),h*dh+k] (0 for s past
-     * the sequence) (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    /* grad_t44[(e,t),(h,s)] = sum_k grad_t46[(e,t),h*dh+k] * t45[(e,s),h*dh+k] for s <= t, 0
+     * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t44 = t58; /* m x 256, in t58's memory */
+    TRANSFORMER_LM_REAL *grad_t44_block_1 = t42_block_1; /* 64 x 16, in t42_block_1's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* grad_t44_block_1[dk][ks] = t45[(e,ks), hd*16+dk]: the head's keys transposed,
+             * so that a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    grad_t44_block_1[dk * 64 + ks] = t45[(row0 + ks) * 64 + hd * 16 + dk];
+                }
+            }
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = grad_t44 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
-                    TRANSFORMER_LM_REAL acc = 0;
-                    if (ks < len) {
-                        for (int64_t dk = 0; dk < 16; ++dk) {
-                            acc += grad_t46[(row0 + qt) * 64 + hd * 16 + dk] * t45[(row0 + ks) * 64 + hd * 16 + dk];
-                        }
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += grad_t46[(e,qt), hd*16+dk] * grad_t44_block_1[dk][ks] for keys
+                 * ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = grad_t46[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * grad_t44_block_1[dk * 64 + ks];
                     }
-                    grad_t44[(row0 + qt) * 256 + hd * 64 + ks] = acc;
                 }
             }
         }
@@ -3484,21 +3599,24 @@ static void transformer_lm_train_step_part3(
         }
     }
 
-    /* grad_t41[(e,s),h*dh+k] = sum_t grad_t42[(e,t),(h,s)] * t40[(e,t),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
+    /* grad_t41[(e,s),h*dh+k] = sum_{t>=s} grad_t42[(e,t),(h,s)] * t40[(e,t),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t41 = dt54_dt51; /* m x 64, in dt54_dt51's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t at = row0 * 64; at < (row0 + len) * 64; ++at) {
-            grad_t41[at] = 0;
-        }
-        for (int64_t qt = 0; qt < len; ++qt) {
+        for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                for (int64_t ks = 0; ks < len; ++ks) {
+                /* orow[dk] = sum over queries qt >= ks of grad_t42[(e,qt),(hd,ks)] *
+                 * t40[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t41 + (row0 + ks) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
                     const TRANSFORMER_LM_REAL pw = grad_t42[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        grad_t41[(row0 + ks) * 64 + hd * 16 + dk] += pw * t40[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t40[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -3509,21 +3627,24 @@ static void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *grad_t39_part_1 = grad_t54; /* m x 64, in grad_t54's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t41, 64, 1, Wk1, 1, 64, grad_t39_part_1);
 
-    /* grad_t40[(e,t),h*dh+k] = sum_s grad_t42[(e,t),(h,s)] * t41[(e,s),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
+    /* grad_t40[(e,t),h*dh+k] = sum_{s<=t} grad_t42[(e,t),(h,s)] * t41[(e,s),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t40 = t78; /* m x 64, in t78's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t at = row0 * 64; at < (row0 + len) * 64; ++at) {
-            grad_t40[at] = 0;
-        }
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                for (int64_t ks = 0; ks < len; ++ks) {
+                /* orow[dk] = sum over keys ks <= qt of grad_t42[(e,qt),(hd,ks)] *
+                 * t41[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t40 + (row0 + qt) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
                     const TRANSFORMER_LM_REAL pw = grad_t42[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        grad_t40[(row0 + qt) * 64 + hd * 16 + dk] += pw * t41[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t41[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -3636,32 +3757,33 @@ static void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *t11 = work + 577*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t12 = work + 641*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t15 = work + 705*m; /* m x 256, in t13's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t16 = work + 1217*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t20 = work + 1473*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t23 = work + 1601*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = work + 1537*m; /* m x 64, in t21's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt26_dt23 = work + 1729*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt26_dt25 = work + 1793*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = work + 2113*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = work + 2561*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt38_dt35 = work + 2689*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t60 = work + 3329*m; /* m x 64, in dt65_dt64's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t16 = work + 1217*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t20 = work + 1473*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t23 = work + 1601*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = work + 1537*m + 1024; /* m x 64, in t21's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt26_dt23 = work + 1729*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt26_dt25 = work + 1793*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t30 = work + 2113*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = work + 2561*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt38_dt35 = work + 2689*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t60 = work + 3329*m + 1024; /* m x 64, in dt65_dt64's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t50 = work + 320*m; /* m x 1, in grad_t64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t49 = work + 3393*m; /* m x 64, in t48's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t80 = work + 4925*m + 3845; /* m x 4; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t81 = work + 2945*m; /* m x 256, in t79's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t42 = work + 4929*m + 3845; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t49 = work + 3393*m + 1024; /* m x 64, in t48's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t44_block_1 = work + 961*m; /* 64 x 16, in t42_block_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t80 = work + 4925*m + 4869; /* m x 4; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t81 = work + 2945*m + 1024; /* m x 256, in t79's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t42 = work + 4929*m + 4869; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t39_part_1 = work + 128*m; /* m x 64, in grad_t54's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t39_part_2 = work + 1345*m; /* m x 64, in grad_t51's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t38 = work + 3713*m; /* m x 64, in grad_t46's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t82 = work + 2817*m; /* m x 64, in t40's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t37 = work + 4604*m + 3844; /* m x 1, in grad_t61's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t35 = work + 1409*m; /* m x 64, in t19's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t83 = work + 2497*m; /* m x 64, in t38's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t34 = work + 4603*m + 3844; /* m x 1, in grad_t53's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t33 = work + 2753*m; /* m x 64, in dt38_dt37's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t29 = work + 961*m; /* m x 256, in t44's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 4033*m; /* m x 256, in grad_t44's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t39_part_2 = work + 1345*m + 1024; /* m x 64, in grad_t51's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t38 = work + 3713*m + 1024; /* m x 64, in grad_t46's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t82 = work + 2817*m + 1024; /* m x 64, in t40's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t37 = work + 4604*m + 4868; /* m x 1, in grad_t61's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t35 = work + 1409*m + 1024; /* m x 64, in t19's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t83 = work + 2497*m + 1024; /* m x 64, in t38's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t34 = work + 4603*m + 4868; /* m x 1, in grad_t53's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t33 = work + 2753*m + 1024; /* m x 64, in dt38_dt37's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t29 = work + 961*m + 1024; /* m x 256, in t44's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g1 = work + 4033*m + 1024; /* m x 256, in grad_t44's memory; placed in an earlier part */
     /* grad_t27 = g1 @ W0up^T */
     TRANSFORMER_LM_REAL *grad_t27 = grad_t39_part_1; /* m x 64, in grad_t39_part_1's memory */
     symbackprop_f64_matmul(m, 64, 256, g1, 256, 1, W0up, 1, 256, grad_t27);
@@ -3725,21 +3847,24 @@ static void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *grad_t17 = t20; /* m x 64, in t20's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t18, 64, 1, Wo0, 1, 64, grad_t17);
 
-    /* grad_t16[(e,s),h*dh+k] = sum_t t15[(e,t),(h,s)] * grad_t17[(e,t),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
+    /* grad_t16[(e,s),h*dh+k] = sum_{t>=s} t15[(e,t),(h,s)] * grad_t17[(e,t),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t16 = t26; /* m x 64, in t26's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t at = row0 * 64; at < (row0 + len) * 64; ++at) {
-            grad_t16[at] = 0;
-        }
-        for (int64_t qt = 0; qt < len; ++qt) {
+        for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                for (int64_t ks = 0; ks < len; ++ks) {
+                /* orow[dk] = sum over queries qt >= ks of t15[(e,qt),(hd,ks)] *
+                 * grad_t17[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t16 + (row0 + ks) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
                     const TRANSFORMER_LM_REAL pw = t15[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        grad_t16[(row0 + ks) * 64 + hd * 16 + dk] += pw * grad_t17[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_t17[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -3750,22 +3875,33 @@ static void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *grad_t10_part = dt26_dt25; /* m x 64, in dt26_dt25's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t16, 64, 1, Wv0, 1, 64, grad_t10_part);
 
-    /* grad_t15[(e,t),(h,s)] = sum_k grad_t17[(e,t),h*dh+k] * t16[(e,s),h*dh+k] (0 for s past
-     * the sequence) (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    /* grad_t15[(e,t),(h,s)] = sum_k grad_t17[(e,t),h*dh+k] * t16[(e,s),h*dh+k] for s <= t, 0
+     * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t15 = t81; /* m x 256, in t81's memory */
+    TRANSFORMER_LM_REAL *grad_t15_block_1 = grad_t44_block_1; /* 64 x 16, in grad_t44_block_1's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* grad_t15_block_1[dk][ks] = t16[(e,ks), hd*16+dk]: the head's keys transposed,
+             * so that a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    grad_t15_block_1[dk * 64 + ks] = t16[(row0 + ks) * 64 + hd * 16 + dk];
+                }
+            }
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = grad_t15 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
-                    TRANSFORMER_LM_REAL acc = 0;
-                    if (ks < len) {
-                        for (int64_t dk = 0; dk < 16; ++dk) {
-                            acc += grad_t17[(row0 + qt) * 64 + hd * 16 + dk] * t16[(row0 + ks) * 64 + hd * 16 + dk];
-                        }
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += grad_t17[(e,qt), hd*16+dk] * grad_t15_block_1[dk][ks] for keys
+                 * ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = grad_t17[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * grad_t15_block_1[dk * 64 + ks];
                     }
-                    grad_t15[(row0 + qt) * 256 + hd * 64 + ks] = acc;
                 }
             }
         }
@@ -3813,21 +3949,24 @@ static void transformer_lm_train_step_part4(
         }
     }
 
-    /* grad_t12[(e,s),h*dh+k] = sum_t grad_t13[(e,t),(h,s)] * t11[(e,t),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
+    /* grad_t12[(e,s),h*dh+k] = sum_{t>=s} grad_t13[(e,t),(h,s)] * t11[(e,t),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t12 = t84; /* m x 64, in t84's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t at = row0 * 64; at < (row0 + len) * 64; ++at) {
-            grad_t12[at] = 0;
-        }
-        for (int64_t qt = 0; qt < len; ++qt) {
+        for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                for (int64_t ks = 0; ks < len; ++ks) {
+                /* orow[dk] = sum over queries qt >= ks of grad_t13[(e,qt),(hd,ks)] *
+                 * t11[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t12 + (row0 + ks) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
                     const TRANSFORMER_LM_REAL pw = grad_t13[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        grad_t12[(row0 + ks) * 64 + hd * 16 + dk] += pw * t11[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t11[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -3838,21 +3977,24 @@ static void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *grad_t10_part_1 = t23; /* m x 64, in t23's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t12, 64, 1, Wk0, 1, 64, grad_t10_part_1);
 
-    /* grad_t11[(e,t),h*dh+k] = sum_s grad_t13[(e,t),(h,s)] * t12[(e,s),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
+    /* grad_t11[(e,t),h*dh+k] = sum_{s<=t} grad_t13[(e,t),(h,s)] * t12[(e,s),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t11 = dt26_dt23; /* m x 64, in dt26_dt23's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        for (int64_t at = row0 * 64; at < (row0 + len) * 64; ++at) {
-            grad_t11[at] = 0;
-        }
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                for (int64_t ks = 0; ks < len; ++ks) {
+                /* orow[dk] = sum over keys ks <= qt of grad_t13[(e,qt),(hd,ks)] *
+                 * t12[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t11 + (row0 + qt) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
                     const TRANSFORMER_LM_REAL pw = grad_t13[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        grad_t11[(row0 + qt) * 64 + hd * 16 + dk] += pw * t12[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t12[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -4161,28 +4303,28 @@ static void transformer_lm_train_step_part5(
 )
 {
     TRANSFORMER_LM_REAL *t10 = work + 385*m; /* m x 64, in t7's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t17 = work + 1281*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t27 = work + 1665*m; /* m x 64, in t24's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t29 = work + 1857*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = work + 2625*m; /* m x 64, in t36's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t46 = work + 3265*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t48 = work + 4353*m; /* m x 64, in grad_t65's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t47 = work + 3457*m; /* m x 64, in t54's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t45 = work + 2433*m; /* m x 64, in t77's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t41 = work + 3649*m; /* m x 64, in dt54_dt51's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t17 = work + 1281*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t27 = work + 1665*m + 1024; /* m x 64, in t24's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t29 = work + 1857*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = work + 2625*m + 1024; /* m x 64, in t36's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t46 = work + 3265*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t48 = work + 4353*m + 1024; /* m x 64, in grad_t65's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t47 = work + 3457*m + 1024; /* m x 64, in t54's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t45 = work + 2433*m + 1024; /* m x 64, in t77's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t41 = work + 3649*m + 1024; /* m x 64, in dt54_dt51's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t40 = work; /* m x 64, in t78's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t39 = work + 3201*m; /* m x 64, in t45's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t19 = work + 2881*m; /* m x 64, in t41's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t32 = work + 3521*m; /* m x 64, in grad_t39_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 4033*m; /* m x 256, in grad_t44's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t39 = work + 3201*m + 1024; /* m x 64, in t45's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t19 = work + 2881*m + 1024; /* m x 64, in t41's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t32 = work + 3521*m + 1024; /* m x 64, in grad_t39_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g1 = work + 4033*m + 1024; /* m x 256, in grad_t44's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t27 = work + 128*m; /* m x 64, in grad_t39_part_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t20 = work + 2561*m; /* m x 64, in t35's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t18 = work + 1409*m; /* m x 64, in grad_t35's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t16 = work + 1537*m; /* m x 64, in t26's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t12 = work + 2817*m; /* m x 64, in t84's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 5185*m + 19973; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_1 = work + 5185*m + 7813; /* 64 x 64, in grad_P_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 5185*m + 20165; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t20 = work + 2561*m + 1024; /* m x 64, in t35's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t18 = work + 1409*m + 1024; /* m x 64, in grad_t35's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t16 = work + 1537*m + 1024; /* m x 64, in t26's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t12 = work + 2817*m + 1024; /* m x 64, in t84's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 5185*m + 20997; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq0_1 = work + 5185*m + 8837; /* 64 x 64, in grad_P_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 5185*m + 21189; /* 64 x 64; placed in an earlier part */
     /* grad_Wk0_1 = t10^T @ grad_t12 */
     TRANSFORMER_LM_REAL *grad_Wk0_1 = grad_Wq0_1; /* 64 x 64, in grad_Wq0_1's memory */
     symbackprop_f64_matmul(64, 64, m, t10, 1, 64, grad_t12, 64, 1, grad_Wk0_1);
@@ -4483,35 +4625,35 @@ static void transformer_lm_train_step_part6(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t55 = work + 3585*m; /* m x 64, in t52's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t57 = work + 3777*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t66 = work + 2369*m; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t74 = work + 4605*m + 3844; /* 1 x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t67 = work + 4541*m + 3844; /* m x 62, in t70's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t66 = work + 4289*m; /* m x 64, in t59's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t0 = work + 4605*m + 3845; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t60 = work + 3329*m; /* m x 64, in dt65_dt64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 4669*m + 3845; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t55 = work + 3585*m + 1024; /* m x 64, in t52's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t57 = work + 3777*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t66 = work + 2369*m + 1024; /* m x 64, in t31's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t74 = work + 4605*m + 4868; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t67 = work + 4541*m + 4868; /* m x 62, in t70's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t66 = work + 4289*m + 1024; /* m x 64, in t59's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t0 = work + 4605*m + 4869; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t60 = work + 3329*m + 1024; /* m x 64, in dt65_dt64's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g0 = work + 4669*m + 4869; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t55 = work + 192*m; /* m x 64, in t75's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_1 = work + 5185*m + 3845; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_2 = work + 5185*m + 11909; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_P_2 = work + 5185*m + 15877; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0a_2 = work + 5185*m + 20037; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 5185*m + 20101; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 5185*m + 20165; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 5185*m + 24261; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv0_2 = work + 5185*m + 28357; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 5185*m + 32453; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0m_2 = work + 5185*m + 36549; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0m_2 = work + 5185*m + 36613; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0up_2 = work + 5185*m + 53061; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_1 = work + 5185*m + 69445; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 5185*m + 69701; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_1 = work + 5185*m + 36677; /* 256 x 64, in grad_W0up_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 5185*m + 69957; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0down_2 = work + 5185*m + 86341; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_1 = work + 5185*m + 19973; /* 1 x 64, in grad_b1a_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 5185*m + 102917; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_1 = work + 5185*m + 4869; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_2 = work + 5185*m + 12933; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_P_2 = work + 5185*m + 16901; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g0a_2 = work + 5185*m + 21061; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 5185*m + 21125; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 5185*m + 21189; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 5185*m + 25285; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wv0_2 = work + 5185*m + 29381; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 5185*m + 33477; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g0m_2 = work + 5185*m + 37573; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0m_2 = work + 5185*m + 37637; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0up_2 = work + 5185*m + 54085; /* 64 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0up_1 = work + 5185*m + 70469; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 5185*m + 70725; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0down_1 = work + 5185*m + 37701; /* 256 x 64, in grad_W0up_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 5185*m + 70981; /* 256 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0down_2 = work + 5185*m + 87365; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1m_1 = work + 5185*m + 20997; /* 1 x 64, in grad_b1a_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 5185*m + 103941; /* 1 x 64; placed in an earlier part */
     /* grad_b1m_1 = sum of grad_t55 down each column */
     TRANSFORMER_LM_REAL *grad_b1m_1 = grad_g1m_1; /* 1 x 64, in grad_g1m_1's memory */
     symbackprop_f64_sum_columns(grad_t55, m, 64, 64, grad_b1m_1);
@@ -5047,23 +5189,23 @@ static void transformer_lm_train_step_part7(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *grad_g1a_2 = work + 5185*m + 86405; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 5185*m + 86469; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 5185*m + 86533; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 5185*m + 90629; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 5185*m + 94725; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo1_2 = work + 5185*m + 98821; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 5185*m + 102917; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 5185*m + 102981; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1up_2 = work + 5185*m + 103045; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 5185*m + 119429; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1down_2 = work + 5185*m + 119685; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1down_2 = work + 5185*m + 136069; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_gf_2 = work + 5185*m + 136133; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_bf_2 = work + 5185*m + 136197; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wout_2 = work + 5185*m + 136261; /* 64 x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction1 = work + 4605*m + 3844; /* 1 x 1, in t74's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction2 = work + 5185*m + 140229; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1a_2 = work + 5185*m + 87429; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 5185*m + 87493; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 5185*m + 87557; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 5185*m + 91653; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 5185*m + 95749; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo1_2 = work + 5185*m + 99845; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 5185*m + 103941; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 5185*m + 104005; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1up_2 = work + 5185*m + 104069; /* 64 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 5185*m + 120453; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1down_2 = work + 5185*m + 120709; /* 256 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1down_2 = work + 5185*m + 137093; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_gf_2 = work + 5185*m + 137157; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_bf_2 = work + 5185*m + 137221; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wout_2 = work + 5185*m + 137285; /* 64 x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *bias_correction1 = work + 4605*m + 4868; /* 1 x 1, in t74's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *bias_correction2 = work + 5185*m + 141253; /* 1 x 1; placed in an earlier part */
     /* m_g1a = beta1*m_g1a + grad_g1a_2*(1 - beta1) */
     /* v_g1a = beta2*v_g1a + grad_g1a_2**2*(1 - beta2) */
     /* g1a = g1a - lr*(beta1*m_g1a + grad_g1a_2*(1 - beta1))/(bias_correction1*(eps +

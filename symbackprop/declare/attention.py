@@ -41,7 +41,7 @@ class SequenceOp(ImageOp):
 
 
 class AttentionScores(SequenceOp):
-    """S[(e,t), (h,s)] = Q[(e,t), h] . K[(e,s), h] (each head's columns), 0 past the sequence's end."""
+    """S[(e,t), (h,s)] = Q[(e,t), h] . K[(e,s), h] (each head's columns) for keys s <= t; 0 for s > t."""
 
     op, arity = "attention_scores", 2
 
@@ -53,7 +53,7 @@ class CausalSoftmax(SequenceOp):
 
 
 class AttentionMix(SequenceOp):
-    """O[(e,t), h] = sum_s P[(e,t), (h,s)] V[(e,s), h]: each head's weights times its values."""
+    """O[(e,t), h] = sum over s <= t of P[(e,t), (h,s)] V[(e,s), h]: each head's weights times its values."""
 
     op, arity = "attention_mix", 2
 

@@ -62,7 +62,8 @@ REAL_TYPES = {t.name: t for t in (FLOAT64, FLOAT32)}
 
 class ScalarPrinter(IEEEPrinter):
     """SymPy's C99 printer with the few changes generated kernels need:
-    symbols print as given C text, integer powers as products, step
+    symbols print as given C text, integer powers as products, powers
+    -1/2 and +-3/2 through sqrt (no pow() call), step
     functions as comparisons (NaN-propagating, see IEEEPrinter), and
     literals in the module's real type."""
 
@@ -83,11 +84,15 @@ class ScalarPrinter(IEEEPrinter):
             return product if exp > 0 else f"{self._one()}/{product}"
         if exp == -1:
             return f"{self._one()}/{self.parenthesize(base, sp.printing.precedence.PRECEDENCE['Mul'])}"
-        if exp.is_Rational and exp.q == 2 and 3 <= abs(exp.p) <= 2 * MAX_PRODUCT_POWER + 1 and base.is_Symbol:
-            # x**(k/2) as x**floor(k/2) * sqrt(x): pow() of a non-integer costs several times a sqrt
+        if exp.is_Rational and exp.q == 2 and exp != sp.S.Half and abs(exp.p) <= 2 * MAX_PRODUCT_POWER + 1 \
+                and (base.is_Symbol or abs(exp.p) <= 3):
+            # x**(k/2) as x**floor(k/2) * sqrt(x): pow() of a non-integer is a libm call an entry
+            # (layer norm's x**(-1/2), a potential's r**(-3/2)); sqrt vectorizes. A compound base
+            # is written at most twice.
             factor = self.parenthesize(base, sp.printing.precedence.PRECEDENCE["Mul"])
             product = "*".join([factor] * (abs(int(exp.p)) // 2) + [self._print(sp.sqrt(base))])
-            return f"({product})" if exp > 0 else f"{self._one()}/({product})"
+            power = product if abs(exp.p) == 1 else f"({product})"
+            return power if exp > 0 else f"{self._one()}/{power}"
         return super()._print_Pow(expr)
 
     def _print_NumberSymbol(self, expr: sp.Expr) -> str:

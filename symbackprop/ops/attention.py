@@ -5,21 +5,24 @@ Rows are positions: m rows, sequence e its rows e*L .. e*L + len_e - 1
 their columns h*dh .. h*dh + dh - 1; a scores matrix is m x (H*L), head h
 its columns h*L + s (s the key's position). The ops, all with attrs (L, H):
 
-    attention_scores(A, B)  S[(e,t),(h,s)] = A[(e,t),h] . B[(e,s),h]   (0 for s >= len_e)
-    attention_mix(P, V)     O[(e,t),h] = sum_s P[(e,t),(h,s)] V[(e,s),h]
-    attention_mix_t(P, V)   O[(e,s),h] = sum_t P[(e,t),(h,s)] V[(e,t),h]
+    attention_scores(A, B)  S[(e,t),(h,s)] = A[(e,t),h] . B[(e,s),h] for s <= t, 0 for s > t
+    attention_mix(P, V)     O[(e,t),h] = sum_{s<=t} P[(e,t),(h,s)] V[(e,s),h]
+    attention_mix_t(P, V)   O[(e,s),h] = sum_{t>=s} P[(e,t),(h,s)] V[(e,t),h]
     causal_softmax(S)       P[(e,t),(h,s)] = exp(S - max) / sum over s <= t; 0 for s > t
 
-The three products are one trilinear form <G, scores(A, B)> read three
-ways, so each one's VJP is made of the other two (and gradients of
-gradients exist). The softmax's VJP, P * (G - sum_s P*G), is made of
+The three products are one trilinear form <G, scores(A, B)> over the
+causal triangle (key s <= query t) read three ways, so each one's VJP is
+made of the other two (and gradients of gradients exist). The triangle is
+all attention reads (the softmax's weights above it are 0), so its C never
+computes the masked half. The softmax's VJP, P * (G - sum_s P*G), is made of
 elementwise maps and the per-head sums and broadcasts of ops.conv
 (channel_sum, channel_broadcast over H blocks of L columns); a masked
 entry has P = 0 exactly, so no gradient reaches it.
 
 The C of each is a loop nest over the sequences and heads
 (kernel_attention.c.j2), its bounds numbers but the positions', never
-unrolled over positions.
+unrolled over positions; its inner loops run along contiguous entries and
+vectorize.
 """
 
 from __future__ import annotations
@@ -122,30 +125,35 @@ def _heads(node: Node, context) -> tuple[int, int, int, int]:
     return context.shape(node)[0], length, heads, node.args[-1].shape[1] // heads
 
 
+def _causal(length: int) -> np.ndarray:
+    """[t, s]: key s is at or before query t (the causal triangle)."""
+    return np.tril(np.ones((length, length)))
+
+
 def _eval_scores(node: Node, args: list[np.ndarray], context) -> np.ndarray:
     length, heads = node.attrs
     m, dh = context.shape(node)[0], node.args[0].shape[1] // heads
     a, b = (_blocks(x, m, length, heads, dh) for x in args)
-    return _rows(np.einsum("ethk,eshk->ethks", a, b).sum(axis=3), m)
+    return _rows(np.einsum("ethk,eshk,ts->eths", a, b, _causal(length)), m)
 
 
 def _eval_mix(node: Node, args: list[np.ndarray], context) -> np.ndarray:
     m, length, heads, dh = _heads(node, context)
     p, v = _blocks(args[0], m, length, heads, length), _blocks(args[1], m, length, heads, dh)
-    return _rows(np.einsum("eths,eshk->ethk", p, v), m)
+    return _rows(np.einsum("eths,eshk,ts->ethk", p, v, _causal(length)), m)
 
 
 def _eval_mix_t(node: Node, args: list[np.ndarray], context) -> np.ndarray:
     m, length, heads, dh = _heads(node, context)
     p, v = _blocks(args[0], m, length, heads, length), _blocks(args[1], m, length, heads, dh)
-    return _rows(np.einsum("eths,ethk->eshk", p, v), m)
+    return _rows(np.einsum("eths,ethk,ts->eshk", p, v, _causal(length)), m)
 
 
 def _eval_softmax(node: Node, args: list[np.ndarray], context) -> np.ndarray:
     length, heads = node.attrs
     m = context.shape(node)[0]
     s = _blocks(args[0], m, length, heads, length)
-    allowed = np.tril(np.ones((length, length), dtype=bool))[None, :, None, :]  # [t, s]: s <= t
+    allowed = _causal(length).astype(bool)[None, :, None, :]
     s = np.where(allowed, s, -np.inf)
     e = np.exp(s - s.max(axis=3, keepdims=True))
     return _rows(e / e.sum(axis=3, keepdims=True), m)
@@ -164,31 +172,33 @@ class AttentionKernel:
     rows: object  # the positions, m
     geometry: tuple  # (L, H, dh): dh the head's width (0 for the softmax)
     equations: tuple[Equation, ...]
+    labels: tuple[str, ...]  # the arguments', for the loops' comments
+    block: str | None = None  # the scores' workspace of L*dh: one (sequence, head)'s keys, transposed
 
     def reads(self) -> list[str]:
-        return [buffer for buffer, _ in self.args if buffer is not None]
+        return [buffer for buffer, _ in self.args if buffer is not None] + ([self.block] if self.block else [])
 
     def writes(self) -> list[str]:
-        return [self.out]
+        return [self.out] + ([self.block] if self.block else [])
 
     @property
     def title(self) -> str:
         return self.kind.replace("_", " ")
 
     def work(self) -> tuple[sp.Expr, sp.Expr]:
-        """(multiply-adds, other operations)."""
+        """(multiply-adds, other operations): the causal triangle, (L+1)/2 keys a query."""
         length, heads, dh = self.geometry
-        rows = sp.sympify(self.rows)
+        keys = sp.sympify(self.rows) * heads * sp.Rational(length + 1, 2)
         if self.kind == "causal_softmax":
-            return sp.Integer(0), 3 * rows * heads * length
-        return rows * heads * length * dh, sp.Integer(0)
+            return sp.Integer(0), 3 * keys
+        return keys * dh, sp.Integer(0)
 
 
 # What each comment says: (the entry written, its value); {0}, {1} the arguments' labels.
 _MATH = {
-    "attention_scores": ("[(e,t),(h,s)]", "sum_k {0}[(e,t),h*dh+k] * {1}[(e,s),h*dh+k] (0 for s past the sequence)"),
-    "attention_mix": ("[(e,t),h*dh+k]", "sum_s {0}[(e,t),(h,s)] * {1}[(e,s),h*dh+k]"),
-    "attention_mix_t": ("[(e,s),h*dh+k]", "sum_t {0}[(e,t),(h,s)] * {1}[(e,t),h*dh+k]"),
+    "attention_scores": ("[(e,t),(h,s)]", "sum_k {0}[(e,t),h*dh+k] * {1}[(e,s),h*dh+k] for s <= t, 0 for s > t"),
+    "attention_mix": ("[(e,t),h*dh+k]", "sum_{{s<=t}} {0}[(e,t),(h,s)] * {1}[(e,s),h*dh+k]"),
+    "attention_mix_t": ("[(e,s),h*dh+k]", "sum_{{t>=s}} {0}[(e,t),(h,s)] * {1}[(e,t),h*dh+k]"),
     "causal_softmax": ("[(e,t),(h,s)]", "exp({0}[(e,t),(h,s)] - max_{{s'<=t}} {0}[(e,t),(h,s')]) / "
                        "sum_{{s'<=t}} exp(...) for s <= t, 0 for s > t (the causal mask)"),
 }
@@ -201,8 +211,9 @@ def _kernel(sched, node: Node, out: str) -> AttentionKernel:
     entry, value = (part.format(*labels) for part in _MATH[node.op])
     value += f" (rows (e,t) = e*{length}+t, {heads} heads" + (f" of {dh} columns)" if dh else ")")
     latex = rf"{latex_name(out)} = \operatorname{{{node.op.replace('_', '-')}}}({', '.join(latex_name(s) for s in labels)})"
+    block = sched.claim_scratch(f"{out}_block", (length, dh)) if node.op == "attention_scores" else None
     return AttentionKernel(node.op, out, tuple(args), node.shape[0], (length, heads, dh),
-                           (Equation(out + entry, value, latex),))
+                           (Equation(out + entry, value, latex),), tuple(labels), block)
 
 
 def _emit(em: FunctionEmitter, kernel: AttentionKernel) -> dict:
@@ -211,6 +222,8 @@ def _emit(em: FunctionEmitter, kernel: AttentionKernel) -> dict:
     length, heads, dh = kernel.geometry
     return {"m": em.dim(kernel.rows), "out": em.namer.name(kernel.out), "a": args[0],
             "b": args[1] if len(args) > 1 else None, "L": length, "H": heads, "DH": dh,
+            "a_label": kernel.labels[0], "b_label": kernel.labels[-1],
+            "block": em.namer.name(kernel.block) if kernel.block is not None else None,
             "exp": printer.doprint(sp.exp(sp.Symbol("val", real=True) - sp.Symbol("top", real=True)))}
 
 
