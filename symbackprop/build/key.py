@@ -20,6 +20,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import subprocess
 from functools import lru_cache
 from typing import Iterable
@@ -75,6 +76,21 @@ def _target_options(text: str) -> str:
     return ""
 
 
+def executable_stamp(command: Iterable[str]) -> str:
+    """Which files a command's programs are (each word that names one on
+    PATH: the compiler, or ccache and the compiler): real path, size,
+    modification time and inode. A different or reinstalled compiler has
+    another stamp; taking it runs nothing (`--version` costs a process)."""
+    stamps = []
+    for word in command:
+        found = shutil.which(word) if not word.startswith("-") else None
+        if found:
+            real = os.path.realpath(found)
+            info = os.stat(real)
+            stamps.append(f"{real} {info.st_size} {info.st_mtime_ns} {info.st_ino}")
+    return "\n".join(stamps)
+
+
 @lru_cache(maxsize=1)
 def host_cpu() -> str:
     """The CPU's model and feature flags (Linux /proc/cpuinfo), else what
@@ -95,4 +111,4 @@ def host_cpu() -> str:
     return "; ".join([platform.machine(), *found])
 
 
-__all__ = ["asks_for_host_cpu", "digest", "host_cpu", "target_cpu"]
+__all__ = ["asks_for_host_cpu", "digest", "executable_stamp", "host_cpu", "target_cpu"]

@@ -528,6 +528,12 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         "independent": len(kernel.loops) == 2 and size <= LANES_MAX_OPS
         and all(_local(out, inner) or _apart(out, inner) for out in kernel.outputs),
         "wide": size > LANES_MAX_OPS,  # its function is SYMBACKPROP_WIDE
+        # a wide body adding into locals or storing one number an example:
+        # whole eights, then a scalar tail
+        # (GCC's two vectorized epilogues of such a body were a third of gmm's compile)
+        "eights": size > LANES_MAX_OPS and all(local or _contiguous(kernel.outputs[number], inner)
+                                               for (number, _, _), (*_, local) in zip(kernel.stores, stores)),
+        "lanes_whole": LANES - 1,
         "zero": [(em.namer.name(out.buffer), em.dim(sp.sympify(out.shape[0]) * out.shape[1]))
                  for out in kernel.outputs if out.accumulate],
         "parallel": safe and worth_threads(kernel.loops[outer]),
@@ -540,6 +546,12 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         "temp_uses": [[] for _ in loaded] + [named(e) for _, e in hoisted + moving],
         "store_uses": [named(e) for e in store_exprs],
     }
+
+
+def _contiguous(out: EmapOutput, inner: int) -> bool:
+    """Whether each example of the inner loop stores one number, next to
+    the previous example's (a store GCC vectorizes)."""
+    return out.target[0] == ("loop", inner) and out.shape[1] == 1 and not out.accumulate
 
 
 def _copy_fields(em: FunctionEmitter, copy: ColumnCopy) -> dict:

@@ -64,9 +64,11 @@ def extension() -> ModuleType | None:
         return None
     try:
         source, final, built = _entry()
-        if entry_problem(final, built.name) is not None:
-            _build(source, final, built)
-        return _load(final, NAME)
+        try:
+            return _load(final, NAME)  # checks the entry, then loads it
+        except BuildError:
+            _build(source, final, built)  # (a damaged entry: with a warning)
+            return _load(final, NAME)
     except (OSError, BuildError, ImportError) as exc:
         event("no C hot path for calls (%s): calls take the Python path", exc)
         return None
@@ -76,7 +78,9 @@ def _entry() -> tuple[str, Path, Path]:
     """The extension's source, its cache folder and its library there."""
     source = SOURCE.read_text()
     command = _command(Path("FOLDER"))
-    key = digest("fastcall", source, " ".join(command), toolchain(command), np.__version__, EXT_SUFFIX, length=24)
+    # keyed on the compiler's files, not its `--version` (a process: most of a cached compile's time)
+    key = digest("fastcall", source, " ".join(command), toolchain(command, local=True), np.__version__, EXT_SUFFIX,
+                 length=24)
     final = cache_root(BuildOptions()) / f"fastcall-{key}"
     return source, final, final / f"{NAME}{EXT_SUFFIX}"
 

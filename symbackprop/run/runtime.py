@@ -104,38 +104,53 @@ def _from_memo(memo: Any) -> tuple[Emitted, ModuleSpec, Path] | None:
 
 
 class _ExpressionDigest:
-    """A hash of an expression's structure that visits each subexpression
+    """A hash of the structure of expressions that visits each subexpression
     object once (srepr and preorder_traversal walk every path of a shared
-    DAG, which is exponential for an unrolled recurrent model); Dummy
+    DAG, which is exponential for an unrolled recurrent model). Each distinct
+    subexpression is one line of a listing, its type and the line numbers of
+    its arguments, or a leaf's text; `value` hashes the listing once. Dummy
     symbols are numbered in the order they are met."""
 
     def __init__(self) -> None:
-        self.memo: dict[int, tuple[Any, str]] = {}
+        self.line: dict[int, tuple[Any, int]] = {}  # id -> (the object, kept so that its id stays unique; its line)
+        self.lines: list[str] = []
         self.dummies: dict[sp.Dummy, int] = {}
 
-    def __call__(self, root: Any) -> str:
-        """The digest of root, walked with an explicit stack (no recursion
-        per level: a model 1,000 layers deep is 1,000s of levels)."""
+    def __call__(self, root: Any) -> int:
+        """The line number of root in the listing, walked with an explicit
+        stack (no recursion per level: a model 1,000 layers deep is 1,000s
+        of levels)."""
+        stack: list[tuple[Any, tuple | None]] = [(root, None)]
+        while stack:
+            expr, args = stack.pop()
+            if id(expr) in self.line:
+                continue
+            if args is None:  # SymPy's args is a property, some of them computed: read once
+                args = expr.args if isinstance(expr, sp.Basic) and not isinstance(expr, sp.Dummy) else ()
+                if args:  # its arguments first, left to right (the order dummies are numbered in)
+                    stack.append((expr, args))
+                    stack.extend((a, None) for a in reversed(args))
+                    continue
+            if args:
+                text = f"{type(expr).__name__}({','.join(str(self.line[id(a)][1]) for a in args)})"
+            else:
+                text = "=" + self._leaf(expr)
+            self.line[id(expr)] = (expr, len(self.lines))
+            self.lines.append(text)
+        return self.line[id(root)][1]
+
+    def _leaf(self, expr: Any) -> str:
+        if isinstance(expr, sp.Dummy):
+            return f"Dummy{self.dummies.setdefault(expr, len(self.dummies))}{sorted(expr.assumptions0.items())}"
+        if isinstance(expr, sp.Symbol):  # srepr's text, without its printer's cost
+            return f"{type(expr).__name__}({expr.name!r}{sorted(expr.assumptions0.items())})"
+        return sp.srepr(expr) if isinstance(expr, sp.Basic) else repr(expr)
+
+    def value(self, *roots: int) -> str:
+        """The digest of the listing so far and of the roots' line numbers."""
         from symbackprop.build.key import digest
 
-        stack: list[tuple[Any, bool]] = [(root, False)]
-        while stack:
-            expr, expanded = stack.pop()
-            if id(expr) in self.memo:
-                continue
-            if isinstance(expr, sp.Dummy):
-                number = self.dummies.setdefault(expr, len(self.dummies))
-                text = f"Dummy{number}{sorted(expr.assumptions0.items())}"
-            elif isinstance(expr, sp.Basic) and expr.args:
-                if not expanded:  # its arguments first, left to right (the order dummies are numbered in)
-                    stack.append((expr, True))
-                    stack.extend((a, False) for a in reversed(expr.args))
-                    continue
-                text = f"{type(expr).__name__}({','.join(self.memo[id(a)][1] for a in expr.args)})"
-            else:
-                text = sp.srepr(expr) if isinstance(expr, sp.Basic) else repr(expr)
-            self.memo[id(expr)] = (expr, digest("expression", text))  # holds expr so that its id stays unique
-        return self.memo[id(root)][1]
+        return digest("expressions", *self.lines, "|", *map(str, roots))
 
 
 def model_fingerprint(model: Model, *settings: Any) -> str:
@@ -157,7 +172,7 @@ def model_fingerprint(model: Model, *settings: Any) -> str:
         *model.outputs,
         "|",
         *model.names,
-        *(digest(sp.sympify(expr)) for expr in expressions),
+        digest.value(*(digest(sp.sympify(expr)) for expr in expressions)),
         repr(settings),
         str(find_blas() is not None),
         host_target(options),
