@@ -261,9 +261,8 @@ static void transformer_lm_run_part1(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t8[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            const TRANSFORMER_LM_REAL x2 = t6[64*i + j]*x1;
-            t9[64*i + j] = x2;
-            t10[64*i + j] = b0a[j] + t1[64*i + j]*x2;
+            t9[64*i + j] = t6[64*i + j]*x1;
+            t10[64*i + j] = t6[64*i + j]*t1[64*i + j]*x1 + b0a[j];
             dt9_dt6[64*i + j] = x1;
             dt9_dt8[64*i + j] = -1.0/128.0*t6[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -432,9 +431,8 @@ static void transformer_lm_run_part1(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t25[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            const TRANSFORMER_LM_REAL x2 = t23[64*i + j]*x1;
-            t26[64*i + j] = x2;
-            t27[64*i + j] = b0m[j] + t20[64*i + j]*x2;
+            t26[64*i + j] = t23[64*i + j]*x1;
+            t27[64*i + j] = t23[64*i + j]*t20[64*i + j]*x1 + b0m[j];
             dt26_dt23[64*i + j] = x1;
             dt26_dt25[64*i + j] = -1.0/128.0*t23[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -452,12 +450,11 @@ static void transformer_lm_run_part1(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = c0up[j] + t28[256*i + j];
-            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*x0;
-            const TRANSFORMER_LM_REAL x2 = sqrt(2)*x1;
-            const TRANSFORMER_LM_REAL x3 = erf(x2);
-            t29[256*i + j] = x1*(x3 + 1);
-            t30[256*i + j] = x2*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x3 + 1.0/2.0;
+            const TRANSFORMER_LM_REAL x0 = sqrt(2);
+            const TRANSFORMER_LM_REAL x1 = c0up[j] + t28[256*i + j];
+            const TRANSFORMER_LM_REAL x2 = erf((1.0/2.0)*x0*x1);
+            t29[256*i + j] = (1.0/2.0)*x1*(x2 + 1);
+            t30[256*i + j] = (1.0/2.0)*x0*x1*exp(-1.0/2.0*(x1*x1))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 
@@ -515,9 +512,8 @@ static void transformer_lm_run_part1(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t37[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            const TRANSFORMER_LM_REAL x2 = t35[64*i + j]*x1;
-            t38[64*i + j] = x2;
-            t39[64*i + j] = b1a[j] + t19[64*i + j]*x2;
+            t38[64*i + j] = t35[64*i + j]*x1;
+            t39[64*i + j] = t35[64*i + j]*t19[64*i + j]*x1 + b1a[j];
             dt38_dt35[64*i + j] = x1;
             dt38_dt37[64*i + j] = -1.0/128.0*t35[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -716,9 +712,8 @@ static void transformer_lm_run_part2(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t53[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            const TRANSFORMER_LM_REAL x2 = t51[64*i + j]*x1;
-            t54[64*i + j] = x2;
-            t55[64*i + j] = b1m[j] + t48[64*i + j]*x2;
+            t54[64*i + j] = t51[64*i + j]*x1;
+            t55[64*i + j] = t51[64*i + j]*t48[64*i + j]*x1 + b1m[j];
             dt54_dt51[64*i + j] = x1;
             dt54_dt53[64*i + j] = -1.0/128.0*t51[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -736,12 +731,11 @@ static void transformer_lm_run_part2(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = c1up[j] + t56[256*i + j];
-            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*x0;
-            const TRANSFORMER_LM_REAL x2 = sqrt(2)*x1;
-            const TRANSFORMER_LM_REAL x3 = erf(x2);
-            t57[256*i + j] = x1*(x3 + 1);
-            t58[256*i + j] = x2*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x3 + 1.0/2.0;
+            const TRANSFORMER_LM_REAL x0 = sqrt(2);
+            const TRANSFORMER_LM_REAL x1 = c1up[j] + t56[256*i + j];
+            const TRANSFORMER_LM_REAL x2 = erf((1.0/2.0)*x0*x1);
+            t57[256*i + j] = (1.0/2.0)*x1*(x2 + 1);
+            t58[256*i + j] = (1.0/2.0)*x0*x1*exp(-1.0/2.0*(x1*x1))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 
@@ -796,9 +790,8 @@ static void transformer_lm_run_part2(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t64[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            const TRANSFORMER_LM_REAL x2 = t62[64*i + j]*x1;
-            t65[64*i + j] = x2;
-            t66[64*i + j] = bf[j] + t0[64*i + j]*x2;
+            t65[64*i + j] = t62[64*i + j]*x1;
+            t66[64*i + j] = t62[64*i + j]*t0[64*i + j]*x1 + bf[j];
             dt65_dt62[64*i + j] = x1;
             dt65_dt64[64*i + j] = -1.0/128.0*t62[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -1076,9 +1069,8 @@ static void transformer_lm_run_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t66[64*i + j]*t0[64*i + j];
-            grad_t65[64*i + j] = x0;
-            t75[64*i + j] = dt65_dt64[64*i + j]*x0;
+            grad_t65[64*i + j] = grad_t66[64*i + j]*t0[64*i + j];
+            t75[64*i + j] = grad_t66[64*i + j]*t0[64*i + j]*dt65_dt64[64*i + j];
             grad_t0[64*i + j] = grad_t66[64*i + j]*t65[64*i + j];
         }
     }
@@ -1096,10 +1088,8 @@ static void transformer_lm_run_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t65[64*i + j]*dt65_dt62[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t64[i]*t62[64*i + j];
-            grad_t62[64*i + j] = x0 + 2*x1;
-            t76[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            grad_t62[64*i + j] = grad_t65[64*i + j]*dt65_dt62[64*i + j] + 2*grad_t64[i]*t62[64*i + j];
+            t76[64*i + j] = -1.0/64.0*grad_t65[64*i + j]*dt65_dt62[64*i + j] - 1.0/32.0*grad_t64[i]*t62[64*i + j];
         }
     }
 
@@ -1144,9 +1134,8 @@ static void transformer_lm_run_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t55[64*i + j]*t48[64*i + j];
-            grad_t54[64*i + j] = x0;
-            t77[64*i + j] = dt54_dt53[64*i + j]*x0;
+            grad_t54[64*i + j] = grad_t55[64*i + j]*t48[64*i + j];
+            t77[64*i + j] = grad_t55[64*i + j]*t48[64*i + j]*dt54_dt53[64*i + j];
             grad_t48[64*i + j] = grad_t55[64*i + j]*t54[64*i + j];
         }
     }
@@ -1164,10 +1153,8 @@ static void transformer_lm_run_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t54[64*i + j]*dt54_dt51[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t53[i]*t51[64*i + j];
-            grad_t51[64*i + j] = x0 + 2*x1;
-            t78[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            grad_t51[64*i + j] = grad_t54[64*i + j]*dt54_dt51[64*i + j] + 2*grad_t53[i]*t51[64*i + j];
+            t78[64*i + j] = -1.0/64.0*grad_t54[64*i + j]*dt54_dt51[64*i + j] - 1.0/32.0*grad_t53[i]*t51[64*i + j];
         }
     }
 
@@ -1184,9 +1171,8 @@ static void transformer_lm_run_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t50[i] + grad_t51[64*i + j];
-            grad_t49[64*i + j] = x0;
-            grad_t47[64*i + j] = grad_t60[64*i + j] + x0;
+            grad_t49[64*i + j] = grad_t50[i] + grad_t51[64*i + j];
+            grad_t47[64*i + j] = grad_t50[i] + grad_t51[64*i + j] + grad_t60[64*i + j];
         }
     }
 
@@ -1342,10 +1328,9 @@ static void transformer_lm_run_part4(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = grad_t39_part[64*i + j] + grad_t39_part_1[64*i + j] + grad_t39_part_2[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]*x0;
             grad_t39[64*i + j] = x0;
-            grad_t38[64*i + j] = x1;
-            t82[64*i + j] = dt38_dt37[64*i + j]*x1;
+            grad_t38[64*i + j] = t19[64*i + j]*x0;
+            t82[64*i + j] = t19[64*i + j]*dt38_dt37[64*i + j]*x0;
             grad_t19[64*i + j] = t38[64*i + j]*x0;
         }
     }
@@ -1363,10 +1348,8 @@ static void transformer_lm_run_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t38[64*i + j]*dt38_dt35[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t37[i]*t35[64*i + j];
-            grad_t35[64*i + j] = x0 + 2*x1;
-            t83[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            grad_t35[64*i + j] = grad_t38[64*i + j]*dt38_dt35[64*i + j] + 2*grad_t37[i]*t35[64*i + j];
+            t83[64*i + j] = -1.0/64.0*grad_t38[64*i + j]*dt38_dt35[64*i + j] - 1.0/32.0*grad_t37[i]*t35[64*i + j];
         }
     }
 
@@ -1383,9 +1366,8 @@ static void transformer_lm_run_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t34[i] + grad_t35[64*i + j];
-            grad_t33[64*i + j] = x0;
-            grad_t32[64*i + j] = grad_t60[64*i + j] + grad_t49[64*i + j] + x0;
+            grad_t33[64*i + j] = grad_t34[i] + grad_t35[64*i + j];
+            grad_t32[64*i + j] = grad_t34[i] + grad_t35[64*i + j] + grad_t60[64*i + j] + grad_t49[64*i + j];
         }
     }
 
@@ -1478,9 +1460,8 @@ static void transformer_lm_run_part5(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t27[64*i + j]*t20[64*i + j];
-            grad_t26[64*i + j] = x0;
-            t84[64*i + j] = dt26_dt25[64*i + j]*x0;
+            grad_t26[64*i + j] = grad_t27[64*i + j]*t20[64*i + j];
+            t84[64*i + j] = grad_t27[64*i + j]*t20[64*i + j]*dt26_dt25[64*i + j];
             grad_t20[64*i + j] = grad_t27[64*i + j]*t26[64*i + j];
         }
     }
@@ -1498,10 +1479,8 @@ static void transformer_lm_run_part5(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t26[64*i + j]*dt26_dt23[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t25[i]*t23[64*i + j];
-            grad_t23[64*i + j] = x0 + 2*x1;
-            t85[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            grad_t23[64*i + j] = grad_t26[64*i + j]*dt26_dt23[64*i + j] + 2*grad_t25[i]*t23[64*i + j];
+            t85[64*i + j] = -1.0/64.0*grad_t26[64*i + j]*dt26_dt23[64*i + j] - 1.0/32.0*grad_t25[i]*t23[64*i + j];
         }
     }
 
@@ -1518,9 +1497,8 @@ static void transformer_lm_run_part5(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t22[i] + grad_t23[64*i + j];
-            grad_t21[64*i + j] = x0;
-            grad_t18[64*i + j] = grad_t60[64*i + j] + grad_t49[64*i + j] + grad_t33[64*i + j] + x0;
+            grad_t21[64*i + j] = grad_t22[i] + grad_t23[64*i + j];
+            grad_t18[64*i + j] = grad_t22[i] + grad_t23[64*i + j] + grad_t60[64*i + j] + grad_t49[64*i + j] + grad_t33[64*i + j];
         }
     }
 
@@ -1676,10 +1654,9 @@ static void transformer_lm_run_part5(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = grad_t10_part[64*i + j] + grad_t10_part_1[64*i + j] + grad_t10_part_2[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = t1[64*i + j]*x0;
             grad_t10[64*i + j] = x0;
-            grad_t9[64*i + j] = x1;
-            t89[64*i + j] = dt9_dt8[64*i + j]*x1;
+            grad_t9[64*i + j] = t1[64*i + j]*x0;
+            t89[64*i + j] = t1[64*i + j]*dt9_dt8[64*i + j]*x0;
             grad_t1[64*i + j] = t9[64*i + j]*x0;
         }
     }
@@ -1697,10 +1674,8 @@ static void transformer_lm_run_part5(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t9[64*i + j]*dt9_dt6[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t8[i]*t6[64*i + j];
-            grad_t6[64*i + j] = x0 + 2*x1;
-            t90[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            grad_t6[64*i + j] = grad_t9[64*i + j]*dt9_dt6[64*i + j] + 2*grad_t8[i]*t6[64*i + j];
+            t90[64*i + j] = -1.0/64.0*grad_t9[64*i + j]*dt9_dt6[64*i + j] - 1.0/32.0*grad_t8[i]*t6[64*i + j];
         }
     }
 
@@ -2483,9 +2458,8 @@ static void transformer_lm_train_step_part1(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t8[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            const TRANSFORMER_LM_REAL x2 = t6[64*i + j]*x1;
-            t9[64*i + j] = x2;
-            t10[64*i + j] = b0a[j] + t1[64*i + j]*x2;
+            t9[64*i + j] = t6[64*i + j]*x1;
+            t10[64*i + j] = t6[64*i + j]*t1[64*i + j]*x1 + b0a[j];
             dt9_dt6[64*i + j] = x1;
             dt9_dt8[64*i + j] = -1.0/128.0*t6[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -2654,9 +2628,8 @@ static void transformer_lm_train_step_part1(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t25[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            const TRANSFORMER_LM_REAL x2 = t23[64*i + j]*x1;
-            t26[64*i + j] = x2;
-            t27[64*i + j] = b0m[j] + t20[64*i + j]*x2;
+            t26[64*i + j] = t23[64*i + j]*x1;
+            t27[64*i + j] = t23[64*i + j]*t20[64*i + j]*x1 + b0m[j];
             dt26_dt23[64*i + j] = x1;
             dt26_dt25[64*i + j] = -1.0/128.0*t23[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -2674,12 +2647,11 @@ static void transformer_lm_train_step_part1(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = c0up[j] + t28[256*i + j];
-            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*x0;
-            const TRANSFORMER_LM_REAL x2 = sqrt(2)*x1;
-            const TRANSFORMER_LM_REAL x3 = erf(x2);
-            t29[256*i + j] = x1*(x3 + 1);
-            t30[256*i + j] = x2*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x3 + 1.0/2.0;
+            const TRANSFORMER_LM_REAL x0 = sqrt(2);
+            const TRANSFORMER_LM_REAL x1 = c0up[j] + t28[256*i + j];
+            const TRANSFORMER_LM_REAL x2 = erf((1.0/2.0)*x0*x1);
+            t29[256*i + j] = (1.0/2.0)*x1*(x2 + 1);
+            t30[256*i + j] = (1.0/2.0)*x0*x1*exp(-1.0/2.0*(x1*x1))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 
@@ -2737,9 +2709,8 @@ static void transformer_lm_train_step_part1(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t37[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            const TRANSFORMER_LM_REAL x2 = t35[64*i + j]*x1;
-            t38[64*i + j] = x2;
-            t39[64*i + j] = b1a[j] + t19[64*i + j]*x2;
+            t38[64*i + j] = t35[64*i + j]*x1;
+            t39[64*i + j] = t35[64*i + j]*t19[64*i + j]*x1 + b1a[j];
             dt38_dt35[64*i + j] = x1;
             dt38_dt37[64*i + j] = -1.0/128.0*t35[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -2931,9 +2902,8 @@ static void transformer_lm_train_step_part2(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t53[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            const TRANSFORMER_LM_REAL x2 = t51[64*i + j]*x1;
-            t54[64*i + j] = x2;
-            t55[64*i + j] = b1m[j] + t48[64*i + j]*x2;
+            t54[64*i + j] = t51[64*i + j]*x1;
+            t55[64*i + j] = t51[64*i + j]*t48[64*i + j]*x1 + b1m[j];
             dt54_dt51[64*i + j] = x1;
             dt54_dt53[64*i + j] = -1.0/128.0*t51[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -2951,12 +2921,11 @@ static void transformer_lm_train_step_part2(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = c1up[j] + t56[256*i + j];
-            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*x0;
-            const TRANSFORMER_LM_REAL x2 = sqrt(2)*x1;
-            const TRANSFORMER_LM_REAL x3 = erf(x2);
-            t57[256*i + j] = x1*(x3 + 1);
-            t58[256*i + j] = x2*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x3 + 1.0/2.0;
+            const TRANSFORMER_LM_REAL x0 = sqrt(2);
+            const TRANSFORMER_LM_REAL x1 = c1up[j] + t56[256*i + j];
+            const TRANSFORMER_LM_REAL x2 = erf((1.0/2.0)*x0*x1);
+            t57[256*i + j] = (1.0/2.0)*x1*(x2 + 1);
+            t58[256*i + j] = (1.0/2.0)*x0*x1*exp(-1.0/2.0*(x1*x1))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 
@@ -3011,9 +2980,8 @@ static void transformer_lm_train_step_part2(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t64[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            const TRANSFORMER_LM_REAL x2 = t62[64*i + j]*x1;
-            t65[64*i + j] = x2;
-            t66[64*i + j] = bf[j] + t0[64*i + j]*x2;
+            t65[64*i + j] = t62[64*i + j]*x1;
+            t66[64*i + j] = t62[64*i + j]*t0[64*i + j]*x1 + bf[j];
             dt65_dt62[64*i + j] = x1;
             dt65_dt64[64*i + j] = -1.0/128.0*t62[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -3274,9 +3242,8 @@ static void transformer_lm_train_step_part3(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t66[64*i + j]*t0[64*i + j];
-            grad_t65[64*i + j] = x0;
-            t75[64*i + j] = dt65_dt64[64*i + j]*x0;
+            grad_t65[64*i + j] = grad_t66[64*i + j]*t0[64*i + j];
+            t75[64*i + j] = grad_t66[64*i + j]*t0[64*i + j]*dt65_dt64[64*i + j];
             grad_t0[64*i + j] = grad_t66[64*i + j]*t65[64*i + j];
         }
     }
@@ -3294,10 +3261,8 @@ static void transformer_lm_train_step_part3(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t65[64*i + j]*dt65_dt62[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t64[i]*t62[64*i + j];
-            grad_t62[64*i + j] = x0 + 2*x1;
-            t76[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            grad_t62[64*i + j] = grad_t65[64*i + j]*dt65_dt62[64*i + j] + 2*grad_t64[i]*t62[64*i + j];
+            t76[64*i + j] = -1.0/64.0*grad_t65[64*i + j]*dt65_dt62[64*i + j] - 1.0/32.0*grad_t64[i]*t62[64*i + j];
         }
     }
 
@@ -3342,9 +3307,8 @@ static void transformer_lm_train_step_part3(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t55[64*i + j]*t48[64*i + j];
-            grad_t54[64*i + j] = x0;
-            t77[64*i + j] = dt54_dt53[64*i + j]*x0;
+            grad_t54[64*i + j] = grad_t55[64*i + j]*t48[64*i + j];
+            t77[64*i + j] = grad_t55[64*i + j]*t48[64*i + j]*dt54_dt53[64*i + j];
             grad_t48[64*i + j] = grad_t55[64*i + j]*t54[64*i + j];
         }
     }
@@ -3362,10 +3326,8 @@ static void transformer_lm_train_step_part3(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t54[64*i + j]*dt54_dt51[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t53[i]*t51[64*i + j];
-            grad_t51[64*i + j] = x0 + 2*x1;
-            t78[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            grad_t51[64*i + j] = grad_t54[64*i + j]*dt54_dt51[64*i + j] + 2*grad_t53[i]*t51[64*i + j];
+            t78[64*i + j] = -1.0/64.0*grad_t54[64*i + j]*dt54_dt51[64*i + j] - 1.0/32.0*grad_t53[i]*t51[64*i + j];
         }
     }
 
@@ -3382,9 +3344,8 @@ static void transformer_lm_train_step_part3(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t50[i] + grad_t51[64*i + j];
-            grad_t49[64*i + j] = x0;
-            grad_t47[64*i + j] = grad_t60[64*i + j] + x0;
+            grad_t49[64*i + j] = grad_t50[i] + grad_t51[64*i + j];
+            grad_t47[64*i + j] = grad_t50[i] + grad_t51[64*i + j] + grad_t60[64*i + j];
         }
     }
 
@@ -3540,10 +3501,9 @@ static void transformer_lm_train_step_part3(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = grad_t39_part[64*i + j] + grad_t39_part_1[64*i + j] + grad_t39_part_2[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]*x0;
             grad_t39[64*i + j] = x0;
-            grad_t38[64*i + j] = x1;
-            t82[64*i + j] = dt38_dt37[64*i + j]*x1;
+            grad_t38[64*i + j] = t19[64*i + j]*x0;
+            t82[64*i + j] = t19[64*i + j]*dt38_dt37[64*i + j]*x0;
             grad_t19[64*i + j] = t38[64*i + j]*x0;
         }
     }
@@ -3561,10 +3521,8 @@ static void transformer_lm_train_step_part3(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t38[64*i + j]*dt38_dt35[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t37[i]*t35[64*i + j];
-            grad_t35[64*i + j] = x0 + 2*x1;
-            t83[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            grad_t35[64*i + j] = grad_t38[64*i + j]*dt38_dt35[64*i + j] + 2*grad_t37[i]*t35[64*i + j];
+            t83[64*i + j] = -1.0/64.0*grad_t38[64*i + j]*dt38_dt35[64*i + j] - 1.0/32.0*grad_t37[i]*t35[64*i + j];
         }
     }
 
@@ -3581,9 +3539,8 @@ static void transformer_lm_train_step_part3(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t34[i] + grad_t35[64*i + j];
-            grad_t33[64*i + j] = x0;
-            grad_t32[64*i + j] = grad_t60[64*i + j] + grad_t49[64*i + j] + x0;
+            grad_t33[64*i + j] = grad_t34[i] + grad_t35[64*i + j];
+            grad_t32[64*i + j] = grad_t34[i] + grad_t35[64*i + j] + grad_t60[64*i + j] + grad_t49[64*i + j];
         }
     }
 
@@ -3669,9 +3626,8 @@ static void transformer_lm_train_step_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t27[64*i + j]*t20[64*i + j];
-            grad_t26[64*i + j] = x0;
-            t84[64*i + j] = dt26_dt25[64*i + j]*x0;
+            grad_t26[64*i + j] = grad_t27[64*i + j]*t20[64*i + j];
+            t84[64*i + j] = grad_t27[64*i + j]*t20[64*i + j]*dt26_dt25[64*i + j];
             grad_t20[64*i + j] = grad_t27[64*i + j]*t26[64*i + j];
         }
     }
@@ -3689,10 +3645,8 @@ static void transformer_lm_train_step_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t26[64*i + j]*dt26_dt23[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t25[i]*t23[64*i + j];
-            grad_t23[64*i + j] = x0 + 2*x1;
-            t85[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            grad_t23[64*i + j] = grad_t26[64*i + j]*dt26_dt23[64*i + j] + 2*grad_t25[i]*t23[64*i + j];
+            t85[64*i + j] = -1.0/64.0*grad_t26[64*i + j]*dt26_dt23[64*i + j] - 1.0/32.0*grad_t25[i]*t23[64*i + j];
         }
     }
 
@@ -3709,9 +3663,8 @@ static void transformer_lm_train_step_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t22[i] + grad_t23[64*i + j];
-            grad_t21[64*i + j] = x0;
-            grad_t18[64*i + j] = grad_t60[64*i + j] + grad_t49[64*i + j] + grad_t33[64*i + j] + x0;
+            grad_t21[64*i + j] = grad_t22[i] + grad_t23[64*i + j];
+            grad_t18[64*i + j] = grad_t22[i] + grad_t23[64*i + j] + grad_t60[64*i + j] + grad_t49[64*i + j] + grad_t33[64*i + j];
         }
     }
 
@@ -3867,10 +3820,9 @@ static void transformer_lm_train_step_part4(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = grad_t10_part[64*i + j] + grad_t10_part_1[64*i + j] + grad_t10_part_2[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = t1[64*i + j]*x0;
             grad_t10[64*i + j] = x0;
-            grad_t9[64*i + j] = x1;
-            t89[64*i + j] = dt9_dt8[64*i + j]*x1;
+            grad_t9[64*i + j] = t1[64*i + j]*x0;
+            t89[64*i + j] = t1[64*i + j]*dt9_dt8[64*i + j]*x0;
             grad_t1[64*i + j] = t9[64*i + j]*x0;
         }
     }
@@ -3888,10 +3840,8 @@ static void transformer_lm_train_step_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t9[64*i + j]*dt9_dt6[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t8[i]*t6[64*i + j];
-            grad_t6[64*i + j] = x0 + 2*x1;
-            t90[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            grad_t6[64*i + j] = grad_t9[64*i + j]*dt9_dt6[64*i + j] + 2*grad_t8[i]*t6[64*i + j];
+            t90[64*i + j] = -1.0/64.0*grad_t9[64*i + j]*dt9_dt6[64*i + j] - 1.0/32.0*grad_t8[i]*t6[64*i + j];
         }
     }
 
