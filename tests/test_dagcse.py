@@ -68,7 +68,7 @@ def test_lets_are_named_where_read_and_copies_substituted():
 def test_a_deeply_shared_dag_is_walked_once_per_node():
     # as a tree this has 2**300 paths: a walk per path would not finish
     e = x
-    for k in range(300):
+    for _ in range(300):
         e = sp.sin(e) * e + y
     temps, reduced = dag_cse([e, e * z])
     assert 300 <= len(temps) <= 1200
