@@ -45,6 +45,20 @@ def test_values_are_unchanged_and_shared_terms_computed_once():
         assert _uses(symbol, temps, reduced) >= 2
 
 
+def test_products_and_sums_share_their_common_parts():
+    exprs = [2 * x * y * w, 3 * x * y * z, x * y * z * w, 1 + sp.sin(x) + sp.cos(y), sp.sin(x) + sp.cos(y) + z]
+    temps, reduced = dag_cse(exprs)
+    expanded: dict = {}
+    for symbol, value in temps:
+        expanded[symbol] = value.xreplace(expanded)
+    assert any(v.is_Mul and {x, y} <= v.free_symbols for v in expanded.values())  # x*y (or w*x*y) once
+    assert sp.sin(x) + sp.cos(y) in expanded.values()
+    point = {x: 0.3, y: -1.2, z: 0.7, w: 2.5}
+    got = _evaluate(temps, reduced, point)
+    want = [float(e.xreplace(point)) for e in exprs]
+    assert all(abs(a - b) <= 1e-12 for a, b in zip(got, want))
+
+
 def test_temporaries_come_after_what_they_read():
     temps, _ = dag_cse([sp.sin(x + y) * sp.cos(x + y), sp.sin(x + y) + sp.cos(x + y)])
     defined = set()

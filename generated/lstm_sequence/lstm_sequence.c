@@ -809,12 +809,14 @@ static void lstm_sequence_run_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = 1 - (t115[8*i + j]*t115[8*i + j]);
-            g0[8*i + j] = grad_t116[8*i + j]*t105[8*i + j]*x0;
-            g1[8*i + j] = grad_t116[8*i + j]*t105[8*i + j]*t111[8*i + j]*t108[8*i + j]*x0*(1 - t108[8*i + j]);
-            g2[8*i + j] = grad_t116[8*i + j]*t105[8*i + j]*t100[8*i + j]*t114[8*i + j]*x0*(1 - t114[8*i + j]);
-            g3[8*i + j] = grad_t116[8*i + j]*t105[8*i + j]*t108[8*i + j]*x0*(1 - (t111[8*i + j]*t111[8*i + j]));
-            g4[8*i + j] = grad_t116[8*i + j]*t105[8*i + j]*t115[8*i + j]*(1 - t105[8*i + j]);
+            const LSTM_SEQUENCE_REAL x0 = grad_t116[8*i + j]*t105[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = x0*(1 - (t115[8*i + j]*t115[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t108[8*i + j]*x1;
+            g0[8*i + j] = x1;
+            g1[8*i + j] = t111[8*i + j]*x2*(1 - t108[8*i + j]);
+            g2[8*i + j] = t100[8*i + j]*t114[8*i + j]*x1*(1 - t114[8*i + j]);
+            g3[8*i + j] = x2*(1 - (t111[8*i + j]*t111[8*i + j]));
+            g4[8*i + j] = t115[8*i + j]*x0*(1 - t105[8*i + j]);
         }
     }
 }
@@ -918,13 +920,14 @@ static void lstm_sequence_run_part5(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_t102_part[8*i + j] + grad_t102_part_1[8*i + j] + grad_t102_part_2[8*i + j] + grad_t102_part_3[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = g0[8*i + j]*t114[8*i + j] + t90[8*i + j]*x0*(1 - (t101[8*i + j]*t101[8*i + j]));
+            const LSTM_SEQUENCE_REAL x0 = t90[8*i + j]*(grad_t102_part[8*i + j] + grad_t102_part_1[8*i + j] + grad_t102_part_2[8*i + j] + grad_t102_part_3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x1 = g0[8*i + j]*t114[8*i + j] + x0*(1 - (t101[8*i + j]*t101[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t93[8*i + j]*x1;
             grad_t100[8*i + j] = x1;
-            g5[8*i + j] = t96[8*i + j]*t93[8*i + j]*x1*(1 - t93[8*i + j]);
+            g5[8*i + j] = t96[8*i + j]*x2*(1 - t93[8*i + j]);
             g6[8*i + j] = t85[8*i + j]*t99[8*i + j]*x1*(1 - t99[8*i + j]);
-            g7[8*i + j] = t93[8*i + j]*x1*(1 - (t96[8*i + j]*t96[8*i + j]));
-            g8[8*i + j] = t90[8*i + j]*t101[8*i + j]*x0*(1 - t90[8*i + j]);
+            g7[8*i + j] = x2*(1 - (t96[8*i + j]*t96[8*i + j]));
+            g8[8*i + j] = t101[8*i + j]*x0*(1 - t90[8*i + j]);
         }
     }
 
@@ -966,13 +969,14 @@ static void lstm_sequence_run_part5(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_t87_part[8*i + j] + grad_t87_part_1[8*i + j] + grad_t87_part_2[8*i + j] + grad_t87_part_3[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = grad_t100[8*i + j]*t99[8*i + j] + t75[8*i + j]*x0*(1 - (t86[8*i + j]*t86[8*i + j]));
+            const LSTM_SEQUENCE_REAL x0 = t75[8*i + j]*(grad_t87_part[8*i + j] + grad_t87_part_1[8*i + j] + grad_t87_part_2[8*i + j] + grad_t87_part_3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x1 = grad_t100[8*i + j]*t99[8*i + j] + x0*(1 - (t86[8*i + j]*t86[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t78[8*i + j]*x1;
             grad_t85[8*i + j] = x1;
-            g9[8*i + j] = t81[8*i + j]*t78[8*i + j]*x1*(1 - t78[8*i + j]);
+            g9[8*i + j] = t81[8*i + j]*x2*(1 - t78[8*i + j]);
             g10[8*i + j] = t70[8*i + j]*t84[8*i + j]*x1*(1 - t84[8*i + j]);
-            g11[8*i + j] = t78[8*i + j]*x1*(1 - (t81[8*i + j]*t81[8*i + j]));
-            g12[8*i + j] = t75[8*i + j]*t86[8*i + j]*x0*(1 - t75[8*i + j]);
+            g11[8*i + j] = x2*(1 - (t81[8*i + j]*t81[8*i + j]));
+            g12[8*i + j] = t86[8*i + j]*x0*(1 - t75[8*i + j]);
         }
     }
 
@@ -1014,13 +1018,14 @@ static void lstm_sequence_run_part5(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_t72_part[8*i + j] + grad_t72_part_1[8*i + j] + grad_t72_part_2[8*i + j] + grad_t72_part_3[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = grad_t85[8*i + j]*t84[8*i + j] + t60[8*i + j]*x0*(1 - (t71[8*i + j]*t71[8*i + j]));
+            const LSTM_SEQUENCE_REAL x0 = t60[8*i + j]*(grad_t72_part[8*i + j] + grad_t72_part_1[8*i + j] + grad_t72_part_2[8*i + j] + grad_t72_part_3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x1 = grad_t85[8*i + j]*t84[8*i + j] + x0*(1 - (t71[8*i + j]*t71[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t63[8*i + j]*x1;
             grad_t70[8*i + j] = x1;
-            g13[8*i + j] = t66[8*i + j]*t63[8*i + j]*x1*(1 - t63[8*i + j]);
+            g13[8*i + j] = t66[8*i + j]*x2*(1 - t63[8*i + j]);
             g14[8*i + j] = t55[8*i + j]*t69[8*i + j]*x1*(1 - t69[8*i + j]);
-            g15[8*i + j] = t63[8*i + j]*x1*(1 - (t66[8*i + j]*t66[8*i + j]));
-            g16[8*i + j] = t60[8*i + j]*t71[8*i + j]*x0*(1 - t60[8*i + j]);
+            g15[8*i + j] = x2*(1 - (t66[8*i + j]*t66[8*i + j]));
+            g16[8*i + j] = t71[8*i + j]*x0*(1 - t60[8*i + j]);
         }
     }
 
@@ -1062,13 +1067,14 @@ static void lstm_sequence_run_part5(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_t57_part[8*i + j] + grad_t57_part_1[8*i + j] + grad_t57_part_2[8*i + j] + grad_t57_part_3[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = grad_t70[8*i + j]*t69[8*i + j] + t45[8*i + j]*x0*(1 - (t56[8*i + j]*t56[8*i + j]));
+            const LSTM_SEQUENCE_REAL x0 = t45[8*i + j]*(grad_t57_part[8*i + j] + grad_t57_part_1[8*i + j] + grad_t57_part_2[8*i + j] + grad_t57_part_3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x1 = grad_t70[8*i + j]*t69[8*i + j] + x0*(1 - (t56[8*i + j]*t56[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t48[8*i + j]*x1;
             grad_t55[8*i + j] = x1;
-            g17[8*i + j] = t51[8*i + j]*t48[8*i + j]*x1*(1 - t48[8*i + j]);
+            g17[8*i + j] = t51[8*i + j]*x2*(1 - t48[8*i + j]);
             g18[8*i + j] = t40[8*i + j]*t54[8*i + j]*x1*(1 - t54[8*i + j]);
-            g19[8*i + j] = t48[8*i + j]*x1*(1 - (t51[8*i + j]*t51[8*i + j]));
-            g20[8*i + j] = t45[8*i + j]*t56[8*i + j]*x0*(1 - t45[8*i + j]);
+            g19[8*i + j] = x2*(1 - (t51[8*i + j]*t51[8*i + j]));
+            g20[8*i + j] = t56[8*i + j]*x0*(1 - t45[8*i + j]);
         }
     }
 
@@ -1110,13 +1116,14 @@ static void lstm_sequence_run_part5(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_t42_part[8*i + j] + grad_t42_part_1[8*i + j] + grad_t42_part_2[8*i + j] + grad_t42_part_3[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = grad_t55[8*i + j]*t54[8*i + j] + t30[8*i + j]*x0*(1 - (t41[8*i + j]*t41[8*i + j]));
+            const LSTM_SEQUENCE_REAL x0 = t30[8*i + j]*(grad_t42_part[8*i + j] + grad_t42_part_1[8*i + j] + grad_t42_part_2[8*i + j] + grad_t42_part_3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x1 = grad_t55[8*i + j]*t54[8*i + j] + x0*(1 - (t41[8*i + j]*t41[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t33[8*i + j]*x1;
             grad_t40[8*i + j] = x1;
-            g21[8*i + j] = t36[8*i + j]*t33[8*i + j]*x1*(1 - t33[8*i + j]);
+            g21[8*i + j] = t36[8*i + j]*x2*(1 - t33[8*i + j]);
             g22[8*i + j] = t25[8*i + j]*t39[8*i + j]*x1*(1 - t39[8*i + j]);
-            g23[8*i + j] = t33[8*i + j]*x1*(1 - (t36[8*i + j]*t36[8*i + j]));
-            g24[8*i + j] = t30[8*i + j]*t41[8*i + j]*x0*(1 - t30[8*i + j]);
+            g23[8*i + j] = x2*(1 - (t36[8*i + j]*t36[8*i + j]));
+            g24[8*i + j] = t41[8*i + j]*x0*(1 - t30[8*i + j]);
         }
     }
 
@@ -1247,15 +1254,16 @@ static void lstm_sequence_run_part6(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_t27_part[8*i + j] + grad_t27_part_1[8*i + j] + grad_t27_part_2[8*i + j] + grad_t27_part_3[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = grad_t40[8*i + j]*t39[8*i + j] + t14[8*i + j]*x0*(1 - (t26[8*i + j]*t26[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t9[8*i + j]*t24[8*i + j]*x1*(1 - t24[8*i + j]);
+            const LSTM_SEQUENCE_REAL x0 = t14[8*i + j]*(grad_t27_part[8*i + j] + grad_t27_part_1[8*i + j] + grad_t27_part_2[8*i + j] + grad_t27_part_3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x1 = grad_t40[8*i + j]*t39[8*i + j] + x0*(1 - (t26[8*i + j]*t26[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t17[8*i + j]*x1;
+            const LSTM_SEQUENCE_REAL x3 = t9[8*i + j]*t24[8*i + j]*x1*(1 - t24[8*i + j]);
             grad_t25[8*i + j] = x1;
-            g25[8*i + j] = t20[8*i + j]*t17[8*i + j]*x1*(1 - t17[8*i + j]);
-            g26[8*i + j] = x2;
-            g27[8*i + j] = t17[8*i + j]*x1*(1 - (t20[8*i + j]*t20[8*i + j]));
-            g28[8*i + j] = t14[8*i + j]*t26[8*i + j]*x0*(1 - t14[8*i + j]);
-            grad_t23[8*i + j] = g2[8*i + j] + g6[8*i + j] + g10[8*i + j] + g14[8*i + j] + g18[8*i + j] + g22[8*i + j] + x2;
+            g25[8*i + j] = t20[8*i + j]*x2*(1 - t17[8*i + j]);
+            g26[8*i + j] = x3;
+            g27[8*i + j] = x2*(1 - (t20[8*i + j]*t20[8*i + j]));
+            g28[8*i + j] = t26[8*i + j]*x0*(1 - t14[8*i + j]);
+            grad_t23[8*i + j] = g2[8*i + j] + g6[8*i + j] + g10[8*i + j] + g14[8*i + j] + g18[8*i + j] + g22[8*i + j] + x3;
         }
     }
 
@@ -1300,11 +1308,11 @@ static void lstm_sequence_run_part6(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_t11_part[8*i + j] + grad_t11_part_1[8*i + j] + grad_t11_part_2[8*i + j] + grad_t11_part_3[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = grad_t25[8*i + j]*t24[8*i + j] + t2[8*i + j]*x0*(1 - (t10[8*i + j]*t10[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t8[8*i + j]*t5[8*i + j]*x1*(1 - t5[8*i + j]);
-            const LSTM_SEQUENCE_REAL x3 = t5[8*i + j]*x1*(1 - (t8[8*i + j]*t8[8*i + j]));
-            const LSTM_SEQUENCE_REAL x4 = t2[8*i + j]*t10[8*i + j]*x0*(1 - t2[8*i + j]);
+            const LSTM_SEQUENCE_REAL x0 = t2[8*i + j]*(grad_t11_part[8*i + j] + grad_t11_part_1[8*i + j] + grad_t11_part_2[8*i + j] + grad_t11_part_3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x1 = t5[8*i + j]*(grad_t25[8*i + j]*t24[8*i + j] + x0*(1 - (t10[8*i + j]*t10[8*i + j])));
+            const LSTM_SEQUENCE_REAL x2 = t8[8*i + j]*x1*(1 - t5[8*i + j]);
+            const LSTM_SEQUENCE_REAL x3 = x1*(1 - (t8[8*i + j]*t8[8*i + j]));
+            const LSTM_SEQUENCE_REAL x4 = t10[8*i + j]*x0*(1 - t2[8*i + j]);
             g29[8*i + j] = x2;
             g30[8*i + j] = x3;
             g31[8*i + j] = x4;

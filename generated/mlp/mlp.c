@@ -69,8 +69,9 @@ static int mlp_run(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            Y[2*i + j] = b2[j] + t2[2*i + j];
-            t3[2*i + j] = pow(b2[j] + t2[2*i + j] - T[2*i + j], 2);
+            const MLP_REAL x0 = b2[j] + t2[2*i + j];
+            Y[2*i + j] = x0;
+            t3[2*i + j] = pow(-T[2*i + j] + x0, 2);
             g0[2*i + j] = (1.0/2.0)*(2*b2[j] + 2*t2[2*i + j] - 2*T[2*i + j])/((MLP_REAL)n);
         }
     }

@@ -424,9 +424,11 @@ static void pinn_poisson_value_and_grad_part1(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t28[16*i + j] = t18[16*i + j]*t8[16*i + j];
-            t29[16*i + j] = t18[16*i + j]*t8[16*i + j]*t26[16*i + j];
-            t19[16*i + j] = t18[16*i + j]*t8[16*i + j]*t26[16*i + j]*t15[16*i + j];
+            const PINN_POISSON_REAL x0 = t18[16*i + j]*t8[16*i + j];
+            const PINN_POISSON_REAL x1 = t26[16*i + j]*x0;
+            t28[16*i + j] = x0;
+            t29[16*i + j] = x1;
+            t19[16*i + j] = t15[16*i + j]*x1;
         }
     }
 
@@ -457,10 +459,9 @@ static void pinn_poisson_value_and_grad_part1(
     PINN_POISSON_REAL *g1 = t22 + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        const PINN_POISSON_REAL x0 = pow(3.1415926535897932, 2);
-        const PINN_POISSON_REAL x1 = sin(3.1415926535897932*x[i]);
-        t22[i] = pow(d2u[i] + x0*x1, 2);
-        g1[i] = (2*d2u[i] + 2*x0*x1)/((PINN_POISSON_REAL)n);
+        const PINN_POISSON_REAL x0 = pow(3.1415926535897932, 2)*sin(3.1415926535897932*x[i]);
+        t22[i] = pow(d2u[i] + x0, 2);
+        g1[i] = (2*d2u[i] + 2*x0)/((PINN_POISSON_REAL)n);
     }
 
     /* t23 = sum of t22 down each column */
@@ -489,9 +490,11 @@ static void pinn_poisson_value_and_grad_part1(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            grad_t30[16*i + j] = grad_t21[16*i + j]*t11[16*i + j];
-            grad_t27[16*i + j] = grad_t21[16*i + j]*t11[16*i + j]*t25[16*i + j];
-            grad_t17[16*i + j] = grad_t21[16*i + j]*t11[16*i + j]*t25[16*i + j]*t7[16*i + j];
+            const PINN_POISSON_REAL x0 = grad_t21[16*i + j]*t11[16*i + j];
+            const PINN_POISSON_REAL x1 = t25[16*i + j]*x0;
+            grad_t30[16*i + j] = x0;
+            grad_t27[16*i + j] = x1;
+            grad_t17[16*i + j] = t7[16*i + j]*x1;
         }
     }
 
@@ -508,9 +511,11 @@ static void pinn_poisson_value_and_grad_part1(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            grad_t29[16*i + j] = grad_t19[16*i + j]*t15[16*i + j];
-            grad_t28[16*i + j] = grad_t19[16*i + j]*t15[16*i + j]*t26[16*i + j];
-            grad_t18[16*i + j] = grad_t19[16*i + j]*t15[16*i + j]*t26[16*i + j]*t8[16*i + j];
+            const PINN_POISSON_REAL x0 = grad_t19[16*i + j]*t15[16*i + j];
+            const PINN_POISSON_REAL x1 = t26[16*i + j]*x0;
+            grad_t29[16*i + j] = x0;
+            grad_t28[16*i + j] = x1;
+            grad_t18[16*i + j] = t8[16*i + j]*x1;
         }
     }
 

@@ -74,13 +74,14 @@ static int polynomial_fit_run(
                     const POLYNOMIAL_FIT_REAL x10 = points[2*i]*x9;
                     const POLYNOMIAL_FIT_REAL x11 = points[2*i]*x1 - points[2*i + 1] + x0 + x2*x7 + x3*x8 + x4*x9 + x5*x10;
                     const POLYNOMIAL_FIT_REAL x12 = 2*x11;
+                    const POLYNOMIAL_FIT_REAL x13 = x6*x12;
                     squared_error[i] = (x11*x11);
-                    acc0[l] += x12*x6;
-                    acc1[l] += points[2*i]*x12*x6;
-                    acc2[l] += x7*x12*x6;
-                    acc3[l] += x8*x12*x6;
-                    acc4[l] += x9*x12*x6;
-                    acc5[l] += x10*x12*x6;
+                    acc0[l] += x13;
+                    acc1[l] += points[2*i]*x13;
+                    acc2[l] += x7*x13;
+                    acc3[l] += x8*x13;
+                    acc4[l] += x9*x13;
+                    acc5[l] += x10*x13;
                 }
             }
             for (int64_t l = 1; l < 8; ++l) {
@@ -98,13 +99,14 @@ static int polynomial_fit_run(
                 const POLYNOMIAL_FIT_REAL x10 = points[2*i]*x9;
                 const POLYNOMIAL_FIT_REAL x11 = points[2*i]*x1 - points[2*i + 1] + x0 + x2*x7 + x3*x8 + x4*x9 + x5*x10;
                 const POLYNOMIAL_FIT_REAL x12 = 2*x11;
+                const POLYNOMIAL_FIT_REAL x13 = x6*x12;
                 squared_error[i] = (x11*x11);
-                acc0[0] += x12*x6;
-                acc1[0] += points[2*i]*x12*x6;
-                acc2[0] += x7*x12*x6;
-                acc3[0] += x8*x12*x6;
-                acc4[0] += x9*x12*x6;
-                acc5[0] += x10*x12*x6;
+                acc0[0] += x13;
+                acc1[0] += points[2*i]*x13;
+                acc2[0] += x7*x13;
+                acc3[0] += x8*x13;
+                acc4[0] += x9*x13;
+                acc5[0] += x10*x13;
             }
             grad_coeffs[0] += acc0[0];
             grad_coeffs[1] += acc1[0];

@@ -261,8 +261,9 @@ static void transformer_lm_run_part1(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t8[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            t9[64*i + j] = t6[64*i + j]*x1;
-            t10[64*i + j] = t6[64*i + j]*t1[64*i + j]*x1 + b0a[j];
+            const TRANSFORMER_LM_REAL x2 = t6[64*i + j]*x1;
+            t9[64*i + j] = x2;
+            t10[64*i + j] = b0a[j] + t1[64*i + j]*x2;
             dt9_dt6[64*i + j] = x1;
             dt9_dt8[64*i + j] = -1.0/128.0*t6[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -431,8 +432,9 @@ static void transformer_lm_run_part1(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t25[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            t26[64*i + j] = t23[64*i + j]*x1;
-            t27[64*i + j] = t23[64*i + j]*t20[64*i + j]*x1 + b0m[j];
+            const TRANSFORMER_LM_REAL x2 = t23[64*i + j]*x1;
+            t26[64*i + j] = x2;
+            t27[64*i + j] = b0m[j] + t20[64*i + j]*x2;
             dt26_dt23[64*i + j] = x1;
             dt26_dt25[64*i + j] = -1.0/128.0*t23[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -450,11 +452,11 @@ static void transformer_lm_run_part1(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = sqrt(2);
-            const TRANSFORMER_LM_REAL x1 = c0up[j] + t28[256*i + j];
-            const TRANSFORMER_LM_REAL x2 = erf((1.0/2.0)*x0*x1);
-            t29[256*i + j] = (1.0/2.0)*x1*(x2 + 1);
-            t30[256*i + j] = (1.0/2.0)*x0*x1*exp(-1.0/2.0*(x1*x1))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
+            const TRANSFORMER_LM_REAL x0 = c0up[j] + t28[256*i + j];
+            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
+            const TRANSFORMER_LM_REAL x2 = erf(x1);
+            t29[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            t30[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 
@@ -512,8 +514,9 @@ static void transformer_lm_run_part1(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t37[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            t38[64*i + j] = t35[64*i + j]*x1;
-            t39[64*i + j] = t35[64*i + j]*t19[64*i + j]*x1 + b1a[j];
+            const TRANSFORMER_LM_REAL x2 = t35[64*i + j]*x1;
+            t38[64*i + j] = x2;
+            t39[64*i + j] = b1a[j] + t19[64*i + j]*x2;
             dt38_dt35[64*i + j] = x1;
             dt38_dt37[64*i + j] = -1.0/128.0*t35[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -712,8 +715,9 @@ static void transformer_lm_run_part2(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t53[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            t54[64*i + j] = t51[64*i + j]*x1;
-            t55[64*i + j] = t51[64*i + j]*t48[64*i + j]*x1 + b1m[j];
+            const TRANSFORMER_LM_REAL x2 = t51[64*i + j]*x1;
+            t54[64*i + j] = x2;
+            t55[64*i + j] = b1m[j] + t48[64*i + j]*x2;
             dt54_dt51[64*i + j] = x1;
             dt54_dt53[64*i + j] = -1.0/128.0*t51[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -731,11 +735,11 @@ static void transformer_lm_run_part2(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = sqrt(2);
-            const TRANSFORMER_LM_REAL x1 = c1up[j] + t56[256*i + j];
-            const TRANSFORMER_LM_REAL x2 = erf((1.0/2.0)*x0*x1);
-            t57[256*i + j] = (1.0/2.0)*x1*(x2 + 1);
-            t58[256*i + j] = (1.0/2.0)*x0*x1*exp(-1.0/2.0*(x1*x1))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
+            const TRANSFORMER_LM_REAL x0 = c1up[j] + t56[256*i + j];
+            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
+            const TRANSFORMER_LM_REAL x2 = erf(x1);
+            t57[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            t58[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 
@@ -790,8 +794,9 @@ static void transformer_lm_run_part2(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t64[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            t65[64*i + j] = t62[64*i + j]*x1;
-            t66[64*i + j] = t62[64*i + j]*t0[64*i + j]*x1 + bf[j];
+            const TRANSFORMER_LM_REAL x2 = t62[64*i + j]*x1;
+            t65[64*i + j] = x2;
+            t66[64*i + j] = bf[j] + t0[64*i + j]*x2;
             dt65_dt62[64*i + j] = x1;
             dt65_dt64[64*i + j] = -1.0/128.0*t62[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -1069,8 +1074,9 @@ static void transformer_lm_run_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t65[64*i + j] = grad_t66[64*i + j]*t0[64*i + j];
-            t75[64*i + j] = grad_t66[64*i + j]*t0[64*i + j]*dt65_dt64[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t66[64*i + j]*t0[64*i + j];
+            grad_t65[64*i + j] = x0;
+            t75[64*i + j] = dt65_dt64[64*i + j]*x0;
             grad_t0[64*i + j] = grad_t66[64*i + j]*t65[64*i + j];
         }
     }
@@ -1088,8 +1094,10 @@ static void transformer_lm_run_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t62[64*i + j] = grad_t65[64*i + j]*dt65_dt62[64*i + j] + 2*grad_t64[i]*t62[64*i + j];
-            t76[64*i + j] = -1.0/64.0*grad_t65[64*i + j]*dt65_dt62[64*i + j] - 1.0/32.0*grad_t64[i]*t62[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t65[64*i + j]*dt65_dt62[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = grad_t64[i]*t62[64*i + j];
+            grad_t62[64*i + j] = x0 + 2*x1;
+            t76[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
@@ -1134,8 +1142,9 @@ static void transformer_lm_run_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t54[64*i + j] = grad_t55[64*i + j]*t48[64*i + j];
-            t77[64*i + j] = grad_t55[64*i + j]*t48[64*i + j]*dt54_dt53[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t55[64*i + j]*t48[64*i + j];
+            grad_t54[64*i + j] = x0;
+            t77[64*i + j] = dt54_dt53[64*i + j]*x0;
             grad_t48[64*i + j] = grad_t55[64*i + j]*t54[64*i + j];
         }
     }
@@ -1153,8 +1162,10 @@ static void transformer_lm_run_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t51[64*i + j] = grad_t54[64*i + j]*dt54_dt51[64*i + j] + 2*grad_t53[i]*t51[64*i + j];
-            t78[64*i + j] = -1.0/64.0*grad_t54[64*i + j]*dt54_dt51[64*i + j] - 1.0/32.0*grad_t53[i]*t51[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t54[64*i + j]*dt54_dt51[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = grad_t53[i]*t51[64*i + j];
+            grad_t51[64*i + j] = x0 + 2*x1;
+            t78[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
@@ -1171,8 +1182,9 @@ static void transformer_lm_run_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t49[64*i + j] = grad_t50[i] + grad_t51[64*i + j];
-            grad_t47[64*i + j] = grad_t50[i] + grad_t51[64*i + j] + grad_t60[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t50[i] + grad_t51[64*i + j];
+            grad_t49[64*i + j] = x0;
+            grad_t47[64*i + j] = grad_t60[64*i + j] + x0;
         }
     }
 
@@ -1328,9 +1340,10 @@ static void transformer_lm_run_part4(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = grad_t39_part[64*i + j] + grad_t39_part_1[64*i + j] + grad_t39_part_2[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]*x0;
             grad_t39[64*i + j] = x0;
-            grad_t38[64*i + j] = t19[64*i + j]*x0;
-            t82[64*i + j] = t19[64*i + j]*dt38_dt37[64*i + j]*x0;
+            grad_t38[64*i + j] = x1;
+            t82[64*i + j] = dt38_dt37[64*i + j]*x1;
             grad_t19[64*i + j] = t38[64*i + j]*x0;
         }
     }
@@ -1348,8 +1361,10 @@ static void transformer_lm_run_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t35[64*i + j] = grad_t38[64*i + j]*dt38_dt35[64*i + j] + 2*grad_t37[i]*t35[64*i + j];
-            t83[64*i + j] = -1.0/64.0*grad_t38[64*i + j]*dt38_dt35[64*i + j] - 1.0/32.0*grad_t37[i]*t35[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t38[64*i + j]*dt38_dt35[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = grad_t37[i]*t35[64*i + j];
+            grad_t35[64*i + j] = x0 + 2*x1;
+            t83[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
@@ -1366,8 +1381,9 @@ static void transformer_lm_run_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t33[64*i + j] = grad_t34[i] + grad_t35[64*i + j];
-            grad_t32[64*i + j] = grad_t34[i] + grad_t35[64*i + j] + grad_t60[64*i + j] + grad_t49[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t34[i] + grad_t35[64*i + j];
+            grad_t33[64*i + j] = x0;
+            grad_t32[64*i + j] = grad_t60[64*i + j] + grad_t49[64*i + j] + x0;
         }
     }
 
@@ -1460,8 +1476,9 @@ static void transformer_lm_run_part5(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t26[64*i + j] = grad_t27[64*i + j]*t20[64*i + j];
-            t84[64*i + j] = grad_t27[64*i + j]*t20[64*i + j]*dt26_dt25[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t27[64*i + j]*t20[64*i + j];
+            grad_t26[64*i + j] = x0;
+            t84[64*i + j] = dt26_dt25[64*i + j]*x0;
             grad_t20[64*i + j] = grad_t27[64*i + j]*t26[64*i + j];
         }
     }
@@ -1479,8 +1496,10 @@ static void transformer_lm_run_part5(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t23[64*i + j] = grad_t26[64*i + j]*dt26_dt23[64*i + j] + 2*grad_t25[i]*t23[64*i + j];
-            t85[64*i + j] = -1.0/64.0*grad_t26[64*i + j]*dt26_dt23[64*i + j] - 1.0/32.0*grad_t25[i]*t23[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t26[64*i + j]*dt26_dt23[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = grad_t25[i]*t23[64*i + j];
+            grad_t23[64*i + j] = x0 + 2*x1;
+            t85[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
@@ -1497,8 +1516,9 @@ static void transformer_lm_run_part5(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t21[64*i + j] = grad_t22[i] + grad_t23[64*i + j];
-            grad_t18[64*i + j] = grad_t22[i] + grad_t23[64*i + j] + grad_t60[64*i + j] + grad_t49[64*i + j] + grad_t33[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t22[i] + grad_t23[64*i + j];
+            grad_t21[64*i + j] = x0;
+            grad_t18[64*i + j] = grad_t60[64*i + j] + grad_t49[64*i + j] + grad_t33[64*i + j] + x0;
         }
     }
 
@@ -1654,9 +1674,10 @@ static void transformer_lm_run_part5(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = grad_t10_part[64*i + j] + grad_t10_part_1[64*i + j] + grad_t10_part_2[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = t1[64*i + j]*x0;
             grad_t10[64*i + j] = x0;
-            grad_t9[64*i + j] = t1[64*i + j]*x0;
-            t89[64*i + j] = t1[64*i + j]*dt9_dt8[64*i + j]*x0;
+            grad_t9[64*i + j] = x1;
+            t89[64*i + j] = dt9_dt8[64*i + j]*x1;
             grad_t1[64*i + j] = t9[64*i + j]*x0;
         }
     }
@@ -1674,8 +1695,10 @@ static void transformer_lm_run_part5(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t6[64*i + j] = grad_t9[64*i + j]*dt9_dt6[64*i + j] + 2*grad_t8[i]*t6[64*i + j];
-            t90[64*i + j] = -1.0/64.0*grad_t9[64*i + j]*dt9_dt6[64*i + j] - 1.0/32.0*grad_t8[i]*t6[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t9[64*i + j]*dt9_dt6[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = grad_t8[i]*t6[64*i + j];
+            grad_t6[64*i + j] = x0 + 2*x1;
+            t90[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
@@ -2458,8 +2481,9 @@ static void transformer_lm_train_step_part1(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t8[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            t9[64*i + j] = t6[64*i + j]*x1;
-            t10[64*i + j] = t6[64*i + j]*t1[64*i + j]*x1 + b0a[j];
+            const TRANSFORMER_LM_REAL x2 = t6[64*i + j]*x1;
+            t9[64*i + j] = x2;
+            t10[64*i + j] = b0a[j] + t1[64*i + j]*x2;
             dt9_dt6[64*i + j] = x1;
             dt9_dt8[64*i + j] = -1.0/128.0*t6[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -2628,8 +2652,9 @@ static void transformer_lm_train_step_part1(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t25[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            t26[64*i + j] = t23[64*i + j]*x1;
-            t27[64*i + j] = t23[64*i + j]*t20[64*i + j]*x1 + b0m[j];
+            const TRANSFORMER_LM_REAL x2 = t23[64*i + j]*x1;
+            t26[64*i + j] = x2;
+            t27[64*i + j] = b0m[j] + t20[64*i + j]*x2;
             dt26_dt23[64*i + j] = x1;
             dt26_dt25[64*i + j] = -1.0/128.0*t23[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -2647,11 +2672,11 @@ static void transformer_lm_train_step_part1(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = sqrt(2);
-            const TRANSFORMER_LM_REAL x1 = c0up[j] + t28[256*i + j];
-            const TRANSFORMER_LM_REAL x2 = erf((1.0/2.0)*x0*x1);
-            t29[256*i + j] = (1.0/2.0)*x1*(x2 + 1);
-            t30[256*i + j] = (1.0/2.0)*x0*x1*exp(-1.0/2.0*(x1*x1))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
+            const TRANSFORMER_LM_REAL x0 = c0up[j] + t28[256*i + j];
+            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
+            const TRANSFORMER_LM_REAL x2 = erf(x1);
+            t29[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            t30[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 
@@ -2709,8 +2734,9 @@ static void transformer_lm_train_step_part1(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t37[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            t38[64*i + j] = t35[64*i + j]*x1;
-            t39[64*i + j] = t35[64*i + j]*t19[64*i + j]*x1 + b1a[j];
+            const TRANSFORMER_LM_REAL x2 = t35[64*i + j]*x1;
+            t38[64*i + j] = x2;
+            t39[64*i + j] = b1a[j] + t19[64*i + j]*x2;
             dt38_dt35[64*i + j] = x1;
             dt38_dt37[64*i + j] = -1.0/128.0*t35[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -2902,8 +2928,9 @@ static void transformer_lm_train_step_part2(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t53[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            t54[64*i + j] = t51[64*i + j]*x1;
-            t55[64*i + j] = t51[64*i + j]*t48[64*i + j]*x1 + b1m[j];
+            const TRANSFORMER_LM_REAL x2 = t51[64*i + j]*x1;
+            t54[64*i + j] = x2;
+            t55[64*i + j] = b1m[j] + t48[64*i + j]*x2;
             dt54_dt51[64*i + j] = x1;
             dt54_dt53[64*i + j] = -1.0/128.0*t51[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -2921,11 +2948,11 @@ static void transformer_lm_train_step_part2(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = sqrt(2);
-            const TRANSFORMER_LM_REAL x1 = c1up[j] + t56[256*i + j];
-            const TRANSFORMER_LM_REAL x2 = erf((1.0/2.0)*x0*x1);
-            t57[256*i + j] = (1.0/2.0)*x1*(x2 + 1);
-            t58[256*i + j] = (1.0/2.0)*x0*x1*exp(-1.0/2.0*(x1*x1))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
+            const TRANSFORMER_LM_REAL x0 = c1up[j] + t56[256*i + j];
+            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
+            const TRANSFORMER_LM_REAL x2 = erf(x1);
+            t57[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            t58[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 
@@ -2980,8 +3007,9 @@ static void transformer_lm_train_step_part2(
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t64[i] + 1.0000000000000001e-5;
             const TRANSFORMER_LM_REAL x1 = pow(x0, -1.0/2.0);
-            t65[64*i + j] = t62[64*i + j]*x1;
-            t66[64*i + j] = t62[64*i + j]*t0[64*i + j]*x1 + bf[j];
+            const TRANSFORMER_LM_REAL x2 = t62[64*i + j]*x1;
+            t65[64*i + j] = x2;
+            t66[64*i + j] = bf[j] + t0[64*i + j]*x2;
             dt65_dt62[64*i + j] = x1;
             dt65_dt64[64*i + j] = -1.0/128.0*t62[64*i + j]/pow(x0, 3.0/2.0);
         }
@@ -3242,8 +3270,9 @@ static void transformer_lm_train_step_part3(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t65[64*i + j] = grad_t66[64*i + j]*t0[64*i + j];
-            t75[64*i + j] = grad_t66[64*i + j]*t0[64*i + j]*dt65_dt64[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t66[64*i + j]*t0[64*i + j];
+            grad_t65[64*i + j] = x0;
+            t75[64*i + j] = dt65_dt64[64*i + j]*x0;
             grad_t0[64*i + j] = grad_t66[64*i + j]*t65[64*i + j];
         }
     }
@@ -3261,8 +3290,10 @@ static void transformer_lm_train_step_part3(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t62[64*i + j] = grad_t65[64*i + j]*dt65_dt62[64*i + j] + 2*grad_t64[i]*t62[64*i + j];
-            t76[64*i + j] = -1.0/64.0*grad_t65[64*i + j]*dt65_dt62[64*i + j] - 1.0/32.0*grad_t64[i]*t62[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t65[64*i + j]*dt65_dt62[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = grad_t64[i]*t62[64*i + j];
+            grad_t62[64*i + j] = x0 + 2*x1;
+            t76[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
@@ -3307,8 +3338,9 @@ static void transformer_lm_train_step_part3(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t54[64*i + j] = grad_t55[64*i + j]*t48[64*i + j];
-            t77[64*i + j] = grad_t55[64*i + j]*t48[64*i + j]*dt54_dt53[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t55[64*i + j]*t48[64*i + j];
+            grad_t54[64*i + j] = x0;
+            t77[64*i + j] = dt54_dt53[64*i + j]*x0;
             grad_t48[64*i + j] = grad_t55[64*i + j]*t54[64*i + j];
         }
     }
@@ -3326,8 +3358,10 @@ static void transformer_lm_train_step_part3(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t51[64*i + j] = grad_t54[64*i + j]*dt54_dt51[64*i + j] + 2*grad_t53[i]*t51[64*i + j];
-            t78[64*i + j] = -1.0/64.0*grad_t54[64*i + j]*dt54_dt51[64*i + j] - 1.0/32.0*grad_t53[i]*t51[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t54[64*i + j]*dt54_dt51[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = grad_t53[i]*t51[64*i + j];
+            grad_t51[64*i + j] = x0 + 2*x1;
+            t78[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
@@ -3344,8 +3378,9 @@ static void transformer_lm_train_step_part3(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t49[64*i + j] = grad_t50[i] + grad_t51[64*i + j];
-            grad_t47[64*i + j] = grad_t50[i] + grad_t51[64*i + j] + grad_t60[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t50[i] + grad_t51[64*i + j];
+            grad_t49[64*i + j] = x0;
+            grad_t47[64*i + j] = grad_t60[64*i + j] + x0;
         }
     }
 
@@ -3501,9 +3536,10 @@ static void transformer_lm_train_step_part3(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = grad_t39_part[64*i + j] + grad_t39_part_1[64*i + j] + grad_t39_part_2[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]*x0;
             grad_t39[64*i + j] = x0;
-            grad_t38[64*i + j] = t19[64*i + j]*x0;
-            t82[64*i + j] = t19[64*i + j]*dt38_dt37[64*i + j]*x0;
+            grad_t38[64*i + j] = x1;
+            t82[64*i + j] = dt38_dt37[64*i + j]*x1;
             grad_t19[64*i + j] = t38[64*i + j]*x0;
         }
     }
@@ -3521,8 +3557,10 @@ static void transformer_lm_train_step_part3(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t35[64*i + j] = grad_t38[64*i + j]*dt38_dt35[64*i + j] + 2*grad_t37[i]*t35[64*i + j];
-            t83[64*i + j] = -1.0/64.0*grad_t38[64*i + j]*dt38_dt35[64*i + j] - 1.0/32.0*grad_t37[i]*t35[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t38[64*i + j]*dt38_dt35[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = grad_t37[i]*t35[64*i + j];
+            grad_t35[64*i + j] = x0 + 2*x1;
+            t83[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
@@ -3539,8 +3577,9 @@ static void transformer_lm_train_step_part3(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t33[64*i + j] = grad_t34[i] + grad_t35[64*i + j];
-            grad_t32[64*i + j] = grad_t34[i] + grad_t35[64*i + j] + grad_t60[64*i + j] + grad_t49[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t34[i] + grad_t35[64*i + j];
+            grad_t33[64*i + j] = x0;
+            grad_t32[64*i + j] = grad_t60[64*i + j] + grad_t49[64*i + j] + x0;
         }
     }
 
@@ -3626,8 +3665,9 @@ static void transformer_lm_train_step_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t26[64*i + j] = grad_t27[64*i + j]*t20[64*i + j];
-            t84[64*i + j] = grad_t27[64*i + j]*t20[64*i + j]*dt26_dt25[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t27[64*i + j]*t20[64*i + j];
+            grad_t26[64*i + j] = x0;
+            t84[64*i + j] = dt26_dt25[64*i + j]*x0;
             grad_t20[64*i + j] = grad_t27[64*i + j]*t26[64*i + j];
         }
     }
@@ -3645,8 +3685,10 @@ static void transformer_lm_train_step_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t23[64*i + j] = grad_t26[64*i + j]*dt26_dt23[64*i + j] + 2*grad_t25[i]*t23[64*i + j];
-            t85[64*i + j] = -1.0/64.0*grad_t26[64*i + j]*dt26_dt23[64*i + j] - 1.0/32.0*grad_t25[i]*t23[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t26[64*i + j]*dt26_dt23[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = grad_t25[i]*t23[64*i + j];
+            grad_t23[64*i + j] = x0 + 2*x1;
+            t85[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
@@ -3663,8 +3705,9 @@ static void transformer_lm_train_step_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t21[64*i + j] = grad_t22[i] + grad_t23[64*i + j];
-            grad_t18[64*i + j] = grad_t22[i] + grad_t23[64*i + j] + grad_t60[64*i + j] + grad_t49[64*i + j] + grad_t33[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t22[i] + grad_t23[64*i + j];
+            grad_t21[64*i + j] = x0;
+            grad_t18[64*i + j] = grad_t60[64*i + j] + grad_t49[64*i + j] + grad_t33[64*i + j] + x0;
         }
     }
 
@@ -3820,9 +3863,10 @@ static void transformer_lm_train_step_part4(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = grad_t10_part[64*i + j] + grad_t10_part_1[64*i + j] + grad_t10_part_2[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = t1[64*i + j]*x0;
             grad_t10[64*i + j] = x0;
-            grad_t9[64*i + j] = t1[64*i + j]*x0;
-            t89[64*i + j] = t1[64*i + j]*dt9_dt8[64*i + j]*x0;
+            grad_t9[64*i + j] = x1;
+            t89[64*i + j] = dt9_dt8[64*i + j]*x1;
             grad_t1[64*i + j] = t9[64*i + j]*x0;
         }
     }
@@ -3840,8 +3884,10 @@ static void transformer_lm_train_step_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t6[64*i + j] = grad_t9[64*i + j]*dt9_dt6[64*i + j] + 2*grad_t8[i]*t6[64*i + j];
-            t90[64*i + j] = -1.0/64.0*grad_t9[64*i + j]*dt9_dt6[64*i + j] - 1.0/32.0*grad_t8[i]*t6[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t9[64*i + j]*dt9_dt6[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = grad_t8[i]*t6[64*i + j];
+            grad_t6[64*i + j] = x0 + 2*x1;
+            t90[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 

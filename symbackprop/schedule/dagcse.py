@@ -9,8 +9,9 @@ subexpression is visited a fixed number of times, and a temporary's users
 are rebuilt without SymPy's flattening (their arguments were canonical
 already; a temporary's symbol only stands in for one of them).
 
-What SymPy's opt_cse did that is kept: a product and its negation
-(-a*b beside a*b) share one temporary, the negation reading it.
+What SymPy's opt_cse did is kept (see _rewritten): a product and its
+negation (-a*b beside a*b) share one temporary, and products (sums) with
+two or more arguments in common share a temporary for those.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from sympy.logic.boolalg import BooleanFunction
 from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symbackprop.ir.exprdag import rebuild
+
+# An argument read by more sums (or products) than this is not a reason to
+# compare them for common parts (see _share_parts).
+MAX_SHARERS = 64
 
 
 def temporary_names(prefix: str = "x") -> Iterator[sp.Symbol]:
@@ -40,15 +45,16 @@ def dag_cse(exprs: list[sp.Basic], lets: Mapping[sp.Symbol, sp.Basic] | None = N
     `names` (x0, x1, ...) in the order they are computed."""
     lets = dict(lets or {})
     names = iter(names if names is not None else temporary_names())
-    order, uses, negation_of = _walk(exprs, lets)
+    reads = _rewritten(_distinct(exprs, lets))
+    order, uses = _walk(exprs, lets, reads)
     done: dict[sp.Basic, sp.Basic] = {}
     temps: list[tuple[sp.Symbol, sp.Basic]] = []
     for node in order:
         if node in lets:
             value = done[lets[node]]
             named = not _is_copy(value)
-        elif node in negation_of:
-            value = sp.Mul(sp.S.NegativeOne, done[negation_of[node]])
+        elif node in reads:  # a product or sum over a shared part of it (SymPy flattens it: a temporary's symbol stays)
+            value = node.func(*(done[a] for a in reads[node]))
             named = uses[node] > 1
         else:
             args = node.args if _walked(node) else ()
@@ -62,23 +68,16 @@ def dag_cse(exprs: list[sp.Basic], lets: Mapping[sp.Symbol, sp.Basic] | None = N
     return temps, [done[e] for e in exprs]
 
 
-def _walk(exprs: list[sp.Basic], lets: Mapping[sp.Symbol, sp.Basic]) -> tuple[list, dict, dict]:
+def _walk(exprs: list[sp.Basic], lets: Mapping[sp.Symbol, sp.Basic], rewritten: dict) -> tuple[list, dict]:
     """(each distinct subexpression once, what it reads first; how many
-    distinct users (or outputs) read each; a negated product -> the product,
-    where the product is there too)."""
-    nodes = _distinct(exprs, lets)
-    negation_of = {}
-    for node in nodes:
-        if node.is_Mul and len(node.args) > 2 and node.args[0] is sp.S.NegativeOne:
-            positive = sp.Mul._from_args(node.args[1:])
-            if positive in nodes:
-                negation_of[node] = positive
+    distinct users (or outputs) read each). A let reads its value; a
+    rewritten sum or product, its new arguments."""
 
     def reads(node: sp.Basic) -> tuple:
         if node in lets:
             return (lets[node],)
-        if node in negation_of:
-            return (negation_of[node],)
+        if node in rewritten:
+            return rewritten[node]
         return node.args if _walked(node) else ()
 
     order: list[sp.Basic] = []
@@ -98,23 +97,92 @@ def _walk(exprs: list[sp.Basic], lets: Mapping[sp.Symbol, sp.Basic]) -> tuple[li
                 for arg in set(args):
                     uses[arg] = uses.get(arg, 0) + 1
                 stack.extend((a, False) for a in reversed(args) if a not in seen)
-    return order, uses, negation_of
+    return order, uses
 
 
-def _distinct(exprs: list[sp.Basic], lets: Mapping[sp.Symbol, sp.Basic]) -> set[sp.Basic]:
-    """Every distinct subexpression (through the lets) of exprs."""
+def _distinct(exprs: list[sp.Basic], lets: Mapping[sp.Symbol, sp.Basic]) -> list[sp.Basic]:
+    """Every distinct subexpression (through the lets) of exprs, once, in
+    a fixed order (a set's order would follow string hashes)."""
     seen: set[sp.Basic] = set()
-    stack = list(exprs)
+    order: list[sp.Basic] = []
+    stack = list(reversed(exprs))
     while stack:
         node = stack.pop()
         if node in seen:
             continue
         seen.add(node)
+        order.append(node)
         if node in lets:
             stack.append(lets[node])
         elif _walked(node):
-            stack.extend(a for a in node.args if a not in seen)
-    return seen
+            stack.extend(a for a in reversed(node.args) if a not in seen)
+    return order
+
+
+def _rewritten(nodes: list[sp.Basic]) -> dict[sp.Basic, tuple]:
+    """Sums and products rewritten over a part they share (what SymPy's
+    opt_cse did, in bounded time): node -> its new arguments. A negated
+    product reads the product where that is there too (-a*b beside a*b);
+    two products (or sums) with two or more arguments in common read a new
+    one of those (a*b*c and a*b*d: a*b), which becomes a temporary."""
+    present = set(nodes)
+    rewritten: dict[sp.Basic, tuple] = {}
+    for node in nodes:
+        if node.is_Mul and len(node.args) > 2 and node.args[0] is sp.S.NegativeOne:
+            positive = sp.Mul._from_args(node.args[1:])
+            if positive in present:
+                rewritten[node] = (sp.S.NegativeOne, positive)
+    for kind in (sp.Mul, sp.Add):
+        funcs = [n for n in nodes if isinstance(n, kind) and n not in rewritten and n.is_commutative]
+        rewritten.update(_share_parts(kind, funcs, present))
+    return rewritten
+
+
+def _share_parts(kind: type, funcs: list[sp.Basic], present: set) -> dict[sp.Basic, tuple]:
+    """SymPy's match_common_args over `funcs` (all sums or all products),
+    each compared only with those sharing an argument read by at most
+    MAX_SHARERS of them (a bound on the work: a factor common to every
+    product, as a gradient's seed, is not a reason to compare them all)."""
+    argsets = [dict.fromkeys(f.args) for f in funcs]
+    index: dict[sp.Basic, list[int]] = {}
+    for i, argset in enumerate(argsets):
+        if len(argset) >= 2:
+            for arg in argset:
+                index.setdefault(arg, []).append(i)
+    changed: set[int] = set()
+    new: dict[sp.Basic, tuple] = {}
+    for i in range(len(funcs)):
+        if len(argsets[i]) < 2:
+            continue
+        counts: dict[int, int] = {}
+        for arg in argsets[i]:
+            sharers = index.get(arg, ())
+            if len(sharers) <= MAX_SHARERS:
+                for j in sharers:
+                    if j > i:
+                        counts[j] = counts.get(j, 0) + 1
+        for j in sorted((j for j, c in counts.items() if c >= 2), key=lambda j: (-counts[j], j)):
+            common = [a for a in argsets[i] if a in argsets[j]]
+            if len(common) < 2:
+                continue
+            part = funcs[i] if len(common) == len(argsets[i]) else kind(*common)
+            if not isinstance(part, kind) or _is_copy(part):  # 2*(a + b) is distributed; -x is no work
+                continue
+            if part not in present and part not in new:
+                new[part] = tuple(common)
+            for k in (i, j):
+                if part is not funcs[k] and part != funcs[k]:  # (a part never reads itself)
+                    argsets[k] = _replaced(argsets[k], common, part)
+                    index.setdefault(part, []).append(k)
+                    changed.add(k)
+    new.update({funcs[i]: tuple(argsets[i]) for i in sorted(changed)})
+    return new
+
+
+def _replaced(argset: dict, common: list, part: sp.Basic) -> dict:
+    kept = dict.fromkeys(a for a in argset if a not in common)
+    kept[part] = None
+    return kept
 
 
 def _walked(node: sp.Basic) -> bool:
