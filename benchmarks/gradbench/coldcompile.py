@@ -1,6 +1,6 @@
 """Cold compile of GradBench ports, stage by stage, wall and CPU time.
 
-    python -m benchmarks.gradbench.coldcompile [--evals gmm,llsq] [--repeat 3] [--json out.json]
+    python -m benchmarks.gradbench.coldcompile [--evals gmm,llsq,det:ell=7] [--repeat 3] [--json out.json]
                                                [--code /other/checkout,.]
 
 Each sample is a fresh process with an empty SYMBACKPROP_CACHE_DIR (cold),
@@ -54,8 +54,10 @@ def probe(name: str) -> None:
 
     logging.getLogger("symbackprop").addHandler(Keep())
     logging.getLogger("symbackprop").setLevel(logging.INFO)
+    name, _, sizes = name.partition(":")  # det:ell=7, gmm:d=10/K=5: sizes other than the default
     E = importlib.import_module(f"benchmarks.gradbench.{name}")
-    models = build_models(E, E.DEFAULT)
+    size = dict(E.DEFAULT, **{k: int(v) for k, v in (kv.split("=") for kv in sizes.split("/") if kv)})
+    models = build_models(E, size)
     t1, c1 = time.perf_counter(), _cpu()
     kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     for m in models.values():
