@@ -161,7 +161,8 @@ def _share_parts(kind: type, funcs: list[sp.Basic], present: set) -> dict[sp.Bas
                 for j in sharers:
                     if j > i:
                         counts[j] = counts.get(j, 0) + 1
-        for j in sorted((j for j, c in counts.items() if c >= 2), key=lambda j: (-counts[j], j)):
+        candidates = sorted((j for j, c in counts.items() if c >= 2), key=lambda j: (-counts[j], j))
+        for n, j in enumerate(candidates):
             common = [a for a in argsets[i] if a in argsets[j]]
             if len(common) < 2:
                 continue
@@ -170,7 +171,9 @@ def _share_parts(kind: type, funcs: list[sp.Basic], present: set) -> dict[sp.Bas
                 continue
             if part not in present and part not in new:
                 new[part] = tuple(common)
-            for k in (i, j):
+            # the later candidates holding all of it read it too (as SymPy's)
+            holders = [i, j] + [k for k in candidates[n + 1:] if all(a in argsets[k] for a in common)]
+            for k in holders:
                 if part is not funcs[k] and part != funcs[k]:  # (a part never reads itself)
                     argsets[k] = _replaced(argsets[k], common, part)
                     index.setdefault(part, []).append(k)
