@@ -59,6 +59,17 @@ def test_products_and_sums_share_their_common_parts():
     assert all(abs(a - b) <= 1e-12 for a, b in zip(got, want))
 
 
+def test_a_sum_and_its_negation_share_a_temporary():
+    a = sp.MatrixSymbol("A", 3, 3)
+    shared = a[0, 0] * (x * y - z) - a[0, 1] * (z * w - x) + 2 * w
+    exprs = [shared * sp.sin(x), -shared * sp.cos(x)]
+    temps, reduced = dag_cse(exprs)
+    assert [v for _, v in temps] in ([shared], [-shared])  # the other reads it
+    point = {x: 0.3, y: -1.2, z: 0.7, w: 2.5, a[0, 0]: 1.5, a[0, 1]: -0.4}
+    got = _evaluate(temps, reduced, point)
+    assert all(abs(a - float(e.xreplace(point))) <= 1e-12 for a, e in zip(got, exprs))
+
+
 def test_temporaries_come_after_what_they_read():
     temps, _ = dag_cse([sp.sin(x + y) * sp.cos(x + y), sp.sin(x + y) + sp.cos(x + y)])
     defined = set()

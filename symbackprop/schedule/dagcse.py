@@ -54,7 +54,8 @@ def dag_cse(exprs: list[sp.Basic], lets: Mapping[sp.Symbol, sp.Basic] | None = N
             value = done[lets[node]]
             named = not _is_copy(value)
         elif node in reads:  # a product or sum over a shared part of it (SymPy flattens it: a temporary's symbol stays)
-            value = node.func(*(done[a] for a in reads[node]))
+            func, args = reads[node]
+            value = func(*(done[a] for a in args))
             named = uses[node] > 1
         else:
             args = node.args if _walked(node) else ()
@@ -77,7 +78,7 @@ def _walk(exprs: list[sp.Basic], lets: Mapping[sp.Symbol, sp.Basic], rewritten: 
         if node in lets:
             return (lets[node],)
         if node in rewritten:
-            return rewritten[node]
+            return rewritten[node][1]
         return node.args if _walked(node) else ()
 
     order: list[sp.Basic] = []
@@ -119,26 +120,32 @@ def _distinct(exprs: list[sp.Basic], lets: Mapping[sp.Symbol, sp.Basic]) -> list
     return order
 
 
-def _rewritten(nodes: list[sp.Basic]) -> dict[sp.Basic, tuple]:
+def _rewritten(nodes: list[sp.Basic]) -> dict[sp.Basic, tuple[type, tuple]]:
     """Sums and products rewritten over a part they share (what SymPy's
     opt_cse did, in bounded time): node -> its new arguments. A negated
     product reads the product where that is there too (-a*b beside a*b);
     two products (or sums) with two or more arguments in common read a new
     one of those (a*b*c and a*b*d: a*b), which becomes a temporary."""
     present = set(nodes)
-    rewritten: dict[sp.Basic, tuple] = {}
+    rewritten: dict[sp.Basic, tuple[type, tuple]] = {}
     for node in nodes:
         if node.is_Mul and len(node.args) > 2 and node.args[0] is sp.S.NegativeOne:
             positive = sp.Mul._from_args(node.args[1:])
             if positive in present:
-                rewritten[node] = (sp.S.NegativeOne, positive)
+                rewritten[node] = (sp.Mul, (sp.S.NegativeOne, positive))
+    sums = {frozenset(n.args): n for n in nodes if n.is_Add}
+    for node in nodes:  # a sum whose negation came first reads it (-a + b beside a - b)
+        if node.is_Add and node not in rewritten:
+            negation = sums.get(frozenset(_negated(t) for t in node.args))
+            if negation is not None and negation is not node and negation not in rewritten:
+                rewritten[node] = (sp.Mul, (sp.S.NegativeOne, negation))
     for kind in (sp.Mul, sp.Add):
         funcs = [n for n in nodes if isinstance(n, kind) and n not in rewritten and n.is_commutative]
         rewritten.update(_share_parts(kind, funcs, present))
     return rewritten
 
 
-def _share_parts(kind: type, funcs: list[sp.Basic], present: set) -> dict[sp.Basic, tuple]:
+def _share_parts(kind: type, funcs: list[sp.Basic], present: set) -> dict[sp.Basic, tuple[type, tuple]]:
     """SymPy's match_common_args over `funcs` (all sums or all products),
     each compared only with those sharing an argument read by at most
     MAX_SHARERS of them (a bound on the work: a factor common to every
@@ -150,7 +157,7 @@ def _share_parts(kind: type, funcs: list[sp.Basic], present: set) -> dict[sp.Bas
             for arg in argset:
                 index.setdefault(arg, []).append(i)
     changed: set[int] = set()
-    new: dict[sp.Basic, tuple] = {}
+    new: dict[sp.Basic, tuple[type, tuple]] = {}
     for i in range(len(funcs)):
         if len(argsets[i]) < 2:
             continue
@@ -170,7 +177,7 @@ def _share_parts(kind: type, funcs: list[sp.Basic], present: set) -> dict[sp.Bas
             if not isinstance(part, kind) or _is_copy(part):  # 2*(a + b) is distributed; -x is no work
                 continue
             if part not in present and part not in new:
-                new[part] = tuple(common)
+                new[part] = (kind, tuple(common))
             # the later candidates holding all of it read it too (as SymPy's)
             holders = [i, j] + [k for k in candidates[n + 1:] if all(a in argsets[k] for a in common)]
             for k in holders:
@@ -178,8 +185,21 @@ def _share_parts(kind: type, funcs: list[sp.Basic], present: set) -> dict[sp.Bas
                     argsets[k] = _replaced(argsets[k], common, part)
                     index.setdefault(part, []).append(k)
                     changed.add(k)
-    new.update({funcs[i]: tuple(argsets[i]) for i in sorted(changed)})
+    new.update({funcs[i]: (kind, tuple(argsets[i])) for i in sorted(changed)})
     return new
+
+
+def _negated(term: sp.Basic) -> sp.Basic:
+    """-term, as SymPy would build it, without its flattening: a product's
+    coefficient negated, a number negated, anything else times -1."""
+    if term.is_Number:
+        return -term
+    if term.is_Mul and term.args[0].is_Number:
+        coeff, rest = -term.args[0], term.args[1:]
+        if coeff is sp.S.One:
+            return rest[0] if len(rest) == 1 else sp.Mul._from_args(rest)
+        return sp.Mul._from_args((coeff, *rest))
+    return sp.Mul._from_args((sp.S.NegativeOne, *(term.args if term.is_Mul else (term,))))
 
 
 def _replaced(argset: dict, common: list, part: sp.Basic) -> dict:
