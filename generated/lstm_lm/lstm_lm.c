@@ -935,26 +935,26 @@ int lstm_lm_value_and_grad(
                     const LSTM_LM_REAL t7_grad_b_f_in = grad_b_f[j];
                     const LSTM_LM_REAL t7_grad_b_g_in = grad_b_g[j];
                     const LSTM_LM_REAL t7_grad_b_o_in = grad_b_o[j];
-                    const LSTM_LM_REAL x0 = t7_t13[j]*t7_t14[j];
-                    const LSTM_LM_REAL x1 = (((t7_t9_kept_1[j] + t7_t10_kept_1[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t7_t9_kept_1[j] + t7_t10_kept_1[j] + b_f[j]))) / (1.0 + exp(-fabs(t7_t9_kept_1[j] + t7_t10_kept_1[j] + b_f[j]))));
-                    const LSTM_LM_REAL x2 = t7_cell[j]*x1;
-                    const LSTM_LM_REAL x3 = tanh(x0 + x2);
-                    const LSTM_LM_REAL x4 = t7_g1[j]*t7_t12[j]*(1 - (x3*x3)) + t7_grad_cell_next[j];
-                    const LSTM_LM_REAL x5 = x2*x4*(1 - x1);
-                    const LSTM_LM_REAL x6 = t7_t13[j]*x4*(1 - (t7_t14[j]*t7_t14[j]));
-                    const LSTM_LM_REAL x7 = x0*x4*(1 - t7_t13[j]);
-                    const LSTM_LM_REAL x8 = t7_t12[j]*x3;
-                    const LSTM_LM_REAL x9 = t7_g1[j]*x8*(1 - t7_t12[j]);
-                    t7_t15[j] = x5;
-                    t7_t16[j] = x6;
-                    t7_t17[j] = x7;
+                    const LSTM_LM_REAL x0 = (((t7_t9_kept_1[j] + t7_t10_kept_1[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t7_t9_kept_1[j] + t7_t10_kept_1[j] + b_f[j]))) / (1.0 + exp(-fabs(t7_t9_kept_1[j] + t7_t10_kept_1[j] + b_f[j]))));
+                    const LSTM_LM_REAL x1 = t7_t13[j]*t7_t14[j];
+                    const LSTM_LM_REAL x2 = t7_cell[j]*x0;
+                    const LSTM_LM_REAL x3 = tanh(x1 + x2);
+                    const LSTM_LM_REAL x4 = t7_g1[j]*t7_t12[j];
+                    const LSTM_LM_REAL x5 = t7_grad_cell_next[j] + x4*(1 - (x3*x3));
+                    const LSTM_LM_REAL x6 = x2*x5*(1 - x0);
+                    const LSTM_LM_REAL x7 = t7_t13[j]*x5*(1 - (t7_t14[j]*t7_t14[j]));
+                    const LSTM_LM_REAL x8 = x1*x5*(1 - t7_t13[j]);
+                    const LSTM_LM_REAL x9 = x3*x4*(1 - t7_t12[j]);
+                    t7_t15[j] = x6;
+                    t7_t16[j] = x7;
+                    t7_t17[j] = x8;
                     t7_t18[j] = x9;
-                    t7_grad_cell[j] = x1*x4;
-                    grad_b_i[j] = t7_grad_b_i_in + x7;
-                    grad_b_f[j] = t7_grad_b_f_in + x5;
-                    grad_b_g[j] = t7_grad_b_g_in + x6;
+                    t7_grad_cell[j] = x0*x5;
+                    grad_b_i[j] = t7_grad_b_i_in + x8;
+                    grad_b_f[j] = t7_grad_b_f_in + x6;
+                    grad_b_g[j] = t7_grad_b_g_in + x7;
                     grad_b_o[j] = t7_grad_b_o_in + x9;
-                    t7_t19[j] = x8;
+                    t7_t19[j] = t7_t12[j]*x3;
                 }
                 /* t20 = t15 @ U_f^T */
                 for (int64_t i = 0; i < 1; ++i) {

@@ -467,11 +467,10 @@ static void transformer_lm_run_part1(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             const TRANSFORMER_LM_REAL x0 = c0up[j] + t28[256*i + j];
-            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*x0;
-            const TRANSFORMER_LM_REAL x2 = sqrt(2)*x1;
-            const TRANSFORMER_LM_REAL x3 = erf(x2);
-            t29[256*i + j] = x1*(x3 + 1);
-            t30[256*i + j] = x2*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x3 + 1.0/2.0;
+            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
+            const TRANSFORMER_LM_REAL x2 = erf(x1);
+            t29[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            t30[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 
@@ -766,11 +765,10 @@ static void transformer_lm_run_part2(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             const TRANSFORMER_LM_REAL x0 = c1up[j] + t56[256*i + j];
-            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*x0;
-            const TRANSFORMER_LM_REAL x2 = sqrt(2)*x1;
-            const TRANSFORMER_LM_REAL x3 = erf(x2);
-            t57[256*i + j] = x1*(x3 + 1);
-            t58[256*i + j] = x2*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x3 + 1.0/2.0;
+            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
+            const TRANSFORMER_LM_REAL x2 = erf(x1);
+            t57[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            t58[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 
@@ -2764,11 +2762,10 @@ static void transformer_lm_train_step_part1(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             const TRANSFORMER_LM_REAL x0 = c0up[j] + t28[256*i + j];
-            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*x0;
-            const TRANSFORMER_LM_REAL x2 = sqrt(2)*x1;
-            const TRANSFORMER_LM_REAL x3 = erf(x2);
-            t29[256*i + j] = x1*(x3 + 1);
-            t30[256*i + j] = x2*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x3 + 1.0/2.0;
+            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
+            const TRANSFORMER_LM_REAL x2 = erf(x1);
+            t29[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            t30[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 
@@ -3056,11 +3053,10 @@ static void transformer_lm_train_step_part2(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             const TRANSFORMER_LM_REAL x0 = c1up[j] + t56[256*i + j];
-            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*x0;
-            const TRANSFORMER_LM_REAL x2 = sqrt(2)*x1;
-            const TRANSFORMER_LM_REAL x3 = erf(x2);
-            t57[256*i + j] = x1*(x3 + 1);
-            t58[256*i + j] = x2*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x3 + 1.0/2.0;
+            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
+            const TRANSFORMER_LM_REAL x2 = erf(x1);
+            t57[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            t58[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 

@@ -11,11 +11,51 @@ from __future__ import annotations
 from typing import Any
 
 import sympy as sp
+from sympy.core.exprtools import decompose_power
 from sympy.core.relational import Relational
+from sympy.core.sorting import default_sort_key
 from sympy.logic.boolalg import BooleanFunction
 from sympy.printing.c import C99CodePrinter
 
 from symbackprop.ops.functions import scalar_function
+
+
+def ordered_terms(expr: sp.Add) -> list[sp.Expr]:
+    """expr.as_ordered_terms(): SymPy's print order of a sum's terms (by
+    their monomials, lex, in the order of default_sort_key of their bases),
+    without its evalf of each term's rational coefficient (complex() of a
+    SymPy number: 60% of the ordering's time, which was most of printing a
+    large kernel's time)."""
+    add_args = sorted(expr.args, key=lambda t: not isinstance(t, (sp.Number, sp.NumberSymbol)))
+    if len(add_args) == 2 and isinstance(add_args[0], (sp.Number, sp.NumberSymbol)) and add_args[1].is_Mul:
+        # SymPy's special case: 1 - 2*x stays in that order
+        return expr.as_ordered_terms()
+    gens: set = set()
+    terms = []
+    for term in expr.args:
+        coeff, rest = term.as_coeff_Mul()
+        value = complex(float(coeff)) if isinstance(coeff, (sp.Rational, sp.Float)) else complex(coeff)
+        powers = {}
+        for factor in (sp.Mul.make_args(rest) if rest is not sp.S.One else ()):
+            if factor.is_number:
+                try:
+                    value *= complex(factor)
+                    continue
+                except (TypeError, ValueError):
+                    pass
+            if not factor.is_commutative:
+                return expr.as_ordered_terms()
+            base, exp = decompose_power(factor)
+            powers[base] = exp
+            gens.add(base)
+        terms.append((term, value, powers))
+    ranked = sorted(gens, key=default_sort_key)
+
+    def key(entry: tuple) -> tuple:
+        _, value, powers = entry
+        return tuple(-powers.get(g, 0) for g in ranked), (), ((bool(value.imag), value.imag), (value.real, value.imag))
+
+    return [term for term, _, _ in sorted(terms, key=key)]
 
 
 class IEEEPrinter(C99CodePrinter):
@@ -31,6 +71,12 @@ class IEEEPrinter(C99CodePrinter):
         if record is not None:
             return record.c(self, expr)
         return super()._print(expr, **kwargs)
+
+    def _as_ordered_terms(self, expr: Any, order: Any = None) -> list:
+        """A sum's terms in the order SymPy prints them, sooner (see ordered_terms)."""
+        if expr.is_Add and (order or self.order) in (None, "lex"):
+            return ordered_terms(expr)
+        return super()._as_ordered_terms(expr, order)
 
     def _one(self) -> str:
         return self._print(sp.Float(1.0))

@@ -627,6 +627,8 @@ def _example_map(lowerer, expr: ExampleMap) -> Node:
     bodies = [stabilize(body) for body in substitute(list(expr.body), subs)]
     # the body as a straight-line program, so that derivatives extend it step by step
     names = (let_symbol(k) for k in itertools.count())
+    # SymPy's cse here, not dagcse's: with dagcse's lets, bundle adjustment's
+    # primal was 35% slower (1.0 -> 1.35 ms, its Jacobian 15%), measured
     common, reduced = sp.cse(bodies, symbols=names, order="none")
     lets, bodies = shallow_program(common, reduced, names)
     if len(loops) == 1:

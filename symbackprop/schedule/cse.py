@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import sympy as sp
 
-from symbackprop.ir.exprdag import substitute
+from symbackprop.schedule.dagcse import dag_cse
 
 # x**n of a symbol for |n| up to this is printed as a product: without
 # -ffast-math a C compiler keeps pow() a library call (pow(x, 2) excepted).
@@ -23,44 +23,10 @@ def inline(expr: sp.Expr, lets: dict[sp.Symbol, sp.Expr]) -> sp.Expr:
 
 def cse_program(program: list[tuple[sp.Symbol, sp.Expr]], outputs: list[sp.Expr]) -> tuple[list, list]:
     """One CSE over a straight-line program and its outputs: the common
-    subexpressions and the program's own values as one list of temporaries,
-    each after what it uses, named x0, x1, ... in order."""
-    replacements, reduced = sp.cse([e for _, e in program] + outputs, symbols=sp.numbered_symbols("_c", real=True),
-                                   order="none")
-    definitions = dict(replacements)
-    definitions.update({sym: e for (sym, _), e in zip(program, reduced)})
-    # copies (x1 = x0) and negations of a value are substituted, not named
-    copies = _copies_of(definitions)
-    while any(e.free_symbols & copies.keys() for e in copies.values()):  # chains of copies: to their ends
-        copies = {sym: e.xreplace(copies) for sym, e in copies.items()}
-    kept = [sym for sym in definitions if sym not in copies]
-    rewritten = substitute([definitions[sym] for sym in kept] + reduced, copies)
-    definitions, reduced = dict(zip(kept, rewritten)), rewritten[len(kept):]
-    ordered: list[sp.Symbol] = []
-    placed: set[sp.Symbol] = set()
-
-    def place(symbol: sp.Symbol) -> None:  # depth first: what it uses comes first
-        stack = [(symbol, False)]
-        while stack:
-            sym, expanded = stack.pop()
-            if sym in placed:
-                continue
-            if expanded:
-                placed.add(sym)
-                ordered.append(sym)
-                continue
-            stack.append((sym, True))
-            uses = sorted(definitions[sym].free_symbols & definitions.keys(), key=str, reverse=True)
-            stack.extend((used, False) for used in uses if used not in placed)
-
-    outputs = reduced[len(program):]
-    position = {sym: k for k, (sym, _) in enumerate(program)}
-    for expr in outputs:
-        for sym in sorted(expr.free_symbols & definitions.keys(), key=lambda s: _definition_order(s, position)):
-            place(sym)
-    names = {sym: sp.Symbol(f"x{k}", real=True) for k, sym in enumerate(ordered)}
-    renamed = substitute([definitions[sym] for sym in ordered] + outputs, names)
-    return share_powers(list(zip((names[sym] for sym in ordered), renamed)), renamed[len(ordered):])
+    subexpressions and the program's own values (those the outputs read)
+    as one list of temporaries, each after what it uses, named x0, x1, ...
+    in order; integer powers of a base share their multiplications."""
+    return share_powers(*dag_cse(outputs, dict(program)))
 
 
 def share_powers(temps: Sequence[tuple[sp.Symbol, sp.Expr]], outputs: Sequence[sp.Expr]) -> tuple[list, list]:
@@ -175,19 +141,3 @@ def _power_chain(exponents: list[int]) -> dict[int, tuple[int, int]]:
     for k in exponents:
         build(k)
     return steps
-
-
-def _copies_of(definitions: dict[sp.Symbol, sp.Basic]) -> dict[sp.Symbol, sp.Basic]:
-    return {sym: e for sym, e in definitions.items() if e.is_Atom or _negated_atom(e)}
-
-
-def _negated_atom(e: sp.Basic) -> bool:
-    """Whether -e is an atom (e is -1 times one), without building -e."""
-    return e.is_Mul and len(e.args) == 2 and e.args[0] is sp.S.NegativeOne and e.args[1].is_Atom
-
-
-def _definition_order(symbol: sp.Symbol, position: dict[sp.Symbol, int]) -> tuple:
-    """Program values in program order, CSE temporaries after them by number."""
-    if symbol in position:
-        return (0, position[symbol])
-    return (1, int(symbol.name[2:]))

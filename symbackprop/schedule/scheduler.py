@@ -18,6 +18,7 @@ from symbackprop.ir.construct import is_const
 from symbackprop.ir.node import SCALAR, Node, Shape, placeholder
 from symbackprop.ops.registry import is_view, rule
 from symbackprop.schedule.cse import cse_program, share_powers
+from symbackprop.schedule.dagcse import dag_cse
 from symbackprop.schedule.fusion import ExamplesGroup, MapGroup, Placement
 from symbackprop.schedule.kernel import (
     MAX_INLINED_OPS,
@@ -224,7 +225,7 @@ class Scheduler(Placement):
         if program:  # large shared values are named, not inlined into each user (a tree exponential in depth)
             temps, reduced = cse_program(program, exprs)
         else:
-            temps, reduced = share_powers(*sp.cse(exprs, symbols=sp.numbered_symbols("x", real=True), order="canonical"))
+            temps, reduced = share_powers(*dag_cse(exprs))
         load_views = tuple((sym, self._broadcast_view(node, group.shape)) for node, sym in loads.items())
         readable = {sym: sp.Symbol(self.label(node)) for node, sym in loads.items()}
         equations = tuple(map_equation(self.buffer_of[m], value[m], readable) for m in stored)

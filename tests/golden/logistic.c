@@ -54,10 +54,9 @@ static int logistic_run(
     LOGISTIC_REAL *grad_t1 = t2 + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        const LOGISTIC_REAL x0 = -t1[i];
-        const LOGISTIC_REAL x1 = 1.0/((LOGISTIC_REAL)n);
-        t2[i] = t0[i]*(((t1[i]) > 0 ? (t1[i]) : 0.0) + log1p(exp(-fabs(t1[i])))) + t[i]*(((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
-        grad_t1[i] = t0[i]*x1*(((t1[i]) >= 0 ? 1.0 : exp(-fabs(t1[i]))) / (1.0 + exp(-fabs(t1[i])))) - t[i]*x1*(((x0) >= 0 ? 1.0 : exp(-fabs(x0))) / (1.0 + exp(-fabs(x0))));
+        const LOGISTIC_REAL x0 = 1.0/((LOGISTIC_REAL)n);
+        t2[i] = t0[i]*(((t1[i]) > 0 ? (t1[i]) : 0.0) + log1p(exp(-fabs(t1[i])))) + t[i]*(((-t1[i]) > 0 ? (-t1[i]) : 0.0) + log1p(exp(-fabs(t1[i]))));
+        grad_t1[i] = t0[i]*x0*(((t1[i]) >= 0 ? 1.0 : exp(-fabs(t1[i]))) / (1.0 + exp(-fabs(t1[i])))) - t[i]*x0*(((-t1[i]) >= 0 ? 1.0 : exp(-fabs(t1[i]))) / (1.0 + exp(-fabs(t1[i]))));
     }
 
     /* t3 = sum of t2 down each column */

@@ -35,15 +35,15 @@ static int scalar_run(
     /* grad_x = 3*x**2*y + y*cos(x*y) - exp(y)/x**2 */
     /* grad_y = x**3 + x*cos(x*y) + exp(y)/x */
     {
-        const SCALAR_REAL x0 = y[0]*x[0];
-        const SCALAR_REAL x1 = (x[0]*x[0]);
-        const SCALAR_REAL x2 = x[0]*x1;
-        const SCALAR_REAL x3 = exp(y[0]);
-        const SCALAR_REAL x4 = x3/x[0];
-        const SCALAR_REAL x5 = cos(x0);
-        loss[0] = y[0]*x2 + x4 + sin(x0);
-        grad_x[0] = 3*y[0]*x1 + y[0]*x5 - x3/x1;
-        grad_y[0] = x[0]*x5 + x2 + x4;
+        const SCALAR_REAL x0 = (x[0]*x[0]);
+        const SCALAR_REAL x1 = x[0]*x0;
+        const SCALAR_REAL x2 = exp(y[0]);
+        const SCALAR_REAL x3 = x2/x[0];
+        const SCALAR_REAL x4 = y[0]*x[0];
+        const SCALAR_REAL x5 = cos(x4);
+        loss[0] = y[0]*x1 + x3 + sin(x4);
+        grad_x[0] = 3*y[0]*x0 + y[0]*x5 - x2/x0;
+        grad_y[0] = x[0]*x5 + x1 + x3;
     }
     (void)with_grads;
     return 0;
