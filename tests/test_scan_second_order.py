@@ -5,6 +5,8 @@ central differences of the compiled gradient."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import sympy as sp
@@ -84,14 +86,20 @@ def check_hvp(mod, loss, arrays, params, rng, eps=1e-5):
     return grads
 
 
+@functools.cache
+def rnn_hvp_module(every=None):
+    """One compile per checkpointing choice, shared by the tests below."""
+    return sbp.compile(rnn_model(every, f"rnn2_{every}"), functions=("hvp",))
+
+
 @pytest.mark.parametrize("every", [None, 3])
 def test_the_hvp_of_a_tanh_rnn_matches_jax_and_differences_of_the_gradient(every):
-    mod = sbp.compile(rnn_model(every, f"rnn2_{every}"), functions=("hvp",))
+    mod = rnn_hvp_module(every)
     check_hvp(mod, rnn_jax, rnn_data(np.random.default_rng(1), 7), RNN_PARAMS, np.random.default_rng(2))
 
 
 def test_the_hessian_of_a_tanh_rnn_matches_jax_hessian():
-    mod = sbp.compile(rnn_model(name="rnn2_hessian"), functions=("hvp",))
+    mod = rnn_hvp_module()
     arrays = rnn_data(np.random.default_rng(3), 5)
     got = mod.hessian_matrix(**arrays)
     fixed = {k: jnp.asarray(v) for k, v in arrays.items() if k not in RNN_PARAMS}
@@ -226,9 +234,12 @@ def test_a_checkpointed_scan_is_refused_for_second_order_only():
         sbp.compile(penalty_model(2, "rnn_penalty_checkpointed"))
 
 
+@pytest.mark.slow
 def test_a_gradient_penalty_through_an_lstm_matches_nested_jax_grad():
     """Two states (h, c) side by side in each kept row; the penalty on the
-    sequence's adjoint and on a captured gate weight's."""
+    sequence's adjoint and on a captured gate weight's. (Slow: the default
+    run checks the RNN's penalty above against JAX, and an LSTM's through
+    docs/scan.md against central differences.)"""
     X = sp.MatrixSymbol("X", T, LD)
     f = lstm_model().loss  # a function of X
     loss = nn.sum_all(sbp.grad(f, X).applyfunc(lambda e: e**2)) + nn.sum_all(sbp.grad(f, LU[1]).applyfunc(sp.sin))
