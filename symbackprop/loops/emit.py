@@ -15,7 +15,7 @@ from symbackprop.emit.cnames import CNamer, comment_text
 from symbackprop.emit.codegen import CKernel, FunctionEmitter, ScalarPrinter
 from symbackprop.loops.bind import STEP, Fill, Loop, PartKernel, Pointer, ScanKernel, U, natural_layout
 from symbackprop.loops.declare import ceildiv, entries
-from symbackprop.ops.matmul import MatMulKernel, matmul_fields
+from symbackprop.ops.matmul import MatMulKernel
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Equation, MapKernel, View, kernel_reads, kernel_writes
 
 
@@ -35,14 +35,13 @@ class _ScopedNamer(CNamer):
 
 def _inner_kernel(em: FunctionEmitter, kernel: Any) -> CKernel:
     """A step kernel's template data: loops run on one thread (the loop over
-    steps is sequential), products inline (the module's matmul helper is
-    emitted only for products outside loops), and the loops that GCC may
-    treat as independent marked so (see the `independent` macro)."""
+    steps is sequential), products as outside loops (small ones inline, the
+    rest through the runtime's matmul helper and BLAS: a batched step's
+    B x D by D x H products), and the loops that GCC may treat as
+    independent marked so (see the `independent` macro)."""
     ck = em.kernel(kernel)
     if ck.kind == "map" and ck.fields.get("parallel"):
         ck = replace(ck, fields={**ck.fields, "parallel": False})
-    if ck.kind == "matmul" and ck.fields.get("call") and isinstance(kernel, MatMulKernel):
-        ck = replace(ck, fields=matmul_fields(em, kernel, inline=True))
     f = ck.fields
     independent = (ck.kind == "map" and f.get("loops")) or (
         ck.kind == "matmul" and not f.get("call") and f.get("order") == "ikj")

@@ -76,11 +76,10 @@ def _emit(em: FunctionEmitter, kernel: MatMulKernel) -> dict:
     return matmul_fields(em, kernel)
 
 
-def matmul_fields(em: FunctionEmitter, kernel: MatMulKernel, inline: bool = False) -> dict:
-    """The template data of a product; `inline`: as loops whatever its size
-    (a product inside another kernel's loop, as a scan's step)."""
+def matmul_fields(em: FunctionEmitter, kernel: MatMulKernel) -> dict:
+    """The template data of a product (also of one in a scan's step)."""
     size = sp.sympify(kernel.m) * kernel.k * kernel.n
-    if not inline and (not size.is_Number or size >= BLAS_MIN_MULTIPLY_ADDS):
+    if not size.is_Number or size >= BLAS_MIN_MULTIPLY_ADDS:
         args = [em.dim(kernel.m), em.dim(kernel.n), em.dim(kernel.k)]
         for v in (kernel.a, kernel.b):
             pointer = f"{em.namer.name(v.buffer)} + {em.dim(v.offset)}".replace(" + 0", "")
