@@ -92,10 +92,14 @@ def count_ops(expr: sp.Basic) -> Any:
 def map_equation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
     """A fused loop's value as an equation, or, beyond MAX_EQUATION_OPS (a
     gradient of a determinant by minors: printing them took 20 s), a
-    pointer to the C's temporaries."""
-    if count_ops(value) > MAX_EQUATION_OPS:
+    pointer to the C's temporaries. The loads are renamed without
+    evaluating again (a one-to-one renaming: evaluating only redid
+    SymPy's Piecewise folding, most of a saddle point's comments)."""
+    if opcount.exceeds(value, MAX_EQUATION_OPS):
         return Equation(lhs, "see the temporaries in the C", rf"{latex_name(lhs)} = \text{{see the C}}")
-    return equation(lhs, value.xreplace(readable))
+    with sp.evaluate(False):
+        shown = value.xreplace(readable)
+    return equation(lhs, shown)
 
 
 @dataclass(frozen=True)
