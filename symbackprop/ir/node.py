@@ -61,7 +61,7 @@ def op_node(op: str, args: Iterable[Node], shape: Shape, attrs: tuple = ()) -> N
     return _node(op, tuple(args), shape, attrs)
 
 
-@functools.lru_cache(maxsize=None)  # a Symbol is immutable; making one costs more than the lookup
+@functools.cache  # a Symbol is immutable; making one costs more than the lookup
 def placeholder(index: int) -> sp.Symbol:
     """The symbol that stands for a map's index-th argument in its body."""
     return sp.Symbol(f"_a{index}", real=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 import sympy as sp
 
+from symbackprop.ir.exprdag import substitute
 from symbackprop.ir.node import Shape
 from symbackprop.schedule import opcount
 
@@ -98,7 +99,7 @@ def map_equation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
     if opcount.exceeds(value, MAX_EQUATION_OPS):
         return Equation(lhs, "see the temporaries in the C", rf"{latex_name(lhs)} = \text{{see the C}}")
     with sp.evaluate(False):
-        shown = value.xreplace(readable)
+        shown = substitute([value], readable)[0]  # each shared term renamed once
     return equation(lhs, shown)
 
 
