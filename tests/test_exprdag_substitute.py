@@ -87,24 +87,3 @@ def test_a_chain_of_doublings_is_rebuilt_once_per_link():
         return t
 
     assert substitute([chain(x)], {x: y}) == [chain(y)]
-
-
-def test_selects_as_they_stand_take_the_same_values_without_asking_signs():
-    """A select whose condition compares substituted sums: the same value
-    as xreplace's at points in each branch; the comparison is kept as
-    written (x**2 + 1 > 0 is not folded to True, SymPy would), numbers are
-    still compared, and the Piecewise is not refolded."""
-    a, b = sp.symbols("a b")
-    pw = sp.Piecewise((a * b, a > b), (a - b, True))
-    rule = {a: x**2 + 1, b: sp.Integer(0)}
-    (kept,) = substitute([pw], rule, selects_as_they_stand=True)
-    assert pw.xreplace(rule) == 0  # SymPy folds the condition (x**2 + 1 > 0) and the select
-    assert isinstance(kept, sp.Piecewise) and isinstance(kept.args[0].cond, sp.StrictGreaterThan)
-    for point in ({x: 0.5}, {x: -2.0}):
-        assert float(kept.subs(point)) == float(pw.xreplace(rule).subs(point))
-    (numbers,) = substitute([pw], {a: sp.Integer(1), b: sp.Integer(2)}, selects_as_they_stand=True)
-    assert numbers.args[0].cond == sp.false and float(numbers) == -1.0
-    rule = {a: x + y, b: y * z}
-    (general,) = substitute([pw * w], rule, selects_as_they_stand=True)
-    for point in ({x: 2.0, y: 1.0, z: 0.5, w: 3.0}, {x: -2.0, y: 1.0, z: 0.5, w: 3.0}):
-        assert float(general.subs(point)) == float((pw * w).xreplace(rule).subs(point))

@@ -104,18 +104,12 @@ class Splitter:
         return parts, self.done[expr]
 
 
-def substitute(exprs: list[sp.Basic], rule: dict, selects_as_they_stand: bool = False) -> list[sp.Basic]:
+def substitute(exprs: list[sp.Basic], rule: dict) -> list[sp.Basic]:
     """[e.xreplace(rule) for e in exprs], each distinct subexpression rebuilt
     once over all of them (xreplace rebuilds a shared one once per path, and
     each rebuild of a product or sum flattens and sorts its arguments again:
     most of a large CSE's renaming, and 1.7 s of bundle adjustment's
-    lowering, whose Jacobian bodies share most of their terms).
-
-    selects_as_they_stand: a Piecewise and its pairs rebuilt as rebuild()
-    does, and a comparison of non-numbers left to the C: SymPy evaluates a
-    comparison by asking its sides' signs, a walk of each side (a saddle
-    point's conditions compare whole objectives: 3 s of its compile)."""
-    make = _as_it_stands if selects_as_they_stand else (lambda sub, args: sub.func(*args))
+    lowering, whose Jacobian bodies share most of their terms)."""
     done: dict[sp.Basic, sp.Basic] = {}
     stack: list[tuple[sp.Basic, bool]] = [(e, False) for e in reversed(exprs)]
     while stack:
@@ -126,17 +120,11 @@ def substitute(exprs: list[sp.Basic], rule: dict, selects_as_they_stand: bool = 
             done[sub] = rule.get(sub, sub)
         elif ready:
             args = [done[a] for a in sub.args]
-            done[sub] = sub if all(n is a for n, a in zip(args, sub.args)) else make(sub, args)
+            done[sub] = sub if all(n is a for n, a in zip(args, sub.args)) else sub.func(*args)
         else:
             stack.append((sub, True))
             stack.extend((a, False) for a in sub.args if a not in done)
     return [done[e] for e in exprs]
-
-
-def _as_it_stands(sub: sp.Basic, args: list) -> sp.Basic:
-    if isinstance(sub, Relational) and not all(a.is_number for a in args):
-        return sub.func(*args, evaluate=False)
-    return rebuild(sub, args)
 
 
 def shallow_program(lets: list, bodies: list, symbols: Iterator[sp.Symbol]) -> tuple[list, list]:

@@ -12,7 +12,6 @@ from typing import Any
 
 import sympy as sp
 
-from symbackprop.ir.exprdag import substitute
 from symbackprop.ir.node import Shape
 from symbackprop.schedule import opcount
 
@@ -93,14 +92,10 @@ def count_ops(expr: sp.Basic) -> Any:
 def map_equation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
     """A fused loop's value as an equation, or, beyond MAX_EQUATION_OPS (a
     gradient of a determinant by minors: printing them took 20 s), a
-    pointer to the C's temporaries. The loads are renamed without
-    evaluating again (a one-to-one renaming: evaluating only redid
-    SymPy's Piecewise folding, most of a saddle point's comments)."""
+    pointer to the C's temporaries (counted only up to that bound)."""
     if opcount.exceeds(value, MAX_EQUATION_OPS):
         return Equation(lhs, "see the temporaries in the C", rf"{latex_name(lhs)} = \text{{see the C}}")
-    with sp.evaluate(False):
-        shown = substitute([value], readable)[0]  # each shared term renamed once
-    return equation(lhs, shown)
+    return equation(lhs, value.xreplace(readable))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 import sympy as sp
 
 from symbackprop.ir.construct import is_const
-from symbackprop.ir.exprdag import substitute
 from symbackprop.ir.node import SCALAR, Node, Shape, placeholder
 from symbackprop.ops.registry import is_view, rule
 from symbackprop.schedule.cse import cse_program, share_powers
@@ -258,7 +257,7 @@ class Scheduler(Placement):
                     subs[placeholder(index)] = loads.setdefault(arg, sp.Symbol(f"_load{len(loads)}", real=True))
             body = member.attrs[0]
             size[member] = len(body.args) + 1 + sum(size.get(a, 0) for a in member.args)
-            value[member] = substitute([body], subs, selects_as_they_stand=True)[0]
+            value[member] = body.xreplace(subs)
             if size[member] > MAX_INLINED_OPS and readers.get(member, 0) > 1:
                 symbol = sp.Symbol(f"_p{len(program)}", real=True)
                 program.append((symbol, value[member]))
