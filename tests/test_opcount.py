@@ -12,7 +12,7 @@ import pytest
 import sympy as sp
 
 from symbackprop.declare.stable import sigmoid, softplus
-from symbackprop.schedule.opcount import count_ops
+from symbackprop.schedule.opcount import count_ops, exceeds
 
 x, y, z = sp.symbols("x y z", real=True)
 f = sp.Function("f")
@@ -83,3 +83,19 @@ def test_products_without_a_denominator_are_not_rebuilt(monkeypatch):
     assert calls == []
     assert count_ops(with_division) == sp.count_ops(with_division)
     assert len(calls) > 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_exceeds_agrees_with_sympys_count_at_every_threshold(seed):
+    expr = _random_expr(random.Random(seed), 10)
+    total = sp.count_ops(expr)
+    for limit in (0, total // 2, total - 1, total, total + 1):
+        assert exceeds(expr, limit) == (total > limit), limit
+
+
+def test_exceeds_stops_early_on_a_tree_too_large_to_walk():
+    """2**60 leaves as a tree: a full walk would not end."""
+    e = x
+    for _ in range(60):
+        e = sp.sin(e) * sp.cos(e)
+    assert exceeds(e, 120) and not exceeds(x + y, 120)

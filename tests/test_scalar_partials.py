@@ -8,6 +8,7 @@ import random
 import pytest
 import sympy as sp
 
+from symbackprop.declare.select import where
 from symbackprop.declare.stable import sigmoid, softplus
 from symbackprop.diff.scalar import backward, forward
 
@@ -105,3 +106,20 @@ def test_coefficient_stays_outside_a_sum():
     a, b = sp.symbols("a b", real=True)
     found = backward((a + b) ** 2, sp.Integer(1), {a, b}.__contains__)
     assert found[a].args and (a + b) in found[a].args
+
+
+def test_piecewise_derivative_is_sympys_select_of_branch_derivatives():
+    """A Piecewise (built as `where` builds it, not refolded) differentiated
+    in both sweeps: SymPy's derivative at points in each branch; a symbol
+    only in a condition gets no derivative; equal branch derivatives give one."""
+    a, b, g = XS[0], XS[1], sp.Symbol("g")
+    pw = where(a > b, a**2 * b, where(a < -1, sp.sin(a), b * sp.exp(a)))
+    expr = pw * a + 1
+    found = backward(expr, g, XS.__contains__)
+    differential = forward(expr, {a: sp.Integer(1)})
+    for point in ({a: 1.5, b: 0.3, g: 1.0}, {a: -1.5, b: 0.3, g: 1.0}, {a: 0.1, b: 0.3, g: 1.0}):
+        assert close(sp.diff(expr, a), found[a], point)
+        assert close(sp.diff(expr, b), found[b], point)
+        assert close(sp.diff(expr, a), differential, point)
+    same = where(a > b, a + 1, a - 2)
+    assert backward(same, g, XS.__contains__) == {a: g}

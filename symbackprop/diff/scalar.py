@@ -12,7 +12,8 @@ program) instead of written out again.
 The local rules are SymPy's own (those of Add, Mul, Pow, and a function's
 fdiff, as in their _eval_derivative), so the derivatives are sp.diff's,
 grouped by subexpression. Anything else (Piecewise, Abs, Max, ...) is
-differentiated whole by sp.diff; such parts are small.
+differentiated whole by sp.diff (a Piecewise by its rule without the
+constructor's refolding: _diff_whole); such parts are small.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable, Mapping
 import sympy as sp
 from sympy.core.exprtools import _keep_coeff
 from sympy.core.function import ArgumentIndexError
+from sympy.functions.elementary.piecewise import ExprCondPair
 
 from symbackprop.ir.exprdag import _args, post_order
 
@@ -50,7 +52,7 @@ def backward(expr: sp.Expr, seed: sp.Expr, wanted: Callable[[sp.Basic], bool], l
             continue
         local = _local(sub, holds)
         if local is None:  # no rule of its own: sp.diff by each symbol under it
-            local = [(s, sp.diff(sub, s)) for s in sorted(filter(wanted, sub.free_symbols), key=str)]
+            local = [(s, _diff_whole(sub, s)) for s in sorted(filter(wanted, sub.free_symbols), key=str)]
         if len(local) > 1 and not adjoint.is_Atom:
             adjoint = _let_kept(adjoint, let)
         for arg, derivative in local:
@@ -78,7 +80,7 @@ def forward(expr: sp.Expr, tangent_of: Mapping[sp.Basic, sp.Expr], let: Let = _i
             continue
         local = _local(sub, holds)
         if local is None:
-            local = [(s, sp.diff(sub, s)) for s in sorted(sub.free_symbols & tangent_of.keys(), key=str)]
+            local = [(s, _diff_whole(sub, s)) for s in sorted(sub.free_symbols & tangent_of.keys(), key=str)]
         value = sp.Add(*[_product(derivative, tangent[arg]) for arg, derivative in local if derivative != 0 and arg in tangent])
         if value != 0:
             tangent[sub] = let(value) if uses.get(sub, 0) > 1 and not value.is_Atom else value
@@ -119,6 +121,21 @@ def _local(sub: sp.Basic, holds: Mapping[sp.Basic, bool]) -> list[tuple[sp.Basic
     if isinstance(sub, sp.Function) and type(sub)._eval_derivative is sp.Function._eval_derivative:
         return [(a, _fdiff(sub, i + 1)) for i, a in enumerate(args) if holds[a]]
     return None
+
+
+def _diff_whole(sub: sp.Basic, symbol: sp.Symbol) -> sp.Expr:
+    """d sub / d symbol for a kind without a rule here: sp.diff's, except a
+    Piecewise, whose derivative (the select of its branches' derivatives,
+    the conditions held, as Piecewise._eval_derivative) is built as it
+    stands: SymPy's rule rebuilds it through the constructor, which folds
+    its conditions again (8% of a saddle point's compile). Branches of one
+    derivative give that derivative, as the constructor would."""
+    if not isinstance(sub, sp.Piecewise):
+        return sp.diff(sub, symbol)
+    pairs = [(sp.diff(value, symbol), cond) for value, cond in sub.args]
+    if all(d == pairs[0][0] for d, _ in pairs):
+        return pairs[0][0]
+    return sp.Basic.__new__(sp.Piecewise, *(sp.Tuple.__new__(ExprCondPair, d, c) for d, c in pairs))
 
 
 def _fdiff(function: sp.Function, index: int) -> sp.Expr:

@@ -6,6 +6,7 @@ Symbols (bound from the arrays at call time)."""
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Iterable
 from typing import TypeAlias
@@ -60,6 +61,7 @@ def op_node(op: str, args: Iterable[Node], shape: Shape, attrs: tuple = ()) -> N
     return _node(op, tuple(args), shape, attrs)
 
 
+@functools.cache  # a Symbol is immutable; making one costs more than the lookup
 def placeholder(index: int) -> sp.Symbol:
     """The symbol that stands for a map's index-th argument in its body."""
     return sp.Symbol(f"_a{index}", real=True)

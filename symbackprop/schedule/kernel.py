@@ -92,8 +92,8 @@ def count_ops(expr: sp.Basic) -> Any:
 def map_equation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
     """A fused loop's value as an equation, or, beyond MAX_EQUATION_OPS (a
     gradient of a determinant by minors: printing them took 20 s), a
-    pointer to the C's temporaries."""
-    if count_ops(value) > MAX_EQUATION_OPS:
+    pointer to the C's temporaries (counted only up to that bound)."""
+    if opcount.exceeds(value, MAX_EQUATION_OPS):
         return Equation(lhs, "see the temporaries in the C", rf"{latex_name(lhs)} = \text{{see the C}}")
     return equation(lhs, value.xreplace(readable))
 

@@ -77,6 +77,23 @@ def _in_denominator(term: sp.Basic) -> bool:
     return bool(term.is_Rational and not term.is_Integer)
 
 
+def exceeds(expr: sp.Basic, limit: int) -> bool:
+    """count_ops(expr) > limit, walking expr as a tree only until its
+    count passes limit (each term adds a count >= 0, so a partial sum past
+    limit settles it): where only a threshold matters, a value shared
+    without bound (a determinant's gradient) is not counted in full."""
+    if not isinstance(expr, sp.Expr) or expr.is_Relational:
+        return count_ops(expr) > limit
+    total, stack = 0, [expr]
+    while stack:
+        own, visits = _step(stack.pop())
+        total += own
+        if total > limit:
+            return True
+        stack.extend(visits)
+    return False
+
+
 def count_ops(expr: sp.Basic) -> int:
     """sp.count_ops(expr) (an int), in time linear in expr's distinct terms."""
     if not isinstance(expr, sp.Expr) or expr.is_Relational:
