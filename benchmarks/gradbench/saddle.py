@@ -76,16 +76,17 @@ def f(p1, p):
 # numpy: GradBench's algorithm with the gradients written by hand
 
 
-def argmin(fn, grad, x: np.ndarray) -> np.ndarray:
+def argmin(fn, grad, x, sqrt=np.sqrt):
+    """GradBench's multivariate_argmin; sqrt is the array library's (numpy's, torch's)."""
     fx, gx, eta, i = fn(x), grad(x), ETA0, 0
     while True:
-        if np.sqrt(gx @ gx) <= TOL_G:
+        if sqrt(gx @ gx) <= TOL_G:
             return x
         if i == 10:
             eta, i = 2 * eta, 0
             continue
         xp = x - eta * gx
-        if np.sqrt((x - xp) @ (x - xp)) <= TOL_X:
+        if sqrt((x - xp) @ (x - xp)) <= TOL_X:
             return x
         fxp = fn(xp)
         if fxp < fx:
@@ -250,21 +251,7 @@ def torch_calls(data: dict, compiled: bool):
                 v = v.detach().requires_grad_(True)
                 return torch.autograd.grad(fn(v), v)[0]
 
-        fx, gx, eta, i = fn(x), grad(x), ETA0, 0
-        while True:
-            if torch.sqrt(gx @ gx) <= TOL_G:
-                return x
-            if i == 10:
-                eta, i = 2 * eta, 0
-                continue
-            xp = x - eta * gx
-            if torch.sqrt((x - xp) @ (x - xp)) <= TOL_X:
-                return x
-            fxp = fn(xp)
-            if fxp < fx:
-                x, fx, gx, i = xp, fxp, grad(xp), i + 1
-            else:
-                eta, i = eta / 2, 0
+        return argmin(fn, grad, x, sqrt=torch.sqrt)
 
     s = torch.tensor(data["start"], dtype=torch.float64)
 
