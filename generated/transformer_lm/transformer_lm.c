@@ -284,6 +284,13 @@ static void transformer_lm_run_part1(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores t11 t12^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t11 + row0 * 64 + hd * 16, 64, t12 + row0 * 64 + hd * 16, 64,
+                                          t13 + row0 * 256 + hd * 64, 256, 64);
+        }
+    #else
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* t13_block[dk][ks] = t12[(e,ks), hd*16+dk]: the head's keys transposed, so that
              * a row of scores is a sum of contiguous rows */
@@ -306,6 +313,7 @@ static void transformer_lm_run_part1(
                 }
             }
         }
+    #endif
     }
 
     /* t14 = t13/4 */
@@ -359,6 +367,13 @@ static void transformer_lm_run_part1(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t15) t16 */
+            symbackprop_f64_causal_mix(0, len, 16, t15 + row0 * 256 + hd * 64, 256,
+                                       t16 + row0 * 64 + hd * 16, 64, t17 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 /* orow[dk] = sum over keys ks <= qt of t15[(e,qt),(hd,ks)] *
@@ -375,6 +390,7 @@ static void transformer_lm_run_part1(
                 }
             }
         }
+    #endif
     }
 
     /* t18 = t17 @ Wo0 */
@@ -591,6 +607,13 @@ static void transformer_lm_run_part2(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores t40 t41^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t40 + row0 * 64 + hd * 16, 64, t41 + row0 * 64 + hd * 16, 64,
+                                          t42 + row0 * 256 + hd * 64, 256, 64);
+        }
+    #else
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* t42_block[dk][ks] = t41[(e,ks), hd*16+dk]: the head's keys transposed, so that
              * a row of scores is a sum of contiguous rows */
@@ -613,6 +636,7 @@ static void transformer_lm_run_part2(
                 }
             }
         }
+    #endif
     }
 
     /* t43 = t42/4 */
@@ -666,6 +690,13 @@ static void transformer_lm_run_part2(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t44) t45 */
+            symbackprop_f64_causal_mix(0, len, 16, t44 + row0 * 256 + hd * 64, 256,
+                                       t45 + row0 * 64 + hd * 16, 64, t46 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 /* orow[dk] = sum over keys ks <= qt of t44[(e,qt),(hd,ks)] *
@@ -682,6 +713,7 @@ static void transformer_lm_run_part2(
                 }
             }
         }
+    #endif
     }
 
     /* t47 = t46 @ Wo1 */
@@ -1228,6 +1260,13 @@ static void transformer_lm_run_part4(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t44)^T grad_t46 */
+            symbackprop_f64_causal_mix(1, len, 16, t44 + row0 * 256 + hd * 64, 256,
+                                       grad_t46 + row0 * 64 + hd * 16, 64, grad_t45 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 /* orow[dk] = sum over queries qt >= ks of t44[(e,qt),(hd,ks)] *
@@ -1244,6 +1283,7 @@ static void transformer_lm_run_part4(
                 }
             }
         }
+    #endif
     }
 
     /* grad_t39_part = grad_t45 @ Wv1^T */
@@ -1257,6 +1297,13 @@ static void transformer_lm_run_part4(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores grad_t46 t45^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_t46 + row0 * 64 + hd * 16, 64, t45 + row0 * 64 + hd * 16, 64,
+                                          grad_t44 + row0 * 256 + hd * 64, 256, 64);
+        }
+    #else
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* grad_t44_block[dk][ks] = t45[(e,ks), hd*16+dk]: the head's keys transposed, so
              * that a row of scores is a sum of contiguous rows */
@@ -1280,6 +1327,7 @@ static void transformer_lm_run_part4(
                 }
             }
         }
+    #endif
     }
 
     /* t79 = grad_t44*t44 */
@@ -1330,6 +1378,13 @@ static void transformer_lm_run_part4(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t42)^T t40 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t42 + row0 * 256 + hd * 64, 256,
+                                       t40 + row0 * 64 + hd * 16, 64, grad_t41 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 /* orow[dk] = sum over queries qt >= ks of grad_t42[(e,qt),(hd,ks)] *
@@ -1346,6 +1401,7 @@ static void transformer_lm_run_part4(
                 }
             }
         }
+    #endif
     }
 
     /* grad_t39_part_1 = grad_t41 @ Wk1^T */
@@ -1358,6 +1414,13 @@ static void transformer_lm_run_part4(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t42) t41 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t42 + row0 * 256 + hd * 64, 256,
+                                       t41 + row0 * 64 + hd * 16, 64, grad_t40 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 /* orow[dk] = sum over keys ks <= qt of grad_t42[(e,qt),(hd,ks)] *
@@ -1374,6 +1437,7 @@ static void transformer_lm_run_part4(
                 }
             }
         }
+    #endif
     }
 
     /* grad_t39_part_2 = grad_t40 @ Wq1^T */
@@ -1585,6 +1649,13 @@ static void transformer_lm_run_part5(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t15)^T grad_t17 */
+            symbackprop_f64_causal_mix(1, len, 16, t15 + row0 * 256 + hd * 64, 256,
+                                       grad_t17 + row0 * 64 + hd * 16, 64, grad_t16 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 /* orow[dk] = sum over queries qt >= ks of t15[(e,qt),(hd,ks)] *
@@ -1601,6 +1672,7 @@ static void transformer_lm_run_part5(
                 }
             }
         }
+    #endif
     }
 
     /* grad_t10_part = grad_t16 @ Wv0^T */
@@ -1614,6 +1686,13 @@ static void transformer_lm_run_part5(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores grad_t17 t16^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_t17 + row0 * 64 + hd * 16, 64, t16 + row0 * 64 + hd * 16, 64,
+                                          grad_t15 + row0 * 256 + hd * 64, 256, 64);
+        }
+    #else
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* grad_t15_block[dk][ks] = t16[(e,ks), hd*16+dk]: the head's keys transposed, so
              * that a row of scores is a sum of contiguous rows */
@@ -1637,6 +1716,7 @@ static void transformer_lm_run_part5(
                 }
             }
         }
+    #endif
     }
 
     /* t86 = grad_t15*t15 */
@@ -1687,6 +1767,13 @@ static void transformer_lm_run_part5(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t13)^T t11 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t13 + row0 * 256 + hd * 64, 256,
+                                       t11 + row0 * 64 + hd * 16, 64, grad_t12 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 /* orow[dk] = sum over queries qt >= ks of grad_t13[(e,qt),(hd,ks)] *
@@ -1703,6 +1790,7 @@ static void transformer_lm_run_part5(
                 }
             }
         }
+    #endif
     }
 
     /* grad_t10_part_1 = grad_t12 @ Wk0^T */
@@ -1715,6 +1803,13 @@ static void transformer_lm_run_part5(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t13) t12 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t13 + row0 * 256 + hd * 64, 256,
+                                       t12 + row0 * 64 + hd * 16, 64, grad_t11 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 /* orow[dk] = sum over keys ks <= qt of grad_t13[(e,qt),(hd,ks)] *
@@ -1731,6 +1826,7 @@ static void transformer_lm_run_part5(
                 }
             }
         }
+    #endif
     }
 
     /* grad_t10_part_2 = grad_t11 @ Wq0^T */
@@ -2579,6 +2675,13 @@ static void transformer_lm_train_step_part1(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores t11 t12^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t11 + row0 * 64 + hd * 16, 64, t12 + row0 * 64 + hd * 16, 64,
+                                          t13 + row0 * 256 + hd * 64, 256, 64);
+        }
+    #else
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* t13_block_1[dk][ks] = t12[(e,ks), hd*16+dk]: the head's keys transposed, so
              * that a row of scores is a sum of contiguous rows */
@@ -2601,6 +2704,7 @@ static void transformer_lm_train_step_part1(
                 }
             }
         }
+    #endif
     }
 
     /* t14 = t13/4 */
@@ -2654,6 +2758,13 @@ static void transformer_lm_train_step_part1(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t15) t16 */
+            symbackprop_f64_causal_mix(0, len, 16, t15 + row0 * 256 + hd * 64, 256,
+                                       t16 + row0 * 64 + hd * 16, 64, t17 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 /* orow[dk] = sum over keys ks <= qt of t15[(e,qt),(hd,ks)] *
@@ -2670,6 +2781,7 @@ static void transformer_lm_train_step_part1(
                 }
             }
         }
+    #endif
     }
 
     /* t18 = t17 @ Wo0 */
@@ -2879,6 +2991,13 @@ static void transformer_lm_train_step_part2(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores t40 t41^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t40 + row0 * 64 + hd * 16, 64, t41 + row0 * 64 + hd * 16, 64,
+                                          t42 + row0 * 256 + hd * 64, 256, 64);
+        }
+    #else
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* t42_block_1[dk][ks] = t41[(e,ks), hd*16+dk]: the head's keys transposed, so
              * that a row of scores is a sum of contiguous rows */
@@ -2901,6 +3020,7 @@ static void transformer_lm_train_step_part2(
                 }
             }
         }
+    #endif
     }
 
     /* t43 = t42/4 */
@@ -2954,6 +3074,13 @@ static void transformer_lm_train_step_part2(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t44) t45 */
+            symbackprop_f64_causal_mix(0, len, 16, t44 + row0 * 256 + hd * 64, 256,
+                                       t45 + row0 * 64 + hd * 16, 64, t46 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 /* orow[dk] = sum over keys ks <= qt of t44[(e,qt),(hd,ks)] *
@@ -2970,6 +3097,7 @@ static void transformer_lm_train_step_part2(
                 }
             }
         }
+    #endif
     }
 
     /* t47 = t46 @ Wo1 */
@@ -3499,6 +3627,13 @@ static void transformer_lm_train_step_part3(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t44)^T grad_t46 */
+            symbackprop_f64_causal_mix(1, len, 16, t44 + row0 * 256 + hd * 64, 256,
+                                       grad_t46 + row0 * 64 + hd * 16, 64, grad_t45 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 /* orow[dk] = sum over queries qt >= ks of t44[(e,qt),(hd,ks)] *
@@ -3515,6 +3650,7 @@ static void transformer_lm_train_step_part3(
                 }
             }
         }
+    #endif
     }
 
     /* grad_t39_part = grad_t45 @ Wv1^T */
@@ -3528,6 +3664,13 @@ static void transformer_lm_train_step_part3(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores grad_t46 t45^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_t46 + row0 * 64 + hd * 16, 64, t45 + row0 * 64 + hd * 16, 64,
+                                          grad_t44 + row0 * 256 + hd * 64, 256, 64);
+        }
+    #else
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* grad_t44_block_1[dk][ks] = t45[(e,ks), hd*16+dk]: the head's keys transposed,
              * so that a row of scores is a sum of contiguous rows */
@@ -3551,6 +3694,7 @@ static void transformer_lm_train_step_part3(
                 }
             }
         }
+    #endif
     }
 
     /* t79 = grad_t44*t44 */
@@ -3601,6 +3745,13 @@ static void transformer_lm_train_step_part3(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t42)^T t40 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t42 + row0 * 256 + hd * 64, 256,
+                                       t40 + row0 * 64 + hd * 16, 64, grad_t41 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 /* orow[dk] = sum over queries qt >= ks of grad_t42[(e,qt),(hd,ks)] *
@@ -3617,6 +3768,7 @@ static void transformer_lm_train_step_part3(
                 }
             }
         }
+    #endif
     }
 
     /* grad_t39_part_1 = grad_t41 @ Wk1^T */
@@ -3629,6 +3781,13 @@ static void transformer_lm_train_step_part3(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t42) t41 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t42 + row0 * 256 + hd * 64, 256,
+                                       t41 + row0 * 64 + hd * 16, 64, grad_t40 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 /* orow[dk] = sum over keys ks <= qt of grad_t42[(e,qt),(hd,ks)] *
@@ -3645,6 +3804,7 @@ static void transformer_lm_train_step_part3(
                 }
             }
         }
+    #endif
     }
 
     /* grad_t39_part_2 = grad_t40 @ Wq1^T */
@@ -3849,6 +4009,13 @@ static void transformer_lm_train_step_part4(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t15)^T grad_t17 */
+            symbackprop_f64_causal_mix(1, len, 16, t15 + row0 * 256 + hd * 64, 256,
+                                       grad_t17 + row0 * 64 + hd * 16, 64, grad_t16 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 /* orow[dk] = sum over queries qt >= ks of t15[(e,qt),(hd,ks)] *
@@ -3865,6 +4032,7 @@ static void transformer_lm_train_step_part4(
                 }
             }
         }
+    #endif
     }
 
     /* grad_t10_part = grad_t16 @ Wv0^T */
@@ -3878,6 +4046,13 @@ static void transformer_lm_train_step_part4(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores grad_t17 t16^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_t17 + row0 * 64 + hd * 16, 64, t16 + row0 * 64 + hd * 16, 64,
+                                          grad_t15 + row0 * 256 + hd * 64, 256, 64);
+        }
+    #else
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* grad_t15_block_1[dk][ks] = t16[(e,ks), hd*16+dk]: the head's keys transposed,
              * so that a row of scores is a sum of contiguous rows */
@@ -3901,6 +4076,7 @@ static void transformer_lm_train_step_part4(
                 }
             }
         }
+    #endif
     }
 
     /* t86 = grad_t15*t15 */
@@ -3951,6 +4127,13 @@ static void transformer_lm_train_step_part4(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t13)^T t11 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t13 + row0 * 256 + hd * 64, 256,
+                                       t11 + row0 * 64 + hd * 16, 64, grad_t12 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 /* orow[dk] = sum over queries qt >= ks of grad_t13[(e,qt),(hd,ks)] *
@@ -3967,6 +4150,7 @@ static void transformer_lm_train_step_part4(
                 }
             }
         }
+    #endif
     }
 
     /* grad_t10_part_1 = grad_t12 @ Wk0^T */
@@ -3979,6 +4163,13 @@ static void transformer_lm_train_step_part4(
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t13) t12 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t13 + row0 * 256 + hd * 64, 256,
+                                       t12 + row0 * 64 + hd * 16, 64, grad_t11 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 /* orow[dk] = sum over keys ks <= qt of grad_t13[(e,qt),(hd,ks)] *
@@ -3995,6 +4186,7 @@ static void transformer_lm_train_step_part4(
                 }
             }
         }
+    #endif
     }
 
     /* grad_t10_part_2 = grad_t11 @ Wq0^T */
