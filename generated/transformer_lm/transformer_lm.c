@@ -18,7 +18,7 @@ static size_t transformer_lm_run_work_len(int64_t m, int with_grads)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 4934*m + 4869 : 1533*m + 4869);
+    return (size_t)(with_grads ? 4742*m + 4869 : 1277*m + 4869);
 }
 
 /* transformer_lm_run, part 1 of 6 (kernels 1 to 32): a long
@@ -213,8 +213,8 @@ static void transformer_lm_run_part1(
 
     /* t4 = t2 - t3/64 */
     /* t5 = (t2 - t3/64)**2 */
-    TRANSFORMER_LM_REAL *t4 = t3 + m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t5 = t4 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t4 = t0; /* m x 64, in t0's memory */
+    TRANSFORMER_LM_REAL *t5 = t1; /* m x 64, in t1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -233,9 +233,9 @@ static void transformer_lm_run_part1(
     /* t7 = t4/sqrt(t6/64 + 1.0e-5) */
     /* t8 = b0a + g0a*t4/sqrt(t6/64 + 1.0e-5) */
     /* dt7_dt6 = -t4/(128*(t6/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t7 = t2; /* m x 64, in t2's memory */
-    TRANSFORMER_LM_REAL *t8 = t5; /* m x 64, in t5's memory */
-    TRANSFORMER_LM_REAL *dt7_dt6 = t5 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t7 = t5; /* m x 64, in t5's memory */
+    TRANSFORMER_LM_REAL *t8 = t3 + m; /* m x 64 */
+    TRANSFORMER_LM_REAL *dt7_dt6 = t8 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -375,12 +375,12 @@ static void transformer_lm_run_part1(
     TRANSFORMER_LM_REAL *t16 = with_grads ? t15 + 64*m : t10; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t15, 64, 1, Wo0, 64, 1, t16);
 
-    /* t17 = t0 + t1 + t16 */
+    /* t17 = t16 + t2 */
     TRANSFORMER_LM_REAL *t17 = with_grads ? t16 + 64*m : t8; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t17[64*i + j] = t16[64*i + j] + t0[64*i + j] + t1[64*i + j];
+            t17[64*i + j] = t2[64*i + j] + t16[64*i + j];
         }
     }
 
@@ -392,8 +392,8 @@ static void transformer_lm_run_part1(
 
     /* t19 = t17 - t18/64 */
     /* t20 = (t17 - t18/64)**2 */
-    TRANSFORMER_LM_REAL *t19 = with_grads ? t18 + m : t14; /* m x 64 */
-    TRANSFORMER_LM_REAL *t20 = with_grads ? t19 + 64*m : t15; /* m x 64 */
+    TRANSFORMER_LM_REAL *t19 = with_grads ? t2 : t14; /* m x 64, in t2's memory */
+    TRANSFORMER_LM_REAL *t20 = with_grads ? t16 : t15; /* m x 64, in t16's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -412,9 +412,9 @@ static void transformer_lm_run_part1(
     /* t22 = t19/sqrt(t21/64 + 1.0e-5) */
     /* t23 = b0m + g0m*t19/sqrt(t21/64 + 1.0e-5) */
     /* dt22_dt21 = -t19/(128*(t21/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t22 = t17; /* m x 64, in t17's memory */
-    TRANSFORMER_LM_REAL *t23 = t20; /* m x 64, in t20's memory */
-    TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? t20 + 64*m : t12 + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t22 = with_grads ? t20 : t2; /* m x 64, in t20's memory */
+    TRANSFORMER_LM_REAL *t23 = with_grads ? t18 + m : t16; /* m x 64 */
+    TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? t23 + 64*m : t20; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -434,7 +434,7 @@ static void transformer_lm_run_part1(
     /* t26 = sqrt(2)*(c0up + t24)*exp(-(c0up + t24)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c0up +
      * t24)/2)/2 + 1/2 */
     TRANSFORMER_LM_REAL *t25 = with_grads ? dt22_dt21 + 64*m : t13; /* m x 256 */
-    TRANSFORMER_LM_REAL *t26 = with_grads ? t25 + 256*m : dt22_dt21 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *t26 = with_grads ? t25 + 256*m : t12 + 256*m; /* m x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
@@ -450,12 +450,12 @@ static void transformer_lm_run_part1(
     TRANSFORMER_LM_REAL *t27 = with_grads ? t26 + 256*m : t19; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 256, t25, 256, 1, W0down, 64, 1, t27);
 
-    /* t28 = c0down + t0 + t1 + t16 + t27 */
+    /* t28 = c0down + t17 + t27 */
     TRANSFORMER_LM_REAL *t28 = with_grads ? t27 + 64*m : t22; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t28[64*i + j] = t16[64*i + j] + t27[64*i + j] + c0down[j] + t0[64*i + j] + t1[64*i + j];
+            t28[64*i + j] = t17[64*i + j] + t27[64*i + j] + c0down[j];
         }
     }
 
@@ -467,8 +467,8 @@ static void transformer_lm_run_part1(
 
     /* t30 = t28 - t29/64 */
     /* t31 = (t28 - t29/64)**2 */
-    TRANSFORMER_LM_REAL *t30 = with_grads ? t29 + m : dt22_dt21; /* m x 64 */
-    TRANSFORMER_LM_REAL *t31 = with_grads ? t30 + 64*m : t23; /* m x 64 */
+    TRANSFORMER_LM_REAL *t30 = with_grads ? t17 : dt22_dt21; /* m x 64, in t17's memory */
+    TRANSFORMER_LM_REAL *t31 = with_grads ? t27 : t23; /* m x 64, in t27's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -487,9 +487,9 @@ static void transformer_lm_run_part1(
     /* t33 = t30/sqrt(t32/64 + 1.0e-5) */
     /* t34 = b1a + g1a*t30/sqrt(t32/64 + 1.0e-5) */
     /* dt33_dt32 = -t30/(128*(t32/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t33 = t28; /* m x 64, in t28's memory */
-    TRANSFORMER_LM_REAL *t34 = t31; /* m x 64, in t31's memory */
-    TRANSFORMER_LM_REAL *dt33_dt32 = with_grads ? t31 + 64*m : t26 + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t33 = with_grads ? t31 : t17; /* m x 64, in t31's memory */
+    TRANSFORMER_LM_REAL *t34 = with_grads ? t29 + m : t27; /* m x 64 */
+    TRANSFORMER_LM_REAL *dt33_dt32 = with_grads ? t34 + 64*m : t31; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -596,7 +596,6 @@ static void transformer_lm_run_part1(
 static void transformer_lm_run_part2(
     int64_t m,
     const int64_t *targets,
-    const TRANSFORMER_LM_REAL *c0down,
     const TRANSFORMER_LM_REAL *Wv1,
     const TRANSFORMER_LM_REAL *Wo1,
     const TRANSFORMER_LM_REAL *g1m,
@@ -613,18 +612,16 @@ static void transformer_lm_run_part2(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t0 = work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t1 = work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t16 = with_grads ? work + 1153*m + 1024 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1986*m + 1024 : work + 321*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 2114*m + 1024 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t34 = with_grads ? work + 2179*m + 1024 : work + 193*m; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt33_dt32 = with_grads ? work + 2243*m + 1024 : work + 1217*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2307*m + 1024 : work + 897*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t36 = with_grads ? work + 2371*m + 1024 : work + 257*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t37 = with_grads ? work + 769*m + 1024 : work + 641*m + 1024; /* m x 256, in t24's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t38 = with_grads ? work + 2435*m + 1024 : work + 961*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 769*m + 1024 : work + 385*m; /* m x 256, in t37's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1602*m + 1024 : work + 833*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t28 = with_grads ? work + 1922*m + 1024 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 1986*m + 1024 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t34 = with_grads ? work + 1987*m + 1024 : work + 257*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt33_dt32 = with_grads ? work + 2051*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2115*m + 1024 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t36 = with_grads ? work + 2179*m + 1024 : work + 193*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t37 = with_grads ? work + 705*m + 1024 : work + 577*m + 1024; /* m x 256, in t24's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t38 = with_grads ? work + 2243*m + 1024 : work + 833*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 705*m + 1024 : work + 321*m; /* m x 256, in t37's memory; placed in an earlier part */
     /* t40 = t34 @ Wv1 */
     TRANSFORMER_LM_REAL *t40 = with_grads ? t38 + 256*m : dt33_dt32; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wv1, 64, 1, t40);
@@ -665,12 +662,12 @@ static void transformer_lm_run_part2(
     TRANSFORMER_LM_REAL *t42 = with_grads ? t41 + 64*m : t36; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t41, 64, 1, Wo1, 64, 1, t42);
 
-    /* t43 = c0down + t0 + t1 + t16 + t27 + t42 */
+    /* t43 = t28 + t42 */
     TRANSFORMER_LM_REAL *t43 = with_grads ? t42 + 64*m : t34; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t43[64*i + j] = t16[64*i + j] + t42[64*i + j] + t27[64*i + j] + c0down[j] + t0[64*i + j] + t1[64*i + j];
+            t43[64*i + j] = t28[64*i + j] + t42[64*i + j];
         }
     }
 
@@ -682,8 +679,8 @@ static void transformer_lm_run_part2(
 
     /* t45 = t43 - t44/64 */
     /* t46 = (t43 - t44/64)**2 */
-    TRANSFORMER_LM_REAL *t45 = with_grads ? t44 + m : t40; /* m x 64 */
-    TRANSFORMER_LM_REAL *t46 = with_grads ? t45 + 64*m : t41; /* m x 64 */
+    TRANSFORMER_LM_REAL *t45 = with_grads ? t28 : t40; /* m x 64, in t28's memory */
+    TRANSFORMER_LM_REAL *t46 = with_grads ? t42 : t41; /* m x 64, in t42's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -702,9 +699,9 @@ static void transformer_lm_run_part2(
     /* t48 = t45/sqrt(t47/64 + 1.0e-5) */
     /* t49 = b1m + g1m*t45/sqrt(t47/64 + 1.0e-5) */
     /* dt48_dt47 = -t45/(128*(t47/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t48 = t43; /* m x 64, in t43's memory */
-    TRANSFORMER_LM_REAL *t49 = t46; /* m x 64, in t46's memory */
-    TRANSFORMER_LM_REAL *dt48_dt47 = with_grads ? t46 + 64*m : dt33_dt32 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t48 = with_grads ? t46 : t28; /* m x 64, in t46's memory */
+    TRANSFORMER_LM_REAL *t49 = with_grads ? t44 + m : t42; /* m x 64 */
+    TRANSFORMER_LM_REAL *dt48_dt47 = with_grads ? t49 + 64*m : t46; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -740,12 +737,12 @@ static void transformer_lm_run_part2(
     TRANSFORMER_LM_REAL *t53 = with_grads ? t52 + 256*m : t45; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 256, t51, 256, 1, W1down, 64, 1, t53);
 
-    /* t54 = c0down + c1down + t0 + t1 + t16 + t27 + t42 + t53 */
+    /* t54 = c1down + t43 + t53 */
     TRANSFORMER_LM_REAL *t54 = with_grads ? t53 + 64*m : t48; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t54[64*i + j] = t16[64*i + j] + t42[64*i + j] + t27[64*i + j] + t53[64*i + j] + c0down[j] + c1down[j] + t0[64*i + j] + t1[64*i + j];
+            t54[64*i + j] = t43[64*i + j] + t53[64*i + j] + c1down[j];
         }
     }
 
@@ -757,8 +754,8 @@ static void transformer_lm_run_part2(
 
     /* t56 = t54 - t55/64 */
     /* t57 = (t54 - t55/64)**2 */
-    TRANSFORMER_LM_REAL *t56 = with_grads ? t0 : dt48_dt47; /* m x 64, in t0's memory */
-    TRANSFORMER_LM_REAL *t57 = with_grads ? t1 : t49; /* m x 64, in t1's memory */
+    TRANSFORMER_LM_REAL *t56 = with_grads ? t43 : dt48_dt47; /* m x 64, in t43's memory */
+    TRANSFORMER_LM_REAL *t57 = with_grads ? t53 : t49; /* m x 64, in t53's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -777,9 +774,9 @@ static void transformer_lm_run_part2(
     /* t59 = t56/sqrt(t58/64 + 1.0e-5) */
     /* t60 = bf + gf*t56/sqrt(t58/64 + 1.0e-5) */
     /* dt59_dt58 = -t56/(128*(t58/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t59 = with_grads ? t16 : t0; /* m x 64, in t16's memory */
-    TRANSFORMER_LM_REAL *t60 = with_grads ? t27 : t1; /* m x 64, in t27's memory */
-    TRANSFORMER_LM_REAL *dt59_dt58 = with_grads ? t42 : t16; /* m x 64, in t42's memory */
+    TRANSFORMER_LM_REAL *t59 = with_grads ? t54 : t43; /* m x 64, in t54's memory */
+    TRANSFORMER_LM_REAL *t60 = with_grads ? t57 : t53; /* m x 64, in t57's memory */
+    TRANSFORMER_LM_REAL *dt59_dt58 = with_grads ? t55 + m : t54; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -792,7 +789,7 @@ static void transformer_lm_run_part2(
     }
 
     /* t61 = t60 @ Wout */
-    TRANSFORMER_LM_REAL *t61 = with_grads ? t55 + m : dt48_dt47 + 64*m; /* m x 62 */
+    TRANSFORMER_LM_REAL *t61 = with_grads ? dt59_dt58 + 64*m : t26 + 256*m; /* m x 62 */
     symbackprop_f64_matmul(m, 62, 64, t60, 64, 1, Wout, 62, 1, t61);
 
     /* t62 = Matrix([ [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
@@ -990,20 +987,17 @@ static void transformer_lm_run_part3(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t53 = with_grads ? work + 3652*m + 1024 : work + 1217*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t54 = with_grads ? work + 3716*m + 1024 : work + 193*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t56 = with_grads ? work : work + 1281*m + 1024; /* m x 64, in t0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t57 = with_grads ? work + 64*m : work + 897*m + 1024; /* m x 64, in t1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t58 = with_grads ? work + 3780*m + 1024 : work + 192*m; /* m x 1, in t55's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t59 = with_grads ? work + 1153*m + 1024 : work; /* m x 64, in t16's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt59_dt58 = with_grads ? work + 2819*m + 1024 : work + 128*m; /* m x 64, in t42's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t61 = with_grads ? work + 3781*m + 1024 : work + 1345*m + 1024; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t63 = with_grads ? work + 3843*m + 4868 : work + 1407*m + 4868; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t64 = with_grads ? work + 3905*m + 4868 : work + 1469*m + 4868; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t65 = with_grads ? work + 3967*m + 4868 : work + 192*m; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t66 = with_grads ? work + 3968*m + 4868 : work + 1531*m + 4868; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t67 = with_grads ? work + 3969*m + 4868 : work + 1532*m + 4868; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t68 = with_grads ? work + 3970*m + 4868 : work + 1533*m + 4868; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t56 = with_grads ? work + 2691*m + 1024 : work; /* m x 64, in t43's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t58 = with_grads ? work + 3524*m + 1024 : work + 192*m; /* m x 1, in t55's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t59 = with_grads ? work + 3460*m + 1024 : work + 257*m; /* m x 64, in t54's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt59_dt58 = with_grads ? work + 3525*m + 1024 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t61 = with_grads ? work + 3589*m + 1024 : work + 1089*m + 1024; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t63 = with_grads ? work + 3651*m + 4868 : work + 1151*m + 4868; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t64 = with_grads ? work + 3713*m + 4868 : work + 1213*m + 4868; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t65 = with_grads ? work + 3775*m + 4868 : work + 192*m; /* m x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t66 = with_grads ? work + 3776*m + 4868 : work + 1275*m + 4868; /* m x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t67 = with_grads ? work + 3777*m + 4868 : work + 1276*m + 4868; /* m x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t68 = with_grads ? work + 3778*m + 4868 : work + 1277*m + 4868; /* 1 x 1; placed in an earlier part */
     /* grad_t61 = -t63/m + exp(t61 - t66)/m */
     TRANSFORMER_LM_REAL *grad_t61 = t64; /* m x 62, in t64's memory */
     SYMBACKPROP_PARALLEL_FOR
@@ -1015,15 +1009,15 @@ static void transformer_lm_run_part3(
     }
 
     /* grad_t60 = grad_t61 @ Wout^T */
-    TRANSFORMER_LM_REAL *grad_t60 = t53; /* m x 64, in t53's memory */
+    TRANSFORMER_LM_REAL *grad_t60 = t68 + 1; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 62, grad_t61, 62, 1, Wout, 1, 62, grad_t60);
 
     /* grad_t59 = gf*grad_t60 */
     /* t69 = dt59_dt58*gf*grad_t60 */
     /* g0 = grad_t60*t59 */
-    TRANSFORMER_LM_REAL *grad_t59 = t54; /* m x 64, in t54's memory */
-    TRANSFORMER_LM_REAL *t69 = t57; /* m x 64, in t57's memory */
-    TRANSFORMER_LM_REAL *g0 = t68 + 1; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_t59 = grad_t60 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t69 = grad_t59 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g0 = t69 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -1088,34 +1082,34 @@ static void transformer_lm_run_part4(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1217*m + 1024 : work + 257*m; /* m x 64, in t17's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? work + 1410*m + 1024 : work + 897*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1730*m + 1024 : work + 961*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 2115*m + 1024 : work + 897*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 2114*m + 1024 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t33 = with_grads ? work + 2050*m + 1024 : work + 257*m; /* m x 64, in t28's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt33_dt32 = with_grads ? work + 2243*m + 1024 : work + 1217*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2307*m + 1024 : work + 897*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t36 = with_grads ? work + 2371*m + 1024 : work + 257*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t37_block = with_grads ? work + 769*m : work + 641*m; /* 64 x 16, in t11_block's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 769*m + 1024 : work + 385*m; /* m x 256, in t37's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = with_grads ? work + 2691*m + 1024 : work + 1217*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t45 = with_grads ? work + 2948*m + 1024 : work + 1217*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t47 = with_grads ? work + 2947*m + 1024 : work + 192*m; /* m x 1, in t44's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t48 = with_grads ? work + 2883*m + 1024 : work + 193*m; /* m x 64, in t43's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt48_dt47 = with_grads ? work + 3076*m + 1024 : work + 1281*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t50 = with_grads ? work + 2435*m + 1024 : work + 641*m + 1024; /* m x 256, in t38's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t52 = with_grads ? work + 3396*m + 1024 : work + 385*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t56 = with_grads ? work : work + 1281*m + 1024; /* m x 64, in t0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t58 = with_grads ? work + 3780*m + 1024 : work + 192*m; /* m x 1, in t55's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t59 = work + 3716*m + 1024; /* m x 64, in t54's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t69 = work + 64*m; /* m x 64, in t57's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1089*m + 1024 : work + 128*m; /* m x 64, in t20's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? work + 1282*m + 1024 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1602*m + 1024 : work + 833*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 1153*m + 1024 : work; /* m x 64, in t17's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 1986*m + 1024 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t33 = with_grads ? work + 1858*m + 1024 : work + 193*m; /* m x 64, in t31's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt33_dt32 = with_grads ? work + 2051*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2115*m + 1024 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t36 = with_grads ? work + 2179*m + 1024 : work + 193*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t37_block = with_grads ? work + 705*m : work + 577*m; /* 64 x 16, in t11_block's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 705*m + 1024 : work + 321*m; /* m x 256, in t37's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t40 = with_grads ? work + 2499*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t45 = with_grads ? work + 1922*m + 1024 : work + 64*m; /* m x 64, in t28's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t47 = with_grads ? work + 2755*m + 1024 : work + 192*m; /* m x 1, in t44's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t48 = with_grads ? work + 2627*m + 1024 : work + 128*m; /* m x 64, in t46's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt48_dt47 = with_grads ? work + 2820*m + 1024 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t50 = with_grads ? work + 2243*m + 1024 : work + 577*m + 1024; /* m x 256, in t38's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t52 = with_grads ? work + 3140*m + 1024 : work + 321*m; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t56 = with_grads ? work + 2691*m + 1024 : work; /* m x 64, in t43's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t58 = with_grads ? work + 3524*m + 1024 : work + 192*m; /* m x 1, in t55's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t59 = work + 3842*m + 4869; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t69 = work + 3906*m + 4869; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *g0 = work + 3970*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t70 = work + 3967*m + 4868; /* m x 1, in t65's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t58 = work + 3969*m + 4868; /* m x 1, in t67's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t56 = work + 1153*m + 1024; /* m x 64, in t59's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t71 = work + 2819*m + 1024; /* m x 64, in dt59_dt58's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t55 = work + 3968*m + 4868; /* m x 1, in t66's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t70 = work + 3775*m + 4868; /* m x 1, in t65's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t58 = work + 3777*m + 4868; /* m x 1, in t67's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t56 = work + 3460*m + 1024; /* m x 64, in t59's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t71 = work + 3525*m + 1024; /* m x 64, in dt59_dt58's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t55 = work + 3776*m + 4868; /* m x 1, in t66's memory; placed in an earlier part */
     /* grad_t54 = grad_t55 + grad_t56 */
     TRANSFORMER_LM_REAL *grad_t54 = t69; /* m x 64, in t69's memory */
     SYMBACKPROP_PARALLEL_FOR
@@ -1191,26 +1185,22 @@ static void transformer_lm_run_part4(
         grad_t44[i] = symbackprop_f64_sum(t74 + 64*i, 64, 1);
     }
 
-    /* grad_t43 = grad_t44 + grad_t45 */
-    /* grad_t42 = grad_t44 + grad_t45 + grad_t54 */
+    /* grad_t43 = grad_t44 + grad_t45 + grad_t54 */
     TRANSFORMER_LM_REAL *grad_t43 = t72; /* m x 64, in t72's memory */
-    TRANSFORMER_LM_REAL *grad_t42 = t45; /* m x 64, in t45's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t45[64*i + j] + grad_t44[i];
-            grad_t43[64*i + j] = x0;
-            grad_t42[64*i + j] = grad_t54[64*i + j] + x0;
+            grad_t43[64*i + j] = grad_t54[64*i + j] + grad_t45[64*i + j] + grad_t44[i];
         }
     }
 
-    /* grad_t41 = grad_t42 @ Wo1^T */
-    TRANSFORMER_LM_REAL *grad_t41 = grad_t48; /* m x 64, in grad_t48's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t42, 64, 1, Wo1, 1, 64, grad_t41);
+    /* grad_t41 = grad_t43 @ Wo1^T */
+    TRANSFORMER_LM_REAL *grad_t41 = t45; /* m x 64, in t45's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t43, 64, 1, Wo1, 1, 64, grad_t41);
 
     /* grad_t40[(e,s),h*dh+k] = sum_{t>=s} t39[(e,t),(h,s)] * grad_t41[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t40 = t74; /* m x 64, in t74's memory */
+    TRANSFORMER_LM_REAL *grad_t40 = grad_t48; /* m x 64, in grad_t48's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -1241,7 +1231,7 @@ static void transformer_lm_run_part4(
     }
 
     /* grad_t34_part = grad_t40 @ Wv1^T */
-    TRANSFORMER_LM_REAL *grad_t34_part = grad_t45; /* m x 64, in grad_t45's memory */
+    TRANSFORMER_LM_REAL *grad_t34_part = t74; /* m x 64, in t74's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t40, 64, 1, Wv1, 1, 64, grad_t34_part);
 
     /* grad_t39[(e,t),(h,s)] = sum_k grad_t41[(e,t),h*dh+k] * t40[(e,s),h*dh+k] for s <= t, 0
@@ -1328,7 +1318,7 @@ static void transformer_lm_run_part4(
 
     /* grad_t36[(e,s),h*dh+k] = sum_{t>=s} grad_t37[(e,t),(h,s)] * t35[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t36 = t40; /* m x 64, in t40's memory */
+    TRANSFORMER_LM_REAL *grad_t36 = grad_t45; /* m x 64, in grad_t45's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -1359,12 +1349,12 @@ static void transformer_lm_run_part4(
     }
 
     /* grad_t34_part_1 = grad_t36 @ Wk1^T */
-    TRANSFORMER_LM_REAL *grad_t34_part_1 = grad_t41; /* m x 64, in grad_t41's memory */
+    TRANSFORMER_LM_REAL *grad_t34_part_1 = t40; /* m x 64, in t40's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t36, 64, 1, Wk1, 1, 64, grad_t34_part_1);
 
     /* grad_t35[(e,t),h*dh+k] = sum_{s<=t} grad_t37[(e,t),(h,s)] * t36[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t35 = t35; /* m x 64, in t35's memory */
+    TRANSFORMER_LM_REAL *grad_t35 = grad_t41; /* m x 64, in grad_t41's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -1395,15 +1385,15 @@ static void transformer_lm_run_part4(
     }
 
     /* grad_t34_part_2 = grad_t35 @ Wq1^T */
-    TRANSFORMER_LM_REAL *grad_t34_part_2 = t36; /* m x 64, in t36's memory */
+    TRANSFORMER_LM_REAL *grad_t34_part_2 = t35; /* m x 64, in t35's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t35, 64, 1, Wq1, 1, 64, grad_t34_part_2);
 
     /* grad_t34 = grad_t34_part + grad_t34_part_1 + grad_t34_part_2 */
     /* grad_t33 = g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
     /* t78 = dt33_dt32*g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
     /* g3 = t33*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
-    TRANSFORMER_LM_REAL *grad_t34 = grad_t37 + 256*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_t33 = grad_t34 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_t34 = t36; /* m x 64, in t36's memory */
+    TRANSFORMER_LM_REAL *grad_t33 = grad_t37 + 256*m; /* m x 64 */
     TRANSFORMER_LM_REAL *t78 = grad_t33 + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *g3 = t78 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
@@ -1451,49 +1441,45 @@ static void transformer_lm_run_part4(
         grad_t29[i] = symbackprop_f64_sum(t80 + 64*i, 64, 1);
     }
 
-    /* grad_t28 = grad_t29 + grad_t30 */
-    /* g4 = grad_t29 + grad_t30 + grad_t43 + grad_t54 */
+    /* grad_t28 = grad_t29 + grad_t30 + grad_t43 */
     TRANSFORMER_LM_REAL *grad_t28 = grad_t34_part; /* m x 64, in grad_t34_part's memory */
-    TRANSFORMER_LM_REAL *g4 = grad_t34_part_1; /* m x 64, in grad_t34_part_1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t30[64*i + j] + grad_t29[i];
-            grad_t28[64*i + j] = x0;
-            g4[64*i + j] = grad_t54[64*i + j] + grad_t43[64*i + j] + x0;
+            grad_t28[64*i + j] = grad_t43[64*i + j] + grad_t30[64*i + j] + grad_t29[i];
         }
     }
 
-    /* grad_t25 = g4 @ W0down^T */
+    /* grad_t25 = grad_t28 @ W0down^T */
     TRANSFORMER_LM_REAL *grad_t25 = t39; /* m x 256, in t39's memory */
-    symbackprop_f64_matmul(m, 256, 64, g4, 64, 1, W0down, 1, 64, grad_t25);
+    symbackprop_f64_matmul(m, 256, 64, grad_t28, 64, 1, W0down, 1, 64, grad_t25);
 
-    /* g5 = grad_t25*t26 */
-    TRANSFORMER_LM_REAL *g5 = grad_t39; /* m x 256, in grad_t39's memory */
+    /* g4 = grad_t25*t26 */
+    TRANSFORMER_LM_REAL *g4 = grad_t39; /* m x 256, in grad_t39's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            g5[256*i + j] = grad_t25[256*i + j]*t26[256*i + j];
+            g4[256*i + j] = grad_t25[256*i + j]*t26[256*i + j];
         }
     }
 
-    /* grad_t23 = g5 @ W0up^T */
-    TRANSFORMER_LM_REAL *grad_t23 = grad_t34_part_2; /* m x 64, in grad_t34_part_2's memory */
-    symbackprop_f64_matmul(m, 64, 256, g5, 256, 1, W0up, 1, 256, grad_t23);
+    /* grad_t23 = g4 @ W0up^T */
+    TRANSFORMER_LM_REAL *grad_t23 = grad_t34_part_1; /* m x 64, in grad_t34_part_1's memory */
+    symbackprop_f64_matmul(m, 64, 256, g4, 256, 1, W0up, 1, 256, grad_t23);
 
     /* grad_t22 = g0m*grad_t23 */
     /* t81 = dt22_dt21*g0m*grad_t23 */
-    /* g6 = grad_t23*t22 */
-    TRANSFORMER_LM_REAL *grad_t22 = t78; /* m x 64, in t78's memory */
-    TRANSFORMER_LM_REAL *t81 = t30; /* m x 64, in t30's memory */
-    TRANSFORMER_LM_REAL *g6 = grad_t33; /* m x 64, in grad_t33's memory */
+    /* g5 = grad_t23*t22 */
+    TRANSFORMER_LM_REAL *grad_t22 = grad_t34_part_2; /* m x 64, in grad_t34_part_2's memory */
+    TRANSFORMER_LM_REAL *t81 = t78; /* m x 64, in t78's memory */
+    TRANSFORMER_LM_REAL *g5 = t30; /* m x 64, in t30's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = grad_t23[64*i + j]*g0m[j];
             grad_t22[64*i + j] = x0;
             t81[64*i + j] = dt22_dt21[64*i + j]*x0;
-            g6[64*i + j] = grad_t23[64*i + j]*t22[64*i + j];
+            g5[64*i + j] = grad_t23[64*i + j]*t22[64*i + j];
         }
     }
 }
@@ -1524,42 +1510,40 @@ static void transformer_lm_run_part5(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t4 = work + 193*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t4 = work; /* m x 64, in t0's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t6 = work + 192*m; /* m x 1, in t3's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t7 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t8 = work + 257*m; /* m x 64, in t5's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt7_dt6 = work + 321*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t9 = with_grads ? work + 385*m : work + 193*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t10 = with_grads ? work + 449*m : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t13 = with_grads ? work + 513*m : work + 385*m; /* m x 256, in t11's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t14 = with_grads ? work + 1025*m + 1024 : work + 321*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1089*m + 1024 : work + 193*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t19 = with_grads ? work + 1282*m + 1024 : work + 321*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1281*m + 1024 : work + 192*m; /* m x 1, in t18's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1217*m + 1024 : work + 257*m; /* m x 64, in t17's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? work + 1410*m + 1024 : work + 897*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1730*m + 1024 : work + 961*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 2114*m + 1024 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t54 = work + 64*m; /* m x 64, in t69's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t47 = work + 3967*m + 4868; /* m x 1, in t70's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t44 = work + 3969*m + 4868; /* m x 1, in grad_t58's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t43 = work + 2819*m + 1024; /* m x 64, in t72's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t39_block = work + 769*m; /* 64 x 16, in t37_block's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t7 = work + 64*m; /* m x 64, in t5's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t8 = work + 193*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt7_dt6 = work + 257*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t9 = with_grads ? work + 321*m : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t10 = with_grads ? work + 385*m : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t13 = with_grads ? work + 449*m : work + 321*m; /* m x 256, in t11's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t14 = with_grads ? work + 961*m + 1024 : work + 257*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1025*m + 1024 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t19 = with_grads ? work + 128*m : work + 257*m; /* m x 64, in t2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1217*m + 1024 : work + 192*m; /* m x 1, in t18's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1089*m + 1024 : work + 128*m; /* m x 64, in t20's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? work + 1282*m + 1024 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1602*m + 1024 : work + 833*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 1986*m + 1024 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t47 = work + 3775*m + 4868; /* m x 1, in t70's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t44 = work + 3777*m + 4868; /* m x 1, in grad_t58's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t39_block = work + 705*m; /* 64 x 16, in t37_block's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t76 = work + 4290*m + 4869; /* m x 4; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t77 = work + 2435*m + 1024; /* m x 256, in t75's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t77 = work + 2243*m + 1024; /* m x 256, in t75's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t37 = work + 4294*m + 4869; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 4742*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t79 = work + 3968*m + 4868; /* m x 1, in grad_t55's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t32 = work + 2947*m + 1024; /* m x 1, in t47's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t30 = work + 2050*m + 1024; /* m x 64, in t33's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t80 = work + 2243*m + 1024; /* m x 64, in dt33_dt32's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t29 = work + 3780*m + 1024; /* m x 1, in t73's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 2883*m + 1024; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t25 = work + 769*m + 1024; /* m x 256, in t39's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t23 = work + 2371*m + 1024; /* m x 64, in grad_t34_part_2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 4678*m + 4869; /* m x 64, in t78's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t81 = work + 2115*m + 1024; /* m x 64, in t30's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g6 = work + 4614*m + 4869; /* m x 64, in grad_t33's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t33 = work + 4550*m + 4869; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t79 = work + 3776*m + 4868; /* m x 1, in grad_t55's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t32 = work + 2755*m + 1024; /* m x 1, in t47's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t30 = work + 1858*m + 1024; /* m x 64, in t33's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t80 = work + 2051*m + 1024; /* m x 64, in dt33_dt32's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t29 = work + 3524*m + 1024; /* m x 1, in t73's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 1024; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t25 = work + 705*m + 1024; /* m x 256, in t39's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t23 = work + 2499*m + 1024; /* m x 64, in grad_t34_part_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22 = work + 2115*m + 1024; /* m x 64, in grad_t34_part_2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t81 = work + 4614*m + 4869; /* m x 64, in t78's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g5 = work + 1153*m + 1024; /* m x 64, in t30's memory; placed in an earlier part */
     /* t82 = 1/sqrt(t21/64 + 1.0e-5) */
     TRANSFORMER_LM_REAL *t82 = grad_t47; /* m x 1, in grad_t47's memory */
     SYMBACKPROP_PARALLEL_FOR
@@ -1575,8 +1559,8 @@ static void transformer_lm_run_part5(
 
     /* grad_t19 = 2*grad_t21*t19 + grad_t22*t82 */
     /* t83 = -grad_t21*t19/32 - grad_t22*t82/64 */
-    TRANSFORMER_LM_REAL *grad_t19 = t80; /* m x 64, in t80's memory */
-    TRANSFORMER_LM_REAL *t83 = grad_t30; /* m x 64, in grad_t30's memory */
+    TRANSFORMER_LM_REAL *grad_t19 = grad_t33; /* m x 64, in grad_t33's memory */
+    TRANSFORMER_LM_REAL *t83 = t80; /* m x 64, in t80's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -1593,26 +1577,22 @@ static void transformer_lm_run_part5(
         grad_t18[i] = symbackprop_f64_sum(t83 + 64*i, 64, 1);
     }
 
-    /* grad_t17 = grad_t18 + grad_t19 */
-    /* grad_t16 = grad_t18 + grad_t19 + grad_t28 + grad_t43 + grad_t54 */
-    TRANSFORMER_LM_REAL *grad_t17 = t22; /* m x 64, in t22's memory */
-    TRANSFORMER_LM_REAL *grad_t16 = dt22_dt21; /* m x 64, in dt22_dt21's memory */
+    /* grad_t17 = grad_t18 + grad_t19 + grad_t28 */
+    TRANSFORMER_LM_REAL *grad_t17 = grad_t30; /* m x 64, in grad_t30's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t19[64*i + j] + grad_t18[i];
-            grad_t17[64*i + j] = x0;
-            grad_t16[64*i + j] = grad_t54[64*i + j] + grad_t43[64*i + j] + grad_t28[64*i + j] + x0;
+            grad_t17[64*i + j] = grad_t28[64*i + j] + grad_t19[64*i + j] + grad_t18[i];
         }
     }
 
-    /* grad_t15 = grad_t16 @ Wo0^T */
-    TRANSFORMER_LM_REAL *grad_t15 = t81; /* m x 64, in t81's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t16, 64, 1, Wo0, 1, 64, grad_t15);
+    /* grad_t15 = grad_t17 @ Wo0^T */
+    TRANSFORMER_LM_REAL *grad_t15 = t22; /* m x 64, in t22's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t17, 64, 1, Wo0, 1, 64, grad_t15);
 
     /* grad_t14[(e,s),h*dh+k] = sum_{t>=s} t13[(e,t),(h,s)] * grad_t15[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t14 = t19; /* m x 64, in t19's memory */
+    TRANSFORMER_LM_REAL *grad_t14 = dt22_dt21; /* m x 64, in dt22_dt21's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -1643,7 +1623,7 @@ static void transformer_lm_run_part5(
     }
 
     /* grad_t8_part = grad_t14 @ Wv0^T */
-    TRANSFORMER_LM_REAL *grad_t8_part = grad_t22; /* m x 64, in grad_t22's memory */
+    TRANSFORMER_LM_REAL *grad_t8_part = t81; /* m x 64, in t81's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t14, 64, 1, Wv0, 1, 64, grad_t8_part);
 
     /* grad_t13[(e,t),(h,s)] = sum_k grad_t15[(e,t),h*dh+k] * t14[(e,s),h*dh+k] for s <= t, 0
@@ -1730,7 +1710,7 @@ static void transformer_lm_run_part5(
 
     /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} grad_t11[(e,t),(h,s)] * t9[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t10 = t83; /* m x 64, in t83's memory */
+    TRANSFORMER_LM_REAL *grad_t10 = t19; /* m x 64, in t19's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -1761,12 +1741,12 @@ static void transformer_lm_run_part5(
     }
 
     /* grad_t8_part_1 = grad_t10 @ Wk0^T */
-    TRANSFORMER_LM_REAL *grad_t8_part_1 = grad_t19; /* m x 64, in grad_t19's memory */
+    TRANSFORMER_LM_REAL *grad_t8_part_1 = grad_t22; /* m x 64, in grad_t22's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, Wk0, 1, 64, grad_t8_part_1);
 
     /* grad_t9[(e,t),h*dh+k] = sum_{s<=t} grad_t11[(e,t),(h,s)] * t10[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t9 = t14; /* m x 64, in t14's memory */
+    TRANSFORMER_LM_REAL *grad_t9 = t83; /* m x 64, in t83's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -1797,17 +1777,17 @@ static void transformer_lm_run_part5(
     }
 
     /* grad_t8_part_2 = grad_t9 @ Wq0^T */
-    TRANSFORMER_LM_REAL *grad_t8_part_2 = grad_t15; /* m x 64, in grad_t15's memory */
+    TRANSFORMER_LM_REAL *grad_t8_part_2 = grad_t19; /* m x 64, in grad_t19's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t9, 64, 1, Wq0, 1, 64, grad_t8_part_2);
 
     /* grad_t8 = grad_t8_part + grad_t8_part_1 + grad_t8_part_2 */
     /* grad_t7 = g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
     /* t87 = dt7_dt6*g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
-    /* g7 = t7*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
-    TRANSFORMER_LM_REAL *grad_t8 = t9; /* m x 64, in t9's memory */
-    TRANSFORMER_LM_REAL *grad_t7 = t10; /* m x 64, in t10's memory */
-    TRANSFORMER_LM_REAL *t87 = g3 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *g7 = t87 + 64*m; /* m x 64 */
+    /* g6 = t7*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
+    TRANSFORMER_LM_REAL *grad_t8 = t14; /* m x 64, in t14's memory */
+    TRANSFORMER_LM_REAL *grad_t7 = grad_t15; /* m x 64, in grad_t15's memory */
+    TRANSFORMER_LM_REAL *t87 = t9; /* m x 64, in t9's memory */
+    TRANSFORMER_LM_REAL *g6 = t10; /* m x 64, in t10's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -1816,7 +1796,7 @@ static void transformer_lm_run_part5(
             grad_t8[64*i + j] = x0;
             grad_t7[64*i + j] = x1;
             t87[64*i + j] = dt7_dt6[64*i + j]*x1;
-            g7[64*i + j] = t7[64*i + j]*x0;
+            g6[64*i + j] = t7[64*i + j]*x0;
         }
     }
 
@@ -1853,27 +1833,27 @@ static void transformer_lm_run_part5(
         grad_t3[i] = symbackprop_f64_sum(t89 + 64*i, 64, 1);
     }
 
-    /* grad_t1 = grad_t17 + grad_t28 + grad_t3 + grad_t4 + grad_t43 + grad_t54 */
-    TRANSFORMER_LM_REAL *grad_t1 = grad_t8_part; /* m x 64, in grad_t8_part's memory */
+    /* grad_t2 = grad_t17 + grad_t3 + grad_t4 */
+    TRANSFORMER_LM_REAL *grad_t2 = grad_t8_part; /* m x 64, in grad_t8_part's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t1[64*i + j] = grad_t4[64*i + j] + grad_t3[i] + grad_t54[64*i + j] + grad_t43[64*i + j] + grad_t28[64*i + j] + grad_t17[64*i + j];
+            grad_t2[64*i + j] = grad_t17[64*i + j] + grad_t4[64*i + j] + grad_t3[i];
         }
     }
 
-    /* grad_E[ids[i], :] += [grad_t1[i, 0], grad_t1[i, 1], grad_t1[i, 2], grad_t1[i, 3],
-     * grad_t1[i, 4], grad_t1[i, 5], grad_t1[i, 6], grad_t1[i, 7], grad_t1[i, 8],
-     * grad_t1[i, 9], grad_t1[i, 10], grad_t1[i, 11], grad_t1[i, 12], grad_t1[i, 13],
-     * grad_t1[i, 14], grad_t1[i, 15], grad_t1[i, 16], grad_t1[i, 17], grad_t1[i, 18],
-     * grad_t1[i, 19], grad_t1[i, 20], grad_t1[i, 21], grad_t1[i, 22], grad_t1[i, 23],
-     * grad_t1[i, 24], grad_t1[i, 25], grad_t1[i, 26], grad_t1[i, 27], grad_t1[i, 28], ... */
-    /* grad_P[positions[i], :] += [grad_t1[i, 0], grad_t1[i, 1], grad_t1[i, 2],
-     * grad_t1[i, 3], grad_t1[i, 4], grad_t1[i, 5], grad_t1[i, 6], grad_t1[i, 7],
-     * grad_t1[i, 8], grad_t1[i, 9], grad_t1[i, 10], grad_t1[i, 11], grad_t1[i, 12],
-     * grad_t1[i, 13], grad_t1[i, 14], grad_t1[i, 15], grad_t1[i, 16], grad_t1[i, 17],
-     * grad_t1[i, 18], grad_t1[i, 19], grad_t1[i, 20], grad_t1[i, 21], grad_t1[i, 22],
-     * grad_t1[i, 23], grad_t1[i, 24], grad_t1[i, 25], grad_t1[i, 26], grad_t1[i, 27], ... */
+    /* grad_E[ids[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2], grad_t2[i, 3],
+     * grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7], grad_t2[i, 8],
+     * grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12], grad_t2[i, 13],
+     * grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17], grad_t2[i, 18],
+     * grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22], grad_t2[i, 23],
+     * grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], grad_t2[i, 28], ... */
+    /* grad_P[positions[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2],
+     * grad_t2[i, 3], grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7],
+     * grad_t2[i, 8], grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12],
+     * grad_t2[i, 13], grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17],
+     * grad_t2[i, 18], grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22],
+     * grad_t2[i, 23], grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], ... */
     for (int64_t i = 0; i < 3968; ++i) {
         grad_E[i] = 0;
     }
@@ -1881,138 +1861,138 @@ static void transformer_lm_run_part5(
         grad_P[i] = 0;
     }
     for (int64_t i = 0; i < m; ++i) {
-        grad_E[64*ids[i]] += grad_t1[64*i];
-        grad_E[64*ids[i] + 1] += grad_t1[64*i + 1];
-        grad_E[64*ids[i] + 2] += grad_t1[64*i + 2];
-        grad_E[64*ids[i] + 3] += grad_t1[64*i + 3];
-        grad_E[64*ids[i] + 4] += grad_t1[64*i + 4];
-        grad_E[64*ids[i] + 5] += grad_t1[64*i + 5];
-        grad_E[64*ids[i] + 6] += grad_t1[64*i + 6];
-        grad_E[64*ids[i] + 7] += grad_t1[64*i + 7];
-        grad_E[64*ids[i] + 8] += grad_t1[64*i + 8];
-        grad_E[64*ids[i] + 9] += grad_t1[64*i + 9];
-        grad_E[64*ids[i] + 10] += grad_t1[64*i + 10];
-        grad_E[64*ids[i] + 11] += grad_t1[64*i + 11];
-        grad_E[64*ids[i] + 12] += grad_t1[64*i + 12];
-        grad_E[64*ids[i] + 13] += grad_t1[64*i + 13];
-        grad_E[64*ids[i] + 14] += grad_t1[64*i + 14];
-        grad_E[64*ids[i] + 15] += grad_t1[64*i + 15];
-        grad_E[64*ids[i] + 16] += grad_t1[64*i + 16];
-        grad_E[64*ids[i] + 17] += grad_t1[64*i + 17];
-        grad_E[64*ids[i] + 18] += grad_t1[64*i + 18];
-        grad_E[64*ids[i] + 19] += grad_t1[64*i + 19];
-        grad_E[64*ids[i] + 20] += grad_t1[64*i + 20];
-        grad_E[64*ids[i] + 21] += grad_t1[64*i + 21];
-        grad_E[64*ids[i] + 22] += grad_t1[64*i + 22];
-        grad_E[64*ids[i] + 23] += grad_t1[64*i + 23];
-        grad_E[64*ids[i] + 24] += grad_t1[64*i + 24];
-        grad_E[64*ids[i] + 25] += grad_t1[64*i + 25];
-        grad_E[64*ids[i] + 26] += grad_t1[64*i + 26];
-        grad_E[64*ids[i] + 27] += grad_t1[64*i + 27];
-        grad_E[64*ids[i] + 28] += grad_t1[64*i + 28];
-        grad_E[64*ids[i] + 29] += grad_t1[64*i + 29];
-        grad_E[64*ids[i] + 30] += grad_t1[64*i + 30];
-        grad_E[64*ids[i] + 31] += grad_t1[64*i + 31];
-        grad_E[64*ids[i] + 32] += grad_t1[64*i + 32];
-        grad_E[64*ids[i] + 33] += grad_t1[64*i + 33];
-        grad_E[64*ids[i] + 34] += grad_t1[64*i + 34];
-        grad_E[64*ids[i] + 35] += grad_t1[64*i + 35];
-        grad_E[64*ids[i] + 36] += grad_t1[64*i + 36];
-        grad_E[64*ids[i] + 37] += grad_t1[64*i + 37];
-        grad_E[64*ids[i] + 38] += grad_t1[64*i + 38];
-        grad_E[64*ids[i] + 39] += grad_t1[64*i + 39];
-        grad_E[64*ids[i] + 40] += grad_t1[64*i + 40];
-        grad_E[64*ids[i] + 41] += grad_t1[64*i + 41];
-        grad_E[64*ids[i] + 42] += grad_t1[64*i + 42];
-        grad_E[64*ids[i] + 43] += grad_t1[64*i + 43];
-        grad_E[64*ids[i] + 44] += grad_t1[64*i + 44];
-        grad_E[64*ids[i] + 45] += grad_t1[64*i + 45];
-        grad_E[64*ids[i] + 46] += grad_t1[64*i + 46];
-        grad_E[64*ids[i] + 47] += grad_t1[64*i + 47];
-        grad_E[64*ids[i] + 48] += grad_t1[64*i + 48];
-        grad_E[64*ids[i] + 49] += grad_t1[64*i + 49];
-        grad_E[64*ids[i] + 50] += grad_t1[64*i + 50];
-        grad_E[64*ids[i] + 51] += grad_t1[64*i + 51];
-        grad_E[64*ids[i] + 52] += grad_t1[64*i + 52];
-        grad_E[64*ids[i] + 53] += grad_t1[64*i + 53];
-        grad_E[64*ids[i] + 54] += grad_t1[64*i + 54];
-        grad_E[64*ids[i] + 55] += grad_t1[64*i + 55];
-        grad_E[64*ids[i] + 56] += grad_t1[64*i + 56];
-        grad_E[64*ids[i] + 57] += grad_t1[64*i + 57];
-        grad_E[64*ids[i] + 58] += grad_t1[64*i + 58];
-        grad_E[64*ids[i] + 59] += grad_t1[64*i + 59];
-        grad_E[64*ids[i] + 60] += grad_t1[64*i + 60];
-        grad_E[64*ids[i] + 61] += grad_t1[64*i + 61];
-        grad_E[64*ids[i] + 62] += grad_t1[64*i + 62];
-        grad_E[64*ids[i] + 63] += grad_t1[64*i + 63];
-        grad_P[64*positions[i]] += grad_t1[64*i];
-        grad_P[64*positions[i] + 1] += grad_t1[64*i + 1];
-        grad_P[64*positions[i] + 2] += grad_t1[64*i + 2];
-        grad_P[64*positions[i] + 3] += grad_t1[64*i + 3];
-        grad_P[64*positions[i] + 4] += grad_t1[64*i + 4];
-        grad_P[64*positions[i] + 5] += grad_t1[64*i + 5];
-        grad_P[64*positions[i] + 6] += grad_t1[64*i + 6];
-        grad_P[64*positions[i] + 7] += grad_t1[64*i + 7];
-        grad_P[64*positions[i] + 8] += grad_t1[64*i + 8];
-        grad_P[64*positions[i] + 9] += grad_t1[64*i + 9];
-        grad_P[64*positions[i] + 10] += grad_t1[64*i + 10];
-        grad_P[64*positions[i] + 11] += grad_t1[64*i + 11];
-        grad_P[64*positions[i] + 12] += grad_t1[64*i + 12];
-        grad_P[64*positions[i] + 13] += grad_t1[64*i + 13];
-        grad_P[64*positions[i] + 14] += grad_t1[64*i + 14];
-        grad_P[64*positions[i] + 15] += grad_t1[64*i + 15];
-        grad_P[64*positions[i] + 16] += grad_t1[64*i + 16];
-        grad_P[64*positions[i] + 17] += grad_t1[64*i + 17];
-        grad_P[64*positions[i] + 18] += grad_t1[64*i + 18];
-        grad_P[64*positions[i] + 19] += grad_t1[64*i + 19];
-        grad_P[64*positions[i] + 20] += grad_t1[64*i + 20];
-        grad_P[64*positions[i] + 21] += grad_t1[64*i + 21];
-        grad_P[64*positions[i] + 22] += grad_t1[64*i + 22];
-        grad_P[64*positions[i] + 23] += grad_t1[64*i + 23];
-        grad_P[64*positions[i] + 24] += grad_t1[64*i + 24];
-        grad_P[64*positions[i] + 25] += grad_t1[64*i + 25];
-        grad_P[64*positions[i] + 26] += grad_t1[64*i + 26];
-        grad_P[64*positions[i] + 27] += grad_t1[64*i + 27];
-        grad_P[64*positions[i] + 28] += grad_t1[64*i + 28];
-        grad_P[64*positions[i] + 29] += grad_t1[64*i + 29];
-        grad_P[64*positions[i] + 30] += grad_t1[64*i + 30];
-        grad_P[64*positions[i] + 31] += grad_t1[64*i + 31];
-        grad_P[64*positions[i] + 32] += grad_t1[64*i + 32];
-        grad_P[64*positions[i] + 33] += grad_t1[64*i + 33];
-        grad_P[64*positions[i] + 34] += grad_t1[64*i + 34];
-        grad_P[64*positions[i] + 35] += grad_t1[64*i + 35];
-        grad_P[64*positions[i] + 36] += grad_t1[64*i + 36];
-        grad_P[64*positions[i] + 37] += grad_t1[64*i + 37];
-        grad_P[64*positions[i] + 38] += grad_t1[64*i + 38];
-        grad_P[64*positions[i] + 39] += grad_t1[64*i + 39];
-        grad_P[64*positions[i] + 40] += grad_t1[64*i + 40];
-        grad_P[64*positions[i] + 41] += grad_t1[64*i + 41];
-        grad_P[64*positions[i] + 42] += grad_t1[64*i + 42];
-        grad_P[64*positions[i] + 43] += grad_t1[64*i + 43];
-        grad_P[64*positions[i] + 44] += grad_t1[64*i + 44];
-        grad_P[64*positions[i] + 45] += grad_t1[64*i + 45];
-        grad_P[64*positions[i] + 46] += grad_t1[64*i + 46];
-        grad_P[64*positions[i] + 47] += grad_t1[64*i + 47];
-        grad_P[64*positions[i] + 48] += grad_t1[64*i + 48];
-        grad_P[64*positions[i] + 49] += grad_t1[64*i + 49];
-        grad_P[64*positions[i] + 50] += grad_t1[64*i + 50];
-        grad_P[64*positions[i] + 51] += grad_t1[64*i + 51];
-        grad_P[64*positions[i] + 52] += grad_t1[64*i + 52];
-        grad_P[64*positions[i] + 53] += grad_t1[64*i + 53];
-        grad_P[64*positions[i] + 54] += grad_t1[64*i + 54];
-        grad_P[64*positions[i] + 55] += grad_t1[64*i + 55];
-        grad_P[64*positions[i] + 56] += grad_t1[64*i + 56];
-        grad_P[64*positions[i] + 57] += grad_t1[64*i + 57];
-        grad_P[64*positions[i] + 58] += grad_t1[64*i + 58];
-        grad_P[64*positions[i] + 59] += grad_t1[64*i + 59];
-        grad_P[64*positions[i] + 60] += grad_t1[64*i + 60];
-        grad_P[64*positions[i] + 61] += grad_t1[64*i + 61];
-        grad_P[64*positions[i] + 62] += grad_t1[64*i + 62];
-        grad_P[64*positions[i] + 63] += grad_t1[64*i + 63];
+        grad_E[64*ids[i]] += grad_t2[64*i];
+        grad_E[64*ids[i] + 1] += grad_t2[64*i + 1];
+        grad_E[64*ids[i] + 2] += grad_t2[64*i + 2];
+        grad_E[64*ids[i] + 3] += grad_t2[64*i + 3];
+        grad_E[64*ids[i] + 4] += grad_t2[64*i + 4];
+        grad_E[64*ids[i] + 5] += grad_t2[64*i + 5];
+        grad_E[64*ids[i] + 6] += grad_t2[64*i + 6];
+        grad_E[64*ids[i] + 7] += grad_t2[64*i + 7];
+        grad_E[64*ids[i] + 8] += grad_t2[64*i + 8];
+        grad_E[64*ids[i] + 9] += grad_t2[64*i + 9];
+        grad_E[64*ids[i] + 10] += grad_t2[64*i + 10];
+        grad_E[64*ids[i] + 11] += grad_t2[64*i + 11];
+        grad_E[64*ids[i] + 12] += grad_t2[64*i + 12];
+        grad_E[64*ids[i] + 13] += grad_t2[64*i + 13];
+        grad_E[64*ids[i] + 14] += grad_t2[64*i + 14];
+        grad_E[64*ids[i] + 15] += grad_t2[64*i + 15];
+        grad_E[64*ids[i] + 16] += grad_t2[64*i + 16];
+        grad_E[64*ids[i] + 17] += grad_t2[64*i + 17];
+        grad_E[64*ids[i] + 18] += grad_t2[64*i + 18];
+        grad_E[64*ids[i] + 19] += grad_t2[64*i + 19];
+        grad_E[64*ids[i] + 20] += grad_t2[64*i + 20];
+        grad_E[64*ids[i] + 21] += grad_t2[64*i + 21];
+        grad_E[64*ids[i] + 22] += grad_t2[64*i + 22];
+        grad_E[64*ids[i] + 23] += grad_t2[64*i + 23];
+        grad_E[64*ids[i] + 24] += grad_t2[64*i + 24];
+        grad_E[64*ids[i] + 25] += grad_t2[64*i + 25];
+        grad_E[64*ids[i] + 26] += grad_t2[64*i + 26];
+        grad_E[64*ids[i] + 27] += grad_t2[64*i + 27];
+        grad_E[64*ids[i] + 28] += grad_t2[64*i + 28];
+        grad_E[64*ids[i] + 29] += grad_t2[64*i + 29];
+        grad_E[64*ids[i] + 30] += grad_t2[64*i + 30];
+        grad_E[64*ids[i] + 31] += grad_t2[64*i + 31];
+        grad_E[64*ids[i] + 32] += grad_t2[64*i + 32];
+        grad_E[64*ids[i] + 33] += grad_t2[64*i + 33];
+        grad_E[64*ids[i] + 34] += grad_t2[64*i + 34];
+        grad_E[64*ids[i] + 35] += grad_t2[64*i + 35];
+        grad_E[64*ids[i] + 36] += grad_t2[64*i + 36];
+        grad_E[64*ids[i] + 37] += grad_t2[64*i + 37];
+        grad_E[64*ids[i] + 38] += grad_t2[64*i + 38];
+        grad_E[64*ids[i] + 39] += grad_t2[64*i + 39];
+        grad_E[64*ids[i] + 40] += grad_t2[64*i + 40];
+        grad_E[64*ids[i] + 41] += grad_t2[64*i + 41];
+        grad_E[64*ids[i] + 42] += grad_t2[64*i + 42];
+        grad_E[64*ids[i] + 43] += grad_t2[64*i + 43];
+        grad_E[64*ids[i] + 44] += grad_t2[64*i + 44];
+        grad_E[64*ids[i] + 45] += grad_t2[64*i + 45];
+        grad_E[64*ids[i] + 46] += grad_t2[64*i + 46];
+        grad_E[64*ids[i] + 47] += grad_t2[64*i + 47];
+        grad_E[64*ids[i] + 48] += grad_t2[64*i + 48];
+        grad_E[64*ids[i] + 49] += grad_t2[64*i + 49];
+        grad_E[64*ids[i] + 50] += grad_t2[64*i + 50];
+        grad_E[64*ids[i] + 51] += grad_t2[64*i + 51];
+        grad_E[64*ids[i] + 52] += grad_t2[64*i + 52];
+        grad_E[64*ids[i] + 53] += grad_t2[64*i + 53];
+        grad_E[64*ids[i] + 54] += grad_t2[64*i + 54];
+        grad_E[64*ids[i] + 55] += grad_t2[64*i + 55];
+        grad_E[64*ids[i] + 56] += grad_t2[64*i + 56];
+        grad_E[64*ids[i] + 57] += grad_t2[64*i + 57];
+        grad_E[64*ids[i] + 58] += grad_t2[64*i + 58];
+        grad_E[64*ids[i] + 59] += grad_t2[64*i + 59];
+        grad_E[64*ids[i] + 60] += grad_t2[64*i + 60];
+        grad_E[64*ids[i] + 61] += grad_t2[64*i + 61];
+        grad_E[64*ids[i] + 62] += grad_t2[64*i + 62];
+        grad_E[64*ids[i] + 63] += grad_t2[64*i + 63];
+        grad_P[64*positions[i]] += grad_t2[64*i];
+        grad_P[64*positions[i] + 1] += grad_t2[64*i + 1];
+        grad_P[64*positions[i] + 2] += grad_t2[64*i + 2];
+        grad_P[64*positions[i] + 3] += grad_t2[64*i + 3];
+        grad_P[64*positions[i] + 4] += grad_t2[64*i + 4];
+        grad_P[64*positions[i] + 5] += grad_t2[64*i + 5];
+        grad_P[64*positions[i] + 6] += grad_t2[64*i + 6];
+        grad_P[64*positions[i] + 7] += grad_t2[64*i + 7];
+        grad_P[64*positions[i] + 8] += grad_t2[64*i + 8];
+        grad_P[64*positions[i] + 9] += grad_t2[64*i + 9];
+        grad_P[64*positions[i] + 10] += grad_t2[64*i + 10];
+        grad_P[64*positions[i] + 11] += grad_t2[64*i + 11];
+        grad_P[64*positions[i] + 12] += grad_t2[64*i + 12];
+        grad_P[64*positions[i] + 13] += grad_t2[64*i + 13];
+        grad_P[64*positions[i] + 14] += grad_t2[64*i + 14];
+        grad_P[64*positions[i] + 15] += grad_t2[64*i + 15];
+        grad_P[64*positions[i] + 16] += grad_t2[64*i + 16];
+        grad_P[64*positions[i] + 17] += grad_t2[64*i + 17];
+        grad_P[64*positions[i] + 18] += grad_t2[64*i + 18];
+        grad_P[64*positions[i] + 19] += grad_t2[64*i + 19];
+        grad_P[64*positions[i] + 20] += grad_t2[64*i + 20];
+        grad_P[64*positions[i] + 21] += grad_t2[64*i + 21];
+        grad_P[64*positions[i] + 22] += grad_t2[64*i + 22];
+        grad_P[64*positions[i] + 23] += grad_t2[64*i + 23];
+        grad_P[64*positions[i] + 24] += grad_t2[64*i + 24];
+        grad_P[64*positions[i] + 25] += grad_t2[64*i + 25];
+        grad_P[64*positions[i] + 26] += grad_t2[64*i + 26];
+        grad_P[64*positions[i] + 27] += grad_t2[64*i + 27];
+        grad_P[64*positions[i] + 28] += grad_t2[64*i + 28];
+        grad_P[64*positions[i] + 29] += grad_t2[64*i + 29];
+        grad_P[64*positions[i] + 30] += grad_t2[64*i + 30];
+        grad_P[64*positions[i] + 31] += grad_t2[64*i + 31];
+        grad_P[64*positions[i] + 32] += grad_t2[64*i + 32];
+        grad_P[64*positions[i] + 33] += grad_t2[64*i + 33];
+        grad_P[64*positions[i] + 34] += grad_t2[64*i + 34];
+        grad_P[64*positions[i] + 35] += grad_t2[64*i + 35];
+        grad_P[64*positions[i] + 36] += grad_t2[64*i + 36];
+        grad_P[64*positions[i] + 37] += grad_t2[64*i + 37];
+        grad_P[64*positions[i] + 38] += grad_t2[64*i + 38];
+        grad_P[64*positions[i] + 39] += grad_t2[64*i + 39];
+        grad_P[64*positions[i] + 40] += grad_t2[64*i + 40];
+        grad_P[64*positions[i] + 41] += grad_t2[64*i + 41];
+        grad_P[64*positions[i] + 42] += grad_t2[64*i + 42];
+        grad_P[64*positions[i] + 43] += grad_t2[64*i + 43];
+        grad_P[64*positions[i] + 44] += grad_t2[64*i + 44];
+        grad_P[64*positions[i] + 45] += grad_t2[64*i + 45];
+        grad_P[64*positions[i] + 46] += grad_t2[64*i + 46];
+        grad_P[64*positions[i] + 47] += grad_t2[64*i + 47];
+        grad_P[64*positions[i] + 48] += grad_t2[64*i + 48];
+        grad_P[64*positions[i] + 49] += grad_t2[64*i + 49];
+        grad_P[64*positions[i] + 50] += grad_t2[64*i + 50];
+        grad_P[64*positions[i] + 51] += grad_t2[64*i + 51];
+        grad_P[64*positions[i] + 52] += grad_t2[64*i + 52];
+        grad_P[64*positions[i] + 53] += grad_t2[64*i + 53];
+        grad_P[64*positions[i] + 54] += grad_t2[64*i + 54];
+        grad_P[64*positions[i] + 55] += grad_t2[64*i + 55];
+        grad_P[64*positions[i] + 56] += grad_t2[64*i + 56];
+        grad_P[64*positions[i] + 57] += grad_t2[64*i + 57];
+        grad_P[64*positions[i] + 58] += grad_t2[64*i + 58];
+        grad_P[64*positions[i] + 59] += grad_t2[64*i + 59];
+        grad_P[64*positions[i] + 60] += grad_t2[64*i + 60];
+        grad_P[64*positions[i] + 61] += grad_t2[64*i + 61];
+        grad_P[64*positions[i] + 62] += grad_t2[64*i + 62];
+        grad_P[64*positions[i] + 63] += grad_t2[64*i + 63];
     }
 
-    /* grad_g0a = sum of g7 down each column */
-    symbackprop_f64_sum_columns(g7, m, 64, 64, grad_g0a);
+    /* grad_g0a = sum of g6 down each column */
+    symbackprop_f64_sum_columns(g6, m, 64, 64, grad_g0a);
 
     /* grad_b0a = sum of grad_t8 down each column */
     symbackprop_f64_sum_columns(grad_t8, m, 64, 64, grad_b0a);
@@ -2026,11 +2006,11 @@ static void transformer_lm_run_part5(
     /* grad_Wv0 = t8^T @ grad_t14 */
     symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t14, 64, 1, grad_Wv0);
 
-    /* grad_Wo0 = t15^T @ grad_t16 */
-    symbackprop_f64_matmul(64, 64, m, t15, 1, 64, grad_t16, 64, 1, grad_Wo0);
+    /* grad_Wo0 = t15^T @ grad_t17 */
+    symbackprop_f64_matmul(64, 64, m, t15, 1, 64, grad_t17, 64, 1, grad_Wo0);
 
-    /* grad_g0m = sum of g6 down each column */
-    symbackprop_f64_sum_columns(g6, m, 64, 64, grad_g0m);
+    /* grad_g0m = sum of g5 down each column */
+    symbackprop_f64_sum_columns(g5, m, 64, 64, grad_g0m);
 
     /* grad_b0m = sum of grad_t23 down each column */
     symbackprop_f64_sum_columns(grad_t23, m, 64, 64, grad_b0m);
@@ -2064,39 +2044,39 @@ static void transformer_lm_run_part6(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1346*m + 1024 : work + 193*m; /* m x 64, in t20's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1474*m + 1024 : work + 385*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t34 = with_grads ? work + 2179*m + 1024 : work + 193*m; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t41 = with_grads ? work + 2755*m + 1024 : work + 897*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t49 = with_grads ? work + 3012*m + 1024 : work + 897*m + 1024; /* m x 64, in t46's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t51 = with_grads ? work + 3140*m + 1024 : work + 961*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t60 = with_grads ? work + 1986*m + 1024 : work + 64*m; /* m x 64, in t27's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t61 = work + 3905*m + 4868; /* m x 62, in t64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t60 = work + 3652*m + 1024; /* m x 64, in t53's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1218*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1346*m + 1024 : work + 321*m; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t34 = with_grads ? work + 1987*m + 1024 : work + 257*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t41 = with_grads ? work + 2563*m + 1024 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t49 = with_grads ? work + 2756*m + 1024 : work + 193*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t51 = with_grads ? work + 2884*m + 1024 : work + 833*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t60 = with_grads ? work + 3396*m + 1024 : work + 64*m; /* m x 64, in t57's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t61 = work + 3713*m + 4868; /* m x 62, in t64's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t60 = work + 3778*m + 4869; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *g0 = work + 3970*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t54 = work + 64*m; /* m x 64, in t69's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t54 = work + 3906*m + 4869; /* m x 64, in t69's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *g1 = work + 4034*m + 4869; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t49 = work; /* m x 64, in t56's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g2 = work + 1153*m + 1024; /* m x 64, in grad_t56's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t42 = work + 2948*m + 1024; /* m x 64, in t45's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t40 = work + 3076*m + 1024; /* m x 64, in t74's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t36 = work + 2691*m + 1024; /* m x 64, in t40's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t35 = work + 2307*m + 1024; /* m x 64, in t35's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t34 = work + 4550*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 4742*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g4 = work + 3716*m + 1024; /* m x 64, in grad_t34_part_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g5 = work + 3396*m + 1024; /* m x 256, in grad_t39's memory; placed in an earlier part */
-    /* grad_W0up = t23^T @ g5 */
-    symbackprop_f64_matmul(64, 256, m, t23, 1, 64, g5, 256, 1, grad_W0up);
+    TRANSFORMER_LM_REAL *grad_t49 = work + 2691*m + 1024; /* m x 64, in t56's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g2 = work + 3460*m + 1024; /* m x 64, in grad_t56's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t43 = work + 3525*m + 1024; /* m x 64, in t72's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t40 = work + 3842*m + 4869; /* m x 64, in grad_t48's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t36 = work + 2627*m + 1024; /* m x 64, in grad_t45's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t35 = work + 1922*m + 1024; /* m x 64, in grad_t41's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t34 = work + 2179*m + 1024; /* m x 64, in t36's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 4678*m + 4869; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 1024; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g4 = work + 3140*m + 1024; /* m x 256, in grad_t39's memory; placed in an earlier part */
+    /* grad_W0up = t23^T @ g4 */
+    symbackprop_f64_matmul(64, 256, m, t23, 1, 64, g4, 256, 1, grad_W0up);
 
-    /* grad_c0up = sum of g5 down each column */
-    symbackprop_f64_sum_columns(g5, m, 256, 256, grad_c0up);
+    /* grad_c0up = sum of g4 down each column */
+    symbackprop_f64_sum_columns(g4, m, 256, 256, grad_c0up);
 
-    /* grad_W0down = t25^T @ g4 */
-    symbackprop_f64_matmul(256, 64, m, t25, 1, 256, g4, 64, 1, grad_W0down);
+    /* grad_W0down = t25^T @ grad_t28 */
+    symbackprop_f64_matmul(256, 64, m, t25, 1, 256, grad_t28, 64, 1, grad_W0down);
 
-    /* grad_c0down = sum of g4 down each column */
-    symbackprop_f64_sum_columns(g4, m, 64, 64, grad_c0down);
+    /* grad_c0down = sum of grad_t28 down each column */
+    symbackprop_f64_sum_columns(grad_t28, m, 64, 64, grad_c0down);
 
     /* grad_g1a = sum of g3 down each column */
     symbackprop_f64_sum_columns(g3, m, 64, 64, grad_g1a);
@@ -2113,8 +2093,8 @@ static void transformer_lm_run_part6(
     /* grad_Wv1 = t34^T @ grad_t40 */
     symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t40, 64, 1, grad_Wv1);
 
-    /* grad_Wo1 = t41^T @ grad_t42 */
-    symbackprop_f64_matmul(64, 64, m, t41, 1, 64, grad_t42, 64, 1, grad_Wo1);
+    /* grad_Wo1 = t41^T @ grad_t43 */
+    symbackprop_f64_matmul(64, 64, m, t41, 1, 64, grad_t43, 64, 1, grad_Wo1);
 
     /* grad_g1m = sum of g2 down each column */
     symbackprop_f64_sum_columns(g2, m, 64, 64, grad_g1m);
@@ -2233,7 +2213,7 @@ static int transformer_lm_run(
         }
     }
     transformer_lm_run_part1(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, work, with_grads);
-    transformer_lm_run_part2(m, targets, c0down, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work, with_grads);
+    transformer_lm_run_part2(m, targets, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work, with_grads);
     if (!with_grads) {
         return 0;
     }
@@ -2384,7 +2364,7 @@ size_t transformer_lm_train_step_work_len(int64_t m)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(4934*m + 141254);
+    return (size_t)(4742*m + 141254);
 }
 
 /* transformer_lm_train_step, part 1 of 7 (kernels 1 to 32): a long
@@ -2578,8 +2558,8 @@ static void transformer_lm_train_step_part1(
 
     /* t4 = t2 - t3/64 */
     /* t5 = (t2 - t3/64)**2 */
-    TRANSFORMER_LM_REAL *t4 = t3 + m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t5 = t4 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t4 = t0; /* m x 64, in t0's memory */
+    TRANSFORMER_LM_REAL *t5 = t1; /* m x 64, in t1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -2598,9 +2578,9 @@ static void transformer_lm_train_step_part1(
     /* t7 = t4/sqrt(t6/64 + 1.0e-5) */
     /* t8 = b0a + g0a*t4/sqrt(t6/64 + 1.0e-5) */
     /* dt7_dt6 = -t4/(128*(t6/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t7 = t2; /* m x 64, in t2's memory */
-    TRANSFORMER_LM_REAL *t8 = t5; /* m x 64, in t5's memory */
-    TRANSFORMER_LM_REAL *dt7_dt6 = t5 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t7 = t5; /* m x 64, in t5's memory */
+    TRANSFORMER_LM_REAL *t8 = t3 + m; /* m x 64 */
+    TRANSFORMER_LM_REAL *dt7_dt6 = t8 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -2740,12 +2720,12 @@ static void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *t16 = t15 + 64*m; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t15, 64, 1, Wo0, 64, 1, t16);
 
-    /* t17 = t0 + t1 + t16 */
+    /* t17 = t16 + t2 */
     TRANSFORMER_LM_REAL *t17 = t16 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t17[64*i + j] = t16[64*i + j] + t0[64*i + j] + t1[64*i + j];
+            t17[64*i + j] = t2[64*i + j] + t16[64*i + j];
         }
     }
 
@@ -2757,8 +2737,8 @@ static void transformer_lm_train_step_part1(
 
     /* t19 = t17 - t18/64 */
     /* t20 = (t17 - t18/64)**2 */
-    TRANSFORMER_LM_REAL *t19 = t18 + m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t20 = t19 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t19 = t2; /* m x 64, in t2's memory */
+    TRANSFORMER_LM_REAL *t20 = t16; /* m x 64, in t16's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -2777,9 +2757,9 @@ static void transformer_lm_train_step_part1(
     /* t22 = t19/sqrt(t21/64 + 1.0e-5) */
     /* t23 = b0m + g0m*t19/sqrt(t21/64 + 1.0e-5) */
     /* dt22_dt21 = -t19/(128*(t21/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t22 = t17; /* m x 64, in t17's memory */
-    TRANSFORMER_LM_REAL *t23 = t20; /* m x 64, in t20's memory */
-    TRANSFORMER_LM_REAL *dt22_dt21 = t20 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t22 = t20; /* m x 64, in t20's memory */
+    TRANSFORMER_LM_REAL *t23 = t18 + m; /* m x 64 */
+    TRANSFORMER_LM_REAL *dt22_dt21 = t23 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -2815,12 +2795,12 @@ static void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *t27 = t26 + 256*m; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 256, t25, 256, 1, W0down, 64, 1, t27);
 
-    /* t28 = c0down + t0 + t1 + t16 + t27 */
+    /* t28 = c0down + t17 + t27 */
     TRANSFORMER_LM_REAL *t28 = t27 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t28[64*i + j] = t16[64*i + j] + t27[64*i + j] + c0down[j] + t0[64*i + j] + t1[64*i + j];
+            t28[64*i + j] = t17[64*i + j] + t27[64*i + j] + c0down[j];
         }
     }
 
@@ -2832,8 +2812,8 @@ static void transformer_lm_train_step_part1(
 
     /* t30 = t28 - t29/64 */
     /* t31 = (t28 - t29/64)**2 */
-    TRANSFORMER_LM_REAL *t30 = t29 + m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t31 = t30 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t30 = t17; /* m x 64, in t17's memory */
+    TRANSFORMER_LM_REAL *t31 = t27; /* m x 64, in t27's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -2852,9 +2832,9 @@ static void transformer_lm_train_step_part1(
     /* t33 = t30/sqrt(t32/64 + 1.0e-5) */
     /* t34 = b1a + g1a*t30/sqrt(t32/64 + 1.0e-5) */
     /* dt33_dt32 = -t30/(128*(t32/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t33 = t28; /* m x 64, in t28's memory */
-    TRANSFORMER_LM_REAL *t34 = t31; /* m x 64, in t31's memory */
-    TRANSFORMER_LM_REAL *dt33_dt32 = t31 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t33 = t31; /* m x 64, in t31's memory */
+    TRANSFORMER_LM_REAL *t34 = t29 + m; /* m x 64 */
+    TRANSFORMER_LM_REAL *dt33_dt32 = t34 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -2961,7 +2941,6 @@ static void transformer_lm_train_step_part1(
 static void transformer_lm_train_step_part2(
     int64_t m,
     const int64_t *targets,
-    TRANSFORMER_LM_REAL *c0down,
     TRANSFORMER_LM_REAL *Wv1,
     TRANSFORMER_LM_REAL *Wo1,
     TRANSFORMER_LM_REAL *g1m,
@@ -2977,13 +2956,10 @@ static void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t0 = work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t1 = work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t16 = work + 1153*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t27 = work + 1986*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t34 = work + 2179*m + 1024; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t38 = work + 2435*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = work + 769*m + 1024; /* m x 256, in t37's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t28 = work + 1922*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t34 = work + 1987*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t38 = work + 2243*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = work + 705*m + 1024; /* m x 256, in t37's memory; placed in an earlier part */
     /* t40 = t34 @ Wv1 */
     TRANSFORMER_LM_REAL *t40 = t38 + 256*m; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wv1, 64, 1, t40);
@@ -3024,12 +3000,12 @@ static void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *t42 = t41 + 64*m; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t41, 64, 1, Wo1, 64, 1, t42);
 
-    /* t43 = c0down + t0 + t1 + t16 + t27 + t42 */
+    /* t43 = t28 + t42 */
     TRANSFORMER_LM_REAL *t43 = t42 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t43[64*i + j] = t16[64*i + j] + t42[64*i + j] + t27[64*i + j] + c0down[j] + t0[64*i + j] + t1[64*i + j];
+            t43[64*i + j] = t28[64*i + j] + t42[64*i + j];
         }
     }
 
@@ -3041,8 +3017,8 @@ static void transformer_lm_train_step_part2(
 
     /* t45 = t43 - t44/64 */
     /* t46 = (t43 - t44/64)**2 */
-    TRANSFORMER_LM_REAL *t45 = t44 + m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t46 = t45 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t45 = t28; /* m x 64, in t28's memory */
+    TRANSFORMER_LM_REAL *t46 = t42; /* m x 64, in t42's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -3061,9 +3037,9 @@ static void transformer_lm_train_step_part2(
     /* t48 = t45/sqrt(t47/64 + 1.0e-5) */
     /* t49 = b1m + g1m*t45/sqrt(t47/64 + 1.0e-5) */
     /* dt48_dt47 = -t45/(128*(t47/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t48 = t43; /* m x 64, in t43's memory */
-    TRANSFORMER_LM_REAL *t49 = t46; /* m x 64, in t46's memory */
-    TRANSFORMER_LM_REAL *dt48_dt47 = t46 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t48 = t46; /* m x 64, in t46's memory */
+    TRANSFORMER_LM_REAL *t49 = t44 + m; /* m x 64 */
+    TRANSFORMER_LM_REAL *dt48_dt47 = t49 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -3099,12 +3075,12 @@ static void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *t53 = t52 + 256*m; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 256, t51, 256, 1, W1down, 64, 1, t53);
 
-    /* t54 = c0down + c1down + t0 + t1 + t16 + t27 + t42 + t53 */
+    /* t54 = c1down + t43 + t53 */
     TRANSFORMER_LM_REAL *t54 = t53 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t54[64*i + j] = t16[64*i + j] + t42[64*i + j] + t27[64*i + j] + t53[64*i + j] + c0down[j] + c1down[j] + t0[64*i + j] + t1[64*i + j];
+            t54[64*i + j] = t43[64*i + j] + t53[64*i + j] + c1down[j];
         }
     }
 
@@ -3116,8 +3092,8 @@ static void transformer_lm_train_step_part2(
 
     /* t56 = t54 - t55/64 */
     /* t57 = (t54 - t55/64)**2 */
-    TRANSFORMER_LM_REAL *t56 = t0; /* m x 64, in t0's memory */
-    TRANSFORMER_LM_REAL *t57 = t1; /* m x 64, in t1's memory */
+    TRANSFORMER_LM_REAL *t56 = t43; /* m x 64, in t43's memory */
+    TRANSFORMER_LM_REAL *t57 = t53; /* m x 64, in t53's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -3136,9 +3112,9 @@ static void transformer_lm_train_step_part2(
     /* t59 = t56/sqrt(t58/64 + 1.0e-5) */
     /* t60 = bf + gf*t56/sqrt(t58/64 + 1.0e-5) */
     /* dt59_dt58 = -t56/(128*(t58/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t59 = t16; /* m x 64, in t16's memory */
-    TRANSFORMER_LM_REAL *t60 = t27; /* m x 64, in t27's memory */
-    TRANSFORMER_LM_REAL *dt59_dt58 = t42; /* m x 64, in t42's memory */
+    TRANSFORMER_LM_REAL *t59 = t54; /* m x 64, in t54's memory */
+    TRANSFORMER_LM_REAL *t60 = t57; /* m x 64, in t57's memory */
+    TRANSFORMER_LM_REAL *dt59_dt58 = t55 + m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -3151,7 +3127,7 @@ static void transformer_lm_train_step_part2(
     }
 
     /* t61 = t60 @ Wout */
-    TRANSFORMER_LM_REAL *t61 = t55 + m; /* m x 62 */
+    TRANSFORMER_LM_REAL *t61 = dt59_dt58 + 64*m; /* m x 62 */
     symbackprop_f64_matmul(m, 62, 64, t60, 64, 1, Wout, 62, 1, t61);
 
     /* t62 = Matrix([ [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
@@ -3348,15 +3324,15 @@ static void transformer_lm_train_step_part2(
     }
 
     /* grad_t60 = grad_t61 @ Wout^T */
-    TRANSFORMER_LM_REAL *grad_t60 = t53; /* m x 64, in t53's memory */
+    TRANSFORMER_LM_REAL *grad_t60 = t68 + 1; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 62, grad_t61, 62, 1, Wout, 1, 62, grad_t60);
 
     /* grad_t59 = gf*grad_t60 */
     /* t69 = dt59_dt58*gf*grad_t60 */
     /* g0 = grad_t60*t59 */
-    TRANSFORMER_LM_REAL *grad_t59 = t54; /* m x 64, in t54's memory */
-    TRANSFORMER_LM_REAL *t69 = t57; /* m x 64, in t57's memory */
-    TRANSFORMER_LM_REAL *g0 = t68 + 1; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_t59 = grad_t60 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t69 = grad_t59 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g0 = t69 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -3420,34 +3396,34 @@ static void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t22 = work + 1217*m + 1024; /* m x 64, in t17's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt22_dt21 = work + 1410*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = work + 1730*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = work + 2115*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = work + 2114*m + 1024; /* m x 1, in t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t33 = work + 2050*m + 1024; /* m x 64, in t28's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt33_dt32 = work + 2243*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = work + 2307*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t36 = work + 2371*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t37_block_1 = work + 769*m; /* 64 x 16, in t11_block_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = work + 769*m + 1024; /* m x 256, in t37's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = work + 2691*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t45 = work + 2948*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t47 = work + 2947*m + 1024; /* m x 1, in t44's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t48 = work + 2883*m + 1024; /* m x 64, in t43's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt48_dt47 = work + 3076*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t50 = work + 2435*m + 1024; /* m x 256, in t38's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t52 = work + 3396*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t56 = work; /* m x 64, in t0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t58 = work + 3780*m + 1024; /* m x 1, in t55's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t59 = work + 3716*m + 1024; /* m x 64, in t54's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t69 = work + 64*m; /* m x 64, in t57's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t22 = work + 1089*m + 1024; /* m x 64, in t20's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt22_dt21 = work + 1282*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = work + 1602*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t30 = work + 1153*m + 1024; /* m x 64, in t17's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = work + 1986*m + 1024; /* m x 1, in t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t33 = work + 1858*m + 1024; /* m x 64, in t31's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt33_dt32 = work + 2051*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = work + 2115*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t36 = work + 2179*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t37_block_1 = work + 705*m; /* 64 x 16, in t11_block_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = work + 705*m + 1024; /* m x 256, in t37's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t40 = work + 2499*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t45 = work + 1922*m + 1024; /* m x 64, in t28's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t47 = work + 2755*m + 1024; /* m x 1, in t44's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t48 = work + 2627*m + 1024; /* m x 64, in t46's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt48_dt47 = work + 2820*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t50 = work + 2243*m + 1024; /* m x 256, in t38's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t52 = work + 3140*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t56 = work + 2691*m + 1024; /* m x 64, in t43's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t58 = work + 3524*m + 1024; /* m x 1, in t55's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t59 = work + 3842*m + 4869; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t69 = work + 3906*m + 4869; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *g0 = work + 3970*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t70 = work + 3967*m + 4868; /* m x 1, in t65's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t58 = work + 3969*m + 4868; /* m x 1, in t67's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t56 = work + 1153*m + 1024; /* m x 64, in t59's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t71 = work + 2819*m + 1024; /* m x 64, in dt59_dt58's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t55 = work + 3968*m + 4868; /* m x 1, in t66's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t70 = work + 3775*m + 4868; /* m x 1, in t65's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t58 = work + 3777*m + 4868; /* m x 1, in t67's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t56 = work + 3460*m + 1024; /* m x 64, in t59's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t71 = work + 3525*m + 1024; /* m x 64, in dt59_dt58's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t55 = work + 3776*m + 4868; /* m x 1, in t66's memory; placed in an earlier part */
     /* grad_t54 = grad_t55 + grad_t56 */
     TRANSFORMER_LM_REAL *grad_t54 = t69; /* m x 64, in t69's memory */
     SYMBACKPROP_PARALLEL_FOR
@@ -3523,26 +3499,22 @@ static void transformer_lm_train_step_part3(
         grad_t44[i] = symbackprop_f64_sum(t74 + 64*i, 64, 1);
     }
 
-    /* grad_t43 = grad_t44 + grad_t45 */
-    /* grad_t42 = grad_t44 + grad_t45 + grad_t54 */
+    /* grad_t43 = grad_t44 + grad_t45 + grad_t54 */
     TRANSFORMER_LM_REAL *grad_t43 = t72; /* m x 64, in t72's memory */
-    TRANSFORMER_LM_REAL *grad_t42 = t45; /* m x 64, in t45's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t45[64*i + j] + grad_t44[i];
-            grad_t43[64*i + j] = x0;
-            grad_t42[64*i + j] = grad_t54[64*i + j] + x0;
+            grad_t43[64*i + j] = grad_t54[64*i + j] + grad_t45[64*i + j] + grad_t44[i];
         }
     }
 
-    /* grad_t41 = grad_t42 @ Wo1^T */
-    TRANSFORMER_LM_REAL *grad_t41 = grad_t48; /* m x 64, in grad_t48's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t42, 64, 1, Wo1, 1, 64, grad_t41);
+    /* grad_t41 = grad_t43 @ Wo1^T */
+    TRANSFORMER_LM_REAL *grad_t41 = t45; /* m x 64, in t45's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t43, 64, 1, Wo1, 1, 64, grad_t41);
 
     /* grad_t40[(e,s),h*dh+k] = sum_{t>=s} t39[(e,t),(h,s)] * grad_t41[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t40 = t74; /* m x 64, in t74's memory */
+    TRANSFORMER_LM_REAL *grad_t40 = grad_t48; /* m x 64, in grad_t48's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -3573,7 +3545,7 @@ static void transformer_lm_train_step_part3(
     }
 
     /* grad_t34_part = grad_t40 @ Wv1^T */
-    TRANSFORMER_LM_REAL *grad_t34_part = grad_t45; /* m x 64, in grad_t45's memory */
+    TRANSFORMER_LM_REAL *grad_t34_part = t74; /* m x 64, in t74's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t40, 64, 1, Wv1, 1, 64, grad_t34_part);
 
     /* grad_t39[(e,t),(h,s)] = sum_k grad_t41[(e,t),h*dh+k] * t40[(e,s),h*dh+k] for s <= t, 0
@@ -3660,7 +3632,7 @@ static void transformer_lm_train_step_part3(
 
     /* grad_t36[(e,s),h*dh+k] = sum_{t>=s} grad_t37[(e,t),(h,s)] * t35[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t36 = t40; /* m x 64, in t40's memory */
+    TRANSFORMER_LM_REAL *grad_t36 = grad_t45; /* m x 64, in grad_t45's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -3691,12 +3663,12 @@ static void transformer_lm_train_step_part3(
     }
 
     /* grad_t34_part_1 = grad_t36 @ Wk1^T */
-    TRANSFORMER_LM_REAL *grad_t34_part_1 = grad_t41; /* m x 64, in grad_t41's memory */
+    TRANSFORMER_LM_REAL *grad_t34_part_1 = t40; /* m x 64, in t40's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t36, 64, 1, Wk1, 1, 64, grad_t34_part_1);
 
     /* grad_t35[(e,t),h*dh+k] = sum_{s<=t} grad_t37[(e,t),(h,s)] * t36[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t35 = t35; /* m x 64, in t35's memory */
+    TRANSFORMER_LM_REAL *grad_t35 = grad_t41; /* m x 64, in grad_t41's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -3727,15 +3699,15 @@ static void transformer_lm_train_step_part3(
     }
 
     /* grad_t34_part_2 = grad_t35 @ Wq1^T */
-    TRANSFORMER_LM_REAL *grad_t34_part_2 = t36; /* m x 64, in t36's memory */
+    TRANSFORMER_LM_REAL *grad_t34_part_2 = t35; /* m x 64, in t35's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t35, 64, 1, Wq1, 1, 64, grad_t34_part_2);
 
     /* grad_t34 = grad_t34_part + grad_t34_part_1 + grad_t34_part_2 */
     /* grad_t33 = g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
     /* t78 = dt33_dt32*g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
     /* g3 = t33*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
-    TRANSFORMER_LM_REAL *grad_t34 = grad_t37 + 256*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_t33 = grad_t34 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_t34 = t36; /* m x 64, in t36's memory */
+    TRANSFORMER_LM_REAL *grad_t33 = grad_t37 + 256*m; /* m x 64 */
     TRANSFORMER_LM_REAL *t78 = grad_t33 + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *g3 = t78 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
@@ -3783,49 +3755,45 @@ static void transformer_lm_train_step_part3(
         grad_t29[i] = symbackprop_f64_sum(t80 + 64*i, 64, 1);
     }
 
-    /* grad_t28 = grad_t29 + grad_t30 */
-    /* g4 = grad_t29 + grad_t30 + grad_t43 + grad_t54 */
+    /* grad_t28 = grad_t29 + grad_t30 + grad_t43 */
     TRANSFORMER_LM_REAL *grad_t28 = grad_t34_part; /* m x 64, in grad_t34_part's memory */
-    TRANSFORMER_LM_REAL *g4 = grad_t34_part_1; /* m x 64, in grad_t34_part_1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t30[64*i + j] + grad_t29[i];
-            grad_t28[64*i + j] = x0;
-            g4[64*i + j] = grad_t54[64*i + j] + grad_t43[64*i + j] + x0;
+            grad_t28[64*i + j] = grad_t43[64*i + j] + grad_t30[64*i + j] + grad_t29[i];
         }
     }
 
-    /* grad_t25 = g4 @ W0down^T */
+    /* grad_t25 = grad_t28 @ W0down^T */
     TRANSFORMER_LM_REAL *grad_t25 = t39; /* m x 256, in t39's memory */
-    symbackprop_f64_matmul(m, 256, 64, g4, 64, 1, W0down, 1, 64, grad_t25);
+    symbackprop_f64_matmul(m, 256, 64, grad_t28, 64, 1, W0down, 1, 64, grad_t25);
 
-    /* g5 = grad_t25*t26 */
-    TRANSFORMER_LM_REAL *g5 = grad_t39; /* m x 256, in grad_t39's memory */
+    /* g4 = grad_t25*t26 */
+    TRANSFORMER_LM_REAL *g4 = grad_t39; /* m x 256, in grad_t39's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            g5[256*i + j] = grad_t25[256*i + j]*t26[256*i + j];
+            g4[256*i + j] = grad_t25[256*i + j]*t26[256*i + j];
         }
     }
 
-    /* grad_t23 = g5 @ W0up^T */
-    TRANSFORMER_LM_REAL *grad_t23 = grad_t34_part_2; /* m x 64, in grad_t34_part_2's memory */
-    symbackprop_f64_matmul(m, 64, 256, g5, 256, 1, W0up, 1, 256, grad_t23);
+    /* grad_t23 = g4 @ W0up^T */
+    TRANSFORMER_LM_REAL *grad_t23 = grad_t34_part_1; /* m x 64, in grad_t34_part_1's memory */
+    symbackprop_f64_matmul(m, 64, 256, g4, 256, 1, W0up, 1, 256, grad_t23);
 
     /* grad_t22 = g0m*grad_t23 */
     /* t81 = dt22_dt21*g0m*grad_t23 */
-    /* g6 = grad_t23*t22 */
-    TRANSFORMER_LM_REAL *grad_t22 = t78; /* m x 64, in t78's memory */
-    TRANSFORMER_LM_REAL *t81 = t30; /* m x 64, in t30's memory */
-    TRANSFORMER_LM_REAL *g6 = grad_t33; /* m x 64, in grad_t33's memory */
+    /* g5 = grad_t23*t22 */
+    TRANSFORMER_LM_REAL *grad_t22 = grad_t34_part_2; /* m x 64, in grad_t34_part_2's memory */
+    TRANSFORMER_LM_REAL *t81 = t78; /* m x 64, in t78's memory */
+    TRANSFORMER_LM_REAL *g5 = t30; /* m x 64, in t30's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = grad_t23[64*i + j]*g0m[j];
             grad_t22[64*i + j] = x0;
             t81[64*i + j] = dt22_dt21[64*i + j]*x0;
-            g6[64*i + j] = grad_t23[64*i + j]*t22[64*i + j];
+            g5[64*i + j] = grad_t23[64*i + j]*t22[64*i + j];
         }
     }
 }
@@ -3849,39 +3817,38 @@ static void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t4 = work + 193*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t4 = work; /* m x 64, in t0's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t6 = work + 192*m; /* m x 1, in t3's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t7 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t8 = work + 257*m; /* m x 64, in t5's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt7_dt6 = work + 321*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t9 = work + 385*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t10 = work + 449*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t13 = work + 513*m; /* m x 256, in t11's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t14 = work + 1025*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t19 = work + 1282*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t21 = work + 1281*m + 1024; /* m x 1, in t18's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t22 = work + 1217*m + 1024; /* m x 64, in t17's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt22_dt21 = work + 1410*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = work + 1730*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = work + 2114*m + 1024; /* m x 1, in t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t54 = work + 64*m; /* m x 64, in t69's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t47 = work + 3967*m + 4868; /* m x 1, in t70's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t44 = work + 3969*m + 4868; /* m x 1, in grad_t58's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t43 = work + 2819*m + 1024; /* m x 64, in t72's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t39_block_1 = work + 769*m; /* 64 x 16, in t37_block_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t7 = work + 64*m; /* m x 64, in t5's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t8 = work + 193*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt7_dt6 = work + 257*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t9 = work + 321*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t10 = work + 385*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t13 = work + 449*m; /* m x 256, in t11's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t14 = work + 961*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t19 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t21 = work + 1217*m + 1024; /* m x 1, in t18's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t22 = work + 1089*m + 1024; /* m x 64, in t20's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt22_dt21 = work + 1282*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = work + 1602*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = work + 1986*m + 1024; /* m x 1, in t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t47 = work + 3775*m + 4868; /* m x 1, in t70's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t44 = work + 3777*m + 4868; /* m x 1, in grad_t58's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t39_block_1 = work + 705*m; /* 64 x 16, in t37_block_1's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t76 = work + 4290*m + 4869; /* m x 4; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t77 = work + 2435*m + 1024; /* m x 256, in t75's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t77 = work + 2243*m + 1024; /* m x 256, in t75's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t37 = work + 4294*m + 4869; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 4742*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t79 = work + 3968*m + 4868; /* m x 1, in grad_t55's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t32 = work + 2947*m + 1024; /* m x 1, in t47's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t30 = work + 2050*m + 1024; /* m x 64, in t33's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t80 = work + 2243*m + 1024; /* m x 64, in dt33_dt32's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t29 = work + 3780*m + 1024; /* m x 1, in t73's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 2883*m + 1024; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t25 = work + 769*m + 1024; /* m x 256, in t39's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 4678*m + 4869; /* m x 64, in t78's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t81 = work + 2115*m + 1024; /* m x 64, in t30's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t33 = work + 4550*m + 4869; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 4678*m + 4869; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t79 = work + 3776*m + 4868; /* m x 1, in grad_t55's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t32 = work + 2755*m + 1024; /* m x 1, in t47's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t30 = work + 1858*m + 1024; /* m x 64, in t33's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t80 = work + 2051*m + 1024; /* m x 64, in dt33_dt32's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t29 = work + 3524*m + 1024; /* m x 1, in t73's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 1024; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t25 = work + 705*m + 1024; /* m x 256, in t39's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22 = work + 2115*m + 1024; /* m x 64, in grad_t34_part_2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t81 = work + 4614*m + 4869; /* m x 64, in t78's memory; placed in an earlier part */
     /* t82 = 1/sqrt(t21/64 + 1.0e-5) */
     TRANSFORMER_LM_REAL *t82 = grad_t47; /* m x 1, in grad_t47's memory */
     SYMBACKPROP_PARALLEL_FOR
@@ -3897,8 +3864,8 @@ static void transformer_lm_train_step_part4(
 
     /* grad_t19 = 2*grad_t21*t19 + grad_t22*t82 */
     /* t83 = -grad_t21*t19/32 - grad_t22*t82/64 */
-    TRANSFORMER_LM_REAL *grad_t19 = t80; /* m x 64, in t80's memory */
-    TRANSFORMER_LM_REAL *t83 = grad_t30; /* m x 64, in grad_t30's memory */
+    TRANSFORMER_LM_REAL *grad_t19 = grad_t33; /* m x 64, in grad_t33's memory */
+    TRANSFORMER_LM_REAL *t83 = t80; /* m x 64, in t80's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -3915,26 +3882,22 @@ static void transformer_lm_train_step_part4(
         grad_t18[i] = symbackprop_f64_sum(t83 + 64*i, 64, 1);
     }
 
-    /* grad_t17 = grad_t18 + grad_t19 */
-    /* grad_t16 = grad_t18 + grad_t19 + grad_t28 + grad_t43 + grad_t54 */
-    TRANSFORMER_LM_REAL *grad_t17 = t22; /* m x 64, in t22's memory */
-    TRANSFORMER_LM_REAL *grad_t16 = dt22_dt21; /* m x 64, in dt22_dt21's memory */
+    /* grad_t17 = grad_t18 + grad_t19 + grad_t28 */
+    TRANSFORMER_LM_REAL *grad_t17 = grad_t30; /* m x 64, in grad_t30's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t19[64*i + j] + grad_t18[i];
-            grad_t17[64*i + j] = x0;
-            grad_t16[64*i + j] = grad_t54[64*i + j] + grad_t43[64*i + j] + grad_t28[64*i + j] + x0;
+            grad_t17[64*i + j] = grad_t28[64*i + j] + grad_t19[64*i + j] + grad_t18[i];
         }
     }
 
-    /* grad_t15 = grad_t16 @ Wo0^T */
-    TRANSFORMER_LM_REAL *grad_t15 = t81; /* m x 64, in t81's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t16, 64, 1, Wo0, 1, 64, grad_t15);
+    /* grad_t15 = grad_t17 @ Wo0^T */
+    TRANSFORMER_LM_REAL *grad_t15 = t22; /* m x 64, in t22's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t17, 64, 1, Wo0, 1, 64, grad_t15);
 
     /* grad_t14[(e,s),h*dh+k] = sum_{t>=s} t13[(e,t),(h,s)] * grad_t15[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t14 = t19; /* m x 64, in t19's memory */
+    TRANSFORMER_LM_REAL *grad_t14 = dt22_dt21; /* m x 64, in dt22_dt21's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -3965,7 +3928,7 @@ static void transformer_lm_train_step_part4(
     }
 
     /* grad_t8_part = grad_t14 @ Wv0^T */
-    TRANSFORMER_LM_REAL *grad_t8_part = grad_t22; /* m x 64, in grad_t22's memory */
+    TRANSFORMER_LM_REAL *grad_t8_part = t81; /* m x 64, in t81's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t14, 64, 1, Wv0, 1, 64, grad_t8_part);
 
     /* grad_t13[(e,t),(h,s)] = sum_k grad_t15[(e,t),h*dh+k] * t14[(e,s),h*dh+k] for s <= t, 0
@@ -4052,7 +4015,7 @@ static void transformer_lm_train_step_part4(
 
     /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} grad_t11[(e,t),(h,s)] * t9[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t10 = t83; /* m x 64, in t83's memory */
+    TRANSFORMER_LM_REAL *grad_t10 = t19; /* m x 64, in t19's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -4083,12 +4046,12 @@ static void transformer_lm_train_step_part4(
     }
 
     /* grad_t8_part_1 = grad_t10 @ Wk0^T */
-    TRANSFORMER_LM_REAL *grad_t8_part_1 = grad_t19; /* m x 64, in grad_t19's memory */
+    TRANSFORMER_LM_REAL *grad_t8_part_1 = grad_t22; /* m x 64, in grad_t22's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, Wk0, 1, 64, grad_t8_part_1);
 
     /* grad_t9[(e,t),h*dh+k] = sum_{s<=t} grad_t11[(e,t),(h,s)] * t10[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t9 = t14; /* m x 64, in t14's memory */
+    TRANSFORMER_LM_REAL *grad_t9 = t83; /* m x 64, in t83's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -4119,17 +4082,17 @@ static void transformer_lm_train_step_part4(
     }
 
     /* grad_t8_part_2 = grad_t9 @ Wq0^T */
-    TRANSFORMER_LM_REAL *grad_t8_part_2 = grad_t15; /* m x 64, in grad_t15's memory */
+    TRANSFORMER_LM_REAL *grad_t8_part_2 = grad_t19; /* m x 64, in grad_t19's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t9, 64, 1, Wq0, 1, 64, grad_t8_part_2);
 
     /* grad_t8 = grad_t8_part + grad_t8_part_1 + grad_t8_part_2 */
     /* grad_t7 = g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
     /* t87 = dt7_dt6*g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
-    /* g7 = t7*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
-    TRANSFORMER_LM_REAL *grad_t8 = t9; /* m x 64, in t9's memory */
-    TRANSFORMER_LM_REAL *grad_t7 = t10; /* m x 64, in t10's memory */
-    TRANSFORMER_LM_REAL *t87 = g3 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *g7 = t87 + 64*m; /* m x 64 */
+    /* g6 = t7*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
+    TRANSFORMER_LM_REAL *grad_t8 = t14; /* m x 64, in t14's memory */
+    TRANSFORMER_LM_REAL *grad_t7 = grad_t15; /* m x 64, in grad_t15's memory */
+    TRANSFORMER_LM_REAL *t87 = t9; /* m x 64, in t9's memory */
+    TRANSFORMER_LM_REAL *g6 = t10; /* m x 64, in t10's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -4138,7 +4101,7 @@ static void transformer_lm_train_step_part4(
             grad_t8[64*i + j] = x0;
             grad_t7[64*i + j] = x1;
             t87[64*i + j] = dt7_dt6[64*i + j]*x1;
-            g7[64*i + j] = t7[64*i + j]*x0;
+            g6[64*i + j] = t7[64*i + j]*x0;
         }
     }
 
@@ -4175,28 +4138,28 @@ static void transformer_lm_train_step_part4(
         grad_t3[i] = symbackprop_f64_sum(t89 + 64*i, 64, 1);
     }
 
-    /* grad_t1 = grad_t17 + grad_t28 + grad_t3 + grad_t4 + grad_t43 + grad_t54 */
-    TRANSFORMER_LM_REAL *grad_t1 = grad_t8_part; /* m x 64, in grad_t8_part's memory */
+    /* grad_t2 = grad_t17 + grad_t3 + grad_t4 */
+    TRANSFORMER_LM_REAL *grad_t2 = grad_t8_part; /* m x 64, in grad_t8_part's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t1[64*i + j] = grad_t4[64*i + j] + grad_t3[i] + grad_t54[64*i + j] + grad_t43[64*i + j] + grad_t28[64*i + j] + grad_t17[64*i + j];
+            grad_t2[64*i + j] = grad_t17[64*i + j] + grad_t4[64*i + j] + grad_t3[i];
         }
     }
 
-    /* grad_E_1[ids[i], :] += [grad_t1[i, 0], grad_t1[i, 1], grad_t1[i, 2], grad_t1[i, 3],
-     * grad_t1[i, 4], grad_t1[i, 5], grad_t1[i, 6], grad_t1[i, 7], grad_t1[i, 8],
-     * grad_t1[i, 9], grad_t1[i, 10], grad_t1[i, 11], grad_t1[i, 12], grad_t1[i, 13],
-     * grad_t1[i, 14], grad_t1[i, 15], grad_t1[i, 16], grad_t1[i, 17], grad_t1[i, 18],
-     * grad_t1[i, 19], grad_t1[i, 20], grad_t1[i, 21], grad_t1[i, 22], grad_t1[i, 23],
-     * grad_t1[i, 24], grad_t1[i, 25], grad_t1[i, 26], grad_t1[i, 27], grad_t1[i, 28], ... */
-    /* grad_P_1[positions[i], :] += [grad_t1[i, 0], grad_t1[i, 1], grad_t1[i, 2],
-     * grad_t1[i, 3], grad_t1[i, 4], grad_t1[i, 5], grad_t1[i, 6], grad_t1[i, 7],
-     * grad_t1[i, 8], grad_t1[i, 9], grad_t1[i, 10], grad_t1[i, 11], grad_t1[i, 12],
-     * grad_t1[i, 13], grad_t1[i, 14], grad_t1[i, 15], grad_t1[i, 16], grad_t1[i, 17],
-     * grad_t1[i, 18], grad_t1[i, 19], grad_t1[i, 20], grad_t1[i, 21], grad_t1[i, 22],
-     * grad_t1[i, 23], grad_t1[i, 24], grad_t1[i, 25], grad_t1[i, 26], grad_t1[i, 27], ... */
-    TRANSFORMER_LM_REAL *grad_E_1 = g7 + 64*m; /* 62 x 64 */
+    /* grad_E_1[ids[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2], grad_t2[i, 3],
+     * grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7], grad_t2[i, 8],
+     * grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12], grad_t2[i, 13],
+     * grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17], grad_t2[i, 18],
+     * grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22], grad_t2[i, 23],
+     * grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], grad_t2[i, 28], ... */
+    /* grad_P_1[positions[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2],
+     * grad_t2[i, 3], grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7],
+     * grad_t2[i, 8], grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12],
+     * grad_t2[i, 13], grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17],
+     * grad_t2[i, 18], grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22],
+     * grad_t2[i, 23], grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], ... */
+    TRANSFORMER_LM_REAL *grad_E_1 = g3 + 64*m; /* 62 x 64 */
     TRANSFORMER_LM_REAL *grad_P_1 = grad_E_1 + 3968; /* 64 x 64 */
     for (int64_t i = 0; i < 3968; ++i) {
         grad_E_1[i] = 0;
@@ -4205,134 +4168,134 @@ static void transformer_lm_train_step_part4(
         grad_P_1[i] = 0;
     }
     for (int64_t i = 0; i < m; ++i) {
-        grad_E_1[64*ids[i]] += grad_t1[64*i];
-        grad_E_1[64*ids[i] + 1] += grad_t1[64*i + 1];
-        grad_E_1[64*ids[i] + 2] += grad_t1[64*i + 2];
-        grad_E_1[64*ids[i] + 3] += grad_t1[64*i + 3];
-        grad_E_1[64*ids[i] + 4] += grad_t1[64*i + 4];
-        grad_E_1[64*ids[i] + 5] += grad_t1[64*i + 5];
-        grad_E_1[64*ids[i] + 6] += grad_t1[64*i + 6];
-        grad_E_1[64*ids[i] + 7] += grad_t1[64*i + 7];
-        grad_E_1[64*ids[i] + 8] += grad_t1[64*i + 8];
-        grad_E_1[64*ids[i] + 9] += grad_t1[64*i + 9];
-        grad_E_1[64*ids[i] + 10] += grad_t1[64*i + 10];
-        grad_E_1[64*ids[i] + 11] += grad_t1[64*i + 11];
-        grad_E_1[64*ids[i] + 12] += grad_t1[64*i + 12];
-        grad_E_1[64*ids[i] + 13] += grad_t1[64*i + 13];
-        grad_E_1[64*ids[i] + 14] += grad_t1[64*i + 14];
-        grad_E_1[64*ids[i] + 15] += grad_t1[64*i + 15];
-        grad_E_1[64*ids[i] + 16] += grad_t1[64*i + 16];
-        grad_E_1[64*ids[i] + 17] += grad_t1[64*i + 17];
-        grad_E_1[64*ids[i] + 18] += grad_t1[64*i + 18];
-        grad_E_1[64*ids[i] + 19] += grad_t1[64*i + 19];
-        grad_E_1[64*ids[i] + 20] += grad_t1[64*i + 20];
-        grad_E_1[64*ids[i] + 21] += grad_t1[64*i + 21];
-        grad_E_1[64*ids[i] + 22] += grad_t1[64*i + 22];
-        grad_E_1[64*ids[i] + 23] += grad_t1[64*i + 23];
-        grad_E_1[64*ids[i] + 24] += grad_t1[64*i + 24];
-        grad_E_1[64*ids[i] + 25] += grad_t1[64*i + 25];
-        grad_E_1[64*ids[i] + 26] += grad_t1[64*i + 26];
-        grad_E_1[64*ids[i] + 27] += grad_t1[64*i + 27];
-        grad_E_1[64*ids[i] + 28] += grad_t1[64*i + 28];
-        grad_E_1[64*ids[i] + 29] += grad_t1[64*i + 29];
-        grad_E_1[64*ids[i] + 30] += grad_t1[64*i + 30];
-        grad_E_1[64*ids[i] + 31] += grad_t1[64*i + 31];
-        grad_E_1[64*ids[i] + 32] += grad_t1[64*i + 32];
-        grad_E_1[64*ids[i] + 33] += grad_t1[64*i + 33];
-        grad_E_1[64*ids[i] + 34] += grad_t1[64*i + 34];
-        grad_E_1[64*ids[i] + 35] += grad_t1[64*i + 35];
-        grad_E_1[64*ids[i] + 36] += grad_t1[64*i + 36];
-        grad_E_1[64*ids[i] + 37] += grad_t1[64*i + 37];
-        grad_E_1[64*ids[i] + 38] += grad_t1[64*i + 38];
-        grad_E_1[64*ids[i] + 39] += grad_t1[64*i + 39];
-        grad_E_1[64*ids[i] + 40] += grad_t1[64*i + 40];
-        grad_E_1[64*ids[i] + 41] += grad_t1[64*i + 41];
-        grad_E_1[64*ids[i] + 42] += grad_t1[64*i + 42];
-        grad_E_1[64*ids[i] + 43] += grad_t1[64*i + 43];
-        grad_E_1[64*ids[i] + 44] += grad_t1[64*i + 44];
-        grad_E_1[64*ids[i] + 45] += grad_t1[64*i + 45];
-        grad_E_1[64*ids[i] + 46] += grad_t1[64*i + 46];
-        grad_E_1[64*ids[i] + 47] += grad_t1[64*i + 47];
-        grad_E_1[64*ids[i] + 48] += grad_t1[64*i + 48];
-        grad_E_1[64*ids[i] + 49] += grad_t1[64*i + 49];
-        grad_E_1[64*ids[i] + 50] += grad_t1[64*i + 50];
-        grad_E_1[64*ids[i] + 51] += grad_t1[64*i + 51];
-        grad_E_1[64*ids[i] + 52] += grad_t1[64*i + 52];
-        grad_E_1[64*ids[i] + 53] += grad_t1[64*i + 53];
-        grad_E_1[64*ids[i] + 54] += grad_t1[64*i + 54];
-        grad_E_1[64*ids[i] + 55] += grad_t1[64*i + 55];
-        grad_E_1[64*ids[i] + 56] += grad_t1[64*i + 56];
-        grad_E_1[64*ids[i] + 57] += grad_t1[64*i + 57];
-        grad_E_1[64*ids[i] + 58] += grad_t1[64*i + 58];
-        grad_E_1[64*ids[i] + 59] += grad_t1[64*i + 59];
-        grad_E_1[64*ids[i] + 60] += grad_t1[64*i + 60];
-        grad_E_1[64*ids[i] + 61] += grad_t1[64*i + 61];
-        grad_E_1[64*ids[i] + 62] += grad_t1[64*i + 62];
-        grad_E_1[64*ids[i] + 63] += grad_t1[64*i + 63];
-        grad_P_1[64*positions[i]] += grad_t1[64*i];
-        grad_P_1[64*positions[i] + 1] += grad_t1[64*i + 1];
-        grad_P_1[64*positions[i] + 2] += grad_t1[64*i + 2];
-        grad_P_1[64*positions[i] + 3] += grad_t1[64*i + 3];
-        grad_P_1[64*positions[i] + 4] += grad_t1[64*i + 4];
-        grad_P_1[64*positions[i] + 5] += grad_t1[64*i + 5];
-        grad_P_1[64*positions[i] + 6] += grad_t1[64*i + 6];
-        grad_P_1[64*positions[i] + 7] += grad_t1[64*i + 7];
-        grad_P_1[64*positions[i] + 8] += grad_t1[64*i + 8];
-        grad_P_1[64*positions[i] + 9] += grad_t1[64*i + 9];
-        grad_P_1[64*positions[i] + 10] += grad_t1[64*i + 10];
-        grad_P_1[64*positions[i] + 11] += grad_t1[64*i + 11];
-        grad_P_1[64*positions[i] + 12] += grad_t1[64*i + 12];
-        grad_P_1[64*positions[i] + 13] += grad_t1[64*i + 13];
-        grad_P_1[64*positions[i] + 14] += grad_t1[64*i + 14];
-        grad_P_1[64*positions[i] + 15] += grad_t1[64*i + 15];
-        grad_P_1[64*positions[i] + 16] += grad_t1[64*i + 16];
-        grad_P_1[64*positions[i] + 17] += grad_t1[64*i + 17];
-        grad_P_1[64*positions[i] + 18] += grad_t1[64*i + 18];
-        grad_P_1[64*positions[i] + 19] += grad_t1[64*i + 19];
-        grad_P_1[64*positions[i] + 20] += grad_t1[64*i + 20];
-        grad_P_1[64*positions[i] + 21] += grad_t1[64*i + 21];
-        grad_P_1[64*positions[i] + 22] += grad_t1[64*i + 22];
-        grad_P_1[64*positions[i] + 23] += grad_t1[64*i + 23];
-        grad_P_1[64*positions[i] + 24] += grad_t1[64*i + 24];
-        grad_P_1[64*positions[i] + 25] += grad_t1[64*i + 25];
-        grad_P_1[64*positions[i] + 26] += grad_t1[64*i + 26];
-        grad_P_1[64*positions[i] + 27] += grad_t1[64*i + 27];
-        grad_P_1[64*positions[i] + 28] += grad_t1[64*i + 28];
-        grad_P_1[64*positions[i] + 29] += grad_t1[64*i + 29];
-        grad_P_1[64*positions[i] + 30] += grad_t1[64*i + 30];
-        grad_P_1[64*positions[i] + 31] += grad_t1[64*i + 31];
-        grad_P_1[64*positions[i] + 32] += grad_t1[64*i + 32];
-        grad_P_1[64*positions[i] + 33] += grad_t1[64*i + 33];
-        grad_P_1[64*positions[i] + 34] += grad_t1[64*i + 34];
-        grad_P_1[64*positions[i] + 35] += grad_t1[64*i + 35];
-        grad_P_1[64*positions[i] + 36] += grad_t1[64*i + 36];
-        grad_P_1[64*positions[i] + 37] += grad_t1[64*i + 37];
-        grad_P_1[64*positions[i] + 38] += grad_t1[64*i + 38];
-        grad_P_1[64*positions[i] + 39] += grad_t1[64*i + 39];
-        grad_P_1[64*positions[i] + 40] += grad_t1[64*i + 40];
-        grad_P_1[64*positions[i] + 41] += grad_t1[64*i + 41];
-        grad_P_1[64*positions[i] + 42] += grad_t1[64*i + 42];
-        grad_P_1[64*positions[i] + 43] += grad_t1[64*i + 43];
-        grad_P_1[64*positions[i] + 44] += grad_t1[64*i + 44];
-        grad_P_1[64*positions[i] + 45] += grad_t1[64*i + 45];
-        grad_P_1[64*positions[i] + 46] += grad_t1[64*i + 46];
-        grad_P_1[64*positions[i] + 47] += grad_t1[64*i + 47];
-        grad_P_1[64*positions[i] + 48] += grad_t1[64*i + 48];
-        grad_P_1[64*positions[i] + 49] += grad_t1[64*i + 49];
-        grad_P_1[64*positions[i] + 50] += grad_t1[64*i + 50];
-        grad_P_1[64*positions[i] + 51] += grad_t1[64*i + 51];
-        grad_P_1[64*positions[i] + 52] += grad_t1[64*i + 52];
-        grad_P_1[64*positions[i] + 53] += grad_t1[64*i + 53];
-        grad_P_1[64*positions[i] + 54] += grad_t1[64*i + 54];
-        grad_P_1[64*positions[i] + 55] += grad_t1[64*i + 55];
-        grad_P_1[64*positions[i] + 56] += grad_t1[64*i + 56];
-        grad_P_1[64*positions[i] + 57] += grad_t1[64*i + 57];
-        grad_P_1[64*positions[i] + 58] += grad_t1[64*i + 58];
-        grad_P_1[64*positions[i] + 59] += grad_t1[64*i + 59];
-        grad_P_1[64*positions[i] + 60] += grad_t1[64*i + 60];
-        grad_P_1[64*positions[i] + 61] += grad_t1[64*i + 61];
-        grad_P_1[64*positions[i] + 62] += grad_t1[64*i + 62];
-        grad_P_1[64*positions[i] + 63] += grad_t1[64*i + 63];
+        grad_E_1[64*ids[i]] += grad_t2[64*i];
+        grad_E_1[64*ids[i] + 1] += grad_t2[64*i + 1];
+        grad_E_1[64*ids[i] + 2] += grad_t2[64*i + 2];
+        grad_E_1[64*ids[i] + 3] += grad_t2[64*i + 3];
+        grad_E_1[64*ids[i] + 4] += grad_t2[64*i + 4];
+        grad_E_1[64*ids[i] + 5] += grad_t2[64*i + 5];
+        grad_E_1[64*ids[i] + 6] += grad_t2[64*i + 6];
+        grad_E_1[64*ids[i] + 7] += grad_t2[64*i + 7];
+        grad_E_1[64*ids[i] + 8] += grad_t2[64*i + 8];
+        grad_E_1[64*ids[i] + 9] += grad_t2[64*i + 9];
+        grad_E_1[64*ids[i] + 10] += grad_t2[64*i + 10];
+        grad_E_1[64*ids[i] + 11] += grad_t2[64*i + 11];
+        grad_E_1[64*ids[i] + 12] += grad_t2[64*i + 12];
+        grad_E_1[64*ids[i] + 13] += grad_t2[64*i + 13];
+        grad_E_1[64*ids[i] + 14] += grad_t2[64*i + 14];
+        grad_E_1[64*ids[i] + 15] += grad_t2[64*i + 15];
+        grad_E_1[64*ids[i] + 16] += grad_t2[64*i + 16];
+        grad_E_1[64*ids[i] + 17] += grad_t2[64*i + 17];
+        grad_E_1[64*ids[i] + 18] += grad_t2[64*i + 18];
+        grad_E_1[64*ids[i] + 19] += grad_t2[64*i + 19];
+        grad_E_1[64*ids[i] + 20] += grad_t2[64*i + 20];
+        grad_E_1[64*ids[i] + 21] += grad_t2[64*i + 21];
+        grad_E_1[64*ids[i] + 22] += grad_t2[64*i + 22];
+        grad_E_1[64*ids[i] + 23] += grad_t2[64*i + 23];
+        grad_E_1[64*ids[i] + 24] += grad_t2[64*i + 24];
+        grad_E_1[64*ids[i] + 25] += grad_t2[64*i + 25];
+        grad_E_1[64*ids[i] + 26] += grad_t2[64*i + 26];
+        grad_E_1[64*ids[i] + 27] += grad_t2[64*i + 27];
+        grad_E_1[64*ids[i] + 28] += grad_t2[64*i + 28];
+        grad_E_1[64*ids[i] + 29] += grad_t2[64*i + 29];
+        grad_E_1[64*ids[i] + 30] += grad_t2[64*i + 30];
+        grad_E_1[64*ids[i] + 31] += grad_t2[64*i + 31];
+        grad_E_1[64*ids[i] + 32] += grad_t2[64*i + 32];
+        grad_E_1[64*ids[i] + 33] += grad_t2[64*i + 33];
+        grad_E_1[64*ids[i] + 34] += grad_t2[64*i + 34];
+        grad_E_1[64*ids[i] + 35] += grad_t2[64*i + 35];
+        grad_E_1[64*ids[i] + 36] += grad_t2[64*i + 36];
+        grad_E_1[64*ids[i] + 37] += grad_t2[64*i + 37];
+        grad_E_1[64*ids[i] + 38] += grad_t2[64*i + 38];
+        grad_E_1[64*ids[i] + 39] += grad_t2[64*i + 39];
+        grad_E_1[64*ids[i] + 40] += grad_t2[64*i + 40];
+        grad_E_1[64*ids[i] + 41] += grad_t2[64*i + 41];
+        grad_E_1[64*ids[i] + 42] += grad_t2[64*i + 42];
+        grad_E_1[64*ids[i] + 43] += grad_t2[64*i + 43];
+        grad_E_1[64*ids[i] + 44] += grad_t2[64*i + 44];
+        grad_E_1[64*ids[i] + 45] += grad_t2[64*i + 45];
+        grad_E_1[64*ids[i] + 46] += grad_t2[64*i + 46];
+        grad_E_1[64*ids[i] + 47] += grad_t2[64*i + 47];
+        grad_E_1[64*ids[i] + 48] += grad_t2[64*i + 48];
+        grad_E_1[64*ids[i] + 49] += grad_t2[64*i + 49];
+        grad_E_1[64*ids[i] + 50] += grad_t2[64*i + 50];
+        grad_E_1[64*ids[i] + 51] += grad_t2[64*i + 51];
+        grad_E_1[64*ids[i] + 52] += grad_t2[64*i + 52];
+        grad_E_1[64*ids[i] + 53] += grad_t2[64*i + 53];
+        grad_E_1[64*ids[i] + 54] += grad_t2[64*i + 54];
+        grad_E_1[64*ids[i] + 55] += grad_t2[64*i + 55];
+        grad_E_1[64*ids[i] + 56] += grad_t2[64*i + 56];
+        grad_E_1[64*ids[i] + 57] += grad_t2[64*i + 57];
+        grad_E_1[64*ids[i] + 58] += grad_t2[64*i + 58];
+        grad_E_1[64*ids[i] + 59] += grad_t2[64*i + 59];
+        grad_E_1[64*ids[i] + 60] += grad_t2[64*i + 60];
+        grad_E_1[64*ids[i] + 61] += grad_t2[64*i + 61];
+        grad_E_1[64*ids[i] + 62] += grad_t2[64*i + 62];
+        grad_E_1[64*ids[i] + 63] += grad_t2[64*i + 63];
+        grad_P_1[64*positions[i]] += grad_t2[64*i];
+        grad_P_1[64*positions[i] + 1] += grad_t2[64*i + 1];
+        grad_P_1[64*positions[i] + 2] += grad_t2[64*i + 2];
+        grad_P_1[64*positions[i] + 3] += grad_t2[64*i + 3];
+        grad_P_1[64*positions[i] + 4] += grad_t2[64*i + 4];
+        grad_P_1[64*positions[i] + 5] += grad_t2[64*i + 5];
+        grad_P_1[64*positions[i] + 6] += grad_t2[64*i + 6];
+        grad_P_1[64*positions[i] + 7] += grad_t2[64*i + 7];
+        grad_P_1[64*positions[i] + 8] += grad_t2[64*i + 8];
+        grad_P_1[64*positions[i] + 9] += grad_t2[64*i + 9];
+        grad_P_1[64*positions[i] + 10] += grad_t2[64*i + 10];
+        grad_P_1[64*positions[i] + 11] += grad_t2[64*i + 11];
+        grad_P_1[64*positions[i] + 12] += grad_t2[64*i + 12];
+        grad_P_1[64*positions[i] + 13] += grad_t2[64*i + 13];
+        grad_P_1[64*positions[i] + 14] += grad_t2[64*i + 14];
+        grad_P_1[64*positions[i] + 15] += grad_t2[64*i + 15];
+        grad_P_1[64*positions[i] + 16] += grad_t2[64*i + 16];
+        grad_P_1[64*positions[i] + 17] += grad_t2[64*i + 17];
+        grad_P_1[64*positions[i] + 18] += grad_t2[64*i + 18];
+        grad_P_1[64*positions[i] + 19] += grad_t2[64*i + 19];
+        grad_P_1[64*positions[i] + 20] += grad_t2[64*i + 20];
+        grad_P_1[64*positions[i] + 21] += grad_t2[64*i + 21];
+        grad_P_1[64*positions[i] + 22] += grad_t2[64*i + 22];
+        grad_P_1[64*positions[i] + 23] += grad_t2[64*i + 23];
+        grad_P_1[64*positions[i] + 24] += grad_t2[64*i + 24];
+        grad_P_1[64*positions[i] + 25] += grad_t2[64*i + 25];
+        grad_P_1[64*positions[i] + 26] += grad_t2[64*i + 26];
+        grad_P_1[64*positions[i] + 27] += grad_t2[64*i + 27];
+        grad_P_1[64*positions[i] + 28] += grad_t2[64*i + 28];
+        grad_P_1[64*positions[i] + 29] += grad_t2[64*i + 29];
+        grad_P_1[64*positions[i] + 30] += grad_t2[64*i + 30];
+        grad_P_1[64*positions[i] + 31] += grad_t2[64*i + 31];
+        grad_P_1[64*positions[i] + 32] += grad_t2[64*i + 32];
+        grad_P_1[64*positions[i] + 33] += grad_t2[64*i + 33];
+        grad_P_1[64*positions[i] + 34] += grad_t2[64*i + 34];
+        grad_P_1[64*positions[i] + 35] += grad_t2[64*i + 35];
+        grad_P_1[64*positions[i] + 36] += grad_t2[64*i + 36];
+        grad_P_1[64*positions[i] + 37] += grad_t2[64*i + 37];
+        grad_P_1[64*positions[i] + 38] += grad_t2[64*i + 38];
+        grad_P_1[64*positions[i] + 39] += grad_t2[64*i + 39];
+        grad_P_1[64*positions[i] + 40] += grad_t2[64*i + 40];
+        grad_P_1[64*positions[i] + 41] += grad_t2[64*i + 41];
+        grad_P_1[64*positions[i] + 42] += grad_t2[64*i + 42];
+        grad_P_1[64*positions[i] + 43] += grad_t2[64*i + 43];
+        grad_P_1[64*positions[i] + 44] += grad_t2[64*i + 44];
+        grad_P_1[64*positions[i] + 45] += grad_t2[64*i + 45];
+        grad_P_1[64*positions[i] + 46] += grad_t2[64*i + 46];
+        grad_P_1[64*positions[i] + 47] += grad_t2[64*i + 47];
+        grad_P_1[64*positions[i] + 48] += grad_t2[64*i + 48];
+        grad_P_1[64*positions[i] + 49] += grad_t2[64*i + 49];
+        grad_P_1[64*positions[i] + 50] += grad_t2[64*i + 50];
+        grad_P_1[64*positions[i] + 51] += grad_t2[64*i + 51];
+        grad_P_1[64*positions[i] + 52] += grad_t2[64*i + 52];
+        grad_P_1[64*positions[i] + 53] += grad_t2[64*i + 53];
+        grad_P_1[64*positions[i] + 54] += grad_t2[64*i + 54];
+        grad_P_1[64*positions[i] + 55] += grad_t2[64*i + 55];
+        grad_P_1[64*positions[i] + 56] += grad_t2[64*i + 56];
+        grad_P_1[64*positions[i] + 57] += grad_t2[64*i + 57];
+        grad_P_1[64*positions[i] + 58] += grad_t2[64*i + 58];
+        grad_P_1[64*positions[i] + 59] += grad_t2[64*i + 59];
+        grad_P_1[64*positions[i] + 60] += grad_t2[64*i + 60];
+        grad_P_1[64*positions[i] + 61] += grad_t2[64*i + 61];
+        grad_P_1[64*positions[i] + 62] += grad_t2[64*i + 62];
+        grad_P_1[64*positions[i] + 63] += grad_t2[64*i + 63];
     }
 
     /* grad_E_2 = E*weight_decay + grad_E_1 */
@@ -4358,9 +4321,9 @@ static void transformer_lm_train_step_part4(
         }
     }
 
-    /* grad_g0a_1 = sum of g7 down each column */
+    /* grad_g0a_1 = sum of g6 down each column */
     TRANSFORMER_LM_REAL *grad_g0a_1 = grad_P_2 + 4096; /* 1 x 64 */
-    symbackprop_f64_sum_columns(g7, m, 64, 64, grad_g0a_1);
+    symbackprop_f64_sum_columns(g6, m, 64, 64, grad_g0a_1);
 
     /* grad_g0a_2 = g0a*weight_decay + grad_g0a_1 */
     TRANSFORMER_LM_REAL *grad_g0a_2 = grad_g0a_1 + 64; /* 1 x 64 */
@@ -4426,29 +4389,29 @@ static void transformer_lm_train_step_part5(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t8 = work + 257*m; /* m x 64, in t5's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t15 = work + 1089*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t23 = work + 1346*m + 1024; /* m x 64, in t20's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = work + 1474*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t34 = work + 2179*m + 1024; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t41 = work + 2755*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g2 = work + 1153*m + 1024; /* m x 64, in grad_t56's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t42 = work + 2948*m + 1024; /* m x 64, in t45's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t40 = work + 3076*m + 1024; /* m x 64, in t74's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t36 = work + 2691*m + 1024; /* m x 64, in t40's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t35 = work + 2307*m + 1024; /* m x 64, in t35's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t34 = work + 4550*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 4742*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g4 = work + 3716*m + 1024; /* m x 64, in grad_t34_part_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g5 = work + 3396*m + 1024; /* m x 256, in grad_t39's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t23 = work + 2371*m + 1024; /* m x 64, in grad_t34_part_2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g6 = work + 4614*m + 4869; /* m x 64, in grad_t33's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t16 = work + 1410*m + 1024; /* m x 64, in dt22_dt21's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t14 = work + 1282*m + 1024; /* m x 64, in t19's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t10 = work + 2050*m + 1024; /* m x 64, in t83's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 4934*m + 20997; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_1 = work + 4934*m + 8837; /* 64 x 64, in grad_P_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4934*m + 21189; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t8 = work + 193*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t15 = work + 1025*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t23 = work + 1218*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t25 = work + 1346*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t34 = work + 1987*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t41 = work + 2563*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g2 = work + 3460*m + 1024; /* m x 64, in grad_t56's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t43 = work + 3525*m + 1024; /* m x 64, in t72's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t40 = work + 3842*m + 4869; /* m x 64, in grad_t48's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t36 = work + 2627*m + 1024; /* m x 64, in grad_t45's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t35 = work + 1922*m + 1024; /* m x 64, in grad_t41's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t34 = work + 2179*m + 1024; /* m x 64, in t36's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 4678*m + 4869; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 1024; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g4 = work + 3140*m + 1024; /* m x 256, in grad_t39's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t23 = work + 2499*m + 1024; /* m x 64, in grad_t34_part_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g5 = work + 1153*m + 1024; /* m x 64, in t30's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t17 = work + 1858*m + 1024; /* m x 64, in grad_t30's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t14 = work + 1282*m + 1024; /* m x 64, in dt22_dt21's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t10 = work + 128*m; /* m x 64, in t19's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 4742*m + 20997; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq0_1 = work + 4742*m + 8837; /* 64 x 64, in grad_P_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4742*m + 21189; /* 64 x 64; placed in an earlier part */
     /* grad_Wk0_1 = t8^T @ grad_t10 */
     TRANSFORMER_LM_REAL *grad_Wk0_1 = grad_Wq0_1; /* 64 x 64, in grad_Wq0_1's memory */
     symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t10, 64, 1, grad_Wk0_1);
@@ -4481,9 +4444,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_Wo0_1 = t15^T @ grad_t16 */
+    /* grad_Wo0_1 = t15^T @ grad_t17 */
     TRANSFORMER_LM_REAL *grad_Wo0_1 = grad_Wv0_1; /* 64 x 64, in grad_Wv0_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t15, 1, 64, grad_t16, 64, 1, grad_Wo0_1);
+    symbackprop_f64_matmul(64, 64, m, t15, 1, 64, grad_t17, 64, 1, grad_Wo0_1);
 
     /* grad_Wo0_2 = Wo0*weight_decay + grad_Wo0_1 */
     TRANSFORMER_LM_REAL *grad_Wo0_2 = grad_Wv0_2 + 4096; /* 64 x 64 */
@@ -4497,9 +4460,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_g0m_1 = sum of g6 down each column */
+    /* grad_g0m_1 = sum of g5 down each column */
     TRANSFORMER_LM_REAL *grad_g0m_1 = grad_b0a_1; /* 1 x 64, in grad_b0a_1's memory */
-    symbackprop_f64_sum_columns(g6, m, 64, 64, grad_g0m_1);
+    symbackprop_f64_sum_columns(g5, m, 64, 64, grad_g0m_1);
 
     /* grad_g0m_2 = g0m*weight_decay + grad_g0m_1 */
     TRANSFORMER_LM_REAL *grad_g0m_2 = grad_Wo0_2 + 4096; /* 1 x 64 */
@@ -4523,9 +4486,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_W0up_1 = t23^T @ g5 */
+    /* grad_W0up_1 = t23^T @ g4 */
     TRANSFORMER_LM_REAL *grad_W0up_1 = grad_b0m_2 + 64; /* 64 x 256 */
-    symbackprop_f64_matmul(64, 256, m, t23, 1, 64, g5, 256, 1, grad_W0up_1);
+    symbackprop_f64_matmul(64, 256, m, t23, 1, 64, g4, 256, 1, grad_W0up_1);
 
     /* grad_W0up_2 = W0up*weight_decay + grad_W0up_1 */
     TRANSFORMER_LM_REAL *grad_W0up_2 = grad_W0up_1 + 16384; /* 64 x 256 */
@@ -4539,9 +4502,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_c0up_1 = sum of g5 down each column */
+    /* grad_c0up_1 = sum of g4 down each column */
     TRANSFORMER_LM_REAL *grad_c0up_1 = grad_W0up_2 + 16384; /* 1 x 256 */
-    symbackprop_f64_sum_columns(g5, m, 256, 256, grad_c0up_1);
+    symbackprop_f64_sum_columns(g4, m, 256, 256, grad_c0up_1);
 
     /* grad_c0up_2 = c0up*weight_decay + grad_c0up_1 */
     TRANSFORMER_LM_REAL *grad_c0up_2 = grad_c0up_1 + 256; /* 1 x 256 */
@@ -4552,9 +4515,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_W0down_1 = t25^T @ g4 */
+    /* grad_W0down_1 = t25^T @ grad_t28 */
     TRANSFORMER_LM_REAL *grad_W0down_1 = grad_W0up_1; /* 256 x 64, in grad_W0up_1's memory */
-    symbackprop_f64_matmul(256, 64, m, t25, 1, 256, g4, 64, 1, grad_W0down_1);
+    symbackprop_f64_matmul(256, 64, m, t25, 1, 256, grad_t28, 64, 1, grad_W0down_1);
 
     /* grad_W0down_2 = W0down*weight_decay + grad_W0down_1 */
     TRANSFORMER_LM_REAL *grad_W0down_2 = grad_c0up_2 + 256; /* 256 x 64 */
@@ -4568,9 +4531,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_c0down_1 = sum of g4 down each column */
+    /* grad_c0down_1 = sum of grad_t28 down each column */
     TRANSFORMER_LM_REAL *grad_c0down_1 = grad_b0m_1; /* 1 x 64, in grad_b0m_1's memory */
-    symbackprop_f64_sum_columns(g4, m, 64, 64, grad_c0down_1);
+    symbackprop_f64_sum_columns(grad_t28, m, 64, 64, grad_c0down_1);
 
     /* grad_c0down_2 = c0down*weight_decay + grad_c0down_1 */
     TRANSFORMER_LM_REAL *grad_c0down_2 = grad_W0down_2 + 16384; /* 1 x 64 */
@@ -4655,9 +4618,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_Wo1_1 = t41^T @ grad_t42 */
+    /* grad_Wo1_1 = t41^T @ grad_t43 */
     TRANSFORMER_LM_REAL *grad_Wo1_1 = grad_Wv1_1; /* 64 x 64, in grad_Wv1_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t41, 1, 64, grad_t42, 64, 1, grad_Wo1_1);
+    symbackprop_f64_matmul(64, 64, m, t41, 1, 64, grad_t43, 64, 1, grad_Wo1_1);
 
     /* grad_Wo1_2 = Wo1*weight_decay + grad_Wo1_1 */
     TRANSFORMER_LM_REAL *grad_Wo1_2 = grad_Wv1_2 + 4096; /* 64 x 64 */
@@ -4749,35 +4712,35 @@ static void transformer_lm_train_step_part6(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t49 = work + 3012*m + 1024; /* m x 64, in t46's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t51 = work + 3140*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t60 = work + 1986*m + 1024; /* m x 64, in t27's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t68 = work + 3970*m + 4868; /* 1 x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t61 = work + 3905*m + 4868; /* m x 62, in t64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t60 = work + 3652*m + 1024; /* m x 64, in t53's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t49 = work + 2756*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t51 = work + 2884*m + 1024; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t60 = work + 3396*m + 1024; /* m x 64, in t57's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t68 = work + 3778*m + 4868; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t61 = work + 3713*m + 4868; /* m x 62, in t64's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t60 = work + 3778*m + 4869; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *g0 = work + 3970*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t54 = work + 64*m; /* m x 64, in t69's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t54 = work + 3906*m + 4869; /* m x 64, in t69's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *g1 = work + 4034*m + 4869; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t49 = work; /* m x 64, in t56's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_1 = work + 4934*m + 4869; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_2 = work + 4934*m + 12933; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_P_2 = work + 4934*m + 16901; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0a_2 = work + 4934*m + 21061; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 4934*m + 21125; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4934*m + 21189; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4934*m + 25285; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv0_2 = work + 4934*m + 29381; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 4934*m + 33477; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0m_2 = work + 4934*m + 37573; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0m_2 = work + 4934*m + 37637; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0up_2 = work + 4934*m + 54085; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_1 = work + 4934*m + 70469; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 4934*m + 70725; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_1 = work + 4934*m + 37701; /* 256 x 64, in grad_W0up_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 4934*m + 70981; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0down_2 = work + 4934*m + 87365; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_1 = work + 4934*m + 20997; /* 1 x 64, in grad_b1a_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4934*m + 103941; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t49 = work + 2691*m + 1024; /* m x 64, in t56's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_1 = work + 4742*m + 4869; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_2 = work + 4742*m + 12933; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_P_2 = work + 4742*m + 16901; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g0a_2 = work + 4742*m + 21061; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 4742*m + 21125; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4742*m + 21189; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4742*m + 25285; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wv0_2 = work + 4742*m + 29381; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 4742*m + 33477; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g0m_2 = work + 4742*m + 37573; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0m_2 = work + 4742*m + 37637; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0up_2 = work + 4742*m + 54085; /* 64 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0up_1 = work + 4742*m + 70469; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 4742*m + 70725; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0down_1 = work + 4742*m + 37701; /* 256 x 64, in grad_W0up_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 4742*m + 70981; /* 256 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0down_2 = work + 4742*m + 87365; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1m_1 = work + 4742*m + 20997; /* 1 x 64, in grad_b1a_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4742*m + 103941; /* 1 x 64; placed in an earlier part */
     /* grad_b1m_1 = sum of grad_t49 down each column */
     TRANSFORMER_LM_REAL *grad_b1m_1 = grad_g1m_1; /* 1 x 64, in grad_g1m_1's memory */
     symbackprop_f64_sum_columns(grad_t49, m, 64, 64, grad_b1m_1);
@@ -5313,23 +5276,23 @@ static void transformer_lm_train_step_part7(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *grad_g1a_2 = work + 4934*m + 87429; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 4934*m + 87493; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 4934*m + 87557; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 4934*m + 91653; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 4934*m + 95749; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo1_2 = work + 4934*m + 99845; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4934*m + 103941; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4934*m + 104005; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1up_2 = work + 4934*m + 104069; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 4934*m + 120453; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1down_2 = work + 4934*m + 120709; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1down_2 = work + 4934*m + 137093; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_gf_2 = work + 4934*m + 137157; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_bf_2 = work + 4934*m + 137221; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wout_2 = work + 4934*m + 137285; /* 64 x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction1 = work + 3970*m + 4868; /* 1 x 1, in t68's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction2 = work + 4934*m + 141253; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1a_2 = work + 4742*m + 87429; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 4742*m + 87493; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 4742*m + 87557; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 4742*m + 91653; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 4742*m + 95749; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo1_2 = work + 4742*m + 99845; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4742*m + 103941; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4742*m + 104005; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1up_2 = work + 4742*m + 104069; /* 64 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 4742*m + 120453; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1down_2 = work + 4742*m + 120709; /* 256 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1down_2 = work + 4742*m + 137093; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_gf_2 = work + 4742*m + 137157; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_bf_2 = work + 4742*m + 137221; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wout_2 = work + 4742*m + 137285; /* 64 x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *bias_correction1 = work + 3778*m + 4868; /* 1 x 1, in t68's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *bias_correction2 = work + 4742*m + 141253; /* 1 x 1; placed in an earlier part */
     /* m_g1a = beta1*m_g1a + grad_g1a_2*(1 - beta1) */
     /* v_g1a = beta2*v_g1a + grad_g1a_2**2*(1 - beta2) */
     /* g1a = g1a - lr*(beta1*m_g1a + grad_g1a_2*(1 - beta1))/(bias_correction1*(eps +
@@ -5821,7 +5784,7 @@ int transformer_lm_train_step(
         }
     }
     transformer_lm_train_step_part1(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, work);
-    transformer_lm_train_step_part2(m, targets, c0down, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work);
+    transformer_lm_train_step_part2(m, targets, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work);
     transformer_lm_train_step_part3(m, g0m, W0up, W0down, g1a, Wq1, Wk1, Wv1, Wo1, g1m, W1up, W1down, work);
     transformer_lm_train_step_part4(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, weight_decay, work);
     transformer_lm_train_step_part5(m, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, weight_decay, work);
