@@ -18,7 +18,7 @@ static size_t transformer_lm_run_work_len(int64_t m, int with_grads)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 4742*m + 4869 : 1277*m + 4869);
+    return (size_t)(with_grads ? 4742*m + 13061 : 1277*m + 8965);
 }
 
 /* transformer_lm_run, part 1 of 6 (kernels 1 to 32): a long
@@ -247,46 +247,55 @@ static void transformer_lm_run_part1(
         }
     }
 
-    /* t9 = t8 @ Wq0 */
-    TRANSFORMER_LM_REAL *t9 = with_grads ? dt7_dt6 + 64*m : t4; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, Wq0, 64, 1, t9);
+    /* t9 = Wq0/4 */
+    TRANSFORMER_LM_REAL *t9 = dt7_dt6 + 64*m; /* 64 x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 64; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            t9[64*i + j] = (1.0/4.0)*Wq0[64*i + j];
+        }
+    }
 
-    /* t10 = t8 @ Wk0 */
-    TRANSFORMER_LM_REAL *t10 = with_grads ? t9 + 64*m : t7; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, Wk0, 64, 1, t10);
+    /* t10 = t8 @ t9 */
+    TRANSFORMER_LM_REAL *t10 = with_grads ? t9 + 4096 : t4; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, t9, 64, 1, t10);
 
-    /* t11[(e,t),(h,s)] = sum_k t9[(e,t),h*dh+k] * t10[(e,s),h*dh+k] for s <= t, 0 for s > t
+    /* t11 = t8 @ Wk0 */
+    TRANSFORMER_LM_REAL *t11 = with_grads ? t10 + 64*m : t7; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, Wk0, 64, 1, t11);
+
+    /* t12[(e,t),(h,s)] = sum_k t10[(e,t),h*dh+k] * t11[(e,s),h*dh+k] for s <= t, 0 for s > t
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t11 = with_grads ? t10 + 64*m : dt7_dt6 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *t11_block = t11 + 256*m; /* 64 x 16 */
+    TRANSFORMER_LM_REAL *t12 = with_grads ? t11 + 64*m : t9 + 4096; /* m x 256 */
+    TRANSFORMER_LM_REAL *t12_block = t12 + 256*m; /* 64 x 16 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores t9 t10^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, t9 + row0 * 64 + hd * 16, 64, t10 + row0 * 64 + hd * 16, 64,
-                                          t11 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores t10 t11^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t10 + row0 * 64 + hd * 16, 64, t11 + row0 * 64 + hd * 16, 64,
+                                          t12 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t11_block[dk][ks] = t10[(e,ks), hd*16+dk]: the head's keys transposed, so that
+            /* t12_block[dk][ks] = t11[(e,ks), hd*16+dk]: the head's keys transposed, so that
              * a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    t11_block[dk * 64 + ks] = t10[(row0 + ks) * 64 + hd * 16 + dk];
+                    t12_block[dk * 64 + ks] = t11[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t11 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = t12 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += t9[(e,qt), hd*16+dk] * t11_block[dk][ks] for keys ks <= qt */
+                /* srow[ks] += t10[(e,qt), hd*16+dk] * t12_block[dk][ks] for keys ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t9[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = t10[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t11_block[dk * 64 + ks];
+                        srow[ks] += aw * t12_block[dk * 64 + ks];
                     }
                 }
             }
@@ -294,18 +303,9 @@ static void transformer_lm_run_part1(
     #endif
     }
 
-    /* t12 = t11/4 */
-    TRANSFORMER_LM_REAL *t12 = t11_block + 1024; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t12[256*i + j] = (1.0/4.0)*t11[256*i + j];
-        }
-    }
-
     /* t13[(e,t),(h,s)] = exp(t12[(e,t),(h,s)] - max_{s'<=t} t12[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t13 = t11; /* m x 256, in t11's memory */
+    TRANSFORMER_LM_REAL *t13 = t12_block + 1024; /* m x 256 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -336,12 +336,12 @@ static void transformer_lm_run_part1(
     }
 
     /* t14 = t8 @ Wv0 */
-    TRANSFORMER_LM_REAL *t14 = with_grads ? t12 + 256*m : dt7_dt6; /* m x 64 */
+    TRANSFORMER_LM_REAL *t14 = with_grads ? t13 + 256*m : dt7_dt6; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, Wv0, 64, 1, t14);
 
     /* t15[(e,t),h*dh+k] = sum_{s<=t} t13[(e,t),(h,s)] * t14[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t15 = with_grads ? t14 + 64*m : t9; /* m x 64 */
+    TRANSFORMER_LM_REAL *t15 = with_grads ? t14 + 64*m : t10; /* m x 64 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -372,7 +372,7 @@ static void transformer_lm_run_part1(
     }
 
     /* t16 = t15 @ Wo0 */
-    TRANSFORMER_LM_REAL *t16 = with_grads ? t15 + 64*m : t10; /* m x 64 */
+    TRANSFORMER_LM_REAL *t16 = with_grads ? t15 + 64*m : t11; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t15, 64, 1, Wo0, 64, 1, t16);
 
     /* t17 = t16 + t2 */
@@ -434,7 +434,7 @@ static void transformer_lm_run_part1(
     /* t26 = sqrt(2)*(c0up + t24)*exp(-(c0up + t24)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c0up +
      * t24)/2)/2 + 1/2 */
     TRANSFORMER_LM_REAL *t25 = with_grads ? dt22_dt21 + 64*m : t13; /* m x 256 */
-    TRANSFORMER_LM_REAL *t26 = with_grads ? t25 + 256*m : t12 + 256*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *t26 = with_grads ? t25 + 256*m : t13 + 256*m; /* m x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
@@ -501,46 +501,55 @@ static void transformer_lm_run_part1(
         }
     }
 
-    /* t35 = t34 @ Wq1 */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? dt33_dt32 + 64*m : t30; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wq1, 64, 1, t35);
+    /* t35 = Wq1/4 */
+    TRANSFORMER_LM_REAL *t35 = with_grads ? dt33_dt32 + 64*m : t9; /* 64 x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 64; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            t35[64*i + j] = (1.0/4.0)*Wq1[64*i + j];
+        }
+    }
 
-    /* t36 = t34 @ Wk1 */
-    TRANSFORMER_LM_REAL *t36 = with_grads ? t35 + 64*m : t33; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wk1, 64, 1, t36);
+    /* t36 = t34 @ t35 */
+    TRANSFORMER_LM_REAL *t36 = with_grads ? t35 + 4096 : t30; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, t35, 64, 1, t36);
 
-    /* t37[(e,t),(h,s)] = sum_k t35[(e,t),h*dh+k] * t36[(e,s),h*dh+k] for s <= t, 0 for s > t
+    /* t37 = t34 @ Wk1 */
+    TRANSFORMER_LM_REAL *t37 = with_grads ? t36 + 64*m : t33; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wk1, 64, 1, t37);
+
+    /* t38[(e,t),(h,s)] = sum_k t36[(e,t),h*dh+k] * t37[(e,s),h*dh+k] for s <= t, 0 for s > t
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t37 = t24; /* m x 256, in t24's memory */
-    TRANSFORMER_LM_REAL *t37_block = t11_block; /* 64 x 16, in t11_block's memory */
+    TRANSFORMER_LM_REAL *t38 = t24; /* m x 256, in t24's memory */
+    TRANSFORMER_LM_REAL *t38_block = t12_block; /* 64 x 16, in t12_block's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores t35 t36^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, t35 + row0 * 64 + hd * 16, 64, t36 + row0 * 64 + hd * 16, 64,
-                                          t37 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores t36 t37^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t36 + row0 * 64 + hd * 16, 64, t37 + row0 * 64 + hd * 16, 64,
+                                          t38 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t37_block[dk][ks] = t36[(e,ks), hd*16+dk]: the head's keys transposed, so that
+            /* t38_block[dk][ks] = t37[(e,ks), hd*16+dk]: the head's keys transposed, so that
              * a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    t37_block[dk * 64 + ks] = t36[(row0 + ks) * 64 + hd * 16 + dk];
+                    t38_block[dk * 64 + ks] = t37[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t37 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = t38 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += t35[(e,qt), hd*16+dk] * t37_block[dk][ks] for keys ks <= qt */
+                /* srow[ks] += t36[(e,qt), hd*16+dk] * t38_block[dk][ks] for keys ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t35[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = t36[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t37_block[dk * 64 + ks];
+                        srow[ks] += aw * t38_block[dk * 64 + ks];
                     }
                 }
             }
@@ -548,18 +557,9 @@ static void transformer_lm_run_part1(
     #endif
     }
 
-    /* t38 = t37/4 */
-    TRANSFORMER_LM_REAL *t38 = with_grads ? t36 + 64*m : t26; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t38[256*i + j] = (1.0/4.0)*t37[256*i + j];
-        }
-    }
-
     /* t39[(e,t),(h,s)] = exp(t38[(e,t),(h,s)] - max_{s'<=t} t38[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? t37 : t25; /* m x 256, in t37's memory */
+    TRANSFORMER_LM_REAL *t39 = with_grads ? t37 + 64*m : t26; /* m x 256 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -612,23 +612,23 @@ static void transformer_lm_run_part2(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1602*m + 1024 : work + 833*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t28 = with_grads ? work + 1922*m + 1024 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 1986*m + 1024 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t34 = with_grads ? work + 1987*m + 1024 : work + 257*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt33_dt32 = with_grads ? work + 2051*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2115*m + 1024 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t36 = with_grads ? work + 2179*m + 1024 : work + 193*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t37 = with_grads ? work + 705*m + 1024 : work + 577*m + 1024; /* m x 256, in t24's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t38 = with_grads ? work + 2243*m + 1024 : work + 833*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 705*m + 1024 : work + 321*m; /* m x 256, in t37's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1346*m + 5120 : work + 577*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1602*m + 5120 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t28 = with_grads ? work + 1922*m + 5120 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 1986*m + 5120 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t34 = with_grads ? work + 1987*m + 5120 : work + 257*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt33_dt32 = with_grads ? work + 2051*m + 5120 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t36 = with_grads ? work + 2115*m + 9216 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t37 = with_grads ? work + 2179*m + 9216 : work + 193*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t38 = with_grads ? work + 449*m + 4096 : work + 321*m + 4096; /* m x 256, in t24's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 2243*m + 9216 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
     /* t40 = t34 @ Wv1 */
-    TRANSFORMER_LM_REAL *t40 = with_grads ? t38 + 256*m : dt33_dt32; /* m x 64 */
+    TRANSFORMER_LM_REAL *t40 = with_grads ? t39 + 256*m : dt33_dt32; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wv1, 64, 1, t40);
 
     /* t41[(e,t),h*dh+k] = sum_{s<=t} t39[(e,t),(h,s)] * t40[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t41 = with_grads ? t40 + 64*m : t35; /* m x 64 */
+    TRANSFORMER_LM_REAL *t41 = with_grads ? t40 + 64*m : t36; /* m x 64 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -659,7 +659,7 @@ static void transformer_lm_run_part2(
     }
 
     /* t42 = t41 @ Wo1 */
-    TRANSFORMER_LM_REAL *t42 = with_grads ? t41 + 64*m : t36; /* m x 64 */
+    TRANSFORMER_LM_REAL *t42 = with_grads ? t41 + 64*m : t37; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t41, 64, 1, Wo1, 64, 1, t42);
 
     /* t43 = t28 + t42 */
@@ -714,7 +714,7 @@ static void transformer_lm_run_part2(
     }
 
     /* t50 = t49 @ W1up */
-    TRANSFORMER_LM_REAL *t50 = with_grads ? t38 : t37; /* m x 256, in t38's memory */
+    TRANSFORMER_LM_REAL *t50 = with_grads ? t38 : t25; /* m x 256, in t38's memory */
     symbackprop_f64_matmul(m, 256, 64, t49, 64, 1, W1up, 256, 1, t50);
 
     /* t51 = (c1up + t50)*(erf(sqrt(2)*(c1up + t50)/2) + 1)/2 */
@@ -987,17 +987,17 @@ static void transformer_lm_run_part3(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t56 = with_grads ? work + 2691*m + 1024 : work; /* m x 64, in t43's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t58 = with_grads ? work + 3524*m + 1024 : work + 192*m; /* m x 1, in t55's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t59 = with_grads ? work + 3460*m + 1024 : work + 257*m; /* m x 64, in t54's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt59_dt58 = with_grads ? work + 3525*m + 1024 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t61 = with_grads ? work + 3589*m + 1024 : work + 1089*m + 1024; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t63 = with_grads ? work + 3651*m + 4868 : work + 1151*m + 4868; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t64 = with_grads ? work + 3713*m + 4868 : work + 1213*m + 4868; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t65 = with_grads ? work + 3775*m + 4868 : work + 192*m; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t66 = with_grads ? work + 3776*m + 4868 : work + 1275*m + 4868; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t67 = with_grads ? work + 3777*m + 4868 : work + 1276*m + 4868; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t68 = with_grads ? work + 3778*m + 4868 : work + 1277*m + 4868; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t56 = with_grads ? work + 2691*m + 9216 : work; /* m x 64, in t43's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t58 = with_grads ? work + 3524*m + 9216 : work + 192*m; /* m x 1, in t55's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t59 = with_grads ? work + 3460*m + 9216 : work + 257*m; /* m x 64, in t54's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt59_dt58 = with_grads ? work + 3525*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t61 = with_grads ? work + 3589*m + 9216 : work + 1089*m + 5120; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t63 = with_grads ? work + 3651*m + 13060 : work + 1151*m + 8964; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t64 = with_grads ? work + 3713*m + 13060 : work + 1213*m + 8964; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t65 = with_grads ? work + 3775*m + 13060 : work + 192*m; /* m x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t66 = with_grads ? work + 3776*m + 13060 : work + 1275*m + 8964; /* m x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t67 = with_grads ? work + 3777*m + 13060 : work + 1276*m + 8964; /* m x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t68 = with_grads ? work + 3778*m + 13060 : work + 1277*m + 8964; /* 1 x 1; placed in an earlier part */
     /* grad_t61 = -t63/m + exp(t61 - t66)/m */
     TRANSFORMER_LM_REAL *grad_t61 = t64; /* m x 62, in t64's memory */
     SYMBACKPROP_PARALLEL_FOR
@@ -1071,7 +1071,6 @@ static void transformer_lm_run_part4(
     const TRANSFORMER_LM_REAL *W0up,
     const TRANSFORMER_LM_REAL *W0down,
     const TRANSFORMER_LM_REAL *g1a,
-    const TRANSFORMER_LM_REAL *Wq1,
     const TRANSFORMER_LM_REAL *Wk1,
     const TRANSFORMER_LM_REAL *Wv1,
     const TRANSFORMER_LM_REAL *Wo1,
@@ -1082,34 +1081,35 @@ static void transformer_lm_run_part4(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1089*m + 1024 : work + 128*m; /* m x 64, in t20's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? work + 1282*m + 1024 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1602*m + 1024 : work + 833*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 1153*m + 1024 : work; /* m x 64, in t17's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 1986*m + 1024 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t33 = with_grads ? work + 1858*m + 1024 : work + 193*m; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt33_dt32 = with_grads ? work + 2051*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2115*m + 1024 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t36 = with_grads ? work + 2179*m + 1024 : work + 193*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t37_block = with_grads ? work + 705*m : work + 577*m; /* 64 x 16, in t11_block's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 705*m + 1024 : work + 321*m; /* m x 256, in t37's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = with_grads ? work + 2499*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t45 = with_grads ? work + 1922*m + 1024 : work + 64*m; /* m x 64, in t28's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t47 = with_grads ? work + 2755*m + 1024 : work + 192*m; /* m x 1, in t44's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t48 = with_grads ? work + 2627*m + 1024 : work + 128*m; /* m x 64, in t46's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt48_dt47 = with_grads ? work + 2820*m + 1024 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t50 = with_grads ? work + 2243*m + 1024 : work + 577*m + 1024; /* m x 256, in t38's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t52 = with_grads ? work + 3140*m + 1024 : work + 321*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t56 = with_grads ? work + 2691*m + 1024 : work; /* m x 64, in t43's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t58 = with_grads ? work + 3524*m + 1024 : work + 192*m; /* m x 1, in t55's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t59 = work + 3842*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t69 = work + 3906*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t70 = work + 3775*m + 4868; /* m x 1, in t65's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t58 = work + 3777*m + 4868; /* m x 1, in t67's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t56 = work + 3460*m + 1024; /* m x 64, in t59's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t71 = work + 3525*m + 1024; /* m x 64, in dt59_dt58's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t55 = work + 3776*m + 4868; /* m x 1, in t66's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1089*m + 5120 : work + 128*m; /* m x 64, in t20's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? work + 1282*m + 5120 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1602*m + 5120 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 1153*m + 5120 : work; /* m x 64, in t17's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 1986*m + 5120 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t33 = with_grads ? work + 1858*m + 5120 : work + 193*m; /* m x 64, in t31's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt33_dt32 = with_grads ? work + 2051*m + 5120 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2115*m + 5120 : work + 321*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t36 = with_grads ? work + 2115*m + 9216 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t37 = with_grads ? work + 2179*m + 9216 : work + 193*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t38_block = with_grads ? work + 705*m + 4096 : work + 577*m + 4096; /* 64 x 16, in t12_block's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 2243*m + 9216 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t40 = with_grads ? work + 2499*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t45 = with_grads ? work + 1922*m + 5120 : work + 64*m; /* m x 64, in t28's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t47 = with_grads ? work + 2755*m + 9216 : work + 192*m; /* m x 1, in t44's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t48 = with_grads ? work + 2627*m + 9216 : work + 128*m; /* m x 64, in t46's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt48_dt47 = with_grads ? work + 2820*m + 9216 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t50 = with_grads ? work + 449*m + 4096 : work + 577*m + 5120; /* m x 256, in t38's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t52 = with_grads ? work + 3140*m + 9216 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t56 = with_grads ? work + 2691*m + 9216 : work; /* m x 64, in t43's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t58 = with_grads ? work + 3524*m + 9216 : work + 192*m; /* m x 1, in t55's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t59 = work + 3842*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t69 = work + 3906*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t70 = work + 3775*m + 13060; /* m x 1, in t65's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t58 = work + 3777*m + 13060; /* m x 1, in t67's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t56 = work + 3460*m + 9216; /* m x 64, in t59's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t71 = work + 3525*m + 9216; /* m x 64, in dt59_dt58's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t55 = work + 3776*m + 13060; /* m x 1, in t66's memory; placed in an earlier part */
     /* grad_t54 = grad_t55 + grad_t56 */
     TRANSFORMER_LM_REAL *grad_t54 = t69; /* m x 64, in t69's memory */
     SYMBACKPROP_PARALLEL_FOR
@@ -1237,7 +1237,7 @@ static void transformer_lm_run_part4(
     /* grad_t39[(e,t),(h,s)] = sum_k grad_t41[(e,t),h*dh+k] * t40[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t39 = t52; /* m x 256, in t52's memory */
-    TRANSFORMER_LM_REAL *grad_t39_block = t37_block; /* 64 x 16, in t37_block's memory */
+    TRANSFORMER_LM_REAL *grad_t39_block = t38_block; /* 64 x 16, in t38_block's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -1307,40 +1307,40 @@ static void transformer_lm_run_part4(
         }
     }
 
-    /* grad_t37 = t39*(grad_t39 - t77)/4 */
-    TRANSFORMER_LM_REAL *grad_t37 = t76 + 4*m; /* m x 256 */
+    /* grad_t38 = t39*(grad_t39 - t77) */
+    TRANSFORMER_LM_REAL *grad_t38 = t76 + 4*m; /* m x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            grad_t37[256*i + j] = (1.0/4.0)*t39[256*i + j]*(grad_t39[256*i + j] - t77[256*i + j]);
+            grad_t38[256*i + j] = t39[256*i + j]*(grad_t39[256*i + j] - t77[256*i + j]);
         }
     }
 
-    /* grad_t36[(e,s),h*dh+k] = sum_{t>=s} grad_t37[(e,t),(h,s)] * t35[(e,t),h*dh+k] (rows
+    /* grad_t37[(e,s),h*dh+k] = sum_{t>=s} grad_t38[(e,t),(h,s)] * t36[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t36 = grad_t45; /* m x 64, in grad_t45's memory */
+    TRANSFORMER_LM_REAL *grad_t37 = grad_t45; /* m x 64, in grad_t45's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t37)^T t35 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_t37 + row0 * 256 + hd * 64, 256,
-                                       t35 + row0 * 64 + hd * 16, 64, grad_t36 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_t38)^T t36 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
+                                       t36 + row0 * 64 + hd * 16, 64, grad_t37 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t37[(e,qt),(hd,ks)] *
-                 * t35[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t36 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of grad_t38[(e,qt),(hd,ks)] *
+                 * t36[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t37 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t37[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t35[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t36[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1348,35 +1348,35 @@ static void transformer_lm_run_part4(
     #endif
     }
 
-    /* grad_t34_part_1 = grad_t36 @ Wk1^T */
+    /* grad_t34_part_1 = grad_t37 @ Wk1^T */
     TRANSFORMER_LM_REAL *grad_t34_part_1 = t40; /* m x 64, in t40's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t36, 64, 1, Wk1, 1, 64, grad_t34_part_1);
+    symbackprop_f64_matmul(m, 64, 64, grad_t37, 64, 1, Wk1, 1, 64, grad_t34_part_1);
 
-    /* grad_t35[(e,t),h*dh+k] = sum_{s<=t} grad_t37[(e,t),(h,s)] * t36[(e,s),h*dh+k] (rows
+    /* grad_t36[(e,t),h*dh+k] = sum_{s<=t} grad_t38[(e,t),(h,s)] * t37[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t35 = grad_t41; /* m x 64, in grad_t41's memory */
+    TRANSFORMER_LM_REAL *grad_t36 = grad_t41; /* m x 64, in grad_t41's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t37) t36 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_t37 + row0 * 256 + hd * 64, 256,
-                                       t36 + row0 * 64 + hd * 16, 64, grad_t35 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_t38) t37 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
+                                       t37 + row0 * 64 + hd * 16, 64, grad_t36 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t37[(e,qt),(hd,ks)] *
-                 * t36[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t35 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of grad_t38[(e,qt),(hd,ks)] *
+                 * t37[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t36 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t37[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t36[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t37[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1384,16 +1384,16 @@ static void transformer_lm_run_part4(
     #endif
     }
 
-    /* grad_t34_part_2 = grad_t35 @ Wq1^T */
-    TRANSFORMER_LM_REAL *grad_t34_part_2 = t35; /* m x 64, in t35's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t35, 64, 1, Wq1, 1, 64, grad_t34_part_2);
+    /* grad_t34_part_2 = grad_t36 @ t35^T */
+    TRANSFORMER_LM_REAL *grad_t34_part_2 = t36; /* m x 64, in t36's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t36, 64, 1, t35, 1, 64, grad_t34_part_2);
 
     /* grad_t34 = grad_t34_part + grad_t34_part_1 + grad_t34_part_2 */
     /* grad_t33 = g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
     /* t78 = dt33_dt32*g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
     /* g3 = t33*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
-    TRANSFORMER_LM_REAL *grad_t34 = t36; /* m x 64, in t36's memory */
-    TRANSFORMER_LM_REAL *grad_t33 = grad_t37 + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_t34 = t37; /* m x 64, in t37's memory */
+    TRANSFORMER_LM_REAL *grad_t33 = grad_t38 + 256*m; /* m x 64 */
     TRANSFORMER_LM_REAL *t78 = grad_t33 + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *g3 = t78 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
@@ -1492,7 +1492,6 @@ static void transformer_lm_run_part5(
     const int64_t *ids,
     const int64_t *positions,
     const TRANSFORMER_LM_REAL *g0a,
-    const TRANSFORMER_LM_REAL *Wq0,
     const TRANSFORMER_LM_REAL *Wk0,
     const TRANSFORMER_LM_REAL *Wv0,
     const TRANSFORMER_LM_REAL *Wo0,
@@ -1505,7 +1504,6 @@ static void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *grad_Wv0,
     TRANSFORMER_LM_REAL *grad_Wo0,
     TRANSFORMER_LM_REAL *grad_g0m,
-    TRANSFORMER_LM_REAL *grad_b0m,
     TRANSFORMER_LM_REAL *work,
     int with_grads
 )
@@ -1515,35 +1513,36 @@ static void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *t7 = work + 64*m; /* m x 64, in t5's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t8 = work + 193*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *dt7_dt6 = work + 257*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t9 = with_grads ? work + 321*m : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t10 = with_grads ? work + 385*m : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t13 = with_grads ? work + 449*m : work + 321*m; /* m x 256, in t11's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t14 = with_grads ? work + 961*m + 1024 : work + 257*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1025*m + 1024 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t9 = work + 321*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t10 = with_grads ? work + 321*m + 4096 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t11 = with_grads ? work + 385*m + 4096 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t13 = with_grads ? work + 705*m + 5120 : work + 577*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t14 = with_grads ? work + 961*m + 5120 : work + 257*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1025*m + 5120 : work; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t19 = with_grads ? work + 128*m : work + 257*m; /* m x 64, in t2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1217*m + 1024 : work + 192*m; /* m x 1, in t18's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1089*m + 1024 : work + 128*m; /* m x 64, in t20's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? work + 1282*m + 1024 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1602*m + 1024 : work + 833*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 1986*m + 1024 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t47 = work + 3775*m + 4868; /* m x 1, in t70's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t44 = work + 3777*m + 4868; /* m x 1, in grad_t58's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t39_block = work + 705*m; /* 64 x 16, in t37_block's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t76 = work + 4290*m + 4869; /* m x 4; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t77 = work + 2243*m + 1024; /* m x 256, in t75's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t37 = work + 4294*m + 4869; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t33 = work + 4550*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t79 = work + 3776*m + 4868; /* m x 1, in grad_t55's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t32 = work + 2755*m + 1024; /* m x 1, in t47's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t30 = work + 1858*m + 1024; /* m x 64, in t33's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t80 = work + 2051*m + 1024; /* m x 64, in dt33_dt32's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t29 = work + 3524*m + 1024; /* m x 1, in t73's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 1024; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t25 = work + 705*m + 1024; /* m x 256, in t39's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t23 = work + 2499*m + 1024; /* m x 64, in grad_t34_part_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 2115*m + 1024; /* m x 64, in grad_t34_part_2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t81 = work + 4614*m + 4869; /* m x 64, in t78's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g5 = work + 1153*m + 1024; /* m x 64, in t30's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1217*m + 5120 : work + 192*m; /* m x 1, in t18's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1089*m + 5120 : work + 128*m; /* m x 64, in t20's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? work + 1282*m + 5120 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1602*m + 5120 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 1986*m + 5120 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2115*m + 5120 : work + 321*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t47 = work + 3775*m + 13060; /* m x 1, in t70's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t44 = work + 3777*m + 13060; /* m x 1, in grad_t58's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t39_block = work + 705*m + 4096; /* 64 x 16, in t38_block's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t76 = work + 4290*m + 13061; /* m x 4; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t77 = work + 449*m + 4096; /* m x 256, in t75's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t38 = work + 4294*m + 13061; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t33 = work + 4550*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t79 = work + 3776*m + 13060; /* m x 1, in grad_t55's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t32 = work + 2755*m + 9216; /* m x 1, in t47's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t30 = work + 1858*m + 5120; /* m x 64, in t33's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t80 = work + 2051*m + 5120; /* m x 64, in dt33_dt32's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t29 = work + 3524*m + 9216; /* m x 1, in t73's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 9216; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t25 = work + 2243*m + 9216; /* m x 256, in t39's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22 = work + 2115*m + 9216; /* m x 64, in grad_t34_part_2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t81 = work + 4614*m + 13061; /* m x 64, in t78's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g5 = work + 1153*m + 5120; /* m x 64, in t30's memory; placed in an earlier part */
     /* t82 = 1/sqrt(t21/64 + 1.0e-5) */
     TRANSFORMER_LM_REAL *t82 = grad_t47; /* m x 1, in grad_t47's memory */
     SYMBACKPROP_PARALLEL_FOR
@@ -1667,7 +1666,7 @@ static void transformer_lm_run_part5(
     }
 
     /* t84 = grad_t13*t13 */
-    TRANSFORMER_LM_REAL *t84 = grad_t37; /* m x 256, in grad_t37's memory */
+    TRANSFORMER_LM_REAL *t84 = grad_t38; /* m x 256, in grad_t38's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
@@ -1699,40 +1698,40 @@ static void transformer_lm_run_part5(
         }
     }
 
-    /* grad_t11 = t13*(grad_t13 - t86)/4 */
-    TRANSFORMER_LM_REAL *grad_t11 = grad_t25; /* m x 256, in grad_t25's memory */
+    /* grad_t12 = t13*(grad_t13 - t86) */
+    TRANSFORMER_LM_REAL *grad_t12 = grad_t25; /* m x 256, in grad_t25's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            grad_t11[256*i + j] = (1.0/4.0)*t13[256*i + j]*(grad_t13[256*i + j] - t86[256*i + j]);
+            grad_t12[256*i + j] = t13[256*i + j]*(grad_t13[256*i + j] - t86[256*i + j]);
         }
     }
 
-    /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} grad_t11[(e,t),(h,s)] * t9[(e,t),h*dh+k] (rows
+    /* grad_t11[(e,s),h*dh+k] = sum_{t>=s} grad_t12[(e,t),(h,s)] * t10[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t10 = t19; /* m x 64, in t19's memory */
+    TRANSFORMER_LM_REAL *grad_t11 = t19; /* m x 64, in t19's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t11)^T t9 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_t11 + row0 * 256 + hd * 64, 256,
-                                       t9 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_t12)^T t10 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
+                                       t10 + row0 * 64 + hd * 16, 64, grad_t11 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t11[(e,qt),(hd,ks)] *
-                 * t9[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of grad_t12[(e,qt),(hd,ks)] *
+                 * t10[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t11 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t11[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t9[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t10[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1740,35 +1739,35 @@ static void transformer_lm_run_part5(
     #endif
     }
 
-    /* grad_t8_part_1 = grad_t10 @ Wk0^T */
+    /* grad_t8_part_1 = grad_t11 @ Wk0^T */
     TRANSFORMER_LM_REAL *grad_t8_part_1 = grad_t22; /* m x 64, in grad_t22's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, Wk0, 1, 64, grad_t8_part_1);
+    symbackprop_f64_matmul(m, 64, 64, grad_t11, 64, 1, Wk0, 1, 64, grad_t8_part_1);
 
-    /* grad_t9[(e,t),h*dh+k] = sum_{s<=t} grad_t11[(e,t),(h,s)] * t10[(e,s),h*dh+k] (rows
+    /* grad_t10[(e,t),h*dh+k] = sum_{s<=t} grad_t12[(e,t),(h,s)] * t11[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t9 = t83; /* m x 64, in t83's memory */
+    TRANSFORMER_LM_REAL *grad_t10 = t83; /* m x 64, in t83's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t11) t10 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_t11 + row0 * 256 + hd * 64, 256,
-                                       t10 + row0 * 64 + hd * 16, 64, grad_t9 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_t12) t11 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
+                                       t11 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t11[(e,qt),(hd,ks)] *
-                 * t10[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t9 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of grad_t12[(e,qt),(hd,ks)] *
+                 * t11[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t11[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t10[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t11[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1776,9 +1775,9 @@ static void transformer_lm_run_part5(
     #endif
     }
 
-    /* grad_t8_part_2 = grad_t9 @ Wq0^T */
+    /* grad_t8_part_2 = grad_t10 @ t9^T */
     TRANSFORMER_LM_REAL *grad_t8_part_2 = grad_t19; /* m x 64, in grad_t19's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t9, 64, 1, Wq0, 1, 64, grad_t8_part_2);
+    symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, t9, 1, 64, grad_t8_part_2);
 
     /* grad_t8 = grad_t8_part + grad_t8_part_1 + grad_t8_part_2 */
     /* grad_t7 = g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
@@ -1786,8 +1785,8 @@ static void transformer_lm_run_part5(
     /* g6 = t7*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
     TRANSFORMER_LM_REAL *grad_t8 = t14; /* m x 64, in t14's memory */
     TRANSFORMER_LM_REAL *grad_t7 = grad_t15; /* m x 64, in grad_t15's memory */
-    TRANSFORMER_LM_REAL *t87 = t9; /* m x 64, in t9's memory */
-    TRANSFORMER_LM_REAL *g6 = t10; /* m x 64, in t10's memory */
+    TRANSFORMER_LM_REAL *t87 = t10; /* m x 64, in t10's memory */
+    TRANSFORMER_LM_REAL *g6 = t11; /* m x 64, in t11's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -1997,11 +1996,20 @@ static void transformer_lm_run_part5(
     /* grad_b0a = sum of grad_t8 down each column */
     symbackprop_f64_sum_columns(grad_t8, m, 64, 64, grad_b0a);
 
-    /* grad_Wq0 = t8^T @ grad_t9 */
-    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t9, 64, 1, grad_Wq0);
+    /* grad_t9 = t8^T @ grad_t10 */
+    TRANSFORMER_LM_REAL *grad_t9 = t35; /* 64 x 64, in t35's memory */
+    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t10, 64, 1, grad_t9);
 
-    /* grad_Wk0 = t8^T @ grad_t10 */
-    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t10, 64, 1, grad_Wk0);
+    /* grad_Wq0 = grad_t9/4 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 64; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_Wq0[64*i + j] = (1.0/4.0)*grad_t9[64*i + j];
+        }
+    }
+
+    /* grad_Wk0 = t8^T @ grad_t11 */
+    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t11, 64, 1, grad_Wk0);
 
     /* grad_Wv0 = t8^T @ grad_t14 */
     symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t14, 64, 1, grad_Wv0);
@@ -2011,16 +2019,14 @@ static void transformer_lm_run_part5(
 
     /* grad_g0m = sum of g5 down each column */
     symbackprop_f64_sum_columns(g5, m, 64, 64, grad_g0m);
-
-    /* grad_b0m = sum of grad_t23 down each column */
-    symbackprop_f64_sum_columns(grad_t23, m, 64, 64, grad_b0m);
 }
 
-/* transformer_lm_run, part 6 of 6 (kernels 129 to 147): a long
+/* transformer_lm_run, part 6 of 6 (kernels 129 to 149): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 static void transformer_lm_run_part6(
     int64_t m,
+    TRANSFORMER_LM_REAL *grad_b0m,
     TRANSFORMER_LM_REAL *grad_W0up,
     TRANSFORMER_LM_REAL *grad_c0up,
     TRANSFORMER_LM_REAL *grad_W0down,
@@ -2044,28 +2050,33 @@ static void transformer_lm_run_part6(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1218*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1346*m + 1024 : work + 321*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t34 = with_grads ? work + 1987*m + 1024 : work + 257*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t41 = with_grads ? work + 2563*m + 1024 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t49 = with_grads ? work + 2756*m + 1024 : work + 193*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t51 = with_grads ? work + 2884*m + 1024 : work + 833*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t60 = with_grads ? work + 3396*m + 1024 : work + 64*m; /* m x 64, in t57's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t61 = work + 3713*m + 4868; /* m x 62, in t64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t60 = work + 3778*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t54 = work + 3906*m + 4869; /* m x 64, in t69's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 4034*m + 4869; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t49 = work + 2691*m + 1024; /* m x 64, in t56's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g2 = work + 3460*m + 1024; /* m x 64, in grad_t56's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t43 = work + 3525*m + 1024; /* m x 64, in t72's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t40 = work + 3842*m + 4869; /* m x 64, in grad_t48's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t36 = work + 2627*m + 1024; /* m x 64, in grad_t45's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t35 = work + 1922*m + 1024; /* m x 64, in grad_t41's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t34 = work + 2179*m + 1024; /* m x 64, in t36's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 4678*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 1024; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g4 = work + 3140*m + 1024; /* m x 256, in grad_t39's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t9 = work + 321*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1218*m + 5120 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1346*m + 5120 : work + 577*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t34 = with_grads ? work + 1987*m + 5120 : work + 257*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t41 = with_grads ? work + 2563*m + 9216 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t49 = with_grads ? work + 2756*m + 9216 : work + 193*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t51 = with_grads ? work + 2884*m + 9216 : work + 321*m + 4096; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t60 = with_grads ? work + 3396*m + 9216 : work + 64*m; /* m x 64, in t57's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t61 = work + 3713*m + 13060; /* m x 62, in t64's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t60 = work + 3778*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t54 = work + 3906*m + 13061; /* m x 64, in t69's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g1 = work + 4034*m + 13061; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t49 = work + 2691*m + 9216; /* m x 64, in t56's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g2 = work + 3460*m + 9216; /* m x 64, in grad_t56's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t43 = work + 3525*m + 9216; /* m x 64, in t72's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t40 = work + 3842*m + 13061; /* m x 64, in grad_t48's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t37 = work + 2627*m + 9216; /* m x 64, in grad_t45's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t36 = work + 1922*m + 5120; /* m x 64, in grad_t41's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t34 = work + 2179*m + 9216; /* m x 64, in t37's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 4678*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 9216; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g4 = work + 3140*m + 9216; /* m x 256, in grad_t39's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t23 = work + 2499*m + 9216; /* m x 64, in grad_t34_part_1's memory; placed in an earlier part */
+    /* grad_b0m = sum of grad_t23 down each column */
+    symbackprop_f64_sum_columns(grad_t23, m, 64, 64, grad_b0m);
+
     /* grad_W0up = t23^T @ g4 */
     symbackprop_f64_matmul(64, 256, m, t23, 1, 64, g4, 256, 1, grad_W0up);
 
@@ -2084,11 +2095,20 @@ static void transformer_lm_run_part6(
     /* grad_b1a = sum of grad_t34 down each column */
     symbackprop_f64_sum_columns(grad_t34, m, 64, 64, grad_b1a);
 
-    /* grad_Wq1 = t34^T @ grad_t35 */
-    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t35, 64, 1, grad_Wq1);
+    /* grad_t35 = t34^T @ grad_t36 */
+    TRANSFORMER_LM_REAL *grad_t35 = t9; /* 64 x 64, in t9's memory */
+    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t36, 64, 1, grad_t35);
 
-    /* grad_Wk1 = t34^T @ grad_t36 */
-    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t36, 64, 1, grad_Wk1);
+    /* grad_Wq1 = grad_t35/4 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 64; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_Wq1[64*i + j] = (1.0/4.0)*grad_t35[64*i + j];
+        }
+    }
+
+    /* grad_Wk1 = t34^T @ grad_t37 */
+    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t37, 64, 1, grad_Wk1);
 
     /* grad_Wv1 = t34^T @ grad_t40 */
     symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t40, 64, 1, grad_Wv1);
@@ -2218,9 +2238,9 @@ static int transformer_lm_run(
         return 0;
     }
     transformer_lm_run_part3(m, gf, Wout, work, with_grads);
-    transformer_lm_run_part4(m, g0m, W0up, W0down, g1a, Wq1, Wk1, Wv1, Wo1, g1m, W1up, W1down, work, with_grads);
-    transformer_lm_run_part5(m, ids, positions, g0a, Wq0, Wk0, Wv0, Wo0, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, work, with_grads);
-    transformer_lm_run_part6(m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, with_grads);
+    transformer_lm_run_part4(m, g0m, W0up, W0down, g1a, Wk1, Wv1, Wo1, g1m, W1up, W1down, work, with_grads);
+    transformer_lm_run_part5(m, ids, positions, g0a, Wk0, Wv0, Wo0, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, work, with_grads);
+    transformer_lm_run_part6(m, grad_b0m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, with_grads);
     return 0;
 }
 
@@ -2592,46 +2612,55 @@ static void transformer_lm_train_step_part1(
         }
     }
 
-    /* t9 = t8 @ Wq0 */
-    TRANSFORMER_LM_REAL *t9 = dt7_dt6 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, Wq0, 64, 1, t9);
+    /* t9 = Wq0/4 */
+    TRANSFORMER_LM_REAL *t9 = dt7_dt6 + 64*m; /* 64 x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 64; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            t9[64*i + j] = (1.0/4.0)*Wq0[64*i + j];
+        }
+    }
 
-    /* t10 = t8 @ Wk0 */
-    TRANSFORMER_LM_REAL *t10 = t9 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, Wk0, 64, 1, t10);
+    /* t10 = t8 @ t9 */
+    TRANSFORMER_LM_REAL *t10 = t9 + 4096; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, t9, 64, 1, t10);
 
-    /* t11[(e,t),(h,s)] = sum_k t9[(e,t),h*dh+k] * t10[(e,s),h*dh+k] for s <= t, 0 for s > t
+    /* t11 = t8 @ Wk0 */
+    TRANSFORMER_LM_REAL *t11 = t10 + 64*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, Wk0, 64, 1, t11);
+
+    /* t12[(e,t),(h,s)] = sum_k t10[(e,t),h*dh+k] * t11[(e,s),h*dh+k] for s <= t, 0 for s > t
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t11 = t10 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *t11_block_1 = t11 + 256*m; /* 64 x 16 */
+    TRANSFORMER_LM_REAL *t12 = t11 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *t12_block_1 = t12 + 256*m; /* 64 x 16 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores t9 t10^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, t9 + row0 * 64 + hd * 16, 64, t10 + row0 * 64 + hd * 16, 64,
-                                          t11 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores t10 t11^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t10 + row0 * 64 + hd * 16, 64, t11 + row0 * 64 + hd * 16, 64,
+                                          t12 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t11_block_1[dk][ks] = t10[(e,ks), hd*16+dk]: the head's keys transposed, so
+            /* t12_block_1[dk][ks] = t11[(e,ks), hd*16+dk]: the head's keys transposed, so
              * that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    t11_block_1[dk * 64 + ks] = t10[(row0 + ks) * 64 + hd * 16 + dk];
+                    t12_block_1[dk * 64 + ks] = t11[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t11 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = t12 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += t9[(e,qt), hd*16+dk] * t11_block_1[dk][ks] for keys ks <= qt */
+                /* srow[ks] += t10[(e,qt), hd*16+dk] * t12_block_1[dk][ks] for keys ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t9[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = t10[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t11_block_1[dk * 64 + ks];
+                        srow[ks] += aw * t12_block_1[dk * 64 + ks];
                     }
                 }
             }
@@ -2639,18 +2668,9 @@ static void transformer_lm_train_step_part1(
     #endif
     }
 
-    /* t12 = t11/4 */
-    TRANSFORMER_LM_REAL *t12 = t11_block_1 + 1024; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t12[256*i + j] = (1.0/4.0)*t11[256*i + j];
-        }
-    }
-
     /* t13[(e,t),(h,s)] = exp(t12[(e,t),(h,s)] - max_{s'<=t} t12[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t13 = t11; /* m x 256, in t11's memory */
+    TRANSFORMER_LM_REAL *t13 = t12_block_1 + 1024; /* m x 256 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -2681,7 +2701,7 @@ static void transformer_lm_train_step_part1(
     }
 
     /* t14 = t8 @ Wv0 */
-    TRANSFORMER_LM_REAL *t14 = t12 + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t14 = t13 + 256*m; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, Wv0, 64, 1, t14);
 
     /* t15[(e,t),h*dh+k] = sum_{s<=t} t13[(e,t),(h,s)] * t14[(e,s),h*dh+k] (rows (e,t) =
@@ -2846,46 +2866,55 @@ static void transformer_lm_train_step_part1(
         }
     }
 
-    /* t35 = t34 @ Wq1 */
-    TRANSFORMER_LM_REAL *t35 = dt33_dt32 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wq1, 64, 1, t35);
+    /* t35 = Wq1/4 */
+    TRANSFORMER_LM_REAL *t35 = dt33_dt32 + 64*m; /* 64 x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 64; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            t35[64*i + j] = (1.0/4.0)*Wq1[64*i + j];
+        }
+    }
 
-    /* t36 = t34 @ Wk1 */
-    TRANSFORMER_LM_REAL *t36 = t35 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wk1, 64, 1, t36);
+    /* t36 = t34 @ t35 */
+    TRANSFORMER_LM_REAL *t36 = t35 + 4096; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, t35, 64, 1, t36);
 
-    /* t37[(e,t),(h,s)] = sum_k t35[(e,t),h*dh+k] * t36[(e,s),h*dh+k] for s <= t, 0 for s > t
+    /* t37 = t34 @ Wk1 */
+    TRANSFORMER_LM_REAL *t37 = t36 + 64*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wk1, 64, 1, t37);
+
+    /* t38[(e,t),(h,s)] = sum_k t36[(e,t),h*dh+k] * t37[(e,s),h*dh+k] for s <= t, 0 for s > t
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t37 = t24; /* m x 256, in t24's memory */
-    TRANSFORMER_LM_REAL *t37_block_1 = t11_block_1; /* 64 x 16, in t11_block_1's memory */
+    TRANSFORMER_LM_REAL *t38 = t24; /* m x 256, in t24's memory */
+    TRANSFORMER_LM_REAL *t38_block_1 = t12_block_1; /* 64 x 16, in t12_block_1's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores t35 t36^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, t35 + row0 * 64 + hd * 16, 64, t36 + row0 * 64 + hd * 16, 64,
-                                          t37 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores t36 t37^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t36 + row0 * 64 + hd * 16, 64, t37 + row0 * 64 + hd * 16, 64,
+                                          t38 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t37_block_1[dk][ks] = t36[(e,ks), hd*16+dk]: the head's keys transposed, so
+            /* t38_block_1[dk][ks] = t37[(e,ks), hd*16+dk]: the head's keys transposed, so
              * that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    t37_block_1[dk * 64 + ks] = t36[(row0 + ks) * 64 + hd * 16 + dk];
+                    t38_block_1[dk * 64 + ks] = t37[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t37 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = t38 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += t35[(e,qt), hd*16+dk] * t37_block_1[dk][ks] for keys ks <= qt */
+                /* srow[ks] += t36[(e,qt), hd*16+dk] * t38_block_1[dk][ks] for keys ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t35[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = t36[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t37_block_1[dk * 64 + ks];
+                        srow[ks] += aw * t38_block_1[dk * 64 + ks];
                     }
                 }
             }
@@ -2893,18 +2922,9 @@ static void transformer_lm_train_step_part1(
     #endif
     }
 
-    /* t38 = t37/4 */
-    TRANSFORMER_LM_REAL *t38 = t36 + 64*m; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t38[256*i + j] = (1.0/4.0)*t37[256*i + j];
-        }
-    }
-
     /* t39[(e,t),(h,s)] = exp(t38[(e,t),(h,s)] - max_{s'<=t} t38[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t39 = t37; /* m x 256, in t37's memory */
+    TRANSFORMER_LM_REAL *t39 = t37 + 64*m; /* m x 256 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -2956,12 +2976,12 @@ static void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t28 = work + 1922*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t34 = work + 1987*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t38 = work + 2243*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = work + 705*m + 1024; /* m x 256, in t37's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t28 = work + 1922*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t34 = work + 1987*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t38 = work + 449*m + 4096; /* m x 256, in t24's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = work + 2243*m + 9216; /* m x 256; placed in an earlier part */
     /* t40 = t34 @ Wv1 */
-    TRANSFORMER_LM_REAL *t40 = t38 + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t40 = t39 + 256*m; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wv1, 64, 1, t40);
 
     /* t41[(e,t),h*dh+k] = sum_{s<=t} t39[(e,t),(h,s)] * t40[(e,s),h*dh+k] (rows (e,t) =
@@ -3386,7 +3406,6 @@ static void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *W0up,
     TRANSFORMER_LM_REAL *W0down,
     TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *Wq1,
     TRANSFORMER_LM_REAL *Wk1,
     TRANSFORMER_LM_REAL *Wv1,
     TRANSFORMER_LM_REAL *Wo1,
@@ -3396,34 +3415,35 @@ static void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t22 = work + 1089*m + 1024; /* m x 64, in t20's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt22_dt21 = work + 1282*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = work + 1602*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = work + 1153*m + 1024; /* m x 64, in t17's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = work + 1986*m + 1024; /* m x 1, in t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t33 = work + 1858*m + 1024; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt33_dt32 = work + 2051*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = work + 2115*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t36 = work + 2179*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t37_block_1 = work + 705*m; /* 64 x 16, in t11_block_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = work + 705*m + 1024; /* m x 256, in t37's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = work + 2499*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t45 = work + 1922*m + 1024; /* m x 64, in t28's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t47 = work + 2755*m + 1024; /* m x 1, in t44's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t48 = work + 2627*m + 1024; /* m x 64, in t46's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt48_dt47 = work + 2820*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t50 = work + 2243*m + 1024; /* m x 256, in t38's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t52 = work + 3140*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t56 = work + 2691*m + 1024; /* m x 64, in t43's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t58 = work + 3524*m + 1024; /* m x 1, in t55's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t59 = work + 3842*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t69 = work + 3906*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t70 = work + 3775*m + 4868; /* m x 1, in t65's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t58 = work + 3777*m + 4868; /* m x 1, in t67's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t56 = work + 3460*m + 1024; /* m x 64, in t59's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t71 = work + 3525*m + 1024; /* m x 64, in dt59_dt58's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t55 = work + 3776*m + 4868; /* m x 1, in t66's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t22 = work + 1089*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt22_dt21 = work + 1282*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = work + 1602*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t30 = work + 1153*m + 5120; /* m x 64, in t17's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = work + 1986*m + 5120; /* m x 1, in t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t33 = work + 1858*m + 5120; /* m x 64, in t31's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt33_dt32 = work + 2051*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = work + 2115*m + 5120; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t36 = work + 2115*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t37 = work + 2179*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t38_block_1 = work + 705*m + 4096; /* 64 x 16, in t12_block_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = work + 2243*m + 9216; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t40 = work + 2499*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t45 = work + 1922*m + 5120; /* m x 64, in t28's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t47 = work + 2755*m + 9216; /* m x 1, in t44's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t48 = work + 2627*m + 9216; /* m x 64, in t46's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt48_dt47 = work + 2820*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t50 = work + 449*m + 4096; /* m x 256, in t38's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t52 = work + 3140*m + 9216; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t56 = work + 2691*m + 9216; /* m x 64, in t43's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t58 = work + 3524*m + 9216; /* m x 1, in t55's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t59 = work + 3842*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t69 = work + 3906*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t70 = work + 3775*m + 13060; /* m x 1, in t65's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t58 = work + 3777*m + 13060; /* m x 1, in t67's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t56 = work + 3460*m + 9216; /* m x 64, in t59's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t71 = work + 3525*m + 9216; /* m x 64, in dt59_dt58's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t55 = work + 3776*m + 13060; /* m x 1, in t66's memory; placed in an earlier part */
     /* grad_t54 = grad_t55 + grad_t56 */
     TRANSFORMER_LM_REAL *grad_t54 = t69; /* m x 64, in t69's memory */
     SYMBACKPROP_PARALLEL_FOR
@@ -3551,7 +3571,7 @@ static void transformer_lm_train_step_part3(
     /* grad_t39[(e,t),(h,s)] = sum_k grad_t41[(e,t),h*dh+k] * t40[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t39 = t52; /* m x 256, in t52's memory */
-    TRANSFORMER_LM_REAL *grad_t39_block_1 = t37_block_1; /* 64 x 16, in t37_block_1's memory */
+    TRANSFORMER_LM_REAL *grad_t39_block_1 = t38_block_1; /* 64 x 16, in t38_block_1's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -3621,40 +3641,40 @@ static void transformer_lm_train_step_part3(
         }
     }
 
-    /* grad_t37 = t39*(grad_t39 - t77)/4 */
-    TRANSFORMER_LM_REAL *grad_t37 = t76 + 4*m; /* m x 256 */
+    /* grad_t38 = t39*(grad_t39 - t77) */
+    TRANSFORMER_LM_REAL *grad_t38 = t76 + 4*m; /* m x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            grad_t37[256*i + j] = (1.0/4.0)*t39[256*i + j]*(grad_t39[256*i + j] - t77[256*i + j]);
+            grad_t38[256*i + j] = t39[256*i + j]*(grad_t39[256*i + j] - t77[256*i + j]);
         }
     }
 
-    /* grad_t36[(e,s),h*dh+k] = sum_{t>=s} grad_t37[(e,t),(h,s)] * t35[(e,t),h*dh+k] (rows
+    /* grad_t37[(e,s),h*dh+k] = sum_{t>=s} grad_t38[(e,t),(h,s)] * t36[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t36 = grad_t45; /* m x 64, in grad_t45's memory */
+    TRANSFORMER_LM_REAL *grad_t37 = grad_t45; /* m x 64, in grad_t45's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t37)^T t35 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_t37 + row0 * 256 + hd * 64, 256,
-                                       t35 + row0 * 64 + hd * 16, 64, grad_t36 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_t38)^T t36 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
+                                       t36 + row0 * 64 + hd * 16, 64, grad_t37 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t37[(e,qt),(hd,ks)] *
-                 * t35[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t36 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of grad_t38[(e,qt),(hd,ks)] *
+                 * t36[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t37 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t37[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t35[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t36[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -3662,35 +3682,35 @@ static void transformer_lm_train_step_part3(
     #endif
     }
 
-    /* grad_t34_part_1 = grad_t36 @ Wk1^T */
+    /* grad_t34_part_1 = grad_t37 @ Wk1^T */
     TRANSFORMER_LM_REAL *grad_t34_part_1 = t40; /* m x 64, in t40's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t36, 64, 1, Wk1, 1, 64, grad_t34_part_1);
+    symbackprop_f64_matmul(m, 64, 64, grad_t37, 64, 1, Wk1, 1, 64, grad_t34_part_1);
 
-    /* grad_t35[(e,t),h*dh+k] = sum_{s<=t} grad_t37[(e,t),(h,s)] * t36[(e,s),h*dh+k] (rows
+    /* grad_t36[(e,t),h*dh+k] = sum_{s<=t} grad_t38[(e,t),(h,s)] * t37[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t35 = grad_t41; /* m x 64, in grad_t41's memory */
+    TRANSFORMER_LM_REAL *grad_t36 = grad_t41; /* m x 64, in grad_t41's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t37) t36 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_t37 + row0 * 256 + hd * 64, 256,
-                                       t36 + row0 * 64 + hd * 16, 64, grad_t35 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_t38) t37 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
+                                       t37 + row0 * 64 + hd * 16, 64, grad_t36 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t37[(e,qt),(hd,ks)] *
-                 * t36[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t35 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of grad_t38[(e,qt),(hd,ks)] *
+                 * t37[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t36 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t37[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t36[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t37[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -3698,16 +3718,16 @@ static void transformer_lm_train_step_part3(
     #endif
     }
 
-    /* grad_t34_part_2 = grad_t35 @ Wq1^T */
-    TRANSFORMER_LM_REAL *grad_t34_part_2 = t35; /* m x 64, in t35's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t35, 64, 1, Wq1, 1, 64, grad_t34_part_2);
+    /* grad_t34_part_2 = grad_t36 @ t35^T */
+    TRANSFORMER_LM_REAL *grad_t34_part_2 = t36; /* m x 64, in t36's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t36, 64, 1, t35, 1, 64, grad_t34_part_2);
 
     /* grad_t34 = grad_t34_part + grad_t34_part_1 + grad_t34_part_2 */
     /* grad_t33 = g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
     /* t78 = dt33_dt32*g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
     /* g3 = t33*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
-    TRANSFORMER_LM_REAL *grad_t34 = t36; /* m x 64, in t36's memory */
-    TRANSFORMER_LM_REAL *grad_t33 = grad_t37 + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_t34 = t37; /* m x 64, in t37's memory */
+    TRANSFORMER_LM_REAL *grad_t33 = grad_t38 + 256*m; /* m x 64 */
     TRANSFORMER_LM_REAL *t78 = grad_t33 + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *g3 = t78 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
@@ -3822,33 +3842,35 @@ static void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *t7 = work + 64*m; /* m x 64, in t5's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t8 = work + 193*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *dt7_dt6 = work + 257*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t9 = work + 321*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t10 = work + 385*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t13 = work + 449*m; /* m x 256, in t11's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t14 = work + 961*m + 1024; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t9 = work + 321*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t10 = work + 321*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t11 = work + 385*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t13 = work + 705*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t14 = work + 961*m + 5120; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t19 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t21 = work + 1217*m + 1024; /* m x 1, in t18's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t22 = work + 1089*m + 1024; /* m x 64, in t20's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt22_dt21 = work + 1282*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = work + 1602*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = work + 1986*m + 1024; /* m x 1, in t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t47 = work + 3775*m + 4868; /* m x 1, in t70's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t44 = work + 3777*m + 4868; /* m x 1, in grad_t58's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t39_block_1 = work + 705*m; /* 64 x 16, in t37_block_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t76 = work + 4290*m + 4869; /* m x 4; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t77 = work + 2243*m + 1024; /* m x 256, in t75's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t37 = work + 4294*m + 4869; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t33 = work + 4550*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 4678*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t79 = work + 3776*m + 4868; /* m x 1, in grad_t55's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t32 = work + 2755*m + 1024; /* m x 1, in t47's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t30 = work + 1858*m + 1024; /* m x 64, in t33's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t80 = work + 2051*m + 1024; /* m x 64, in dt33_dt32's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t29 = work + 3524*m + 1024; /* m x 1, in t73's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 1024; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t25 = work + 705*m + 1024; /* m x 256, in t39's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 2115*m + 1024; /* m x 64, in grad_t34_part_2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t81 = work + 4614*m + 4869; /* m x 64, in t78's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t21 = work + 1217*m + 5120; /* m x 1, in t18's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t22 = work + 1089*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt22_dt21 = work + 1282*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = work + 1602*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = work + 1986*m + 5120; /* m x 1, in t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = work + 2115*m + 5120; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t47 = work + 3775*m + 13060; /* m x 1, in t70's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t44 = work + 3777*m + 13060; /* m x 1, in grad_t58's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t39_block_1 = work + 705*m + 4096; /* 64 x 16, in t38_block_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t76 = work + 4290*m + 13061; /* m x 4; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t77 = work + 449*m + 4096; /* m x 256, in t75's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t38 = work + 4294*m + 13061; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t33 = work + 4550*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 4678*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t79 = work + 3776*m + 13060; /* m x 1, in grad_t55's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t32 = work + 2755*m + 9216; /* m x 1, in t47's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t30 = work + 1858*m + 5120; /* m x 64, in t33's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t80 = work + 2051*m + 5120; /* m x 64, in dt33_dt32's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t29 = work + 3524*m + 9216; /* m x 1, in t73's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 9216; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t25 = work + 2243*m + 9216; /* m x 256, in t39's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22 = work + 2115*m + 9216; /* m x 64, in grad_t34_part_2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t81 = work + 4614*m + 13061; /* m x 64, in t78's memory; placed in an earlier part */
     /* t82 = 1/sqrt(t21/64 + 1.0e-5) */
     TRANSFORMER_LM_REAL *t82 = grad_t47; /* m x 1, in grad_t47's memory */
     SYMBACKPROP_PARALLEL_FOR
@@ -3972,7 +3994,7 @@ static void transformer_lm_train_step_part4(
     }
 
     /* t84 = grad_t13*t13 */
-    TRANSFORMER_LM_REAL *t84 = grad_t37; /* m x 256, in grad_t37's memory */
+    TRANSFORMER_LM_REAL *t84 = grad_t38; /* m x 256, in grad_t38's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
@@ -4004,40 +4026,40 @@ static void transformer_lm_train_step_part4(
         }
     }
 
-    /* grad_t11 = t13*(grad_t13 - t86)/4 */
-    TRANSFORMER_LM_REAL *grad_t11 = grad_t25; /* m x 256, in grad_t25's memory */
+    /* grad_t12 = t13*(grad_t13 - t86) */
+    TRANSFORMER_LM_REAL *grad_t12 = grad_t25; /* m x 256, in grad_t25's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            grad_t11[256*i + j] = (1.0/4.0)*t13[256*i + j]*(grad_t13[256*i + j] - t86[256*i + j]);
+            grad_t12[256*i + j] = t13[256*i + j]*(grad_t13[256*i + j] - t86[256*i + j]);
         }
     }
 
-    /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} grad_t11[(e,t),(h,s)] * t9[(e,t),h*dh+k] (rows
+    /* grad_t11[(e,s),h*dh+k] = sum_{t>=s} grad_t12[(e,t),(h,s)] * t10[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t10 = t19; /* m x 64, in t19's memory */
+    TRANSFORMER_LM_REAL *grad_t11 = t19; /* m x 64, in t19's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t11)^T t9 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_t11 + row0 * 256 + hd * 64, 256,
-                                       t9 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_t12)^T t10 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
+                                       t10 + row0 * 64 + hd * 16, 64, grad_t11 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t11[(e,qt),(hd,ks)] *
-                 * t9[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of grad_t12[(e,qt),(hd,ks)] *
+                 * t10[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t11 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t11[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t9[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t10[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -4045,35 +4067,35 @@ static void transformer_lm_train_step_part4(
     #endif
     }
 
-    /* grad_t8_part_1 = grad_t10 @ Wk0^T */
+    /* grad_t8_part_1 = grad_t11 @ Wk0^T */
     TRANSFORMER_LM_REAL *grad_t8_part_1 = grad_t22; /* m x 64, in grad_t22's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, Wk0, 1, 64, grad_t8_part_1);
+    symbackprop_f64_matmul(m, 64, 64, grad_t11, 64, 1, Wk0, 1, 64, grad_t8_part_1);
 
-    /* grad_t9[(e,t),h*dh+k] = sum_{s<=t} grad_t11[(e,t),(h,s)] * t10[(e,s),h*dh+k] (rows
+    /* grad_t10[(e,t),h*dh+k] = sum_{s<=t} grad_t12[(e,t),(h,s)] * t11[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t9 = t83; /* m x 64, in t83's memory */
+    TRANSFORMER_LM_REAL *grad_t10 = t83; /* m x 64, in t83's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t11) t10 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_t11 + row0 * 256 + hd * 64, 256,
-                                       t10 + row0 * 64 + hd * 16, 64, grad_t9 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_t12) t11 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
+                                       t11 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t11[(e,qt),(hd,ks)] *
-                 * t10[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t9 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of grad_t12[(e,qt),(hd,ks)] *
+                 * t11[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t11[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t10[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t11[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -4081,9 +4103,9 @@ static void transformer_lm_train_step_part4(
     #endif
     }
 
-    /* grad_t8_part_2 = grad_t9 @ Wq0^T */
+    /* grad_t8_part_2 = grad_t10 @ t9^T */
     TRANSFORMER_LM_REAL *grad_t8_part_2 = grad_t19; /* m x 64, in grad_t19's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t9, 64, 1, Wq0, 1, 64, grad_t8_part_2);
+    symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, t9, 1, 64, grad_t8_part_2);
 
     /* grad_t8 = grad_t8_part + grad_t8_part_1 + grad_t8_part_2 */
     /* grad_t7 = g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
@@ -4091,8 +4113,8 @@ static void transformer_lm_train_step_part4(
     /* g6 = t7*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
     TRANSFORMER_LM_REAL *grad_t8 = t14; /* m x 64, in t14's memory */
     TRANSFORMER_LM_REAL *grad_t7 = grad_t15; /* m x 64, in grad_t15's memory */
-    TRANSFORMER_LM_REAL *t87 = t9; /* m x 64, in t9's memory */
-    TRANSFORMER_LM_REAL *g6 = t10; /* m x 64, in t10's memory */
+    TRANSFORMER_LM_REAL *t87 = t10; /* m x 64, in t10's memory */
+    TRANSFORMER_LM_REAL *g6 = t11; /* m x 64, in t11's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -4160,7 +4182,7 @@ static void transformer_lm_train_step_part4(
      * grad_t2[i, 18], grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22],
      * grad_t2[i, 23], grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], ... */
     TRANSFORMER_LM_REAL *grad_E_1 = g3 + 64*m; /* 62 x 64 */
-    TRANSFORMER_LM_REAL *grad_P_1 = grad_E_1 + 3968; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_P_1 = t35; /* 64 x 64, in t35's memory */
     for (int64_t i = 0; i < 3968; ++i) {
         grad_E_1[i] = 0;
     }
@@ -4299,7 +4321,7 @@ static void transformer_lm_train_step_part4(
     }
 
     /* grad_E_2 = E*weight_decay + grad_E_1 */
-    TRANSFORMER_LM_REAL *grad_E_2 = grad_P_1 + 4096; /* 62 x 64 */
+    TRANSFORMER_LM_REAL *grad_E_2 = grad_E_1 + 3968; /* 62 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t i = 0; i < 62; ++i) {
@@ -4310,7 +4332,7 @@ static void transformer_lm_train_step_part4(
     }
 
     /* grad_P_2 = P*weight_decay + grad_P_1 */
-    TRANSFORMER_LM_REAL *grad_P_2 = grad_E_2 + 3968; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_P_2 = t9; /* 64 x 64, in t9's memory */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -4322,7 +4344,7 @@ static void transformer_lm_train_step_part4(
     }
 
     /* grad_g0a_1 = sum of g6 down each column */
-    TRANSFORMER_LM_REAL *grad_g0a_1 = grad_P_2 + 4096; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_g0a_1 = grad_E_2 + 3968; /* 1 x 64 */
     symbackprop_f64_sum_columns(g6, m, 64, 64, grad_g0a_1);
 
     /* grad_g0a_2 = g0a*weight_decay + grad_g0a_1 */
@@ -4347,18 +4369,18 @@ static void transformer_lm_train_step_part4(
         }
     }
 
-    /* grad_Wq0_1 = t8^T @ grad_t9 */
-    TRANSFORMER_LM_REAL *grad_Wq0_1 = grad_P_1; /* 64 x 64, in grad_P_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t9, 64, 1, grad_Wq0_1);
+    /* grad_t9 = t8^T @ grad_t10 */
+    TRANSFORMER_LM_REAL *grad_t9 = grad_P_1; /* 64 x 64, in grad_P_1's memory */
+    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t10, 64, 1, grad_t9);
 
-    /* grad_Wq0_2 = Wq0*weight_decay + grad_Wq0_1 */
+    /* grad_Wq0_2 = Wq0*weight_decay + grad_t9/4 */
     TRANSFORMER_LM_REAL *grad_Wq0_2 = grad_b0a_2 + 64; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_Wq0_2[64*i + j] = grad_Wq0_1[64*i + j] + weight_decay_value*Wq0[64*i + j];
+                grad_Wq0_2[64*i + j] = (1.0/4.0)*grad_t9[64*i + j] + weight_decay_value*Wq0[64*i + j];
             }
         }
     }
@@ -4390,31 +4412,31 @@ static void transformer_lm_train_step_part5(
 )
 {
     TRANSFORMER_LM_REAL *t8 = work + 193*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t15 = work + 1025*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t23 = work + 1218*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = work + 1346*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t34 = work + 1987*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t41 = work + 2563*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g2 = work + 3460*m + 1024; /* m x 64, in grad_t56's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t43 = work + 3525*m + 1024; /* m x 64, in t72's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t40 = work + 3842*m + 4869; /* m x 64, in grad_t48's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t36 = work + 2627*m + 1024; /* m x 64, in grad_t45's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t35 = work + 1922*m + 1024; /* m x 64, in grad_t41's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t34 = work + 2179*m + 1024; /* m x 64, in t36's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 4678*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 1024; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g4 = work + 3140*m + 1024; /* m x 256, in grad_t39's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t23 = work + 2499*m + 1024; /* m x 64, in grad_t34_part_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g5 = work + 1153*m + 1024; /* m x 64, in t30's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t17 = work + 1858*m + 1024; /* m x 64, in grad_t30's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t14 = work + 1282*m + 1024; /* m x 64, in dt22_dt21's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t10 = work + 128*m; /* m x 64, in t19's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t15 = work + 1025*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t23 = work + 1218*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t25 = work + 1346*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t34 = work + 1987*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t41 = work + 2563*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g2 = work + 3460*m + 9216; /* m x 64, in grad_t56's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t43 = work + 3525*m + 9216; /* m x 64, in t72's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t40 = work + 3842*m + 13061; /* m x 64, in grad_t48's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t37 = work + 2627*m + 9216; /* m x 64, in grad_t45's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t36 = work + 1922*m + 5120; /* m x 64, in grad_t41's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t34 = work + 2179*m + 9216; /* m x 64, in t37's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 4678*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 9216; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g4 = work + 3140*m + 9216; /* m x 256, in grad_t39's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t23 = work + 2499*m + 9216; /* m x 64, in grad_t34_part_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g5 = work + 1153*m + 5120; /* m x 64, in t30's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t17 = work + 1858*m + 5120; /* m x 64, in grad_t30's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t14 = work + 1282*m + 5120; /* m x 64, in dt22_dt21's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t11 = work + 128*m; /* m x 64, in t19's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_b0a_1 = work + 4742*m + 20997; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_1 = work + 4742*m + 8837; /* 64 x 64, in grad_P_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t9 = work + 2115*m + 5120; /* 64 x 64, in grad_P_1's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4742*m + 21189; /* 64 x 64; placed in an earlier part */
-    /* grad_Wk0_1 = t8^T @ grad_t10 */
-    TRANSFORMER_LM_REAL *grad_Wk0_1 = grad_Wq0_1; /* 64 x 64, in grad_Wq0_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t10, 64, 1, grad_Wk0_1);
+    /* grad_Wk0_1 = t8^T @ grad_t11 */
+    TRANSFORMER_LM_REAL *grad_Wk0_1 = grad_t9; /* 64 x 64, in grad_t9's memory */
+    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t11, 64, 1, grad_Wk0_1);
 
     /* grad_Wk0_2 = Wk0*weight_decay + grad_Wk0_1 */
     TRANSFORMER_LM_REAL *grad_Wk0_2 = grad_Wq0_2 + 4096; /* 64 x 64 */
@@ -4570,25 +4592,25 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_Wq1_1 = t34^T @ grad_t35 */
-    TRANSFORMER_LM_REAL *grad_Wq1_1 = grad_Wo0_1; /* 64 x 64, in grad_Wo0_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t35, 64, 1, grad_Wq1_1);
+    /* grad_t35 = t34^T @ grad_t36 */
+    TRANSFORMER_LM_REAL *grad_t35 = grad_Wo0_1; /* 64 x 64, in grad_Wo0_1's memory */
+    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t36, 64, 1, grad_t35);
 
-    /* grad_Wq1_2 = Wq1*weight_decay + grad_Wq1_1 */
+    /* grad_Wq1_2 = Wq1*weight_decay + grad_t35/4 */
     TRANSFORMER_LM_REAL *grad_Wq1_2 = grad_b1a_2 + 64; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_Wq1_2[64*i + j] = grad_Wq1_1[64*i + j] + weight_decay_value*Wq1[64*i + j];
+                grad_Wq1_2[64*i + j] = (1.0/4.0)*grad_t35[64*i + j] + weight_decay_value*Wq1[64*i + j];
             }
         }
     }
 
-    /* grad_Wk1_1 = t34^T @ grad_t36 */
-    TRANSFORMER_LM_REAL *grad_Wk1_1 = grad_Wq1_1; /* 64 x 64, in grad_Wq1_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t36, 64, 1, grad_Wk1_1);
+    /* grad_Wk1_1 = t34^T @ grad_t37 */
+    TRANSFORMER_LM_REAL *grad_Wk1_1 = grad_t35; /* 64 x 64, in grad_t35's memory */
+    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t37, 64, 1, grad_Wk1_1);
 
     /* grad_Wk1_2 = Wk1*weight_decay + grad_Wk1_1 */
     TRANSFORMER_LM_REAL *grad_Wk1_2 = grad_Wq1_2 + 4096; /* 64 x 64 */
@@ -4712,19 +4734,19 @@ static void transformer_lm_train_step_part6(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t49 = work + 2756*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t51 = work + 2884*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t60 = work + 3396*m + 1024; /* m x 64, in t57's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t68 = work + 3778*m + 4868; /* 1 x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t61 = work + 3713*m + 4868; /* m x 62, in t64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t60 = work + 3778*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t54 = work + 3906*m + 4869; /* m x 64, in t69's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 4034*m + 4869; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t49 = work + 2691*m + 1024; /* m x 64, in t56's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_1 = work + 4742*m + 4869; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_2 = work + 4742*m + 12933; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_P_2 = work + 4742*m + 16901; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t49 = work + 2756*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t51 = work + 2884*m + 9216; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t60 = work + 3396*m + 9216; /* m x 64, in t57's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t68 = work + 3778*m + 13060; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t61 = work + 3713*m + 13060; /* m x 62, in t64's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t60 = work + 3778*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t54 = work + 3906*m + 13061; /* m x 64, in t69's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g1 = work + 4034*m + 13061; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t49 = work + 2691*m + 9216; /* m x 64, in t56's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_1 = work + 4742*m + 13061; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_2 = work + 4742*m + 17029; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_P_2 = work + 321*m; /* 64 x 64, in t9's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_g0a_2 = work + 4742*m + 21061; /* 1 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_b0a_2 = work + 4742*m + 21125; /* 1 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4742*m + 21189; /* 64 x 64; placed in an earlier part */
@@ -5291,7 +5313,7 @@ static void transformer_lm_train_step_part7(
     TRANSFORMER_LM_REAL *grad_gf_2 = work + 4742*m + 137157; /* 1 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_bf_2 = work + 4742*m + 137221; /* 1 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_Wout_2 = work + 4742*m + 137285; /* 64 x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction1 = work + 3778*m + 4868; /* 1 x 1, in t68's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *bias_correction1 = work + 3778*m + 13060; /* 1 x 1, in t68's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *bias_correction2 = work + 4742*m + 141253; /* 1 x 1; placed in an earlier part */
     /* m_g1a = beta1*m_g1a + grad_g1a_2*(1 - beta1) */
     /* v_g1a = beta2*v_g1a + grad_g1a_2**2*(1 - beta2) */
@@ -5785,7 +5807,7 @@ int transformer_lm_train_step(
     }
     transformer_lm_train_step_part1(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, work);
     transformer_lm_train_step_part2(m, targets, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work);
-    transformer_lm_train_step_part3(m, g0m, W0up, W0down, g1a, Wq1, Wk1, Wv1, Wo1, g1m, W1up, W1down, work);
+    transformer_lm_train_step_part3(m, g0m, W0up, W0down, g1a, Wk1, Wv1, Wo1, g1m, W1up, W1down, work);
     transformer_lm_train_step_part4(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, weight_decay, work);
     transformer_lm_train_step_part5(m, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, weight_decay, work);
     transformer_lm_train_step_part6(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, work);
