@@ -91,3 +91,38 @@ def test_a_products_coefficient_scales_its_smallest_factor():
     arrays = _arrays(np.random.default_rng(2), 9, W=(D, D))
     mod = _check(model, lambda t: ((torch.tanh(t["X"] @ t["W"] / 3) - t["T"]) ** 2).mean(), arrays)
     assert "W/3" in " ".join(_comments(mod.source))  # a D x D map, not one over the m x D product
+
+
+def test_attention_hessian_vector_product_through_the_softmax_vjp_op():
+    """The softmax's backward is one op (softmax_vjp); its own derivatives
+    give the Hessian times a vector, against PyTorch's double backward."""
+    L, heads = 4, 2
+    X = sp.MatrixSymbol("X", m, D)
+    wq, wk, wv = (sp.MatrixSymbol(w, D, D) for w in ("Wq", "Wk", "Wv"))
+    x = nn.Sequences(X, L)
+    out = nn.causal_attention(*(nn.Sequences(X * w, L) for w in (wq, wk, wv)), heads)
+    model = sbp.Model("attn_hvp", inputs=[X], params=[wq, wk, wv], loss=nn.sum_all(out.matrix.applyfunc(sp.sin)))
+    rng = np.random.default_rng(3)
+    arrays = {"X": rng.normal(size=(7, D)), **{w: rng.normal(size=(D, D)) / 2 for w in ("Wq", "Wk", "Wv")}}
+    directions = {w: rng.normal(size=(D, D)) for w in ("Wq", "Wk", "Wv")}
+    loss, grads, hvp = sbp.compile(model).value_grad_and_hvp(directions, **arrays)
+
+    t = {k: torch.tensor(a, requires_grad=True) for k, a in arrays.items()}
+    q, k, v = (t["X"] @ t[w] for w in ("Wq", "Wk", "Wv"))
+    rows, dh = [], D // heads
+    for first in range(0, 7, L):
+        at = slice(first, min(first + L, 7))
+        size = at.stop - at.start
+        qe, ke, ve = (z[at].reshape(size, heads, dh).transpose(0, 1) for z in (q, k, v))
+        scores = (qe @ ke.transpose(1, 2) / dh**0.5).masked_fill(torch.triu(torch.ones(size, size, dtype=torch.bool), 1),
+                                                                  float("-inf"))
+        rows.append((torch.softmax(scores, -1) @ ve).transpose(0, 1).reshape(size, D))
+    want = torch.sin(torch.cat(rows)).sum()
+    names = ["Wq", "Wk", "Wv"]
+    first = torch.autograd.grad(want, [t[n] for n in names], create_graph=True)
+    dot = sum((g * torch.tensor(directions[n])).sum() for g, n in zip(first, names))
+    second = torch.autograd.grad(dot, [t[n] for n in names])
+    assert loss == pytest.approx(want.item(), rel=1e-10)
+    for n, g, h in zip(names, first, second):
+        np.testing.assert_allclose(grads[n], g.detach().numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(hvp[n], h.numpy(), rtol=1e-9, atol=1e-11)

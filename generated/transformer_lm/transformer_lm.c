@@ -18,7 +18,7 @@ static size_t transformer_lm_run_work_len(int64_t m, int with_grads)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 4742*m + 13061 : 1277*m + 8965);
+    return (size_t)(with_grads ? 4482*m + 13061 : 1277*m + 8965);
 }
 
 /* transformer_lm_run, part 1 of 6 (kernels 1 to 32): a long
@@ -1081,6 +1081,8 @@ static void transformer_lm_run_part4(
     int with_grads
 )
 {
+    TRANSFORMER_LM_REAL *t19 = with_grads ? work + 128*m : work + 257*m; /* m x 64, in t2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1217*m + 5120 : work + 192*m; /* m x 1, in t18's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1089*m + 5120 : work + 128*m; /* m x 64, in t20's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? work + 1282*m + 5120 : work; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1602*m + 5120 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
@@ -1274,45 +1276,27 @@ static void transformer_lm_run_part4(
     #endif
     }
 
-    /* t75 = grad_t39*t39 */
-    TRANSFORMER_LM_REAL *t75 = grad_t51; /* m x 256, in grad_t51's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t75[256*i + j] = t39[256*i + j]*grad_t39[256*i + j];
-        }
-    }
-
-    /* t76[i,ch] = sum_at t75[i,ch,at] (over each channel's pixels) */
-    TRANSFORMER_LM_REAL *t76 = g1 + 256*m; /* m x 4 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t ch = 0; ch < 4; ++ch) {
-            TRANSFORMER_LM_REAL acc = 0;
-            for (int64_t at = 0; at < 64; ++at) {
-                acc += t75[(i * 4 + ch) * 64 + at];
+    /* grad_t38[(e,t),(h,s)] = t39[(e,t),(h,s)] * (grad_t39[(e,t),(h,s)] - sum_{s'<=t}
+     * t39[(e,t),(h,s')] * grad_t39[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
+     * e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *grad_t38 = grad_t51; /* m x 256, in grad_t51's memory */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+        for (int64_t qt = 0; qt < len; ++qt) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL dot = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    dot += t39[qbase + ks] * grad_t39[qbase + ks];
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    grad_t38[qbase + ks] = t39[qbase + ks] * (grad_t39[qbase + ks] - dot);
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    grad_t38[qbase + ks] = 0;
+                }
             }
-            t76[i * 4 + ch] = acc;
-        }
-    }
-
-    /* t77[i,ch,at] = t76[i,ch] (over each channel's pixels) */
-    TRANSFORMER_LM_REAL *t77 = t75; /* m x 256, in t75's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t ch = 0; ch < 4; ++ch) {
-            for (int64_t at = 0; at < 64; ++at) {
-                t77[(i * 4 + ch) * 64 + at] = t76[i * 4 + ch];
-            }
-        }
-    }
-
-    /* grad_t38 = t39*(grad_t39 - t77) */
-    TRANSFORMER_LM_REAL *grad_t38 = t76 + 4*m; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            grad_t38[256*i + j] = t39[256*i + j]*(grad_t39[256*i + j] - t77[256*i + j]);
         }
     }
 
@@ -1390,12 +1374,12 @@ static void transformer_lm_run_part4(
 
     /* grad_t34 = grad_t34_part + grad_t34_part_1 + grad_t34_part_2 */
     /* grad_t33 = g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
-    /* t78 = dt33_dt32*g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
+    /* t75 = dt33_dt32*g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
     /* g3 = t33*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
     TRANSFORMER_LM_REAL *grad_t34 = t37; /* m x 64, in t37's memory */
-    TRANSFORMER_LM_REAL *grad_t33 = grad_t38 + 256*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t78 = grad_t33 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *g3 = t78 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_t33 = g1 + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t75 = grad_t33 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g3 = t75 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -1403,42 +1387,42 @@ static void transformer_lm_run_part4(
             const TRANSFORMER_LM_REAL x1 = g1a[j]*x0;
             grad_t34[64*i + j] = x0;
             grad_t33[64*i + j] = x1;
-            t78[64*i + j] = dt33_dt32[64*i + j]*x1;
+            t75[64*i + j] = dt33_dt32[64*i + j]*x1;
             g3[64*i + j] = t33[64*i + j]*x0;
         }
     }
 
-    /* t79 = 1/sqrt(t32/64 + 1.0e-5) */
-    TRANSFORMER_LM_REAL *t79 = grad_t55; /* m x 1, in grad_t55's memory */
+    /* t76 = 1/sqrt(t32/64 + 1.0e-5) */
+    TRANSFORMER_LM_REAL *t76 = grad_t55; /* m x 1, in grad_t55's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t79[i] = 1.0/sqrt((1.0/64.0)*t32[i] + 1.0000000000000001e-5);
+        t76[i] = 1.0/sqrt((1.0/64.0)*t32[i] + 1.0000000000000001e-5);
     }
 
-    /* grad_t32 = sum of t78 along each row */
+    /* grad_t32 = sum of t75 along each row */
     TRANSFORMER_LM_REAL *grad_t32 = t47; /* m x 1, in t47's memory */
     for (int64_t i = 0; i < m; ++i) {
-        grad_t32[i] = symbackprop_f64_sum(t78 + 64*i, 64, 1);
+        grad_t32[i] = symbackprop_f64_sum(t75 + 64*i, 64, 1);
     }
 
-    /* grad_t30 = 2*grad_t32*t30 + grad_t33*t79 */
-    /* t80 = -grad_t32*t30/32 - grad_t33*t79/64 */
+    /* grad_t30 = 2*grad_t32*t30 + grad_t33*t76 */
+    /* t77 = -grad_t32*t30/32 - grad_t33*t76/64 */
     TRANSFORMER_LM_REAL *grad_t30 = t33; /* m x 64, in t33's memory */
-    TRANSFORMER_LM_REAL *t80 = dt33_dt32; /* m x 64, in dt33_dt32's memory */
+    TRANSFORMER_LM_REAL *t77 = dt33_dt32; /* m x 64, in dt33_dt32's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t33[64*i + j]*t79[i];
+            const TRANSFORMER_LM_REAL x0 = grad_t33[64*i + j]*t76[i];
             const TRANSFORMER_LM_REAL x1 = t30[64*i + j]*grad_t32[i];
             grad_t30[64*i + j] = x0 + 2*x1;
-            t80[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            t77[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
-    /* grad_t29 = sum of t80 along each row */
+    /* grad_t29 = sum of t77 along each row */
     TRANSFORMER_LM_REAL *grad_t29 = t73; /* m x 1, in t73's memory */
     for (int64_t i = 0; i < m; ++i) {
-        grad_t29[i] = symbackprop_f64_sum(t80 + 64*i, 64, 1);
+        grad_t29[i] = symbackprop_f64_sum(t77 + 64*i, 64, 1);
     }
 
     /* grad_t28 = grad_t29 + grad_t30 + grad_t43 */
@@ -1468,18 +1452,45 @@ static void transformer_lm_run_part4(
     symbackprop_f64_matmul(m, 64, 256, g4, 256, 1, W0up, 1, 256, grad_t23);
 
     /* grad_t22 = g0m*grad_t23 */
-    /* t81 = dt22_dt21*g0m*grad_t23 */
+    /* t78 = dt22_dt21*g0m*grad_t23 */
     /* g5 = grad_t23*t22 */
     TRANSFORMER_LM_REAL *grad_t22 = grad_t34_part_2; /* m x 64, in grad_t34_part_2's memory */
-    TRANSFORMER_LM_REAL *t81 = t78; /* m x 64, in t78's memory */
+    TRANSFORMER_LM_REAL *t78 = t75; /* m x 64, in t75's memory */
     TRANSFORMER_LM_REAL *g5 = t30; /* m x 64, in t30's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = grad_t23[64*i + j]*g0m[j];
             grad_t22[64*i + j] = x0;
-            t81[64*i + j] = dt22_dt21[64*i + j]*x0;
+            t78[64*i + j] = dt22_dt21[64*i + j]*x0;
             g5[64*i + j] = grad_t23[64*i + j]*t22[64*i + j];
+        }
+    }
+
+    /* t79 = 1/sqrt(t21/64 + 1.0e-5) */
+    TRANSFORMER_LM_REAL *t79 = grad_t47; /* m x 1, in grad_t47's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        t79[i] = 1.0/sqrt((1.0/64.0)*t21[i] + 1.0000000000000001e-5);
+    }
+
+    /* grad_t21 = sum of t78 along each row */
+    TRANSFORMER_LM_REAL *grad_t21 = grad_t44; /* m x 1, in grad_t44's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        grad_t21[i] = symbackprop_f64_sum(t78 + 64*i, 64, 1);
+    }
+
+    /* grad_t19 = 2*grad_t21*t19 + grad_t22*t79 */
+    /* t80 = -grad_t21*t19/32 - grad_t22*t79/64 */
+    TRANSFORMER_LM_REAL *grad_t19 = grad_t33; /* m x 64, in grad_t33's memory */
+    TRANSFORMER_LM_REAL *t80 = t77; /* m x 64, in t77's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = grad_t22[64*i + j]*t79[i];
+            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]*grad_t21[i];
+            grad_t19[64*i + j] = x0 + 2*x1;
+            t80[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 }
@@ -1504,6 +1515,12 @@ static void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *grad_Wv0,
     TRANSFORMER_LM_REAL *grad_Wo0,
     TRANSFORMER_LM_REAL *grad_g0m,
+    TRANSFORMER_LM_REAL *grad_b0m,
+    TRANSFORMER_LM_REAL *grad_W0up,
+    TRANSFORMER_LM_REAL *grad_c0up,
+    TRANSFORMER_LM_REAL *grad_W0down,
+    TRANSFORMER_LM_REAL *grad_c0down,
+    TRANSFORMER_LM_REAL *grad_g1a,
     TRANSFORMER_LM_REAL *work,
     int with_grads
 )
@@ -1520,60 +1537,32 @@ static void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *t14 = with_grads ? work + 961*m + 5120 : work + 257*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1025*m + 5120 : work; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t19 = with_grads ? work + 128*m : work + 257*m; /* m x 64, in t2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1217*m + 5120 : work + 192*m; /* m x 1, in t18's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1089*m + 5120 : work + 128*m; /* m x 64, in t20's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1218*m + 5120 : work + 64*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? work + 1282*m + 5120 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1346*m + 5120 : work + 577*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1602*m + 5120 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t32 = with_grads ? work + 1986*m + 5120 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2115*m + 5120 : work + 321*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t47 = work + 3775*m + 13060; /* m x 1, in t70's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t44 = work + 3777*m + 13060; /* m x 1, in grad_t58's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t39_block = work + 705*m + 4096; /* 64 x 16, in t38_block's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t76 = work + 4290*m + 13061; /* m x 4; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t77 = work + 449*m + 4096; /* m x 256, in t75's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t38 = work + 4294*m + 13061; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t33 = work + 4550*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t79 = work + 3776*m + 13060; /* m x 1, in grad_t55's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t38 = work + 449*m + 4096; /* m x 256, in grad_t51's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 4418*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t76 = work + 3776*m + 13060; /* m x 1, in grad_t55's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t32 = work + 2755*m + 9216; /* m x 1, in t47's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t30 = work + 1858*m + 5120; /* m x 64, in t33's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t80 = work + 2051*m + 5120; /* m x 64, in dt33_dt32's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t29 = work + 3524*m + 9216; /* m x 1, in t73's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 9216; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t25 = work + 2243*m + 9216; /* m x 256, in t39's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g4 = work + 3140*m + 9216; /* m x 256, in grad_t39's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t23 = work + 2499*m + 9216; /* m x 64, in grad_t34_part_1's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t22 = work + 2115*m + 9216; /* m x 64, in grad_t34_part_2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t81 = work + 4614*m + 13061; /* m x 64, in t78's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t78 = work + 4354*m + 13061; /* m x 64, in t75's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *g5 = work + 1153*m + 5120; /* m x 64, in t30's memory; placed in an earlier part */
-    /* t82 = 1/sqrt(t21/64 + 1.0e-5) */
-    TRANSFORMER_LM_REAL *t82 = grad_t47; /* m x 1, in grad_t47's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        t82[i] = 1.0/sqrt((1.0/64.0)*t21[i] + 1.0000000000000001e-5);
-    }
-
-    /* grad_t21 = sum of t81 along each row */
-    TRANSFORMER_LM_REAL *grad_t21 = grad_t44; /* m x 1, in grad_t44's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t21[i] = symbackprop_f64_sum(t81 + 64*i, 64, 1);
-    }
-
-    /* grad_t19 = 2*grad_t21*t19 + grad_t22*t82 */
-    /* t83 = -grad_t21*t19/32 - grad_t22*t82/64 */
-    TRANSFORMER_LM_REAL *grad_t19 = grad_t33; /* m x 64, in grad_t33's memory */
-    TRANSFORMER_LM_REAL *t83 = t80; /* m x 64, in t80's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t22[64*i + j]*t82[i];
-            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]*grad_t21[i];
-            grad_t19[64*i + j] = x0 + 2*x1;
-            t83[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
-        }
-    }
-
-    /* grad_t18 = sum of t83 along each row */
+    TRANSFORMER_LM_REAL *grad_t19 = work + 4290*m + 13061; /* m x 64, in grad_t33's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t80 = work + 2051*m + 5120; /* m x 64, in t77's memory; placed in an earlier part */
+    /* grad_t18 = sum of t80 along each row */
     TRANSFORMER_LM_REAL *grad_t18 = t32; /* m x 1, in t32's memory */
     for (int64_t i = 0; i < m; ++i) {
-        grad_t18[i] = symbackprop_f64_sum(t83 + 64*i, 64, 1);
+        grad_t18[i] = symbackprop_f64_sum(t80 + 64*i, 64, 1);
     }
 
     /* grad_t17 = grad_t18 + grad_t19 + grad_t28 */
@@ -1622,12 +1611,12 @@ static void transformer_lm_run_part5(
     }
 
     /* grad_t8_part = grad_t14 @ Wv0^T */
-    TRANSFORMER_LM_REAL *grad_t8_part = t81; /* m x 64, in t81's memory */
+    TRANSFORMER_LM_REAL *grad_t8_part = t78; /* m x 64, in t78's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t14, 64, 1, Wv0, 1, 64, grad_t8_part);
 
     /* grad_t13[(e,t),(h,s)] = sum_k grad_t15[(e,t),h*dh+k] * t14[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t13 = t77; /* m x 256, in t77's memory */
+    TRANSFORMER_LM_REAL *grad_t13 = grad_t38; /* m x 256, in grad_t38's memory */
     TRANSFORMER_LM_REAL *grad_t13_block = grad_t39_block; /* 64 x 16, in grad_t39_block's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1665,45 +1654,27 @@ static void transformer_lm_run_part5(
     #endif
     }
 
-    /* t84 = grad_t13*t13 */
-    TRANSFORMER_LM_REAL *t84 = grad_t38; /* m x 256, in grad_t38's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t84[256*i + j] = t13[256*i + j]*grad_t13[256*i + j];
-        }
-    }
-
-    /* t85[i,ch] = sum_at t84[i,ch,at] (over each channel's pixels) */
-    TRANSFORMER_LM_REAL *t85 = t76; /* m x 4, in t76's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t ch = 0; ch < 4; ++ch) {
-            TRANSFORMER_LM_REAL acc = 0;
-            for (int64_t at = 0; at < 64; ++at) {
-                acc += t84[(i * 4 + ch) * 64 + at];
+    /* grad_t12[(e,t),(h,s)] = t13[(e,t),(h,s)] * (grad_t13[(e,t),(h,s)] - sum_{s'<=t}
+     * t13[(e,t),(h,s')] * grad_t13[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
+     * e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *grad_t12 = t26; /* m x 256, in t26's memory */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+        for (int64_t qt = 0; qt < len; ++qt) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL dot = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    dot += t13[qbase + ks] * grad_t13[qbase + ks];
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    grad_t12[qbase + ks] = t13[qbase + ks] * (grad_t13[qbase + ks] - dot);
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    grad_t12[qbase + ks] = 0;
+                }
             }
-            t85[i * 4 + ch] = acc;
-        }
-    }
-
-    /* t86[i,ch,at] = t85[i,ch] (over each channel's pixels) */
-    TRANSFORMER_LM_REAL *t86 = t26; /* m x 256, in t26's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t ch = 0; ch < 4; ++ch) {
-            for (int64_t at = 0; at < 64; ++at) {
-                t86[(i * 4 + ch) * 64 + at] = t85[i * 4 + ch];
-            }
-        }
-    }
-
-    /* grad_t12 = t13*(grad_t13 - t86) */
-    TRANSFORMER_LM_REAL *grad_t12 = grad_t25; /* m x 256, in grad_t25's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            grad_t12[256*i + j] = t13[256*i + j]*(grad_t13[256*i + j] - t86[256*i + j]);
         }
     }
 
@@ -1745,7 +1716,7 @@ static void transformer_lm_run_part5(
 
     /* grad_t10[(e,t),h*dh+k] = sum_{s<=t} grad_t12[(e,t),(h,s)] * t11[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t10 = t83; /* m x 64, in t83's memory */
+    TRANSFORMER_LM_REAL *grad_t10 = t80; /* m x 64, in t80's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -1781,11 +1752,11 @@ static void transformer_lm_run_part5(
 
     /* grad_t8 = grad_t8_part + grad_t8_part_1 + grad_t8_part_2 */
     /* grad_t7 = g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
-    /* t87 = dt7_dt6*g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
+    /* t81 = dt7_dt6*g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
     /* g6 = t7*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
     TRANSFORMER_LM_REAL *grad_t8 = t14; /* m x 64, in t14's memory */
     TRANSFORMER_LM_REAL *grad_t7 = grad_t15; /* m x 64, in grad_t15's memory */
-    TRANSFORMER_LM_REAL *t87 = t10; /* m x 64, in t10's memory */
+    TRANSFORMER_LM_REAL *t81 = t10; /* m x 64, in t10's memory */
     TRANSFORMER_LM_REAL *g6 = t11; /* m x 64, in t11's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
@@ -1794,42 +1765,42 @@ static void transformer_lm_run_part5(
             const TRANSFORMER_LM_REAL x1 = g0a[j]*x0;
             grad_t8[64*i + j] = x0;
             grad_t7[64*i + j] = x1;
-            t87[64*i + j] = dt7_dt6[64*i + j]*x1;
+            t81[64*i + j] = dt7_dt6[64*i + j]*x1;
             g6[64*i + j] = t7[64*i + j]*x0;
         }
     }
 
-    /* t88 = 1/sqrt(t6/64 + 1.0e-5) */
-    TRANSFORMER_LM_REAL *t88 = t79; /* m x 1, in t79's memory */
+    /* t82 = 1/sqrt(t6/64 + 1.0e-5) */
+    TRANSFORMER_LM_REAL *t82 = t76; /* m x 1, in t76's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t88[i] = 1.0/sqrt((1.0/64.0)*t6[i] + 1.0000000000000001e-5);
+        t82[i] = 1.0/sqrt((1.0/64.0)*t6[i] + 1.0000000000000001e-5);
     }
 
-    /* grad_t6 = sum of t87 along each row */
+    /* grad_t6 = sum of t81 along each row */
     TRANSFORMER_LM_REAL *grad_t6 = grad_t32; /* m x 1, in grad_t32's memory */
     for (int64_t i = 0; i < m; ++i) {
-        grad_t6[i] = symbackprop_f64_sum(t87 + 64*i, 64, 1);
+        grad_t6[i] = symbackprop_f64_sum(t81 + 64*i, 64, 1);
     }
 
-    /* grad_t4 = 2*grad_t6*t4 + grad_t7*t88 */
-    /* t89 = -grad_t6*t4/32 - grad_t7*t88/64 */
+    /* grad_t4 = 2*grad_t6*t4 + grad_t7*t82 */
+    /* t83 = -grad_t6*t4/32 - grad_t7*t82/64 */
     TRANSFORMER_LM_REAL *grad_t4 = t7; /* m x 64, in t7's memory */
-    TRANSFORMER_LM_REAL *t89 = dt7_dt6; /* m x 64, in dt7_dt6's memory */
+    TRANSFORMER_LM_REAL *t83 = dt7_dt6; /* m x 64, in dt7_dt6's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t7[64*i + j]*t88[i];
+            const TRANSFORMER_LM_REAL x0 = grad_t7[64*i + j]*t82[i];
             const TRANSFORMER_LM_REAL x1 = t4[64*i + j]*grad_t6[i];
             grad_t4[64*i + j] = x0 + 2*x1;
-            t89[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            t83[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
-    /* grad_t3 = sum of t89 along each row */
+    /* grad_t3 = sum of t83 along each row */
     TRANSFORMER_LM_REAL *grad_t3 = grad_t29; /* m x 1, in grad_t29's memory */
     for (int64_t i = 0; i < m; ++i) {
-        grad_t3[i] = symbackprop_f64_sum(t89 + 64*i, 64, 1);
+        grad_t3[i] = symbackprop_f64_sum(t83 + 64*i, 64, 1);
     }
 
     /* grad_t2 = grad_t17 + grad_t3 + grad_t4 */
@@ -2019,19 +1990,31 @@ static void transformer_lm_run_part5(
 
     /* grad_g0m = sum of g5 down each column */
     symbackprop_f64_sum_columns(g5, m, 64, 64, grad_g0m);
+
+    /* grad_b0m = sum of grad_t23 down each column */
+    symbackprop_f64_sum_columns(grad_t23, m, 64, 64, grad_b0m);
+
+    /* grad_W0up = t23^T @ g4 */
+    symbackprop_f64_matmul(64, 256, m, t23, 1, 64, g4, 256, 1, grad_W0up);
+
+    /* grad_c0up = sum of g4 down each column */
+    symbackprop_f64_sum_columns(g4, m, 256, 256, grad_c0up);
+
+    /* grad_W0down = t25^T @ grad_t28 */
+    symbackprop_f64_matmul(256, 64, m, t25, 1, 256, grad_t28, 64, 1, grad_W0down);
+
+    /* grad_c0down = sum of grad_t28 down each column */
+    symbackprop_f64_sum_columns(grad_t28, m, 64, 64, grad_c0down);
+
+    /* grad_g1a = sum of g3 down each column */
+    symbackprop_f64_sum_columns(g3, m, 64, 64, grad_g1a);
 }
 
-/* transformer_lm_run, part 6 of 6 (kernels 129 to 149): a long
+/* transformer_lm_run, part 6 of 6 (kernels 129 to 143): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 static void transformer_lm_run_part6(
     int64_t m,
-    TRANSFORMER_LM_REAL *grad_b0m,
-    TRANSFORMER_LM_REAL *grad_W0up,
-    TRANSFORMER_LM_REAL *grad_c0up,
-    TRANSFORMER_LM_REAL *grad_W0down,
-    TRANSFORMER_LM_REAL *grad_c0down,
-    TRANSFORMER_LM_REAL *grad_g1a,
     TRANSFORMER_LM_REAL *grad_b1a,
     TRANSFORMER_LM_REAL *grad_Wq1,
     TRANSFORMER_LM_REAL *grad_Wk1,
@@ -2051,8 +2034,6 @@ static void transformer_lm_run_part6(
 )
 {
     TRANSFORMER_LM_REAL *t9 = work + 321*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1218*m + 5120 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1346*m + 5120 : work + 577*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t34 = with_grads ? work + 1987*m + 5120 : work + 257*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t41 = with_grads ? work + 2563*m + 9216 : work; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t49 = with_grads ? work + 2756*m + 9216 : work + 193*m; /* m x 64; placed in an earlier part */
@@ -2070,28 +2051,6 @@ static void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *grad_t37 = work + 2627*m + 9216; /* m x 64, in grad_t45's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t36 = work + 1922*m + 5120; /* m x 64, in grad_t41's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t34 = work + 2179*m + 9216; /* m x 64, in t37's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 4678*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 9216; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g4 = work + 3140*m + 9216; /* m x 256, in grad_t39's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t23 = work + 2499*m + 9216; /* m x 64, in grad_t34_part_1's memory; placed in an earlier part */
-    /* grad_b0m = sum of grad_t23 down each column */
-    symbackprop_f64_sum_columns(grad_t23, m, 64, 64, grad_b0m);
-
-    /* grad_W0up = t23^T @ g4 */
-    symbackprop_f64_matmul(64, 256, m, t23, 1, 64, g4, 256, 1, grad_W0up);
-
-    /* grad_c0up = sum of g4 down each column */
-    symbackprop_f64_sum_columns(g4, m, 256, 256, grad_c0up);
-
-    /* grad_W0down = t25^T @ grad_t28 */
-    symbackprop_f64_matmul(256, 64, m, t25, 1, 256, grad_t28, 64, 1, grad_W0down);
-
-    /* grad_c0down = sum of grad_t28 down each column */
-    symbackprop_f64_sum_columns(grad_t28, m, 64, 64, grad_c0down);
-
-    /* grad_g1a = sum of g3 down each column */
-    symbackprop_f64_sum_columns(g3, m, 64, 64, grad_g1a);
-
     /* grad_b1a = sum of grad_t34 down each column */
     symbackprop_f64_sum_columns(grad_t34, m, 64, 64, grad_b1a);
 
@@ -2239,8 +2198,8 @@ static int transformer_lm_run(
     }
     transformer_lm_run_part3(m, gf, Wout, work, with_grads);
     transformer_lm_run_part4(m, g0m, W0up, W0down, g1a, Wk1, Wv1, Wo1, g1m, W1up, W1down, work, with_grads);
-    transformer_lm_run_part5(m, ids, positions, g0a, Wk0, Wv0, Wo0, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, work, with_grads);
-    transformer_lm_run_part6(m, grad_b0m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, with_grads);
+    transformer_lm_run_part5(m, ids, positions, g0a, Wk0, Wv0, Wo0, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, work, with_grads);
+    transformer_lm_run_part6(m, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, with_grads);
     return 0;
 }
 
@@ -2384,7 +2343,7 @@ size_t transformer_lm_train_step_work_len(int64_t m)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(4742*m + 141254);
+    return (size_t)(4482*m + 141254);
 }
 
 /* transformer_lm_train_step, part 1 of 7 (kernels 1 to 32): a long
@@ -3415,6 +3374,8 @@ static void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *work
 )
 {
+    TRANSFORMER_LM_REAL *t19 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t21 = work + 1217*m + 5120; /* m x 1, in t18's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t22 = work + 1089*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *dt22_dt21 = work + 1282*m + 5120; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t26 = work + 1602*m + 5120; /* m x 256; placed in an earlier part */
@@ -3608,45 +3569,27 @@ static void transformer_lm_train_step_part3(
     #endif
     }
 
-    /* t75 = grad_t39*t39 */
-    TRANSFORMER_LM_REAL *t75 = grad_t51; /* m x 256, in grad_t51's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t75[256*i + j] = t39[256*i + j]*grad_t39[256*i + j];
-        }
-    }
-
-    /* t76[i,ch] = sum_at t75[i,ch,at] (over each channel's pixels) */
-    TRANSFORMER_LM_REAL *t76 = g1 + 256*m; /* m x 4 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t ch = 0; ch < 4; ++ch) {
-            TRANSFORMER_LM_REAL acc = 0;
-            for (int64_t at = 0; at < 64; ++at) {
-                acc += t75[(i * 4 + ch) * 64 + at];
+    /* grad_t38[(e,t),(h,s)] = t39[(e,t),(h,s)] * (grad_t39[(e,t),(h,s)] - sum_{s'<=t}
+     * t39[(e,t),(h,s')] * grad_t39[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
+     * e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *grad_t38 = grad_t51; /* m x 256, in grad_t51's memory */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+        for (int64_t qt = 0; qt < len; ++qt) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL dot = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    dot += t39[qbase + ks] * grad_t39[qbase + ks];
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    grad_t38[qbase + ks] = t39[qbase + ks] * (grad_t39[qbase + ks] - dot);
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    grad_t38[qbase + ks] = 0;
+                }
             }
-            t76[i * 4 + ch] = acc;
-        }
-    }
-
-    /* t77[i,ch,at] = t76[i,ch] (over each channel's pixels) */
-    TRANSFORMER_LM_REAL *t77 = t75; /* m x 256, in t75's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t ch = 0; ch < 4; ++ch) {
-            for (int64_t at = 0; at < 64; ++at) {
-                t77[(i * 4 + ch) * 64 + at] = t76[i * 4 + ch];
-            }
-        }
-    }
-
-    /* grad_t38 = t39*(grad_t39 - t77) */
-    TRANSFORMER_LM_REAL *grad_t38 = t76 + 4*m; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            grad_t38[256*i + j] = t39[256*i + j]*(grad_t39[256*i + j] - t77[256*i + j]);
         }
     }
 
@@ -3724,12 +3667,12 @@ static void transformer_lm_train_step_part3(
 
     /* grad_t34 = grad_t34_part + grad_t34_part_1 + grad_t34_part_2 */
     /* grad_t33 = g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
-    /* t78 = dt33_dt32*g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
+    /* t75 = dt33_dt32*g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
     /* g3 = t33*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
     TRANSFORMER_LM_REAL *grad_t34 = t37; /* m x 64, in t37's memory */
-    TRANSFORMER_LM_REAL *grad_t33 = grad_t38 + 256*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t78 = grad_t33 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *g3 = t78 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_t33 = g1 + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t75 = grad_t33 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g3 = t75 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -3737,42 +3680,42 @@ static void transformer_lm_train_step_part3(
             const TRANSFORMER_LM_REAL x1 = g1a[j]*x0;
             grad_t34[64*i + j] = x0;
             grad_t33[64*i + j] = x1;
-            t78[64*i + j] = dt33_dt32[64*i + j]*x1;
+            t75[64*i + j] = dt33_dt32[64*i + j]*x1;
             g3[64*i + j] = t33[64*i + j]*x0;
         }
     }
 
-    /* t79 = 1/sqrt(t32/64 + 1.0e-5) */
-    TRANSFORMER_LM_REAL *t79 = grad_t55; /* m x 1, in grad_t55's memory */
+    /* t76 = 1/sqrt(t32/64 + 1.0e-5) */
+    TRANSFORMER_LM_REAL *t76 = grad_t55; /* m x 1, in grad_t55's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t79[i] = 1.0/sqrt((1.0/64.0)*t32[i] + 1.0000000000000001e-5);
+        t76[i] = 1.0/sqrt((1.0/64.0)*t32[i] + 1.0000000000000001e-5);
     }
 
-    /* grad_t32 = sum of t78 along each row */
+    /* grad_t32 = sum of t75 along each row */
     TRANSFORMER_LM_REAL *grad_t32 = t47; /* m x 1, in t47's memory */
     for (int64_t i = 0; i < m; ++i) {
-        grad_t32[i] = symbackprop_f64_sum(t78 + 64*i, 64, 1);
+        grad_t32[i] = symbackprop_f64_sum(t75 + 64*i, 64, 1);
     }
 
-    /* grad_t30 = 2*grad_t32*t30 + grad_t33*t79 */
-    /* t80 = -grad_t32*t30/32 - grad_t33*t79/64 */
+    /* grad_t30 = 2*grad_t32*t30 + grad_t33*t76 */
+    /* t77 = -grad_t32*t30/32 - grad_t33*t76/64 */
     TRANSFORMER_LM_REAL *grad_t30 = t33; /* m x 64, in t33's memory */
-    TRANSFORMER_LM_REAL *t80 = dt33_dt32; /* m x 64, in dt33_dt32's memory */
+    TRANSFORMER_LM_REAL *t77 = dt33_dt32; /* m x 64, in dt33_dt32's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t33[64*i + j]*t79[i];
+            const TRANSFORMER_LM_REAL x0 = grad_t33[64*i + j]*t76[i];
             const TRANSFORMER_LM_REAL x1 = t30[64*i + j]*grad_t32[i];
             grad_t30[64*i + j] = x0 + 2*x1;
-            t80[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            t77[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
-    /* grad_t29 = sum of t80 along each row */
+    /* grad_t29 = sum of t77 along each row */
     TRANSFORMER_LM_REAL *grad_t29 = t73; /* m x 1, in t73's memory */
     for (int64_t i = 0; i < m; ++i) {
-        grad_t29[i] = symbackprop_f64_sum(t80 + 64*i, 64, 1);
+        grad_t29[i] = symbackprop_f64_sum(t77 + 64*i, 64, 1);
     }
 
     /* grad_t28 = grad_t29 + grad_t30 + grad_t43 */
@@ -3802,18 +3745,45 @@ static void transformer_lm_train_step_part3(
     symbackprop_f64_matmul(m, 64, 256, g4, 256, 1, W0up, 1, 256, grad_t23);
 
     /* grad_t22 = g0m*grad_t23 */
-    /* t81 = dt22_dt21*g0m*grad_t23 */
+    /* t78 = dt22_dt21*g0m*grad_t23 */
     /* g5 = grad_t23*t22 */
     TRANSFORMER_LM_REAL *grad_t22 = grad_t34_part_2; /* m x 64, in grad_t34_part_2's memory */
-    TRANSFORMER_LM_REAL *t81 = t78; /* m x 64, in t78's memory */
+    TRANSFORMER_LM_REAL *t78 = t75; /* m x 64, in t75's memory */
     TRANSFORMER_LM_REAL *g5 = t30; /* m x 64, in t30's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL x0 = grad_t23[64*i + j]*g0m[j];
             grad_t22[64*i + j] = x0;
-            t81[64*i + j] = dt22_dt21[64*i + j]*x0;
+            t78[64*i + j] = dt22_dt21[64*i + j]*x0;
             g5[64*i + j] = grad_t23[64*i + j]*t22[64*i + j];
+        }
+    }
+
+    /* t79 = 1/sqrt(t21/64 + 1.0e-5) */
+    TRANSFORMER_LM_REAL *t79 = grad_t47; /* m x 1, in grad_t47's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        t79[i] = 1.0/sqrt((1.0/64.0)*t21[i] + 1.0000000000000001e-5);
+    }
+
+    /* grad_t21 = sum of t78 along each row */
+    TRANSFORMER_LM_REAL *grad_t21 = grad_t44; /* m x 1, in grad_t44's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        grad_t21[i] = symbackprop_f64_sum(t78 + 64*i, 64, 1);
+    }
+
+    /* grad_t19 = 2*grad_t21*t19 + grad_t22*t79 */
+    /* t80 = -grad_t21*t19/32 - grad_t22*t79/64 */
+    TRANSFORMER_LM_REAL *grad_t19 = grad_t33; /* m x 64, in grad_t33's memory */
+    TRANSFORMER_LM_REAL *t80 = t77; /* m x 64, in t77's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = grad_t22[64*i + j]*t79[i];
+            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]*grad_t21[i];
+            grad_t19[64*i + j] = x0 + 2*x1;
+            t80[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 }
@@ -3847,61 +3817,29 @@ static void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *t11 = work + 385*m + 4096; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t13 = work + 705*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t14 = work + 961*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t15 = work + 1025*m + 5120; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t19 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t21 = work + 1217*m + 5120; /* m x 1, in t18's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t22 = work + 1089*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *dt22_dt21 = work + 1282*m + 5120; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t26 = work + 1602*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t32 = work + 1986*m + 5120; /* m x 1, in t29's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t35 = work + 2115*m + 5120; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t47 = work + 3775*m + 13060; /* m x 1, in t70's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t44 = work + 3777*m + 13060; /* m x 1, in grad_t58's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t39_block_1 = work + 705*m + 4096; /* 64 x 16, in t38_block_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t76 = work + 4290*m + 13061; /* m x 4; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t77 = work + 449*m + 4096; /* m x 256, in t75's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t38 = work + 4294*m + 13061; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t33 = work + 4550*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 4678*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t79 = work + 3776*m + 13060; /* m x 1, in grad_t55's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t38 = work + 449*m + 4096; /* m x 256, in grad_t51's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 4418*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t76 = work + 3776*m + 13060; /* m x 1, in grad_t55's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t32 = work + 2755*m + 9216; /* m x 1, in t47's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t30 = work + 1858*m + 5120; /* m x 64, in t33's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t80 = work + 2051*m + 5120; /* m x 64, in dt33_dt32's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t29 = work + 3524*m + 9216; /* m x 1, in t73's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 9216; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t25 = work + 2243*m + 9216; /* m x 256, in t39's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t22 = work + 2115*m + 9216; /* m x 64, in grad_t34_part_2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t81 = work + 4614*m + 13061; /* m x 64, in t78's memory; placed in an earlier part */
-    /* t82 = 1/sqrt(t21/64 + 1.0e-5) */
-    TRANSFORMER_LM_REAL *t82 = grad_t47; /* m x 1, in grad_t47's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        t82[i] = 1.0/sqrt((1.0/64.0)*t21[i] + 1.0000000000000001e-5);
-    }
-
-    /* grad_t21 = sum of t81 along each row */
-    TRANSFORMER_LM_REAL *grad_t21 = grad_t44; /* m x 1, in grad_t44's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t21[i] = symbackprop_f64_sum(t81 + 64*i, 64, 1);
-    }
-
-    /* grad_t19 = 2*grad_t21*t19 + grad_t22*t82 */
-    /* t83 = -grad_t21*t19/32 - grad_t22*t82/64 */
-    TRANSFORMER_LM_REAL *grad_t19 = grad_t33; /* m x 64, in grad_t33's memory */
-    TRANSFORMER_LM_REAL *t83 = t80; /* m x 64, in t80's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t22[64*i + j]*t82[i];
-            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]*grad_t21[i];
-            grad_t19[64*i + j] = x0 + 2*x1;
-            t83[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
-        }
-    }
-
-    /* grad_t18 = sum of t83 along each row */
+    TRANSFORMER_LM_REAL *t78 = work + 4354*m + 13061; /* m x 64, in t75's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t19 = work + 4290*m + 13061; /* m x 64, in grad_t33's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t80 = work + 2051*m + 5120; /* m x 64, in t77's memory; placed in an earlier part */
+    /* grad_t18 = sum of t80 along each row */
     TRANSFORMER_LM_REAL *grad_t18 = t32; /* m x 1, in t32's memory */
     for (int64_t i = 0; i < m; ++i) {
-        grad_t18[i] = symbackprop_f64_sum(t83 + 64*i, 64, 1);
+        grad_t18[i] = symbackprop_f64_sum(t80 + 64*i, 64, 1);
     }
 
     /* grad_t17 = grad_t18 + grad_t19 + grad_t28 */
@@ -3950,12 +3888,12 @@ static void transformer_lm_train_step_part4(
     }
 
     /* grad_t8_part = grad_t14 @ Wv0^T */
-    TRANSFORMER_LM_REAL *grad_t8_part = t81; /* m x 64, in t81's memory */
+    TRANSFORMER_LM_REAL *grad_t8_part = t78; /* m x 64, in t78's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t14, 64, 1, Wv0, 1, 64, grad_t8_part);
 
     /* grad_t13[(e,t),(h,s)] = sum_k grad_t15[(e,t),h*dh+k] * t14[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t13 = t77; /* m x 256, in t77's memory */
+    TRANSFORMER_LM_REAL *grad_t13 = grad_t38; /* m x 256, in grad_t38's memory */
     TRANSFORMER_LM_REAL *grad_t13_block_1 = grad_t39_block_1; /* 64 x 16, in grad_t39_block_1's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -3993,45 +3931,27 @@ static void transformer_lm_train_step_part4(
     #endif
     }
 
-    /* t84 = grad_t13*t13 */
-    TRANSFORMER_LM_REAL *t84 = grad_t38; /* m x 256, in grad_t38's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t84[256*i + j] = t13[256*i + j]*grad_t13[256*i + j];
-        }
-    }
-
-    /* t85[i,ch] = sum_at t84[i,ch,at] (over each channel's pixels) */
-    TRANSFORMER_LM_REAL *t85 = t76; /* m x 4, in t76's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t ch = 0; ch < 4; ++ch) {
-            TRANSFORMER_LM_REAL acc = 0;
-            for (int64_t at = 0; at < 64; ++at) {
-                acc += t84[(i * 4 + ch) * 64 + at];
+    /* grad_t12[(e,t),(h,s)] = t13[(e,t),(h,s)] * (grad_t13[(e,t),(h,s)] - sum_{s'<=t}
+     * t13[(e,t),(h,s')] * grad_t13[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
+     * e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *grad_t12 = t26; /* m x 256, in t26's memory */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+        for (int64_t qt = 0; qt < len; ++qt) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL dot = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    dot += t13[qbase + ks] * grad_t13[qbase + ks];
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    grad_t12[qbase + ks] = t13[qbase + ks] * (grad_t13[qbase + ks] - dot);
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    grad_t12[qbase + ks] = 0;
+                }
             }
-            t85[i * 4 + ch] = acc;
-        }
-    }
-
-    /* t86[i,ch,at] = t85[i,ch] (over each channel's pixels) */
-    TRANSFORMER_LM_REAL *t86 = t26; /* m x 256, in t26's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t ch = 0; ch < 4; ++ch) {
-            for (int64_t at = 0; at < 64; ++at) {
-                t86[(i * 4 + ch) * 64 + at] = t85[i * 4 + ch];
-            }
-        }
-    }
-
-    /* grad_t12 = t13*(grad_t13 - t86) */
-    TRANSFORMER_LM_REAL *grad_t12 = grad_t25; /* m x 256, in grad_t25's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            grad_t12[256*i + j] = t13[256*i + j]*(grad_t13[256*i + j] - t86[256*i + j]);
         }
     }
 
@@ -4073,7 +3993,7 @@ static void transformer_lm_train_step_part4(
 
     /* grad_t10[(e,t),h*dh+k] = sum_{s<=t} grad_t12[(e,t),(h,s)] * t11[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t10 = t83; /* m x 64, in t83's memory */
+    TRANSFORMER_LM_REAL *grad_t10 = t80; /* m x 64, in t80's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -4109,11 +4029,11 @@ static void transformer_lm_train_step_part4(
 
     /* grad_t8 = grad_t8_part + grad_t8_part_1 + grad_t8_part_2 */
     /* grad_t7 = g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
-    /* t87 = dt7_dt6*g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
+    /* t81 = dt7_dt6*g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
     /* g6 = t7*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
     TRANSFORMER_LM_REAL *grad_t8 = t14; /* m x 64, in t14's memory */
     TRANSFORMER_LM_REAL *grad_t7 = grad_t15; /* m x 64, in grad_t15's memory */
-    TRANSFORMER_LM_REAL *t87 = t10; /* m x 64, in t10's memory */
+    TRANSFORMER_LM_REAL *t81 = t10; /* m x 64, in t10's memory */
     TRANSFORMER_LM_REAL *g6 = t11; /* m x 64, in t11's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
@@ -4122,42 +4042,42 @@ static void transformer_lm_train_step_part4(
             const TRANSFORMER_LM_REAL x1 = g0a[j]*x0;
             grad_t8[64*i + j] = x0;
             grad_t7[64*i + j] = x1;
-            t87[64*i + j] = dt7_dt6[64*i + j]*x1;
+            t81[64*i + j] = dt7_dt6[64*i + j]*x1;
             g6[64*i + j] = t7[64*i + j]*x0;
         }
     }
 
-    /* t88 = 1/sqrt(t6/64 + 1.0e-5) */
-    TRANSFORMER_LM_REAL *t88 = t79; /* m x 1, in t79's memory */
+    /* t82 = 1/sqrt(t6/64 + 1.0e-5) */
+    TRANSFORMER_LM_REAL *t82 = t76; /* m x 1, in t76's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t88[i] = 1.0/sqrt((1.0/64.0)*t6[i] + 1.0000000000000001e-5);
+        t82[i] = 1.0/sqrt((1.0/64.0)*t6[i] + 1.0000000000000001e-5);
     }
 
-    /* grad_t6 = sum of t87 along each row */
+    /* grad_t6 = sum of t81 along each row */
     TRANSFORMER_LM_REAL *grad_t6 = grad_t32; /* m x 1, in grad_t32's memory */
     for (int64_t i = 0; i < m; ++i) {
-        grad_t6[i] = symbackprop_f64_sum(t87 + 64*i, 64, 1);
+        grad_t6[i] = symbackprop_f64_sum(t81 + 64*i, 64, 1);
     }
 
-    /* grad_t4 = 2*grad_t6*t4 + grad_t7*t88 */
-    /* t89 = -grad_t6*t4/32 - grad_t7*t88/64 */
+    /* grad_t4 = 2*grad_t6*t4 + grad_t7*t82 */
+    /* t83 = -grad_t6*t4/32 - grad_t7*t82/64 */
     TRANSFORMER_LM_REAL *grad_t4 = t7; /* m x 64, in t7's memory */
-    TRANSFORMER_LM_REAL *t89 = dt7_dt6; /* m x 64, in dt7_dt6's memory */
+    TRANSFORMER_LM_REAL *t83 = dt7_dt6; /* m x 64, in dt7_dt6's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t7[64*i + j]*t88[i];
+            const TRANSFORMER_LM_REAL x0 = grad_t7[64*i + j]*t82[i];
             const TRANSFORMER_LM_REAL x1 = t4[64*i + j]*grad_t6[i];
             grad_t4[64*i + j] = x0 + 2*x1;
-            t89[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            t83[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
-    /* grad_t3 = sum of t89 along each row */
+    /* grad_t3 = sum of t83 along each row */
     TRANSFORMER_LM_REAL *grad_t3 = grad_t29; /* m x 1, in grad_t29's memory */
     for (int64_t i = 0; i < m; ++i) {
-        grad_t3[i] = symbackprop_f64_sum(t89 + 64*i, 64, 1);
+        grad_t3[i] = symbackprop_f64_sum(t83 + 64*i, 64, 1);
     }
 
     /* grad_t2 = grad_t17 + grad_t3 + grad_t4 */
@@ -4384,56 +4304,7 @@ static void transformer_lm_train_step_part4(
             }
         }
     }
-}
 
-/* transformer_lm_train_step, part 5 of 7 (kernels 129 to 160): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-static void transformer_lm_train_step_part5(
-    int64_t m,
-    TRANSFORMER_LM_REAL *Wk0,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *b0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *c0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *work
-)
-{
-    TRANSFORMER_LM_REAL *t8 = work + 193*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t15 = work + 1025*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t23 = work + 1218*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = work + 1346*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t34 = work + 1987*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t41 = work + 2563*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g2 = work + 3460*m + 9216; /* m x 64, in grad_t56's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t43 = work + 3525*m + 9216; /* m x 64, in t72's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t40 = work + 3842*m + 13061; /* m x 64, in grad_t48's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t37 = work + 2627*m + 9216; /* m x 64, in grad_t45's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t36 = work + 1922*m + 5120; /* m x 64, in grad_t41's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t34 = work + 2179*m + 9216; /* m x 64, in t37's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 4678*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 9216; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g4 = work + 3140*m + 9216; /* m x 256, in grad_t39's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t23 = work + 2499*m + 9216; /* m x 64, in grad_t34_part_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g5 = work + 1153*m + 5120; /* m x 64, in t30's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t17 = work + 1858*m + 5120; /* m x 64, in grad_t30's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t14 = work + 1282*m + 5120; /* m x 64, in dt22_dt21's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t11 = work + 128*m; /* m x 64, in t19's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 4742*m + 20997; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t9 = work + 2115*m + 5120; /* 64 x 64, in grad_P_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4742*m + 21189; /* 64 x 64; placed in an earlier part */
     /* grad_Wk0_1 = t8^T @ grad_t11 */
     TRANSFORMER_LM_REAL *grad_Wk0_1 = grad_t9; /* 64 x 64, in grad_t9's memory */
     symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t11, 64, 1, grad_Wk0_1);
@@ -4481,7 +4352,54 @@ static void transformer_lm_train_step_part5(
             }
         }
     }
+}
 
+/* transformer_lm_train_step, part 5 of 7 (kernels 129 to 160): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+static void transformer_lm_train_step_part5(
+    int64_t m,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    const TRANSFORMER_LM_REAL *weight_decay,
+    TRANSFORMER_LM_REAL *work
+)
+{
+    TRANSFORMER_LM_REAL *t23 = work + 1218*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t25 = work + 1346*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t34 = work + 1987*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t41 = work + 2563*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t49 = work + 2756*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g1 = work + 4034*m + 13061; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t49 = work + 2691*m + 9216; /* m x 64, in t56's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g2 = work + 3460*m + 9216; /* m x 64, in grad_t56's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t43 = work + 3525*m + 9216; /* m x 64, in t72's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t40 = work + 3842*m + 13061; /* m x 64, in grad_t48's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t37 = work + 2627*m + 9216; /* m x 64, in grad_t45's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t36 = work + 1922*m + 5120; /* m x 64, in grad_t41's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t34 = work + 2179*m + 9216; /* m x 64, in t37's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 4418*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 9216; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g4 = work + 3140*m + 9216; /* m x 256, in grad_t39's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t23 = work + 2499*m + 9216; /* m x 64, in grad_t34_part_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g5 = work + 1153*m + 5120; /* m x 64, in t30's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 4482*m + 20997; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo0_1 = work + 2115*m + 5120; /* 64 x 64, in grad_Wv0_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 4482*m + 33477; /* 64 x 64; placed in an earlier part */
     /* grad_g0m_1 = sum of g5 down each column */
     TRANSFORMER_LM_REAL *grad_g0m_1 = grad_b0a_1; /* 1 x 64, in grad_b0a_1's memory */
     symbackprop_f64_sum_columns(g5, m, 64, 64, grad_g0m_1);
@@ -4668,101 +4586,7 @@ static void transformer_lm_train_step_part5(
             grad_g1m_2[j] = grad_g1m_1[j] + weight_decay_value*g1m[j];
         }
     }
-}
 
-/* transformer_lm_train_step, part 6 of 7 (kernels 161 to 192): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-static void transformer_lm_train_step_part6(
-    int64_t m,
-    TRANSFORMER_LM_REAL *E,
-    TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *b0a,
-    TRANSFORMER_LM_REAL *Wq0,
-    TRANSFORMER_LM_REAL *Wk0,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *b0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *c0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *W1up,
-    TRANSFORMER_LM_REAL *c1up,
-    TRANSFORMER_LM_REAL *W1down,
-    TRANSFORMER_LM_REAL *c1down,
-    TRANSFORMER_LM_REAL *gf,
-    TRANSFORMER_LM_REAL *bf,
-    TRANSFORMER_LM_REAL *Wout,
-    const TRANSFORMER_LM_REAL *lr,
-    const TRANSFORMER_LM_REAL *beta1,
-    const TRANSFORMER_LM_REAL *beta2,
-    const TRANSFORMER_LM_REAL *eps,
-    const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *step,
-    TRANSFORMER_LM_REAL *m_E,
-    TRANSFORMER_LM_REAL *v_E,
-    TRANSFORMER_LM_REAL *m_P,
-    TRANSFORMER_LM_REAL *v_P,
-    TRANSFORMER_LM_REAL *m_g0a,
-    TRANSFORMER_LM_REAL *v_g0a,
-    TRANSFORMER_LM_REAL *m_b0a,
-    TRANSFORMER_LM_REAL *v_b0a,
-    TRANSFORMER_LM_REAL *m_Wq0,
-    TRANSFORMER_LM_REAL *v_Wq0,
-    TRANSFORMER_LM_REAL *m_Wk0,
-    TRANSFORMER_LM_REAL *v_Wk0,
-    TRANSFORMER_LM_REAL *m_Wv0,
-    TRANSFORMER_LM_REAL *v_Wv0,
-    TRANSFORMER_LM_REAL *m_Wo0,
-    TRANSFORMER_LM_REAL *v_Wo0,
-    TRANSFORMER_LM_REAL *m_g0m,
-    TRANSFORMER_LM_REAL *v_g0m,
-    TRANSFORMER_LM_REAL *m_b0m,
-    TRANSFORMER_LM_REAL *v_b0m,
-    TRANSFORMER_LM_REAL *m_W0up,
-    TRANSFORMER_LM_REAL *v_W0up,
-    TRANSFORMER_LM_REAL *m_c0up,
-    TRANSFORMER_LM_REAL *v_c0up,
-    TRANSFORMER_LM_REAL *m_W0down,
-    TRANSFORMER_LM_REAL *v_W0down,
-    TRANSFORMER_LM_REAL *m_c0down,
-    TRANSFORMER_LM_REAL *v_c0down,
-    TRANSFORMER_LM_REAL *work
-)
-{
-    TRANSFORMER_LM_REAL *t49 = work + 2756*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t51 = work + 2884*m + 9216; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t60 = work + 3396*m + 9216; /* m x 64, in t57's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t68 = work + 3778*m + 13060; /* 1 x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t61 = work + 3713*m + 13060; /* m x 62, in t64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t60 = work + 3778*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t54 = work + 3906*m + 13061; /* m x 64, in t69's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 4034*m + 13061; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t49 = work + 2691*m + 9216; /* m x 64, in t56's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_1 = work + 4742*m + 13061; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_2 = work + 4742*m + 17029; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_P_2 = work + 321*m; /* 64 x 64, in t9's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0a_2 = work + 4742*m + 21061; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 4742*m + 21125; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4742*m + 21189; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4742*m + 25285; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv0_2 = work + 4742*m + 29381; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 4742*m + 33477; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0m_2 = work + 4742*m + 37573; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0m_2 = work + 4742*m + 37637; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0up_2 = work + 4742*m + 54085; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_1 = work + 4742*m + 70469; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 4742*m + 70725; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_1 = work + 4742*m + 37701; /* 256 x 64, in grad_W0up_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 4742*m + 70981; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0down_2 = work + 4742*m + 87365; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_1 = work + 4742*m + 20997; /* 1 x 64, in grad_b1a_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4742*m + 103941; /* 1 x 64; placed in an earlier part */
     /* grad_b1m_1 = sum of grad_t49 down each column */
     TRANSFORMER_LM_REAL *grad_b1m_1 = grad_g1m_1; /* 1 x 64, in grad_g1m_1's memory */
     symbackprop_f64_sum_columns(grad_t49, m, 64, 64, grad_b1m_1);
@@ -4804,7 +4628,118 @@ static void transformer_lm_train_step_part6(
             grad_c1up_2[j] = grad_c1up_1[j] + weight_decay_value*c1up[j];
         }
     }
+}
 
+/* transformer_lm_train_step, part 6 of 7 (kernels 161 to 192): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+static void transformer_lm_train_step_part6(
+    int64_t m,
+    TRANSFORMER_LM_REAL *E,
+    TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *b0a,
+    TRANSFORMER_LM_REAL *Wq0,
+    TRANSFORMER_LM_REAL *Wk0,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *W1down,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    TRANSFORMER_LM_REAL *Wout,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    const TRANSFORMER_LM_REAL *weight_decay,
+    TRANSFORMER_LM_REAL *step,
+    TRANSFORMER_LM_REAL *m_E,
+    TRANSFORMER_LM_REAL *v_E,
+    TRANSFORMER_LM_REAL *m_P,
+    TRANSFORMER_LM_REAL *v_P,
+    TRANSFORMER_LM_REAL *m_g0a,
+    TRANSFORMER_LM_REAL *v_g0a,
+    TRANSFORMER_LM_REAL *m_b0a,
+    TRANSFORMER_LM_REAL *v_b0a,
+    TRANSFORMER_LM_REAL *m_Wq0,
+    TRANSFORMER_LM_REAL *v_Wq0,
+    TRANSFORMER_LM_REAL *m_Wk0,
+    TRANSFORMER_LM_REAL *v_Wk0,
+    TRANSFORMER_LM_REAL *m_Wv0,
+    TRANSFORMER_LM_REAL *v_Wv0,
+    TRANSFORMER_LM_REAL *m_Wo0,
+    TRANSFORMER_LM_REAL *v_Wo0,
+    TRANSFORMER_LM_REAL *m_g0m,
+    TRANSFORMER_LM_REAL *v_g0m,
+    TRANSFORMER_LM_REAL *m_b0m,
+    TRANSFORMER_LM_REAL *v_b0m,
+    TRANSFORMER_LM_REAL *m_W0up,
+    TRANSFORMER_LM_REAL *v_W0up,
+    TRANSFORMER_LM_REAL *m_c0up,
+    TRANSFORMER_LM_REAL *v_c0up,
+    TRANSFORMER_LM_REAL *m_W0down,
+    TRANSFORMER_LM_REAL *v_W0down,
+    TRANSFORMER_LM_REAL *m_c0down,
+    TRANSFORMER_LM_REAL *v_c0down,
+    TRANSFORMER_LM_REAL *m_g1a,
+    TRANSFORMER_LM_REAL *v_g1a,
+    TRANSFORMER_LM_REAL *m_b1a,
+    TRANSFORMER_LM_REAL *v_b1a,
+    TRANSFORMER_LM_REAL *m_Wq1,
+    TRANSFORMER_LM_REAL *v_Wq1,
+    TRANSFORMER_LM_REAL *m_Wk1,
+    TRANSFORMER_LM_REAL *v_Wk1,
+    TRANSFORMER_LM_REAL *m_Wv1,
+    TRANSFORMER_LM_REAL *v_Wv1,
+    TRANSFORMER_LM_REAL *m_Wo1,
+    TRANSFORMER_LM_REAL *v_Wo1,
+    TRANSFORMER_LM_REAL *work
+)
+{
+    TRANSFORMER_LM_REAL *t51 = work + 2884*m + 9216; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t60 = work + 3396*m + 9216; /* m x 64, in t57's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t68 = work + 3778*m + 13060; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t61 = work + 3713*m + 13060; /* m x 62, in t64's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t60 = work + 3778*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t54 = work + 3906*m + 13061; /* m x 64, in t69's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_1 = work + 4482*m + 13061; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_2 = work + 4482*m + 17029; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_P_2 = work + 321*m; /* 64 x 64, in t9's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g0a_2 = work + 4482*m + 21061; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 4482*m + 21125; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4482*m + 21189; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4482*m + 25285; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wv0_2 = work + 4482*m + 29381; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 4482*m + 33477; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g0m_2 = work + 4482*m + 37573; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0m_2 = work + 4482*m + 37637; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0up_2 = work + 4482*m + 54085; /* 64 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 4482*m + 70725; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 4482*m + 70981; /* 256 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0down_2 = work + 4482*m + 87365; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1a_2 = work + 4482*m + 87429; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 4482*m + 87493; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 4482*m + 87557; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 4482*m + 91653; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 4482*m + 95749; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo1_2 = work + 4482*m + 99845; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_1 = work + 4482*m + 20997; /* 1 x 64, in grad_g1m_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1up_1 = work + 4482*m + 37701; /* 64 x 256, in grad_W0down_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 4482*m + 120453; /* 1 x 256; placed in an earlier part */
     /* grad_W1down_1 = t51^T @ grad_t54 */
     TRANSFORMER_LM_REAL *grad_W1down_1 = grad_W1up_1; /* 256 x 64, in grad_W1up_1's memory */
     symbackprop_f64_matmul(256, 64, m, t51, 1, 256, grad_t54, 64, 1, grad_W1down_1);
@@ -5239,82 +5174,7 @@ static void transformer_lm_train_step_part6(
             c0down[j] = c0down_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
-}
 
-/* transformer_lm_train_step, part 7 of 7 (kernels 193 to 207): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-static void transformer_lm_train_step_part7(
-    int64_t m,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *W1up,
-    TRANSFORMER_LM_REAL *c1up,
-    TRANSFORMER_LM_REAL *W1down,
-    TRANSFORMER_LM_REAL *c1down,
-    TRANSFORMER_LM_REAL *gf,
-    TRANSFORMER_LM_REAL *bf,
-    TRANSFORMER_LM_REAL *Wout,
-    const TRANSFORMER_LM_REAL *lr,
-    const TRANSFORMER_LM_REAL *beta1,
-    const TRANSFORMER_LM_REAL *beta2,
-    const TRANSFORMER_LM_REAL *eps,
-    TRANSFORMER_LM_REAL *m_g1a,
-    TRANSFORMER_LM_REAL *v_g1a,
-    TRANSFORMER_LM_REAL *m_b1a,
-    TRANSFORMER_LM_REAL *v_b1a,
-    TRANSFORMER_LM_REAL *m_Wq1,
-    TRANSFORMER_LM_REAL *v_Wq1,
-    TRANSFORMER_LM_REAL *m_Wk1,
-    TRANSFORMER_LM_REAL *v_Wk1,
-    TRANSFORMER_LM_REAL *m_Wv1,
-    TRANSFORMER_LM_REAL *v_Wv1,
-    TRANSFORMER_LM_REAL *m_Wo1,
-    TRANSFORMER_LM_REAL *v_Wo1,
-    TRANSFORMER_LM_REAL *m_g1m,
-    TRANSFORMER_LM_REAL *v_g1m,
-    TRANSFORMER_LM_REAL *m_b1m,
-    TRANSFORMER_LM_REAL *v_b1m,
-    TRANSFORMER_LM_REAL *m_W1up,
-    TRANSFORMER_LM_REAL *v_W1up,
-    TRANSFORMER_LM_REAL *m_c1up,
-    TRANSFORMER_LM_REAL *v_c1up,
-    TRANSFORMER_LM_REAL *m_W1down,
-    TRANSFORMER_LM_REAL *v_W1down,
-    TRANSFORMER_LM_REAL *m_c1down,
-    TRANSFORMER_LM_REAL *v_c1down,
-    TRANSFORMER_LM_REAL *m_gf,
-    TRANSFORMER_LM_REAL *v_gf,
-    TRANSFORMER_LM_REAL *m_bf,
-    TRANSFORMER_LM_REAL *v_bf,
-    TRANSFORMER_LM_REAL *m_Wout,
-    TRANSFORMER_LM_REAL *v_Wout,
-    TRANSFORMER_LM_REAL *work
-)
-{
-    TRANSFORMER_LM_REAL *grad_g1a_2 = work + 4742*m + 87429; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 4742*m + 87493; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 4742*m + 87557; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 4742*m + 91653; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 4742*m + 95749; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo1_2 = work + 4742*m + 99845; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4742*m + 103941; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4742*m + 104005; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1up_2 = work + 4742*m + 104069; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 4742*m + 120453; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1down_2 = work + 4742*m + 120709; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1down_2 = work + 4742*m + 137093; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_gf_2 = work + 4742*m + 137157; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_bf_2 = work + 4742*m + 137221; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wout_2 = work + 4742*m + 137285; /* 64 x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction1 = work + 3778*m + 13060; /* 1 x 1, in t68's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction2 = work + 4742*m + 141253; /* 1 x 1; placed in an earlier part */
     /* m_g1a = beta1*m_g1a + grad_g1a_2*(1 - beta1) */
     /* v_g1a = beta2*v_g1a + grad_g1a_2**2*(1 - beta2) */
     /* g1a = g1a - lr*(beta1*m_g1a + grad_g1a_2*(1 - beta1))/(bias_correction1*(eps +
@@ -5464,7 +5324,58 @@ static void transformer_lm_train_step_part7(
             }
         }
     }
+}
 
+/* transformer_lm_train_step, part 7 of 7 (kernels 193 to 201): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+static void transformer_lm_train_step_part7(
+    int64_t m,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    TRANSFORMER_LM_REAL *W1down,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    TRANSFORMER_LM_REAL *Wout,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_g1m,
+    TRANSFORMER_LM_REAL *v_g1m,
+    TRANSFORMER_LM_REAL *m_b1m,
+    TRANSFORMER_LM_REAL *v_b1m,
+    TRANSFORMER_LM_REAL *m_W1up,
+    TRANSFORMER_LM_REAL *v_W1up,
+    TRANSFORMER_LM_REAL *m_c1up,
+    TRANSFORMER_LM_REAL *v_c1up,
+    TRANSFORMER_LM_REAL *m_W1down,
+    TRANSFORMER_LM_REAL *v_W1down,
+    TRANSFORMER_LM_REAL *m_c1down,
+    TRANSFORMER_LM_REAL *v_c1down,
+    TRANSFORMER_LM_REAL *m_gf,
+    TRANSFORMER_LM_REAL *v_gf,
+    TRANSFORMER_LM_REAL *m_bf,
+    TRANSFORMER_LM_REAL *v_bf,
+    TRANSFORMER_LM_REAL *m_Wout,
+    TRANSFORMER_LM_REAL *v_Wout,
+    TRANSFORMER_LM_REAL *work
+)
+{
+    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4482*m + 103941; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4482*m + 104005; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1up_2 = work + 4482*m + 104069; /* 64 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 4482*m + 120453; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1down_2 = work + 4482*m + 120709; /* 256 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1down_2 = work + 4482*m + 137093; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_gf_2 = work + 4482*m + 137157; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_bf_2 = work + 4482*m + 137221; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wout_2 = work + 4482*m + 137285; /* 64 x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *bias_correction1 = work + 3778*m + 13060; /* 1 x 1, in t68's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *bias_correction2 = work + 4482*m + 141253; /* 1 x 1; placed in an earlier part */
     /* m_g1m = beta1*m_g1m + grad_g1m_2*(1 - beta1) */
     /* v_g1m = beta2*v_g1m + grad_g1m_2**2*(1 - beta2) */
     /* g1m = g1m - lr*(beta1*m_g1m + grad_g1m_2*(1 - beta1))/(bias_correction1*(eps +
@@ -5809,9 +5720,9 @@ int transformer_lm_train_step(
     transformer_lm_train_step_part2(m, targets, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work);
     transformer_lm_train_step_part3(m, g0m, W0up, W0down, g1a, Wk1, Wv1, Wo1, g1m, W1up, W1down, work);
     transformer_lm_train_step_part4(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, weight_decay, work);
-    transformer_lm_train_step_part5(m, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, weight_decay, work);
-    transformer_lm_train_step_part6(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, work);
-    transformer_lm_train_step_part7(m, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, m_g1a, v_g1a, m_b1a, v_b1a, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, work);
+    transformer_lm_train_step_part5(m, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, weight_decay, work);
+    transformer_lm_train_step_part6(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, work);
+    transformer_lm_train_step_part7(m, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, work);
     return 0;
 }
 
