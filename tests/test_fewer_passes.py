@@ -99,7 +99,6 @@ def test_attention_hessian_vector_product_through_the_softmax_vjp_op():
     L, heads = 4, 2
     X = sp.MatrixSymbol("X", m, D)
     wq, wk, wv = (sp.MatrixSymbol(w, D, D) for w in ("Wq", "Wk", "Wv"))
-    x = nn.Sequences(X, L)
     out = nn.causal_attention(*(nn.Sequences(X * w, L) for w in (wq, wk, wv)), heads)
     model = sbp.Model("attn_hvp", inputs=[X], params=[wq, wk, wv], loss=nn.sum_all(out.matrix.applyfunc(sp.sin)))
     rng = np.random.default_rng(3)
