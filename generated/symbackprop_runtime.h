@@ -128,7 +128,8 @@ __attribute__((simd("notinbranch"))) float tanhf(float);
  * when the file is compiled with -DSYMBACKPROP_CBLAS (and linked to a
  * BLAS); the names can be changed with -DSYMBACKPROP_CBLAS_DGEMM=name and
  * -DSYMBACKPROP_CBLAS_SGEMM=name. Otherwise the matmul helpers run them as
- * plain loops. */
+ * plain loops. The attention ops' causal products call cblas_dtrmm
+ * (cblas_strmm; -DSYMBACKPROP_CBLAS_DTRMM=name, ..._STRMM) and gemm. */
 #ifdef SYMBACKPROP_CBLAS
 #include <limits.h>
 #ifndef SYMBACKPROP_CBLAS_DGEMM
@@ -137,12 +138,22 @@ __attribute__((simd("notinbranch"))) float tanhf(float);
 void SYMBACKPROP_CBLAS_DGEMM(int order, int trans_a, int trans_b, int m, int n, int k, double alpha,
                             const double *a, int lda, const double *b, int ldb, double beta,
                             double *c, int ldc);
+#ifndef SYMBACKPROP_CBLAS_DTRMM
+#define SYMBACKPROP_CBLAS_DTRMM cblas_dtrmm
+#endif
+void SYMBACKPROP_CBLAS_DTRMM(int order, int side, int uplo, int trans_a, int diag, int m, int n, double alpha,
+                            const double *a, int lda, double *b, int ldb);
 #ifndef SYMBACKPROP_CBLAS_SGEMM
 #define SYMBACKPROP_CBLAS_SGEMM cblas_sgemm
 #endif
 void SYMBACKPROP_CBLAS_SGEMM(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
                             const float *a, int lda, const float *b, int ldb, float beta,
                             float *c, int ldc);
+#ifndef SYMBACKPROP_CBLAS_STRMM
+#define SYMBACKPROP_CBLAS_STRMM cblas_strmm
+#endif
+void SYMBACKPROP_CBLAS_STRMM(int order, int side, int uplo, int trans_a, int diag, int m, int n, float alpha,
+                            const float *a, int lda, float *b, int ldb);
 #endif
 
 /* --- float64 (double) helpers --- */
@@ -694,6 +705,45 @@ SYMBACKPROP_HELPER void symbackprop_f64_cholesky(const double *a, int64_t n, int
         }
     }
 }
+#ifdef SYMBACKPROP_CBLAS
+/* The attention ops' causal products of one (sequence, head) on BLAS
+ * (symbackprop/ops/attention.py; kernel_attention.c.j2 calls them, and
+ * runs the same products as loops in builds without BLAS). Their sizes
+ * and row strides are a context length and a model's width: BLAS's int
+ * holds them. Internal: never a status of a module function. */
+
+/* s[t][u] = sum_j a[t][j] * b[u][j] for u <= t, 0 for t < u < width:
+ * the n x n scores a b^T of n x k a and b (row strides lda, ldb) into
+ * rows of stride lds. gemm computes the whole square (measured faster
+ * than the triangle's loops); the entries above the diagonal are then
+ * overwritten by the mask's 0, never read. */
+SYMBACKPROP_HELPER void symbackprop_f64_causal_scores(int64_t n, int64_t k, const double *a, int64_t lda,
+                                                      const double *b, int64_t ldb, double *s, int64_t lds, int64_t width)
+{
+    SYMBACKPROP_CBLAS_DGEMM(101, 111, 112, (int)n, (int)n, (int)k, 1, a, (int)lda, b, (int)ldb, 0, s, (int)lds);
+    for (int64_t t = 0; t < n; ++t) {
+        for (int64_t u = t + 1; u < width; ++u) {
+            s[t * lds + u] = 0;
+        }
+    }
+}
+
+/* c[t][j] = sum_{u <= t} p[t][u] * v[u][j] (transpose: c[u][j] =
+ * sum_{t >= u} p[t][u] * v[t][j]): tril(p) v or tril(p)^T v, p n x n and
+ * v, c n x k (row strides ldp, ldv, ldc). v is copied into c, and trmm
+ * (lower, non-unit) multiplies it in place: it never reads p above its
+ * diagonal. */
+SYMBACKPROP_HELPER void symbackprop_f64_causal_mix(int transpose, int64_t n, int64_t k, const double *p, int64_t ldp,
+                                                   const double *v, int64_t ldv, double *c, int64_t ldc)
+{
+    for (int64_t t = 0; t < n; ++t) {
+        for (int64_t j = 0; j < k; ++j) {
+            c[t * ldc + j] = v[t * ldv + j];
+        }
+    }
+    SYMBACKPROP_CBLAS_DTRMM(101, 141, 122, transpose ? 112 : 111, 131, (int)n, (int)k, 1, p, (int)ldp, c, (int)ldc);
+}
+#endif
 
 /* --- float32 (float) helpers --- */
 
@@ -1330,12 +1380,53 @@ SYMBACKPROP_HELPER void symbackprop_f32_cholesky(const float *a, int64_t n, int6
         }
     }
 }
+#ifdef SYMBACKPROP_CBLAS
+/* The attention ops' causal products of one (sequence, head) on BLAS
+ * (symbackprop/ops/attention.py; kernel_attention.c.j2 calls them, and
+ * runs the same products as loops in builds without BLAS). Their sizes
+ * and row strides are a context length and a model's width: BLAS's int
+ * holds them. Internal: never a status of a module function. */
+
+/* s[t][u] = sum_j a[t][j] * b[u][j] for u <= t, 0 for t < u < width:
+ * the n x n scores a b^T of n x k a and b (row strides lda, ldb) into
+ * rows of stride lds. gemm computes the whole square (measured faster
+ * than the triangle's loops); the entries above the diagonal are then
+ * overwritten by the mask's 0, never read. */
+SYMBACKPROP_HELPER void symbackprop_f32_causal_scores(int64_t n, int64_t k, const float *a, int64_t lda,
+                                                      const float *b, int64_t ldb, float *s, int64_t lds, int64_t width)
+{
+    SYMBACKPROP_CBLAS_SGEMM(101, 111, 112, (int)n, (int)n, (int)k, 1, a, (int)lda, b, (int)ldb, 0, s, (int)lds);
+    for (int64_t t = 0; t < n; ++t) {
+        for (int64_t u = t + 1; u < width; ++u) {
+            s[t * lds + u] = 0;
+        }
+    }
+}
+
+/* c[t][j] = sum_{u <= t} p[t][u] * v[u][j] (transpose: c[u][j] =
+ * sum_{t >= u} p[t][u] * v[t][j]): tril(p) v or tril(p)^T v, p n x n and
+ * v, c n x k (row strides ldp, ldv, ldc). v is copied into c, and trmm
+ * (lower, non-unit) multiplies it in place: it never reads p above its
+ * diagonal. */
+SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int64_t k, const float *p, int64_t ldp,
+                                                   const float *v, int64_t ldv, float *c, int64_t ldc)
+{
+    for (int64_t t = 0; t < n; ++t) {
+        for (int64_t j = 0; j < k; ++j) {
+            c[t * ldc + j] = v[t * ldv + j];
+        }
+    }
+    SYMBACKPROP_CBLAS_STRMM(101, 141, 122, transpose ? 112 : 111, 131, (int)n, (int)k, 1, p, (int)ldp, c, (int)ldc);
+}
+#endif
 
 /* A float64 module compiled in single precision (its <PREFIX>_REAL=float)
  * defines SYMBACKPROP_F64_AS_F32: its calls go to the float helpers. */
 #ifdef SYMBACKPROP_F64_AS_F32
 #define symbackprop_f64_band symbackprop_f32_band
 #define symbackprop_f64_blas_layout symbackprop_f32_blas_layout
+#define symbackprop_f64_causal_mix symbackprop_f32_causal_mix
+#define symbackprop_f64_causal_scores symbackprop_f32_causal_scores
 #define symbackprop_f64_cholesky symbackprop_f32_cholesky
 #define symbackprop_f64_copy_rhs symbackprop_f32_copy_rhs
 #define symbackprop_f64_cumsum symbackprop_f32_cumsum

@@ -13,12 +13,17 @@ import sympy as sp
 
 import symbackprop as sbp
 from symbackprop import nn
+from symbackprop.build.builder import BuildOptions, find_blas
 from symbackprop.declare.attention import CausalSoftmax
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 m = sp.Symbol("m", integer=True, positive=True)  # the positions: n sequences of L rows
+
+# The products run on BLAS (gemm, trmm) when the build links it, else as loops: both checked.
+BUILDS = pytest.mark.parametrize("blas", [pytest.param(False, id="loops"), pytest.param(
+    True, id="blas", marks=pytest.mark.skipif(find_blas() is None, reason="no BLAS: pip install scipy-openblas32"))])
 
 
 def _close(got, want, what):
@@ -27,10 +32,10 @@ def _close(got, want, what):
     assert np.abs(np.asarray(got) - want).max() <= 1e-10 * scale, what
 
 
-def _check(model, reference, arrays, wrt):
-    """Compile `model`; its loss and gradients by `wrt` against
-    reference(tensors) -> loss under autograd (float64)."""
-    mod = sbp.compile(model)
+def _check(model, reference, arrays, wrt, blas=None):
+    """Compile `model` (with BLAS or not; None: when installed); its loss and
+    gradients by `wrt` against reference(tensors) -> loss under autograd (float64)."""
+    mod = sbp.compile(model, options=BuildOptions(blas=blas))
     loss, grads = mod.value_and_grad(**arrays)
     tensors = {k: torch.tensor(a, requires_grad=a.dtype == np.float64) for k, a in arrays.items()}
     want = reference(tensors)
@@ -58,8 +63,9 @@ def _torch_attention(q, k, v, length, heads):
     return torch.cat(out)
 
 
+@BUILDS
 @pytest.mark.parametrize(("rows", "length", "heads"), [(5, 5, 1), (15, 5, 3), (13, 5, 3), (7, 3, 2)])
-def test_causal_attention(rows, length, heads):
+def test_causal_attention(rows, length, heads, blas):
     """One sequence, three, three with a shorter last one (13 = 5+5+3), and length 3."""
     d = 6
     q, k, v = (sbp.sequences(s, m, length, d) for s in ("q", "k", "v"))
@@ -68,7 +74,8 @@ def test_causal_attention(rows, length, heads):
                       params=[], loss=nn.sum_all(out.matrix.applyfunc(sp.sin)))
     rng = np.random.default_rng(rows + heads)
     arrays = {s: rng.standard_normal((rows, d)) for s in ("q", "k", "v")}
-    _check(model, lambda t: torch.sin(_torch_attention(t["q"], t["k"], t["v"], length, heads)).sum(), arrays, "qkv")
+    _check(model, lambda t: torch.sin(_torch_attention(t["q"], t["k"], t["v"], length, heads)).sum(), arrays, "qkv",
+           blas)
 
 
 def test_masked_weights_and_their_gradients_are_exactly_zero():
@@ -120,8 +127,9 @@ def _torch_block(x, t, length, heads):
     return x + h @ t["W2"] + t["c2"]
 
 
+@BUILDS
 @pytest.mark.parametrize("sequences", [1, 3])
-def test_embedding_positions_and_a_transformer_block(sequences):
+def test_embedding_positions_and_a_transformer_block(sequences, blas):
     """Token and position embeddings (gathers: repeated tokens add their
     gradients), a pre-norm block with gelu MLP and residuals, a linear head
     and cross-entropy against the next tokens."""
@@ -145,7 +153,7 @@ def test_embedding_positions_and_a_transformer_block(sequences):
         logits = _torch_block(x, t, length, heads) @ t["H"]
         return -(t["T"] * torch.log_softmax(logits, dim=1)).sum() / logits.shape[0]
 
-    _check(model, reference, arrays, list(shapes))
+    _check(model, reference, arrays, list(shapes), blas)
 
 
 def test_bad_declarations_are_named():

@@ -197,7 +197,7 @@ static void cnn_digits_run_part1(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const CNN_DIGITS_REAL x0 = b1[j] + t10[64*i + j];
+            const CNN_DIGITS_REAL x0 = t10[64*i + j] + b1[j];
             t11[64*i + j] = (((0) > (x0)) ? (0) : (x0));
             t12[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
         }
@@ -213,7 +213,7 @@ static void cnn_digits_run_part1(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = b2[j] + t13[10*i + j];
+            const CNN_DIGITS_REAL x0 = t13[10*i + j] + b2[j];
             logits[10*i + j] = x0;
             t14[10*i + j] = T[10*i + j]*x0;
         }
@@ -856,7 +856,7 @@ static void cnn_digits_train_step_part1(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const CNN_DIGITS_REAL x0 = b1[j] + t10[64*i + j];
+            const CNN_DIGITS_REAL x0 = t10[64*i + j] + b1[j];
             t11[64*i + j] = (((0) > (x0)) ? (0) : (x0));
             t12[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
         }
@@ -873,7 +873,7 @@ static void cnn_digits_train_step_part1(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = b2[j] + t13[10*i + j];
+            const CNN_DIGITS_REAL x0 = t13[10*i + j] + b2[j];
             logits[10*i + j] = x0;
             t14[10*i + j] = T[10*i + j]*x0;
         }

@@ -53,7 +53,7 @@ static int digits_mlp_run(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t1[64*i + j] = tanh(b1[j] + t0[64*i + j]);
+            t1[64*i + j] = tanh(t0[64*i + j] + b1[j]);
         }
     }
 
@@ -67,7 +67,7 @@ static int digits_mlp_run(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            const DIGITS_MLP_REAL x0 = b2[j] + t2[10*i + j];
+            const DIGITS_MLP_REAL x0 = t2[10*i + j] + b2[j];
             logits[10*i + j] = x0;
             t3[10*i + j] = T[10*i + j]*x0;
         }
@@ -249,7 +249,7 @@ int digits_mlp_train_step(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t1[64*i + j] = tanh(b1[j] + t0[64*i + j]);
+            t1[64*i + j] = tanh(t0[64*i + j] + b1[j]);
         }
     }
 
@@ -264,7 +264,7 @@ int digits_mlp_train_step(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            const DIGITS_MLP_REAL x0 = b2[j] + t2[10*i + j];
+            const DIGITS_MLP_REAL x0 = t2[10*i + j] + b2[j];
             logits[10*i + j] = x0;
             t3[10*i + j] = T[10*i + j]*x0;
         }

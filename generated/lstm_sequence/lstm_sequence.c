@@ -17,7 +17,7 @@ static size_t lstm_sequence_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 507*n + 513 : 115*n + 1);
+    return (size_t)(with_grads ? 507*n + 513 : 83*n + 1);
 }
 
 /* lstm_sequence_run, part 1 of 8 (kernels 1 to 32): a long
@@ -49,232 +49,220 @@ static void lstm_sequence_run_part1(
     LSTM_SEQUENCE_REAL *t0 = work; /* n x 8 */
     symbackprop_f64_matmul(n, 8, 1, x1_, 1, 0, W_o, 0, 1, t0);
 
-    /* t1 = b_o */
-    /* t2 = sigmoid(b_o + t0) */
+    /* t1 = sigmoid(b_o + t0) */
     LSTM_SEQUENCE_REAL *t1 = t0 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t2 = t1 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t1[8*i + j] = b_o[j];
-            t2[8*i + j] = (((b_o[j] + t0[8*i + j]) >= 0 ? 1.0 : exp(-fabs(b_o[j] + t0[8*i + j]))) / (1.0 + exp(-fabs(b_o[j] + t0[8*i + j]))));
+            t1[8*i + j] = (((t0[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t0[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t0[8*i + j] + b_o[j]))));
         }
     }
 
-    /* t3 = x1 @ W_i */
-    LSTM_SEQUENCE_REAL *t3 = t0; /* n x 8, in t0's memory */
-    symbackprop_f64_matmul(n, 8, 1, x1_, 1, 0, W_i, 0, 1, t3);
+    /* t2 = x1 @ W_i */
+    LSTM_SEQUENCE_REAL *t2 = t0; /* n x 8, in t0's memory */
+    symbackprop_f64_matmul(n, 8, 1, x1_, 1, 0, W_i, 0, 1, t2);
 
-    /* t4 = b_i */
-    /* t5 = sigmoid(b_i + t3) */
-    LSTM_SEQUENCE_REAL *t4 = t2 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t5 = t4 + 8*n; /* n x 8 */
+    /* t3 = sigmoid(b_i + t2) */
+    LSTM_SEQUENCE_REAL *t3 = t1 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t4[8*i + j] = b_i[j];
-            t5[8*i + j] = (((b_i[j] + t3[8*i + j]) >= 0 ? 1.0 : exp(-fabs(b_i[j] + t3[8*i + j]))) / (1.0 + exp(-fabs(b_i[j] + t3[8*i + j]))));
+            t3[8*i + j] = (((t2[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t2[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t2[8*i + j] + b_i[j]))));
         }
     }
 
-    /* t6 = x1 @ W_g */
-    LSTM_SEQUENCE_REAL *t6 = t3; /* n x 8, in t3's memory */
-    symbackprop_f64_matmul(n, 8, 1, x1_, 1, 0, W_g, 0, 1, t6);
+    /* t4 = x1 @ W_g */
+    LSTM_SEQUENCE_REAL *t4 = t2; /* n x 8, in t2's memory */
+    symbackprop_f64_matmul(n, 8, 1, x1_, 1, 0, W_g, 0, 1, t4);
 
-    /* t7 = b_g */
-    /* t8 = tanh(b_g + t6) */
-    /* t9 = t5*tanh(b_g + t6) */
-    /* t10 = tanh(t5*tanh(b_g + t6)) */
-    /* t11 = t2*tanh(t5*tanh(b_g + t6)) */
-    LSTM_SEQUENCE_REAL *t7 = t5 + 8*n; /* n x 8 */
+    /* t5 = tanh(b_g + t4) */
+    /* t6 = t3*tanh(b_g + t4) */
+    /* t7 = tanh(t3*tanh(b_g + t4)) */
+    /* t8 = t1*tanh(t3*tanh(b_g + t4)) */
+    LSTM_SEQUENCE_REAL *t5 = t3 + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t6 = t5 + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t7 = t6 + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *t8 = t7 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t9 = t8 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t10 = t9 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t11 = t10 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = tanh(b_g[j] + t6[8*i + j]);
-            const LSTM_SEQUENCE_REAL x1 = t5[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x0 = tanh(t4[8*i + j] + b_g[j]);
+            const LSTM_SEQUENCE_REAL x1 = t3[8*i + j]*x0;
             const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t7[8*i + j] = b_g[j];
-            t8[8*i + j] = x0;
-            t9[8*i + j] = x1;
-            t10[8*i + j] = x2;
-            t11[8*i + j] = t2[8*i + j]*x2;
+            t5[8*i + j] = x0;
+            t6[8*i + j] = x1;
+            t7[8*i + j] = x2;
+            t8[8*i + j] = t1[8*i + j]*x2;
         }
     }
 
-    /* t12 = t11 @ U_o */
-    LSTM_SEQUENCE_REAL *t12 = with_grads ? t6 : t2; /* n x 8, in t6's memory */
-    symbackprop_f64_matmul(n, 8, 8, t11, 8, 1, U_o, 8, 1, t12);
+    /* t9 = t8 @ U_o */
+    LSTM_SEQUENCE_REAL *t9 = with_grads ? t4 : t1; /* n x 8, in t4's memory */
+    symbackprop_f64_matmul(n, 8, 8, t8, 8, 1, U_o, 8, 1, t9);
 
-    /* t13 = x2 @ W_o */
-    LSTM_SEQUENCE_REAL *t13 = with_grads ? t11 + 8*n : t5; /* n x 8 */
-    symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_o, 0, 1, t13);
+    /* t10 = x2 @ W_o */
+    LSTM_SEQUENCE_REAL *t10 = with_grads ? t8 + 8*n : t3; /* n x 8 */
+    symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_o, 0, 1, t10);
 
-    /* t14 = sigmoid(t1 + t12 + t13) */
-    LSTM_SEQUENCE_REAL *t14 = with_grads ? t13 + 8*n : t6; /* n x 8 */
+    /* t11 = sigmoid(b_o + t10 + t9) */
+    LSTM_SEQUENCE_REAL *t11 = with_grads ? t10 + 8*n : t4; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t14[8*i + j] = (((t12[8*i + j] + t13[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t12[8*i + j] + t13[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t12[8*i + j] + t13[8*i + j] + t1[8*i + j]))));
+            t11[8*i + j] = (((t9[8*i + j] + t10[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t9[8*i + j] + t10[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t9[8*i + j] + t10[8*i + j] + b_o[j]))));
         }
     }
 
-    /* t15 = t11 @ U_i */
-    LSTM_SEQUENCE_REAL *t15 = with_grads ? t12 : t8; /* n x 8, in t12's memory */
-    symbackprop_f64_matmul(n, 8, 8, t11, 8, 1, U_i, 8, 1, t15);
+    /* t12 = t8 @ U_i */
+    LSTM_SEQUENCE_REAL *t12 = with_grads ? t9 : t5; /* n x 8, in t9's memory */
+    symbackprop_f64_matmul(n, 8, 8, t8, 8, 1, U_i, 8, 1, t12);
 
-    /* t16 = x2 @ W_i */
-    LSTM_SEQUENCE_REAL *t16 = with_grads ? t13 : t10; /* n x 8, in t13's memory */
-    symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_i, 0, 1, t16);
+    /* t13 = x2 @ W_i */
+    LSTM_SEQUENCE_REAL *t13 = with_grads ? t10 : t7; /* n x 8, in t10's memory */
+    symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_i, 0, 1, t13);
 
-    /* t17 = sigmoid(t15 + t16 + t4) */
-    LSTM_SEQUENCE_REAL *t17 = with_grads ? t14 + 8*n : t12; /* n x 8 */
+    /* t14 = sigmoid(b_i + t12 + t13) */
+    LSTM_SEQUENCE_REAL *t14 = with_grads ? t11 + 8*n : t9; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t17[8*i + j] = (((t15[8*i + j] + t16[8*i + j] + t4[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t15[8*i + j] + t16[8*i + j] + t4[8*i + j]))) / (1.0 + exp(-fabs(t15[8*i + j] + t16[8*i + j] + t4[8*i + j]))));
+            t14[8*i + j] = (((t12[8*i + j] + t13[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t12[8*i + j] + t13[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t12[8*i + j] + t13[8*i + j] + b_i[j]))));
         }
     }
 
-    /* t18 = t11 @ U_g */
-    LSTM_SEQUENCE_REAL *t18 = with_grads ? t15 : t13; /* n x 8, in t15's memory */
-    symbackprop_f64_matmul(n, 8, 8, t11, 8, 1, U_g, 8, 1, t18);
+    /* t15 = t8 @ U_g */
+    LSTM_SEQUENCE_REAL *t15 = with_grads ? t12 : t10; /* n x 8, in t12's memory */
+    symbackprop_f64_matmul(n, 8, 8, t8, 8, 1, U_g, 8, 1, t15);
 
-    /* t19 = x2 @ W_g */
-    LSTM_SEQUENCE_REAL *t19 = with_grads ? t16 : t15; /* n x 8, in t16's memory */
-    symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_g, 0, 1, t19);
+    /* t16 = x2 @ W_g */
+    LSTM_SEQUENCE_REAL *t16 = with_grads ? t13 : t12; /* n x 8, in t13's memory */
+    symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_g, 0, 1, t16);
 
-    /* t20 = tanh(t18 + t19 + t7) */
-    LSTM_SEQUENCE_REAL *t20 = with_grads ? t17 + 8*n : t16; /* n x 8 */
+    /* t17 = tanh(b_g + t15 + t16) */
+    LSTM_SEQUENCE_REAL *t17 = with_grads ? t14 + 8*n : t13; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t20[8*i + j] = tanh(t18[8*i + j] + t19[8*i + j] + t7[8*i + j]);
+            t17[8*i + j] = tanh(t15[8*i + j] + t16[8*i + j] + b_g[j]);
         }
     }
 
-    /* t21 = t11 @ U_f */
-    LSTM_SEQUENCE_REAL *t21 = t18; /* n x 8, in t18's memory */
-    symbackprop_f64_matmul(n, 8, 8, t11, 8, 1, U_f, 8, 1, t21);
+    /* t18 = t8 @ U_f */
+    LSTM_SEQUENCE_REAL *t18 = t15; /* n x 8, in t15's memory */
+    symbackprop_f64_matmul(n, 8, 8, t8, 8, 1, U_f, 8, 1, t18);
 
-    /* t22 = x2 @ W_f */
-    LSTM_SEQUENCE_REAL *t22 = t19; /* n x 8, in t19's memory */
-    symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_f, 0, 1, t22);
+    /* t19 = x2 @ W_f */
+    LSTM_SEQUENCE_REAL *t19 = t16; /* n x 8, in t16's memory */
+    symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_f, 0, 1, t19);
 
-    /* t23 = b_f */
-    /* t24 = sigmoid(b_f + t21 + t22) */
-    /* t25 = t17*t20 + t9*sigmoid(b_f + t21 + t22) */
-    /* t26 = tanh(t17*t20 + t9*sigmoid(b_f + t21 + t22)) */
-    /* t27 = t14*tanh(t17*t20 + t9*sigmoid(b_f + t21 + t22)) */
-    LSTM_SEQUENCE_REAL *t23 = with_grads ? t20 + 8*n : t11; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t24 = with_grads ? t23 + 8*n : t11 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t25 = t24 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t26 = t25 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t27 = t26 + 8*n; /* n x 8 */
+    /* t20 = sigmoid(b_f + t18 + t19) */
+    /* t21 = t14*t17 + t6*sigmoid(b_f + t18 + t19) */
+    /* t22 = tanh(t14*t17 + t6*sigmoid(b_f + t18 + t19)) */
+    /* t23 = t11*tanh(t14*t17 + t6*sigmoid(b_f + t18 + t19)) */
+    LSTM_SEQUENCE_REAL *t20 = with_grads ? t17 + 8*n : t8; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t21 = with_grads ? t20 + 8*n : t8 + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t22 = t21 + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t23 = t22 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((b_f[j] + t21[8*i + j] + t22[8*i + j]) >= 0 ? 1.0 : exp(-fabs(b_f[j] + t21[8*i + j] + t22[8*i + j]))) / (1.0 + exp(-fabs(b_f[j] + t21[8*i + j] + t22[8*i + j]))));
-            const LSTM_SEQUENCE_REAL x1 = t17[8*i + j]*t20[8*i + j] + t9[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x0 = (((t18[8*i + j] + t19[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t18[8*i + j] + t19[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t18[8*i + j] + t19[8*i + j] + b_f[j]))));
+            const LSTM_SEQUENCE_REAL x1 = t14[8*i + j]*t17[8*i + j] + t6[8*i + j]*x0;
             const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t23[8*i + j] = b_f[j];
-            t24[8*i + j] = x0;
-            t25[8*i + j] = x1;
-            t26[8*i + j] = x2;
-            t27[8*i + j] = t14[8*i + j]*x2;
+            t20[8*i + j] = x0;
+            t21[8*i + j] = x1;
+            t22[8*i + j] = x2;
+            t23[8*i + j] = t11[8*i + j]*x2;
         }
     }
 
-    /* t28 = t27 @ U_o */
-    LSTM_SEQUENCE_REAL *t28 = with_grads ? t21 : t9; /* n x 8, in t21's memory */
-    symbackprop_f64_matmul(n, 8, 8, t27, 8, 1, U_o, 8, 1, t28);
+    /* t24 = t23 @ U_o */
+    LSTM_SEQUENCE_REAL *t24 = with_grads ? t18 : t6; /* n x 8, in t18's memory */
+    symbackprop_f64_matmul(n, 8, 8, t23, 8, 1, U_o, 8, 1, t24);
 
-    /* t29 = x3 @ W_o */
-    LSTM_SEQUENCE_REAL *t29 = with_grads ? t22 : t14; /* n x 8, in t22's memory */
-    symbackprop_f64_matmul(n, 8, 1, x3_, 1, 0, W_o, 0, 1, t29);
+    /* t25 = x3 @ W_o */
+    LSTM_SEQUENCE_REAL *t25 = with_grads ? t19 : t11; /* n x 8, in t19's memory */
+    symbackprop_f64_matmul(n, 8, 1, x3_, 1, 0, W_o, 0, 1, t25);
 
-    /* t30 = sigmoid(t1 + t28 + t29) */
-    LSTM_SEQUENCE_REAL *t30 = with_grads ? t27 + 8*n : t17; /* n x 8 */
+    /* t26 = sigmoid(b_o + t24 + t25) */
+    LSTM_SEQUENCE_REAL *t26 = with_grads ? t23 + 8*n : t14; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t30[8*i + j] = (((t28[8*i + j] + t29[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t28[8*i + j] + t29[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t28[8*i + j] + t29[8*i + j] + t1[8*i + j]))));
+            t26[8*i + j] = (((t24[8*i + j] + t25[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t24[8*i + j] + t25[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t24[8*i + j] + t25[8*i + j] + b_o[j]))));
         }
     }
 
-    /* t31 = t27 @ U_i */
-    LSTM_SEQUENCE_REAL *t31 = with_grads ? t28 : t20; /* n x 8, in t28's memory */
-    symbackprop_f64_matmul(n, 8, 8, t27, 8, 1, U_i, 8, 1, t31);
+    /* t27 = t23 @ U_i */
+    LSTM_SEQUENCE_REAL *t27 = with_grads ? t24 : t17; /* n x 8, in t24's memory */
+    symbackprop_f64_matmul(n, 8, 8, t23, 8, 1, U_i, 8, 1, t27);
 
-    /* t32 = x3 @ W_i */
-    LSTM_SEQUENCE_REAL *t32 = with_grads ? t29 : t21; /* n x 8, in t29's memory */
-    symbackprop_f64_matmul(n, 8, 1, x3_, 1, 0, W_i, 0, 1, t32);
+    /* t28 = x3 @ W_i */
+    LSTM_SEQUENCE_REAL *t28 = with_grads ? t25 : t18; /* n x 8, in t25's memory */
+    symbackprop_f64_matmul(n, 8, 1, x3_, 1, 0, W_i, 0, 1, t28);
 
-    /* t33 = sigmoid(t31 + t32 + t4) */
-    LSTM_SEQUENCE_REAL *t33 = with_grads ? t30 + 8*n : t22; /* n x 8 */
+    /* t29 = sigmoid(b_i + t27 + t28) */
+    LSTM_SEQUENCE_REAL *t29 = with_grads ? t26 + 8*n : t19; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t33[8*i + j] = (((t31[8*i + j] + t32[8*i + j] + t4[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t31[8*i + j] + t32[8*i + j] + t4[8*i + j]))) / (1.0 + exp(-fabs(t31[8*i + j] + t32[8*i + j] + t4[8*i + j]))));
+            t29[8*i + j] = (((t27[8*i + j] + t28[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t27[8*i + j] + t28[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t27[8*i + j] + t28[8*i + j] + b_i[j]))));
         }
     }
 
-    /* t34 = t27 @ U_g */
-    LSTM_SEQUENCE_REAL *t34 = with_grads ? t31 : t24; /* n x 8, in t31's memory */
-    symbackprop_f64_matmul(n, 8, 8, t27, 8, 1, U_g, 8, 1, t34);
+    /* t30 = t23 @ U_g */
+    LSTM_SEQUENCE_REAL *t30 = with_grads ? t27 : t20; /* n x 8, in t27's memory */
+    symbackprop_f64_matmul(n, 8, 8, t23, 8, 1, U_g, 8, 1, t30);
 
-    /* t35 = x3 @ W_g */
-    LSTM_SEQUENCE_REAL *t35 = with_grads ? t32 : t26; /* n x 8, in t32's memory */
-    symbackprop_f64_matmul(n, 8, 1, x3_, 1, 0, W_g, 0, 1, t35);
+    /* t31 = x3 @ W_g */
+    LSTM_SEQUENCE_REAL *t31 = with_grads ? t28 : t22; /* n x 8, in t28's memory */
+    symbackprop_f64_matmul(n, 8, 1, x3_, 1, 0, W_g, 0, 1, t31);
 
-    /* t36 = tanh(t34 + t35 + t7) */
-    LSTM_SEQUENCE_REAL *t36 = with_grads ? t33 + 8*n : t28; /* n x 8 */
+    /* t32 = tanh(b_g + t30 + t31) */
+    LSTM_SEQUENCE_REAL *t32 = with_grads ? t29 + 8*n : t24; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t36[8*i + j] = tanh(t34[8*i + j] + t35[8*i + j] + t7[8*i + j]);
+            t32[8*i + j] = tanh(t30[8*i + j] + t31[8*i + j] + b_g[j]);
         }
     }
 
-    /* t37 = t27 @ U_f */
-    LSTM_SEQUENCE_REAL *t37 = with_grads ? t34 : t29; /* n x 8, in t34's memory */
-    symbackprop_f64_matmul(n, 8, 8, t27, 8, 1, U_f, 8, 1, t37);
+    /* t33 = t23 @ U_f */
+    LSTM_SEQUENCE_REAL *t33 = with_grads ? t30 : t25; /* n x 8, in t30's memory */
+    symbackprop_f64_matmul(n, 8, 8, t23, 8, 1, U_f, 8, 1, t33);
 
-    /* t38 = x3 @ W_f */
-    LSTM_SEQUENCE_REAL *t38 = with_grads ? t35 : t31; /* n x 8, in t35's memory */
-    symbackprop_f64_matmul(n, 8, 1, x3_, 1, 0, W_f, 0, 1, t38);
+    /* t34 = x3 @ W_f */
+    LSTM_SEQUENCE_REAL *t34 = with_grads ? t31 : t27; /* n x 8, in t31's memory */
+    symbackprop_f64_matmul(n, 8, 1, x3_, 1, 0, W_f, 0, 1, t34);
 
-    /* t39 = sigmoid(t23 + t37 + t38) */
-    /* t40 = t25*sigmoid(t23 + t37 + t38) + t33*t36 */
-    /* t41 = tanh(t25*sigmoid(t23 + t37 + t38) + t33*t36) */
-    /* t42 = t30*tanh(t25*sigmoid(t23 + t37 + t38) + t33*t36) */
-    LSTM_SEQUENCE_REAL *t39 = with_grads ? t36 + 8*n : t32; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t40 = with_grads ? t39 + 8*n : t34; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t41 = with_grads ? t40 + 8*n : t35; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t42 = with_grads ? t41 + 8*n : t27; /* n x 8 */
+    /* t35 = sigmoid(b_f + t33 + t34) */
+    /* t36 = t21*sigmoid(b_f + t33 + t34) + t29*t32 */
+    /* t37 = tanh(t21*sigmoid(b_f + t33 + t34) + t29*t32) */
+    /* t38 = t26*tanh(t21*sigmoid(b_f + t33 + t34) + t29*t32) */
+    LSTM_SEQUENCE_REAL *t35 = with_grads ? t32 + 8*n : t28; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t36 = with_grads ? t35 + 8*n : t30; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t37 = with_grads ? t36 + 8*n : t31; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t38 = with_grads ? t37 + 8*n : t23; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t37[8*i + j] + t38[8*i + j] + t23[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t37[8*i + j] + t38[8*i + j] + t23[8*i + j]))) / (1.0 + exp(-fabs(t37[8*i + j] + t38[8*i + j] + t23[8*i + j]))));
-            const LSTM_SEQUENCE_REAL x1 = t33[8*i + j]*t36[8*i + j] + t25[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x0 = (((t33[8*i + j] + t34[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t33[8*i + j] + t34[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t33[8*i + j] + t34[8*i + j] + b_f[j]))));
+            const LSTM_SEQUENCE_REAL x1 = t29[8*i + j]*t32[8*i + j] + t21[8*i + j]*x0;
             const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t39[8*i + j] = x0;
-            t40[8*i + j] = x1;
-            t41[8*i + j] = x2;
-            t42[8*i + j] = t30[8*i + j]*x2;
+            t35[8*i + j] = x0;
+            t36[8*i + j] = x1;
+            t37[8*i + j] = x2;
+            t38[8*i + j] = t26[8*i + j]*x2;
         }
     }
 
-    /* t43 = t42 @ U_o */
-    LSTM_SEQUENCE_REAL *t43 = with_grads ? t37 : t25; /* n x 8, in t37's memory */
-    symbackprop_f64_matmul(n, 8, 8, t42, 8, 1, U_o, 8, 1, t43);
+    /* t39 = t38 @ U_o */
+    LSTM_SEQUENCE_REAL *t39 = with_grads ? t33 : t21; /* n x 8, in t33's memory */
+    symbackprop_f64_matmul(n, 8, 8, t38, 8, 1, U_o, 8, 1, t39);
 
-    /* t44 = x4 @ W_o */
-    LSTM_SEQUENCE_REAL *t44 = with_grads ? t38 : t30; /* n x 8, in t38's memory */
-    symbackprop_f64_matmul(n, 8, 1, x4_, 1, 0, W_o, 0, 1, t44);
+    /* t40 = x4 @ W_o */
+    LSTM_SEQUENCE_REAL *t40 = with_grads ? t34 : t26; /* n x 8, in t34's memory */
+    symbackprop_f64_matmul(n, 8, 1, x4_, 1, 0, W_o, 0, 1, t40);
 }
 
 /* lstm_sequence_run, part 2 of 8 (kernels 33 to 64): a long
@@ -293,230 +281,230 @@ static void lstm_sequence_run_part2(
     const LSTM_SEQUENCE_REAL *U_f,
     const LSTM_SEQUENCE_REAL *U_g,
     const LSTM_SEQUENCE_REAL *U_o,
+    const LSTM_SEQUENCE_REAL *b_i,
+    const LSTM_SEQUENCE_REAL *b_f,
+    const LSTM_SEQUENCE_REAL *b_g,
+    const LSTM_SEQUENCE_REAL *b_o,
     LSTM_SEQUENCE_REAL *work,
     int with_grads
 )
 {
-    LSTM_SEQUENCE_REAL *t1 = work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t4 = work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t7 = work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t23 = with_grads ? work + 112*n : work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t33 = with_grads ? work + 160*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t36 = with_grads ? work + 168*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t37 = work; /* n x 8, in t34's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t38 = with_grads ? work + 80*n : work + 64*n; /* n x 8, in t35's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t39 = with_grads ? work + 176*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t40 = with_grads ? work + 184*n : work + 80*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t41 = with_grads ? work + 192*n : work + 96*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t42 = with_grads ? work + 200*n : work + 104*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t43 = with_grads ? work : work + 88*n; /* n x 8, in t37's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t44 = with_grads ? work + 80*n : work + 16*n; /* n x 8, in t38's memory; placed in an earlier part */
-    /* t45 = sigmoid(t1 + t43 + t44) */
-    LSTM_SEQUENCE_REAL *t45 = with_grads ? t42 + 8*n : t33; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t29 = with_grads ? work + 128*n : work + 24*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t32 = with_grads ? work + 136*n : work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t33 = work; /* n x 8, in t30's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t34 = with_grads ? work + 56*n : work + 40*n; /* n x 8, in t31's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t35 = with_grads ? work + 144*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t36 = with_grads ? work + 152*n : work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t37 = with_grads ? work + 160*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t38 = with_grads ? work + 168*n : work + 72*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t39 = with_grads ? work : work + 56*n; /* n x 8, in t33's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t40 = with_grads ? work + 56*n : work + 8*n; /* n x 8, in t34's memory; placed in an earlier part */
+    /* t41 = sigmoid(b_o + t39 + t40) */
+    LSTM_SEQUENCE_REAL *t41 = with_grads ? t38 + 8*n : t29; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t45[8*i + j] = (((t43[8*i + j] + t44[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t43[8*i + j] + t44[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t43[8*i + j] + t44[8*i + j] + t1[8*i + j]))));
+            t41[8*i + j] = (((t39[8*i + j] + t40[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t39[8*i + j] + t40[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t39[8*i + j] + t40[8*i + j] + b_o[j]))));
         }
     }
 
-    /* t46 = t42 @ U_i */
-    LSTM_SEQUENCE_REAL *t46 = with_grads ? t43 : t36; /* n x 8, in t43's memory */
-    symbackprop_f64_matmul(n, 8, 8, t42, 8, 1, U_i, 8, 1, t46);
+    /* t42 = t38 @ U_i */
+    LSTM_SEQUENCE_REAL *t42 = with_grads ? t39 : t32; /* n x 8, in t39's memory */
+    symbackprop_f64_matmul(n, 8, 8, t38, 8, 1, U_i, 8, 1, t42);
 
-    /* t47 = x4 @ W_i */
-    LSTM_SEQUENCE_REAL *t47 = with_grads ? t44 : t37; /* n x 8, in t44's memory */
-    symbackprop_f64_matmul(n, 8, 1, x4_, 1, 0, W_i, 0, 1, t47);
+    /* t43 = x4 @ W_i */
+    LSTM_SEQUENCE_REAL *t43 = with_grads ? t40 : t33; /* n x 8, in t40's memory */
+    symbackprop_f64_matmul(n, 8, 1, x4_, 1, 0, W_i, 0, 1, t43);
 
-    /* t48 = sigmoid(t4 + t46 + t47) */
-    LSTM_SEQUENCE_REAL *t48 = with_grads ? t45 + 8*n : t38; /* n x 8 */
+    /* t44 = sigmoid(b_i + t42 + t43) */
+    LSTM_SEQUENCE_REAL *t44 = with_grads ? t41 + 8*n : t34; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t48[8*i + j] = (((t46[8*i + j] + t47[8*i + j] + t4[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t46[8*i + j] + t47[8*i + j] + t4[8*i + j]))) / (1.0 + exp(-fabs(t46[8*i + j] + t47[8*i + j] + t4[8*i + j]))));
+            t44[8*i + j] = (((t42[8*i + j] + t43[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t42[8*i + j] + t43[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t42[8*i + j] + t43[8*i + j] + b_i[j]))));
         }
     }
 
-    /* t49 = t42 @ U_g */
-    LSTM_SEQUENCE_REAL *t49 = with_grads ? t46 : t39; /* n x 8, in t46's memory */
-    symbackprop_f64_matmul(n, 8, 8, t42, 8, 1, U_g, 8, 1, t49);
+    /* t45 = t38 @ U_g */
+    LSTM_SEQUENCE_REAL *t45 = with_grads ? t42 : t35; /* n x 8, in t42's memory */
+    symbackprop_f64_matmul(n, 8, 8, t38, 8, 1, U_g, 8, 1, t45);
 
-    /* t50 = x4 @ W_g */
-    LSTM_SEQUENCE_REAL *t50 = with_grads ? t47 : t41; /* n x 8, in t47's memory */
-    symbackprop_f64_matmul(n, 8, 1, x4_, 1, 0, W_g, 0, 1, t50);
+    /* t46 = x4 @ W_g */
+    LSTM_SEQUENCE_REAL *t46 = with_grads ? t43 : t37; /* n x 8, in t43's memory */
+    symbackprop_f64_matmul(n, 8, 1, x4_, 1, 0, W_g, 0, 1, t46);
 
-    /* t51 = tanh(t49 + t50 + t7) */
-    LSTM_SEQUENCE_REAL *t51 = with_grads ? t48 + 8*n : t43; /* n x 8 */
+    /* t47 = tanh(b_g + t45 + t46) */
+    LSTM_SEQUENCE_REAL *t47 = with_grads ? t44 + 8*n : t39; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t51[8*i + j] = tanh(t49[8*i + j] + t50[8*i + j] + t7[8*i + j]);
+            t47[8*i + j] = tanh(t45[8*i + j] + t46[8*i + j] + b_g[j]);
         }
     }
 
-    /* t52 = t42 @ U_f */
-    LSTM_SEQUENCE_REAL *t52 = with_grads ? t49 : t44; /* n x 8, in t49's memory */
-    symbackprop_f64_matmul(n, 8, 8, t42, 8, 1, U_f, 8, 1, t52);
+    /* t48 = t38 @ U_f */
+    LSTM_SEQUENCE_REAL *t48 = with_grads ? t45 : t40; /* n x 8, in t45's memory */
+    symbackprop_f64_matmul(n, 8, 8, t38, 8, 1, U_f, 8, 1, t48);
 
-    /* t53 = x4 @ W_f */
-    LSTM_SEQUENCE_REAL *t53 = with_grads ? t50 : t46; /* n x 8, in t50's memory */
-    symbackprop_f64_matmul(n, 8, 1, x4_, 1, 0, W_f, 0, 1, t53);
+    /* t49 = x4 @ W_f */
+    LSTM_SEQUENCE_REAL *t49 = with_grads ? t46 : t42; /* n x 8, in t46's memory */
+    symbackprop_f64_matmul(n, 8, 1, x4_, 1, 0, W_f, 0, 1, t49);
 
-    /* t54 = sigmoid(t23 + t52 + t53) */
-    /* t55 = t40*sigmoid(t23 + t52 + t53) + t48*t51 */
-    /* t56 = tanh(t40*sigmoid(t23 + t52 + t53) + t48*t51) */
-    /* t57 = t45*tanh(t40*sigmoid(t23 + t52 + t53) + t48*t51) */
-    LSTM_SEQUENCE_REAL *t54 = with_grads ? t51 + 8*n : t47; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t55 = with_grads ? t54 + 8*n : t49; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t56 = with_grads ? t55 + 8*n : t50; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t57 = with_grads ? t56 + 8*n : t42; /* n x 8 */
+    /* t50 = sigmoid(b_f + t48 + t49) */
+    /* t51 = t36*sigmoid(b_f + t48 + t49) + t44*t47 */
+    /* t52 = tanh(t36*sigmoid(b_f + t48 + t49) + t44*t47) */
+    /* t53 = t41*tanh(t36*sigmoid(b_f + t48 + t49) + t44*t47) */
+    LSTM_SEQUENCE_REAL *t50 = with_grads ? t47 + 8*n : t43; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t51 = with_grads ? t50 + 8*n : t45; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t52 = with_grads ? t51 + 8*n : t46; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t53 = with_grads ? t52 + 8*n : t38; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t52[8*i + j] + t53[8*i + j] + t23[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t52[8*i + j] + t53[8*i + j] + t23[8*i + j]))) / (1.0 + exp(-fabs(t52[8*i + j] + t53[8*i + j] + t23[8*i + j]))));
-            const LSTM_SEQUENCE_REAL x1 = t48[8*i + j]*t51[8*i + j] + t40[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x0 = (((t48[8*i + j] + t49[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t48[8*i + j] + t49[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t48[8*i + j] + t49[8*i + j] + b_f[j]))));
+            const LSTM_SEQUENCE_REAL x1 = t44[8*i + j]*t47[8*i + j] + t36[8*i + j]*x0;
             const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t54[8*i + j] = x0;
-            t55[8*i + j] = x1;
-            t56[8*i + j] = x2;
-            t57[8*i + j] = t45[8*i + j]*x2;
+            t50[8*i + j] = x0;
+            t51[8*i + j] = x1;
+            t52[8*i + j] = x2;
+            t53[8*i + j] = t41[8*i + j]*x2;
         }
     }
 
-    /* t58 = t57 @ U_o */
-    LSTM_SEQUENCE_REAL *t58 = with_grads ? t52 : t40; /* n x 8, in t52's memory */
-    symbackprop_f64_matmul(n, 8, 8, t57, 8, 1, U_o, 8, 1, t58);
+    /* t54 = t53 @ U_o */
+    LSTM_SEQUENCE_REAL *t54 = with_grads ? t48 : t36; /* n x 8, in t48's memory */
+    symbackprop_f64_matmul(n, 8, 8, t53, 8, 1, U_o, 8, 1, t54);
 
-    /* t59 = x5 @ W_o */
-    LSTM_SEQUENCE_REAL *t59 = with_grads ? t53 : t45; /* n x 8, in t53's memory */
-    symbackprop_f64_matmul(n, 8, 1, x5_, 1, 0, W_o, 0, 1, t59);
+    /* t55 = x5 @ W_o */
+    LSTM_SEQUENCE_REAL *t55 = with_grads ? t49 : t41; /* n x 8, in t49's memory */
+    symbackprop_f64_matmul(n, 8, 1, x5_, 1, 0, W_o, 0, 1, t55);
 
-    /* t60 = sigmoid(t1 + t58 + t59) */
-    LSTM_SEQUENCE_REAL *t60 = with_grads ? t57 + 8*n : t48; /* n x 8 */
+    /* t56 = sigmoid(b_o + t54 + t55) */
+    LSTM_SEQUENCE_REAL *t56 = with_grads ? t53 + 8*n : t44; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t60[8*i + j] = (((t58[8*i + j] + t59[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t58[8*i + j] + t59[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t58[8*i + j] + t59[8*i + j] + t1[8*i + j]))));
+            t56[8*i + j] = (((t54[8*i + j] + t55[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t54[8*i + j] + t55[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t54[8*i + j] + t55[8*i + j] + b_o[j]))));
         }
     }
 
-    /* t61 = t57 @ U_i */
-    LSTM_SEQUENCE_REAL *t61 = with_grads ? t58 : t51; /* n x 8, in t58's memory */
-    symbackprop_f64_matmul(n, 8, 8, t57, 8, 1, U_i, 8, 1, t61);
+    /* t57 = t53 @ U_i */
+    LSTM_SEQUENCE_REAL *t57 = with_grads ? t54 : t47; /* n x 8, in t54's memory */
+    symbackprop_f64_matmul(n, 8, 8, t53, 8, 1, U_i, 8, 1, t57);
 
-    /* t62 = x5 @ W_i */
-    LSTM_SEQUENCE_REAL *t62 = with_grads ? t59 : t52; /* n x 8, in t59's memory */
-    symbackprop_f64_matmul(n, 8, 1, x5_, 1, 0, W_i, 0, 1, t62);
+    /* t58 = x5 @ W_i */
+    LSTM_SEQUENCE_REAL *t58 = with_grads ? t55 : t48; /* n x 8, in t55's memory */
+    symbackprop_f64_matmul(n, 8, 1, x5_, 1, 0, W_i, 0, 1, t58);
 
-    /* t63 = sigmoid(t4 + t61 + t62) */
-    LSTM_SEQUENCE_REAL *t63 = with_grads ? t60 + 8*n : t53; /* n x 8 */
+    /* t59 = sigmoid(b_i + t57 + t58) */
+    LSTM_SEQUENCE_REAL *t59 = with_grads ? t56 + 8*n : t49; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t63[8*i + j] = (((t61[8*i + j] + t62[8*i + j] + t4[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t61[8*i + j] + t62[8*i + j] + t4[8*i + j]))) / (1.0 + exp(-fabs(t61[8*i + j] + t62[8*i + j] + t4[8*i + j]))));
+            t59[8*i + j] = (((t57[8*i + j] + t58[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t57[8*i + j] + t58[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t57[8*i + j] + t58[8*i + j] + b_i[j]))));
         }
     }
 
-    /* t64 = t57 @ U_g */
-    LSTM_SEQUENCE_REAL *t64 = with_grads ? t61 : t54; /* n x 8, in t61's memory */
-    symbackprop_f64_matmul(n, 8, 8, t57, 8, 1, U_g, 8, 1, t64);
+    /* t60 = t53 @ U_g */
+    LSTM_SEQUENCE_REAL *t60 = with_grads ? t57 : t50; /* n x 8, in t57's memory */
+    symbackprop_f64_matmul(n, 8, 8, t53, 8, 1, U_g, 8, 1, t60);
 
-    /* t65 = x5 @ W_g */
-    LSTM_SEQUENCE_REAL *t65 = with_grads ? t62 : t56; /* n x 8, in t62's memory */
-    symbackprop_f64_matmul(n, 8, 1, x5_, 1, 0, W_g, 0, 1, t65);
+    /* t61 = x5 @ W_g */
+    LSTM_SEQUENCE_REAL *t61 = with_grads ? t58 : t52; /* n x 8, in t58's memory */
+    symbackprop_f64_matmul(n, 8, 1, x5_, 1, 0, W_g, 0, 1, t61);
 
-    /* t66 = tanh(t64 + t65 + t7) */
-    LSTM_SEQUENCE_REAL *t66 = with_grads ? t63 + 8*n : t58; /* n x 8 */
+    /* t62 = tanh(b_g + t60 + t61) */
+    LSTM_SEQUENCE_REAL *t62 = with_grads ? t59 + 8*n : t54; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t66[8*i + j] = tanh(t64[8*i + j] + t65[8*i + j] + t7[8*i + j]);
+            t62[8*i + j] = tanh(t60[8*i + j] + t61[8*i + j] + b_g[j]);
         }
     }
 
-    /* t67 = t57 @ U_f */
-    LSTM_SEQUENCE_REAL *t67 = with_grads ? t64 : t59; /* n x 8, in t64's memory */
-    symbackprop_f64_matmul(n, 8, 8, t57, 8, 1, U_f, 8, 1, t67);
+    /* t63 = t53 @ U_f */
+    LSTM_SEQUENCE_REAL *t63 = with_grads ? t60 : t55; /* n x 8, in t60's memory */
+    symbackprop_f64_matmul(n, 8, 8, t53, 8, 1, U_f, 8, 1, t63);
 
-    /* t68 = x5 @ W_f */
-    LSTM_SEQUENCE_REAL *t68 = with_grads ? t65 : t61; /* n x 8, in t65's memory */
-    symbackprop_f64_matmul(n, 8, 1, x5_, 1, 0, W_f, 0, 1, t68);
+    /* t64 = x5 @ W_f */
+    LSTM_SEQUENCE_REAL *t64 = with_grads ? t61 : t57; /* n x 8, in t61's memory */
+    symbackprop_f64_matmul(n, 8, 1, x5_, 1, 0, W_f, 0, 1, t64);
 
-    /* t69 = sigmoid(t23 + t67 + t68) */
-    /* t70 = t55*sigmoid(t23 + t67 + t68) + t63*t66 */
-    /* t71 = tanh(t55*sigmoid(t23 + t67 + t68) + t63*t66) */
-    /* t72 = t60*tanh(t55*sigmoid(t23 + t67 + t68) + t63*t66) */
-    LSTM_SEQUENCE_REAL *t69 = with_grads ? t66 + 8*n : t62; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t70 = with_grads ? t69 + 8*n : t64; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t71 = with_grads ? t70 + 8*n : t65; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t72 = with_grads ? t71 + 8*n : t57; /* n x 8 */
+    /* t65 = sigmoid(b_f + t63 + t64) */
+    /* t66 = t51*sigmoid(b_f + t63 + t64) + t59*t62 */
+    /* t67 = tanh(t51*sigmoid(b_f + t63 + t64) + t59*t62) */
+    /* t68 = t56*tanh(t51*sigmoid(b_f + t63 + t64) + t59*t62) */
+    LSTM_SEQUENCE_REAL *t65 = with_grads ? t62 + 8*n : t58; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t66 = with_grads ? t65 + 8*n : t60; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t67 = with_grads ? t66 + 8*n : t61; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t68 = with_grads ? t67 + 8*n : t53; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t67[8*i + j] + t68[8*i + j] + t23[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t67[8*i + j] + t68[8*i + j] + t23[8*i + j]))) / (1.0 + exp(-fabs(t67[8*i + j] + t68[8*i + j] + t23[8*i + j]))));
-            const LSTM_SEQUENCE_REAL x1 = t63[8*i + j]*t66[8*i + j] + t55[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x0 = (((t63[8*i + j] + t64[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t63[8*i + j] + t64[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t63[8*i + j] + t64[8*i + j] + b_f[j]))));
+            const LSTM_SEQUENCE_REAL x1 = t59[8*i + j]*t62[8*i + j] + t51[8*i + j]*x0;
             const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t69[8*i + j] = x0;
-            t70[8*i + j] = x1;
-            t71[8*i + j] = x2;
-            t72[8*i + j] = t60[8*i + j]*x2;
+            t65[8*i + j] = x0;
+            t66[8*i + j] = x1;
+            t67[8*i + j] = x2;
+            t68[8*i + j] = t56[8*i + j]*x2;
         }
     }
 
-    /* t73 = t72 @ U_o */
-    LSTM_SEQUENCE_REAL *t73 = with_grads ? t67 : t55; /* n x 8, in t67's memory */
-    symbackprop_f64_matmul(n, 8, 8, t72, 8, 1, U_o, 8, 1, t73);
+    /* t69 = t68 @ U_o */
+    LSTM_SEQUENCE_REAL *t69 = with_grads ? t63 : t51; /* n x 8, in t63's memory */
+    symbackprop_f64_matmul(n, 8, 8, t68, 8, 1, U_o, 8, 1, t69);
 
-    /* t74 = x6 @ W_o */
-    LSTM_SEQUENCE_REAL *t74 = with_grads ? t68 : t60; /* n x 8, in t68's memory */
-    symbackprop_f64_matmul(n, 8, 1, x6_, 1, 0, W_o, 0, 1, t74);
+    /* t70 = x6 @ W_o */
+    LSTM_SEQUENCE_REAL *t70 = with_grads ? t64 : t56; /* n x 8, in t64's memory */
+    symbackprop_f64_matmul(n, 8, 1, x6_, 1, 0, W_o, 0, 1, t70);
 
-    /* t75 = sigmoid(t1 + t73 + t74) */
-    LSTM_SEQUENCE_REAL *t75 = with_grads ? t72 + 8*n : t63; /* n x 8 */
+    /* t71 = sigmoid(b_o + t69 + t70) */
+    LSTM_SEQUENCE_REAL *t71 = with_grads ? t68 + 8*n : t59; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t75[8*i + j] = (((t73[8*i + j] + t74[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t73[8*i + j] + t74[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t73[8*i + j] + t74[8*i + j] + t1[8*i + j]))));
+            t71[8*i + j] = (((t69[8*i + j] + t70[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t69[8*i + j] + t70[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t69[8*i + j] + t70[8*i + j] + b_o[j]))));
         }
     }
 
-    /* t76 = t72 @ U_i */
-    LSTM_SEQUENCE_REAL *t76 = with_grads ? t73 : t66; /* n x 8, in t73's memory */
-    symbackprop_f64_matmul(n, 8, 8, t72, 8, 1, U_i, 8, 1, t76);
+    /* t72 = t68 @ U_i */
+    LSTM_SEQUENCE_REAL *t72 = with_grads ? t69 : t62; /* n x 8, in t69's memory */
+    symbackprop_f64_matmul(n, 8, 8, t68, 8, 1, U_i, 8, 1, t72);
 
-    /* t77 = x6 @ W_i */
-    LSTM_SEQUENCE_REAL *t77 = with_grads ? t74 : t67; /* n x 8, in t74's memory */
-    symbackprop_f64_matmul(n, 8, 1, x6_, 1, 0, W_i, 0, 1, t77);
+    /* t73 = x6 @ W_i */
+    LSTM_SEQUENCE_REAL *t73 = with_grads ? t70 : t63; /* n x 8, in t70's memory */
+    symbackprop_f64_matmul(n, 8, 1, x6_, 1, 0, W_i, 0, 1, t73);
 
-    /* t78 = sigmoid(t4 + t76 + t77) */
-    LSTM_SEQUENCE_REAL *t78 = with_grads ? t75 + 8*n : t68; /* n x 8 */
+    /* t74 = sigmoid(b_i + t72 + t73) */
+    LSTM_SEQUENCE_REAL *t74 = with_grads ? t71 + 8*n : t64; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t78[8*i + j] = (((t76[8*i + j] + t77[8*i + j] + t4[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t76[8*i + j] + t77[8*i + j] + t4[8*i + j]))) / (1.0 + exp(-fabs(t76[8*i + j] + t77[8*i + j] + t4[8*i + j]))));
+            t74[8*i + j] = (((t72[8*i + j] + t73[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t72[8*i + j] + t73[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t72[8*i + j] + t73[8*i + j] + b_i[j]))));
         }
     }
 
-    /* t79 = t72 @ U_g */
-    LSTM_SEQUENCE_REAL *t79 = with_grads ? t76 : t69; /* n x 8, in t76's memory */
-    symbackprop_f64_matmul(n, 8, 8, t72, 8, 1, U_g, 8, 1, t79);
+    /* t75 = t68 @ U_g */
+    LSTM_SEQUENCE_REAL *t75 = with_grads ? t72 : t65; /* n x 8, in t72's memory */
+    symbackprop_f64_matmul(n, 8, 8, t68, 8, 1, U_g, 8, 1, t75);
 
-    /* t80 = x6 @ W_g */
-    LSTM_SEQUENCE_REAL *t80 = with_grads ? t77 : t71; /* n x 8, in t77's memory */
-    symbackprop_f64_matmul(n, 8, 1, x6_, 1, 0, W_g, 0, 1, t80);
+    /* t76 = x6 @ W_g */
+    LSTM_SEQUENCE_REAL *t76 = with_grads ? t73 : t67; /* n x 8, in t73's memory */
+    symbackprop_f64_matmul(n, 8, 1, x6_, 1, 0, W_g, 0, 1, t76);
 
-    /* t81 = tanh(t7 + t79 + t80) */
-    LSTM_SEQUENCE_REAL *t81 = with_grads ? t78 + 8*n : t73; /* n x 8 */
+    /* t77 = tanh(b_g + t75 + t76) */
+    LSTM_SEQUENCE_REAL *t77 = with_grads ? t74 + 8*n : t69; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t81[8*i + j] = tanh(t79[8*i + j] + t80[8*i + j] + t7[8*i + j]);
+            t77[8*i + j] = tanh(t75[8*i + j] + t76[8*i + j] + b_g[j]);
         }
     }
 
-    /* t82 = t72 @ U_f */
-    LSTM_SEQUENCE_REAL *t82 = with_grads ? t79 : t74; /* n x 8, in t79's memory */
-    symbackprop_f64_matmul(n, 8, 8, t72, 8, 1, U_f, 8, 1, t82);
+    /* t78 = t68 @ U_f */
+    LSTM_SEQUENCE_REAL *t78 = with_grads ? t75 : t70; /* n x 8, in t75's memory */
+    symbackprop_f64_matmul(n, 8, 8, t68, 8, 1, U_f, 8, 1, t78);
 }
 
 /* lstm_sequence_run, part 3 of 8 (kernels 65 to 94): a long
@@ -536,6 +524,10 @@ static void lstm_sequence_run_part3(
     const LSTM_SEQUENCE_REAL *U_f,
     const LSTM_SEQUENCE_REAL *U_g,
     const LSTM_SEQUENCE_REAL *U_o,
+    const LSTM_SEQUENCE_REAL *b_i,
+    const LSTM_SEQUENCE_REAL *b_f,
+    const LSTM_SEQUENCE_REAL *b_g,
+    const LSTM_SEQUENCE_REAL *b_o,
     const LSTM_SEQUENCE_REAL *V,
     const LSTM_SEQUENCE_REAL *c0,
     LSTM_SEQUENCE_REAL *loss,
@@ -544,230 +536,226 @@ static void lstm_sequence_run_part3(
     int with_grads
 )
 {
-    LSTM_SEQUENCE_REAL *t1 = work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t4 = work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t7 = work + 40*n; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *t23 = with_grads ? work + 112*n : work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t27 = with_grads ? work + 144*n : work + 104*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t70 = with_grads ? work + 296*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t72 = with_grads ? work + 312*n : work + 104*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t75 = with_grads ? work + 320*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t76 = with_grads ? work : work + 80*n; /* n x 8, in t73's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t77 = with_grads ? work + 80*n : work + 48*n; /* n x 8, in t74's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t78 = with_grads ? work + 328*n : work + 88*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t79 = with_grads ? work : work + 16*n; /* n x 8, in t76's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t80 = with_grads ? work + 80*n : work + 96*n; /* n x 8, in t77's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t81 = with_grads ? work + 336*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t82 = with_grads ? work : work + 64*n; /* n x 8, in t79's memory; placed in an earlier part */
-    /* t83 = x6 @ W_f */
-    LSTM_SEQUENCE_REAL *t83 = with_grads ? t80 : t76; /* n x 8, in t80's memory */
-    symbackprop_f64_matmul(n, 8, 1, x6_, 1, 0, W_f, 0, 1, t83);
+    LSTM_SEQUENCE_REAL *t66 = with_grads ? work + 264*n : work; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t68 = with_grads ? work + 280*n : work + 72*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t71 = with_grads ? work + 288*n : work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t72 = with_grads ? work : work + 48*n; /* n x 8, in t69's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t73 = with_grads ? work + 56*n : work + 24*n; /* n x 8, in t70's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t74 = with_grads ? work + 296*n : work + 56*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t75 = with_grads ? work : work + 8*n; /* n x 8, in t72's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t76 = with_grads ? work + 56*n : work + 64*n; /* n x 8, in t73's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t77 = with_grads ? work + 304*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t78 = with_grads ? work : work + 40*n; /* n x 8, in t75's memory; placed in an earlier part */
+    /* t79 = x6 @ W_f */
+    LSTM_SEQUENCE_REAL *t79 = with_grads ? t76 : t72; /* n x 8, in t76's memory */
+    symbackprop_f64_matmul(n, 8, 1, x6_, 1, 0, W_f, 0, 1, t79);
 
-    /* t84 = sigmoid(t23 + t82 + t83) */
-    /* t85 = t70*sigmoid(t23 + t82 + t83) + t78*t81 */
-    /* t86 = tanh(t70*sigmoid(t23 + t82 + t83) + t78*t81) */
-    /* t87 = t75*tanh(t70*sigmoid(t23 + t82 + t83) + t78*t81) */
-    LSTM_SEQUENCE_REAL *t84 = with_grads ? t81 + 8*n : t77; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t85 = with_grads ? t84 + 8*n : t79; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t86 = with_grads ? t85 + 8*n : t80; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t87 = with_grads ? t86 + 8*n : t72; /* n x 8 */
+    /* t80 = sigmoid(b_f + t78 + t79) */
+    /* t81 = t66*sigmoid(b_f + t78 + t79) + t74*t77 */
+    /* t82 = tanh(t66*sigmoid(b_f + t78 + t79) + t74*t77) */
+    /* t83 = t71*tanh(t66*sigmoid(b_f + t78 + t79) + t74*t77) */
+    LSTM_SEQUENCE_REAL *t80 = with_grads ? t77 + 8*n : t73; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t81 = with_grads ? t80 + 8*n : t75; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t82 = with_grads ? t81 + 8*n : t76; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t83 = with_grads ? t82 + 8*n : t68; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t82[8*i + j] + t83[8*i + j] + t23[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t82[8*i + j] + t83[8*i + j] + t23[8*i + j]))) / (1.0 + exp(-fabs(t82[8*i + j] + t83[8*i + j] + t23[8*i + j]))));
-            const LSTM_SEQUENCE_REAL x1 = t78[8*i + j]*t81[8*i + j] + t70[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x0 = (((t78[8*i + j] + t79[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t78[8*i + j] + t79[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t78[8*i + j] + t79[8*i + j] + b_f[j]))));
+            const LSTM_SEQUENCE_REAL x1 = t74[8*i + j]*t77[8*i + j] + t66[8*i + j]*x0;
             const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t84[8*i + j] = x0;
-            t85[8*i + j] = x1;
-            t86[8*i + j] = x2;
-            t87[8*i + j] = t75[8*i + j]*x2;
+            t80[8*i + j] = x0;
+            t81[8*i + j] = x1;
+            t82[8*i + j] = x2;
+            t83[8*i + j] = t71[8*i + j]*x2;
         }
     }
 
-    /* t88 = t87 @ U_o */
-    LSTM_SEQUENCE_REAL *t88 = with_grads ? t82 : t70; /* n x 8, in t82's memory */
-    symbackprop_f64_matmul(n, 8, 8, t87, 8, 1, U_o, 8, 1, t88);
+    /* t84 = t83 @ U_o */
+    LSTM_SEQUENCE_REAL *t84 = with_grads ? t78 : t66; /* n x 8, in t78's memory */
+    symbackprop_f64_matmul(n, 8, 8, t83, 8, 1, U_o, 8, 1, t84);
 
-    /* t89 = x7 @ W_o */
-    LSTM_SEQUENCE_REAL *t89 = with_grads ? t83 : t75; /* n x 8, in t83's memory */
-    symbackprop_f64_matmul(n, 8, 1, x7_, 1, 0, W_o, 0, 1, t89);
+    /* t85 = x7 @ W_o */
+    LSTM_SEQUENCE_REAL *t85 = with_grads ? t79 : t71; /* n x 8, in t79's memory */
+    symbackprop_f64_matmul(n, 8, 1, x7_, 1, 0, W_o, 0, 1, t85);
 
-    /* t90 = sigmoid(t1 + t88 + t89) */
-    LSTM_SEQUENCE_REAL *t90 = with_grads ? t87 + 8*n : t78; /* n x 8 */
+    /* t86 = sigmoid(b_o + t84 + t85) */
+    LSTM_SEQUENCE_REAL *t86 = with_grads ? t83 + 8*n : t74; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t90[8*i + j] = (((t88[8*i + j] + t89[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t88[8*i + j] + t89[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t88[8*i + j] + t89[8*i + j] + t1[8*i + j]))));
+            t86[8*i + j] = (((t84[8*i + j] + t85[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t84[8*i + j] + t85[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t84[8*i + j] + t85[8*i + j] + b_o[j]))));
         }
     }
 
-    /* t91 = t87 @ U_i */
-    LSTM_SEQUENCE_REAL *t91 = with_grads ? t88 : t81; /* n x 8, in t88's memory */
-    symbackprop_f64_matmul(n, 8, 8, t87, 8, 1, U_i, 8, 1, t91);
+    /* t87 = t83 @ U_i */
+    LSTM_SEQUENCE_REAL *t87 = with_grads ? t84 : t77; /* n x 8, in t84's memory */
+    symbackprop_f64_matmul(n, 8, 8, t83, 8, 1, U_i, 8, 1, t87);
 
-    /* t92 = x7 @ W_i */
-    LSTM_SEQUENCE_REAL *t92 = with_grads ? t89 : t82; /* n x 8, in t89's memory */
-    symbackprop_f64_matmul(n, 8, 1, x7_, 1, 0, W_i, 0, 1, t92);
+    /* t88 = x7 @ W_i */
+    LSTM_SEQUENCE_REAL *t88 = with_grads ? t85 : t78; /* n x 8, in t85's memory */
+    symbackprop_f64_matmul(n, 8, 1, x7_, 1, 0, W_i, 0, 1, t88);
 
-    /* t93 = sigmoid(t4 + t91 + t92) */
-    LSTM_SEQUENCE_REAL *t93 = with_grads ? t90 + 8*n : t83; /* n x 8 */
+    /* t89 = sigmoid(b_i + t87 + t88) */
+    LSTM_SEQUENCE_REAL *t89 = with_grads ? t86 + 8*n : t79; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t93[8*i + j] = (((t91[8*i + j] + t92[8*i + j] + t4[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t91[8*i + j] + t92[8*i + j] + t4[8*i + j]))) / (1.0 + exp(-fabs(t91[8*i + j] + t92[8*i + j] + t4[8*i + j]))));
+            t89[8*i + j] = (((t87[8*i + j] + t88[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t87[8*i + j] + t88[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t87[8*i + j] + t88[8*i + j] + b_i[j]))));
         }
     }
 
-    /* t94 = t87 @ U_g */
-    LSTM_SEQUENCE_REAL *t94 = with_grads ? t91 : t84; /* n x 8, in t91's memory */
-    symbackprop_f64_matmul(n, 8, 8, t87, 8, 1, U_g, 8, 1, t94);
+    /* t90 = t83 @ U_g */
+    LSTM_SEQUENCE_REAL *t90 = with_grads ? t87 : t80; /* n x 8, in t87's memory */
+    symbackprop_f64_matmul(n, 8, 8, t83, 8, 1, U_g, 8, 1, t90);
 
-    /* t95 = x7 @ W_g */
-    LSTM_SEQUENCE_REAL *t95 = with_grads ? t92 : t86; /* n x 8, in t92's memory */
-    symbackprop_f64_matmul(n, 8, 1, x7_, 1, 0, W_g, 0, 1, t95);
+    /* t91 = x7 @ W_g */
+    LSTM_SEQUENCE_REAL *t91 = with_grads ? t88 : t82; /* n x 8, in t88's memory */
+    symbackprop_f64_matmul(n, 8, 1, x7_, 1, 0, W_g, 0, 1, t91);
 
-    /* t96 = tanh(t7 + t94 + t95) */
-    LSTM_SEQUENCE_REAL *t96 = with_grads ? t93 + 8*n : t88; /* n x 8 */
+    /* t92 = tanh(b_g + t90 + t91) */
+    LSTM_SEQUENCE_REAL *t92 = with_grads ? t89 + 8*n : t84; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t96[8*i + j] = tanh(t94[8*i + j] + t95[8*i + j] + t7[8*i + j]);
+            t92[8*i + j] = tanh(t90[8*i + j] + t91[8*i + j] + b_g[j]);
         }
     }
 
-    /* t97 = t87 @ U_f */
-    LSTM_SEQUENCE_REAL *t97 = with_grads ? t94 : t89; /* n x 8, in t94's memory */
-    symbackprop_f64_matmul(n, 8, 8, t87, 8, 1, U_f, 8, 1, t97);
+    /* t93 = t83 @ U_f */
+    LSTM_SEQUENCE_REAL *t93 = with_grads ? t90 : t85; /* n x 8, in t90's memory */
+    symbackprop_f64_matmul(n, 8, 8, t83, 8, 1, U_f, 8, 1, t93);
 
-    /* t98 = x7 @ W_f */
-    LSTM_SEQUENCE_REAL *t98 = with_grads ? t95 : t91; /* n x 8, in t95's memory */
-    symbackprop_f64_matmul(n, 8, 1, x7_, 1, 0, W_f, 0, 1, t98);
+    /* t94 = x7 @ W_f */
+    LSTM_SEQUENCE_REAL *t94 = with_grads ? t91 : t87; /* n x 8, in t91's memory */
+    symbackprop_f64_matmul(n, 8, 1, x7_, 1, 0, W_f, 0, 1, t94);
 
-    /* t99 = sigmoid(t23 + t97 + t98) */
-    /* t100 = t85*sigmoid(t23 + t97 + t98) + t93*t96 */
-    /* t101 = tanh(t85*sigmoid(t23 + t97 + t98) + t93*t96) */
-    /* t102 = t90*tanh(t85*sigmoid(t23 + t97 + t98) + t93*t96) */
-    LSTM_SEQUENCE_REAL *t99 = with_grads ? t96 + 8*n : t92; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t100 = with_grads ? t99 + 8*n : t94; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t101 = with_grads ? t100 + 8*n : t95; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t102 = with_grads ? t101 + 8*n : t87; /* n x 8 */
+    /* t95 = sigmoid(b_f + t93 + t94) */
+    /* t96 = t81*sigmoid(b_f + t93 + t94) + t89*t92 */
+    /* t97 = tanh(t81*sigmoid(b_f + t93 + t94) + t89*t92) */
+    /* t98 = t86*tanh(t81*sigmoid(b_f + t93 + t94) + t89*t92) */
+    LSTM_SEQUENCE_REAL *t95 = with_grads ? t92 + 8*n : t88; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t96 = with_grads ? t95 + 8*n : t90; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t97 = with_grads ? t96 + 8*n : t91; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t98 = with_grads ? t97 + 8*n : t83; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t97[8*i + j] + t98[8*i + j] + t23[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t97[8*i + j] + t98[8*i + j] + t23[8*i + j]))) / (1.0 + exp(-fabs(t97[8*i + j] + t98[8*i + j] + t23[8*i + j]))));
-            const LSTM_SEQUENCE_REAL x1 = t93[8*i + j]*t96[8*i + j] + t85[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x0 = (((t93[8*i + j] + t94[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t93[8*i + j] + t94[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t93[8*i + j] + t94[8*i + j] + b_f[j]))));
+            const LSTM_SEQUENCE_REAL x1 = t89[8*i + j]*t92[8*i + j] + t81[8*i + j]*x0;
             const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t99[8*i + j] = x0;
-            t100[8*i + j] = x1;
-            t101[8*i + j] = x2;
-            t102[8*i + j] = t90[8*i + j]*x2;
+            t95[8*i + j] = x0;
+            t96[8*i + j] = x1;
+            t97[8*i + j] = x2;
+            t98[8*i + j] = t86[8*i + j]*x2;
         }
     }
 
-    /* t103 = t102 @ U_o */
-    LSTM_SEQUENCE_REAL *t103 = with_grads ? t97 : t85; /* n x 8, in t97's memory */
-    symbackprop_f64_matmul(n, 8, 8, t102, 8, 1, U_o, 8, 1, t103);
+    /* t99 = t98 @ U_o */
+    LSTM_SEQUENCE_REAL *t99 = with_grads ? t93 : t81; /* n x 8, in t93's memory */
+    symbackprop_f64_matmul(n, 8, 8, t98, 8, 1, U_o, 8, 1, t99);
 
-    /* t104 = x8 @ W_o */
-    LSTM_SEQUENCE_REAL *t104 = with_grads ? t98 : t90; /* n x 8, in t98's memory */
-    symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_o, 0, 1, t104);
+    /* t100 = x8 @ W_o */
+    LSTM_SEQUENCE_REAL *t100 = with_grads ? t94 : t86; /* n x 8, in t94's memory */
+    symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_o, 0, 1, t100);
 
-    /* t105 = sigmoid(t1 + t103 + t104) */
-    LSTM_SEQUENCE_REAL *t105 = with_grads ? t102 + 8*n : t93; /* n x 8 */
+    /* t101 = sigmoid(b_o + t100 + t99) */
+    LSTM_SEQUENCE_REAL *t101 = with_grads ? t98 + 8*n : t89; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t105[8*i + j] = (((t103[8*i + j] + t104[8*i + j] + t1[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t103[8*i + j] + t104[8*i + j] + t1[8*i + j]))) / (1.0 + exp(-fabs(t103[8*i + j] + t104[8*i + j] + t1[8*i + j]))));
+            t101[8*i + j] = (((t99[8*i + j] + t100[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t99[8*i + j] + t100[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t99[8*i + j] + t100[8*i + j] + b_o[j]))));
         }
     }
 
-    /* t106 = t102 @ U_i */
-    LSTM_SEQUENCE_REAL *t106 = with_grads ? t1 : t96; /* n x 8, in t1's memory */
-    symbackprop_f64_matmul(n, 8, 8, t102, 8, 1, U_i, 8, 1, t106);
+    /* t102 = t98 @ U_i */
+    LSTM_SEQUENCE_REAL *t102 = with_grads ? t99 : t92; /* n x 8, in t99's memory */
+    symbackprop_f64_matmul(n, 8, 8, t98, 8, 1, U_i, 8, 1, t102);
 
-    /* t107 = x8 @ W_i */
-    LSTM_SEQUENCE_REAL *t107 = with_grads ? t103 : t97; /* n x 8, in t103's memory */
-    symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_i, 0, 1, t107);
+    /* t103 = x8 @ W_i */
+    LSTM_SEQUENCE_REAL *t103 = with_grads ? t100 : t93; /* n x 8, in t100's memory */
+    symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_i, 0, 1, t103);
 
-    /* t108 = sigmoid(t106 + t107 + t4) */
-    LSTM_SEQUENCE_REAL *t108 = with_grads ? t104 : t98; /* n x 8, in t104's memory */
+    /* t104 = sigmoid(b_i + t102 + t103) */
+    LSTM_SEQUENCE_REAL *t104 = with_grads ? t101 + 8*n : t94; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t108[8*i + j] = (((t106[8*i + j] + t107[8*i + j] + t4[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t106[8*i + j] + t107[8*i + j] + t4[8*i + j]))) / (1.0 + exp(-fabs(t106[8*i + j] + t107[8*i + j] + t4[8*i + j]))));
+            t104[8*i + j] = (((t102[8*i + j] + t103[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t102[8*i + j] + t103[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t102[8*i + j] + t103[8*i + j] + b_i[j]))));
         }
     }
 
-    /* t109 = t102 @ U_g */
-    LSTM_SEQUENCE_REAL *t109 = with_grads ? t4 : t99; /* n x 8, in t4's memory */
-    symbackprop_f64_matmul(n, 8, 8, t102, 8, 1, U_g, 8, 1, t109);
+    /* t105 = t98 @ U_g */
+    LSTM_SEQUENCE_REAL *t105 = with_grads ? t102 : t95; /* n x 8, in t102's memory */
+    symbackprop_f64_matmul(n, 8, 8, t98, 8, 1, U_g, 8, 1, t105);
 
-    /* t110 = x8 @ W_g */
-    LSTM_SEQUENCE_REAL *t110 = with_grads ? t106 : t101; /* n x 8, in t106's memory */
-    symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_g, 0, 1, t110);
+    /* t106 = x8 @ W_g */
+    LSTM_SEQUENCE_REAL *t106 = with_grads ? t103 : t97; /* n x 8, in t103's memory */
+    symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_g, 0, 1, t106);
 
-    /* t111 = tanh(t109 + t110 + t7) */
-    LSTM_SEQUENCE_REAL *t111 = with_grads ? t107 : t1; /* n x 8, in t107's memory */
+    /* t107 = tanh(b_g + t105 + t106) */
+    LSTM_SEQUENCE_REAL *t107 = with_grads ? t104 + 8*n : t99; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t111[8*i + j] = tanh(t109[8*i + j] + t110[8*i + j] + t7[8*i + j]);
+            t107[8*i + j] = tanh(t105[8*i + j] + t106[8*i + j] + b_g[j]);
         }
     }
 
-    /* t112 = t102 @ U_f */
-    LSTM_SEQUENCE_REAL *t112 = with_grads ? t7 : t103; /* n x 8, in t7's memory */
-    symbackprop_f64_matmul(n, 8, 8, t102, 8, 1, U_f, 8, 1, t112);
+    /* t108 = t98 @ U_f */
+    LSTM_SEQUENCE_REAL *t108 = with_grads ? t105 : t100; /* n x 8, in t105's memory */
+    symbackprop_f64_matmul(n, 8, 8, t98, 8, 1, U_f, 8, 1, t108);
 
-    /* t113 = x8 @ W_f */
-    LSTM_SEQUENCE_REAL *t113 = with_grads ? t109 : t104; /* n x 8, in t109's memory */
-    symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_f, 0, 1, t113);
+    /* t109 = x8 @ W_f */
+    LSTM_SEQUENCE_REAL *t109 = with_grads ? t106 : t102; /* n x 8, in t106's memory */
+    symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_f, 0, 1, t109);
 
-    /* t114 = sigmoid(t112 + t113 + t23) */
-    /* t115 = tanh(t100*sigmoid(t112 + t113 + t23) + t108*t111) */
-    /* t116 = t105*tanh(t100*sigmoid(t112 + t113 + t23) + t108*t111) */
-    LSTM_SEQUENCE_REAL *t114 = with_grads ? t110 : t4; /* n x 8, in t110's memory */
-    LSTM_SEQUENCE_REAL *t115 = with_grads ? t105 + 8*n : t106; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t116 = with_grads ? t115 + 8*n : t107; /* n x 8 */
+    /* t110 = sigmoid(b_f + t108 + t109) */
+    /* t111 = tanh(t104*t107 + t96*sigmoid(b_f + t108 + t109)) */
+    /* t112 = t101*tanh(t104*t107 + t96*sigmoid(b_f + t108 + t109)) */
+    LSTM_SEQUENCE_REAL *t110 = with_grads ? t107 + 8*n : t103; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t111 = with_grads ? t110 + 8*n : t105; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t112 = with_grads ? t111 + 8*n : t106; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t112[8*i + j] + t113[8*i + j] + t23[8*i + j]) >= 0 ? 1.0 : exp(-fabs(t112[8*i + j] + t113[8*i + j] + t23[8*i + j]))) / (1.0 + exp(-fabs(t112[8*i + j] + t113[8*i + j] + t23[8*i + j]))));
-            const LSTM_SEQUENCE_REAL x1 = tanh(t108[8*i + j]*t111[8*i + j] + t100[8*i + j]*x0);
-            t114[8*i + j] = x0;
-            t115[8*i + j] = x1;
-            t116[8*i + j] = t105[8*i + j]*x1;
+            const LSTM_SEQUENCE_REAL x0 = (((t108[8*i + j] + t109[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t108[8*i + j] + t109[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t108[8*i + j] + t109[8*i + j] + b_f[j]))));
+            const LSTM_SEQUENCE_REAL x1 = tanh(t104[8*i + j]*t107[8*i + j] + t96[8*i + j]*x0);
+            t110[8*i + j] = x0;
+            t111[8*i + j] = x1;
+            t112[8*i + j] = t101[8*i + j]*x1;
         }
     }
 
-    /* t117 = t116 @ V */
-    LSTM_SEQUENCE_REAL *t117 = with_grads ? t116 + 8*n : t27 + 8*n; /* n x 1 */
-    symbackprop_f64_matmul(n, 1, 8, t116, 8, 1, V, 1, 0, t117);
+    /* t113 = t112 @ V */
+    LSTM_SEQUENCE_REAL *t113 = with_grads ? t112 + 8*n : t23 + 8*n; /* n x 1 */
+    symbackprop_f64_matmul(n, 1, 8, t112, 8, 1, V, 1, 0, t113);
 
-    /* logit = c0 + t117 */
-    /* t118 = -y*(c0 + t117) + softplus(c0 + t117) */
-    /* grad_logit = -y/n + sigmoid(c0 + t117)/n */
-    LSTM_SEQUENCE_REAL *t118 = t117 + n; /* n x 1 */
-    LSTM_SEQUENCE_REAL *grad_logit = t118 + n; /* n x 1 */
+    /* logit = c0 + t113 */
+    /* t114 = -y*(c0 + t113) + softplus(c0 + t113) */
+    /* grad_logit = -y/n + sigmoid(c0 + t113)/n */
+    LSTM_SEQUENCE_REAL *t114 = t113 + n; /* n x 1 */
+    LSTM_SEQUENCE_REAL *grad_logit = t114 + n; /* n x 1 */
     {
         const LSTM_SEQUENCE_REAL c0_value = c0[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < n; ++i) {
-            const LSTM_SEQUENCE_REAL x0 = c0_value + t117[i];
+            const LSTM_SEQUENCE_REAL x0 = t113[i] + c0_value;
             const LSTM_SEQUENCE_REAL x1 = 1.0/((LSTM_SEQUENCE_REAL)n);
             logit[i] = x0;
-            t118[i] = -y[i]*x0 + (((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
+            t114[i] = -y[i]*x0 + (((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
             grad_logit[i] = -y[i]*x1 + x1*(((x0) >= 0 ? 1.0 : exp(-fabs(x0))) / (1.0 + exp(-fabs(x0))));
         }
     }
 
-    /* t119 = sum of t118 down each column */
-    LSTM_SEQUENCE_REAL *t119 = grad_logit + n; /* 1 x 1 */
-    t119[0] = symbackprop_f64_sum(t118, n, 1);
+    /* t115 = sum of t114 down each column */
+    LSTM_SEQUENCE_REAL *t115 = grad_logit + n; /* 1 x 1 */
+    t115[0] = symbackprop_f64_sum(t114, n, 1);
 
-    /* loss = t119/n */
+    /* loss = t115/n */
     {
-        loss[0] = t119[0]/((LSTM_SEQUENCE_REAL)n);
+        loss[0] = t115[0]/((LSTM_SEQUENCE_REAL)n);
     }
 }
 
@@ -781,42 +769,41 @@ static void lstm_sequence_run_part4(
     int with_grads
 )
 {
-    LSTM_SEQUENCE_REAL *t23 = with_grads ? work + 112*n : work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t100 = with_grads ? work + 408*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t105 = with_grads ? work + 432*n : work + 80*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t108 = with_grads ? work + 80*n : work + 32*n; /* n x 8, in t104's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t111 = with_grads ? work : work + 8*n; /* n x 8, in t107's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t112 = with_grads ? work + 40*n : work + 16*n; /* n x 8, in t7's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t113 = with_grads ? work + 24*n : work + 88*n; /* n x 8, in t109's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t114 = with_grads ? work + 8*n : work + 24*n; /* n x 8, in t110's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t115 = with_grads ? work + 440*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_logit = with_grads ? work + 458*n : work + 114*n; /* n x 1; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t119 = with_grads ? work + 459*n : work + 115*n; /* 1 x 1; placed in an earlier part */
-    /* grad_t116 = grad_logit @ V^T */
-    LSTM_SEQUENCE_REAL *grad_t116 = t23; /* n x 8, in t23's memory */
-    symbackprop_f64_matmul(n, 8, 1, grad_logit, 1, 0, V, 0, 1, grad_t116);
+    LSTM_SEQUENCE_REAL *t96 = with_grads ? work + 376*n : work + 24*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t101 = with_grads ? work + 400*n : work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t104 = with_grads ? work + 408*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t107 = with_grads ? work + 416*n : work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t108 = with_grads ? work : work + 56*n; /* n x 8, in t105's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t109 = with_grads ? work + 56*n : work; /* n x 8, in t106's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t110 = with_grads ? work + 424*n : work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t111 = with_grads ? work + 432*n : work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_logit = with_grads ? work + 450*n : work + 82*n; /* n x 1; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t115 = with_grads ? work + 451*n : work + 83*n; /* 1 x 1; placed in an earlier part */
+    /* grad_t112 = grad_logit @ V^T */
+    LSTM_SEQUENCE_REAL *grad_t112 = t108; /* n x 8, in t108's memory */
+    symbackprop_f64_matmul(n, 8, 1, grad_logit, 1, 0, V, 0, 1, grad_t112);
 
-    /* g0 = grad_t116*t105*(1 - t115**2) */
-    /* g1 = grad_t116*t105*t108*t111*(1 - t108)*(1 - t115**2) */
-    /* g2 = grad_t116*t100*t105*t114*(1 - t114)*(1 - t115**2) */
-    /* g3 = grad_t116*t105*t108*(1 - t111**2)*(1 - t115**2) */
-    /* g4 = grad_t116*t105*t115*(1 - t105) */
-    LSTM_SEQUENCE_REAL *g0 = t112; /* n x 8, in t112's memory */
-    LSTM_SEQUENCE_REAL *g1 = t113; /* n x 8, in t113's memory */
-    LSTM_SEQUENCE_REAL *g2 = t119 + 1; /* n x 8 */
+    /* g0 = grad_t112*t101*(1 - t111**2) */
+    /* g1 = grad_t112*t101*t104*t107*(1 - t104)*(1 - t111**2) */
+    /* g2 = grad_t112*t101*t110*t96*(1 - t110)*(1 - t111**2) */
+    /* g3 = grad_t112*t101*t104*(1 - t107**2)*(1 - t111**2) */
+    /* g4 = grad_t112*t101*t111*(1 - t101) */
+    LSTM_SEQUENCE_REAL *g0 = t109; /* n x 8, in t109's memory */
+    LSTM_SEQUENCE_REAL *g1 = t115 + 1; /* n x 8 */
+    LSTM_SEQUENCE_REAL *g2 = g1 + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *g3 = g2 + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *g4 = g3 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_t116[8*i + j]*t105[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = x0*(1 - (t115[8*i + j]*t115[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t108[8*i + j]*x1;
+            const LSTM_SEQUENCE_REAL x0 = grad_t112[8*i + j]*t101[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = x0*(1 - (t111[8*i + j]*t111[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t104[8*i + j]*x1;
             g0[8*i + j] = x1;
-            g1[8*i + j] = t111[8*i + j]*x2*(1 - t108[8*i + j]);
-            g2[8*i + j] = t100[8*i + j]*t114[8*i + j]*x1*(1 - t114[8*i + j]);
-            g3[8*i + j] = x2*(1 - (t111[8*i + j]*t111[8*i + j]));
-            g4[8*i + j] = t115[8*i + j]*x0*(1 - t105[8*i + j]);
+            g1[8*i + j] = t107[8*i + j]*x2*(1 - t104[8*i + j]);
+            g2[8*i + j] = t96[8*i + j]*t110[8*i + j]*x1*(1 - t110[8*i + j]);
+            g3[8*i + j] = x2*(1 - (t107[8*i + j]*t107[8*i + j]));
+            g4[8*i + j] = t111[8*i + j]*x0*(1 - t101[8*i + j]);
         }
     }
 }
@@ -840,45 +827,45 @@ static void lstm_sequence_run_part5(
     int with_grads
 )
 {
-    LSTM_SEQUENCE_REAL *t25 = with_grads ? work + 128*n : work + 88*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t30 = with_grads ? work + 152*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t33 = with_grads ? work + 160*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t36 = with_grads ? work + 168*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t39 = with_grads ? work + 176*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t40 = with_grads ? work + 184*n : work + 80*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t41 = with_grads ? work + 192*n : work + 96*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t45 = with_grads ? work + 208*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t48 = with_grads ? work + 216*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t51 = with_grads ? work + 224*n : work + 88*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t54 = with_grads ? work + 232*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t55 = with_grads ? work + 240*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t56 = with_grads ? work + 248*n : work + 96*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t60 = with_grads ? work + 264*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t63 = with_grads ? work + 272*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t66 = with_grads ? work + 280*n : work + 80*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t69 = with_grads ? work + 288*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t70 = with_grads ? work + 296*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t71 = with_grads ? work + 304*n : work + 96*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t75 = with_grads ? work + 320*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t78 = with_grads ? work + 328*n : work + 88*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t81 = with_grads ? work + 336*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t84 = with_grads ? work + 344*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t85 = with_grads ? work + 352*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t86 = with_grads ? work + 360*n : work + 96*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t90 = with_grads ? work + 376*n : work + 88*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t93 = with_grads ? work + 384*n : work + 80*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t96 = with_grads ? work + 392*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t99 = with_grads ? work + 400*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t100 = with_grads ? work + 408*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t101 = with_grads ? work + 416*n : work + 96*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t105 = with_grads ? work + 432*n : work + 80*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t108 = with_grads ? work + 80*n : work + 32*n; /* n x 8, in t104's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t111 = with_grads ? work : work + 8*n; /* n x 8, in t107's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t114 = with_grads ? work + 8*n : work + 24*n; /* n x 8, in t110's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t115 = with_grads ? work + 440*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t116 = work + 112*n; /* n x 8, in t23's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g0 = work + 40*n; /* n x 8, in t112's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g1 = work + 24*n; /* n x 8, in t113's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t21 = with_grads ? work + 96*n : work + 56*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t26 = with_grads ? work + 120*n : work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t29 = with_grads ? work + 128*n : work + 24*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t32 = with_grads ? work + 136*n : work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t35 = with_grads ? work + 144*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t36 = with_grads ? work + 152*n : work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t37 = with_grads ? work + 160*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t41 = with_grads ? work + 176*n : work + 24*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t44 = with_grads ? work + 184*n : work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t47 = with_grads ? work + 192*n : work + 56*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t50 = with_grads ? work + 200*n : work; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t51 = with_grads ? work + 208*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t52 = with_grads ? work + 216*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t56 = with_grads ? work + 232*n : work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t59 = with_grads ? work + 240*n : work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t62 = with_grads ? work + 248*n : work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t65 = with_grads ? work + 256*n : work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t66 = with_grads ? work + 264*n : work; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t67 = with_grads ? work + 272*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t71 = with_grads ? work + 288*n : work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t74 = with_grads ? work + 296*n : work + 56*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t77 = with_grads ? work + 304*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t80 = with_grads ? work + 312*n : work + 24*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t81 = with_grads ? work + 320*n : work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t82 = with_grads ? work + 328*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t86 = with_grads ? work + 344*n : work + 56*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t89 = with_grads ? work + 352*n : work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t92 = with_grads ? work + 360*n : work; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t95 = with_grads ? work + 368*n : work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t96 = with_grads ? work + 376*n : work + 24*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t97 = with_grads ? work + 384*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t101 = with_grads ? work + 400*n : work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t104 = with_grads ? work + 408*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t107 = with_grads ? work + 416*n : work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t110 = with_grads ? work + 424*n : work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t111 = with_grads ? work + 432*n : work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t112 = work; /* n x 8, in t108's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g0 = work + 56*n; /* n x 8, in t109's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g1 = work + 451*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g2 = work + 459*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g3 = work + 467*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g4 = work + 475*n + 1; /* n x 8; placed in an earlier part */
@@ -886,48 +873,48 @@ static void lstm_sequence_run_part5(
     LSTM_SEQUENCE_REAL *grad_W_i_part = g4 + 8*n; /* 1 x 8 */
     symbackprop_f64_matmul(1, 8, n, x8_, 0, 1, g1, 8, 1, grad_W_i_part);
 
-    /* grad_t102_part = g2 @ U_f^T */
-    LSTM_SEQUENCE_REAL *grad_t102_part = t100; /* n x 8, in t100's memory */
-    symbackprop_f64_matmul(n, 8, 8, g2, 8, 1, U_f, 1, 8, grad_t102_part);
+    /* grad_t98_part = g2 @ U_f^T */
+    LSTM_SEQUENCE_REAL *grad_t98_part = t96; /* n x 8, in t96's memory */
+    symbackprop_f64_matmul(n, 8, 8, g2, 8, 1, U_f, 1, 8, grad_t98_part);
 
-    /* grad_t102_part_1 = g3 @ U_g^T */
-    LSTM_SEQUENCE_REAL *grad_t102_part_1 = t105; /* n x 8, in t105's memory */
-    symbackprop_f64_matmul(n, 8, 8, g3, 8, 1, U_g, 1, 8, grad_t102_part_1);
+    /* grad_t98_part_1 = g3 @ U_g^T */
+    LSTM_SEQUENCE_REAL *grad_t98_part_1 = t101; /* n x 8, in t101's memory */
+    symbackprop_f64_matmul(n, 8, 8, g3, 8, 1, U_g, 1, 8, grad_t98_part_1);
 
-    /* grad_t102_part_2 = g1 @ U_i^T */
-    LSTM_SEQUENCE_REAL *grad_t102_part_2 = t108; /* n x 8, in t108's memory */
-    symbackprop_f64_matmul(n, 8, 8, g1, 8, 1, U_i, 1, 8, grad_t102_part_2);
+    /* grad_t98_part_2 = g1 @ U_i^T */
+    LSTM_SEQUENCE_REAL *grad_t98_part_2 = t104; /* n x 8, in t104's memory */
+    symbackprop_f64_matmul(n, 8, 8, g1, 8, 1, U_i, 1, 8, grad_t98_part_2);
 
-    /* grad_t102_part_3 = g4 @ U_o^T */
-    LSTM_SEQUENCE_REAL *grad_t102_part_3 = t111; /* n x 8, in t111's memory */
-    symbackprop_f64_matmul(n, 8, 8, g4, 8, 1, U_o, 1, 8, grad_t102_part_3);
+    /* grad_t98_part_3 = g4 @ U_o^T */
+    LSTM_SEQUENCE_REAL *grad_t98_part_3 = t107; /* n x 8, in t107's memory */
+    symbackprop_f64_matmul(n, 8, 8, g4, 8, 1, U_o, 1, 8, grad_t98_part_3);
 
-    /* grad_t100 = g0*t114 + t90*(1 - t101**2)*(grad_t102_part + grad_t102_part_1 +
-     * grad_t102_part_2 + grad_t102_part_3) */
-    /* g5 = t93*t96*(1 - t93)*(g0*t114 + t90*(1 - t101**2)*(grad_t102_part + grad_t102_part_1
-     * + grad_t102_part_2 + grad_t102_part_3)) */
-    /* g6 = t85*t99*(1 - t99)*(g0*t114 + t90*(1 - t101**2)*(grad_t102_part + grad_t102_part_1
-     * + grad_t102_part_2 + grad_t102_part_3)) */
-    /* g7 = t93*(1 - t96**2)*(g0*t114 + t90*(1 - t101**2)*(grad_t102_part + grad_t102_part_1
-     * + grad_t102_part_2 + grad_t102_part_3)) */
-    /* g8 = t101*t90*(1 - t90)*(grad_t102_part + grad_t102_part_1 + grad_t102_part_2 +
-     * grad_t102_part_3) */
-    LSTM_SEQUENCE_REAL *grad_t100 = t115; /* n x 8, in t115's memory */
-    LSTM_SEQUENCE_REAL *g5 = grad_t116; /* n x 8, in grad_t116's memory */
+    /* grad_t96 = g0*t110 + t86*(1 - t97**2)*(grad_t98_part + grad_t98_part_1 +
+     * grad_t98_part_2 + grad_t98_part_3) */
+    /* g5 = t89*t92*(1 - t89)*(g0*t110 + t86*(1 - t97**2)*(grad_t98_part + grad_t98_part_1 +
+     * grad_t98_part_2 + grad_t98_part_3)) */
+    /* g6 = t81*t95*(1 - t95)*(g0*t110 + t86*(1 - t97**2)*(grad_t98_part + grad_t98_part_1 +
+     * grad_t98_part_2 + grad_t98_part_3)) */
+    /* g7 = t89*(1 - t92**2)*(g0*t110 + t86*(1 - t97**2)*(grad_t98_part + grad_t98_part_1 +
+     * grad_t98_part_2 + grad_t98_part_3)) */
+    /* g8 = t86*t97*(1 - t86)*(grad_t98_part + grad_t98_part_1 + grad_t98_part_2 +
+     * grad_t98_part_3) */
+    LSTM_SEQUENCE_REAL *grad_t96 = t111; /* n x 8, in t111's memory */
+    LSTM_SEQUENCE_REAL *g5 = grad_t112; /* n x 8, in grad_t112's memory */
     LSTM_SEQUENCE_REAL *g6 = grad_W_i_part + 8; /* n x 8 */
     LSTM_SEQUENCE_REAL *g7 = g6 + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *g8 = g7 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = t90[8*i + j]*(grad_t102_part[8*i + j] + grad_t102_part_1[8*i + j] + grad_t102_part_2[8*i + j] + grad_t102_part_3[8*i + j]);
-            const LSTM_SEQUENCE_REAL x1 = g0[8*i + j]*t114[8*i + j] + x0*(1 - (t101[8*i + j]*t101[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t93[8*i + j]*x1;
-            grad_t100[8*i + j] = x1;
-            g5[8*i + j] = t96[8*i + j]*x2*(1 - t93[8*i + j]);
-            g6[8*i + j] = t85[8*i + j]*t99[8*i + j]*x1*(1 - t99[8*i + j]);
-            g7[8*i + j] = x2*(1 - (t96[8*i + j]*t96[8*i + j]));
-            g8[8*i + j] = t101[8*i + j]*x0*(1 - t90[8*i + j]);
+            const LSTM_SEQUENCE_REAL x0 = t86[8*i + j]*(grad_t98_part[8*i + j] + grad_t98_part_1[8*i + j] + grad_t98_part_2[8*i + j] + grad_t98_part_3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x1 = g0[8*i + j]*t110[8*i + j] + x0*(1 - (t97[8*i + j]*t97[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t89[8*i + j]*x1;
+            grad_t96[8*i + j] = x1;
+            g5[8*i + j] = t92[8*i + j]*x2*(1 - t89[8*i + j]);
+            g6[8*i + j] = t81[8*i + j]*t95[8*i + j]*x1*(1 - t95[8*i + j]);
+            g7[8*i + j] = x2*(1 - (t92[8*i + j]*t92[8*i + j]));
+            g8[8*i + j] = t97[8*i + j]*x0*(1 - t86[8*i + j]);
         }
     }
 
@@ -935,48 +922,48 @@ static void lstm_sequence_run_part5(
     LSTM_SEQUENCE_REAL *grad_W_i_part_1 = g8 + 8*n; /* 1 x 8 */
     symbackprop_f64_matmul(1, 8, n, x7_, 0, 1, g5, 8, 1, grad_W_i_part_1);
 
-    /* grad_t87_part = g6 @ U_f^T */
-    LSTM_SEQUENCE_REAL *grad_t87_part = t85; /* n x 8, in t85's memory */
-    symbackprop_f64_matmul(n, 8, 8, g6, 8, 1, U_f, 1, 8, grad_t87_part);
+    /* grad_t83_part = g6 @ U_f^T */
+    LSTM_SEQUENCE_REAL *grad_t83_part = t81; /* n x 8, in t81's memory */
+    symbackprop_f64_matmul(n, 8, 8, g6, 8, 1, U_f, 1, 8, grad_t83_part);
 
-    /* grad_t87_part_1 = g7 @ U_g^T */
-    LSTM_SEQUENCE_REAL *grad_t87_part_1 = t90; /* n x 8, in t90's memory */
-    symbackprop_f64_matmul(n, 8, 8, g7, 8, 1, U_g, 1, 8, grad_t87_part_1);
+    /* grad_t83_part_1 = g7 @ U_g^T */
+    LSTM_SEQUENCE_REAL *grad_t83_part_1 = t86; /* n x 8, in t86's memory */
+    symbackprop_f64_matmul(n, 8, 8, g7, 8, 1, U_g, 1, 8, grad_t83_part_1);
 
-    /* grad_t87_part_2 = g5 @ U_i^T */
-    LSTM_SEQUENCE_REAL *grad_t87_part_2 = t93; /* n x 8, in t93's memory */
-    symbackprop_f64_matmul(n, 8, 8, g5, 8, 1, U_i, 1, 8, grad_t87_part_2);
+    /* grad_t83_part_2 = g5 @ U_i^T */
+    LSTM_SEQUENCE_REAL *grad_t83_part_2 = t89; /* n x 8, in t89's memory */
+    symbackprop_f64_matmul(n, 8, 8, g5, 8, 1, U_i, 1, 8, grad_t83_part_2);
 
-    /* grad_t87_part_3 = g8 @ U_o^T */
-    LSTM_SEQUENCE_REAL *grad_t87_part_3 = t96; /* n x 8, in t96's memory */
-    symbackprop_f64_matmul(n, 8, 8, g8, 8, 1, U_o, 1, 8, grad_t87_part_3);
+    /* grad_t83_part_3 = g8 @ U_o^T */
+    LSTM_SEQUENCE_REAL *grad_t83_part_3 = t92; /* n x 8, in t92's memory */
+    symbackprop_f64_matmul(n, 8, 8, g8, 8, 1, U_o, 1, 8, grad_t83_part_3);
 
-    /* grad_t85 = grad_t100*t99 + t75*(1 - t86**2)*(grad_t87_part + grad_t87_part_1 +
-     * grad_t87_part_2 + grad_t87_part_3) */
-    /* g9 = t78*t81*(1 - t78)*(grad_t100*t99 + t75*(1 - t86**2)*(grad_t87_part +
-     * grad_t87_part_1 + grad_t87_part_2 + grad_t87_part_3)) */
-    /* g10 = t70*t84*(1 - t84)*(grad_t100*t99 + t75*(1 - t86**2)*(grad_t87_part +
-     * grad_t87_part_1 + grad_t87_part_2 + grad_t87_part_3)) */
-    /* g11 = t78*(1 - t81**2)*(grad_t100*t99 + t75*(1 - t86**2)*(grad_t87_part +
-     * grad_t87_part_1 + grad_t87_part_2 + grad_t87_part_3)) */
-    /* g12 = t75*t86*(1 - t75)*(grad_t87_part + grad_t87_part_1 + grad_t87_part_2 +
-     * grad_t87_part_3) */
-    LSTM_SEQUENCE_REAL *grad_t85 = t101; /* n x 8, in t101's memory */
-    LSTM_SEQUENCE_REAL *g9 = t114; /* n x 8, in t114's memory */
+    /* grad_t81 = grad_t96*t95 + t71*(1 - t82**2)*(grad_t83_part + grad_t83_part_1 +
+     * grad_t83_part_2 + grad_t83_part_3) */
+    /* g9 = t74*t77*(1 - t74)*(grad_t96*t95 + t71*(1 - t82**2)*(grad_t83_part +
+     * grad_t83_part_1 + grad_t83_part_2 + grad_t83_part_3)) */
+    /* g10 = t66*t80*(1 - t80)*(grad_t96*t95 + t71*(1 - t82**2)*(grad_t83_part +
+     * grad_t83_part_1 + grad_t83_part_2 + grad_t83_part_3)) */
+    /* g11 = t74*(1 - t77**2)*(grad_t96*t95 + t71*(1 - t82**2)*(grad_t83_part +
+     * grad_t83_part_1 + grad_t83_part_2 + grad_t83_part_3)) */
+    /* g12 = t71*t82*(1 - t71)*(grad_t83_part + grad_t83_part_1 + grad_t83_part_2 +
+     * grad_t83_part_3) */
+    LSTM_SEQUENCE_REAL *grad_t81 = t97; /* n x 8, in t97's memory */
+    LSTM_SEQUENCE_REAL *g9 = t110; /* n x 8, in t110's memory */
     LSTM_SEQUENCE_REAL *g10 = g0; /* n x 8, in g0's memory */
-    LSTM_SEQUENCE_REAL *g11 = grad_t102_part; /* n x 8, in grad_t102_part's memory */
-    LSTM_SEQUENCE_REAL *g12 = grad_t102_part_1; /* n x 8, in grad_t102_part_1's memory */
+    LSTM_SEQUENCE_REAL *g11 = grad_t98_part; /* n x 8, in grad_t98_part's memory */
+    LSTM_SEQUENCE_REAL *g12 = grad_t98_part_1; /* n x 8, in grad_t98_part_1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = t75[8*i + j]*(grad_t87_part[8*i + j] + grad_t87_part_1[8*i + j] + grad_t87_part_2[8*i + j] + grad_t87_part_3[8*i + j]);
-            const LSTM_SEQUENCE_REAL x1 = grad_t100[8*i + j]*t99[8*i + j] + x0*(1 - (t86[8*i + j]*t86[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t78[8*i + j]*x1;
-            grad_t85[8*i + j] = x1;
-            g9[8*i + j] = t81[8*i + j]*x2*(1 - t78[8*i + j]);
-            g10[8*i + j] = t70[8*i + j]*t84[8*i + j]*x1*(1 - t84[8*i + j]);
-            g11[8*i + j] = x2*(1 - (t81[8*i + j]*t81[8*i + j]));
-            g12[8*i + j] = t86[8*i + j]*x0*(1 - t75[8*i + j]);
+            const LSTM_SEQUENCE_REAL x0 = t71[8*i + j]*(grad_t83_part[8*i + j] + grad_t83_part_1[8*i + j] + grad_t83_part_2[8*i + j] + grad_t83_part_3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x1 = grad_t96[8*i + j]*t95[8*i + j] + x0*(1 - (t82[8*i + j]*t82[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t74[8*i + j]*x1;
+            grad_t81[8*i + j] = x1;
+            g9[8*i + j] = t77[8*i + j]*x2*(1 - t74[8*i + j]);
+            g10[8*i + j] = t66[8*i + j]*t80[8*i + j]*x1*(1 - t80[8*i + j]);
+            g11[8*i + j] = x2*(1 - (t77[8*i + j]*t77[8*i + j]));
+            g12[8*i + j] = t82[8*i + j]*x0*(1 - t71[8*i + j]);
         }
     }
 
@@ -984,48 +971,48 @@ static void lstm_sequence_run_part5(
     LSTM_SEQUENCE_REAL *grad_W_i_part_2 = grad_W_i_part_1 + 8; /* 1 x 8 */
     symbackprop_f64_matmul(1, 8, n, x6_, 0, 1, g9, 8, 1, grad_W_i_part_2);
 
-    /* grad_t72_part = g10 @ U_f^T */
-    LSTM_SEQUENCE_REAL *grad_t72_part = grad_t102_part_2; /* n x 8, in grad_t102_part_2's memory */
-    symbackprop_f64_matmul(n, 8, 8, g10, 8, 1, U_f, 1, 8, grad_t72_part);
+    /* grad_t68_part = g10 @ U_f^T */
+    LSTM_SEQUENCE_REAL *grad_t68_part = grad_t98_part_2; /* n x 8, in grad_t98_part_2's memory */
+    symbackprop_f64_matmul(n, 8, 8, g10, 8, 1, U_f, 1, 8, grad_t68_part);
 
-    /* grad_t72_part_1 = g11 @ U_g^T */
-    LSTM_SEQUENCE_REAL *grad_t72_part_1 = grad_t102_part_3; /* n x 8, in grad_t102_part_3's memory */
-    symbackprop_f64_matmul(n, 8, 8, g11, 8, 1, U_g, 1, 8, grad_t72_part_1);
+    /* grad_t68_part_1 = g11 @ U_g^T */
+    LSTM_SEQUENCE_REAL *grad_t68_part_1 = grad_t98_part_3; /* n x 8, in grad_t98_part_3's memory */
+    symbackprop_f64_matmul(n, 8, 8, g11, 8, 1, U_g, 1, 8, grad_t68_part_1);
 
-    /* grad_t72_part_2 = g9 @ U_i^T */
-    LSTM_SEQUENCE_REAL *grad_t72_part_2 = t70; /* n x 8, in t70's memory */
-    symbackprop_f64_matmul(n, 8, 8, g9, 8, 1, U_i, 1, 8, grad_t72_part_2);
+    /* grad_t68_part_2 = g9 @ U_i^T */
+    LSTM_SEQUENCE_REAL *grad_t68_part_2 = t66; /* n x 8, in t66's memory */
+    symbackprop_f64_matmul(n, 8, 8, g9, 8, 1, U_i, 1, 8, grad_t68_part_2);
 
-    /* grad_t72_part_3 = g12 @ U_o^T */
-    LSTM_SEQUENCE_REAL *grad_t72_part_3 = t75; /* n x 8, in t75's memory */
-    symbackprop_f64_matmul(n, 8, 8, g12, 8, 1, U_o, 1, 8, grad_t72_part_3);
+    /* grad_t68_part_3 = g12 @ U_o^T */
+    LSTM_SEQUENCE_REAL *grad_t68_part_3 = t71; /* n x 8, in t71's memory */
+    symbackprop_f64_matmul(n, 8, 8, g12, 8, 1, U_o, 1, 8, grad_t68_part_3);
 
-    /* grad_t70 = grad_t85*t84 + t60*(1 - t71**2)*(grad_t72_part + grad_t72_part_1 +
-     * grad_t72_part_2 + grad_t72_part_3) */
-    /* g13 = t63*t66*(1 - t63)*(grad_t85*t84 + t60*(1 - t71**2)*(grad_t72_part +
-     * grad_t72_part_1 + grad_t72_part_2 + grad_t72_part_3)) */
-    /* g14 = t55*t69*(1 - t69)*(grad_t85*t84 + t60*(1 - t71**2)*(grad_t72_part +
-     * grad_t72_part_1 + grad_t72_part_2 + grad_t72_part_3)) */
-    /* g15 = t63*(1 - t66**2)*(grad_t85*t84 + t60*(1 - t71**2)*(grad_t72_part +
-     * grad_t72_part_1 + grad_t72_part_2 + grad_t72_part_3)) */
-    /* g16 = t60*t71*(1 - t60)*(grad_t72_part + grad_t72_part_1 + grad_t72_part_2 +
-     * grad_t72_part_3) */
-    LSTM_SEQUENCE_REAL *grad_t70 = t78; /* n x 8, in t78's memory */
-    LSTM_SEQUENCE_REAL *g13 = t81; /* n x 8, in t81's memory */
-    LSTM_SEQUENCE_REAL *g14 = t86; /* n x 8, in t86's memory */
-    LSTM_SEQUENCE_REAL *g15 = t99; /* n x 8, in t99's memory */
-    LSTM_SEQUENCE_REAL *g16 = grad_t100; /* n x 8, in grad_t100's memory */
+    /* grad_t66 = grad_t81*t80 + t56*(1 - t67**2)*(grad_t68_part + grad_t68_part_1 +
+     * grad_t68_part_2 + grad_t68_part_3) */
+    /* g13 = t59*t62*(1 - t59)*(grad_t81*t80 + t56*(1 - t67**2)*(grad_t68_part +
+     * grad_t68_part_1 + grad_t68_part_2 + grad_t68_part_3)) */
+    /* g14 = t51*t65*(1 - t65)*(grad_t81*t80 + t56*(1 - t67**2)*(grad_t68_part +
+     * grad_t68_part_1 + grad_t68_part_2 + grad_t68_part_3)) */
+    /* g15 = t59*(1 - t62**2)*(grad_t81*t80 + t56*(1 - t67**2)*(grad_t68_part +
+     * grad_t68_part_1 + grad_t68_part_2 + grad_t68_part_3)) */
+    /* g16 = t56*t67*(1 - t56)*(grad_t68_part + grad_t68_part_1 + grad_t68_part_2 +
+     * grad_t68_part_3) */
+    LSTM_SEQUENCE_REAL *grad_t66 = t74; /* n x 8, in t74's memory */
+    LSTM_SEQUENCE_REAL *g13 = t77; /* n x 8, in t77's memory */
+    LSTM_SEQUENCE_REAL *g14 = t82; /* n x 8, in t82's memory */
+    LSTM_SEQUENCE_REAL *g15 = t95; /* n x 8, in t95's memory */
+    LSTM_SEQUENCE_REAL *g16 = grad_t96; /* n x 8, in grad_t96's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = t60[8*i + j]*(grad_t72_part[8*i + j] + grad_t72_part_1[8*i + j] + grad_t72_part_2[8*i + j] + grad_t72_part_3[8*i + j]);
-            const LSTM_SEQUENCE_REAL x1 = grad_t85[8*i + j]*t84[8*i + j] + x0*(1 - (t71[8*i + j]*t71[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t63[8*i + j]*x1;
-            grad_t70[8*i + j] = x1;
-            g13[8*i + j] = t66[8*i + j]*x2*(1 - t63[8*i + j]);
-            g14[8*i + j] = t55[8*i + j]*t69[8*i + j]*x1*(1 - t69[8*i + j]);
-            g15[8*i + j] = x2*(1 - (t66[8*i + j]*t66[8*i + j]));
-            g16[8*i + j] = t71[8*i + j]*x0*(1 - t60[8*i + j]);
+            const LSTM_SEQUENCE_REAL x0 = t56[8*i + j]*(grad_t68_part[8*i + j] + grad_t68_part_1[8*i + j] + grad_t68_part_2[8*i + j] + grad_t68_part_3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x1 = grad_t81[8*i + j]*t80[8*i + j] + x0*(1 - (t67[8*i + j]*t67[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t59[8*i + j]*x1;
+            grad_t66[8*i + j] = x1;
+            g13[8*i + j] = t62[8*i + j]*x2*(1 - t59[8*i + j]);
+            g14[8*i + j] = t51[8*i + j]*t65[8*i + j]*x1*(1 - t65[8*i + j]);
+            g15[8*i + j] = x2*(1 - (t62[8*i + j]*t62[8*i + j]));
+            g16[8*i + j] = t67[8*i + j]*x0*(1 - t56[8*i + j]);
         }
     }
 
@@ -1033,48 +1020,48 @@ static void lstm_sequence_run_part5(
     LSTM_SEQUENCE_REAL *grad_W_i_part_3 = grad_W_i_part_2 + 8; /* 1 x 8 */
     symbackprop_f64_matmul(1, 8, n, x5_, 0, 1, g13, 8, 1, grad_W_i_part_3);
 
-    /* grad_t57_part = g14 @ U_f^T */
-    LSTM_SEQUENCE_REAL *grad_t57_part = grad_t87_part; /* n x 8, in grad_t87_part's memory */
-    symbackprop_f64_matmul(n, 8, 8, g14, 8, 1, U_f, 1, 8, grad_t57_part);
+    /* grad_t53_part = g14 @ U_f^T */
+    LSTM_SEQUENCE_REAL *grad_t53_part = grad_t83_part; /* n x 8, in grad_t83_part's memory */
+    symbackprop_f64_matmul(n, 8, 8, g14, 8, 1, U_f, 1, 8, grad_t53_part);
 
-    /* grad_t57_part_1 = g15 @ U_g^T */
-    LSTM_SEQUENCE_REAL *grad_t57_part_1 = grad_t87_part_1; /* n x 8, in grad_t87_part_1's memory */
-    symbackprop_f64_matmul(n, 8, 8, g15, 8, 1, U_g, 1, 8, grad_t57_part_1);
+    /* grad_t53_part_1 = g15 @ U_g^T */
+    LSTM_SEQUENCE_REAL *grad_t53_part_1 = grad_t83_part_1; /* n x 8, in grad_t83_part_1's memory */
+    symbackprop_f64_matmul(n, 8, 8, g15, 8, 1, U_g, 1, 8, grad_t53_part_1);
 
-    /* grad_t57_part_2 = g13 @ U_i^T */
-    LSTM_SEQUENCE_REAL *grad_t57_part_2 = grad_t87_part_2; /* n x 8, in grad_t87_part_2's memory */
-    symbackprop_f64_matmul(n, 8, 8, g13, 8, 1, U_i, 1, 8, grad_t57_part_2);
+    /* grad_t53_part_2 = g13 @ U_i^T */
+    LSTM_SEQUENCE_REAL *grad_t53_part_2 = grad_t83_part_2; /* n x 8, in grad_t83_part_2's memory */
+    symbackprop_f64_matmul(n, 8, 8, g13, 8, 1, U_i, 1, 8, grad_t53_part_2);
 
-    /* grad_t57_part_3 = g16 @ U_o^T */
-    LSTM_SEQUENCE_REAL *grad_t57_part_3 = grad_t87_part_3; /* n x 8, in grad_t87_part_3's memory */
-    symbackprop_f64_matmul(n, 8, 8, g16, 8, 1, U_o, 1, 8, grad_t57_part_3);
+    /* grad_t53_part_3 = g16 @ U_o^T */
+    LSTM_SEQUENCE_REAL *grad_t53_part_3 = grad_t83_part_3; /* n x 8, in grad_t83_part_3's memory */
+    symbackprop_f64_matmul(n, 8, 8, g16, 8, 1, U_o, 1, 8, grad_t53_part_3);
 
-    /* grad_t55 = grad_t70*t69 + t45*(1 - t56**2)*(grad_t57_part + grad_t57_part_1 +
-     * grad_t57_part_2 + grad_t57_part_3) */
-    /* g17 = t48*t51*(1 - t48)*(grad_t70*t69 + t45*(1 - t56**2)*(grad_t57_part +
-     * grad_t57_part_1 + grad_t57_part_2 + grad_t57_part_3)) */
-    /* g18 = t40*t54*(1 - t54)*(grad_t70*t69 + t45*(1 - t56**2)*(grad_t57_part +
-     * grad_t57_part_1 + grad_t57_part_2 + grad_t57_part_3)) */
-    /* g19 = t48*(1 - t51**2)*(grad_t70*t69 + t45*(1 - t56**2)*(grad_t57_part +
-     * grad_t57_part_1 + grad_t57_part_2 + grad_t57_part_3)) */
-    /* g20 = t45*t56*(1 - t45)*(grad_t57_part + grad_t57_part_1 + grad_t57_part_2 +
-     * grad_t57_part_3) */
-    LSTM_SEQUENCE_REAL *grad_t55 = t55; /* n x 8, in t55's memory */
-    LSTM_SEQUENCE_REAL *g17 = t60; /* n x 8, in t60's memory */
-    LSTM_SEQUENCE_REAL *g18 = t63; /* n x 8, in t63's memory */
-    LSTM_SEQUENCE_REAL *g19 = t66; /* n x 8, in t66's memory */
-    LSTM_SEQUENCE_REAL *g20 = t71; /* n x 8, in t71's memory */
+    /* grad_t51 = grad_t66*t65 + t41*(1 - t52**2)*(grad_t53_part + grad_t53_part_1 +
+     * grad_t53_part_2 + grad_t53_part_3) */
+    /* g17 = t44*t47*(1 - t44)*(grad_t66*t65 + t41*(1 - t52**2)*(grad_t53_part +
+     * grad_t53_part_1 + grad_t53_part_2 + grad_t53_part_3)) */
+    /* g18 = t36*t50*(1 - t50)*(grad_t66*t65 + t41*(1 - t52**2)*(grad_t53_part +
+     * grad_t53_part_1 + grad_t53_part_2 + grad_t53_part_3)) */
+    /* g19 = t44*(1 - t47**2)*(grad_t66*t65 + t41*(1 - t52**2)*(grad_t53_part +
+     * grad_t53_part_1 + grad_t53_part_2 + grad_t53_part_3)) */
+    /* g20 = t41*t52*(1 - t41)*(grad_t53_part + grad_t53_part_1 + grad_t53_part_2 +
+     * grad_t53_part_3) */
+    LSTM_SEQUENCE_REAL *grad_t51 = t51; /* n x 8, in t51's memory */
+    LSTM_SEQUENCE_REAL *g17 = t56; /* n x 8, in t56's memory */
+    LSTM_SEQUENCE_REAL *g18 = t59; /* n x 8, in t59's memory */
+    LSTM_SEQUENCE_REAL *g19 = t62; /* n x 8, in t62's memory */
+    LSTM_SEQUENCE_REAL *g20 = t67; /* n x 8, in t67's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = t45[8*i + j]*(grad_t57_part[8*i + j] + grad_t57_part_1[8*i + j] + grad_t57_part_2[8*i + j] + grad_t57_part_3[8*i + j]);
-            const LSTM_SEQUENCE_REAL x1 = grad_t70[8*i + j]*t69[8*i + j] + x0*(1 - (t56[8*i + j]*t56[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t48[8*i + j]*x1;
-            grad_t55[8*i + j] = x1;
-            g17[8*i + j] = t51[8*i + j]*x2*(1 - t48[8*i + j]);
-            g18[8*i + j] = t40[8*i + j]*t54[8*i + j]*x1*(1 - t54[8*i + j]);
-            g19[8*i + j] = x2*(1 - (t51[8*i + j]*t51[8*i + j]));
-            g20[8*i + j] = t56[8*i + j]*x0*(1 - t45[8*i + j]);
+            const LSTM_SEQUENCE_REAL x0 = t41[8*i + j]*(grad_t53_part[8*i + j] + grad_t53_part_1[8*i + j] + grad_t53_part_2[8*i + j] + grad_t53_part_3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x1 = grad_t66[8*i + j]*t65[8*i + j] + x0*(1 - (t52[8*i + j]*t52[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t44[8*i + j]*x1;
+            grad_t51[8*i + j] = x1;
+            g17[8*i + j] = t47[8*i + j]*x2*(1 - t44[8*i + j]);
+            g18[8*i + j] = t36[8*i + j]*t50[8*i + j]*x1*(1 - t50[8*i + j]);
+            g19[8*i + j] = x2*(1 - (t47[8*i + j]*t47[8*i + j]));
+            g20[8*i + j] = t52[8*i + j]*x0*(1 - t41[8*i + j]);
         }
     }
 
@@ -1082,48 +1069,48 @@ static void lstm_sequence_run_part5(
     LSTM_SEQUENCE_REAL *grad_W_i_part_4 = grad_W_i_part_3 + 8; /* 1 x 8 */
     symbackprop_f64_matmul(1, 8, n, x4_, 0, 1, g17, 8, 1, grad_W_i_part_4);
 
-    /* grad_t42_part = g18 @ U_f^T */
-    LSTM_SEQUENCE_REAL *grad_t42_part = t84; /* n x 8, in t84's memory */
-    symbackprop_f64_matmul(n, 8, 8, g18, 8, 1, U_f, 1, 8, grad_t42_part);
+    /* grad_t38_part = g18 @ U_f^T */
+    LSTM_SEQUENCE_REAL *grad_t38_part = t80; /* n x 8, in t80's memory */
+    symbackprop_f64_matmul(n, 8, 8, g18, 8, 1, U_f, 1, 8, grad_t38_part);
 
-    /* grad_t42_part_1 = g19 @ U_g^T */
-    LSTM_SEQUENCE_REAL *grad_t42_part_1 = grad_t85; /* n x 8, in grad_t85's memory */
-    symbackprop_f64_matmul(n, 8, 8, g19, 8, 1, U_g, 1, 8, grad_t42_part_1);
+    /* grad_t38_part_1 = g19 @ U_g^T */
+    LSTM_SEQUENCE_REAL *grad_t38_part_1 = grad_t81; /* n x 8, in grad_t81's memory */
+    symbackprop_f64_matmul(n, 8, 8, g19, 8, 1, U_g, 1, 8, grad_t38_part_1);
 
-    /* grad_t42_part_2 = g17 @ U_i^T */
-    LSTM_SEQUENCE_REAL *grad_t42_part_2 = grad_t72_part; /* n x 8, in grad_t72_part's memory */
-    symbackprop_f64_matmul(n, 8, 8, g17, 8, 1, U_i, 1, 8, grad_t42_part_2);
+    /* grad_t38_part_2 = g17 @ U_i^T */
+    LSTM_SEQUENCE_REAL *grad_t38_part_2 = grad_t68_part; /* n x 8, in grad_t68_part's memory */
+    symbackprop_f64_matmul(n, 8, 8, g17, 8, 1, U_i, 1, 8, grad_t38_part_2);
 
-    /* grad_t42_part_3 = g20 @ U_o^T */
-    LSTM_SEQUENCE_REAL *grad_t42_part_3 = grad_t72_part_1; /* n x 8, in grad_t72_part_1's memory */
-    symbackprop_f64_matmul(n, 8, 8, g20, 8, 1, U_o, 1, 8, grad_t42_part_3);
+    /* grad_t38_part_3 = g20 @ U_o^T */
+    LSTM_SEQUENCE_REAL *grad_t38_part_3 = grad_t68_part_1; /* n x 8, in grad_t68_part_1's memory */
+    symbackprop_f64_matmul(n, 8, 8, g20, 8, 1, U_o, 1, 8, grad_t38_part_3);
 
-    /* grad_t40 = grad_t55*t54 + t30*(1 - t41**2)*(grad_t42_part + grad_t42_part_1 +
-     * grad_t42_part_2 + grad_t42_part_3) */
-    /* g21 = t33*t36*(1 - t33)*(grad_t55*t54 + t30*(1 - t41**2)*(grad_t42_part +
-     * grad_t42_part_1 + grad_t42_part_2 + grad_t42_part_3)) */
-    /* g22 = t25*t39*(1 - t39)*(grad_t55*t54 + t30*(1 - t41**2)*(grad_t42_part +
-     * grad_t42_part_1 + grad_t42_part_2 + grad_t42_part_3)) */
-    /* g23 = t33*(1 - t36**2)*(grad_t55*t54 + t30*(1 - t41**2)*(grad_t42_part +
-     * grad_t42_part_1 + grad_t42_part_2 + grad_t42_part_3)) */
-    /* g24 = t30*t41*(1 - t30)*(grad_t42_part + grad_t42_part_1 + grad_t42_part_2 +
-     * grad_t42_part_3) */
-    LSTM_SEQUENCE_REAL *grad_t40 = grad_t72_part_2; /* n x 8, in grad_t72_part_2's memory */
-    LSTM_SEQUENCE_REAL *g21 = grad_t72_part_3; /* n x 8, in grad_t72_part_3's memory */
-    LSTM_SEQUENCE_REAL *g22 = t40; /* n x 8, in t40's memory */
-    LSTM_SEQUENCE_REAL *g23 = t45; /* n x 8, in t45's memory */
-    LSTM_SEQUENCE_REAL *g24 = t48; /* n x 8, in t48's memory */
+    /* grad_t36 = grad_t51*t50 + t26*(1 - t37**2)*(grad_t38_part + grad_t38_part_1 +
+     * grad_t38_part_2 + grad_t38_part_3) */
+    /* g21 = t29*t32*(1 - t29)*(grad_t51*t50 + t26*(1 - t37**2)*(grad_t38_part +
+     * grad_t38_part_1 + grad_t38_part_2 + grad_t38_part_3)) */
+    /* g22 = t21*t35*(1 - t35)*(grad_t51*t50 + t26*(1 - t37**2)*(grad_t38_part +
+     * grad_t38_part_1 + grad_t38_part_2 + grad_t38_part_3)) */
+    /* g23 = t29*(1 - t32**2)*(grad_t51*t50 + t26*(1 - t37**2)*(grad_t38_part +
+     * grad_t38_part_1 + grad_t38_part_2 + grad_t38_part_3)) */
+    /* g24 = t26*t37*(1 - t26)*(grad_t38_part + grad_t38_part_1 + grad_t38_part_2 +
+     * grad_t38_part_3) */
+    LSTM_SEQUENCE_REAL *grad_t36 = grad_t68_part_2; /* n x 8, in grad_t68_part_2's memory */
+    LSTM_SEQUENCE_REAL *g21 = grad_t68_part_3; /* n x 8, in grad_t68_part_3's memory */
+    LSTM_SEQUENCE_REAL *g22 = t36; /* n x 8, in t36's memory */
+    LSTM_SEQUENCE_REAL *g23 = t41; /* n x 8, in t41's memory */
+    LSTM_SEQUENCE_REAL *g24 = t44; /* n x 8, in t44's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = t30[8*i + j]*(grad_t42_part[8*i + j] + grad_t42_part_1[8*i + j] + grad_t42_part_2[8*i + j] + grad_t42_part_3[8*i + j]);
-            const LSTM_SEQUENCE_REAL x1 = grad_t55[8*i + j]*t54[8*i + j] + x0*(1 - (t41[8*i + j]*t41[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t33[8*i + j]*x1;
-            grad_t40[8*i + j] = x1;
-            g21[8*i + j] = t36[8*i + j]*x2*(1 - t33[8*i + j]);
-            g22[8*i + j] = t25[8*i + j]*t39[8*i + j]*x1*(1 - t39[8*i + j]);
-            g23[8*i + j] = x2*(1 - (t36[8*i + j]*t36[8*i + j]));
-            g24[8*i + j] = t41[8*i + j]*x0*(1 - t30[8*i + j]);
+            const LSTM_SEQUENCE_REAL x0 = t26[8*i + j]*(grad_t38_part[8*i + j] + grad_t38_part_1[8*i + j] + grad_t38_part_2[8*i + j] + grad_t38_part_3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x1 = grad_t51[8*i + j]*t50[8*i + j] + x0*(1 - (t37[8*i + j]*t37[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t29[8*i + j]*x1;
+            grad_t36[8*i + j] = x1;
+            g21[8*i + j] = t32[8*i + j]*x2*(1 - t29[8*i + j]);
+            g22[8*i + j] = t21[8*i + j]*t35[8*i + j]*x1*(1 - t35[8*i + j]);
+            g23[8*i + j] = x2*(1 - (t32[8*i + j]*t32[8*i + j]));
+            g24[8*i + j] = t37[8*i + j]*x0*(1 - t26[8*i + j]);
         }
     }
 
@@ -1131,9 +1118,9 @@ static void lstm_sequence_run_part5(
     LSTM_SEQUENCE_REAL *grad_W_i_part_5 = grad_W_i_part_4 + 8; /* 1 x 8 */
     symbackprop_f64_matmul(1, 8, n, x3_, 0, 1, g21, 8, 1, grad_W_i_part_5);
 
-    /* grad_t27_part = g22 @ U_f^T */
-    LSTM_SEQUENCE_REAL *grad_t27_part = t51; /* n x 8, in t51's memory */
-    symbackprop_f64_matmul(n, 8, 8, g22, 8, 1, U_f, 1, 8, grad_t27_part);
+    /* grad_t23_part = g22 @ U_f^T */
+    LSTM_SEQUENCE_REAL *grad_t23_part = t47; /* n x 8, in t47's memory */
+    symbackprop_f64_matmul(n, 8, 8, g22, 8, 1, U_f, 1, 8, grad_t23_part);
 }
 
 /* lstm_sequence_run, part 6 of 8 (kernels 129 to 160): a long
@@ -1160,110 +1147,110 @@ static void lstm_sequence_run_part6(
     int with_grads
 )
 {
-    LSTM_SEQUENCE_REAL *t2 = work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t5 = work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t8 = work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t9 = work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t10 = work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t14 = with_grads ? work + 88*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t17 = with_grads ? work + 96*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t20 = with_grads ? work + 104*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t24 = with_grads ? work + 120*n : work + 80*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t25 = with_grads ? work + 128*n : work + 88*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t26 = with_grads ? work + 136*n : work + 96*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t30 = with_grads ? work + 152*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t33 = with_grads ? work + 160*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t36 = with_grads ? work + 168*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t39 = with_grads ? work + 176*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t41 = with_grads ? work + 192*n : work + 96*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t54 = with_grads ? work + 232*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t56 = with_grads ? work + 248*n : work + 96*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t69 = with_grads ? work + 288*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g1 = work + 24*n; /* n x 8, in t113's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t1 = work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t3 = work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t5 = work + 24*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t6 = work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t7 = work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t11 = with_grads ? work + 64*n : work; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t14 = with_grads ? work + 72*n : work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t17 = with_grads ? work + 80*n : work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t20 = with_grads ? work + 88*n : work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t21 = with_grads ? work + 96*n : work + 56*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t22 = with_grads ? work + 104*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t26 = with_grads ? work + 120*n : work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t29 = with_grads ? work + 128*n : work + 24*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t32 = with_grads ? work + 136*n : work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t35 = with_grads ? work + 144*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t37 = with_grads ? work + 160*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t50 = with_grads ? work + 200*n : work; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t52 = with_grads ? work + 216*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t65 = with_grads ? work + 256*n : work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g1 = work + 451*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g2 = work + 459*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g3 = work + 467*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g4 = work + 475*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_W_i_part = work + 483*n + 1; /* 1 x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g5 = work + 112*n; /* n x 8, in grad_t116's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g5 = work; /* n x 8, in grad_t112's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g6 = work + 483*n + 9; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g7 = work + 491*n + 9; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g8 = work + 499*n + 9; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_W_i_part_1 = work + 507*n + 9; /* 1 x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g9 = work + 8*n; /* n x 8, in t114's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g10 = work + 40*n; /* n x 8, in g0's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g11 = work + 408*n; /* n x 8, in grad_t102_part's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g12 = work + 432*n; /* n x 8, in grad_t102_part_1's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g9 = work + 424*n; /* n x 8, in t110's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g10 = work + 56*n; /* n x 8, in g0's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g11 = work + 376*n; /* n x 8, in grad_t98_part's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g12 = work + 400*n; /* n x 8, in grad_t98_part_1's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_W_i_part_2 = work + 507*n + 17; /* 1 x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t70 = work + 328*n; /* n x 8, in t78's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g13 = work + 336*n; /* n x 8, in t81's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g14 = work + 360*n; /* n x 8, in t86's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g15 = work + 400*n; /* n x 8, in t99's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g16 = work + 440*n; /* n x 8, in grad_t100's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t66 = work + 296*n; /* n x 8, in t74's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g13 = work + 304*n; /* n x 8, in t77's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g14 = work + 328*n; /* n x 8, in t82's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g15 = work + 368*n; /* n x 8, in t95's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g16 = work + 432*n; /* n x 8, in grad_t96's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_W_i_part_3 = work + 507*n + 25; /* 1 x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t57_part = work + 352*n; /* n x 8, in grad_t87_part's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t57_part_1 = work + 376*n; /* n x 8, in grad_t87_part_1's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t57_part_2 = work + 384*n; /* n x 8, in grad_t87_part_2's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t57_part_3 = work + 392*n; /* n x 8, in grad_t87_part_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t55 = work + 240*n; /* n x 8, in t55's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g17 = work + 264*n; /* n x 8, in t60's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g18 = work + 272*n; /* n x 8, in t63's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g19 = work + 280*n; /* n x 8, in t66's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g20 = work + 304*n; /* n x 8, in t71's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t53_part = work + 320*n; /* n x 8, in grad_t83_part's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t53_part_1 = work + 344*n; /* n x 8, in grad_t83_part_1's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t53_part_2 = work + 352*n; /* n x 8, in grad_t83_part_2's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t53_part_3 = work + 360*n; /* n x 8, in grad_t83_part_3's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t51 = work + 208*n; /* n x 8, in t51's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g17 = work + 232*n; /* n x 8, in t56's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g18 = work + 240*n; /* n x 8, in t59's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g19 = work + 248*n; /* n x 8, in t62's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g20 = work + 272*n; /* n x 8, in t67's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_W_i_part_4 = work + 507*n + 33; /* 1 x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t42_part = work + 344*n; /* n x 8, in t84's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t42_part_1 = work + 416*n; /* n x 8, in grad_t85's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t42_part_2 = work + 80*n; /* n x 8, in grad_t72_part's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t42_part_3 = work; /* n x 8, in grad_t72_part_1's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t40 = work + 296*n; /* n x 8, in grad_t72_part_2's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g21 = work + 320*n; /* n x 8, in grad_t72_part_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g22 = work + 184*n; /* n x 8, in t40's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g23 = work + 208*n; /* n x 8, in t45's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g24 = work + 216*n; /* n x 8, in t48's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t38_part = work + 312*n; /* n x 8, in t80's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t38_part_1 = work + 384*n; /* n x 8, in grad_t81's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t38_part_2 = work + 408*n; /* n x 8, in grad_t68_part's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t38_part_3 = work + 416*n; /* n x 8, in grad_t68_part_1's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t36 = work + 264*n; /* n x 8, in grad_t68_part_2's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g21 = work + 288*n; /* n x 8, in grad_t68_part_3's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g22 = work + 152*n; /* n x 8, in t36's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g23 = work + 176*n; /* n x 8, in t41's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g24 = work + 184*n; /* n x 8, in t44's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_W_i_part_5 = work + 507*n + 41; /* 1 x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t27_part = work + 224*n; /* n x 8, in t51's memory; placed in an earlier part */
-    /* grad_t27_part_1 = g23 @ U_g^T */
-    LSTM_SEQUENCE_REAL *grad_t27_part_1 = t56; /* n x 8, in t56's memory */
-    symbackprop_f64_matmul(n, 8, 8, g23, 8, 1, U_g, 1, 8, grad_t27_part_1);
+    LSTM_SEQUENCE_REAL *grad_t23_part = work + 192*n; /* n x 8, in t47's memory; placed in an earlier part */
+    /* grad_t23_part_1 = g23 @ U_g^T */
+    LSTM_SEQUENCE_REAL *grad_t23_part_1 = t52; /* n x 8, in t52's memory */
+    symbackprop_f64_matmul(n, 8, 8, g23, 8, 1, U_g, 1, 8, grad_t23_part_1);
 
-    /* grad_t27_part_2 = g21 @ U_i^T */
-    LSTM_SEQUENCE_REAL *grad_t27_part_2 = t69; /* n x 8, in t69's memory */
-    symbackprop_f64_matmul(n, 8, 8, g21, 8, 1, U_i, 1, 8, grad_t27_part_2);
+    /* grad_t23_part_2 = g21 @ U_i^T */
+    LSTM_SEQUENCE_REAL *grad_t23_part_2 = t65; /* n x 8, in t65's memory */
+    symbackprop_f64_matmul(n, 8, 8, g21, 8, 1, U_i, 1, 8, grad_t23_part_2);
 
-    /* grad_t27_part_3 = g24 @ U_o^T */
-    LSTM_SEQUENCE_REAL *grad_t27_part_3 = grad_t70; /* n x 8, in grad_t70's memory */
-    symbackprop_f64_matmul(n, 8, 8, g24, 8, 1, U_o, 1, 8, grad_t27_part_3);
+    /* grad_t23_part_3 = g24 @ U_o^T */
+    LSTM_SEQUENCE_REAL *grad_t23_part_3 = grad_t66; /* n x 8, in grad_t66's memory */
+    symbackprop_f64_matmul(n, 8, 8, g24, 8, 1, U_o, 1, 8, grad_t23_part_3);
 
-    /* grad_t25 = grad_t40*t39 + t14*(1 - t26**2)*(grad_t27_part + grad_t27_part_1 +
-     * grad_t27_part_2 + grad_t27_part_3) */
-    /* g25 = t17*t20*(1 - t17)*(grad_t40*t39 + t14*(1 - t26**2)*(grad_t27_part +
-     * grad_t27_part_1 + grad_t27_part_2 + grad_t27_part_3)) */
-    /* g26 = t24*t9*(1 - t24)*(grad_t40*t39 + t14*(1 - t26**2)*(grad_t27_part +
-     * grad_t27_part_1 + grad_t27_part_2 + grad_t27_part_3)) */
-    /* g27 = t17*(1 - t20**2)*(grad_t40*t39 + t14*(1 - t26**2)*(grad_t27_part +
-     * grad_t27_part_1 + grad_t27_part_2 + grad_t27_part_3)) */
-    /* g28 = t14*t26*(1 - t14)*(grad_t27_part + grad_t27_part_1 + grad_t27_part_2 +
-     * grad_t27_part_3) */
-    /* grad_t23 = g10 + g14 + g18 + g2 + g22 + g6 + t24*t9*(1 - t24)*(grad_t40*t39 + t14*(1 -
-     * t26**2)*(grad_t27_part + grad_t27_part_1 + grad_t27_part_2 + grad_t27_part_3)) */
-    LSTM_SEQUENCE_REAL *grad_t25 = grad_t57_part; /* n x 8, in grad_t57_part's memory */
-    LSTM_SEQUENCE_REAL *g25 = grad_t57_part_1; /* n x 8, in grad_t57_part_1's memory */
-    LSTM_SEQUENCE_REAL *g26 = grad_t57_part_2; /* n x 8, in grad_t57_part_2's memory */
-    LSTM_SEQUENCE_REAL *g27 = grad_t57_part_3; /* n x 8, in grad_t57_part_3's memory */
-    LSTM_SEQUENCE_REAL *g28 = t25; /* n x 8, in t25's memory */
-    LSTM_SEQUENCE_REAL *grad_t23 = t30; /* n x 8, in t30's memory */
+    /* grad_t21 = grad_t36*t35 + t11*(1 - t22**2)*(grad_t23_part + grad_t23_part_1 +
+     * grad_t23_part_2 + grad_t23_part_3) */
+    /* g25 = t14*t17*(1 - t14)*(grad_t36*t35 + t11*(1 - t22**2)*(grad_t23_part +
+     * grad_t23_part_1 + grad_t23_part_2 + grad_t23_part_3)) */
+    /* g26 = t20*t6*(1 - t20)*(grad_t36*t35 + t11*(1 - t22**2)*(grad_t23_part +
+     * grad_t23_part_1 + grad_t23_part_2 + grad_t23_part_3)) */
+    /* g27 = t14*(1 - t17**2)*(grad_t36*t35 + t11*(1 - t22**2)*(grad_t23_part +
+     * grad_t23_part_1 + grad_t23_part_2 + grad_t23_part_3)) */
+    /* g28 = t11*t22*(1 - t11)*(grad_t23_part + grad_t23_part_1 + grad_t23_part_2 +
+     * grad_t23_part_3) */
+    /* g29 = g10 + g14 + g18 + g2 + g22 + g6 + t20*t6*(1 - t20)*(grad_t36*t35 + t11*(1 -
+     * t22**2)*(grad_t23_part + grad_t23_part_1 + grad_t23_part_2 + grad_t23_part_3)) */
+    LSTM_SEQUENCE_REAL *grad_t21 = grad_t53_part; /* n x 8, in grad_t53_part's memory */
+    LSTM_SEQUENCE_REAL *g25 = grad_t53_part_1; /* n x 8, in grad_t53_part_1's memory */
+    LSTM_SEQUENCE_REAL *g26 = grad_t53_part_2; /* n x 8, in grad_t53_part_2's memory */
+    LSTM_SEQUENCE_REAL *g27 = grad_t53_part_3; /* n x 8, in grad_t53_part_3's memory */
+    LSTM_SEQUENCE_REAL *g28 = t21; /* n x 8, in t21's memory */
+    LSTM_SEQUENCE_REAL *g29 = t26; /* n x 8, in t26's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = t14[8*i + j]*(grad_t27_part[8*i + j] + grad_t27_part_1[8*i + j] + grad_t27_part_2[8*i + j] + grad_t27_part_3[8*i + j]);
-            const LSTM_SEQUENCE_REAL x1 = grad_t40[8*i + j]*t39[8*i + j] + x0*(1 - (t26[8*i + j]*t26[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t17[8*i + j]*x1;
-            const LSTM_SEQUENCE_REAL x3 = t9[8*i + j]*t24[8*i + j]*x1*(1 - t24[8*i + j]);
-            grad_t25[8*i + j] = x1;
-            g25[8*i + j] = t20[8*i + j]*x2*(1 - t17[8*i + j]);
+            const LSTM_SEQUENCE_REAL x0 = t11[8*i + j]*(grad_t23_part[8*i + j] + grad_t23_part_1[8*i + j] + grad_t23_part_2[8*i + j] + grad_t23_part_3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x1 = grad_t36[8*i + j]*t35[8*i + j] + x0*(1 - (t22[8*i + j]*t22[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t14[8*i + j]*x1;
+            const LSTM_SEQUENCE_REAL x3 = t6[8*i + j]*t20[8*i + j]*x1*(1 - t20[8*i + j]);
+            grad_t21[8*i + j] = x1;
+            g25[8*i + j] = t17[8*i + j]*x2*(1 - t14[8*i + j]);
             g26[8*i + j] = x3;
-            g27[8*i + j] = x2*(1 - (t20[8*i + j]*t20[8*i + j]));
-            g28[8*i + j] = t26[8*i + j]*x0*(1 - t14[8*i + j]);
-            grad_t23[8*i + j] = g2[8*i + j] + g6[8*i + j] + g10[8*i + j] + g14[8*i + j] + g18[8*i + j] + g22[8*i + j] + x3;
+            g27[8*i + j] = x2*(1 - (t17[8*i + j]*t17[8*i + j]));
+            g28[8*i + j] = t22[8*i + j]*x0*(1 - t11[8*i + j]);
+            g29[8*i + j] = g2[8*i + j] + g6[8*i + j] + g10[8*i + j] + g14[8*i + j] + g18[8*i + j] + g22[8*i + j] + x3;
         }
     }
 
@@ -1271,60 +1258,59 @@ static void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *grad_W_i_part_6 = grad_W_i_part_5 + 8; /* 1 x 8 */
     symbackprop_f64_matmul(1, 8, n, x2_, 0, 1, g25, 8, 1, grad_W_i_part_6);
 
-    /* grad_t11_part = g26 @ U_f^T */
-    LSTM_SEQUENCE_REAL *grad_t11_part = t33; /* n x 8, in t33's memory */
-    symbackprop_f64_matmul(n, 8, 8, g26, 8, 1, U_f, 1, 8, grad_t11_part);
+    /* grad_t8_part = g26 @ U_f^T */
+    LSTM_SEQUENCE_REAL *grad_t8_part = t29; /* n x 8, in t29's memory */
+    symbackprop_f64_matmul(n, 8, 8, g26, 8, 1, U_f, 1, 8, grad_t8_part);
 
-    /* grad_t11_part_1 = g27 @ U_g^T */
-    LSTM_SEQUENCE_REAL *grad_t11_part_1 = t36; /* n x 8, in t36's memory */
-    symbackprop_f64_matmul(n, 8, 8, g27, 8, 1, U_g, 1, 8, grad_t11_part_1);
+    /* grad_t8_part_1 = g27 @ U_g^T */
+    LSTM_SEQUENCE_REAL *grad_t8_part_1 = t32; /* n x 8, in t32's memory */
+    symbackprop_f64_matmul(n, 8, 8, g27, 8, 1, U_g, 1, 8, grad_t8_part_1);
 
-    /* grad_t11_part_2 = g25 @ U_i^T */
-    LSTM_SEQUENCE_REAL *grad_t11_part_2 = t41; /* n x 8, in t41's memory */
-    symbackprop_f64_matmul(n, 8, 8, g25, 8, 1, U_i, 1, 8, grad_t11_part_2);
+    /* grad_t8_part_2 = g25 @ U_i^T */
+    LSTM_SEQUENCE_REAL *grad_t8_part_2 = t37; /* n x 8, in t37's memory */
+    symbackprop_f64_matmul(n, 8, 8, g25, 8, 1, U_i, 1, 8, grad_t8_part_2);
 
-    /* grad_t11_part_3 = g28 @ U_o^T */
-    LSTM_SEQUENCE_REAL *grad_t11_part_3 = t54; /* n x 8, in t54's memory */
-    symbackprop_f64_matmul(n, 8, 8, g28, 8, 1, U_o, 1, 8, grad_t11_part_3);
+    /* grad_t8_part_3 = g28 @ U_o^T */
+    LSTM_SEQUENCE_REAL *grad_t8_part_3 = t50; /* n x 8, in t50's memory */
+    symbackprop_f64_matmul(n, 8, 8, g28, 8, 1, U_o, 1, 8, grad_t8_part_3);
 
-    /* g29 = t5*t8*(1 - t5)*(grad_t25*t24 + t2*(1 - t10**2)*(grad_t11_part + grad_t11_part_1
-     * + grad_t11_part_2 + grad_t11_part_3)) */
-    /* g30 = t5*(1 - t8**2)*(grad_t25*t24 + t2*(1 - t10**2)*(grad_t11_part + grad_t11_part_1
-     * + grad_t11_part_2 + grad_t11_part_3)) */
-    /* g31 = t10*t2*(1 - t2)*(grad_t11_part + grad_t11_part_1 + grad_t11_part_2 +
-     * grad_t11_part_3) */
-    /* grad_t4 = g1 + g13 + g17 + g21 + g25 + g5 + g9 + t5*t8*(1 - t5)*(grad_t25*t24 + t2*(1
-     * - t10**2)*(grad_t11_part + grad_t11_part_1 + grad_t11_part_2 + grad_t11_part_3)) */
-    /* grad_t7 = g11 + g15 + g19 + g23 + g27 + g3 + g7 + t5*(1 - t8**2)*(grad_t25*t24 + t2*(1
-     * - t10**2)*(grad_t11_part + grad_t11_part_1 + grad_t11_part_2 + grad_t11_part_3)) */
-    /* grad_t1 = g12 + g16 + g20 + g24 + g28 + g4 + g8 + t10*t2*(1 - t2)*(grad_t11_part +
-     * grad_t11_part_1 + grad_t11_part_2 + grad_t11_part_3) */
-    LSTM_SEQUENCE_REAL *g29 = grad_t55; /* n x 8, in grad_t55's memory */
-    LSTM_SEQUENCE_REAL *g30 = grad_t42_part; /* n x 8, in grad_t42_part's memory */
-    LSTM_SEQUENCE_REAL *g31 = grad_t42_part_1; /* n x 8, in grad_t42_part_1's memory */
-    LSTM_SEQUENCE_REAL *grad_t4 = grad_t42_part_2; /* n x 8, in grad_t42_part_2's memory */
-    LSTM_SEQUENCE_REAL *grad_t7 = grad_t42_part_3; /* n x 8, in grad_t42_part_3's memory */
-    LSTM_SEQUENCE_REAL *grad_t1 = t9; /* n x 8, in t9's memory */
+    /* g30 = t3*t5*(1 - t3)*(grad_t21*t20 + t1*(1 - t7**2)*(grad_t8_part + grad_t8_part_1 +
+     * grad_t8_part_2 + grad_t8_part_3)) */
+    /* g31 = t3*(1 - t5**2)*(grad_t21*t20 + t1*(1 - t7**2)*(grad_t8_part + grad_t8_part_1 +
+     * grad_t8_part_2 + grad_t8_part_3)) */
+    /* g32 = t1*t7*(1 - t1)*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2 + grad_t8_part_3) */
+    /* g33 = g1 + g13 + g17 + g21 + g25 + g5 + g9 + t3*t5*(1 - t3)*(grad_t21*t20 + t1*(1 -
+     * t7**2)*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2 + grad_t8_part_3)) */
+    /* g34 = g11 + g15 + g19 + g23 + g27 + g3 + g7 + t3*(1 - t5**2)*(grad_t21*t20 + t1*(1 -
+     * t7**2)*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2 + grad_t8_part_3)) */
+    /* g35 = g12 + g16 + g20 + g24 + g28 + g4 + g8 + t1*t7*(1 - t1)*(grad_t8_part +
+     * grad_t8_part_1 + grad_t8_part_2 + grad_t8_part_3) */
+    LSTM_SEQUENCE_REAL *g30 = grad_t51; /* n x 8, in grad_t51's memory */
+    LSTM_SEQUENCE_REAL *g31 = grad_t38_part; /* n x 8, in grad_t38_part's memory */
+    LSTM_SEQUENCE_REAL *g32 = grad_t38_part_1; /* n x 8, in grad_t38_part_1's memory */
+    LSTM_SEQUENCE_REAL *g33 = grad_t38_part_2; /* n x 8, in grad_t38_part_2's memory */
+    LSTM_SEQUENCE_REAL *g34 = grad_t38_part_3; /* n x 8, in grad_t38_part_3's memory */
+    LSTM_SEQUENCE_REAL *g35 = t6; /* n x 8, in t6's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = t2[8*i + j]*(grad_t11_part[8*i + j] + grad_t11_part_1[8*i + j] + grad_t11_part_2[8*i + j] + grad_t11_part_3[8*i + j]);
-            const LSTM_SEQUENCE_REAL x1 = t5[8*i + j]*(grad_t25[8*i + j]*t24[8*i + j] + x0*(1 - (t10[8*i + j]*t10[8*i + j])));
-            const LSTM_SEQUENCE_REAL x2 = t8[8*i + j]*x1*(1 - t5[8*i + j]);
-            const LSTM_SEQUENCE_REAL x3 = x1*(1 - (t8[8*i + j]*t8[8*i + j]));
-            const LSTM_SEQUENCE_REAL x4 = t10[8*i + j]*x0*(1 - t2[8*i + j]);
-            g29[8*i + j] = x2;
-            g30[8*i + j] = x3;
-            g31[8*i + j] = x4;
-            grad_t4[8*i + j] = g1[8*i + j] + g5[8*i + j] + g9[8*i + j] + g13[8*i + j] + g17[8*i + j] + g21[8*i + j] + g25[8*i + j] + x2;
-            grad_t7[8*i + j] = g3[8*i + j] + g7[8*i + j] + g11[8*i + j] + g15[8*i + j] + g19[8*i + j] + g23[8*i + j] + g27[8*i + j] + x3;
-            grad_t1[8*i + j] = g4[8*i + j] + g8[8*i + j] + g12[8*i + j] + g16[8*i + j] + g20[8*i + j] + g24[8*i + j] + g28[8*i + j] + x4;
+            const LSTM_SEQUENCE_REAL x0 = t1[8*i + j]*(grad_t8_part[8*i + j] + grad_t8_part_1[8*i + j] + grad_t8_part_2[8*i + j] + grad_t8_part_3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x1 = t3[8*i + j]*(grad_t21[8*i + j]*t20[8*i + j] + x0*(1 - (t7[8*i + j]*t7[8*i + j])));
+            const LSTM_SEQUENCE_REAL x2 = t5[8*i + j]*x1*(1 - t3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x3 = x1*(1 - (t5[8*i + j]*t5[8*i + j]));
+            const LSTM_SEQUENCE_REAL x4 = t7[8*i + j]*x0*(1 - t1[8*i + j]);
+            g30[8*i + j] = x2;
+            g31[8*i + j] = x3;
+            g32[8*i + j] = x4;
+            g33[8*i + j] = g1[8*i + j] + g5[8*i + j] + g9[8*i + j] + g13[8*i + j] + g17[8*i + j] + g21[8*i + j] + g25[8*i + j] + x2;
+            g34[8*i + j] = g3[8*i + j] + g7[8*i + j] + g11[8*i + j] + g15[8*i + j] + g19[8*i + j] + g23[8*i + j] + g27[8*i + j] + x3;
+            g35[8*i + j] = g4[8*i + j] + g8[8*i + j] + g12[8*i + j] + g16[8*i + j] + g20[8*i + j] + g24[8*i + j] + g28[8*i + j] + x4;
         }
     }
 
-    /* grad_W_i_part_7 = x1^T @ g29 */
+    /* grad_W_i_part_7 = x1^T @ g30 */
     LSTM_SEQUENCE_REAL *grad_W_i_part_7 = grad_W_i_part_6 + 8; /* 1 x 8 */
-    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g29, 8, 1, grad_W_i_part_7);
+    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g30, 8, 1, grad_W_i_part_7);
 
     /* grad_W_i = grad_W_i_part + grad_W_i_part_1 + grad_W_i_part_2 + grad_W_i_part_3 +
      * grad_W_i_part_4 + grad_W_i_part_5 + grad_W_i_part_6 + grad_W_i_part_7 */
@@ -1394,9 +1380,9 @@ static void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *grad_W_g_part_6 = grad_W_f_part_5; /* 1 x 8, in grad_W_f_part_5's memory */
     symbackprop_f64_matmul(1, 8, n, x2_, 0, 1, g27, 8, 1, grad_W_g_part_6);
 
-    /* grad_W_g_part_7 = x1^T @ g30 */
+    /* grad_W_g_part_7 = x1^T @ g31 */
     LSTM_SEQUENCE_REAL *grad_W_g_part_7 = grad_W_f_part_6; /* 1 x 8, in grad_W_f_part_6's memory */
-    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g30, 8, 1, grad_W_g_part_7);
+    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g31, 8, 1, grad_W_g_part_7);
 
     /* grad_W_g = grad_W_g_part + grad_W_g_part_1 + grad_W_g_part_2 + grad_W_g_part_3 +
      * grad_W_g_part_4 + grad_W_g_part_5 + grad_W_g_part_6 + grad_W_g_part_7 */
@@ -1435,41 +1421,41 @@ static void lstm_sequence_run_part7(
     int with_grads
 )
 {
-    LSTM_SEQUENCE_REAL *t11 = work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t27 = with_grads ? work + 144*n : work + 104*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t42 = with_grads ? work + 200*n : work + 104*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t57 = with_grads ? work + 256*n : work + 104*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t72 = with_grads ? work + 312*n : work + 104*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t87 = with_grads ? work + 368*n : work + 104*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t102 = with_grads ? work + 424*n : work + 104*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g1 = work + 24*n; /* n x 8, in t113's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t8 = work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t23 = with_grads ? work + 112*n : work + 72*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t38 = with_grads ? work + 168*n : work + 72*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t53 = with_grads ? work + 224*n : work + 72*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t68 = with_grads ? work + 280*n : work + 72*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t83 = with_grads ? work + 336*n : work + 72*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t98 = with_grads ? work + 392*n : work + 72*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g1 = work + 451*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g2 = work + 459*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g3 = work + 467*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g4 = work + 475*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g5 = work + 112*n; /* n x 8, in grad_t116's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g5 = work; /* n x 8, in grad_t112's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g6 = work + 483*n + 9; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g7 = work + 491*n + 9; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g8 = work + 499*n + 9; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g9 = work + 8*n; /* n x 8, in t114's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g10 = work + 40*n; /* n x 8, in g0's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g11 = work + 408*n; /* n x 8, in grad_t102_part's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g13 = work + 336*n; /* n x 8, in t81's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g14 = work + 360*n; /* n x 8, in t86's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g15 = work + 400*n; /* n x 8, in t99's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g16 = work + 440*n; /* n x 8, in grad_t100's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g17 = work + 264*n; /* n x 8, in t60's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g18 = work + 272*n; /* n x 8, in t63's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g19 = work + 280*n; /* n x 8, in t66's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g20 = work + 304*n; /* n x 8, in t71's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g21 = work + 320*n; /* n x 8, in grad_t72_part_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g22 = work + 184*n; /* n x 8, in t40's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g23 = work + 208*n; /* n x 8, in t45's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g24 = work + 216*n; /* n x 8, in t48's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g25 = work + 376*n; /* n x 8, in grad_t57_part_1's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g26 = work + 384*n; /* n x 8, in grad_t57_part_2's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g27 = work + 392*n; /* n x 8, in grad_t57_part_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g28 = work + 128*n; /* n x 8, in t25's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g31 = work + 416*n; /* n x 8, in grad_t42_part_1's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g9 = work + 424*n; /* n x 8, in t110's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g10 = work + 56*n; /* n x 8, in g0's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g11 = work + 376*n; /* n x 8, in grad_t98_part's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g13 = work + 304*n; /* n x 8, in t77's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g14 = work + 328*n; /* n x 8, in t82's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g15 = work + 368*n; /* n x 8, in t95's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g16 = work + 432*n; /* n x 8, in grad_t96's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g17 = work + 232*n; /* n x 8, in t56's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g18 = work + 240*n; /* n x 8, in t59's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g19 = work + 248*n; /* n x 8, in t62's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g20 = work + 272*n; /* n x 8, in t67's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g21 = work + 288*n; /* n x 8, in grad_t68_part_3's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g22 = work + 152*n; /* n x 8, in t36's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g23 = work + 176*n; /* n x 8, in t41's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g24 = work + 184*n; /* n x 8, in t44's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g25 = work + 344*n; /* n x 8, in grad_t53_part_1's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g26 = work + 352*n; /* n x 8, in grad_t53_part_2's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g27 = work + 360*n; /* n x 8, in grad_t53_part_3's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g28 = work + 96*n; /* n x 8, in t21's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g32 = work + 384*n; /* n x 8, in grad_t38_part_1's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_W_i_part_7 = work + 507*n + 57; /* 1 x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_W_g_part_3 = work + 507*n + 17; /* 1 x 8, in grad_W_f_part_2's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_W_g_part_4 = work + 507*n + 25; /* 1 x 8, in grad_W_f_part_3's memory; placed in an earlier part */
@@ -1495,9 +1481,9 @@ static void lstm_sequence_run_part7(
     LSTM_SEQUENCE_REAL *grad_W_o_part_6 = grad_W_g_part_6; /* 1 x 8, in grad_W_g_part_6's memory */
     symbackprop_f64_matmul(1, 8, n, x2_, 0, 1, g28, 8, 1, grad_W_o_part_6);
 
-    /* grad_W_o_part_7 = x1^T @ g31 */
+    /* grad_W_o_part_7 = x1^T @ g32 */
     LSTM_SEQUENCE_REAL *grad_W_o_part_7 = grad_W_g_part_7; /* 1 x 8, in grad_W_g_part_7's memory */
-    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g31, 8, 1, grad_W_o_part_7);
+    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g32, 8, 1, grad_W_o_part_7);
 
     /* grad_W_o = grad_W_o_part + grad_W_o_part_1 + grad_W_o_part_2 + grad_W_o_part_3 +
      * grad_W_o_part_4 + grad_W_o_part_5 + grad_W_o_part_6 + grad_W_o_part_7 */
@@ -1505,33 +1491,33 @@ static void lstm_sequence_run_part7(
         grad_W_o[j] = grad_W_o_part[j] + grad_W_o_part_1[j] + grad_W_o_part_2[j] + grad_W_o_part_3[j] + grad_W_o_part_4[j] + grad_W_o_part_5[j] + grad_W_o_part_6[j] + grad_W_o_part_7[j];
     }
 
-    /* grad_U_i_part = t102^T @ g1 */
+    /* grad_U_i_part = t98^T @ g1 */
     LSTM_SEQUENCE_REAL *grad_U_i_part = grad_W_i_part_7 + 8; /* 8 x 8 */
-    symbackprop_f64_matmul(8, 8, n, t102, 1, 8, g1, 8, 1, grad_U_i_part);
+    symbackprop_f64_matmul(8, 8, n, t98, 1, 8, g1, 8, 1, grad_U_i_part);
 
-    /* grad_U_i_part_1 = t87^T @ g5 */
+    /* grad_U_i_part_1 = t83^T @ g5 */
     LSTM_SEQUENCE_REAL *grad_U_i_part_1 = grad_U_i_part + 64; /* 8 x 8 */
-    symbackprop_f64_matmul(8, 8, n, t87, 1, 8, g5, 8, 1, grad_U_i_part_1);
+    symbackprop_f64_matmul(8, 8, n, t83, 1, 8, g5, 8, 1, grad_U_i_part_1);
 
-    /* grad_U_i_part_2 = t72^T @ g9 */
+    /* grad_U_i_part_2 = t68^T @ g9 */
     LSTM_SEQUENCE_REAL *grad_U_i_part_2 = grad_U_i_part_1 + 64; /* 8 x 8 */
-    symbackprop_f64_matmul(8, 8, n, t72, 1, 8, g9, 8, 1, grad_U_i_part_2);
+    symbackprop_f64_matmul(8, 8, n, t68, 1, 8, g9, 8, 1, grad_U_i_part_2);
 
-    /* grad_U_i_part_3 = t57^T @ g13 */
+    /* grad_U_i_part_3 = t53^T @ g13 */
     LSTM_SEQUENCE_REAL *grad_U_i_part_3 = grad_U_i_part_2 + 64; /* 8 x 8 */
-    symbackprop_f64_matmul(8, 8, n, t57, 1, 8, g13, 8, 1, grad_U_i_part_3);
+    symbackprop_f64_matmul(8, 8, n, t53, 1, 8, g13, 8, 1, grad_U_i_part_3);
 
-    /* grad_U_i_part_4 = t42^T @ g17 */
+    /* grad_U_i_part_4 = t38^T @ g17 */
     LSTM_SEQUENCE_REAL *grad_U_i_part_4 = grad_U_i_part_3 + 64; /* 8 x 8 */
-    symbackprop_f64_matmul(8, 8, n, t42, 1, 8, g17, 8, 1, grad_U_i_part_4);
+    symbackprop_f64_matmul(8, 8, n, t38, 1, 8, g17, 8, 1, grad_U_i_part_4);
 
-    /* grad_U_i_part_5 = t27^T @ g21 */
+    /* grad_U_i_part_5 = t23^T @ g21 */
     LSTM_SEQUENCE_REAL *grad_U_i_part_5 = grad_U_i_part_4 + 64; /* 8 x 8 */
-    symbackprop_f64_matmul(8, 8, n, t27, 1, 8, g21, 8, 1, grad_U_i_part_5);
+    symbackprop_f64_matmul(8, 8, n, t23, 1, 8, g21, 8, 1, grad_U_i_part_5);
 
-    /* grad_U_i_part_6 = t11^T @ g25 */
+    /* grad_U_i_part_6 = t8^T @ g25 */
     LSTM_SEQUENCE_REAL *grad_U_i_part_6 = grad_U_i_part_5 + 64; /* 8 x 8 */
-    symbackprop_f64_matmul(8, 8, n, t11, 1, 8, g25, 8, 1, grad_U_i_part_6);
+    symbackprop_f64_matmul(8, 8, n, t8, 1, 8, g25, 8, 1, grad_U_i_part_6);
 
     /* grad_U_i = grad_U_i_part + grad_U_i_part_1 + grad_U_i_part_2 + grad_U_i_part_3 +
      * grad_U_i_part_4 + grad_U_i_part_5 + grad_U_i_part_6 */
@@ -1541,33 +1527,33 @@ static void lstm_sequence_run_part7(
         }
     }
 
-    /* grad_U_f_part = t102^T @ g2 */
+    /* grad_U_f_part = t98^T @ g2 */
     LSTM_SEQUENCE_REAL *grad_U_f_part = grad_U_i_part; /* 8 x 8, in grad_U_i_part's memory */
-    symbackprop_f64_matmul(8, 8, n, t102, 1, 8, g2, 8, 1, grad_U_f_part);
+    symbackprop_f64_matmul(8, 8, n, t98, 1, 8, g2, 8, 1, grad_U_f_part);
 
-    /* grad_U_f_part_1 = t87^T @ g6 */
+    /* grad_U_f_part_1 = t83^T @ g6 */
     LSTM_SEQUENCE_REAL *grad_U_f_part_1 = grad_U_i_part_1; /* 8 x 8, in grad_U_i_part_1's memory */
-    symbackprop_f64_matmul(8, 8, n, t87, 1, 8, g6, 8, 1, grad_U_f_part_1);
+    symbackprop_f64_matmul(8, 8, n, t83, 1, 8, g6, 8, 1, grad_U_f_part_1);
 
-    /* grad_U_f_part_2 = t72^T @ g10 */
+    /* grad_U_f_part_2 = t68^T @ g10 */
     LSTM_SEQUENCE_REAL *grad_U_f_part_2 = grad_U_i_part_2; /* 8 x 8, in grad_U_i_part_2's memory */
-    symbackprop_f64_matmul(8, 8, n, t72, 1, 8, g10, 8, 1, grad_U_f_part_2);
+    symbackprop_f64_matmul(8, 8, n, t68, 1, 8, g10, 8, 1, grad_U_f_part_2);
 
-    /* grad_U_f_part_3 = t57^T @ g14 */
+    /* grad_U_f_part_3 = t53^T @ g14 */
     LSTM_SEQUENCE_REAL *grad_U_f_part_3 = grad_U_i_part_3; /* 8 x 8, in grad_U_i_part_3's memory */
-    symbackprop_f64_matmul(8, 8, n, t57, 1, 8, g14, 8, 1, grad_U_f_part_3);
+    symbackprop_f64_matmul(8, 8, n, t53, 1, 8, g14, 8, 1, grad_U_f_part_3);
 
-    /* grad_U_f_part_4 = t42^T @ g18 */
+    /* grad_U_f_part_4 = t38^T @ g18 */
     LSTM_SEQUENCE_REAL *grad_U_f_part_4 = grad_U_i_part_4; /* 8 x 8, in grad_U_i_part_4's memory */
-    symbackprop_f64_matmul(8, 8, n, t42, 1, 8, g18, 8, 1, grad_U_f_part_4);
+    symbackprop_f64_matmul(8, 8, n, t38, 1, 8, g18, 8, 1, grad_U_f_part_4);
 
-    /* grad_U_f_part_5 = t27^T @ g22 */
+    /* grad_U_f_part_5 = t23^T @ g22 */
     LSTM_SEQUENCE_REAL *grad_U_f_part_5 = grad_U_i_part_5; /* 8 x 8, in grad_U_i_part_5's memory */
-    symbackprop_f64_matmul(8, 8, n, t27, 1, 8, g22, 8, 1, grad_U_f_part_5);
+    symbackprop_f64_matmul(8, 8, n, t23, 1, 8, g22, 8, 1, grad_U_f_part_5);
 
-    /* grad_U_f_part_6 = t11^T @ g26 */
+    /* grad_U_f_part_6 = t8^T @ g26 */
     LSTM_SEQUENCE_REAL *grad_U_f_part_6 = grad_U_i_part_6; /* 8 x 8, in grad_U_i_part_6's memory */
-    symbackprop_f64_matmul(8, 8, n, t11, 1, 8, g26, 8, 1, grad_U_f_part_6);
+    symbackprop_f64_matmul(8, 8, n, t8, 1, 8, g26, 8, 1, grad_U_f_part_6);
 
     /* grad_U_f = grad_U_f_part + grad_U_f_part_1 + grad_U_f_part_2 + grad_U_f_part_3 +
      * grad_U_f_part_4 + grad_U_f_part_5 + grad_U_f_part_6 */
@@ -1577,33 +1563,33 @@ static void lstm_sequence_run_part7(
         }
     }
 
-    /* grad_U_g_part = t102^T @ g3 */
+    /* grad_U_g_part = t98^T @ g3 */
     LSTM_SEQUENCE_REAL *grad_U_g_part = grad_U_f_part; /* 8 x 8, in grad_U_f_part's memory */
-    symbackprop_f64_matmul(8, 8, n, t102, 1, 8, g3, 8, 1, grad_U_g_part);
+    symbackprop_f64_matmul(8, 8, n, t98, 1, 8, g3, 8, 1, grad_U_g_part);
 
-    /* grad_U_g_part_1 = t87^T @ g7 */
+    /* grad_U_g_part_1 = t83^T @ g7 */
     LSTM_SEQUENCE_REAL *grad_U_g_part_1 = grad_U_f_part_1; /* 8 x 8, in grad_U_f_part_1's memory */
-    symbackprop_f64_matmul(8, 8, n, t87, 1, 8, g7, 8, 1, grad_U_g_part_1);
+    symbackprop_f64_matmul(8, 8, n, t83, 1, 8, g7, 8, 1, grad_U_g_part_1);
 
-    /* grad_U_g_part_2 = t72^T @ g11 */
+    /* grad_U_g_part_2 = t68^T @ g11 */
     LSTM_SEQUENCE_REAL *grad_U_g_part_2 = grad_U_f_part_2; /* 8 x 8, in grad_U_f_part_2's memory */
-    symbackprop_f64_matmul(8, 8, n, t72, 1, 8, g11, 8, 1, grad_U_g_part_2);
+    symbackprop_f64_matmul(8, 8, n, t68, 1, 8, g11, 8, 1, grad_U_g_part_2);
 
-    /* grad_U_g_part_3 = t57^T @ g15 */
+    /* grad_U_g_part_3 = t53^T @ g15 */
     LSTM_SEQUENCE_REAL *grad_U_g_part_3 = grad_U_f_part_3; /* 8 x 8, in grad_U_f_part_3's memory */
-    symbackprop_f64_matmul(8, 8, n, t57, 1, 8, g15, 8, 1, grad_U_g_part_3);
+    symbackprop_f64_matmul(8, 8, n, t53, 1, 8, g15, 8, 1, grad_U_g_part_3);
 
-    /* grad_U_g_part_4 = t42^T @ g19 */
+    /* grad_U_g_part_4 = t38^T @ g19 */
     LSTM_SEQUENCE_REAL *grad_U_g_part_4 = grad_U_f_part_4; /* 8 x 8, in grad_U_f_part_4's memory */
-    symbackprop_f64_matmul(8, 8, n, t42, 1, 8, g19, 8, 1, grad_U_g_part_4);
+    symbackprop_f64_matmul(8, 8, n, t38, 1, 8, g19, 8, 1, grad_U_g_part_4);
 
-    /* grad_U_g_part_5 = t27^T @ g23 */
+    /* grad_U_g_part_5 = t23^T @ g23 */
     LSTM_SEQUENCE_REAL *grad_U_g_part_5 = grad_U_f_part_5; /* 8 x 8, in grad_U_f_part_5's memory */
-    symbackprop_f64_matmul(8, 8, n, t27, 1, 8, g23, 8, 1, grad_U_g_part_5);
+    symbackprop_f64_matmul(8, 8, n, t23, 1, 8, g23, 8, 1, grad_U_g_part_5);
 
-    /* grad_U_g_part_6 = t11^T @ g27 */
+    /* grad_U_g_part_6 = t8^T @ g27 */
     LSTM_SEQUENCE_REAL *grad_U_g_part_6 = grad_U_f_part_6; /* 8 x 8, in grad_U_f_part_6's memory */
-    symbackprop_f64_matmul(8, 8, n, t11, 1, 8, g27, 8, 1, grad_U_g_part_6);
+    symbackprop_f64_matmul(8, 8, n, t8, 1, 8, g27, 8, 1, grad_U_g_part_6);
 
     /* grad_U_g = grad_U_g_part + grad_U_g_part_1 + grad_U_g_part_2 + grad_U_g_part_3 +
      * grad_U_g_part_4 + grad_U_g_part_5 + grad_U_g_part_6 */
@@ -1613,13 +1599,13 @@ static void lstm_sequence_run_part7(
         }
     }
 
-    /* grad_U_o_part = t102^T @ g4 */
+    /* grad_U_o_part = t98^T @ g4 */
     LSTM_SEQUENCE_REAL *grad_U_o_part = grad_U_g_part; /* 8 x 8, in grad_U_g_part's memory */
-    symbackprop_f64_matmul(8, 8, n, t102, 1, 8, g4, 8, 1, grad_U_o_part);
+    symbackprop_f64_matmul(8, 8, n, t98, 1, 8, g4, 8, 1, grad_U_o_part);
 
-    /* grad_U_o_part_1 = t87^T @ g8 */
+    /* grad_U_o_part_1 = t83^T @ g8 */
     LSTM_SEQUENCE_REAL *grad_U_o_part_1 = grad_U_g_part_1; /* 8 x 8, in grad_U_g_part_1's memory */
-    symbackprop_f64_matmul(8, 8, n, t87, 1, 8, g8, 8, 1, grad_U_o_part_1);
+    symbackprop_f64_matmul(8, 8, n, t83, 1, 8, g8, 8, 1, grad_U_o_part_1);
 }
 
 /* lstm_sequence_run, part 8 of 8 (kernels 193 to 204): a long
@@ -1638,22 +1624,22 @@ static void lstm_sequence_run_part8(
     int with_grads
 )
 {
-    LSTM_SEQUENCE_REAL *t11 = work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t27 = with_grads ? work + 144*n : work + 104*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t42 = with_grads ? work + 200*n : work + 104*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t57 = with_grads ? work + 256*n : work + 104*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t72 = with_grads ? work + 312*n : work + 104*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t116 = with_grads ? work + 448*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_logit = with_grads ? work + 458*n : work + 114*n; /* n x 1; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g12 = work + 432*n; /* n x 8, in grad_t102_part_1's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g16 = work + 440*n; /* n x 8, in grad_t100's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g20 = work + 304*n; /* n x 8, in t71's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g24 = work + 216*n; /* n x 8, in t48's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g28 = work + 128*n; /* n x 8, in t25's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t23 = work + 152*n; /* n x 8, in t30's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t4 = work + 80*n; /* n x 8, in grad_t42_part_2's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t7 = work; /* n x 8, in grad_t42_part_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t1 = work + 56*n; /* n x 8, in t9's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t8 = work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t23 = with_grads ? work + 112*n : work + 72*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t38 = with_grads ? work + 168*n : work + 72*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t53 = with_grads ? work + 224*n : work + 72*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t68 = with_grads ? work + 280*n : work + 72*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t112 = with_grads ? work + 440*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_logit = with_grads ? work + 450*n : work + 82*n; /* n x 1; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g12 = work + 400*n; /* n x 8, in grad_t98_part_1's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g16 = work + 432*n; /* n x 8, in grad_t96's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g20 = work + 272*n; /* n x 8, in t67's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g24 = work + 184*n; /* n x 8, in t44's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g28 = work + 96*n; /* n x 8, in t21's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g29 = work + 120*n; /* n x 8, in t26's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g33 = work + 408*n; /* n x 8, in grad_t38_part_2's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g34 = work + 416*n; /* n x 8, in grad_t38_part_3's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g35 = work + 32*n; /* n x 8, in t6's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_U_g_part_2 = work + 507*n + 193; /* 8 x 8, in grad_U_f_part_2's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_U_g_part_3 = work + 507*n + 257; /* 8 x 8, in grad_U_f_part_3's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_U_g_part_4 = work + 507*n + 321; /* 8 x 8, in grad_U_f_part_4's memory; placed in an earlier part */
@@ -1661,25 +1647,25 @@ static void lstm_sequence_run_part8(
     LSTM_SEQUENCE_REAL *grad_U_g_part_6 = work + 507*n + 449; /* 8 x 8, in grad_U_f_part_6's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_U_o_part = work + 507*n + 65; /* 8 x 8, in grad_U_g_part's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_U_o_part_1 = work + 507*n + 129; /* 8 x 8, in grad_U_g_part_1's memory; placed in an earlier part */
-    /* grad_U_o_part_2 = t72^T @ g12 */
+    /* grad_U_o_part_2 = t68^T @ g12 */
     LSTM_SEQUENCE_REAL *grad_U_o_part_2 = grad_U_g_part_2; /* 8 x 8, in grad_U_g_part_2's memory */
-    symbackprop_f64_matmul(8, 8, n, t72, 1, 8, g12, 8, 1, grad_U_o_part_2);
+    symbackprop_f64_matmul(8, 8, n, t68, 1, 8, g12, 8, 1, grad_U_o_part_2);
 
-    /* grad_U_o_part_3 = t57^T @ g16 */
+    /* grad_U_o_part_3 = t53^T @ g16 */
     LSTM_SEQUENCE_REAL *grad_U_o_part_3 = grad_U_g_part_3; /* 8 x 8, in grad_U_g_part_3's memory */
-    symbackprop_f64_matmul(8, 8, n, t57, 1, 8, g16, 8, 1, grad_U_o_part_3);
+    symbackprop_f64_matmul(8, 8, n, t53, 1, 8, g16, 8, 1, grad_U_o_part_3);
 
-    /* grad_U_o_part_4 = t42^T @ g20 */
+    /* grad_U_o_part_4 = t38^T @ g20 */
     LSTM_SEQUENCE_REAL *grad_U_o_part_4 = grad_U_g_part_4; /* 8 x 8, in grad_U_g_part_4's memory */
-    symbackprop_f64_matmul(8, 8, n, t42, 1, 8, g20, 8, 1, grad_U_o_part_4);
+    symbackprop_f64_matmul(8, 8, n, t38, 1, 8, g20, 8, 1, grad_U_o_part_4);
 
-    /* grad_U_o_part_5 = t27^T @ g24 */
+    /* grad_U_o_part_5 = t23^T @ g24 */
     LSTM_SEQUENCE_REAL *grad_U_o_part_5 = grad_U_g_part_5; /* 8 x 8, in grad_U_g_part_5's memory */
-    symbackprop_f64_matmul(8, 8, n, t27, 1, 8, g24, 8, 1, grad_U_o_part_5);
+    symbackprop_f64_matmul(8, 8, n, t23, 1, 8, g24, 8, 1, grad_U_o_part_5);
 
-    /* grad_U_o_part_6 = t11^T @ g28 */
+    /* grad_U_o_part_6 = t8^T @ g28 */
     LSTM_SEQUENCE_REAL *grad_U_o_part_6 = grad_U_g_part_6; /* 8 x 8, in grad_U_g_part_6's memory */
-    symbackprop_f64_matmul(8, 8, n, t11, 1, 8, g28, 8, 1, grad_U_o_part_6);
+    symbackprop_f64_matmul(8, 8, n, t8, 1, 8, g28, 8, 1, grad_U_o_part_6);
 
     /* grad_U_o = grad_U_o_part + grad_U_o_part_1 + grad_U_o_part_2 + grad_U_o_part_3 +
      * grad_U_o_part_4 + grad_U_o_part_5 + grad_U_o_part_6 */
@@ -1689,20 +1675,20 @@ static void lstm_sequence_run_part8(
         }
     }
 
-    /* grad_b_i = sum of grad_t4 down each column */
-    symbackprop_f64_sum_columns(grad_t4, n, 8, 8, grad_b_i);
+    /* grad_b_i = sum of g33 down each column */
+    symbackprop_f64_sum_columns(g33, n, 8, 8, grad_b_i);
 
-    /* grad_b_f = sum of grad_t23 down each column */
-    symbackprop_f64_sum_columns(grad_t23, n, 8, 8, grad_b_f);
+    /* grad_b_f = sum of g29 down each column */
+    symbackprop_f64_sum_columns(g29, n, 8, 8, grad_b_f);
 
-    /* grad_b_g = sum of grad_t7 down each column */
-    symbackprop_f64_sum_columns(grad_t7, n, 8, 8, grad_b_g);
+    /* grad_b_g = sum of g34 down each column */
+    symbackprop_f64_sum_columns(g34, n, 8, 8, grad_b_g);
 
-    /* grad_b_o = sum of grad_t1 down each column */
-    symbackprop_f64_sum_columns(grad_t1, n, 8, 8, grad_b_o);
+    /* grad_b_o = sum of g35 down each column */
+    symbackprop_f64_sum_columns(g35, n, 8, 8, grad_b_o);
 
-    /* grad_V = t116^T @ grad_logit */
-    symbackprop_f64_matmul(8, 1, n, t116, 1, 8, grad_logit, 1, 0, grad_V);
+    /* grad_V = t112^T @ grad_logit */
+    symbackprop_f64_matmul(8, 1, n, t112, 1, 8, grad_logit, 1, 0, grad_V);
 
     /* grad_c0 = sum of grad_logit down each column */
     grad_c0[0] = symbackprop_f64_sum(grad_logit, n, 1);
@@ -1759,8 +1745,8 @@ static int lstm_sequence_run(
         return 1;
     }
     lstm_sequence_run_part1(n, x1_, x2_, x3_, x4_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, work, with_grads);
-    lstm_sequence_run_part2(n, x4_, x5_, x6_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, work, with_grads);
-    lstm_sequence_run_part3(n, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, V, c0, loss, logit, work, with_grads);
+    lstm_sequence_run_part2(n, x4_, x5_, x6_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, work, with_grads);
+    lstm_sequence_run_part3(n, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, logit, work, with_grads);
     if (!with_grads) {
         return 0;
     }

@@ -53,7 +53,7 @@ static int mlp_run(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            t1[4*i + j] = (((b1[j] + t0[4*i + j]) >= 0 ? 1.0 : exp(-fabs(b1[j] + t0[4*i + j]))) / (1.0 + exp(-fabs(b1[j] + t0[4*i + j]))));
+            t1[4*i + j] = (((t0[4*i + j] + b1[j]) >= 0 ? 1.0 : exp(-fabs(t0[4*i + j] + b1[j]))) / (1.0 + exp(-fabs(t0[4*i + j] + b1[j]))));
         }
     }
 
@@ -69,10 +69,10 @@ static int mlp_run(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            const MLP_REAL x0 = b2[j] + t2[2*i + j];
+            const MLP_REAL x0 = t2[2*i + j] + b2[j];
             Y[2*i + j] = x0;
             t3[2*i + j] = pow(-T[2*i + j] + x0, 2);
-            g0[2*i + j] = (1.0/2.0)*(2*b2[j] + 2*t2[2*i + j] - 2*T[2*i + j])/((MLP_REAL)n);
+            g0[2*i + j] = (1.0/2.0)*(2*t2[2*i + j] + 2*b2[j] - 2*T[2*i + j])/((MLP_REAL)n);
         }
     }
 

@@ -46,7 +46,7 @@ static int mnist_mlp_run(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            t1[256*i + j] = tanh(b1[j] + t0[256*i + j]);
+            t1[256*i + j] = tanh(t0[256*i + j] + b1[j]);
         }
     }
 
@@ -60,7 +60,7 @@ static int mnist_mlp_run(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            const MNIST_MLP_REAL x0 = b2[j] + t2[10*i + j];
+            const MNIST_MLP_REAL x0 = t2[10*i + j] + b2[j];
             logits[10*i + j] = x0;
             t3[10*i + j] = T[10*i + j]*x0;
         }

@@ -17,7 +17,7 @@ size_t pinn_poisson_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(146*n + 70);
+    return (size_t)(114*n + 70);
 }
 
 /* Forward pass: the loss and the named outputs. */
@@ -58,7 +58,7 @@ int pinn_poisson_forward(
     PINN_POISSON_REAL *t1 = t0 + 32; /* 2 x 16 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t1[16*i + j] = tanh(b1[j] + t0[16*i + j]);
+            t1[16*i + j] = tanh(t0[16*i + j] + b1[j]);
         }
     }
 
@@ -80,7 +80,7 @@ int pinn_poisson_forward(
     PINN_POISSON_REAL *t3 = t1; /* 2 x 16, in t1's memory */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t3[16*i + j] = tanh(b2[j] + t2[16*i + j]);
+            t3[16*i + j] = tanh(t2[16*i + j] + b2[j]);
         }
     }
 
@@ -103,7 +103,7 @@ int pinn_poisson_forward(
     {
         const PINN_POISSON_REAL b3_value = b3[0];
         for (int64_t i = 0; i < 2; ++i) {
-            t5[i] = pow(b3_value + t4[i], 2);
+            t5[i] = pow(t4[i] + b3_value, 2);
         }
     }
 
@@ -111,126 +111,108 @@ int pinn_poisson_forward(
     PINN_POISSON_REAL *t6 = t5 + 2; /* 1 x 1 */
     t6[0] = symbackprop_f64_sum(t5, 2, 1);
 
-    /* t7 = W1 */
+    /* t7 = x @ W1 */
     PINN_POISSON_REAL *t7 = t6 + 1; /* n x 16 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            t7[16*i + j] = W1[j];
-        }
-    }
+    symbackprop_f64_matmul(n, 16, 1, x, 1, 0, W1, 0, 1, t7);
 
-    /* t8 = W3^T */
+    /* t8 = tanh(b1 + t7) */
+    /* t9 = 1 - tanh(b1 + t7)**2 */
+    /* t10 = W1*(1 - tanh(b1 + t7)**2) */
     PINN_POISSON_REAL *t8 = t7 + 16*n; /* n x 16 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            t8[16*i + j] = W3[j];
-        }
-    }
-
-    /* t9 = x @ W1 */
     PINN_POISSON_REAL *t9 = t8 + 16*n; /* n x 16 */
-    symbackprop_f64_matmul(n, 16, 1, x, 1, 0, W1, 0, 1, t9);
-
-    /* t10 = tanh(b1 + t9) */
-    /* t11 = 1 - tanh(b1 + t9)**2 */
-    /* t12 = t7*(1 - tanh(b1 + t9)**2) */
     PINN_POISSON_REAL *t10 = t9 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t11 = t10 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t12 = t11 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = tanh(b1[j] + t9[16*i + j]);
+            const PINN_POISSON_REAL x0 = tanh(t7[16*i + j] + b1[j]);
             const PINN_POISSON_REAL x1 = 1 - (x0*x0);
-            t10[16*i + j] = x0;
-            t11[16*i + j] = x1;
-            t12[16*i + j] = t7[16*i + j]*x1;
+            t8[16*i + j] = x0;
+            t9[16*i + j] = x1;
+            t10[16*i + j] = W1[j]*x1;
         }
     }
 
-    /* t13 = t10 @ W2 */
-    PINN_POISSON_REAL *t13 = t9; /* n x 16, in t9's memory */
-    symbackprop_f64_matmul(n, 16, 16, t10, 16, 1, W2, 16, 1, t13);
+    /* t11 = t8 @ W2 */
+    PINN_POISSON_REAL *t11 = t7; /* n x 16, in t7's memory */
+    symbackprop_f64_matmul(n, 16, 16, t8, 16, 1, W2, 16, 1, t11);
 
-    /* t14 = tanh(b2 + t13) */
-    /* t15 = 1 - tanh(b2 + t13)**2 */
-    /* t16 = t8*(1 - tanh(b2 + t13)**2) */
-    PINN_POISSON_REAL *t14 = t12 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t15 = t14 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t16 = t15 + 16*n; /* n x 16 */
+    /* t12 = tanh(b2 + t11) */
+    /* t13 = 1 - tanh(b2 + t11)**2 */
+    /* t14 = W3^T*(1 - tanh(b2 + t11)**2) */
+    PINN_POISSON_REAL *t12 = t10 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *t13 = t12 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *t14 = t13 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = tanh(b2[j] + t13[16*i + j]);
+            const PINN_POISSON_REAL x0 = tanh(t11[16*i + j] + b2[j]);
             const PINN_POISSON_REAL x1 = 1 - (x0*x0);
-            t14[16*i + j] = x0;
-            t15[16*i + j] = x1;
-            t16[16*i + j] = t8[16*i + j]*x1;
+            t12[16*i + j] = x0;
+            t13[16*i + j] = x1;
+            t14[16*i + j] = W3[j]*x1;
         }
     }
 
-    /* t17 = t16 @ W2^T */
-    PINN_POISSON_REAL *t17 = t13; /* n x 16, in t13's memory */
-    symbackprop_f64_matmul(n, 16, 16, t16, 16, 1, W2, 1, 16, t17);
+    /* t15 = t14 @ W2^T */
+    PINN_POISSON_REAL *t15 = t11; /* n x 16, in t11's memory */
+    symbackprop_f64_matmul(n, 16, 16, t14, 16, 1, W2, 1, 16, t15);
 
-    /* t18 = t12 @ W2 */
-    PINN_POISSON_REAL *t18 = t16; /* n x 16, in t16's memory */
-    symbackprop_f64_matmul(n, 16, 16, t12, 16, 1, W2, 16, 1, t18);
+    /* t16 = t10 @ W2 */
+    PINN_POISSON_REAL *t16 = t14; /* n x 16, in t14's memory */
+    symbackprop_f64_matmul(n, 16, 16, t10, 16, 1, W2, 16, 1, t16);
 
-    /* t19 = -2*t14*t15*t18*t8 */
-    PINN_POISSON_REAL *t19 = t12; /* n x 16, in t12's memory */
+    /* t17 = -2*W3^T*t12*t13*t16 */
+    PINN_POISSON_REAL *t17 = t10; /* n x 16, in t10's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t19[16*i + j] = -2*t18[16*i + j]*t8[16*i + j]*t14[16*i + j]*t15[16*i + j];
+            t17[16*i + j] = -2*t16[16*i + j]*W3[j]*t12[16*i + j]*t13[16*i + j];
         }
     }
 
-    /* t20 = t19 @ W2^T */
-    PINN_POISSON_REAL *t20 = t8; /* n x 16, in t8's memory */
-    symbackprop_f64_matmul(n, 16, 16, t19, 16, 1, W2, 1, 16, t20);
+    /* t18 = t17 @ W2^T */
+    PINN_POISSON_REAL *t18 = t13; /* n x 16, in t13's memory */
+    symbackprop_f64_matmul(n, 16, 16, t17, 16, 1, W2, 1, 16, t18);
 
-    /* t21 = t11*(-2*t10*t17*t7 + t20) */
-    PINN_POISSON_REAL *t21 = t15; /* n x 16, in t15's memory */
+    /* t19 = t9*(-2*W1*t15*t8 + t18) */
+    PINN_POISSON_REAL *t19 = t16; /* n x 16, in t16's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t21[16*i + j] = t11[16*i + j]*(-2*t7[16*i + j]*t17[16*i + j]*t10[16*i + j] + t20[16*i + j]);
+            t19[16*i + j] = t9[16*i + j]*(-2*W1[j]*t15[16*i + j]*t8[16*i + j] + t18[16*i + j]);
         }
     }
 
-    /* d2u = t21 @ W1^T */
-    PINN_POISSON_REAL *d2u = t16 + 16*n; /* n x 1 */
-    symbackprop_f64_matmul(n, 1, 16, t21, 16, 1, W1, 1, 0, d2u);
+    /* d2u = t19 @ W1^T */
+    PINN_POISSON_REAL *d2u = t14 + 16*n; /* n x 1 */
+    symbackprop_f64_matmul(n, 1, 16, t19, 16, 1, W1, 1, 0, d2u);
 
-    /* t22 = (d2u + pi**2*sin(pi*x))**2 */
-    PINN_POISSON_REAL *t22 = d2u + n; /* n x 1 */
+    /* t20 = (d2u + pi**2*sin(pi*x))**2 */
+    PINN_POISSON_REAL *t20 = d2u + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t22[i] = pow(d2u[i] + pow(3.1415926535897932, 2)*sin(3.1415926535897932*x[i]), 2);
+        t20[i] = pow(d2u[i] + pow(3.1415926535897932, 2)*sin(3.1415926535897932*x[i]), 2);
     }
 
-    /* t23 = sum of t22 down each column */
-    PINN_POISSON_REAL *t23 = t22 + n; /* 1 x 1 */
-    t23[0] = symbackprop_f64_sum(t22, n, 1);
+    /* t21 = sum of t20 down each column */
+    PINN_POISSON_REAL *t21 = t20 + n; /* 1 x 1 */
+    t21[0] = symbackprop_f64_sum(t20, n, 1);
 
-    /* loss = t6/2 + t23/n */
+    /* loss = t6/2 + t21/n */
     {
-        loss[0] = (1.0/2.0)*t6[0] + t23[0]/((PINN_POISSON_REAL)n);
+        loss[0] = (1.0/2.0)*t6[0] + t21[0]/((PINN_POISSON_REAL)n);
     }
 
-    /* t24 = t14 @ W3 */
-    PINN_POISSON_REAL *t24 = d2u; /* n x 1, in d2u's memory */
-    symbackprop_f64_matmul(n, 1, 16, t14, 16, 1, W3, 1, 0, t24);
+    /* t22 = t12 @ W3 */
+    PINN_POISSON_REAL *t22 = d2u; /* n x 1, in d2u's memory */
+    symbackprop_f64_matmul(n, 1, 16, t12, 16, 1, W3, 1, 0, t22);
 
-    /* u = b3 + t24 */
+    /* u = b3 + t22 */
     {
         const PINN_POISSON_REAL b3_value = b3[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < n; ++i) {
-            u[i] = b3_value + t24[i];
+            u[i] = t22[i] + b3_value;
         }
     }
     return 0;
@@ -241,7 +223,7 @@ size_t pinn_poisson_value_and_grad_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(451*n + 1256);
+    return (size_t)(419*n + 1256);
 }
 
 /* pinn_poisson_value_and_grad, part 1 of 2 (kernels 1 to 32): a long
@@ -279,7 +261,7 @@ static void pinn_poisson_value_and_grad_part1(
     PINN_POISSON_REAL *t1 = t0 + 32; /* 2 x 16 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t1[16*i + j] = tanh(b1[j] + t0[16*i + j]);
+            t1[16*i + j] = tanh(t0[16*i + j] + b1[j]);
         }
     }
 
@@ -301,7 +283,7 @@ static void pinn_poisson_value_and_grad_part1(
     PINN_POISSON_REAL *t3 = t1 + 32; /* 2 x 16 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t3[16*i + j] = tanh(b2[j] + t2[16*i + j]);
+            t3[16*i + j] = tanh(t2[16*i + j] + b2[j]);
         }
     }
 
@@ -326,7 +308,7 @@ static void pinn_poisson_value_and_grad_part1(
     {
         const PINN_POISSON_REAL b3_value = b3[0];
         for (int64_t i = 0; i < 2; ++i) {
-            const PINN_POISSON_REAL x0 = b3_value + t4[i];
+            const PINN_POISSON_REAL x0 = t4[i] + b3_value;
             t5[i] = (x0*x0);
             g0[i] = x0;
         }
@@ -336,220 +318,217 @@ static void pinn_poisson_value_and_grad_part1(
     PINN_POISSON_REAL *t6 = g0 + 2; /* 1 x 1 */
     t6[0] = symbackprop_f64_sum(t5, 2, 1);
 
-    /* t7 = W1 */
+    /* t7 = x @ W1 */
     PINN_POISSON_REAL *t7 = t6 + 1; /* n x 16 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            t7[16*i + j] = W1[j];
-        }
-    }
+    symbackprop_f64_matmul(n, 16, 1, x, 1, 0, W1, 0, 1, t7);
 
-    /* t8 = W3^T */
+    /* t8 = tanh(b1 + t7) */
+    /* t23 = -2*tanh(b1 + t7) */
+    /* t9 = 1 - tanh(b1 + t7)**2 */
     PINN_POISSON_REAL *t8 = t7 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *t23 = t8 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *t9 = t23 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t8[16*i + j] = W3[j];
+            const PINN_POISSON_REAL x0 = tanh(t7[16*i + j] + b1[j]);
+            t8[16*i + j] = x0;
+            t23[16*i + j] = -2*x0;
+            t9[16*i + j] = 1 - (x0*x0);
         }
     }
 
-    /* t9 = x @ W1 */
-    PINN_POISSON_REAL *t9 = t8 + 16*n; /* n x 16 */
-    symbackprop_f64_matmul(n, 16, 1, x, 1, 0, W1, 0, 1, t9);
+    /* t11 = t8 @ W2 */
+    PINN_POISSON_REAL *t11 = t7; /* n x 16, in t7's memory */
+    symbackprop_f64_matmul(n, 16, 16, t8, 16, 1, W2, 16, 1, t11);
 
-    /* t10 = tanh(b1 + t9) */
-    /* t25 = -2*tanh(b1 + t9) */
-    /* t11 = 1 - tanh(b1 + t9)**2 */
-    PINN_POISSON_REAL *t10 = t9 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t25 = t10 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t11 = t25 + 16*n; /* n x 16 */
+    /* t13 = 1 - tanh(b2 + t11)**2 */
+    /* t14 = W3^T*(1 - tanh(b2 + t11)**2) */
+    /* t24 = -2*tanh(b2 + t11) */
+    PINN_POISSON_REAL *t13 = t9 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *t14 = t13 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *t24 = t14 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = tanh(b1[j] + t9[16*i + j]);
-            t10[16*i + j] = x0;
-            t25[16*i + j] = -2*x0;
-            t11[16*i + j] = 1 - (x0*x0);
-        }
-    }
-
-    /* t13 = t10 @ W2 */
-    PINN_POISSON_REAL *t13 = t9; /* n x 16, in t9's memory */
-    symbackprop_f64_matmul(n, 16, 16, t10, 16, 1, W2, 16, 1, t13);
-
-    /* t15 = 1 - tanh(b2 + t13)**2 */
-    /* t16 = t8*(1 - tanh(b2 + t13)**2) */
-    /* t26 = -2*tanh(b2 + t13) */
-    PINN_POISSON_REAL *t15 = t11 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t16 = t15 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t26 = t16 + 16*n; /* n x 16 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = tanh(b2[j] + t13[16*i + j]);
+            const PINN_POISSON_REAL x0 = tanh(t11[16*i + j] + b2[j]);
             const PINN_POISSON_REAL x1 = 1 - (x0*x0);
-            t15[16*i + j] = x1;
-            t16[16*i + j] = t8[16*i + j]*x1;
-            t26[16*i + j] = -2*x0;
+            t13[16*i + j] = x1;
+            t14[16*i + j] = W3[j]*x1;
+            t24[16*i + j] = -2*x0;
         }
     }
 
-    /* t17 = t16 @ W2^T */
-    PINN_POISSON_REAL *t17 = t13; /* n x 16, in t13's memory */
-    symbackprop_f64_matmul(n, 16, 16, t16, 16, 1, W2, 1, 16, t17);
+    /* t15 = t14 @ W2^T */
+    PINN_POISSON_REAL *t15 = t11; /* n x 16, in t11's memory */
+    symbackprop_f64_matmul(n, 16, 16, t14, 16, 1, W2, 1, 16, t15);
 
-    /* t27 = t17*t7 */
-    /* t12 = t11*t7 */
+    /* t25 = W1*t15 */
+    /* t10 = W1*t9 */
+    PINN_POISSON_REAL *t25 = t24 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *t10 = t25 + 16*n; /* n x 16 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 16; ++j) {
+            t25[16*i + j] = W1[j]*t15[16*i + j];
+            t10[16*i + j] = W1[j]*t9[16*i + j];
+        }
+    }
+
+    /* t16 = t10 @ W2 */
+    PINN_POISSON_REAL *t16 = t10 + 16*n; /* n x 16 */
+    symbackprop_f64_matmul(n, 16, 16, t10, 16, 1, W2, 16, 1, t16);
+
+    /* t26 = W3^T*t16 */
+    /* t27 = W3^T*t16*t24 */
+    /* t17 = W3^T*t13*t16*t24 */
+    PINN_POISSON_REAL *t26 = t16 + 16*n; /* n x 16 */
     PINN_POISSON_REAL *t27 = t26 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t12 = t27 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *t17 = t27 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            t27[16*i + j] = t7[16*i + j]*t17[16*i + j];
-            t12[16*i + j] = t7[16*i + j]*t11[16*i + j];
+            const PINN_POISSON_REAL x0 = t16[16*i + j]*W3[j];
+            const PINN_POISSON_REAL x1 = t24[16*i + j]*x0;
+            t26[16*i + j] = x0;
+            t27[16*i + j] = x1;
+            t17[16*i + j] = t13[16*i + j]*x1;
         }
     }
 
-    /* t18 = t12 @ W2 */
-    PINN_POISSON_REAL *t18 = t12 + 16*n; /* n x 16 */
-    symbackprop_f64_matmul(n, 16, 16, t12, 16, 1, W2, 16, 1, t18);
+    /* t18 = t17 @ W2^T */
+    PINN_POISSON_REAL *t18 = t17 + 16*n; /* n x 16 */
+    symbackprop_f64_matmul(n, 16, 16, t17, 16, 1, W2, 1, 16, t18);
 
-    /* t28 = t18*t8 */
-    /* t29 = t18*t26*t8 */
-    /* t19 = t15*t18*t26*t8 */
+    /* t28 = t18 + t23*t25 */
+    /* t19 = t9*(t18 + t23*t25) */
     PINN_POISSON_REAL *t28 = t18 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t29 = t28 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t19 = t29 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *t19 = t28 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = t18[16*i + j]*t8[16*i + j];
-            const PINN_POISSON_REAL x1 = t26[16*i + j]*x0;
+            const PINN_POISSON_REAL x0 = t25[16*i + j]*t23[16*i + j] + t18[16*i + j];
             t28[16*i + j] = x0;
-            t29[16*i + j] = x1;
-            t19[16*i + j] = t15[16*i + j]*x1;
+            t19[16*i + j] = t9[16*i + j]*x0;
         }
     }
 
-    /* t20 = t19 @ W2^T */
-    PINN_POISSON_REAL *t20 = t19 + 16*n; /* n x 16 */
-    symbackprop_f64_matmul(n, 16, 16, t19, 16, 1, W2, 1, 16, t20);
+    /* d2u = t19 @ W1^T */
+    PINN_POISSON_REAL *d2u = t19 + 16*n; /* n x 1 */
+    symbackprop_f64_matmul(n, 1, 16, t19, 16, 1, W1, 1, 0, d2u);
 
-    /* t30 = t20 + t25*t27 */
-    /* t21 = t11*(t20 + t25*t27) */
-    PINN_POISSON_REAL *t30 = t20 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *t21 = t30 + 16*n; /* n x 16 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = t27[16*i + j]*t25[16*i + j] + t20[16*i + j];
-            t30[16*i + j] = x0;
-            t21[16*i + j] = t11[16*i + j]*x0;
-        }
-    }
-
-    /* d2u = t21 @ W1^T */
-    PINN_POISSON_REAL *d2u = t21 + 16*n; /* n x 1 */
-    symbackprop_f64_matmul(n, 1, 16, t21, 16, 1, W1, 1, 0, d2u);
-
-    /* t22 = (d2u + pi**2*sin(pi*x))**2 */
+    /* t20 = (d2u + pi**2*sin(pi*x))**2 */
     /* g1 = (2*d2u + 2*pi**2*sin(pi*x))/n */
-    PINN_POISSON_REAL *t22 = d2u + n; /* n x 1 */
-    PINN_POISSON_REAL *g1 = t22 + n; /* n x 1 */
+    PINN_POISSON_REAL *t20 = d2u + n; /* n x 1 */
+    PINN_POISSON_REAL *g1 = t20 + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         const PINN_POISSON_REAL x0 = pow(3.1415926535897932, 2)*sin(3.1415926535897932*x[i]);
-        t22[i] = pow(d2u[i] + x0, 2);
+        t20[i] = pow(d2u[i] + x0, 2);
         g1[i] = (2*d2u[i] + 2*x0)/((PINN_POISSON_REAL)n);
     }
 
-    /* t23 = sum of t22 down each column */
-    PINN_POISSON_REAL *t23 = g1 + n; /* 1 x 1 */
-    t23[0] = symbackprop_f64_sum(t22, n, 1);
+    /* t21 = sum of t20 down each column */
+    PINN_POISSON_REAL *t21 = g1 + n; /* 1 x 1 */
+    t21[0] = symbackprop_f64_sum(t20, n, 1);
 
-    /* loss = t6/2 + t23/n */
+    /* loss = t6/2 + t21/n */
     {
-        loss[0] = (1.0/2.0)*t6[0] + t23[0]/((PINN_POISSON_REAL)n);
+        loss[0] = (1.0/2.0)*t6[0] + t21[0]/((PINN_POISSON_REAL)n);
     }
 
-    /* grad_W1_part = g1^T @ t21 */
-    PINN_POISSON_REAL *grad_W1_part = t23 + 1; /* 1 x 16 */
-    symbackprop_f64_matmul(1, 16, n, g1, 0, 1, t21, 16, 1, grad_W1_part);
+    /* grad_W1_part = g1^T @ t19 */
+    PINN_POISSON_REAL *grad_W1_part = t21 + 1; /* 1 x 16 */
+    symbackprop_f64_matmul(1, 16, n, g1, 0, 1, t19, 16, 1, grad_W1_part);
 
-    /* grad_t21 = g1 @ W1 */
-    PINN_POISSON_REAL *grad_t21 = t20; /* n x 16, in t20's memory */
-    symbackprop_f64_matmul(n, 16, 1, g1, 1, 0, W1, 0, 1, grad_t21);
+    /* grad_t19 = g1 @ W1 */
+    PINN_POISSON_REAL *grad_t19 = t18; /* n x 16, in t18's memory */
+    symbackprop_f64_matmul(n, 16, 1, g1, 1, 0, W1, 0, 1, grad_t19);
 
-    /* grad_t30 = grad_t21*t11 */
-    /* grad_t27 = grad_t21*t11*t25 */
-    /* grad_t17 = grad_t21*t11*t25*t7 */
-    PINN_POISSON_REAL *grad_t30 = t21; /* n x 16, in t21's memory */
-    PINN_POISSON_REAL *grad_t27 = grad_W1_part + 16; /* n x 16 */
-    PINN_POISSON_REAL *grad_t17 = grad_t27 + 16*n; /* n x 16 */
+    /* grad_t28 = grad_t19*t9 */
+    /* grad_t25 = grad_t19*t23*t9 */
+    /* grad_t15 = W1*grad_t19*t23*t9 */
+    PINN_POISSON_REAL *grad_t28 = t19; /* n x 16, in t19's memory */
+    PINN_POISSON_REAL *grad_t25 = grad_W1_part + 16; /* n x 16 */
+    PINN_POISSON_REAL *grad_t15 = grad_t25 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = grad_t21[16*i + j]*t11[16*i + j];
-            const PINN_POISSON_REAL x1 = t25[16*i + j]*x0;
-            grad_t30[16*i + j] = x0;
-            grad_t27[16*i + j] = x1;
-            grad_t17[16*i + j] = t7[16*i + j]*x1;
+            const PINN_POISSON_REAL x0 = grad_t19[16*i + j]*t9[16*i + j];
+            const PINN_POISSON_REAL x1 = t23[16*i + j]*x0;
+            grad_t28[16*i + j] = x0;
+            grad_t25[16*i + j] = x1;
+            grad_t15[16*i + j] = W1[j]*x1;
         }
     }
 
-    /* grad_t19 = grad_t30 @ W2 */
-    PINN_POISSON_REAL *grad_t19 = grad_t17 + 16*n; /* n x 16 */
-    symbackprop_f64_matmul(n, 16, 16, grad_t30, 16, 1, W2, 16, 1, grad_t19);
+    /* grad_t17 = grad_t28 @ W2 */
+    PINN_POISSON_REAL *grad_t17 = grad_t15 + 16*n; /* n x 16 */
+    symbackprop_f64_matmul(n, 16, 16, grad_t28, 16, 1, W2, 16, 1, grad_t17);
 
-    /* grad_t29 = grad_t19*t15 */
-    /* grad_t28 = grad_t19*t15*t26 */
-    /* grad_t18 = grad_t19*t15*t26*t8 */
-    PINN_POISSON_REAL *grad_t29 = grad_t19 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *grad_t28 = grad_t29 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *grad_t18 = grad_t28 + 16*n; /* n x 16 */
+    /* grad_t27 = grad_t17*t13 */
+    /* grad_t26 = grad_t17*t13*t24 */
+    /* grad_t16 = W3^T*grad_t17*t13*t24 */
+    PINN_POISSON_REAL *grad_t27 = grad_t17 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_t26 = grad_t27 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_t16 = grad_t26 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = grad_t19[16*i + j]*t15[16*i + j];
-            const PINN_POISSON_REAL x1 = t26[16*i + j]*x0;
-            grad_t29[16*i + j] = x0;
-            grad_t28[16*i + j] = x1;
-            grad_t18[16*i + j] = t8[16*i + j]*x1;
+            const PINN_POISSON_REAL x0 = grad_t17[16*i + j]*t13[16*i + j];
+            const PINN_POISSON_REAL x1 = t24[16*i + j]*x0;
+            grad_t27[16*i + j] = x0;
+            grad_t26[16*i + j] = x1;
+            grad_t16[16*i + j] = W3[j]*x1;
         }
     }
 
-    /* grad_t12 = grad_t18 @ W2^T */
-    PINN_POISSON_REAL *grad_t12 = grad_t18 + 16*n; /* n x 16 */
-    symbackprop_f64_matmul(n, 16, 16, grad_t18, 16, 1, W2, 1, 16, grad_t12);
+    /* grad_t10 = grad_t16 @ W2^T */
+    PINN_POISSON_REAL *grad_t10 = grad_t16 + 16*n; /* n x 16 */
+    symbackprop_f64_matmul(n, 16, 16, grad_t16, 16, 1, W2, 1, 16, grad_t10);
 
-    /* grad_t16 = grad_t17 @ W2 */
-    PINN_POISSON_REAL *grad_t16 = grad_t12 + 16*n; /* n x 16 */
-    symbackprop_f64_matmul(n, 16, 16, grad_t17, 16, 1, W2, 16, 1, grad_t16);
+    /* grad_t14 = grad_t15 @ W2 */
+    PINN_POISSON_REAL *grad_t14 = grad_t10 + 16*n; /* n x 16 */
+    symbackprop_f64_matmul(n, 16, 16, grad_t15, 16, 1, W2, 16, 1, grad_t14);
 
-    /* g2 = t15*(-2*grad_t29*t28 + t26*(grad_t16*t8 + grad_t19*t29)) */
-    /* grad_t8 = grad_t16*t15 + grad_t28*t18 */
-    PINN_POISSON_REAL *g2 = grad_t16 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *grad_t8 = g2 + 16*n; /* n x 16 */
+    /* g2 = t13*(-2*grad_t27*t26 + t24*(W3^T*grad_t14 + grad_t17*t27)) */
+    /* g3 = grad_t14*t13 + grad_t26*t16 */
+    PINN_POISSON_REAL *g2 = grad_t14 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *g3 = g2 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            g2[16*i + j] = t15[16*i + j]*(-2*grad_t29[16*i + j]*t28[16*i + j] + t26[16*i + j]*(grad_t19[16*i + j]*t29[16*i + j] + grad_t16[16*i + j]*t8[16*i + j]));
-            grad_t8[16*i + j] = grad_t16[16*i + j]*t15[16*i + j] + grad_t28[16*i + j]*t18[16*i + j];
+            g2[16*i + j] = t13[16*i + j]*(-2*grad_t27[16*i + j]*t26[16*i + j] + t24[16*i + j]*(grad_t17[16*i + j]*t27[16*i + j] + grad_t14[16*i + j]*W3[j]));
+            g3[16*i + j] = grad_t14[16*i + j]*t13[16*i + j] + grad_t26[16*i + j]*t16[16*i + j];
         }
     }
 
-    /* grad_t10_part = g2 @ W2^T */
-    PINN_POISSON_REAL *grad_t10_part = t8; /* n x 16, in t8's memory */
-    symbackprop_f64_matmul(n, 16, 16, g2, 16, 1, W2, 1, 16, grad_t10_part);
+    /* grad_t8_part = g2 @ W2^T */
+    PINN_POISSON_REAL *grad_t8_part = t13; /* n x 16, in t13's memory */
+    symbackprop_f64_matmul(n, 16, 16, g2, 16, 1, W2, 1, 16, grad_t8_part);
+
+    /* g4 = t9*(-2*grad_t28*t25 + grad_t8_part + t23*(W1*grad_t10 + grad_t19*t28)) */
+    /* g5 = grad_t10*t9 + grad_t25*t15 */
+    PINN_POISSON_REAL *g4 = t24; /* n x 16, in t24's memory */
+    PINN_POISSON_REAL *g5 = t16; /* n x 16, in t16's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 16; ++j) {
+            g4[16*i + j] = t9[16*i + j]*(t23[16*i + j]*(grad_t19[16*i + j]*t28[16*i + j] + grad_t10[16*i + j]*W1[j]) - 2*grad_t28[16*i + j]*t25[16*i + j] + grad_t8_part[16*i + j]);
+            g5[16*i + j] = t15[16*i + j]*grad_t25[16*i + j] + grad_t10[16*i + j]*t9[16*i + j];
+        }
+    }
+
+    /* grad_W1_part_1 = x^T @ g4 */
+    PINN_POISSON_REAL *grad_W1_part_1 = g3 + 16*n; /* 1 x 16 */
+    symbackprop_f64_matmul(1, 16, n, x, 0, 1, g4, 16, 1, grad_W1_part_1);
 }
 
-/* pinn_poisson_value_and_grad, part 2 of 2 (kernels 33 to 58): a long
+/* pinn_poisson_value_and_grad, part 2 of 2 (kernels 33 to 56): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 static void pinn_poisson_value_and_grad_part2(
     int64_t n,
-    const PINN_POISSON_REAL *x,
     const PINN_POISSON_REAL *xb,
     const PINN_POISSON_REAL *W2,
     const PINN_POISSON_REAL *W3,
@@ -566,47 +545,22 @@ static void pinn_poisson_value_and_grad_part2(
     PINN_POISSON_REAL *t2 = work; /* 2 x 16, in t0's memory; placed in an earlier part */
     PINN_POISSON_REAL *t3 = work + 64; /* 2 x 16; placed in an earlier part */
     PINN_POISSON_REAL *g0 = work + 100; /* 2 x 1; placed in an earlier part */
-    PINN_POISSON_REAL *t7 = work + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *t10 = work + 48*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *t25 = work + 64*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *t11 = work + 80*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *t15 = work + 96*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *t16 = work + 112*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *t26 = work + 128*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *t17 = work + 32*n + 103; /* n x 16, in t13's memory; placed in an earlier part */
-    PINN_POISSON_REAL *t27 = work + 144*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *t12 = work + 160*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *t19 = work + 224*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *t30 = work + 256*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_W1_part = work + 291*n + 104; /* 1 x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_t21 = work + 240*n + 103; /* n x 16, in t20's memory; placed in an earlier part */
-    PINN_POISSON_REAL *grad_t30 = work + 272*n + 103; /* n x 16, in t21's memory; placed in an earlier part */
-    PINN_POISSON_REAL *grad_t27 = work + 291*n + 120; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_t17 = work + 307*n + 120; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_t18 = work + 371*n + 120; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_t12 = work + 387*n + 120; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *g2 = work + 419*n + 120; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_t8 = work + 435*n + 120; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_t10_part = work + 16*n + 103; /* n x 16, in t8's memory; placed in an earlier part */
-    /* g3 = t11*(grad_t10_part - 2*grad_t30*t27 + t25*(grad_t12*t7 + grad_t21*t30)) */
-    /* grad_t7 = grad_t12*t11 + grad_t27*t17 */
-    PINN_POISSON_REAL *g3 = t15; /* n x 16, in t15's memory */
-    PINN_POISSON_REAL *grad_t7 = t26; /* n x 16, in t26's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            g3[16*i + j] = t11[16*i + j]*(t25[16*i + j]*(grad_t21[16*i + j]*t30[16*i + j] + grad_t12[16*i + j]*t7[16*i + j]) - 2*grad_t30[16*i + j]*t27[16*i + j] + grad_t10_part[16*i + j]);
-            grad_t7[16*i + j] = t17[16*i + j]*grad_t27[16*i + j] + grad_t12[16*i + j]*t11[16*i + j];
-        }
-    }
-
-    /* grad_W1_part_1 = x^T @ g3 */
-    PINN_POISSON_REAL *grad_W1_part_1 = grad_t8 + 16*n; /* 1 x 16 */
-    symbackprop_f64_matmul(1, 16, n, x, 0, 1, g3, 16, 1, grad_W1_part_1);
-
-    /* grad_W1_part_2 = sum of grad_t7 down each column */
+    PINN_POISSON_REAL *t8 = work + 16*n + 103; /* n x 16; placed in an earlier part */
+    PINN_POISSON_REAL *t14 = work + 80*n + 103; /* n x 16; placed in an earlier part */
+    PINN_POISSON_REAL *t10 = work + 128*n + 103; /* n x 16; placed in an earlier part */
+    PINN_POISSON_REAL *t17 = work + 192*n + 103; /* n x 16; placed in an earlier part */
+    PINN_POISSON_REAL *grad_W1_part = work + 259*n + 104; /* 1 x 16; placed in an earlier part */
+    PINN_POISSON_REAL *grad_t28 = work + 240*n + 103; /* n x 16, in t19's memory; placed in an earlier part */
+    PINN_POISSON_REAL *grad_t15 = work + 275*n + 120; /* n x 16; placed in an earlier part */
+    PINN_POISSON_REAL *grad_t16 = work + 339*n + 120; /* n x 16; placed in an earlier part */
+    PINN_POISSON_REAL *g2 = work + 387*n + 120; /* n x 16; placed in an earlier part */
+    PINN_POISSON_REAL *g3 = work + 403*n + 120; /* n x 16; placed in an earlier part */
+    PINN_POISSON_REAL *g4 = work + 96*n + 103; /* n x 16, in t24's memory; placed in an earlier part */
+    PINN_POISSON_REAL *g5 = work + 144*n + 103; /* n x 16, in t16's memory; placed in an earlier part */
+    PINN_POISSON_REAL *grad_W1_part_1 = work + 419*n + 120; /* 1 x 16; placed in an earlier part */
+    /* grad_W1_part_2 = sum of g5 down each column */
     PINN_POISSON_REAL *grad_W1_part_2 = grad_W1_part_1 + 16; /* 1 x 16 */
-    symbackprop_f64_sum_columns(grad_t7, n, 16, 16, grad_W1_part_2);
+    symbackprop_f64_sum_columns(g5, n, 16, 16, grad_W1_part_2);
 
     /* grad_t3 = g0 @ W3^T */
     PINN_POISSON_REAL *grad_t3 = t2; /* 2 x 16, in t2's memory */
@@ -622,36 +576,36 @@ static void pinn_poisson_value_and_grad_part2(
         }
     }
 
-    /* g4 = grad_t3*(1 - t3**2) */
-    PINN_POISSON_REAL *g4 = grad_W1_part_2 + 16; /* 2 x 16 */
+    /* g6 = grad_t3*(1 - t3**2) */
+    PINN_POISSON_REAL *g6 = grad_W1_part_2 + 16; /* 2 x 16 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            g4[16*i + j] = grad_t3[16*i + j]*(1 - (t3[16*i + j]*t3[16*i + j]));
+            g6[16*i + j] = grad_t3[16*i + j]*(1 - (t3[16*i + j]*t3[16*i + j]));
         }
     }
 
-    /* grad_t1 = g4 @ W2^T */
+    /* grad_t1 = g6 @ W2^T */
     PINN_POISSON_REAL *grad_t1 = grad_t3; /* 2 x 16, in grad_t3's memory */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             PINN_POISSON_REAL acc = 0;
             for (int64_t k = 0; k < 16; ++k) {
-                acc += g4[16*i + k] * W2[k + 16*j];
+                acc += g6[16*i + k] * W2[k + 16*j];
             }
             grad_t1[16*i + j] = acc;
         }
     }
 
-    /* g5 = grad_t1*(1 - t1**2) */
-    PINN_POISSON_REAL *g5 = g4 + 32; /* 2 x 16 */
+    /* g7 = grad_t1*(1 - t1**2) */
+    PINN_POISSON_REAL *g7 = g6 + 32; /* 2 x 16 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            g5[16*i + j] = grad_t1[16*i + j]*(1 - (t1[16*i + j]*t1[16*i + j]));
+            g7[16*i + j] = grad_t1[16*i + j]*(1 - (t1[16*i + j]*t1[16*i + j]));
         }
     }
 
-    /* grad_W1_part_3 = xb^T @ g5 */
-    PINN_POISSON_REAL *grad_W1_part_3 = g5 + 32; /* 1 x 16 */
+    /* grad_W1_part_3 = xb^T @ g7 */
+    PINN_POISSON_REAL *grad_W1_part_3 = g7 + 32; /* 1 x 16 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             grad_W1_part_3[16*i + j] = 0;
@@ -659,7 +613,7 @@ static void pinn_poisson_value_and_grad_part2(
         for (int64_t k = 0; k < 2; ++k) {
             const PINN_POISSON_REAL acc = xb[k];
             for (int64_t j = 0; j < 16; ++j) {
-                grad_W1_part_3[16*i + j] += acc * g5[16*k + j];
+                grad_W1_part_3[16*i + j] += acc * g7[16*k + j];
             }
         }
     }
@@ -669,45 +623,45 @@ static void pinn_poisson_value_and_grad_part2(
         grad_W1[j] = grad_W1_part[j] + grad_W1_part_1[j] + grad_W1_part_2[j] + grad_W1_part_3[j];
     }
 
-    /* grad_b1_part = sum of g3 down each column */
+    /* grad_b1_part = sum of g4 down each column */
     PINN_POISSON_REAL *grad_b1_part = grad_W1_part; /* 1 x 16, in grad_W1_part's memory */
-    symbackprop_f64_sum_columns(g3, n, 16, 16, grad_b1_part);
+    symbackprop_f64_sum_columns(g4, n, 16, 16, grad_b1_part);
 
-    /* grad_b1_part_1 = sum of g5 down each column */
+    /* grad_b1_part_1 = sum of g7 down each column */
     PINN_POISSON_REAL *grad_b1_part_1 = grad_W1_part_1; /* 1 x 16, in grad_W1_part_1's memory */
-    symbackprop_f64_sum_columns(g5, 2, 16, 16, grad_b1_part_1);
+    symbackprop_f64_sum_columns(g7, 2, 16, 16, grad_b1_part_1);
 
     /* grad_b1 = grad_b1_part + grad_b1_part_1 */
     for (int64_t j = 0; j < 16; ++j) {
         grad_b1[j] = grad_b1_part[j] + grad_b1_part_1[j];
     }
 
-    /* grad_W2_part = t12^T @ grad_t18 */
+    /* grad_W2_part = t10^T @ grad_t16 */
     PINN_POISSON_REAL *grad_W2_part = grad_W1_part_3 + 16; /* 16 x 16 */
-    symbackprop_f64_matmul(16, 16, n, t12, 1, 16, grad_t18, 16, 1, grad_W2_part);
+    symbackprop_f64_matmul(16, 16, n, t10, 1, 16, grad_t16, 16, 1, grad_W2_part);
 
-    /* g6 = t19^T @ grad_t30 */
-    PINN_POISSON_REAL *g6 = grad_W2_part + 256; /* 16 x 16 */
-    symbackprop_f64_matmul(16, 16, n, t19, 1, 16, grad_t30, 16, 1, g6);
+    /* g8 = t17^T @ grad_t28 */
+    PINN_POISSON_REAL *g8 = grad_W2_part + 256; /* 16 x 16 */
+    symbackprop_f64_matmul(16, 16, n, t17, 1, 16, grad_t28, 16, 1, g8);
 
-    /* g7 = t16^T @ grad_t17 */
-    PINN_POISSON_REAL *g7 = g6 + 256; /* 16 x 16 */
-    symbackprop_f64_matmul(16, 16, n, t16, 1, 16, grad_t17, 16, 1, g7);
+    /* g9 = t14^T @ grad_t15 */
+    PINN_POISSON_REAL *g9 = g8 + 256; /* 16 x 16 */
+    symbackprop_f64_matmul(16, 16, n, t14, 1, 16, grad_t15, 16, 1, g9);
 
-    /* g8 = g6 + g7 */
-    PINN_POISSON_REAL *g8 = g7 + 256; /* 16 x 16 */
+    /* g10 = g8 + g9 */
+    PINN_POISSON_REAL *g10 = g9 + 256; /* 16 x 16 */
     for (int64_t i = 0; i < 16; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            g8[16*i + j] = g6[16*i + j] + g7[16*i + j];
+            g10[16*i + j] = g8[16*i + j] + g9[16*i + j];
         }
     }
 
-    /* grad_W2_part_1 = t10^T @ g2 */
-    PINN_POISSON_REAL *grad_W2_part_1 = g6; /* 16 x 16, in g6's memory */
-    symbackprop_f64_matmul(16, 16, n, t10, 1, 16, g2, 16, 1, grad_W2_part_1);
+    /* grad_W2_part_1 = t8^T @ g2 */
+    PINN_POISSON_REAL *grad_W2_part_1 = g8; /* 16 x 16, in g8's memory */
+    symbackprop_f64_matmul(16, 16, n, t8, 1, 16, g2, 16, 1, grad_W2_part_1);
 
-    /* grad_W2_part_2 = t1^T @ g4 */
-    PINN_POISSON_REAL *grad_W2_part_2 = g7; /* 16 x 16, in g7's memory */
+    /* grad_W2_part_2 = t1^T @ g6 */
+    PINN_POISSON_REAL *grad_W2_part_2 = g9; /* 16 x 16, in g9's memory */
     for (int64_t i = 0; i < 16; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             grad_W2_part_2[16*i + j] = 0;
@@ -715,15 +669,15 @@ static void pinn_poisson_value_and_grad_part2(
         for (int64_t k = 0; k < 2; ++k) {
             const PINN_POISSON_REAL acc = t1[i + 16*k];
             for (int64_t j = 0; j < 16; ++j) {
-                grad_W2_part_2[16*i + j] += acc * g4[16*k + j];
+                grad_W2_part_2[16*i + j] += acc * g6[16*k + j];
             }
         }
     }
 
-    /* grad_W2 = g8^T + grad_W2_part + grad_W2_part_1 + grad_W2_part_2 */
+    /* grad_W2 = g10^T + grad_W2_part + grad_W2_part_1 + grad_W2_part_2 */
     for (int64_t i = 0; i < 16; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            grad_W2[16*i + j] = grad_W2_part[16*i + j] + g8[i + 16*j] + grad_W2_part_1[16*i + j] + grad_W2_part_2[16*i + j];
+            grad_W2[16*i + j] = grad_W2_part[16*i + j] + g10[i + 16*j] + grad_W2_part_1[16*i + j] + grad_W2_part_2[16*i + j];
         }
     }
 
@@ -731,18 +685,18 @@ static void pinn_poisson_value_and_grad_part2(
     PINN_POISSON_REAL *grad_b2_part = grad_W1_part_2; /* 1 x 16, in grad_W1_part_2's memory */
     symbackprop_f64_sum_columns(g2, n, 16, 16, grad_b2_part);
 
-    /* grad_b2_part_1 = sum of g4 down each column */
+    /* grad_b2_part_1 = sum of g6 down each column */
     PINN_POISSON_REAL *grad_b2_part_1 = grad_W1_part_3; /* 1 x 16, in grad_W1_part_3's memory */
-    symbackprop_f64_sum_columns(g4, 2, 16, 16, grad_b2_part_1);
+    symbackprop_f64_sum_columns(g6, 2, 16, 16, grad_b2_part_1);
 
     /* grad_b2 = grad_b2_part + grad_b2_part_1 */
     for (int64_t j = 0; j < 16; ++j) {
         grad_b2[j] = grad_b2_part[j] + grad_b2_part_1[j];
     }
 
-    /* g9 = sum of grad_t8 down each column */
-    PINN_POISSON_REAL *g9 = grad_b1_part; /* 1 x 16, in grad_b1_part's memory */
-    symbackprop_f64_sum_columns(grad_t8, n, 16, 16, g9);
+    /* g11 = sum of g3 down each column */
+    PINN_POISSON_REAL *g11 = grad_b1_part; /* 1 x 16, in grad_b1_part's memory */
+    symbackprop_f64_sum_columns(g3, n, 16, 16, g11);
 
     /* grad_W3_part = t3^T @ g0 */
     PINN_POISSON_REAL *grad_W3_part = grad_b1_part_1; /* 16 x 1, in grad_b1_part_1's memory */
@@ -758,9 +712,9 @@ static void pinn_poisson_value_and_grad_part2(
         }
     }
 
-    /* grad_W3 = g9^T + grad_W3_part */
+    /* grad_W3 = g11^T + grad_W3_part */
     for (int64_t i = 0; i < 16; ++i) {
-        grad_W3[i] = g9[i] + grad_W3_part[i];
+        grad_W3[i] = g11[i] + grad_W3_part[i];
     }
 
     /* grad_b3 = sum of g0 down each column */
@@ -792,7 +746,7 @@ int pinn_poisson_value_and_grad(
         return 1;
     }
     pinn_poisson_value_and_grad_part1(n, x, xb, W1, b1, W2, b2, W3, b3, loss, work);
-    pinn_poisson_value_and_grad_part2(n, x, xb, W2, W3, grad_W1, grad_b1, grad_W2, grad_b2, grad_W3, grad_b3, work);
+    pinn_poisson_value_and_grad_part2(n, xb, W2, W3, grad_W1, grad_b1, grad_W2, grad_b2, grad_W3, grad_b3, work);
     return 0;
 }
 

@@ -18,7 +18,7 @@ static size_t transformer_lm_run_work_len(int64_t m, int with_grads)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 5185*m + 4869 : 1789*m + 4869);
+    return (size_t)(with_grads ? 4482*m + 13061 : 1277*m + 8965);
 }
 
 /* transformer_lm_run, part 1 of 6 (kernels 1 to 32): a long
@@ -45,509 +45,557 @@ static void transformer_lm_run_part1(
     const TRANSFORMER_LM_REAL *g1a,
     const TRANSFORMER_LM_REAL *b1a,
     const TRANSFORMER_LM_REAL *Wq1,
-    const TRANSFORMER_LM_REAL *gf,
+    const TRANSFORMER_LM_REAL *Wk1,
     TRANSFORMER_LM_REAL *work,
     int with_grads
 )
 {
-    /* t0 = gf */
-    TRANSFORMER_LM_REAL *t0 = work; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t0[64*i + j] = gf[j];
-        }
-    }
-
-    /* t1 = g0a */
-    TRANSFORMER_LM_REAL *t1 = t0 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t1[64*i + j] = g0a[j];
-        }
-    }
-
-    /* t2[i, :] = [E[ids[i], 0], E[ids[i], 1], E[ids[i], 2], E[ids[i], 3], E[ids[i], 4],
+    /* t0[i, :] = [E[ids[i], 0], E[ids[i], 1], E[ids[i], 2], E[ids[i], 3], E[ids[i], 4],
      * E[ids[i], 5], E[ids[i], 6], E[ids[i], 7], E[ids[i], 8], E[ids[i], 9], E[ids[i], 10],
      * E[ids[i], 11], E[ids[i], 12], E[ids[i], 13], E[ids[i], 14], E[ids[i], 15],
      * E[ids[i], 16], E[ids[i], 17], E[ids[i], 18], E[ids[i], 19], E[ids[i], 20],
      * E[ids[i], 21], E[ids[i], 22], E[ids[i], 23], E[ids[i], 24], E[ids[i], 25],
      * E[ids[i], 26], E[ids[i], 27], E[ids[i], 28], E[ids[i], 29], E[ids[i], 30], ... */
-    /* t3[i, :] = [P[positions[i], 0], P[positions[i], 1], P[positions[i], 2],
+    /* t1[i, :] = [P[positions[i], 0], P[positions[i], 1], P[positions[i], 2],
      * P[positions[i], 3], P[positions[i], 4], P[positions[i], 5], P[positions[i], 6],
      * P[positions[i], 7], P[positions[i], 8], P[positions[i], 9], P[positions[i], 10],
      * P[positions[i], 11], P[positions[i], 12], P[positions[i], 13], P[positions[i], 14],
      * P[positions[i], 15], P[positions[i], 16], P[positions[i], 17], P[positions[i], 18],
      * P[positions[i], 19], P[positions[i], 20], P[positions[i], 21], P[positions[i], 22], ... */
+    TRANSFORMER_LM_REAL *t0 = work; /* m x 64 */
+    TRANSFORMER_LM_REAL *t1 = t0 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        t0[64*i] = E[64*ids[i]];
+        t0[64*i + 1] = E[64*ids[i] + 1];
+        t0[64*i + 2] = E[64*ids[i] + 2];
+        t0[64*i + 3] = E[64*ids[i] + 3];
+        t0[64*i + 4] = E[64*ids[i] + 4];
+        t0[64*i + 5] = E[64*ids[i] + 5];
+        t0[64*i + 6] = E[64*ids[i] + 6];
+        t0[64*i + 7] = E[64*ids[i] + 7];
+        t0[64*i + 8] = E[64*ids[i] + 8];
+        t0[64*i + 9] = E[64*ids[i] + 9];
+        t0[64*i + 10] = E[64*ids[i] + 10];
+        t0[64*i + 11] = E[64*ids[i] + 11];
+        t0[64*i + 12] = E[64*ids[i] + 12];
+        t0[64*i + 13] = E[64*ids[i] + 13];
+        t0[64*i + 14] = E[64*ids[i] + 14];
+        t0[64*i + 15] = E[64*ids[i] + 15];
+        t0[64*i + 16] = E[64*ids[i] + 16];
+        t0[64*i + 17] = E[64*ids[i] + 17];
+        t0[64*i + 18] = E[64*ids[i] + 18];
+        t0[64*i + 19] = E[64*ids[i] + 19];
+        t0[64*i + 20] = E[64*ids[i] + 20];
+        t0[64*i + 21] = E[64*ids[i] + 21];
+        t0[64*i + 22] = E[64*ids[i] + 22];
+        t0[64*i + 23] = E[64*ids[i] + 23];
+        t0[64*i + 24] = E[64*ids[i] + 24];
+        t0[64*i + 25] = E[64*ids[i] + 25];
+        t0[64*i + 26] = E[64*ids[i] + 26];
+        t0[64*i + 27] = E[64*ids[i] + 27];
+        t0[64*i + 28] = E[64*ids[i] + 28];
+        t0[64*i + 29] = E[64*ids[i] + 29];
+        t0[64*i + 30] = E[64*ids[i] + 30];
+        t0[64*i + 31] = E[64*ids[i] + 31];
+        t0[64*i + 32] = E[64*ids[i] + 32];
+        t0[64*i + 33] = E[64*ids[i] + 33];
+        t0[64*i + 34] = E[64*ids[i] + 34];
+        t0[64*i + 35] = E[64*ids[i] + 35];
+        t0[64*i + 36] = E[64*ids[i] + 36];
+        t0[64*i + 37] = E[64*ids[i] + 37];
+        t0[64*i + 38] = E[64*ids[i] + 38];
+        t0[64*i + 39] = E[64*ids[i] + 39];
+        t0[64*i + 40] = E[64*ids[i] + 40];
+        t0[64*i + 41] = E[64*ids[i] + 41];
+        t0[64*i + 42] = E[64*ids[i] + 42];
+        t0[64*i + 43] = E[64*ids[i] + 43];
+        t0[64*i + 44] = E[64*ids[i] + 44];
+        t0[64*i + 45] = E[64*ids[i] + 45];
+        t0[64*i + 46] = E[64*ids[i] + 46];
+        t0[64*i + 47] = E[64*ids[i] + 47];
+        t0[64*i + 48] = E[64*ids[i] + 48];
+        t0[64*i + 49] = E[64*ids[i] + 49];
+        t0[64*i + 50] = E[64*ids[i] + 50];
+        t0[64*i + 51] = E[64*ids[i] + 51];
+        t0[64*i + 52] = E[64*ids[i] + 52];
+        t0[64*i + 53] = E[64*ids[i] + 53];
+        t0[64*i + 54] = E[64*ids[i] + 54];
+        t0[64*i + 55] = E[64*ids[i] + 55];
+        t0[64*i + 56] = E[64*ids[i] + 56];
+        t0[64*i + 57] = E[64*ids[i] + 57];
+        t0[64*i + 58] = E[64*ids[i] + 58];
+        t0[64*i + 59] = E[64*ids[i] + 59];
+        t0[64*i + 60] = E[64*ids[i] + 60];
+        t0[64*i + 61] = E[64*ids[i] + 61];
+        t0[64*i + 62] = E[64*ids[i] + 62];
+        t0[64*i + 63] = E[64*ids[i] + 63];
+        t1[64*i] = P[64*positions[i]];
+        t1[64*i + 1] = P[64*positions[i] + 1];
+        t1[64*i + 2] = P[64*positions[i] + 2];
+        t1[64*i + 3] = P[64*positions[i] + 3];
+        t1[64*i + 4] = P[64*positions[i] + 4];
+        t1[64*i + 5] = P[64*positions[i] + 5];
+        t1[64*i + 6] = P[64*positions[i] + 6];
+        t1[64*i + 7] = P[64*positions[i] + 7];
+        t1[64*i + 8] = P[64*positions[i] + 8];
+        t1[64*i + 9] = P[64*positions[i] + 9];
+        t1[64*i + 10] = P[64*positions[i] + 10];
+        t1[64*i + 11] = P[64*positions[i] + 11];
+        t1[64*i + 12] = P[64*positions[i] + 12];
+        t1[64*i + 13] = P[64*positions[i] + 13];
+        t1[64*i + 14] = P[64*positions[i] + 14];
+        t1[64*i + 15] = P[64*positions[i] + 15];
+        t1[64*i + 16] = P[64*positions[i] + 16];
+        t1[64*i + 17] = P[64*positions[i] + 17];
+        t1[64*i + 18] = P[64*positions[i] + 18];
+        t1[64*i + 19] = P[64*positions[i] + 19];
+        t1[64*i + 20] = P[64*positions[i] + 20];
+        t1[64*i + 21] = P[64*positions[i] + 21];
+        t1[64*i + 22] = P[64*positions[i] + 22];
+        t1[64*i + 23] = P[64*positions[i] + 23];
+        t1[64*i + 24] = P[64*positions[i] + 24];
+        t1[64*i + 25] = P[64*positions[i] + 25];
+        t1[64*i + 26] = P[64*positions[i] + 26];
+        t1[64*i + 27] = P[64*positions[i] + 27];
+        t1[64*i + 28] = P[64*positions[i] + 28];
+        t1[64*i + 29] = P[64*positions[i] + 29];
+        t1[64*i + 30] = P[64*positions[i] + 30];
+        t1[64*i + 31] = P[64*positions[i] + 31];
+        t1[64*i + 32] = P[64*positions[i] + 32];
+        t1[64*i + 33] = P[64*positions[i] + 33];
+        t1[64*i + 34] = P[64*positions[i] + 34];
+        t1[64*i + 35] = P[64*positions[i] + 35];
+        t1[64*i + 36] = P[64*positions[i] + 36];
+        t1[64*i + 37] = P[64*positions[i] + 37];
+        t1[64*i + 38] = P[64*positions[i] + 38];
+        t1[64*i + 39] = P[64*positions[i] + 39];
+        t1[64*i + 40] = P[64*positions[i] + 40];
+        t1[64*i + 41] = P[64*positions[i] + 41];
+        t1[64*i + 42] = P[64*positions[i] + 42];
+        t1[64*i + 43] = P[64*positions[i] + 43];
+        t1[64*i + 44] = P[64*positions[i] + 44];
+        t1[64*i + 45] = P[64*positions[i] + 45];
+        t1[64*i + 46] = P[64*positions[i] + 46];
+        t1[64*i + 47] = P[64*positions[i] + 47];
+        t1[64*i + 48] = P[64*positions[i] + 48];
+        t1[64*i + 49] = P[64*positions[i] + 49];
+        t1[64*i + 50] = P[64*positions[i] + 50];
+        t1[64*i + 51] = P[64*positions[i] + 51];
+        t1[64*i + 52] = P[64*positions[i] + 52];
+        t1[64*i + 53] = P[64*positions[i] + 53];
+        t1[64*i + 54] = P[64*positions[i] + 54];
+        t1[64*i + 55] = P[64*positions[i] + 55];
+        t1[64*i + 56] = P[64*positions[i] + 56];
+        t1[64*i + 57] = P[64*positions[i] + 57];
+        t1[64*i + 58] = P[64*positions[i] + 58];
+        t1[64*i + 59] = P[64*positions[i] + 59];
+        t1[64*i + 60] = P[64*positions[i] + 60];
+        t1[64*i + 61] = P[64*positions[i] + 61];
+        t1[64*i + 62] = P[64*positions[i] + 62];
+        t1[64*i + 63] = P[64*positions[i] + 63];
+    }
+
+    /* t2 = t0 + t1 */
     TRANSFORMER_LM_REAL *t2 = t1 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t3 = t2 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        t2[64*i] = E[64*ids[i]];
-        t2[64*i + 1] = E[64*ids[i] + 1];
-        t2[64*i + 2] = E[64*ids[i] + 2];
-        t2[64*i + 3] = E[64*ids[i] + 3];
-        t2[64*i + 4] = E[64*ids[i] + 4];
-        t2[64*i + 5] = E[64*ids[i] + 5];
-        t2[64*i + 6] = E[64*ids[i] + 6];
-        t2[64*i + 7] = E[64*ids[i] + 7];
-        t2[64*i + 8] = E[64*ids[i] + 8];
-        t2[64*i + 9] = E[64*ids[i] + 9];
-        t2[64*i + 10] = E[64*ids[i] + 10];
-        t2[64*i + 11] = E[64*ids[i] + 11];
-        t2[64*i + 12] = E[64*ids[i] + 12];
-        t2[64*i + 13] = E[64*ids[i] + 13];
-        t2[64*i + 14] = E[64*ids[i] + 14];
-        t2[64*i + 15] = E[64*ids[i] + 15];
-        t2[64*i + 16] = E[64*ids[i] + 16];
-        t2[64*i + 17] = E[64*ids[i] + 17];
-        t2[64*i + 18] = E[64*ids[i] + 18];
-        t2[64*i + 19] = E[64*ids[i] + 19];
-        t2[64*i + 20] = E[64*ids[i] + 20];
-        t2[64*i + 21] = E[64*ids[i] + 21];
-        t2[64*i + 22] = E[64*ids[i] + 22];
-        t2[64*i + 23] = E[64*ids[i] + 23];
-        t2[64*i + 24] = E[64*ids[i] + 24];
-        t2[64*i + 25] = E[64*ids[i] + 25];
-        t2[64*i + 26] = E[64*ids[i] + 26];
-        t2[64*i + 27] = E[64*ids[i] + 27];
-        t2[64*i + 28] = E[64*ids[i] + 28];
-        t2[64*i + 29] = E[64*ids[i] + 29];
-        t2[64*i + 30] = E[64*ids[i] + 30];
-        t2[64*i + 31] = E[64*ids[i] + 31];
-        t2[64*i + 32] = E[64*ids[i] + 32];
-        t2[64*i + 33] = E[64*ids[i] + 33];
-        t2[64*i + 34] = E[64*ids[i] + 34];
-        t2[64*i + 35] = E[64*ids[i] + 35];
-        t2[64*i + 36] = E[64*ids[i] + 36];
-        t2[64*i + 37] = E[64*ids[i] + 37];
-        t2[64*i + 38] = E[64*ids[i] + 38];
-        t2[64*i + 39] = E[64*ids[i] + 39];
-        t2[64*i + 40] = E[64*ids[i] + 40];
-        t2[64*i + 41] = E[64*ids[i] + 41];
-        t2[64*i + 42] = E[64*ids[i] + 42];
-        t2[64*i + 43] = E[64*ids[i] + 43];
-        t2[64*i + 44] = E[64*ids[i] + 44];
-        t2[64*i + 45] = E[64*ids[i] + 45];
-        t2[64*i + 46] = E[64*ids[i] + 46];
-        t2[64*i + 47] = E[64*ids[i] + 47];
-        t2[64*i + 48] = E[64*ids[i] + 48];
-        t2[64*i + 49] = E[64*ids[i] + 49];
-        t2[64*i + 50] = E[64*ids[i] + 50];
-        t2[64*i + 51] = E[64*ids[i] + 51];
-        t2[64*i + 52] = E[64*ids[i] + 52];
-        t2[64*i + 53] = E[64*ids[i] + 53];
-        t2[64*i + 54] = E[64*ids[i] + 54];
-        t2[64*i + 55] = E[64*ids[i] + 55];
-        t2[64*i + 56] = E[64*ids[i] + 56];
-        t2[64*i + 57] = E[64*ids[i] + 57];
-        t2[64*i + 58] = E[64*ids[i] + 58];
-        t2[64*i + 59] = E[64*ids[i] + 59];
-        t2[64*i + 60] = E[64*ids[i] + 60];
-        t2[64*i + 61] = E[64*ids[i] + 61];
-        t2[64*i + 62] = E[64*ids[i] + 62];
-        t2[64*i + 63] = E[64*ids[i] + 63];
-        t3[64*i] = P[64*positions[i]];
-        t3[64*i + 1] = P[64*positions[i] + 1];
-        t3[64*i + 2] = P[64*positions[i] + 2];
-        t3[64*i + 3] = P[64*positions[i] + 3];
-        t3[64*i + 4] = P[64*positions[i] + 4];
-        t3[64*i + 5] = P[64*positions[i] + 5];
-        t3[64*i + 6] = P[64*positions[i] + 6];
-        t3[64*i + 7] = P[64*positions[i] + 7];
-        t3[64*i + 8] = P[64*positions[i] + 8];
-        t3[64*i + 9] = P[64*positions[i] + 9];
-        t3[64*i + 10] = P[64*positions[i] + 10];
-        t3[64*i + 11] = P[64*positions[i] + 11];
-        t3[64*i + 12] = P[64*positions[i] + 12];
-        t3[64*i + 13] = P[64*positions[i] + 13];
-        t3[64*i + 14] = P[64*positions[i] + 14];
-        t3[64*i + 15] = P[64*positions[i] + 15];
-        t3[64*i + 16] = P[64*positions[i] + 16];
-        t3[64*i + 17] = P[64*positions[i] + 17];
-        t3[64*i + 18] = P[64*positions[i] + 18];
-        t3[64*i + 19] = P[64*positions[i] + 19];
-        t3[64*i + 20] = P[64*positions[i] + 20];
-        t3[64*i + 21] = P[64*positions[i] + 21];
-        t3[64*i + 22] = P[64*positions[i] + 22];
-        t3[64*i + 23] = P[64*positions[i] + 23];
-        t3[64*i + 24] = P[64*positions[i] + 24];
-        t3[64*i + 25] = P[64*positions[i] + 25];
-        t3[64*i + 26] = P[64*positions[i] + 26];
-        t3[64*i + 27] = P[64*positions[i] + 27];
-        t3[64*i + 28] = P[64*positions[i] + 28];
-        t3[64*i + 29] = P[64*positions[i] + 29];
-        t3[64*i + 30] = P[64*positions[i] + 30];
-        t3[64*i + 31] = P[64*positions[i] + 31];
-        t3[64*i + 32] = P[64*positions[i] + 32];
-        t3[64*i + 33] = P[64*positions[i] + 33];
-        t3[64*i + 34] = P[64*positions[i] + 34];
-        t3[64*i + 35] = P[64*positions[i] + 35];
-        t3[64*i + 36] = P[64*positions[i] + 36];
-        t3[64*i + 37] = P[64*positions[i] + 37];
-        t3[64*i + 38] = P[64*positions[i] + 38];
-        t3[64*i + 39] = P[64*positions[i] + 39];
-        t3[64*i + 40] = P[64*positions[i] + 40];
-        t3[64*i + 41] = P[64*positions[i] + 41];
-        t3[64*i + 42] = P[64*positions[i] + 42];
-        t3[64*i + 43] = P[64*positions[i] + 43];
-        t3[64*i + 44] = P[64*positions[i] + 44];
-        t3[64*i + 45] = P[64*positions[i] + 45];
-        t3[64*i + 46] = P[64*positions[i] + 46];
-        t3[64*i + 47] = P[64*positions[i] + 47];
-        t3[64*i + 48] = P[64*positions[i] + 48];
-        t3[64*i + 49] = P[64*positions[i] + 49];
-        t3[64*i + 50] = P[64*positions[i] + 50];
-        t3[64*i + 51] = P[64*positions[i] + 51];
-        t3[64*i + 52] = P[64*positions[i] + 52];
-        t3[64*i + 53] = P[64*positions[i] + 53];
-        t3[64*i + 54] = P[64*positions[i] + 54];
-        t3[64*i + 55] = P[64*positions[i] + 55];
-        t3[64*i + 56] = P[64*positions[i] + 56];
-        t3[64*i + 57] = P[64*positions[i] + 57];
-        t3[64*i + 58] = P[64*positions[i] + 58];
-        t3[64*i + 59] = P[64*positions[i] + 59];
-        t3[64*i + 60] = P[64*positions[i] + 60];
-        t3[64*i + 61] = P[64*positions[i] + 61];
-        t3[64*i + 62] = P[64*positions[i] + 62];
-        t3[64*i + 63] = P[64*positions[i] + 63];
-    }
-
-    /* t4 = t2 + t3 */
-    TRANSFORMER_LM_REAL *t4 = t3 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t4[64*i + j] = t2[64*i + j] + t3[64*i + j];
+            t2[64*i + j] = t0[64*i + j] + t1[64*i + j];
         }
     }
 
-    /* t5 = sum of t4 along each row */
-    TRANSFORMER_LM_REAL *t5 = t4 + 64*m; /* m x 1 */
+    /* t3 = sum of t2 along each row */
+    TRANSFORMER_LM_REAL *t3 = t2 + 64*m; /* m x 1 */
     for (int64_t i = 0; i < m; ++i) {
-        t5[i] = symbackprop_f64_sum(t4 + 64*i, 64, 1);
+        t3[i] = symbackprop_f64_sum(t2 + 64*i, 64, 1);
     }
 
-    /* t6 = t4 - t5/64 */
-    /* t7 = (t4 - t5/64)**2 */
-    TRANSFORMER_LM_REAL *t6 = t5 + m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t7 = t6 + 64*m; /* m x 64 */
+    /* t4 = t2 - t3/64 */
+    /* t5 = (t2 - t3/64)**2 */
+    TRANSFORMER_LM_REAL *t4 = t0; /* m x 64, in t0's memory */
+    TRANSFORMER_LM_REAL *t5 = t1; /* m x 64, in t1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t4[64*i + j] - 1.0/64.0*t5[i];
-            t6[64*i + j] = x0;
-            t7[64*i + j] = (x0*x0);
+            const TRANSFORMER_LM_REAL x0 = t2[64*i + j] - 1.0/64.0*t3[i];
+            t4[64*i + j] = x0;
+            t5[64*i + j] = (x0*x0);
         }
     }
 
-    /* t8 = sum of t7 along each row */
-    TRANSFORMER_LM_REAL *t8 = t5; /* m x 1, in t5's memory */
+    /* t6 = sum of t5 along each row */
+    TRANSFORMER_LM_REAL *t6 = t3; /* m x 1, in t3's memory */
     for (int64_t i = 0; i < m; ++i) {
-        t8[i] = symbackprop_f64_sum(t7 + 64*i, 64, 1);
+        t6[i] = symbackprop_f64_sum(t5 + 64*i, 64, 1);
     }
 
-    /* t9 = t6/sqrt(t8/64 + 1.0e-5) */
-    /* t10 = b0a + t1*t6/sqrt(t8/64 + 1.0e-5) */
-    /* dt9_dt6 = 1/sqrt(t8/64 + 1.0e-5) */
-    /* dt9_dt8 = -t6/(128*(t8/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t9 = t4; /* m x 64, in t4's memory */
-    TRANSFORMER_LM_REAL *t10 = t7; /* m x 64, in t7's memory */
-    TRANSFORMER_LM_REAL *dt9_dt6 = t7 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *dt9_dt8 = dt9_dt6 + 64*m; /* m x 64 */
+    /* t7 = t4/sqrt(t6/64 + 1.0e-5) */
+    /* t8 = b0a + g0a*t4/sqrt(t6/64 + 1.0e-5) */
+    /* dt7_dt6 = -t4/(128*(t6/64 + 1.0e-5)**(3/2)) */
+    TRANSFORMER_LM_REAL *t7 = t5; /* m x 64, in t5's memory */
+    TRANSFORMER_LM_REAL *t8 = t3 + m; /* m x 64 */
+    TRANSFORMER_LM_REAL *dt7_dt6 = t8 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t8[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
-            const TRANSFORMER_LM_REAL x2 = t6[64*i + j]*x1;
-            t9[64*i + j] = x2;
-            t10[64*i + j] = b0a[j] + t1[64*i + j]*x2;
-            dt9_dt6[64*i + j] = x1;
-            dt9_dt8[64*i + j] = -1.0/128.0*t6[64*i + j]/(x0*sqrt(x0));
+            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t6[i] + 1.0000000000000001e-5;
+            const TRANSFORMER_LM_REAL x1 = t4[64*i + j]/sqrt(x0);
+            t7[64*i + j] = x1;
+            t8[64*i + j] = g0a[j]*x1 + b0a[j];
+            dt7_dt6[64*i + j] = -1.0/128.0*t4[64*i + j]/(x0*sqrt(x0));
         }
     }
 
-    /* t11 = t10 @ Wq0 */
-    TRANSFORMER_LM_REAL *t11 = with_grads ? dt9_dt8 + 64*m : t1; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t10, 64, 1, Wq0, 64, 1, t11);
+    /* t9 = Wq0/4 */
+    TRANSFORMER_LM_REAL *t9 = dt7_dt6 + 64*m; /* 64 x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 64; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            t9[64*i + j] = (1.0/4.0)*Wq0[64*i + j];
+        }
+    }
 
-    /* t12 = t10 @ Wk0 */
-    TRANSFORMER_LM_REAL *t12 = with_grads ? t11 + 64*m : t6; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t10, 64, 1, Wk0, 64, 1, t12);
+    /* t10 = t8 @ t9 */
+    TRANSFORMER_LM_REAL *t10 = with_grads ? t9 + 4096 : t4; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, t9, 64, 1, t10);
 
-    /* t13[(e,t),(h,s)] = sum_k t11[(e,t),h*dh+k] * t12[(e,s),h*dh+k] for s <= t, 0 for s > t
+    /* t11 = t8 @ Wk0 */
+    TRANSFORMER_LM_REAL *t11 = with_grads ? t10 + 64*m : t7; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, Wk0, 64, 1, t11);
+
+    /* t12[(e,t),(h,s)] = sum_k t10[(e,t),h*dh+k] * t11[(e,s),h*dh+k] for s <= t, 0 for s > t
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t13 = with_grads ? t12 + 64*m : dt9_dt8 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *t13_block = t13 + 256*m; /* 64 x 16 */
+    TRANSFORMER_LM_REAL *t12 = with_grads ? t11 + 64*m : t9 + 4096; /* m x 256 */
+    TRANSFORMER_LM_REAL *t12_block = t12 + 256*m; /* 64 x 16 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t13_block[dk][ks] = t12[(e,ks), hd*16+dk]: the head's keys transposed, so that
+            /* the head's len x len scores t10 t11^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t10 + row0 * 64 + hd * 16, 64, t11 + row0 * 64 + hd * 16, 64,
+                                          t12 + row0 * 256 + hd * 64, 256, 64);
+        }
+    #else
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* t12_block[dk][ks] = t11[(e,ks), hd*16+dk]: the head's keys transposed, so that
              * a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    t13_block[dk * 64 + ks] = t12[(row0 + ks) * 64 + hd * 16 + dk];
+                    t12_block[dk * 64 + ks] = t11[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t13 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = t12 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += t11[(e,qt), hd*16+dk] * t13_block[dk][ks] for keys ks <= qt */
+                /* srow[ks] += t10[(e,qt), hd*16+dk] * t12_block[dk][ks] for keys ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t11[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = t10[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t13_block[dk * 64 + ks];
+                        srow[ks] += aw * t12_block[dk * 64 + ks];
                     }
                 }
             }
         }
+    #endif
     }
 
-    /* t14 = t13/4 */
-    TRANSFORMER_LM_REAL *t14 = t13_block + 1024; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t14[256*i + j] = (1.0/4.0)*t13[256*i + j];
-        }
-    }
-
-    /* t15[(e,t),(h,s)] = exp(t14[(e,t),(h,s)] - max_{s'<=t} t14[(e,t),(h,s')]) / sum_{s'<=t}
+    /* t13[(e,t),(h,s)] = exp(t12[(e,t),(h,s)] - max_{s'<=t} t12[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t15 = t13; /* m x 256, in t13's memory */
+    TRANSFORMER_LM_REAL *t13 = t12_block + 1024; /* m x 256 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t14[qbase];
+                TRANSFORMER_LM_REAL top = t12[qbase];
                 for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t14[qbase + ks];
+                    const TRANSFORMER_LM_REAL val = t12[qbase + ks];
                     top = val > top ? val : top;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t14[qbase + ks];
-                    t15[qbase + ks] = exp(-top + val);
+                    const TRANSFORMER_LM_REAL val = t12[qbase + ks];
+                    t13[qbase + ks] = exp(-top + val);
                 }
                 TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += t15[qbase + ks];
+                    total += t13[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t15[qbase + ks] /= total;
+                    t13[qbase + ks] /= total;
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t15[qbase + ks] = 0;
+                    t13[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* t16 = t10 @ Wv0 */
-    TRANSFORMER_LM_REAL *t16 = with_grads ? t14 + 256*m : t9; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t10, 64, 1, Wv0, 64, 1, t16);
+    /* t14 = t8 @ Wv0 */
+    TRANSFORMER_LM_REAL *t14 = with_grads ? t13 + 256*m : dt7_dt6; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, Wv0, 64, 1, t14);
 
-    /* t17[(e,t),h*dh+k] = sum_{s<=t} t15[(e,t),(h,s)] * t16[(e,s),h*dh+k] (rows (e,t) =
+    /* t15[(e,t),h*dh+k] = sum_{s<=t} t13[(e,t),(h,s)] * t14[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t17 = with_grads ? t16 + 64*m : dt9_dt6; /* m x 64 */
+    TRANSFORMER_LM_REAL *t15 = with_grads ? t14 + 64*m : t10; /* m x 64 */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t13) t14 */
+            symbackprop_f64_causal_mix(0, len, 16, t13 + row0 * 256 + hd * 64, 256,
+                                       t14 + row0 * 64 + hd * 16, 64, t15 + row0 * 64 + hd * 16, 64);
+        }
+    #else
+        for (int64_t qt = 0; qt < len; ++qt) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over keys ks <= qt of t13[(e,qt),(hd,ks)] *
+                 * t14[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = t15 + (row0 + qt) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL pw = t13[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t14[(row0 + ks) * 64 + hd * 16 + dk];
+                    }
+                }
+            }
+        }
+    #endif
+    }
+
+    /* t16 = t15 @ Wo0 */
+    TRANSFORMER_LM_REAL *t16 = with_grads ? t15 + 64*m : t11; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t15, 64, 1, Wo0, 64, 1, t16);
+
+    /* t17 = t16 + t2 */
+    TRANSFORMER_LM_REAL *t17 = with_grads ? t16 + 64*m : t8; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            t17[64*i + j] = t2[64*i + j] + t16[64*i + j];
+        }
+    }
+
+    /* t18 = sum of t17 along each row */
+    TRANSFORMER_LM_REAL *t18 = with_grads ? t17 + 64*m : t6; /* m x 1 */
+    for (int64_t i = 0; i < m; ++i) {
+        t18[i] = symbackprop_f64_sum(t17 + 64*i, 64, 1);
+    }
+
+    /* t19 = t17 - t18/64 */
+    /* t20 = (t17 - t18/64)**2 */
+    TRANSFORMER_LM_REAL *t19 = with_grads ? t2 : t14; /* m x 64, in t2's memory */
+    TRANSFORMER_LM_REAL *t20 = with_grads ? t16 : t15; /* m x 64, in t16's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = t17[64*i + j] - 1.0/64.0*t18[i];
+            t19[64*i + j] = x0;
+            t20[64*i + j] = (x0*x0);
+        }
+    }
+
+    /* t21 = sum of t20 along each row */
+    TRANSFORMER_LM_REAL *t21 = t18; /* m x 1, in t18's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        t21[i] = symbackprop_f64_sum(t20 + 64*i, 64, 1);
+    }
+
+    /* t22 = t19/sqrt(t21/64 + 1.0e-5) */
+    /* t23 = b0m + g0m*t19/sqrt(t21/64 + 1.0e-5) */
+    /* dt22_dt21 = -t19/(128*(t21/64 + 1.0e-5)**(3/2)) */
+    TRANSFORMER_LM_REAL *t22 = with_grads ? t20 : t2; /* m x 64, in t20's memory */
+    TRANSFORMER_LM_REAL *t23 = with_grads ? t18 + m : t16; /* m x 64 */
+    TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? t23 + 64*m : t20; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t21[i] + 1.0000000000000001e-5;
+            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]/sqrt(x0);
+            t22[64*i + j] = x1;
+            t23[64*i + j] = g0m[j]*x1 + b0m[j];
+            dt22_dt21[64*i + j] = -1.0/128.0*t19[64*i + j]/(x0*sqrt(x0));
+        }
+    }
+
+    /* t24 = t23 @ W0up */
+    TRANSFORMER_LM_REAL *t24 = t12; /* m x 256, in t12's memory */
+    symbackprop_f64_matmul(m, 256, 64, t23, 64, 1, W0up, 256, 1, t24);
+
+    /* t25 = (c0up + t24)*(erf(sqrt(2)*(c0up + t24)/2) + 1)/2 */
+    /* t26 = sqrt(2)*(c0up + t24)*exp(-(c0up + t24)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c0up +
+     * t24)/2)/2 + 1/2 */
+    TRANSFORMER_LM_REAL *t25 = with_grads ? dt22_dt21 + 64*m : t13; /* m x 256 */
+    TRANSFORMER_LM_REAL *t26 = with_grads ? t25 + 256*m : t13 + 256*m; /* m x 256 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 256; ++j) {
+            const TRANSFORMER_LM_REAL x0 = t24[256*i + j] + c0up[j];
+            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
+            const TRANSFORMER_LM_REAL x2 = erf(x1);
+            t25[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            t26[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
+        }
+    }
+
+    /* t27 = t25 @ W0down */
+    TRANSFORMER_LM_REAL *t27 = with_grads ? t26 + 256*m : t19; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 256, t25, 256, 1, W0down, 64, 1, t27);
+
+    /* t28 = c0down + t17 + t27 */
+    TRANSFORMER_LM_REAL *t28 = with_grads ? t27 + 64*m : t22; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            t28[64*i + j] = t17[64*i + j] + t27[64*i + j] + c0down[j];
+        }
+    }
+
+    /* t29 = sum of t28 along each row */
+    TRANSFORMER_LM_REAL *t29 = with_grads ? t28 + 64*m : t21; /* m x 1 */
+    for (int64_t i = 0; i < m; ++i) {
+        t29[i] = symbackprop_f64_sum(t28 + 64*i, 64, 1);
+    }
+
+    /* t30 = t28 - t29/64 */
+    /* t31 = (t28 - t29/64)**2 */
+    TRANSFORMER_LM_REAL *t30 = with_grads ? t17 : dt22_dt21; /* m x 64, in t17's memory */
+    TRANSFORMER_LM_REAL *t31 = with_grads ? t27 : t23; /* m x 64, in t27's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = t28[64*i + j] - 1.0/64.0*t29[i];
+            t30[64*i + j] = x0;
+            t31[64*i + j] = (x0*x0);
+        }
+    }
+
+    /* t32 = sum of t31 along each row */
+    TRANSFORMER_LM_REAL *t32 = t29; /* m x 1, in t29's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        t32[i] = symbackprop_f64_sum(t31 + 64*i, 64, 1);
+    }
+
+    /* t33 = t30/sqrt(t32/64 + 1.0e-5) */
+    /* t34 = b1a + g1a*t30/sqrt(t32/64 + 1.0e-5) */
+    /* dt33_dt32 = -t30/(128*(t32/64 + 1.0e-5)**(3/2)) */
+    TRANSFORMER_LM_REAL *t33 = with_grads ? t31 : t17; /* m x 64, in t31's memory */
+    TRANSFORMER_LM_REAL *t34 = with_grads ? t29 + m : t27; /* m x 64 */
+    TRANSFORMER_LM_REAL *dt33_dt32 = with_grads ? t34 + 64*m : t31; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t32[i] + 1.0000000000000001e-5;
+            const TRANSFORMER_LM_REAL x1 = t30[64*i + j]/sqrt(x0);
+            t33[64*i + j] = x1;
+            t34[64*i + j] = g1a[j]*x1 + b1a[j];
+            dt33_dt32[64*i + j] = -1.0/128.0*t30[64*i + j]/(x0*sqrt(x0));
+        }
+    }
+
+    /* t35 = Wq1/4 */
+    TRANSFORMER_LM_REAL *t35 = with_grads ? dt33_dt32 + 64*m : t9; /* 64 x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 64; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            t35[64*i + j] = (1.0/4.0)*Wq1[64*i + j];
+        }
+    }
+
+    /* t36 = t34 @ t35 */
+    TRANSFORMER_LM_REAL *t36 = with_grads ? t35 + 4096 : t30; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, t35, 64, 1, t36);
+
+    /* t37 = t34 @ Wk1 */
+    TRANSFORMER_LM_REAL *t37 = with_grads ? t36 + 64*m : t33; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wk1, 64, 1, t37);
+
+    /* t38[(e,t),(h,s)] = sum_k t36[(e,t),h*dh+k] * t37[(e,s),h*dh+k] for s <= t, 0 for s > t
+     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *t38 = t24; /* m x 256, in t24's memory */
+    TRANSFORMER_LM_REAL *t38_block = t12_block; /* 64 x 16, in t12_block's memory */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores t36 t37^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t36 + row0 * 64 + hd * 16, 64, t37 + row0 * 64 + hd * 16, 64,
+                                          t38 + row0 * 256 + hd * 64, 256, 64);
+        }
+    #else
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* t38_block[dk][ks] = t37[(e,ks), hd*16+dk]: the head's keys transposed, so that
+             * a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    t38_block[dk * 64 + ks] = t37[(row0 + ks) * 64 + hd * 16 + dk];
+                }
+            }
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = t38 + (row0 + qt) * 256 + hd * 64;
+                for (int64_t ks = 0; ks < 64; ++ks) {
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += t36[(e,qt), hd*16+dk] * t38_block[dk][ks] for keys ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = t36[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * t38_block[dk * 64 + ks];
+                    }
+                }
+            }
+        }
+    #endif
+    }
+
+    /* t39[(e,t),(h,s)] = exp(t38[(e,t),(h,s)] - max_{s'<=t} t38[(e,t),(h,s')]) / sum_{s'<=t}
+     * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *t39 = with_grads ? t37 + 64*m : t26; /* m x 256 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of t15[(e,qt),(hd,ks)] *
-                 * t16[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = t17 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL top = t38[qbase];
+                for (int64_t ks = 1; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL val = t38[qbase + ks];
+                    top = val > top ? val : top;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = t15[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t16[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
+                    const TRANSFORMER_LM_REAL val = t38[qbase + ks];
+                    t39[qbase + ks] = exp(-top + val);
+                }
+                TRANSFORMER_LM_REAL total = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    total += t39[qbase + ks];
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    t39[qbase + ks] /= total;
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    t39[qbase + ks] = 0;
                 }
             }
         }
     }
-
-    /* t18 = t17 @ Wo0 */
-    TRANSFORMER_LM_REAL *t18 = with_grads ? t17 + 64*m : dt9_dt8; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t17, 64, 1, Wo0, 64, 1, t18);
-
-    /* t19 = g1a */
-    TRANSFORMER_LM_REAL *t19 = with_grads ? t18 + 64*m : t11; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t19[64*i + j] = g1a[j];
-        }
-    }
-
-    /* t20 = g0m */
-    TRANSFORMER_LM_REAL *t20 = with_grads ? t19 + 64*m : t12; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t20[64*i + j] = g0m[j];
-        }
-    }
-
-    /* t21 = t18 + t2 + t3 */
-    TRANSFORMER_LM_REAL *t21 = with_grads ? t20 + 64*m : t10; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t21[64*i + j] = t18[64*i + j] + t2[64*i + j] + t3[64*i + j];
-        }
-    }
-
-    /* t22 = sum of t21 along each row */
-    TRANSFORMER_LM_REAL *t22 = t8; /* m x 1, in t8's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t22[i] = symbackprop_f64_sum(t21 + 64*i, 64, 1);
-    }
-
-    /* t23 = t21 - t22/64 */
-    /* t24 = (t21 - t22/64)**2 */
-    TRANSFORMER_LM_REAL *t23 = with_grads ? t21 + 64*m : t16; /* m x 64 */
-    TRANSFORMER_LM_REAL *t24 = with_grads ? t23 + 64*m : t17; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t21[64*i + j] - 1.0/64.0*t22[i];
-            t23[64*i + j] = x0;
-            t24[64*i + j] = (x0*x0);
-        }
-    }
-
-    /* t25 = sum of t24 along each row */
-    TRANSFORMER_LM_REAL *t25 = t22; /* m x 1, in t22's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t25[i] = symbackprop_f64_sum(t24 + 64*i, 64, 1);
-    }
-
-    /* t26 = t23/sqrt(t25/64 + 1.0e-5) */
-    /* t27 = b0m + t20*t23/sqrt(t25/64 + 1.0e-5) */
-    /* dt26_dt23 = 1/sqrt(t25/64 + 1.0e-5) */
-    /* dt26_dt25 = -t23/(128*(t25/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t26 = t21; /* m x 64, in t21's memory */
-    TRANSFORMER_LM_REAL *t27 = t24; /* m x 64, in t24's memory */
-    TRANSFORMER_LM_REAL *dt26_dt23 = with_grads ? t24 + 64*m : t14 + 256*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *dt26_dt25 = dt26_dt23 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t25[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
-            const TRANSFORMER_LM_REAL x2 = t23[64*i + j]*x1;
-            t26[64*i + j] = x2;
-            t27[64*i + j] = b0m[j] + t20[64*i + j]*x2;
-            dt26_dt23[64*i + j] = x1;
-            dt26_dt25[64*i + j] = -1.0/128.0*t23[64*i + j]/(x0*sqrt(x0));
-        }
-    }
-
-    /* t28 = t27 @ W0up */
-    TRANSFORMER_LM_REAL *t28 = t14; /* m x 256, in t14's memory */
-    symbackprop_f64_matmul(m, 256, 64, t27, 64, 1, W0up, 256, 1, t28);
-
-    /* t29 = (c0up + t28)*(erf(sqrt(2)*(c0up + t28)/2) + 1)/2 */
-    /* t30 = sqrt(2)*(c0up + t28)*exp(-(c0up + t28)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c0up +
-     * t28)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *t29 = with_grads ? dt26_dt25 + 64*m : t15; /* m x 256 */
-    TRANSFORMER_LM_REAL *t30 = with_grads ? t29 + 256*m : dt26_dt25 + 64*m; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = c0up[j] + t28[256*i + j];
-            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
-            const TRANSFORMER_LM_REAL x2 = erf(x1);
-            t29[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
-            t30[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
-        }
-    }
-
-    /* t31 = t29 @ W0down */
-    TRANSFORMER_LM_REAL *t31 = with_grads ? t30 + 256*m : t20; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 256, t29, 256, 1, W0down, 64, 1, t31);
-
-    /* t32 = c0down */
-    /* t33 = c0down + t18 + t2 + t3 + t31 */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? t31 + 64*m : t23; /* m x 64 */
-    TRANSFORMER_LM_REAL *t33 = with_grads ? t32 + 64*m : t26; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t32[64*i + j] = c0down[j];
-            t33[64*i + j] = c0down[j] + t18[64*i + j] + t31[64*i + j] + t2[64*i + j] + t3[64*i + j];
-        }
-    }
-
-    /* t34 = sum of t33 along each row */
-    TRANSFORMER_LM_REAL *t34 = t25; /* m x 1, in t25's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t34[i] = symbackprop_f64_sum(t33 + 64*i, 64, 1);
-    }
-
-    /* t35 = t33 - t34/64 */
-    /* t36 = (t33 - t34/64)**2 */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? t33 + 64*m : dt26_dt23; /* m x 64 */
-    TRANSFORMER_LM_REAL *t36 = with_grads ? t35 + 64*m : dt26_dt25; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t33[64*i + j] - 1.0/64.0*t34[i];
-            t35[64*i + j] = x0;
-            t36[64*i + j] = (x0*x0);
-        }
-    }
-
-    /* t37 = sum of t36 along each row */
-    TRANSFORMER_LM_REAL *t37 = t34; /* m x 1, in t34's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t37[i] = symbackprop_f64_sum(t36 + 64*i, 64, 1);
-    }
-
-    /* t38 = t35/sqrt(t37/64 + 1.0e-5) */
-    /* t39 = b1a + t19*t35/sqrt(t37/64 + 1.0e-5) */
-    /* dt38_dt35 = 1/sqrt(t37/64 + 1.0e-5) */
-    /* dt38_dt37 = -t35/(128*(t37/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t38 = with_grads ? t33 : t27; /* m x 64, in t33's memory */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? t36 : t33; /* m x 64, in t36's memory */
-    TRANSFORMER_LM_REAL *dt38_dt35 = with_grads ? t36 + 64*m : t36; /* m x 64 */
-    TRANSFORMER_LM_REAL *dt38_dt37 = with_grads ? dt38_dt35 + 64*m : t30 + 256*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t37[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
-            const TRANSFORMER_LM_REAL x2 = t35[64*i + j]*x1;
-            t38[64*i + j] = x2;
-            t39[64*i + j] = b1a[j] + t19[64*i + j]*x2;
-            dt38_dt35[64*i + j] = x1;
-            dt38_dt37[64*i + j] = -1.0/128.0*t35[64*i + j]/(x0*sqrt(x0));
-        }
-    }
-
-    /* t40 = t39 @ Wq1 */
-    TRANSFORMER_LM_REAL *t40 = with_grads ? dt38_dt37 + 64*m : t19; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t39, 64, 1, Wq1, 64, 1, t40);
 }
 
-/* transformer_lm_run, part 2 of 6 (kernels 33 to 62): a long
+/* transformer_lm_run, part 2 of 6 (kernels 33 to 57): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 static void transformer_lm_run_part2(
     int64_t m,
     const int64_t *targets,
-    const TRANSFORMER_LM_REAL *Wk1,
     const TRANSFORMER_LM_REAL *Wv1,
     const TRANSFORMER_LM_REAL *Wo1,
     const TRANSFORMER_LM_REAL *g1m,
@@ -556,6 +604,7 @@ static void transformer_lm_run_part2(
     const TRANSFORMER_LM_REAL *c1up,
     const TRANSFORMER_LM_REAL *W1down,
     const TRANSFORMER_LM_REAL *c1down,
+    const TRANSFORMER_LM_REAL *gf,
     const TRANSFORMER_LM_REAL *bf,
     const TRANSFORMER_LM_REAL *Wout,
     TRANSFORMER_LM_REAL *loss,
@@ -563,490 +612,454 @@ static void transformer_lm_run_part2(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t0 = work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t2 = work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t3 = work + 192*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t13_block = with_grads ? work + 961*m : work + 833*m; /* 64 x 16; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t18 = with_grads ? work + 1345*m + 1024 : work + 513*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t28 = with_grads ? work + 961*m + 1024 : work + 833*m + 1024; /* m x 256, in t14's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t29 = with_grads ? work + 1857*m + 1024 : work + 577*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 2113*m + 1024 : work + 1217*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t31 = with_grads ? work + 2369*m + 1024 : work + 321*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 2433*m + 1024 : work + 256*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2561*m + 1024 : work + 1089*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t37 = work + 320*m; /* m x 1, in t34's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t38 = with_grads ? work + 2497*m + 1024 : work + 449*m; /* m x 64, in t33's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 2625*m + 1024 : work + 385*m; /* m x 64, in t36's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt38_dt35 = with_grads ? work + 2689*m + 1024 : work + 1153*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt38_dt37 = with_grads ? work + 2753*m + 1024 : work + 1473*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = with_grads ? work + 2817*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
-    /* t41 = t39 @ Wk1 */
-    TRANSFORMER_LM_REAL *t41 = with_grads ? t40 + 64*m : t35; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t39, 64, 1, Wk1, 64, 1, t41);
+    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1346*m + 5120 : work + 577*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1602*m + 5120 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t28 = with_grads ? work + 1922*m + 5120 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 1986*m + 5120 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t34 = with_grads ? work + 1987*m + 5120 : work + 257*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt33_dt32 = with_grads ? work + 2051*m + 5120 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t36 = with_grads ? work + 2115*m + 9216 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t37 = with_grads ? work + 2179*m + 9216 : work + 193*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t38 = with_grads ? work + 449*m + 4096 : work + 321*m + 4096; /* m x 256, in t24's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 2243*m + 9216 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
+    /* t40 = t34 @ Wv1 */
+    TRANSFORMER_LM_REAL *t40 = with_grads ? t39 + 256*m : dt33_dt32; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wv1, 64, 1, t40);
 
-    /* t42[(e,t),(h,s)] = sum_k t40[(e,t),h*dh+k] * t41[(e,s),h*dh+k] for s <= t, 0 for s > t
-     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t42 = t28; /* m x 256, in t28's memory */
-    TRANSFORMER_LM_REAL *t42_block = t13_block; /* 64 x 16, in t13_block's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t42_block[dk][ks] = t41[(e,ks), hd*16+dk]: the head's keys transposed, so that
-             * a row of scores is a sum of contiguous rows */
-            for (int64_t ks = 0; ks < len; ++ks) {
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    t42_block[dk * 64 + ks] = t41[(row0 + ks) * 64 + hd * 16 + dk];
-                }
-            }
-            for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t42 + (row0 + qt) * 256 + hd * 64;
-                for (int64_t ks = 0; ks < 64; ++ks) {
-                    srow[ks] = 0;
-                }
-                /* srow[ks] += t40[(e,qt), hd*16+dk] * t42_block[dk][ks] for keys ks <= qt */
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t40[(row0 + qt) * 64 + hd * 16 + dk];
-                    for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t42_block[dk * 64 + ks];
-                    }
-                }
-            }
-        }
-    }
-
-    /* t43 = t42/4 */
-    TRANSFORMER_LM_REAL *t43 = with_grads ? t41 + 64*m : t30; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t43[256*i + j] = (1.0/4.0)*t42[256*i + j];
-        }
-    }
-
-    /* t44[(e,t),(h,s)] = exp(t43[(e,t),(h,s)] - max_{s'<=t} t43[(e,t),(h,s')]) / sum_{s'<=t}
-     * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t44 = with_grads ? t42 : t29; /* m x 256, in t42's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t43[qbase];
-                for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t43[qbase + ks];
-                    top = val > top ? val : top;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t43[qbase + ks];
-                    t44[qbase + ks] = exp(-top + val);
-                }
-                TRANSFORMER_LM_REAL total = 0;
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += t44[qbase + ks];
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t44[qbase + ks] /= total;
-                }
-                for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t44[qbase + ks] = 0;
-                }
-            }
-        }
-    }
-
-    /* t45 = t39 @ Wv1 */
-    TRANSFORMER_LM_REAL *t45 = with_grads ? t43 + 256*m : t38; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t39, 64, 1, Wv1, 64, 1, t45);
-
-    /* t46[(e,t),h*dh+k] = sum_{s<=t} t44[(e,t),(h,s)] * t45[(e,s),h*dh+k] (rows (e,t) =
+    /* t41[(e,t),h*dh+k] = sum_{s<=t} t39[(e,t),(h,s)] * t40[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t46 = with_grads ? t45 + 64*m : dt38_dt35; /* m x 64 */
+    TRANSFORMER_LM_REAL *t41 = with_grads ? t40 + 64*m : t36; /* m x 64 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t39) t40 */
+            symbackprop_f64_causal_mix(0, len, 16, t39 + row0 * 256 + hd * 64, 256,
+                                       t40 + row0 * 64 + hd * 16, 64, t41 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of t44[(e,qt),(hd,ks)] *
-                 * t45[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = t46 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of t39[(e,qt),(hd,ks)] *
+                 * t40[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = t41 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = t44[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = t39[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t45[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t40[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
         }
+    #endif
     }
 
-    /* t47 = t46 @ Wo1 */
-    TRANSFORMER_LM_REAL *t47 = with_grads ? t46 + 64*m : dt38_dt37; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t46, 64, 1, Wo1, 64, 1, t47);
+    /* t42 = t41 @ Wo1 */
+    TRANSFORMER_LM_REAL *t42 = with_grads ? t41 + 64*m : t37; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t41, 64, 1, Wo1, 64, 1, t42);
 
-    /* t48 = g1m */
-    TRANSFORMER_LM_REAL *t48 = with_grads ? t47 + 64*m : t40; /* m x 64 */
+    /* t43 = t28 + t42 */
+    TRANSFORMER_LM_REAL *t43 = with_grads ? t42 + 64*m : t34; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t48[64*i + j] = g1m[j];
+            t43[64*i + j] = t28[64*i + j] + t42[64*i + j];
         }
     }
 
-    /* t49 = t18 + t2 + t3 + t31 + t32 + t47 */
-    TRANSFORMER_LM_REAL *t49 = with_grads ? t48 + 64*m : t41; /* m x 64 */
+    /* t44 = sum of t43 along each row */
+    TRANSFORMER_LM_REAL *t44 = with_grads ? t43 + 64*m : t32; /* m x 1 */
+    for (int64_t i = 0; i < m; ++i) {
+        t44[i] = symbackprop_f64_sum(t43 + 64*i, 64, 1);
+    }
+
+    /* t45 = t43 - t44/64 */
+    /* t46 = (t43 - t44/64)**2 */
+    TRANSFORMER_LM_REAL *t45 = with_grads ? t28 : t40; /* m x 64, in t28's memory */
+    TRANSFORMER_LM_REAL *t46 = with_grads ? t42 : t41; /* m x 64, in t42's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t49[64*i + j] = t18[64*i + j] + t47[64*i + j] + t31[64*i + j] + t32[64*i + j] + t2[64*i + j] + t3[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = t43[64*i + j] - 1.0/64.0*t44[i];
+            t45[64*i + j] = x0;
+            t46[64*i + j] = (x0*x0);
         }
     }
 
-    /* t50 = sum of t49 along each row */
-    TRANSFORMER_LM_REAL *t50 = t37; /* m x 1, in t37's memory */
+    /* t47 = sum of t46 along each row */
+    TRANSFORMER_LM_REAL *t47 = t44; /* m x 1, in t44's memory */
     for (int64_t i = 0; i < m; ++i) {
-        t50[i] = symbackprop_f64_sum(t49 + 64*i, 64, 1);
+        t47[i] = symbackprop_f64_sum(t46 + 64*i, 64, 1);
     }
 
-    /* t51 = t49 - t50/64 */
-    /* t52 = (t49 - t50/64)**2 */
-    TRANSFORMER_LM_REAL *t51 = with_grads ? t49 + 64*m : t39; /* m x 64 */
-    TRANSFORMER_LM_REAL *t52 = with_grads ? t51 + 64*m : t45; /* m x 64 */
+    /* t48 = t45/sqrt(t47/64 + 1.0e-5) */
+    /* t49 = b1m + g1m*t45/sqrt(t47/64 + 1.0e-5) */
+    /* dt48_dt47 = -t45/(128*(t47/64 + 1.0e-5)**(3/2)) */
+    TRANSFORMER_LM_REAL *t48 = with_grads ? t46 : t28; /* m x 64, in t46's memory */
+    TRANSFORMER_LM_REAL *t49 = with_grads ? t44 + m : t42; /* m x 64 */
+    TRANSFORMER_LM_REAL *dt48_dt47 = with_grads ? t49 + 64*m : t46; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t49[64*i + j] - 1.0/64.0*t50[i];
-            t51[64*i + j] = x0;
-            t52[64*i + j] = (x0*x0);
+            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t47[i] + 1.0000000000000001e-5;
+            const TRANSFORMER_LM_REAL x1 = t45[64*i + j]/sqrt(x0);
+            t48[64*i + j] = x1;
+            t49[64*i + j] = g1m[j]*x1 + b1m[j];
+            dt48_dt47[64*i + j] = -1.0/128.0*t45[64*i + j]/(x0*sqrt(x0));
         }
     }
 
-    /* t53 = sum of t52 along each row */
-    TRANSFORMER_LM_REAL *t53 = t50; /* m x 1, in t50's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t53[i] = symbackprop_f64_sum(t52 + 64*i, 64, 1);
-    }
+    /* t50 = t49 @ W1up */
+    TRANSFORMER_LM_REAL *t50 = with_grads ? t38 : t25; /* m x 256, in t38's memory */
+    symbackprop_f64_matmul(m, 256, 64, t49, 64, 1, W1up, 256, 1, t50);
 
-    /* t54 = t51/sqrt(t53/64 + 1.0e-5) */
-    /* t55 = b1m + t48*t51/sqrt(t53/64 + 1.0e-5) */
-    /* dt54_dt51 = 1/sqrt(t53/64 + 1.0e-5) */
-    /* dt54_dt53 = -t51/(128*(t53/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t54 = with_grads ? t49 : t46; /* m x 64, in t49's memory */
-    TRANSFORMER_LM_REAL *t55 = with_grads ? t52 : t49; /* m x 64, in t52's memory */
-    TRANSFORMER_LM_REAL *dt54_dt51 = with_grads ? t52 + 64*m : t52; /* m x 64 */
-    TRANSFORMER_LM_REAL *dt54_dt53 = with_grads ? dt54_dt51 + 64*m : dt38_dt37 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t53[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
-            const TRANSFORMER_LM_REAL x2 = t51[64*i + j]*x1;
-            t54[64*i + j] = x2;
-            t55[64*i + j] = b1m[j] + t48[64*i + j]*x2;
-            dt54_dt51[64*i + j] = x1;
-            dt54_dt53[64*i + j] = -1.0/128.0*t51[64*i + j]/(x0*sqrt(x0));
-        }
-    }
-
-    /* t56 = t55 @ W1up */
-    TRANSFORMER_LM_REAL *t56 = with_grads ? t43 : t42; /* m x 256, in t43's memory */
-    symbackprop_f64_matmul(m, 256, 64, t55, 64, 1, W1up, 256, 1, t56);
-
-    /* t57 = (c1up + t56)*(erf(sqrt(2)*(c1up + t56)/2) + 1)/2 */
-    /* t58 = sqrt(2)*(c1up + t56)*exp(-(c1up + t56)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c1up +
-     * t56)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *t57 = with_grads ? dt54_dt53 + 64*m : t43; /* m x 256 */
-    TRANSFORMER_LM_REAL *t58 = with_grads ? t57 + 256*m : t44; /* m x 256 */
+    /* t51 = (c1up + t50)*(erf(sqrt(2)*(c1up + t50)/2) + 1)/2 */
+    /* t52 = sqrt(2)*(c1up + t50)*exp(-(c1up + t50)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c1up +
+     * t50)/2)/2 + 1/2 */
+    TRANSFORMER_LM_REAL *t51 = with_grads ? dt48_dt47 + 64*m : t38; /* m x 256 */
+    TRANSFORMER_LM_REAL *t52 = with_grads ? t51 + 256*m : t39; /* m x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = c1up[j] + t56[256*i + j];
+            const TRANSFORMER_LM_REAL x0 = t50[256*i + j] + c1up[j];
             const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
             const TRANSFORMER_LM_REAL x2 = erf(x1);
-            t57[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
-            t58[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
+            t51[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            t52[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 
-    /* t59 = t57 @ W1down */
-    TRANSFORMER_LM_REAL *t59 = with_grads ? t58 + 256*m : t48; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 256, t57, 256, 1, W1down, 64, 1, t59);
+    /* t53 = t51 @ W1down */
+    TRANSFORMER_LM_REAL *t53 = with_grads ? t52 + 256*m : t45; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 256, t51, 256, 1, W1down, 64, 1, t53);
 
-    /* t60 = c1down + t18 + t2 + t3 + t31 + t32 + t47 + t59 */
-    TRANSFORMER_LM_REAL *t60 = with_grads ? t59 + 64*m : t51; /* m x 64 */
+    /* t54 = c1down + t43 + t53 */
+    TRANSFORMER_LM_REAL *t54 = with_grads ? t53 + 64*m : t48; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t60[64*i + j] = c1down[j] + t18[64*i + j] + t47[64*i + j] + t31[64*i + j] + t59[64*i + j] + t32[64*i + j] + t2[64*i + j] + t3[64*i + j];
+            t54[64*i + j] = t43[64*i + j] + t53[64*i + j] + c1down[j];
         }
     }
 
-    /* t61 = sum of t60 along each row */
-    TRANSFORMER_LM_REAL *t61 = t53; /* m x 1, in t53's memory */
+    /* t55 = sum of t54 along each row */
+    TRANSFORMER_LM_REAL *t55 = with_grads ? t54 + 64*m : t47; /* m x 1 */
     for (int64_t i = 0; i < m; ++i) {
-        t61[i] = symbackprop_f64_sum(t60 + 64*i, 64, 1);
+        t55[i] = symbackprop_f64_sum(t54 + 64*i, 64, 1);
     }
 
-    /* t62 = t60 - t61/64 */
-    /* t63 = (t60 - t61/64)**2 */
-    TRANSFORMER_LM_REAL *t62 = with_grads ? t2 : t54; /* m x 64, in t2's memory */
-    TRANSFORMER_LM_REAL *t63 = with_grads ? t3 : dt54_dt51; /* m x 64, in t3's memory */
+    /* t56 = t54 - t55/64 */
+    /* t57 = (t54 - t55/64)**2 */
+    TRANSFORMER_LM_REAL *t56 = with_grads ? t43 : dt48_dt47; /* m x 64, in t43's memory */
+    TRANSFORMER_LM_REAL *t57 = with_grads ? t53 : t49; /* m x 64, in t53's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t60[64*i + j] - 1.0/64.0*t61[i];
-            t62[64*i + j] = x0;
-            t63[64*i + j] = (x0*x0);
+            const TRANSFORMER_LM_REAL x0 = t54[64*i + j] - 1.0/64.0*t55[i];
+            t56[64*i + j] = x0;
+            t57[64*i + j] = (x0*x0);
         }
     }
 
-    /* t64 = sum of t63 along each row */
-    TRANSFORMER_LM_REAL *t64 = t61; /* m x 1, in t61's memory */
+    /* t58 = sum of t57 along each row */
+    TRANSFORMER_LM_REAL *t58 = t55; /* m x 1, in t55's memory */
     for (int64_t i = 0; i < m; ++i) {
-        t64[i] = symbackprop_f64_sum(t63 + 64*i, 64, 1);
+        t58[i] = symbackprop_f64_sum(t57 + 64*i, 64, 1);
     }
 
-    /* t65 = t62/sqrt(t64/64 + 1.0e-5) */
-    /* t66 = bf + t0*t62/sqrt(t64/64 + 1.0e-5) */
-    /* dt65_dt62 = 1/sqrt(t64/64 + 1.0e-5) */
-    /* dt65_dt64 = -t62/(128*(t64/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t65 = with_grads ? t18 : dt54_dt53; /* m x 64, in t18's memory */
-    TRANSFORMER_LM_REAL *t66 = with_grads ? t31 : t55; /* m x 64, in t31's memory */
-    TRANSFORMER_LM_REAL *dt65_dt62 = with_grads ? t32 : t2; /* m x 64, in t32's memory */
-    TRANSFORMER_LM_REAL *dt65_dt64 = with_grads ? t47 : t3; /* m x 64, in t47's memory */
+    /* t59 = t56/sqrt(t58/64 + 1.0e-5) */
+    /* t60 = bf + gf*t56/sqrt(t58/64 + 1.0e-5) */
+    /* dt59_dt58 = -t56/(128*(t58/64 + 1.0e-5)**(3/2)) */
+    TRANSFORMER_LM_REAL *t59 = with_grads ? t54 : t43; /* m x 64, in t54's memory */
+    TRANSFORMER_LM_REAL *t60 = with_grads ? t57 : t53; /* m x 64, in t57's memory */
+    TRANSFORMER_LM_REAL *dt59_dt58 = with_grads ? t55 + m : t54; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t64[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
-            const TRANSFORMER_LM_REAL x2 = t62[64*i + j]*x1;
-            t65[64*i + j] = x2;
-            t66[64*i + j] = bf[j] + t0[64*i + j]*x2;
-            dt65_dt62[64*i + j] = x1;
-            dt65_dt64[64*i + j] = -1.0/128.0*t62[64*i + j]/(x0*sqrt(x0));
+            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t58[i] + 1.0000000000000001e-5;
+            const TRANSFORMER_LM_REAL x1 = t56[64*i + j]/sqrt(x0);
+            t59[64*i + j] = x1;
+            t60[64*i + j] = gf[j]*x1 + bf[j];
+            dt59_dt58[64*i + j] = -1.0/128.0*t56[64*i + j]/(x0*sqrt(x0));
         }
     }
 
-    /* t67 = t66 @ Wout */
-    TRANSFORMER_LM_REAL *t67 = with_grads ? t60 + 64*m : dt54_dt53 + 64*m; /* m x 62 */
-    symbackprop_f64_matmul(m, 62, 64, t66, 64, 1, Wout, 62, 1, t67);
+    /* t61 = t60 @ Wout */
+    TRANSFORMER_LM_REAL *t61 = with_grads ? dt59_dt58 + 64*m : t26 + 256*m; /* m x 62 */
+    symbackprop_f64_matmul(m, 62, 64, t60, 64, 1, Wout, 62, 1, t61);
 
-    /* t68 = Matrix([ [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    /* t62 = Matrix([ [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
      * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
      * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
      * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
      * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
      * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, ... */
-    TRANSFORMER_LM_REAL *t68 = t67 + 62*m; /* 62 x 62 */
+    TRANSFORMER_LM_REAL *t62 = t61 + 62*m; /* 62 x 62 */
     for (int64_t i = 0; i < 3844; ++i) {
-        t68[i] = 0;
+        t62[i] = 0;
     }
-    t68[0] = 1;
-    t68[63] = 1;
-    t68[126] = 1;
-    t68[189] = 1;
-    t68[252] = 1;
-    t68[315] = 1;
-    t68[378] = 1;
-    t68[441] = 1;
-    t68[504] = 1;
-    t68[567] = 1;
-    t68[630] = 1;
-    t68[693] = 1;
-    t68[756] = 1;
-    t68[819] = 1;
-    t68[882] = 1;
-    t68[945] = 1;
-    t68[1008] = 1;
-    t68[1071] = 1;
-    t68[1134] = 1;
-    t68[1197] = 1;
-    t68[1260] = 1;
-    t68[1323] = 1;
-    t68[1386] = 1;
-    t68[1449] = 1;
-    t68[1512] = 1;
-    t68[1575] = 1;
-    t68[1638] = 1;
-    t68[1701] = 1;
-    t68[1764] = 1;
-    t68[1827] = 1;
-    t68[1890] = 1;
-    t68[1953] = 1;
-    t68[2016] = 1;
-    t68[2079] = 1;
-    t68[2142] = 1;
-    t68[2205] = 1;
-    t68[2268] = 1;
-    t68[2331] = 1;
-    t68[2394] = 1;
-    t68[2457] = 1;
-    t68[2520] = 1;
-    t68[2583] = 1;
-    t68[2646] = 1;
-    t68[2709] = 1;
-    t68[2772] = 1;
-    t68[2835] = 1;
-    t68[2898] = 1;
-    t68[2961] = 1;
-    t68[3024] = 1;
-    t68[3087] = 1;
-    t68[3150] = 1;
-    t68[3213] = 1;
-    t68[3276] = 1;
-    t68[3339] = 1;
-    t68[3402] = 1;
-    t68[3465] = 1;
-    t68[3528] = 1;
-    t68[3591] = 1;
-    t68[3654] = 1;
-    t68[3717] = 1;
-    t68[3780] = 1;
-    t68[3843] = 1;
+    t62[0] = 1;
+    t62[63] = 1;
+    t62[126] = 1;
+    t62[189] = 1;
+    t62[252] = 1;
+    t62[315] = 1;
+    t62[378] = 1;
+    t62[441] = 1;
+    t62[504] = 1;
+    t62[567] = 1;
+    t62[630] = 1;
+    t62[693] = 1;
+    t62[756] = 1;
+    t62[819] = 1;
+    t62[882] = 1;
+    t62[945] = 1;
+    t62[1008] = 1;
+    t62[1071] = 1;
+    t62[1134] = 1;
+    t62[1197] = 1;
+    t62[1260] = 1;
+    t62[1323] = 1;
+    t62[1386] = 1;
+    t62[1449] = 1;
+    t62[1512] = 1;
+    t62[1575] = 1;
+    t62[1638] = 1;
+    t62[1701] = 1;
+    t62[1764] = 1;
+    t62[1827] = 1;
+    t62[1890] = 1;
+    t62[1953] = 1;
+    t62[2016] = 1;
+    t62[2079] = 1;
+    t62[2142] = 1;
+    t62[2205] = 1;
+    t62[2268] = 1;
+    t62[2331] = 1;
+    t62[2394] = 1;
+    t62[2457] = 1;
+    t62[2520] = 1;
+    t62[2583] = 1;
+    t62[2646] = 1;
+    t62[2709] = 1;
+    t62[2772] = 1;
+    t62[2835] = 1;
+    t62[2898] = 1;
+    t62[2961] = 1;
+    t62[3024] = 1;
+    t62[3087] = 1;
+    t62[3150] = 1;
+    t62[3213] = 1;
+    t62[3276] = 1;
+    t62[3339] = 1;
+    t62[3402] = 1;
+    t62[3465] = 1;
+    t62[3528] = 1;
+    t62[3591] = 1;
+    t62[3654] = 1;
+    t62[3717] = 1;
+    t62[3780] = 1;
+    t62[3843] = 1;
 
-    /* t69[i, :] = [t68[targets[i], 0], t68[targets[i], 1], t68[targets[i], 2],
-     * t68[targets[i], 3], t68[targets[i], 4], t68[targets[i], 5], t68[targets[i], 6],
-     * t68[targets[i], 7], t68[targets[i], 8], t68[targets[i], 9], t68[targets[i], 10],
-     * t68[targets[i], 11], t68[targets[i], 12], t68[targets[i], 13], t68[targets[i], 14],
-     * t68[targets[i], 15], t68[targets[i], 16], t68[targets[i], 17], t68[targets[i], 18],
-     * t68[targets[i], 19], t68[targets[i], 20], t68[targets[i], 21], t68[targets[i], 22], ... */
-    TRANSFORMER_LM_REAL *t69 = t68 + 3844; /* m x 62 */
+    /* t63[i, :] = [t62[targets[i], 0], t62[targets[i], 1], t62[targets[i], 2],
+     * t62[targets[i], 3], t62[targets[i], 4], t62[targets[i], 5], t62[targets[i], 6],
+     * t62[targets[i], 7], t62[targets[i], 8], t62[targets[i], 9], t62[targets[i], 10],
+     * t62[targets[i], 11], t62[targets[i], 12], t62[targets[i], 13], t62[targets[i], 14],
+     * t62[targets[i], 15], t62[targets[i], 16], t62[targets[i], 17], t62[targets[i], 18],
+     * t62[targets[i], 19], t62[targets[i], 20], t62[targets[i], 21], t62[targets[i], 22], ... */
+    TRANSFORMER_LM_REAL *t63 = t62 + 3844; /* m x 62 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t69[62*i] = t68[62*targets[i]];
-        t69[62*i + 1] = t68[62*targets[i] + 1];
-        t69[62*i + 2] = t68[62*targets[i] + 2];
-        t69[62*i + 3] = t68[62*targets[i] + 3];
-        t69[62*i + 4] = t68[62*targets[i] + 4];
-        t69[62*i + 5] = t68[62*targets[i] + 5];
-        t69[62*i + 6] = t68[62*targets[i] + 6];
-        t69[62*i + 7] = t68[62*targets[i] + 7];
-        t69[62*i + 8] = t68[62*targets[i] + 8];
-        t69[62*i + 9] = t68[62*targets[i] + 9];
-        t69[62*i + 10] = t68[62*targets[i] + 10];
-        t69[62*i + 11] = t68[62*targets[i] + 11];
-        t69[62*i + 12] = t68[62*targets[i] + 12];
-        t69[62*i + 13] = t68[62*targets[i] + 13];
-        t69[62*i + 14] = t68[62*targets[i] + 14];
-        t69[62*i + 15] = t68[62*targets[i] + 15];
-        t69[62*i + 16] = t68[62*targets[i] + 16];
-        t69[62*i + 17] = t68[62*targets[i] + 17];
-        t69[62*i + 18] = t68[62*targets[i] + 18];
-        t69[62*i + 19] = t68[62*targets[i] + 19];
-        t69[62*i + 20] = t68[62*targets[i] + 20];
-        t69[62*i + 21] = t68[62*targets[i] + 21];
-        t69[62*i + 22] = t68[62*targets[i] + 22];
-        t69[62*i + 23] = t68[62*targets[i] + 23];
-        t69[62*i + 24] = t68[62*targets[i] + 24];
-        t69[62*i + 25] = t68[62*targets[i] + 25];
-        t69[62*i + 26] = t68[62*targets[i] + 26];
-        t69[62*i + 27] = t68[62*targets[i] + 27];
-        t69[62*i + 28] = t68[62*targets[i] + 28];
-        t69[62*i + 29] = t68[62*targets[i] + 29];
-        t69[62*i + 30] = t68[62*targets[i] + 30];
-        t69[62*i + 31] = t68[62*targets[i] + 31];
-        t69[62*i + 32] = t68[62*targets[i] + 32];
-        t69[62*i + 33] = t68[62*targets[i] + 33];
-        t69[62*i + 34] = t68[62*targets[i] + 34];
-        t69[62*i + 35] = t68[62*targets[i] + 35];
-        t69[62*i + 36] = t68[62*targets[i] + 36];
-        t69[62*i + 37] = t68[62*targets[i] + 37];
-        t69[62*i + 38] = t68[62*targets[i] + 38];
-        t69[62*i + 39] = t68[62*targets[i] + 39];
-        t69[62*i + 40] = t68[62*targets[i] + 40];
-        t69[62*i + 41] = t68[62*targets[i] + 41];
-        t69[62*i + 42] = t68[62*targets[i] + 42];
-        t69[62*i + 43] = t68[62*targets[i] + 43];
-        t69[62*i + 44] = t68[62*targets[i] + 44];
-        t69[62*i + 45] = t68[62*targets[i] + 45];
-        t69[62*i + 46] = t68[62*targets[i] + 46];
-        t69[62*i + 47] = t68[62*targets[i] + 47];
-        t69[62*i + 48] = t68[62*targets[i] + 48];
-        t69[62*i + 49] = t68[62*targets[i] + 49];
-        t69[62*i + 50] = t68[62*targets[i] + 50];
-        t69[62*i + 51] = t68[62*targets[i] + 51];
-        t69[62*i + 52] = t68[62*targets[i] + 52];
-        t69[62*i + 53] = t68[62*targets[i] + 53];
-        t69[62*i + 54] = t68[62*targets[i] + 54];
-        t69[62*i + 55] = t68[62*targets[i] + 55];
-        t69[62*i + 56] = t68[62*targets[i] + 56];
-        t69[62*i + 57] = t68[62*targets[i] + 57];
-        t69[62*i + 58] = t68[62*targets[i] + 58];
-        t69[62*i + 59] = t68[62*targets[i] + 59];
-        t69[62*i + 60] = t68[62*targets[i] + 60];
-        t69[62*i + 61] = t68[62*targets[i] + 61];
+        t63[62*i] = t62[62*targets[i]];
+        t63[62*i + 1] = t62[62*targets[i] + 1];
+        t63[62*i + 2] = t62[62*targets[i] + 2];
+        t63[62*i + 3] = t62[62*targets[i] + 3];
+        t63[62*i + 4] = t62[62*targets[i] + 4];
+        t63[62*i + 5] = t62[62*targets[i] + 5];
+        t63[62*i + 6] = t62[62*targets[i] + 6];
+        t63[62*i + 7] = t62[62*targets[i] + 7];
+        t63[62*i + 8] = t62[62*targets[i] + 8];
+        t63[62*i + 9] = t62[62*targets[i] + 9];
+        t63[62*i + 10] = t62[62*targets[i] + 10];
+        t63[62*i + 11] = t62[62*targets[i] + 11];
+        t63[62*i + 12] = t62[62*targets[i] + 12];
+        t63[62*i + 13] = t62[62*targets[i] + 13];
+        t63[62*i + 14] = t62[62*targets[i] + 14];
+        t63[62*i + 15] = t62[62*targets[i] + 15];
+        t63[62*i + 16] = t62[62*targets[i] + 16];
+        t63[62*i + 17] = t62[62*targets[i] + 17];
+        t63[62*i + 18] = t62[62*targets[i] + 18];
+        t63[62*i + 19] = t62[62*targets[i] + 19];
+        t63[62*i + 20] = t62[62*targets[i] + 20];
+        t63[62*i + 21] = t62[62*targets[i] + 21];
+        t63[62*i + 22] = t62[62*targets[i] + 22];
+        t63[62*i + 23] = t62[62*targets[i] + 23];
+        t63[62*i + 24] = t62[62*targets[i] + 24];
+        t63[62*i + 25] = t62[62*targets[i] + 25];
+        t63[62*i + 26] = t62[62*targets[i] + 26];
+        t63[62*i + 27] = t62[62*targets[i] + 27];
+        t63[62*i + 28] = t62[62*targets[i] + 28];
+        t63[62*i + 29] = t62[62*targets[i] + 29];
+        t63[62*i + 30] = t62[62*targets[i] + 30];
+        t63[62*i + 31] = t62[62*targets[i] + 31];
+        t63[62*i + 32] = t62[62*targets[i] + 32];
+        t63[62*i + 33] = t62[62*targets[i] + 33];
+        t63[62*i + 34] = t62[62*targets[i] + 34];
+        t63[62*i + 35] = t62[62*targets[i] + 35];
+        t63[62*i + 36] = t62[62*targets[i] + 36];
+        t63[62*i + 37] = t62[62*targets[i] + 37];
+        t63[62*i + 38] = t62[62*targets[i] + 38];
+        t63[62*i + 39] = t62[62*targets[i] + 39];
+        t63[62*i + 40] = t62[62*targets[i] + 40];
+        t63[62*i + 41] = t62[62*targets[i] + 41];
+        t63[62*i + 42] = t62[62*targets[i] + 42];
+        t63[62*i + 43] = t62[62*targets[i] + 43];
+        t63[62*i + 44] = t62[62*targets[i] + 44];
+        t63[62*i + 45] = t62[62*targets[i] + 45];
+        t63[62*i + 46] = t62[62*targets[i] + 46];
+        t63[62*i + 47] = t62[62*targets[i] + 47];
+        t63[62*i + 48] = t62[62*targets[i] + 48];
+        t63[62*i + 49] = t62[62*targets[i] + 49];
+        t63[62*i + 50] = t62[62*targets[i] + 50];
+        t63[62*i + 51] = t62[62*targets[i] + 51];
+        t63[62*i + 52] = t62[62*targets[i] + 52];
+        t63[62*i + 53] = t62[62*targets[i] + 53];
+        t63[62*i + 54] = t62[62*targets[i] + 54];
+        t63[62*i + 55] = t62[62*targets[i] + 55];
+        t63[62*i + 56] = t62[62*targets[i] + 56];
+        t63[62*i + 57] = t62[62*targets[i] + 57];
+        t63[62*i + 58] = t62[62*targets[i] + 58];
+        t63[62*i + 59] = t62[62*targets[i] + 59];
+        t63[62*i + 60] = t62[62*targets[i] + 60];
+        t63[62*i + 61] = t62[62*targets[i] + 61];
     }
 
-    /* t70 = t67*t69 */
-    TRANSFORMER_LM_REAL *t70 = t69 + 62*m; /* m x 62 */
+    /* t64 = t61*t63 */
+    TRANSFORMER_LM_REAL *t64 = t63 + 62*m; /* m x 62 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 62; ++j) {
-            t70[62*i + j] = t67[62*i + j]*t69[62*i + j];
+            t64[62*i + j] = t61[62*i + j]*t63[62*i + j];
         }
     }
 
-    /* t71 = sum of t70 along each row */
-    TRANSFORMER_LM_REAL *t71 = t64; /* m x 1, in t64's memory */
+    /* t65 = sum of t64 along each row */
+    TRANSFORMER_LM_REAL *t65 = with_grads ? t64 + 62*m : t58; /* m x 1 */
     for (int64_t i = 0; i < m; ++i) {
-        t71[i] = symbackprop_f64_sum(t70 + 62*i, 62, 1);
+        t65[i] = symbackprop_f64_sum(t64 + 62*i, 62, 1);
     }
 
-    /* t72 = log(sum(exp(t67))) along each row, its max subtracted first */
-    TRANSFORMER_LM_REAL *t72 = t70 + 62*m; /* m x 1 */
+    /* t66 = log(sum(exp(t61))) along each row, its max subtracted first */
+    TRANSFORMER_LM_REAL *t66 = with_grads ? t65 + m : t64 + 62*m; /* m x 1 */
     for (int64_t i = 0; i < m; ++i) {
-        t72[i] = symbackprop_f64_logsumexp(t67 + 62*i, 62, 1);
+        t66[i] = symbackprop_f64_logsumexp(t61 + 62*i, 62, 1);
     }
 
-    /* t73 = -t71 + t72 */
-    TRANSFORMER_LM_REAL *t73 = t72 + m; /* m x 1 */
+    /* t67 = -t65 + t66 */
+    TRANSFORMER_LM_REAL *t67 = t66 + m; /* m x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t73[i] = -t71[i] + t72[i];
+        t67[i] = -t65[i] + t66[i];
     }
 
-    /* t74 = sum of t73 down each column */
-    TRANSFORMER_LM_REAL *t74 = t73 + m; /* 1 x 1 */
-    t74[0] = symbackprop_f64_sum(t73, m, 1);
+    /* t68 = sum of t67 down each column */
+    TRANSFORMER_LM_REAL *t68 = t67 + m; /* 1 x 1 */
+    t68[0] = symbackprop_f64_sum(t67, m, 1);
 
-    /* loss = t74/m */
+    /* loss = t68/m */
     {
-        loss[0] = t74[0]/((TRANSFORMER_LM_REAL)m);
+        loss[0] = t68[0]/((TRANSFORMER_LM_REAL)m);
     }
 }
 
-/* transformer_lm_run, part 3 of 6 (kernels 63 to 64): a long
+/* transformer_lm_run, part 3 of 6 (kernels 58 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 static void transformer_lm_run_part3(
     int64_t m,
+    const TRANSFORMER_LM_REAL *gf,
     const TRANSFORMER_LM_REAL *Wout,
     TRANSFORMER_LM_REAL *work,
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t59 = with_grads ? work + 4289*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t67 = with_grads ? work + 4417*m + 1024 : work + 1601*m + 1024; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t69 = with_grads ? work + 4479*m + 4868 : work + 1663*m + 4868; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t70 = with_grads ? work + 4541*m + 4868 : work + 1725*m + 4868; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t72 = with_grads ? work + 4603*m + 4868 : work + 1787*m + 4868; /* m x 1; placed in an earlier part */
-    /* grad_t67 = -t69/m + exp(t67 - t72)/m */
-    TRANSFORMER_LM_REAL *grad_t67 = t70; /* m x 62, in t70's memory */
+    TRANSFORMER_LM_REAL *t56 = with_grads ? work + 2691*m + 9216 : work; /* m x 64, in t43's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t58 = with_grads ? work + 3524*m + 9216 : work + 192*m; /* m x 1, in t55's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t59 = with_grads ? work + 3460*m + 9216 : work + 257*m; /* m x 64, in t54's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt59_dt58 = with_grads ? work + 3525*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t61 = with_grads ? work + 3589*m + 9216 : work + 1089*m + 5120; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t63 = with_grads ? work + 3651*m + 13060 : work + 1151*m + 8964; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t64 = with_grads ? work + 3713*m + 13060 : work + 1213*m + 8964; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t65 = with_grads ? work + 3775*m + 13060 : work + 192*m; /* m x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t66 = with_grads ? work + 3776*m + 13060 : work + 1275*m + 8964; /* m x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t67 = with_grads ? work + 3777*m + 13060 : work + 1276*m + 8964; /* m x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t68 = with_grads ? work + 3778*m + 13060 : work + 1277*m + 8964; /* 1 x 1; placed in an earlier part */
+    /* grad_t61 = -t63/m + exp(t61 - t66)/m */
+    TRANSFORMER_LM_REAL *grad_t61 = t64; /* m x 62, in t64's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 62; ++j) {
             const TRANSFORMER_LM_REAL x0 = 1.0/((TRANSFORMER_LM_REAL)m);
-            grad_t67[62*i + j] = -t69[62*i + j]*x0 + x0*exp(t67[62*i + j] - t72[i]);
+            grad_t61[62*i + j] = -t63[62*i + j]*x0 + x0*exp(t61[62*i + j] - t66[i]);
         }
     }
 
-    /* grad_t66 = grad_t67 @ Wout^T */
-    TRANSFORMER_LM_REAL *grad_t66 = t59; /* m x 64, in t59's memory */
-    symbackprop_f64_matmul(m, 64, 62, grad_t67, 62, 1, Wout, 1, 62, grad_t66);
+    /* grad_t60 = grad_t61 @ Wout^T */
+    TRANSFORMER_LM_REAL *grad_t60 = t68 + 1; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 62, grad_t61, 62, 1, Wout, 1, 62, grad_t60);
+
+    /* grad_t59 = gf*grad_t60 */
+    /* t69 = dt59_dt58*gf*grad_t60 */
+    /* g0 = grad_t60*t59 */
+    TRANSFORMER_LM_REAL *grad_t59 = grad_t60 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t69 = grad_t59 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g0 = t69 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = grad_t60[64*i + j]*gf[j];
+            grad_t59[64*i + j] = x0;
+            t69[64*i + j] = dt59_dt58[64*i + j]*x0;
+            g0[64*i + j] = grad_t60[64*i + j]*t59[64*i + j];
+        }
+    }
+
+    /* t70 = 1/sqrt(t58/64 + 1.0e-5) */
+    TRANSFORMER_LM_REAL *t70 = t65; /* m x 1, in t65's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        t70[i] = 1.0/sqrt((1.0/64.0)*t58[i] + 1.0000000000000001e-5);
+    }
+
+    /* grad_t58 = sum of t69 along each row */
+    TRANSFORMER_LM_REAL *grad_t58 = t67; /* m x 1, in t67's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        grad_t58[i] = symbackprop_f64_sum(t69 + 64*i, 64, 1);
+    }
+
+    /* grad_t56 = 2*grad_t58*t56 + grad_t59*t70 */
+    /* t71 = -grad_t58*t56/32 - grad_t59*t70/64 */
+    TRANSFORMER_LM_REAL *grad_t56 = t59; /* m x 64, in t59's memory */
+    TRANSFORMER_LM_REAL *t71 = dt59_dt58; /* m x 64, in dt59_dt58's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = grad_t59[64*i + j]*t70[i];
+            const TRANSFORMER_LM_REAL x1 = t56[64*i + j]*grad_t58[i];
+            grad_t56[64*i + j] = x0 + 2*x1;
+            t71[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+        }
+    }
+
+    /* grad_t55 = sum of t71 along each row */
+    TRANSFORMER_LM_REAL *grad_t55 = t66; /* m x 1, in t66's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        grad_t55[i] = symbackprop_f64_sum(t71 + 64*i, 64, 1);
+    }
 }
 
 /* transformer_lm_run, part 4 of 6 (kernels 65 to 96): a long
@@ -1054,401 +1067,430 @@ static void transformer_lm_run_part3(
  * linearly with a function's length. */
 static void transformer_lm_run_part4(
     int64_t m,
+    const TRANSFORMER_LM_REAL *g0m,
+    const TRANSFORMER_LM_REAL *W0up,
     const TRANSFORMER_LM_REAL *W0down,
-    const TRANSFORMER_LM_REAL *Wq1,
+    const TRANSFORMER_LM_REAL *g1a,
     const TRANSFORMER_LM_REAL *Wk1,
     const TRANSFORMER_LM_REAL *Wv1,
     const TRANSFORMER_LM_REAL *Wo1,
+    const TRANSFORMER_LM_REAL *g1m,
     const TRANSFORMER_LM_REAL *W1up,
     const TRANSFORMER_LM_REAL *W1down,
     TRANSFORMER_LM_REAL *work,
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t0 = work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t19 = with_grads ? work + 1409*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 2113*m + 1024 : work + 1217*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2561*m + 1024 : work + 1089*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t38 = with_grads ? work + 2497*m + 1024 : work + 449*m; /* m x 64, in t33's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt38_dt35 = with_grads ? work + 2689*m + 1024 : work + 1153*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt38_dt37 = with_grads ? work + 2753*m + 1024 : work + 1473*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = with_grads ? work + 2817*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t41 = with_grads ? work + 2881*m + 1024 : work + 1089*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t42_block = with_grads ? work + 961*m : work + 833*m; /* 64 x 16, in t13_block's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t44 = with_grads ? work + 961*m + 1024 : work + 577*m; /* m x 256, in t42's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t45 = with_grads ? work + 3201*m + 1024 : work + 449*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t48 = with_grads ? work + 3393*m + 1024 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t51 = with_grads ? work + 3521*m + 1024 : work + 385*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t54 = with_grads ? work + 3457*m + 1024 : work + 1153*m + 1024; /* m x 64, in t49's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt54_dt51 = with_grads ? work + 3649*m + 1024 : work + 449*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt54_dt53 = with_grads ? work + 3713*m + 1024 : work + 1537*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t56 = with_grads ? work + 2945*m + 1024 : work + 833*m + 1024; /* m x 256, in t43's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t58 = with_grads ? work + 4033*m + 1024 : work + 577*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t60 = with_grads ? work + 4353*m + 1024 : work + 385*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t62 = with_grads ? work + 128*m : work + 1153*m + 1024; /* m x 64, in t2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t63 = with_grads ? work + 192*m : work + 449*m; /* m x 64, in t3's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t65 = with_grads ? work + 1345*m + 1024 : work + 1537*m + 1024; /* m x 64, in t18's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt65_dt62 = with_grads ? work + 2433*m + 1024 : work + 128*m; /* m x 64, in t32's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt65_dt64 = with_grads ? work + 3329*m + 1024 : work + 192*m; /* m x 64, in t47's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t71 = work + 320*m; /* m x 1, in t64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t72 = with_grads ? work + 4603*m + 4868 : work + 1787*m + 4868; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t73 = with_grads ? work + 4604*m + 4868 : work + 1788*m + 4868; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t74 = with_grads ? work + 4605*m + 4868 : work + 1789*m + 4868; /* 1 x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t66 = work + 4289*m + 1024; /* m x 64, in t59's memory; placed in an earlier part */
-    /* grad_t65 = grad_t66*t0 */
-    /* t75 = dt65_dt64*grad_t66*t0 */
-    /* grad_t0 = grad_t66*t65 */
-    TRANSFORMER_LM_REAL *grad_t65 = t60; /* m x 64, in t60's memory */
-    TRANSFORMER_LM_REAL *t75 = t63; /* m x 64, in t63's memory */
-    TRANSFORMER_LM_REAL *grad_t0 = t74 + 1; /* m x 64 */
+    TRANSFORMER_LM_REAL *t19 = with_grads ? work + 128*m : work + 257*m; /* m x 64, in t2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1217*m + 5120 : work + 192*m; /* m x 1, in t18's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1089*m + 5120 : work + 128*m; /* m x 64, in t20's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? work + 1282*m + 5120 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1602*m + 5120 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 1153*m + 5120 : work; /* m x 64, in t17's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 1986*m + 5120 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t33 = with_grads ? work + 1858*m + 5120 : work + 193*m; /* m x 64, in t31's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt33_dt32 = with_grads ? work + 2051*m + 5120 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2115*m + 5120 : work + 321*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t36 = with_grads ? work + 2115*m + 9216 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t37 = with_grads ? work + 2179*m + 9216 : work + 193*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t38_block = with_grads ? work + 705*m + 4096 : work + 577*m + 4096; /* 64 x 16, in t12_block's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 2243*m + 9216 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t40 = with_grads ? work + 2499*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t45 = with_grads ? work + 1922*m + 5120 : work + 64*m; /* m x 64, in t28's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t47 = with_grads ? work + 2755*m + 9216 : work + 192*m; /* m x 1, in t44's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t48 = with_grads ? work + 2627*m + 9216 : work + 128*m; /* m x 64, in t46's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt48_dt47 = with_grads ? work + 2820*m + 9216 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t50 = with_grads ? work + 449*m + 4096 : work + 577*m + 5120; /* m x 256, in t38's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t52 = with_grads ? work + 3140*m + 9216 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t56 = with_grads ? work + 2691*m + 9216 : work; /* m x 64, in t43's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t58 = with_grads ? work + 3524*m + 9216 : work + 192*m; /* m x 1, in t55's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t59 = work + 3842*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t69 = work + 3906*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t70 = work + 3775*m + 13060; /* m x 1, in t65's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t58 = work + 3777*m + 13060; /* m x 1, in t67's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t56 = work + 3460*m + 9216; /* m x 64, in t59's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t71 = work + 3525*m + 9216; /* m x 64, in dt59_dt58's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t55 = work + 3776*m + 13060; /* m x 1, in t66's memory; placed in an earlier part */
+    /* grad_t54 = grad_t55 + grad_t56 */
+    TRANSFORMER_LM_REAL *grad_t54 = t69; /* m x 64, in t69's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t66[64*i + j]*t0[64*i + j];
-            grad_t65[64*i + j] = x0;
-            t75[64*i + j] = dt65_dt64[64*i + j]*x0;
-            grad_t0[64*i + j] = grad_t66[64*i + j]*t65[64*i + j];
+            grad_t54[64*i + j] = grad_t56[64*i + j] + grad_t55[i];
         }
     }
 
-    /* grad_t64 = sum of t75 along each row */
-    TRANSFORMER_LM_REAL *grad_t64 = t71; /* m x 1, in t71's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t64[i] = symbackprop_f64_sum(t75 + 64*i, 64, 1);
-    }
+    /* grad_t51 = grad_t54 @ W1down^T */
+    TRANSFORMER_LM_REAL *grad_t51 = t50; /* m x 256, in t50's memory */
+    symbackprop_f64_matmul(m, 256, 64, grad_t54, 64, 1, W1down, 1, 64, grad_t51);
 
-    /* grad_t62 = dt65_dt62*grad_t65 + 2*grad_t64*t62 */
-    /* t76 = -dt65_dt62*grad_t65/64 - grad_t64*t62/32 */
-    TRANSFORMER_LM_REAL *grad_t62 = t0; /* m x 64, in t0's memory */
-    TRANSFORMER_LM_REAL *t76 = t65; /* m x 64, in t65's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t65[64*i + j]*dt65_dt62[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t64[i]*t62[64*i + j];
-            grad_t62[64*i + j] = x0 + 2*x1;
-            t76[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
-        }
-    }
-
-    /* grad_t61 = sum of t76 along each row */
-    TRANSFORMER_LM_REAL *grad_t61 = t73; /* m x 1, in t73's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t61[i] = symbackprop_f64_sum(t76 + 64*i, 64, 1);
-    }
-
-    /* grad_t60 = grad_t61 + grad_t62 */
-    TRANSFORMER_LM_REAL *grad_t60 = dt65_dt64; /* m x 64, in dt65_dt64's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t60[64*i + j] = grad_t61[i] + grad_t62[64*i + j];
-        }
-    }
-
-    /* grad_t57 = grad_t60 @ W1down^T */
-    TRANSFORMER_LM_REAL *grad_t57 = t56; /* m x 256, in t56's memory */
-    symbackprop_f64_matmul(m, 256, 64, grad_t60, 64, 1, W1down, 1, 64, grad_t57);
-
-    /* g0 = grad_t57*t58 */
-    TRANSFORMER_LM_REAL *g0 = grad_t0 + 64*m; /* m x 256 */
+    /* g1 = grad_t51*t52 */
+    TRANSFORMER_LM_REAL *g1 = g0 + 64*m; /* m x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            g0[256*i + j] = grad_t57[256*i + j]*t58[256*i + j];
+            g1[256*i + j] = grad_t51[256*i + j]*t52[256*i + j];
         }
     }
 
-    /* grad_t55 = g0 @ W1up^T */
-    TRANSFORMER_LM_REAL *grad_t55 = t75; /* m x 64, in t75's memory */
-    symbackprop_f64_matmul(m, 64, 256, g0, 256, 1, W1up, 1, 256, grad_t55);
+    /* grad_t49 = g1 @ W1up^T */
+    TRANSFORMER_LM_REAL *grad_t49 = t56; /* m x 64, in t56's memory */
+    symbackprop_f64_matmul(m, 64, 256, g1, 256, 1, W1up, 1, 256, grad_t49);
 
-    /* grad_t54 = grad_t55*t48 */
-    /* t77 = dt54_dt53*grad_t55*t48 */
-    /* grad_t48 = grad_t55*t54 */
-    TRANSFORMER_LM_REAL *grad_t54 = t62; /* m x 64, in t62's memory */
-    TRANSFORMER_LM_REAL *t77 = dt65_dt62; /* m x 64, in dt65_dt62's memory */
-    TRANSFORMER_LM_REAL *grad_t48 = grad_t65; /* m x 64, in grad_t65's memory */
+    /* grad_t48 = g1m*grad_t49 */
+    /* t72 = dt48_dt47*g1m*grad_t49 */
+    /* g2 = grad_t49*t48 */
+    TRANSFORMER_LM_REAL *grad_t48 = grad_t59; /* m x 64, in grad_t59's memory */
+    TRANSFORMER_LM_REAL *t72 = t71; /* m x 64, in t71's memory */
+    TRANSFORMER_LM_REAL *g2 = grad_t56; /* m x 64, in grad_t56's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t55[64*i + j]*t48[64*i + j];
-            grad_t54[64*i + j] = x0;
-            t77[64*i + j] = dt54_dt53[64*i + j]*x0;
-            grad_t48[64*i + j] = grad_t55[64*i + j]*t54[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t49[64*i + j]*g1m[j];
+            grad_t48[64*i + j] = x0;
+            t72[64*i + j] = dt48_dt47[64*i + j]*x0;
+            g2[64*i + j] = grad_t49[64*i + j]*t48[64*i + j];
         }
     }
 
-    /* grad_t53 = sum of t77 along each row */
-    TRANSFORMER_LM_REAL *grad_t53 = t72; /* m x 1, in t72's memory */
+    /* t73 = 1/sqrt(t47/64 + 1.0e-5) */
+    TRANSFORMER_LM_REAL *t73 = t58; /* m x 1, in t58's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        grad_t53[i] = symbackprop_f64_sum(t77 + 64*i, 64, 1);
+        t73[i] = 1.0/sqrt((1.0/64.0)*t47[i] + 1.0000000000000001e-5);
     }
 
-    /* grad_t51 = dt54_dt51*grad_t54 + 2*grad_t53*t51 */
-    /* t78 = -dt54_dt51*grad_t54/64 - grad_t53*t51/32 */
-    TRANSFORMER_LM_REAL *grad_t51 = t76; /* m x 64, in t76's memory */
-    TRANSFORMER_LM_REAL *t78 = grad_t62; /* m x 64, in grad_t62's memory */
+    /* grad_t47 = sum of t72 along each row */
+    TRANSFORMER_LM_REAL *grad_t47 = t70; /* m x 1, in t70's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        grad_t47[i] = symbackprop_f64_sum(t72 + 64*i, 64, 1);
+    }
+
+    /* grad_t45 = 2*grad_t47*t45 + grad_t48*t73 */
+    /* t74 = -grad_t47*t45/32 - grad_t48*t73/64 */
+    TRANSFORMER_LM_REAL *grad_t45 = t48; /* m x 64, in t48's memory */
+    TRANSFORMER_LM_REAL *t74 = dt48_dt47; /* m x 64, in dt48_dt47's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t54[64*i + j]*dt54_dt51[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t53[i]*t51[64*i + j];
-            grad_t51[64*i + j] = x0 + 2*x1;
-            t78[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            const TRANSFORMER_LM_REAL x0 = grad_t48[64*i + j]*t73[i];
+            const TRANSFORMER_LM_REAL x1 = t45[64*i + j]*grad_t47[i];
+            grad_t45[64*i + j] = x0 + 2*x1;
+            t74[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
-    /* grad_t50 = sum of t78 along each row */
-    TRANSFORMER_LM_REAL *grad_t50 = grad_t64; /* m x 1, in grad_t64's memory */
+    /* grad_t44 = sum of t74 along each row */
+    TRANSFORMER_LM_REAL *grad_t44 = grad_t58; /* m x 1, in grad_t58's memory */
     for (int64_t i = 0; i < m; ++i) {
-        grad_t50[i] = symbackprop_f64_sum(t78 + 64*i, 64, 1);
+        grad_t44[i] = symbackprop_f64_sum(t74 + 64*i, 64, 1);
     }
 
-    /* grad_t49 = grad_t50 + grad_t51 */
-    /* grad_t47 = grad_t50 + grad_t51 + grad_t60 */
-    TRANSFORMER_LM_REAL *grad_t49 = t48; /* m x 64, in t48's memory */
-    TRANSFORMER_LM_REAL *grad_t47 = t54; /* m x 64, in t54's memory */
+    /* grad_t43 = grad_t44 + grad_t45 + grad_t54 */
+    TRANSFORMER_LM_REAL *grad_t43 = t72; /* m x 64, in t72's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t50[i] + grad_t51[64*i + j];
-            grad_t49[64*i + j] = x0;
-            grad_t47[64*i + j] = grad_t60[64*i + j] + x0;
+            grad_t43[64*i + j] = grad_t54[64*i + j] + grad_t45[64*i + j] + grad_t44[i];
         }
     }
 
-    /* grad_t46 = grad_t47 @ Wo1^T */
-    TRANSFORMER_LM_REAL *grad_t46 = dt54_dt53; /* m x 64, in dt54_dt53's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t47, 64, 1, Wo1, 1, 64, grad_t46);
+    /* grad_t41 = grad_t43 @ Wo1^T */
+    TRANSFORMER_LM_REAL *grad_t41 = t45; /* m x 64, in t45's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t43, 64, 1, Wo1, 1, 64, grad_t41);
 
-    /* grad_t45[(e,s),h*dh+k] = sum_{t>=s} t44[(e,t),(h,s)] * grad_t46[(e,t),h*dh+k] (rows
+    /* grad_t40[(e,s),h*dh+k] = sum_{t>=s} t39[(e,t),(h,s)] * grad_t41[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t45 = t77; /* m x 64, in t77's memory */
+    TRANSFORMER_LM_REAL *grad_t40 = grad_t48; /* m x 64, in grad_t48's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t39)^T grad_t41 */
+            symbackprop_f64_causal_mix(1, len, 16, t39 + row0 * 256 + hd * 64, 256,
+                                       grad_t41 + row0 * 64 + hd * 16, 64, grad_t40 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of t44[(e,qt),(hd,ks)] *
-                 * grad_t46[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t45 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of t39[(e,qt),(hd,ks)] *
+                 * grad_t41[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t40 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = t44[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = t39[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_t46[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_t41[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
         }
+    #endif
     }
 
-    /* grad_t39_part = grad_t45 @ Wv1^T */
-    TRANSFORMER_LM_REAL *grad_t39_part = t51; /* m x 64, in t51's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t45, 64, 1, Wv1, 1, 64, grad_t39_part);
+    /* grad_t34_part = grad_t40 @ Wv1^T */
+    TRANSFORMER_LM_REAL *grad_t34_part = t74; /* m x 64, in t74's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t40, 64, 1, Wv1, 1, 64, grad_t34_part);
 
-    /* grad_t44[(e,t),(h,s)] = sum_k grad_t46[(e,t),h*dh+k] * t45[(e,s),h*dh+k] for s <= t, 0
+    /* grad_t39[(e,t),(h,s)] = sum_k grad_t41[(e,t),h*dh+k] * t40[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t44 = t58; /* m x 256, in t58's memory */
-    TRANSFORMER_LM_REAL *grad_t44_block = t42_block; /* 64 x 16, in t42_block's memory */
+    TRANSFORMER_LM_REAL *grad_t39 = t52; /* m x 256, in t52's memory */
+    TRANSFORMER_LM_REAL *grad_t39_block = t38_block; /* 64 x 16, in t38_block's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_t44_block[dk][ks] = t45[(e,ks), hd*16+dk]: the head's keys transposed, so
+            /* the head's len x len scores grad_t41 t40^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_t41 + row0 * 64 + hd * 16, 64, t40 + row0 * 64 + hd * 16, 64,
+                                          grad_t39 + row0 * 256 + hd * 64, 256, 64);
+        }
+    #else
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* grad_t39_block[dk][ks] = t40[(e,ks), hd*16+dk]: the head's keys transposed, so
              * that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_t44_block[dk * 64 + ks] = t45[(row0 + ks) * 64 + hd * 16 + dk];
+                    grad_t39_block[dk * 64 + ks] = t40[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_t44 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = grad_t39 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += grad_t46[(e,qt), hd*16+dk] * grad_t44_block[dk][ks] for keys
+                /* srow[ks] += grad_t41[(e,qt), hd*16+dk] * grad_t39_block[dk][ks] for keys
                  * ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_t46[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = grad_t41[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_t44_block[dk * 64 + ks];
+                        srow[ks] += aw * grad_t39_block[dk * 64 + ks];
                     }
                 }
             }
         }
+    #endif
     }
 
-    /* t79 = grad_t44*t44 */
-    TRANSFORMER_LM_REAL *t79 = grad_t57; /* m x 256, in grad_t57's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t79[256*i + j] = t44[256*i + j]*grad_t44[256*i + j];
-        }
-    }
-
-    /* t80[i,ch] = sum_at t79[i,ch,at] (over each channel's pixels) */
-    TRANSFORMER_LM_REAL *t80 = g0 + 256*m; /* m x 4 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t ch = 0; ch < 4; ++ch) {
-            TRANSFORMER_LM_REAL acc = 0;
-            for (int64_t at = 0; at < 64; ++at) {
-                acc += t79[(i * 4 + ch) * 64 + at];
-            }
-            t80[i * 4 + ch] = acc;
-        }
-    }
-
-    /* t81[i,ch,at] = t80[i,ch] (over each channel's pixels) */
-    TRANSFORMER_LM_REAL *t81 = t79; /* m x 256, in t79's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t ch = 0; ch < 4; ++ch) {
-            for (int64_t at = 0; at < 64; ++at) {
-                t81[(i * 4 + ch) * 64 + at] = t80[i * 4 + ch];
-            }
-        }
-    }
-
-    /* grad_t42 = t44*(grad_t44 - t81)/4 */
-    TRANSFORMER_LM_REAL *grad_t42 = t80 + 4*m; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            grad_t42[256*i + j] = (1.0/4.0)*t44[256*i + j]*(grad_t44[256*i + j] - t81[256*i + j]);
-        }
-    }
-
-    /* grad_t41[(e,s),h*dh+k] = sum_{t>=s} grad_t42[(e,t),(h,s)] * t40[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t41 = dt54_dt51; /* m x 64, in dt54_dt51's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t42[(e,qt),(hd,ks)] *
-                 * t40[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t41 + (row0 + ks) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t42[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t40[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    }
-
-    /* grad_t39_part_1 = grad_t41 @ Wk1^T */
-    TRANSFORMER_LM_REAL *grad_t39_part_1 = grad_t54; /* m x 64, in grad_t54's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t41, 64, 1, Wk1, 1, 64, grad_t39_part_1);
-
-    /* grad_t40[(e,t),h*dh+k] = sum_{s<=t} grad_t42[(e,t),(h,s)] * t41[(e,s),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t40 = t78; /* m x 64, in t78's memory */
+    /* grad_t38[(e,t),(h,s)] = t39[(e,t),(h,s)] * (grad_t39[(e,t),(h,s)] - sum_{s'<=t}
+     * t39[(e,t),(h,s')] * grad_t39[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
+     * e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *grad_t38 = grad_t51; /* m x 256, in grad_t51's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t42[(e,qt),(hd,ks)] *
-                 * t41[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t40 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL dot = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    dot += t39[qbase + ks] * grad_t39[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t42[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t41[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
+                    grad_t38[qbase + ks] = t39[qbase + ks] * (grad_t39[qbase + ks] - dot);
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    grad_t38[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* grad_t39_part_2 = grad_t40 @ Wq1^T */
-    TRANSFORMER_LM_REAL *grad_t39_part_2 = grad_t51; /* m x 64, in grad_t51's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t40, 64, 1, Wq1, 1, 64, grad_t39_part_2);
+    /* grad_t37[(e,s),h*dh+k] = sum_{t>=s} grad_t38[(e,t),(h,s)] * t36[(e,t),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_t37 = grad_t45; /* m x 64, in grad_t45's memory */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t38)^T t36 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
+                                       t36 + row0 * 64 + hd * 16, 64, grad_t37 + row0 * 64 + hd * 16, 64);
+        }
+    #else
+        for (int64_t ks = 0; ks < len; ++ks) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over queries qt >= ks of grad_t38[(e,qt),(hd,ks)] *
+                 * t36[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t37 + (row0 + ks) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
+                    const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t36[(row0 + qt) * 64 + hd * 16 + dk];
+                    }
+                }
+            }
+        }
+    #endif
+    }
 
-    /* grad_t39 = grad_t39_part + grad_t39_part_1 + grad_t39_part_2 */
-    /* grad_t38 = t19*(grad_t39_part + grad_t39_part_1 + grad_t39_part_2) */
-    /* t82 = dt38_dt37*t19*(grad_t39_part + grad_t39_part_1 + grad_t39_part_2) */
-    /* grad_t19 = t38*(grad_t39_part + grad_t39_part_1 + grad_t39_part_2) */
-    TRANSFORMER_LM_REAL *grad_t39 = t45; /* m x 64, in t45's memory */
-    TRANSFORMER_LM_REAL *grad_t38 = grad_t46; /* m x 64, in grad_t46's memory */
-    TRANSFORMER_LM_REAL *t82 = t40; /* m x 64, in t40's memory */
-    TRANSFORMER_LM_REAL *grad_t19 = t41; /* m x 64, in t41's memory */
+    /* grad_t34_part_1 = grad_t37 @ Wk1^T */
+    TRANSFORMER_LM_REAL *grad_t34_part_1 = t40; /* m x 64, in t40's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t37, 64, 1, Wk1, 1, 64, grad_t34_part_1);
+
+    /* grad_t36[(e,t),h*dh+k] = sum_{s<=t} grad_t38[(e,t),(h,s)] * t37[(e,s),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_t36 = grad_t41; /* m x 64, in grad_t41's memory */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t38) t37 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
+                                       t37 + row0 * 64 + hd * 16, 64, grad_t36 + row0 * 64 + hd * 16, 64);
+        }
+    #else
+        for (int64_t qt = 0; qt < len; ++qt) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over keys ks <= qt of grad_t38[(e,qt),(hd,ks)] *
+                 * t37[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t36 + (row0 + qt) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t37[(row0 + ks) * 64 + hd * 16 + dk];
+                    }
+                }
+            }
+        }
+    #endif
+    }
+
+    /* grad_t34_part_2 = grad_t36 @ t35^T */
+    TRANSFORMER_LM_REAL *grad_t34_part_2 = t36; /* m x 64, in t36's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t36, 64, 1, t35, 1, 64, grad_t34_part_2);
+
+    /* grad_t34 = grad_t34_part + grad_t34_part_1 + grad_t34_part_2 */
+    /* grad_t33 = g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
+    /* t75 = dt33_dt32*g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
+    /* g3 = t33*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
+    TRANSFORMER_LM_REAL *grad_t34 = t37; /* m x 64, in t37's memory */
+    TRANSFORMER_LM_REAL *grad_t33 = g1 + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t75 = grad_t33 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g3 = t75 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t39_part[64*i + j] + grad_t39_part_1[64*i + j] + grad_t39_part_2[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]*x0;
-            grad_t39[64*i + j] = x0;
-            grad_t38[64*i + j] = x1;
-            t82[64*i + j] = dt38_dt37[64*i + j]*x1;
-            grad_t19[64*i + j] = t38[64*i + j]*x0;
+            const TRANSFORMER_LM_REAL x0 = grad_t34_part[64*i + j] + grad_t34_part_1[64*i + j] + grad_t34_part_2[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = g1a[j]*x0;
+            grad_t34[64*i + j] = x0;
+            grad_t33[64*i + j] = x1;
+            t75[64*i + j] = dt33_dt32[64*i + j]*x1;
+            g3[64*i + j] = t33[64*i + j]*x0;
         }
     }
 
-    /* grad_t37 = sum of t82 along each row */
-    TRANSFORMER_LM_REAL *grad_t37 = grad_t61; /* m x 1, in grad_t61's memory */
+    /* t76 = 1/sqrt(t32/64 + 1.0e-5) */
+    TRANSFORMER_LM_REAL *t76 = grad_t55; /* m x 1, in grad_t55's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        grad_t37[i] = symbackprop_f64_sum(t82 + 64*i, 64, 1);
+        t76[i] = 1.0/sqrt((1.0/64.0)*t32[i] + 1.0000000000000001e-5);
     }
 
-    /* grad_t35 = dt38_dt35*grad_t38 + 2*grad_t37*t35 */
-    /* t83 = -dt38_dt35*grad_t38/64 - grad_t37*t35/32 */
-    TRANSFORMER_LM_REAL *grad_t35 = t19; /* m x 64, in t19's memory */
-    TRANSFORMER_LM_REAL *t83 = t38; /* m x 64, in t38's memory */
+    /* grad_t32 = sum of t75 along each row */
+    TRANSFORMER_LM_REAL *grad_t32 = t47; /* m x 1, in t47's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        grad_t32[i] = symbackprop_f64_sum(t75 + 64*i, 64, 1);
+    }
+
+    /* grad_t30 = 2*grad_t32*t30 + grad_t33*t76 */
+    /* t77 = -grad_t32*t30/32 - grad_t33*t76/64 */
+    TRANSFORMER_LM_REAL *grad_t30 = t33; /* m x 64, in t33's memory */
+    TRANSFORMER_LM_REAL *t77 = dt33_dt32; /* m x 64, in dt33_dt32's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t38[64*i + j]*dt38_dt35[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t37[i]*t35[64*i + j];
-            grad_t35[64*i + j] = x0 + 2*x1;
-            t83[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            const TRANSFORMER_LM_REAL x0 = grad_t33[64*i + j]*t76[i];
+            const TRANSFORMER_LM_REAL x1 = t30[64*i + j]*grad_t32[i];
+            grad_t30[64*i + j] = x0 + 2*x1;
+            t77[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
-    /* grad_t34 = sum of t83 along each row */
-    TRANSFORMER_LM_REAL *grad_t34 = grad_t53; /* m x 1, in grad_t53's memory */
+    /* grad_t29 = sum of t77 along each row */
+    TRANSFORMER_LM_REAL *grad_t29 = t73; /* m x 1, in t73's memory */
     for (int64_t i = 0; i < m; ++i) {
-        grad_t34[i] = symbackprop_f64_sum(t83 + 64*i, 64, 1);
+        grad_t29[i] = symbackprop_f64_sum(t77 + 64*i, 64, 1);
     }
 
-    /* grad_t33 = grad_t34 + grad_t35 */
-    /* grad_t32 = grad_t34 + grad_t35 + grad_t49 + grad_t60 */
-    TRANSFORMER_LM_REAL *grad_t33 = dt38_dt37; /* m x 64, in dt38_dt37's memory */
-    TRANSFORMER_LM_REAL *grad_t32 = grad_t39_part; /* m x 64, in grad_t39_part's memory */
+    /* grad_t28 = grad_t29 + grad_t30 + grad_t43 */
+    TRANSFORMER_LM_REAL *grad_t28 = grad_t34_part; /* m x 64, in grad_t34_part's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t34[i] + grad_t35[64*i + j];
-            grad_t33[64*i + j] = x0;
-            grad_t32[64*i + j] = grad_t60[64*i + j] + grad_t49[64*i + j] + x0;
+            grad_t28[64*i + j] = grad_t43[64*i + j] + grad_t30[64*i + j] + grad_t29[i];
         }
     }
 
-    /* grad_t29 = grad_t32 @ W0down^T */
-    TRANSFORMER_LM_REAL *grad_t29 = t44; /* m x 256, in t44's memory */
-    symbackprop_f64_matmul(m, 256, 64, grad_t32, 64, 1, W0down, 1, 64, grad_t29);
+    /* grad_t25 = grad_t28 @ W0down^T */
+    TRANSFORMER_LM_REAL *grad_t25 = t39; /* m x 256, in t39's memory */
+    symbackprop_f64_matmul(m, 256, 64, grad_t28, 64, 1, W0down, 1, 64, grad_t25);
 
-    /* g1 = grad_t29*t30 */
-    TRANSFORMER_LM_REAL *g1 = grad_t44; /* m x 256, in grad_t44's memory */
+    /* g4 = grad_t25*t26 */
+    TRANSFORMER_LM_REAL *g4 = grad_t39; /* m x 256, in grad_t39's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            g1[256*i + j] = grad_t29[256*i + j]*t30[256*i + j];
+            g4[256*i + j] = grad_t25[256*i + j]*t26[256*i + j];
+        }
+    }
+
+    /* grad_t23 = g4 @ W0up^T */
+    TRANSFORMER_LM_REAL *grad_t23 = grad_t34_part_1; /* m x 64, in grad_t34_part_1's memory */
+    symbackprop_f64_matmul(m, 64, 256, g4, 256, 1, W0up, 1, 256, grad_t23);
+
+    /* grad_t22 = g0m*grad_t23 */
+    /* t78 = dt22_dt21*g0m*grad_t23 */
+    /* g5 = grad_t23*t22 */
+    TRANSFORMER_LM_REAL *grad_t22 = grad_t34_part_2; /* m x 64, in grad_t34_part_2's memory */
+    TRANSFORMER_LM_REAL *t78 = t75; /* m x 64, in t75's memory */
+    TRANSFORMER_LM_REAL *g5 = t30; /* m x 64, in t30's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = grad_t23[64*i + j]*g0m[j];
+            grad_t22[64*i + j] = x0;
+            t78[64*i + j] = dt22_dt21[64*i + j]*x0;
+            g5[64*i + j] = grad_t23[64*i + j]*t22[64*i + j];
+        }
+    }
+
+    /* t79 = 1/sqrt(t21/64 + 1.0e-5) */
+    TRANSFORMER_LM_REAL *t79 = grad_t47; /* m x 1, in grad_t47's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        t79[i] = 1.0/sqrt((1.0/64.0)*t21[i] + 1.0000000000000001e-5);
+    }
+
+    /* grad_t21 = sum of t78 along each row */
+    TRANSFORMER_LM_REAL *grad_t21 = grad_t44; /* m x 1, in grad_t44's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        grad_t21[i] = symbackprop_f64_sum(t78 + 64*i, 64, 1);
+    }
+
+    /* grad_t19 = 2*grad_t21*t19 + grad_t22*t79 */
+    /* t80 = -grad_t21*t19/32 - grad_t22*t79/64 */
+    TRANSFORMER_LM_REAL *grad_t19 = grad_t33; /* m x 64, in grad_t33's memory */
+    TRANSFORMER_LM_REAL *t80 = t77; /* m x 64, in t77's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = grad_t22[64*i + j]*t79[i];
+            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]*grad_t21[i];
+            grad_t19[64*i + j] = x0 + 2*x1;
+            t80[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 }
@@ -1460,11 +1502,10 @@ static void transformer_lm_run_part5(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
-    const TRANSFORMER_LM_REAL *Wq0,
+    const TRANSFORMER_LM_REAL *g0a,
     const TRANSFORMER_LM_REAL *Wk0,
     const TRANSFORMER_LM_REAL *Wv0,
     const TRANSFORMER_LM_REAL *Wo0,
-    const TRANSFORMER_LM_REAL *W0up,
     TRANSFORMER_LM_REAL *grad_E,
     TRANSFORMER_LM_REAL *grad_P,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -1475,335 +1516,314 @@ static void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *grad_Wo0,
     TRANSFORMER_LM_REAL *grad_g0m,
     TRANSFORMER_LM_REAL *grad_b0m,
+    TRANSFORMER_LM_REAL *grad_W0up,
+    TRANSFORMER_LM_REAL *grad_c0up,
+    TRANSFORMER_LM_REAL *grad_W0down,
+    TRANSFORMER_LM_REAL *grad_c0down,
+    TRANSFORMER_LM_REAL *grad_g1a,
     TRANSFORMER_LM_REAL *work,
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t1 = work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t6 = work + 321*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t9 = work + 256*m; /* m x 64, in t4's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t10 = work + 385*m; /* m x 64, in t7's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt9_dt6 = work + 449*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt9_dt8 = work + 513*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t11 = with_grads ? work + 577*m : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t12 = with_grads ? work + 641*m : work + 321*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t15 = with_grads ? work + 705*m : work + 577*m; /* m x 256, in t13's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t16 = with_grads ? work + 1217*m + 1024 : work + 256*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t17 = with_grads ? work + 1281*m + 1024 : work + 449*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t20 = with_grads ? work + 1473*m + 1024 : work + 321*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1601*m + 1024 : work + 256*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1537*m + 1024 : work + 385*m; /* m x 64, in t21's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt26_dt23 = with_grads ? work + 1729*m + 1024 : work + 1089*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt26_dt25 = with_grads ? work + 1793*m + 1024 : work + 1153*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 2113*m + 1024 : work + 1217*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2561*m + 1024 : work + 1089*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt38_dt35 = with_grads ? work + 2689*m + 1024 : work + 1153*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t60 = work + 3329*m + 1024; /* m x 64, in dt65_dt64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t50 = work + 320*m; /* m x 1, in grad_t64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t49 = work + 3393*m + 1024; /* m x 64, in t48's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t44_block = work + 961*m; /* 64 x 16, in t42_block's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t80 = work + 4925*m + 4869; /* m x 4; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t81 = work + 2945*m + 1024; /* m x 256, in t79's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t42 = work + 4929*m + 4869; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t39_part_1 = work + 128*m; /* m x 64, in grad_t54's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t39_part_2 = work + 1345*m + 1024; /* m x 64, in grad_t51's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t38 = work + 3713*m + 1024; /* m x 64, in grad_t46's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t82 = work + 2817*m + 1024; /* m x 64, in t40's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t37 = work + 4604*m + 4868; /* m x 1, in grad_t61's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t35 = work + 1409*m + 1024; /* m x 64, in t19's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t83 = work + 2497*m + 1024; /* m x 64, in t38's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t34 = work + 4603*m + 4868; /* m x 1, in grad_t53's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t33 = work + 2753*m + 1024; /* m x 64, in dt38_dt37's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t29 = work + 961*m + 1024; /* m x 256, in t44's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 4033*m + 1024; /* m x 256, in grad_t44's memory; placed in an earlier part */
-    /* grad_t27 = g1 @ W0up^T */
-    TRANSFORMER_LM_REAL *grad_t27 = grad_t39_part_1; /* m x 64, in grad_t39_part_1's memory */
-    symbackprop_f64_matmul(m, 64, 256, g1, 256, 1, W0up, 1, 256, grad_t27);
+    TRANSFORMER_LM_REAL *t4 = work; /* m x 64, in t0's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t6 = work + 192*m; /* m x 1, in t3's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t7 = work + 64*m; /* m x 64, in t5's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t8 = work + 193*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt7_dt6 = work + 257*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t9 = work + 321*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t10 = with_grads ? work + 321*m + 4096 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t11 = with_grads ? work + 385*m + 4096 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t13 = with_grads ? work + 705*m + 5120 : work + 577*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t14 = with_grads ? work + 961*m + 5120 : work + 257*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1025*m + 5120 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t19 = with_grads ? work + 128*m : work + 257*m; /* m x 64, in t2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1089*m + 5120 : work + 128*m; /* m x 64, in t20's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1218*m + 5120 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? work + 1282*m + 5120 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1346*m + 5120 : work + 577*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1602*m + 5120 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 1986*m + 5120 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2115*m + 5120 : work + 321*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t39_block = work + 705*m + 4096; /* 64 x 16, in t38_block's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t38 = work + 449*m + 4096; /* m x 256, in grad_t51's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 4418*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t76 = work + 3776*m + 13060; /* m x 1, in grad_t55's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t32 = work + 2755*m + 9216; /* m x 1, in t47's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t30 = work + 1858*m + 5120; /* m x 64, in t33's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t29 = work + 3524*m + 9216; /* m x 1, in t73's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 9216; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g4 = work + 3140*m + 9216; /* m x 256, in grad_t39's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t23 = work + 2499*m + 9216; /* m x 64, in grad_t34_part_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22 = work + 2115*m + 9216; /* m x 64, in grad_t34_part_2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t78 = work + 4354*m + 13061; /* m x 64, in t75's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g5 = work + 1153*m + 5120; /* m x 64, in t30's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t19 = work + 4290*m + 13061; /* m x 64, in grad_t33's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t80 = work + 2051*m + 5120; /* m x 64, in t77's memory; placed in an earlier part */
+    /* grad_t18 = sum of t80 along each row */
+    TRANSFORMER_LM_REAL *grad_t18 = t32; /* m x 1, in t32's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        grad_t18[i] = symbackprop_f64_sum(t80 + 64*i, 64, 1);
+    }
 
-    /* grad_t26 = grad_t27*t20 */
-    /* t84 = dt26_dt25*grad_t27*t20 */
-    /* grad_t20 = grad_t27*t26 */
-    TRANSFORMER_LM_REAL *grad_t26 = grad_t39_part_2; /* m x 64, in grad_t39_part_2's memory */
-    TRANSFORMER_LM_REAL *t84 = t82; /* m x 64, in t82's memory */
-    TRANSFORMER_LM_REAL *grad_t20 = t35; /* m x 64, in t35's memory */
+    /* grad_t17 = grad_t18 + grad_t19 + grad_t28 */
+    TRANSFORMER_LM_REAL *grad_t17 = grad_t30; /* m x 64, in grad_t30's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t27[64*i + j]*t20[64*i + j];
-            grad_t26[64*i + j] = x0;
-            t84[64*i + j] = dt26_dt25[64*i + j]*x0;
-            grad_t20[64*i + j] = grad_t27[64*i + j]*t26[64*i + j];
+            grad_t17[64*i + j] = grad_t28[64*i + j] + grad_t19[64*i + j] + grad_t18[i];
         }
     }
 
-    /* grad_t25 = sum of t84 along each row */
-    TRANSFORMER_LM_REAL *grad_t25 = grad_t50; /* m x 1, in grad_t50's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t25[i] = symbackprop_f64_sum(t84 + 64*i, 64, 1);
-    }
+    /* grad_t15 = grad_t17 @ Wo0^T */
+    TRANSFORMER_LM_REAL *grad_t15 = t22; /* m x 64, in t22's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t17, 64, 1, Wo0, 1, 64, grad_t15);
 
-    /* grad_t23 = dt26_dt23*grad_t26 + 2*grad_t25*t23 */
-    /* t85 = -dt26_dt23*grad_t26/64 - grad_t25*t23/32 */
-    TRANSFORMER_LM_REAL *grad_t23 = dt38_dt35; /* m x 64, in dt38_dt35's memory */
-    TRANSFORMER_LM_REAL *t85 = grad_t38; /* m x 64, in grad_t38's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t26[64*i + j]*dt26_dt23[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t25[i]*t23[64*i + j];
-            grad_t23[64*i + j] = x0 + 2*x1;
-            t85[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
-        }
-    }
-
-    /* grad_t22 = sum of t85 along each row */
-    TRANSFORMER_LM_REAL *grad_t22 = grad_t37; /* m x 1, in grad_t37's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t22[i] = symbackprop_f64_sum(t85 + 64*i, 64, 1);
-    }
-
-    /* grad_t21 = grad_t22 + grad_t23 */
-    /* grad_t18 = grad_t22 + grad_t23 + grad_t33 + grad_t49 + grad_t60 */
-    TRANSFORMER_LM_REAL *grad_t21 = t83; /* m x 64, in t83's memory */
-    TRANSFORMER_LM_REAL *grad_t18 = grad_t35; /* m x 64, in grad_t35's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t22[i] + grad_t23[64*i + j];
-            grad_t21[64*i + j] = x0;
-            grad_t18[64*i + j] = grad_t60[64*i + j] + grad_t49[64*i + j] + grad_t33[64*i + j] + x0;
-        }
-    }
-
-    /* grad_t17 = grad_t18 @ Wo0^T */
-    TRANSFORMER_LM_REAL *grad_t17 = t20; /* m x 64, in t20's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t18, 64, 1, Wo0, 1, 64, grad_t17);
-
-    /* grad_t16[(e,s),h*dh+k] = sum_{t>=s} t15[(e,t),(h,s)] * grad_t17[(e,t),h*dh+k] (rows
+    /* grad_t14[(e,s),h*dh+k] = sum_{t>=s} t13[(e,t),(h,s)] * grad_t15[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t16 = t26; /* m x 64, in t26's memory */
+    TRANSFORMER_LM_REAL *grad_t14 = dt22_dt21; /* m x 64, in dt22_dt21's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t13)^T grad_t15 */
+            symbackprop_f64_causal_mix(1, len, 16, t13 + row0 * 256 + hd * 64, 256,
+                                       grad_t15 + row0 * 64 + hd * 16, 64, grad_t14 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of t15[(e,qt),(hd,ks)] *
-                 * grad_t17[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t16 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of t13[(e,qt),(hd,ks)] *
+                 * grad_t15[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t14 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = t15[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = t13[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_t17[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_t15[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
         }
+    #endif
     }
 
-    /* grad_t10_part = grad_t16 @ Wv0^T */
-    TRANSFORMER_LM_REAL *grad_t10_part = dt26_dt25; /* m x 64, in dt26_dt25's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t16, 64, 1, Wv0, 1, 64, grad_t10_part);
+    /* grad_t8_part = grad_t14 @ Wv0^T */
+    TRANSFORMER_LM_REAL *grad_t8_part = t78; /* m x 64, in t78's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t14, 64, 1, Wv0, 1, 64, grad_t8_part);
 
-    /* grad_t15[(e,t),(h,s)] = sum_k grad_t17[(e,t),h*dh+k] * t16[(e,s),h*dh+k] for s <= t, 0
+    /* grad_t13[(e,t),(h,s)] = sum_k grad_t15[(e,t),h*dh+k] * t14[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t15 = t81; /* m x 256, in t81's memory */
-    TRANSFORMER_LM_REAL *grad_t15_block = grad_t44_block; /* 64 x 16, in grad_t44_block's memory */
+    TRANSFORMER_LM_REAL *grad_t13 = grad_t38; /* m x 256, in grad_t38's memory */
+    TRANSFORMER_LM_REAL *grad_t13_block = grad_t39_block; /* 64 x 16, in grad_t39_block's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_t15_block[dk][ks] = t16[(e,ks), hd*16+dk]: the head's keys transposed, so
+            /* the head's len x len scores grad_t15 t14^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_t15 + row0 * 64 + hd * 16, 64, t14 + row0 * 64 + hd * 16, 64,
+                                          grad_t13 + row0 * 256 + hd * 64, 256, 64);
+        }
+    #else
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* grad_t13_block[dk][ks] = t14[(e,ks), hd*16+dk]: the head's keys transposed, so
              * that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_t15_block[dk * 64 + ks] = t16[(row0 + ks) * 64 + hd * 16 + dk];
+                    grad_t13_block[dk * 64 + ks] = t14[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_t15 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = grad_t13 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += grad_t17[(e,qt), hd*16+dk] * grad_t15_block[dk][ks] for keys
+                /* srow[ks] += grad_t15[(e,qt), hd*16+dk] * grad_t13_block[dk][ks] for keys
                  * ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_t17[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = grad_t15[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_t15_block[dk * 64 + ks];
+                        srow[ks] += aw * grad_t13_block[dk * 64 + ks];
                     }
                 }
             }
         }
+    #endif
     }
 
-    /* t86 = grad_t15*t15 */
-    TRANSFORMER_LM_REAL *t86 = grad_t42; /* m x 256, in grad_t42's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t86[256*i + j] = t15[256*i + j]*grad_t15[256*i + j];
-        }
-    }
-
-    /* t87[i,ch] = sum_at t86[i,ch,at] (over each channel's pixels) */
-    TRANSFORMER_LM_REAL *t87 = t80; /* m x 4, in t80's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t ch = 0; ch < 4; ++ch) {
-            TRANSFORMER_LM_REAL acc = 0;
-            for (int64_t at = 0; at < 64; ++at) {
-                acc += t86[(i * 4 + ch) * 64 + at];
-            }
-            t87[i * 4 + ch] = acc;
-        }
-    }
-
-    /* t88[i,ch,at] = t87[i,ch] (over each channel's pixels) */
-    TRANSFORMER_LM_REAL *t88 = t30; /* m x 256, in t30's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t ch = 0; ch < 4; ++ch) {
-            for (int64_t at = 0; at < 64; ++at) {
-                t88[(i * 4 + ch) * 64 + at] = t87[i * 4 + ch];
-            }
-        }
-    }
-
-    /* grad_t13 = t15*(grad_t15 - t88)/4 */
-    TRANSFORMER_LM_REAL *grad_t13 = grad_t29; /* m x 256, in grad_t29's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            grad_t13[256*i + j] = (1.0/4.0)*t15[256*i + j]*(grad_t15[256*i + j] - t88[256*i + j]);
-        }
-    }
-
-    /* grad_t12[(e,s),h*dh+k] = sum_{t>=s} grad_t13[(e,t),(h,s)] * t11[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t12 = t84; /* m x 64, in t84's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t13[(e,qt),(hd,ks)] *
-                 * t11[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t12 + (row0 + ks) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t13[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t11[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    }
-
-    /* grad_t10_part_1 = grad_t12 @ Wk0^T */
-    TRANSFORMER_LM_REAL *grad_t10_part_1 = t23; /* m x 64, in t23's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t12, 64, 1, Wk0, 1, 64, grad_t10_part_1);
-
-    /* grad_t11[(e,t),h*dh+k] = sum_{s<=t} grad_t13[(e,t),(h,s)] * t12[(e,s),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t11 = dt26_dt23; /* m x 64, in dt26_dt23's memory */
+    /* grad_t12[(e,t),(h,s)] = t13[(e,t),(h,s)] * (grad_t13[(e,t),(h,s)] - sum_{s'<=t}
+     * t13[(e,t),(h,s')] * grad_t13[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
+     * e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *grad_t12 = t26; /* m x 256, in t26's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t13[(e,qt),(hd,ks)] *
-                 * t12[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t11 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL dot = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    dot += t13[qbase + ks] * grad_t13[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t13[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t12[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
+                    grad_t12[qbase + ks] = t13[qbase + ks] * (grad_t13[qbase + ks] - dot);
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    grad_t12[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* grad_t10_part_2 = grad_t11 @ Wq0^T */
-    TRANSFORMER_LM_REAL *grad_t10_part_2 = grad_t26; /* m x 64, in grad_t26's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t11, 64, 1, Wq0, 1, 64, grad_t10_part_2);
+    /* grad_t11[(e,s),h*dh+k] = sum_{t>=s} grad_t12[(e,t),(h,s)] * t10[(e,t),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_t11 = t19; /* m x 64, in t19's memory */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t12)^T t10 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
+                                       t10 + row0 * 64 + hd * 16, 64, grad_t11 + row0 * 64 + hd * 16, 64);
+        }
+    #else
+        for (int64_t ks = 0; ks < len; ++ks) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over queries qt >= ks of grad_t12[(e,qt),(hd,ks)] *
+                 * t10[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t11 + (row0 + ks) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
+                    const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t10[(row0 + qt) * 64 + hd * 16 + dk];
+                    }
+                }
+            }
+        }
+    #endif
+    }
 
-    /* grad_t10 = grad_t10_part + grad_t10_part_1 + grad_t10_part_2 */
-    /* grad_t9 = t1*(grad_t10_part + grad_t10_part_1 + grad_t10_part_2) */
-    /* t89 = dt9_dt8*t1*(grad_t10_part + grad_t10_part_1 + grad_t10_part_2) */
-    /* grad_t1 = t9*(grad_t10_part + grad_t10_part_1 + grad_t10_part_2) */
-    TRANSFORMER_LM_REAL *grad_t10 = t85; /* m x 64, in t85's memory */
-    TRANSFORMER_LM_REAL *grad_t9 = grad_t23; /* m x 64, in grad_t23's memory */
-    TRANSFORMER_LM_REAL *t89 = t16; /* m x 64, in t16's memory */
-    TRANSFORMER_LM_REAL *grad_t1 = grad_t17; /* m x 64, in grad_t17's memory */
+    /* grad_t8_part_1 = grad_t11 @ Wk0^T */
+    TRANSFORMER_LM_REAL *grad_t8_part_1 = grad_t22; /* m x 64, in grad_t22's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t11, 64, 1, Wk0, 1, 64, grad_t8_part_1);
+
+    /* grad_t10[(e,t),h*dh+k] = sum_{s<=t} grad_t12[(e,t),(h,s)] * t11[(e,s),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_t10 = t80; /* m x 64, in t80's memory */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t12) t11 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
+                                       t11 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
+        }
+    #else
+        for (int64_t qt = 0; qt < len; ++qt) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over keys ks <= qt of grad_t12[(e,qt),(hd,ks)] *
+                 * t11[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + qt) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t11[(row0 + ks) * 64 + hd * 16 + dk];
+                    }
+                }
+            }
+        }
+    #endif
+    }
+
+    /* grad_t8_part_2 = grad_t10 @ t9^T */
+    TRANSFORMER_LM_REAL *grad_t8_part_2 = grad_t19; /* m x 64, in grad_t19's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, t9, 1, 64, grad_t8_part_2);
+
+    /* grad_t8 = grad_t8_part + grad_t8_part_1 + grad_t8_part_2 */
+    /* grad_t7 = g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
+    /* t81 = dt7_dt6*g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
+    /* g6 = t7*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
+    TRANSFORMER_LM_REAL *grad_t8 = t14; /* m x 64, in t14's memory */
+    TRANSFORMER_LM_REAL *grad_t7 = grad_t15; /* m x 64, in grad_t15's memory */
+    TRANSFORMER_LM_REAL *t81 = t10; /* m x 64, in t10's memory */
+    TRANSFORMER_LM_REAL *g6 = t11; /* m x 64, in t11's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t10_part[64*i + j] + grad_t10_part_1[64*i + j] + grad_t10_part_2[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = t1[64*i + j]*x0;
-            grad_t10[64*i + j] = x0;
-            grad_t9[64*i + j] = x1;
-            t89[64*i + j] = dt9_dt8[64*i + j]*x1;
-            grad_t1[64*i + j] = t9[64*i + j]*x0;
+            const TRANSFORMER_LM_REAL x0 = grad_t8_part[64*i + j] + grad_t8_part_1[64*i + j] + grad_t8_part_2[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = g0a[j]*x0;
+            grad_t8[64*i + j] = x0;
+            grad_t7[64*i + j] = x1;
+            t81[64*i + j] = dt7_dt6[64*i + j]*x1;
+            g6[64*i + j] = t7[64*i + j]*x0;
         }
     }
 
-    /* grad_t8 = sum of t89 along each row */
-    TRANSFORMER_LM_REAL *grad_t8 = grad_t34; /* m x 1, in grad_t34's memory */
+    /* t82 = 1/sqrt(t6/64 + 1.0e-5) */
+    TRANSFORMER_LM_REAL *t82 = t76; /* m x 1, in t76's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        grad_t8[i] = symbackprop_f64_sum(t89 + 64*i, 64, 1);
+        t82[i] = 1.0/sqrt((1.0/64.0)*t6[i] + 1.0000000000000001e-5);
     }
 
-    /* grad_t6 = dt9_dt6*grad_t9 + 2*grad_t8*t6 */
-    /* t90 = -dt9_dt6*grad_t9/64 - grad_t8*t6/32 */
-    TRANSFORMER_LM_REAL *grad_t6 = t11; /* m x 64, in t11's memory */
-    TRANSFORMER_LM_REAL *t90 = t12; /* m x 64, in t12's memory */
+    /* grad_t6 = sum of t81 along each row */
+    TRANSFORMER_LM_REAL *grad_t6 = grad_t32; /* m x 1, in grad_t32's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        grad_t6[i] = symbackprop_f64_sum(t81 + 64*i, 64, 1);
+    }
+
+    /* grad_t4 = 2*grad_t6*t4 + grad_t7*t82 */
+    /* t83 = -grad_t6*t4/32 - grad_t7*t82/64 */
+    TRANSFORMER_LM_REAL *grad_t4 = t7; /* m x 64, in t7's memory */
+    TRANSFORMER_LM_REAL *t83 = dt7_dt6; /* m x 64, in dt7_dt6's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t9[64*i + j]*dt9_dt6[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t8[i]*t6[64*i + j];
-            grad_t6[64*i + j] = x0 + 2*x1;
-            t90[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            const TRANSFORMER_LM_REAL x0 = grad_t7[64*i + j]*t82[i];
+            const TRANSFORMER_LM_REAL x1 = t4[64*i + j]*grad_t6[i];
+            grad_t4[64*i + j] = x0 + 2*x1;
+            t83[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
-    /* grad_t5 = sum of t90 along each row */
-    TRANSFORMER_LM_REAL *grad_t5 = grad_t25; /* m x 1, in grad_t25's memory */
+    /* grad_t3 = sum of t83 along each row */
+    TRANSFORMER_LM_REAL *grad_t3 = grad_t29; /* m x 1, in grad_t29's memory */
     for (int64_t i = 0; i < m; ++i) {
-        grad_t5[i] = symbackprop_f64_sum(t90 + 64*i, 64, 1);
+        grad_t3[i] = symbackprop_f64_sum(t83 + 64*i, 64, 1);
     }
 
-    /* grad_t3 = grad_t21 + grad_t33 + grad_t49 + grad_t5 + grad_t6 + grad_t60 */
-    TRANSFORMER_LM_REAL *grad_t3 = t1; /* m x 64, in t1's memory */
+    /* grad_t2 = grad_t17 + grad_t3 + grad_t4 */
+    TRANSFORMER_LM_REAL *grad_t2 = grad_t8_part; /* m x 64, in grad_t8_part's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t3[64*i + j] = grad_t5[i] + grad_t6[64*i + j] + grad_t60[64*i + j] + grad_t49[64*i + j] + grad_t33[64*i + j] + grad_t21[64*i + j];
+            grad_t2[64*i + j] = grad_t17[64*i + j] + grad_t4[64*i + j] + grad_t3[i];
         }
     }
 
-    /* grad_E[ids[i], :] += [grad_t3[i, 0], grad_t3[i, 1], grad_t3[i, 2], grad_t3[i, 3],
-     * grad_t3[i, 4], grad_t3[i, 5], grad_t3[i, 6], grad_t3[i, 7], grad_t3[i, 8],
-     * grad_t3[i, 9], grad_t3[i, 10], grad_t3[i, 11], grad_t3[i, 12], grad_t3[i, 13],
-     * grad_t3[i, 14], grad_t3[i, 15], grad_t3[i, 16], grad_t3[i, 17], grad_t3[i, 18],
-     * grad_t3[i, 19], grad_t3[i, 20], grad_t3[i, 21], grad_t3[i, 22], grad_t3[i, 23],
-     * grad_t3[i, 24], grad_t3[i, 25], grad_t3[i, 26], grad_t3[i, 27], grad_t3[i, 28], ... */
-    /* grad_P[positions[i], :] += [grad_t3[i, 0], grad_t3[i, 1], grad_t3[i, 2],
-     * grad_t3[i, 3], grad_t3[i, 4], grad_t3[i, 5], grad_t3[i, 6], grad_t3[i, 7],
-     * grad_t3[i, 8], grad_t3[i, 9], grad_t3[i, 10], grad_t3[i, 11], grad_t3[i, 12],
-     * grad_t3[i, 13], grad_t3[i, 14], grad_t3[i, 15], grad_t3[i, 16], grad_t3[i, 17],
-     * grad_t3[i, 18], grad_t3[i, 19], grad_t3[i, 20], grad_t3[i, 21], grad_t3[i, 22],
-     * grad_t3[i, 23], grad_t3[i, 24], grad_t3[i, 25], grad_t3[i, 26], grad_t3[i, 27], ... */
+    /* grad_E[ids[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2], grad_t2[i, 3],
+     * grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7], grad_t2[i, 8],
+     * grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12], grad_t2[i, 13],
+     * grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17], grad_t2[i, 18],
+     * grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22], grad_t2[i, 23],
+     * grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], grad_t2[i, 28], ... */
+    /* grad_P[positions[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2],
+     * grad_t2[i, 3], grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7],
+     * grad_t2[i, 8], grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12],
+     * grad_t2[i, 13], grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17],
+     * grad_t2[i, 18], grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22],
+     * grad_t2[i, 23], grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], ... */
     for (int64_t i = 0; i < 3968; ++i) {
         grad_E[i] = 0;
     }
@@ -1811,171 +1831,190 @@ static void transformer_lm_run_part5(
         grad_P[i] = 0;
     }
     for (int64_t i = 0; i < m; ++i) {
-        grad_E[64*ids[i]] += grad_t3[64*i];
-        grad_E[64*ids[i] + 1] += grad_t3[64*i + 1];
-        grad_E[64*ids[i] + 2] += grad_t3[64*i + 2];
-        grad_E[64*ids[i] + 3] += grad_t3[64*i + 3];
-        grad_E[64*ids[i] + 4] += grad_t3[64*i + 4];
-        grad_E[64*ids[i] + 5] += grad_t3[64*i + 5];
-        grad_E[64*ids[i] + 6] += grad_t3[64*i + 6];
-        grad_E[64*ids[i] + 7] += grad_t3[64*i + 7];
-        grad_E[64*ids[i] + 8] += grad_t3[64*i + 8];
-        grad_E[64*ids[i] + 9] += grad_t3[64*i + 9];
-        grad_E[64*ids[i] + 10] += grad_t3[64*i + 10];
-        grad_E[64*ids[i] + 11] += grad_t3[64*i + 11];
-        grad_E[64*ids[i] + 12] += grad_t3[64*i + 12];
-        grad_E[64*ids[i] + 13] += grad_t3[64*i + 13];
-        grad_E[64*ids[i] + 14] += grad_t3[64*i + 14];
-        grad_E[64*ids[i] + 15] += grad_t3[64*i + 15];
-        grad_E[64*ids[i] + 16] += grad_t3[64*i + 16];
-        grad_E[64*ids[i] + 17] += grad_t3[64*i + 17];
-        grad_E[64*ids[i] + 18] += grad_t3[64*i + 18];
-        grad_E[64*ids[i] + 19] += grad_t3[64*i + 19];
-        grad_E[64*ids[i] + 20] += grad_t3[64*i + 20];
-        grad_E[64*ids[i] + 21] += grad_t3[64*i + 21];
-        grad_E[64*ids[i] + 22] += grad_t3[64*i + 22];
-        grad_E[64*ids[i] + 23] += grad_t3[64*i + 23];
-        grad_E[64*ids[i] + 24] += grad_t3[64*i + 24];
-        grad_E[64*ids[i] + 25] += grad_t3[64*i + 25];
-        grad_E[64*ids[i] + 26] += grad_t3[64*i + 26];
-        grad_E[64*ids[i] + 27] += grad_t3[64*i + 27];
-        grad_E[64*ids[i] + 28] += grad_t3[64*i + 28];
-        grad_E[64*ids[i] + 29] += grad_t3[64*i + 29];
-        grad_E[64*ids[i] + 30] += grad_t3[64*i + 30];
-        grad_E[64*ids[i] + 31] += grad_t3[64*i + 31];
-        grad_E[64*ids[i] + 32] += grad_t3[64*i + 32];
-        grad_E[64*ids[i] + 33] += grad_t3[64*i + 33];
-        grad_E[64*ids[i] + 34] += grad_t3[64*i + 34];
-        grad_E[64*ids[i] + 35] += grad_t3[64*i + 35];
-        grad_E[64*ids[i] + 36] += grad_t3[64*i + 36];
-        grad_E[64*ids[i] + 37] += grad_t3[64*i + 37];
-        grad_E[64*ids[i] + 38] += grad_t3[64*i + 38];
-        grad_E[64*ids[i] + 39] += grad_t3[64*i + 39];
-        grad_E[64*ids[i] + 40] += grad_t3[64*i + 40];
-        grad_E[64*ids[i] + 41] += grad_t3[64*i + 41];
-        grad_E[64*ids[i] + 42] += grad_t3[64*i + 42];
-        grad_E[64*ids[i] + 43] += grad_t3[64*i + 43];
-        grad_E[64*ids[i] + 44] += grad_t3[64*i + 44];
-        grad_E[64*ids[i] + 45] += grad_t3[64*i + 45];
-        grad_E[64*ids[i] + 46] += grad_t3[64*i + 46];
-        grad_E[64*ids[i] + 47] += grad_t3[64*i + 47];
-        grad_E[64*ids[i] + 48] += grad_t3[64*i + 48];
-        grad_E[64*ids[i] + 49] += grad_t3[64*i + 49];
-        grad_E[64*ids[i] + 50] += grad_t3[64*i + 50];
-        grad_E[64*ids[i] + 51] += grad_t3[64*i + 51];
-        grad_E[64*ids[i] + 52] += grad_t3[64*i + 52];
-        grad_E[64*ids[i] + 53] += grad_t3[64*i + 53];
-        grad_E[64*ids[i] + 54] += grad_t3[64*i + 54];
-        grad_E[64*ids[i] + 55] += grad_t3[64*i + 55];
-        grad_E[64*ids[i] + 56] += grad_t3[64*i + 56];
-        grad_E[64*ids[i] + 57] += grad_t3[64*i + 57];
-        grad_E[64*ids[i] + 58] += grad_t3[64*i + 58];
-        grad_E[64*ids[i] + 59] += grad_t3[64*i + 59];
-        grad_E[64*ids[i] + 60] += grad_t3[64*i + 60];
-        grad_E[64*ids[i] + 61] += grad_t3[64*i + 61];
-        grad_E[64*ids[i] + 62] += grad_t3[64*i + 62];
-        grad_E[64*ids[i] + 63] += grad_t3[64*i + 63];
-        grad_P[64*positions[i]] += grad_t3[64*i];
-        grad_P[64*positions[i] + 1] += grad_t3[64*i + 1];
-        grad_P[64*positions[i] + 2] += grad_t3[64*i + 2];
-        grad_P[64*positions[i] + 3] += grad_t3[64*i + 3];
-        grad_P[64*positions[i] + 4] += grad_t3[64*i + 4];
-        grad_P[64*positions[i] + 5] += grad_t3[64*i + 5];
-        grad_P[64*positions[i] + 6] += grad_t3[64*i + 6];
-        grad_P[64*positions[i] + 7] += grad_t3[64*i + 7];
-        grad_P[64*positions[i] + 8] += grad_t3[64*i + 8];
-        grad_P[64*positions[i] + 9] += grad_t3[64*i + 9];
-        grad_P[64*positions[i] + 10] += grad_t3[64*i + 10];
-        grad_P[64*positions[i] + 11] += grad_t3[64*i + 11];
-        grad_P[64*positions[i] + 12] += grad_t3[64*i + 12];
-        grad_P[64*positions[i] + 13] += grad_t3[64*i + 13];
-        grad_P[64*positions[i] + 14] += grad_t3[64*i + 14];
-        grad_P[64*positions[i] + 15] += grad_t3[64*i + 15];
-        grad_P[64*positions[i] + 16] += grad_t3[64*i + 16];
-        grad_P[64*positions[i] + 17] += grad_t3[64*i + 17];
-        grad_P[64*positions[i] + 18] += grad_t3[64*i + 18];
-        grad_P[64*positions[i] + 19] += grad_t3[64*i + 19];
-        grad_P[64*positions[i] + 20] += grad_t3[64*i + 20];
-        grad_P[64*positions[i] + 21] += grad_t3[64*i + 21];
-        grad_P[64*positions[i] + 22] += grad_t3[64*i + 22];
-        grad_P[64*positions[i] + 23] += grad_t3[64*i + 23];
-        grad_P[64*positions[i] + 24] += grad_t3[64*i + 24];
-        grad_P[64*positions[i] + 25] += grad_t3[64*i + 25];
-        grad_P[64*positions[i] + 26] += grad_t3[64*i + 26];
-        grad_P[64*positions[i] + 27] += grad_t3[64*i + 27];
-        grad_P[64*positions[i] + 28] += grad_t3[64*i + 28];
-        grad_P[64*positions[i] + 29] += grad_t3[64*i + 29];
-        grad_P[64*positions[i] + 30] += grad_t3[64*i + 30];
-        grad_P[64*positions[i] + 31] += grad_t3[64*i + 31];
-        grad_P[64*positions[i] + 32] += grad_t3[64*i + 32];
-        grad_P[64*positions[i] + 33] += grad_t3[64*i + 33];
-        grad_P[64*positions[i] + 34] += grad_t3[64*i + 34];
-        grad_P[64*positions[i] + 35] += grad_t3[64*i + 35];
-        grad_P[64*positions[i] + 36] += grad_t3[64*i + 36];
-        grad_P[64*positions[i] + 37] += grad_t3[64*i + 37];
-        grad_P[64*positions[i] + 38] += grad_t3[64*i + 38];
-        grad_P[64*positions[i] + 39] += grad_t3[64*i + 39];
-        grad_P[64*positions[i] + 40] += grad_t3[64*i + 40];
-        grad_P[64*positions[i] + 41] += grad_t3[64*i + 41];
-        grad_P[64*positions[i] + 42] += grad_t3[64*i + 42];
-        grad_P[64*positions[i] + 43] += grad_t3[64*i + 43];
-        grad_P[64*positions[i] + 44] += grad_t3[64*i + 44];
-        grad_P[64*positions[i] + 45] += grad_t3[64*i + 45];
-        grad_P[64*positions[i] + 46] += grad_t3[64*i + 46];
-        grad_P[64*positions[i] + 47] += grad_t3[64*i + 47];
-        grad_P[64*positions[i] + 48] += grad_t3[64*i + 48];
-        grad_P[64*positions[i] + 49] += grad_t3[64*i + 49];
-        grad_P[64*positions[i] + 50] += grad_t3[64*i + 50];
-        grad_P[64*positions[i] + 51] += grad_t3[64*i + 51];
-        grad_P[64*positions[i] + 52] += grad_t3[64*i + 52];
-        grad_P[64*positions[i] + 53] += grad_t3[64*i + 53];
-        grad_P[64*positions[i] + 54] += grad_t3[64*i + 54];
-        grad_P[64*positions[i] + 55] += grad_t3[64*i + 55];
-        grad_P[64*positions[i] + 56] += grad_t3[64*i + 56];
-        grad_P[64*positions[i] + 57] += grad_t3[64*i + 57];
-        grad_P[64*positions[i] + 58] += grad_t3[64*i + 58];
-        grad_P[64*positions[i] + 59] += grad_t3[64*i + 59];
-        grad_P[64*positions[i] + 60] += grad_t3[64*i + 60];
-        grad_P[64*positions[i] + 61] += grad_t3[64*i + 61];
-        grad_P[64*positions[i] + 62] += grad_t3[64*i + 62];
-        grad_P[64*positions[i] + 63] += grad_t3[64*i + 63];
+        grad_E[64*ids[i]] += grad_t2[64*i];
+        grad_E[64*ids[i] + 1] += grad_t2[64*i + 1];
+        grad_E[64*ids[i] + 2] += grad_t2[64*i + 2];
+        grad_E[64*ids[i] + 3] += grad_t2[64*i + 3];
+        grad_E[64*ids[i] + 4] += grad_t2[64*i + 4];
+        grad_E[64*ids[i] + 5] += grad_t2[64*i + 5];
+        grad_E[64*ids[i] + 6] += grad_t2[64*i + 6];
+        grad_E[64*ids[i] + 7] += grad_t2[64*i + 7];
+        grad_E[64*ids[i] + 8] += grad_t2[64*i + 8];
+        grad_E[64*ids[i] + 9] += grad_t2[64*i + 9];
+        grad_E[64*ids[i] + 10] += grad_t2[64*i + 10];
+        grad_E[64*ids[i] + 11] += grad_t2[64*i + 11];
+        grad_E[64*ids[i] + 12] += grad_t2[64*i + 12];
+        grad_E[64*ids[i] + 13] += grad_t2[64*i + 13];
+        grad_E[64*ids[i] + 14] += grad_t2[64*i + 14];
+        grad_E[64*ids[i] + 15] += grad_t2[64*i + 15];
+        grad_E[64*ids[i] + 16] += grad_t2[64*i + 16];
+        grad_E[64*ids[i] + 17] += grad_t2[64*i + 17];
+        grad_E[64*ids[i] + 18] += grad_t2[64*i + 18];
+        grad_E[64*ids[i] + 19] += grad_t2[64*i + 19];
+        grad_E[64*ids[i] + 20] += grad_t2[64*i + 20];
+        grad_E[64*ids[i] + 21] += grad_t2[64*i + 21];
+        grad_E[64*ids[i] + 22] += grad_t2[64*i + 22];
+        grad_E[64*ids[i] + 23] += grad_t2[64*i + 23];
+        grad_E[64*ids[i] + 24] += grad_t2[64*i + 24];
+        grad_E[64*ids[i] + 25] += grad_t2[64*i + 25];
+        grad_E[64*ids[i] + 26] += grad_t2[64*i + 26];
+        grad_E[64*ids[i] + 27] += grad_t2[64*i + 27];
+        grad_E[64*ids[i] + 28] += grad_t2[64*i + 28];
+        grad_E[64*ids[i] + 29] += grad_t2[64*i + 29];
+        grad_E[64*ids[i] + 30] += grad_t2[64*i + 30];
+        grad_E[64*ids[i] + 31] += grad_t2[64*i + 31];
+        grad_E[64*ids[i] + 32] += grad_t2[64*i + 32];
+        grad_E[64*ids[i] + 33] += grad_t2[64*i + 33];
+        grad_E[64*ids[i] + 34] += grad_t2[64*i + 34];
+        grad_E[64*ids[i] + 35] += grad_t2[64*i + 35];
+        grad_E[64*ids[i] + 36] += grad_t2[64*i + 36];
+        grad_E[64*ids[i] + 37] += grad_t2[64*i + 37];
+        grad_E[64*ids[i] + 38] += grad_t2[64*i + 38];
+        grad_E[64*ids[i] + 39] += grad_t2[64*i + 39];
+        grad_E[64*ids[i] + 40] += grad_t2[64*i + 40];
+        grad_E[64*ids[i] + 41] += grad_t2[64*i + 41];
+        grad_E[64*ids[i] + 42] += grad_t2[64*i + 42];
+        grad_E[64*ids[i] + 43] += grad_t2[64*i + 43];
+        grad_E[64*ids[i] + 44] += grad_t2[64*i + 44];
+        grad_E[64*ids[i] + 45] += grad_t2[64*i + 45];
+        grad_E[64*ids[i] + 46] += grad_t2[64*i + 46];
+        grad_E[64*ids[i] + 47] += grad_t2[64*i + 47];
+        grad_E[64*ids[i] + 48] += grad_t2[64*i + 48];
+        grad_E[64*ids[i] + 49] += grad_t2[64*i + 49];
+        grad_E[64*ids[i] + 50] += grad_t2[64*i + 50];
+        grad_E[64*ids[i] + 51] += grad_t2[64*i + 51];
+        grad_E[64*ids[i] + 52] += grad_t2[64*i + 52];
+        grad_E[64*ids[i] + 53] += grad_t2[64*i + 53];
+        grad_E[64*ids[i] + 54] += grad_t2[64*i + 54];
+        grad_E[64*ids[i] + 55] += grad_t2[64*i + 55];
+        grad_E[64*ids[i] + 56] += grad_t2[64*i + 56];
+        grad_E[64*ids[i] + 57] += grad_t2[64*i + 57];
+        grad_E[64*ids[i] + 58] += grad_t2[64*i + 58];
+        grad_E[64*ids[i] + 59] += grad_t2[64*i + 59];
+        grad_E[64*ids[i] + 60] += grad_t2[64*i + 60];
+        grad_E[64*ids[i] + 61] += grad_t2[64*i + 61];
+        grad_E[64*ids[i] + 62] += grad_t2[64*i + 62];
+        grad_E[64*ids[i] + 63] += grad_t2[64*i + 63];
+        grad_P[64*positions[i]] += grad_t2[64*i];
+        grad_P[64*positions[i] + 1] += grad_t2[64*i + 1];
+        grad_P[64*positions[i] + 2] += grad_t2[64*i + 2];
+        grad_P[64*positions[i] + 3] += grad_t2[64*i + 3];
+        grad_P[64*positions[i] + 4] += grad_t2[64*i + 4];
+        grad_P[64*positions[i] + 5] += grad_t2[64*i + 5];
+        grad_P[64*positions[i] + 6] += grad_t2[64*i + 6];
+        grad_P[64*positions[i] + 7] += grad_t2[64*i + 7];
+        grad_P[64*positions[i] + 8] += grad_t2[64*i + 8];
+        grad_P[64*positions[i] + 9] += grad_t2[64*i + 9];
+        grad_P[64*positions[i] + 10] += grad_t2[64*i + 10];
+        grad_P[64*positions[i] + 11] += grad_t2[64*i + 11];
+        grad_P[64*positions[i] + 12] += grad_t2[64*i + 12];
+        grad_P[64*positions[i] + 13] += grad_t2[64*i + 13];
+        grad_P[64*positions[i] + 14] += grad_t2[64*i + 14];
+        grad_P[64*positions[i] + 15] += grad_t2[64*i + 15];
+        grad_P[64*positions[i] + 16] += grad_t2[64*i + 16];
+        grad_P[64*positions[i] + 17] += grad_t2[64*i + 17];
+        grad_P[64*positions[i] + 18] += grad_t2[64*i + 18];
+        grad_P[64*positions[i] + 19] += grad_t2[64*i + 19];
+        grad_P[64*positions[i] + 20] += grad_t2[64*i + 20];
+        grad_P[64*positions[i] + 21] += grad_t2[64*i + 21];
+        grad_P[64*positions[i] + 22] += grad_t2[64*i + 22];
+        grad_P[64*positions[i] + 23] += grad_t2[64*i + 23];
+        grad_P[64*positions[i] + 24] += grad_t2[64*i + 24];
+        grad_P[64*positions[i] + 25] += grad_t2[64*i + 25];
+        grad_P[64*positions[i] + 26] += grad_t2[64*i + 26];
+        grad_P[64*positions[i] + 27] += grad_t2[64*i + 27];
+        grad_P[64*positions[i] + 28] += grad_t2[64*i + 28];
+        grad_P[64*positions[i] + 29] += grad_t2[64*i + 29];
+        grad_P[64*positions[i] + 30] += grad_t2[64*i + 30];
+        grad_P[64*positions[i] + 31] += grad_t2[64*i + 31];
+        grad_P[64*positions[i] + 32] += grad_t2[64*i + 32];
+        grad_P[64*positions[i] + 33] += grad_t2[64*i + 33];
+        grad_P[64*positions[i] + 34] += grad_t2[64*i + 34];
+        grad_P[64*positions[i] + 35] += grad_t2[64*i + 35];
+        grad_P[64*positions[i] + 36] += grad_t2[64*i + 36];
+        grad_P[64*positions[i] + 37] += grad_t2[64*i + 37];
+        grad_P[64*positions[i] + 38] += grad_t2[64*i + 38];
+        grad_P[64*positions[i] + 39] += grad_t2[64*i + 39];
+        grad_P[64*positions[i] + 40] += grad_t2[64*i + 40];
+        grad_P[64*positions[i] + 41] += grad_t2[64*i + 41];
+        grad_P[64*positions[i] + 42] += grad_t2[64*i + 42];
+        grad_P[64*positions[i] + 43] += grad_t2[64*i + 43];
+        grad_P[64*positions[i] + 44] += grad_t2[64*i + 44];
+        grad_P[64*positions[i] + 45] += grad_t2[64*i + 45];
+        grad_P[64*positions[i] + 46] += grad_t2[64*i + 46];
+        grad_P[64*positions[i] + 47] += grad_t2[64*i + 47];
+        grad_P[64*positions[i] + 48] += grad_t2[64*i + 48];
+        grad_P[64*positions[i] + 49] += grad_t2[64*i + 49];
+        grad_P[64*positions[i] + 50] += grad_t2[64*i + 50];
+        grad_P[64*positions[i] + 51] += grad_t2[64*i + 51];
+        grad_P[64*positions[i] + 52] += grad_t2[64*i + 52];
+        grad_P[64*positions[i] + 53] += grad_t2[64*i + 53];
+        grad_P[64*positions[i] + 54] += grad_t2[64*i + 54];
+        grad_P[64*positions[i] + 55] += grad_t2[64*i + 55];
+        grad_P[64*positions[i] + 56] += grad_t2[64*i + 56];
+        grad_P[64*positions[i] + 57] += grad_t2[64*i + 57];
+        grad_P[64*positions[i] + 58] += grad_t2[64*i + 58];
+        grad_P[64*positions[i] + 59] += grad_t2[64*i + 59];
+        grad_P[64*positions[i] + 60] += grad_t2[64*i + 60];
+        grad_P[64*positions[i] + 61] += grad_t2[64*i + 61];
+        grad_P[64*positions[i] + 62] += grad_t2[64*i + 62];
+        grad_P[64*positions[i] + 63] += grad_t2[64*i + 63];
     }
 
-    /* grad_g0a = sum of grad_t1 down each column */
-    symbackprop_f64_sum_columns(grad_t1, m, 64, 64, grad_g0a);
+    /* grad_g0a = sum of g6 down each column */
+    symbackprop_f64_sum_columns(g6, m, 64, 64, grad_g0a);
 
-    /* grad_b0a = sum of grad_t10 down each column */
-    symbackprop_f64_sum_columns(grad_t10, m, 64, 64, grad_b0a);
+    /* grad_b0a = sum of grad_t8 down each column */
+    symbackprop_f64_sum_columns(grad_t8, m, 64, 64, grad_b0a);
 
-    /* grad_Wq0 = t10^T @ grad_t11 */
-    symbackprop_f64_matmul(64, 64, m, t10, 1, 64, grad_t11, 64, 1, grad_Wq0);
+    /* grad_t9 = t8^T @ grad_t10 */
+    TRANSFORMER_LM_REAL *grad_t9 = t35; /* 64 x 64, in t35's memory */
+    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t10, 64, 1, grad_t9);
 
-    /* grad_Wk0 = t10^T @ grad_t12 */
-    symbackprop_f64_matmul(64, 64, m, t10, 1, 64, grad_t12, 64, 1, grad_Wk0);
+    /* grad_Wq0 = grad_t9/4 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 64; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_Wq0[64*i + j] = (1.0/4.0)*grad_t9[64*i + j];
+        }
+    }
 
-    /* grad_Wv0 = t10^T @ grad_t16 */
-    symbackprop_f64_matmul(64, 64, m, t10, 1, 64, grad_t16, 64, 1, grad_Wv0);
+    /* grad_Wk0 = t8^T @ grad_t11 */
+    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t11, 64, 1, grad_Wk0);
 
-    /* grad_Wo0 = t17^T @ grad_t18 */
-    symbackprop_f64_matmul(64, 64, m, t17, 1, 64, grad_t18, 64, 1, grad_Wo0);
+    /* grad_Wv0 = t8^T @ grad_t14 */
+    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t14, 64, 1, grad_Wv0);
 
-    /* grad_g0m = sum of grad_t20 down each column */
-    symbackprop_f64_sum_columns(grad_t20, m, 64, 64, grad_g0m);
+    /* grad_Wo0 = t15^T @ grad_t17 */
+    symbackprop_f64_matmul(64, 64, m, t15, 1, 64, grad_t17, 64, 1, grad_Wo0);
 
-    /* grad_b0m = sum of grad_t27 down each column */
-    symbackprop_f64_sum_columns(grad_t27, m, 64, 64, grad_b0m);
+    /* grad_g0m = sum of g5 down each column */
+    symbackprop_f64_sum_columns(g5, m, 64, 64, grad_g0m);
+
+    /* grad_b0m = sum of grad_t23 down each column */
+    symbackprop_f64_sum_columns(grad_t23, m, 64, 64, grad_b0m);
+
+    /* grad_W0up = t23^T @ g4 */
+    symbackprop_f64_matmul(64, 256, m, t23, 1, 64, g4, 256, 1, grad_W0up);
+
+    /* grad_c0up = sum of g4 down each column */
+    symbackprop_f64_sum_columns(g4, m, 256, 256, grad_c0up);
+
+    /* grad_W0down = t25^T @ grad_t28 */
+    symbackprop_f64_matmul(256, 64, m, t25, 1, 256, grad_t28, 64, 1, grad_W0down);
+
+    /* grad_c0down = sum of grad_t28 down each column */
+    symbackprop_f64_sum_columns(grad_t28, m, 64, 64, grad_c0down);
+
+    /* grad_g1a = sum of g3 down each column */
+    symbackprop_f64_sum_columns(g3, m, 64, 64, grad_g1a);
 }
 
-/* transformer_lm_run, part 6 of 6 (kernels 129 to 147): a long
+/* transformer_lm_run, part 6 of 6 (kernels 129 to 143): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 static void transformer_lm_run_part6(
     int64_t m,
-    TRANSFORMER_LM_REAL *grad_W0up,
-    TRANSFORMER_LM_REAL *grad_c0up,
-    TRANSFORMER_LM_REAL *grad_W0down,
-    TRANSFORMER_LM_REAL *grad_c0down,
-    TRANSFORMER_LM_REAL *grad_g1a,
     TRANSFORMER_LM_REAL *grad_b1a,
     TRANSFORMER_LM_REAL *grad_Wq1,
     TRANSFORMER_LM_REAL *grad_Wk1,
@@ -1994,84 +2033,74 @@ static void transformer_lm_run_part6(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1665*m + 1024 : work + 449*m; /* m x 64, in t24's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t29 = with_grads ? work + 1857*m + 1024 : work + 577*m; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 2625*m + 1024 : work + 385*m; /* m x 64, in t36's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t46 = with_grads ? work + 3265*m + 1024 : work + 1153*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t55 = with_grads ? work + 3585*m + 1024 : work + 1089*m + 1024; /* m x 64, in t52's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t57 = with_grads ? work + 3777*m + 1024 : work + 1217*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t66 = with_grads ? work + 2369*m + 1024 : work + 1089*m + 1024; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t67 = work + 4541*m + 4868; /* m x 62, in t70's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t66 = work + 4289*m + 1024; /* m x 64, in t59's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t0 = work + 4605*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t60 = work + 3329*m + 1024; /* m x 64, in dt65_dt64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 4669*m + 4869; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t55 = work + 192*m; /* m x 64, in t75's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t48 = work + 4353*m + 1024; /* m x 64, in grad_t65's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t47 = work + 3457*m + 1024; /* m x 64, in t54's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t45 = work + 2433*m + 1024; /* m x 64, in t77's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t41 = work + 3649*m + 1024; /* m x 64, in dt54_dt51's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t40 = work; /* m x 64, in t78's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t39 = work + 3201*m + 1024; /* m x 64, in t45's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t19 = work + 2881*m + 1024; /* m x 64, in t41's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t32 = work + 3521*m + 1024; /* m x 64, in grad_t39_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 4033*m + 1024; /* m x 256, in grad_t44's memory; placed in an earlier part */
-    /* grad_W0up = t27^T @ g1 */
-    symbackprop_f64_matmul(64, 256, m, t27, 1, 64, g1, 256, 1, grad_W0up);
+    TRANSFORMER_LM_REAL *t9 = work + 321*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t34 = with_grads ? work + 1987*m + 5120 : work + 257*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t41 = with_grads ? work + 2563*m + 9216 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t49 = with_grads ? work + 2756*m + 9216 : work + 193*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t51 = with_grads ? work + 2884*m + 9216 : work + 321*m + 4096; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t60 = with_grads ? work + 3396*m + 9216 : work + 64*m; /* m x 64, in t57's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t61 = work + 3713*m + 13060; /* m x 62, in t64's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t60 = work + 3778*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t54 = work + 3906*m + 13061; /* m x 64, in t69's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g1 = work + 4034*m + 13061; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t49 = work + 2691*m + 9216; /* m x 64, in t56's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g2 = work + 3460*m + 9216; /* m x 64, in grad_t56's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t43 = work + 3525*m + 9216; /* m x 64, in t72's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t40 = work + 3842*m + 13061; /* m x 64, in grad_t48's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t37 = work + 2627*m + 9216; /* m x 64, in grad_t45's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t36 = work + 1922*m + 5120; /* m x 64, in grad_t41's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t34 = work + 2179*m + 9216; /* m x 64, in t37's memory; placed in an earlier part */
+    /* grad_b1a = sum of grad_t34 down each column */
+    symbackprop_f64_sum_columns(grad_t34, m, 64, 64, grad_b1a);
 
-    /* grad_c0up = sum of g1 down each column */
-    symbackprop_f64_sum_columns(g1, m, 256, 256, grad_c0up);
+    /* grad_t35 = t34^T @ grad_t36 */
+    TRANSFORMER_LM_REAL *grad_t35 = t9; /* 64 x 64, in t9's memory */
+    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t36, 64, 1, grad_t35);
 
-    /* grad_W0down = t29^T @ grad_t32 */
-    symbackprop_f64_matmul(256, 64, m, t29, 1, 256, grad_t32, 64, 1, grad_W0down);
+    /* grad_Wq1 = grad_t35/4 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 64; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_Wq1[64*i + j] = (1.0/4.0)*grad_t35[64*i + j];
+        }
+    }
 
-    /* grad_c0down = sum of grad_t32 down each column */
-    symbackprop_f64_sum_columns(grad_t32, m, 64, 64, grad_c0down);
+    /* grad_Wk1 = t34^T @ grad_t37 */
+    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t37, 64, 1, grad_Wk1);
 
-    /* grad_g1a = sum of grad_t19 down each column */
-    symbackprop_f64_sum_columns(grad_t19, m, 64, 64, grad_g1a);
+    /* grad_Wv1 = t34^T @ grad_t40 */
+    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t40, 64, 1, grad_Wv1);
 
-    /* grad_b1a = sum of grad_t39 down each column */
-    symbackprop_f64_sum_columns(grad_t39, m, 64, 64, grad_b1a);
+    /* grad_Wo1 = t41^T @ grad_t43 */
+    symbackprop_f64_matmul(64, 64, m, t41, 1, 64, grad_t43, 64, 1, grad_Wo1);
 
-    /* grad_Wq1 = t39^T @ grad_t40 */
-    symbackprop_f64_matmul(64, 64, m, t39, 1, 64, grad_t40, 64, 1, grad_Wq1);
+    /* grad_g1m = sum of g2 down each column */
+    symbackprop_f64_sum_columns(g2, m, 64, 64, grad_g1m);
 
-    /* grad_Wk1 = t39^T @ grad_t41 */
-    symbackprop_f64_matmul(64, 64, m, t39, 1, 64, grad_t41, 64, 1, grad_Wk1);
+    /* grad_b1m = sum of grad_t49 down each column */
+    symbackprop_f64_sum_columns(grad_t49, m, 64, 64, grad_b1m);
 
-    /* grad_Wv1 = t39^T @ grad_t45 */
-    symbackprop_f64_matmul(64, 64, m, t39, 1, 64, grad_t45, 64, 1, grad_Wv1);
+    /* grad_W1up = t49^T @ g1 */
+    symbackprop_f64_matmul(64, 256, m, t49, 1, 64, g1, 256, 1, grad_W1up);
 
-    /* grad_Wo1 = t46^T @ grad_t47 */
-    symbackprop_f64_matmul(64, 64, m, t46, 1, 64, grad_t47, 64, 1, grad_Wo1);
+    /* grad_c1up = sum of g1 down each column */
+    symbackprop_f64_sum_columns(g1, m, 256, 256, grad_c1up);
 
-    /* grad_g1m = sum of grad_t48 down each column */
-    symbackprop_f64_sum_columns(grad_t48, m, 64, 64, grad_g1m);
+    /* grad_W1down = t51^T @ grad_t54 */
+    symbackprop_f64_matmul(256, 64, m, t51, 1, 256, grad_t54, 64, 1, grad_W1down);
 
-    /* grad_b1m = sum of grad_t55 down each column */
-    symbackprop_f64_sum_columns(grad_t55, m, 64, 64, grad_b1m);
+    /* grad_c1down = sum of grad_t54 down each column */
+    symbackprop_f64_sum_columns(grad_t54, m, 64, 64, grad_c1down);
 
-    /* grad_W1up = t55^T @ g0 */
-    symbackprop_f64_matmul(64, 256, m, t55, 1, 64, g0, 256, 1, grad_W1up);
+    /* grad_gf = sum of g0 down each column */
+    symbackprop_f64_sum_columns(g0, m, 64, 64, grad_gf);
 
-    /* grad_c1up = sum of g0 down each column */
-    symbackprop_f64_sum_columns(g0, m, 256, 256, grad_c1up);
+    /* grad_bf = sum of grad_t60 down each column */
+    symbackprop_f64_sum_columns(grad_t60, m, 64, 64, grad_bf);
 
-    /* grad_W1down = t57^T @ grad_t60 */
-    symbackprop_f64_matmul(256, 64, m, t57, 1, 256, grad_t60, 64, 1, grad_W1down);
-
-    /* grad_c1down = sum of grad_t60 down each column */
-    symbackprop_f64_sum_columns(grad_t60, m, 64, 64, grad_c1down);
-
-    /* grad_gf = sum of grad_t0 down each column */
-    symbackprop_f64_sum_columns(grad_t0, m, 64, 64, grad_gf);
-
-    /* grad_bf = sum of grad_t66 down each column */
-    symbackprop_f64_sum_columns(grad_t66, m, 64, 64, grad_bf);
-
-    /* grad_Wout = t66^T @ grad_t67 */
-    symbackprop_f64_matmul(64, 62, m, t66, 1, 64, grad_t67, 62, 1, grad_Wout);
+    /* grad_Wout = t60^T @ grad_t61 */
+    symbackprop_f64_matmul(64, 62, m, t60, 1, 64, grad_t61, 62, 1, grad_Wout);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -2162,15 +2191,15 @@ static int transformer_lm_run(
             return 2; /* a row number outside an array it gathers from */
         }
     }
-    transformer_lm_run_part1(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, gf, work, with_grads);
-    transformer_lm_run_part2(m, targets, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, bf, Wout, loss, work, with_grads);
+    transformer_lm_run_part1(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, work, with_grads);
+    transformer_lm_run_part2(m, targets, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work, with_grads);
     if (!with_grads) {
         return 0;
     }
-    transformer_lm_run_part3(m, Wout, work, with_grads);
-    transformer_lm_run_part4(m, W0down, Wq1, Wk1, Wv1, Wo1, W1up, W1down, work, with_grads);
-    transformer_lm_run_part5(m, ids, positions, Wq0, Wk0, Wv0, Wo0, W0up, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, work, with_grads);
-    transformer_lm_run_part6(m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, with_grads);
+    transformer_lm_run_part3(m, gf, Wout, work, with_grads);
+    transformer_lm_run_part4(m, g0m, W0up, W0down, g1a, Wk1, Wv1, Wo1, g1m, W1up, W1down, work, with_grads);
+    transformer_lm_run_part5(m, ids, positions, g0a, Wk0, Wv0, Wo0, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, work, with_grads);
+    transformer_lm_run_part6(m, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, with_grads);
     return 0;
 }
 
@@ -2314,7 +2343,7 @@ size_t transformer_lm_train_step_work_len(int64_t m)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(5185*m + 141254);
+    return (size_t)(4482*m + 141254);
 }
 
 /* transformer_lm_train_step, part 1 of 7 (kernels 1 to 32): a long
@@ -2341,499 +2370,548 @@ static void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *g1a,
     TRANSFORMER_LM_REAL *b1a,
     TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *Wk1,
     TRANSFORMER_LM_REAL *work
 )
 {
-    /* t0 = gf */
-    TRANSFORMER_LM_REAL *t0 = work; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t0[64*i + j] = gf[j];
-        }
-    }
-
-    /* t1 = g0a */
-    TRANSFORMER_LM_REAL *t1 = t0 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t1[64*i + j] = g0a[j];
-        }
-    }
-
-    /* t2[i, :] = [E[ids[i], 0], E[ids[i], 1], E[ids[i], 2], E[ids[i], 3], E[ids[i], 4],
+    /* t0[i, :] = [E[ids[i], 0], E[ids[i], 1], E[ids[i], 2], E[ids[i], 3], E[ids[i], 4],
      * E[ids[i], 5], E[ids[i], 6], E[ids[i], 7], E[ids[i], 8], E[ids[i], 9], E[ids[i], 10],
      * E[ids[i], 11], E[ids[i], 12], E[ids[i], 13], E[ids[i], 14], E[ids[i], 15],
      * E[ids[i], 16], E[ids[i], 17], E[ids[i], 18], E[ids[i], 19], E[ids[i], 20],
      * E[ids[i], 21], E[ids[i], 22], E[ids[i], 23], E[ids[i], 24], E[ids[i], 25],
      * E[ids[i], 26], E[ids[i], 27], E[ids[i], 28], E[ids[i], 29], E[ids[i], 30], ... */
-    /* t3[i, :] = [P[positions[i], 0], P[positions[i], 1], P[positions[i], 2],
+    /* t1[i, :] = [P[positions[i], 0], P[positions[i], 1], P[positions[i], 2],
      * P[positions[i], 3], P[positions[i], 4], P[positions[i], 5], P[positions[i], 6],
      * P[positions[i], 7], P[positions[i], 8], P[positions[i], 9], P[positions[i], 10],
      * P[positions[i], 11], P[positions[i], 12], P[positions[i], 13], P[positions[i], 14],
      * P[positions[i], 15], P[positions[i], 16], P[positions[i], 17], P[positions[i], 18],
      * P[positions[i], 19], P[positions[i], 20], P[positions[i], 21], P[positions[i], 22], ... */
+    TRANSFORMER_LM_REAL *t0 = work; /* m x 64 */
+    TRANSFORMER_LM_REAL *t1 = t0 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        t0[64*i] = E[64*ids[i]];
+        t0[64*i + 1] = E[64*ids[i] + 1];
+        t0[64*i + 2] = E[64*ids[i] + 2];
+        t0[64*i + 3] = E[64*ids[i] + 3];
+        t0[64*i + 4] = E[64*ids[i] + 4];
+        t0[64*i + 5] = E[64*ids[i] + 5];
+        t0[64*i + 6] = E[64*ids[i] + 6];
+        t0[64*i + 7] = E[64*ids[i] + 7];
+        t0[64*i + 8] = E[64*ids[i] + 8];
+        t0[64*i + 9] = E[64*ids[i] + 9];
+        t0[64*i + 10] = E[64*ids[i] + 10];
+        t0[64*i + 11] = E[64*ids[i] + 11];
+        t0[64*i + 12] = E[64*ids[i] + 12];
+        t0[64*i + 13] = E[64*ids[i] + 13];
+        t0[64*i + 14] = E[64*ids[i] + 14];
+        t0[64*i + 15] = E[64*ids[i] + 15];
+        t0[64*i + 16] = E[64*ids[i] + 16];
+        t0[64*i + 17] = E[64*ids[i] + 17];
+        t0[64*i + 18] = E[64*ids[i] + 18];
+        t0[64*i + 19] = E[64*ids[i] + 19];
+        t0[64*i + 20] = E[64*ids[i] + 20];
+        t0[64*i + 21] = E[64*ids[i] + 21];
+        t0[64*i + 22] = E[64*ids[i] + 22];
+        t0[64*i + 23] = E[64*ids[i] + 23];
+        t0[64*i + 24] = E[64*ids[i] + 24];
+        t0[64*i + 25] = E[64*ids[i] + 25];
+        t0[64*i + 26] = E[64*ids[i] + 26];
+        t0[64*i + 27] = E[64*ids[i] + 27];
+        t0[64*i + 28] = E[64*ids[i] + 28];
+        t0[64*i + 29] = E[64*ids[i] + 29];
+        t0[64*i + 30] = E[64*ids[i] + 30];
+        t0[64*i + 31] = E[64*ids[i] + 31];
+        t0[64*i + 32] = E[64*ids[i] + 32];
+        t0[64*i + 33] = E[64*ids[i] + 33];
+        t0[64*i + 34] = E[64*ids[i] + 34];
+        t0[64*i + 35] = E[64*ids[i] + 35];
+        t0[64*i + 36] = E[64*ids[i] + 36];
+        t0[64*i + 37] = E[64*ids[i] + 37];
+        t0[64*i + 38] = E[64*ids[i] + 38];
+        t0[64*i + 39] = E[64*ids[i] + 39];
+        t0[64*i + 40] = E[64*ids[i] + 40];
+        t0[64*i + 41] = E[64*ids[i] + 41];
+        t0[64*i + 42] = E[64*ids[i] + 42];
+        t0[64*i + 43] = E[64*ids[i] + 43];
+        t0[64*i + 44] = E[64*ids[i] + 44];
+        t0[64*i + 45] = E[64*ids[i] + 45];
+        t0[64*i + 46] = E[64*ids[i] + 46];
+        t0[64*i + 47] = E[64*ids[i] + 47];
+        t0[64*i + 48] = E[64*ids[i] + 48];
+        t0[64*i + 49] = E[64*ids[i] + 49];
+        t0[64*i + 50] = E[64*ids[i] + 50];
+        t0[64*i + 51] = E[64*ids[i] + 51];
+        t0[64*i + 52] = E[64*ids[i] + 52];
+        t0[64*i + 53] = E[64*ids[i] + 53];
+        t0[64*i + 54] = E[64*ids[i] + 54];
+        t0[64*i + 55] = E[64*ids[i] + 55];
+        t0[64*i + 56] = E[64*ids[i] + 56];
+        t0[64*i + 57] = E[64*ids[i] + 57];
+        t0[64*i + 58] = E[64*ids[i] + 58];
+        t0[64*i + 59] = E[64*ids[i] + 59];
+        t0[64*i + 60] = E[64*ids[i] + 60];
+        t0[64*i + 61] = E[64*ids[i] + 61];
+        t0[64*i + 62] = E[64*ids[i] + 62];
+        t0[64*i + 63] = E[64*ids[i] + 63];
+        t1[64*i] = P[64*positions[i]];
+        t1[64*i + 1] = P[64*positions[i] + 1];
+        t1[64*i + 2] = P[64*positions[i] + 2];
+        t1[64*i + 3] = P[64*positions[i] + 3];
+        t1[64*i + 4] = P[64*positions[i] + 4];
+        t1[64*i + 5] = P[64*positions[i] + 5];
+        t1[64*i + 6] = P[64*positions[i] + 6];
+        t1[64*i + 7] = P[64*positions[i] + 7];
+        t1[64*i + 8] = P[64*positions[i] + 8];
+        t1[64*i + 9] = P[64*positions[i] + 9];
+        t1[64*i + 10] = P[64*positions[i] + 10];
+        t1[64*i + 11] = P[64*positions[i] + 11];
+        t1[64*i + 12] = P[64*positions[i] + 12];
+        t1[64*i + 13] = P[64*positions[i] + 13];
+        t1[64*i + 14] = P[64*positions[i] + 14];
+        t1[64*i + 15] = P[64*positions[i] + 15];
+        t1[64*i + 16] = P[64*positions[i] + 16];
+        t1[64*i + 17] = P[64*positions[i] + 17];
+        t1[64*i + 18] = P[64*positions[i] + 18];
+        t1[64*i + 19] = P[64*positions[i] + 19];
+        t1[64*i + 20] = P[64*positions[i] + 20];
+        t1[64*i + 21] = P[64*positions[i] + 21];
+        t1[64*i + 22] = P[64*positions[i] + 22];
+        t1[64*i + 23] = P[64*positions[i] + 23];
+        t1[64*i + 24] = P[64*positions[i] + 24];
+        t1[64*i + 25] = P[64*positions[i] + 25];
+        t1[64*i + 26] = P[64*positions[i] + 26];
+        t1[64*i + 27] = P[64*positions[i] + 27];
+        t1[64*i + 28] = P[64*positions[i] + 28];
+        t1[64*i + 29] = P[64*positions[i] + 29];
+        t1[64*i + 30] = P[64*positions[i] + 30];
+        t1[64*i + 31] = P[64*positions[i] + 31];
+        t1[64*i + 32] = P[64*positions[i] + 32];
+        t1[64*i + 33] = P[64*positions[i] + 33];
+        t1[64*i + 34] = P[64*positions[i] + 34];
+        t1[64*i + 35] = P[64*positions[i] + 35];
+        t1[64*i + 36] = P[64*positions[i] + 36];
+        t1[64*i + 37] = P[64*positions[i] + 37];
+        t1[64*i + 38] = P[64*positions[i] + 38];
+        t1[64*i + 39] = P[64*positions[i] + 39];
+        t1[64*i + 40] = P[64*positions[i] + 40];
+        t1[64*i + 41] = P[64*positions[i] + 41];
+        t1[64*i + 42] = P[64*positions[i] + 42];
+        t1[64*i + 43] = P[64*positions[i] + 43];
+        t1[64*i + 44] = P[64*positions[i] + 44];
+        t1[64*i + 45] = P[64*positions[i] + 45];
+        t1[64*i + 46] = P[64*positions[i] + 46];
+        t1[64*i + 47] = P[64*positions[i] + 47];
+        t1[64*i + 48] = P[64*positions[i] + 48];
+        t1[64*i + 49] = P[64*positions[i] + 49];
+        t1[64*i + 50] = P[64*positions[i] + 50];
+        t1[64*i + 51] = P[64*positions[i] + 51];
+        t1[64*i + 52] = P[64*positions[i] + 52];
+        t1[64*i + 53] = P[64*positions[i] + 53];
+        t1[64*i + 54] = P[64*positions[i] + 54];
+        t1[64*i + 55] = P[64*positions[i] + 55];
+        t1[64*i + 56] = P[64*positions[i] + 56];
+        t1[64*i + 57] = P[64*positions[i] + 57];
+        t1[64*i + 58] = P[64*positions[i] + 58];
+        t1[64*i + 59] = P[64*positions[i] + 59];
+        t1[64*i + 60] = P[64*positions[i] + 60];
+        t1[64*i + 61] = P[64*positions[i] + 61];
+        t1[64*i + 62] = P[64*positions[i] + 62];
+        t1[64*i + 63] = P[64*positions[i] + 63];
+    }
+
+    /* t2 = t0 + t1 */
     TRANSFORMER_LM_REAL *t2 = t1 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t3 = t2 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        t2[64*i] = E[64*ids[i]];
-        t2[64*i + 1] = E[64*ids[i] + 1];
-        t2[64*i + 2] = E[64*ids[i] + 2];
-        t2[64*i + 3] = E[64*ids[i] + 3];
-        t2[64*i + 4] = E[64*ids[i] + 4];
-        t2[64*i + 5] = E[64*ids[i] + 5];
-        t2[64*i + 6] = E[64*ids[i] + 6];
-        t2[64*i + 7] = E[64*ids[i] + 7];
-        t2[64*i + 8] = E[64*ids[i] + 8];
-        t2[64*i + 9] = E[64*ids[i] + 9];
-        t2[64*i + 10] = E[64*ids[i] + 10];
-        t2[64*i + 11] = E[64*ids[i] + 11];
-        t2[64*i + 12] = E[64*ids[i] + 12];
-        t2[64*i + 13] = E[64*ids[i] + 13];
-        t2[64*i + 14] = E[64*ids[i] + 14];
-        t2[64*i + 15] = E[64*ids[i] + 15];
-        t2[64*i + 16] = E[64*ids[i] + 16];
-        t2[64*i + 17] = E[64*ids[i] + 17];
-        t2[64*i + 18] = E[64*ids[i] + 18];
-        t2[64*i + 19] = E[64*ids[i] + 19];
-        t2[64*i + 20] = E[64*ids[i] + 20];
-        t2[64*i + 21] = E[64*ids[i] + 21];
-        t2[64*i + 22] = E[64*ids[i] + 22];
-        t2[64*i + 23] = E[64*ids[i] + 23];
-        t2[64*i + 24] = E[64*ids[i] + 24];
-        t2[64*i + 25] = E[64*ids[i] + 25];
-        t2[64*i + 26] = E[64*ids[i] + 26];
-        t2[64*i + 27] = E[64*ids[i] + 27];
-        t2[64*i + 28] = E[64*ids[i] + 28];
-        t2[64*i + 29] = E[64*ids[i] + 29];
-        t2[64*i + 30] = E[64*ids[i] + 30];
-        t2[64*i + 31] = E[64*ids[i] + 31];
-        t2[64*i + 32] = E[64*ids[i] + 32];
-        t2[64*i + 33] = E[64*ids[i] + 33];
-        t2[64*i + 34] = E[64*ids[i] + 34];
-        t2[64*i + 35] = E[64*ids[i] + 35];
-        t2[64*i + 36] = E[64*ids[i] + 36];
-        t2[64*i + 37] = E[64*ids[i] + 37];
-        t2[64*i + 38] = E[64*ids[i] + 38];
-        t2[64*i + 39] = E[64*ids[i] + 39];
-        t2[64*i + 40] = E[64*ids[i] + 40];
-        t2[64*i + 41] = E[64*ids[i] + 41];
-        t2[64*i + 42] = E[64*ids[i] + 42];
-        t2[64*i + 43] = E[64*ids[i] + 43];
-        t2[64*i + 44] = E[64*ids[i] + 44];
-        t2[64*i + 45] = E[64*ids[i] + 45];
-        t2[64*i + 46] = E[64*ids[i] + 46];
-        t2[64*i + 47] = E[64*ids[i] + 47];
-        t2[64*i + 48] = E[64*ids[i] + 48];
-        t2[64*i + 49] = E[64*ids[i] + 49];
-        t2[64*i + 50] = E[64*ids[i] + 50];
-        t2[64*i + 51] = E[64*ids[i] + 51];
-        t2[64*i + 52] = E[64*ids[i] + 52];
-        t2[64*i + 53] = E[64*ids[i] + 53];
-        t2[64*i + 54] = E[64*ids[i] + 54];
-        t2[64*i + 55] = E[64*ids[i] + 55];
-        t2[64*i + 56] = E[64*ids[i] + 56];
-        t2[64*i + 57] = E[64*ids[i] + 57];
-        t2[64*i + 58] = E[64*ids[i] + 58];
-        t2[64*i + 59] = E[64*ids[i] + 59];
-        t2[64*i + 60] = E[64*ids[i] + 60];
-        t2[64*i + 61] = E[64*ids[i] + 61];
-        t2[64*i + 62] = E[64*ids[i] + 62];
-        t2[64*i + 63] = E[64*ids[i] + 63];
-        t3[64*i] = P[64*positions[i]];
-        t3[64*i + 1] = P[64*positions[i] + 1];
-        t3[64*i + 2] = P[64*positions[i] + 2];
-        t3[64*i + 3] = P[64*positions[i] + 3];
-        t3[64*i + 4] = P[64*positions[i] + 4];
-        t3[64*i + 5] = P[64*positions[i] + 5];
-        t3[64*i + 6] = P[64*positions[i] + 6];
-        t3[64*i + 7] = P[64*positions[i] + 7];
-        t3[64*i + 8] = P[64*positions[i] + 8];
-        t3[64*i + 9] = P[64*positions[i] + 9];
-        t3[64*i + 10] = P[64*positions[i] + 10];
-        t3[64*i + 11] = P[64*positions[i] + 11];
-        t3[64*i + 12] = P[64*positions[i] + 12];
-        t3[64*i + 13] = P[64*positions[i] + 13];
-        t3[64*i + 14] = P[64*positions[i] + 14];
-        t3[64*i + 15] = P[64*positions[i] + 15];
-        t3[64*i + 16] = P[64*positions[i] + 16];
-        t3[64*i + 17] = P[64*positions[i] + 17];
-        t3[64*i + 18] = P[64*positions[i] + 18];
-        t3[64*i + 19] = P[64*positions[i] + 19];
-        t3[64*i + 20] = P[64*positions[i] + 20];
-        t3[64*i + 21] = P[64*positions[i] + 21];
-        t3[64*i + 22] = P[64*positions[i] + 22];
-        t3[64*i + 23] = P[64*positions[i] + 23];
-        t3[64*i + 24] = P[64*positions[i] + 24];
-        t3[64*i + 25] = P[64*positions[i] + 25];
-        t3[64*i + 26] = P[64*positions[i] + 26];
-        t3[64*i + 27] = P[64*positions[i] + 27];
-        t3[64*i + 28] = P[64*positions[i] + 28];
-        t3[64*i + 29] = P[64*positions[i] + 29];
-        t3[64*i + 30] = P[64*positions[i] + 30];
-        t3[64*i + 31] = P[64*positions[i] + 31];
-        t3[64*i + 32] = P[64*positions[i] + 32];
-        t3[64*i + 33] = P[64*positions[i] + 33];
-        t3[64*i + 34] = P[64*positions[i] + 34];
-        t3[64*i + 35] = P[64*positions[i] + 35];
-        t3[64*i + 36] = P[64*positions[i] + 36];
-        t3[64*i + 37] = P[64*positions[i] + 37];
-        t3[64*i + 38] = P[64*positions[i] + 38];
-        t3[64*i + 39] = P[64*positions[i] + 39];
-        t3[64*i + 40] = P[64*positions[i] + 40];
-        t3[64*i + 41] = P[64*positions[i] + 41];
-        t3[64*i + 42] = P[64*positions[i] + 42];
-        t3[64*i + 43] = P[64*positions[i] + 43];
-        t3[64*i + 44] = P[64*positions[i] + 44];
-        t3[64*i + 45] = P[64*positions[i] + 45];
-        t3[64*i + 46] = P[64*positions[i] + 46];
-        t3[64*i + 47] = P[64*positions[i] + 47];
-        t3[64*i + 48] = P[64*positions[i] + 48];
-        t3[64*i + 49] = P[64*positions[i] + 49];
-        t3[64*i + 50] = P[64*positions[i] + 50];
-        t3[64*i + 51] = P[64*positions[i] + 51];
-        t3[64*i + 52] = P[64*positions[i] + 52];
-        t3[64*i + 53] = P[64*positions[i] + 53];
-        t3[64*i + 54] = P[64*positions[i] + 54];
-        t3[64*i + 55] = P[64*positions[i] + 55];
-        t3[64*i + 56] = P[64*positions[i] + 56];
-        t3[64*i + 57] = P[64*positions[i] + 57];
-        t3[64*i + 58] = P[64*positions[i] + 58];
-        t3[64*i + 59] = P[64*positions[i] + 59];
-        t3[64*i + 60] = P[64*positions[i] + 60];
-        t3[64*i + 61] = P[64*positions[i] + 61];
-        t3[64*i + 62] = P[64*positions[i] + 62];
-        t3[64*i + 63] = P[64*positions[i] + 63];
-    }
-
-    /* t4 = t2 + t3 */
-    TRANSFORMER_LM_REAL *t4 = t3 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t4[64*i + j] = t2[64*i + j] + t3[64*i + j];
+            t2[64*i + j] = t0[64*i + j] + t1[64*i + j];
         }
     }
 
-    /* t5 = sum of t4 along each row */
-    TRANSFORMER_LM_REAL *t5 = t4 + 64*m; /* m x 1 */
+    /* t3 = sum of t2 along each row */
+    TRANSFORMER_LM_REAL *t3 = t2 + 64*m; /* m x 1 */
     for (int64_t i = 0; i < m; ++i) {
-        t5[i] = symbackprop_f64_sum(t4 + 64*i, 64, 1);
+        t3[i] = symbackprop_f64_sum(t2 + 64*i, 64, 1);
     }
 
-    /* t6 = t4 - t5/64 */
-    /* t7 = (t4 - t5/64)**2 */
-    TRANSFORMER_LM_REAL *t6 = t5 + m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t7 = t6 + 64*m; /* m x 64 */
+    /* t4 = t2 - t3/64 */
+    /* t5 = (t2 - t3/64)**2 */
+    TRANSFORMER_LM_REAL *t4 = t0; /* m x 64, in t0's memory */
+    TRANSFORMER_LM_REAL *t5 = t1; /* m x 64, in t1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t4[64*i + j] - 1.0/64.0*t5[i];
-            t6[64*i + j] = x0;
-            t7[64*i + j] = (x0*x0);
+            const TRANSFORMER_LM_REAL x0 = t2[64*i + j] - 1.0/64.0*t3[i];
+            t4[64*i + j] = x0;
+            t5[64*i + j] = (x0*x0);
         }
     }
 
-    /* t8 = sum of t7 along each row */
-    TRANSFORMER_LM_REAL *t8 = t5; /* m x 1, in t5's memory */
+    /* t6 = sum of t5 along each row */
+    TRANSFORMER_LM_REAL *t6 = t3; /* m x 1, in t3's memory */
     for (int64_t i = 0; i < m; ++i) {
-        t8[i] = symbackprop_f64_sum(t7 + 64*i, 64, 1);
+        t6[i] = symbackprop_f64_sum(t5 + 64*i, 64, 1);
     }
 
-    /* t9 = t6/sqrt(t8/64 + 1.0e-5) */
-    /* t10 = b0a + t1*t6/sqrt(t8/64 + 1.0e-5) */
-    /* dt9_dt6 = 1/sqrt(t8/64 + 1.0e-5) */
-    /* dt9_dt8 = -t6/(128*(t8/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t9 = t4; /* m x 64, in t4's memory */
-    TRANSFORMER_LM_REAL *t10 = t7; /* m x 64, in t7's memory */
-    TRANSFORMER_LM_REAL *dt9_dt6 = t7 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *dt9_dt8 = dt9_dt6 + 64*m; /* m x 64 */
+    /* t7 = t4/sqrt(t6/64 + 1.0e-5) */
+    /* t8 = b0a + g0a*t4/sqrt(t6/64 + 1.0e-5) */
+    /* dt7_dt6 = -t4/(128*(t6/64 + 1.0e-5)**(3/2)) */
+    TRANSFORMER_LM_REAL *t7 = t5; /* m x 64, in t5's memory */
+    TRANSFORMER_LM_REAL *t8 = t3 + m; /* m x 64 */
+    TRANSFORMER_LM_REAL *dt7_dt6 = t8 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t8[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
-            const TRANSFORMER_LM_REAL x2 = t6[64*i + j]*x1;
-            t9[64*i + j] = x2;
-            t10[64*i + j] = b0a[j] + t1[64*i + j]*x2;
-            dt9_dt6[64*i + j] = x1;
-            dt9_dt8[64*i + j] = -1.0/128.0*t6[64*i + j]/(x0*sqrt(x0));
+            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t6[i] + 1.0000000000000001e-5;
+            const TRANSFORMER_LM_REAL x1 = t4[64*i + j]/sqrt(x0);
+            t7[64*i + j] = x1;
+            t8[64*i + j] = g0a[j]*x1 + b0a[j];
+            dt7_dt6[64*i + j] = -1.0/128.0*t4[64*i + j]/(x0*sqrt(x0));
         }
     }
 
-    /* t11 = t10 @ Wq0 */
-    TRANSFORMER_LM_REAL *t11 = dt9_dt8 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t10, 64, 1, Wq0, 64, 1, t11);
+    /* t9 = Wq0/4 */
+    TRANSFORMER_LM_REAL *t9 = dt7_dt6 + 64*m; /* 64 x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 64; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            t9[64*i + j] = (1.0/4.0)*Wq0[64*i + j];
+        }
+    }
 
-    /* t12 = t10 @ Wk0 */
-    TRANSFORMER_LM_REAL *t12 = t11 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t10, 64, 1, Wk0, 64, 1, t12);
+    /* t10 = t8 @ t9 */
+    TRANSFORMER_LM_REAL *t10 = t9 + 4096; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, t9, 64, 1, t10);
 
-    /* t13[(e,t),(h,s)] = sum_k t11[(e,t),h*dh+k] * t12[(e,s),h*dh+k] for s <= t, 0 for s > t
+    /* t11 = t8 @ Wk0 */
+    TRANSFORMER_LM_REAL *t11 = t10 + 64*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, Wk0, 64, 1, t11);
+
+    /* t12[(e,t),(h,s)] = sum_k t10[(e,t),h*dh+k] * t11[(e,s),h*dh+k] for s <= t, 0 for s > t
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t13 = t12 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *t13_block_1 = t13 + 256*m; /* 64 x 16 */
+    TRANSFORMER_LM_REAL *t12 = t11 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *t12_block_1 = t12 + 256*m; /* 64 x 16 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t13_block_1[dk][ks] = t12[(e,ks), hd*16+dk]: the head's keys transposed, so
+            /* the head's len x len scores t10 t11^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t10 + row0 * 64 + hd * 16, 64, t11 + row0 * 64 + hd * 16, 64,
+                                          t12 + row0 * 256 + hd * 64, 256, 64);
+        }
+    #else
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* t12_block_1[dk][ks] = t11[(e,ks), hd*16+dk]: the head's keys transposed, so
              * that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    t13_block_1[dk * 64 + ks] = t12[(row0 + ks) * 64 + hd * 16 + dk];
+                    t12_block_1[dk * 64 + ks] = t11[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t13 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = t12 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += t11[(e,qt), hd*16+dk] * t13_block_1[dk][ks] for keys ks <= qt */
+                /* srow[ks] += t10[(e,qt), hd*16+dk] * t12_block_1[dk][ks] for keys ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t11[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = t10[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t13_block_1[dk * 64 + ks];
+                        srow[ks] += aw * t12_block_1[dk * 64 + ks];
                     }
                 }
             }
         }
+    #endif
     }
 
-    /* t14 = t13/4 */
-    TRANSFORMER_LM_REAL *t14 = t13_block_1 + 1024; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t14[256*i + j] = (1.0/4.0)*t13[256*i + j];
-        }
-    }
-
-    /* t15[(e,t),(h,s)] = exp(t14[(e,t),(h,s)] - max_{s'<=t} t14[(e,t),(h,s')]) / sum_{s'<=t}
+    /* t13[(e,t),(h,s)] = exp(t12[(e,t),(h,s)] - max_{s'<=t} t12[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t15 = t13; /* m x 256, in t13's memory */
+    TRANSFORMER_LM_REAL *t13 = t12_block_1 + 1024; /* m x 256 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t14[qbase];
+                TRANSFORMER_LM_REAL top = t12[qbase];
                 for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t14[qbase + ks];
+                    const TRANSFORMER_LM_REAL val = t12[qbase + ks];
                     top = val > top ? val : top;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t14[qbase + ks];
-                    t15[qbase + ks] = exp(-top + val);
+                    const TRANSFORMER_LM_REAL val = t12[qbase + ks];
+                    t13[qbase + ks] = exp(-top + val);
                 }
                 TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += t15[qbase + ks];
+                    total += t13[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t15[qbase + ks] /= total;
+                    t13[qbase + ks] /= total;
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t15[qbase + ks] = 0;
+                    t13[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* t16 = t10 @ Wv0 */
-    TRANSFORMER_LM_REAL *t16 = t14 + 256*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t10, 64, 1, Wv0, 64, 1, t16);
+    /* t14 = t8 @ Wv0 */
+    TRANSFORMER_LM_REAL *t14 = t13 + 256*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, Wv0, 64, 1, t14);
 
-    /* t17[(e,t),h*dh+k] = sum_{s<=t} t15[(e,t),(h,s)] * t16[(e,s),h*dh+k] (rows (e,t) =
+    /* t15[(e,t),h*dh+k] = sum_{s<=t} t13[(e,t),(h,s)] * t14[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *t15 = t14 + 64*m; /* m x 64 */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t13) t14 */
+            symbackprop_f64_causal_mix(0, len, 16, t13 + row0 * 256 + hd * 64, 256,
+                                       t14 + row0 * 64 + hd * 16, 64, t15 + row0 * 64 + hd * 16, 64);
+        }
+    #else
+        for (int64_t qt = 0; qt < len; ++qt) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over keys ks <= qt of t13[(e,qt),(hd,ks)] *
+                 * t14[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = t15 + (row0 + qt) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL pw = t13[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t14[(row0 + ks) * 64 + hd * 16 + dk];
+                    }
+                }
+            }
+        }
+    #endif
+    }
+
+    /* t16 = t15 @ Wo0 */
+    TRANSFORMER_LM_REAL *t16 = t15 + 64*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t15, 64, 1, Wo0, 64, 1, t16);
+
+    /* t17 = t16 + t2 */
     TRANSFORMER_LM_REAL *t17 = t16 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            t17[64*i + j] = t2[64*i + j] + t16[64*i + j];
+        }
+    }
+
+    /* t18 = sum of t17 along each row */
+    TRANSFORMER_LM_REAL *t18 = t17 + 64*m; /* m x 1 */
+    for (int64_t i = 0; i < m; ++i) {
+        t18[i] = symbackprop_f64_sum(t17 + 64*i, 64, 1);
+    }
+
+    /* t19 = t17 - t18/64 */
+    /* t20 = (t17 - t18/64)**2 */
+    TRANSFORMER_LM_REAL *t19 = t2; /* m x 64, in t2's memory */
+    TRANSFORMER_LM_REAL *t20 = t16; /* m x 64, in t16's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = t17[64*i + j] - 1.0/64.0*t18[i];
+            t19[64*i + j] = x0;
+            t20[64*i + j] = (x0*x0);
+        }
+    }
+
+    /* t21 = sum of t20 along each row */
+    TRANSFORMER_LM_REAL *t21 = t18; /* m x 1, in t18's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        t21[i] = symbackprop_f64_sum(t20 + 64*i, 64, 1);
+    }
+
+    /* t22 = t19/sqrt(t21/64 + 1.0e-5) */
+    /* t23 = b0m + g0m*t19/sqrt(t21/64 + 1.0e-5) */
+    /* dt22_dt21 = -t19/(128*(t21/64 + 1.0e-5)**(3/2)) */
+    TRANSFORMER_LM_REAL *t22 = t20; /* m x 64, in t20's memory */
+    TRANSFORMER_LM_REAL *t23 = t18 + m; /* m x 64 */
+    TRANSFORMER_LM_REAL *dt22_dt21 = t23 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t21[i] + 1.0000000000000001e-5;
+            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]/sqrt(x0);
+            t22[64*i + j] = x1;
+            t23[64*i + j] = g0m[j]*x1 + b0m[j];
+            dt22_dt21[64*i + j] = -1.0/128.0*t19[64*i + j]/(x0*sqrt(x0));
+        }
+    }
+
+    /* t24 = t23 @ W0up */
+    TRANSFORMER_LM_REAL *t24 = t12; /* m x 256, in t12's memory */
+    symbackprop_f64_matmul(m, 256, 64, t23, 64, 1, W0up, 256, 1, t24);
+
+    /* t25 = (c0up + t24)*(erf(sqrt(2)*(c0up + t24)/2) + 1)/2 */
+    /* t26 = sqrt(2)*(c0up + t24)*exp(-(c0up + t24)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c0up +
+     * t24)/2)/2 + 1/2 */
+    TRANSFORMER_LM_REAL *t25 = dt22_dt21 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *t26 = t25 + 256*m; /* m x 256 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 256; ++j) {
+            const TRANSFORMER_LM_REAL x0 = t24[256*i + j] + c0up[j];
+            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
+            const TRANSFORMER_LM_REAL x2 = erf(x1);
+            t25[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            t26[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
+        }
+    }
+
+    /* t27 = t25 @ W0down */
+    TRANSFORMER_LM_REAL *t27 = t26 + 256*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 256, t25, 256, 1, W0down, 64, 1, t27);
+
+    /* t28 = c0down + t17 + t27 */
+    TRANSFORMER_LM_REAL *t28 = t27 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            t28[64*i + j] = t17[64*i + j] + t27[64*i + j] + c0down[j];
+        }
+    }
+
+    /* t29 = sum of t28 along each row */
+    TRANSFORMER_LM_REAL *t29 = t28 + 64*m; /* m x 1 */
+    for (int64_t i = 0; i < m; ++i) {
+        t29[i] = symbackprop_f64_sum(t28 + 64*i, 64, 1);
+    }
+
+    /* t30 = t28 - t29/64 */
+    /* t31 = (t28 - t29/64)**2 */
+    TRANSFORMER_LM_REAL *t30 = t17; /* m x 64, in t17's memory */
+    TRANSFORMER_LM_REAL *t31 = t27; /* m x 64, in t27's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = t28[64*i + j] - 1.0/64.0*t29[i];
+            t30[64*i + j] = x0;
+            t31[64*i + j] = (x0*x0);
+        }
+    }
+
+    /* t32 = sum of t31 along each row */
+    TRANSFORMER_LM_REAL *t32 = t29; /* m x 1, in t29's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        t32[i] = symbackprop_f64_sum(t31 + 64*i, 64, 1);
+    }
+
+    /* t33 = t30/sqrt(t32/64 + 1.0e-5) */
+    /* t34 = b1a + g1a*t30/sqrt(t32/64 + 1.0e-5) */
+    /* dt33_dt32 = -t30/(128*(t32/64 + 1.0e-5)**(3/2)) */
+    TRANSFORMER_LM_REAL *t33 = t31; /* m x 64, in t31's memory */
+    TRANSFORMER_LM_REAL *t34 = t29 + m; /* m x 64 */
+    TRANSFORMER_LM_REAL *dt33_dt32 = t34 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t32[i] + 1.0000000000000001e-5;
+            const TRANSFORMER_LM_REAL x1 = t30[64*i + j]/sqrt(x0);
+            t33[64*i + j] = x1;
+            t34[64*i + j] = g1a[j]*x1 + b1a[j];
+            dt33_dt32[64*i + j] = -1.0/128.0*t30[64*i + j]/(x0*sqrt(x0));
+        }
+    }
+
+    /* t35 = Wq1/4 */
+    TRANSFORMER_LM_REAL *t35 = dt33_dt32 + 64*m; /* 64 x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 64; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            t35[64*i + j] = (1.0/4.0)*Wq1[64*i + j];
+        }
+    }
+
+    /* t36 = t34 @ t35 */
+    TRANSFORMER_LM_REAL *t36 = t35 + 4096; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, t35, 64, 1, t36);
+
+    /* t37 = t34 @ Wk1 */
+    TRANSFORMER_LM_REAL *t37 = t36 + 64*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wk1, 64, 1, t37);
+
+    /* t38[(e,t),(h,s)] = sum_k t36[(e,t),h*dh+k] * t37[(e,s),h*dh+k] for s <= t, 0 for s > t
+     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *t38 = t24; /* m x 256, in t24's memory */
+    TRANSFORMER_LM_REAL *t38_block_1 = t12_block_1; /* 64 x 16, in t12_block_1's memory */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores t36 t37^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t36 + row0 * 64 + hd * 16, 64, t37 + row0 * 64 + hd * 16, 64,
+                                          t38 + row0 * 256 + hd * 64, 256, 64);
+        }
+    #else
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* t38_block_1[dk][ks] = t37[(e,ks), hd*16+dk]: the head's keys transposed, so
+             * that a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    t38_block_1[dk * 64 + ks] = t37[(row0 + ks) * 64 + hd * 16 + dk];
+                }
+            }
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = t38 + (row0 + qt) * 256 + hd * 64;
+                for (int64_t ks = 0; ks < 64; ++ks) {
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += t36[(e,qt), hd*16+dk] * t38_block_1[dk][ks] for keys ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = t36[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * t38_block_1[dk * 64 + ks];
+                    }
+                }
+            }
+        }
+    #endif
+    }
+
+    /* t39[(e,t),(h,s)] = exp(t38[(e,t),(h,s)] - max_{s'<=t} t38[(e,t),(h,s')]) / sum_{s'<=t}
+     * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *t39 = t37 + 64*m; /* m x 256 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of t15[(e,qt),(hd,ks)] *
-                 * t16[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = t17 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL top = t38[qbase];
+                for (int64_t ks = 1; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL val = t38[qbase + ks];
+                    top = val > top ? val : top;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = t15[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t16[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
+                    const TRANSFORMER_LM_REAL val = t38[qbase + ks];
+                    t39[qbase + ks] = exp(-top + val);
+                }
+                TRANSFORMER_LM_REAL total = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    total += t39[qbase + ks];
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    t39[qbase + ks] /= total;
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    t39[qbase + ks] = 0;
                 }
             }
         }
     }
-
-    /* t18 = t17 @ Wo0 */
-    TRANSFORMER_LM_REAL *t18 = t17 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t17, 64, 1, Wo0, 64, 1, t18);
-
-    /* t19 = g1a */
-    TRANSFORMER_LM_REAL *t19 = t18 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t19[64*i + j] = g1a[j];
-        }
-    }
-
-    /* t20 = g0m */
-    TRANSFORMER_LM_REAL *t20 = t19 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t20[64*i + j] = g0m[j];
-        }
-    }
-
-    /* t21 = t18 + t2 + t3 */
-    TRANSFORMER_LM_REAL *t21 = t20 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t21[64*i + j] = t18[64*i + j] + t2[64*i + j] + t3[64*i + j];
-        }
-    }
-
-    /* t22 = sum of t21 along each row */
-    TRANSFORMER_LM_REAL *t22 = t8; /* m x 1, in t8's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t22[i] = symbackprop_f64_sum(t21 + 64*i, 64, 1);
-    }
-
-    /* t23 = t21 - t22/64 */
-    /* t24 = (t21 - t22/64)**2 */
-    TRANSFORMER_LM_REAL *t23 = t21 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t24 = t23 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t21[64*i + j] - 1.0/64.0*t22[i];
-            t23[64*i + j] = x0;
-            t24[64*i + j] = (x0*x0);
-        }
-    }
-
-    /* t25 = sum of t24 along each row */
-    TRANSFORMER_LM_REAL *t25 = t22; /* m x 1, in t22's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t25[i] = symbackprop_f64_sum(t24 + 64*i, 64, 1);
-    }
-
-    /* t26 = t23/sqrt(t25/64 + 1.0e-5) */
-    /* t27 = b0m + t20*t23/sqrt(t25/64 + 1.0e-5) */
-    /* dt26_dt23 = 1/sqrt(t25/64 + 1.0e-5) */
-    /* dt26_dt25 = -t23/(128*(t25/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t26 = t21; /* m x 64, in t21's memory */
-    TRANSFORMER_LM_REAL *t27 = t24; /* m x 64, in t24's memory */
-    TRANSFORMER_LM_REAL *dt26_dt23 = t24 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *dt26_dt25 = dt26_dt23 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t25[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
-            const TRANSFORMER_LM_REAL x2 = t23[64*i + j]*x1;
-            t26[64*i + j] = x2;
-            t27[64*i + j] = b0m[j] + t20[64*i + j]*x2;
-            dt26_dt23[64*i + j] = x1;
-            dt26_dt25[64*i + j] = -1.0/128.0*t23[64*i + j]/(x0*sqrt(x0));
-        }
-    }
-
-    /* t28 = t27 @ W0up */
-    TRANSFORMER_LM_REAL *t28 = t14; /* m x 256, in t14's memory */
-    symbackprop_f64_matmul(m, 256, 64, t27, 64, 1, W0up, 256, 1, t28);
-
-    /* t29 = (c0up + t28)*(erf(sqrt(2)*(c0up + t28)/2) + 1)/2 */
-    /* t30 = sqrt(2)*(c0up + t28)*exp(-(c0up + t28)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c0up +
-     * t28)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *t29 = dt26_dt25 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *t30 = t29 + 256*m; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = c0up[j] + t28[256*i + j];
-            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
-            const TRANSFORMER_LM_REAL x2 = erf(x1);
-            t29[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
-            t30[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
-        }
-    }
-
-    /* t31 = t29 @ W0down */
-    TRANSFORMER_LM_REAL *t31 = t30 + 256*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 256, t29, 256, 1, W0down, 64, 1, t31);
-
-    /* t32 = c0down */
-    /* t33 = c0down + t18 + t2 + t3 + t31 */
-    TRANSFORMER_LM_REAL *t32 = t31 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t33 = t32 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t32[64*i + j] = c0down[j];
-            t33[64*i + j] = c0down[j] + t18[64*i + j] + t31[64*i + j] + t2[64*i + j] + t3[64*i + j];
-        }
-    }
-
-    /* t34 = sum of t33 along each row */
-    TRANSFORMER_LM_REAL *t34 = t25; /* m x 1, in t25's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t34[i] = symbackprop_f64_sum(t33 + 64*i, 64, 1);
-    }
-
-    /* t35 = t33 - t34/64 */
-    /* t36 = (t33 - t34/64)**2 */
-    TRANSFORMER_LM_REAL *t35 = t33 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t36 = t35 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t33[64*i + j] - 1.0/64.0*t34[i];
-            t35[64*i + j] = x0;
-            t36[64*i + j] = (x0*x0);
-        }
-    }
-
-    /* t37 = sum of t36 along each row */
-    TRANSFORMER_LM_REAL *t37 = t34; /* m x 1, in t34's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t37[i] = symbackprop_f64_sum(t36 + 64*i, 64, 1);
-    }
-
-    /* t38 = t35/sqrt(t37/64 + 1.0e-5) */
-    /* t39 = b1a + t19*t35/sqrt(t37/64 + 1.0e-5) */
-    /* dt38_dt35 = 1/sqrt(t37/64 + 1.0e-5) */
-    /* dt38_dt37 = -t35/(128*(t37/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t38 = t33; /* m x 64, in t33's memory */
-    TRANSFORMER_LM_REAL *t39 = t36; /* m x 64, in t36's memory */
-    TRANSFORMER_LM_REAL *dt38_dt35 = t36 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *dt38_dt37 = dt38_dt35 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t37[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
-            const TRANSFORMER_LM_REAL x2 = t35[64*i + j]*x1;
-            t38[64*i + j] = x2;
-            t39[64*i + j] = b1a[j] + t19[64*i + j]*x2;
-            dt38_dt35[64*i + j] = x1;
-            dt38_dt37[64*i + j] = -1.0/128.0*t35[64*i + j]/(x0*sqrt(x0));
-        }
-    }
-
-    /* t40 = t39 @ Wq1 */
-    TRANSFORMER_LM_REAL *t40 = dt38_dt37 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t39, 64, 1, Wq1, 64, 1, t40);
 }
 
 /* transformer_lm_train_step, part 2 of 7 (kernels 33 to 64): a long
@@ -2842,7 +2920,6 @@ static void transformer_lm_train_step_part1(
 static void transformer_lm_train_step_part2(
     int64_t m,
     const int64_t *targets,
-    TRANSFORMER_LM_REAL *Wk1,
     TRANSFORMER_LM_REAL *Wv1,
     TRANSFORMER_LM_REAL *Wo1,
     TRANSFORMER_LM_REAL *g1m,
@@ -2851,474 +2928,432 @@ static void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *c1up,
     TRANSFORMER_LM_REAL *W1down,
     TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
     TRANSFORMER_LM_REAL *bf,
     TRANSFORMER_LM_REAL *Wout,
     TRANSFORMER_LM_REAL *loss,
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t0 = work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t2 = work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t3 = work + 192*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t13_block_1 = work + 961*m; /* 64 x 16; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t18 = work + 1345*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t28 = work + 961*m + 1024; /* m x 256, in t14's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t31 = work + 2369*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = work + 2433*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t37 = work + 320*m; /* m x 1, in t34's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = work + 2625*m + 1024; /* m x 64, in t36's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = work + 2817*m + 1024; /* m x 64; placed in an earlier part */
-    /* t41 = t39 @ Wk1 */
-    TRANSFORMER_LM_REAL *t41 = t40 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t39, 64, 1, Wk1, 64, 1, t41);
+    TRANSFORMER_LM_REAL *t28 = work + 1922*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t34 = work + 1987*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t38 = work + 449*m + 4096; /* m x 256, in t24's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = work + 2243*m + 9216; /* m x 256; placed in an earlier part */
+    /* t40 = t34 @ Wv1 */
+    TRANSFORMER_LM_REAL *t40 = t39 + 256*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wv1, 64, 1, t40);
 
-    /* t42[(e,t),(h,s)] = sum_k t40[(e,t),h*dh+k] * t41[(e,s),h*dh+k] for s <= t, 0 for s > t
-     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t42 = t28; /* m x 256, in t28's memory */
-    TRANSFORMER_LM_REAL *t42_block_1 = t13_block_1; /* 64 x 16, in t13_block_1's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t42_block_1[dk][ks] = t41[(e,ks), hd*16+dk]: the head's keys transposed, so
-             * that a row of scores is a sum of contiguous rows */
-            for (int64_t ks = 0; ks < len; ++ks) {
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    t42_block_1[dk * 64 + ks] = t41[(row0 + ks) * 64 + hd * 16 + dk];
-                }
-            }
-            for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t42 + (row0 + qt) * 256 + hd * 64;
-                for (int64_t ks = 0; ks < 64; ++ks) {
-                    srow[ks] = 0;
-                }
-                /* srow[ks] += t40[(e,qt), hd*16+dk] * t42_block_1[dk][ks] for keys ks <= qt */
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t40[(row0 + qt) * 64 + hd * 16 + dk];
-                    for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t42_block_1[dk * 64 + ks];
-                    }
-                }
-            }
-        }
-    }
-
-    /* t43 = t42/4 */
-    TRANSFORMER_LM_REAL *t43 = t41 + 64*m; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t43[256*i + j] = (1.0/4.0)*t42[256*i + j];
-        }
-    }
-
-    /* t44[(e,t),(h,s)] = exp(t43[(e,t),(h,s)] - max_{s'<=t} t43[(e,t),(h,s')]) / sum_{s'<=t}
-     * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t44 = t42; /* m x 256, in t42's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t43[qbase];
-                for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t43[qbase + ks];
-                    top = val > top ? val : top;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t43[qbase + ks];
-                    t44[qbase + ks] = exp(-top + val);
-                }
-                TRANSFORMER_LM_REAL total = 0;
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += t44[qbase + ks];
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t44[qbase + ks] /= total;
-                }
-                for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t44[qbase + ks] = 0;
-                }
-            }
-        }
-    }
-
-    /* t45 = t39 @ Wv1 */
-    TRANSFORMER_LM_REAL *t45 = t43 + 256*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t39, 64, 1, Wv1, 64, 1, t45);
-
-    /* t46[(e,t),h*dh+k] = sum_{s<=t} t44[(e,t),(h,s)] * t45[(e,s),h*dh+k] (rows (e,t) =
+    /* t41[(e,t),h*dh+k] = sum_{s<=t} t39[(e,t),(h,s)] * t40[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t46 = t45 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t41 = t40 + 64*m; /* m x 64 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t39) t40 */
+            symbackprop_f64_causal_mix(0, len, 16, t39 + row0 * 256 + hd * 64, 256,
+                                       t40 + row0 * 64 + hd * 16, 64, t41 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of t44[(e,qt),(hd,ks)] *
-                 * t45[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = t46 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of t39[(e,qt),(hd,ks)] *
+                 * t40[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = t41 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = t44[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = t39[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t45[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t40[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
         }
+    #endif
     }
 
-    /* t47 = t46 @ Wo1 */
-    TRANSFORMER_LM_REAL *t47 = t46 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t46, 64, 1, Wo1, 64, 1, t47);
+    /* t42 = t41 @ Wo1 */
+    TRANSFORMER_LM_REAL *t42 = t41 + 64*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t41, 64, 1, Wo1, 64, 1, t42);
 
-    /* t48 = g1m */
-    TRANSFORMER_LM_REAL *t48 = t47 + 64*m; /* m x 64 */
+    /* t43 = t28 + t42 */
+    TRANSFORMER_LM_REAL *t43 = t42 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t48[64*i + j] = g1m[j];
+            t43[64*i + j] = t28[64*i + j] + t42[64*i + j];
         }
     }
 
-    /* t49 = t18 + t2 + t3 + t31 + t32 + t47 */
-    TRANSFORMER_LM_REAL *t49 = t48 + 64*m; /* m x 64 */
+    /* t44 = sum of t43 along each row */
+    TRANSFORMER_LM_REAL *t44 = t43 + 64*m; /* m x 1 */
+    for (int64_t i = 0; i < m; ++i) {
+        t44[i] = symbackprop_f64_sum(t43 + 64*i, 64, 1);
+    }
+
+    /* t45 = t43 - t44/64 */
+    /* t46 = (t43 - t44/64)**2 */
+    TRANSFORMER_LM_REAL *t45 = t28; /* m x 64, in t28's memory */
+    TRANSFORMER_LM_REAL *t46 = t42; /* m x 64, in t42's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t49[64*i + j] = t18[64*i + j] + t47[64*i + j] + t31[64*i + j] + t32[64*i + j] + t2[64*i + j] + t3[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = t43[64*i + j] - 1.0/64.0*t44[i];
+            t45[64*i + j] = x0;
+            t46[64*i + j] = (x0*x0);
         }
     }
 
-    /* t50 = sum of t49 along each row */
-    TRANSFORMER_LM_REAL *t50 = t37; /* m x 1, in t37's memory */
+    /* t47 = sum of t46 along each row */
+    TRANSFORMER_LM_REAL *t47 = t44; /* m x 1, in t44's memory */
     for (int64_t i = 0; i < m; ++i) {
-        t50[i] = symbackprop_f64_sum(t49 + 64*i, 64, 1);
+        t47[i] = symbackprop_f64_sum(t46 + 64*i, 64, 1);
     }
 
-    /* t51 = t49 - t50/64 */
-    /* t52 = (t49 - t50/64)**2 */
-    TRANSFORMER_LM_REAL *t51 = t49 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t52 = t51 + 64*m; /* m x 64 */
+    /* t48 = t45/sqrt(t47/64 + 1.0e-5) */
+    /* t49 = b1m + g1m*t45/sqrt(t47/64 + 1.0e-5) */
+    /* dt48_dt47 = -t45/(128*(t47/64 + 1.0e-5)**(3/2)) */
+    TRANSFORMER_LM_REAL *t48 = t46; /* m x 64, in t46's memory */
+    TRANSFORMER_LM_REAL *t49 = t44 + m; /* m x 64 */
+    TRANSFORMER_LM_REAL *dt48_dt47 = t49 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t49[64*i + j] - 1.0/64.0*t50[i];
-            t51[64*i + j] = x0;
-            t52[64*i + j] = (x0*x0);
+            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t47[i] + 1.0000000000000001e-5;
+            const TRANSFORMER_LM_REAL x1 = t45[64*i + j]/sqrt(x0);
+            t48[64*i + j] = x1;
+            t49[64*i + j] = g1m[j]*x1 + b1m[j];
+            dt48_dt47[64*i + j] = -1.0/128.0*t45[64*i + j]/(x0*sqrt(x0));
         }
     }
 
-    /* t53 = sum of t52 along each row */
-    TRANSFORMER_LM_REAL *t53 = t50; /* m x 1, in t50's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t53[i] = symbackprop_f64_sum(t52 + 64*i, 64, 1);
-    }
+    /* t50 = t49 @ W1up */
+    TRANSFORMER_LM_REAL *t50 = t38; /* m x 256, in t38's memory */
+    symbackprop_f64_matmul(m, 256, 64, t49, 64, 1, W1up, 256, 1, t50);
 
-    /* t54 = t51/sqrt(t53/64 + 1.0e-5) */
-    /* t55 = b1m + t48*t51/sqrt(t53/64 + 1.0e-5) */
-    /* dt54_dt51 = 1/sqrt(t53/64 + 1.0e-5) */
-    /* dt54_dt53 = -t51/(128*(t53/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t54 = t49; /* m x 64, in t49's memory */
-    TRANSFORMER_LM_REAL *t55 = t52; /* m x 64, in t52's memory */
-    TRANSFORMER_LM_REAL *dt54_dt51 = t52 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *dt54_dt53 = dt54_dt51 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t53[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
-            const TRANSFORMER_LM_REAL x2 = t51[64*i + j]*x1;
-            t54[64*i + j] = x2;
-            t55[64*i + j] = b1m[j] + t48[64*i + j]*x2;
-            dt54_dt51[64*i + j] = x1;
-            dt54_dt53[64*i + j] = -1.0/128.0*t51[64*i + j]/(x0*sqrt(x0));
-        }
-    }
-
-    /* t56 = t55 @ W1up */
-    TRANSFORMER_LM_REAL *t56 = t43; /* m x 256, in t43's memory */
-    symbackprop_f64_matmul(m, 256, 64, t55, 64, 1, W1up, 256, 1, t56);
-
-    /* t57 = (c1up + t56)*(erf(sqrt(2)*(c1up + t56)/2) + 1)/2 */
-    /* t58 = sqrt(2)*(c1up + t56)*exp(-(c1up + t56)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c1up +
-     * t56)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *t57 = dt54_dt53 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *t58 = t57 + 256*m; /* m x 256 */
+    /* t51 = (c1up + t50)*(erf(sqrt(2)*(c1up + t50)/2) + 1)/2 */
+    /* t52 = sqrt(2)*(c1up + t50)*exp(-(c1up + t50)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c1up +
+     * t50)/2)/2 + 1/2 */
+    TRANSFORMER_LM_REAL *t51 = dt48_dt47 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *t52 = t51 + 256*m; /* m x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = c1up[j] + t56[256*i + j];
+            const TRANSFORMER_LM_REAL x0 = t50[256*i + j] + c1up[j];
             const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
             const TRANSFORMER_LM_REAL x2 = erf(x1);
-            t57[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
-            t58[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
+            t51[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            t52[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 
-    /* t59 = t57 @ W1down */
-    TRANSFORMER_LM_REAL *t59 = t58 + 256*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 256, t57, 256, 1, W1down, 64, 1, t59);
+    /* t53 = t51 @ W1down */
+    TRANSFORMER_LM_REAL *t53 = t52 + 256*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 256, t51, 256, 1, W1down, 64, 1, t53);
 
-    /* t60 = c1down + t18 + t2 + t3 + t31 + t32 + t47 + t59 */
-    TRANSFORMER_LM_REAL *t60 = t59 + 64*m; /* m x 64 */
+    /* t54 = c1down + t43 + t53 */
+    TRANSFORMER_LM_REAL *t54 = t53 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t60[64*i + j] = c1down[j] + t18[64*i + j] + t47[64*i + j] + t31[64*i + j] + t59[64*i + j] + t32[64*i + j] + t2[64*i + j] + t3[64*i + j];
+            t54[64*i + j] = t43[64*i + j] + t53[64*i + j] + c1down[j];
         }
     }
 
-    /* t61 = sum of t60 along each row */
-    TRANSFORMER_LM_REAL *t61 = t53; /* m x 1, in t53's memory */
+    /* t55 = sum of t54 along each row */
+    TRANSFORMER_LM_REAL *t55 = t54 + 64*m; /* m x 1 */
     for (int64_t i = 0; i < m; ++i) {
-        t61[i] = symbackprop_f64_sum(t60 + 64*i, 64, 1);
+        t55[i] = symbackprop_f64_sum(t54 + 64*i, 64, 1);
     }
 
-    /* t62 = t60 - t61/64 */
-    /* t63 = (t60 - t61/64)**2 */
-    TRANSFORMER_LM_REAL *t62 = t2; /* m x 64, in t2's memory */
-    TRANSFORMER_LM_REAL *t63 = t3; /* m x 64, in t3's memory */
+    /* t56 = t54 - t55/64 */
+    /* t57 = (t54 - t55/64)**2 */
+    TRANSFORMER_LM_REAL *t56 = t43; /* m x 64, in t43's memory */
+    TRANSFORMER_LM_REAL *t57 = t53; /* m x 64, in t53's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t60[64*i + j] - 1.0/64.0*t61[i];
-            t62[64*i + j] = x0;
-            t63[64*i + j] = (x0*x0);
+            const TRANSFORMER_LM_REAL x0 = t54[64*i + j] - 1.0/64.0*t55[i];
+            t56[64*i + j] = x0;
+            t57[64*i + j] = (x0*x0);
         }
     }
 
-    /* t64 = sum of t63 along each row */
-    TRANSFORMER_LM_REAL *t64 = t61; /* m x 1, in t61's memory */
+    /* t58 = sum of t57 along each row */
+    TRANSFORMER_LM_REAL *t58 = t55; /* m x 1, in t55's memory */
     for (int64_t i = 0; i < m; ++i) {
-        t64[i] = symbackprop_f64_sum(t63 + 64*i, 64, 1);
+        t58[i] = symbackprop_f64_sum(t57 + 64*i, 64, 1);
     }
 
-    /* t65 = t62/sqrt(t64/64 + 1.0e-5) */
-    /* t66 = bf + t0*t62/sqrt(t64/64 + 1.0e-5) */
-    /* dt65_dt62 = 1/sqrt(t64/64 + 1.0e-5) */
-    /* dt65_dt64 = -t62/(128*(t64/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t65 = t18; /* m x 64, in t18's memory */
-    TRANSFORMER_LM_REAL *t66 = t31; /* m x 64, in t31's memory */
-    TRANSFORMER_LM_REAL *dt65_dt62 = t32; /* m x 64, in t32's memory */
-    TRANSFORMER_LM_REAL *dt65_dt64 = t47; /* m x 64, in t47's memory */
+    /* t59 = t56/sqrt(t58/64 + 1.0e-5) */
+    /* t60 = bf + gf*t56/sqrt(t58/64 + 1.0e-5) */
+    /* dt59_dt58 = -t56/(128*(t58/64 + 1.0e-5)**(3/2)) */
+    TRANSFORMER_LM_REAL *t59 = t54; /* m x 64, in t54's memory */
+    TRANSFORMER_LM_REAL *t60 = t57; /* m x 64, in t57's memory */
+    TRANSFORMER_LM_REAL *dt59_dt58 = t55 + m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t64[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = 1.0/sqrt(x0);
-            const TRANSFORMER_LM_REAL x2 = t62[64*i + j]*x1;
-            t65[64*i + j] = x2;
-            t66[64*i + j] = bf[j] + t0[64*i + j]*x2;
-            dt65_dt62[64*i + j] = x1;
-            dt65_dt64[64*i + j] = -1.0/128.0*t62[64*i + j]/(x0*sqrt(x0));
+            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t58[i] + 1.0000000000000001e-5;
+            const TRANSFORMER_LM_REAL x1 = t56[64*i + j]/sqrt(x0);
+            t59[64*i + j] = x1;
+            t60[64*i + j] = gf[j]*x1 + bf[j];
+            dt59_dt58[64*i + j] = -1.0/128.0*t56[64*i + j]/(x0*sqrt(x0));
         }
     }
 
-    /* t67 = t66 @ Wout */
-    TRANSFORMER_LM_REAL *t67 = t60 + 64*m; /* m x 62 */
-    symbackprop_f64_matmul(m, 62, 64, t66, 64, 1, Wout, 62, 1, t67);
+    /* t61 = t60 @ Wout */
+    TRANSFORMER_LM_REAL *t61 = dt59_dt58 + 64*m; /* m x 62 */
+    symbackprop_f64_matmul(m, 62, 64, t60, 64, 1, Wout, 62, 1, t61);
 
-    /* t68 = Matrix([ [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    /* t62 = Matrix([ [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
      * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
      * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
      * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
      * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
      * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, ... */
-    TRANSFORMER_LM_REAL *t68 = t67 + 62*m; /* 62 x 62 */
+    TRANSFORMER_LM_REAL *t62 = t61 + 62*m; /* 62 x 62 */
     for (int64_t i = 0; i < 3844; ++i) {
-        t68[i] = 0;
+        t62[i] = 0;
     }
-    t68[0] = 1;
-    t68[63] = 1;
-    t68[126] = 1;
-    t68[189] = 1;
-    t68[252] = 1;
-    t68[315] = 1;
-    t68[378] = 1;
-    t68[441] = 1;
-    t68[504] = 1;
-    t68[567] = 1;
-    t68[630] = 1;
-    t68[693] = 1;
-    t68[756] = 1;
-    t68[819] = 1;
-    t68[882] = 1;
-    t68[945] = 1;
-    t68[1008] = 1;
-    t68[1071] = 1;
-    t68[1134] = 1;
-    t68[1197] = 1;
-    t68[1260] = 1;
-    t68[1323] = 1;
-    t68[1386] = 1;
-    t68[1449] = 1;
-    t68[1512] = 1;
-    t68[1575] = 1;
-    t68[1638] = 1;
-    t68[1701] = 1;
-    t68[1764] = 1;
-    t68[1827] = 1;
-    t68[1890] = 1;
-    t68[1953] = 1;
-    t68[2016] = 1;
-    t68[2079] = 1;
-    t68[2142] = 1;
-    t68[2205] = 1;
-    t68[2268] = 1;
-    t68[2331] = 1;
-    t68[2394] = 1;
-    t68[2457] = 1;
-    t68[2520] = 1;
-    t68[2583] = 1;
-    t68[2646] = 1;
-    t68[2709] = 1;
-    t68[2772] = 1;
-    t68[2835] = 1;
-    t68[2898] = 1;
-    t68[2961] = 1;
-    t68[3024] = 1;
-    t68[3087] = 1;
-    t68[3150] = 1;
-    t68[3213] = 1;
-    t68[3276] = 1;
-    t68[3339] = 1;
-    t68[3402] = 1;
-    t68[3465] = 1;
-    t68[3528] = 1;
-    t68[3591] = 1;
-    t68[3654] = 1;
-    t68[3717] = 1;
-    t68[3780] = 1;
-    t68[3843] = 1;
+    t62[0] = 1;
+    t62[63] = 1;
+    t62[126] = 1;
+    t62[189] = 1;
+    t62[252] = 1;
+    t62[315] = 1;
+    t62[378] = 1;
+    t62[441] = 1;
+    t62[504] = 1;
+    t62[567] = 1;
+    t62[630] = 1;
+    t62[693] = 1;
+    t62[756] = 1;
+    t62[819] = 1;
+    t62[882] = 1;
+    t62[945] = 1;
+    t62[1008] = 1;
+    t62[1071] = 1;
+    t62[1134] = 1;
+    t62[1197] = 1;
+    t62[1260] = 1;
+    t62[1323] = 1;
+    t62[1386] = 1;
+    t62[1449] = 1;
+    t62[1512] = 1;
+    t62[1575] = 1;
+    t62[1638] = 1;
+    t62[1701] = 1;
+    t62[1764] = 1;
+    t62[1827] = 1;
+    t62[1890] = 1;
+    t62[1953] = 1;
+    t62[2016] = 1;
+    t62[2079] = 1;
+    t62[2142] = 1;
+    t62[2205] = 1;
+    t62[2268] = 1;
+    t62[2331] = 1;
+    t62[2394] = 1;
+    t62[2457] = 1;
+    t62[2520] = 1;
+    t62[2583] = 1;
+    t62[2646] = 1;
+    t62[2709] = 1;
+    t62[2772] = 1;
+    t62[2835] = 1;
+    t62[2898] = 1;
+    t62[2961] = 1;
+    t62[3024] = 1;
+    t62[3087] = 1;
+    t62[3150] = 1;
+    t62[3213] = 1;
+    t62[3276] = 1;
+    t62[3339] = 1;
+    t62[3402] = 1;
+    t62[3465] = 1;
+    t62[3528] = 1;
+    t62[3591] = 1;
+    t62[3654] = 1;
+    t62[3717] = 1;
+    t62[3780] = 1;
+    t62[3843] = 1;
 
-    /* t69[i, :] = [t68[targets[i], 0], t68[targets[i], 1], t68[targets[i], 2],
-     * t68[targets[i], 3], t68[targets[i], 4], t68[targets[i], 5], t68[targets[i], 6],
-     * t68[targets[i], 7], t68[targets[i], 8], t68[targets[i], 9], t68[targets[i], 10],
-     * t68[targets[i], 11], t68[targets[i], 12], t68[targets[i], 13], t68[targets[i], 14],
-     * t68[targets[i], 15], t68[targets[i], 16], t68[targets[i], 17], t68[targets[i], 18],
-     * t68[targets[i], 19], t68[targets[i], 20], t68[targets[i], 21], t68[targets[i], 22], ... */
-    TRANSFORMER_LM_REAL *t69 = t68 + 3844; /* m x 62 */
+    /* t63[i, :] = [t62[targets[i], 0], t62[targets[i], 1], t62[targets[i], 2],
+     * t62[targets[i], 3], t62[targets[i], 4], t62[targets[i], 5], t62[targets[i], 6],
+     * t62[targets[i], 7], t62[targets[i], 8], t62[targets[i], 9], t62[targets[i], 10],
+     * t62[targets[i], 11], t62[targets[i], 12], t62[targets[i], 13], t62[targets[i], 14],
+     * t62[targets[i], 15], t62[targets[i], 16], t62[targets[i], 17], t62[targets[i], 18],
+     * t62[targets[i], 19], t62[targets[i], 20], t62[targets[i], 21], t62[targets[i], 22], ... */
+    TRANSFORMER_LM_REAL *t63 = t62 + 3844; /* m x 62 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t69[62*i] = t68[62*targets[i]];
-        t69[62*i + 1] = t68[62*targets[i] + 1];
-        t69[62*i + 2] = t68[62*targets[i] + 2];
-        t69[62*i + 3] = t68[62*targets[i] + 3];
-        t69[62*i + 4] = t68[62*targets[i] + 4];
-        t69[62*i + 5] = t68[62*targets[i] + 5];
-        t69[62*i + 6] = t68[62*targets[i] + 6];
-        t69[62*i + 7] = t68[62*targets[i] + 7];
-        t69[62*i + 8] = t68[62*targets[i] + 8];
-        t69[62*i + 9] = t68[62*targets[i] + 9];
-        t69[62*i + 10] = t68[62*targets[i] + 10];
-        t69[62*i + 11] = t68[62*targets[i] + 11];
-        t69[62*i + 12] = t68[62*targets[i] + 12];
-        t69[62*i + 13] = t68[62*targets[i] + 13];
-        t69[62*i + 14] = t68[62*targets[i] + 14];
-        t69[62*i + 15] = t68[62*targets[i] + 15];
-        t69[62*i + 16] = t68[62*targets[i] + 16];
-        t69[62*i + 17] = t68[62*targets[i] + 17];
-        t69[62*i + 18] = t68[62*targets[i] + 18];
-        t69[62*i + 19] = t68[62*targets[i] + 19];
-        t69[62*i + 20] = t68[62*targets[i] + 20];
-        t69[62*i + 21] = t68[62*targets[i] + 21];
-        t69[62*i + 22] = t68[62*targets[i] + 22];
-        t69[62*i + 23] = t68[62*targets[i] + 23];
-        t69[62*i + 24] = t68[62*targets[i] + 24];
-        t69[62*i + 25] = t68[62*targets[i] + 25];
-        t69[62*i + 26] = t68[62*targets[i] + 26];
-        t69[62*i + 27] = t68[62*targets[i] + 27];
-        t69[62*i + 28] = t68[62*targets[i] + 28];
-        t69[62*i + 29] = t68[62*targets[i] + 29];
-        t69[62*i + 30] = t68[62*targets[i] + 30];
-        t69[62*i + 31] = t68[62*targets[i] + 31];
-        t69[62*i + 32] = t68[62*targets[i] + 32];
-        t69[62*i + 33] = t68[62*targets[i] + 33];
-        t69[62*i + 34] = t68[62*targets[i] + 34];
-        t69[62*i + 35] = t68[62*targets[i] + 35];
-        t69[62*i + 36] = t68[62*targets[i] + 36];
-        t69[62*i + 37] = t68[62*targets[i] + 37];
-        t69[62*i + 38] = t68[62*targets[i] + 38];
-        t69[62*i + 39] = t68[62*targets[i] + 39];
-        t69[62*i + 40] = t68[62*targets[i] + 40];
-        t69[62*i + 41] = t68[62*targets[i] + 41];
-        t69[62*i + 42] = t68[62*targets[i] + 42];
-        t69[62*i + 43] = t68[62*targets[i] + 43];
-        t69[62*i + 44] = t68[62*targets[i] + 44];
-        t69[62*i + 45] = t68[62*targets[i] + 45];
-        t69[62*i + 46] = t68[62*targets[i] + 46];
-        t69[62*i + 47] = t68[62*targets[i] + 47];
-        t69[62*i + 48] = t68[62*targets[i] + 48];
-        t69[62*i + 49] = t68[62*targets[i] + 49];
-        t69[62*i + 50] = t68[62*targets[i] + 50];
-        t69[62*i + 51] = t68[62*targets[i] + 51];
-        t69[62*i + 52] = t68[62*targets[i] + 52];
-        t69[62*i + 53] = t68[62*targets[i] + 53];
-        t69[62*i + 54] = t68[62*targets[i] + 54];
-        t69[62*i + 55] = t68[62*targets[i] + 55];
-        t69[62*i + 56] = t68[62*targets[i] + 56];
-        t69[62*i + 57] = t68[62*targets[i] + 57];
-        t69[62*i + 58] = t68[62*targets[i] + 58];
-        t69[62*i + 59] = t68[62*targets[i] + 59];
-        t69[62*i + 60] = t68[62*targets[i] + 60];
-        t69[62*i + 61] = t68[62*targets[i] + 61];
+        t63[62*i] = t62[62*targets[i]];
+        t63[62*i + 1] = t62[62*targets[i] + 1];
+        t63[62*i + 2] = t62[62*targets[i] + 2];
+        t63[62*i + 3] = t62[62*targets[i] + 3];
+        t63[62*i + 4] = t62[62*targets[i] + 4];
+        t63[62*i + 5] = t62[62*targets[i] + 5];
+        t63[62*i + 6] = t62[62*targets[i] + 6];
+        t63[62*i + 7] = t62[62*targets[i] + 7];
+        t63[62*i + 8] = t62[62*targets[i] + 8];
+        t63[62*i + 9] = t62[62*targets[i] + 9];
+        t63[62*i + 10] = t62[62*targets[i] + 10];
+        t63[62*i + 11] = t62[62*targets[i] + 11];
+        t63[62*i + 12] = t62[62*targets[i] + 12];
+        t63[62*i + 13] = t62[62*targets[i] + 13];
+        t63[62*i + 14] = t62[62*targets[i] + 14];
+        t63[62*i + 15] = t62[62*targets[i] + 15];
+        t63[62*i + 16] = t62[62*targets[i] + 16];
+        t63[62*i + 17] = t62[62*targets[i] + 17];
+        t63[62*i + 18] = t62[62*targets[i] + 18];
+        t63[62*i + 19] = t62[62*targets[i] + 19];
+        t63[62*i + 20] = t62[62*targets[i] + 20];
+        t63[62*i + 21] = t62[62*targets[i] + 21];
+        t63[62*i + 22] = t62[62*targets[i] + 22];
+        t63[62*i + 23] = t62[62*targets[i] + 23];
+        t63[62*i + 24] = t62[62*targets[i] + 24];
+        t63[62*i + 25] = t62[62*targets[i] + 25];
+        t63[62*i + 26] = t62[62*targets[i] + 26];
+        t63[62*i + 27] = t62[62*targets[i] + 27];
+        t63[62*i + 28] = t62[62*targets[i] + 28];
+        t63[62*i + 29] = t62[62*targets[i] + 29];
+        t63[62*i + 30] = t62[62*targets[i] + 30];
+        t63[62*i + 31] = t62[62*targets[i] + 31];
+        t63[62*i + 32] = t62[62*targets[i] + 32];
+        t63[62*i + 33] = t62[62*targets[i] + 33];
+        t63[62*i + 34] = t62[62*targets[i] + 34];
+        t63[62*i + 35] = t62[62*targets[i] + 35];
+        t63[62*i + 36] = t62[62*targets[i] + 36];
+        t63[62*i + 37] = t62[62*targets[i] + 37];
+        t63[62*i + 38] = t62[62*targets[i] + 38];
+        t63[62*i + 39] = t62[62*targets[i] + 39];
+        t63[62*i + 40] = t62[62*targets[i] + 40];
+        t63[62*i + 41] = t62[62*targets[i] + 41];
+        t63[62*i + 42] = t62[62*targets[i] + 42];
+        t63[62*i + 43] = t62[62*targets[i] + 43];
+        t63[62*i + 44] = t62[62*targets[i] + 44];
+        t63[62*i + 45] = t62[62*targets[i] + 45];
+        t63[62*i + 46] = t62[62*targets[i] + 46];
+        t63[62*i + 47] = t62[62*targets[i] + 47];
+        t63[62*i + 48] = t62[62*targets[i] + 48];
+        t63[62*i + 49] = t62[62*targets[i] + 49];
+        t63[62*i + 50] = t62[62*targets[i] + 50];
+        t63[62*i + 51] = t62[62*targets[i] + 51];
+        t63[62*i + 52] = t62[62*targets[i] + 52];
+        t63[62*i + 53] = t62[62*targets[i] + 53];
+        t63[62*i + 54] = t62[62*targets[i] + 54];
+        t63[62*i + 55] = t62[62*targets[i] + 55];
+        t63[62*i + 56] = t62[62*targets[i] + 56];
+        t63[62*i + 57] = t62[62*targets[i] + 57];
+        t63[62*i + 58] = t62[62*targets[i] + 58];
+        t63[62*i + 59] = t62[62*targets[i] + 59];
+        t63[62*i + 60] = t62[62*targets[i] + 60];
+        t63[62*i + 61] = t62[62*targets[i] + 61];
     }
 
-    /* t70 = t67*t69 */
-    TRANSFORMER_LM_REAL *t70 = t69 + 62*m; /* m x 62 */
+    /* t64 = t61*t63 */
+    TRANSFORMER_LM_REAL *t64 = t63 + 62*m; /* m x 62 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 62; ++j) {
-            t70[62*i + j] = t67[62*i + j]*t69[62*i + j];
+            t64[62*i + j] = t61[62*i + j]*t63[62*i + j];
         }
     }
 
-    /* t71 = sum of t70 along each row */
-    TRANSFORMER_LM_REAL *t71 = t64; /* m x 1, in t64's memory */
+    /* t65 = sum of t64 along each row */
+    TRANSFORMER_LM_REAL *t65 = t64 + 62*m; /* m x 1 */
     for (int64_t i = 0; i < m; ++i) {
-        t71[i] = symbackprop_f64_sum(t70 + 62*i, 62, 1);
+        t65[i] = symbackprop_f64_sum(t64 + 62*i, 62, 1);
     }
 
-    /* t72 = log(sum(exp(t67))) along each row, its max subtracted first */
-    TRANSFORMER_LM_REAL *t72 = t70 + 62*m; /* m x 1 */
+    /* t66 = log(sum(exp(t61))) along each row, its max subtracted first */
+    TRANSFORMER_LM_REAL *t66 = t65 + m; /* m x 1 */
     for (int64_t i = 0; i < m; ++i) {
-        t72[i] = symbackprop_f64_logsumexp(t67 + 62*i, 62, 1);
+        t66[i] = symbackprop_f64_logsumexp(t61 + 62*i, 62, 1);
     }
 
-    /* t73 = -t71 + t72 */
-    TRANSFORMER_LM_REAL *t73 = t72 + m; /* m x 1 */
+    /* t67 = -t65 + t66 */
+    TRANSFORMER_LM_REAL *t67 = t66 + m; /* m x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t73[i] = -t71[i] + t72[i];
+        t67[i] = -t65[i] + t66[i];
     }
 
-    /* t74 = sum of t73 down each column */
-    TRANSFORMER_LM_REAL *t74 = t73 + m; /* 1 x 1 */
-    t74[0] = symbackprop_f64_sum(t73, m, 1);
+    /* t68 = sum of t67 down each column */
+    TRANSFORMER_LM_REAL *t68 = t67 + m; /* 1 x 1 */
+    t68[0] = symbackprop_f64_sum(t67, m, 1);
 
-    /* loss = t74/m */
+    /* loss = t68/m */
     {
-        loss[0] = t74[0]/((TRANSFORMER_LM_REAL)m);
+        loss[0] = t68[0]/((TRANSFORMER_LM_REAL)m);
     }
 
-    /* grad_t67 = -t69/m + exp(t67 - t72)/m */
-    TRANSFORMER_LM_REAL *grad_t67 = t70; /* m x 62, in t70's memory */
+    /* grad_t61 = -t63/m + exp(t61 - t66)/m */
+    TRANSFORMER_LM_REAL *grad_t61 = t64; /* m x 62, in t64's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 62; ++j) {
             const TRANSFORMER_LM_REAL x0 = 1.0/((TRANSFORMER_LM_REAL)m);
-            grad_t67[62*i + j] = -t69[62*i + j]*x0 + x0*exp(t67[62*i + j] - t72[i]);
+            grad_t61[62*i + j] = -t63[62*i + j]*x0 + x0*exp(t61[62*i + j] - t66[i]);
         }
     }
 
-    /* grad_t66 = grad_t67 @ Wout^T */
-    TRANSFORMER_LM_REAL *grad_t66 = t59; /* m x 64, in t59's memory */
-    symbackprop_f64_matmul(m, 64, 62, grad_t67, 62, 1, Wout, 1, 62, grad_t66);
+    /* grad_t60 = grad_t61 @ Wout^T */
+    TRANSFORMER_LM_REAL *grad_t60 = t68 + 1; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 62, grad_t61, 62, 1, Wout, 1, 62, grad_t60);
+
+    /* grad_t59 = gf*grad_t60 */
+    /* t69 = dt59_dt58*gf*grad_t60 */
+    /* g0 = grad_t60*t59 */
+    TRANSFORMER_LM_REAL *grad_t59 = grad_t60 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t69 = grad_t59 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g0 = t69 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = grad_t60[64*i + j]*gf[j];
+            grad_t59[64*i + j] = x0;
+            t69[64*i + j] = dt59_dt58[64*i + j]*x0;
+            g0[64*i + j] = grad_t60[64*i + j]*t59[64*i + j];
+        }
+    }
+
+    /* t70 = 1/sqrt(t58/64 + 1.0e-5) */
+    TRANSFORMER_LM_REAL *t70 = t65; /* m x 1, in t65's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        t70[i] = 1.0/sqrt((1.0/64.0)*t58[i] + 1.0000000000000001e-5);
+    }
+
+    /* grad_t58 = sum of t69 along each row */
+    TRANSFORMER_LM_REAL *grad_t58 = t67; /* m x 1, in t67's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        grad_t58[i] = symbackprop_f64_sum(t69 + 64*i, 64, 1);
+    }
+
+    /* grad_t56 = 2*grad_t58*t56 + grad_t59*t70 */
+    /* t71 = -grad_t58*t56/32 - grad_t59*t70/64 */
+    TRANSFORMER_LM_REAL *grad_t56 = t59; /* m x 64, in t59's memory */
+    TRANSFORMER_LM_REAL *t71 = dt59_dt58; /* m x 64, in dt59_dt58's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = grad_t59[64*i + j]*t70[i];
+            const TRANSFORMER_LM_REAL x1 = t56[64*i + j]*grad_t58[i];
+            grad_t56[64*i + j] = x0 + 2*x1;
+            t71[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+        }
+    }
+
+    /* grad_t55 = sum of t71 along each row */
+    TRANSFORMER_LM_REAL *grad_t55 = t66; /* m x 1, in t66's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        grad_t55[i] = symbackprop_f64_sum(t71 + 64*i, 64, 1);
+    }
 }
 
 /* transformer_lm_train_step, part 3 of 7 (kernels 65 to 96): a long
@@ -3326,400 +3361,429 @@ static void transformer_lm_train_step_part2(
  * linearly with a function's length. */
 static void transformer_lm_train_step_part3(
     int64_t m,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *W0up,
     TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *g1a,
     TRANSFORMER_LM_REAL *Wk1,
     TRANSFORMER_LM_REAL *Wv1,
     TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
     TRANSFORMER_LM_REAL *W1up,
     TRANSFORMER_LM_REAL *W1down,
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t0 = work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t19 = work + 1409*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = work + 2113*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = work + 2561*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t38 = work + 2497*m + 1024; /* m x 64, in t33's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt38_dt35 = work + 2689*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt38_dt37 = work + 2753*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = work + 2817*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t41 = work + 2881*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t42_block_1 = work + 961*m; /* 64 x 16, in t13_block_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t44 = work + 961*m + 1024; /* m x 256, in t42's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t45 = work + 3201*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t48 = work + 3393*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t51 = work + 3521*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t54 = work + 3457*m + 1024; /* m x 64, in t49's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt54_dt51 = work + 3649*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt54_dt53 = work + 3713*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t56 = work + 2945*m + 1024; /* m x 256, in t43's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t58 = work + 4033*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t60 = work + 4353*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t62 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t63 = work + 192*m; /* m x 64, in t3's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t65 = work + 1345*m + 1024; /* m x 64, in t18's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt65_dt62 = work + 2433*m + 1024; /* m x 64, in t32's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt65_dt64 = work + 3329*m + 1024; /* m x 64, in t47's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t71 = work + 320*m; /* m x 1, in t64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t72 = work + 4603*m + 4868; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t73 = work + 4604*m + 4868; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t74 = work + 4605*m + 4868; /* 1 x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t66 = work + 4289*m + 1024; /* m x 64, in t59's memory; placed in an earlier part */
-    /* grad_t65 = grad_t66*t0 */
-    /* t75 = dt65_dt64*grad_t66*t0 */
-    /* grad_t0 = grad_t66*t65 */
-    TRANSFORMER_LM_REAL *grad_t65 = t60; /* m x 64, in t60's memory */
-    TRANSFORMER_LM_REAL *t75 = t63; /* m x 64, in t63's memory */
-    TRANSFORMER_LM_REAL *grad_t0 = t74 + 1; /* m x 64 */
+    TRANSFORMER_LM_REAL *t19 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t21 = work + 1217*m + 5120; /* m x 1, in t18's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t22 = work + 1089*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt22_dt21 = work + 1282*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = work + 1602*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t30 = work + 1153*m + 5120; /* m x 64, in t17's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = work + 1986*m + 5120; /* m x 1, in t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t33 = work + 1858*m + 5120; /* m x 64, in t31's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt33_dt32 = work + 2051*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = work + 2115*m + 5120; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t36 = work + 2115*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t37 = work + 2179*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t38_block_1 = work + 705*m + 4096; /* 64 x 16, in t12_block_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = work + 2243*m + 9216; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t40 = work + 2499*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t45 = work + 1922*m + 5120; /* m x 64, in t28's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t47 = work + 2755*m + 9216; /* m x 1, in t44's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t48 = work + 2627*m + 9216; /* m x 64, in t46's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt48_dt47 = work + 2820*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t50 = work + 449*m + 4096; /* m x 256, in t38's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t52 = work + 3140*m + 9216; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t56 = work + 2691*m + 9216; /* m x 64, in t43's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t58 = work + 3524*m + 9216; /* m x 1, in t55's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t59 = work + 3842*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t69 = work + 3906*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t70 = work + 3775*m + 13060; /* m x 1, in t65's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t58 = work + 3777*m + 13060; /* m x 1, in t67's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t56 = work + 3460*m + 9216; /* m x 64, in t59's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t71 = work + 3525*m + 9216; /* m x 64, in dt59_dt58's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t55 = work + 3776*m + 13060; /* m x 1, in t66's memory; placed in an earlier part */
+    /* grad_t54 = grad_t55 + grad_t56 */
+    TRANSFORMER_LM_REAL *grad_t54 = t69; /* m x 64, in t69's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t66[64*i + j]*t0[64*i + j];
-            grad_t65[64*i + j] = x0;
-            t75[64*i + j] = dt65_dt64[64*i + j]*x0;
-            grad_t0[64*i + j] = grad_t66[64*i + j]*t65[64*i + j];
+            grad_t54[64*i + j] = grad_t56[64*i + j] + grad_t55[i];
         }
     }
 
-    /* grad_t64 = sum of t75 along each row */
-    TRANSFORMER_LM_REAL *grad_t64 = t71; /* m x 1, in t71's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t64[i] = symbackprop_f64_sum(t75 + 64*i, 64, 1);
-    }
+    /* grad_t51 = grad_t54 @ W1down^T */
+    TRANSFORMER_LM_REAL *grad_t51 = t50; /* m x 256, in t50's memory */
+    symbackprop_f64_matmul(m, 256, 64, grad_t54, 64, 1, W1down, 1, 64, grad_t51);
 
-    /* grad_t62 = dt65_dt62*grad_t65 + 2*grad_t64*t62 */
-    /* t76 = -dt65_dt62*grad_t65/64 - grad_t64*t62/32 */
-    TRANSFORMER_LM_REAL *grad_t62 = t0; /* m x 64, in t0's memory */
-    TRANSFORMER_LM_REAL *t76 = t65; /* m x 64, in t65's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t65[64*i + j]*dt65_dt62[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t64[i]*t62[64*i + j];
-            grad_t62[64*i + j] = x0 + 2*x1;
-            t76[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
-        }
-    }
-
-    /* grad_t61 = sum of t76 along each row */
-    TRANSFORMER_LM_REAL *grad_t61 = t73; /* m x 1, in t73's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t61[i] = symbackprop_f64_sum(t76 + 64*i, 64, 1);
-    }
-
-    /* grad_t60 = grad_t61 + grad_t62 */
-    TRANSFORMER_LM_REAL *grad_t60 = dt65_dt64; /* m x 64, in dt65_dt64's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t60[64*i + j] = grad_t61[i] + grad_t62[64*i + j];
-        }
-    }
-
-    /* grad_t57 = grad_t60 @ W1down^T */
-    TRANSFORMER_LM_REAL *grad_t57 = t56; /* m x 256, in t56's memory */
-    symbackprop_f64_matmul(m, 256, 64, grad_t60, 64, 1, W1down, 1, 64, grad_t57);
-
-    /* g0 = grad_t57*t58 */
-    TRANSFORMER_LM_REAL *g0 = grad_t0 + 64*m; /* m x 256 */
+    /* g1 = grad_t51*t52 */
+    TRANSFORMER_LM_REAL *g1 = g0 + 64*m; /* m x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            g0[256*i + j] = grad_t57[256*i + j]*t58[256*i + j];
+            g1[256*i + j] = grad_t51[256*i + j]*t52[256*i + j];
         }
     }
 
-    /* grad_t55 = g0 @ W1up^T */
-    TRANSFORMER_LM_REAL *grad_t55 = t75; /* m x 64, in t75's memory */
-    symbackprop_f64_matmul(m, 64, 256, g0, 256, 1, W1up, 1, 256, grad_t55);
+    /* grad_t49 = g1 @ W1up^T */
+    TRANSFORMER_LM_REAL *grad_t49 = t56; /* m x 64, in t56's memory */
+    symbackprop_f64_matmul(m, 64, 256, g1, 256, 1, W1up, 1, 256, grad_t49);
 
-    /* grad_t54 = grad_t55*t48 */
-    /* t77 = dt54_dt53*grad_t55*t48 */
-    /* grad_t48 = grad_t55*t54 */
-    TRANSFORMER_LM_REAL *grad_t54 = t62; /* m x 64, in t62's memory */
-    TRANSFORMER_LM_REAL *t77 = dt65_dt62; /* m x 64, in dt65_dt62's memory */
-    TRANSFORMER_LM_REAL *grad_t48 = grad_t65; /* m x 64, in grad_t65's memory */
+    /* grad_t48 = g1m*grad_t49 */
+    /* t72 = dt48_dt47*g1m*grad_t49 */
+    /* g2 = grad_t49*t48 */
+    TRANSFORMER_LM_REAL *grad_t48 = grad_t59; /* m x 64, in grad_t59's memory */
+    TRANSFORMER_LM_REAL *t72 = t71; /* m x 64, in t71's memory */
+    TRANSFORMER_LM_REAL *g2 = grad_t56; /* m x 64, in grad_t56's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t55[64*i + j]*t48[64*i + j];
-            grad_t54[64*i + j] = x0;
-            t77[64*i + j] = dt54_dt53[64*i + j]*x0;
-            grad_t48[64*i + j] = grad_t55[64*i + j]*t54[64*i + j];
+            const TRANSFORMER_LM_REAL x0 = grad_t49[64*i + j]*g1m[j];
+            grad_t48[64*i + j] = x0;
+            t72[64*i + j] = dt48_dt47[64*i + j]*x0;
+            g2[64*i + j] = grad_t49[64*i + j]*t48[64*i + j];
         }
     }
 
-    /* grad_t53 = sum of t77 along each row */
-    TRANSFORMER_LM_REAL *grad_t53 = t72; /* m x 1, in t72's memory */
+    /* t73 = 1/sqrt(t47/64 + 1.0e-5) */
+    TRANSFORMER_LM_REAL *t73 = t58; /* m x 1, in t58's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        grad_t53[i] = symbackprop_f64_sum(t77 + 64*i, 64, 1);
+        t73[i] = 1.0/sqrt((1.0/64.0)*t47[i] + 1.0000000000000001e-5);
     }
 
-    /* grad_t51 = dt54_dt51*grad_t54 + 2*grad_t53*t51 */
-    /* t78 = -dt54_dt51*grad_t54/64 - grad_t53*t51/32 */
-    TRANSFORMER_LM_REAL *grad_t51 = t76; /* m x 64, in t76's memory */
-    TRANSFORMER_LM_REAL *t78 = grad_t62; /* m x 64, in grad_t62's memory */
+    /* grad_t47 = sum of t72 along each row */
+    TRANSFORMER_LM_REAL *grad_t47 = t70; /* m x 1, in t70's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        grad_t47[i] = symbackprop_f64_sum(t72 + 64*i, 64, 1);
+    }
+
+    /* grad_t45 = 2*grad_t47*t45 + grad_t48*t73 */
+    /* t74 = -grad_t47*t45/32 - grad_t48*t73/64 */
+    TRANSFORMER_LM_REAL *grad_t45 = t48; /* m x 64, in t48's memory */
+    TRANSFORMER_LM_REAL *t74 = dt48_dt47; /* m x 64, in dt48_dt47's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t54[64*i + j]*dt54_dt51[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t53[i]*t51[64*i + j];
-            grad_t51[64*i + j] = x0 + 2*x1;
-            t78[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            const TRANSFORMER_LM_REAL x0 = grad_t48[64*i + j]*t73[i];
+            const TRANSFORMER_LM_REAL x1 = t45[64*i + j]*grad_t47[i];
+            grad_t45[64*i + j] = x0 + 2*x1;
+            t74[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
-    /* grad_t50 = sum of t78 along each row */
-    TRANSFORMER_LM_REAL *grad_t50 = grad_t64; /* m x 1, in grad_t64's memory */
+    /* grad_t44 = sum of t74 along each row */
+    TRANSFORMER_LM_REAL *grad_t44 = grad_t58; /* m x 1, in grad_t58's memory */
     for (int64_t i = 0; i < m; ++i) {
-        grad_t50[i] = symbackprop_f64_sum(t78 + 64*i, 64, 1);
+        grad_t44[i] = symbackprop_f64_sum(t74 + 64*i, 64, 1);
     }
 
-    /* grad_t49 = grad_t50 + grad_t51 */
-    /* grad_t47 = grad_t50 + grad_t51 + grad_t60 */
-    TRANSFORMER_LM_REAL *grad_t49 = t48; /* m x 64, in t48's memory */
-    TRANSFORMER_LM_REAL *grad_t47 = t54; /* m x 64, in t54's memory */
+    /* grad_t43 = grad_t44 + grad_t45 + grad_t54 */
+    TRANSFORMER_LM_REAL *grad_t43 = t72; /* m x 64, in t72's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t50[i] + grad_t51[64*i + j];
-            grad_t49[64*i + j] = x0;
-            grad_t47[64*i + j] = grad_t60[64*i + j] + x0;
+            grad_t43[64*i + j] = grad_t54[64*i + j] + grad_t45[64*i + j] + grad_t44[i];
         }
     }
 
-    /* grad_t46 = grad_t47 @ Wo1^T */
-    TRANSFORMER_LM_REAL *grad_t46 = dt54_dt53; /* m x 64, in dt54_dt53's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t47, 64, 1, Wo1, 1, 64, grad_t46);
+    /* grad_t41 = grad_t43 @ Wo1^T */
+    TRANSFORMER_LM_REAL *grad_t41 = t45; /* m x 64, in t45's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t43, 64, 1, Wo1, 1, 64, grad_t41);
 
-    /* grad_t45[(e,s),h*dh+k] = sum_{t>=s} t44[(e,t),(h,s)] * grad_t46[(e,t),h*dh+k] (rows
+    /* grad_t40[(e,s),h*dh+k] = sum_{t>=s} t39[(e,t),(h,s)] * grad_t41[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t45 = t77; /* m x 64, in t77's memory */
+    TRANSFORMER_LM_REAL *grad_t40 = grad_t48; /* m x 64, in grad_t48's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t39)^T grad_t41 */
+            symbackprop_f64_causal_mix(1, len, 16, t39 + row0 * 256 + hd * 64, 256,
+                                       grad_t41 + row0 * 64 + hd * 16, 64, grad_t40 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of t44[(e,qt),(hd,ks)] *
-                 * grad_t46[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t45 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of t39[(e,qt),(hd,ks)] *
+                 * grad_t41[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t40 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = t44[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = t39[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_t46[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_t41[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
         }
+    #endif
     }
 
-    /* grad_t39_part = grad_t45 @ Wv1^T */
-    TRANSFORMER_LM_REAL *grad_t39_part = t51; /* m x 64, in t51's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t45, 64, 1, Wv1, 1, 64, grad_t39_part);
+    /* grad_t34_part = grad_t40 @ Wv1^T */
+    TRANSFORMER_LM_REAL *grad_t34_part = t74; /* m x 64, in t74's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t40, 64, 1, Wv1, 1, 64, grad_t34_part);
 
-    /* grad_t44[(e,t),(h,s)] = sum_k grad_t46[(e,t),h*dh+k] * t45[(e,s),h*dh+k] for s <= t, 0
+    /* grad_t39[(e,t),(h,s)] = sum_k grad_t41[(e,t),h*dh+k] * t40[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t44 = t58; /* m x 256, in t58's memory */
-    TRANSFORMER_LM_REAL *grad_t44_block_1 = t42_block_1; /* 64 x 16, in t42_block_1's memory */
+    TRANSFORMER_LM_REAL *grad_t39 = t52; /* m x 256, in t52's memory */
+    TRANSFORMER_LM_REAL *grad_t39_block_1 = t38_block_1; /* 64 x 16, in t38_block_1's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_t44_block_1[dk][ks] = t45[(e,ks), hd*16+dk]: the head's keys transposed,
+            /* the head's len x len scores grad_t41 t40^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_t41 + row0 * 64 + hd * 16, 64, t40 + row0 * 64 + hd * 16, 64,
+                                          grad_t39 + row0 * 256 + hd * 64, 256, 64);
+        }
+    #else
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* grad_t39_block_1[dk][ks] = t40[(e,ks), hd*16+dk]: the head's keys transposed,
              * so that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_t44_block_1[dk * 64 + ks] = t45[(row0 + ks) * 64 + hd * 16 + dk];
+                    grad_t39_block_1[dk * 64 + ks] = t40[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_t44 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = grad_t39 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += grad_t46[(e,qt), hd*16+dk] * grad_t44_block_1[dk][ks] for keys
+                /* srow[ks] += grad_t41[(e,qt), hd*16+dk] * grad_t39_block_1[dk][ks] for keys
                  * ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_t46[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = grad_t41[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_t44_block_1[dk * 64 + ks];
+                        srow[ks] += aw * grad_t39_block_1[dk * 64 + ks];
                     }
                 }
             }
         }
+    #endif
     }
 
-    /* t79 = grad_t44*t44 */
-    TRANSFORMER_LM_REAL *t79 = grad_t57; /* m x 256, in grad_t57's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t79[256*i + j] = t44[256*i + j]*grad_t44[256*i + j];
-        }
-    }
-
-    /* t80[i,ch] = sum_at t79[i,ch,at] (over each channel's pixels) */
-    TRANSFORMER_LM_REAL *t80 = g0 + 256*m; /* m x 4 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t ch = 0; ch < 4; ++ch) {
-            TRANSFORMER_LM_REAL acc = 0;
-            for (int64_t at = 0; at < 64; ++at) {
-                acc += t79[(i * 4 + ch) * 64 + at];
-            }
-            t80[i * 4 + ch] = acc;
-        }
-    }
-
-    /* t81[i,ch,at] = t80[i,ch] (over each channel's pixels) */
-    TRANSFORMER_LM_REAL *t81 = t79; /* m x 256, in t79's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t ch = 0; ch < 4; ++ch) {
-            for (int64_t at = 0; at < 64; ++at) {
-                t81[(i * 4 + ch) * 64 + at] = t80[i * 4 + ch];
-            }
-        }
-    }
-
-    /* grad_t42 = t44*(grad_t44 - t81)/4 */
-    TRANSFORMER_LM_REAL *grad_t42 = t80 + 4*m; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            grad_t42[256*i + j] = (1.0/4.0)*t44[256*i + j]*(grad_t44[256*i + j] - t81[256*i + j]);
-        }
-    }
-
-    /* grad_t41[(e,s),h*dh+k] = sum_{t>=s} grad_t42[(e,t),(h,s)] * t40[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t41 = dt54_dt51; /* m x 64, in dt54_dt51's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t42[(e,qt),(hd,ks)] *
-                 * t40[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t41 + (row0 + ks) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t42[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t40[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    }
-
-    /* grad_t39_part_1 = grad_t41 @ Wk1^T */
-    TRANSFORMER_LM_REAL *grad_t39_part_1 = grad_t54; /* m x 64, in grad_t54's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t41, 64, 1, Wk1, 1, 64, grad_t39_part_1);
-
-    /* grad_t40[(e,t),h*dh+k] = sum_{s<=t} grad_t42[(e,t),(h,s)] * t41[(e,s),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t40 = t78; /* m x 64, in t78's memory */
+    /* grad_t38[(e,t),(h,s)] = t39[(e,t),(h,s)] * (grad_t39[(e,t),(h,s)] - sum_{s'<=t}
+     * t39[(e,t),(h,s')] * grad_t39[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
+     * e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *grad_t38 = grad_t51; /* m x 256, in grad_t51's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t42[(e,qt),(hd,ks)] *
-                 * t41[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t40 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL dot = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    dot += t39[qbase + ks] * grad_t39[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t42[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t41[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
+                    grad_t38[qbase + ks] = t39[qbase + ks] * (grad_t39[qbase + ks] - dot);
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    grad_t38[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* grad_t39_part_2 = grad_t40 @ Wq1^T */
-    TRANSFORMER_LM_REAL *grad_t39_part_2 = grad_t51; /* m x 64, in grad_t51's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t40, 64, 1, Wq1, 1, 64, grad_t39_part_2);
+    /* grad_t37[(e,s),h*dh+k] = sum_{t>=s} grad_t38[(e,t),(h,s)] * t36[(e,t),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_t37 = grad_t45; /* m x 64, in grad_t45's memory */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t38)^T t36 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
+                                       t36 + row0 * 64 + hd * 16, 64, grad_t37 + row0 * 64 + hd * 16, 64);
+        }
+    #else
+        for (int64_t ks = 0; ks < len; ++ks) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over queries qt >= ks of grad_t38[(e,qt),(hd,ks)] *
+                 * t36[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t37 + (row0 + ks) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
+                    const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t36[(row0 + qt) * 64 + hd * 16 + dk];
+                    }
+                }
+            }
+        }
+    #endif
+    }
 
-    /* grad_t39 = grad_t39_part + grad_t39_part_1 + grad_t39_part_2 */
-    /* grad_t38 = t19*(grad_t39_part + grad_t39_part_1 + grad_t39_part_2) */
-    /* t82 = dt38_dt37*t19*(grad_t39_part + grad_t39_part_1 + grad_t39_part_2) */
-    /* grad_t19 = t38*(grad_t39_part + grad_t39_part_1 + grad_t39_part_2) */
-    TRANSFORMER_LM_REAL *grad_t39 = t45; /* m x 64, in t45's memory */
-    TRANSFORMER_LM_REAL *grad_t38 = grad_t46; /* m x 64, in grad_t46's memory */
-    TRANSFORMER_LM_REAL *t82 = t40; /* m x 64, in t40's memory */
-    TRANSFORMER_LM_REAL *grad_t19 = t41; /* m x 64, in t41's memory */
+    /* grad_t34_part_1 = grad_t37 @ Wk1^T */
+    TRANSFORMER_LM_REAL *grad_t34_part_1 = t40; /* m x 64, in t40's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t37, 64, 1, Wk1, 1, 64, grad_t34_part_1);
+
+    /* grad_t36[(e,t),h*dh+k] = sum_{s<=t} grad_t38[(e,t),(h,s)] * t37[(e,s),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_t36 = grad_t41; /* m x 64, in grad_t41's memory */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t38) t37 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
+                                       t37 + row0 * 64 + hd * 16, 64, grad_t36 + row0 * 64 + hd * 16, 64);
+        }
+    #else
+        for (int64_t qt = 0; qt < len; ++qt) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over keys ks <= qt of grad_t38[(e,qt),(hd,ks)] *
+                 * t37[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t36 + (row0 + qt) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t37[(row0 + ks) * 64 + hd * 16 + dk];
+                    }
+                }
+            }
+        }
+    #endif
+    }
+
+    /* grad_t34_part_2 = grad_t36 @ t35^T */
+    TRANSFORMER_LM_REAL *grad_t34_part_2 = t36; /* m x 64, in t36's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t36, 64, 1, t35, 1, 64, grad_t34_part_2);
+
+    /* grad_t34 = grad_t34_part + grad_t34_part_1 + grad_t34_part_2 */
+    /* grad_t33 = g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
+    /* t75 = dt33_dt32*g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
+    /* g3 = t33*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
+    TRANSFORMER_LM_REAL *grad_t34 = t37; /* m x 64, in t37's memory */
+    TRANSFORMER_LM_REAL *grad_t33 = g1 + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t75 = grad_t33 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g3 = t75 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t39_part[64*i + j] + grad_t39_part_1[64*i + j] + grad_t39_part_2[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]*x0;
-            grad_t39[64*i + j] = x0;
-            grad_t38[64*i + j] = x1;
-            t82[64*i + j] = dt38_dt37[64*i + j]*x1;
-            grad_t19[64*i + j] = t38[64*i + j]*x0;
+            const TRANSFORMER_LM_REAL x0 = grad_t34_part[64*i + j] + grad_t34_part_1[64*i + j] + grad_t34_part_2[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = g1a[j]*x0;
+            grad_t34[64*i + j] = x0;
+            grad_t33[64*i + j] = x1;
+            t75[64*i + j] = dt33_dt32[64*i + j]*x1;
+            g3[64*i + j] = t33[64*i + j]*x0;
         }
     }
 
-    /* grad_t37 = sum of t82 along each row */
-    TRANSFORMER_LM_REAL *grad_t37 = grad_t61; /* m x 1, in grad_t61's memory */
+    /* t76 = 1/sqrt(t32/64 + 1.0e-5) */
+    TRANSFORMER_LM_REAL *t76 = grad_t55; /* m x 1, in grad_t55's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        grad_t37[i] = symbackprop_f64_sum(t82 + 64*i, 64, 1);
+        t76[i] = 1.0/sqrt((1.0/64.0)*t32[i] + 1.0000000000000001e-5);
     }
 
-    /* grad_t35 = dt38_dt35*grad_t38 + 2*grad_t37*t35 */
-    /* t83 = -dt38_dt35*grad_t38/64 - grad_t37*t35/32 */
-    TRANSFORMER_LM_REAL *grad_t35 = t19; /* m x 64, in t19's memory */
-    TRANSFORMER_LM_REAL *t83 = t38; /* m x 64, in t38's memory */
+    /* grad_t32 = sum of t75 along each row */
+    TRANSFORMER_LM_REAL *grad_t32 = t47; /* m x 1, in t47's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        grad_t32[i] = symbackprop_f64_sum(t75 + 64*i, 64, 1);
+    }
+
+    /* grad_t30 = 2*grad_t32*t30 + grad_t33*t76 */
+    /* t77 = -grad_t32*t30/32 - grad_t33*t76/64 */
+    TRANSFORMER_LM_REAL *grad_t30 = t33; /* m x 64, in t33's memory */
+    TRANSFORMER_LM_REAL *t77 = dt33_dt32; /* m x 64, in dt33_dt32's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t38[64*i + j]*dt38_dt35[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t37[i]*t35[64*i + j];
-            grad_t35[64*i + j] = x0 + 2*x1;
-            t83[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            const TRANSFORMER_LM_REAL x0 = grad_t33[64*i + j]*t76[i];
+            const TRANSFORMER_LM_REAL x1 = t30[64*i + j]*grad_t32[i];
+            grad_t30[64*i + j] = x0 + 2*x1;
+            t77[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
-    /* grad_t34 = sum of t83 along each row */
-    TRANSFORMER_LM_REAL *grad_t34 = grad_t53; /* m x 1, in grad_t53's memory */
+    /* grad_t29 = sum of t77 along each row */
+    TRANSFORMER_LM_REAL *grad_t29 = t73; /* m x 1, in t73's memory */
     for (int64_t i = 0; i < m; ++i) {
-        grad_t34[i] = symbackprop_f64_sum(t83 + 64*i, 64, 1);
+        grad_t29[i] = symbackprop_f64_sum(t77 + 64*i, 64, 1);
     }
 
-    /* grad_t33 = grad_t34 + grad_t35 */
-    /* grad_t32 = grad_t34 + grad_t35 + grad_t49 + grad_t60 */
-    TRANSFORMER_LM_REAL *grad_t33 = dt38_dt37; /* m x 64, in dt38_dt37's memory */
-    TRANSFORMER_LM_REAL *grad_t32 = grad_t39_part; /* m x 64, in grad_t39_part's memory */
+    /* grad_t28 = grad_t29 + grad_t30 + grad_t43 */
+    TRANSFORMER_LM_REAL *grad_t28 = grad_t34_part; /* m x 64, in grad_t34_part's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t34[i] + grad_t35[64*i + j];
-            grad_t33[64*i + j] = x0;
-            grad_t32[64*i + j] = grad_t60[64*i + j] + grad_t49[64*i + j] + x0;
+            grad_t28[64*i + j] = grad_t43[64*i + j] + grad_t30[64*i + j] + grad_t29[i];
         }
     }
 
-    /* grad_t29 = grad_t32 @ W0down^T */
-    TRANSFORMER_LM_REAL *grad_t29 = t44; /* m x 256, in t44's memory */
-    symbackprop_f64_matmul(m, 256, 64, grad_t32, 64, 1, W0down, 1, 64, grad_t29);
+    /* grad_t25 = grad_t28 @ W0down^T */
+    TRANSFORMER_LM_REAL *grad_t25 = t39; /* m x 256, in t39's memory */
+    symbackprop_f64_matmul(m, 256, 64, grad_t28, 64, 1, W0down, 1, 64, grad_t25);
 
-    /* g1 = grad_t29*t30 */
-    TRANSFORMER_LM_REAL *g1 = grad_t44; /* m x 256, in grad_t44's memory */
+    /* g4 = grad_t25*t26 */
+    TRANSFORMER_LM_REAL *g4 = grad_t39; /* m x 256, in grad_t39's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            g1[256*i + j] = grad_t29[256*i + j]*t30[256*i + j];
+            g4[256*i + j] = grad_t25[256*i + j]*t26[256*i + j];
+        }
+    }
+
+    /* grad_t23 = g4 @ W0up^T */
+    TRANSFORMER_LM_REAL *grad_t23 = grad_t34_part_1; /* m x 64, in grad_t34_part_1's memory */
+    symbackprop_f64_matmul(m, 64, 256, g4, 256, 1, W0up, 1, 256, grad_t23);
+
+    /* grad_t22 = g0m*grad_t23 */
+    /* t78 = dt22_dt21*g0m*grad_t23 */
+    /* g5 = grad_t23*t22 */
+    TRANSFORMER_LM_REAL *grad_t22 = grad_t34_part_2; /* m x 64, in grad_t34_part_2's memory */
+    TRANSFORMER_LM_REAL *t78 = t75; /* m x 64, in t75's memory */
+    TRANSFORMER_LM_REAL *g5 = t30; /* m x 64, in t30's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = grad_t23[64*i + j]*g0m[j];
+            grad_t22[64*i + j] = x0;
+            t78[64*i + j] = dt22_dt21[64*i + j]*x0;
+            g5[64*i + j] = grad_t23[64*i + j]*t22[64*i + j];
+        }
+    }
+
+    /* t79 = 1/sqrt(t21/64 + 1.0e-5) */
+    TRANSFORMER_LM_REAL *t79 = grad_t47; /* m x 1, in grad_t47's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        t79[i] = 1.0/sqrt((1.0/64.0)*t21[i] + 1.0000000000000001e-5);
+    }
+
+    /* grad_t21 = sum of t78 along each row */
+    TRANSFORMER_LM_REAL *grad_t21 = grad_t44; /* m x 1, in grad_t44's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        grad_t21[i] = symbackprop_f64_sum(t78 + 64*i, 64, 1);
+    }
+
+    /* grad_t19 = 2*grad_t21*t19 + grad_t22*t79 */
+    /* t80 = -grad_t21*t19/32 - grad_t22*t79/64 */
+    TRANSFORMER_LM_REAL *grad_t19 = grad_t33; /* m x 64, in grad_t33's memory */
+    TRANSFORMER_LM_REAL *t80 = t77; /* m x 64, in t77's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL x0 = grad_t22[64*i + j]*t79[i];
+            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]*grad_t21[i];
+            grad_t19[64*i + j] = x0 + 2*x1;
+            t80[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 }
@@ -3739,337 +3803,306 @@ static void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *Wk0,
     TRANSFORMER_LM_REAL *Wv0,
     TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *W0up,
     const TRANSFORMER_LM_REAL *weight_decay,
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t1 = work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t6 = work + 321*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t9 = work + 256*m; /* m x 64, in t4's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t10 = work + 385*m; /* m x 64, in t7's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt9_dt6 = work + 449*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt9_dt8 = work + 513*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t11 = work + 577*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t12 = work + 641*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t15 = work + 705*m; /* m x 256, in t13's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t16 = work + 1217*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t20 = work + 1473*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t23 = work + 1601*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = work + 1537*m + 1024; /* m x 64, in t21's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt26_dt23 = work + 1729*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt26_dt25 = work + 1793*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = work + 2113*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = work + 2561*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt38_dt35 = work + 2689*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t60 = work + 3329*m + 1024; /* m x 64, in dt65_dt64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t50 = work + 320*m; /* m x 1, in grad_t64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t49 = work + 3393*m + 1024; /* m x 64, in t48's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t44_block_1 = work + 961*m; /* 64 x 16, in t42_block_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t80 = work + 4925*m + 4869; /* m x 4; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t81 = work + 2945*m + 1024; /* m x 256, in t79's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t42 = work + 4929*m + 4869; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t39_part_1 = work + 128*m; /* m x 64, in grad_t54's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t39_part_2 = work + 1345*m + 1024; /* m x 64, in grad_t51's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t38 = work + 3713*m + 1024; /* m x 64, in grad_t46's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t82 = work + 2817*m + 1024; /* m x 64, in t40's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t37 = work + 4604*m + 4868; /* m x 1, in grad_t61's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t35 = work + 1409*m + 1024; /* m x 64, in t19's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t83 = work + 2497*m + 1024; /* m x 64, in t38's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t34 = work + 4603*m + 4868; /* m x 1, in grad_t53's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t33 = work + 2753*m + 1024; /* m x 64, in dt38_dt37's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t29 = work + 961*m + 1024; /* m x 256, in t44's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 4033*m + 1024; /* m x 256, in grad_t44's memory; placed in an earlier part */
-    /* grad_t27 = g1 @ W0up^T */
-    TRANSFORMER_LM_REAL *grad_t27 = grad_t39_part_1; /* m x 64, in grad_t39_part_1's memory */
-    symbackprop_f64_matmul(m, 64, 256, g1, 256, 1, W0up, 1, 256, grad_t27);
+    TRANSFORMER_LM_REAL *t4 = work; /* m x 64, in t0's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t6 = work + 192*m; /* m x 1, in t3's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t7 = work + 64*m; /* m x 64, in t5's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t8 = work + 193*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt7_dt6 = work + 257*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t9 = work + 321*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t10 = work + 321*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t11 = work + 385*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t13 = work + 705*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t14 = work + 961*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t15 = work + 1025*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t19 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t22 = work + 1089*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *dt22_dt21 = work + 1282*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = work + 1602*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = work + 1986*m + 5120; /* m x 1, in t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = work + 2115*m + 5120; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t39_block_1 = work + 705*m + 4096; /* 64 x 16, in t38_block_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t38 = work + 449*m + 4096; /* m x 256, in grad_t51's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 4418*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t76 = work + 3776*m + 13060; /* m x 1, in grad_t55's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t32 = work + 2755*m + 9216; /* m x 1, in t47's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t30 = work + 1858*m + 5120; /* m x 64, in t33's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t29 = work + 3524*m + 9216; /* m x 1, in t73's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 9216; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22 = work + 2115*m + 9216; /* m x 64, in grad_t34_part_2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t78 = work + 4354*m + 13061; /* m x 64, in t75's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t19 = work + 4290*m + 13061; /* m x 64, in grad_t33's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t80 = work + 2051*m + 5120; /* m x 64, in t77's memory; placed in an earlier part */
+    /* grad_t18 = sum of t80 along each row */
+    TRANSFORMER_LM_REAL *grad_t18 = t32; /* m x 1, in t32's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        grad_t18[i] = symbackprop_f64_sum(t80 + 64*i, 64, 1);
+    }
 
-    /* grad_t26 = grad_t27*t20 */
-    /* t84 = dt26_dt25*grad_t27*t20 */
-    /* grad_t20 = grad_t27*t26 */
-    TRANSFORMER_LM_REAL *grad_t26 = grad_t39_part_2; /* m x 64, in grad_t39_part_2's memory */
-    TRANSFORMER_LM_REAL *t84 = t82; /* m x 64, in t82's memory */
-    TRANSFORMER_LM_REAL *grad_t20 = t35; /* m x 64, in t35's memory */
+    /* grad_t17 = grad_t18 + grad_t19 + grad_t28 */
+    TRANSFORMER_LM_REAL *grad_t17 = grad_t30; /* m x 64, in grad_t30's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t27[64*i + j]*t20[64*i + j];
-            grad_t26[64*i + j] = x0;
-            t84[64*i + j] = dt26_dt25[64*i + j]*x0;
-            grad_t20[64*i + j] = grad_t27[64*i + j]*t26[64*i + j];
+            grad_t17[64*i + j] = grad_t28[64*i + j] + grad_t19[64*i + j] + grad_t18[i];
         }
     }
 
-    /* grad_t25 = sum of t84 along each row */
-    TRANSFORMER_LM_REAL *grad_t25 = grad_t50; /* m x 1, in grad_t50's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t25[i] = symbackprop_f64_sum(t84 + 64*i, 64, 1);
-    }
+    /* grad_t15 = grad_t17 @ Wo0^T */
+    TRANSFORMER_LM_REAL *grad_t15 = t22; /* m x 64, in t22's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t17, 64, 1, Wo0, 1, 64, grad_t15);
 
-    /* grad_t23 = dt26_dt23*grad_t26 + 2*grad_t25*t23 */
-    /* t85 = -dt26_dt23*grad_t26/64 - grad_t25*t23/32 */
-    TRANSFORMER_LM_REAL *grad_t23 = dt38_dt35; /* m x 64, in dt38_dt35's memory */
-    TRANSFORMER_LM_REAL *t85 = grad_t38; /* m x 64, in grad_t38's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t26[64*i + j]*dt26_dt23[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t25[i]*t23[64*i + j];
-            grad_t23[64*i + j] = x0 + 2*x1;
-            t85[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
-        }
-    }
-
-    /* grad_t22 = sum of t85 along each row */
-    TRANSFORMER_LM_REAL *grad_t22 = grad_t37; /* m x 1, in grad_t37's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t22[i] = symbackprop_f64_sum(t85 + 64*i, 64, 1);
-    }
-
-    /* grad_t21 = grad_t22 + grad_t23 */
-    /* grad_t18 = grad_t22 + grad_t23 + grad_t33 + grad_t49 + grad_t60 */
-    TRANSFORMER_LM_REAL *grad_t21 = t83; /* m x 64, in t83's memory */
-    TRANSFORMER_LM_REAL *grad_t18 = grad_t35; /* m x 64, in grad_t35's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t22[i] + grad_t23[64*i + j];
-            grad_t21[64*i + j] = x0;
-            grad_t18[64*i + j] = grad_t60[64*i + j] + grad_t49[64*i + j] + grad_t33[64*i + j] + x0;
-        }
-    }
-
-    /* grad_t17 = grad_t18 @ Wo0^T */
-    TRANSFORMER_LM_REAL *grad_t17 = t20; /* m x 64, in t20's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t18, 64, 1, Wo0, 1, 64, grad_t17);
-
-    /* grad_t16[(e,s),h*dh+k] = sum_{t>=s} t15[(e,t),(h,s)] * grad_t17[(e,t),h*dh+k] (rows
+    /* grad_t14[(e,s),h*dh+k] = sum_{t>=s} t13[(e,t),(h,s)] * grad_t15[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t16 = t26; /* m x 64, in t26's memory */
+    TRANSFORMER_LM_REAL *grad_t14 = dt22_dt21; /* m x 64, in dt22_dt21's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t13)^T grad_t15 */
+            symbackprop_f64_causal_mix(1, len, 16, t13 + row0 * 256 + hd * 64, 256,
+                                       grad_t15 + row0 * 64 + hd * 16, 64, grad_t14 + row0 * 64 + hd * 16, 64);
+        }
+    #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of t15[(e,qt),(hd,ks)] *
-                 * grad_t17[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t16 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of t13[(e,qt),(hd,ks)] *
+                 * grad_t15[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t14 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = t15[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = t13[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_t17[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_t15[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
         }
+    #endif
     }
 
-    /* grad_t10_part = grad_t16 @ Wv0^T */
-    TRANSFORMER_LM_REAL *grad_t10_part = dt26_dt25; /* m x 64, in dt26_dt25's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t16, 64, 1, Wv0, 1, 64, grad_t10_part);
+    /* grad_t8_part = grad_t14 @ Wv0^T */
+    TRANSFORMER_LM_REAL *grad_t8_part = t78; /* m x 64, in t78's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t14, 64, 1, Wv0, 1, 64, grad_t8_part);
 
-    /* grad_t15[(e,t),(h,s)] = sum_k grad_t17[(e,t),h*dh+k] * t16[(e,s),h*dh+k] for s <= t, 0
+    /* grad_t13[(e,t),(h,s)] = sum_k grad_t15[(e,t),h*dh+k] * t14[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t15 = t81; /* m x 256, in t81's memory */
-    TRANSFORMER_LM_REAL *grad_t15_block_1 = grad_t44_block_1; /* 64 x 16, in grad_t44_block_1's memory */
+    TRANSFORMER_LM_REAL *grad_t13 = grad_t38; /* m x 256, in grad_t38's memory */
+    TRANSFORMER_LM_REAL *grad_t13_block_1 = grad_t39_block_1; /* 64 x 16, in grad_t39_block_1's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_t15_block_1[dk][ks] = t16[(e,ks), hd*16+dk]: the head's keys transposed,
+            /* the head's len x len scores grad_t15 t14^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_t15 + row0 * 64 + hd * 16, 64, t14 + row0 * 64 + hd * 16, 64,
+                                          grad_t13 + row0 * 256 + hd * 64, 256, 64);
+        }
+    #else
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* grad_t13_block_1[dk][ks] = t14[(e,ks), hd*16+dk]: the head's keys transposed,
              * so that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_t15_block_1[dk * 64 + ks] = t16[(row0 + ks) * 64 + hd * 16 + dk];
+                    grad_t13_block_1[dk * 64 + ks] = t14[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_t15 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = grad_t13 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += grad_t17[(e,qt), hd*16+dk] * grad_t15_block_1[dk][ks] for keys
+                /* srow[ks] += grad_t15[(e,qt), hd*16+dk] * grad_t13_block_1[dk][ks] for keys
                  * ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_t17[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = grad_t15[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_t15_block_1[dk * 64 + ks];
+                        srow[ks] += aw * grad_t13_block_1[dk * 64 + ks];
                     }
                 }
             }
         }
+    #endif
     }
 
-    /* t86 = grad_t15*t15 */
-    TRANSFORMER_LM_REAL *t86 = grad_t42; /* m x 256, in grad_t42's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            t86[256*i + j] = t15[256*i + j]*grad_t15[256*i + j];
-        }
-    }
-
-    /* t87[i,ch] = sum_at t86[i,ch,at] (over each channel's pixels) */
-    TRANSFORMER_LM_REAL *t87 = t80; /* m x 4, in t80's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t ch = 0; ch < 4; ++ch) {
-            TRANSFORMER_LM_REAL acc = 0;
-            for (int64_t at = 0; at < 64; ++at) {
-                acc += t86[(i * 4 + ch) * 64 + at];
-            }
-            t87[i * 4 + ch] = acc;
-        }
-    }
-
-    /* t88[i,ch,at] = t87[i,ch] (over each channel's pixels) */
-    TRANSFORMER_LM_REAL *t88 = t30; /* m x 256, in t30's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t ch = 0; ch < 4; ++ch) {
-            for (int64_t at = 0; at < 64; ++at) {
-                t88[(i * 4 + ch) * 64 + at] = t87[i * 4 + ch];
-            }
-        }
-    }
-
-    /* grad_t13 = t15*(grad_t15 - t88)/4 */
-    TRANSFORMER_LM_REAL *grad_t13 = grad_t29; /* m x 256, in grad_t29's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            grad_t13[256*i + j] = (1.0/4.0)*t15[256*i + j]*(grad_t15[256*i + j] - t88[256*i + j]);
-        }
-    }
-
-    /* grad_t12[(e,s),h*dh+k] = sum_{t>=s} grad_t13[(e,t),(h,s)] * t11[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t12 = t84; /* m x 64, in t84's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t13[(e,qt),(hd,ks)] *
-                 * t11[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t12 + (row0 + ks) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t13[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t11[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    }
-
-    /* grad_t10_part_1 = grad_t12 @ Wk0^T */
-    TRANSFORMER_LM_REAL *grad_t10_part_1 = t23; /* m x 64, in t23's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t12, 64, 1, Wk0, 1, 64, grad_t10_part_1);
-
-    /* grad_t11[(e,t),h*dh+k] = sum_{s<=t} grad_t13[(e,t),(h,s)] * t12[(e,s),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t11 = dt26_dt23; /* m x 64, in dt26_dt23's memory */
+    /* grad_t12[(e,t),(h,s)] = t13[(e,t),(h,s)] * (grad_t13[(e,t),(h,s)] - sum_{s'<=t}
+     * t13[(e,t),(h,s')] * grad_t13[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
+     * e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *grad_t12 = t26; /* m x 256, in t26's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t13[(e,qt),(hd,ks)] *
-                 * t12[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t11 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL dot = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    dot += t13[qbase + ks] * grad_t13[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t13[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t12[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
+                    grad_t12[qbase + ks] = t13[qbase + ks] * (grad_t13[qbase + ks] - dot);
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    grad_t12[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* grad_t10_part_2 = grad_t11 @ Wq0^T */
-    TRANSFORMER_LM_REAL *grad_t10_part_2 = grad_t26; /* m x 64, in grad_t26's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t11, 64, 1, Wq0, 1, 64, grad_t10_part_2);
+    /* grad_t11[(e,s),h*dh+k] = sum_{t>=s} grad_t12[(e,t),(h,s)] * t10[(e,t),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_t11 = t19; /* m x 64, in t19's memory */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t12)^T t10 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
+                                       t10 + row0 * 64 + hd * 16, 64, grad_t11 + row0 * 64 + hd * 16, 64);
+        }
+    #else
+        for (int64_t ks = 0; ks < len; ++ks) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over queries qt >= ks of grad_t12[(e,qt),(hd,ks)] *
+                 * t10[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t11 + (row0 + ks) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
+                    const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t10[(row0 + qt) * 64 + hd * 16 + dk];
+                    }
+                }
+            }
+        }
+    #endif
+    }
 
-    /* grad_t10 = grad_t10_part + grad_t10_part_1 + grad_t10_part_2 */
-    /* grad_t9 = t1*(grad_t10_part + grad_t10_part_1 + grad_t10_part_2) */
-    /* t89 = dt9_dt8*t1*(grad_t10_part + grad_t10_part_1 + grad_t10_part_2) */
-    /* grad_t1 = t9*(grad_t10_part + grad_t10_part_1 + grad_t10_part_2) */
-    TRANSFORMER_LM_REAL *grad_t10 = t85; /* m x 64, in t85's memory */
-    TRANSFORMER_LM_REAL *grad_t9 = grad_t23; /* m x 64, in grad_t23's memory */
-    TRANSFORMER_LM_REAL *t89 = t16; /* m x 64, in t16's memory */
-    TRANSFORMER_LM_REAL *grad_t1 = grad_t17; /* m x 64, in grad_t17's memory */
+    /* grad_t8_part_1 = grad_t11 @ Wk0^T */
+    TRANSFORMER_LM_REAL *grad_t8_part_1 = grad_t22; /* m x 64, in grad_t22's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t11, 64, 1, Wk0, 1, 64, grad_t8_part_1);
+
+    /* grad_t10[(e,t),h*dh+k] = sum_{s<=t} grad_t12[(e,t),(h,s)] * t11[(e,s),h*dh+k] (rows
+     * (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_t10 = t80; /* m x 64, in t80's memory */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t12) t11 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
+                                       t11 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
+        }
+    #else
+        for (int64_t qt = 0; qt < len; ++qt) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over keys ks <= qt of grad_t12[(e,qt),(hd,ks)] *
+                 * t11[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + qt) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t11[(row0 + ks) * 64 + hd * 16 + dk];
+                    }
+                }
+            }
+        }
+    #endif
+    }
+
+    /* grad_t8_part_2 = grad_t10 @ t9^T */
+    TRANSFORMER_LM_REAL *grad_t8_part_2 = grad_t19; /* m x 64, in grad_t19's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, t9, 1, 64, grad_t8_part_2);
+
+    /* grad_t8 = grad_t8_part + grad_t8_part_1 + grad_t8_part_2 */
+    /* grad_t7 = g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
+    /* t81 = dt7_dt6*g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
+    /* g6 = t7*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
+    TRANSFORMER_LM_REAL *grad_t8 = t14; /* m x 64, in t14's memory */
+    TRANSFORMER_LM_REAL *grad_t7 = grad_t15; /* m x 64, in grad_t15's memory */
+    TRANSFORMER_LM_REAL *t81 = t10; /* m x 64, in t10's memory */
+    TRANSFORMER_LM_REAL *g6 = t11; /* m x 64, in t11's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t10_part[64*i + j] + grad_t10_part_1[64*i + j] + grad_t10_part_2[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = t1[64*i + j]*x0;
-            grad_t10[64*i + j] = x0;
-            grad_t9[64*i + j] = x1;
-            t89[64*i + j] = dt9_dt8[64*i + j]*x1;
-            grad_t1[64*i + j] = t9[64*i + j]*x0;
+            const TRANSFORMER_LM_REAL x0 = grad_t8_part[64*i + j] + grad_t8_part_1[64*i + j] + grad_t8_part_2[64*i + j];
+            const TRANSFORMER_LM_REAL x1 = g0a[j]*x0;
+            grad_t8[64*i + j] = x0;
+            grad_t7[64*i + j] = x1;
+            t81[64*i + j] = dt7_dt6[64*i + j]*x1;
+            g6[64*i + j] = t7[64*i + j]*x0;
         }
     }
 
-    /* grad_t8 = sum of t89 along each row */
-    TRANSFORMER_LM_REAL *grad_t8 = grad_t34; /* m x 1, in grad_t34's memory */
+    /* t82 = 1/sqrt(t6/64 + 1.0e-5) */
+    TRANSFORMER_LM_REAL *t82 = t76; /* m x 1, in t76's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        grad_t8[i] = symbackprop_f64_sum(t89 + 64*i, 64, 1);
+        t82[i] = 1.0/sqrt((1.0/64.0)*t6[i] + 1.0000000000000001e-5);
     }
 
-    /* grad_t6 = dt9_dt6*grad_t9 + 2*grad_t8*t6 */
-    /* t90 = -dt9_dt6*grad_t9/64 - grad_t8*t6/32 */
-    TRANSFORMER_LM_REAL *grad_t6 = t11; /* m x 64, in t11's memory */
-    TRANSFORMER_LM_REAL *t90 = t12; /* m x 64, in t12's memory */
+    /* grad_t6 = sum of t81 along each row */
+    TRANSFORMER_LM_REAL *grad_t6 = grad_t32; /* m x 1, in grad_t32's memory */
+    for (int64_t i = 0; i < m; ++i) {
+        grad_t6[i] = symbackprop_f64_sum(t81 + 64*i, 64, 1);
+    }
+
+    /* grad_t4 = 2*grad_t6*t4 + grad_t7*t82 */
+    /* t83 = -grad_t6*t4/32 - grad_t7*t82/64 */
+    TRANSFORMER_LM_REAL *grad_t4 = t7; /* m x 64, in t7's memory */
+    TRANSFORMER_LM_REAL *t83 = dt7_dt6; /* m x 64, in dt7_dt6's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t9[64*i + j]*dt9_dt6[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = grad_t8[i]*t6[64*i + j];
-            grad_t6[64*i + j] = x0 + 2*x1;
-            t90[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            const TRANSFORMER_LM_REAL x0 = grad_t7[64*i + j]*t82[i];
+            const TRANSFORMER_LM_REAL x1 = t4[64*i + j]*grad_t6[i];
+            grad_t4[64*i + j] = x0 + 2*x1;
+            t83[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
         }
     }
 
-    /* grad_t5 = sum of t90 along each row */
-    TRANSFORMER_LM_REAL *grad_t5 = grad_t25; /* m x 1, in grad_t25's memory */
+    /* grad_t3 = sum of t83 along each row */
+    TRANSFORMER_LM_REAL *grad_t3 = grad_t29; /* m x 1, in grad_t29's memory */
     for (int64_t i = 0; i < m; ++i) {
-        grad_t5[i] = symbackprop_f64_sum(t90 + 64*i, 64, 1);
+        grad_t3[i] = symbackprop_f64_sum(t83 + 64*i, 64, 1);
     }
 
-    /* grad_t3 = grad_t21 + grad_t33 + grad_t49 + grad_t5 + grad_t6 + grad_t60 */
-    TRANSFORMER_LM_REAL *grad_t3 = t1; /* m x 64, in t1's memory */
+    /* grad_t2 = grad_t17 + grad_t3 + grad_t4 */
+    TRANSFORMER_LM_REAL *grad_t2 = grad_t8_part; /* m x 64, in grad_t8_part's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t3[64*i + j] = grad_t5[i] + grad_t6[64*i + j] + grad_t60[64*i + j] + grad_t49[64*i + j] + grad_t33[64*i + j] + grad_t21[64*i + j];
+            grad_t2[64*i + j] = grad_t17[64*i + j] + grad_t4[64*i + j] + grad_t3[i];
         }
     }
 
-    /* grad_E_1[ids[i], :] += [grad_t3[i, 0], grad_t3[i, 1], grad_t3[i, 2], grad_t3[i, 3],
-     * grad_t3[i, 4], grad_t3[i, 5], grad_t3[i, 6], grad_t3[i, 7], grad_t3[i, 8],
-     * grad_t3[i, 9], grad_t3[i, 10], grad_t3[i, 11], grad_t3[i, 12], grad_t3[i, 13],
-     * grad_t3[i, 14], grad_t3[i, 15], grad_t3[i, 16], grad_t3[i, 17], grad_t3[i, 18],
-     * grad_t3[i, 19], grad_t3[i, 20], grad_t3[i, 21], grad_t3[i, 22], grad_t3[i, 23],
-     * grad_t3[i, 24], grad_t3[i, 25], grad_t3[i, 26], grad_t3[i, 27], grad_t3[i, 28], ... */
-    /* grad_P_1[positions[i], :] += [grad_t3[i, 0], grad_t3[i, 1], grad_t3[i, 2],
-     * grad_t3[i, 3], grad_t3[i, 4], grad_t3[i, 5], grad_t3[i, 6], grad_t3[i, 7],
-     * grad_t3[i, 8], grad_t3[i, 9], grad_t3[i, 10], grad_t3[i, 11], grad_t3[i, 12],
-     * grad_t3[i, 13], grad_t3[i, 14], grad_t3[i, 15], grad_t3[i, 16], grad_t3[i, 17],
-     * grad_t3[i, 18], grad_t3[i, 19], grad_t3[i, 20], grad_t3[i, 21], grad_t3[i, 22],
-     * grad_t3[i, 23], grad_t3[i, 24], grad_t3[i, 25], grad_t3[i, 26], grad_t3[i, 27], ... */
-    TRANSFORMER_LM_REAL *grad_E_1 = grad_t42 + 256*m; /* 62 x 64 */
-    TRANSFORMER_LM_REAL *grad_P_1 = grad_E_1 + 3968; /* 64 x 64 */
+    /* grad_E_1[ids[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2], grad_t2[i, 3],
+     * grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7], grad_t2[i, 8],
+     * grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12], grad_t2[i, 13],
+     * grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17], grad_t2[i, 18],
+     * grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22], grad_t2[i, 23],
+     * grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], grad_t2[i, 28], ... */
+    /* grad_P_1[positions[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2],
+     * grad_t2[i, 3], grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7],
+     * grad_t2[i, 8], grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12],
+     * grad_t2[i, 13], grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17],
+     * grad_t2[i, 18], grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22],
+     * grad_t2[i, 23], grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], ... */
+    TRANSFORMER_LM_REAL *grad_E_1 = g3 + 64*m; /* 62 x 64 */
+    TRANSFORMER_LM_REAL *grad_P_1 = t35; /* 64 x 64, in t35's memory */
     for (int64_t i = 0; i < 3968; ++i) {
         grad_E_1[i] = 0;
     }
@@ -4077,138 +4110,138 @@ static void transformer_lm_train_step_part4(
         grad_P_1[i] = 0;
     }
     for (int64_t i = 0; i < m; ++i) {
-        grad_E_1[64*ids[i]] += grad_t3[64*i];
-        grad_E_1[64*ids[i] + 1] += grad_t3[64*i + 1];
-        grad_E_1[64*ids[i] + 2] += grad_t3[64*i + 2];
-        grad_E_1[64*ids[i] + 3] += grad_t3[64*i + 3];
-        grad_E_1[64*ids[i] + 4] += grad_t3[64*i + 4];
-        grad_E_1[64*ids[i] + 5] += grad_t3[64*i + 5];
-        grad_E_1[64*ids[i] + 6] += grad_t3[64*i + 6];
-        grad_E_1[64*ids[i] + 7] += grad_t3[64*i + 7];
-        grad_E_1[64*ids[i] + 8] += grad_t3[64*i + 8];
-        grad_E_1[64*ids[i] + 9] += grad_t3[64*i + 9];
-        grad_E_1[64*ids[i] + 10] += grad_t3[64*i + 10];
-        grad_E_1[64*ids[i] + 11] += grad_t3[64*i + 11];
-        grad_E_1[64*ids[i] + 12] += grad_t3[64*i + 12];
-        grad_E_1[64*ids[i] + 13] += grad_t3[64*i + 13];
-        grad_E_1[64*ids[i] + 14] += grad_t3[64*i + 14];
-        grad_E_1[64*ids[i] + 15] += grad_t3[64*i + 15];
-        grad_E_1[64*ids[i] + 16] += grad_t3[64*i + 16];
-        grad_E_1[64*ids[i] + 17] += grad_t3[64*i + 17];
-        grad_E_1[64*ids[i] + 18] += grad_t3[64*i + 18];
-        grad_E_1[64*ids[i] + 19] += grad_t3[64*i + 19];
-        grad_E_1[64*ids[i] + 20] += grad_t3[64*i + 20];
-        grad_E_1[64*ids[i] + 21] += grad_t3[64*i + 21];
-        grad_E_1[64*ids[i] + 22] += grad_t3[64*i + 22];
-        grad_E_1[64*ids[i] + 23] += grad_t3[64*i + 23];
-        grad_E_1[64*ids[i] + 24] += grad_t3[64*i + 24];
-        grad_E_1[64*ids[i] + 25] += grad_t3[64*i + 25];
-        grad_E_1[64*ids[i] + 26] += grad_t3[64*i + 26];
-        grad_E_1[64*ids[i] + 27] += grad_t3[64*i + 27];
-        grad_E_1[64*ids[i] + 28] += grad_t3[64*i + 28];
-        grad_E_1[64*ids[i] + 29] += grad_t3[64*i + 29];
-        grad_E_1[64*ids[i] + 30] += grad_t3[64*i + 30];
-        grad_E_1[64*ids[i] + 31] += grad_t3[64*i + 31];
-        grad_E_1[64*ids[i] + 32] += grad_t3[64*i + 32];
-        grad_E_1[64*ids[i] + 33] += grad_t3[64*i + 33];
-        grad_E_1[64*ids[i] + 34] += grad_t3[64*i + 34];
-        grad_E_1[64*ids[i] + 35] += grad_t3[64*i + 35];
-        grad_E_1[64*ids[i] + 36] += grad_t3[64*i + 36];
-        grad_E_1[64*ids[i] + 37] += grad_t3[64*i + 37];
-        grad_E_1[64*ids[i] + 38] += grad_t3[64*i + 38];
-        grad_E_1[64*ids[i] + 39] += grad_t3[64*i + 39];
-        grad_E_1[64*ids[i] + 40] += grad_t3[64*i + 40];
-        grad_E_1[64*ids[i] + 41] += grad_t3[64*i + 41];
-        grad_E_1[64*ids[i] + 42] += grad_t3[64*i + 42];
-        grad_E_1[64*ids[i] + 43] += grad_t3[64*i + 43];
-        grad_E_1[64*ids[i] + 44] += grad_t3[64*i + 44];
-        grad_E_1[64*ids[i] + 45] += grad_t3[64*i + 45];
-        grad_E_1[64*ids[i] + 46] += grad_t3[64*i + 46];
-        grad_E_1[64*ids[i] + 47] += grad_t3[64*i + 47];
-        grad_E_1[64*ids[i] + 48] += grad_t3[64*i + 48];
-        grad_E_1[64*ids[i] + 49] += grad_t3[64*i + 49];
-        grad_E_1[64*ids[i] + 50] += grad_t3[64*i + 50];
-        grad_E_1[64*ids[i] + 51] += grad_t3[64*i + 51];
-        grad_E_1[64*ids[i] + 52] += grad_t3[64*i + 52];
-        grad_E_1[64*ids[i] + 53] += grad_t3[64*i + 53];
-        grad_E_1[64*ids[i] + 54] += grad_t3[64*i + 54];
-        grad_E_1[64*ids[i] + 55] += grad_t3[64*i + 55];
-        grad_E_1[64*ids[i] + 56] += grad_t3[64*i + 56];
-        grad_E_1[64*ids[i] + 57] += grad_t3[64*i + 57];
-        grad_E_1[64*ids[i] + 58] += grad_t3[64*i + 58];
-        grad_E_1[64*ids[i] + 59] += grad_t3[64*i + 59];
-        grad_E_1[64*ids[i] + 60] += grad_t3[64*i + 60];
-        grad_E_1[64*ids[i] + 61] += grad_t3[64*i + 61];
-        grad_E_1[64*ids[i] + 62] += grad_t3[64*i + 62];
-        grad_E_1[64*ids[i] + 63] += grad_t3[64*i + 63];
-        grad_P_1[64*positions[i]] += grad_t3[64*i];
-        grad_P_1[64*positions[i] + 1] += grad_t3[64*i + 1];
-        grad_P_1[64*positions[i] + 2] += grad_t3[64*i + 2];
-        grad_P_1[64*positions[i] + 3] += grad_t3[64*i + 3];
-        grad_P_1[64*positions[i] + 4] += grad_t3[64*i + 4];
-        grad_P_1[64*positions[i] + 5] += grad_t3[64*i + 5];
-        grad_P_1[64*positions[i] + 6] += grad_t3[64*i + 6];
-        grad_P_1[64*positions[i] + 7] += grad_t3[64*i + 7];
-        grad_P_1[64*positions[i] + 8] += grad_t3[64*i + 8];
-        grad_P_1[64*positions[i] + 9] += grad_t3[64*i + 9];
-        grad_P_1[64*positions[i] + 10] += grad_t3[64*i + 10];
-        grad_P_1[64*positions[i] + 11] += grad_t3[64*i + 11];
-        grad_P_1[64*positions[i] + 12] += grad_t3[64*i + 12];
-        grad_P_1[64*positions[i] + 13] += grad_t3[64*i + 13];
-        grad_P_1[64*positions[i] + 14] += grad_t3[64*i + 14];
-        grad_P_1[64*positions[i] + 15] += grad_t3[64*i + 15];
-        grad_P_1[64*positions[i] + 16] += grad_t3[64*i + 16];
-        grad_P_1[64*positions[i] + 17] += grad_t3[64*i + 17];
-        grad_P_1[64*positions[i] + 18] += grad_t3[64*i + 18];
-        grad_P_1[64*positions[i] + 19] += grad_t3[64*i + 19];
-        grad_P_1[64*positions[i] + 20] += grad_t3[64*i + 20];
-        grad_P_1[64*positions[i] + 21] += grad_t3[64*i + 21];
-        grad_P_1[64*positions[i] + 22] += grad_t3[64*i + 22];
-        grad_P_1[64*positions[i] + 23] += grad_t3[64*i + 23];
-        grad_P_1[64*positions[i] + 24] += grad_t3[64*i + 24];
-        grad_P_1[64*positions[i] + 25] += grad_t3[64*i + 25];
-        grad_P_1[64*positions[i] + 26] += grad_t3[64*i + 26];
-        grad_P_1[64*positions[i] + 27] += grad_t3[64*i + 27];
-        grad_P_1[64*positions[i] + 28] += grad_t3[64*i + 28];
-        grad_P_1[64*positions[i] + 29] += grad_t3[64*i + 29];
-        grad_P_1[64*positions[i] + 30] += grad_t3[64*i + 30];
-        grad_P_1[64*positions[i] + 31] += grad_t3[64*i + 31];
-        grad_P_1[64*positions[i] + 32] += grad_t3[64*i + 32];
-        grad_P_1[64*positions[i] + 33] += grad_t3[64*i + 33];
-        grad_P_1[64*positions[i] + 34] += grad_t3[64*i + 34];
-        grad_P_1[64*positions[i] + 35] += grad_t3[64*i + 35];
-        grad_P_1[64*positions[i] + 36] += grad_t3[64*i + 36];
-        grad_P_1[64*positions[i] + 37] += grad_t3[64*i + 37];
-        grad_P_1[64*positions[i] + 38] += grad_t3[64*i + 38];
-        grad_P_1[64*positions[i] + 39] += grad_t3[64*i + 39];
-        grad_P_1[64*positions[i] + 40] += grad_t3[64*i + 40];
-        grad_P_1[64*positions[i] + 41] += grad_t3[64*i + 41];
-        grad_P_1[64*positions[i] + 42] += grad_t3[64*i + 42];
-        grad_P_1[64*positions[i] + 43] += grad_t3[64*i + 43];
-        grad_P_1[64*positions[i] + 44] += grad_t3[64*i + 44];
-        grad_P_1[64*positions[i] + 45] += grad_t3[64*i + 45];
-        grad_P_1[64*positions[i] + 46] += grad_t3[64*i + 46];
-        grad_P_1[64*positions[i] + 47] += grad_t3[64*i + 47];
-        grad_P_1[64*positions[i] + 48] += grad_t3[64*i + 48];
-        grad_P_1[64*positions[i] + 49] += grad_t3[64*i + 49];
-        grad_P_1[64*positions[i] + 50] += grad_t3[64*i + 50];
-        grad_P_1[64*positions[i] + 51] += grad_t3[64*i + 51];
-        grad_P_1[64*positions[i] + 52] += grad_t3[64*i + 52];
-        grad_P_1[64*positions[i] + 53] += grad_t3[64*i + 53];
-        grad_P_1[64*positions[i] + 54] += grad_t3[64*i + 54];
-        grad_P_1[64*positions[i] + 55] += grad_t3[64*i + 55];
-        grad_P_1[64*positions[i] + 56] += grad_t3[64*i + 56];
-        grad_P_1[64*positions[i] + 57] += grad_t3[64*i + 57];
-        grad_P_1[64*positions[i] + 58] += grad_t3[64*i + 58];
-        grad_P_1[64*positions[i] + 59] += grad_t3[64*i + 59];
-        grad_P_1[64*positions[i] + 60] += grad_t3[64*i + 60];
-        grad_P_1[64*positions[i] + 61] += grad_t3[64*i + 61];
-        grad_P_1[64*positions[i] + 62] += grad_t3[64*i + 62];
-        grad_P_1[64*positions[i] + 63] += grad_t3[64*i + 63];
+        grad_E_1[64*ids[i]] += grad_t2[64*i];
+        grad_E_1[64*ids[i] + 1] += grad_t2[64*i + 1];
+        grad_E_1[64*ids[i] + 2] += grad_t2[64*i + 2];
+        grad_E_1[64*ids[i] + 3] += grad_t2[64*i + 3];
+        grad_E_1[64*ids[i] + 4] += grad_t2[64*i + 4];
+        grad_E_1[64*ids[i] + 5] += grad_t2[64*i + 5];
+        grad_E_1[64*ids[i] + 6] += grad_t2[64*i + 6];
+        grad_E_1[64*ids[i] + 7] += grad_t2[64*i + 7];
+        grad_E_1[64*ids[i] + 8] += grad_t2[64*i + 8];
+        grad_E_1[64*ids[i] + 9] += grad_t2[64*i + 9];
+        grad_E_1[64*ids[i] + 10] += grad_t2[64*i + 10];
+        grad_E_1[64*ids[i] + 11] += grad_t2[64*i + 11];
+        grad_E_1[64*ids[i] + 12] += grad_t2[64*i + 12];
+        grad_E_1[64*ids[i] + 13] += grad_t2[64*i + 13];
+        grad_E_1[64*ids[i] + 14] += grad_t2[64*i + 14];
+        grad_E_1[64*ids[i] + 15] += grad_t2[64*i + 15];
+        grad_E_1[64*ids[i] + 16] += grad_t2[64*i + 16];
+        grad_E_1[64*ids[i] + 17] += grad_t2[64*i + 17];
+        grad_E_1[64*ids[i] + 18] += grad_t2[64*i + 18];
+        grad_E_1[64*ids[i] + 19] += grad_t2[64*i + 19];
+        grad_E_1[64*ids[i] + 20] += grad_t2[64*i + 20];
+        grad_E_1[64*ids[i] + 21] += grad_t2[64*i + 21];
+        grad_E_1[64*ids[i] + 22] += grad_t2[64*i + 22];
+        grad_E_1[64*ids[i] + 23] += grad_t2[64*i + 23];
+        grad_E_1[64*ids[i] + 24] += grad_t2[64*i + 24];
+        grad_E_1[64*ids[i] + 25] += grad_t2[64*i + 25];
+        grad_E_1[64*ids[i] + 26] += grad_t2[64*i + 26];
+        grad_E_1[64*ids[i] + 27] += grad_t2[64*i + 27];
+        grad_E_1[64*ids[i] + 28] += grad_t2[64*i + 28];
+        grad_E_1[64*ids[i] + 29] += grad_t2[64*i + 29];
+        grad_E_1[64*ids[i] + 30] += grad_t2[64*i + 30];
+        grad_E_1[64*ids[i] + 31] += grad_t2[64*i + 31];
+        grad_E_1[64*ids[i] + 32] += grad_t2[64*i + 32];
+        grad_E_1[64*ids[i] + 33] += grad_t2[64*i + 33];
+        grad_E_1[64*ids[i] + 34] += grad_t2[64*i + 34];
+        grad_E_1[64*ids[i] + 35] += grad_t2[64*i + 35];
+        grad_E_1[64*ids[i] + 36] += grad_t2[64*i + 36];
+        grad_E_1[64*ids[i] + 37] += grad_t2[64*i + 37];
+        grad_E_1[64*ids[i] + 38] += grad_t2[64*i + 38];
+        grad_E_1[64*ids[i] + 39] += grad_t2[64*i + 39];
+        grad_E_1[64*ids[i] + 40] += grad_t2[64*i + 40];
+        grad_E_1[64*ids[i] + 41] += grad_t2[64*i + 41];
+        grad_E_1[64*ids[i] + 42] += grad_t2[64*i + 42];
+        grad_E_1[64*ids[i] + 43] += grad_t2[64*i + 43];
+        grad_E_1[64*ids[i] + 44] += grad_t2[64*i + 44];
+        grad_E_1[64*ids[i] + 45] += grad_t2[64*i + 45];
+        grad_E_1[64*ids[i] + 46] += grad_t2[64*i + 46];
+        grad_E_1[64*ids[i] + 47] += grad_t2[64*i + 47];
+        grad_E_1[64*ids[i] + 48] += grad_t2[64*i + 48];
+        grad_E_1[64*ids[i] + 49] += grad_t2[64*i + 49];
+        grad_E_1[64*ids[i] + 50] += grad_t2[64*i + 50];
+        grad_E_1[64*ids[i] + 51] += grad_t2[64*i + 51];
+        grad_E_1[64*ids[i] + 52] += grad_t2[64*i + 52];
+        grad_E_1[64*ids[i] + 53] += grad_t2[64*i + 53];
+        grad_E_1[64*ids[i] + 54] += grad_t2[64*i + 54];
+        grad_E_1[64*ids[i] + 55] += grad_t2[64*i + 55];
+        grad_E_1[64*ids[i] + 56] += grad_t2[64*i + 56];
+        grad_E_1[64*ids[i] + 57] += grad_t2[64*i + 57];
+        grad_E_1[64*ids[i] + 58] += grad_t2[64*i + 58];
+        grad_E_1[64*ids[i] + 59] += grad_t2[64*i + 59];
+        grad_E_1[64*ids[i] + 60] += grad_t2[64*i + 60];
+        grad_E_1[64*ids[i] + 61] += grad_t2[64*i + 61];
+        grad_E_1[64*ids[i] + 62] += grad_t2[64*i + 62];
+        grad_E_1[64*ids[i] + 63] += grad_t2[64*i + 63];
+        grad_P_1[64*positions[i]] += grad_t2[64*i];
+        grad_P_1[64*positions[i] + 1] += grad_t2[64*i + 1];
+        grad_P_1[64*positions[i] + 2] += grad_t2[64*i + 2];
+        grad_P_1[64*positions[i] + 3] += grad_t2[64*i + 3];
+        grad_P_1[64*positions[i] + 4] += grad_t2[64*i + 4];
+        grad_P_1[64*positions[i] + 5] += grad_t2[64*i + 5];
+        grad_P_1[64*positions[i] + 6] += grad_t2[64*i + 6];
+        grad_P_1[64*positions[i] + 7] += grad_t2[64*i + 7];
+        grad_P_1[64*positions[i] + 8] += grad_t2[64*i + 8];
+        grad_P_1[64*positions[i] + 9] += grad_t2[64*i + 9];
+        grad_P_1[64*positions[i] + 10] += grad_t2[64*i + 10];
+        grad_P_1[64*positions[i] + 11] += grad_t2[64*i + 11];
+        grad_P_1[64*positions[i] + 12] += grad_t2[64*i + 12];
+        grad_P_1[64*positions[i] + 13] += grad_t2[64*i + 13];
+        grad_P_1[64*positions[i] + 14] += grad_t2[64*i + 14];
+        grad_P_1[64*positions[i] + 15] += grad_t2[64*i + 15];
+        grad_P_1[64*positions[i] + 16] += grad_t2[64*i + 16];
+        grad_P_1[64*positions[i] + 17] += grad_t2[64*i + 17];
+        grad_P_1[64*positions[i] + 18] += grad_t2[64*i + 18];
+        grad_P_1[64*positions[i] + 19] += grad_t2[64*i + 19];
+        grad_P_1[64*positions[i] + 20] += grad_t2[64*i + 20];
+        grad_P_1[64*positions[i] + 21] += grad_t2[64*i + 21];
+        grad_P_1[64*positions[i] + 22] += grad_t2[64*i + 22];
+        grad_P_1[64*positions[i] + 23] += grad_t2[64*i + 23];
+        grad_P_1[64*positions[i] + 24] += grad_t2[64*i + 24];
+        grad_P_1[64*positions[i] + 25] += grad_t2[64*i + 25];
+        grad_P_1[64*positions[i] + 26] += grad_t2[64*i + 26];
+        grad_P_1[64*positions[i] + 27] += grad_t2[64*i + 27];
+        grad_P_1[64*positions[i] + 28] += grad_t2[64*i + 28];
+        grad_P_1[64*positions[i] + 29] += grad_t2[64*i + 29];
+        grad_P_1[64*positions[i] + 30] += grad_t2[64*i + 30];
+        grad_P_1[64*positions[i] + 31] += grad_t2[64*i + 31];
+        grad_P_1[64*positions[i] + 32] += grad_t2[64*i + 32];
+        grad_P_1[64*positions[i] + 33] += grad_t2[64*i + 33];
+        grad_P_1[64*positions[i] + 34] += grad_t2[64*i + 34];
+        grad_P_1[64*positions[i] + 35] += grad_t2[64*i + 35];
+        grad_P_1[64*positions[i] + 36] += grad_t2[64*i + 36];
+        grad_P_1[64*positions[i] + 37] += grad_t2[64*i + 37];
+        grad_P_1[64*positions[i] + 38] += grad_t2[64*i + 38];
+        grad_P_1[64*positions[i] + 39] += grad_t2[64*i + 39];
+        grad_P_1[64*positions[i] + 40] += grad_t2[64*i + 40];
+        grad_P_1[64*positions[i] + 41] += grad_t2[64*i + 41];
+        grad_P_1[64*positions[i] + 42] += grad_t2[64*i + 42];
+        grad_P_1[64*positions[i] + 43] += grad_t2[64*i + 43];
+        grad_P_1[64*positions[i] + 44] += grad_t2[64*i + 44];
+        grad_P_1[64*positions[i] + 45] += grad_t2[64*i + 45];
+        grad_P_1[64*positions[i] + 46] += grad_t2[64*i + 46];
+        grad_P_1[64*positions[i] + 47] += grad_t2[64*i + 47];
+        grad_P_1[64*positions[i] + 48] += grad_t2[64*i + 48];
+        grad_P_1[64*positions[i] + 49] += grad_t2[64*i + 49];
+        grad_P_1[64*positions[i] + 50] += grad_t2[64*i + 50];
+        grad_P_1[64*positions[i] + 51] += grad_t2[64*i + 51];
+        grad_P_1[64*positions[i] + 52] += grad_t2[64*i + 52];
+        grad_P_1[64*positions[i] + 53] += grad_t2[64*i + 53];
+        grad_P_1[64*positions[i] + 54] += grad_t2[64*i + 54];
+        grad_P_1[64*positions[i] + 55] += grad_t2[64*i + 55];
+        grad_P_1[64*positions[i] + 56] += grad_t2[64*i + 56];
+        grad_P_1[64*positions[i] + 57] += grad_t2[64*i + 57];
+        grad_P_1[64*positions[i] + 58] += grad_t2[64*i + 58];
+        grad_P_1[64*positions[i] + 59] += grad_t2[64*i + 59];
+        grad_P_1[64*positions[i] + 60] += grad_t2[64*i + 60];
+        grad_P_1[64*positions[i] + 61] += grad_t2[64*i + 61];
+        grad_P_1[64*positions[i] + 62] += grad_t2[64*i + 62];
+        grad_P_1[64*positions[i] + 63] += grad_t2[64*i + 63];
     }
 
     /* grad_E_2 = E*weight_decay + grad_E_1 */
-    TRANSFORMER_LM_REAL *grad_E_2 = grad_P_1 + 4096; /* 62 x 64 */
+    TRANSFORMER_LM_REAL *grad_E_2 = grad_E_1 + 3968; /* 62 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t i = 0; i < 62; ++i) {
@@ -4219,7 +4252,7 @@ static void transformer_lm_train_step_part4(
     }
 
     /* grad_P_2 = P*weight_decay + grad_P_1 */
-    TRANSFORMER_LM_REAL *grad_P_2 = grad_E_2 + 3968; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_P_2 = t9; /* 64 x 64, in t9's memory */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -4230,9 +4263,9 @@ static void transformer_lm_train_step_part4(
         }
     }
 
-    /* grad_g0a_1 = sum of grad_t1 down each column */
-    TRANSFORMER_LM_REAL *grad_g0a_1 = grad_P_2 + 4096; /* 1 x 64 */
-    symbackprop_f64_sum_columns(grad_t1, m, 64, 64, grad_g0a_1);
+    /* grad_g0a_1 = sum of g6 down each column */
+    TRANSFORMER_LM_REAL *grad_g0a_1 = grad_E_2 + 3968; /* 1 x 64 */
+    symbackprop_f64_sum_columns(g6, m, 64, 64, grad_g0a_1);
 
     /* grad_g0a_2 = g0a*weight_decay + grad_g0a_1 */
     TRANSFORMER_LM_REAL *grad_g0a_2 = grad_g0a_1 + 64; /* 1 x 64 */
@@ -4243,9 +4276,9 @@ static void transformer_lm_train_step_part4(
         }
     }
 
-    /* grad_b0a_1 = sum of grad_t10 down each column */
+    /* grad_b0a_1 = sum of grad_t8 down each column */
     TRANSFORMER_LM_REAL *grad_b0a_1 = grad_g0a_1; /* 1 x 64, in grad_g0a_1's memory */
-    symbackprop_f64_sum_columns(grad_t10, m, 64, 64, grad_b0a_1);
+    symbackprop_f64_sum_columns(grad_t8, m, 64, 64, grad_b0a_1);
 
     /* grad_b0a_2 = b0a*weight_decay + grad_b0a_1 */
     TRANSFORMER_LM_REAL *grad_b0a_2 = grad_g0a_2 + 64; /* 1 x 64 */
@@ -4256,74 +4289,25 @@ static void transformer_lm_train_step_part4(
         }
     }
 
-    /* grad_Wq0_1 = t10^T @ grad_t11 */
-    TRANSFORMER_LM_REAL *grad_Wq0_1 = grad_P_1; /* 64 x 64, in grad_P_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t10, 1, 64, grad_t11, 64, 1, grad_Wq0_1);
+    /* grad_t9 = t8^T @ grad_t10 */
+    TRANSFORMER_LM_REAL *grad_t9 = grad_P_1; /* 64 x 64, in grad_P_1's memory */
+    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t10, 64, 1, grad_t9);
 
-    /* grad_Wq0_2 = Wq0*weight_decay + grad_Wq0_1 */
+    /* grad_Wq0_2 = Wq0*weight_decay + grad_t9/4 */
     TRANSFORMER_LM_REAL *grad_Wq0_2 = grad_b0a_2 + 64; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_Wq0_2[64*i + j] = grad_Wq0_1[64*i + j] + weight_decay_value*Wq0[64*i + j];
+                grad_Wq0_2[64*i + j] = (1.0/4.0)*grad_t9[64*i + j] + weight_decay_value*Wq0[64*i + j];
             }
         }
     }
-}
 
-/* transformer_lm_train_step, part 5 of 7 (kernels 129 to 160): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-static void transformer_lm_train_step_part5(
-    int64_t m,
-    TRANSFORMER_LM_REAL *Wk0,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *b0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *c0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *work
-)
-{
-    TRANSFORMER_LM_REAL *t10 = work + 385*m; /* m x 64, in t7's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t17 = work + 1281*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t27 = work + 1665*m + 1024; /* m x 64, in t24's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t29 = work + 1857*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = work + 2625*m + 1024; /* m x 64, in t36's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t46 = work + 3265*m + 1024; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t48 = work + 4353*m + 1024; /* m x 64, in grad_t65's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t47 = work + 3457*m + 1024; /* m x 64, in t54's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t45 = work + 2433*m + 1024; /* m x 64, in t77's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t41 = work + 3649*m + 1024; /* m x 64, in dt54_dt51's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t40 = work; /* m x 64, in t78's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t39 = work + 3201*m + 1024; /* m x 64, in t45's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t19 = work + 2881*m + 1024; /* m x 64, in t41's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t32 = work + 3521*m + 1024; /* m x 64, in grad_t39_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 4033*m + 1024; /* m x 256, in grad_t44's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t27 = work + 128*m; /* m x 64, in grad_t39_part_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t20 = work + 2561*m + 1024; /* m x 64, in t35's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t18 = work + 1409*m + 1024; /* m x 64, in grad_t35's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t16 = work + 1537*m + 1024; /* m x 64, in t26's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t12 = work + 2817*m + 1024; /* m x 64, in t84's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 5185*m + 20997; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_1 = work + 5185*m + 8837; /* 64 x 64, in grad_P_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 5185*m + 21189; /* 64 x 64; placed in an earlier part */
-    /* grad_Wk0_1 = t10^T @ grad_t12 */
-    TRANSFORMER_LM_REAL *grad_Wk0_1 = grad_Wq0_1; /* 64 x 64, in grad_Wq0_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t10, 1, 64, grad_t12, 64, 1, grad_Wk0_1);
+    /* grad_Wk0_1 = t8^T @ grad_t11 */
+    TRANSFORMER_LM_REAL *grad_Wk0_1 = grad_t9; /* 64 x 64, in grad_t9's memory */
+    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t11, 64, 1, grad_Wk0_1);
 
     /* grad_Wk0_2 = Wk0*weight_decay + grad_Wk0_1 */
     TRANSFORMER_LM_REAL *grad_Wk0_2 = grad_Wq0_2 + 4096; /* 64 x 64 */
@@ -4337,9 +4321,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_Wv0_1 = t10^T @ grad_t16 */
+    /* grad_Wv0_1 = t8^T @ grad_t14 */
     TRANSFORMER_LM_REAL *grad_Wv0_1 = grad_Wk0_1; /* 64 x 64, in grad_Wk0_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t10, 1, 64, grad_t16, 64, 1, grad_Wv0_1);
+    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t14, 64, 1, grad_Wv0_1);
 
     /* grad_Wv0_2 = Wv0*weight_decay + grad_Wv0_1 */
     TRANSFORMER_LM_REAL *grad_Wv0_2 = grad_Wk0_2 + 4096; /* 64 x 64 */
@@ -4353,9 +4337,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_Wo0_1 = t17^T @ grad_t18 */
+    /* grad_Wo0_1 = t15^T @ grad_t17 */
     TRANSFORMER_LM_REAL *grad_Wo0_1 = grad_Wv0_1; /* 64 x 64, in grad_Wv0_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t17, 1, 64, grad_t18, 64, 1, grad_Wo0_1);
+    symbackprop_f64_matmul(64, 64, m, t15, 1, 64, grad_t17, 64, 1, grad_Wo0_1);
 
     /* grad_Wo0_2 = Wo0*weight_decay + grad_Wo0_1 */
     TRANSFORMER_LM_REAL *grad_Wo0_2 = grad_Wv0_2 + 4096; /* 64 x 64 */
@@ -4368,10 +4352,57 @@ static void transformer_lm_train_step_part5(
             }
         }
     }
+}
 
-    /* grad_g0m_1 = sum of grad_t20 down each column */
+/* transformer_lm_train_step, part 5 of 7 (kernels 129 to 160): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+static void transformer_lm_train_step_part5(
+    int64_t m,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    const TRANSFORMER_LM_REAL *weight_decay,
+    TRANSFORMER_LM_REAL *work
+)
+{
+    TRANSFORMER_LM_REAL *t23 = work + 1218*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t25 = work + 1346*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t34 = work + 1987*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t41 = work + 2563*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t49 = work + 2756*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g1 = work + 4034*m + 13061; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t49 = work + 2691*m + 9216; /* m x 64, in t56's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g2 = work + 3460*m + 9216; /* m x 64, in grad_t56's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t43 = work + 3525*m + 9216; /* m x 64, in t72's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t40 = work + 3842*m + 13061; /* m x 64, in grad_t48's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t37 = work + 2627*m + 9216; /* m x 64, in grad_t45's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t36 = work + 1922*m + 5120; /* m x 64, in grad_t41's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t34 = work + 2179*m + 9216; /* m x 64, in t37's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 4418*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 9216; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g4 = work + 3140*m + 9216; /* m x 256, in grad_t39's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t23 = work + 2499*m + 9216; /* m x 64, in grad_t34_part_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g5 = work + 1153*m + 5120; /* m x 64, in t30's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 4482*m + 20997; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo0_1 = work + 2115*m + 5120; /* 64 x 64, in grad_Wv0_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 4482*m + 33477; /* 64 x 64; placed in an earlier part */
+    /* grad_g0m_1 = sum of g5 down each column */
     TRANSFORMER_LM_REAL *grad_g0m_1 = grad_b0a_1; /* 1 x 64, in grad_b0a_1's memory */
-    symbackprop_f64_sum_columns(grad_t20, m, 64, 64, grad_g0m_1);
+    symbackprop_f64_sum_columns(g5, m, 64, 64, grad_g0m_1);
 
     /* grad_g0m_2 = g0m*weight_decay + grad_g0m_1 */
     TRANSFORMER_LM_REAL *grad_g0m_2 = grad_Wo0_2 + 4096; /* 1 x 64 */
@@ -4382,9 +4413,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_b0m_1 = sum of grad_t27 down each column */
+    /* grad_b0m_1 = sum of grad_t23 down each column */
     TRANSFORMER_LM_REAL *grad_b0m_1 = grad_g0m_1; /* 1 x 64, in grad_g0m_1's memory */
-    symbackprop_f64_sum_columns(grad_t27, m, 64, 64, grad_b0m_1);
+    symbackprop_f64_sum_columns(grad_t23, m, 64, 64, grad_b0m_1);
 
     /* grad_b0m_2 = b0m*weight_decay + grad_b0m_1 */
     TRANSFORMER_LM_REAL *grad_b0m_2 = grad_g0m_2 + 64; /* 1 x 64 */
@@ -4395,9 +4426,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_W0up_1 = t27^T @ g1 */
+    /* grad_W0up_1 = t23^T @ g4 */
     TRANSFORMER_LM_REAL *grad_W0up_1 = grad_b0m_2 + 64; /* 64 x 256 */
-    symbackprop_f64_matmul(64, 256, m, t27, 1, 64, g1, 256, 1, grad_W0up_1);
+    symbackprop_f64_matmul(64, 256, m, t23, 1, 64, g4, 256, 1, grad_W0up_1);
 
     /* grad_W0up_2 = W0up*weight_decay + grad_W0up_1 */
     TRANSFORMER_LM_REAL *grad_W0up_2 = grad_W0up_1 + 16384; /* 64 x 256 */
@@ -4411,9 +4442,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_c0up_1 = sum of g1 down each column */
+    /* grad_c0up_1 = sum of g4 down each column */
     TRANSFORMER_LM_REAL *grad_c0up_1 = grad_W0up_2 + 16384; /* 1 x 256 */
-    symbackprop_f64_sum_columns(g1, m, 256, 256, grad_c0up_1);
+    symbackprop_f64_sum_columns(g4, m, 256, 256, grad_c0up_1);
 
     /* grad_c0up_2 = c0up*weight_decay + grad_c0up_1 */
     TRANSFORMER_LM_REAL *grad_c0up_2 = grad_c0up_1 + 256; /* 1 x 256 */
@@ -4424,9 +4455,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_W0down_1 = t29^T @ grad_t32 */
+    /* grad_W0down_1 = t25^T @ grad_t28 */
     TRANSFORMER_LM_REAL *grad_W0down_1 = grad_W0up_1; /* 256 x 64, in grad_W0up_1's memory */
-    symbackprop_f64_matmul(256, 64, m, t29, 1, 256, grad_t32, 64, 1, grad_W0down_1);
+    symbackprop_f64_matmul(256, 64, m, t25, 1, 256, grad_t28, 64, 1, grad_W0down_1);
 
     /* grad_W0down_2 = W0down*weight_decay + grad_W0down_1 */
     TRANSFORMER_LM_REAL *grad_W0down_2 = grad_c0up_2 + 256; /* 256 x 64 */
@@ -4440,9 +4471,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_c0down_1 = sum of grad_t32 down each column */
+    /* grad_c0down_1 = sum of grad_t28 down each column */
     TRANSFORMER_LM_REAL *grad_c0down_1 = grad_b0m_1; /* 1 x 64, in grad_b0m_1's memory */
-    symbackprop_f64_sum_columns(grad_t32, m, 64, 64, grad_c0down_1);
+    symbackprop_f64_sum_columns(grad_t28, m, 64, 64, grad_c0down_1);
 
     /* grad_c0down_2 = c0down*weight_decay + grad_c0down_1 */
     TRANSFORMER_LM_REAL *grad_c0down_2 = grad_W0down_2 + 16384; /* 1 x 64 */
@@ -4453,9 +4484,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_g1a_1 = sum of grad_t19 down each column */
+    /* grad_g1a_1 = sum of g3 down each column */
     TRANSFORMER_LM_REAL *grad_g1a_1 = grad_c0down_1; /* 1 x 64, in grad_c0down_1's memory */
-    symbackprop_f64_sum_columns(grad_t19, m, 64, 64, grad_g1a_1);
+    symbackprop_f64_sum_columns(g3, m, 64, 64, grad_g1a_1);
 
     /* grad_g1a_2 = g1a*weight_decay + grad_g1a_1 */
     TRANSFORMER_LM_REAL *grad_g1a_2 = grad_c0down_2 + 64; /* 1 x 64 */
@@ -4466,9 +4497,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_b1a_1 = sum of grad_t39 down each column */
+    /* grad_b1a_1 = sum of grad_t34 down each column */
     TRANSFORMER_LM_REAL *grad_b1a_1 = grad_g1a_1; /* 1 x 64, in grad_g1a_1's memory */
-    symbackprop_f64_sum_columns(grad_t39, m, 64, 64, grad_b1a_1);
+    symbackprop_f64_sum_columns(grad_t34, m, 64, 64, grad_b1a_1);
 
     /* grad_b1a_2 = b1a*weight_decay + grad_b1a_1 */
     TRANSFORMER_LM_REAL *grad_b1a_2 = grad_g1a_2 + 64; /* 1 x 64 */
@@ -4479,25 +4510,25 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_Wq1_1 = t39^T @ grad_t40 */
-    TRANSFORMER_LM_REAL *grad_Wq1_1 = grad_Wo0_1; /* 64 x 64, in grad_Wo0_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t39, 1, 64, grad_t40, 64, 1, grad_Wq1_1);
+    /* grad_t35 = t34^T @ grad_t36 */
+    TRANSFORMER_LM_REAL *grad_t35 = grad_Wo0_1; /* 64 x 64, in grad_Wo0_1's memory */
+    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t36, 64, 1, grad_t35);
 
-    /* grad_Wq1_2 = Wq1*weight_decay + grad_Wq1_1 */
+    /* grad_Wq1_2 = Wq1*weight_decay + grad_t35/4 */
     TRANSFORMER_LM_REAL *grad_Wq1_2 = grad_b1a_2 + 64; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_Wq1_2[64*i + j] = grad_Wq1_1[64*i + j] + weight_decay_value*Wq1[64*i + j];
+                grad_Wq1_2[64*i + j] = (1.0/4.0)*grad_t35[64*i + j] + weight_decay_value*Wq1[64*i + j];
             }
         }
     }
 
-    /* grad_Wk1_1 = t39^T @ grad_t41 */
-    TRANSFORMER_LM_REAL *grad_Wk1_1 = grad_Wq1_1; /* 64 x 64, in grad_Wq1_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t39, 1, 64, grad_t41, 64, 1, grad_Wk1_1);
+    /* grad_Wk1_1 = t34^T @ grad_t37 */
+    TRANSFORMER_LM_REAL *grad_Wk1_1 = grad_t35; /* 64 x 64, in grad_t35's memory */
+    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t37, 64, 1, grad_Wk1_1);
 
     /* grad_Wk1_2 = Wk1*weight_decay + grad_Wk1_1 */
     TRANSFORMER_LM_REAL *grad_Wk1_2 = grad_Wq1_2 + 4096; /* 64 x 64 */
@@ -4511,9 +4542,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_Wv1_1 = t39^T @ grad_t45 */
+    /* grad_Wv1_1 = t34^T @ grad_t40 */
     TRANSFORMER_LM_REAL *grad_Wv1_1 = grad_Wk1_1; /* 64 x 64, in grad_Wk1_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t39, 1, 64, grad_t45, 64, 1, grad_Wv1_1);
+    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t40, 64, 1, grad_Wv1_1);
 
     /* grad_Wv1_2 = Wv1*weight_decay + grad_Wv1_1 */
     TRANSFORMER_LM_REAL *grad_Wv1_2 = grad_Wk1_2 + 4096; /* 64 x 64 */
@@ -4527,9 +4558,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_Wo1_1 = t46^T @ grad_t47 */
+    /* grad_Wo1_1 = t41^T @ grad_t43 */
     TRANSFORMER_LM_REAL *grad_Wo1_1 = grad_Wv1_1; /* 64 x 64, in grad_Wv1_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t46, 1, 64, grad_t47, 64, 1, grad_Wo1_1);
+    symbackprop_f64_matmul(64, 64, m, t41, 1, 64, grad_t43, 64, 1, grad_Wo1_1);
 
     /* grad_Wo1_2 = Wo1*weight_decay + grad_Wo1_1 */
     TRANSFORMER_LM_REAL *grad_Wo1_2 = grad_Wv1_2 + 4096; /* 64 x 64 */
@@ -4543,9 +4574,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_g1m_1 = sum of grad_t48 down each column */
+    /* grad_g1m_1 = sum of g2 down each column */
     TRANSFORMER_LM_REAL *grad_g1m_1 = grad_b1a_1; /* 1 x 64, in grad_b1a_1's memory */
-    symbackprop_f64_sum_columns(grad_t48, m, 64, 64, grad_g1m_1);
+    symbackprop_f64_sum_columns(g2, m, 64, 64, grad_g1m_1);
 
     /* grad_g1m_2 = g1m*weight_decay + grad_g1m_1 */
     TRANSFORMER_LM_REAL *grad_g1m_2 = grad_Wo1_2 + 4096; /* 1 x 64 */
@@ -4553,6 +4584,48 @@ static void transformer_lm_train_step_part5(
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
             grad_g1m_2[j] = grad_g1m_1[j] + weight_decay_value*g1m[j];
+        }
+    }
+
+    /* grad_b1m_1 = sum of grad_t49 down each column */
+    TRANSFORMER_LM_REAL *grad_b1m_1 = grad_g1m_1; /* 1 x 64, in grad_g1m_1's memory */
+    symbackprop_f64_sum_columns(grad_t49, m, 64, 64, grad_b1m_1);
+
+    /* grad_b1m_2 = b1m*weight_decay + grad_b1m_1 */
+    TRANSFORMER_LM_REAL *grad_b1m_2 = grad_g1m_2 + 64; /* 1 x 64 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_b1m_2[j] = grad_b1m_1[j] + weight_decay_value*b1m[j];
+        }
+    }
+
+    /* grad_W1up_1 = t49^T @ g1 */
+    TRANSFORMER_LM_REAL *grad_W1up_1 = grad_W0down_1; /* 64 x 256, in grad_W0down_1's memory */
+    symbackprop_f64_matmul(64, 256, m, t49, 1, 64, g1, 256, 1, grad_W1up_1);
+
+    /* grad_W1up_2 = W1up*weight_decay + grad_W1up_1 */
+    TRANSFORMER_LM_REAL *grad_W1up_2 = grad_b1m_2 + 64; /* 64 x 256 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 64; ++i) {
+            for (int64_t j = 0; j < 256; ++j) {
+                grad_W1up_2[256*i + j] = grad_W1up_1[256*i + j] + weight_decay_value*W1up[256*i + j];
+            }
+        }
+    }
+
+    /* grad_c1up_1 = sum of g1 down each column */
+    TRANSFORMER_LM_REAL *grad_c1up_1 = grad_c0up_1; /* 1 x 256, in grad_c0up_1's memory */
+    symbackprop_f64_sum_columns(g1, m, 256, 256, grad_c1up_1);
+
+    /* grad_c1up_2 = c1up*weight_decay + grad_c1up_1 */
+    TRANSFORMER_LM_REAL *grad_c1up_2 = grad_W1up_2 + 16384; /* 1 x 256 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        for (int64_t j = 0; j < 256; ++j) {
+            grad_c1up_2[j] = grad_c1up_1[j] + weight_decay_value*c1up[j];
         }
     }
 }
@@ -4576,9 +4649,12 @@ static void transformer_lm_train_step_part6(
     TRANSFORMER_LM_REAL *c0up,
     TRANSFORMER_LM_REAL *W0down,
     TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *W1up,
-    TRANSFORMER_LM_REAL *c1up,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
     TRANSFORMER_LM_REAL *W1down,
     TRANSFORMER_LM_REAL *c1down,
     TRANSFORMER_LM_REAL *gf,
@@ -4618,83 +4694,55 @@ static void transformer_lm_train_step_part6(
     TRANSFORMER_LM_REAL *v_W0down,
     TRANSFORMER_LM_REAL *m_c0down,
     TRANSFORMER_LM_REAL *v_c0down,
+    TRANSFORMER_LM_REAL *m_g1a,
+    TRANSFORMER_LM_REAL *v_g1a,
+    TRANSFORMER_LM_REAL *m_b1a,
+    TRANSFORMER_LM_REAL *v_b1a,
+    TRANSFORMER_LM_REAL *m_Wq1,
+    TRANSFORMER_LM_REAL *v_Wq1,
+    TRANSFORMER_LM_REAL *m_Wk1,
+    TRANSFORMER_LM_REAL *v_Wk1,
+    TRANSFORMER_LM_REAL *m_Wv1,
+    TRANSFORMER_LM_REAL *v_Wv1,
+    TRANSFORMER_LM_REAL *m_Wo1,
+    TRANSFORMER_LM_REAL *v_Wo1,
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t55 = work + 3585*m + 1024; /* m x 64, in t52's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t57 = work + 3777*m + 1024; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t66 = work + 2369*m + 1024; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t74 = work + 4605*m + 4868; /* 1 x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t67 = work + 4541*m + 4868; /* m x 62, in t70's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t66 = work + 4289*m + 1024; /* m x 64, in t59's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t0 = work + 4605*m + 4869; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t60 = work + 3329*m + 1024; /* m x 64, in dt65_dt64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 4669*m + 4869; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t55 = work + 192*m; /* m x 64, in t75's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_1 = work + 5185*m + 4869; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_2 = work + 5185*m + 12933; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_P_2 = work + 5185*m + 16901; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0a_2 = work + 5185*m + 21061; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 5185*m + 21125; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 5185*m + 21189; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 5185*m + 25285; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv0_2 = work + 5185*m + 29381; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 5185*m + 33477; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0m_2 = work + 5185*m + 37573; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0m_2 = work + 5185*m + 37637; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0up_2 = work + 5185*m + 54085; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_1 = work + 5185*m + 70469; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 5185*m + 70725; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_1 = work + 5185*m + 37701; /* 256 x 64, in grad_W0up_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 5185*m + 70981; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0down_2 = work + 5185*m + 87365; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_1 = work + 5185*m + 20997; /* 1 x 64, in grad_b1a_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 5185*m + 103941; /* 1 x 64; placed in an earlier part */
-    /* grad_b1m_1 = sum of grad_t55 down each column */
-    TRANSFORMER_LM_REAL *grad_b1m_1 = grad_g1m_1; /* 1 x 64, in grad_g1m_1's memory */
-    symbackprop_f64_sum_columns(grad_t55, m, 64, 64, grad_b1m_1);
-
-    /* grad_b1m_2 = b1m*weight_decay + grad_b1m_1 */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = grad_g1m_2 + 64; /* 1 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b1m_2[j] = grad_b1m_1[j] + weight_decay_value*b1m[j];
-        }
-    }
-
-    /* grad_W1up_1 = t55^T @ g0 */
-    TRANSFORMER_LM_REAL *grad_W1up_1 = grad_W0down_1; /* 64 x 256, in grad_W0down_1's memory */
-    symbackprop_f64_matmul(64, 256, m, t55, 1, 64, g0, 256, 1, grad_W1up_1);
-
-    /* grad_W1up_2 = W1up*weight_decay + grad_W1up_1 */
-    TRANSFORMER_LM_REAL *grad_W1up_2 = grad_b1m_2 + 64; /* 64 x 256 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 256; ++j) {
-                grad_W1up_2[256*i + j] = grad_W1up_1[256*i + j] + weight_decay_value*W1up[256*i + j];
-            }
-        }
-    }
-
-    /* grad_c1up_1 = sum of g0 down each column */
-    TRANSFORMER_LM_REAL *grad_c1up_1 = grad_c0up_1; /* 1 x 256, in grad_c0up_1's memory */
-    symbackprop_f64_sum_columns(g0, m, 256, 256, grad_c1up_1);
-
-    /* grad_c1up_2 = c1up*weight_decay + grad_c1up_1 */
-    TRANSFORMER_LM_REAL *grad_c1up_2 = grad_W1up_2 + 16384; /* 1 x 256 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 256; ++j) {
-            grad_c1up_2[j] = grad_c1up_1[j] + weight_decay_value*c1up[j];
-        }
-    }
-
-    /* grad_W1down_1 = t57^T @ grad_t60 */
+    TRANSFORMER_LM_REAL *t51 = work + 2884*m + 9216; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t60 = work + 3396*m + 9216; /* m x 64, in t57's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t68 = work + 3778*m + 13060; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t61 = work + 3713*m + 13060; /* m x 62, in t64's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t60 = work + 3778*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 13061; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t54 = work + 3906*m + 13061; /* m x 64, in t69's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_1 = work + 4482*m + 13061; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_2 = work + 4482*m + 17029; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_P_2 = work + 321*m; /* 64 x 64, in t9's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g0a_2 = work + 4482*m + 21061; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 4482*m + 21125; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4482*m + 21189; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4482*m + 25285; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wv0_2 = work + 4482*m + 29381; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 4482*m + 33477; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g0m_2 = work + 4482*m + 37573; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0m_2 = work + 4482*m + 37637; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0up_2 = work + 4482*m + 54085; /* 64 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 4482*m + 70725; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 4482*m + 70981; /* 256 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0down_2 = work + 4482*m + 87365; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1a_2 = work + 4482*m + 87429; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 4482*m + 87493; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 4482*m + 87557; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 4482*m + 91653; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 4482*m + 95749; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo1_2 = work + 4482*m + 99845; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_1 = work + 4482*m + 20997; /* 1 x 64, in grad_g1m_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1up_1 = work + 4482*m + 37701; /* 64 x 256, in grad_W0down_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 4482*m + 120453; /* 1 x 256; placed in an earlier part */
+    /* grad_W1down_1 = t51^T @ grad_t54 */
     TRANSFORMER_LM_REAL *grad_W1down_1 = grad_W1up_1; /* 256 x 64, in grad_W1up_1's memory */
-    symbackprop_f64_matmul(256, 64, m, t57, 1, 256, grad_t60, 64, 1, grad_W1down_1);
+    symbackprop_f64_matmul(256, 64, m, t51, 1, 256, grad_t54, 64, 1, grad_W1down_1);
 
     /* grad_W1down_2 = W1down*weight_decay + grad_W1down_1 */
     TRANSFORMER_LM_REAL *grad_W1down_2 = grad_c1up_2 + 256; /* 256 x 64 */
@@ -4708,9 +4756,9 @@ static void transformer_lm_train_step_part6(
         }
     }
 
-    /* grad_c1down_1 = sum of grad_t60 down each column */
+    /* grad_c1down_1 = sum of grad_t54 down each column */
     TRANSFORMER_LM_REAL *grad_c1down_1 = grad_b1m_1; /* 1 x 64, in grad_b1m_1's memory */
-    symbackprop_f64_sum_columns(grad_t60, m, 64, 64, grad_c1down_1);
+    symbackprop_f64_sum_columns(grad_t54, m, 64, 64, grad_c1down_1);
 
     /* grad_c1down_2 = c1down*weight_decay + grad_c1down_1 */
     TRANSFORMER_LM_REAL *grad_c1down_2 = grad_W1down_2 + 16384; /* 1 x 64 */
@@ -4721,9 +4769,9 @@ static void transformer_lm_train_step_part6(
         }
     }
 
-    /* grad_gf_1 = sum of grad_t0 down each column */
+    /* grad_gf_1 = sum of g0 down each column */
     TRANSFORMER_LM_REAL *grad_gf_1 = grad_c1down_1; /* 1 x 64, in grad_c1down_1's memory */
-    symbackprop_f64_sum_columns(grad_t0, m, 64, 64, grad_gf_1);
+    symbackprop_f64_sum_columns(g0, m, 64, 64, grad_gf_1);
 
     /* grad_gf_2 = gf*weight_decay + grad_gf_1 */
     TRANSFORMER_LM_REAL *grad_gf_2 = grad_c1down_2 + 64; /* 1 x 64 */
@@ -4734,9 +4782,9 @@ static void transformer_lm_train_step_part6(
         }
     }
 
-    /* grad_bf_1 = sum of grad_t66 down each column */
+    /* grad_bf_1 = sum of grad_t60 down each column */
     TRANSFORMER_LM_REAL *grad_bf_1 = grad_gf_1; /* 1 x 64, in grad_gf_1's memory */
-    symbackprop_f64_sum_columns(grad_t66, m, 64, 64, grad_bf_1);
+    symbackprop_f64_sum_columns(grad_t60, m, 64, 64, grad_bf_1);
 
     /* grad_bf_2 = bf*weight_decay + grad_bf_1 */
     TRANSFORMER_LM_REAL *grad_bf_2 = grad_gf_2 + 64; /* 1 x 64 */
@@ -4747,9 +4795,9 @@ static void transformer_lm_train_step_part6(
         }
     }
 
-    /* grad_Wout_1 = t66^T @ grad_t67 */
+    /* grad_Wout_1 = t60^T @ grad_t61 */
     TRANSFORMER_LM_REAL *grad_Wout_1 = grad_E_1; /* 64 x 62, in grad_E_1's memory */
-    symbackprop_f64_matmul(64, 62, m, t66, 1, 64, grad_t67, 62, 1, grad_Wout_1);
+    symbackprop_f64_matmul(64, 62, m, t60, 1, 64, grad_t61, 62, 1, grad_Wout_1);
 
     /* grad_Wout_2 = Wout*weight_decay + grad_Wout_1 */
     TRANSFORMER_LM_REAL *grad_Wout_2 = grad_bf_2 + 64; /* 64 x 62 */
@@ -4781,7 +4829,7 @@ static void transformer_lm_train_step_part6(
     /* step = step + 1 */
     /* bias_correction1 = 1 - beta1**(step + 1) */
     /* bias_correction2 = 1 - beta2**(step + 1) */
-    TRANSFORMER_LM_REAL *bias_correction1 = t74; /* 1 x 1, in t74's memory */
+    TRANSFORMER_LM_REAL *bias_correction1 = t68; /* 1 x 1, in t68's memory */
     TRANSFORMER_LM_REAL *bias_correction2 = grad_Wout_2 + 3968; /* 1 x 1 */
     {
         const TRANSFORMER_LM_REAL step_in = step[0];
@@ -5126,82 +5174,7 @@ static void transformer_lm_train_step_part6(
             c0down[j] = c0down_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
-}
 
-/* transformer_lm_train_step, part 7 of 7 (kernels 193 to 207): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-static void transformer_lm_train_step_part7(
-    int64_t m,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *W1up,
-    TRANSFORMER_LM_REAL *c1up,
-    TRANSFORMER_LM_REAL *W1down,
-    TRANSFORMER_LM_REAL *c1down,
-    TRANSFORMER_LM_REAL *gf,
-    TRANSFORMER_LM_REAL *bf,
-    TRANSFORMER_LM_REAL *Wout,
-    const TRANSFORMER_LM_REAL *lr,
-    const TRANSFORMER_LM_REAL *beta1,
-    const TRANSFORMER_LM_REAL *beta2,
-    const TRANSFORMER_LM_REAL *eps,
-    TRANSFORMER_LM_REAL *m_g1a,
-    TRANSFORMER_LM_REAL *v_g1a,
-    TRANSFORMER_LM_REAL *m_b1a,
-    TRANSFORMER_LM_REAL *v_b1a,
-    TRANSFORMER_LM_REAL *m_Wq1,
-    TRANSFORMER_LM_REAL *v_Wq1,
-    TRANSFORMER_LM_REAL *m_Wk1,
-    TRANSFORMER_LM_REAL *v_Wk1,
-    TRANSFORMER_LM_REAL *m_Wv1,
-    TRANSFORMER_LM_REAL *v_Wv1,
-    TRANSFORMER_LM_REAL *m_Wo1,
-    TRANSFORMER_LM_REAL *v_Wo1,
-    TRANSFORMER_LM_REAL *m_g1m,
-    TRANSFORMER_LM_REAL *v_g1m,
-    TRANSFORMER_LM_REAL *m_b1m,
-    TRANSFORMER_LM_REAL *v_b1m,
-    TRANSFORMER_LM_REAL *m_W1up,
-    TRANSFORMER_LM_REAL *v_W1up,
-    TRANSFORMER_LM_REAL *m_c1up,
-    TRANSFORMER_LM_REAL *v_c1up,
-    TRANSFORMER_LM_REAL *m_W1down,
-    TRANSFORMER_LM_REAL *v_W1down,
-    TRANSFORMER_LM_REAL *m_c1down,
-    TRANSFORMER_LM_REAL *v_c1down,
-    TRANSFORMER_LM_REAL *m_gf,
-    TRANSFORMER_LM_REAL *v_gf,
-    TRANSFORMER_LM_REAL *m_bf,
-    TRANSFORMER_LM_REAL *v_bf,
-    TRANSFORMER_LM_REAL *m_Wout,
-    TRANSFORMER_LM_REAL *v_Wout,
-    TRANSFORMER_LM_REAL *work
-)
-{
-    TRANSFORMER_LM_REAL *grad_g1a_2 = work + 5185*m + 87429; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 5185*m + 87493; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 5185*m + 87557; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 5185*m + 91653; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 5185*m + 95749; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo1_2 = work + 5185*m + 99845; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 5185*m + 103941; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 5185*m + 104005; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1up_2 = work + 5185*m + 104069; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 5185*m + 120453; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1down_2 = work + 5185*m + 120709; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1down_2 = work + 5185*m + 137093; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_gf_2 = work + 5185*m + 137157; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_bf_2 = work + 5185*m + 137221; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wout_2 = work + 5185*m + 137285; /* 64 x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction1 = work + 4605*m + 4868; /* 1 x 1, in t74's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction2 = work + 5185*m + 141253; /* 1 x 1; placed in an earlier part */
     /* m_g1a = beta1*m_g1a + grad_g1a_2*(1 - beta1) */
     /* v_g1a = beta2*v_g1a + grad_g1a_2**2*(1 - beta2) */
     /* g1a = g1a - lr*(beta1*m_g1a + grad_g1a_2*(1 - beta1))/(bias_correction1*(eps +
@@ -5351,7 +5324,58 @@ static void transformer_lm_train_step_part7(
             }
         }
     }
+}
 
+/* transformer_lm_train_step, part 7 of 7 (kernels 193 to 201): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+static void transformer_lm_train_step_part7(
+    int64_t m,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    TRANSFORMER_LM_REAL *W1down,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    TRANSFORMER_LM_REAL *Wout,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_g1m,
+    TRANSFORMER_LM_REAL *v_g1m,
+    TRANSFORMER_LM_REAL *m_b1m,
+    TRANSFORMER_LM_REAL *v_b1m,
+    TRANSFORMER_LM_REAL *m_W1up,
+    TRANSFORMER_LM_REAL *v_W1up,
+    TRANSFORMER_LM_REAL *m_c1up,
+    TRANSFORMER_LM_REAL *v_c1up,
+    TRANSFORMER_LM_REAL *m_W1down,
+    TRANSFORMER_LM_REAL *v_W1down,
+    TRANSFORMER_LM_REAL *m_c1down,
+    TRANSFORMER_LM_REAL *v_c1down,
+    TRANSFORMER_LM_REAL *m_gf,
+    TRANSFORMER_LM_REAL *v_gf,
+    TRANSFORMER_LM_REAL *m_bf,
+    TRANSFORMER_LM_REAL *v_bf,
+    TRANSFORMER_LM_REAL *m_Wout,
+    TRANSFORMER_LM_REAL *v_Wout,
+    TRANSFORMER_LM_REAL *work
+)
+{
+    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4482*m + 103941; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4482*m + 104005; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1up_2 = work + 4482*m + 104069; /* 64 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 4482*m + 120453; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1down_2 = work + 4482*m + 120709; /* 256 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1down_2 = work + 4482*m + 137093; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_gf_2 = work + 4482*m + 137157; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_bf_2 = work + 4482*m + 137221; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wout_2 = work + 4482*m + 137285; /* 64 x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *bias_correction1 = work + 3778*m + 13060; /* 1 x 1, in t68's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *bias_correction2 = work + 4482*m + 141253; /* 1 x 1; placed in an earlier part */
     /* m_g1m = beta1*m_g1m + grad_g1m_2*(1 - beta1) */
     /* v_g1m = beta2*v_g1m + grad_g1m_2**2*(1 - beta2) */
     /* g1m = g1m - lr*(beta1*m_g1m + grad_g1m_2*(1 - beta1))/(bias_correction1*(eps +
@@ -5692,13 +5716,13 @@ int transformer_lm_train_step(
             return 2; /* a row number outside an array it gathers from */
         }
     }
-    transformer_lm_train_step_part1(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, gf, work);
-    transformer_lm_train_step_part2(m, targets, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, bf, Wout, loss, work);
-    transformer_lm_train_step_part3(m, W0down, Wq1, Wk1, Wv1, Wo1, W1up, W1down, work);
-    transformer_lm_train_step_part4(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, W0up, weight_decay, work);
-    transformer_lm_train_step_part5(m, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, weight_decay, work);
-    transformer_lm_train_step_part6(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, work);
-    transformer_lm_train_step_part7(m, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, m_g1a, v_g1a, m_b1a, v_b1a, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, work);
+    transformer_lm_train_step_part1(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, work);
+    transformer_lm_train_step_part2(m, targets, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work);
+    transformer_lm_train_step_part3(m, g0m, W0up, W0down, g1a, Wk1, Wv1, Wo1, g1m, W1up, W1down, work);
+    transformer_lm_train_step_part4(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, weight_decay, work);
+    transformer_lm_train_step_part5(m, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, weight_decay, work);
+    transformer_lm_train_step_part6(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, work);
+    transformer_lm_train_step_part7(m, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, work);
     return 0;
 }
 

@@ -121,6 +121,8 @@ def find_blas() -> Blas | None:
             "-DSYMBACKPROP_CBLAS",
             "-DSYMBACKPROP_CBLAS_DGEMM=scipy_cblas_dgemm",
             "-DSYMBACKPROP_CBLAS_SGEMM=scipy_cblas_sgemm",
+            "-DSYMBACKPROP_CBLAS_DTRMM=scipy_cblas_dtrmm",
+            "-DSYMBACKPROP_CBLAS_STRMM=scipy_cblas_strmm",
         ),
         link_args=(f"-L{lib_dir}", "-lscipy_openblas", f"-Wl,-rpath,{lib_dir}"),
         library=library,

@@ -135,7 +135,8 @@ def causal_attention(q: Sequences, k: Sequences, v: Sequences, heads: int) -> Se
     if not q.length == k.length == v.length or not q.matrix.shape == k.matrix.shape == v.matrix.shape:
         raise ModelError("causal_attention's q, k and v must be sequences of one length and shape")
     dh = _head_size(q.features, heads, "causal_attention")
-    scores = AttentionScores(q.matrix, k.matrix, q.length, heads) / sp.sqrt(dh)
+    # the scale on the queries (on a weight, where q is a product: schedule-free), not on every score
+    scores = AttentionScores(q.matrix / sp.sqrt(dh), k.matrix, q.length, heads)
     weights = CausalSoftmax(scores, q.length, heads)
     return Sequences(AttentionMix(weights, v.matrix, q.length, heads), q.length)
 

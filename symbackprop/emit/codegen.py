@@ -54,6 +54,11 @@ class RealType:
     def gemm(self) -> str:
         return "dgemm" if self.name == "float64" else "sgemm"
 
+    @property
+    def trmm(self) -> str:
+        """BLAS's triangular product (the attention ops' causal products)."""
+        return "dtrmm" if self.name == "float64" else "strmm"
+
 
 FLOAT64 = RealType("float64", "double", "float64", sp.codegen.ast.float64)
 FLOAT32 = RealType("float32", "float", "float32", sp.codegen.ast.float32)
@@ -494,6 +499,7 @@ class RuntimeType:
     real_c: str
     prefix: str  # of its helpers: symbackprop_f64_matmul, ...
     gemm: str
+    trmm: str
     vector_math: tuple[str, ...]
     helpers: tuple[str, ...]  # the ops' C helpers of reduce.c.j2 (ops.registry.helpers): all of them
     blas_min: int = BLAS_MIN_MULTIPLY_ADDS
@@ -503,7 +509,7 @@ def runtime_type(real: RealType) -> RuntimeType:
     """A real type's part of the header: every libmvec function and every
     op's helper, so that the header is the same whatever the models."""
     suffix = "f" if real.name == "float32" else ""
-    return RuntimeType(real.name, real.c, real.helper_prefix, real.gemm,
+    return RuntimeType(real.name, real.c, real.helper_prefix, real.gemm, real.trmm,
                        tuple(name + suffix for name in sorted(LIBMVEC)), tuple(sorted(helpers())))
 
 

@@ -85,6 +85,11 @@ def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Nod
         body = body.xreplace(renumber)
     if body == placeholder(0) and len(used) == 1 and used[0].shape == shape:
         return used[0]
+    narrow = _broadcast_shape([a.shape for a in used])
+    if used and narrow != shape and not (body == placeholder(0) and len(used) == 1):
+        # every argument is narrower (e.g. a per-row value on every column):
+        # computed once at their shape, then broadcast (never stored wide)
+        return broadcast(map_(body, used, narrow), shape)
     fused = _match_logsumexp(body, used, shape)
     if fused is not None:
         return fused
@@ -265,6 +270,12 @@ def pack(shape: Shape, entries: dict[tuple[int, int], Node]) -> Node:
 def broadcast(a: Node, shape: Shape) -> Node:
     """`a` repeated along the axes where its size is 1."""
     return map_(placeholder(0), [a], shape)
+
+
+def is_broadcast(node: Node) -> bool:
+    """Whether `node` is broadcast(a, shape) of a narrower `a`."""
+    return (node.op == "map" and len(node.args) == 1 and node.attrs[0] == placeholder(0)
+            and node.args[0].shape != node.shape)
 
 
 def _match_logsumexp(body: sp.Expr, args: list[Node], shape: Shape) -> Node | None:

@@ -9,15 +9,18 @@ its columns h*L + s (s the key's position). The ops, all with attrs (L, H):
     attention_mix(P, V)     O[(e,t),h] = sum_{s<=t} P[(e,t),(h,s)] V[(e,s),h]
     attention_mix_t(P, V)   O[(e,s),h] = sum_{t>=s} P[(e,t),(h,s)] V[(e,t),h]
     causal_softmax(S)       P[(e,t),(h,s)] = exp(S - max) / sum over s <= t; 0 for s > t
+    softmax_vjp(P, D)       P * (D - sum_{s'<=t} P*D) for s <= t, 0 for s > t (P a causal softmax)
 
 The three products are one trilinear form <G, scores(A, B)> over the
 causal triangle (key s <= query t) read three ways, so each one's VJP is
 made of the other two (and gradients of gradients exist). The triangle is
 all attention reads (the softmax's weights above it are 0), so its C never
-computes the masked half. The softmax's VJP, P * (G - sum_s P*G), is made of
-elementwise maps and the per-head sums and broadcasts of ops.conv
-(channel_sum, channel_broadcast over H blocks of L columns); a masked
-entry has P = 0 exactly, so no gradient reaches it.
+computes the masked half. The softmax's VJP, P * (G - sum_s P*G), is an op
+of its own (one loop over each row and head, where the elementwise maps
+and per-head sums it is made of took four passes over m x H*L); its own
+derivatives are made of itself and of the per-head sums and broadcasts
+of ops.conv (channel_sum, channel_broadcast over H blocks of L columns).
+A masked entry has P = 0 exactly, so no gradient reaches it.
 
 The C of each is a loop nest over the sequences and heads
 (kernel_attention.c.j2), its bounds numbers but the positions', never
@@ -41,7 +44,7 @@ from symbackprop.ops.conv import Operand, _bilinear_jvp, channel_broadcast, chan
 from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
 from symbackprop.schedule.kernel import Equation, latex_name
 
-A0, A1, A2 = placeholder(0), placeholder(1), placeholder(2)
+A0, A1, A2, A3, A4 = (placeholder(i) for i in range(5))
 
 # --- constructors ---------------------------------------------------------------
 
@@ -61,6 +64,10 @@ def attention_mix_t(p: Node, v: Node, geometry: tuple) -> Node:
 
 def causal_softmax(s: Node, geometry: tuple) -> Node:
     return op_node("causal_softmax", (s,), s.shape, geometry)
+
+
+def softmax_vjp(p: Node, d: Node, geometry: tuple) -> Node:
+    return op_node("softmax_vjp", (p, d), p.shape, geometry)
 
 
 # --- derivatives ------------------------------------------------------------------
@@ -86,20 +93,37 @@ def _mix_t_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None
             attention_mix(p, g, node.attrs) if needed[1] else None)
 
 
-def _softmax_derivative(p: Node, d: Node, geometry: tuple) -> Node:
-    """P * (D - sum over each head's keys of P*D): the softmax's VJP (D an
-    adjoint) and JVP (D a tangent), the same linear map (it is symmetric)."""
-    length, heads = geometry
-    per_head = channel_sum(map_(A0 * A1, [p, d]), (heads, length))
-    return map_(A0 * (A1 - A2), [p, d, channel_broadcast(per_head, (heads, length))])
-
-
 def _softmax_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
-    return (_softmax_derivative(node, g, node.attrs),)
+    # the softmax's VJP (g an adjoint) and JVP (a tangent): the same linear map (it is symmetric)
+    return (softmax_vjp(node, g, node.attrs),)
 
 
 def _softmax_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
-    return _softmax_derivative(node, tangents[0], node.attrs) if tangents[0] is not None else None
+    return softmax_vjp(node, tangents[0], node.attrs) if tangents[0] is not None else None
+
+
+def _head_sums(a: Node, b: Node, geometry: tuple) -> Node:
+    """sum over each head's keys of a*b, broadcast back over the keys."""
+    length, heads = geometry
+    return channel_broadcast(channel_sum(map_(A0 * A1, [a, b]), (heads, length)), (heads, length))
+
+
+def _softmax_vjp_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    # out = P*(D - s), s = heads' sums of P*D: d/dD is the same map of P; d/dP is
+    # G*(D - s) - D * heads' sums of G*P
+    p, d = node.args
+    wrt_p = map_(A0 * (A1 - A2) - A1 * A3, [g, d, _head_sums(p, d, node.attrs), _head_sums(g, p, node.attrs)])
+    return (wrt_p if needed[0] else None, softmax_vjp(p, g, node.attrs) if needed[1] else None)
+
+
+def _softmax_vjp_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    p, d = node.args
+    dp, dd = tangents
+    parts = [] if dd is None else [softmax_vjp(p, dd, node.attrs)]
+    if dp is not None:
+        parts.append(map_(A0 * (A1 - A2) - A3 * A4, [dp, d, _head_sums(p, d, node.attrs), p,
+                                                     _head_sums(dp, d, node.attrs)]))
+    return None if not parts else parts[0] if len(parts) == 1 else map_(A0 + A1, parts)
 
 
 # --- numpy references ---------------------------------------------------------------
@@ -159,6 +183,13 @@ def _eval_softmax(node: Node, args: list[np.ndarray], context) -> np.ndarray:
     return _rows(e / e.sum(axis=3, keepdims=True), m)
 
 
+def _eval_softmax_vjp(node: Node, args: list[np.ndarray], context) -> np.ndarray:
+    length, heads = node.attrs
+    m = context.shape(node)[0]
+    p, d = (_blocks(a, m, length, heads, length) * _causal(length)[None, :, None, :] for a in args)
+    return _rows(p * (d - (p * d).sum(axis=3, keepdims=True)), m)
+
+
 # --- kernels ------------------------------------------------------------------------
 
 
@@ -191,6 +222,8 @@ class AttentionKernel:
         keys = sp.sympify(self.rows) * heads * sp.Rational(length + 1, 2)
         if self.kind == "causal_softmax":
             return sp.Integer(0), 3 * keys
+        if self.kind == "softmax_vjp":
+            return keys, 2 * keys
         return keys * dh, sp.Integer(0)
 
 
@@ -201,13 +234,18 @@ _MATH = {
     "attention_mix_t": ("[(e,s),h*dh+k]", "sum_{{t>=s}} {0}[(e,t),(h,s)] * {1}[(e,t),h*dh+k]"),
     "causal_softmax": ("[(e,t),(h,s)]", "exp({0}[(e,t),(h,s)] - max_{{s'<=t}} {0}[(e,t),(h,s')]) / "
                        "sum_{{s'<=t}} exp(...) for s <= t, 0 for s > t (the causal mask)"),
+    "softmax_vjp": ("[(e,t),(h,s)]", "{0}[(e,t),(h,s)] * ({1}[(e,t),(h,s)] - sum_{{s'<=t}} {0}[(e,t),(h,s')] * "
+                    "{1}[(e,t),(h,s')]) for s <= t, 0 for s > t"),
 }
+
+
+_SOFTMAXES = ("causal_softmax", "softmax_vjp")  # scores in, scores out: no head width
 
 
 def _kernel(sched, node: Node, out: str) -> AttentionKernel:
     args, labels = kernel_operands(sched, node)
     length, heads = node.attrs
-    dh = 0 if node.op == "causal_softmax" else node.args[-1].shape[1] // heads
+    dh = 0 if node.op in _SOFTMAXES else node.args[-1].shape[1] // heads
     entry, value = (part.format(*labels) for part in _MATH[node.op])
     value += f" (rows (e,t) = e*{length}+t, {heads} heads" + (f" of {dh} columns)" if dh else ")")
     latex = rf"{latex_name(out)} = \operatorname{{{node.op.replace('_', '-')}}}({', '.join(latex_name(s) for s in labels)})"
@@ -251,6 +289,7 @@ _op("attention_scores", _scores_vjp, _bilinear_jvp(attention_scores), _eval_scor
 _op("attention_mix", _mix_vjp, _bilinear_jvp(attention_mix), _eval_mix, "AttentionMix", declared.AttentionMix)
 _op("attention_mix_t", _mix_t_vjp, _bilinear_jvp(attention_mix_t), _eval_mix_t, "AttentionMixT")
 _op("causal_softmax", _softmax_vjp, _softmax_jvp, _eval_softmax, "CausalSoftmax", declared.CausalSoftmax)
+_op("softmax_vjp", _softmax_vjp_vjp, _softmax_vjp_jvp, _eval_softmax_vjp, "SoftmaxVjp")
 
 
 def _normalize_rows(lowerer, expr: declared.RowNormalize) -> Node:

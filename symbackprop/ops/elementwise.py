@@ -240,7 +240,16 @@ def _unbroadcast(node: Node) -> Node:
 
 
 def _mat_add(lowerer, expr: sp.MatAdd) -> Node:
-    parts = _regroup_sum(list(expr.args), lowerer.named_sums, expr)
+    # SymPy flattens x + a + b: a residual stream's sum of every earlier
+    # term. A sum lowered inside the terms (x) is reused, the largest
+    # first: each block adds its terms to it, and its gradient flows back
+    # once a block (not read again by every later block).
+    for term in expr.args:  # the terms first: the earlier sums inside them are lowered then
+        lowerer.lower(term)
+    lowered = lowerer.cache("sums")
+    earlier = sorted(lowered, key=lambda e: -len(e.args))
+    parts = _regroup_sum(list(expr.args), [*lowerer.named_sums, *earlier], expr)
+    lowered[expr] = None
     terms = [lowerer.lower(t) for t in parts]
     shape = lowerer.shape(expr)
     for part, term in zip(parts, terms):

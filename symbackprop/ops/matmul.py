@@ -109,10 +109,38 @@ def _mat_mul(lowerer, expr: sp.MatMul) -> Node:
         # e.g. ones(1, m) * ones(m, 1), which SymPy folds into the coefficient m
         raise ModelError(f"{sym} in {short(expr)} is neither an input, a param nor a dimension of one")
     factors = _regroup_product(list(factors), lowerer.named_products, expr)
-    product = _product_chain([_factor(lowerer, f) for f in factors])
+    lowered = [_factor(lowerer, f) for f in factors]
     if coeff == 1:
-        return product
-    return map_(A0 * A1, [lowerer.lower(coeff), product])
+        return _product_chain(lowered)
+    smallest = _smallest_factor(lowered, lowerer.shape(expr))
+    if smallest is None:
+        return map_(A0 * A1, [lowerer.lower(coeff), _product_chain(lowered)])
+    # c (A @ B) as A @ (c B) where B has fewer entries than the product
+    # (attention's 1/sqrt(dh) on a d x d weight, not on every score)
+    factor = lowered[smallest]
+    assert isinstance(factor, Node)  # (_smallest_factor picks no OneMatrix)
+    lowered[smallest] = map_(A0 * A1, [lowerer.lower(coeff), factor])
+    return _product_chain(lowered)
+
+
+def _entries(shape: tuple) -> int | None:
+    rows, cols = shape
+    return int(rows) * int(cols) if sp.sympify(rows).is_Integer and sp.sympify(cols).is_Integer else None
+
+
+def _smallest_factor(factors: list[Node | _Ones], shape: tuple) -> int | None:
+    """The index of the factor of fixed size with the fewest entries, where
+    it has fewer than the product (one of symbolic size, a batch, counts as
+    larger); None where a factor is a OneMatrix or none has a fixed size."""
+    nodes = [f for f in factors if isinstance(f, Node)]
+    if len(nodes) != len(factors):
+        return None
+    known = [(size, index) for index, f in enumerate(nodes) if (size := _entries(f.shape)) is not None]
+    if not known:
+        return None
+    size, index = min(known)
+    product = _entries(shape)
+    return index if product is None or size < product else None
 
 
 def _factor(lowerer, factor: sp.MatrixExpr) -> Node | _Ones:

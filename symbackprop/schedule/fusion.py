@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import sympy as sp
 
-from symbackprop.ir.construct import is_const
+from symbackprop.ir.construct import is_broadcast, is_const
 from symbackprop.ir.node import Node, Shape, topological_order
 from symbackprop.ops.registry import is_view, record
 
@@ -55,17 +55,27 @@ class Placement:
         for node in self.order:
             for arg in dict.fromkeys(node.args):
                 self.users[arg].append(node)
+        self.spreads = self._spreads()
         self.plan: list[MapGroup | ExamplesGroup | Node] = []
         self.group_of: dict[Node, MapGroup] = {}
         self.index_of: dict[Node, int] = {}
         self.result_nodes = {node for _, node in results}
         self.deferred: set[Node] = set()
 
+    def _spreads(self) -> set[Node]:
+        """Broadcasts that only elementwise loops read: never stored, those
+        loops read the narrower argument with a stride of 0 instead (a
+        layer norm's gamma or per-row scale is not written out m x d)."""
+        results = {node for _, node in self.results}
+        return {node for node in self.order
+                if is_broadcast(node) and node not in results and node not in self.late
+                and all(user.op == "map" and user not in self.late for user in self.users[node])}
+
     def place_all(self) -> set[int]:
         """Place every node; returns the ids of the steps the `first`
         results need, which now lead the plan."""
         for node in self.order:
-            if node.op == "leaf" or is_view(node.op) or is_const(node):
+            if node.op == "leaf" or is_view(node.op) or is_const(node) or node in self.spreads:
                 continue
             fused = record(node.op).fused
             if fused == "elementwise":
@@ -128,7 +138,7 @@ class Placement:
         return base.op == "leaf" or is_const(base) or self.index_of.get(base, index) < index
 
     def _base(self, node: Node) -> Node:
-        while is_view(node.op):
+        while is_view(node.op) or node in self.spreads:
             node = node.args[0]
         return node
 

@@ -202,6 +202,8 @@ class Scheduler(Placement):
             return shifted_view(self.view(node.args[0]), node)
         if is_view(node.op):
             return rule(node.op, "view").strides(self.view(node.args[0]), node)
+        if node in self.spreads:
+            return self._broadcast_view(node.args[0], node.shape)
         buffer = self.buffer_of.get(node) or self.naming(node)
         rows, cols = node.shape
         return View(buffer, zero, sp.sympify(cols) if rows != 1 else zero, one if cols != 1 else zero)
@@ -270,6 +272,8 @@ class Scheduler(Placement):
             return shifted_label(self.label(node.args[0]), node)
         if is_view(node.op):
             return rule(node.op, "view").label(self.label(node.args[0]), node)
+        if node in self.spreads:  # broadcasting, as the comments' arithmetic reads
+            return self.label(node.args[0])
         return self.buffer_of.get(node) or self.naming(node)
 
     def symbol(self, node: Node) -> sp.Basic:
