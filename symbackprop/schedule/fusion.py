@@ -2,7 +2,14 @@
 share arguments and their inputs are ready (a forward map and its local
 derivative so share one CSE'd body); per-example maps over the same
 examples share one loop; every other op is a step of its own. The
-scheduler (schedule.py) then builds each step's kernel."""
+scheduler (schedule.py) then builds each step's kernel.
+
+A vector moved k entries (a shift read in place, schedule.shifted) does
+not break a loop: a map reading shift(m) of a map m of the loop joins it,
+and the loop recomputes m at i - k (cheap arithmetic only, and no more
+than MAX_REACH entries away), where a stored m would need a loop of its
+own before. An RK4 step (each stage reads the last one moved) so runs as
+one loop, not one a stage."""
 
 from __future__ import annotations
 
@@ -13,6 +20,12 @@ import sympy as sp
 from symbackprop.ir.construct import is_const
 from symbackprop.ir.node import Node, Shape, topological_order
 from symbackprop.ops.registry import is_view, record
+from symbackprop.schedule.shifted import foldable, signed_k
+
+# How far (in entries, the lowest to the highest) a loop's member may read
+# the loop's other members and inputs: each member is recomputed at most
+# MAX_REACH + 1 places. An RK4 step's reverse sweep reads 8 apart.
+MAX_REACH = 8
 
 
 @dataclass
@@ -60,12 +73,18 @@ class Placement:
         self.index_of: dict[Node, int] = {}
         self.result_nodes = {node for _, node in results}
         self.deferred: set[Node] = set()
+        # shifts read in the loops of their users, never stored (an in-place
+        # result could overwrite what a loop reads moved: none then)
+        self.through: set[Node] = set() if self.late else foldable(self.order, self.users, self.result_nodes)
+        self.reach: dict[Node, tuple[int, int]] = {}  # a member's lowest and highest entry read, relative to its own
+        self.recomputable: dict[Node, bool] = {}  # a member its loop may compute at other entries too
+        self.latest: dict[tuple[Shape, bool], MapGroup] = {}  # the last loop of each shape (and lateness)
 
     def place_all(self) -> set[int]:
         """Place every node; returns the ids of the steps the `first`
         results need, which now lead the plan."""
         for node in self.order:
-            if node.op == "leaf" or is_view(node.op) or is_const(node):
+            if node.op == "leaf" or is_view(node.op) or is_const(node) or node in self.through:
                 continue
             fused = record(node.op).fused
             if fused == "elementwise":
@@ -132,6 +151,18 @@ class Placement:
             node = node.args[0]
         return node
 
+    def source(self, node: Node) -> tuple[Node, int]:
+        """What `node` reads and how far moved: a shift read in place, its
+        argument and k; anything else, itself and 0."""
+        if node in self.through:
+            return node.args[0], signed_k(node)
+        return node, 0
+
+    def readers(self, node: Node) -> list[Node]:
+        """The nodes that compute with `node`'s entries: its users, those of a
+        shift of it read in place instead of the shift."""
+        return [r for user in self.users[node] for r in (self.users[user] if user in self.through else [user])]
+
     def _single_use(self, node: Node) -> bool:
         users = self.users[node]
         return (
@@ -158,35 +189,68 @@ class Placement:
             return
         members = self._with_deferred(node)
         args = [a for m in members for a in m.args if a not in members]
-        chosen = None
+        chosen, reach = None, None
         late = node in self.late
-        for group in self._related_groups(args):  # the latest first
+        for group in self._related_groups(args, node):  # the latest first
             if group.shape != node.shape or group.late != late:
                 continue
-            if all(self.group_of.get(a) is group or self._ready_before(a, group.index) for a in args):
-                chosen = group
-                break
+            if all(self._ready_in(a, group) for a in args):
+                reach = self._reaches(members, group)
+                if all(high - low <= MAX_REACH for low, high in reach.values()):
+                    chosen = group
+                    break
         if chosen is None and self._single_use(node):
             self.deferred.add(node)
             return
         if chosen is None:
             chosen = MapGroup(len(self.plan), node.shape, late=late)
             self.plan.append(chosen)
+            self.latest[chosen.shape, late] = chosen
+            reach = self._reaches(members, chosen)
         for member in members:
             chosen.members.append(member)
             self.group_of[member] = chosen
             self.index_of[member] = chosen.index
+            self.reach[member] = reach[member]
+            self.recomputable[member] = _is_cheap(member.attrs[0]) and all(
+                self.recomputable[s] for s in (self.source(a)[0] for a in member.args) if self.group_of.get(s) is chosen)
 
-    def _related_groups(self, args: list[Node]) -> list[MapGroup]:
+    def _ready_in(self, arg: Node, group: MapGroup) -> bool:
+        """Whether a member of `group` can read `arg`: computed before the
+        loop, or in it (a shift of a member, recomputed where it is read)."""
+        source, k = self.source(arg)
+        if self.group_of.get(source) is group:
+            return k == 0 or self.recomputable[source]
+        return self._ready_before(source, group.index)
+
+    def _reaches(self, members: list[Node], group: MapGroup) -> dict[Node, tuple[int, int]]:
+        """Each new member's reach in `group` (see MAX_REACH)."""
+        reach: dict[Node, tuple[int, int]] = {}
+        for member in members:
+            low = high = 0
+            for arg in member.args:
+                source, k = self.source(arg)
+                inside = reach.get(source) or (self.reach[source] if self.group_of.get(source) is group else (0, 0))
+                low, high = min(low, inside[0] + k), max(high, inside[1] + k)
+            reach[member] = (low, high)
+        return reach
+
+    def _related_groups(self, args: list[Node], node: Node) -> list[MapGroup]:
         """The loops that hold one of `args` or read one, latest first: only
         these can take a map (looking at every loop made scheduling
-        quadratic in the number of loops)."""
+        quadratic in the number of loops). A map of no argument of its
+        shape (a scalar broadcast) shares nothing with any loop: it may
+        join the last of its shape, not open a loop of its own."""
         related: dict[int, MapGroup] = {}
         for arg in args:
-            for holder in (arg, *self.users.get(arg, ())):
+            source = self.source(arg)[0]
+            for holder in (source, *self.users.get(source, ())):
                 group = self.group_of.get(holder)
                 if group is not None:
                     related[group.index] = group
+        last = self.latest.get((node.shape, node in self.late))
+        if last is not None and all(a.shape != node.shape for a in args):
+            related[last.index] = last
         return [related[k] for k in sorted(related, reverse=True)]
 
 
