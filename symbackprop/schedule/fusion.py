@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import sympy as sp
 
 from symbackprop.ir.construct import is_const
-from symbackprop.ir.node import Node, Shape, topological_order
+from symbackprop.ir.node import SCALAR, Node, Shape, topological_order
 from symbackprop.ops.registry import is_view, record
 from symbackprop.schedule.shifted import foldable, signed_k
 
@@ -78,7 +78,6 @@ class Placement:
         self.through: set[Node] = set() if self.late else foldable(self.order, self.users, self.result_nodes)
         self.reach: dict[Node, tuple[int, int]] = {}  # a member's lowest and highest entry read, relative to its own
         self.recomputable: dict[Node, bool] = {}  # a member its loop may compute at other entries too
-        self.latest: dict[tuple[Shape, bool], MapGroup] = {}  # the last loop of each shape (and lateness)
 
     def place_all(self) -> set[int]:
         """Place every node; returns the ids of the steps the `first`
@@ -172,26 +171,32 @@ class Placement:
             and users[0].shape == node.shape
         )
 
+    def _scalar_broadcast(self, node: Node) -> bool:
+        return (node not in self.result_nodes and node.shape != SCALAR and all(a.shape == SCALAR for a in node.args)
+                and bool(self.users[node]) and all(u.op == "map" and u.shape == node.shape for u in self.users[node]))
+
     def _with_deferred(self, node: Node) -> list[Node]:
         """`node` preceded by the deferred maps it consumes, arguments first."""
         members: list[Node] = []
         for arg in node.args:
-            if arg in self.deferred and arg not in members:
+            if arg in self.deferred and arg not in members and arg not in self.group_of:
                 members += [m for m in self._with_deferred(arg) if m not in members]
         return members + [node]
 
     def _place_map(self, node: Node) -> None:
         """Join the latest loop of the same shape that shares an argument and
         can run it; else, if its only user is a map of its shape, defer it into
-        the user's loop; else open a new loop."""
-        if self._single_use(node) and _is_cheap(node.attrs[0]):
+        the user's loop; else open a new loop. A scalar broadcast read only
+        by maps of its shape is deferred into the loop of the first of them
+        (it shares no argument with any loop: it would open one of its own)."""
+        if (self._single_use(node) or self._scalar_broadcast(node)) and _is_cheap(node.attrs[0]):
             self.deferred.add(node)  # recomputing arithmetic in its user beats a buffer
             return
         members = self._with_deferred(node)
         args = [a for m in members for a in m.args if a not in members]
         chosen, reach = None, None
         late = node in self.late
-        for group in self._related_groups(args, node):  # the latest first
+        for group in self._related_groups(args):  # the latest first
             if group.shape != node.shape or group.late != late:
                 continue
             if all(self._ready_in(a, group) for a in args):
@@ -205,7 +210,6 @@ class Placement:
         if chosen is None:
             chosen = MapGroup(len(self.plan), node.shape, late=late)
             self.plan.append(chosen)
-            self.latest[chosen.shape, late] = chosen
             reach = self._reaches(members, chosen)
         for member in members:
             chosen.members.append(member)
@@ -235,12 +239,10 @@ class Placement:
             reach[member] = (low, high)
         return reach
 
-    def _related_groups(self, args: list[Node], node: Node) -> list[MapGroup]:
+    def _related_groups(self, args: list[Node]) -> list[MapGroup]:
         """The loops that hold one of `args` or read one, latest first: only
         these can take a map (looking at every loop made scheduling
-        quadratic in the number of loops). A map of no argument of its
-        shape (a scalar broadcast) shares nothing with any loop: it may
-        join the last of its shape, not open a loop of its own."""
+        quadratic in the number of loops)."""
         related: dict[int, MapGroup] = {}
         for arg in args:
             source = self.source(arg)[0]
@@ -248,9 +250,6 @@ class Placement:
                 group = self.group_of.get(holder)
                 if group is not None:
                     related[group.index] = group
-        last = self.latest.get((node.shape, node in self.late))
-        if last is not None and all(a.shape != node.shape for a in args):
-            related[last.index] = last
         return [related[k] for k in sorted(related, reverse=True)]
 
 
