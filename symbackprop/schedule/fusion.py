@@ -246,7 +246,7 @@ class Placement:
         related: dict[int, MapGroup] = {}
         for arg in args:
             source = self.source(arg)[0]
-            for holder in (source, *self.users.get(source, ())):
+            for holder in (source, *self.users[source], *self.readers(source)):  # (a shift of it read in place too)
                 group = self.group_of.get(holder)
                 if group is not None:
                     related[group.index] = group
