@@ -162,7 +162,7 @@ def test_shift_chain_against_jax_and_central_differences(case):
         rng = np.random.default_rng(size)
         xv, uv, wv = rng.uniform(-0.9, 0.9, size), rng.uniform(-0.9, 0.9, size), rng.standard_normal(size)
 
-        def total(z):
+        def total(z, wv=wv, uv=uv):
             return jnp.dot(jnp.asarray(wv), _chain_jax(z, jnp.asarray(uv), moves))
 
         arrays = {"x": xv.reshape(-1, 1), "u": uv.reshape(-1, 1), "w": wv.reshape(-1, 1)}

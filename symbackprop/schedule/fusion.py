@@ -194,7 +194,8 @@ class Placement:
             return
         members = self._with_deferred(node)
         args = [a for m in members for a in m.args if a not in members]
-        chosen, reach = None, None
+        chosen: MapGroup | None = None
+        reach: dict[Node, tuple[int, int]] = {}
         late = node in self.late
         for group in self._related_groups(args):  # the latest first
             if group.shape != node.shape or group.late != late:

@@ -68,7 +68,7 @@ def offset_label(source: str, k: int, axis: int) -> str:
     return f"{source}[{index}{'-' if k > 0 else '+'}{abs(k)}]" if k else source
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def inside(k: int) -> sp.Symbol:
     """The guard symbol of entry i - k: true where it is inside the vector."""
     return sp.Symbol(f"_inside{k}" if k >= 0 else f"_inside_m{-k}", integer=True)
