@@ -176,3 +176,28 @@ def test_shift_chain_against_jax_and_central_differences(case):
         assert float(np.ravel(grads["x"]) @ direction) == pytest.approx((plus - minus) / (2 * eps), rel=1e-7)
     reads = [int(k) for k in re.findall(r"\[i [-+] (\d+)\]", mod.source)]
     assert reads and max(reads) <= MAX_REACH
+
+
+@pytest.mark.parametrize("case", ["function_call", "long_arithmetic"])
+def test_costly_values_are_stored_not_recomputed(case):
+    """A shifted value that calls a function, or of more than MAX_RECOMPUTED
+    operations, is stored by a loop of its own and read moved (x is never
+    read at i - 1); the result still matches JAX."""
+    if case == "function_call":
+        inner = sp.HadamardProduct(x, u).applyfunc(sp.sin)
+        inner_jax = lambda z, uv: jnp.sin(z * uv)  # noqa: E731
+    else:  # sum_k u x^k / k: arithmetic, but long
+        inner = sum((sp.HadamardProduct(u, sp.HadamardPower(x, k)) / k for k in range(2, 60)), sp.ZeroMatrix(n, 1))
+        inner_jax = lambda z, uv: sum(uv * z**k / k for k in range(2, 60))  # noqa: E731
+    loss = nn.sum_all(sp.HadamardProduct(w, sbp.shift(inner, 1, fill=2) + x))
+    mod = sbp.compile(sbp.Model(f"shift_costly_{case}", inputs=[w, u], params=[x], loss=loss))
+    assert "[i - 1]" in mod.source and "x[i - 1]" not in mod.source
+    rng = np.random.default_rng(4)
+    xv, uv, wv = rng.uniform(-0.9, 0.9, 11), rng.uniform(-0.9, 0.9, 11), rng.standard_normal(11)
+
+    def total(z):
+        return jnp.dot(jnp.asarray(wv), _moved(inner_jax(z, jnp.asarray(uv)), 1, 2.0) + z)
+
+    loss_value, grads = mod.value_and_grad(x=xv.reshape(-1, 1), u=uv.reshape(-1, 1), w=wv.reshape(-1, 1))
+    assert loss_value == pytest.approx(float(total(jnp.asarray(xv))), rel=RTOL)
+    assert _rel(grads["x"], np.asarray(jax.grad(total)(jnp.asarray(xv)))) < RTOL

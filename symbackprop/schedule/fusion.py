@@ -26,6 +26,10 @@ from symbackprop.schedule.shifted import foldable, signed_k
 # the loop's other members and inputs: each member is recomputed at most
 # MAX_REACH + 1 places. An RK4 step's reverse sweep reads 8 apart.
 MAX_REACH = 8
+# The most operations (SymPy tree nodes, a member's with those of the loop's
+# members it reads) a loop computes again at another entry; beyond, the
+# value is stored by a loop of its own. An RK4 stage's adjoint is about 50.
+MAX_RECOMPUTED = 200
 
 
 @dataclass
@@ -78,6 +82,7 @@ class Placement:
         self.through: set[Node] = set() if self.late else foldable(self.order, self.users, self.result_nodes)
         self.reach: dict[Node, tuple[int, int]] = {}  # a member's lowest and highest entry read, relative to its own
         self.recomputable: dict[Node, bool] = {}  # a member its loop may compute at other entries too
+        self.cost: dict[Node, int] = {}  # a member's operations with those of the members it reads (a bound)
 
     def place_all(self) -> set[int]:
         """Place every node; returns the ids of the steps the `first`
@@ -217,8 +222,16 @@ class Placement:
             self.group_of[member] = chosen
             self.index_of[member] = chosen.index
             self.reach[member] = reach[member]
-            self.recomputable[member] = _is_cheap(member.attrs[0]) and all(
-                self.recomputable[s] for s in (self.source(a)[0] for a in member.args) if self.group_of.get(s) is chosen)
+            self._note_cost(member, chosen)
+
+    def _note_cost(self, member: Node, group: MapGroup) -> None:
+        """Whether the loop may compute `member` at other entries too: arithmetic
+        only, its members too, and no more than MAX_RECOMPUTED operations in all."""
+        inner = {s for s in (self.source(a)[0] for a in member.args) if self.group_of.get(s) is group}
+        own = _arithmetic_size(member.attrs[0])
+        self.cost[member] = (own or 0) + sum(self.cost[s] for s in inner)
+        self.recomputable[member] = (own is not None and self.cost[member] <= MAX_RECOMPUTED
+                                     and all(self.recomputable[s] for s in inner))
 
     def _ready_in(self, arg: Node, group: MapGroup) -> bool:
         """Whether a member of `group` can read `arg`: computed before the
@@ -256,7 +269,15 @@ class Placement:
 
 def _is_cheap(body: sp.Expr) -> bool:
     """Arithmetic only (no function calls, no non-integer powers)."""
-    return not any(
-        isinstance(sub, sp.Function) or (isinstance(sub, sp.Pow) and not sub.exp.is_Integer)
-        for sub in sp.preorder_traversal(body)
-    )
+    return _arithmetic_size(body) is not None
+
+
+def _arithmetic_size(body: sp.Expr) -> int | None:
+    """The size of a body of arithmetic only (its tree's nodes), or None
+    where it calls a function or takes a non-integer power."""
+    size = 0
+    for sub in sp.preorder_traversal(body):
+        if isinstance(sub, sp.Function) or (isinstance(sub, sp.Pow) and not sub.exp.is_Integer):
+            return None
+        size += 1
+    return size
