@@ -177,8 +177,12 @@ class Placement:
         )
 
     def _scalar_broadcast(self, node: Node) -> bool:
+        """A map of scalars to a larger shape, read only by maps of that shape
+        that run in the same phase (see `late`) as it."""
+        late = node in self.late
         return (node not in self.result_nodes and node.shape != SCALAR and all(a.shape == SCALAR for a in node.args)
-                and bool(self.users[node]) and all(u.op == "map" and u.shape == node.shape for u in self.users[node]))
+                and bool(self.users[node])
+                and all(u.op == "map" and u.shape == node.shape and (u in self.late) == late for u in self.users[node]))
 
     def _with_deferred(self, node: Node) -> list[Node]:
         """`node` preceded by the deferred maps it consumes, arguments first."""
