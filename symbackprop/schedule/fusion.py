@@ -27,8 +27,8 @@ from symbackprop.schedule.shifted import foldable, signed_k
 # MAX_REACH + 1 places. An RK4 step's reverse sweep reads 8 apart.
 MAX_REACH = 8
 # The most operations (SymPy tree nodes, a member's with those of the loop's
-# members it reads) a loop computes again at another entry; beyond, the
-# value is stored by a loop of its own. An RK4 stage's adjoint is about 50.
+# members it is computed from) a loop computes again at another entry;
+# beyond, the value is stored by a loop of its own.
 MAX_RECOMPUTED = 200
 
 
@@ -82,7 +82,8 @@ class Placement:
         self.through: set[Node] = set() if self.late else foldable(self.order, self.users, self.result_nodes)
         self.reach: dict[Node, tuple[int, int]] = {}  # a member's lowest and highest entry read, relative to its own
         self.recomputable: dict[Node, bool] = {}  # a member its loop may compute at other entries too
-        self.cost: dict[Node, int] = {}  # a member's operations with those of the members it reads (a bound)
+        self.size: dict[Node, int | None] = {}  # a member's operations (None: it calls a function)
+        self.closure: dict[Node, set[Node] | None] = {}  # the members a recomputable one is computed from
 
     def place_all(self) -> set[int]:
         """Place every node; returns the ids of the steps the `first`
@@ -230,12 +231,17 @@ class Placement:
 
     def _note_cost(self, member: Node, group: MapGroup) -> None:
         """Whether the loop may compute `member` at other entries too: arithmetic
-        only, its members too, and no more than MAX_RECOMPUTED operations in all."""
+        only, as are the loop's members it reads, and no more than MAX_RECOMPUTED
+        operations in all (each of those members counted once)."""
         inner = {s for s in (self.source(a)[0] for a in member.args) if self.group_of.get(s) is group}
-        own = _arithmetic_size(member.attrs[0])
-        self.cost[member] = (own or 0) + sum(self.cost[s] for s in inner)
-        self.recomputable[member] = (own is not None and self.cost[member] <= MAX_RECOMPUTED
-                                     and all(self.recomputable[s] for s in inner))
+        self.size[member] = _arithmetic_size(member.attrs[0])
+        closure: set[Node] | None = None
+        if self.size[member] is not None and all(self.closure[s] is not None for s in inner):
+            closure = {member}.union(*(self.closure[s] for s in inner))  # type: ignore[arg-type]
+            if sum(self.size[m] or 0 for m in closure) > MAX_RECOMPUTED:
+                closure = None
+        self.closure[member] = closure
+        self.recomputable[member] = closure is not None
 
     def _ready_in(self, arg: Node, group: MapGroup) -> bool:
         """Whether a member of `group` can read `arg`: computed before the
