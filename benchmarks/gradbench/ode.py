@@ -15,7 +15,9 @@ state y (n x 1), and the step's four stages are written out in SymPy; y_{i-1}
 is `sbp.shift(y, 1, fill=1)` (f_0 = x_0 * 1). The last entry is read as the
 sum of y times the unit vector (1 - shift(1, -1)): exact, as the rest are
 multiplied by 0. No loop is unrolled: the C is one loop over the steps
-holding loops over the n entries, whatever n and s.
+holding one loop over the n entries (the four stages recomputed at i - 1,
+..., i - 4 in it, schedule/shifted.py; the reverse sweep likewise),
+whatever n and s.
 
 For n >= 1000 most of y underflows: y_i(2) = 2^(i+1) / (i+1)! prod x_0..x_i,
 so the gradient of the last entry is 0 at GradBench's sizes; the tests use

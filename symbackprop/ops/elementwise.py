@@ -5,7 +5,7 @@ axes of size 1. The scheduler fuses maps of one shape into shared loops
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import sympy as sp
@@ -22,7 +22,7 @@ from symbackprop.ir.node import SCALAR, Node, placeholder
 from symbackprop.messages import short
 from symbackprop.ops.registry import OpRecord, register
 from symbackprop.schedule.kernel import MapKernel
-from symbackprop.schedule.shifted import ShiftedView
+from symbackprop.schedule.shifted import ShiftedView, guard_text, inside
 
 A0, A1 = placeholder(0), placeholder(1)
 
@@ -97,49 +97,60 @@ def _emit(em: FunctionEmitter, kernel: MapKernel) -> dict:
     out_index_text = em.index.doprint(out_index)
     parallel = worth_threads(kernel.shape[0]) and len(loops) > 0 and loops[0][0] == "i"
 
-    def body(loads_text: dict) -> dict:
-        printer = CheckedPrinter(ScalarPrinter({**text, **loads_text, **temps_text}, em.real), kernel)
-        return {"temps": first + [(str(sym), printer.doprint(expr)) for sym, expr in kernel.temps],
-                "stores": [(f"{em.namer.name(out)}[{out_index_text}]", printer.doprint(expr))
-                           for out, expr in kernel.stores]}
+    def body(loads_text: dict, guards_text: dict | None = None) -> dict:
+        """The loop's statements, its moved loads read as `loads_text`; its
+        guards tested as `guards_text`, or (None) true, dropped."""
+        printer = CheckedPrinter(ScalarPrinter({**text, **loads_text, **temps_text, **(guards_text or {})}, em.real),
+                                 kernel)
+        true = {} if guards_text is not None else {inside(k): sp.true for k in kernel.guards}
+
+        def write(expr: sp.Expr) -> str:
+            return printer.doprint(expr.xreplace(true) if true else expr)
+
+        return {"temps": first + [(str(sym), write(expr)) for sym, expr in kernel.temps],
+                "stores": [(f"{em.namer.name(out)}[{out_index_text}]", write(expr)) for out, expr in kernel.stores]}
 
     fields = {"loops": loops, "hoisted": hoisted, "parallel": parallel,
               "straight": not loops and len(kernel.temps) + len(kernel.stores) > STRAIGHT_MIN_STATEMENTS}
-    if shifted:
-        fields["parts"] = _shifted_parts(em, loops, i, j, shifted, body)
+    if shifted or kernel.guards:
+        fields["parts"] = _shifted_parts(em, loops, i, j, shifted, kernel.guards, body)
     else:
         fields.update(body({}))
     return fields
 
 
-def _shifted_parts(em: FunctionEmitter, loops: list, i: sp.Expr, j: sp.Expr, shifted: dict, body) -> list:
-    """The loop of a vector split where its moved loads (schedule.shifted)
-    run out: [0, K+) and [max(K+, N - K-), N) test each moved entry and read
-    the fill outside the vector; [K+, N - K-), between them, reads straight
-    (the main part: the one run on threads, where the loop is)."""
+def _shifted_parts(em: FunctionEmitter, loops: list, i: sp.Expr, j: sp.Expr, shifted: dict, guards: tuple,
+                   body: Callable) -> list:
+    """The loop of a vector split where its moved loads and guards
+    (schedule.shifted) run out: [0, K+) and [max(K+, N - K-), N) test each
+    moved entry and read the fill outside the vector; [K+, N - K-), between
+    them, reads straight (the main part: the one run on threads, where the
+    loop is)."""
     ((var, length),) = loops
     index = i if var == "i" else j
     fill_printer = ScalarPrinter({}, em.real)
-    ahead = max([v.k for v in shifted.values()] + [0])
-    behind = max([-v.k for v in shifted.values()] + [0])
+    ahead = max([v.k for v in shifted.values()] + list(guards) + [0])
+    behind = max([-v.k for v in shifted.values()] + [-k for k in guards] + [0])
 
     def read(view: ShiftedView) -> str:
         return em.access(view, index - view.k, j) if var == "i" else em.access(view, i, index - view.k)
 
     def guarded(view: ShiftedView) -> str:
-        inside = f"{var} >= {view.k}" if view.k > 0 else f"{var} + {-view.k} < {length}"
-        return f"(({inside}) ? {read(view)} : {fill_printer.doprint(view.fill)})"
+        return f"(({guard_text(view.k, var, length)}) ? {read(view)} : {fill_printer.doprint(view.fill)})"
+
+    def edge() -> dict:
+        return body({sym: guarded(v) for sym, v in shifted.items()},
+                    {inside(k): guard_text(k, var, length) for k in guards})
 
     parts = []
     if ahead:
         parts.append({"var": var, "start": "0", "end": f"({ahead} < {length} ? {ahead} : {length})", "main": False,
-                      **body({sym: guarded(v) for sym, v in shifted.items()})})
+                      **edge()})
     parts.append({"var": var, "start": str(ahead), "end": f"{length} - {behind}" if behind else length,
                   "main": True, **body({sym: read(v) for sym, v in shifted.items()})})
     if behind:
         start = f"({ahead} > {length} - {behind} ? {ahead} : {length} - {behind})"  # never before 0, nor the head
-        parts.append({"var": var, "start": start, "end": length, "main": False,
-                      **body({sym: guarded(v) for sym, v in shifted.items()})})
+        parts.append({"var": var, "start": start, "end": length, "main": False, **edge()})
     return parts
 
 

@@ -2,7 +2,14 @@
 share arguments and their inputs are ready (a forward map and its local
 derivative so share one CSE'd body); per-example maps over the same
 examples share one loop; every other op is a step of its own. The
-scheduler (schedule.py) then builds each step's kernel."""
+scheduler (schedule.py) then builds each step's kernel.
+
+A vector moved k entries (a shift read in place, schedule.shifted) does
+not break a loop: a map reading shift(m) of a map m of the loop joins it,
+and the loop recomputes m at i - k (cheap arithmetic only, and no more
+than MAX_REACH entries away), where a stored m would need a loop of its
+own before. An RK4 step (each stage reads the last one moved) so runs as
+one loop, not one a stage."""
 
 from __future__ import annotations
 
@@ -11,8 +18,18 @@ from dataclasses import dataclass, field
 import sympy as sp
 
 from symbackprop.ir.construct import is_broadcast, is_const
-from symbackprop.ir.node import Node, Shape, topological_order
+from symbackprop.ir.node import SCALAR, Node, Shape, topological_order
 from symbackprop.ops.registry import is_view, record
+from symbackprop.schedule.shifted import foldable, signed_k
+
+# How far (in entries, the lowest to the highest) a loop's member may read
+# the loop's other members and inputs: each member is recomputed at most
+# MAX_REACH + 1 places. An RK4 step's reverse sweep reads 8 apart.
+MAX_REACH = 8
+# The most operations (SymPy tree nodes, a member's with those of the loop's
+# members it is computed from) a loop computes again at another entry;
+# beyond, the value is stored by a loop of its own.
+MAX_RECOMPUTED = 200
 
 
 @dataclass
@@ -61,6 +78,13 @@ class Placement:
         self.index_of: dict[Node, int] = {}
         self.result_nodes = {node for _, node in results}
         self.deferred: set[Node] = set()
+        # shifts read in the loops of their users, never stored (an in-place
+        # result could overwrite what a loop reads moved: none then)
+        self.through: set[Node] = set() if self.late else foldable(self.order, self.users, self.result_nodes)
+        self.reach: dict[Node, tuple[int, int]] = {}  # a member's lowest and highest entry read, relative to its own
+        self.recomputable: dict[Node, bool] = {}  # a member its loop may compute at other entries too
+        self.size: dict[Node, int | None] = {}  # a member's operations (None: it calls a function)
+        self.closure: dict[Node, set[Node] | None] = {}  # the members a recomputable one is computed from
 
     def _spreads(self) -> set[Node]:
         """Broadcasts that only elementwise loops read: never stored, those
@@ -75,7 +99,7 @@ class Placement:
         """Place every node; returns the ids of the steps the `first`
         results need, which now lead the plan."""
         for node in self.order:
-            if node.op == "leaf" or is_view(node.op) or is_const(node) or node in self.spreads:
+            if node.op == "leaf" or is_view(node.op) or is_const(node) or node in self.spreads or node in self.through:
                 continue
             fused = record(node.op).fused
             if fused == "elementwise":
@@ -142,6 +166,18 @@ class Placement:
             node = node.args[0]
         return node
 
+    def source(self, node: Node) -> tuple[Node, int]:
+        """What `node` reads and how far moved: a shift read in place, its
+        argument and k; anything else, itself and 0."""
+        if node in self.through:
+            return node.args[0], signed_k(node)
+        return node, 0
+
+    def readers(self, node: Node) -> list[Node]:
+        """The nodes that compute with `node`'s entries: its users, those of a
+        shift of it read in place instead of the shift."""
+        return [r for user in self.users[node] for r in (self.users[user] if user in self.through else [user])]
+
     def _single_use(self, node: Node) -> bool:
         users = self.users[node]
         return (
@@ -151,41 +187,91 @@ class Placement:
             and users[0].shape == node.shape
         )
 
+    def _scalar_broadcast(self, node: Node) -> bool:
+        """A map of scalars to a larger shape, read only by maps of that shape
+        that run in the same phase (see `late`) as it."""
+        late = node in self.late
+        return (node not in self.result_nodes and node.shape != SCALAR and all(a.shape == SCALAR for a in node.args)
+                and bool(self.users[node])
+                and all(u.op == "map" and u.shape == node.shape and (u in self.late) == late for u in self.users[node]))
+
     def _with_deferred(self, node: Node) -> list[Node]:
         """`node` preceded by the deferred maps it consumes, arguments first."""
         members: list[Node] = []
         for arg in node.args:
-            if arg in self.deferred and arg not in members:
+            if arg in self.deferred and arg not in members and arg not in self.group_of:
                 members += [m for m in self._with_deferred(arg) if m not in members]
         return members + [node]
 
     def _place_map(self, node: Node) -> None:
         """Join the latest loop of the same shape that shares an argument and
         can run it; else, if its only user is a map of its shape, defer it into
-        the user's loop; else open a new loop."""
-        if self._single_use(node) and _is_cheap(node.attrs[0]):
+        the user's loop; else open a new loop. A scalar broadcast read only
+        by maps of its shape is deferred into the loop of the first of them
+        (it shares no argument with any loop: it would open one of its own)."""
+        if (self._single_use(node) or self._scalar_broadcast(node)) and _is_cheap(node.attrs[0]):
             self.deferred.add(node)  # recomputing arithmetic in its user beats a buffer
             return
         members = self._with_deferred(node)
         args = [a for m in members for a in m.args if a not in members]
-        chosen = None
+        chosen: MapGroup | None = None
+        reach: dict[Node, tuple[int, int]] = {}
         late = node in self.late
         for group in self._related_groups(args):  # the latest first
             if group.shape != node.shape or group.late != late:
                 continue
-            if all(self.group_of.get(a) is group or self._ready_before(a, group.index) for a in args):
-                chosen = group
-                break
+            if all(self._ready_in(a, group) for a in args):
+                reach = self._reaches(members, group)
+                if all(high - low <= MAX_REACH for low, high in reach.values()):
+                    chosen = group
+                    break
         if chosen is None and self._single_use(node):
             self.deferred.add(node)
             return
         if chosen is None:
             chosen = MapGroup(len(self.plan), node.shape, late=late)
             self.plan.append(chosen)
+            reach = self._reaches(members, chosen)
         for member in members:
             chosen.members.append(member)
             self.group_of[member] = chosen
             self.index_of[member] = chosen.index
+            self.reach[member] = reach[member]
+            self._note_cost(member, chosen)
+
+    def _note_cost(self, member: Node, group: MapGroup) -> None:
+        """Whether the loop may compute `member` at other entries too: arithmetic
+        only, as are the loop's members it reads, and no more than MAX_RECOMPUTED
+        operations in all (each of those members counted once)."""
+        inner = {s for s in (self.source(a)[0] for a in member.args) if self.group_of.get(s) is group}
+        self.size[member] = _arithmetic_size(member.attrs[0])
+        closure: set[Node] | None = None
+        if self.size[member] is not None and all(self.closure[s] is not None for s in inner):
+            closure = {member}.union(*(self.closure[s] for s in inner))  # type: ignore[arg-type]
+            if sum(self.size[m] or 0 for m in closure) > MAX_RECOMPUTED:
+                closure = None
+        self.closure[member] = closure
+        self.recomputable[member] = closure is not None
+
+    def _ready_in(self, arg: Node, group: MapGroup) -> bool:
+        """Whether a member of `group` can read `arg`: computed before the
+        loop, or in it (a shift of a member, recomputed where it is read)."""
+        source, k = self.source(arg)
+        if self.group_of.get(source) is group:
+            return k == 0 or self.recomputable[source]
+        return self._ready_before(source, group.index)
+
+    def _reaches(self, members: list[Node], group: MapGroup) -> dict[Node, tuple[int, int]]:
+        """Each new member's reach in `group` (see MAX_REACH)."""
+        reach: dict[Node, tuple[int, int]] = {}
+        for member in members:
+            low = high = 0
+            for arg in member.args:
+                source, k = self.source(arg)
+                inside = reach.get(source) or (self.reach[source] if self.group_of.get(source) is group else (0, 0))
+                low, high = min(low, inside[0] + k), max(high, inside[1] + k)
+            reach[member] = (low, high)
+        return reach
 
     def _related_groups(self, args: list[Node]) -> list[MapGroup]:
         """The loops that hold one of `args` or read one, latest first: only
@@ -193,7 +279,8 @@ class Placement:
         quadratic in the number of loops)."""
         related: dict[int, MapGroup] = {}
         for arg in args:
-            for holder in (arg, *self.users.get(arg, ())):
+            source = self.source(arg)[0]
+            for holder in (source, *self.users[source], *self.readers(source)):  # (a shift of it read in place too)
                 group = self.group_of.get(holder)
                 if group is not None:
                     related[group.index] = group
@@ -202,7 +289,15 @@ class Placement:
 
 def _is_cheap(body: sp.Expr) -> bool:
     """Arithmetic only (no function calls, no non-integer powers)."""
-    return not any(
-        isinstance(sub, sp.Function) or (isinstance(sub, sp.Pow) and not sub.exp.is_Integer)
-        for sub in sp.preorder_traversal(body)
-    )
+    return _arithmetic_size(body) is not None
+
+
+def _arithmetic_size(body: sp.Expr) -> int | None:
+    """The size of a body of arithmetic only (its tree's nodes), or None
+    where it calls a function or takes a non-integer power."""
+    size = 0
+    for sub in sp.preorder_traversal(body):
+        if isinstance(sub, sp.Function) or (isinstance(sub, sp.Pow) and not sub.exp.is_Integer):
+            return None
+        size += 1
+    return size

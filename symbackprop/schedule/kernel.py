@@ -111,6 +111,7 @@ class MapKernel:
     kind: str = "map"
     # its values before CSE, for the op counts (None: not counted, a copy)
     before_cse: tuple[sp.Expr, ...] | None = field(default=None, compare=False)
+    guards: tuple[int, ...] = ()  # the k of each guard inside(k) its values test (schedule.shifted)
 
     def reads(self) -> list[str]:
         return [view.buffer for _, view in self.loads]

@@ -32,7 +32,7 @@ from symbackprop.schedule.kernel import (
     map_equation,
 )
 from symbackprop.schedule.naming import Naming
-from symbackprop.schedule.shifted import foldable, shifted_label, shifted_view
+from symbackprop.schedule.shifted import ShiftedView, inside, moved_view, offset_label, signed_k
 from symbackprop.schedule.workspace import Slot, plan_workspace
 
 
@@ -112,7 +112,6 @@ class Scheduler(Placement):
         self.naming = naming
         self.buffer_of: dict[Node, str] = {}
         self.scratch: dict[str, Shape] = {}  # buffers a kernel uses inside itself (no node's value)
-        self.folded: set[Node] = set()  # shifts read inside the loops that use them (schedule.shifted)
 
     def claim_scratch(self, base: str, shape: Shape) -> str:
         """A workspace buffer of `shape` that a kernel writes and reads itself."""
@@ -122,11 +121,6 @@ class Scheduler(Placement):
 
     def run(self) -> FunctionSchedule:
         head = len(self.place_all())
-        if not self.late:  # (an in-place result could overwrite what a loop reads moved)
-            self.folded = foldable(self.order, self.users, set(self.group_of), self.result_nodes)
-            kept = [not (isinstance(step, Node) and step in self.folded) for step in self.plan]
-            head = sum(kept[:head])
-            self.plan = [step for step, keep in zip(self.plan, kept) if keep]
         bound = self._bind_results()
         kernels = self._kernels(self.plan[:head])
         split = None
@@ -163,7 +157,7 @@ class Scheduler(Placement):
         group = self.group_of.get(node)
         if group is None:
             return True
-        return any(self.group_of.get(user) is not group for user in self.users[node])
+        return any(self.group_of.get(reader) is not group for reader in self.readers(node))
 
     def _bind_results(self) -> list[tuple[str, Node]]:
         """Write each result straight into its output where possible; the
@@ -198,8 +192,8 @@ class Scheduler(Placement):
     def view(self, node: Node) -> View:
         """How kernels read `node`: its buffer, or a view's strides over its argument's."""
         zero, one = sp.Integer(0), sp.Integer(1)
-        if node in self.folded:
-            return shifted_view(self.view(node.args[0]), node)
+        if node in self.through:
+            return moved_view(self.view(node.args[0]), signed_k(node), node.attrs[3], node.shape[node.attrs[0]])
         if is_view(node.op):
             return rule(node.op, "view").strides(self.view(node.args[0]), node)
         if node in self.spreads:
@@ -218,58 +212,99 @@ class Scheduler(Placement):
     # --- kernels --------------------------------------------------------
 
     def _map_kernel(self, group: MapGroup) -> MapKernel | None:
-        loads: dict[Node, sp.Symbol] = {}
-        value, program = self._member_values(group, loads)
+        loads: dict[tuple, tuple[sp.Symbol, View, str]] = {}
         stored = [m for m in group.members if m in self.buffer_of]
         if not stored:
             return None
-        exprs = [value[m] for m in stored]
+        guards: set[int] = set()
+        value, program = self._member_values(group, stored, loads, guards)
+        exprs = [value[m, 0] for m in stored]
         if program:  # large shared values are named, not inlined into each user (a tree exponential in depth)
             temps, reduced = cse_program(program, exprs)
         else:
             temps, reduced = share_powers(*dag_cse(exprs))
-        load_views = tuple((sym, self._broadcast_view(node, group.shape)) for node, sym in loads.items())
-        readable = {sym: sp.Symbol(self.label(node)) for node, sym in loads.items()}
-        equations = tuple(map_equation(self.buffer_of[m], value[m], readable) for m in stored)
+        load_views = tuple((sym, view) for sym, view, _ in loads.values())
+        readable = {sym: sp.Symbol(label) for sym, _, label in loads.values()}
+        readable.update({inside(k): sp.true for k in guards})  # the equations show the middle part
+        equations = tuple(map_equation(self.buffer_of[m], value[m, 0], readable) for m in stored)
         if group.shape != SCALAR:
             equations = tuple(Equation(e.lhs, e.text, _elementwise_latex(e)) for e in equations)
         stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
         overwrites = {out for out, _ in stores} & {view.buffer for _, view in load_views}
+        if overwrites & {view.buffer for _, view in load_views if isinstance(view, ShiftedView)}:
+            raise RuntimeError(f"internal: a loop reads {sorted(overwrites)} moved while it overwrites it")
         return MapKernel(group.shape, load_views, tuple(temps), stores, equations, load_first=bool(overwrites),
-                         before_cse=tuple(e for _, e in program) + tuple(exprs))
+                         before_cse=tuple(e for _, e in program) + tuple(exprs), guards=tuple(sorted(guards)))
 
-    def _member_values(self, group: MapGroup, loads: dict[Node, sp.Symbol]) -> tuple[dict, list]:
-        """Each member's value over the loop's loads, the values of the
+    def _member_values(self, group: MapGroup, stored: list[Node], loads: dict, guards: set[int]) -> tuple[dict, list]:
+        """Each member's value at the entries the stored ones need it (i - k:
+        key (member, k); see schedule.shifted), over the loop's `loads`
+        (key (node, k, fill) -> (symbol, view, label)) and `guards` (the k
+        of each inside(k) they test), the values of the
         members it reads substituted in; a value of more than
         MAX_INLINED_OPS operations read by several members becomes a named
         value of `program` instead."""
-        value: dict[Node, sp.Expr] = {}
-        size: dict[Node, int] = {}
+        members = set(group.members)
+        wanted: dict[Node, set[int]] = {m: {0} for m in stored}
+        for member in reversed(group.members):  # which entries of each member are read, from the stored ones back
+            for k in wanted.get(member, ()):
+                for arg in member.args:
+                    source, moved = self.source(arg)
+                    if source in members:
+                        wanted.setdefault(source, set()).add(k + moved)
+        value: dict[tuple[Node, int], sp.Expr] = {}
+        size: dict[tuple[Node, int], int] = {}
         program: list[tuple[sp.Symbol, sp.Expr]] = []
-        readers: dict[Node, int] = {}
+        reads: dict[Node, int] = {}
         for member in group.members:
             for arg in set(member.args):
-                readers[arg] = readers.get(arg, 0) + 1
+                reads[arg] = reads.get(arg, 0) + 1
         for member in group.members:
-            subs = {}
-            for index, arg in enumerate(member.args):
-                if arg in value:
-                    subs[placeholder(index)] = value[arg]
-                else:
-                    subs[placeholder(index)] = loads.setdefault(arg, sp.Symbol(f"_load{len(loads)}", real=True))
-            body = member.attrs[0]
-            size[member] = len(body.args) + 1 + sum(size.get(a, 0) for a in member.args)
-            value[member] = body.xreplace(subs)
-            if size[member] > MAX_INLINED_OPS and readers.get(member, 0) > 1:
-                symbol = sp.Symbol(f"_p{len(program)}", real=True)
-                program.append((symbol, value[member]))
-                value[member], size[member] = symbol, 0
+            for k in sorted(wanted.get(member, ())):
+                subs = {placeholder(index): self._read(arg, k, members, value, loads, guards, group.shape)
+                        for index, arg in enumerate(member.args)}
+                body = member.attrs[0]
+                size[member, k] = len(body.args) + 1 + sum(size.get((a, k), 0) for a in member.args)
+                value[member, k] = body.xreplace(subs)
+                if size[member, k] > MAX_INLINED_OPS and reads.get(member, 0) > 1:
+                    symbol = sp.Symbol(f"_p{len(program)}", real=True)
+                    program.append((symbol, value[member, k]))
+                    value[member, k], size[member, k] = symbol, 0
         return value, program
+
+    def _read(self, arg: Node, k: int, members: set[Node], value: dict, loads: dict, guards: set[int],
+              shape: Shape) -> sp.Expr:
+        """What a member at entry i - k reads of `arg`: a member's value there,
+        a shift's (its argument's value k' further back, or the fill outside
+        the vector), or a load."""
+        source, moved = self.source(arg)
+        fill = arg.attrs[3] if moved else sp.Integer(0)
+        at = k + moved
+        if source not in members:
+            return self._load(source, at, fill, loads, shape)
+        if at == 0 or not moved:
+            return value[source, at]
+        guards.add(at)
+        return sp.Piecewise((value[source, at], inside(at)), (fill, True))
+
+    def _load(self, node: Node, k: int, fill: sp.Expr, loads: dict, shape: Shape) -> sp.Symbol:
+        """The symbol of `node` read at entry i - k of a loop of `shape` (the
+        fill outside the vector: only a shift's is ever read)."""
+        view = self._broadcast_view(node, shape)
+        axis = 0 if shape[0] != 1 else 1
+        if k == 0 or (view.row_stride, view.col_stride)[axis] == 0:  # read where it is, or broadcast along the loop
+            k, fill = 0, sp.Integer(0)
+        key = (node, k, fill)
+        if key not in loads:
+            label = offset_label(self.label(node), k, axis)
+            read = moved_view(view, k, fill, shape[axis]) if k else view
+            loads[key] = (sp.Symbol(f"_load{len(loads)}", real=True), read, label)
+        return loads[key][0]
 
     def label(self, node: Node) -> str:
         """A kernel argument as comments name it (its buffer, "A^T", "A[0,1]", "t5[i-1]")."""
-        if node in self.folded:
-            return shifted_label(self.label(node.args[0]), node)
+        if node in self.through:
+            return offset_label(self.label(node.args[0]), signed_k(node), node.attrs[0])
         if is_view(node.op):
             return rule(node.op, "view").label(self.label(node.args[0]), node)
         if node in self.spreads:  # broadcasting, as the comments' arithmetic reads

@@ -1,13 +1,20 @@
 """Shifts read inside elementwise loops: a vector moved k entries
-(ops/cumulative.py, "shift") whose every user is a fused elementwise loop
-is not copied into a buffer of its own; each loop reads its argument at
-i - k instead (a ShiftedView), and the loop is split where the moved
-entries run out: the first k entries (or the last |k|) read the fill, the
-rest read the argument straight, a plain strided loop the compiler
-vectorizes."""
+(ops/cumulative.py, "shift") whose every user is an elementwise map of
+its shape is not copied into a buffer of its own; each loop reads its
+argument at i - k instead (a ShiftedView), and the loop is split where the
+moved entries run out: the first k entries (or the last |k|) read the
+fill, the rest read the argument straight, a plain strided loop the
+compiler vectorizes.
+
+Where the argument is computed in the same loop (schedule.fusion), the
+loop computes it again at i - k: its value there is
+Piecewise((value at i - k, inside(k)), (fill, True)), `inside(k)` a guard
+symbol the C prints as the test that i - k is inside the vector (true in
+the loop's middle part, where the guard is dropped)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -39,24 +46,34 @@ def signed_k(node: Node) -> int:
     return -k if reverse else k
 
 
-def foldable(order: Iterable[Node], users: Mapping[Node, list[Node]], fused: set[Node], results: set[Node]) -> set[Node]:
-    """The shift nodes every user of which is a fused elementwise node
-    (`fused`): they are read in those loops, never stored. (Not a result,
-    and not of a constant: a constant's shift has its own kernel.)"""
+def foldable(order: Iterable[Node], users: Mapping[Node, list[Node]], results: set[Node]) -> set[Node]:
+    """The shift nodes every user of which is an elementwise map of the
+    shift's shape (fused in a loop along the vector): they are read in
+    those loops, never stored. (Not a result, and not of a constant: a
+    constant's shift has its own kernel.)"""
     return {node for node in order
             if node.op == "shift" and node not in results and _moved_along_vector(node)
-            and not is_const(node.args[0]) and users.get(node) and all(u in fused for u in users[node])}
+            and not is_const(node.args[0]) and users.get(node)
+            and all(u.op == "map" and u.shape == node.shape for u in users[node])}
 
 
-def shifted_view(source: View, node: Node) -> ShiftedView:
-    """How a loop over `node` reads it: its argument's view, moved."""
-    axis = node.attrs[0]
-    return ShiftedView(source.buffer, source.offset, source.row_stride, source.col_stride, signed_k(node),
-                       node.attrs[3], node.shape[axis])
+def moved_view(source: View, k: int, fill: sp.Expr, length: sp.Expr) -> ShiftedView:
+    """`source` read k entries back (along the loop's vector)."""
+    return ShiftedView(source.buffer, source.offset, source.row_stride, source.col_stride, k, fill, length)
 
 
-def shifted_label(source: str, node: Node) -> str:
-    """"t5[i-1]": the argument's label and the entry read."""
-    k = signed_k(node)
-    index = "i" if node.attrs[0] == 0 else "j"
-    return f"{source}[{index}{'-' if k > 0 else '+'}{abs(k)}]"
+def offset_label(source: str, k: int, axis: int) -> str:
+    """"t5[i-1]": a label and the entry read, k back along `axis`."""
+    index = "i" if axis == 0 else "j"
+    return f"{source}[{index}{'-' if k > 0 else '+'}{abs(k)}]" if k else source
+
+
+@functools.cache
+def inside(k: int) -> sp.Symbol:
+    """The guard symbol of entry i - k: true where it is inside the vector."""
+    return sp.Symbol(f"_inside{k}" if k >= 0 else f"_inside_m{-k}", integer=True)
+
+
+def guard_text(k: int, var: str, length: str) -> str:
+    """The C test that entry `var` - k is inside a vector of `length`."""
+    return f"{var} >= {k}" if k > 0 else f"{var} + {-k} < {length}"
