@@ -21,7 +21,7 @@ from symbackprop.pipeline import plan
 from symbackprop.schedule.kernel import MapKernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.gradbench.det import det_by_minors  # noqa: E402
+from benchmarks.gradbench.det import det_by_minors
 
 
 def det_model(ell: int) -> sbp.Model:
@@ -61,5 +61,5 @@ def test_long_straight_bodies_are_parts_and_compute_the_determinant():
     assert "_part1(" in mod.source and "_part2(" in mod.source  # few kernels, but long ones
     A = np.random.default_rng(1).standard_normal((7, 7))
     assert np.isclose(mod.forward(A=A)["loss"], np.linalg.det(A), rtol=1e-12)
-    loss, grads = mod.value_and_grad(A=A)
+    _, grads = mod.value_and_grad(A=A)
     np.testing.assert_allclose(grads["A"], np.linalg.det(A) * np.linalg.inv(A).T, rtol=1e-10)
