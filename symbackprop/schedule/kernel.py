@@ -136,7 +136,7 @@ class MapKernel:
 
     def op_counts(self) -> tuple[int, int]:
         """Scalar operations in its values before CSE and in its body after."""
-        before = sum(count_ops(e) for e in self.before_cse or ())
+        before = opcount.count_all(self.before_cse or ())
         return before, sum(count_ops(e) for _, e in self.temps) + sum(count_ops(e) for _, e in self.stores)
 
     def work(self) -> tuple[sp.Expr, sp.Expr]:
