@@ -154,7 +154,7 @@ Kernel = MapKernel | Any
 # reads, not written out: its CSE'd temporaries in the C are the readable form.
 MAX_SHOWN_OPS = 60
 MAX_EQUATION_OPS = 120  # of a fused elementwise loop's value (map_equation)
-MAX_EQUATIONS_SHOWN = 64  # of one fused loop's stored values (map_equations)
+MAX_EQUATIONS_SHOWN = 16  # of one fused loop's stored values (map_equations)
 
 
 # A fused loop's value read by several of its members is substituted into
