@@ -34,8 +34,8 @@
  * with hundreds of values live, GCC's hard register assignment for speed
  * was half its compile, and its vectorizer of basic blocks a quarter
  * (GradBench det ell=9, two such parts of ~500 values each: 2.6 -> 1.7 s
- * of CPU for the file, calls no slower; the command line's -march and
- * -fno-math-errno still hold). */
+ * of CPU for the file; calls the same within a loaded machine's noise;
+ * the command line's -march and -fno-math-errno still hold). */
 #if defined(__GNUC__) && !defined(__clang__)
 #define SYMBACKPROP_WIDE __attribute__((optimize("no-tree-loop-distribution", "no-gcse-after-reload", "ira-region=one")))
 #define SYMBACKPROP_STRAIGHT __attribute__((optimize("Os")))
