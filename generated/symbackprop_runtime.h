@@ -30,12 +30,15 @@
  * one per loop, a third less (the body's values spill either way: gmm
  * d=20 4.6 -> 3.0 s with 512-bit vectors, calls within 2%). */
 /* A function holding a long straight-line body (a scalar loss and its
- * gradient written out, thousands of statements): GCC's vectorizer of
- * basic blocks spends a quarter of the compile on it and the calls are as
- * fast without (GradBench det ell=9: 5.5 -> 4.1 s of CPU, calls no slower). */
+ * gradient written out, thousands of statements) is optimized for size:
+ * with hundreds of values live, GCC's hard register assignment for speed
+ * was half its compile, and its vectorizer of basic blocks a quarter
+ * (GradBench det ell=9, two such parts of ~500 values each: 2.6 -> 1.7 s
+ * of CPU for the file; calls the same within a loaded machine's noise;
+ * the command line's -march and -fno-math-errno still hold). */
 #if defined(__GNUC__) && !defined(__clang__)
 #define SYMBACKPROP_WIDE __attribute__((optimize("no-tree-loop-distribution", "no-gcse-after-reload", "ira-region=one")))
-#define SYMBACKPROP_STRAIGHT __attribute__((optimize("no-tree-slp-vectorize")))
+#define SYMBACKPROP_STRAIGHT __attribute__((optimize("Os")))
 #else
 #define SYMBACKPROP_WIDE
 #define SYMBACKPROP_STRAIGHT

@@ -12,7 +12,7 @@ import pytest
 import sympy as sp
 
 from symbackprop.declare.stable import sigmoid, softplus
-from symbackprop.schedule.opcount import count_ops, exceeds
+from symbackprop.schedule.opcount import count_all, count_ops, exceeds
 
 x, y, z = sp.symbols("x y z", real=True)
 f = sp.Function("f")
@@ -99,3 +99,13 @@ def test_exceeds_stops_early_on_a_tree_too_large_to_walk():
     for _ in range(60):
         e = sp.sin(e) * sp.cos(e)
     assert exceeds(e, 120) and not exceeds(x + y, 120)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_values_sharing_terms_count_together_as_each_alone(seed):
+    """count_all shares one memo over values that share terms (a fused
+    loop's members): the same sum as counting each value by sp.count_ops."""
+    rng = random.Random(seed)
+    base = _random_expr(rng, 10)
+    values = [base, base * y + 1, sp.exp(base) - base / 2, _random_expr(rng, 6) + base]
+    assert count_all(values) == sum(sp.count_ops(v) for v in values)

@@ -66,3 +66,9 @@ def test_a_model_cut_into_parts_computes_what_numpy_computes():
     _check_gradients(mod, mlp_data(depth), lambda a: mlp_numpy(depth, a), probes)
     forward = mod.forward(**mlp_data(depth))  # the forward-only call returns at the split, between parts
     assert np.isclose(forward["loss"], mlp_numpy(depth, mlp_data(depth)))
+
+
+def test_a_long_straight_kernel_is_a_part_of_its_own():
+    assert part_ranges(3, 1, [1]) == ((0, 1), (1, 2), (2, 3))
+    assert part_ranges(4, 2, [0]) == ((0, 1), (1, 2), (2, 4))
+    assert part_ranges(2, None, [1]) == ((0, 1), (1, 2))

@@ -1,6 +1,6 @@
 """A function holding a long loop-free body is SYMBACKPROP_STRAIGHT (GCC
-vectorizes none of its basic blocks: a quarter of its compile time on a
-determinant's gradient), a short one is not; the attribute is defined for
+optimizes it for size: its register assignment for speed and its vectorizer
+of basic blocks were most of a determinant's compile), a short one is not; the attribute is defined for
 every compiler and the module builds and computes the same with it."""
 
 from __future__ import annotations

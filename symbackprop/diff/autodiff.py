@@ -20,7 +20,7 @@ import sympy as sp
 
 from symbackprop.diff.scalar import backward
 from symbackprop.errors import ModelError
-from symbackprop.ir.construct import const, is_const, map_, reduce_sum
+from symbackprop.ir.construct import const, is_const, map_, pack, reduce_sum
 from symbackprop.ir.node import Node, placeholder, topological_order
 from symbackprop.messages import short
 from symbackprop.ops.registry import rule
@@ -80,9 +80,25 @@ def _readable(node: Node) -> dict:
 
 
 def add_all(terms: list[Node]) -> Node:
+    terms = _merge_packs(terms)
     if len(terms) == 1:
         return terms[0]
     return map_(sp.Add(*[placeholder(i) for i in range(len(terms))]), terms, terms[0].shape)
+
+
+def _merge_packs(terms: list[Node]) -> list[Node]:
+    """The packs among `terms` (the adjoints of a matrix's elements, one
+    entry each) as one pack of all their entries: one kernel that writes
+    each entry once, not a zeroed matrix per element and a sum of them."""
+    packs = [t for t in terms if t.op == "pack"]
+    if len(packs) < 2:
+        return terms
+    entries: dict[tuple[int, int], list[Node]] = {}
+    for term in packs:
+        for position, entry in zip(term.attrs[0], term.args):
+            entries.setdefault(position, []).append(entry)
+    merged = pack(packs[0].shape, {p: add_all(e) for p, e in entries.items()})
+    return [merged] + [t for t in terms if t.op != "pack"]
 
 
 def vjp(roots: Sequence[tuple[Node, Node]], wrt: Sequence[Node]) -> tuple[list[Node], dict[Node, tuple]]:

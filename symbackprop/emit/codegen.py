@@ -593,7 +593,8 @@ def emit_function(
         checks=checks,
         divides=divides,
         statuses=statuses(tuple(dims.values()), checks, divides),
-        parts=part_ranges(len(kernels), schedule.split if shared else None),
+        parts=part_ranges(len(kernels), schedule.split if shared else None,
+                          [i for i, k in enumerate(kernels) if k.fields.get("straight")]),
         anchors=tuple(anchors),
     )
 

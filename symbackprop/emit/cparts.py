@@ -26,13 +26,16 @@ _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
 
 
-def part_ranges(count: int, split: int | None) -> tuple[tuple[int, int], ...]:
+def part_ranges(count: int, split: int | None, alone: Sequence[int] = ()) -> tuple[tuple[int, int], ...]:
     """(start, end) kernel ranges of the parts of a function of `count`
     kernels, none for a short one; `split` (where a forward-only call
-    returns) is always a boundary."""
-    if count <= PART_KERNELS:
+    returns) is always a boundary. The kernels of `alone` (long
+    straight-line bodies, each as much as many kernels for the compiler)
+    are each a part of their own: a determinant's forward minors and their
+    adjoints, one function, took GCC 1.7 s more than apart."""
+    if count <= PART_KERNELS and not alone:
         return ()
-    bounds = set(range(0, count, PART_KERNELS)) | {count}
+    bounds = set(range(0, count, PART_KERNELS)) | {count} | {k for i in alone for k in (i, i + 1)}
     if split is not None and 0 < split < count:
         bounds.add(split)
     edges = sorted(bounds)

@@ -52,6 +52,9 @@ class MapGroup:
     late: bool = False  # writes over an input: runs after every other kernel
 
 
+SPLIT_SCALAR_MEMBERS = 16  # scalar maps the loss needs, beyond which its scalar steps take no derivative (_splits_first)
+
+
 class Placement:
     """The plan of one function: its steps in order, each a MapGroup, an
     ExamplesGroup or a node with a kernel of its own. In-place results
@@ -78,6 +81,10 @@ class Placement:
         self.index_of: dict[Node, int] = {}
         self.result_nodes = {node for _, node in results}
         self.deferred: set[Node] = set()
+        # what the `first` results need (see _splits_first), and the latest scalar step after that split
+        self.needed_first = set(topological_order([n for out, n in results if out in first])) if first else set()
+        self.latest_after: dict[bool, MapGroup] = {}  # by lateness
+        self.split_scalar = sum(n.op == "map" and n.shape == SCALAR for n in self.needed_first) > SPLIT_SCALAR_MEMBERS
         # shifts read in the loops of their users, never stored (an in-place
         # result could overwrite what a loop reads moved: none then)
         self.through: set[Node] = set() if self.late else foldable(self.order, self.users, self.result_nodes)
@@ -217,8 +224,12 @@ class Placement:
         chosen: MapGroup | None = None
         reach: dict[Node, tuple[int, int]] = {}
         late = node in self.late
-        for group in self._related_groups(args):  # the latest first
+        refused = False  # by the large scalar step of the `first` results
+        for group in self._candidates(node, args):  # the latest first
             if group.shape != node.shape or group.late != late:
+                continue
+            if self._splits_first(group, node):
+                refused = True
                 continue
             if all(self._ready_in(a, group) for a in args):
                 reach = self._reaches(members, group)
@@ -232,6 +243,8 @@ class Placement:
             chosen = MapGroup(len(self.plan), node.shape, late=late)
             self.plan.append(chosen)
             reach = self._reaches(members, chosen)
+            if refused:  # the scalar nodes after the split gather here (_candidates)
+                self.latest_after[late] = chosen
         for member in members:
             chosen.members.append(member)
             self.group_of[member] = chosen
@@ -272,6 +285,27 @@ class Placement:
                 low, high = min(low, inside[0] + k), max(high, inside[1] + k)
             reach[member] = (low, high)
         return reach
+
+    def _candidates(self, node: Node, args: list[Node]) -> list[MapGroup]:
+        """The loops that may take `node`, latest first: those related to
+        its arguments, and for a scalar node the latest scalar step after
+        the split (_splits_first), whose nodes need not share an argument."""
+        related = self._related_groups(args)
+        after = self.latest_after.get(node in self.late) if node.shape == SCALAR else None
+        if after is not None and node not in self.needed_first and all(g is not after for g in related):
+            related = sorted([after, *related], key=lambda g: -g.index)
+        return related
+
+    def _splits_first(self, group: MapGroup, node: Node) -> bool:
+        """Whether `node`, which the `first` results (the loss) do not need,
+        stays out of `group`, a scalar step they do need: so when they need
+        many scalar maps (SPLIT_SCALAR_MEMBERS), a forward-only call does no
+        derivative work (a determinant's minors and its gradient in one
+        straight-line body: the forward did all of it, and GCC took 1.7 s
+        more than for the two apart); a small one keeps its derivative
+        (a loss and its derivative share their arithmetic)."""
+        return (self.split_scalar and group.shape == SCALAR and node not in self.needed_first
+                and group.members[0] in self.needed_first)
 
     def _related_groups(self, args: list[Node]) -> list[MapGroup]:
         """The loops that hold one of `args` or read one, latest first: only

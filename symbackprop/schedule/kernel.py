@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,8 +94,20 @@ def map_equation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
     gradient of a determinant by minors: printing them took 20 s), a
     pointer to the C's temporaries (counted only up to that bound)."""
     if opcount.exceeds(value, MAX_EQUATION_OPS):
-        return Equation(lhs, "see the temporaries in the C", rf"{latex_name(lhs)} = \text{{see the C}}")
+        return _see_the_c(lhs)
     return equation(lhs, value.xreplace(readable))
+
+
+def map_equations(values: Sequence[tuple[str, sp.Expr]], readable: dict) -> tuple[Equation, ...]:
+    """The equations of a fused loop's stored values (map_equation), the
+    first MAX_EQUATIONS_SHOWN of them: past those, a pointer to the C (a
+    determinant's 500 stored minors took 2 s to print, as text and LaTeX)."""
+    return tuple(map_equation(lhs, value, readable) if k < MAX_EQUATIONS_SHOWN else _see_the_c(lhs)
+                 for k, (lhs, value) in enumerate(values))
+
+
+def _see_the_c(lhs: str) -> Equation:
+    return Equation(lhs, "see the temporaries in the C", rf"{latex_name(lhs)} = \text{{see the C}}")
 
 
 @dataclass(frozen=True)
@@ -125,7 +137,7 @@ class MapKernel:
 
     def op_counts(self) -> tuple[int, int]:
         """Scalar operations in its values before CSE and in its body after."""
-        before = sum(count_ops(e) for e in self.before_cse or ())
+        before = opcount.count_all(self.before_cse or ())
         return before, sum(count_ops(e) for _, e in self.temps) + sum(count_ops(e) for _, e in self.stores)
 
     def work(self) -> tuple[sp.Expr, sp.Expr]:
@@ -143,6 +155,7 @@ Kernel = MapKernel | Any
 # reads, not written out: its CSE'd temporaries in the C are the readable form.
 MAX_SHOWN_OPS = 60
 MAX_EQUATION_OPS = 120  # of a fused elementwise loop's value (map_equation)
+MAX_EQUATIONS_SHOWN = 16  # of one fused loop's stored values (map_equations)
 
 
 # A fused loop's value read by several of its members is substituted into

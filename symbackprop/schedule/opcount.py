@@ -13,6 +13,8 @@ two agree.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import sympy as sp
 from sympy.concrete.summations import Sum
 from sympy.core.function import Derivative
@@ -94,11 +96,13 @@ def exceeds(expr: sp.Basic, limit: int) -> bool:
     return False
 
 
-def count_ops(expr: sp.Basic) -> int:
-    """sp.count_ops(expr) (an int), in time linear in expr's distinct terms."""
+def count_ops(expr: sp.Basic, total: dict[sp.Basic, int] | None = None) -> int:
+    """sp.count_ops(expr) (an int), in time linear in expr's distinct terms.
+    `total` (each term's count, which depends on that term alone) may be
+    shared between calls: see count_all."""
     if not isinstance(expr, sp.Expr) or expr.is_Relational:
         return int(sp.count_ops(expr))
-    total: dict[sp.Basic, int] = {}
+    total = {} if total is None else total
     nexts: dict[sp.Basic, tuple[int, list[sp.Basic]]] = {}
     stack = [expr]
     while stack:  # post-order, without recursion: bodies may be deep
@@ -114,3 +118,11 @@ def count_ops(expr: sp.Basic) -> int:
         own, visits = nexts.pop(a)
         total[a] = own + sum(total[b] for b in visits)
     return total[expr]
+
+
+def count_all(exprs: Iterable[sp.Basic]) -> int:
+    """sum(count_ops(e) for e in exprs), each distinct term visited once over
+    all of them: a fused loop's values share their members' values (a
+    determinant's 500 minors, each counted alone, took 0.6 s)."""
+    total: dict[sp.Basic, int] = {}
+    return sum(count_ops(e, total) for e in exprs)

@@ -29,7 +29,7 @@ from symbackprop.schedule.kernel import (
     equation,
     kernel_reads,
     kernel_writes,
-    map_equation,
+    map_equations,
 )
 from symbackprop.schedule.naming import Naming
 from symbackprop.schedule.shifted import ShiftedView, inside, moved_view, offset_label, signed_k
@@ -226,7 +226,7 @@ class Scheduler(Placement):
         load_views = tuple((sym, view) for sym, view, _ in loads.values())
         readable = {sym: sp.Symbol(label) for sym, _, label in loads.values()}
         readable.update({inside(k): sp.true for k in guards})  # the equations show the middle part
-        equations = tuple(map_equation(self.buffer_of[m], value[m, 0], readable) for m in stored)
+        equations = map_equations([(self.buffer_of[m], value[m, 0]) for m in stored], readable)
         if group.shape != SCALAR:
             equations = tuple(Equation(e.lhs, e.text, _elementwise_latex(e)) for e in equations)
         stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
