@@ -251,6 +251,12 @@ def element(a: Node, i: int, j: int) -> Node:
     if a.op == "pack":
         positions = a.attrs[0]
         return a.args[positions.index((i, j))] if (i, j) in positions else const(0)
+    if a.op == "map" and a.args and all(arg.op == "pack" for arg in a.args):
+        # e.g. a gradient summed from one-hot packs (reverse mode through
+        # entries): the entry's own arithmetic, so no matrix is stored and
+        # the entry fuses with its readers (a fixed point's step was split in two)
+        picks = [element(arg, i if arg.shape[0] != 1 else 0, j if arg.shape[1] != 1 else 0) for arg in a.args]
+        return map_(a.attrs[0], picks, SCALAR)
     return op_node("element", (a,), SCALAR, (i, j))
 
 
