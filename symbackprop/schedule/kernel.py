@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sympy as sp
+from sympy.printing.str import StrPrinter
 
 from symbackprop.ir.node import Shape
 from symbackprop.schedule import opcount
@@ -77,8 +78,42 @@ def latex(expr: sp.Basic) -> str:
     return sp.latex(expr, symbol_names=names)
 
 
-def equation(lhs: str, rhs: sp.Basic) -> Equation:
-    return Equation(lhs, sp.sstr(rhs), lambda: f"{latex_name(lhs)} = {latex(rhs)}")
+def equation(lhs: str, rhs: sp.Basic, printer: StrPrinter | None = None) -> Equation:
+    text = sp.sstr(rhs) if printer is None else printer.doprint(rhs)
+    return Equation(lhs, text, lambda: f"{latex_name(lhs)} = {latex(rhs)}")
+
+
+class SharedStrPrinter(StrPrinter):
+    """sstr that prints each distinct subexpression once: a fused loop's
+    equations share their conditions and terms (a fixed point's step
+    prints its stop tests in every entry). A subexpression's text does not
+    depend on where it stands, so the text is sstr's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._texts: dict = {}
+
+    def _print(self, expr: Any, **kwargs: Any) -> str:
+        if kwargs or not isinstance(expr, sp.Basic):
+            return super()._print(expr, **kwargs)
+        text = self._texts.get(expr)
+        if text is None:
+            text = self._texts[expr] = super()._print(expr)
+        return text
+
+
+def shared_xreplace(expr: sp.Basic, rule: dict, done: dict) -> sp.Basic:
+    """expr.xreplace(rule), each distinct subexpression rebuilt once over
+    the calls that share `done` (the same constructor calls as SymPy's, so
+    the same result)."""
+    if expr in rule:
+        return rule[expr]
+    result = done.get(expr)
+    if result is None:
+        args = tuple(shared_xreplace(a, rule, done) if isinstance(a, sp.Basic) else a for a in expr.args)
+        changed = any(new is not old for new, old in zip(args, expr.args))
+        result = done[expr] = expr.func(*args) if changed else expr
+    return result
 
 
 @functools.lru_cache(maxsize=8192)
@@ -89,13 +124,21 @@ def count_ops(expr: sp.Basic) -> Any:
     return opcount.count_ops(expr)
 
 
-def map_equation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
-    """A fused loop's value as an equation, or, beyond MAX_EQUATION_OPS (a
-    gradient of a determinant by minors: printing them took 20 s), a
-    pointer to the C's temporaries (counted only up to that bound)."""
-    if opcount.exceeds(value, MAX_EQUATION_OPS):
-        return Equation(lhs, "see the temporaries in the C", rf"{latex_name(lhs)} = \text{{see the C}}")
-    return equation(lhs, value.xreplace(readable))
+def map_equations(values: list[tuple[str, sp.Expr]], readable: dict) -> tuple[Equation, ...]:
+    """A fused loop's values (lhs, value) as equations, their loads renamed
+    by `readable`, or, beyond MAX_EQUATION_OPS (a gradient of a determinant
+    by minors: printing them took 20 s), a pointer to the C's temporaries
+    (counted only up to that bound). Renamed and printed together: the
+    values share most of their subexpressions."""
+    done: dict = {}
+    printer = SharedStrPrinter()
+
+    def one(lhs: str, value: sp.Expr) -> Equation:
+        if opcount.exceeds(value, MAX_EQUATION_OPS):
+            return Equation(lhs, "see the temporaries in the C", rf"{latex_name(lhs)} = \text{{see the C}}")
+        return equation(lhs, shared_xreplace(value, readable, done), printer)
+
+    return tuple(one(lhs, value) for lhs, value in values)
 
 
 @dataclass(frozen=True)

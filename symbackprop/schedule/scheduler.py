@@ -29,7 +29,7 @@ from symbackprop.schedule.kernel import (
     equation,
     kernel_reads,
     kernel_writes,
-    map_equation,
+    map_equations,
 )
 from symbackprop.schedule.naming import Naming
 from symbackprop.schedule.shifted import foldable, shifted_label, shifted_view
@@ -227,8 +227,8 @@ class Scheduler(Placement):
         else:
             temps, reduced = share_powers(*dag_cse(exprs))
         load_views = tuple((sym, self._broadcast_view(node, group.shape)) for node, sym in loads.items())
-        readable = {sym: sp.Symbol(self.label(node)) for node, sym in loads.items()}
-        equations = tuple(map_equation(self.buffer_of[m], value[m], readable) for m in stored)
+        readable = {sym: sp.Symbol(self.label(node), real=True) for node, sym in loads.items()}  # as the loads: the same forms
+        equations = map_equations([(self.buffer_of[m], value[m]) for m in stored], readable)
         if group.shape != SCALAR:
             equations = tuple(Equation(e.lhs, e.text, _elementwise_latex(e)) for e in equations)
         stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
