@@ -77,7 +77,9 @@ def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Nod
             subs[placeholder(index)] = placeholder(len(kept))
             kept.append(arg)
     # exact rewrites of overflow-prone forms (1/(1 + exp(-z)) -> sigmoid(z))
-    body = stabilize(sp.sympify(body).xreplace(subs))
+    moved = {k: v for k, v in subs.items() if k != v}  # xreplace rebuilds whatever a key is in, even to itself
+    body = sp.sympify(body)
+    body = stabilize(body.xreplace(moved) if moved else body)
     free = body.free_symbols  # once: a walk of the body (per argument, it was quadratic in a wide body)
     used = [a for i, a in enumerate(kept) if placeholder(i) in free]
     if len(used) != len(kept):
