@@ -112,8 +112,16 @@ def shared_xreplace(expr: sp.Basic, rule: dict, done: dict) -> sp.Basic:
     if result is None:
         args = tuple(shared_xreplace(a, rule, done) if isinstance(a, sp.Basic) else a for a in expr.args)
         changed = any(new is not old for new, old in zip(args, expr.args))
-        result = done[expr] = expr.func(*args) if changed else expr
+        result = done[expr] = (expr if not changed else expr.func(*args, evaluate=False)
+                               if isinstance(expr, _AS_IT_STANDS) else expr.func(*args))
     return result
+
+
+# Renamed as they stand (their evaluation only repeats the loads' own, and
+# over large arguments it was most of the comments' time; their order of
+# arguments is what they print): the rest is rebuilt as xreplace does (an
+# Or orders its arguments by name).
+_AS_IT_STANDS = (sp.Piecewise, sp.Rel, sp.Abs, sp.sign)
 
 
 @functools.lru_cache(maxsize=8192)
