@@ -310,3 +310,22 @@ def test_the_hvp_of_a_loss_that_holds_a_gradient_matches_jax():
     got = mod.hvp(directions, **arrays)
     for name in ("p", "q", "s"):
         assert relative_error(np.reshape(got[name], np.shape(want[name])), np.asarray(want[name])) < 1e-10, name
+
+
+def test_the_entries_of_a_gradient_over_entries_are_scalars_in_one_loop():
+    """The gradient of a function of a 1 x 2 matrix's entries is a sum of
+    one-hot packs (reverse mode through each entry); an entry of it read
+    by the loss is that entry's own arithmetic: no matrix is stored for it,
+    the forward pass is one fused loop, and the values match JAX."""
+    v = sp.MatrixSymbol("v", 1, 2)
+    g = sbp.grad(v[0, 0] ** 2 * v[0, 1] + sp.sin(v[0, 1]) * v[0, 0], v)
+    model = sbp.Model("grad_entries", inputs=[], params=[v], loss=g[0, 0] * g[0, 1] + sp.exp(g[0, 1]))
+    emitted, _ = generate(model, functions=("forward",))
+    forward = emitted.source.split("_forward(", 1)[1]
+    assert forward.count("for (int64_t") == 0, "an entry of the gradient was stored as a matrix"
+
+    def jax_loss(p):
+        grad = jax.grad(lambda w: w[0, 0] ** 2 * w[0, 1] + jnp.sin(w[0, 1]) * w[0, 0])(p["v"])
+        return grad[0, 0] * grad[0, 1] + jnp.exp(grad[0, 1])
+
+    check(sbp.compile(model), {"v": np.array([[0.7, -1.3]])}, jax_loss, ("v",))

@@ -59,11 +59,23 @@ def build_models(E, size) -> dict:
     return E.build_models(size) if hasattr(E, "build_models") else {"main": E.build_model(size)}
 
 
-def sbp_compile(E, size):
-    """The compiled module (a dict of them for evals with several models)."""
+def sbp_functions(E, key: str) -> tuple:
+    """The functions to compile for E's model `key`: E.SBP_FUNCTIONS, or its
+    entry for `key` where it is a dict (a port compiles only what it calls:
+    each emitted function is C to generate and compile)."""
+    return E.SBP_FUNCTIONS[key] if isinstance(E.SBP_FUNCTIONS, dict) else E.SBP_FUNCTIONS
+
+
+def sbp_compile_models(E, models: dict) -> dict:
+    """Each of E's models (build_models) compiled, by name."""
     import symbackprop as sbp
 
-    mods = {k: sbp.compile(m, functions=E.SBP_FUNCTIONS) for k, m in build_models(E, size).items()}
+    return {k: sbp.compile(m, functions=sbp_functions(E, k)) for k, m in models.items()}
+
+
+def sbp_compile(E, size):
+    """The compiled module (a dict of them for evals with several models)."""
+    mods = sbp_compile_models(E, build_models(E, size))
     return mods if hasattr(E, "build_models") else mods["main"]
 
 

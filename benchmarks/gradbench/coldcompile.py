@@ -53,6 +53,13 @@ def probe(name: str) -> None:
     import symbackprop as sbp
     from benchmarks.gradbench._common import build_models
 
+    try:
+        from benchmarks.gradbench._common import sbp_compile_models
+    except ImportError:  # a checkout from before per-model functions
+
+        def sbp_compile_models(E, models):
+            return {k: sbp.compile(m, functions=E.SBP_FUNCTIONS) for k, m in models.items()}
+
     logging.getLogger("symbackprop").addHandler(Keep())
     logging.getLogger("symbackprop").setLevel(logging.INFO)
     module, _, size = name.partition("@")
@@ -60,8 +67,7 @@ def probe(name: str) -> None:
     models = build_models(E, _size(size) if size else E.DEFAULT)
     t1, c1 = time.perf_counter(), _cpu()
     kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    for m in models.values():
-        sbp.compile(m, functions=E.SBP_FUNCTIONS)
+    sbp_compile_models(E, models)
     t2, c2 = time.perf_counter(), _cpu()
     kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     stages: dict[str, float] = {}

@@ -153,7 +153,7 @@ def build_models(size: dict) -> dict:
     return {"particle": particle, "grad": value}
 
 
-SBP_FUNCTIONS = ("forward", "value_and_grad")
+SBP_FUNCTIONS = {"particle": ("forward",), "grad": ("value_and_grad",)}  # what sbp_calls calls
 
 
 def sbp_calls(mods, data: dict):

@@ -44,7 +44,14 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from benchmarks.gradbench import EVALS  # noqa: E402
-from benchmarks.gradbench._common import Unsupported, build_models, max_rel_error, sbp_compile, to_numpy  # noqa: E402
+from benchmarks.gradbench._common import (  # noqa: E402
+    Unsupported,
+    build_models,
+    max_rel_error,
+    sbp_compile,
+    sbp_compile_models,
+    to_numpy,
+)
 from benchmarks.measure import PLANS, TOLERANCE, _calibrate, _sample, _warm_up  # noqa: E402
 from benchmarks.run import _align, _t  # noqa: E402
 
@@ -66,10 +73,7 @@ def probe(name: str, size: dict) -> None:
     t0 = time.perf_counter()
     models = build_models(E, size)
     t1 = time.perf_counter()
-    import symbackprop as sbp
-
-    for m in models.values():
-        sbp.compile(m, functions=E.SBP_FUNCTIONS)
+    sbp_compile_models(E, models)
     t2 = time.perf_counter()
     print(json.dumps({"declare_s": t1 - t0, "compile_s": t2 - t1}))
 

@@ -172,7 +172,7 @@ def build_models(size: dict) -> dict:
     return {"saddle": saddle, "grad": value}
 
 
-SBP_FUNCTIONS = ("forward", "value_and_grad")
+SBP_FUNCTIONS = {"saddle": ("forward",), "grad": ("value_and_grad",)}  # what sbp_calls calls
 
 
 def sbp_calls(mods, data: dict):

@@ -77,7 +77,9 @@ def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Nod
             subs[placeholder(index)] = placeholder(len(kept))
             kept.append(arg)
     # exact rewrites of overflow-prone forms (1/(1 + exp(-z)) -> sigmoid(z))
-    body = stabilize(sp.sympify(body).xreplace(subs))
+    moved = {k: v for k, v in subs.items() if k != v}  # xreplace rebuilds whatever a key is in, even to itself
+    body = sp.sympify(body)
+    body = stabilize(body.xreplace(moved) if moved else body)
     free = body.free_symbols  # once: a walk of the body (per argument, it was quadratic in a wide body)
     used = [a for i, a in enumerate(kept) if placeholder(i) in free]
     if len(used) != len(kept):
@@ -256,6 +258,12 @@ def element(a: Node, i: int, j: int) -> Node:
     if a.op == "pack":
         positions = a.attrs[0]
         return a.args[positions.index((i, j))] if (i, j) in positions else const(0)
+    if a.op == "map" and a.args and all(arg.op == "pack" for arg in a.args):
+        # e.g. a gradient summed from one-hot packs (reverse mode through
+        # entries): the entry's own arithmetic, so no matrix is stored and
+        # the entry fuses with its readers (a fixed point's step was split in two)
+        picks = [element(arg, i if arg.shape[0] != 1 else 0, j if arg.shape[1] != 1 else 0) for arg in a.args]
+        return map_(a.attrs[0], picks, SCALAR)
     return op_node("element", (a,), SCALAR, (i, j))
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sympy as sp
+from sympy.printing.str import StrPrinter
 
 from symbackprop.ir.node import Shape
 from symbackprop.schedule import opcount
@@ -77,8 +78,50 @@ def latex(expr: sp.Basic) -> str:
     return sp.latex(expr, symbol_names=names)
 
 
-def equation(lhs: str, rhs: sp.Basic) -> Equation:
-    return Equation(lhs, sp.sstr(rhs), lambda: f"{latex_name(lhs)} = {latex(rhs)}")
+def equation(lhs: str, rhs: sp.Basic, printer: StrPrinter | None = None) -> Equation:
+    text = sp.sstr(rhs) if printer is None else printer.doprint(rhs)
+    return Equation(lhs, text, lambda: f"{latex_name(lhs)} = {latex(rhs)}")
+
+
+class SharedStrPrinter(StrPrinter):
+    """sstr that prints each distinct subexpression once: a fused loop's
+    equations share their conditions and terms (a fixed point's step
+    prints its stop tests in every entry). A subexpression's text does not
+    depend on where it stands, so the text is sstr's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._texts: dict = {}
+
+    def _print(self, expr: Any, **kwargs: Any) -> str:
+        if kwargs or not isinstance(expr, sp.Basic):
+            return super()._print(expr, **kwargs)
+        text = self._texts.get(expr)
+        if text is None:
+            text = self._texts[expr] = super()._print(expr)
+        return text
+
+
+def shared_xreplace(expr: sp.Basic, rule: dict, done: dict) -> sp.Basic:
+    """expr.xreplace(rule), each distinct subexpression rebuilt once over
+    the calls that share `done` (the same constructor calls as SymPy's, so
+    the same result)."""
+    if expr in rule:
+        return rule[expr]
+    result = done.get(expr)
+    if result is None:
+        args = tuple(shared_xreplace(a, rule, done) if isinstance(a, sp.Basic) else a for a in expr.args)
+        changed = any(new is not old for new, old in zip(args, expr.args))
+        result = done[expr] = (expr if not changed else expr.func(*args, evaluate=False)
+                               if isinstance(expr, _AS_IT_STANDS) else expr.func(*args))
+    return result
+
+
+# Renamed as they stand (their evaluation only repeats the loads' own, and
+# over large arguments it was most of the comments' time; their order of
+# arguments is what they print): the rest is rebuilt as xreplace does (an
+# Or orders its arguments by name).
+_AS_IT_STANDS = (sp.Piecewise, sp.Rel, sp.Abs, sp.sign)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -89,21 +132,23 @@ def count_ops(expr: sp.Basic) -> Any:
     return opcount.count_ops(expr)
 
 
-def map_equation(lhs: str, value: sp.Expr, readable: dict) -> Equation:
-    """A fused loop's value as an equation, or, beyond MAX_EQUATION_OPS (a
-    gradient of a determinant by minors: printing them took 20 s), a
-    pointer to the C's temporaries (counted only up to that bound)."""
-    if opcount.exceeds(value, MAX_EQUATION_OPS):
-        return _see_the_c(lhs)
-    return equation(lhs, value.xreplace(readable))
-
-
 def map_equations(values: Sequence[tuple[str, sp.Expr]], readable: dict) -> tuple[Equation, ...]:
-    """The equations of a fused loop's stored values (map_equation), the
-    first MAX_EQUATIONS_SHOWN of them: past those, a pointer to the C (a
-    determinant's 500 stored minors took 2 s to print, as text and LaTeX)."""
-    return tuple(map_equation(lhs, value, readable) if k < MAX_EQUATIONS_SHOWN else _see_the_c(lhs)
-                 for k, (lhs, value) in enumerate(values))
+    """A fused loop's values (lhs, value) as equations, their loads renamed
+    by `readable`, the first MAX_EQUATIONS_SHOWN of them (a determinant's 500
+    stored minors took 2 s to print, as text and LaTeX), and any beyond
+    MAX_EQUATION_OPS (a gradient of a determinant by minors: printing them
+    took 20 s; counted only up to that bound), as a pointer to the C's
+    temporaries. Renamed and printed together: the values share most of
+    their subexpressions."""
+    done: dict = {}
+    printer = SharedStrPrinter()
+
+    def one(lhs: str, value: sp.Expr) -> Equation:
+        if opcount.exceeds(value, MAX_EQUATION_OPS):
+            return _see_the_c(lhs)
+        return equation(lhs, shared_xreplace(value, readable, done), printer)
+
+    return tuple(one(lhs, value) if k < MAX_EQUATIONS_SHOWN else _see_the_c(lhs) for k, (lhs, value) in enumerate(values))
 
 
 def _see_the_c(lhs: str) -> Equation:
@@ -154,7 +199,7 @@ Kernel = MapKernel | Any
 # A map body with more operations than this is shown in comments by what it
 # reads, not written out: its CSE'd temporaries in the C are the readable form.
 MAX_SHOWN_OPS = 60
-MAX_EQUATION_OPS = 120  # of a fused elementwise loop's value (map_equation)
+MAX_EQUATION_OPS = 120  # of a fused elementwise loop's value (map_equations)
 MAX_EQUATIONS_SHOWN = 16  # of one fused loop's stored values (map_equations)
 
 

@@ -224,7 +224,7 @@ class Scheduler(Placement):
         else:
             temps, reduced = share_powers(*dag_cse(exprs))
         load_views = tuple((sym, view) for sym, view, _ in loads.values())
-        readable = {sym: sp.Symbol(label) for sym, _, label in loads.values()}
+        readable = {sym: sp.Symbol(label, real=True) for sym, _, label in loads.values()}  # as the loads: the same forms
         readable.update({inside(k): sp.true for k in guards})  # the equations show the middle part
         equations = map_equations([(self.buffer_of[m], value[m, 0]) for m in stored], readable)
         if group.shape != SCALAR:
