@@ -347,7 +347,9 @@ class FunctionEmitter:
         """buffer[offset + i*row_stride + j*col_stride], terms in that order."""
         terms = []
         for coefficient, var in ((view.offset, sp.S.One), (view.row_stride, i), (view.col_stride, j)):
-            term = sp.expand(sp.sympify(coefficient) * var)
+            term = sp.sympify(coefficient) * var
+            if term.has(sp.Add, sp.Pow):  # else expand changes nothing, and costs 0.1 ms a term
+                term = sp.expand(term)
             if term == 0:
                 continue
             if term.is_Number or var == 1 or coefficient == 1 or not var.is_Symbol:
