@@ -24,6 +24,7 @@ from symbackprop.emit.cnames import DESCRIBE_MODULE, CNamer, comment_text, sanit
 from symbackprop.emit.cparts import Prelude, part_ranges, prelude
 from symbackprop.emit.cprint import IEEEPrinter
 from symbackprop.emit.describe import NULL_POINTER, SHAPE_STATUSES, CDescription, EpochNames, describe, describe_epoch
+from symbackprop.emit.templatecache import template_bytecode_cache
 from symbackprop.emit.wrap import wrap_c_comments
 from symbackprop.errors import ModelError
 from symbackprop.ops.functions import CHelper, helpers_called
@@ -351,7 +352,9 @@ class FunctionEmitter:
         """buffer[offset + i*row_stride + j*col_stride], terms in that order."""
         terms = []
         for coefficient, var in ((view.offset, sp.S.One), (view.row_stride, i), (view.col_stride, j)):
-            term = sp.expand(sp.sympify(coefficient) * var)
+            term = sp.sympify(coefficient) * var
+            if term.has(sp.Add, sp.Pow):  # else expand changes nothing, and costs 0.1 ms a term
+                term = sp.expand(term)
             if term == 0:
                 continue
             if term.is_Number or var == 1 or coefficient == 1 or not var.is_Symbol:
@@ -469,8 +472,11 @@ BLAS_MIN_MULTIPLY_ADDS = 4096
 
 @lru_cache(maxsize=1)
 def template_environment() -> jinja2.Environment:
+    """The templates' environment; their compiled code is kept between
+    processes (emit.templatecache)."""
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(_template_dir())),
+        bytecode_cache=template_bytecode_cache(),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
