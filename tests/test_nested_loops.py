@@ -6,6 +6,8 @@ derivative modes, against closed forms, JAX (nested lax.scan, or the
 implicit function theorem solved by numpy over JAX's Jacobians) and
 central differences, to 1e-10 relative."""
 
+import functools
+
 import numpy as np
 import pytest
 import sympy as sp
@@ -153,20 +155,26 @@ def _scan_in_fp_step(yv, Pv):
     return jnp.tanh(zz) / 2
 
 
-@pytest.mark.parametrize("outer_mode", MODES)
-def test_a_scan_inside_a_fixed_point_matches_the_implicit_function_theorem(outer_mode):
-    mod = sbp.compile(_scan_in_fp(outer_mode), functions=("forward", "value_and_grad"))
-    Pv = np.random.default_rng(3).uniform(-0.5, 0.5, (K, N))
-    yv = np.zeros(N)
-    for _ in range(300):  # the fixed point, by JAX's step
-        yv = np.asarray(_scan_in_fp_step(yv, Pv))
-    np.testing.assert_allclose(mod.forward(P=Pv)["y"][0], yv, rtol=1e-13, atol=1e-15)
+@functools.cache
+def _scan_in_fp_oracle():
+    """P, JAX's fixed point y* and dL/dP by the implicit function theorem,
+    the same for both modes: computed once. The fixed point: 300 steps of
+    JAX's step in one fori_loop (compiled once, not once per step)."""
+    Pv = np.random.default_rng(3).uniform(-0.5, 0.5, (K, N))  # float64: called in a test (the x64 fixture)
+    yv = np.asarray(jax.lax.fori_loop(0, 300, lambda _, yc: _scan_in_fp_step(yc, Pv), jnp.zeros(N)))
     # implicit function theorem: dL/dP = g^T (I - df/dy)^{-1} df/dP at y*
     g = np.cos(yv)
     fy = np.asarray(jax.jacobian(_scan_in_fp_step, argnums=0)(yv, Pv))
     fp = np.asarray(jax.jacobian(_scan_in_fp_step, argnums=1)(yv, Pv))
     lam = np.linalg.solve((np.eye(N) - fy).T, g)
-    want = np.einsum("i,ikn->kn", lam, fp)
+    return Pv, yv, np.einsum("i,ikn->kn", lam, fp)
+
+
+@pytest.mark.parametrize("outer_mode", MODES)
+def test_a_scan_inside_a_fixed_point_matches_the_implicit_function_theorem(outer_mode):
+    mod = sbp.compile(_scan_in_fp(outer_mode), functions=("forward", "value_and_grad"))
+    Pv, yv, want = _scan_in_fp_oracle()
+    np.testing.assert_allclose(mod.forward(P=Pv)["y"][0], yv, rtol=1e-13, atol=1e-15)
     _, grads = mod.value_and_grad(P=Pv)
     assert relative_error(grads["P"], want) < RTOL
 
