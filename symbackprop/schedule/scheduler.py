@@ -212,7 +212,7 @@ class Scheduler(Placement):
     # --- kernels --------------------------------------------------------
 
     def _map_kernel(self, group: MapGroup) -> MapKernel | None:
-        loads: dict[tuple, tuple[sp.Symbol, View, str]] = {}
+        loads: dict[View, tuple[sp.Symbol, View, str]] = {}
         stored = [m for m in group.members if m in self.buffer_of]
         if not stored:
             return None
@@ -294,12 +294,10 @@ class Scheduler(Placement):
         axis = 0 if shape[0] != 1 else 1
         if k == 0 or (view.row_stride, view.col_stride)[axis] == 0:  # read where it is, or broadcast along the loop
             k, fill = 0, sp.Integer(0)
-        key = (node, k, fill)
-        if key not in loads:
-            label = offset_label(self.label(node), k, axis)
-            read = moved_view(view, k, fill, shape[axis]) if k else view
-            loads[key] = (sp.Symbol(f"_load{len(loads)}", real=True), read, label)
-        return loads[key][0]
+        read = moved_view(view, k, fill, shape[axis]) if k else view
+        if read not in loads:  # keyed on what is read: a spread broadcast of h and h itself are one load
+            loads[read] = (sp.Symbol(f"_load{len(loads)}", real=True), read, offset_label(self.label(node), k, axis))
+        return loads[read][0]
 
     def label(self, node: Node) -> str:
         """A kernel argument as comments name it (its buffer, "A^T", "A[0,1]", "t5[i-1]")."""
