@@ -50,3 +50,33 @@ def test_one_and_two_threads_give_identical_gradients(batch):
     assert loss1 == loss2
     for name in grads1:
         assert np.array_equal(grads1[name], grads2[name]), name
+
+
+_WAIT_POLICY_SCRIPT = """
+import os, sys, sympy as sp, symbackprop as sbp
+from symbackprop import nn
+from symbackprop.build.builder import BuildOptions
+x = sp.MatrixSymbol("x", sp.Symbol("n", integer=True, positive=True), 3)
+model = sbp.Model(sys.argv[1], inputs=[x], params=[], grad_inputs=[x], loss=nn.sum_all(x.applyfunc(sp.sin)))
+sbp.compile(model, options=BuildOptions(openmp=sys.argv[1] == "with_omp"))
+print(os.environ.get("OMP_WAIT_POLICY"))
+"""
+
+
+@pytest.mark.parametrize(("name", "preset", "want"), [("with_omp", None, "passive"), ("with_omp", "active", "active"),
+                                                      ("without_omp", None, "None")])
+def test_an_openmp_module_makes_idle_threads_sleep_unless_the_user_chose(name, preset, want, tmp_path):
+    """Loading a module built with OpenMP sets OMP_WAIT_POLICY=passive before
+    libgomp reads it (spinning threads starve OpenBLAS's), keeps a policy the
+    user set, and a module without OpenMP leaves the variable alone."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env["SYMBACKPROP_CACHE_DIR"] = str(tmp_path)
+    if preset:
+        env["OMP_WAIT_POLICY"] = preset
+    out = subprocess.run([sys.executable, "-c", _WAIT_POLICY_SCRIPT, name], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == want
