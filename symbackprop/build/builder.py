@@ -50,13 +50,13 @@ from typing import Any, Callable
 
 from symbackprop.build import trust as cache_trust
 from symbackprop._version import __version__
+from symbackprop.build.cachedir import CACHE_ENV, cache_folder
 from symbackprop.build.key import asks_for_host_cpu, digest, executable_stamp, host_cpu, target_cpu
 from symbackprop.build.trust import ABSENT, entry_problem, secure_root, warn
 from symbackprop.emit.codegen import RUNTIME_HEADER, runtime_header
 from symbackprop.errors import BuildError
 from symbackprop.log import event, stage
 
-CACHE_ENV = "SYMBACKPROP_CACHE_DIR"
 # Speed without changing results beyond rounding: no -ffast-math. -O3 and
 # the host's vector units; contraction to FMA is allowed. On x86-64, loops
 # use 512-bit vectors where the CPU has them (GCC prefers 256 by default):
@@ -172,20 +172,8 @@ def set_blas_threads(count: int) -> None:
 
 def cache_root(options: BuildOptions | None = None) -> Path:
     """Where compiled modules are kept: BuildOptions.cache_dir, else
-    $SYMBACKPROP_CACHE_DIR, else the platform's user cache folder from
-    platformdirs (~/.cache/symbackprop or $XDG_CACHE_HOME/symbackprop on
-    Linux, ~/Library/Caches/symbackprop on macOS, %LOCALAPPDATA%\\symbackprop\\Cache
-    on Windows)."""
-    if options is not None and options.cache_dir is not None:
-        given = str(options.cache_dir)
-    elif os.environ.get(CACHE_ENV):
-        given = os.environ[CACHE_ENV]
-    else:
-        import platformdirs
-
-        given = platformdirs.user_cache_dir("symbackprop", appauthor=False)
-    # absolute: the compiler runs in the build folder, where a relative path means another place
-    return Path(os.path.abspath(os.path.expanduser(given)))
+    $SYMBACKPROP_CACHE_DIR, else the user cache folder (build.cachedir)."""
+    return cache_folder(options.cache_dir if options is not None else None)
 
 
 def compiler_command() -> list[str]:

@@ -19,6 +19,7 @@ import contextlib
 import jinja2
 from jinja2.bccache import Bucket
 
+from symbackprop.build.cachedir import cache_folder
 from symbackprop.build.trust import make_private_folder, untrusted
 
 FOLDER = "jinja"
@@ -49,9 +50,7 @@ class _QuietCache(jinja2.FileSystemBytecodeCache):
 def template_bytecode_cache() -> jinja2.BytecodeCache | None:
     """The templates' bytecode cache, or None where none may be kept (see
     the module's docstring)."""
-    from symbackprop.build.builder import BuildOptions, cache_root  # the builder renders templates too
-
-    folder = cache_root(BuildOptions()) / FOLDER
+    folder = cache_folder() / FOLDER
     try:
         make_private_folder(folder)
     except OSError:
