@@ -29,6 +29,7 @@ loaded with RTLD_GLOBAL cannot call each other's functions.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import json
@@ -42,14 +43,15 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
-from symbackprop.build import trust as cache_trust
 from symbackprop._version import __version__
+from symbackprop.build import trust as cache_trust
 from symbackprop.build.cachedir import CACHE_ENV, cache_folder
 from symbackprop.build.key import asks_for_host_cpu, digest, executable_stamp, host_cpu, target_cpu
 from symbackprop.build.trust import ABSENT, entry_problem, secure_root, warn
@@ -103,7 +105,7 @@ class Blas:
     library: Path
 
 
-@lru_cache(maxsize=None)
+@cache
 def find_blas() -> Blas | None:
     """The scipy-openblas32 wheel's BLAS (symbols prefixed scipy_), if
     installed; found without importing it (its import costs ~50 ms)."""
@@ -139,7 +141,7 @@ def _blas_for(options: BuildOptions) -> Blas | None:
     return blas
 
 
-@lru_cache(maxsize=None)
+@cache
 def libmvec_available(command: tuple[str, ...]) -> bool:
     """GCC (whose simd attribute the declarations use) and glibc's libmvec."""
     import ctypes.util
@@ -198,7 +200,7 @@ def object_options() -> list[str]:
     return shlex.split(sysconfig.get_config_var("CCSHARED") or "-fPIC") + ["-fvisibility=hidden"]
 
 
-@lru_cache(maxsize=None)
+@cache
 def compiler_identity(command: tuple[str, ...]) -> str:
     """What the compiler says its version is; BuildError when it does not run."""
     try:
@@ -394,11 +396,13 @@ def _remove_stale_staging(root: Path) -> None:
     runs that long, so nothing still writes there."""
     cutoff = time.time() - STALE_STAGING_SECONDS
     for folder in root.glob("tmp-*"):
-        try:
-            if folder.is_dir() and folder.stat().st_mtime < cutoff:
-                shutil.rmtree(folder, ignore_errors=True)
-        except OSError:
-            pass
+        _remove_if_older(folder, cutoff)
+
+
+def _remove_if_older(folder: Path, cutoff: float) -> None:
+    with contextlib.suppress(OSError):  # gone meanwhile, or not ours to read
+        if folder.is_dir() and folder.stat().st_mtime < cutoff:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _compile_into(
@@ -458,8 +462,7 @@ def _run_all(commands: list[list[str]], handle: Any, folder: Path, subject: str)
     succeeded; None: one could not be started), their output to `handle`."""
     processes: list[subprocess.Popen[bytes]] = []
     try:
-        for command in commands:
-            processes.append(subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=folder))
+        processes.extend(subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=folder) for command in commands)
     except OSError as exc:
         handle.write(f"{exc}\n")
         _stop(processes)
@@ -605,10 +608,8 @@ def write_memo(key: str, value: object, options: BuildOptions | None = None) -> 
         warn("not storing the model memo %s: %s", key, exc)
     finally:
         if temporary is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(temporary)
-            except OSError:
-                pass
 
 
 def load_built(folder: Path, prefix: str, options: BuildOptions | None = None) -> ModuleType | None:

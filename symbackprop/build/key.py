@@ -22,8 +22,8 @@ import re
 import shlex
 import shutil
 import subprocess
-from functools import lru_cache
-from typing import Iterable
+from collections.abc import Iterable
+from functools import cache, lru_cache
 
 _TAKES_VALUE = ("--param", "-target-cpu", "-target-feature", "-tune-cpu")
 
@@ -44,7 +44,7 @@ def asks_for_host_cpu(arguments: Iterable[str]) -> bool:
     return any(arg.startswith("-m") and "native" in arg for arg in arguments)
 
 
-@lru_cache(maxsize=None)
+@cache
 def target_cpu(command: tuple[str, ...]) -> str:
     """What `command` (a compiler, its own options and the host-dependent
     flags) targets on this host; computed once per process."""

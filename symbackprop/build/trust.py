@@ -13,6 +13,7 @@ and rebuilt instead.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -62,10 +63,8 @@ def make_private_folder(path: Path) -> None:
         missing.append(path)
         path = path.parent
     for folder in reversed(missing):
-        try:
+        with contextlib.suppress(FileExistsError):  # made by another process meanwhile
             folder.mkdir(mode=0o700)
-        except FileExistsError:
-            pass  # made by another process meanwhile
 
 
 def secure_root(root: Path) -> Path:
