@@ -194,7 +194,11 @@ class CFunction:
     def attribute(self, start: int = 0, end: int | None = None) -> str:
         """The C attribute macro (and a space) its kernels from start to
         end call for: SYMBACKPROP_WIDE for a wide per-example body, else
-        SYMBACKPROP_STRAIGHT for a long straight-line one; or nothing."""
+        SYMBACKPROP_STRAIGHT for a long straight-line one; or nothing.
+        SYMBACKPROP_WIDE_SUMS where a wide body adds into many sums
+        (ops.emap.WIDE_SUMS_NARROW)."""
+        if any(k.fields.get("wide_sums") for k in self.kernels[start:end]):
+            return "SYMBACKPROP_WIDE_SUMS "
         if self.wide(start, end):
             return "SYMBACKPROP_WIDE "
         return "SYMBACKPROP_STRAIGHT " if any(k.fields.get("straight") for k in self.kernels[start:end]) else ""

@@ -374,6 +374,13 @@ def _where_text(where: tuple) -> str:
 # one scalar lane, the compile time of a vectorized wide body being large.
 LANES_MAX_OPS = 200
 LANES = 8
+# A wide body adding into this many locals or more (each a sum of the
+# examples in order: lane by lane, spilled) puts its function on 256-bit
+# vectors (SYMBACKPROP_WIDE_SUMS, the runtime header): GradBench gmm d=20
+# (231 sums) compiles 0.4 s faster and its gradient runs 9% faster, the same
+# bits; llsq m=128 (128 sums, in one function with a forward loop that is
+# 33% slower on 256-bit vectors) keeps 512.
+WIDE_SUMS_NARROW = 192
 
 
 def _loop_uses(kernel: EmapKernel) -> dict[sp.Symbol, frozenset]:
@@ -528,6 +535,7 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         "independent": len(kernel.loops) == 2 and size <= LANES_MAX_OPS
         and all(_local(out, inner) or _apart(out, inner) for out in kernel.outputs),
         "wide": size > LANES_MAX_OPS,  # its function is SYMBACKPROP_WIDE
+        "wide_sums": size > LANES_MAX_OPS and sum(1 for *_, local in stores if local) >= WIDE_SUMS_NARROW,
         # a wide body adding into locals or storing one number an example:
         # whole eights, then a scalar tail
         # (GCC's two vectorized epilogues of such a body were a third of gmm's compile)
