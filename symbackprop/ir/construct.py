@@ -29,6 +29,7 @@ driver. The ops:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 
 import sympy as sp
 
@@ -77,10 +78,8 @@ def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Nod
             subs[placeholder(index)] = placeholder(len(kept))
             kept.append(arg)
     # exact rewrites of overflow-prone forms (1/(1 + exp(-z)) -> sigmoid(z))
-    moved = {k: v for k, v in subs.items() if k != v}  # xreplace rebuilds whatever a key is in, even to itself
-    body = sp.sympify(body)
-    body = stabilize(body.xreplace(moved) if moved else body)
-    free = body.free_symbols  # once: a walk of the body (per argument, it was quadratic in a wide body)
+    moved = tuple((k, v) for k, v in subs.items() if k != v)  # xreplace rebuilds whatever a key is in, even to itself
+    body, free = _prepared(sp.sympify(body), moved)
     used = [a for i, a in enumerate(kept) if placeholder(i) in free]
     if len(used) != len(kept):
         renumber = {placeholder(kept.index(a)): placeholder(i) for i, a in enumerate(used)}
@@ -99,6 +98,17 @@ def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Nod
     if across is not None:  # e.g. log(1 - p) of p = sigmoid(z): -softplus(z)
         return map_(across[0], across[1], shape)
     return op_node("map", tuple(used), shape, (body,))
+
+
+@lru_cache(maxsize=4096)
+def _prepared(body: sp.Expr, moved: tuple) -> tuple[sp.Expr, frozenset]:
+    """map_'s body with its `moved` placeholders renamed (or constants put
+    in) and stabilized, and its free symbols (a walk of the body: once, not
+    per argument, which was quadratic in a wide body). Remembered: a
+    gradient applies the same few bodies (a product, a negation) thousands
+    of times."""
+    body = stabilize(body.xreplace(dict(moved)) if moved else body)
+    return body, frozenset(body.free_symbols)
 
 
 def _broadcast_shape(shapes: list[Shape]) -> Shape:
