@@ -14,6 +14,7 @@ one loop, not one a stage."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import sympy as sp
 
@@ -326,6 +327,7 @@ def _is_cheap(body: sp.Expr) -> bool:
     return _arithmetic_size(body) is not None
 
 
+@lru_cache(maxsize=4096)  # a gradient's maps share a few bodies (a product, a negation)
 def _arithmetic_size(body: sp.Expr) -> int | None:
     """The size of a body of arithmetic only (its tree's nodes), or None
     where it calls a function or takes a non-integer power."""
