@@ -66,24 +66,19 @@ def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Nod
     if shape is None:
         shape = _broadcast_shape([a.shape for a in args])
     subs: dict[sp.Symbol, sp.Expr] = {}
-    kept: list[Node] = []
+    kept: dict[Node, int] = {}  # each distinct argument's new position
     for index, arg in enumerate(args):
-        if not broadcastable(arg.shape, shape):
+        if arg.shape != shape and not broadcastable(arg.shape, shape):
             raise ShapeMismatch(f"cannot broadcast shape {arg.shape} to {shape}")
         if is_const(arg):
             subs[placeholder(index)] = arg.attrs[0]
-        elif arg in kept:
-            subs[placeholder(index)] = placeholder(kept.index(arg))
         else:
-            subs[placeholder(index)] = placeholder(len(kept))
-            kept.append(arg)
+            subs[placeholder(index)] = placeholder(kept.setdefault(arg, len(kept)))
     # exact rewrites of overflow-prone forms (1/(1 + exp(-z)) -> sigmoid(z))
     moved = tuple((k, v) for k, v in subs.items() if k != v)  # xreplace rebuilds whatever a key is in, even to itself
-    body, free = _prepared(sp.sympify(body), moved)
-    used = [a for i, a in enumerate(kept) if placeholder(i) in free]
-    if len(used) != len(kept):
-        renumber = {placeholder(kept.index(a)): placeholder(i) for i, a in enumerate(used)}
-        body = body.xreplace(renumber)
+    body, positions = _prepared(sp.sympify(body), moved, len(kept))
+    distinct = list(kept)
+    used = [distinct[i] for i in positions]
     if body == placeholder(0) and len(used) == 1 and used[0].shape == shape:
         return used[0]
     narrow = _broadcast_shape([a.shape for a in used])
@@ -101,14 +96,18 @@ def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Nod
 
 
 @lru_cache(maxsize=4096)
-def _prepared(body: sp.Expr, moved: tuple) -> tuple[sp.Expr, frozenset]:
-    """map_'s body with its `moved` placeholders renamed (or constants put
-    in) and stabilized, and its free symbols (a walk of the body: once, not
-    per argument, which was quadratic in a wide body). Remembered: a
-    gradient applies the same few bodies (a product, a negation) thousands
-    of times."""
+def _prepared(body: sp.Expr, moved: tuple, count: int) -> tuple[sp.Expr, tuple[int, ...]]:
+    """map_'s body over its `count` distinct arguments: its `moved`
+    placeholders renamed (or constants put in), stabilized, and renumbered
+    over the arguments it still reads; and their positions. Remembered: a
+    gradient applies the same few bodies (a product, a negation, a
+    derivative of a sum) thousands of times."""
     body = stabilize(body.xreplace(dict(moved)) if moved else body)
-    return body, frozenset(body.free_symbols)
+    free = body.free_symbols  # once: a walk of the body (per argument, it was quadratic in a wide body)
+    positions = tuple(i for i in range(count) if placeholder(i) in free)
+    if len(positions) != count:
+        body = body.xreplace({placeholder(old): placeholder(new) for new, old in enumerate(positions)})
+    return body, positions
 
 
 def _broadcast_shape(shapes: list[Shape]) -> Shape:
@@ -298,7 +297,7 @@ def is_broadcast(node: Node) -> bool:
 
 def _match_logsumexp(body: sp.Expr, args: list[Node], shape: Shape) -> Node | None:
     """log(sum(exp(Z), axis)) becomes one stable logsumexp (max subtracted)."""
-    if body != sp.log(placeholder(0)) or len(args) != 1 or args[0].op != "sum":
+    if len(args) != 1 or args[0].op != "sum" or body != sp.log(placeholder(0)):
         return None
     summed = args[0].args[0]
     if summed.op == "map" and summed.attrs[0] == sp.exp(placeholder(0)):
