@@ -16,6 +16,7 @@ from sympy.core.relational import Relational
 from sympy.core.sorting import default_sort_key
 from sympy.logic.boolalg import BooleanFunction
 from sympy.printing.c import C99CodePrinter
+from sympy.printing.precedence import PRECEDENCE, precedence
 
 from symbackprop.ops.functions import scalar_function
 
@@ -123,16 +124,53 @@ class IEEEPrinter(C99CodePrinter):
         return super()._as_ordered_terms(expr, order)
 
     def _print_Mul(self, expr: sp.Mul, **kwargs: Any) -> str:
-        """A product of symbols, or minus one (most of a large kernel's
-        products), printed as SymPy would without its work: it rebuilds
-        the product without its sign (a new Mul) and sorts the factors by
-        sort_key (a Symbol's is its name)."""
+        text = self._product_text(expr)
+        return text if text is not None else super()._print_Mul(expr, **kwargs)
+
+    def _product_text(self, expr: sp.Expr) -> str | None:
+        """A symbol, or a product of symbols or of minus one and symbols
+        (most of a large kernel's terms), as SymPy prints it, without its
+        work (it rebuilds the product without its sign, a new Mul, and
+        sorts the factors by sort_key: a Symbol's is its name); None for
+        anything else."""
+        if type(expr) is sp.Symbol:
+            return self._print_Symbol(expr)
+        if not expr.is_Mul:
+            return None
         args = expr.args
         sign = "-" if args[0] is sp.S.NegativeOne else ""
         factors = args[1:] if sign else args
-        if all(type(f) is sp.Symbol for f in factors):
-            return sign + "*".join([self._print_Symbol(f) for f in sorted(factors, key=_name)])
-        return super()._print_Mul(expr, **kwargs)
+        if not all(type(f) is sp.Symbol for f in factors):
+            return None
+        return sign + "*".join([self._print_Symbol(f) for f in sorted(factors, key=_name)])
+
+    def _print_Add(self, expr: sp.Add, order: Any = None) -> str:
+        """StrPrinter's sum, its terms that _product_text knows printed by it
+        (such a term needs no parentheses in a sum; its sign is its text's)."""
+        if (order or self.order) not in (None, "lex"):
+            return super()._print_Add(expr, order=order)
+        parts = []
+        for term in ordered_terms(expr):
+            text = self._product_text(term)
+            if text is None:
+                text = self._print(term)
+                negative = text.startswith("-") and not term.is_Add
+                if negative:
+                    text = text[1:]
+                if precedence(term) < PRECEDENCE["Add"] or term.is_Add:
+                    text = f"({text})"
+            else:
+                negative = text.startswith("-")
+                text = text[1:] if negative else text
+            parts += ["-" if negative else "+", text]
+        sign = parts.pop(0)
+        return ("" if sign == "+" else sign) + " ".join(parts)
+
+    def _handle_UnevaluatedExpr(self, expr: Any) -> Any:
+        """SymPy's rewrite of re(UnevaluatedExpr(x)), only where there is an
+        re to rewrite: its replace walks and rebuilds every expression
+        printed (a third of printing a large kernel)."""
+        return expr if isinstance(expr, sp.Basic) and not expr.has(sp.re) else super()._handle_UnevaluatedExpr(expr)
 
     def _one(self) -> str:
         return self._print(sp.Float(1.0))
