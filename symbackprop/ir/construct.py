@@ -65,18 +65,13 @@ def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Nod
     args = tuple(args)
     if shape is None:
         shape = _broadcast_shape([a.shape for a in args])
-    subs: dict[sp.Symbol, sp.Expr] = {}
+    placed: list[int | tuple] = []  # each argument's new position, or (the constant put in its place,)
     kept: dict[Node, int] = {}  # each distinct argument's new position
-    for index, arg in enumerate(args):
+    for arg in args:
         if arg.shape != shape and not broadcastable(arg.shape, shape):
             raise ShapeMismatch(f"cannot broadcast shape {arg.shape} to {shape}")
-        if is_const(arg):
-            subs[placeholder(index)] = arg.attrs[0]
-        else:
-            subs[placeholder(index)] = placeholder(kept.setdefault(arg, len(kept)))
-    # exact rewrites of overflow-prone forms (1/(1 + exp(-z)) -> sigmoid(z))
-    moved = tuple((k, v) for k, v in subs.items() if k != v)  # xreplace rebuilds whatever a key is in, even to itself
-    body, positions = _prepared(sp.sympify(body), moved, len(kept))
+        placed.append((arg.attrs[0],) if is_const(arg) else kept.setdefault(arg, len(kept)))
+    body, positions = _prepared(sp.sympify(body), tuple(placed), len(kept))
     distinct = list(kept)
     used = [distinct[i] for i in positions]
     if body == placeholder(0) and len(used) == 1 and used[0].shape == shape:
@@ -96,13 +91,17 @@ def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Nod
 
 
 @lru_cache(maxsize=4096)
-def _prepared(body: sp.Expr, moved: tuple, count: int) -> tuple[sp.Expr, tuple[int, ...]]:
-    """map_'s body over its `count` distinct arguments: its `moved`
-    placeholders renamed (or constants put in), stabilized, and renumbered
-    over the arguments it still reads; and their positions. Remembered: a
+def _prepared(body: sp.Expr, placed: tuple, count: int) -> tuple[sp.Expr, tuple[int, ...]]:
+    """map_'s body over its `count` distinct arguments: each placeholder
+    renamed to its argument's new position or replaced by a constant
+    (`placed`, per argument: an int, or the constant in a 1-tuple), the body stabilized (exact rewrites of
+    overflow-prone forms: 1/(1 + exp(-z)) -> sigmoid(z)) and renumbered over
+    the arguments it still reads; and their positions. Remembered: a
     gradient applies the same few bodies (a product, a negation, a
     derivative of a sum) thousands of times."""
-    body = stabilize(body.xreplace(dict(moved)) if moved else body)
+    moved = {placeholder(i): p[0] if isinstance(p, tuple) else placeholder(p)  # (a constant in a tuple: 1 == Integer(1))
+             for i, p in enumerate(placed) if p != i}
+    body = stabilize(body.xreplace(moved) if moved else body)  # (xreplace rebuilds what a key is in, even to itself)
     free = body.free_symbols  # once: a walk of the body (per argument, it was quadratic in a wide body)
     positions = tuple(i for i in range(count) if placeholder(i) in free)
     if len(positions) != count:
