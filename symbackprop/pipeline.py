@@ -33,6 +33,7 @@ from symbackprop.emit.codegen import REAL_TYPES, CFunction, CModule, Emitted, em
 from symbackprop.emit.derivation import plan_derivation, render_derivation
 from symbackprop.emit.epoch import epoch_c, reserved_names, try_epoch_plan
 from symbackprop.errors import ModelError
+from symbackprop.gcpause import gc_paused
 from symbackprop.ir.construct import const, leaf
 from symbackprop.ir.lower import Lowered, lower
 from symbackprop.ir.node import SCALAR, Node, topological_order
@@ -225,7 +226,8 @@ def plan(model: Model, functions: Sequence[str] = DEFAULT_FUNCTIONS, wrt: Sequen
     """Lower the model, differentiate it and schedule the requested functions
     ("train_step" needs an optimizer from symbackprop.optim). Runs on a
     large stack (deep.py), so that a deep model does not exhaust Python's."""
-    return run_deep(f"the model {model.name!r}", _plan, model, functions, wrt, optimizer)
+    with gc_paused():
+        return run_deep(f"the model {model.name!r}", _plan, model, functions, wrt, optimizer)
 
 
 def _plan(model: Model, functions: Sequence[str], wrt: Sequence[str] | None, optimizer) -> Plan:
@@ -252,7 +254,8 @@ def generate(
 ) -> tuple[Emitted, Plan]:
     """C source, header, cffi declarations and derivation for the model
     (on a large stack, as plan)."""
-    return run_deep(f"the model {model.name!r}", _generate, model, dtype, functions, wrt, optimizer)
+    with gc_paused():  # (see gcpause: collections walked every SymPy object built)
+        return run_deep(f"the model {model.name!r}", _generate, model, dtype, functions, wrt, optimizer)
 
 
 def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[str] | None,

@@ -232,6 +232,7 @@ def _contains(expr: sp.Basic, types: tuple) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=4096)  # map_ asks it of every body it builds, mostly the same few
 def _divides_or_logs(expr: sp.Basic) -> bool:
     """Whether expr holds a log or a negative power (no recursion)."""
     stack = [expr]

@@ -350,6 +350,8 @@ class FunctionEmitter:
         self.index = IndexPrinter({**dims, LOOP_I: "i", LOOP_J: "j", LOOP_K: "k"})
 
     def dim(self, d: object) -> str:
+        if isinstance(d, (int, sp.Integer)):  # the printer's text of it, without its walk (a slot's extent, offset)
+            return str(int(d))
         return self.index.doprint(sp.sympify(d))
 
     def access(self, view: View, i: sp.Expr, j: sp.Expr) -> str:

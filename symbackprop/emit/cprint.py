@@ -16,6 +16,7 @@ from sympy.core.relational import Relational
 from sympy.core.sorting import default_sort_key
 from sympy.logic.boolalg import BooleanFunction
 from sympy.printing.c import C99CodePrinter
+from sympy.printing.precedence import PRECEDENCE, precedence
 
 from symbackprop.ops.functions import scalar_function
 
@@ -33,29 +34,73 @@ def ordered_terms(expr: sp.Add) -> list[sp.Expr]:
     gens: set = set()
     terms = []
     for term in expr.args:
-        coeff, rest = term.as_coeff_Mul()
-        value = complex(float(coeff)) if isinstance(coeff, (sp.Rational, sp.Float)) else complex(coeff)
-        powers = {}
-        for factor in (sp.Mul.make_args(rest) if rest is not sp.S.One else ()):
-            if factor.is_number:
-                try:
-                    value *= complex(factor)
-                    continue
-                except (TypeError, ValueError):
-                    pass
-            if not factor.is_commutative:
+        found = _symbol_monomial(term)
+        if found is None:
+            found = _monomial(term)
+            if found is None:
                 return expr.as_ordered_terms()
-            base, exp = decompose_power(factor)
-            powers[base] = exp
-            gens.add(base)
-        terms.append((term, value, powers))
-    ranked = sorted(gens, key=default_sort_key)
+        gens.update(found[1])
+        terms.append((term, *found))
+    ranked = sorted(gens, key=_name) if all(type(g) is sp.Symbol for g in gens) else sorted(gens, key=default_sort_key)
+    rank = {g: n for n, g in enumerate(ranked)}
+
+    def coefficient(value: complex) -> tuple:
+        return ((bool(value.imag), value.imag), (value.real, value.imag))
+
+    if all(e == 1 for _, _, powers in terms for e in powers.values()):
+        # the exponents' lex order, each 0 or 1: the term that has the first
+        # generator where they differ first, a term whose generators begin
+        # another's after it (the ranks, ascending, and a stop above them all)
+        def square_free(entry: tuple) -> tuple:
+            _, value, powers = entry
+            return (*sorted(rank[g] for g in powers), len(ranked)), (), coefficient(value)
+
+        return [term for term, _, _ in sorted(terms, key=square_free)]
 
     def key(entry: tuple) -> tuple:
         _, value, powers = entry
-        return tuple(-powers.get(g, 0) for g in ranked), (), ((bool(value.imag), value.imag), (value.real, value.imag))
+        return tuple(-powers.get(g, 0) for g in ranked), (), coefficient(value)
 
     return [term for term, _, _ in sorted(terms, key=key)]
+
+
+def _name(symbol: sp.Symbol) -> str:
+    return symbol.name
+
+
+def _symbol_monomial(term: sp.Expr) -> tuple[complex, dict] | None:
+    """A symbol or a product of symbols, or minus one, as _monomial sees it
+    (None otherwise), without its work."""
+    if type(term) is sp.Symbol:
+        return complex(1.0), {term: 1}
+    if not term.is_Mul:
+        return None
+    args = term.args
+    negative = args[0] is sp.S.NegativeOne
+    factors = args[1:] if negative else args
+    if not all(type(f) is sp.Symbol for f in factors):
+        return None
+    return complex(-1.0 if negative else 1.0), dict.fromkeys(factors, 1)
+
+
+def _monomial(term: sp.Expr) -> tuple[complex, dict] | None:
+    """A term's numeric coefficient and its generators' exponents, as
+    as_ordered_terms sees them; None where it is not commutative."""
+    coeff, rest = term.as_coeff_Mul()
+    value = complex(float(coeff)) if isinstance(coeff, (sp.Rational, sp.Float)) else complex(coeff)
+    powers = {}
+    for factor in (sp.Mul.make_args(rest) if rest is not sp.S.One else ()):
+        if factor.is_number:
+            try:
+                value *= complex(factor)
+                continue
+            except (TypeError, ValueError):
+                pass
+        if not factor.is_commutative:
+            return None
+        base, exp = decompose_power(factor)
+        powers[base] = exp
+    return value, powers
 
 
 class IEEEPrinter(C99CodePrinter):
@@ -77,6 +122,55 @@ class IEEEPrinter(C99CodePrinter):
         if expr.is_Add and (order or self.order) in (None, "lex"):
             return ordered_terms(expr)
         return super()._as_ordered_terms(expr, order)
+
+    def _print_Mul(self, expr: sp.Mul, **kwargs: Any) -> str:
+        text = self._product_text(expr)
+        return text if text is not None else super()._print_Mul(expr, **kwargs)
+
+    def _product_text(self, expr: sp.Expr) -> str | None:
+        """A symbol, or a product of symbols or of minus one and symbols
+        (most of a large kernel's terms), as SymPy prints it, without its
+        work (it rebuilds the product without its sign, a new Mul, and
+        sorts the factors by sort_key: a Symbol's is its name); None for
+        anything else."""
+        if type(expr) is sp.Symbol:
+            return self._print_Symbol(expr)
+        if not expr.is_Mul:
+            return None
+        args = expr.args
+        sign = "-" if args[0] is sp.S.NegativeOne else ""
+        factors = args[1:] if sign else args
+        if not all(type(f) is sp.Symbol for f in factors):
+            return None
+        return sign + "*".join([self._print_Symbol(f) for f in sorted(factors, key=_name)])
+
+    def _print_Add(self, expr: sp.Add, order: Any = None) -> str:
+        """StrPrinter's sum, its terms that _product_text knows printed by it
+        (such a term needs no parentheses in a sum; its sign is its text's)."""
+        if (order or self.order) not in (None, "lex"):
+            return super()._print_Add(expr, order=order)
+        parts = []
+        for term in ordered_terms(expr):
+            text = self._product_text(term)
+            if text is None:
+                text = self._print(term)
+                negative = text.startswith("-") and not term.is_Add
+                if negative:
+                    text = text[1:]
+                if precedence(term) < PRECEDENCE["Add"] or term.is_Add:
+                    text = f"({text})"
+            else:
+                negative = text.startswith("-")
+                text = text[1:] if negative else text
+            parts += ["-" if negative else "+", text]
+        sign = parts.pop(0)
+        return ("" if sign == "+" else sign) + " ".join(parts)
+
+    def _handle_UnevaluatedExpr(self, expr: Any) -> Any:
+        """SymPy's rewrite of re(UnevaluatedExpr(x)), only where there is an
+        re to rewrite: its replace walks and rebuilds every expression
+        printed (a third of printing a large kernel)."""
+        return expr if isinstance(expr, sp.Basic) and not expr.has(sp.re) else super()._handle_UnevaluatedExpr(expr)
 
     def _one(self) -> str:
         return self._print(sp.Float(1.0))

@@ -29,6 +29,7 @@ driver. The ops:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 
 import sympy as sp
 
@@ -64,27 +65,15 @@ def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Nod
     args = tuple(args)
     if shape is None:
         shape = _broadcast_shape([a.shape for a in args])
-    subs: dict[sp.Symbol, sp.Expr] = {}
-    kept: list[Node] = []
-    for index, arg in enumerate(args):
-        if not broadcastable(arg.shape, shape):
+    placed: list[int | tuple] = []  # each argument's new position, or (the constant put in its place,)
+    kept: dict[Node, int] = {}  # each distinct argument's new position
+    for arg in args:
+        if arg.shape != shape and not broadcastable(arg.shape, shape):
             raise ShapeMismatch(f"cannot broadcast shape {arg.shape} to {shape}")
-        if is_const(arg):
-            subs[placeholder(index)] = arg.attrs[0]
-        elif arg in kept:
-            subs[placeholder(index)] = placeholder(kept.index(arg))
-        else:
-            subs[placeholder(index)] = placeholder(len(kept))
-            kept.append(arg)
-    # exact rewrites of overflow-prone forms (1/(1 + exp(-z)) -> sigmoid(z))
-    moved = {k: v for k, v in subs.items() if k != v}  # xreplace rebuilds whatever a key is in, even to itself
-    body = sp.sympify(body)
-    body = stabilize(body.xreplace(moved) if moved else body)
-    free = body.free_symbols  # once: a walk of the body (per argument, it was quadratic in a wide body)
-    used = [a for i, a in enumerate(kept) if placeholder(i) in free]
-    if len(used) != len(kept):
-        renumber = {placeholder(kept.index(a)): placeholder(i) for i, a in enumerate(used)}
-        body = body.xreplace(renumber)
+        placed.append((arg.attrs[0],) if is_const(arg) else kept.setdefault(arg, len(kept)))
+    body, positions = _prepared(sp.sympify(body), tuple(placed), len(kept))
+    distinct = list(kept)
+    used = [distinct[i] for i in positions]
     if body == placeholder(0) and len(used) == 1 and used[0].shape == shape:
         return used[0]
     narrow = _broadcast_shape([a.shape for a in used])
@@ -99,6 +88,25 @@ def map_(body: sp.Expr, args: Iterable[Node], shape: Shape | None = None) -> Nod
     if across is not None:  # e.g. log(1 - p) of p = sigmoid(z): -softplus(z)
         return map_(across[0], across[1], shape)
     return op_node("map", tuple(used), shape, (body,))
+
+
+@lru_cache(maxsize=4096)
+def _prepared(body: sp.Expr, placed: tuple, count: int) -> tuple[sp.Expr, tuple[int, ...]]:
+    """map_'s body over its `count` distinct arguments: each placeholder
+    renamed to its argument's new position or replaced by a constant
+    (`placed`, per argument: an int, or the constant in a 1-tuple), the body stabilized (exact rewrites of
+    overflow-prone forms: 1/(1 + exp(-z)) -> sigmoid(z)) and renumbered over
+    the arguments it still reads; and their positions. Remembered: a
+    gradient applies the same few bodies (a product, a negation, a
+    derivative of a sum) thousands of times."""
+    moved = {placeholder(i): p[0] if isinstance(p, tuple) else placeholder(p)  # (a constant in a tuple: 1 == Integer(1))
+             for i, p in enumerate(placed) if p != i}
+    body = stabilize(body.xreplace(moved) if moved else body)  # (xreplace rebuilds what a key is in, even to itself)
+    free = body.free_symbols  # once: a walk of the body (per argument, it was quadratic in a wide body)
+    positions = tuple(i for i in range(count) if placeholder(i) in free)
+    if len(positions) != count:
+        body = body.xreplace({placeholder(old): placeholder(new) for new, old in enumerate(positions)})
+    return body, positions
 
 
 def _broadcast_shape(shapes: list[Shape]) -> Shape:
@@ -288,7 +296,7 @@ def is_broadcast(node: Node) -> bool:
 
 def _match_logsumexp(body: sp.Expr, args: list[Node], shape: Shape) -> Node | None:
     """log(sum(exp(Z), axis)) becomes one stable logsumexp (max subtracted)."""
-    if body != sp.log(placeholder(0)) or len(args) != 1 or args[0].op != "sum":
+    if len(args) != 1 or args[0].op != "sum" or body != sp.log(placeholder(0)):
         return None
     summed = args[0].args[0]
     if summed.op == "map" and summed.attrs[0] == sp.exp(placeholder(0)):

@@ -14,6 +14,7 @@ one loop, not one a stage."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import sympy as sp
 
@@ -78,6 +79,7 @@ class Placement:
         self.spreads = self._spreads()
         self.plan: list[MapGroup | ExamplesGroup | Node] = []
         self.group_of: dict[Node, MapGroup] = {}
+        self.near: dict[Node, dict[int, MapGroup]] = {}  # the loops holding a node, a user of it or a reader (by index)
         self.index_of: dict[Node, int] = {}
         self.result_nodes = {node for _, node in results}
         self.deferred: set[Node] = set()
@@ -248,6 +250,7 @@ class Placement:
         for member in members:
             chosen.members.append(member)
             self.group_of[member] = chosen
+            self._note_holder(member, chosen)
             self.index_of[member] = chosen.index
             self.reach[member] = reach[member]
             self._note_cost(member, chosen)
@@ -313,12 +316,17 @@ class Placement:
         quadratic in the number of loops)."""
         related: dict[int, MapGroup] = {}
         for arg in args:
-            source = self.source(arg)[0]
-            for holder in (source, *self.users[source], *self.readers(source)):  # (a shift of it read in place too)
-                group = self.group_of.get(holder)
-                if group is not None:
-                    related[group.index] = group
+            related.update(self.near.get(self.source(arg)[0], {}))
         return [related[k] for k in sorted(related, reverse=True)]
+
+    def _note_holder(self, member: Node, group: MapGroup) -> None:
+        """`group` is now near each node `member` holds: itself, its
+        arguments, and theirs where an argument is a shift read in place
+        (so each node's loops are kept as they are placed: walking a
+        matrix entry's hundreds of users per map was quadratic)."""
+        held = [member, *member.args, *(a for t in member.args if t in self.through for a in t.args)]
+        for node in held:
+            self.near.setdefault(node, {})[group.index] = group
 
 
 def _is_cheap(body: sp.Expr) -> bool:
@@ -326,6 +334,7 @@ def _is_cheap(body: sp.Expr) -> bool:
     return _arithmetic_size(body) is not None
 
 
+@lru_cache(maxsize=4096)  # a gradient's maps share a few bodies (a product, a negation)
 def _arithmetic_size(body: sp.Expr) -> int | None:
     """The size of a body of arithmetic only (its tree's nodes), or None
     where it calls a function or takes a non-integer power."""

@@ -187,9 +187,8 @@ class MapKernel:
 
     def work(self) -> tuple[sp.Expr, sp.Expr]:
         """(multiply-adds, other operations): its body's (after CSE) per element."""
-        per = sum((count_ops(e) for _, e in self.temps), sp.Integer(0))
-        per += sum((count_ops(e) for _, e in self.stores), sp.Integer(0))
-        return sp.Integer(0), sp.sympify(self.shape[0]) * self.shape[1] * per
+        per = sum(count_ops(e) for _, e in self.temps) + sum(count_ops(e) for _, e in self.stores)
+        return sp.Integer(0), sp.sympify(self.shape[0]) * self.shape[1] * sp.Integer(per)
 
 
 # A fused elementwise loop, or the kernel an op's record builds (its `kind`

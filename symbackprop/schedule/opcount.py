@@ -48,7 +48,7 @@ def _step(a: sp.Basic) -> tuple[int, list[sp.Basic]]:
         ops += len(terms) - 1  # an ADD or a SUB between terms
         if all(negative):
             ops += 1  # -x - y: a NEG besides the SUB
-        return ops, [-t if neg else t for t, neg in zip(terms, negative)]
+        return ops, [_negated(t) if neg else t for t, neg in zip(terms, negative)]
     if a.is_Pow and a.exp is sp.S.NegativeOne:
         return ops + 1, [a.base]
     if a == sp.S.Exp1:
@@ -60,6 +60,15 @@ def _step(a: sp.Basic) -> tuple[int, list[sp.Basic]]:
     elif a.args and (a.is_Pow or a.is_Function or isinstance(a, _COUNTED)):
         ops += 1
     return ops, ([] if a.is_Symbol else list(a.args))
+
+
+def _negated(term: sp.Basic) -> sp.Basic:
+    """-term; a product of -1 and factors as Mul.__neg__ makes it (those
+    factors), without its as_coeff_mul (the negations were a third of
+    counting a determinant's gradient)."""
+    if term.is_Mul and term.args[0] is sp.S.NegativeOne:
+        return sp.Mul._from_args(term.args[1:], term.is_commutative)
+    return -term
 
 
 def _fraction(a: sp.Basic) -> tuple[sp.Basic, sp.Basic]:

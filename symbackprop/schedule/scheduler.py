@@ -256,12 +256,13 @@ class Scheduler(Placement):
         size: dict[tuple[Node, int], int] = {}
         program: list[tuple[sp.Symbol, sp.Expr]] = []
         reads: dict[Node, int] = {}
+        read: dict[tuple, sp.Symbol] = {}  # each load's symbol by (node, k, fill): a matrix entry is read by hundreds
         for member in group.members:
             for arg in set(member.args):
                 reads[arg] = reads.get(arg, 0) + 1
         for member in group.members:
             for k in sorted(wanted.get(member, ())):
-                subs = {placeholder(index): self._read(arg, k, members, value, loads, guards, group.shape)
+                subs = {placeholder(index): self._read(arg, k, members, value, loads, guards, group.shape, read)
                         for index, arg in enumerate(member.args)}
                 body = member.attrs[0]
                 size[member, k] = len(body.args) + 1 + sum(size.get((a, k), 0) for a in member.args)
@@ -273,15 +274,18 @@ class Scheduler(Placement):
         return value, program
 
     def _read(self, arg: Node, k: int, members: set[Node], value: dict, loads: dict, guards: set[int],
-              shape: Shape) -> sp.Expr:
+              shape: Shape, read: dict[tuple, sp.Symbol]) -> sp.Expr:
         """What a member at entry i - k reads of `arg`: a member's value there,
         a shift's (its argument's value k' further back, or the fill outside
-        the vector), or a load."""
+        the vector), or a load (its symbol kept in `read`)."""
         source, moved = self.source(arg)
         fill = arg.attrs[3] if moved else sp.Integer(0)
         at = k + moved
         if source not in members:
-            return self._load(source, at, fill, loads, shape)
+            symbol = read.get((source, at, fill))
+            if symbol is None:
+                symbol = read[source, at, fill] = self._load(source, at, fill, loads, shape)
+            return symbol
         if at == 0 or not moved:
             return value[source, at]
         guards.add(at)
