@@ -4,8 +4,8 @@
                              [--peers numpy_ref,symbackprop] [--threads 1]
                              [--json out.json]
 
-Each peer runs in its own subprocess, one after another. Per workload and
-dtype a peer's gradients are checked against numpy_ref first; only peers
+Each peer runs in subprocesses of its own, one after another, one for
+each workload and dtype. Per workload and dtype a peer's gradients are checked against numpy_ref first; only peers
 that pass are timed. See benchmarks/README.md.
 """
 
@@ -51,20 +51,33 @@ def main(argv=None) -> int:
 
 
 def run_peer(peer: str, args) -> list[dict]:
-    """Run ``peer`` in a worker subprocess; its records, plus one per
-    missing workload/dtype if the worker died or ran out of time."""
-    selected, dtypes = args.workloads, args.dtype
+    """Run ``peer`` on every selected workload and dtype, each pair in a
+    worker subprocess of its own (a process that has compiled one shape
+    runs another slower: torch.compile's second shape in one process took
+    about twice a fresh process's time); its records, plus one per missing
+    workload/dtype where a worker died or ran out of time."""
+    records: list[dict] = []
+    for workload in args.workloads:
+        for dtype in args.dtype:
+            records += _run_shape(peer, workload, dtype, args)
+            if any(r["status"] == "not installed" for r in records):
+                return records  # the first worker said so: the others would too
+    return records
+
+
+def _run_shape(peer: str, workload, dtype: str, args) -> list[dict]:
+    """One worker subprocess: ``peer`` on one workload and dtype."""
     with tempfile.TemporaryDirectory(prefix=f"sbp_bench_{peer}_") as tmp:
         out = Path(tmp) / "records.jsonl"
         cmd = [sys.executable, "-m", "benchmarks.worker", "--peer", peer,
-               "--workloads", ",".join(w.name for w in selected),
-               "--dtypes", ",".join(dtypes), "--plan", "quick" if args.quick else "full",
+               "--workloads", workload.name, "--dtypes", dtype,
+               "--plan", "quick" if args.quick else "full",
                "--out", str(out)] + (["--batch", str(args.batch)] if args.batch else [])
         pin = None if args.no_pin else _pin_to_cpus(args.threads)
         status, detail = _run_worker(cmd, _worker_env(args, tmp), args.timeout, pin)
         records = _read_records(out)
     if status != "done":
-        records += _missing(peer, records, selected, dtypes, status, detail)
+        records += _missing(peer, records, [workload], [dtype], status, detail)
     return records
 
 
@@ -146,8 +159,11 @@ def format_table(records: list[dict], selected) -> str:
     lines = _align([COLUMNS] + [_row(r, records) for r in present])
     lines += [f"{r['peer']}: not installed ({r.get('reason', '')})"
               for r in records if r["status"] == "not installed"]
-    warmups = [f"{r['peer']} {_t(r['seconds'])}" for r in records
-               if r["status"] == "init" and r.get("seconds") is not None]
+    first_init: dict[str, dict] = {}  # a peer's first worker's (each worker warms up)
+    for r in records:
+        if r["status"] == "init":
+            first_init.setdefault(r["peer"], r)
+    warmups = [f"{r['peer']} {_t(r['seconds'])}" for r in first_init.values() if r.get("seconds") is not None]
     if warmups:
         lines += ["", "one-off warm-up per peer process (not in the compile columns): "
                   + ", ".join(warmups)]

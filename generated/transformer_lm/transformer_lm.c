@@ -18,10 +18,10 @@ static size_t transformer_lm_run_work_len(int64_t m, int with_grads)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 4482*m + 13061 : 1277*m + 8965);
+    return (size_t)(with_grads ? 4349*m + 9217 : 1089*m + 5121);
 }
 
-/* transformer_lm_run, part 1 of 6 (kernels 1 to 32): a long
+/* transformer_lm_run, part 1 of 5 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 static void transformer_lm_run_part1(
@@ -46,6 +46,10 @@ static void transformer_lm_run_part1(
     const TRANSFORMER_LM_REAL *b1a,
     const TRANSFORMER_LM_REAL *Wq1,
     const TRANSFORMER_LM_REAL *Wk1,
+    const TRANSFORMER_LM_REAL *Wv1,
+    const TRANSFORMER_LM_REAL *Wo1,
+    const TRANSFORMER_LM_REAL *g1m,
+    const TRANSFORMER_LM_REAL *b1m,
     TRANSFORMER_LM_REAL *work,
     int with_grads
 )
@@ -205,97 +209,114 @@ static void transformer_lm_run_part1(
         }
     }
 
-    /* t3 = sum of t2 along each row */
-    TRANSFORMER_LM_REAL *t3 = t2 + 64*m; /* m x 1 */
-    for (int64_t i = 0; i < m; ++i) {
-        t3[i] = symbackprop_f64_sum(t2 + 64*i, 64, 1);
-    }
-
-    /* t4 = t2 - t3/64 */
-    /* t5 = (t2 - t3/64)**2 */
-    TRANSFORMER_LM_REAL *t4 = t0; /* m x 64, in t0's memory */
-    TRANSFORMER_LM_REAL *t5 = t1; /* m x 64, in t1's memory */
+    /* t3[i, :] = (t2[i, :] - mu_i) r_i, mu_i = mean_j t2[i, j], r_i = 1/sqrt(mean_j
+     * (t2[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *t3 = t0; /* m x 64, in t0's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
+        TRANSFORMER_LM_REAL *row = t3 + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t2[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t2[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t2[64*i + j] - 1.0/64.0*t3[i];
-            t4[64*i + j] = x0;
-            t5[64*i + j] = (x0*x0);
+            row[j] = t2[64*i + j] - mean;
+        }
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += row[k + l]*row[k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += row[k]*row[k];
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] *= r;
+            }
         }
     }
 
-    /* t6 = sum of t5 along each row */
-    TRANSFORMER_LM_REAL *t6 = t3; /* m x 1, in t3's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t6[i] = symbackprop_f64_sum(t5 + 64*i, 64, 1);
-    }
-
-    /* t7 = t4/sqrt(t6/64 + 1.0e-5) */
-    /* t8 = b0a + g0a*t4/sqrt(t6/64 + 1.0e-5) */
-    /* dt7_dt6 = -t4/(128*(t6/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t7 = t5; /* m x 64, in t5's memory */
-    TRANSFORMER_LM_REAL *t8 = t3 + m; /* m x 64 */
-    TRANSFORMER_LM_REAL *dt7_dt6 = t8 + 64*m; /* m x 64 */
+    /* t4 = b0a + g0a*t3 */
+    TRANSFORMER_LM_REAL *t4 = t1; /* m x 64, in t1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t6[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = t4[64*i + j]/sqrt(x0);
-            t7[64*i + j] = x1;
-            t8[64*i + j] = g0a[j]*x1 + b0a[j];
-            dt7_dt6[64*i + j] = -1.0/128.0*t4[64*i + j]/(x0*sqrt(x0));
+            t4[64*i + j] = g0a[j]*t3[64*i + j] + b0a[j];
         }
     }
 
-    /* t9 = Wq0/4 */
-    TRANSFORMER_LM_REAL *t9 = dt7_dt6 + 64*m; /* 64 x 64 */
+    /* t5 = Wq0/4 */
+    TRANSFORMER_LM_REAL *t5 = t2 + 64*m; /* 64 x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t9[64*i + j] = (1.0/4.0)*Wq0[64*i + j];
+            t5[64*i + j] = (1.0/4.0)*Wq0[64*i + j];
         }
     }
 
-    /* t10 = t8 @ t9 */
-    TRANSFORMER_LM_REAL *t10 = with_grads ? t9 + 4096 : t4; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, t9, 64, 1, t10);
+    /* t6 = t4 @ t5 */
+    TRANSFORMER_LM_REAL *t6 = with_grads ? t5 + 4096 : t3; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t4, 64, 1, t5, 64, 1, t6);
 
-    /* t11 = t8 @ Wk0 */
-    TRANSFORMER_LM_REAL *t11 = with_grads ? t10 + 64*m : t7; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, Wk0, 64, 1, t11);
+    /* t7 = t4 @ Wk0 */
+    TRANSFORMER_LM_REAL *t7 = with_grads ? t6 + 64*m : t5 + 4096; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t4, 64, 1, Wk0, 64, 1, t7);
 
-    /* t12[(e,t),(h,s)] = sum_k t10[(e,t),h*dh+k] * t11[(e,s),h*dh+k] for s <= t, 0 for s > t
+    /* t8[(e,t),(h,s)] = sum_k t6[(e,t),h*dh+k] * t7[(e,s),h*dh+k] for s <= t, 0 for s > t
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t12 = with_grads ? t11 + 64*m : t9 + 4096; /* m x 256 */
-    TRANSFORMER_LM_REAL *t12_block = t12 + 256*m; /* 64 x 16 */
+    TRANSFORMER_LM_REAL *t8 = t7 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *t8_block = t8 + 256*m; /* 64 x 16 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores t10 t11^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, t10 + row0 * 64 + hd * 16, 64, t11 + row0 * 64 + hd * 16, 64,
-                                          t12 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores t6 t7^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t6 + row0 * 64 + hd * 16, 64, t7 + row0 * 64 + hd * 16, 64,
+                                          t8 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t12_block[dk][ks] = t11[(e,ks), hd*16+dk]: the head's keys transposed, so that
-             * a row of scores is a sum of contiguous rows */
+            /* t8_block[dk][ks] = t7[(e,ks), hd*16+dk]: the head's keys transposed, so that a
+             * row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    t12_block[dk * 64 + ks] = t11[(row0 + ks) * 64 + hd * 16 + dk];
+                    t8_block[dk * 64 + ks] = t7[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t12 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = t8 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += t10[(e,qt), hd*16+dk] * t12_block[dk][ks] for keys ks <= qt */
+                /* srow[ks] += t6[(e,qt), hd*16+dk] * t8_block[dk][ks] for keys ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t10[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = t6[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t12_block[dk * 64 + ks];
+                        srow[ks] += aw * t8_block[dk * 64 + ks];
                     }
                 }
             }
@@ -303,67 +324,67 @@ static void transformer_lm_run_part1(
     #endif
     }
 
-    /* t13[(e,t),(h,s)] = exp(t12[(e,t),(h,s)] - max_{s'<=t} t12[(e,t),(h,s')]) / sum_{s'<=t}
+    /* t9[(e,t),(h,s)] = exp(t8[(e,t),(h,s)] - max_{s'<=t} t8[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t13 = t12_block + 1024; /* m x 256 */
+    TRANSFORMER_LM_REAL *t9 = t8_block + 1024; /* m x 256 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t12[qbase];
+                TRANSFORMER_LM_REAL top = t8[qbase];
                 for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t12[qbase + ks];
+                    const TRANSFORMER_LM_REAL val = t8[qbase + ks];
                     top = val > top ? val : top;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t12[qbase + ks];
-                    t13[qbase + ks] = exp(-top + val);
+                    const TRANSFORMER_LM_REAL val = t8[qbase + ks];
+                    t9[qbase + ks] = exp(-top + val);
                 }
                 TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += t13[qbase + ks];
+                    total += t9[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t13[qbase + ks] /= total;
+                    t9[qbase + ks] /= total;
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t13[qbase + ks] = 0;
+                    t9[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* t14 = t8 @ Wv0 */
-    TRANSFORMER_LM_REAL *t14 = with_grads ? t13 + 256*m : dt7_dt6; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, Wv0, 64, 1, t14);
+    /* t10 = t4 @ Wv0 */
+    TRANSFORMER_LM_REAL *t10 = with_grads ? t9 + 256*m : t6; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t4, 64, 1, Wv0, 64, 1, t10);
 
-    /* t15[(e,t),h*dh+k] = sum_{s<=t} t13[(e,t),(h,s)] * t14[(e,s),h*dh+k] (rows (e,t) =
+    /* t11[(e,t),h*dh+k] = sum_{s<=t} t9[(e,t),(h,s)] * t10[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t15 = with_grads ? t14 + 64*m : t10; /* m x 64 */
+    TRANSFORMER_LM_REAL *t11 = with_grads ? t10 + 64*m : t7; /* m x 64 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t13) t14 */
-            symbackprop_f64_causal_mix(0, len, 16, t13 + row0 * 256 + hd * 64, 256,
-                                       t14 + row0 * 64 + hd * 16, 64, t15 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(t9) t10 */
+            symbackprop_f64_causal_mix(0, len, 16, t9 + row0 * 256 + hd * 64, 256,
+                                       t10 + row0 * 64 + hd * 16, 64, t11 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of t13[(e,qt),(hd,ks)] *
-                 * t14[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = t15 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of t9[(e,qt),(hd,ks)] *
+                 * t10[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = t11 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = t13[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = t9[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t14[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t10[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -371,185 +392,219 @@ static void transformer_lm_run_part1(
     #endif
     }
 
-    /* t16 = t15 @ Wo0 */
-    TRANSFORMER_LM_REAL *t16 = with_grads ? t15 + 64*m : t11; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t15, 64, 1, Wo0, 64, 1, t16);
+    /* t12 = t11 @ Wo0 */
+    TRANSFORMER_LM_REAL *t12 = with_grads ? t11 + 64*m : t4; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t11, 64, 1, Wo0, 64, 1, t12);
 
-    /* t17 = t16 + t2 */
-    TRANSFORMER_LM_REAL *t17 = with_grads ? t16 + 64*m : t8; /* m x 64 */
+    /* t13 = t12 + t2 */
+    TRANSFORMER_LM_REAL *t13 = with_grads ? t12 + 64*m : t10; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t17[64*i + j] = t2[64*i + j] + t16[64*i + j];
+            t13[64*i + j] = t2[64*i + j] + t12[64*i + j];
         }
     }
 
-    /* t18 = sum of t17 along each row */
-    TRANSFORMER_LM_REAL *t18 = with_grads ? t17 + 64*m : t6; /* m x 1 */
+    /* t14[i, :] = (t13[i, :] - mu_i) r_i, mu_i = mean_j t13[i, j], r_i = 1/sqrt(mean_j
+     * (t13[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *t14 = with_grads ? t12 : t11; /* m x 64, in t12's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t18[i] = symbackprop_f64_sum(t17 + 64*i, 64, 1);
+        TRANSFORMER_LM_REAL *row = t14 + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t13[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t13[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
+        for (int64_t j = 0; j < 64; ++j) {
+            row[j] = t13[64*i + j] - mean;
+        }
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += row[k + l]*row[k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += row[k]*row[k];
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] *= r;
+            }
+        }
     }
 
-    /* t19 = t17 - t18/64 */
-    /* t20 = (t17 - t18/64)**2 */
-    TRANSFORMER_LM_REAL *t19 = with_grads ? t2 : t14; /* m x 64, in t2's memory */
-    TRANSFORMER_LM_REAL *t20 = with_grads ? t16 : t15; /* m x 64, in t16's memory */
+    /* t15 = b0m + g0m*t14 */
+    TRANSFORMER_LM_REAL *t15 = with_grads ? t13 + 64*m : t2; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t17[64*i + j] - 1.0/64.0*t18[i];
-            t19[64*i + j] = x0;
-            t20[64*i + j] = (x0*x0);
+            t15[64*i + j] = g0m[j]*t14[64*i + j] + b0m[j];
         }
     }
 
-    /* t21 = sum of t20 along each row */
-    TRANSFORMER_LM_REAL *t21 = t18; /* m x 1, in t18's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t21[i] = symbackprop_f64_sum(t20 + 64*i, 64, 1);
-    }
+    /* t16 = t15 @ W0up */
+    TRANSFORMER_LM_REAL *t16 = t8; /* m x 256, in t8's memory */
+    symbackprop_f64_matmul(m, 256, 64, t15, 64, 1, W0up, 256, 1, t16);
 
-    /* t22 = t19/sqrt(t21/64 + 1.0e-5) */
-    /* t23 = b0m + g0m*t19/sqrt(t21/64 + 1.0e-5) */
-    /* dt22_dt21 = -t19/(128*(t21/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t22 = with_grads ? t20 : t2; /* m x 64, in t20's memory */
-    TRANSFORMER_LM_REAL *t23 = with_grads ? t18 + m : t16; /* m x 64 */
-    TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? t23 + 64*m : t20; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t21[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]/sqrt(x0);
-            t22[64*i + j] = x1;
-            t23[64*i + j] = g0m[j]*x1 + b0m[j];
-            dt22_dt21[64*i + j] = -1.0/128.0*t19[64*i + j]/(x0*sqrt(x0));
-        }
-    }
-
-    /* t24 = t23 @ W0up */
-    TRANSFORMER_LM_REAL *t24 = t12; /* m x 256, in t12's memory */
-    symbackprop_f64_matmul(m, 256, 64, t23, 64, 1, W0up, 256, 1, t24);
-
-    /* t25 = (c0up + t24)*(erf(sqrt(2)*(c0up + t24)/2) + 1)/2 */
-    /* t26 = sqrt(2)*(c0up + t24)*exp(-(c0up + t24)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c0up +
-     * t24)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *t25 = with_grads ? dt22_dt21 + 64*m : t13; /* m x 256 */
-    TRANSFORMER_LM_REAL *t26 = with_grads ? t25 + 256*m : t13 + 256*m; /* m x 256 */
+    /* t17 = (c0up + t16)*(erf(sqrt(2)*(c0up + t16)/2) + 1)/2 */
+    /* t18 = sqrt(2)*(c0up + t16)*exp(-(c0up + t16)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c0up +
+     * t16)/2)/2 + 1/2 */
+    TRANSFORMER_LM_REAL *t17 = with_grads ? t15 + 64*m : t9; /* m x 256 */
+    TRANSFORMER_LM_REAL *t18 = with_grads ? t17 + 256*m : t9 + 256*m; /* m x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t24[256*i + j] + c0up[j];
+            const TRANSFORMER_LM_REAL x0 = t16[256*i + j] + c0up[j];
             const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
             const TRANSFORMER_LM_REAL x2 = erf(x1);
-            t25[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
-            t26[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
+            t17[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            t18[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 
-    /* t27 = t25 @ W0down */
-    TRANSFORMER_LM_REAL *t27 = with_grads ? t26 + 256*m : t19; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 256, t25, 256, 1, W0down, 64, 1, t27);
+    /* t19 = t17 @ W0down */
+    TRANSFORMER_LM_REAL *t19 = with_grads ? t18 + 256*m : t12; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 256, t17, 256, 1, W0down, 64, 1, t19);
 
-    /* t28 = c0down + t17 + t27 */
-    TRANSFORMER_LM_REAL *t28 = with_grads ? t27 + 64*m : t22; /* m x 64 */
+    /* t20 = c0down + t13 + t19 */
+    TRANSFORMER_LM_REAL *t20 = with_grads ? t19 + 64*m : t14; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t28[64*i + j] = t17[64*i + j] + t27[64*i + j] + c0down[j];
+            t20[64*i + j] = t13[64*i + j] + t19[64*i + j] + c0down[j];
         }
     }
 
-    /* t29 = sum of t28 along each row */
-    TRANSFORMER_LM_REAL *t29 = with_grads ? t28 + 64*m : t21; /* m x 1 */
+    /* t21[i, :] = (t20[i, :] - mu_i) r_i, mu_i = mean_j t20[i, j], r_i = 1/sqrt(mean_j
+     * (t20[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *t21 = with_grads ? t19 : t15; /* m x 64, in t19's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t29[i] = symbackprop_f64_sum(t28 + 64*i, 64, 1);
+        TRANSFORMER_LM_REAL *row = t21 + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t20[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t20[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
+        for (int64_t j = 0; j < 64; ++j) {
+            row[j] = t20[64*i + j] - mean;
+        }
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += row[k + l]*row[k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += row[k]*row[k];
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] *= r;
+            }
+        }
     }
 
-    /* t30 = t28 - t29/64 */
-    /* t31 = (t28 - t29/64)**2 */
-    TRANSFORMER_LM_REAL *t30 = with_grads ? t17 : dt22_dt21; /* m x 64, in t17's memory */
-    TRANSFORMER_LM_REAL *t31 = with_grads ? t27 : t23; /* m x 64, in t27's memory */
+    /* t22 = b1a + g1a*t21 */
+    TRANSFORMER_LM_REAL *t22 = with_grads ? t20 + 64*m : t13; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t28[64*i + j] - 1.0/64.0*t29[i];
-            t30[64*i + j] = x0;
-            t31[64*i + j] = (x0*x0);
+            t22[64*i + j] = g1a[j]*t21[64*i + j] + b1a[j];
         }
     }
 
-    /* t32 = sum of t31 along each row */
-    TRANSFORMER_LM_REAL *t32 = t29; /* m x 1, in t29's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t32[i] = symbackprop_f64_sum(t31 + 64*i, 64, 1);
-    }
-
-    /* t33 = t30/sqrt(t32/64 + 1.0e-5) */
-    /* t34 = b1a + g1a*t30/sqrt(t32/64 + 1.0e-5) */
-    /* dt33_dt32 = -t30/(128*(t32/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t33 = with_grads ? t31 : t17; /* m x 64, in t31's memory */
-    TRANSFORMER_LM_REAL *t34 = with_grads ? t29 + m : t27; /* m x 64 */
-    TRANSFORMER_LM_REAL *dt33_dt32 = with_grads ? t34 + 64*m : t31; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t32[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = t30[64*i + j]/sqrt(x0);
-            t33[64*i + j] = x1;
-            t34[64*i + j] = g1a[j]*x1 + b1a[j];
-            dt33_dt32[64*i + j] = -1.0/128.0*t30[64*i + j]/(x0*sqrt(x0));
-        }
-    }
-
-    /* t35 = Wq1/4 */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? dt33_dt32 + 64*m : t9; /* 64 x 64 */
+    /* t23 = Wq1/4 */
+    TRANSFORMER_LM_REAL *t23 = with_grads ? t22 + 64*m : t5; /* 64 x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t35[64*i + j] = (1.0/4.0)*Wq1[64*i + j];
+            t23[64*i + j] = (1.0/4.0)*Wq1[64*i + j];
         }
     }
 
-    /* t36 = t34 @ t35 */
-    TRANSFORMER_LM_REAL *t36 = with_grads ? t35 + 4096 : t30; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, t35, 64, 1, t36);
+    /* t24 = t22 @ t23 */
+    TRANSFORMER_LM_REAL *t24 = with_grads ? t23 + 4096 : t19; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t22, 64, 1, t23, 64, 1, t24);
 
-    /* t37 = t34 @ Wk1 */
-    TRANSFORMER_LM_REAL *t37 = with_grads ? t36 + 64*m : t33; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wk1, 64, 1, t37);
+    /* t25 = t22 @ Wk1 */
+    TRANSFORMER_LM_REAL *t25 = with_grads ? t24 + 64*m : t21; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t22, 64, 1, Wk1, 64, 1, t25);
 
-    /* t38[(e,t),(h,s)] = sum_k t36[(e,t),h*dh+k] * t37[(e,s),h*dh+k] for s <= t, 0 for s > t
+    /* t26[(e,t),(h,s)] = sum_k t24[(e,t),h*dh+k] * t25[(e,s),h*dh+k] for s <= t, 0 for s > t
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t38 = t24; /* m x 256, in t24's memory */
-    TRANSFORMER_LM_REAL *t38_block = t12_block; /* 64 x 16, in t12_block's memory */
+    TRANSFORMER_LM_REAL *t26 = t16; /* m x 256, in t16's memory */
+    TRANSFORMER_LM_REAL *t26_block = t8_block; /* 64 x 16, in t8_block's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores t36 t37^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, t36 + row0 * 64 + hd * 16, 64, t37 + row0 * 64 + hd * 16, 64,
-                                          t38 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores t24 t25^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t24 + row0 * 64 + hd * 16, 64, t25 + row0 * 64 + hd * 16, 64,
+                                          t26 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t38_block[dk][ks] = t37[(e,ks), hd*16+dk]: the head's keys transposed, so that
+            /* t26_block[dk][ks] = t25[(e,ks), hd*16+dk]: the head's keys transposed, so that
              * a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    t38_block[dk * 64 + ks] = t37[(row0 + ks) * 64 + hd * 16 + dk];
+                    t26_block[dk * 64 + ks] = t25[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t38 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = t26 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += t36[(e,qt), hd*16+dk] * t38_block[dk][ks] for keys ks <= qt */
+                /* srow[ks] += t24[(e,qt), hd*16+dk] * t26_block[dk][ks] for keys ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t36[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = t24[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t38_block[dk * 64 + ks];
+                        srow[ks] += aw * t26_block[dk * 64 + ks];
                     }
                 }
             }
@@ -557,49 +612,153 @@ static void transformer_lm_run_part1(
     #endif
     }
 
-    /* t39[(e,t),(h,s)] = exp(t38[(e,t),(h,s)] - max_{s'<=t} t38[(e,t),(h,s')]) / sum_{s'<=t}
+    /* t27[(e,t),(h,s)] = exp(t26[(e,t),(h,s)] - max_{s'<=t} t26[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? t37 + 64*m : t26; /* m x 256 */
+    TRANSFORMER_LM_REAL *t27 = with_grads ? t25 + 64*m : t18; /* m x 256 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t38[qbase];
+                TRANSFORMER_LM_REAL top = t26[qbase];
                 for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t38[qbase + ks];
+                    const TRANSFORMER_LM_REAL val = t26[qbase + ks];
                     top = val > top ? val : top;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t38[qbase + ks];
-                    t39[qbase + ks] = exp(-top + val);
+                    const TRANSFORMER_LM_REAL val = t26[qbase + ks];
+                    t27[qbase + ks] = exp(-top + val);
                 }
                 TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += t39[qbase + ks];
+                    total += t27[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t39[qbase + ks] /= total;
+                    t27[qbase + ks] /= total;
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t39[qbase + ks] = 0;
+                    t27[qbase + ks] = 0;
                 }
             }
         }
     }
+
+    /* t28 = t22 @ Wv1 */
+    TRANSFORMER_LM_REAL *t28 = with_grads ? t27 + 256*m : t24; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t22, 64, 1, Wv1, 64, 1, t28);
+
+    /* t29[(e,t),h*dh+k] = sum_{s<=t} t27[(e,t),(h,s)] * t28[(e,s),h*dh+k] (rows (e,t) =
+     * e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *t29 = with_grads ? t28 + 64*m : t25; /* m x 64 */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t27) t28 */
+            symbackprop_f64_causal_mix(0, len, 16, t27 + row0 * 256 + hd * 64, 256,
+                                       t28 + row0 * 64 + hd * 16, 64, t29 + row0 * 64 + hd * 16, 64);
+        }
+    #else
+        for (int64_t qt = 0; qt < len; ++qt) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over keys ks <= qt of t27[(e,qt),(hd,ks)] *
+                 * t28[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = t29 + (row0 + qt) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL pw = t27[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t28[(row0 + ks) * 64 + hd * 16 + dk];
+                    }
+                }
+            }
+        }
+    #endif
+    }
+
+    /* t30 = t29 @ Wo1 */
+    TRANSFORMER_LM_REAL *t30 = with_grads ? t29 + 64*m : t22; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t29, 64, 1, Wo1, 64, 1, t30);
+
+    /* t31 = t20 + t30 */
+    TRANSFORMER_LM_REAL *t31 = with_grads ? t30 + 64*m : t28; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            t31[64*i + j] = t20[64*i + j] + t30[64*i + j];
+        }
+    }
+
+    /* t32[i, :] = (t31[i, :] - mu_i) r_i, mu_i = mean_j t31[i, j], r_i = 1/sqrt(mean_j
+     * (t31[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *t32 = with_grads ? t30 : t29; /* m x 64, in t30's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        TRANSFORMER_LM_REAL *row = t32 + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t31[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t31[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
+        for (int64_t j = 0; j < 64; ++j) {
+            row[j] = t31[64*i + j] - mean;
+        }
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += row[k + l]*row[k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += row[k]*row[k];
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] *= r;
+            }
+        }
+    }
+
+    /* t33 = b1m + g1m*t32 */
+    TRANSFORMER_LM_REAL *t33 = with_grads ? t31 + 64*m : t20; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            t33[64*i + j] = g1m[j]*t32[64*i + j] + b1m[j];
+        }
+    }
 }
 
-/* transformer_lm_run, part 2 of 6 (kernels 33 to 57): a long
+/* transformer_lm_run, part 2 of 5 (kernels 33 to 44): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 static void transformer_lm_run_part2(
     int64_t m,
     const int64_t *targets,
-    const TRANSFORMER_LM_REAL *Wv1,
-    const TRANSFORMER_LM_REAL *Wo1,
-    const TRANSFORMER_LM_REAL *g1m,
-    const TRANSFORMER_LM_REAL *b1m,
     const TRANSFORMER_LM_REAL *W1up,
     const TRANSFORMER_LM_REAL *c1up,
     const TRANSFORMER_LM_REAL *W1down,
@@ -612,619 +771,399 @@ static void transformer_lm_run_part2(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1346*m + 5120 : work + 577*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1602*m + 5120 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t28 = with_grads ? work + 1922*m + 5120 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 1986*m + 5120 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t34 = with_grads ? work + 1987*m + 5120 : work + 257*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt33_dt32 = with_grads ? work + 2051*m + 5120 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t36 = with_grads ? work + 2115*m + 9216 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t37 = with_grads ? work + 2179*m + 9216 : work + 193*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t38 = with_grads ? work + 449*m + 4096 : work + 321*m + 4096; /* m x 256, in t24's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 2243*m + 9216 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
-    /* t40 = t34 @ Wv1 */
-    TRANSFORMER_LM_REAL *t40 = with_grads ? t39 + 256*m : dt33_dt32; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wv1, 64, 1, t40);
+    TRANSFORMER_LM_REAL *t17 = with_grads ? work + 1152*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t18 = with_grads ? work + 1408*m + 5120 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 320*m + 4096 : work + 256*m + 4096; /* m x 256, in t16's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 2368*m + 9216 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t31 = with_grads ? work + 2432*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 2368*m + 9216 : work + 128*m; /* m x 64, in t30's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t33 = with_grads ? work + 2496*m + 9216 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
+    /* t34 = t33 @ W1up */
+    TRANSFORMER_LM_REAL *t34 = with_grads ? t26 : t17; /* m x 256, in t26's memory */
+    symbackprop_f64_matmul(m, 256, 64, t33, 64, 1, W1up, 256, 1, t34);
 
-    /* t41[(e,t),h*dh+k] = sum_{s<=t} t39[(e,t),(h,s)] * t40[(e,s),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t41 = with_grads ? t40 + 64*m : t36; /* m x 64 */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t39) t40 */
-            symbackprop_f64_causal_mix(0, len, 16, t39 + row0 * 256 + hd * 64, 256,
-                                       t40 + row0 * 64 + hd * 16, 64, t41 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of t39[(e,qt),(hd,ks)] *
-                 * t40[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = t41 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = t39[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t40[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* t42 = t41 @ Wo1 */
-    TRANSFORMER_LM_REAL *t42 = with_grads ? t41 + 64*m : t37; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t41, 64, 1, Wo1, 64, 1, t42);
-
-    /* t43 = t28 + t42 */
-    TRANSFORMER_LM_REAL *t43 = with_grads ? t42 + 64*m : t34; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t43[64*i + j] = t28[64*i + j] + t42[64*i + j];
-        }
-    }
-
-    /* t44 = sum of t43 along each row */
-    TRANSFORMER_LM_REAL *t44 = with_grads ? t43 + 64*m : t32; /* m x 1 */
-    for (int64_t i = 0; i < m; ++i) {
-        t44[i] = symbackprop_f64_sum(t43 + 64*i, 64, 1);
-    }
-
-    /* t45 = t43 - t44/64 */
-    /* t46 = (t43 - t44/64)**2 */
-    TRANSFORMER_LM_REAL *t45 = with_grads ? t28 : t40; /* m x 64, in t28's memory */
-    TRANSFORMER_LM_REAL *t46 = with_grads ? t42 : t41; /* m x 64, in t42's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t43[64*i + j] - 1.0/64.0*t44[i];
-            t45[64*i + j] = x0;
-            t46[64*i + j] = (x0*x0);
-        }
-    }
-
-    /* t47 = sum of t46 along each row */
-    TRANSFORMER_LM_REAL *t47 = t44; /* m x 1, in t44's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t47[i] = symbackprop_f64_sum(t46 + 64*i, 64, 1);
-    }
-
-    /* t48 = t45/sqrt(t47/64 + 1.0e-5) */
-    /* t49 = b1m + g1m*t45/sqrt(t47/64 + 1.0e-5) */
-    /* dt48_dt47 = -t45/(128*(t47/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t48 = with_grads ? t46 : t28; /* m x 64, in t46's memory */
-    TRANSFORMER_LM_REAL *t49 = with_grads ? t44 + m : t42; /* m x 64 */
-    TRANSFORMER_LM_REAL *dt48_dt47 = with_grads ? t49 + 64*m : t46; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t47[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = t45[64*i + j]/sqrt(x0);
-            t48[64*i + j] = x1;
-            t49[64*i + j] = g1m[j]*x1 + b1m[j];
-            dt48_dt47[64*i + j] = -1.0/128.0*t45[64*i + j]/(x0*sqrt(x0));
-        }
-    }
-
-    /* t50 = t49 @ W1up */
-    TRANSFORMER_LM_REAL *t50 = with_grads ? t38 : t25; /* m x 256, in t38's memory */
-    symbackprop_f64_matmul(m, 256, 64, t49, 64, 1, W1up, 256, 1, t50);
-
-    /* t51 = (c1up + t50)*(erf(sqrt(2)*(c1up + t50)/2) + 1)/2 */
-    /* t52 = sqrt(2)*(c1up + t50)*exp(-(c1up + t50)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c1up +
-     * t50)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *t51 = with_grads ? dt48_dt47 + 64*m : t38; /* m x 256 */
-    TRANSFORMER_LM_REAL *t52 = with_grads ? t51 + 256*m : t39; /* m x 256 */
+    /* t35 = (c1up + t34)*(erf(sqrt(2)*(c1up + t34)/2) + 1)/2 */
+    /* t36 = sqrt(2)*(c1up + t34)*exp(-(c1up + t34)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c1up +
+     * t34)/2)/2 + 1/2 */
+    TRANSFORMER_LM_REAL *t35 = with_grads ? t33 + 64*m : t26; /* m x 256 */
+    TRANSFORMER_LM_REAL *t36 = with_grads ? t35 + 256*m : t27; /* m x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t50[256*i + j] + c1up[j];
+            const TRANSFORMER_LM_REAL x0 = t34[256*i + j] + c1up[j];
             const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
             const TRANSFORMER_LM_REAL x2 = erf(x1);
-            t51[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
-            t52[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
+            t35[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            t36[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 
-    /* t53 = t51 @ W1down */
-    TRANSFORMER_LM_REAL *t53 = with_grads ? t52 + 256*m : t45; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 256, t51, 256, 1, W1down, 64, 1, t53);
+    /* t37 = t35 @ W1down */
+    TRANSFORMER_LM_REAL *t37 = with_grads ? t36 + 256*m : t30; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 256, t35, 256, 1, W1down, 64, 1, t37);
 
-    /* t54 = c1down + t43 + t53 */
-    TRANSFORMER_LM_REAL *t54 = with_grads ? t53 + 64*m : t48; /* m x 64 */
+    /* t38 = c1down + t31 + t37 */
+    TRANSFORMER_LM_REAL *t38 = with_grads ? t37 + 64*m : t32; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t54[64*i + j] = t43[64*i + j] + t53[64*i + j] + c1down[j];
+            t38[64*i + j] = t31[64*i + j] + t37[64*i + j] + c1down[j];
         }
     }
 
-    /* t55 = sum of t54 along each row */
-    TRANSFORMER_LM_REAL *t55 = with_grads ? t54 + 64*m : t47; /* m x 1 */
+    /* t39[i, :] = (t38[i, :] - mu_i) r_i, mu_i = mean_j t38[i, j], r_i = 1/sqrt(mean_j
+     * (t38[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *t39 = with_grads ? t37 : t33; /* m x 64, in t37's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t55[i] = symbackprop_f64_sum(t54 + 64*i, 64, 1);
+        TRANSFORMER_LM_REAL *row = t39 + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t38[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t38[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
+        for (int64_t j = 0; j < 64; ++j) {
+            row[j] = t38[64*i + j] - mean;
+        }
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += row[k + l]*row[k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += row[k]*row[k];
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] *= r;
+            }
+        }
     }
 
-    /* t56 = t54 - t55/64 */
-    /* t57 = (t54 - t55/64)**2 */
-    TRANSFORMER_LM_REAL *t56 = with_grads ? t43 : dt48_dt47; /* m x 64, in t43's memory */
-    TRANSFORMER_LM_REAL *t57 = with_grads ? t53 : t49; /* m x 64, in t53's memory */
+    /* t40 = bf + gf*t39 */
+    TRANSFORMER_LM_REAL *t40 = with_grads ? t38 + 64*m : t31; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t54[64*i + j] - 1.0/64.0*t55[i];
-            t56[64*i + j] = x0;
-            t57[64*i + j] = (x0*x0);
+            t40[64*i + j] = gf[j]*t39[64*i + j] + bf[j];
         }
     }
 
-    /* t58 = sum of t57 along each row */
-    TRANSFORMER_LM_REAL *t58 = t55; /* m x 1, in t55's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t58[i] = symbackprop_f64_sum(t57 + 64*i, 64, 1);
-    }
+    /* t41 = t40 @ Wout */
+    TRANSFORMER_LM_REAL *t41 = with_grads ? t40 + 64*m : t18 + 256*m; /* m x 62 */
+    symbackprop_f64_matmul(m, 62, 64, t40, 64, 1, Wout, 62, 1, t41);
 
-    /* t59 = t56/sqrt(t58/64 + 1.0e-5) */
-    /* t60 = bf + gf*t56/sqrt(t58/64 + 1.0e-5) */
-    /* dt59_dt58 = -t56/(128*(t58/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t59 = with_grads ? t54 : t43; /* m x 64, in t54's memory */
-    TRANSFORMER_LM_REAL *t60 = with_grads ? t57 : t53; /* m x 64, in t57's memory */
-    TRANSFORMER_LM_REAL *dt59_dt58 = with_grads ? t55 + m : t54; /* m x 64 */
+    /* t42[i] = t41[i, targets[i]] */
+    TRANSFORMER_LM_REAL *t42 = t41 + 62*m; /* m x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t58[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = t56[64*i + j]/sqrt(x0);
-            t59[64*i + j] = x1;
-            t60[64*i + j] = gf[j]*x1 + bf[j];
-            dt59_dt58[64*i + j] = -1.0/128.0*t56[64*i + j]/(x0*sqrt(x0));
-        }
+        const int64_t column = targets[i];
+        t42[i] = t41[62*i + column];
     }
 
-    /* t61 = t60 @ Wout */
-    TRANSFORMER_LM_REAL *t61 = with_grads ? dt59_dt58 + 64*m : t26 + 256*m; /* m x 62 */
-    symbackprop_f64_matmul(m, 62, 64, t60, 64, 1, Wout, 62, 1, t61);
-
-    /* t62 = Matrix([ [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-     * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-     * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-     * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-     * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-     * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, ... */
-    TRANSFORMER_LM_REAL *t62 = t61 + 62*m; /* 62 x 62 */
-    for (int64_t i = 0; i < 3844; ++i) {
-        t62[i] = 0;
+    /* t43 = log(sum(exp(t41))) along each row, its max subtracted first */
+    TRANSFORMER_LM_REAL *t43 = t42 + m; /* m x 1 */
+    for (int64_t i = 0; i < m; ++i) {
+        t43[i] = symbackprop_f64_logsumexp(t41 + 62*i, 62, 1);
     }
-    t62[0] = 1;
-    t62[63] = 1;
-    t62[126] = 1;
-    t62[189] = 1;
-    t62[252] = 1;
-    t62[315] = 1;
-    t62[378] = 1;
-    t62[441] = 1;
-    t62[504] = 1;
-    t62[567] = 1;
-    t62[630] = 1;
-    t62[693] = 1;
-    t62[756] = 1;
-    t62[819] = 1;
-    t62[882] = 1;
-    t62[945] = 1;
-    t62[1008] = 1;
-    t62[1071] = 1;
-    t62[1134] = 1;
-    t62[1197] = 1;
-    t62[1260] = 1;
-    t62[1323] = 1;
-    t62[1386] = 1;
-    t62[1449] = 1;
-    t62[1512] = 1;
-    t62[1575] = 1;
-    t62[1638] = 1;
-    t62[1701] = 1;
-    t62[1764] = 1;
-    t62[1827] = 1;
-    t62[1890] = 1;
-    t62[1953] = 1;
-    t62[2016] = 1;
-    t62[2079] = 1;
-    t62[2142] = 1;
-    t62[2205] = 1;
-    t62[2268] = 1;
-    t62[2331] = 1;
-    t62[2394] = 1;
-    t62[2457] = 1;
-    t62[2520] = 1;
-    t62[2583] = 1;
-    t62[2646] = 1;
-    t62[2709] = 1;
-    t62[2772] = 1;
-    t62[2835] = 1;
-    t62[2898] = 1;
-    t62[2961] = 1;
-    t62[3024] = 1;
-    t62[3087] = 1;
-    t62[3150] = 1;
-    t62[3213] = 1;
-    t62[3276] = 1;
-    t62[3339] = 1;
-    t62[3402] = 1;
-    t62[3465] = 1;
-    t62[3528] = 1;
-    t62[3591] = 1;
-    t62[3654] = 1;
-    t62[3717] = 1;
-    t62[3780] = 1;
-    t62[3843] = 1;
 
-    /* t63[i, :] = [t62[targets[i], 0], t62[targets[i], 1], t62[targets[i], 2],
-     * t62[targets[i], 3], t62[targets[i], 4], t62[targets[i], 5], t62[targets[i], 6],
-     * t62[targets[i], 7], t62[targets[i], 8], t62[targets[i], 9], t62[targets[i], 10],
-     * t62[targets[i], 11], t62[targets[i], 12], t62[targets[i], 13], t62[targets[i], 14],
-     * t62[targets[i], 15], t62[targets[i], 16], t62[targets[i], 17], t62[targets[i], 18],
-     * t62[targets[i], 19], t62[targets[i], 20], t62[targets[i], 21], t62[targets[i], 22], ... */
-    TRANSFORMER_LM_REAL *t63 = t62 + 3844; /* m x 62 */
+    /* t44 = -t42 + t43 */
+    TRANSFORMER_LM_REAL *t44 = t43 + m; /* m x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t63[62*i] = t62[62*targets[i]];
-        t63[62*i + 1] = t62[62*targets[i] + 1];
-        t63[62*i + 2] = t62[62*targets[i] + 2];
-        t63[62*i + 3] = t62[62*targets[i] + 3];
-        t63[62*i + 4] = t62[62*targets[i] + 4];
-        t63[62*i + 5] = t62[62*targets[i] + 5];
-        t63[62*i + 6] = t62[62*targets[i] + 6];
-        t63[62*i + 7] = t62[62*targets[i] + 7];
-        t63[62*i + 8] = t62[62*targets[i] + 8];
-        t63[62*i + 9] = t62[62*targets[i] + 9];
-        t63[62*i + 10] = t62[62*targets[i] + 10];
-        t63[62*i + 11] = t62[62*targets[i] + 11];
-        t63[62*i + 12] = t62[62*targets[i] + 12];
-        t63[62*i + 13] = t62[62*targets[i] + 13];
-        t63[62*i + 14] = t62[62*targets[i] + 14];
-        t63[62*i + 15] = t62[62*targets[i] + 15];
-        t63[62*i + 16] = t62[62*targets[i] + 16];
-        t63[62*i + 17] = t62[62*targets[i] + 17];
-        t63[62*i + 18] = t62[62*targets[i] + 18];
-        t63[62*i + 19] = t62[62*targets[i] + 19];
-        t63[62*i + 20] = t62[62*targets[i] + 20];
-        t63[62*i + 21] = t62[62*targets[i] + 21];
-        t63[62*i + 22] = t62[62*targets[i] + 22];
-        t63[62*i + 23] = t62[62*targets[i] + 23];
-        t63[62*i + 24] = t62[62*targets[i] + 24];
-        t63[62*i + 25] = t62[62*targets[i] + 25];
-        t63[62*i + 26] = t62[62*targets[i] + 26];
-        t63[62*i + 27] = t62[62*targets[i] + 27];
-        t63[62*i + 28] = t62[62*targets[i] + 28];
-        t63[62*i + 29] = t62[62*targets[i] + 29];
-        t63[62*i + 30] = t62[62*targets[i] + 30];
-        t63[62*i + 31] = t62[62*targets[i] + 31];
-        t63[62*i + 32] = t62[62*targets[i] + 32];
-        t63[62*i + 33] = t62[62*targets[i] + 33];
-        t63[62*i + 34] = t62[62*targets[i] + 34];
-        t63[62*i + 35] = t62[62*targets[i] + 35];
-        t63[62*i + 36] = t62[62*targets[i] + 36];
-        t63[62*i + 37] = t62[62*targets[i] + 37];
-        t63[62*i + 38] = t62[62*targets[i] + 38];
-        t63[62*i + 39] = t62[62*targets[i] + 39];
-        t63[62*i + 40] = t62[62*targets[i] + 40];
-        t63[62*i + 41] = t62[62*targets[i] + 41];
-        t63[62*i + 42] = t62[62*targets[i] + 42];
-        t63[62*i + 43] = t62[62*targets[i] + 43];
-        t63[62*i + 44] = t62[62*targets[i] + 44];
-        t63[62*i + 45] = t62[62*targets[i] + 45];
-        t63[62*i + 46] = t62[62*targets[i] + 46];
-        t63[62*i + 47] = t62[62*targets[i] + 47];
-        t63[62*i + 48] = t62[62*targets[i] + 48];
-        t63[62*i + 49] = t62[62*targets[i] + 49];
-        t63[62*i + 50] = t62[62*targets[i] + 50];
-        t63[62*i + 51] = t62[62*targets[i] + 51];
-        t63[62*i + 52] = t62[62*targets[i] + 52];
-        t63[62*i + 53] = t62[62*targets[i] + 53];
-        t63[62*i + 54] = t62[62*targets[i] + 54];
-        t63[62*i + 55] = t62[62*targets[i] + 55];
-        t63[62*i + 56] = t62[62*targets[i] + 56];
-        t63[62*i + 57] = t62[62*targets[i] + 57];
-        t63[62*i + 58] = t62[62*targets[i] + 58];
-        t63[62*i + 59] = t62[62*targets[i] + 59];
-        t63[62*i + 60] = t62[62*targets[i] + 60];
-        t63[62*i + 61] = t62[62*targets[i] + 61];
+        t44[i] = -t42[i] + t43[i];
     }
 
-    /* t64 = t61*t63 */
-    TRANSFORMER_LM_REAL *t64 = t63 + 62*m; /* m x 62 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 62; ++j) {
-            t64[62*i + j] = t61[62*i + j]*t63[62*i + j];
-        }
-    }
+    /* t45 = sum of t44 down each column */
+    TRANSFORMER_LM_REAL *t45 = t44 + m; /* 1 x 1 */
+    t45[0] = symbackprop_f64_sum(t44, m, 1);
 
-    /* t65 = sum of t64 along each row */
-    TRANSFORMER_LM_REAL *t65 = with_grads ? t64 + 62*m : t58; /* m x 1 */
-    for (int64_t i = 0; i < m; ++i) {
-        t65[i] = symbackprop_f64_sum(t64 + 62*i, 62, 1);
-    }
-
-    /* t66 = log(sum(exp(t61))) along each row, its max subtracted first */
-    TRANSFORMER_LM_REAL *t66 = with_grads ? t65 + m : t64 + 62*m; /* m x 1 */
-    for (int64_t i = 0; i < m; ++i) {
-        t66[i] = symbackprop_f64_logsumexp(t61 + 62*i, 62, 1);
-    }
-
-    /* t67 = -t65 + t66 */
-    TRANSFORMER_LM_REAL *t67 = t66 + m; /* m x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        t67[i] = -t65[i] + t66[i];
-    }
-
-    /* t68 = sum of t67 down each column */
-    TRANSFORMER_LM_REAL *t68 = t67 + m; /* 1 x 1 */
-    t68[0] = symbackprop_f64_sum(t67, m, 1);
-
-    /* loss = t68/m */
+    /* loss = t45/m */
     {
-        loss[0] = t68[0]/((TRANSFORMER_LM_REAL)m);
+        loss[0] = t45[0]/((TRANSFORMER_LM_REAL)m);
     }
 }
 
-/* transformer_lm_run, part 3 of 6 (kernels 58 to 64): a long
+/* transformer_lm_run, part 3 of 5 (kernels 45 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 static void transformer_lm_run_part3(
     int64_t m,
-    const TRANSFORMER_LM_REAL *gf,
-    const TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
-)
-{
-    TRANSFORMER_LM_REAL *t56 = with_grads ? work + 2691*m + 9216 : work; /* m x 64, in t43's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t58 = with_grads ? work + 3524*m + 9216 : work + 192*m; /* m x 1, in t55's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t59 = with_grads ? work + 3460*m + 9216 : work + 257*m; /* m x 64, in t54's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt59_dt58 = with_grads ? work + 3525*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t61 = with_grads ? work + 3589*m + 9216 : work + 1089*m + 5120; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t63 = with_grads ? work + 3651*m + 13060 : work + 1151*m + 8964; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t64 = with_grads ? work + 3713*m + 13060 : work + 1213*m + 8964; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t65 = with_grads ? work + 3775*m + 13060 : work + 192*m; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t66 = with_grads ? work + 3776*m + 13060 : work + 1275*m + 8964; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t67 = with_grads ? work + 3777*m + 13060 : work + 1276*m + 8964; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t68 = with_grads ? work + 3778*m + 13060 : work + 1277*m + 8964; /* 1 x 1; placed in an earlier part */
-    /* grad_t61 = -t63/m + exp(t61 - t66)/m */
-    TRANSFORMER_LM_REAL *grad_t61 = t64; /* m x 62, in t64's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 62; ++j) {
-            const TRANSFORMER_LM_REAL x0 = 1.0/((TRANSFORMER_LM_REAL)m);
-            grad_t61[62*i + j] = -t63[62*i + j]*x0 + x0*exp(t61[62*i + j] - t66[i]);
-        }
-    }
-
-    /* grad_t60 = grad_t61 @ Wout^T */
-    TRANSFORMER_LM_REAL *grad_t60 = t68 + 1; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 62, grad_t61, 62, 1, Wout, 1, 62, grad_t60);
-
-    /* grad_t59 = gf*grad_t60 */
-    /* t69 = dt59_dt58*gf*grad_t60 */
-    /* g0 = grad_t60*t59 */
-    TRANSFORMER_LM_REAL *grad_t59 = grad_t60 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t69 = grad_t59 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *g0 = t69 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t60[64*i + j]*gf[j];
-            grad_t59[64*i + j] = x0;
-            t69[64*i + j] = dt59_dt58[64*i + j]*x0;
-            g0[64*i + j] = grad_t60[64*i + j]*t59[64*i + j];
-        }
-    }
-
-    /* t70 = 1/sqrt(t58/64 + 1.0e-5) */
-    TRANSFORMER_LM_REAL *t70 = t65; /* m x 1, in t65's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        t70[i] = 1.0/sqrt((1.0/64.0)*t58[i] + 1.0000000000000001e-5);
-    }
-
-    /* grad_t58 = sum of t69 along each row */
-    TRANSFORMER_LM_REAL *grad_t58 = t67; /* m x 1, in t67's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t58[i] = symbackprop_f64_sum(t69 + 64*i, 64, 1);
-    }
-
-    /* grad_t56 = 2*grad_t58*t56 + grad_t59*t70 */
-    /* t71 = -grad_t58*t56/32 - grad_t59*t70/64 */
-    TRANSFORMER_LM_REAL *grad_t56 = t59; /* m x 64, in t59's memory */
-    TRANSFORMER_LM_REAL *t71 = dt59_dt58; /* m x 64, in dt59_dt58's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t59[64*i + j]*t70[i];
-            const TRANSFORMER_LM_REAL x1 = t56[64*i + j]*grad_t58[i];
-            grad_t56[64*i + j] = x0 + 2*x1;
-            t71[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
-        }
-    }
-
-    /* grad_t55 = sum of t71 along each row */
-    TRANSFORMER_LM_REAL *grad_t55 = t66; /* m x 1, in t66's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t55[i] = symbackprop_f64_sum(t71 + 64*i, 64, 1);
-    }
-}
-
-/* transformer_lm_run, part 4 of 6 (kernels 65 to 96): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-static void transformer_lm_run_part4(
-    int64_t m,
-    const TRANSFORMER_LM_REAL *g0m,
-    const TRANSFORMER_LM_REAL *W0up,
-    const TRANSFORMER_LM_REAL *W0down,
-    const TRANSFORMER_LM_REAL *g1a,
+    const int64_t *targets,
     const TRANSFORMER_LM_REAL *Wk1,
     const TRANSFORMER_LM_REAL *Wv1,
     const TRANSFORMER_LM_REAL *Wo1,
     const TRANSFORMER_LM_REAL *g1m,
     const TRANSFORMER_LM_REAL *W1up,
     const TRANSFORMER_LM_REAL *W1down,
+    const TRANSFORMER_LM_REAL *gf,
+    const TRANSFORMER_LM_REAL *Wout,
     TRANSFORMER_LM_REAL *work,
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t19 = with_grads ? work + 128*m : work + 257*m; /* m x 64, in t2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1217*m + 5120 : work + 192*m; /* m x 1, in t18's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1089*m + 5120 : work + 128*m; /* m x 64, in t20's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? work + 1282*m + 5120 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1602*m + 5120 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 1153*m + 5120 : work; /* m x 64, in t17's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 1986*m + 5120 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t33 = with_grads ? work + 1858*m + 5120 : work + 193*m; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt33_dt32 = with_grads ? work + 2051*m + 5120 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2115*m + 5120 : work + 321*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t36 = with_grads ? work + 2115*m + 9216 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t37 = with_grads ? work + 2179*m + 9216 : work + 193*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t38_block = with_grads ? work + 705*m + 4096 : work + 577*m + 4096; /* 64 x 16, in t12_block's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 2243*m + 9216 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = with_grads ? work + 2499*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t45 = with_grads ? work + 1922*m + 5120 : work + 64*m; /* m x 64, in t28's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t47 = with_grads ? work + 2755*m + 9216 : work + 192*m; /* m x 1, in t44's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t48 = with_grads ? work + 2627*m + 9216 : work + 128*m; /* m x 64, in t46's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt48_dt47 = with_grads ? work + 2820*m + 9216 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t50 = with_grads ? work + 449*m + 4096 : work + 577*m + 5120; /* m x 256, in t38's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t52 = with_grads ? work + 3140*m + 9216 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t56 = with_grads ? work + 2691*m + 9216 : work; /* m x 64, in t43's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t58 = with_grads ? work + 3524*m + 9216 : work + 192*m; /* m x 1, in t55's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t59 = work + 3842*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t69 = work + 3906*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t70 = work + 3775*m + 13060; /* m x 1, in t65's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t58 = work + 3777*m + 13060; /* m x 1, in t67's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t56 = work + 3460*m + 9216; /* m x 64, in t59's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t71 = work + 3525*m + 9216; /* m x 64, in dt59_dt58's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t55 = work + 3776*m + 13060; /* m x 1, in t66's memory; placed in an earlier part */
-    /* grad_t54 = grad_t55 + grad_t56 */
-    TRANSFORMER_LM_REAL *grad_t54 = t69; /* m x 64, in t69's memory */
+    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t24 = with_grads ? work + 1856*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1920*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26_block = with_grads ? work + 576*m + 4096 : work + 512*m + 4096; /* 64 x 16, in t8_block's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t28 = with_grads ? work + 2240*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t31 = with_grads ? work + 2432*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 2368*m + 9216 : work + 128*m; /* m x 64, in t30's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t34 = with_grads ? work + 320*m + 4096 : work + 512*m + 5120; /* m x 256, in t26's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t36 = with_grads ? work + 2816*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t38 = with_grads ? work + 3136*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 3072*m + 9216 : work + 192*m + 4096; /* m x 64, in t37's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t41 = with_grads ? work + 3264*m + 9216 : work + 1024*m + 5120; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t43 = with_grads ? work + 3327*m + 9216 : work + 1087*m + 5120; /* m x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t45 = with_grads ? work + 3329*m + 9216 : work + 1089*m + 5120; /* 1 x 1; placed in an earlier part */
+    /* grad_t41_part[i, j] = (-1/m) if j == targets[i], else 0 */
+    TRANSFORMER_LM_REAL *grad_t41_part = t45 + 1; /* m x 62 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t54[64*i + j] = grad_t56[64*i + j] + grad_t55[i];
+        const int64_t column = targets[i];
+        for (int64_t j = 0; j < 62; ++j) {
+            grad_t41_part[62*i + j] = 0;
+        }
+        grad_t41_part[62*i + column] = (-1/((TRANSFORMER_LM_REAL)m));
+    }
+
+    /* grad_t41 = grad_t41_part + exp(t41 - t43)/m */
+    TRANSFORMER_LM_REAL *grad_t41 = grad_t41_part + 62*m; /* m x 62 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 62; ++j) {
+            grad_t41[62*i + j] = grad_t41_part[62*i + j] + exp(t41[62*i + j] - t43[i])/((TRANSFORMER_LM_REAL)m);
         }
     }
 
-    /* grad_t51 = grad_t54 @ W1down^T */
-    TRANSFORMER_LM_REAL *grad_t51 = t50; /* m x 256, in t50's memory */
-    symbackprop_f64_matmul(m, 256, 64, grad_t54, 64, 1, W1down, 1, 64, grad_t51);
+    /* grad_t40 = grad_t41 @ Wout^T */
+    TRANSFORMER_LM_REAL *grad_t40 = grad_t41 + 62*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 62, grad_t41, 62, 1, Wout, 1, 62, grad_t40);
 
-    /* g1 = grad_t51*t52 */
+    /* grad_t39 = gf*grad_t40 */
+    /* g0 = grad_t40*t39 */
+    TRANSFORMER_LM_REAL *grad_t39 = grad_t40 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g0 = grad_t39 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_t39[64*i + j] = grad_t40[64*i + j]*gf[j];
+            g0[64*i + j] = grad_t40[64*i + j]*t39[64*i + j];
+        }
+    }
+
+    /* grad_t38[i, :] = r_i (grad_t39[i, :] - mean_j grad_t39[i, j] - y[i, :] mean_j
+     * grad_t39[i, j] y[i, j]), y = (t38 - mu) r normalized as in normalize_rows (mu_i, r_i
+     * of t38's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_t38 = t39; /* m x 64, in t39's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        TRANSFORMER_LM_REAL *row = grad_t38 + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t38[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t38[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
+         * mean(g) - y mean(g y)) */
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += (t38[64*i + k + l] - mean)*(t38[64*i + k + l] - mean);
+                    grads_lane[l] += grad_t39[64*i + k + l];
+                    grads_c_lane[l] += grad_t39[64*i + k + l]*(t38[64*i + k + l] - mean);
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            TRANSFORMER_LM_REAL grads = grads_lane[0];
+            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+                grads += grads_lane[l];
+                grads_c += grads_c_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += (t38[64*i + k] - mean)*(t38[64*i + k] - mean);
+                grads += grad_t39[64*i + k];
+                grads_c += grad_t39[64*i + k]*(t38[64*i + k] - mean);
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
+            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] = r * (grad_t39[64*i + j] - grads_mean - (t38[64*i + j] - mean) * r * grads_y_mean);
+            }
+        }
+    }
+
+    /* grad_t35 = grad_t38 @ W1down^T */
+    TRANSFORMER_LM_REAL *grad_t35 = t34; /* m x 256, in t34's memory */
+    symbackprop_f64_matmul(m, 256, 64, grad_t38, 64, 1, W1down, 1, 64, grad_t35);
+
+    /* g1 = grad_t35*t36 */
     TRANSFORMER_LM_REAL *g1 = g0 + 64*m; /* m x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            g1[256*i + j] = grad_t51[256*i + j]*t52[256*i + j];
+            g1[256*i + j] = grad_t35[256*i + j]*t36[256*i + j];
         }
     }
 
-    /* grad_t49 = g1 @ W1up^T */
-    TRANSFORMER_LM_REAL *grad_t49 = t56; /* m x 64, in t56's memory */
-    symbackprop_f64_matmul(m, 64, 256, g1, 256, 1, W1up, 1, 256, grad_t49);
+    /* grad_t33 = g1 @ W1up^T */
+    TRANSFORMER_LM_REAL *grad_t33 = t38; /* m x 64, in t38's memory */
+    symbackprop_f64_matmul(m, 64, 256, g1, 256, 1, W1up, 1, 256, grad_t33);
 
-    /* grad_t48 = g1m*grad_t49 */
-    /* t72 = dt48_dt47*g1m*grad_t49 */
-    /* g2 = grad_t49*t48 */
-    TRANSFORMER_LM_REAL *grad_t48 = grad_t59; /* m x 64, in grad_t59's memory */
-    TRANSFORMER_LM_REAL *t72 = t71; /* m x 64, in t71's memory */
-    TRANSFORMER_LM_REAL *g2 = grad_t56; /* m x 64, in grad_t56's memory */
+    /* grad_t32 = g1m*grad_t33 */
+    /* g2 = grad_t33*t32 */
+    TRANSFORMER_LM_REAL *grad_t32 = grad_t39; /* m x 64, in grad_t39's memory */
+    TRANSFORMER_LM_REAL *g2 = g1 + 256*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t49[64*i + j]*g1m[j];
-            grad_t48[64*i + j] = x0;
-            t72[64*i + j] = dt48_dt47[64*i + j]*x0;
-            g2[64*i + j] = grad_t49[64*i + j]*t48[64*i + j];
+            grad_t32[64*i + j] = grad_t33[64*i + j]*g1m[j];
+            g2[64*i + j] = grad_t33[64*i + j]*t32[64*i + j];
         }
     }
 
-    /* t73 = 1/sqrt(t47/64 + 1.0e-5) */
-    TRANSFORMER_LM_REAL *t73 = t58; /* m x 1, in t58's memory */
+    /* grad_t31_part[i, :] = r_i (grad_t32[i, :] - mean_j grad_t32[i, j] - y[i, :] mean_j
+     * grad_t32[i, j] y[i, j]), y = (t31 - mu) r normalized as in normalize_rows (mu_i, r_i
+     * of t31's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_t31_part = t32; /* m x 64, in t32's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t73[i] = 1.0/sqrt((1.0/64.0)*t47[i] + 1.0000000000000001e-5);
+        TRANSFORMER_LM_REAL *row = grad_t31_part + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t31[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t31[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
+         * mean(g) - y mean(g y)) */
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += (t31[64*i + k + l] - mean)*(t31[64*i + k + l] - mean);
+                    grads_lane[l] += grad_t32[64*i + k + l];
+                    grads_c_lane[l] += grad_t32[64*i + k + l]*(t31[64*i + k + l] - mean);
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            TRANSFORMER_LM_REAL grads = grads_lane[0];
+            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+                grads += grads_lane[l];
+                grads_c += grads_c_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += (t31[64*i + k] - mean)*(t31[64*i + k] - mean);
+                grads += grad_t32[64*i + k];
+                grads_c += grad_t32[64*i + k]*(t31[64*i + k] - mean);
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
+            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] = r * (grad_t32[64*i + j] - grads_mean - (t31[64*i + j] - mean) * r * grads_y_mean);
+            }
+        }
     }
 
-    /* grad_t47 = sum of t72 along each row */
-    TRANSFORMER_LM_REAL *grad_t47 = t70; /* m x 1, in t70's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t47[i] = symbackprop_f64_sum(t72 + 64*i, 64, 1);
-    }
-
-    /* grad_t45 = 2*grad_t47*t45 + grad_t48*t73 */
-    /* t74 = -grad_t47*t45/32 - grad_t48*t73/64 */
-    TRANSFORMER_LM_REAL *grad_t45 = t48; /* m x 64, in t48's memory */
-    TRANSFORMER_LM_REAL *t74 = dt48_dt47; /* m x 64, in dt48_dt47's memory */
+    /* grad_t31 = grad_t31_part + grad_t38 */
+    TRANSFORMER_LM_REAL *grad_t31 = t31; /* m x 64, in t31's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t48[64*i + j]*t73[i];
-            const TRANSFORMER_LM_REAL x1 = t45[64*i + j]*grad_t47[i];
-            grad_t45[64*i + j] = x0 + 2*x1;
-            t74[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            grad_t31[64*i + j] = grad_t38[64*i + j] + grad_t31_part[64*i + j];
         }
     }
 
-    /* grad_t44 = sum of t74 along each row */
-    TRANSFORMER_LM_REAL *grad_t44 = grad_t58; /* m x 1, in grad_t58's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t44[i] = symbackprop_f64_sum(t74 + 64*i, 64, 1);
-    }
+    /* grad_t29 = grad_t31 @ Wo1^T */
+    TRANSFORMER_LM_REAL *grad_t29 = grad_t32; /* m x 64, in grad_t32's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t31, 64, 1, Wo1, 1, 64, grad_t29);
 
-    /* grad_t43 = grad_t44 + grad_t45 + grad_t54 */
-    TRANSFORMER_LM_REAL *grad_t43 = t72; /* m x 64, in t72's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t43[64*i + j] = grad_t54[64*i + j] + grad_t45[64*i + j] + grad_t44[i];
-        }
-    }
-
-    /* grad_t41 = grad_t43 @ Wo1^T */
-    TRANSFORMER_LM_REAL *grad_t41 = t45; /* m x 64, in t45's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t43, 64, 1, Wo1, 1, 64, grad_t41);
-
-    /* grad_t40[(e,s),h*dh+k] = sum_{t>=s} t39[(e,t),(h,s)] * grad_t41[(e,t),h*dh+k] (rows
+    /* grad_t28[(e,s),h*dh+k] = sum_{t>=s} t27[(e,t),(h,s)] * grad_t29[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t40 = grad_t48; /* m x 64, in grad_t48's memory */
+    TRANSFORMER_LM_REAL *grad_t28 = grad_t31_part; /* m x 64, in grad_t31_part's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t39)^T grad_t41 */
-            symbackprop_f64_causal_mix(1, len, 16, t39 + row0 * 256 + hd * 64, 256,
-                                       grad_t41 + row0 * 64 + hd * 16, 64, grad_t40 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(t27)^T grad_t29 */
+            symbackprop_f64_causal_mix(1, len, 16, t27 + row0 * 256 + hd * 64, 256,
+                                       grad_t29 + row0 * 64 + hd * 16, 64, grad_t28 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of t39[(e,qt),(hd,ks)] *
-                 * grad_t41[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t40 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of t27[(e,qt),(hd,ks)] *
+                 * grad_t29[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t28 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = t39[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = t27[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_t41[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_t29[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1232,43 +1171,43 @@ static void transformer_lm_run_part4(
     #endif
     }
 
-    /* grad_t34_part = grad_t40 @ Wv1^T */
-    TRANSFORMER_LM_REAL *grad_t34_part = t74; /* m x 64, in t74's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t40, 64, 1, Wv1, 1, 64, grad_t34_part);
+    /* grad_t22_part = grad_t28 @ Wv1^T */
+    TRANSFORMER_LM_REAL *grad_t22_part = g2 + 64*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, grad_t28, 64, 1, Wv1, 1, 64, grad_t22_part);
 
-    /* grad_t39[(e,t),(h,s)] = sum_k grad_t41[(e,t),h*dh+k] * t40[(e,s),h*dh+k] for s <= t, 0
+    /* grad_t27[(e,t),(h,s)] = sum_k grad_t29[(e,t),h*dh+k] * t28[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t39 = t52; /* m x 256, in t52's memory */
-    TRANSFORMER_LM_REAL *grad_t39_block = t38_block; /* 64 x 16, in t38_block's memory */
+    TRANSFORMER_LM_REAL *grad_t27 = t36; /* m x 256, in t36's memory */
+    TRANSFORMER_LM_REAL *grad_t27_block = t26_block; /* 64 x 16, in t26_block's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores grad_t41 t40^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_t41 + row0 * 64 + hd * 16, 64, t40 + row0 * 64 + hd * 16, 64,
-                                          grad_t39 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores grad_t29 t28^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_t29 + row0 * 64 + hd * 16, 64, t28 + row0 * 64 + hd * 16, 64,
+                                          grad_t27 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_t39_block[dk][ks] = t40[(e,ks), hd*16+dk]: the head's keys transposed, so
+            /* grad_t27_block[dk][ks] = t28[(e,ks), hd*16+dk]: the head's keys transposed, so
              * that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_t39_block[dk * 64 + ks] = t40[(row0 + ks) * 64 + hd * 16 + dk];
+                    grad_t27_block[dk * 64 + ks] = t28[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_t39 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = grad_t27 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += grad_t41[(e,qt), hd*16+dk] * grad_t39_block[dk][ks] for keys
+                /* srow[ks] += grad_t29[(e,qt), hd*16+dk] * grad_t27_block[dk][ks] for keys
                  * ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_t41[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = grad_t29[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_t39_block[dk * 64 + ks];
+                        srow[ks] += aw * grad_t27_block[dk * 64 + ks];
                     }
                 }
             }
@@ -1276,10 +1215,10 @@ static void transformer_lm_run_part4(
     #endif
     }
 
-    /* grad_t38[(e,t),(h,s)] = t39[(e,t),(h,s)] * (grad_t39[(e,t),(h,s)] - sum_{s'<=t}
-     * t39[(e,t),(h,s')] * grad_t39[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
+    /* grad_t26[(e,t),(h,s)] = t27[(e,t),(h,s)] * (grad_t27[(e,t),(h,s)] - sum_{s'<=t}
+     * t27[(e,t),(h,s')] * grad_t27[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
      * e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_t38 = grad_t51; /* m x 256, in grad_t51's memory */
+    TRANSFORMER_LM_REAL *grad_t26 = grad_t35; /* m x 256, in grad_t35's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -1288,43 +1227,43 @@ static void transformer_lm_run_part4(
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
                 TRANSFORMER_LM_REAL dot = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    dot += t39[qbase + ks] * grad_t39[qbase + ks];
+                    dot += t27[qbase + ks] * grad_t27[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_t38[qbase + ks] = t39[qbase + ks] * (grad_t39[qbase + ks] - dot);
+                    grad_t26[qbase + ks] = t27[qbase + ks] * (grad_t27[qbase + ks] - dot);
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    grad_t38[qbase + ks] = 0;
+                    grad_t26[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* grad_t37[(e,s),h*dh+k] = sum_{t>=s} grad_t38[(e,t),(h,s)] * t36[(e,t),h*dh+k] (rows
+    /* grad_t25[(e,s),h*dh+k] = sum_{t>=s} grad_t26[(e,t),(h,s)] * t24[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t37 = grad_t45; /* m x 64, in grad_t45's memory */
+    TRANSFORMER_LM_REAL *grad_t25 = t28; /* m x 64, in t28's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t38)^T t36 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
-                                       t36 + row0 * 64 + hd * 16, 64, grad_t37 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_t26)^T t24 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t26 + row0 * 256 + hd * 64, 256,
+                                       t24 + row0 * 64 + hd * 16, 64, grad_t25 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t38[(e,qt),(hd,ks)] *
-                 * t36[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t37 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of grad_t26[(e,qt),(hd,ks)] *
+                 * t24[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t25 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_t26[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t36[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t24[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1332,35 +1271,35 @@ static void transformer_lm_run_part4(
     #endif
     }
 
-    /* grad_t34_part_1 = grad_t37 @ Wk1^T */
-    TRANSFORMER_LM_REAL *grad_t34_part_1 = t40; /* m x 64, in t40's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t37, 64, 1, Wk1, 1, 64, grad_t34_part_1);
+    /* grad_t22_part_1 = grad_t25 @ Wk1^T */
+    TRANSFORMER_LM_REAL *grad_t22_part_1 = grad_t29; /* m x 64, in grad_t29's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t25, 64, 1, Wk1, 1, 64, grad_t22_part_1);
 
-    /* grad_t36[(e,t),h*dh+k] = sum_{s<=t} grad_t38[(e,t),(h,s)] * t37[(e,s),h*dh+k] (rows
+    /* grad_t24[(e,t),h*dh+k] = sum_{s<=t} grad_t26[(e,t),(h,s)] * t25[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t36 = grad_t41; /* m x 64, in grad_t41's memory */
+    TRANSFORMER_LM_REAL *grad_t24 = t24; /* m x 64, in t24's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t38) t37 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
-                                       t37 + row0 * 64 + hd * 16, 64, grad_t36 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_t26) t25 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t26 + row0 * 256 + hd * 64, 256,
+                                       t25 + row0 * 64 + hd * 16, 64, grad_t24 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t38[(e,qt),(hd,ks)] *
-                 * t37[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t36 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of grad_t26[(e,qt),(hd,ks)] *
+                 * t25[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t24 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_t26[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t37[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t25[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1368,137 +1307,15 @@ static void transformer_lm_run_part4(
     #endif
     }
 
-    /* grad_t34_part_2 = grad_t36 @ t35^T */
-    TRANSFORMER_LM_REAL *grad_t34_part_2 = t36; /* m x 64, in t36's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t36, 64, 1, t35, 1, 64, grad_t34_part_2);
-
-    /* grad_t34 = grad_t34_part + grad_t34_part_1 + grad_t34_part_2 */
-    /* grad_t33 = g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
-    /* t75 = dt33_dt32*g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
-    /* g3 = t33*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
-    TRANSFORMER_LM_REAL *grad_t34 = t37; /* m x 64, in t37's memory */
-    TRANSFORMER_LM_REAL *grad_t33 = g1 + 256*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t75 = grad_t33 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *g3 = t75 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t34_part[64*i + j] + grad_t34_part_1[64*i + j] + grad_t34_part_2[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = g1a[j]*x0;
-            grad_t34[64*i + j] = x0;
-            grad_t33[64*i + j] = x1;
-            t75[64*i + j] = dt33_dt32[64*i + j]*x1;
-            g3[64*i + j] = t33[64*i + j]*x0;
-        }
-    }
-
-    /* t76 = 1/sqrt(t32/64 + 1.0e-5) */
-    TRANSFORMER_LM_REAL *t76 = grad_t55; /* m x 1, in grad_t55's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        t76[i] = 1.0/sqrt((1.0/64.0)*t32[i] + 1.0000000000000001e-5);
-    }
-
-    /* grad_t32 = sum of t75 along each row */
-    TRANSFORMER_LM_REAL *grad_t32 = t47; /* m x 1, in t47's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t32[i] = symbackprop_f64_sum(t75 + 64*i, 64, 1);
-    }
-
-    /* grad_t30 = 2*grad_t32*t30 + grad_t33*t76 */
-    /* t77 = -grad_t32*t30/32 - grad_t33*t76/64 */
-    TRANSFORMER_LM_REAL *grad_t30 = t33; /* m x 64, in t33's memory */
-    TRANSFORMER_LM_REAL *t77 = dt33_dt32; /* m x 64, in dt33_dt32's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t33[64*i + j]*t76[i];
-            const TRANSFORMER_LM_REAL x1 = t30[64*i + j]*grad_t32[i];
-            grad_t30[64*i + j] = x0 + 2*x1;
-            t77[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
-        }
-    }
-
-    /* grad_t29 = sum of t77 along each row */
-    TRANSFORMER_LM_REAL *grad_t29 = t73; /* m x 1, in t73's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t29[i] = symbackprop_f64_sum(t77 + 64*i, 64, 1);
-    }
-
-    /* grad_t28 = grad_t29 + grad_t30 + grad_t43 */
-    TRANSFORMER_LM_REAL *grad_t28 = grad_t34_part; /* m x 64, in grad_t34_part's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t28[64*i + j] = grad_t43[64*i + j] + grad_t30[64*i + j] + grad_t29[i];
-        }
-    }
-
-    /* grad_t25 = grad_t28 @ W0down^T */
-    TRANSFORMER_LM_REAL *grad_t25 = t39; /* m x 256, in t39's memory */
-    symbackprop_f64_matmul(m, 256, 64, grad_t28, 64, 1, W0down, 1, 64, grad_t25);
-
-    /* g4 = grad_t25*t26 */
-    TRANSFORMER_LM_REAL *g4 = grad_t39; /* m x 256, in grad_t39's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            g4[256*i + j] = grad_t25[256*i + j]*t26[256*i + j];
-        }
-    }
-
-    /* grad_t23 = g4 @ W0up^T */
-    TRANSFORMER_LM_REAL *grad_t23 = grad_t34_part_1; /* m x 64, in grad_t34_part_1's memory */
-    symbackprop_f64_matmul(m, 64, 256, g4, 256, 1, W0up, 1, 256, grad_t23);
-
-    /* grad_t22 = g0m*grad_t23 */
-    /* t78 = dt22_dt21*g0m*grad_t23 */
-    /* g5 = grad_t23*t22 */
-    TRANSFORMER_LM_REAL *grad_t22 = grad_t34_part_2; /* m x 64, in grad_t34_part_2's memory */
-    TRANSFORMER_LM_REAL *t78 = t75; /* m x 64, in t75's memory */
-    TRANSFORMER_LM_REAL *g5 = t30; /* m x 64, in t30's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t23[64*i + j]*g0m[j];
-            grad_t22[64*i + j] = x0;
-            t78[64*i + j] = dt22_dt21[64*i + j]*x0;
-            g5[64*i + j] = grad_t23[64*i + j]*t22[64*i + j];
-        }
-    }
-
-    /* t79 = 1/sqrt(t21/64 + 1.0e-5) */
-    TRANSFORMER_LM_REAL *t79 = grad_t47; /* m x 1, in grad_t47's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        t79[i] = 1.0/sqrt((1.0/64.0)*t21[i] + 1.0000000000000001e-5);
-    }
-
-    /* grad_t21 = sum of t78 along each row */
-    TRANSFORMER_LM_REAL *grad_t21 = grad_t44; /* m x 1, in grad_t44's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t21[i] = symbackprop_f64_sum(t78 + 64*i, 64, 1);
-    }
-
-    /* grad_t19 = 2*grad_t21*t19 + grad_t22*t79 */
-    /* t80 = -grad_t21*t19/32 - grad_t22*t79/64 */
-    TRANSFORMER_LM_REAL *grad_t19 = grad_t33; /* m x 64, in grad_t33's memory */
-    TRANSFORMER_LM_REAL *t80 = t77; /* m x 64, in t77's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t22[64*i + j]*t79[i];
-            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]*grad_t21[i];
-            grad_t19[64*i + j] = x0 + 2*x1;
-            t80[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
-        }
-    }
+    /* grad_t22_part_2 = grad_t24 @ t23^T */
+    TRANSFORMER_LM_REAL *grad_t22_part_2 = t25; /* m x 64, in t25's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t24, 64, 1, t23, 1, 64, grad_t22_part_2);
 }
 
-/* transformer_lm_run, part 5 of 6 (kernels 97 to 128): a long
+/* transformer_lm_run, part 4 of 5 (kernels 65 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void transformer_lm_run_part5(
+static void transformer_lm_run_part4(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
@@ -1506,6 +1323,10 @@ static void transformer_lm_run_part5(
     const TRANSFORMER_LM_REAL *Wk0,
     const TRANSFORMER_LM_REAL *Wv0,
     const TRANSFORMER_LM_REAL *Wo0,
+    const TRANSFORMER_LM_REAL *g0m,
+    const TRANSFORMER_LM_REAL *W0up,
+    const TRANSFORMER_LM_REAL *W0down,
+    const TRANSFORMER_LM_REAL *g1a,
     TRANSFORMER_LM_REAL *grad_E,
     TRANSFORMER_LM_REAL *grad_P,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -1517,92 +1338,248 @@ static void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *grad_g0m,
     TRANSFORMER_LM_REAL *grad_b0m,
     TRANSFORMER_LM_REAL *grad_W0up,
-    TRANSFORMER_LM_REAL *grad_c0up,
-    TRANSFORMER_LM_REAL *grad_W0down,
-    TRANSFORMER_LM_REAL *grad_c0down,
-    TRANSFORMER_LM_REAL *grad_g1a,
     TRANSFORMER_LM_REAL *work,
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t4 = work; /* m x 64, in t0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t6 = work + 192*m; /* m x 1, in t3's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t7 = work + 64*m; /* m x 64, in t5's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t8 = work + 193*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt7_dt6 = work + 257*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t9 = work + 321*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t10 = with_grads ? work + 321*m + 4096 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t11 = with_grads ? work + 385*m + 4096 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t13 = with_grads ? work + 705*m + 5120 : work + 577*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t14 = with_grads ? work + 961*m + 5120 : work + 257*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1025*m + 5120 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t19 = with_grads ? work + 128*m : work + 257*m; /* m x 64, in t2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1089*m + 5120 : work + 128*m; /* m x 64, in t20's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1218*m + 5120 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt22_dt21 = with_grads ? work + 1282*m + 5120 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1346*m + 5120 : work + 577*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 1602*m + 5120 : work + 833*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 1986*m + 5120 : work + 192*m; /* m x 1, in t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2115*m + 5120 : work + 321*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t39_block = work + 705*m + 4096; /* 64 x 16, in t38_block's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t38 = work + 449*m + 4096; /* m x 256, in grad_t51's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 4418*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t76 = work + 3776*m + 13060; /* m x 1, in grad_t55's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t32 = work + 2755*m + 9216; /* m x 1, in t47's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t30 = work + 1858*m + 5120; /* m x 64, in t33's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t29 = work + 3524*m + 9216; /* m x 1, in t73's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 9216; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g4 = work + 3140*m + 9216; /* m x 256, in grad_t39's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t23 = work + 2499*m + 9216; /* m x 64, in grad_t34_part_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 2115*m + 9216; /* m x 64, in grad_t34_part_2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t78 = work + 4354*m + 13061; /* m x 64, in t75's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g5 = work + 1153*m + 5120; /* m x 64, in t30's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t19 = work + 4290*m + 13061; /* m x 64, in grad_t33's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t80 = work + 2051*m + 5120; /* m x 64, in t77's memory; placed in an earlier part */
-    /* grad_t18 = sum of t80 along each row */
-    TRANSFORMER_LM_REAL *grad_t18 = t32; /* m x 1, in t32's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t18[i] = symbackprop_f64_sum(t80 + 64*i, 64, 1);
-    }
-
-    /* grad_t17 = grad_t18 + grad_t19 + grad_t28 */
-    TRANSFORMER_LM_REAL *grad_t17 = grad_t30; /* m x 64, in grad_t30's memory */
+    TRANSFORMER_LM_REAL *t2 = work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t3 = work; /* m x 64, in t0's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t6 = with_grads ? work + 192*m + 4096 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t7 = with_grads ? work + 256*m + 4096 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t9 = with_grads ? work + 576*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t10 = with_grads ? work + 832*m + 5120 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t11 = with_grads ? work + 896*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t13 = with_grads ? work + 1024*m + 5120 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t14 = with_grads ? work + 960*m + 5120 : work + 192*m + 4096; /* m x 64, in t12's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1088*m + 5120 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t18 = with_grads ? work + 1408*m + 5120 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t20 = with_grads ? work + 1728*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1664*m + 5120 : work + 128*m; /* m x 64, in t19's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22_part = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t27 = work + 2816*m + 9216; /* m x 256, in t36's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t27_block = work + 576*m + 4096; /* 64 x 16, in t26_block's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t26 = work + 320*m + 4096; /* m x 256, in grad_t35's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22_part_1 = work + 3517*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22_part_2 = work + 1920*m + 9216; /* m x 64, in t25's memory; placed in an earlier part */
+    /* grad_t22 = grad_t22_part + grad_t22_part_1 + grad_t22_part_2 */
+    /* grad_t21 = g1a*(grad_t22_part + grad_t22_part_1 + grad_t22_part_2) */
+    /* g3 = t21*(grad_t22_part + grad_t22_part_1 + grad_t22_part_2) */
+    TRANSFORMER_LM_REAL *grad_t22 = grad_t22_part + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_t21 = grad_t22 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g3 = grad_t21 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t17[64*i + j] = grad_t28[64*i + j] + grad_t19[64*i + j] + grad_t18[i];
+            const TRANSFORMER_LM_REAL x0 = grad_t22_part[64*i + j] + grad_t22_part_1[64*i + j] + grad_t22_part_2[64*i + j];
+            grad_t22[64*i + j] = x0;
+            grad_t21[64*i + j] = g1a[j]*x0;
+            g3[64*i + j] = t21[64*i + j]*x0;
         }
     }
 
-    /* grad_t15 = grad_t17 @ Wo0^T */
-    TRANSFORMER_LM_REAL *grad_t15 = t22; /* m x 64, in t22's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t17, 64, 1, Wo0, 1, 64, grad_t15);
+    /* grad_t20_part[i, :] = r_i (grad_t21[i, :] - mean_j grad_t21[i, j] - y[i, :] mean_j
+     * grad_t21[i, j] y[i, j]), y = (t20 - mu) r normalized as in normalize_rows (mu_i, r_i
+     * of t20's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_t20_part = t21; /* m x 64, in t21's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        TRANSFORMER_LM_REAL *row = grad_t20_part + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t20[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t20[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
+         * mean(g) - y mean(g y)) */
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += (t20[64*i + k + l] - mean)*(t20[64*i + k + l] - mean);
+                    grads_lane[l] += grad_t21[64*i + k + l];
+                    grads_c_lane[l] += grad_t21[64*i + k + l]*(t20[64*i + k + l] - mean);
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            TRANSFORMER_LM_REAL grads = grads_lane[0];
+            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+                grads += grads_lane[l];
+                grads_c += grads_c_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += (t20[64*i + k] - mean)*(t20[64*i + k] - mean);
+                grads += grad_t21[64*i + k];
+                grads_c += grad_t21[64*i + k]*(t20[64*i + k] - mean);
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
+            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] = r * (grad_t21[64*i + j] - grads_mean - (t20[64*i + j] - mean) * r * grads_y_mean);
+            }
+        }
+    }
 
-    /* grad_t14[(e,s),h*dh+k] = sum_{t>=s} t13[(e,t),(h,s)] * grad_t15[(e,t),h*dh+k] (rows
+    /* grad_t20 = grad_t20_part + grad_t31 */
+    TRANSFORMER_LM_REAL *grad_t20 = grad_t22_part; /* m x 64, in grad_t22_part's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_t20[64*i + j] = grad_t31[64*i + j] + grad_t20_part[64*i + j];
+        }
+    }
+
+    /* grad_t17 = grad_t20 @ W0down^T */
+    TRANSFORMER_LM_REAL *grad_t17 = t27; /* m x 256, in t27's memory */
+    symbackprop_f64_matmul(m, 256, 64, grad_t20, 64, 1, W0down, 1, 64, grad_t17);
+
+    /* g4 = grad_t17*t18 */
+    TRANSFORMER_LM_REAL *g4 = grad_t27; /* m x 256, in grad_t27's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 256; ++j) {
+            g4[256*i + j] = grad_t17[256*i + j]*t18[256*i + j];
+        }
+    }
+
+    /* grad_t15 = g4 @ W0up^T */
+    TRANSFORMER_LM_REAL *grad_t15 = grad_t22_part_1; /* m x 64, in grad_t22_part_1's memory */
+    symbackprop_f64_matmul(m, 64, 256, g4, 256, 1, W0up, 1, 256, grad_t15);
+
+    /* grad_t14 = g0m*grad_t15 */
+    /* g5 = grad_t15*t14 */
+    TRANSFORMER_LM_REAL *grad_t14 = grad_t22_part_2; /* m x 64, in grad_t22_part_2's memory */
+    TRANSFORMER_LM_REAL *g5 = t20; /* m x 64, in t20's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_t14[64*i + j] = grad_t15[64*i + j]*g0m[j];
+            g5[64*i + j] = grad_t15[64*i + j]*t14[64*i + j];
+        }
+    }
+
+    /* grad_t13_part[i, :] = r_i (grad_t14[i, :] - mean_j grad_t14[i, j] - y[i, :] mean_j
+     * grad_t14[i, j] y[i, j]), y = (t13 - mu) r normalized as in normalize_rows (mu_i, r_i
+     * of t13's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_t13_part = grad_t21; /* m x 64, in grad_t21's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        TRANSFORMER_LM_REAL *row = grad_t13_part + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t13[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t13[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
+         * mean(g) - y mean(g y)) */
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += (t13[64*i + k + l] - mean)*(t13[64*i + k + l] - mean);
+                    grads_lane[l] += grad_t14[64*i + k + l];
+                    grads_c_lane[l] += grad_t14[64*i + k + l]*(t13[64*i + k + l] - mean);
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            TRANSFORMER_LM_REAL grads = grads_lane[0];
+            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+                grads += grads_lane[l];
+                grads_c += grads_c_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += (t13[64*i + k] - mean)*(t13[64*i + k] - mean);
+                grads += grad_t14[64*i + k];
+                grads_c += grad_t14[64*i + k]*(t13[64*i + k] - mean);
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
+            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] = r * (grad_t14[64*i + j] - grads_mean - (t13[64*i + j] - mean) * r * grads_y_mean);
+            }
+        }
+    }
+
+    /* grad_t13 = grad_t13_part + grad_t20 */
+    TRANSFORMER_LM_REAL *grad_t13 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_t13[64*i + j] = grad_t20[64*i + j] + grad_t13_part[64*i + j];
+        }
+    }
+
+    /* grad_t11 = grad_t13 @ Wo0^T */
+    TRANSFORMER_LM_REAL *grad_t11 = t14; /* m x 64, in t14's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t13, 64, 1, Wo0, 1, 64, grad_t11);
+
+    /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} t9[(e,t),(h,s)] * grad_t11[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t14 = dt22_dt21; /* m x 64, in dt22_dt21's memory */
+    TRANSFORMER_LM_REAL *grad_t10 = t13; /* m x 64, in t13's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t13)^T grad_t15 */
-            symbackprop_f64_causal_mix(1, len, 16, t13 + row0 * 256 + hd * 64, 256,
-                                       grad_t15 + row0 * 64 + hd * 16, 64, grad_t14 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(t9)^T grad_t11 */
+            symbackprop_f64_causal_mix(1, len, 16, t9 + row0 * 256 + hd * 64, 256,
+                                       grad_t11 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of t13[(e,qt),(hd,ks)] *
-                 * grad_t15[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t14 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of t9[(e,qt),(hd,ks)] *
+                 * grad_t11[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = t13[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = t9[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_t15[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_t11[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1610,43 +1587,43 @@ static void transformer_lm_run_part5(
     #endif
     }
 
-    /* grad_t8_part = grad_t14 @ Wv0^T */
-    TRANSFORMER_LM_REAL *grad_t8_part = t78; /* m x 64, in t78's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t14, 64, 1, Wv0, 1, 64, grad_t8_part);
+    /* grad_t4_part = grad_t10 @ Wv0^T */
+    TRANSFORMER_LM_REAL *grad_t4_part = grad_t14; /* m x 64, in grad_t14's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, Wv0, 1, 64, grad_t4_part);
 
-    /* grad_t13[(e,t),(h,s)] = sum_k grad_t15[(e,t),h*dh+k] * t14[(e,s),h*dh+k] for s <= t, 0
+    /* grad_t9[(e,t),(h,s)] = sum_k grad_t11[(e,t),h*dh+k] * t10[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t13 = grad_t38; /* m x 256, in grad_t38's memory */
-    TRANSFORMER_LM_REAL *grad_t13_block = grad_t39_block; /* 64 x 16, in grad_t39_block's memory */
+    TRANSFORMER_LM_REAL *grad_t9 = grad_t26; /* m x 256, in grad_t26's memory */
+    TRANSFORMER_LM_REAL *grad_t9_block = grad_t27_block; /* 64 x 16, in grad_t27_block's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores grad_t15 t14^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_t15 + row0 * 64 + hd * 16, 64, t14 + row0 * 64 + hd * 16, 64,
-                                          grad_t13 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores grad_t11 t10^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_t11 + row0 * 64 + hd * 16, 64, t10 + row0 * 64 + hd * 16, 64,
+                                          grad_t9 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_t13_block[dk][ks] = t14[(e,ks), hd*16+dk]: the head's keys transposed, so
+            /* grad_t9_block[dk][ks] = t10[(e,ks), hd*16+dk]: the head's keys transposed, so
              * that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_t13_block[dk * 64 + ks] = t14[(row0 + ks) * 64 + hd * 16 + dk];
+                    grad_t9_block[dk * 64 + ks] = t10[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_t13 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = grad_t9 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += grad_t15[(e,qt), hd*16+dk] * grad_t13_block[dk][ks] for keys
-                 * ks <= qt */
+                /* srow[ks] += grad_t11[(e,qt), hd*16+dk] * grad_t9_block[dk][ks] for keys ks
+                 * <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_t15[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = grad_t11[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_t13_block[dk * 64 + ks];
+                        srow[ks] += aw * grad_t9_block[dk * 64 + ks];
                     }
                 }
             }
@@ -1654,10 +1631,10 @@ static void transformer_lm_run_part5(
     #endif
     }
 
-    /* grad_t12[(e,t),(h,s)] = t13[(e,t),(h,s)] * (grad_t13[(e,t),(h,s)] - sum_{s'<=t}
-     * t13[(e,t),(h,s')] * grad_t13[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
+    /* grad_t8[(e,t),(h,s)] = t9[(e,t),(h,s)] * (grad_t9[(e,t),(h,s)] - sum_{s'<=t}
+     * t9[(e,t),(h,s')] * grad_t9[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
      * e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_t12 = t26; /* m x 256, in t26's memory */
+    TRANSFORMER_LM_REAL *grad_t8 = t18; /* m x 256, in t18's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -1666,43 +1643,43 @@ static void transformer_lm_run_part5(
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
                 TRANSFORMER_LM_REAL dot = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    dot += t13[qbase + ks] * grad_t13[qbase + ks];
+                    dot += t9[qbase + ks] * grad_t9[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_t12[qbase + ks] = t13[qbase + ks] * (grad_t13[qbase + ks] - dot);
+                    grad_t8[qbase + ks] = t9[qbase + ks] * (grad_t9[qbase + ks] - dot);
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    grad_t12[qbase + ks] = 0;
+                    grad_t8[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* grad_t11[(e,s),h*dh+k] = sum_{t>=s} grad_t12[(e,t),(h,s)] * t10[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t11 = t19; /* m x 64, in t19's memory */
+    /* grad_t7[(e,s),h*dh+k] = sum_{t>=s} grad_t8[(e,t),(h,s)] * t6[(e,t),h*dh+k] (rows (e,t)
+     * = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_t7 = grad_t13_part; /* m x 64, in grad_t13_part's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t12)^T t10 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
-                                       t10 + row0 * 64 + hd * 16, 64, grad_t11 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_t8)^T t6 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t8 + row0 * 256 + hd * 64, 256,
+                                       t6 + row0 * 64 + hd * 16, 64, grad_t7 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t12[(e,qt),(hd,ks)] *
-                 * t10[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t11 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of grad_t8[(e,qt),(hd,ks)] *
+                 * t6[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t7 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_t8[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t10[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t6[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1710,35 +1687,35 @@ static void transformer_lm_run_part5(
     #endif
     }
 
-    /* grad_t8_part_1 = grad_t11 @ Wk0^T */
-    TRANSFORMER_LM_REAL *grad_t8_part_1 = grad_t22; /* m x 64, in grad_t22's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t11, 64, 1, Wk0, 1, 64, grad_t8_part_1);
+    /* grad_t4_part_1 = grad_t7 @ Wk0^T */
+    TRANSFORMER_LM_REAL *grad_t4_part_1 = t10; /* m x 64, in t10's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t7, 64, 1, Wk0, 1, 64, grad_t4_part_1);
 
-    /* grad_t10[(e,t),h*dh+k] = sum_{s<=t} grad_t12[(e,t),(h,s)] * t11[(e,s),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t10 = t80; /* m x 64, in t80's memory */
+    /* grad_t6[(e,t),h*dh+k] = sum_{s<=t} grad_t8[(e,t),(h,s)] * t7[(e,s),h*dh+k] (rows (e,t)
+     * = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_t6 = grad_t11; /* m x 64, in grad_t11's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t12) t11 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
-                                       t11 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_t8) t7 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t8 + row0 * 256 + hd * 64, 256,
+                                       t7 + row0 * 64 + hd * 16, 64, grad_t6 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t12[(e,qt),(hd,ks)] *
-                 * t11[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of grad_t8[(e,qt),(hd,ks)] *
+                 * t7[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t6 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_t8[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t11[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t7[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1746,69 +1723,93 @@ static void transformer_lm_run_part5(
     #endif
     }
 
-    /* grad_t8_part_2 = grad_t10 @ t9^T */
-    TRANSFORMER_LM_REAL *grad_t8_part_2 = grad_t19; /* m x 64, in grad_t19's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, t9, 1, 64, grad_t8_part_2);
+    /* grad_t4_part_2 = grad_t6 @ t5^T */
+    TRANSFORMER_LM_REAL *grad_t4_part_2 = t6; /* m x 64, in t6's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t6, 64, 1, t5, 1, 64, grad_t4_part_2);
 
-    /* grad_t8 = grad_t8_part + grad_t8_part_1 + grad_t8_part_2 */
-    /* grad_t7 = g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
-    /* t81 = dt7_dt6*g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
-    /* g6 = t7*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
-    TRANSFORMER_LM_REAL *grad_t8 = t14; /* m x 64, in t14's memory */
-    TRANSFORMER_LM_REAL *grad_t7 = grad_t15; /* m x 64, in grad_t15's memory */
-    TRANSFORMER_LM_REAL *t81 = t10; /* m x 64, in t10's memory */
-    TRANSFORMER_LM_REAL *g6 = t11; /* m x 64, in t11's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t8_part[64*i + j] + grad_t8_part_1[64*i + j] + grad_t8_part_2[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = g0a[j]*x0;
-            grad_t8[64*i + j] = x0;
-            grad_t7[64*i + j] = x1;
-            t81[64*i + j] = dt7_dt6[64*i + j]*x1;
-            g6[64*i + j] = t7[64*i + j]*x0;
-        }
-    }
-
-    /* t82 = 1/sqrt(t6/64 + 1.0e-5) */
-    TRANSFORMER_LM_REAL *t82 = t76; /* m x 1, in t76's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        t82[i] = 1.0/sqrt((1.0/64.0)*t6[i] + 1.0000000000000001e-5);
-    }
-
-    /* grad_t6 = sum of t81 along each row */
-    TRANSFORMER_LM_REAL *grad_t6 = grad_t32; /* m x 1, in grad_t32's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t6[i] = symbackprop_f64_sum(t81 + 64*i, 64, 1);
-    }
-
-    /* grad_t4 = 2*grad_t6*t4 + grad_t7*t82 */
-    /* t83 = -grad_t6*t4/32 - grad_t7*t82/64 */
+    /* grad_t4 = grad_t4_part + grad_t4_part_1 + grad_t4_part_2 */
+    /* grad_t3 = g0a*(grad_t4_part + grad_t4_part_1 + grad_t4_part_2) */
+    /* g6 = t3*(grad_t4_part + grad_t4_part_1 + grad_t4_part_2) */
     TRANSFORMER_LM_REAL *grad_t4 = t7; /* m x 64, in t7's memory */
-    TRANSFORMER_LM_REAL *t83 = dt7_dt6; /* m x 64, in dt7_dt6's memory */
+    TRANSFORMER_LM_REAL *grad_t3 = g3 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g6 = grad_t3 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t7[64*i + j]*t82[i];
-            const TRANSFORMER_LM_REAL x1 = t4[64*i + j]*grad_t6[i];
-            grad_t4[64*i + j] = x0 + 2*x1;
-            t83[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            const TRANSFORMER_LM_REAL x0 = grad_t4_part[64*i + j] + grad_t4_part_1[64*i + j] + grad_t4_part_2[64*i + j];
+            grad_t4[64*i + j] = x0;
+            grad_t3[64*i + j] = g0a[j]*x0;
+            g6[64*i + j] = t3[64*i + j]*x0;
         }
     }
 
-    /* grad_t3 = sum of t83 along each row */
-    TRANSFORMER_LM_REAL *grad_t3 = grad_t29; /* m x 1, in grad_t29's memory */
+    /* grad_t2_part[i, :] = r_i (grad_t3[i, :] - mean_j grad_t3[i, j] - y[i, :] mean_j
+     * grad_t3[i, j] y[i, j]), y = (t2 - mu) r normalized as in normalize_rows (mu_i, r_i of
+     * t2's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_t2_part = t3; /* m x 64, in t3's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        grad_t3[i] = symbackprop_f64_sum(t83 + 64*i, 64, 1);
+        TRANSFORMER_LM_REAL *row = grad_t2_part + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t2[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t2[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
+         * mean(g) - y mean(g y)) */
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += (t2[64*i + k + l] - mean)*(t2[64*i + k + l] - mean);
+                    grads_lane[l] += grad_t3[64*i + k + l];
+                    grads_c_lane[l] += grad_t3[64*i + k + l]*(t2[64*i + k + l] - mean);
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            TRANSFORMER_LM_REAL grads = grads_lane[0];
+            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+                grads += grads_lane[l];
+                grads_c += grads_c_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += (t2[64*i + k] - mean)*(t2[64*i + k] - mean);
+                grads += grad_t3[64*i + k];
+                grads_c += grad_t3[64*i + k]*(t2[64*i + k] - mean);
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
+            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] = r * (grad_t3[64*i + j] - grads_mean - (t2[64*i + j] - mean) * r * grads_y_mean);
+            }
+        }
     }
 
-    /* grad_t2 = grad_t17 + grad_t3 + grad_t4 */
-    TRANSFORMER_LM_REAL *grad_t2 = grad_t8_part; /* m x 64, in grad_t8_part's memory */
+    /* grad_t2 = grad_t13 + grad_t2_part */
+    TRANSFORMER_LM_REAL *grad_t2 = grad_t4_part; /* m x 64, in grad_t4_part's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t2[64*i + j] = grad_t17[64*i + j] + grad_t4[64*i + j] + grad_t3[i];
+            grad_t2[64*i + j] = grad_t13[64*i + j] + grad_t2_part[64*i + j];
         }
     }
 
@@ -1964,57 +1965,49 @@ static void transformer_lm_run_part5(
     /* grad_g0a = sum of g6 down each column */
     symbackprop_f64_sum_columns(g6, m, 64, 64, grad_g0a);
 
-    /* grad_b0a = sum of grad_t8 down each column */
-    symbackprop_f64_sum_columns(grad_t8, m, 64, 64, grad_b0a);
+    /* grad_b0a = sum of grad_t4 down each column */
+    symbackprop_f64_sum_columns(grad_t4, m, 64, 64, grad_b0a);
 
-    /* grad_t9 = t8^T @ grad_t10 */
-    TRANSFORMER_LM_REAL *grad_t9 = t35; /* 64 x 64, in t35's memory */
-    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t10, 64, 1, grad_t9);
+    /* grad_t5 = t4^T @ grad_t6 */
+    TRANSFORMER_LM_REAL *grad_t5 = t23; /* 64 x 64, in t23's memory */
+    symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t6, 64, 1, grad_t5);
 
-    /* grad_Wq0 = grad_t9/4 */
+    /* grad_Wq0 = grad_t5/4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_Wq0[64*i + j] = (1.0/4.0)*grad_t9[64*i + j];
+            grad_Wq0[64*i + j] = (1.0/4.0)*grad_t5[64*i + j];
         }
     }
 
-    /* grad_Wk0 = t8^T @ grad_t11 */
-    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t11, 64, 1, grad_Wk0);
+    /* grad_Wk0 = t4^T @ grad_t7 */
+    symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t7, 64, 1, grad_Wk0);
 
-    /* grad_Wv0 = t8^T @ grad_t14 */
-    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t14, 64, 1, grad_Wv0);
+    /* grad_Wv0 = t4^T @ grad_t10 */
+    symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t10, 64, 1, grad_Wv0);
 
-    /* grad_Wo0 = t15^T @ grad_t17 */
-    symbackprop_f64_matmul(64, 64, m, t15, 1, 64, grad_t17, 64, 1, grad_Wo0);
+    /* grad_Wo0 = t11^T @ grad_t13 */
+    symbackprop_f64_matmul(64, 64, m, t11, 1, 64, grad_t13, 64, 1, grad_Wo0);
 
     /* grad_g0m = sum of g5 down each column */
     symbackprop_f64_sum_columns(g5, m, 64, 64, grad_g0m);
 
-    /* grad_b0m = sum of grad_t23 down each column */
-    symbackprop_f64_sum_columns(grad_t23, m, 64, 64, grad_b0m);
+    /* grad_b0m = sum of grad_t15 down each column */
+    symbackprop_f64_sum_columns(grad_t15, m, 64, 64, grad_b0m);
 
-    /* grad_W0up = t23^T @ g4 */
-    symbackprop_f64_matmul(64, 256, m, t23, 1, 64, g4, 256, 1, grad_W0up);
-
-    /* grad_c0up = sum of g4 down each column */
-    symbackprop_f64_sum_columns(g4, m, 256, 256, grad_c0up);
-
-    /* grad_W0down = t25^T @ grad_t28 */
-    symbackprop_f64_matmul(256, 64, m, t25, 1, 256, grad_t28, 64, 1, grad_W0down);
-
-    /* grad_c0down = sum of grad_t28 down each column */
-    symbackprop_f64_sum_columns(grad_t28, m, 64, 64, grad_c0down);
-
-    /* grad_g1a = sum of g3 down each column */
-    symbackprop_f64_sum_columns(g3, m, 64, 64, grad_g1a);
+    /* grad_W0up = t15^T @ g4 */
+    symbackprop_f64_matmul(64, 256, m, t15, 1, 64, g4, 256, 1, grad_W0up);
 }
 
-/* transformer_lm_run, part 6 of 6 (kernels 129 to 143): a long
+/* transformer_lm_run, part 5 of 5 (kernels 97 to 115): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void transformer_lm_run_part6(
+static void transformer_lm_run_part5(
     int64_t m,
+    TRANSFORMER_LM_REAL *grad_c0up,
+    TRANSFORMER_LM_REAL *grad_W0down,
+    TRANSFORMER_LM_REAL *grad_c0down,
+    TRANSFORMER_LM_REAL *grad_g1a,
     TRANSFORMER_LM_REAL *grad_b1a,
     TRANSFORMER_LM_REAL *grad_Wq1,
     TRANSFORMER_LM_REAL *grad_Wk1,
@@ -2033,74 +2026,90 @@ static void transformer_lm_run_part6(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t9 = work + 321*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t34 = with_grads ? work + 1987*m + 5120 : work + 257*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t41 = with_grads ? work + 2563*m + 9216 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t49 = with_grads ? work + 2756*m + 9216 : work + 193*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t51 = with_grads ? work + 2884*m + 9216 : work + 321*m + 4096; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t60 = with_grads ? work + 3396*m + 9216 : work + 64*m; /* m x 64, in t57's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t61 = work + 3713*m + 13060; /* m x 62, in t64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t60 = work + 3778*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t54 = work + 3906*m + 13061; /* m x 64, in t69's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 4034*m + 13061; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t49 = work + 2691*m + 9216; /* m x 64, in t56's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g2 = work + 3460*m + 9216; /* m x 64, in grad_t56's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t43 = work + 3525*m + 9216; /* m x 64, in t72's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t40 = work + 3842*m + 13061; /* m x 64, in grad_t48's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t37 = work + 2627*m + 9216; /* m x 64, in grad_t45's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t36 = work + 1922*m + 5120; /* m x 64, in grad_t41's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t34 = work + 2179*m + 9216; /* m x 64, in t37's memory; placed in an earlier part */
-    /* grad_b1a = sum of grad_t34 down each column */
-    symbackprop_f64_sum_columns(grad_t34, m, 64, 64, grad_b1a);
+    TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t17 = with_grads ? work + 1152*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1792*m + 5120 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t29 = with_grads ? work + 2304*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t33 = with_grads ? work + 2496*m + 9216 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2560*m + 9216 : work + 256*m + 4096; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t40 = with_grads ? work + 3200*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t41 = work + 3391*m + 9217; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t40 = work + 3453*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g0 = work + 3581*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t38 = work + 3072*m + 9216; /* m x 64, in t39's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g1 = work + 3645*m + 9217; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t33 = work + 3136*m + 9216; /* m x 64, in t38's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g2 = work + 3901*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t28 = work + 2368*m + 9216; /* m x 64, in grad_t31_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t25 = work + 2240*m + 9216; /* m x 64, in t28's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t24 = work + 1856*m + 9216; /* m x 64, in t24's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22 = work + 4029*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 4157*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t20 = work + 3965*m + 9217; /* m x 64, in grad_t22_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g4 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
+    /* grad_c0up = sum of g4 down each column */
+    symbackprop_f64_sum_columns(g4, m, 256, 256, grad_c0up);
 
-    /* grad_t35 = t34^T @ grad_t36 */
-    TRANSFORMER_LM_REAL *grad_t35 = t9; /* 64 x 64, in t9's memory */
-    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t36, 64, 1, grad_t35);
+    /* grad_W0down = t17^T @ grad_t20 */
+    symbackprop_f64_matmul(256, 64, m, t17, 1, 256, grad_t20, 64, 1, grad_W0down);
 
-    /* grad_Wq1 = grad_t35/4 */
+    /* grad_c0down = sum of grad_t20 down each column */
+    symbackprop_f64_sum_columns(grad_t20, m, 64, 64, grad_c0down);
+
+    /* grad_g1a = sum of g3 down each column */
+    symbackprop_f64_sum_columns(g3, m, 64, 64, grad_g1a);
+
+    /* grad_b1a = sum of grad_t22 down each column */
+    symbackprop_f64_sum_columns(grad_t22, m, 64, 64, grad_b1a);
+
+    /* grad_t23 = t22^T @ grad_t24 */
+    TRANSFORMER_LM_REAL *grad_t23 = t5; /* 64 x 64, in t5's memory */
+    symbackprop_f64_matmul(64, 64, m, t22, 1, 64, grad_t24, 64, 1, grad_t23);
+
+    /* grad_Wq1 = grad_t23/4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_Wq1[64*i + j] = (1.0/4.0)*grad_t35[64*i + j];
+            grad_Wq1[64*i + j] = (1.0/4.0)*grad_t23[64*i + j];
         }
     }
 
-    /* grad_Wk1 = t34^T @ grad_t37 */
-    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t37, 64, 1, grad_Wk1);
+    /* grad_Wk1 = t22^T @ grad_t25 */
+    symbackprop_f64_matmul(64, 64, m, t22, 1, 64, grad_t25, 64, 1, grad_Wk1);
 
-    /* grad_Wv1 = t34^T @ grad_t40 */
-    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t40, 64, 1, grad_Wv1);
+    /* grad_Wv1 = t22^T @ grad_t28 */
+    symbackprop_f64_matmul(64, 64, m, t22, 1, 64, grad_t28, 64, 1, grad_Wv1);
 
-    /* grad_Wo1 = t41^T @ grad_t43 */
-    symbackprop_f64_matmul(64, 64, m, t41, 1, 64, grad_t43, 64, 1, grad_Wo1);
+    /* grad_Wo1 = t29^T @ grad_t31 */
+    symbackprop_f64_matmul(64, 64, m, t29, 1, 64, grad_t31, 64, 1, grad_Wo1);
 
     /* grad_g1m = sum of g2 down each column */
     symbackprop_f64_sum_columns(g2, m, 64, 64, grad_g1m);
 
-    /* grad_b1m = sum of grad_t49 down each column */
-    symbackprop_f64_sum_columns(grad_t49, m, 64, 64, grad_b1m);
+    /* grad_b1m = sum of grad_t33 down each column */
+    symbackprop_f64_sum_columns(grad_t33, m, 64, 64, grad_b1m);
 
-    /* grad_W1up = t49^T @ g1 */
-    symbackprop_f64_matmul(64, 256, m, t49, 1, 64, g1, 256, 1, grad_W1up);
+    /* grad_W1up = t33^T @ g1 */
+    symbackprop_f64_matmul(64, 256, m, t33, 1, 64, g1, 256, 1, grad_W1up);
 
     /* grad_c1up = sum of g1 down each column */
     symbackprop_f64_sum_columns(g1, m, 256, 256, grad_c1up);
 
-    /* grad_W1down = t51^T @ grad_t54 */
-    symbackprop_f64_matmul(256, 64, m, t51, 1, 256, grad_t54, 64, 1, grad_W1down);
+    /* grad_W1down = t35^T @ grad_t38 */
+    symbackprop_f64_matmul(256, 64, m, t35, 1, 256, grad_t38, 64, 1, grad_W1down);
 
-    /* grad_c1down = sum of grad_t54 down each column */
-    symbackprop_f64_sum_columns(grad_t54, m, 64, 64, grad_c1down);
+    /* grad_c1down = sum of grad_t38 down each column */
+    symbackprop_f64_sum_columns(grad_t38, m, 64, 64, grad_c1down);
 
     /* grad_gf = sum of g0 down each column */
     symbackprop_f64_sum_columns(g0, m, 64, 64, grad_gf);
 
-    /* grad_bf = sum of grad_t60 down each column */
-    symbackprop_f64_sum_columns(grad_t60, m, 64, 64, grad_bf);
+    /* grad_bf = sum of grad_t40 down each column */
+    symbackprop_f64_sum_columns(grad_t40, m, 64, 64, grad_bf);
 
-    /* grad_Wout = t60^T @ grad_t61 */
-    symbackprop_f64_matmul(64, 62, m, t60, 1, 64, grad_t61, 62, 1, grad_Wout);
+    /* grad_Wout = t40^T @ grad_t41 */
+    symbackprop_f64_matmul(64, 62, m, t40, 1, 64, grad_t41, 62, 1, grad_Wout);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -2191,15 +2200,14 @@ static int transformer_lm_run(
             return 2; /* a row number outside an array it gathers from */
         }
     }
-    transformer_lm_run_part1(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, work, with_grads);
-    transformer_lm_run_part2(m, targets, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work, with_grads);
+    transformer_lm_run_part1(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, work, with_grads);
+    transformer_lm_run_part2(m, targets, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work, with_grads);
     if (!with_grads) {
         return 0;
     }
-    transformer_lm_run_part3(m, gf, Wout, work, with_grads);
-    transformer_lm_run_part4(m, g0m, W0up, W0down, g1a, Wk1, Wv1, Wo1, g1m, W1up, W1down, work, with_grads);
-    transformer_lm_run_part5(m, ids, positions, g0a, Wk0, Wv0, Wo0, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, work, with_grads);
-    transformer_lm_run_part6(m, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, with_grads);
+    transformer_lm_run_part3(m, targets, Wk1, Wv1, Wo1, g1m, W1up, W1down, gf, Wout, work, with_grads);
+    transformer_lm_run_part4(m, ids, positions, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, work, with_grads);
+    transformer_lm_run_part5(m, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, with_grads);
     return 0;
 }
 
@@ -2343,10 +2351,10 @@ size_t transformer_lm_train_step_work_len(int64_t m)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(4482*m + 141254);
+    return (size_t)(4349*m + 137410);
 }
 
-/* transformer_lm_train_step, part 1 of 7 (kernels 1 to 32): a long
+/* transformer_lm_train_step, part 1 of 6 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 static void transformer_lm_train_step_part1(
@@ -2371,6 +2379,10 @@ static void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *b1a,
     TRANSFORMER_LM_REAL *Wq1,
     TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
     TRANSFORMER_LM_REAL *work
 )
 {
@@ -2529,97 +2541,114 @@ static void transformer_lm_train_step_part1(
         }
     }
 
-    /* t3 = sum of t2 along each row */
-    TRANSFORMER_LM_REAL *t3 = t2 + 64*m; /* m x 1 */
-    for (int64_t i = 0; i < m; ++i) {
-        t3[i] = symbackprop_f64_sum(t2 + 64*i, 64, 1);
-    }
-
-    /* t4 = t2 - t3/64 */
-    /* t5 = (t2 - t3/64)**2 */
-    TRANSFORMER_LM_REAL *t4 = t0; /* m x 64, in t0's memory */
-    TRANSFORMER_LM_REAL *t5 = t1; /* m x 64, in t1's memory */
+    /* t3[i, :] = (t2[i, :] - mu_i) r_i, mu_i = mean_j t2[i, j], r_i = 1/sqrt(mean_j
+     * (t2[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *t3 = t0; /* m x 64, in t0's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
+        TRANSFORMER_LM_REAL *row = t3 + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t2[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t2[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t2[64*i + j] - 1.0/64.0*t3[i];
-            t4[64*i + j] = x0;
-            t5[64*i + j] = (x0*x0);
+            row[j] = t2[64*i + j] - mean;
+        }
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += row[k + l]*row[k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += row[k]*row[k];
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] *= r;
+            }
         }
     }
 
-    /* t6 = sum of t5 along each row */
-    TRANSFORMER_LM_REAL *t6 = t3; /* m x 1, in t3's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t6[i] = symbackprop_f64_sum(t5 + 64*i, 64, 1);
-    }
-
-    /* t7 = t4/sqrt(t6/64 + 1.0e-5) */
-    /* t8 = b0a + g0a*t4/sqrt(t6/64 + 1.0e-5) */
-    /* dt7_dt6 = -t4/(128*(t6/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t7 = t5; /* m x 64, in t5's memory */
-    TRANSFORMER_LM_REAL *t8 = t3 + m; /* m x 64 */
-    TRANSFORMER_LM_REAL *dt7_dt6 = t8 + 64*m; /* m x 64 */
+    /* t4 = b0a + g0a*t3 */
+    TRANSFORMER_LM_REAL *t4 = t1; /* m x 64, in t1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t6[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = t4[64*i + j]/sqrt(x0);
-            t7[64*i + j] = x1;
-            t8[64*i + j] = g0a[j]*x1 + b0a[j];
-            dt7_dt6[64*i + j] = -1.0/128.0*t4[64*i + j]/(x0*sqrt(x0));
+            t4[64*i + j] = g0a[j]*t3[64*i + j] + b0a[j];
         }
     }
 
-    /* t9 = Wq0/4 */
-    TRANSFORMER_LM_REAL *t9 = dt7_dt6 + 64*m; /* 64 x 64 */
+    /* t5 = Wq0/4 */
+    TRANSFORMER_LM_REAL *t5 = t2 + 64*m; /* 64 x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t9[64*i + j] = (1.0/4.0)*Wq0[64*i + j];
+            t5[64*i + j] = (1.0/4.0)*Wq0[64*i + j];
         }
     }
 
-    /* t10 = t8 @ t9 */
-    TRANSFORMER_LM_REAL *t10 = t9 + 4096; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, t9, 64, 1, t10);
+    /* t6 = t4 @ t5 */
+    TRANSFORMER_LM_REAL *t6 = t5 + 4096; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t4, 64, 1, t5, 64, 1, t6);
 
-    /* t11 = t8 @ Wk0 */
-    TRANSFORMER_LM_REAL *t11 = t10 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, Wk0, 64, 1, t11);
+    /* t7 = t4 @ Wk0 */
+    TRANSFORMER_LM_REAL *t7 = t6 + 64*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t4, 64, 1, Wk0, 64, 1, t7);
 
-    /* t12[(e,t),(h,s)] = sum_k t10[(e,t),h*dh+k] * t11[(e,s),h*dh+k] for s <= t, 0 for s > t
+    /* t8[(e,t),(h,s)] = sum_k t6[(e,t),h*dh+k] * t7[(e,s),h*dh+k] for s <= t, 0 for s > t
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t12 = t11 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *t12_block_1 = t12 + 256*m; /* 64 x 16 */
+    TRANSFORMER_LM_REAL *t8 = t7 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *t8_block_1 = t8 + 256*m; /* 64 x 16 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores t10 t11^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, t10 + row0 * 64 + hd * 16, 64, t11 + row0 * 64 + hd * 16, 64,
-                                          t12 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores t6 t7^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t6 + row0 * 64 + hd * 16, 64, t7 + row0 * 64 + hd * 16, 64,
+                                          t8 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t12_block_1[dk][ks] = t11[(e,ks), hd*16+dk]: the head's keys transposed, so
-             * that a row of scores is a sum of contiguous rows */
+            /* t8_block_1[dk][ks] = t7[(e,ks), hd*16+dk]: the head's keys transposed, so that
+             * a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    t12_block_1[dk * 64 + ks] = t11[(row0 + ks) * 64 + hd * 16 + dk];
+                    t8_block_1[dk * 64 + ks] = t7[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t12 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = t8 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += t10[(e,qt), hd*16+dk] * t12_block_1[dk][ks] for keys ks <= qt */
+                /* srow[ks] += t6[(e,qt), hd*16+dk] * t8_block_1[dk][ks] for keys ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t10[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = t6[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t12_block_1[dk * 64 + ks];
+                        srow[ks] += aw * t8_block_1[dk * 64 + ks];
                     }
                 }
             }
@@ -2627,67 +2656,67 @@ static void transformer_lm_train_step_part1(
     #endif
     }
 
-    /* t13[(e,t),(h,s)] = exp(t12[(e,t),(h,s)] - max_{s'<=t} t12[(e,t),(h,s')]) / sum_{s'<=t}
+    /* t9[(e,t),(h,s)] = exp(t8[(e,t),(h,s)] - max_{s'<=t} t8[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t13 = t12_block_1 + 1024; /* m x 256 */
+    TRANSFORMER_LM_REAL *t9 = t8_block_1 + 1024; /* m x 256 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t12[qbase];
+                TRANSFORMER_LM_REAL top = t8[qbase];
                 for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t12[qbase + ks];
+                    const TRANSFORMER_LM_REAL val = t8[qbase + ks];
                     top = val > top ? val : top;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t12[qbase + ks];
-                    t13[qbase + ks] = exp(-top + val);
+                    const TRANSFORMER_LM_REAL val = t8[qbase + ks];
+                    t9[qbase + ks] = exp(-top + val);
                 }
                 TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += t13[qbase + ks];
+                    total += t9[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t13[qbase + ks] /= total;
+                    t9[qbase + ks] /= total;
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t13[qbase + ks] = 0;
+                    t9[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* t14 = t8 @ Wv0 */
-    TRANSFORMER_LM_REAL *t14 = t13 + 256*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t8, 64, 1, Wv0, 64, 1, t14);
+    /* t10 = t4 @ Wv0 */
+    TRANSFORMER_LM_REAL *t10 = t9 + 256*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t4, 64, 1, Wv0, 64, 1, t10);
 
-    /* t15[(e,t),h*dh+k] = sum_{s<=t} t13[(e,t),(h,s)] * t14[(e,s),h*dh+k] (rows (e,t) =
+    /* t11[(e,t),h*dh+k] = sum_{s<=t} t9[(e,t),(h,s)] * t10[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t15 = t14 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *t11 = t10 + 64*m; /* m x 64 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t13) t14 */
-            symbackprop_f64_causal_mix(0, len, 16, t13 + row0 * 256 + hd * 64, 256,
-                                       t14 + row0 * 64 + hd * 16, 64, t15 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(t9) t10 */
+            symbackprop_f64_causal_mix(0, len, 16, t9 + row0 * 256 + hd * 64, 256,
+                                       t10 + row0 * 64 + hd * 16, 64, t11 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of t13[(e,qt),(hd,ks)] *
-                 * t14[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = t15 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of t9[(e,qt),(hd,ks)] *
+                 * t10[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = t11 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = t13[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = t9[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t14[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t10[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -2695,185 +2724,219 @@ static void transformer_lm_train_step_part1(
     #endif
     }
 
-    /* t16 = t15 @ Wo0 */
-    TRANSFORMER_LM_REAL *t16 = t15 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t15, 64, 1, Wo0, 64, 1, t16);
+    /* t12 = t11 @ Wo0 */
+    TRANSFORMER_LM_REAL *t12 = t11 + 64*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t11, 64, 1, Wo0, 64, 1, t12);
 
-    /* t17 = t16 + t2 */
-    TRANSFORMER_LM_REAL *t17 = t16 + 64*m; /* m x 64 */
+    /* t13 = t12 + t2 */
+    TRANSFORMER_LM_REAL *t13 = t12 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t17[64*i + j] = t2[64*i + j] + t16[64*i + j];
+            t13[64*i + j] = t2[64*i + j] + t12[64*i + j];
         }
     }
 
-    /* t18 = sum of t17 along each row */
-    TRANSFORMER_LM_REAL *t18 = t17 + 64*m; /* m x 1 */
+    /* t14[i, :] = (t13[i, :] - mu_i) r_i, mu_i = mean_j t13[i, j], r_i = 1/sqrt(mean_j
+     * (t13[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *t14 = t12; /* m x 64, in t12's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t18[i] = symbackprop_f64_sum(t17 + 64*i, 64, 1);
+        TRANSFORMER_LM_REAL *row = t14 + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t13[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t13[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
+        for (int64_t j = 0; j < 64; ++j) {
+            row[j] = t13[64*i + j] - mean;
+        }
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += row[k + l]*row[k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += row[k]*row[k];
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] *= r;
+            }
+        }
     }
 
-    /* t19 = t17 - t18/64 */
-    /* t20 = (t17 - t18/64)**2 */
-    TRANSFORMER_LM_REAL *t19 = t2; /* m x 64, in t2's memory */
-    TRANSFORMER_LM_REAL *t20 = t16; /* m x 64, in t16's memory */
+    /* t15 = b0m + g0m*t14 */
+    TRANSFORMER_LM_REAL *t15 = t13 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t17[64*i + j] - 1.0/64.0*t18[i];
-            t19[64*i + j] = x0;
-            t20[64*i + j] = (x0*x0);
+            t15[64*i + j] = g0m[j]*t14[64*i + j] + b0m[j];
         }
     }
 
-    /* t21 = sum of t20 along each row */
-    TRANSFORMER_LM_REAL *t21 = t18; /* m x 1, in t18's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t21[i] = symbackprop_f64_sum(t20 + 64*i, 64, 1);
-    }
+    /* t16 = t15 @ W0up */
+    TRANSFORMER_LM_REAL *t16 = t8; /* m x 256, in t8's memory */
+    symbackprop_f64_matmul(m, 256, 64, t15, 64, 1, W0up, 256, 1, t16);
 
-    /* t22 = t19/sqrt(t21/64 + 1.0e-5) */
-    /* t23 = b0m + g0m*t19/sqrt(t21/64 + 1.0e-5) */
-    /* dt22_dt21 = -t19/(128*(t21/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t22 = t20; /* m x 64, in t20's memory */
-    TRANSFORMER_LM_REAL *t23 = t18 + m; /* m x 64 */
-    TRANSFORMER_LM_REAL *dt22_dt21 = t23 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t21[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]/sqrt(x0);
-            t22[64*i + j] = x1;
-            t23[64*i + j] = g0m[j]*x1 + b0m[j];
-            dt22_dt21[64*i + j] = -1.0/128.0*t19[64*i + j]/(x0*sqrt(x0));
-        }
-    }
-
-    /* t24 = t23 @ W0up */
-    TRANSFORMER_LM_REAL *t24 = t12; /* m x 256, in t12's memory */
-    symbackprop_f64_matmul(m, 256, 64, t23, 64, 1, W0up, 256, 1, t24);
-
-    /* t25 = (c0up + t24)*(erf(sqrt(2)*(c0up + t24)/2) + 1)/2 */
-    /* t26 = sqrt(2)*(c0up + t24)*exp(-(c0up + t24)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c0up +
-     * t24)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *t25 = dt22_dt21 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *t26 = t25 + 256*m; /* m x 256 */
+    /* t17 = (c0up + t16)*(erf(sqrt(2)*(c0up + t16)/2) + 1)/2 */
+    /* t18 = sqrt(2)*(c0up + t16)*exp(-(c0up + t16)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c0up +
+     * t16)/2)/2 + 1/2 */
+    TRANSFORMER_LM_REAL *t17 = t15 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *t18 = t17 + 256*m; /* m x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t24[256*i + j] + c0up[j];
+            const TRANSFORMER_LM_REAL x0 = t16[256*i + j] + c0up[j];
             const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
             const TRANSFORMER_LM_REAL x2 = erf(x1);
-            t25[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
-            t26[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
+            t17[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            t18[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 
-    /* t27 = t25 @ W0down */
-    TRANSFORMER_LM_REAL *t27 = t26 + 256*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 256, t25, 256, 1, W0down, 64, 1, t27);
+    /* t19 = t17 @ W0down */
+    TRANSFORMER_LM_REAL *t19 = t18 + 256*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 256, t17, 256, 1, W0down, 64, 1, t19);
 
-    /* t28 = c0down + t17 + t27 */
-    TRANSFORMER_LM_REAL *t28 = t27 + 64*m; /* m x 64 */
+    /* t20 = c0down + t13 + t19 */
+    TRANSFORMER_LM_REAL *t20 = t19 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t28[64*i + j] = t17[64*i + j] + t27[64*i + j] + c0down[j];
+            t20[64*i + j] = t13[64*i + j] + t19[64*i + j] + c0down[j];
         }
     }
 
-    /* t29 = sum of t28 along each row */
-    TRANSFORMER_LM_REAL *t29 = t28 + 64*m; /* m x 1 */
+    /* t21[i, :] = (t20[i, :] - mu_i) r_i, mu_i = mean_j t20[i, j], r_i = 1/sqrt(mean_j
+     * (t20[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *t21 = t19; /* m x 64, in t19's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t29[i] = symbackprop_f64_sum(t28 + 64*i, 64, 1);
+        TRANSFORMER_LM_REAL *row = t21 + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t20[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t20[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
+        for (int64_t j = 0; j < 64; ++j) {
+            row[j] = t20[64*i + j] - mean;
+        }
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += row[k + l]*row[k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += row[k]*row[k];
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] *= r;
+            }
+        }
     }
 
-    /* t30 = t28 - t29/64 */
-    /* t31 = (t28 - t29/64)**2 */
-    TRANSFORMER_LM_REAL *t30 = t17; /* m x 64, in t17's memory */
-    TRANSFORMER_LM_REAL *t31 = t27; /* m x 64, in t27's memory */
+    /* t22 = b1a + g1a*t21 */
+    TRANSFORMER_LM_REAL *t22 = t20 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t28[64*i + j] - 1.0/64.0*t29[i];
-            t30[64*i + j] = x0;
-            t31[64*i + j] = (x0*x0);
+            t22[64*i + j] = g1a[j]*t21[64*i + j] + b1a[j];
         }
     }
 
-    /* t32 = sum of t31 along each row */
-    TRANSFORMER_LM_REAL *t32 = t29; /* m x 1, in t29's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t32[i] = symbackprop_f64_sum(t31 + 64*i, 64, 1);
-    }
-
-    /* t33 = t30/sqrt(t32/64 + 1.0e-5) */
-    /* t34 = b1a + g1a*t30/sqrt(t32/64 + 1.0e-5) */
-    /* dt33_dt32 = -t30/(128*(t32/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t33 = t31; /* m x 64, in t31's memory */
-    TRANSFORMER_LM_REAL *t34 = t29 + m; /* m x 64 */
-    TRANSFORMER_LM_REAL *dt33_dt32 = t34 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t32[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = t30[64*i + j]/sqrt(x0);
-            t33[64*i + j] = x1;
-            t34[64*i + j] = g1a[j]*x1 + b1a[j];
-            dt33_dt32[64*i + j] = -1.0/128.0*t30[64*i + j]/(x0*sqrt(x0));
-        }
-    }
-
-    /* t35 = Wq1/4 */
-    TRANSFORMER_LM_REAL *t35 = dt33_dt32 + 64*m; /* 64 x 64 */
+    /* t23 = Wq1/4 */
+    TRANSFORMER_LM_REAL *t23 = t22 + 64*m; /* 64 x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t35[64*i + j] = (1.0/4.0)*Wq1[64*i + j];
+            t23[64*i + j] = (1.0/4.0)*Wq1[64*i + j];
         }
     }
 
-    /* t36 = t34 @ t35 */
-    TRANSFORMER_LM_REAL *t36 = t35 + 4096; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, t35, 64, 1, t36);
+    /* t24 = t22 @ t23 */
+    TRANSFORMER_LM_REAL *t24 = t23 + 4096; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t22, 64, 1, t23, 64, 1, t24);
 
-    /* t37 = t34 @ Wk1 */
-    TRANSFORMER_LM_REAL *t37 = t36 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wk1, 64, 1, t37);
+    /* t25 = t22 @ Wk1 */
+    TRANSFORMER_LM_REAL *t25 = t24 + 64*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t22, 64, 1, Wk1, 64, 1, t25);
 
-    /* t38[(e,t),(h,s)] = sum_k t36[(e,t),h*dh+k] * t37[(e,s),h*dh+k] for s <= t, 0 for s > t
+    /* t26[(e,t),(h,s)] = sum_k t24[(e,t),h*dh+k] * t25[(e,s),h*dh+k] for s <= t, 0 for s > t
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t38 = t24; /* m x 256, in t24's memory */
-    TRANSFORMER_LM_REAL *t38_block_1 = t12_block_1; /* 64 x 16, in t12_block_1's memory */
+    TRANSFORMER_LM_REAL *t26 = t16; /* m x 256, in t16's memory */
+    TRANSFORMER_LM_REAL *t26_block_1 = t8_block_1; /* 64 x 16, in t8_block_1's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores t36 t37^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, t36 + row0 * 64 + hd * 16, 64, t37 + row0 * 64 + hd * 16, 64,
-                                          t38 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores t24 t25^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t24 + row0 * 64 + hd * 16, 64, t25 + row0 * 64 + hd * 16, 64,
+                                          t26 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t38_block_1[dk][ks] = t37[(e,ks), hd*16+dk]: the head's keys transposed, so
+            /* t26_block_1[dk][ks] = t25[(e,ks), hd*16+dk]: the head's keys transposed, so
              * that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    t38_block_1[dk * 64 + ks] = t37[(row0 + ks) * 64 + hd * 16 + dk];
+                    t26_block_1[dk * 64 + ks] = t25[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t38 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = t26 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += t36[(e,qt), hd*16+dk] * t38_block_1[dk][ks] for keys ks <= qt */
+                /* srow[ks] += t24[(e,qt), hd*16+dk] * t26_block_1[dk][ks] for keys ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t36[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = t24[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t38_block_1[dk * 64 + ks];
+                        srow[ks] += aw * t26_block_1[dk * 64 + ks];
                     }
                 }
             }
@@ -2881,49 +2944,157 @@ static void transformer_lm_train_step_part1(
     #endif
     }
 
-    /* t39[(e,t),(h,s)] = exp(t38[(e,t),(h,s)] - max_{s'<=t} t38[(e,t),(h,s')]) / sum_{s'<=t}
+    /* t27[(e,t),(h,s)] = exp(t26[(e,t),(h,s)] - max_{s'<=t} t26[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t39 = t37 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *t27 = t25 + 64*m; /* m x 256 */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t38[qbase];
+                TRANSFORMER_LM_REAL top = t26[qbase];
                 for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t38[qbase + ks];
+                    const TRANSFORMER_LM_REAL val = t26[qbase + ks];
                     top = val > top ? val : top;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t38[qbase + ks];
-                    t39[qbase + ks] = exp(-top + val);
+                    const TRANSFORMER_LM_REAL val = t26[qbase + ks];
+                    t27[qbase + ks] = exp(-top + val);
                 }
                 TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += t39[qbase + ks];
+                    total += t27[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t39[qbase + ks] /= total;
+                    t27[qbase + ks] /= total;
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t39[qbase + ks] = 0;
+                    t27[qbase + ks] = 0;
                 }
             }
         }
     }
+
+    /* t28 = t22 @ Wv1 */
+    TRANSFORMER_LM_REAL *t28 = t27 + 256*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t22, 64, 1, Wv1, 64, 1, t28);
+
+    /* t29[(e,t),h*dh+k] = sum_{s<=t} t27[(e,t),(h,s)] * t28[(e,s),h*dh+k] (rows (e,t) =
+     * e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *t29 = t28 + 64*m; /* m x 64 */
+    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t27) t28 */
+            symbackprop_f64_causal_mix(0, len, 16, t27 + row0 * 256 + hd * 64, 256,
+                                       t28 + row0 * 64 + hd * 16, 64, t29 + row0 * 64 + hd * 16, 64);
+        }
+    #else
+        for (int64_t qt = 0; qt < len; ++qt) {
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over keys ks <= qt of t27[(e,qt),(hd,ks)] *
+                 * t28[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = t29 + (row0 + qt) * 64 + hd * 16;
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL pw = t27[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t28[(row0 + ks) * 64 + hd * 16 + dk];
+                    }
+                }
+            }
+        }
+    #endif
+    }
+
+    /* t30 = t29 @ Wo1 */
+    TRANSFORMER_LM_REAL *t30 = t29 + 64*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, t29, 64, 1, Wo1, 64, 1, t30);
+
+    /* t31 = t20 + t30 */
+    TRANSFORMER_LM_REAL *t31 = t30 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            t31[64*i + j] = t20[64*i + j] + t30[64*i + j];
+        }
+    }
+
+    /* t32[i, :] = (t31[i, :] - mu_i) r_i, mu_i = mean_j t31[i, j], r_i = 1/sqrt(mean_j
+     * (t31[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *t32 = t30; /* m x 64, in t30's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        TRANSFORMER_LM_REAL *row = t32 + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t31[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t31[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
+        for (int64_t j = 0; j < 64; ++j) {
+            row[j] = t31[64*i + j] - mean;
+        }
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += row[k + l]*row[k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += row[k]*row[k];
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] *= r;
+            }
+        }
+    }
+
+    /* t33 = b1m + g1m*t32 */
+    TRANSFORMER_LM_REAL *t33 = t31 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            t33[64*i + j] = g1m[j]*t32[64*i + j] + b1m[j];
+        }
+    }
 }
 
-/* transformer_lm_train_step, part 2 of 7 (kernels 33 to 64): a long
+/* transformer_lm_train_step, part 2 of 6 (kernels 33 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 static void transformer_lm_train_step_part2(
     int64_t m,
     const int64_t *targets,
+    TRANSFORMER_LM_REAL *Wk1,
     TRANSFORMER_LM_REAL *Wv1,
     TRANSFORMER_LM_REAL *Wo1,
     TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
     TRANSFORMER_LM_REAL *W1up,
     TRANSFORMER_LM_REAL *c1up,
     TRANSFORMER_LM_REAL *W1down,
@@ -2935,589 +3106,367 @@ static void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t28 = work + 1922*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t34 = work + 1987*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t38 = work + 449*m + 4096; /* m x 256, in t24's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = work + 2243*m + 9216; /* m x 256; placed in an earlier part */
-    /* t40 = t34 @ Wv1 */
-    TRANSFORMER_LM_REAL *t40 = t39 + 256*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t34, 64, 1, Wv1, 64, 1, t40);
+    TRANSFORMER_LM_REAL *t23 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t24 = work + 1856*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t25 = work + 1920*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26 = work + 320*m + 4096; /* m x 256, in t16's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t26_block_1 = work + 576*m + 4096; /* 64 x 16, in t8_block_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t27 = work + 1984*m + 9216; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t28 = work + 2240*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t31 = work + 2432*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = work + 2368*m + 9216; /* m x 64, in t30's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t33 = work + 2496*m + 9216; /* m x 64; placed in an earlier part */
+    /* t34 = t33 @ W1up */
+    TRANSFORMER_LM_REAL *t34 = t26; /* m x 256, in t26's memory */
+    symbackprop_f64_matmul(m, 256, 64, t33, 64, 1, W1up, 256, 1, t34);
 
-    /* t41[(e,t),h*dh+k] = sum_{s<=t} t39[(e,t),(h,s)] * t40[(e,s),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t41 = t40 + 64*m; /* m x 64 */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t39) t40 */
-            symbackprop_f64_causal_mix(0, len, 16, t39 + row0 * 256 + hd * 64, 256,
-                                       t40 + row0 * 64 + hd * 16, 64, t41 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of t39[(e,qt),(hd,ks)] *
-                 * t40[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = t41 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = t39[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t40[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* t42 = t41 @ Wo1 */
-    TRANSFORMER_LM_REAL *t42 = t41 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t41, 64, 1, Wo1, 64, 1, t42);
-
-    /* t43 = t28 + t42 */
-    TRANSFORMER_LM_REAL *t43 = t42 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t43[64*i + j] = t28[64*i + j] + t42[64*i + j];
-        }
-    }
-
-    /* t44 = sum of t43 along each row */
-    TRANSFORMER_LM_REAL *t44 = t43 + 64*m; /* m x 1 */
-    for (int64_t i = 0; i < m; ++i) {
-        t44[i] = symbackprop_f64_sum(t43 + 64*i, 64, 1);
-    }
-
-    /* t45 = t43 - t44/64 */
-    /* t46 = (t43 - t44/64)**2 */
-    TRANSFORMER_LM_REAL *t45 = t28; /* m x 64, in t28's memory */
-    TRANSFORMER_LM_REAL *t46 = t42; /* m x 64, in t42's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t43[64*i + j] - 1.0/64.0*t44[i];
-            t45[64*i + j] = x0;
-            t46[64*i + j] = (x0*x0);
-        }
-    }
-
-    /* t47 = sum of t46 along each row */
-    TRANSFORMER_LM_REAL *t47 = t44; /* m x 1, in t44's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t47[i] = symbackprop_f64_sum(t46 + 64*i, 64, 1);
-    }
-
-    /* t48 = t45/sqrt(t47/64 + 1.0e-5) */
-    /* t49 = b1m + g1m*t45/sqrt(t47/64 + 1.0e-5) */
-    /* dt48_dt47 = -t45/(128*(t47/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t48 = t46; /* m x 64, in t46's memory */
-    TRANSFORMER_LM_REAL *t49 = t44 + m; /* m x 64 */
-    TRANSFORMER_LM_REAL *dt48_dt47 = t49 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t47[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = t45[64*i + j]/sqrt(x0);
-            t48[64*i + j] = x1;
-            t49[64*i + j] = g1m[j]*x1 + b1m[j];
-            dt48_dt47[64*i + j] = -1.0/128.0*t45[64*i + j]/(x0*sqrt(x0));
-        }
-    }
-
-    /* t50 = t49 @ W1up */
-    TRANSFORMER_LM_REAL *t50 = t38; /* m x 256, in t38's memory */
-    symbackprop_f64_matmul(m, 256, 64, t49, 64, 1, W1up, 256, 1, t50);
-
-    /* t51 = (c1up + t50)*(erf(sqrt(2)*(c1up + t50)/2) + 1)/2 */
-    /* t52 = sqrt(2)*(c1up + t50)*exp(-(c1up + t50)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c1up +
-     * t50)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *t51 = dt48_dt47 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *t52 = t51 + 256*m; /* m x 256 */
+    /* t35 = (c1up + t34)*(erf(sqrt(2)*(c1up + t34)/2) + 1)/2 */
+    /* t36 = sqrt(2)*(c1up + t34)*exp(-(c1up + t34)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c1up +
+     * t34)/2)/2 + 1/2 */
+    TRANSFORMER_LM_REAL *t35 = t33 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *t36 = t35 + 256*m; /* m x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t50[256*i + j] + c1up[j];
+            const TRANSFORMER_LM_REAL x0 = t34[256*i + j] + c1up[j];
             const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
             const TRANSFORMER_LM_REAL x2 = erf(x1);
-            t51[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
-            t52[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
+            t35[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            t36[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
     }
 
-    /* t53 = t51 @ W1down */
-    TRANSFORMER_LM_REAL *t53 = t52 + 256*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 256, t51, 256, 1, W1down, 64, 1, t53);
+    /* t37 = t35 @ W1down */
+    TRANSFORMER_LM_REAL *t37 = t36 + 256*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 256, t35, 256, 1, W1down, 64, 1, t37);
 
-    /* t54 = c1down + t43 + t53 */
-    TRANSFORMER_LM_REAL *t54 = t53 + 64*m; /* m x 64 */
+    /* t38 = c1down + t31 + t37 */
+    TRANSFORMER_LM_REAL *t38 = t37 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t54[64*i + j] = t43[64*i + j] + t53[64*i + j] + c1down[j];
+            t38[64*i + j] = t31[64*i + j] + t37[64*i + j] + c1down[j];
         }
     }
 
-    /* t55 = sum of t54 along each row */
-    TRANSFORMER_LM_REAL *t55 = t54 + 64*m; /* m x 1 */
+    /* t39[i, :] = (t38[i, :] - mu_i) r_i, mu_i = mean_j t38[i, j], r_i = 1/sqrt(mean_j
+     * (t38[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *t39 = t37; /* m x 64, in t37's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t55[i] = symbackprop_f64_sum(t54 + 64*i, 64, 1);
+        TRANSFORMER_LM_REAL *row = t39 + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t38[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t38[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
+        for (int64_t j = 0; j < 64; ++j) {
+            row[j] = t38[64*i + j] - mean;
+        }
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += row[k + l]*row[k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += row[k]*row[k];
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] *= r;
+            }
+        }
     }
 
-    /* t56 = t54 - t55/64 */
-    /* t57 = (t54 - t55/64)**2 */
-    TRANSFORMER_LM_REAL *t56 = t43; /* m x 64, in t43's memory */
-    TRANSFORMER_LM_REAL *t57 = t53; /* m x 64, in t53's memory */
+    /* t40 = bf + gf*t39 */
+    TRANSFORMER_LM_REAL *t40 = t38 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t54[64*i + j] - 1.0/64.0*t55[i];
-            t56[64*i + j] = x0;
-            t57[64*i + j] = (x0*x0);
+            t40[64*i + j] = gf[j]*t39[64*i + j] + bf[j];
         }
     }
 
-    /* t58 = sum of t57 along each row */
-    TRANSFORMER_LM_REAL *t58 = t55; /* m x 1, in t55's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        t58[i] = symbackprop_f64_sum(t57 + 64*i, 64, 1);
-    }
+    /* t41 = t40 @ Wout */
+    TRANSFORMER_LM_REAL *t41 = t40 + 64*m; /* m x 62 */
+    symbackprop_f64_matmul(m, 62, 64, t40, 64, 1, Wout, 62, 1, t41);
 
-    /* t59 = t56/sqrt(t58/64 + 1.0e-5) */
-    /* t60 = bf + gf*t56/sqrt(t58/64 + 1.0e-5) */
-    /* dt59_dt58 = -t56/(128*(t58/64 + 1.0e-5)**(3/2)) */
-    TRANSFORMER_LM_REAL *t59 = t54; /* m x 64, in t54's memory */
-    TRANSFORMER_LM_REAL *t60 = t57; /* m x 64, in t57's memory */
-    TRANSFORMER_LM_REAL *dt59_dt58 = t55 + m; /* m x 64 */
+    /* t42[i] = t41[i, targets[i]] */
+    TRANSFORMER_LM_REAL *t42 = t41 + 62*m; /* m x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = (1.0/64.0)*t58[i] + 1.0000000000000001e-5;
-            const TRANSFORMER_LM_REAL x1 = t56[64*i + j]/sqrt(x0);
-            t59[64*i + j] = x1;
-            t60[64*i + j] = gf[j]*x1 + bf[j];
-            dt59_dt58[64*i + j] = -1.0/128.0*t56[64*i + j]/(x0*sqrt(x0));
-        }
+        const int64_t column = targets[i];
+        t42[i] = t41[62*i + column];
     }
 
-    /* t61 = t60 @ Wout */
-    TRANSFORMER_LM_REAL *t61 = dt59_dt58 + 64*m; /* m x 62 */
-    symbackprop_f64_matmul(m, 62, 64, t60, 64, 1, Wout, 62, 1, t61);
-
-    /* t62 = Matrix([ [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-     * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-     * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-     * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-     * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-     * 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, ... */
-    TRANSFORMER_LM_REAL *t62 = t61 + 62*m; /* 62 x 62 */
-    for (int64_t i = 0; i < 3844; ++i) {
-        t62[i] = 0;
+    /* t43 = log(sum(exp(t41))) along each row, its max subtracted first */
+    TRANSFORMER_LM_REAL *t43 = t42 + m; /* m x 1 */
+    for (int64_t i = 0; i < m; ++i) {
+        t43[i] = symbackprop_f64_logsumexp(t41 + 62*i, 62, 1);
     }
-    t62[0] = 1;
-    t62[63] = 1;
-    t62[126] = 1;
-    t62[189] = 1;
-    t62[252] = 1;
-    t62[315] = 1;
-    t62[378] = 1;
-    t62[441] = 1;
-    t62[504] = 1;
-    t62[567] = 1;
-    t62[630] = 1;
-    t62[693] = 1;
-    t62[756] = 1;
-    t62[819] = 1;
-    t62[882] = 1;
-    t62[945] = 1;
-    t62[1008] = 1;
-    t62[1071] = 1;
-    t62[1134] = 1;
-    t62[1197] = 1;
-    t62[1260] = 1;
-    t62[1323] = 1;
-    t62[1386] = 1;
-    t62[1449] = 1;
-    t62[1512] = 1;
-    t62[1575] = 1;
-    t62[1638] = 1;
-    t62[1701] = 1;
-    t62[1764] = 1;
-    t62[1827] = 1;
-    t62[1890] = 1;
-    t62[1953] = 1;
-    t62[2016] = 1;
-    t62[2079] = 1;
-    t62[2142] = 1;
-    t62[2205] = 1;
-    t62[2268] = 1;
-    t62[2331] = 1;
-    t62[2394] = 1;
-    t62[2457] = 1;
-    t62[2520] = 1;
-    t62[2583] = 1;
-    t62[2646] = 1;
-    t62[2709] = 1;
-    t62[2772] = 1;
-    t62[2835] = 1;
-    t62[2898] = 1;
-    t62[2961] = 1;
-    t62[3024] = 1;
-    t62[3087] = 1;
-    t62[3150] = 1;
-    t62[3213] = 1;
-    t62[3276] = 1;
-    t62[3339] = 1;
-    t62[3402] = 1;
-    t62[3465] = 1;
-    t62[3528] = 1;
-    t62[3591] = 1;
-    t62[3654] = 1;
-    t62[3717] = 1;
-    t62[3780] = 1;
-    t62[3843] = 1;
 
-    /* t63[i, :] = [t62[targets[i], 0], t62[targets[i], 1], t62[targets[i], 2],
-     * t62[targets[i], 3], t62[targets[i], 4], t62[targets[i], 5], t62[targets[i], 6],
-     * t62[targets[i], 7], t62[targets[i], 8], t62[targets[i], 9], t62[targets[i], 10],
-     * t62[targets[i], 11], t62[targets[i], 12], t62[targets[i], 13], t62[targets[i], 14],
-     * t62[targets[i], 15], t62[targets[i], 16], t62[targets[i], 17], t62[targets[i], 18],
-     * t62[targets[i], 19], t62[targets[i], 20], t62[targets[i], 21], t62[targets[i], 22], ... */
-    TRANSFORMER_LM_REAL *t63 = t62 + 3844; /* m x 62 */
+    /* t44 = -t42 + t43 */
+    TRANSFORMER_LM_REAL *t44 = t43 + m; /* m x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t63[62*i] = t62[62*targets[i]];
-        t63[62*i + 1] = t62[62*targets[i] + 1];
-        t63[62*i + 2] = t62[62*targets[i] + 2];
-        t63[62*i + 3] = t62[62*targets[i] + 3];
-        t63[62*i + 4] = t62[62*targets[i] + 4];
-        t63[62*i + 5] = t62[62*targets[i] + 5];
-        t63[62*i + 6] = t62[62*targets[i] + 6];
-        t63[62*i + 7] = t62[62*targets[i] + 7];
-        t63[62*i + 8] = t62[62*targets[i] + 8];
-        t63[62*i + 9] = t62[62*targets[i] + 9];
-        t63[62*i + 10] = t62[62*targets[i] + 10];
-        t63[62*i + 11] = t62[62*targets[i] + 11];
-        t63[62*i + 12] = t62[62*targets[i] + 12];
-        t63[62*i + 13] = t62[62*targets[i] + 13];
-        t63[62*i + 14] = t62[62*targets[i] + 14];
-        t63[62*i + 15] = t62[62*targets[i] + 15];
-        t63[62*i + 16] = t62[62*targets[i] + 16];
-        t63[62*i + 17] = t62[62*targets[i] + 17];
-        t63[62*i + 18] = t62[62*targets[i] + 18];
-        t63[62*i + 19] = t62[62*targets[i] + 19];
-        t63[62*i + 20] = t62[62*targets[i] + 20];
-        t63[62*i + 21] = t62[62*targets[i] + 21];
-        t63[62*i + 22] = t62[62*targets[i] + 22];
-        t63[62*i + 23] = t62[62*targets[i] + 23];
-        t63[62*i + 24] = t62[62*targets[i] + 24];
-        t63[62*i + 25] = t62[62*targets[i] + 25];
-        t63[62*i + 26] = t62[62*targets[i] + 26];
-        t63[62*i + 27] = t62[62*targets[i] + 27];
-        t63[62*i + 28] = t62[62*targets[i] + 28];
-        t63[62*i + 29] = t62[62*targets[i] + 29];
-        t63[62*i + 30] = t62[62*targets[i] + 30];
-        t63[62*i + 31] = t62[62*targets[i] + 31];
-        t63[62*i + 32] = t62[62*targets[i] + 32];
-        t63[62*i + 33] = t62[62*targets[i] + 33];
-        t63[62*i + 34] = t62[62*targets[i] + 34];
-        t63[62*i + 35] = t62[62*targets[i] + 35];
-        t63[62*i + 36] = t62[62*targets[i] + 36];
-        t63[62*i + 37] = t62[62*targets[i] + 37];
-        t63[62*i + 38] = t62[62*targets[i] + 38];
-        t63[62*i + 39] = t62[62*targets[i] + 39];
-        t63[62*i + 40] = t62[62*targets[i] + 40];
-        t63[62*i + 41] = t62[62*targets[i] + 41];
-        t63[62*i + 42] = t62[62*targets[i] + 42];
-        t63[62*i + 43] = t62[62*targets[i] + 43];
-        t63[62*i + 44] = t62[62*targets[i] + 44];
-        t63[62*i + 45] = t62[62*targets[i] + 45];
-        t63[62*i + 46] = t62[62*targets[i] + 46];
-        t63[62*i + 47] = t62[62*targets[i] + 47];
-        t63[62*i + 48] = t62[62*targets[i] + 48];
-        t63[62*i + 49] = t62[62*targets[i] + 49];
-        t63[62*i + 50] = t62[62*targets[i] + 50];
-        t63[62*i + 51] = t62[62*targets[i] + 51];
-        t63[62*i + 52] = t62[62*targets[i] + 52];
-        t63[62*i + 53] = t62[62*targets[i] + 53];
-        t63[62*i + 54] = t62[62*targets[i] + 54];
-        t63[62*i + 55] = t62[62*targets[i] + 55];
-        t63[62*i + 56] = t62[62*targets[i] + 56];
-        t63[62*i + 57] = t62[62*targets[i] + 57];
-        t63[62*i + 58] = t62[62*targets[i] + 58];
-        t63[62*i + 59] = t62[62*targets[i] + 59];
-        t63[62*i + 60] = t62[62*targets[i] + 60];
-        t63[62*i + 61] = t62[62*targets[i] + 61];
+        t44[i] = -t42[i] + t43[i];
     }
 
-    /* t64 = t61*t63 */
-    TRANSFORMER_LM_REAL *t64 = t63 + 62*m; /* m x 62 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 62; ++j) {
-            t64[62*i + j] = t61[62*i + j]*t63[62*i + j];
-        }
-    }
+    /* t45 = sum of t44 down each column */
+    TRANSFORMER_LM_REAL *t45 = t44 + m; /* 1 x 1 */
+    t45[0] = symbackprop_f64_sum(t44, m, 1);
 
-    /* t65 = sum of t64 along each row */
-    TRANSFORMER_LM_REAL *t65 = t64 + 62*m; /* m x 1 */
-    for (int64_t i = 0; i < m; ++i) {
-        t65[i] = symbackprop_f64_sum(t64 + 62*i, 62, 1);
-    }
-
-    /* t66 = log(sum(exp(t61))) along each row, its max subtracted first */
-    TRANSFORMER_LM_REAL *t66 = t65 + m; /* m x 1 */
-    for (int64_t i = 0; i < m; ++i) {
-        t66[i] = symbackprop_f64_logsumexp(t61 + 62*i, 62, 1);
-    }
-
-    /* t67 = -t65 + t66 */
-    TRANSFORMER_LM_REAL *t67 = t66 + m; /* m x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        t67[i] = -t65[i] + t66[i];
-    }
-
-    /* t68 = sum of t67 down each column */
-    TRANSFORMER_LM_REAL *t68 = t67 + m; /* 1 x 1 */
-    t68[0] = symbackprop_f64_sum(t67, m, 1);
-
-    /* loss = t68/m */
+    /* loss = t45/m */
     {
-        loss[0] = t68[0]/((TRANSFORMER_LM_REAL)m);
+        loss[0] = t45[0]/((TRANSFORMER_LM_REAL)m);
     }
 
-    /* grad_t61 = -t63/m + exp(t61 - t66)/m */
-    TRANSFORMER_LM_REAL *grad_t61 = t64; /* m x 62, in t64's memory */
+    /* grad_t41_part[i, j] = (-1/m) if j == targets[i], else 0 */
+    TRANSFORMER_LM_REAL *grad_t41_part = t45 + 1; /* m x 62 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        const int64_t column = targets[i];
+        for (int64_t j = 0; j < 62; ++j) {
+            grad_t41_part[62*i + j] = 0;
+        }
+        grad_t41_part[62*i + column] = (-1/((TRANSFORMER_LM_REAL)m));
+    }
+
+    /* grad_t41 = grad_t41_part + exp(t41 - t43)/m */
+    TRANSFORMER_LM_REAL *grad_t41 = grad_t41_part + 62*m; /* m x 62 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 62; ++j) {
-            const TRANSFORMER_LM_REAL x0 = 1.0/((TRANSFORMER_LM_REAL)m);
-            grad_t61[62*i + j] = -t63[62*i + j]*x0 + x0*exp(t61[62*i + j] - t66[i]);
+            grad_t41[62*i + j] = grad_t41_part[62*i + j] + exp(t41[62*i + j] - t43[i])/((TRANSFORMER_LM_REAL)m);
         }
     }
 
-    /* grad_t60 = grad_t61 @ Wout^T */
-    TRANSFORMER_LM_REAL *grad_t60 = t68 + 1; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 62, grad_t61, 62, 1, Wout, 1, 62, grad_t60);
+    /* grad_t40 = grad_t41 @ Wout^T */
+    TRANSFORMER_LM_REAL *grad_t40 = grad_t41 + 62*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 62, grad_t41, 62, 1, Wout, 1, 62, grad_t40);
 
-    /* grad_t59 = gf*grad_t60 */
-    /* t69 = dt59_dt58*gf*grad_t60 */
-    /* g0 = grad_t60*t59 */
-    TRANSFORMER_LM_REAL *grad_t59 = grad_t60 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t69 = grad_t59 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *g0 = t69 + 64*m; /* m x 64 */
+    /* grad_t39 = gf*grad_t40 */
+    /* g0 = grad_t40*t39 */
+    TRANSFORMER_LM_REAL *grad_t39 = grad_t40 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g0 = grad_t39 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t60[64*i + j]*gf[j];
-            grad_t59[64*i + j] = x0;
-            t69[64*i + j] = dt59_dt58[64*i + j]*x0;
-            g0[64*i + j] = grad_t60[64*i + j]*t59[64*i + j];
+            grad_t39[64*i + j] = grad_t40[64*i + j]*gf[j];
+            g0[64*i + j] = grad_t40[64*i + j]*t39[64*i + j];
         }
     }
 
-    /* t70 = 1/sqrt(t58/64 + 1.0e-5) */
-    TRANSFORMER_LM_REAL *t70 = t65; /* m x 1, in t65's memory */
+    /* grad_t38[i, :] = r_i (grad_t39[i, :] - mean_j grad_t39[i, j] - y[i, :] mean_j
+     * grad_t39[i, j] y[i, j]), y = (t38 - mu) r normalized as in normalize_rows (mu_i, r_i
+     * of t38's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_t38 = t39; /* m x 64, in t39's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t70[i] = 1.0/sqrt((1.0/64.0)*t58[i] + 1.0000000000000001e-5);
-    }
-
-    /* grad_t58 = sum of t69 along each row */
-    TRANSFORMER_LM_REAL *grad_t58 = t67; /* m x 1, in t67's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t58[i] = symbackprop_f64_sum(t69 + 64*i, 64, 1);
-    }
-
-    /* grad_t56 = 2*grad_t58*t56 + grad_t59*t70 */
-    /* t71 = -grad_t58*t56/32 - grad_t59*t70/64 */
-    TRANSFORMER_LM_REAL *grad_t56 = t59; /* m x 64, in t59's memory */
-    TRANSFORMER_LM_REAL *t71 = dt59_dt58; /* m x 64, in dt59_dt58's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t59[64*i + j]*t70[i];
-            const TRANSFORMER_LM_REAL x1 = t56[64*i + j]*grad_t58[i];
-            grad_t56[64*i + j] = x0 + 2*x1;
-            t71[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+        TRANSFORMER_LM_REAL *row = grad_t38 + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t38[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t38[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
+         * mean(g) - y mean(g y)) */
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += (t38[64*i + k + l] - mean)*(t38[64*i + k + l] - mean);
+                    grads_lane[l] += grad_t39[64*i + k + l];
+                    grads_c_lane[l] += grad_t39[64*i + k + l]*(t38[64*i + k + l] - mean);
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            TRANSFORMER_LM_REAL grads = grads_lane[0];
+            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+                grads += grads_lane[l];
+                grads_c += grads_c_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += (t38[64*i + k] - mean)*(t38[64*i + k] - mean);
+                grads += grad_t39[64*i + k];
+                grads_c += grad_t39[64*i + k]*(t38[64*i + k] - mean);
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
+            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] = r * (grad_t39[64*i + j] - grads_mean - (t38[64*i + j] - mean) * r * grads_y_mean);
+            }
         }
     }
 
-    /* grad_t55 = sum of t71 along each row */
-    TRANSFORMER_LM_REAL *grad_t55 = t66; /* m x 1, in t66's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t55[i] = symbackprop_f64_sum(t71 + 64*i, 64, 1);
-    }
-}
+    /* grad_t35 = grad_t38 @ W1down^T */
+    TRANSFORMER_LM_REAL *grad_t35 = t34; /* m x 256, in t34's memory */
+    symbackprop_f64_matmul(m, 256, 64, grad_t38, 64, 1, W1down, 1, 64, grad_t35);
 
-/* transformer_lm_train_step, part 3 of 7 (kernels 65 to 96): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-static void transformer_lm_train_step_part3(
-    int64_t m,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *W1up,
-    TRANSFORMER_LM_REAL *W1down,
-    TRANSFORMER_LM_REAL *work
-)
-{
-    TRANSFORMER_LM_REAL *t19 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t21 = work + 1217*m + 5120; /* m x 1, in t18's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t22 = work + 1089*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt22_dt21 = work + 1282*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = work + 1602*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = work + 1153*m + 5120; /* m x 64, in t17's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = work + 1986*m + 5120; /* m x 1, in t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t33 = work + 1858*m + 5120; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt33_dt32 = work + 2051*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = work + 2115*m + 5120; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t36 = work + 2115*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t37 = work + 2179*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t38_block_1 = work + 705*m + 4096; /* 64 x 16, in t12_block_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = work + 2243*m + 9216; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = work + 2499*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t45 = work + 1922*m + 5120; /* m x 64, in t28's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t47 = work + 2755*m + 9216; /* m x 1, in t44's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t48 = work + 2627*m + 9216; /* m x 64, in t46's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt48_dt47 = work + 2820*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t50 = work + 449*m + 4096; /* m x 256, in t38's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t52 = work + 3140*m + 9216; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t56 = work + 2691*m + 9216; /* m x 64, in t43's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t58 = work + 3524*m + 9216; /* m x 1, in t55's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t59 = work + 3842*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t69 = work + 3906*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t70 = work + 3775*m + 13060; /* m x 1, in t65's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t58 = work + 3777*m + 13060; /* m x 1, in t67's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t56 = work + 3460*m + 9216; /* m x 64, in t59's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t71 = work + 3525*m + 9216; /* m x 64, in dt59_dt58's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t55 = work + 3776*m + 13060; /* m x 1, in t66's memory; placed in an earlier part */
-    /* grad_t54 = grad_t55 + grad_t56 */
-    TRANSFORMER_LM_REAL *grad_t54 = t69; /* m x 64, in t69's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t54[64*i + j] = grad_t56[64*i + j] + grad_t55[i];
-        }
-    }
-
-    /* grad_t51 = grad_t54 @ W1down^T */
-    TRANSFORMER_LM_REAL *grad_t51 = t50; /* m x 256, in t50's memory */
-    symbackprop_f64_matmul(m, 256, 64, grad_t54, 64, 1, W1down, 1, 64, grad_t51);
-
-    /* g1 = grad_t51*t52 */
+    /* g1 = grad_t35*t36 */
     TRANSFORMER_LM_REAL *g1 = g0 + 64*m; /* m x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            g1[256*i + j] = grad_t51[256*i + j]*t52[256*i + j];
+            g1[256*i + j] = grad_t35[256*i + j]*t36[256*i + j];
         }
     }
 
-    /* grad_t49 = g1 @ W1up^T */
-    TRANSFORMER_LM_REAL *grad_t49 = t56; /* m x 64, in t56's memory */
-    symbackprop_f64_matmul(m, 64, 256, g1, 256, 1, W1up, 1, 256, grad_t49);
+    /* grad_t33 = g1 @ W1up^T */
+    TRANSFORMER_LM_REAL *grad_t33 = t38; /* m x 64, in t38's memory */
+    symbackprop_f64_matmul(m, 64, 256, g1, 256, 1, W1up, 1, 256, grad_t33);
 
-    /* grad_t48 = g1m*grad_t49 */
-    /* t72 = dt48_dt47*g1m*grad_t49 */
-    /* g2 = grad_t49*t48 */
-    TRANSFORMER_LM_REAL *grad_t48 = grad_t59; /* m x 64, in grad_t59's memory */
-    TRANSFORMER_LM_REAL *t72 = t71; /* m x 64, in t71's memory */
-    TRANSFORMER_LM_REAL *g2 = grad_t56; /* m x 64, in grad_t56's memory */
+    /* grad_t32 = g1m*grad_t33 */
+    /* g2 = grad_t33*t32 */
+    TRANSFORMER_LM_REAL *grad_t32 = grad_t39; /* m x 64, in grad_t39's memory */
+    TRANSFORMER_LM_REAL *g2 = g1 + 256*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t49[64*i + j]*g1m[j];
-            grad_t48[64*i + j] = x0;
-            t72[64*i + j] = dt48_dt47[64*i + j]*x0;
-            g2[64*i + j] = grad_t49[64*i + j]*t48[64*i + j];
+            grad_t32[64*i + j] = grad_t33[64*i + j]*g1m[j];
+            g2[64*i + j] = grad_t33[64*i + j]*t32[64*i + j];
         }
     }
 
-    /* t73 = 1/sqrt(t47/64 + 1.0e-5) */
-    TRANSFORMER_LM_REAL *t73 = t58; /* m x 1, in t58's memory */
+    /* grad_t31_part[i, :] = r_i (grad_t32[i, :] - mean_j grad_t32[i, j] - y[i, :] mean_j
+     * grad_t32[i, j] y[i, j]), y = (t31 - mu) r normalized as in normalize_rows (mu_i, r_i
+     * of t31's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_t31_part = t32; /* m x 64, in t32's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t73[i] = 1.0/sqrt((1.0/64.0)*t47[i] + 1.0000000000000001e-5);
+        TRANSFORMER_LM_REAL *row = grad_t31_part + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t31[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t31[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
+         * mean(g) - y mean(g y)) */
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += (t31[64*i + k + l] - mean)*(t31[64*i + k + l] - mean);
+                    grads_lane[l] += grad_t32[64*i + k + l];
+                    grads_c_lane[l] += grad_t32[64*i + k + l]*(t31[64*i + k + l] - mean);
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            TRANSFORMER_LM_REAL grads = grads_lane[0];
+            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+                grads += grads_lane[l];
+                grads_c += grads_c_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += (t31[64*i + k] - mean)*(t31[64*i + k] - mean);
+                grads += grad_t32[64*i + k];
+                grads_c += grad_t32[64*i + k]*(t31[64*i + k] - mean);
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
+            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] = r * (grad_t32[64*i + j] - grads_mean - (t31[64*i + j] - mean) * r * grads_y_mean);
+            }
+        }
     }
 
-    /* grad_t47 = sum of t72 along each row */
-    TRANSFORMER_LM_REAL *grad_t47 = t70; /* m x 1, in t70's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t47[i] = symbackprop_f64_sum(t72 + 64*i, 64, 1);
-    }
-
-    /* grad_t45 = 2*grad_t47*t45 + grad_t48*t73 */
-    /* t74 = -grad_t47*t45/32 - grad_t48*t73/64 */
-    TRANSFORMER_LM_REAL *grad_t45 = t48; /* m x 64, in t48's memory */
-    TRANSFORMER_LM_REAL *t74 = dt48_dt47; /* m x 64, in dt48_dt47's memory */
+    /* grad_t31 = grad_t31_part + grad_t38 */
+    TRANSFORMER_LM_REAL *grad_t31 = t31; /* m x 64, in t31's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t48[64*i + j]*t73[i];
-            const TRANSFORMER_LM_REAL x1 = t45[64*i + j]*grad_t47[i];
-            grad_t45[64*i + j] = x0 + 2*x1;
-            t74[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            grad_t31[64*i + j] = grad_t38[64*i + j] + grad_t31_part[64*i + j];
         }
     }
 
-    /* grad_t44 = sum of t74 along each row */
-    TRANSFORMER_LM_REAL *grad_t44 = grad_t58; /* m x 1, in grad_t58's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t44[i] = symbackprop_f64_sum(t74 + 64*i, 64, 1);
-    }
+    /* grad_t29 = grad_t31 @ Wo1^T */
+    TRANSFORMER_LM_REAL *grad_t29 = grad_t32; /* m x 64, in grad_t32's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t31, 64, 1, Wo1, 1, 64, grad_t29);
 
-    /* grad_t43 = grad_t44 + grad_t45 + grad_t54 */
-    TRANSFORMER_LM_REAL *grad_t43 = t72; /* m x 64, in t72's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t43[64*i + j] = grad_t54[64*i + j] + grad_t45[64*i + j] + grad_t44[i];
-        }
-    }
-
-    /* grad_t41 = grad_t43 @ Wo1^T */
-    TRANSFORMER_LM_REAL *grad_t41 = t45; /* m x 64, in t45's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t43, 64, 1, Wo1, 1, 64, grad_t41);
-
-    /* grad_t40[(e,s),h*dh+k] = sum_{t>=s} t39[(e,t),(h,s)] * grad_t41[(e,t),h*dh+k] (rows
+    /* grad_t28[(e,s),h*dh+k] = sum_{t>=s} t27[(e,t),(h,s)] * grad_t29[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t40 = grad_t48; /* m x 64, in grad_t48's memory */
+    TRANSFORMER_LM_REAL *grad_t28 = grad_t31_part; /* m x 64, in grad_t31_part's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t39)^T grad_t41 */
-            symbackprop_f64_causal_mix(1, len, 16, t39 + row0 * 256 + hd * 64, 256,
-                                       grad_t41 + row0 * 64 + hd * 16, 64, grad_t40 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(t27)^T grad_t29 */
+            symbackprop_f64_causal_mix(1, len, 16, t27 + row0 * 256 + hd * 64, 256,
+                                       grad_t29 + row0 * 64 + hd * 16, 64, grad_t28 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of t39[(e,qt),(hd,ks)] *
-                 * grad_t41[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t40 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of t27[(e,qt),(hd,ks)] *
+                 * grad_t29[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t28 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = t39[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = t27[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_t41[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_t29[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -3525,43 +3474,43 @@ static void transformer_lm_train_step_part3(
     #endif
     }
 
-    /* grad_t34_part = grad_t40 @ Wv1^T */
-    TRANSFORMER_LM_REAL *grad_t34_part = t74; /* m x 64, in t74's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t40, 64, 1, Wv1, 1, 64, grad_t34_part);
+    /* grad_t22_part = grad_t28 @ Wv1^T */
+    TRANSFORMER_LM_REAL *grad_t22_part = g2 + 64*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, grad_t28, 64, 1, Wv1, 1, 64, grad_t22_part);
 
-    /* grad_t39[(e,t),(h,s)] = sum_k grad_t41[(e,t),h*dh+k] * t40[(e,s),h*dh+k] for s <= t, 0
+    /* grad_t27[(e,t),(h,s)] = sum_k grad_t29[(e,t),h*dh+k] * t28[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t39 = t52; /* m x 256, in t52's memory */
-    TRANSFORMER_LM_REAL *grad_t39_block_1 = t38_block_1; /* 64 x 16, in t38_block_1's memory */
+    TRANSFORMER_LM_REAL *grad_t27 = t36; /* m x 256, in t36's memory */
+    TRANSFORMER_LM_REAL *grad_t27_block_1 = t26_block_1; /* 64 x 16, in t26_block_1's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores grad_t41 t40^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_t41 + row0 * 64 + hd * 16, 64, t40 + row0 * 64 + hd * 16, 64,
-                                          grad_t39 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores grad_t29 t28^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_t29 + row0 * 64 + hd * 16, 64, t28 + row0 * 64 + hd * 16, 64,
+                                          grad_t27 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_t39_block_1[dk][ks] = t40[(e,ks), hd*16+dk]: the head's keys transposed,
+            /* grad_t27_block_1[dk][ks] = t28[(e,ks), hd*16+dk]: the head's keys transposed,
              * so that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_t39_block_1[dk * 64 + ks] = t40[(row0 + ks) * 64 + hd * 16 + dk];
+                    grad_t27_block_1[dk * 64 + ks] = t28[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_t39 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = grad_t27 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += grad_t41[(e,qt), hd*16+dk] * grad_t39_block_1[dk][ks] for keys
+                /* srow[ks] += grad_t29[(e,qt), hd*16+dk] * grad_t27_block_1[dk][ks] for keys
                  * ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_t41[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = grad_t29[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_t39_block_1[dk * 64 + ks];
+                        srow[ks] += aw * grad_t27_block_1[dk * 64 + ks];
                     }
                 }
             }
@@ -3569,10 +3518,10 @@ static void transformer_lm_train_step_part3(
     #endif
     }
 
-    /* grad_t38[(e,t),(h,s)] = t39[(e,t),(h,s)] * (grad_t39[(e,t),(h,s)] - sum_{s'<=t}
-     * t39[(e,t),(h,s')] * grad_t39[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
+    /* grad_t26[(e,t),(h,s)] = t27[(e,t),(h,s)] * (grad_t27[(e,t),(h,s)] - sum_{s'<=t}
+     * t27[(e,t),(h,s')] * grad_t27[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
      * e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_t38 = grad_t51; /* m x 256, in grad_t51's memory */
+    TRANSFORMER_LM_REAL *grad_t26 = grad_t35; /* m x 256, in grad_t35's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -3581,43 +3530,43 @@ static void transformer_lm_train_step_part3(
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
                 TRANSFORMER_LM_REAL dot = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    dot += t39[qbase + ks] * grad_t39[qbase + ks];
+                    dot += t27[qbase + ks] * grad_t27[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_t38[qbase + ks] = t39[qbase + ks] * (grad_t39[qbase + ks] - dot);
+                    grad_t26[qbase + ks] = t27[qbase + ks] * (grad_t27[qbase + ks] - dot);
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    grad_t38[qbase + ks] = 0;
+                    grad_t26[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* grad_t37[(e,s),h*dh+k] = sum_{t>=s} grad_t38[(e,t),(h,s)] * t36[(e,t),h*dh+k] (rows
+    /* grad_t25[(e,s),h*dh+k] = sum_{t>=s} grad_t26[(e,t),(h,s)] * t24[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t37 = grad_t45; /* m x 64, in grad_t45's memory */
+    TRANSFORMER_LM_REAL *grad_t25 = t28; /* m x 64, in t28's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t38)^T t36 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
-                                       t36 + row0 * 64 + hd * 16, 64, grad_t37 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_t26)^T t24 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t26 + row0 * 256 + hd * 64, 256,
+                                       t24 + row0 * 64 + hd * 16, 64, grad_t25 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t38[(e,qt),(hd,ks)] *
-                 * t36[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t37 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of grad_t26[(e,qt),(hd,ks)] *
+                 * t24[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t25 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_t26[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t36[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t24[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -3625,35 +3574,35 @@ static void transformer_lm_train_step_part3(
     #endif
     }
 
-    /* grad_t34_part_1 = grad_t37 @ Wk1^T */
-    TRANSFORMER_LM_REAL *grad_t34_part_1 = t40; /* m x 64, in t40's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t37, 64, 1, Wk1, 1, 64, grad_t34_part_1);
+    /* grad_t22_part_1 = grad_t25 @ Wk1^T */
+    TRANSFORMER_LM_REAL *grad_t22_part_1 = grad_t29; /* m x 64, in grad_t29's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t25, 64, 1, Wk1, 1, 64, grad_t22_part_1);
 
-    /* grad_t36[(e,t),h*dh+k] = sum_{s<=t} grad_t38[(e,t),(h,s)] * t37[(e,s),h*dh+k] (rows
+    /* grad_t24[(e,t),h*dh+k] = sum_{s<=t} grad_t26[(e,t),(h,s)] * t25[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t36 = grad_t41; /* m x 64, in grad_t41's memory */
+    TRANSFORMER_LM_REAL *grad_t24 = t24; /* m x 64, in t24's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t38) t37 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
-                                       t37 + row0 * 64 + hd * 16, 64, grad_t36 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_t26) t25 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t26 + row0 * 256 + hd * 64, 256,
+                                       t25 + row0 * 64 + hd * 16, 64, grad_t24 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t38[(e,qt),(hd,ks)] *
-                 * t37[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t36 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of grad_t26[(e,qt),(hd,ks)] *
+                 * t25[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t24 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_t26[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t37[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t25[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -3661,137 +3610,15 @@ static void transformer_lm_train_step_part3(
     #endif
     }
 
-    /* grad_t34_part_2 = grad_t36 @ t35^T */
-    TRANSFORMER_LM_REAL *grad_t34_part_2 = t36; /* m x 64, in t36's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t36, 64, 1, t35, 1, 64, grad_t34_part_2);
-
-    /* grad_t34 = grad_t34_part + grad_t34_part_1 + grad_t34_part_2 */
-    /* grad_t33 = g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
-    /* t75 = dt33_dt32*g1a*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
-    /* g3 = t33*(grad_t34_part + grad_t34_part_1 + grad_t34_part_2) */
-    TRANSFORMER_LM_REAL *grad_t34 = t37; /* m x 64, in t37's memory */
-    TRANSFORMER_LM_REAL *grad_t33 = g1 + 256*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *t75 = grad_t33 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *g3 = t75 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t34_part[64*i + j] + grad_t34_part_1[64*i + j] + grad_t34_part_2[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = g1a[j]*x0;
-            grad_t34[64*i + j] = x0;
-            grad_t33[64*i + j] = x1;
-            t75[64*i + j] = dt33_dt32[64*i + j]*x1;
-            g3[64*i + j] = t33[64*i + j]*x0;
-        }
-    }
-
-    /* t76 = 1/sqrt(t32/64 + 1.0e-5) */
-    TRANSFORMER_LM_REAL *t76 = grad_t55; /* m x 1, in grad_t55's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        t76[i] = 1.0/sqrt((1.0/64.0)*t32[i] + 1.0000000000000001e-5);
-    }
-
-    /* grad_t32 = sum of t75 along each row */
-    TRANSFORMER_LM_REAL *grad_t32 = t47; /* m x 1, in t47's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t32[i] = symbackprop_f64_sum(t75 + 64*i, 64, 1);
-    }
-
-    /* grad_t30 = 2*grad_t32*t30 + grad_t33*t76 */
-    /* t77 = -grad_t32*t30/32 - grad_t33*t76/64 */
-    TRANSFORMER_LM_REAL *grad_t30 = t33; /* m x 64, in t33's memory */
-    TRANSFORMER_LM_REAL *t77 = dt33_dt32; /* m x 64, in dt33_dt32's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t33[64*i + j]*t76[i];
-            const TRANSFORMER_LM_REAL x1 = t30[64*i + j]*grad_t32[i];
-            grad_t30[64*i + j] = x0 + 2*x1;
-            t77[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
-        }
-    }
-
-    /* grad_t29 = sum of t77 along each row */
-    TRANSFORMER_LM_REAL *grad_t29 = t73; /* m x 1, in t73's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t29[i] = symbackprop_f64_sum(t77 + 64*i, 64, 1);
-    }
-
-    /* grad_t28 = grad_t29 + grad_t30 + grad_t43 */
-    TRANSFORMER_LM_REAL *grad_t28 = grad_t34_part; /* m x 64, in grad_t34_part's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t28[64*i + j] = grad_t43[64*i + j] + grad_t30[64*i + j] + grad_t29[i];
-        }
-    }
-
-    /* grad_t25 = grad_t28 @ W0down^T */
-    TRANSFORMER_LM_REAL *grad_t25 = t39; /* m x 256, in t39's memory */
-    symbackprop_f64_matmul(m, 256, 64, grad_t28, 64, 1, W0down, 1, 64, grad_t25);
-
-    /* g4 = grad_t25*t26 */
-    TRANSFORMER_LM_REAL *g4 = grad_t39; /* m x 256, in grad_t39's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            g4[256*i + j] = grad_t25[256*i + j]*t26[256*i + j];
-        }
-    }
-
-    /* grad_t23 = g4 @ W0up^T */
-    TRANSFORMER_LM_REAL *grad_t23 = grad_t34_part_1; /* m x 64, in grad_t34_part_1's memory */
-    symbackprop_f64_matmul(m, 64, 256, g4, 256, 1, W0up, 1, 256, grad_t23);
-
-    /* grad_t22 = g0m*grad_t23 */
-    /* t78 = dt22_dt21*g0m*grad_t23 */
-    /* g5 = grad_t23*t22 */
-    TRANSFORMER_LM_REAL *grad_t22 = grad_t34_part_2; /* m x 64, in grad_t34_part_2's memory */
-    TRANSFORMER_LM_REAL *t78 = t75; /* m x 64, in t75's memory */
-    TRANSFORMER_LM_REAL *g5 = t30; /* m x 64, in t30's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t23[64*i + j]*g0m[j];
-            grad_t22[64*i + j] = x0;
-            t78[64*i + j] = dt22_dt21[64*i + j]*x0;
-            g5[64*i + j] = grad_t23[64*i + j]*t22[64*i + j];
-        }
-    }
-
-    /* t79 = 1/sqrt(t21/64 + 1.0e-5) */
-    TRANSFORMER_LM_REAL *t79 = grad_t47; /* m x 1, in grad_t47's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        t79[i] = 1.0/sqrt((1.0/64.0)*t21[i] + 1.0000000000000001e-5);
-    }
-
-    /* grad_t21 = sum of t78 along each row */
-    TRANSFORMER_LM_REAL *grad_t21 = grad_t44; /* m x 1, in grad_t44's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t21[i] = symbackprop_f64_sum(t78 + 64*i, 64, 1);
-    }
-
-    /* grad_t19 = 2*grad_t21*t19 + grad_t22*t79 */
-    /* t80 = -grad_t21*t19/32 - grad_t22*t79/64 */
-    TRANSFORMER_LM_REAL *grad_t19 = grad_t33; /* m x 64, in grad_t33's memory */
-    TRANSFORMER_LM_REAL *t80 = t77; /* m x 64, in t77's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t22[64*i + j]*t79[i];
-            const TRANSFORMER_LM_REAL x1 = t19[64*i + j]*grad_t21[i];
-            grad_t19[64*i + j] = x0 + 2*x1;
-            t80[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
-        }
-    }
+    /* grad_t22_part_2 = grad_t24 @ t23^T */
+    TRANSFORMER_LM_REAL *grad_t22_part_2 = t25; /* m x 64, in t25's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t24, 64, 1, t23, 1, 64, grad_t22_part_2);
 }
 
-/* transformer_lm_train_step, part 4 of 7 (kernels 97 to 128): a long
+/* transformer_lm_train_step, part 3 of 6 (kernels 65 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void transformer_lm_train_step_part4(
+static void transformer_lm_train_step_part3(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
@@ -3803,83 +3630,250 @@ static void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *Wk0,
     TRANSFORMER_LM_REAL *Wv0,
     TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *g1a,
     const TRANSFORMER_LM_REAL *weight_decay,
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t4 = work; /* m x 64, in t0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t6 = work + 192*m; /* m x 1, in t3's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t7 = work + 64*m; /* m x 64, in t5's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t8 = work + 193*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt7_dt6 = work + 257*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t9 = work + 321*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t10 = work + 321*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t11 = work + 385*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t13 = work + 705*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t14 = work + 961*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t15 = work + 1025*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t19 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t22 = work + 1089*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *dt22_dt21 = work + 1282*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = work + 1602*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = work + 1986*m + 5120; /* m x 1, in t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = work + 2115*m + 5120; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t39_block_1 = work + 705*m + 4096; /* 64 x 16, in t38_block_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t38 = work + 449*m + 4096; /* m x 256, in grad_t51's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 4418*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t76 = work + 3776*m + 13060; /* m x 1, in grad_t55's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t32 = work + 2755*m + 9216; /* m x 1, in t47's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t30 = work + 1858*m + 5120; /* m x 64, in t33's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t29 = work + 3524*m + 9216; /* m x 1, in t73's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 9216; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 2115*m + 9216; /* m x 64, in grad_t34_part_2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t78 = work + 4354*m + 13061; /* m x 64, in t75's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t19 = work + 4290*m + 13061; /* m x 64, in grad_t33's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t80 = work + 2051*m + 5120; /* m x 64, in t77's memory; placed in an earlier part */
-    /* grad_t18 = sum of t80 along each row */
-    TRANSFORMER_LM_REAL *grad_t18 = t32; /* m x 1, in t32's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t18[i] = symbackprop_f64_sum(t80 + 64*i, 64, 1);
-    }
-
-    /* grad_t17 = grad_t18 + grad_t19 + grad_t28 */
-    TRANSFORMER_LM_REAL *grad_t17 = grad_t30; /* m x 64, in grad_t30's memory */
+    TRANSFORMER_LM_REAL *t2 = work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t3 = work; /* m x 64, in t0's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t6 = work + 192*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t7 = work + 256*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t9 = work + 576*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t10 = work + 832*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t13 = work + 1024*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t14 = work + 960*m + 5120; /* m x 64, in t12's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t18 = work + 1408*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t20 = work + 1728*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t21 = work + 1664*m + 5120; /* m x 64, in t19's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t23 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t27 = work + 1984*m + 9216; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22_part = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t27 = work + 2816*m + 9216; /* m x 256, in t36's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t27_block_1 = work + 576*m + 4096; /* 64 x 16, in t26_block_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t26 = work + 320*m + 4096; /* m x 256, in grad_t35's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22_part_1 = work + 3517*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22_part_2 = work + 1920*m + 9216; /* m x 64, in t25's memory; placed in an earlier part */
+    /* grad_t22 = grad_t22_part + grad_t22_part_1 + grad_t22_part_2 */
+    /* grad_t21 = g1a*(grad_t22_part + grad_t22_part_1 + grad_t22_part_2) */
+    /* g3 = t21*(grad_t22_part + grad_t22_part_1 + grad_t22_part_2) */
+    TRANSFORMER_LM_REAL *grad_t22 = grad_t22_part + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_t21 = grad_t22 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g3 = grad_t21 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t17[64*i + j] = grad_t28[64*i + j] + grad_t19[64*i + j] + grad_t18[i];
+            const TRANSFORMER_LM_REAL x0 = grad_t22_part[64*i + j] + grad_t22_part_1[64*i + j] + grad_t22_part_2[64*i + j];
+            grad_t22[64*i + j] = x0;
+            grad_t21[64*i + j] = g1a[j]*x0;
+            g3[64*i + j] = t21[64*i + j]*x0;
         }
     }
 
-    /* grad_t15 = grad_t17 @ Wo0^T */
-    TRANSFORMER_LM_REAL *grad_t15 = t22; /* m x 64, in t22's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t17, 64, 1, Wo0, 1, 64, grad_t15);
+    /* grad_t20_part[i, :] = r_i (grad_t21[i, :] - mean_j grad_t21[i, j] - y[i, :] mean_j
+     * grad_t21[i, j] y[i, j]), y = (t20 - mu) r normalized as in normalize_rows (mu_i, r_i
+     * of t20's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_t20_part = t21; /* m x 64, in t21's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        TRANSFORMER_LM_REAL *row = grad_t20_part + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t20[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t20[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
+         * mean(g) - y mean(g y)) */
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += (t20[64*i + k + l] - mean)*(t20[64*i + k + l] - mean);
+                    grads_lane[l] += grad_t21[64*i + k + l];
+                    grads_c_lane[l] += grad_t21[64*i + k + l]*(t20[64*i + k + l] - mean);
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            TRANSFORMER_LM_REAL grads = grads_lane[0];
+            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+                grads += grads_lane[l];
+                grads_c += grads_c_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += (t20[64*i + k] - mean)*(t20[64*i + k] - mean);
+                grads += grad_t21[64*i + k];
+                grads_c += grad_t21[64*i + k]*(t20[64*i + k] - mean);
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
+            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] = r * (grad_t21[64*i + j] - grads_mean - (t20[64*i + j] - mean) * r * grads_y_mean);
+            }
+        }
+    }
 
-    /* grad_t14[(e,s),h*dh+k] = sum_{t>=s} t13[(e,t),(h,s)] * grad_t15[(e,t),h*dh+k] (rows
+    /* grad_t20 = grad_t20_part + grad_t31 */
+    TRANSFORMER_LM_REAL *grad_t20 = grad_t22_part; /* m x 64, in grad_t22_part's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_t20[64*i + j] = grad_t31[64*i + j] + grad_t20_part[64*i + j];
+        }
+    }
+
+    /* grad_t17 = grad_t20 @ W0down^T */
+    TRANSFORMER_LM_REAL *grad_t17 = t27; /* m x 256, in t27's memory */
+    symbackprop_f64_matmul(m, 256, 64, grad_t20, 64, 1, W0down, 1, 64, grad_t17);
+
+    /* g4 = grad_t17*t18 */
+    TRANSFORMER_LM_REAL *g4 = grad_t27; /* m x 256, in grad_t27's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 256; ++j) {
+            g4[256*i + j] = grad_t17[256*i + j]*t18[256*i + j];
+        }
+    }
+
+    /* grad_t15 = g4 @ W0up^T */
+    TRANSFORMER_LM_REAL *grad_t15 = grad_t22_part_1; /* m x 64, in grad_t22_part_1's memory */
+    symbackprop_f64_matmul(m, 64, 256, g4, 256, 1, W0up, 1, 256, grad_t15);
+
+    /* grad_t14 = g0m*grad_t15 */
+    /* g5 = grad_t15*t14 */
+    TRANSFORMER_LM_REAL *grad_t14 = grad_t22_part_2; /* m x 64, in grad_t22_part_2's memory */
+    TRANSFORMER_LM_REAL *g5 = t20; /* m x 64, in t20's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_t14[64*i + j] = grad_t15[64*i + j]*g0m[j];
+            g5[64*i + j] = grad_t15[64*i + j]*t14[64*i + j];
+        }
+    }
+
+    /* grad_t13_part[i, :] = r_i (grad_t14[i, :] - mean_j grad_t14[i, j] - y[i, :] mean_j
+     * grad_t14[i, j] y[i, j]), y = (t13 - mu) r normalized as in normalize_rows (mu_i, r_i
+     * of t13's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_t13_part = grad_t21; /* m x 64, in grad_t21's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        TRANSFORMER_LM_REAL *row = grad_t13_part + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t13[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t13[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
+         * mean(g) - y mean(g y)) */
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += (t13[64*i + k + l] - mean)*(t13[64*i + k + l] - mean);
+                    grads_lane[l] += grad_t14[64*i + k + l];
+                    grads_c_lane[l] += grad_t14[64*i + k + l]*(t13[64*i + k + l] - mean);
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            TRANSFORMER_LM_REAL grads = grads_lane[0];
+            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+                grads += grads_lane[l];
+                grads_c += grads_c_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += (t13[64*i + k] - mean)*(t13[64*i + k] - mean);
+                grads += grad_t14[64*i + k];
+                grads_c += grad_t14[64*i + k]*(t13[64*i + k] - mean);
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
+            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] = r * (grad_t14[64*i + j] - grads_mean - (t13[64*i + j] - mean) * r * grads_y_mean);
+            }
+        }
+    }
+
+    /* grad_t13 = grad_t13_part + grad_t20 */
+    TRANSFORMER_LM_REAL *grad_t13 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_t13[64*i + j] = grad_t20[64*i + j] + grad_t13_part[64*i + j];
+        }
+    }
+
+    /* grad_t11 = grad_t13 @ Wo0^T */
+    TRANSFORMER_LM_REAL *grad_t11 = t14; /* m x 64, in t14's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t13, 64, 1, Wo0, 1, 64, grad_t11);
+
+    /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} t9[(e,t),(h,s)] * grad_t11[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t14 = dt22_dt21; /* m x 64, in dt22_dt21's memory */
+    TRANSFORMER_LM_REAL *grad_t10 = t13; /* m x 64, in t13's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t13)^T grad_t15 */
-            symbackprop_f64_causal_mix(1, len, 16, t13 + row0 * 256 + hd * 64, 256,
-                                       grad_t15 + row0 * 64 + hd * 16, 64, grad_t14 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(t9)^T grad_t11 */
+            symbackprop_f64_causal_mix(1, len, 16, t9 + row0 * 256 + hd * 64, 256,
+                                       grad_t11 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of t13[(e,qt),(hd,ks)] *
-                 * grad_t15[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t14 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of t9[(e,qt),(hd,ks)] *
+                 * grad_t11[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = t13[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = t9[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_t15[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_t11[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -3887,43 +3881,43 @@ static void transformer_lm_train_step_part4(
     #endif
     }
 
-    /* grad_t8_part = grad_t14 @ Wv0^T */
-    TRANSFORMER_LM_REAL *grad_t8_part = t78; /* m x 64, in t78's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t14, 64, 1, Wv0, 1, 64, grad_t8_part);
+    /* grad_t4_part = grad_t10 @ Wv0^T */
+    TRANSFORMER_LM_REAL *grad_t4_part = grad_t14; /* m x 64, in grad_t14's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, Wv0, 1, 64, grad_t4_part);
 
-    /* grad_t13[(e,t),(h,s)] = sum_k grad_t15[(e,t),h*dh+k] * t14[(e,s),h*dh+k] for s <= t, 0
+    /* grad_t9[(e,t),(h,s)] = sum_k grad_t11[(e,t),h*dh+k] * t10[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t13 = grad_t38; /* m x 256, in grad_t38's memory */
-    TRANSFORMER_LM_REAL *grad_t13_block_1 = grad_t39_block_1; /* 64 x 16, in grad_t39_block_1's memory */
+    TRANSFORMER_LM_REAL *grad_t9 = grad_t26; /* m x 256, in grad_t26's memory */
+    TRANSFORMER_LM_REAL *grad_t9_block_1 = grad_t27_block_1; /* 64 x 16, in grad_t27_block_1's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores grad_t15 t14^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_t15 + row0 * 64 + hd * 16, 64, t14 + row0 * 64 + hd * 16, 64,
-                                          grad_t13 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores grad_t11 t10^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_t11 + row0 * 64 + hd * 16, 64, t10 + row0 * 64 + hd * 16, 64,
+                                          grad_t9 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_t13_block_1[dk][ks] = t14[(e,ks), hd*16+dk]: the head's keys transposed,
+            /* grad_t9_block_1[dk][ks] = t10[(e,ks), hd*16+dk]: the head's keys transposed,
              * so that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_t13_block_1[dk * 64 + ks] = t14[(row0 + ks) * 64 + hd * 16 + dk];
+                    grad_t9_block_1[dk * 64 + ks] = t10[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_t13 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = grad_t9 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += grad_t15[(e,qt), hd*16+dk] * grad_t13_block_1[dk][ks] for keys
+                /* srow[ks] += grad_t11[(e,qt), hd*16+dk] * grad_t9_block_1[dk][ks] for keys
                  * ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_t15[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = grad_t11[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_t13_block_1[dk * 64 + ks];
+                        srow[ks] += aw * grad_t9_block_1[dk * 64 + ks];
                     }
                 }
             }
@@ -3931,10 +3925,10 @@ static void transformer_lm_train_step_part4(
     #endif
     }
 
-    /* grad_t12[(e,t),(h,s)] = t13[(e,t),(h,s)] * (grad_t13[(e,t),(h,s)] - sum_{s'<=t}
-     * t13[(e,t),(h,s')] * grad_t13[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
+    /* grad_t8[(e,t),(h,s)] = t9[(e,t),(h,s)] * (grad_t9[(e,t),(h,s)] - sum_{s'<=t}
+     * t9[(e,t),(h,s')] * grad_t9[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
      * e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_t12 = t26; /* m x 256, in t26's memory */
+    TRANSFORMER_LM_REAL *grad_t8 = t18; /* m x 256, in t18's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
@@ -3943,43 +3937,43 @@ static void transformer_lm_train_step_part4(
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
                 TRANSFORMER_LM_REAL dot = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    dot += t13[qbase + ks] * grad_t13[qbase + ks];
+                    dot += t9[qbase + ks] * grad_t9[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_t12[qbase + ks] = t13[qbase + ks] * (grad_t13[qbase + ks] - dot);
+                    grad_t8[qbase + ks] = t9[qbase + ks] * (grad_t9[qbase + ks] - dot);
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    grad_t12[qbase + ks] = 0;
+                    grad_t8[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* grad_t11[(e,s),h*dh+k] = sum_{t>=s} grad_t12[(e,t),(h,s)] * t10[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t11 = t19; /* m x 64, in t19's memory */
+    /* grad_t7[(e,s),h*dh+k] = sum_{t>=s} grad_t8[(e,t),(h,s)] * t6[(e,t),h*dh+k] (rows (e,t)
+     * = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_t7 = grad_t13_part; /* m x 64, in grad_t13_part's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t12)^T t10 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
-                                       t10 + row0 * 64 + hd * 16, 64, grad_t11 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_t8)^T t6 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t8 + row0 * 256 + hd * 64, 256,
+                                       t6 + row0 * 64 + hd * 16, 64, grad_t7 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t12[(e,qt),(hd,ks)] *
-                 * t10[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t11 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of grad_t8[(e,qt),(hd,ks)] *
+                 * t6[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t7 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_t8[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t10[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t6[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -3987,35 +3981,35 @@ static void transformer_lm_train_step_part4(
     #endif
     }
 
-    /* grad_t8_part_1 = grad_t11 @ Wk0^T */
-    TRANSFORMER_LM_REAL *grad_t8_part_1 = grad_t22; /* m x 64, in grad_t22's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t11, 64, 1, Wk0, 1, 64, grad_t8_part_1);
+    /* grad_t4_part_1 = grad_t7 @ Wk0^T */
+    TRANSFORMER_LM_REAL *grad_t4_part_1 = t10; /* m x 64, in t10's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t7, 64, 1, Wk0, 1, 64, grad_t4_part_1);
 
-    /* grad_t10[(e,t),h*dh+k] = sum_{s<=t} grad_t12[(e,t),(h,s)] * t11[(e,s),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t10 = t80; /* m x 64, in t80's memory */
+    /* grad_t6[(e,t),h*dh+k] = sum_{s<=t} grad_t8[(e,t),(h,s)] * t7[(e,s),h*dh+k] (rows (e,t)
+     * = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_t6 = grad_t11; /* m x 64, in grad_t11's memory */
     for (int64_t seq = 0; seq * 64 < m; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t12) t11 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
-                                       t11 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_t8) t7 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t8 + row0 * 256 + hd * 64, 256,
+                                       t7 + row0 * 64 + hd * 16, 64, grad_t6 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t12[(e,qt),(hd,ks)] *
-                 * t11[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of grad_t8[(e,qt),(hd,ks)] *
+                 * t7[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t6 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_t8[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t11[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * t7[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -4023,69 +4017,93 @@ static void transformer_lm_train_step_part4(
     #endif
     }
 
-    /* grad_t8_part_2 = grad_t10 @ t9^T */
-    TRANSFORMER_LM_REAL *grad_t8_part_2 = grad_t19; /* m x 64, in grad_t19's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, t9, 1, 64, grad_t8_part_2);
+    /* grad_t4_part_2 = grad_t6 @ t5^T */
+    TRANSFORMER_LM_REAL *grad_t4_part_2 = t6; /* m x 64, in t6's memory */
+    symbackprop_f64_matmul(m, 64, 64, grad_t6, 64, 1, t5, 1, 64, grad_t4_part_2);
 
-    /* grad_t8 = grad_t8_part + grad_t8_part_1 + grad_t8_part_2 */
-    /* grad_t7 = g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
-    /* t81 = dt7_dt6*g0a*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
-    /* g6 = t7*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2) */
-    TRANSFORMER_LM_REAL *grad_t8 = t14; /* m x 64, in t14's memory */
-    TRANSFORMER_LM_REAL *grad_t7 = grad_t15; /* m x 64, in grad_t15's memory */
-    TRANSFORMER_LM_REAL *t81 = t10; /* m x 64, in t10's memory */
-    TRANSFORMER_LM_REAL *g6 = t11; /* m x 64, in t11's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t8_part[64*i + j] + grad_t8_part_1[64*i + j] + grad_t8_part_2[64*i + j];
-            const TRANSFORMER_LM_REAL x1 = g0a[j]*x0;
-            grad_t8[64*i + j] = x0;
-            grad_t7[64*i + j] = x1;
-            t81[64*i + j] = dt7_dt6[64*i + j]*x1;
-            g6[64*i + j] = t7[64*i + j]*x0;
-        }
-    }
-
-    /* t82 = 1/sqrt(t6/64 + 1.0e-5) */
-    TRANSFORMER_LM_REAL *t82 = t76; /* m x 1, in t76's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        t82[i] = 1.0/sqrt((1.0/64.0)*t6[i] + 1.0000000000000001e-5);
-    }
-
-    /* grad_t6 = sum of t81 along each row */
-    TRANSFORMER_LM_REAL *grad_t6 = grad_t32; /* m x 1, in grad_t32's memory */
-    for (int64_t i = 0; i < m; ++i) {
-        grad_t6[i] = symbackprop_f64_sum(t81 + 64*i, 64, 1);
-    }
-
-    /* grad_t4 = 2*grad_t6*t4 + grad_t7*t82 */
-    /* t83 = -grad_t6*t4/32 - grad_t7*t82/64 */
+    /* grad_t4 = grad_t4_part + grad_t4_part_1 + grad_t4_part_2 */
+    /* grad_t3 = g0a*(grad_t4_part + grad_t4_part_1 + grad_t4_part_2) */
+    /* g6 = t3*(grad_t4_part + grad_t4_part_1 + grad_t4_part_2) */
     TRANSFORMER_LM_REAL *grad_t4 = t7; /* m x 64, in t7's memory */
-    TRANSFORMER_LM_REAL *t83 = dt7_dt6; /* m x 64, in dt7_dt6's memory */
+    TRANSFORMER_LM_REAL *grad_t3 = g3 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g6 = grad_t3 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t7[64*i + j]*t82[i];
-            const TRANSFORMER_LM_REAL x1 = t4[64*i + j]*grad_t6[i];
-            grad_t4[64*i + j] = x0 + 2*x1;
-            t83[64*i + j] = -1.0/64.0*x0 - 1.0/32.0*x1;
+            const TRANSFORMER_LM_REAL x0 = grad_t4_part[64*i + j] + grad_t4_part_1[64*i + j] + grad_t4_part_2[64*i + j];
+            grad_t4[64*i + j] = x0;
+            grad_t3[64*i + j] = g0a[j]*x0;
+            g6[64*i + j] = t3[64*i + j]*x0;
         }
     }
 
-    /* grad_t3 = sum of t83 along each row */
-    TRANSFORMER_LM_REAL *grad_t3 = grad_t29; /* m x 1, in grad_t29's memory */
+    /* grad_t2_part[i, :] = r_i (grad_t3[i, :] - mean_j grad_t3[i, j] - y[i, :] mean_j
+     * grad_t3[i, j] y[i, j]), y = (t2 - mu) r normalized as in normalize_rows (mu_i, r_i of
+     * t2's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_t2_part = t3; /* m x 64, in t3's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        grad_t3[i] = symbackprop_f64_sum(t83 + 64*i, 64, 1);
+        TRANSFORMER_LM_REAL *row = grad_t2_part + 64*i;
+        TRANSFORMER_LM_REAL mean;
+        {
+            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    sum_lane[l] += t2[64*i + k + l];
+                }
+            }
+            TRANSFORMER_LM_REAL sum = sum_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                sum += sum_lane[l];
+            }
+            for (; k < 64; ++k) {
+                sum += t2[64*i + k];
+            }
+            mean = sum / 64;
+        }
+        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
+         * mean(g) - y mean(g y)) */
+        {
+            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            int64_t k = 0;
+            for (; k + 8 <= 64; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    squares_lane[l] += (t2[64*i + k + l] - mean)*(t2[64*i + k + l] - mean);
+                    grads_lane[l] += grad_t3[64*i + k + l];
+                    grads_c_lane[l] += grad_t3[64*i + k + l]*(t2[64*i + k + l] - mean);
+                }
+            }
+            TRANSFORMER_LM_REAL squares = squares_lane[0];
+            TRANSFORMER_LM_REAL grads = grads_lane[0];
+            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
+            for (int64_t l = 1; l < 8; ++l) {
+                squares += squares_lane[l];
+                grads += grads_lane[l];
+                grads_c += grads_c_lane[l];
+            }
+            for (; k < 64; ++k) {
+                squares += (t2[64*i + k] - mean)*(t2[64*i + k] - mean);
+                grads += grad_t3[64*i + k];
+                grads_c += grad_t3[64*i + k]*(t2[64*i + k] - mean);
+            }
+            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
+            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
+            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
+            for (int64_t j = 0; j < 64; ++j) {
+                row[j] = r * (grad_t3[64*i + j] - grads_mean - (t2[64*i + j] - mean) * r * grads_y_mean);
+            }
+        }
     }
 
-    /* grad_t2 = grad_t17 + grad_t3 + grad_t4 */
-    TRANSFORMER_LM_REAL *grad_t2 = grad_t8_part; /* m x 64, in grad_t8_part's memory */
+    /* grad_t2 = grad_t13 + grad_t2_part */
+    TRANSFORMER_LM_REAL *grad_t2 = grad_t4_part; /* m x 64, in grad_t4_part's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_t2[64*i + j] = grad_t17[64*i + j] + grad_t4[64*i + j] + grad_t3[i];
+            grad_t2[64*i + j] = grad_t13[64*i + j] + grad_t2_part[64*i + j];
         }
     }
 
@@ -4101,8 +4119,8 @@ static void transformer_lm_train_step_part4(
      * grad_t2[i, 13], grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17],
      * grad_t2[i, 18], grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22],
      * grad_t2[i, 23], grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], ... */
-    TRANSFORMER_LM_REAL *grad_E_1 = g3 + 64*m; /* 62 x 64 */
-    TRANSFORMER_LM_REAL *grad_P_1 = t35; /* 64 x 64, in t35's memory */
+    TRANSFORMER_LM_REAL *grad_E_1 = g6 + 64*m; /* 62 x 64 */
+    TRANSFORMER_LM_REAL *grad_P_1 = t23; /* 64 x 64, in t23's memory */
     for (int64_t i = 0; i < 3968; ++i) {
         grad_E_1[i] = 0;
     }
@@ -4252,7 +4270,7 @@ static void transformer_lm_train_step_part4(
     }
 
     /* grad_P_2 = P*weight_decay + grad_P_1 */
-    TRANSFORMER_LM_REAL *grad_P_2 = t9; /* 64 x 64, in t9's memory */
+    TRANSFORMER_LM_REAL *grad_P_2 = t5; /* 64 x 64, in t5's memory */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -4276,9 +4294,9 @@ static void transformer_lm_train_step_part4(
         }
     }
 
-    /* grad_b0a_1 = sum of grad_t8 down each column */
+    /* grad_b0a_1 = sum of grad_t4 down each column */
     TRANSFORMER_LM_REAL *grad_b0a_1 = grad_g0a_1; /* 1 x 64, in grad_g0a_1's memory */
-    symbackprop_f64_sum_columns(grad_t8, m, 64, 64, grad_b0a_1);
+    symbackprop_f64_sum_columns(grad_t4, m, 64, 64, grad_b0a_1);
 
     /* grad_b0a_2 = b0a*weight_decay + grad_b0a_1 */
     TRANSFORMER_LM_REAL *grad_b0a_2 = grad_g0a_2 + 64; /* 1 x 64 */
@@ -4289,25 +4307,25 @@ static void transformer_lm_train_step_part4(
         }
     }
 
-    /* grad_t9 = t8^T @ grad_t10 */
-    TRANSFORMER_LM_REAL *grad_t9 = grad_P_1; /* 64 x 64, in grad_P_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t10, 64, 1, grad_t9);
+    /* grad_t5 = t4^T @ grad_t6 */
+    TRANSFORMER_LM_REAL *grad_t5 = grad_P_1; /* 64 x 64, in grad_P_1's memory */
+    symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t6, 64, 1, grad_t5);
 
-    /* grad_Wq0_2 = Wq0*weight_decay + grad_t9/4 */
+    /* grad_Wq0_2 = Wq0*weight_decay + grad_t5/4 */
     TRANSFORMER_LM_REAL *grad_Wq0_2 = grad_b0a_2 + 64; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_Wq0_2[64*i + j] = (1.0/4.0)*grad_t9[64*i + j] + weight_decay_value*Wq0[64*i + j];
+                grad_Wq0_2[64*i + j] = (1.0/4.0)*grad_t5[64*i + j] + weight_decay_value*Wq0[64*i + j];
             }
         }
     }
 
-    /* grad_Wk0_1 = t8^T @ grad_t11 */
-    TRANSFORMER_LM_REAL *grad_Wk0_1 = grad_t9; /* 64 x 64, in grad_t9's memory */
-    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t11, 64, 1, grad_Wk0_1);
+    /* grad_Wk0_1 = t4^T @ grad_t7 */
+    TRANSFORMER_LM_REAL *grad_Wk0_1 = grad_t5; /* 64 x 64, in grad_t5's memory */
+    symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t7, 64, 1, grad_Wk0_1);
 
     /* grad_Wk0_2 = Wk0*weight_decay + grad_Wk0_1 */
     TRANSFORMER_LM_REAL *grad_Wk0_2 = grad_Wq0_2 + 4096; /* 64 x 64 */
@@ -4320,45 +4338,15 @@ static void transformer_lm_train_step_part4(
             }
         }
     }
-
-    /* grad_Wv0_1 = t8^T @ grad_t14 */
-    TRANSFORMER_LM_REAL *grad_Wv0_1 = grad_Wk0_1; /* 64 x 64, in grad_Wk0_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t8, 1, 64, grad_t14, 64, 1, grad_Wv0_1);
-
-    /* grad_Wv0_2 = Wv0*weight_decay + grad_Wv0_1 */
-    TRANSFORMER_LM_REAL *grad_Wv0_2 = grad_Wk0_2 + 4096; /* 64 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wv0_2[64*i + j] = grad_Wv0_1[64*i + j] + weight_decay_value*Wv0[64*i + j];
-            }
-        }
-    }
-
-    /* grad_Wo0_1 = t15^T @ grad_t17 */
-    TRANSFORMER_LM_REAL *grad_Wo0_1 = grad_Wv0_1; /* 64 x 64, in grad_Wv0_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t15, 1, 64, grad_t17, 64, 1, grad_Wo0_1);
-
-    /* grad_Wo0_2 = Wo0*weight_decay + grad_Wo0_1 */
-    TRANSFORMER_LM_REAL *grad_Wo0_2 = grad_Wv0_2 + 4096; /* 64 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wo0_2[64*i + j] = grad_Wo0_1[64*i + j] + weight_decay_value*Wo0[64*i + j];
-            }
-        }
-    }
 }
 
-/* transformer_lm_train_step, part 5 of 7 (kernels 129 to 160): a long
+/* transformer_lm_train_step, part 4 of 6 (kernels 97 to 128): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void transformer_lm_train_step_part5(
+static void transformer_lm_train_step_part4(
     int64_t m,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
     TRANSFORMER_LM_REAL *g0m,
     TRANSFORMER_LM_REAL *b0m,
     TRANSFORMER_LM_REAL *W0up,
@@ -4373,33 +4361,65 @@ static void transformer_lm_train_step_part5(
     TRANSFORMER_LM_REAL *Wo1,
     TRANSFORMER_LM_REAL *g1m,
     TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *W1up,
-    TRANSFORMER_LM_REAL *c1up,
     const TRANSFORMER_LM_REAL *weight_decay,
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t23 = work + 1218*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = work + 1346*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t34 = work + 1987*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t41 = work + 2563*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t49 = work + 2756*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 4034*m + 13061; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t49 = work + 2691*m + 9216; /* m x 64, in t56's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g2 = work + 3460*m + 9216; /* m x 64, in grad_t56's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t43 = work + 3525*m + 9216; /* m x 64, in t72's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t40 = work + 3842*m + 13061; /* m x 64, in grad_t48's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t37 = work + 2627*m + 9216; /* m x 64, in grad_t45's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t36 = work + 1922*m + 5120; /* m x 64, in grad_t41's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t34 = work + 2179*m + 9216; /* m x 64, in t37's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 4418*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 2820*m + 9216; /* m x 64, in grad_t34_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g4 = work + 3140*m + 9216; /* m x 256, in grad_t39's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t23 = work + 2499*m + 9216; /* m x 64, in grad_t34_part_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g5 = work + 1153*m + 5120; /* m x 64, in t30's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 4482*m + 20997; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo0_1 = work + 2115*m + 5120; /* 64 x 64, in grad_Wv0_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 4482*m + 33477; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t11 = work + 896*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t15 = work + 1088*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t17 = work + 1152*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t22 = work + 1792*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t29 = work + 2304*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t33 = work + 3136*m + 9216; /* m x 64, in t38's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g2 = work + 3901*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t28 = work + 2368*m + 9216; /* m x 64, in grad_t31_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t25 = work + 2240*m + 9216; /* m x 64, in t28's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t24 = work + 1856*m + 9216; /* m x 64, in t24's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22 = work + 4029*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 4157*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t20 = work + 3965*m + 9217; /* m x 64, in grad_t22_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g4 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t15 = work + 3517*m + 9217; /* m x 64, in grad_t22_part_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g5 = work + 1728*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t13 = work + 1664*m + 5120; /* m x 64, in grad_t20_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t10 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 4349*m + 17153; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk0_1 = work + 1856*m + 5120; /* 64 x 64, in grad_t5's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4349*m + 21441; /* 64 x 64; placed in an earlier part */
+    /* grad_Wv0_1 = t4^T @ grad_t10 */
+    TRANSFORMER_LM_REAL *grad_Wv0_1 = grad_Wk0_1; /* 64 x 64, in grad_Wk0_1's memory */
+    symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t10, 64, 1, grad_Wv0_1);
+
+    /* grad_Wv0_2 = Wv0*weight_decay + grad_Wv0_1 */
+    TRANSFORMER_LM_REAL *grad_Wv0_2 = grad_Wk0_2 + 4096; /* 64 x 64 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 64; ++i) {
+            for (int64_t j = 0; j < 64; ++j) {
+                grad_Wv0_2[64*i + j] = grad_Wv0_1[64*i + j] + weight_decay_value*Wv0[64*i + j];
+            }
+        }
+    }
+
+    /* grad_Wo0_1 = t11^T @ grad_t13 */
+    TRANSFORMER_LM_REAL *grad_Wo0_1 = grad_Wv0_1; /* 64 x 64, in grad_Wv0_1's memory */
+    symbackprop_f64_matmul(64, 64, m, t11, 1, 64, grad_t13, 64, 1, grad_Wo0_1);
+
+    /* grad_Wo0_2 = Wo0*weight_decay + grad_Wo0_1 */
+    TRANSFORMER_LM_REAL *grad_Wo0_2 = grad_Wv0_2 + 4096; /* 64 x 64 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 64; ++i) {
+            for (int64_t j = 0; j < 64; ++j) {
+                grad_Wo0_2[64*i + j] = grad_Wo0_1[64*i + j] + weight_decay_value*Wo0[64*i + j];
+            }
+        }
+    }
+
     /* grad_g0m_1 = sum of g5 down each column */
     TRANSFORMER_LM_REAL *grad_g0m_1 = grad_b0a_1; /* 1 x 64, in grad_b0a_1's memory */
     symbackprop_f64_sum_columns(g5, m, 64, 64, grad_g0m_1);
@@ -4413,9 +4433,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_b0m_1 = sum of grad_t23 down each column */
+    /* grad_b0m_1 = sum of grad_t15 down each column */
     TRANSFORMER_LM_REAL *grad_b0m_1 = grad_g0m_1; /* 1 x 64, in grad_g0m_1's memory */
-    symbackprop_f64_sum_columns(grad_t23, m, 64, 64, grad_b0m_1);
+    symbackprop_f64_sum_columns(grad_t15, m, 64, 64, grad_b0m_1);
 
     /* grad_b0m_2 = b0m*weight_decay + grad_b0m_1 */
     TRANSFORMER_LM_REAL *grad_b0m_2 = grad_g0m_2 + 64; /* 1 x 64 */
@@ -4426,9 +4446,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_W0up_1 = t23^T @ g4 */
+    /* grad_W0up_1 = t15^T @ g4 */
     TRANSFORMER_LM_REAL *grad_W0up_1 = grad_b0m_2 + 64; /* 64 x 256 */
-    symbackprop_f64_matmul(64, 256, m, t23, 1, 64, g4, 256, 1, grad_W0up_1);
+    symbackprop_f64_matmul(64, 256, m, t15, 1, 64, g4, 256, 1, grad_W0up_1);
 
     /* grad_W0up_2 = W0up*weight_decay + grad_W0up_1 */
     TRANSFORMER_LM_REAL *grad_W0up_2 = grad_W0up_1 + 16384; /* 64 x 256 */
@@ -4455,9 +4475,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_W0down_1 = t25^T @ grad_t28 */
+    /* grad_W0down_1 = t17^T @ grad_t20 */
     TRANSFORMER_LM_REAL *grad_W0down_1 = grad_W0up_1; /* 256 x 64, in grad_W0up_1's memory */
-    symbackprop_f64_matmul(256, 64, m, t25, 1, 256, grad_t28, 64, 1, grad_W0down_1);
+    symbackprop_f64_matmul(256, 64, m, t17, 1, 256, grad_t20, 64, 1, grad_W0down_1);
 
     /* grad_W0down_2 = W0down*weight_decay + grad_W0down_1 */
     TRANSFORMER_LM_REAL *grad_W0down_2 = grad_c0up_2 + 256; /* 256 x 64 */
@@ -4471,9 +4491,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_c0down_1 = sum of grad_t28 down each column */
+    /* grad_c0down_1 = sum of grad_t20 down each column */
     TRANSFORMER_LM_REAL *grad_c0down_1 = grad_b0m_1; /* 1 x 64, in grad_b0m_1's memory */
-    symbackprop_f64_sum_columns(grad_t28, m, 64, 64, grad_c0down_1);
+    symbackprop_f64_sum_columns(grad_t20, m, 64, 64, grad_c0down_1);
 
     /* grad_c0down_2 = c0down*weight_decay + grad_c0down_1 */
     TRANSFORMER_LM_REAL *grad_c0down_2 = grad_W0down_2 + 16384; /* 1 x 64 */
@@ -4497,9 +4517,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_b1a_1 = sum of grad_t34 down each column */
+    /* grad_b1a_1 = sum of grad_t22 down each column */
     TRANSFORMER_LM_REAL *grad_b1a_1 = grad_g1a_1; /* 1 x 64, in grad_g1a_1's memory */
-    symbackprop_f64_sum_columns(grad_t34, m, 64, 64, grad_b1a_1);
+    symbackprop_f64_sum_columns(grad_t22, m, 64, 64, grad_b1a_1);
 
     /* grad_b1a_2 = b1a*weight_decay + grad_b1a_1 */
     TRANSFORMER_LM_REAL *grad_b1a_2 = grad_g1a_2 + 64; /* 1 x 64 */
@@ -4510,25 +4530,25 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_t35 = t34^T @ grad_t36 */
-    TRANSFORMER_LM_REAL *grad_t35 = grad_Wo0_1; /* 64 x 64, in grad_Wo0_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t36, 64, 1, grad_t35);
+    /* grad_t23 = t22^T @ grad_t24 */
+    TRANSFORMER_LM_REAL *grad_t23 = grad_Wo0_1; /* 64 x 64, in grad_Wo0_1's memory */
+    symbackprop_f64_matmul(64, 64, m, t22, 1, 64, grad_t24, 64, 1, grad_t23);
 
-    /* grad_Wq1_2 = Wq1*weight_decay + grad_t35/4 */
+    /* grad_Wq1_2 = Wq1*weight_decay + grad_t23/4 */
     TRANSFORMER_LM_REAL *grad_Wq1_2 = grad_b1a_2 + 64; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_Wq1_2[64*i + j] = (1.0/4.0)*grad_t35[64*i + j] + weight_decay_value*Wq1[64*i + j];
+                grad_Wq1_2[64*i + j] = (1.0/4.0)*grad_t23[64*i + j] + weight_decay_value*Wq1[64*i + j];
             }
         }
     }
 
-    /* grad_Wk1_1 = t34^T @ grad_t37 */
-    TRANSFORMER_LM_REAL *grad_Wk1_1 = grad_t35; /* 64 x 64, in grad_t35's memory */
-    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t37, 64, 1, grad_Wk1_1);
+    /* grad_Wk1_1 = t22^T @ grad_t25 */
+    TRANSFORMER_LM_REAL *grad_Wk1_1 = grad_t23; /* 64 x 64, in grad_t23's memory */
+    symbackprop_f64_matmul(64, 64, m, t22, 1, 64, grad_t25, 64, 1, grad_Wk1_1);
 
     /* grad_Wk1_2 = Wk1*weight_decay + grad_Wk1_1 */
     TRANSFORMER_LM_REAL *grad_Wk1_2 = grad_Wq1_2 + 4096; /* 64 x 64 */
@@ -4542,9 +4562,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_Wv1_1 = t34^T @ grad_t40 */
+    /* grad_Wv1_1 = t22^T @ grad_t28 */
     TRANSFORMER_LM_REAL *grad_Wv1_1 = grad_Wk1_1; /* 64 x 64, in grad_Wk1_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t34, 1, 64, grad_t40, 64, 1, grad_Wv1_1);
+    symbackprop_f64_matmul(64, 64, m, t22, 1, 64, grad_t28, 64, 1, grad_Wv1_1);
 
     /* grad_Wv1_2 = Wv1*weight_decay + grad_Wv1_1 */
     TRANSFORMER_LM_REAL *grad_Wv1_2 = grad_Wk1_2 + 4096; /* 64 x 64 */
@@ -4558,9 +4578,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_Wo1_1 = t41^T @ grad_t43 */
+    /* grad_Wo1_1 = t29^T @ grad_t31 */
     TRANSFORMER_LM_REAL *grad_Wo1_1 = grad_Wv1_1; /* 64 x 64, in grad_Wv1_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t41, 1, 64, grad_t43, 64, 1, grad_Wo1_1);
+    symbackprop_f64_matmul(64, 64, m, t29, 1, 64, grad_t31, 64, 1, grad_Wo1_1);
 
     /* grad_Wo1_2 = Wo1*weight_decay + grad_Wo1_1 */
     TRANSFORMER_LM_REAL *grad_Wo1_2 = grad_Wv1_2 + 4096; /* 64 x 64 */
@@ -4587,9 +4607,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 
-    /* grad_b1m_1 = sum of grad_t49 down each column */
+    /* grad_b1m_1 = sum of grad_t33 down each column */
     TRANSFORMER_LM_REAL *grad_b1m_1 = grad_g1m_1; /* 1 x 64, in grad_g1m_1's memory */
-    symbackprop_f64_sum_columns(grad_t49, m, 64, 64, grad_b1m_1);
+    symbackprop_f64_sum_columns(grad_t33, m, 64, 64, grad_b1m_1);
 
     /* grad_b1m_2 = b1m*weight_decay + grad_b1m_1 */
     TRANSFORMER_LM_REAL *grad_b1m_2 = grad_g1m_2 + 64; /* 1 x 64 */
@@ -4599,41 +4619,12 @@ static void transformer_lm_train_step_part5(
             grad_b1m_2[j] = grad_b1m_1[j] + weight_decay_value*b1m[j];
         }
     }
-
-    /* grad_W1up_1 = t49^T @ g1 */
-    TRANSFORMER_LM_REAL *grad_W1up_1 = grad_W0down_1; /* 64 x 256, in grad_W0down_1's memory */
-    symbackprop_f64_matmul(64, 256, m, t49, 1, 64, g1, 256, 1, grad_W1up_1);
-
-    /* grad_W1up_2 = W1up*weight_decay + grad_W1up_1 */
-    TRANSFORMER_LM_REAL *grad_W1up_2 = grad_b1m_2 + 64; /* 64 x 256 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 256; ++j) {
-                grad_W1up_2[256*i + j] = grad_W1up_1[256*i + j] + weight_decay_value*W1up[256*i + j];
-            }
-        }
-    }
-
-    /* grad_c1up_1 = sum of g1 down each column */
-    TRANSFORMER_LM_REAL *grad_c1up_1 = grad_c0up_1; /* 1 x 256, in grad_c0up_1's memory */
-    symbackprop_f64_sum_columns(g1, m, 256, 256, grad_c1up_1);
-
-    /* grad_c1up_2 = c1up*weight_decay + grad_c1up_1 */
-    TRANSFORMER_LM_REAL *grad_c1up_2 = grad_W1up_2 + 16384; /* 1 x 256 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 256; ++j) {
-            grad_c1up_2[j] = grad_c1up_1[j] + weight_decay_value*c1up[j];
-        }
-    }
 }
 
-/* transformer_lm_train_step, part 6 of 7 (kernels 161 to 192): a long
+/* transformer_lm_train_step, part 5 of 6 (kernels 129 to 160): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void transformer_lm_train_step_part6(
+static void transformer_lm_train_step_part5(
     int64_t m,
     TRANSFORMER_LM_REAL *E,
     TRANSFORMER_LM_REAL *P,
@@ -4651,10 +4642,8 @@ static void transformer_lm_train_step_part6(
     TRANSFORMER_LM_REAL *c0down,
     TRANSFORMER_LM_REAL *g1a,
     TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
     TRANSFORMER_LM_REAL *W1down,
     TRANSFORMER_LM_REAL *c1down,
     TRANSFORMER_LM_REAL *gf,
@@ -4698,51 +4687,71 @@ static void transformer_lm_train_step_part6(
     TRANSFORMER_LM_REAL *v_g1a,
     TRANSFORMER_LM_REAL *m_b1a,
     TRANSFORMER_LM_REAL *v_b1a,
-    TRANSFORMER_LM_REAL *m_Wq1,
-    TRANSFORMER_LM_REAL *v_Wq1,
-    TRANSFORMER_LM_REAL *m_Wk1,
-    TRANSFORMER_LM_REAL *v_Wk1,
-    TRANSFORMER_LM_REAL *m_Wv1,
-    TRANSFORMER_LM_REAL *v_Wv1,
-    TRANSFORMER_LM_REAL *m_Wo1,
-    TRANSFORMER_LM_REAL *v_Wo1,
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t51 = work + 2884*m + 9216; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t60 = work + 3396*m + 9216; /* m x 64, in t57's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t68 = work + 3778*m + 13060; /* 1 x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t61 = work + 3713*m + 13060; /* m x 62, in t64's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t60 = work + 3778*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 3970*m + 13061; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t54 = work + 3906*m + 13061; /* m x 64, in t69's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_1 = work + 4482*m + 13061; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_2 = work + 4482*m + 17029; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_P_2 = work + 321*m; /* 64 x 64, in t9's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0a_2 = work + 4482*m + 21061; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 4482*m + 21125; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4482*m + 21189; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4482*m + 25285; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv0_2 = work + 4482*m + 29381; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 4482*m + 33477; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0m_2 = work + 4482*m + 37573; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0m_2 = work + 4482*m + 37637; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0up_2 = work + 4482*m + 54085; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 4482*m + 70725; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 4482*m + 70981; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0down_2 = work + 4482*m + 87365; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1a_2 = work + 4482*m + 87429; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 4482*m + 87493; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 4482*m + 87557; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 4482*m + 91653; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 4482*m + 95749; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo1_2 = work + 4482*m + 99845; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_1 = work + 4482*m + 20997; /* 1 x 64, in grad_g1m_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1up_1 = work + 4482*m + 37701; /* 64 x 256, in grad_W0down_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 4482*m + 120453; /* 1 x 256; placed in an earlier part */
-    /* grad_W1down_1 = t51^T @ grad_t54 */
+    TRANSFORMER_LM_REAL *t33 = work + 2496*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = work + 2560*m + 9216; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t40 = work + 3200*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t45 = work + 3329*m + 9216; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t41 = work + 3391*m + 9217; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t40 = work + 3453*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g0 = work + 3581*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t38 = work + 3072*m + 9216; /* m x 64, in t39's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g1 = work + 3645*m + 9217; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_1 = work + 4349*m + 9217; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_2 = work + 4349*m + 13185; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_P_2 = work + 192*m; /* 64 x 64, in t5's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g0a_2 = work + 4349*m + 17217; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 4349*m + 17281; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4349*m + 17345; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4349*m + 21441; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wv0_2 = work + 4349*m + 25537; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 4349*m + 29633; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g0m_2 = work + 4349*m + 33729; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0m_2 = work + 4349*m + 33793; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0up_2 = work + 4349*m + 50241; /* 64 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0up_1 = work + 4349*m + 66625; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 4349*m + 66881; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0down_1 = work + 4349*m + 33857; /* 256 x 64, in grad_W0up_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 4349*m + 67137; /* 256 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0down_2 = work + 4349*m + 83521; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1a_2 = work + 4349*m + 83585; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 4349*m + 83649; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_1 = work + 4349*m + 17153; /* 1 x 64, in grad_g1m_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4349*m + 100161; /* 1 x 64; placed in an earlier part */
+    /* grad_W1up_1 = t33^T @ g1 */
+    TRANSFORMER_LM_REAL *grad_W1up_1 = grad_W0down_1; /* 64 x 256, in grad_W0down_1's memory */
+    symbackprop_f64_matmul(64, 256, m, t33, 1, 64, g1, 256, 1, grad_W1up_1);
+
+    /* grad_W1up_2 = W1up*weight_decay + grad_W1up_1 */
+    TRANSFORMER_LM_REAL *grad_W1up_2 = grad_b1m_2 + 64; /* 64 x 256 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 64; ++i) {
+            for (int64_t j = 0; j < 256; ++j) {
+                grad_W1up_2[256*i + j] = grad_W1up_1[256*i + j] + weight_decay_value*W1up[256*i + j];
+            }
+        }
+    }
+
+    /* grad_c1up_1 = sum of g1 down each column */
+    TRANSFORMER_LM_REAL *grad_c1up_1 = grad_c0up_1; /* 1 x 256, in grad_c0up_1's memory */
+    symbackprop_f64_sum_columns(g1, m, 256, 256, grad_c1up_1);
+
+    /* grad_c1up_2 = c1up*weight_decay + grad_c1up_1 */
+    TRANSFORMER_LM_REAL *grad_c1up_2 = grad_W1up_2 + 16384; /* 1 x 256 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        for (int64_t j = 0; j < 256; ++j) {
+            grad_c1up_2[j] = grad_c1up_1[j] + weight_decay_value*c1up[j];
+        }
+    }
+
+    /* grad_W1down_1 = t35^T @ grad_t38 */
     TRANSFORMER_LM_REAL *grad_W1down_1 = grad_W1up_1; /* 256 x 64, in grad_W1up_1's memory */
-    symbackprop_f64_matmul(256, 64, m, t51, 1, 256, grad_t54, 64, 1, grad_W1down_1);
+    symbackprop_f64_matmul(256, 64, m, t35, 1, 256, grad_t38, 64, 1, grad_W1down_1);
 
     /* grad_W1down_2 = W1down*weight_decay + grad_W1down_1 */
     TRANSFORMER_LM_REAL *grad_W1down_2 = grad_c1up_2 + 256; /* 256 x 64 */
@@ -4756,9 +4765,9 @@ static void transformer_lm_train_step_part6(
         }
     }
 
-    /* grad_c1down_1 = sum of grad_t54 down each column */
+    /* grad_c1down_1 = sum of grad_t38 down each column */
     TRANSFORMER_LM_REAL *grad_c1down_1 = grad_b1m_1; /* 1 x 64, in grad_b1m_1's memory */
-    symbackprop_f64_sum_columns(grad_t54, m, 64, 64, grad_c1down_1);
+    symbackprop_f64_sum_columns(grad_t38, m, 64, 64, grad_c1down_1);
 
     /* grad_c1down_2 = c1down*weight_decay + grad_c1down_1 */
     TRANSFORMER_LM_REAL *grad_c1down_2 = grad_W1down_2 + 16384; /* 1 x 64 */
@@ -4782,9 +4791,9 @@ static void transformer_lm_train_step_part6(
         }
     }
 
-    /* grad_bf_1 = sum of grad_t60 down each column */
+    /* grad_bf_1 = sum of grad_t40 down each column */
     TRANSFORMER_LM_REAL *grad_bf_1 = grad_gf_1; /* 1 x 64, in grad_gf_1's memory */
-    symbackprop_f64_sum_columns(grad_t60, m, 64, 64, grad_bf_1);
+    symbackprop_f64_sum_columns(grad_t40, m, 64, 64, grad_bf_1);
 
     /* grad_bf_2 = bf*weight_decay + grad_bf_1 */
     TRANSFORMER_LM_REAL *grad_bf_2 = grad_gf_2 + 64; /* 1 x 64 */
@@ -4795,9 +4804,9 @@ static void transformer_lm_train_step_part6(
         }
     }
 
-    /* grad_Wout_1 = t60^T @ grad_t61 */
+    /* grad_Wout_1 = t40^T @ grad_t41 */
     TRANSFORMER_LM_REAL *grad_Wout_1 = grad_E_1; /* 64 x 62, in grad_E_1's memory */
-    symbackprop_f64_matmul(64, 62, m, t60, 1, 64, grad_t61, 62, 1, grad_Wout_1);
+    symbackprop_f64_matmul(64, 62, m, t40, 1, 64, grad_t41, 62, 1, grad_Wout_1);
 
     /* grad_Wout_2 = Wout*weight_decay + grad_Wout_1 */
     TRANSFORMER_LM_REAL *grad_Wout_2 = grad_bf_2 + 64; /* 64 x 62 */
@@ -4829,7 +4838,7 @@ static void transformer_lm_train_step_part6(
     /* step = step + 1 */
     /* bias_correction1 = 1 - beta1**(step + 1) */
     /* bias_correction2 = 1 - beta2**(step + 1) */
-    TRANSFORMER_LM_REAL *bias_correction1 = t68; /* 1 x 1, in t68's memory */
+    TRANSFORMER_LM_REAL *bias_correction1 = t45; /* 1 x 1, in t45's memory */
     TRANSFORMER_LM_REAL *bias_correction2 = grad_Wout_2 + 3968; /* 1 x 1 */
     {
         const TRANSFORMER_LM_REAL step_in = step[0];
@@ -5220,7 +5229,74 @@ static void transformer_lm_train_step_part6(
             b1a[j] = b1a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
+}
 
+/* transformer_lm_train_step, part 6 of 6 (kernels 161 to 173): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+static void transformer_lm_train_step_part6(
+    int64_t m,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    TRANSFORMER_LM_REAL *W1down,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    TRANSFORMER_LM_REAL *Wout,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_Wq1,
+    TRANSFORMER_LM_REAL *v_Wq1,
+    TRANSFORMER_LM_REAL *m_Wk1,
+    TRANSFORMER_LM_REAL *v_Wk1,
+    TRANSFORMER_LM_REAL *m_Wv1,
+    TRANSFORMER_LM_REAL *v_Wv1,
+    TRANSFORMER_LM_REAL *m_Wo1,
+    TRANSFORMER_LM_REAL *v_Wo1,
+    TRANSFORMER_LM_REAL *m_g1m,
+    TRANSFORMER_LM_REAL *v_g1m,
+    TRANSFORMER_LM_REAL *m_b1m,
+    TRANSFORMER_LM_REAL *v_b1m,
+    TRANSFORMER_LM_REAL *m_W1up,
+    TRANSFORMER_LM_REAL *v_W1up,
+    TRANSFORMER_LM_REAL *m_c1up,
+    TRANSFORMER_LM_REAL *v_c1up,
+    TRANSFORMER_LM_REAL *m_W1down,
+    TRANSFORMER_LM_REAL *v_W1down,
+    TRANSFORMER_LM_REAL *m_c1down,
+    TRANSFORMER_LM_REAL *v_c1down,
+    TRANSFORMER_LM_REAL *m_gf,
+    TRANSFORMER_LM_REAL *v_gf,
+    TRANSFORMER_LM_REAL *m_bf,
+    TRANSFORMER_LM_REAL *v_bf,
+    TRANSFORMER_LM_REAL *m_Wout,
+    TRANSFORMER_LM_REAL *v_Wout,
+    TRANSFORMER_LM_REAL *work
+)
+{
+    TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 4349*m + 83713; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 4349*m + 87809; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 4349*m + 91905; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo1_2 = work + 4349*m + 96001; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4349*m + 100097; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4349*m + 100161; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1up_2 = work + 4349*m + 100225; /* 64 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 4349*m + 116609; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1down_2 = work + 4349*m + 116865; /* 256 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1down_2 = work + 4349*m + 133249; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_gf_2 = work + 4349*m + 133313; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_bf_2 = work + 4349*m + 133377; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wout_2 = work + 4349*m + 133441; /* 64 x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *bias_correction1 = work + 3329*m + 9216; /* 1 x 1, in t45's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *bias_correction2 = work + 4349*m + 137409; /* 1 x 1; placed in an earlier part */
     /* m_Wq1 = beta1*m_Wq1 + grad_Wq1_2*(1 - beta1) */
     /* v_Wq1 = beta2*v_Wq1 + grad_Wq1_2**2*(1 - beta2) */
     /* Wq1 = Wq1 - lr*(beta1*m_Wq1 + grad_Wq1_2*(1 - beta1))/(bias_correction1*(eps +
@@ -5324,58 +5400,7 @@ static void transformer_lm_train_step_part6(
             }
         }
     }
-}
 
-/* transformer_lm_train_step, part 7 of 7 (kernels 193 to 201): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-static void transformer_lm_train_step_part7(
-    int64_t m,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *W1up,
-    TRANSFORMER_LM_REAL *c1up,
-    TRANSFORMER_LM_REAL *W1down,
-    TRANSFORMER_LM_REAL *c1down,
-    TRANSFORMER_LM_REAL *gf,
-    TRANSFORMER_LM_REAL *bf,
-    TRANSFORMER_LM_REAL *Wout,
-    const TRANSFORMER_LM_REAL *lr,
-    const TRANSFORMER_LM_REAL *beta1,
-    const TRANSFORMER_LM_REAL *beta2,
-    const TRANSFORMER_LM_REAL *eps,
-    TRANSFORMER_LM_REAL *m_g1m,
-    TRANSFORMER_LM_REAL *v_g1m,
-    TRANSFORMER_LM_REAL *m_b1m,
-    TRANSFORMER_LM_REAL *v_b1m,
-    TRANSFORMER_LM_REAL *m_W1up,
-    TRANSFORMER_LM_REAL *v_W1up,
-    TRANSFORMER_LM_REAL *m_c1up,
-    TRANSFORMER_LM_REAL *v_c1up,
-    TRANSFORMER_LM_REAL *m_W1down,
-    TRANSFORMER_LM_REAL *v_W1down,
-    TRANSFORMER_LM_REAL *m_c1down,
-    TRANSFORMER_LM_REAL *v_c1down,
-    TRANSFORMER_LM_REAL *m_gf,
-    TRANSFORMER_LM_REAL *v_gf,
-    TRANSFORMER_LM_REAL *m_bf,
-    TRANSFORMER_LM_REAL *v_bf,
-    TRANSFORMER_LM_REAL *m_Wout,
-    TRANSFORMER_LM_REAL *v_Wout,
-    TRANSFORMER_LM_REAL *work
-)
-{
-    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4482*m + 103941; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4482*m + 104005; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1up_2 = work + 4482*m + 104069; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 4482*m + 120453; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1down_2 = work + 4482*m + 120709; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1down_2 = work + 4482*m + 137093; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_gf_2 = work + 4482*m + 137157; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_bf_2 = work + 4482*m + 137221; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wout_2 = work + 4482*m + 137285; /* 64 x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction1 = work + 3778*m + 13060; /* 1 x 1, in t68's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction2 = work + 4482*m + 141253; /* 1 x 1; placed in an earlier part */
     /* m_g1m = beta1*m_g1m + grad_g1m_2*(1 - beta1) */
     /* v_g1m = beta2*v_g1m + grad_g1m_2**2*(1 - beta2) */
     /* g1m = g1m - lr*(beta1*m_g1m + grad_g1m_2*(1 - beta1))/(bias_correction1*(eps +
@@ -5716,13 +5741,12 @@ int transformer_lm_train_step(
             return 2; /* a row number outside an array it gathers from */
         }
     }
-    transformer_lm_train_step_part1(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, work);
-    transformer_lm_train_step_part2(m, targets, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work);
-    transformer_lm_train_step_part3(m, g0m, W0up, W0down, g1a, Wk1, Wv1, Wo1, g1m, W1up, W1down, work);
-    transformer_lm_train_step_part4(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, weight_decay, work);
-    transformer_lm_train_step_part5(m, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, weight_decay, work);
-    transformer_lm_train_step_part6(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, work);
-    transformer_lm_train_step_part7(m, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, work);
+    transformer_lm_train_step_part1(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, work);
+    transformer_lm_train_step_part2(m, targets, Wk1, Wv1, Wo1, g1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work);
+    transformer_lm_train_step_part3(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, weight_decay, work);
+    transformer_lm_train_step_part4(m, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, weight_decay, work);
+    transformer_lm_train_step_part5(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, work);
+    transformer_lm_train_step_part6(m, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, work);
     return 0;
 }
 

@@ -158,7 +158,8 @@ class RowNormalize(sp.MatrixExpr):
     """Each row minus its mean, over the square root of its (biased)
     variance plus eps: one SymPy node (x appears once: written out, x
     would appear three times a layer, and SymPy's tree of a deep model
-    grows by that factor per layer); it lowers to the IR's sums and maps."""
+    grows by that factor per layer); it lowers to ops.normalize's
+    normalize_rows, one loop over the rows (its backward another)."""
 
     def __new__(cls, x: sp.MatrixExpr, eps: sp.Expr) -> RowNormalize:
         return super().__new__(cls, x, sp.sympify(eps))

@@ -36,7 +36,8 @@ from symbackprop.declare.conv import (  # noqa: F401  (the convolutional layers:
     images,
     max_pool2d,
 )
-from symbackprop.declare.tensor import Index, Reduce, gather
+from symbackprop.declare.pick import pick
+from symbackprop.declare.tensor import Gather, Index, Reduce, gather
 from symbackprop.errors import ModelError
 
 # What the elementwise helpers take and return: a scalar expression, a matrix
@@ -303,8 +304,20 @@ def softmax_cross_entropy(logits: sp.MatrixExpr, target: sp.MatrixExpr,
         target = one_hot(target, logits.shape[1])
     if logits.shape != target.shape:
         raise ModelError(f"softmax_cross_entropy of shapes {logits.shape} and {target.shape}")
-    per_row = logsumexp_rows(logits) - row_sums(sp.HadamardProduct(target, logits))
-    return _reduced(per_row, reduction)
+    labels = _one_hot_labels(target)
+    # class numbers: the target's logit of each row is picked, not summed over one-hot rows
+    chosen = pick(logits, labels) if labels is not None else row_sums(sp.HadamardProduct(target, logits))
+    return _reduced(logsumexp_rows(logits) - chosen, reduction)
+
+
+def _one_hot_labels(target: sp.MatrixExpr) -> Index | None:
+    """The Index whose one-hot rows `target` is (as one_hot builds them), else None."""
+    if not isinstance(target, Gather):
+        return None
+    array = target.array
+    if not isinstance(array, sp.MatrixBase) or array.shape[0] != array.shape[1] or array != sp.eye(array.shape[0]):
+        return None
+    return target.index
 
 
 def l2_penalty(*weights: sp.MatrixExpr) -> sp.MatrixExpr:

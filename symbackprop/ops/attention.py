@@ -38,7 +38,7 @@ import sympy as sp
 
 from symbackprop.declare import attention as declared
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
-from symbackprop.ir.construct import map_, reduce_sum
+from symbackprop.ir.construct import map_
 from symbackprop.ir.node import Node, op_node, placeholder
 from symbackprop.ops.conv import Operand, _bilinear_jvp, channel_broadcast, channel_sum, kernel_operands
 from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
@@ -291,17 +291,3 @@ _op("attention_mix_t", _mix_t_vjp, _bilinear_jvp(attention_mix_t), _eval_mix_t, 
 _op("causal_softmax", _softmax_vjp, _softmax_jvp, _eval_softmax, "CausalSoftmax", declared.CausalSoftmax)
 _op("softmax_vjp", _softmax_vjp_vjp, _softmax_vjp_jvp, _eval_softmax_vjp, "SoftmaxVjp")
 
-
-def _normalize_rows(lowerer, expr: declared.RowNormalize) -> Node:
-    """(x - mean) / sqrt(var + eps) per row, as the IR's row sums and maps
-    (their rules give its derivatives; the IR is a graph, so x is one node)."""
-    x, eps = lowerer.lower(expr.args[0]), expr.args[1]
-    d = x.shape[1]
-    centred = map_(A0 - A1 / d, [x, reduce_sum(x, 1)])
-    variance = reduce_sum(map_(A0**2, [centred]), 1)
-    return map_(A0 / sp.sqrt(A1 / d + eps), [centred, variance])
-
-
-# layer_norm's normalization has no op of its own: this record only lowers it
-register(OpRecord("row_normalize", lowering=((declared.RowNormalize, _normalize_rows),),
-                  shapes=((declared.RowNormalize, lambda e, of: of(e.args[0])),)))

@@ -113,7 +113,8 @@ _LOWERING: dict[type, tuple[str, LoweringRule]] = {}
 _SHAPES: dict[type, ShapeRule] = {}
 # the modules that register ops (on import), loaded on the first look-up
 FAMILIES = tuple(f"symbackprop.ops.{family}"
-                 for family in ("elementwise", "matmul", "reduce", "cumulative", "views", "emap", "linalg", "conv", "attention"))
+                 for family in ("elementwise", "matmul", "reduce", "cumulative", "views", "emap", "linalg", "conv",
+                                "attention", "pick", "normalize"))
 FAMILIES += ("symbackprop.loops.register", "symbackprop.diff.nested")
 _loaded = False
 
