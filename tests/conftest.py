@@ -18,6 +18,12 @@ import os
 import sys
 from pathlib import Path
 
+# Under xdist every core already runs a worker: BLAS threads on top of them
+# only spin (a test child's 200 calls: 9 of 12 CPU s). Set before numpy
+# (its OpenBLAS) or a module's BLAS loads; children inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import pytest
 
 from symbackprop.build.builder import CACHE_ENV, FLAGS_ENV
