@@ -9,6 +9,8 @@ checks speed, vector code, assembly, the build flags themselves or
 bit-exact rounding against a number made with the production flags is
 marked `@pytest.mark.default_flags` (or `pytestmark = ...` for a module,
 needed where a module-scoped fixture builds): it builds at DEFAULT_FLAGS.
+A build whose BuildOptions names its flags (test_fuzz's -O1, the sanitizer
+builds' -O0, a fixture's flags=DEFAULT_FLAGS) is not affected.
 `pytest --production-flags` runs the whole suite at DEFAULT_FLAGS.
 """
 
