@@ -497,6 +497,7 @@ def test_a_cache_dir_with_tilde_is_under_home(tmp_path, monkeypatch):
 
 # --- the key knows the CPU -------------------------------------------------------
 
+@pytest.mark.default_flags  # BuildOptions() must mean -march=native here
 def test_march_native_is_keyed_on_the_cpu_it_means(monkeypatch):
     emitted, _ = generate(_model(80))
     parts = (emitted.prefix, emitted.source, emitted.header, emitted.cdef)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from conftest import ROOT
 
 SCRIPT = textwrap.dedent(
@@ -39,6 +40,7 @@ def _run(command, **kwargs):
     return result
 
 
+@pytest.mark.default_flags  # what a user installs builds at the production flags (its child's env has no SYMBACKPROP_CFLAGS)
 def test_wheel_install_compiles_from_another_directory(tmp_path):
     source = tmp_path / "src"
     source.mkdir()

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmarks package
 
@@ -30,6 +31,7 @@ def test_long_straight_body_is_marked_and_short_is_not():
     assert _marked(short_c) == []
 
 
+@pytest.mark.default_flags  # the attribute is there for GCC's -O3 passes
 def test_marked_module_builds_and_matches_numpy(tmp_path):
     size = {"ell": 7}
     mod = sbp.compile(det.build_model(size), functions=det.SBP_FUNCTIONS,

@@ -44,7 +44,7 @@ import sysconfig
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -67,7 +67,24 @@ from symbackprop.log import event, stage
 _X86_64 = platform.machine().lower() in ("x86_64", "amd64")
 DEFAULT_FLAGS = ("-O3", "-march=native", *(("-mprefer-vector-width=512",) if _X86_64 else ()),
                  "-ffp-contract=fast", "-fno-math-errno", "-std=c99")
+# Replaces DEFAULT_FLAGS where BuildOptions is given no flags, in this process
+# and the ones it starts: the test suite builds at -O1 with it (tests/conftest.py).
+FLAGS_ENV = "SYMBACKPROP_CFLAGS"
 EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or importlib.machinery.EXTENSION_SUFFIXES[0]
+
+
+def default_flags() -> tuple[str, ...]:
+    """The flags of BuildOptions(): $SYMBACKPROP_CFLAGS split as a shell
+    would (never run by one), else DEFAULT_FLAGS. The cache key holds the
+    whole compiler command, so modules built under one are never loaded
+    for the other."""
+    text = os.environ.get(FLAGS_ENV, "").strip()
+    if not text:
+        return DEFAULT_FLAGS
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:
+        raise BuildError(f"{FLAGS_ENV}={text!r} is not a list of compiler flags ({exc})") from exc
 
 
 @dataclass(frozen=True)
@@ -75,7 +92,8 @@ class BuildOptions:
     """How to build: compiler flags, the cache folder, whether to use BLAS.
 
     Args:
-        flags: the C compiler's flags.
+        flags: the C compiler's flags (default: $SYMBACKPROP_CFLAGS, else
+            DEFAULT_FLAGS).
         cache_dir: where built modules are kept (None: $SYMBACKPROP_CACHE_DIR,
             else the user cache folder).
         blas: large matrix products call the BLAS of the scipy-openblas32
@@ -89,7 +107,7 @@ class BuildOptions:
             (-fopenmp).
     """
 
-    flags: tuple[str, ...] = DEFAULT_FLAGS
+    flags: tuple[str, ...] = field(default_factory=default_flags)
     cache_dir: Path | None = None  # default: $SYMBACKPROP_CACHE_DIR or the user cache
     blas: bool | None = None
     vector_math: bool | None = None  # glibc's libmvec SIMD math with GCC (None: when available)

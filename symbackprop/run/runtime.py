@@ -156,7 +156,8 @@ class _ExpressionDigest:
 def model_fingerprint(model: Model, *settings: Any) -> str:
     """A hash of everything generation depends on: the model's expressions
     (SymPy's srepr, with Lambda's dummy variables numbered in order), the
-    settings, whether BLAS is installed, the CPU where the flags ask for
+    settings, the compiler flags (also where the settings name none:
+    $SYMBACKPROP_CFLAGS may change them), whether BLAS is installed, the CPU where the flags ask for
     the host's (the memo names a cache entry built for it), and
     symbackprop's own code."""
     from symbackprop.build.builder import host_target
@@ -174,6 +175,7 @@ def model_fingerprint(model: Model, *settings: Any) -> str:
         *model.names,
         digest.value(*(digest(sp.sympify(expr)) for expr in expressions)),
         repr(settings),
+        repr((options or BuildOptions()).flags),  # the memo names a cache entry built with them
         str(find_blas() is not None),
         host_target(options),
         package_digest(),
