@@ -104,8 +104,8 @@ class SharedStrPrinter(StrPrinter):
 
 def shared_xreplace(expr: sp.Basic, rule: dict, done: dict) -> sp.Basic:
     """expr.xreplace(rule), each distinct subexpression rebuilt once over
-    the calls that share `done` (the same constructor calls as SymPy's, so
-    the same result)."""
+    the calls that share `done`; selects, relations, Abs and sign as they
+    stand (_AS_IT_STANDS), the rest by the same constructor calls as SymPy's."""
     if expr in rule:
         return rule[expr]
     result = done.get(expr)
@@ -118,9 +118,10 @@ def shared_xreplace(expr: sp.Basic, rule: dict, done: dict) -> sp.Basic:
 
 
 # Renamed as they stand (their evaluation only repeats the loads' own, and
-# over large arguments it was most of the comments' time; their order of
-# arguments is what they print): the rest is rebuilt as xreplace does (an
-# Or orders its arguments by name).
+# over large arguments it was most of the comments' time and of the fused
+# loops' member values (saddle: Piecewise's collapse, Abs's signsimp); their
+# order of arguments is what they print): the rest is rebuilt as xreplace
+# does (an Or orders its arguments by name).
 _AS_IT_STANDS = (sp.Piecewise, sp.Rel, sp.Abs, sp.sign)
 
 

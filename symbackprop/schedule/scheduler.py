@@ -30,6 +30,7 @@ from symbackprop.schedule.kernel import (
     kernel_reads,
     kernel_writes,
     map_equations,
+    shared_xreplace,
 )
 from symbackprop.schedule.naming import Naming
 from symbackprop.schedule.shifted import ShiftedView, inside, moved_view, offset_label, signed_k
@@ -266,7 +267,7 @@ class Scheduler(Placement):
                         for index, arg in enumerate(member.args)}
                 body = member.attrs[0]
                 size[member, k] = len(body.args) + 1 + sum(size.get((a, k), 0) for a in member.args)
-                value[member, k] = body.xreplace(subs)
+                value[member, k] = shared_xreplace(body, subs, {})  # selects as they stand: the body's own, evaluated
                 if size[member, k] > MAX_INLINED_OPS and reads.get(member, 0) > 1:
                     symbol = sp.Symbol(f"_p{len(program)}", real=True)
                     program.append((symbol, value[member, k]))
