@@ -65,9 +65,14 @@ static volatile const int symbackprop_scalar_tail __attribute__((unused)) = 0;
 #define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static, 16)")
 /* a loop over a convolution's fixed blocks of examples (ops/conv.py) */
 #define SYMBACKPROP_PARALLEL_BLOCKS _Pragma("omp parallel for schedule(static)")
+/* a loop of independent iterations (attention's (sequence, head) pairs,
+ * column blocks of a sum) that is worth threads only when `cond` holds */
+#define SYMBACKPROP_PRAGMA(text) _Pragma(#text)
+#define SYMBACKPROP_PARALLEL_EACH_IF(cond) SYMBACKPROP_PRAGMA(omp parallel for schedule(static) if(cond))
 #else
 #define SYMBACKPROP_PARALLEL_FOR
 #define SYMBACKPROP_PARALLEL_BLOCKS
+#define SYMBACKPROP_PARALLEL_EACH_IF(cond)
 #endif
 
 /* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
@@ -197,6 +202,24 @@ SYMBACKPROP_HELPER void symbackprop_f64_matmul(int64_t m, int64_t n, int64_t k,
         int lda = 1, ldb = 1;
         const int trans_a = symbackprop_f64_blas_layout(m, k, a_rs, a_cs, &lda);
         const int trans_b = symbackprop_f64_blas_layout(k, n, b_rs, b_cs, &ldb);
+#ifdef _OPENMP
+        /* An OpenMP build runs a large product on its own threads, in at
+         * most 8 fixed blocks of c's rows (a multiple of 16 each), one
+         * single-threaded BLAS call a block: OpenBLAS's pool is kept at one
+         * thread (build/builder.py), as two pools on the same cores fight.
+         * The blocks do not depend on the thread count, so neither do the
+         * results. Inside another parallel loop this one runs on one thread. */
+        if (trans_a && trans_b && m >= 32 && m * n * k >= 1048576) {
+            const int64_t rows = ((m + 7) / 8 + 15) / 16 * 16;
+            SYMBACKPROP_PARALLEL_BLOCKS
+            for (int64_t r0 = 0; r0 < m; r0 += rows) {
+                const int64_t part = m - r0 < rows ? m - r0 : rows;
+                SYMBACKPROP_CBLAS_DGEMM(101, trans_a, trans_b, (int)part, (int)n, (int)k, 1, a + r0 * a_rs, lda, b, ldb, 0,
+                                        c + r0 * n, (int)n);
+            }
+            return;
+        }
+#endif
         if (trans_a && trans_b) {
             SYMBACKPROP_CBLAS_DGEMM(101, trans_a, trans_b, (int)m, (int)n, (int)k, 1, a, lda, b, ldb, 0, c, (int)n);
             return;
@@ -872,6 +895,24 @@ SYMBACKPROP_HELPER void symbackprop_f32_matmul(int64_t m, int64_t n, int64_t k,
         int lda = 1, ldb = 1;
         const int trans_a = symbackprop_f32_blas_layout(m, k, a_rs, a_cs, &lda);
         const int trans_b = symbackprop_f32_blas_layout(k, n, b_rs, b_cs, &ldb);
+#ifdef _OPENMP
+        /* An OpenMP build runs a large product on its own threads, in at
+         * most 8 fixed blocks of c's rows (a multiple of 16 each), one
+         * single-threaded BLAS call a block: OpenBLAS's pool is kept at one
+         * thread (build/builder.py), as two pools on the same cores fight.
+         * The blocks do not depend on the thread count, so neither do the
+         * results. Inside another parallel loop this one runs on one thread. */
+        if (trans_a && trans_b && m >= 32 && m * n * k >= 1048576) {
+            const int64_t rows = ((m + 7) / 8 + 15) / 16 * 16;
+            SYMBACKPROP_PARALLEL_BLOCKS
+            for (int64_t r0 = 0; r0 < m; r0 += rows) {
+                const int64_t part = m - r0 < rows ? m - r0 : rows;
+                SYMBACKPROP_CBLAS_SGEMM(101, trans_a, trans_b, (int)part, (int)n, (int)k, 1, a + r0 * a_rs, lda, b, ldb, 0,
+                                        c + r0 * n, (int)n);
+            }
+            return;
+        }
+#endif
         if (trans_a && trans_b) {
             SYMBACKPROP_CBLAS_SGEMM(101, trans_a, trans_b, (int)m, (int)n, (int)k, 1, a, lda, b, ldb, 0, c, (int)n);
             return;
