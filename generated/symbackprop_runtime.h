@@ -265,41 +265,55 @@ SYMBACKPROP_HELPER double symbackprop_f64_sum(const double *x, int64_t n, int64_
 
 /* out[j] = the sum of column j of the n x cols matrix x, whose rows are
  * row_stride apart and entries contiguous: the additions of _sum down each
- * column, in the same order, but reading the rows once, a block of columns
- * at a time (a column at a time walks the whole matrix, a cache line an entry,
- * for every column). */
-SYMBACKPROP_HELPER void symbackprop_f64_sum_columns(const double *x, int64_t n, int64_t cols, int64_t row_stride, double *out)
+ * column, in the same order, but reading the rows once, a block of at most
+ * 64 columns at a time (a column at a time walks the whole matrix, a cache
+ * line an entry, for every column). */
+SYMBACKPROP_HELPER void symbackprop_f64_sum_column_block(const double *x, int64_t n, int64_t width, int64_t row_stride, double *out)
 {
     enum { BLOCK = 64 };
-    for (int64_t j0 = 0; j0 < cols; j0 += BLOCK) {
-        const int64_t width = cols - j0 < BLOCK ? cols - j0 : BLOCK;
-        double result[BLOCK] = {0};
-        int64_t k = 0;
-        if (n >= 64) {
-            double lane[8][BLOCK] = {{0}};
-            for (; k + 8 <= n; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    const double *row = x + (k + l) * row_stride + j0;
-                    for (int64_t j = 0; j < width; ++j) {
-                        lane[l][j] += row[j];
-                    }
-                }
-            }
+    double result[BLOCK] = {0};
+    int64_t k = 0;
+    if (n >= 64) {
+        double lane[8][BLOCK] = {{0}};
+        for (; k + 8 <= n; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
+                const double *row = x + (k + l) * row_stride;
                 for (int64_t j = 0; j < width; ++j) {
-                    result[j] += lane[l][j];
+                    lane[l][j] += row[j];
                 }
             }
         }
-        for (; k < n; ++k) {
-            const double *row = x + k * row_stride + j0;
+        for (int64_t l = 0; l < 8; ++l) {
             for (int64_t j = 0; j < width; ++j) {
-                result[j] += row[j];
+                result[j] += lane[l][j];
             }
         }
+    }
+    for (; k < n; ++k) {
+        const double *row = x + k * row_stride;
         for (int64_t j = 0; j < width; ++j) {
-            out[j0 + j] = result[j];
+            result[j] += row[j];
         }
+    }
+    for (int64_t j = 0; j < width; ++j) {
+        out[j] = result[j];
+    }
+}
+
+/* The column sums above over blocks of 64 columns; with OpenMP, a large
+ * matrix in blocks of 16 on the threads (each column's sum is the same,
+ * whatever its block or thread). */
+SYMBACKPROP_HELPER void symbackprop_f64_sum_columns(const double *x, int64_t n, int64_t cols, int64_t row_stride, double *out)
+{
+#ifdef _OPENMP
+    const int threaded = cols > 16 && n * cols >= 65536;
+    const int64_t step = threaded ? 16 : 64;
+#else
+    const int64_t step = 64;
+#endif
+    SYMBACKPROP_PARALLEL_EACH_IF(threaded)
+    for (int64_t j0 = 0; j0 < cols; j0 += step) {
+        symbackprop_f64_sum_column_block(x + j0, n, cols - j0 < step ? cols - j0 : step, row_stride, out + j0);
     }
 }
 #if defined(__GNUC__)
@@ -958,41 +972,55 @@ SYMBACKPROP_HELPER float symbackprop_f32_sum(const float *x, int64_t n, int64_t 
 
 /* out[j] = the sum of column j of the n x cols matrix x, whose rows are
  * row_stride apart and entries contiguous: the additions of _sum down each
- * column, in the same order, but reading the rows once, a block of columns
- * at a time (a column at a time walks the whole matrix, a cache line an entry,
- * for every column). */
-SYMBACKPROP_HELPER void symbackprop_f32_sum_columns(const float *x, int64_t n, int64_t cols, int64_t row_stride, float *out)
+ * column, in the same order, but reading the rows once, a block of at most
+ * 64 columns at a time (a column at a time walks the whole matrix, a cache
+ * line an entry, for every column). */
+SYMBACKPROP_HELPER void symbackprop_f32_sum_column_block(const float *x, int64_t n, int64_t width, int64_t row_stride, float *out)
 {
     enum { BLOCK = 64 };
-    for (int64_t j0 = 0; j0 < cols; j0 += BLOCK) {
-        const int64_t width = cols - j0 < BLOCK ? cols - j0 : BLOCK;
-        float result[BLOCK] = {0};
-        int64_t k = 0;
-        if (n >= 64) {
-            float lane[8][BLOCK] = {{0}};
-            for (; k + 8 <= n; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    const float *row = x + (k + l) * row_stride + j0;
-                    for (int64_t j = 0; j < width; ++j) {
-                        lane[l][j] += row[j];
-                    }
-                }
-            }
+    float result[BLOCK] = {0};
+    int64_t k = 0;
+    if (n >= 64) {
+        float lane[8][BLOCK] = {{0}};
+        for (; k + 8 <= n; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
+                const float *row = x + (k + l) * row_stride;
                 for (int64_t j = 0; j < width; ++j) {
-                    result[j] += lane[l][j];
+                    lane[l][j] += row[j];
                 }
             }
         }
-        for (; k < n; ++k) {
-            const float *row = x + k * row_stride + j0;
+        for (int64_t l = 0; l < 8; ++l) {
             for (int64_t j = 0; j < width; ++j) {
-                result[j] += row[j];
+                result[j] += lane[l][j];
             }
         }
+    }
+    for (; k < n; ++k) {
+        const float *row = x + k * row_stride;
         for (int64_t j = 0; j < width; ++j) {
-            out[j0 + j] = result[j];
+            result[j] += row[j];
         }
+    }
+    for (int64_t j = 0; j < width; ++j) {
+        out[j] = result[j];
+    }
+}
+
+/* The column sums above over blocks of 64 columns; with OpenMP, a large
+ * matrix in blocks of 16 on the threads (each column's sum is the same,
+ * whatever its block or thread). */
+SYMBACKPROP_HELPER void symbackprop_f32_sum_columns(const float *x, int64_t n, int64_t cols, int64_t row_stride, float *out)
+{
+#ifdef _OPENMP
+    const int threaded = cols > 16 && n * cols >= 65536;
+    const int64_t step = threaded ? 16 : 64;
+#else
+    const int64_t step = 64;
+#endif
+    SYMBACKPROP_PARALLEL_EACH_IF(threaded)
+    for (int64_t j0 = 0; j0 < cols; j0 += step) {
+        symbackprop_f32_sum_column_block(x + j0, n, cols - j0 < step ? cols - j0 : step, row_stride, out + j0);
     }
 }
 #if defined(__GNUC__)
@@ -1490,6 +1518,7 @@ SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int
 #define symbackprop_f64_solve symbackprop_f32_solve
 #define symbackprop_f64_substitute symbackprop_f32_substitute
 #define symbackprop_f64_sum symbackprop_f32_sum
+#define symbackprop_f64_sum_column_block symbackprop_f32_sum_column_block
 #define symbackprop_f64_sum_columns symbackprop_f32_sum_columns
 #define symbackprop_f64_triangular_solve symbackprop_f32_triangular_solve
 #endif

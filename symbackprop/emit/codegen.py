@@ -525,6 +525,7 @@ class RuntimeType:
     helpers: tuple[str, ...]  # the ops' C helpers of reduce.c.j2 (ops.registry.helpers): all of them
     blas_min: int = BLAS_MIN_MULTIPLY_ADDS
     parallel_product_min: int = PARALLEL_MIN_PRODUCT
+    parallel_sum_min: int = PARALLEL_MIN_WORK
 
 
 def runtime_type(real: RealType) -> RuntimeType:
