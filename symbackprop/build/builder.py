@@ -502,9 +502,10 @@ def _one_blas_pool(library: Path) -> None:
     """A module built with OpenMP and BLAS splits its large products across
     its OpenMP threads, one single-threaded BLAS call a block (matmul.c.j2):
     OpenBLAS's own pool is set to one thread, as its threads spin-wait
-    for work and for each other and starve OpenMP's (the transformer step
-    on a loaded 2-core machine: 5.4-6.1 s with both pools, 0.13 s with
-    OpenMP's alone). set_blas_threads changes it again."""
+    for work and for each other and starve OpenMP's (W11's step on a
+    loaded 2-core machine, two threads: 5.4-9.8 s with both pools, 0.1-0.2 s
+    with OpenMP's alone; docs/performance.md). set_blas_threads changes it
+    again."""
     data = library.read_bytes()
     if b"libgomp" in data and b"cblas_" in data:
         set_blas_threads(1)
