@@ -207,6 +207,7 @@ static void transformer_lm_run_part1(
 
     /* t3 = sum of t2 along each row */
     TRANSFORMER_LM_REAL *t3 = t2 + 64*m; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t3[i] = symbackprop_f64_sum(t2 + 64*i, 64, 1);
     }
@@ -226,6 +227,7 @@ static void transformer_lm_run_part1(
 
     /* t6 = sum of t5 along each row */
     TRANSFORMER_LM_REAL *t6 = t3; /* m x 1, in t3's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t6[i] = symbackprop_f64_sum(t5 + 64*i, 64, 1);
     }
@@ -392,6 +394,7 @@ static void transformer_lm_run_part1(
 
     /* t18 = sum of t17 along each row */
     TRANSFORMER_LM_REAL *t18 = with_grads ? t17 + 64*m : t6; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t18[i] = symbackprop_f64_sum(t17 + 64*i, 64, 1);
     }
@@ -411,6 +414,7 @@ static void transformer_lm_run_part1(
 
     /* t21 = sum of t20 along each row */
     TRANSFORMER_LM_REAL *t21 = t18; /* m x 1, in t18's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t21[i] = symbackprop_f64_sum(t20 + 64*i, 64, 1);
     }
@@ -467,6 +471,7 @@ static void transformer_lm_run_part1(
 
     /* t29 = sum of t28 along each row */
     TRANSFORMER_LM_REAL *t29 = with_grads ? t28 + 64*m : t21; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t29[i] = symbackprop_f64_sum(t28 + 64*i, 64, 1);
     }
@@ -486,6 +491,7 @@ static void transformer_lm_run_part1(
 
     /* t32 = sum of t31 along each row */
     TRANSFORMER_LM_REAL *t32 = t29; /* m x 1, in t29's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t32[i] = symbackprop_f64_sum(t31 + 64*i, 64, 1);
     }
@@ -685,6 +691,7 @@ static void transformer_lm_run_part2(
 
     /* t44 = sum of t43 along each row */
     TRANSFORMER_LM_REAL *t44 = with_grads ? t43 + 64*m : t32; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t44[i] = symbackprop_f64_sum(t43 + 64*i, 64, 1);
     }
@@ -704,6 +711,7 @@ static void transformer_lm_run_part2(
 
     /* t47 = sum of t46 along each row */
     TRANSFORMER_LM_REAL *t47 = t44; /* m x 1, in t44's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t47[i] = symbackprop_f64_sum(t46 + 64*i, 64, 1);
     }
@@ -760,6 +768,7 @@ static void transformer_lm_run_part2(
 
     /* t55 = sum of t54 along each row */
     TRANSFORMER_LM_REAL *t55 = with_grads ? t54 + 64*m : t47; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t55[i] = symbackprop_f64_sum(t54 + 64*i, 64, 1);
     }
@@ -779,6 +788,7 @@ static void transformer_lm_run_part2(
 
     /* t58 = sum of t57 along each row */
     TRANSFORMER_LM_REAL *t58 = t55; /* m x 1, in t55's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t58[i] = symbackprop_f64_sum(t57 + 64*i, 64, 1);
     }
@@ -961,12 +971,14 @@ static void transformer_lm_run_part2(
 
     /* t65 = sum of t64 along each row */
     TRANSFORMER_LM_REAL *t65 = with_grads ? t64 + 62*m : t58; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t65[i] = symbackprop_f64_sum(t64 + 62*i, 62, 1);
     }
 
     /* t66 = log(sum(exp(t61))) along each row, its max subtracted first */
     TRANSFORMER_LM_REAL *t66 = with_grads ? t65 + m : t64 + 62*m; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t66[i] = symbackprop_f64_logsumexp(t61 + 62*i, 62, 1);
     }
@@ -1049,6 +1061,7 @@ static void transformer_lm_run_part3(
 
     /* grad_t58 = sum of t69 along each row */
     TRANSFORMER_LM_REAL *grad_t58 = t67; /* m x 1, in t67's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t58[i] = symbackprop_f64_sum(t69 + 64*i, 64, 1);
     }
@@ -1069,6 +1082,7 @@ static void transformer_lm_run_part3(
 
     /* grad_t55 = sum of t71 along each row */
     TRANSFORMER_LM_REAL *grad_t55 = t66; /* m x 1, in t66's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t55[i] = symbackprop_f64_sum(t71 + 64*i, 64, 1);
     }
@@ -1175,6 +1189,7 @@ static void transformer_lm_run_part4(
 
     /* grad_t47 = sum of t72 along each row */
     TRANSFORMER_LM_REAL *grad_t47 = t70; /* m x 1, in t70's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t47[i] = symbackprop_f64_sum(t72 + 64*i, 64, 1);
     }
@@ -1195,6 +1210,7 @@ static void transformer_lm_run_part4(
 
     /* grad_t44 = sum of t74 along each row */
     TRANSFORMER_LM_REAL *grad_t44 = grad_t58; /* m x 1, in grad_t58's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t44[i] = symbackprop_f64_sum(t74 + 64*i, 64, 1);
     }
@@ -1427,6 +1443,7 @@ static void transformer_lm_run_part4(
 
     /* grad_t32 = sum of t75 along each row */
     TRANSFORMER_LM_REAL *grad_t32 = t47; /* m x 1, in t47's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t32[i] = symbackprop_f64_sum(t75 + 64*i, 64, 1);
     }
@@ -1447,6 +1464,7 @@ static void transformer_lm_run_part4(
 
     /* grad_t29 = sum of t77 along each row */
     TRANSFORMER_LM_REAL *grad_t29 = t73; /* m x 1, in t73's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t29[i] = symbackprop_f64_sum(t77 + 64*i, 64, 1);
     }
@@ -1502,6 +1520,7 @@ static void transformer_lm_run_part4(
 
     /* grad_t21 = sum of t78 along each row */
     TRANSFORMER_LM_REAL *grad_t21 = grad_t44; /* m x 1, in grad_t44's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t21[i] = symbackprop_f64_sum(t78 + 64*i, 64, 1);
     }
@@ -1587,6 +1606,7 @@ static void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *t80 = work + 2051*m + 5120; /* m x 64, in t77's memory; placed in an earlier part */
     /* grad_t18 = sum of t80 along each row */
     TRANSFORMER_LM_REAL *grad_t18 = t32; /* m x 1, in t32's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t18[i] = symbackprop_f64_sum(t80 + 64*i, 64, 1);
     }
@@ -1819,6 +1839,7 @@ static void transformer_lm_run_part5(
 
     /* grad_t6 = sum of t81 along each row */
     TRANSFORMER_LM_REAL *grad_t6 = grad_t32; /* m x 1, in grad_t32's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t6[i] = symbackprop_f64_sum(t81 + 64*i, 64, 1);
     }
@@ -1839,6 +1860,7 @@ static void transformer_lm_run_part5(
 
     /* grad_t3 = sum of t83 along each row */
     TRANSFORMER_LM_REAL *grad_t3 = grad_t29; /* m x 1, in grad_t29's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t3[i] = symbackprop_f64_sum(t83 + 64*i, 64, 1);
     }
@@ -2571,6 +2593,7 @@ static void transformer_lm_train_step_part1(
 
     /* t3 = sum of t2 along each row */
     TRANSFORMER_LM_REAL *t3 = t2 + 64*m; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t3[i] = symbackprop_f64_sum(t2 + 64*i, 64, 1);
     }
@@ -2590,6 +2613,7 @@ static void transformer_lm_train_step_part1(
 
     /* t6 = sum of t5 along each row */
     TRANSFORMER_LM_REAL *t6 = t3; /* m x 1, in t3's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t6[i] = symbackprop_f64_sum(t5 + 64*i, 64, 1);
     }
@@ -2756,6 +2780,7 @@ static void transformer_lm_train_step_part1(
 
     /* t18 = sum of t17 along each row */
     TRANSFORMER_LM_REAL *t18 = t17 + 64*m; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t18[i] = symbackprop_f64_sum(t17 + 64*i, 64, 1);
     }
@@ -2775,6 +2800,7 @@ static void transformer_lm_train_step_part1(
 
     /* t21 = sum of t20 along each row */
     TRANSFORMER_LM_REAL *t21 = t18; /* m x 1, in t18's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t21[i] = symbackprop_f64_sum(t20 + 64*i, 64, 1);
     }
@@ -2831,6 +2857,7 @@ static void transformer_lm_train_step_part1(
 
     /* t29 = sum of t28 along each row */
     TRANSFORMER_LM_REAL *t29 = t28 + 64*m; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t29[i] = symbackprop_f64_sum(t28 + 64*i, 64, 1);
     }
@@ -2850,6 +2877,7 @@ static void transformer_lm_train_step_part1(
 
     /* t32 = sum of t31 along each row */
     TRANSFORMER_LM_REAL *t32 = t29; /* m x 1, in t29's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t32[i] = symbackprop_f64_sum(t31 + 64*i, 64, 1);
     }
@@ -3042,6 +3070,7 @@ static void transformer_lm_train_step_part2(
 
     /* t44 = sum of t43 along each row */
     TRANSFORMER_LM_REAL *t44 = t43 + 64*m; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t44[i] = symbackprop_f64_sum(t43 + 64*i, 64, 1);
     }
@@ -3061,6 +3090,7 @@ static void transformer_lm_train_step_part2(
 
     /* t47 = sum of t46 along each row */
     TRANSFORMER_LM_REAL *t47 = t44; /* m x 1, in t44's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t47[i] = symbackprop_f64_sum(t46 + 64*i, 64, 1);
     }
@@ -3117,6 +3147,7 @@ static void transformer_lm_train_step_part2(
 
     /* t55 = sum of t54 along each row */
     TRANSFORMER_LM_REAL *t55 = t54 + 64*m; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t55[i] = symbackprop_f64_sum(t54 + 64*i, 64, 1);
     }
@@ -3136,6 +3167,7 @@ static void transformer_lm_train_step_part2(
 
     /* t58 = sum of t57 along each row */
     TRANSFORMER_LM_REAL *t58 = t55; /* m x 1, in t55's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t58[i] = symbackprop_f64_sum(t57 + 64*i, 64, 1);
     }
@@ -3318,12 +3350,14 @@ static void transformer_lm_train_step_part2(
 
     /* t65 = sum of t64 along each row */
     TRANSFORMER_LM_REAL *t65 = t64 + 62*m; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t65[i] = symbackprop_f64_sum(t64 + 62*i, 62, 1);
     }
 
     /* t66 = log(sum(exp(t61))) along each row, its max subtracted first */
     TRANSFORMER_LM_REAL *t66 = t65 + m; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t66[i] = symbackprop_f64_logsumexp(t61 + 62*i, 62, 1);
     }
@@ -3383,6 +3417,7 @@ static void transformer_lm_train_step_part2(
 
     /* grad_t58 = sum of t69 along each row */
     TRANSFORMER_LM_REAL *grad_t58 = t67; /* m x 1, in t67's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t58[i] = symbackprop_f64_sum(t69 + 64*i, 64, 1);
     }
@@ -3403,6 +3438,7 @@ static void transformer_lm_train_step_part2(
 
     /* grad_t55 = sum of t71 along each row */
     TRANSFORMER_LM_REAL *grad_t55 = t66; /* m x 1, in t66's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t55[i] = symbackprop_f64_sum(t71 + 64*i, 64, 1);
     }
@@ -3508,6 +3544,7 @@ static void transformer_lm_train_step_part3(
 
     /* grad_t47 = sum of t72 along each row */
     TRANSFORMER_LM_REAL *grad_t47 = t70; /* m x 1, in t70's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t47[i] = symbackprop_f64_sum(t72 + 64*i, 64, 1);
     }
@@ -3528,6 +3565,7 @@ static void transformer_lm_train_step_part3(
 
     /* grad_t44 = sum of t74 along each row */
     TRANSFORMER_LM_REAL *grad_t44 = grad_t58; /* m x 1, in grad_t58's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t44[i] = symbackprop_f64_sum(t74 + 64*i, 64, 1);
     }
@@ -3761,6 +3799,7 @@ static void transformer_lm_train_step_part3(
 
     /* grad_t32 = sum of t75 along each row */
     TRANSFORMER_LM_REAL *grad_t32 = t47; /* m x 1, in t47's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t32[i] = symbackprop_f64_sum(t75 + 64*i, 64, 1);
     }
@@ -3781,6 +3820,7 @@ static void transformer_lm_train_step_part3(
 
     /* grad_t29 = sum of t77 along each row */
     TRANSFORMER_LM_REAL *grad_t29 = t73; /* m x 1, in t73's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t29[i] = symbackprop_f64_sum(t77 + 64*i, 64, 1);
     }
@@ -3836,6 +3876,7 @@ static void transformer_lm_train_step_part3(
 
     /* grad_t21 = sum of t78 along each row */
     TRANSFORMER_LM_REAL *grad_t21 = grad_t44; /* m x 1, in grad_t44's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t21[i] = symbackprop_f64_sum(t78 + 64*i, 64, 1);
     }
@@ -3905,6 +3946,7 @@ static void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *t80 = work + 2051*m + 5120; /* m x 64, in t77's memory; placed in an earlier part */
     /* grad_t18 = sum of t80 along each row */
     TRANSFORMER_LM_REAL *grad_t18 = t32; /* m x 1, in t32's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t18[i] = symbackprop_f64_sum(t80 + 64*i, 64, 1);
     }
@@ -4138,6 +4180,7 @@ static void transformer_lm_train_step_part4(
 
     /* grad_t6 = sum of t81 along each row */
     TRANSFORMER_LM_REAL *grad_t6 = grad_t32; /* m x 1, in grad_t32's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t6[i] = symbackprop_f64_sum(t81 + 64*i, 64, 1);
     }
@@ -4158,6 +4201,7 @@ static void transformer_lm_train_step_part4(
 
     /* grad_t3 = sum of t83 along each row */
     TRANSFORMER_LM_REAL *grad_t3 = grad_t29; /* m x 1, in grad_t29's memory */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         grad_t3[i] = symbackprop_f64_sum(t83 + 64*i, 64, 1);
     }
