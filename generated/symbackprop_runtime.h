@@ -65,7 +65,7 @@ static volatile const int symbackprop_scalar_tail __attribute__((unused)) = 0;
 #define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static, 16)")
 /* a loop over a convolution's fixed blocks of examples (ops/conv.py) */
 #define SYMBACKPROP_PARALLEL_BLOCKS _Pragma("omp parallel for schedule(static)")
-/* a loop of independent iterations (attention's (sequence, head) pairs,
+/* a loop of independent iterations (attention's sequences,
  * column blocks of a sum) that is worth threads only when `cond` holds */
 #define SYMBACKPROP_PRAGMA(text) _Pragma(#text)
 #define SYMBACKPROP_PARALLEL_EACH_IF(cond) SYMBACKPROP_PRAGMA(omp parallel for schedule(static) if(cond))

@@ -1,9 +1,9 @@
 """A transformer block built with OpenMP (BuildOptions(openmp=True)): the
-attention ops run their (sequence, head) pairs on several threads and the
+attention ops run their sequences on several threads and the
 large products are split in fixed blocks of rows across them, so the loss
 and gradients are bit for bit the same on 1 and 2 threads, and both match
 PyTorch autograd in float64. The shapes are large enough to take every
-threaded path (the pairs' and the products' run-time thresholds)."""
+threaded path (the attention loops' and the products' run-time thresholds)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def _model_and_data(vocab: int, length: int, d: int, heads: int, rows: int):
 @BUILDS
 def test_one_and_two_threads_give_identical_gradients_that_match_torch(blas):
     """1100 positions: 68 sequences of 16 and a last one of 12, 4 heads of 8
-    columns, a gelu MLP of 128: each attention op's pairs and every product
+    columns, a gelu MLP of 128: each attention op's sequences and every product
     of at least 2^20 multiply-adds take the threaded path."""
     gomp = _gomp()
     vocab, length, d, heads, rows = 7, 16, 32, 4, 1100

@@ -271,71 +271,72 @@ static void transformer_lm_run_part1(
     TRANSFORMER_LM_REAL *t12 = with_grads ? t11 + 64*m : t9 + 4096; /* m x 256 */
     TRANSFORMER_LM_REAL *t12_block = t12 + 256*m; /* 64 x 16 */
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    #endif
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x len scores t10 t11^T, 0 above the diagonal */
-        symbackprop_f64_causal_scores(len, 16, t10 + row0 * 64 + hd * 16, 64, t11 + row0 * 64 + hd * 16, 64,
-                                      t12 + row0 * 256 + hd * 64, 256, 64);
-    }
-    #else
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* t12_block[dk][ks] = t11[(e,ks), hd*16+dk]: the head's keys transposed, so that a
-         * row of scores is a sum of contiguous rows */
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                t12_block[dk * 64 + ks] = t11[(row0 + ks) * 64 + hd * 16 + dk];
-            }
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores t10 t11^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t10 + row0 * 64 + hd * 16, 64, t11 + row0 * 64 + hd * 16, 64,
+                                          t12 + row0 * 256 + hd * 64, 256, 64);
         }
-        for (int64_t qt = 0; qt < len; ++qt) {
-            TRANSFORMER_LM_REAL *srow = t12 + (row0 + qt) * 256 + hd * 64;
-            for (int64_t ks = 0; ks < 64; ++ks) {
-                srow[ks] = 0;
+    #else
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* t12_block[dk][ks] = t11[(e,ks), hd*16+dk]: the head's keys transposed, so that
+             * a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    t12_block[dk * 64 + ks] = t11[(row0 + ks) * 64 + hd * 16 + dk];
+                }
             }
-            /* srow[ks] += t10[(e,qt), hd*16+dk] * t12_block[dk][ks] for keys ks <= qt */
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                const TRANSFORMER_LM_REAL aw = t10[(row0 + qt) * 64 + hd * 16 + dk];
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    srow[ks] += aw * t12_block[dk * 64 + ks];
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = t12 + (row0 + qt) * 256 + hd * 64;
+                for (int64_t ks = 0; ks < 64; ++ks) {
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += t10[(e,qt), hd*16+dk] * t12_block[dk][ks] for keys ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = t10[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * t12_block[dk * 64 + ks];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* t13[(e,t),(h,s)] = exp(t12[(e,t),(h,s)] - max_{s'<=t} t12[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
     TRANSFORMER_LM_REAL *t13 = t12_block + 1024; /* m x 256 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t qt = 0; qt < len; ++qt) {
-            const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-            TRANSFORMER_LM_REAL top = t12[qbase];
-            for (int64_t ks = 1; ks <= qt; ++ks) {
-                const TRANSFORMER_LM_REAL val = t12[qbase + ks];
-                top = val > top ? val : top;
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                const TRANSFORMER_LM_REAL val = t12[qbase + ks];
-                t13[qbase + ks] = exp(-top + val);
-            }
-            TRANSFORMER_LM_REAL total = 0;
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                total += t13[qbase + ks];
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                t13[qbase + ks] /= total;
-            }
-            for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                t13[qbase + ks] = 0;
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL top = t12[qbase];
+                for (int64_t ks = 1; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL val = t12[qbase + ks];
+                    top = val > top ? val : top;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL val = t12[qbase + ks];
+                    t13[qbase + ks] = exp(-top + val);
+                }
+                TRANSFORMER_LM_REAL total = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    total += t13[qbase + ks];
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    t13[qbase + ks] /= total;
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    t13[qbase + ks] = 0;
+                }
             }
         }
     }
@@ -347,37 +348,35 @@ static void transformer_lm_run_part1(
     /* t15[(e,t),h*dh+k] = sum_{s<=t} t13[(e,t),(h,s)] * t14[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t15 = with_grads ? t14 + 64*m : t10; /* m x 64 */
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x 16 block: tril(t13) t14 */
-        symbackprop_f64_causal_mix(0, len, 16, t13 + row0 * 256 + hd * 64, 256,
-                                   t14 + row0 * 64 + hd * 16, 64, t15 + row0 * 64 + hd * 16, 64);
-    }
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t13) t14 */
+            symbackprop_f64_causal_mix(0, len, 16, t13 + row0 * 256 + hd * 64, 256,
+                                       t14 + row0 * 64 + hd * 16, 64, t15 + row0 * 64 + hd * 16, 64);
+        }
     #else
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t qt = 0; qt < len; ++qt) {
-            /* orow[dk] = sum over keys ks <= qt of t13[(e,qt),(hd,ks)] * t14[(e,ks), hd*16+dk] */
-            TRANSFORMER_LM_REAL *orow = t15 + (row0 + qt) * 64 + hd * 16;
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                orow[dk] = 0;
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                const TRANSFORMER_LM_REAL pw = t13[(row0 + qt) * 256 + hd * 64 + ks];
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over keys ks <= qt of t13[(e,qt),(hd,ks)] *
+                 * t14[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = t15 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] += pw * t14[(row0 + ks) * 64 + hd * 16 + dk];
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL pw = t13[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t14[(row0 + ks) * 64 + hd * 16 + dk];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* t16 = t15 @ Wo0 */
     TRANSFORMER_LM_REAL *t16 = with_grads ? t15 + 64*m : t11; /* m x 64 */
@@ -535,71 +534,72 @@ static void transformer_lm_run_part1(
     TRANSFORMER_LM_REAL *t38 = t24; /* m x 256, in t24's memory */
     TRANSFORMER_LM_REAL *t38_block = t12_block; /* 64 x 16, in t12_block's memory */
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    #endif
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x len scores t36 t37^T, 0 above the diagonal */
-        symbackprop_f64_causal_scores(len, 16, t36 + row0 * 64 + hd * 16, 64, t37 + row0 * 64 + hd * 16, 64,
-                                      t38 + row0 * 256 + hd * 64, 256, 64);
-    }
-    #else
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* t38_block[dk][ks] = t37[(e,ks), hd*16+dk]: the head's keys transposed, so that a
-         * row of scores is a sum of contiguous rows */
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                t38_block[dk * 64 + ks] = t37[(row0 + ks) * 64 + hd * 16 + dk];
-            }
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores t36 t37^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t36 + row0 * 64 + hd * 16, 64, t37 + row0 * 64 + hd * 16, 64,
+                                          t38 + row0 * 256 + hd * 64, 256, 64);
         }
-        for (int64_t qt = 0; qt < len; ++qt) {
-            TRANSFORMER_LM_REAL *srow = t38 + (row0 + qt) * 256 + hd * 64;
-            for (int64_t ks = 0; ks < 64; ++ks) {
-                srow[ks] = 0;
+    #else
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* t38_block[dk][ks] = t37[(e,ks), hd*16+dk]: the head's keys transposed, so that
+             * a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    t38_block[dk * 64 + ks] = t37[(row0 + ks) * 64 + hd * 16 + dk];
+                }
             }
-            /* srow[ks] += t36[(e,qt), hd*16+dk] * t38_block[dk][ks] for keys ks <= qt */
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                const TRANSFORMER_LM_REAL aw = t36[(row0 + qt) * 64 + hd * 16 + dk];
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    srow[ks] += aw * t38_block[dk * 64 + ks];
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = t38 + (row0 + qt) * 256 + hd * 64;
+                for (int64_t ks = 0; ks < 64; ++ks) {
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += t36[(e,qt), hd*16+dk] * t38_block[dk][ks] for keys ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = t36[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * t38_block[dk * 64 + ks];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* t39[(e,t),(h,s)] = exp(t38[(e,t),(h,s)] - max_{s'<=t} t38[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
     TRANSFORMER_LM_REAL *t39 = with_grads ? t37 + 64*m : t26; /* m x 256 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t qt = 0; qt < len; ++qt) {
-            const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-            TRANSFORMER_LM_REAL top = t38[qbase];
-            for (int64_t ks = 1; ks <= qt; ++ks) {
-                const TRANSFORMER_LM_REAL val = t38[qbase + ks];
-                top = val > top ? val : top;
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                const TRANSFORMER_LM_REAL val = t38[qbase + ks];
-                t39[qbase + ks] = exp(-top + val);
-            }
-            TRANSFORMER_LM_REAL total = 0;
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                total += t39[qbase + ks];
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                t39[qbase + ks] /= total;
-            }
-            for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                t39[qbase + ks] = 0;
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL top = t38[qbase];
+                for (int64_t ks = 1; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL val = t38[qbase + ks];
+                    top = val > top ? val : top;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL val = t38[qbase + ks];
+                    t39[qbase + ks] = exp(-top + val);
+                }
+                TRANSFORMER_LM_REAL total = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    total += t39[qbase + ks];
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    t39[qbase + ks] /= total;
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    t39[qbase + ks] = 0;
+                }
             }
         }
     }
@@ -644,37 +644,35 @@ static void transformer_lm_run_part2(
     /* t41[(e,t),h*dh+k] = sum_{s<=t} t39[(e,t),(h,s)] * t40[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t41 = with_grads ? t40 + 64*m : t36; /* m x 64 */
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x 16 block: tril(t39) t40 */
-        symbackprop_f64_causal_mix(0, len, 16, t39 + row0 * 256 + hd * 64, 256,
-                                   t40 + row0 * 64 + hd * 16, 64, t41 + row0 * 64 + hd * 16, 64);
-    }
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t39) t40 */
+            symbackprop_f64_causal_mix(0, len, 16, t39 + row0 * 256 + hd * 64, 256,
+                                       t40 + row0 * 64 + hd * 16, 64, t41 + row0 * 64 + hd * 16, 64);
+        }
     #else
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t qt = 0; qt < len; ++qt) {
-            /* orow[dk] = sum over keys ks <= qt of t39[(e,qt),(hd,ks)] * t40[(e,ks), hd*16+dk] */
-            TRANSFORMER_LM_REAL *orow = t41 + (row0 + qt) * 64 + hd * 16;
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                orow[dk] = 0;
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                const TRANSFORMER_LM_REAL pw = t39[(row0 + qt) * 256 + hd * 64 + ks];
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over keys ks <= qt of t39[(e,qt),(hd,ks)] *
+                 * t40[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = t41 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] += pw * t40[(row0 + ks) * 64 + hd * 16 + dk];
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL pw = t39[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t40[(row0 + ks) * 64 + hd * 16 + dk];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* t42 = t41 @ Wo1 */
     TRANSFORMER_LM_REAL *t42 = with_grads ? t41 + 64*m : t37; /* m x 64 */
@@ -1231,38 +1229,35 @@ static void transformer_lm_run_part4(
     /* grad_t40[(e,s),h*dh+k] = sum_{t>=s} t39[(e,t),(h,s)] * grad_t41[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t40 = grad_t48; /* m x 64, in grad_t48's memory */
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x 16 block: tril(t39)^T grad_t41 */
-        symbackprop_f64_causal_mix(1, len, 16, t39 + row0 * 256 + hd * 64, 256,
-                                   grad_t41 + row0 * 64 + hd * 16, 64, grad_t40 + row0 * 64 + hd * 16, 64);
-    }
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t39)^T grad_t41 */
+            symbackprop_f64_causal_mix(1, len, 16, t39 + row0 * 256 + hd * 64, 256,
+                                       grad_t41 + row0 * 64 + hd * 16, 64, grad_t40 + row0 * 64 + hd * 16, 64);
+        }
     #else
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t ks = 0; ks < len; ++ks) {
-            /* orow[dk] = sum over queries qt >= ks of t39[(e,qt),(hd,ks)] *
-             * grad_t41[(e,qt), hd*16+dk] */
-            TRANSFORMER_LM_REAL *orow = grad_t40 + (row0 + ks) * 64 + hd * 16;
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                orow[dk] = 0;
-            }
-            for (int64_t qt = ks; qt < len; ++qt) {
-                const TRANSFORMER_LM_REAL pw = t39[(row0 + qt) * 256 + hd * 64 + ks];
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over queries qt >= ks of t39[(e,qt),(hd,ks)] *
+                 * grad_t41[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t40 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] += pw * grad_t41[(row0 + qt) * 64 + hd * 16 + dk];
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
+                    const TRANSFORMER_LM_REAL pw = t39[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * grad_t41[(row0 + qt) * 64 + hd * 16 + dk];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* grad_t34_part = grad_t40 @ Wv1^T */
     TRANSFORMER_LM_REAL *grad_t34_part = t74; /* m x 64, in t74's memory */
@@ -1273,63 +1268,65 @@ static void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *grad_t39 = t52; /* m x 256, in t52's memory */
     TRANSFORMER_LM_REAL *grad_t39_block = t38_block; /* 64 x 16, in t38_block's memory */
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    #endif
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x len scores grad_t41 t40^T, 0 above the diagonal */
-        symbackprop_f64_causal_scores(len, 16, grad_t41 + row0 * 64 + hd * 16, 64, t40 + row0 * 64 + hd * 16, 64,
-                                      grad_t39 + row0 * 256 + hd * 64, 256, 64);
-    }
-    #else
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* grad_t39_block[dk][ks] = t40[(e,ks), hd*16+dk]: the head's keys transposed, so
-         * that a row of scores is a sum of contiguous rows */
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                grad_t39_block[dk * 64 + ks] = t40[(row0 + ks) * 64 + hd * 16 + dk];
-            }
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores grad_t41 t40^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_t41 + row0 * 64 + hd * 16, 64, t40 + row0 * 64 + hd * 16, 64,
+                                          grad_t39 + row0 * 256 + hd * 64, 256, 64);
         }
-        for (int64_t qt = 0; qt < len; ++qt) {
-            TRANSFORMER_LM_REAL *srow = grad_t39 + (row0 + qt) * 256 + hd * 64;
-            for (int64_t ks = 0; ks < 64; ++ks) {
-                srow[ks] = 0;
+    #else
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* grad_t39_block[dk][ks] = t40[(e,ks), hd*16+dk]: the head's keys transposed, so
+             * that a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    grad_t39_block[dk * 64 + ks] = t40[(row0 + ks) * 64 + hd * 16 + dk];
+                }
             }
-            /* srow[ks] += grad_t41[(e,qt), hd*16+dk] * grad_t39_block[dk][ks] for keys ks <= qt */
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                const TRANSFORMER_LM_REAL aw = grad_t41[(row0 + qt) * 64 + hd * 16 + dk];
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    srow[ks] += aw * grad_t39_block[dk * 64 + ks];
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = grad_t39 + (row0 + qt) * 256 + hd * 64;
+                for (int64_t ks = 0; ks < 64; ++ks) {
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += grad_t41[(e,qt), hd*16+dk] * grad_t39_block[dk][ks] for keys
+                 * ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = grad_t41[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * grad_t39_block[dk * 64 + ks];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* grad_t38[(e,t),(h,s)] = t39[(e,t),(h,s)] * (grad_t39[(e,t),(h,s)] - sum_{s'<=t}
      * t39[(e,t),(h,s')] * grad_t39[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
      * e*64+t, 4 heads) */
     TRANSFORMER_LM_REAL *grad_t38 = grad_t51; /* m x 256, in grad_t51's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t qt = 0; qt < len; ++qt) {
-            const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-            TRANSFORMER_LM_REAL dot = 0;
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                dot += t39[qbase + ks] * grad_t39[qbase + ks];
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                grad_t38[qbase + ks] = t39[qbase + ks] * (grad_t39[qbase + ks] - dot);
-            }
-            for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                grad_t38[qbase + ks] = 0;
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL dot = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    dot += t39[qbase + ks] * grad_t39[qbase + ks];
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    grad_t38[qbase + ks] = t39[qbase + ks] * (grad_t39[qbase + ks] - dot);
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    grad_t38[qbase + ks] = 0;
+                }
             }
         }
     }
@@ -1337,38 +1334,35 @@ static void transformer_lm_run_part4(
     /* grad_t37[(e,s),h*dh+k] = sum_{t>=s} grad_t38[(e,t),(h,s)] * t36[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t37 = grad_t45; /* m x 64, in grad_t45's memory */
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x 16 block: tril(grad_t38)^T t36 */
-        symbackprop_f64_causal_mix(1, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
-                                   t36 + row0 * 64 + hd * 16, 64, grad_t37 + row0 * 64 + hd * 16, 64);
-    }
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t38)^T t36 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
+                                       t36 + row0 * 64 + hd * 16, 64, grad_t37 + row0 * 64 + hd * 16, 64);
+        }
     #else
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t ks = 0; ks < len; ++ks) {
-            /* orow[dk] = sum over queries qt >= ks of grad_t38[(e,qt),(hd,ks)] *
-             * t36[(e,qt), hd*16+dk] */
-            TRANSFORMER_LM_REAL *orow = grad_t37 + (row0 + ks) * 64 + hd * 16;
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                orow[dk] = 0;
-            }
-            for (int64_t qt = ks; qt < len; ++qt) {
-                const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over queries qt >= ks of grad_t38[(e,qt),(hd,ks)] *
+                 * t36[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t37 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] += pw * t36[(row0 + qt) * 64 + hd * 16 + dk];
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
+                    const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t36[(row0 + qt) * 64 + hd * 16 + dk];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* grad_t34_part_1 = grad_t37 @ Wk1^T */
     TRANSFORMER_LM_REAL *grad_t34_part_1 = t40; /* m x 64, in t40's memory */
@@ -1377,38 +1371,35 @@ static void transformer_lm_run_part4(
     /* grad_t36[(e,t),h*dh+k] = sum_{s<=t} grad_t38[(e,t),(h,s)] * t37[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t36 = grad_t41; /* m x 64, in grad_t41's memory */
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x 16 block: tril(grad_t38) t37 */
-        symbackprop_f64_causal_mix(0, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
-                                   t37 + row0 * 64 + hd * 16, 64, grad_t36 + row0 * 64 + hd * 16, 64);
-    }
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t38) t37 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
+                                       t37 + row0 * 64 + hd * 16, 64, grad_t36 + row0 * 64 + hd * 16, 64);
+        }
     #else
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t qt = 0; qt < len; ++qt) {
-            /* orow[dk] = sum over keys ks <= qt of grad_t38[(e,qt),(hd,ks)] *
-             * t37[(e,ks), hd*16+dk] */
-            TRANSFORMER_LM_REAL *orow = grad_t36 + (row0 + qt) * 64 + hd * 16;
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                orow[dk] = 0;
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over keys ks <= qt of grad_t38[(e,qt),(hd,ks)] *
+                 * t37[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t36 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] += pw * t37[(row0 + ks) * 64 + hd * 16 + dk];
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t37[(row0 + ks) * 64 + hd * 16 + dk];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* grad_t34_part_2 = grad_t36 @ t35^T */
     TRANSFORMER_LM_REAL *grad_t34_part_2 = t36; /* m x 64, in t36's memory */
@@ -1627,38 +1618,35 @@ static void transformer_lm_run_part5(
     /* grad_t14[(e,s),h*dh+k] = sum_{t>=s} t13[(e,t),(h,s)] * grad_t15[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t14 = dt22_dt21; /* m x 64, in dt22_dt21's memory */
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x 16 block: tril(t13)^T grad_t15 */
-        symbackprop_f64_causal_mix(1, len, 16, t13 + row0 * 256 + hd * 64, 256,
-                                   grad_t15 + row0 * 64 + hd * 16, 64, grad_t14 + row0 * 64 + hd * 16, 64);
-    }
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t13)^T grad_t15 */
+            symbackprop_f64_causal_mix(1, len, 16, t13 + row0 * 256 + hd * 64, 256,
+                                       grad_t15 + row0 * 64 + hd * 16, 64, grad_t14 + row0 * 64 + hd * 16, 64);
+        }
     #else
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t ks = 0; ks < len; ++ks) {
-            /* orow[dk] = sum over queries qt >= ks of t13[(e,qt),(hd,ks)] *
-             * grad_t15[(e,qt), hd*16+dk] */
-            TRANSFORMER_LM_REAL *orow = grad_t14 + (row0 + ks) * 64 + hd * 16;
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                orow[dk] = 0;
-            }
-            for (int64_t qt = ks; qt < len; ++qt) {
-                const TRANSFORMER_LM_REAL pw = t13[(row0 + qt) * 256 + hd * 64 + ks];
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over queries qt >= ks of t13[(e,qt),(hd,ks)] *
+                 * grad_t15[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t14 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] += pw * grad_t15[(row0 + qt) * 64 + hd * 16 + dk];
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
+                    const TRANSFORMER_LM_REAL pw = t13[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * grad_t15[(row0 + qt) * 64 + hd * 16 + dk];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* grad_t8_part = grad_t14 @ Wv0^T */
     TRANSFORMER_LM_REAL *grad_t8_part = t78; /* m x 64, in t78's memory */
@@ -1669,63 +1657,65 @@ static void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *grad_t13 = grad_t38; /* m x 256, in grad_t38's memory */
     TRANSFORMER_LM_REAL *grad_t13_block = grad_t39_block; /* 64 x 16, in grad_t39_block's memory */
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    #endif
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x len scores grad_t15 t14^T, 0 above the diagonal */
-        symbackprop_f64_causal_scores(len, 16, grad_t15 + row0 * 64 + hd * 16, 64, t14 + row0 * 64 + hd * 16, 64,
-                                      grad_t13 + row0 * 256 + hd * 64, 256, 64);
-    }
-    #else
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* grad_t13_block[dk][ks] = t14[(e,ks), hd*16+dk]: the head's keys transposed, so
-         * that a row of scores is a sum of contiguous rows */
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                grad_t13_block[dk * 64 + ks] = t14[(row0 + ks) * 64 + hd * 16 + dk];
-            }
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores grad_t15 t14^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_t15 + row0 * 64 + hd * 16, 64, t14 + row0 * 64 + hd * 16, 64,
+                                          grad_t13 + row0 * 256 + hd * 64, 256, 64);
         }
-        for (int64_t qt = 0; qt < len; ++qt) {
-            TRANSFORMER_LM_REAL *srow = grad_t13 + (row0 + qt) * 256 + hd * 64;
-            for (int64_t ks = 0; ks < 64; ++ks) {
-                srow[ks] = 0;
+    #else
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* grad_t13_block[dk][ks] = t14[(e,ks), hd*16+dk]: the head's keys transposed, so
+             * that a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    grad_t13_block[dk * 64 + ks] = t14[(row0 + ks) * 64 + hd * 16 + dk];
+                }
             }
-            /* srow[ks] += grad_t15[(e,qt), hd*16+dk] * grad_t13_block[dk][ks] for keys ks <= qt */
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                const TRANSFORMER_LM_REAL aw = grad_t15[(row0 + qt) * 64 + hd * 16 + dk];
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    srow[ks] += aw * grad_t13_block[dk * 64 + ks];
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = grad_t13 + (row0 + qt) * 256 + hd * 64;
+                for (int64_t ks = 0; ks < 64; ++ks) {
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += grad_t15[(e,qt), hd*16+dk] * grad_t13_block[dk][ks] for keys
+                 * ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = grad_t15[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * grad_t13_block[dk * 64 + ks];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* grad_t12[(e,t),(h,s)] = t13[(e,t),(h,s)] * (grad_t13[(e,t),(h,s)] - sum_{s'<=t}
      * t13[(e,t),(h,s')] * grad_t13[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
      * e*64+t, 4 heads) */
     TRANSFORMER_LM_REAL *grad_t12 = t26; /* m x 256, in t26's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t qt = 0; qt < len; ++qt) {
-            const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-            TRANSFORMER_LM_REAL dot = 0;
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                dot += t13[qbase + ks] * grad_t13[qbase + ks];
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                grad_t12[qbase + ks] = t13[qbase + ks] * (grad_t13[qbase + ks] - dot);
-            }
-            for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                grad_t12[qbase + ks] = 0;
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL dot = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    dot += t13[qbase + ks] * grad_t13[qbase + ks];
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    grad_t12[qbase + ks] = t13[qbase + ks] * (grad_t13[qbase + ks] - dot);
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    grad_t12[qbase + ks] = 0;
+                }
             }
         }
     }
@@ -1733,38 +1723,35 @@ static void transformer_lm_run_part5(
     /* grad_t11[(e,s),h*dh+k] = sum_{t>=s} grad_t12[(e,t),(h,s)] * t10[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t11 = t19; /* m x 64, in t19's memory */
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x 16 block: tril(grad_t12)^T t10 */
-        symbackprop_f64_causal_mix(1, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
-                                   t10 + row0 * 64 + hd * 16, 64, grad_t11 + row0 * 64 + hd * 16, 64);
-    }
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t12)^T t10 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
+                                       t10 + row0 * 64 + hd * 16, 64, grad_t11 + row0 * 64 + hd * 16, 64);
+        }
     #else
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t ks = 0; ks < len; ++ks) {
-            /* orow[dk] = sum over queries qt >= ks of grad_t12[(e,qt),(hd,ks)] *
-             * t10[(e,qt), hd*16+dk] */
-            TRANSFORMER_LM_REAL *orow = grad_t11 + (row0 + ks) * 64 + hd * 16;
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                orow[dk] = 0;
-            }
-            for (int64_t qt = ks; qt < len; ++qt) {
-                const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over queries qt >= ks of grad_t12[(e,qt),(hd,ks)] *
+                 * t10[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t11 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] += pw * t10[(row0 + qt) * 64 + hd * 16 + dk];
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
+                    const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t10[(row0 + qt) * 64 + hd * 16 + dk];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* grad_t8_part_1 = grad_t11 @ Wk0^T */
     TRANSFORMER_LM_REAL *grad_t8_part_1 = grad_t22; /* m x 64, in grad_t22's memory */
@@ -1773,38 +1760,35 @@ static void transformer_lm_run_part5(
     /* grad_t10[(e,t),h*dh+k] = sum_{s<=t} grad_t12[(e,t),(h,s)] * t11[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t10 = t80; /* m x 64, in t80's memory */
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x 16 block: tril(grad_t12) t11 */
-        symbackprop_f64_causal_mix(0, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
-                                   t11 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
-    }
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t12) t11 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
+                                       t11 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
+        }
     #else
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t qt = 0; qt < len; ++qt) {
-            /* orow[dk] = sum over keys ks <= qt of grad_t12[(e,qt),(hd,ks)] *
-             * t11[(e,ks), hd*16+dk] */
-            TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + qt) * 64 + hd * 16;
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                orow[dk] = 0;
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over keys ks <= qt of grad_t12[(e,qt),(hd,ks)] *
+                 * t11[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] += pw * t11[(row0 + ks) * 64 + hd * 16 + dk];
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t11[(row0 + ks) * 64 + hd * 16 + dk];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* grad_t8_part_2 = grad_t10 @ t9^T */
     TRANSFORMER_LM_REAL *grad_t8_part_2 = grad_t19; /* m x 64, in grad_t19's memory */
@@ -2657,71 +2641,72 @@ static void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *t12 = t11 + 64*m; /* m x 256 */
     TRANSFORMER_LM_REAL *t12_block_1 = t12 + 256*m; /* 64 x 16 */
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    #endif
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x len scores t10 t11^T, 0 above the diagonal */
-        symbackprop_f64_causal_scores(len, 16, t10 + row0 * 64 + hd * 16, 64, t11 + row0 * 64 + hd * 16, 64,
-                                      t12 + row0 * 256 + hd * 64, 256, 64);
-    }
-    #else
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* t12_block_1[dk][ks] = t11[(e,ks), hd*16+dk]: the head's keys transposed, so that a
-         * row of scores is a sum of contiguous rows */
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                t12_block_1[dk * 64 + ks] = t11[(row0 + ks) * 64 + hd * 16 + dk];
-            }
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores t10 t11^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t10 + row0 * 64 + hd * 16, 64, t11 + row0 * 64 + hd * 16, 64,
+                                          t12 + row0 * 256 + hd * 64, 256, 64);
         }
-        for (int64_t qt = 0; qt < len; ++qt) {
-            TRANSFORMER_LM_REAL *srow = t12 + (row0 + qt) * 256 + hd * 64;
-            for (int64_t ks = 0; ks < 64; ++ks) {
-                srow[ks] = 0;
+    #else
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* t12_block_1[dk][ks] = t11[(e,ks), hd*16+dk]: the head's keys transposed, so
+             * that a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    t12_block_1[dk * 64 + ks] = t11[(row0 + ks) * 64 + hd * 16 + dk];
+                }
             }
-            /* srow[ks] += t10[(e,qt), hd*16+dk] * t12_block_1[dk][ks] for keys ks <= qt */
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                const TRANSFORMER_LM_REAL aw = t10[(row0 + qt) * 64 + hd * 16 + dk];
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    srow[ks] += aw * t12_block_1[dk * 64 + ks];
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = t12 + (row0 + qt) * 256 + hd * 64;
+                for (int64_t ks = 0; ks < 64; ++ks) {
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += t10[(e,qt), hd*16+dk] * t12_block_1[dk][ks] for keys ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = t10[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * t12_block_1[dk * 64 + ks];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* t13[(e,t),(h,s)] = exp(t12[(e,t),(h,s)] - max_{s'<=t} t12[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
     TRANSFORMER_LM_REAL *t13 = t12_block_1 + 1024; /* m x 256 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t qt = 0; qt < len; ++qt) {
-            const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-            TRANSFORMER_LM_REAL top = t12[qbase];
-            for (int64_t ks = 1; ks <= qt; ++ks) {
-                const TRANSFORMER_LM_REAL val = t12[qbase + ks];
-                top = val > top ? val : top;
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                const TRANSFORMER_LM_REAL val = t12[qbase + ks];
-                t13[qbase + ks] = exp(-top + val);
-            }
-            TRANSFORMER_LM_REAL total = 0;
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                total += t13[qbase + ks];
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                t13[qbase + ks] /= total;
-            }
-            for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                t13[qbase + ks] = 0;
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL top = t12[qbase];
+                for (int64_t ks = 1; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL val = t12[qbase + ks];
+                    top = val > top ? val : top;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL val = t12[qbase + ks];
+                    t13[qbase + ks] = exp(-top + val);
+                }
+                TRANSFORMER_LM_REAL total = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    total += t13[qbase + ks];
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    t13[qbase + ks] /= total;
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    t13[qbase + ks] = 0;
+                }
             }
         }
     }
@@ -2733,37 +2718,35 @@ static void transformer_lm_train_step_part1(
     /* t15[(e,t),h*dh+k] = sum_{s<=t} t13[(e,t),(h,s)] * t14[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t15 = t14 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x 16 block: tril(t13) t14 */
-        symbackprop_f64_causal_mix(0, len, 16, t13 + row0 * 256 + hd * 64, 256,
-                                   t14 + row0 * 64 + hd * 16, 64, t15 + row0 * 64 + hd * 16, 64);
-    }
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t13) t14 */
+            symbackprop_f64_causal_mix(0, len, 16, t13 + row0 * 256 + hd * 64, 256,
+                                       t14 + row0 * 64 + hd * 16, 64, t15 + row0 * 64 + hd * 16, 64);
+        }
     #else
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t qt = 0; qt < len; ++qt) {
-            /* orow[dk] = sum over keys ks <= qt of t13[(e,qt),(hd,ks)] * t14[(e,ks), hd*16+dk] */
-            TRANSFORMER_LM_REAL *orow = t15 + (row0 + qt) * 64 + hd * 16;
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                orow[dk] = 0;
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                const TRANSFORMER_LM_REAL pw = t13[(row0 + qt) * 256 + hd * 64 + ks];
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over keys ks <= qt of t13[(e,qt),(hd,ks)] *
+                 * t14[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = t15 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] += pw * t14[(row0 + ks) * 64 + hd * 16 + dk];
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL pw = t13[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t14[(row0 + ks) * 64 + hd * 16 + dk];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* t16 = t15 @ Wo0 */
     TRANSFORMER_LM_REAL *t16 = t15 + 64*m; /* m x 64 */
@@ -2921,71 +2904,72 @@ static void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *t38 = t24; /* m x 256, in t24's memory */
     TRANSFORMER_LM_REAL *t38_block_1 = t12_block_1; /* 64 x 16, in t12_block_1's memory */
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    #endif
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x len scores t36 t37^T, 0 above the diagonal */
-        symbackprop_f64_causal_scores(len, 16, t36 + row0 * 64 + hd * 16, 64, t37 + row0 * 64 + hd * 16, 64,
-                                      t38 + row0 * 256 + hd * 64, 256, 64);
-    }
-    #else
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* t38_block_1[dk][ks] = t37[(e,ks), hd*16+dk]: the head's keys transposed, so that a
-         * row of scores is a sum of contiguous rows */
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                t38_block_1[dk * 64 + ks] = t37[(row0 + ks) * 64 + hd * 16 + dk];
-            }
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores t36 t37^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, t36 + row0 * 64 + hd * 16, 64, t37 + row0 * 64 + hd * 16, 64,
+                                          t38 + row0 * 256 + hd * 64, 256, 64);
         }
-        for (int64_t qt = 0; qt < len; ++qt) {
-            TRANSFORMER_LM_REAL *srow = t38 + (row0 + qt) * 256 + hd * 64;
-            for (int64_t ks = 0; ks < 64; ++ks) {
-                srow[ks] = 0;
+    #else
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* t38_block_1[dk][ks] = t37[(e,ks), hd*16+dk]: the head's keys transposed, so
+             * that a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    t38_block_1[dk * 64 + ks] = t37[(row0 + ks) * 64 + hd * 16 + dk];
+                }
             }
-            /* srow[ks] += t36[(e,qt), hd*16+dk] * t38_block_1[dk][ks] for keys ks <= qt */
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                const TRANSFORMER_LM_REAL aw = t36[(row0 + qt) * 64 + hd * 16 + dk];
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    srow[ks] += aw * t38_block_1[dk * 64 + ks];
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = t38 + (row0 + qt) * 256 + hd * 64;
+                for (int64_t ks = 0; ks < 64; ++ks) {
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += t36[(e,qt), hd*16+dk] * t38_block_1[dk][ks] for keys ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = t36[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * t38_block_1[dk * 64 + ks];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* t39[(e,t),(h,s)] = exp(t38[(e,t),(h,s)] - max_{s'<=t} t38[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
     TRANSFORMER_LM_REAL *t39 = t37 + 64*m; /* m x 256 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t qt = 0; qt < len; ++qt) {
-            const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-            TRANSFORMER_LM_REAL top = t38[qbase];
-            for (int64_t ks = 1; ks <= qt; ++ks) {
-                const TRANSFORMER_LM_REAL val = t38[qbase + ks];
-                top = val > top ? val : top;
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                const TRANSFORMER_LM_REAL val = t38[qbase + ks];
-                t39[qbase + ks] = exp(-top + val);
-            }
-            TRANSFORMER_LM_REAL total = 0;
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                total += t39[qbase + ks];
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                t39[qbase + ks] /= total;
-            }
-            for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                t39[qbase + ks] = 0;
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL top = t38[qbase];
+                for (int64_t ks = 1; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL val = t38[qbase + ks];
+                    top = val > top ? val : top;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL val = t38[qbase + ks];
+                    t39[qbase + ks] = exp(-top + val);
+                }
+                TRANSFORMER_LM_REAL total = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    total += t39[qbase + ks];
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    t39[qbase + ks] /= total;
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    t39[qbase + ks] = 0;
+                }
             }
         }
     }
@@ -3023,37 +3007,35 @@ static void transformer_lm_train_step_part2(
     /* t41[(e,t),h*dh+k] = sum_{s<=t} t39[(e,t),(h,s)] * t40[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t41 = t40 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x 16 block: tril(t39) t40 */
-        symbackprop_f64_causal_mix(0, len, 16, t39 + row0 * 256 + hd * 64, 256,
-                                   t40 + row0 * 64 + hd * 16, 64, t41 + row0 * 64 + hd * 16, 64);
-    }
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t39) t40 */
+            symbackprop_f64_causal_mix(0, len, 16, t39 + row0 * 256 + hd * 64, 256,
+                                       t40 + row0 * 64 + hd * 16, 64, t41 + row0 * 64 + hd * 16, 64);
+        }
     #else
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t qt = 0; qt < len; ++qt) {
-            /* orow[dk] = sum over keys ks <= qt of t39[(e,qt),(hd,ks)] * t40[(e,ks), hd*16+dk] */
-            TRANSFORMER_LM_REAL *orow = t41 + (row0 + qt) * 64 + hd * 16;
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                orow[dk] = 0;
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                const TRANSFORMER_LM_REAL pw = t39[(row0 + qt) * 256 + hd * 64 + ks];
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over keys ks <= qt of t39[(e,qt),(hd,ks)] *
+                 * t40[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = t41 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] += pw * t40[(row0 + ks) * 64 + hd * 16 + dk];
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL pw = t39[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t40[(row0 + ks) * 64 + hd * 16 + dk];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* t42 = t41 @ Wo1 */
     TRANSFORMER_LM_REAL *t42 = t41 + 64*m; /* m x 64 */
@@ -3586,38 +3568,35 @@ static void transformer_lm_train_step_part3(
     /* grad_t40[(e,s),h*dh+k] = sum_{t>=s} t39[(e,t),(h,s)] * grad_t41[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t40 = grad_t48; /* m x 64, in grad_t48's memory */
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x 16 block: tril(t39)^T grad_t41 */
-        symbackprop_f64_causal_mix(1, len, 16, t39 + row0 * 256 + hd * 64, 256,
-                                   grad_t41 + row0 * 64 + hd * 16, 64, grad_t40 + row0 * 64 + hd * 16, 64);
-    }
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t39)^T grad_t41 */
+            symbackprop_f64_causal_mix(1, len, 16, t39 + row0 * 256 + hd * 64, 256,
+                                       grad_t41 + row0 * 64 + hd * 16, 64, grad_t40 + row0 * 64 + hd * 16, 64);
+        }
     #else
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t ks = 0; ks < len; ++ks) {
-            /* orow[dk] = sum over queries qt >= ks of t39[(e,qt),(hd,ks)] *
-             * grad_t41[(e,qt), hd*16+dk] */
-            TRANSFORMER_LM_REAL *orow = grad_t40 + (row0 + ks) * 64 + hd * 16;
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                orow[dk] = 0;
-            }
-            for (int64_t qt = ks; qt < len; ++qt) {
-                const TRANSFORMER_LM_REAL pw = t39[(row0 + qt) * 256 + hd * 64 + ks];
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over queries qt >= ks of t39[(e,qt),(hd,ks)] *
+                 * grad_t41[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t40 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] += pw * grad_t41[(row0 + qt) * 64 + hd * 16 + dk];
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
+                    const TRANSFORMER_LM_REAL pw = t39[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * grad_t41[(row0 + qt) * 64 + hd * 16 + dk];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* grad_t34_part = grad_t40 @ Wv1^T */
     TRANSFORMER_LM_REAL *grad_t34_part = t74; /* m x 64, in t74's memory */
@@ -3628,64 +3607,65 @@ static void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *grad_t39 = t52; /* m x 256, in t52's memory */
     TRANSFORMER_LM_REAL *grad_t39_block_1 = t38_block_1; /* 64 x 16, in t38_block_1's memory */
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    #endif
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x len scores grad_t41 t40^T, 0 above the diagonal */
-        symbackprop_f64_causal_scores(len, 16, grad_t41 + row0 * 64 + hd * 16, 64, t40 + row0 * 64 + hd * 16, 64,
-                                      grad_t39 + row0 * 256 + hd * 64, 256, 64);
-    }
-    #else
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* grad_t39_block_1[dk][ks] = t40[(e,ks), hd*16+dk]: the head's keys transposed, so
-         * that a row of scores is a sum of contiguous rows */
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                grad_t39_block_1[dk * 64 + ks] = t40[(row0 + ks) * 64 + hd * 16 + dk];
-            }
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores grad_t41 t40^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_t41 + row0 * 64 + hd * 16, 64, t40 + row0 * 64 + hd * 16, 64,
+                                          grad_t39 + row0 * 256 + hd * 64, 256, 64);
         }
-        for (int64_t qt = 0; qt < len; ++qt) {
-            TRANSFORMER_LM_REAL *srow = grad_t39 + (row0 + qt) * 256 + hd * 64;
-            for (int64_t ks = 0; ks < 64; ++ks) {
-                srow[ks] = 0;
+    #else
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* grad_t39_block_1[dk][ks] = t40[(e,ks), hd*16+dk]: the head's keys transposed,
+             * so that a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    grad_t39_block_1[dk * 64 + ks] = t40[(row0 + ks) * 64 + hd * 16 + dk];
+                }
             }
-            /* srow[ks] += grad_t41[(e,qt), hd*16+dk] * grad_t39_block_1[dk][ks] for keys ks
-             * <= qt */
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                const TRANSFORMER_LM_REAL aw = grad_t41[(row0 + qt) * 64 + hd * 16 + dk];
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    srow[ks] += aw * grad_t39_block_1[dk * 64 + ks];
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = grad_t39 + (row0 + qt) * 256 + hd * 64;
+                for (int64_t ks = 0; ks < 64; ++ks) {
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += grad_t41[(e,qt), hd*16+dk] * grad_t39_block_1[dk][ks] for keys
+                 * ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = grad_t41[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * grad_t39_block_1[dk * 64 + ks];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* grad_t38[(e,t),(h,s)] = t39[(e,t),(h,s)] * (grad_t39[(e,t),(h,s)] - sum_{s'<=t}
      * t39[(e,t),(h,s')] * grad_t39[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
      * e*64+t, 4 heads) */
     TRANSFORMER_LM_REAL *grad_t38 = grad_t51; /* m x 256, in grad_t51's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t qt = 0; qt < len; ++qt) {
-            const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-            TRANSFORMER_LM_REAL dot = 0;
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                dot += t39[qbase + ks] * grad_t39[qbase + ks];
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                grad_t38[qbase + ks] = t39[qbase + ks] * (grad_t39[qbase + ks] - dot);
-            }
-            for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                grad_t38[qbase + ks] = 0;
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL dot = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    dot += t39[qbase + ks] * grad_t39[qbase + ks];
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    grad_t38[qbase + ks] = t39[qbase + ks] * (grad_t39[qbase + ks] - dot);
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    grad_t38[qbase + ks] = 0;
+                }
             }
         }
     }
@@ -3693,38 +3673,35 @@ static void transformer_lm_train_step_part3(
     /* grad_t37[(e,s),h*dh+k] = sum_{t>=s} grad_t38[(e,t),(h,s)] * t36[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t37 = grad_t45; /* m x 64, in grad_t45's memory */
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x 16 block: tril(grad_t38)^T t36 */
-        symbackprop_f64_causal_mix(1, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
-                                   t36 + row0 * 64 + hd * 16, 64, grad_t37 + row0 * 64 + hd * 16, 64);
-    }
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t38)^T t36 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
+                                       t36 + row0 * 64 + hd * 16, 64, grad_t37 + row0 * 64 + hd * 16, 64);
+        }
     #else
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t ks = 0; ks < len; ++ks) {
-            /* orow[dk] = sum over queries qt >= ks of grad_t38[(e,qt),(hd,ks)] *
-             * t36[(e,qt), hd*16+dk] */
-            TRANSFORMER_LM_REAL *orow = grad_t37 + (row0 + ks) * 64 + hd * 16;
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                orow[dk] = 0;
-            }
-            for (int64_t qt = ks; qt < len; ++qt) {
-                const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over queries qt >= ks of grad_t38[(e,qt),(hd,ks)] *
+                 * t36[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t37 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] += pw * t36[(row0 + qt) * 64 + hd * 16 + dk];
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
+                    const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t36[(row0 + qt) * 64 + hd * 16 + dk];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* grad_t34_part_1 = grad_t37 @ Wk1^T */
     TRANSFORMER_LM_REAL *grad_t34_part_1 = t40; /* m x 64, in t40's memory */
@@ -3733,38 +3710,35 @@ static void transformer_lm_train_step_part3(
     /* grad_t36[(e,t),h*dh+k] = sum_{s<=t} grad_t38[(e,t),(h,s)] * t37[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t36 = grad_t41; /* m x 64, in grad_t41's memory */
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x 16 block: tril(grad_t38) t37 */
-        symbackprop_f64_causal_mix(0, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
-                                   t37 + row0 * 64 + hd * 16, 64, grad_t36 + row0 * 64 + hd * 16, 64);
-    }
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t38) t37 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t38 + row0 * 256 + hd * 64, 256,
+                                       t37 + row0 * 64 + hd * 16, 64, grad_t36 + row0 * 64 + hd * 16, 64);
+        }
     #else
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t qt = 0; qt < len; ++qt) {
-            /* orow[dk] = sum over keys ks <= qt of grad_t38[(e,qt),(hd,ks)] *
-             * t37[(e,ks), hd*16+dk] */
-            TRANSFORMER_LM_REAL *orow = grad_t36 + (row0 + qt) * 64 + hd * 16;
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                orow[dk] = 0;
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over keys ks <= qt of grad_t38[(e,qt),(hd,ks)] *
+                 * t37[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t36 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] += pw * t37[(row0 + ks) * 64 + hd * 16 + dk];
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL pw = grad_t38[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t37[(row0 + ks) * 64 + hd * 16 + dk];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* grad_t34_part_2 = grad_t36 @ t35^T */
     TRANSFORMER_LM_REAL *grad_t34_part_2 = t36; /* m x 64, in t36's memory */
@@ -3967,38 +3941,35 @@ static void transformer_lm_train_step_part4(
     /* grad_t14[(e,s),h*dh+k] = sum_{t>=s} t13[(e,t),(h,s)] * grad_t15[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t14 = dt22_dt21; /* m x 64, in dt22_dt21's memory */
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x 16 block: tril(t13)^T grad_t15 */
-        symbackprop_f64_causal_mix(1, len, 16, t13 + row0 * 256 + hd * 64, 256,
-                                   grad_t15 + row0 * 64 + hd * 16, 64, grad_t14 + row0 * 64 + hd * 16, 64);
-    }
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(t13)^T grad_t15 */
+            symbackprop_f64_causal_mix(1, len, 16, t13 + row0 * 256 + hd * 64, 256,
+                                       grad_t15 + row0 * 64 + hd * 16, 64, grad_t14 + row0 * 64 + hd * 16, 64);
+        }
     #else
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t ks = 0; ks < len; ++ks) {
-            /* orow[dk] = sum over queries qt >= ks of t13[(e,qt),(hd,ks)] *
-             * grad_t15[(e,qt), hd*16+dk] */
-            TRANSFORMER_LM_REAL *orow = grad_t14 + (row0 + ks) * 64 + hd * 16;
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                orow[dk] = 0;
-            }
-            for (int64_t qt = ks; qt < len; ++qt) {
-                const TRANSFORMER_LM_REAL pw = t13[(row0 + qt) * 256 + hd * 64 + ks];
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over queries qt >= ks of t13[(e,qt),(hd,ks)] *
+                 * grad_t15[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t14 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] += pw * grad_t15[(row0 + qt) * 64 + hd * 16 + dk];
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
+                    const TRANSFORMER_LM_REAL pw = t13[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * grad_t15[(row0 + qt) * 64 + hd * 16 + dk];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* grad_t8_part = grad_t14 @ Wv0^T */
     TRANSFORMER_LM_REAL *grad_t8_part = t78; /* m x 64, in t78's memory */
@@ -4009,64 +3980,65 @@ static void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *grad_t13 = grad_t38; /* m x 256, in grad_t38's memory */
     TRANSFORMER_LM_REAL *grad_t13_block_1 = grad_t39_block_1; /* 64 x 16, in grad_t39_block_1's memory */
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    #endif
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x len scores grad_t15 t14^T, 0 above the diagonal */
-        symbackprop_f64_causal_scores(len, 16, grad_t15 + row0 * 64 + hd * 16, 64, t14 + row0 * 64 + hd * 16, 64,
-                                      grad_t13 + row0 * 256 + hd * 64, 256, 64);
-    }
-    #else
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* grad_t13_block_1[dk][ks] = t14[(e,ks), hd*16+dk]: the head's keys transposed, so
-         * that a row of scores is a sum of contiguous rows */
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                grad_t13_block_1[dk * 64 + ks] = t14[(row0 + ks) * 64 + hd * 16 + dk];
-            }
+    #ifdef SYMBACKPROP_CBLAS
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x len scores grad_t15 t14^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_t15 + row0 * 64 + hd * 16, 64, t14 + row0 * 64 + hd * 16, 64,
+                                          grad_t13 + row0 * 256 + hd * 64, 256, 64);
         }
-        for (int64_t qt = 0; qt < len; ++qt) {
-            TRANSFORMER_LM_REAL *srow = grad_t13 + (row0 + qt) * 256 + hd * 64;
-            for (int64_t ks = 0; ks < 64; ++ks) {
-                srow[ks] = 0;
+    #else
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* grad_t13_block_1[dk][ks] = t14[(e,ks), hd*16+dk]: the head's keys transposed,
+             * so that a row of scores is a sum of contiguous rows */
+            for (int64_t ks = 0; ks < len; ++ks) {
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    grad_t13_block_1[dk * 64 + ks] = t14[(row0 + ks) * 64 + hd * 16 + dk];
+                }
             }
-            /* srow[ks] += grad_t15[(e,qt), hd*16+dk] * grad_t13_block_1[dk][ks] for keys ks
-             * <= qt */
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                const TRANSFORMER_LM_REAL aw = grad_t15[(row0 + qt) * 64 + hd * 16 + dk];
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    srow[ks] += aw * grad_t13_block_1[dk * 64 + ks];
+            for (int64_t qt = 0; qt < len; ++qt) {
+                TRANSFORMER_LM_REAL *srow = grad_t13 + (row0 + qt) * 256 + hd * 64;
+                for (int64_t ks = 0; ks < 64; ++ks) {
+                    srow[ks] = 0;
+                }
+                /* srow[ks] += grad_t15[(e,qt), hd*16+dk] * grad_t13_block_1[dk][ks] for keys
+                 * ks <= qt */
+                for (int64_t dk = 0; dk < 16; ++dk) {
+                    const TRANSFORMER_LM_REAL aw = grad_t15[(row0 + qt) * 64 + hd * 16 + dk];
+                    for (int64_t ks = 0; ks <= qt; ++ks) {
+                        srow[ks] += aw * grad_t13_block_1[dk * 64 + ks];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* grad_t12[(e,t),(h,s)] = t13[(e,t),(h,s)] * (grad_t13[(e,t),(h,s)] - sum_{s'<=t}
      * t13[(e,t),(h,s')] * grad_t13[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
      * e*64+t, 4 heads) */
     TRANSFORMER_LM_REAL *grad_t12 = t26; /* m x 256, in t26's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t qt = 0; qt < len; ++qt) {
-            const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-            TRANSFORMER_LM_REAL dot = 0;
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                dot += t13[qbase + ks] * grad_t13[qbase + ks];
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                grad_t12[qbase + ks] = t13[qbase + ks] * (grad_t13[qbase + ks] - dot);
-            }
-            for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                grad_t12[qbase + ks] = 0;
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL dot = 0;
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    dot += t13[qbase + ks] * grad_t13[qbase + ks];
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    grad_t12[qbase + ks] = t13[qbase + ks] * (grad_t13[qbase + ks] - dot);
+                }
+                for (int64_t ks = qt + 1; ks < 64; ++ks) {
+                    grad_t12[qbase + ks] = 0;
+                }
             }
         }
     }
@@ -4074,38 +4046,35 @@ static void transformer_lm_train_step_part4(
     /* grad_t11[(e,s),h*dh+k] = sum_{t>=s} grad_t12[(e,t),(h,s)] * t10[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t11 = t19; /* m x 64, in t19's memory */
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x 16 block: tril(grad_t12)^T t10 */
-        symbackprop_f64_causal_mix(1, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
-                                   t10 + row0 * 64 + hd * 16, 64, grad_t11 + row0 * 64 + hd * 16, 64);
-    }
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t12)^T t10 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
+                                       t10 + row0 * 64 + hd * 16, 64, grad_t11 + row0 * 64 + hd * 16, 64);
+        }
     #else
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t ks = 0; ks < len; ++ks) {
-            /* orow[dk] = sum over queries qt >= ks of grad_t12[(e,qt),(hd,ks)] *
-             * t10[(e,qt), hd*16+dk] */
-            TRANSFORMER_LM_REAL *orow = grad_t11 + (row0 + ks) * 64 + hd * 16;
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                orow[dk] = 0;
-            }
-            for (int64_t qt = ks; qt < len; ++qt) {
-                const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over queries qt >= ks of grad_t12[(e,qt),(hd,ks)] *
+                 * t10[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t11 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] += pw * t10[(row0 + qt) * 64 + hd * 16 + dk];
+                    orow[dk] = 0;
+                }
+                for (int64_t qt = ks; qt < len; ++qt) {
+                    const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t10[(row0 + qt) * 64 + hd * 16 + dk];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* grad_t8_part_1 = grad_t11 @ Wk0^T */
     TRANSFORMER_LM_REAL *grad_t8_part_1 = grad_t22; /* m x 64, in grad_t22's memory */
@@ -4114,38 +4083,35 @@ static void transformer_lm_train_step_part4(
     /* grad_t10[(e,t),h*dh+k] = sum_{s<=t} grad_t12[(e,t),(h,s)] * t11[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t10 = t80; /* m x 64, in t80's memory */
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
+        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
+        const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
-        /* the head's len x 16 block: tril(grad_t12) t11 */
-        symbackprop_f64_causal_mix(0, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
-                                   t11 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
-    }
+        for (int64_t hd = 0; hd < 4; ++hd) {
+            /* the head's len x 16 block: tril(grad_t12) t11 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_t12 + row0 * 256 + hd * 64, 256,
+                                       t11 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
+        }
     #else
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 32)
-    for (int64_t pair = 0; pair < (m + 63) / 64 * 4; ++pair) {
-        const int64_t seq = pair / 4, hd = pair % 4;
-        const int64_t row0 = seq * 64;
-        const int64_t len = m - row0 < 64 ? m - row0 : 64;
         for (int64_t qt = 0; qt < len; ++qt) {
-            /* orow[dk] = sum over keys ks <= qt of grad_t12[(e,qt),(hd,ks)] *
-             * t11[(e,ks), hd*16+dk] */
-            TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + qt) * 64 + hd * 16;
-            for (int64_t dk = 0; dk < 16; ++dk) {
-                orow[dk] = 0;
-            }
-            for (int64_t ks = 0; ks <= qt; ++ks) {
-                const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
+            for (int64_t hd = 0; hd < 4; ++hd) {
+                /* orow[dk] = sum over keys ks <= qt of grad_t12[(e,qt),(hd,ks)] *
+                 * t11[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] += pw * t11[(row0 + ks) * 64 + hd * 16 + dk];
+                    orow[dk] = 0;
+                }
+                for (int64_t ks = 0; ks <= qt; ++ks) {
+                    const TRANSFORMER_LM_REAL pw = grad_t12[(row0 + qt) * 256 + hd * 64 + ks];
+                    for (int64_t dk = 0; dk < 16; ++dk) {
+                        orow[dk] += pw * t11[(row0 + ks) * 64 + hd * 16 + dk];
+                    }
                 }
             }
         }
-    }
     #endif
+    }
 
     /* grad_t8_part_2 = grad_t10 @ t9^T */
     TRANSFORMER_LM_REAL *grad_t8_part_2 = grad_t19; /* m x 64, in grad_t19's memory */

@@ -465,7 +465,7 @@ def worth_threads(rows: int | sp.Expr) -> bool:
     return not rows.is_Integer or int(rows) >= PARALLEL_MIN_ROWS
 
 
-# A loop whose iterations are not rows (attention's (sequence, head) pairs)
+# A loop whose iterations are not rows (attention's sequences)
 # runs on threads when the call has at least this many multiply-adds.
 PARALLEL_MIN_WORK = 65536
 
