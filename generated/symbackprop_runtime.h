@@ -208,8 +208,9 @@ SYMBACKPROP_HELPER void symbackprop_f64_matmul(int64_t m, int64_t n, int64_t k,
          * single-threaded BLAS call a block: OpenBLAS's pool is kept at one
          * thread (build/builder.py), as two pools on the same cores fight.
          * The blocks do not depend on the thread count, so neither do the
-         * results. Inside another parallel loop this one runs on one thread. */
-        if (trans_a && trans_b && m >= 32 && m * n * k >= 1048576) {
+         * results. Inside another parallel loop this one runs on one thread.
+         * (m*n*k may not fit: m*n is compared with the quotient instead.) */
+        if (trans_a && trans_b && m >= 32 && k > 0 && m * n >= (1048576 + k - 1) / k) {
             const int64_t rows = ((m + 7) / 8 + 15) / 16 * 16;
             SYMBACKPROP_PARALLEL_BLOCKS
             for (int64_t r0 = 0; r0 < m; r0 += rows) {
@@ -915,8 +916,9 @@ SYMBACKPROP_HELPER void symbackprop_f32_matmul(int64_t m, int64_t n, int64_t k,
          * single-threaded BLAS call a block: OpenBLAS's pool is kept at one
          * thread (build/builder.py), as two pools on the same cores fight.
          * The blocks do not depend on the thread count, so neither do the
-         * results. Inside another parallel loop this one runs on one thread. */
-        if (trans_a && trans_b && m >= 32 && m * n * k >= 1048576) {
+         * results. Inside another parallel loop this one runs on one thread.
+         * (m*n*k may not fit: m*n is compared with the quotient instead.) */
+        if (trans_a && trans_b && m >= 32 && k > 0 && m * n >= (1048576 + k - 1) / k) {
             const int64_t rows = ((m + 7) / 8 + 15) / 16 * 16;
             SYMBACKPROP_PARALLEL_BLOCKS
             for (int64_t r0 = 0; r0 < m; r0 += rows) {
