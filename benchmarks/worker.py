@@ -48,7 +48,8 @@ def run_one(peer, peer_name, workload, dtype, plan):
     except Exception:
         yield {**base, "variant": peer_name, "status": "error", "reason": _tail()}
         return
-    _limit_blas_threads(bench_threads())  # after setup: it may load a BLAS
+    if not getattr(peer, "SETS_ITS_BLAS_THREADS", False):
+        _limit_blas_threads(bench_threads())  # after setup: it may load a BLAS
     for variant in variants:
         yield {**base, **_run_variant(peer, variant, workload, dtype, reference, plan)}
 

@@ -77,9 +77,14 @@ static volatile const int symbackprop_scalar_tail __attribute__((unused)) = 0;
 #define SYMBACKPROP_PARALLEL_FOR _Pragma("omp parallel for schedule(static, 16)")
 /* a loop over a convolution's fixed blocks of examples (ops/conv.py) */
 #define SYMBACKPROP_PARALLEL_BLOCKS _Pragma("omp parallel for schedule(static)")
+/* a loop of independent iterations (attention's sequences,
+ * column blocks of a sum) that is worth threads only when `cond` holds */
+#define SYMBACKPROP_PRAGMA(text) _Pragma(#text)
+#define SYMBACKPROP_PARALLEL_EACH_IF(cond) SYMBACKPROP_PRAGMA(omp parallel for schedule(static) if(cond))
 #else
 #define SYMBACKPROP_PARALLEL_FOR
 #define SYMBACKPROP_PARALLEL_BLOCKS
+#define SYMBACKPROP_PARALLEL_EACH_IF(cond)
 #endif
 
 /* With -DSYMBACKPROP_LIBMVEC (GCC and glibc's libmvec, -lmvec), loops
@@ -209,6 +214,25 @@ SYMBACKPROP_HELPER void symbackprop_f64_matmul(int64_t m, int64_t n, int64_t k,
         int lda = 1, ldb = 1;
         const int trans_a = symbackprop_f64_blas_layout(m, k, a_rs, a_cs, &lda);
         const int trans_b = symbackprop_f64_blas_layout(k, n, b_rs, b_cs, &ldb);
+#ifdef _OPENMP
+        /* An OpenMP build runs a large product on its own threads, in at
+         * most 8 fixed blocks of c's rows (a multiple of 16 each), one
+         * single-threaded BLAS call a block: OpenBLAS's pool is kept at one
+         * thread (build/builder.py), as two pools on the same cores fight.
+         * The blocks do not depend on the thread count, so neither do the
+         * results. Inside another parallel loop this one runs on one thread.
+         * (m*n*k may not fit: m*n is compared with the quotient instead.) */
+        if (trans_a && trans_b && m >= 32 && k > 0 && m * n >= (1048576 + k - 1) / k) {
+            const int64_t rows = ((m + 7) / 8 + 15) / 16 * 16;
+            SYMBACKPROP_PARALLEL_BLOCKS
+            for (int64_t r0 = 0; r0 < m; r0 += rows) {
+                const int64_t part = m - r0 < rows ? m - r0 : rows;
+                SYMBACKPROP_CBLAS_DGEMM(101, trans_a, trans_b, (int)part, (int)n, (int)k, 1, a + r0 * a_rs, lda, b, ldb, 0,
+                                        c + r0 * n, (int)n);
+            }
+            return;
+        }
+#endif
         if (trans_a && trans_b) {
             SYMBACKPROP_CBLAS_DGEMM(101, trans_a, trans_b, (int)m, (int)n, (int)k, 1, a, lda, b, ldb, 0, c, (int)n);
             return;
@@ -254,41 +278,55 @@ SYMBACKPROP_HELPER double symbackprop_f64_sum(const double *x, int64_t n, int64_
 
 /* out[j] = the sum of column j of the n x cols matrix x, whose rows are
  * row_stride apart and entries contiguous: the additions of _sum down each
- * column, in the same order, but reading the rows once, a block of columns
- * at a time (a column at a time walks the whole matrix, a cache line an entry,
- * for every column). */
-SYMBACKPROP_HELPER void symbackprop_f64_sum_columns(const double *x, int64_t n, int64_t cols, int64_t row_stride, double *out)
+ * column, in the same order, but reading the rows once, a block of at most
+ * 64 columns at a time (a column at a time walks the whole matrix, a cache
+ * line an entry, for every column). */
+SYMBACKPROP_HELPER void symbackprop_f64_sum_column_block(const double *x, int64_t n, int64_t width, int64_t row_stride, double *out)
 {
     enum { BLOCK = 64 };
-    for (int64_t j0 = 0; j0 < cols; j0 += BLOCK) {
-        const int64_t width = cols - j0 < BLOCK ? cols - j0 : BLOCK;
-        double result[BLOCK] = {0};
-        int64_t k = 0;
-        if (n >= 64) {
-            double lane[8][BLOCK] = {{0}};
-            for (; k + 8 <= n; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    const double *row = x + (k + l) * row_stride + j0;
-                    for (int64_t j = 0; j < width; ++j) {
-                        lane[l][j] += row[j];
-                    }
-                }
-            }
+    double result[BLOCK] = {0};
+    int64_t k = 0;
+    if (n >= 64) {
+        double lane[8][BLOCK] = {{0}};
+        for (; k + 8 <= n; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
+                const double *row = x + (k + l) * row_stride;
                 for (int64_t j = 0; j < width; ++j) {
-                    result[j] += lane[l][j];
+                    lane[l][j] += row[j];
                 }
             }
         }
-        for (; k < n; ++k) {
-            const double *row = x + k * row_stride + j0;
+        for (int64_t l = 0; l < 8; ++l) {
             for (int64_t j = 0; j < width; ++j) {
-                result[j] += row[j];
+                result[j] += lane[l][j];
             }
         }
+    }
+    for (; k < n; ++k) {
+        const double *row = x + k * row_stride;
         for (int64_t j = 0; j < width; ++j) {
-            out[j0 + j] = result[j];
+            result[j] += row[j];
         }
+    }
+    for (int64_t j = 0; j < width; ++j) {
+        out[j] = result[j];
+    }
+}
+
+/* The column sums above over blocks of 64 columns; with OpenMP, a large
+ * matrix in blocks of 16 on the threads (each column's sum is the same,
+ * whatever its block or thread). */
+SYMBACKPROP_HELPER void symbackprop_f64_sum_columns(const double *x, int64_t n, int64_t cols, int64_t row_stride, double *out)
+{
+#ifdef _OPENMP
+    const int threaded = cols > 16 && n * cols >= 65536;
+    const int64_t step = threaded ? 16 : 64;
+#else
+    const int64_t step = 64;
+#endif
+    SYMBACKPROP_PARALLEL_EACH_IF(threaded)
+    for (int64_t j0 = 0; j0 < cols; j0 += step) {
+        symbackprop_f64_sum_column_block(x + j0, n, cols - j0 < step ? cols - j0 : step, row_stride, out + j0);
     }
 }
 #if defined(__GNUC__)
@@ -884,6 +922,25 @@ SYMBACKPROP_HELPER void symbackprop_f32_matmul(int64_t m, int64_t n, int64_t k,
         int lda = 1, ldb = 1;
         const int trans_a = symbackprop_f32_blas_layout(m, k, a_rs, a_cs, &lda);
         const int trans_b = symbackprop_f32_blas_layout(k, n, b_rs, b_cs, &ldb);
+#ifdef _OPENMP
+        /* An OpenMP build runs a large product on its own threads, in at
+         * most 8 fixed blocks of c's rows (a multiple of 16 each), one
+         * single-threaded BLAS call a block: OpenBLAS's pool is kept at one
+         * thread (build/builder.py), as two pools on the same cores fight.
+         * The blocks do not depend on the thread count, so neither do the
+         * results. Inside another parallel loop this one runs on one thread.
+         * (m*n*k may not fit: m*n is compared with the quotient instead.) */
+        if (trans_a && trans_b && m >= 32 && k > 0 && m * n >= (1048576 + k - 1) / k) {
+            const int64_t rows = ((m + 7) / 8 + 15) / 16 * 16;
+            SYMBACKPROP_PARALLEL_BLOCKS
+            for (int64_t r0 = 0; r0 < m; r0 += rows) {
+                const int64_t part = m - r0 < rows ? m - r0 : rows;
+                SYMBACKPROP_CBLAS_SGEMM(101, trans_a, trans_b, (int)part, (int)n, (int)k, 1, a + r0 * a_rs, lda, b, ldb, 0,
+                                        c + r0 * n, (int)n);
+            }
+            return;
+        }
+#endif
         if (trans_a && trans_b) {
             SYMBACKPROP_CBLAS_SGEMM(101, trans_a, trans_b, (int)m, (int)n, (int)k, 1, a, lda, b, ldb, 0, c, (int)n);
             return;
@@ -929,41 +986,55 @@ SYMBACKPROP_HELPER float symbackprop_f32_sum(const float *x, int64_t n, int64_t 
 
 /* out[j] = the sum of column j of the n x cols matrix x, whose rows are
  * row_stride apart and entries contiguous: the additions of _sum down each
- * column, in the same order, but reading the rows once, a block of columns
- * at a time (a column at a time walks the whole matrix, a cache line an entry,
- * for every column). */
-SYMBACKPROP_HELPER void symbackprop_f32_sum_columns(const float *x, int64_t n, int64_t cols, int64_t row_stride, float *out)
+ * column, in the same order, but reading the rows once, a block of at most
+ * 64 columns at a time (a column at a time walks the whole matrix, a cache
+ * line an entry, for every column). */
+SYMBACKPROP_HELPER void symbackprop_f32_sum_column_block(const float *x, int64_t n, int64_t width, int64_t row_stride, float *out)
 {
     enum { BLOCK = 64 };
-    for (int64_t j0 = 0; j0 < cols; j0 += BLOCK) {
-        const int64_t width = cols - j0 < BLOCK ? cols - j0 : BLOCK;
-        float result[BLOCK] = {0};
-        int64_t k = 0;
-        if (n >= 64) {
-            float lane[8][BLOCK] = {{0}};
-            for (; k + 8 <= n; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    const float *row = x + (k + l) * row_stride + j0;
-                    for (int64_t j = 0; j < width; ++j) {
-                        lane[l][j] += row[j];
-                    }
-                }
-            }
+    float result[BLOCK] = {0};
+    int64_t k = 0;
+    if (n >= 64) {
+        float lane[8][BLOCK] = {{0}};
+        for (; k + 8 <= n; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
+                const float *row = x + (k + l) * row_stride;
                 for (int64_t j = 0; j < width; ++j) {
-                    result[j] += lane[l][j];
+                    lane[l][j] += row[j];
                 }
             }
         }
-        for (; k < n; ++k) {
-            const float *row = x + k * row_stride + j0;
+        for (int64_t l = 0; l < 8; ++l) {
             for (int64_t j = 0; j < width; ++j) {
-                result[j] += row[j];
+                result[j] += lane[l][j];
             }
         }
+    }
+    for (; k < n; ++k) {
+        const float *row = x + k * row_stride;
         for (int64_t j = 0; j < width; ++j) {
-            out[j0 + j] = result[j];
+            result[j] += row[j];
         }
+    }
+    for (int64_t j = 0; j < width; ++j) {
+        out[j] = result[j];
+    }
+}
+
+/* The column sums above over blocks of 64 columns; with OpenMP, a large
+ * matrix in blocks of 16 on the threads (each column's sum is the same,
+ * whatever its block or thread). */
+SYMBACKPROP_HELPER void symbackprop_f32_sum_columns(const float *x, int64_t n, int64_t cols, int64_t row_stride, float *out)
+{
+#ifdef _OPENMP
+    const int threaded = cols > 16 && n * cols >= 65536;
+    const int64_t step = threaded ? 16 : 64;
+#else
+    const int64_t step = 64;
+#endif
+    SYMBACKPROP_PARALLEL_EACH_IF(threaded)
+    for (int64_t j0 = 0; j0 < cols; j0 += step) {
+        symbackprop_f32_sum_column_block(x + j0, n, cols - j0 < step ? cols - j0 : step, row_stride, out + j0);
     }
 }
 #if defined(__GNUC__)
@@ -1461,6 +1532,7 @@ SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int
 #define symbackprop_f64_solve symbackprop_f32_solve
 #define symbackprop_f64_substitute symbackprop_f32_substitute
 #define symbackprop_f64_sum symbackprop_f32_sum
+#define symbackprop_f64_sum_column_block symbackprop_f32_sum_column_block
 #define symbackprop_f64_sum_columns symbackprop_f32_sum_columns
 #define symbackprop_f64_triangular_solve symbackprop_f32_triangular_solve
 #endif

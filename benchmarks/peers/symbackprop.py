@@ -32,6 +32,11 @@ from .. import workloads
 from ._common import Unsupported, Variant, bench_threads, cache_root, timed
 
 VERSION = sbp.__version__
+# The worker leaves BLAS's threads alone: run.py's OPENBLAS_NUM_THREADS
+# holds with one thread, and with more a module built with OpenMP keeps
+# OpenBLAS's pool at one thread and splits its products across OpenMP's
+# (build/builder.py); threadpoolctl would set that pool back to --threads.
+SETS_ITS_BLAS_THREADS = True
 
 
 @functools.lru_cache(maxsize=None)

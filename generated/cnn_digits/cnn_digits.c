@@ -221,12 +221,14 @@ static void cnn_digits_run_part1(
 
     /* t15 = sum of t14 along each row */
     CNN_DIGITS_REAL *t15 = t14 + 10*n; /* n x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         t15[i] = symbackprop_f64_sum(t14 + 10*i, 10, 1);
     }
 
     /* t16 = log(sum(exp(logits))) along each row, its max subtracted first */
     CNN_DIGITS_REAL *t16 = t15 + n; /* n x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         t16[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }
@@ -881,12 +883,14 @@ static void cnn_digits_train_step_part1(
 
     /* t15 = sum of t14 along each row */
     CNN_DIGITS_REAL *t15 = t14 + 10*n; /* n x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         t15[i] = symbackprop_f64_sum(t14 + 10*i, 10, 1);
     }
 
     /* t16 = log(sum(exp(logits))) along each row, its max subtracted first */
     CNN_DIGITS_REAL *t16 = t15 + n; /* n x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         t16[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }

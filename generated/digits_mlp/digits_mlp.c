@@ -75,12 +75,14 @@ static int digits_mlp_run(
 
     /* t4 = sum of t3 along each row */
     DIGITS_MLP_REAL *t4 = t3 + 10*n; /* n x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         t4[i] = symbackprop_f64_sum(t3 + 10*i, 10, 1);
     }
 
     /* t5 = log(sum(exp(logits))) along each row, its max subtracted first */
     DIGITS_MLP_REAL *t5 = t4 + n; /* n x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         t5[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }
@@ -272,12 +274,14 @@ int digits_mlp_train_step(
 
     /* t4 = sum of t3 along each row */
     DIGITS_MLP_REAL *t4 = t3 + 10*n; /* n x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         t4[i] = symbackprop_f64_sum(t3 + 10*i, 10, 1);
     }
 
     /* t5 = log(sum(exp(logits))) along each row, its max subtracted first */
     DIGITS_MLP_REAL *t5 = t4 + n; /* n x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         t5[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }

@@ -90,6 +90,7 @@ static int gmm_run(
 
     /* t1 = log(sum(exp(log_density))) along each row, its max subtracted first */
     GMM_REAL *t1 = X_by_column + 3*N; /* N x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         t1[i] = symbackprop_f64_logsumexp(log_density + K*i, K, 1);
     }

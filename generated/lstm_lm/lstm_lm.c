@@ -258,12 +258,14 @@ int lstm_lm_forward(
 
     /* t2 = sum of t1 along each row */
     LSTM_LM_REAL *t2 = t1 + 30*T; /* T x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         t2[i] = symbackprop_f64_sum(t1 + 30*i, 30, 1);
     }
 
     /* t3 = log(sum(exp(logits))) along each row, its max subtracted first */
     LSTM_LM_REAL *t3 = t2 + T; /* T x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         t3[i] = symbackprop_f64_logsumexp(logits + 30*i, 30, 1);
     }
@@ -553,12 +555,14 @@ int lstm_lm_value_and_grad(
 
     /* t2 = sum of t1 along each row */
     LSTM_LM_REAL *t2 = t1 + 30*T; /* T x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         t2[i] = symbackprop_f64_sum(t1 + 30*i, 30, 1);
     }
 
     /* t3 = log(sum(exp(logits))) along each row, its max subtracted first */
     LSTM_LM_REAL *t3 = t2 + T; /* T x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         t3[i] = symbackprop_f64_logsumexp(logits + 30*i, 30, 1);
     }

@@ -68,12 +68,14 @@ static int mnist_mlp_run(
 
     /* t4 = sum of t3 along each row */
     MNIST_MLP_REAL *t4 = t3 + 1280; /* 128 x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         t4[i] = symbackprop_f64_sum(t3 + 10*i, 10, 1);
     }
 
     /* t5 = log(sum(exp(logits))) along each row, its max subtracted first */
     MNIST_MLP_REAL *t5 = t4 + 128; /* 128 x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         t5[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }

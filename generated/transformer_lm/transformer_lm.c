@@ -289,7 +289,10 @@ static void transformer_lm_run_part1(
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t8 = t7 + 64*m; /* m x 256 */
     TRANSFORMER_LM_REAL *t8_block = t8 + 256*m; /* 64 x 16 */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    #ifdef SYMBACKPROP_CBLAS
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    #endif
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -327,7 +330,8 @@ static void transformer_lm_run_part1(
     /* t9[(e,t),(h,s)] = exp(t8[(e,t),(h,s)] - max_{s'<=t} t8[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
     TRANSFORMER_LM_REAL *t9 = t8_block + 1024; /* m x 256 */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
@@ -363,7 +367,8 @@ static void transformer_lm_run_part1(
     /* t11[(e,t),h*dh+k] = sum_{s<=t} t9[(e,t),(h,s)] * t10[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t11 = with_grads ? t10 + 64*m : t7; /* m x 64 */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -577,7 +582,10 @@ static void transformer_lm_run_part1(
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t26 = t16; /* m x 256, in t16's memory */
     TRANSFORMER_LM_REAL *t26_block = t8_block; /* 64 x 16, in t8_block's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    #ifdef SYMBACKPROP_CBLAS
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    #endif
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -615,7 +623,8 @@ static void transformer_lm_run_part1(
     /* t27[(e,t),(h,s)] = exp(t26[(e,t),(h,s)] - max_{s'<=t} t26[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
     TRANSFORMER_LM_REAL *t27 = with_grads ? t25 + 64*m : t18; /* m x 256 */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
@@ -651,7 +660,8 @@ static void transformer_lm_run_part1(
     /* t29[(e,t),h*dh+k] = sum_{s<=t} t27[(e,t),(h,s)] * t28[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t29 = with_grads ? t28 + 64*m : t25; /* m x 64 */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -885,6 +895,7 @@ static void transformer_lm_run_part2(
 
     /* t43 = log(sum(exp(t41))) along each row, its max subtracted first */
     TRANSFORMER_LM_REAL *t43 = t42 + m; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t43[i] = symbackprop_f64_logsumexp(t41 + 62*i, 62, 1);
     }
@@ -1142,7 +1153,8 @@ static void transformer_lm_run_part3(
     /* grad_t28[(e,s),h*dh+k] = sum_{t>=s} t27[(e,t),(h,s)] * grad_t29[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t28 = grad_t31_part; /* m x 64, in grad_t31_part's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -1179,7 +1191,10 @@ static void transformer_lm_run_part3(
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t27 = t36; /* m x 256, in t36's memory */
     TRANSFORMER_LM_REAL *grad_t27_block = t26_block; /* 64 x 16, in t26_block's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    #ifdef SYMBACKPROP_CBLAS
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    #endif
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -1219,7 +1234,8 @@ static void transformer_lm_run_part3(
      * t27[(e,t),(h,s')] * grad_t27[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
      * e*64+t, 4 heads) */
     TRANSFORMER_LM_REAL *grad_t26 = grad_t35; /* m x 256, in grad_t35's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
@@ -1242,7 +1258,8 @@ static void transformer_lm_run_part3(
     /* grad_t25[(e,s),h*dh+k] = sum_{t>=s} grad_t26[(e,t),(h,s)] * t24[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t25 = t28; /* m x 64, in t28's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -1278,7 +1295,8 @@ static void transformer_lm_run_part3(
     /* grad_t24[(e,t),h*dh+k] = sum_{s<=t} grad_t26[(e,t),(h,s)] * t25[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t24 = t24; /* m x 64, in t24's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -1558,7 +1576,8 @@ static void transformer_lm_run_part4(
     /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} t9[(e,t),(h,s)] * grad_t11[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t10 = t13; /* m x 64, in t13's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -1595,7 +1614,10 @@ static void transformer_lm_run_part4(
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t9 = grad_t26; /* m x 256, in grad_t26's memory */
     TRANSFORMER_LM_REAL *grad_t9_block = grad_t27_block; /* 64 x 16, in grad_t27_block's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    #ifdef SYMBACKPROP_CBLAS
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    #endif
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -1635,7 +1657,8 @@ static void transformer_lm_run_part4(
      * t9[(e,t),(h,s')] * grad_t9[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
      * e*64+t, 4 heads) */
     TRANSFORMER_LM_REAL *grad_t8 = t18; /* m x 256, in t18's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
@@ -1658,7 +1681,8 @@ static void transformer_lm_run_part4(
     /* grad_t7[(e,s),h*dh+k] = sum_{t>=s} grad_t8[(e,t),(h,s)] * t6[(e,t),h*dh+k] (rows (e,t)
      * = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t7 = grad_t13_part; /* m x 64, in grad_t13_part's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -1694,7 +1718,8 @@ static void transformer_lm_run_part4(
     /* grad_t6[(e,t),h*dh+k] = sum_{s<=t} grad_t8[(e,t),(h,s)] * t7[(e,s),h*dh+k] (rows (e,t)
      * = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t6 = grad_t11; /* m x 64, in grad_t11's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -2621,7 +2646,10 @@ static void transformer_lm_train_step_part1(
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t8 = t7 + 64*m; /* m x 256 */
     TRANSFORMER_LM_REAL *t8_block_1 = t8 + 256*m; /* 64 x 16 */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    #ifdef SYMBACKPROP_CBLAS
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    #endif
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -2659,7 +2687,8 @@ static void transformer_lm_train_step_part1(
     /* t9[(e,t),(h,s)] = exp(t8[(e,t),(h,s)] - max_{s'<=t} t8[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
     TRANSFORMER_LM_REAL *t9 = t8_block_1 + 1024; /* m x 256 */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
@@ -2695,7 +2724,8 @@ static void transformer_lm_train_step_part1(
     /* t11[(e,t),h*dh+k] = sum_{s<=t} t9[(e,t),(h,s)] * t10[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t11 = t10 + 64*m; /* m x 64 */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -2909,7 +2939,10 @@ static void transformer_lm_train_step_part1(
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t26 = t16; /* m x 256, in t16's memory */
     TRANSFORMER_LM_REAL *t26_block_1 = t8_block_1; /* 64 x 16, in t8_block_1's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    #ifdef SYMBACKPROP_CBLAS
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    #endif
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -2947,7 +2980,8 @@ static void transformer_lm_train_step_part1(
     /* t27[(e,t),(h,s)] = exp(t26[(e,t),(h,s)] - max_{s'<=t} t26[(e,t),(h,s')]) / sum_{s'<=t}
      * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
     TRANSFORMER_LM_REAL *t27 = t25 + 64*m; /* m x 256 */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
@@ -2983,7 +3017,8 @@ static void transformer_lm_train_step_part1(
     /* t29[(e,t),h*dh+k] = sum_{s<=t} t27[(e,t),(h,s)] * t28[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t29 = t28 + 64*m; /* m x 64 */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -3222,6 +3257,7 @@ static void transformer_lm_train_step_part2(
 
     /* t43 = log(sum(exp(t41))) along each row, its max subtracted first */
     TRANSFORMER_LM_REAL *t43 = t42 + m; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         t43[i] = symbackprop_f64_logsumexp(t41 + 62*i, 62, 1);
     }
@@ -3445,7 +3481,8 @@ static void transformer_lm_train_step_part2(
     /* grad_t28[(e,s),h*dh+k] = sum_{t>=s} t27[(e,t),(h,s)] * grad_t29[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t28 = grad_t31_part; /* m x 64, in grad_t31_part's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -3482,7 +3519,10 @@ static void transformer_lm_train_step_part2(
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t27 = t36; /* m x 256, in t36's memory */
     TRANSFORMER_LM_REAL *grad_t27_block_1 = t26_block_1; /* 64 x 16, in t26_block_1's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    #ifdef SYMBACKPROP_CBLAS
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    #endif
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -3522,7 +3562,8 @@ static void transformer_lm_train_step_part2(
      * t27[(e,t),(h,s')] * grad_t27[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
      * e*64+t, 4 heads) */
     TRANSFORMER_LM_REAL *grad_t26 = grad_t35; /* m x 256, in grad_t35's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
@@ -3545,7 +3586,8 @@ static void transformer_lm_train_step_part2(
     /* grad_t25[(e,s),h*dh+k] = sum_{t>=s} grad_t26[(e,t),(h,s)] * t24[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t25 = t28; /* m x 64, in t28's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -3581,7 +3623,8 @@ static void transformer_lm_train_step_part2(
     /* grad_t24[(e,t),h*dh+k] = sum_{s<=t} grad_t26[(e,t),(h,s)] * t25[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t24 = t24; /* m x 64, in t24's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -3852,7 +3895,8 @@ static void transformer_lm_train_step_part3(
     /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} t9[(e,t),(h,s)] * grad_t11[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t10 = t13; /* m x 64, in t13's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -3889,7 +3933,10 @@ static void transformer_lm_train_step_part3(
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t9 = grad_t26; /* m x 256, in grad_t26's memory */
     TRANSFORMER_LM_REAL *grad_t9_block_1 = grad_t27_block_1; /* 64 x 16, in grad_t27_block_1's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    #ifdef SYMBACKPROP_CBLAS
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    #endif
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -3929,7 +3976,8 @@ static void transformer_lm_train_step_part3(
      * t9[(e,t),(h,s')] * grad_t9[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
      * e*64+t, 4 heads) */
     TRANSFORMER_LM_REAL *grad_t8 = t18; /* m x 256, in t18's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
         for (int64_t qt = 0; qt < len; ++qt) {
@@ -3952,7 +4000,8 @@ static void transformer_lm_train_step_part3(
     /* grad_t7[(e,s),h*dh+k] = sum_{t>=s} grad_t8[(e,t),(h,s)] * t6[(e,t),h*dh+k] (rows (e,t)
      * = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t7 = grad_t13_part; /* m x 64, in grad_t13_part's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
@@ -3988,7 +4037,8 @@ static void transformer_lm_train_step_part3(
     /* grad_t6[(e,t),h*dh+k] = sum_{s<=t} grad_t8[(e,t),(h,s)] * t7[(e,s),h*dh+k] (rows (e,t)
      * = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t6 = grad_t11; /* m x 64, in grad_t11's memory */
-    for (int64_t seq = 0; seq * 64 < m; ++seq) {
+    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
+    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS

@@ -516,6 +516,19 @@ def _passive_openmp(library: Path) -> None:
         os.environ["OMP_WAIT_POLICY"] = "passive"
 
 
+def _one_blas_pool(library: Path) -> None:
+    """A module built with OpenMP and BLAS splits its large products across
+    its OpenMP threads, one single-threaded BLAS call a block (matmul.c.j2):
+    OpenBLAS's own pool is set to one thread, as its threads spin-wait
+    for work and for each other and starve OpenMP's (W11's step on a
+    loaded 2-core machine, two threads: 5.4-9.8 s with both pools, 0.1-0.2 s
+    with OpenMP's alone; docs/performance.md). set_blas_threads changes it
+    again."""
+    data = library.read_bytes()
+    if b"libgomp" in data and b"cblas_" in data:
+        set_blas_threads(1)
+
+
 def _load(folder: Path, name: str) -> ModuleType:
     """The module `name` of the cache entry `folder`, loaded only once the
     entry is checked (BuildError where it fails the check)."""
@@ -527,6 +540,7 @@ def _load(folder: Path, name: str) -> ModuleType:
         raise BuildError(f"not loading the compiled module {name} from {folder}: "
                          f"{'it is not there' if problem == ABSENT else problem}")
     _passive_openmp(path)
+    _one_blas_pool(path)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise BuildError(f"no compiled module {name} in {folder}")

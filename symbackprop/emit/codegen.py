@@ -471,9 +471,24 @@ def worth_threads(rows: int | sp.Expr) -> bool:
     return not rows.is_Integer or int(rows) >= PARALLEL_MIN_ROWS
 
 
+# A loop whose iterations are not rows (attention's sequences)
+# runs on threads when the call has at least this many multiply-adds.
+PARALLEL_MIN_WORK = 65536
+
+
+def min_rows_for_threads(work_per_row: int) -> int:
+    """The fewest rows (positions) whose loop of `work_per_row` operations
+    a row is worth a parallel region: the run-time test of such a loop."""
+    return -(-PARALLEL_MIN_WORK // max(1, work_per_row))
+
+
 # Products with fewer multiply-adds than this stay as inline loops, which
 # the C compiler unrolls for fixed small shapes; a BLAS call costs ~1 us.
 BLAS_MIN_MULTIPLY_ADDS = 4096
+
+# With OpenMP, BLAS products of at least this many multiply-adds (about
+# 50 us on one core) are split across the threads (matmul.c.j2).
+PARALLEL_MIN_PRODUCT = 1 << 20
 
 
 @lru_cache(maxsize=1)
@@ -515,6 +530,8 @@ class RuntimeType:
     vector_math: tuple[str, ...]
     helpers: tuple[str, ...]  # the ops' C helpers of reduce.c.j2 (ops.registry.helpers): all of them
     blas_min: int = BLAS_MIN_MULTIPLY_ADDS
+    parallel_product_min: int = PARALLEL_MIN_PRODUCT
+    parallel_sum_min: int = PARALLEL_MIN_WORK
 
 
 def runtime_type(real: RealType) -> RuntimeType:

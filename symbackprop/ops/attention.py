@@ -37,7 +37,7 @@ import numpy as np
 import sympy as sp
 
 from symbackprop.declare import attention as declared
-from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter
+from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, min_rows_for_threads, worth_threads
 from symbackprop.ir.construct import map_
 from symbackprop.ir.node import Node, op_node, placeholder
 from symbackprop.ops.conv import Operand, _bilinear_jvp, channel_broadcast, channel_sum, kernel_operands
@@ -262,6 +262,8 @@ def _emit(em: FunctionEmitter, kernel: AttentionKernel) -> dict:
             "b": args[1] if len(args) > 1 else None, "L": length, "H": heads, "DH": dh,
             "a_label": kernel.labels[0], "b_label": kernel.labels[-1],
             "block": em.namer.name(kernel.block) if kernel.block is not None else None,
+            "parallel": worth_threads(kernel.rows),  # over the sequences: two at least, and enough work
+            "min_rows": max(length + 1, min_rows_for_threads(heads * (length + 1) // 2 * max(dh, 4))),
             "exp": printer.doprint(sp.exp(sp.Symbol("val", real=True) - sp.Symbol("top", real=True)))}
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import sympy as sp
 
 from symbackprop.declare.tensor import Reduce, reduced_shape
-from symbackprop.emit.codegen import FunctionEmitter
+from symbackprop.emit.codegen import FunctionEmitter, worth_threads
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import broadcast, const, is_const, logsumexp, map_, reduce_extreme, reduce_sum
 from symbackprop.ir.node import Node, op_node, placeholder
@@ -107,6 +107,7 @@ def _emit(em: FunctionEmitter, kernel: ReduceKernel) -> dict:
     return {
         "columns": None,
         "loop": (str(outer), em.dim(outer_len)) if looped else None,
+        "parallel": looped and worth_threads(outer_len),  # each row's (column's) helper call alone: any thread count
         "out": f"{em.namer.name(kernel.out)}[{outer if looped else 0}]",
         "args": args,
     }
