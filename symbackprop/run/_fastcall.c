@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 typedef int (*entry_fn)(const int64_t *dims, void *const *arrays);
 typedef size_t (*work_len_fn)(const int64_t *dims);
@@ -51,6 +52,10 @@ typedef struct {
  * key's destructor frees it when the thread ends. */
 static pthread_key_t scratch_key;
 
+/* numpy's threshold for asking for huge pages, and their size on x86-64 and arm64 */
+#define HUGE_SCRATCH_BYTES ((size_t)4 << 20)
+#define HUGE_PAGE_BYTES ((size_t)2 << 20)
+
 typedef struct {
     void *data;
     size_t bytes;
@@ -76,11 +81,21 @@ static void *scratch(size_t bytes)
         }
     }
     if (s->bytes < bytes) {
-        size_t rounded = (bytes + 63) / 64 * 64;
-        void *data = aligned_alloc(64, rounded);
+        /* Large scratch on huge pages where the kernel grants them on request
+         * (transparent huge pages in "madvise" mode), as numpy does for its
+         * large arrays: a transformer step's workspace on 4 KiB pages ran
+         * 15% slower than the same step on a numpy workspace (TLB misses). */
+        size_t align = bytes >= HUGE_SCRATCH_BYTES ? HUGE_PAGE_BYTES : 64;
+        size_t rounded = (bytes + align - 1) / align * align;
+        void *data = aligned_alloc(align, rounded);
         if (data == NULL) {
             return NULL;
         }
+#ifdef MADV_HUGEPAGE
+        if (align == HUGE_PAGE_BYTES) {
+            (void)madvise(data, rounded, MADV_HUGEPAGE); /* a hint: refused, the pages stay small */
+        }
+#endif
         free(s->data);
         s->data = data;
         s->bytes = rounded;
