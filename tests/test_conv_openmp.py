@@ -63,12 +63,13 @@ print(os.environ.get("OMP_WAIT_POLICY"))
 """
 
 
-@pytest.mark.parametrize(("name", "preset", "want"), [("with_omp", None, "passive"), ("with_omp", "active", "active"),
+@pytest.mark.parametrize(("name", "preset", "want"), [("with_omp", None, "None"), ("with_omp", "passive", "passive"),
                                                       ("without_omp", None, "None")])
-def test_an_openmp_module_makes_idle_threads_sleep_unless_the_user_chose(name, preset, want, tmp_path):
-    """Loading a module built with OpenMP sets OMP_WAIT_POLICY=passive before
-    libgomp reads it (spinning threads starve OpenBLAS's), keeps a policy the
-    user set, and a module without OpenMP leaves the variable alone."""
+def test_loading_a_module_leaves_the_openmp_wait_policy_to_the_user(name, preset, want, tmp_path):
+    """Loading a module, built with OpenMP or not, leaves OMP_WAIT_POLICY as
+    the user set it, or unset: libgomp's default short spin keeps its
+    parallel loops cheap now that OpenBLAS runs on one thread beside it (a
+    passive default had made W11's two-thread step 62 ms against 38 ms)."""
     import os
     import subprocess
     import sys

@@ -506,16 +506,6 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
         process.wait()
 
 
-def _passive_openmp(library: Path) -> None:
-    """Before the first module built with OpenMP loads libgomp, make its idle
-    threads sleep (OMP_WAIT_POLICY=passive) unless the user chose: spinning
-    libgomp threads starve OpenBLAS's own threads between parallel loops
-    (the CNN step at batch 128 on 2 idle cores: 24 ms spinning, 3.7 ms
-    passive). libgomp reads the variable once, when it is loaded."""
-    if "OMP_WAIT_POLICY" not in os.environ and b"libgomp" in library.read_bytes():
-        os.environ["OMP_WAIT_POLICY"] = "passive"
-
-
 def _one_blas_pool(library: Path) -> None:
     """A module built with OpenMP and BLAS splits its large products across
     its OpenMP threads, one single-threaded BLAS call a block (matmul.c.j2):
@@ -523,7 +513,10 @@ def _one_blas_pool(library: Path) -> None:
     for work and for each other and starve OpenMP's (W11's step on a
     loaded 2-core machine, two threads: 5.4-9.8 s with both pools, 0.1-0.2 s
     with OpenMP's alone; docs/performance.md). set_blas_threads changes it
-    again."""
+    again. libgomp's wait policy is left as it is: with one pool its short
+    spin between parallel loops is what makes them cheap (W11 at two
+    threads 38 ms; 62 ms with OMP_WAIT_POLICY=passive, which stop 25 had
+    made the default while OpenBLAS ran its own pool)."""
     data = library.read_bytes()
     if b"libgomp" in data and b"cblas_" in data:
         set_blas_threads(1)
@@ -539,7 +532,6 @@ def _load(folder: Path, name: str) -> ModuleType:
     if problem is not None:
         raise BuildError(f"not loading the compiled module {name} from {folder}: "
                          f"{'it is not there' if problem == ABSENT else problem}")
-    _passive_openmp(path)
     _one_blas_pool(path)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
