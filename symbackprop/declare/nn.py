@@ -315,7 +315,7 @@ def _one_hot_labels(target: sp.MatrixExpr) -> Index | None:
     if not isinstance(target, Gather):
         return None
     array = target.array
-    if not isinstance(array, sp.MatrixBase) or array.shape[0] != array.shape[1] or array != sp.eye(array.shape[0]):
+    if not isinstance(array, sp.MatrixBase) or array != sp.eye(array.shape[0]):
         return None
     return target.index
 

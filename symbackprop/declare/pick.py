@@ -10,52 +10,33 @@ numbers where multiplying by one-hot rows read and wrote m x classes
 from __future__ import annotations
 
 import sympy as sp
-from sympy.matrices.expressions.matexpr import MatrixElement
 
-from symbackprop.declare.tensor import Index
+from symbackprop.declare.tensor import Index, ReadAtIndex
 from symbackprop.errors import ModelError
-from symbackprop.messages import short
 
 
-class Pick(sp.MatrixExpr):
+class Pick(ReadAtIndex):
     """The column `index` names in each row of `array`: an (index rows x 1) column."""
 
-    def __new__(cls, array: sp.MatrixExpr, index: Index) -> Pick:
-        """Build the Pick.
+    op = "pick"
+    chooses = "columns"
 
-        Args:
-            array: a matrix expression, one row per entry of `index`.
-            index: an Index input of column numbers, 0 to array's columns - 1.
+    def __new__(cls, array: sp.MatrixExpr, index: Index) -> Pick:
+        """Build the Pick (ReadAtIndex's checks, and one index entry a row).
 
         Raises:
             ModelError: `index` is not an Index, `array` is not a matrix, or
                 their rows differ.
         """
-        if not isinstance(index, Index):
-            raise ModelError(f"pick needs an Index (integer input) of column numbers; got {short(index)}")
-        if not isinstance(array, (sp.MatrixExpr, sp.MatrixBase)):
-            raise ModelError(f"pick takes entries of a matrix; got {short(array)}")
-        if sp.simplify(array.shape[0] - index.shape[0]) != 0:
-            raise ModelError(f"pick: the matrix has {array.shape[0]} rows and the Index {index} "
+        picked = super().__new__(cls, array, index)
+        if sp.simplify(picked.array.shape[0] - index.shape[0]) != 0:
+            raise ModelError(f"pick: the matrix has {picked.array.shape[0]} rows and the Index {index} "
                              f"{index.shape[0]}; one column number a row is needed")
-        return super().__new__(cls, sp.sympify(array), index)
-
-    @property
-    def array(self) -> sp.MatrixExpr:
-        """The matrix whose entries are picked."""
-        return self.args[0]
-
-    @property
-    def index(self) -> Index:
-        """The column numbers, one a row."""
-        return self.args[1]
+        return picked
 
     @property
     def shape(self) -> tuple:
         return (self.index.shape[0], sp.Integer(1))
-
-    def _entry(self, i, j, **kwargs):
-        return MatrixElement(self, i, j)
 
 
 def pick(array: sp.MatrixExpr, index: Index) -> Pick:

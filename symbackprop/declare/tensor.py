@@ -27,6 +27,7 @@ import sympy as sp
 from sympy.core.symbol import Str
 
 from symbackprop.errors import ModelError
+from symbackprop.messages import short
 from symbackprop.ops.registry import reductions
 
 
@@ -55,11 +56,18 @@ class Index(sp.MatrixSymbol):
         return super().__new__(cls, name, rows, 1)
 
 
-class Gather(sp.MatrixExpr):
-    """Rows of `array` chosen by `index`: row i is array[index[i], :]."""
+class ReadAtIndex(sp.MatrixExpr):
+    """A matrix expression reading `array` where an Index says (Gather,
+    declare.pick.Pick): the arguments' checks, `array`, `index` and
+    entries, one place for both. A subclass names itself in messages
+    (`op`), says what the index's numbers choose (`chooses`) and gives
+    its shape."""
 
-    def __new__(cls, array: sp.MatrixExpr, index: Index) -> Gather:
-        """Build the Gather.
+    op = "read"
+    chooses = "entries"
+
+    def __new__(cls, array: sp.MatrixExpr, index: Index) -> ReadAtIndex:
+        """Build the expression.
 
         Args:
             array: a matrix expression.
@@ -69,28 +77,35 @@ class Gather(sp.MatrixExpr):
             ModelError: `index` is not an Index, or `array` is not a matrix.
         """
         if not isinstance(index, Index):
-            raise ModelError(f"gather needs an Index (integer input) to choose rows by; got {index!r}")
+            raise ModelError(f"{cls.op} needs an Index (integer input) to choose {cls.chooses} by; got {short(index)}")
         if not isinstance(array, (sp.MatrixExpr, sp.MatrixBase)):
-            raise ModelError(f"gather takes rows of a matrix; got {array!r}")
+            raise ModelError(f"{cls.op} takes {cls.chooses} of a matrix; got {short(array)}")
         return super().__new__(cls, sp.sympify(array), index)
 
     @property
     def array(self) -> sp.MatrixExpr:
-        """The matrix whose rows are chosen."""
+        """The matrix read."""
         return self.args[0]
 
     @property
     def index(self) -> Index:
-        """The row numbers."""
+        """The row or column numbers, one a row of the result."""
         return self.args[1]
+
+    def _entry(self, i, j, **kwargs):
+        return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
+
+
+class Gather(ReadAtIndex):
+    """Rows of `array` chosen by `index`: row i is array[index[i], :]."""
+
+    op = "gather"
+    chooses = "rows"
 
     @property
     def shape(self) -> tuple:
         """(rows of the index, columns of the array)."""
         return (self.index.shape[0], self.array.shape[1])
-
-    def _entry(self, i, j, **kwargs):
-        return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
 
 
 def gather(array: sp.MatrixExpr, index: Index) -> Gather:
