@@ -68,11 +68,12 @@ def _name(symbol: sp.Symbol) -> str:
     return symbol.name
 
 
-def _symbol_monomial(term: sp.Expr) -> tuple[complex, dict] | None:
-    """A symbol or a product of symbols, or minus one, as _monomial sees it
-    (None otherwise), without its work."""
+def signed_symbols(term: sp.Expr) -> tuple[bool, tuple[sp.Symbol, ...]] | None:
+    """(negative, factors) of a symbol, or a product of symbols or of minus
+    one and symbols (most of a large kernel's terms); None for anything
+    else. Read off the args, without SymPy's as_coeff_Mul or rebuilding."""
     if type(term) is sp.Symbol:
-        return complex(1.0), {term: 1}
+        return False, (term,)
     if not term.is_Mul:
         return None
     args = term.args
@@ -80,6 +81,15 @@ def _symbol_monomial(term: sp.Expr) -> tuple[complex, dict] | None:
     factors = args[1:] if negative else args
     if not all(type(f) is sp.Symbol for f in factors):
         return None
+    return negative, factors
+
+
+def _symbol_monomial(term: sp.Expr) -> tuple[complex, dict] | None:
+    """A signed product of symbols as _monomial sees it (None otherwise), without its work."""
+    found = signed_symbols(term)
+    if found is None:
+        return None
+    negative, factors = found
     return complex(-1.0 if negative else 1.0), dict.fromkeys(factors, 1)
 
 
@@ -133,16 +143,11 @@ class IEEEPrinter(C99CodePrinter):
         work (it rebuilds the product without its sign, a new Mul, and
         sorts the factors by sort_key: a Symbol's is its name); None for
         anything else."""
-        if type(expr) is sp.Symbol:
-            return self._print_Symbol(expr)
-        if not expr.is_Mul:
+        found = signed_symbols(expr)
+        if found is None:
             return None
-        args = expr.args
-        sign = "-" if args[0] is sp.S.NegativeOne else ""
-        factors = args[1:] if sign else args
-        if not all(type(f) is sp.Symbol for f in factors):
-            return None
-        return sign + "*".join([self._print_Symbol(f) for f in sorted(factors, key=_name)])
+        negative, factors = found
+        return ("-" if negative else "") + "*".join([self._print_Symbol(f) for f in sorted(factors, key=_name)])
 
     def _print_Add(self, expr: sp.Add, order: Any = None) -> str:
         """StrPrinter's sum, its terms that _product_text knows printed by it
