@@ -52,6 +52,7 @@ from typing import Any
 
 from symbackprop._version import __version__
 from symbackprop.build import trust as cache_trust
+from symbackprop.build.blas import Blas, find_blas, prepare_blas, set_blas_threads
 from symbackprop.build.cachedir import CACHE_ENV, cache_folder
 from symbackprop.build.key import asks_for_host_cpu, digest, executable_stamp, host_cpu, target_cpu
 from symbackprop.build.trust import ABSENT, entry_problem, secure_root, warn
@@ -96,10 +97,10 @@ class BuildOptions:
             DEFAULT_FLAGS).
         cache_dir: where built modules are kept (None: $SYMBACKPROP_CACHE_DIR,
             else the user cache folder).
-        blas: large matrix products call the BLAS of the scipy-openblas32
-            wheel when it is installed (None: use it if it is there; True:
-            require it, a BuildError where it is missing; False: plain C
-            loops only).
+        blas: large matrix products call a BLAS (build.blas: MKL when the
+            `mkl` wheel is installed, else OpenBLAS from scipy-openblas32;
+            None: use one if there is one; True: require one, a BuildError
+            where none is; False: plain C loops only).
         vector_math: elementwise loops call the SIMD variants of exp, tanh,
             ... from glibc's libmvec (GCC on x86_64 Linux; None: when
             available).
@@ -114,48 +115,13 @@ class BuildOptions:
     openmp: bool = False  # elementwise loops over many rows on several threads (-fopenmp)
 
 
-@dataclass(frozen=True)
-class Blas:
-    """A cblas to link: compile and link arguments."""
-
-    compile_args: tuple[str, ...]
-    link_args: tuple[str, ...]
-    library: Path
-
-
-@cache
-def find_blas() -> Blas | None:
-    """The scipy-openblas32 wheel's BLAS (symbols prefixed scipy_), if
-    installed; found without importing it (its import costs ~50 ms)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("scipy_openblas32")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    lib_dir = Path(next(iter(spec.submodule_search_locations))) / "lib"
-    library = lib_dir / "libscipy_openblas.so"
-    if not library.is_file():
-        return None
-    return Blas(
-        compile_args=(
-            "-DSYMBACKPROP_CBLAS",
-            "-DSYMBACKPROP_CBLAS_DGEMM=scipy_cblas_dgemm",
-            "-DSYMBACKPROP_CBLAS_SGEMM=scipy_cblas_sgemm",
-            "-DSYMBACKPROP_CBLAS_DTRMM=scipy_cblas_dtrmm",
-            "-DSYMBACKPROP_CBLAS_STRMM=scipy_cblas_strmm",
-        ),
-        link_args=(f"-L{lib_dir}", "-lscipy_openblas", f"-Wl,-rpath,{lib_dir}"),
-        library=library,
-    )
-
-
 def _blas_for(options: BuildOptions) -> Blas | None:
     if options.blas is False:
         return None
     blas = find_blas()
     if blas is None and options.blas:
-        raise BuildError("BuildOptions(blas=True), but the scipy-openblas32 wheel is not installed "
-                         "(pip install scipy-openblas32)")
+        raise BuildError("BuildOptions(blas=True), but no BLAS is installed "
+                         "(pip install scipy-openblas32, or mkl)")
     return blas
 
 
@@ -178,16 +144,6 @@ def _vector_math_args(options: BuildOptions) -> tuple[tuple[str, ...], tuple[str
             raise BuildError("BuildOptions(vector_math=True) needs GCC on x86_64 Linux with glibc's libmvec")
         return (), ()
     return ("-DSYMBACKPROP_LIBMVEC",), ("-lmvec",)
-
-
-def set_blas_threads(count: int) -> None:
-    """How many threads BLAS calls of compiled modules use (default: one
-    per core). Does nothing when modules are built without BLAS."""
-    blas = find_blas()
-    if blas is not None:
-        import ctypes
-
-        ctypes.CDLL(str(blas.library)).scipy_openblas_set_num_threads(int(count))
 
 
 def cache_root(options: BuildOptions | None = None) -> Path:
@@ -509,8 +465,8 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
 def _one_blas_pool(library: Path) -> None:
     """A module built with OpenMP and BLAS splits its large products across
     its OpenMP threads, one single-threaded BLAS call a block (matmul.c.j2):
-    OpenBLAS's own pool is set to one thread, as its threads spin-wait
-    for work and for each other and starve OpenMP's (W11's step on a
+    the BLAS's own threads are set to one, as OpenBLAS's spin-wait for
+    work and for each other and starve OpenMP's (W11's step on a
     loaded 2-core machine, two threads: 5.4-9.8 s with both pools, 0.1-0.2 s
     with OpenMP's alone; docs/performance.md). set_blas_threads changes it
     again. libgomp's wait policy is left as it is: with one pool its short
@@ -518,8 +474,10 @@ def _one_blas_pool(library: Path) -> None:
     threads 38 ms; 62 ms with OMP_WAIT_POLICY=passive, which stop 25 had
     made the default while OpenBLAS ran its own pool)."""
     data = library.read_bytes()
-    if b"libgomp" in data and b"cblas_" in data:
-        set_blas_threads(1)
+    if b"cblas_" in data:
+        prepare_blas()
+        if b"libgomp" in data:
+            set_blas_threads(1)
 
 
 def _load(folder: Path, name: str) -> ModuleType:

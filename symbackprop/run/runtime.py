@@ -176,7 +176,7 @@ def model_fingerprint(model: Model, *settings: Any) -> str:
         digest.value(*(digest(sp.sympify(expr)) for expr in expressions)),
         repr(settings),
         repr((options or BuildOptions()).flags),  # the memo names a cache entry built with them
-        str(find_blas() is not None),
+        getattr(find_blas(), "name", "no BLAS"),
         host_target(options),
         package_digest(),
     ]

@@ -1,0 +1,145 @@
+"""Which BLAS the large matrix products call, how to link it, its threads.
+
+Two are known, both from wheels, found without importing them:
+- Intel's oneMKL (the `mkl` wheel, `pip install symbackprop[mkl]`): on
+  the x86-64 VM this project is measured on its single-threaded gemm took
+  0.6-0.85 of OpenBLAS's time on every product shape of the transformer
+  and CNN steps (docs/performance.md), as PyTorch's own MKL does. It is
+  run on its GNU OpenMP threading layer, so its threads are libgomp's,
+  the same pool as a module's own parallel loops.
+- OpenBLAS from `scipy-openblas32` (a dependency: always there), symbols
+  prefixed `scipy_`.
+
+The first installed of $SYMBACKPROP_BLAS's choice ("mkl" or "openblas";
+default: mkl, then openblas) is used. The cache key holds the link
+command, so a module built against one is never loaded for the other.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from symbackprop.errors import BuildError
+
+BLAS_ENV = "SYMBACKPROP_BLAS"
+KNOWN = ("mkl", "openblas")
+
+
+@dataclass(frozen=True)
+class Blas:
+    """A cblas to link: its name, compile and link arguments, the library
+    whose thread count set_blas_threads changes, and that function's name."""
+
+    name: str
+    compile_args: tuple[str, ...]
+    link_args: tuple[str, ...]
+    library: Path
+    set_threads: str
+    get_threads: str
+
+
+def _cblas_names(prefix: str) -> tuple[str, ...]:
+    return ("-DSYMBACKPROP_CBLAS",
+            *(f"-DSYMBACKPROP_CBLAS_{name.upper()}={prefix}cblas_{name}" for name in ("dgemm", "sgemm", "dtrmm", "strmm")))
+
+
+def _mkl() -> Blas | None:
+    """The `mkl` wheel's single dynamic library (in the environment's lib
+    folder; the wheel ships no unversioned .so link, so it is linked by its
+    file name). Its threading layer is chosen at run time (prepare_blas)."""
+    folder = Path(sys.prefix) / "lib"  # where the wheel puts it, in a venv too
+    files = sorted(folder.glob("libmkl_rt.so.*"))
+    if not files:
+        return None
+    return Blas(
+        name="mkl",
+        compile_args=_cblas_names(""),
+        link_args=(f"-L{folder}", f"-l:{files[-1].name}", f"-Wl,-rpath,{folder}"),
+        library=files[-1],
+        set_threads="MKL_Set_Num_Threads",
+        get_threads="MKL_Get_Max_Threads",
+    )
+
+
+def _openblas() -> Blas | None:
+    """The scipy-openblas32 wheel's OpenBLAS (its import costs ~50 ms)."""
+    spec = importlib.util.find_spec("scipy_openblas32")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    library = folder / "libscipy_openblas.so"
+    if not library.is_file():
+        return None
+    return Blas(
+        name="openblas",
+        compile_args=_cblas_names("scipy_"),
+        link_args=(f"-L{folder}", "-lscipy_openblas", f"-Wl,-rpath,{folder}"),
+        library=library,
+        set_threads="scipy_openblas_set_num_threads",
+        get_threads="scipy_openblas_get_num_threads",
+    )
+
+
+FINDERS = {"mkl": _mkl, "openblas": _openblas}
+
+
+@cache
+def find_blas() -> Blas | None:
+    """The BLAS modules link: $SYMBACKPROP_BLAS's choice, else the first
+    installed of mkl and openblas; None if none is."""
+    wanted = os.environ.get(BLAS_ENV, "").strip().lower()
+    if wanted and wanted not in KNOWN:
+        raise BuildError(f"{BLAS_ENV}={wanted!r}: expected one of {', '.join(KNOWN)}")
+    if wanted:
+        blas = FINDERS[wanted]()
+        if blas is None:
+            hint = "pip install mkl" if wanted == "mkl" else "pip install scipy-openblas32"
+            raise BuildError(f"{BLAS_ENV}={wanted}, but it is not installed ({hint})")
+        return blas
+    for finder in FINDERS.values():
+        blas = finder()
+        if blas is not None:
+            return blas
+    return None
+
+
+MKL_THREADING_GNU = 3  # mkl_service.h's MKL_THREADING_LAYER values: INTEL 0, SEQUENTIAL 1, PGI 2, GNU 3
+
+
+@cache
+def _library(blas: Blas) -> ctypes.CDLL:
+    """The BLAS library, ready for its first call: MKL's threads are put
+    on libgomp (MKL_THREADING_GNU), the OpenMP of GCC's modules, unless the
+    user chose a layer with $MKL_THREADING_LAYER (Intel's default, libiomp5,
+    would be a second thread pool beside a module's own)."""
+    library = ctypes.CDLL(str(blas.library))
+    if blas.name == "mkl" and not os.environ.get("MKL_THREADING_LAYER"):
+        library.MKL_Set_Threading_Layer(ctypes.c_int(MKL_THREADING_GNU))
+    return library
+
+
+def prepare_blas() -> None:
+    """Before a module that calls BLAS is loaded (build.builder._load)."""
+    blas = find_blas()
+    if blas is not None:
+        _library(blas)
+
+
+def set_blas_threads(count: int) -> None:
+    """How many threads BLAS calls of compiled modules use (default: one
+    per core). Does nothing when modules are built without BLAS."""
+    blas = find_blas()
+    if blas is not None:
+        getattr(_library(blas), blas.set_threads)(ctypes.c_int(int(count)))
+
+
+def blas_threads() -> int | None:
+    """How many threads BLAS calls use now (None without BLAS)."""
+    blas = find_blas()
+    return None if blas is None else int(getattr(_library(blas), blas.get_threads)())
