@@ -60,9 +60,14 @@ def serve(peer_name: str, workload_name: str, dtype: str) -> None:
 
 
 def _start(peer: str, args, tmp: str) -> subprocess.Popen:
+    """A peer's process; `peer` may end in `:VAR=VALUE,...`, settings of its
+    environment (`symbackprop:SYMBACKPROP_BLAS=openblas` beside plain
+    `symbackprop`)."""
     from benchmarks.run import _pin_to_cpus, _worker_env
 
+    peer, _, settings = peer.partition(":")
     env = _worker_env(argparse.Namespace(threads=args.threads, compile_timeout=600), tmp)
+    env.update(item.split("=", 1) for item in settings.split(",") if item)
     command = [sys.executable, "-m", "benchmarks.interleave", "--serve", peer,
                "--workload", args.workload, "--dtype", args.dtype]
     return subprocess.Popen(command, cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -98,22 +103,24 @@ def main(argv: list[str] | None = None) -> int:
             rounds: list[dict[str, float]] = []
             for _ in range(args.rounds):
                 medians: dict[str, float] = {}
-                for process in processes.values():
+                for peer, process in processes.items():
                     process.stdin.write(f"{args.calls}\n")
                     process.stdin.flush()
+                    suffix = peer.partition(":")[2]
                     for label, times in _reply(process).items():
-                        medians[label] = statistics.median(times)
+                        medians[f"{label}:{suffix}" if suffix else label] = statistics.median(times)
                 rounds.append(medians)
         finally:
             for process in processes.values():
                 process.stdin.close()
                 process.wait(timeout=60)
     base = next(iter(rounds[0]))
+    width = max(map(len, rounds[0]))
     print(f"{args.workload} {args.dtype}, {args.threads} thread(s), {args.rounds} rounds of {args.calls} calls; "
           f"ratio = variant's time / {base}'s, round by round")
     for label in rounds[0]:
         ratios = [r[label] / r[base] for r in rounds]
-        print(f"  {label:24} {statistics.median(r[label] for r in rounds) * 1e3:9.2f} ms   "
+        print(f"  {label:{width}} {statistics.median(r[label] for r in rounds) * 1e3:9.2f} ms   "
               f"ratio {statistics.median(ratios):5.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
     return 0
 
