@@ -1,15 +1,17 @@
-"""schedule.kernel's product and total (a fused loop's inlined values built
+"""ir.exprdag's product and total (a fused loop's inlined values built
 without SymPy's flatten where it has nothing to combine): the same
 expression, argument for argument, as SymPy's Mul and Add, on random
-products and sums of symbols, sums, numbers and the cases that must go
+products and sums of symbols, matrix entries, sums, numbers and the cases that must go
 through SymPy (like terms, equal factors, a number times one sum, nested
 products and sums, infinities)."""
 
 import random
 
 import sympy as sp
+from sympy.matrices.expressions.matexpr import MatrixElement
 
-from symbackprop.schedule.kernel import product, shared_xreplace, total
+from symbackprop.ir.exprdag import product, total
+from symbackprop.schedule.kernel import shared_xreplace
 
 NAMES = ["x0", "x1", "x9", "x10", "_load3", "_load12", "A", "a", "B_1", "t19"]
 
@@ -19,7 +21,8 @@ def _same(got: sp.Expr, want: sp.Expr) -> None:
 
 
 def _atoms(rng: random.Random) -> list[sp.Basic]:
-    symbols = [sp.Symbol(n, real=True) for n in NAMES] + [sp.Symbol("c")]
+    M = sp.MatrixSymbol("M", 3, 3)
+    symbols = [sp.Symbol(n, real=True) for n in NAMES] + [sp.Symbol("c"), sp.Dummy("d"), M[0, 1], M[2, 0]]
     sums = [sp.Add(*rng.sample(symbols, rng.randint(2, 3))) for _ in range(4)]
     sums += [s + 1 for s in sums[:2]]
     numbers = [sp.Integer(-1), sp.Integer(2), sp.Rational(1, 3), sp.Float(0.5), sp.Integer(0), sp.S.One,
@@ -31,7 +34,7 @@ def _atoms(rng: random.Random) -> list[sp.Basic]:
 def test_products_as_sympy_builds_them():
     rng = random.Random(5)
     atoms = _atoms(rng)
-    plain = [a for a in atoms if isinstance(a, (sp.Symbol, sp.Add))]
+    plain = [a for a in atoms if isinstance(a, (sp.Symbol, sp.Add, MatrixElement))]
     for _ in range(800):
         pool = plain if rng.random() < 0.5 else atoms
         factors = [rng.choice(pool) for _ in range(rng.randint(1, 5))]
@@ -43,7 +46,7 @@ def test_products_as_sympy_builds_them():
 def test_sums_as_sympy_builds_them():
     rng = random.Random(6)
     atoms = _atoms(rng)
-    plain = [a for a in atoms if isinstance(a, sp.Symbol)]
+    plain = [a for a in atoms if isinstance(a, (sp.Symbol, MatrixElement))]
     for _ in range(800):
         terms = []
         for _ in range(rng.randint(1, 6)):

@@ -13,6 +13,7 @@ from typing import Any
 import sympy as sp
 from sympy.printing.str import StrPrinter
 
+from symbackprop.ir.exprdag import built
 from symbackprop.ir.node import Shape
 from symbackprop.schedule import opcount
 
@@ -105,7 +106,8 @@ class SharedStrPrinter(StrPrinter):
 def shared_xreplace(expr: sp.Basic, rule: dict, done: dict) -> sp.Basic:
     """expr.xreplace(rule), each distinct subexpression rebuilt once over
     the calls that share `done`; selects, relations, Abs and sign as they
-    stand (_AS_IT_STANDS), the rest by the same constructor calls as SymPy's."""
+    stand (_AS_IT_STANDS), products and sums by exprdag.built, the rest by
+    SymPy's constructors."""
     if expr in rule:
         return rule[expr]
     result = done.get(expr)
@@ -113,67 +115,8 @@ def shared_xreplace(expr: sp.Basic, rule: dict, done: dict) -> sp.Basic:
         args = tuple(shared_xreplace(a, rule, done) if isinstance(a, sp.Basic) else a for a in expr.args)
         changed = any(new is not old for new, old in zip(args, expr.args))
         result = done[expr] = (expr if not changed else expr.func(*args, evaluate=False)
-                               if isinstance(expr, _AS_IT_STANDS) else product(args) if expr.func is sp.Mul
-                               else total(args) if expr.func is sp.Add else expr.func(*args))
+                               if isinstance(expr, _AS_IT_STANDS) else built(expr.func, args))
     return result
-
-
-_ARGS_ORDER = functools.cmp_to_key(sp.Basic.compare)  # SymPy's canonical order of a Mul's or Add's arguments
-
-
-def product(factors: Sequence[sp.Basic]) -> sp.Expr:
-    """Mul(*factors), built directly where SymPy's flatten has nothing to
-    combine: at most one number (finite, nonzero, first or anywhere) and at
-    least two other factors, each a commutative Symbol or a sum, no two
-    equal. Then flatten only sorts them (the number first), and that is the
-    product it returns; anything else (a power to gather, a product to
-    merge, a number times one sum, which SymPy distributes) is SymPy's
-    Mul. A fused loop's inlined values are such products of loads and sums
-    (a determinant by minors at ell=9: 7,000 of them, 40% of its member
-    values' time in Mul.flatten)."""
-    coeff = None
-    rest = []
-    for f in factors:
-        if f.is_Number:
-            if coeff is not None or not f.is_finite or f.is_zero:
-                return sp.Mul(*factors)
-            coeff = f
-        elif (type(f) is sp.Symbol and f.is_commutative) or type(f) is sp.Add:
-            rest.append(f)
-        else:
-            return sp.Mul(*factors)
-    if len(rest) < 2 or len(set(rest)) != len(rest):
-        return sp.Mul(*factors)
-    rest.sort(key=_ARGS_ORDER)
-    if coeff is not None and coeff is not sp.S.One:
-        rest.insert(0, coeff)
-    return sp.Mul._exec_constructor_postprocessors(sp.Mul._from_args(rest, True))
-
-
-def total(terms: Sequence[sp.Basic]) -> sp.Expr:
-    """Add(*terms), built directly where SymPy's flatten has nothing to
-    combine: two or more terms, each a commutative Symbol or product (a
-    finite number, if any, first), no two alike but for that number. Then
-    flatten only sorts them, and that is the sum it returns; anything else
-    (a number, a sum to flatten, like terms) is SymPy's Add."""
-    seen = set()
-    for t in terms:
-        if type(t) is sp.Symbol:
-            alike = (t,)
-        elif type(t) is sp.Mul:
-            alike = t.args
-            if alike[0].is_Number:
-                if not alike[0].is_finite:
-                    return sp.Add(*terms)
-                alike = alike[1:]
-        else:
-            return sp.Add(*terms)
-        if alike in seen or not t.is_commutative:
-            return sp.Add(*terms)
-        seen.add(alike)
-    if len(seen) < 2:
-        return sp.Add(*terms)
-    return sp.Add._exec_constructor_postprocessors(sp.Add._from_args(sorted(terms, key=_ARGS_ORDER), True))
 
 
 # Renamed as they stand (their evaluation only repeats the loads' own, and
