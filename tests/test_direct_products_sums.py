@@ -41,6 +41,10 @@ def test_products_as_sympy_builds_them():
         if rng.random() < 0.4:
             factors.insert(rng.randint(0, len(factors)), rng.choice([sp.Integer(-1), sp.Integer(3), sp.Float(2.5)]))
         _same(product(factors), sp.Mul(*factors))
+    x, s = sp.Symbol("x"), sp.Symbol("y") + 1
+    for factors in ([sp.S.One, x], [sp.Integer(-1), x], [x, sp.Float(1.0)], [sp.Integer(2), s], [sp.S.One, x, s],
+                    [sp.Integer(0), x], [x], [sp.Integer(-1), sp.Integer(2), x]):
+        _same(product(factors), sp.Mul(*factors))
 
 
 def test_sums_as_sympy_builds_them():

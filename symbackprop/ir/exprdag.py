@@ -68,8 +68,9 @@ _LEAVES = (sp.Symbol, MatrixElement)  # a scalar's leaves: a product has nothing
 def product(factors: Sequence[sp.Basic]) -> sp.Expr:
     """Mul(*factors), built directly where SymPy's flatten has nothing to
     combine: at most one number (finite, nonzero, first or anywhere) and at
-    least two other factors, each a commutative symbol, a matrix entry or a sum, no two
-    equal. Then flatten only sorts them (the number first), and that is the
+    least two other factors, each a commutative symbol, a matrix entry or a
+    sum, no two equal (or a number other than 1 and one symbol or entry).
+    Then flatten only sorts them (the number first), and that is the
     product it returns; anything else (a power to gather, a product to
     merge, a number times one sum, which SymPy distributes) is SymPy's
     Mul. A fused loop's inlined values are such products of loads and sums
@@ -86,6 +87,8 @@ def product(factors: Sequence[sp.Basic]) -> sp.Expr:
             rest.append(f)
         else:
             return sp.Mul(*factors)
+    if len(rest) == 1 and coeff not in (None, sp.S.One) and type(rest[0]) is not sp.Add:  # -x: a number and a leaf
+        return sp.Mul._exec_constructor_postprocessors(sp.Mul._from_args((coeff, rest[0]), True))
     if len(rest) < 2 or len(set(rest)) != len(rest):
         return sp.Mul(*factors)
     rest.sort(key=_ARGS_ORDER)
