@@ -45,10 +45,8 @@ def test_marked_module_builds_and_matches_numpy(tmp_path):
 
 def _straight_bodies(source: str) -> list[list[str]]:
     """The statement lines of each SYMBACKPROP_STRAIGHT function."""
-    bodies = []
-    for match in re.finditer(r"SYMBACKPROP_STRAIGHT static \w+ \w+\(.*?\n\}\n", source, re.S):
-        bodies.append([line.strip() for line in match.group(0).splitlines() if line.strip().endswith(";")])
-    return bodies
+    functions = re.finditer(r"SYMBACKPROP_STRAIGHT static \w+ \w+\(.*?\n\}\n", source, re.S)
+    return [[line.strip() for line in f.group(0).splitlines() if line.strip().endswith(";")] for f in functions]
 
 
 def test_a_straight_body_stores_each_value_after_the_last_temporary_it_reads():
