@@ -41,3 +41,33 @@ def test_marked_module_builds_and_matches_numpy(tmp_path):
     value, grads = mod.value_and_grad(A=A)
     assert np.isclose(value, np.linalg.det(A), rtol=1e-10)
     assert np.allclose(grads["A"], np.linalg.det(A) * np.linalg.inv(A).T, rtol=1e-9)
+
+
+def _straight_bodies(source: str) -> list[list[str]]:
+    """The statement lines of each SYMBACKPROP_STRAIGHT function."""
+    functions = re.finditer(r"SYMBACKPROP_STRAIGHT static \w+ \w+\(.*?\n\}\n", source, re.S)
+    return [[line.strip() for line in f.group(0).splitlines() if line.strip().endswith(";")] for f in functions]
+
+
+def test_a_straight_body_stores_each_value_after_the_last_temporary_it_reads():
+    """Not all at the end, where every stored value (the minors, the
+    gradient's entries) was live across the function (GCC's register
+    allocation over hundreds of spilled values)."""
+    source = generate(det.build_model({"ell": 7}), functions=det.SBP_FUNCTIONS)[0].source
+    bodies = _straight_bodies(source)
+    assert bodies
+    stores = 0
+    for body in bodies:
+        last = -1  # the temporary defined last so far
+        for line in body:
+            defined = re.match(r"const \w+ x(\d+) = ", line)
+            if defined:
+                last = int(defined.group(1))
+                continue
+            store = re.match(r"(\w+)\[[^]]*\] = (.*);$", line)
+            if store is None:
+                continue
+            stores += 1
+            read = [int(n) for n in re.findall(r"\bx(\d+)\b", store.group(2))]
+            assert max(read, default=-1) == last or (not read and last == -1), line
+    assert stores > 100

@@ -13,6 +13,7 @@ from typing import Any
 import sympy as sp
 from sympy.printing.str import StrPrinter
 
+from symbackprop.ir.exprdag import built
 from symbackprop.ir.node import Shape
 from symbackprop.schedule import opcount
 
@@ -105,7 +106,8 @@ class SharedStrPrinter(StrPrinter):
 def shared_xreplace(expr: sp.Basic, rule: dict, done: dict) -> sp.Basic:
     """expr.xreplace(rule), each distinct subexpression rebuilt once over
     the calls that share `done`; selects, relations, Abs and sign as they
-    stand (_AS_IT_STANDS), the rest by the same constructor calls as SymPy's."""
+    stand (_AS_IT_STANDS), products and sums by exprdag.built, the rest by
+    SymPy's constructors."""
     if expr in rule:
         return rule[expr]
     result = done.get(expr)
@@ -113,7 +115,7 @@ def shared_xreplace(expr: sp.Basic, rule: dict, done: dict) -> sp.Basic:
         args = tuple(shared_xreplace(a, rule, done) if isinstance(a, sp.Basic) else a for a in expr.args)
         changed = any(new is not old for new, old in zip(args, expr.args))
         result = done[expr] = (expr if not changed else expr.func(*args, evaluate=False)
-                               if isinstance(expr, _AS_IT_STANDS) else expr.func(*args))
+                               if isinstance(expr, _AS_IT_STANDS) else built(expr.func, args))
     return result
 
 
