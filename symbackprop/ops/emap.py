@@ -260,8 +260,9 @@ def _group_kernel(sched, members: list[Node]) -> EmapKernel:
         if target[0] == "gather":
             index = node.args[target[1]]
             checks[(sched.view(index).buffer, index.shape[0], node.shape[0])] = None
-        member_program = [(subs[sym], e.xreplace(subs)) for sym, e in lets]
-        member_bodies = [b.xreplace(subs) for b in node_bodies]
+        renamed = substitute([e for _, e in lets] + list(node_bodies), subs)  # shared parts renamed once
+        member_program = [(subs[sym], e) for (sym, _), e in zip(lets, renamed)]
+        member_bodies = renamed[len(lets):]
         program += member_program
         bodies.append(member_bodies)
         where = _where(sched, node, target, 0)
@@ -346,13 +347,14 @@ def _number_values(program: list, outputs: list) -> tuple[list, list]:
     alias: dict[sp.Symbol, sp.Basic] = {}
     kept = []
     for sym, expr in program:
-        expr = expr.xreplace(alias)
+        if alias:  # (none yet: nothing to rename)
+            expr = expr.xreplace(alias)
         if expr in seen:
             alias[sym] = seen[expr]
         else:
             seen[expr] = sym
             kept.append((sym, expr))
-    return kept, [e.xreplace(alias) for e in outputs]
+    return kept, substitute(outputs, alias) if alias else list(outputs)
 
 
 def _where_text(where: tuple) -> str:
