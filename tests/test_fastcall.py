@@ -295,7 +295,7 @@ def test_the_installed_extension_is_taken_where_it_matches():
         if spec is None:
             assert module is None
         else:
-            assert module is not None and module.SOURCE_DIGEST == fastcall.source_digest()
+            assert module is not None and fastcall.source_digest() == module.SOURCE_DIGEST
             assert fastcall.build_beside() is None
             assert fastcall.extension() is module
     finally:

@@ -29,6 +29,7 @@ from symbackprop.messages import short
 from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
 from symbackprop.schedule.cse import cse_program, inline
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, MAX_SHOWN_OPS, Equation, View, count_ops, latex, latex_name
+from symbackprop.schedule.opcount import exceeds_all
 
 
 @dataclass(frozen=True)
@@ -315,8 +316,7 @@ def _inner_rows_by_column(sched, kernel: EmapKernel) -> EmapKernel:
 def _equation(out: str, where: tuple, program: list, exprs: list, readable: dict, assign: str) -> Equation:
     row = _where_text(where).rsplit(",", 1)[0]
     lhs = f"{out}[{row}, :]" if len(exprs) > 1 else f"{out}[{_where_text(where)}]"
-    size = sum(count_ops(e) for e in exprs) + sum(count_ops(e) for _, e in program)
-    if size > MAX_SHOWN_OPS:  # the temporaries in the C are the readable form
+    if exceeds_all([*exprs, *(e for _, e in program)], MAX_SHOWN_OPS):  # the temporaries in the C are the readable form
         used = set().union(*(e.free_symbols for e in exprs), *(e.free_symbols for _, e in program))
         shown_loads = sorted(used & readable.keys(), key=str)
         sources = dict.fromkeys(re.sub(r", \d+\]$", ", :]", str(readable[s])) for s in shown_loads)
