@@ -449,14 +449,17 @@ def _outer_loop(kernel: EmapKernel, uses: dict) -> int:
     more of the body is computed once (exp of a parameter row, ...)."""
     if len(kernel.loops) == 1:
         return 0
+    def local(outer: int) -> int:
+        return sum(int(out.shape[1]) for out in kernel.outputs if _local(out, 1 - outer))
+
+    if local(1) != local(0):  # settled without counting the body (a walk over all of it)
+        return 1 if local(1) > local(0) else 0
     exprs = [e for _, e in kernel.temps] + [e for *_, e in kernel.stores]
 
-    def score(outer: int) -> tuple[int, int]:
-        inner = 1 - outer
-        local = sum(int(out.shape[1]) for out in kernel.outputs if _local(out, inner))
-        return local, sum(_fixed_ops(e, uses, inner) for e in exprs)
+    def fixed(outer: int) -> int:
+        return sum(_fixed_ops(e, uses, 1 - outer) for e in exprs)
 
-    return 1 if score(1) > score(0) else 0
+    return 1 if fixed(1) > fixed(0) else 0
 
 
 def _local(out: EmapOutput, inner: int) -> bool:
