@@ -574,11 +574,12 @@ def test_a_damaged_call_hot_path_extension_is_rebuilt(tmp_path):
     """The fastcall extension lives in the same cache and gets the same check."""
     check = "import symbackprop.run.fastcall as f\nprint(f.extension() is not None)\n"
     code = textwrap.dedent(CHECK_SALT.format(salt=95)) + check
-    first = _child(code, tmp_path)
+    from_cache = {"SYMBACKPROP_FASTCALL_FROM_CACHE": "1"}  # not the copy installed with the package
+    first = _child(code, tmp_path, env=from_cache)
     assert first.returncode == 0 and first.stdout.split()[-1] == "True", first.stderr
     (folder,) = [p for p in tmp_path.glob("fastcall-*") if p.is_dir()]
     _truncate(folder)
-    again = _child(code, tmp_path)
+    again = _child(code, tmp_path, env=from_cache)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.split()[-1] == "True" and "damaged or untrusted" in again.stderr
     assert json.loads(again.stdout.splitlines()[-2])[:2] == pytest.approx(_expected(95)), again.stdout

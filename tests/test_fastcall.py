@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import example_names, load_example
+from conftest import ROOT, example_names, load_example
 
 import symbackprop as sbp
 from symbackprop.errors import ArgumentError
@@ -211,7 +211,93 @@ def test_an_empty_cache_builds_the_hot_path_beside_the_first_model(tmp_path):
         "assert fastcall.build_beside() is None\n"
         "assert fastcall.extension() is not None\n"
     )
-    env = {**os.environ, "SYMBACKPROP_CACHE_DIR": str(tmp_path)}
+    env = {**os.environ, "SYMBACKPROP_CACHE_DIR": str(tmp_path), fastcall.FROM_CACHE_ENV: "1"}  # not the installed copy
     env.pop("SYMBACKPROP_NO_FASTCALL", None)
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+
+
+def _setup_py():
+    """setup.py as a module (its setup() runs only as a script)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("symbackprop_setup", ROOT / "setup.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_installed_extension_is_built_as_the_cache_builds_it():
+    """setup.py compiles the same source with the same flags, and carries
+    the digest the runtime compares."""
+    setup = _setup_py()
+    assert ROOT / setup.SOURCE == fastcall.SOURCE
+    assert setup.NAME == fastcall.INSTALLED
+    assert tuple(setup.FLAGS) == fastcall.FLAGS
+    assert setup.source_digest(fastcall.SOURCE) == fastcall.source_digest()
+    (extension,) = setup.extensions()
+    assert extension.name == fastcall.INSTALLED and extension.optional
+    assert ("SYMBACKPROP_FASTCALL_SOURCE", f'"{fastcall.source_digest()}"') in extension.define_macros
+
+
+class _Stale:
+    SOURCE_DIGEST = "0" * 64  # built from another _fastcall.c
+
+
+@pytest.mark.parametrize("present", [None, _Stale, ImportError])
+def test_a_missing_stale_or_broken_installed_extension_falls_back_to_the_cache(present, monkeypatch, tmp_path):
+    """No installed extension, one built from another source (an editable
+    install's copy after _fastcall.c changed), one that does not import:
+    the cache's copy, built on first use, and build_beside builds it."""
+    import importlib
+
+    real = importlib.import_module
+
+    def fake(name, *args):
+        if name != fastcall.INSTALLED:
+            return real(name, *args)
+        if present is None:
+            raise ModuleNotFoundError(name)
+        if present is ImportError:
+            raise ImportError("numpy.core.multiarray failed to import")
+        return present
+
+    monkeypatch.setattr(importlib, "import_module", fake)
+    monkeypatch.setenv("SYMBACKPROP_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(fastcall.FROM_CACHE_ENV, raising=False)
+    fastcall.installed.cache_clear()
+    fastcall.extension.cache_clear()
+    try:
+        assert fastcall.installed() is None
+        thread = fastcall.build_beside()
+        assert thread is not None
+        thread.join()
+        module = fastcall.extension()
+        assert module is not None and module is not present
+        assert getattr(module, "SOURCE_DIGEST", None) is None  # the cache's build carries none
+        assert any(tmp_path.rglob(f"fastcall-*/{fastcall.NAME}*"))
+    finally:
+        fastcall.installed.cache_clear()
+        fastcall.extension.cache_clear()
+
+
+def test_the_installed_extension_is_taken_where_it_matches():
+    """Where the package's own copy is there and current (an install, or
+    `python setup.py build_ext --inplace`), calls use it and nothing is
+    built into the cache; else this checks that no copy is there."""
+    import importlib.util
+
+    fastcall.installed.cache_clear()
+    fastcall.extension.cache_clear()
+    try:
+        spec = importlib.util.find_spec(fastcall.INSTALLED)
+        module = fastcall.installed()
+        if spec is None:
+            assert module is None
+        else:
+            assert module is not None and fastcall.source_digest() == module.SOURCE_DIGEST
+            assert fastcall.build_beside() is None
+            assert fastcall.extension() is module
+    finally:
+        fastcall.installed.cache_clear()
+        fastcall.extension.cache_clear()

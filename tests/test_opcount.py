@@ -12,7 +12,7 @@ import pytest
 import sympy as sp
 
 from symbackprop.declare.stable import sigmoid, softplus
-from symbackprop.schedule.opcount import count_all, count_ops, exceeds
+from symbackprop.schedule.opcount import count_all, count_ops, exceeds, exceeds_all
 
 x, y, z = sp.symbols("x y z", real=True)
 f = sp.Function("f")
@@ -93,12 +93,24 @@ def test_exceeds_agrees_with_sympys_count_at_every_threshold(seed):
         assert exceeds(expr, limit) == (total > limit), limit
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_exceeds_all_agrees_with_the_sum_of_sympys_counts(seed):
+    """Over several expressions (a relation among them: SymPy's own count)."""
+    rng = random.Random(seed)
+    exprs = [_random_expr(rng, 6) for _ in range(rng.randint(1, 5))] + [sp.Lt(x, y + 1)]
+    total = sum(sp.count_ops(e) for e in exprs)
+    for limit in (0, total // 3, total - 1, total, total + 1):
+        assert exceeds_all(exprs, limit) == (total > limit), limit
+    assert not exceeds_all([], 0)
+
+
 def test_exceeds_stops_early_on_a_tree_too_large_to_walk():
     """2**60 leaves as a tree: a full walk would not end."""
     e = x
     for _ in range(60):
         e = sp.sin(e) * sp.cos(e)
     assert exceeds(e, 120) and not exceeds(x + y, 120)
+    assert exceeds_all([x + y, e], 120)  # the second, after a small first
 
 
 @pytest.mark.parametrize("seed", range(10))

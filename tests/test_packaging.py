@@ -28,6 +28,10 @@ SCRIPT = textwrap.dedent(
     mod = sbp.compile(sbp.Model("packaged", params=[x], loss=nn.sum_all(x.applyfunc(sp.sin))))
     loss, grads = mod.value_and_grad(x=np.array([[0.0, 1.0, 2.0]]))
     assert np.allclose(grads["x"], np.cos([[0.0, 1.0, 2.0]])), grads
+    from symbackprop.run import fastcall
+    if sys.argv[2] == "1":  # the wheel built the call hot path: it is used, nothing is built into the cache
+        assert fastcall.extension().__file__.startswith(sys.argv[1]), fastcall.extension()
+        assert not list(pathlib.Path(sys.argv[3]).glob("fastcall-*")), list(pathlib.Path(sys.argv[3]).iterdir())
     print("ok", here)
     """
 )
@@ -44,7 +48,7 @@ def _run(command, **kwargs):
 def test_wheel_install_compiles_from_another_directory(tmp_path):
     source = tmp_path / "src"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, source / name)
     for folder in ("symbackprop",):
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
@@ -54,9 +58,14 @@ def test_wheel_install_compiles_from_another_directory(tmp_path):
     target = tmp_path / "installed"
     _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)])
     assert (target / "symbackprop" / "emit" / "templates" / "module.c.j2").is_file()
+    # the call hot path's extension (setup.py): built wherever this interpreter's own copy builds or is installed
+    from symbackprop.run import fastcall
+
+    built = list((target / "symbackprop" / "run").glob("symbackprop_fastcall*"))
+    assert built or fastcall.extension() is None, "the wheel has no call hot path, though it builds here"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(target),
-           "SYMBACKPROP_CACHE_DIR": str(tmp_path / "cache")}
-    result = _run([sys.executable, "-c", SCRIPT, str(target)], cwd=elsewhere, env=env)
+    cache = tmp_path / "cache"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(target), "SYMBACKPROP_CACHE_DIR": str(cache)}
+    result = _run([sys.executable, "-c", SCRIPT, str(target), "1" if built else "0", str(cache)], cwd=elsewhere, env=env)
     assert result.stdout.startswith("ok")

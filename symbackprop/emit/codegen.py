@@ -358,6 +358,17 @@ class FunctionEmitter:
         """buffer[offset + i*row_stride + j*col_stride], terms in that order."""
         terms = []
         for coefficient, var in ((view.offset, sp.S.One), (view.row_stride, i), (view.col_stride, j)):
+            if isinstance(coefficient, (int, sp.Integer)) and (var.is_Integer or var in self.index.text):
+                # what the general case below prints, without SymPy's product and printer (most accesses)
+                if coefficient == 0 or var == 0:
+                    continue
+                if var.is_Integer:
+                    terms.append(str(int(coefficient) * int(var)))
+                elif coefficient == 1:
+                    terms.append(self.index.text[var])
+                else:
+                    terms.append(f"{int(coefficient)}*{self.index.text[var]}")
+                continue
             term = sp.sympify(coefficient) * var
             if term.has(sp.Add, sp.Pow):  # else expand changes nothing, and costs 0.1 ms a term
                 term = sp.expand(term)

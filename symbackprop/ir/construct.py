@@ -35,6 +35,7 @@ import sympy as sp
 
 from symbackprop.declare.stable import fuse_across, stabilize
 from symbackprop.declare.tensor import reduced_shape
+from symbackprop.ir.exprdag import substitute
 from symbackprop.ir.node import SCALAR, Node, Shape, ShapeMismatch, op_node, placeholder
 
 # --- constructors ---------------------------------------------------------
@@ -243,8 +244,9 @@ def _drop_unused(args: tuple, bindings: tuple, bodies: tuple, lets: tuple, targe
 
     subs = {row_placeholder(old, c): row_placeholder(new[old], c)
             for old in keep for c in range(binding_width(args[old], bindings[old]))}
-    return (tuple(args[p] for p in keep), tuple(renumber(bindings[p]) for p in keep),
-            tuple(b.xreplace(subs) for b in bodies), tuple((sym, e.xreplace(subs)) for sym, e in lets), renumber(target))
+    renamed = substitute([*bodies, *(e for _, e in lets)], subs)  # shared parts renamed once
+    return (tuple(args[p] for p in keep), tuple(renumber(bindings[p]) for p in keep), tuple(renamed[:len(bodies)]),
+            tuple((sym, e) for (sym, _), e in zip(lets, renamed[len(bodies):])), renumber(target))
 
 
 def accumulates(target: tuple, loops: tuple) -> bool:

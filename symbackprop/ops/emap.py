@@ -29,6 +29,7 @@ from symbackprop.messages import short
 from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
 from symbackprop.schedule.cse import cse_program, inline
 from symbackprop.schedule.kernel import LOOP_I, LOOP_J, MAX_SHOWN_OPS, Equation, View, count_ops, latex, latex_name
+from symbackprop.schedule.opcount import exceeds_all
 
 
 @dataclass(frozen=True)
@@ -260,8 +261,9 @@ def _group_kernel(sched, members: list[Node]) -> EmapKernel:
         if target[0] == "gather":
             index = node.args[target[1]]
             checks[(sched.view(index).buffer, index.shape[0], node.shape[0])] = None
-        member_program = [(subs[sym], e.xreplace(subs)) for sym, e in lets]
-        member_bodies = [b.xreplace(subs) for b in node_bodies]
+        renamed = substitute([e for _, e in lets] + list(node_bodies), subs)  # shared parts renamed once
+        member_program = [(subs[sym], e) for (sym, _), e in zip(lets, renamed)]
+        member_bodies = renamed[len(lets):]
         program += member_program
         bodies.append(member_bodies)
         where = _where(sched, node, target, 0)
@@ -314,8 +316,7 @@ def _inner_rows_by_column(sched, kernel: EmapKernel) -> EmapKernel:
 def _equation(out: str, where: tuple, program: list, exprs: list, readable: dict, assign: str) -> Equation:
     row = _where_text(where).rsplit(",", 1)[0]
     lhs = f"{out}[{row}, :]" if len(exprs) > 1 else f"{out}[{_where_text(where)}]"
-    size = sum(count_ops(e) for e in exprs) + sum(count_ops(e) for _, e in program)
-    if size > MAX_SHOWN_OPS:  # the temporaries in the C are the readable form
+    if exceeds_all([*exprs, *(e for _, e in program)], MAX_SHOWN_OPS):  # the temporaries in the C are the readable form
         used = set().union(*(e.free_symbols for e in exprs), *(e.free_symbols for _, e in program))
         shown_loads = sorted(used & readable.keys(), key=str)
         sources = dict.fromkeys(re.sub(r", \d+\]$", ", :]", str(readable[s])) for s in shown_loads)
@@ -346,13 +347,14 @@ def _number_values(program: list, outputs: list) -> tuple[list, list]:
     alias: dict[sp.Symbol, sp.Basic] = {}
     kept = []
     for sym, expr in program:
-        expr = expr.xreplace(alias)
+        if alias:  # (none yet: nothing to rename)
+            expr = expr.xreplace(alias)
         if expr in seen:
             alias[sym] = seen[expr]
         else:
             seen[expr] = sym
             kept.append((sym, expr))
-    return kept, [e.xreplace(alias) for e in outputs]
+    return kept, substitute(outputs, alias) if alias else list(outputs)
 
 
 def _where_text(where: tuple) -> str:
@@ -447,14 +449,17 @@ def _outer_loop(kernel: EmapKernel, uses: dict) -> int:
     more of the body is computed once (exp of a parameter row, ...)."""
     if len(kernel.loops) == 1:
         return 0
+    def local(outer: int) -> int:
+        return sum(int(out.shape[1]) for out in kernel.outputs if _local(out, 1 - outer))
+
+    if local(1) != local(0):  # settled without counting the body (a walk over all of it)
+        return 1 if local(1) > local(0) else 0
     exprs = [e for _, e in kernel.temps] + [e for *_, e in kernel.stores]
 
-    def score(outer: int) -> tuple[int, int]:
-        inner = 1 - outer
-        local = sum(int(out.shape[1]) for out in kernel.outputs if _local(out, inner))
-        return local, sum(_fixed_ops(e, uses, inner) for e in exprs)
+    def fixed(outer: int) -> int:
+        return sum(_fixed_ops(e, uses, 1 - outer) for e in exprs)
 
-    return 1 if score(1) > score(0) else 0
+    return 1 if fixed(1) > fixed(0) else 0
 
 
 def _local(out: EmapOutput, inner: int) -> bool:

@@ -12,8 +12,9 @@
  * or as the dict of keyword arguments (looked up by the names given). Anything else returns None
  * without raising: the caller then takes the binder's path, which converts
  * what it can and names what is wrong. A nonzero status of the generated
- * function is returned as an int for the same reason. Built on first use by
- * symbackprop.fastcall and cached.
+ * function is returned as an int for the same reason. Built with the
+ * package where it is installed (setup.py), else on first use by
+ * symbackprop.run.fastcall and cached.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -381,5 +382,13 @@ PyMODINIT_FUNC PyInit_symbackprop_fastcall(void)
         Py_DECREF(m);
         return NULL;
     }
+#ifdef SYMBACKPROP_FASTCALL_SOURCE
+    /* built with the package (setup.py): the SHA-256 of this file, so that a
+     * copy built from another version of it is not used (symbackprop.run.fastcall) */
+    if (PyModule_AddStringConstant(m, "SOURCE_DIGEST", SYMBACKPROP_FASTCALL_SOURCE) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
     return m;
 }

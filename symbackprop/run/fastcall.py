@@ -8,14 +8,18 @@ point that every module has beside each function (see
 build.packed_entries). It declines (returns None) whatever it does not
 expect, and the Python path then converts or explains.
 
-The extension is compiled once per Python, numpy and compiler into the
-module cache; if that fails (no numpy headers, say) calls simply take the
-Python path.
+The extension is built with the package where it is installed (setup.py:
+`symbackprop.run.symbackprop_fastcall`), and used where it imports and was
+built from this _fastcall.c. Else it is compiled once per Python, numpy
+and compiler into the module cache; if that fails too (no numpy headers,
+say) calls simply take the Python path.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import importlib
 import os
 import sys
 import sysconfig
@@ -48,6 +52,8 @@ SOURCE = Path(__file__).with_name("_fastcall.c")
 NAME = "symbackprop_fastcall"
 FLAGS = ("-O2", "-std=c11", "-pthread")
 DISABLE_ENV = "SYMBACKPROP_NO_FASTCALL"  # set to 1: every call takes the Python path
+FROM_CACHE_ENV = "SYMBACKPROP_FASTCALL_FROM_CACHE"  # set to 1: the cache's copy even where one is installed
+INSTALLED = "symbackprop.run.symbackprop_fastcall"  # built with the package (setup.py)
 
 
 def _command(folder: Path) -> list[str]:
@@ -59,9 +65,13 @@ def _command(folder: Path) -> list[str]:
 
 @lru_cache(maxsize=1)
 def extension() -> ModuleType | None:
-    """The compiled extension, or None where it cannot be built or is disabled."""
+    """The compiled extension, or None where it cannot be built or is disabled:
+    the one installed with the package, else the module cache's."""
     if os.environ.get(DISABLE_ENV):
         return None
+    module = installed()
+    if module is not None:
+        return module
     try:
         source, final, built = _entry()
         try:
@@ -72,6 +82,32 @@ def extension() -> ModuleType | None:
     except (OSError, BuildError, ImportError) as exc:
         event("no C hot path for calls (%s): calls take the Python path", exc)
         return None
+
+
+def source_digest() -> str:
+    """The SHA-256 of _fastcall.c, which the installed extension carries
+    (setup.py compiles it in as SOURCE_DIGEST)."""
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+
+
+@lru_cache(maxsize=1)
+def installed() -> ModuleType | None:
+    """The extension built with the package, where it imports and was built
+    from this _fastcall.c (an editable install keeps the copy it built
+    when the source changes after); else None."""
+    if os.environ.get(FROM_CACHE_ENV):
+        return None
+    try:
+        module = importlib.import_module(INSTALLED)
+    except ModuleNotFoundError:  # not built (an install without a compiler, a source tree)
+        return None
+    except (ImportError, OSError) as exc:  # built for another numpy or Python, say
+        event("the installed C hot path does not load (%s): using the module cache's", exc)
+        return None
+    if getattr(module, "SOURCE_DIGEST", None) != source_digest():
+        event("the installed C hot path was built from another _fastcall.c: using the module cache's")
+        return None
+    return module
 
 
 def _entry() -> tuple[str, Path, Path]:
@@ -94,7 +130,7 @@ def build_beside() -> threading.Thread | None:
     missing (an empty cache), so that it compiles beside the first model's
     C, on another core, not after it; extension() then waits for it (the
     entry's file lock). The thread, or None where nothing is to be built."""
-    if os.environ.get(DISABLE_ENV) or extension.cache_info().currsize:
+    if os.environ.get(DISABLE_ENV) or extension.cache_info().currsize or installed() is not None:
         return None
     try:
         source, final, built = _entry()

@@ -93,15 +93,27 @@ def exceeds(expr: sp.Basic, limit: int) -> bool:
     count passes limit (each term adds a count >= 0, so a partial sum past
     limit settles it): where only a threshold matters, a value shared
     without bound (a determinant's gradient) is not counted in full."""
-    if not isinstance(expr, sp.Expr) or expr.is_Relational:
-        return count_ops(expr) > limit
-    total, stack = 0, [expr]
-    while stack:
-        own, visits = _step(stack.pop())
-        total += own
-        if total > limit:
-            return True
-        stack.extend(visits)
+    return exceeds_all((expr,), limit)
+
+
+def exceeds_all(exprs: Iterable[sp.Basic], limit: int) -> bool:
+    """sum(count_ops(e) for e in exprs) > limit, as `exceeds`: the walk
+    stops once the partial sum passes limit (a wide per-example body's 231
+    values, shown in comments only up to a few dozen operations)."""
+    total = 0
+    for expr in exprs:
+        if not isinstance(expr, sp.Expr) or expr.is_Relational:
+            total += count_ops(expr)
+            if total > limit:
+                return True
+            continue
+        stack = [expr]
+        while stack:
+            own, visits = _step(stack.pop())
+            total += own
+            if total > limit:
+                return True
+            stack.extend(visits)
     return False
 
 
