@@ -112,13 +112,14 @@ def test_batched_lstm_matches_jax_grad_and_jvp(lstm, batch, steps):
     rng = np.random.default_rng(100 + batch * 10 + steps)
     data = lstm_data(rng, batch, steps)
     jax, loss_fn = jax_lstm_loss(data, batch, steps)
-    want_loss, want = jax.value_and_grad(loss_fn)(data)
+    want_loss, want = jax.jit(jax.value_and_grad(loss_fn))(data)
     loss, grads = lstm.value_and_grad(**data)
     assert loss == pytest.approx(float(want_loss), rel=RTOL)
     for name, g in grads.items():
         assert relative_error(g, np.asarray(want[name])) < RTOL, name
     tangents = {k: rng.standard_normal(v.shape) for k, v in data.items() if k not in ("X", "target", "h0", "c0")}
-    _, dloss = jax.jvp(loss_fn, (data,), ({k: tangents.get(k, np.zeros_like(v)) for k, v in data.items()},))
+    _, dloss = jax.jit(lambda p, t: jax.jvp(loss_fn, (p,), (t,)))(
+        data, {k: tangents.get(k, np.zeros_like(v)) for k, v in data.items()})
     assert lstm.jvp(tangents, **data)["loss"] == pytest.approx(float(dloss), rel=RTOL)
 
 
@@ -229,7 +230,7 @@ def test_batched_rnn_hvp_matches_jax(rnn_batched):
 
     direction = {k: rng.standard_normal(v.shape) for k, v in data.items() if k not in ("X", "h0")}
     zeros = {k: direction.get(k, np.zeros_like(v)) for k, v in data.items()}
-    _, want = jax.jvp(jax.grad(loss_fn), (data,), (zeros,))
+    _, want = jax.jit(lambda p, t: jax.jvp(jax.grad(loss_fn), (p,), (t,)))(data, zeros)
     products = rnn_batched.hvp(direction, **data)
     assert set(products) == set(want)
     for name, product in products.items():

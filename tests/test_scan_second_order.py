@@ -68,7 +68,7 @@ def jax_hvp(loss, arrays, directions, params):
     fixed = {k: jnp.asarray(v) for k, v in arrays.items() if k not in params}
     primal = {k: jnp.asarray(arrays[k]) for k in params}
     tangent = {k: jnp.asarray(directions[k]) for k in params}
-    _, out = jax.jvp(jax.grad(lambda w: loss({**fixed, **w})), (primal,), (tangent,))
+    _, out = jax.jit(lambda p, t: jax.jvp(jax.grad(lambda w: loss({**fixed, **w})), (p,), (t,)))(primal, tangent)
     return {k: np.asarray(v) for k, v in out.items()}
 
 
@@ -111,7 +111,7 @@ def test_the_hessian_of_a_tanh_rnn_matches_jax_hessian():
         return rnn_jax({**fixed, **parts})
 
     theta = jnp.concatenate([jnp.ravel(jnp.asarray(arrays[k])) for k in RNN_PARAMS])
-    want = np.asarray(jax.hessian(flat_loss)(theta))
+    want = np.asarray(jax.jit(jax.hessian(flat_loss))(theta))
     assert got.shape == want.shape
     assert relative_error(got, want) < 1e-10
     assert relative_error(got, got.T) < 1e-12  # a Hessian: symmetric
@@ -213,7 +213,7 @@ def test_a_gradient_penalty_through_an_rnn_matches_nested_jax_grad_and_differenc
     arrays = penalty_data(np.random.default_rng(6), 6)
     loss, grads = mod.value_and_grad(**arrays)
     values = {k: jnp.asarray(v) for k, v in arrays.items()}
-    want_loss, want = jax.value_and_grad(lambda w: penalty_jax({**values, **w}))({k: values[k] for k in RNN_PARAMS})
+    want_loss, want = jax.jit(jax.value_and_grad(lambda w: penalty_jax({**values, **w})))({k: values[k] for k in RNN_PARAMS})
     assert loss == pytest.approx(float(want_loss), rel=1e-12)
     for name in RNN_PARAMS:
         assert relative_error(np.reshape(grads[name], want[name].shape), np.asarray(want[name])) < 1e-10, name
@@ -293,6 +293,6 @@ def test_a_slope_penalty_with_one_column_rows_matches_nested_jax_grad():
               "w_in": rng.standard_normal((1, H)), "b": rng.standard_normal((1, H)), "Vo": rng.standard_normal((H, 1))}
     _, grads = mod.value_and_grad(**arrays)
     values = {k: jnp.asarray(v) for k, v in arrays.items()}
-    want = jax.grad(lambda w: jax_loss({**values, **w}))({k: values[k] for k in ("W", "w_in", "b", "Vo")})
+    want = jax.jit(jax.grad(lambda w: jax_loss({**values, **w})))({k: values[k] for k in ("W", "w_in", "b", "Vo")})
     for name, value in want.items():
         assert relative_error(np.reshape(grads[name], value.shape), np.asarray(value)) < 1e-10, name

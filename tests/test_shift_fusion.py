@@ -91,8 +91,8 @@ def _rk4_case(size, count=5, seed=0):
 def test_rk4_step_fused_against_jax_scan(rk4_module, size):
     """Every length: shorter than the reach (head and tail parts meet), and longer."""
     arrays, solve, xv, wv = _rk4_case(size, seed=size)
-    want_y = np.asarray(solve(jnp.asarray(xv)))
-    want_grad = np.asarray(jax.grad(lambda z: jnp.dot(jnp.asarray(wv), solve(z)))(jnp.asarray(xv)))
+    want_y = np.asarray(jax.jit(solve)(jnp.asarray(xv)))
+    want_grad = np.asarray(jax.jit(jax.grad(lambda z: jnp.dot(jnp.asarray(wv), solve(z))))(jnp.asarray(xv)))
     assert _rel(rk4_module.forward(**arrays)["y"], want_y) < RTOL
     loss, grads = rk4_module.value_and_grad(**arrays)
     assert loss == pytest.approx(float(wv @ want_y), rel=RTOL)
@@ -133,9 +133,15 @@ def test_rk4_step_is_one_loop(rk4_module):
 
 
 def _chain(v, moves):
-    """v, then for each (k, fill): v <- shift(x*v + 1, k, fill) * u + v."""
+    """v, then for each (k, fill): v <- shift(x*v + 1, k, fill) * u + v.
+
+    SymPy's `+` calls doit() on both sides all the way down, and v appears
+    twice a step, so the walk doubles each step (beyond_reach: 3 CPU s);
+    doit(deep=False) of parts already canonical builds the same expression
+    (equal srepr; test_the_chain_is_what_plus_builds) in linear time."""
     for k, fill in moves:
-        v = sp.HadamardProduct(sbp.shift(sp.HadamardProduct(x, v) + sp.OneMatrix(n, 1), k, fill=fill), u) + v
+        inner = sp.MatAdd(sp.HadamardProduct(x, v).doit(deep=False), sp.OneMatrix(n, 1)).doit(deep=False)
+        v = sp.MatAdd(sp.HadamardProduct(sbp.shift(inner, k, fill=fill), u).doit(deep=False), v).doit(deep=False)
     return v
 
 
@@ -144,6 +150,17 @@ def _chain_jax(z, uv, moves):
     for k, fill in moves:
         v = _moved(z * v + 1, k, fill) * uv + v
     return v
+
+
+def _chain_by_plus(v, moves):
+    for k, fill in moves:
+        v = sp.HadamardProduct(sbp.shift(sp.HadamardProduct(x, v) + sp.OneMatrix(n, 1), k, fill=fill), u) + v
+    return v
+
+
+def test_the_chain_is_what_plus_builds():
+    moves = [(1, 0.5), (-2, 2.0), (1, 0.0), (-1, 1.0), (2, 0.25)]
+    assert sp.srepr(_chain(x, moves)) == sp.srepr(_chain_by_plus(x, moves))
 
 
 CHAINS = {
@@ -167,8 +184,9 @@ def test_shift_chain_against_jax_and_central_differences(case):
 
         arrays = {"x": xv.reshape(-1, 1), "u": uv.reshape(-1, 1), "w": wv.reshape(-1, 1)}
         loss_value, grads = mod.value_and_grad(**arrays)
-        assert loss_value == pytest.approx(float(total(jnp.asarray(xv))), rel=RTOL)
-        assert _rel(grads["x"], np.asarray(jax.grad(total)(jnp.asarray(xv)))) < RTOL
+        want_loss, want_grad = jax.jit(jax.value_and_grad(total))(jnp.asarray(xv))
+        assert loss_value == pytest.approx(float(want_loss), rel=RTOL)
+        assert _rel(grads["x"], np.asarray(want_grad)) < RTOL
         direction = rng.standard_normal(size)
         eps = 1e-6
         plus = mod.forward(**{**arrays, "x": (xv + eps * direction).reshape(-1, 1)})["loss"]
@@ -187,7 +205,8 @@ def test_costly_values_are_stored_not_recomputed(case):
         inner = sp.HadamardProduct(x, u).applyfunc(sp.sin)
         inner_jax = lambda z, uv: jnp.sin(z * uv)  # noqa: E731
     else:  # sum_k u x^k / k: arithmetic, but long
-        inner = sum((sp.HadamardProduct(u, sp.HadamardPower(x, k)) / k for k in range(2, 60)), sp.ZeroMatrix(n, 1))
+        # one MatAdd (the same expression as adding the terms one by one, which doit()s the sum each time)
+        inner = sp.MatAdd(*(sp.HadamardProduct(u, sp.HadamardPower(x, k)) / k for k in range(2, 60))).doit()
         inner_jax = lambda z, uv: sum(uv * z**k / k for k in range(2, 60))  # noqa: E731
     loss = nn.sum_all(sp.HadamardProduct(w, sbp.shift(inner, 1, fill=2) + x))
     mod = sbp.compile(sbp.Model(f"shift_costly_{case}", inputs=[w, u], params=[x], loss=loss))
@@ -199,5 +218,6 @@ def test_costly_values_are_stored_not_recomputed(case):
         return jnp.dot(jnp.asarray(wv), _moved(inner_jax(z, jnp.asarray(uv)), 1, 2.0) + z)
 
     loss_value, grads = mod.value_and_grad(x=xv.reshape(-1, 1), u=uv.reshape(-1, 1), w=wv.reshape(-1, 1))
-    assert loss_value == pytest.approx(float(total(jnp.asarray(xv))), rel=RTOL)
-    assert _rel(grads["x"], np.asarray(jax.grad(total)(jnp.asarray(xv)))) < RTOL
+    want_loss, want_grad = jax.jit(jax.value_and_grad(total))(jnp.asarray(xv))
+    assert loss_value == pytest.approx(float(want_loss), rel=RTOL)
+    assert _rel(grads["x"], np.asarray(want_grad)) < RTOL
