@@ -25,6 +25,7 @@ from pathlib import Path
 # (its OpenBLAS) or a module's BLAS loads; children inherit it.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")  # where the mkl wheel is the BLAS (build/blas.py)
 
 import pytest
 
