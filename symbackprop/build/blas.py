@@ -1,17 +1,16 @@
 """Which BLAS the large matrix products call, how to link it, its threads.
 
 Two are known, both from wheels, found without importing them:
-- Intel's oneMKL (the `mkl` wheel, `pip install symbackprop[mkl]`): on
-  the x86-64 VM this project is measured on its single-threaded gemm took
-  0.6-0.85 of OpenBLAS's time on every product shape of the transformer
-  and CNN steps (docs/performance.md), as PyTorch's own MKL does. It is
-  run on its GNU OpenMP threading layer, so its threads are libgomp's,
-  the same pool as a module's own parallel loops.
+- Intel's oneMKL (the `mkl` wheel, `pip install symbackprop[mkl]`), the
+  library PyTorch's CPU wheel multiplies with: on the transformer's
+  product shapes, one thread, OpenBLAS took 0.88-1.69 of its time (median
+  1.35; docs/performance.md). It runs on its GNU OpenMP threading layer,
+  so its threads are libgomp's, the pool of a module's own parallel loops.
 - OpenBLAS from `scipy-openblas32` (a dependency: always there), symbols
   prefixed `scipy_`.
 
-The first installed of $SYMBACKPROP_BLAS's choice ("mkl" or "openblas";
-default: mkl, then openblas) is used. The cache key holds the link
+$SYMBACKPROP_BLAS ("mkl" or "openblas") chooses one; by default the first
+installed of mkl and openblas is used. The cache key holds the link
 command, so a module built against one is never loaded for the other.
 """
 
@@ -28,7 +27,6 @@ from pathlib import Path
 from symbackprop.errors import BuildError
 
 BLAS_ENV = "SYMBACKPROP_BLAS"
-KNOWN = ("mkl", "openblas")
 
 
 @dataclass(frozen=True)
@@ -86,7 +84,8 @@ def _openblas() -> Blas | None:
     )
 
 
-FINDERS = {"mkl": _mkl, "openblas": _openblas}
+FINDERS = {"mkl": _mkl, "openblas": _openblas}  # in the order of preference
+INSTALL = {"mkl": "pip install mkl", "openblas": "pip install scipy-openblas32"}
 
 
 @cache
@@ -94,19 +93,14 @@ def find_blas() -> Blas | None:
     """The BLAS modules link: $SYMBACKPROP_BLAS's choice, else the first
     installed of mkl and openblas; None if none is."""
     wanted = os.environ.get(BLAS_ENV, "").strip().lower()
-    if wanted and wanted not in KNOWN:
-        raise BuildError(f"{BLAS_ENV}={wanted!r}: expected one of {', '.join(KNOWN)}")
-    if wanted:
-        blas = FINDERS[wanted]()
-        if blas is None:
-            hint = "pip install mkl" if wanted == "mkl" else "pip install scipy-openblas32"
-            raise BuildError(f"{BLAS_ENV}={wanted}, but it is not installed ({hint})")
-        return blas
-    for finder in FINDERS.values():
-        blas = finder()
-        if blas is not None:
-            return blas
-    return None
+    if not wanted:
+        return next((blas for blas in (finder() for finder in FINDERS.values()) if blas is not None), None)
+    if wanted not in FINDERS:
+        raise BuildError(f"{BLAS_ENV}={wanted!r}: expected one of {', '.join(FINDERS)}")
+    blas = FINDERS[wanted]()
+    if blas is None:
+        raise BuildError(f"{BLAS_ENV}={wanted}, but it is not installed ({INSTALL[wanted]})")
+    return blas
 
 
 MKL_THREADING_GNU = 3  # mkl_service.h's MKL_THREADING_LAYER values: INTEL 0, SEQUENTIAL 1, PGI 2, GNU 3

@@ -52,7 +52,7 @@ from typing import Any
 
 from symbackprop._version import __version__
 from symbackprop.build import trust as cache_trust
-from symbackprop.build.blas import Blas, find_blas, prepare_blas, set_blas_threads
+from symbackprop.build.blas import INSTALL, Blas, find_blas, prepare_blas, set_blas_threads
 from symbackprop.build.cachedir import CACHE_ENV, cache_folder
 from symbackprop.build.key import asks_for_host_cpu, digest, executable_stamp, host_cpu, target_cpu
 from symbackprop.build.trust import ABSENT, entry_problem, secure_root, warn
@@ -120,8 +120,7 @@ def _blas_for(options: BuildOptions) -> Blas | None:
         return None
     blas = find_blas()
     if blas is None and options.blas:
-        raise BuildError("BuildOptions(blas=True), but no BLAS is installed "
-                         "(pip install scipy-openblas32, or mkl)")
+        raise BuildError(f"BuildOptions(blas=True), but no BLAS is installed ({' or '.join(INSTALL.values())})")
     return blas
 
 

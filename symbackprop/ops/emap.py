@@ -449,11 +449,9 @@ def _outer_loop(kernel: EmapKernel, uses: dict) -> int:
     more of the body is computed once (exp of a parameter row, ...)."""
     if len(kernel.loops) == 1:
         return 0
-    def local(outer: int) -> int:
-        return sum(int(out.shape[1]) for out in kernel.outputs if _local(out, 1 - outer))
-
-    if local(1) != local(0):  # settled without counting the body (a walk over all of it)
-        return 1 if local(1) > local(0) else 0
+    local = [sum(int(out.shape[1]) for out in kernel.outputs if _local(out, 1 - outer)) for outer in (0, 1)]
+    if local[1] != local[0]:  # settled without counting the body (a walk over all of it)
+        return 1 if local[1] > local[0] else 0
     exprs = [e for _, e in kernel.temps] + [e for *_, e in kernel.stores]
 
     def fixed(outer: int) -> int:
