@@ -4,7 +4,18 @@ Declare a model in SymPy, compile it, call the generated C from Python::
 
     mod = symbackprop.compile(model)
     loss, grads = mod.value_and_grad(X=x, T=t, W1=w1, ...)
+
+Importing the package imports the model language (SymPy, numpy) and not the
+compiler: `compile`, `CompiledModule`, the optimizers and `from_torch` are
+imported on first use (`__getattr__`, PEP 562), so that a process that only
+declares models, or the command line's quick answers, skips their imports
+(the stages, Jinja, cffi).
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from symbackprop._version import __version__
 from symbackprop.declare.attention import Sequences, position_ids, sequences
@@ -17,12 +28,36 @@ from symbackprop.declare.tensor import Index, cumsum, gather, map_examples, redu
 from symbackprop.deep import build_deep
 from symbackprop.errors import ArgumentError, BuildError, GradientCheckError, ModelError, SymbackpropError
 from symbackprop.interop import bridges as _bridges  # noqa: F401  (registers mod.as_torch and mod.as_jax)
-from symbackprop.interop.from_torch import from_torch
 from symbackprop.loops.declare import final_state, scan
 from symbackprop.loops.fixpoint import fixed_point, iterations
-from symbackprop.run.optim import SGD, Adam
-from symbackprop.run.runtime import CompiledModule, compile
 from symbackprop.run.sparse import SparseLayout, sparse_layout
+
+if TYPE_CHECKING:  # imported on first use (__getattr__)
+    from symbackprop.interop.from_torch import from_torch
+    from symbackprop.run.optim import SGD, Adam
+    from symbackprop.run.runtime import CompiledModule, compile
+
+# name -> the module it is imported from on first use
+_ON_FIRST_USE = {
+    "from_torch": "symbackprop.interop.from_torch",
+    "SGD": "symbackprop.run.optim",
+    "Adam": "symbackprop.run.optim",
+    "CompiledModule": "symbackprop.run.runtime",
+    "compile": "symbackprop.run.runtime",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _ON_FIRST_USE:
+        raise AttributeError(f"module 'symbackprop' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_ON_FIRST_USE))
+
 
 __all__ = [
     "SGD",

@@ -32,6 +32,9 @@ SCRIPT = textwrap.dedent(
     if sys.argv[2] == "1":  # the wheel built the call hot path: it is used, nothing is built into the cache
         assert fastcall.extension().__file__.startswith(sys.argv[1]), fastcall.extension()
         assert not list(pathlib.Path(sys.argv[3]).glob("fastcall-*")), list(pathlib.Path(sys.argv[3]).iterdir())
+    # the wheel has the templates' compiled code (setup.py): the empty cache's first compile compiled no template
+    jinja = pathlib.Path(sys.argv[3]) / "jinja"
+    assert not jinja.exists() or not list(jinja.iterdir()), list(jinja.iterdir())
     print("ok", here)
     """
 )
@@ -51,13 +54,15 @@ def test_wheel_install_compiles_from_another_directory(tmp_path):
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, source / name)
     for folder in ("symbackprop",):
-        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+        ignore = shutil.ignore_patterns("__pycache__", "*.so", "templates_compiled")  # what an install builds
+        shutil.copytree(ROOT / folder, source / folder, ignore=ignore)
     wheels = tmp_path / "wheels"
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(source)])
     (wheel,) = wheels.glob("symbackprop-*.whl")
     target = tmp_path / "installed"
     _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)])
     assert (target / "symbackprop" / "emit" / "templates" / "module.c.j2").is_file()
+    assert list((target / "symbackprop" / "emit" / "templates_compiled").glob("*.cache"))  # built by setup.py
     # the call hot path's extension (setup.py): built wherever this interpreter's own copy builds or is installed
     from symbackprop.run import fastcall
 

@@ -1,7 +1,11 @@
-"""The templates' bytecode cache (emit.templatecache): a second environment
+"""The templates' bytecode caches (emit.templatecache): a second environment
 loads what the first compiled, renders the same text, recompiles an edited
-template, keeps escaping and plain compiles apart, and is skipped where
-its folder is not this user's alone or has gone."""
+template, keeps escaping and plain compiles apart, and the module cache's
+is skipped where its folder is not this user's alone or has gone. The
+package's copy (write_compiled, as setup.py builds it): every template
+loads from it and renders the same text as compiled from source; a
+template edited after it was built, a copy from another Jinja, a damaged
+or missing copy compile from source (into the module cache)."""
 
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ class _Counting:
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SYMBACKPROP_CACHE_DIR", str(tmp_path / "cache"))
-    found = templatecache.template_bytecode_cache()
+    found = templatecache.template_bytecode_cache(installed=False)
     assert found is not None
     return found
 
@@ -75,9 +79,9 @@ def test_escaping_and_plain_compiles_are_kept_apart(cache, tmp_path):
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="no mode bits to check")
 def test_folder_others_may_write_is_not_used(tmp_path, monkeypatch):
     monkeypatch.setenv("SYMBACKPROP_CACHE_DIR", str(tmp_path / "cache"))
-    assert templatecache.template_bytecode_cache() is not None
+    assert templatecache.template_bytecode_cache(installed=False) is not None
     os.chmod(tmp_path / "cache" / templatecache.FOLDER, 0o777)
-    assert templatecache.template_bytecode_cache() is None
+    assert templatecache.template_bytecode_cache(installed=False) is None
 
 
 def test_gone_folder_means_compiling_as_without(cache, tmp_path):
@@ -91,7 +95,7 @@ def test_gone_folder_means_compiling_as_without(cache, tmp_path):
 def test_unusable_root_gives_no_cache(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("SYMBACKPROP_CACHE_DIR", str(tmp_path / "file" / "cache"))  # under a file: cannot be made
-    assert templatecache.template_bytecode_cache() is None
+    assert templatecache.template_bytecode_cache(installed=False) is None
 
 
 def test_a_fresh_process_renders_from_the_cache(tmp_path):
@@ -104,6 +108,8 @@ def test_a_fresh_process_renders_from_the_cache(tmp_path):
             "def compile_(env, source, name=None, *a, **k):\n"
             "    names.append(name); return original(env, source, name, *a, **k)\n"
             "jinja2.Environment.compile = compile_\n"
+            "from symbackprop.emit import templatecache\n"
+            "templatecache.COMPILED = templatecache.COMPILED.parent / 'not-built'  # as a checkout: none installed\n"
             "from symbackprop.emit.codegen import runtime_header\n"
             "text = runtime_header()\n"
             "import hashlib\n"
@@ -113,3 +119,71 @@ def test_a_fresh_process_renders_from_the_cache(tmp_path):
             for _ in range(2)]
     assert int(runs[0][0]) >= 1 and int(runs[1][0]) == 0
     assert runs[0][1] == runs[1][1]  # the same header
+
+
+@pytest.fixture
+def installed(tmp_path, monkeypatch):
+    """A templates folder and the package's copy of its compiled code, built
+    elsewhere (as setup.py does in a build folder), in place as COMPILED."""
+    built = tmp_path / "build" / "templates"
+    built.mkdir(parents=True)
+    (built / "t.j2").write_text("{% for v in xs %}\n{{ v }};\n{% endfor %}\n")
+    (built / "page.html.j2").write_text("<p>{{ x }}</p>\n")
+    compiled = tmp_path / "compiled"
+    assert sorted(templatecache.write_compiled(compiled, templates=built)) == ["page.html.j2", "page.html.j2", "t.j2"]
+    here = tmp_path / "here"
+    shutil.copytree(built, here)
+    monkeypatch.setattr(templatecache, "COMPILED", compiled)
+    monkeypatch.setenv("SYMBACKPROP_CACHE_DIR", str(tmp_path / "cache"))
+    return here
+
+
+def _installed_env(folder) -> jinja2.Environment:
+    return templatecache.environment(jinja2.FileSystemLoader(str(folder)), templatecache.template_bytecode_cache())
+
+
+def test_the_installed_copy_is_loaded_where_it_matches(installed, tmp_path, monkeypatch):
+    counting = _Counting(monkeypatch)
+    env = _installed_env(installed)
+    template = env.get_template("t.j2")
+    assert template.render(xs=[1, 2]) == "1;\n2;\n"
+    assert templatecache.html(env).get_template("page.html.j2").render(x="<a>") == "<p>&lt;a&gt;</p>\n"
+    assert env.get_template("page.html.j2").render(x="<a>") == "<p><a></p>\n"
+    assert counting.names == []  # nothing compiled from source
+    assert not list((tmp_path / "cache" / templatecache.FOLDER).iterdir())  # nor kept in the module cache
+    # the code reads as compiled from the template here, not where it was built
+    assert template.filename == str(installed / "t.j2")
+    assert template.root_render_func.__code__.co_filename == str(installed / "t.j2")
+
+
+def test_the_package_templates_all_load_from_an_installed_copy(tmp_path, monkeypatch):
+    compiled = tmp_path / "compiled"
+    templatecache.write_compiled(compiled)
+    monkeypatch.setattr(templatecache, "COMPILED", compiled)
+    monkeypatch.setenv("SYMBACKPROP_CACHE_DIR", str(tmp_path / "cache"))
+    counting = _Counting(monkeypatch)
+    env = _installed_env(templatecache.TEMPLATES)
+    for path in sorted(templatecache.TEMPLATES.glob("*.j2")):
+        env.get_template(path.name)
+    templatecache.html(env).get_template("derivation.html.j2")
+    assert counting.names == []
+
+
+@pytest.mark.parametrize("change", ["edited", "other jinja", "damaged", "missing"])
+def test_a_stale_or_missing_installed_copy_compiles_from_source(installed, tmp_path, monkeypatch, change):
+    if change == "edited":  # a template edited after the copy was built (an editable install)
+        (installed / "t.j2").write_text("{% for v in xs %}\n[{{ v }}]\n{% endfor %}\n")
+    elif change == "other jinja":
+        monkeypatch.setattr(jinja2, "__version__", "0.0.0")
+    elif change == "damaged":
+        for path in templatecache.COMPILED.iterdir():
+            path.write_bytes(path.read_bytes()[:40])
+    else:
+        shutil.rmtree(templatecache.COMPILED)
+    counting = _Counting(monkeypatch)
+    expected = "[1]\n[2]\n" if change == "edited" else "1;\n2;\n"
+    assert _installed_env(installed).get_template("t.j2").render(xs=[1, 2]) == expected
+    assert counting.names == ["t.j2"]
+    assert len(list((tmp_path / "cache" / templatecache.FOLDER).iterdir())) == 1  # kept in the module cache
+    assert _installed_env(installed).get_template("t.j2").render(xs=[1, 2]) == expected
+    assert counting.names == ["t.j2"]  # the next environment loads it from there

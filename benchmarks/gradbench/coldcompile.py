@@ -112,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     codes = [Path(c).resolve() for c in args.code.split(",")] if args.code else [ROOT]
     results: dict = {}
-    keys = ("compile", "compile_cpu", "lower", "differentiate", "emit", "C compile", "cc_cpu")
+    # import_cpu: `import symbackprop` and the model's declaration (the compiler's stages are imported
+    # on first use, inside compile, since the package's lazy names)
+    keys = ("import_cpu", "compile", "compile_cpu", "lower", "differentiate", "emit", "C compile", "cc_cpu")
     print(f"{'eval':8} {'code':24} " + " ".join(f"{k:>13}" for k in (*keys, "cached", "cached_cpu")))
     for name in args.evals.split(","):
         runs: dict = {code: [] for code in codes}

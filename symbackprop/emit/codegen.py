@@ -24,7 +24,7 @@ from symbackprop.emit.cnames import DESCRIBE_MODULE, CNamer, comment_text, sanit
 from symbackprop.emit.cparts import Prelude, part_ranges, prelude
 from symbackprop.emit.cprint import IEEEPrinter
 from symbackprop.emit.describe import NULL_POINTER, SHAPE_STATUSES, CDescription, EpochNames, describe, describe_epoch
-from symbackprop.emit.templatecache import template_bytecode_cache
+from symbackprop.emit.templatecache import TEMPLATES, environment, template_bytecode_cache
 from symbackprop.emit.wrap import wrap_c_comments
 from symbackprop.errors import ModelError
 from symbackprop.ops.functions import CHelper, helpers_called
@@ -504,26 +504,17 @@ PARALLEL_MIN_PRODUCT = 1 << 20
 
 @lru_cache(maxsize=1)
 def template_environment() -> jinja2.Environment:
-    """The templates' environment; their compiled code is kept between
-    processes (emit.templatecache)."""
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(_template_dir())),
-        bytecode_cache=template_bytecode_cache(),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
+    """The templates' environment; their compiled code is built with the
+    package and kept between processes (emit.templatecache)."""
+    return environment(jinja2.FileSystemLoader(str(_template_dir())), template_bytecode_cache())
 
 
 def _template_dir() -> Path:
     """The templates: package data of symbackprop.emit, in a checkout and in
     the wheel alike."""
-    folder = Path(__file__).resolve().parent / "templates"
-    if not (folder / "module.c.j2").is_file():
-        raise FileNotFoundError(f"symbackprop's templates are missing from {folder}")
-    return folder
+    if not (TEMPLATES / "module.c.j2").is_file():
+        raise FileNotFoundError(f"symbackprop's templates are missing from {TEMPLATES}")
+    return TEMPLATES
 
 
 RUNTIME_HEADER = "symbackprop_runtime.h"

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import sympy as sp
 
 from symbackprop.emit.codegen import REAL_TYPES, template_environment
+from symbackprop.emit.templatecache import html
 from symbackprop.emit.wrap import wrap_markdown_equations
 from symbackprop.schedule.kernel import Kernel, kernel_reads, kernel_writes
 from symbackprop.schedule.scheduler import FunctionSchedule
@@ -290,7 +291,7 @@ def render_derivation_html(derivation: Derivation) -> str:
     Returns:
         The text of the template derivation.html.j2.
     """
-    environment = template_environment().overlay(autoescape=True)
+    environment = html(template_environment())
     return environment.get_template("derivation.html.j2").render(d=derivation)
 
 

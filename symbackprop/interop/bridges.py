@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from symbackprop.run.module import register_bridge
+from symbackprop.run.bridge import register_bridge
 
 if TYPE_CHECKING:  # only for annotations
     from symbackprop.run.module import CompiledModule

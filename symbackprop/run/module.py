@@ -6,7 +6,7 @@ from the classes it inherits. Made by symbackprop.compile (runtime.py)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -20,6 +20,7 @@ from symbackprop.emit.graph import graph_text
 from symbackprop.errors import ArgumentError
 from symbackprop.pipeline import Plan, generate
 from symbackprop.run.abi import ModuleSpec
+from symbackprop.run.bridge import BRIDGES, register_bridge
 from symbackprop.run.derivatives import Derivatives
 from symbackprop.run.display import BackwardGraph, MemoryReport, module_html, module_markdown
 from symbackprop.run.function import Function, PreparedCall
@@ -28,20 +29,6 @@ from symbackprop.run.train import Trainer, Training
 
 if TYPE_CHECKING:  # only for annotations
     from symbackprop.run.optim import SGD, Adam
-
-# The bridges to other frameworks register here (symbackprop.interop.bridges, which
-# symbackprop/__init__ imports): the run stage names none of them.
-_BRIDGES: dict[str, Callable[[CompiledModule, Sequence[str]], Any]] = {}
-
-
-def register_bridge(framework: str, make: Callable[[CompiledModule, Sequence[str]], Any]) -> None:
-    """Let `CompiledModule.as_<framework>(outputs)` return `make(module, outputs)`.
-
-    Args:
-        framework: "torch" or "jax".
-        make: the bridge's constructor.
-    """
-    _BRIDGES[framework] = make
 
 
 class CompiledModule(Training, Derivatives):
@@ -267,7 +254,7 @@ class CompiledModule(Training, Derivatives):
             ArgumentError: an output name the model lacks.
             ImportError: PyTorch is not installed.
         """
-        return _BRIDGES["torch"](self, outputs)
+        return BRIDGES["torch"](self, outputs)
 
     def as_jax(self, outputs: Sequence[str] = ()) -> Any:
         """This module as a JAX function with a custom VJP (see symbackprop.interop.jax).
@@ -282,7 +269,7 @@ class CompiledModule(Training, Derivatives):
             ArgumentError: an output name the model lacks.
             ImportError: JAX is not installed.
         """
-        return _BRIDGES["jax"](self, outputs)
+        return BRIDGES["jax"](self, outputs)
 
 
 __all__ = ["CompiledModule", "register_bridge"]
