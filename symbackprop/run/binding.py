@@ -28,6 +28,7 @@ turned into errors in one place, `raise_status`.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -36,7 +37,15 @@ import numpy as np
 from symbackprop.errors import ArgumentError
 from symbackprop.run.abi import STATUS_TEXT, ArgSpec, FunctionSpec, show
 
-_MASKED = np.ma.MaskedArray
+
+def _masked(value: Any) -> bool:
+    """Whether `value` is a numpy masked array. Whoever made one imported
+    numpy.ma, so where it is not imported nothing is masked; it is not
+    imported here (30-90 ms of CPU of every process that compiles)."""
+    ma = sys.modules.get("numpy.ma")
+    return ma is not None and isinstance(value, ma.MaskedArray)
+
+
 _LABELS = {"seed": "the seed for {key!r}", "tangent": "the tangent for {key!r}", "direction": "the direction for {key!r}",
            "hyper": "the hyperparameter {key!r}", "state": "the optimizer state {name!r}"}
 
@@ -221,7 +230,7 @@ def check_names(inputs: Sequence[ArgSpec], arrays: Mapping[str, Any]) -> None:
 def check_writable(spec: ArgSpec, value: Any, dtype: np.dtype) -> None:
     """An argument written in place: a writable, aligned, C-contiguous
     ndarray of the module's dtype (no conversion: the update would be lost)."""
-    ok = (isinstance(value, np.ndarray) and not isinstance(value, _MASKED) and value.dtype == dtype
+    ok = (isinstance(value, np.ndarray) and not _masked(value) and value.dtype == dtype
           and value.dtype.isnative and value.flags.c_contiguous
           and value.flags.aligned and value.flags.writeable)
     if not ok:
@@ -251,7 +260,7 @@ def check_rows(name: str, index: np.ndarray, bounds: Any, bound: Mapping[str, in
 
 def as_index(spec: ArgSpec, value: Any) -> np.ndarray:
     array = np.asarray(value) if isinstance(value, (list, tuple, np.ndarray)) else None
-    if array is None or array.dtype.kind not in "iu" or array.dtype == np.uint64 or isinstance(value, _MASKED):
+    if array is None or array.dtype.kind not in "iu" or array.dtype == np.uint64 or _masked(value):
         what = f"dtype {array.dtype}" if array is not None else type(value).__name__
         raise ArgumentError(f"{label(spec)} is an Index: an array of integer row numbers; got {what}")
     if array.ndim == 1:
@@ -291,7 +300,7 @@ def as_array(spec: ArgSpec, value: Any, dtype: np.dtype) -> np.ndarray:
     if isinstance(value, np.ndarray):
         if value.dtype != dtype:
             raise ArgumentError(f"{name} must have dtype {dtype}; got {value.dtype} (shape {value.shape}); convert it explicitly")
-        if isinstance(value, _MASKED):
+        if _masked(value):
             raise ArgumentError(f"{name} is a masked array; its mask would be ignored: pass plain data")
         return value
     if isinstance(value, (bool, np.bool_)):
