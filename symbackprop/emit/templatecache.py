@@ -53,11 +53,20 @@ def html(environment: jinja2.Environment) -> jinja2.Environment:
     return environment.overlay(autoescape=True)
 
 
+def _jinja_version() -> str:
+    version = getattr(jinja2, "__version__", None)  # Jinja 3.1 has it; later ones may not
+    if not version:
+        from importlib.metadata import version as installed
+
+        version = installed("jinja2")
+    return str(version)
+
+
 def _settings(environment: jinja2.Environment) -> str:
     """What the compiled code depends on besides the source: Jinja's version
     and the settings of its lexer and code generator."""
     e = environment
-    return repr((jinja2.__version__, e.block_start_string, e.block_end_string, e.variable_start_string,
+    return repr((_jinja_version(), e.block_start_string, e.block_end_string, e.variable_start_string,
                  e.variable_end_string, e.comment_start_string, e.comment_end_string, e.line_statement_prefix,
                  e.line_comment_prefix, e.trim_blocks, e.lstrip_blocks, e.newline_sequence,
                  e.keep_trailing_newline, e.autoescape, e.optimized, sorted(e.extensions), e.is_async))
