@@ -26,9 +26,31 @@ from sympy.simplify.radsimp import fraction
 _COUNTED = (Derivative, Integral, Sum)
 
 
+def _monomial(a: sp.Basic) -> int | None:
+    """What sp.count_ops adds in all for `a`, a symbol or a product of
+    symbols (times -1: a NEG, and a MUL between each two symbols), without
+    visiting its factors (each adds 0); None for anything else. A sum of
+    such products is most of a determinant's or a matrix product's values:
+    the general rules (fraction, the coefficient's sign, the factors' own
+    steps) were most of their count."""
+    if a.is_Symbol:
+        return 0
+    if not a.is_Mul:
+        return None
+    args = a.args
+    if args[0] is sp.S.NegativeOne:
+        args = args[1:]
+    if not all(f.is_Symbol for f in args):
+        return None
+    return len(a.args) - 1  # -1*x*y: NEG and MUL; x*y: MUL
+
+
 def _step(a: sp.Basic) -> tuple[int, list[sp.Basic]]:
     """What sp.count_ops adds for the term `a` and the terms it visits next
     (its loop body, with each operation symbol's coefficient summed)."""
+    ops = _monomial(a)
+    if ops is not None:
+        return ops, []
     ops = 0
     if a.is_Rational:
         if a is not sp.S.One:
@@ -48,7 +70,14 @@ def _step(a: sp.Basic) -> tuple[int, list[sp.Basic]]:
         ops += len(terms) - 1  # an ADD or a SUB between terms
         if all(negative):
             ops += 1  # -x - y: a NEG besides the SUB
-        return ops, [_negated(t) if neg else t for t, neg in zip(terms, negative)]
+        visits = []
+        for t, neg in zip(terms, negative):
+            own = _monomial(t)
+            if own is None:
+                visits.append(_negated(t) if neg else t)
+            else:
+                ops += own - 1 if neg else own  # a negated term's NEG is the SUB counted above
+        return ops, visits
     if a.is_Pow and a.exp is sp.S.NegativeOne:
         return ops + 1, [a.base]
     if a == sp.S.Exp1:
