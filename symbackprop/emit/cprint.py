@@ -84,6 +84,14 @@ def signed_symbols(term: sp.Expr) -> tuple[bool, tuple[sp.Symbol, ...]] | None:
     return negative, factors
 
 
+def _monomial_sum(expr: Any) -> bool:
+    """Whether expr is a symbol, a signed product of symbols or a sum of
+    them (see signed_symbols)."""
+    if type(expr) is sp.Add:
+        return all(signed_symbols(t) is not None for t in expr.args)
+    return isinstance(expr, sp.Expr) and signed_symbols(expr) is not None
+
+
 def _symbol_monomial(term: sp.Expr) -> tuple[complex, dict] | None:
     """A signed product of symbols as _monomial sees it (None otherwise), without its work."""
     found = signed_symbols(term)
@@ -237,7 +245,12 @@ class IEEEPrinter(C99CodePrinter):
     def doprint(self, expr: Any, assign_to: Any = None) -> Any:
         """A condition computed on its own (CSE makes `x0 = z > 0` a
         temporary) is NaN where it reads a NaN, so that the Piecewise that
-        tests it sees the NaN (see _print_Piecewise)."""
+        tests it sees the NaN (see _print_Piecewise). A signed product of
+        symbols, or a sum of them (most of a large kernel's statements),
+        prints directly: CodePrinter.doprint's walks (the rewrite of
+        re(UnevaluatedExpr), the code's indentation) leave its text as it is."""
+        if assign_to is None and _monomial_sum(expr):
+            return self._print(expr)
         text = super().doprint(expr, assign_to)
         if assign_to is None and isinstance(expr, (Relational, BooleanFunction)):
             return self._nan_if_read(expr.free_symbols, text)
