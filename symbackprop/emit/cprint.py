@@ -84,14 +84,6 @@ def signed_symbols(term: sp.Expr) -> tuple[bool, tuple[sp.Symbol, ...]] | None:
     return negative, factors
 
 
-def _monomial_sum(expr: Any) -> bool:
-    """Whether expr is a symbol, a signed product of symbols or a sum of
-    them (see signed_symbols)."""
-    if type(expr) is sp.Add:
-        return all(signed_symbols(t) is not None for t in expr.args)
-    return isinstance(expr, sp.Expr) and signed_symbols(expr) is not None
-
-
 def _symbol_monomial(term: sp.Expr) -> tuple[complex, dict] | None:
     """A signed product of symbols as _monomial sees it (None otherwise), without its work."""
     found = signed_symbols(term)
@@ -157,11 +149,45 @@ class IEEEPrinter(C99CodePrinter):
         negative, factors = found
         return ("-" if negative else "") + "*".join([self._print_Symbol(f) for f in sorted(factors, key=_name)])
 
+    def _signed_sum_text(self, expr: sp.Expr) -> str | None:
+        """A symbol, a signed product of symbols (_product_text) or a sum of
+        them, as _print_Add prints it, each term read once (signed_symbols);
+        None for anything else. The terms' order is ordered_terms' for
+        square-free monomials (a product's symbols are distinct): by their
+        generators' names, ascending, a term whose names begin another's
+        first; where two generators share a name, None (ordered_terms ranks
+        them)."""
+        if type(expr) is not sp.Add:
+            return self._product_text(expr)
+        if self.order not in (None, "lex"):
+            return None
+        terms = []
+        gens: set = set()
+        for term in expr.args:
+            found = signed_symbols(term)
+            if found is None:
+                return None
+            negative, factors = found
+            factors = sorted(factors, key=_name)
+            gens.update(factors)
+            terms.append(([(0, f.name) for f in factors] + [(1,)], negative, factors))
+        if len({g.name for g in gens}) != len(gens):
+            return None
+        terms.sort(key=lambda entry: entry[0])  # distinct monomials: distinct keys
+        parts = []
+        for _, negative, factors in terms:
+            parts += ["-" if negative else "+", "*".join([self._print_Symbol(f) for f in factors])]
+        sign = parts.pop(0)
+        return ("" if sign == "+" else sign) + " ".join(parts)
+
     def _print_Add(self, expr: sp.Add, order: Any = None) -> str:
         """StrPrinter's sum, its terms that _product_text knows printed by it
         (such a term needs no parentheses in a sum; its sign is its text's)."""
         if (order or self.order) not in (None, "lex"):
             return super()._print_Add(expr, order=order)
+        text = self._signed_sum_text(expr)
+        if text is not None:
+            return text
         parts = []
         for term in ordered_terms(expr):
             text = self._product_text(term)
@@ -249,8 +275,10 @@ class IEEEPrinter(C99CodePrinter):
         symbols, or a sum of them (most of a large kernel's statements),
         prints directly: CodePrinter.doprint's walks (the rewrite of
         re(UnevaluatedExpr), the code's indentation) leave its text as it is."""
-        if assign_to is None and _monomial_sum(expr):
-            return self._print(expr)
+        if assign_to is None and isinstance(expr, sp.Expr):
+            text = self._signed_sum_text(expr)
+            if text is not None:
+                return text
         text = super().doprint(expr, assign_to)
         if assign_to is None and isinstance(expr, (Relational, BooleanFunction)):
             return self._nan_if_read(expr.free_symbols, text)
