@@ -27,6 +27,8 @@ FORMS = [
     # sums of monomials (counted without visiting their factors: opcount._monomial)
     x * y - y * z - x * y * z, -x * y - z, -x - y * z, -x * y * z - y * x, x * y * z + y, -x * y * (y + z) + x,
     sp.Mul(-1, x, evaluate=False) + y, -x * y, x * y * z,
+    x * (y + z), -x * (y + z), x * y * (x + z) - z * (x - y), sp.Mul(-1, x + y, evaluate=False),
+    sp.Mul(-1, x + y, evaluate=False) + z, x * (y + z) * (x + y * z) - (y - z) * (x + z), x * (y + 1) - z,
 ]
 
 

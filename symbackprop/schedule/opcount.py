@@ -26,31 +26,38 @@ from sympy.simplify.radsimp import fraction
 _COUNTED = (Derivative, Integral, Sum)
 
 
-def _monomial(a: sp.Basic) -> int | None:
-    """What sp.count_ops adds in all for `a`, a symbol or a product of
-    symbols (times -1: a NEG, and a MUL between each two symbols), without
-    visiting its factors (each adds 0); None for anything else. A sum of
-    such products is most of a determinant's or a matrix product's values:
-    the general rules (fraction, the coefficient's sign, the factors' own
-    steps) were most of their count."""
+def _product(a: sp.Basic) -> tuple[int, list[sp.Basic]] | None:
+    """_step's result for `a`, a symbol or a product of symbols and sums
+    (times -1: a NEG; a MUL between each two factors; the sums visited, the
+    symbols add 0), without its general rules (fraction, the coefficient's
+    sign, each factor's own step); None for anything else. Such products
+    and their sums are most of a determinant's or a matrix product's
+    values: the general rules were most of their count. (-1 times one sum
+    takes the general path: its count is not the sum's.)"""
     if a.is_Symbol:
-        return 0
+        return 0, []
     if not a.is_Mul:
         return None
-    args = a.args
-    if args[0] is sp.S.NegativeOne:
-        args = args[1:]
-    if not all(f.is_Symbol for f in args):
+    factors = a.args
+    if factors[0] is sp.S.NegativeOne:
+        factors = factors[1:]
+    visits = []
+    for f in factors:
+        if type(f) is sp.Add:
+            visits.append(f)
+        elif not f.is_Symbol:
+            return None
+    if len(factors) == 1 and visits:
         return None
-    return len(a.args) - 1  # -1*x*y: NEG and MUL; x*y: MUL
+    return len(a.args) - 1, visits
 
 
 def _step(a: sp.Basic) -> tuple[int, list[sp.Basic]]:
     """What sp.count_ops adds for the term `a` and the terms it visits next
     (its loop body, with each operation symbol's coefficient summed)."""
-    ops = _monomial(a)
-    if ops is not None:
-        return ops, []
+    direct = _product(a)
+    if direct is not None:
+        return direct
     ops = 0
     if a.is_Rational:
         if a is not sp.S.One:
@@ -72,11 +79,12 @@ def _step(a: sp.Basic) -> tuple[int, list[sp.Basic]]:
             ops += 1  # -x - y: a NEG besides the SUB
         visits = []
         for t, neg in zip(terms, negative):
-            own = _monomial(t)
-            if own is None:
+            direct = _product(t)
+            if direct is None:
                 visits.append(_negated(t) if neg else t)
-            else:
-                ops += own - 1 if neg else own  # a negated term's NEG is the SUB counted above
+            else:  # a negated term's NEG is the SUB counted above
+                ops += direct[0] - 1 if neg else direct[0]
+                visits += direct[1]
         return ops, visits
     if a.is_Pow and a.exp is sp.S.NegativeOne:
         return ops + 1, [a.base]
