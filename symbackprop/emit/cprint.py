@@ -113,7 +113,20 @@ def _monomial(term: sp.Expr) -> tuple[complex, dict] | None:
     return value, powers
 
 
-class IEEEPrinter(C99CodePrinter):
+class OrderedTerms:
+    """For a SymPy printer (C, str, LaTeX): a sum's terms in the order SymPy
+    prints them, sooner (see ordered_terms; the comments' equations and the
+    derivation's LaTeX ordered their sums by as_ordered_terms too)."""
+
+    order: Any
+
+    def _as_ordered_terms(self, expr: Any, order: Any = None) -> list:
+        if expr.is_Add and (order or self.order) in (None, "lex"):
+            return ordered_terms(expr)
+        return super()._as_ordered_terms(expr, order)  # type: ignore[misc]
+
+
+class IEEEPrinter(OrderedTerms, C99CodePrinter):
     """C99 with NaN in, NaN out; `real` (set by the subclass) names the
     module's real type (its .name is "float64" or "float32"; its .c, the C
     text of the type, may be a macro)."""
@@ -126,12 +139,6 @@ class IEEEPrinter(C99CodePrinter):
         if record is not None:
             return record.c(self, expr)
         return super()._print(expr, **kwargs)
-
-    def _as_ordered_terms(self, expr: Any, order: Any = None) -> list:
-        """A sum's terms in the order SymPy prints them, sooner (see ordered_terms)."""
-        if expr.is_Add and (order or self.order) in (None, "lex"):
-            return ordered_terms(expr)
-        return super()._as_ordered_terms(expr, order)
 
     def _print_Mul(self, expr: sp.Mul, **kwargs: Any) -> str:
         text = self._product_text(expr)
