@@ -174,8 +174,8 @@ class IEEEPrinter(OrderedTerms, C99CodePrinter):
             found = signed_symbols(term)
             if found is None:
                 return None
-            negative, factors = found
-            factors = sorted(factors, key=_name)
+            negative, unordered = found
+            factors = sorted(unordered, key=_name)
             gens.update(factors)
             terms.append(([(0, f.name) for f in factors] + [(1,)], negative, factors))
         if len({g.name for g in gens}) != len(gens):
