@@ -18,7 +18,7 @@ from symbackprop.declare.model import Model, leaf_name
 from symbackprop.declare.tensor import ExampleMap, Index
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import element, leaf, map_, pack
-from symbackprop.ir.exprdag import Splitter, substitute
+from symbackprop.ir.exprdag import Splitter
 from symbackprop.ir.node import SCALAR, Dim, Node, Shape, ShapeMismatch, placeholder
 from symbackprop.messages import described, shape_text, short
 from symbackprop.ops.registry import lowering_rule, shape_rule
@@ -195,7 +195,7 @@ class Lowerer:
                 raise ModelError(f"{short(atom)} is neither an input nor a param (in {short(expr)})")
             subs[atom] = placeholder(len(args))
             args.append(arg)
-        return map_(substitute([expr], subs)[0], args, SCALAR)  # (xreplace's; products and sums without flatten)
+        return map_(expr.xreplace(subs), args, SCALAR)
 
     def _explicit_matrix(self, expr: sp.MatrixBase) -> Node:
         rows, cols = expr.shape
