@@ -47,6 +47,26 @@ def test_products_as_sympy_builds_them():
         _same(product(factors), sp.Mul(*factors))
 
 
+def test_products_of_products_as_sympy_builds_them():
+    """A product among the factors (merged as flatten merges it): a sum
+    times a negated entry (a determinant's adjoint), x times -y, and the
+    cases flatten combines (two numbers, a factor in both, powers)."""
+    rng = random.Random(7)
+    atoms = _atoms(rng)
+    plain = [a for a in atoms if isinstance(a, (sp.Symbol, sp.Add, MatrixElement))]
+    numbers = [sp.Integer(-1), sp.Integer(3), sp.Float(2.5), sp.Rational(1, 3)]
+    for _ in range(800):
+        factors = [rng.choice(plain) for _ in range(rng.randint(0, 3))]
+        for _ in range(rng.randint(1, 2)):
+            inner = [rng.choice(plain) for _ in range(rng.randint(1, 3))]
+            if rng.random() < 0.5:
+                inner.insert(0, rng.choice(numbers))
+            factors.insert(rng.randint(0, len(factors)), sp.Mul(*inner))
+        if rng.random() < 0.3:
+            factors.insert(rng.randint(0, len(factors)), rng.choice(numbers))
+        _same(product(factors), sp.Mul(*factors))
+
+
 def test_sums_as_sympy_builds_them():
     rng = random.Random(6)
     atoms = _atoms(rng)

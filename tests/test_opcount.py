@@ -24,6 +24,11 @@ FORMS = [
     sp.log(1 + sp.exp(x)), sp.Max(x, y, 0), sp.Min(x, 1), sp.Abs(x - y), sp.sin(x) * sp.cos(y), f(x, y),
     sigmoid(x) * (1 - sigmoid(x)), softplus(-x), sp.tanh(x) ** 2 - 1, sp.Piecewise((x, x > 0), (-x, True)),
     sp.Derivative(f(x), x), (x - y) ** -1 * (y - z) ** -3, -(x + y) / (x - y), sp.Mul(-1, x, y, evaluate=False),
+    # sums of monomials (counted without visiting their factors: opcount._monomial)
+    x * y - y * z - x * y * z, -x * y - z, -x - y * z, -x * y * z - y * x, x * y * z + y, -x * y * (y + z) + x,
+    sp.Mul(-1, x, evaluate=False) + y, -x * y, x * y * z,
+    x * (y + z), -x * (y + z), x * y * (x + z) - z * (x - y), sp.Mul(-1, x + y, evaluate=False),
+    sp.Mul(-1, x + y, evaluate=False) + z, x * (y + z) * (x + y * z) - (y - z) * (x + z), x * (y + 1) - z,
 ]
 
 

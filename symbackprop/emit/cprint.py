@@ -113,7 +113,20 @@ def _monomial(term: sp.Expr) -> tuple[complex, dict] | None:
     return value, powers
 
 
-class IEEEPrinter(C99CodePrinter):
+class OrderedTerms:
+    """For a SymPy printer (C, str, LaTeX): a sum's terms in the order SymPy
+    prints them, sooner (see ordered_terms; the comments' equations and the
+    derivation's LaTeX ordered their sums by as_ordered_terms too)."""
+
+    order: Any
+
+    def _as_ordered_terms(self, expr: Any, order: Any = None) -> list:
+        if expr.is_Add and (order or self.order) in (None, "lex"):
+            return ordered_terms(expr)
+        return super()._as_ordered_terms(expr, order)  # type: ignore[misc]
+
+
+class IEEEPrinter(OrderedTerms, C99CodePrinter):
     """C99 with NaN in, NaN out; `real` (set by the subclass) names the
     module's real type (its .name is "float64" or "float32"; its .c, the C
     text of the type, may be a macro)."""
@@ -126,12 +139,6 @@ class IEEEPrinter(C99CodePrinter):
         if record is not None:
             return record.c(self, expr)
         return super()._print(expr, **kwargs)
-
-    def _as_ordered_terms(self, expr: Any, order: Any = None) -> list:
-        """A sum's terms in the order SymPy prints them, sooner (see ordered_terms)."""
-        if expr.is_Add and (order or self.order) in (None, "lex"):
-            return ordered_terms(expr)
-        return super()._as_ordered_terms(expr, order)
 
     def _print_Mul(self, expr: sp.Mul, **kwargs: Any) -> str:
         text = self._product_text(expr)
@@ -149,11 +156,45 @@ class IEEEPrinter(C99CodePrinter):
         negative, factors = found
         return ("-" if negative else "") + "*".join([self._print_Symbol(f) for f in sorted(factors, key=_name)])
 
+    def _signed_sum_text(self, expr: sp.Expr) -> str | None:
+        """A symbol, a signed product of symbols (_product_text) or a sum of
+        them, as _print_Add prints it, each term read once (signed_symbols);
+        None for anything else. The terms' order is ordered_terms' for
+        square-free monomials (a product's symbols are distinct): by their
+        generators' names, ascending, a term whose names begin another's
+        first; where two generators share a name, None (ordered_terms ranks
+        them)."""
+        if type(expr) is not sp.Add:
+            return self._product_text(expr)
+        if self.order not in (None, "lex"):
+            return None
+        terms = []
+        gens: set = set()
+        for term in expr.args:
+            found = signed_symbols(term)
+            if found is None:
+                return None
+            negative, unordered = found
+            factors = sorted(unordered, key=_name)
+            gens.update(factors)
+            terms.append(([(0, f.name) for f in factors] + [(1,)], negative, factors))
+        if len({g.name for g in gens}) != len(gens):
+            return None
+        terms.sort(key=lambda entry: entry[0])  # distinct monomials: distinct keys
+        parts = []
+        for _, negative, factors in terms:
+            parts += ["-" if negative else "+", "*".join([self._print_Symbol(f) for f in factors])]
+        sign = parts.pop(0)
+        return ("" if sign == "+" else sign) + " ".join(parts)
+
     def _print_Add(self, expr: sp.Add, order: Any = None) -> str:
         """StrPrinter's sum, its terms that _product_text knows printed by it
         (such a term needs no parentheses in a sum; its sign is its text's)."""
         if (order or self.order) not in (None, "lex"):
             return super()._print_Add(expr, order=order)
+        text = self._signed_sum_text(expr)
+        if text is not None:
+            return text
         parts = []
         for term in ordered_terms(expr):
             text = self._product_text(term)
@@ -237,7 +278,14 @@ class IEEEPrinter(C99CodePrinter):
     def doprint(self, expr: Any, assign_to: Any = None) -> Any:
         """A condition computed on its own (CSE makes `x0 = z > 0` a
         temporary) is NaN where it reads a NaN, so that the Piecewise that
-        tests it sees the NaN (see _print_Piecewise)."""
+        tests it sees the NaN (see _print_Piecewise). A signed product of
+        symbols, or a sum of them (most of a large kernel's statements),
+        prints directly: CodePrinter.doprint's walks (the rewrite of
+        re(UnevaluatedExpr), the code's indentation) leave its text as it is."""
+        if assign_to is None and isinstance(expr, sp.Expr):
+            text = self._signed_sum_text(expr)
+            if text is not None:
+                return text
         text = super().doprint(expr, assign_to)
         if assign_to is None and isinstance(expr, (Relational, BooleanFunction)):
             return self._nan_if_read(expr.free_symbols, text)

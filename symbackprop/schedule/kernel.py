@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import sympy as sp
+from sympy.printing.latex import LatexPrinter
 from sympy.printing.str import StrPrinter
 
+from symbackprop.emit.cprint import OrderedTerms
 from symbackprop.ir.exprdag import built
 from symbackprop.ir.node import Shape
 from symbackprop.schedule import opcount
@@ -76,7 +78,11 @@ def latex(expr: sp.Basic) -> str:
     if isinstance(expr, sp.MatrixBase) and expr.rows * expr.cols > MAX_SHOWN_ENTRIES:
         return rf"\text{{a {expr.rows} x {expr.cols} matrix: see the C}}"
     names = {s: latex_name(str(s.name)) for s in expr.atoms(sp.Symbol, sp.MatrixSymbol)}
-    return sp.latex(expr, symbol_names=names)
+    return _OrderedLatex({"symbol_names": names}).doprint(expr)
+
+
+class _OrderedLatex(OrderedTerms, LatexPrinter):
+    """sp.latex, its sums ordered sooner (OrderedTerms)."""
 
 
 def equation(lhs: str, rhs: sp.Basic, printer: StrPrinter | None = None) -> Equation:
@@ -84,7 +90,7 @@ def equation(lhs: str, rhs: sp.Basic, printer: StrPrinter | None = None) -> Equa
     return Equation(lhs, text, lambda: f"{latex_name(lhs)} = {latex(rhs)}")
 
 
-class SharedStrPrinter(StrPrinter):
+class SharedStrPrinter(OrderedTerms, StrPrinter):
     """sstr that prints each distinct subexpression once: a fused loop's
     equations share their conditions and terms (a fixed point's step
     prints its stop tests in every entry). A subexpression's text does not

@@ -26,9 +26,38 @@ from sympy.simplify.radsimp import fraction
 _COUNTED = (Derivative, Integral, Sum)
 
 
+def _product(a: sp.Basic) -> tuple[int, list[sp.Basic]] | None:
+    """_step's result for `a`, a symbol or a product of symbols and sums
+    (times -1: a NEG; a MUL between each two factors; the sums visited, the
+    symbols add 0), without its general rules (fraction, the coefficient's
+    sign, each factor's own step); None for anything else. Such products
+    and their sums are most of a determinant's or a matrix product's
+    values: the general rules were most of their count. (-1 times one sum
+    takes the general path: its count is not the sum's.)"""
+    if a.is_Symbol:
+        return 0, []
+    if not a.is_Mul:
+        return None
+    factors = a.args
+    if factors[0] is sp.S.NegativeOne:
+        factors = factors[1:]
+    visits = []
+    for f in factors:
+        if type(f) is sp.Add:
+            visits.append(f)
+        elif not f.is_Symbol:
+            return None
+    if len(factors) == 1 and visits:
+        return None
+    return len(a.args) - 1, visits
+
+
 def _step(a: sp.Basic) -> tuple[int, list[sp.Basic]]:
     """What sp.count_ops adds for the term `a` and the terms it visits next
     (its loop body, with each operation symbol's coefficient summed)."""
+    direct = _product(a)
+    if direct is not None:
+        return direct
     ops = 0
     if a.is_Rational:
         if a is not sp.S.One:
@@ -48,7 +77,15 @@ def _step(a: sp.Basic) -> tuple[int, list[sp.Basic]]:
         ops += len(terms) - 1  # an ADD or a SUB between terms
         if all(negative):
             ops += 1  # -x - y: a NEG besides the SUB
-        return ops, [_negated(t) if neg else t for t, neg in zip(terms, negative)]
+        visits = []
+        for t, neg in zip(terms, negative):
+            direct = _product(t)
+            if direct is None:
+                visits.append(_negated(t) if neg else t)
+            else:  # a negated term's NEG is the SUB counted above
+                ops += direct[0] - 1 if neg else direct[0]
+                visits += direct[1]
+        return ops, visits
     if a.is_Pow and a.exp is sp.S.NegativeOne:
         return ops + 1, [a.base]
     if a == sp.S.Exp1:
