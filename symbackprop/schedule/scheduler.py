@@ -245,8 +245,10 @@ class Scheduler(Placement):
         overwrites = {out for out, _ in stores} & {view.buffer for _, view in load_views}
         if overwrites & {view.buffer for _, view in load_views if isinstance(view, ShiftedView)}:
             raise RuntimeError(f"internal: a loop reads {sorted(overwrites)} moved while it overwrites it")
+        # before CSE: each value once (a stored member's, not again as what a sum adds)
+        counted = exprs[:len(stored)] + [value[s, 0] for s in group.sums if s.args[0] not in self.buffer_of]
         return MapKernel(group.shape, load_views, tuple(temps), stores, equations, load_first=bool(overwrites),
-                         before_cse=tuple(e for _, e in program) + tuple(exprs), guards=tuple(sorted(guards)),
+                         before_cse=tuple(e for _, e in program) + tuple(counted), guards=tuple(sorted(guards)),
                          sums=sums)
 
     def _sum_equation(self, total: Node, group: MapGroup, value: sp.Expr, readable: dict) -> Equation:
