@@ -17,7 +17,7 @@ size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P)
     if (N < 1 || C < 1 || P < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(2*N + 2);
+    return (size_t)(34);
 }
 
 /* Forward pass: the loss and the named outputs. */
@@ -387,21 +387,38 @@ SYMBACKPROP_WIDE int bundle_adjustment_forward(
         jacobian[30*i + 29] = -x131*x282 + x36;
     }
 
-    /* t0 = residual**2 */
-    BUNDLE_ADJUSTMENT_REAL *t0 = work; /* N x 2 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < N; ++i) {
+    /* t0 = sum of (residual**2) down each column */
+    BUNDLE_ADJUSTMENT_REAL *t0_blocks = work; /* 16 x 2 */
+    BUNDLE_ADJUSTMENT_REAL *t0 = t0_blocks + 32; /* 1 x 2 */
+    {
+        const int64_t rows_per_block = (N + 15) / 16;
+        SYMBACKPROP_PARALLEL_BLOCKS
+        for (int64_t blk = 0; blk < 16; ++blk) {
+            for (int64_t j = 0; j < 2; ++j) {
+                t0_blocks[2*blk + j] = 0;
+            }
+            const int64_t end = (blk + 1) * rows_per_block < N ? (blk + 1) * rows_per_block : N;
+            for (int64_t i = blk * rows_per_block; i < end; ++i) {
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
+                for (int64_t j = 0; j < 2; ++j) {
+                    t0_blocks[2*blk + j] += (residual[2*i + j]*residual[2*i + j]);
+                }
+            }
+        }
         for (int64_t j = 0; j < 2; ++j) {
-            t0[2*i + j] = (residual[2*i + j]*residual[2*i + j]);
+            t0[j] = t0_blocks[j];
+        }
+        for (int64_t blk = 1; blk < 16; ++blk) {
+            for (int64_t j = 0; j < 2; ++j) {
+                t0[j] += t0_blocks[2*blk + j];
+            }
         }
     }
 
-    /* t1 = sum of t0 down each column */
-    BUNDLE_ADJUSTMENT_REAL *t1 = t0 + 2*N; /* 1 x 2 */
-    symbackprop_f64_sum_columns(t0, N, 2, 2, t1);
-
-    /* loss = sum of t1 along each row */
-    loss[0] = symbackprop_f64_sum(t1, 2, 1);
+    /* loss = sum of t0 along each row */
+    loss[0] = symbackprop_f64_sum(t0, 2, 1);
     return 0;
 }
 
@@ -410,7 +427,7 @@ size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P
     if (N < 1 || C < 1 || P < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(6*N + 2);
+    return (size_t)(4*N + 34);
 }
 
 /* The loss and its gradient (reverse mode). */
@@ -487,24 +504,41 @@ SYMBACKPROP_WIDE int bundle_adjustment_value_and_grad(
         residual[2*i + 1] = weights[i]*(-feats[2*i + 1] + cams[11*cam[i] + 8] - x26*((isnan(x15)) ? (x15) : ((x15) ? (x23) : (x24))));
     }
 
-    /* t0 = residual**2 */
     /* grad_residual = 2*residual */
-    BUNDLE_ADJUSTMENT_REAL *t0 = residual + 2*N; /* N x 2 */
-    BUNDLE_ADJUSTMENT_REAL *grad_residual = t0 + 2*N; /* N x 2 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < N; ++i) {
+    /* t0 = sum of (residual**2) down each column */
+    BUNDLE_ADJUSTMENT_REAL *grad_residual = residual + 2*N; /* N x 2 */
+    BUNDLE_ADJUSTMENT_REAL *t0_blocks_1 = grad_residual + 2*N; /* 16 x 2 */
+    BUNDLE_ADJUSTMENT_REAL *t0 = t0_blocks_1 + 32; /* 1 x 2 */
+    {
+        const int64_t rows_per_block = (N + 15) / 16;
+        SYMBACKPROP_PARALLEL_BLOCKS
+        for (int64_t blk = 0; blk < 16; ++blk) {
+            for (int64_t j = 0; j < 2; ++j) {
+                t0_blocks_1[2*blk + j] = 0;
+            }
+            const int64_t end = (blk + 1) * rows_per_block < N ? (blk + 1) * rows_per_block : N;
+            for (int64_t i = blk * rows_per_block; i < end; ++i) {
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
+                for (int64_t j = 0; j < 2; ++j) {
+                    grad_residual[2*i + j] = 2*residual[2*i + j];
+                    t0_blocks_1[2*blk + j] += (residual[2*i + j]*residual[2*i + j]);
+                }
+            }
+        }
         for (int64_t j = 0; j < 2; ++j) {
-            t0[2*i + j] = (residual[2*i + j]*residual[2*i + j]);
-            grad_residual[2*i + j] = 2*residual[2*i + j];
+            t0[j] = t0_blocks_1[j];
+        }
+        for (int64_t blk = 1; blk < 16; ++blk) {
+            for (int64_t j = 0; j < 2; ++j) {
+                t0[j] += t0_blocks_1[2*blk + j];
+            }
         }
     }
 
-    /* t1 = sum of t0 down each column */
-    BUNDLE_ADJUSTMENT_REAL *t1 = grad_residual + 2*N; /* 1 x 2 */
-    symbackprop_f64_sum_columns(t0, N, 2, 2, t1);
-
-    /* loss = sum of t1 along each row */
-    loss[0] = symbackprop_f64_sum(t1, 2, 1);
+    /* loss = sum of t0 along each row */
+    loss[0] = symbackprop_f64_sum(t0, 2, 1);
 
     /* grad_cams[cam[i], :] += 11 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
      * grad_residual[i, :]: see the temporaries */
