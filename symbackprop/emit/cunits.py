@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from typing import Any
 
 from symbackprop.emit.codegen import CFunction, CModule, straight_kernels, template_environment
 from symbackprop.emit.cparts import part_ranges
@@ -51,8 +52,9 @@ def unit_count(source: str) -> int:
 
 def kernel_sizes(module: CModule) -> dict[str, list[int]]:
     """The length of each kernel's C text, by function name."""
-    macros = template_environment().get_template("macros.j2").make_module({"m": module})
-    return {fn.name: [len(str(macros.kernel(k, module.real_c, module.helper_prefix))) for k in fn.kernels]
+    macros: Any = template_environment().get_template("macros.j2").make_module({"m": module})
+    kernel = macros.kernel  # a macro of macros.j2
+    return {fn.name: [len(str(kernel(k, module.real_c, module.helper_prefix))) for k in fn.kernels]
             for fn in module.internal + module.functions}
 
 
@@ -64,13 +66,13 @@ def split_units(module: CModule) -> CModule:
     cut: dict[str, tuple[tuple[int, int], ...]] = {}
     pieces: list[tuple[int, str, int]] = []  # (size, function, part index or -1 for the whole function)
     for fn in functions:
-        size = sizes[fn.name]
-        alone = sorted(set(straight_kernels(fn.kernels)) | {i for i, s in enumerate(size) if s >= ALONE_CHARS})
+        lengths = sizes[fn.name]
+        alone = sorted(set(straight_kernels(fn.kernels)) | {i for i, n in enumerate(lengths) if n >= ALONE_CHARS})
         cut[fn.name] = parts = part_ranges(len(fn.kernels), fn.split, alone)
         if parts:
-            pieces += [(sum(size[start:end]), fn.name, index) for index, (start, end) in enumerate(parts)]
+            pieces += [(sum(lengths[start:end]), fn.name, index) for index, (start, end) in enumerate(parts)]
         elif fn.kernels:
-            pieces.append((sum(size), fn.name, -1))
+            pieces.append((sum(lengths), fn.name, -1))
     total = REST_CHARS + sum(size for size, _, _ in pieces)
     big = sum(size >= ALONE_CHARS for size, _, _ in pieces)  # a unit each at most (the rest goes with them)
     count = min(MAX_UNITS, total // UNIT_CHARS, big)
@@ -78,7 +80,7 @@ def split_units(module: CModule) -> CModule:
         return module
     loads = [REST_CHARS] + [0] * (count - 1)
     placed: dict[tuple[str, int], int] = {}
-    for order, (size, name, index) in sorted(enumerate(pieces), key=lambda p: (-p[1][0], p[0])):
+    for _, (size, name, index) in sorted(enumerate(pieces), key=lambda p: (-p[1][0], p[0])):
         unit = min(range(count), key=lambda u: (loads[u], u))
         loads[unit] += size
         placed[name, index] = unit
