@@ -24,8 +24,6 @@
 #define CNN_DIGITS_SHARED static
 #endif
 
-CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads);
-CNN_DIGITS_SHARED int cnn_digits_run(int64_t n, const CNN_DIGITS_REAL *X, const CNN_DIGITS_REAL *T, const CNN_DIGITS_REAL *K1, const CNN_DIGITS_REAL *c1, const CNN_DIGITS_REAL *K2, const CNN_DIGITS_REAL *c2, const CNN_DIGITS_REAL *W1, const CNN_DIGITS_REAL *b1, const CNN_DIGITS_REAL *W2, const CNN_DIGITS_REAL *b2, CNN_DIGITS_REAL *loss, CNN_DIGITS_REAL *logits, CNN_DIGITS_REAL *grad_K1, CNN_DIGITS_REAL *grad_c1, CNN_DIGITS_REAL *grad_K2, CNN_DIGITS_REAL *grad_c2, CNN_DIGITS_REAL *grad_W1, CNN_DIGITS_REAL *grad_b1, CNN_DIGITS_REAL *grad_W2, CNN_DIGITS_REAL *grad_b2, CNN_DIGITS_REAL *work, int with_grads);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
 {
@@ -39,7 +37,6 @@ CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
 /* cnn_digits_run, part 1 of 3 (kernels 1 to 17): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-CNN_DIGITS_SHARED void cnn_digits_run_part1(int64_t n, const CNN_DIGITS_REAL *X, const CNN_DIGITS_REAL *T, const CNN_DIGITS_REAL *K1, const CNN_DIGITS_REAL *c1, const CNN_DIGITS_REAL *K2, const CNN_DIGITS_REAL *c2, const CNN_DIGITS_REAL *W1, const CNN_DIGITS_REAL *b1, const CNN_DIGITS_REAL *W2, const CNN_DIGITS_REAL *b2, CNN_DIGITS_REAL *loss, CNN_DIGITS_REAL *logits, CNN_DIGITS_REAL *work);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED void cnn_digits_run_part1(
     int64_t n,
@@ -272,7 +269,6 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 /* cnn_digits_run, part 2 of 3 (kernels 18 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-CNN_DIGITS_SHARED void cnn_digits_run_part2(int64_t n, const CNN_DIGITS_REAL *X, const CNN_DIGITS_REAL *T, const CNN_DIGITS_REAL *K2, const CNN_DIGITS_REAL *W1, const CNN_DIGITS_REAL *W2, CNN_DIGITS_REAL *logits, CNN_DIGITS_REAL *grad_K1, CNN_DIGITS_REAL *grad_c1, CNN_DIGITS_REAL *grad_K2, CNN_DIGITS_REAL *grad_c2, CNN_DIGITS_REAL *work);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED void cnn_digits_run_part2(
     int64_t n,
@@ -558,7 +554,15 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
 /* cnn_digits_run, part 3 of 3 (kernels 33 to 36): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-CNN_DIGITS_SHARED void cnn_digits_run_part3(int64_t n, CNN_DIGITS_REAL *grad_W1, CNN_DIGITS_REAL *grad_b1, CNN_DIGITS_REAL *grad_W2, CNN_DIGITS_REAL *grad_b2, CNN_DIGITS_REAL *work);
+/* In unit 2; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_run_part3(
+    int64_t n,
+    CNN_DIGITS_REAL *grad_W1,
+    CNN_DIGITS_REAL *grad_b1,
+    CNN_DIGITS_REAL *grad_W2,
+    CNN_DIGITS_REAL *grad_b2,
+    CNN_DIGITS_REAL *work
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 CNN_DIGITS_SHARED void cnn_digits_run_part3(
     int64_t n,
@@ -721,7 +725,23 @@ size_t cnn_digits_train_step_work_len(int64_t n)
 /* cnn_digits_train_step, part 1 of 2 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-CNN_DIGITS_SHARED void cnn_digits_train_step_part1(int64_t n, const CNN_DIGITS_REAL *X, const CNN_DIGITS_REAL *T, CNN_DIGITS_REAL *K1, CNN_DIGITS_REAL *c1, CNN_DIGITS_REAL *K2, CNN_DIGITS_REAL *c2, CNN_DIGITS_REAL *W1, CNN_DIGITS_REAL *b1, CNN_DIGITS_REAL *W2, CNN_DIGITS_REAL *b2, const CNN_DIGITS_REAL *weight_decay, CNN_DIGITS_REAL *loss, CNN_DIGITS_REAL *work);
+/* In unit 1; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
+    int64_t n,
+    const CNN_DIGITS_REAL *X,
+    const CNN_DIGITS_REAL *T,
+    CNN_DIGITS_REAL *K1,
+    CNN_DIGITS_REAL *c1,
+    CNN_DIGITS_REAL *K2,
+    CNN_DIGITS_REAL *c2,
+    CNN_DIGITS_REAL *W1,
+    CNN_DIGITS_REAL *b1,
+    CNN_DIGITS_REAL *W2,
+    CNN_DIGITS_REAL *b2,
+    const CNN_DIGITS_REAL *weight_decay,
+    CNN_DIGITS_REAL *loss,
+    CNN_DIGITS_REAL *work
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     int64_t n,
@@ -1212,7 +1232,41 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 /* cnn_digits_train_step, part 2 of 2 (kernels 33 to 54): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-CNN_DIGITS_SHARED void cnn_digits_train_step_part2(int64_t n, CNN_DIGITS_REAL *K1, CNN_DIGITS_REAL *c1, CNN_DIGITS_REAL *K2, CNN_DIGITS_REAL *c2, CNN_DIGITS_REAL *W1, CNN_DIGITS_REAL *b1, CNN_DIGITS_REAL *W2, CNN_DIGITS_REAL *b2, const CNN_DIGITS_REAL *lr, const CNN_DIGITS_REAL *beta1, const CNN_DIGITS_REAL *beta2, const CNN_DIGITS_REAL *eps, const CNN_DIGITS_REAL *weight_decay, CNN_DIGITS_REAL *step, CNN_DIGITS_REAL *m_K1, CNN_DIGITS_REAL *v_K1, CNN_DIGITS_REAL *m_c1, CNN_DIGITS_REAL *v_c1, CNN_DIGITS_REAL *m_K2, CNN_DIGITS_REAL *v_K2, CNN_DIGITS_REAL *m_c2, CNN_DIGITS_REAL *v_c2, CNN_DIGITS_REAL *m_W1, CNN_DIGITS_REAL *v_W1, CNN_DIGITS_REAL *m_b1, CNN_DIGITS_REAL *v_b1, CNN_DIGITS_REAL *m_W2, CNN_DIGITS_REAL *v_W2, CNN_DIGITS_REAL *m_b2, CNN_DIGITS_REAL *v_b2, CNN_DIGITS_REAL *work);
+/* In unit 2; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
+    int64_t n,
+    CNN_DIGITS_REAL *K1,
+    CNN_DIGITS_REAL *c1,
+    CNN_DIGITS_REAL *K2,
+    CNN_DIGITS_REAL *c2,
+    CNN_DIGITS_REAL *W1,
+    CNN_DIGITS_REAL *b1,
+    CNN_DIGITS_REAL *W2,
+    CNN_DIGITS_REAL *b2,
+    const CNN_DIGITS_REAL *lr,
+    const CNN_DIGITS_REAL *beta1,
+    const CNN_DIGITS_REAL *beta2,
+    const CNN_DIGITS_REAL *eps,
+    const CNN_DIGITS_REAL *weight_decay,
+    CNN_DIGITS_REAL *step,
+    CNN_DIGITS_REAL *m_K1,
+    CNN_DIGITS_REAL *v_K1,
+    CNN_DIGITS_REAL *m_c1,
+    CNN_DIGITS_REAL *v_c1,
+    CNN_DIGITS_REAL *m_K2,
+    CNN_DIGITS_REAL *v_K2,
+    CNN_DIGITS_REAL *m_c2,
+    CNN_DIGITS_REAL *v_c2,
+    CNN_DIGITS_REAL *m_W1,
+    CNN_DIGITS_REAL *v_W1,
+    CNN_DIGITS_REAL *m_b1,
+    CNN_DIGITS_REAL *v_b1,
+    CNN_DIGITS_REAL *m_W2,
+    CNN_DIGITS_REAL *v_W2,
+    CNN_DIGITS_REAL *m_b2,
+    CNN_DIGITS_REAL *v_b2,
+    CNN_DIGITS_REAL *work
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     int64_t n,

@@ -37,7 +37,6 @@ size_t lstm_lm_forward_work_len(int64_t T)
 /* lstm_lm_forward, part 1 of 2 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-LSTM_LM_SHARED void lstm_lm_forward_part1(int64_t T, const LSTM_LM_REAL *X, const LSTM_LM_REAL *W_i, const LSTM_LM_REAL *W_f, const LSTM_LM_REAL *W_g, const LSTM_LM_REAL *W_o, const LSTM_LM_REAL *U_i, const LSTM_LM_REAL *U_f, const LSTM_LM_REAL *U_g, const LSTM_LM_REAL *U_o, const LSTM_LM_REAL *b_i, const LSTM_LM_REAL *b_f, const LSTM_LM_REAL *b_g, const LSTM_LM_REAL *b_o, const LSTM_LM_REAL *V, const LSTM_LM_REAL *c, LSTM_LM_REAL *logits, LSTM_LM_REAL *work);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED void lstm_lm_forward_part1(
     int64_t T,
@@ -262,7 +261,6 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
 /* lstm_lm_forward, part 2 of 2 (kernels 2 to 8): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-LSTM_LM_SHARED void lstm_lm_forward_part2(int64_t T, const LSTM_LM_REAL *Y, LSTM_LM_REAL *loss, LSTM_LM_REAL *logits, LSTM_LM_REAL *work);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED void lstm_lm_forward_part2(
     int64_t T,
@@ -363,7 +361,6 @@ size_t lstm_lm_value_and_grad_work_len(int64_t T)
 /* lstm_lm_value_and_grad, part 1 of 4 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(int64_t T, const LSTM_LM_REAL *X, const LSTM_LM_REAL *W_i, const LSTM_LM_REAL *W_f, const LSTM_LM_REAL *W_g, const LSTM_LM_REAL *W_o, const LSTM_LM_REAL *U_i, const LSTM_LM_REAL *U_f, const LSTM_LM_REAL *U_g, const LSTM_LM_REAL *U_o, const LSTM_LM_REAL *b_i, const LSTM_LM_REAL *b_f, const LSTM_LM_REAL *b_g, const LSTM_LM_REAL *b_o, const LSTM_LM_REAL *V, const LSTM_LM_REAL *c, LSTM_LM_REAL *work);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     int64_t T,
@@ -595,7 +592,6 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
 /* lstm_lm_value_and_grad, part 2 of 4 (kernels 2 to 10): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(int64_t T, const LSTM_LM_REAL *Y, LSTM_LM_REAL *loss, LSTM_LM_REAL *work);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     int64_t T,
@@ -664,7 +660,40 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
 /* lstm_lm_value_and_grad, part 3 of 4 (kernels 11 to 11): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(int64_t T, const LSTM_LM_REAL *X, const LSTM_LM_REAL *W_i, const LSTM_LM_REAL *W_f, const LSTM_LM_REAL *W_g, const LSTM_LM_REAL *W_o, const LSTM_LM_REAL *U_i, const LSTM_LM_REAL *U_f, const LSTM_LM_REAL *U_g, const LSTM_LM_REAL *U_o, const LSTM_LM_REAL *b_i, const LSTM_LM_REAL *b_f, const LSTM_LM_REAL *b_g, const LSTM_LM_REAL *b_o, const LSTM_LM_REAL *V, const LSTM_LM_REAL *c, LSTM_LM_REAL *grad_W_i, LSTM_LM_REAL *grad_W_f, LSTM_LM_REAL *grad_W_g, LSTM_LM_REAL *grad_W_o, LSTM_LM_REAL *grad_U_i, LSTM_LM_REAL *grad_U_f, LSTM_LM_REAL *grad_U_g, LSTM_LM_REAL *grad_U_o, LSTM_LM_REAL *grad_b_i, LSTM_LM_REAL *grad_b_f, LSTM_LM_REAL *grad_b_g, LSTM_LM_REAL *grad_b_o, LSTM_LM_REAL *grad_V, LSTM_LM_REAL *grad_c, LSTM_LM_REAL *work);
+/* In unit 1; called from unit 0. */
+LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
+    int64_t T,
+    const LSTM_LM_REAL *X,
+    const LSTM_LM_REAL *W_i,
+    const LSTM_LM_REAL *W_f,
+    const LSTM_LM_REAL *W_g,
+    const LSTM_LM_REAL *W_o,
+    const LSTM_LM_REAL *U_i,
+    const LSTM_LM_REAL *U_f,
+    const LSTM_LM_REAL *U_g,
+    const LSTM_LM_REAL *U_o,
+    const LSTM_LM_REAL *b_i,
+    const LSTM_LM_REAL *b_f,
+    const LSTM_LM_REAL *b_g,
+    const LSTM_LM_REAL *b_o,
+    const LSTM_LM_REAL *V,
+    const LSTM_LM_REAL *c,
+    LSTM_LM_REAL *grad_W_i,
+    LSTM_LM_REAL *grad_W_f,
+    LSTM_LM_REAL *grad_W_g,
+    LSTM_LM_REAL *grad_W_o,
+    LSTM_LM_REAL *grad_U_i,
+    LSTM_LM_REAL *grad_U_f,
+    LSTM_LM_REAL *grad_U_g,
+    LSTM_LM_REAL *grad_U_o,
+    LSTM_LM_REAL *grad_b_i,
+    LSTM_LM_REAL *grad_b_f,
+    LSTM_LM_REAL *grad_b_g,
+    LSTM_LM_REAL *grad_b_o,
+    LSTM_LM_REAL *grad_V,
+    LSTM_LM_REAL *grad_c,
+    LSTM_LM_REAL *work
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     int64_t T,
@@ -1234,7 +1263,6 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
 /* lstm_lm_value_and_grad, part 4 of 4 (kernels 12 to 25): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-LSTM_LM_SHARED void lstm_lm_value_and_grad_part4(void);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part4(
     void

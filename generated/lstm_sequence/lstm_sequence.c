@@ -24,8 +24,6 @@
 #define LSTM_SEQUENCE_SHARED static
 #endif
 
-LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads);
-LSTM_SEQUENCE_SHARED int lstm_sequence_run(int64_t n, const LSTM_SEQUENCE_REAL *x1_, const LSTM_SEQUENCE_REAL *x2_, const LSTM_SEQUENCE_REAL *x3_, const LSTM_SEQUENCE_REAL *x4_, const LSTM_SEQUENCE_REAL *x5_, const LSTM_SEQUENCE_REAL *x6_, const LSTM_SEQUENCE_REAL *x7_, const LSTM_SEQUENCE_REAL *x8_, const LSTM_SEQUENCE_REAL *y, const LSTM_SEQUENCE_REAL *W_i, const LSTM_SEQUENCE_REAL *W_f, const LSTM_SEQUENCE_REAL *W_g, const LSTM_SEQUENCE_REAL *W_o, const LSTM_SEQUENCE_REAL *U_i, const LSTM_SEQUENCE_REAL *U_f, const LSTM_SEQUENCE_REAL *U_g, const LSTM_SEQUENCE_REAL *U_o, const LSTM_SEQUENCE_REAL *b_i, const LSTM_SEQUENCE_REAL *b_f, const LSTM_SEQUENCE_REAL *b_g, const LSTM_SEQUENCE_REAL *b_o, const LSTM_SEQUENCE_REAL *V, const LSTM_SEQUENCE_REAL *c0, LSTM_SEQUENCE_REAL *loss, LSTM_SEQUENCE_REAL *logit, LSTM_SEQUENCE_REAL *grad_W_i, LSTM_SEQUENCE_REAL *grad_W_f, LSTM_SEQUENCE_REAL *grad_W_g, LSTM_SEQUENCE_REAL *grad_W_o, LSTM_SEQUENCE_REAL *grad_U_i, LSTM_SEQUENCE_REAL *grad_U_f, LSTM_SEQUENCE_REAL *grad_U_g, LSTM_SEQUENCE_REAL *grad_U_o, LSTM_SEQUENCE_REAL *grad_b_i, LSTM_SEQUENCE_REAL *grad_b_f, LSTM_SEQUENCE_REAL *grad_b_g, LSTM_SEQUENCE_REAL *grad_b_o, LSTM_SEQUENCE_REAL *grad_V, LSTM_SEQUENCE_REAL *grad_c0, LSTM_SEQUENCE_REAL *work, int with_grads);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads)
 {
@@ -39,7 +37,6 @@ LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads
 /* lstm_sequence_run, part 1 of 8 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(int64_t n, const LSTM_SEQUENCE_REAL *x1_, const LSTM_SEQUENCE_REAL *x2_, const LSTM_SEQUENCE_REAL *x3_, const LSTM_SEQUENCE_REAL *x4_, const LSTM_SEQUENCE_REAL *W_i, const LSTM_SEQUENCE_REAL *W_f, const LSTM_SEQUENCE_REAL *W_g, const LSTM_SEQUENCE_REAL *W_o, const LSTM_SEQUENCE_REAL *U_i, const LSTM_SEQUENCE_REAL *U_f, const LSTM_SEQUENCE_REAL *U_g, const LSTM_SEQUENCE_REAL *U_o, const LSTM_SEQUENCE_REAL *b_i, const LSTM_SEQUENCE_REAL *b_f, const LSTM_SEQUENCE_REAL *b_g, const LSTM_SEQUENCE_REAL *b_o, LSTM_SEQUENCE_REAL *work, int with_grads);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     int64_t n,
@@ -287,7 +284,27 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 /* lstm_sequence_run, part 2 of 8 (kernels 33 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(int64_t n, const LSTM_SEQUENCE_REAL *x4_, const LSTM_SEQUENCE_REAL *x5_, const LSTM_SEQUENCE_REAL *x6_, const LSTM_SEQUENCE_REAL *W_i, const LSTM_SEQUENCE_REAL *W_f, const LSTM_SEQUENCE_REAL *W_g, const LSTM_SEQUENCE_REAL *W_o, const LSTM_SEQUENCE_REAL *U_i, const LSTM_SEQUENCE_REAL *U_f, const LSTM_SEQUENCE_REAL *U_g, const LSTM_SEQUENCE_REAL *U_o, const LSTM_SEQUENCE_REAL *b_i, const LSTM_SEQUENCE_REAL *b_f, const LSTM_SEQUENCE_REAL *b_g, const LSTM_SEQUENCE_REAL *b_o, LSTM_SEQUENCE_REAL *work, int with_grads);
+/* In unit 3; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *x4_,
+    const LSTM_SEQUENCE_REAL *x5_,
+    const LSTM_SEQUENCE_REAL *x6_,
+    const LSTM_SEQUENCE_REAL *W_i,
+    const LSTM_SEQUENCE_REAL *W_f,
+    const LSTM_SEQUENCE_REAL *W_g,
+    const LSTM_SEQUENCE_REAL *W_o,
+    const LSTM_SEQUENCE_REAL *U_i,
+    const LSTM_SEQUENCE_REAL *U_f,
+    const LSTM_SEQUENCE_REAL *U_g,
+    const LSTM_SEQUENCE_REAL *U_o,
+    const LSTM_SEQUENCE_REAL *b_i,
+    const LSTM_SEQUENCE_REAL *b_f,
+    const LSTM_SEQUENCE_REAL *b_g,
+    const LSTM_SEQUENCE_REAL *b_o,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     int64_t n,
@@ -532,7 +549,32 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 /* lstm_sequence_run, part 3 of 8 (kernels 65 to 94): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(int64_t n, const LSTM_SEQUENCE_REAL *x6_, const LSTM_SEQUENCE_REAL *x7_, const LSTM_SEQUENCE_REAL *x8_, const LSTM_SEQUENCE_REAL *y, const LSTM_SEQUENCE_REAL *W_i, const LSTM_SEQUENCE_REAL *W_f, const LSTM_SEQUENCE_REAL *W_g, const LSTM_SEQUENCE_REAL *W_o, const LSTM_SEQUENCE_REAL *U_i, const LSTM_SEQUENCE_REAL *U_f, const LSTM_SEQUENCE_REAL *U_g, const LSTM_SEQUENCE_REAL *U_o, const LSTM_SEQUENCE_REAL *b_i, const LSTM_SEQUENCE_REAL *b_f, const LSTM_SEQUENCE_REAL *b_g, const LSTM_SEQUENCE_REAL *b_o, const LSTM_SEQUENCE_REAL *V, const LSTM_SEQUENCE_REAL *c0, LSTM_SEQUENCE_REAL *loss, LSTM_SEQUENCE_REAL *logit, LSTM_SEQUENCE_REAL *work, int with_grads);
+/* In unit 3; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *x6_,
+    const LSTM_SEQUENCE_REAL *x7_,
+    const LSTM_SEQUENCE_REAL *x8_,
+    const LSTM_SEQUENCE_REAL *y,
+    const LSTM_SEQUENCE_REAL *W_i,
+    const LSTM_SEQUENCE_REAL *W_f,
+    const LSTM_SEQUENCE_REAL *W_g,
+    const LSTM_SEQUENCE_REAL *W_o,
+    const LSTM_SEQUENCE_REAL *U_i,
+    const LSTM_SEQUENCE_REAL *U_f,
+    const LSTM_SEQUENCE_REAL *U_g,
+    const LSTM_SEQUENCE_REAL *U_o,
+    const LSTM_SEQUENCE_REAL *b_i,
+    const LSTM_SEQUENCE_REAL *b_f,
+    const LSTM_SEQUENCE_REAL *b_g,
+    const LSTM_SEQUENCE_REAL *b_o,
+    const LSTM_SEQUENCE_REAL *V,
+    const LSTM_SEQUENCE_REAL *c0,
+    LSTM_SEQUENCE_REAL *loss,
+    LSTM_SEQUENCE_REAL *logit,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     int64_t n,
@@ -787,7 +829,13 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 /* lstm_sequence_run, part 4 of 8 (kernels 95 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(int64_t n, const LSTM_SEQUENCE_REAL *V, LSTM_SEQUENCE_REAL *work, int with_grads);
+/* In unit 2; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *V,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     int64_t n,
@@ -839,7 +887,22 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
 /* lstm_sequence_run, part 5 of 8 (kernels 97 to 128): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(int64_t n, const LSTM_SEQUENCE_REAL *x3_, const LSTM_SEQUENCE_REAL *x4_, const LSTM_SEQUENCE_REAL *x5_, const LSTM_SEQUENCE_REAL *x6_, const LSTM_SEQUENCE_REAL *x7_, const LSTM_SEQUENCE_REAL *x8_, const LSTM_SEQUENCE_REAL *U_i, const LSTM_SEQUENCE_REAL *U_f, const LSTM_SEQUENCE_REAL *U_g, const LSTM_SEQUENCE_REAL *U_o, LSTM_SEQUENCE_REAL *work, int with_grads);
+/* In unit 1; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *x3_,
+    const LSTM_SEQUENCE_REAL *x4_,
+    const LSTM_SEQUENCE_REAL *x5_,
+    const LSTM_SEQUENCE_REAL *x6_,
+    const LSTM_SEQUENCE_REAL *x7_,
+    const LSTM_SEQUENCE_REAL *x8_,
+    const LSTM_SEQUENCE_REAL *U_i,
+    const LSTM_SEQUENCE_REAL *U_f,
+    const LSTM_SEQUENCE_REAL *U_g,
+    const LSTM_SEQUENCE_REAL *U_o,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     int64_t n,
@@ -1157,7 +1220,27 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
 /* lstm_sequence_run, part 6 of 8 (kernels 129 to 160): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(int64_t n, const LSTM_SEQUENCE_REAL *x1_, const LSTM_SEQUENCE_REAL *x2_, const LSTM_SEQUENCE_REAL *x3_, const LSTM_SEQUENCE_REAL *x4_, const LSTM_SEQUENCE_REAL *x5_, const LSTM_SEQUENCE_REAL *x6_, const LSTM_SEQUENCE_REAL *x7_, const LSTM_SEQUENCE_REAL *x8_, const LSTM_SEQUENCE_REAL *U_i, const LSTM_SEQUENCE_REAL *U_f, const LSTM_SEQUENCE_REAL *U_g, const LSTM_SEQUENCE_REAL *U_o, LSTM_SEQUENCE_REAL *grad_W_i, LSTM_SEQUENCE_REAL *grad_W_f, LSTM_SEQUENCE_REAL *grad_W_g, LSTM_SEQUENCE_REAL *work, int with_grads);
+/* In unit 2; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *x1_,
+    const LSTM_SEQUENCE_REAL *x2_,
+    const LSTM_SEQUENCE_REAL *x3_,
+    const LSTM_SEQUENCE_REAL *x4_,
+    const LSTM_SEQUENCE_REAL *x5_,
+    const LSTM_SEQUENCE_REAL *x6_,
+    const LSTM_SEQUENCE_REAL *x7_,
+    const LSTM_SEQUENCE_REAL *x8_,
+    const LSTM_SEQUENCE_REAL *U_i,
+    const LSTM_SEQUENCE_REAL *U_f,
+    const LSTM_SEQUENCE_REAL *U_g,
+    const LSTM_SEQUENCE_REAL *U_o,
+    LSTM_SEQUENCE_REAL *grad_W_i,
+    LSTM_SEQUENCE_REAL *grad_W_f,
+    LSTM_SEQUENCE_REAL *grad_W_g,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     int64_t n,
@@ -1440,7 +1523,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
 /* lstm_sequence_run, part 7 of 8 (kernels 161 to 192): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(int64_t n, const LSTM_SEQUENCE_REAL *x1_, const LSTM_SEQUENCE_REAL *x2_, const LSTM_SEQUENCE_REAL *x3_, const LSTM_SEQUENCE_REAL *x4_, const LSTM_SEQUENCE_REAL *x5_, LSTM_SEQUENCE_REAL *grad_W_o, LSTM_SEQUENCE_REAL *grad_U_i, LSTM_SEQUENCE_REAL *grad_U_f, LSTM_SEQUENCE_REAL *grad_U_g, LSTM_SEQUENCE_REAL *work, int with_grads);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     int64_t n,
@@ -1648,7 +1730,19 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
 /* lstm_sequence_run, part 8 of 8 (kernels 193 to 204): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(int64_t n, LSTM_SEQUENCE_REAL *grad_U_o, LSTM_SEQUENCE_REAL *grad_b_i, LSTM_SEQUENCE_REAL *grad_b_f, LSTM_SEQUENCE_REAL *grad_b_g, LSTM_SEQUENCE_REAL *grad_b_o, LSTM_SEQUENCE_REAL *grad_V, LSTM_SEQUENCE_REAL *grad_c0, LSTM_SEQUENCE_REAL *work, int with_grads);
+/* In unit 2; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *grad_U_o,
+    LSTM_SEQUENCE_REAL *grad_b_i,
+    LSTM_SEQUENCE_REAL *grad_b_f,
+    LSTM_SEQUENCE_REAL *grad_b_g,
+    LSTM_SEQUENCE_REAL *grad_b_o,
+    LSTM_SEQUENCE_REAL *grad_V,
+    LSTM_SEQUENCE_REAL *grad_c0,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     int64_t n,

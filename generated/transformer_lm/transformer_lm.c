@@ -25,8 +25,6 @@
 #define TRANSFORMER_LM_SHARED static
 #endif
 
-TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_grads);
-TRANSFORMER_LM_SHARED int transformer_lm_run(int64_t m, const int64_t *ids, const int64_t *positions, const int64_t *targets, const TRANSFORMER_LM_REAL *E, const TRANSFORMER_LM_REAL *P, const TRANSFORMER_LM_REAL *g0a, const TRANSFORMER_LM_REAL *b0a, const TRANSFORMER_LM_REAL *Wq0, const TRANSFORMER_LM_REAL *Wk0, const TRANSFORMER_LM_REAL *Wv0, const TRANSFORMER_LM_REAL *Wo0, const TRANSFORMER_LM_REAL *g0m, const TRANSFORMER_LM_REAL *b0m, const TRANSFORMER_LM_REAL *W0up, const TRANSFORMER_LM_REAL *c0up, const TRANSFORMER_LM_REAL *W0down, const TRANSFORMER_LM_REAL *c0down, const TRANSFORMER_LM_REAL *g1a, const TRANSFORMER_LM_REAL *b1a, const TRANSFORMER_LM_REAL *Wq1, const TRANSFORMER_LM_REAL *Wk1, const TRANSFORMER_LM_REAL *Wv1, const TRANSFORMER_LM_REAL *Wo1, const TRANSFORMER_LM_REAL *g1m, const TRANSFORMER_LM_REAL *b1m, const TRANSFORMER_LM_REAL *W1up, const TRANSFORMER_LM_REAL *c1up, const TRANSFORMER_LM_REAL *W1down, const TRANSFORMER_LM_REAL *c1down, const TRANSFORMER_LM_REAL *gf, const TRANSFORMER_LM_REAL *bf, const TRANSFORMER_LM_REAL *Wout, TRANSFORMER_LM_REAL *loss, TRANSFORMER_LM_REAL *grad_E, TRANSFORMER_LM_REAL *grad_P, TRANSFORMER_LM_REAL *grad_g0a, TRANSFORMER_LM_REAL *grad_b0a, TRANSFORMER_LM_REAL *grad_Wq0, TRANSFORMER_LM_REAL *grad_Wk0, TRANSFORMER_LM_REAL *grad_Wv0, TRANSFORMER_LM_REAL *grad_Wo0, TRANSFORMER_LM_REAL *grad_g0m, TRANSFORMER_LM_REAL *grad_b0m, TRANSFORMER_LM_REAL *grad_W0up, TRANSFORMER_LM_REAL *grad_c0up, TRANSFORMER_LM_REAL *grad_W0down, TRANSFORMER_LM_REAL *grad_c0down, TRANSFORMER_LM_REAL *grad_g1a, TRANSFORMER_LM_REAL *grad_b1a, TRANSFORMER_LM_REAL *grad_Wq1, TRANSFORMER_LM_REAL *grad_Wk1, TRANSFORMER_LM_REAL *grad_Wv1, TRANSFORMER_LM_REAL *grad_Wo1, TRANSFORMER_LM_REAL *grad_g1m, TRANSFORMER_LM_REAL *grad_b1m, TRANSFORMER_LM_REAL *grad_W1up, TRANSFORMER_LM_REAL *grad_c1up, TRANSFORMER_LM_REAL *grad_W1down, TRANSFORMER_LM_REAL *grad_c1down, TRANSFORMER_LM_REAL *grad_gf, TRANSFORMER_LM_REAL *grad_bf, TRANSFORMER_LM_REAL *grad_Wout, TRANSFORMER_LM_REAL *work, int with_grads);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_grads)
 {
@@ -40,7 +38,15 @@ TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_gra
 /* transformer_lm_run, part 1 of 8 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part1(int64_t m, const int64_t *ids, const int64_t *positions, const TRANSFORMER_LM_REAL *E, const TRANSFORMER_LM_REAL *P, TRANSFORMER_LM_REAL *work);
+/* In unit 1; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
+    int64_t m,
+    const int64_t *ids,
+    const int64_t *positions,
+    const TRANSFORMER_LM_REAL *E,
+    const TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *work
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     int64_t m,
@@ -202,7 +208,32 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
 /* transformer_lm_run, part 2 of 8 (kernels 2 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part2(int64_t m, const TRANSFORMER_LM_REAL *g0a, const TRANSFORMER_LM_REAL *b0a, const TRANSFORMER_LM_REAL *Wq0, const TRANSFORMER_LM_REAL *Wk0, const TRANSFORMER_LM_REAL *Wv0, const TRANSFORMER_LM_REAL *Wo0, const TRANSFORMER_LM_REAL *g0m, const TRANSFORMER_LM_REAL *b0m, const TRANSFORMER_LM_REAL *W0up, const TRANSFORMER_LM_REAL *c0up, const TRANSFORMER_LM_REAL *W0down, const TRANSFORMER_LM_REAL *c0down, const TRANSFORMER_LM_REAL *g1a, const TRANSFORMER_LM_REAL *b1a, const TRANSFORMER_LM_REAL *Wq1, const TRANSFORMER_LM_REAL *Wk1, const TRANSFORMER_LM_REAL *Wv1, const TRANSFORMER_LM_REAL *Wo1, const TRANSFORMER_LM_REAL *g1m, const TRANSFORMER_LM_REAL *b1m, TRANSFORMER_LM_REAL *work, int with_grads);
+/* In unit 2; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
+    int64_t m,
+    const TRANSFORMER_LM_REAL *g0a,
+    const TRANSFORMER_LM_REAL *b0a,
+    const TRANSFORMER_LM_REAL *Wq0,
+    const TRANSFORMER_LM_REAL *Wk0,
+    const TRANSFORMER_LM_REAL *Wv0,
+    const TRANSFORMER_LM_REAL *Wo0,
+    const TRANSFORMER_LM_REAL *g0m,
+    const TRANSFORMER_LM_REAL *b0m,
+    const TRANSFORMER_LM_REAL *W0up,
+    const TRANSFORMER_LM_REAL *c0up,
+    const TRANSFORMER_LM_REAL *W0down,
+    const TRANSFORMER_LM_REAL *c0down,
+    const TRANSFORMER_LM_REAL *g1a,
+    const TRANSFORMER_LM_REAL *b1a,
+    const TRANSFORMER_LM_REAL *Wq1,
+    const TRANSFORMER_LM_REAL *Wk1,
+    const TRANSFORMER_LM_REAL *Wv1,
+    const TRANSFORMER_LM_REAL *Wo1,
+    const TRANSFORMER_LM_REAL *g1m,
+    const TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     int64_t m,
@@ -799,7 +830,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 /* transformer_lm_run, part 3 of 8 (kernels 33 to 44): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part3(int64_t m, const int64_t *targets, const TRANSFORMER_LM_REAL *W1up, const TRANSFORMER_LM_REAL *c1up, const TRANSFORMER_LM_REAL *W1down, const TRANSFORMER_LM_REAL *c1down, const TRANSFORMER_LM_REAL *gf, const TRANSFORMER_LM_REAL *bf, const TRANSFORMER_LM_REAL *Wout, TRANSFORMER_LM_REAL *loss, TRANSFORMER_LM_REAL *work, int with_grads);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
@@ -956,7 +986,21 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
 /* transformer_lm_run, part 4 of 8 (kernels 45 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part4(int64_t m, const int64_t *targets, const TRANSFORMER_LM_REAL *Wk1, const TRANSFORMER_LM_REAL *Wv1, const TRANSFORMER_LM_REAL *Wo1, const TRANSFORMER_LM_REAL *g1m, const TRANSFORMER_LM_REAL *W1up, const TRANSFORMER_LM_REAL *W1down, const TRANSFORMER_LM_REAL *gf, const TRANSFORMER_LM_REAL *Wout, TRANSFORMER_LM_REAL *work, int with_grads);
+/* In unit 1; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
+    int64_t m,
+    const int64_t *targets,
+    const TRANSFORMER_LM_REAL *Wk1,
+    const TRANSFORMER_LM_REAL *Wv1,
+    const TRANSFORMER_LM_REAL *Wo1,
+    const TRANSFORMER_LM_REAL *g1m,
+    const TRANSFORMER_LM_REAL *W1up,
+    const TRANSFORMER_LM_REAL *W1down,
+    const TRANSFORMER_LM_REAL *gf,
+    const TRANSFORMER_LM_REAL *Wout,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     int64_t m,
@@ -1372,7 +1416,20 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 /* transformer_lm_run, part 5 of 8 (kernels 65 to 85): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part5(int64_t m, const TRANSFORMER_LM_REAL *g0a, const TRANSFORMER_LM_REAL *Wk0, const TRANSFORMER_LM_REAL *Wv0, const TRANSFORMER_LM_REAL *Wo0, const TRANSFORMER_LM_REAL *g0m, const TRANSFORMER_LM_REAL *W0up, const TRANSFORMER_LM_REAL *W0down, const TRANSFORMER_LM_REAL *g1a, TRANSFORMER_LM_REAL *work, int with_grads);
+/* In unit 2; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
+    int64_t m,
+    const TRANSFORMER_LM_REAL *g0a,
+    const TRANSFORMER_LM_REAL *Wk0,
+    const TRANSFORMER_LM_REAL *Wv0,
+    const TRANSFORMER_LM_REAL *Wo0,
+    const TRANSFORMER_LM_REAL *g0m,
+    const TRANSFORMER_LM_REAL *W0up,
+    const TRANSFORMER_LM_REAL *W0down,
+    const TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     int64_t m,
@@ -1867,7 +1924,15 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 /* transformer_lm_run, part 6 of 8 (kernels 86 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part6(int64_t m, const int64_t *ids, const int64_t *positions, TRANSFORMER_LM_REAL *grad_E, TRANSFORMER_LM_REAL *grad_P, TRANSFORMER_LM_REAL *work);
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
+    int64_t m,
+    const int64_t *ids,
+    const int64_t *positions,
+    TRANSFORMER_LM_REAL *grad_E,
+    TRANSFORMER_LM_REAL *grad_P,
+    TRANSFORMER_LM_REAL *work
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     int64_t m,
@@ -2033,7 +2098,21 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
 /* transformer_lm_run, part 7 of 8 (kernels 87 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part7(int64_t m, TRANSFORMER_LM_REAL *grad_g0a, TRANSFORMER_LM_REAL *grad_b0a, TRANSFORMER_LM_REAL *grad_Wq0, TRANSFORMER_LM_REAL *grad_Wk0, TRANSFORMER_LM_REAL *grad_Wv0, TRANSFORMER_LM_REAL *grad_Wo0, TRANSFORMER_LM_REAL *grad_g0m, TRANSFORMER_LM_REAL *grad_b0m, TRANSFORMER_LM_REAL *grad_W0up, TRANSFORMER_LM_REAL *work, int with_grads);
+/* In unit 1; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
+    int64_t m,
+    TRANSFORMER_LM_REAL *grad_g0a,
+    TRANSFORMER_LM_REAL *grad_b0a,
+    TRANSFORMER_LM_REAL *grad_Wq0,
+    TRANSFORMER_LM_REAL *grad_Wk0,
+    TRANSFORMER_LM_REAL *grad_Wv0,
+    TRANSFORMER_LM_REAL *grad_Wo0,
+    TRANSFORMER_LM_REAL *grad_g0m,
+    TRANSFORMER_LM_REAL *grad_b0m,
+    TRANSFORMER_LM_REAL *grad_W0up,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
@@ -2104,7 +2183,30 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
 /* transformer_lm_run, part 8 of 8 (kernels 97 to 115): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part8(int64_t m, TRANSFORMER_LM_REAL *grad_c0up, TRANSFORMER_LM_REAL *grad_W0down, TRANSFORMER_LM_REAL *grad_c0down, TRANSFORMER_LM_REAL *grad_g1a, TRANSFORMER_LM_REAL *grad_b1a, TRANSFORMER_LM_REAL *grad_Wq1, TRANSFORMER_LM_REAL *grad_Wk1, TRANSFORMER_LM_REAL *grad_Wv1, TRANSFORMER_LM_REAL *grad_Wo1, TRANSFORMER_LM_REAL *grad_g1m, TRANSFORMER_LM_REAL *grad_b1m, TRANSFORMER_LM_REAL *grad_W1up, TRANSFORMER_LM_REAL *grad_c1up, TRANSFORMER_LM_REAL *grad_W1down, TRANSFORMER_LM_REAL *grad_c1down, TRANSFORMER_LM_REAL *grad_gf, TRANSFORMER_LM_REAL *grad_bf, TRANSFORMER_LM_REAL *grad_Wout, TRANSFORMER_LM_REAL *work, int with_grads);
+/* In unit 1; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
+    int64_t m,
+    TRANSFORMER_LM_REAL *grad_c0up,
+    TRANSFORMER_LM_REAL *grad_W0down,
+    TRANSFORMER_LM_REAL *grad_c0down,
+    TRANSFORMER_LM_REAL *grad_g1a,
+    TRANSFORMER_LM_REAL *grad_b1a,
+    TRANSFORMER_LM_REAL *grad_Wq1,
+    TRANSFORMER_LM_REAL *grad_Wk1,
+    TRANSFORMER_LM_REAL *grad_Wv1,
+    TRANSFORMER_LM_REAL *grad_Wo1,
+    TRANSFORMER_LM_REAL *grad_g1m,
+    TRANSFORMER_LM_REAL *grad_b1m,
+    TRANSFORMER_LM_REAL *grad_W1up,
+    TRANSFORMER_LM_REAL *grad_c1up,
+    TRANSFORMER_LM_REAL *grad_W1down,
+    TRANSFORMER_LM_REAL *grad_c1down,
+    TRANSFORMER_LM_REAL *grad_gf,
+    TRANSFORMER_LM_REAL *grad_bf,
+    TRANSFORMER_LM_REAL *grad_Wout,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     int64_t m,
@@ -2477,7 +2579,15 @@ size_t transformer_lm_train_step_work_len(int64_t m)
 /* transformer_lm_train_step, part 1 of 9 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(int64_t m, const int64_t *ids, const int64_t *positions, TRANSFORMER_LM_REAL *E, TRANSFORMER_LM_REAL *P, TRANSFORMER_LM_REAL *work);
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
+    int64_t m,
+    const int64_t *ids,
+    const int64_t *positions,
+    TRANSFORMER_LM_REAL *E,
+    TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *work
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     int64_t m,
@@ -2639,7 +2749,31 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
 /* transformer_lm_train_step, part 2 of 9 (kernels 2 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(int64_t m, TRANSFORMER_LM_REAL *g0a, TRANSFORMER_LM_REAL *b0a, TRANSFORMER_LM_REAL *Wq0, TRANSFORMER_LM_REAL *Wk0, TRANSFORMER_LM_REAL *Wv0, TRANSFORMER_LM_REAL *Wo0, TRANSFORMER_LM_REAL *g0m, TRANSFORMER_LM_REAL *b0m, TRANSFORMER_LM_REAL *W0up, TRANSFORMER_LM_REAL *c0up, TRANSFORMER_LM_REAL *W0down, TRANSFORMER_LM_REAL *c0down, TRANSFORMER_LM_REAL *g1a, TRANSFORMER_LM_REAL *b1a, TRANSFORMER_LM_REAL *Wq1, TRANSFORMER_LM_REAL *Wk1, TRANSFORMER_LM_REAL *Wv1, TRANSFORMER_LM_REAL *Wo1, TRANSFORMER_LM_REAL *g1m, TRANSFORMER_LM_REAL *b1m, TRANSFORMER_LM_REAL *work);
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
+    int64_t m,
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *b0a,
+    TRANSFORMER_LM_REAL *Wq0,
+    TRANSFORMER_LM_REAL *Wk0,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *work
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     int64_t m,
@@ -3235,7 +3369,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 /* transformer_lm_train_step, part 3 of 9 (kernels 33 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(int64_t m, const int64_t *targets, TRANSFORMER_LM_REAL *Wk1, TRANSFORMER_LM_REAL *Wv1, TRANSFORMER_LM_REAL *Wo1, TRANSFORMER_LM_REAL *g1m, TRANSFORMER_LM_REAL *W1up, TRANSFORMER_LM_REAL *c1up, TRANSFORMER_LM_REAL *W1down, TRANSFORMER_LM_REAL *c1down, TRANSFORMER_LM_REAL *gf, TRANSFORMER_LM_REAL *bf, TRANSFORMER_LM_REAL *Wout, TRANSFORMER_LM_REAL *loss, TRANSFORMER_LM_REAL *work);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     int64_t m,
@@ -3776,7 +3909,19 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 /* transformer_lm_train_step, part 4 of 9 (kernels 65 to 85): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(int64_t m, TRANSFORMER_LM_REAL *g0a, TRANSFORMER_LM_REAL *Wk0, TRANSFORMER_LM_REAL *Wv0, TRANSFORMER_LM_REAL *Wo0, TRANSFORMER_LM_REAL *g0m, TRANSFORMER_LM_REAL *W0up, TRANSFORMER_LM_REAL *W0down, TRANSFORMER_LM_REAL *g1a, TRANSFORMER_LM_REAL *work);
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
+    int64_t m,
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *Wk0,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *work
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     int64_t m,
@@ -4270,7 +4415,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 /* transformer_lm_train_step, part 5 of 9 (kernels 86 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(int64_t m, const int64_t *ids, const int64_t *positions, TRANSFORMER_LM_REAL *work);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
     int64_t m,
@@ -4438,7 +4582,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
 /* transformer_lm_train_step, part 6 of 9 (kernels 87 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(int64_t m, TRANSFORMER_LM_REAL *E, TRANSFORMER_LM_REAL *P, TRANSFORMER_LM_REAL *g0a, TRANSFORMER_LM_REAL *b0a, TRANSFORMER_LM_REAL *Wq0, TRANSFORMER_LM_REAL *Wk0, const TRANSFORMER_LM_REAL *weight_decay, TRANSFORMER_LM_REAL *work);
+/* In unit 2; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
+    int64_t m,
+    TRANSFORMER_LM_REAL *E,
+    TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *b0a,
+    TRANSFORMER_LM_REAL *Wq0,
+    TRANSFORMER_LM_REAL *Wk0,
+    const TRANSFORMER_LM_REAL *weight_decay,
+    TRANSFORMER_LM_REAL *work
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     int64_t m,
@@ -4546,7 +4701,28 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
 /* transformer_lm_train_step, part 7 of 9 (kernels 97 to 128): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(int64_t m, TRANSFORMER_LM_REAL *Wv0, TRANSFORMER_LM_REAL *Wo0, TRANSFORMER_LM_REAL *g0m, TRANSFORMER_LM_REAL *b0m, TRANSFORMER_LM_REAL *W0up, TRANSFORMER_LM_REAL *c0up, TRANSFORMER_LM_REAL *W0down, TRANSFORMER_LM_REAL *c0down, TRANSFORMER_LM_REAL *g1a, TRANSFORMER_LM_REAL *b1a, TRANSFORMER_LM_REAL *Wq1, TRANSFORMER_LM_REAL *Wk1, TRANSFORMER_LM_REAL *Wv1, TRANSFORMER_LM_REAL *Wo1, TRANSFORMER_LM_REAL *g1m, TRANSFORMER_LM_REAL *b1m, const TRANSFORMER_LM_REAL *weight_decay, TRANSFORMER_LM_REAL *work);
+/* In unit 2; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
+    int64_t m,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    const TRANSFORMER_LM_REAL *weight_decay,
+    TRANSFORMER_LM_REAL *work
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     int64_t m,
@@ -4830,7 +5006,72 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
 /* transformer_lm_train_step, part 8 of 9 (kernels 129 to 160): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(int64_t m, TRANSFORMER_LM_REAL *E, TRANSFORMER_LM_REAL *P, TRANSFORMER_LM_REAL *g0a, TRANSFORMER_LM_REAL *b0a, TRANSFORMER_LM_REAL *Wq0, TRANSFORMER_LM_REAL *Wk0, TRANSFORMER_LM_REAL *Wv0, TRANSFORMER_LM_REAL *Wo0, TRANSFORMER_LM_REAL *g0m, TRANSFORMER_LM_REAL *b0m, TRANSFORMER_LM_REAL *W0up, TRANSFORMER_LM_REAL *c0up, TRANSFORMER_LM_REAL *W0down, TRANSFORMER_LM_REAL *c0down, TRANSFORMER_LM_REAL *g1a, TRANSFORMER_LM_REAL *b1a, TRANSFORMER_LM_REAL *W1up, TRANSFORMER_LM_REAL *c1up, TRANSFORMER_LM_REAL *W1down, TRANSFORMER_LM_REAL *c1down, TRANSFORMER_LM_REAL *gf, TRANSFORMER_LM_REAL *bf, TRANSFORMER_LM_REAL *Wout, const TRANSFORMER_LM_REAL *lr, const TRANSFORMER_LM_REAL *beta1, const TRANSFORMER_LM_REAL *beta2, const TRANSFORMER_LM_REAL *eps, const TRANSFORMER_LM_REAL *weight_decay, TRANSFORMER_LM_REAL *step, TRANSFORMER_LM_REAL *m_E, TRANSFORMER_LM_REAL *v_E, TRANSFORMER_LM_REAL *m_P, TRANSFORMER_LM_REAL *v_P, TRANSFORMER_LM_REAL *m_g0a, TRANSFORMER_LM_REAL *v_g0a, TRANSFORMER_LM_REAL *m_b0a, TRANSFORMER_LM_REAL *v_b0a, TRANSFORMER_LM_REAL *m_Wq0, TRANSFORMER_LM_REAL *v_Wq0, TRANSFORMER_LM_REAL *m_Wk0, TRANSFORMER_LM_REAL *v_Wk0, TRANSFORMER_LM_REAL *m_Wv0, TRANSFORMER_LM_REAL *v_Wv0, TRANSFORMER_LM_REAL *m_Wo0, TRANSFORMER_LM_REAL *v_Wo0, TRANSFORMER_LM_REAL *m_g0m, TRANSFORMER_LM_REAL *v_g0m, TRANSFORMER_LM_REAL *m_b0m, TRANSFORMER_LM_REAL *v_b0m, TRANSFORMER_LM_REAL *m_W0up, TRANSFORMER_LM_REAL *v_W0up, TRANSFORMER_LM_REAL *m_c0up, TRANSFORMER_LM_REAL *v_c0up, TRANSFORMER_LM_REAL *m_W0down, TRANSFORMER_LM_REAL *v_W0down, TRANSFORMER_LM_REAL *m_c0down, TRANSFORMER_LM_REAL *v_c0down, TRANSFORMER_LM_REAL *m_g1a, TRANSFORMER_LM_REAL *v_g1a, TRANSFORMER_LM_REAL *m_b1a, TRANSFORMER_LM_REAL *v_b1a, TRANSFORMER_LM_REAL *work);
+/* In unit 1; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
+    int64_t m,
+    TRANSFORMER_LM_REAL *E,
+    TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *b0a,
+    TRANSFORMER_LM_REAL *Wq0,
+    TRANSFORMER_LM_REAL *Wk0,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    TRANSFORMER_LM_REAL *W1down,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    TRANSFORMER_LM_REAL *Wout,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    const TRANSFORMER_LM_REAL *weight_decay,
+    TRANSFORMER_LM_REAL *step,
+    TRANSFORMER_LM_REAL *m_E,
+    TRANSFORMER_LM_REAL *v_E,
+    TRANSFORMER_LM_REAL *m_P,
+    TRANSFORMER_LM_REAL *v_P,
+    TRANSFORMER_LM_REAL *m_g0a,
+    TRANSFORMER_LM_REAL *v_g0a,
+    TRANSFORMER_LM_REAL *m_b0a,
+    TRANSFORMER_LM_REAL *v_b0a,
+    TRANSFORMER_LM_REAL *m_Wq0,
+    TRANSFORMER_LM_REAL *v_Wq0,
+    TRANSFORMER_LM_REAL *m_Wk0,
+    TRANSFORMER_LM_REAL *v_Wk0,
+    TRANSFORMER_LM_REAL *m_Wv0,
+    TRANSFORMER_LM_REAL *v_Wv0,
+    TRANSFORMER_LM_REAL *m_Wo0,
+    TRANSFORMER_LM_REAL *v_Wo0,
+    TRANSFORMER_LM_REAL *m_g0m,
+    TRANSFORMER_LM_REAL *v_g0m,
+    TRANSFORMER_LM_REAL *m_b0m,
+    TRANSFORMER_LM_REAL *v_b0m,
+    TRANSFORMER_LM_REAL *m_W0up,
+    TRANSFORMER_LM_REAL *v_W0up,
+    TRANSFORMER_LM_REAL *m_c0up,
+    TRANSFORMER_LM_REAL *v_c0up,
+    TRANSFORMER_LM_REAL *m_W0down,
+    TRANSFORMER_LM_REAL *v_W0down,
+    TRANSFORMER_LM_REAL *m_c0down,
+    TRANSFORMER_LM_REAL *v_c0down,
+    TRANSFORMER_LM_REAL *m_g1a,
+    TRANSFORMER_LM_REAL *v_g1a,
+    TRANSFORMER_LM_REAL *m_b1a,
+    TRANSFORMER_LM_REAL *v_b1a,
+    TRANSFORMER_LM_REAL *work
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     int64_t m,
@@ -5443,7 +5684,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
 /* transformer_lm_train_step, part 9 of 9 (kernels 161 to 173): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(int64_t m, TRANSFORMER_LM_REAL *Wq1, TRANSFORMER_LM_REAL *Wk1, TRANSFORMER_LM_REAL *Wv1, TRANSFORMER_LM_REAL *Wo1, TRANSFORMER_LM_REAL *g1m, TRANSFORMER_LM_REAL *b1m, TRANSFORMER_LM_REAL *W1up, TRANSFORMER_LM_REAL *c1up, TRANSFORMER_LM_REAL *W1down, TRANSFORMER_LM_REAL *c1down, TRANSFORMER_LM_REAL *gf, TRANSFORMER_LM_REAL *bf, TRANSFORMER_LM_REAL *Wout, const TRANSFORMER_LM_REAL *lr, const TRANSFORMER_LM_REAL *beta1, const TRANSFORMER_LM_REAL *beta2, const TRANSFORMER_LM_REAL *eps, TRANSFORMER_LM_REAL *m_Wq1, TRANSFORMER_LM_REAL *v_Wq1, TRANSFORMER_LM_REAL *m_Wk1, TRANSFORMER_LM_REAL *v_Wk1, TRANSFORMER_LM_REAL *m_Wv1, TRANSFORMER_LM_REAL *v_Wv1, TRANSFORMER_LM_REAL *m_Wo1, TRANSFORMER_LM_REAL *v_Wo1, TRANSFORMER_LM_REAL *m_g1m, TRANSFORMER_LM_REAL *v_g1m, TRANSFORMER_LM_REAL *m_b1m, TRANSFORMER_LM_REAL *v_b1m, TRANSFORMER_LM_REAL *m_W1up, TRANSFORMER_LM_REAL *v_W1up, TRANSFORMER_LM_REAL *m_c1up, TRANSFORMER_LM_REAL *v_c1up, TRANSFORMER_LM_REAL *m_W1down, TRANSFORMER_LM_REAL *v_W1down, TRANSFORMER_LM_REAL *m_c1down, TRANSFORMER_LM_REAL *v_c1down, TRANSFORMER_LM_REAL *m_gf, TRANSFORMER_LM_REAL *v_gf, TRANSFORMER_LM_REAL *m_bf, TRANSFORMER_LM_REAL *v_bf, TRANSFORMER_LM_REAL *m_Wout, TRANSFORMER_LM_REAL *v_Wout, TRANSFORMER_LM_REAL *work);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
     int64_t m,
