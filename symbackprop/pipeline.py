@@ -30,6 +30,7 @@ from symbackprop.diff.autodiff import jvp, vjp
 from symbackprop.diff.hessian import hessian_vector
 from symbackprop.emit.cnames import CNamer, abi_names, comment_text, real_macro, sanitize
 from symbackprop.emit.codegen import REAL_TYPES, CFunction, CModule, Emitted, emit_function, emit_wrapper, render
+from symbackprop.emit.cunits import split_units
 from symbackprop.emit.derivation import plan_derivation, render_derivation
 from symbackprop.emit.epoch import epoch_c, reserved_names, try_epoch_plan
 from symbackprop.errors import ModelError
@@ -307,6 +308,7 @@ def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[
         version=__version__,
         epoch=epoch,
     )
+    module = split_units(module)  # a large module: its C compiled as several units at once
     source, header, cdef = render(module)
     derived = plan_derivation(the_plan, model.name, dtype)
     derivation = "" if derived is None else render_derivation(derived)

@@ -21,7 +21,7 @@ from symbackprop.pipeline import generate
 
 
 def _marked(source: str) -> list[str]:
-    return re.findall(r"SYMBACKPROP_STRAIGHT (?:static )?\w+ (\w+)\(", source)
+    return re.findall(r"SYMBACKPROP_STRAIGHT (?:static |\w+_SHARED )?\w+ (\w+)\(", source)  # _SHARED: in units
 
 
 def test_long_straight_body_is_marked_and_short_is_not():
@@ -45,7 +45,7 @@ def test_marked_module_builds_and_matches_numpy(tmp_path):
 
 def _straight_bodies(source: str) -> list[list[str]]:
     """The statement lines of each SYMBACKPROP_STRAIGHT function."""
-    functions = re.finditer(r"SYMBACKPROP_STRAIGHT static \w+ \w+\(.*?\n\}\n", source, re.S)
+    functions = re.finditer(r"SYMBACKPROP_STRAIGHT (?:static|\w+_SHARED) \w+ \w+\(.*?\n\}\n", source, re.S)
     return [[line.strip() for line in f.group(0).splitlines() if line.strip().endswith(";")] for f in functions]
 
 

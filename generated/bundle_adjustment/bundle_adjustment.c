@@ -11,7 +11,20 @@
 #define SYMBACKPROP_F64_AS_F32
 #endif
 #include "symbackprop_runtime.h"
+/* One translation unit, or 2: compiled with -DSYMBACKPROP_UNIT=k for each k
+ * from 0 to 1 (symbackprop's builder compiles them at once, on as many
+ * cores), each unit compiles the functions marked for it, and the 2 objects
+ * link into the module. Functions one unit calls in another are then
+ * BUNDLE_ADJUSTMENT_SHARED: hidden from other modules, where one unit has them static. */
+#if defined(SYMBACKPROP_UNIT) && defined(__GNUC__)
+#define BUNDLE_ADJUSTMENT_SHARED __attribute__((visibility("hidden")))
+#elif defined(SYMBACKPROP_UNIT)
+#define BUNDLE_ADJUSTMENT_SHARED
+#else
+#define BUNDLE_ADJUSTMENT_SHARED static
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P)
 {
     if (N < 1 || C < 1 || P < 1) {
@@ -19,44 +32,36 @@ size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P)
     }
     return (size_t)(34);
 }
+#endif
 
-/* Forward pass: the loss and the named outputs. */
-SYMBACKPROP_WIDE int bundle_adjustment_forward(
+/* bundle_adjustment_forward, part 1 of 2 (kernels 1 to 1): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 1; called from unit 0. */
+BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
     int64_t N,
-    int64_t C,
-    int64_t P,
     const BUNDLE_ADJUSTMENT_REAL *feats,
     const int64_t *cam,
     const int64_t *pt,
     const BUNDLE_ADJUSTMENT_REAL *cams,
     const BUNDLE_ADJUSTMENT_REAL *pts,
     const BUNDLE_ADJUSTMENT_REAL *weights,
-    BUNDLE_ADJUSTMENT_REAL *loss,
     BUNDLE_ADJUSTMENT_REAL *residual,
-    BUNDLE_ADJUSTMENT_REAL *jacobian,
-    BUNDLE_ADJUSTMENT_REAL *work
+    BUNDLE_ADJUSTMENT_REAL *jacobian
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
+    int64_t N,
+    const BUNDLE_ADJUSTMENT_REAL *feats,
+    const int64_t *cam,
+    const int64_t *pt,
+    const BUNDLE_ADJUSTMENT_REAL *cams,
+    const BUNDLE_ADJUSTMENT_REAL *pts,
+    const BUNDLE_ADJUSTMENT_REAL *weights,
+    BUNDLE_ADJUSTMENT_REAL *residual,
+    BUNDLE_ADJUSTMENT_REAL *jacobian
 )
 {
-    if (N < 1) {
-        return 1;
-    }
-    if (C < 1) {
-        return 1;
-    }
-    if (P < 1) {
-        return 1;
-    }
-    for (int64_t i = 0; i < N; ++i) {
-        if ((uint64_t)cam[i] >= (uint64_t)C) {
-            return 2; /* a row number outside an array it gathers from */
-        }
-    }
-    for (int64_t i = 0; i < N; ++i) {
-        if ((uint64_t)pt[i] >= (uint64_t)P) {
-            return 2; /* a row number outside an array it gathers from */
-        }
-    }
-
     /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
      * feats[i, :]: see the temporaries */
     /* jacobian[i, :] = 30 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
@@ -386,7 +391,20 @@ SYMBACKPROP_WIDE int bundle_adjustment_forward(
         jacobian[30*i + 28] = weights[i]*(-x131*((isnan(x78)) ? (x78) : ((x78) ? (-x288) : (-cams[11*cam[i]]))) - x275*x284 - x281*x285);
         jacobian[30*i + 29] = -x131*x282 + x36;
     }
+}
+#endif
 
+/* bundle_adjustment_forward, part 2 of 2 (kernels 2 to 3): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part2(
+    int64_t N,
+    BUNDLE_ADJUSTMENT_REAL *loss,
+    BUNDLE_ADJUSTMENT_REAL *residual,
+    BUNDLE_ADJUSTMENT_REAL *work
+)
+{
     /* t0 = sum of (residual**2) down each column */
     BUNDLE_ADJUSTMENT_REAL *t0_blocks = work; /* 16 x 2 */
     BUNDLE_ADJUSTMENT_REAL *t0 = t0_blocks + 32; /* 1 x 2 */
@@ -419,19 +437,12 @@ SYMBACKPROP_WIDE int bundle_adjustment_forward(
 
     /* loss = sum of t0 along each row */
     loss[0] = symbackprop_f64_sum(t0, 2, 1);
-    return 0;
 }
+#endif
 
-size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P)
-{
-    if (N < 1 || C < 1 || P < 1) {
-        return 0; /* the function returns 1 */
-    }
-    return (size_t)(4*N + 34);
-}
-
-/* The loss and its gradient (reverse mode). */
-SYMBACKPROP_WIDE int bundle_adjustment_value_and_grad(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* Forward pass: the loss and the named outputs. */
+int bundle_adjustment_forward(
     int64_t N,
     int64_t C,
     int64_t P,
@@ -442,9 +453,8 @@ SYMBACKPROP_WIDE int bundle_adjustment_value_and_grad(
     const BUNDLE_ADJUSTMENT_REAL *pts,
     const BUNDLE_ADJUSTMENT_REAL *weights,
     BUNDLE_ADJUSTMENT_REAL *loss,
-    BUNDLE_ADJUSTMENT_REAL *grad_cams,
-    BUNDLE_ADJUSTMENT_REAL *grad_pts,
-    BUNDLE_ADJUSTMENT_REAL *grad_weights,
+    BUNDLE_ADJUSTMENT_REAL *residual,
+    BUNDLE_ADJUSTMENT_REAL *jacobian,
     BUNDLE_ADJUSTMENT_REAL *work
 )
 {
@@ -467,7 +477,38 @@ SYMBACKPROP_WIDE int bundle_adjustment_value_and_grad(
             return 2; /* a row number outside an array it gathers from */
         }
     }
+    bundle_adjustment_forward_part1(N, feats, cam, pt, cams, pts, weights, residual, jacobian);
+    bundle_adjustment_forward_part2(N, loss, residual, work);
+    return 0;
+}
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P)
+{
+    if (N < 1 || C < 1 || P < 1) {
+        return 0; /* the function returns 1 */
+    }
+    return (size_t)(4*N + 34);
+}
+#endif
+
+/* bundle_adjustment_value_and_grad, part 1 of 2 (kernels 1 to 3): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
+    int64_t N,
+    const BUNDLE_ADJUSTMENT_REAL *feats,
+    const int64_t *cam,
+    const int64_t *pt,
+    const BUNDLE_ADJUSTMENT_REAL *cams,
+    const BUNDLE_ADJUSTMENT_REAL *pts,
+    const BUNDLE_ADJUSTMENT_REAL *weights,
+    BUNDLE_ADJUSTMENT_REAL *loss,
+    BUNDLE_ADJUSTMENT_REAL *work
+)
+{
     /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
      * feats[i, :]: see the temporaries */
     BUNDLE_ADJUSTMENT_REAL *residual = work; /* N x 2 */
@@ -539,7 +580,30 @@ SYMBACKPROP_WIDE int bundle_adjustment_value_and_grad(
 
     /* loss = sum of t0 along each row */
     loss[0] = symbackprop_f64_sum(t0, 2, 1);
+}
+#endif
 
+/* bundle_adjustment_value_and_grad, part 2 of 2 (kernels 4 to 4): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part2(
+    int64_t N,
+    int64_t C,
+    int64_t P,
+    const BUNDLE_ADJUSTMENT_REAL *feats,
+    const int64_t *cam,
+    const int64_t *pt,
+    const BUNDLE_ADJUSTMENT_REAL *cams,
+    const BUNDLE_ADJUSTMENT_REAL *pts,
+    const BUNDLE_ADJUSTMENT_REAL *weights,
+    BUNDLE_ADJUSTMENT_REAL *grad_cams,
+    BUNDLE_ADJUSTMENT_REAL *grad_pts,
+    BUNDLE_ADJUSTMENT_REAL *grad_weights,
+    BUNDLE_ADJUSTMENT_REAL *work
+)
+{
+    BUNDLE_ADJUSTMENT_REAL *grad_residual = work + 2*N; /* N x 2; placed in an earlier part */
     /* grad_cams[cam[i], :] += 11 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
      * grad_residual[i, :]: see the temporaries */
     /* grad_pts[pt[i], :] += 3 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
@@ -658,8 +722,53 @@ SYMBACKPROP_WIDE int bundle_adjustment_value_and_grad(
         grad_pts[3*pt[i] + 2] += x88;
         grad_weights[i] = grad_residual[2*i]*(cams[11*cam[i] + 7] - feats[2*i] + x43*x47) + grad_residual[2*i + 1]*(cams[11*cam[i] + 8] - feats[2*i + 1] + x43*x49);
     }
+}
+#endif
+
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* The loss and its gradient (reverse mode). */
+int bundle_adjustment_value_and_grad(
+    int64_t N,
+    int64_t C,
+    int64_t P,
+    const BUNDLE_ADJUSTMENT_REAL *feats,
+    const int64_t *cam,
+    const int64_t *pt,
+    const BUNDLE_ADJUSTMENT_REAL *cams,
+    const BUNDLE_ADJUSTMENT_REAL *pts,
+    const BUNDLE_ADJUSTMENT_REAL *weights,
+    BUNDLE_ADJUSTMENT_REAL *loss,
+    BUNDLE_ADJUSTMENT_REAL *grad_cams,
+    BUNDLE_ADJUSTMENT_REAL *grad_pts,
+    BUNDLE_ADJUSTMENT_REAL *grad_weights,
+    BUNDLE_ADJUSTMENT_REAL *work
+)
+{
+    if (N < 1) {
+        return 1;
+    }
+    if (C < 1) {
+        return 1;
+    }
+    if (P < 1) {
+        return 1;
+    }
+    for (int64_t i = 0; i < N; ++i) {
+        if ((uint64_t)cam[i] >= (uint64_t)C) {
+            return 2; /* a row number outside an array it gathers from */
+        }
+    }
+    for (int64_t i = 0; i < N; ++i) {
+        if ((uint64_t)pt[i] >= (uint64_t)P) {
+            return 2; /* a row number outside an array it gathers from */
+        }
+    }
+    bundle_adjustment_value_and_grad_part1(N, feats, cam, pt, cams, pts, weights, loss, work);
+    bundle_adjustment_value_and_grad_part2(N, C, P, feats, cam, pt, cams, pts, weights, grad_cams, grad_pts, grad_weights, work);
     return 0;
 }
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 
 /* --- what the functions take, and each called with its arrays in arrays (see
  * bundle_adjustment.h) --- */
@@ -885,3 +994,4 @@ int bundle_adjustment_value_and_grad_call(const int64_t *dims, const void *const
         work
     );
 }
+#endif

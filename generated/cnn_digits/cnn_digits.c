@@ -11,18 +11,60 @@
 #define SYMBACKPROP_F64_AS_F32
 #endif
 #include "symbackprop_runtime.h"
+/* One translation unit, or 3: compiled with -DSYMBACKPROP_UNIT=k for each k
+ * from 0 to 2 (symbackprop's builder compiles them at once, on as many
+ * cores), each unit compiles the functions marked for it, and the 3 objects
+ * link into the module. Functions one unit calls in another are then
+ * CNN_DIGITS_SHARED: hidden from other modules, where one unit has them static. */
+#if defined(SYMBACKPROP_UNIT) && defined(__GNUC__)
+#define CNN_DIGITS_SHARED __attribute__((visibility("hidden")))
+#elif defined(SYMBACKPROP_UNIT)
+#define CNN_DIGITS_SHARED
+#else
+#define CNN_DIGITS_SHARED static
+#endif
 
-static size_t cnn_digits_run_work_len(int64_t n, int with_grads)
+/* In unit 2; called from unit 0. */
+CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads);
+CNN_DIGITS_SHARED int cnn_digits_run(
+    int64_t n,
+    const CNN_DIGITS_REAL *X,
+    const CNN_DIGITS_REAL *T,
+    const CNN_DIGITS_REAL *K1,
+    const CNN_DIGITS_REAL *c1,
+    const CNN_DIGITS_REAL *K2,
+    const CNN_DIGITS_REAL *c2,
+    const CNN_DIGITS_REAL *W1,
+    const CNN_DIGITS_REAL *b1,
+    const CNN_DIGITS_REAL *W2,
+    const CNN_DIGITS_REAL *b2,
+    CNN_DIGITS_REAL *loss,
+    CNN_DIGITS_REAL *logits,
+    CNN_DIGITS_REAL *grad_K1,
+    CNN_DIGITS_REAL *grad_c1,
+    CNN_DIGITS_REAL *grad_K2,
+    CNN_DIGITS_REAL *grad_c2,
+    CNN_DIGITS_REAL *grad_W1,
+    CNN_DIGITS_REAL *grad_b1,
+    CNN_DIGITS_REAL *grad_W2,
+    CNN_DIGITS_REAL *grad_b2,
+    CNN_DIGITS_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
     return (size_t)(with_grads ? 5655*n + 110369 : 5207*n + 24577);
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
  * gradient: forward and value_and_grad call it. */
-static int cnn_digits_run(
+CNN_DIGITS_SHARED int cnn_digits_run(
     int64_t n,
     const CNN_DIGITS_REAL *X,
     const CNN_DIGITS_REAL *T,
@@ -611,7 +653,9 @@ static int cnn_digits_run(
     symbackprop_f64_matmul(64, 10, n, t11, 1, 64, grad_logits, 10, 1, grad_W2);
     return 0;
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t cnn_digits_forward_work_len(int64_t n)
 {
     if (n < 1) {
@@ -619,7 +663,9 @@ size_t cnn_digits_forward_work_len(int64_t n)
     }
     return (size_t)(cnn_digits_run_work_len(n, 0));
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* Forward pass: the loss and the named outputs. */
 int cnn_digits_forward(
     int64_t n,
@@ -643,7 +689,9 @@ int cnn_digits_forward(
     }
     return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t cnn_digits_value_and_grad_work_len(int64_t n)
 {
     if (n < 1) {
@@ -651,7 +699,9 @@ size_t cnn_digits_value_and_grad_work_len(int64_t n)
     }
     return (size_t)(cnn_digits_run_work_len(n, 1) + n*10);
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* The loss and its gradient (reverse mode). */
 int cnn_digits_value_and_grad(
     int64_t n,
@@ -682,7 +732,9 @@ int cnn_digits_value_and_grad(
     }
     return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, work + cnn_digits_run_work_len(n, 1), grad_K1, grad_c1, grad_K2, grad_c2, grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t cnn_digits_train_step_work_len(int64_t n)
 {
     if (n < 1) {
@@ -690,11 +742,30 @@ size_t cnn_digits_train_step_work_len(int64_t n)
     }
     return (size_t)(5665*n + 124982);
 }
+#endif
 
 /* cnn_digits_train_step, part 1 of 2 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void cnn_digits_train_step_part1(
+/* In unit 1; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
+    int64_t n,
+    const CNN_DIGITS_REAL *X,
+    const CNN_DIGITS_REAL *T,
+    CNN_DIGITS_REAL *K1,
+    CNN_DIGITS_REAL *c1,
+    CNN_DIGITS_REAL *K2,
+    CNN_DIGITS_REAL *c2,
+    CNN_DIGITS_REAL *W1,
+    CNN_DIGITS_REAL *b1,
+    CNN_DIGITS_REAL *W2,
+    CNN_DIGITS_REAL *b2,
+    const CNN_DIGITS_REAL *weight_decay,
+    CNN_DIGITS_REAL *loss,
+    CNN_DIGITS_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     int64_t n,
     const CNN_DIGITS_REAL *X,
     const CNN_DIGITS_REAL *T,
@@ -1285,11 +1356,13 @@ static void cnn_digits_train_step_part1(
         }
     }
 }
+#endif
 
 /* cnn_digits_train_step, part 2 of 2 (kernels 33 to 50): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void cnn_digits_train_step_part2(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     int64_t n,
     CNN_DIGITS_REAL *K1,
     CNN_DIGITS_REAL *c1,
@@ -1618,7 +1691,9 @@ static void cnn_digits_train_step_part2(
         }
     }
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* One training step: the loss, then the optimizer updates the parameters and its state in place. */
 int cnn_digits_train_step(
     int64_t n,
@@ -1665,6 +1740,8 @@ int cnn_digits_train_step(
     cnn_digits_train_step_part2(n, K1, c1, K2, c2, W1, b1, W2, b2, lr, beta1, beta2, eps, weight_decay, step, m_K1, v_K1, m_c1, v_c1, m_K2, v_K2, m_c2, v_c2, m_W1, v_W1, m_b1, v_b1, m_W2, v_W2, m_b2, v_b2, work);
     return 0;
 }
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 
 /* The train step's workspace for any minibatch of the epoch (the last may be smaller). */
 static size_t cnn_digits_train_epoch_step_len(int64_t rows, int64_t batch)
@@ -2305,3 +2382,4 @@ int cnn_digits_train_epoch_call(const int64_t *dims, const void *const *in, void
         (CNN_DIGITS_REAL *)in[32], (CNN_DIGITS_REAL *)out[0], work
     );
 }
+#endif

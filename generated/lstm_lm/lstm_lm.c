@@ -11,7 +11,20 @@
 #define SYMBACKPROP_F64_AS_F32
 #endif
 #include "symbackprop_runtime.h"
+/* One translation unit, or 2: compiled with -DSYMBACKPROP_UNIT=k for each k
+ * from 0 to 1 (symbackprop's builder compiles them at once, on as many
+ * cores), each unit compiles the functions marked for it, and the 2 objects
+ * link into the module. Functions one unit calls in another are then
+ * LSTM_LM_SHARED: hidden from other modules, where one unit has them static. */
+#if defined(SYMBACKPROP_UNIT) && defined(__GNUC__)
+#define LSTM_LM_SHARED __attribute__((visibility("hidden")))
+#elif defined(SYMBACKPROP_UNIT)
+#define LSTM_LM_SHARED
+#else
+#define LSTM_LM_SHARED static
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t lstm_lm_forward_work_len(int64_t T)
 {
     if (T < 1) {
@@ -19,12 +32,15 @@ size_t lstm_lm_forward_work_len(int64_t T)
     }
     return (size_t)(33*T + 445);
 }
+#endif
 
-/* Forward pass: the loss and the named outputs. */
-int lstm_lm_forward(
+/* lstm_lm_forward, part 1 of 2 (kernels 1 to 1): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+LSTM_LM_SHARED void lstm_lm_forward_part1(
     int64_t T,
     const LSTM_LM_REAL *X,
-    const LSTM_LM_REAL *Y,
     const LSTM_LM_REAL *W_i,
     const LSTM_LM_REAL *W_f,
     const LSTM_LM_REAL *W_g,
@@ -39,15 +55,10 @@ int lstm_lm_forward(
     const LSTM_LM_REAL *b_o,
     const LSTM_LM_REAL *V,
     const LSTM_LM_REAL *c,
-    LSTM_LM_REAL *loss,
     LSTM_LM_REAL *logits,
     LSTM_LM_REAL *work
 )
 {
-    if (T < 1) {
-        return 1;
-    }
-
     /* t0 = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of logits */
     LSTM_LM_REAL *t0 = work; /* 444 x 1 */
     {
@@ -244,7 +255,22 @@ int lstm_lm_forward(
             t0_nxt = t0_swap;
         }
     }
+}
+#endif
 
+/* lstm_lm_forward, part 2 of 2 (kernels 2 to 8): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+LSTM_LM_SHARED void lstm_lm_forward_part2(
+    int64_t T,
+    const LSTM_LM_REAL *Y,
+    LSTM_LM_REAL *loss,
+    LSTM_LM_REAL *logits,
+    LSTM_LM_REAL *work
+)
+{
+    LSTM_LM_REAL *t0 = work; /* 444 x 1; placed in an earlier part */
     /* logits: the output 0 of the loop of t0, written by it */
 
     /* t1 = Y*logits */
@@ -285,19 +311,12 @@ int lstm_lm_forward(
     {
         loss[0] = t5[0]/((LSTM_LM_REAL)T);
     }
-    return 0;
 }
+#endif
 
-size_t lstm_lm_value_and_grad_work_len(int64_t T)
-{
-    if (T < 1) {
-        return 0; /* the function returns 1 */
-    }
-    return (size_t)(63*T + 32*((T + 31)/32) + 9819);
-}
-
-/* The loss and its gradient (reverse mode). */
-int lstm_lm_value_and_grad(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* Forward pass: the loss and the named outputs. */
+int lstm_lm_forward(
     int64_t T,
     const LSTM_LM_REAL *X,
     const LSTM_LM_REAL *Y,
@@ -316,27 +335,53 @@ int lstm_lm_value_and_grad(
     const LSTM_LM_REAL *V,
     const LSTM_LM_REAL *c,
     LSTM_LM_REAL *loss,
-    LSTM_LM_REAL *grad_W_i,
-    LSTM_LM_REAL *grad_W_f,
-    LSTM_LM_REAL *grad_W_g,
-    LSTM_LM_REAL *grad_W_o,
-    LSTM_LM_REAL *grad_U_i,
-    LSTM_LM_REAL *grad_U_f,
-    LSTM_LM_REAL *grad_U_g,
-    LSTM_LM_REAL *grad_U_o,
-    LSTM_LM_REAL *grad_b_i,
-    LSTM_LM_REAL *grad_b_f,
-    LSTM_LM_REAL *grad_b_g,
-    LSTM_LM_REAL *grad_b_o,
-    LSTM_LM_REAL *grad_V,
-    LSTM_LM_REAL *grad_c,
+    LSTM_LM_REAL *logits,
     LSTM_LM_REAL *work
 )
 {
     if (T < 1) {
         return 1;
     }
+    lstm_lm_forward_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c, logits, work);
+    lstm_lm_forward_part2(T, Y, loss, logits, work);
+    return 0;
+}
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+size_t lstm_lm_value_and_grad_work_len(int64_t T)
+{
+    if (T < 1) {
+        return 0; /* the function returns 1 */
+    }
+    return (size_t)(63*T + 32*((T + 31)/32) + 9819);
+}
+#endif
+
+/* lstm_lm_value_and_grad, part 1 of 4 (kernels 1 to 1): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
+    int64_t T,
+    const LSTM_LM_REAL *X,
+    const LSTM_LM_REAL *W_i,
+    const LSTM_LM_REAL *W_f,
+    const LSTM_LM_REAL *W_g,
+    const LSTM_LM_REAL *W_o,
+    const LSTM_LM_REAL *U_i,
+    const LSTM_LM_REAL *U_f,
+    const LSTM_LM_REAL *U_g,
+    const LSTM_LM_REAL *U_o,
+    const LSTM_LM_REAL *b_i,
+    const LSTM_LM_REAL *b_f,
+    const LSTM_LM_REAL *b_g,
+    const LSTM_LM_REAL *b_o,
+    const LSTM_LM_REAL *V,
+    const LSTM_LM_REAL *c,
+    LSTM_LM_REAL *work
+)
+{
     /* t0 = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of logits;
      * one state in 32 kept in t6 */
     LSTM_LM_REAL *t0 = work; /* 444 x 1 */
@@ -541,7 +586,22 @@ int lstm_lm_value_and_grad(
             t0_nxt = t0_swap;
         }
     }
+}
+#endif
 
+/* lstm_lm_value_and_grad, part 2 of 4 (kernels 2 to 10): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
+    int64_t T,
+    const LSTM_LM_REAL *Y,
+    LSTM_LM_REAL *loss,
+    LSTM_LM_REAL *work
+)
+{
+    LSTM_LM_REAL *logits = work + 444; /* T x 30; placed in an earlier part */
+    LSTM_LM_REAL *t6 = work + 30*T + 444; /* ((T + 31)/32) x 32; placed in an earlier part */
     /* logits: the output 0 of the loop of t0, written by it */
 
     /* t1 = Y*logits */
@@ -594,7 +654,84 @@ int lstm_lm_value_and_grad(
             grad_logits[30*i + j] = -Y[30*i + j]*x0 + x0*exp(logits[30*i + j] - t3[i]);
         }
     }
+}
+#endif
 
+/* lstm_lm_value_and_grad, part 3 of 4 (kernels 11 to 11): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 1; called from unit 0. */
+LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
+    int64_t T,
+    const LSTM_LM_REAL *X,
+    const LSTM_LM_REAL *W_i,
+    const LSTM_LM_REAL *W_f,
+    const LSTM_LM_REAL *W_g,
+    const LSTM_LM_REAL *W_o,
+    const LSTM_LM_REAL *U_i,
+    const LSTM_LM_REAL *U_f,
+    const LSTM_LM_REAL *U_g,
+    const LSTM_LM_REAL *U_o,
+    const LSTM_LM_REAL *b_i,
+    const LSTM_LM_REAL *b_f,
+    const LSTM_LM_REAL *b_g,
+    const LSTM_LM_REAL *b_o,
+    const LSTM_LM_REAL *V,
+    const LSTM_LM_REAL *c,
+    LSTM_LM_REAL *grad_W_i,
+    LSTM_LM_REAL *grad_W_f,
+    LSTM_LM_REAL *grad_W_g,
+    LSTM_LM_REAL *grad_W_o,
+    LSTM_LM_REAL *grad_U_i,
+    LSTM_LM_REAL *grad_U_f,
+    LSTM_LM_REAL *grad_U_g,
+    LSTM_LM_REAL *grad_U_o,
+    LSTM_LM_REAL *grad_b_i,
+    LSTM_LM_REAL *grad_b_f,
+    LSTM_LM_REAL *grad_b_g,
+    LSTM_LM_REAL *grad_b_o,
+    LSTM_LM_REAL *grad_V,
+    LSTM_LM_REAL *grad_c,
+    LSTM_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
+    int64_t T,
+    const LSTM_LM_REAL *X,
+    const LSTM_LM_REAL *W_i,
+    const LSTM_LM_REAL *W_f,
+    const LSTM_LM_REAL *W_g,
+    const LSTM_LM_REAL *W_o,
+    const LSTM_LM_REAL *U_i,
+    const LSTM_LM_REAL *U_f,
+    const LSTM_LM_REAL *U_g,
+    const LSTM_LM_REAL *U_o,
+    const LSTM_LM_REAL *b_i,
+    const LSTM_LM_REAL *b_f,
+    const LSTM_LM_REAL *b_g,
+    const LSTM_LM_REAL *b_o,
+    const LSTM_LM_REAL *V,
+    const LSTM_LM_REAL *c,
+    LSTM_LM_REAL *grad_W_i,
+    LSTM_LM_REAL *grad_W_f,
+    LSTM_LM_REAL *grad_W_g,
+    LSTM_LM_REAL *grad_W_o,
+    LSTM_LM_REAL *grad_U_i,
+    LSTM_LM_REAL *grad_U_f,
+    LSTM_LM_REAL *grad_U_g,
+    LSTM_LM_REAL *grad_U_o,
+    LSTM_LM_REAL *grad_b_i,
+    LSTM_LM_REAL *grad_b_f,
+    LSTM_LM_REAL *grad_b_g,
+    LSTM_LM_REAL *grad_b_o,
+    LSTM_LM_REAL *grad_V,
+    LSTM_LM_REAL *grad_c,
+    LSTM_LM_REAL *work
+)
+{
+    LSTM_LM_REAL *t6 = work + 30*T + 444; /* ((T + 31)/32) x 32; placed in an earlier part */
+    LSTM_LM_REAL *t5 = work + 63*T + 32*((T + 31)/32) + 444; /* 1 x 1; placed in an earlier part */
+    LSTM_LM_REAL *grad_logits = work + 30*T + 32*((T + 31)/32) + 444; /* T x 30, in t1's memory; placed in an earlier part */
     /* t7 = backward scan over t = T-1 .. 0: adjoints of (h, cell) and of the step's inputs
      * and params, from the states kept in t6, each segment of 32 steps recomputed from its
      * checkpoint */
@@ -1120,7 +1257,17 @@ int lstm_lm_value_and_grad(
             }
         }
     }
+}
+#endif
 
+/* lstm_lm_value_and_grad, part 4 of 4 (kernels 12 to 25): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+LSTM_LM_SHARED void lstm_lm_value_and_grad_part4(
+    void
+)
+{
     /* grad_W_i: the adjoint of captured value 0 of the loop of t7, written by it */
 
     /* grad_W_f: the adjoint of captured value 1 of the loop of t7, written by it */
@@ -1148,8 +1295,58 @@ int lstm_lm_value_and_grad(
     /* grad_V: the adjoint of captured value 12 of the loop of t7, written by it */
 
     /* grad_c: the adjoint of captured value 13 of the loop of t7, written by it */
+}
+#endif
+
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* The loss and its gradient (reverse mode). */
+int lstm_lm_value_and_grad(
+    int64_t T,
+    const LSTM_LM_REAL *X,
+    const LSTM_LM_REAL *Y,
+    const LSTM_LM_REAL *W_i,
+    const LSTM_LM_REAL *W_f,
+    const LSTM_LM_REAL *W_g,
+    const LSTM_LM_REAL *W_o,
+    const LSTM_LM_REAL *U_i,
+    const LSTM_LM_REAL *U_f,
+    const LSTM_LM_REAL *U_g,
+    const LSTM_LM_REAL *U_o,
+    const LSTM_LM_REAL *b_i,
+    const LSTM_LM_REAL *b_f,
+    const LSTM_LM_REAL *b_g,
+    const LSTM_LM_REAL *b_o,
+    const LSTM_LM_REAL *V,
+    const LSTM_LM_REAL *c,
+    LSTM_LM_REAL *loss,
+    LSTM_LM_REAL *grad_W_i,
+    LSTM_LM_REAL *grad_W_f,
+    LSTM_LM_REAL *grad_W_g,
+    LSTM_LM_REAL *grad_W_o,
+    LSTM_LM_REAL *grad_U_i,
+    LSTM_LM_REAL *grad_U_f,
+    LSTM_LM_REAL *grad_U_g,
+    LSTM_LM_REAL *grad_U_o,
+    LSTM_LM_REAL *grad_b_i,
+    LSTM_LM_REAL *grad_b_f,
+    LSTM_LM_REAL *grad_b_g,
+    LSTM_LM_REAL *grad_b_o,
+    LSTM_LM_REAL *grad_V,
+    LSTM_LM_REAL *grad_c,
+    LSTM_LM_REAL *work
+)
+{
+    if (T < 1) {
+        return 1;
+    }
+    lstm_lm_value_and_grad_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c, work);
+    lstm_lm_value_and_grad_part2(T, Y, loss, work);
+    lstm_lm_value_and_grad_part3(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c, grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c, work);
+    lstm_lm_value_and_grad_part4();
     return 0;
 }
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 
 /* --- what the functions take, and each called with its arrays in arrays (see lstm_lm.h) --- */
 
@@ -1401,3 +1598,4 @@ int lstm_lm_value_and_grad_call(const int64_t *dims, const void *const *in, void
         work
     );
 }
+#endif

@@ -11,19 +11,34 @@
 #define SYMBACKPROP_F64_AS_F32
 #endif
 #include "symbackprop_runtime.h"
+/* One translation unit, or 4: compiled with -DSYMBACKPROP_UNIT=k for each k
+ * from 0 to 3 (symbackprop's builder compiles them at once, on as many
+ * cores), each unit compiles the functions marked for it, and the 4 objects
+ * link into the module. Functions one unit calls in another are then
+ * LSTM_SEQUENCE_SHARED: hidden from other modules, where one unit has them static. */
+#if defined(SYMBACKPROP_UNIT) && defined(__GNUC__)
+#define LSTM_SEQUENCE_SHARED __attribute__((visibility("hidden")))
+#elif defined(SYMBACKPROP_UNIT)
+#define LSTM_SEQUENCE_SHARED
+#else
+#define LSTM_SEQUENCE_SHARED static
+#endif
 
-static size_t lstm_sequence_run_work_len(int64_t n, int with_grads)
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
     return (size_t)(with_grads ? 507*n + 897 : 83*n + 1);
 }
+#endif
 
 /* lstm_sequence_run, part 1 of 8 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void lstm_sequence_run_part1(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
     const LSTM_SEQUENCE_REAL *x2_,
@@ -264,11 +279,34 @@ static void lstm_sequence_run_part1(
     LSTM_SEQUENCE_REAL *t40 = with_grads ? t34 : t26; /* n x 8, in t34's memory */
     symbackprop_f64_matmul(n, 8, 1, x4_, 1, 0, W_o, 0, 1, t40);
 }
+#endif
 
 /* lstm_sequence_run, part 2 of 8 (kernels 33 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void lstm_sequence_run_part2(
+/* In unit 3; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *x4_,
+    const LSTM_SEQUENCE_REAL *x5_,
+    const LSTM_SEQUENCE_REAL *x6_,
+    const LSTM_SEQUENCE_REAL *W_i,
+    const LSTM_SEQUENCE_REAL *W_f,
+    const LSTM_SEQUENCE_REAL *W_g,
+    const LSTM_SEQUENCE_REAL *W_o,
+    const LSTM_SEQUENCE_REAL *U_i,
+    const LSTM_SEQUENCE_REAL *U_f,
+    const LSTM_SEQUENCE_REAL *U_g,
+    const LSTM_SEQUENCE_REAL *U_o,
+    const LSTM_SEQUENCE_REAL *b_i,
+    const LSTM_SEQUENCE_REAL *b_f,
+    const LSTM_SEQUENCE_REAL *b_g,
+    const LSTM_SEQUENCE_REAL *b_o,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x4_,
     const LSTM_SEQUENCE_REAL *x5_,
@@ -506,11 +544,39 @@ static void lstm_sequence_run_part2(
     LSTM_SEQUENCE_REAL *t78 = with_grads ? t75 : t70; /* n x 8, in t75's memory */
     symbackprop_f64_matmul(n, 8, 8, t68, 8, 1, U_f, 8, 1, t78);
 }
+#endif
 
 /* lstm_sequence_run, part 3 of 8 (kernels 65 to 94): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void lstm_sequence_run_part3(
+/* In unit 3; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *x6_,
+    const LSTM_SEQUENCE_REAL *x7_,
+    const LSTM_SEQUENCE_REAL *x8_,
+    const LSTM_SEQUENCE_REAL *y,
+    const LSTM_SEQUENCE_REAL *W_i,
+    const LSTM_SEQUENCE_REAL *W_f,
+    const LSTM_SEQUENCE_REAL *W_g,
+    const LSTM_SEQUENCE_REAL *W_o,
+    const LSTM_SEQUENCE_REAL *U_i,
+    const LSTM_SEQUENCE_REAL *U_f,
+    const LSTM_SEQUENCE_REAL *U_g,
+    const LSTM_SEQUENCE_REAL *U_o,
+    const LSTM_SEQUENCE_REAL *b_i,
+    const LSTM_SEQUENCE_REAL *b_f,
+    const LSTM_SEQUENCE_REAL *b_g,
+    const LSTM_SEQUENCE_REAL *b_o,
+    const LSTM_SEQUENCE_REAL *V,
+    const LSTM_SEQUENCE_REAL *c0,
+    LSTM_SEQUENCE_REAL *loss,
+    LSTM_SEQUENCE_REAL *logit,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x6_,
     const LSTM_SEQUENCE_REAL *x7_,
@@ -758,11 +824,20 @@ static void lstm_sequence_run_part3(
         loss[0] = t115[0]/((LSTM_SEQUENCE_REAL)n);
     }
 }
+#endif
 
 /* lstm_sequence_run, part 4 of 8 (kernels 95 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void lstm_sequence_run_part4(
+/* In unit 1; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *V,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     int64_t n,
     const LSTM_SEQUENCE_REAL *V,
     LSTM_SEQUENCE_REAL *work,
@@ -807,11 +882,29 @@ static void lstm_sequence_run_part4(
         }
     }
 }
+#endif
 
 /* lstm_sequence_run, part 5 of 8 (kernels 97 to 128): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void lstm_sequence_run_part5(
+/* In unit 1; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *x3_,
+    const LSTM_SEQUENCE_REAL *x4_,
+    const LSTM_SEQUENCE_REAL *x5_,
+    const LSTM_SEQUENCE_REAL *x6_,
+    const LSTM_SEQUENCE_REAL *x7_,
+    const LSTM_SEQUENCE_REAL *x8_,
+    const LSTM_SEQUENCE_REAL *U_i,
+    const LSTM_SEQUENCE_REAL *U_f,
+    const LSTM_SEQUENCE_REAL *U_g,
+    const LSTM_SEQUENCE_REAL *U_o,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x3_,
     const LSTM_SEQUENCE_REAL *x4_,
@@ -1122,11 +1215,38 @@ static void lstm_sequence_run_part5(
     LSTM_SEQUENCE_REAL *grad_t23_part = t47; /* n x 8, in t47's memory */
     symbackprop_f64_matmul(n, 8, 8, g22, 8, 1, U_f, 1, 8, grad_t23_part);
 }
+#endif
 
 /* lstm_sequence_run, part 6 of 8 (kernels 129 to 160): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void lstm_sequence_run_part6(
+/* In unit 2; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *x1_,
+    const LSTM_SEQUENCE_REAL *x2_,
+    const LSTM_SEQUENCE_REAL *x3_,
+    const LSTM_SEQUENCE_REAL *x4_,
+    const LSTM_SEQUENCE_REAL *x5_,
+    const LSTM_SEQUENCE_REAL *x6_,
+    const LSTM_SEQUENCE_REAL *x7_,
+    const LSTM_SEQUENCE_REAL *x8_,
+    const LSTM_SEQUENCE_REAL *U_i,
+    const LSTM_SEQUENCE_REAL *U_f,
+    const LSTM_SEQUENCE_REAL *U_g,
+    const LSTM_SEQUENCE_REAL *U_o,
+    LSTM_SEQUENCE_REAL *grad_W_i,
+    LSTM_SEQUENCE_REAL *grad_W_f,
+    LSTM_SEQUENCE_REAL *grad_W_g,
+    LSTM_SEQUENCE_REAL *grad_b_i,
+    LSTM_SEQUENCE_REAL *grad_b_f,
+    LSTM_SEQUENCE_REAL *grad_b_g,
+    LSTM_SEQUENCE_REAL *grad_b_o,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
     const LSTM_SEQUENCE_REAL *x2_,
@@ -1469,11 +1589,13 @@ static void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *grad_W_o_part_2 = grad_W_g_part_2; /* 1 x 8, in grad_W_g_part_2's memory */
     symbackprop_f64_matmul(1, 8, n, x6_, 0, 1, g12, 8, 1, grad_W_o_part_2);
 }
+#endif
 
 /* lstm_sequence_run, part 7 of 8 (kernels 161 to 192): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void lstm_sequence_run_part7(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
     const LSTM_SEQUENCE_REAL *x2_,
@@ -1674,11 +1796,22 @@ static void lstm_sequence_run_part7(
     LSTM_SEQUENCE_REAL *grad_U_o_part_1 = grad_U_g_part_1; /* 8 x 8, in grad_U_g_part_1's memory */
     symbackprop_f64_matmul(8, 8, n, t83, 1, 8, g8, 8, 1, grad_U_o_part_1);
 }
+#endif
 
 /* lstm_sequence_run, part 8 of 8 (kernels 193 to 200): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void lstm_sequence_run_part8(
+/* In unit 2; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *grad_U_o,
+    LSTM_SEQUENCE_REAL *grad_V,
+    LSTM_SEQUENCE_REAL *grad_c0,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     int64_t n,
     LSTM_SEQUENCE_REAL *grad_U_o,
     LSTM_SEQUENCE_REAL *grad_V,
@@ -1740,10 +1873,12 @@ static void lstm_sequence_run_part8(
     /* grad_c0 = sum of grad_logit down each column */
     grad_c0[0] = symbackprop_f64_sum(grad_logit, n, 1);
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
  * gradient: forward and value_and_grad call it. */
-static int lstm_sequence_run(
+LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
     const LSTM_SEQUENCE_REAL *x2_,
@@ -1804,7 +1939,9 @@ static int lstm_sequence_run(
     lstm_sequence_run_part8(n, grad_U_o, grad_V, grad_c0, work, with_grads);
     return 0;
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t lstm_sequence_forward_work_len(int64_t n)
 {
     if (n < 1) {
@@ -1812,7 +1949,9 @@ size_t lstm_sequence_forward_work_len(int64_t n)
     }
     return (size_t)(lstm_sequence_run_work_len(n, 0));
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* Forward pass: the loss and the named outputs. */
 int lstm_sequence_forward(
     int64_t n,
@@ -1849,7 +1988,9 @@ int lstm_sequence_forward(
     }
     return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, logit, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t lstm_sequence_value_and_grad_work_len(int64_t n)
 {
     if (n < 1) {
@@ -1857,7 +1998,9 @@ size_t lstm_sequence_value_and_grad_work_len(int64_t n)
     }
     return (size_t)(lstm_sequence_run_work_len(n, 1) + n*1);
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* The loss and its gradient (reverse mode). */
 int lstm_sequence_value_and_grad(
     int64_t n,
@@ -1907,6 +2050,8 @@ int lstm_sequence_value_and_grad(
     }
     return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, work + lstm_sequence_run_work_len(n, 1), grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c0, work, 1);
 }
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 
 /* --- what the functions take, and each called with its arrays in arrays (see
  * lstm_sequence.h) --- */
@@ -2186,3 +2331,4 @@ int lstm_sequence_value_and_grad_call(const int64_t *dims, const void *const *in
         (LSTM_SEQUENCE_REAL *)out[14], work
     );
 }
+#endif

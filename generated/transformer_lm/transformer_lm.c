@@ -12,46 +12,40 @@
 #define SYMBACKPROP_F64_AS_F32
 #endif
 #include "symbackprop_runtime.h"
+/* One translation unit, or 4: compiled with -DSYMBACKPROP_UNIT=k for each k
+ * from 0 to 3 (symbackprop's builder compiles them at once, on as many
+ * cores), each unit compiles the functions marked for it, and the 4 objects
+ * link into the module. Functions one unit calls in another are then
+ * TRANSFORMER_LM_SHARED: hidden from other modules, where one unit has them static. */
+#if defined(SYMBACKPROP_UNIT) && defined(__GNUC__)
+#define TRANSFORMER_LM_SHARED __attribute__((visibility("hidden")))
+#elif defined(SYMBACKPROP_UNIT)
+#define TRANSFORMER_LM_SHARED
+#else
+#define TRANSFORMER_LM_SHARED static
+#endif
 
-static size_t transformer_lm_run_work_len(int64_t m, int with_grads)
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_grads)
 {
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
     return (size_t)(with_grads ? 3837*m + 14337 : 1089*m + 5121);
 }
+#endif
 
-/* transformer_lm_run, part 1 of 5 (kernels 1 to 32): a long
+/* transformer_lm_run, part 1 of 8 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void transformer_lm_run_part1(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
     const TRANSFORMER_LM_REAL *E,
     const TRANSFORMER_LM_REAL *P,
-    const TRANSFORMER_LM_REAL *g0a,
-    const TRANSFORMER_LM_REAL *b0a,
-    const TRANSFORMER_LM_REAL *Wq0,
-    const TRANSFORMER_LM_REAL *Wk0,
-    const TRANSFORMER_LM_REAL *Wv0,
-    const TRANSFORMER_LM_REAL *Wo0,
-    const TRANSFORMER_LM_REAL *g0m,
-    const TRANSFORMER_LM_REAL *b0m,
-    const TRANSFORMER_LM_REAL *W0up,
-    const TRANSFORMER_LM_REAL *c0up,
-    const TRANSFORMER_LM_REAL *W0down,
-    const TRANSFORMER_LM_REAL *c0down,
-    const TRANSFORMER_LM_REAL *g1a,
-    const TRANSFORMER_LM_REAL *b1a,
-    const TRANSFORMER_LM_REAL *Wq1,
-    const TRANSFORMER_LM_REAL *Wk1,
-    const TRANSFORMER_LM_REAL *Wv1,
-    const TRANSFORMER_LM_REAL *Wo1,
-    const TRANSFORMER_LM_REAL *g1m,
-    const TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *work
 )
 {
     /* t0[i, :] = [E[ids[i], 0], E[ids[i], 1], E[ids[i], 2], E[ids[i], 3], E[ids[i], 4],
@@ -199,7 +193,67 @@ static void transformer_lm_run_part1(
         t1[64*i + 62] = P[64*positions[i] + 62];
         t1[64*i + 63] = P[64*positions[i] + 63];
     }
+}
+#endif
 
+/* transformer_lm_run, part 2 of 8 (kernels 2 to 32): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
+    int64_t m,
+    const TRANSFORMER_LM_REAL *g0a,
+    const TRANSFORMER_LM_REAL *b0a,
+    const TRANSFORMER_LM_REAL *Wq0,
+    const TRANSFORMER_LM_REAL *Wk0,
+    const TRANSFORMER_LM_REAL *Wv0,
+    const TRANSFORMER_LM_REAL *Wo0,
+    const TRANSFORMER_LM_REAL *g0m,
+    const TRANSFORMER_LM_REAL *b0m,
+    const TRANSFORMER_LM_REAL *W0up,
+    const TRANSFORMER_LM_REAL *c0up,
+    const TRANSFORMER_LM_REAL *W0down,
+    const TRANSFORMER_LM_REAL *c0down,
+    const TRANSFORMER_LM_REAL *g1a,
+    const TRANSFORMER_LM_REAL *b1a,
+    const TRANSFORMER_LM_REAL *Wq1,
+    const TRANSFORMER_LM_REAL *Wk1,
+    const TRANSFORMER_LM_REAL *Wv1,
+    const TRANSFORMER_LM_REAL *Wo1,
+    const TRANSFORMER_LM_REAL *g1m,
+    const TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
+    int64_t m,
+    const TRANSFORMER_LM_REAL *g0a,
+    const TRANSFORMER_LM_REAL *b0a,
+    const TRANSFORMER_LM_REAL *Wq0,
+    const TRANSFORMER_LM_REAL *Wk0,
+    const TRANSFORMER_LM_REAL *Wv0,
+    const TRANSFORMER_LM_REAL *Wo0,
+    const TRANSFORMER_LM_REAL *g0m,
+    const TRANSFORMER_LM_REAL *b0m,
+    const TRANSFORMER_LM_REAL *W0up,
+    const TRANSFORMER_LM_REAL *c0up,
+    const TRANSFORMER_LM_REAL *W0down,
+    const TRANSFORMER_LM_REAL *c0down,
+    const TRANSFORMER_LM_REAL *g1a,
+    const TRANSFORMER_LM_REAL *b1a,
+    const TRANSFORMER_LM_REAL *Wq1,
+    const TRANSFORMER_LM_REAL *Wk1,
+    const TRANSFORMER_LM_REAL *Wv1,
+    const TRANSFORMER_LM_REAL *Wo1,
+    const TRANSFORMER_LM_REAL *g1m,
+    const TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+)
+{
+    TRANSFORMER_LM_REAL *t0 = work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t1 = work + 64*m; /* m x 64; placed in an earlier part */
     /* t2 = t0 + t1 */
     TRANSFORMER_LM_REAL *t2 = t1 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
@@ -762,11 +816,28 @@ static void transformer_lm_run_part1(
         }
     }
 }
+#endif
 
-/* transformer_lm_run, part 2 of 5 (kernels 33 to 44): a long
+/* transformer_lm_run, part 3 of 8 (kernels 33 to 44): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void transformer_lm_run_part2(
+/* In unit 2; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
+    int64_t m,
+    const int64_t *targets,
+    const TRANSFORMER_LM_REAL *W1up,
+    const TRANSFORMER_LM_REAL *c1up,
+    const TRANSFORMER_LM_REAL *W1down,
+    const TRANSFORMER_LM_REAL *c1down,
+    const TRANSFORMER_LM_REAL *gf,
+    const TRANSFORMER_LM_REAL *bf,
+    const TRANSFORMER_LM_REAL *Wout,
+    TRANSFORMER_LM_REAL *loss,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
     const TRANSFORMER_LM_REAL *W1up,
@@ -916,11 +987,34 @@ static void transformer_lm_run_part2(
         loss[0] = t45[0]/((TRANSFORMER_LM_REAL)m);
     }
 }
+#endif
 
-/* transformer_lm_run, part 3 of 5 (kernels 45 to 64): a long
+/* transformer_lm_run, part 4 of 8 (kernels 45 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void transformer_lm_run_part3(
+/* In unit 2; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
+    int64_t m,
+    const int64_t *targets,
+    const TRANSFORMER_LM_REAL *Wk1,
+    const TRANSFORMER_LM_REAL *Wv1,
+    const TRANSFORMER_LM_REAL *Wo1,
+    const TRANSFORMER_LM_REAL *g1m,
+    const TRANSFORMER_LM_REAL *W1up,
+    const TRANSFORMER_LM_REAL *W1down,
+    const TRANSFORMER_LM_REAL *gf,
+    const TRANSFORMER_LM_REAL *Wout,
+    TRANSFORMER_LM_REAL *grad_g1m,
+    TRANSFORMER_LM_REAL *grad_b1m,
+    TRANSFORMER_LM_REAL *grad_c1up,
+    TRANSFORMER_LM_REAL *grad_c1down,
+    TRANSFORMER_LM_REAL *grad_gf,
+    TRANSFORMER_LM_REAL *grad_bf,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     int64_t m,
     const int64_t *targets,
     const TRANSFORMER_LM_REAL *Wk1,
@@ -1450,14 +1544,14 @@ static void transformer_lm_run_part3(
     TRANSFORMER_LM_REAL *grad_t22_part_2 = t24; /* m x 64, in t24's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t24, 64, 1, t23, 1, 64, grad_t22_part_2);
 }
+#endif
 
-/* transformer_lm_run, part 4 of 5 (kernels 65 to 96): a long
+/* transformer_lm_run, part 5 of 8 (kernels 65 to 85): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void transformer_lm_run_part4(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     int64_t m,
-    const int64_t *ids,
-    const int64_t *positions,
     const TRANSFORMER_LM_REAL *g0a,
     const TRANSFORMER_LM_REAL *Wk0,
     const TRANSFORMER_LM_REAL *Wv0,
@@ -1466,46 +1560,30 @@ static void transformer_lm_run_part4(
     const TRANSFORMER_LM_REAL *W0up,
     const TRANSFORMER_LM_REAL *W0down,
     const TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *grad_E,
-    TRANSFORMER_LM_REAL *grad_P,
     TRANSFORMER_LM_REAL *grad_g0a,
     TRANSFORMER_LM_REAL *grad_b0a,
-    TRANSFORMER_LM_REAL *grad_Wq0,
-    TRANSFORMER_LM_REAL *grad_Wk0,
-    TRANSFORMER_LM_REAL *grad_Wv0,
-    TRANSFORMER_LM_REAL *grad_Wo0,
     TRANSFORMER_LM_REAL *grad_g0m,
     TRANSFORMER_LM_REAL *grad_b0m,
-    TRANSFORMER_LM_REAL *grad_W0up,
     TRANSFORMER_LM_REAL *grad_c0up,
-    TRANSFORMER_LM_REAL *grad_W0down,
     TRANSFORMER_LM_REAL *grad_c0down,
     TRANSFORMER_LM_REAL *grad_g1a,
     TRANSFORMER_LM_REAL *grad_b1a,
-    TRANSFORMER_LM_REAL *grad_Wq1,
-    TRANSFORMER_LM_REAL *grad_Wk1,
     TRANSFORMER_LM_REAL *work,
     int with_grads
 )
 {
     TRANSFORMER_LM_REAL *t2 = work + 128*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t3 = work; /* m x 64, in t0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t6 = with_grads ? work + 192*m + 4096 : work; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t7 = with_grads ? work + 256*m + 4096 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t9 = with_grads ? work + 576*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t10 = with_grads ? work + 832*m + 5120 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t11 = with_grads ? work + 896*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t13 = with_grads ? work + 1024*m + 5120 : work; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t14 = with_grads ? work + 960*m + 5120 : work + 192*m + 4096; /* m x 64, in t12's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1088*m + 5120 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t17 = with_grads ? work + 1152*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t18 = with_grads ? work + 1408*m + 5120 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t20 = with_grads ? work + 1728*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1664*m + 5120 : work + 128*m; /* m x 64, in t19's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1792*m + 5120 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1920*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_c1up_blocks = work + 3837*m + 10241; /* 16 x 256; placed in an earlier part */
@@ -1515,9 +1593,7 @@ static void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *grad_t27 = work + 2816*m + 9216; /* m x 256, in t36's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t27_block = work + 3581*m + 9217; /* 64 x 16, in grad_b1m_blocks's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t26 = work + 320*m + 4096; /* m x 256, in grad_t35's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t25 = work + 3517*m + 9217; /* m x 64, in grad_t31_part's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t22_part_1 = work + 2240*m + 9216; /* m x 64, in t28's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t24 = work + 3453*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t22_part_2 = work + 1856*m + 9216; /* m x 64, in t24's memory; placed in an earlier part */
     /* grad_t21 = g1a*(grad_t22_part + grad_t22_part_1 + grad_t22_part_2) */
     /* grad_g1a = sum of (t21*(grad_t22_part + grad_t22_part_1 + grad_t22_part_2)) down each
@@ -2117,7 +2193,32 @@ static void transformer_lm_run_part4(
             grad_t2[64*i + j] = grad_t13[64*i + j] + grad_t2_part[64*i + j];
         }
     }
+}
+#endif
 
+/* transformer_lm_run, part 6 of 8 (kernels 86 to 86): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 2; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
+    int64_t m,
+    const int64_t *ids,
+    const int64_t *positions,
+    TRANSFORMER_LM_REAL *grad_E,
+    TRANSFORMER_LM_REAL *grad_P,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
+    int64_t m,
+    const int64_t *ids,
+    const int64_t *positions,
+    TRANSFORMER_LM_REAL *grad_E,
+    TRANSFORMER_LM_REAL *grad_P,
+    TRANSFORMER_LM_REAL *work
+)
+{
+    TRANSFORMER_LM_REAL *grad_t2 = work + 256*m + 4096; /* m x 64, in t7's memory; placed in an earlier part */
     /* grad_E[ids[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2], grad_t2[i, 3],
      * grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7], grad_t2[i, 8],
      * grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12], grad_t2[i, 13],
@@ -2266,7 +2367,56 @@ static void transformer_lm_run_part4(
         grad_P[64*positions[i] + 62] += grad_t2[64*i + 62];
         grad_P[64*positions[i] + 63] += grad_t2[64*i + 63];
     }
+}
+#endif
 
+/* transformer_lm_run, part 7 of 8 (kernels 87 to 96): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
+    int64_t m,
+    TRANSFORMER_LM_REAL *grad_Wq0,
+    TRANSFORMER_LM_REAL *grad_Wk0,
+    TRANSFORMER_LM_REAL *grad_Wv0,
+    TRANSFORMER_LM_REAL *grad_Wo0,
+    TRANSFORMER_LM_REAL *grad_W0up,
+    TRANSFORMER_LM_REAL *grad_W0down,
+    TRANSFORMER_LM_REAL *grad_Wq1,
+    TRANSFORMER_LM_REAL *grad_Wk1,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
+    int64_t m,
+    TRANSFORMER_LM_REAL *grad_Wq0,
+    TRANSFORMER_LM_REAL *grad_Wk0,
+    TRANSFORMER_LM_REAL *grad_Wv0,
+    TRANSFORMER_LM_REAL *grad_Wo0,
+    TRANSFORMER_LM_REAL *grad_W0up,
+    TRANSFORMER_LM_REAL *grad_W0down,
+    TRANSFORMER_LM_REAL *grad_Wq1,
+    TRANSFORMER_LM_REAL *grad_Wk1,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+)
+{
+    TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t11 = with_grads ? work + 896*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1088*m + 5120 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t17 = with_grads ? work + 1152*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1792*m + 5120 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t25 = work + 3517*m + 9217; /* m x 64, in grad_t31_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t24 = work + 3453*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t20 = work + 3136*m + 9216; /* m x 64, in grad_t22_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g1 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0up_blocks = work + 3837*m + 10241; /* 16 x 256, in grad_c1up_blocks's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t13 = work + 1920*m + 9216; /* m x 64, in grad_t21's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t10 = work + 960*m + 5120; /* m x 64, in t14's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t7 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t6 = work + 1728*m + 5120; /* m x 64, in grad_t13_part's memory; placed in an earlier part */
     /* grad_t5 = t4^T @ grad_t6 */
     TRANSFORMER_LM_REAL *grad_t5 = t23; /* 64 x 64, in t23's memory */
     symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t6, 64, 1, grad_t5);
@@ -2309,11 +2459,24 @@ static void transformer_lm_run_part4(
     /* grad_Wk1 = t22^T @ grad_t25 */
     symbackprop_f64_matmul(64, 64, m, t22, 1, 64, grad_t25, 64, 1, grad_Wk1);
 }
+#endif
 
-/* transformer_lm_run, part 5 of 5 (kernels 97 to 101): a long
+/* transformer_lm_run, part 8 of 8 (kernels 97 to 101): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void transformer_lm_run_part5(
+/* In unit 1; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
+    int64_t m,
+    TRANSFORMER_LM_REAL *grad_Wv1,
+    TRANSFORMER_LM_REAL *grad_Wo1,
+    TRANSFORMER_LM_REAL *grad_W1up,
+    TRANSFORMER_LM_REAL *grad_W1down,
+    TRANSFORMER_LM_REAL *grad_Wout,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_Wv1,
     TRANSFORMER_LM_REAL *grad_Wo1,
@@ -2349,10 +2512,12 @@ static void transformer_lm_run_part5(
     /* grad_Wout = t40^T @ grad_t41 */
     symbackprop_f64_matmul(64, 62, m, t40, 1, 64, grad_t41, 62, 1, grad_Wout);
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
  * gradient: forward and value_and_grad call it. */
-static int transformer_lm_run(
+TRANSFORMER_LM_SHARED int transformer_lm_run(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
@@ -2438,17 +2603,22 @@ static int transformer_lm_run(
             return 2; /* a row number outside an array it gathers from */
         }
     }
-    transformer_lm_run_part1(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, work, with_grads);
-    transformer_lm_run_part2(m, targets, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work, with_grads);
+    transformer_lm_run_part1(m, ids, positions, E, P, work);
+    transformer_lm_run_part2(m, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, work, with_grads);
+    transformer_lm_run_part3(m, targets, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work, with_grads);
     if (!with_grads) {
         return 0;
     }
-    transformer_lm_run_part3(m, targets, Wk1, Wv1, Wo1, g1m, W1up, W1down, gf, Wout, grad_g1m, grad_b1m, grad_c1up, grad_c1down, grad_gf, grad_bf, work, with_grads);
-    transformer_lm_run_part4(m, ids, positions, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, work, with_grads);
-    transformer_lm_run_part5(m, grad_Wv1, grad_Wo1, grad_W1up, grad_W1down, grad_Wout, work, with_grads);
+    transformer_lm_run_part4(m, targets, Wk1, Wv1, Wo1, g1m, W1up, W1down, gf, Wout, grad_g1m, grad_b1m, grad_c1up, grad_c1down, grad_gf, grad_bf, work, with_grads);
+    transformer_lm_run_part5(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, grad_g0a, grad_b0a, grad_g0m, grad_b0m, grad_c0up, grad_c0down, grad_g1a, grad_b1a, work, with_grads);
+    transformer_lm_run_part6(m, ids, positions, grad_E, grad_P, work);
+    transformer_lm_run_part7(m, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_W0up, grad_W0down, grad_Wq1, grad_Wk1, work, with_grads);
+    transformer_lm_run_part8(m, grad_Wv1, grad_Wo1, grad_W1up, grad_W1down, grad_Wout, work, with_grads);
     return 0;
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t transformer_lm_forward_work_len(int64_t m)
 {
     if (m < 1) {
@@ -2456,7 +2626,9 @@ size_t transformer_lm_forward_work_len(int64_t m)
     }
     return (size_t)(transformer_lm_run_work_len(m, 0));
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* Forward pass: the loss and the named outputs. */
 int transformer_lm_forward(
     int64_t m,
@@ -2501,7 +2673,9 @@ int transformer_lm_forward(
     }
     return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t transformer_lm_value_and_grad_work_len(int64_t m)
 {
     if (m < 1) {
@@ -2509,7 +2683,9 @@ size_t transformer_lm_value_and_grad_work_len(int64_t m)
     }
     return (size_t)(transformer_lm_run_work_len(m, 1));
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* The loss and its gradient (reverse mode). */
 int transformer_lm_value_and_grad(
     int64_t m,
@@ -2583,7 +2759,9 @@ int transformer_lm_value_and_grad(
     }
     return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, 1);
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t transformer_lm_train_step_work_len(int64_t m)
 {
     if (m < 1) {
@@ -2591,36 +2769,27 @@ size_t transformer_lm_train_step_work_len(int64_t m)
     }
     return (size_t)(3837*m + 138434);
 }
+#endif
 
-/* transformer_lm_train_step, part 1 of 5 (kernels 1 to 32): a long
+/* transformer_lm_train_step, part 1 of 8 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void transformer_lm_train_step_part1(
+/* In unit 1; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
     TRANSFORMER_LM_REAL *E,
     TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *b0a,
-    TRANSFORMER_LM_REAL *Wq0,
-    TRANSFORMER_LM_REAL *Wk0,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *b0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *c0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
+    int64_t m,
+    const int64_t *ids,
+    const int64_t *positions,
+    TRANSFORMER_LM_REAL *E,
+    TRANSFORMER_LM_REAL *P,
     TRANSFORMER_LM_REAL *work
 )
 {
@@ -2769,7 +2938,40 @@ static void transformer_lm_train_step_part1(
         t1[64*i + 62] = P[64*positions[i] + 62];
         t1[64*i + 63] = P[64*positions[i] + 63];
     }
+}
+#endif
 
+/* transformer_lm_train_step, part 2 of 8 (kernels 2 to 32): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
+    int64_t m,
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *b0a,
+    TRANSFORMER_LM_REAL *Wq0,
+    TRANSFORMER_LM_REAL *Wk0,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *work
+)
+{
+    TRANSFORMER_LM_REAL *t0 = work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t1 = work + 64*m; /* m x 64; placed in an earlier part */
     /* t2 = t0 + t1 */
     TRANSFORMER_LM_REAL *t2 = t1 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
@@ -3332,11 +3534,31 @@ static void transformer_lm_train_step_part1(
         }
     }
 }
+#endif
 
-/* transformer_lm_train_step, part 2 of 5 (kernels 33 to 64): a long
+/* transformer_lm_train_step, part 3 of 8 (kernels 33 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void transformer_lm_train_step_part2(
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
+    int64_t m,
+    const int64_t *targets,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    TRANSFORMER_LM_REAL *W1down,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    TRANSFORMER_LM_REAL *Wout,
+    TRANSFORMER_LM_REAL *loss,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     int64_t m,
     const int64_t *targets,
     TRANSFORMER_LM_REAL *Wk1,
@@ -3991,19 +4213,15 @@ static void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *grad_t22_part_2 = t24; /* m x 64, in t24's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t24, 64, 1, t23, 1, 64, grad_t22_part_2);
 }
+#endif
 
-/* transformer_lm_train_step, part 3 of 5 (kernels 65 to 96): a long
+/* transformer_lm_train_step, part 4 of 8 (kernels 65 to 85): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void transformer_lm_train_step_part3(
+/* In unit 2; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     int64_t m,
-    const int64_t *ids,
-    const int64_t *positions,
-    TRANSFORMER_LM_REAL *E,
-    TRANSFORMER_LM_REAL *P,
     TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *b0a,
-    TRANSFORMER_LM_REAL *Wq0,
     TRANSFORMER_LM_REAL *Wk0,
     TRANSFORMER_LM_REAL *Wv0,
     TRANSFORMER_LM_REAL *Wo0,
@@ -4011,13 +4229,24 @@ static void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *W0up,
     TRANSFORMER_LM_REAL *W0down,
     TRANSFORMER_LM_REAL *g1a,
-    const TRANSFORMER_LM_REAL *weight_decay,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
+    int64_t m,
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *Wk0,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *g1a,
     TRANSFORMER_LM_REAL *work
 )
 {
     TRANSFORMER_LM_REAL *t2 = work + 128*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t3 = work; /* m x 64, in t0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t6 = work + 192*m + 4096; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t7 = work + 256*m + 4096; /* m x 64; placed in an earlier part */
@@ -4028,7 +4257,6 @@ static void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *t18 = work + 1408*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t20 = work + 1728*m + 5120; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t21 = work + 1664*m + 5120; /* m x 64, in t19's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t23 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t25 = work + 1920*m + 9216; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t27 = work + 1984*m + 9216; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_c1up_1_blocks = work + 3837*m + 10369; /* 16 x 256; placed in an earlier part */
@@ -4647,7 +4875,30 @@ static void transformer_lm_train_step_part3(
             grad_t2[64*i + j] = grad_t13[64*i + j] + grad_t2_part[64*i + j];
         }
     }
+}
+#endif
 
+/* transformer_lm_train_step, part 5 of 8 (kernels 86 to 86): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
+    int64_t m,
+    const int64_t *ids,
+    const int64_t *positions,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
+    int64_t m,
+    const int64_t *ids,
+    const int64_t *positions,
+    TRANSFORMER_LM_REAL *work
+)
+{
+    TRANSFORMER_LM_REAL *t23 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 3837*m + 15553; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t2 = work + 256*m + 4096; /* m x 64, in t7's memory; placed in an earlier part */
     /* grad_E_1[ids[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2], grad_t2[i, 3],
      * grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7], grad_t2[i, 8],
      * grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12], grad_t2[i, 13],
@@ -4798,7 +5049,36 @@ static void transformer_lm_train_step_part3(
         grad_P_1[64*positions[i] + 62] += grad_t2[64*i + 62];
         grad_P_1[64*positions[i] + 63] += grad_t2[64*i + 63];
     }
+}
+#endif
 
+/* transformer_lm_train_step, part 6 of 8 (kernels 87 to 96): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
+    int64_t m,
+    TRANSFORMER_LM_REAL *E,
+    TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *b0a,
+    TRANSFORMER_LM_REAL *Wq0,
+    TRANSFORMER_LM_REAL *Wk0,
+    TRANSFORMER_LM_REAL *Wv0,
+    const TRANSFORMER_LM_REAL *weight_decay,
+    TRANSFORMER_LM_REAL *work
+)
+{
+    TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0up_1_blocks = work + 3837*m + 10369; /* 16 x 256, in grad_c1up_1_blocks's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t10 = work + 960*m + 5120; /* m x 64, in t14's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t7 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t6 = work + 1728*m + 5120; /* m x 64, in grad_t13_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g0a_1 = work + 3837*m + 15489; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 3837*m + 15553; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_1 = work + 3837*m + 15617; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_P_1 = work + 1856*m + 5120; /* 64 x 64, in t23's memory; placed in an earlier part */
     /* grad_E_2 = E*weight_decay + grad_E_1 */
     TRANSFORMER_LM_REAL *grad_E_2 = grad_E_1 + 3968; /* 62 x 64 */
     {
@@ -4888,11 +5168,41 @@ static void transformer_lm_train_step_part3(
         }
     }
 }
+#endif
 
-/* transformer_lm_train_step, part 4 of 5 (kernels 97 to 128): a long
+/* transformer_lm_train_step, part 7 of 8 (kernels 97 to 128): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void transformer_lm_train_step_part4(
+/* In unit 1; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
+    int64_t m,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    TRANSFORMER_LM_REAL *W1down,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    TRANSFORMER_LM_REAL *Wout,
+    const TRANSFORMER_LM_REAL *weight_decay,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *Wo0,
     TRANSFORMER_LM_REAL *g0m,
@@ -5222,11 +5532,110 @@ static void transformer_lm_train_step_part4(
         }
     }
 }
+#endif
 
-/* transformer_lm_train_step, part 5 of 5 (kernels 129 to 159): a long
+/* transformer_lm_train_step, part 8 of 8 (kernels 129 to 159): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void transformer_lm_train_step_part5(
+/* In unit 1; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
+    int64_t m,
+    TRANSFORMER_LM_REAL *E,
+    TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *b0a,
+    TRANSFORMER_LM_REAL *Wq0,
+    TRANSFORMER_LM_REAL *Wk0,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    TRANSFORMER_LM_REAL *W1down,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    TRANSFORMER_LM_REAL *Wout,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *step,
+    TRANSFORMER_LM_REAL *m_E,
+    TRANSFORMER_LM_REAL *v_E,
+    TRANSFORMER_LM_REAL *m_P,
+    TRANSFORMER_LM_REAL *v_P,
+    TRANSFORMER_LM_REAL *m_g0a,
+    TRANSFORMER_LM_REAL *v_g0a,
+    TRANSFORMER_LM_REAL *m_b0a,
+    TRANSFORMER_LM_REAL *v_b0a,
+    TRANSFORMER_LM_REAL *m_Wq0,
+    TRANSFORMER_LM_REAL *v_Wq0,
+    TRANSFORMER_LM_REAL *m_Wk0,
+    TRANSFORMER_LM_REAL *v_Wk0,
+    TRANSFORMER_LM_REAL *m_Wv0,
+    TRANSFORMER_LM_REAL *v_Wv0,
+    TRANSFORMER_LM_REAL *m_Wo0,
+    TRANSFORMER_LM_REAL *v_Wo0,
+    TRANSFORMER_LM_REAL *m_g0m,
+    TRANSFORMER_LM_REAL *v_g0m,
+    TRANSFORMER_LM_REAL *m_b0m,
+    TRANSFORMER_LM_REAL *v_b0m,
+    TRANSFORMER_LM_REAL *m_W0up,
+    TRANSFORMER_LM_REAL *v_W0up,
+    TRANSFORMER_LM_REAL *m_c0up,
+    TRANSFORMER_LM_REAL *v_c0up,
+    TRANSFORMER_LM_REAL *m_W0down,
+    TRANSFORMER_LM_REAL *v_W0down,
+    TRANSFORMER_LM_REAL *m_c0down,
+    TRANSFORMER_LM_REAL *v_c0down,
+    TRANSFORMER_LM_REAL *m_g1a,
+    TRANSFORMER_LM_REAL *v_g1a,
+    TRANSFORMER_LM_REAL *m_b1a,
+    TRANSFORMER_LM_REAL *v_b1a,
+    TRANSFORMER_LM_REAL *m_Wq1,
+    TRANSFORMER_LM_REAL *v_Wq1,
+    TRANSFORMER_LM_REAL *m_Wk1,
+    TRANSFORMER_LM_REAL *v_Wk1,
+    TRANSFORMER_LM_REAL *m_Wv1,
+    TRANSFORMER_LM_REAL *v_Wv1,
+    TRANSFORMER_LM_REAL *m_Wo1,
+    TRANSFORMER_LM_REAL *v_Wo1,
+    TRANSFORMER_LM_REAL *m_g1m,
+    TRANSFORMER_LM_REAL *v_g1m,
+    TRANSFORMER_LM_REAL *m_b1m,
+    TRANSFORMER_LM_REAL *v_b1m,
+    TRANSFORMER_LM_REAL *m_W1up,
+    TRANSFORMER_LM_REAL *v_W1up,
+    TRANSFORMER_LM_REAL *m_c1up,
+    TRANSFORMER_LM_REAL *v_c1up,
+    TRANSFORMER_LM_REAL *m_W1down,
+    TRANSFORMER_LM_REAL *v_W1down,
+    TRANSFORMER_LM_REAL *m_c1down,
+    TRANSFORMER_LM_REAL *v_c1down,
+    TRANSFORMER_LM_REAL *m_gf,
+    TRANSFORMER_LM_REAL *v_gf,
+    TRANSFORMER_LM_REAL *m_bf,
+    TRANSFORMER_LM_REAL *v_bf,
+    TRANSFORMER_LM_REAL *m_Wout,
+    TRANSFORMER_LM_REAL *v_Wout,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     int64_t m,
     TRANSFORMER_LM_REAL *E,
     TRANSFORMER_LM_REAL *P,
@@ -6085,7 +6494,9 @@ static void transformer_lm_train_step_part5(
         }
     }
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* One training step: the loss, then the optimizer updates the parameters and its state in place. */
 int transformer_lm_train_step(
     int64_t m,
@@ -6207,13 +6618,18 @@ int transformer_lm_train_step(
             return 2; /* a row number outside an array it gathers from */
         }
     }
-    transformer_lm_train_step_part1(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, work);
-    transformer_lm_train_step_part2(m, targets, Wk1, Wv1, Wo1, g1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work);
-    transformer_lm_train_step_part3(m, ids, positions, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, weight_decay, work);
-    transformer_lm_train_step_part4(m, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, weight_decay, work);
-    transformer_lm_train_step_part5(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, work);
+    transformer_lm_train_step_part1(m, ids, positions, E, P, work);
+    transformer_lm_train_step_part2(m, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, work);
+    transformer_lm_train_step_part3(m, targets, Wk1, Wv1, Wo1, g1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work);
+    transformer_lm_train_step_part4(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, work);
+    transformer_lm_train_step_part5(m, ids, positions, work);
+    transformer_lm_train_step_part6(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, weight_decay, work);
+    transformer_lm_train_step_part7(m, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, weight_decay, work);
+    transformer_lm_train_step_part8(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, work);
     return 0;
 }
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 
 /* The train step's workspace for any minibatch of the epoch (the last may be smaller). */
 static size_t transformer_lm_train_epoch_step_len(int64_t rows, int64_t batch)
@@ -7273,3 +7689,4 @@ int transformer_lm_train_epoch_call(const int64_t *dims, const void *const *in, 
         (TRANSFORMER_LM_REAL *)out[0], work
     );
 }
+#endif

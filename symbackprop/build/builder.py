@@ -2,9 +2,11 @@
 
 cffi writes the extension's glue code (API mode, out of line); the C
 compiler is then run directly: the glue and the model compile at once, in
-two processes (on two cores where there are), the glue at -O1 (it converts
-arguments; the hot path only passes through it, and -O3 tripled its
-compile time), then one command links them. No distutils, no change of the
+two processes (on two cores where there are), or more where the model's C
+is split into translation units (emit.cunits: the same file once per unit,
+-DSYMBACKPROP_UNIT=k), the glue at -O1 (it converts arguments; the hot
+path only passes through it, and -O3 tripled its compile time), then one
+command links them. No distutils, no change of the
 working folder or of the environment, so builds in several threads do not
 disturb each other or the program. The commands and the compiler's output
 go to a log file.
@@ -57,6 +59,7 @@ from symbackprop.build.cachedir import CACHE_ENV, cache_folder
 from symbackprop.build.key import asks_for_host_cpu, digest, executable_stamp, host_cpu, target_cpu
 from symbackprop.build.trust import ABSENT, entry_problem, secure_root, warn
 from symbackprop.emit.codegen import RUNTIME_HEADER, runtime_header
+from symbackprop.emit.cunits import unit_count
 from symbackprop.errors import BuildError
 from symbackprop.log import event, stage
 
@@ -205,25 +208,30 @@ GLUE_LEVEL = "-O1"
 
 
 def build_commands(name: str, prefix: str, flags: tuple[str, ...], folder: Path,
-                   libraries: tuple[str, ...] = ()) -> tuple[list[list[str]], list[str]]:
+                   libraries: tuple[str, ...] = (), units: int = 1) -> tuple[list[list[str]], list[str]]:
     """The commands making the extension: the objects of the cffi glue and of
-    the model (run at once), then the link."""
+    the model (run at once; a model's C split into `units` translation
+    units, emit.cunits, is compiled once per unit), then the link."""
     paths = sysconfig.get_paths()
     includes = [f"-I{path}" for path in dict.fromkeys([paths["include"], paths["platinclude"], str(folder)])]
 
-    def compile_(source: str, *level: str) -> list[str]:
+    def compile_(source: str, output: str, *level: str) -> list[str]:
         return [*compiler_command(), *flags, *level, *object_options(), *includes, "-c", str(folder / f"{source}.c"),
-                "-o", str(folder / f"{source}.o")]
+                "-o", str(folder / output)]
 
-    objects = [compile_(name, GLUE_LEVEL), compile_(prefix)]
-    link = [*compiler_command(), *flags, *link_options(), str(folder / f"{name}.o"), str(folder / f"{prefix}.o"),
+    objects = [compile_(name, f"{name}.o", GLUE_LEVEL)]
+    if units == 1:
+        objects.append(compile_(prefix, f"{prefix}.o"))
+    else:
+        objects += [compile_(prefix, f"{prefix}.unit{k}.o", f"-DSYMBACKPROP_UNIT={k}") for k in range(units)]
+    link = [*compiler_command(), *flags, *link_options(), *(command[-1] for command in objects),
             "-o", str(folder / f"{name}{EXT_SUFFIX}"), *libraries, "-lm"]
     return objects, link
 
 
 def cache_key(prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...], libraries: tuple[str, ...] = ()) -> str:
     """The content address of a module: everything its binary depends on."""
-    objects, link = build_commands("NAME", prefix, flags, Path("FOLDER"), libraries)
+    objects, link = build_commands("NAME", prefix, flags, Path("FOLDER"), libraries, unit_count(source))
     return digest("module", prefix, source, header, runtime_header(), cdef, *packed_entries(cdef),
                   *map(shlex.join, [*objects, link]), toolchain(link), EXT_SUFFIX, __version__)
 
@@ -394,11 +402,12 @@ def _compile_into(
         # quiet: no "generating ..." line
         ffi.set_source(name, f'#include "{prefix}.h"\n' + definitions, compiler_verbose=0)
         ffi.emit_c_code(str(staging / f"{name}.c"))
-        event("compiling %s: %d lines of C, cache key %s", prefix, len(source.splitlines()), final.name[:12])
-        objects, link = build_commands(name, prefix, flags, staging, libraries)
+        event("compiling %s: %d lines of C in %d unit(s), cache key %s", prefix, len(source.splitlines()),
+              unit_count(source), final.name[:12])
+        objects, link = build_commands(name, prefix, flags, staging, libraries, unit_count(source))
         _run_logged([objects, [link]], staging / "build.log", final.parent, prefix)
-        for source in (name, prefix):
-            (staging / f"{source}.o").unlink()  # in the library now
+        for command in objects:
+            Path(command[-1]).unlink()  # in the library now
 
 
 PROGRESS_SECONDS = 2.0  # while the compiler runs, a "still compiling" line this often

@@ -185,6 +185,8 @@ class CFunction:
     divides: tuple[tuple[str, str], ...] = ()
     parts: tuple[tuple[int, int], ...] = ()  # kernel ranges of its parts (see cparts), none when short
     anchors: tuple[tuple[str, str], ...] = ()  # (pointer, its absolute place in work), for the parts
+    unit: int = 0  # the translation unit of its body (and work_len) where the module is split (cunits)
+    part_units: tuple[int, ...] = ()  # the unit of each part, where the module is split
 
     def wide(self, start: int = 0, end: int | None = None) -> bool:
         """Whether its kernels (those from start to end) hold a wide
@@ -250,6 +252,13 @@ class CModule:
     internal: tuple[CFunction, ...] = ()  # static functions the public ones call
     epoch: EpochNames | None = None  # an epoch.CEpoch, when the module has a train_step
     dims: tuple[str, ...] = ()  # C names of its dimensions, in the order of a `dims` array
+    units: int = 1  # translation units its C is compiled as (cunits): 1, or a few for a large module
+
+    @property
+    def shared(self) -> str:
+        """The storage macro of its functions that one unit may call in
+        another: static in a one-unit build, else hidden."""
+        return f"{self.prefix.upper()}_SHARED"
 
     @property
     def real_default(self) -> str:
@@ -624,10 +633,14 @@ def emit_function(
         checks=checks,
         divides=divides,
         statuses=statuses(tuple(dims.values()), checks, divides),
-        parts=part_ranges(len(kernels), schedule.split if shared else None,
-                          [i for i, k in enumerate(kernels) if k.fields.get("straight")]),
+        parts=part_ranges(len(kernels), schedule.split if shared else None, straight_kernels(kernels)),
         anchors=tuple(anchors),
     )
+
+
+def straight_kernels(kernels: Sequence[CKernel]) -> list[int]:
+    """Which kernels hold a long straight-line body: each is a part of its own (cparts)."""
+    return [i for i, k in enumerate(kernels) if k.fields.get("straight")]
 
 
 def _slot_declarations(schedule: FunctionSchedule, emitter: FunctionEmitter,

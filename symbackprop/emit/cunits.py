@@ -1,0 +1,99 @@
+"""A large module's C is compiled as several translation units at once.
+
+GCC takes one core per file: a module whose C holds several long bodies
+(a determinant's forward minors and their adjoints, an LSTM's forward and
+backward scans, a mixture's value and gradient loops) waited for them one
+after the other. The module stays one .c file, which still builds alone
+with a plain `cc -c`; its long functions are grouped into a few units,
+each guarded by `#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == k`,
+and the builder compiles the file once per unit (-DSYMBACKPROP_UNIT=k),
+all at once, then links the objects. Functions one unit calls in another
+are then hidden (not static) symbols, static again in a one-unit build.
+
+The grouping depends on the C text only (its size), never on the machine:
+the same model gives the same file everywhere. What a piece costs GCC is
+estimated by the length of its kernels' C (about 15-45 us of GCC -O3 per
+character on the GradBench ports); a module with less than two units'
+worth (UNIT_CHARS) stays one unit, with the C it always had. Otherwise a
+kernel of ALONE_CHARS or more becomes a part of its own (cparts), and the
+parts and functions are put into at most MAX_UNITS units, largest first
+into the lightest unit (LPT), the rest of the module (its self-description,
+wrappers, an epoch) in unit 0.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any
+
+from symbackprop.emit.codegen import CFunction, CModule, straight_kernels, template_environment
+from symbackprop.emit.cparts import part_ranges
+
+# About 0.3-0.7 s of GCC -O3: a unit less than this is not worth a process.
+UNIT_CHARS = 15000
+# In a module split into units, a kernel this long is a part of its own, so
+# that it can go to a unit of its own (gmm's gradient loop, lstm's backward scan).
+ALONE_CHARS = 6000
+# At most this many units: the glue compiles alongside, and each unit parses
+# the runtime header again (about 0.04 s).
+MAX_UNITS = 4
+# What unit 0 holds besides its share: wrappers, the self-describing functions.
+REST_CHARS = 2000
+
+_GUARD = re.compile(r"^#if !defined\(SYMBACKPROP_UNIT\) \|\| SYMBACKPROP_UNIT == (\d+)$", re.M)
+
+
+def unit_count(source: str) -> int:
+    """How many units a module's C is compiled as (1: not split), read
+    from its guards."""
+    return 1 + max((int(k) for k in _GUARD.findall(source)), default=0)
+
+
+def kernel_sizes(module: CModule) -> dict[str, list[int]]:
+    """The length of each kernel's C text, by function name."""
+    macros: Any = template_environment().get_template("macros.j2").make_module({"m": module})
+    kernel = macros.kernel  # a macro of macros.j2
+    return {fn.name: [len(str(kernel(k, module.real_c, module.helper_prefix))) for k in fn.kernels]
+            for fn in module.internal + module.functions}
+
+
+def split_units(module: CModule) -> CModule:
+    """The module with its functions assigned to units (CFunction.unit,
+    part_units; CModule.units), or unchanged where one unit is enough."""
+    sizes = kernel_sizes(module)
+    functions = module.internal + module.functions
+    cut: dict[str, tuple[tuple[int, int], ...]] = {}
+    pieces: list[tuple[int, str, int]] = []  # (size, function, part index or -1 for the whole function)
+    for fn in functions:
+        lengths = sizes[fn.name]
+        alone = sorted(set(straight_kernels(fn.kernels)) | {i for i, n in enumerate(lengths) if n >= ALONE_CHARS})
+        cut[fn.name] = parts = part_ranges(len(fn.kernels), fn.split, alone)
+        if parts:
+            pieces += [(sum(lengths[start:end]), fn.name, index) for index, (start, end) in enumerate(parts)]
+        elif fn.kernels:
+            pieces.append((sum(lengths), fn.name, -1))
+    total = REST_CHARS + sum(size for size, _, _ in pieces)
+    big = sum(size >= ALONE_CHARS for size, _, _ in pieces)  # a unit each at most (the rest goes with them)
+    count = min(MAX_UNITS, total // UNIT_CHARS, big)
+    if count < 2:
+        return module
+    loads = [REST_CHARS] + [0] * (count - 1)
+    placed: dict[tuple[str, int], int] = {}
+    for _, (size, name, index) in sorted(enumerate(pieces), key=lambda p: (-p[1][0], p[0])):
+        unit = min(range(count), key=lambda u: (loads[u], u))
+        loads[unit] += size
+        placed[name, index] = unit
+    used = sorted({0, *placed.values()})
+    if len(used) < 2:
+        return module
+    number = {unit: k for k, unit in enumerate(used)}
+
+    def assign(fn: CFunction) -> CFunction:
+        parts = cut[fn.name]
+        if not parts:
+            return replace(fn, parts=(), unit=number[placed.get((fn.name, -1), 0)])
+        return replace(fn, parts=parts, unit=0, part_units=tuple(number[placed[fn.name, i]] for i in range(len(parts))))
+
+    return replace(module, internal=tuple(map(assign, module.internal)), functions=tuple(map(assign, module.functions)),
+                   units=len(used))
