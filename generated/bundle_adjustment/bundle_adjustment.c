@@ -20,21 +20,43 @@ size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P)
     return (size_t)(2*N + 2);
 }
 
-/* bundle_adjustment_forward, part 1 of 2 (kernels 1 to 1): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-SYMBACKPROP_WIDE static void bundle_adjustment_forward_part1(
+/* Forward pass: the loss and the named outputs. */
+SYMBACKPROP_WIDE int bundle_adjustment_forward(
     int64_t N,
+    int64_t C,
+    int64_t P,
     const BUNDLE_ADJUSTMENT_REAL *feats,
     const int64_t *cam,
     const int64_t *pt,
     const BUNDLE_ADJUSTMENT_REAL *cams,
     const BUNDLE_ADJUSTMENT_REAL *pts,
     const BUNDLE_ADJUSTMENT_REAL *weights,
+    BUNDLE_ADJUSTMENT_REAL *loss,
     BUNDLE_ADJUSTMENT_REAL *residual,
-    BUNDLE_ADJUSTMENT_REAL *jacobian
+    BUNDLE_ADJUSTMENT_REAL *jacobian,
+    BUNDLE_ADJUSTMENT_REAL *work
 )
 {
+    if (N < 1) {
+        return 1;
+    }
+    if (C < 1) {
+        return 1;
+    }
+    if (P < 1) {
+        return 1;
+    }
+    for (int64_t i = 0; i < N; ++i) {
+        if ((uint64_t)cam[i] >= (uint64_t)C) {
+            return 2; /* a row number outside an array it gathers from */
+        }
+    }
+    for (int64_t i = 0; i < N; ++i) {
+        if ((uint64_t)pt[i] >= (uint64_t)P) {
+            return 2; /* a row number outside an array it gathers from */
+        }
+    }
+
     /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
      * feats[i, :]: see the temporaries */
     /* jacobian[i, :] = 30 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
@@ -364,18 +386,7 @@ SYMBACKPROP_WIDE static void bundle_adjustment_forward_part1(
         jacobian[30*i + 28] = weights[i]*(-x131*((isnan(x78)) ? (x78) : ((x78) ? (-x288) : (-cams[11*cam[i]]))) - x275*x284 - x281*x285);
         jacobian[30*i + 29] = -x131*x282 + x36;
     }
-}
 
-/* bundle_adjustment_forward, part 2 of 2 (kernels 2 to 4): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-static void bundle_adjustment_forward_part2(
-    int64_t N,
-    BUNDLE_ADJUSTMENT_REAL *loss,
-    BUNDLE_ADJUSTMENT_REAL *residual,
-    BUNDLE_ADJUSTMENT_REAL *work
-)
-{
     /* t0 = residual**2 */
     BUNDLE_ADJUSTMENT_REAL *t0 = work; /* N x 2 */
     SYMBACKPROP_PARALLEL_FOR
@@ -391,10 +402,19 @@ static void bundle_adjustment_forward_part2(
 
     /* loss = sum of t1 along each row */
     loss[0] = symbackprop_f64_sum(t1, 2, 1);
+    return 0;
 }
 
-/* Forward pass: the loss and the named outputs. */
-int bundle_adjustment_forward(
+size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P)
+{
+    if (N < 1 || C < 1 || P < 1) {
+        return 0; /* the function returns 1 */
+    }
+    return (size_t)(6*N + 2);
+}
+
+/* The loss and its gradient (reverse mode). */
+SYMBACKPROP_WIDE int bundle_adjustment_value_and_grad(
     int64_t N,
     int64_t C,
     int64_t P,
@@ -405,8 +425,9 @@ int bundle_adjustment_forward(
     const BUNDLE_ADJUSTMENT_REAL *pts,
     const BUNDLE_ADJUSTMENT_REAL *weights,
     BUNDLE_ADJUSTMENT_REAL *loss,
-    BUNDLE_ADJUSTMENT_REAL *residual,
-    BUNDLE_ADJUSTMENT_REAL *jacobian,
+    BUNDLE_ADJUSTMENT_REAL *grad_cams,
+    BUNDLE_ADJUSTMENT_REAL *grad_pts,
+    BUNDLE_ADJUSTMENT_REAL *grad_weights,
     BUNDLE_ADJUSTMENT_REAL *work
 )
 {
@@ -429,34 +450,7 @@ int bundle_adjustment_forward(
             return 2; /* a row number outside an array it gathers from */
         }
     }
-    bundle_adjustment_forward_part1(N, feats, cam, pt, cams, pts, weights, residual, jacobian);
-    bundle_adjustment_forward_part2(N, loss, residual, work);
-    return 0;
-}
 
-size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P)
-{
-    if (N < 1 || C < 1 || P < 1) {
-        return 0; /* the function returns 1 */
-    }
-    return (size_t)(6*N + 2);
-}
-
-/* bundle_adjustment_value_and_grad, part 1 of 2 (kernels 1 to 4): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-static void bundle_adjustment_value_and_grad_part1(
-    int64_t N,
-    const BUNDLE_ADJUSTMENT_REAL *feats,
-    const int64_t *cam,
-    const int64_t *pt,
-    const BUNDLE_ADJUSTMENT_REAL *cams,
-    const BUNDLE_ADJUSTMENT_REAL *pts,
-    const BUNDLE_ADJUSTMENT_REAL *weights,
-    BUNDLE_ADJUSTMENT_REAL *loss,
-    BUNDLE_ADJUSTMENT_REAL *work
-)
-{
     /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
      * feats[i, :]: see the temporaries */
     BUNDLE_ADJUSTMENT_REAL *residual = work; /* N x 2 */
@@ -511,28 +505,7 @@ static void bundle_adjustment_value_and_grad_part1(
 
     /* loss = sum of t1 along each row */
     loss[0] = symbackprop_f64_sum(t1, 2, 1);
-}
 
-/* bundle_adjustment_value_and_grad, part 2 of 2 (kernels 5 to 5): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-SYMBACKPROP_WIDE static void bundle_adjustment_value_and_grad_part2(
-    int64_t N,
-    int64_t C,
-    int64_t P,
-    const BUNDLE_ADJUSTMENT_REAL *feats,
-    const int64_t *cam,
-    const int64_t *pt,
-    const BUNDLE_ADJUSTMENT_REAL *cams,
-    const BUNDLE_ADJUSTMENT_REAL *pts,
-    const BUNDLE_ADJUSTMENT_REAL *weights,
-    BUNDLE_ADJUSTMENT_REAL *grad_cams,
-    BUNDLE_ADJUSTMENT_REAL *grad_pts,
-    BUNDLE_ADJUSTMENT_REAL *grad_weights,
-    BUNDLE_ADJUSTMENT_REAL *work
-)
-{
-    BUNDLE_ADJUSTMENT_REAL *grad_residual = work + 4*N; /* N x 2; placed in an earlier part */
     /* grad_cams[cam[i], :] += 11 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
      * grad_residual[i, :]: see the temporaries */
     /* grad_pts[pt[i], :] += 3 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
@@ -651,47 +624,6 @@ SYMBACKPROP_WIDE static void bundle_adjustment_value_and_grad_part2(
         grad_pts[3*pt[i] + 2] += x88;
         grad_weights[i] = grad_residual[2*i]*(cams[11*cam[i] + 7] - feats[2*i] + x43*x47) + grad_residual[2*i + 1]*(cams[11*cam[i] + 8] - feats[2*i + 1] + x43*x49);
     }
-}
-
-/* The loss and its gradient (reverse mode). */
-int bundle_adjustment_value_and_grad(
-    int64_t N,
-    int64_t C,
-    int64_t P,
-    const BUNDLE_ADJUSTMENT_REAL *feats,
-    const int64_t *cam,
-    const int64_t *pt,
-    const BUNDLE_ADJUSTMENT_REAL *cams,
-    const BUNDLE_ADJUSTMENT_REAL *pts,
-    const BUNDLE_ADJUSTMENT_REAL *weights,
-    BUNDLE_ADJUSTMENT_REAL *loss,
-    BUNDLE_ADJUSTMENT_REAL *grad_cams,
-    BUNDLE_ADJUSTMENT_REAL *grad_pts,
-    BUNDLE_ADJUSTMENT_REAL *grad_weights,
-    BUNDLE_ADJUSTMENT_REAL *work
-)
-{
-    if (N < 1) {
-        return 1;
-    }
-    if (C < 1) {
-        return 1;
-    }
-    if (P < 1) {
-        return 1;
-    }
-    for (int64_t i = 0; i < N; ++i) {
-        if ((uint64_t)cam[i] >= (uint64_t)C) {
-            return 2; /* a row number outside an array it gathers from */
-        }
-    }
-    for (int64_t i = 0; i < N; ++i) {
-        if ((uint64_t)pt[i] >= (uint64_t)P) {
-            return 2; /* a row number outside an array it gathers from */
-        }
-    }
-    bundle_adjustment_value_and_grad_part1(N, feats, cam, pt, cams, pts, weights, loss, work);
-    bundle_adjustment_value_and_grad_part2(N, C, P, feats, cam, pt, cams, pts, weights, grad_cams, grad_pts, grad_weights, work);
     return 0;
 }
 

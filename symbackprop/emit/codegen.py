@@ -633,9 +633,8 @@ def emit_function(
         checks=checks,
         divides=divides,
         statuses=statuses(tuple(dims.values()), checks, divides),
-        # a long straight-line kernel, and a wide per-example loop, is a part of its own (cparts.part_ranges)
         parts=part_ranges(len(kernels), schedule.split if shared else None,
-                          [i for i, k in enumerate(kernels) if k.fields.get("straight") or k.fields.get("wide")]),
+                          [i for i, k in enumerate(kernels) if k.fields.get("straight")]),
         anchors=tuple(anchors),
     )
 

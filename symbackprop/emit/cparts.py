@@ -30,12 +30,9 @@ def part_ranges(count: int, split: int | None, alone: Sequence[int] = ()) -> tup
     """(start, end) kernel ranges of the parts of a function of `count`
     kernels, none for a short one; `split` (where a forward-only call
     returns) is always a boundary. The kernels of `alone` (long
-    straight-line bodies and wide per-example loops, each as much as many
-    kernels for the compiler) are each a part of their own: a determinant's
-    forward minors and their adjoints, one function, took GCC 1.7 s more
-    than apart; GradBench gmm d=20's two wide loops (its terms, and their
-    adjoints' 231 sums) and the kernels around them, one function, 9-13%
-    more CPU for the file than apart, the same bits."""
+    straight-line bodies, each as much as many kernels for the compiler)
+    are each a part of their own: a determinant's forward minors and their
+    adjoints, one function, took GCC 1.7 s more than apart."""
     if count <= PART_KERNELS and not alone:
         return ()
     bounds = set(range(0, count, PART_KERNELS)) | {count} | {k for i in alone for k in (i, i + 1)}
