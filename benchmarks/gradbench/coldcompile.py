@@ -7,7 +7,9 @@ An eval is at its default size, or at the size after `@` (`det@ell=9`, `gmm@d=2/
 Each sample is a fresh process with an empty SYMBACKPROP_CACHE_DIR (cold),
 then one more process on the same folder (cached); with --code, the
 samples of each checkout's symbackprop alternate (a before/after table on
-a machine whose load changes). With --used-cache, each sample's folder has
+a machine whose load changes; a checkout without the call hot path's
+extension built in place compiles it in every cold sample, and the table
+says so). With --used-cache, each sample's folder has
 first compiled another model (lse at n=16): the call hot path's extension
 and the templates' compiled code are there, as in any cache used before,
 and only the model is cold. Stage times come from the
@@ -80,8 +82,13 @@ def probe(name: str) -> None:
         if match:
             stages[match.group(1)] = stages.get(match.group(1), 0.0) + float(match.group(2))
     cc_cpu = (kids1.ru_utime + kids1.ru_stime) - (kids0.ru_utime + kids0.ru_stime)
+    try:  # without it, an empty cache compiles the call hot path beside the model (C compile, cc_cpu)
+        from symbackprop.run import fastcall
+        installed = fastcall.installed() is not None
+    except (ImportError, AttributeError):  # a checkout from before it was built at install
+        installed = False
     print(json.dumps({"declare": t1 - t0, "compile": t2 - t1, "compile_cpu": c2 - c1, "cc_cpu": cc_cpu,
-                      "import_cpu": c1 - c0, **stages}))
+                      "import_cpu": c1 - c0, "fastcall_installed": installed, **stages}))
 
 
 def _size(text: str) -> dict:
@@ -133,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
             results.setdefault(name, {})[str(code)] = {"median": med, "runs": runs[code], "cached": cached[code]}
             print(f"{name:8} {str(code)[-24:]:24} " + " ".join(f"{med[k]:13.3f}" for k in (*keys, "cached", "cached_cpu")),
                   flush=True)
+            if not all(r.get("fastcall_installed", True) for r in runs[code]):
+                print(f"  note: {code} has no installed call hot path: each cold sample compiled it too "
+                      "(build it in place: python setup.py build_ext --inplace)", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
