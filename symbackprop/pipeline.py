@@ -29,9 +29,10 @@ from symbackprop.deep import run_deep
 from symbackprop.diff.autodiff import jvp, vjp
 from symbackprop.diff.hessian import hessian_vector
 from symbackprop.emit.cnames import CNamer, abi_names, comment_text, real_macro, sanitize
-from symbackprop.emit.codegen import REAL_TYPES, CFunction, CModule, Emitted, emit_function, emit_wrapper, render
+from symbackprop.emit.codegen import REAL_TYPES, CFunction, CModule, emit_function, emit_wrapper, render
 from symbackprop.emit.cunits import split_units
 from symbackprop.emit.derivation import plan_derivation, render_derivation
+from symbackprop.emit.emitted import Emitted
 from symbackprop.emit.epoch import epoch_c, reserved_names, try_epoch_plan
 from symbackprop.errors import ModelError
 from symbackprop.gcpause import gc_paused
@@ -40,11 +41,10 @@ from symbackprop.ir.lower import Lowered, lower
 from symbackprop.ir.node import SCALAR, Node, topological_order
 from symbackprop.log import op_counts, stage
 from symbackprop.ops.functions import HELPER_C_NAMES
-from symbackprop.plan import FunctionPlan, Plan
+from symbackprop.plan import DEFAULT_FUNCTIONS, FunctionPlan, Plan
 from symbackprop.schedule.naming import Naming
 from symbackprop.schedule.scheduler import FunctionSchedule, schedule
 
-DEFAULT_FUNCTIONS = ("forward", "value_and_grad")
 KINDS = ("forward", "value_and_grad", "vjp", "jvp", "hvp", "train_step")
 
 SHARED_SUMMARY = ("The forward pass (the loss and the named outputs), then, when with_grads is 1, the gradient: "

@@ -16,6 +16,10 @@ if TYPE_CHECKING:  # only for annotations: the fields hold values of the stages 
     from symbackprop.schedule.scheduler import FunctionSchedule
 
 
+# What compile() builds unless told otherwise.
+DEFAULT_FUNCTIONS = ("forward", "value_and_grad")
+
+
 @dataclass(frozen=True)
 class FunctionPlan:
     """One C function: its schedule, its array arguments beyond the model's

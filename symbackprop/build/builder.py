@@ -58,8 +58,6 @@ from symbackprop.build.blas import INSTALL, Blas, find_blas, prepare_blas, set_b
 from symbackprop.build.cachedir import CACHE_ENV, cache_folder
 from symbackprop.build.key import asks_for_host_cpu, digest, executable_stamp, host_cpu, target_cpu
 from symbackprop.build.trust import ABSENT, entry_problem, secure_root, warn
-from symbackprop.emit.codegen import RUNTIME_HEADER, runtime_header
-from symbackprop.emit.cunits import unit_count
 from symbackprop.errors import BuildError
 from symbackprop.log import event, stage
 
@@ -231,6 +229,9 @@ def build_commands(name: str, prefix: str, flags: tuple[str, ...], folder: Path,
 
 def cache_key(prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...], libraries: tuple[str, ...] = ()) -> str:
     """The content address of a module: everything its binary depends on."""
+    from symbackprop.emit.codegen import runtime_header  # the code generator: not for loading from the cache
+    from symbackprop.emit.cunits import unit_count
+
     objects, link = build_commands("NAME", prefix, flags, Path("FOLDER"), libraries, unit_count(source))
     return digest("module", prefix, source, header, runtime_header(), cdef, *packed_entries(cdef),
                   *map(shlex.join, [*objects, link]), toolchain(link), EXT_SUFFIX, __version__)
@@ -391,6 +392,9 @@ def _compile_into(
     libraries: tuple[str, ...]
 ) -> None:
     import cffi  # imported here: loading from the cache needs no cffi build machinery
+
+    from symbackprop.emit.codegen import RUNTIME_HEADER, runtime_header
+    from symbackprop.emit.cunits import unit_count
 
     with stage("C compile", prefix):
         (staging / f"{prefix}.c").write_text(source)

@@ -24,6 +24,7 @@ from symbackprop.emit.cnames import DESCRIBE_MODULE, CNamer, comment_text, sanit
 from symbackprop.emit.cparts import Prelude, part_ranges, prelude
 from symbackprop.emit.cprint import IEEEPrinter
 from symbackprop.emit.describe import NULL_POINTER, SHAPE_STATUSES, CDescription, EpochNames, describe, describe_epoch
+from symbackprop.emit.emitted import FLOAT32, FLOAT64, REAL_TYPES, RealType
 from symbackprop.emit.templatecache import TEMPLATES, environment, template_bytecode_cache
 from symbackprop.emit.wrap import wrap_c_comments
 from symbackprop.errors import ModelError
@@ -37,33 +38,6 @@ from symbackprop.schedule.scheduler import FunctionSchedule, Slot
 LOOP_K = sp.Symbol("k", integer=True)
 
 
-@dataclass(frozen=True)
-class RealType:
-    """The floating type of a module: its C name and its math suffix."""
-
-    name: str  # "float64" / "float32"
-    c: str  # "double" / "float"; in a module's text, its real-type macro (cnames.real_macro)
-    numpy: str
-    sympy_type: object
-
-    @property
-    def helper_prefix(self) -> str:
-        """The prefix of its helpers in the runtime header: symbackprop_f64_matmul, ..."""
-        return f"symbackprop_f{self.name[-2:]}"
-
-    @property
-    def gemm(self) -> str:
-        return "dgemm" if self.name == "float64" else "sgemm"
-
-    @property
-    def trmm(self) -> str:
-        """BLAS's triangular product (the attention ops' causal products)."""
-        return "dtrmm" if self.name == "float64" else "strmm"
-
-
-FLOAT64 = RealType("float64", "double", "float64", sp.codegen.ast.float64)
-FLOAT32 = RealType("float32", "float", "float32", sp.codegen.ast.float32)
-REAL_TYPES = {t.name: t for t in (FLOAT64, FLOAT32)}
 
 
 class ScalarPrinter(IEEEPrinter):
@@ -333,18 +307,6 @@ def _texts(value: object) -> Iterator[str]:
             stack.extend(item.values())
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
-
-
-@dataclass(frozen=True)
-class Emitted:
-    """The text of a generated module and the ABI the runtime needs."""
-
-    prefix: str
-    source: str  # <prefix>.c
-    header: str  # <prefix>.h
-    cdef: str  # declarations for cffi
-    derivation: str  # Markdown: the backward pass as math
-    module: CModule | None  # None when rebuilt from compile()'s memo (only rendering reads it)
 
 
 # --- emission ---------------------------------------------------------------

@@ -34,7 +34,8 @@ from symbackprop.errors import ModelError
 
 if TYPE_CHECKING:  # only for annotations
     from symbackprop.emit.cnames import CNamer
-    from symbackprop.emit.codegen import CFunction, RealType
+    from symbackprop.emit.codegen import CFunction
+    from symbackprop.emit.emitted import RealType
     from symbackprop.ir.lower import Lowered
     from symbackprop.plan import FunctionPlan
 

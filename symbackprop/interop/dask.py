@@ -41,7 +41,7 @@ import numpy as np
 from symbackprop.build.builder import BuildOptions, build, package_digest
 from symbackprop.build.key import digest as key_digest
 from symbackprop.declare.model import Model
-from symbackprop.emit.codegen import Emitted
+from symbackprop.emit.emitted import Emitted
 from symbackprop.progress import Progress, ProgressArg
 from symbackprop.run.abi import ModuleSpec as AbiSpec
 from symbackprop.run.abi import show

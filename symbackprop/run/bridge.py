@@ -6,15 +6,13 @@ package does not import the compiler: symbackprop/__init__'s lazy names)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # only for annotations
-    from symbackprop.run.module import CompiledModule
-
-BRIDGES: dict[str, Callable[[CompiledModule, Sequence[str]], Any]] = {}
+# framework -> make(a CompiledModule, its outputs); Any: naming the class would import the run stage
+BRIDGES: dict[str, Callable[[Any, Sequence[str]], Any]] = {}
 
 
-def register_bridge(framework: str, make: Callable[[CompiledModule, Sequence[str]], Any]) -> None:
+def register_bridge(framework: str, make: Callable[[Any, Sequence[str]], Any]) -> None:
     """Let `CompiledModule.as_<framework>(outputs)` return `make(module, outputs)`.
 
     Args:

@@ -18,8 +18,8 @@ from symbackprop.emit.picture import dot_program, render_dot
 
 if TYPE_CHECKING:  # only for annotations
     from symbackprop.declare.model import Model
-    from symbackprop.emit.codegen import Emitted
     from symbackprop.emit.derivation import MemoryPlan
+    from symbackprop.emit.emitted import Emitted
     from symbackprop.plan import Plan
     from symbackprop.run.abi import ModuleSpec
 

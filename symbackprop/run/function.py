@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from symbackprop.emit.codegen import REAL_TYPES
+from symbackprop.emit.emitted import REAL_TYPES
 from symbackprop.run import fastcall
 from symbackprop.run.abi import FunctionSpec
 from symbackprop.run.binding import Binder

@@ -14,21 +14,22 @@ import numpy as np
 
 from symbackprop.build.builder import BuildOptions, build
 from symbackprop.declare.model import Model
-from symbackprop.emit.codegen import REAL_TYPES, Emitted
-from symbackprop.emit.derivation import MemoryPlan, itemsize_of, memory_plan
-from symbackprop.emit.graph import graph_text
+from symbackprop.emit.emitted import REAL_TYPES, Emitted
 from symbackprop.errors import ArgumentError
-from symbackprop.pipeline import Plan, generate
 from symbackprop.run.abi import ModuleSpec
 from symbackprop.run.bridge import BRIDGES, register_bridge
 from symbackprop.run.derivatives import Derivatives
-from symbackprop.run.display import BackwardGraph, MemoryReport, module_html, module_markdown
 from symbackprop.run.function import Function, PreparedCall
-from symbackprop.run.plan_spec import module_spec
 from symbackprop.run.train import Trainer, Training
 
 if TYPE_CHECKING:  # only for annotations
+    from symbackprop.emit.derivation import MemoryPlan
+    from symbackprop.plan import Plan
+    from symbackprop.run.display import BackwardGraph
     from symbackprop.run.optim import SGD, Adam
+
+# The compiler (pipeline, emit) and the displays are imported where a method
+# needs them: a module loaded from the cache imports neither.
 
 
 class CompiledModule(Training, Derivatives):
@@ -82,6 +83,8 @@ class CompiledModule(Training, Derivatives):
         """The full plan of the module's functions (generated again on
         first use for a module loaded from the cache)."""
         if self._plan is None:
+            from symbackprop.pipeline import generate
+
             kinds = tuple(dict.fromkeys(fn.kind for fn in self.spec.functions))
             _, self._plan = generate(self.model, self.dtype.name, functions=kinds, wrt=self.wrt, optimizer=self.optimizer)
         return self._plan
@@ -109,6 +112,9 @@ class CompiledModule(Training, Derivatives):
                 if (kind, None if kind != "vjp" else output) not in self._functions:
                     if kind == "train_step" and self.optimizer is None:
                         raise ArgumentError("train_step needs an optimizer: compile(model, optimizer=symbackprop.Adam(...))")
+                    from symbackprop.pipeline import generate
+                    from symbackprop.run.plan_spec import module_spec
+
                     emitted, plan = generate(self.model, self.dtype.name, functions=(kind,), wrt=self.wrt,
                                              optimizer=self.optimizer)
                     module, _ = build(emitted.prefix, emitted.source, emitted.header, emitted.cdef, self.options)
@@ -204,6 +210,8 @@ class CompiledModule(Training, Derivatives):
         Raises:
             ArgumentError: a dimension is missing or unknown.
         """
+        from symbackprop.run.display import MemoryReport
+
         if set(dims) != set(self.spec.dims):
             raise ArgumentError(f"memory() needs the dimensions {sorted(self.spec.dims)}; got {sorted(dims)}")
         known = {str(d): d for d in self.plan.lowered.dims}
@@ -216,6 +224,8 @@ class CompiledModule(Training, Derivatives):
         Returns:
             The MemoryPlan of forward and value_and_grad.
         """
+        from symbackprop.emit.derivation import itemsize_of, memory_plan
+
         return memory_plan(
             self.plan.function("forward").schedule,
             self.plan.function("value_and_grad").schedule,
@@ -228,17 +238,25 @@ class CompiledModule(Training, Derivatives):
         Args:
             file: where to print (None: sys.stdout).
         """
+        from symbackprop.emit.graph import graph_text
+
         print(graph_text(self.plan), file=file)
 
     @property
     def graph(self) -> BackwardGraph:
         """The backward graph: text when printed, an SVG in Jupyter (see run.display)."""
+        from symbackprop.run.display import BackwardGraph
+
         return BackwardGraph(self.plan)
 
     def _repr_html_(self) -> str:
+        from symbackprop.run.display import module_html
+
         return module_html(self)
 
     def _repr_markdown_(self) -> str:
+        from symbackprop.run.display import module_markdown
+
         return module_markdown(self)
 
     def as_torch(self, outputs: Sequence[str] = ()) -> Any:

@@ -18,14 +18,13 @@ import sympy as sp
 
 from symbackprop.build.builder import BuildOptions, build, find_blas, load_built, package_digest, read_memo, write_memo
 from symbackprop.declare.model import Model
-from symbackprop.emit.codegen import REAL_TYPES, Emitted
+from symbackprop.emit.emitted import REAL_TYPES, Emitted
 from symbackprop.errors import ModelError
-from symbackprop.pipeline import DEFAULT_FUNCTIONS, generate
+from symbackprop.plan import DEFAULT_FUNCTIONS
 from symbackprop.run import fastcall
 from symbackprop.run.abi import ModuleSpec
 from symbackprop.run.function import Function, PreparedCall
 from symbackprop.run.module import CompiledModule, register_bridge
-from symbackprop.run.plan_spec import module_spec
 
 if TYPE_CHECKING:  # only for annotations
     from symbackprop.run.optim import SGD, Adam
@@ -69,6 +68,10 @@ def compile(
         emitted, spec, folder = found
         module = load_built(folder, emitted.prefix, options)
     if module is None:
+        # imported here: a module loaded from the cache imports no compiler
+        from symbackprop.pipeline import generate
+        from symbackprop.run.plan_spec import module_spec
+
         fastcall.build_beside()  # an empty cache: the call hot path compiles beside this model
         emitted, plan = generate(model, dtype, functions=functions, wrt=wrt, optimizer=optimizer)
         spec = module_spec(plan, model, dtype, emitted.prefix)

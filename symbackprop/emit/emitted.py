@@ -1,0 +1,52 @@
+"""What the emit stage hands the run stage: a module's texts (Emitted) and
+its real type (RealType). Kept apart from codegen so that loading a
+module from the cache imports no code generator (no Jinja, no printers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy.codegen.ast
+
+
+@dataclass(frozen=True)
+class RealType:
+    """The floating type of a module: its C name and its math suffix."""
+
+    name: str  # "float64" / "float32"
+    c: str  # "double" / "float"; in a module's text, its real-type macro (cnames.real_macro)
+    numpy: str
+    sympy_type: object
+
+    @property
+    def helper_prefix(self) -> str:
+        """The prefix of its helpers in the runtime header: symbackprop_f64_matmul, ..."""
+        return f"symbackprop_f{self.name[-2:]}"
+
+    @property
+    def gemm(self) -> str:
+        return "dgemm" if self.name == "float64" else "sgemm"
+
+    @property
+    def trmm(self) -> str:
+        """BLAS's triangular product (the attention ops' causal products)."""
+        return "dtrmm" if self.name == "float64" else "strmm"
+
+
+FLOAT64 = RealType("float64", "double", "float64", sympy.codegen.ast.float64)
+FLOAT32 = RealType("float32", "float", "float32", sympy.codegen.ast.float32)
+REAL_TYPES = {t.name: t for t in (FLOAT64, FLOAT32)}
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """The text of a generated module and the ABI the runtime needs."""
+
+    prefix: str
+    source: str  # <prefix>.c
+    header: str  # <prefix>.h
+    cdef: str  # declarations for cffi
+    derivation: str  # Markdown: the backward pass as math
+    # codegen's CModule (typed loosely: naming it would import the code generator);
+    # None when rebuilt from compile()'s memo (only rendering reads it)
+    module: object | None
