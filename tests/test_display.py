@@ -76,7 +76,7 @@ def test_html_shows_arguments_memory_graph_and_equations(mlp):
 def test_markdown_is_the_derivation_memory_and_graph(mlp):
     markdown = mlp._repr_markdown_()
     assert markdown.startswith(mlp.emitted.derivation)
-    assert "| `value_and_grad` | workspace of value_and_grad | 144*n + 792 |" in markdown
+    assert "| `value_and_grad` | workspace of value_and_grad | 160*n + 24 |" in markdown
     assert "```text\n" + str(mlp.graph) + "\n```" in markdown
 
 

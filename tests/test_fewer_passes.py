@@ -126,29 +126,3 @@ def test_attention_hessian_vector_product_through_the_softmax_vjp_op():
     for n, g, h in zip(names, first, second):
         np.testing.assert_allclose(grads[n], g.detach().numpy(), rtol=1e-10, atol=1e-12)
         np.testing.assert_allclose(hvp[n], h.numpy(), rtol=1e-9, atol=1e-11)
-
-
-@pytest.mark.parametrize("rows", [1, 5, 16, 37])
-def test_column_sums_join_the_loop_of_their_matrix(rows):
-    """A bias's gradient (a sum down the columns of the adjoint a loop
-    computes) and a layer norm's gamma and beta gradients (sums of a product
-    the loop computes and of an adjoint it reads) are added in the loops over
-    those matrices, in fixed blocks of rows: no kernel of its own sums them,
-    and a matrix only summed is not stored. Fewer rows than blocks too."""
-    X, T = sp.MatrixSymbol("X", m, D), sp.MatrixSymbol("T", m, 3)
-    W, c = sp.MatrixSymbol("W", D, 8), sp.MatrixSymbol("c", 1, 8)
-    g, b, V = sp.MatrixSymbol("g", 1, D), sp.MatrixSymbol("b", 1, D), sp.MatrixSymbol("V", 8, 3)
-    hidden = nn.gelu(nn.linear(nn.layer_norm(X, g, b), W, c))
-    model = sbp.Model("column_sums", inputs=[X, T], params=[g, b, W, c, V], loss=nn.mse(hidden * V, T))
-    rng = np.random.default_rng(rows)
-    arrays = {"X": rng.normal(size=(rows, D)), "T": rng.normal(size=(rows, 3)), "g": rng.normal(size=(1, D)),
-              "b": rng.normal(size=(1, D)), "W": rng.normal(size=(D, 8)), "c": rng.normal(size=(1, 8)),
-              "V": rng.normal(size=(8, 3))}
-    mod = _check(model, lambda t: ((F.gelu(F.layer_norm(t["X"], (D,), t["g"][0], t["b"][0]) @ t["W"] + t["c"])
-                                    @ t["V"] - t["T"]) ** 2).mean(), arrays)
-    assert "_sum_columns(" not in mod.source  # every column sum is added in a loop
-    for name in ("grad_c", "grad_g", "grad_b"):
-        assert re.search(rf"/\* {name} = sum of .* down each column \*/", mod.source), name
-        assert f"{name}_blocks[" in mod.source
-    # the gradient of gamma sums (adjoint * normalized rows), never stored as a matrix
-    assert re.search(r"/\* grad_g = sum of \(.*\*.*\) down each column \*/", mod.source)

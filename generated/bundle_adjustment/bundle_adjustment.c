@@ -30,7 +30,7 @@ size_t bundle_adjustment_forward_work_len(int64_t N, int64_t C, int64_t P)
     if (N < 1 || C < 1 || P < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(34);
+    return (size_t)(2*N + 2);
 }
 #endif
 
@@ -394,7 +394,7 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
 }
 #endif
 
-/* bundle_adjustment_forward, part 2 of 2 (kernels 2 to 3): a long
+/* bundle_adjustment_forward, part 2 of 2 (kernels 2 to 4): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -405,38 +405,21 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part2(
     BUNDLE_ADJUSTMENT_REAL *work
 )
 {
-    /* t0 = sum of (residual**2) down each column */
-    BUNDLE_ADJUSTMENT_REAL *t0_blocks = work; /* 16 x 2 */
-    BUNDLE_ADJUSTMENT_REAL *t0 = t0_blocks + 32; /* 1 x 2 */
-    {
-        const int64_t rows_per_block = (N + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 2; ++j) {
-                t0_blocks[2*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < N ? (blk + 1) * rows_per_block : N;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 2; ++j) {
-                    t0_blocks[2*blk + j] += (residual[2*i + j]*residual[2*i + j]);
-                }
-            }
-        }
+    /* t0 = residual**2 */
+    BUNDLE_ADJUSTMENT_REAL *t0 = work; /* N x 2 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            t0[j] = t0_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 2; ++j) {
-                t0[j] += t0_blocks[2*blk + j];
-            }
+            t0[2*i + j] = (residual[2*i + j]*residual[2*i + j]);
         }
     }
 
-    /* loss = sum of t0 along each row */
-    loss[0] = symbackprop_f64_sum(t0, 2, 1);
+    /* t1 = sum of t0 down each column */
+    BUNDLE_ADJUSTMENT_REAL *t1 = t0 + 2*N; /* 1 x 2 */
+    symbackprop_f64_sum_columns(t0, N, 2, 2, t1);
+
+    /* loss = sum of t1 along each row */
+    loss[0] = symbackprop_f64_sum(t1, 2, 1);
 }
 #endif
 
@@ -489,11 +472,11 @@ size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P
     if (N < 1 || C < 1 || P < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(4*N + 34);
+    return (size_t)(6*N + 2);
 }
 #endif
 
-/* bundle_adjustment_value_and_grad, part 1 of 2 (kernels 1 to 3): a long
+/* bundle_adjustment_value_and_grad, part 1 of 2 (kernels 1 to 4): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -545,45 +528,28 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
         residual[2*i + 1] = weights[i]*(-feats[2*i + 1] + cams[11*cam[i] + 8] - x26*((isnan(x15)) ? (x15) : ((x15) ? (x23) : (x24))));
     }
 
+    /* t0 = residual**2 */
     /* grad_residual = 2*residual */
-    /* t0 = sum of (residual**2) down each column */
-    BUNDLE_ADJUSTMENT_REAL *grad_residual = residual + 2*N; /* N x 2 */
-    BUNDLE_ADJUSTMENT_REAL *t0_blocks_1 = grad_residual + 2*N; /* 16 x 2 */
-    BUNDLE_ADJUSTMENT_REAL *t0 = t0_blocks_1 + 32; /* 1 x 2 */
-    {
-        const int64_t rows_per_block = (N + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 2; ++j) {
-                t0_blocks_1[2*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < N ? (blk + 1) * rows_per_block : N;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 2; ++j) {
-                    grad_residual[2*i + j] = 2*residual[2*i + j];
-                    t0_blocks_1[2*blk + j] += (residual[2*i + j]*residual[2*i + j]);
-                }
-            }
-        }
+    BUNDLE_ADJUSTMENT_REAL *t0 = residual + 2*N; /* N x 2 */
+    BUNDLE_ADJUSTMENT_REAL *grad_residual = t0 + 2*N; /* N x 2 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            t0[j] = t0_blocks_1[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 2; ++j) {
-                t0[j] += t0_blocks_1[2*blk + j];
-            }
+            t0[2*i + j] = (residual[2*i + j]*residual[2*i + j]);
+            grad_residual[2*i + j] = 2*residual[2*i + j];
         }
     }
 
-    /* loss = sum of t0 along each row */
-    loss[0] = symbackprop_f64_sum(t0, 2, 1);
+    /* t1 = sum of t0 down each column */
+    BUNDLE_ADJUSTMENT_REAL *t1 = grad_residual + 2*N; /* 1 x 2 */
+    symbackprop_f64_sum_columns(t0, N, 2, 2, t1);
+
+    /* loss = sum of t1 along each row */
+    loss[0] = symbackprop_f64_sum(t1, 2, 1);
 }
 #endif
 
-/* bundle_adjustment_value_and_grad, part 2 of 2 (kernels 4 to 4): a long
+/* bundle_adjustment_value_and_grad, part 2 of 2 (kernels 5 to 5): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -603,7 +569,7 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_
     BUNDLE_ADJUSTMENT_REAL *work
 )
 {
-    BUNDLE_ADJUSTMENT_REAL *grad_residual = work + 2*N; /* N x 2; placed in an earlier part */
+    BUNDLE_ADJUSTMENT_REAL *grad_residual = work + 4*N; /* N x 2; placed in an earlier part */
     /* grad_cams[cam[i], :] += 11 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
      * grad_residual[i, :]: see the temporaries */
     /* grad_pts[pt[i], :] += 3 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],

@@ -24,47 +24,21 @@
 #define CNN_DIGITS_SHARED static
 #endif
 
-/* In unit 2; called from unit 0. */
-CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads);
-CNN_DIGITS_SHARED int cnn_digits_run(
-    int64_t n,
-    const CNN_DIGITS_REAL *X,
-    const CNN_DIGITS_REAL *T,
-    const CNN_DIGITS_REAL *K1,
-    const CNN_DIGITS_REAL *c1,
-    const CNN_DIGITS_REAL *K2,
-    const CNN_DIGITS_REAL *c2,
-    const CNN_DIGITS_REAL *W1,
-    const CNN_DIGITS_REAL *b1,
-    const CNN_DIGITS_REAL *W2,
-    const CNN_DIGITS_REAL *b2,
-    CNN_DIGITS_REAL *loss,
-    CNN_DIGITS_REAL *logits,
-    CNN_DIGITS_REAL *grad_K1,
-    CNN_DIGITS_REAL *grad_c1,
-    CNN_DIGITS_REAL *grad_K2,
-    CNN_DIGITS_REAL *grad_c2,
-    CNN_DIGITS_REAL *grad_W1,
-    CNN_DIGITS_REAL *grad_b1,
-    CNN_DIGITS_REAL *grad_W2,
-    CNN_DIGITS_REAL *grad_b2,
-    CNN_DIGITS_REAL *work,
-    int with_grads
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 5655*n + 110369 : 5207*n + 24577);
+    return (size_t)(with_grads ? 5655*n + 85633 : 5207*n + 24577);
 }
 #endif
 
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
- * gradient: forward and value_and_grad call it. */
-CNN_DIGITS_SHARED int cnn_digits_run(
+/* cnn_digits_run, part 1 of 3 (kernels 1 to 17): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+CNN_DIGITS_SHARED void cnn_digits_run_part1(
     int64_t n,
     const CNN_DIGITS_REAL *X,
     const CNN_DIGITS_REAL *T,
@@ -78,22 +52,9 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     const CNN_DIGITS_REAL *b2,
     CNN_DIGITS_REAL *loss,
     CNN_DIGITS_REAL *logits,
-    CNN_DIGITS_REAL *grad_K1,
-    CNN_DIGITS_REAL *grad_c1,
-    CNN_DIGITS_REAL *grad_K2,
-    CNN_DIGITS_REAL *grad_c2,
-    CNN_DIGITS_REAL *grad_W1,
-    CNN_DIGITS_REAL *grad_b1,
-    CNN_DIGITS_REAL *grad_W2,
-    CNN_DIGITS_REAL *grad_b2,
-    CNN_DIGITS_REAL *work,
-    int with_grads
+    CNN_DIGITS_REAL *work
 )
 {
-    if (n < 1) {
-        return 1;
-    }
-
     /* t0[i,ch,at] = c2[i,ch] (over each channel's pixels) */
     CNN_DIGITS_REAL *t0 = work; /* 1 x 512 */
     for (int64_t i = 0; i < 1; ++i) {
@@ -302,42 +263,50 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     {
         loss[0] = t18[0]/((CNN_DIGITS_REAL)n);
     }
+}
+#endif
 
-    if (!with_grads) {
-        return 0;
-    }
-
+/* cnn_digits_run, part 2 of 3 (kernels 18 to 32): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+CNN_DIGITS_SHARED void cnn_digits_run_part2(
+    int64_t n,
+    const CNN_DIGITS_REAL *X,
+    const CNN_DIGITS_REAL *T,
+    const CNN_DIGITS_REAL *K2,
+    const CNN_DIGITS_REAL *W1,
+    const CNN_DIGITS_REAL *W2,
+    CNN_DIGITS_REAL *logits,
+    CNN_DIGITS_REAL *grad_K1,
+    CNN_DIGITS_REAL *grad_c1,
+    CNN_DIGITS_REAL *grad_K2,
+    CNN_DIGITS_REAL *grad_c2,
+    CNN_DIGITS_REAL *work
+)
+{
+    CNN_DIGITS_REAL *t0 = work; /* 1 x 512; placed in an earlier part */
+    CNN_DIGITS_REAL *t1 = work + 512; /* 1 x 1024; placed in an earlier part */
+    CNN_DIGITS_REAL *t2 = work + 1536; /* n x 1024; placed in an earlier part */
+    CNN_DIGITS_REAL *t3 = work + 1024*n + 6144; /* n x 1024; placed in an earlier part */
+    CNN_DIGITS_REAL *t4 = work + 2048*n + 6144; /* n x 1024; placed in an earlier part */
+    CNN_DIGITS_REAL *t5 = work + 3072*n + 6144; /* n x 256; placed in an earlier part */
+    CNN_DIGITS_REAL *t6 = work + 3328*n + 6144; /* n x 512; placed in an earlier part */
+    CNN_DIGITS_REAL *t6_cols = work + 3840*n + 6144; /* 8 x 2304; placed in an earlier part */
+    CNN_DIGITS_REAL *t7 = work + 3840*n + 24576; /* n x 512; placed in an earlier part */
+    CNN_DIGITS_REAL *t8 = work + 4352*n + 24576; /* n x 512; placed in an earlier part */
+    CNN_DIGITS_REAL *t10 = work + 4992*n + 24576; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *t12 = work + 5120*n + 24576; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *t13 = work + 5184*n + 24576; /* n x 10; placed in an earlier part */
+    CNN_DIGITS_REAL *t16 = work + 5205*n + 24576; /* n x 1; placed in an earlier part */
+    CNN_DIGITS_REAL *t18 = work + 5207*n + 24576; /* 1 x 1; placed in an earlier part */
     /* grad_logits = -T/n + exp(logits - t16)/n */
-    /* grad_b2 = sum of grad_logits down each column */
     CNN_DIGITS_REAL *grad_logits = t13; /* n x 10, in t13's memory */
-    CNN_DIGITS_REAL *grad_b2_blocks = t18 + 1; /* 16 x 10 */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 10; ++j) {
-                grad_b2_blocks[10*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 10; ++j) {
-                    const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
-                    const CNN_DIGITS_REAL x1 = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - t16[i]);
-                    grad_logits[10*i + j] = x1;
-                    grad_b2_blocks[10*blk + j] += x1;
-                }
-            }
-        }
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            grad_b2[j] = grad_b2_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 10; ++j) {
-                grad_b2[j] += grad_b2_blocks[10*blk + j];
-            }
+            const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
+            grad_logits[10*i + j] = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - t16[i]);
         }
     }
 
@@ -346,35 +315,11 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t11);
 
     /* g0 = grad_t11*t12 */
-    /* grad_b1 = sum of g0 down each column */
-    CNN_DIGITS_REAL *g0 = grad_b2_blocks + 160; /* n x 64 */
-    CNN_DIGITS_REAL *grad_b1_blocks = t1; /* 16 x 64, in t1's memory */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b1_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    const CNN_DIGITS_REAL x0 = grad_t11[64*i + j]*t12[64*i + j];
-                    g0[64*i + j] = x0;
-                    grad_b1_blocks[64*blk + j] += x0;
-                }
-            }
-        }
+    CNN_DIGITS_REAL *g0 = t18 + 1; /* n x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_b1[j] = grad_b1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b1[j] += grad_b1_blocks[64*blk + j];
-            }
+            g0[64*i + j] = grad_t11[64*i + j]*t12[64*i + j];
         }
     }
 
@@ -409,42 +354,17 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     }
 
     /* g1 = grad_t7*t8 */
-    /* grad_t0 = sum of g1 down each column */
     CNN_DIGITS_REAL *g1 = t7; /* n x 512, in t7's memory */
-    CNN_DIGITS_REAL *grad_t0_blocks = grad_t9 + 128*n; /* 16 x 512 */
-    CNN_DIGITS_REAL *grad_t0 = t0; /* 1 x 512, in t0's memory */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 512; ++j) {
-                grad_t0_blocks[512*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 512; ++j) {
-                    const CNN_DIGITS_REAL x0 = grad_t7[512*i + j]*t8[512*i + j];
-                    g1[512*i + j] = x0;
-                    grad_t0_blocks[512*blk + j] += x0;
-                }
-            }
-        }
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 512; ++j) {
-            grad_t0[j] = grad_t0_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 512; ++j) {
-                grad_t0[j] += grad_t0_blocks[512*blk + j];
-            }
+            g1[512*i + j] = grad_t7[512*i + j]*t8[512*i + j];
         }
     }
 
     /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
      * by its images) */
-    CNN_DIGITS_REAL *grad_t5 = grad_t0_blocks + 8192; /* n x 256 */
+    CNN_DIGITS_REAL *grad_t5 = grad_t9 + 128*n; /* n x 256 */
     CNN_DIGITS_REAL *grad_t5_cols = t6_cols; /* 8 x 2304, in t6_cols's memory */
     /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of grad_t5_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
@@ -501,42 +421,17 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     }
 
     /* g2 = grad_t3*t4 */
-    /* grad_t1 = sum of g2 down each column */
     CNN_DIGITS_REAL *g2 = t3; /* n x 1024, in t3's memory */
-    CNN_DIGITS_REAL *grad_t1_blocks = grad_t5 + 256*n; /* 16 x 1024 */
-    CNN_DIGITS_REAL *grad_t1 = grad_b1_blocks; /* 1 x 1024, in grad_b1_blocks's memory */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 1024; ++j) {
-                grad_t1_blocks[1024*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 1024; ++j) {
-                    const CNN_DIGITS_REAL x0 = grad_t3[1024*i + j]*t4[1024*i + j];
-                    g2[1024*i + j] = x0;
-                    grad_t1_blocks[1024*blk + j] += x0;
-                }
-            }
-        }
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 1024; ++j) {
-            grad_t1[j] = grad_t1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 1024; ++j) {
-                grad_t1[j] += grad_t1_blocks[1024*blk + j];
-            }
+            g2[1024*i + j] = grad_t3[1024*i + j]*t4[1024*i + j];
         }
     }
 
     /* grad_K1[oc,ic,ky,kx] = sum_{i,oy,ox} g2[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K1_cols = grad_t1_blocks + 16384; /* 8 x 720 */
+    CNN_DIGITS_REAL *grad_K1_cols = grad_t5 + 256*n; /* 8 x 720 */
     /* the batch in 8 fixed blocks of examples, each with its own 720 entries of grad_K1_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
@@ -578,6 +473,10 @@ CNN_DIGITS_SHARED int cnn_digits_run(
         }
         grad_K1[at] = acc;
     }
+
+    /* grad_t1 = sum of g2 down each column */
+    CNN_DIGITS_REAL *grad_t1 = t1; /* 1 x 1024, in t1's memory */
+    symbackprop_f64_sum_columns(g2, n, 1024, 1024, grad_t1);
 
     /* grad_c1[i,ch] = sum_at grad_t1[i,ch,at] (over each channel's pixels) */
     for (int64_t i = 0; i < 1; ++i) {
@@ -635,6 +534,10 @@ CNN_DIGITS_SHARED int cnn_digits_run(
         grad_K2[at] = acc;
     }
 
+    /* grad_t0 = sum of g1 down each column */
+    CNN_DIGITS_REAL *grad_t0 = t0; /* 1 x 512, in t0's memory */
+    symbackprop_f64_sum_columns(g1, n, 512, 512, grad_t0);
+
     /* grad_c2[i,ch] = sum_at grad_t0[i,ch,at] (over each channel's pixels) */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
@@ -645,12 +548,87 @@ CNN_DIGITS_SHARED int cnn_digits_run(
             grad_c2[i * 32 + ch] = acc;
         }
     }
+}
+#endif
 
+/* cnn_digits_run, part 3 of 3 (kernels 33 to 36): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 2; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_run_part3(
+    int64_t n,
+    CNN_DIGITS_REAL *grad_W1,
+    CNN_DIGITS_REAL *grad_b1,
+    CNN_DIGITS_REAL *grad_W2,
+    CNN_DIGITS_REAL *grad_b2,
+    CNN_DIGITS_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+CNN_DIGITS_SHARED void cnn_digits_run_part3(
+    int64_t n,
+    CNN_DIGITS_REAL *grad_W1,
+    CNN_DIGITS_REAL *grad_b1,
+    CNN_DIGITS_REAL *grad_W2,
+    CNN_DIGITS_REAL *grad_b2,
+    CNN_DIGITS_REAL *work
+)
+{
+    CNN_DIGITS_REAL *t9 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
+    CNN_DIGITS_REAL *t11 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 24576; /* n x 10, in t13's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *g0 = work + 5207*n + 24577; /* n x 64; placed in an earlier part */
     /* grad_W1 = t9^T @ g0 */
     symbackprop_f64_matmul(128, 64, n, t9, 1, 128, g0, 64, 1, grad_W1);
 
+    /* grad_b1 = sum of g0 down each column */
+    symbackprop_f64_sum_columns(g0, n, 64, 64, grad_b1);
+
     /* grad_W2 = t11^T @ grad_logits */
     symbackprop_f64_matmul(64, 10, n, t11, 1, 64, grad_logits, 10, 1, grad_W2);
+
+    /* grad_b2 = sum of grad_logits down each column */
+    symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2);
+}
+#endif
+
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
+ * gradient: forward and value_and_grad call it. */
+CNN_DIGITS_SHARED int cnn_digits_run(
+    int64_t n,
+    const CNN_DIGITS_REAL *X,
+    const CNN_DIGITS_REAL *T,
+    const CNN_DIGITS_REAL *K1,
+    const CNN_DIGITS_REAL *c1,
+    const CNN_DIGITS_REAL *K2,
+    const CNN_DIGITS_REAL *c2,
+    const CNN_DIGITS_REAL *W1,
+    const CNN_DIGITS_REAL *b1,
+    const CNN_DIGITS_REAL *W2,
+    const CNN_DIGITS_REAL *b2,
+    CNN_DIGITS_REAL *loss,
+    CNN_DIGITS_REAL *logits,
+    CNN_DIGITS_REAL *grad_K1,
+    CNN_DIGITS_REAL *grad_c1,
+    CNN_DIGITS_REAL *grad_K2,
+    CNN_DIGITS_REAL *grad_c2,
+    CNN_DIGITS_REAL *grad_W1,
+    CNN_DIGITS_REAL *grad_b1,
+    CNN_DIGITS_REAL *grad_W2,
+    CNN_DIGITS_REAL *grad_b2,
+    CNN_DIGITS_REAL *work,
+    int with_grads
+)
+{
+    if (n < 1) {
+        return 1;
+    }
+    cnn_digits_run_part1(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, work);
+    if (!with_grads) {
+        return 0;
+    }
+    cnn_digits_run_part2(n, X, T, K2, W1, W2, logits, grad_K1, grad_c1, grad_K2, grad_c2, work);
+    cnn_digits_run_part3(n, grad_W1, grad_b1, grad_W2, grad_b2, work);
     return 0;
 }
 #endif
@@ -740,7 +718,7 @@ size_t cnn_digits_train_step_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(5665*n + 124982);
+    return (size_t)(5665*n + 108438);
 }
 #endif
 
@@ -993,37 +971,12 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     }
 
     /* grad_logits = -T/n + exp(logits - t16)/n */
-    /* grad_b2_1 = sum of grad_logits down each column */
     CNN_DIGITS_REAL *grad_logits = t13; /* n x 10, in t13's memory */
-    CNN_DIGITS_REAL *grad_b2_1_blocks = t18 + 1; /* 16 x 10 */
-    CNN_DIGITS_REAL *grad_b2_1 = grad_b2_1_blocks + 160; /* 1 x 10 */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 10; ++j) {
-                grad_b2_1_blocks[10*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 10; ++j) {
-                    const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
-                    const CNN_DIGITS_REAL x1 = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - t16[i]);
-                    grad_logits[10*i + j] = x1;
-                    grad_b2_1_blocks[10*blk + j] += x1;
-                }
-            }
-        }
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            grad_b2_1[j] = grad_b2_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 10; ++j) {
-                grad_b2_1[j] += grad_b2_1_blocks[10*blk + j];
-            }
+            const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
+            grad_logits[10*i + j] = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - t16[i]);
         }
     }
 
@@ -1032,41 +985,16 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t11);
 
     /* g0 = grad_t11*t12 */
-    /* grad_b1_1 = sum of g0 down each column */
-    CNN_DIGITS_REAL *g0 = grad_b2_1 + 10; /* n x 64 */
-    CNN_DIGITS_REAL *grad_b1_1_blocks = t1; /* 16 x 64, in t1's memory */
-    CNN_DIGITS_REAL *grad_b1_1 = g0 + 64*n; /* 1 x 64 */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b1_1_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    const CNN_DIGITS_REAL x0 = grad_t11[64*i + j]*t12[64*i + j];
-                    g0[64*i + j] = x0;
-                    grad_b1_1_blocks[64*blk + j] += x0;
-                }
-            }
-        }
+    CNN_DIGITS_REAL *g0 = t18 + 1; /* n x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_b1_1[j] = grad_b1_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b1_1[j] += grad_b1_1_blocks[64*blk + j];
-            }
+            g0[64*i + j] = grad_t11[64*i + j]*t12[64*i + j];
         }
     }
 
     /* grad_t9 = g0 @ W1^T */
-    CNN_DIGITS_REAL *grad_t9 = grad_b1_1 + 64; /* n x 128 */
+    CNN_DIGITS_REAL *grad_t9 = g0 + 64*n; /* n x 128 */
     symbackprop_f64_matmul(n, 128, 64, g0, 64, 1, W1, 1, 64, grad_t9);
 
     /* grad_t7[i,ch,best] += grad_t9[i,ch,oy,ox], best: the first largest
@@ -1096,42 +1024,17 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     }
 
     /* g1 = grad_t7*t8 */
-    /* grad_t0 = sum of g1 down each column */
     CNN_DIGITS_REAL *g1 = t7; /* n x 512, in t7's memory */
-    CNN_DIGITS_REAL *grad_t0_blocks_1 = grad_t9 + 128*n; /* 16 x 512 */
-    CNN_DIGITS_REAL *grad_t0 = t0; /* 1 x 512, in t0's memory */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 512; ++j) {
-                grad_t0_blocks_1[512*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 512; ++j) {
-                    const CNN_DIGITS_REAL x0 = grad_t7[512*i + j]*t8[512*i + j];
-                    g1[512*i + j] = x0;
-                    grad_t0_blocks_1[512*blk + j] += x0;
-                }
-            }
-        }
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 512; ++j) {
-            grad_t0[j] = grad_t0_blocks_1[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 512; ++j) {
-                grad_t0[j] += grad_t0_blocks_1[512*blk + j];
-            }
+            g1[512*i + j] = grad_t7[512*i + j]*t8[512*i + j];
         }
     }
 
     /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
      * by its images) */
-    CNN_DIGITS_REAL *grad_t5 = grad_t0_blocks_1 + 8192; /* n x 256 */
+    CNN_DIGITS_REAL *grad_t5 = grad_t9 + 128*n; /* n x 256 */
     CNN_DIGITS_REAL *grad_t5_cols_1 = t6_cols_1; /* 8 x 2304, in t6_cols_1's memory */
     /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of grad_t5_cols_1 */
     SYMBACKPROP_PARALLEL_BLOCKS
@@ -1188,42 +1091,17 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     }
 
     /* g2 = grad_t3*t4 */
-    /* grad_t1 = sum of g2 down each column */
     CNN_DIGITS_REAL *g2 = t3; /* n x 1024, in t3's memory */
-    CNN_DIGITS_REAL *grad_t1_blocks_1 = grad_t5 + 256*n; /* 16 x 1024 */
-    CNN_DIGITS_REAL *grad_t1 = grad_b1_1_blocks; /* 1 x 1024, in grad_b1_1_blocks's memory */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 1024; ++j) {
-                grad_t1_blocks_1[1024*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 1024; ++j) {
-                    const CNN_DIGITS_REAL x0 = grad_t3[1024*i + j]*t4[1024*i + j];
-                    g2[1024*i + j] = x0;
-                    grad_t1_blocks_1[1024*blk + j] += x0;
-                }
-            }
-        }
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 1024; ++j) {
-            grad_t1[j] = grad_t1_blocks_1[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 1024; ++j) {
-                grad_t1[j] += grad_t1_blocks_1[1024*blk + j];
-            }
+            g2[1024*i + j] = grad_t3[1024*i + j]*t4[1024*i + j];
         }
     }
 
     /* grad_K1_1[oc,ic,ky,kx] = sum_{i,oy,ox} g2[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K1_1 = grad_t1_blocks_1 + 16384; /* 16 x 9 */
+    CNN_DIGITS_REAL *grad_K1_1 = grad_t5 + 256*n; /* 16 x 9 */
     CNN_DIGITS_REAL *grad_K1_1_cols = grad_K1_1 + 144; /* 8 x 720 */
     /* the batch in 8 fixed blocks of examples, each with its own 720 entries of grad_K1_1_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
@@ -1277,6 +1155,10 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
             }
         }
     }
+
+    /* grad_t1 = sum of g2 down each column */
+    CNN_DIGITS_REAL *grad_t1 = t1; /* 1 x 1024, in t1's memory */
+    symbackprop_f64_sum_columns(g2, n, 1024, 1024, grad_t1);
 
     /* grad_c1_1[i,ch] = sum_at grad_t1[i,ch,at] (over each channel's pixels) */
     CNN_DIGITS_REAL *grad_c1_1 = grad_K1_2 + 144; /* 1 x 16 */
@@ -1344,24 +1226,48 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
         }
         grad_K2_1[at] = acc;
     }
-
-    /* grad_K2_2 = K2*weight_decay + grad_K2_1 */
-    CNN_DIGITS_REAL *grad_K2_2 = grad_K2_1_cols + 55296; /* 32 x 144 */
-    {
-        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
-        for (int64_t i = 0; i < 32; ++i) {
-            for (int64_t j = 0; j < 144; ++j) {
-                grad_K2_2[144*i + j] = grad_K2_1[144*i + j] + weight_decay_value*K2[144*i + j];
-            }
-        }
-    }
 }
 #endif
 
-/* cnn_digits_train_step, part 2 of 2 (kernels 33 to 50): a long
+/* cnn_digits_train_step, part 2 of 2 (kernels 33 to 54): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
+    int64_t n,
+    CNN_DIGITS_REAL *K1,
+    CNN_DIGITS_REAL *c1,
+    CNN_DIGITS_REAL *K2,
+    CNN_DIGITS_REAL *c2,
+    CNN_DIGITS_REAL *W1,
+    CNN_DIGITS_REAL *b1,
+    CNN_DIGITS_REAL *W2,
+    CNN_DIGITS_REAL *b2,
+    const CNN_DIGITS_REAL *lr,
+    const CNN_DIGITS_REAL *beta1,
+    const CNN_DIGITS_REAL *beta2,
+    const CNN_DIGITS_REAL *eps,
+    const CNN_DIGITS_REAL *weight_decay,
+    CNN_DIGITS_REAL *step,
+    CNN_DIGITS_REAL *m_K1,
+    CNN_DIGITS_REAL *v_K1,
+    CNN_DIGITS_REAL *m_c1,
+    CNN_DIGITS_REAL *v_c1,
+    CNN_DIGITS_REAL *m_K2,
+    CNN_DIGITS_REAL *v_K2,
+    CNN_DIGITS_REAL *m_c2,
+    CNN_DIGITS_REAL *v_c2,
+    CNN_DIGITS_REAL *m_W1,
+    CNN_DIGITS_REAL *v_W1,
+    CNN_DIGITS_REAL *m_b1,
+    CNN_DIGITS_REAL *v_b1,
+    CNN_DIGITS_REAL *m_W2,
+    CNN_DIGITS_REAL *v_W2,
+    CNN_DIGITS_REAL *m_b2,
+    CNN_DIGITS_REAL *v_b2,
+    CNN_DIGITS_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     int64_t n,
     CNN_DIGITS_REAL *K1,
@@ -1397,18 +1303,32 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     CNN_DIGITS_REAL *work
 )
 {
+    CNN_DIGITS_REAL *t0 = work; /* 1 x 512; placed in an earlier part */
     CNN_DIGITS_REAL *t9 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
     CNN_DIGITS_REAL *t11 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
     CNN_DIGITS_REAL *t18 = work + 5217*n + 24576; /* 1 x 1; placed in an earlier part */
     CNN_DIGITS_REAL *grad_logits = work + 5184*n + 24576; /* n x 10, in t13's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_b2_1 = work + 5217*n + 24737; /* 1 x 10; placed in an earlier part */
-    CNN_DIGITS_REAL *g0 = work + 5217*n + 24747; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_b1_1 = work + 5281*n + 24747; /* 1 x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_t0_blocks_1 = work + 5409*n + 24811; /* 16 x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_t0 = work; /* 1 x 512, in t0's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_K1_2 = work + 5665*n + 55291; /* 16 x 9; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_c1_2 = work + 5665*n + 55451; /* 1 x 16; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_K2_2 = work + 5665*n + 110763; /* 32 x 144; placed in an earlier part */
+    CNN_DIGITS_REAL *g0 = work + 5217*n + 24577; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *g1 = work + 3840*n + 24576; /* n x 512, in t7's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_K1_2 = work + 5665*n + 30481; /* 16 x 9; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_c1_2 = work + 5665*n + 30641; /* 1 x 16; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_K2_1 = work + 1024*n + 1536; /* 32 x 144, in t2_cols_1's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_K2_1_cols = work + 5665*n + 30657; /* 8 x 6912; placed in an earlier part */
+    /* grad_K2_2 = K2*weight_decay + grad_K2_1 */
+    CNN_DIGITS_REAL *grad_K2_2 = grad_K2_1_cols + 55296; /* 32 x 144 */
+    {
+        const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
+        for (int64_t i = 0; i < 32; ++i) {
+            for (int64_t j = 0; j < 144; ++j) {
+                grad_K2_2[144*i + j] = grad_K2_1[144*i + j] + weight_decay_value*K2[144*i + j];
+            }
+        }
+    }
+
+    /* grad_t0 = sum of g1 down each column */
+    CNN_DIGITS_REAL *grad_t0 = t0; /* 1 x 512, in t0's memory */
+    symbackprop_f64_sum_columns(g1, n, 512, 512, grad_t0);
+
     /* grad_c2_1[i,ch] = sum_at grad_t0[i,ch,at] (over each channel's pixels) */
     CNN_DIGITS_REAL *grad_c2_1 = grad_K2_2 + 4608; /* 1 x 32 */
     for (int64_t i = 0; i < 1; ++i) {
@@ -1431,11 +1351,11 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     }
 
     /* grad_W1_1 = t9^T @ g0 */
-    CNN_DIGITS_REAL *grad_W1_1 = grad_t0_blocks_1; /* 128 x 64, in grad_t0_blocks_1's memory */
+    CNN_DIGITS_REAL *grad_W1_1 = grad_c2_2 + 32; /* 128 x 64 */
     symbackprop_f64_matmul(128, 64, n, t9, 1, 128, g0, 64, 1, grad_W1_1);
 
     /* grad_W1_2 = W1*weight_decay + grad_W1_1 */
-    CNN_DIGITS_REAL *grad_W1_2 = grad_c2_2 + 32; /* 128 x 64 */
+    CNN_DIGITS_REAL *grad_W1_2 = grad_W1_1 + 8192; /* 128 x 64 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -1446,8 +1366,12 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
         }
     }
 
+    /* grad_b1_1 = sum of g0 down each column */
+    CNN_DIGITS_REAL *grad_b1_1 = grad_W1_2 + 8192; /* 1 x 64 */
+    symbackprop_f64_sum_columns(g0, n, 64, 64, grad_b1_1);
+
     /* grad_b1_2 = b1*weight_decay + grad_b1_1 */
-    CNN_DIGITS_REAL *grad_b1_2 = grad_W1_2 + 8192; /* 1 x 64 */
+    CNN_DIGITS_REAL *grad_b1_2 = grad_b1_1 + 64; /* 1 x 64 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -1471,8 +1395,12 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
         }
     }
 
+    /* grad_b2_1 = sum of grad_logits down each column */
+    CNN_DIGITS_REAL *grad_b2_1 = grad_W2_2 + 640; /* 1 x 10 */
+    symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2_1);
+
     /* grad_b2_2 = b2*weight_decay + grad_b2_1 */
-    CNN_DIGITS_REAL *grad_b2_2 = grad_W2_2 + 640; /* 1 x 10 */
+    CNN_DIGITS_REAL *grad_b2_2 = grad_b2_1 + 10; /* 1 x 10 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 10; ++j) {

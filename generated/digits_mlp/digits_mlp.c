@@ -17,7 +17,7 @@ static size_t digits_mlp_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 215*n + 1185 : 151*n + 1);
+    return (size_t)(with_grads ? 215*n + 1 : 151*n + 1);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -108,36 +108,12 @@ static int digits_mlp_run(
     }
 
     /* grad_logits = -T/n + exp(logits - t5)/n */
-    /* grad_b2 = sum of grad_logits down each column */
     DIGITS_MLP_REAL *grad_logits = t2; /* n x 10, in t2's memory */
-    DIGITS_MLP_REAL *grad_b2_blocks = t7 + 1; /* 16 x 10 */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 10; ++j) {
-                grad_b2_blocks[10*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 10; ++j) {
-                    const DIGITS_MLP_REAL x0 = 1.0/((DIGITS_MLP_REAL)n);
-                    const DIGITS_MLP_REAL x1 = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - t5[i]);
-                    grad_logits[10*i + j] = x1;
-                    grad_b2_blocks[10*blk + j] += x1;
-                }
-            }
-        }
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            grad_b2[j] = grad_b2_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 10; ++j) {
-                grad_b2[j] += grad_b2_blocks[10*blk + j];
-            }
+            const DIGITS_MLP_REAL x0 = 1.0/((DIGITS_MLP_REAL)n);
+            grad_logits[10*i + j] = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - t5[i]);
         }
     }
 
@@ -146,43 +122,25 @@ static int digits_mlp_run(
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t1);
 
     /* g0 = grad_t1*(1 - t1**2) */
-    /* grad_b1 = sum of g0 down each column */
-    DIGITS_MLP_REAL *g0 = grad_b2_blocks + 160; /* n x 64 */
-    DIGITS_MLP_REAL *grad_b1_blocks = g0 + 64*n; /* 16 x 64 */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b1_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    const DIGITS_MLP_REAL x0 = grad_t1[64*i + j]*(1 - (t1[64*i + j]*t1[64*i + j]));
-                    g0[64*i + j] = x0;
-                    grad_b1_blocks[64*blk + j] += x0;
-                }
-            }
-        }
+    DIGITS_MLP_REAL *g0 = t7 + 1; /* n x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_b1[j] = grad_b1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b1[j] += grad_b1_blocks[64*blk + j];
-            }
+            g0[64*i + j] = grad_t1[64*i + j]*(1 - (t1[64*i + j]*t1[64*i + j]));
         }
     }
 
     /* grad_W1 = X^T @ g0 */
     symbackprop_f64_matmul(64, 64, n, X, 1, 64, g0, 64, 1, grad_W1);
 
+    /* grad_b1 = sum of g0 down each column */
+    symbackprop_f64_sum_columns(g0, n, 64, 64, grad_b1);
+
     /* grad_W2 = t1^T @ grad_logits */
     symbackprop_f64_matmul(64, 10, n, t1, 1, 64, grad_logits, 10, 1, grad_W2);
+
+    /* grad_b2 = sum of grad_logits down each column */
+    symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2);
     return 0;
 }
 
@@ -250,7 +208,7 @@ size_t digits_mlp_train_step_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(225*n + 10806);
+    return (size_t)(225*n + 9622);
 }
 
 /* One training step: the loss, then the optimizer updates the parameters and its state in place. */
@@ -345,37 +303,12 @@ int digits_mlp_train_step(
     }
 
     /* grad_logits = -T/n + exp(logits - t5)/n */
-    /* grad_b2_1 = sum of grad_logits down each column */
     DIGITS_MLP_REAL *grad_logits = t2; /* n x 10, in t2's memory */
-    DIGITS_MLP_REAL *grad_b2_1_blocks = t7 + 1; /* 16 x 10 */
-    DIGITS_MLP_REAL *grad_b2_1 = grad_b2_1_blocks + 160; /* 1 x 10 */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 10; ++j) {
-                grad_b2_1_blocks[10*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 10; ++j) {
-                    const DIGITS_MLP_REAL x0 = 1.0/((DIGITS_MLP_REAL)n);
-                    const DIGITS_MLP_REAL x1 = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - t5[i]);
-                    grad_logits[10*i + j] = x1;
-                    grad_b2_1_blocks[10*blk + j] += x1;
-                }
-            }
-        }
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            grad_b2_1[j] = grad_b2_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 10; ++j) {
-                grad_b2_1[j] += grad_b2_1_blocks[10*blk + j];
-            }
+            const DIGITS_MLP_REAL x0 = 1.0/((DIGITS_MLP_REAL)n);
+            grad_logits[10*i + j] = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - t5[i]);
         }
     }
 
@@ -384,41 +317,16 @@ int digits_mlp_train_step(
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t1);
 
     /* g0 = grad_t1*(1 - t1**2) */
-    /* grad_b1_1 = sum of g0 down each column */
-    DIGITS_MLP_REAL *g0 = grad_b2_1 + 10; /* n x 64 */
-    DIGITS_MLP_REAL *grad_b1_1_blocks = g0 + 64*n; /* 16 x 64 */
-    DIGITS_MLP_REAL *grad_b1_1 = grad_b1_1_blocks + 1024; /* 1 x 64 */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b1_1_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    const DIGITS_MLP_REAL x0 = grad_t1[64*i + j]*(1 - (t1[64*i + j]*t1[64*i + j]));
-                    g0[64*i + j] = x0;
-                    grad_b1_1_blocks[64*blk + j] += x0;
-                }
-            }
-        }
+    DIGITS_MLP_REAL *g0 = t7 + 1; /* n x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_b1_1[j] = grad_b1_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b1_1[j] += grad_b1_1_blocks[64*blk + j];
-            }
+            g0[64*i + j] = grad_t1[64*i + j]*(1 - (t1[64*i + j]*t1[64*i + j]));
         }
     }
 
     /* grad_W1_1 = X^T @ g0 */
-    DIGITS_MLP_REAL *grad_W1_1 = grad_b1_1 + 64; /* 64 x 64 */
+    DIGITS_MLP_REAL *grad_W1_1 = g0 + 64*n; /* 64 x 64 */
     symbackprop_f64_matmul(64, 64, n, X, 1, 64, g0, 64, 1, grad_W1_1);
 
     /* grad_W1_2 = W1*weight_decay + grad_W1_1 */
@@ -433,8 +341,12 @@ int digits_mlp_train_step(
         }
     }
 
+    /* grad_b1_1 = sum of g0 down each column */
+    DIGITS_MLP_REAL *grad_b1_1 = grad_W1_2 + 4096; /* 1 x 64 */
+    symbackprop_f64_sum_columns(g0, n, 64, 64, grad_b1_1);
+
     /* grad_b1_2 = b1*weight_decay + grad_b1_1 */
-    DIGITS_MLP_REAL *grad_b1_2 = grad_W1_2 + 4096; /* 1 x 64 */
+    DIGITS_MLP_REAL *grad_b1_2 = grad_b1_1 + 64; /* 1 x 64 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -458,8 +370,12 @@ int digits_mlp_train_step(
         }
     }
 
+    /* grad_b2_1 = sum of grad_logits down each column */
+    DIGITS_MLP_REAL *grad_b2_1 = grad_W2_2 + 640; /* 1 x 10 */
+    symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2_1);
+
     /* grad_b2_2 = b2*weight_decay + grad_b2_1 */
-    DIGITS_MLP_REAL *grad_b2_2 = grad_W2_2 + 640; /* 1 x 10 */
+    DIGITS_MLP_REAL *grad_b2_2 = grad_b2_1 + 10; /* 1 x 10 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 10; ++j) {

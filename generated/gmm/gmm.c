@@ -17,7 +17,7 @@ static size_t gmm_run_work_len(int64_t N, int64_t K, int with_grads)
     if (N < 1 || K < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? K*N + 10*K + 4*N + 55 : 3*K + 4*N + 55);
+    return (size_t)(with_grads ? K*N + 10*K + 4*N + 7 : 3*K + 4*N + 7);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -100,80 +100,42 @@ static int gmm_run(
     t2[0] = symbackprop_f64_sum(t1, N, 1);
 
     /* t3 = exp(2*qd) */
-    /* t4 = sum of t3 down each column */
     GMM_REAL *t3 = t2 + 1; /* K x 3 */
-    GMM_REAL *t4_blocks = t3 + 3*K; /* 16 x 3 */
-    GMM_REAL *t4 = t4_blocks + 48; /* 1 x 3 */
-    {
-        const int64_t rows_per_block = (K + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 3; ++j) {
-                t4_blocks[3*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < K ? (blk + 1) * rows_per_block : K;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 3; ++j) {
-                    const GMM_REAL x0 = exp(2*qd[3*i + j]);
-                    t3[3*i + j] = x0;
-                    t4_blocks[3*blk + j] += x0;
-                }
-            }
-        }
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < K; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            t4[j] = t4_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 3; ++j) {
-                t4[j] += t4_blocks[3*blk + j];
-            }
+            t3[3*i + j] = exp(2*qd[3*i + j]);
         }
     }
+
+    /* t4 = sum of t3 down each column */
+    GMM_REAL *t4 = t3 + 3*K; /* 1 x 3 */
+    symbackprop_f64_sum_columns(t3, K, 3, 3, t4);
 
     /* t5 = sum of t4 along each row */
     GMM_REAL *t5 = t4 + 3; /* 1 x 1 */
     t5[0] = symbackprop_f64_sum(t4, 3, 1);
 
-    /* t6 = sum of (ql**2) down each column */
-    GMM_REAL *t6_blocks = t4_blocks; /* 16 x 3, in t4_blocks's memory */
-    GMM_REAL *t6 = t4; /* 1 x 3, in t4's memory */
-    {
-        const int64_t rows_per_block = (K + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 3; ++j) {
-                t6_blocks[3*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < K ? (blk + 1) * rows_per_block : K;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 3; ++j) {
-                    t6_blocks[3*blk + j] += (ql[3*i + j]*ql[3*i + j]);
-                }
-            }
-        }
+    /* t6 = ql**2 */
+    GMM_REAL *t6 = with_grads ? t5 + 1 : t3; /* K x 3 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < K; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            t6[j] = t6_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 3; ++j) {
-                t6[j] += t6_blocks[3*blk + j];
-            }
+            t6[3*i + j] = (ql[3*i + j]*ql[3*i + j]);
         }
     }
 
-    /* t7 = sum of t6 along each row */
-    GMM_REAL *t7 = t5 + 1; /* 1 x 1 */
-    t7[0] = symbackprop_f64_sum(t6, 3, 1);
+    /* t7 = sum of t6 down each column */
+    GMM_REAL *t7 = t4; /* 1 x 3, in t4's memory */
+    symbackprop_f64_sum_columns(t6, K, 3, 3, t7);
 
-    /* loss = N*t0 + 3*N*log(2*pi)/2 - t2 + t5/2 + t7/2 */
+    /* t8 = sum of t7 along each row */
+    GMM_REAL *t8 = with_grads ? t6 + 3*K : t5 + 1; /* 1 x 1 */
+    t8[0] = symbackprop_f64_sum(t7, 3, 1);
+
+    /* loss = N*t0 + 3*N*log(2*pi)/2 - t2 + t5/2 + t8/2 */
     {
-        loss[0] = ((GMM_REAL)N)*t0[0] + (3.0/2.0)*((GMM_REAL)N)*log(2*3.1415926535897932) - t2[0] + (1.0/2.0)*t5[0] + (1.0/2.0)*t7[0];
+        loss[0] = ((GMM_REAL)N)*t0[0] + (3.0/2.0)*((GMM_REAL)N)*log(2*3.1415926535897932) - t2[0] + (1.0/2.0)*t5[0] + (1.0/2.0)*t8[0];
     }
 
     if (!with_grads) {
@@ -181,7 +143,7 @@ static int gmm_run(
     }
 
     /* grad_log_density = -exp(log_density - t1) */
-    GMM_REAL *grad_log_density = t7 + 1; /* N x K */
+    GMM_REAL *grad_log_density = t8 + 1; /* N x K */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < K; ++j) {
@@ -210,8 +172,8 @@ static int gmm_run(
      * means[j, 1])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) - ... */
     GMM_REAL *X_by_column_1 = X_by_column; /* 3 x N, in X_by_column's memory */
     GMM_REAL *grad_alpha_part = grad_log_density + K*N; /* K x 1 */
-    GMM_REAL *grad_qd_part = grad_alpha_part + K; /* K x 3 */
-    GMM_REAL *grad_ql_part = grad_qd_part + 3*K; /* K x 3 */
+    GMM_REAL *grad_qd_part = t6; /* K x 3, in t6's memory */
+    GMM_REAL *grad_ql_part = grad_alpha_part + K; /* K x 3 */
     /* X_by_column_1: the rows of X the inner loop reads, by column */
     for (int64_t i = 0; i < N; ++i) {
         X_by_column_1[i] = X[3*i];

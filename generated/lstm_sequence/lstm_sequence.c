@@ -30,7 +30,7 @@ LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 507*n + 897 : 83*n + 1);
+    return (size_t)(with_grads ? 507*n + 513 : 83*n + 1);
 }
 #endif
 
@@ -829,14 +829,14 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 /* lstm_sequence_run, part 4 of 8 (kernels 95 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 2; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     int64_t n,
     const LSTM_SEQUENCE_REAL *V,
     LSTM_SEQUENCE_REAL *work,
     int with_grads
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     int64_t n,
     const LSTM_SEQUENCE_REAL *V,
@@ -1238,10 +1238,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *grad_W_i,
     LSTM_SEQUENCE_REAL *grad_W_f,
     LSTM_SEQUENCE_REAL *grad_W_g,
-    LSTM_SEQUENCE_REAL *grad_b_i,
-    LSTM_SEQUENCE_REAL *grad_b_f,
-    LSTM_SEQUENCE_REAL *grad_b_g,
-    LSTM_SEQUENCE_REAL *grad_b_o,
     LSTM_SEQUENCE_REAL *work,
     int with_grads
 );
@@ -1263,10 +1259,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *grad_W_i,
     LSTM_SEQUENCE_REAL *grad_W_f,
     LSTM_SEQUENCE_REAL *grad_W_g,
-    LSTM_SEQUENCE_REAL *grad_b_i,
-    LSTM_SEQUENCE_REAL *grad_b_f,
-    LSTM_SEQUENCE_REAL *grad_b_g,
-    LSTM_SEQUENCE_REAL *grad_b_o,
     LSTM_SEQUENCE_REAL *work,
     int with_grads
 )
@@ -1322,6 +1314,9 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *g20 = work + 272*n; /* n x 8, in t67's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_W_i_part_4 = work + 507*n + 33; /* 1 x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_t38_part = work + 312*n; /* n x 8, in t80's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t38_part_1 = work + 384*n; /* n x 8, in grad_t81's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t38_part_2 = work + 408*n; /* n x 8, in grad_t68_part's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t38_part_3 = work + 416*n; /* n x 8, in grad_t68_part_1's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_t36 = work + 264*n; /* n x 8, in grad_t68_part_2's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g21 = work + 288*n; /* n x 8, in grad_t68_part_3's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g22 = work + 152*n; /* n x 8, in t36's memory; placed in an earlier part */
@@ -1351,153 +1346,87 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
      * grad_t23_part_1 + grad_t23_part_2 + grad_t23_part_3)) */
     /* g28 = t11*t22*(1 - t11)*(grad_t23_part + grad_t23_part_1 + grad_t23_part_2 +
      * grad_t23_part_3) */
-    /* grad_b_f = sum of (g10 + g14 + g18 + g2 + g22 + g6 + t20*t6*(1 - t20)*(grad_t36*t35 +
-     * t11*(1 - t22**2)*(grad_t23_part + grad_t23_part_1 + grad_t23_part_2 +
-     * grad_t23_part_3))) down each column */
+    /* g29 = g10 + g14 + g18 + g2 + g22 + g6 + t20*t6*(1 - t20)*(grad_t36*t35 + t11*(1 -
+     * t22**2)*(grad_t23_part + grad_t23_part_1 + grad_t23_part_2 + grad_t23_part_3)) */
     LSTM_SEQUENCE_REAL *grad_t21 = grad_t53_part; /* n x 8, in grad_t53_part's memory */
     LSTM_SEQUENCE_REAL *g25 = grad_t53_part_1; /* n x 8, in grad_t53_part_1's memory */
     LSTM_SEQUENCE_REAL *g26 = grad_t53_part_2; /* n x 8, in grad_t53_part_2's memory */
     LSTM_SEQUENCE_REAL *g27 = grad_t53_part_3; /* n x 8, in grad_t53_part_3's memory */
     LSTM_SEQUENCE_REAL *g28 = t21; /* n x 8, in t21's memory */
-    LSTM_SEQUENCE_REAL *grad_b_f_blocks = grad_W_i_part_5 + 8; /* 16 x 8 */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 8; ++j) {
-                grad_b_f_blocks[8*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 8; ++j) {
-                    const LSTM_SEQUENCE_REAL x0 = t11[8*i + j]*(grad_t23_part[8*i + j] + grad_t23_part_1[8*i + j] + grad_t23_part_2[8*i + j] + grad_t23_part_3[8*i + j]);
-                    const LSTM_SEQUENCE_REAL x1 = grad_t36[8*i + j]*t35[8*i + j] + x0*(1 - (t22[8*i + j]*t22[8*i + j]));
-                    const LSTM_SEQUENCE_REAL x2 = t14[8*i + j]*x1;
-                    const LSTM_SEQUENCE_REAL x3 = t6[8*i + j]*t20[8*i + j]*x1*(1 - t20[8*i + j]);
-                    grad_t21[8*i + j] = x1;
-                    g25[8*i + j] = t17[8*i + j]*x2*(1 - t14[8*i + j]);
-                    g26[8*i + j] = x3;
-                    g27[8*i + j] = x2*(1 - (t17[8*i + j]*t17[8*i + j]));
-                    g28[8*i + j] = t22[8*i + j]*x0*(1 - t11[8*i + j]);
-                    grad_b_f_blocks[8*blk + j] += g2[8*i + j] + g6[8*i + j] + g10[8*i + j] + g14[8*i + j] + g18[8*i + j] + g22[8*i + j] + x3;
-                }
-            }
-        }
+    LSTM_SEQUENCE_REAL *g29 = t26; /* n x 8, in t26's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            grad_b_f[j] = grad_b_f_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 8; ++j) {
-                grad_b_f[j] += grad_b_f_blocks[8*blk + j];
-            }
+            const LSTM_SEQUENCE_REAL x0 = t11[8*i + j]*(grad_t23_part[8*i + j] + grad_t23_part_1[8*i + j] + grad_t23_part_2[8*i + j] + grad_t23_part_3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x1 = grad_t36[8*i + j]*t35[8*i + j] + x0*(1 - (t22[8*i + j]*t22[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t14[8*i + j]*x1;
+            const LSTM_SEQUENCE_REAL x3 = t6[8*i + j]*t20[8*i + j]*x1*(1 - t20[8*i + j]);
+            grad_t21[8*i + j] = x1;
+            g25[8*i + j] = t17[8*i + j]*x2*(1 - t14[8*i + j]);
+            g26[8*i + j] = x3;
+            g27[8*i + j] = x2*(1 - (t17[8*i + j]*t17[8*i + j]));
+            g28[8*i + j] = t22[8*i + j]*x0*(1 - t11[8*i + j]);
+            g29[8*i + j] = g2[8*i + j] + g6[8*i + j] + g10[8*i + j] + g14[8*i + j] + g18[8*i + j] + g22[8*i + j] + x3;
         }
     }
 
     /* grad_W_i_part_6 = x2^T @ g25 */
-    LSTM_SEQUENCE_REAL *grad_W_i_part_6 = grad_b_f_blocks + 128; /* 1 x 8 */
+    LSTM_SEQUENCE_REAL *grad_W_i_part_6 = grad_W_i_part_5 + 8; /* 1 x 8 */
     symbackprop_f64_matmul(1, 8, n, x2_, 0, 1, g25, 8, 1, grad_W_i_part_6);
 
     /* grad_t8_part = g26 @ U_f^T */
-    LSTM_SEQUENCE_REAL *grad_t8_part = t26; /* n x 8, in t26's memory */
+    LSTM_SEQUENCE_REAL *grad_t8_part = t29; /* n x 8, in t29's memory */
     symbackprop_f64_matmul(n, 8, 8, g26, 8, 1, U_f, 1, 8, grad_t8_part);
 
     /* grad_t8_part_1 = g27 @ U_g^T */
-    LSTM_SEQUENCE_REAL *grad_t8_part_1 = t29; /* n x 8, in t29's memory */
+    LSTM_SEQUENCE_REAL *grad_t8_part_1 = t32; /* n x 8, in t32's memory */
     symbackprop_f64_matmul(n, 8, 8, g27, 8, 1, U_g, 1, 8, grad_t8_part_1);
 
     /* grad_t8_part_2 = g25 @ U_i^T */
-    LSTM_SEQUENCE_REAL *grad_t8_part_2 = t32; /* n x 8, in t32's memory */
+    LSTM_SEQUENCE_REAL *grad_t8_part_2 = t37; /* n x 8, in t37's memory */
     symbackprop_f64_matmul(n, 8, 8, g25, 8, 1, U_i, 1, 8, grad_t8_part_2);
 
     /* grad_t8_part_3 = g28 @ U_o^T */
-    LSTM_SEQUENCE_REAL *grad_t8_part_3 = t37; /* n x 8, in t37's memory */
+    LSTM_SEQUENCE_REAL *grad_t8_part_3 = t50; /* n x 8, in t50's memory */
     symbackprop_f64_matmul(n, 8, 8, g28, 8, 1, U_o, 1, 8, grad_t8_part_3);
 
-    /* g29 = t3*t5*(1 - t3)*(grad_t21*t20 + t1*(1 - t7**2)*(grad_t8_part + grad_t8_part_1 +
+    /* g30 = t3*t5*(1 - t3)*(grad_t21*t20 + t1*(1 - t7**2)*(grad_t8_part + grad_t8_part_1 +
      * grad_t8_part_2 + grad_t8_part_3)) */
-    /* g30 = t3*(1 - t5**2)*(grad_t21*t20 + t1*(1 - t7**2)*(grad_t8_part + grad_t8_part_1 +
+    /* g31 = t3*(1 - t5**2)*(grad_t21*t20 + t1*(1 - t7**2)*(grad_t8_part + grad_t8_part_1 +
      * grad_t8_part_2 + grad_t8_part_3)) */
-    /* g31 = t1*t7*(1 - t1)*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2 + grad_t8_part_3) */
-    /* grad_b_i = sum of (g1 + g13 + g17 + g21 + g25 + g5 + g9 + t3*t5*(1 - t3)*(grad_t21*t20
-     * + t1*(1 - t7**2)*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2 + grad_t8_part_3)))
-     * down each column */
-    /* grad_b_g = sum of (g11 + g15 + g19 + g23 + g27 + g3 + g7 + t3*(1 -
-     * t5**2)*(grad_t21*t20 + t1*(1 - t7**2)*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2
-     * + grad_t8_part_3))) down each column */
-    /* grad_b_o = sum of (g12 + g16 + g20 + g24 + g28 + g4 + g8 + t1*t7*(1 -
-     * t1)*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2 + grad_t8_part_3)) down each
-     * column */
-    LSTM_SEQUENCE_REAL *g29 = t50; /* n x 8, in t50's memory */
+    /* g32 = t1*t7*(1 - t1)*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2 + grad_t8_part_3) */
+    /* g33 = g1 + g13 + g17 + g21 + g25 + g5 + g9 + t3*t5*(1 - t3)*(grad_t21*t20 + t1*(1 -
+     * t7**2)*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2 + grad_t8_part_3)) */
+    /* g34 = g11 + g15 + g19 + g23 + g27 + g3 + g7 + t3*(1 - t5**2)*(grad_t21*t20 + t1*(1 -
+     * t7**2)*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2 + grad_t8_part_3)) */
+    /* g35 = g12 + g16 + g20 + g24 + g28 + g4 + g8 + t1*t7*(1 - t1)*(grad_t8_part +
+     * grad_t8_part_1 + grad_t8_part_2 + grad_t8_part_3) */
     LSTM_SEQUENCE_REAL *g30 = grad_t51; /* n x 8, in grad_t51's memory */
     LSTM_SEQUENCE_REAL *g31 = grad_t38_part; /* n x 8, in grad_t38_part's memory */
-    LSTM_SEQUENCE_REAL *grad_b_i_blocks = grad_b_f_blocks; /* 16 x 8, in grad_b_f_blocks's memory */
-    LSTM_SEQUENCE_REAL *grad_b_g_blocks = grad_W_i_part_6 + 8; /* 16 x 8 */
-    LSTM_SEQUENCE_REAL *grad_b_o_blocks = grad_b_g_blocks + 128; /* 16 x 8 */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 8; ++j) {
-                grad_b_i_blocks[8*blk + j] = 0;
-            }
-            for (int64_t j = 0; j < 8; ++j) {
-                grad_b_g_blocks[8*blk + j] = 0;
-            }
-            for (int64_t j = 0; j < 8; ++j) {
-                grad_b_o_blocks[8*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 8; ++j) {
-                    const LSTM_SEQUENCE_REAL x0 = t1[8*i + j]*(grad_t8_part[8*i + j] + grad_t8_part_1[8*i + j] + grad_t8_part_2[8*i + j] + grad_t8_part_3[8*i + j]);
-                    const LSTM_SEQUENCE_REAL x1 = t3[8*i + j]*(grad_t21[8*i + j]*t20[8*i + j] + x0*(1 - (t7[8*i + j]*t7[8*i + j])));
-                    const LSTM_SEQUENCE_REAL x2 = t5[8*i + j]*x1*(1 - t3[8*i + j]);
-                    const LSTM_SEQUENCE_REAL x3 = x1*(1 - (t5[8*i + j]*t5[8*i + j]));
-                    const LSTM_SEQUENCE_REAL x4 = t7[8*i + j]*x0*(1 - t1[8*i + j]);
-                    g29[8*i + j] = x2;
-                    g30[8*i + j] = x3;
-                    g31[8*i + j] = x4;
-                    grad_b_i_blocks[8*blk + j] += g1[8*i + j] + g5[8*i + j] + g9[8*i + j] + g13[8*i + j] + g17[8*i + j] + g21[8*i + j] + g25[8*i + j] + x2;
-                    grad_b_g_blocks[8*blk + j] += g3[8*i + j] + g7[8*i + j] + g11[8*i + j] + g15[8*i + j] + g19[8*i + j] + g23[8*i + j] + g27[8*i + j] + x3;
-                    grad_b_o_blocks[8*blk + j] += g4[8*i + j] + g8[8*i + j] + g12[8*i + j] + g16[8*i + j] + g20[8*i + j] + g24[8*i + j] + g28[8*i + j] + x4;
-                }
-            }
-        }
+    LSTM_SEQUENCE_REAL *g32 = grad_t38_part_1; /* n x 8, in grad_t38_part_1's memory */
+    LSTM_SEQUENCE_REAL *g33 = grad_t38_part_2; /* n x 8, in grad_t38_part_2's memory */
+    LSTM_SEQUENCE_REAL *g34 = grad_t38_part_3; /* n x 8, in grad_t38_part_3's memory */
+    LSTM_SEQUENCE_REAL *g35 = t6; /* n x 8, in t6's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            grad_b_i[j] = grad_b_i_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 8; ++j) {
-                grad_b_i[j] += grad_b_i_blocks[8*blk + j];
-            }
-        }
-        for (int64_t j = 0; j < 8; ++j) {
-            grad_b_g[j] = grad_b_g_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 8; ++j) {
-                grad_b_g[j] += grad_b_g_blocks[8*blk + j];
-            }
-        }
-        for (int64_t j = 0; j < 8; ++j) {
-            grad_b_o[j] = grad_b_o_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 8; ++j) {
-                grad_b_o[j] += grad_b_o_blocks[8*blk + j];
-            }
+            const LSTM_SEQUENCE_REAL x0 = t1[8*i + j]*(grad_t8_part[8*i + j] + grad_t8_part_1[8*i + j] + grad_t8_part_2[8*i + j] + grad_t8_part_3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x1 = t3[8*i + j]*(grad_t21[8*i + j]*t20[8*i + j] + x0*(1 - (t7[8*i + j]*t7[8*i + j])));
+            const LSTM_SEQUENCE_REAL x2 = t5[8*i + j]*x1*(1 - t3[8*i + j]);
+            const LSTM_SEQUENCE_REAL x3 = x1*(1 - (t5[8*i + j]*t5[8*i + j]));
+            const LSTM_SEQUENCE_REAL x4 = t7[8*i + j]*x0*(1 - t1[8*i + j]);
+            g30[8*i + j] = x2;
+            g31[8*i + j] = x3;
+            g32[8*i + j] = x4;
+            g33[8*i + j] = g1[8*i + j] + g5[8*i + j] + g9[8*i + j] + g13[8*i + j] + g17[8*i + j] + g21[8*i + j] + g25[8*i + j] + x2;
+            g34[8*i + j] = g3[8*i + j] + g7[8*i + j] + g11[8*i + j] + g15[8*i + j] + g19[8*i + j] + g23[8*i + j] + g27[8*i + j] + x3;
+            g35[8*i + j] = g4[8*i + j] + g8[8*i + j] + g12[8*i + j] + g16[8*i + j] + g20[8*i + j] + g24[8*i + j] + g28[8*i + j] + x4;
         }
     }
 
-    /* grad_W_i_part_7 = x1^T @ g29 */
-    LSTM_SEQUENCE_REAL *grad_W_i_part_7 = grad_b_o_blocks + 128; /* 1 x 8 */
-    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g29, 8, 1, grad_W_i_part_7);
+    /* grad_W_i_part_7 = x1^T @ g30 */
+    LSTM_SEQUENCE_REAL *grad_W_i_part_7 = grad_W_i_part_6 + 8; /* 1 x 8 */
+    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g30, 8, 1, grad_W_i_part_7);
 
     /* grad_W_i = grad_W_i_part + grad_W_i_part_1 + grad_W_i_part_2 + grad_W_i_part_3 +
      * grad_W_i_part_4 + grad_W_i_part_5 + grad_W_i_part_6 + grad_W_i_part_7 */
@@ -1567,9 +1496,9 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *grad_W_g_part_6 = grad_W_f_part_5; /* 1 x 8, in grad_W_f_part_5's memory */
     symbackprop_f64_matmul(1, 8, n, x2_, 0, 1, g27, 8, 1, grad_W_g_part_6);
 
-    /* grad_W_g_part_7 = x1^T @ g30 */
+    /* grad_W_g_part_7 = x1^T @ g31 */
     LSTM_SEQUENCE_REAL *grad_W_g_part_7 = grad_W_f_part_6; /* 1 x 8, in grad_W_f_part_6's memory */
-    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g30, 8, 1, grad_W_g_part_7);
+    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g31, 8, 1, grad_W_g_part_7);
 
     /* grad_W_g = grad_W_g_part + grad_W_g_part_1 + grad_W_g_part_2 + grad_W_g_part_3 +
      * grad_W_g_part_4 + grad_W_g_part_5 + grad_W_g_part_6 + grad_W_g_part_7 */
@@ -1644,14 +1573,14 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     LSTM_SEQUENCE_REAL *g26 = work + 352*n; /* n x 8, in grad_t53_part_2's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g27 = work + 360*n; /* n x 8, in grad_t53_part_3's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g28 = work + 96*n; /* n x 8, in t21's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g31 = work + 312*n; /* n x 8, in grad_t38_part's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_i_part_7 = work + 507*n + 441; /* 1 x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g32 = work + 384*n; /* n x 8, in grad_t38_part_1's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_W_i_part_7 = work + 507*n + 57; /* 1 x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_W_g_part_3 = work + 507*n + 17; /* 1 x 8, in grad_W_f_part_2's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_W_g_part_4 = work + 507*n + 25; /* 1 x 8, in grad_W_f_part_3's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_W_g_part_5 = work + 507*n + 33; /* 1 x 8, in grad_W_f_part_4's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_W_g_part_6 = work + 507*n + 41; /* 1 x 8, in grad_W_f_part_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_g_part_7 = work + 507*n + 177; /* 1 x 8, in grad_W_f_part_6's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_o_part = work + 507*n + 441; /* 1 x 8, in grad_W_g_part's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_W_g_part_7 = work + 507*n + 49; /* 1 x 8, in grad_W_f_part_6's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_W_o_part = work + 507*n + 57; /* 1 x 8, in grad_W_g_part's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_W_o_part_1 = work + 483*n + 1; /* 1 x 8, in grad_W_g_part_1's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_W_o_part_2 = work + 507*n + 9; /* 1 x 8, in grad_W_g_part_2's memory; placed in an earlier part */
     /* grad_W_o_part_3 = x5^T @ g16 */
@@ -1670,9 +1599,9 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     LSTM_SEQUENCE_REAL *grad_W_o_part_6 = grad_W_g_part_6; /* 1 x 8, in grad_W_g_part_6's memory */
     symbackprop_f64_matmul(1, 8, n, x2_, 0, 1, g28, 8, 1, grad_W_o_part_6);
 
-    /* grad_W_o_part_7 = x1^T @ g31 */
+    /* grad_W_o_part_7 = x1^T @ g32 */
     LSTM_SEQUENCE_REAL *grad_W_o_part_7 = grad_W_g_part_7; /* 1 x 8, in grad_W_g_part_7's memory */
-    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g31, 8, 1, grad_W_o_part_7);
+    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g32, 8, 1, grad_W_o_part_7);
 
     /* grad_W_o = grad_W_o_part + grad_W_o_part_1 + grad_W_o_part_2 + grad_W_o_part_3 +
      * grad_W_o_part_4 + grad_W_o_part_5 + grad_W_o_part_6 + grad_W_o_part_7 */
@@ -1798,13 +1727,17 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
 }
 #endif
 
-/* lstm_sequence_run, part 8 of 8 (kernels 193 to 200): a long
+/* lstm_sequence_run, part 8 of 8 (kernels 193 to 204): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 2; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     int64_t n,
     LSTM_SEQUENCE_REAL *grad_U_o,
+    LSTM_SEQUENCE_REAL *grad_b_i,
+    LSTM_SEQUENCE_REAL *grad_b_f,
+    LSTM_SEQUENCE_REAL *grad_b_g,
+    LSTM_SEQUENCE_REAL *grad_b_o,
     LSTM_SEQUENCE_REAL *grad_V,
     LSTM_SEQUENCE_REAL *grad_c0,
     LSTM_SEQUENCE_REAL *work,
@@ -1814,6 +1747,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     int64_t n,
     LSTM_SEQUENCE_REAL *grad_U_o,
+    LSTM_SEQUENCE_REAL *grad_b_i,
+    LSTM_SEQUENCE_REAL *grad_b_f,
+    LSTM_SEQUENCE_REAL *grad_b_g,
+    LSTM_SEQUENCE_REAL *grad_b_o,
     LSTM_SEQUENCE_REAL *grad_V,
     LSTM_SEQUENCE_REAL *grad_c0,
     LSTM_SEQUENCE_REAL *work,
@@ -1832,13 +1769,17 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     LSTM_SEQUENCE_REAL *g20 = work + 272*n; /* n x 8, in t67's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g24 = work + 184*n; /* n x 8, in t44's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g28 = work + 96*n; /* n x 8, in t21's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_U_g_part_2 = work + 507*n + 577; /* 8 x 8, in grad_U_f_part_2's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_U_g_part_3 = work + 507*n + 641; /* 8 x 8, in grad_U_f_part_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_U_g_part_4 = work + 507*n + 705; /* 8 x 8, in grad_U_f_part_4's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_U_g_part_5 = work + 507*n + 769; /* 8 x 8, in grad_U_f_part_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_U_g_part_6 = work + 507*n + 833; /* 8 x 8, in grad_U_f_part_6's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_U_o_part = work + 507*n + 449; /* 8 x 8, in grad_U_g_part's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_U_o_part_1 = work + 507*n + 513; /* 8 x 8, in grad_U_g_part_1's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g29 = work + 120*n; /* n x 8, in t26's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g33 = work + 408*n; /* n x 8, in grad_t38_part_2's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g34 = work + 416*n; /* n x 8, in grad_t38_part_3's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g35 = work + 32*n; /* n x 8, in t6's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_U_g_part_2 = work + 507*n + 193; /* 8 x 8, in grad_U_f_part_2's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_U_g_part_3 = work + 507*n + 257; /* 8 x 8, in grad_U_f_part_3's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_U_g_part_4 = work + 507*n + 321; /* 8 x 8, in grad_U_f_part_4's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_U_g_part_5 = work + 507*n + 385; /* 8 x 8, in grad_U_f_part_5's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_U_g_part_6 = work + 507*n + 449; /* 8 x 8, in grad_U_f_part_6's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_U_o_part = work + 507*n + 65; /* 8 x 8, in grad_U_g_part's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_U_o_part_1 = work + 507*n + 129; /* 8 x 8, in grad_U_g_part_1's memory; placed in an earlier part */
     /* grad_U_o_part_2 = t68^T @ g12 */
     LSTM_SEQUENCE_REAL *grad_U_o_part_2 = grad_U_g_part_2; /* 8 x 8, in grad_U_g_part_2's memory */
     symbackprop_f64_matmul(8, 8, n, t68, 1, 8, g12, 8, 1, grad_U_o_part_2);
@@ -1866,6 +1807,18 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
             grad_U_o[8*i + j] = grad_U_o_part[8*i + j] + grad_U_o_part_1[8*i + j] + grad_U_o_part_2[8*i + j] + grad_U_o_part_3[8*i + j] + grad_U_o_part_4[8*i + j] + grad_U_o_part_5[8*i + j] + grad_U_o_part_6[8*i + j];
         }
     }
+
+    /* grad_b_i = sum of g33 down each column */
+    symbackprop_f64_sum_columns(g33, n, 8, 8, grad_b_i);
+
+    /* grad_b_f = sum of g29 down each column */
+    symbackprop_f64_sum_columns(g29, n, 8, 8, grad_b_f);
+
+    /* grad_b_g = sum of g34 down each column */
+    symbackprop_f64_sum_columns(g34, n, 8, 8, grad_b_g);
+
+    /* grad_b_o = sum of g35 down each column */
+    symbackprop_f64_sum_columns(g35, n, 8, 8, grad_b_o);
 
     /* grad_V = t112^T @ grad_logit */
     symbackprop_f64_matmul(8, 1, n, t112, 1, 8, grad_logit, 1, 0, grad_V);
@@ -1934,9 +1887,9 @@ LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     }
     lstm_sequence_run_part4(n, V, work, with_grads);
     lstm_sequence_run_part5(n, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, work, with_grads);
-    lstm_sequence_run_part6(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, grad_W_f, grad_W_g, grad_b_i, grad_b_f, grad_b_g, grad_b_o, work, with_grads);
+    lstm_sequence_run_part6(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, grad_W_f, grad_W_g, work, with_grads);
     lstm_sequence_run_part7(n, x1_, x2_, x3_, x4_, x5_, grad_W_o, grad_U_i, grad_U_f, grad_U_g, work, with_grads);
-    lstm_sequence_run_part8(n, grad_U_o, grad_V, grad_c0, work, with_grads);
+    lstm_sequence_run_part8(n, grad_U_o, grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c0, work, with_grads);
     return 0;
 }
 #endif

@@ -17,7 +17,7 @@ static size_t mlp_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 16*n + 99 : 12*n + 35);
+    return (size_t)(with_grads ? 18*n + 3 : 14*n + 3);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -62,48 +62,31 @@ static int mlp_run(
     symbackprop_f64_matmul(n, 2, 4, t1, 4, 1, W2, 2, 1, t2);
 
     /* Y = b2 + t2 */
+    /* t3 = (-T + b2 + t2)**2 */
     /* g0 = (-2*T + 2*b2 + 2*t2)/(2*n) */
-    /* t3 = sum of ((-T + b2 + t2)**2) down each column */
-    MLP_REAL *g0 = t2 + 2*n; /* n x 2 */
-    MLP_REAL *t3_blocks = g0 + 2*n; /* 16 x 2 */
-    MLP_REAL *t3 = t3_blocks + 32; /* 1 x 2 */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 2; ++j) {
-                t3_blocks[2*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 2; ++j) {
-                    const MLP_REAL x0 = t2[2*i + j] + b2[j];
-                    Y[2*i + j] = x0;
-                    g0[2*i + j] = (1.0/2.0)*(2*t2[2*i + j] + 2*b2[j] - 2*T[2*i + j])/((MLP_REAL)n);
-                    t3_blocks[2*blk + j] += pow(-T[2*i + j] + x0, 2);
-                }
-            }
-        }
+    MLP_REAL *t3 = t2 + 2*n; /* n x 2 */
+    MLP_REAL *g0 = t3 + 2*n; /* n x 2 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            t3[j] = t3_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 2; ++j) {
-                t3[j] += t3_blocks[2*blk + j];
-            }
+            const MLP_REAL x0 = t2[2*i + j] + b2[j];
+            Y[2*i + j] = x0;
+            t3[2*i + j] = pow(-T[2*i + j] + x0, 2);
+            g0[2*i + j] = (1.0/2.0)*(2*t2[2*i + j] + 2*b2[j] - 2*T[2*i + j])/((MLP_REAL)n);
         }
     }
 
-    /* t4 = sum of t3 along each row */
-    MLP_REAL *t4 = t3 + 2; /* 1 x 1 */
-    t4[0] = symbackprop_f64_sum(t3, 2, 1);
+    /* t4 = sum of t3 down each column */
+    MLP_REAL *t4 = g0 + 2*n; /* 1 x 2 */
+    symbackprop_f64_sum_columns(t3, n, 2, 2, t4);
 
-    /* loss = t4/(2*n) */
+    /* t5 = sum of t4 along each row */
+    MLP_REAL *t5 = t4 + 2; /* 1 x 1 */
+    t5[0] = symbackprop_f64_sum(t4, 2, 1);
+
+    /* loss = t5/(2*n) */
     {
-        loss[0] = (1.0/2.0)*t4[0]/((MLP_REAL)n);
+        loss[0] = (1.0/2.0)*t5[0]/((MLP_REAL)n);
     }
 
     if (!with_grads) {
@@ -115,40 +98,19 @@ static int mlp_run(
     symbackprop_f64_matmul(n, 4, 2, g0, 2, 1, W2, 1, 2, grad_t1);
 
     /* g1 = grad_t1*t1*(1 - t1) */
-    /* grad_b1 = sum of g1 down each column */
-    MLP_REAL *g1 = t4 + 1; /* n x 4 */
-    MLP_REAL *grad_b1_blocks = g1 + 4*n; /* 16 x 4 */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 4; ++j) {
-                grad_b1_blocks[4*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 4; ++j) {
-                    const MLP_REAL x0 = t1[4*i + j]*grad_t1[4*i + j]*(1 - t1[4*i + j]);
-                    g1[4*i + j] = x0;
-                    grad_b1_blocks[4*blk + j] += x0;
-                }
-            }
-        }
+    MLP_REAL *g1 = t5 + 1; /* n x 4 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            grad_b1[j] = grad_b1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 4; ++j) {
-                grad_b1[j] += grad_b1_blocks[4*blk + j];
-            }
+            g1[4*i + j] = t1[4*i + j]*grad_t1[4*i + j]*(1 - t1[4*i + j]);
         }
     }
 
     /* grad_W1 = X^T @ g1 */
     symbackprop_f64_matmul(3, 4, n, X, 1, 3, g1, 4, 1, grad_W1);
+
+    /* grad_b1 = sum of g1 down each column */
+    symbackprop_f64_sum_columns(g1, n, 4, 4, grad_b1);
 
     /* grad_W2 = t1^T @ g0 */
     symbackprop_f64_matmul(4, 2, n, t1, 1, 4, g0, 2, 1, grad_W2);

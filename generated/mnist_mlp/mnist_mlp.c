@@ -14,7 +14,7 @@
 
 static size_t mnist_mlp_run_work_len(int with_grads)
 {
-    return (size_t)(with_grads ? 105505 : 68481);
+    return (size_t)(with_grads ? 101249 : 68481);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -101,35 +101,11 @@ static int mnist_mlp_run(
     }
 
     /* grad_logits = -T/128 + exp(logits - t5)/128 */
-    /* grad_b2 = sum of grad_logits down each column */
     MNIST_MLP_REAL *grad_logits = t2; /* 128 x 10, in t2's memory */
-    MNIST_MLP_REAL *grad_b2_blocks = t7 + 1; /* 16 x 10 */
-    {
-        const int64_t rows_per_block = (128 + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 10; ++j) {
-                grad_b2_blocks[10*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < 128 ? (blk + 1) * rows_per_block : 128;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 10; ++j) {
-                    const MNIST_MLP_REAL x0 = -1.0/128.0*T[10*i + j] + (1.0/128.0)*exp(logits[10*i + j] - t5[i]);
-                    grad_logits[10*i + j] = x0;
-                    grad_b2_blocks[10*blk + j] += x0;
-                }
-            }
-        }
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            grad_b2[j] = grad_b2_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 10; ++j) {
-                grad_b2[j] += grad_b2_blocks[10*blk + j];
-            }
+            grad_logits[10*i + j] = -1.0/128.0*T[10*i + j] + (1.0/128.0)*exp(logits[10*i + j] - t5[i]);
         }
     }
 
@@ -138,43 +114,25 @@ static int mnist_mlp_run(
     symbackprop_f64_matmul(128, 256, 10, grad_logits, 10, 1, W2, 1, 10, grad_t1);
 
     /* g0 = grad_t1*(1 - t1**2) */
-    /* grad_b1 = sum of g0 down each column */
-    MNIST_MLP_REAL *g0 = grad_b2_blocks + 160; /* 128 x 256 */
-    MNIST_MLP_REAL *grad_b1_blocks = g0 + 32768; /* 16 x 256 */
-    {
-        const int64_t rows_per_block = (128 + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 256; ++j) {
-                grad_b1_blocks[256*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < 128 ? (blk + 1) * rows_per_block : 128;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 256; ++j) {
-                    const MNIST_MLP_REAL x0 = grad_t1[256*i + j]*(1 - (t1[256*i + j]*t1[256*i + j]));
-                    g0[256*i + j] = x0;
-                    grad_b1_blocks[256*blk + j] += x0;
-                }
-            }
-        }
+    MNIST_MLP_REAL *g0 = t7 + 1; /* 128 x 256 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            grad_b1[j] = grad_b1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 256; ++j) {
-                grad_b1[j] += grad_b1_blocks[256*blk + j];
-            }
+            g0[256*i + j] = grad_t1[256*i + j]*(1 - (t1[256*i + j]*t1[256*i + j]));
         }
     }
 
     /* grad_W1 = X^T @ g0 */
     symbackprop_f64_matmul(784, 256, 128, X, 1, 784, g0, 256, 1, grad_W1);
 
+    /* grad_b1 = sum of g0 down each column */
+    symbackprop_f64_sum_columns(g0, 128, 256, 256, grad_b1);
+
     /* grad_W2 = t1^T @ grad_logits */
     symbackprop_f64_matmul(256, 10, 128, t1, 1, 256, grad_logits, 10, 1, grad_W2);
+
+    /* grad_b2 = sum of grad_logits down each column */
+    symbackprop_f64_sum_columns(grad_logits, 128, 10, 10, grad_b2);
     return 0;
 }
 

@@ -223,7 +223,7 @@ size_t pinn_poisson_value_and_grad_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(403*n + 1336);
+    return (size_t)(419*n + 1256);
 }
 
 /* pinn_poisson_value_and_grad, part 1 of 2 (kernels 1 to 32): a long
@@ -492,51 +492,14 @@ static void pinn_poisson_value_and_grad_part1(
     symbackprop_f64_matmul(n, 16, 16, grad_t15, 16, 1, W2, 16, 1, grad_t14);
 
     /* g2 = t13*(-2*grad_t27*t26 + t24*(W3^T*grad_t14 + grad_t17*t27)) */
-    /* grad_b2_part = sum of g2 down each column */
-    /* g3 = sum of (grad_t14*t13 + grad_t26*t16) down each column */
+    /* g3 = grad_t14*t13 + grad_t26*t16 */
     PINN_POISSON_REAL *g2 = grad_t14 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *grad_b2_part_blocks = g2 + 16*n; /* 16 x 16 */
-    PINN_POISSON_REAL *grad_b2_part = grad_b2_part_blocks + 256; /* 1 x 16 */
-    PINN_POISSON_REAL *g3_blocks = grad_b2_part + 16; /* 16 x 16 */
-    PINN_POISSON_REAL *g3 = g3_blocks + 256; /* 1 x 16 */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 16; ++j) {
-                grad_b2_part_blocks[16*blk + j] = 0;
-            }
-            for (int64_t j = 0; j < 16; ++j) {
-                g3_blocks[16*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 16; ++j) {
-                    const PINN_POISSON_REAL x0 = t13[16*i + j]*(-2*grad_t27[16*i + j]*t26[16*i + j] + t24[16*i + j]*(grad_t17[16*i + j]*t27[16*i + j] + grad_t14[16*i + j]*W3[j]));
-                    g2[16*i + j] = x0;
-                    grad_b2_part_blocks[16*blk + j] += x0;
-                    g3_blocks[16*blk + j] += grad_t14[16*i + j]*t13[16*i + j] + grad_t26[16*i + j]*t16[16*i + j];
-                }
-            }
-        }
+    PINN_POISSON_REAL *g3 = g2 + 16*n; /* n x 16 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            grad_b2_part[j] = grad_b2_part_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 16; ++j) {
-                grad_b2_part[j] += grad_b2_part_blocks[16*blk + j];
-            }
-        }
-        for (int64_t j = 0; j < 16; ++j) {
-            g3[j] = g3_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 16; ++j) {
-                g3[j] += g3_blocks[16*blk + j];
-            }
+            g2[16*i + j] = t13[16*i + j]*(-2*grad_t27[16*i + j]*t26[16*i + j] + t24[16*i + j]*(grad_t17[16*i + j]*t27[16*i + j] + grad_t14[16*i + j]*W3[j]));
+            g3[16*i + j] = grad_t14[16*i + j]*t13[16*i + j] + grad_t26[16*i + j]*t16[16*i + j];
         }
     }
 
@@ -545,60 +508,23 @@ static void pinn_poisson_value_and_grad_part1(
     symbackprop_f64_matmul(n, 16, 16, g2, 16, 1, W2, 1, 16, grad_t8_part);
 
     /* g4 = t9*(-2*grad_t28*t25 + grad_t8_part + t23*(W1*grad_t10 + grad_t19*t28)) */
-    /* grad_W1_part_1 = sum of (grad_t10*t9 + grad_t25*t15) down each column */
-    /* grad_b1_part = sum of g4 down each column */
+    /* g5 = grad_t10*t9 + grad_t25*t15 */
     PINN_POISSON_REAL *g4 = t24; /* n x 16, in t24's memory */
-    PINN_POISSON_REAL *grad_W1_part_1_blocks = grad_b2_part_blocks; /* 16 x 16, in grad_b2_part_blocks's memory */
-    PINN_POISSON_REAL *grad_W1_part_1 = g3 + 16; /* 1 x 16 */
-    PINN_POISSON_REAL *grad_b1_part_blocks = g3_blocks; /* 16 x 16, in g3_blocks's memory */
-    PINN_POISSON_REAL *grad_b1_part = grad_W1_part_1 + 16; /* 1 x 16 */
-    {
-        const int64_t rows_per_block = (n + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 16; ++j) {
-                grad_W1_part_1_blocks[16*blk + j] = 0;
-            }
-            for (int64_t j = 0; j < 16; ++j) {
-                grad_b1_part_blocks[16*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < n ? (blk + 1) * rows_per_block : n;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 16; ++j) {
-                    const PINN_POISSON_REAL x0 = t9[16*i + j]*(t23[16*i + j]*(grad_t19[16*i + j]*t28[16*i + j] + grad_t10[16*i + j]*W1[j]) - 2*grad_t28[16*i + j]*t25[16*i + j] + grad_t8_part[16*i + j]);
-                    g4[16*i + j] = x0;
-                    grad_W1_part_1_blocks[16*blk + j] += t15[16*i + j]*grad_t25[16*i + j] + grad_t10[16*i + j]*t9[16*i + j];
-                    grad_b1_part_blocks[16*blk + j] += x0;
-                }
-            }
-        }
+    PINN_POISSON_REAL *g5 = t16; /* n x 16, in t16's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            grad_W1_part_1[j] = grad_W1_part_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 16; ++j) {
-                grad_W1_part_1[j] += grad_W1_part_1_blocks[16*blk + j];
-            }
-        }
-        for (int64_t j = 0; j < 16; ++j) {
-            grad_b1_part[j] = grad_b1_part_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 16; ++j) {
-                grad_b1_part[j] += grad_b1_part_blocks[16*blk + j];
-            }
+            g4[16*i + j] = t9[16*i + j]*(t23[16*i + j]*(grad_t19[16*i + j]*t28[16*i + j] + grad_t10[16*i + j]*W1[j]) - 2*grad_t28[16*i + j]*t25[16*i + j] + grad_t8_part[16*i + j]);
+            g5[16*i + j] = t15[16*i + j]*grad_t25[16*i + j] + grad_t10[16*i + j]*t9[16*i + j];
         }
     }
 
-    /* grad_W1_part_2 = x^T @ g4 */
-    PINN_POISSON_REAL *grad_W1_part_2 = grad_b1_part + 16; /* 1 x 16 */
-    symbackprop_f64_matmul(1, 16, n, x, 0, 1, g4, 16, 1, grad_W1_part_2);
+    /* grad_W1_part_1 = x^T @ g4 */
+    PINN_POISSON_REAL *grad_W1_part_1 = g3 + 16*n; /* 1 x 16 */
+    symbackprop_f64_matmul(1, 16, n, x, 0, 1, g4, 16, 1, grad_W1_part_1);
 }
 
-/* pinn_poisson_value_and_grad, part 2 of 2 (kernels 33 to 50): a long
+/* pinn_poisson_value_and_grad, part 2 of 2 (kernels 33 to 56): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 static void pinn_poisson_value_and_grad_part2(
@@ -628,13 +554,14 @@ static void pinn_poisson_value_and_grad_part2(
     PINN_POISSON_REAL *grad_t15 = work + 275*n + 120; /* n x 16; placed in an earlier part */
     PINN_POISSON_REAL *grad_t16 = work + 339*n + 120; /* n x 16; placed in an earlier part */
     PINN_POISSON_REAL *g2 = work + 387*n + 120; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_b2_part = work + 403*n + 376; /* 1 x 16; placed in an earlier part */
-    PINN_POISSON_REAL *g3 = work + 403*n + 648; /* 1 x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_W1_part_1_blocks = work + 403*n + 120; /* 16 x 16, in grad_b2_part_blocks's memory; placed in an earlier part */
-    PINN_POISSON_REAL *grad_W1_part_1 = work + 403*n + 664; /* 1 x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_b1_part_blocks = work + 403*n + 392; /* 16 x 16, in g3_blocks's memory; placed in an earlier part */
-    PINN_POISSON_REAL *grad_b1_part = work + 403*n + 680; /* 1 x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_W1_part_2 = work + 403*n + 696; /* 1 x 16; placed in an earlier part */
+    PINN_POISSON_REAL *g3 = work + 403*n + 120; /* n x 16; placed in an earlier part */
+    PINN_POISSON_REAL *g4 = work + 96*n + 103; /* n x 16, in t24's memory; placed in an earlier part */
+    PINN_POISSON_REAL *g5 = work + 144*n + 103; /* n x 16, in t16's memory; placed in an earlier part */
+    PINN_POISSON_REAL *grad_W1_part_1 = work + 419*n + 120; /* 1 x 16; placed in an earlier part */
+    /* grad_W1_part_2 = sum of g5 down each column */
+    PINN_POISSON_REAL *grad_W1_part_2 = grad_W1_part_1 + 16; /* 1 x 16 */
+    symbackprop_f64_sum_columns(g5, n, 16, 16, grad_W1_part_2);
+
     /* grad_t3 = g0 @ W3^T */
     PINN_POISSON_REAL *grad_t3 = t2; /* 2 x 16, in t2's memory */
     for (int64_t i = 0; i < 2; ++i) {
@@ -649,86 +576,36 @@ static void pinn_poisson_value_and_grad_part2(
         }
     }
 
-    /* g5 = grad_t3*(1 - t3**2) */
-    /* grad_b2_part_1 = sum of g5 down each column */
-    PINN_POISSON_REAL *g5 = grad_W1_part_2 + 16; /* 2 x 16 */
-    PINN_POISSON_REAL *grad_b2_part_1_blocks = grad_W1_part_1_blocks; /* 16 x 16, in grad_W1_part_1_blocks's memory */
-    PINN_POISSON_REAL *grad_b2_part_1 = g5 + 32; /* 1 x 16 */
-    {
-        const int64_t rows_per_block = (2 + 15) / 16;
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 16; ++j) {
-                grad_b2_part_1_blocks[16*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < 2 ? (blk + 1) * rows_per_block : 2;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 16; ++j) {
-                    const PINN_POISSON_REAL x0 = grad_t3[16*i + j]*(1 - (t3[16*i + j]*t3[16*i + j]));
-                    g5[16*i + j] = x0;
-                    grad_b2_part_1_blocks[16*blk + j] += x0;
-                }
-            }
-        }
+    /* g6 = grad_t3*(1 - t3**2) */
+    PINN_POISSON_REAL *g6 = grad_W1_part_2 + 16; /* 2 x 16 */
+    for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            grad_b2_part_1[j] = grad_b2_part_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 16; ++j) {
-                grad_b2_part_1[j] += grad_b2_part_1_blocks[16*blk + j];
-            }
+            g6[16*i + j] = grad_t3[16*i + j]*(1 - (t3[16*i + j]*t3[16*i + j]));
         }
     }
 
-    /* grad_t1 = g5 @ W2^T */
+    /* grad_t1 = g6 @ W2^T */
     PINN_POISSON_REAL *grad_t1 = grad_t3; /* 2 x 16, in grad_t3's memory */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             PINN_POISSON_REAL acc = 0;
             for (int64_t k = 0; k < 16; ++k) {
-                acc += g5[16*i + k] * W2[k + 16*j];
+                acc += g6[16*i + k] * W2[k + 16*j];
             }
             grad_t1[16*i + j] = acc;
         }
     }
 
-    /* g6 = grad_t1*(1 - t1**2) */
-    /* grad_b1_part_1 = sum of g6 down each column */
-    PINN_POISSON_REAL *g6 = grad_b2_part_1 + 16; /* 2 x 16 */
-    PINN_POISSON_REAL *grad_b1_part_1_blocks = grad_b1_part_blocks; /* 16 x 16, in grad_b1_part_blocks's memory */
-    PINN_POISSON_REAL *grad_b1_part_1 = g6 + 32; /* 1 x 16 */
-    {
-        const int64_t rows_per_block = (2 + 15) / 16;
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 16; ++j) {
-                grad_b1_part_1_blocks[16*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < 2 ? (blk + 1) * rows_per_block : 2;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 16; ++j) {
-                    const PINN_POISSON_REAL x0 = grad_t1[16*i + j]*(1 - (t1[16*i + j]*t1[16*i + j]));
-                    g6[16*i + j] = x0;
-                    grad_b1_part_1_blocks[16*blk + j] += x0;
-                }
-            }
-        }
+    /* g7 = grad_t1*(1 - t1**2) */
+    PINN_POISSON_REAL *g7 = g6 + 32; /* 2 x 16 */
+    for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            grad_b1_part_1[j] = grad_b1_part_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 16; ++j) {
-                grad_b1_part_1[j] += grad_b1_part_1_blocks[16*blk + j];
-            }
+            g7[16*i + j] = grad_t1[16*i + j]*(1 - (t1[16*i + j]*t1[16*i + j]));
         }
     }
 
-    /* grad_W1_part_3 = xb^T @ g6 */
-    PINN_POISSON_REAL *grad_W1_part_3 = grad_b1_part_1 + 16; /* 1 x 16 */
+    /* grad_W1_part_3 = xb^T @ g7 */
+    PINN_POISSON_REAL *grad_W1_part_3 = g7 + 32; /* 1 x 16 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             grad_W1_part_3[16*i + j] = 0;
@@ -736,15 +613,23 @@ static void pinn_poisson_value_and_grad_part2(
         for (int64_t k = 0; k < 2; ++k) {
             const PINN_POISSON_REAL acc = xb[k];
             for (int64_t j = 0; j < 16; ++j) {
-                grad_W1_part_3[16*i + j] += acc * g6[16*k + j];
+                grad_W1_part_3[16*i + j] += acc * g7[16*k + j];
             }
         }
     }
 
     /* grad_W1 = grad_W1_part + grad_W1_part_1 + grad_W1_part_2 + grad_W1_part_3 */
     for (int64_t j = 0; j < 16; ++j) {
-        grad_W1[j] = grad_W1_part[j] + grad_W1_part_2[j] + grad_W1_part_1[j] + grad_W1_part_3[j];
+        grad_W1[j] = grad_W1_part[j] + grad_W1_part_1[j] + grad_W1_part_2[j] + grad_W1_part_3[j];
     }
+
+    /* grad_b1_part = sum of g4 down each column */
+    PINN_POISSON_REAL *grad_b1_part = grad_W1_part; /* 1 x 16, in grad_W1_part's memory */
+    symbackprop_f64_sum_columns(g4, n, 16, 16, grad_b1_part);
+
+    /* grad_b1_part_1 = sum of g7 down each column */
+    PINN_POISSON_REAL *grad_b1_part_1 = grad_W1_part_1; /* 1 x 16, in grad_W1_part_1's memory */
+    symbackprop_f64_sum_columns(g7, 2, 16, 16, grad_b1_part_1);
 
     /* grad_b1 = grad_b1_part + grad_b1_part_1 */
     for (int64_t j = 0; j < 16; ++j) {
@@ -752,31 +637,31 @@ static void pinn_poisson_value_and_grad_part2(
     }
 
     /* grad_W2_part = t10^T @ grad_t16 */
-    PINN_POISSON_REAL *grad_W2_part = grad_b2_part_1_blocks; /* 16 x 16, in grad_b2_part_1_blocks's memory */
+    PINN_POISSON_REAL *grad_W2_part = grad_W1_part_3 + 16; /* 16 x 16 */
     symbackprop_f64_matmul(16, 16, n, t10, 1, 16, grad_t16, 16, 1, grad_W2_part);
 
-    /* g7 = t17^T @ grad_t28 */
-    PINN_POISSON_REAL *g7 = grad_b1_part_1_blocks; /* 16 x 16, in grad_b1_part_1_blocks's memory */
-    symbackprop_f64_matmul(16, 16, n, t17, 1, 16, grad_t28, 16, 1, g7);
+    /* g8 = t17^T @ grad_t28 */
+    PINN_POISSON_REAL *g8 = grad_W2_part + 256; /* 16 x 16 */
+    symbackprop_f64_matmul(16, 16, n, t17, 1, 16, grad_t28, 16, 1, g8);
 
-    /* g8 = t14^T @ grad_t15 */
-    PINN_POISSON_REAL *g8 = grad_W1_part_3 + 16; /* 16 x 16 */
-    symbackprop_f64_matmul(16, 16, n, t14, 1, 16, grad_t15, 16, 1, g8);
-
-    /* g9 = g7 + g8 */
+    /* g9 = t14^T @ grad_t15 */
     PINN_POISSON_REAL *g9 = g8 + 256; /* 16 x 16 */
+    symbackprop_f64_matmul(16, 16, n, t14, 1, 16, grad_t15, 16, 1, g9);
+
+    /* g10 = g8 + g9 */
+    PINN_POISSON_REAL *g10 = g9 + 256; /* 16 x 16 */
     for (int64_t i = 0; i < 16; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            g9[16*i + j] = g7[16*i + j] + g8[16*i + j];
+            g10[16*i + j] = g8[16*i + j] + g9[16*i + j];
         }
     }
 
     /* grad_W2_part_1 = t8^T @ g2 */
-    PINN_POISSON_REAL *grad_W2_part_1 = g7; /* 16 x 16, in g7's memory */
+    PINN_POISSON_REAL *grad_W2_part_1 = g8; /* 16 x 16, in g8's memory */
     symbackprop_f64_matmul(16, 16, n, t8, 1, 16, g2, 16, 1, grad_W2_part_1);
 
-    /* grad_W2_part_2 = t1^T @ g5 */
-    PINN_POISSON_REAL *grad_W2_part_2 = g8; /* 16 x 16, in g8's memory */
+    /* grad_W2_part_2 = t1^T @ g6 */
+    PINN_POISSON_REAL *grad_W2_part_2 = g9; /* 16 x 16, in g9's memory */
     for (int64_t i = 0; i < 16; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             grad_W2_part_2[16*i + j] = 0;
@@ -784,25 +669,37 @@ static void pinn_poisson_value_and_grad_part2(
         for (int64_t k = 0; k < 2; ++k) {
             const PINN_POISSON_REAL acc = t1[i + 16*k];
             for (int64_t j = 0; j < 16; ++j) {
-                grad_W2_part_2[16*i + j] += acc * g5[16*k + j];
+                grad_W2_part_2[16*i + j] += acc * g6[16*k + j];
             }
         }
     }
 
-    /* grad_W2 = g9^T + grad_W2_part + grad_W2_part_1 + grad_W2_part_2 */
+    /* grad_W2 = g10^T + grad_W2_part + grad_W2_part_1 + grad_W2_part_2 */
     for (int64_t i = 0; i < 16; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            grad_W2[16*i + j] = grad_W2_part[16*i + j] + g9[i + 16*j] + grad_W2_part_1[16*i + j] + grad_W2_part_2[16*i + j];
+            grad_W2[16*i + j] = grad_W2_part[16*i + j] + g10[i + 16*j] + grad_W2_part_1[16*i + j] + grad_W2_part_2[16*i + j];
         }
     }
+
+    /* grad_b2_part = sum of g2 down each column */
+    PINN_POISSON_REAL *grad_b2_part = grad_W1_part_2; /* 1 x 16, in grad_W1_part_2's memory */
+    symbackprop_f64_sum_columns(g2, n, 16, 16, grad_b2_part);
+
+    /* grad_b2_part_1 = sum of g6 down each column */
+    PINN_POISSON_REAL *grad_b2_part_1 = grad_W1_part_3; /* 1 x 16, in grad_W1_part_3's memory */
+    symbackprop_f64_sum_columns(g6, 2, 16, 16, grad_b2_part_1);
 
     /* grad_b2 = grad_b2_part + grad_b2_part_1 */
     for (int64_t j = 0; j < 16; ++j) {
         grad_b2[j] = grad_b2_part[j] + grad_b2_part_1[j];
     }
 
+    /* g11 = sum of g3 down each column */
+    PINN_POISSON_REAL *g11 = grad_b1_part; /* 1 x 16, in grad_b1_part's memory */
+    symbackprop_f64_sum_columns(g3, n, 16, 16, g11);
+
     /* grad_W3_part = t3^T @ g0 */
-    PINN_POISSON_REAL *grad_W3_part = grad_W1_part; /* 16 x 1, in grad_W1_part's memory */
+    PINN_POISSON_REAL *grad_W3_part = grad_b1_part_1; /* 16 x 1, in grad_b1_part_1's memory */
     for (int64_t i = 0; i < 16; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             grad_W3_part[i + j] = 0;
@@ -815,9 +712,9 @@ static void pinn_poisson_value_and_grad_part2(
         }
     }
 
-    /* grad_W3 = g3^T + grad_W3_part */
+    /* grad_W3 = g11^T + grad_W3_part */
     for (int64_t i = 0; i < 16; ++i) {
-        grad_W3[i] = g3[i] + grad_W3_part[i];
+        grad_W3[i] = g11[i] + grad_W3_part[i];
     }
 
     /* grad_b3 = sum of g0 down each column */

@@ -31,14 +31,23 @@ TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_gra
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 3837*m + 14337 : 1089*m + 5121);
+    return (size_t)(with_grads ? 4349*m + 9217 : 1089*m + 5121);
 }
 #endif
 
 /* transformer_lm_run, part 1 of 8 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 1; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
+    int64_t m,
+    const int64_t *ids,
+    const int64_t *positions,
+    const TRANSFORMER_LM_REAL *E,
+    const TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     int64_t m,
     const int64_t *ids,
@@ -199,7 +208,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
 /* transformer_lm_run, part 2 of 8 (kernels 2 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
@@ -225,7 +234,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     TRANSFORMER_LM_REAL *work,
     int with_grads
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
@@ -821,22 +830,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 /* transformer_lm_run, part 3 of 8 (kernels 33 to 44): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
-    int64_t m,
-    const int64_t *targets,
-    const TRANSFORMER_LM_REAL *W1up,
-    const TRANSFORMER_LM_REAL *c1up,
-    const TRANSFORMER_LM_REAL *W1down,
-    const TRANSFORMER_LM_REAL *c1down,
-    const TRANSFORMER_LM_REAL *gf,
-    const TRANSFORMER_LM_REAL *bf,
-    const TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *loss,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
@@ -992,7 +986,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
 /* transformer_lm_run, part 4 of 8 (kernels 45 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 1; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     int64_t m,
     const int64_t *targets,
@@ -1004,16 +998,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     const TRANSFORMER_LM_REAL *W1down,
     const TRANSFORMER_LM_REAL *gf,
     const TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *grad_g1m,
-    TRANSFORMER_LM_REAL *grad_b1m,
-    TRANSFORMER_LM_REAL *grad_c1up,
-    TRANSFORMER_LM_REAL *grad_c1down,
-    TRANSFORMER_LM_REAL *grad_gf,
-    TRANSFORMER_LM_REAL *grad_bf,
     TRANSFORMER_LM_REAL *work,
     int with_grads
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     int64_t m,
     const int64_t *targets,
@@ -1025,12 +1013,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     const TRANSFORMER_LM_REAL *W1down,
     const TRANSFORMER_LM_REAL *gf,
     const TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *grad_g1m,
-    TRANSFORMER_LM_REAL *grad_b1m,
-    TRANSFORMER_LM_REAL *grad_c1up,
-    TRANSFORMER_LM_REAL *grad_c1down,
-    TRANSFORMER_LM_REAL *grad_gf,
-    TRANSFORMER_LM_REAL *grad_bf,
     TRANSFORMER_LM_REAL *work,
     int with_grads
 )
@@ -1075,48 +1057,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     symbackprop_f64_matmul(m, 64, 62, grad_t41, 62, 1, Wout, 1, 62, grad_t40);
 
     /* grad_t39 = gf*grad_t40 */
-    /* grad_gf = sum of (grad_t40*t39) down each column */
-    /* grad_bf = sum of grad_t40 down each column */
+    /* g0 = grad_t40*t39 */
     TRANSFORMER_LM_REAL *grad_t39 = grad_t40 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_gf_blocks = t26_block; /* 16 x 64, in t26_block's memory */
-    TRANSFORMER_LM_REAL *grad_bf_blocks = grad_t39 + 64*m; /* 16 x 64 */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_gf_blocks[64*blk + j] = 0;
-            }
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_bf_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    grad_t39[64*i + j] = grad_t40[64*i + j]*gf[j];
-                    grad_gf_blocks[64*blk + j] += grad_t40[64*i + j]*t39[64*i + j];
-                    grad_bf_blocks[64*blk + j] += grad_t40[64*i + j];
-                }
-            }
-        }
+    TRANSFORMER_LM_REAL *g0 = grad_t39 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_gf[j] = grad_gf_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_gf[j] += grad_gf_blocks[64*blk + j];
-            }
-        }
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_bf[j] = grad_bf_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_bf[j] += grad_bf_blocks[64*blk + j];
-            }
+            grad_t39[64*i + j] = grad_t40[64*i + j]*gf[j];
+            g0[64*i + j] = grad_t40[64*i + j]*t39[64*i + j];
         }
     }
 
@@ -1185,93 +1133,35 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *grad_t35 = t34; /* m x 256, in t34's memory */
     symbackprop_f64_matmul(m, 256, 64, grad_t38, 64, 1, W1down, 1, 64, grad_t35);
 
-    /* g0 = grad_t35*t36 */
-    /* grad_c1up = sum of g0 down each column */
-    TRANSFORMER_LM_REAL *g0 = grad_bf_blocks + 1024; /* m x 256 */
-    TRANSFORMER_LM_REAL *grad_c1up_blocks = g0 + 256*m; /* 16 x 256 */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 256; ++j) {
-                grad_c1up_blocks[256*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 256; ++j) {
-                    const TRANSFORMER_LM_REAL x0 = grad_t35[256*i + j]*t36[256*i + j];
-                    g0[256*i + j] = x0;
-                    grad_c1up_blocks[256*blk + j] += x0;
-                }
-            }
-        }
+    /* g1 = grad_t35*t36 */
+    TRANSFORMER_LM_REAL *g1 = g0 + 64*m; /* m x 256 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            grad_c1up[j] = grad_c1up_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 256; ++j) {
-                grad_c1up[j] += grad_c1up_blocks[256*blk + j];
-            }
+            g1[256*i + j] = grad_t35[256*i + j]*t36[256*i + j];
         }
     }
 
-    /* grad_t33 = g0 @ W1up^T */
-    TRANSFORMER_LM_REAL *grad_t33 = grad_t40; /* m x 64, in grad_t40's memory */
-    symbackprop_f64_matmul(m, 64, 256, g0, 256, 1, W1up, 1, 256, grad_t33);
+    /* grad_t33 = g1 @ W1up^T */
+    TRANSFORMER_LM_REAL *grad_t33 = t38; /* m x 64, in t38's memory */
+    symbackprop_f64_matmul(m, 64, 256, g1, 256, 1, W1up, 1, 256, grad_t33);
 
     /* grad_t32 = g1m*grad_t33 */
-    /* grad_g1m = sum of (grad_t33*t32) down each column */
-    /* grad_b1m = sum of grad_t33 down each column */
-    TRANSFORMER_LM_REAL *grad_t32 = t38; /* m x 64, in t38's memory */
-    TRANSFORMER_LM_REAL *grad_g1m_blocks = grad_gf_blocks; /* 16 x 64, in grad_gf_blocks's memory */
-    TRANSFORMER_LM_REAL *grad_b1m_blocks = grad_bf_blocks; /* 16 x 64, in grad_bf_blocks's memory */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_g1m_blocks[64*blk + j] = 0;
-            }
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b1m_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    grad_t32[64*i + j] = grad_t33[64*i + j]*g1m[j];
-                    grad_g1m_blocks[64*blk + j] += grad_t33[64*i + j]*t32[64*i + j];
-                    grad_b1m_blocks[64*blk + j] += grad_t33[64*i + j];
-                }
-            }
-        }
+    /* g2 = grad_t33*t32 */
+    TRANSFORMER_LM_REAL *grad_t32 = grad_t39; /* m x 64, in grad_t39's memory */
+    TRANSFORMER_LM_REAL *g2 = g1 + 256*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_g1m[j] = grad_g1m_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_g1m[j] += grad_g1m_blocks[64*blk + j];
-            }
-        }
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b1m[j] = grad_b1m_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b1m[j] += grad_b1m_blocks[64*blk + j];
-            }
+            grad_t32[64*i + j] = grad_t33[64*i + j]*g1m[j];
+            g2[64*i + j] = grad_t33[64*i + j]*t32[64*i + j];
         }
     }
 
     /* grad_t31_part[i, :] = r_i (grad_t32[i, :] - mean_j grad_t32[i, j] - y[i, :] mean_j
      * grad_t32[i, j] y[i, j]), y = (t31 - mu) r normalized as in normalize_rows (mu_i, r_i
      * of t31's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t31_part = grad_t39; /* m x 64, in grad_t39's memory */
+    TRANSFORMER_LM_REAL *grad_t31_part = t32; /* m x 64, in t32's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_t31_part + 64*i;
@@ -1330,44 +1220,21 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_t31 = grad_t31_part + grad_t38 */
-    /* grad_c1down = sum of grad_t38 down each column */
-    TRANSFORMER_LM_REAL *grad_t31 = t32; /* m x 64, in t32's memory */
-    TRANSFORMER_LM_REAL *grad_c1down_blocks = grad_g1m_blocks; /* 16 x 64, in grad_g1m_blocks's memory */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_c1down_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    grad_t31[64*i + j] = grad_t38[64*i + j] + grad_t31_part[64*i + j];
-                    grad_c1down_blocks[64*blk + j] += grad_t38[64*i + j];
-                }
-            }
-        }
+    TRANSFORMER_LM_REAL *grad_t31 = t31; /* m x 64, in t31's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_c1down[j] = grad_c1down_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_c1down[j] += grad_c1down_blocks[64*blk + j];
-            }
+            grad_t31[64*i + j] = grad_t38[64*i + j] + grad_t31_part[64*i + j];
         }
     }
 
     /* grad_t29 = grad_t31 @ Wo1^T */
-    TRANSFORMER_LM_REAL *grad_t29 = grad_t33; /* m x 64, in grad_t33's memory */
+    TRANSFORMER_LM_REAL *grad_t29 = grad_t32; /* m x 64, in grad_t32's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t31, 64, 1, Wo1, 1, 64, grad_t29);
 
     /* grad_t28[(e,s),h*dh+k] = sum_{t>=s} t27[(e,t),(h,s)] * grad_t29[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t28 = t31; /* m x 64, in t31's memory */
+    TRANSFORMER_LM_REAL *grad_t28 = grad_t31_part; /* m x 64, in grad_t31_part's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1399,13 +1266,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_t22_part = grad_t28 @ Wv1^T */
-    TRANSFORMER_LM_REAL *grad_t22_part = grad_t32; /* m x 64, in grad_t32's memory */
+    TRANSFORMER_LM_REAL *grad_t22_part = g2 + 64*m; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, grad_t28, 64, 1, Wv1, 1, 64, grad_t22_part);
 
     /* grad_t27[(e,t),(h,s)] = sum_k grad_t29[(e,t),h*dh+k] * t28[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t27 = t36; /* m x 256, in t36's memory */
-    TRANSFORMER_LM_REAL *grad_t27_block = grad_b1m_blocks; /* 64 x 16, in grad_b1m_blocks's memory */
+    TRANSFORMER_LM_REAL *grad_t27_block = t26_block; /* 64 x 16, in t26_block's memory */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -1472,7 +1339,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 
     /* grad_t25[(e,s),h*dh+k] = sum_{t>=s} grad_t26[(e,t),(h,s)] * t24[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t25 = grad_t31_part; /* m x 64, in grad_t31_part's memory */
+    TRANSFORMER_LM_REAL *grad_t25 = t28; /* m x 64, in t28's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1504,12 +1371,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_t22_part_1 = grad_t25 @ Wk1^T */
-    TRANSFORMER_LM_REAL *grad_t22_part_1 = t28; /* m x 64, in t28's memory */
+    TRANSFORMER_LM_REAL *grad_t22_part_1 = grad_t29; /* m x 64, in grad_t29's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t25, 64, 1, Wk1, 1, 64, grad_t22_part_1);
 
     /* grad_t24[(e,t),h*dh+k] = sum_{s<=t} grad_t26[(e,t),(h,s)] * t25[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t24 = grad_t29; /* m x 64, in grad_t29's memory */
+    TRANSFORMER_LM_REAL *grad_t24 = t24; /* m x 64, in t24's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1541,7 +1408,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_t22_part_2 = grad_t24 @ t23^T */
-    TRANSFORMER_LM_REAL *grad_t22_part_2 = t24; /* m x 64, in t24's memory */
+    TRANSFORMER_LM_REAL *grad_t22_part_2 = t25; /* m x 64, in t25's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t24, 64, 1, t23, 1, 64, grad_t22_part_2);
 }
 #endif
@@ -1549,7 +1416,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 /* transformer_lm_run, part 5 of 8 (kernels 65 to 85): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
@@ -1560,14 +1427,20 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     const TRANSFORMER_LM_REAL *W0up,
     const TRANSFORMER_LM_REAL *W0down,
     const TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *grad_g0a,
-    TRANSFORMER_LM_REAL *grad_b0a,
-    TRANSFORMER_LM_REAL *grad_g0m,
-    TRANSFORMER_LM_REAL *grad_b0m,
-    TRANSFORMER_LM_REAL *grad_c0up,
-    TRANSFORMER_LM_REAL *grad_c0down,
-    TRANSFORMER_LM_REAL *grad_g1a,
-    TRANSFORMER_LM_REAL *grad_b1a,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
+    int64_t m,
+    const TRANSFORMER_LM_REAL *g0a,
+    const TRANSFORMER_LM_REAL *Wk0,
+    const TRANSFORMER_LM_REAL *Wv0,
+    const TRANSFORMER_LM_REAL *Wo0,
+    const TRANSFORMER_LM_REAL *g0m,
+    const TRANSFORMER_LM_REAL *W0up,
+    const TRANSFORMER_LM_REAL *W0down,
+    const TRANSFORMER_LM_REAL *g1a,
     TRANSFORMER_LM_REAL *work,
     int with_grads
 )
@@ -1584,62 +1457,27 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *t18 = with_grads ? work + 1408*m + 5120 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t20 = with_grads ? work + 1728*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1664*m + 5120 : work + 128*m; /* m x 64, in t19's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1920*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1up_blocks = work + 3837*m + 10241; /* 16 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t31 = work + 2368*m + 9216; /* m x 64, in t32's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1down_blocks = work + 576*m + 4096; /* 16 x 64, in grad_g1m_blocks's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22_part = work + 3136*m + 9216; /* m x 64, in grad_t32's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22_part = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t27 = work + 2816*m + 9216; /* m x 256, in t36's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t27_block = work + 3581*m + 9217; /* 64 x 16, in grad_b1m_blocks's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t27_block = work + 576*m + 4096; /* 64 x 16, in t26_block's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t26 = work + 320*m + 4096; /* m x 256, in grad_t35's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22_part_1 = work + 2240*m + 9216; /* m x 64, in t28's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22_part_2 = work + 1856*m + 9216; /* m x 64, in t24's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22_part_1 = work + 3517*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22_part_2 = work + 1920*m + 9216; /* m x 64, in t25's memory; placed in an earlier part */
+    /* grad_t22 = grad_t22_part + grad_t22_part_1 + grad_t22_part_2 */
     /* grad_t21 = g1a*(grad_t22_part + grad_t22_part_1 + grad_t22_part_2) */
-    /* grad_g1a = sum of (t21*(grad_t22_part + grad_t22_part_1 + grad_t22_part_2)) down each
-     * column */
-    /* grad_b1a = sum of (grad_t22_part + grad_t22_part_1 + grad_t22_part_2) down each column */
-    TRANSFORMER_LM_REAL *grad_t21 = t25; /* m x 64, in t25's memory */
-    TRANSFORMER_LM_REAL *grad_g1a_blocks = grad_c1down_blocks; /* 16 x 64, in grad_c1down_blocks's memory */
-    TRANSFORMER_LM_REAL *grad_b1a_blocks = grad_t27_block; /* 16 x 64, in grad_t27_block's memory */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_g1a_blocks[64*blk + j] = 0;
-            }
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b1a_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    const TRANSFORMER_LM_REAL x0 = grad_t22_part[64*i + j] + grad_t22_part_1[64*i + j] + grad_t22_part_2[64*i + j];
-                    grad_t21[64*i + j] = g1a[j]*x0;
-                    grad_g1a_blocks[64*blk + j] += t21[64*i + j]*x0;
-                    grad_b1a_blocks[64*blk + j] += x0;
-                }
-            }
-        }
+    /* g3 = t21*(grad_t22_part + grad_t22_part_1 + grad_t22_part_2) */
+    TRANSFORMER_LM_REAL *grad_t22 = grad_t22_part + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_t21 = grad_t22 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g3 = grad_t21 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_g1a[j] = grad_g1a_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_g1a[j] += grad_g1a_blocks[64*blk + j];
-            }
-        }
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b1a[j] = grad_b1a_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b1a[j] += grad_b1a_blocks[64*blk + j];
-            }
+            const TRANSFORMER_LM_REAL x0 = grad_t22_part[64*i + j] + grad_t22_part_1[64*i + j] + grad_t22_part_2[64*i + j];
+            grad_t22[64*i + j] = x0;
+            grad_t21[64*i + j] = g1a[j]*x0;
+            g3[64*i + j] = t21[64*i + j]*x0;
         }
     }
 
@@ -1705,35 +1543,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_t20 = grad_t20_part + grad_t31 */
-    /* grad_c0down = sum of grad_t20 down each column */
     TRANSFORMER_LM_REAL *grad_t20 = grad_t22_part; /* m x 64, in grad_t22_part's memory */
-    TRANSFORMER_LM_REAL *grad_c0down_blocks = grad_g1a_blocks; /* 16 x 64, in grad_g1a_blocks's memory */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_c0down_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    const TRANSFORMER_LM_REAL x0 = grad_t31[64*i + j] + grad_t20_part[64*i + j];
-                    grad_t20[64*i + j] = x0;
-                    grad_c0down_blocks[64*blk + j] += x0;
-                }
-            }
-        }
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_c0down[j] = grad_c0down_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_c0down[j] += grad_c0down_blocks[64*blk + j];
-            }
+            grad_t20[64*i + j] = grad_t31[64*i + j] + grad_t20_part[64*i + j];
         }
     }
 
@@ -1741,93 +1555,35 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *grad_t17 = t27; /* m x 256, in t27's memory */
     symbackprop_f64_matmul(m, 256, 64, grad_t20, 64, 1, W0down, 1, 64, grad_t17);
 
-    /* g1 = grad_t17*t18 */
-    /* grad_c0up = sum of g1 down each column */
-    TRANSFORMER_LM_REAL *g1 = grad_t27; /* m x 256, in grad_t27's memory */
-    TRANSFORMER_LM_REAL *grad_c0up_blocks = grad_c1up_blocks; /* 16 x 256, in grad_c1up_blocks's memory */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 256; ++j) {
-                grad_c0up_blocks[256*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 256; ++j) {
-                    const TRANSFORMER_LM_REAL x0 = grad_t17[256*i + j]*t18[256*i + j];
-                    g1[256*i + j] = x0;
-                    grad_c0up_blocks[256*blk + j] += x0;
-                }
-            }
-        }
+    /* g4 = grad_t17*t18 */
+    TRANSFORMER_LM_REAL *g4 = grad_t27; /* m x 256, in grad_t27's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            grad_c0up[j] = grad_c0up_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 256; ++j) {
-                grad_c0up[j] += grad_c0up_blocks[256*blk + j];
-            }
+            g4[256*i + j] = grad_t17[256*i + j]*t18[256*i + j];
         }
     }
 
-    /* grad_t15 = g1 @ W0up^T */
+    /* grad_t15 = g4 @ W0up^T */
     TRANSFORMER_LM_REAL *grad_t15 = grad_t22_part_1; /* m x 64, in grad_t22_part_1's memory */
-    symbackprop_f64_matmul(m, 64, 256, g1, 256, 1, W0up, 1, 256, grad_t15);
+    symbackprop_f64_matmul(m, 64, 256, g4, 256, 1, W0up, 1, 256, grad_t15);
 
     /* grad_t14 = g0m*grad_t15 */
-    /* grad_g0m = sum of (grad_t15*t14) down each column */
-    /* grad_b0m = sum of grad_t15 down each column */
+    /* g5 = grad_t15*t14 */
     TRANSFORMER_LM_REAL *grad_t14 = grad_t22_part_2; /* m x 64, in grad_t22_part_2's memory */
-    TRANSFORMER_LM_REAL *grad_g0m_blocks = grad_b1a_blocks; /* 16 x 64, in grad_b1a_blocks's memory */
-    TRANSFORMER_LM_REAL *grad_b0m_blocks = grad_c0down_blocks; /* 16 x 64, in grad_c0down_blocks's memory */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_g0m_blocks[64*blk + j] = 0;
-            }
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b0m_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    grad_t14[64*i + j] = grad_t15[64*i + j]*g0m[j];
-                    grad_g0m_blocks[64*blk + j] += grad_t15[64*i + j]*t14[64*i + j];
-                    grad_b0m_blocks[64*blk + j] += grad_t15[64*i + j];
-                }
-            }
-        }
+    TRANSFORMER_LM_REAL *g5 = t20; /* m x 64, in t20's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_g0m[j] = grad_g0m_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_g0m[j] += grad_g0m_blocks[64*blk + j];
-            }
-        }
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b0m[j] = grad_b0m_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b0m[j] += grad_b0m_blocks[64*blk + j];
-            }
+            grad_t14[64*i + j] = grad_t15[64*i + j]*g0m[j];
+            g5[64*i + j] = grad_t15[64*i + j]*t14[64*i + j];
         }
     }
 
     /* grad_t13_part[i, :] = r_i (grad_t14[i, :] - mean_j grad_t14[i, j] - y[i, :] mean_j
      * grad_t14[i, j] y[i, j]), y = (t13 - mu) r normalized as in normalize_rows (mu_i, r_i
      * of t13's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t13_part = t20; /* m x 64, in t20's memory */
+    TRANSFORMER_LM_REAL *grad_t13_part = grad_t21; /* m x 64, in grad_t21's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_t13_part + 64*i;
@@ -1886,7 +1642,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_t13 = grad_t13_part + grad_t20 */
-    TRANSFORMER_LM_REAL *grad_t13 = grad_t21; /* m x 64, in grad_t21's memory */
+    TRANSFORMER_LM_REAL *grad_t13 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -1895,12 +1651,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_t11 = grad_t13 @ Wo0^T */
-    TRANSFORMER_LM_REAL *grad_t11 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
+    TRANSFORMER_LM_REAL *grad_t11 = t14; /* m x 64, in t14's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t13, 64, 1, Wo0, 1, 64, grad_t11);
 
     /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} t9[(e,t),(h,s)] * grad_t11[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t10 = t14; /* m x 64, in t14's memory */
+    TRANSFORMER_LM_REAL *grad_t10 = t13; /* m x 64, in t13's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1932,13 +1688,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_t4_part = grad_t10 @ Wv0^T */
-    TRANSFORMER_LM_REAL *grad_t4_part = grad_t15; /* m x 64, in grad_t15's memory */
+    TRANSFORMER_LM_REAL *grad_t4_part = grad_t14; /* m x 64, in grad_t14's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, Wv0, 1, 64, grad_t4_part);
 
     /* grad_t9[(e,t),(h,s)] = sum_k grad_t11[(e,t),h*dh+k] * t10[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t9 = grad_t26; /* m x 256, in grad_t26's memory */
-    TRANSFORMER_LM_REAL *grad_t9_block = grad_g0m_blocks; /* 64 x 16, in grad_g0m_blocks's memory */
+    TRANSFORMER_LM_REAL *grad_t9_block = grad_t27_block; /* 64 x 16, in grad_t27_block's memory */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -2005,7 +1761,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 
     /* grad_t7[(e,s),h*dh+k] = sum_{t>=s} grad_t8[(e,t),(h,s)] * t6[(e,t),h*dh+k] (rows (e,t)
      * = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t7 = t13; /* m x 64, in t13's memory */
+    TRANSFORMER_LM_REAL *grad_t7 = grad_t13_part; /* m x 64, in grad_t13_part's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -2037,12 +1793,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_t4_part_1 = grad_t7 @ Wk0^T */
-    TRANSFORMER_LM_REAL *grad_t4_part_1 = grad_t14; /* m x 64, in grad_t14's memory */
+    TRANSFORMER_LM_REAL *grad_t4_part_1 = t10; /* m x 64, in t10's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t7, 64, 1, Wk0, 1, 64, grad_t4_part_1);
 
     /* grad_t6[(e,t),h*dh+k] = sum_{s<=t} grad_t8[(e,t),(h,s)] * t7[(e,s),h*dh+k] (rows (e,t)
      * = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t6 = grad_t13_part; /* m x 64, in grad_t13_part's memory */
+    TRANSFORMER_LM_REAL *grad_t6 = grad_t11; /* m x 64, in grad_t11's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -2074,60 +1830,29 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_t4_part_2 = grad_t6 @ t5^T */
-    TRANSFORMER_LM_REAL *grad_t4_part_2 = t10; /* m x 64, in t10's memory */
+    TRANSFORMER_LM_REAL *grad_t4_part_2 = t6; /* m x 64, in t6's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t6, 64, 1, t5, 1, 64, grad_t4_part_2);
 
+    /* grad_t4 = grad_t4_part + grad_t4_part_1 + grad_t4_part_2 */
     /* grad_t3 = g0a*(grad_t4_part + grad_t4_part_1 + grad_t4_part_2) */
-    /* grad_g0a = sum of (t3*(grad_t4_part + grad_t4_part_1 + grad_t4_part_2)) down each column */
-    /* grad_b0a = sum of (grad_t4_part + grad_t4_part_1 + grad_t4_part_2) down each column */
-    TRANSFORMER_LM_REAL *grad_t3 = grad_t11; /* m x 64, in grad_t11's memory */
-    TRANSFORMER_LM_REAL *grad_g0a_blocks = grad_b0m_blocks; /* 16 x 64, in grad_b0m_blocks's memory */
-    TRANSFORMER_LM_REAL *grad_b0a_blocks = grad_t9_block; /* 16 x 64, in grad_t9_block's memory */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_g0a_blocks[64*blk + j] = 0;
-            }
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b0a_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    const TRANSFORMER_LM_REAL x0 = grad_t4_part[64*i + j] + grad_t4_part_1[64*i + j] + grad_t4_part_2[64*i + j];
-                    grad_t3[64*i + j] = g0a[j]*x0;
-                    grad_g0a_blocks[64*blk + j] += t3[64*i + j]*x0;
-                    grad_b0a_blocks[64*blk + j] += x0;
-                }
-            }
-        }
+    /* g6 = t3*(grad_t4_part + grad_t4_part_1 + grad_t4_part_2) */
+    TRANSFORMER_LM_REAL *grad_t4 = t7; /* m x 64, in t7's memory */
+    TRANSFORMER_LM_REAL *grad_t3 = g3 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g6 = grad_t3 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_g0a[j] = grad_g0a_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_g0a[j] += grad_g0a_blocks[64*blk + j];
-            }
-        }
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b0a[j] = grad_b0a_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b0a[j] += grad_b0a_blocks[64*blk + j];
-            }
+            const TRANSFORMER_LM_REAL x0 = grad_t4_part[64*i + j] + grad_t4_part_1[64*i + j] + grad_t4_part_2[64*i + j];
+            grad_t4[64*i + j] = x0;
+            grad_t3[64*i + j] = g0a[j]*x0;
+            g6[64*i + j] = t3[64*i + j]*x0;
         }
     }
 
     /* grad_t2_part[i, :] = r_i (grad_t3[i, :] - mean_j grad_t3[i, j] - y[i, :] mean_j
      * grad_t3[i, j] y[i, j]), y = (t2 - mu) r normalized as in normalize_rows (mu_i, r_i of
      * t2's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t2_part = t6; /* m x 64, in t6's memory */
+    TRANSFORMER_LM_REAL *grad_t2_part = t3; /* m x 64, in t3's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_t2_part + 64*i;
@@ -2186,7 +1911,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_t2 = grad_t13 + grad_t2_part */
-    TRANSFORMER_LM_REAL *grad_t2 = t7; /* m x 64, in t7's memory */
+    TRANSFORMER_LM_REAL *grad_t2 = grad_t4_part; /* m x 64, in grad_t4_part's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -2199,7 +1924,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 /* transformer_lm_run, part 6 of 8 (kernels 86 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     int64_t m,
     const int64_t *ids,
@@ -2208,7 +1933,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *grad_P,
     TRANSFORMER_LM_REAL *work
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     int64_t m,
     const int64_t *ids,
@@ -2218,7 +1943,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *grad_t2 = work + 256*m + 4096; /* m x 64, in t7's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t2 = work + 1920*m + 9216; /* m x 64, in grad_t4_part's memory; placed in an earlier part */
     /* grad_E[ids[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2], grad_t2[i, 3],
      * grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7], grad_t2[i, 8],
      * grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12], grad_t2[i, 13],
@@ -2373,31 +2098,33 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
 /* transformer_lm_run, part 7 of 8 (kernels 87 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 1; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
+    TRANSFORMER_LM_REAL *grad_g0a,
+    TRANSFORMER_LM_REAL *grad_b0a,
     TRANSFORMER_LM_REAL *grad_Wq0,
     TRANSFORMER_LM_REAL *grad_Wk0,
     TRANSFORMER_LM_REAL *grad_Wv0,
     TRANSFORMER_LM_REAL *grad_Wo0,
+    TRANSFORMER_LM_REAL *grad_g0m,
+    TRANSFORMER_LM_REAL *grad_b0m,
     TRANSFORMER_LM_REAL *grad_W0up,
-    TRANSFORMER_LM_REAL *grad_W0down,
-    TRANSFORMER_LM_REAL *grad_Wq1,
-    TRANSFORMER_LM_REAL *grad_Wk1,
     TRANSFORMER_LM_REAL *work,
     int with_grads
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
+    TRANSFORMER_LM_REAL *grad_g0a,
+    TRANSFORMER_LM_REAL *grad_b0a,
     TRANSFORMER_LM_REAL *grad_Wq0,
     TRANSFORMER_LM_REAL *grad_Wk0,
     TRANSFORMER_LM_REAL *grad_Wv0,
     TRANSFORMER_LM_REAL *grad_Wo0,
+    TRANSFORMER_LM_REAL *grad_g0m,
+    TRANSFORMER_LM_REAL *grad_b0m,
     TRANSFORMER_LM_REAL *grad_W0up,
-    TRANSFORMER_LM_REAL *grad_W0down,
-    TRANSFORMER_LM_REAL *grad_Wq1,
-    TRANSFORMER_LM_REAL *grad_Wk1,
     TRANSFORMER_LM_REAL *work,
     int with_grads
 )
@@ -2405,18 +2132,22 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t11 = with_grads ? work + 896*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1088*m + 5120 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t17 = with_grads ? work + 1152*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1792*m + 5120 : work; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t25 = work + 3517*m + 9217; /* m x 64, in grad_t31_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t24 = work + 3453*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t20 = work + 3136*m + 9216; /* m x 64, in grad_t22_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_blocks = work + 3837*m + 10241; /* 16 x 256, in grad_c1up_blocks's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t13 = work + 1920*m + 9216; /* m x 64, in grad_t21's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t10 = work + 960*m + 5120; /* m x 64, in t14's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t7 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t6 = work + 1728*m + 5120; /* m x 64, in grad_t13_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g4 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t15 = work + 3517*m + 9217; /* m x 64, in grad_t22_part_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g5 = work + 1728*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t13 = work + 1664*m + 5120; /* m x 64, in grad_t20_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t10 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t7 = work + 4093*m + 9217; /* m x 64, in grad_t13_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t6 = work + 960*m + 5120; /* m x 64, in grad_t11's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t4 = work + 256*m + 4096; /* m x 64, in t7's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g6 = work + 4285*m + 9217; /* m x 64; placed in an earlier part */
+    /* grad_g0a = sum of g6 down each column */
+    symbackprop_f64_sum_columns(g6, m, 64, 64, grad_g0a);
+
+    /* grad_b0a = sum of grad_t4 down each column */
+    symbackprop_f64_sum_columns(grad_t4, m, 64, 64, grad_b0a);
+
     /* grad_t5 = t4^T @ grad_t6 */
     TRANSFORMER_LM_REAL *grad_t5 = t23; /* 64 x 64, in t23's memory */
     symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t6, 64, 1, grad_t5);
@@ -2438,14 +2169,108 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     /* grad_Wo0 = t11^T @ grad_t13 */
     symbackprop_f64_matmul(64, 64, m, t11, 1, 64, grad_t13, 64, 1, grad_Wo0);
 
-    /* grad_W0up = t15^T @ g1 */
-    symbackprop_f64_matmul(64, 256, m, t15, 1, 64, g1, 256, 1, grad_W0up);
+    /* grad_g0m = sum of g5 down each column */
+    symbackprop_f64_sum_columns(g5, m, 64, 64, grad_g0m);
+
+    /* grad_b0m = sum of grad_t15 down each column */
+    symbackprop_f64_sum_columns(grad_t15, m, 64, 64, grad_b0m);
+
+    /* grad_W0up = t15^T @ g4 */
+    symbackprop_f64_matmul(64, 256, m, t15, 1, 64, g4, 256, 1, grad_W0up);
+}
+#endif
+
+/* transformer_lm_run, part 8 of 8 (kernels 97 to 115): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 1; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
+    int64_t m,
+    TRANSFORMER_LM_REAL *grad_c0up,
+    TRANSFORMER_LM_REAL *grad_W0down,
+    TRANSFORMER_LM_REAL *grad_c0down,
+    TRANSFORMER_LM_REAL *grad_g1a,
+    TRANSFORMER_LM_REAL *grad_b1a,
+    TRANSFORMER_LM_REAL *grad_Wq1,
+    TRANSFORMER_LM_REAL *grad_Wk1,
+    TRANSFORMER_LM_REAL *grad_Wv1,
+    TRANSFORMER_LM_REAL *grad_Wo1,
+    TRANSFORMER_LM_REAL *grad_g1m,
+    TRANSFORMER_LM_REAL *grad_b1m,
+    TRANSFORMER_LM_REAL *grad_W1up,
+    TRANSFORMER_LM_REAL *grad_c1up,
+    TRANSFORMER_LM_REAL *grad_W1down,
+    TRANSFORMER_LM_REAL *grad_c1down,
+    TRANSFORMER_LM_REAL *grad_gf,
+    TRANSFORMER_LM_REAL *grad_bf,
+    TRANSFORMER_LM_REAL *grad_Wout,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
+    int64_t m,
+    TRANSFORMER_LM_REAL *grad_c0up,
+    TRANSFORMER_LM_REAL *grad_W0down,
+    TRANSFORMER_LM_REAL *grad_c0down,
+    TRANSFORMER_LM_REAL *grad_g1a,
+    TRANSFORMER_LM_REAL *grad_b1a,
+    TRANSFORMER_LM_REAL *grad_Wq1,
+    TRANSFORMER_LM_REAL *grad_Wk1,
+    TRANSFORMER_LM_REAL *grad_Wv1,
+    TRANSFORMER_LM_REAL *grad_Wo1,
+    TRANSFORMER_LM_REAL *grad_g1m,
+    TRANSFORMER_LM_REAL *grad_b1m,
+    TRANSFORMER_LM_REAL *grad_W1up,
+    TRANSFORMER_LM_REAL *grad_c1up,
+    TRANSFORMER_LM_REAL *grad_W1down,
+    TRANSFORMER_LM_REAL *grad_c1down,
+    TRANSFORMER_LM_REAL *grad_gf,
+    TRANSFORMER_LM_REAL *grad_bf,
+    TRANSFORMER_LM_REAL *grad_Wout,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+)
+{
+    TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t17 = with_grads ? work + 1152*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1792*m + 5120 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t29 = with_grads ? work + 2304*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t33 = with_grads ? work + 2496*m + 9216 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2560*m + 9216 : work + 256*m + 4096; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t40 = with_grads ? work + 3200*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t41 = work + 3391*m + 9217; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t40 = work + 3453*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g0 = work + 3581*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t38 = work + 3072*m + 9216; /* m x 64, in t39's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g1 = work + 3645*m + 9217; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t33 = work + 3136*m + 9216; /* m x 64, in t38's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g2 = work + 3901*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t28 = work + 2368*m + 9216; /* m x 64, in grad_t31_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t25 = work + 2240*m + 9216; /* m x 64, in t28's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t24 = work + 1856*m + 9216; /* m x 64, in t24's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22 = work + 4029*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 4157*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t20 = work + 3965*m + 9217; /* m x 64, in grad_t22_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g4 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
+    /* grad_c0up = sum of g4 down each column */
+    symbackprop_f64_sum_columns(g4, m, 256, 256, grad_c0up);
 
     /* grad_W0down = t17^T @ grad_t20 */
     symbackprop_f64_matmul(256, 64, m, t17, 1, 256, grad_t20, 64, 1, grad_W0down);
 
+    /* grad_c0down = sum of grad_t20 down each column */
+    symbackprop_f64_sum_columns(grad_t20, m, 64, 64, grad_c0down);
+
+    /* grad_g1a = sum of g3 down each column */
+    symbackprop_f64_sum_columns(g3, m, 64, 64, grad_g1a);
+
+    /* grad_b1a = sum of grad_t22 down each column */
+    symbackprop_f64_sum_columns(grad_t22, m, 64, 64, grad_b1a);
+
     /* grad_t23 = t22^T @ grad_t24 */
-    TRANSFORMER_LM_REAL *grad_t23 = grad_c0up_blocks; /* 64 x 64, in grad_c0up_blocks's memory */
+    TRANSFORMER_LM_REAL *grad_t23 = t5; /* 64 x 64, in t5's memory */
     symbackprop_f64_matmul(64, 64, m, t22, 1, 64, grad_t24, 64, 1, grad_t23);
 
     /* grad_Wq1 = grad_t23/4 */
@@ -2458,56 +2283,36 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
 
     /* grad_Wk1 = t22^T @ grad_t25 */
     symbackprop_f64_matmul(64, 64, m, t22, 1, 64, grad_t25, 64, 1, grad_Wk1);
-}
-#endif
 
-/* transformer_lm_run, part 8 of 8 (kernels 97 to 101): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
-    int64_t m,
-    TRANSFORMER_LM_REAL *grad_Wv1,
-    TRANSFORMER_LM_REAL *grad_Wo1,
-    TRANSFORMER_LM_REAL *grad_W1up,
-    TRANSFORMER_LM_REAL *grad_W1down,
-    TRANSFORMER_LM_REAL *grad_Wout,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
-    int64_t m,
-    TRANSFORMER_LM_REAL *grad_Wv1,
-    TRANSFORMER_LM_REAL *grad_Wo1,
-    TRANSFORMER_LM_REAL *grad_W1up,
-    TRANSFORMER_LM_REAL *grad_W1down,
-    TRANSFORMER_LM_REAL *grad_Wout,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
-)
-{
-    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1792*m + 5120 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t29 = with_grads ? work + 2304*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t33 = with_grads ? work + 2496*m + 9216 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2560*m + 9216 : work + 256*m + 4096; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = with_grads ? work + 3200*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t41 = work + 3391*m + 9217; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t38 = work + 3072*m + 9216; /* m x 64, in t39's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 3581*m + 10241; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t31 = work + 2368*m + 9216; /* m x 64, in t32's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
     /* grad_Wv1 = t22^T @ grad_t28 */
     symbackprop_f64_matmul(64, 64, m, t22, 1, 64, grad_t28, 64, 1, grad_Wv1);
 
     /* grad_Wo1 = t29^T @ grad_t31 */
     symbackprop_f64_matmul(64, 64, m, t29, 1, 64, grad_t31, 64, 1, grad_Wo1);
 
-    /* grad_W1up = t33^T @ g0 */
-    symbackprop_f64_matmul(64, 256, m, t33, 1, 64, g0, 256, 1, grad_W1up);
+    /* grad_g1m = sum of g2 down each column */
+    symbackprop_f64_sum_columns(g2, m, 64, 64, grad_g1m);
+
+    /* grad_b1m = sum of grad_t33 down each column */
+    symbackprop_f64_sum_columns(grad_t33, m, 64, 64, grad_b1m);
+
+    /* grad_W1up = t33^T @ g1 */
+    symbackprop_f64_matmul(64, 256, m, t33, 1, 64, g1, 256, 1, grad_W1up);
+
+    /* grad_c1up = sum of g1 down each column */
+    symbackprop_f64_sum_columns(g1, m, 256, 256, grad_c1up);
 
     /* grad_W1down = t35^T @ grad_t38 */
     symbackprop_f64_matmul(256, 64, m, t35, 1, 256, grad_t38, 64, 1, grad_W1down);
+
+    /* grad_c1down = sum of grad_t38 down each column */
+    symbackprop_f64_sum_columns(grad_t38, m, 64, 64, grad_c1down);
+
+    /* grad_gf = sum of g0 down each column */
+    symbackprop_f64_sum_columns(g0, m, 64, 64, grad_gf);
+
+    /* grad_bf = sum of grad_t40 down each column */
+    symbackprop_f64_sum_columns(grad_t40, m, 64, 64, grad_bf);
 
     /* grad_Wout = t40^T @ grad_t41 */
     symbackprop_f64_matmul(64, 62, m, t40, 1, 64, grad_t41, 62, 1, grad_Wout);
@@ -2609,11 +2414,11 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
     if (!with_grads) {
         return 0;
     }
-    transformer_lm_run_part4(m, targets, Wk1, Wv1, Wo1, g1m, W1up, W1down, gf, Wout, grad_g1m, grad_b1m, grad_c1up, grad_c1down, grad_gf, grad_bf, work, with_grads);
-    transformer_lm_run_part5(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, grad_g0a, grad_b0a, grad_g0m, grad_b0m, grad_c0up, grad_c0down, grad_g1a, grad_b1a, work, with_grads);
+    transformer_lm_run_part4(m, targets, Wk1, Wv1, Wo1, g1m, W1up, W1down, gf, Wout, work, with_grads);
+    transformer_lm_run_part5(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, work, with_grads);
     transformer_lm_run_part6(m, ids, positions, grad_E, grad_P, work);
-    transformer_lm_run_part7(m, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_W0up, grad_W0down, grad_Wq1, grad_Wk1, work, with_grads);
-    transformer_lm_run_part8(m, grad_Wv1, grad_Wo1, grad_W1up, grad_W1down, grad_Wout, work, with_grads);
+    transformer_lm_run_part7(m, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, work, with_grads);
+    transformer_lm_run_part8(m, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, with_grads);
     return 0;
 }
 #endif
@@ -2767,14 +2572,14 @@ size_t transformer_lm_train_step_work_len(int64_t m)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(3837*m + 138434);
+    return (size_t)(4349*m + 137410);
 }
 #endif
 
-/* transformer_lm_train_step, part 1 of 8 (kernels 1 to 1): a long
+/* transformer_lm_train_step, part 1 of 9 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     int64_t m,
     const int64_t *ids,
@@ -2783,7 +2588,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *P,
     TRANSFORMER_LM_REAL *work
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     int64_t m,
     const int64_t *ids,
@@ -2941,10 +2746,35 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
 }
 #endif
 
-/* transformer_lm_train_step, part 2 of 8 (kernels 2 to 32): a long
+/* transformer_lm_train_step, part 2 of 9 (kernels 2 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
+    int64_t m,
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *b0a,
+    TRANSFORMER_LM_REAL *Wq0,
+    TRANSFORMER_LM_REAL *Wk0,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     int64_t m,
     TRANSFORMER_LM_REAL *g0a,
@@ -3536,28 +3366,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 }
 #endif
 
-/* transformer_lm_train_step, part 3 of 8 (kernels 33 to 64): a long
+/* transformer_lm_train_step, part 3 of 9 (kernels 33 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
-    int64_t m,
-    const int64_t *targets,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *W1up,
-    TRANSFORMER_LM_REAL *c1up,
-    TRANSFORMER_LM_REAL *W1down,
-    TRANSFORMER_LM_REAL *c1down,
-    TRANSFORMER_LM_REAL *gf,
-    TRANSFORMER_LM_REAL *bf,
-    TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *loss,
-    TRANSFORMER_LM_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     int64_t m,
     const int64_t *targets,
@@ -3738,50 +3550,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     symbackprop_f64_matmul(m, 64, 62, grad_t41, 62, 1, Wout, 1, 62, grad_t40);
 
     /* grad_t39 = gf*grad_t40 */
-    /* grad_gf_1 = sum of (grad_t40*t39) down each column */
-    /* grad_bf_1 = sum of grad_t40 down each column */
+    /* g0 = grad_t40*t39 */
     TRANSFORMER_LM_REAL *grad_t39 = grad_t40 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_gf_1_blocks = t26_block_1; /* 16 x 64, in t26_block_1's memory */
-    TRANSFORMER_LM_REAL *grad_gf_1 = grad_t39 + 64*m; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_bf_1_blocks = grad_gf_1 + 64; /* 16 x 64 */
-    TRANSFORMER_LM_REAL *grad_bf_1 = grad_bf_1_blocks + 1024; /* 1 x 64 */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_gf_1_blocks[64*blk + j] = 0;
-            }
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_bf_1_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    grad_t39[64*i + j] = grad_t40[64*i + j]*gf[j];
-                    grad_gf_1_blocks[64*blk + j] += grad_t40[64*i + j]*t39[64*i + j];
-                    grad_bf_1_blocks[64*blk + j] += grad_t40[64*i + j];
-                }
-            }
-        }
+    TRANSFORMER_LM_REAL *g0 = grad_t39 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_gf_1[j] = grad_gf_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_gf_1[j] += grad_gf_1_blocks[64*blk + j];
-            }
-        }
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_bf_1[j] = grad_bf_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_bf_1[j] += grad_bf_1_blocks[64*blk + j];
-            }
+            grad_t39[64*i + j] = grad_t40[64*i + j]*gf[j];
+            g0[64*i + j] = grad_t40[64*i + j]*t39[64*i + j];
         }
     }
 
@@ -3850,96 +3626,35 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *grad_t35 = t34; /* m x 256, in t34's memory */
     symbackprop_f64_matmul(m, 256, 64, grad_t38, 64, 1, W1down, 1, 64, grad_t35);
 
-    /* g0 = grad_t35*t36 */
-    /* grad_c1up_1 = sum of g0 down each column */
-    TRANSFORMER_LM_REAL *g0 = grad_bf_1 + 64; /* m x 256 */
-    TRANSFORMER_LM_REAL *grad_c1up_1_blocks = g0 + 256*m; /* 16 x 256 */
-    TRANSFORMER_LM_REAL *grad_c1up_1 = grad_c1up_1_blocks + 4096; /* 1 x 256 */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 256; ++j) {
-                grad_c1up_1_blocks[256*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 256; ++j) {
-                    const TRANSFORMER_LM_REAL x0 = grad_t35[256*i + j]*t36[256*i + j];
-                    g0[256*i + j] = x0;
-                    grad_c1up_1_blocks[256*blk + j] += x0;
-                }
-            }
-        }
+    /* g1 = grad_t35*t36 */
+    TRANSFORMER_LM_REAL *g1 = g0 + 64*m; /* m x 256 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            grad_c1up_1[j] = grad_c1up_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 256; ++j) {
-                grad_c1up_1[j] += grad_c1up_1_blocks[256*blk + j];
-            }
+            g1[256*i + j] = grad_t35[256*i + j]*t36[256*i + j];
         }
     }
 
-    /* grad_t33 = g0 @ W1up^T */
-    TRANSFORMER_LM_REAL *grad_t33 = grad_t40; /* m x 64, in grad_t40's memory */
-    symbackprop_f64_matmul(m, 64, 256, g0, 256, 1, W1up, 1, 256, grad_t33);
+    /* grad_t33 = g1 @ W1up^T */
+    TRANSFORMER_LM_REAL *grad_t33 = t38; /* m x 64, in t38's memory */
+    symbackprop_f64_matmul(m, 64, 256, g1, 256, 1, W1up, 1, 256, grad_t33);
 
     /* grad_t32 = g1m*grad_t33 */
-    /* grad_g1m_1 = sum of (grad_t33*t32) down each column */
-    /* grad_b1m_1 = sum of grad_t33 down each column */
-    TRANSFORMER_LM_REAL *grad_t32 = t38; /* m x 64, in t38's memory */
-    TRANSFORMER_LM_REAL *grad_g1m_1_blocks = grad_gf_1_blocks; /* 16 x 64, in grad_gf_1_blocks's memory */
-    TRANSFORMER_LM_REAL *grad_g1m_1 = grad_c1up_1 + 256; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_b1m_1_blocks = grad_bf_1_blocks; /* 16 x 64, in grad_bf_1_blocks's memory */
-    TRANSFORMER_LM_REAL *grad_b1m_1 = grad_g1m_1 + 64; /* 1 x 64 */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_g1m_1_blocks[64*blk + j] = 0;
-            }
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b1m_1_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    grad_t32[64*i + j] = grad_t33[64*i + j]*g1m[j];
-                    grad_g1m_1_blocks[64*blk + j] += grad_t33[64*i + j]*t32[64*i + j];
-                    grad_b1m_1_blocks[64*blk + j] += grad_t33[64*i + j];
-                }
-            }
-        }
+    /* g2 = grad_t33*t32 */
+    TRANSFORMER_LM_REAL *grad_t32 = grad_t39; /* m x 64, in grad_t39's memory */
+    TRANSFORMER_LM_REAL *g2 = g1 + 256*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_g1m_1[j] = grad_g1m_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_g1m_1[j] += grad_g1m_1_blocks[64*blk + j];
-            }
-        }
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b1m_1[j] = grad_b1m_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b1m_1[j] += grad_b1m_1_blocks[64*blk + j];
-            }
+            grad_t32[64*i + j] = grad_t33[64*i + j]*g1m[j];
+            g2[64*i + j] = grad_t33[64*i + j]*t32[64*i + j];
         }
     }
 
     /* grad_t31_part[i, :] = r_i (grad_t32[i, :] - mean_j grad_t32[i, j] - y[i, :] mean_j
      * grad_t32[i, j] y[i, j]), y = (t31 - mu) r normalized as in normalize_rows (mu_i, r_i
      * of t31's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t31_part = grad_t39; /* m x 64, in grad_t39's memory */
+    TRANSFORMER_LM_REAL *grad_t31_part = t32; /* m x 64, in t32's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_t31_part + 64*i;
@@ -3998,45 +3713,21 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     }
 
     /* grad_t31 = grad_t31_part + grad_t38 */
-    /* grad_c1down_1 = sum of grad_t38 down each column */
-    TRANSFORMER_LM_REAL *grad_t31 = t32; /* m x 64, in t32's memory */
-    TRANSFORMER_LM_REAL *grad_c1down_1_blocks = grad_g1m_1_blocks; /* 16 x 64, in grad_g1m_1_blocks's memory */
-    TRANSFORMER_LM_REAL *grad_c1down_1 = grad_b1m_1 + 64; /* 1 x 64 */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_c1down_1_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    grad_t31[64*i + j] = grad_t38[64*i + j] + grad_t31_part[64*i + j];
-                    grad_c1down_1_blocks[64*blk + j] += grad_t38[64*i + j];
-                }
-            }
-        }
+    TRANSFORMER_LM_REAL *grad_t31 = t31; /* m x 64, in t31's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_c1down_1[j] = grad_c1down_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_c1down_1[j] += grad_c1down_1_blocks[64*blk + j];
-            }
+            grad_t31[64*i + j] = grad_t38[64*i + j] + grad_t31_part[64*i + j];
         }
     }
 
     /* grad_t29 = grad_t31 @ Wo1^T */
-    TRANSFORMER_LM_REAL *grad_t29 = grad_t33; /* m x 64, in grad_t33's memory */
+    TRANSFORMER_LM_REAL *grad_t29 = grad_t32; /* m x 64, in grad_t32's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t31, 64, 1, Wo1, 1, 64, grad_t29);
 
     /* grad_t28[(e,s),h*dh+k] = sum_{t>=s} t27[(e,t),(h,s)] * grad_t29[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t28 = t31; /* m x 64, in t31's memory */
+    TRANSFORMER_LM_REAL *grad_t28 = grad_t31_part; /* m x 64, in grad_t31_part's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -4068,13 +3759,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     }
 
     /* grad_t22_part = grad_t28 @ Wv1^T */
-    TRANSFORMER_LM_REAL *grad_t22_part = grad_t32; /* m x 64, in grad_t32's memory */
+    TRANSFORMER_LM_REAL *grad_t22_part = g2 + 64*m; /* m x 64 */
     symbackprop_f64_matmul(m, 64, 64, grad_t28, 64, 1, Wv1, 1, 64, grad_t22_part);
 
     /* grad_t27[(e,t),(h,s)] = sum_k grad_t29[(e,t),h*dh+k] * t28[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t27 = t36; /* m x 256, in t36's memory */
-    TRANSFORMER_LM_REAL *grad_t27_block_1 = grad_b1m_1_blocks; /* 64 x 16, in grad_b1m_1_blocks's memory */
+    TRANSFORMER_LM_REAL *grad_t27_block_1 = t26_block_1; /* 64 x 16, in t26_block_1's memory */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -4141,7 +3832,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* grad_t25[(e,s),h*dh+k] = sum_{t>=s} grad_t26[(e,t),(h,s)] * t24[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t25 = grad_t31_part; /* m x 64, in grad_t31_part's memory */
+    TRANSFORMER_LM_REAL *grad_t25 = t28; /* m x 64, in t28's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -4173,12 +3864,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     }
 
     /* grad_t22_part_1 = grad_t25 @ Wk1^T */
-    TRANSFORMER_LM_REAL *grad_t22_part_1 = t28; /* m x 64, in t28's memory */
+    TRANSFORMER_LM_REAL *grad_t22_part_1 = grad_t29; /* m x 64, in grad_t29's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t25, 64, 1, Wk1, 1, 64, grad_t22_part_1);
 
     /* grad_t24[(e,t),h*dh+k] = sum_{s<=t} grad_t26[(e,t),(h,s)] * t25[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t24 = grad_t29; /* m x 64, in grad_t29's memory */
+    TRANSFORMER_LM_REAL *grad_t24 = t24; /* m x 64, in t24's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -4210,15 +3901,15 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     }
 
     /* grad_t22_part_2 = grad_t24 @ t23^T */
-    TRANSFORMER_LM_REAL *grad_t22_part_2 = t24; /* m x 64, in t24's memory */
+    TRANSFORMER_LM_REAL *grad_t22_part_2 = t25; /* m x 64, in t25's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t24, 64, 1, t23, 1, 64, grad_t22_part_2);
 }
 #endif
 
-/* transformer_lm_train_step, part 4 of 8 (kernels 65 to 85): a long
+/* transformer_lm_train_step, part 4 of 9 (kernels 65 to 85): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     int64_t m,
     TRANSFORMER_LM_REAL *g0a,
@@ -4231,7 +3922,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *g1a,
     TRANSFORMER_LM_REAL *work
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     int64_t m,
     TRANSFORMER_LM_REAL *g0a,
@@ -4257,65 +3948,27 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *t18 = work + 1408*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t20 = work + 1728*m + 5120; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t21 = work + 1664*m + 5120; /* m x 64, in t19's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = work + 1920*m + 9216; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t27 = work + 1984*m + 9216; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1up_1_blocks = work + 3837*m + 10369; /* 16 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t31 = work + 2368*m + 9216; /* m x 64, in t32's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1down_1_blocks = work + 576*m + 4096; /* 16 x 64, in grad_g1m_1_blocks's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1down_1 = work + 3837*m + 14849; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22_part = work + 3136*m + 9216; /* m x 64, in grad_t32's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22_part = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t27 = work + 2816*m + 9216; /* m x 256, in t36's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t27_block_1 = work + 3581*m + 9281; /* 64 x 16, in grad_b1m_1_blocks's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t27_block_1 = work + 576*m + 4096; /* 64 x 16, in t26_block_1's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t26 = work + 320*m + 4096; /* m x 256, in grad_t35's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22_part_1 = work + 2240*m + 9216; /* m x 64, in t28's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22_part_2 = work + 1856*m + 9216; /* m x 64, in t24's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22_part_1 = work + 3517*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22_part_2 = work + 1920*m + 9216; /* m x 64, in t25's memory; placed in an earlier part */
+    /* grad_t22 = grad_t22_part + grad_t22_part_1 + grad_t22_part_2 */
     /* grad_t21 = g1a*(grad_t22_part + grad_t22_part_1 + grad_t22_part_2) */
-    /* grad_g1a_1 = sum of (t21*(grad_t22_part + grad_t22_part_1 + grad_t22_part_2)) down
-     * each column */
-    /* grad_b1a_1 = sum of (grad_t22_part + grad_t22_part_1 + grad_t22_part_2) down each column */
-    TRANSFORMER_LM_REAL *grad_t21 = t25; /* m x 64, in t25's memory */
-    TRANSFORMER_LM_REAL *grad_g1a_1_blocks = grad_c1down_1_blocks; /* 16 x 64, in grad_c1down_1_blocks's memory */
-    TRANSFORMER_LM_REAL *grad_g1a_1 = grad_c1down_1 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_b1a_1_blocks = grad_t27_block_1; /* 16 x 64, in grad_t27_block_1's memory */
-    TRANSFORMER_LM_REAL *grad_b1a_1 = grad_g1a_1 + 64; /* 1 x 64 */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_g1a_1_blocks[64*blk + j] = 0;
-            }
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b1a_1_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    const TRANSFORMER_LM_REAL x0 = grad_t22_part[64*i + j] + grad_t22_part_1[64*i + j] + grad_t22_part_2[64*i + j];
-                    grad_t21[64*i + j] = g1a[j]*x0;
-                    grad_g1a_1_blocks[64*blk + j] += t21[64*i + j]*x0;
-                    grad_b1a_1_blocks[64*blk + j] += x0;
-                }
-            }
-        }
+    /* g3 = t21*(grad_t22_part + grad_t22_part_1 + grad_t22_part_2) */
+    TRANSFORMER_LM_REAL *grad_t22 = grad_t22_part + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_t21 = grad_t22 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g3 = grad_t21 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_g1a_1[j] = grad_g1a_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_g1a_1[j] += grad_g1a_1_blocks[64*blk + j];
-            }
-        }
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b1a_1[j] = grad_b1a_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b1a_1[j] += grad_b1a_1_blocks[64*blk + j];
-            }
+            const TRANSFORMER_LM_REAL x0 = grad_t22_part[64*i + j] + grad_t22_part_1[64*i + j] + grad_t22_part_2[64*i + j];
+            grad_t22[64*i + j] = x0;
+            grad_t21[64*i + j] = g1a[j]*x0;
+            g3[64*i + j] = t21[64*i + j]*x0;
         }
     }
 
@@ -4381,36 +4034,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_t20 = grad_t20_part + grad_t31 */
-    /* grad_c0down_1 = sum of grad_t20 down each column */
     TRANSFORMER_LM_REAL *grad_t20 = grad_t22_part; /* m x 64, in grad_t22_part's memory */
-    TRANSFORMER_LM_REAL *grad_c0down_1_blocks = grad_g1a_1_blocks; /* 16 x 64, in grad_g1a_1_blocks's memory */
-    TRANSFORMER_LM_REAL *grad_c0down_1 = grad_b1a_1 + 64; /* 1 x 64 */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_c0down_1_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    const TRANSFORMER_LM_REAL x0 = grad_t31[64*i + j] + grad_t20_part[64*i + j];
-                    grad_t20[64*i + j] = x0;
-                    grad_c0down_1_blocks[64*blk + j] += x0;
-                }
-            }
-        }
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_c0down_1[j] = grad_c0down_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_c0down_1[j] += grad_c0down_1_blocks[64*blk + j];
-            }
+            grad_t20[64*i + j] = grad_t31[64*i + j] + grad_t20_part[64*i + j];
         }
     }
 
@@ -4418,96 +4046,35 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *grad_t17 = t27; /* m x 256, in t27's memory */
     symbackprop_f64_matmul(m, 256, 64, grad_t20, 64, 1, W0down, 1, 64, grad_t17);
 
-    /* g1 = grad_t17*t18 */
-    /* grad_c0up_1 = sum of g1 down each column */
-    TRANSFORMER_LM_REAL *g1 = grad_t27; /* m x 256, in grad_t27's memory */
-    TRANSFORMER_LM_REAL *grad_c0up_1_blocks = grad_c1up_1_blocks; /* 16 x 256, in grad_c1up_1_blocks's memory */
-    TRANSFORMER_LM_REAL *grad_c0up_1 = grad_c0down_1 + 64; /* 1 x 256 */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 256; ++j) {
-                grad_c0up_1_blocks[256*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 256; ++j) {
-                    const TRANSFORMER_LM_REAL x0 = grad_t17[256*i + j]*t18[256*i + j];
-                    g1[256*i + j] = x0;
-                    grad_c0up_1_blocks[256*blk + j] += x0;
-                }
-            }
-        }
+    /* g4 = grad_t17*t18 */
+    TRANSFORMER_LM_REAL *g4 = grad_t27; /* m x 256, in grad_t27's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            grad_c0up_1[j] = grad_c0up_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 256; ++j) {
-                grad_c0up_1[j] += grad_c0up_1_blocks[256*blk + j];
-            }
+            g4[256*i + j] = grad_t17[256*i + j]*t18[256*i + j];
         }
     }
 
-    /* grad_t15 = g1 @ W0up^T */
+    /* grad_t15 = g4 @ W0up^T */
     TRANSFORMER_LM_REAL *grad_t15 = grad_t22_part_1; /* m x 64, in grad_t22_part_1's memory */
-    symbackprop_f64_matmul(m, 64, 256, g1, 256, 1, W0up, 1, 256, grad_t15);
+    symbackprop_f64_matmul(m, 64, 256, g4, 256, 1, W0up, 1, 256, grad_t15);
 
     /* grad_t14 = g0m*grad_t15 */
-    /* grad_g0m_1 = sum of (grad_t15*t14) down each column */
-    /* grad_b0m_1 = sum of grad_t15 down each column */
+    /* g5 = grad_t15*t14 */
     TRANSFORMER_LM_REAL *grad_t14 = grad_t22_part_2; /* m x 64, in grad_t22_part_2's memory */
-    TRANSFORMER_LM_REAL *grad_g0m_1_blocks = grad_b1a_1_blocks; /* 16 x 64, in grad_b1a_1_blocks's memory */
-    TRANSFORMER_LM_REAL *grad_g0m_1 = grad_c0up_1 + 256; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_b0m_1_blocks = grad_c0down_1_blocks; /* 16 x 64, in grad_c0down_1_blocks's memory */
-    TRANSFORMER_LM_REAL *grad_b0m_1 = grad_g0m_1 + 64; /* 1 x 64 */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_g0m_1_blocks[64*blk + j] = 0;
-            }
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b0m_1_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    grad_t14[64*i + j] = grad_t15[64*i + j]*g0m[j];
-                    grad_g0m_1_blocks[64*blk + j] += grad_t15[64*i + j]*t14[64*i + j];
-                    grad_b0m_1_blocks[64*blk + j] += grad_t15[64*i + j];
-                }
-            }
-        }
+    TRANSFORMER_LM_REAL *g5 = t20; /* m x 64, in t20's memory */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_g0m_1[j] = grad_g0m_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_g0m_1[j] += grad_g0m_1_blocks[64*blk + j];
-            }
-        }
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b0m_1[j] = grad_b0m_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b0m_1[j] += grad_b0m_1_blocks[64*blk + j];
-            }
+            grad_t14[64*i + j] = grad_t15[64*i + j]*g0m[j];
+            g5[64*i + j] = grad_t15[64*i + j]*t14[64*i + j];
         }
     }
 
     /* grad_t13_part[i, :] = r_i (grad_t14[i, :] - mean_j grad_t14[i, j] - y[i, :] mean_j
      * grad_t14[i, j] y[i, j]), y = (t13 - mu) r normalized as in normalize_rows (mu_i, r_i
      * of t13's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t13_part = t20; /* m x 64, in t20's memory */
+    TRANSFORMER_LM_REAL *grad_t13_part = grad_t21; /* m x 64, in grad_t21's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_t13_part + 64*i;
@@ -4566,7 +4133,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_t13 = grad_t13_part + grad_t20 */
-    TRANSFORMER_LM_REAL *grad_t13 = grad_t21; /* m x 64, in grad_t21's memory */
+    TRANSFORMER_LM_REAL *grad_t13 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -4575,12 +4142,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_t11 = grad_t13 @ Wo0^T */
-    TRANSFORMER_LM_REAL *grad_t11 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
+    TRANSFORMER_LM_REAL *grad_t11 = t14; /* m x 64, in t14's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t13, 64, 1, Wo0, 1, 64, grad_t11);
 
     /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} t9[(e,t),(h,s)] * grad_t11[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t10 = t14; /* m x 64, in t14's memory */
+    TRANSFORMER_LM_REAL *grad_t10 = t13; /* m x 64, in t13's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -4612,13 +4179,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_t4_part = grad_t10 @ Wv0^T */
-    TRANSFORMER_LM_REAL *grad_t4_part = grad_t15; /* m x 64, in grad_t15's memory */
+    TRANSFORMER_LM_REAL *grad_t4_part = grad_t14; /* m x 64, in grad_t14's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, Wv0, 1, 64, grad_t4_part);
 
     /* grad_t9[(e,t),(h,s)] = sum_k grad_t11[(e,t),h*dh+k] * t10[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t9 = grad_t26; /* m x 256, in grad_t26's memory */
-    TRANSFORMER_LM_REAL *grad_t9_block_1 = grad_g0m_1_blocks; /* 64 x 16, in grad_g0m_1_blocks's memory */
+    TRANSFORMER_LM_REAL *grad_t9_block_1 = grad_t27_block_1; /* 64 x 16, in grad_t27_block_1's memory */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -4685,7 +4252,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 
     /* grad_t7[(e,s),h*dh+k] = sum_{t>=s} grad_t8[(e,t),(h,s)] * t6[(e,t),h*dh+k] (rows (e,t)
      * = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t7 = t13; /* m x 64, in t13's memory */
+    TRANSFORMER_LM_REAL *grad_t7 = grad_t13_part; /* m x 64, in grad_t13_part's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -4717,12 +4284,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_t4_part_1 = grad_t7 @ Wk0^T */
-    TRANSFORMER_LM_REAL *grad_t4_part_1 = grad_t14; /* m x 64, in grad_t14's memory */
+    TRANSFORMER_LM_REAL *grad_t4_part_1 = t10; /* m x 64, in t10's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t7, 64, 1, Wk0, 1, 64, grad_t4_part_1);
 
     /* grad_t6[(e,t),h*dh+k] = sum_{s<=t} grad_t8[(e,t),(h,s)] * t7[(e,s),h*dh+k] (rows (e,t)
      * = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t6 = grad_t13_part; /* m x 64, in grad_t13_part's memory */
+    TRANSFORMER_LM_REAL *grad_t6 = grad_t11; /* m x 64, in grad_t11's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -4754,62 +4321,29 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_t4_part_2 = grad_t6 @ t5^T */
-    TRANSFORMER_LM_REAL *grad_t4_part_2 = t10; /* m x 64, in t10's memory */
+    TRANSFORMER_LM_REAL *grad_t4_part_2 = t6; /* m x 64, in t6's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t6, 64, 1, t5, 1, 64, grad_t4_part_2);
 
+    /* grad_t4 = grad_t4_part + grad_t4_part_1 + grad_t4_part_2 */
     /* grad_t3 = g0a*(grad_t4_part + grad_t4_part_1 + grad_t4_part_2) */
-    /* grad_g0a_1 = sum of (t3*(grad_t4_part + grad_t4_part_1 + grad_t4_part_2)) down each column */
-    /* grad_b0a_1 = sum of (grad_t4_part + grad_t4_part_1 + grad_t4_part_2) down each column */
-    TRANSFORMER_LM_REAL *grad_t3 = grad_t11; /* m x 64, in grad_t11's memory */
-    TRANSFORMER_LM_REAL *grad_g0a_1_blocks = grad_b0m_1_blocks; /* 16 x 64, in grad_b0m_1_blocks's memory */
-    TRANSFORMER_LM_REAL *grad_g0a_1 = grad_b0m_1 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_b0a_1_blocks = grad_t9_block_1; /* 16 x 64, in grad_t9_block_1's memory */
-    TRANSFORMER_LM_REAL *grad_b0a_1 = grad_g0a_1 + 64; /* 1 x 64 */
-    {
-        const int64_t rows_per_block = (m + 15) / 16;
-        SYMBACKPROP_PARALLEL_BLOCKS
-        for (int64_t blk = 0; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_g0a_1_blocks[64*blk + j] = 0;
-            }
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b0a_1_blocks[64*blk + j] = 0;
-            }
-            const int64_t end = (blk + 1) * rows_per_block < m ? (blk + 1) * rows_per_block : m;
-            for (int64_t i = blk * rows_per_block; i < end; ++i) {
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #endif
-                for (int64_t j = 0; j < 64; ++j) {
-                    const TRANSFORMER_LM_REAL x0 = grad_t4_part[64*i + j] + grad_t4_part_1[64*i + j] + grad_t4_part_2[64*i + j];
-                    grad_t3[64*i + j] = g0a[j]*x0;
-                    grad_g0a_1_blocks[64*blk + j] += t3[64*i + j]*x0;
-                    grad_b0a_1_blocks[64*blk + j] += x0;
-                }
-            }
-        }
+    /* g6 = t3*(grad_t4_part + grad_t4_part_1 + grad_t4_part_2) */
+    TRANSFORMER_LM_REAL *grad_t4 = t7; /* m x 64, in t7's memory */
+    TRANSFORMER_LM_REAL *grad_t3 = g3 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *g6 = grad_t3 + 64*m; /* m x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_g0a_1[j] = grad_g0a_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_g0a_1[j] += grad_g0a_1_blocks[64*blk + j];
-            }
-        }
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b0a_1[j] = grad_b0a_1_blocks[j];
-        }
-        for (int64_t blk = 1; blk < 16; ++blk) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_b0a_1[j] += grad_b0a_1_blocks[64*blk + j];
-            }
+            const TRANSFORMER_LM_REAL x0 = grad_t4_part[64*i + j] + grad_t4_part_1[64*i + j] + grad_t4_part_2[64*i + j];
+            grad_t4[64*i + j] = x0;
+            grad_t3[64*i + j] = g0a[j]*x0;
+            g6[64*i + j] = t3[64*i + j]*x0;
         }
     }
 
     /* grad_t2_part[i, :] = r_i (grad_t3[i, :] - mean_j grad_t3[i, j] - y[i, :] mean_j
      * grad_t3[i, j] y[i, j]), y = (t2 - mu) r normalized as in normalize_rows (mu_i, r_i of
      * t2's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t2_part = t6; /* m x 64, in t6's memory */
+    TRANSFORMER_LM_REAL *grad_t2_part = t3; /* m x 64, in t3's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_t2_part + 64*i;
@@ -4868,7 +4402,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_t2 = grad_t13 + grad_t2_part */
-    TRANSFORMER_LM_REAL *grad_t2 = t7; /* m x 64, in t7's memory */
+    TRANSFORMER_LM_REAL *grad_t2 = grad_t4_part; /* m x 64, in grad_t4_part's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -4878,17 +4412,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 }
 #endif
 
-/* transformer_lm_train_step, part 5 of 8 (kernels 86 to 86): a long
+/* transformer_lm_train_step, part 5 of 9 (kernels 86 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
-    int64_t m,
-    const int64_t *ids,
-    const int64_t *positions,
-    TRANSFORMER_LM_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
     int64_t m,
     const int64_t *ids,
@@ -4897,8 +4424,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
 )
 {
     TRANSFORMER_LM_REAL *t23 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 3837*m + 15553; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t2 = work + 256*m + 4096; /* m x 64, in t7's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g6 = work + 4285*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t2 = work + 1920*m + 9216; /* m x 64, in grad_t4_part's memory; placed in an earlier part */
     /* grad_E_1[ids[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2], grad_t2[i, 3],
      * grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7], grad_t2[i, 8],
      * grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12], grad_t2[i, 13],
@@ -4911,7 +4438,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
      * grad_t2[i, 13], grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17],
      * grad_t2[i, 18], grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22],
      * grad_t2[i, 23], grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], ... */
-    TRANSFORMER_LM_REAL *grad_E_1 = grad_b0a_1 + 64; /* 62 x 64 */
+    TRANSFORMER_LM_REAL *grad_E_1 = g6 + 64*m; /* 62 x 64 */
     TRANSFORMER_LM_REAL *grad_P_1 = t23; /* 64 x 64, in t23's memory */
     for (int64_t i = 0; i < 3968; ++i) {
         grad_E_1[i] = 0;
@@ -5052,10 +4579,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
 }
 #endif
 
-/* transformer_lm_train_step, part 6 of 8 (kernels 87 to 96): a long
+/* transformer_lm_train_step, part 6 of 9 (kernels 87 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     int64_t m,
     TRANSFORMER_LM_REAL *E,
@@ -5064,20 +4591,29 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     TRANSFORMER_LM_REAL *b0a,
     TRANSFORMER_LM_REAL *Wq0,
     TRANSFORMER_LM_REAL *Wk0,
-    TRANSFORMER_LM_REAL *Wv0,
+    const TRANSFORMER_LM_REAL *weight_decay,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
+    int64_t m,
+    TRANSFORMER_LM_REAL *E,
+    TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *b0a,
+    TRANSFORMER_LM_REAL *Wq0,
+    TRANSFORMER_LM_REAL *Wk0,
     const TRANSFORMER_LM_REAL *weight_decay,
     TRANSFORMER_LM_REAL *work
 )
 {
     TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_1_blocks = work + 3837*m + 10369; /* 16 x 256, in grad_c1up_1_blocks's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t10 = work + 960*m + 5120; /* m x 64, in t14's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t7 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t6 = work + 1728*m + 5120; /* m x 64, in grad_t13_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0a_1 = work + 3837*m + 15489; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 3837*m + 15553; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_1 = work + 3837*m + 15617; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t7 = work + 4093*m + 9217; /* m x 64, in grad_t13_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t6 = work + 960*m + 5120; /* m x 64, in grad_t11's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t4 = work + 256*m + 4096; /* m x 64, in t7's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g6 = work + 4285*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_1 = work + 4349*m + 9217; /* 62 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_P_1 = work + 1856*m + 5120; /* 64 x 64, in t23's memory; placed in an earlier part */
     /* grad_E_2 = E*weight_decay + grad_E_1 */
     TRANSFORMER_LM_REAL *grad_E_2 = grad_E_1 + 3968; /* 62 x 64 */
@@ -5091,7 +4627,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     }
 
     /* grad_P_2 = P*weight_decay + grad_P_1 */
-    TRANSFORMER_LM_REAL *grad_P_2 = grad_c0up_1_blocks; /* 64 x 64, in grad_c0up_1_blocks's memory */
+    TRANSFORMER_LM_REAL *grad_P_2 = t5; /* 64 x 64, in t5's memory */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -5102,8 +4638,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
         }
     }
 
+    /* grad_g0a_1 = sum of g6 down each column */
+    TRANSFORMER_LM_REAL *grad_g0a_1 = grad_E_2 + 3968; /* 1 x 64 */
+    symbackprop_f64_sum_columns(g6, m, 64, 64, grad_g0a_1);
+
     /* grad_g0a_2 = g0a*weight_decay + grad_g0a_1 */
-    TRANSFORMER_LM_REAL *grad_g0a_2 = grad_E_2 + 3968; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_g0a_2 = grad_g0a_1 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -5111,8 +4651,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
         }
     }
 
+    /* grad_b0a_1 = sum of grad_t4 down each column */
+    TRANSFORMER_LM_REAL *grad_b0a_1 = grad_g0a_1; /* 1 x 64, in grad_g0a_1's memory */
+    symbackprop_f64_sum_columns(grad_t4, m, 64, 64, grad_b0a_1);
+
     /* grad_b0a_2 = b0a*weight_decay + grad_b0a_1 */
-    TRANSFORMER_LM_REAL *grad_b0a_2 = grad_g0a_1; /* 1 x 64, in grad_g0a_1's memory */
+    TRANSFORMER_LM_REAL *grad_b0a_2 = grad_g0a_2 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -5121,11 +4665,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     }
 
     /* grad_t5 = t4^T @ grad_t6 */
-    TRANSFORMER_LM_REAL *grad_t5 = t5; /* 64 x 64, in t5's memory */
+    TRANSFORMER_LM_REAL *grad_t5 = grad_P_1; /* 64 x 64, in grad_P_1's memory */
     symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t6, 64, 1, grad_t5);
 
     /* grad_Wq0_2 = Wq0*weight_decay + grad_t5/4 */
-    TRANSFORMER_LM_REAL *grad_Wq0_2 = grad_P_1; /* 64 x 64, in grad_P_1's memory */
+    TRANSFORMER_LM_REAL *grad_Wq0_2 = grad_b0a_2 + 64; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -5141,7 +4685,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t7, 64, 1, grad_Wk0_1);
 
     /* grad_Wk0_2 = Wk0*weight_decay + grad_Wk0_1 */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = grad_g0a_2 + 64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wk0_2 = grad_Wq0_2 + 4096; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -5151,7 +4695,80 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
             }
         }
     }
+}
+#endif
 
+/* transformer_lm_train_step, part 7 of 9 (kernels 97 to 128): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 2; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
+    int64_t m,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    const TRANSFORMER_LM_REAL *weight_decay,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
+    int64_t m,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    const TRANSFORMER_LM_REAL *weight_decay,
+    TRANSFORMER_LM_REAL *work
+)
+{
+    TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t11 = work + 896*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t15 = work + 1088*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t17 = work + 1152*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t22 = work + 1792*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t29 = work + 2304*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t33 = work + 3136*m + 9216; /* m x 64, in t38's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g2 = work + 3901*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t28 = work + 2368*m + 9216; /* m x 64, in grad_t31_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t25 = work + 2240*m + 9216; /* m x 64, in t28's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t24 = work + 1856*m + 9216; /* m x 64, in t24's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22 = work + 4029*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 4157*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t20 = work + 3965*m + 9217; /* m x 64, in grad_t22_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g4 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t15 = work + 3517*m + 9217; /* m x 64, in grad_t22_part_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g5 = work + 1728*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t13 = work + 1664*m + 5120; /* m x 64, in grad_t20_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t10 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 4349*m + 17153; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk0_1 = work + 1856*m + 5120; /* 64 x 64, in grad_t5's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4349*m + 21441; /* 64 x 64; placed in an earlier part */
     /* grad_Wv0_1 = t4^T @ grad_t10 */
     TRANSFORMER_LM_REAL *grad_Wv0_1 = grad_Wk0_1; /* 64 x 64, in grad_Wk0_1's memory */
     symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t10, 64, 1, grad_Wv0_1);
@@ -5167,103 +4784,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
             }
         }
     }
-}
-#endif
 
-/* transformer_lm_train_step, part 7 of 8 (kernels 97 to 128): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
-    int64_t m,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *b0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *c0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *W1up,
-    TRANSFORMER_LM_REAL *c1up,
-    TRANSFORMER_LM_REAL *W1down,
-    TRANSFORMER_LM_REAL *c1down,
-    TRANSFORMER_LM_REAL *gf,
-    TRANSFORMER_LM_REAL *bf,
-    TRANSFORMER_LM_REAL *Wout,
-    const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
-    int64_t m,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *b0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *c0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *W1up,
-    TRANSFORMER_LM_REAL *c1up,
-    TRANSFORMER_LM_REAL *W1down,
-    TRANSFORMER_LM_REAL *c1down,
-    TRANSFORMER_LM_REAL *gf,
-    TRANSFORMER_LM_REAL *bf,
-    TRANSFORMER_LM_REAL *Wout,
-    const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *work
-)
-{
-    TRANSFORMER_LM_REAL *t11 = work + 896*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t15 = work + 1088*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t17 = work + 1152*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t22 = work + 1792*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t29 = work + 2304*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t33 = work + 2496*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = work + 2560*m + 9216; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = work + 3200*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t41 = work + 3391*m + 9217; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_gf_1 = work + 3581*m + 9217; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_bf_1 = work + 3581*m + 10305; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t38 = work + 3072*m + 9216; /* m x 64, in t39's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 3581*m + 10369; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1up_1 = work + 3837*m + 14465; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_1 = work + 3837*m + 14721; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_1 = work + 3837*m + 14785; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t31 = work + 2368*m + 9216; /* m x 64, in t32's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1down_1 = work + 3837*m + 14849; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t25 = work + 3517*m + 9217; /* m x 64, in grad_t31_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t24 = work + 3453*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1a_1 = work + 3837*m + 14913; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1a_1 = work + 3837*m + 14977; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t20 = work + 3136*m + 9216; /* m x 64, in grad_t22_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0down_1 = work + 3837*m + 15041; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_1 = work + 3837*m + 15105; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0m_1 = work + 3837*m + 15361; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0m_1 = work + 3837*m + 15425; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t13 = work + 1920*m + 9216; /* m x 64, in grad_t21's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 3837*m + 15553; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_1 = work + 3837*m + 15617; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv0_1 = work + 192*m; /* 64 x 64, in grad_Wk0_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv0_2 = work + 3837*m + 27713; /* 64 x 64; placed in an earlier part */
     /* grad_Wo0_1 = t11^T @ grad_t13 */
     TRANSFORMER_LM_REAL *grad_Wo0_1 = grad_Wv0_1; /* 64 x 64, in grad_Wv0_1's memory */
     symbackprop_f64_matmul(64, 64, m, t11, 1, 64, grad_t13, 64, 1, grad_Wo0_1);
@@ -5280,8 +4801,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
         }
     }
 
+    /* grad_g0m_1 = sum of g5 down each column */
+    TRANSFORMER_LM_REAL *grad_g0m_1 = grad_b0a_1; /* 1 x 64, in grad_b0a_1's memory */
+    symbackprop_f64_sum_columns(g5, m, 64, 64, grad_g0m_1);
+
     /* grad_g0m_2 = g0m*weight_decay + grad_g0m_1 */
-    TRANSFORMER_LM_REAL *grad_g0m_2 = grad_b0a_1; /* 1 x 64, in grad_b0a_1's memory */
+    TRANSFORMER_LM_REAL *grad_g0m_2 = grad_Wo0_2 + 4096; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -5289,8 +4814,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
         }
     }
 
+    /* grad_b0m_1 = sum of grad_t15 down each column */
+    TRANSFORMER_LM_REAL *grad_b0m_1 = grad_g0m_1; /* 1 x 64, in grad_g0m_1's memory */
+    symbackprop_f64_sum_columns(grad_t15, m, 64, 64, grad_b0m_1);
+
     /* grad_b0m_2 = b0m*weight_decay + grad_b0m_1 */
-    TRANSFORMER_LM_REAL *grad_b0m_2 = grad_g0m_1; /* 1 x 64, in grad_g0m_1's memory */
+    TRANSFORMER_LM_REAL *grad_b0m_2 = grad_g0m_2 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -5298,9 +4827,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
         }
     }
 
-    /* grad_W0up_1 = t15^T @ g1 */
-    TRANSFORMER_LM_REAL *grad_W0up_1 = grad_Wo0_2 + 4096; /* 64 x 256 */
-    symbackprop_f64_matmul(64, 256, m, t15, 1, 64, g1, 256, 1, grad_W0up_1);
+    /* grad_W0up_1 = t15^T @ g4 */
+    TRANSFORMER_LM_REAL *grad_W0up_1 = grad_b0m_2 + 64; /* 64 x 256 */
+    symbackprop_f64_matmul(64, 256, m, t15, 1, 64, g4, 256, 1, grad_W0up_1);
 
     /* grad_W0up_2 = W0up*weight_decay + grad_W0up_1 */
     TRANSFORMER_LM_REAL *grad_W0up_2 = grad_W0up_1 + 16384; /* 64 x 256 */
@@ -5314,8 +4843,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
         }
     }
 
+    /* grad_c0up_1 = sum of g4 down each column */
+    TRANSFORMER_LM_REAL *grad_c0up_1 = grad_W0up_2 + 16384; /* 1 x 256 */
+    symbackprop_f64_sum_columns(g4, m, 256, 256, grad_c0up_1);
+
     /* grad_c0up_2 = c0up*weight_decay + grad_c0up_1 */
-    TRANSFORMER_LM_REAL *grad_c0up_2 = grad_W0up_2 + 16384; /* 1 x 256 */
+    TRANSFORMER_LM_REAL *grad_c0up_2 = grad_c0up_1 + 256; /* 1 x 256 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 256; ++j) {
@@ -5339,8 +4872,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
         }
     }
 
+    /* grad_c0down_1 = sum of grad_t20 down each column */
+    TRANSFORMER_LM_REAL *grad_c0down_1 = grad_b0m_1; /* 1 x 64, in grad_b0m_1's memory */
+    symbackprop_f64_sum_columns(grad_t20, m, 64, 64, grad_c0down_1);
+
     /* grad_c0down_2 = c0down*weight_decay + grad_c0down_1 */
-    TRANSFORMER_LM_REAL *grad_c0down_2 = grad_b0m_1; /* 1 x 64, in grad_b0m_1's memory */
+    TRANSFORMER_LM_REAL *grad_c0down_2 = grad_W0down_2 + 16384; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -5348,8 +4885,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
         }
     }
 
+    /* grad_g1a_1 = sum of g3 down each column */
+    TRANSFORMER_LM_REAL *grad_g1a_1 = grad_c0down_1; /* 1 x 64, in grad_c0down_1's memory */
+    symbackprop_f64_sum_columns(g3, m, 64, 64, grad_g1a_1);
+
     /* grad_g1a_2 = g1a*weight_decay + grad_g1a_1 */
-    TRANSFORMER_LM_REAL *grad_g1a_2 = grad_c0down_1; /* 1 x 64, in grad_c0down_1's memory */
+    TRANSFORMER_LM_REAL *grad_g1a_2 = grad_c0down_2 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -5357,8 +4898,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
         }
     }
 
+    /* grad_b1a_1 = sum of grad_t22 down each column */
+    TRANSFORMER_LM_REAL *grad_b1a_1 = grad_g1a_1; /* 1 x 64, in grad_g1a_1's memory */
+    symbackprop_f64_sum_columns(grad_t22, m, 64, 64, grad_b1a_1);
+
     /* grad_b1a_2 = b1a*weight_decay + grad_b1a_1 */
-    TRANSFORMER_LM_REAL *grad_b1a_2 = grad_g1a_1; /* 1 x 64, in grad_g1a_1's memory */
+    TRANSFORMER_LM_REAL *grad_b1a_2 = grad_g1a_2 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -5371,7 +4916,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     symbackprop_f64_matmul(64, 64, m, t22, 1, 64, grad_t24, 64, 1, grad_t23);
 
     /* grad_Wq1_2 = Wq1*weight_decay + grad_t23/4 */
-    TRANSFORMER_LM_REAL *grad_Wq1_2 = grad_W0down_2 + 16384; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wq1_2 = grad_b1a_2 + 64; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -5430,8 +4975,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
         }
     }
 
+    /* grad_g1m_1 = sum of g2 down each column */
+    TRANSFORMER_LM_REAL *grad_g1m_1 = grad_b1a_1; /* 1 x 64, in grad_b1a_1's memory */
+    symbackprop_f64_sum_columns(g2, m, 64, 64, grad_g1m_1);
+
     /* grad_g1m_2 = g1m*weight_decay + grad_g1m_1 */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = grad_b1a_1; /* 1 x 64, in grad_b1a_1's memory */
+    TRANSFORMER_LM_REAL *grad_g1m_2 = grad_Wo1_2 + 4096; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -5439,102 +4988,22 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
         }
     }
 
+    /* grad_b1m_1 = sum of grad_t33 down each column */
+    TRANSFORMER_LM_REAL *grad_b1m_1 = grad_g1m_1; /* 1 x 64, in grad_g1m_1's memory */
+    symbackprop_f64_sum_columns(grad_t33, m, 64, 64, grad_b1m_1);
+
     /* grad_b1m_2 = b1m*weight_decay + grad_b1m_1 */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = grad_g1m_1; /* 1 x 64, in grad_g1m_1's memory */
+    TRANSFORMER_LM_REAL *grad_b1m_2 = grad_g1m_2 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
             grad_b1m_2[j] = grad_b1m_1[j] + weight_decay_value*b1m[j];
         }
     }
-
-    /* grad_W1up_1 = t33^T @ g0 */
-    TRANSFORMER_LM_REAL *grad_W1up_1 = grad_W0down_1; /* 64 x 256, in grad_W0down_1's memory */
-    symbackprop_f64_matmul(64, 256, m, t33, 1, 64, g0, 256, 1, grad_W1up_1);
-
-    /* grad_W1up_2 = W1up*weight_decay + grad_W1up_1 */
-    TRANSFORMER_LM_REAL *grad_W1up_2 = grad_Wo1_2 + 4096; /* 64 x 256 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 256; ++j) {
-                grad_W1up_2[256*i + j] = grad_W1up_1[256*i + j] + weight_decay_value*W1up[256*i + j];
-            }
-        }
-    }
-
-    /* grad_c1up_2 = c1up*weight_decay + grad_c1up_1 */
-    TRANSFORMER_LM_REAL *grad_c1up_2 = grad_c0up_1; /* 1 x 256, in grad_c0up_1's memory */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 256; ++j) {
-            grad_c1up_2[j] = grad_c1up_1[j] + weight_decay_value*c1up[j];
-        }
-    }
-
-    /* grad_W1down_1 = t35^T @ grad_t38 */
-    TRANSFORMER_LM_REAL *grad_W1down_1 = grad_W1up_1; /* 256 x 64, in grad_W1up_1's memory */
-    symbackprop_f64_matmul(256, 64, m, t35, 1, 256, grad_t38, 64, 1, grad_W1down_1);
-
-    /* grad_W1down_2 = W1down*weight_decay + grad_W1down_1 */
-    TRANSFORMER_LM_REAL *grad_W1down_2 = grad_W1up_2 + 16384; /* 256 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 256; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_W1down_2[64*i + j] = grad_W1down_1[64*i + j] + weight_decay_value*W1down[64*i + j];
-            }
-        }
-    }
-
-    /* grad_c1down_2 = c1down*weight_decay + grad_c1down_1 */
-    TRANSFORMER_LM_REAL *grad_c1down_2 = grad_b1m_1; /* 1 x 64, in grad_b1m_1's memory */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_c1down_2[j] = grad_c1down_1[j] + weight_decay_value*c1down[j];
-        }
-    }
-
-    /* grad_gf_2 = gf*weight_decay + grad_gf_1 */
-    TRANSFORMER_LM_REAL *grad_gf_2 = grad_c1down_1; /* 1 x 64, in grad_c1down_1's memory */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_gf_2[j] = grad_gf_1[j] + weight_decay_value*gf[j];
-        }
-    }
-
-    /* grad_bf_2 = bf*weight_decay + grad_bf_1 */
-    TRANSFORMER_LM_REAL *grad_bf_2 = grad_gf_1; /* 1 x 64, in grad_gf_1's memory */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_bf_2[j] = grad_bf_1[j] + weight_decay_value*bf[j];
-        }
-    }
-
-    /* grad_Wout_1 = t40^T @ grad_t41 */
-    TRANSFORMER_LM_REAL *grad_Wout_1 = grad_E_1; /* 64 x 62, in grad_E_1's memory */
-    symbackprop_f64_matmul(64, 62, m, t40, 1, 64, grad_t41, 62, 1, grad_Wout_1);
-
-    /* grad_Wout_2 = Wout*weight_decay + grad_Wout_1 */
-    TRANSFORMER_LM_REAL *grad_Wout_2 = grad_W1down_2 + 16384; /* 64 x 62 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 62; ++j) {
-                grad_Wout_2[62*i + j] = grad_Wout_1[62*i + j] + weight_decay_value*Wout[62*i + j];
-            }
-        }
-    }
 }
 #endif
 
-/* transformer_lm_train_step, part 8 of 8 (kernels 129 to 159): a long
+/* transformer_lm_train_step, part 8 of 9 (kernels 129 to 160): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 1; called from unit 0. */
@@ -5556,12 +5025,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *c0down,
     TRANSFORMER_LM_REAL *g1a,
     TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
     TRANSFORMER_LM_REAL *W1up,
     TRANSFORMER_LM_REAL *c1up,
     TRANSFORMER_LM_REAL *W1down,
@@ -5573,6 +5036,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     const TRANSFORMER_LM_REAL *beta1,
     const TRANSFORMER_LM_REAL *beta2,
     const TRANSFORMER_LM_REAL *eps,
+    const TRANSFORMER_LM_REAL *weight_decay,
     TRANSFORMER_LM_REAL *step,
     TRANSFORMER_LM_REAL *m_E,
     TRANSFORMER_LM_REAL *v_E,
@@ -5606,32 +5070,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *v_g1a,
     TRANSFORMER_LM_REAL *m_b1a,
     TRANSFORMER_LM_REAL *v_b1a,
-    TRANSFORMER_LM_REAL *m_Wq1,
-    TRANSFORMER_LM_REAL *v_Wq1,
-    TRANSFORMER_LM_REAL *m_Wk1,
-    TRANSFORMER_LM_REAL *v_Wk1,
-    TRANSFORMER_LM_REAL *m_Wv1,
-    TRANSFORMER_LM_REAL *v_Wv1,
-    TRANSFORMER_LM_REAL *m_Wo1,
-    TRANSFORMER_LM_REAL *v_Wo1,
-    TRANSFORMER_LM_REAL *m_g1m,
-    TRANSFORMER_LM_REAL *v_g1m,
-    TRANSFORMER_LM_REAL *m_b1m,
-    TRANSFORMER_LM_REAL *v_b1m,
-    TRANSFORMER_LM_REAL *m_W1up,
-    TRANSFORMER_LM_REAL *v_W1up,
-    TRANSFORMER_LM_REAL *m_c1up,
-    TRANSFORMER_LM_REAL *v_c1up,
-    TRANSFORMER_LM_REAL *m_W1down,
-    TRANSFORMER_LM_REAL *v_W1down,
-    TRANSFORMER_LM_REAL *m_c1down,
-    TRANSFORMER_LM_REAL *v_c1down,
-    TRANSFORMER_LM_REAL *m_gf,
-    TRANSFORMER_LM_REAL *v_gf,
-    TRANSFORMER_LM_REAL *m_bf,
-    TRANSFORMER_LM_REAL *v_bf,
-    TRANSFORMER_LM_REAL *m_Wout,
-    TRANSFORMER_LM_REAL *v_Wout,
     TRANSFORMER_LM_REAL *work
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
@@ -5653,12 +5091,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *c0down,
     TRANSFORMER_LM_REAL *g1a,
     TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
     TRANSFORMER_LM_REAL *W1up,
     TRANSFORMER_LM_REAL *c1up,
     TRANSFORMER_LM_REAL *W1down,
@@ -5670,6 +5102,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     const TRANSFORMER_LM_REAL *beta1,
     const TRANSFORMER_LM_REAL *beta2,
     const TRANSFORMER_LM_REAL *eps,
+    const TRANSFORMER_LM_REAL *weight_decay,
     TRANSFORMER_LM_REAL *step,
     TRANSFORMER_LM_REAL *m_E,
     TRANSFORMER_LM_REAL *v_E,
@@ -5703,65 +5136,139 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *v_g1a,
     TRANSFORMER_LM_REAL *m_b1a,
     TRANSFORMER_LM_REAL *v_b1a,
-    TRANSFORMER_LM_REAL *m_Wq1,
-    TRANSFORMER_LM_REAL *v_Wq1,
-    TRANSFORMER_LM_REAL *m_Wk1,
-    TRANSFORMER_LM_REAL *v_Wk1,
-    TRANSFORMER_LM_REAL *m_Wv1,
-    TRANSFORMER_LM_REAL *v_Wv1,
-    TRANSFORMER_LM_REAL *m_Wo1,
-    TRANSFORMER_LM_REAL *v_Wo1,
-    TRANSFORMER_LM_REAL *m_g1m,
-    TRANSFORMER_LM_REAL *v_g1m,
-    TRANSFORMER_LM_REAL *m_b1m,
-    TRANSFORMER_LM_REAL *v_b1m,
-    TRANSFORMER_LM_REAL *m_W1up,
-    TRANSFORMER_LM_REAL *v_W1up,
-    TRANSFORMER_LM_REAL *m_c1up,
-    TRANSFORMER_LM_REAL *v_c1up,
-    TRANSFORMER_LM_REAL *m_W1down,
-    TRANSFORMER_LM_REAL *v_W1down,
-    TRANSFORMER_LM_REAL *m_c1down,
-    TRANSFORMER_LM_REAL *v_c1down,
-    TRANSFORMER_LM_REAL *m_gf,
-    TRANSFORMER_LM_REAL *v_gf,
-    TRANSFORMER_LM_REAL *m_bf,
-    TRANSFORMER_LM_REAL *v_bf,
-    TRANSFORMER_LM_REAL *m_Wout,
-    TRANSFORMER_LM_REAL *v_Wout,
     TRANSFORMER_LM_REAL *work
 )
 {
+    TRANSFORMER_LM_REAL *t33 = work + 2496*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t35 = work + 2560*m + 9216; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t40 = work + 3200*m + 9216; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t45 = work + 3329*m + 9216; /* 1 x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_2 = work + 3837*m + 19585; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_P_2 = work + 3837*m + 10369; /* 64 x 64, in grad_c0up_1_blocks's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0a_2 = work + 3837*m + 23553; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 3837*m + 15489; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 1856*m + 5120; /* 64 x 64, in grad_P_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 3837*m + 23617; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv0_2 = work + 3837*m + 27713; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 3837*m + 31809; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0m_2 = work + 3837*m + 15553; /* 1 x 64, in grad_b0a_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0m_2 = work + 3837*m + 15361; /* 1 x 64, in grad_g0m_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0up_2 = work + 3837*m + 52289; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 3837*m + 68673; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 3837*m + 68929; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0down_2 = work + 3837*m + 15425; /* 1 x 64, in grad_b0m_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1a_2 = work + 3837*m + 15041; /* 1 x 64, in grad_c0down_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 3837*m + 14913; /* 1 x 64, in grad_g1a_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 3837*m + 85313; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 3837*m + 89409; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 3837*m + 93505; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo1_2 = work + 3837*m + 97601; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 3837*m + 14977; /* 1 x 64, in grad_b1a_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 3837*m + 14721; /* 1 x 64, in grad_g1m_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1up_2 = work + 3837*m + 101697; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 3837*m + 15105; /* 1 x 256, in grad_c0up_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1down_2 = work + 3837*m + 118081; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1down_2 = work + 3837*m + 14785; /* 1 x 64, in grad_b1m_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_gf_2 = work + 3837*m + 14849; /* 1 x 64, in grad_c1down_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_bf_2 = work + 3581*m + 9217; /* 1 x 64, in grad_gf_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wout_2 = work + 3837*m + 134465; /* 64 x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t41 = work + 3391*m + 9217; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t40 = work + 3453*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g0 = work + 3581*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t38 = work + 3072*m + 9216; /* m x 64, in t39's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g1 = work + 3645*m + 9217; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_1 = work + 4349*m + 9217; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_2 = work + 4349*m + 13185; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_P_2 = work + 192*m; /* 64 x 64, in t5's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g0a_2 = work + 4349*m + 17217; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 4349*m + 17281; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4349*m + 17345; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4349*m + 21441; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wv0_2 = work + 4349*m + 25537; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 4349*m + 29633; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g0m_2 = work + 4349*m + 33729; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0m_2 = work + 4349*m + 33793; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0up_2 = work + 4349*m + 50241; /* 64 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0up_1 = work + 4349*m + 66625; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 4349*m + 66881; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0down_1 = work + 4349*m + 33857; /* 256 x 64, in grad_W0up_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 4349*m + 67137; /* 256 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0down_2 = work + 4349*m + 83521; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1a_2 = work + 4349*m + 83585; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 4349*m + 83649; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_1 = work + 4349*m + 17153; /* 1 x 64, in grad_g1m_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4349*m + 100161; /* 1 x 64; placed in an earlier part */
+    /* grad_W1up_1 = t33^T @ g1 */
+    TRANSFORMER_LM_REAL *grad_W1up_1 = grad_W0down_1; /* 64 x 256, in grad_W0down_1's memory */
+    symbackprop_f64_matmul(64, 256, m, t33, 1, 64, g1, 256, 1, grad_W1up_1);
+
+    /* grad_W1up_2 = W1up*weight_decay + grad_W1up_1 */
+    TRANSFORMER_LM_REAL *grad_W1up_2 = grad_b1m_2 + 64; /* 64 x 256 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 64; ++i) {
+            for (int64_t j = 0; j < 256; ++j) {
+                grad_W1up_2[256*i + j] = grad_W1up_1[256*i + j] + weight_decay_value*W1up[256*i + j];
+            }
+        }
+    }
+
+    /* grad_c1up_1 = sum of g1 down each column */
+    TRANSFORMER_LM_REAL *grad_c1up_1 = grad_c0up_1; /* 1 x 256, in grad_c0up_1's memory */
+    symbackprop_f64_sum_columns(g1, m, 256, 256, grad_c1up_1);
+
+    /* grad_c1up_2 = c1up*weight_decay + grad_c1up_1 */
+    TRANSFORMER_LM_REAL *grad_c1up_2 = grad_W1up_2 + 16384; /* 1 x 256 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        for (int64_t j = 0; j < 256; ++j) {
+            grad_c1up_2[j] = grad_c1up_1[j] + weight_decay_value*c1up[j];
+        }
+    }
+
+    /* grad_W1down_1 = t35^T @ grad_t38 */
+    TRANSFORMER_LM_REAL *grad_W1down_1 = grad_W1up_1; /* 256 x 64, in grad_W1up_1's memory */
+    symbackprop_f64_matmul(256, 64, m, t35, 1, 256, grad_t38, 64, 1, grad_W1down_1);
+
+    /* grad_W1down_2 = W1down*weight_decay + grad_W1down_1 */
+    TRANSFORMER_LM_REAL *grad_W1down_2 = grad_c1up_2 + 256; /* 256 x 64 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 256; ++i) {
+            for (int64_t j = 0; j < 64; ++j) {
+                grad_W1down_2[64*i + j] = grad_W1down_1[64*i + j] + weight_decay_value*W1down[64*i + j];
+            }
+        }
+    }
+
+    /* grad_c1down_1 = sum of grad_t38 down each column */
+    TRANSFORMER_LM_REAL *grad_c1down_1 = grad_b1m_1; /* 1 x 64, in grad_b1m_1's memory */
+    symbackprop_f64_sum_columns(grad_t38, m, 64, 64, grad_c1down_1);
+
+    /* grad_c1down_2 = c1down*weight_decay + grad_c1down_1 */
+    TRANSFORMER_LM_REAL *grad_c1down_2 = grad_W1down_2 + 16384; /* 1 x 64 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_c1down_2[j] = grad_c1down_1[j] + weight_decay_value*c1down[j];
+        }
+    }
+
+    /* grad_gf_1 = sum of g0 down each column */
+    TRANSFORMER_LM_REAL *grad_gf_1 = grad_c1down_1; /* 1 x 64, in grad_c1down_1's memory */
+    symbackprop_f64_sum_columns(g0, m, 64, 64, grad_gf_1);
+
+    /* grad_gf_2 = gf*weight_decay + grad_gf_1 */
+    TRANSFORMER_LM_REAL *grad_gf_2 = grad_c1down_2 + 64; /* 1 x 64 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_gf_2[j] = grad_gf_1[j] + weight_decay_value*gf[j];
+        }
+    }
+
+    /* grad_bf_1 = sum of grad_t40 down each column */
+    TRANSFORMER_LM_REAL *grad_bf_1 = grad_gf_1; /* 1 x 64, in grad_gf_1's memory */
+    symbackprop_f64_sum_columns(grad_t40, m, 64, 64, grad_bf_1);
+
+    /* grad_bf_2 = bf*weight_decay + grad_bf_1 */
+    TRANSFORMER_LM_REAL *grad_bf_2 = grad_gf_2 + 64; /* 1 x 64 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_bf_2[j] = grad_bf_1[j] + weight_decay_value*bf[j];
+        }
+    }
+
+    /* grad_Wout_1 = t40^T @ grad_t41 */
+    TRANSFORMER_LM_REAL *grad_Wout_1 = grad_E_1; /* 64 x 62, in grad_E_1's memory */
+    symbackprop_f64_matmul(64, 62, m, t40, 1, 64, grad_t41, 62, 1, grad_Wout_1);
+
+    /* grad_Wout_2 = Wout*weight_decay + grad_Wout_1 */
+    TRANSFORMER_LM_REAL *grad_Wout_2 = grad_bf_2 + 64; /* 64 x 62 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 64; ++i) {
+            for (int64_t j = 0; j < 62; ++j) {
+                grad_Wout_2[62*i + j] = grad_Wout_1[62*i + j] + weight_decay_value*Wout[62*i + j];
+            }
+        }
+    }
+
     /* m_E = beta1*m_E + grad_E_2*(1 - beta1) */
     /* v_E = beta2*v_E + grad_E_2**2*(1 - beta2) */
     {
@@ -6171,7 +5678,76 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
             b1a[j] = b1a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
+}
+#endif
 
+/* transformer_lm_train_step, part 9 of 9 (kernels 161 to 173): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
+    int64_t m,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    TRANSFORMER_LM_REAL *W1down,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    TRANSFORMER_LM_REAL *Wout,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_Wq1,
+    TRANSFORMER_LM_REAL *v_Wq1,
+    TRANSFORMER_LM_REAL *m_Wk1,
+    TRANSFORMER_LM_REAL *v_Wk1,
+    TRANSFORMER_LM_REAL *m_Wv1,
+    TRANSFORMER_LM_REAL *v_Wv1,
+    TRANSFORMER_LM_REAL *m_Wo1,
+    TRANSFORMER_LM_REAL *v_Wo1,
+    TRANSFORMER_LM_REAL *m_g1m,
+    TRANSFORMER_LM_REAL *v_g1m,
+    TRANSFORMER_LM_REAL *m_b1m,
+    TRANSFORMER_LM_REAL *v_b1m,
+    TRANSFORMER_LM_REAL *m_W1up,
+    TRANSFORMER_LM_REAL *v_W1up,
+    TRANSFORMER_LM_REAL *m_c1up,
+    TRANSFORMER_LM_REAL *v_c1up,
+    TRANSFORMER_LM_REAL *m_W1down,
+    TRANSFORMER_LM_REAL *v_W1down,
+    TRANSFORMER_LM_REAL *m_c1down,
+    TRANSFORMER_LM_REAL *v_c1down,
+    TRANSFORMER_LM_REAL *m_gf,
+    TRANSFORMER_LM_REAL *v_gf,
+    TRANSFORMER_LM_REAL *m_bf,
+    TRANSFORMER_LM_REAL *v_bf,
+    TRANSFORMER_LM_REAL *m_Wout,
+    TRANSFORMER_LM_REAL *v_Wout,
+    TRANSFORMER_LM_REAL *work
+)
+{
+    TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 4349*m + 83713; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 4349*m + 87809; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 4349*m + 91905; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo1_2 = work + 4349*m + 96001; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4349*m + 100097; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4349*m + 100161; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1up_2 = work + 4349*m + 100225; /* 64 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 4349*m + 116609; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1down_2 = work + 4349*m + 116865; /* 256 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1down_2 = work + 4349*m + 133249; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_gf_2 = work + 4349*m + 133313; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_bf_2 = work + 4349*m + 133377; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wout_2 = work + 4349*m + 133441; /* 64 x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *bias_correction1 = work + 3329*m + 9216; /* 1 x 1, in t45's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *bias_correction2 = work + 4349*m + 137409; /* 1 x 1; placed in an earlier part */
     /* m_Wq1 = beta1*m_Wq1 + grad_Wq1_2*(1 - beta1) */
     /* v_Wq1 = beta2*v_Wq1 + grad_Wq1_2**2*(1 - beta2) */
     /* Wq1 = Wq1 - lr*(beta1*m_Wq1 + grad_Wq1_2*(1 - beta1))/(bias_correction1*(eps +
@@ -6623,9 +6199,10 @@ int transformer_lm_train_step(
     transformer_lm_train_step_part3(m, targets, Wk1, Wv1, Wo1, g1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work);
     transformer_lm_train_step_part4(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, work);
     transformer_lm_train_step_part5(m, ids, positions, work);
-    transformer_lm_train_step_part6(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, weight_decay, work);
-    transformer_lm_train_step_part7(m, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, weight_decay, work);
-    transformer_lm_train_step_part8(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, work);
+    transformer_lm_train_step_part6(m, E, P, g0a, b0a, Wq0, Wk0, weight_decay, work);
+    transformer_lm_train_step_part7(m, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, weight_decay, work);
+    transformer_lm_train_step_part8(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, work);
+    transformer_lm_train_step_part9(m, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, work);
     return 0;
 }
 #endif

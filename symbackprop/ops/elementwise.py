@@ -21,7 +21,7 @@ from symbackprop.ir.lower import scalar_atoms, shape_of
 from symbackprop.ir.node import SCALAR, Node, placeholder
 from symbackprop.messages import short
 from symbackprop.ops.registry import OpRecord, register
-from symbackprop.schedule.kernel import SUM_BLOCKS, MapKernel
+from symbackprop.schedule.kernel import MapKernel
 from symbackprop.schedule.shifted import ShiftedView, guard_text, inside
 
 A0, A1 = placeholder(0), placeholder(1)
@@ -95,7 +95,6 @@ def _emit(em: FunctionEmitter, kernel: MapKernel) -> dict:
     cols = kernel.shape[1]
     out_index = sp.expand(i * (cols if kernel.shape[0] != 1 else 0) + j)
     out_index_text = em.index.doprint(out_index)
-    block_index = f"{em.dim(cols)}*blk + j" if cols != 1 else "blk"
     parallel = worth_threads(kernel.shape[0]) and len(loops) > 0 and loops[0][0] == "i"
 
     def body(loads_text: dict, guards_text: dict | None = None) -> dict:
@@ -110,18 +109,12 @@ def _emit(em: FunctionEmitter, kernel: MapKernel) -> dict:
 
         temps = first + [(str(sym), write(expr)) for sym, expr in kernel.temps]
         stores = [(f"{em.namer.name(out)}[{out_index_text}]", write(expr)) for out, expr in kernel.stores]
-        if kernel.sums:
-            return {"temps": temps, "stores": stores, "adds": [(f"{em.namer.name(blocks)}[{block_index}]", write(expr))
-                                                              for _, blocks, expr in kernel.sums]}
         if not straight or kernel.load_first:
             return {"temps": temps, "stores": stores}
         return {"statements": _stores_early(kernel, temps, stores)}
 
     straight = not loops and len(kernel.temps) + len(kernel.stores) > STRAIGHT_MIN_STATEMENTS
     fields = {"loops": loops, "hoisted": hoisted, "parallel": parallel, "straight": straight}
-    if kernel.sums:  # rows in SUM_BLOCKS fixed blocks, each adding into its row of sums (schedule.kernel)
-        fields["sums"] = {"blocks": SUM_BLOCKS, "rows": loops[0][1], "inner": loops[1:], "cols": em.dim(cols),
-                          "totals": [(em.namer.name(out), em.namer.name(blocks)) for out, blocks, _ in kernel.sums]}
     if shifted or kernel.guards:
         fields["parts"] = _shifted_parts(em, loops, i, j, shifted, kernel.guards, body)
     else:

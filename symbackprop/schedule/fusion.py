@@ -9,13 +9,7 @@ not break a loop: a map reading shift(m) of a map m of the loop joins it,
 and the loop recomputes m at i - k (cheap arithmetic only, and no more
 than MAX_REACH entries away), where a stored m would need a loop of its
 own before. An RK4 step (each stage reads the last one moved) so runs as
-one loop, not one a stage.
-
-A sum down the columns of a matrix that a loop computes or reads joins
-that loop (`MapGroup.sums`): the loop adds each row into the column sums
-as it goes, so the matrix is not read again (a bias's gradient beside
-its weight's, a layer norm's gamma and beta), and not stored at all
-where nothing else reads it."""
+one loop, not one a stage."""
 
 from __future__ import annotations
 
@@ -57,7 +51,6 @@ class MapGroup:
     shape: Shape
     members: list[Node] = field(default_factory=list)
     late: bool = False  # writes over an input: runs after every other kernel
-    sums: list[Node] = field(default_factory=list)  # column sums of a member or of what a member reads
 
 
 SPLIT_SCALAR_MEMBERS = 16  # scalar maps the loss needs, beyond which its scalar steps take no derivative (_splits_first)
@@ -70,10 +63,8 @@ class Placement:
     results and what they need, first."""
 
     def __init__(self, results: list[tuple[str, Node]], inplace: frozenset[str] = frozenset(),
-                 first: frozenset[str] = frozenset(), fuse_sums: bool = True):
+                 first: frozenset[str] = frozenset()):
         self.first = first
-        self.fuse_sums = fuse_sums
-        self.sum_group: dict[Node, MapGroup] = {}  # a column sum's loop (MapGroup.sums)
         self.results = results
         self.order = topological_order([node for _, node in results])
         overwriting = {node for out, node in results if out in inplace}
@@ -130,67 +121,7 @@ class Placement:
         self.plan.sort(key=self._is_late)  # stable: the overwriting phase last
         head = self._first_steps()
         self.plan = [s for s in self.plan if id(s) in head] + [s for s in self.plan if id(s) not in head]
-        if self.fuse_sums:
-            self._fuse_column_sums(head)
         return head
-
-    def _fuse_column_sums(self, head: set[int]) -> None:
-        """Move each sum down the columns into a loop of its matrix's shape
-        that computes the matrix or reads it (the one computing it, else the
-        earliest reading it), where the sum's readers all run after that
-        loop, and the loop runs in the same phase and part (`first`) as the
-        sum. The loop reads no vector moved (schedule.shifted) and has rows
-        and columns: a column's sum in a loop over one column is a reduction
-        along the loop, which GCC does not vectorize (its order is fixed),
-        where the sum's own helper runs in eight lanes; a loop over a row's
-        columns adds a row of sums, column by column, which it does."""
-        position = {id(step): k for k, step in enumerate(self.plan)}
-        step_of: dict[Node, MapGroup | ExamplesGroup | Node] = {}
-        for step in self.plan:
-            for member in (step.members if isinstance(step, (MapGroup, ExamplesGroup)) else [step]):
-                step_of[member] = step
-        readers_of: dict[Node, list[MapGroup]] = {}  # the loops reading each node, in plan order
-        for step in self.plan:
-            if isinstance(step, MapGroup):
-                for node in dict.fromkeys(a for m in step.members for a in m.args):
-                    readers_of.setdefault(node, []).append(step)
-        for step in list(self.plan):
-            if not (isinstance(step, Node) and step.op == "sum" and step.attrs[0] == 0):
-                continue
-            (arg,) = step.args
-            holder = self.group_of.get(arg)
-            candidates = ([holder] if holder is not None else []) + readers_of.get(arg, [])
-            for group in candidates:
-                if self._takes_sum(group, step, arg, head, position, step_of):
-                    group.sums.append(step)
-                    self.sum_group[step] = group
-                    self.plan.remove(step)
-                    head.discard(id(step))  # the plan's head is counted by its steps
-                    break
-
-    def _takes_sum(self, group: MapGroup, total: Node, arg: Node, head: set[int], position: dict[int, int],
-                   step_of: dict) -> bool:
-        if group.shape != arg.shape or 1 in group.shape or group.late != (total in self.late):
-            return False
-        if (id(group) in head) != (id(total) in head):
-            return False
-        if any(a in self.through for m in group.members for a in m.args) or any(
-                self.reach.get(m, (0, 0)) != (0, 0) for m in group.members):
-            return False
-        where = position[id(group)]
-        return all(position.get(id(step_of.get(c)), where + 1) > where and step_of.get(c) is not group
-                   for c in self._consumers(total))
-
-    def _consumers(self, node: Node) -> list[Node]:
-        """The planned nodes that read `node`, through views, spread
-        broadcasts and shifts read in place."""
-        found: list[Node] = []
-        for user in self.users[node]:
-            if is_view(user.op) or user in self.spreads or user in self.through:
-                found += self._consumers(user)
-            else:
-                found.append(user)
-        return found
 
     def _first_steps(self) -> set[int]:
         """The plan steps the `first` results need, closed under what any

@@ -178,14 +178,12 @@ class MapKernel:
     # its values before CSE, for the op counts (None: not counted, a copy)
     before_cse: tuple[sp.Expr, ...] | None = field(default=None, compare=False)
     guards: tuple[int, ...] = ()  # the k of each guard inside(k) its values test (schedule.shifted)
-    # sums down the columns it adds as it goes: (output, its blocks' sums (SUM_BLOCKS x cols), the entry added)
-    sums: tuple[tuple[str, str, sp.Expr], ...] = ()
 
     def reads(self) -> list[str]:
-        return [view.buffer for _, view in self.loads] + [blocks for _, blocks, _ in self.sums]
+        return [view.buffer for _, view in self.loads]
 
     def writes(self) -> list[str]:
-        return [out for out, _ in self.stores] + [b for out, blocks, _ in self.sums for b in (blocks, out)]
+        return [out for out, _ in self.stores]
 
     @property
     def title(self) -> str:
@@ -194,20 +192,12 @@ class MapKernel:
     def op_counts(self) -> tuple[int, int]:
         """Scalar operations in its values before CSE and in its body after."""
         before = opcount.count_all(self.before_cse or ())
-        return before, (sum(count_ops(e) for _, e in self.temps) + sum(count_ops(e) for _, e in self.stores)
-                        + sum(count_ops(e) for *_, e in self.sums))
+        return before, sum(count_ops(e) for _, e in self.temps) + sum(count_ops(e) for _, e in self.stores)
 
     def work(self) -> tuple[sp.Expr, sp.Expr]:
         """(multiply-adds, other operations): its body's (after CSE) per element."""
-        per = sum(count_ops(e) for _, e in self.temps) + sum(count_ops(e) for _, e in self.stores) + len(self.sums)
+        per = sum(count_ops(e) for _, e in self.temps) + sum(count_ops(e) for _, e in self.stores)
         return sp.Integer(0), sp.sympify(self.shape[0]) * self.shape[1] * sp.Integer(per)
-
-
-# A loop that adds column sums as it goes runs its rows in this many fixed
-# blocks, each adding into its own row of sums, then adds the blocks' sums
-# in block order: the same bits on any number of threads (up to this many
-# run it).
-SUM_BLOCKS = 16
 
 
 # A fused elementwise loop, or the kernel an op's record builds (its `kind`

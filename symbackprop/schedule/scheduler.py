@@ -22,7 +22,6 @@ from symbackprop.schedule.dagcse import dag_cse
 from symbackprop.schedule.fusion import ExamplesGroup, MapGroup, Placement
 from symbackprop.schedule.kernel import (
     MAX_INLINED_OPS,
-    SUM_BLOCKS,
     Equation,
     Kernel,
     MapKernel,
@@ -30,7 +29,6 @@ from symbackprop.schedule.kernel import (
     equation,
     kernel_reads,
     kernel_writes,
-    latex_name,
     map_equations,
     shared_xreplace,
 )
@@ -91,7 +89,6 @@ def schedule(
     naming: Naming,
     inplace: frozenset[str] = frozenset(),
     first: frozenset[str] = frozenset(),
-    fuse_sums: bool = True,
 ) -> FunctionSchedule:
     """Plan one C function computing `results` (output name, node).
 
@@ -101,10 +98,8 @@ def schedule(
     Results named in `first` (a loss and outputs beside their gradient) and
     what they need run before everything else; `split` says where that
     part ends, so the function can stop there (a forward-only call).
-    `fuse_sums`: sums down the columns join the loop computing or reading
-    their matrix (fusion.Placement).
     """
-    return Scheduler(name, list(results), naming, inplace, first, fuse_sums).run()
+    return Scheduler(name, list(results), naming, inplace, first).run()
 
 
 class Scheduler(Placement):
@@ -112,8 +107,8 @@ class Scheduler(Placement):
     that Placement groups (see schedule)."""
 
     def __init__(self, name: str, results: list[tuple[str, Node]], naming: Naming, inplace: frozenset[str] = frozenset(),
-                 first: frozenset[str] = frozenset(), fuse_sums: bool = True):
-        super().__init__(results, inplace, first, fuse_sums)
+                 first: frozenset[str] = frozenset()):
+        super().__init__(results, inplace, first)
         self.name = name
         self.naming = naming
         self.buffer_of: dict[Node, str] = {}
@@ -163,8 +158,7 @@ class Scheduler(Placement):
         group = self.group_of.get(node)
         if group is None:
             return True
-        return any(self.group_of.get(reader) is not group and self.sum_group.get(reader) is not group
-                   for reader in self.readers(node))
+        return any(self.group_of.get(reader) is not group for reader in self.readers(node))
 
     def _bind_results(self) -> list[tuple[str, Node]]:
         """Write each result straight into its output where possible; the
@@ -194,9 +188,7 @@ class Scheduler(Placement):
 
     def _planned(self) -> list[Node]:
         """The nodes of the plan in the order the C computes them."""
-        return [m for step in self.plan
-                for m in (step.members + step.sums if isinstance(step, MapGroup)
-                          else step.members if isinstance(step, ExamplesGroup) else [step])]
+        return [m for step in self.plan for m in (step.members if isinstance(step, (MapGroup, ExamplesGroup)) else [step])]
 
     def view(self, node: Node) -> View:
         """How kernels read `node`: its buffer, or a view's strides over its argument's."""
@@ -223,11 +215,11 @@ class Scheduler(Placement):
     def _map_kernel(self, group: MapGroup) -> MapKernel | None:
         loads: dict[View, tuple[sp.Symbol, View, str]] = {}
         stored = [m for m in group.members if m in self.buffer_of]
-        if not stored and not group.sums:
+        if not stored:
             return None
         guards: set[int] = set()
         value, program = self._member_values(group, stored, loads, guards)
-        exprs = [value[m, 0] for m in stored] + [value[s, 0] for s in group.sums]
+        exprs = [value[m, 0] for m in stored]
         if program:  # large shared values are named, not inlined into each user (a tree exponential in depth)
             temps, reduced = cse_program(program, exprs)
         else:
@@ -239,30 +231,11 @@ class Scheduler(Placement):
         if group.shape != SCALAR:
             equations = tuple(Equation(e.lhs, e.text, _elementwise_latex(e)) for e in equations)
         stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
-        sums = tuple((self.buffer_of[s], self.claim_scratch(f"{self.buffer_of[s]}_blocks", (SUM_BLOCKS, group.shape[1])), e)
-                     for s, e in zip(group.sums, reduced[len(stored):]))
-        equations += tuple(self._sum_equation(s, group, value[s, 0], readable) for s in group.sums)
         overwrites = {out for out, _ in stores} & {view.buffer for _, view in load_views}
         if overwrites & {view.buffer for _, view in load_views if isinstance(view, ShiftedView)}:
             raise RuntimeError(f"internal: a loop reads {sorted(overwrites)} moved while it overwrites it")
-        # before CSE: each value once (a stored member's, not again as what a sum adds)
-        counted = exprs[:len(stored)] + [value[s, 0] for s in group.sums if s.args[0] not in self.buffer_of]
         return MapKernel(group.shape, load_views, tuple(temps), stores, equations, load_first=bool(overwrites),
-                         before_cse=tuple(e for _, e in program) + tuple(counted), guards=tuple(sorted(guards)),
-                         sums=sums)
-
-    def _sum_equation(self, total: Node, group: MapGroup, value: sp.Expr, readable: dict) -> Equation:
-        """`out = sum of X down each column`, X by its buffer's name where
-        stored or read, else by what the loop computes."""
-        (arg,) = total.args
-        out = self.buffer_of[total]
-        if arg in self.buffer_of or self.group_of.get(arg) is not group:
-            name = self.label(arg)
-            return Equation(out, f"sum of {name} down each column",
-                            rf"{latex_name(out)} = \sum_{{i}} \left({latex_name(name)}\right)_{{ij}}")
-        entry = map_equations([(out, value)], readable)[0]
-        return Equation(out, f"sum of ({entry.text}) down each column",
-                        lambda: rf"{latex_name(out)} = \sum_{{i}} \left({entry.latex.split(' = ', 1)[1]}\right)_{{ij}}")
+                         before_cse=tuple(e for _, e in program) + tuple(exprs), guards=tuple(sorted(guards)))
 
     def _member_values(self, group: MapGroup, stored: list[Node], loads: dict, guards: set[int]) -> tuple[dict, list]:
         """Each member's value at the entries the stored ones need it (i - k:
@@ -274,9 +247,6 @@ class Scheduler(Placement):
         value of `program` instead."""
         members = set(group.members)
         wanted: dict[Node, set[int]] = {m: {0} for m in stored}
-        for total in group.sums:
-            if total.args[0] in members:
-                wanted.setdefault(total.args[0], set()).add(0)
         for member in reversed(group.members):  # which entries of each member are read, from the stored ones back
             for k in wanted.get(member, ()):
                 for arg in member.args:
@@ -302,8 +272,6 @@ class Scheduler(Placement):
                     symbol = sp.Symbol(f"_p{len(program)}", real=True)
                     program.append((symbol, value[member, k]))
                     value[member, k], size[member, k] = symbol, 0
-        for total in group.sums:  # a column sum adds its matrix's entry: a member's value, or a load
-            value[total, 0] = self._read(total.args[0], 0, members, value, loads, guards, group.shape, read)
         return value, program
 
     def _read(self, arg: Node, k: int, members: set[Node], value: dict, loads: dict, guards: set[int],
