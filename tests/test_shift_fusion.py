@@ -112,7 +112,11 @@ def test_rk4_step_fused_central_differences(rk4_module):
 def _step_loops(source: str, function: str, steps: str = "_t < s; ++") -> int:
     """The loops over the n entries inside the loop over the steps of `function`
     (`steps`: how that loop starts; its own state copies, t1_i, not counted)."""
-    body = source[source.index(f"int rk4_fused_{function}(\n"):]
+    # the function's definition, or, in a module compiled as units (emit/cunits.py),
+    # the first of its parts whose body holds the loop over the steps
+    bodies = [source[m.end():source.index("\n}\n", m.end())]
+              for m in re.finditer(rf"\brk4_fused_{function}(_part\d+)?\(\n", source)]
+    body = next(b for b in bodies if steps in b)
     body = body[body.index(steps):]
     body = body[:body.index("_swap = ")]
     return len(re.findall(r"for \(int64_t i = ", body))

@@ -406,9 +406,10 @@ def _compile_into(
         # quiet: no "generating ..." line
         ffi.set_source(name, f'#include "{prefix}.h"\n' + definitions, compiler_verbose=0)
         ffi.emit_c_code(str(staging / f"{name}.c"))
-        event("compiling %s: %d lines of C in %d unit(s), cache key %s", prefix, len(source.splitlines()),
-              unit_count(source), final.name[:12])
-        objects, link = build_commands(name, prefix, flags, staging, libraries, unit_count(source))
+        units = unit_count(source)
+        event("compiling %s: %d lines of C%s, cache key %s", prefix, len(source.splitlines()),
+              f" in {units} units" if units > 1 else "", final.name[:12])
+        objects, link = build_commands(name, prefix, flags, staging, libraries, units)
         _run_logged([objects, [link]], staging / "build.log", final.parent, prefix)
         for command in objects:
             Path(command[-1]).unlink()  # in the library now
