@@ -5,11 +5,11 @@ Declare a model in SymPy, compile it, call the generated C from Python::
     mod = symbackprop.compile(model)
     loss, grads = mod.value_and_grad(X=x, T=t, W1=w1, ...)
 
-Importing the package imports the model language (SymPy, numpy) and not the
-compiler: `compile`, `CompiledModule`, the optimizers and `from_torch` are
-imported on first use (`__getattr__`, PEP 562), so that a process that only
-declares models, or the command line's quick answers, skips their imports
-(the stages, Jinja, cffi).
+Importing the package imports the model language (SymPy, numpy), `compile`
+and the run stage, not the compiler: the stages, Jinja and cffi's builder
+are imported only where a model's C is generated (a module loaded from the
+cache needs none of them), and the optimizers and `from_torch` on first
+use (`__getattr__`, PEP 562).
 """
 
 from __future__ import annotations
@@ -30,20 +30,18 @@ from symbackprop.errors import ArgumentError, BuildError, GradientCheckError, Mo
 from symbackprop.interop import bridges as _bridges  # noqa: F401  (registers mod.as_torch and mod.as_jax)
 from symbackprop.loops.declare import final_state, scan
 from symbackprop.loops.fixpoint import fixed_point, iterations
+from symbackprop.run.runtime import CompiledModule, compile  # the run stage and the builder, not the compiler
 from symbackprop.run.sparse import SparseLayout, sparse_layout
 
 if TYPE_CHECKING:  # imported on first use (__getattr__)
     from symbackprop.interop.from_torch import from_torch
     from symbackprop.run.optim import SGD, Adam
-    from symbackprop.run.runtime import CompiledModule, compile
 
 # name -> the module it is imported from on first use
 _ON_FIRST_USE = {
     "from_torch": "symbackprop.interop.from_torch",
     "SGD": "symbackprop.run.optim",
     "Adam": "symbackprop.run.optim",
-    "CompiledModule": "symbackprop.run.runtime",
-    "compile": "symbackprop.run.runtime",
 }
 
 
