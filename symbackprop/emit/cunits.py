@@ -78,22 +78,21 @@ def split_units(module: CModule) -> CModule:
     count = min(MAX_UNITS, total // UNIT_CHARS, big)
     if count < 2:
         return module
+    # largest first into the lightest unit; unit 0 starts with the rest, so
+    # the first count - 1 pieces (each ALONE_CHARS or more) fill units 1 to
+    # count - 1: every unit is used
     loads = [REST_CHARS] + [0] * (count - 1)
     placed: dict[tuple[str, int], int] = {}
     for _, (size, name, index) in sorted(enumerate(pieces), key=lambda p: (-p[1][0], p[0])):
         unit = min(range(count), key=lambda u: (loads[u], u))
         loads[unit] += size
         placed[name, index] = unit
-    used = sorted({0, *placed.values()})
-    if len(used) < 2:
-        return module
-    number = {unit: k for k, unit in enumerate(used)}
 
     def assign(fn: CFunction) -> CFunction:
         parts = cut[fn.name]
         if not parts:
-            return replace(fn, parts=(), unit=number[placed.get((fn.name, -1), 0)])
-        return replace(fn, parts=parts, unit=0, part_units=tuple(number[placed[fn.name, i]] for i in range(len(parts))))
+            return replace(fn, parts=(), unit=placed.get((fn.name, -1), 0))
+        return replace(fn, parts=parts, unit=0, part_units=tuple(placed[fn.name, i] for i in range(len(parts))))
 
     return replace(module, internal=tuple(map(assign, module.internal)), functions=tuple(map(assign, module.functions)),
-                   units=len(used))
+                   units=count)
