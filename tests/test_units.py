@@ -152,3 +152,54 @@ def test_largest_pieces_go_to_the_lightest_unit(monkeypatch):
             largest = max(largest, sum(sizes[fn.name]))
     assert 1 < module.units <= cunits.MAX_UNITS
     assert max(loads) <= largest + sum(loads) / module.units, loads
+
+
+M_WIDE = 96  # coefficients: a body over ops.emap.LANES_MAX_OPS, run over whole eights and then the rest
+
+
+def _polynomial_fit(m: int):
+    """GradBench's llsq at m coefficients: a map over points whose body reads
+    a shared row; its loop adds into the row's gradient (a value-only variant
+    for forward)."""
+    import sympy as sp
+
+    N = sp.Symbol("N", integer=True, positive=True)
+    points, coeffs = sp.MatrixSymbol("ts", N, 2), sp.MatrixSymbol("x", 1, m)
+    t, s = sp.symbols("t s", real=True)
+    k = sp.symbols(f"k0:{m}", real=True)
+    body = (s - sum(k[j] * t**j for j in range(m))) ** 2
+    sq = sbp.map_examples(body, [((t, s), points), (sp.Matrix(k), coeffs)])
+    return sbp.Model(f"units_fit_m{m}", inputs=[points], params=[coeffs], loss=sbp.reduce("sum", sq, 0) / 2)
+
+
+def test_a_loop_with_a_value_only_variant_is_two_parts_in_two_units(tmp_path, monkeypatch):
+    """The per-example loop that adds into the shared row's gradient, its
+    scalar rest and its value-only variant are parts in different units
+    (llsq's compile waited for all of them in one); they agree with numpy
+    and, bit for bit, with the module in one unit, at a count of points that
+    is not a whole number of vectors (the rest takes each sum up from memory)."""
+    model, functions = _polynomial_fit(M_WIDE), ("forward", "value_and_grad")
+    rng = np.random.default_rng(5)
+    t = np.linspace(-1, 1, 13)
+    data = {"ts": np.stack([t, np.sign(t)], axis=1), "x": rng.standard_normal((1, M_WIDE))}
+    most = cunits.MAX_UNITS
+    monkeypatch.setattr(cunits, "MAX_UNITS", 1)
+    whole = sbp.compile(model, functions=functions, options=BuildOptions(flags=DEFAULT_FLAGS, cache_dir=tmp_path / "w"))
+    monkeypatch.setattr(cunits, "MAX_UNITS", most)
+    monkeypatch.setattr(cunits, "UNIT_CHARS", 1)
+    monkeypatch.setattr(cunits, "ALONE_CHARS", 1)
+    mod = sbp.compile(model, functions=functions, options=BuildOptions(flags=DEFAULT_FLAGS, cache_dir=tmp_path / "s"))
+    run = next(fn for fn in generate(model, functions=functions)[0].module.internal if fn.split is not None)
+    unit_of = {(k.fields.get("branch"), k.fields.get("rest")): unit for (start, end), unit in zip(run.parts, run.part_units)
+               for k in run.kernels[start:end] if "branch" in k.fields}
+    assert set(unit_of) == {("with_grads", "apart"), ("with_grads", "only"), ("!with_grads", "apart"), ("!with_grads", "only")}
+    assert unit_of["with_grads", "apart"] not in (unit_of["with_grads", "only"], unit_of["!with_grads", "apart"])
+    powers = t[:, None] ** np.arange(M_WIDE)[None, :]
+    residual = data["ts"][:, 1] - powers @ data["x"][0]
+    loss, grads = mod.value_and_grad(**data)
+    np.testing.assert_allclose(mod.forward(**data)["loss"], 0.5 * residual @ residual, rtol=1e-12)
+    np.testing.assert_allclose(loss, 0.5 * residual @ residual, rtol=1e-12)
+    np.testing.assert_allclose(grads["x"], -(powers.T @ residual)[None, :], rtol=1e-11, atol=1e-12)
+    assert unit_count(whole.source) == 1
+    assert [_bits(mod.forward(**data)), _bits(mod.value_and_grad(**data))] == \
+        [_bits(whole.forward(**data)), _bits(whole.value_and_grad(**data))]

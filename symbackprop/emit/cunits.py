@@ -27,7 +27,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from symbackprop.emit.codegen import CFunction, CModule, straight_kernels, template_environment
+from symbackprop.emit.codegen import CFunction, CKernel, CModule, branches, rest_apart, straight_kernels, template_environment
 from symbackprop.emit.cparts import part_ranges
 
 # About 0.3-0.7 s of GCC -O3: a unit less than this is not worth a process.
@@ -61,7 +61,10 @@ def kernel_sizes(module: CModule) -> dict[str, list[int]]:
 def split_units(module: CModule) -> CModule:
     """The module with its functions assigned to units (CFunction.unit,
     part_units; CModule.units), or unchanged where one unit is enough."""
-    sizes = kernel_sizes(module)
+    whole, sizes = module, kernel_sizes(module)
+    module = _separated(module, sizes)
+    if module is not whole:
+        sizes = kernel_sizes(module)
     functions = module.internal + module.functions
     cut: dict[str, tuple[tuple[int, int], ...]] = {}
     pieces: list[tuple[int, str, int]] = []  # (size, function, part index or -1 for the whole function)
@@ -77,7 +80,7 @@ def split_units(module: CModule) -> CModule:
     big = sum(size >= ALONE_CHARS for size, _, _ in pieces)  # a unit each at most (the rest goes with them)
     count = min(MAX_UNITS, total // UNIT_CHARS, big)
     if count < 2:
-        return module
+        return whole
     # largest first into the lightest unit; unit 0 starts with the rest, so
     # the first count - 1 pieces (each ALONE_CHARS or more) fill units 1 to
     # count - 1: every unit is used
@@ -96,3 +99,31 @@ def split_units(module: CModule) -> CModule:
 
     return replace(module, internal=tuple(map(assign, module.internal)), functions=tuple(map(assign, module.functions)),
                    units=count)
+
+
+def _separated(module: CModule, sizes: dict[str, list[int]]) -> CModule:
+    """The module with each kernel of ALONE_CHARS or more cut where a
+    call's code can go to different units: a loop with a value-only variant
+    as two kernels (codegen.branches: a call with gradients and one without
+    run different code; llsq's per-example loop was one unit's whole time,
+    both variants in one function), and a wide loop's scalar rest apart
+    (codegen.rest_apart)."""
+
+    def pieces(kernel: CKernel) -> tuple[CKernel, ...]:
+        variants = branches(kernel) if "forward" in kernel.fields else (kernel,)
+        return tuple(piece for variant in variants for piece in rest_apart(variant))
+
+    def separate(fn: CFunction) -> CFunction:
+        kernels: list[CKernel] = []
+        split = fn.split
+        for index, (kernel, size) in enumerate(zip(fn.kernels, sizes[fn.name])):
+            cut = pieces(kernel) if size >= ALONE_CHARS else (kernel,)
+            kernels.extend(cut)
+            if split is not None and index < split:
+                split += len(cut) - 1
+        return replace(fn, kernels=tuple(kernels), split=split)
+
+    functions = module.internal + module.functions
+    if all(len(pieces(k)) == 1 for fn in functions for k, size in zip(fn.kernels, sizes[fn.name]) if size >= ALONE_CHARS):
+        return module
+    return replace(module, internal=tuple(map(separate, module.internal)), functions=tuple(map(separate, module.functions)))
