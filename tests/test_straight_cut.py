@@ -92,6 +92,7 @@ def test_the_pieces_store_what_the_whole_kernel_stores(seed, monkeypatch):
     assert {k: cut[k] for k in whole} == whole
     assert set(cut) - set(whole) == set(claimed)  # only the handed-over values besides
     assert [t for p in pieces for t in p.temps] == list(kernel.temps)  # the same values, in the same order
+    assert all(straight._symbols(e) == e.free_symbols for _, e in kernel.temps + kernel.stores)
     assert sorted(e.lhs for p in pieces for e in p.equations) == sorted(e.lhs for e in kernel.equations)
     assert [p.before_cse for p in pieces] == [kernel.before_cse] + [()] * (len(pieces) - 1)  # counted once
 

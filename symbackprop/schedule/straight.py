@@ -47,8 +47,8 @@ def cut_straight(kernel: MapKernel, claim: Callable[[str], str]) -> list[MapKern
     if kernel.shape != SCALAR or kernel.load_first or kernel.guards or count <= CUT_STATEMENTS:
         return [kernel]
     rank = {sym: k for k, (sym, _) in enumerate(kernel.temps)}
-    temp_symbols = [expr.free_symbols for _, expr in kernel.temps]
-    store_symbols = [expr.free_symbols for _, expr in kernel.stores]
+    temp_symbols = [_symbols(expr) for _, expr in kernel.temps]
+    store_symbols = [_symbols(expr) for _, expr in kernel.stores]
     temp_reads = [[rank[s] for s in symbols if s in rank] for symbols in temp_symbols]
     store_reads = [[rank[s] for s in symbols if s in rank] for symbols in store_symbols]
     store_after = [max(reads, default=-1) for reads in store_reads]  # stored after its last temporary (elementwise)
@@ -90,6 +90,25 @@ def cut_straight(kernel: MapKernel, claim: Callable[[str], str]) -> list[MapKern
             tuple(e for e in kernel.equations if e.lhs in written),
             kind=kernel.kind, before_cse=kernel.before_cse if index == 0 else ()))
     return pieces
+
+
+def _symbols(expr: sp.Basic) -> set:
+    """expr.free_symbols; a sum or product of symbols and products of
+    symbols and numbers (a minor, an adjoint) read directly (SymPy's walk
+    was most of the cut's time)."""
+    if expr.is_Symbol:
+        return {expr}
+    if not (expr.is_Add or expr.is_Mul):
+        return expr.free_symbols
+    found = set()
+    for arg in expr.args:
+        if arg.is_Symbol:
+            found.add(arg)
+        elif arg.is_Mul and all(f.is_Symbol or f.is_Number for f in arg.args):
+            found.update(f for f in arg.args if f.is_Symbol)
+        elif not arg.is_Number:
+            found |= arg.free_symbols
+    return found
 
 
 def _whole(buffer: str) -> View:
