@@ -34,6 +34,7 @@ from symbackprop.schedule.kernel import (
 )
 from symbackprop.schedule.naming import Naming
 from symbackprop.schedule.shifted import ShiftedView, inside, moved_view, offset_label, signed_k
+from symbackprop.schedule.straight import cut_straight
 from symbackprop.schedule.workspace import Slot, plan_workspace
 
 
@@ -144,8 +145,8 @@ class Scheduler(Placement):
         for step in steps:
             if isinstance(step, MapGroup):
                 kernel = self._map_kernel(step)
-                if kernel is not None:
-                    kernels.append(kernel)
+                if kernel is not None:  # a long loop-free one in pieces, compiled at once (schedule.straight)
+                    kernels += cut_straight(kernel, lambda base: self.claim_scratch(base, SCALAR))
             elif isinstance(step, ExamplesGroup):
                 kernels.append(rule(step.members[0].op, "group_kernel")(self, step.members))
             else:
