@@ -17,8 +17,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import sympy as sp
 
-from symbackprop.build.builder import (BuildOptions, build_entry, find_blas, load_built, load_entry, package_digest, read_memo,
-                                       write_memo)
+from symbackprop.build.builder import (
+    BuildOptions,
+    build_entry,
+    find_blas,
+    load_built,
+    load_entry,
+    package_digest,
+    read_memo,
+    write_memo,
+)
 from symbackprop.declare.model import Model
 from symbackprop.emit.emitted import REAL_TYPES, Emitted
 from symbackprop.errors import ModelError
@@ -90,7 +98,7 @@ def compile_all(
         The CompiledModules, by the models' keys (in their order).
 
     Raises:
-        ModelError: as compile's (naming the model); the C compilers
+        ModelError: as compile's; the C compilers
             already started are waited for first.
         BuildError: as compile's.
     """
@@ -99,17 +107,20 @@ def compile_all(
         for key, model in models.items():
             wanted = functions[key] if isinstance(functions, Mapping) else functions
             finishes[key] = _start(model, dtype, options, None, wanted, None, beside=True)
-    finally:
-        results: dict[K, CompiledModule] = {}
-        failure: BaseException | None = None
-        for key, finish in finishes.items():  # each started build ends before this returns or raises
-            try:
-                results[key] = finish()
-            except BaseException as exc:
-                failure = failure or exc
-        if failure is not None:
-            raise failure
-    return results
+    finally:  # each started build ends before this returns or raises
+        outcomes = {key: _outcome(finish) for key, finish in finishes.items()}
+    failure = next((error for _, error in outcomes.values() if error is not None), None)
+    if failure is not None:
+        raise failure
+    return {key: module for key, (module, _) in outcomes.items() if module is not None}
+
+
+def _outcome(finish: Callable[[], CompiledModule]) -> tuple[CompiledModule | None, BaseException | None]:
+    """finish()'s module, or the exception it raised."""
+    try:
+        return finish(), None
+    except BaseException as exc:  # raised by compile_all once every build has ended
+        return None, exc
 
 
 def _start(model: Model, dtype: str, options: BuildOptions | None, wrt: Sequence[str] | None,
