@@ -30,7 +30,7 @@ from symbackprop.errors import ArgumentError, BuildError, GradientCheckError, Mo
 from symbackprop.interop import bridges as _bridges  # noqa: F401  (registers mod.as_torch and mod.as_jax)
 from symbackprop.loops.declare import final_state, scan
 from symbackprop.loops.fixpoint import fixed_point, iterations
-from symbackprop.run.runtime import CompiledModule, compile  # the run stage and the builder, not the compiler
+from symbackprop.run.runtime import CompiledModule, compile, compile_all  # the run stage and the builder, not the compiler
 from symbackprop.run.sparse import SparseLayout, sparse_layout
 
 if TYPE_CHECKING:  # imported on first use (__getattr__)
@@ -76,6 +76,7 @@ __all__ = [
     "build_deep",
     "cholesky",
     "compile",
+    "compile_all",
     "conv_weight",
     "cumsum",
     "det",

@@ -67,10 +67,11 @@ def sbp_functions(E, key: str) -> tuple:
 
 
 def sbp_compile_models(E, models: dict) -> dict:
-    """Each of E's models (build_models) compiled, by name."""
+    """Each of E's models (build_models) compiled, by name (at once: one
+    model's C compiler runs while the next one's C is generated)."""
     import symbackprop as sbp
 
-    return {k: sbp.compile(m, functions=sbp_functions(E, k)) for k, m in models.items()}
+    return sbp.compile_all(models, functions={k: sbp_functions(E, k) for k in models})
 
 
 def sbp_compile(E, size):

@@ -11,9 +11,9 @@
 #define SYMBACKPROP_F64_AS_F32
 #endif
 #include "symbackprop_runtime.h"
-/* One translation unit, or 2: compiled with -DSYMBACKPROP_UNIT=k for each k
- * from 0 to 1 (symbackprop's builder compiles them at once, on as many
- * cores), each unit compiles the functions marked for it, and the 2 objects
+/* One translation unit, or 3: compiled with -DSYMBACKPROP_UNIT=k for each k
+ * from 0 to 2 (symbackprop's builder compiles them at once, on as many
+ * cores), each unit compiles the functions marked for it, and the 3 objects
  * link into the module. Functions one unit calls in another are then
  * BUNDLE_ADJUSTMENT_SHARED: hidden from other modules, where one unit has them static. */
 #if defined(SYMBACKPROP_UNIT) && defined(__GNUC__)
@@ -552,7 +552,23 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
 /* bundle_adjustment_value_and_grad, part 2 of 2 (kernels 5 to 5): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
+BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part2(
+    int64_t N,
+    int64_t C,
+    int64_t P,
+    const BUNDLE_ADJUSTMENT_REAL *feats,
+    const int64_t *cam,
+    const int64_t *pt,
+    const BUNDLE_ADJUSTMENT_REAL *cams,
+    const BUNDLE_ADJUSTMENT_REAL *pts,
+    const BUNDLE_ADJUSTMENT_REAL *weights,
+    BUNDLE_ADJUSTMENT_REAL *grad_cams,
+    BUNDLE_ADJUSTMENT_REAL *grad_pts,
+    BUNDLE_ADJUSTMENT_REAL *grad_weights,
+    BUNDLE_ADJUSTMENT_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part2(
     int64_t N,
     int64_t C,

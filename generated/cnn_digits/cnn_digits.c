@@ -11,9 +11,9 @@
 #define SYMBACKPROP_F64_AS_F32
 #endif
 #include "symbackprop_runtime.h"
-/* One translation unit, or 3: compiled with -DSYMBACKPROP_UNIT=k for each k
- * from 0 to 2 (symbackprop's builder compiles them at once, on as many
- * cores), each unit compiles the functions marked for it, and the 3 objects
+/* One translation unit, or 4: compiled with -DSYMBACKPROP_UNIT=k for each k
+ * from 0 to 3 (symbackprop's builder compiles them at once, on as many
+ * cores), each unit compiles the functions marked for it, and the 4 objects
  * link into the module. Functions one unit calls in another are then
  * CNN_DIGITS_SHARED: hidden from other modules, where one unit has them static. */
 #if defined(SYMBACKPROP_UNIT) && defined(__GNUC__)
@@ -269,7 +269,22 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 /* cnn_digits_run, part 2 of 3 (kernels 18 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 3; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_run_part2(
+    int64_t n,
+    const CNN_DIGITS_REAL *X,
+    const CNN_DIGITS_REAL *T,
+    const CNN_DIGITS_REAL *K2,
+    const CNN_DIGITS_REAL *W1,
+    const CNN_DIGITS_REAL *W2,
+    CNN_DIGITS_REAL *logits,
+    CNN_DIGITS_REAL *grad_K1,
+    CNN_DIGITS_REAL *grad_c1,
+    CNN_DIGITS_REAL *grad_K2,
+    CNN_DIGITS_REAL *grad_c2,
+    CNN_DIGITS_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 CNN_DIGITS_SHARED void cnn_digits_run_part2(
     int64_t n,
     const CNN_DIGITS_REAL *X,
@@ -554,16 +569,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
 /* cnn_digits_run, part 3 of 3 (kernels 33 to 36): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-CNN_DIGITS_SHARED void cnn_digits_run_part3(
-    int64_t n,
-    CNN_DIGITS_REAL *grad_W1,
-    CNN_DIGITS_REAL *grad_b1,
-    CNN_DIGITS_REAL *grad_W2,
-    CNN_DIGITS_REAL *grad_b2,
-    CNN_DIGITS_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED void cnn_digits_run_part3(
     int64_t n,
     CNN_DIGITS_REAL *grad_W1,

@@ -11,9 +11,9 @@
 #define SYMBACKPROP_F64_AS_F32
 #endif
 #include "symbackprop_runtime.h"
-/* One translation unit, or 2: compiled with -DSYMBACKPROP_UNIT=k for each k
- * from 0 to 1 (symbackprop's builder compiles them at once, on as many
- * cores), each unit compiles the functions marked for it, and the 2 objects
+/* One translation unit, or 3: compiled with -DSYMBACKPROP_UNIT=k for each k
+ * from 0 to 2 (symbackprop's builder compiles them at once, on as many
+ * cores), each unit compiles the functions marked for it, and the 3 objects
  * link into the module. Functions one unit calls in another are then
  * LSTM_LM_SHARED: hidden from other modules, where one unit has them static. */
 #if defined(SYMBACKPROP_UNIT) && defined(__GNUC__)
@@ -361,7 +361,27 @@ size_t lstm_lm_value_and_grad_work_len(int64_t T)
 /* lstm_lm_value_and_grad, part 1 of 4 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
+LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
+    int64_t T,
+    const LSTM_LM_REAL *X,
+    const LSTM_LM_REAL *W_i,
+    const LSTM_LM_REAL *W_f,
+    const LSTM_LM_REAL *W_g,
+    const LSTM_LM_REAL *W_o,
+    const LSTM_LM_REAL *U_i,
+    const LSTM_LM_REAL *U_f,
+    const LSTM_LM_REAL *U_g,
+    const LSTM_LM_REAL *U_o,
+    const LSTM_LM_REAL *b_i,
+    const LSTM_LM_REAL *b_f,
+    const LSTM_LM_REAL *b_g,
+    const LSTM_LM_REAL *b_o,
+    const LSTM_LM_REAL *V,
+    const LSTM_LM_REAL *c,
+    LSTM_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     int64_t T,
     const LSTM_LM_REAL *X,
@@ -592,7 +612,14 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
 /* lstm_lm_value_and_grad, part 2 of 4 (kernels 2 to 10): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
+LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
+    int64_t T,
+    const LSTM_LM_REAL *Y,
+    LSTM_LM_REAL *loss,
+    LSTM_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     int64_t T,
     const LSTM_LM_REAL *Y,
@@ -1263,7 +1290,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
 /* lstm_lm_value_and_grad, part 4 of 4 (kernels 12 to 25): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
+LSTM_LM_SHARED void lstm_lm_value_and_grad_part4(
+    void
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part4(
     void
 )

@@ -11,7 +11,20 @@
 #define SYMBACKPROP_F64_AS_F32
 #endif
 #include "symbackprop_runtime.h"
+/* One translation unit, or 2: compiled with -DSYMBACKPROP_UNIT=k for each k
+ * from 0 to 1 (symbackprop's builder compiles them at once, on as many
+ * cores), each unit compiles the functions marked for it, and the 2 objects
+ * link into the module. Functions one unit calls in another are then
+ * PINN_POISSON_SHARED: hidden from other modules, where one unit has them static. */
+#if defined(SYMBACKPROP_UNIT) && defined(__GNUC__)
+#define PINN_POISSON_SHARED __attribute__((visibility("hidden")))
+#elif defined(SYMBACKPROP_UNIT)
+#define PINN_POISSON_SHARED
+#else
+#define PINN_POISSON_SHARED static
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t pinn_poisson_forward_work_len(int64_t n)
 {
     if (n < 1) {
@@ -19,7 +32,9 @@ size_t pinn_poisson_forward_work_len(int64_t n)
     }
     return (size_t)(114*n + 70);
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* Forward pass: the loss and the named outputs. */
 int pinn_poisson_forward(
     int64_t n,
@@ -217,7 +232,9 @@ int pinn_poisson_forward(
     }
     return 0;
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t pinn_poisson_value_and_grad_work_len(int64_t n)
 {
     if (n < 1) {
@@ -225,11 +242,27 @@ size_t pinn_poisson_value_and_grad_work_len(int64_t n)
     }
     return (size_t)(419*n + 1256);
 }
+#endif
 
 /* pinn_poisson_value_and_grad, part 1 of 2 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void pinn_poisson_value_and_grad_part1(
+/* In unit 1; called from unit 0. */
+PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
+    int64_t n,
+    const PINN_POISSON_REAL *x,
+    const PINN_POISSON_REAL *xb,
+    const PINN_POISSON_REAL *W1,
+    const PINN_POISSON_REAL *b1,
+    const PINN_POISSON_REAL *W2,
+    const PINN_POISSON_REAL *b2,
+    const PINN_POISSON_REAL *W3,
+    const PINN_POISSON_REAL *b3,
+    PINN_POISSON_REAL *loss,
+    PINN_POISSON_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     int64_t n,
     const PINN_POISSON_REAL *x,
     const PINN_POISSON_REAL *xb,
@@ -523,11 +556,13 @@ static void pinn_poisson_value_and_grad_part1(
     PINN_POISSON_REAL *grad_W1_part_1 = g3 + 16*n; /* 1 x 16 */
     symbackprop_f64_matmul(1, 16, n, x, 0, 1, g4, 16, 1, grad_W1_part_1);
 }
+#endif
 
 /* pinn_poisson_value_and_grad, part 2 of 2 (kernels 33 to 56): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-static void pinn_poisson_value_and_grad_part2(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     int64_t n,
     const PINN_POISSON_REAL *xb,
     const PINN_POISSON_REAL *W2,
@@ -720,7 +755,9 @@ static void pinn_poisson_value_and_grad_part2(
     /* grad_b3 = sum of g0 down each column */
     grad_b3[0] = symbackprop_f64_sum(g0, 2, 1);
 }
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 /* The loss and its gradient (reverse mode). */
 int pinn_poisson_value_and_grad(
     int64_t n,
@@ -749,6 +786,8 @@ int pinn_poisson_value_and_grad(
     pinn_poisson_value_and_grad_part2(n, xb, W2, W3, grad_W1, grad_b1, grad_W2, grad_b2, grad_W3, grad_b3, work);
     return 0;
 }
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 
 /* --- what the functions take, and each called with its arrays in arrays (see
  * pinn_poisson.h) --- */
@@ -971,3 +1010,4 @@ int pinn_poisson_value_and_grad_call(const int64_t *dims, const void *const *in,
         (PINN_POISSON_REAL *)out[6], work
     );
 }
+#endif

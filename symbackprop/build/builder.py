@@ -305,6 +305,19 @@ def build(prefix: str, source: str, header: str, cdef: str, options: BuildOption
             the log file), or the cache folder cannot be written or is not
             this user's alone.
     """
+    final = build_entry(prefix, source, header, cdef, options)
+    return load_entry(final, prefix), final
+
+
+def build_entry(prefix: str, source: str, header: str, cdef: str, options: BuildOptions | None = None) -> Path:
+    """build's first half: the cache folder of this C, complete (found, or
+    compiled into it now), its module not loaded. It runs no Python of the
+    module, so it may run in a thread while the caller goes on (compile_all
+    generates the next model's C meanwhile); load_entry then loads it.
+
+    Raises:
+        BuildError: as build.
+    """
     options = options or BuildOptions()
     flags, libraries = _compile_and_link_args(options)
     final = cache_entry(prefix, source, header, cdef, options)
@@ -316,7 +329,16 @@ def build(prefix: str, source: str, header: str, cdef: str, options: BuildOption
         event("cache miss: %s", final)
         build_once(final, lambda folder: _complete(folder, name),
                    lambda staging: _compile_into(staging, final, name, prefix, source, header, cdef, flags, libraries))
-    return _load(final, name), final
+    return final
+
+
+def load_entry(final: Path, prefix: str) -> ModuleType:
+    """build's second half: the module of the cache folder build_entry gave.
+
+    Raises:
+        BuildError: the entry fails its check or does not load.
+    """
+    return _load(final, module_name(prefix, final.name))
 
 
 def build_once(final: Path, complete: Callable[[Path], bool], fill: Callable[[Path], None]) -> None:

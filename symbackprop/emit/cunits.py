@@ -30,11 +30,15 @@ from typing import Any
 from symbackprop.emit.codegen import CFunction, CKernel, CModule, branches, rest_apart, straight_kernels, template_environment
 from symbackprop.emit.cparts import part_ranges
 
-# About 0.3-0.7 s of GCC -O3: a unit less than this is not worth a process.
-UNIT_CHARS = 15000
+# About 0.15-0.35 s of GCC -O3: a unit less than this is not worth a process
+# (a unit's own cost, the runtime header parsed again, is about 0.04 s).
+# 15000 left ode (two scans and a backward scan, 18 000 characters: 0.8-1.2 s
+# in one unit, 0.4 s for the longer of two) and saddle's gradient module whole.
+UNIT_CHARS = 8000
 # In a module split into units, a kernel this long is a part of its own, so
-# that it can go to a unit of its own (gmm's gradient loop, lstm's backward scan).
-ALONE_CHARS = 6000
+# that it can go to a unit of its own (gmm's gradient loop, lstm's backward
+# scan, ode's forward scans).
+ALONE_CHARS = 3000
 # At most this many units: the glue compiles alongside, and each unit parses
 # the runtime header again (about 0.04 s).
 MAX_UNITS = 4

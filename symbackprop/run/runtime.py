@@ -10,13 +10,23 @@ here as before (symbackprop.run.runtime.CompiledModule, Function, PreparedCall).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import sympy as sp
 
-from symbackprop.build.builder import BuildOptions, build, find_blas, load_built, package_digest, read_memo, write_memo
+from symbackprop.build.builder import (
+    BuildOptions,
+    build_entry,
+    find_blas,
+    load_built,
+    load_entry,
+    package_digest,
+    read_memo,
+    write_memo,
+)
 from symbackprop.declare.model import Model
 from symbackprop.emit.emitted import REAL_TYPES, Emitted
 from symbackprop.errors import ModelError
@@ -28,6 +38,8 @@ from symbackprop.run.module import CompiledModule, register_bridge
 
 if TYPE_CHECKING:  # only for annotations
     from symbackprop.run.optim import SGD, Adam
+
+K = TypeVar("K")
 
 
 def compile(
@@ -59,25 +71,113 @@ def compile(
             or dtype is not one of the two.
         BuildError: the C compiler is missing or failed (names the log).
     """
+    return _start(model, dtype, options, wrt, functions, optimizer, beside=False)()
+
+
+def compile_all(
+    models: Mapping[K, Model],
+    functions: Sequence[str] | Mapping[K, Sequence[str]] = DEFAULT_FUNCTIONS,
+    dtype: str = "float64",
+    options: BuildOptions | None = None,
+) -> dict[K, CompiledModule]:
+    """Several models compiled, each as `compile` would: the same modules,
+    from the same C. Each model's C is generated in turn, and its C
+    compiler runs beside (in a thread, which waits on its processes) while
+    the next model's C is generated; then all are loaded. For a program
+    that compiles a few models at its start (a primal and its Jacobian),
+    the C compiler of one overlaps the Python of the next.
+
+    Args:
+        models: the Models, by any key.
+        functions: the C functions to build for every model, or a mapping
+            from each model's key to its functions (as compile's `functions`).
+        dtype: as compile's.
+        options: as compile's.
+
+    Returns:
+        The CompiledModules, by the models' keys (in their order).
+
+    Raises:
+        ModelError: as compile's; the C compilers
+            already started are waited for first.
+        BuildError: as compile's.
+    """
+    finishes: dict[K, Callable[[], CompiledModule]] = {}
+    try:
+        for key, model in models.items():
+            wanted = functions[key] if isinstance(functions, Mapping) else functions
+            finishes[key] = _start(model, dtype, options, None, wanted, None, beside=True)
+    finally:  # each started build ends before this returns or raises
+        outcomes = {key: _outcome(finish) for key, finish in finishes.items()}
+    failure = next((error for _, error in outcomes.values() if error is not None), None)
+    if failure is not None:
+        raise failure
+    return {key: module for key, (module, _) in outcomes.items() if module is not None}
+
+
+def _outcome(finish: Callable[[], CompiledModule]) -> tuple[CompiledModule | None, BaseException | None]:
+    """finish()'s module, or the exception it raised."""
+    try:
+        return finish(), None
+    except BaseException as exc:  # raised by compile_all once every build has ended
+        return None, exc
+
+
+def _start(model: Model, dtype: str, options: BuildOptions | None, wrt: Sequence[str] | None,
+           functions: Sequence[str], optimizer: SGD | Adam | None, beside: bool) -> Callable[[], CompiledModule]:
+    """compile's work up to its module: a call that finishes it. Where the
+    module is to be built, `beside` builds it in a thread (the call waits
+    for it), else here."""
     if dtype not in REAL_TYPES:
         raise ModelError(f"dtype must be one of {sorted(REAL_TYPES)}; got {dtype!r}")
     key = model_fingerprint(model, dtype, tuple(functions), None if wrt is None else tuple(wrt), optimizer, options)
     found = _from_memo(read_memo(key, options))
-    module, plan = None, None
     if found is not None:
         emitted, spec, folder = found
         module = load_built(folder, emitted.prefix, options)
-    if module is None:
-        # imported here: a module loaded from the cache imports no compiler
-        from symbackprop.pipeline import generate
-        from symbackprop.run.plan_spec import module_spec
+        if module is not None:
+            cached = CompiledModule(model, emitted, spec, module.lib, module.ffi, folder, dtype, options, optimizer, None)
+            return lambda: cached
+    # imported here: a module loaded from the cache imports no compiler
+    from symbackprop.pipeline import generate
+    from symbackprop.run.plan_spec import module_spec
 
-        fastcall.build_beside()  # an empty cache: the call hot path compiles beside this model
-        emitted, plan = generate(model, dtype, functions=functions, wrt=wrt, optimizer=optimizer)
-        spec = module_spec(plan, model, dtype, emitted.prefix)
-        module, folder = build(emitted.prefix, emitted.source, emitted.header, emitted.cdef, options)
+    fastcall.build_beside()  # an empty cache: the call hot path compiles beside this model
+    emitted, plan = generate(model, dtype, functions=functions, wrt=wrt, optimizer=optimizer)
+    spec = module_spec(plan, model, dtype, emitted.prefix)
+    texts = (emitted.prefix, emitted.source, emitted.header, emitted.cdef, options)
+    entry = _Beside(build_entry, texts) if beside else None
+
+    def finish() -> CompiledModule:
+        folder = entry.result() if entry is not None else build_entry(*texts)
+        module = load_entry(folder, emitted.prefix)
         write_memo(key, _memo(emitted, spec, folder), options)
-    return CompiledModule(model, emitted, spec, module.lib, module.ffi, folder, dtype, options, optimizer, plan)
+        return CompiledModule(model, emitted, spec, module.lib, module.ffi, folder, dtype, options, optimizer, plan)
+
+    return finish
+
+
+class _Beside:
+    """fn(*args) run in a thread from now on; result() waits for it and
+    returns its value or raises its exception."""
+
+    def __init__(self, fn: Callable[..., Path], args: tuple) -> None:
+        self.outcome: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                self.outcome["value"] = fn(*args)
+            except BaseException as exc:  # re-raised in the caller's thread
+                self.outcome["error"] = exc
+
+        self.thread = threading.Thread(target=work, name="symbackprop build", daemon=True)
+        self.thread.start()
+
+    def result(self) -> Path:
+        self.thread.join()
+        if "error" in self.outcome:
+            raise self.outcome["error"]
+        return self.outcome["value"]
 
 
 _EMITTED_TEXTS = ("prefix", "source", "header", "cdef", "derivation")

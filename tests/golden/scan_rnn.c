@@ -11,7 +11,20 @@
 #define SYMBACKPROP_F64_AS_F32
 #endif
 #include "symbackprop_runtime.h"
+/* One translation unit, or 2: compiled with -DSYMBACKPROP_UNIT=k for each k
+ * from 0 to 1 (symbackprop's builder compiles them at once, on as many
+ * cores), each unit compiles the functions marked for it, and the 2 objects
+ * link into the module. Functions one unit calls in another are then
+ * SCAN_RNN_SHARED: hidden from other modules, where one unit has them static. */
+#if defined(SYMBACKPROP_UNIT) && defined(__GNUC__)
+#define SCAN_RNN_SHARED __attribute__((visibility("hidden")))
+#elif defined(SYMBACKPROP_UNIT)
+#define SCAN_RNN_SHARED
+#else
+#define SCAN_RNN_SHARED static
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t scan_rnn_forward_work_len(int64_t T)
 {
     if (T < 1) {
@@ -19,26 +32,17 @@ size_t scan_rnn_forward_work_len(int64_t T)
     }
     return (size_t)(2*T + 62);
 }
+#endif
 
-/* Forward pass: the loss and the named outputs. */
-int scan_rnn_forward(
-    int64_t T,
-    const SCAN_RNN_REAL *XT_,
-    const SCAN_RNN_REAL *Z,
-    const SCAN_RNN_REAL *W,
-    const SCAN_RNN_REAL *Ux,
-    const SCAN_RNN_REAL *b,
-    const SCAN_RNN_REAL *V,
-    const SCAN_RNN_REAL *h0,
+/* scan_rnn_forward, part 1 of 3 (kernels 1 to 1): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+SCAN_RNN_SHARED void scan_rnn_forward_part1(
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *loss,
     SCAN_RNN_REAL *work
 )
 {
-    if (T < 1) {
-        return 1;
-    }
-
     /* t0 = 2*M^T */
     SCAN_RNN_REAL *t0 = work; /* 2 x 2 */
     for (int64_t i = 0; i < 2; ++i) {
@@ -46,7 +50,26 @@ int scan_rnn_forward(
             t0[2*i + j] = 2*M[i + 2*j];
         }
     }
+}
+#endif
 
+/* scan_rnn_forward, part 2 of 3 (kernels 2 to 2): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+SCAN_RNN_SHARED void scan_rnn_forward_part2(
+    int64_t T,
+    const SCAN_RNN_REAL *XT_,
+    const SCAN_RNN_REAL *W,
+    const SCAN_RNN_REAL *Ux,
+    const SCAN_RNN_REAL *b,
+    const SCAN_RNN_REAL *V,
+    const SCAN_RNN_REAL *h0,
+    const SCAN_RNN_REAL *M,
+    SCAN_RNN_REAL *work
+)
+{
+    SCAN_RNN_REAL *t0 = work; /* 2 x 2; placed in an earlier part */
     /* t1 = scan over t < T: (h, m) = step(h, m, x = row t); outputs in rows of t2 */
     SCAN_RNN_REAL *t1 = t0 + 4; /* 46 x 1 */
     SCAN_RNN_REAL *t2 = t1 + 46; /* T x 1 */
@@ -151,7 +174,30 @@ int scan_rnn_forward(
             t7[t1_i] = t1_cur[t1_i + 3];
         }
     }
+}
+#endif
 
+/* scan_rnn_forward, part 3 of 3 (kernels 3 to 11): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 1; called from unit 0. */
+SCAN_RNN_SHARED void scan_rnn_forward_part3(
+    int64_t T,
+    const SCAN_RNN_REAL *Z,
+    SCAN_RNN_REAL *loss,
+    SCAN_RNN_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+SCAN_RNN_SHARED void scan_rnn_forward_part3(
+    int64_t T,
+    const SCAN_RNN_REAL *Z,
+    SCAN_RNN_REAL *loss,
+    SCAN_RNN_REAL *work
+)
+{
+    SCAN_RNN_REAL *t2 = work + 50; /* T x 1; placed in an earlier part */
+    SCAN_RNN_REAL *t5 = work + T + 50; /* 1 x 3; placed in an earlier part */
+    SCAN_RNN_REAL *t7 = work + T + 53; /* 2 x 2; placed in an earlier part */
     /* t2: the output 0 of the loop of t1, written by it */
 
     /* t3 = (-Z + t2)**2 */
@@ -185,19 +231,12 @@ int scan_rnn_forward(
     {
         loss[0] = t4[0] + t6[0] + t9[0];
     }
-    return 0;
 }
+#endif
 
-size_t scan_rnn_value_and_grad_work_len(int64_t T)
-{
-    if (T < 1) {
-        return 0; /* the function returns 1 */
-    }
-    return (size_t)(3*T + 7*((T + 1)/2) + 174);
-}
-
-/* The loss and its gradient (reverse mode). */
-int scan_rnn_value_and_grad(
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* Forward pass: the loss and the named outputs. */
+int scan_rnn_forward(
     int64_t T,
     const SCAN_RNN_REAL *XT_,
     const SCAN_RNN_REAL *Z,
@@ -208,19 +247,38 @@ int scan_rnn_value_and_grad(
     const SCAN_RNN_REAL *h0,
     const SCAN_RNN_REAL *M,
     SCAN_RNN_REAL *loss,
-    SCAN_RNN_REAL *grad_W,
-    SCAN_RNN_REAL *grad_Ux,
-    SCAN_RNN_REAL *grad_b,
-    SCAN_RNN_REAL *grad_V,
-    SCAN_RNN_REAL *grad_h0,
-    SCAN_RNN_REAL *grad_M,
     SCAN_RNN_REAL *work
 )
 {
     if (T < 1) {
         return 1;
     }
+    scan_rnn_forward_part1(M, work);
+    scan_rnn_forward_part2(T, XT_, W, Ux, b, V, h0, M, work);
+    scan_rnn_forward_part3(T, Z, loss, work);
+    return 0;
+}
+#endif
 
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+size_t scan_rnn_value_and_grad_work_len(int64_t T)
+{
+    if (T < 1) {
+        return 0; /* the function returns 1 */
+    }
+    return (size_t)(3*T + 7*((T + 1)/2) + 174);
+}
+#endif
+
+/* scan_rnn_value_and_grad, part 1 of 5 (kernels 1 to 1): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
+    const SCAN_RNN_REAL *M,
+    SCAN_RNN_REAL *work
+)
+{
     /* t0 = 2*M^T */
     SCAN_RNN_REAL *t0 = work; /* 2 x 2 */
     for (int64_t i = 0; i < 2; ++i) {
@@ -228,7 +286,26 @@ int scan_rnn_value_and_grad(
             t0[2*i + j] = 2*M[i + 2*j];
         }
     }
+}
+#endif
 
+/* scan_rnn_value_and_grad, part 2 of 5 (kernels 2 to 2): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
+    int64_t T,
+    const SCAN_RNN_REAL *XT_,
+    const SCAN_RNN_REAL *W,
+    const SCAN_RNN_REAL *Ux,
+    const SCAN_RNN_REAL *b,
+    const SCAN_RNN_REAL *V,
+    const SCAN_RNN_REAL *h0,
+    const SCAN_RNN_REAL *M,
+    SCAN_RNN_REAL *work
+)
+{
+    SCAN_RNN_REAL *t0 = work; /* 2 x 2; placed in an earlier part */
     /* t1 = scan over t < T: (h, m) = step(h, m, x = row t); outputs in rows of t2; one state
      * in 2 kept in t10 */
     SCAN_RNN_REAL *t1 = t0 + 4; /* 46 x 1 */
@@ -340,7 +417,23 @@ int scan_rnn_value_and_grad(
             t7[t1_i] = t1_cur[t1_i + 3];
         }
     }
+}
+#endif
 
+/* scan_rnn_value_and_grad, part 3 of 5 (kernels 3 to 12): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
+    int64_t T,
+    const SCAN_RNN_REAL *Z,
+    SCAN_RNN_REAL *loss,
+    SCAN_RNN_REAL *work
+)
+{
+    SCAN_RNN_REAL *t2 = work + 50; /* T x 1; placed in an earlier part */
+    SCAN_RNN_REAL *t5 = work + T + 7*((T + 1)/2) + 50; /* 1 x 3; placed in an earlier part */
+    SCAN_RNN_REAL *t7 = work + T + 7*((T + 1)/2) + 53; /* 2 x 2; placed in an earlier part */
     /* t2: the output 0 of the loop of t1, written by it */
 
     /* t3 = (-Z + t2)**2 */
@@ -379,7 +472,50 @@ int scan_rnn_value_and_grad(
     }
 
     /* t10: the kept states of the loop of t1, written by it */
+}
+#endif
 
+/* scan_rnn_value_and_grad, part 4 of 5 (kernels 13 to 13): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 1; called from unit 0. */
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
+    int64_t T,
+    const SCAN_RNN_REAL *XT_,
+    const SCAN_RNN_REAL *W,
+    const SCAN_RNN_REAL *Ux,
+    const SCAN_RNN_REAL *b,
+    const SCAN_RNN_REAL *V,
+    const SCAN_RNN_REAL *M,
+    SCAN_RNN_REAL *grad_W,
+    SCAN_RNN_REAL *grad_Ux,
+    SCAN_RNN_REAL *grad_b,
+    SCAN_RNN_REAL *grad_V,
+    SCAN_RNN_REAL *grad_h0,
+    SCAN_RNN_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
+    int64_t T,
+    const SCAN_RNN_REAL *XT_,
+    const SCAN_RNN_REAL *W,
+    const SCAN_RNN_REAL *Ux,
+    const SCAN_RNN_REAL *b,
+    const SCAN_RNN_REAL *V,
+    const SCAN_RNN_REAL *M,
+    SCAN_RNN_REAL *grad_W,
+    SCAN_RNN_REAL *grad_Ux,
+    SCAN_RNN_REAL *grad_b,
+    SCAN_RNN_REAL *grad_V,
+    SCAN_RNN_REAL *grad_h0,
+    SCAN_RNN_REAL *work
+)
+{
+    SCAN_RNN_REAL *t0 = work; /* 2 x 2; placed in an earlier part */
+    SCAN_RNN_REAL *t10 = work + T + 50; /* ((T + 1)/2) x 7; placed in an earlier part */
+    SCAN_RNN_REAL *t7 = work + T + 7*((T + 1)/2) + 53; /* 2 x 2; placed in an earlier part */
+    SCAN_RNN_REAL *g0 = work + 2*T + 7*((T + 1)/2) + 57; /* T x 1; placed in an earlier part */
+    SCAN_RNN_REAL *t9 = work + 3*T + 7*((T + 1)/2) + 61; /* 1 x 1; placed in an earlier part */
     /* t11 = backward scan over t = T-1 .. 0: adjoints of (h, m) and of the step's inputs and
      * params, from the states kept in t10, each segment of 2 steps recomputed from its
      * checkpoint */
@@ -619,7 +755,28 @@ int scan_rnn_value_and_grad(
             grad_t0[t11_i] = t11_cur[t11_i + 3];
         }
     }
+}
+#endif
 
+/* scan_rnn_value_and_grad, part 5 of 5 (kernels 14 to 22): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 1; called from unit 0. */
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part5(
+    int64_t T,
+    SCAN_RNN_REAL *grad_M,
+    SCAN_RNN_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part5(
+    int64_t T,
+    SCAN_RNN_REAL *grad_M,
+    SCAN_RNN_REAL *work
+)
+{
+    SCAN_RNN_REAL *t11 = work + 3*T + 7*((T + 1)/2) + 62; /* 108 x 1; placed in an earlier part */
+    SCAN_RNN_REAL *grad_M_part = work; /* 2 x 2, in t0's memory; placed in an earlier part */
+    SCAN_RNN_REAL *grad_t0 = work + T + 7*((T + 1)/2) + 53; /* 2 x 2, in t7's memory; placed in an earlier part */
     /* grad_W: the adjoint of captured value 0 of the loop of t11, written by it */
 
     /* grad_Ux: the adjoint of captured value 1 of the loop of t11, written by it */
@@ -648,8 +805,43 @@ int scan_rnn_value_and_grad(
             grad_M[2*i + j] = grad_M_part[2*i + j] + g1[i + 2*j];
         }
     }
+}
+#endif
+
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* The loss and its gradient (reverse mode). */
+int scan_rnn_value_and_grad(
+    int64_t T,
+    const SCAN_RNN_REAL *XT_,
+    const SCAN_RNN_REAL *Z,
+    const SCAN_RNN_REAL *W,
+    const SCAN_RNN_REAL *Ux,
+    const SCAN_RNN_REAL *b,
+    const SCAN_RNN_REAL *V,
+    const SCAN_RNN_REAL *h0,
+    const SCAN_RNN_REAL *M,
+    SCAN_RNN_REAL *loss,
+    SCAN_RNN_REAL *grad_W,
+    SCAN_RNN_REAL *grad_Ux,
+    SCAN_RNN_REAL *grad_b,
+    SCAN_RNN_REAL *grad_V,
+    SCAN_RNN_REAL *grad_h0,
+    SCAN_RNN_REAL *grad_M,
+    SCAN_RNN_REAL *work
+)
+{
+    if (T < 1) {
+        return 1;
+    }
+    scan_rnn_value_and_grad_part1(M, work);
+    scan_rnn_value_and_grad_part2(T, XT_, W, Ux, b, V, h0, M, work);
+    scan_rnn_value_and_grad_part3(T, Z, loss, work);
+    scan_rnn_value_and_grad_part4(T, XT_, W, Ux, b, V, M, grad_W, grad_Ux, grad_b, grad_V, grad_h0, work);
+    scan_rnn_value_and_grad_part5(T, grad_M, work);
     return 0;
 }
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 
 /* --- what the functions take, and each called with its arrays in arrays (see scan_rnn.h) --- */
 
@@ -868,3 +1060,4 @@ int scan_rnn_value_and_grad_call(const int64_t *dims, const void *const *in, voi
         (SCAN_RNN_REAL *)out[5], (SCAN_RNN_REAL *)out[6], work
     );
 }
+#endif
