@@ -124,8 +124,9 @@ def module_cache(tmp_path_factory, request):
     processes inherit it through the environment), never the user's. The
     workers of one parallel session share it (a model several test files
     compile is built once; the cache is safe for processes building at once).
-    `--module-cache DIR` keeps them in DIR instead, so that a second run
-    builds only what changed (a warm run: a fraction of a cold one's time)."""
+    `--module-cache=DIR` keeps them in DIR instead, so that a second run
+    builds only what changed (with a space, pytest's first look at the
+    arguments takes an existing DIR for a folder of tests: write the `=`)."""
     saved = os.environ.get(CACHE_ENV)
     kept = request.config.getoption("--module-cache")
     if kept:
