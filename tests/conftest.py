@@ -58,6 +58,8 @@ def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", default=False, help="rewrite tests/golden/")
     parser.addoption("--production-flags", action="store_true", default=False,
                      help="build every test's C at DEFAULT_FLAGS, not at the suite's cheaper TEST_FLAGS")
+    parser.addoption("--module-cache", metavar="DIR", default=None,
+                     help="keep the suite's compiled modules in DIR between runs (default: a fresh cache per run)")
 
 
 # The suite's flags (see the docstring): -O1 builds a model in a third of
@@ -117,13 +119,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def module_cache(tmp_path_factory):
+def module_cache(tmp_path_factory, request):
     """Compiled modules go to a fresh cache for the session (child
     processes inherit it through the environment), never the user's. The
     workers of one parallel session share it (a model several test files
-    compile is built once; the cache is safe for processes building at once)."""
+    compile is built once; the cache is safe for processes building at once).
+    `--module-cache=DIR` keeps them in DIR instead, so that a second run
+    builds only what changed (with a space, pytest's first look at the
+    arguments takes an existing DIR for a folder of tests: write the `=`)."""
     saved = os.environ.get(CACHE_ENV)
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    kept = request.config.getoption("--module-cache")
+    if kept:
+        path = Path(kept).resolve()
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
         path = tmp_path_factory.getbasetemp().parent / "module-cache"
         path.mkdir(mode=0o700, exist_ok=True)
     else:

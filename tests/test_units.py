@@ -49,7 +49,7 @@ def _results(mod, data: dict) -> list:
     return [_bits(values), _bits(mod.value_and_grad(**data)), _bits(mod.vjp(output, seed, **data))]
 
 
-@pytest.mark.parametrize("name", ["gmm", "lstm_lm", "pinn_poisson"])
+@pytest.mark.parametrize("name", ["gmm", "lstm_lm", pytest.param("pinn_poisson", marks=pytest.mark.slow)])
 def test_a_split_module_computes_the_same_bits_as_one_unit(name, tmp_path, monkeypatch):
     """At the default flags (-O3, FMA contraction): in units, functions
     cannot be inlined across them, which must change no result."""
@@ -74,7 +74,7 @@ def _cc(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["cc", *STRICT_FLAGS, *args], capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("name", ["gmm", "lstm_sequence", "transformer_lm"])
+@pytest.mark.parametrize("name", ["gmm", "lstm_sequence", pytest.param("transformer_lm", marks=pytest.mark.slow)])
 def test_a_split_file_compiles_as_one_unit_and_as_its_units(name, tmp_path, split_everything):
     """Without SYMBACKPROP_UNIT the file is one plain C99 unit (what a C
     user compiles); with it, each unit compiles under strict flags and the
