@@ -675,28 +675,6 @@ def branches(kernel: CKernel) -> tuple[CKernel, CKernel]:
     return grads, value
 
 
-def rest_apart(kernel: CKernel) -> tuple[CKernel, ...]:
-    """A wide per-example loop (over whole eights of examples, then a
-    scalar rest: ops.emap `eights`) as two kernels, the loop over whole
-    eights and the rest, when each sum the loop adds into a local is of a
-    buffer zeroed in this kernel that no other store writes: the rest then
-    takes each sum up from memory (0 + s is s) and writes it back, which
-    adds in the same order. The rest is then a part of its own, in another
-    unit (cunits): it was a second copy of the body (a fifth of gmm's
-    gradient loop's compile). Other kernels come back as they are."""
-    fields = kernel.fields
-    if kernel.kind != "emap" or not fields.get("eights") or (len(fields["loops"]) == 1 and fields.get("parallel")):
-        return (kernel,)
-    local = [bool(store[3]) for store in fields["stores"]]
-    summed = {b for b, is_local in zip(fields["store_buffers"], local) if is_local}
-    written = {b for b, is_local in zip(fields["store_buffers"], local) if not is_local}
-    if not summed <= set(fields["zero_buffers"]) or summed & written:
-        return (kernel,)
-    rest = replace(kernel, fields={**fields, "rest": "only"}, declares=(),
-                   comments=("the loop above, its last examples (fewer than a vector's): each sum taken up from memory",))
-    return replace(kernel, fields={**fields, "rest": "apart"}), rest
-
-
 def _value_only(fields: dict, keep: list[bool], needed: set[str]) -> dict:
     """The stores kept, the temporaries they use (transitively), the
     zeroing of the accumulators kept."""

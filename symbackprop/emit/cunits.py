@@ -27,7 +27,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from symbackprop.emit.codegen import CFunction, CKernel, CModule, branches, rest_apart, straight_kernels, template_environment
+from symbackprop.emit.codegen import CFunction, CKernel, CModule, branches, straight_kernels, template_environment
 from symbackprop.emit.cparts import part_ranges
 
 # About 0.15-0.35 s of GCC -O3: a unit less than this is not worth a process
@@ -106,16 +106,14 @@ def split_units(module: CModule) -> CModule:
 
 
 def _separated(module: CModule, sizes: dict[str, list[int]]) -> CModule:
-    """The module with each kernel of ALONE_CHARS or more cut where a
-    call's code can go to different units: a loop with a value-only variant
-    as two kernels (codegen.branches: a call with gradients and one without
-    run different code; llsq's per-example loop was one unit's whole time,
-    both variants in one function), and a wide loop's scalar rest apart
-    (codegen.rest_apart)."""
+    """The module with each kernel of ALONE_CHARS or more that has a
+    value-only variant as two kernels (codegen.branches): a call with
+    gradients and one without run different code, which can then be
+    compiled in different units (llsq's per-example loop was one unit's
+    whole time, both variants in one function)."""
 
     def pieces(kernel: CKernel) -> tuple[CKernel, ...]:
-        variants = branches(kernel) if "forward" in kernel.fields else (kernel,)
-        return tuple(piece for variant in variants for piece in rest_apart(variant))
+        return branches(kernel) if "forward" in kernel.fields else (kernel,)
 
     def separate(fn: CFunction) -> CFunction:
         kernels: list[CKernel] = []
