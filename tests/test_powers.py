@@ -88,8 +88,9 @@ def test_the_gradient_of_a_power_sum_multiplies_once_per_power():
     """x**2 ... x**40: 39 multiplications, one temporary each (not 2 ... 8
     factors each and pow() above)."""
     source = generate(polynomial_model(40, "sum"))[0].source
-    run = source[source.index("_run("):]
-    run = run.split("/* the forward values only */")[0]  # the gradient's loop (forward has its own copy)
+    # the gradient's loop (forward has its own copy: in the same function, or
+    # in a module split into units a part of its own, emit/cunits.py)
+    run = source[source.index("if (with_grads) {"):].split("the forward values only")[0]
     run = run.split("for (int64_t i = k;")[0]  # its eight-lane part (the examples after the last eight repeat it)
     products = re.findall(r"const \w+ (x\d+) = \(?(points\[2\*i\]|x\d+)\*(points\[2\*i\]|x\d+)\)?;", run)
     powers = {"points[2*i]"}  # the products of powers of the point, in the order the C computes them
