@@ -26,7 +26,7 @@ def _models():
 
 
 def _builds() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "symbackprop build"]
+    return [t for t in threading.enumerate() if t.name.startswith("symbackprop build")]
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ cffi writes the extension's glue code (API mode, out of line); the C
 compiler is then run directly: the glue and the model compile at once, in
 two processes (on two cores where there are), or more where the model's C
 is split into translation units (emit.cunits: the same file once per unit,
--DSYMBACKPROP_UNIT=k), the glue at -O1 (it converts arguments; the hot
-path only passes through it, and -O3 tripled its compile time), then one
-command links them. No distutils, no change of the
+-DSYMBACKPROP_UNIT=k), the glue at -O0 (GLUE_LEVEL: it converts
+arguments; the hot path only passes through its packed entries, which keep
+-O2), then one command links them. No distutils, no change of the
 working folder or of the environment, so builds in several threads do not
 disturb each other or the program. The commands and the compiler's output
 go to a log file.

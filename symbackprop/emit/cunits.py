@@ -112,20 +112,19 @@ def _separated(module: CModule, sizes: dict[str, list[int]]) -> CModule:
     compiled in different units (llsq's per-example loop was one unit's
     whole time, both variants in one function)."""
 
-    def pieces(kernel: CKernel) -> tuple[CKernel, ...]:
-        return branches(kernel) if "forward" in kernel.fields else (kernel,)
-
     def separate(fn: CFunction) -> CFunction:
         kernels: list[CKernel] = []
         split = fn.split
         for index, (kernel, size) in enumerate(zip(fn.kernels, sizes[fn.name])):
-            cut = pieces(kernel) if size >= ALONE_CHARS else (kernel,)
-            kernels.extend(cut)
+            if size < ALONE_CHARS or "forward" not in kernel.fields:
+                kernels.append(kernel)
+                continue
+            kernels += branches(kernel)
             if split is not None and index < split:
-                split += len(cut) - 1
-        return replace(fn, kernels=tuple(kernels), split=split)
+                split += 1
+        return fn if len(kernels) == len(fn.kernels) else replace(fn, kernels=tuple(kernels), split=split)
 
-    functions = module.internal + module.functions
-    if all(len(pieces(k)) == 1 for fn in functions for k, size in zip(fn.kernels, sizes[fn.name]) if size >= ALONE_CHARS):
+    internal, functions = tuple(map(separate, module.internal)), tuple(map(separate, module.functions))
+    if all(a is b for a, b in zip(internal + functions, module.internal + module.functions)):
         return module
-    return replace(module, internal=tuple(map(separate, module.internal)), functions=tuple(map(separate, module.functions)))
+    return replace(module, internal=internal, functions=functions)

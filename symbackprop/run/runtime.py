@@ -10,8 +10,8 @@ here as before (symbackprop.run.runtime.CompiledModule, Function, PreparedCall).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -71,7 +71,7 @@ def compile(
             or dtype is not one of the two.
         BuildError: the C compiler is missing or failed (names the log).
     """
-    return _start(model, dtype, options, wrt, functions, optimizer, beside=False)()
+    return _start(model, dtype, options, wrt, functions, optimizer, None)()
 
 
 def compile_all(
@@ -103,12 +103,13 @@ def compile_all(
         BuildError: as compile's.
     """
     finishes: dict[K, Callable[[], CompiledModule]] = {}
-    try:
-        for key, model in models.items():
-            wanted = functions[key] if isinstance(functions, Mapping) else functions
-            finishes[key] = _start(model, dtype, options, None, wanted, None, beside=True)
-    finally:  # each started build ends before this returns or raises
-        outcomes = {key: _outcome(finish) for key, finish in finishes.items()}
+    with ThreadPoolExecutor(thread_name_prefix="symbackprop build") as pool:
+        try:
+            for key, model in models.items():
+                wanted = functions[key] if isinstance(functions, Mapping) else functions
+                finishes[key] = _start(model, dtype, options, None, wanted, None, pool)
+        finally:  # each started build ends (and is loaded) before this returns or raises
+            outcomes = {key: _outcome(finish) for key, finish in finishes.items()}
     failure = next((error for _, error in outcomes.values() if error is not None), None)
     if failure is not None:
         raise failure
@@ -124,10 +125,11 @@ def _outcome(finish: Callable[[], CompiledModule]) -> tuple[CompiledModule | Non
 
 
 def _start(model: Model, dtype: str, options: BuildOptions | None, wrt: Sequence[str] | None,
-           functions: Sequence[str], optimizer: SGD | Adam | None, beside: bool) -> Callable[[], CompiledModule]:
+           functions: Sequence[str], optimizer: SGD | Adam | None,
+           beside: Executor | None) -> Callable[[], CompiledModule]:
     """compile's work up to its module: a call that finishes it. Where the
-    module is to be built, `beside` builds it in a thread (the call waits
-    for it), else here."""
+    module is to be built, `beside` builds it in one of its threads (the
+    call waits for it), else the call builds it."""
     if dtype not in REAL_TYPES:
         raise ModelError(f"dtype must be one of {sorted(REAL_TYPES)}; got {dtype!r}")
     key = model_fingerprint(model, dtype, tuple(functions), None if wrt is None else tuple(wrt), optimizer, options)
@@ -146,7 +148,7 @@ def _start(model: Model, dtype: str, options: BuildOptions | None, wrt: Sequence
     emitted, plan = generate(model, dtype, functions=functions, wrt=wrt, optimizer=optimizer)
     spec = module_spec(plan, model, dtype, emitted.prefix)
     texts = (emitted.prefix, emitted.source, emitted.header, emitted.cdef, options)
-    entry = _Beside(build_entry, texts) if beside else None
+    entry = beside.submit(build_entry, *texts) if beside is not None else None
 
     def finish() -> CompiledModule:
         folder = entry.result() if entry is not None else build_entry(*texts)
@@ -155,29 +157,6 @@ def _start(model: Model, dtype: str, options: BuildOptions | None, wrt: Sequence
         return CompiledModule(model, emitted, spec, module.lib, module.ffi, folder, dtype, options, optimizer, plan)
 
     return finish
-
-
-class _Beside:
-    """fn(*args) run in a thread from now on; result() waits for it and
-    returns its value or raises its exception."""
-
-    def __init__(self, fn: Callable[..., Path], args: tuple) -> None:
-        self.outcome: dict[str, Any] = {}
-
-        def work() -> None:
-            try:
-                self.outcome["value"] = fn(*args)
-            except BaseException as exc:  # re-raised in the caller's thread
-                self.outcome["error"] = exc
-
-        self.thread = threading.Thread(target=work, name="symbackprop build", daemon=True)
-        self.thread.start()
-
-    def result(self) -> Path:
-        self.thread.join()
-        if "error" in self.outcome:
-            raise self.outcome["error"]
-        return self.outcome["value"]
 
 
 _EMITTED_TEXTS = ("prefix", "source", "header", "cdef", "derivation")
