@@ -61,6 +61,28 @@ class ColumnCopy:
 
 
 @dataclass(frozen=True)
+class ProductSums:
+    """Sums over the inner loop of many products of two per-example values
+    (a weight may multiply them all): GMM's gradient of a Cholesky factor,
+    sum_i g_i (x_i - mu)_a (L (x_i - mu))_b for 190 pairs (a, b). Each
+    example stores its left factors (times the weight) and its right ones
+    down the columns of two scratch buffers, and after the loop one matrix
+    product gives every pair's sum (the matmul helper: BLAS when large):
+    no accumulator an example, where a wide body's hundreds of them were
+    most of the C compiler's work. The sums are in the product's order,
+    not the examples' order."""
+
+    stores: tuple[int, ...]  # the kernel's stores computed so, in order
+    weight: sp.Expr | None
+    left: tuple[sp.Expr, ...]
+    right: tuple[sp.Expr, ...]
+    pairs: tuple[tuple[int, int, sp.Expr], ...]  # (left, right, coefficient) of each store
+    left_scratch: str  # len(left) x examples
+    right_scratch: str  # len(right) x examples
+    sums: str  # len(left) x len(right)
+
+
+@dataclass(frozen=True)
 class EmapKernel:
     """One loop (or two nested) over examples around a CSE'd program: loads
     read argument rows where each example's binding says; each output's
@@ -76,6 +98,7 @@ class EmapKernel:
     equations: tuple[Equation, ...]
     copies: tuple[ColumnCopy, ...] = ()
     outer: int = 0  # of two loops, the one that runs outside (see _outer_loop)
+    products: ProductSums | None = None
     kind: str = "emap"
 
     def reads(self) -> list[str]:
@@ -83,7 +106,9 @@ class EmapKernel:
                 + [check[0] for check in self.index_checks])
 
     def writes(self) -> list[str]:
-        return [copy.scratch for copy in self.copies] + [out.buffer for out in self.outputs]
+        sums = self.products
+        scratch = [sums.left_scratch, sums.right_scratch, sums.sums] if sums else []
+        return [copy.scratch for copy in self.copies] + scratch + [out.buffer for out in self.outputs]
 
     title = "per-example loop"
 
@@ -281,7 +306,98 @@ def _group_kernel(sched, members: list[Node]) -> EmapKernel:
     kernel = EmapKernel(tuple(loops), tuple(views), tuple(temps), tuple(outputs), tuple(stores),
                         tuple(checks), tuple(equations))
     kernel = replace(kernel, outer=_outer_loop(kernel, _loop_uses(kernel)))
-    return _inner_rows_by_column(sched, kernel)
+    return _product_sums(sched, _inner_rows_by_column(sched, kernel))
+
+
+# At least this many sums of products of two per-example values make a
+# ProductSums, and the product computes at most this many times as many
+# sums as are wanted (its left factors x right factors).
+PRODUCT_SUMS_MIN = 64
+PRODUCT_SUMS_WASTE = 4
+
+
+def _product_sums(sched, kernel: EmapKernel) -> EmapKernel:
+    """The sums of products of two varying values a wide body adds into
+    locals (ProductSums), where there are many and they share factors."""
+    if len(kernel.loops) != 2:
+        return kernel
+    inner = 1 - kernel.outer
+    uses = _loop_uses(kernel)
+    split = {}  # store -> (coefficient, varying factors)
+    for k, (number, _, expr) in enumerate(kernel.stores):
+        if not (_local(kernel.outputs[number], inner) and expr.is_Mul):
+            continue
+        varying, fixed = [], []
+        for factor in expr.args:
+            if not _varies(factor, uses, inner):
+                fixed.append(factor)
+            elif factor.is_Pow and factor.exp == 2:
+                varying += [factor.base, factor.base]
+            else:
+                varying.append(factor)
+        if len(varying) in (2, 3):
+            split[k] = (sp.Mul(*fixed), varying)
+    if len(split) < PRODUCT_SUMS_MIN:
+        return kernel
+    counts: dict[sp.Expr, int] = {}
+    for _, varying in split.values():
+        for factor in set(varying):
+            counts[factor] = counts.get(factor, 0) + 1
+    weight = max(counts, key=lambda f: (counts[f], sp.default_sort_key(f)))
+    weighted, plain = {}, {}  # products of three with the weight, products of two
+    for k, (coefficient, varying) in split.items():
+        if len(varying) == 3 and weight in varying:
+            rest = list(varying)
+            rest.remove(weight)
+            weighted[k] = (rest[0], rest[1], coefficient)
+        elif len(varying) == 2:
+            plain[k] = (varying[0], varying[1], coefficient)
+    pairs = weighted if len(weighted) >= len(plain) else plain
+    weight = weight if pairs is weighted else None
+    if len(pairs) < PRODUCT_SUMS_MIN:
+        return kernel
+    left, right = _sides([(a, b) for a, b, _ in pairs.values()])
+    if len(left) * len(right) > PRODUCT_SUMS_WASTE * len(pairs):
+        return kernel
+    where_left, where_right = {f: n for n, f in enumerate(left)}, {f: n for n, f in enumerate(right)}
+
+    def oriented(a: sp.Expr, b: sp.Expr) -> tuple[int, int]:
+        return (where_left[a], where_right[b]) if a in where_left and b in where_right else (where_left[b], where_right[a])
+
+    rows = kernel.loops[inner]
+    sums = ProductSums(
+        tuple(pairs), weight, tuple(left), tuple(right),
+        tuple((*oriented(a, b), c) for a, b, c in pairs.values()),
+        sched.claim_scratch("left_factors", (len(left), rows)),
+        sched.claim_scratch("right_factors", (len(right), rows)),
+        sched.claim_scratch("product_sums", (len(left), len(right))))
+    return replace(kernel, products=sums)
+
+
+def _sides(pairs: list[tuple[sp.Expr, sp.Expr]]) -> tuple[list[sp.Expr], list[sp.Expr]]:
+    """The left and right factors of pairs: two colours of the graph whose
+    edges are the pairs, where it has two (no pair within one side); else
+    every factor on both sides. In order of first appearance."""
+    order = list(dict.fromkeys(f for pair in pairs for f in pair))
+    edges: dict[sp.Expr, list[sp.Expr]] = {f: [] for f in order}
+    for a, b in pairs:
+        edges[a].append(b)
+        edges[b].append(a)
+    side: dict[sp.Expr, int] = {}
+    for start in order:
+        if start in side:
+            continue
+        side[start] = 0
+        stack = [start]
+        while stack:
+            f = stack.pop()
+            for g in edges[f]:
+                if g not in side:
+                    side[g] = 1 - side[f]
+                    stack.append(g)
+                elif side[g] == side[f]:
+                    return order, order
+    return [f for f in order if side[f] == 0], [f for f in order if side[f] == 1]
 
 
 def _inner_rows_by_column(sched, kernel: EmapKernel) -> EmapKernel:
@@ -503,7 +619,14 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     loaded = [sym for sym, _, _ in kernel.loads if inner not in uses[sym] and sym in used]
     hoisted = [(sym, e) for sym, e in kernel.temps if inner not in uses[sym]]
     fresh = (sp.Symbol(f"_h{k}") for k in itertools.count())
-    store_exprs = [_hoist(expr, uses, inner, fresh, hoisted) for *_, expr in kernel.stores]
+    sums = kernel.products
+    summed = set(sums.stores) if sums else set()
+    store_exprs = [None if k in summed else _hoist(expr, uses, inner, fresh, hoisted)
+                   for k, (*_, expr) in enumerate(kernel.stores)]
+    if sums:
+        weighted = [f if sums.weight is None else sums.weight * f for f in sums.left]
+        factor_exprs = [_hoist(f, uses, inner, fresh, hoisted) for f in weighted + list(sums.right)]
+        coefficients = [_hoist(c, uses, inner, fresh, hoisted) for *_, c in sums.pairs]
     moving = [(sym, _hoist(e, uses, inner, fresh, hoisted)) for sym, e in kernel.temps if inner in uses[sym]]
     # named x0, x1, ... in the order the C computes them
     order = [(sym, sym) for sym in loaded] + hoisted + moving
@@ -514,16 +637,42 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     temps = [(names[sym], access[sym], True) for sym in loaded]
     temps += [(names[sym], printer.doprint(e), k < len(hoisted)) for k, (sym, e) in enumerate(hoisted + moving)]
     stores: list[tuple[str, str, str, str]] = []
-    for (number, col, _), expr in zip(kernel.stores, store_exprs):
+    buffers: list[str] = []  # what each store writes into (or is for)
+    in_order: list[bool] = []  # each store adds into a local or stores one number an example
+    targets = {}
+    for k, ((number, col, _), expr) in enumerate(zip(kernel.stores, store_exprs)):
         out = kernel.outputs[number]
         rows, cols = out.shape
         view = View(out.buffer, sp.Integer(0), sp.sympify(cols) if rows != 1 else sp.Integer(0), sp.Integer(1))
         row, first = position(out.target)
+        targets[k] = em.access(view, row, first + col)
+        if k in summed:
+            continue
         local = f"acc{sum(1 for *_, named in stores if named)}" if _local(out, inner) else ""
-        stores.append((em.access(view, row, first + col), "+=" if out.accumulate else "=", printer.doprint(expr), local))
-    size = sum(_ops(e) for _, e in hoisted + moving) + sum(_ops(e) for e in store_exprs)
+        stores.append((targets[k], "+=" if out.accumulate else "=", printer.doprint(expr), local))
+        buffers.append(out.buffer)
+        in_order.append(bool(local) or _contiguous(out, inner))
+    after: list[str] = []
+    if sums:
+        var, examples = loop_vars[inner], em.dim(kernel.loops[inner])
+        left, right, product = (em.namer.name(b) for b in (sums.left_scratch, sums.right_scratch, sums.sums))
+        sides = [(left, k) for k in range(len(sums.left))] + [(right, k) for k in range(len(sums.right))]
+        for (scratch, k), expr in zip(sides, factor_exprs):
+            stores.append((f"{scratch}[{k}*{examples} + {var}]" if k else f"{scratch}[{var}]", "=",
+                           printer.doprint(expr), ""))
+            buffers.append(kernel.outputs[kernel.stores[sums.stores[0]][0]].buffer)
+            in_order.append(True)
+        after.append(f"/* {len(sums.pairs)} sums over {var} of {left}[a] * {right}[b], as one product */")
+        after.append(f"{em.real.helper_prefix}_matmul({len(sums.left)}, {len(sums.right)}, {examples}, "
+                     f"{left}, {examples}, 1, {right}, 1, {examples}, {product});")
+        for k, (a, b, _), c in zip(sums.stores, sums.pairs, coefficients):
+            term = f"{product}[{a * len(sums.right) + b}]"
+            after.append(f"{targets[k]} += {term};" if c == 1 else f"{targets[k]} += {printer.doprint(c)}*{term};")
+    emitted = [e for e in store_exprs if e is not None] + (factor_exprs if sums else [])
+    size = sum(_ops(e) for _, e in hoisted + moving) + sum(_ops(e) for e in emitted)
     # threads only where no two examples of different threads add into one place
-    safe = all(not out.accumulate or out.target[0] == ("loop", outer) for out in kernel.outputs)
+    # (and not where the examples' factors go through one scratch: ProductSums)
+    safe = not sums and all(not out.accumulate or out.target[0] == ("loop", outer) for out in kernel.outputs)
 
     def named(expr: sp.Basic) -> list[str]:
         return sorted(names[s] for s in expr.free_symbols if s in names)
@@ -542,8 +691,8 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         # a wide body adding into locals or storing one number an example:
         # whole eights, then a scalar tail
         # (GCC's two vectorized epilogues of such a body were a third of gmm's compile)
-        "eights": size > LANES_MAX_OPS and all(local or _contiguous(kernel.outputs[number], inner)
-                                               for (number, _, _), (*_, local) in zip(kernel.stores, stores)),
+        "eights": size > LANES_MAX_OPS and all(in_order),
+        "after": after,  # inside the outer loop, after the inner one (ProductSums)
         "lanes_whole": LANES - 1,
         "zero": [(em.namer.name(out.buffer), em.dim(sp.sympify(out.shape[0]) * out.shape[1]))
                  for out in kernel.outputs if out.accumulate],
@@ -553,9 +702,9 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         # what each piece writes and reads, for a call that needs only some
         # outputs (codegen.forward_only: forward through the shared function)
         "zero_buffers": [out.buffer for out in kernel.outputs if out.accumulate],
-        "store_buffers": [kernel.outputs[number].buffer for number, _, _ in kernel.stores],
+        "store_buffers": buffers,
         "temp_uses": [[] for _ in loaded] + [named(e) for _, e in hoisted + moving],
-        "store_uses": [named(e) for e in store_exprs],
+        "store_uses": [named(e) for e in emitted],
     }
 
 
