@@ -65,9 +65,9 @@ def test_the_sums_are_one_product_after_the_loop(whitened, shared):
     for mod in (whitened, shared):
         source = mod.emitted.source
         assert "left_factors" in source and "right_factors" in source
-        assert "_matmul(" in source.split("right_factors", 1)[1]
-    assert "_matmul(9, 9, N," in whitened.emitted.source  # x's by z's
-    assert "_matmul(81, 1, N," in shared.emitted.source  # the forward's products by z
+        assert "_product_sums(" in source.split("right_factors", 1)[1]
+    assert "_product_sums(9, 9, N," in whitened.emitted.source  # x's by z's
+    assert "_product_sums(81, 1, N," in shared.emitted.source  # the forward's products by z
 
 
 def test_few_sums_stay_in_the_loop():

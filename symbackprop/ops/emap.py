@@ -663,8 +663,8 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
             buffers.append(kernel.outputs[kernel.stores[sums.stores[0]][0]].buffer)
             in_order.append(True)
         after.append(f"/* {len(sums.pairs)} sums over {var} of {left}[a] * {right}[b], as one product */")
-        after.append(f"{em.real.helper_prefix}_matmul({len(sums.left)}, {len(sums.right)}, {examples}, "
-                     f"{left}, {examples}, 1, {right}, 1, {examples}, {product});")
+        after.append(f"{em.real.helper_prefix}_product_sums({len(sums.left)}, {len(sums.right)}, {examples}, "
+                     f"{left}, {right}, {product});")
         for k, (a, b, _), c in zip(sums.stores, sums.pairs, coefficients):
             term = f"{product}[{a * len(sums.right) + b}]"
             after.append(f"{targets[k]} += {term};" if c == 1 else f"{targets[k]} += {printer.doprint(c)}*{term};")
