@@ -82,8 +82,12 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
             LSTM_LM_REAL *t0_t2 = t0_base + 80; /* 1 x 16 */
             LSTM_LM_REAL *t0_t3 = t0_base + 96; /* 1 x 16 */
             LSTM_LM_REAL *t0_t4 = t0_base + 112; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t5 = t0_base + 128; /* 1 x 30 */
-            /* t1 = h @ U_o, the first of 2 products added up here */
+            LSTM_LM_REAL *t0_t5 = t0_base + 128; /* 1 x 16 */
+            LSTM_LM_REAL *t0_t6 = t0_base + 144; /* 1 x 16 */
+            LSTM_LM_REAL *t0_t7 = t0_base + 160; /* 1 x 16 */
+            LSTM_LM_REAL *t0_t8 = t0_base + 176; /* 1 x 16 */
+            LSTM_LM_REAL *t0_t9 = t0_base + 192; /* 1 x 30 */
+            /* t1 = h @ U_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t1[16*i + j] = 0;
@@ -99,37 +103,11 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
                     }
                 }
             }
-            /* t1 += x @ W_o */
-            for (int64_t i = 0; i < 1; ++i) {
-                for (int64_t k = 0; k < 30; ++k) {
-                    const LSTM_LM_REAL acc = t0_x[k];
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #pragma GCC unroll 1
-    #endif
-                    for (int64_t j = 0; j < 16; ++j) {
-                        t0_t1[16*i + j] += acc * W_o[16*k + j];
-                    }
-                }
-            }
-            /* t2 = h @ U_i, the first of 2 products added up here */
+            /* t2 = x @ W_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t2[16*i + j] = 0;
                 }
-                for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = t0_h[k];
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #pragma GCC unroll 1
-    #endif
-                    for (int64_t j = 0; j < 16; ++j) {
-                        t0_t2[16*i + j] += acc * U_i[16*k + j];
-                    }
-                }
-            }
-            /* t2 += x @ W_i */
-            for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t k = 0; k < 30; ++k) {
                     const LSTM_LM_REAL acc = t0_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -137,11 +115,11 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t2[16*i + j] += acc * W_i[16*k + j];
+                        t0_t2[16*i + j] += acc * W_o[16*k + j];
                     }
                 }
             }
-            /* t3 = h @ U_g, the first of 2 products added up here */
+            /* t3 = h @ U_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t3[16*i + j] = 0;
@@ -153,12 +131,15 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t3[16*i + j] += acc * U_g[16*k + j];
+                        t0_t3[16*i + j] += acc * U_i[16*k + j];
                     }
                 }
             }
-            /* t3 += x @ W_g */
+            /* t4 = x @ W_i */
             for (int64_t i = 0; i < 1; ++i) {
+                for (int64_t j = 0; j < 16; ++j) {
+                    t0_t4[16*i + j] = 0;
+                }
                 for (int64_t k = 0; k < 30; ++k) {
                     const LSTM_LM_REAL acc = t0_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -166,14 +147,14 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t3[16*i + j] += acc * W_g[16*k + j];
+                        t0_t4[16*i + j] += acc * W_i[16*k + j];
                     }
                 }
             }
-            /* t4 = h @ U_f, the first of 2 products added up here */
+            /* t5 = h @ U_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t4[16*i + j] = 0;
+                    t0_t5[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const LSTM_LM_REAL acc = t0_h[k];
@@ -182,12 +163,15 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t4[16*i + j] += acc * U_f[16*k + j];
+                        t0_t5[16*i + j] += acc * U_g[16*k + j];
                     }
                 }
             }
-            /* t4 += x @ W_f */
+            /* t6 = x @ W_g */
             for (int64_t i = 0; i < 1; ++i) {
+                for (int64_t j = 0; j < 16; ++j) {
+                    t0_t6[16*i + j] = 0;
+                }
                 for (int64_t k = 0; k < 30; ++k) {
                     const LSTM_LM_REAL acc = t0_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -195,25 +179,58 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t4[16*i + j] += acc * W_f[16*k + j];
+                        t0_t6[16*i + j] += acc * W_g[16*k + j];
                     }
                 }
             }
-            /* cell_next = cell*sigmoid(b_f + t4) + tanh(b_g + t3)*sigmoid(b_i + t2) */
-            /* h_next = tanh(cell*sigmoid(b_f + t4) + tanh(b_g + t3)*sigmoid(b_i +
-             * t2))*sigmoid(b_o + t1) */
+            /* t7 = h @ U_f */
+            for (int64_t i = 0; i < 1; ++i) {
+                for (int64_t j = 0; j < 16; ++j) {
+                    t0_t7[16*i + j] = 0;
+                }
+                for (int64_t k = 0; k < 16; ++k) {
+                    const LSTM_LM_REAL acc = t0_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
+                    for (int64_t j = 0; j < 16; ++j) {
+                        t0_t7[16*i + j] += acc * U_f[16*k + j];
+                    }
+                }
+            }
+            /* t8 = x @ W_f */
+            for (int64_t i = 0; i < 1; ++i) {
+                for (int64_t j = 0; j < 16; ++j) {
+                    t0_t8[16*i + j] = 0;
+                }
+                for (int64_t k = 0; k < 30; ++k) {
+                    const LSTM_LM_REAL acc = t0_x[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
+                    for (int64_t j = 0; j < 16; ++j) {
+                        t0_t8[16*i + j] += acc * W_f[16*k + j];
+                    }
+                }
+            }
+            /* cell_next = cell*sigmoid(b_f + t7 + t8) + tanh(b_g + t5 + t6)*sigmoid(b_i + t3
+             * + t4) */
+            /* h_next = tanh(cell*sigmoid(b_f + t7 + t8) + tanh(b_g + t5 + t6)*sigmoid(b_i +
+             * t3 + t4))*sigmoid(b_o + t1 + t2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 16; ++j) {
-                const LSTM_LM_REAL x0 = t0_cell[j]*(((t0_t4[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t0_t4[j] + b_f[j]))) / (1.0 + exp(-fabs(t0_t4[j] + b_f[j])))) + tanh(t0_t3[j] + b_g[j])*(((t0_t2[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t0_t2[j] + b_i[j]))) / (1.0 + exp(-fabs(t0_t2[j] + b_i[j]))));
+                const LSTM_LM_REAL x0 = t0_cell[j]*(((t0_t7[j] + t0_t8[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t0_t7[j] + t0_t8[j] + b_f[j]))) / (1.0 + exp(-fabs(t0_t7[j] + t0_t8[j] + b_f[j])))) + tanh(t0_t5[j] + t0_t6[j] + b_g[j])*(((t0_t3[j] + t0_t4[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t0_t3[j] + t0_t4[j] + b_i[j]))) / (1.0 + exp(-fabs(t0_t3[j] + t0_t4[j] + b_i[j]))));
                 t0_cell_next[j] = x0;
-                t0_h_next[j] = tanh(x0)*(((t0_t1[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t0_t1[j] + b_o[j]))) / (1.0 + exp(-fabs(t0_t1[j] + b_o[j]))));
+                t0_h_next[j] = tanh(x0)*(((t0_t1[j] + t0_t2[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))) / (1.0 + exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))));
             }
-            /* t5 = h_next @ V */
+            /* t9 = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 30; ++j) {
-                    t0_t5[30*i + j] = 0;
+                    t0_t9[30*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const LSTM_LM_REAL acc = t0_h_next[k];
@@ -222,16 +239,16 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 30; ++j) {
-                        t0_t5[30*i + j] += acc * V[30*k + j];
+                        t0_t9[30*i + j] += acc * V[30*k + j];
                     }
                 }
             }
-            /* logits_row = c + t5 */
+            /* logits_row = c + t9 */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 30; ++j) {
-                t0_logits_row[j] = t0_t5[j] + c[j];
+                t0_logits_row[j] = t0_t9[j] + c[j];
             }
             LSTM_LM_REAL *t0_swap = t0_cur;
             t0_cur = t0_nxt;
@@ -416,8 +433,12 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
             LSTM_LM_REAL *t0_t2 = t0_base + 80; /* 1 x 16 */
             LSTM_LM_REAL *t0_t3 = t0_base + 96; /* 1 x 16 */
             LSTM_LM_REAL *t0_t4 = t0_base + 112; /* 1 x 16 */
-            LSTM_LM_REAL *t0_t5 = t0_base + 128; /* 1 x 30 */
-            /* t1 = h @ U_o, the first of 2 products added up here */
+            LSTM_LM_REAL *t0_t5 = t0_base + 128; /* 1 x 16 */
+            LSTM_LM_REAL *t0_t6 = t0_base + 144; /* 1 x 16 */
+            LSTM_LM_REAL *t0_t7 = t0_base + 160; /* 1 x 16 */
+            LSTM_LM_REAL *t0_t8 = t0_base + 176; /* 1 x 16 */
+            LSTM_LM_REAL *t0_t9 = t0_base + 192; /* 1 x 30 */
+            /* t1 = h @ U_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t1[16*i + j] = 0;
@@ -433,37 +454,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
                     }
                 }
             }
-            /* t1 += x @ W_o */
-            for (int64_t i = 0; i < 1; ++i) {
-                for (int64_t k = 0; k < 30; ++k) {
-                    const LSTM_LM_REAL acc = t0_x[k];
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #pragma GCC unroll 1
-    #endif
-                    for (int64_t j = 0; j < 16; ++j) {
-                        t0_t1[16*i + j] += acc * W_o[16*k + j];
-                    }
-                }
-            }
-            /* t2 = h @ U_i, the first of 2 products added up here */
+            /* t2 = x @ W_o */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t2[16*i + j] = 0;
                 }
-                for (int64_t k = 0; k < 16; ++k) {
-                    const LSTM_LM_REAL acc = t0_h[k];
-    #if defined(__GNUC__) && !defined(__clang__)
-    #pragma GCC ivdep
-    #pragma GCC unroll 1
-    #endif
-                    for (int64_t j = 0; j < 16; ++j) {
-                        t0_t2[16*i + j] += acc * U_i[16*k + j];
-                    }
-                }
-            }
-            /* t2 += x @ W_i */
-            for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t k = 0; k < 30; ++k) {
                     const LSTM_LM_REAL acc = t0_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -471,11 +466,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t2[16*i + j] += acc * W_i[16*k + j];
+                        t0_t2[16*i + j] += acc * W_o[16*k + j];
                     }
                 }
             }
-            /* t3 = h @ U_g, the first of 2 products added up here */
+            /* t3 = h @ U_i */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
                     t0_t3[16*i + j] = 0;
@@ -487,12 +482,15 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t3[16*i + j] += acc * U_g[16*k + j];
+                        t0_t3[16*i + j] += acc * U_i[16*k + j];
                     }
                 }
             }
-            /* t3 += x @ W_g */
+            /* t4 = x @ W_i */
             for (int64_t i = 0; i < 1; ++i) {
+                for (int64_t j = 0; j < 16; ++j) {
+                    t0_t4[16*i + j] = 0;
+                }
                 for (int64_t k = 0; k < 30; ++k) {
                     const LSTM_LM_REAL acc = t0_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -500,14 +498,14 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t3[16*i + j] += acc * W_g[16*k + j];
+                        t0_t4[16*i + j] += acc * W_i[16*k + j];
                     }
                 }
             }
-            /* t4 = h @ U_f, the first of 2 products added up here */
+            /* t5 = h @ U_g */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 16; ++j) {
-                    t0_t4[16*i + j] = 0;
+                    t0_t5[16*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const LSTM_LM_REAL acc = t0_h[k];
@@ -516,12 +514,15 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t4[16*i + j] += acc * U_f[16*k + j];
+                        t0_t5[16*i + j] += acc * U_g[16*k + j];
                     }
                 }
             }
-            /* t4 += x @ W_f */
+            /* t6 = x @ W_g */
             for (int64_t i = 0; i < 1; ++i) {
+                for (int64_t j = 0; j < 16; ++j) {
+                    t0_t6[16*i + j] = 0;
+                }
                 for (int64_t k = 0; k < 30; ++k) {
                     const LSTM_LM_REAL acc = t0_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -529,25 +530,58 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        t0_t4[16*i + j] += acc * W_f[16*k + j];
+                        t0_t6[16*i + j] += acc * W_g[16*k + j];
                     }
                 }
             }
-            /* cell_next = cell*sigmoid(b_f + t4) + tanh(b_g + t3)*sigmoid(b_i + t2) */
-            /* h_next = tanh(cell*sigmoid(b_f + t4) + tanh(b_g + t3)*sigmoid(b_i +
-             * t2))*sigmoid(b_o + t1) */
+            /* t7 = h @ U_f */
+            for (int64_t i = 0; i < 1; ++i) {
+                for (int64_t j = 0; j < 16; ++j) {
+                    t0_t7[16*i + j] = 0;
+                }
+                for (int64_t k = 0; k < 16; ++k) {
+                    const LSTM_LM_REAL acc = t0_h[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
+                    for (int64_t j = 0; j < 16; ++j) {
+                        t0_t7[16*i + j] += acc * U_f[16*k + j];
+                    }
+                }
+            }
+            /* t8 = x @ W_f */
+            for (int64_t i = 0; i < 1; ++i) {
+                for (int64_t j = 0; j < 16; ++j) {
+                    t0_t8[16*i + j] = 0;
+                }
+                for (int64_t k = 0; k < 30; ++k) {
+                    const LSTM_LM_REAL acc = t0_x[k];
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #pragma GCC unroll 1
+    #endif
+                    for (int64_t j = 0; j < 16; ++j) {
+                        t0_t8[16*i + j] += acc * W_f[16*k + j];
+                    }
+                }
+            }
+            /* cell_next = cell*sigmoid(b_f + t7 + t8) + tanh(b_g + t5 + t6)*sigmoid(b_i + t3
+             * + t4) */
+            /* h_next = tanh(cell*sigmoid(b_f + t7 + t8) + tanh(b_g + t5 + t6)*sigmoid(b_i +
+             * t3 + t4))*sigmoid(b_o + t1 + t2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 16; ++j) {
-                const LSTM_LM_REAL x0 = t0_cell[j]*(((t0_t4[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t0_t4[j] + b_f[j]))) / (1.0 + exp(-fabs(t0_t4[j] + b_f[j])))) + tanh(t0_t3[j] + b_g[j])*(((t0_t2[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t0_t2[j] + b_i[j]))) / (1.0 + exp(-fabs(t0_t2[j] + b_i[j]))));
+                const LSTM_LM_REAL x0 = t0_cell[j]*(((t0_t7[j] + t0_t8[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t0_t7[j] + t0_t8[j] + b_f[j]))) / (1.0 + exp(-fabs(t0_t7[j] + t0_t8[j] + b_f[j])))) + tanh(t0_t5[j] + t0_t6[j] + b_g[j])*(((t0_t3[j] + t0_t4[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t0_t3[j] + t0_t4[j] + b_i[j]))) / (1.0 + exp(-fabs(t0_t3[j] + t0_t4[j] + b_i[j]))));
                 t0_cell_next[j] = x0;
-                t0_h_next[j] = tanh(x0)*(((t0_t1[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t0_t1[j] + b_o[j]))) / (1.0 + exp(-fabs(t0_t1[j] + b_o[j]))));
+                t0_h_next[j] = tanh(x0)*(((t0_t1[j] + t0_t2[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))) / (1.0 + exp(-fabs(t0_t1[j] + t0_t2[j] + b_o[j]))));
             }
-            /* t5 = h_next @ V */
+            /* t9 = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 30; ++j) {
-                    t0_t5[30*i + j] = 0;
+                    t0_t9[30*i + j] = 0;
                 }
                 for (int64_t k = 0; k < 16; ++k) {
                     const LSTM_LM_REAL acc = t0_h_next[k];
@@ -556,16 +590,16 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 30; ++j) {
-                        t0_t5[30*i + j] += acc * V[30*k + j];
+                        t0_t9[30*i + j] += acc * V[30*k + j];
                     }
                 }
             }
-            /* logits_row = c + t5 */
+            /* logits_row = c + t9 */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 30; ++j) {
-                t0_logits_row[j] = t0_t5[j] + c[j];
+                t0_logits_row[j] = t0_t9[j] + c[j];
             }
             LSTM_LM_REAL *t0_swap = t0_cur;
             t0_cur = t0_nxt;
@@ -998,6 +1032,10 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 LSTM_LM_REAL *t7_t17 = t7_base + 5312; /* 1 x 16 */
                 LSTM_LM_REAL *t7_t18 = t7_base + 5328; /* 1 x 16 */
                 LSTM_LM_REAL *t7_t19 = t7_base + 5344; /* 1 x 16 */
+                LSTM_LM_REAL *t7_t20 = t7_base + 5232; /* 1 x 16 */
+                LSTM_LM_REAL *t7_t21 = t7_base + 5216; /* 1 x 16 */
+                LSTM_LM_REAL *t7_t22 = t7_base + 5248; /* 1 x 16 */
+                LSTM_LM_REAL *t7_t23 = t7_base + 5264; /* 1 x 16 */
                 /* g0 = grad_out0 @ V^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
@@ -1086,45 +1124,52 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                     grad_b_o[j] = t7_grad_b_o_in + x9;
                     t7_t19[j] = t7_t12[j]*x3;
                 }
-                /* grad_h = t15 @ U_f^T, the first of 4 products added up here */
+                /* t20 = t15 @ U_f^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
                             acc += t7_t15[k] * U_f[k + 16*j];
                         }
-                        t7_grad_h[16*i + j] = acc;
+                        t7_t20[16*i + j] = acc;
                     }
                 }
-                /* grad_h += t16 @ U_g^T */
+                /* t21 = t16 @ U_g^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        LSTM_LM_REAL acc = t7_grad_h[16*i + j];
+                        LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
                             acc += t7_t16[k] * U_g[k + 16*j];
                         }
-                        t7_grad_h[16*i + j] = acc;
+                        t7_t21[16*i + j] = acc;
                     }
                 }
-                /* grad_h += t17 @ U_i^T */
+                /* t22 = t17 @ U_i^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        LSTM_LM_REAL acc = t7_grad_h[16*i + j];
+                        LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
                             acc += t7_t17[k] * U_i[k + 16*j];
                         }
-                        t7_grad_h[16*i + j] = acc;
+                        t7_t22[16*i + j] = acc;
                     }
                 }
-                /* grad_h += t18 @ U_o^T */
+                /* t23 = t18 @ U_o^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        LSTM_LM_REAL acc = t7_grad_h[16*i + j];
+                        LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
                             acc += t7_t18[k] * U_o[k + 16*j];
                         }
-                        t7_grad_h[16*i + j] = acc;
+                        t7_t23[16*i + j] = acc;
                     }
+                }
+                /* grad_h = t20 + t21 + t22 + t23 */
+    #if defined(__GNUC__) && !defined(__clang__)
+    #pragma GCC ivdep
+    #endif
+                for (int64_t j = 0; j < 16; ++j) {
+                    t7_grad_h[j] = t7_t20[j] + t7_t21[j] + t7_t22[j] + t7_t23[j];
                 }
                 /* grad_W_i += x^T @ t17 */
                 for (int64_t i = 0; i < 30; ++i) {

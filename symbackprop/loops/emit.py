@@ -102,7 +102,7 @@ def _fuse_accumulations(kernels: Sequence[Any]) -> list[Any]:
     an accumulator (a weight's adjoint: x^T @ delta) added into it directly,
     at the product's place (the accumulator is read and written by that
     addition only)."""
-    products = {k.out: k for k in kernels if isinstance(k, MatMulKernel) and not k.add and sp.sympify(k.k) == 1}
+    products = {k.out: k for k in kernels if isinstance(k, MatMulKernel) and sp.sympify(k.k) == 1}
     fused: dict[int, AddProduct] = {}
     dropped: set[int] = set()
     for at, kernel in enumerate(kernels):

@@ -79,7 +79,7 @@ class Placement:
     results and what they need, first."""
 
     def __init__(self, results: list[tuple[str, Node]], inplace: frozenset[str] = frozenset(),
-                 first: frozenset[str] = frozenset()):
+                 first: frozenset[str] = frozenset(), sum_products: bool = True):
         self.first = first
         self.results = results
         self.order = topological_order([node for _, node in results])
@@ -111,7 +111,7 @@ class Placement:
         self.recomputable: dict[Node, bool] = {}  # a member its loop may compute at other entries too
         self.size: dict[Node, int | None] = {}  # a member's operations (None: it calls a function)
         self.closure: dict[Node, set[Node] | None] = {}  # the members a recomputable one is computed from
-        self.summed = self._product_sums()  # sums of products added up in one buffer
+        self.summed = self._product_sums() if sum_products else {}  # sums of products added up in one buffer
 
     def _spreads(self) -> set[Node]:
         """Broadcasts that only elementwise loops read: never stored, those

@@ -90,6 +90,7 @@ def schedule(
     naming: Naming,
     inplace: frozenset[str] = frozenset(),
     first: frozenset[str] = frozenset(),
+    sum_products: bool = True,
 ) -> FunctionSchedule:
     """Plan one C function computing `results` (output name, node).
 
@@ -99,8 +100,12 @@ def schedule(
     Results named in `first` (a loss and outputs beside their gradient) and
     what they need run before everything else; `split` says where that
     part ends, so the function can stop there (a forward-only call).
+    `sum_products`: a sum of products adds them up in one buffer (see
+    fusion.ProductSum); off in a scan's steps, where the forward step and
+    its recomputation in a checkpointed backward must round alike, and the
+    recomputation keeps each product for the reverse step.
     """
-    return Scheduler(name, list(results), naming, inplace, first).run()
+    return Scheduler(name, list(results), naming, inplace, first, sum_products).run()
 
 
 class Scheduler(Placement):
@@ -108,8 +113,8 @@ class Scheduler(Placement):
     that Placement groups (see schedule)."""
 
     def __init__(self, name: str, results: list[tuple[str, Node]], naming: Naming, inplace: frozenset[str] = frozenset(),
-                 first: frozenset[str] = frozenset()):
-        super().__init__(results, inplace, first)
+                 first: frozenset[str] = frozenset(), sum_products: bool = True):
+        super().__init__(results, inplace, first, sum_products)
         self.name = name
         self.naming = naming
         self.buffer_of: dict[Node, str] = {}

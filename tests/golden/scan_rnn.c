@@ -37,12 +37,7 @@ size_t scan_rnn_forward_work_len(int64_t T)
 /* scan_rnn_forward, part 1 of 3 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
-SCAN_RNN_SHARED void scan_rnn_forward_part1(
-    const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 SCAN_RNN_SHARED void scan_rnn_forward_part1(
     const SCAN_RNN_REAL *M,
     SCAN_RNN_REAL *work
@@ -103,7 +98,8 @@ SCAN_RNN_SHARED void scan_rnn_forward_part2(
                 t1_x[t1_i] = XT_[t1_t + T*t1_i];
             }
             SCAN_RNN_REAL *t1_t0 = t1_base + 14; /* 1 x 3 */
-            /* t0 = h @ W, the first of 2 products added up here */
+            SCAN_RNN_REAL *t1_t3 = t1_base + 17; /* 1 x 3 */
+            /* t0 = h @ W */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 3; ++j) {
                     t1_t0[3*i + j] = 0;
@@ -119,8 +115,11 @@ SCAN_RNN_SHARED void scan_rnn_forward_part2(
                     }
                 }
             }
-            /* t0 += x @ Ux */
+            /* t3 = x @ Ux */
             for (int64_t i = 0; i < 1; ++i) {
+                for (int64_t j = 0; j < 3; ++j) {
+                    t1_t3[3*i + j] = 0;
+                }
                 for (int64_t k = 0; k < 2; ++k) {
                     const SCAN_RNN_REAL acc = t1_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -128,16 +127,16 @@ SCAN_RNN_SHARED void scan_rnn_forward_part2(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 3; ++j) {
-                        t1_t0[3*i + j] += acc * Ux[3*k + j];
+                        t1_t3[3*i + j] += acc * Ux[3*k + j];
                     }
                 }
             }
-            /* h_next = tanh(b + t0) */
+            /* h_next = tanh(b + t0 + t3) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 3; ++j) {
-                t1_h_next[j] = tanh(t1_t0[j] + b[j]);
+                t1_h_next[j] = tanh(t1_t0[j] + t1_t3[j] + b[j]);
             }
             /* m_next = M^T + m/2 */
     #if defined(__GNUC__) && !defined(__clang__)
@@ -181,7 +180,14 @@ SCAN_RNN_SHARED void scan_rnn_forward_part2(
 /* scan_rnn_forward, part 3 of 3 (kernels 3 to 11): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 1; called from unit 0. */
+SCAN_RNN_SHARED void scan_rnn_forward_part3(
+    int64_t T,
+    const SCAN_RNN_REAL *Z,
+    SCAN_RNN_REAL *loss,
+    SCAN_RNN_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 SCAN_RNN_SHARED void scan_rnn_forward_part3(
     int64_t T,
     const SCAN_RNN_REAL *Z,
@@ -267,12 +273,7 @@ size_t scan_rnn_value_and_grad_work_len(int64_t T)
 /* scan_rnn_value_and_grad, part 1 of 5 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
-SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
-    const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
     const SCAN_RNN_REAL *M,
     SCAN_RNN_REAL *work
@@ -340,7 +341,8 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
                 t1_x[t1_i] = XT_[t1_t + T*t1_i];
             }
             SCAN_RNN_REAL *t1_t0 = t1_base + 14; /* 1 x 3 */
-            /* t0 = h @ W, the first of 2 products added up here */
+            SCAN_RNN_REAL *t1_t3 = t1_base + 17; /* 1 x 3 */
+            /* t0 = h @ W */
             for (int64_t i = 0; i < 1; ++i) {
                 for (int64_t j = 0; j < 3; ++j) {
                     t1_t0[3*i + j] = 0;
@@ -356,8 +358,11 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
                     }
                 }
             }
-            /* t0 += x @ Ux */
+            /* t3 = x @ Ux */
             for (int64_t i = 0; i < 1; ++i) {
+                for (int64_t j = 0; j < 3; ++j) {
+                    t1_t3[3*i + j] = 0;
+                }
                 for (int64_t k = 0; k < 2; ++k) {
                     const SCAN_RNN_REAL acc = t1_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
@@ -365,16 +370,16 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 3; ++j) {
-                        t1_t0[3*i + j] += acc * Ux[3*k + j];
+                        t1_t3[3*i + j] += acc * Ux[3*k + j];
                     }
                 }
             }
-            /* h_next = tanh(b + t0) */
+            /* h_next = tanh(b + t0 + t3) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 3; ++j) {
-                t1_h_next[j] = tanh(t1_t0[j] + b[j]);
+                t1_h_next[j] = tanh(t1_t0[j] + t1_t3[j] + b[j]);
             }
             /* m_next = M^T + m/2 */
     #if defined(__GNUC__) && !defined(__clang__)
