@@ -133,3 +133,18 @@ def test_a_sum_with_other_terms_reads_its_products_once(blas):
     assert any(e.startswith(f"{total} += ") for e in equations), equations
     arguments = {a for e in equations for a in re.findall(r"tanh\(([^()]*)\)", e)}
     assert arguments == {f"b + {total}"}, equations
+
+
+def test_a_loss_that_is_a_sum_of_products_is_added_up_in_the_output():
+    """A 1 x 1 loss u v + u W v: both products go into `loss` itself (the
+    second added), in value_and_grad and in the forward-only call."""
+    u, v, W = sp.MatrixSymbol("u", 1, D), sp.MatrixSymbol("v", D, 1), sp.MatrixSymbol("W", D, D)
+    model = sbp.Model("bilinear", inputs=[u, v], params=[W], loss=u * v + u * W * v)
+    mod = sbp.compile(model)
+    rng = np.random.default_rng(4)
+    arrays = {"u": rng.normal(size=(1, D)), "v": rng.normal(size=(D, 1)), "W": rng.normal(size=(D, D))}
+    _check(mod, model, lambda t: (t["u"] @ t["v"] + t["u"] @ t["W"] @ t["v"]).sum(), arrays)
+    assert mod.forward(**arrays)["loss"] == pytest.approx(mod.value_and_grad(**arrays)[0], rel=1e-15)
+    equations = _comments(mod.source)
+    assert [e for e in equations if e.startswith("loss += ") and " @ " in e], equations
+    assert not [e for e in equations if re.fullmatch(r"loss = \w+ \+ \w+", e)], equations
