@@ -199,12 +199,14 @@ SYMBACKPROP_HELPER int symbackprop_f64_blas_layout(int64_t rows, int64_t cols, i
 }
 #endif
 
-/* c (m x n, contiguous) = A (m x k) @ B (k x n), where A[i][p] is
- * a[i*a_rs + p*a_cs] and B[p][j] is b[p*b_rs + j*b_cs]. Large products go
- * to BLAS when compiled with -DSYMBACKPROP_CBLAS; the rest are plain loops. */
-SYMBACKPROP_HELPER void symbackprop_f64_matmul(int64_t m, int64_t n, int64_t k,
-                                               const double *a, int64_t a_rs, int64_t a_cs,
-                                               const double *b, int64_t b_rs, int64_t b_cs, double *c)
+/* c (m x n, contiguous) = A (m x k) @ B (k x n), or c += A @ B where add
+ * is 1 (BLAS's beta: a sum of products added up in c, one product at a
+ * time), where A[i][p] is a[i*a_rs + p*a_cs] and B[p][j] is
+ * b[p*b_rs + j*b_cs]. Large products go to BLAS when compiled with
+ * -DSYMBACKPROP_CBLAS; the rest are plain loops. */
+SYMBACKPROP_HELPER void symbackprop_f64_gemm(int64_t m, int64_t n, int64_t k,
+                                             const double *a, int64_t a_rs, int64_t a_cs,
+                                             const double *b, int64_t b_rs, int64_t b_cs, int add, double *c)
 {
 #ifdef SYMBACKPROP_CBLAS
     /* BLAS takes int sizes: larger products stay loops. With each size at
@@ -227,22 +229,24 @@ SYMBACKPROP_HELPER void symbackprop_f64_matmul(int64_t m, int64_t n, int64_t k,
             SYMBACKPROP_PARALLEL_BLOCKS
             for (int64_t r0 = 0; r0 < m; r0 += rows) {
                 const int64_t part = m - r0 < rows ? m - r0 : rows;
-                SYMBACKPROP_CBLAS_DGEMM(101, trans_a, trans_b, (int)part, (int)n, (int)k, 1, a + r0 * a_rs, lda, b, ldb, 0,
+                SYMBACKPROP_CBLAS_DGEMM(101, trans_a, trans_b, (int)part, (int)n, (int)k, 1, a + r0 * a_rs, lda, b, ldb, add,
                                         c + r0 * n, (int)n);
             }
             return;
         }
 #endif
         if (trans_a && trans_b) {
-            SYMBACKPROP_CBLAS_DGEMM(101, trans_a, trans_b, (int)m, (int)n, (int)k, 1, a, lda, b, ldb, 0, c, (int)n);
+            SYMBACKPROP_CBLAS_DGEMM(101, trans_a, trans_b, (int)m, (int)n, (int)k, 1, a, lda, b, ldb, add, c, (int)n);
             return;
         }
     }
 #endif
     for (int64_t i = 0; i < m; ++i) {
         double *row = c + i * n;
-        for (int64_t j = 0; j < n; ++j) {
-            row[j] = 0;
+        if (!add) {
+            for (int64_t j = 0; j < n; ++j) {
+                row[j] = 0;
+            }
         }
         for (int64_t p = 0; p < k; ++p) {
             const double scale = a[i * a_rs + p * a_cs];
@@ -252,6 +256,22 @@ SYMBACKPROP_HELPER void symbackprop_f64_matmul(int64_t m, int64_t n, int64_t k,
             }
         }
     }
+}
+
+/* c = A @ B (see symbackprop_f64_gemm) */
+SYMBACKPROP_HELPER void symbackprop_f64_matmul(int64_t m, int64_t n, int64_t k,
+                                               const double *a, int64_t a_rs, int64_t a_cs,
+                                               const double *b, int64_t b_rs, int64_t b_cs, double *c)
+{
+    symbackprop_f64_gemm(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, 0, c);
+}
+
+/* c += A @ B (see symbackprop_f64_gemm) */
+SYMBACKPROP_HELPER void symbackprop_f64_matmul_add(int64_t m, int64_t n, int64_t k,
+                                                   const double *a, int64_t a_rs, int64_t a_cs,
+                                                   const double *b, int64_t b_rs, int64_t b_cs, double *c)
+{
+    symbackprop_f64_gemm(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, 1, c);
 }
 
 /* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
@@ -907,12 +927,14 @@ SYMBACKPROP_HELPER int symbackprop_f32_blas_layout(int64_t rows, int64_t cols, i
 }
 #endif
 
-/* c (m x n, contiguous) = A (m x k) @ B (k x n), where A[i][p] is
- * a[i*a_rs + p*a_cs] and B[p][j] is b[p*b_rs + j*b_cs]. Large products go
- * to BLAS when compiled with -DSYMBACKPROP_CBLAS; the rest are plain loops. */
-SYMBACKPROP_HELPER void symbackprop_f32_matmul(int64_t m, int64_t n, int64_t k,
-                                               const float *a, int64_t a_rs, int64_t a_cs,
-                                               const float *b, int64_t b_rs, int64_t b_cs, float *c)
+/* c (m x n, contiguous) = A (m x k) @ B (k x n), or c += A @ B where add
+ * is 1 (BLAS's beta: a sum of products added up in c, one product at a
+ * time), where A[i][p] is a[i*a_rs + p*a_cs] and B[p][j] is
+ * b[p*b_rs + j*b_cs]. Large products go to BLAS when compiled with
+ * -DSYMBACKPROP_CBLAS; the rest are plain loops. */
+SYMBACKPROP_HELPER void symbackprop_f32_gemm(int64_t m, int64_t n, int64_t k,
+                                             const float *a, int64_t a_rs, int64_t a_cs,
+                                             const float *b, int64_t b_rs, int64_t b_cs, int add, float *c)
 {
 #ifdef SYMBACKPROP_CBLAS
     /* BLAS takes int sizes: larger products stay loops. With each size at
@@ -935,22 +957,24 @@ SYMBACKPROP_HELPER void symbackprop_f32_matmul(int64_t m, int64_t n, int64_t k,
             SYMBACKPROP_PARALLEL_BLOCKS
             for (int64_t r0 = 0; r0 < m; r0 += rows) {
                 const int64_t part = m - r0 < rows ? m - r0 : rows;
-                SYMBACKPROP_CBLAS_SGEMM(101, trans_a, trans_b, (int)part, (int)n, (int)k, 1, a + r0 * a_rs, lda, b, ldb, 0,
+                SYMBACKPROP_CBLAS_SGEMM(101, trans_a, trans_b, (int)part, (int)n, (int)k, 1, a + r0 * a_rs, lda, b, ldb, add,
                                         c + r0 * n, (int)n);
             }
             return;
         }
 #endif
         if (trans_a && trans_b) {
-            SYMBACKPROP_CBLAS_SGEMM(101, trans_a, trans_b, (int)m, (int)n, (int)k, 1, a, lda, b, ldb, 0, c, (int)n);
+            SYMBACKPROP_CBLAS_SGEMM(101, trans_a, trans_b, (int)m, (int)n, (int)k, 1, a, lda, b, ldb, add, c, (int)n);
             return;
         }
     }
 #endif
     for (int64_t i = 0; i < m; ++i) {
         float *row = c + i * n;
-        for (int64_t j = 0; j < n; ++j) {
-            row[j] = 0;
+        if (!add) {
+            for (int64_t j = 0; j < n; ++j) {
+                row[j] = 0;
+            }
         }
         for (int64_t p = 0; p < k; ++p) {
             const float scale = a[i * a_rs + p * a_cs];
@@ -960,6 +984,22 @@ SYMBACKPROP_HELPER void symbackprop_f32_matmul(int64_t m, int64_t n, int64_t k,
             }
         }
     }
+}
+
+/* c = A @ B (see symbackprop_f32_gemm) */
+SYMBACKPROP_HELPER void symbackprop_f32_matmul(int64_t m, int64_t n, int64_t k,
+                                               const float *a, int64_t a_rs, int64_t a_cs,
+                                               const float *b, int64_t b_rs, int64_t b_cs, float *c)
+{
+    symbackprop_f32_gemm(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, 0, c);
+}
+
+/* c += A @ B (see symbackprop_f32_gemm) */
+SYMBACKPROP_HELPER void symbackprop_f32_matmul_add(int64_t m, int64_t n, int64_t k,
+                                                   const float *a, int64_t a_rs, int64_t a_cs,
+                                                   const float *b, int64_t b_rs, int64_t b_cs, float *c)
+{
+    symbackprop_f32_gemm(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, 1, c);
 }
 
 /* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
@@ -1517,10 +1557,12 @@ SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int
 #define symbackprop_f64_copy_rhs symbackprop_f32_copy_rhs
 #define symbackprop_f64_cumsum symbackprop_f32_cumsum
 #define symbackprop_f64_det symbackprop_f32_det
+#define symbackprop_f64_gemm symbackprop_f32_gemm
 #define symbackprop_f64_logdet symbackprop_f32_logdet
 #define symbackprop_f64_logsumexp symbackprop_f32_logsumexp
 #define symbackprop_f64_lu symbackprop_f32_lu
 #define symbackprop_f64_matmul symbackprop_f32_matmul
+#define symbackprop_f64_matmul_add symbackprop_f32_matmul_add
 #define symbackprop_f64_max symbackprop_f32_max
 #define symbackprop_f64_max_contiguous symbackprop_f32_max_contiguous
 #define symbackprop_f64_max_vector symbackprop_f32_max_vector

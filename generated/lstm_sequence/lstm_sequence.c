@@ -30,14 +30,36 @@ LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 507*n + 513 : 83*n + 1);
+    return (size_t)(with_grads ? 483*n + 1 : 75*n + 1);
 }
 #endif
 
 /* lstm_sequence_run, part 1 of 8 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *x1_,
+    const LSTM_SEQUENCE_REAL *x2_,
+    const LSTM_SEQUENCE_REAL *x3_,
+    const LSTM_SEQUENCE_REAL *x4_,
+    const LSTM_SEQUENCE_REAL *W_i,
+    const LSTM_SEQUENCE_REAL *W_f,
+    const LSTM_SEQUENCE_REAL *W_g,
+    const LSTM_SEQUENCE_REAL *W_o,
+    const LSTM_SEQUENCE_REAL *U_i,
+    const LSTM_SEQUENCE_REAL *U_f,
+    const LSTM_SEQUENCE_REAL *U_g,
+    const LSTM_SEQUENCE_REAL *U_o,
+    const LSTM_SEQUENCE_REAL *b_i,
+    const LSTM_SEQUENCE_REAL *b_f,
+    const LSTM_SEQUENCE_REAL *b_g,
+    const LSTM_SEQUENCE_REAL *b_o,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
@@ -111,201 +133,171 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
         }
     }
 
-    /* t9 = t8 @ U_o */
+    /* t9 = t8 @ U_o, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t9 = with_grads ? t4 : t1; /* n x 8, in t4's memory */
     symbackprop_f64_matmul(n, 8, 8, t8, 8, 1, U_o, 8, 1, t9);
 
-    /* t10 = x2 @ W_o */
+    /* t9 += x2 @ W_o */
+    symbackprop_f64_matmul_add(n, 8, 1, x2_, 1, 0, W_o, 0, 1, t9);
+
+    /* t10 = sigmoid(b_o + t9) */
     LSTM_SEQUENCE_REAL *t10 = with_grads ? t8 + 8*n : t3; /* n x 8 */
-    symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_o, 0, 1, t10);
-
-    /* t11 = sigmoid(b_o + t10 + t9) */
-    LSTM_SEQUENCE_REAL *t11 = with_grads ? t10 + 8*n : t4; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t11[8*i + j] = (((t9[8*i + j] + t10[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t9[8*i + j] + t10[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t9[8*i + j] + t10[8*i + j] + b_o[j]))));
+            t10[8*i + j] = (((t9[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t9[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t9[8*i + j] + b_o[j]))));
         }
     }
 
-    /* t12 = t8 @ U_i */
-    LSTM_SEQUENCE_REAL *t12 = with_grads ? t9 : t5; /* n x 8, in t9's memory */
-    symbackprop_f64_matmul(n, 8, 8, t8, 8, 1, U_i, 8, 1, t12);
+    /* t11 = t8 @ U_i, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t11 = with_grads ? t9 : t4; /* n x 8, in t9's memory */
+    symbackprop_f64_matmul(n, 8, 8, t8, 8, 1, U_i, 8, 1, t11);
 
-    /* t13 = x2 @ W_i */
-    LSTM_SEQUENCE_REAL *t13 = with_grads ? t10 : t7; /* n x 8, in t10's memory */
-    symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_i, 0, 1, t13);
+    /* t11 += x2 @ W_i */
+    symbackprop_f64_matmul_add(n, 8, 1, x2_, 1, 0, W_i, 0, 1, t11);
 
-    /* t14 = sigmoid(b_i + t12 + t13) */
-    LSTM_SEQUENCE_REAL *t14 = with_grads ? t11 + 8*n : t9; /* n x 8 */
+    /* t12 = sigmoid(b_i + t11) */
+    LSTM_SEQUENCE_REAL *t12 = with_grads ? t10 + 8*n : t5; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t14[8*i + j] = (((t12[8*i + j] + t13[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t12[8*i + j] + t13[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t12[8*i + j] + t13[8*i + j] + b_i[j]))));
+            t12[8*i + j] = (((t11[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t11[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t11[8*i + j] + b_i[j]))));
         }
     }
 
-    /* t15 = t8 @ U_g */
-    LSTM_SEQUENCE_REAL *t15 = with_grads ? t12 : t10; /* n x 8, in t12's memory */
-    symbackprop_f64_matmul(n, 8, 8, t8, 8, 1, U_g, 8, 1, t15);
+    /* t13 = t8 @ U_g, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t13 = with_grads ? t11 : t7; /* n x 8, in t11's memory */
+    symbackprop_f64_matmul(n, 8, 8, t8, 8, 1, U_g, 8, 1, t13);
 
-    /* t16 = x2 @ W_g */
-    LSTM_SEQUENCE_REAL *t16 = with_grads ? t13 : t12; /* n x 8, in t13's memory */
-    symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_g, 0, 1, t16);
+    /* t13 += x2 @ W_g */
+    symbackprop_f64_matmul_add(n, 8, 1, x2_, 1, 0, W_g, 0, 1, t13);
 
-    /* t17 = tanh(b_g + t15 + t16) */
-    LSTM_SEQUENCE_REAL *t17 = with_grads ? t14 + 8*n : t13; /* n x 8 */
+    /* t14 = tanh(b_g + t13) */
+    LSTM_SEQUENCE_REAL *t14 = with_grads ? t12 + 8*n : t9; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t17[8*i + j] = tanh(t15[8*i + j] + t16[8*i + j] + b_g[j]);
+            t14[8*i + j] = tanh(t13[8*i + j] + b_g[j]);
         }
     }
 
-    /* t18 = t8 @ U_f */
-    LSTM_SEQUENCE_REAL *t18 = t15; /* n x 8, in t15's memory */
-    symbackprop_f64_matmul(n, 8, 8, t8, 8, 1, U_f, 8, 1, t18);
+    /* t15 = t8 @ U_f, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t15 = with_grads ? t13 : t11; /* n x 8, in t13's memory */
+    symbackprop_f64_matmul(n, 8, 8, t8, 8, 1, U_f, 8, 1, t15);
 
-    /* t19 = x2 @ W_f */
-    LSTM_SEQUENCE_REAL *t19 = t16; /* n x 8, in t16's memory */
-    symbackprop_f64_matmul(n, 8, 1, x2_, 1, 0, W_f, 0, 1, t19);
+    /* t15 += x2 @ W_f */
+    symbackprop_f64_matmul_add(n, 8, 1, x2_, 1, 0, W_f, 0, 1, t15);
 
-    /* t20 = sigmoid(b_f + t18 + t19) */
-    /* t21 = t14*t17 + t6*sigmoid(b_f + t18 + t19) */
-    /* t22 = tanh(t14*t17 + t6*sigmoid(b_f + t18 + t19)) */
-    /* t23 = t11*tanh(t14*t17 + t6*sigmoid(b_f + t18 + t19)) */
-    LSTM_SEQUENCE_REAL *t20 = with_grads ? t17 + 8*n : t8; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t21 = with_grads ? t20 + 8*n : t8 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t22 = t21 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t23 = t22 + 8*n; /* n x 8 */
+    /* t16 = sigmoid(b_f + t15) */
+    /* t17 = t12*t14 + t6*sigmoid(b_f + t15) */
+    /* t18 = tanh(t12*t14 + t6*sigmoid(b_f + t15)) */
+    /* t19 = t10*tanh(t12*t14 + t6*sigmoid(b_f + t15)) */
+    LSTM_SEQUENCE_REAL *t16 = with_grads ? t14 + 8*n : t13; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t17 = with_grads ? t16 + 8*n : t8; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t18 = with_grads ? t17 + 8*n : t8 + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t19 = t18 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t18[8*i + j] + t19[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t18[8*i + j] + t19[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t18[8*i + j] + t19[8*i + j] + b_f[j]))));
-            const LSTM_SEQUENCE_REAL x1 = t14[8*i + j]*t17[8*i + j] + t6[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x0 = (((t15[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t15[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t15[8*i + j] + b_f[j]))));
+            const LSTM_SEQUENCE_REAL x1 = t12[8*i + j]*t14[8*i + j] + t6[8*i + j]*x0;
             const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t20[8*i + j] = x0;
-            t21[8*i + j] = x1;
-            t22[8*i + j] = x2;
-            t23[8*i + j] = t11[8*i + j]*x2;
+            t16[8*i + j] = x0;
+            t17[8*i + j] = x1;
+            t18[8*i + j] = x2;
+            t19[8*i + j] = t10[8*i + j]*x2;
         }
     }
 
-    /* t24 = t23 @ U_o */
-    LSTM_SEQUENCE_REAL *t24 = with_grads ? t18 : t6; /* n x 8, in t18's memory */
-    symbackprop_f64_matmul(n, 8, 8, t23, 8, 1, U_o, 8, 1, t24);
+    /* t20 = t19 @ U_o, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t20 = with_grads ? t15 : t6; /* n x 8, in t15's memory */
+    symbackprop_f64_matmul(n, 8, 8, t19, 8, 1, U_o, 8, 1, t20);
 
-    /* t25 = x3 @ W_o */
-    LSTM_SEQUENCE_REAL *t25 = with_grads ? t19 : t11; /* n x 8, in t19's memory */
-    symbackprop_f64_matmul(n, 8, 1, x3_, 1, 0, W_o, 0, 1, t25);
+    /* t20 += x3 @ W_o */
+    symbackprop_f64_matmul_add(n, 8, 1, x3_, 1, 0, W_o, 0, 1, t20);
 
-    /* t26 = sigmoid(b_o + t24 + t25) */
-    LSTM_SEQUENCE_REAL *t26 = with_grads ? t23 + 8*n : t14; /* n x 8 */
+    /* t21 = sigmoid(b_o + t20) */
+    LSTM_SEQUENCE_REAL *t21 = with_grads ? t19 + 8*n : t10; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t26[8*i + j] = (((t24[8*i + j] + t25[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t24[8*i + j] + t25[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t24[8*i + j] + t25[8*i + j] + b_o[j]))));
+            t21[8*i + j] = (((t20[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t20[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t20[8*i + j] + b_o[j]))));
         }
     }
 
-    /* t27 = t23 @ U_i */
-    LSTM_SEQUENCE_REAL *t27 = with_grads ? t24 : t17; /* n x 8, in t24's memory */
-    symbackprop_f64_matmul(n, 8, 8, t23, 8, 1, U_i, 8, 1, t27);
+    /* t22 = t19 @ U_i, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t22 = with_grads ? t20 : t12; /* n x 8, in t20's memory */
+    symbackprop_f64_matmul(n, 8, 8, t19, 8, 1, U_i, 8, 1, t22);
 
-    /* t28 = x3 @ W_i */
-    LSTM_SEQUENCE_REAL *t28 = with_grads ? t25 : t18; /* n x 8, in t25's memory */
-    symbackprop_f64_matmul(n, 8, 1, x3_, 1, 0, W_i, 0, 1, t28);
+    /* t22 += x3 @ W_i */
+    symbackprop_f64_matmul_add(n, 8, 1, x3_, 1, 0, W_i, 0, 1, t22);
 
-    /* t29 = sigmoid(b_i + t27 + t28) */
-    LSTM_SEQUENCE_REAL *t29 = with_grads ? t26 + 8*n : t19; /* n x 8 */
+    /* t23 = sigmoid(b_i + t22) */
+    LSTM_SEQUENCE_REAL *t23 = with_grads ? t21 + 8*n : t14; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t29[8*i + j] = (((t27[8*i + j] + t28[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t27[8*i + j] + t28[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t27[8*i + j] + t28[8*i + j] + b_i[j]))));
+            t23[8*i + j] = (((t22[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t22[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t22[8*i + j] + b_i[j]))));
         }
     }
 
-    /* t30 = t23 @ U_g */
-    LSTM_SEQUENCE_REAL *t30 = with_grads ? t27 : t20; /* n x 8, in t27's memory */
-    symbackprop_f64_matmul(n, 8, 8, t23, 8, 1, U_g, 8, 1, t30);
+    /* t24 = t19 @ U_g, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t24 = with_grads ? t22 : t15; /* n x 8, in t22's memory */
+    symbackprop_f64_matmul(n, 8, 8, t19, 8, 1, U_g, 8, 1, t24);
 
-    /* t31 = x3 @ W_g */
-    LSTM_SEQUENCE_REAL *t31 = with_grads ? t28 : t22; /* n x 8, in t28's memory */
-    symbackprop_f64_matmul(n, 8, 1, x3_, 1, 0, W_g, 0, 1, t31);
+    /* t24 += x3 @ W_g */
+    symbackprop_f64_matmul_add(n, 8, 1, x3_, 1, 0, W_g, 0, 1, t24);
 
-    /* t32 = tanh(b_g + t30 + t31) */
-    LSTM_SEQUENCE_REAL *t32 = with_grads ? t29 + 8*n : t24; /* n x 8 */
+    /* t25 = tanh(b_g + t24) */
+    LSTM_SEQUENCE_REAL *t25 = with_grads ? t23 + 8*n : t16; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t32[8*i + j] = tanh(t30[8*i + j] + t31[8*i + j] + b_g[j]);
+            t25[8*i + j] = tanh(t24[8*i + j] + b_g[j]);
         }
     }
 
-    /* t33 = t23 @ U_f */
-    LSTM_SEQUENCE_REAL *t33 = with_grads ? t30 : t25; /* n x 8, in t30's memory */
-    symbackprop_f64_matmul(n, 8, 8, t23, 8, 1, U_f, 8, 1, t33);
+    /* t26 = t19 @ U_f, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t26 = with_grads ? t24 : t18; /* n x 8, in t24's memory */
+    symbackprop_f64_matmul(n, 8, 8, t19, 8, 1, U_f, 8, 1, t26);
 
-    /* t34 = x3 @ W_f */
-    LSTM_SEQUENCE_REAL *t34 = with_grads ? t31 : t27; /* n x 8, in t31's memory */
-    symbackprop_f64_matmul(n, 8, 1, x3_, 1, 0, W_f, 0, 1, t34);
+    /* t26 += x3 @ W_f */
+    symbackprop_f64_matmul_add(n, 8, 1, x3_, 1, 0, W_f, 0, 1, t26);
 
-    /* t35 = sigmoid(b_f + t33 + t34) */
-    /* t36 = t21*sigmoid(b_f + t33 + t34) + t29*t32 */
-    /* t37 = tanh(t21*sigmoid(b_f + t33 + t34) + t29*t32) */
-    /* t38 = t26*tanh(t21*sigmoid(b_f + t33 + t34) + t29*t32) */
-    LSTM_SEQUENCE_REAL *t35 = with_grads ? t32 + 8*n : t28; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t36 = with_grads ? t35 + 8*n : t30; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t37 = with_grads ? t36 + 8*n : t31; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t38 = with_grads ? t37 + 8*n : t23; /* n x 8 */
+    /* t27 = sigmoid(b_f + t26) */
+    /* t28 = t17*sigmoid(b_f + t26) + t23*t25 */
+    /* t29 = tanh(t17*sigmoid(b_f + t26) + t23*t25) */
+    /* t30 = t21*tanh(t17*sigmoid(b_f + t26) + t23*t25) */
+    LSTM_SEQUENCE_REAL *t27 = with_grads ? t25 + 8*n : t20; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t28 = with_grads ? t27 + 8*n : t22; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t29 = with_grads ? t28 + 8*n : t24; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t30 = with_grads ? t29 + 8*n : t19; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t33[8*i + j] + t34[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t33[8*i + j] + t34[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t33[8*i + j] + t34[8*i + j] + b_f[j]))));
-            const LSTM_SEQUENCE_REAL x1 = t29[8*i + j]*t32[8*i + j] + t21[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x0 = (((t26[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t26[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t26[8*i + j] + b_f[j]))));
+            const LSTM_SEQUENCE_REAL x1 = t23[8*i + j]*t25[8*i + j] + t17[8*i + j]*x0;
             const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t35[8*i + j] = x0;
-            t36[8*i + j] = x1;
-            t37[8*i + j] = x2;
-            t38[8*i + j] = t26[8*i + j]*x2;
+            t27[8*i + j] = x0;
+            t28[8*i + j] = x1;
+            t29[8*i + j] = x2;
+            t30[8*i + j] = t21[8*i + j]*x2;
         }
     }
 
-    /* t39 = t38 @ U_o */
-    LSTM_SEQUENCE_REAL *t39 = with_grads ? t33 : t21; /* n x 8, in t33's memory */
-    symbackprop_f64_matmul(n, 8, 8, t38, 8, 1, U_o, 8, 1, t39);
+    /* t31 = t30 @ U_o, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t31 = with_grads ? t26 : t17; /* n x 8, in t26's memory */
+    symbackprop_f64_matmul(n, 8, 8, t30, 8, 1, U_o, 8, 1, t31);
 
-    /* t40 = x4 @ W_o */
-    LSTM_SEQUENCE_REAL *t40 = with_grads ? t34 : t26; /* n x 8, in t34's memory */
-    symbackprop_f64_matmul(n, 8, 1, x4_, 1, 0, W_o, 0, 1, t40);
+    /* t31 += x4 @ W_o */
+    symbackprop_f64_matmul_add(n, 8, 1, x4_, 1, 0, W_o, 0, 1, t31);
 }
 #endif
 
 /* lstm_sequence_run, part 2 of 8 (kernels 33 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
-    int64_t n,
-    const LSTM_SEQUENCE_REAL *x4_,
-    const LSTM_SEQUENCE_REAL *x5_,
-    const LSTM_SEQUENCE_REAL *x6_,
-    const LSTM_SEQUENCE_REAL *W_i,
-    const LSTM_SEQUENCE_REAL *W_f,
-    const LSTM_SEQUENCE_REAL *W_g,
-    const LSTM_SEQUENCE_REAL *W_o,
-    const LSTM_SEQUENCE_REAL *U_i,
-    const LSTM_SEQUENCE_REAL *U_f,
-    const LSTM_SEQUENCE_REAL *U_g,
-    const LSTM_SEQUENCE_REAL *U_o,
-    const LSTM_SEQUENCE_REAL *b_i,
-    const LSTM_SEQUENCE_REAL *b_f,
-    const LSTM_SEQUENCE_REAL *b_g,
-    const LSTM_SEQUENCE_REAL *b_o,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x4_,
@@ -327,222 +319,211 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     int with_grads
 )
 {
-    LSTM_SEQUENCE_REAL *t29 = with_grads ? work + 128*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t32 = with_grads ? work + 136*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t33 = work; /* n x 8, in t30's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t34 = with_grads ? work + 56*n : work + 40*n; /* n x 8, in t31's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t35 = with_grads ? work + 144*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t36 = with_grads ? work + 152*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t37 = with_grads ? work + 160*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t38 = with_grads ? work + 168*n : work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t39 = with_grads ? work : work + 56*n; /* n x 8, in t33's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t40 = with_grads ? work + 56*n : work + 8*n; /* n x 8, in t34's memory; placed in an earlier part */
-    /* t41 = sigmoid(b_o + t39 + t40) */
-    LSTM_SEQUENCE_REAL *t41 = with_grads ? t38 + 8*n : t29; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t21 = with_grads ? work + 112*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t23 = with_grads ? work + 120*n : work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t25 = with_grads ? work + 128*n : work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t26 = with_grads ? work : work + 56*n; /* n x 8, in t24's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t27 = with_grads ? work + 136*n : work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t28 = with_grads ? work + 144*n : work + 24*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t29 = with_grads ? work + 152*n : work; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t30 = with_grads ? work + 160*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t31 = with_grads ? work : work + 48*n; /* n x 8, in t26's memory; placed in an earlier part */
+    /* t32 = sigmoid(b_o + t31) */
+    LSTM_SEQUENCE_REAL *t32 = with_grads ? t30 + 8*n : t21; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t41[8*i + j] = (((t39[8*i + j] + t40[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t39[8*i + j] + t40[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t39[8*i + j] + t40[8*i + j] + b_o[j]))));
+            t32[8*i + j] = (((t31[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t31[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t31[8*i + j] + b_o[j]))));
         }
     }
 
-    /* t42 = t38 @ U_i */
-    LSTM_SEQUENCE_REAL *t42 = with_grads ? t39 : t32; /* n x 8, in t39's memory */
-    symbackprop_f64_matmul(n, 8, 8, t38, 8, 1, U_i, 8, 1, t42);
+    /* t33 = t30 @ U_i, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t33 = with_grads ? t31 : t23; /* n x 8, in t31's memory */
+    symbackprop_f64_matmul(n, 8, 8, t30, 8, 1, U_i, 8, 1, t33);
 
-    /* t43 = x4 @ W_i */
-    LSTM_SEQUENCE_REAL *t43 = with_grads ? t40 : t33; /* n x 8, in t40's memory */
-    symbackprop_f64_matmul(n, 8, 1, x4_, 1, 0, W_i, 0, 1, t43);
+    /* t33 += x4 @ W_i */
+    symbackprop_f64_matmul_add(n, 8, 1, x4_, 1, 0, W_i, 0, 1, t33);
 
-    /* t44 = sigmoid(b_i + t42 + t43) */
-    LSTM_SEQUENCE_REAL *t44 = with_grads ? t41 + 8*n : t34; /* n x 8 */
+    /* t34 = sigmoid(b_i + t33) */
+    LSTM_SEQUENCE_REAL *t34 = with_grads ? t32 + 8*n : t25; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t44[8*i + j] = (((t42[8*i + j] + t43[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t42[8*i + j] + t43[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t42[8*i + j] + t43[8*i + j] + b_i[j]))));
+            t34[8*i + j] = (((t33[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t33[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t33[8*i + j] + b_i[j]))));
         }
     }
 
-    /* t45 = t38 @ U_g */
-    LSTM_SEQUENCE_REAL *t45 = with_grads ? t42 : t35; /* n x 8, in t42's memory */
-    symbackprop_f64_matmul(n, 8, 8, t38, 8, 1, U_g, 8, 1, t45);
+    /* t35 = t30 @ U_g, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t35 = with_grads ? t33 : t26; /* n x 8, in t33's memory */
+    symbackprop_f64_matmul(n, 8, 8, t30, 8, 1, U_g, 8, 1, t35);
 
-    /* t46 = x4 @ W_g */
-    LSTM_SEQUENCE_REAL *t46 = with_grads ? t43 : t37; /* n x 8, in t43's memory */
-    symbackprop_f64_matmul(n, 8, 1, x4_, 1, 0, W_g, 0, 1, t46);
+    /* t35 += x4 @ W_g */
+    symbackprop_f64_matmul_add(n, 8, 1, x4_, 1, 0, W_g, 0, 1, t35);
 
-    /* t47 = tanh(b_g + t45 + t46) */
-    LSTM_SEQUENCE_REAL *t47 = with_grads ? t44 + 8*n : t39; /* n x 8 */
+    /* t36 = tanh(b_g + t35) */
+    LSTM_SEQUENCE_REAL *t36 = with_grads ? t34 + 8*n : t27; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t47[8*i + j] = tanh(t45[8*i + j] + t46[8*i + j] + b_g[j]);
+            t36[8*i + j] = tanh(t35[8*i + j] + b_g[j]);
         }
     }
 
-    /* t48 = t38 @ U_f */
-    LSTM_SEQUENCE_REAL *t48 = with_grads ? t45 : t40; /* n x 8, in t45's memory */
-    symbackprop_f64_matmul(n, 8, 8, t38, 8, 1, U_f, 8, 1, t48);
+    /* t37 = t30 @ U_f, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t37 = with_grads ? t35 : t29; /* n x 8, in t35's memory */
+    symbackprop_f64_matmul(n, 8, 8, t30, 8, 1, U_f, 8, 1, t37);
 
-    /* t49 = x4 @ W_f */
-    LSTM_SEQUENCE_REAL *t49 = with_grads ? t46 : t42; /* n x 8, in t46's memory */
-    symbackprop_f64_matmul(n, 8, 1, x4_, 1, 0, W_f, 0, 1, t49);
+    /* t37 += x4 @ W_f */
+    symbackprop_f64_matmul_add(n, 8, 1, x4_, 1, 0, W_f, 0, 1, t37);
 
-    /* t50 = sigmoid(b_f + t48 + t49) */
-    /* t51 = t36*sigmoid(b_f + t48 + t49) + t44*t47 */
-    /* t52 = tanh(t36*sigmoid(b_f + t48 + t49) + t44*t47) */
-    /* t53 = t41*tanh(t36*sigmoid(b_f + t48 + t49) + t44*t47) */
-    LSTM_SEQUENCE_REAL *t50 = with_grads ? t47 + 8*n : t43; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t51 = with_grads ? t50 + 8*n : t45; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t52 = with_grads ? t51 + 8*n : t46; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t53 = with_grads ? t52 + 8*n : t38; /* n x 8 */
+    /* t38 = sigmoid(b_f + t37) */
+    /* t39 = t28*sigmoid(b_f + t37) + t34*t36 */
+    /* t40 = tanh(t28*sigmoid(b_f + t37) + t34*t36) */
+    /* t41 = t32*tanh(t28*sigmoid(b_f + t37) + t34*t36) */
+    LSTM_SEQUENCE_REAL *t38 = with_grads ? t36 + 8*n : t31; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t39 = with_grads ? t38 + 8*n : t33; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t40 = with_grads ? t39 + 8*n : t35; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t41 = with_grads ? t40 + 8*n : t30; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t48[8*i + j] + t49[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t48[8*i + j] + t49[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t48[8*i + j] + t49[8*i + j] + b_f[j]))));
-            const LSTM_SEQUENCE_REAL x1 = t44[8*i + j]*t47[8*i + j] + t36[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x0 = (((t37[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t37[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t37[8*i + j] + b_f[j]))));
+            const LSTM_SEQUENCE_REAL x1 = t34[8*i + j]*t36[8*i + j] + t28[8*i + j]*x0;
             const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t50[8*i + j] = x0;
-            t51[8*i + j] = x1;
-            t52[8*i + j] = x2;
-            t53[8*i + j] = t41[8*i + j]*x2;
+            t38[8*i + j] = x0;
+            t39[8*i + j] = x1;
+            t40[8*i + j] = x2;
+            t41[8*i + j] = t32[8*i + j]*x2;
         }
     }
 
-    /* t54 = t53 @ U_o */
-    LSTM_SEQUENCE_REAL *t54 = with_grads ? t48 : t36; /* n x 8, in t48's memory */
-    symbackprop_f64_matmul(n, 8, 8, t53, 8, 1, U_o, 8, 1, t54);
+    /* t42 = t41 @ U_o, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t42 = with_grads ? t37 : t28; /* n x 8, in t37's memory */
+    symbackprop_f64_matmul(n, 8, 8, t41, 8, 1, U_o, 8, 1, t42);
 
-    /* t55 = x5 @ W_o */
-    LSTM_SEQUENCE_REAL *t55 = with_grads ? t49 : t41; /* n x 8, in t49's memory */
-    symbackprop_f64_matmul(n, 8, 1, x5_, 1, 0, W_o, 0, 1, t55);
+    /* t42 += x5 @ W_o */
+    symbackprop_f64_matmul_add(n, 8, 1, x5_, 1, 0, W_o, 0, 1, t42);
 
-    /* t56 = sigmoid(b_o + t54 + t55) */
-    LSTM_SEQUENCE_REAL *t56 = with_grads ? t53 + 8*n : t44; /* n x 8 */
+    /* t43 = sigmoid(b_o + t42) */
+    LSTM_SEQUENCE_REAL *t43 = with_grads ? t41 + 8*n : t32; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t56[8*i + j] = (((t54[8*i + j] + t55[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t54[8*i + j] + t55[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t54[8*i + j] + t55[8*i + j] + b_o[j]))));
+            t43[8*i + j] = (((t42[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t42[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t42[8*i + j] + b_o[j]))));
         }
     }
 
-    /* t57 = t53 @ U_i */
-    LSTM_SEQUENCE_REAL *t57 = with_grads ? t54 : t47; /* n x 8, in t54's memory */
-    symbackprop_f64_matmul(n, 8, 8, t53, 8, 1, U_i, 8, 1, t57);
+    /* t44 = t41 @ U_i, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t44 = with_grads ? t42 : t34; /* n x 8, in t42's memory */
+    symbackprop_f64_matmul(n, 8, 8, t41, 8, 1, U_i, 8, 1, t44);
 
-    /* t58 = x5 @ W_i */
-    LSTM_SEQUENCE_REAL *t58 = with_grads ? t55 : t48; /* n x 8, in t55's memory */
-    symbackprop_f64_matmul(n, 8, 1, x5_, 1, 0, W_i, 0, 1, t58);
+    /* t44 += x5 @ W_i */
+    symbackprop_f64_matmul_add(n, 8, 1, x5_, 1, 0, W_i, 0, 1, t44);
 
-    /* t59 = sigmoid(b_i + t57 + t58) */
-    LSTM_SEQUENCE_REAL *t59 = with_grads ? t56 + 8*n : t49; /* n x 8 */
+    /* t45 = sigmoid(b_i + t44) */
+    LSTM_SEQUENCE_REAL *t45 = with_grads ? t43 + 8*n : t36; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t59[8*i + j] = (((t57[8*i + j] + t58[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t57[8*i + j] + t58[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t57[8*i + j] + t58[8*i + j] + b_i[j]))));
+            t45[8*i + j] = (((t44[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t44[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t44[8*i + j] + b_i[j]))));
         }
     }
 
-    /* t60 = t53 @ U_g */
-    LSTM_SEQUENCE_REAL *t60 = with_grads ? t57 : t50; /* n x 8, in t57's memory */
-    symbackprop_f64_matmul(n, 8, 8, t53, 8, 1, U_g, 8, 1, t60);
+    /* t46 = t41 @ U_g, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t46 = with_grads ? t44 : t37; /* n x 8, in t44's memory */
+    symbackprop_f64_matmul(n, 8, 8, t41, 8, 1, U_g, 8, 1, t46);
 
-    /* t61 = x5 @ W_g */
-    LSTM_SEQUENCE_REAL *t61 = with_grads ? t58 : t52; /* n x 8, in t58's memory */
-    symbackprop_f64_matmul(n, 8, 1, x5_, 1, 0, W_g, 0, 1, t61);
+    /* t46 += x5 @ W_g */
+    symbackprop_f64_matmul_add(n, 8, 1, x5_, 1, 0, W_g, 0, 1, t46);
 
-    /* t62 = tanh(b_g + t60 + t61) */
-    LSTM_SEQUENCE_REAL *t62 = with_grads ? t59 + 8*n : t54; /* n x 8 */
+    /* t47 = tanh(b_g + t46) */
+    LSTM_SEQUENCE_REAL *t47 = with_grads ? t45 + 8*n : t38; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t62[8*i + j] = tanh(t60[8*i + j] + t61[8*i + j] + b_g[j]);
+            t47[8*i + j] = tanh(t46[8*i + j] + b_g[j]);
         }
     }
 
-    /* t63 = t53 @ U_f */
-    LSTM_SEQUENCE_REAL *t63 = with_grads ? t60 : t55; /* n x 8, in t60's memory */
-    symbackprop_f64_matmul(n, 8, 8, t53, 8, 1, U_f, 8, 1, t63);
+    /* t48 = t41 @ U_f, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t48 = with_grads ? t46 : t40; /* n x 8, in t46's memory */
+    symbackprop_f64_matmul(n, 8, 8, t41, 8, 1, U_f, 8, 1, t48);
 
-    /* t64 = x5 @ W_f */
-    LSTM_SEQUENCE_REAL *t64 = with_grads ? t61 : t57; /* n x 8, in t61's memory */
-    symbackprop_f64_matmul(n, 8, 1, x5_, 1, 0, W_f, 0, 1, t64);
+    /* t48 += x5 @ W_f */
+    symbackprop_f64_matmul_add(n, 8, 1, x5_, 1, 0, W_f, 0, 1, t48);
 
-    /* t65 = sigmoid(b_f + t63 + t64) */
-    /* t66 = t51*sigmoid(b_f + t63 + t64) + t59*t62 */
-    /* t67 = tanh(t51*sigmoid(b_f + t63 + t64) + t59*t62) */
-    /* t68 = t56*tanh(t51*sigmoid(b_f + t63 + t64) + t59*t62) */
-    LSTM_SEQUENCE_REAL *t65 = with_grads ? t62 + 8*n : t58; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t66 = with_grads ? t65 + 8*n : t60; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t67 = with_grads ? t66 + 8*n : t61; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t68 = with_grads ? t67 + 8*n : t53; /* n x 8 */
+    /* t49 = sigmoid(b_f + t48) */
+    /* t50 = t39*sigmoid(b_f + t48) + t45*t47 */
+    /* t51 = tanh(t39*sigmoid(b_f + t48) + t45*t47) */
+    /* t52 = t43*tanh(t39*sigmoid(b_f + t48) + t45*t47) */
+    LSTM_SEQUENCE_REAL *t49 = with_grads ? t47 + 8*n : t42; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t50 = with_grads ? t49 + 8*n : t44; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t51 = with_grads ? t50 + 8*n : t46; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t52 = with_grads ? t51 + 8*n : t41; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t63[8*i + j] + t64[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t63[8*i + j] + t64[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t63[8*i + j] + t64[8*i + j] + b_f[j]))));
-            const LSTM_SEQUENCE_REAL x1 = t59[8*i + j]*t62[8*i + j] + t51[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x0 = (((t48[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t48[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t48[8*i + j] + b_f[j]))));
+            const LSTM_SEQUENCE_REAL x1 = t45[8*i + j]*t47[8*i + j] + t39[8*i + j]*x0;
             const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t65[8*i + j] = x0;
-            t66[8*i + j] = x1;
-            t67[8*i + j] = x2;
-            t68[8*i + j] = t56[8*i + j]*x2;
+            t49[8*i + j] = x0;
+            t50[8*i + j] = x1;
+            t51[8*i + j] = x2;
+            t52[8*i + j] = t43[8*i + j]*x2;
         }
     }
 
-    /* t69 = t68 @ U_o */
-    LSTM_SEQUENCE_REAL *t69 = with_grads ? t63 : t51; /* n x 8, in t63's memory */
-    symbackprop_f64_matmul(n, 8, 8, t68, 8, 1, U_o, 8, 1, t69);
+    /* t53 = t52 @ U_o, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t53 = with_grads ? t48 : t39; /* n x 8, in t48's memory */
+    symbackprop_f64_matmul(n, 8, 8, t52, 8, 1, U_o, 8, 1, t53);
 
-    /* t70 = x6 @ W_o */
-    LSTM_SEQUENCE_REAL *t70 = with_grads ? t64 : t56; /* n x 8, in t64's memory */
-    symbackprop_f64_matmul(n, 8, 1, x6_, 1, 0, W_o, 0, 1, t70);
+    /* t53 += x6 @ W_o */
+    symbackprop_f64_matmul_add(n, 8, 1, x6_, 1, 0, W_o, 0, 1, t53);
 
-    /* t71 = sigmoid(b_o + t69 + t70) */
-    LSTM_SEQUENCE_REAL *t71 = with_grads ? t68 + 8*n : t59; /* n x 8 */
+    /* t54 = sigmoid(b_o + t53) */
+    LSTM_SEQUENCE_REAL *t54 = with_grads ? t52 + 8*n : t43; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t71[8*i + j] = (((t69[8*i + j] + t70[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t69[8*i + j] + t70[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t69[8*i + j] + t70[8*i + j] + b_o[j]))));
+            t54[8*i + j] = (((t53[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t53[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t53[8*i + j] + b_o[j]))));
         }
     }
 
-    /* t72 = t68 @ U_i */
-    LSTM_SEQUENCE_REAL *t72 = with_grads ? t69 : t62; /* n x 8, in t69's memory */
-    symbackprop_f64_matmul(n, 8, 8, t68, 8, 1, U_i, 8, 1, t72);
+    /* t55 = t52 @ U_i, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t55 = with_grads ? t53 : t45; /* n x 8, in t53's memory */
+    symbackprop_f64_matmul(n, 8, 8, t52, 8, 1, U_i, 8, 1, t55);
 
-    /* t73 = x6 @ W_i */
-    LSTM_SEQUENCE_REAL *t73 = with_grads ? t70 : t63; /* n x 8, in t70's memory */
-    symbackprop_f64_matmul(n, 8, 1, x6_, 1, 0, W_i, 0, 1, t73);
+    /* t55 += x6 @ W_i */
+    symbackprop_f64_matmul_add(n, 8, 1, x6_, 1, 0, W_i, 0, 1, t55);
 
-    /* t74 = sigmoid(b_i + t72 + t73) */
-    LSTM_SEQUENCE_REAL *t74 = with_grads ? t71 + 8*n : t64; /* n x 8 */
+    /* t56 = sigmoid(b_i + t55) */
+    LSTM_SEQUENCE_REAL *t56 = with_grads ? t54 + 8*n : t47; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t74[8*i + j] = (((t72[8*i + j] + t73[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t72[8*i + j] + t73[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t72[8*i + j] + t73[8*i + j] + b_i[j]))));
+            t56[8*i + j] = (((t55[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t55[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t55[8*i + j] + b_i[j]))));
         }
     }
 
-    /* t75 = t68 @ U_g */
-    LSTM_SEQUENCE_REAL *t75 = with_grads ? t72 : t65; /* n x 8, in t72's memory */
-    symbackprop_f64_matmul(n, 8, 8, t68, 8, 1, U_g, 8, 1, t75);
+    /* t57 = t52 @ U_g, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t57 = with_grads ? t55 : t48; /* n x 8, in t55's memory */
+    symbackprop_f64_matmul(n, 8, 8, t52, 8, 1, U_g, 8, 1, t57);
 
-    /* t76 = x6 @ W_g */
-    LSTM_SEQUENCE_REAL *t76 = with_grads ? t73 : t67; /* n x 8, in t73's memory */
-    symbackprop_f64_matmul(n, 8, 1, x6_, 1, 0, W_g, 0, 1, t76);
+    /* t57 += x6 @ W_g */
+    symbackprop_f64_matmul_add(n, 8, 1, x6_, 1, 0, W_g, 0, 1, t57);
 
-    /* t77 = tanh(b_g + t75 + t76) */
-    LSTM_SEQUENCE_REAL *t77 = with_grads ? t74 + 8*n : t69; /* n x 8 */
+    /* t58 = tanh(b_g + t57) */
+    LSTM_SEQUENCE_REAL *t58 = with_grads ? t56 + 8*n : t49; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t77[8*i + j] = tanh(t75[8*i + j] + t76[8*i + j] + b_g[j]);
+            t58[8*i + j] = tanh(t57[8*i + j] + b_g[j]);
         }
     }
 
-    /* t78 = t68 @ U_f */
-    LSTM_SEQUENCE_REAL *t78 = with_grads ? t75 : t70; /* n x 8, in t75's memory */
-    symbackprop_f64_matmul(n, 8, 8, t68, 8, 1, U_f, 8, 1, t78);
+    /* t59 = t52 @ U_f, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t59 = with_grads ? t57 : t51; /* n x 8, in t57's memory */
+    symbackprop_f64_matmul(n, 8, 8, t52, 8, 1, U_f, 8, 1, t59);
 }
 #endif
 
@@ -602,226 +583,216 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     int with_grads
 )
 {
-    LSTM_SEQUENCE_REAL *t23 = with_grads ? work + 112*n : work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t66 = with_grads ? work + 264*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t68 = with_grads ? work + 280*n : work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t71 = with_grads ? work + 288*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t72 = with_grads ? work : work + 48*n; /* n x 8, in t69's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t73 = with_grads ? work + 56*n : work + 24*n; /* n x 8, in t70's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t74 = with_grads ? work + 296*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t75 = with_grads ? work : work + 8*n; /* n x 8, in t72's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t76 = with_grads ? work + 56*n : work + 64*n; /* n x 8, in t73's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t77 = with_grads ? work + 304*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t78 = with_grads ? work : work + 40*n; /* n x 8, in t75's memory; placed in an earlier part */
-    /* t79 = x6 @ W_f */
-    LSTM_SEQUENCE_REAL *t79 = with_grads ? t76 : t72; /* n x 8, in t76's memory */
-    symbackprop_f64_matmul(n, 8, 1, x6_, 1, 0, W_f, 0, 1, t79);
+    LSTM_SEQUENCE_REAL *t19 = with_grads ? work + 104*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t50 = with_grads ? work + 256*n : work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t52 = with_grads ? work + 272*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t53 = with_grads ? work : work + 8*n; /* n x 8, in t48's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t54 = with_grads ? work + 280*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t55 = with_grads ? work : work + 32*n; /* n x 8, in t53's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t56 = with_grads ? work + 288*n : work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t57 = with_grads ? work : work + 56*n; /* n x 8, in t55's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t58 = with_grads ? work + 296*n : work + 24*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t59 = work; /* n x 8, in t57's memory; placed in an earlier part */
+    /* t59 += x6 @ W_f */
+    symbackprop_f64_matmul_add(n, 8, 1, x6_, 1, 0, W_f, 0, 1, t59);
 
-    /* t80 = sigmoid(b_f + t78 + t79) */
-    /* t81 = t66*sigmoid(b_f + t78 + t79) + t74*t77 */
-    /* t82 = tanh(t66*sigmoid(b_f + t78 + t79) + t74*t77) */
-    /* t83 = t71*tanh(t66*sigmoid(b_f + t78 + t79) + t74*t77) */
-    LSTM_SEQUENCE_REAL *t80 = with_grads ? t77 + 8*n : t73; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t81 = with_grads ? t80 + 8*n : t75; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t82 = with_grads ? t81 + 8*n : t76; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t83 = with_grads ? t82 + 8*n : t68; /* n x 8 */
+    /* t60 = sigmoid(b_f + t59) */
+    /* t61 = t50*sigmoid(b_f + t59) + t56*t58 */
+    /* t62 = tanh(t50*sigmoid(b_f + t59) + t56*t58) */
+    /* t63 = t54*tanh(t50*sigmoid(b_f + t59) + t56*t58) */
+    LSTM_SEQUENCE_REAL *t60 = with_grads ? t58 + 8*n : t53; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t61 = with_grads ? t60 + 8*n : t55; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t62 = with_grads ? t61 + 8*n : t57; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t63 = with_grads ? t62 + 8*n : t52; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t78[8*i + j] + t79[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t78[8*i + j] + t79[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t78[8*i + j] + t79[8*i + j] + b_f[j]))));
-            const LSTM_SEQUENCE_REAL x1 = t74[8*i + j]*t77[8*i + j] + t66[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x0 = (((t59[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t59[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t59[8*i + j] + b_f[j]))));
+            const LSTM_SEQUENCE_REAL x1 = t56[8*i + j]*t58[8*i + j] + t50[8*i + j]*x0;
             const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t80[8*i + j] = x0;
-            t81[8*i + j] = x1;
-            t82[8*i + j] = x2;
-            t83[8*i + j] = t71[8*i + j]*x2;
+            t60[8*i + j] = x0;
+            t61[8*i + j] = x1;
+            t62[8*i + j] = x2;
+            t63[8*i + j] = t54[8*i + j]*x2;
         }
     }
 
-    /* t84 = t83 @ U_o */
-    LSTM_SEQUENCE_REAL *t84 = with_grads ? t78 : t66; /* n x 8, in t78's memory */
-    symbackprop_f64_matmul(n, 8, 8, t83, 8, 1, U_o, 8, 1, t84);
+    /* t64 = t63 @ U_o, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t64 = with_grads ? t59 : t50; /* n x 8, in t59's memory */
+    symbackprop_f64_matmul(n, 8, 8, t63, 8, 1, U_o, 8, 1, t64);
 
-    /* t85 = x7 @ W_o */
-    LSTM_SEQUENCE_REAL *t85 = with_grads ? t79 : t71; /* n x 8, in t79's memory */
-    symbackprop_f64_matmul(n, 8, 1, x7_, 1, 0, W_o, 0, 1, t85);
+    /* t64 += x7 @ W_o */
+    symbackprop_f64_matmul_add(n, 8, 1, x7_, 1, 0, W_o, 0, 1, t64);
 
-    /* t86 = sigmoid(b_o + t84 + t85) */
-    LSTM_SEQUENCE_REAL *t86 = with_grads ? t83 + 8*n : t74; /* n x 8 */
+    /* t65 = sigmoid(b_o + t64) */
+    LSTM_SEQUENCE_REAL *t65 = with_grads ? t63 + 8*n : t54; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t86[8*i + j] = (((t84[8*i + j] + t85[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t84[8*i + j] + t85[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t84[8*i + j] + t85[8*i + j] + b_o[j]))));
+            t65[8*i + j] = (((t64[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t64[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t64[8*i + j] + b_o[j]))));
         }
     }
 
-    /* t87 = t83 @ U_i */
-    LSTM_SEQUENCE_REAL *t87 = with_grads ? t84 : t77; /* n x 8, in t84's memory */
-    symbackprop_f64_matmul(n, 8, 8, t83, 8, 1, U_i, 8, 1, t87);
+    /* t66 = t63 @ U_i, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t66 = with_grads ? t64 : t56; /* n x 8, in t64's memory */
+    symbackprop_f64_matmul(n, 8, 8, t63, 8, 1, U_i, 8, 1, t66);
 
-    /* t88 = x7 @ W_i */
-    LSTM_SEQUENCE_REAL *t88 = with_grads ? t85 : t78; /* n x 8, in t85's memory */
-    symbackprop_f64_matmul(n, 8, 1, x7_, 1, 0, W_i, 0, 1, t88);
+    /* t66 += x7 @ W_i */
+    symbackprop_f64_matmul_add(n, 8, 1, x7_, 1, 0, W_i, 0, 1, t66);
 
-    /* t89 = sigmoid(b_i + t87 + t88) */
-    LSTM_SEQUENCE_REAL *t89 = with_grads ? t86 + 8*n : t79; /* n x 8 */
+    /* t67 = sigmoid(b_i + t66) */
+    LSTM_SEQUENCE_REAL *t67 = with_grads ? t65 + 8*n : t58; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t89[8*i + j] = (((t87[8*i + j] + t88[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t87[8*i + j] + t88[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t87[8*i + j] + t88[8*i + j] + b_i[j]))));
+            t67[8*i + j] = (((t66[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t66[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t66[8*i + j] + b_i[j]))));
         }
     }
 
-    /* t90 = t83 @ U_g */
-    LSTM_SEQUENCE_REAL *t90 = with_grads ? t87 : t80; /* n x 8, in t87's memory */
-    symbackprop_f64_matmul(n, 8, 8, t83, 8, 1, U_g, 8, 1, t90);
+    /* t68 = t63 @ U_g, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t68 = with_grads ? t66 : t59; /* n x 8, in t66's memory */
+    symbackprop_f64_matmul(n, 8, 8, t63, 8, 1, U_g, 8, 1, t68);
 
-    /* t91 = x7 @ W_g */
-    LSTM_SEQUENCE_REAL *t91 = with_grads ? t88 : t82; /* n x 8, in t88's memory */
-    symbackprop_f64_matmul(n, 8, 1, x7_, 1, 0, W_g, 0, 1, t91);
+    /* t68 += x7 @ W_g */
+    symbackprop_f64_matmul_add(n, 8, 1, x7_, 1, 0, W_g, 0, 1, t68);
 
-    /* t92 = tanh(b_g + t90 + t91) */
-    LSTM_SEQUENCE_REAL *t92 = with_grads ? t89 + 8*n : t84; /* n x 8 */
+    /* t69 = tanh(b_g + t68) */
+    LSTM_SEQUENCE_REAL *t69 = with_grads ? t67 + 8*n : t60; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t92[8*i + j] = tanh(t90[8*i + j] + t91[8*i + j] + b_g[j]);
+            t69[8*i + j] = tanh(t68[8*i + j] + b_g[j]);
         }
     }
 
-    /* t93 = t83 @ U_f */
-    LSTM_SEQUENCE_REAL *t93 = with_grads ? t90 : t85; /* n x 8, in t90's memory */
-    symbackprop_f64_matmul(n, 8, 8, t83, 8, 1, U_f, 8, 1, t93);
+    /* t70 = t63 @ U_f, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t70 = with_grads ? t68 : t62; /* n x 8, in t68's memory */
+    symbackprop_f64_matmul(n, 8, 8, t63, 8, 1, U_f, 8, 1, t70);
 
-    /* t94 = x7 @ W_f */
-    LSTM_SEQUENCE_REAL *t94 = with_grads ? t91 : t87; /* n x 8, in t91's memory */
-    symbackprop_f64_matmul(n, 8, 1, x7_, 1, 0, W_f, 0, 1, t94);
+    /* t70 += x7 @ W_f */
+    symbackprop_f64_matmul_add(n, 8, 1, x7_, 1, 0, W_f, 0, 1, t70);
 
-    /* t95 = sigmoid(b_f + t93 + t94) */
-    /* t96 = t81*sigmoid(b_f + t93 + t94) + t89*t92 */
-    /* t97 = tanh(t81*sigmoid(b_f + t93 + t94) + t89*t92) */
-    /* t98 = t86*tanh(t81*sigmoid(b_f + t93 + t94) + t89*t92) */
-    LSTM_SEQUENCE_REAL *t95 = with_grads ? t92 + 8*n : t88; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t96 = with_grads ? t95 + 8*n : t90; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t97 = with_grads ? t96 + 8*n : t91; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t98 = with_grads ? t97 + 8*n : t83; /* n x 8 */
+    /* t71 = sigmoid(b_f + t70) */
+    /* t72 = t61*sigmoid(b_f + t70) + t67*t69 */
+    /* t73 = tanh(t61*sigmoid(b_f + t70) + t67*t69) */
+    /* t74 = t65*tanh(t61*sigmoid(b_f + t70) + t67*t69) */
+    LSTM_SEQUENCE_REAL *t71 = with_grads ? t69 + 8*n : t64; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t72 = with_grads ? t71 + 8*n : t66; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t73 = with_grads ? t72 + 8*n : t68; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t74 = with_grads ? t73 + 8*n : t63; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t93[8*i + j] + t94[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t93[8*i + j] + t94[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t93[8*i + j] + t94[8*i + j] + b_f[j]))));
-            const LSTM_SEQUENCE_REAL x1 = t89[8*i + j]*t92[8*i + j] + t81[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x0 = (((t70[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t70[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t70[8*i + j] + b_f[j]))));
+            const LSTM_SEQUENCE_REAL x1 = t67[8*i + j]*t69[8*i + j] + t61[8*i + j]*x0;
             const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t95[8*i + j] = x0;
-            t96[8*i + j] = x1;
-            t97[8*i + j] = x2;
-            t98[8*i + j] = t86[8*i + j]*x2;
+            t71[8*i + j] = x0;
+            t72[8*i + j] = x1;
+            t73[8*i + j] = x2;
+            t74[8*i + j] = t65[8*i + j]*x2;
         }
     }
 
-    /* t99 = t98 @ U_o */
-    LSTM_SEQUENCE_REAL *t99 = with_grads ? t93 : t81; /* n x 8, in t93's memory */
-    symbackprop_f64_matmul(n, 8, 8, t98, 8, 1, U_o, 8, 1, t99);
+    /* t75 = t74 @ U_o, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t75 = with_grads ? t70 : t61; /* n x 8, in t70's memory */
+    symbackprop_f64_matmul(n, 8, 8, t74, 8, 1, U_o, 8, 1, t75);
 
-    /* t100 = x8 @ W_o */
-    LSTM_SEQUENCE_REAL *t100 = with_grads ? t94 : t86; /* n x 8, in t94's memory */
-    symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_o, 0, 1, t100);
+    /* t75 += x8 @ W_o */
+    symbackprop_f64_matmul_add(n, 8, 1, x8_, 1, 0, W_o, 0, 1, t75);
 
-    /* t101 = sigmoid(b_o + t100 + t99) */
-    LSTM_SEQUENCE_REAL *t101 = with_grads ? t98 + 8*n : t89; /* n x 8 */
+    /* t76 = sigmoid(b_o + t75) */
+    LSTM_SEQUENCE_REAL *t76 = with_grads ? t74 + 8*n : t65; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t101[8*i + j] = (((t99[8*i + j] + t100[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t99[8*i + j] + t100[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t99[8*i + j] + t100[8*i + j] + b_o[j]))));
+            t76[8*i + j] = (((t75[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t75[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t75[8*i + j] + b_o[j]))));
         }
     }
 
-    /* t102 = t98 @ U_i */
-    LSTM_SEQUENCE_REAL *t102 = with_grads ? t99 : t92; /* n x 8, in t99's memory */
-    symbackprop_f64_matmul(n, 8, 8, t98, 8, 1, U_i, 8, 1, t102);
+    /* t77 = t74 @ U_i, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t77 = with_grads ? t75 : t67; /* n x 8, in t75's memory */
+    symbackprop_f64_matmul(n, 8, 8, t74, 8, 1, U_i, 8, 1, t77);
 
-    /* t103 = x8 @ W_i */
-    LSTM_SEQUENCE_REAL *t103 = with_grads ? t100 : t93; /* n x 8, in t100's memory */
-    symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_i, 0, 1, t103);
+    /* t77 += x8 @ W_i */
+    symbackprop_f64_matmul_add(n, 8, 1, x8_, 1, 0, W_i, 0, 1, t77);
 
-    /* t104 = sigmoid(b_i + t102 + t103) */
-    LSTM_SEQUENCE_REAL *t104 = with_grads ? t101 + 8*n : t94; /* n x 8 */
+    /* t78 = sigmoid(b_i + t77) */
+    LSTM_SEQUENCE_REAL *t78 = with_grads ? t76 + 8*n : t69; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t104[8*i + j] = (((t102[8*i + j] + t103[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t102[8*i + j] + t103[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t102[8*i + j] + t103[8*i + j] + b_i[j]))));
+            t78[8*i + j] = (((t77[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t77[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t77[8*i + j] + b_i[j]))));
         }
     }
 
-    /* t105 = t98 @ U_g */
-    LSTM_SEQUENCE_REAL *t105 = with_grads ? t102 : t95; /* n x 8, in t102's memory */
-    symbackprop_f64_matmul(n, 8, 8, t98, 8, 1, U_g, 8, 1, t105);
+    /* t79 = t74 @ U_g, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t79 = with_grads ? t77 : t70; /* n x 8, in t77's memory */
+    symbackprop_f64_matmul(n, 8, 8, t74, 8, 1, U_g, 8, 1, t79);
 
-    /* t106 = x8 @ W_g */
-    LSTM_SEQUENCE_REAL *t106 = with_grads ? t103 : t97; /* n x 8, in t103's memory */
-    symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_g, 0, 1, t106);
+    /* t79 += x8 @ W_g */
+    symbackprop_f64_matmul_add(n, 8, 1, x8_, 1, 0, W_g, 0, 1, t79);
 
-    /* t107 = tanh(b_g + t105 + t106) */
-    LSTM_SEQUENCE_REAL *t107 = with_grads ? t104 + 8*n : t99; /* n x 8 */
+    /* t80 = tanh(b_g + t79) */
+    LSTM_SEQUENCE_REAL *t80 = with_grads ? t78 + 8*n : t71; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            t107[8*i + j] = tanh(t105[8*i + j] + t106[8*i + j] + b_g[j]);
+            t80[8*i + j] = tanh(t79[8*i + j] + b_g[j]);
         }
     }
 
-    /* t108 = t98 @ U_f */
-    LSTM_SEQUENCE_REAL *t108 = with_grads ? t105 : t100; /* n x 8, in t105's memory */
-    symbackprop_f64_matmul(n, 8, 8, t98, 8, 1, U_f, 8, 1, t108);
+    /* t81 = t74 @ U_f, the first of 2 products added up here */
+    LSTM_SEQUENCE_REAL *t81 = with_grads ? t79 : t73; /* n x 8, in t79's memory */
+    symbackprop_f64_matmul(n, 8, 8, t74, 8, 1, U_f, 8, 1, t81);
 
-    /* t109 = x8 @ W_f */
-    LSTM_SEQUENCE_REAL *t109 = with_grads ? t106 : t102; /* n x 8, in t106's memory */
-    symbackprop_f64_matmul(n, 8, 1, x8_, 1, 0, W_f, 0, 1, t109);
+    /* t81 += x8 @ W_f */
+    symbackprop_f64_matmul_add(n, 8, 1, x8_, 1, 0, W_f, 0, 1, t81);
 
-    /* t110 = sigmoid(b_f + t108 + t109) */
-    /* t111 = tanh(t104*t107 + t96*sigmoid(b_f + t108 + t109)) */
-    /* t112 = t101*tanh(t104*t107 + t96*sigmoid(b_f + t108 + t109)) */
-    LSTM_SEQUENCE_REAL *t110 = with_grads ? t107 + 8*n : t103; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t111 = with_grads ? t110 + 8*n : t105; /* n x 8 */
-    LSTM_SEQUENCE_REAL *t112 = with_grads ? t111 + 8*n : t106; /* n x 8 */
+    /* t82 = sigmoid(b_f + t81) */
+    /* t83 = tanh(t72*sigmoid(b_f + t81) + t78*t80) */
+    /* t84 = t76*tanh(t72*sigmoid(b_f + t81) + t78*t80) */
+    LSTM_SEQUENCE_REAL *t82 = with_grads ? t80 + 8*n : t75; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t83 = with_grads ? t82 + 8*n : t77; /* n x 8 */
+    LSTM_SEQUENCE_REAL *t84 = with_grads ? t83 + 8*n : t79; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t108[8*i + j] + t109[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t108[8*i + j] + t109[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t108[8*i + j] + t109[8*i + j] + b_f[j]))));
-            const LSTM_SEQUENCE_REAL x1 = tanh(t104[8*i + j]*t107[8*i + j] + t96[8*i + j]*x0);
-            t110[8*i + j] = x0;
-            t111[8*i + j] = x1;
-            t112[8*i + j] = t101[8*i + j]*x1;
+            const LSTM_SEQUENCE_REAL x0 = (((t81[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t81[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t81[8*i + j] + b_f[j]))));
+            const LSTM_SEQUENCE_REAL x1 = tanh(t78[8*i + j]*t80[8*i + j] + t72[8*i + j]*x0);
+            t82[8*i + j] = x0;
+            t83[8*i + j] = x1;
+            t84[8*i + j] = t76[8*i + j]*x1;
         }
     }
 
-    /* t113 = t112 @ V */
-    LSTM_SEQUENCE_REAL *t113 = with_grads ? t112 + 8*n : t23 + 8*n; /* n x 1 */
-    symbackprop_f64_matmul(n, 1, 8, t112, 8, 1, V, 1, 0, t113);
+    /* t85 = t84 @ V */
+    LSTM_SEQUENCE_REAL *t85 = with_grads ? t84 + 8*n : t19 + 8*n; /* n x 1 */
+    symbackprop_f64_matmul(n, 1, 8, t84, 8, 1, V, 1, 0, t85);
 
-    /* logit = c0 + t113 */
-    /* t114 = -y*(c0 + t113) + softplus(c0 + t113) */
-    /* grad_logit = -y/n + sigmoid(c0 + t113)/n */
-    LSTM_SEQUENCE_REAL *t114 = t113 + n; /* n x 1 */
-    LSTM_SEQUENCE_REAL *grad_logit = t114 + n; /* n x 1 */
+    /* logit = c0 + t85 */
+    /* t86 = -y*(c0 + t85) + softplus(c0 + t85) */
+    /* grad_logit = -y/n + sigmoid(c0 + t85)/n */
+    LSTM_SEQUENCE_REAL *t86 = t85 + n; /* n x 1 */
+    LSTM_SEQUENCE_REAL *grad_logit = t86 + n; /* n x 1 */
     {
         const LSTM_SEQUENCE_REAL c0_value = c0[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < n; ++i) {
-            const LSTM_SEQUENCE_REAL x0 = t113[i] + c0_value;
+            const LSTM_SEQUENCE_REAL x0 = t85[i] + c0_value;
             const LSTM_SEQUENCE_REAL x1 = 1.0/((LSTM_SEQUENCE_REAL)n);
             logit[i] = x0;
-            t114[i] = -y[i]*x0 + (((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
+            t86[i] = -y[i]*x0 + (((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
             grad_logit[i] = -y[i]*x1 + x1*(((x0) >= 0 ? 1.0 : exp(-fabs(x0))) / (1.0 + exp(-fabs(x0))));
         }
     }
 
-    /* t115 = sum of t114 down each column */
-    LSTM_SEQUENCE_REAL *t115 = grad_logit + n; /* 1 x 1 */
-    t115[0] = symbackprop_f64_sum(t114, n, 1);
+    /* t87 = sum of t86 down each column */
+    LSTM_SEQUENCE_REAL *t87 = grad_logit + n; /* 1 x 1 */
+    t87[0] = symbackprop_f64_sum(t86, n, 1);
 
-    /* loss = t115/n */
+    /* loss = t87/n */
     {
-        loss[0] = t115[0]/((LSTM_SEQUENCE_REAL)n);
+        loss[0] = t87[0]/((LSTM_SEQUENCE_REAL)n);
     }
 }
 #endif
@@ -829,14 +800,14 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 /* lstm_sequence_run, part 4 of 8 (kernels 95 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 1; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     int64_t n,
     const LSTM_SEQUENCE_REAL *V,
     LSTM_SEQUENCE_REAL *work,
     int with_grads
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     int64_t n,
     const LSTM_SEQUENCE_REAL *V,
@@ -844,41 +815,40 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     int with_grads
 )
 {
-    LSTM_SEQUENCE_REAL *t96 = with_grads ? work + 376*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t101 = with_grads ? work + 400*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t104 = with_grads ? work + 408*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t107 = with_grads ? work + 416*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t108 = with_grads ? work : work + 56*n; /* n x 8, in t105's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t109 = with_grads ? work + 56*n : work; /* n x 8, in t106's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t110 = with_grads ? work + 424*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t111 = with_grads ? work + 432*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_logit = with_grads ? work + 450*n : work + 82*n; /* n x 1; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t115 = with_grads ? work + 451*n : work + 83*n; /* 1 x 1; placed in an earlier part */
-    /* grad_t112 = grad_logit @ V^T */
-    LSTM_SEQUENCE_REAL *grad_t112 = t108; /* n x 8, in t108's memory */
-    symbackprop_f64_matmul(n, 8, 1, grad_logit, 1, 0, V, 0, 1, grad_t112);
+    LSTM_SEQUENCE_REAL *t72 = with_grads ? work + 368*n : work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t76 = with_grads ? work + 392*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t78 = with_grads ? work + 400*n : work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t80 = with_grads ? work + 408*n : work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t81 = work; /* n x 8, in t79's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t82 = with_grads ? work + 416*n : work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t83 = with_grads ? work + 424*n : work + 24*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_logit = with_grads ? work + 442*n : work + 74*n; /* n x 1; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t87 = with_grads ? work + 443*n : work + 75*n; /* 1 x 1; placed in an earlier part */
+    /* grad_t84 = grad_logit @ V^T */
+    LSTM_SEQUENCE_REAL *grad_t84 = t81; /* n x 8, in t81's memory */
+    symbackprop_f64_matmul(n, 8, 1, grad_logit, 1, 0, V, 0, 1, grad_t84);
 
-    /* g0 = grad_t112*t101*(1 - t111**2) */
-    /* g1 = grad_t112*t101*t104*t107*(1 - t104)*(1 - t111**2) */
-    /* g2 = grad_t112*t101*t110*t96*(1 - t110)*(1 - t111**2) */
-    /* g3 = grad_t112*t101*t104*(1 - t107**2)*(1 - t111**2) */
-    /* g4 = grad_t112*t101*t111*(1 - t101) */
-    LSTM_SEQUENCE_REAL *g0 = t109; /* n x 8, in t109's memory */
-    LSTM_SEQUENCE_REAL *g1 = t115 + 1; /* n x 8 */
+    /* g0 = grad_t84*t76*(1 - t83**2) */
+    /* g1 = grad_t84*t76*t78*t80*(1 - t78)*(1 - t83**2) */
+    /* g2 = grad_t84*t72*t76*t82*(1 - t82)*(1 - t83**2) */
+    /* g3 = grad_t84*t76*t78*(1 - t80**2)*(1 - t83**2) */
+    /* g4 = grad_t84*t76*t83*(1 - t76) */
+    LSTM_SEQUENCE_REAL *g0 = t87 + 1; /* n x 8 */
+    LSTM_SEQUENCE_REAL *g1 = g0 + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *g2 = g1 + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *g3 = g2 + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *g4 = g3 + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_t112[8*i + j]*t101[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = x0*(1 - (t111[8*i + j]*t111[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t104[8*i + j]*x1;
+            const LSTM_SEQUENCE_REAL x0 = grad_t84[8*i + j]*t76[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = x0*(1 - (t83[8*i + j]*t83[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t78[8*i + j]*x1;
             g0[8*i + j] = x1;
-            g1[8*i + j] = t107[8*i + j]*x2*(1 - t104[8*i + j]);
-            g2[8*i + j] = t96[8*i + j]*t110[8*i + j]*x1*(1 - t110[8*i + j]);
-            g3[8*i + j] = x2*(1 - (t107[8*i + j]*t107[8*i + j]));
-            g4[8*i + j] = t111[8*i + j]*x0*(1 - t101[8*i + j]);
+            g1[8*i + j] = t80[8*i + j]*x2*(1 - t78[8*i + j]);
+            g2[8*i + j] = t72[8*i + j]*t82[8*i + j]*x1*(1 - t82[8*i + j]);
+            g3[8*i + j] = x2*(1 - (t80[8*i + j]*t80[8*i + j]));
+            g4[8*i + j] = t83[8*i + j]*x0*(1 - t76[8*i + j]);
         }
     }
 }
@@ -900,6 +870,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     const LSTM_SEQUENCE_REAL *U_f,
     const LSTM_SEQUENCE_REAL *U_g,
     const LSTM_SEQUENCE_REAL *U_o,
+    LSTM_SEQUENCE_REAL *grad_W_i,
     LSTM_SEQUENCE_REAL *work,
     int with_grads
 );
@@ -916,311 +887,266 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     const LSTM_SEQUENCE_REAL *U_f,
     const LSTM_SEQUENCE_REAL *U_g,
     const LSTM_SEQUENCE_REAL *U_o,
+    LSTM_SEQUENCE_REAL *grad_W_i,
     LSTM_SEQUENCE_REAL *work,
     int with_grads
 )
 {
-    LSTM_SEQUENCE_REAL *t21 = with_grads ? work + 96*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t26 = with_grads ? work + 120*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t29 = with_grads ? work + 128*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t32 = with_grads ? work + 136*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t35 = with_grads ? work + 144*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t36 = with_grads ? work + 152*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t37 = with_grads ? work + 160*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t41 = with_grads ? work + 176*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t44 = with_grads ? work + 184*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t47 = with_grads ? work + 192*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t50 = with_grads ? work + 200*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t51 = with_grads ? work + 208*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t52 = with_grads ? work + 216*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t56 = with_grads ? work + 232*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t59 = with_grads ? work + 240*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t62 = with_grads ? work + 248*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t65 = with_grads ? work + 256*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t66 = with_grads ? work + 264*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t67 = with_grads ? work + 272*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t71 = with_grads ? work + 288*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t74 = with_grads ? work + 296*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t77 = with_grads ? work + 304*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t80 = with_grads ? work + 312*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t81 = with_grads ? work + 320*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t82 = with_grads ? work + 328*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t86 = with_grads ? work + 344*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t89 = with_grads ? work + 352*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t92 = with_grads ? work + 360*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t95 = with_grads ? work + 368*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t96 = with_grads ? work + 376*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t97 = with_grads ? work + 384*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t101 = with_grads ? work + 400*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t104 = with_grads ? work + 408*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t107 = with_grads ? work + 416*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t110 = with_grads ? work + 424*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t111 = with_grads ? work + 432*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t112 = work; /* n x 8, in t108's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g0 = work + 56*n; /* n x 8, in t109's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t17 = with_grads ? work + 88*n : work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t21 = with_grads ? work + 112*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t23 = with_grads ? work + 120*n : work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t25 = with_grads ? work + 128*n : work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t27 = with_grads ? work + 136*n : work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t28 = with_grads ? work + 144*n : work + 24*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t29 = with_grads ? work + 152*n : work; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t32 = with_grads ? work + 168*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t34 = with_grads ? work + 176*n : work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t36 = with_grads ? work + 184*n : work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t38 = with_grads ? work + 192*n : work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t39 = with_grads ? work + 200*n : work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t40 = with_grads ? work + 208*n : work + 56*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t43 = with_grads ? work + 224*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t45 = with_grads ? work + 232*n : work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t47 = with_grads ? work + 240*n : work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t49 = with_grads ? work + 248*n : work + 24*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t50 = with_grads ? work + 256*n : work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t51 = with_grads ? work + 264*n : work; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t54 = with_grads ? work + 280*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t56 = with_grads ? work + 288*n : work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t58 = with_grads ? work + 296*n : work + 24*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t60 = with_grads ? work + 304*n : work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t61 = with_grads ? work + 312*n : work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t62 = with_grads ? work + 320*n : work + 56*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t65 = with_grads ? work + 336*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t67 = with_grads ? work + 344*n : work + 24*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t69 = with_grads ? work + 352*n : work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t71 = with_grads ? work + 360*n : work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t72 = with_grads ? work + 368*n : work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t73 = with_grads ? work + 376*n : work; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t76 = with_grads ? work + 392*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t78 = with_grads ? work + 400*n : work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t80 = with_grads ? work + 408*n : work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t82 = with_grads ? work + 416*n : work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t83 = with_grads ? work + 424*n : work + 24*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t84 = work; /* n x 8, in t81's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g0 = work + 443*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g1 = work + 451*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g2 = work + 459*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g3 = work + 467*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g4 = work + 475*n + 1; /* n x 8; placed in an earlier part */
-    /* grad_W_i_part = x8^T @ g1 */
-    LSTM_SEQUENCE_REAL *grad_W_i_part = g4 + 8*n; /* 1 x 8 */
-    symbackprop_f64_matmul(1, 8, n, x8_, 0, 1, g1, 8, 1, grad_W_i_part);
+    /* grad_W_i = x8^T @ g1, the first of 8 products added up here */
+    symbackprop_f64_matmul(1, 8, n, x8_, 0, 1, g1, 8, 1, grad_W_i);
 
-    /* grad_t98_part = g2 @ U_f^T */
-    LSTM_SEQUENCE_REAL *grad_t98_part = t96; /* n x 8, in t96's memory */
-    symbackprop_f64_matmul(n, 8, 8, g2, 8, 1, U_f, 1, 8, grad_t98_part);
+    /* grad_t74 = g2 @ U_f^T, the first of 4 products added up here */
+    LSTM_SEQUENCE_REAL *grad_t74 = t72; /* n x 8, in t72's memory */
+    symbackprop_f64_matmul(n, 8, 8, g2, 8, 1, U_f, 1, 8, grad_t74);
 
-    /* grad_t98_part_1 = g3 @ U_g^T */
-    LSTM_SEQUENCE_REAL *grad_t98_part_1 = t101; /* n x 8, in t101's memory */
-    symbackprop_f64_matmul(n, 8, 8, g3, 8, 1, U_g, 1, 8, grad_t98_part_1);
+    /* grad_t74 += g3 @ U_g^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g3, 8, 1, U_g, 1, 8, grad_t74);
 
-    /* grad_t98_part_2 = g1 @ U_i^T */
-    LSTM_SEQUENCE_REAL *grad_t98_part_2 = t104; /* n x 8, in t104's memory */
-    symbackprop_f64_matmul(n, 8, 8, g1, 8, 1, U_i, 1, 8, grad_t98_part_2);
+    /* grad_t74 += g1 @ U_i^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g1, 8, 1, U_i, 1, 8, grad_t74);
 
-    /* grad_t98_part_3 = g4 @ U_o^T */
-    LSTM_SEQUENCE_REAL *grad_t98_part_3 = t107; /* n x 8, in t107's memory */
-    symbackprop_f64_matmul(n, 8, 8, g4, 8, 1, U_o, 1, 8, grad_t98_part_3);
+    /* grad_t74 += g4 @ U_o^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g4, 8, 1, U_o, 1, 8, grad_t74);
 
-    /* grad_t96 = g0*t110 + t86*(1 - t97**2)*(grad_t98_part + grad_t98_part_1 +
-     * grad_t98_part_2 + grad_t98_part_3) */
-    /* g5 = t89*t92*(1 - t89)*(g0*t110 + t86*(1 - t97**2)*(grad_t98_part + grad_t98_part_1 +
-     * grad_t98_part_2 + grad_t98_part_3)) */
-    /* g6 = t81*t95*(1 - t95)*(g0*t110 + t86*(1 - t97**2)*(grad_t98_part + grad_t98_part_1 +
-     * grad_t98_part_2 + grad_t98_part_3)) */
-    /* g7 = t89*(1 - t92**2)*(g0*t110 + t86*(1 - t97**2)*(grad_t98_part + grad_t98_part_1 +
-     * grad_t98_part_2 + grad_t98_part_3)) */
-    /* g8 = t86*t97*(1 - t86)*(grad_t98_part + grad_t98_part_1 + grad_t98_part_2 +
-     * grad_t98_part_3) */
-    LSTM_SEQUENCE_REAL *grad_t96 = t111; /* n x 8, in t111's memory */
-    LSTM_SEQUENCE_REAL *g5 = grad_t112; /* n x 8, in grad_t112's memory */
-    LSTM_SEQUENCE_REAL *g6 = grad_W_i_part + 8; /* n x 8 */
-    LSTM_SEQUENCE_REAL *g7 = g6 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *g8 = g7 + 8*n; /* n x 8 */
+    /* grad_t72 = g0*t82 + grad_t74*t65*(1 - t73**2) */
+    /* g5 = t67*t69*(1 - t67)*(g0*t82 + grad_t74*t65*(1 - t73**2)) */
+    /* g6 = t61*t71*(1 - t71)*(g0*t82 + grad_t74*t65*(1 - t73**2)) */
+    /* g7 = t67*(1 - t69**2)*(g0*t82 + grad_t74*t65*(1 - t73**2)) */
+    /* g8 = grad_t74*t65*t73*(1 - t65) */
+    LSTM_SEQUENCE_REAL *grad_t72 = t76; /* n x 8, in t76's memory */
+    LSTM_SEQUENCE_REAL *g5 = t78; /* n x 8, in t78's memory */
+    LSTM_SEQUENCE_REAL *g6 = t80; /* n x 8, in t80's memory */
+    LSTM_SEQUENCE_REAL *g7 = t83; /* n x 8, in t83's memory */
+    LSTM_SEQUENCE_REAL *g8 = grad_t84; /* n x 8, in grad_t84's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = t86[8*i + j]*(grad_t98_part[8*i + j] + grad_t98_part_1[8*i + j] + grad_t98_part_2[8*i + j] + grad_t98_part_3[8*i + j]);
-            const LSTM_SEQUENCE_REAL x1 = g0[8*i + j]*t110[8*i + j] + x0*(1 - (t97[8*i + j]*t97[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t89[8*i + j]*x1;
-            grad_t96[8*i + j] = x1;
-            g5[8*i + j] = t92[8*i + j]*x2*(1 - t89[8*i + j]);
-            g6[8*i + j] = t81[8*i + j]*t95[8*i + j]*x1*(1 - t95[8*i + j]);
-            g7[8*i + j] = x2*(1 - (t92[8*i + j]*t92[8*i + j]));
-            g8[8*i + j] = t97[8*i + j]*x0*(1 - t86[8*i + j]);
+            const LSTM_SEQUENCE_REAL x0 = grad_t74[8*i + j]*t65[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = g0[8*i + j]*t82[8*i + j] + x0*(1 - (t73[8*i + j]*t73[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t67[8*i + j]*x1;
+            grad_t72[8*i + j] = x1;
+            g5[8*i + j] = t69[8*i + j]*x2*(1 - t67[8*i + j]);
+            g6[8*i + j] = t61[8*i + j]*t71[8*i + j]*x1*(1 - t71[8*i + j]);
+            g7[8*i + j] = x2*(1 - (t69[8*i + j]*t69[8*i + j]));
+            g8[8*i + j] = t73[8*i + j]*x0*(1 - t65[8*i + j]);
         }
     }
 
-    /* grad_W_i_part_1 = x7^T @ g5 */
-    LSTM_SEQUENCE_REAL *grad_W_i_part_1 = g8 + 8*n; /* 1 x 8 */
-    symbackprop_f64_matmul(1, 8, n, x7_, 0, 1, g5, 8, 1, grad_W_i_part_1);
+    /* grad_W_i += x7^T @ g5 */
+    symbackprop_f64_matmul_add(1, 8, n, x7_, 0, 1, g5, 8, 1, grad_W_i);
 
-    /* grad_t83_part = g6 @ U_f^T */
-    LSTM_SEQUENCE_REAL *grad_t83_part = t81; /* n x 8, in t81's memory */
-    symbackprop_f64_matmul(n, 8, 8, g6, 8, 1, U_f, 1, 8, grad_t83_part);
+    /* grad_t63 = g6 @ U_f^T, the first of 4 products added up here */
+    LSTM_SEQUENCE_REAL *grad_t63 = t61; /* n x 8, in t61's memory */
+    symbackprop_f64_matmul(n, 8, 8, g6, 8, 1, U_f, 1, 8, grad_t63);
 
-    /* grad_t83_part_1 = g7 @ U_g^T */
-    LSTM_SEQUENCE_REAL *grad_t83_part_1 = t86; /* n x 8, in t86's memory */
-    symbackprop_f64_matmul(n, 8, 8, g7, 8, 1, U_g, 1, 8, grad_t83_part_1);
+    /* grad_t63 += g7 @ U_g^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g7, 8, 1, U_g, 1, 8, grad_t63);
 
-    /* grad_t83_part_2 = g5 @ U_i^T */
-    LSTM_SEQUENCE_REAL *grad_t83_part_2 = t89; /* n x 8, in t89's memory */
-    symbackprop_f64_matmul(n, 8, 8, g5, 8, 1, U_i, 1, 8, grad_t83_part_2);
+    /* grad_t63 += g5 @ U_i^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g5, 8, 1, U_i, 1, 8, grad_t63);
 
-    /* grad_t83_part_3 = g8 @ U_o^T */
-    LSTM_SEQUENCE_REAL *grad_t83_part_3 = t92; /* n x 8, in t92's memory */
-    symbackprop_f64_matmul(n, 8, 8, g8, 8, 1, U_o, 1, 8, grad_t83_part_3);
+    /* grad_t63 += g8 @ U_o^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g8, 8, 1, U_o, 1, 8, grad_t63);
 
-    /* grad_t81 = grad_t96*t95 + t71*(1 - t82**2)*(grad_t83_part + grad_t83_part_1 +
-     * grad_t83_part_2 + grad_t83_part_3) */
-    /* g9 = t74*t77*(1 - t74)*(grad_t96*t95 + t71*(1 - t82**2)*(grad_t83_part +
-     * grad_t83_part_1 + grad_t83_part_2 + grad_t83_part_3)) */
-    /* g10 = t66*t80*(1 - t80)*(grad_t96*t95 + t71*(1 - t82**2)*(grad_t83_part +
-     * grad_t83_part_1 + grad_t83_part_2 + grad_t83_part_3)) */
-    /* g11 = t74*(1 - t77**2)*(grad_t96*t95 + t71*(1 - t82**2)*(grad_t83_part +
-     * grad_t83_part_1 + grad_t83_part_2 + grad_t83_part_3)) */
-    /* g12 = t71*t82*(1 - t71)*(grad_t83_part + grad_t83_part_1 + grad_t83_part_2 +
-     * grad_t83_part_3) */
-    LSTM_SEQUENCE_REAL *grad_t81 = t97; /* n x 8, in t97's memory */
-    LSTM_SEQUENCE_REAL *g9 = t110; /* n x 8, in t110's memory */
-    LSTM_SEQUENCE_REAL *g10 = g0; /* n x 8, in g0's memory */
-    LSTM_SEQUENCE_REAL *g11 = grad_t98_part; /* n x 8, in grad_t98_part's memory */
-    LSTM_SEQUENCE_REAL *g12 = grad_t98_part_1; /* n x 8, in grad_t98_part_1's memory */
+    /* grad_t61 = grad_t63*t54*(1 - t62**2) + grad_t72*t71 */
+    /* g9 = t56*t58*(1 - t56)*(grad_t63*t54*(1 - t62**2) + grad_t72*t71) */
+    /* g10 = t50*t60*(1 - t60)*(grad_t63*t54*(1 - t62**2) + grad_t72*t71) */
+    /* g11 = t56*(1 - t58**2)*(grad_t63*t54*(1 - t62**2) + grad_t72*t71) */
+    /* g12 = grad_t63*t54*t62*(1 - t54) */
+    LSTM_SEQUENCE_REAL *grad_t61 = t65; /* n x 8, in t65's memory */
+    LSTM_SEQUENCE_REAL *g9 = t67; /* n x 8, in t67's memory */
+    LSTM_SEQUENCE_REAL *g10 = t69; /* n x 8, in t69's memory */
+    LSTM_SEQUENCE_REAL *g11 = t73; /* n x 8, in t73's memory */
+    LSTM_SEQUENCE_REAL *g12 = t82; /* n x 8, in t82's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = t71[8*i + j]*(grad_t83_part[8*i + j] + grad_t83_part_1[8*i + j] + grad_t83_part_2[8*i + j] + grad_t83_part_3[8*i + j]);
-            const LSTM_SEQUENCE_REAL x1 = grad_t96[8*i + j]*t95[8*i + j] + x0*(1 - (t82[8*i + j]*t82[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t74[8*i + j]*x1;
-            grad_t81[8*i + j] = x1;
-            g9[8*i + j] = t77[8*i + j]*x2*(1 - t74[8*i + j]);
-            g10[8*i + j] = t66[8*i + j]*t80[8*i + j]*x1*(1 - t80[8*i + j]);
-            g11[8*i + j] = x2*(1 - (t77[8*i + j]*t77[8*i + j]));
-            g12[8*i + j] = t82[8*i + j]*x0*(1 - t71[8*i + j]);
+            const LSTM_SEQUENCE_REAL x0 = grad_t63[8*i + j]*t54[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = grad_t72[8*i + j]*t71[8*i + j] + x0*(1 - (t62[8*i + j]*t62[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t56[8*i + j]*x1;
+            grad_t61[8*i + j] = x1;
+            g9[8*i + j] = t58[8*i + j]*x2*(1 - t56[8*i + j]);
+            g10[8*i + j] = t50[8*i + j]*t60[8*i + j]*x1*(1 - t60[8*i + j]);
+            g11[8*i + j] = x2*(1 - (t58[8*i + j]*t58[8*i + j]));
+            g12[8*i + j] = t62[8*i + j]*x0*(1 - t54[8*i + j]);
         }
     }
 
-    /* grad_W_i_part_2 = x6^T @ g9 */
-    LSTM_SEQUENCE_REAL *grad_W_i_part_2 = grad_W_i_part_1 + 8; /* 1 x 8 */
-    symbackprop_f64_matmul(1, 8, n, x6_, 0, 1, g9, 8, 1, grad_W_i_part_2);
+    /* grad_W_i += x6^T @ g9 */
+    symbackprop_f64_matmul_add(1, 8, n, x6_, 0, 1, g9, 8, 1, grad_W_i);
 
-    /* grad_t68_part = g10 @ U_f^T */
-    LSTM_SEQUENCE_REAL *grad_t68_part = grad_t98_part_2; /* n x 8, in grad_t98_part_2's memory */
-    symbackprop_f64_matmul(n, 8, 8, g10, 8, 1, U_f, 1, 8, grad_t68_part);
+    /* grad_t52 = g10 @ U_f^T, the first of 4 products added up here */
+    LSTM_SEQUENCE_REAL *grad_t52 = g0; /* n x 8, in g0's memory */
+    symbackprop_f64_matmul(n, 8, 8, g10, 8, 1, U_f, 1, 8, grad_t52);
 
-    /* grad_t68_part_1 = g11 @ U_g^T */
-    LSTM_SEQUENCE_REAL *grad_t68_part_1 = grad_t98_part_3; /* n x 8, in grad_t98_part_3's memory */
-    symbackprop_f64_matmul(n, 8, 8, g11, 8, 1, U_g, 1, 8, grad_t68_part_1);
+    /* grad_t52 += g11 @ U_g^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g11, 8, 1, U_g, 1, 8, grad_t52);
 
-    /* grad_t68_part_2 = g9 @ U_i^T */
-    LSTM_SEQUENCE_REAL *grad_t68_part_2 = t66; /* n x 8, in t66's memory */
-    symbackprop_f64_matmul(n, 8, 8, g9, 8, 1, U_i, 1, 8, grad_t68_part_2);
+    /* grad_t52 += g9 @ U_i^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g9, 8, 1, U_i, 1, 8, grad_t52);
 
-    /* grad_t68_part_3 = g12 @ U_o^T */
-    LSTM_SEQUENCE_REAL *grad_t68_part_3 = t71; /* n x 8, in t71's memory */
-    symbackprop_f64_matmul(n, 8, 8, g12, 8, 1, U_o, 1, 8, grad_t68_part_3);
+    /* grad_t52 += g12 @ U_o^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g12, 8, 1, U_o, 1, 8, grad_t52);
 
-    /* grad_t66 = grad_t81*t80 + t56*(1 - t67**2)*(grad_t68_part + grad_t68_part_1 +
-     * grad_t68_part_2 + grad_t68_part_3) */
-    /* g13 = t59*t62*(1 - t59)*(grad_t81*t80 + t56*(1 - t67**2)*(grad_t68_part +
-     * grad_t68_part_1 + grad_t68_part_2 + grad_t68_part_3)) */
-    /* g14 = t51*t65*(1 - t65)*(grad_t81*t80 + t56*(1 - t67**2)*(grad_t68_part +
-     * grad_t68_part_1 + grad_t68_part_2 + grad_t68_part_3)) */
-    /* g15 = t59*(1 - t62**2)*(grad_t81*t80 + t56*(1 - t67**2)*(grad_t68_part +
-     * grad_t68_part_1 + grad_t68_part_2 + grad_t68_part_3)) */
-    /* g16 = t56*t67*(1 - t56)*(grad_t68_part + grad_t68_part_1 + grad_t68_part_2 +
-     * grad_t68_part_3) */
-    LSTM_SEQUENCE_REAL *grad_t66 = t74; /* n x 8, in t74's memory */
-    LSTM_SEQUENCE_REAL *g13 = t77; /* n x 8, in t77's memory */
-    LSTM_SEQUENCE_REAL *g14 = t82; /* n x 8, in t82's memory */
-    LSTM_SEQUENCE_REAL *g15 = t95; /* n x 8, in t95's memory */
-    LSTM_SEQUENCE_REAL *g16 = grad_t96; /* n x 8, in grad_t96's memory */
+    /* grad_t50 = grad_t52*t43*(1 - t51**2) + grad_t61*t60 */
+    /* g13 = t45*t47*(1 - t45)*(grad_t52*t43*(1 - t51**2) + grad_t61*t60) */
+    /* g14 = t39*t49*(1 - t49)*(grad_t52*t43*(1 - t51**2) + grad_t61*t60) */
+    /* g15 = t45*(1 - t47**2)*(grad_t52*t43*(1 - t51**2) + grad_t61*t60) */
+    /* g16 = grad_t52*t43*t51*(1 - t43) */
+    LSTM_SEQUENCE_REAL *grad_t50 = grad_t74; /* n x 8, in grad_t74's memory */
+    LSTM_SEQUENCE_REAL *g13 = t50; /* n x 8, in t50's memory */
+    LSTM_SEQUENCE_REAL *g14 = t54; /* n x 8, in t54's memory */
+    LSTM_SEQUENCE_REAL *g15 = t56; /* n x 8, in t56's memory */
+    LSTM_SEQUENCE_REAL *g16 = t58; /* n x 8, in t58's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = t56[8*i + j]*(grad_t68_part[8*i + j] + grad_t68_part_1[8*i + j] + grad_t68_part_2[8*i + j] + grad_t68_part_3[8*i + j]);
-            const LSTM_SEQUENCE_REAL x1 = grad_t81[8*i + j]*t80[8*i + j] + x0*(1 - (t67[8*i + j]*t67[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t59[8*i + j]*x1;
-            grad_t66[8*i + j] = x1;
-            g13[8*i + j] = t62[8*i + j]*x2*(1 - t59[8*i + j]);
-            g14[8*i + j] = t51[8*i + j]*t65[8*i + j]*x1*(1 - t65[8*i + j]);
-            g15[8*i + j] = x2*(1 - (t62[8*i + j]*t62[8*i + j]));
-            g16[8*i + j] = t67[8*i + j]*x0*(1 - t56[8*i + j]);
+            const LSTM_SEQUENCE_REAL x0 = grad_t52[8*i + j]*t43[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = grad_t61[8*i + j]*t60[8*i + j] + x0*(1 - (t51[8*i + j]*t51[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t45[8*i + j]*x1;
+            grad_t50[8*i + j] = x1;
+            g13[8*i + j] = t47[8*i + j]*x2*(1 - t45[8*i + j]);
+            g14[8*i + j] = t39[8*i + j]*t49[8*i + j]*x1*(1 - t49[8*i + j]);
+            g15[8*i + j] = x2*(1 - (t47[8*i + j]*t47[8*i + j]));
+            g16[8*i + j] = t51[8*i + j]*x0*(1 - t43[8*i + j]);
         }
     }
 
-    /* grad_W_i_part_3 = x5^T @ g13 */
-    LSTM_SEQUENCE_REAL *grad_W_i_part_3 = grad_W_i_part_2 + 8; /* 1 x 8 */
-    symbackprop_f64_matmul(1, 8, n, x5_, 0, 1, g13, 8, 1, grad_W_i_part_3);
+    /* grad_W_i += x5^T @ g13 */
+    symbackprop_f64_matmul_add(1, 8, n, x5_, 0, 1, g13, 8, 1, grad_W_i);
 
-    /* grad_t53_part = g14 @ U_f^T */
-    LSTM_SEQUENCE_REAL *grad_t53_part = grad_t83_part; /* n x 8, in grad_t83_part's memory */
-    symbackprop_f64_matmul(n, 8, 8, g14, 8, 1, U_f, 1, 8, grad_t53_part);
+    /* grad_t41 = g14 @ U_f^T, the first of 4 products added up here */
+    LSTM_SEQUENCE_REAL *grad_t41 = t62; /* n x 8, in t62's memory */
+    symbackprop_f64_matmul(n, 8, 8, g14, 8, 1, U_f, 1, 8, grad_t41);
 
-    /* grad_t53_part_1 = g15 @ U_g^T */
-    LSTM_SEQUENCE_REAL *grad_t53_part_1 = grad_t83_part_1; /* n x 8, in grad_t83_part_1's memory */
-    symbackprop_f64_matmul(n, 8, 8, g15, 8, 1, U_g, 1, 8, grad_t53_part_1);
+    /* grad_t41 += g15 @ U_g^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g15, 8, 1, U_g, 1, 8, grad_t41);
 
-    /* grad_t53_part_2 = g13 @ U_i^T */
-    LSTM_SEQUENCE_REAL *grad_t53_part_2 = grad_t83_part_2; /* n x 8, in grad_t83_part_2's memory */
-    symbackprop_f64_matmul(n, 8, 8, g13, 8, 1, U_i, 1, 8, grad_t53_part_2);
+    /* grad_t41 += g13 @ U_i^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g13, 8, 1, U_i, 1, 8, grad_t41);
 
-    /* grad_t53_part_3 = g16 @ U_o^T */
-    LSTM_SEQUENCE_REAL *grad_t53_part_3 = grad_t83_part_3; /* n x 8, in grad_t83_part_3's memory */
-    symbackprop_f64_matmul(n, 8, 8, g16, 8, 1, U_o, 1, 8, grad_t53_part_3);
+    /* grad_t41 += g16 @ U_o^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g16, 8, 1, U_o, 1, 8, grad_t41);
 
-    /* grad_t51 = grad_t66*t65 + t41*(1 - t52**2)*(grad_t53_part + grad_t53_part_1 +
-     * grad_t53_part_2 + grad_t53_part_3) */
-    /* g17 = t44*t47*(1 - t44)*(grad_t66*t65 + t41*(1 - t52**2)*(grad_t53_part +
-     * grad_t53_part_1 + grad_t53_part_2 + grad_t53_part_3)) */
-    /* g18 = t36*t50*(1 - t50)*(grad_t66*t65 + t41*(1 - t52**2)*(grad_t53_part +
-     * grad_t53_part_1 + grad_t53_part_2 + grad_t53_part_3)) */
-    /* g19 = t44*(1 - t47**2)*(grad_t66*t65 + t41*(1 - t52**2)*(grad_t53_part +
-     * grad_t53_part_1 + grad_t53_part_2 + grad_t53_part_3)) */
-    /* g20 = t41*t52*(1 - t41)*(grad_t53_part + grad_t53_part_1 + grad_t53_part_2 +
-     * grad_t53_part_3) */
-    LSTM_SEQUENCE_REAL *grad_t51 = t51; /* n x 8, in t51's memory */
-    LSTM_SEQUENCE_REAL *g17 = t56; /* n x 8, in t56's memory */
-    LSTM_SEQUENCE_REAL *g18 = t59; /* n x 8, in t59's memory */
-    LSTM_SEQUENCE_REAL *g19 = t62; /* n x 8, in t62's memory */
-    LSTM_SEQUENCE_REAL *g20 = t67; /* n x 8, in t67's memory */
+    /* grad_t39 = grad_t41*t32*(1 - t40**2) + grad_t50*t49 */
+    /* g17 = t34*t36*(1 - t34)*(grad_t41*t32*(1 - t40**2) + grad_t50*t49) */
+    /* g18 = t28*t38*(1 - t38)*(grad_t41*t32*(1 - t40**2) + grad_t50*t49) */
+    /* g19 = t34*(1 - t36**2)*(grad_t41*t32*(1 - t40**2) + grad_t50*t49) */
+    /* g20 = grad_t41*t32*t40*(1 - t32) */
+    LSTM_SEQUENCE_REAL *grad_t39 = t71; /* n x 8, in t71's memory */
+    LSTM_SEQUENCE_REAL *g17 = grad_t72; /* n x 8, in grad_t72's memory */
+    LSTM_SEQUENCE_REAL *g18 = grad_t63; /* n x 8, in grad_t63's memory */
+    LSTM_SEQUENCE_REAL *g19 = t39; /* n x 8, in t39's memory */
+    LSTM_SEQUENCE_REAL *g20 = t43; /* n x 8, in t43's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = t41[8*i + j]*(grad_t53_part[8*i + j] + grad_t53_part_1[8*i + j] + grad_t53_part_2[8*i + j] + grad_t53_part_3[8*i + j]);
-            const LSTM_SEQUENCE_REAL x1 = grad_t66[8*i + j]*t65[8*i + j] + x0*(1 - (t52[8*i + j]*t52[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t44[8*i + j]*x1;
-            grad_t51[8*i + j] = x1;
-            g17[8*i + j] = t47[8*i + j]*x2*(1 - t44[8*i + j]);
-            g18[8*i + j] = t36[8*i + j]*t50[8*i + j]*x1*(1 - t50[8*i + j]);
-            g19[8*i + j] = x2*(1 - (t47[8*i + j]*t47[8*i + j]));
-            g20[8*i + j] = t52[8*i + j]*x0*(1 - t41[8*i + j]);
+            const LSTM_SEQUENCE_REAL x0 = grad_t41[8*i + j]*t32[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = grad_t50[8*i + j]*t49[8*i + j] + x0*(1 - (t40[8*i + j]*t40[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t34[8*i + j]*x1;
+            grad_t39[8*i + j] = x1;
+            g17[8*i + j] = t36[8*i + j]*x2*(1 - t34[8*i + j]);
+            g18[8*i + j] = t28[8*i + j]*t38[8*i + j]*x1*(1 - t38[8*i + j]);
+            g19[8*i + j] = x2*(1 - (t36[8*i + j]*t36[8*i + j]));
+            g20[8*i + j] = t40[8*i + j]*x0*(1 - t32[8*i + j]);
         }
     }
 
-    /* grad_W_i_part_4 = x4^T @ g17 */
-    LSTM_SEQUENCE_REAL *grad_W_i_part_4 = grad_W_i_part_3 + 8; /* 1 x 8 */
-    symbackprop_f64_matmul(1, 8, n, x4_, 0, 1, g17, 8, 1, grad_W_i_part_4);
+    /* grad_W_i += x4^T @ g17 */
+    symbackprop_f64_matmul_add(1, 8, n, x4_, 0, 1, g17, 8, 1, grad_W_i);
 
-    /* grad_t38_part = g18 @ U_f^T */
-    LSTM_SEQUENCE_REAL *grad_t38_part = t80; /* n x 8, in t80's memory */
-    symbackprop_f64_matmul(n, 8, 8, g18, 8, 1, U_f, 1, 8, grad_t38_part);
+    /* grad_t30 = g18 @ U_f^T, the first of 4 products added up here */
+    LSTM_SEQUENCE_REAL *grad_t30 = t45; /* n x 8, in t45's memory */
+    symbackprop_f64_matmul(n, 8, 8, g18, 8, 1, U_f, 1, 8, grad_t30);
 
-    /* grad_t38_part_1 = g19 @ U_g^T */
-    LSTM_SEQUENCE_REAL *grad_t38_part_1 = grad_t81; /* n x 8, in grad_t81's memory */
-    symbackprop_f64_matmul(n, 8, 8, g19, 8, 1, U_g, 1, 8, grad_t38_part_1);
+    /* grad_t30 += g19 @ U_g^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g19, 8, 1, U_g, 1, 8, grad_t30);
 
-    /* grad_t38_part_2 = g17 @ U_i^T */
-    LSTM_SEQUENCE_REAL *grad_t38_part_2 = grad_t68_part; /* n x 8, in grad_t68_part's memory */
-    symbackprop_f64_matmul(n, 8, 8, g17, 8, 1, U_i, 1, 8, grad_t38_part_2);
+    /* grad_t30 += g17 @ U_i^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g17, 8, 1, U_i, 1, 8, grad_t30);
 
-    /* grad_t38_part_3 = g20 @ U_o^T */
-    LSTM_SEQUENCE_REAL *grad_t38_part_3 = grad_t68_part_1; /* n x 8, in grad_t68_part_1's memory */
-    symbackprop_f64_matmul(n, 8, 8, g20, 8, 1, U_o, 1, 8, grad_t38_part_3);
+    /* grad_t30 += g20 @ U_o^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g20, 8, 1, U_o, 1, 8, grad_t30);
 
-    /* grad_t36 = grad_t51*t50 + t26*(1 - t37**2)*(grad_t38_part + grad_t38_part_1 +
-     * grad_t38_part_2 + grad_t38_part_3) */
-    /* g21 = t29*t32*(1 - t29)*(grad_t51*t50 + t26*(1 - t37**2)*(grad_t38_part +
-     * grad_t38_part_1 + grad_t38_part_2 + grad_t38_part_3)) */
-    /* g22 = t21*t35*(1 - t35)*(grad_t51*t50 + t26*(1 - t37**2)*(grad_t38_part +
-     * grad_t38_part_1 + grad_t38_part_2 + grad_t38_part_3)) */
-    /* g23 = t29*(1 - t32**2)*(grad_t51*t50 + t26*(1 - t37**2)*(grad_t38_part +
-     * grad_t38_part_1 + grad_t38_part_2 + grad_t38_part_3)) */
-    /* g24 = t26*t37*(1 - t26)*(grad_t38_part + grad_t38_part_1 + grad_t38_part_2 +
-     * grad_t38_part_3) */
-    LSTM_SEQUENCE_REAL *grad_t36 = grad_t68_part_2; /* n x 8, in grad_t68_part_2's memory */
-    LSTM_SEQUENCE_REAL *g21 = grad_t68_part_3; /* n x 8, in grad_t68_part_3's memory */
-    LSTM_SEQUENCE_REAL *g22 = t36; /* n x 8, in t36's memory */
-    LSTM_SEQUENCE_REAL *g23 = t41; /* n x 8, in t41's memory */
-    LSTM_SEQUENCE_REAL *g24 = t44; /* n x 8, in t44's memory */
+    /* grad_t28 = grad_t30*t21*(1 - t29**2) + grad_t39*t38 */
+    /* g21 = t23*t25*(1 - t23)*(grad_t30*t21*(1 - t29**2) + grad_t39*t38) */
+    /* g22 = t17*t27*(1 - t27)*(grad_t30*t21*(1 - t29**2) + grad_t39*t38) */
+    /* g23 = t23*(1 - t25**2)*(grad_t30*t21*(1 - t29**2) + grad_t39*t38) */
+    /* g24 = grad_t30*t21*t29*(1 - t21) */
+    LSTM_SEQUENCE_REAL *grad_t28 = t47; /* n x 8, in t47's memory */
+    LSTM_SEQUENCE_REAL *g21 = t51; /* n x 8, in t51's memory */
+    LSTM_SEQUENCE_REAL *g22 = t60; /* n x 8, in t60's memory */
+    LSTM_SEQUENCE_REAL *g23 = grad_t61; /* n x 8, in grad_t61's memory */
+    LSTM_SEQUENCE_REAL *g24 = grad_t52; /* n x 8, in grad_t52's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = t26[8*i + j]*(grad_t38_part[8*i + j] + grad_t38_part_1[8*i + j] + grad_t38_part_2[8*i + j] + grad_t38_part_3[8*i + j]);
-            const LSTM_SEQUENCE_REAL x1 = grad_t51[8*i + j]*t50[8*i + j] + x0*(1 - (t37[8*i + j]*t37[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t29[8*i + j]*x1;
-            grad_t36[8*i + j] = x1;
-            g21[8*i + j] = t32[8*i + j]*x2*(1 - t29[8*i + j]);
-            g22[8*i + j] = t21[8*i + j]*t35[8*i + j]*x1*(1 - t35[8*i + j]);
-            g23[8*i + j] = x2*(1 - (t32[8*i + j]*t32[8*i + j]));
-            g24[8*i + j] = t37[8*i + j]*x0*(1 - t26[8*i + j]);
+            const LSTM_SEQUENCE_REAL x0 = grad_t30[8*i + j]*t21[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = grad_t39[8*i + j]*t38[8*i + j] + x0*(1 - (t29[8*i + j]*t29[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t23[8*i + j]*x1;
+            grad_t28[8*i + j] = x1;
+            g21[8*i + j] = t25[8*i + j]*x2*(1 - t23[8*i + j]);
+            g22[8*i + j] = t17[8*i + j]*t27[8*i + j]*x1*(1 - t27[8*i + j]);
+            g23[8*i + j] = x2*(1 - (t25[8*i + j]*t25[8*i + j]));
+            g24[8*i + j] = t29[8*i + j]*x0*(1 - t21[8*i + j]);
         }
     }
 
-    /* grad_W_i_part_5 = x3^T @ g21 */
-    LSTM_SEQUENCE_REAL *grad_W_i_part_5 = grad_W_i_part_4 + 8; /* 1 x 8 */
-    symbackprop_f64_matmul(1, 8, n, x3_, 0, 1, g21, 8, 1, grad_W_i_part_5);
+    /* grad_W_i += x3^T @ g21 */
+    symbackprop_f64_matmul_add(1, 8, n, x3_, 0, 1, g21, 8, 1, grad_W_i);
 
-    /* grad_t23_part = g22 @ U_f^T */
-    LSTM_SEQUENCE_REAL *grad_t23_part = t47; /* n x 8, in t47's memory */
-    symbackprop_f64_matmul(n, 8, 8, g22, 8, 1, U_f, 1, 8, grad_t23_part);
+    /* grad_t19 = g22 @ U_f^T, the first of 4 products added up here */
+    LSTM_SEQUENCE_REAL *grad_t19 = t28; /* n x 8, in t28's memory */
+    symbackprop_f64_matmul(n, 8, 8, g22, 8, 1, U_f, 1, 8, grad_t19);
 }
 #endif
 
 /* lstm_sequence_run, part 6 of 8 (kernels 129 to 160): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 3; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
@@ -1238,10 +1164,11 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *grad_W_i,
     LSTM_SEQUENCE_REAL *grad_W_f,
     LSTM_SEQUENCE_REAL *grad_W_g,
+    LSTM_SEQUENCE_REAL *grad_W_o,
     LSTM_SEQUENCE_REAL *work,
     int with_grads
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
@@ -1259,6 +1186,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *grad_W_i,
     LSTM_SEQUENCE_REAL *grad_W_f,
     LSTM_SEQUENCE_REAL *grad_W_g,
+    LSTM_SEQUENCE_REAL *grad_W_o,
     LSTM_SEQUENCE_REAL *work,
     int with_grads
 )
@@ -1268,560 +1196,400 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *t5 = work + 24*n; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *t6 = work + 32*n; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *t7 = work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t11 = with_grads ? work + 64*n : work; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t10 = with_grads ? work + 56*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t12 = with_grads ? work + 64*n : work + 24*n; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *t14 = with_grads ? work + 72*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t17 = with_grads ? work + 80*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t20 = with_grads ? work + 88*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t21 = with_grads ? work + 96*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t22 = with_grads ? work + 104*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t26 = with_grads ? work + 120*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t29 = with_grads ? work + 128*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t32 = with_grads ? work + 136*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t35 = with_grads ? work + 144*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t37 = with_grads ? work + 160*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t50 = with_grads ? work + 200*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t52 = with_grads ? work + 216*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t65 = with_grads ? work + 256*n : work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t16 = with_grads ? work + 80*n : work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t17 = with_grads ? work + 88*n : work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t18 = with_grads ? work + 96*n : work + 56*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t21 = with_grads ? work + 112*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t23 = with_grads ? work + 120*n : work + 8*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t25 = with_grads ? work + 128*n : work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t27 = with_grads ? work + 136*n : work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t29 = with_grads ? work + 152*n : work; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t32 = with_grads ? work + 168*n : work + 16*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t34 = with_grads ? work + 176*n : work + 40*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t36 = with_grads ? work + 184*n : work + 32*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t38 = with_grads ? work + 192*n : work + 48*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t40 = with_grads ? work + 208*n : work + 56*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t49 = with_grads ? work + 248*n : work + 24*n; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g1 = work + 451*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g2 = work + 459*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g3 = work + 467*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g4 = work + 475*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_i_part = work + 483*n + 1; /* 1 x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g5 = work; /* n x 8, in grad_t112's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g6 = work + 483*n + 9; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g7 = work + 491*n + 9; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g8 = work + 499*n + 9; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_i_part_1 = work + 507*n + 9; /* 1 x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g9 = work + 424*n; /* n x 8, in t110's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g10 = work + 56*n; /* n x 8, in g0's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g11 = work + 376*n; /* n x 8, in grad_t98_part's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g12 = work + 400*n; /* n x 8, in grad_t98_part_1's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_i_part_2 = work + 507*n + 17; /* 1 x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t66 = work + 296*n; /* n x 8, in t74's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g13 = work + 304*n; /* n x 8, in t77's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g14 = work + 328*n; /* n x 8, in t82's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g15 = work + 368*n; /* n x 8, in t95's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g16 = work + 432*n; /* n x 8, in grad_t96's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_i_part_3 = work + 507*n + 25; /* 1 x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t53_part = work + 320*n; /* n x 8, in grad_t83_part's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t53_part_1 = work + 344*n; /* n x 8, in grad_t83_part_1's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t53_part_2 = work + 352*n; /* n x 8, in grad_t83_part_2's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t53_part_3 = work + 360*n; /* n x 8, in grad_t83_part_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t51 = work + 208*n; /* n x 8, in t51's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g17 = work + 232*n; /* n x 8, in t56's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g18 = work + 240*n; /* n x 8, in t59's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g19 = work + 248*n; /* n x 8, in t62's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g20 = work + 272*n; /* n x 8, in t67's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_i_part_4 = work + 507*n + 33; /* 1 x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t38_part = work + 312*n; /* n x 8, in t80's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t38_part_1 = work + 384*n; /* n x 8, in grad_t81's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t38_part_2 = work + 408*n; /* n x 8, in grad_t68_part's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t38_part_3 = work + 416*n; /* n x 8, in grad_t68_part_1's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t36 = work + 264*n; /* n x 8, in grad_t68_part_2's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g21 = work + 288*n; /* n x 8, in grad_t68_part_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g22 = work + 152*n; /* n x 8, in t36's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g23 = work + 176*n; /* n x 8, in t41's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g24 = work + 184*n; /* n x 8, in t44's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_i_part_5 = work + 507*n + 41; /* 1 x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_t23_part = work + 192*n; /* n x 8, in t47's memory; placed in an earlier part */
-    /* grad_t23_part_1 = g23 @ U_g^T */
-    LSTM_SEQUENCE_REAL *grad_t23_part_1 = t52; /* n x 8, in t52's memory */
-    symbackprop_f64_matmul(n, 8, 8, g23, 8, 1, U_g, 1, 8, grad_t23_part_1);
+    LSTM_SEQUENCE_REAL *g5 = work + 400*n; /* n x 8, in t78's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g6 = work + 408*n; /* n x 8, in t80's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g7 = work + 424*n; /* n x 8, in t83's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g8 = work; /* n x 8, in grad_t84's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g9 = work + 344*n; /* n x 8, in t67's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g10 = work + 352*n; /* n x 8, in t69's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g11 = work + 376*n; /* n x 8, in t73's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g12 = work + 416*n; /* n x 8, in t82's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t50 = work + 368*n; /* n x 8, in grad_t74's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g13 = work + 256*n; /* n x 8, in t50's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g14 = work + 280*n; /* n x 8, in t54's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g15 = work + 288*n; /* n x 8, in t56's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g16 = work + 296*n; /* n x 8, in t58's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t41 = work + 320*n; /* n x 8, in t62's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g17 = work + 392*n; /* n x 8, in grad_t72's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g18 = work + 312*n; /* n x 8, in grad_t63's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g19 = work + 200*n; /* n x 8, in t39's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g20 = work + 224*n; /* n x 8, in t43's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t28 = work + 240*n; /* n x 8, in t47's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g21 = work + 264*n; /* n x 8, in t51's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g22 = work + 304*n; /* n x 8, in t60's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g23 = work + 336*n; /* n x 8, in grad_t61's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g24 = work + 443*n + 1; /* n x 8, in grad_t52's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_t19 = work + 144*n; /* n x 8, in t28's memory; placed in an earlier part */
+    /* grad_t19 += g23 @ U_g^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g23, 8, 1, U_g, 1, 8, grad_t19);
 
-    /* grad_t23_part_2 = g21 @ U_i^T */
-    LSTM_SEQUENCE_REAL *grad_t23_part_2 = t65; /* n x 8, in t65's memory */
-    symbackprop_f64_matmul(n, 8, 8, g21, 8, 1, U_i, 1, 8, grad_t23_part_2);
+    /* grad_t19 += g21 @ U_i^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g21, 8, 1, U_i, 1, 8, grad_t19);
 
-    /* grad_t23_part_3 = g24 @ U_o^T */
-    LSTM_SEQUENCE_REAL *grad_t23_part_3 = grad_t66; /* n x 8, in grad_t66's memory */
-    symbackprop_f64_matmul(n, 8, 8, g24, 8, 1, U_o, 1, 8, grad_t23_part_3);
+    /* grad_t19 += g24 @ U_o^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g24, 8, 1, U_o, 1, 8, grad_t19);
 
-    /* grad_t21 = grad_t36*t35 + t11*(1 - t22**2)*(grad_t23_part + grad_t23_part_1 +
-     * grad_t23_part_2 + grad_t23_part_3) */
-    /* g25 = t14*t17*(1 - t14)*(grad_t36*t35 + t11*(1 - t22**2)*(grad_t23_part +
-     * grad_t23_part_1 + grad_t23_part_2 + grad_t23_part_3)) */
-    /* g26 = t20*t6*(1 - t20)*(grad_t36*t35 + t11*(1 - t22**2)*(grad_t23_part +
-     * grad_t23_part_1 + grad_t23_part_2 + grad_t23_part_3)) */
-    /* g27 = t14*(1 - t17**2)*(grad_t36*t35 + t11*(1 - t22**2)*(grad_t23_part +
-     * grad_t23_part_1 + grad_t23_part_2 + grad_t23_part_3)) */
-    /* g28 = t11*t22*(1 - t11)*(grad_t23_part + grad_t23_part_1 + grad_t23_part_2 +
-     * grad_t23_part_3) */
-    /* g29 = g10 + g14 + g18 + g2 + g22 + g6 + t20*t6*(1 - t20)*(grad_t36*t35 + t11*(1 -
-     * t22**2)*(grad_t23_part + grad_t23_part_1 + grad_t23_part_2 + grad_t23_part_3)) */
-    LSTM_SEQUENCE_REAL *grad_t21 = grad_t53_part; /* n x 8, in grad_t53_part's memory */
-    LSTM_SEQUENCE_REAL *g25 = grad_t53_part_1; /* n x 8, in grad_t53_part_1's memory */
-    LSTM_SEQUENCE_REAL *g26 = grad_t53_part_2; /* n x 8, in grad_t53_part_2's memory */
-    LSTM_SEQUENCE_REAL *g27 = grad_t53_part_3; /* n x 8, in grad_t53_part_3's memory */
-    LSTM_SEQUENCE_REAL *g28 = t21; /* n x 8, in t21's memory */
-    LSTM_SEQUENCE_REAL *g29 = t26; /* n x 8, in t26's memory */
+    /* grad_t17 = grad_t19*t10*(1 - t18**2) + grad_t28*t27 */
+    /* g25 = t12*t14*(1 - t12)*(grad_t19*t10*(1 - t18**2) + grad_t28*t27) */
+    /* g26 = t16*t6*(1 - t16)*(grad_t19*t10*(1 - t18**2) + grad_t28*t27) */
+    /* g27 = t12*(1 - t14**2)*(grad_t19*t10*(1 - t18**2) + grad_t28*t27) */
+    /* g28 = grad_t19*t10*t18*(1 - t10) */
+    /* g29 = g10 + g14 + g18 + g2 + g22 + g6 + t16*t6*(1 - t16)*(grad_t19*t10*(1 - t18**2) +
+     * grad_t28*t27) */
+    LSTM_SEQUENCE_REAL *grad_t17 = t32; /* n x 8, in t32's memory */
+    LSTM_SEQUENCE_REAL *g25 = t34; /* n x 8, in t34's memory */
+    LSTM_SEQUENCE_REAL *g26 = t36; /* n x 8, in t36's memory */
+    LSTM_SEQUENCE_REAL *g27 = t40; /* n x 8, in t40's memory */
+    LSTM_SEQUENCE_REAL *g28 = t49; /* n x 8, in t49's memory */
+    LSTM_SEQUENCE_REAL *g29 = grad_t50; /* n x 8, in grad_t50's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = t11[8*i + j]*(grad_t23_part[8*i + j] + grad_t23_part_1[8*i + j] + grad_t23_part_2[8*i + j] + grad_t23_part_3[8*i + j]);
-            const LSTM_SEQUENCE_REAL x1 = grad_t36[8*i + j]*t35[8*i + j] + x0*(1 - (t22[8*i + j]*t22[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t14[8*i + j]*x1;
-            const LSTM_SEQUENCE_REAL x3 = t6[8*i + j]*t20[8*i + j]*x1*(1 - t20[8*i + j]);
-            grad_t21[8*i + j] = x1;
-            g25[8*i + j] = t17[8*i + j]*x2*(1 - t14[8*i + j]);
+            const LSTM_SEQUENCE_REAL x0 = grad_t19[8*i + j]*t10[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = grad_t28[8*i + j]*t27[8*i + j] + x0*(1 - (t18[8*i + j]*t18[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = t12[8*i + j]*x1;
+            const LSTM_SEQUENCE_REAL x3 = t6[8*i + j]*t16[8*i + j]*x1*(1 - t16[8*i + j]);
+            grad_t17[8*i + j] = x1;
+            g25[8*i + j] = t14[8*i + j]*x2*(1 - t12[8*i + j]);
             g26[8*i + j] = x3;
-            g27[8*i + j] = x2*(1 - (t17[8*i + j]*t17[8*i + j]));
-            g28[8*i + j] = t22[8*i + j]*x0*(1 - t11[8*i + j]);
-            g29[8*i + j] = g2[8*i + j] + g6[8*i + j] + g10[8*i + j] + g14[8*i + j] + g18[8*i + j] + g22[8*i + j] + x3;
+            g27[8*i + j] = x2*(1 - (t14[8*i + j]*t14[8*i + j]));
+            g28[8*i + j] = t18[8*i + j]*x0*(1 - t10[8*i + j]);
+            g29[8*i + j] = g6[8*i + j] + g10[8*i + j] + g14[8*i + j] + g18[8*i + j] + g22[8*i + j] + g2[8*i + j] + x3;
         }
     }
 
-    /* grad_W_i_part_6 = x2^T @ g25 */
-    LSTM_SEQUENCE_REAL *grad_W_i_part_6 = grad_W_i_part_5 + 8; /* 1 x 8 */
-    symbackprop_f64_matmul(1, 8, n, x2_, 0, 1, g25, 8, 1, grad_W_i_part_6);
+    /* grad_W_i += x2^T @ g25 */
+    symbackprop_f64_matmul_add(1, 8, n, x2_, 0, 1, g25, 8, 1, grad_W_i);
 
-    /* grad_t8_part = g26 @ U_f^T */
-    LSTM_SEQUENCE_REAL *grad_t8_part = t29; /* n x 8, in t29's memory */
-    symbackprop_f64_matmul(n, 8, 8, g26, 8, 1, U_f, 1, 8, grad_t8_part);
+    /* grad_t8 = g26 @ U_f^T, the first of 4 products added up here */
+    LSTM_SEQUENCE_REAL *grad_t8 = grad_t41; /* n x 8, in grad_t41's memory */
+    symbackprop_f64_matmul(n, 8, 8, g26, 8, 1, U_f, 1, 8, grad_t8);
 
-    /* grad_t8_part_1 = g27 @ U_g^T */
-    LSTM_SEQUENCE_REAL *grad_t8_part_1 = t32; /* n x 8, in t32's memory */
-    symbackprop_f64_matmul(n, 8, 8, g27, 8, 1, U_g, 1, 8, grad_t8_part_1);
+    /* grad_t8 += g27 @ U_g^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g27, 8, 1, U_g, 1, 8, grad_t8);
 
-    /* grad_t8_part_2 = g25 @ U_i^T */
-    LSTM_SEQUENCE_REAL *grad_t8_part_2 = t37; /* n x 8, in t37's memory */
-    symbackprop_f64_matmul(n, 8, 8, g25, 8, 1, U_i, 1, 8, grad_t8_part_2);
+    /* grad_t8 += g25 @ U_i^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g25, 8, 1, U_i, 1, 8, grad_t8);
 
-    /* grad_t8_part_3 = g28 @ U_o^T */
-    LSTM_SEQUENCE_REAL *grad_t8_part_3 = t50; /* n x 8, in t50's memory */
-    symbackprop_f64_matmul(n, 8, 8, g28, 8, 1, U_o, 1, 8, grad_t8_part_3);
+    /* grad_t8 += g28 @ U_o^T */
+    symbackprop_f64_matmul_add(n, 8, 8, g28, 8, 1, U_o, 1, 8, grad_t8);
 
-    /* g30 = t3*t5*(1 - t3)*(grad_t21*t20 + t1*(1 - t7**2)*(grad_t8_part + grad_t8_part_1 +
-     * grad_t8_part_2 + grad_t8_part_3)) */
-    /* g31 = t3*(1 - t5**2)*(grad_t21*t20 + t1*(1 - t7**2)*(grad_t8_part + grad_t8_part_1 +
-     * grad_t8_part_2 + grad_t8_part_3)) */
-    /* g32 = t1*t7*(1 - t1)*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2 + grad_t8_part_3) */
-    /* g33 = g1 + g13 + g17 + g21 + g25 + g5 + g9 + t3*t5*(1 - t3)*(grad_t21*t20 + t1*(1 -
-     * t7**2)*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2 + grad_t8_part_3)) */
-    /* g34 = g11 + g15 + g19 + g23 + g27 + g3 + g7 + t3*(1 - t5**2)*(grad_t21*t20 + t1*(1 -
-     * t7**2)*(grad_t8_part + grad_t8_part_1 + grad_t8_part_2 + grad_t8_part_3)) */
-    /* g35 = g12 + g16 + g20 + g24 + g28 + g4 + g8 + t1*t7*(1 - t1)*(grad_t8_part +
-     * grad_t8_part_1 + grad_t8_part_2 + grad_t8_part_3) */
-    LSTM_SEQUENCE_REAL *g30 = grad_t51; /* n x 8, in grad_t51's memory */
-    LSTM_SEQUENCE_REAL *g31 = grad_t38_part; /* n x 8, in grad_t38_part's memory */
-    LSTM_SEQUENCE_REAL *g32 = grad_t38_part_1; /* n x 8, in grad_t38_part_1's memory */
-    LSTM_SEQUENCE_REAL *g33 = grad_t38_part_2; /* n x 8, in grad_t38_part_2's memory */
-    LSTM_SEQUENCE_REAL *g34 = grad_t38_part_3; /* n x 8, in grad_t38_part_3's memory */
-    LSTM_SEQUENCE_REAL *g35 = t6; /* n x 8, in t6's memory */
+    /* g30 = t3*t5*(1 - t3)*(grad_t17*t16 + grad_t8*t1*(1 - t7**2)) */
+    /* g31 = t3*(1 - t5**2)*(grad_t17*t16 + grad_t8*t1*(1 - t7**2)) */
+    /* g32 = grad_t8*t1*t7*(1 - t1) */
+    /* g33 = g1 + g13 + g17 + g21 + g25 + g5 + g9 + t3*t5*(1 - t3)*(grad_t17*t16 +
+     * grad_t8*t1*(1 - t7**2)) */
+    /* g34 = g11 + g15 + g19 + g23 + g27 + g3 + g7 + t3*(1 - t5**2)*(grad_t17*t16 +
+     * grad_t8*t1*(1 - t7**2)) */
+    /* g35 = g12 + g16 + g20 + g24 + g28 + g4 + g8 + grad_t8*t1*t7*(1 - t1) */
+    LSTM_SEQUENCE_REAL *g30 = t17; /* n x 8, in t17's memory */
+    LSTM_SEQUENCE_REAL *g31 = t21; /* n x 8, in t21's memory */
+    LSTM_SEQUENCE_REAL *g32 = t23; /* n x 8, in t23's memory */
+    LSTM_SEQUENCE_REAL *g33 = t25; /* n x 8, in t25's memory */
+    LSTM_SEQUENCE_REAL *g34 = t29; /* n x 8, in t29's memory */
+    LSTM_SEQUENCE_REAL *g35 = t38; /* n x 8, in t38's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = t1[8*i + j]*(grad_t8_part[8*i + j] + grad_t8_part_1[8*i + j] + grad_t8_part_2[8*i + j] + grad_t8_part_3[8*i + j]);
-            const LSTM_SEQUENCE_REAL x1 = t3[8*i + j]*(grad_t21[8*i + j]*t20[8*i + j] + x0*(1 - (t7[8*i + j]*t7[8*i + j])));
+            const LSTM_SEQUENCE_REAL x0 = grad_t8[8*i + j]*t1[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = t3[8*i + j]*(grad_t17[8*i + j]*t16[8*i + j] + x0*(1 - (t7[8*i + j]*t7[8*i + j])));
             const LSTM_SEQUENCE_REAL x2 = t5[8*i + j]*x1*(1 - t3[8*i + j]);
             const LSTM_SEQUENCE_REAL x3 = x1*(1 - (t5[8*i + j]*t5[8*i + j]));
             const LSTM_SEQUENCE_REAL x4 = t7[8*i + j]*x0*(1 - t1[8*i + j]);
             g30[8*i + j] = x2;
             g31[8*i + j] = x3;
             g32[8*i + j] = x4;
-            g33[8*i + j] = g1[8*i + j] + g5[8*i + j] + g9[8*i + j] + g13[8*i + j] + g17[8*i + j] + g21[8*i + j] + g25[8*i + j] + x2;
+            g33[8*i + j] = g13[8*i + j] + g17[8*i + j] + g21[8*i + j] + g25[8*i + j] + g1[8*i + j] + g5[8*i + j] + g9[8*i + j] + x2;
             g34[8*i + j] = g3[8*i + j] + g7[8*i + j] + g11[8*i + j] + g15[8*i + j] + g19[8*i + j] + g23[8*i + j] + g27[8*i + j] + x3;
             g35[8*i + j] = g4[8*i + j] + g8[8*i + j] + g12[8*i + j] + g16[8*i + j] + g20[8*i + j] + g24[8*i + j] + g28[8*i + j] + x4;
         }
     }
 
-    /* grad_W_i_part_7 = x1^T @ g30 */
-    LSTM_SEQUENCE_REAL *grad_W_i_part_7 = grad_W_i_part_6 + 8; /* 1 x 8 */
-    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g30, 8, 1, grad_W_i_part_7);
+    /* grad_W_i += x1^T @ g30 */
+    symbackprop_f64_matmul_add(1, 8, n, x1_, 0, 1, g30, 8, 1, grad_W_i);
 
-    /* grad_W_i = grad_W_i_part + grad_W_i_part_1 + grad_W_i_part_2 + grad_W_i_part_3 +
-     * grad_W_i_part_4 + grad_W_i_part_5 + grad_W_i_part_6 + grad_W_i_part_7 */
-    for (int64_t j = 0; j < 8; ++j) {
-        grad_W_i[j] = grad_W_i_part[j] + grad_W_i_part_1[j] + grad_W_i_part_2[j] + grad_W_i_part_3[j] + grad_W_i_part_4[j] + grad_W_i_part_5[j] + grad_W_i_part_6[j] + grad_W_i_part_7[j];
-    }
+    /* grad_W_f = x8^T @ g2, the first of 7 products added up here */
+    symbackprop_f64_matmul(1, 8, n, x8_, 0, 1, g2, 8, 1, grad_W_f);
 
-    /* grad_W_f_part = x8^T @ g2 */
-    LSTM_SEQUENCE_REAL *grad_W_f_part = grad_W_i_part; /* 1 x 8, in grad_W_i_part's memory */
-    symbackprop_f64_matmul(1, 8, n, x8_, 0, 1, g2, 8, 1, grad_W_f_part);
+    /* grad_W_f += x7^T @ g6 */
+    symbackprop_f64_matmul_add(1, 8, n, x7_, 0, 1, g6, 8, 1, grad_W_f);
 
-    /* grad_W_f_part_1 = x7^T @ g6 */
-    LSTM_SEQUENCE_REAL *grad_W_f_part_1 = grad_W_i_part_1; /* 1 x 8, in grad_W_i_part_1's memory */
-    symbackprop_f64_matmul(1, 8, n, x7_, 0, 1, g6, 8, 1, grad_W_f_part_1);
+    /* grad_W_f += x6^T @ g10 */
+    symbackprop_f64_matmul_add(1, 8, n, x6_, 0, 1, g10, 8, 1, grad_W_f);
 
-    /* grad_W_f_part_2 = x6^T @ g10 */
-    LSTM_SEQUENCE_REAL *grad_W_f_part_2 = grad_W_i_part_2; /* 1 x 8, in grad_W_i_part_2's memory */
-    symbackprop_f64_matmul(1, 8, n, x6_, 0, 1, g10, 8, 1, grad_W_f_part_2);
+    /* grad_W_f += x5^T @ g14 */
+    symbackprop_f64_matmul_add(1, 8, n, x5_, 0, 1, g14, 8, 1, grad_W_f);
 
-    /* grad_W_f_part_3 = x5^T @ g14 */
-    LSTM_SEQUENCE_REAL *grad_W_f_part_3 = grad_W_i_part_3; /* 1 x 8, in grad_W_i_part_3's memory */
-    symbackprop_f64_matmul(1, 8, n, x5_, 0, 1, g14, 8, 1, grad_W_f_part_3);
+    /* grad_W_f += x4^T @ g18 */
+    symbackprop_f64_matmul_add(1, 8, n, x4_, 0, 1, g18, 8, 1, grad_W_f);
 
-    /* grad_W_f_part_4 = x4^T @ g18 */
-    LSTM_SEQUENCE_REAL *grad_W_f_part_4 = grad_W_i_part_4; /* 1 x 8, in grad_W_i_part_4's memory */
-    symbackprop_f64_matmul(1, 8, n, x4_, 0, 1, g18, 8, 1, grad_W_f_part_4);
+    /* grad_W_f += x3^T @ g22 */
+    symbackprop_f64_matmul_add(1, 8, n, x3_, 0, 1, g22, 8, 1, grad_W_f);
 
-    /* grad_W_f_part_5 = x3^T @ g22 */
-    LSTM_SEQUENCE_REAL *grad_W_f_part_5 = grad_W_i_part_5; /* 1 x 8, in grad_W_i_part_5's memory */
-    symbackprop_f64_matmul(1, 8, n, x3_, 0, 1, g22, 8, 1, grad_W_f_part_5);
+    /* grad_W_f += x2^T @ g26 */
+    symbackprop_f64_matmul_add(1, 8, n, x2_, 0, 1, g26, 8, 1, grad_W_f);
 
-    /* grad_W_f_part_6 = x2^T @ g26 */
-    LSTM_SEQUENCE_REAL *grad_W_f_part_6 = grad_W_i_part_6; /* 1 x 8, in grad_W_i_part_6's memory */
-    symbackprop_f64_matmul(1, 8, n, x2_, 0, 1, g26, 8, 1, grad_W_f_part_6);
+    /* grad_W_g = x8^T @ g3, the first of 8 products added up here */
+    symbackprop_f64_matmul(1, 8, n, x8_, 0, 1, g3, 8, 1, grad_W_g);
 
-    /* grad_W_f = grad_W_f_part + grad_W_f_part_1 + grad_W_f_part_2 + grad_W_f_part_3 +
-     * grad_W_f_part_4 + grad_W_f_part_5 + grad_W_f_part_6 */
-    for (int64_t j = 0; j < 8; ++j) {
-        grad_W_f[j] = grad_W_f_part[j] + grad_W_f_part_1[j] + grad_W_f_part_2[j] + grad_W_f_part_3[j] + grad_W_f_part_4[j] + grad_W_f_part_5[j] + grad_W_f_part_6[j];
-    }
+    /* grad_W_g += x7^T @ g7 */
+    symbackprop_f64_matmul_add(1, 8, n, x7_, 0, 1, g7, 8, 1, grad_W_g);
 
-    /* grad_W_g_part = x8^T @ g3 */
-    LSTM_SEQUENCE_REAL *grad_W_g_part = grad_W_i_part_7; /* 1 x 8, in grad_W_i_part_7's memory */
-    symbackprop_f64_matmul(1, 8, n, x8_, 0, 1, g3, 8, 1, grad_W_g_part);
+    /* grad_W_g += x6^T @ g11 */
+    symbackprop_f64_matmul_add(1, 8, n, x6_, 0, 1, g11, 8, 1, grad_W_g);
 
-    /* grad_W_g_part_1 = x7^T @ g7 */
-    LSTM_SEQUENCE_REAL *grad_W_g_part_1 = grad_W_f_part; /* 1 x 8, in grad_W_f_part's memory */
-    symbackprop_f64_matmul(1, 8, n, x7_, 0, 1, g7, 8, 1, grad_W_g_part_1);
+    /* grad_W_g += x5^T @ g15 */
+    symbackprop_f64_matmul_add(1, 8, n, x5_, 0, 1, g15, 8, 1, grad_W_g);
 
-    /* grad_W_g_part_2 = x6^T @ g11 */
-    LSTM_SEQUENCE_REAL *grad_W_g_part_2 = grad_W_f_part_1; /* 1 x 8, in grad_W_f_part_1's memory */
-    symbackprop_f64_matmul(1, 8, n, x6_, 0, 1, g11, 8, 1, grad_W_g_part_2);
+    /* grad_W_g += x4^T @ g19 */
+    symbackprop_f64_matmul_add(1, 8, n, x4_, 0, 1, g19, 8, 1, grad_W_g);
 
-    /* grad_W_g_part_3 = x5^T @ g15 */
-    LSTM_SEQUENCE_REAL *grad_W_g_part_3 = grad_W_f_part_2; /* 1 x 8, in grad_W_f_part_2's memory */
-    symbackprop_f64_matmul(1, 8, n, x5_, 0, 1, g15, 8, 1, grad_W_g_part_3);
+    /* grad_W_g += x3^T @ g23 */
+    symbackprop_f64_matmul_add(1, 8, n, x3_, 0, 1, g23, 8, 1, grad_W_g);
 
-    /* grad_W_g_part_4 = x4^T @ g19 */
-    LSTM_SEQUENCE_REAL *grad_W_g_part_4 = grad_W_f_part_3; /* 1 x 8, in grad_W_f_part_3's memory */
-    symbackprop_f64_matmul(1, 8, n, x4_, 0, 1, g19, 8, 1, grad_W_g_part_4);
+    /* grad_W_g += x2^T @ g27 */
+    symbackprop_f64_matmul_add(1, 8, n, x2_, 0, 1, g27, 8, 1, grad_W_g);
 
-    /* grad_W_g_part_5 = x3^T @ g23 */
-    LSTM_SEQUENCE_REAL *grad_W_g_part_5 = grad_W_f_part_4; /* 1 x 8, in grad_W_f_part_4's memory */
-    symbackprop_f64_matmul(1, 8, n, x3_, 0, 1, g23, 8, 1, grad_W_g_part_5);
+    /* grad_W_g += x1^T @ g31 */
+    symbackprop_f64_matmul_add(1, 8, n, x1_, 0, 1, g31, 8, 1, grad_W_g);
 
-    /* grad_W_g_part_6 = x2^T @ g27 */
-    LSTM_SEQUENCE_REAL *grad_W_g_part_6 = grad_W_f_part_5; /* 1 x 8, in grad_W_f_part_5's memory */
-    symbackprop_f64_matmul(1, 8, n, x2_, 0, 1, g27, 8, 1, grad_W_g_part_6);
+    /* grad_W_o = x8^T @ g4, the first of 8 products added up here */
+    symbackprop_f64_matmul(1, 8, n, x8_, 0, 1, g4, 8, 1, grad_W_o);
 
-    /* grad_W_g_part_7 = x1^T @ g31 */
-    LSTM_SEQUENCE_REAL *grad_W_g_part_7 = grad_W_f_part_6; /* 1 x 8, in grad_W_f_part_6's memory */
-    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g31, 8, 1, grad_W_g_part_7);
+    /* grad_W_o += x7^T @ g8 */
+    symbackprop_f64_matmul_add(1, 8, n, x7_, 0, 1, g8, 8, 1, grad_W_o);
 
-    /* grad_W_g = grad_W_g_part + grad_W_g_part_1 + grad_W_g_part_2 + grad_W_g_part_3 +
-     * grad_W_g_part_4 + grad_W_g_part_5 + grad_W_g_part_6 + grad_W_g_part_7 */
-    for (int64_t j = 0; j < 8; ++j) {
-        grad_W_g[j] = grad_W_g_part[j] + grad_W_g_part_1[j] + grad_W_g_part_2[j] + grad_W_g_part_3[j] + grad_W_g_part_4[j] + grad_W_g_part_5[j] + grad_W_g_part_6[j] + grad_W_g_part_7[j];
-    }
+    /* grad_W_o += x6^T @ g12 */
+    symbackprop_f64_matmul_add(1, 8, n, x6_, 0, 1, g12, 8, 1, grad_W_o);
 
-    /* grad_W_o_part = x8^T @ g4 */
-    LSTM_SEQUENCE_REAL *grad_W_o_part = grad_W_g_part; /* 1 x 8, in grad_W_g_part's memory */
-    symbackprop_f64_matmul(1, 8, n, x8_, 0, 1, g4, 8, 1, grad_W_o_part);
+    /* grad_W_o += x5^T @ g16 */
+    symbackprop_f64_matmul_add(1, 8, n, x5_, 0, 1, g16, 8, 1, grad_W_o);
 
-    /* grad_W_o_part_1 = x7^T @ g8 */
-    LSTM_SEQUENCE_REAL *grad_W_o_part_1 = grad_W_g_part_1; /* 1 x 8, in grad_W_g_part_1's memory */
-    symbackprop_f64_matmul(1, 8, n, x7_, 0, 1, g8, 8, 1, grad_W_o_part_1);
+    /* grad_W_o += x4^T @ g20 */
+    symbackprop_f64_matmul_add(1, 8, n, x4_, 0, 1, g20, 8, 1, grad_W_o);
 
-    /* grad_W_o_part_2 = x6^T @ g12 */
-    LSTM_SEQUENCE_REAL *grad_W_o_part_2 = grad_W_g_part_2; /* 1 x 8, in grad_W_g_part_2's memory */
-    symbackprop_f64_matmul(1, 8, n, x6_, 0, 1, g12, 8, 1, grad_W_o_part_2);
+    /* grad_W_o += x3^T @ g24 */
+    symbackprop_f64_matmul_add(1, 8, n, x3_, 0, 1, g24, 8, 1, grad_W_o);
 }
 #endif
 
 /* lstm_sequence_run, part 7 of 8 (kernels 161 to 192): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
     const LSTM_SEQUENCE_REAL *x2_,
-    const LSTM_SEQUENCE_REAL *x3_,
-    const LSTM_SEQUENCE_REAL *x4_,
-    const LSTM_SEQUENCE_REAL *x5_,
     LSTM_SEQUENCE_REAL *grad_W_o,
     LSTM_SEQUENCE_REAL *grad_U_i,
     LSTM_SEQUENCE_REAL *grad_U_f,
     LSTM_SEQUENCE_REAL *grad_U_g,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
-)
-{
-    LSTM_SEQUENCE_REAL *t8 = work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t23 = with_grads ? work + 112*n : work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t38 = with_grads ? work + 168*n : work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t53 = with_grads ? work + 224*n : work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t68 = with_grads ? work + 280*n : work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t83 = with_grads ? work + 336*n : work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t98 = with_grads ? work + 392*n : work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g1 = work + 451*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g2 = work + 459*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g3 = work + 467*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g4 = work + 475*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g5 = work; /* n x 8, in grad_t112's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g6 = work + 483*n + 9; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g7 = work + 491*n + 9; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g8 = work + 499*n + 9; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g9 = work + 424*n; /* n x 8, in t110's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g10 = work + 56*n; /* n x 8, in g0's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g11 = work + 376*n; /* n x 8, in grad_t98_part's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g13 = work + 304*n; /* n x 8, in t77's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g14 = work + 328*n; /* n x 8, in t82's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g15 = work + 368*n; /* n x 8, in t95's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g16 = work + 432*n; /* n x 8, in grad_t96's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g17 = work + 232*n; /* n x 8, in t56's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g18 = work + 240*n; /* n x 8, in t59's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g19 = work + 248*n; /* n x 8, in t62's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g20 = work + 272*n; /* n x 8, in t67's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g21 = work + 288*n; /* n x 8, in grad_t68_part_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g22 = work + 152*n; /* n x 8, in t36's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g23 = work + 176*n; /* n x 8, in t41's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g24 = work + 184*n; /* n x 8, in t44's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g25 = work + 344*n; /* n x 8, in grad_t53_part_1's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g26 = work + 352*n; /* n x 8, in grad_t53_part_2's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g27 = work + 360*n; /* n x 8, in grad_t53_part_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g28 = work + 96*n; /* n x 8, in t21's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g32 = work + 384*n; /* n x 8, in grad_t38_part_1's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_i_part_7 = work + 507*n + 57; /* 1 x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_g_part_3 = work + 507*n + 17; /* 1 x 8, in grad_W_f_part_2's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_g_part_4 = work + 507*n + 25; /* 1 x 8, in grad_W_f_part_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_g_part_5 = work + 507*n + 33; /* 1 x 8, in grad_W_f_part_4's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_g_part_6 = work + 507*n + 41; /* 1 x 8, in grad_W_f_part_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_g_part_7 = work + 507*n + 49; /* 1 x 8, in grad_W_f_part_6's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_o_part = work + 507*n + 57; /* 1 x 8, in grad_W_g_part's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_o_part_1 = work + 483*n + 1; /* 1 x 8, in grad_W_g_part_1's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_W_o_part_2 = work + 507*n + 9; /* 1 x 8, in grad_W_g_part_2's memory; placed in an earlier part */
-    /* grad_W_o_part_3 = x5^T @ g16 */
-    LSTM_SEQUENCE_REAL *grad_W_o_part_3 = grad_W_g_part_3; /* 1 x 8, in grad_W_g_part_3's memory */
-    symbackprop_f64_matmul(1, 8, n, x5_, 0, 1, g16, 8, 1, grad_W_o_part_3);
-
-    /* grad_W_o_part_4 = x4^T @ g20 */
-    LSTM_SEQUENCE_REAL *grad_W_o_part_4 = grad_W_g_part_4; /* 1 x 8, in grad_W_g_part_4's memory */
-    symbackprop_f64_matmul(1, 8, n, x4_, 0, 1, g20, 8, 1, grad_W_o_part_4);
-
-    /* grad_W_o_part_5 = x3^T @ g24 */
-    LSTM_SEQUENCE_REAL *grad_W_o_part_5 = grad_W_g_part_5; /* 1 x 8, in grad_W_g_part_5's memory */
-    symbackprop_f64_matmul(1, 8, n, x3_, 0, 1, g24, 8, 1, grad_W_o_part_5);
-
-    /* grad_W_o_part_6 = x2^T @ g28 */
-    LSTM_SEQUENCE_REAL *grad_W_o_part_6 = grad_W_g_part_6; /* 1 x 8, in grad_W_g_part_6's memory */
-    symbackprop_f64_matmul(1, 8, n, x2_, 0, 1, g28, 8, 1, grad_W_o_part_6);
-
-    /* grad_W_o_part_7 = x1^T @ g32 */
-    LSTM_SEQUENCE_REAL *grad_W_o_part_7 = grad_W_g_part_7; /* 1 x 8, in grad_W_g_part_7's memory */
-    symbackprop_f64_matmul(1, 8, n, x1_, 0, 1, g32, 8, 1, grad_W_o_part_7);
-
-    /* grad_W_o = grad_W_o_part + grad_W_o_part_1 + grad_W_o_part_2 + grad_W_o_part_3 +
-     * grad_W_o_part_4 + grad_W_o_part_5 + grad_W_o_part_6 + grad_W_o_part_7 */
-    for (int64_t j = 0; j < 8; ++j) {
-        grad_W_o[j] = grad_W_o_part[j] + grad_W_o_part_1[j] + grad_W_o_part_2[j] + grad_W_o_part_3[j] + grad_W_o_part_4[j] + grad_W_o_part_5[j] + grad_W_o_part_6[j] + grad_W_o_part_7[j];
-    }
-
-    /* grad_U_i_part = t98^T @ g1 */
-    LSTM_SEQUENCE_REAL *grad_U_i_part = grad_W_i_part_7 + 8; /* 8 x 8 */
-    symbackprop_f64_matmul(8, 8, n, t98, 1, 8, g1, 8, 1, grad_U_i_part);
-
-    /* grad_U_i_part_1 = t83^T @ g5 */
-    LSTM_SEQUENCE_REAL *grad_U_i_part_1 = grad_U_i_part + 64; /* 8 x 8 */
-    symbackprop_f64_matmul(8, 8, n, t83, 1, 8, g5, 8, 1, grad_U_i_part_1);
-
-    /* grad_U_i_part_2 = t68^T @ g9 */
-    LSTM_SEQUENCE_REAL *grad_U_i_part_2 = grad_U_i_part_1 + 64; /* 8 x 8 */
-    symbackprop_f64_matmul(8, 8, n, t68, 1, 8, g9, 8, 1, grad_U_i_part_2);
-
-    /* grad_U_i_part_3 = t53^T @ g13 */
-    LSTM_SEQUENCE_REAL *grad_U_i_part_3 = grad_U_i_part_2 + 64; /* 8 x 8 */
-    symbackprop_f64_matmul(8, 8, n, t53, 1, 8, g13, 8, 1, grad_U_i_part_3);
-
-    /* grad_U_i_part_4 = t38^T @ g17 */
-    LSTM_SEQUENCE_REAL *grad_U_i_part_4 = grad_U_i_part_3 + 64; /* 8 x 8 */
-    symbackprop_f64_matmul(8, 8, n, t38, 1, 8, g17, 8, 1, grad_U_i_part_4);
-
-    /* grad_U_i_part_5 = t23^T @ g21 */
-    LSTM_SEQUENCE_REAL *grad_U_i_part_5 = grad_U_i_part_4 + 64; /* 8 x 8 */
-    symbackprop_f64_matmul(8, 8, n, t23, 1, 8, g21, 8, 1, grad_U_i_part_5);
-
-    /* grad_U_i_part_6 = t8^T @ g25 */
-    LSTM_SEQUENCE_REAL *grad_U_i_part_6 = grad_U_i_part_5 + 64; /* 8 x 8 */
-    symbackprop_f64_matmul(8, 8, n, t8, 1, 8, g25, 8, 1, grad_U_i_part_6);
-
-    /* grad_U_i = grad_U_i_part + grad_U_i_part_1 + grad_U_i_part_2 + grad_U_i_part_3 +
-     * grad_U_i_part_4 + grad_U_i_part_5 + grad_U_i_part_6 */
-    for (int64_t i = 0; i < 8; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            grad_U_i[8*i + j] = grad_U_i_part[8*i + j] + grad_U_i_part_1[8*i + j] + grad_U_i_part_2[8*i + j] + grad_U_i_part_3[8*i + j] + grad_U_i_part_4[8*i + j] + grad_U_i_part_5[8*i + j] + grad_U_i_part_6[8*i + j];
-        }
-    }
-
-    /* grad_U_f_part = t98^T @ g2 */
-    LSTM_SEQUENCE_REAL *grad_U_f_part = grad_U_i_part; /* 8 x 8, in grad_U_i_part's memory */
-    symbackprop_f64_matmul(8, 8, n, t98, 1, 8, g2, 8, 1, grad_U_f_part);
-
-    /* grad_U_f_part_1 = t83^T @ g6 */
-    LSTM_SEQUENCE_REAL *grad_U_f_part_1 = grad_U_i_part_1; /* 8 x 8, in grad_U_i_part_1's memory */
-    symbackprop_f64_matmul(8, 8, n, t83, 1, 8, g6, 8, 1, grad_U_f_part_1);
-
-    /* grad_U_f_part_2 = t68^T @ g10 */
-    LSTM_SEQUENCE_REAL *grad_U_f_part_2 = grad_U_i_part_2; /* 8 x 8, in grad_U_i_part_2's memory */
-    symbackprop_f64_matmul(8, 8, n, t68, 1, 8, g10, 8, 1, grad_U_f_part_2);
-
-    /* grad_U_f_part_3 = t53^T @ g14 */
-    LSTM_SEQUENCE_REAL *grad_U_f_part_3 = grad_U_i_part_3; /* 8 x 8, in grad_U_i_part_3's memory */
-    symbackprop_f64_matmul(8, 8, n, t53, 1, 8, g14, 8, 1, grad_U_f_part_3);
-
-    /* grad_U_f_part_4 = t38^T @ g18 */
-    LSTM_SEQUENCE_REAL *grad_U_f_part_4 = grad_U_i_part_4; /* 8 x 8, in grad_U_i_part_4's memory */
-    symbackprop_f64_matmul(8, 8, n, t38, 1, 8, g18, 8, 1, grad_U_f_part_4);
-
-    /* grad_U_f_part_5 = t23^T @ g22 */
-    LSTM_SEQUENCE_REAL *grad_U_f_part_5 = grad_U_i_part_5; /* 8 x 8, in grad_U_i_part_5's memory */
-    symbackprop_f64_matmul(8, 8, n, t23, 1, 8, g22, 8, 1, grad_U_f_part_5);
-
-    /* grad_U_f_part_6 = t8^T @ g26 */
-    LSTM_SEQUENCE_REAL *grad_U_f_part_6 = grad_U_i_part_6; /* 8 x 8, in grad_U_i_part_6's memory */
-    symbackprop_f64_matmul(8, 8, n, t8, 1, 8, g26, 8, 1, grad_U_f_part_6);
-
-    /* grad_U_f = grad_U_f_part + grad_U_f_part_1 + grad_U_f_part_2 + grad_U_f_part_3 +
-     * grad_U_f_part_4 + grad_U_f_part_5 + grad_U_f_part_6 */
-    for (int64_t i = 0; i < 8; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            grad_U_f[8*i + j] = grad_U_f_part[8*i + j] + grad_U_f_part_1[8*i + j] + grad_U_f_part_2[8*i + j] + grad_U_f_part_3[8*i + j] + grad_U_f_part_4[8*i + j] + grad_U_f_part_5[8*i + j] + grad_U_f_part_6[8*i + j];
-        }
-    }
-
-    /* grad_U_g_part = t98^T @ g3 */
-    LSTM_SEQUENCE_REAL *grad_U_g_part = grad_U_f_part; /* 8 x 8, in grad_U_f_part's memory */
-    symbackprop_f64_matmul(8, 8, n, t98, 1, 8, g3, 8, 1, grad_U_g_part);
-
-    /* grad_U_g_part_1 = t83^T @ g7 */
-    LSTM_SEQUENCE_REAL *grad_U_g_part_1 = grad_U_f_part_1; /* 8 x 8, in grad_U_f_part_1's memory */
-    symbackprop_f64_matmul(8, 8, n, t83, 1, 8, g7, 8, 1, grad_U_g_part_1);
-
-    /* grad_U_g_part_2 = t68^T @ g11 */
-    LSTM_SEQUENCE_REAL *grad_U_g_part_2 = grad_U_f_part_2; /* 8 x 8, in grad_U_f_part_2's memory */
-    symbackprop_f64_matmul(8, 8, n, t68, 1, 8, g11, 8, 1, grad_U_g_part_2);
-
-    /* grad_U_g_part_3 = t53^T @ g15 */
-    LSTM_SEQUENCE_REAL *grad_U_g_part_3 = grad_U_f_part_3; /* 8 x 8, in grad_U_f_part_3's memory */
-    symbackprop_f64_matmul(8, 8, n, t53, 1, 8, g15, 8, 1, grad_U_g_part_3);
-
-    /* grad_U_g_part_4 = t38^T @ g19 */
-    LSTM_SEQUENCE_REAL *grad_U_g_part_4 = grad_U_f_part_4; /* 8 x 8, in grad_U_f_part_4's memory */
-    symbackprop_f64_matmul(8, 8, n, t38, 1, 8, g19, 8, 1, grad_U_g_part_4);
-
-    /* grad_U_g_part_5 = t23^T @ g23 */
-    LSTM_SEQUENCE_REAL *grad_U_g_part_5 = grad_U_f_part_5; /* 8 x 8, in grad_U_f_part_5's memory */
-    symbackprop_f64_matmul(8, 8, n, t23, 1, 8, g23, 8, 1, grad_U_g_part_5);
-
-    /* grad_U_g_part_6 = t8^T @ g27 */
-    LSTM_SEQUENCE_REAL *grad_U_g_part_6 = grad_U_f_part_6; /* 8 x 8, in grad_U_f_part_6's memory */
-    symbackprop_f64_matmul(8, 8, n, t8, 1, 8, g27, 8, 1, grad_U_g_part_6);
-
-    /* grad_U_g = grad_U_g_part + grad_U_g_part_1 + grad_U_g_part_2 + grad_U_g_part_3 +
-     * grad_U_g_part_4 + grad_U_g_part_5 + grad_U_g_part_6 */
-    for (int64_t i = 0; i < 8; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            grad_U_g[8*i + j] = grad_U_g_part[8*i + j] + grad_U_g_part_1[8*i + j] + grad_U_g_part_2[8*i + j] + grad_U_g_part_3[8*i + j] + grad_U_g_part_4[8*i + j] + grad_U_g_part_5[8*i + j] + grad_U_g_part_6[8*i + j];
-        }
-    }
-
-    /* grad_U_o_part = t98^T @ g4 */
-    LSTM_SEQUENCE_REAL *grad_U_o_part = grad_U_g_part; /* 8 x 8, in grad_U_g_part's memory */
-    symbackprop_f64_matmul(8, 8, n, t98, 1, 8, g4, 8, 1, grad_U_o_part);
-
-    /* grad_U_o_part_1 = t83^T @ g8 */
-    LSTM_SEQUENCE_REAL *grad_U_o_part_1 = grad_U_g_part_1; /* 8 x 8, in grad_U_g_part_1's memory */
-    symbackprop_f64_matmul(8, 8, n, t83, 1, 8, g8, 8, 1, grad_U_o_part_1);
-}
-#endif
-
-/* lstm_sequence_run, part 8 of 8 (kernels 193 to 204): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
-    int64_t n,
     LSTM_SEQUENCE_REAL *grad_U_o,
     LSTM_SEQUENCE_REAL *grad_b_i,
     LSTM_SEQUENCE_REAL *grad_b_f,
-    LSTM_SEQUENCE_REAL *grad_b_g,
-    LSTM_SEQUENCE_REAL *grad_b_o,
-    LSTM_SEQUENCE_REAL *grad_V,
-    LSTM_SEQUENCE_REAL *grad_c0,
     LSTM_SEQUENCE_REAL *work,
     int with_grads
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     int64_t n,
+    const LSTM_SEQUENCE_REAL *x1_,
+    const LSTM_SEQUENCE_REAL *x2_,
+    LSTM_SEQUENCE_REAL *grad_W_o,
+    LSTM_SEQUENCE_REAL *grad_U_i,
+    LSTM_SEQUENCE_REAL *grad_U_f,
+    LSTM_SEQUENCE_REAL *grad_U_g,
     LSTM_SEQUENCE_REAL *grad_U_o,
     LSTM_SEQUENCE_REAL *grad_b_i,
     LSTM_SEQUENCE_REAL *grad_b_f,
-    LSTM_SEQUENCE_REAL *grad_b_g,
-    LSTM_SEQUENCE_REAL *grad_b_o,
-    LSTM_SEQUENCE_REAL *grad_V,
-    LSTM_SEQUENCE_REAL *grad_c0,
     LSTM_SEQUENCE_REAL *work,
     int with_grads
 )
 {
     LSTM_SEQUENCE_REAL *t8 = work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t23 = with_grads ? work + 112*n : work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t38 = with_grads ? work + 168*n : work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t53 = with_grads ? work + 224*n : work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t68 = with_grads ? work + 280*n : work + 72*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *t112 = with_grads ? work + 440*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_logit = with_grads ? work + 450*n : work + 82*n; /* n x 1; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g12 = work + 400*n; /* n x 8, in grad_t98_part_1's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g16 = work + 432*n; /* n x 8, in grad_t96's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g20 = work + 272*n; /* n x 8, in t67's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g24 = work + 184*n; /* n x 8, in t44's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g28 = work + 96*n; /* n x 8, in t21's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g29 = work + 120*n; /* n x 8, in t26's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g33 = work + 408*n; /* n x 8, in grad_t38_part_2's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g34 = work + 416*n; /* n x 8, in grad_t38_part_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *g35 = work + 32*n; /* n x 8, in t6's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_U_g_part_2 = work + 507*n + 193; /* 8 x 8, in grad_U_f_part_2's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_U_g_part_3 = work + 507*n + 257; /* 8 x 8, in grad_U_f_part_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_U_g_part_4 = work + 507*n + 321; /* 8 x 8, in grad_U_f_part_4's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_U_g_part_5 = work + 507*n + 385; /* 8 x 8, in grad_U_f_part_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_U_g_part_6 = work + 507*n + 449; /* 8 x 8, in grad_U_f_part_6's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_U_o_part = work + 507*n + 65; /* 8 x 8, in grad_U_g_part's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_U_o_part_1 = work + 507*n + 129; /* 8 x 8, in grad_U_g_part_1's memory; placed in an earlier part */
-    /* grad_U_o_part_2 = t68^T @ g12 */
-    LSTM_SEQUENCE_REAL *grad_U_o_part_2 = grad_U_g_part_2; /* 8 x 8, in grad_U_g_part_2's memory */
-    symbackprop_f64_matmul(8, 8, n, t68, 1, 8, g12, 8, 1, grad_U_o_part_2);
+    LSTM_SEQUENCE_REAL *t19 = with_grads ? work + 104*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t30 = with_grads ? work + 160*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t41 = with_grads ? work + 216*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t52 = with_grads ? work + 272*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t63 = with_grads ? work + 328*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *t74 = with_grads ? work + 384*n : work + 64*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g1 = work + 451*n + 1; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g2 = work + 459*n + 1; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g3 = work + 467*n + 1; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g4 = work + 475*n + 1; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g5 = work + 400*n; /* n x 8, in t78's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g6 = work + 408*n; /* n x 8, in t80's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g7 = work + 424*n; /* n x 8, in t83's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g8 = work; /* n x 8, in grad_t84's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g9 = work + 344*n; /* n x 8, in t67's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g10 = work + 352*n; /* n x 8, in t69's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g11 = work + 376*n; /* n x 8, in t73's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g12 = work + 416*n; /* n x 8, in t82's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g13 = work + 256*n; /* n x 8, in t50's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g14 = work + 280*n; /* n x 8, in t54's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g15 = work + 288*n; /* n x 8, in t56's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g16 = work + 296*n; /* n x 8, in t58's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g17 = work + 392*n; /* n x 8, in grad_t72's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g18 = work + 312*n; /* n x 8, in grad_t63's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g19 = work + 200*n; /* n x 8, in t39's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g20 = work + 224*n; /* n x 8, in t43's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g21 = work + 264*n; /* n x 8, in t51's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g22 = work + 304*n; /* n x 8, in t60's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g23 = work + 336*n; /* n x 8, in grad_t61's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g24 = work + 443*n + 1; /* n x 8, in grad_t52's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g25 = work + 176*n; /* n x 8, in t34's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g26 = work + 184*n; /* n x 8, in t36's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g27 = work + 208*n; /* n x 8, in t40's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g28 = work + 248*n; /* n x 8, in t49's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g29 = work + 368*n; /* n x 8, in grad_t50's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g32 = work + 120*n; /* n x 8, in t23's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g33 = work + 128*n; /* n x 8, in t25's memory; placed in an earlier part */
+    /* grad_W_o += x2^T @ g28 */
+    symbackprop_f64_matmul_add(1, 8, n, x2_, 0, 1, g28, 8, 1, grad_W_o);
 
-    /* grad_U_o_part_3 = t53^T @ g16 */
-    LSTM_SEQUENCE_REAL *grad_U_o_part_3 = grad_U_g_part_3; /* 8 x 8, in grad_U_g_part_3's memory */
-    symbackprop_f64_matmul(8, 8, n, t53, 1, 8, g16, 8, 1, grad_U_o_part_3);
+    /* grad_W_o += x1^T @ g32 */
+    symbackprop_f64_matmul_add(1, 8, n, x1_, 0, 1, g32, 8, 1, grad_W_o);
 
-    /* grad_U_o_part_4 = t38^T @ g20 */
-    LSTM_SEQUENCE_REAL *grad_U_o_part_4 = grad_U_g_part_4; /* 8 x 8, in grad_U_g_part_4's memory */
-    symbackprop_f64_matmul(8, 8, n, t38, 1, 8, g20, 8, 1, grad_U_o_part_4);
+    /* grad_U_i = t74^T @ g1, the first of 7 products added up here */
+    symbackprop_f64_matmul(8, 8, n, t74, 1, 8, g1, 8, 1, grad_U_i);
 
-    /* grad_U_o_part_5 = t23^T @ g24 */
-    LSTM_SEQUENCE_REAL *grad_U_o_part_5 = grad_U_g_part_5; /* 8 x 8, in grad_U_g_part_5's memory */
-    symbackprop_f64_matmul(8, 8, n, t23, 1, 8, g24, 8, 1, grad_U_o_part_5);
+    /* grad_U_i += t63^T @ g5 */
+    symbackprop_f64_matmul_add(8, 8, n, t63, 1, 8, g5, 8, 1, grad_U_i);
 
-    /* grad_U_o_part_6 = t8^T @ g28 */
-    LSTM_SEQUENCE_REAL *grad_U_o_part_6 = grad_U_g_part_6; /* 8 x 8, in grad_U_g_part_6's memory */
-    symbackprop_f64_matmul(8, 8, n, t8, 1, 8, g28, 8, 1, grad_U_o_part_6);
+    /* grad_U_i += t52^T @ g9 */
+    symbackprop_f64_matmul_add(8, 8, n, t52, 1, 8, g9, 8, 1, grad_U_i);
 
-    /* grad_U_o = grad_U_o_part + grad_U_o_part_1 + grad_U_o_part_2 + grad_U_o_part_3 +
-     * grad_U_o_part_4 + grad_U_o_part_5 + grad_U_o_part_6 */
-    for (int64_t i = 0; i < 8; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            grad_U_o[8*i + j] = grad_U_o_part[8*i + j] + grad_U_o_part_1[8*i + j] + grad_U_o_part_2[8*i + j] + grad_U_o_part_3[8*i + j] + grad_U_o_part_4[8*i + j] + grad_U_o_part_5[8*i + j] + grad_U_o_part_6[8*i + j];
-        }
-    }
+    /* grad_U_i += t41^T @ g13 */
+    symbackprop_f64_matmul_add(8, 8, n, t41, 1, 8, g13, 8, 1, grad_U_i);
+
+    /* grad_U_i += t30^T @ g17 */
+    symbackprop_f64_matmul_add(8, 8, n, t30, 1, 8, g17, 8, 1, grad_U_i);
+
+    /* grad_U_i += t19^T @ g21 */
+    symbackprop_f64_matmul_add(8, 8, n, t19, 1, 8, g21, 8, 1, grad_U_i);
+
+    /* grad_U_i += t8^T @ g25 */
+    symbackprop_f64_matmul_add(8, 8, n, t8, 1, 8, g25, 8, 1, grad_U_i);
+
+    /* grad_U_f = t74^T @ g2, the first of 7 products added up here */
+    symbackprop_f64_matmul(8, 8, n, t74, 1, 8, g2, 8, 1, grad_U_f);
+
+    /* grad_U_f += t63^T @ g6 */
+    symbackprop_f64_matmul_add(8, 8, n, t63, 1, 8, g6, 8, 1, grad_U_f);
+
+    /* grad_U_f += t52^T @ g10 */
+    symbackprop_f64_matmul_add(8, 8, n, t52, 1, 8, g10, 8, 1, grad_U_f);
+
+    /* grad_U_f += t41^T @ g14 */
+    symbackprop_f64_matmul_add(8, 8, n, t41, 1, 8, g14, 8, 1, grad_U_f);
+
+    /* grad_U_f += t30^T @ g18 */
+    symbackprop_f64_matmul_add(8, 8, n, t30, 1, 8, g18, 8, 1, grad_U_f);
+
+    /* grad_U_f += t19^T @ g22 */
+    symbackprop_f64_matmul_add(8, 8, n, t19, 1, 8, g22, 8, 1, grad_U_f);
+
+    /* grad_U_f += t8^T @ g26 */
+    symbackprop_f64_matmul_add(8, 8, n, t8, 1, 8, g26, 8, 1, grad_U_f);
+
+    /* grad_U_g = t74^T @ g3, the first of 7 products added up here */
+    symbackprop_f64_matmul(8, 8, n, t74, 1, 8, g3, 8, 1, grad_U_g);
+
+    /* grad_U_g += t63^T @ g7 */
+    symbackprop_f64_matmul_add(8, 8, n, t63, 1, 8, g7, 8, 1, grad_U_g);
+
+    /* grad_U_g += t52^T @ g11 */
+    symbackprop_f64_matmul_add(8, 8, n, t52, 1, 8, g11, 8, 1, grad_U_g);
+
+    /* grad_U_g += t41^T @ g15 */
+    symbackprop_f64_matmul_add(8, 8, n, t41, 1, 8, g15, 8, 1, grad_U_g);
+
+    /* grad_U_g += t30^T @ g19 */
+    symbackprop_f64_matmul_add(8, 8, n, t30, 1, 8, g19, 8, 1, grad_U_g);
+
+    /* grad_U_g += t19^T @ g23 */
+    symbackprop_f64_matmul_add(8, 8, n, t19, 1, 8, g23, 8, 1, grad_U_g);
+
+    /* grad_U_g += t8^T @ g27 */
+    symbackprop_f64_matmul_add(8, 8, n, t8, 1, 8, g27, 8, 1, grad_U_g);
+
+    /* grad_U_o = t74^T @ g4, the first of 7 products added up here */
+    symbackprop_f64_matmul(8, 8, n, t74, 1, 8, g4, 8, 1, grad_U_o);
+
+    /* grad_U_o += t63^T @ g8 */
+    symbackprop_f64_matmul_add(8, 8, n, t63, 1, 8, g8, 8, 1, grad_U_o);
+
+    /* grad_U_o += t52^T @ g12 */
+    symbackprop_f64_matmul_add(8, 8, n, t52, 1, 8, g12, 8, 1, grad_U_o);
+
+    /* grad_U_o += t41^T @ g16 */
+    symbackprop_f64_matmul_add(8, 8, n, t41, 1, 8, g16, 8, 1, grad_U_o);
+
+    /* grad_U_o += t30^T @ g20 */
+    symbackprop_f64_matmul_add(8, 8, n, t30, 1, 8, g20, 8, 1, grad_U_o);
+
+    /* grad_U_o += t19^T @ g24 */
+    symbackprop_f64_matmul_add(8, 8, n, t19, 1, 8, g24, 8, 1, grad_U_o);
+
+    /* grad_U_o += t8^T @ g28 */
+    symbackprop_f64_matmul_add(8, 8, n, t8, 1, 8, g28, 8, 1, grad_U_o);
 
     /* grad_b_i = sum of g33 down each column */
     symbackprop_f64_sum_columns(g33, n, 8, 8, grad_b_i);
 
     /* grad_b_f = sum of g29 down each column */
     symbackprop_f64_sum_columns(g29, n, 8, 8, grad_b_f);
+}
+#endif
 
+/* lstm_sequence_run, part 8 of 8 (kernels 193 to 196): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *grad_b_g,
+    LSTM_SEQUENCE_REAL *grad_b_o,
+    LSTM_SEQUENCE_REAL *grad_V,
+    LSTM_SEQUENCE_REAL *grad_c0,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+)
+{
+    LSTM_SEQUENCE_REAL *t84 = with_grads ? work + 432*n : work + 56*n; /* n x 8; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *grad_logit = with_grads ? work + 442*n : work + 74*n; /* n x 1; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g34 = work + 152*n; /* n x 8, in t29's memory; placed in an earlier part */
+    LSTM_SEQUENCE_REAL *g35 = work + 192*n; /* n x 8, in t38's memory; placed in an earlier part */
     /* grad_b_g = sum of g34 down each column */
     symbackprop_f64_sum_columns(g34, n, 8, 8, grad_b_g);
 
     /* grad_b_o = sum of g35 down each column */
     symbackprop_f64_sum_columns(g35, n, 8, 8, grad_b_o);
 
-    /* grad_V = t112^T @ grad_logit */
-    symbackprop_f64_matmul(8, 1, n, t112, 1, 8, grad_logit, 1, 0, grad_V);
+    /* grad_V = t84^T @ grad_logit */
+    symbackprop_f64_matmul(8, 1, n, t84, 1, 8, grad_logit, 1, 0, grad_V);
 
     /* grad_c0 = sum of grad_logit down each column */
     grad_c0[0] = symbackprop_f64_sum(grad_logit, n, 1);
@@ -1886,10 +1654,10 @@ LSTM_SEQUENCE_SHARED int lstm_sequence_run(
         return 0;
     }
     lstm_sequence_run_part4(n, V, work, with_grads);
-    lstm_sequence_run_part5(n, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, work, with_grads);
-    lstm_sequence_run_part6(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, grad_W_f, grad_W_g, work, with_grads);
-    lstm_sequence_run_part7(n, x1_, x2_, x3_, x4_, x5_, grad_W_o, grad_U_i, grad_U_f, grad_U_g, work, with_grads);
-    lstm_sequence_run_part8(n, grad_U_o, grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c0, work, with_grads);
+    lstm_sequence_run_part5(n, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, work, with_grads);
+    lstm_sequence_run_part6(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, grad_W_f, grad_W_g, grad_W_o, work, with_grads);
+    lstm_sequence_run_part7(n, x1_, x2_, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, work, with_grads);
+    lstm_sequence_run_part8(n, grad_b_g, grad_b_o, grad_V, grad_c0, work, with_grads);
     return 0;
 }
 #endif

@@ -240,7 +240,7 @@ size_t pinn_poisson_value_and_grad_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(419*n + 1256);
+    return (size_t)(419*n + 712);
 }
 #endif
 
@@ -470,7 +470,7 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
         loss[0] = (1.0/2.0)*t6[0] + t21[0]/((PINN_POISSON_REAL)n);
     }
 
-    /* grad_W1_part = g1^T @ t19 */
+    /* grad_W1_part = g1^T @ t19, the first of 3 products added up here */
     PINN_POISSON_REAL *grad_W1_part = t21 + 1; /* 1 x 16 */
     symbackprop_f64_matmul(1, 16, n, g1, 0, 1, t19, 16, 1, grad_W1_part);
 
@@ -552,13 +552,12 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
         }
     }
 
-    /* grad_W1_part_1 = x^T @ g4 */
-    PINN_POISSON_REAL *grad_W1_part_1 = g3 + 16*n; /* 1 x 16 */
-    symbackprop_f64_matmul(1, 16, n, x, 0, 1, g4, 16, 1, grad_W1_part_1);
+    /* grad_W1_part += x^T @ g4 */
+    symbackprop_f64_matmul_add(1, 16, n, x, 0, 1, g4, 16, 1, grad_W1_part);
 }
 #endif
 
-/* pinn_poisson_value_and_grad, part 2 of 2 (kernels 33 to 56): a long
+/* pinn_poisson_value_and_grad, part 2 of 2 (kernels 33 to 55): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -592,10 +591,9 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     PINN_POISSON_REAL *g3 = work + 403*n + 120; /* n x 16; placed in an earlier part */
     PINN_POISSON_REAL *g4 = work + 96*n + 103; /* n x 16, in t24's memory; placed in an earlier part */
     PINN_POISSON_REAL *g5 = work + 144*n + 103; /* n x 16, in t16's memory; placed in an earlier part */
-    PINN_POISSON_REAL *grad_W1_part_1 = work + 419*n + 120; /* 1 x 16; placed in an earlier part */
-    /* grad_W1_part_2 = sum of g5 down each column */
-    PINN_POISSON_REAL *grad_W1_part_2 = grad_W1_part_1 + 16; /* 1 x 16 */
-    symbackprop_f64_sum_columns(g5, n, 16, 16, grad_W1_part_2);
+    /* grad_W1_part_1 = sum of g5 down each column */
+    PINN_POISSON_REAL *grad_W1_part_1 = g3 + 16*n; /* 1 x 16 */
+    symbackprop_f64_sum_columns(g5, n, 16, 16, grad_W1_part_1);
 
     /* grad_t3 = g0 @ W3^T */
     PINN_POISSON_REAL *grad_t3 = t2; /* 2 x 16, in t2's memory */
@@ -612,7 +610,7 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     }
 
     /* g6 = grad_t3*(1 - t3**2) */
-    PINN_POISSON_REAL *g6 = grad_W1_part_2 + 16; /* 2 x 16 */
+    PINN_POISSON_REAL *g6 = grad_W1_part_1 + 16; /* 2 x 16 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             g6[16*i + j] = grad_t3[16*i + j]*(1 - (t3[16*i + j]*t3[16*i + j]));
@@ -639,23 +637,19 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
         }
     }
 
-    /* grad_W1_part_3 = xb^T @ g7 */
-    PINN_POISSON_REAL *grad_W1_part_3 = g7 + 32; /* 1 x 16 */
+    /* grad_W1_part += xb^T @ g7 */
     for (int64_t i = 0; i < 1; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            grad_W1_part_3[16*i + j] = 0;
-        }
         for (int64_t k = 0; k < 2; ++k) {
             const PINN_POISSON_REAL acc = xb[k];
             for (int64_t j = 0; j < 16; ++j) {
-                grad_W1_part_3[16*i + j] += acc * g7[16*k + j];
+                grad_W1_part[16*i + j] += acc * g7[16*k + j];
             }
         }
     }
 
-    /* grad_W1 = grad_W1_part + grad_W1_part_1 + grad_W1_part_2 + grad_W1_part_3 */
+    /* grad_W1 = grad_W1_part + grad_W1_part_1 */
     for (int64_t j = 0; j < 16; ++j) {
-        grad_W1[j] = grad_W1_part[j] + grad_W1_part_1[j] + grad_W1_part_2[j] + grad_W1_part_3[j];
+        grad_W1[j] = grad_W1_part[j] + grad_W1_part_1[j];
     }
 
     /* grad_b1_part = sum of g4 down each column */
@@ -671,57 +665,43 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
         grad_b1[j] = grad_b1_part[j] + grad_b1_part_1[j];
     }
 
-    /* grad_W2_part = t10^T @ grad_t16 */
-    PINN_POISSON_REAL *grad_W2_part = grad_W1_part_3 + 16; /* 16 x 16 */
+    /* grad_W2_part = t10^T @ grad_t16, the first of 3 products added up here */
+    PINN_POISSON_REAL *grad_W2_part = g7 + 32; /* 16 x 16 */
     symbackprop_f64_matmul(16, 16, n, t10, 1, 16, grad_t16, 16, 1, grad_W2_part);
 
-    /* g8 = t17^T @ grad_t28 */
+    /* g8 = t17^T @ grad_t28, the first of 2 products added up here */
     PINN_POISSON_REAL *g8 = grad_W2_part + 256; /* 16 x 16 */
     symbackprop_f64_matmul(16, 16, n, t17, 1, 16, grad_t28, 16, 1, g8);
 
-    /* g9 = t14^T @ grad_t15 */
-    PINN_POISSON_REAL *g9 = g8 + 256; /* 16 x 16 */
-    symbackprop_f64_matmul(16, 16, n, t14, 1, 16, grad_t15, 16, 1, g9);
+    /* g8 += t14^T @ grad_t15 */
+    symbackprop_f64_matmul_add(16, 16, n, t14, 1, 16, grad_t15, 16, 1, g8);
 
-    /* g10 = g8 + g9 */
-    PINN_POISSON_REAL *g10 = g9 + 256; /* 16 x 16 */
+    /* grad_W2_part += t8^T @ g2 */
+    symbackprop_f64_matmul_add(16, 16, n, t8, 1, 16, g2, 16, 1, grad_W2_part);
+
+    /* grad_W2_part += t1^T @ g6 */
     for (int64_t i = 0; i < 16; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            g10[16*i + j] = g8[16*i + j] + g9[16*i + j];
-        }
-    }
-
-    /* grad_W2_part_1 = t8^T @ g2 */
-    PINN_POISSON_REAL *grad_W2_part_1 = g8; /* 16 x 16, in g8's memory */
-    symbackprop_f64_matmul(16, 16, n, t8, 1, 16, g2, 16, 1, grad_W2_part_1);
-
-    /* grad_W2_part_2 = t1^T @ g6 */
-    PINN_POISSON_REAL *grad_W2_part_2 = g9; /* 16 x 16, in g9's memory */
-    for (int64_t i = 0; i < 16; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            grad_W2_part_2[16*i + j] = 0;
-        }
         for (int64_t k = 0; k < 2; ++k) {
             const PINN_POISSON_REAL acc = t1[i + 16*k];
             for (int64_t j = 0; j < 16; ++j) {
-                grad_W2_part_2[16*i + j] += acc * g6[16*k + j];
+                grad_W2_part[16*i + j] += acc * g6[16*k + j];
             }
         }
     }
 
-    /* grad_W2 = g10^T + grad_W2_part + grad_W2_part_1 + grad_W2_part_2 */
+    /* grad_W2 = g8^T + grad_W2_part */
     for (int64_t i = 0; i < 16; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            grad_W2[16*i + j] = grad_W2_part[16*i + j] + g10[i + 16*j] + grad_W2_part_1[16*i + j] + grad_W2_part_2[16*i + j];
+            grad_W2[16*i + j] = grad_W2_part[16*i + j] + g8[i + 16*j];
         }
     }
 
     /* grad_b2_part = sum of g2 down each column */
-    PINN_POISSON_REAL *grad_b2_part = grad_W1_part_2; /* 1 x 16, in grad_W1_part_2's memory */
+    PINN_POISSON_REAL *grad_b2_part = grad_b1_part; /* 1 x 16, in grad_b1_part's memory */
     symbackprop_f64_sum_columns(g2, n, 16, 16, grad_b2_part);
 
     /* grad_b2_part_1 = sum of g6 down each column */
-    PINN_POISSON_REAL *grad_b2_part_1 = grad_W1_part_3; /* 1 x 16, in grad_W1_part_3's memory */
+    PINN_POISSON_REAL *grad_b2_part_1 = grad_b1_part_1; /* 1 x 16, in grad_b1_part_1's memory */
     symbackprop_f64_sum_columns(g6, 2, 16, 16, grad_b2_part_1);
 
     /* grad_b2 = grad_b2_part + grad_b2_part_1 */
@@ -729,12 +709,12 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
         grad_b2[j] = grad_b2_part[j] + grad_b2_part_1[j];
     }
 
-    /* g11 = sum of g3 down each column */
-    PINN_POISSON_REAL *g11 = grad_b1_part; /* 1 x 16, in grad_b1_part's memory */
-    symbackprop_f64_sum_columns(g3, n, 16, 16, g11);
+    /* g9 = sum of g3 down each column */
+    PINN_POISSON_REAL *g9 = grad_b2_part; /* 1 x 16, in grad_b2_part's memory */
+    symbackprop_f64_sum_columns(g3, n, 16, 16, g9);
 
     /* grad_W3_part = t3^T @ g0 */
-    PINN_POISSON_REAL *grad_W3_part = grad_b1_part_1; /* 16 x 1, in grad_b1_part_1's memory */
+    PINN_POISSON_REAL *grad_W3_part = grad_b2_part_1; /* 16 x 1, in grad_b2_part_1's memory */
     for (int64_t i = 0; i < 16; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             grad_W3_part[i + j] = 0;
@@ -747,9 +727,9 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
         }
     }
 
-    /* grad_W3 = g11^T + grad_W3_part */
+    /* grad_W3 = g9^T + grad_W3_part */
     for (int64_t i = 0; i < 16; ++i) {
-        grad_W3[i] = g11[i] + grad_W3_part[i];
+        grad_W3[i] = g9[i] + grad_W3_part[i];
     }
 
     /* grad_b3 = sum of g0 down each column */

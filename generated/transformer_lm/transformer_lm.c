@@ -31,7 +31,7 @@ TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_gra
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 4349*m + 9217 : 1089*m + 5121);
+    return (size_t)(with_grads ? 4157*m + 9217 : 1089*m + 5121);
 }
 #endif
 
@@ -1265,9 +1265,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     #endif
     }
 
-    /* grad_t22_part = grad_t28 @ Wv1^T */
-    TRANSFORMER_LM_REAL *grad_t22_part = g2 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, grad_t28, 64, 1, Wv1, 1, 64, grad_t22_part);
+    /* grad_t22 = grad_t28 @ Wv1^T, the first of 3 products added up here */
+    TRANSFORMER_LM_REAL *grad_t22 = g2 + 64*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, grad_t28, 64, 1, Wv1, 1, 64, grad_t22);
 
     /* grad_t27[(e,t),(h,s)] = sum_k grad_t29[(e,t),h*dh+k] * t28[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -1370,13 +1370,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     #endif
     }
 
-    /* grad_t22_part_1 = grad_t25 @ Wk1^T */
-    TRANSFORMER_LM_REAL *grad_t22_part_1 = grad_t29; /* m x 64, in grad_t29's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t25, 64, 1, Wk1, 1, 64, grad_t22_part_1);
+    /* grad_t22 += grad_t25 @ Wk1^T */
+    symbackprop_f64_matmul_add(m, 64, 64, grad_t25, 64, 1, Wk1, 1, 64, grad_t22);
 
     /* grad_t24[(e,t),h*dh+k] = sum_{s<=t} grad_t26[(e,t),(h,s)] * t25[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t24 = t24; /* m x 64, in t24's memory */
+    TRANSFORMER_LM_REAL *grad_t24 = grad_t29; /* m x 64, in grad_t29's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1407,9 +1406,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     #endif
     }
 
-    /* grad_t22_part_2 = grad_t24 @ t23^T */
-    TRANSFORMER_LM_REAL *grad_t22_part_2 = t25; /* m x 64, in t25's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t24, 64, 1, t23, 1, 64, grad_t22_part_2);
+    /* grad_t22 += grad_t24 @ t23^T */
+    symbackprop_f64_matmul_add(m, 64, 64, grad_t24, 64, 1, t23, 1, 64, grad_t22);
 }
 #endif
 
@@ -1457,27 +1455,23 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *t18 = with_grads ? work + 1408*m + 5120 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t20 = with_grads ? work + 1728*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1664*m + 5120 : work + 128*m; /* m x 64, in t19's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t24 = with_grads ? work + 1856*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1920*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22_part = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22 = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t27 = work + 2816*m + 9216; /* m x 256, in t36's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t27_block = work + 576*m + 4096; /* 64 x 16, in t26_block's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t26 = work + 320*m + 4096; /* m x 256, in grad_t35's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22_part_1 = work + 3517*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22_part_2 = work + 1920*m + 9216; /* m x 64, in t25's memory; placed in an earlier part */
-    /* grad_t22 = grad_t22_part + grad_t22_part_1 + grad_t22_part_2 */
-    /* grad_t21 = g1a*(grad_t22_part + grad_t22_part_1 + grad_t22_part_2) */
-    /* g3 = t21*(grad_t22_part + grad_t22_part_1 + grad_t22_part_2) */
-    TRANSFORMER_LM_REAL *grad_t22 = grad_t22_part + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_t21 = grad_t22 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *g3 = grad_t21 + 64*m; /* m x 64 */
+    /* grad_t21 = g1a*grad_t22 */
+    /* g3 = grad_t22*t21 */
+    TRANSFORMER_LM_REAL *grad_t21 = t24; /* m x 64, in t24's memory */
+    TRANSFORMER_LM_REAL *g3 = t25; /* m x 64, in t25's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t22_part[64*i + j] + grad_t22_part_1[64*i + j] + grad_t22_part_2[64*i + j];
-            grad_t22[64*i + j] = x0;
-            grad_t21[64*i + j] = g1a[j]*x0;
-            g3[64*i + j] = t21[64*i + j]*x0;
+            grad_t21[64*i + j] = grad_t22[64*i + j]*g1a[j];
+            g3[64*i + j] = grad_t22[64*i + j]*t21[64*i + j];
         }
     }
 
@@ -1543,7 +1537,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_t20 = grad_t20_part + grad_t31 */
-    TRANSFORMER_LM_REAL *grad_t20 = grad_t22_part; /* m x 64, in grad_t22_part's memory */
+    TRANSFORMER_LM_REAL *grad_t20 = t20; /* m x 64, in t20's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -1565,13 +1559,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_t15 = g4 @ W0up^T */
-    TRANSFORMER_LM_REAL *grad_t15 = grad_t22_part_1; /* m x 64, in grad_t22_part_1's memory */
+    TRANSFORMER_LM_REAL *grad_t15 = grad_t21; /* m x 64, in grad_t21's memory */
     symbackprop_f64_matmul(m, 64, 256, g4, 256, 1, W0up, 1, 256, grad_t15);
 
     /* grad_t14 = g0m*grad_t15 */
     /* g5 = grad_t15*t14 */
-    TRANSFORMER_LM_REAL *grad_t14 = grad_t22_part_2; /* m x 64, in grad_t22_part_2's memory */
-    TRANSFORMER_LM_REAL *g5 = t20; /* m x 64, in t20's memory */
+    TRANSFORMER_LM_REAL *grad_t14 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
+    TRANSFORMER_LM_REAL *g5 = grad_t22 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -1583,7 +1577,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     /* grad_t13_part[i, :] = r_i (grad_t14[i, :] - mean_j grad_t14[i, j] - y[i, :] mean_j
      * grad_t14[i, j] y[i, j]), y = (t13 - mu) r normalized as in normalize_rows (mu_i, r_i
      * of t13's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t13_part = grad_t21; /* m x 64, in grad_t21's memory */
+    TRANSFORMER_LM_REAL *grad_t13_part = t14; /* m x 64, in t14's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_t13_part + 64*i;
@@ -1642,7 +1636,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_t13 = grad_t13_part + grad_t20 */
-    TRANSFORMER_LM_REAL *grad_t13 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
+    TRANSFORMER_LM_REAL *grad_t13 = t13; /* m x 64, in t13's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -1651,12 +1645,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_t11 = grad_t13 @ Wo0^T */
-    TRANSFORMER_LM_REAL *grad_t11 = t14; /* m x 64, in t14's memory */
+    TRANSFORMER_LM_REAL *grad_t11 = grad_t14; /* m x 64, in grad_t14's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t13, 64, 1, Wo0, 1, 64, grad_t11);
 
     /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} t9[(e,t),(h,s)] * grad_t11[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t10 = t13; /* m x 64, in t13's memory */
+    TRANSFORMER_LM_REAL *grad_t10 = grad_t13_part; /* m x 64, in grad_t13_part's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1687,9 +1681,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     #endif
     }
 
-    /* grad_t4_part = grad_t10 @ Wv0^T */
-    TRANSFORMER_LM_REAL *grad_t4_part = grad_t14; /* m x 64, in grad_t14's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, Wv0, 1, 64, grad_t4_part);
+    /* grad_t4 = grad_t10 @ Wv0^T, the first of 3 products added up here */
+    TRANSFORMER_LM_REAL *grad_t4 = g5 + 64*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, Wv0, 1, 64, grad_t4);
 
     /* grad_t9[(e,t),(h,s)] = sum_k grad_t11[(e,t),h*dh+k] * t10[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -1761,7 +1755,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 
     /* grad_t7[(e,s),h*dh+k] = sum_{t>=s} grad_t8[(e,t),(h,s)] * t6[(e,t),h*dh+k] (rows (e,t)
      * = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t7 = grad_t13_part; /* m x 64, in grad_t13_part's memory */
+    TRANSFORMER_LM_REAL *grad_t7 = t10; /* m x 64, in t10's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1792,9 +1786,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     #endif
     }
 
-    /* grad_t4_part_1 = grad_t7 @ Wk0^T */
-    TRANSFORMER_LM_REAL *grad_t4_part_1 = t10; /* m x 64, in t10's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t7, 64, 1, Wk0, 1, 64, grad_t4_part_1);
+    /* grad_t4 += grad_t7 @ Wk0^T */
+    symbackprop_f64_matmul_add(m, 64, 64, grad_t7, 64, 1, Wk0, 1, 64, grad_t4);
 
     /* grad_t6[(e,t),h*dh+k] = sum_{s<=t} grad_t8[(e,t),(h,s)] * t7[(e,s),h*dh+k] (rows (e,t)
      * = e*64+t, 4 heads of 16 columns) */
@@ -1829,23 +1822,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     #endif
     }
 
-    /* grad_t4_part_2 = grad_t6 @ t5^T */
-    TRANSFORMER_LM_REAL *grad_t4_part_2 = t6; /* m x 64, in t6's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t6, 64, 1, t5, 1, 64, grad_t4_part_2);
+    /* grad_t4 += grad_t6 @ t5^T */
+    symbackprop_f64_matmul_add(m, 64, 64, grad_t6, 64, 1, t5, 1, 64, grad_t4);
 
-    /* grad_t4 = grad_t4_part + grad_t4_part_1 + grad_t4_part_2 */
-    /* grad_t3 = g0a*(grad_t4_part + grad_t4_part_1 + grad_t4_part_2) */
-    /* g6 = t3*(grad_t4_part + grad_t4_part_1 + grad_t4_part_2) */
-    TRANSFORMER_LM_REAL *grad_t4 = t7; /* m x 64, in t7's memory */
-    TRANSFORMER_LM_REAL *grad_t3 = g3 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *g6 = grad_t3 + 64*m; /* m x 64 */
+    /* grad_t3 = g0a*grad_t4 */
+    /* g6 = grad_t4*t3 */
+    TRANSFORMER_LM_REAL *grad_t3 = t6; /* m x 64, in t6's memory */
+    TRANSFORMER_LM_REAL *g6 = t7; /* m x 64, in t7's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t4_part[64*i + j] + grad_t4_part_1[64*i + j] + grad_t4_part_2[64*i + j];
-            grad_t4[64*i + j] = x0;
-            grad_t3[64*i + j] = g0a[j]*x0;
-            g6[64*i + j] = t3[64*i + j]*x0;
+            grad_t3[64*i + j] = grad_t4[64*i + j]*g0a[j];
+            g6[64*i + j] = grad_t4[64*i + j]*t3[64*i + j];
         }
     }
 
@@ -1911,7 +1899,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_t2 = grad_t13 + grad_t2_part */
-    TRANSFORMER_LM_REAL *grad_t2 = grad_t4_part; /* m x 64, in grad_t4_part's memory */
+    TRANSFORMER_LM_REAL *grad_t2 = t2; /* m x 64, in t2's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -1924,16 +1912,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 /* transformer_lm_run, part 6 of 8 (kernels 86 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
-    int64_t m,
-    const int64_t *ids,
-    const int64_t *positions,
-    TRANSFORMER_LM_REAL *grad_E,
-    TRANSFORMER_LM_REAL *grad_P,
-    TRANSFORMER_LM_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     int64_t m,
     const int64_t *ids,
@@ -1943,7 +1922,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *grad_t2 = work + 1920*m + 9216; /* m x 64, in grad_t4_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t2 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
     /* grad_E[ids[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2], grad_t2[i, 3],
      * grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7], grad_t2[i, 8],
      * grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12], grad_t2[i, 13],
@@ -2134,14 +2113,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1088*m + 5120 : work + 128*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *g4 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t15 = work + 3517*m + 9217; /* m x 64, in grad_t22_part_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g5 = work + 1728*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t13 = work + 1664*m + 5120; /* m x 64, in grad_t20_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t10 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t7 = work + 4093*m + 9217; /* m x 64, in grad_t13_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t6 = work + 960*m + 5120; /* m x 64, in grad_t11's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t4 = work + 256*m + 4096; /* m x 64, in t7's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g6 = work + 4285*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t15 = work + 1856*m + 9216; /* m x 64, in grad_t21's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g5 = work + 4029*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t13 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t10 = work + 960*m + 5120; /* m x 64, in grad_t13_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t4 = work + 4093*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t7 = work + 832*m + 5120; /* m x 64, in t10's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t6 = work + 1664*m + 5120; /* m x 64, in grad_t11's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g6 = work + 256*m + 4096; /* m x 64, in t7's memory; placed in an earlier part */
     /* grad_g0a = sum of g6 down each column */
     symbackprop_f64_sum_columns(g6, m, 64, 64, grad_g0a);
 
@@ -2248,11 +2227,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     TRANSFORMER_LM_REAL *g2 = work + 3901*m + 9217; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t28 = work + 2368*m + 9216; /* m x 64, in grad_t31_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22 = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t25 = work + 2240*m + 9216; /* m x 64, in t28's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t24 = work + 1856*m + 9216; /* m x 64, in t24's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 4029*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 4157*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t20 = work + 3965*m + 9217; /* m x 64, in grad_t22_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t24 = work + 3517*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 1920*m + 9216; /* m x 64, in t25's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t20 = work + 1728*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *g4 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
     /* grad_c0up = sum of g4 down each column */
     symbackprop_f64_sum_columns(g4, m, 256, 256, grad_c0up);
@@ -2572,14 +2551,14 @@ size_t transformer_lm_train_step_work_len(int64_t m)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(4349*m + 137410);
+    return (size_t)(4157*m + 137410);
 }
 #endif
 
 /* transformer_lm_train_step, part 1 of 9 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     int64_t m,
     const int64_t *ids,
@@ -2588,7 +2567,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *P,
     TRANSFORMER_LM_REAL *work
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     int64_t m,
     const int64_t *ids,
@@ -3758,9 +3737,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     #endif
     }
 
-    /* grad_t22_part = grad_t28 @ Wv1^T */
-    TRANSFORMER_LM_REAL *grad_t22_part = g2 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, grad_t28, 64, 1, Wv1, 1, 64, grad_t22_part);
+    /* grad_t22 = grad_t28 @ Wv1^T, the first of 3 products added up here */
+    TRANSFORMER_LM_REAL *grad_t22 = g2 + 64*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, grad_t28, 64, 1, Wv1, 1, 64, grad_t22);
 
     /* grad_t27[(e,t),(h,s)] = sum_k grad_t29[(e,t),h*dh+k] * t28[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -3863,13 +3842,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     #endif
     }
 
-    /* grad_t22_part_1 = grad_t25 @ Wk1^T */
-    TRANSFORMER_LM_REAL *grad_t22_part_1 = grad_t29; /* m x 64, in grad_t29's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t25, 64, 1, Wk1, 1, 64, grad_t22_part_1);
+    /* grad_t22 += grad_t25 @ Wk1^T */
+    symbackprop_f64_matmul_add(m, 64, 64, grad_t25, 64, 1, Wk1, 1, 64, grad_t22);
 
     /* grad_t24[(e,t),h*dh+k] = sum_{s<=t} grad_t26[(e,t),(h,s)] * t25[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t24 = t24; /* m x 64, in t24's memory */
+    TRANSFORMER_LM_REAL *grad_t24 = grad_t29; /* m x 64, in grad_t29's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -3900,9 +3878,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     #endif
     }
 
-    /* grad_t22_part_2 = grad_t24 @ t23^T */
-    TRANSFORMER_LM_REAL *grad_t22_part_2 = t25; /* m x 64, in t25's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t24, 64, 1, t23, 1, 64, grad_t22_part_2);
+    /* grad_t22 += grad_t24 @ t23^T */
+    symbackprop_f64_matmul_add(m, 64, 64, grad_t24, 64, 1, t23, 1, 64, grad_t22);
 }
 #endif
 
@@ -3948,27 +3925,23 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *t18 = work + 1408*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t20 = work + 1728*m + 5120; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t21 = work + 1664*m + 5120; /* m x 64, in t19's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t24 = work + 1856*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t25 = work + 1920*m + 9216; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t27 = work + 1984*m + 9216; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22_part = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22 = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t27 = work + 2816*m + 9216; /* m x 256, in t36's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t27_block_1 = work + 576*m + 4096; /* 64 x 16, in t26_block_1's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t26 = work + 320*m + 4096; /* m x 256, in grad_t35's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22_part_1 = work + 3517*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22_part_2 = work + 1920*m + 9216; /* m x 64, in t25's memory; placed in an earlier part */
-    /* grad_t22 = grad_t22_part + grad_t22_part_1 + grad_t22_part_2 */
-    /* grad_t21 = g1a*(grad_t22_part + grad_t22_part_1 + grad_t22_part_2) */
-    /* g3 = t21*(grad_t22_part + grad_t22_part_1 + grad_t22_part_2) */
-    TRANSFORMER_LM_REAL *grad_t22 = grad_t22_part + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_t21 = grad_t22 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *g3 = grad_t21 + 64*m; /* m x 64 */
+    /* grad_t21 = g1a*grad_t22 */
+    /* g3 = grad_t22*t21 */
+    TRANSFORMER_LM_REAL *grad_t21 = t24; /* m x 64, in t24's memory */
+    TRANSFORMER_LM_REAL *g3 = t25; /* m x 64, in t25's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t22_part[64*i + j] + grad_t22_part_1[64*i + j] + grad_t22_part_2[64*i + j];
-            grad_t22[64*i + j] = x0;
-            grad_t21[64*i + j] = g1a[j]*x0;
-            g3[64*i + j] = t21[64*i + j]*x0;
+            grad_t21[64*i + j] = grad_t22[64*i + j]*g1a[j];
+            g3[64*i + j] = grad_t22[64*i + j]*t21[64*i + j];
         }
     }
 
@@ -4034,7 +4007,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_t20 = grad_t20_part + grad_t31 */
-    TRANSFORMER_LM_REAL *grad_t20 = grad_t22_part; /* m x 64, in grad_t22_part's memory */
+    TRANSFORMER_LM_REAL *grad_t20 = t20; /* m x 64, in t20's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -4056,13 +4029,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_t15 = g4 @ W0up^T */
-    TRANSFORMER_LM_REAL *grad_t15 = grad_t22_part_1; /* m x 64, in grad_t22_part_1's memory */
+    TRANSFORMER_LM_REAL *grad_t15 = grad_t21; /* m x 64, in grad_t21's memory */
     symbackprop_f64_matmul(m, 64, 256, g4, 256, 1, W0up, 1, 256, grad_t15);
 
     /* grad_t14 = g0m*grad_t15 */
     /* g5 = grad_t15*t14 */
-    TRANSFORMER_LM_REAL *grad_t14 = grad_t22_part_2; /* m x 64, in grad_t22_part_2's memory */
-    TRANSFORMER_LM_REAL *g5 = t20; /* m x 64, in t20's memory */
+    TRANSFORMER_LM_REAL *grad_t14 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
+    TRANSFORMER_LM_REAL *g5 = grad_t22 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -4074,7 +4047,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     /* grad_t13_part[i, :] = r_i (grad_t14[i, :] - mean_j grad_t14[i, j] - y[i, :] mean_j
      * grad_t14[i, j] y[i, j]), y = (t13 - mu) r normalized as in normalize_rows (mu_i, r_i
      * of t13's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t13_part = grad_t21; /* m x 64, in grad_t21's memory */
+    TRANSFORMER_LM_REAL *grad_t13_part = t14; /* m x 64, in t14's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_t13_part + 64*i;
@@ -4133,7 +4106,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_t13 = grad_t13_part + grad_t20 */
-    TRANSFORMER_LM_REAL *grad_t13 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
+    TRANSFORMER_LM_REAL *grad_t13 = t13; /* m x 64, in t13's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -4142,12 +4115,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_t11 = grad_t13 @ Wo0^T */
-    TRANSFORMER_LM_REAL *grad_t11 = t14; /* m x 64, in t14's memory */
+    TRANSFORMER_LM_REAL *grad_t11 = grad_t14; /* m x 64, in grad_t14's memory */
     symbackprop_f64_matmul(m, 64, 64, grad_t13, 64, 1, Wo0, 1, 64, grad_t11);
 
     /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} t9[(e,t),(h,s)] * grad_t11[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t10 = t13; /* m x 64, in t13's memory */
+    TRANSFORMER_LM_REAL *grad_t10 = grad_t13_part; /* m x 64, in grad_t13_part's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -4178,9 +4151,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     #endif
     }
 
-    /* grad_t4_part = grad_t10 @ Wv0^T */
-    TRANSFORMER_LM_REAL *grad_t4_part = grad_t14; /* m x 64, in grad_t14's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, Wv0, 1, 64, grad_t4_part);
+    /* grad_t4 = grad_t10 @ Wv0^T, the first of 3 products added up here */
+    TRANSFORMER_LM_REAL *grad_t4 = g5 + 64*m; /* m x 64 */
+    symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, Wv0, 1, 64, grad_t4);
 
     /* grad_t9[(e,t),(h,s)] = sum_k grad_t11[(e,t),h*dh+k] * t10[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -4252,7 +4225,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 
     /* grad_t7[(e,s),h*dh+k] = sum_{t>=s} grad_t8[(e,t),(h,s)] * t6[(e,t),h*dh+k] (rows (e,t)
      * = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t7 = grad_t13_part; /* m x 64, in grad_t13_part's memory */
+    TRANSFORMER_LM_REAL *grad_t7 = t10; /* m x 64, in t10's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -4283,9 +4256,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     #endif
     }
 
-    /* grad_t4_part_1 = grad_t7 @ Wk0^T */
-    TRANSFORMER_LM_REAL *grad_t4_part_1 = t10; /* m x 64, in t10's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t7, 64, 1, Wk0, 1, 64, grad_t4_part_1);
+    /* grad_t4 += grad_t7 @ Wk0^T */
+    symbackprop_f64_matmul_add(m, 64, 64, grad_t7, 64, 1, Wk0, 1, 64, grad_t4);
 
     /* grad_t6[(e,t),h*dh+k] = sum_{s<=t} grad_t8[(e,t),(h,s)] * t7[(e,s),h*dh+k] (rows (e,t)
      * = e*64+t, 4 heads of 16 columns) */
@@ -4320,23 +4292,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     #endif
     }
 
-    /* grad_t4_part_2 = grad_t6 @ t5^T */
-    TRANSFORMER_LM_REAL *grad_t4_part_2 = t6; /* m x 64, in t6's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t6, 64, 1, t5, 1, 64, grad_t4_part_2);
+    /* grad_t4 += grad_t6 @ t5^T */
+    symbackprop_f64_matmul_add(m, 64, 64, grad_t6, 64, 1, t5, 1, 64, grad_t4);
 
-    /* grad_t4 = grad_t4_part + grad_t4_part_1 + grad_t4_part_2 */
-    /* grad_t3 = g0a*(grad_t4_part + grad_t4_part_1 + grad_t4_part_2) */
-    /* g6 = t3*(grad_t4_part + grad_t4_part_1 + grad_t4_part_2) */
-    TRANSFORMER_LM_REAL *grad_t4 = t7; /* m x 64, in t7's memory */
-    TRANSFORMER_LM_REAL *grad_t3 = g3 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *g6 = grad_t3 + 64*m; /* m x 64 */
+    /* grad_t3 = g0a*grad_t4 */
+    /* g6 = grad_t4*t3 */
+    TRANSFORMER_LM_REAL *grad_t3 = t6; /* m x 64, in t6's memory */
+    TRANSFORMER_LM_REAL *g6 = t7; /* m x 64, in t7's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL x0 = grad_t4_part[64*i + j] + grad_t4_part_1[64*i + j] + grad_t4_part_2[64*i + j];
-            grad_t4[64*i + j] = x0;
-            grad_t3[64*i + j] = g0a[j]*x0;
-            g6[64*i + j] = t3[64*i + j]*x0;
+            grad_t3[64*i + j] = grad_t4[64*i + j]*g0a[j];
+            g6[64*i + j] = grad_t4[64*i + j]*t3[64*i + j];
         }
     }
 
@@ -4402,7 +4369,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_t2 = grad_t13 + grad_t2_part */
-    TRANSFORMER_LM_REAL *grad_t2 = grad_t4_part; /* m x 64, in grad_t4_part's memory */
+    TRANSFORMER_LM_REAL *grad_t2 = t2; /* m x 64, in t2's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -4415,7 +4382,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 /* transformer_lm_train_step, part 5 of 9 (kernels 86 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
+    int64_t m,
+    const int64_t *ids,
+    const int64_t *positions,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
     int64_t m,
     const int64_t *ids,
@@ -4424,8 +4398,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
 )
 {
     TRANSFORMER_LM_REAL *t23 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g6 = work + 4285*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t2 = work + 1920*m + 9216; /* m x 64, in grad_t4_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t4 = work + 4093*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t2 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
     /* grad_E_1[ids[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2], grad_t2[i, 3],
      * grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7], grad_t2[i, 8],
      * grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12], grad_t2[i, 13],
@@ -4438,7 +4412,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
      * grad_t2[i, 13], grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17],
      * grad_t2[i, 18], grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22],
      * grad_t2[i, 23], grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], ... */
-    TRANSFORMER_LM_REAL *grad_E_1 = g6 + 64*m; /* 62 x 64 */
+    TRANSFORMER_LM_REAL *grad_E_1 = grad_t4 + 64*m; /* 62 x 64 */
     TRANSFORMER_LM_REAL *grad_P_1 = t23; /* 64 x 64, in t23's memory */
     for (int64_t i = 0; i < 3968; ++i) {
         grad_E_1[i] = 0;
@@ -4582,7 +4556,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
 /* transformer_lm_train_step, part 6 of 9 (kernels 87 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     int64_t m,
     TRANSFORMER_LM_REAL *E,
@@ -4594,7 +4568,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     const TRANSFORMER_LM_REAL *weight_decay,
     TRANSFORMER_LM_REAL *work
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     int64_t m,
     TRANSFORMER_LM_REAL *E,
@@ -4609,11 +4583,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
 {
     TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t7 = work + 4093*m + 9217; /* m x 64, in grad_t13_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t6 = work + 960*m + 5120; /* m x 64, in grad_t11's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t4 = work + 256*m + 4096; /* m x 64, in t7's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g6 = work + 4285*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_1 = work + 4349*m + 9217; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t4 = work + 4093*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t7 = work + 832*m + 5120; /* m x 64, in t10's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t6 = work + 1664*m + 5120; /* m x 64, in grad_t11's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g6 = work + 256*m + 4096; /* m x 64, in t7's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_1 = work + 4157*m + 9217; /* 62 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_P_1 = work + 1856*m + 5120; /* 64 x 64, in t23's memory; placed in an earlier part */
     /* grad_E_2 = E*weight_decay + grad_E_1 */
     TRANSFORMER_LM_REAL *grad_E_2 = grad_E_1 + 3968; /* 62 x 64 */
@@ -4756,19 +4730,19 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     TRANSFORMER_LM_REAL *g2 = work + 3901*m + 9217; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t28 = work + 2368*m + 9216; /* m x 64, in grad_t31_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22 = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t25 = work + 2240*m + 9216; /* m x 64, in t28's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t24 = work + 1856*m + 9216; /* m x 64, in t24's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 4029*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 4157*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t20 = work + 3965*m + 9217; /* m x 64, in grad_t22_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t24 = work + 3517*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g3 = work + 1920*m + 9216; /* m x 64, in t25's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t20 = work + 1728*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *g4 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t15 = work + 3517*m + 9217; /* m x 64, in grad_t22_part_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g5 = work + 1728*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t13 = work + 1664*m + 5120; /* m x 64, in grad_t20_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t10 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 4349*m + 17153; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t15 = work + 1856*m + 9216; /* m x 64, in grad_t21's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *g5 = work + 4029*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t13 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t10 = work + 960*m + 5120; /* m x 64, in grad_t13_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 4157*m + 17153; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_Wk0_1 = work + 1856*m + 5120; /* 64 x 64, in grad_t5's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4349*m + 21441; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4157*m + 21441; /* 64 x 64; placed in an earlier part */
     /* grad_Wv0_1 = t4^T @ grad_t10 */
     TRANSFORMER_LM_REAL *grad_Wv0_1 = grad_Wk0_1; /* 64 x 64, in grad_Wk0_1's memory */
     symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t10, 64, 1, grad_Wv0_1);
@@ -5148,27 +5122,27 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *g0 = work + 3581*m + 9217; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t38 = work + 3072*m + 9216; /* m x 64, in t39's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *g1 = work + 3645*m + 9217; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_1 = work + 4349*m + 9217; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_2 = work + 4349*m + 13185; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_1 = work + 4157*m + 9217; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_2 = work + 4157*m + 13185; /* 62 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_P_2 = work + 192*m; /* 64 x 64, in t5's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0a_2 = work + 4349*m + 17217; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 4349*m + 17281; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4349*m + 17345; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4349*m + 21441; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv0_2 = work + 4349*m + 25537; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 4349*m + 29633; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0m_2 = work + 4349*m + 33729; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0m_2 = work + 4349*m + 33793; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0up_2 = work + 4349*m + 50241; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_1 = work + 4349*m + 66625; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 4349*m + 66881; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_1 = work + 4349*m + 33857; /* 256 x 64, in grad_W0up_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 4349*m + 67137; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0down_2 = work + 4349*m + 83521; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1a_2 = work + 4349*m + 83585; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 4349*m + 83649; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_1 = work + 4349*m + 17153; /* 1 x 64, in grad_g1m_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4349*m + 100161; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g0a_2 = work + 4157*m + 17217; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 4157*m + 17281; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4157*m + 17345; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4157*m + 21441; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wv0_2 = work + 4157*m + 25537; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 4157*m + 29633; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g0m_2 = work + 4157*m + 33729; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0m_2 = work + 4157*m + 33793; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0up_2 = work + 4157*m + 50241; /* 64 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0up_1 = work + 4157*m + 66625; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 4157*m + 66881; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0down_1 = work + 4157*m + 33857; /* 256 x 64, in grad_W0up_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 4157*m + 67137; /* 256 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0down_2 = work + 4157*m + 83521; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1a_2 = work + 4157*m + 83585; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 4157*m + 83649; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_1 = work + 4157*m + 17153; /* 1 x 64, in grad_g1m_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4157*m + 100161; /* 1 x 64; placed in an earlier part */
     /* grad_W1up_1 = t33^T @ g1 */
     TRANSFORMER_LM_REAL *grad_W1up_1 = grad_W0down_1; /* 64 x 256, in grad_W0down_1's memory */
     symbackprop_f64_matmul(64, 256, m, t33, 1, 64, g1, 256, 1, grad_W1up_1);
@@ -5733,21 +5707,21 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 4349*m + 83713; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 4349*m + 87809; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 4349*m + 91905; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo1_2 = work + 4349*m + 96001; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4349*m + 100097; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4349*m + 100161; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1up_2 = work + 4349*m + 100225; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 4349*m + 116609; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1down_2 = work + 4349*m + 116865; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1down_2 = work + 4349*m + 133249; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_gf_2 = work + 4349*m + 133313; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_bf_2 = work + 4349*m + 133377; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wout_2 = work + 4349*m + 133441; /* 64 x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 4157*m + 83713; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 4157*m + 87809; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 4157*m + 91905; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo1_2 = work + 4157*m + 96001; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4157*m + 100097; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4157*m + 100161; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1up_2 = work + 4157*m + 100225; /* 64 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 4157*m + 116609; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1down_2 = work + 4157*m + 116865; /* 256 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1down_2 = work + 4157*m + 133249; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_gf_2 = work + 4157*m + 133313; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_bf_2 = work + 4157*m + 133377; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wout_2 = work + 4157*m + 133441; /* 64 x 62; placed in an earlier part */
     TRANSFORMER_LM_REAL *bias_correction1 = work + 3329*m + 9216; /* 1 x 1, in t45's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction2 = work + 4349*m + 137409; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *bias_correction2 = work + 4157*m + 137409; /* 1 x 1; placed in an earlier part */
     /* m_Wq1 = beta1*m_Wq1 + grad_Wq1_2*(1 - beta1) */
     /* v_Wq1 = beta2*v_Wq1 + grad_Wq1_2**2*(1 - beta2) */
     /* Wq1 = Wq1 - lr*(beta1*m_Wq1 + grad_Wq1_2*(1 - beta1))/(bias_correction1*(eps +

@@ -79,7 +79,7 @@ def build_forward(sched: Scheduler, node: Node, out: str) -> ScanKernel:
     pointers += state_pointers(step, state_names, names["cur"], 0, False)
     pointers += state_pointers(step, next_names, names["nxt"], 0, True)
     inner.prename([root for _, root in results])
-    fs = fits(schedule(f"{out} step", results, inner.naming), step_scratch(step))
+    fs = fits(schedule(f"{out} step", results, inner.naming, sum_products=False), step_scratch(step))
     kept = parts.get(("states", 0))
     if kept is not None:
         kept = inner.claim(kept, outer=kept)
@@ -197,7 +197,7 @@ class _Backward:
             name = inner.claim(f"{inner.naming(product)}_kept")
             pointers.append(Pointer(name, scratch, at + (U - 1) * self.cw, True))
             results.append((name, product))
-        fs = fits(schedule(f"{self.out} recompute", results, inner.naming), reverse_scratch(self.back))
+        fs = fits(schedule(f"{self.out} recompute", results, inner.naming, sum_products=False), reverse_scratch(self.back))
         return Loop(fs, self.region, tuple(pointers), tuple(self.row_fills))
 
     def reverse_loop(self) -> Loop:
@@ -227,7 +227,7 @@ class _Backward:
         results += self._results(grad_inputs, roots[n_states + n_inputs:], pointers)
         inner.prename(list(step.next_states) + list(step.outputs))
         inner.prename([root for _, root in results])
-        fs = fits(schedule(f"{self.out} reverse", results, inner.naming), reverse_scratch(back))
+        fs = fits(schedule(f"{self.out} reverse", results, inner.naming, sum_products=False), reverse_scratch(back))
         return Loop(fs, self.region, tuple(pointers), tuple(fills))
 
     def _results(self, grad_inputs: list, totals: list, pointers: list) -> list[tuple[str, Node]]:

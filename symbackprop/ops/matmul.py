@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import sympy as sp
@@ -31,9 +31,21 @@ class MatMulKernel:
     n: object
     equations: tuple[Equation, ...]
     kind: str = "matmul"
+    add: bool = False  # out += A @ B (a sum of products in one buffer: schedule.fusion.ProductSum)
 
     def reads(self) -> list[str]:
-        return [self.a.buffer, self.b.buffer]
+        return [self.a.buffer, self.b.buffer] + ([self.out] if self.add else [])
+
+    def summed(self, count: int, first: bool) -> MatMulKernel:
+        """This product as one of `count` that its output adds up: the
+        first writes the output (its comment says more are added), the
+        others add into it."""
+        if first:
+            equations = tuple(replace(e, text=f"{e.text}, the first of {count} products added up here")
+                              for e in self.equations)
+            return replace(self, equations=equations)
+        equations = tuple(replace(e, written=_added_latex(e), assign="+=") for e in self.equations)
+        return replace(self, add=True, equations=equations)
 
     def writes(self) -> list[str]:
         return [self.out]
@@ -43,6 +55,11 @@ class MatMulKernel:
     def work(self) -> tuple[sp.Expr, sp.Expr]:
         """(multiply-adds, other operations): m*k*n multiply-adds."""
         return sp.sympify(self.m) * self.k * self.n, sp.Integer(0)
+
+
+def _added_latex(equation: Equation) -> Callable[[], str]:
+    """`out = A B` as `out += A B`, when the derivation asks."""
+    return lambda: equation.latex.replace(" = ", r" \mathrel{+}= ", 1)
 
 
 def _vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
@@ -85,11 +102,12 @@ def matmul_fields(em: FunctionEmitter, kernel: MatMulKernel) -> dict:
             pointer = f"{em.namer.name(v.buffer)} + {em.dim(v.offset)}".replace(" + 0", "")
             args += [pointer, em.dim(v.row_stride), em.dim(v.col_stride)]
         args.append(em.namer.name(kernel.out))
-        return {"call": ", ".join(args)}
+        return {"call": ", ".join(args), "add": kernel.add}
     b_rows_contiguous = kernel.b.col_stride == 1 or kernel.n == 1
     out = View(kernel.out, sp.Integer(0), sp.sympify(kernel.n), sp.Integer(1))
     return {
         "call": None,
+        "add": kernel.add,
         "order": "ikj" if b_rows_contiguous else "ijk",
         "m": em.dim(kernel.m),
         "k": em.dim(kernel.k),

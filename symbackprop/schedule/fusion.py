@@ -19,7 +19,7 @@ from functools import lru_cache
 import sympy as sp
 
 from symbackprop.ir.construct import is_broadcast, is_const
-from symbackprop.ir.node import SCALAR, Node, Shape, topological_order
+from symbackprop.ir.node import SCALAR, Node, Shape, placeholder, topological_order
 from symbackprop.ops.registry import is_view, record
 from symbackprop.schedule.shifted import foldable, signed_k
 
@@ -53,6 +53,22 @@ class MapGroup:
     late: bool = False  # writes over an input: runs after every other kernel
 
 
+@dataclass(frozen=True)
+class ProductSum:
+    """A sum of matrix products of one shape (and maybe other terms) that
+    only the sum reads: the products run, in the order the plan places
+    them, into one buffer, the first written and each later one added
+    to it (a matmul kernel with `add`: BLAS's beta = 1, or loops that do
+    not zero it first), so no product has a buffer of its own and no loop
+    adds them up. A `pure` sum (of those products only) is that buffer and
+    has no loop of its own; another reads the buffer once, for the first
+    product, and the other products' terms as 0."""
+
+    total: Node
+    products: tuple[Node, ...]
+    pure: bool
+
+
 SPLIT_SCALAR_MEMBERS = 16  # scalar maps the loss needs, beyond which its scalar steps take no derivative (_splits_first)
 
 
@@ -63,11 +79,12 @@ class Placement:
     results and what they need, first."""
 
     def __init__(self, results: list[tuple[str, Node]], inplace: frozenset[str] = frozenset(),
-                 first: frozenset[str] = frozenset()):
+                 first: frozenset[str] = frozenset(), sum_products: bool = True):
         self.first = first
         self.results = results
         self.order = topological_order([node for _, node in results])
         overwriting = {node for out, node in results if out in inplace}
+        self.overwriting = overwriting
         self.late: set[Node] = set()  # in-place results and what is computed from them
         for node in self.order:
             if node in overwriting or any(a in self.late for a in node.args):
@@ -94,6 +111,7 @@ class Placement:
         self.recomputable: dict[Node, bool] = {}  # a member its loop may compute at other entries too
         self.size: dict[Node, int | None] = {}  # a member's operations (None: it calls a function)
         self.closure: dict[Node, set[Node] | None] = {}  # the members a recomputable one is computed from
+        self.summed = self._product_sums() if sum_products else {}  # sums of products added up in one buffer
 
     def _spreads(self) -> set[Node]:
         """Broadcasts that only elementwise loops read: never stored, those
@@ -104,11 +122,37 @@ class Placement:
                 if is_broadcast(node) and node not in results and node not in self.late
                 and all(user.op == "map" and user not in self.late for user in self.users[node])}
 
+    def _product_sums(self) -> dict[Node, ProductSum]:
+        """Each sum (a map whose body adds terms) with two or more terms that
+        are products of its shape which only it reads: those run one after
+        another into one buffer (see ProductSum). Not for an in-place result
+        (its buffer is an input, which the first product would overwrite
+        while later kernels still read it)."""
+        sums: dict[Node, ProductSum] = {}
+        for node in self.order:
+            if node.op != "map" or node in self.overwriting or not isinstance(node.attrs[0], sp.Add):
+                continue
+            terms = node.attrs[0].args
+            products = tuple(arg for index, arg in enumerate(node.args)
+                             if self._summed_product(arg, node) and _bare_term(placeholder(index), terms))
+            if len(products) >= 2:
+                sums[node] = ProductSum(node, products, pure=len(products) == len(terms))
+        return sums
+
+    def _summed_product(self, arg: Node, total: Node) -> bool:
+        """Whether `arg` is a product of `total`'s shape read by `total` alone."""
+        return (arg.op == "matmul" and arg.shape == total.shape and arg not in self.result_nodes
+                and self.users[arg] == [total])
+
     def place_all(self) -> set[int]:
         """Place every node; returns the ids of the steps the `first`
         results need, which now lead the plan."""
         for node in self.order:
             if node.op == "leaf" or is_view(node.op) or is_const(node) or node in self.spreads or node in self.through:
+                continue
+            summed = self.summed.get(node)
+            if summed is not None and summed.pure:  # its products' buffer: ready once the last has run
+                self.index_of[node] = max(self.index_of[p] for p in summed.products)
                 continue
             fused = record(node.op).fused
             if fused == "elementwise":
@@ -327,6 +371,11 @@ class Placement:
         held = [member, *member.args, *(a for t in member.args if t in self.through for a in t.args)]
         for node in held:
             self.near.setdefault(node, {})[group.index] = group
+
+
+def _bare_term(symbol: sp.Symbol, terms: tuple[sp.Expr, ...]) -> bool:
+    """Whether `symbol` is one of `terms` (coefficient 1) and in no other."""
+    return symbol in terms and not any(symbol in t.free_symbols for t in terms if t != symbol)
 
 
 def _is_cheap(body: sp.Expr) -> bool:

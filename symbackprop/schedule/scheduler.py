@@ -90,6 +90,7 @@ def schedule(
     naming: Naming,
     inplace: frozenset[str] = frozenset(),
     first: frozenset[str] = frozenset(),
+    sum_products: bool = True,
 ) -> FunctionSchedule:
     """Plan one C function computing `results` (output name, node).
 
@@ -99,8 +100,12 @@ def schedule(
     Results named in `first` (a loss and outputs beside their gradient) and
     what they need run before everything else; `split` says where that
     part ends, so the function can stop there (a forward-only call).
+    `sum_products`: a sum of products adds them up in one buffer (see
+    fusion.ProductSum); off in a scan's steps, where the forward step and
+    its recomputation in a checkpointed backward must round alike, and the
+    recomputation keeps each product for the reverse step.
     """
-    return Scheduler(name, list(results), naming, inplace, first).run()
+    return Scheduler(name, list(results), naming, inplace, first, sum_products).run()
 
 
 class Scheduler(Placement):
@@ -108,12 +113,14 @@ class Scheduler(Placement):
     that Placement groups (see schedule)."""
 
     def __init__(self, name: str, results: list[tuple[str, Node]], naming: Naming, inplace: frozenset[str] = frozenset(),
-                 first: frozenset[str] = frozenset()):
-        super().__init__(results, inplace, first)
+                 first: frozenset[str] = frozenset(), sum_products: bool = True):
+        super().__init__(results, inplace, first, sum_products)
         self.name = name
         self.naming = naming
         self.buffer_of: dict[Node, str] = {}
         self.scratch: dict[str, Shape] = {}  # buffers a kernel uses inside itself (no node's value)
+        self.summed_by = {p: summed for summed in self.summed.values() for p in summed.products}
+        self.summing: set[str] = set()  # the buffers of sums of products that a kernel has written
 
     def claim_scratch(self, base: str, shape: Shape) -> str:
         """A workspace buffer of `shape` that a kernel writes and reads itself."""
@@ -171,11 +178,31 @@ class Scheduler(Placement):
                 self.buffer_of[node] = out_name
             else:
                 copies.append((out_name, node))
-        stored = [node for node in self._planned() if node not in self.buffer_of and self._stored(node)]
+        holders: dict[Node, Node] = {}  # each sum's products -> the node whose buffer they share
+        stored = [node for node in self._named_in_plan(holders) if node not in self.buffer_of and self._stored(node)]
         # values first, in the order they run, then what is named after them
         for node in sorted(stored, key=self.naming.derived):
             self.buffer_of[node] = self.naming(node)
+        for product, holder in holders.items():
+            self.buffer_of[product] = self.buffer_of[holder]
         return copies
+
+    def _named_in_plan(self, holders: dict[Node, Node]) -> list[Node]:
+        """The planned nodes that may need a buffer of their own, in plan
+        order, where a sum's products share one (see ProductSum): a pure
+        sum's, named after it where its first product runs, or else the
+        first product's; `holders` gets each product's holder."""
+        named = []
+        for node in self._planned():
+            summed = self.summed_by.get(node)
+            if summed is None:
+                named.append(node)
+                continue
+            if node not in holders:  # the first of its sum's products to run
+                holder = summed.total if summed.pure else node
+                holders.update(dict.fromkeys(summed.products, holder))
+                named.append(holder)
+        return named
 
     # --- public accessors, for the builders of KERNEL_BUILDERS -------------
 
@@ -263,8 +290,11 @@ class Scheduler(Placement):
             for arg in set(member.args):
                 reads[arg] = reads.get(arg, 0) + 1
         for member in group.members:
+            summed = self.summed.get(member)
+            added = set(summed.products[1:]) if summed is not None else set()  # in the first's buffer: read once
             for k in sorted(wanted.get(member, ())):
-                subs = {placeholder(index): self._read(arg, k, members, value, loads, guards, group.shape, read)
+                subs = {placeholder(index): sp.Integer(0) if arg in added else
+                        self._read(arg, k, members, value, loads, guards, group.shape, read)
                         for index, arg in enumerate(member.args)}
                 body = member.attrs[0]
                 size[member, k] = len(body.args) + 1 + sum(size.get((a, k), 0) for a in member.args)
@@ -323,7 +353,13 @@ class Scheduler(Placement):
         return sp.Symbol(name) if node.shape == SCALAR else sp.MatrixSymbol(name, *node.shape)
 
     def _kernel(self, node: Node) -> Kernel:
-        return rule(node.op, "kernel")(self, node, self.buffer_of[node])
+        out = self.buffer_of[node]
+        kernel = rule(node.op, "kernel")(self, node, out)
+        summed = self.summed_by.get(node)
+        if summed is not None:  # a product of a sum: the first to run writes, the rest add
+            kernel = kernel.summed(len(summed.products), first=out not in self.summing)
+            self.summing.add(out)
+        return kernel
 
     def _copies(self, bound: list[tuple[str, Node]]) -> list[Kernel]:
         kernels: list[Kernel] = []
