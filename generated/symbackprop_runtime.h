@@ -274,6 +274,76 @@ SYMBACKPROP_HELPER void symbackprop_f64_matmul_add(int64_t m, int64_t n, int64_t
     symbackprop_f64_gemm(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, 1, c);
 }
 
+/* c (m x n) = sum over the k examples of u's columns times v's:
+ * c[a*n + b] = sum_i u[a*k + i] * v[b*k + i] (OuterProductSums, ops/emap.py).
+ * Blocks of 4 x 4 sums, each eight running sums (example i in lane i % 8,
+ * a vector of GCC's and clang's vector extension) added in lane order,
+ * then the examples after the last whole eight: the same bits whatever
+ * the BLAS (either library took longer on gmm's 19 x 19 x 1000). */
+SYMBACKPROP_HELPER void symbackprop_f64_outer_product_sums(int64_t m, int64_t n, int64_t k,
+                                                      const double *u, const double *v, double *c)
+{
+    const int64_t whole = k & ~(int64_t)7;
+    for (int64_t a0 = 0; a0 < m; a0 += 4) {
+        const double *ua[4];
+        for (int a = 0; a < 4; ++a) {
+            ua[a] = u + (a0 + a < m ? a0 + a : m - 1) * k;  /* past the last row: read again, not kept */
+        }
+        for (int64_t b0 = 0; b0 < n; b0 += 4) {
+            const double *vb[4];
+            for (int b = 0; b < 4; ++b) {
+                vb[b] = v + (b0 + b < n ? b0 + b : n - 1) * k;
+            }
+            double sum[4][4];
+#if defined(__GNUC__)
+            typedef double lanes_t __attribute__((vector_size(8 * sizeof(double))));
+            lanes_t s[4][4];
+            for (int a = 0; a < 4; ++a) {
+                for (int b = 0; b < 4; ++b) {
+                    s[a][b] = (lanes_t){0};
+                }
+            }
+            for (int64_t i = 0; i < whole; i += 8) {
+                lanes_t x[4], y[4];
+                for (int a = 0; a < 4; ++a) {
+                    memcpy(&x[a], ua[a] + i, sizeof(lanes_t));
+                    memcpy(&y[a], vb[a] + i, sizeof(lanes_t));
+                }
+                for (int a = 0; a < 4; ++a) {
+                    for (int b = 0; b < 4; ++b) {
+                        s[a][b] += x[a] * y[b];
+                    }
+                }
+            }
+            for (int a = 0; a < 4; ++a) {
+                for (int b = 0; b < 4; ++b) {
+                    sum[a][b] = s[a][b][0];
+                    for (int l = 1; l < 8; ++l) {
+                        sum[a][b] += s[a][b][l];
+                    }
+                }
+            }
+            const int64_t rest = whole;
+#else
+            const int64_t rest = 0;  /* in order, one lane */
+            for (int a = 0; a < 4; ++a) {
+                for (int b = 0; b < 4; ++b) {
+                    sum[a][b] = 0;
+                }
+            }
+#endif
+            for (int a = 0; a < 4 && a0 + a < m; ++a) {
+                for (int b = 0; b < 4 && b0 + b < n; ++b) {
+                    for (int64_t i = rest; i < k; ++i) {
+                        sum[a][b] += ua[a][i] * vb[b][i];
+                    }
+                    c[(a0 + a) * n + b0 + b] = sum[a][b];
+                }
+            }
+        }
+    }
+}
+
 /* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
 SYMBACKPROP_HELPER double symbackprop_f64_sum(const double *x, int64_t n, int64_t stride)
 {
@@ -1002,6 +1072,76 @@ SYMBACKPROP_HELPER void symbackprop_f32_matmul_add(int64_t m, int64_t n, int64_t
     symbackprop_f32_gemm(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, 1, c);
 }
 
+/* c (m x n) = sum over the k examples of u's columns times v's:
+ * c[a*n + b] = sum_i u[a*k + i] * v[b*k + i] (OuterProductSums, ops/emap.py).
+ * Blocks of 4 x 4 sums, each eight running sums (example i in lane i % 8,
+ * a vector of GCC's and clang's vector extension) added in lane order,
+ * then the examples after the last whole eight: the same bits whatever
+ * the BLAS (either library took longer on gmm's 19 x 19 x 1000). */
+SYMBACKPROP_HELPER void symbackprop_f32_outer_product_sums(int64_t m, int64_t n, int64_t k,
+                                                      const float *u, const float *v, float *c)
+{
+    const int64_t whole = k & ~(int64_t)7;
+    for (int64_t a0 = 0; a0 < m; a0 += 4) {
+        const float *ua[4];
+        for (int a = 0; a < 4; ++a) {
+            ua[a] = u + (a0 + a < m ? a0 + a : m - 1) * k;  /* past the last row: read again, not kept */
+        }
+        for (int64_t b0 = 0; b0 < n; b0 += 4) {
+            const float *vb[4];
+            for (int b = 0; b < 4; ++b) {
+                vb[b] = v + (b0 + b < n ? b0 + b : n - 1) * k;
+            }
+            float sum[4][4];
+#if defined(__GNUC__)
+            typedef float lanes_t __attribute__((vector_size(8 * sizeof(float))));
+            lanes_t s[4][4];
+            for (int a = 0; a < 4; ++a) {
+                for (int b = 0; b < 4; ++b) {
+                    s[a][b] = (lanes_t){0};
+                }
+            }
+            for (int64_t i = 0; i < whole; i += 8) {
+                lanes_t x[4], y[4];
+                for (int a = 0; a < 4; ++a) {
+                    memcpy(&x[a], ua[a] + i, sizeof(lanes_t));
+                    memcpy(&y[a], vb[a] + i, sizeof(lanes_t));
+                }
+                for (int a = 0; a < 4; ++a) {
+                    for (int b = 0; b < 4; ++b) {
+                        s[a][b] += x[a] * y[b];
+                    }
+                }
+            }
+            for (int a = 0; a < 4; ++a) {
+                for (int b = 0; b < 4; ++b) {
+                    sum[a][b] = s[a][b][0];
+                    for (int l = 1; l < 8; ++l) {
+                        sum[a][b] += s[a][b][l];
+                    }
+                }
+            }
+            const int64_t rest = whole;
+#else
+            const int64_t rest = 0;  /* in order, one lane */
+            for (int a = 0; a < 4; ++a) {
+                for (int b = 0; b < 4; ++b) {
+                    sum[a][b] = 0;
+                }
+            }
+#endif
+            for (int a = 0; a < 4 && a0 + a < m; ++a) {
+                for (int b = 0; b < 4 && b0 + b < n; ++b) {
+                    for (int64_t i = rest; i < k; ++i) {
+                        sum[a][b] += ua[a][i] * vb[b][i];
+                    }
+                    c[(a0 + a) * n + b0 + b] = sum[a][b];
+                }
+            }
+        }
+    }
+}
+
 /* The sum of x[0], x[stride], ..., x[(n - 1)*stride]. */
 SYMBACKPROP_HELPER float symbackprop_f32_sum(const float *x, int64_t n, int64_t stride)
 {
@@ -1568,6 +1708,7 @@ SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int
 #define symbackprop_f64_max_vector symbackprop_f32_max_vector
 #define symbackprop_f64_min symbackprop_f32_min
 #define symbackprop_f64_min_vector symbackprop_f32_min_vector
+#define symbackprop_f64_outer_product_sums symbackprop_f32_outer_product_sums
 #define symbackprop_f64_prod symbackprop_f32_prod
 #define symbackprop_f64_prod_others symbackprop_f32_prod_others
 #define symbackprop_f64_shift symbackprop_f32_shift

@@ -61,7 +61,7 @@ class ColumnCopy:
 
 
 @dataclass(frozen=True)
-class ProductSums:
+class OuterProductSums:
     """Sums over the inner loop of many products of two per-example values
     (a weight may multiply them all): GMM's gradient of a Cholesky factor,
     sum_i g_i (x_i - mu)_a (L (x_i - mu))_b for 190 pairs (a, b). Each
@@ -98,7 +98,7 @@ class EmapKernel:
     equations: tuple[Equation, ...]
     copies: tuple[ColumnCopy, ...] = ()
     outer: int = 0  # of two loops, the one that runs outside (see _outer_loop)
-    products: ProductSums | None = None
+    products: OuterProductSums | None = None
     kind: str = "emap"
 
     def reads(self) -> list[str]:
@@ -306,19 +306,19 @@ def _group_kernel(sched, members: list[Node]) -> EmapKernel:
     kernel = EmapKernel(tuple(loops), tuple(views), tuple(temps), tuple(outputs), tuple(stores),
                         tuple(checks), tuple(equations))
     kernel = replace(kernel, outer=_outer_loop(kernel, _loop_uses(kernel)))
-    return _product_sums(sched, _inner_rows_by_column(sched, kernel))
+    return _outer_product_sums(sched, _inner_rows_by_column(sched, kernel))
 
 
 # At least this many sums of products of two per-example values make a
-# ProductSums, and the product computes at most this many times as many
+# OuterProductSums, and the product computes at most this many times as many
 # sums as are wanted (its left factors x right factors).
-PRODUCT_SUMS_MIN = 64
-PRODUCT_SUMS_WASTE = 4
+OUTER_SUMS_MIN = 64
+OUTER_SUMS_WASTE = 4
 
 
-def _product_sums(sched, kernel: EmapKernel) -> EmapKernel:
+def _outer_product_sums(sched, kernel: EmapKernel) -> EmapKernel:
     """The sums of products of two varying values a wide body adds into
-    locals (ProductSums), where there are many and they share factors."""
+    locals (OuterProductSums), where there are many and they share factors."""
     if len(kernel.loops) != 2:
         return kernel
     inner = 1 - kernel.outer
@@ -337,7 +337,7 @@ def _product_sums(sched, kernel: EmapKernel) -> EmapKernel:
                 varying.append(factor)
         if len(varying) in (2, 3):
             split[k] = (sp.Mul(*fixed), varying)
-    if len(split) < PRODUCT_SUMS_MIN:
+    if len(split) < OUTER_SUMS_MIN:
         return kernel
     counts: dict[sp.Expr, int] = {}
     for _, varying in split.values():
@@ -354,10 +354,10 @@ def _product_sums(sched, kernel: EmapKernel) -> EmapKernel:
             plain[k] = (varying[0], varying[1], coefficient)
     pairs = weighted if len(weighted) >= len(plain) else plain
     weight = weight if pairs is weighted else None
-    if len(pairs) < PRODUCT_SUMS_MIN:
+    if len(pairs) < OUTER_SUMS_MIN:
         return kernel
     left, right = _sides([(a, b) for a, b, _ in pairs.values()])
-    if len(left) * len(right) > PRODUCT_SUMS_WASTE * len(pairs):
+    if len(left) * len(right) > OUTER_SUMS_WASTE * len(pairs):
         return kernel
     where_left, where_right = {f: n for n, f in enumerate(left)}, {f: n for n, f in enumerate(right)}
 
@@ -365,12 +365,12 @@ def _product_sums(sched, kernel: EmapKernel) -> EmapKernel:
         return (where_left[a], where_right[b]) if a in where_left and b in where_right else (where_left[b], where_right[a])
 
     rows = kernel.loops[inner]
-    sums = ProductSums(
+    sums = OuterProductSums(
         tuple(pairs), weight, tuple(left), tuple(right),
         tuple((*oriented(a, b), c) for a, b, c in pairs.values()),
         sched.claim_scratch("left_factors", (len(left), rows)),
         sched.claim_scratch("right_factors", (len(right), rows)),
-        sched.claim_scratch("product_sums", (len(left), len(right))))
+        sched.claim_scratch("outer_sums", (len(left), len(right))))
     return replace(kernel, products=sums)
 
 
@@ -663,7 +663,7 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
             buffers.append(kernel.outputs[kernel.stores[sums.stores[0]][0]].buffer)
             in_order.append(True)
         after.append(f"/* {len(sums.pairs)} sums over {var} of {left}[a] * {right}[b], as one product */")
-        after.append(f"{em.real.helper_prefix}_product_sums({len(sums.left)}, {len(sums.right)}, {examples}, "
+        after.append(f"{em.real.helper_prefix}_outer_product_sums({len(sums.left)}, {len(sums.right)}, {examples}, "
                      f"{left}, {right}, {product});")
         for k, (a, b, _), c in zip(sums.stores, sums.pairs, coefficients):
             term = f"{product}[{a * len(sums.right) + b}]"
@@ -671,7 +671,7 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     emitted = [e for e in store_exprs if e is not None] + (factor_exprs if sums else [])
     size = sum(_ops(e) for _, e in hoisted + moving) + sum(_ops(e) for e in emitted)
     # threads only where no two examples of different threads add into one place
-    # (and not where the examples' factors go through one scratch: ProductSums)
+    # (and not where the examples' factors go through one scratch: OuterProductSums)
     safe = not sums and all(not out.accumulate or out.target[0] == ("loop", outer) for out in kernel.outputs)
 
     def named(expr: sp.Basic) -> list[str]:
@@ -692,7 +692,7 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         # whole eights, then a scalar tail
         # (GCC's two vectorized epilogues of such a body were a third of gmm's compile)
         "eights": size > LANES_MAX_OPS and all(in_order),
-        "after": after,  # inside the outer loop, after the inner one (ProductSums)
+        "after": after,  # inside the outer loop, after the inner one (OuterProductSums)
         "lanes_whole": LANES - 1,
         "zero": [(em.namer.name(out.buffer), em.dim(sp.sympify(out.shape[0]) * out.shape[1]))
                  for out in kernel.outputs if out.accumulate],

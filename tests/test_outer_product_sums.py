@@ -1,6 +1,6 @@
 """Sums over examples of many products of two per-example values (a
 Cholesky factor's gradient in a GMM) are one matrix product after the loop
-(ops/emap.py ProductSums), not an accumulator each in the loop: checked
+(ops/emap.py OuterProductSums), not an accumulator each in the loop: checked
 against closed forms in numpy, at counts of examples that are and are not
 whole eights, and against central differences on GradBench's gmm port."""
 
@@ -11,9 +11,9 @@ import pytest
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop.ops.emap import PRODUCT_SUMS_MIN, _sides
+from symbackprop.ops.emap import OUTER_SUMS_MIN, _sides
 
-D = 9  # 9 x 9 = 81 sums of products: over PRODUCT_SUMS_MIN
+D = 9  # 9 x 9 = 81 sums of products: over OUTER_SUMS_MIN
 
 
 def _compile(name: str, x, w, term, width: int):
@@ -65,9 +65,9 @@ def test_the_sums_are_one_product_after_the_loop(whitened, shared):
     for mod in (whitened, shared):
         source = mod.emitted.source
         assert "left_factors" in source and "right_factors" in source
-        assert "_product_sums(" in source.split("right_factors", 1)[1]
-    assert "_product_sums(9, 9, N," in whitened.emitted.source  # x's by z's
-    assert "_product_sums(81, 1, N," in shared.emitted.source  # the forward's products by z
+        assert "_outer_product_sums(" in source.split("right_factors", 1)[1]
+    assert "_outer_product_sums(9, 9, N," in whitened.emitted.source  # x's by z's
+    assert "_outer_product_sums(81, 1, N," in shared.emitted.source  # the forward's products by z
 
 
 def test_few_sums_stay_in_the_loop():
@@ -75,7 +75,7 @@ def test_few_sums_stay_in_the_loop():
     w = sp.symbols("w0:16", real=True)
     z = [sum(w[a * 4 + b] * x[a] for a in range(4)) for b in range(4)]
     mod = _compile("product_sums_few", x, w, sp.log(1 + sum(v**2 for v in z) / 2), 16)
-    assert PRODUCT_SUMS_MIN > 16 and "left_factors" not in mod.emitted.source
+    assert OUTER_SUMS_MIN > 16 and "left_factors" not in mod.emitted.source
 
 
 def test_the_sides_of_the_pairs():
