@@ -286,20 +286,59 @@ def module_name(prefix: str, key: str) -> str:
     return f"_sbp_{prefix}_{key[:16]}"
 
 
-def _compile_and_link_args(options: BuildOptions) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Compiler flags and link arguments: the options' flags, then BLAS and vector math."""
+# What C calls the BLAS by (its entry points' macros: matmul.c.j2,
+# attention_blas.c.j2, helpers of the runtime header).
+BLAS_CALL = "SYMBACKPROP_CBLAS_"
+_HELPER = re.compile(r"^SYMBACKPROP_HELPER [^(]*?\b(symbackprop_\w+)\(", re.M)
+
+
+@cache
+def blas_helpers() -> frozenset[str]:
+    """The runtime header's helpers that call the BLAS, directly or through
+    another helper (its matrix products, the causal attention's). They are
+    static: a module that calls none of them has no BLAS symbol to link."""
+    from symbackprop.emit.codegen import runtime_header  # the code generator: not for loading from the cache
+
+    text = runtime_header()
+    starts = list(_HELPER.finditer(text))
+    bodies = {m.group(1): text[m.start():nxt.start() if nxt else len(text)]
+              for m, nxt in zip(starts, [*starts[1:], None])}
+    calling = {name for name, body in bodies.items() if BLAS_CALL in body}
+    while True:
+        more = {name for name, body in bodies.items() if name not in calling
+                and any(re.search(rf"\b{c}\(", body) for c in calling)}
+        if not more:
+            return frozenset(calling)
+        calling |= more
+
+
+@cache
+def _blas_calls() -> re.Pattern[str]:
+    return re.compile("|".join([re.escape(BLAS_CALL), *(rf"\b{name}\(" for name in sorted(blas_helpers()))]))
+
+
+def calls_blas(source: str) -> bool:
+    """Whether a module's C calls the BLAS: an entry point, or a helper that does."""
+    return _blas_calls().search(source) is not None
+
+
+def _compile_and_link_args(options: BuildOptions, source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Compiler flags and link arguments: the options' flags, then BLAS and
+    vector math. The BLAS is linked only where the C calls it (calls_blas):
+    the linker reads every symbol of the library it is given (oneMKL's is
+    16 MB: 0.06-0.1 s of each link, the last step of a build)."""
     blas = _blas_for(options)
     vector_flags, vector_libraries = _vector_math_args(options)
     openmp = ("-fopenmp",) if options.openmp else ()
     flags = options.flags + (blas.compile_args if blas else ()) + vector_flags + openmp
-    libraries = (blas.link_args if blas else ()) + vector_libraries + openmp
+    libraries = (blas.link_args if blas and calls_blas(source) else ()) + vector_libraries + openmp
     return flags, libraries
 
 
 def cache_entry(prefix: str, source: str, header: str, cdef: str, options: BuildOptions | None = None) -> Path:
     """The cache folder the module of this C has (or will have) under these options."""
     options = options or BuildOptions()
-    return cache_root(options) / cache_key(prefix, source, header, cdef, *_compile_and_link_args(options))
+    return cache_root(options) / cache_key(prefix, source, header, cdef, *_compile_and_link_args(options, source))
 
 
 def build(prefix: str, source: str, header: str, cdef: str, options: BuildOptions | None = None) -> tuple[ModuleType, Path]:
@@ -330,7 +369,7 @@ def build_entry(prefix: str, source: str, header: str, cdef: str, options: Build
         BuildError: as build.
     """
     options = options or BuildOptions()
-    flags, libraries = _compile_and_link_args(options)
+    flags, libraries = _compile_and_link_args(options, source)
     final = cache_entry(prefix, source, header, cdef, options)
     name = module_name(prefix, final.name)
     secure_root(final.parent)
