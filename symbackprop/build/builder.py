@@ -312,14 +312,9 @@ def blas_helpers() -> frozenset[str]:
         calling |= more
 
 
-@cache
-def _blas_calls() -> re.Pattern[str]:
-    return re.compile("|".join([re.escape(BLAS_CALL), *(rf"\b{name}\(" for name in sorted(blas_helpers()))]))
-
-
 def calls_blas(source: str) -> bool:
     """Whether a module's C calls the BLAS: an entry point, or a helper that does."""
-    return _blas_calls().search(source) is not None
+    return BLAS_CALL in source or any(f"{name}(" in source for name in blas_helpers())  # (substrings: a regex took 60 ms)
 
 
 def _compile_and_link_args(options: BuildOptions, source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
