@@ -1,12 +1,14 @@
 """Compile generated C with cffi into a content-addressed cache, and load it.
 
 cffi writes the extension's glue code (API mode, out of line); the C
-compiler is then run directly: the glue and the model compile at once, in
-two processes (on two cores where there are), or more where the model's C
-is split into translation units (emit.cunits: the same file once per unit,
--DSYMBACKPROP_UNIT=k), the glue at -O0 (GLUE_LEVEL: it converts
-arguments; the hot path only passes through its packed entries, which keep
--O2), then one command links them. No distutils, no change of the
+compiler is run directly: the model's C starts compiling first (one
+process, or one per translation unit where the model's C is split,
+emit.cunits: the same file once per unit, -DSYMBACKPROP_UNIT=k), then cffi
+writes the glue and it compiles beside them, at -O0 (GLUE_LEVEL: it
+converts arguments; the hot path only passes through its packed entries,
+which keep -O2), and the caller's Python (compile: the derivation) runs
+while they do; then one command links them, with the BLAS only where the
+C calls it (calls_blas). No distutils, no change of the
 working folder or of the environment, so builds in several threads do not
 disturb each other or the program. The commands and the compiler's output
 go to a log file.
