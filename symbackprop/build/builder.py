@@ -7,8 +7,8 @@ emit.cunits: the same file once per unit, -DSYMBACKPROP_UNIT=k), then cffi
 writes the glue and it compiles beside them, at -O0 (GLUE_LEVEL: it
 converts arguments; the hot path only passes through its packed entries,
 which keep -O2), and the caller's Python (compile: the derivation) runs
-while they do; then one command links them, with the BLAS only where the
-C calls it (calls_blas). No distutils, no change of the
+while they do; then one command links them, with the BLAS only where an
+object calls it (_linked). No distutils, no change of the
 working folder or of the environment, so builds in several threads do not
 disturb each other or the program. The commands and the compiler's output
 go to a log file.
@@ -288,54 +288,41 @@ def module_name(prefix: str, key: str) -> str:
     return f"_sbp_{prefix}_{key[:16]}"
 
 
-# What C calls the BLAS by (its entry points' macros: matmul.c.j2,
-# attention_blas.c.j2, helpers of the runtime header).
-BLAS_CALL = "SYMBACKPROP_CBLAS_"
-_HELPER = re.compile(r"^SYMBACKPROP_HELPER [^(]*?\b(symbackprop_\w+)\(", re.M)
-
-
-@cache
-def blas_helpers() -> frozenset[str]:
-    """The runtime header's helpers that call the BLAS, directly or through
-    another helper (its matrix products, the causal attention's). They are
-    static: a module that calls none of them has no BLAS symbol to link."""
-    from symbackprop.emit.codegen import runtime_header  # the code generator: not for loading from the cache
-
-    text = runtime_header()
-    starts = list(_HELPER.finditer(text))
-    bodies = {m.group(1): text[m.start():nxt.start() if nxt else len(text)]
-              for m, nxt in zip(starts, [*starts[1:], None])}
-    calling = {name for name, body in bodies.items() if BLAS_CALL in body}
-    while True:
-        more = {name for name, body in bodies.items() if name not in calling
-                and any(re.search(rf"\b{c}\(", body) for c in calling)}
-        if not more:
-            return frozenset(calling)
-        calling |= more
-
-
-def calls_blas(source: str) -> bool:
-    """Whether a module's C calls the BLAS: an entry point, or a helper that does."""
-    return BLAS_CALL in source or any(f"{name}(" in source for name in blas_helpers())  # (substrings: a regex took 60 ms)
-
-
-def _compile_and_link_args(options: BuildOptions, source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _compile_and_link_args(options: BuildOptions) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Compiler flags and link arguments: the options' flags, then BLAS and
-    vector math. The BLAS is linked only where the C calls it (calls_blas):
-    the linker reads every symbol of the library it is given (oneMKL's is
-    16 MB: 0.06-0.1 s of each link, the last step of a build)."""
+    vector math (the BLAS's link arguments first: _linked may drop them)."""
     blas = _blas_for(options)
     vector_flags, vector_libraries = _vector_math_args(options)
     openmp = ("-fopenmp",) if options.openmp else ()
     flags = options.flags + (blas.compile_args if blas else ()) + vector_flags + openmp
-    libraries = (blas.link_args if blas and calls_blas(source) else ()) + vector_libraries + openmp
+    libraries = (blas.link_args if blas else ()) + vector_libraries + openmp
     return flags, libraries
+
+
+# The prefix of every cblas entry point a module may call (oneMKL's cblas_dgemm,
+# OpenBLAS's scipy_cblas_dgemm: blas._cblas_names), as its objects name it.
+BLAS_SYMBOL = b"cblas_"
+
+
+def _linked(libraries: tuple[str, ...], blas: tuple[str, ...], objects: list[Path]) -> tuple[str, ...]:
+    """The link's libraries: without the BLAS's arguments (`blas`, their
+    first ones) where no object refers to a cblas symbol. The linker reads
+    every symbol of a library it is given (oneMKL's is 16 MB: 90 M
+    instructions and 0.05-0.1 s of each link, the build's last step), and
+    most models multiply no large matrices (the runtime header's product
+    helpers, which call the BLAS, are static: compiled only where called,
+    when optimizing)."""
+    if not blas or libraries[:len(blas)] != blas:
+        return libraries
+    if any(BLAS_SYMBOL in path.read_bytes() for path in objects):
+        return libraries
+    return libraries[len(blas):]
 
 
 def cache_entry(prefix: str, source: str, header: str, cdef: str, options: BuildOptions | None = None) -> Path:
     """The cache folder the module of this C has (or will have) under these options."""
     options = options or BuildOptions()
-    return cache_root(options) / cache_key(prefix, source, header, cdef, *_compile_and_link_args(options, source))
+    return cache_root(options) / cache_key(prefix, source, header, cdef, *_compile_and_link_args(options))
 
 
 def build(prefix: str, source: str, header: str, cdef: str, options: BuildOptions | None = None) -> tuple[ModuleType, Path]:
@@ -366,7 +353,8 @@ def build_entry(prefix: str, source: str, header: str, cdef: str, options: Build
         BuildError: as build.
     """
     options = options or BuildOptions()
-    flags, libraries = _compile_and_link_args(options, source)
+    flags, libraries = _compile_and_link_args(options)
+    blas = _blas_for(options)
     final = cache_entry(prefix, source, header, cdef, options)
     name = module_name(prefix, final.name)
     secure_root(final.parent)
@@ -382,7 +370,7 @@ def build_entry(prefix: str, source: str, header: str, cdef: str, options: Build
         event("cache miss: %s", final)
         build_once(final, lambda folder: _complete(folder, name),
                    lambda staging: _compile_into(staging, final, name, prefix, source, header, cdef, flags, libraries,
-                                                 run_pending))
+                                                 run_pending, blas.link_args if blas else ()))
     run_pending()  # found in the cache (or made by another process meanwhile)
     return final
 
@@ -466,12 +454,14 @@ def _remove_if_older(folder: Path, cutoff: float) -> None:
 
 def _compile_into(
     staging: Path, final: Path, name: str, prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...],
-    libraries: tuple[str, ...], meanwhile: Callable[[], None] = lambda: None
+    libraries: tuple[str, ...], meanwhile: Callable[[], None] = lambda: None, blas: tuple[str, ...] = ()
 ) -> None:
     """The module's files and library in `staging`: the model's objects
     start compiling first, then cffi writes the glue and it starts too,
     then `meanwhile` runs while they compile (Python on its own core:
-    the glue's and meanwhile's time is not added before the compiler's)."""
+    the glue's and meanwhile's time is not added before the compiler's);
+    the link names the BLAS (its arguments `blas`) only where an object
+    calls it (_linked). The cache key holds the link command with it."""
     import cffi  # imported here: loading from the cache needs no cffi build machinery
 
     from symbackprop.emit.codegen import RUNTIME_HEADER, runtime_header
@@ -495,7 +485,11 @@ def _compile_into(
             ffi.set_source(name, f'#include "{prefix}.h"\n' + definitions, compiler_verbose=0)
             ffi.emit_c_code(str(staging / f"{name}.c"))
 
-        _run_logged([objects, [link]], staging / "build.log", final.parent, prefix,
+        def link_step() -> list[list[str]]:
+            kept = _linked(libraries, blas, [Path(command[-1]) for command in objects])
+            return [link if kept == libraries else build_commands(name, prefix, flags, staging, kept, units)[1]]
+
+        _run_logged([objects, link_step], staging / "build.log", final.parent, prefix,
                     started=[(model, write_glue), ([glue], meanwhile)])
         for command in objects:
             Path(command[-1]).unlink()  # in the library now
@@ -504,18 +498,20 @@ def _compile_into(
 PROGRESS_SECONDS = 2.0  # while the compiler runs, a "still compiling" line this often
 
 
-def _run_logged(steps: list[list[list[str]]], log: Path, keep_in: Path, subject: str = "",
-                started: list[tuple[list[list[str]], Callable[[], None]]] | None = None) -> None:
+def _run_logged(steps: list[list[list[str]] | Callable[[], list[list[str]]]], log: Path, keep_in: Path,
+                subject: str = "", started: list[tuple[list[list[str]], Callable[[], None]]] | None = None) -> None:
     """Run the compiler: step after step, the commands of a step at once,
     their output in `log`, logging "still compiling <subject>: <s> s
     elapsed" every PROGRESS_SECONDS until they end; on a failure keep the
     log in `keep_in` and raise BuildError with the first error line.
     `started`, where given, says how the first step's commands start:
     (commands, then) pairs in order, `then` run once those commands run
-    (the next ones' input written while these compile)."""
+    (the next ones' input written while these compile). A step given as a
+    function is asked for its commands when the steps before it are done."""
     status: int | None = 0
     with open(log, "w") as handle:
-        for k, commands in enumerate(steps):
+        for k, step in enumerate(steps):
+            commands = step() if callable(step) else step
             handle.write("".join(f"$ {shlex.join(command)}\n" for command in commands))
             handle.flush()
             status = _run_all(started if k == 0 and started is not None else [(commands, lambda: None)],
