@@ -159,7 +159,7 @@ def _start(model: Model, dtype: str, options: BuildOptions | None, wrt: Sequence
 
     def finish() -> CompiledModule:
         folder = entry.result() if entry is not None else build_entry(*texts)
-        derive()  # (done already, unless the build was found without running it)
+        derive()  # (build_entry ran it, while compiling or on a cache hit; else here)
         whole = replace(emitted, derivation=derived[0])
         module = load_entry(folder, whole.prefix)
         write_memo(key, _memo(whole, spec, folder), options)
