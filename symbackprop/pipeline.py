@@ -251,16 +251,29 @@ def _plan(model: Model, functions: Sequence[str], wrt: Sequence[str] | None, opt
 
 def generate(
     model: Model, dtype: str = "float64", functions: Sequence[str] = DEFAULT_FUNCTIONS, wrt: Sequence[str] | None = None,
-    optimizer=None,
+    optimizer=None, derivation: bool = True,
 ) -> tuple[Emitted, Plan]:
     """C source, header, cffi declarations and derivation for the model
-    (on a large stack, as plan)."""
+    (on a large stack, as plan). With derivation=False the derivation is
+    left empty: `derivation_text` of the plan writes it later (compile
+    writes it while the C compiles)."""
     with gc_paused():  # (see gcpause: collections walked every SymPy object built)
-        return run_deep(f"the model {model.name!r}", _generate, model, dtype, functions, wrt, optimizer)
+        return run_deep(f"the model {model.name!r}", _generate, model, dtype, functions, wrt, optimizer, derivation)
+
+
+def derivation_text(the_plan: Plan, name: str, dtype: str) -> str:
+    """The derivation (Markdown) of a plan, as generate writes it (on a large stack)."""
+    with gc_paused():
+        return run_deep(f"the model {name!r}", _derivation_text, the_plan, name, dtype)
+
+
+def _derivation_text(the_plan: Plan, name: str, dtype: str) -> str:
+    derived = plan_derivation(the_plan, name, dtype)
+    return "" if derived is None else render_derivation(derived)
 
 
 def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[str] | None,
-              optimizer) -> tuple[Emitted, Plan]:
+              optimizer, derivation: bool = True) -> tuple[Emitted, Plan]:
     if dtype not in REAL_TYPES:
         raise ModelError(f"dtype must be one of {sorted(REAL_TYPES)}; got {dtype!r}")
     the_plan = plan(model, functions, wrt, optimizer)
@@ -310,10 +323,9 @@ def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[
     )
     module = split_units(module)  # a large module: its C compiled as several units at once
     source, header, cdef = render(module)
-    derived = plan_derivation(the_plan, model.name, dtype)
-    derivation = "" if derived is None else render_derivation(derived)
+    text = _derivation_text(the_plan, model.name, dtype) if derivation else ""
     emitting.stop()
-    return Emitted(prefix, source, header, cdef, derivation, module), the_plan
+    return Emitted(prefix, source, header, cdef, text, module), the_plan
 
 
-__all__ = ["DEFAULT_FUNCTIONS", "KINDS", "FunctionPlan", "Plan", "generate", "plan"]
+__all__ = ["DEFAULT_FUNCTIONS", "KINDS", "FunctionPlan", "Plan", "derivation_text", "generate", "plan"]

@@ -1,12 +1,14 @@
 """Compile generated C with cffi into a content-addressed cache, and load it.
 
 cffi writes the extension's glue code (API mode, out of line); the C
-compiler is then run directly: the glue and the model compile at once, in
-two processes (on two cores where there are), or more where the model's C
-is split into translation units (emit.cunits: the same file once per unit,
--DSYMBACKPROP_UNIT=k), the glue at -O0 (GLUE_LEVEL: it converts
-arguments; the hot path only passes through its packed entries, which keep
--O2), then one command links them. No distutils, no change of the
+compiler is run directly: the model's C starts compiling first (one
+process, or one per translation unit where the model's C is split,
+emit.cunits: the same file once per unit, -DSYMBACKPROP_UNIT=k), then cffi
+writes the glue and it compiles beside them, at -O0 (GLUE_LEVEL: it
+converts arguments; the hot path only passes through its packed entries,
+which keep -O2), and the caller's Python (compile: the derivation) runs
+while they do; then one command links them, with the BLAS only where an
+object calls it (_linked). No distutils, no change of the
 working folder or of the environment, so builds in several threads do not
 disturb each other or the program. The commands and the compiler's output
 go to a log file.
@@ -287,13 +289,34 @@ def module_name(prefix: str, key: str) -> str:
 
 
 def _compile_and_link_args(options: BuildOptions) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Compiler flags and link arguments: the options' flags, then BLAS and vector math."""
+    """Compiler flags and link arguments: the options' flags, then BLAS and
+    vector math (the BLAS's link arguments first: _linked may drop them)."""
     blas = _blas_for(options)
     vector_flags, vector_libraries = _vector_math_args(options)
     openmp = ("-fopenmp",) if options.openmp else ()
     flags = options.flags + (blas.compile_args if blas else ()) + vector_flags + openmp
     libraries = (blas.link_args if blas else ()) + vector_libraries + openmp
     return flags, libraries
+
+
+# The prefix of every cblas entry point a module may call (oneMKL's cblas_dgemm,
+# OpenBLAS's scipy_cblas_dgemm: blas._cblas_names), as its objects name it.
+BLAS_SYMBOL = b"cblas_"
+
+
+def _linked(libraries: tuple[str, ...], blas: tuple[str, ...], objects: list[Path]) -> tuple[str, ...]:
+    """The link's libraries: without the BLAS's arguments (`blas`, their
+    first ones) where no object refers to a cblas symbol. The linker reads
+    every symbol of a library it is given (oneMKL's is 16 MB: 90 M
+    instructions and 0.05-0.1 s of each link, the build's last step), and
+    most models multiply no large matrices (the runtime header's product
+    helpers, which call the BLAS, are static: compiled only where called,
+    when optimizing)."""
+    if not blas or libraries[:len(blas)] != blas:
+        return libraries
+    if any(BLAS_SYMBOL in path.read_bytes() for path in objects):
+        return libraries
+    return libraries[len(blas):]
 
 
 def cache_entry(prefix: str, source: str, header: str, cdef: str, options: BuildOptions | None = None) -> Path:
@@ -316,26 +339,39 @@ def build(prefix: str, source: str, header: str, cdef: str, options: BuildOption
     return load_entry(final, prefix), final
 
 
-def build_entry(prefix: str, source: str, header: str, cdef: str, options: BuildOptions | None = None) -> Path:
+def build_entry(prefix: str, source: str, header: str, cdef: str, options: BuildOptions | None = None,
+                meanwhile: Callable[[], None] | None = None) -> Path:
     """build's first half: the cache folder of this C, complete (found, or
     compiled into it now), its module not loaded. It runs no Python of the
     module, so it may run in a thread while the caller goes on (compile_all
     generates the next model's C meanwhile); load_entry then loads it.
+    `meanwhile`, where given, runs once in this call: while the C compiler
+    runs where the module is compiled (its processes use other cores; a
+    compile's derivation is written then), else before it returns.
 
     Raises:
         BuildError: as build.
     """
     options = options or BuildOptions()
     flags, libraries = _compile_and_link_args(options)
+    blas = _blas_for(options)
     final = cache_entry(prefix, source, header, cdef, options)
     name = module_name(prefix, final.name)
     secure_root(final.parent)
+    pending = [meanwhile] if meanwhile is not None else []
+
+    def run_pending() -> None:
+        while pending:
+            pending.pop()()
+
     if entry_problem(final, _library(name)) is None:
         event("cache hit: %s", final)
     else:
         event("cache miss: %s", final)
         build_once(final, lambda folder: _complete(folder, name),
-                   lambda staging: _compile_into(staging, final, name, prefix, source, header, cdef, flags, libraries))
+                   lambda staging: _compile_into(staging, final, name, prefix, source, header, cdef, flags, libraries,
+                                                 run_pending, blas.link_args if blas else ()))
+    run_pending()  # found in the cache (or made by another process meanwhile)
     return final
 
 
@@ -418,8 +454,14 @@ def _remove_if_older(folder: Path, cutoff: float) -> None:
 
 def _compile_into(
     staging: Path, final: Path, name: str, prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...],
-    libraries: tuple[str, ...]
+    libraries: tuple[str, ...], meanwhile: Callable[[], None] = lambda: None, blas: tuple[str, ...] = ()
 ) -> None:
+    """The module's files and library in `staging`: the model's objects
+    start compiling first, then cffi writes the glue and it starts too,
+    then `meanwhile` runs while they compile (Python on its own core:
+    the glue's and meanwhile's time is not added before the compiler's);
+    the link names the BLAS (its arguments `blas`) only where an object
+    calls it (_linked). The cache key holds the link command with it."""
     import cffi  # imported here: loading from the cache needs no cffi build machinery
 
     from symbackprop.emit.codegen import RUNTIME_HEADER, runtime_header
@@ -429,17 +471,26 @@ def _compile_into(
         (staging / f"{prefix}.c").write_text(source)
         (staging / f"{prefix}.h").write_text(header)
         (staging / RUNTIME_HEADER).write_text(runtime_header())  # what every module's .c includes
-        ffi = cffi.FFI()
-        declarations, definitions = packed_entries(cdef)
-        ffi.cdef(cdef + declarations)
-        # quiet: no "generating ..." line
-        ffi.set_source(name, f'#include "{prefix}.h"\n' + definitions, compiler_verbose=0)
-        ffi.emit_c_code(str(staging / f"{name}.c"))
         units = unit_count(source)
         event("compiling %s: %d lines of C%s, cache key %s", prefix, len(source.splitlines()),
               f" in {units} units" if units > 1 else "", final.name[:12])
         objects, link = build_commands(name, prefix, flags, staging, libraries, units)
-        _run_logged([objects, [link]], staging / "build.log", final.parent, prefix)
+        glue, model = objects[0], objects[1:]
+
+        def write_glue() -> None:
+            ffi = cffi.FFI()
+            declarations, definitions = packed_entries(cdef)
+            ffi.cdef(cdef + declarations)
+            # quiet: no "generating ..." line
+            ffi.set_source(name, f'#include "{prefix}.h"\n' + definitions, compiler_verbose=0)
+            ffi.emit_c_code(str(staging / f"{name}.c"))
+
+        def link_step() -> list[list[str]]:
+            kept = _linked(libraries, blas, [Path(command[-1]) for command in objects])
+            return [link if kept == libraries else build_commands(name, prefix, flags, staging, kept, units)[1]]
+
+        _run_logged([objects, link_step], staging / "build.log", final.parent, prefix,
+                    started=[(model, write_glue), ([glue], meanwhile)])
         for command in objects:
             Path(command[-1]).unlink()  # in the library now
 
@@ -447,17 +498,24 @@ def _compile_into(
 PROGRESS_SECONDS = 2.0  # while the compiler runs, a "still compiling" line this often
 
 
-def _run_logged(steps: list[list[list[str]]], log: Path, keep_in: Path, subject: str = "") -> None:
+def _run_logged(steps: list[list[list[str]] | Callable[[], list[list[str]]]], log: Path, keep_in: Path,
+                subject: str = "", started: list[tuple[list[list[str]], Callable[[], None]]] | None = None) -> None:
     """Run the compiler: step after step, the commands of a step at once,
     their output in `log`, logging "still compiling <subject>: <s> s
     elapsed" every PROGRESS_SECONDS until they end; on a failure keep the
-    log in `keep_in` and raise BuildError with the first error line."""
+    log in `keep_in` and raise BuildError with the first error line.
+    `started`, where given, says how the first step's commands start:
+    (commands, then) pairs in order, `then` run once those commands run
+    (the next ones' input written while these compile). A step given as a
+    function is asked for its commands when the steps before it are done."""
     status: int | None = 0
     with open(log, "w") as handle:
-        for commands in steps:
+        for k, step in enumerate(steps):
+            commands = step() if callable(step) else step
             handle.write("".join(f"$ {shlex.join(command)}\n" for command in commands))
             handle.flush()
-            status = _run_all(commands, handle, log.parent, subject)
+            status = _run_all(started if k == 0 and started is not None else [(commands, lambda: None)],
+                              handle, log.parent, subject)
             if status != 0:
                 break
     if status == 0:
@@ -473,18 +531,23 @@ def _run_logged(steps: list[list[list[str]]], log: Path, keep_in: Path, subject:
     )
 
 
-def _run_all(commands: list[list[str]], handle: Any, folder: Path, subject: str) -> int | None:
+def _run_all(batches: list[tuple[list[list[str]], Callable[[], None]]], handle: Any, folder: Path,
+             subject: str) -> int | None:
     """The first nonzero exit status of the commands run at once (0: all
-    succeeded; None: one could not be started), their output to `handle`."""
+    succeeded; None: one could not be started), their output to `handle`:
+    each batch's commands started, then its callable run, in order."""
     processes: list[subprocess.Popen[bytes]] = []
-    try:
-        processes.extend(subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=folder) for command in commands)
-    except OSError as exc:
-        handle.write(f"{exc}\n")
-        _stop(processes)
-        return None
     began = time.perf_counter()
     try:
+        for commands, then in batches:
+            try:
+                processes.extend(subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=folder)
+                                 for command in commands)
+            except OSError as exc:
+                handle.write(f"{exc}\n")
+                _stop(processes)
+                return None
+            then()
         for process in processes:
             while True:
                 try:
@@ -492,7 +555,7 @@ def _run_all(commands: list[list[str]], handle: Any, folder: Path, subject: str)
                     break
                 except subprocess.TimeoutExpired:
                     event("still compiling %s: %.1f s elapsed", subject, time.perf_counter() - began)
-    except BaseException:  # interrupted: leave no compiler running
+    except BaseException:  # interrupted, or what ran meanwhile failed: leave no compiler running
         _stop(processes)
         raise
     return next((p.returncode for p in processes if p.returncode != 0), 0)

@@ -116,7 +116,7 @@ class CompiledModule(Training, Derivatives):
                     from symbackprop.run.plan_spec import module_spec
 
                     emitted, plan = generate(self.model, self.dtype.name, functions=(kind,), wrt=self.wrt,
-                                             optimizer=self.optimizer)
+                                             optimizer=self.optimizer, derivation=False)  # (C only)
                     module, _ = build(emitted.prefix, emitted.source, emitted.header, emitted.cdef, self.options)
                     self._add(module_spec(plan, self.model, self.dtype.name, emitted.prefix), module.lib, module.ffi)
             found = self._functions.get((kind, output))

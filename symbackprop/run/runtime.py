@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -141,20 +142,28 @@ def _start(model: Model, dtype: str, options: BuildOptions | None, wrt: Sequence
             cached = CompiledModule(model, emitted, spec, module.lib, module.ffi, folder, dtype, options, optimizer, None)
             return lambda: cached
     # imported here: a module loaded from the cache imports no compiler
-    from symbackprop.pipeline import generate
+    from symbackprop.pipeline import derivation_text, generate
     from symbackprop.run.plan_spec import module_spec
 
     fastcall.build_beside()  # an empty cache: the call hot path compiles beside this model
-    emitted, plan = generate(model, dtype, functions=functions, wrt=wrt, optimizer=optimizer)
+    emitted, plan = generate(model, dtype, functions=functions, wrt=wrt, optimizer=optimizer, derivation=False)
     spec = module_spec(plan, model, dtype, emitted.prefix)
-    texts = (emitted.prefix, emitted.source, emitted.header, emitted.cdef, options)
+    derived: list[str] = []  # the derivation, written while the C compiles (build_entry's meanwhile)
+
+    def derive() -> None:
+        if not derived:
+            derived.append(derivation_text(plan, model.name, dtype))
+
+    texts = (emitted.prefix, emitted.source, emitted.header, emitted.cdef, options, derive)
     entry = beside.submit(build_entry, *texts) if beside is not None else None
 
     def finish() -> CompiledModule:
         folder = entry.result() if entry is not None else build_entry(*texts)
-        module = load_entry(folder, emitted.prefix)
-        write_memo(key, _memo(emitted, spec, folder), options)
-        return CompiledModule(model, emitted, spec, module.lib, module.ffi, folder, dtype, options, optimizer, plan)
+        derive()  # (build_entry ran it, while compiling or on a cache hit; else here)
+        whole = replace(emitted, derivation=derived[0])
+        module = load_entry(folder, whole.prefix)
+        write_memo(key, _memo(whole, spec, folder), options)
+        return CompiledModule(model, whole, spec, module.lib, module.ffi, folder, dtype, options, optimizer, plan)
 
     return finish
 
