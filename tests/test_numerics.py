@@ -186,26 +186,38 @@ def test_nan_propagates_through_kinks():
     """Max, Min (2 and 3 arguments), Heaviside, sign, Piecewise (a
     comparison, an And): NaN in, NaN out, in the value and the derivative
     (comparisons with NaN are false, and C's fmax drops a NaN); other
-    points give numbers."""
-    z, v = sp.symbols("z v", real=True)
+    points give numbers. The cases are one module per dtype, each on
+    parameters of its own (z_i, v_i): the loss is their sum, so each
+    case's partials are its own, and each case's value is an output."""
     cases = {
-        "max2": sp.Max(z, v), "min2": sp.Min(z, v), "max3": sp.Max(z, v, 2 * z - 1), "min3": sp.Min(z, v, -z),
-        "heaviside": sp.Heaviside(z) * v, "heaviside2": sp.Heaviside(z - v) + z, "sign": sp.sign(z) * v, "abs": sp.Abs(z) * v,
-        "huber-like": sp.Piecewise((z**2 / 2, sp.Abs(z - v) <= 1), (sp.Abs(z) - v, True)),
-        "and": sp.Piecewise((z, (z > 0) & (v > 0)), (v, True)),
+        "max2": lambda z, v: sp.Max(z, v), "min2": lambda z, v: sp.Min(z, v),
+        "max3": lambda z, v: sp.Max(z, v, 2 * z - 1), "min3": lambda z, v: sp.Min(z, v, -z),
+        "heaviside": lambda z, v: sp.Heaviside(z) * v, "heaviside2": lambda z, v: sp.Heaviside(z - v) + z,
+        "sign": lambda z, v: sp.sign(z) * v, "abs": lambda z, v: sp.Abs(z) * v,
+        "huber-like": lambda z, v: sp.Piecewise((z**2 / 2, sp.Abs(z - v) <= 1), (sp.Abs(z) - v, True)),
+        "and": lambda z, v: sp.Piecewise((z, (z > 0) & (v > 0)), (v, True)),
     }
-    for name, loss in cases.items():
-        for dtype in DTYPES:
-            mod = sbp.compile(sbp.Model(f"numerics_nan_{name}", params=[z, v], loss=loss), dtype=dtype)
-            for zk, vk in ((NAN, 0.5), (1.5, NAN), (-2.0, 3.0)):
-                value, grads = mod.value_and_grad(z=zk, v=vk)
-                numbers = not (math.isnan(zk) or math.isnan(vk))
+    leaves = {name: sp.symbols(f"z{i} v{i}", real=True) for i, name in enumerate(cases)}
+    values = {name: case(*leaves[name]) for name, case in cases.items()}
+    outputs = {f"value{i}": values[name] for i, name in enumerate(cases)}
+    for dtype in DTYPES:
+        model = sbp.Model("numerics_nan_kinks", params=[s for pair in leaves.values() for s in pair],
+                          loss=sp.Add(*values.values()), outputs=outputs)
+        mod = sbp.compile(model, dtype=dtype)
+        for zk, vk in ((NAN, 0.5), (1.5, NAN), (-2.0, 3.0)):
+            point = {str(s): k for z, v in leaves.values() for s, k in ((z, zk), (v, vk))}
+            loss, grads = mod.value_and_grad(**point)
+            out = mod.forward(**point)
+            numbers = not (math.isnan(zk) or math.isnan(vk))
+            assert np.isfinite(loss) == numbers, (dtype, zk, vk, loss)
+            for i, (name, (z, v)) in enumerate(leaves.items()):
+                value, dz, dv = out[f"value{i}"], grads[str(z)], grads[str(v)]
                 assert np.isfinite(value) == numbers, (name, dtype, zk, vk, value)
-                assert np.isfinite(grads["z"]) == numbers, (name, dtype, zk, vk, grads)
+                assert np.isfinite(dz) == numbers, (name, dtype, zk, vk, dz)
                 # d/dv of step(z)*v is step(z): a number even where v is NaN
                 v_in_kink = name not in ("heaviside", "sign", "abs")
-                assert np.isfinite(grads["v"]) == (numbers or (v_in_kink is False and not math.isnan(zk))), (
-                    name, dtype, zk, vk, grads)
+                assert np.isfinite(dv) == (numbers or (v_in_kink is False and not math.isnan(zk))), (
+                    name, dtype, zk, vk, dv)
 
 
 def test_rewrites_are_exact_and_only_exact():
