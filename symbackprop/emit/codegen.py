@@ -691,7 +691,7 @@ def _value_only(fields: dict, keep: list[bool], needed: set[str]) -> dict:
         "zero_buffers": [b for b in fields["zero_buffers"] if b in needed],
         "temps": [temp for temp in fields["temps"] if temp[0] in live],
         "stores": [store for store, kept in zip(fields["stores"], keep) if kept],
-        "after": [line for line in fields.get("after", ()) if fields["store_buffers"][-1] in needed],
+        "after": fields.get("after", []) if fields.get("after_buffer") in needed else [],
         "store_buffers": [b for b, kept in zip(fields["store_buffers"], keep) if kept],
     }
 

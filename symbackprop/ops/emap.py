@@ -693,6 +693,7 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         # (GCC's two vectorized epilogues of such a body were a third of gmm's compile)
         "eights": size > LANES_MAX_OPS and all(in_order),
         "after": after,  # inside the outer loop, after the inner one (OuterProductSums)
+        "after_buffer": kernel.outputs[kernel.stores[sums.stores[0]][0]].buffer if sums else None,  # what it adds into
         "lanes_whole": LANES - 1,
         "zero": [(em.namer.name(out.buffer), em.dim(sp.sympify(out.shape[0]) * out.shape[1]))
                  for out in kernel.outputs if out.accumulate],
