@@ -66,11 +66,11 @@ class OuterProductSums:
     (a weight may multiply them all): GMM's gradient of a Cholesky factor,
     sum_i g_i (x_i - mu)_a (L (x_i - mu))_b for 190 pairs (a, b). Each
     example stores its left factors (times the weight) and its right ones
-    down the columns of two scratch buffers, and after the loop one matrix
-    product gives every pair's sum (the matmul helper: BLAS when large):
-    no accumulator an example, where a wide body's hundreds of them were
-    most of the C compiler's work. The sums are in the product's order,
-    not the examples' order."""
+    down the columns of two scratch buffers, and after the loop one product
+    gives every pair's sum (the runtime's outer_product_sums): no
+    accumulator an example, where a wide body's hundreds of them were most
+    of the C compiler's work. The sums are in that product's order, not the
+    examples' order. They all add into one output."""
 
     stores: tuple[int, ...]  # the kernel's stores computed so, in order
     weight: sp.Expr | None
@@ -305,55 +305,33 @@ def _group_kernel(sched, members: list[Node]) -> EmapKernel:
             position += 1
     kernel = EmapKernel(tuple(loops), tuple(views), tuple(temps), tuple(outputs), tuple(stores),
                         tuple(checks), tuple(equations))
-    kernel = replace(kernel, outer=_outer_loop(kernel, _loop_uses(kernel)))
-    return _outer_product_sums(sched, _inner_rows_by_column(sched, kernel))
+    uses = _loop_uses(kernel)
+    kernel = replace(kernel, outer=_outer_loop(kernel, uses))
+    return _outer_product_sums(sched, _inner_rows_by_column(sched, kernel), uses)
 
 
-# At least this many sums of products of two per-example values make a
+# At least this many sums of products of two per-example values make an
 # OuterProductSums, and the product computes at most this many times as many
 # sums as are wanted (its left factors x right factors).
 OUTER_SUMS_MIN = 64
 OUTER_SUMS_WASTE = 4
 
 
-def _outer_product_sums(sched, kernel: EmapKernel) -> EmapKernel:
+def _outer_product_sums(sched, kernel: EmapKernel, uses: dict) -> EmapKernel:
     """The sums of products of two varying values a wide body adds into
-    locals (OuterProductSums), where there are many and they share factors."""
+    locals of one output (OuterProductSums), where there are many and they
+    share factors."""
     if len(kernel.loops) != 2:
         return kernel
     inner = 1 - kernel.outer
-    uses = _loop_uses(kernel)
-    split = {}  # store -> (coefficient, varying factors)
+    by_output: dict[int, dict[int, tuple]] = {}  # output -> store -> (coefficient, varying factors)
     for k, (number, _, expr) in enumerate(kernel.stores):
-        if not (_local(kernel.outputs[number], inner) and expr.is_Mul):
-            continue
-        varying, fixed = [], []
-        for factor in expr.args:
-            if not _varies(factor, uses, inner):
-                fixed.append(factor)
-            elif factor.is_Pow and factor.exp == 2:
-                varying += [factor.base, factor.base]
-            else:
-                varying.append(factor)
-        if len(varying) in (2, 3):
-            split[k] = (sp.Mul(*fixed), varying)
-    if len(split) < OUTER_SUMS_MIN:
-        return kernel
-    counts: dict[sp.Expr, int] = {}
-    for _, varying in split.values():
-        for factor in set(varying):
-            counts[factor] = counts.get(factor, 0) + 1
-    weight = max(counts, key=lambda f: (counts[f], sp.default_sort_key(f)))
-    weighted, plain = {}, {}  # products of three with the weight, products of two
-    for k, (coefficient, varying) in split.items():
-        if len(varying) == 3 and weight in varying:
-            rest = list(varying)
-            rest.remove(weight)
-            weighted[k] = (rest[0], rest[1], coefficient)
-        elif len(varying) == 2:
-            plain[k] = (varying[0], varying[1], coefficient)
-    pairs = weighted if len(weighted) >= len(plain) else plain
-    weight = weight if pairs is weighted else None
+        if _local(kernel.outputs[number], inner) and expr.is_Mul:
+            split = _factors(expr, uses, inner)
+            if split is not None:
+                by_output.setdefault(number, {})[k] = split
+    # one output's sums: a value-only call keeps or drops them together (codegen._value_only)
+    pairs, weight = _pairs(max(by_output.values(), key=len, default={}))
     if len(pairs) < OUTER_SUMS_MIN:
         return kernel
     left, right = _sides([(a, b) for a, b, _ in pairs.values()])
@@ -372,6 +350,42 @@ def _outer_product_sums(sched, kernel: EmapKernel) -> EmapKernel:
         sched.claim_scratch("right_factors", (len(right), rows)),
         sched.claim_scratch("outer_sums", (len(left), len(right))))
     return replace(kernel, products=sums)
+
+
+def _factors(expr: sp.Mul, uses: dict, inner: int) -> tuple[sp.Expr, list[sp.Expr]] | None:
+    """(the factors the inner loop does not change, as one; the two or
+    three it changes, a square counted twice), or None for other counts."""
+    varying, fixed = [], []
+    for factor in expr.args:
+        if not _varies(factor, uses, inner):
+            fixed.append(factor)
+        elif factor.is_Pow and factor.exp == 2:
+            varying += [factor.base, factor.base]
+        else:
+            varying.append(factor)
+    return (sp.Mul(*fixed), varying) if len(varying) in (2, 3) else None
+
+
+def _pairs(split: dict[int, tuple]) -> tuple[dict[int, tuple], sp.Expr | None]:
+    """Store -> (left, right, coefficient), and the weight that multiplies
+    every pair: the more numerous of the products of three that hold the
+    commonest factor (the weight) and the products of two (no weight)."""
+    counts: dict[sp.Expr, int] = {}
+    for _, varying in split.values():
+        for factor in set(varying):
+            counts[factor] = counts.get(factor, 0) + 1
+    if not counts:
+        return {}, None
+    weight = max(counts, key=lambda f: (counts[f], sp.default_sort_key(f)))
+    weighted, plain = {}, {}
+    for k, (coefficient, varying) in split.items():
+        if len(varying) == 3 and weight in varying:
+            rest = list(varying)
+            rest.remove(weight)
+            weighted[k] = (rest[0], rest[1], coefficient)
+        elif len(varying) == 2:
+            plain[k] = (varying[0], varying[1], coefficient)
+    return (weighted, weight) if len(weighted) >= len(plain) else (plain, None)
 
 
 def _sides(pairs: list[tuple[sp.Expr, sp.Expr]]) -> tuple[list[sp.Expr], list[sp.Expr]]:
@@ -653,6 +667,8 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         buffers.append(out.buffer)
         in_order.append(bool(local) or _contiguous(out, inner))
     after: list[str] = []
+    # the output the sums add into (one: _outer_product_sums); the factors' stores are for it
+    summed_into = kernel.outputs[kernel.stores[sums.stores[0]][0]].buffer if sums else ""
     if sums:
         var, examples = loop_vars[inner], em.dim(kernel.loops[inner])
         left, right, product = (em.namer.name(b) for b in (sums.left_scratch, sums.right_scratch, sums.sums))
@@ -660,7 +676,7 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         for (scratch, k), expr in zip(sides, factor_exprs):
             stores.append((f"{scratch}[{k}*{examples} + {var}]" if k else f"{scratch}[{var}]", "=",
                            printer.doprint(expr), ""))
-            buffers.append(kernel.outputs[kernel.stores[sums.stores[0]][0]].buffer)
+            buffers.append(summed_into)
             in_order.append(True)
         after.append(f"/* {len(sums.pairs)} sums over {var} of {left}[a] * {right}[b], as one product */")
         after.append(f"{em.real.helper_prefix}_outer_product_sums({len(sums.left)}, {len(sums.right)}, {examples}, "
@@ -693,7 +709,7 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         # (GCC's two vectorized epilogues of such a body were a third of gmm's compile)
         "eights": size > LANES_MAX_OPS and all(in_order),
         "after": after,  # inside the outer loop, after the inner one (OuterProductSums)
-        "after_buffer": kernel.outputs[kernel.stores[sums.stores[0]][0]].buffer if sums else None,  # what it adds into
+        "after_buffer": summed_into or None,
         "lanes_whole": LANES - 1,
         "zero": [(em.namer.name(out.buffer), em.dim(sp.sympify(out.shape[0]) * out.shape[1]))
                  for out in kernel.outputs if out.accumulate],
