@@ -22,6 +22,23 @@ def central_differences(loss: Callable[[dict], float], data: dict, name: str, st
     return grad
 
 
+def assert_matches_autograd(module, model, reference: Callable, arrays: dict) -> None:
+    """The module's loss and every parameter's gradient against PyTorch's
+    autograd of `reference` (a function of the arrays as float64 tensors),
+    to 1e-10 relative (torch is imported here: the caller skips without it)."""
+    import pytest
+    import torch
+
+    loss, grads = module.value_and_grad(**arrays)
+    tensors = {k: torch.tensor(a, requires_grad=True) for k, a in arrays.items()}
+    want = reference(tensors)
+    want.backward()
+    assert loss == pytest.approx(want.item(), rel=1e-10)
+    for p in model.params:
+        expected = tensors[p.name].grad.numpy()
+        assert np.abs(grads[p.name] - expected).max() <= 1e-10 * np.abs(expected).max(), p.name
+
+
 def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
     actual, expected = np.asarray(actual, dtype=float), np.asarray(expected, dtype=float)
     scale = max(float(np.abs(expected).max()), 1e-12)

@@ -11,6 +11,7 @@ import re
 import numpy as np
 import pytest
 import sympy as sp
+from oracles import assert_matches_autograd
 
 import symbackprop as sbp
 from symbackprop import nn
@@ -25,14 +26,7 @@ D = 6
 def _check(model, reference, arrays):
     """The compiled loss and every parameter's gradient against autograd (float64)."""
     mod = sbp.compile(model)
-    loss, grads = mod.value_and_grad(**arrays)
-    tensors = {k: torch.tensor(a, requires_grad=True) for k, a in arrays.items()}
-    want = reference(tensors)
-    want.backward()
-    assert loss == pytest.approx(want.item(), rel=1e-10)
-    for p in model.params:
-        expected = tensors[p.name].grad.numpy()
-        assert np.abs(grads[p.name] - expected).max() <= 1e-10 * np.abs(expected).max(), p.name
+    assert_matches_autograd(mod, model, reference, arrays)
     return mod
 
 

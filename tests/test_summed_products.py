@@ -14,6 +14,7 @@ import re
 import numpy as np
 import pytest
 import sympy as sp
+from oracles import assert_matches_autograd
 
 import symbackprop as sbp
 from symbackprop import nn
@@ -27,18 +28,6 @@ D_IN, D, H = 5, 7, 3  # odd sizes
 
 def _compiled(model, blas):
     return sbp.compile(model, options=BuildOptions(blas=blas))
-
-
-def _check(mod, model, reference, arrays):
-    """The compiled loss and every parameter's gradient against autograd (float64, 1e-10)."""
-    loss, grads = mod.value_and_grad(**arrays)
-    tensors = {k: torch.tensor(a, requires_grad=True) for k, a in arrays.items()}
-    want = reference(tensors)
-    want.backward()
-    assert loss == pytest.approx(want.item(), rel=1e-10)
-    for p in model.params:
-        expected = tensors[p.name].grad.numpy()
-        assert np.abs(grads[p.name] - expected).max() <= 1e-10 * np.abs(expected).max(), p.name
 
 
 def _comments(source: str) -> list[str]:
@@ -74,7 +63,7 @@ def test_an_inputs_gradient_adds_its_three_products_in_one_buffer(blas):
     mod = _compiled(model, blas)
     rng = np.random.default_rng(0)
     for rows in (1, 5, 37):
-        _check(mod, model, _shared_input_reference, _shared_input_arrays(rng, rows))
+        assert_matches_autograd(mod, model, _shared_input_reference, _shared_input_arrays(rng, rows))
     equations = _comments(mod.source)
     firsts = [e for e in equations if e.endswith(", the first of 3 products added up here")]
     assert len(firsts) == 1, equations
@@ -92,7 +81,7 @@ def test_a_fixed_size_sum_adds_its_products_in_the_inline_loops():
     the first's entries without zeroing them."""
     model = _shared_input_model(3)
     mod = sbp.compile(model)
-    _check(mod, model, _shared_input_reference, _shared_input_arrays(np.random.default_rng(1), 3))
+    assert_matches_autograd(mod, model, _shared_input_reference, _shared_input_arrays(np.random.default_rng(1), 3))
     assert "_matmul_add(" not in mod.source and "_matmul(" not in mod.source  # all inline
     assert len([e for e in _comments(mod.source) if " += " in e and " @ " in e]) == 2
 
@@ -106,8 +95,8 @@ def test_a_weight_used_twice_adds_its_gradients_products_into_the_output(blas):
     rng = np.random.default_rng(2)
     for rows in (1, 9):
         arrays = {"X": rng.normal(size=(rows, D)), "T": rng.normal(size=(rows, D)), "W": rng.normal(size=(D, D)) / 2}
-        _check(mod, model, lambda t: ((torch.tanh(torch.tanh(t["X"] @ t["W"]) @ t["W"]) - t["T"]) ** 2).mean(),
-               arrays)
+        assert_matches_autograd(
+            mod, model, lambda t: ((torch.tanh(torch.tanh(t["X"] @ t["W"]) @ t["W"]) - t["T"]) ** 2).mean(), arrays)
     # grad_W = X^T @ g + H^T @ g', straight into the output: no buffer for either product, no copy
     assert re.search(r"_matmul\([^;]*, grad_W\);", mod.source)
     assert re.search(r"_matmul_add\([^;]*, grad_W\);", mod.source)
@@ -125,8 +114,8 @@ def test_a_sum_with_other_terms_reads_its_products_once(blas):
     for rows in (1, 11):
         arrays = {"X": rng.normal(size=(rows, D_IN)), "Y": rng.normal(size=(rows, D)), "T": rng.normal(size=(rows, H)),
                   "A": rng.normal(size=(D_IN, H)), "B": rng.normal(size=(D, H)), "b": rng.normal(size=(1, H))}
-        _check(mod, model, lambda t: ((torch.tanh(t["X"] @ t["A"] + t["Y"] @ t["B"] + t["b"]) - t["T"]) ** 2).mean(),
-               arrays)
+        assert_matches_autograd(
+            mod, model, lambda t: ((torch.tanh(t["X"] @ t["A"] + t["Y"] @ t["B"] + t["b"]) - t["T"]) ** 2).mean(), arrays)
     equations = _comments(mod.source)
     first = next(e for e in equations if e.endswith(", the first of 2 products added up here"))
     total = first.split(" = ")[0]
@@ -143,7 +132,7 @@ def test_a_loss_that_is_a_sum_of_products_is_added_up_in_the_output():
     mod = sbp.compile(model)
     rng = np.random.default_rng(4)
     arrays = {"u": rng.normal(size=(1, D)), "v": rng.normal(size=(D, 1)), "W": rng.normal(size=(D, D))}
-    _check(mod, model, lambda t: (t["u"] @ t["v"] + t["u"] @ t["W"] @ t["v"]).sum(), arrays)
+    assert_matches_autograd(mod, model, lambda t: (t["u"] @ t["v"] + t["u"] @ t["W"] @ t["v"]).sum(), arrays)
     assert mod.forward(**arrays)["loss"] == pytest.approx(mod.value_and_grad(**arrays)[0], rel=1e-15)
     equations = _comments(mod.source)
     assert [e for e in equations if e.startswith("loss += ") and " @ " in e], equations
