@@ -133,10 +133,12 @@ def test_a_short_or_looped_kernel_is_left_whole():
     assert cut_straight(looped, _claimer()[0]) == [looped]
 
 
-def test_det_ell_9_adjoints_are_handed_over_at_one_level_of_minors():
-    """The forward minors are all stored (nothing to hand over); the
-    adjoints cut where one level of them, C(9, 4) = 126, is live: four
-    straight-line functions, each a part, in four units."""
+def test_det_ell_9_adjoints_are_handed_over_at_one_level_of_minors(monkeypatch):
+    """Written out (not from a table, as by default: test_table_kernels), the
+    forward minors are all stored (nothing to hand over); the adjoints cut
+    where one level of them, C(9, 4) = 126, is live: four straight-line
+    functions, each a part, in four units."""
+    monkeypatch.setattr(straight, "TABLE_MIN_STATEMENTS", 10**9)
     source = generate(det.build_model({"ell": 9}), functions=det.SBP_FUNCTIONS)[0].source
     assert source.count("_kept[0] = ") == math.comb(9, 4)
     assert source.count("SYMBACKPROP_STRAIGHT GRADBENCH_DET_9_SHARED void") == 4

@@ -136,6 +136,7 @@ def real_macro(prefix: str) -> str:
 
 def comment_text(text: str) -> str:
     """Text that is safe inside a /* */ comment on one line, in ASCII."""
-    text = _ascii(text).replace("\r", " ").replace("\n", " ")
-    text = "".join(ch if ch.isprintable() else "?" for ch in text)
+    if not (text.isascii() and text.isprintable()):  # (most equations are: no walk over their characters)
+        text = _ascii(text).replace("\r", " ").replace("\n", " ")
+        text = "".join(ch if ch.isprintable() else "?" for ch in text)
     return text.replace("*/", "* /").replace("/*", "/ *").replace("??", "? ?")

@@ -318,6 +318,7 @@ class FunctionEmitter:
         self.namer = namer
         self.dims = dims
         self.real = real
+        self.work_offsets: dict[str, int] = {}  # a workspace buffer -> its constant place in `work` (work_offsets)
         self.index = IndexPrinter({**dims, LOOP_I: "i", LOOP_J: "j", LOOP_K: "k"})
 
     def dim(self, d: object) -> str:
@@ -571,6 +572,7 @@ def emit_function(
     params.append(CParam("work", "work", "work", f"{real.c} *work", ()))
     if shared:
         params.append(CParam("flag", "with_grads", "with_grads", "int with_grads", ()))
+    emitter.work_offsets = work_offsets(schedule)
     kernels = [emitter.kernel(k) for k in schedule.kernels]
     if shared:
         kernels = forward_only(kernels, schedule)
@@ -598,6 +600,15 @@ def emit_function(
         parts=part_ranges(len(kernels), schedule.split if shared else None, straight_kernels(kernels)),
         anchors=tuple(anchors),
     )
+
+
+def work_offsets(schedule: FunctionSchedule) -> dict[str, int]:
+    """Each workspace buffer at a constant place in `work`, the same in a
+    call that stops at the split (schedule.head_slots) where it has one
+    there: a kernel may read or write it as work[place]."""
+    head = {slot.name: slot.offset for slot in schedule.head_slots}
+    return {slot.name: int(slot.offset) for slot in schedule.slots
+            if sp.sympify(slot.offset).is_Integer and head.get(slot.name, slot.offset) == slot.offset}
 
 
 def straight_kernels(kernels: Sequence[CKernel]) -> list[int]:

@@ -13,6 +13,7 @@ from sympy.matrices.expressions.applyfunc import ElementwiseApplyFunction
 
 from symbackprop.declare.stable import sigmoid, softplus
 from symbackprop.diff.autodiff import add_all, local_derivative, unbroadcast
+from symbackprop.emit.cnames import comment_text
 from symbackprop.emit.codegen import CheckedPrinter, FunctionEmitter, ScalarPrinter, worth_threads
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import const, map_
@@ -21,8 +22,9 @@ from symbackprop.ir.lower import scalar_atoms, shape_of
 from symbackprop.ir.node import SCALAR, Node, placeholder
 from symbackprop.messages import short
 from symbackprop.ops.registry import OpRecord, register
-from symbackprop.schedule.kernel import MapKernel
+from symbackprop.schedule.kernel import MapKernel, View
 from symbackprop.schedule.shifted import ShiftedView, guard_text, inside
+from symbackprop.schedule.straight import Row, table_rows
 
 A0, A1 = placeholder(0), placeholder(1)
 
@@ -67,6 +69,8 @@ STRAIGHT_MIN_STATEMENTS = 200
 
 
 def _emit(em: FunctionEmitter, kernel: MapKernel) -> dict:
+    if kernel.table:
+        return {"loops": [], "hoisted": [], "parallel": False, "straight": False, "table": _table(em, kernel)}
     loops, i, j = em.loops(kernel.shape)
     shifted = {sym: view for sym, view in kernel.loads if isinstance(view, ShiftedView)}
     text = {sym: em.access(view, i, j) for sym, view in kernel.loads if sym not in shifted}
@@ -120,6 +124,114 @@ def _emit(em: FunctionEmitter, kernel: MapKernel) -> dict:
     else:
         fields.update(body({}))
     return fields
+
+
+def _table(em: FunctionEmitter, kernel: MapKernel) -> dict:
+    """A long loop-free kernel as data (schedule.straight.as_table): its
+    values in one local array (a 1, its loads, its constants, then each
+    value it computes), followed by their negations, each computed value a
+    sum of products of two entries, one row (their indices) of a table a
+    product; a product subtracted reads a negation. The values are computed
+    level by level (each after every value it reads), and within a level by
+    their number of products: runs of values of as many products each (a
+    determinant's minors of one size) keep the loop over a value's products
+    predictable. Each value's products are one line of the table, after its
+    equation in a comment."""
+    zero = sp.Integer(0)
+    text = {sym: em.access(view, zero, zero) for sym, view in kernel.loads}
+    printer = CheckedPrinter(ScalarPrinter({**text, **{sym: str(sym) for sym, _ in kernel.temps}}, em.real), kernel)
+    loads = {sym: k for k, (sym, _) in enumerate(kernel.loads, start=1)}
+    entry_of: dict[sp.Symbol, int] = {}  # a temporary -> its entry
+    entries: list[tuple[Row, list[int], str]] = []  # (its products, the entries they read, its equation or "")
+    constants: dict[sp.Number, int] = {}  # -> its place
+
+    def add(name: str, expr: sp.Expr) -> int:
+        """expr's entry, after those of the sums inside it."""
+        rows = table_rows(expr, known)
+        assert rows is not None, "schedule.straight.as_table accepts only what table_rows does"
+        start = len(entries)
+        for k, row in enumerate(rows):
+            row = [(sign, tuple(start + f if isinstance(f, int) else f for f in factors)) for sign, factors in row]
+            reads = [f if isinstance(f, int) else entry_of[f] for _, factors in row for f in factors
+                     if isinstance(f, int) or f in entry_of]
+            for _, factors in row:
+                for f in factors:
+                    if isinstance(f, sp.Number):
+                        constants.setdefault(f, len(loads) + 1 + len(constants))
+            equation = comment_text(f"{name} = {printer.doprint(expr)}") if k == len(rows) - 1 else ""
+            entries.append((row, reads, equation))
+        return len(entries) - 1
+
+    known = set(loads)  # what table_rows may read: the loads, then each temporary once added
+    for sym, expr in kernel.temps:
+        entry_of[sym] = add(str(sym), expr)
+        known.add(sym)
+    store_entries = [None if expr in loads or expr in entry_of else add(f"{em.namer.name(out)}[0]", expr)
+                     for out, expr in kernel.stores]
+    first = len(loads) + len(constants) + 1  # the place of the first value computed
+    negated = first + len(entries)  # where the negations start
+    level: list[int] = []
+    for _, reads, _ in entries:
+        level.append(1 + max((level[e] for e in reads), default=0))
+    order = sorted(range(len(entries)), key=lambda e: (level[e], len(entries[e][0]), e))
+    place = {e: first + position for position, e in enumerate(order)}
+
+    def at(f: object) -> int:
+        if isinstance(f, int):
+            return place[f]
+        return constants[f] if isinstance(f, sp.Number) else loads[f] if f in loads else place[entry_of[f]]
+
+    lines: list[tuple[str, str]] = []  # (a value's products, its equation)
+    batches: list[list[int]] = []  # runs of values of as many products: [products, values]
+    for e in order:
+        row, _, equation = entries[e]
+        cells = []
+        for sign, factors in row:
+            left, right = ([at(f) for f in factors] + [0, 0])[:2]
+            cells.append(f"{{{left + negated if sign < 0 else left}, {right}}}")
+        lines.append((", ".join(cells), equation))
+        if batches and batches[-1][0] == len(row):
+            batches[-1][1] += 1
+        else:
+            batches.append([len(row), 1])
+    stores = [(out, at(expr) if entry is None else place[entry])
+              for (out, expr), entry in zip(kernel.stores, store_entries)]
+    number = ScalarPrinter({}, em.real)
+    loose_loads, load_groups = _copies(em, [(view.buffer, view.offset, loads[sym]) for sym, view in kernel.loads], "from")
+    loose_stores, store_groups = _copies(em, [(out, zero, k) for out, k in stores], "to")
+    return {"loads": loose_loads, "load_groups": load_groups, "stores": loose_stores, "store_groups": store_groups,
+            "constants": [(k, number.doprint(c)) for c, k in constants.items()],
+            "lines": lines, "batches": len(batches), "batch_lines": _pairs_text(batches),
+            "value_count": len(entries), "first": first, "negated": negated, "size": 2 * negated,
+            "values_name": em.namer.name("\0table values"), "products_name": em.namer.name("\0table products"),
+            "batches_name": em.namer.name("\0table batches"), "row": em.namer.name("\0table row"),
+            "value": em.namer.name("\0table value"), "count": em.namer.name("\0table count")}
+
+
+def _copies(em: FunctionEmitter, places: list[tuple[str, sp.Expr, int]], way: str) -> tuple[list, list]:
+    """A table's loads or stores (buffer, offset, value index): those at a
+    constant place of one array (an input, an output, `work` for the
+    workspace's buffers: codegen.work_offsets) as one loop over a table of
+    (value index, place) each; the rest one statement each,
+    (buffer[offset], value index). Hundreds of copies written out, between
+    a local array and as many workspace buffers, cost GCC 0.8 s of its
+    alias walks (det ell=9's adjoint reads 491 minors)."""
+    loose: list[tuple[str, int]] = []
+    groups: dict[str, list[tuple[int, int]]] = {}
+    for buffer, offset, k in places:
+        base, place = ("work", em.work_offsets[buffer]) if buffer in em.work_offsets else (em.namer.name(buffer), 0)
+        if offset.is_Integer:
+            groups.setdefault(base, []).append((k, place + int(offset)))
+        else:
+            loose.append((em.access(View(buffer, offset, sp.Integer(0), sp.Integer(0)), sp.Integer(0),
+                                    sp.Integer(0)), k))
+    named = [(base, em.namer.name(f"\0table {way} {base}"), len(rows), _pairs_text(rows)) for base, rows in groups.items()]
+    return loose, named
+
+
+def _pairs_text(pairs: list) -> list[str]:
+    """Pairs of integers as lines of a C initializer, eight a line."""
+    return [", ".join(f"{{{a}, {b}}}" for a, b in pairs[k:k + 8]) + "," for k in range(0, len(pairs), 8)]
 
 
 def _stores_early(kernel: MapKernel, temps: list, stores: list) -> list[tuple[bool, str, str]]:

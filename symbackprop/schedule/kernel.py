@@ -178,6 +178,7 @@ class MapKernel:
     # its values before CSE, for the op counts (None: not counted, a copy)
     before_cse: tuple[sp.Expr, ...] | None = field(default=None, compare=False)
     guards: tuple[int, ...] = ()  # the k of each guard inside(k) its values test (schedule.shifted)
+    table: bool = False  # loop-free, run from a table of its products (schedule.straight.as_table)
 
     def reads(self) -> list[str]:
         return [view.buffer for _, view in self.loads]

@@ -34,7 +34,7 @@ from symbackprop.schedule.kernel import (
 )
 from symbackprop.schedule.naming import Naming
 from symbackprop.schedule.shifted import ShiftedView, inside, moved_view, offset_label, signed_k
-from symbackprop.schedule.straight import cut_straight
+from symbackprop.schedule.straight import as_table, cut_straight
 from symbackprop.schedule.workspace import Slot, plan_workspace
 
 
@@ -152,8 +152,9 @@ class Scheduler(Placement):
         for step in steps:
             if isinstance(step, MapGroup):
                 kernel = self._map_kernel(step)
-                if kernel is not None:  # a long loop-free one in pieces, compiled at once (schedule.straight)
-                    kernels += cut_straight(kernel, lambda base: self.claim_scratch(base, SCALAR))
+                if kernel is not None:  # a long loop-free one from a table, or in pieces (schedule.straight)
+                    table = as_table(kernel)
+                    kernels += [table] if table else cut_straight(kernel, lambda base: self.claim_scratch(base, SCALAR))
             elif isinstance(step, ExamplesGroup):
                 kernels.append(rule(step.members[0].op, "group_kernel")(self, step.members))
             else:

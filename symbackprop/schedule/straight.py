@@ -17,12 +17,22 @@ bits); only a product handed over is rounded before the sum that reads it,
 where FMA contraction could fuse them in one body. Each piece is a kernel
 as any other (its loads, temporaries, stores and the equations of what it
 stores); the first carries the op counts of the whole.
+
+A long loop-free kernel whose every value is a sum of products of at most
+two of its loads and values (a determinant's minors and their adjoints) is
+not cut: it runs from a table (`as_table`; the C: ops/elementwise.py
+`_table`), one row (coefficient, left, right) a product, which GCC reads
+as data. Written out, each statement cost GCC about 1 ms of CPU (det
+ell=9's 1,558: 1.6 s in four units); the table costs it almost nothing,
+and the call reads indices where the straight body had them in its code.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import replace
+from typing import TypeAlias
 
 import sympy as sp
 
@@ -37,6 +47,97 @@ CUT_STATEMENTS = 500
 # A cut may move this fraction of a piece's statements either way, to where
 # fewer values are live.
 CUT_WINDOW = 0.1
+
+
+# A loop-free kernel of more statements than this, each value a sum of
+# products, runs from a table (as_table); a shorter one is written out (its
+# call is faster, and GCC's time on it small).
+TABLE_MIN_STATEMENTS = 500
+# At most this many values in a table's kernel (a 1, its loads, its
+# constants, its values): the C keeps them and their negations in a local
+# array (at most 256 KB of stack) indexed by 16-bit integers. A longer
+# kernel is cut (cut_straight).
+TABLE_MAX_VALUES = 16383
+
+# A factor of a table's product: one of the kernel's loads or temporaries, a
+# constant (a positive number other than 1), or (an int) the index of an
+# earlier row of the same value's rows.
+Factor: TypeAlias = sp.Symbol | sp.Number | int
+# One row: a sum of signed products (+1 or -1, at most two factors).
+Row: TypeAlias = list[tuple[int, tuple[Factor, ...]]]
+
+
+def as_table(kernel: MapKernel) -> MapKernel | None:
+    """The kernel marked to run from a table (MapKernel.table), if it is
+    long, loop-free, and every value it computes or stores is a polynomial
+    in its loads and temporaries (table_rows); else None."""
+    count = len(kernel.temps) + len(kernel.stores)
+    if kernel.shape != SCALAR or kernel.load_first or kernel.guards or count <= TABLE_MIN_STATEMENTS:
+        return None
+    known = {sym for sym, _ in kernel.loads}
+    values = 1 + len(known)
+    constants: set[sp.Number] = set()
+    for sym, expr in kernel.temps:
+        rows = table_rows(expr, known)
+        if rows is None:
+            return None
+        values += len(rows)
+        constants.update(f for row in rows for _, factors in row for f in factors if isinstance(f, sp.Number))
+        known.add(sym)
+    for _, expr in kernel.stores:
+        rows = [] if expr in known else table_rows(expr, known)
+        if rows is None:
+            return None
+        values += len(rows)
+        constants.update(f for row in rows for _, factors in row for f in factors if isinstance(f, sp.Number))
+    return replace(kernel, table=True) if values + len(constants) <= TABLE_MAX_VALUES else None
+
+
+def table_rows(expr: sp.Expr, known: set) -> list[Row] | None:
+    """expr as the rows of a table, its own last: a sum of signed products
+    of at most two factors each. A coefficient other than +-1 is a factor
+    (a constant); a factor that is itself a sum or a product (a minor read
+    once, inlined into the sum that reads it) an earlier row; a product of
+    more factors a chain of rows; x**k (k <= 4) a product of k x's. None if
+    expr has anything else (a function, a division, a symbol not in
+    `known`)."""
+    rows: list[Row] = []
+
+    def factor(f: sp.Expr) -> Factor | None:
+        if f in known:
+            return f
+        if f.is_Add or f.is_Mul:
+            found = products(f)
+            if found is None:
+                return None
+            rows.append(found)
+            return len(rows) - 1
+        return None
+
+    def products(e: sp.Expr) -> Row | None:
+        found: Row = []
+        for term in sp.Add.make_args(e):
+            coefficient, product = term.as_coeff_Mul()  # (any number, Float too; the rest)
+            rest = () if product == 1 else sp.Mul.make_args(product)
+            if not (coefficient.is_Rational or coefficient.is_Float) or (coefficient == 0 and rest) \
+                    or len(found) >= TABLE_MAX_VALUES:
+                return None
+            sign = -1 if coefficient < 0 else 1
+            factors: list[Factor] = [] if abs(coefficient) == 1 else [abs(coefficient)]
+            for f in rest:
+                power = int(f.exp) if f.is_Pow and f.exp.is_Integer and 2 <= f.exp <= 4 else 1
+                one = factor(f.base if power > 1 else f)
+                if one is None:
+                    return None
+                factors += [one] * power
+            while len(factors) > 2:  # a*b*c: a*b first, a row of its own
+                rows.append([(1, (factors[0], factors[1]))])
+                factors = [len(rows) - 1, *factors[2:]]
+            found.append((sign, tuple(factors)))
+        return found
+
+    own = products(expr)
+    return None if own is None else [*rows, own]
 
 
 def cut_straight(kernel: MapKernel, claim: Callable[[str], str]) -> list[MapKernel]:
