@@ -122,8 +122,8 @@ def table_rows(expr: sp.Expr, known: set) -> list[Row] | None:
             if not (coefficient.is_Rational or coefficient.is_Float) or (coefficient == 0 and rest) \
                     or len(found) >= TABLE_MAX_VALUES:
                 return None
-            sign = -1 if coefficient < 0 else 1
-            factors: list[Factor] = [] if abs(coefficient) == 1 else [abs(coefficient)]
+            sign, size = (-1, -coefficient) if coefficient.is_negative else (1, coefficient)  # (not `< 0`: sympify)
+            factors: list[Factor] = [] if size == 1 else [size]
             for f in rest:
                 power = int(f.exp) if f.is_Pow and f.exp.is_Integer and 2 <= f.exp <= 4 else 1
                 one = factor(f.base if power > 1 else f)
