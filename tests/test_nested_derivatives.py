@@ -281,11 +281,12 @@ def test_the_pinn_example_trains_as_torch_and_converges_to_the_solution():
     data = {"x": rng.uniform(0, 1, (256, 1)), "xb": np.array([[0.0], [1.0]])}
     params = pinn.init_params(rng)
     orders = [rng.permutation(256) for _ in range(1000)]
-    ours, _ = pinn.train_symbackprop(data, params, orders, 64, 1e-2)
-    assert pinn.max_error(ours) < 0.1 < pinn.max_error(params)  # against sin(pi x)
+    rates = pinn.learning_rates(1e-2, 1e-4, 1000)
+    ours, _ = pinn.train_symbackprop(data, params, orders, 64, rates)
+    assert pinn.max_error(ours) < 2e-3 < 0.5 < pinn.max_error(params)  # against sin(pi x)
     pytest.importorskip("torch")
-    early, _ = pinn.train_symbackprop(data, params, orders[:20], 64, 1e-2)
-    theirs, _ = pinn.train_torch(data, params, orders[:20], 64, 1e-2)  # create_graph=True, torch.optim.Adam
+    early, _ = pinn.train_symbackprop(data, params, orders[:20], 64, rates[::50])  # the rate changes every epoch
+    theirs, _ = pinn.train_torch(data, params, orders[:20], 64, rates[::50])  # create_graph=True, torch.optim.Adam
     for name in params:
         assert relative_error(early[name], theirs[name]) < 1e-8, name
 
