@@ -46,6 +46,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -317,6 +318,29 @@ def _linked(libraries: tuple[str, ...], blas: tuple[str, ...], objects: list[Pat
     if any(BLAS_SYMBOL in path.read_bytes() for path in objects):
         return libraries
     return libraries[len(blas):]
+
+
+def warm_up(options: BuildOptions | None = None) -> threading.Thread:
+    """Start, in a thread, what a build asks of this machine once per
+    process: the compiler's version and the CPU it targets, the BLAS and
+    libmvec found (compiler and linker processes; each answer is cached), and
+    the imports of cffi and filelock. compile() starts it before it
+    generates the C: these processes then wait beside the Python, not
+    between it and the C compiler (0.1-0.3 s of a first cold compile, more
+    where a second model's Python holds the interpreter: compile_all). A
+    failure is left for the build, which raises it with its message."""
+
+    def warm() -> None:
+        with contextlib.suppress(Exception):  # (the build asks again, and says what is wrong)
+            import cffi  # noqa: F401
+            import filelock  # noqa: F401
+
+            flags, _ = _compile_and_link_args(options or BuildOptions())
+            toolchain([*compiler_command(), *flags])
+
+    thread = threading.Thread(target=warm, name="symbackprop build warm-up", daemon=True)
+    thread.start()
+    return thread
 
 
 def cache_entry(prefix: str, source: str, header: str, cdef: str, options: BuildOptions | None = None) -> Path:
