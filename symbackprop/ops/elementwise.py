@@ -170,10 +170,7 @@ def _table(em: FunctionEmitter, kernel: MapKernel) -> dict:
                      for out, expr in kernel.stores]
     first = len(loads) + len(constants) + 1  # the place of the first value computed
     negated = first + len(entries)  # where the negations start
-    level: list[int] = []
-    for _, reads, _ in entries:
-        level.append(1 + max((level[e] for e in reads), default=0))
-    order = sorted(range(len(entries)), key=lambda e: (level[e], len(entries[e][0]), e))
+    order = _table_order(entries)
     place = {e: first + position for position, e in enumerate(order)}
 
     def at(f: object) -> int:
@@ -185,11 +182,8 @@ def _table(em: FunctionEmitter, kernel: MapKernel) -> dict:
     batches: list[list[int]] = []  # runs of values of as many products: [products, values]
     for e in order:
         row, _, equation = entries[e]
-        cells = []
-        for sign, factors in row:
-            left, right = ([at(f) for f in factors] + [0, 0])[:2]
-            cells.append(f"{{{left + negated if sign < 0 else left}, {right}}}")
-        lines.append((", ".join(cells), equation))
+        lines.append((", ".join(_product_text([at(f) for f in factors], sign, negated) for sign, factors in row),
+                      equation))
         if batches and batches[-1][0] == len(row):
             batches[-1][1] += 1
         else:
@@ -206,6 +200,23 @@ def _table(em: FunctionEmitter, kernel: MapKernel) -> dict:
             "values_name": em.namer.name("\0table values"), "products_name": em.namer.name("\0table products"),
             "batches_name": em.namer.name("\0table batches"), "row": em.namer.name("\0table row"),
             "value": em.namer.name("\0table value"), "count": em.namer.name("\0table count")}
+
+
+def _table_order(entries: list[tuple[Row, list[int], str]]) -> list[int]:
+    """The entries (products, the entries they read, equation) in the order
+    the table computes them: by level (one more than the highest level they
+    read), then by number of products, then as given."""
+    level: list[int] = []
+    for _, reads, _ in entries:
+        level.append(1 + max((level[e] for e in reads), default=0))
+    return sorted(range(len(entries)), key=lambda e: (level[e], len(entries[e][0]), e))
+
+
+def _product_text(places: list[int], sign: int, negated: int) -> str:
+    """One row of a table's products: its two factors' places (1's place, 0,
+    for a missing one), the first's negation for a product subtracted."""
+    left, right = (places + [0, 0])[:2]
+    return f"{{{left + negated if sign < 0 else left}, {right}}}"
 
 
 def _copies(em: FunctionEmitter, places: list[tuple[str, sp.Expr, int]], way: str) -> tuple[list, list]:

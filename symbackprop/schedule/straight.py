@@ -72,7 +72,8 @@ def as_table(kernel: MapKernel) -> MapKernel | None:
     long, loop-free, and every value it computes or stores is a polynomial
     in its loads and temporaries (table_rows); else None."""
     count = len(kernel.temps) + len(kernel.stores)
-    if kernel.shape != SCALAR or kernel.load_first or kernel.guards or count <= TABLE_MIN_STATEMENTS:
+    if kernel.shape != SCALAR or kernel.load_first or kernel.guards or count <= TABLE_MIN_STATEMENTS \
+            or any(type(view) is not View for _, view in kernel.loads):  # (a moved read: schedule.shifted)
         return None
     known = {sym for sym, _ in kernel.loads}
     values = 1 + len(known)
