@@ -24,7 +24,7 @@ from symbackprop.messages import short
 from symbackprop.ops.registry import OpRecord, register
 from symbackprop.schedule.kernel import MapKernel, View
 from symbackprop.schedule.shifted import ShiftedView, guard_text, inside
-from symbackprop.schedule.straight import Row, table_rows
+from symbackprop.schedule.straight import Row
 
 A0, A1 = placeholder(0), placeholder(1)
 
@@ -69,7 +69,7 @@ STRAIGHT_MIN_STATEMENTS = 200
 
 
 def _emit(em: FunctionEmitter, kernel: MapKernel) -> dict:
-    if kernel.table:
+    if kernel.table is not None:
         return {"loops": [], "hoisted": [], "parallel": False, "straight": False, "table": _table(em, kernel)}
     loops, i, j = em.loops(kernel.shape)
     shifted = {sym: view for sym, view in kernel.loads if isinstance(view, ShiftedView)}
@@ -145,10 +145,8 @@ def _table(em: FunctionEmitter, kernel: MapKernel) -> dict:
     entries: list[tuple[Row, list[int], str]] = []  # (its products, the entries they read, its equation or "")
     constants: dict[sp.Number, int] = {}  # -> its place
 
-    def add(name: str, expr: sp.Expr) -> int:
-        """expr's entry, after those of the sums inside it."""
-        rows = table_rows(expr, known)
-        assert rows is not None, "schedule.straight.as_table accepts only what table_rows does"
+    def add(name: str, expr: sp.Expr, rows: list[Row]) -> int:
+        """The entry of expr (its rows: straight.table_rows), after those of the sums inside it."""
         start = len(entries)
         for k, row in enumerate(rows):
             row = [(sign, tuple(start + f if isinstance(f, int) else f for f in factors)) for sign, factors in row]
@@ -162,12 +160,12 @@ def _table(em: FunctionEmitter, kernel: MapKernel) -> dict:
             entries.append((row, reads, equation))
         return len(entries) - 1
 
-    known = set(loads)  # what table_rows may read: the loads, then each temporary once added
+    assert kernel.table is not None
+    found = iter(kernel.table)  # each temporary's rows, then each store's (None: stored as it is)
     for sym, expr in kernel.temps:
-        entry_of[sym] = add(str(sym), expr)
-        known.add(sym)
-    store_entries = [None if expr in loads or expr in entry_of else add(f"{em.namer.name(out)}[0]", expr)
-                     for out, expr in kernel.stores]
+        entry_of[sym] = add(str(sym), expr, next(found))
+    store_entries = [None if rows is None else add(f"{em.namer.name(out)}[0]", expr, rows)
+                     for (out, expr), rows in zip(kernel.stores, found)]
     first = len(loads) + len(constants) + 1  # the place of the first value computed
     negated = first + len(entries)  # where the negations start
     order = _table_order(entries)

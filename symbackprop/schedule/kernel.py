@@ -178,7 +178,9 @@ class MapKernel:
     # its values before CSE, for the op counts (None: not counted, a copy)
     before_cse: tuple[sp.Expr, ...] | None = field(default=None, compare=False)
     guards: tuple[int, ...] = ()  # the k of each guard inside(k) its values test (schedule.shifted)
-    table: bool = False  # loop-free, run from a table of its products (schedule.straight.as_table)
+    # loop-free, run from a table of its products: each temporary's rows, then each store's
+    # (None: a store of a load or temporary as it is); schedule.straight.as_table
+    table: tuple | None = field(default=None, compare=False)
 
     def reads(self) -> list[str]:
         return [view.buffer for _, view in self.loads]

@@ -76,22 +76,20 @@ def as_table(kernel: MapKernel) -> MapKernel | None:
             or any(type(view) is not View for _, view in kernel.loads):  # (a moved read: schedule.shifted)
         return None
     known = {sym for sym, _ in kernel.loads}
-    values = 1 + len(known)
-    constants: set[sp.Number] = set()
+    found: list[list[Row] | None] = []
     for sym, expr in kernel.temps:
-        rows = table_rows(expr, known)
-        if rows is None:
+        found.append(table_rows(expr, known))
+        if found[-1] is None:
             return None
-        values += len(rows)
-        constants.update(f for row in rows for _, factors in row for f in factors if isinstance(f, sp.Number))
         known.add(sym)
     for _, expr in kernel.stores:
-        rows = [] if expr in known else table_rows(expr, known)
-        if rows is None:
+        found.append(None if expr in known else table_rows(expr, known))
+        if found[-1] is None and expr not in known:
             return None
-        values += len(rows)
-        constants.update(f for row in rows for _, factors in row for f in factors if isinstance(f, sp.Number))
-    return replace(kernel, table=True) if values + len(constants) <= TABLE_MAX_VALUES else None
+    rows = [row for each in found if each for row in each]
+    constants = {f for row in rows for _, factors in row for f in factors if isinstance(f, sp.Number)}
+    return replace(kernel, table=tuple(found)) if 1 + len(kernel.loads) + len(constants) + len(rows) <= TABLE_MAX_VALUES \
+        else None
 
 
 def table_rows(expr: sp.Expr, known: set) -> list[Row] | None:
