@@ -168,7 +168,7 @@ def _table(em: FunctionEmitter, kernel: MapKernel) -> dict:
                      for (out, expr), rows in zip(kernel.stores, found)]
     first = len(loads) + len(constants) + 1  # the place of the first value computed
     negated = first + len(entries)  # where the negations start
-    order = _table_order(entries)
+    order, level = _table_order(entries)
     place = {e: first + position for position, e in enumerate(order)}
 
     def at(f: object) -> int:
@@ -177,12 +177,14 @@ def _table(em: FunctionEmitter, kernel: MapKernel) -> dict:
         return constants[f] if isinstance(f, sp.Number) else loads[f] if f in loads else place[entry_of[f]]
 
     lines: list[tuple[str, str]] = []  # (a value's products, its equation)
-    batches: list[list[int]] = []  # runs of values of as many products: [products, values]
-    for e in order:
+    batches: list[list[int]] = []  # runs of values of one level and as many products: [products, values]
+    for position, e in enumerate(order):
         row, _, equation = entries[e]
         lines.append((", ".join(_product_text([at(f) for f in factors], sign, negated) for sign, factors in row),
                       equation))
-        if batches and batches[-1][0] == len(row):
+        # a run never spans two levels: the loop computes four of its values at once, so
+        # none may read another (a run across levels did: x**6 read x**5 in the same four)
+        if position and batches[-1][0] == len(row) and level[e] == level[order[position - 1]]:
             batches[-1][1] += 1
         else:
             batches.append([len(row), 1])
@@ -200,14 +202,15 @@ def _table(em: FunctionEmitter, kernel: MapKernel) -> dict:
             "value": em.namer.name("\0table value"), "count": em.namer.name("\0table count")}
 
 
-def _table_order(entries: list[tuple[Row, list[int], str]]) -> list[int]:
+def _table_order(entries: list[tuple[Row, list[int], str]]) -> tuple[list[int], list[int]]:
     """The entries (products, the entries they read, equation) in the order
     the table computes them: by level (one more than the highest level they
-    read), then by number of products, then as given."""
+    read: the values of one level read none of each other), then by number
+    of products, then as given; and each entry's level."""
     level: list[int] = []
     for _, reads, _ in entries:
         level.append(1 + max((level[e] for e in reads), default=0))
-    return sorted(range(len(entries)), key=lambda e: (level[e], len(entries[e][0]), e))
+    return sorted(range(len(entries)), key=lambda e: (level[e], len(entries[e][0]), e)), level
 
 
 def _product_text(places: list[int], sign: int, negated: int) -> str:
