@@ -11,6 +11,8 @@ and that the C is deterministic and shows each value's equation."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +21,8 @@ import pytest
 import sympy as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the benchmarks package
+
+from c_driver import STRICT_FLAGS, write_runtime_header
 
 import symbackprop as sbp
 from benchmarks.gradbench import det
@@ -199,3 +203,23 @@ def test_random_polynomials_from_tables_match_sympy_diff(seed, monkeypatch, tmp_
     assert value == pytest.approx(expected, rel=1e-12, abs=1e-12)
     np.testing.assert_allclose(grads["p"][0], [float(sp.diff(loss, p[0, k]).subs(env)) for k in range(4)],
                                rtol=1e-11, atol=1e-11)
+
+
+def _strict_build(emitted, folder: Path) -> subprocess.CompletedProcess:
+    (folder / f"{emitted.prefix}.c").write_text(emitted.source)
+    (folder / f"{emitted.prefix}.h").write_text(emitted.header)
+    write_runtime_header(folder)
+    return subprocess.run(["cc", *STRICT_FLAGS, "-O1", "-c", str(folder / f"{emitted.prefix}.c"), "-o", os.devnull,
+                           f"-I{folder}"], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("ell", [5, 9])
+def test_tabulated_c_builds_under_a_c_users_strict_flags(ell, monkeypatch, tmp_path):
+    """-Wall -Wextra -Wpedantic -Werror: the workspace pointers a table
+    writes through `work` are not left unused (in parts, and in one
+    function where every kernel is a table)."""
+    monkeypatch.setattr(straight, "TABLE_MIN_STATEMENTS", 1 if ell == 5 else 500)
+    emitted = generate(det.build_model({"ell": ell}), functions=det.SBP_FUNCTIONS)[0]
+    assert "table_products" in emitted.source
+    built = _strict_build(emitted, tmp_path)
+    assert built.returncode == 0, built.stderr[:2000]

@@ -138,6 +138,15 @@ class CKernel:
     declares: tuple[tuple[str, str, str], ...] = ()  # workspace slots first written here
     template: str = ""  # the macro of macros.j2 (or the template file) that prints it: the record's
 
+    def last_declared(self) -> list[str]:
+        """The pointers it declares that none of its other declarations is
+        placed after: a kernel that writes its buffers through `work` (a
+        table's stores) names only these in `(void)` casts, so that a C
+        user's -Wall -Werror build accepts them (the others are read by the
+        next declaration)."""
+        placed = " ".join(where for _, where, _ in self.declares)
+        return [name for name, _, _ in self.declares if not re.search(rf"\b{re.escape(name)}\b", placed)]
+
 
 @dataclass(frozen=True)
 class CFunction:
