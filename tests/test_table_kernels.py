@@ -27,8 +27,10 @@ from c_driver import STRICT_FLAGS, write_runtime_header
 import symbackprop as sbp
 from benchmarks.gradbench import det
 from symbackprop.build.builder import BuildOptions
+from symbackprop.ir.node import SCALAR
 from symbackprop.pipeline import generate
 from symbackprop.schedule import straight
+from symbackprop.schedule.kernel import MapKernel, View
 from symbackprop.schedule.straight import table_rows
 
 x, y, z = sp.symbols("x y z", real=True)
@@ -223,3 +225,13 @@ def test_tabulated_c_builds_under_a_c_users_strict_flags(ell, monkeypatch, tmp_p
     assert "table_products" in emitted.source
     built = _strict_build(emitted, tmp_path)
     assert built.returncode == 0, built.stderr[:2000]
+
+
+def test_a_kernel_of_copies_only_is_no_table():
+    """Stores of loads as they are: nothing to compute, no (empty) table."""
+    loads = tuple((sp.Symbol(f"_load{k}", real=True), View(f"in{k}", sp.Integer(0), sp.Integer(0), sp.Integer(0)))
+                  for k in range(600))
+    kernel = MapKernel(SCALAR, loads, (), tuple((f"out{k}", sym) for k, (sym, _) in enumerate(loads)), ())
+    assert straight.as_table(kernel) is None
+    products = MapKernel(SCALAR, loads, (), tuple((f"out{k}", 2 * sym) for k, (sym, _) in enumerate(loads)), ())
+    assert straight.as_table(products) is not None

@@ -87,6 +87,8 @@ def as_table(kernel: MapKernel) -> MapKernel | None:
         if found[-1] is None and expr not in known:
             return None
     rows = [row for each in found if each for row in each]
+    if not rows:  # nothing to compute (copies only): no table (C has no empty initializer)
+        return None
     constants = {f for row in rows for _, factors in row for f in factors if isinstance(f, sp.Number)}
     return replace(kernel, table=tuple(found)) if 1 + len(kernel.loads) + len(constants) + len(rows) <= TABLE_MAX_VALUES \
         else None
