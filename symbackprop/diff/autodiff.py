@@ -38,6 +38,8 @@ def unbroadcast(adjoint: Node, shape: tuple) -> Node:
 # The local derivatives of each map, once: the map's rule and the naming of
 # the vjp's nodes both ask. Weak both ways, so they live as long as the graph.
 _LOCAL: weakref.WeakKeyDictionary[Node, dict[int, weakref.ref[Node]]] = weakref.WeakKeyDictionary()
+
+
 @functools.lru_cache(maxsize=4096)
 def _partials(body: sp.Expr, count: int) -> dict[sp.Basic, sp.Expr]:
     """d body / d placeholder(i) for i < count, all at once (one sweep over
