@@ -68,6 +68,30 @@ static volatile const int symbackprop_scalar_tail __attribute__((unused)) = 0;
 #define SYMBACKPROP_SCALAR_TAIL
 #endif
 
+/* An OpenMP directive as a macro's expansion (its text may hold commas). */
+#define SYMBACKPROP_PRAGMA(...) _Pragma(#__VA_ARGS__)
+
+/* A wide loop's sums over the examples (ops/emap.py SIMD_SUMS_OPS): with
+ * OpenMP's simd directive (-fopenmp-simd -DSYMBACKPROP_OPENMP_SIMD, which
+ * symbackprop's builder passes, or -fopenmp) each sum runs in the vector's
+ * lanes, added together after the loop; without it GCC adds each sum lane
+ * by lane in the examples' order, a chain of additions per sum that was
+ * most of GradBench llsq's gradient (2.5x slower). The lanes' order is the
+ * compiler's: a build's results repeat exactly, but differ in the last bits
+ * from a build without the directive. _APART also says that the loop's
+ * stores go where nothing in it reads (GCC's ivdep without the directive). */
+#if defined(_OPENMP) || defined(SYMBACKPROP_OPENMP_SIMD)
+#define SYMBACKPROP_SIMD_SUMS(...) SYMBACKPROP_PRAGMA(omp simd reduction(+:__VA_ARGS__))
+#define SYMBACKPROP_SIMD_SUMS_APART(...) SYMBACKPROP_SIMD_SUMS(__VA_ARGS__)
+#else
+#define SYMBACKPROP_SIMD_SUMS(...)
+#if defined(__GNUC__) && !defined(__clang__)
+#define SYMBACKPROP_SIMD_SUMS_APART(...) _Pragma("GCC ivdep")
+#else
+#define SYMBACKPROP_SIMD_SUMS_APART(...)
+#endif
+#endif
+
 /* Loops over many rows run on several threads when compiled with -fopenmp,
  * in fixed chunks of 16 rows: a vectorized loop computes the last rows of a
  * chunk apart (libmvec's exp and its scalar exp can differ in the last
@@ -79,7 +103,6 @@ static volatile const int symbackprop_scalar_tail __attribute__((unused)) = 0;
 #define SYMBACKPROP_PARALLEL_BLOCKS _Pragma("omp parallel for schedule(static)")
 /* a loop of independent iterations (attention's sequences,
  * column blocks of a sum) that is worth threads only when `cond` holds */
-#define SYMBACKPROP_PRAGMA(text) _Pragma(#text)
 #define SYMBACKPROP_PARALLEL_EACH_IF(cond) SYMBACKPROP_PRAGMA(omp parallel for schedule(static) if(cond))
 #else
 #define SYMBACKPROP_PARALLEL_FOR

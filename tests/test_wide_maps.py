@@ -1,33 +1,56 @@
 """A wide per-example body (hundreds of operations an example) runs over
 whole eights of examples, then the rest in a scalar loop: every count of
 examples gives the closed form's value and gradient. A wide body adding
-into many sums marks its function SYMBACKPROP_WIDE_SUMS (256-bit vectors)."""
+into many sums marks its function SYMBACKPROP_WIDE_SUMS (256-bit vectors).
+Where the sums are much of the body's work, each adds in the vector's
+lanes (SYMBACKPROP_SIMD_SUMS), at the production flags too, and the C
+builds under strict flags with OpenMP's simd directives and without."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 
 import numpy as np
 import pytest
 import sympy as sp
+from c_driver import STRICT_FLAGS, write_runtime_header
 
 import symbackprop as sbp
+from symbackprop.build.builder import DEFAULT_FLAGS, SIMD_FLAGS, BuildOptions
 from symbackprop.ops.emap import WIDE_SUMS_NARROW
+from symbackprop.pipeline import generate
 
 M = 64  # coefficients: a body far over LANES_MAX_OPS
+FUNCTIONS = ("forward", "value_and_grad")
+
+
+def _polyfit_model(degree: int = M - 1, free: int = M) -> sbp.Model:
+    """Least squares of a polynomial (GradBench llsq's form); with fewer
+    `free` coefficients than terms, term j's coefficient is k[j % free]."""
+    N = sp.Symbol("N", integer=True, positive=True)
+    points = sp.MatrixSymbol("ts", N, 2)
+    coeffs = sp.MatrixSymbol("x", 1, free)
+    t, s = sp.symbols("t s", real=True)
+    k = sp.symbols(f"k0:{free}", real=True)
+    fit = sum(k[j % free] * t**j for j in range(degree + 1))
+    squared = sbp.map_examples((s - fit) ** 2, [((t, s), points), (sp.Matrix(k), coeffs)])
+    name = "wide_polyfit" if free == M else f"wide_polyfit_{free}"
+    return sbp.Model(name, inputs=[points], params=[coeffs], loss=sbp.reduce("sum", squared, 0) / 2)
 
 
 @pytest.fixture(scope="module")
 def polyfit():
-    """Least squares of a degree-63 polynomial (GradBench llsq's form)."""
-    N = sp.Symbol("N", integer=True, positive=True)
-    points = sp.MatrixSymbol("ts", N, 2)
-    coeffs = sp.MatrixSymbol("x", 1, M)
-    t, s = sp.symbols("t s", real=True)
-    k = sp.symbols(f"k0:{M}", real=True)
-    squared = sbp.map_examples((s - sum(k[j] * t**j for j in range(M))) ** 2, [((t, s), points), (sp.Matrix(k), coeffs)])
-    model = sbp.Model("wide_polyfit", inputs=[points], params=[coeffs], loss=sbp.reduce("sum", squared, 0) / 2)
-    return sbp.compile(model, functions=("forward", "value_and_grad"))
+    """Least squares of a degree-63 polynomial."""
+    return sbp.compile(_polyfit_model(), functions=FUNCTIONS)
+
+
+@pytest.fixture(scope="module")
+def polyfit_production(tmp_path_factory):
+    """The same at the production flags (-O3 -march=native): GCC vectorizes
+    the loop and its sums in lanes."""
+    options = BuildOptions(flags=DEFAULT_FLAGS, cache_dir=tmp_path_factory.mktemp("production"))
+    return sbp.compile(_polyfit_model(), functions=FUNCTIONS, options=options)
 
 
 def test_the_wide_loop_has_a_scalar_tail(polyfit):
@@ -35,8 +58,10 @@ def test_the_wide_loop_has_a_scalar_tail(polyfit):
     assert "& ~(int64_t)7" in polyfit.emitted.source
 
 
+@pytest.mark.parametrize("build", ["polyfit", "polyfit_production"])
 @pytest.mark.parametrize("n", [1, 5, 7, 8, 13, 16, 21])
-def test_every_count_of_examples_gives_the_closed_form(polyfit, n):
+def test_every_count_of_examples_gives_the_closed_form(build, n, request):
+    polyfit = request.getfixturevalue(build)
     rng = np.random.default_rng(n)
     t = rng.uniform(-1, 1, n)
     s = rng.normal(size=n)
@@ -84,3 +109,42 @@ def test_many_sums_give_the_closed_form(many_sums, n):
     loss, grads = many_sums.value_and_grad(ts=ts, k=k.reshape(1, -1))
     np.testing.assert_allclose(float(np.asarray(loss).ravel()[0]), 0.5 * np.sum(r * r), rtol=1e-12)
     np.testing.assert_allclose(grads["k"].ravel(), (r * t[:, None]).sum(0), rtol=1e-12, atol=1e-12)
+
+
+def test_sums_that_are_much_of_the_body_add_in_the_vectors_lanes(polyfit, polyfit_production):
+    """64 sums in a body of some 400 operations: OpenMP's simd reduction,
+    which the builder's flags turn on."""
+    for module in (polyfit, polyfit_production):
+        assert re.search(r"SYMBACKPROP_SIMD_SUMS\(acc0, acc1, .*, acc63\)\n *for \(int64_t i = 0; i < \(N & ~", module.emitted.source)
+        assert " ".join(SIMD_FLAGS) in (module.folder / "build.log").read_text()
+
+
+def test_few_sums_in_a_wide_body_keep_the_examples_order():
+    """4 sums in a body of hundreds of operations (GradBench gmm's kind):
+    each adds lane by lane in order, the vector sums only crowding the
+    body's registers."""
+    emitted, _ = generate(_polyfit_model(free=4), functions=FUNCTIONS)
+    assert "& ~(int64_t)7" in emitted.source  # a wide body
+    assert "SYMBACKPROP_SIMD_SUMS" not in emitted.source
+
+
+def test_repeated_calls_give_the_same_bits(polyfit_production):
+    rng = np.random.default_rng(5)
+    ts = np.stack([rng.uniform(-1, 1, 21), rng.normal(size=21)], axis=1)
+    row = rng.normal(size=(1, M))
+    first = polyfit_production.value_and_grad(ts=ts, x=row)[1]["x"].copy()
+    assert np.array_equal(polyfit_production.value_and_grad(ts=ts, x=row)[1]["x"], first)
+
+
+@pytest.mark.parametrize("simd", [True, False], ids=["simd", "plain"])
+def test_simd_sums_build_under_strict_flags_with_the_directives_and_without(polyfit, tmp_path, simd):
+    """What a C user compiles: no warning about an unknown pragma where the
+    directives are off, none about the reduction where they are on."""
+    source = tmp_path / "polyfit.c"
+    source.write_text(polyfit.emitted.source)
+    (tmp_path / f"{polyfit.emitted.prefix}.h").write_text(polyfit.emitted.header)
+    write_runtime_header(tmp_path)
+    flags = [*STRICT_FLAGS, "-O2", *(SIMD_FLAGS if simd else ())]
+    built = subprocess.run(["cc", *flags, "-I", str(tmp_path), "-c", str(source), "-o", str(tmp_path / "p.o")],
+                           capture_output=True, text=True)
+    assert built.returncode == 0 and built.stderr == "", built.stderr

@@ -149,6 +149,17 @@ def _vector_math_args(options: BuildOptions) -> tuple[tuple[str, ...], tuple[str
     return ("-DSYMBACKPROP_LIBMVEC",), ("-lmvec",)
 
 
+# OpenMP's simd directives without its threads or library (the runtime
+# header's SYMBACKPROP_SIMD_SUMS): GCC and Clang, whatever the flags.
+SIMD_FLAGS = ("-fopenmp-simd", "-DSYMBACKPROP_OPENMP_SIMD")
+
+
+@cache
+def _simd_flags(command: tuple[str, ...]) -> tuple[str, ...]:
+    identity = compiler_identity(command)
+    return SIMD_FLAGS if "Free Software Foundation" in identity or "clang" in identity else ()
+
+
 def cache_root(options: BuildOptions | None = None) -> Path:
     """Where compiled modules are kept: BuildOptions.cache_dir, else
     $SYMBACKPROP_CACHE_DIR, else the user cache folder (build.cachedir)."""
@@ -290,12 +301,14 @@ def module_name(prefix: str, key: str) -> str:
 
 
 def _compile_and_link_args(options: BuildOptions) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Compiler flags and link arguments: the options' flags, then BLAS and
-    vector math (the BLAS's link arguments first: _linked may drop them)."""
+    """Compiler flags and link arguments: the options' flags, then BLAS,
+    vector math and simd directives (the BLAS's link arguments first:
+    _linked may drop them)."""
     blas = _blas_for(options)
     vector_flags, vector_libraries = _vector_math_args(options)
     openmp = ("-fopenmp",) if options.openmp else ()
-    flags = options.flags + (blas.compile_args if blas else ()) + vector_flags + openmp
+    simd = _simd_flags(tuple(compiler_command()))
+    flags = options.flags + (blas.compile_args if blas else ()) + vector_flags + simd + openmp
     libraries = (blas.link_args if blas else ()) + vector_libraries + openmp
     return flags, libraries
 
