@@ -78,18 +78,11 @@ static volatile const int symbackprop_scalar_tail __attribute__((unused)) = 0;
  * by lane in the examples' order, a chain of additions per sum that was
  * most of GradBench llsq's gradient (2.5x slower). The lanes' order is the
  * compiler's: a build's results repeat exactly, but differ in the last bits
- * from a build without the directive. _APART also says that the loop's
- * stores go where nothing in it reads (GCC's ivdep without the directive). */
+ * from a build without the directive. */
 #if defined(_OPENMP) || defined(SYMBACKPROP_OPENMP_SIMD)
 #define SYMBACKPROP_SIMD_SUMS(...) SYMBACKPROP_PRAGMA(omp simd reduction(+:__VA_ARGS__))
-#define SYMBACKPROP_SIMD_SUMS_APART(...) SYMBACKPROP_SIMD_SUMS(__VA_ARGS__)
 #else
 #define SYMBACKPROP_SIMD_SUMS(...)
-#if defined(__GNUC__) && !defined(__clang__)
-#define SYMBACKPROP_SIMD_SUMS_APART(...) _Pragma("GCC ivdep")
-#else
-#define SYMBACKPROP_SIMD_SUMS_APART(...)
-#endif
 #endif
 
 /* Loops over many rows run on several threads when compiled with -fopenmp,

@@ -520,7 +520,8 @@ WIDE_SUMS_NARROW = 192
 # m=128 (128 sums in 766 operations) took 2.5x less time for its gradient
 # and GCC 15% less for its unit. gmm d=20 (41 sums in 1191 operations)
 # keeps the order: its vector sums were 7% faster to run and 0.4-0.7 s
-# slower to compile, with the body's values spilling around them.
+# slower to compile, with the body's values spilling around them. A loop
+# storing factors for a product after it (OuterProductSums) keeps the order.
 SIMD_SUMS_OPS = 16
 
 
@@ -718,7 +719,7 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         # whole eights, then a scalar tail
         # (GCC's two vectorized epilogues of such a body were a third of gmm's compile)
         "eights": size > LANES_MAX_OPS and all(in_order),
-        "simd_sums": size > LANES_MAX_OPS and all(in_order) and locals_count * SIMD_SUMS_OPS >= size,
+        "simd_sums": size > LANES_MAX_OPS and all(in_order) and not after and locals_count * SIMD_SUMS_OPS >= size,
         "after": after,  # inside the outer loop, after the inner one (OuterProductSums)
         "after_buffer": summed_into or None,
         "lanes_whole": LANES - 1,
