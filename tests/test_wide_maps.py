@@ -17,6 +17,7 @@ import sympy as sp
 from c_driver import STRICT_FLAGS, write_runtime_header
 
 import symbackprop as sbp
+from symbackprop.build import builder
 from symbackprop.build.builder import DEFAULT_FLAGS, SIMD_FLAGS, BuildOptions
 from symbackprop.ops.emap import WIDE_SUMS_NARROW
 from symbackprop.pipeline import generate
@@ -149,3 +150,16 @@ def test_simd_sums_build_under_strict_flags_with_the_directives_and_without(poly
     built = subprocess.run(["cc", *flags, "-I", str(tmp_path), "-c", str(source), "-o", str(tmp_path / "p.o")],
                            capture_output=True, text=True)
     assert built.returncode == 0 and built.stderr == "", built.stderr
+
+
+@pytest.mark.parametrize(("identity", "flags"), [
+    ("gcc (Debian 12.2.0-14) 12.2.0\nCopyright (C) 2022 Free Software Foundation, Inc.", SIMD_FLAGS),
+    ("Ubuntu clang version 18.1.3\nTarget: x86_64-pc-linux-gnu", SIMD_FLAGS),
+    ("Apple clang version 16.0.0 (clang-1600.0.26.6)\nTarget: arm64-apple-darwin24.3.0", ()),
+    ("tcc version 0.9.27 (x86_64 Linux)", ()),
+])
+def test_the_simd_flags_go_to_compilers_that_take_them(identity, flags, monkeypatch):
+    """Apple's Clang turns OpenMP flags away, and other compilers may not
+    know them: those build without (the sums then keep the examples' order)."""
+    monkeypatch.setattr(builder, "compiler_identity", lambda command: identity)
+    assert builder._simd_flags(("cc-for", identity)) == flags

@@ -150,14 +150,18 @@ def _vector_math_args(options: BuildOptions) -> tuple[tuple[str, ...], tuple[str
 
 
 # OpenMP's simd directives without its threads or library (the runtime
-# header's SYMBACKPROP_SIMD_SUMS): GCC and Clang, whatever the flags.
+# header's SYMBACKPROP_SIMD_SUMS): GCC and LLVM's Clang, whatever the flags
+# (Apple's Clang turns OpenMP flags away; without them the sums keep the
+# examples' order).
 SIMD_FLAGS = ("-fopenmp-simd", "-DSYMBACKPROP_OPENMP_SIMD")
 
 
 @cache
 def _simd_flags(command: tuple[str, ...]) -> tuple[str, ...]:
     identity = compiler_identity(command)
-    return SIMD_FLAGS if "Free Software Foundation" in identity or "clang" in identity else ()
+    gcc = "Free Software Foundation" in identity
+    clang = "clang" in identity and "Apple" not in identity
+    return SIMD_FLAGS if gcc or clang else ()
 
 
 def cache_root(options: BuildOptions | None = None) -> Path:
