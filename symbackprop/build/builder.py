@@ -134,7 +134,7 @@ def libmvec_available(command: tuple[str, ...]) -> bool:
     import ctypes.util
     import platform
 
-    gcc = "Free Software Foundation" in compiler_identity(command) and "clang" not in compiler_identity(command)
+    gcc = compiler_family(command) == "gcc"
     return gcc and platform.machine() == "x86_64" and ctypes.util.find_library("mvec") is not None
 
 
@@ -156,12 +156,8 @@ def _vector_math_args(options: BuildOptions) -> tuple[tuple[str, ...], tuple[str
 SIMD_FLAGS = ("-fopenmp-simd", "-DSYMBACKPROP_OPENMP_SIMD")
 
 
-@cache
 def _simd_flags(command: tuple[str, ...]) -> tuple[str, ...]:
-    identity = compiler_identity(command)
-    gcc = "Free Software Foundation" in identity
-    clang = "clang" in identity and "Apple" not in identity
-    return SIMD_FLAGS if gcc or clang else ()
+    return SIMD_FLAGS if compiler_family(command) in ("gcc", "clang") else ()
 
 
 def cache_root(options: BuildOptions | None = None) -> Path:
@@ -190,6 +186,15 @@ def object_options() -> list[str]:
     exporting only PyInit_ (PyMODINIT_FUNC): modules of one model name loaded
     with RTLD_GLOBAL would otherwise bind to each other's functions."""
     return shlex.split(sysconfig.get_config_var("CCSHARED") or "-fPIC") + ["-fvisibility=hidden"]
+
+
+def compiler_family(command: tuple[str, ...]) -> str:
+    """"gcc", "clang" (LLVM's), "apple-clang" or "other", from what the
+    compiler says its version is."""
+    identity = compiler_identity(command)
+    if "clang" in identity:
+        return "apple-clang" if "Apple" in identity else "clang"
+    return "gcc" if "Free Software Foundation" in identity else "other"
 
 
 @cache

@@ -699,6 +699,10 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     # threads only where no two examples of different threads add into one place
     # (and not where the examples' factors go through one scratch: OuterProductSums)
     locals_count = sum(1 for *_, local in stores if local)
+    # a wide body adding into locals or storing one number an example:
+    # whole eights, then a scalar tail
+    # (GCC's two vectorized epilogues of such a body were a third of gmm's compile)
+    eights = size > LANES_MAX_OPS and all(in_order)
     safe = not sums and all(not out.accumulate or out.target[0] == ("loop", outer) for out in kernel.outputs)
 
     def named(expr: sp.Basic) -> list[str]:
@@ -715,11 +719,8 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         and all(_local(out, inner) or _apart(out, inner) for out in kernel.outputs),
         "wide": size > LANES_MAX_OPS,  # its function is SYMBACKPROP_WIDE
         "wide_sums": size > LANES_MAX_OPS and locals_count >= WIDE_SUMS_NARROW,
-        # a wide body adding into locals or storing one number an example:
-        # whole eights, then a scalar tail
-        # (GCC's two vectorized epilogues of such a body were a third of gmm's compile)
-        "eights": size > LANES_MAX_OPS and all(in_order),
-        "simd_sums": size > LANES_MAX_OPS and all(in_order) and not after and locals_count * SIMD_SUMS_OPS >= size,
+        "eights": eights,
+        "simd_sums": eights and not after and locals_count * SIMD_SUMS_OPS >= size,
         "after": after,  # inside the outer loop, after the inner one (OuterProductSums)
         "after_buffer": summed_into or None,
         "lanes_whole": LANES - 1,

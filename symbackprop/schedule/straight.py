@@ -76,22 +76,24 @@ def as_table(kernel: MapKernel) -> MapKernel | None:
             or any(type(view) is not View for _, view in kernel.loads):  # (a moved read: schedule.shifted)
         return None
     known = {sym for sym, _ in kernel.loads}
-    found: list[list[Row] | None] = []
+    found: list[list[Row] | None] = []  # each temporary's rows, then each store's (None: stored as it is)
     for sym, expr in kernel.temps:
-        found.append(table_rows(expr, known))
-        if found[-1] is None:
+        temp_rows = table_rows(expr, known)
+        if temp_rows is None:
             return None
+        found.append(temp_rows)
         known.add(sym)
     for _, expr in kernel.stores:
-        found.append(None if expr in known else table_rows(expr, known))
-        if found[-1] is None and expr not in known:
+        store_rows = None if expr in known else table_rows(expr, known)
+        if store_rows is None and expr not in known:
             return None
+        found.append(store_rows)
     rows = [row for each in found if each for row in each]
     if not rows:  # nothing to compute (copies only): no table (C has no empty initializer)
         return None
     constants = {f for row in rows for _, factors in row for f in factors if isinstance(f, sp.Number)}
-    return replace(kernel, table=tuple(found)) if 1 + len(kernel.loads) + len(constants) + len(rows) <= TABLE_MAX_VALUES \
-        else None
+    values = 1 + len(kernel.loads) + len(constants) + len(rows)
+    return replace(kernel, table=tuple(found)) if values <= TABLE_MAX_VALUES else None
 
 
 def table_rows(expr: sp.Expr, known: set) -> list[Row] | None:
