@@ -290,25 +290,26 @@ SYMBACKPROP_HELPER void symbackprop_f64_matmul_add(int64_t m, int64_t n, int64_t
     symbackprop_f64_gemm(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, 1, c);
 }
 
-/* c (m x n) = sum over the k examples of u's columns times v's:
- * c[a*n + b] = sum_i u[a*k + i] * v[b*k + i] (OuterProductSums, ops/emap.py).
+/* c (m x n) = sum over the k examples of u's columns times v's, each
+ * column ld apart (ld >= k):
+ * c[a*n + b] = sum_i u[a*ld + i] * v[b*ld + i] (OuterProductSums, ops/emap.py).
  * Blocks of 4 x 4 sums, each eight running sums (example i in lane i % 8,
  * a vector of GCC's and clang's vector extension) added in lane order,
  * then the examples after the last whole eight: the same bits whatever
  * the BLAS (either library took longer on gmm's 19 x 19 x 1000). */
-SYMBACKPROP_HELPER void symbackprop_f64_outer_product_sums(int64_t m, int64_t n, int64_t k,
+SYMBACKPROP_HELPER void symbackprop_f64_outer_product_sums(int64_t m, int64_t n, int64_t k, int64_t ld,
                                                       const double *u, const double *v, double *c)
 {
     const int64_t whole = k & ~(int64_t)7;
     for (int64_t a0 = 0; a0 < m; a0 += 4) {
         const double *ua[4];
         for (int a = 0; a < 4; ++a) {
-            ua[a] = u + (a0 + a < m ? a0 + a : m - 1) * k;  /* past the last row: read again, not kept */
+            ua[a] = u + (a0 + a < m ? a0 + a : m - 1) * ld;  /* past the last row: read again, not kept */
         }
         for (int64_t b0 = 0; b0 < n; b0 += 4) {
             const double *vb[4];
             for (int b = 0; b < 4; ++b) {
-                vb[b] = v + (b0 + b < n ? b0 + b : n - 1) * k;
+                vb[b] = v + (b0 + b < n ? b0 + b : n - 1) * ld;
             }
             double sum[4][4];
 #if defined(__GNUC__)
@@ -380,6 +381,16 @@ SYMBACKPROP_HELPER double symbackprop_f64_sum(const double *x, int64_t n, int64_
         result += x[k*stride];
     }
     return result;
+}
+
+/* out[j] += the sum of x[j*ld], ..., x[j*ld + n - 1], for j < cols: _sum
+ * of each of cols columns ld apart (a block of a wide loop's terms,
+ * ops/emap.py). */
+SYMBACKPROP_HELPER void symbackprop_f64_add_each_column(const double *x, int64_t n, int64_t cols, int64_t ld, double *out)
+{
+    for (int64_t j = 0; j < cols; ++j) {
+        out[j] += symbackprop_f64_sum(x + j * ld, n, 1);
+    }
 }
 
 /* out[j] = the sum of column j of the n x cols matrix x, whose rows are
@@ -1088,25 +1099,26 @@ SYMBACKPROP_HELPER void symbackprop_f32_matmul_add(int64_t m, int64_t n, int64_t
     symbackprop_f32_gemm(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, 1, c);
 }
 
-/* c (m x n) = sum over the k examples of u's columns times v's:
- * c[a*n + b] = sum_i u[a*k + i] * v[b*k + i] (OuterProductSums, ops/emap.py).
+/* c (m x n) = sum over the k examples of u's columns times v's, each
+ * column ld apart (ld >= k):
+ * c[a*n + b] = sum_i u[a*ld + i] * v[b*ld + i] (OuterProductSums, ops/emap.py).
  * Blocks of 4 x 4 sums, each eight running sums (example i in lane i % 8,
  * a vector of GCC's and clang's vector extension) added in lane order,
  * then the examples after the last whole eight: the same bits whatever
  * the BLAS (either library took longer on gmm's 19 x 19 x 1000). */
-SYMBACKPROP_HELPER void symbackprop_f32_outer_product_sums(int64_t m, int64_t n, int64_t k,
+SYMBACKPROP_HELPER void symbackprop_f32_outer_product_sums(int64_t m, int64_t n, int64_t k, int64_t ld,
                                                       const float *u, const float *v, float *c)
 {
     const int64_t whole = k & ~(int64_t)7;
     for (int64_t a0 = 0; a0 < m; a0 += 4) {
         const float *ua[4];
         for (int a = 0; a < 4; ++a) {
-            ua[a] = u + (a0 + a < m ? a0 + a : m - 1) * k;  /* past the last row: read again, not kept */
+            ua[a] = u + (a0 + a < m ? a0 + a : m - 1) * ld;  /* past the last row: read again, not kept */
         }
         for (int64_t b0 = 0; b0 < n; b0 += 4) {
             const float *vb[4];
             for (int b = 0; b < 4; ++b) {
-                vb[b] = v + (b0 + b < n ? b0 + b : n - 1) * k;
+                vb[b] = v + (b0 + b < n ? b0 + b : n - 1) * ld;
             }
             float sum[4][4];
 #if defined(__GNUC__)
@@ -1178,6 +1190,16 @@ SYMBACKPROP_HELPER float symbackprop_f32_sum(const float *x, int64_t n, int64_t 
         result += x[k*stride];
     }
     return result;
+}
+
+/* out[j] += the sum of x[j*ld], ..., x[j*ld + n - 1], for j < cols: _sum
+ * of each of cols columns ld apart (a block of a wide loop's terms,
+ * ops/emap.py). */
+SYMBACKPROP_HELPER void symbackprop_f32_add_each_column(const float *x, int64_t n, int64_t cols, int64_t ld, float *out)
+{
+    for (int64_t j = 0; j < cols; ++j) {
+        out[j] += symbackprop_f32_sum(x + j * ld, n, 1);
+    }
 }
 
 /* out[j] = the sum of column j of the n x cols matrix x, whose rows are
@@ -1705,6 +1727,7 @@ SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int
 /* A float64 module compiled in single precision (its <PREFIX>_REAL=float)
  * defines SYMBACKPROP_F64_AS_F32: its calls go to the float helpers. */
 #ifdef SYMBACKPROP_F64_AS_F32
+#define symbackprop_f64_add_each_column symbackprop_f32_add_each_column
 #define symbackprop_f64_band symbackprop_f32_band
 #define symbackprop_f64_blas_layout symbackprop_f32_blas_layout
 #define symbackprop_f64_causal_mix symbackprop_f32_causal_mix

@@ -100,7 +100,7 @@ def test_the_product_sums_give_the_closed_form(request, case, n):
     np.testing.assert_allclose(float(np.ravel(mod.forward(X=X, W=W)["loss"])[0]), loss, rtol=1e-12)
 
 
-@pytest.mark.parametrize("n", [5, 16])
+@pytest.mark.parametrize("n", [3, 5, 16, 19])  # fewer than eight, a whole eight or not
 def test_gmm_with_a_factor_of_twelve_dimensions_matches_differences(n):
     from benchmarks.gradbench import gmm
     from benchmarks.gradbench._common import sbp_compile
@@ -108,6 +108,7 @@ def test_gmm_with_a_factor_of_twelve_dimensions_matches_differences(n):
     size = {"d": 12, "k": 3, "n": n}  # 66 entries below the diagonal
     mod = sbp_compile(gmm, size)
     assert "left_factors" in mod.emitted.source
+    assert "rows8" in mod.emitted.source and "SYMBACKPROP_SCALAR_TAIL" not in mod.emitted.source  # whole eights
     data = gmm.generate(size)
     value, derivative = gmm.sbp_calls(mod, data)
     np.testing.assert_allclose(value()["value"], gmm.objective(data), rtol=1e-12)

@@ -1,6 +1,8 @@
 """A wide per-example body (hundreds of operations an example) runs over
-whole eights of examples, then the rest in a scalar loop: every count of
-examples gives the closed form's value and gradient. A wide body adding
+whole eights of examples, then the rest in a scalar loop, or, where its
+sums are few and the rows it reads can be copied, over copies padded to
+whole eights with no scalar loop: every count of examples gives the closed
+form's value and gradient. A wide body adding
 into many sums marks its function SYMBACKPROP_WIDE_SUMS (256-bit vectors).
 Where the sums are much of the body's work, each adds in the vector's
 lanes (SYMBACKPROP_SIMD_SUMS), at the production flags too, and the C
@@ -20,7 +22,6 @@ import symbackprop as sbp
 from symbackprop.build import builder
 from symbackprop.build.builder import DEFAULT_FLAGS, SIMD_FLAGS, BuildOptions
 from symbackprop.ops.emap import WIDE_SUMS_NARROW
-from symbackprop.pipeline import generate
 
 M = 64  # coefficients: a body far over LANES_MAX_OPS
 FUNCTIONS = ("forward", "value_and_grad")
@@ -121,13 +122,51 @@ def test_sums_that_are_much_of_the_body_add_in_the_vectors_lanes(polyfit, polyfi
         assert " ".join(SIMD_FLAGS) in (module.folder / "build.log").read_text()
 
 
-def test_few_sums_in_a_wide_body_keep_the_examples_order():
-    """4 sums in a body of hundreds of operations (GradBench gmm's kind):
-    each adds lane by lane in order, the vector sums only crowding the
-    body's registers."""
-    emitted, _ = generate(_polyfit_model(free=4), functions=FUNCTIONS)
-    assert "& ~(int64_t)7" in emitted.source  # a wide body
-    assert "SYMBACKPROP_SIMD_SUMS" not in emitted.source
+@pytest.fixture(scope="module")
+def few_sums():
+    """4 sums in a body of hundreds of operations (GradBench gmm's kind)."""
+    return sbp.compile(_polyfit_model(free=4), functions=FUNCTIONS)
+
+
+@pytest.fixture(scope="module")
+def few_sums_production(tmp_path_factory):
+    options = BuildOptions(flags=DEFAULT_FLAGS, cache_dir=tmp_path_factory.mktemp("production_few"))
+    return sbp.compile(_polyfit_model(free=4), functions=FUNCTIONS, options=options)
+
+
+def test_few_sums_in_a_wide_body_run_over_whole_eights(few_sums):
+    """No scalar tail: the rows it reads are copied to whole eights (the last
+    again past it), each sum's terms go down a scratch column a block at a
+    time, and the blocks' column sums add up after each block."""
+    source = few_sums.emitted.source
+    assert "const int64_t rows8 = (N + 7) & ~(int64_t)7;" in source
+    assert "ts_by_column[i + rows8] = ts[2*row + 1];" in source
+    assert "SYMBACKPROP_SCALAR_TAIL" not in source
+    assert "SYMBACKPROP_SIMD_SUMS" not in source
+    assert re.search(r"_add_each_column\(example_terms, \(N < i0 \+ in_block \? N : i0 \+ in_block\) - i0, 4, ", source)
+
+
+@pytest.mark.parametrize("build", ["few_sums", "few_sums_production"])
+@pytest.mark.parametrize("n", [1, 5, 7, 8, 13, 21, 8200])  # 8200: a second block of terms (8192 a block)
+def test_whole_eights_give_the_closed_form(build, n, request):
+    """Sums over 1 to 8200 examples (a count of whole eights or not, less
+    than eight, more than one block) against numpy's closed form."""
+    module = request.getfixturevalue(build)
+    free = 4
+    rng = np.random.default_rng(n)
+    t = rng.uniform(-1, 1, n)
+    s = rng.normal(size=n)
+    k = rng.normal(size=free)
+    V = t[:, None] ** np.arange(M)[None, :]
+    fold = np.zeros((M, free))
+    fold[np.arange(M), np.arange(M) % free] = 1  # term j's coefficient is k[j % free]
+    r = s - V @ fold @ k
+    ts, row = np.stack([t, s], axis=1), k.reshape(1, -1)
+    loss, grads = module.value_and_grad(ts=ts, x=row)
+    np.testing.assert_allclose(float(np.asarray(loss).ravel()[0]), 0.5 * r @ r, rtol=1e-10)
+    np.testing.assert_allclose(grads["x"].ravel(), -(fold.T @ V.T @ r), rtol=1e-9, atol=1e-9 * np.abs(V.T @ r).max())
+    np.testing.assert_allclose(float(np.asarray(module.forward(ts=ts, x=row)["loss"]).ravel()[0]), 0.5 * r @ r,
+                               rtol=1e-10)
 
 
 def test_repeated_calls_give_the_same_bits(polyfit_production):

@@ -650,7 +650,8 @@ def _slot_declarations(schedule: FunctionSchedule, emitter: FunctionEmitter,
     slot_of = {slot.name: slot for slot in schedule.slots}
     head_of = {slot.name: slot for slot in schedule.head_slots} if shared else {}
     for slot in schedule.slots:
-        extent = f"{emitter.dim(slot.shape[0])} x {emitter.dim(slot.shape[1])}"
+        # (a padded buffer's rows: "(N + 7) x 1")
+        extent = " x ".join(f"({text})" if " " in text and text[0] != "(" else text for text in map(emitter.dim, slot.shape))
         if slot.reuses is not None:
             extent = f"{extent}, in {namer.name(slot.reuses)}'s memory"
         where = place(slot, slot_of)
@@ -712,6 +713,7 @@ def _value_only(fields: dict, keep: list[bool], needed: set[str]) -> dict:
         "temps": [temp for temp in fields["temps"] if temp[0] in live],
         "stores": [store for store, kept in zip(fields["stores"], keep) if kept],
         "after": fields.get("after", []) if fields.get("after_buffer") in needed else [],
+        "sums_after": [entry for entry in fields.get("sums_after", ()) if entry[-1] in needed],
         "store_buffers": [b for b, kept in zip(fields["store_buffers"], keep) if kept],
     }
 

@@ -49,15 +49,18 @@ class ColumnCopy:
     read adjacent entries, which the compiler vectorizes, where a row-major
     row is `width` entries apart (centroids of k-means, a GMM's means)."""
 
-    scratch: str  # a workspace buffer, columns x rows
+    scratch: str  # a workspace buffer, columns x rows (x rows + PAD_ROWS where padded)
     source: View
     rows: sp.Expr
     columns: tuple[int, ...]  # the source's columns copied, in order
+    # to whole eights of rows (ROWS8 apart): past the last example, the last again
+    padded: bool = False
+    across: sp.Expr | None = None  # of two loops, every column: the outer loop's (then columns is empty)
 
     @property
     def view(self) -> View:
         """How the loop reads the copy: example r's k-th column at k*rows + r."""
-        return View(self.scratch, sp.Integer(0), sp.Integer(1), sp.sympify(self.rows))
+        return View(self.scratch, sp.Integer(0), sp.Integer(1), ROWS8 if self.padded else sp.sympify(self.rows))
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,9 @@ class EmapKernel:
     copies: tuple[ColumnCopy, ...] = ()
     outer: int = 0  # of two loops, the one that runs outside (see _outer_loop)
     products: OuterProductSums | None = None
+    padded: bool = False  # its examples in whole eights (_whole_eights)
+    terms: str = ""  # where padded: each example's term of each sum, down a column each, a block at a time
+    term_sums: str = ""  # and the sums of the columns, block after block
     kind: str = "emap"
 
     def reads(self) -> list[str]:
@@ -108,6 +114,7 @@ class EmapKernel:
     def writes(self) -> list[str]:
         sums = self.products
         scratch = [sums.left_scratch, sums.right_scratch, sums.sums] if sums else []
+        scratch += [self.terms, self.term_sums] if self.terms else []
         return [copy.scratch for copy in self.copies] + scratch + [out.buffer for out in self.outputs]
 
     title = "per-example loop"
@@ -307,7 +314,23 @@ def _group_kernel(sched, members: list[Node]) -> EmapKernel:
                         tuple(checks), tuple(equations))
     uses = _loop_uses(kernel)
     kernel = replace(kernel, outer=_outer_loop(kernel, uses))
-    return _outer_product_sums(sched, _inner_rows_by_column(sched, kernel), uses)
+    split = _product_split(kernel, uses)
+    inner = len(kernel.loops) - 1 - kernel.outer
+    summed = set(split[0]) if split else set()
+    count = sum(1 for k, (number, _, _) in enumerate(kernel.stores)  # the sums left in the loop
+                if k not in summed and _local(kernel.outputs[number], inner))
+    kernel = _whole_eights(sched, kernel, count, split is not None) or _inner_rows_by_column(sched, kernel)
+    kernel = _outer_product_sums(sched, kernel, split)
+    if not kernel.padded or not count:
+        return kernel
+    return replace(kernel, terms=sched.claim_scratch("example_terms", (count, terms_block(count))),
+                   term_sums=sched.claim_scratch("term_sums", (count, 1)))
+
+
+def terms_block(sums: int) -> int:
+    """The examples of a block of a padded kernel's terms: a multiple of
+    eight, the block about TERMS_BYTES of doubles."""
+    return max(LANES, TERMS_BYTES // (8 * sums) // LANES * LANES)
 
 
 # At least this many sums of products of two per-example values make an
@@ -317,12 +340,13 @@ OUTER_SUMS_MIN = 64
 OUTER_SUMS_WASTE = 4
 
 
-def _outer_product_sums(sched, kernel: EmapKernel, uses: dict) -> EmapKernel:
+def _product_split(kernel: EmapKernel, uses: dict) -> tuple | None:
     """The sums of products of two varying values a wide body adds into
-    locals of one output (OuterProductSums), where there are many and they
-    share factors."""
+    locals of one output, where there are many and they share factors:
+    (store -> (left, right, coefficient), the weight, the left factors,
+    the right ones), else None."""
     if len(kernel.loops) != 2:
-        return kernel
+        return None
     inner = 1 - kernel.outer
     by_output: dict[int, dict[int, tuple]] = {}  # output -> store -> (coefficient, varying factors)
     for k, (number, _, expr) in enumerate(kernel.stores):
@@ -333,16 +357,26 @@ def _outer_product_sums(sched, kernel: EmapKernel, uses: dict) -> EmapKernel:
     # one output's sums: a value-only call keeps or drops them together (codegen._value_only)
     pairs, weight = _pairs(max(by_output.values(), key=len, default={}))
     if len(pairs) < OUTER_SUMS_MIN:
-        return kernel
+        return None
     left, right = _sides([(a, b) for a, b, _ in pairs.values()])
     if len(left) * len(right) > OUTER_SUMS_WASTE * len(pairs):
+        return None
+    return pairs, weight, left, right
+
+
+def _outer_product_sums(sched, kernel: EmapKernel, split: tuple | None) -> EmapKernel:
+    """The kernel with the sums of _product_split as one product after its
+    loop (OuterProductSums), their factors in scratch."""
+    if split is None:
         return kernel
+    pairs, weight, left, right = split
+    inner = 1 - kernel.outer
     where_left, where_right = {f: n for n, f in enumerate(left)}, {f: n for n, f in enumerate(right)}
 
     def oriented(a: sp.Expr, b: sp.Expr) -> tuple[int, int]:
         return (where_left[a], where_right[b]) if a in where_left and b in where_right else (where_left[b], where_right[a])
 
-    rows = kernel.loops[inner]
+    rows = kernel.loops[inner] + (PAD_ROWS if kernel.padded else 0)
     sums = OuterProductSums(
         tuple(pairs), weight, tuple(left), tuple(right),
         tuple((*oriented(a, b), c) for a, b, c in pairs.values()),
@@ -412,6 +446,66 @@ def _sides(pairs: list[tuple[sp.Expr, sp.Expr]]) -> tuple[list[sp.Expr], list[sp
                 elif side[g] == side[f]:
                     return order, order
     return [f for f in order if side[f] == 0], [f for f in order if side[f] == 1]
+
+
+def _whole_eights(sched, kernel: EmapKernel, sums: int, products: bool) -> EmapKernel | None:
+    """The kernel with its examples in whole eights (see ROWS8), where its
+    body is wide, each output adds into a sum over the examples (a local)
+    or stores one number an example into the workspace (given PAD_ROWS
+    more rows), and each row it reads an example can be copied by column:
+    at fixed columns or, of two loops, at the outer loop's; not where its
+    `sums` (those left in the loop, besides any `products`: OuterProductSums)
+    would add in the vector's lanes (SIMD_SUMS_OPS: llsq's 128 in lanes
+    took 160 us, down scratch columns 500 us). Else None."""
+    inner = len(kernel.loops) - 1 - kernel.outer
+    outer = 1 - inner if len(kernel.loops) == 2 else None
+    results = {name for name, _ in sched.results}
+    stored = [out.buffer for out in kernel.outputs if not _local(out, inner)]
+    if not all(_contiguous(out, inner) and out.buffer not in results
+               for out in kernel.outputs if not _local(out, inner)):
+        return None  # (an output of the function has no rows to spare)
+    fixed: dict[View, list[int]] = {}
+    across: dict[View, None] = {}
+    for _, view, (row, col) in kernel.loads:
+        if row == ("loop", inner):
+            if col[0] == "const":
+                fixed.setdefault(view, []).append(col[1])
+            elif col == ("loop", outer):
+                across[view] = None
+            else:
+                return None
+        elif ("loop", inner) in (row, col) or any(spec[0] == "gather" and spec[-1] == inner for spec in (row, col)):
+            return None
+    size = _body_ops(kernel)
+    if not (fixed or across) or size <= LANES_MAX_OPS or (not products and sums * SIMD_SUMS_OPS >= size):
+        return None
+    rows = kernel.loops[inner]
+    for buffer in stored:  # one number an example, into the workspace: room for the rows past the last
+        sched.pad_rows(buffer, PAD_ROWS)
+    copies: dict[View, ColumnCopy] = {}
+    for view in across:  # (a view read at fixed columns too: those columns of this copy)
+        assert outer is not None
+        scratch = sched.claim_scratch(f"{view.buffer}_by_column", (kernel.loops[outer], rows + PAD_ROWS))
+        copies[view] = ColumnCopy(scratch, view, rows, (), padded=True, across=kernel.loops[outer])
+    for view, used in fixed.items():
+        if view not in copies:
+            kept = tuple(sorted(set(used)))
+            scratch = sched.claim_scratch(f"{view.buffer}_by_column", (len(kept), rows + PAD_ROWS))
+            copies[view] = ColumnCopy(scratch, view, rows, kept, padded=True)
+    loads = []
+    for sym, view, where in kernel.loads:
+        copy = copies.get(view)
+        if copy is not None and where[0] == ("loop", inner):
+            if copy.across is None:
+                where = (where[0], ("const", copy.columns.index(where[1][1])))
+            view = copy.view
+        loads.append((sym, view, where))
+    return replace(kernel, loads=tuple(loads), copies=tuple(copies.values()), padded=True)
+
+
+def _body_ops(kernel: EmapKernel) -> int:
+    """About how many operations an example's body takes (as _emit counts them)."""
+    return sum(_ops(e) for _, e in kernel.temps) + sum(_ops(e) for *_, e in kernel.stores)
 
 
 def _inner_rows_by_column(sched, kernel: EmapKernel) -> EmapKernel:
@@ -506,6 +600,22 @@ def _where_text(where: tuple) -> str:
 # one scalar lane, the compile time of a vectorized wide body being large.
 LANES_MAX_OPS = 200
 LANES = 8
+# A wide body whose examples only add into sums and read rows it can copy
+# (_whole_eights) runs over whole eights of examples: its copies (ColumnCopy)
+# and factors (OuterProductSums) are ROWS8 rows apart, the rows past the
+# last example its last again, and each sum adds 0 for an example past the
+# last. GCC then writes the body once: no second copy for the last
+# examples (SYMBACKPROP_SCALAR_TAIL), which was a fifth of GCC's work on
+# GradBench gmm's gradient.
+ROWS8 = sp.Symbol("rows8", integer=True, positive=True)  # the examples rounded up to whole eights
+PAST_LAST = sp.Symbol("row", integer=True)  # a padded copy's source row: the example's, or the last
+PAD_ROWS = LANES - 1  # a padded buffer's rows past the examples, at most
+# Its sums: each example's terms go down a scratch column each, a block of
+# examples at a time, and the block's column sums (the runtime's _sum: eight
+# lanes) add into the sums after it. The sums are then out of the loop's
+# registers, and the block stays in the cache (all of llsq's 4096 examples x
+# 129 terms, 4.2 MB, made its gradient 5x slower).
+TERMS_BYTES = 256 * 1024
 # A wide body adding into this many locals or more (each a sum of the
 # examples in order: lane by lane, spilled) puts its function on 256-bit
 # vectors (SYMBACKPROP_WIDE_SUMS, the runtime header): GradBench gmm d=20
@@ -638,6 +748,8 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     uses = _loop_uses(kernel)
     outer = kernel.outer
     inner = len(kernel.loops) - 1 - outer
+    if kernel.padded:
+        em.index.text.update({ROWS8: "rows8", PAST_LAST: "row"})
     access = {sym: em.access(view, *position(where)) for sym, view, where in kernel.loads}
     used = set().union(*(e.free_symbols for _, e in kernel.temps), *(e.free_symbols for *_, e in kernel.stores))
     loaded = [sym for sym, _, _ in kernel.loads if inner not in uses[sym] and sym in used]
@@ -681,16 +793,17 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     summed_into = kernel.outputs[kernel.stores[sums.stores[0]][0]].buffer if sums else ""
     if sums:
         var, examples = loop_vars[inner], em.dim(kernel.loops[inner])
+        apart = "rows8" if kernel.padded else examples  # one factor's examples to the next's
         left, right, product = (em.namer.name(b) for b in (sums.left_scratch, sums.right_scratch, sums.sums))
         sides = [(left, k) for k in range(len(sums.left))] + [(right, k) for k in range(len(sums.right))]
         for (scratch, k), expr in zip(sides, factor_exprs):
-            stores.append((f"{scratch}[{k}*{examples} + {var}]" if k else f"{scratch}[{var}]", "=",
+            stores.append((f"{scratch}[{k}*{apart} + {var}]" if k else f"{scratch}[{var}]", "=",
                            printer.doprint(expr), ""))
             buffers.append(summed_into)
             in_order.append(True)
         after.append(f"/* {len(sums.pairs)} sums over {var} of {left}[a] * {right}[b], as one product */")
         after.append(f"{em.real.helper_prefix}_outer_product_sums({len(sums.left)}, {len(sums.right)}, {examples}, "
-                     f"{left}, {right}, {product});")
+                     f"{apart}, {left}, {right}, {product});")
         for k, (a, b, _), c in zip(sums.stores, sums.pairs, coefficients):
             term = f"{product}[{a * len(sums.right) + b}]"
             after.append(f"{targets[k]} += {term};" if c == 1 else f"{targets[k]} += {printer.doprint(c)}*{term};")
@@ -704,6 +817,27 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     # (GCC's two vectorized epilogues of such a body were a third of gmm's compile)
     eights = size > LANES_MAX_OPS and all(in_order)
     safe = not sums and all(not out.accumulate or out.target[0] == ("loop", outer) for out in kernel.outputs)
+    parallel = safe and worth_threads(kernel.loops[outer])
+    whole_eights = kernel.padded and eights and not parallel
+    # (whole eights) each sum: (its column, the line that sums the column, the line
+    # that adds it into its target, the output), and one line that sums every column
+    sums_after: list[tuple[int, str, str, str]] = []
+    sums_call = ""
+    block = 0
+    if whole_eights and kernel.terms:  # each sum's terms down a scratch column (TERMS_BYTES)
+        var, examples, helper = loop_vars[inner], em.dim(kernel.loops[inner]), em.real.helper_prefix
+        terms, term_sums = em.namer.name(kernel.terms), em.namer.name(kernel.term_sums)
+        block = terms_block(locals_count)  # (the count the scratch was claimed for: _group_kernel)
+        real = f"({examples} < i0 + in_block ? {examples} : i0 + in_block) - i0"  # the block's examples up to the last
+        for k, (target, _, expr, local) in enumerate(stores):
+            if local:
+                column = len(sums_after)
+                at = f"{terms} + {column * block}" if column else terms
+                stores[k] = (f"{terms}[{column * block} + {var} - i0]" if column else f"{terms}[{var} - i0]",
+                             "=", expr, "")
+                sums_after.append((column, f"{term_sums}[{column}] += {helper}_sum({at}, {real}, 1);",
+                                   f"{target} += {term_sums}[{column}];", buffers[k]))
+        sums_call = f"{helper}_add_each_column({terms}, {real}, {len(sums_after)}, {block}, {term_sums});"
 
     def named(expr: sp.Basic) -> list[str]:
         return sorted(names[s] for s in expr.free_symbols if s in names)
@@ -722,11 +856,19 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         "eights": eights,
         "simd_sums": eights and not after and locals_count * SIMD_SUMS_OPS >= size,
         "after": after,  # inside the outer loop, after the inner one (OuterProductSums)
+        "sums_after": sums_after,  # (whole eights) the sums over the examples, after the loop
+        "sums_call": sums_call,
+        "sums_count": len(sums_after),
+        "block": block,
+        "term_sums": em.namer.name(kernel.term_sums) if kernel.terms else "",
         "after_buffer": summed_into or None,
         "lanes_whole": LANES - 1,
         "zero": [(em.namer.name(out.buffer), em.dim(sp.sympify(out.shape[0]) * out.shape[1]))
                  for out in kernel.outputs if out.accumulate],
-        "parallel": safe and worth_threads(kernel.loops[outer]),
+        "parallel": parallel,
+        # the examples in whole eights: one loop, no tail (_whole_eights)
+        "padded": em.dim(kernel.loops[inner]) if kernel.padded else None,
+        "whole_eights": whole_eights,
         "temps": temps,
         "stores": stores,
         # what each piece writes and reads, for a call that needs only some
@@ -745,11 +887,19 @@ def _contiguous(out: EmapOutput, inner: int) -> bool:
 
 
 def _copy_fields(em: FunctionEmitter, copy: ColumnCopy) -> dict:
-    """A ColumnCopy's loop: each source row read once, written down the columns."""
+    """A ColumnCopy's loop: each source row read once, written down the
+    columns (padded: to whole eights, the last row again past the last)."""
+    row = PAST_LAST if copy.padded else LOOP_I
+    if copy.across is not None:
+        assigns = [(em.access(copy.view, LOOP_I, LOOP_J), em.access(copy.source, row, LOOP_J))]
+    else:
+        assigns = [(em.access(copy.view, LOOP_I, sp.Integer(k)), em.access(copy.source, row, sp.Integer(col)))
+                   for k, col in enumerate(copy.columns)]
     return {
-        "rows": em.dim(copy.rows),
-        "assigns": [(em.access(copy.view, LOOP_I, sp.Integer(k)), em.access(copy.source, LOOP_I, sp.Integer(col)))
-                    for k, col in enumerate(copy.columns)],
+        "rows": "rows8" if copy.padded else em.dim(copy.rows),
+        "last": em.dim(copy.rows) if copy.padded else None,
+        "across": em.dim(copy.across) if copy.across is not None else None,
+        "assigns": assigns,
         "source": em.namer.name(copy.source.buffer),
         "scratch": em.namer.name(copy.scratch),
     }

@@ -121,12 +121,18 @@ class Scheduler(Placement):
         self.scratch: dict[str, Shape] = {}  # buffers a kernel uses inside itself (no node's value)
         self.summed_by = {p: summed for summed in self.summed.values() for p in summed.products}
         self.summing: set[str] = set()  # the buffers of sums of products that a kernel has written
+        self.extra_rows: dict[str, int] = {}  # workspace buffers given rows past their last (pad_rows)
 
     def claim_scratch(self, base: str, shape: Shape) -> str:
         """A workspace buffer of `shape` that a kernel writes and reads itself."""
         name = self.naming.claim(base)
         self.scratch[name] = shape
         return name
+
+    def pad_rows(self, buffer: str, extra: int) -> None:
+        """Room for `extra` rows past a workspace buffer's last, which a
+        kernel may write (a loop over whole eights of examples: ops/emap.py)."""
+        self.extra_rows[buffer] = max(extra, self.extra_rows.get(buffer, 0))
 
     def run(self) -> FunctionSchedule:
         head = len(self.place_all())
@@ -141,6 +147,9 @@ class Scheduler(Placement):
         outputs = {name for name, _ in self.results}
         buffers = {buffer: node.shape for node, buffer in self.buffer_of.items() if buffer not in outputs}
         buffers.update(self.scratch)
+        for buffer, extra in self.extra_rows.items():
+            rows, cols = buffers[buffer]
+            buffers[buffer] = (sp.sympify(rows) + extra, cols)
         slots, work = plan_workspace(kernels, buffers)
         # a call that stops at the split keeps nothing for a backward pass: its own, tighter plan
         head_slots, head_work = plan_workspace(kernels[:split], buffers, only_written=True) if split is not None else ((), work)
