@@ -185,3 +185,24 @@ def _template_literals() -> frozenset[str]:
     model = sbp.Model("plain", inputs=[X], params=[W, a], loss=a * nn.mean_all(nn.tanh(X * W)), outputs={"Y": X * W})
     emitted, _ = generate(model)
     return frozenset(_literals(COMMENT.sub(" ", emitted.source + emitted.header)))
+
+
+@pytest.mark.parametrize("name", ["i", "j", "k", "row", "rows8"])
+def test_a_dimension_named_as_a_loop_index(name):
+    """A dimension declared Symbol("i", integer=True), as the kernels' own
+    loop index symbols are, is still the dimension in the C: it printed as
+    the loop's i, which the C did not declare (or, inside the loop, read as
+    the wrong number)."""
+    N = sp.Symbol(name, integer=True)
+    X = sp.MatrixSymbol("X", N, 3)
+    w = sp.MatrixSymbol("w", 1, 3)
+    a, b = sp.symbols("a0:3", real=True), sp.symbols("b0:3", real=True)
+    body = sp.tanh(sum(a[k] * b[k] for k in range(3))) ** 2
+    terms = sbp.map_examples(body, [(sp.Matrix(a), X), (sp.Matrix(b), w)])
+    module = sbp.compile(sbp.Model(f"dim_{name}", inputs=[X], params=[w], loss=sbp.reduce("sum", terms, 0)),
+                         functions=("value_and_grad",))
+    x, weights = np.random.default_rng(0).normal(size=(5, 3)), np.full((1, 3), 0.3)
+    loss, grads = module.value_and_grad(X=x, w=weights)
+    z = np.tanh(x @ weights.T)
+    np.testing.assert_allclose(float(np.ravel(loss)[0]), np.sum(z**2), rtol=1e-12)
+    np.testing.assert_allclose(grads["w"], (2 * z * (1 - z**2)).T @ x, rtol=1e-10)

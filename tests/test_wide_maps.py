@@ -146,6 +146,30 @@ def test_few_sums_in_a_wide_body_run_over_whole_eights(few_sums):
     assert re.search(r"_add_each_column\(example_terms, \(N < i0 \+ in_block \? N : i0 \+ in_block\) - i0, 4, ", source)
 
 
+def test_whole_eights_keep_clear_of_user_names(tmp_path):
+    """A dimension named rows8 and points named row (the names of the
+    loop's own locals) are renamed in the C, and the sums stay right."""
+    N = sp.Symbol("rows8", integer=True, positive=True)
+    points = sp.MatrixSymbol("row", N, 2)
+    coeffs = sp.MatrixSymbol("x", 1, 4)
+    t, s = sp.symbols("t s", real=True)
+    k = sp.symbols("k0:4", real=True)
+    fit = sum(k[j % 4] * t**j for j in range(M))
+    squared = sbp.map_examples((s - fit) ** 2, [((t, s), points), (sp.Matrix(k), coeffs)])
+    model = sbp.Model("wide_names", inputs=[points], params=[coeffs], loss=sbp.reduce("sum", squared, 0) / 2)
+    module = sbp.compile(model, functions=FUNCTIONS)
+    assert "int64_t rows8_" in module.emitted.source and "const int64_t rows8 = " in module.emitted.source
+    rng = np.random.default_rng(3)
+    t_, s_, k_ = rng.uniform(-1, 1, 11), rng.normal(size=11), rng.normal(size=4)
+    fold = np.zeros((M, 4))
+    fold[np.arange(M), np.arange(M) % 4] = 1
+    V = t_[:, None] ** np.arange(M)[None, :]
+    r = s_ - V @ fold @ k_
+    loss, grads = module.value_and_grad(row=np.stack([t_, s_], axis=1), x=k_.reshape(1, -1))
+    np.testing.assert_allclose(float(np.asarray(loss).ravel()[0]), 0.5 * r @ r, rtol=1e-10)
+    np.testing.assert_allclose(grads["x"].ravel(), -(fold.T @ V.T @ r), rtol=1e-9, atol=1e-9 * np.abs(V.T @ r).max())
+
+
 @pytest.mark.parametrize("build", ["few_sums", "few_sums_production"])
 @pytest.mark.parametrize("n", [1, 5, 7, 8, 13, 21, 8200])  # 8200: a second block of terms (8192 a block)
 def test_whole_eights_give_the_closed_form(build, n, request):

@@ -32,10 +32,10 @@ from symbackprop.ops.functions import CHelper, helpers_called
 from symbackprop.ops.registry import helpers, record
 from symbackprop.run.abi import ARG_KINDS, STATUS_TEXT
 from symbackprop.schedule.cse import MAX_PRODUCT_POWER
-from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Kernel, View, kernel_reads, kernel_writes
+from symbackprop.schedule.kernel import LOOP_I, LOOP_J, Kernel, View, kernel_reads, kernel_writes, loop_index
 from symbackprop.schedule.scheduler import FunctionSchedule, Slot
 
-LOOP_K = sp.Symbol("k", integer=True)
+LOOP_K = loop_index("k")
 
 
 

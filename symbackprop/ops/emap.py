@@ -28,7 +28,17 @@ from symbackprop.ir.node import SCALAR, Node, Shape
 from symbackprop.messages import short
 from symbackprop.ops.registry import OpRecord, plain_grad_fn, register
 from symbackprop.schedule.cse import cse_program, inline
-from symbackprop.schedule.kernel import LOOP_I, LOOP_J, MAX_SHOWN_OPS, Equation, View, count_ops, latex, latex_name
+from symbackprop.schedule.kernel import (
+    LOOP_I,
+    LOOP_J,
+    MAX_SHOWN_OPS,
+    Equation,
+    View,
+    count_ops,
+    latex,
+    latex_name,
+    loop_index,
+)
 from symbackprop.schedule.opcount import exceeds_all
 
 
@@ -606,12 +616,12 @@ LANES = 8
 # A wide body whose examples only add into sums and read rows it can copy
 # (_whole_eights) runs over whole eights of examples: its copies (ColumnCopy)
 # and factors (OuterProductSums) are ROWS8 rows apart, the rows past the
-# last example its last again, and each sum adds 0 for an example past the
-# last. GCC then writes the body once: no second copy for the last
-# examples (SYMBACKPROP_SCALAR_TAIL), which was a fifth of GCC's work on
-# GradBench gmm's gradient.
-ROWS8 = sp.Symbol("rows8", integer=True, positive=True)  # the examples rounded up to whole eights
-PAST_LAST = sp.Symbol("row", integer=True)  # a padded copy's source row: the example's, or the last
+# last example its last again, and its sums add up only the examples'
+# terms (TERMS_BYTES). GCC then writes the body once: no second copy for
+# the last examples (SYMBACKPROP_SCALAR_TAIL), which was a fifth of GCC's
+# work on GradBench gmm's gradient.
+ROWS8 = loop_index("rows8")  # the examples rounded up to whole eights
+PAST_LAST = loop_index("row")  # a padded copy's source row: the example's, or the last
 # A padded buffer's rows past the examples: at most LANES - 1 are used;
 # LANES keeps what follows it as aligned as before (gmm's gradient 3-7%
 # slower with LANES - 1, its vector loads across cache lines)

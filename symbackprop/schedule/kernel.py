@@ -19,7 +19,17 @@ from symbackprop.ir.exprdag import built
 from symbackprop.ir.node import Shape
 from symbackprop.schedule import opcount
 
-LOOP_I, LOOP_J = sp.Symbol("i", integer=True), sp.Symbol("j", integer=True)
+
+def loop_index(name: str) -> sp.Symbol:
+    """A kernel's loop index in its index arithmetic: printed by its name,
+    ordered among a sum's terms by its name (as any symbol), but never equal
+    to a model's symbol of that name (a dimension declared Symbol("i",
+    integer=True) printed as the loop's i, which the C then did not declare
+    or, inside the loop, read as the wrong number)."""
+    return sp.Symbol(name, integer=True, loop_index=True)
+
+
+LOOP_I, LOOP_J = loop_index("i"), loop_index("j")
 
 
 @dataclass(frozen=True)
