@@ -226,3 +226,42 @@ def test_the_simd_flags_go_to_compilers_that_take_them(identity, flags, monkeypa
     know them: those build without (the sums then keep the examples' order)."""
     monkeypatch.setattr(builder, "compiler_identity", lambda command: identity)
     assert builder._simd_flags(("cc-for", identity)) == flags
+
+
+def test_pairs_with_a_per_pair_weight_read_by_column_match_differences():
+    """Of two loops over (point, centre) pairs, a wide body whose sums add
+    into rows of the outer loop (which may then run on threads, so it keeps
+    its scalar loop for the last examples) reads its copies, the softmax
+    weights of the pairs by column too, to whole eights: the gradient
+    against central differences at counts of points under eight and not a
+    whole eight."""
+    d, p = 8, 60
+    N, K = sp.symbols("N K", integer=True, positive=True)
+    X, MU = sp.MatrixSymbol("X", N, d), sp.MatrixSymbol("mu", K, d)
+    x, m = sp.symbols(f"x0:{d}", real=True), sp.symbols(f"m0:{d}", real=True)
+    s = sum((x[k] - m[k]) ** 2 for k in range(d)) / d
+    body = sum(s**j / sp.factorial(j) * (-1) ** j for j in range(1, p))  # exp(-s) - 1, as a polynomial
+    terms = sbp.map_examples(body, [(sp.Matrix(x), X), (sp.Matrix(m), MU)])
+    loss = sbp.reduce("sum", sbp.reduce("logsumexp", terms, 1), 0)
+    module = sbp.compile(sbp.Model("wide_pairs", inputs=[X], params=[MU], loss=loss), functions=FUNCTIONS)
+    # the pairs' weights (the softmax's adjoint, N x K) copied by column, the last row again past the last
+    assert re.search(r"\w+_by_column\[i \+ rows8\*j\] = \w+\[K\*row \+ j\];", module.emitted.source)
+
+    def value(points, centres):
+        S = ((points[:, None, :] - centres[None, :, :]) ** 2).sum(-1) / d
+        F = sum(S**j / np.prod(np.arange(1.0, j + 1)) * (-1) ** j for j in range(1, p))
+        top = F.max(1, keepdims=True)
+        return float(np.sum(top[:, 0] + np.log(np.exp(F - top).sum(1))))
+
+    rng = np.random.default_rng(11)
+    for n in (3, 13):
+        points, centres = rng.normal(size=(n, d)) * 0.5, rng.normal(size=(4, d)) * 0.5
+        loss_value, grads = module.value_and_grad(X=points, mu=centres)
+        np.testing.assert_allclose(float(np.ravel(loss_value)[0]), value(points, centres), rtol=1e-12)
+        step, fd = 1e-6, np.zeros_like(centres)
+        for a, b in np.ndindex(*centres.shape):
+            up, down = centres.copy(), centres.copy()
+            up[a, b] += step
+            down[a, b] -= step
+            fd[a, b] = (value(points, up) - value(points, down)) / (2 * step)
+        np.testing.assert_allclose(grads["mu"], fd, rtol=1e-6, atol=1e-7 * np.abs(fd).max())
