@@ -115,6 +115,7 @@ class EmapKernel:
     padded: bool = False  # its examples in whole eights (_whole_eights)
     terms: str = ""  # where padded: each example's term of each sum, down a column each, a block at a time
     term_sums: str = ""  # and the sums of the columns, block after block
+    block: int = 0  # the examples of a block of terms (terms_block)
     kind: str = "emap"
 
     def reads(self) -> list[str]:
@@ -336,8 +337,9 @@ def _group_kernel(sched, members: list[Node]) -> EmapKernel:
     kernel = _outer_product_sums(sched, kernel, split)
     if not kernel.padded or not count:
         return kernel
-    return replace(kernel, terms=sched.claim_scratch("example_terms", (count, terms_block(count))),
-                   term_sums=sched.claim_scratch("term_sums", (count, 1)))
+    block = terms_block(count)
+    return replace(kernel, terms=sched.claim_scratch("example_terms", (count, block)),
+                   term_sums=sched.claim_scratch("term_sums", (count, 1)), block=block)
 
 
 def terms_block(sums: int) -> int:
@@ -473,9 +475,8 @@ def _whole_eights(sched, kernel: EmapKernel, sums: int, products: bool) -> EmapK
     inner = len(kernel.loops) - 1 - kernel.outer
     outer = 1 - inner if len(kernel.loops) == 2 else None
     results = {name for name, _ in sched.results}
-    stored = [out.buffer for out in kernel.outputs if not _local(out, inner)]
-    if not all(_contiguous(out, inner) and out.buffer not in results
-               for out in kernel.outputs if not _local(out, inner)):
+    stored = [out for out in kernel.outputs if not _local(out, inner)]
+    if not all(_contiguous(out, inner) and out.buffer not in results for out in stored):
         return None  # (an output of the function has no rows to spare)
     fixed: dict[View, list[int]] = {}
     across: dict[View, None] = {}
@@ -493,8 +494,8 @@ def _whole_eights(sched, kernel: EmapKernel, sums: int, products: bool) -> EmapK
     if not (fixed or across) or size <= LANES_MAX_OPS or (not products and sums * SIMD_SUMS_OPS >= size):
         return None
     rows = kernel.loops[inner]
-    for buffer in stored:  # one number an example, into the workspace: room for the rows past the last
-        sched.pad_rows(buffer, PAD_ROWS)
+    for out in stored:  # one number an example, into the workspace: room for the rows past the last
+        sched.pad_rows(out.buffer, PAD_ROWS)
     copies: dict[View, ColumnCopy] = {}
     for view in across:  # (a view read at fixed columns too: those columns of this copy)
         assert outer is not None
@@ -839,11 +840,9 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     # that adds it into its target, the output), and one line that sums every column
     sums_after: list[tuple[int, str, str, str]] = []
     sums_call = ""
-    block = 0
     if whole_eights and kernel.terms:  # each sum's terms down a scratch column (TERMS_BYTES)
         var, examples, helper = loop_vars[inner], em.dim(kernel.loops[inner]), em.real.helper_prefix
-        terms, term_sums = em.namer.name(kernel.terms), em.namer.name(kernel.term_sums)
-        block = terms_block(locals_count)  # (the count the scratch was claimed for: _group_kernel)
+        terms, term_sums, block = em.namer.name(kernel.terms), em.namer.name(kernel.term_sums), kernel.block
         real = f"({examples} < i0 + in_block ? {examples} : i0 + in_block) - i0"  # the block's examples up to the last
         for k, (target, _, expr, local) in enumerate(stores):
             if local:
@@ -875,7 +874,7 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         "sums_after": sums_after,  # (whole eights) the sums over the examples, after the loop
         "sums_call": sums_call,
         "sums_count": len(sums_after),
-        "block": block,
+        "block": kernel.block,
         "term_sums": em.namer.name(kernel.term_sums) if kernel.terms else "",
         "after_buffer": summed_into or None,
         "lanes_whole": LANES - 1,
