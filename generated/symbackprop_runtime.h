@@ -383,13 +383,20 @@ SYMBACKPROP_HELPER double symbackprop_f64_sum(const double *x, int64_t n, int64_
     return result;
 }
 
-/* out[j] += the sum of x[j*ld], ..., x[j*ld + n - 1], for j < cols: _sum
- * of each of cols columns ld apart (a block of a wide loop's terms,
- * ops/emap.py). */
-SYMBACKPROP_HELPER void symbackprop_f64_add_each_column(const double *x, int64_t n, int64_t cols, int64_t ld, double *out)
+/* out[j] = the sum of lanes[8*j], ..., lanes[8*j + 7], in order, after
+ * the first `last` of the eight lanes kept apart (lanes[8*(cols + j) + l],
+ * the last eight examples', some past the last example) are added into
+ * them: the sums of a wide loop over whole eights (ops/emap.py LANES). */
+SYMBACKPROP_HELPER void symbackprop_f64_lane_sums(const double *lanes, int64_t cols, int64_t last, double *out)
 {
     for (int64_t j = 0; j < cols; ++j) {
-        out[j] += symbackprop_f64_sum(x + j * ld, n, 1);
+        const double *lane = lanes + 8 * j;
+        const double *apart = lanes + 8 * (cols + j);
+        double result = 0;
+        for (int64_t l = 0; l < 8; ++l) {
+            result += l < last ? lane[l] + apart[l] : lane[l];
+        }
+        out[j] = result;
     }
 }
 
@@ -1192,13 +1199,20 @@ SYMBACKPROP_HELPER float symbackprop_f32_sum(const float *x, int64_t n, int64_t 
     return result;
 }
 
-/* out[j] += the sum of x[j*ld], ..., x[j*ld + n - 1], for j < cols: _sum
- * of each of cols columns ld apart (a block of a wide loop's terms,
- * ops/emap.py). */
-SYMBACKPROP_HELPER void symbackprop_f32_add_each_column(const float *x, int64_t n, int64_t cols, int64_t ld, float *out)
+/* out[j] = the sum of lanes[8*j], ..., lanes[8*j + 7], in order, after
+ * the first `last` of the eight lanes kept apart (lanes[8*(cols + j) + l],
+ * the last eight examples', some past the last example) are added into
+ * them: the sums of a wide loop over whole eights (ops/emap.py LANES). */
+SYMBACKPROP_HELPER void symbackprop_f32_lane_sums(const float *lanes, int64_t cols, int64_t last, float *out)
 {
     for (int64_t j = 0; j < cols; ++j) {
-        out[j] += symbackprop_f32_sum(x + j * ld, n, 1);
+        const float *lane = lanes + 8 * j;
+        const float *apart = lanes + 8 * (cols + j);
+        float result = 0;
+        for (int64_t l = 0; l < 8; ++l) {
+            result += l < last ? lane[l] + apart[l] : lane[l];
+        }
+        out[j] = result;
     }
 }
 
@@ -1727,7 +1741,6 @@ SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int
 /* A float64 module compiled in single precision (its <PREFIX>_REAL=float)
  * defines SYMBACKPROP_F64_AS_F32: its calls go to the float helpers. */
 #ifdef SYMBACKPROP_F64_AS_F32
-#define symbackprop_f64_add_each_column symbackprop_f32_add_each_column
 #define symbackprop_f64_band symbackprop_f32_band
 #define symbackprop_f64_blas_layout symbackprop_f32_blas_layout
 #define symbackprop_f64_causal_mix symbackprop_f32_causal_mix
@@ -1737,6 +1750,7 @@ SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int
 #define symbackprop_f64_cumsum symbackprop_f32_cumsum
 #define symbackprop_f64_det symbackprop_f32_det
 #define symbackprop_f64_gemm symbackprop_f32_gemm
+#define symbackprop_f64_lane_sums symbackprop_f32_lane_sums
 #define symbackprop_f64_logdet symbackprop_f32_logdet
 #define symbackprop_f64_logsumexp symbackprop_f32_logsumexp
 #define symbackprop_f64_lu symbackprop_f32_lu

@@ -119,3 +119,12 @@ def test_the_same_model_without_the_error_compiles():
 
 def _ones(**shapes):
     return {k: np.ones(s) for k, s in shapes.items()}
+
+
+def test_outputs_none_is_no_outputs_and_a_list_is_named():
+    """outputs=None declares none (as loss=None declares no loss); a list
+    instead of a dict is a ModelError that says what outputs must be."""
+    loss = nn.sum_all(X * W)
+    assert matrix_model(loss, outputs=None).outputs == {}
+    with pytest.raises(sbp.ModelError, match=r"outputs must map names to expressions \(a dict\); got a list"):
+        matrix_model(loss, outputs=[X * W])

@@ -1,10 +1,12 @@
-"""A wide per-example body (hundreds of operations an example) runs over
-whole eights of examples, then the rest in a scalar loop, or, where its
-sums are few and the rows it reads can be copied, over copies padded to
-whole eights with no scalar loop: every count of examples gives the closed
-form's value and gradient. A wide body adding
-into many sums marks its function SYMBACKPROP_WIDE_SUMS (256-bit vectors).
-Where the sums are much of the body's work, each adds in the vector's
+"""A wide per-example body (hundreds of operations an example) that only
+adds into sums (or stores one number an example into the workspace) and
+reads rows it can copy runs over copies padded to whole eights with no
+scalar loop, each sum in eight lanes; otherwise (here: it also returns a
+number an example) over whole eights of examples, then the rest in a
+scalar loop. Every count of examples gives the closed form's value and
+gradient. A wide body adding into many sums marks its function
+SYMBACKPROP_WIDE_SUMS (256-bit vectors). Where a loop with a scalar tail
+has sums that are much of the body's work, each adds in the vector's
 lanes (SYMBACKPROP_SIMD_SUMS), at the production flags too, and the C
 builds under strict flags with OpenMP's simd directives and without."""
 
@@ -27,9 +29,11 @@ M = 64  # coefficients: a body far over LANES_MAX_OPS
 FUNCTIONS = ("forward", "value_and_grad")
 
 
-def _polyfit_model(degree: int = M - 1, free: int = M) -> sbp.Model:
+def _polyfit_model(degree: int = M - 1, free: int = M, residuals: bool = False) -> sbp.Model:
     """Least squares of a polynomial (GradBench llsq's form); with fewer
-    `free` coefficients than terms, term j's coefficient is k[j % free]."""
+    `free` coefficients than terms, term j's coefficient is k[j % free];
+    with `residuals`, forward returns each example's squared residual too
+    (a number an example into an output: its loop keeps a scalar tail)."""
     N = sp.Symbol("N", integer=True, positive=True)
     points = sp.MatrixSymbol("ts", N, 2)
     coeffs = sp.MatrixSymbol("x", 1, free)
@@ -37,14 +41,16 @@ def _polyfit_model(degree: int = M - 1, free: int = M) -> sbp.Model:
     k = sp.symbols(f"k0:{free}", real=True)
     fit = sum(k[j % free] * t**j for j in range(degree + 1))
     squared = sbp.map_examples((s - fit) ** 2, [((t, s), points), (sp.Matrix(k), coeffs)])
-    name = "wide_polyfit" if free == M else f"wide_polyfit_{free}"
-    return sbp.Model(name, inputs=[points], params=[coeffs], loss=sbp.reduce("sum", squared, 0) / 2)
+    name = ("wide_polyfit" if free == M else f"wide_polyfit_{free}") + ("_residuals" if residuals else "")
+    return sbp.Model(name, inputs=[points], params=[coeffs], loss=sbp.reduce("sum", squared, 0) / 2,
+                     outputs={"squared": squared} if residuals else None)
 
 
 @pytest.fixture(scope="module")
 def polyfit():
-    """Least squares of a degree-63 polynomial."""
-    return sbp.compile(_polyfit_model(), functions=FUNCTIONS)
+    """Least squares of a degree-63 polynomial, each example's squared
+    residual returned too (a loop with a scalar tail)."""
+    return sbp.compile(_polyfit_model(residuals=True), functions=FUNCTIONS)
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +58,18 @@ def polyfit_production(tmp_path_factory):
     """The same at the production flags (-O3 -march=native): GCC vectorizes
     the loop and its sums in lanes."""
     options = BuildOptions(flags=DEFAULT_FLAGS, cache_dir=tmp_path_factory.mktemp("production"))
+    return sbp.compile(_polyfit_model(residuals=True), functions=FUNCTIONS, options=options)
+
+
+@pytest.fixture(scope="module")
+def polyfit_eights():
+    """The loss alone: 64 sums over whole eights, in eight lanes each."""
+    return sbp.compile(_polyfit_model(), functions=FUNCTIONS)
+
+
+@pytest.fixture(scope="module")
+def polyfit_eights_production(tmp_path_factory):
+    options = BuildOptions(flags=DEFAULT_FLAGS, cache_dir=tmp_path_factory.mktemp("production_eights"))
     return sbp.compile(_polyfit_model(), functions=FUNCTIONS, options=options)
 
 
@@ -60,7 +78,18 @@ def test_the_wide_loop_has_a_scalar_tail(polyfit):
     assert "& ~(int64_t)7" in polyfit.emitted.source
 
 
-@pytest.mark.parametrize("build", ["polyfit", "polyfit_production"])
+def test_many_sums_of_a_wide_loss_run_over_whole_eights_in_lanes(polyfit_eights):
+    """Each of the 64 sums in eight lanes of the workspace (from a 64-byte
+    line), the last eight examples' apart, added up after the loop."""
+    source = polyfit_eights.emitted.source
+    assert "SYMBACKPROP_SCALAR_TAIL" not in source and "SYMBACKPROP_SIMD_SUMS" not in source
+    assert "+ 63) & ~(uintptr_t)63); /* its sums' lanes" in source
+    assert "*const into = i0 + 8 <= N ? lanes : lanes + 512;" in source
+    assert re.search(r"into\[504 \+ lane\] \+= ", source)
+    assert "_lane_sums(lanes, 64, N - (rows8 - 8), term_sums);" in source
+
+
+@pytest.mark.parametrize("build", ["polyfit", "polyfit_production", "polyfit_eights", "polyfit_eights_production"])
 @pytest.mark.parametrize("n", [1, 5, 7, 8, 13, 16, 21])
 def test_every_count_of_examples_gives_the_closed_form(build, n, request):
     polyfit = request.getfixturevalue(build)
@@ -74,8 +103,10 @@ def test_every_count_of_examples_gives_the_closed_form(build, n, request):
     loss, grads = polyfit.value_and_grad(ts=ts, x=row)
     np.testing.assert_allclose(float(np.asarray(loss).ravel()[0]), 0.5 * r @ r, rtol=1e-10)
     np.testing.assert_allclose(grads["x"].ravel(), -(V.T @ r), rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(float(np.asarray(polyfit.forward(ts=ts, x=row)["loss"]).ravel()[0]), 0.5 * r @ r,
-                               rtol=1e-10)
+    forward = polyfit.forward(ts=ts, x=row)
+    np.testing.assert_allclose(float(np.asarray(forward["loss"]).ravel()[0]), 0.5 * r @ r, rtol=1e-10)
+    if "squared" in forward:
+        np.testing.assert_allclose(np.ravel(forward["squared"]), r * r, rtol=1e-10)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +129,7 @@ def test_many_sums_mark_their_function_and_few_do_not(polyfit, many_sums):
     # the shared function, or (a module split into units: emit/cunits.py) its parts
     assert re.search(r"^SYMBACKPROP_WIDE_SUMS (static|WIDE_MANY_SUMS_SHARED) ", many_sums.emitted.source, re.M)
     assert "SYMBACKPROP_WIDE_SUMS" not in polyfit.emitted.source  # 64 sums
-    assert re.search(r"^SYMBACKPROP_WIDE (static|WIDE_POLYFIT_SHARED) ", polyfit.emitted.source, re.M)
+    assert re.search(r"^SYMBACKPROP_WIDE (static|WIDE_POLYFIT_RESIDUALS_SHARED) ", polyfit.emitted.source, re.M)
 
 
 @pytest.mark.parametrize("n", [1, 7, 8, 13])
@@ -136,14 +167,15 @@ def few_sums_production(tmp_path_factory):
 
 def test_few_sums_in_a_wide_body_run_over_whole_eights(few_sums):
     """No scalar tail: the rows it reads are copied to whole eights (the last
-    again past it), each sum's terms go down a scratch column a block at a
-    time, and the blocks' column sums add up after each block."""
+    again past it), each sum adds in eight lanes, and the lanes add up after
+    the loop."""
     source = few_sums.emitted.source
     assert "const int64_t rows8 = (N + 7) & ~(int64_t)7;" in source
     assert "ts_by_column[i + rows8] = ts[2*row + 1];" in source
     assert "SYMBACKPROP_SCALAR_TAIL" not in source
     assert "SYMBACKPROP_SIMD_SUMS" not in source
-    assert re.search(r"_add_each_column\(example_terms, \(N < i0 \+ in_block \? N : i0 \+ in_block\) - i0, 4, ", source)
+    assert "for (int64_t lane = 0; lane < 8; ++lane) {" in source
+    assert "_lane_sums(lanes, 4, N - (rows8 - 8), term_sums);" in source
 
 
 def test_whole_eights_keep_clear_of_user_names(tmp_path):
@@ -171,10 +203,10 @@ def test_whole_eights_keep_clear_of_user_names(tmp_path):
 
 
 @pytest.mark.parametrize("build", ["few_sums", "few_sums_production"])
-@pytest.mark.parametrize("n", [1, 5, 7, 8, 13, 21, 8200])  # 8200: a second block of terms (8192 a block)
+@pytest.mark.parametrize("n", [1, 5, 7, 8, 13, 21, 8200])
 def test_whole_eights_give_the_closed_form(build, n, request):
     """Sums over 1 to 8200 examples (a count of whole eights or not, less
-    than eight, more than one block) against numpy's closed form."""
+    than eight) against numpy's closed form."""
     module = request.getfixturevalue(build)
     free = 4
     rng = np.random.default_rng(n)
@@ -193,18 +225,23 @@ def test_whole_eights_give_the_closed_form(build, n, request):
                                rtol=1e-10)
 
 
-def test_repeated_calls_give_the_same_bits(polyfit_production):
+@pytest.mark.parametrize("build", ["polyfit_production", "polyfit_eights_production"])
+def test_repeated_calls_give_the_same_bits(build, request):
+    module = request.getfixturevalue(build)
     rng = np.random.default_rng(5)
     ts = np.stack([rng.uniform(-1, 1, 21), rng.normal(size=21)], axis=1)
     row = rng.normal(size=(1, M))
-    first = polyfit_production.value_and_grad(ts=ts, x=row)[1]["x"].copy()
-    assert np.array_equal(polyfit_production.value_and_grad(ts=ts, x=row)[1]["x"], first)
+    first = module.value_and_grad(ts=ts, x=row)[1]["x"].copy()
+    assert np.array_equal(module.value_and_grad(ts=ts, x=row)[1]["x"], first)
 
 
+@pytest.mark.parametrize("build", ["polyfit", "polyfit_eights"])
 @pytest.mark.parametrize("simd", [True, False], ids=["simd", "plain"])
-def test_simd_sums_build_under_strict_flags_with_the_directives_and_without(polyfit, tmp_path, simd):
+def test_simd_sums_build_under_strict_flags_with_the_directives_and_without(build, tmp_path, simd, request):
     """What a C user compiles: no warning about an unknown pragma where the
-    directives are off, none about the reduction where they are on."""
+    directives are off, none about the reduction where they are on (nor
+    about the lanes of a loop over whole eights)."""
+    polyfit = request.getfixturevalue(build)
     source = tmp_path / "polyfit.c"
     source.write_text(polyfit.emitted.source)
     (tmp_path / f"{polyfit.emitted.prefix}.h").write_text(polyfit.emitted.header)

@@ -181,7 +181,10 @@ class Model:
         set_(self, "inputs", _as_leaves("inputs", self.inputs))
         set_(self, "params", _as_leaves("params", self.params))
         set_(self, "grad_inputs", _as_leaves("grad_inputs", self.grad_inputs))
-        set_(self, "outputs", dict(self.outputs))
+        if self.outputs is not None and not isinstance(self.outputs, Mapping):
+            raise ModelError("outputs must map names to expressions (a dict); "
+                             f"got a {type(self.outputs).__name__}: {short(self.outputs)}")
+        set_(self, "outputs", dict(self.outputs or {}))  # None: no outputs, as an empty dict
         set_(self, "names", dict(self.names))
         self._check_names()
         set_(self, "has_loss", self.loss is not None)

@@ -113,9 +113,8 @@ class EmapKernel:
     outer: int = 0  # of two loops, the one that runs outside (see _outer_loop)
     products: OuterProductSums | None = None
     padded: bool = False  # its examples in whole eights (_whole_eights)
-    terms: str = ""  # where padded: each example's term of each sum, down a column each, a block at a time
-    term_sums: str = ""  # and the sums of the columns, block after block
-    block: int = 0  # the examples of a block of terms (terms_block)
+    lanes: str = ""  # where padded: each sum's eight lanes, and apart the last eight examples' (LANES)
+    term_sums: str = ""  # and each sum, its lanes added up after the loop
     kind: str = "emap"
 
     def reads(self) -> list[str]:
@@ -126,9 +125,9 @@ class EmapKernel:
         # (in this order in the workspace: the buffers of whole rows of examples
         # first, which keeps them as aligned as the examples' count)
         sums = self.products
-        scratch = [self.terms] if self.terms else []
+        scratch = [self.lanes] if self.lanes else []
         scratch += [sums.left_scratch, sums.right_scratch, sums.sums] if sums else []
-        scratch += [self.term_sums] if self.terms else []
+        scratch += [self.term_sums] if self.lanes else []
         return [copy.scratch for copy in self.copies] + scratch + [out.buffer for out in self.outputs]
 
     title = "per-example loop"
@@ -333,19 +332,13 @@ def _group_kernel(sched, members: list[Node]) -> EmapKernel:
     summed = set(split[0]) if split else set()
     count = sum(1 for k, (number, _, _) in enumerate(kernel.stores)  # the sums left in the loop
                 if k not in summed and _local(kernel.outputs[number], inner))
-    kernel = _whole_eights(sched, kernel, count, split is not None) or _inner_rows_by_column(sched, kernel)
+    kernel = _whole_eights(sched, kernel) or _inner_rows_by_column(sched, kernel)
     kernel = _outer_product_sums(sched, kernel, split)
     if not kernel.padded or not count:
         return kernel
-    block = terms_block(count)
-    return replace(kernel, terms=sched.claim_scratch("example_terms", (count, block)),
-                   term_sums=sched.claim_scratch("term_sums", (count, 1)), block=block)
-
-
-def terms_block(sums: int) -> int:
-    """The examples of a block of a padded kernel's terms: a multiple of
-    eight, the block about TERMS_BYTES of doubles."""
-    return max(LANES, TERMS_BYTES // (8 * sums) // LANES * LANES)
+    # two sets of eight lanes a sum, and one more row: room to start them on a 64-byte line
+    return replace(kernel, lanes=sched.claim_scratch("example_lanes", (count + 1, 2 * LANES)),
+                   term_sums=sched.claim_scratch("term_sums", (count, 1)))
 
 
 # At least this many sums of products of two per-example values make an
@@ -463,15 +456,12 @@ def _sides(pairs: list[tuple[sp.Expr, sp.Expr]]) -> tuple[list[sp.Expr], list[sp
     return [f for f in order if side[f] == 0], [f for f in order if side[f] == 1]
 
 
-def _whole_eights(sched, kernel: EmapKernel, sums: int, products: bool) -> EmapKernel | None:
+def _whole_eights(sched, kernel: EmapKernel) -> EmapKernel | None:
     """The kernel with its examples in whole eights (see ROWS8), where its
     body is wide, each output adds into a sum over the examples (a local)
     or stores one number an example into the workspace (given PAD_ROWS
     more rows), and each row it reads an example can be copied by column:
-    at fixed columns or, of two loops, at the outer loop's; not where its
-    `sums` (those left in the loop, besides any `products`: OuterProductSums)
-    would add in the vector's lanes (SIMD_SUMS_OPS: llsq's 128 in lanes
-    took 160 us, down scratch columns 500 us). Else None."""
+    at fixed columns or, of two loops, at the outer loop's. Else None."""
     inner = len(kernel.loops) - 1 - kernel.outer
     outer = 1 - inner if len(kernel.loops) == 2 else None
     results = {name for name, _ in sched.results}
@@ -491,7 +481,7 @@ def _whole_eights(sched, kernel: EmapKernel, sums: int, products: bool) -> EmapK
         elif ("loop", inner) in (row, col) or any(spec[0] == "gather" and spec[-1] == inner for spec in (row, col)):
             return None
     size = _body_ops(kernel)
-    if not (fixed or across) or size <= LANES_MAX_OPS or (not products and sums * SIMD_SUMS_OPS >= size):
+    if not (fixed or across) or size <= LANES_MAX_OPS:
         return None
     rows = kernel.loops[inner]
     for out in stored:  # one number an example, into the workspace: room for the rows past the last
@@ -618,21 +608,23 @@ LANES = 8
 # (_whole_eights) runs over whole eights of examples: its copies (ColumnCopy)
 # and factors (OuterProductSums) are ROWS8 rows apart, the rows past the
 # last example its last again, and its sums add up only the examples'
-# terms (TERMS_BYTES). GCC then writes the body once: no second copy for
-# the last examples (SYMBACKPROP_SCALAR_TAIL), which was a fifth of GCC's
-# work on GradBench gmm's gradient.
+# terms (its lanes, below). GCC then writes the body once: no second copy
+# for the last examples (SYMBACKPROP_SCALAR_TAIL), which was a fifth of
+# GCC's work on GradBench gmm's gradient and half of it on llsq's.
 ROWS8 = loop_index("rows8")  # the examples rounded up to whole eights
 PAST_LAST = loop_index("row")  # a padded copy's source row: the example's, or the last
 # A padded buffer's rows past the examples: at most LANES - 1 are used;
 # LANES keeps what follows it as aligned as before (gmm's gradient 3-7%
 # slower with LANES - 1, its vector loads across cache lines)
 PAD_ROWS = LANES
-# Its sums: each example's terms go down a scratch column each, a block of
-# examples at a time, and the block's column sums (the runtime's _sum: eight
-# lanes) add into the sums after it. The sums are then out of the loop's
-# registers, and the block stays in the cache (all of llsq's 4096 examples x
-# 129 terms, 4.2 MB, made its gradient 5x slower).
-TERMS_BYTES = 256 * 1024
+# Its sums: the loop runs eight examples at a time, example i0 + lane
+# adding into lane `lane` of each sum's eight (a row of 64 bytes in the
+# workspace: one vector); the last eight, some past the last example, add
+# into eight lanes apart, of which only the examples' are kept. After the
+# loop each sum's lanes add up in order (the runtime's _lane_sums), so a
+# sum's order depends on the examples' count only, not on the machine's
+# vectors. Each sum's terms going down a scratch column, a block at a time,
+# made llsq's gradient 2-3x slower (160 -> 340-600 us).
 # A wide body adding into this many locals or more (each a sum of the
 # examples in order: lane by lane, spilled) puts its function on 256-bit
 # vectors (SYMBACKPROP_WIDE_SUMS, the runtime header): GradBench gmm d=20
@@ -640,12 +632,13 @@ TERMS_BYTES = 256 * 1024
 # bits; llsq m=128 (128 sums, in one function with a forward loop that is
 # 33% slower on 256-bit vectors) keeps 512.
 WIDE_SUMS_NARROW = 192
-# A wide body whose sums over the examples are much of its work (a sum or
-# more for every SIMD_SUMS_OPS operations) adds each sum in the vector's
-# lanes and the lanes after the loop (SYMBACKPROP_SIMD_SUMS, the runtime
-# header: OpenMP's simd reduction), not lane by lane in order: GradBench llsq
-# m=128 (128 sums in 766 operations) took 2.5x less time for its gradient
-# and GCC 15% less for its unit. gmm d=20 (41 sums in 1191 operations)
+# A wide body with a scalar tail (not over whole eights) whose sums over the
+# examples are much of its work (a sum or more for every SIMD_SUMS_OPS
+# operations) adds each sum in the vector's lanes and the lanes after the
+# loop (SYMBACKPROP_SIMD_SUMS, the runtime header: OpenMP's simd
+# reduction), not lane by lane in order: GradBench llsq m=128 (128 sums in
+# 766 operations, before it ran over whole eights) took 2.5x less time for
+# its gradient and GCC 15% less for its unit. gmm d=20 (41 sums in 1191 operations)
 # keeps the order: its vector sums were 7% faster to run and 0.4-0.7 s
 # slower to compile, with the body's values spilling around them. A loop
 # storing factors for a product after it (OuterProductSums) keeps the order.
@@ -836,23 +829,19 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     safe = not sums and all(not out.accumulate or out.target[0] == ("loop", outer) for out in kernel.outputs)
     parallel = safe and worth_threads(kernel.loops[outer])
     whole_eights = kernel.padded and eights and not parallel
-    # (whole eights) each sum: (its column, the line that sums the column, the line
-    # that adds it into its target, the output), and one line that sums every column
-    sums_after: list[tuple[int, str, str, str]] = []
+    # (whole eights) each sum: (its number, the line that adds it into its
+    # target, the output), and the line that adds up every sum's lanes
+    sums_after: list[tuple[int, str, str]] = []
     sums_call = ""
-    if whole_eights and kernel.terms:  # each sum's terms down a scratch column (TERMS_BYTES)
-        var, examples, helper = loop_vars[inner], em.dim(kernel.loops[inner]), em.real.helper_prefix
-        terms, term_sums, block = em.namer.name(kernel.terms), em.namer.name(kernel.term_sums), kernel.block
-        real = f"({examples} < i0 + in_block ? {examples} : i0 + in_block) - i0"  # the block's examples up to the last
+    if whole_eights and kernel.lanes:  # each sum in eight lanes (LANES)
+        examples, term_sums = em.dim(kernel.loops[inner]), em.namer.name(kernel.term_sums)
         for k, (target, _, expr, local) in enumerate(stores):
             if local:
-                column = len(sums_after)
-                at = f"{terms} + {column * block}" if column else terms
-                stores[k] = (f"{terms}[{column * block} + {var} - i0]" if column else f"{terms}[{var} - i0]",
-                             "=", expr, "")
-                sums_after.append((column, f"{term_sums}[{column}] += {helper}_sum({at}, {real}, 1);",
-                                   f"{target} += {term_sums}[{column}];", buffers[k]))
-        sums_call = f"{helper}_add_each_column({terms}, {real}, {len(sums_after)}, {block}, {term_sums});"
+                number = len(sums_after)
+                stores[k] = (f"into[{LANES * number} + lane]" if number else "into[lane]", "+=", expr, "")
+                sums_after.append((number, f"{target} += {term_sums}[{number}];", buffers[k]))
+        sums_call = (f"{em.real.helper_prefix}_lane_sums(lanes, {len(sums_after)}, {examples} - (rows8 - {LANES}), "
+                     f"{term_sums});")
 
     def named(expr: sp.Basic) -> list[str]:
         return sorted(names[s] for s in expr.free_symbols if s in names)
@@ -874,8 +863,7 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         "sums_after": sums_after,  # (whole eights) the sums over the examples, after the loop
         "sums_call": sums_call,
         "sums_count": len(sums_after),
-        "block": kernel.block,
-        "term_sums": em.namer.name(kernel.term_sums) if kernel.terms else "",
+        "lanes_scratch": em.namer.name(kernel.lanes) if kernel.lanes else "",
         "after_buffer": summed_into or None,
         "lanes_whole": LANES - 1,
         "zero": [(em.namer.name(out.buffer), em.dim(sp.sympify(out.shape[0]) * out.shape[1]))
