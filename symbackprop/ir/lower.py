@@ -195,7 +195,7 @@ class Lowerer:
                 raise ModelError(f"{short(atom)} is neither an input nor a param (in {short(expr)})")
             subs[atom] = placeholder(len(args))
             args.append(arg)
-        return map_(expr.xreplace(subs), args, SCALAR)
+        return map_(_renamed(expr, subs, {}), args, SCALAR)
 
     def _explicit_matrix(self, expr: sp.MatrixBase) -> Node:
         rows, cols = expr.shape
@@ -265,3 +265,26 @@ def _record_rule(cls: type) -> Callable[[Lowerer, sp.Basic], Node] | None:
 # Matrix expressions whose shape is their own (not their arguments'): the
 # dimensions they name must be declared.
 _OWN_SHAPE = (sp.OneMatrix, sp.ZeroMatrix, sp.Identity, ExampleMap)
+
+
+def _renamed(expr: sp.Basic, rule: dict, done: dict) -> sp.Basic:
+    """expr.xreplace(rule) (its atoms renamed to placeholders), each
+    distinct subexpression once, conditions and selects rebuilt as they
+    stand: SymPy's Piecewise merges the pairs of equal values again,
+    through relations rebuilt with SymPy's assumptions asked of each side
+    (half of GradBench saddle's lowering, which a renaming cannot change:
+    the conditions are the same, merged or not)."""
+    if expr in rule:
+        return rule[expr]
+    result = done.get(expr)
+    if result is None:
+        args = tuple(_renamed(a, rule, done) if isinstance(a, sp.Basic) else a for a in expr.args)
+        if all(new is old for new, old in zip(args, expr.args)):
+            result = expr
+        elif isinstance(expr, (sp.Rel, sp.Piecewise)):
+            result = expr.func(*args, evaluate=False)
+        else:
+            result = expr.func(*args)
+        done[expr] = result
+    return result
+
