@@ -302,3 +302,25 @@ def test_pairs_with_a_per_pair_weight_read_by_column_match_differences():
             down[a, b] -= step
             fd[a, b] = (value(points, up) - value(points, down)) / (2 * step)
         np.testing.assert_allclose(grads["mu"], fd, rtol=1e-6, atol=1e-7 * np.abs(fd).max())
+
+
+@pytest.fixture(scope="module")
+def polyfit_eights_float32():
+    return sbp.compile(_polyfit_model(), functions=FUNCTIONS, dtype="float32")
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 13, 1003])
+def test_lanes_in_float32_give_the_closed_form(polyfit_eights_float32, n):
+    """The same loop in float: eight lanes of floats a sum (half a 64-byte
+    line), the runtime's f32 lane_sums; against numpy's float64 closed form."""
+    assert "symbackprop_f32_lane_sums(lanes, 64, N - (rows8 - 8), term_sums);" in polyfit_eights_float32.emitted.source
+    rng = np.random.default_rng(40 + n)
+    t, s = rng.uniform(-1, 1, n), rng.normal(size=n)
+    x = rng.normal(size=M) / np.arange(1, M + 1)
+    V = t[:, None] ** np.arange(M)[None, :]
+    r = s - V @ x
+    ts = np.stack([t, s], axis=1).astype(np.float32)
+    loss, grads = polyfit_eights_float32.value_and_grad(ts=ts, x=x.reshape(1, -1).astype(np.float32))
+    scale = np.abs(V).T @ np.abs(r) + 1
+    np.testing.assert_allclose(float(np.ravel(loss)[0]), 0.5 * r @ r, rtol=1e-4)
+    assert np.all(np.abs(grads["x"].ravel() + V.T @ r) <= 1e-4 * scale)
