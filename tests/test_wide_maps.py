@@ -178,28 +178,35 @@ def test_few_sums_in_a_wide_body_run_over_whole_eights(few_sums):
     assert "_lane_sums(lanes, 4, N - (rows8 - 8), term_sums);" in source
 
 
-def test_whole_eights_keep_clear_of_user_names(tmp_path):
-    """A dimension named rows8 and points named row (the names of the
-    loop's own locals) are renamed in the C, and the sums stay right."""
-    N = sp.Symbol("rows8", integer=True, positive=True)
-    points = sp.MatrixSymbol("row", N, 2)
-    coeffs = sp.MatrixSymbol("x", 1, 4)
+@pytest.mark.parametrize(("dim", "points_name", "coeffs_name"), [("rows8", "row", "x"), ("N", "lanes", "into")])
+def test_whole_eights_keep_clear_of_user_names(dim, points_name, coeffs_name):
+    """A dimension named rows8, points named row or lanes, coefficients
+    named into (the names of the loop's own locals) are renamed in the C,
+    and the sums stay right."""
+    N = sp.Symbol(dim, integer=True, positive=True)
+    points = sp.MatrixSymbol(points_name, N, 2)
+    coeffs = sp.MatrixSymbol(coeffs_name, 1, 4)
     t, s = sp.symbols("t s", real=True)
     k = sp.symbols("k0:4", real=True)
     fit = sum(k[j % 4] * t**j for j in range(M))
     squared = sbp.map_examples((s - fit) ** 2, [((t, s), points), (sp.Matrix(k), coeffs)])
-    model = sbp.Model("wide_names", inputs=[points], params=[coeffs], loss=sbp.reduce("sum", squared, 0) / 2)
+    model = sbp.Model(f"wide_names_{points_name}", inputs=[points], params=[coeffs],
+                      loss=sbp.reduce("sum", squared, 0) / 2)
     module = sbp.compile(model, functions=FUNCTIONS)
-    assert "int64_t rows8_" in module.emitted.source and "const int64_t rows8 = " in module.emitted.source
+    source = module.emitted.source
+    assert "const int64_t rows8 = " in source and "*const lanes = " in source and "*const into = " in source
+    for name in {dim, points_name, coeffs_name} & {"rows8", "row", "lanes", "into"}:
+        assert re.search(rf"\b{name}_\w*\b", source), name  # the user's, renamed
     rng = np.random.default_rng(3)
     t_, s_, k_ = rng.uniform(-1, 1, 11), rng.normal(size=11), rng.normal(size=4)
     fold = np.zeros((M, 4))
     fold[np.arange(M), np.arange(M) % 4] = 1
     V = t_[:, None] ** np.arange(M)[None, :]
     r = s_ - V @ fold @ k_
-    loss, grads = module.value_and_grad(row=np.stack([t_, s_], axis=1), x=k_.reshape(1, -1))
+    loss, grads = module.value_and_grad(**{points_name: np.stack([t_, s_], axis=1), coeffs_name: k_.reshape(1, -1)})
     np.testing.assert_allclose(float(np.asarray(loss).ravel()[0]), 0.5 * r @ r, rtol=1e-10)
-    np.testing.assert_allclose(grads["x"].ravel(), -(fold.T @ V.T @ r), rtol=1e-9, atol=1e-9 * np.abs(V.T @ r).max())
+    np.testing.assert_allclose(grads[coeffs_name].ravel(), -(fold.T @ V.T @ r), rtol=1e-9,
+                               atol=1e-9 * np.abs(V.T @ r).max())
 
 
 @pytest.mark.parametrize("build", ["few_sums", "few_sums_production"])
