@@ -157,8 +157,22 @@ def test_the_header_reader_sees_the_documented_abi():
 @pytest.mark.parametrize("name", [name if name in DEFAULT_RUN else pytest.param(name, marks=pytest.mark.slow)
                                   for name in example_names()])
 def test_example_is_clean_under_sanitizers(name, sanitizer, tmp_path):
-    example = load_example(name)
-    emitted, _ = generate(example.model)
+    _assert_clean_under_sanitizers(load_example(name).model, tmp_path)
+
+
+def test_a_loop_over_whole_eights_is_clean_under_sanitizers(sanitizer, tmp_path):
+    """A wide loss over copies padded to whole eights, its 64 sums in eight
+    lanes each (tests/test_wide_maps.py): one example (seven lanes past
+    it) and 1000."""
+    from test_wide_maps import _polyfit_model
+
+    model = _polyfit_model()
+    assert "_lane_sums(lanes, 64, " in generate(model)[0].source
+    _assert_clean_under_sanitizers(model, tmp_path)
+
+
+def _assert_clean_under_sanitizers(model, tmp_path) -> None:
+    emitted, _ = generate(model)
     (tmp_path / f"{emitted.prefix}.c").write_text(emitted.source)
     (tmp_path / f"{emitted.prefix}.h").write_text(emitted.header)
     write_runtime_header(tmp_path)
@@ -172,7 +186,7 @@ def test_example_is_clean_under_sanitizers(name, sanitizer, tmp_path):
     assert run.returncode == 0, run.stderr[-4000:]
     assert "runtime error" not in run.stderr and "Sanitizer" not in run.stderr, run.stderr[-4000:]
     printed = parse_output(run.stdout)
-    _assert_matches_python(example.model, emitted, functions, printed)
+    _assert_matches_python(model, emitted, functions, printed)
 
 
 def _assert_matches_python(model, emitted, functions: list[CFunctionAbi], printed: dict) -> None:
