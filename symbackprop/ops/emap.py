@@ -618,13 +618,14 @@ PAST_LAST = loop_index("row")  # a padded copy's source row: the example's, or t
 # slower with LANES - 1, its vector loads across cache lines)
 PAD_ROWS = LANES
 # Its sums: the loop runs eight examples at a time, example i0 + lane
-# adding into lane `lane` of each sum's eight (a row of 64 bytes in the
-# workspace: one vector); the last eight, some past the last example, add
-# into eight lanes apart, of which only the examples' are kept. After the
-# loop each sum's lanes add up in order (the runtime's _lane_sums), so a
-# sum's order depends on the examples' count only, not on the machine's
-# vectors. Each sum's terms going down a scratch column, a block at a time,
-# made llsq's gradient 2-3x slower (160 -> 340-600 us).
+# adding into lane `lane` of each sum's eight (a row of the workspace,
+# from a 64-byte line: one vector of doubles, half of one of floats); the
+# last eight, some past the last example, add into eight lanes apart, of
+# which only the examples' are kept. After the loop each sum's lanes add
+# up in order (the runtime's _lane_sums), so a sum's order depends on the
+# examples' count only, not on the machine's vectors. Each sum's terms
+# going down a scratch column, a block at a time, made llsq's gradient
+# 2-3x slower (160 -> 340-600 us).
 # A wide body adding into this many locals or more (each a sum of the
 # examples in order: lane by lane, spilled) puts its function on 256-bit
 # vectors (SYMBACKPROP_WIDE_SUMS, the runtime header): GradBench gmm d=20
