@@ -61,6 +61,31 @@ def built(func: Callable, args: Sequence[sp.Basic]) -> sp.Basic:
     return product(args) if func is sp.Mul else total(args) if func is sp.Add else func(*args)
 
 
+def shared_xreplace(expr: sp.Basic, rule: dict, done: dict) -> sp.Basic:
+    """expr.xreplace(rule), each distinct subexpression rebuilt once over
+    the calls that share `done`; selects, relations, Abs and sign as they
+    stand (_AS_IT_STANDS), products and sums by built, the rest by SymPy's
+    constructors."""
+    if expr in rule:
+        return rule[expr]
+    result = done.get(expr)
+    if result is None:
+        args = tuple(shared_xreplace(a, rule, done) if isinstance(a, sp.Basic) else a for a in expr.args)
+        changed = any(new is not old for new, old in zip(args, expr.args))
+        result = done[expr] = (expr if not changed else expr.func(*args, evaluate=False)
+                               if isinstance(expr, _AS_IT_STANDS) else built(expr.func, args))
+    return result
+
+
+# Renamed as they stand (their evaluation only repeats the loads' own, and
+# over large arguments it was most of the comments' time, of the fused
+# loops' member values and of saddle's lowering (Piecewise's collapse,
+# through relations rebuilt with SymPy's assumptions; Abs's signsimp);
+# their order of arguments is what they print): the rest is rebuilt as
+# xreplace does (an Or orders its arguments by name).
+_AS_IT_STANDS = (sp.Piecewise, sp.Rel, sp.Abs, sp.sign)
+
+
 _ARGS_ORDER = functools.cmp_to_key(sp.Basic.compare)  # SymPy's canonical order of a Mul's or Add's arguments
 _LEAVES = (sp.Symbol, MatrixElement)  # a scalar's leaves: a product has nothing to combine among distinct ones
 

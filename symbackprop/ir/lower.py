@@ -18,7 +18,7 @@ from symbackprop.declare.model import Model, leaf_name
 from symbackprop.declare.tensor import ExampleMap, Index
 from symbackprop.errors import ModelError
 from symbackprop.ir.construct import element, leaf, map_, pack
-from symbackprop.ir.exprdag import Splitter
+from symbackprop.ir.exprdag import Splitter, shared_xreplace
 from symbackprop.ir.node import SCALAR, Dim, Node, Shape, ShapeMismatch, placeholder
 from symbackprop.messages import described, shape_text, short
 from symbackprop.ops.registry import lowering_rule, shape_rule
@@ -195,7 +195,7 @@ class Lowerer:
                 raise ModelError(f"{short(atom)} is neither an input nor a param (in {short(expr)})")
             subs[atom] = placeholder(len(args))
             args.append(arg)
-        return map_(_renamed(expr, subs, {}), args, SCALAR)
+        return map_(shared_xreplace(expr, subs, {}), args, SCALAR)  # conditions as they stand (exprdag)
 
     def _explicit_matrix(self, expr: sp.MatrixBase) -> Node:
         rows, cols = expr.shape
@@ -265,26 +265,3 @@ def _record_rule(cls: type) -> Callable[[Lowerer, sp.Basic], Node] | None:
 # Matrix expressions whose shape is their own (not their arguments'): the
 # dimensions they name must be declared.
 _OWN_SHAPE = (sp.OneMatrix, sp.ZeroMatrix, sp.Identity, ExampleMap)
-
-
-def _renamed(expr: sp.Basic, rule: dict, done: dict) -> sp.Basic:
-    """expr.xreplace(rule) (its atoms renamed to placeholders), each
-    distinct subexpression once, conditions and selects rebuilt as they
-    stand: SymPy's Piecewise merges the pairs of equal values again,
-    through relations rebuilt with SymPy's assumptions asked of each side
-    (half of GradBench saddle's lowering, which a renaming cannot change:
-    the conditions are the same, merged or not)."""
-    if expr in rule:
-        return rule[expr]
-    result = done.get(expr)
-    if result is None:
-        args = tuple(_renamed(a, rule, done) if isinstance(a, sp.Basic) else a for a in expr.args)
-        if all(new is old for new, old in zip(args, expr.args)):
-            result = expr
-        elif isinstance(expr, (sp.Rel, sp.Piecewise)):
-            result = expr.func(*args, evaluate=False)
-        else:
-            result = expr.func(*args)
-        done[expr] = result
-    return result
-

@@ -15,7 +15,7 @@ from sympy.printing.latex import LatexPrinter
 from sympy.printing.str import StrPrinter
 
 from symbackprop.emit.cprint import OrderedTerms
-from symbackprop.ir.exprdag import built
+from symbackprop.ir.exprdag import shared_xreplace
 from symbackprop.ir.node import Shape
 from symbackprop.schedule import opcount
 
@@ -117,30 +117,6 @@ class SharedStrPrinter(OrderedTerms, StrPrinter):
         if text is None:
             text = self._texts[expr] = super()._print(expr)
         return text
-
-
-def shared_xreplace(expr: sp.Basic, rule: dict, done: dict) -> sp.Basic:
-    """expr.xreplace(rule), each distinct subexpression rebuilt once over
-    the calls that share `done`; selects, relations, Abs and sign as they
-    stand (_AS_IT_STANDS), products and sums by exprdag.built, the rest by
-    SymPy's constructors."""
-    if expr in rule:
-        return rule[expr]
-    result = done.get(expr)
-    if result is None:
-        args = tuple(shared_xreplace(a, rule, done) if isinstance(a, sp.Basic) else a for a in expr.args)
-        changed = any(new is not old for new, old in zip(args, expr.args))
-        result = done[expr] = (expr if not changed else expr.func(*args, evaluate=False)
-                               if isinstance(expr, _AS_IT_STANDS) else built(expr.func, args))
-    return result
-
-
-# Renamed as they stand (their evaluation only repeats the loads' own, and
-# over large arguments it was most of the comments' time and of the fused
-# loops' member values (saddle: Piecewise's collapse, Abs's signsimp); their
-# order of arguments is what they print): the rest is rebuilt as xreplace
-# does (an Or orders its arguments by name).
-_AS_IT_STANDS = (sp.Piecewise, sp.Rel, sp.Abs, sp.sign)
 
 
 @functools.lru_cache(maxsize=8192)

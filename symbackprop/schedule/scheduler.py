@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 import sympy as sp
 
 from symbackprop.ir.construct import is_const
+from symbackprop.ir.exprdag import shared_xreplace
 from symbackprop.ir.node import SCALAR, Node, Shape, placeholder
 from symbackprop.ops.registry import is_view, rule
 from symbackprop.schedule.cse import cse_program, share_powers
@@ -30,7 +31,6 @@ from symbackprop.schedule.kernel import (
     kernel_reads,
     kernel_writes,
     map_equations,
-    shared_xreplace,
 )
 from symbackprop.schedule.naming import Naming
 from symbackprop.schedule.shifted import ShiftedView, inside, moved_view, offset_label, signed_k
