@@ -830,9 +830,9 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     safe = not sums and all(not out.accumulate or out.target[0] == ("loop", outer) for out in kernel.outputs)
     parallel = safe and worth_threads(kernel.loops[outer])
     whole_eights = kernel.padded and eights and not parallel
-    # (whole eights) each sum: (its number, the line that adds it into its
-    # target, the output), and the line that adds up every sum's lanes
-    sums_after: list[tuple[int, str, str]] = []
+    # (whole eights) each sum: (the line that adds it into its target, the
+    # output), and the line that adds up every sum's lanes
+    sums_after: list[tuple[str, str]] = []
     sums_call = ""
     if whole_eights and kernel.lanes:  # each sum in eight lanes (LANES)
         examples, term_sums = em.dim(kernel.loops[inner]), em.namer.name(kernel.term_sums)
@@ -840,7 +840,7 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
             if local:
                 number = len(sums_after)
                 stores[k] = (f"into[{LANES * number} + lane]" if number else "into[lane]", "+=", expr, "")
-                sums_after.append((number, f"{target} += {term_sums}[{number}];", buffers[k]))
+                sums_after.append((f"{target} += {term_sums}[{number}];", buffers[k]))
         sums_call = (f"{em.real.helper_prefix}_lane_sums(lanes, {len(sums_after)}, {examples} - (rows8 - {LANES}), "
                      f"{term_sums});")
 
@@ -864,6 +864,7 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         "sums_after": sums_after,  # (whole eights) the sums over the examples, after the loop
         "sums_call": sums_call,
         "sums_count": len(sums_after),
+        "lane_count": LANES,
         "lanes_scratch": em.namer.name(kernel.lanes) if kernel.lanes else "",
         "after_buffer": summed_into or None,
         "lanes_whole": LANES - 1,
