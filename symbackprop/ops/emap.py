@@ -334,7 +334,7 @@ def _group_kernel(sched, members: list[Node]) -> EmapKernel:
                 if k not in summed and _local(kernel.outputs[number], inner))
     kernel = _whole_eights(sched, kernel) or _inner_rows_by_column(sched, kernel)
     kernel = _outer_product_sums(sched, kernel, split)
-    if not kernel.padded or not count:
+    if not kernel.padded or not count or _threaded(kernel):  # (threaded: its sums stay in its tail's locals)
         return kernel
     # two sets of eight lanes a sum, and one more row: room to start them on a 64-byte line
     return replace(kernel, lanes=sched.claim_scratch("example_lanes", (count + 1, 2 * LANES)),
@@ -820,15 +820,12 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
             after.append(f"{targets[k]} += {term};" if c == 1 else f"{targets[k]} += {printer.doprint(c)}*{term};")
     emitted = [e for e in store_exprs if e is not None] + (factor_exprs if sums else [])
     size = sum(_ops(e) for _, e in hoisted + moving) + sum(_ops(e) for e in emitted)
-    # threads only where no two examples of different threads add into one place
-    # (and not where the examples' factors go through one scratch: OuterProductSums)
     locals_count = sum(1 for *_, local in stores if local)
     # a wide body adding into locals or storing one number an example:
     # whole eights, then a scalar tail
     # (GCC's two vectorized epilogues of such a body were a third of gmm's compile)
     eights = size > LANES_MAX_OPS and all(in_order)
-    safe = not sums and all(not out.accumulate or out.target[0] == ("loop", outer) for out in kernel.outputs)
-    parallel = safe and worth_threads(kernel.loops[outer])
+    parallel = _threaded(kernel)
     whole_eights = kernel.padded and eights and not parallel
     # (whole eights) each sum: (the line that adds it into its target, the
     # output), and the line that adds up every sum's lanes
@@ -883,6 +880,16 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
         "temp_uses": [[] for _ in loaded] + [named(e) for _, e in hoisted + moving],
         "store_uses": [named(e) for e in emitted],
     }
+
+
+def _threaded(kernel: EmapKernel) -> bool:
+    """Whether its outer loop runs on threads: only where no two examples
+    of different threads add into one place (and not where the examples'
+    factors go through one scratch: OuterProductSums), and the loop is
+    long enough. A padded kernel so threaded keeps its scalar tail."""
+    safe = kernel.products is None and all(not out.accumulate or out.target[0] == ("loop", kernel.outer)
+                                           for out in kernel.outputs)
+    return safe and worth_threads(kernel.loops[kernel.outer])
 
 
 def _contiguous(out: EmapOutput, inner: int) -> bool:
