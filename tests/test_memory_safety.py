@@ -171,6 +171,16 @@ def test_a_loop_over_whole_eights_is_clean_under_sanitizers(sanitizer, tmp_path)
     _assert_clean_under_sanitizers(model, tmp_path)
 
 
+def test_sums_added_from_a_table_are_clean_under_sanitizers(sanitizer, tmp_path):
+    """Sums of a product added into a triangle's columns from a table of
+    where each is (tests/test_outer_product_sums.py)."""
+    from test_outer_product_sums import triangular_model
+
+    model = triangular_model()
+    assert "static const int32_t picks[" in generate(model)[0].source
+    _assert_clean_under_sanitizers(model, tmp_path)
+
+
 def _assert_clean_under_sanitizers(model, tmp_path) -> None:
     emitted, _ = generate(model)
     (tmp_path / f"{emitted.prefix}.c").write_text(emitted.source)

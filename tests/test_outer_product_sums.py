@@ -6,6 +6,8 @@ whole eights, and against central differences on GradBench's gmm port."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import sympy as sp
@@ -68,6 +70,64 @@ def test_the_sums_are_one_product_after_the_loop(whitened, shared):
         assert "_outer_product_sums(" in source.split("right_factors", 1)[1]
     assert "_outer_product_sums(9, 9, N," in whitened.emitted.source  # x's by z's
     assert "_outer_product_sums(81, 1, N," in shared.emitted.source  # the forward's products by z
+    # the product's 81 sums add into W's row in one loop (ADD_LOOP_MIN), and
+    # X's 18 columns are copied in one
+    for mod in (whitened, shared):
+        assert "grad_W[81*j + k] += outer_sums[k];" in mod.emitted.source
+        assert "grad_W[81*j + 1] +=" not in mod.emitted.source
+    assert "X_by_column[i + N*k] = X[18*i + k];" in shared.emitted.source
+
+
+T = 11  # a T x T triangle: 66 sums, over OUTER_SUMS_MIN
+
+
+def _triangular_pairs() -> list[tuple[int, int]]:
+    """(row, column) of a T x T lower triangle, column by column (GradBench gmm's order)."""
+    return [(a, b) for b in range(T) for a in range(b, T)]
+
+
+def triangular_model() -> sbp.Model:
+    """log(1 + |z|^2 / 2), z = L_j^T x_i, L_j lower triangular (row j of
+    a parameter named picks, the name of the C's table): its 66 sums are
+    66 of the product's 121, added in from a table of where each is."""
+    pairs = _triangular_pairs()
+    x = sp.symbols(f"x0:{T}", real=True)
+    w = sp.symbols(f"w0:{len(pairs)}", real=True)
+    z = [sum(w[p] * x[a] for p, (a, b) in enumerate(pairs) if b == col) for col in range(T)]
+    N, K = sp.symbols("N K", integer=True, positive=True)
+    X, W = sp.MatrixSymbol("X", N, T), sp.MatrixSymbol("picks", K, len(pairs))
+    terms = sbp.map_examples(sp.log(1 + sum(v**2 for v in z) / 2), [(sp.Matrix(x), X), (sp.Matrix(w), W)])
+    return sbp.Model("product_sums_triangular", inputs=[X], params=[W],
+                     loss=sbp.reduce("sum", sbp.reduce("sum", terms, 1), 0))
+
+
+@pytest.fixture(scope="module")
+def triangular():
+    return sbp.compile(triangular_model(), functions=("forward", "value_and_grad"))
+
+
+@pytest.mark.parametrize("n", [1, 8, 13])
+def test_sums_of_a_triangle_add_in_from_a_table(triangular, n):
+    """The table is the C's own (the user's `picks` renamed; the sum of
+    the last entry, a square, keeps its own line), and the
+    gradient is the closed form's: sum over i of x_a z_b / (1 + |z|^2 / 2)
+    for each a >= b."""
+    source = triangular.emitted.source
+    assert re.search(r"static const int32_t picks\[6[0-9]\] = \{", source)
+    assert "grad_picks[66*j + k] += outer_sums[picks[k]];" in source
+    assert "*picks_," in source  # the parameter's name in the C
+    rng = np.random.default_rng(n)
+    X, W = rng.normal(size=(n, T)), rng.normal(size=(3, 66)) / T
+    rows, cols = np.array(_triangular_pairs()).T
+    L = np.zeros((3, T, T))
+    L[:, rows, cols] = W
+    Z = np.einsum("ia,jab->ijb", X, L)
+    scale = 1 + 0.5 * np.sum(Z**2, axis=2)
+    grad = np.einsum("ia,ijb->jab", X, Z / scale[:, :, None])[:, rows, cols]
+    loss, got = triangular.value_and_grad(X=X, picks=W)
+    np.testing.assert_allclose(float(np.ravel(loss)[0]), np.sum(np.log(scale)), rtol=1e-12)
+    (got_grad,) = got.values()
+    np.testing.assert_allclose(got_grad, grad, rtol=1e-11, atol=1e-12 * np.abs(grad).max())
 
 
 def test_few_sums_stay_in_the_loop():

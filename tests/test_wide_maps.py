@@ -87,6 +87,9 @@ def test_many_sums_of_a_wide_loss_run_over_whole_eights_in_lanes(polyfit_eights)
     assert "*const into = i0 + 8 <= N ? lanes : lanes + 512;" in source
     assert re.search(r"into\[504 \+ lane\] \+= ", source)
     assert "_lane_sums(lanes, 64, N - (rows8 - 8), term_sums);" in source
+    # the 64 sums then add into x's gradient in one loop, not 64 lines
+    assert "for (int64_t k = 0; k < 64; ++k) {\n" in source and "grad_x[k] += term_sums[k];" in source
+    assert "grad_x[1] +=" not in source
 
 
 @pytest.mark.parametrize("build", ["polyfit", "polyfit_production", "polyfit_eights", "polyfit_eights_production"])

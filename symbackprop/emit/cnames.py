@@ -46,7 +46,7 @@ _MACRO_LIKE = re.compile(r"^(?:[^a-z]*[A-Z][^a-z]*[A-Z][^a-z]*|Py[A-Z_].*|PY.*|M
 # dimensions too).
 INTERNAL = frozenset("i j k l acc maxval total lane result top work status dims shape".split()
                      # a wide loop's examples in whole eights (templates/kernel_emap.c.j2)
-                     + "rows8 row i0 lanes into".split()
+                     + "rows8 row i0 lanes into picks".split()
                      # the loop variables of the image ops (templates/kernel_conv.c.j2)
                      + "at best share wv ch ic oc kk ky kx oy ox iy ix blk win wsum".split()
                      # and of attention (templates/kernel_attention.c.j2)
