@@ -171,6 +171,7 @@ def test_a_loop_over_whole_eights_is_clean_under_sanitizers(sanitizer, tmp_path)
     _assert_clean_under_sanitizers(model, tmp_path)
 
 
+@pytest.mark.slow  # 7 s; CI's slow tier runs it
 def test_sums_added_from_a_table_are_clean_under_sanitizers(sanitizer, tmp_path):
     """Sums of a product added into a triangle's columns from a table of
     where each is (tests/test_outer_product_sums.py)."""
