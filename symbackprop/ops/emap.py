@@ -648,7 +648,8 @@ SIMD_SUMS_OPS = 16
 # A run of at least this many adds after a loop into one row's consecutive
 # columns (its sums' lanes added up, a product's sums) is one loop, reading
 # a table of where each comes from where that is not consecutive: GCC spent
-# 16% of GradBench gmm's gradient unit on 190 such lines, 8% of llsq's on 128.
+# 16% of GradBench gmm's gradient unit on 190 such lines, 8% of llsq's on
+# 128. A copy of that many consecutive columns (ColumnCopy) is a loop too.
 ADD_LOOP_MIN = 16
 
 
@@ -742,7 +743,8 @@ def _apart(out: EmapOutput, inner: int) -> bool:
 
 @dataclass(frozen=True)
 class _Add:
-    """`into[row, col] += scale*source[at]`, after a loop; for the buffer `into` is."""
+    """`into[row, col] += scale*source[at]`, after a loop; `buffer` is the
+    output it writes (a call that needs only some outputs keeps its adds)."""
     into: View
     row: sp.Expr
     col: sp.Expr
