@@ -219,32 +219,34 @@ class _ExpressionDigest:
     symbols are numbered in the order they are met."""
 
     def __init__(self) -> None:
-        self.line: dict[int, tuple[Any, int]] = {}  # id -> (the object, kept so that its id stays unique; its line)
+        # id -> (the object, kept so that its id stays unique; its line's number, as text)
+        self.line: dict[int, tuple[Any, str]] = {}
         self.lines: list[str] = []
         self.dummies: dict[sp.Dummy, int] = {}
 
     def __call__(self, root: Any) -> int:
         """The line number of root in the listing, walked with an explicit
         stack (no recursion per level: a model 1,000 layers deep is 1,000s
-        of levels)."""
+        of levels). Most of a cached compile of a large scalar model (det
+        by minors at ell=9: 5,114 lines, ~20 ms)."""
+        line, lines = self.line, self.lines
         stack: list[tuple[Any, tuple | None]] = [(root, None)]
         while stack:
             expr, args = stack.pop()
-            if id(expr) in self.line:
+            if id(expr) in line:
                 continue
             if args is None:  # SymPy's args is a property, some of them computed: read once
                 args = expr.args if isinstance(expr, sp.Basic) and not isinstance(expr, sp.Dummy) else ()
                 if args:  # its arguments first, left to right (the order dummies are numbered in)
                     stack.append((expr, args))
-                    stack.extend((a, None) for a in reversed(args))
+                    stack.extend([(a, None) for a in reversed(args) if id(a) not in line])
                     continue
-            if args:
-                text = f"{type(expr).__name__}({','.join(str(self.line[id(a)][1]) for a in args)})"
-            else:
                 text = "=" + self._leaf(expr)
-            self.line[id(expr)] = (expr, len(self.lines))
-            self.lines.append(text)
-        return self.line[id(root)][1]
+            else:
+                text = type(expr).__name__ + "(" + ",".join([line[id(a)][1] for a in args]) + ")"
+            line[id(expr)] = (expr, str(len(lines)))
+            lines.append(text)
+        return int(line[id(root)][1])
 
     def _leaf(self, expr: Any) -> str:
         if isinstance(expr, sp.Dummy):
