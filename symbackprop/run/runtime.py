@@ -259,7 +259,7 @@ class _ExpressionDigest:
         """The digest of the listing so far and of the roots' line numbers."""
         from symbackprop.build.key import digest
 
-        return digest("expressions", *self.lines, "|", *map(str, roots))
+        return digest("expressions", repr(self.lines), "|", *map(str, roots))  # a list's repr: one hash update, not one a line
 
 
 def model_fingerprint(model: Model, *settings: Any) -> str:
