@@ -210,6 +210,9 @@ def _from_memo(memo: Any) -> tuple[Emitted, ModuleSpec, Path] | None:
         return None
 
 
+_BASIC_ARGS = sp.Basic.args  # the property that returns _args (a class may define its own)
+
+
 class _ExpressionDigest:
     """A hash of the structure of expressions that visits each subexpression
     object once (srepr and preorder_traversal walk every path of a shared
@@ -228,22 +231,35 @@ class _ExpressionDigest:
         """The line number of root in the listing, walked with an explicit
         stack (no recursion per level: a model 1,000 layers deep is 1,000s
         of levels). Most of a cached compile of a large scalar model (det
-        by minors at ell=9: 5,114 lines, ~20 ms)."""
+        by minors at ell=9: 5,114 lines, ~15-20 ms), so each object costs
+        as little as it can: its type's head and its args read once per
+        type, its arguments already listed never pushed."""
         line, lines = self.line, self.lines
-        stack: list[tuple[Any, tuple | None]] = [(root, None)]
+        heads: dict[type, tuple[str, bool] | None] = {}  # (the head of its line, its args is Basic's), or a leaf
+        stack: list[Any] = [root, None]  # by twos: an object, then its args once its arguments are listed (None before)
         while stack:
-            expr, args = stack.pop()
+            args = stack.pop()
+            expr = stack.pop()
             if id(expr) in line:
                 continue
-            if args is None:  # SymPy's args is a property, some of them computed: read once
-                args = expr.args if isinstance(expr, sp.Basic) and not isinstance(expr, sp.Dummy) else ()
-                if args:  # its arguments first, left to right (the order dummies are numbered in)
-                    stack.append((expr, args))
-                    stack.extend([(a, None) for a in reversed(args) if id(a) not in line])
-                    continue
+            if args is None:
+                kind = type(expr)
+                if kind not in heads:
+                    heads[kind] = ((kind.__name__ + "(", kind.args is _BASIC_ARGS)
+                                   if issubclass(kind, sp.Basic) and not issubclass(kind, sp.Dummy) else None)
+                head = heads[kind]
+                if head is not None:
+                    # SymPy's args is a property, some of them computed: read once (Basic's is _args)
+                    args = expr._args if head[1] else expr.args
+                    if args:  # its arguments first, left to right (the order dummies are numbered in)
+                        stack += [expr, args]
+                        for arg in reversed(args):
+                            if id(arg) not in line:
+                                stack += [arg, None]
+                        continue
                 text = "=" + self._leaf(expr)
             else:
-                text = type(expr).__name__ + "(" + ",".join([line[id(a)][1] for a in args]) + ")"
+                text = heads[type(expr)][0] + ",".join([line[id(a)][1] for a in args]) + ")"  # type: ignore[index]
             line[id(expr)] = (expr, str(len(lines)))
             lines.append(text)
         return int(line[id(root)][1])
