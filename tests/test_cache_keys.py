@@ -44,6 +44,25 @@ def test_equal_models_have_one_fingerprint_and_any_change_another():
     assert _fingerprint(sbp.Model("keys", inputs=[positive], params=[a], loss=sp.sin(a * positive) + 3 * a**2)) != base
 
 
+def test_entries_of_matrices_are_told_apart():
+    """A matrix's entry at constant indices is one line of the walk (its
+    matrix's line and the indices): every index, matrix and shape still
+    counts, and equal entries read as new objects give one fingerprint."""
+    A, B = sp.MatrixSymbol("A", 3, 3), sp.MatrixSymbol("B", 3, 3)
+
+    def loss(M, i=0, j=1):
+        return M[i, j] * M[1, 1] + M[2, 0] ** 2
+
+    base = _fingerprint(sbp.Model("entries", params=[A], loss=loss(A)))
+    assert _fingerprint(sbp.Model("entries", params=[A], loss=loss(A))) == base
+    others = [sbp.Model("entries", params=[A], loss=loss(A, 1, 0)),  # indices swapped
+              sbp.Model("entries", params=[A], loss=loss(A, 0, 2)),  # another column
+              sbp.Model("entries", params=[B], loss=loss(B)),  # another matrix
+              sbp.Model("entries", params=[sp.MatrixSymbol("A", 3, 4)], loss=loss(sp.MatrixSymbol("A", 3, 4)))]
+    prints = {_fingerprint(model) for model in others}
+    assert len(prints) == len(others) and base not in prints
+
+
 def test_lambdas_dummies_do_not_change_the_fingerprint():
     """Each relu builds a Lambda over a fresh Dummy: numbered, not named."""
     assert _fingerprint(_relu_model()) == _fingerprint(_relu_model())

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import sympy as sp
+from sympy.matrices.expressions.matexpr import MatrixElement
 
 from symbackprop.build.builder import (
     BuildOptions,
@@ -248,6 +249,11 @@ class _ExpressionDigest:
                     heads[kind] = ((kind.__name__ + "(", kind.args is _BASIC_ARGS)
                                    if issubclass(kind, sp.Basic) and not issubclass(kind, sp.Dummy) else None)
                 head = heads[kind]
+                if kind is MatrixElement and self._plain_entry(expr):
+                    text = self._entry(expr)  # one line, its matrix listed (once) first
+                    line[id(expr)] = (expr, str(len(lines)))
+                    lines.append(text)
+                    continue
                 if head is not None:
                     # SymPy's args is a property, some of them computed: read once (Basic's is _args)
                     args = expr._args if head[1] else expr.args
@@ -263,6 +269,22 @@ class _ExpressionDigest:
             line[id(expr)] = (expr, str(len(lines)))
             lines.append(text)
         return int(line[id(root)][1])
+
+    def _plain_entry(self, expr: MatrixElement) -> bool:
+        """Whether expr is an entry at constant indices of a matrix symbol
+        or of a matrix listed already (so that listing its matrix is one
+        short walk, never a recursion down a deep model)."""
+        matrix, i, j = expr._args
+        return i.is_Integer and j.is_Integer and (type(matrix) is sp.MatrixSymbol or id(matrix) in self.line)
+
+    def _entry(self, expr: MatrixElement) -> str:
+        """The line of a _plain_entry: its matrix's line number and the
+        indices. A model reads entries as new objects each time (det by
+        minors at ell=9: 2,304 of A's), which were each walked with their
+        three arguments."""
+        matrix, i, j = expr._args
+        number = self.line[id(matrix)][1] if id(matrix) in self.line else str(self(matrix))
+        return f"MatrixElement[{number}]({int(i)},{int(j)})"
 
     def _leaf(self, expr: Any) -> str:
         if isinstance(expr, sp.Dummy):
