@@ -220,7 +220,8 @@ class _ExpressionDigest:
     DAG, which is exponential for an unrolled recurrent model). Each distinct
     subexpression is one line of a listing, its type and the line numbers of
     its arguments, or a leaf's text; `value` hashes the listing once. Dummy
-    symbols are numbered in the order they are met."""
+    symbols are numbered in the order they are met. An entry of a matrix at
+    constant indices is one line: its matrix's line number and the indices."""
 
     def __init__(self) -> None:
         # id -> (the object, kept so that its id stays unique; its line's number, as text)
