@@ -848,7 +848,6 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     buffers: list[str] = []  # what each store writes into (or is for)
     in_order: list[bool] = []  # each store adds into a local or stores one number an example
     places = {}  # each store's (view, row, column)
-    store_places = []  # of each of stores
     for k, ((number, col, _), expr) in enumerate(zip(kernel.stores, store_exprs)):
         out = kernel.outputs[number]
         rows, cols = out.shape
@@ -859,7 +858,6 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
             continue
         local = f"acc{sum(1 for *_, named in stores if named)}" if _local(out, inner) else ""
         stores.append((em.access(*places[k]), "+=" if out.accumulate else "=", printer.doprint(expr), local))
-        store_places.append(places[k])
         buffers.append(out.buffer)
         in_order.append(bool(local) or _contiguous(out, inner))
     after: list[str] = []
@@ -896,12 +894,13 @@ def _emit(em: FunctionEmitter, kernel: EmapKernel) -> dict:
     sums_call, sums_count = "", 0
     if whole_eights and kernel.lanes:  # each sum in eight lanes (LANES)
         examples, term_sums = em.dim(kernel.loops[inner]), em.namer.name(kernel.term_sums)
+        stored = [places[k] for k in range(len(kernel.stores)) if k not in summed]  # where each of stores is
         adds = []
         for k, (_, _, expr, local) in enumerate(stores):
             if local:
                 number = len(adds)
                 stores[k] = (f"into[{LANES * number} + lane]" if number else "into[lane]", "+=", expr, "")
-                adds.append(_Add(*store_places[k], term_sums, number, buffers[k]))
+                adds.append(_Add(*stored[k], term_sums, number, buffers[k]))
         sums_after, sums_count = _adds(em, adds), len(adds)
         sums_call = (f"{em.real.helper_prefix}_lane_sums(lanes, {sums_count}, {examples} - (rows8 - {LANES}), "
                      f"{term_sums});")

@@ -228,6 +228,7 @@ class _ExpressionDigest:
         self.line: dict[int, tuple[Any, str]] = {}
         self.lines: list[str] = []
         self.dummies: dict[sp.Dummy, int] = {}
+        self.heads: dict[type, tuple[str, bool] | None] = {}  # (the head of its line, its args is Basic's), or a leaf
 
     def __call__(self, root: Any) -> int:
         """The line number of root in the listing, walked with an explicit
@@ -236,8 +237,7 @@ class _ExpressionDigest:
         by minors at ell=9: 5,114 lines, ~15-20 ms), so each object costs
         as little as it can: its type's head and its args read once per
         type, its arguments already listed never pushed."""
-        line, lines = self.line, self.lines
-        heads: dict[type, tuple[str, bool] | None] = {}  # (the head of its line, its args is Basic's), or a leaf
+        line, lines, heads = self.line, self.lines, self.heads
         stack: list[Any] = [root, None]  # by twos: an object, then its args once its arguments are listed (None before)
         while stack:
             args = stack.pop()
