@@ -68,6 +68,7 @@ class Equation:
         return f"{self.lhs} {self.assign} {self.text}"
 
 
+@functools.lru_cache(maxsize=8192)  # each equation's LaTeX names its symbols again (a determinant's: 500 of them)
 def latex_name(name: str) -> str:
     """grad_x as dL/dx, dy_dx as dy/dx, other names as SymPy writes them."""
     if name.startswith("grad_") and len(name) > 5:
