@@ -52,7 +52,7 @@ def backward(expr: sp.Expr, seed: sp.Expr, wanted: Callable[[sp.Basic], bool], l
             continue
         local = _local(sub, holds)
         if local is None:  # no rule of its own: sp.diff by each symbol under it
-            local = [(s, _diff_whole(sub, s)) for s in sorted(filter(wanted, sub.free_symbols), key=str)]
+            local = _diff_whole(sub, sorted(filter(wanted, sub.free_symbols), key=str))
         if len(local) > 1 and not adjoint.is_Atom:
             adjoint = _let_kept(adjoint, let)
         for arg, derivative in local:
@@ -80,7 +80,7 @@ def forward(expr: sp.Expr, tangent_of: Mapping[sp.Basic, sp.Expr], let: Let = _i
             continue
         local = _local(sub, holds)
         if local is None:
-            local = [(s, _diff_whole(sub, s)) for s in sorted(sub.free_symbols & tangent_of.keys(), key=str)]
+            local = _diff_whole(sub, sorted(sub.free_symbols & tangent_of.keys(), key=str))
         value = sp.Add(*[_product(derivative, tangent[arg]) for arg, derivative in local if derivative != 0 and arg in tangent])
         if value != 0:
             tangent[sub] = let(value) if uses.get(sub, 0) > 1 and not value.is_Atom else value
@@ -123,19 +123,29 @@ def _local(sub: sp.Basic, holds: Mapping[sp.Basic, bool]) -> list[tuple[sp.Basic
     return None
 
 
-def _diff_whole(sub: sp.Basic, symbol: sp.Symbol) -> sp.Expr:
-    """d sub / d symbol for a kind without a rule here: sp.diff's, except a
-    Piecewise, whose derivative (the select of its branches' derivatives,
-    the conditions held, as Piecewise._eval_derivative) is built as it
-    stands: SymPy's rule rebuilds it through the constructor, which folds
-    its conditions again (8% of a saddle point's compile). Branches of one
-    derivative give that derivative, as the constructor would."""
+def _diff_whole(sub: sp.Basic, symbols: list[sp.Symbol]) -> list[tuple[sp.Basic, sp.Expr]]:
+    """(symbol, d sub / d symbol) for a kind without a rule here: sp.diff's,
+    except a Piecewise, whose derivative (the select of its branches'
+    derivatives, the conditions held, as Piecewise._eval_derivative) is
+    built as it stands, each branch differentiated by every symbol in one
+    reverse sweep: sp.diff by each symbol walked a branch as a tree (a
+    rotation's small-angle select in bundle adjustment's Jacobian: most of
+    declaring it), and SymPy's rule rebuilds the select through the
+    constructor, which folds its conditions again (8% of a saddle point's
+    compile). Branches of one derivative give that derivative, as the
+    constructor would."""
     if not isinstance(sub, sp.Piecewise):
-        return sp.diff(sub, symbol)
-    pairs = [(sp.diff(value, symbol), cond) for value, cond in sub.args]
-    if all(d == pairs[0][0] for d, _ in pairs):
-        return pairs[0][0]
-    return sp.Basic.__new__(sp.Piecewise, *(sp.Tuple.__new__(ExprCondPair, d, c) for d, c in pairs))
+        return [(symbol, sp.diff(sub, symbol)) for symbol in symbols]
+    wanted = set(symbols)
+    branches = [(backward(value, sp.Integer(1), wanted.__contains__), cond) for value, cond in sub.args]
+    local = []
+    for symbol in symbols:
+        pairs = [(derivative.get(symbol, sp.Integer(0)), cond) for derivative, cond in branches]
+        if all(d == pairs[0][0] for d, _ in pairs):
+            local.append((symbol, pairs[0][0]))
+        else:
+            local.append((symbol, sp.Basic.__new__(sp.Piecewise, *(sp.Tuple.__new__(ExprCondPair, d, c) for d, c in pairs))))
+    return local
 
 
 def _fdiff(function: sp.Function, index: int) -> sp.Expr:
