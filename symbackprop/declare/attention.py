@@ -26,6 +26,7 @@ import numpy as np
 import sympy as sp
 
 from symbackprop.declare.conv import ImageOp, _positive
+from symbackprop.declare.standing import Standing
 from symbackprop.declare.tensor import Index, gather
 from symbackprop.errors import ModelError
 
@@ -154,7 +155,7 @@ def self_attention(x: Sequences, wq: sp.MatrixExpr, wk: sp.MatrixExpr, wv: sp.Ma
     return Sequences(out.matrix * wo, out.length)
 
 
-class RowNormalize(sp.MatrixExpr):
+class RowNormalize(Standing, sp.MatrixExpr):
     """Each row minus its mean, over the square root of its (biased)
     variance plus eps: one SymPy node (x appears once: written out, x
     would appear three times a layer, and SymPy's tree of a deep model

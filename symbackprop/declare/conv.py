@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import sympy as sp
 
+from symbackprop.declare.standing import Standing
 from symbackprop.errors import ModelError
 
 
@@ -46,7 +47,7 @@ def out_cols(op: str, geometry: tuple[int, ...]) -> int:
     raise ModelError(f"unknown image op {op!r}")
 
 
-class ImageOp(sp.MatrixExpr):
+class ImageOp(Standing, sp.MatrixExpr):
     """An image op: `op` of `arity` operand matrices, with integer geometry.
     The result has the first operand's rows (the batch)."""
 

@@ -21,6 +21,7 @@ import numbers
 import sympy as sp
 from sympy.matrices.expressions.matexpr import MatrixElement
 
+from symbackprop.declare.standing import Standing
 from symbackprop.errors import ModelError
 from symbackprop.messages import described, short
 
@@ -61,7 +62,7 @@ def _same_shape(given: sp.Basic, shape: tuple, what: str, of: str) -> None:
         raise ModelError(f"{what} has shape {_shape(given)} but {of} has shape {shape}: {described(given)}")
 
 
-class _Derivative(sp.MatrixExpr):
+class _Derivative(Standing, sp.MatrixExpr):
     """What Grad and Jvp share: args (expr, wrt, seed), entries by index."""
 
     @property

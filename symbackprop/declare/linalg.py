@@ -24,6 +24,7 @@ from __future__ import annotations
 import sympy as sp
 from sympy.matrices.expressions.matexpr import MatrixElement
 
+from symbackprop.declare.standing import Standing
 from symbackprop.errors import ModelError
 from symbackprop.messages import described, short
 
@@ -67,7 +68,7 @@ def _closed_det(a: sp.MatrixBase) -> sp.Expr:
     return a.det(method="berkowitz")  # division-free: no pivot to choose
 
 
-class LinalgExpr(sp.MatrixExpr):
+class LinalgExpr(Standing, sp.MatrixExpr):
     """What the linear-algebra nodes share: entries by index."""
 
     def _entry(self, i, j, **kwargs):

@@ -26,6 +26,7 @@ from typing import Any
 import sympy as sp
 from sympy.core.symbol import Str
 
+from symbackprop.declare.standing import Standing
 from symbackprop.diff.scalar import backward
 from symbackprop.errors import ModelError
 from symbackprop.messages import short
@@ -57,7 +58,7 @@ class Index(sp.MatrixSymbol):
         return super().__new__(cls, name, rows, 1)
 
 
-class ReadAtIndex(sp.MatrixExpr):
+class ReadAtIndex(Standing, sp.MatrixExpr):
     """A matrix expression reading `array` where an Index says (Gather,
     declare.pick.Pick): the arguments' checks, `array`, `index` and
     entries, one place for both. A subclass names itself in messages
@@ -138,7 +139,7 @@ def _keys(key: sp.Basic) -> tuple[sp.Symbol, ...]:
     raise ModelError(f"a map binds Symbols or matrices of Symbols to rows; got {key!r}")
 
 
-class ExampleMap(sp.MatrixExpr):
+class ExampleMap(Standing, sp.MatrixExpr):
     """`body`, a function of one example, applied to every example.
 
     Use `map_examples` to build one; it checks the declaration.
@@ -279,7 +280,7 @@ def map_examples(body: sp.Basic, bindings: Mapping[Any, sp.Basic] | Iterable[tup
     return result
 
 
-class Reduce(sp.MatrixExpr):
+class Reduce(Standing, sp.MatrixExpr):
     """sum, mean, prod, max, min or logsumexp of a matrix over an axis: 0
     down the rows (1 x cols), 1 along each row (rows x 1). See `reduce`.
     """
@@ -372,7 +373,7 @@ def reduce(op: str, x: sp.MatrixExpr, axis: int | None = None) -> sp.MatrixExpr:
     return Reduce(op, x, axis)
 
 
-class Cumsum(sp.MatrixExpr):
+class Cumsum(Standing, sp.MatrixExpr):
     """The running sum of a matrix along an axis, from the end when
     `reverse`. See `cumsum`.
     """
@@ -418,7 +419,7 @@ class Cumsum(sp.MatrixExpr):
         return sp.matrices.expressions.matexpr.MatrixElement(self, i, j)
 
 
-class Shift(sp.MatrixExpr):
+class Shift(Standing, sp.MatrixExpr):
     """A matrix moved `k` entries along an axis, `fill` where nothing moves
     in. See `shift`."""
 

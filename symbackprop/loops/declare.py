@@ -8,6 +8,7 @@ from typing import Any
 import sympy as sp
 from sympy.matrices.expressions.matexpr import MatrixElement
 
+from symbackprop.declare.standing import Standing
 from symbackprop.errors import ModelError
 
 
@@ -80,16 +81,12 @@ def symbol_name(symbol: Any) -> str:
     return str(symbol.name)
 
 
-class LoopSpec(sp.Basic):
+class LoopSpec(Standing, sp.Basic):
     """What a loop was given (its step, states, inits), as one SymPy
-    object: a declaration, left as it stands by doit. SymPy calls doit on
-    the arguments of a matrix product (nn.sum_all of a loop's result), and
-    a doit through the step would rebuild each Piecewise in it, which folds
-    a Piecewise found under a condition (an inner loop's step) out into the
-    outer step: its own symbols leak, and the rebuild costs minutes."""
-
-    def doit(self, **hints: Any) -> LoopSpec:
-        return self
+    object: a declaration, left as it stands by doit (a doit through the
+    step would fold a Piecewise under a condition, an inner loop's step,
+    out into the outer step: its own symbols leak, and the rebuild costs
+    minutes)."""
 
 
 class ScanSpec(LoopSpec):
@@ -126,7 +123,7 @@ class ScanSpec(LoopSpec):
         return f"scan[{states}]({seqs})"
 
 
-class ScanOutput(sp.MatrixExpr):
+class ScanOutput(Standing, sp.MatrixExpr):
     """The outputs of a scan: row t is the step's output at step t (T x O)."""
 
     def __new__(cls, spec: ScanSpec, index: int) -> ScanOutput:
@@ -154,7 +151,7 @@ class ScanOutput(sp.MatrixExpr):
         return f"{printer._print(self.spec)}.outputs[{self.index}]"
 
 
-class ScanFinal(sp.MatrixExpr):
+class ScanFinal(Standing, sp.MatrixExpr):
     """The state after the last step of a scan (shaped like the state)."""
 
     def __new__(cls, spec: ScanSpec, index: int) -> ScanFinal:

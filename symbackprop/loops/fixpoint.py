@@ -19,6 +19,7 @@ from typing import Any
 import sympy as sp
 from sympy.matrices.expressions.matexpr import MatrixElement
 
+from symbackprop.declare.standing import Standing
 from symbackprop.errors import ModelError
 from symbackprop.loops.declare import LoopSpec, as_tuple, expr_shape, same_layout, symbol_name
 
@@ -46,7 +47,7 @@ class FixedPointSpec(LoopSpec):
         return f"fixed_point[{states}](tol={self.tol!r}, max_iter={self.max_iter}, diff={self.mode})"
 
 
-class FixedPointFinal(sp.MatrixExpr):
+class FixedPointFinal(Standing, sp.MatrixExpr):
     """The state where a fixed-point loop stopped (shaped like the state)."""
 
     def __new__(cls, spec: FixedPointSpec, index: int) -> FixedPointFinal:
@@ -66,7 +67,7 @@ class FixedPointFinal(sp.MatrixExpr):
         return f"{printer._print(self.spec)}.final[{self.index}]"
 
 
-class FixedPointCount(sp.MatrixExpr):
+class FixedPointCount(Standing, sp.MatrixExpr):
     """The number of steps a fixed-point loop ran (1 x 1; its derivative is zero)."""
 
     def __new__(cls, spec: FixedPointSpec) -> FixedPointCount:
