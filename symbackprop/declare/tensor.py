@@ -27,7 +27,7 @@ import sympy as sp
 from sympy.core.symbol import Str
 
 from symbackprop.declare.standing import Standing
-from symbackprop.diff.scalar import backward
+from symbackprop.diff.scalar import partials
 from symbackprop.errors import ModelError
 from symbackprop.messages import short
 from symbackprop.ops.registry import reductions
@@ -209,12 +209,9 @@ class ExampleMap(Standing, sp.MatrixExpr):
             if _keys(key) not in keys:
                 raise ModelError(f"{key} is not a key bound by this map")
             symbols += _keys(key)
-        wanted = set(symbols)
-        rows = []
-        for output in self.body:  # reverse mode over the body's DAG: sp.diff by each symbol walked it as a
-            # tree (bundle adjustment's projection by its 15 inputs: 5 s of declaring the model)
-            derivative = backward(output, sp.Integer(1), wanted.__contains__)
-            rows += [derivative.get(symbol, sp.Integer(0)) for symbol in symbols]
+        # reverse mode over each output's DAG: sp.diff by each symbol walked it as a tree
+        # (bundle adjustment's projection by its 15 inputs: most of 4 s of declaring the model)
+        rows = [d for output in self.body for d in partials(output, symbols)]
         return ExampleMap(sp.ImmutableMatrix(rows), self.args[1], self.args[2])
 
 

@@ -61,6 +61,13 @@ def backward(expr: sp.Expr, seed: sp.Expr, wanted: Callable[[sp.Basic], bool], l
     return found
 
 
+def partials(expr: sp.Expr, symbols: list[sp.Symbol]) -> list[sp.Expr]:
+    """d expr / d s for each of `symbols`, in order (0 where expr does not
+    depend on s), from one reverse sweep."""
+    found = backward(expr, sp.Integer(1), set(symbols).__contains__)
+    return [found.get(symbol, sp.Integer(0)) for symbol in symbols]
+
+
 def forward(expr: sp.Expr, tangent_of: Mapping[sp.Basic, sp.Expr], let: Let = _inline) -> sp.Expr:
     """The differential of expr: the sum over its symbols s of
     d expr / d s * tangent_of[s] (symbols without a tangent held constant).
@@ -136,11 +143,10 @@ def _diff_whole(sub: sp.Basic, symbols: list[sp.Symbol]) -> list[tuple[sp.Basic,
     constructor would."""
     if not isinstance(sub, sp.Piecewise):
         return [(symbol, sp.diff(sub, symbol)) for symbol in symbols]
-    wanted = set(symbols)
-    branches = [(backward(value, sp.Integer(1), wanted.__contains__), cond) for value, cond in sub.args]
+    branches = [(partials(value, symbols), cond) for value, cond in sub.args]
     local = []
-    for symbol in symbols:
-        pairs = [(derivative.get(symbol, sp.Integer(0)), cond) for derivative, cond in branches]
+    for k, symbol in enumerate(symbols):
+        pairs = [(derivatives[k], cond) for derivatives, cond in branches]
         if all(d == pairs[0][0] for d, _ in pairs):
             local.append((symbol, pairs[0][0]))
         else:
@@ -169,4 +175,4 @@ def _product(*factors: sp.Expr) -> sp.Expr:
     return _keep_coeff(coeff, sp.Mul(*rest))
 
 
-__all__ = ["backward", "forward"]
+__all__ = ["backward", "forward", "partials"]
