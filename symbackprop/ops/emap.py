@@ -551,13 +551,12 @@ def _equation(out: str, where: tuple, program: list, exprs: list, readable: dict
         sources = dict.fromkeys(re.sub(r", \d+\]$", ", :]", str(readable[s])) for s in shown_loads)
         values = f"{len(exprs)} value{'s' if len(exprs) > 1 else ''}"
         text = f"{values} from {', '.join(sources)}: see the temporaries"
-        shown_latex = rf"\text{{{len(exprs)} values: see the C}}"
-    else:
-        lets = dict(program)
-        shown = [inline(e, lets).xreplace(readable) for e in exprs]
-        text = sp.sstr(shown[0]) if len(shown) == 1 else "[" + ", ".join(map(sp.sstr, shown)) + "]"
-        shown_latex = latex(sp.Matrix(shown).T if len(shown) > 1 else shown[0])
-    return Equation(lhs, text, rf"{latex_name(out)} \mathrel{{{assign}}} {shown_latex}", assign)
+        return Equation(lhs, text, rf"{latex_name(out)} \mathrel{{{assign}}} \text{{{len(exprs)} values: see the C}}", assign)
+    lets = dict(program)
+    shown = [inline(e, lets).xreplace(readable) for e in exprs]
+    text = sp.sstr(shown[0]) if len(shown) == 1 else "[" + ", ".join(map(sp.sstr, shown)) + "]"
+    value = sp.Matrix(shown).T if len(shown) > 1 else shown[0]
+    return Equation(lhs, text, lambda: rf"{latex_name(out)} \mathrel{{{assign}}} {latex(value)}", assign)  # when asked
 
 def _where(sched, node: Node, binding: tuple, col: int) -> tuple:
     """(row, column) of a binding: ("loop", a), ("gather", index buffer, a), ("const", n)."""

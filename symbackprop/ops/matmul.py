@@ -81,8 +81,8 @@ def _evaluate(node: Node, args: list[np.ndarray], context: Context) -> np.ndarra
 
 def _kernel(sched, node: Node, out: str) -> MatMulKernel:
     a, b = node.args
-    rhs = latex(sp.MatMul(sched.symbol(a), sched.symbol(b)))
-    equation = Equation(out, f"{sched.label(a)} @ {sched.label(b)}", f"{latex_name(out)} = {rhs}")
+    factors = (sched.symbol(a), sched.symbol(b))  # its LaTeX when the derivation asks (a scan's steps: never)
+    equation = Equation(out, f"{sched.label(a)} @ {sched.label(b)}", lambda: f"{latex_name(out)} = {latex(sp.MatMul(*factors))}")
     return MatMulKernel(out, sched.view(a), sched.view(b), a.shape[0], a.shape[1], b.shape[1], (equation,))
 
 
