@@ -59,8 +59,7 @@ def test_symbackprops_ops_stand_under_doit():
     idx = sbp.Index("idx", n)
     x = sp.Matrix(sp.symbols("x0:3", real=True))
     ops = [sbp.gather(a, idx), sbp.map_examples(sp.exp(x[0]) * x[1] + x[2], [(x, a)]),
-           nn.layer_norm(a, sp.MatrixSymbol("g", 1, 3), sp.MatrixSymbol("b", 1, 3))]
-    ops.append(sbp.det(m))
+           nn.layer_norm(a, sp.MatrixSymbol("g", 1, 3), sp.MatrixSymbol("b", 1, 3)), sbp.det(m)]
     own = [sub for op in ops for sub in sp.preorder_traversal(op) if isinstance(sub, Standing)]
     assert {type(op).__name__ for op in own} >= {"Gather", "ExampleMap", "RowNormalize", "Det"}
     for op in own:

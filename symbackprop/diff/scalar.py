@@ -51,7 +51,7 @@ def backward(expr: sp.Expr, seed: sp.Expr, wanted: Callable[[sp.Basic], bool], l
             found[sub] = adjoint
             continue
         local = _local(sub, holds)
-        if local is None:  # no rule of its own: sp.diff by each symbol under it
+        if local is None:  # no rule of its own: the whole of it by each symbol under it (_diff_whole)
             local = _diff_whole(sub, sorted(filter(wanted, sub.free_symbols), key=str))
         if len(local) > 1 and not adjoint.is_Atom:
             adjoint = _let_kept(adjoint, let)
