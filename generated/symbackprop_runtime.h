@@ -21,6 +21,13 @@
 #else
 #define SYMBACKPROP_HELPER static
 #endif
+/* A module's function that many of its calls share, kept out of line (a
+ * kind of matrix product: see its .c): GCC would compile a copy into each. */
+#if defined(__GNUC__)
+#define SYMBACKPROP_CALLED __attribute__((noinline))
+#else
+#define SYMBACKPROP_CALLED
+#endif
 
 /* A function holding a wide per-example body (hundreds of statements an
  * example): GCC's loop distribution spends a fifth of its compile time

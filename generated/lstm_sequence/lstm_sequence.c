@@ -24,6 +24,89 @@
 #define LSTM_SEQUENCE_SHARED static
 #endif
 
+/* Its 149 matrix products, a function for each kind of call (its sizes
+ * and strides): the product's loops are compiled once a kind, fitted to its
+ * constants, not into every call (in unit 0). */
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product0(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product1(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product2(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product5(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product6(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product7(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product0(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 8, 1, a, 1, 0, b, 0, 1, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product1(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 8, 1, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product2(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul_add(s0, 8, 1, a, 1, 0, b, 0, 1, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 1, 8, a, 8, 1, b, 1, 0, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(1, 8, s0, a, 0, 1, b, 8, 1, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product5(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 1, 8, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product6(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul_add(s0, 8, 8, a, 8, 1, b, 1, 8, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product7(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul_add(1, 8, s0, a, 0, 1, b, 8, 1, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(8, 8, s0, a, 1, 8, b, 8, 1, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul_add(8, 8, s0, a, 1, 8, b, 8, 1, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(8, 1, s0, a, 1, 8, b, 1, 0, c);
+}
+#endif
+
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads)
 {
@@ -84,7 +167,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 {
     /* t0 = x1 @ W_o */
     LSTM_SEQUENCE_REAL *t0 = work; /* n x 8 */
-    symbackprop_f64_matmul(n, 8, 1, x1_, 1, 0, W_o, 0, 1, t0);
+    lstm_sequence_product0(n, x1_, W_o, t0);
 
     /* t1 = sigmoid(b_o + t0) */
     LSTM_SEQUENCE_REAL *t1 = t0 + 8*n; /* n x 8 */
@@ -97,7 +180,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t2 = x1 @ W_i */
     LSTM_SEQUENCE_REAL *t2 = t0; /* n x 8, in t0's memory */
-    symbackprop_f64_matmul(n, 8, 1, x1_, 1, 0, W_i, 0, 1, t2);
+    lstm_sequence_product0(n, x1_, W_i, t2);
 
     /* t3 = sigmoid(b_i + t2) */
     LSTM_SEQUENCE_REAL *t3 = t1 + 8*n; /* n x 8 */
@@ -110,7 +193,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t4 = x1 @ W_g */
     LSTM_SEQUENCE_REAL *t4 = t2; /* n x 8, in t2's memory */
-    symbackprop_f64_matmul(n, 8, 1, x1_, 1, 0, W_g, 0, 1, t4);
+    lstm_sequence_product0(n, x1_, W_g, t4);
 
     /* t5 = tanh(b_g + t4) */
     /* t6 = t3*tanh(b_g + t4) */
@@ -135,10 +218,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t9 = t8 @ U_o, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t9 = with_grads ? t4 : t1; /* n x 8, in t4's memory */
-    symbackprop_f64_matmul(n, 8, 8, t8, 8, 1, U_o, 8, 1, t9);
+    lstm_sequence_product1(n, t8, U_o, t9);
 
     /* t9 += x2 @ W_o */
-    symbackprop_f64_matmul_add(n, 8, 1, x2_, 1, 0, W_o, 0, 1, t9);
+    lstm_sequence_product2(n, x2_, W_o, t9);
 
     /* t10 = sigmoid(b_o + t9) */
     LSTM_SEQUENCE_REAL *t10 = with_grads ? t8 + 8*n : t3; /* n x 8 */
@@ -151,10 +234,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t11 = t8 @ U_i, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t11 = with_grads ? t9 : t4; /* n x 8, in t9's memory */
-    symbackprop_f64_matmul(n, 8, 8, t8, 8, 1, U_i, 8, 1, t11);
+    lstm_sequence_product1(n, t8, U_i, t11);
 
     /* t11 += x2 @ W_i */
-    symbackprop_f64_matmul_add(n, 8, 1, x2_, 1, 0, W_i, 0, 1, t11);
+    lstm_sequence_product2(n, x2_, W_i, t11);
 
     /* t12 = sigmoid(b_i + t11) */
     LSTM_SEQUENCE_REAL *t12 = with_grads ? t10 + 8*n : t5; /* n x 8 */
@@ -167,10 +250,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t13 = t8 @ U_g, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t13 = with_grads ? t11 : t7; /* n x 8, in t11's memory */
-    symbackprop_f64_matmul(n, 8, 8, t8, 8, 1, U_g, 8, 1, t13);
+    lstm_sequence_product1(n, t8, U_g, t13);
 
     /* t13 += x2 @ W_g */
-    symbackprop_f64_matmul_add(n, 8, 1, x2_, 1, 0, W_g, 0, 1, t13);
+    lstm_sequence_product2(n, x2_, W_g, t13);
 
     /* t14 = tanh(b_g + t13) */
     LSTM_SEQUENCE_REAL *t14 = with_grads ? t12 + 8*n : t9; /* n x 8 */
@@ -183,10 +266,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t15 = t8 @ U_f, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t15 = with_grads ? t13 : t11; /* n x 8, in t13's memory */
-    symbackprop_f64_matmul(n, 8, 8, t8, 8, 1, U_f, 8, 1, t15);
+    lstm_sequence_product1(n, t8, U_f, t15);
 
     /* t15 += x2 @ W_f */
-    symbackprop_f64_matmul_add(n, 8, 1, x2_, 1, 0, W_f, 0, 1, t15);
+    lstm_sequence_product2(n, x2_, W_f, t15);
 
     /* t16 = sigmoid(b_f + t15) */
     /* t17 = t12*t14 + t6*sigmoid(b_f + t15) */
@@ -211,10 +294,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t20 = t19 @ U_o, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t20 = with_grads ? t15 : t6; /* n x 8, in t15's memory */
-    symbackprop_f64_matmul(n, 8, 8, t19, 8, 1, U_o, 8, 1, t20);
+    lstm_sequence_product1(n, t19, U_o, t20);
 
     /* t20 += x3 @ W_o */
-    symbackprop_f64_matmul_add(n, 8, 1, x3_, 1, 0, W_o, 0, 1, t20);
+    lstm_sequence_product2(n, x3_, W_o, t20);
 
     /* t21 = sigmoid(b_o + t20) */
     LSTM_SEQUENCE_REAL *t21 = with_grads ? t19 + 8*n : t10; /* n x 8 */
@@ -227,10 +310,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t22 = t19 @ U_i, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t22 = with_grads ? t20 : t12; /* n x 8, in t20's memory */
-    symbackprop_f64_matmul(n, 8, 8, t19, 8, 1, U_i, 8, 1, t22);
+    lstm_sequence_product1(n, t19, U_i, t22);
 
     /* t22 += x3 @ W_i */
-    symbackprop_f64_matmul_add(n, 8, 1, x3_, 1, 0, W_i, 0, 1, t22);
+    lstm_sequence_product2(n, x3_, W_i, t22);
 
     /* t23 = sigmoid(b_i + t22) */
     LSTM_SEQUENCE_REAL *t23 = with_grads ? t21 + 8*n : t14; /* n x 8 */
@@ -243,10 +326,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t24 = t19 @ U_g, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t24 = with_grads ? t22 : t15; /* n x 8, in t22's memory */
-    symbackprop_f64_matmul(n, 8, 8, t19, 8, 1, U_g, 8, 1, t24);
+    lstm_sequence_product1(n, t19, U_g, t24);
 
     /* t24 += x3 @ W_g */
-    symbackprop_f64_matmul_add(n, 8, 1, x3_, 1, 0, W_g, 0, 1, t24);
+    lstm_sequence_product2(n, x3_, W_g, t24);
 
     /* t25 = tanh(b_g + t24) */
     LSTM_SEQUENCE_REAL *t25 = with_grads ? t23 + 8*n : t16; /* n x 8 */
@@ -259,10 +342,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t26 = t19 @ U_f, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t26 = with_grads ? t24 : t18; /* n x 8, in t24's memory */
-    symbackprop_f64_matmul(n, 8, 8, t19, 8, 1, U_f, 8, 1, t26);
+    lstm_sequence_product1(n, t19, U_f, t26);
 
     /* t26 += x3 @ W_f */
-    symbackprop_f64_matmul_add(n, 8, 1, x3_, 1, 0, W_f, 0, 1, t26);
+    lstm_sequence_product2(n, x3_, W_f, t26);
 
     /* t27 = sigmoid(b_f + t26) */
     /* t28 = t17*sigmoid(b_f + t26) + t23*t25 */
@@ -287,10 +370,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t31 = t30 @ U_o, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t31 = with_grads ? t26 : t17; /* n x 8, in t26's memory */
-    symbackprop_f64_matmul(n, 8, 8, t30, 8, 1, U_o, 8, 1, t31);
+    lstm_sequence_product1(n, t30, U_o, t31);
 
     /* t31 += x4 @ W_o */
-    symbackprop_f64_matmul_add(n, 8, 1, x4_, 1, 0, W_o, 0, 1, t31);
+    lstm_sequence_product2(n, x4_, W_o, t31);
 }
 #endif
 
@@ -339,10 +422,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t33 = t30 @ U_i, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t33 = with_grads ? t31 : t23; /* n x 8, in t31's memory */
-    symbackprop_f64_matmul(n, 8, 8, t30, 8, 1, U_i, 8, 1, t33);
+    lstm_sequence_product1(n, t30, U_i, t33);
 
     /* t33 += x4 @ W_i */
-    symbackprop_f64_matmul_add(n, 8, 1, x4_, 1, 0, W_i, 0, 1, t33);
+    lstm_sequence_product2(n, x4_, W_i, t33);
 
     /* t34 = sigmoid(b_i + t33) */
     LSTM_SEQUENCE_REAL *t34 = with_grads ? t32 + 8*n : t25; /* n x 8 */
@@ -355,10 +438,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t35 = t30 @ U_g, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t35 = with_grads ? t33 : t26; /* n x 8, in t33's memory */
-    symbackprop_f64_matmul(n, 8, 8, t30, 8, 1, U_g, 8, 1, t35);
+    lstm_sequence_product1(n, t30, U_g, t35);
 
     /* t35 += x4 @ W_g */
-    symbackprop_f64_matmul_add(n, 8, 1, x4_, 1, 0, W_g, 0, 1, t35);
+    lstm_sequence_product2(n, x4_, W_g, t35);
 
     /* t36 = tanh(b_g + t35) */
     LSTM_SEQUENCE_REAL *t36 = with_grads ? t34 + 8*n : t27; /* n x 8 */
@@ -371,10 +454,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t37 = t30 @ U_f, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t37 = with_grads ? t35 : t29; /* n x 8, in t35's memory */
-    symbackprop_f64_matmul(n, 8, 8, t30, 8, 1, U_f, 8, 1, t37);
+    lstm_sequence_product1(n, t30, U_f, t37);
 
     /* t37 += x4 @ W_f */
-    symbackprop_f64_matmul_add(n, 8, 1, x4_, 1, 0, W_f, 0, 1, t37);
+    lstm_sequence_product2(n, x4_, W_f, t37);
 
     /* t38 = sigmoid(b_f + t37) */
     /* t39 = t28*sigmoid(b_f + t37) + t34*t36 */
@@ -399,10 +482,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t42 = t41 @ U_o, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t42 = with_grads ? t37 : t28; /* n x 8, in t37's memory */
-    symbackprop_f64_matmul(n, 8, 8, t41, 8, 1, U_o, 8, 1, t42);
+    lstm_sequence_product1(n, t41, U_o, t42);
 
     /* t42 += x5 @ W_o */
-    symbackprop_f64_matmul_add(n, 8, 1, x5_, 1, 0, W_o, 0, 1, t42);
+    lstm_sequence_product2(n, x5_, W_o, t42);
 
     /* t43 = sigmoid(b_o + t42) */
     LSTM_SEQUENCE_REAL *t43 = with_grads ? t41 + 8*n : t32; /* n x 8 */
@@ -415,10 +498,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t44 = t41 @ U_i, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t44 = with_grads ? t42 : t34; /* n x 8, in t42's memory */
-    symbackprop_f64_matmul(n, 8, 8, t41, 8, 1, U_i, 8, 1, t44);
+    lstm_sequence_product1(n, t41, U_i, t44);
 
     /* t44 += x5 @ W_i */
-    symbackprop_f64_matmul_add(n, 8, 1, x5_, 1, 0, W_i, 0, 1, t44);
+    lstm_sequence_product2(n, x5_, W_i, t44);
 
     /* t45 = sigmoid(b_i + t44) */
     LSTM_SEQUENCE_REAL *t45 = with_grads ? t43 + 8*n : t36; /* n x 8 */
@@ -431,10 +514,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t46 = t41 @ U_g, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t46 = with_grads ? t44 : t37; /* n x 8, in t44's memory */
-    symbackprop_f64_matmul(n, 8, 8, t41, 8, 1, U_g, 8, 1, t46);
+    lstm_sequence_product1(n, t41, U_g, t46);
 
     /* t46 += x5 @ W_g */
-    symbackprop_f64_matmul_add(n, 8, 1, x5_, 1, 0, W_g, 0, 1, t46);
+    lstm_sequence_product2(n, x5_, W_g, t46);
 
     /* t47 = tanh(b_g + t46) */
     LSTM_SEQUENCE_REAL *t47 = with_grads ? t45 + 8*n : t38; /* n x 8 */
@@ -447,10 +530,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t48 = t41 @ U_f, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t48 = with_grads ? t46 : t40; /* n x 8, in t46's memory */
-    symbackprop_f64_matmul(n, 8, 8, t41, 8, 1, U_f, 8, 1, t48);
+    lstm_sequence_product1(n, t41, U_f, t48);
 
     /* t48 += x5 @ W_f */
-    symbackprop_f64_matmul_add(n, 8, 1, x5_, 1, 0, W_f, 0, 1, t48);
+    lstm_sequence_product2(n, x5_, W_f, t48);
 
     /* t49 = sigmoid(b_f + t48) */
     /* t50 = t39*sigmoid(b_f + t48) + t45*t47 */
@@ -475,10 +558,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t53 = t52 @ U_o, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t53 = with_grads ? t48 : t39; /* n x 8, in t48's memory */
-    symbackprop_f64_matmul(n, 8, 8, t52, 8, 1, U_o, 8, 1, t53);
+    lstm_sequence_product1(n, t52, U_o, t53);
 
     /* t53 += x6 @ W_o */
-    symbackprop_f64_matmul_add(n, 8, 1, x6_, 1, 0, W_o, 0, 1, t53);
+    lstm_sequence_product2(n, x6_, W_o, t53);
 
     /* t54 = sigmoid(b_o + t53) */
     LSTM_SEQUENCE_REAL *t54 = with_grads ? t52 + 8*n : t43; /* n x 8 */
@@ -491,10 +574,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t55 = t52 @ U_i, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t55 = with_grads ? t53 : t45; /* n x 8, in t53's memory */
-    symbackprop_f64_matmul(n, 8, 8, t52, 8, 1, U_i, 8, 1, t55);
+    lstm_sequence_product1(n, t52, U_i, t55);
 
     /* t55 += x6 @ W_i */
-    symbackprop_f64_matmul_add(n, 8, 1, x6_, 1, 0, W_i, 0, 1, t55);
+    lstm_sequence_product2(n, x6_, W_i, t55);
 
     /* t56 = sigmoid(b_i + t55) */
     LSTM_SEQUENCE_REAL *t56 = with_grads ? t54 + 8*n : t47; /* n x 8 */
@@ -507,10 +590,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t57 = t52 @ U_g, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t57 = with_grads ? t55 : t48; /* n x 8, in t55's memory */
-    symbackprop_f64_matmul(n, 8, 8, t52, 8, 1, U_g, 8, 1, t57);
+    lstm_sequence_product1(n, t52, U_g, t57);
 
     /* t57 += x6 @ W_g */
-    symbackprop_f64_matmul_add(n, 8, 1, x6_, 1, 0, W_g, 0, 1, t57);
+    lstm_sequence_product2(n, x6_, W_g, t57);
 
     /* t58 = tanh(b_g + t57) */
     LSTM_SEQUENCE_REAL *t58 = with_grads ? t56 + 8*n : t49; /* n x 8 */
@@ -523,7 +606,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t59 = t52 @ U_f, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t59 = with_grads ? t57 : t51; /* n x 8, in t57's memory */
-    symbackprop_f64_matmul(n, 8, 8, t52, 8, 1, U_f, 8, 1, t59);
+    lstm_sequence_product1(n, t52, U_f, t59);
 }
 #endif
 
@@ -594,7 +677,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     LSTM_SEQUENCE_REAL *t58 = with_grads ? work + 296*n : work + 24*n; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *t59 = work; /* n x 8, in t57's memory; placed in an earlier part */
     /* t59 += x6 @ W_f */
-    symbackprop_f64_matmul_add(n, 8, 1, x6_, 1, 0, W_f, 0, 1, t59);
+    lstm_sequence_product2(n, x6_, W_f, t59);
 
     /* t60 = sigmoid(b_f + t59) */
     /* t61 = t50*sigmoid(b_f + t59) + t56*t58 */
@@ -619,10 +702,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 
     /* t64 = t63 @ U_o, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t64 = with_grads ? t59 : t50; /* n x 8, in t59's memory */
-    symbackprop_f64_matmul(n, 8, 8, t63, 8, 1, U_o, 8, 1, t64);
+    lstm_sequence_product1(n, t63, U_o, t64);
 
     /* t64 += x7 @ W_o */
-    symbackprop_f64_matmul_add(n, 8, 1, x7_, 1, 0, W_o, 0, 1, t64);
+    lstm_sequence_product2(n, x7_, W_o, t64);
 
     /* t65 = sigmoid(b_o + t64) */
     LSTM_SEQUENCE_REAL *t65 = with_grads ? t63 + 8*n : t54; /* n x 8 */
@@ -635,10 +718,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 
     /* t66 = t63 @ U_i, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t66 = with_grads ? t64 : t56; /* n x 8, in t64's memory */
-    symbackprop_f64_matmul(n, 8, 8, t63, 8, 1, U_i, 8, 1, t66);
+    lstm_sequence_product1(n, t63, U_i, t66);
 
     /* t66 += x7 @ W_i */
-    symbackprop_f64_matmul_add(n, 8, 1, x7_, 1, 0, W_i, 0, 1, t66);
+    lstm_sequence_product2(n, x7_, W_i, t66);
 
     /* t67 = sigmoid(b_i + t66) */
     LSTM_SEQUENCE_REAL *t67 = with_grads ? t65 + 8*n : t58; /* n x 8 */
@@ -651,10 +734,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 
     /* t68 = t63 @ U_g, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t68 = with_grads ? t66 : t59; /* n x 8, in t66's memory */
-    symbackprop_f64_matmul(n, 8, 8, t63, 8, 1, U_g, 8, 1, t68);
+    lstm_sequence_product1(n, t63, U_g, t68);
 
     /* t68 += x7 @ W_g */
-    symbackprop_f64_matmul_add(n, 8, 1, x7_, 1, 0, W_g, 0, 1, t68);
+    lstm_sequence_product2(n, x7_, W_g, t68);
 
     /* t69 = tanh(b_g + t68) */
     LSTM_SEQUENCE_REAL *t69 = with_grads ? t67 + 8*n : t60; /* n x 8 */
@@ -667,10 +750,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 
     /* t70 = t63 @ U_f, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t70 = with_grads ? t68 : t62; /* n x 8, in t68's memory */
-    symbackprop_f64_matmul(n, 8, 8, t63, 8, 1, U_f, 8, 1, t70);
+    lstm_sequence_product1(n, t63, U_f, t70);
 
     /* t70 += x7 @ W_f */
-    symbackprop_f64_matmul_add(n, 8, 1, x7_, 1, 0, W_f, 0, 1, t70);
+    lstm_sequence_product2(n, x7_, W_f, t70);
 
     /* t71 = sigmoid(b_f + t70) */
     /* t72 = t61*sigmoid(b_f + t70) + t67*t69 */
@@ -695,10 +778,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 
     /* t75 = t74 @ U_o, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t75 = with_grads ? t70 : t61; /* n x 8, in t70's memory */
-    symbackprop_f64_matmul(n, 8, 8, t74, 8, 1, U_o, 8, 1, t75);
+    lstm_sequence_product1(n, t74, U_o, t75);
 
     /* t75 += x8 @ W_o */
-    symbackprop_f64_matmul_add(n, 8, 1, x8_, 1, 0, W_o, 0, 1, t75);
+    lstm_sequence_product2(n, x8_, W_o, t75);
 
     /* t76 = sigmoid(b_o + t75) */
     LSTM_SEQUENCE_REAL *t76 = with_grads ? t74 + 8*n : t65; /* n x 8 */
@@ -711,10 +794,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 
     /* t77 = t74 @ U_i, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t77 = with_grads ? t75 : t67; /* n x 8, in t75's memory */
-    symbackprop_f64_matmul(n, 8, 8, t74, 8, 1, U_i, 8, 1, t77);
+    lstm_sequence_product1(n, t74, U_i, t77);
 
     /* t77 += x8 @ W_i */
-    symbackprop_f64_matmul_add(n, 8, 1, x8_, 1, 0, W_i, 0, 1, t77);
+    lstm_sequence_product2(n, x8_, W_i, t77);
 
     /* t78 = sigmoid(b_i + t77) */
     LSTM_SEQUENCE_REAL *t78 = with_grads ? t76 + 8*n : t69; /* n x 8 */
@@ -727,10 +810,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 
     /* t79 = t74 @ U_g, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t79 = with_grads ? t77 : t70; /* n x 8, in t77's memory */
-    symbackprop_f64_matmul(n, 8, 8, t74, 8, 1, U_g, 8, 1, t79);
+    lstm_sequence_product1(n, t74, U_g, t79);
 
     /* t79 += x8 @ W_g */
-    symbackprop_f64_matmul_add(n, 8, 1, x8_, 1, 0, W_g, 0, 1, t79);
+    lstm_sequence_product2(n, x8_, W_g, t79);
 
     /* t80 = tanh(b_g + t79) */
     LSTM_SEQUENCE_REAL *t80 = with_grads ? t78 + 8*n : t71; /* n x 8 */
@@ -743,10 +826,10 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 
     /* t81 = t74 @ U_f, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t81 = with_grads ? t79 : t73; /* n x 8, in t79's memory */
-    symbackprop_f64_matmul(n, 8, 8, t74, 8, 1, U_f, 8, 1, t81);
+    lstm_sequence_product1(n, t74, U_f, t81);
 
     /* t81 += x8 @ W_f */
-    symbackprop_f64_matmul_add(n, 8, 1, x8_, 1, 0, W_f, 0, 1, t81);
+    lstm_sequence_product2(n, x8_, W_f, t81);
 
     /* t82 = sigmoid(b_f + t81) */
     /* t83 = tanh(t72*sigmoid(b_f + t81) + t78*t80) */
@@ -767,7 +850,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 
     /* t85 = t84 @ V */
     LSTM_SEQUENCE_REAL *t85 = with_grads ? t84 + 8*n : t19 + 8*n; /* n x 1 */
-    symbackprop_f64_matmul(n, 1, 8, t84, 8, 1, V, 1, 0, t85);
+    lstm_sequence_product3(n, t84, V, t85);
 
     /* logit = c0 + t85 */
     /* t86 = -y*(c0 + t85) + softplus(c0 + t85) */
@@ -826,7 +909,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     LSTM_SEQUENCE_REAL *t87 = with_grads ? work + 443*n : work + 75*n; /* 1 x 1; placed in an earlier part */
     /* grad_t84 = grad_logit @ V^T */
     LSTM_SEQUENCE_REAL *grad_t84 = t81; /* n x 8, in t81's memory */
-    symbackprop_f64_matmul(n, 8, 1, grad_logit, 1, 0, V, 0, 1, grad_t84);
+    lstm_sequence_product0(n, grad_logit, V, grad_t84);
 
     /* g0 = grad_t84*t76*(1 - t83**2) */
     /* g1 = grad_t84*t76*t78*t80*(1 - t78)*(1 - t83**2) */
@@ -935,20 +1018,20 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     LSTM_SEQUENCE_REAL *g3 = work + 467*n + 1; /* n x 8; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g4 = work + 475*n + 1; /* n x 8; placed in an earlier part */
     /* grad_W_i = x8^T @ g1, the first of 8 products added up here */
-    symbackprop_f64_matmul(1, 8, n, x8_, 0, 1, g1, 8, 1, grad_W_i);
+    lstm_sequence_product4(n, x8_, g1, grad_W_i);
 
     /* grad_t74 = g2 @ U_f^T, the first of 4 products added up here */
     LSTM_SEQUENCE_REAL *grad_t74 = t72; /* n x 8, in t72's memory */
-    symbackprop_f64_matmul(n, 8, 8, g2, 8, 1, U_f, 1, 8, grad_t74);
+    lstm_sequence_product5(n, g2, U_f, grad_t74);
 
     /* grad_t74 += g3 @ U_g^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g3, 8, 1, U_g, 1, 8, grad_t74);
+    lstm_sequence_product6(n, g3, U_g, grad_t74);
 
     /* grad_t74 += g1 @ U_i^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g1, 8, 1, U_i, 1, 8, grad_t74);
+    lstm_sequence_product6(n, g1, U_i, grad_t74);
 
     /* grad_t74 += g4 @ U_o^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g4, 8, 1, U_o, 1, 8, grad_t74);
+    lstm_sequence_product6(n, g4, U_o, grad_t74);
 
     /* grad_t72 = g0*t82 + grad_t74*t65*(1 - t73**2) */
     /* g5 = t67*t69*(1 - t67)*(g0*t82 + grad_t74*t65*(1 - t73**2)) */
@@ -975,20 +1058,20 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     }
 
     /* grad_W_i += x7^T @ g5 */
-    symbackprop_f64_matmul_add(1, 8, n, x7_, 0, 1, g5, 8, 1, grad_W_i);
+    lstm_sequence_product7(n, x7_, g5, grad_W_i);
 
     /* grad_t63 = g6 @ U_f^T, the first of 4 products added up here */
     LSTM_SEQUENCE_REAL *grad_t63 = t61; /* n x 8, in t61's memory */
-    symbackprop_f64_matmul(n, 8, 8, g6, 8, 1, U_f, 1, 8, grad_t63);
+    lstm_sequence_product5(n, g6, U_f, grad_t63);
 
     /* grad_t63 += g7 @ U_g^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g7, 8, 1, U_g, 1, 8, grad_t63);
+    lstm_sequence_product6(n, g7, U_g, grad_t63);
 
     /* grad_t63 += g5 @ U_i^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g5, 8, 1, U_i, 1, 8, grad_t63);
+    lstm_sequence_product6(n, g5, U_i, grad_t63);
 
     /* grad_t63 += g8 @ U_o^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g8, 8, 1, U_o, 1, 8, grad_t63);
+    lstm_sequence_product6(n, g8, U_o, grad_t63);
 
     /* grad_t61 = grad_t63*t54*(1 - t62**2) + grad_t72*t71 */
     /* g9 = t56*t58*(1 - t56)*(grad_t63*t54*(1 - t62**2) + grad_t72*t71) */
@@ -1015,20 +1098,20 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     }
 
     /* grad_W_i += x6^T @ g9 */
-    symbackprop_f64_matmul_add(1, 8, n, x6_, 0, 1, g9, 8, 1, grad_W_i);
+    lstm_sequence_product7(n, x6_, g9, grad_W_i);
 
     /* grad_t52 = g10 @ U_f^T, the first of 4 products added up here */
     LSTM_SEQUENCE_REAL *grad_t52 = g0; /* n x 8, in g0's memory */
-    symbackprop_f64_matmul(n, 8, 8, g10, 8, 1, U_f, 1, 8, grad_t52);
+    lstm_sequence_product5(n, g10, U_f, grad_t52);
 
     /* grad_t52 += g11 @ U_g^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g11, 8, 1, U_g, 1, 8, grad_t52);
+    lstm_sequence_product6(n, g11, U_g, grad_t52);
 
     /* grad_t52 += g9 @ U_i^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g9, 8, 1, U_i, 1, 8, grad_t52);
+    lstm_sequence_product6(n, g9, U_i, grad_t52);
 
     /* grad_t52 += g12 @ U_o^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g12, 8, 1, U_o, 1, 8, grad_t52);
+    lstm_sequence_product6(n, g12, U_o, grad_t52);
 
     /* grad_t50 = grad_t52*t43*(1 - t51**2) + grad_t61*t60 */
     /* g13 = t45*t47*(1 - t45)*(grad_t52*t43*(1 - t51**2) + grad_t61*t60) */
@@ -1055,20 +1138,20 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     }
 
     /* grad_W_i += x5^T @ g13 */
-    symbackprop_f64_matmul_add(1, 8, n, x5_, 0, 1, g13, 8, 1, grad_W_i);
+    lstm_sequence_product7(n, x5_, g13, grad_W_i);
 
     /* grad_t41 = g14 @ U_f^T, the first of 4 products added up here */
     LSTM_SEQUENCE_REAL *grad_t41 = t62; /* n x 8, in t62's memory */
-    symbackprop_f64_matmul(n, 8, 8, g14, 8, 1, U_f, 1, 8, grad_t41);
+    lstm_sequence_product5(n, g14, U_f, grad_t41);
 
     /* grad_t41 += g15 @ U_g^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g15, 8, 1, U_g, 1, 8, grad_t41);
+    lstm_sequence_product6(n, g15, U_g, grad_t41);
 
     /* grad_t41 += g13 @ U_i^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g13, 8, 1, U_i, 1, 8, grad_t41);
+    lstm_sequence_product6(n, g13, U_i, grad_t41);
 
     /* grad_t41 += g16 @ U_o^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g16, 8, 1, U_o, 1, 8, grad_t41);
+    lstm_sequence_product6(n, g16, U_o, grad_t41);
 
     /* grad_t39 = grad_t41*t32*(1 - t40**2) + grad_t50*t49 */
     /* g17 = t34*t36*(1 - t34)*(grad_t41*t32*(1 - t40**2) + grad_t50*t49) */
@@ -1095,20 +1178,20 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     }
 
     /* grad_W_i += x4^T @ g17 */
-    symbackprop_f64_matmul_add(1, 8, n, x4_, 0, 1, g17, 8, 1, grad_W_i);
+    lstm_sequence_product7(n, x4_, g17, grad_W_i);
 
     /* grad_t30 = g18 @ U_f^T, the first of 4 products added up here */
     LSTM_SEQUENCE_REAL *grad_t30 = t45; /* n x 8, in t45's memory */
-    symbackprop_f64_matmul(n, 8, 8, g18, 8, 1, U_f, 1, 8, grad_t30);
+    lstm_sequence_product5(n, g18, U_f, grad_t30);
 
     /* grad_t30 += g19 @ U_g^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g19, 8, 1, U_g, 1, 8, grad_t30);
+    lstm_sequence_product6(n, g19, U_g, grad_t30);
 
     /* grad_t30 += g17 @ U_i^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g17, 8, 1, U_i, 1, 8, grad_t30);
+    lstm_sequence_product6(n, g17, U_i, grad_t30);
 
     /* grad_t30 += g20 @ U_o^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g20, 8, 1, U_o, 1, 8, grad_t30);
+    lstm_sequence_product6(n, g20, U_o, grad_t30);
 
     /* grad_t28 = grad_t30*t21*(1 - t29**2) + grad_t39*t38 */
     /* g21 = t23*t25*(1 - t23)*(grad_t30*t21*(1 - t29**2) + grad_t39*t38) */
@@ -1135,11 +1218,11 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     }
 
     /* grad_W_i += x3^T @ g21 */
-    symbackprop_f64_matmul_add(1, 8, n, x3_, 0, 1, g21, 8, 1, grad_W_i);
+    lstm_sequence_product7(n, x3_, g21, grad_W_i);
 
     /* grad_t19 = g22 @ U_f^T, the first of 4 products added up here */
     LSTM_SEQUENCE_REAL *grad_t19 = t28; /* n x 8, in t28's memory */
-    symbackprop_f64_matmul(n, 8, 8, g22, 8, 1, U_f, 1, 8, grad_t19);
+    lstm_sequence_product5(n, g22, U_f, grad_t19);
 }
 #endif
 
@@ -1242,13 +1325,13 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *g24 = work + 443*n + 1; /* n x 8, in grad_t52's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *grad_t19 = work + 144*n; /* n x 8, in t28's memory; placed in an earlier part */
     /* grad_t19 += g23 @ U_g^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g23, 8, 1, U_g, 1, 8, grad_t19);
+    lstm_sequence_product6(n, g23, U_g, grad_t19);
 
     /* grad_t19 += g21 @ U_i^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g21, 8, 1, U_i, 1, 8, grad_t19);
+    lstm_sequence_product6(n, g21, U_i, grad_t19);
 
     /* grad_t19 += g24 @ U_o^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g24, 8, 1, U_o, 1, 8, grad_t19);
+    lstm_sequence_product6(n, g24, U_o, grad_t19);
 
     /* grad_t17 = grad_t19*t10*(1 - t18**2) + grad_t28*t27 */
     /* g25 = t12*t14*(1 - t12)*(grad_t19*t10*(1 - t18**2) + grad_t28*t27) */
@@ -1280,20 +1363,20 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     }
 
     /* grad_W_i += x2^T @ g25 */
-    symbackprop_f64_matmul_add(1, 8, n, x2_, 0, 1, g25, 8, 1, grad_W_i);
+    lstm_sequence_product7(n, x2_, g25, grad_W_i);
 
     /* grad_t8 = g26 @ U_f^T, the first of 4 products added up here */
     LSTM_SEQUENCE_REAL *grad_t8 = grad_t41; /* n x 8, in grad_t41's memory */
-    symbackprop_f64_matmul(n, 8, 8, g26, 8, 1, U_f, 1, 8, grad_t8);
+    lstm_sequence_product5(n, g26, U_f, grad_t8);
 
     /* grad_t8 += g27 @ U_g^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g27, 8, 1, U_g, 1, 8, grad_t8);
+    lstm_sequence_product6(n, g27, U_g, grad_t8);
 
     /* grad_t8 += g25 @ U_i^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g25, 8, 1, U_i, 1, 8, grad_t8);
+    lstm_sequence_product6(n, g25, U_i, grad_t8);
 
     /* grad_t8 += g28 @ U_o^T */
-    symbackprop_f64_matmul_add(n, 8, 8, g28, 8, 1, U_o, 1, 8, grad_t8);
+    lstm_sequence_product6(n, g28, U_o, grad_t8);
 
     /* g30 = t3*t5*(1 - t3)*(grad_t17*t16 + grad_t8*t1*(1 - t7**2)) */
     /* g31 = t3*(1 - t5**2)*(grad_t17*t16 + grad_t8*t1*(1 - t7**2)) */
@@ -1327,70 +1410,70 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     }
 
     /* grad_W_i += x1^T @ g30 */
-    symbackprop_f64_matmul_add(1, 8, n, x1_, 0, 1, g30, 8, 1, grad_W_i);
+    lstm_sequence_product7(n, x1_, g30, grad_W_i);
 
     /* grad_W_f = x8^T @ g2, the first of 7 products added up here */
-    symbackprop_f64_matmul(1, 8, n, x8_, 0, 1, g2, 8, 1, grad_W_f);
+    lstm_sequence_product4(n, x8_, g2, grad_W_f);
 
     /* grad_W_f += x7^T @ g6 */
-    symbackprop_f64_matmul_add(1, 8, n, x7_, 0, 1, g6, 8, 1, grad_W_f);
+    lstm_sequence_product7(n, x7_, g6, grad_W_f);
 
     /* grad_W_f += x6^T @ g10 */
-    symbackprop_f64_matmul_add(1, 8, n, x6_, 0, 1, g10, 8, 1, grad_W_f);
+    lstm_sequence_product7(n, x6_, g10, grad_W_f);
 
     /* grad_W_f += x5^T @ g14 */
-    symbackprop_f64_matmul_add(1, 8, n, x5_, 0, 1, g14, 8, 1, grad_W_f);
+    lstm_sequence_product7(n, x5_, g14, grad_W_f);
 
     /* grad_W_f += x4^T @ g18 */
-    symbackprop_f64_matmul_add(1, 8, n, x4_, 0, 1, g18, 8, 1, grad_W_f);
+    lstm_sequence_product7(n, x4_, g18, grad_W_f);
 
     /* grad_W_f += x3^T @ g22 */
-    symbackprop_f64_matmul_add(1, 8, n, x3_, 0, 1, g22, 8, 1, grad_W_f);
+    lstm_sequence_product7(n, x3_, g22, grad_W_f);
 
     /* grad_W_f += x2^T @ g26 */
-    symbackprop_f64_matmul_add(1, 8, n, x2_, 0, 1, g26, 8, 1, grad_W_f);
+    lstm_sequence_product7(n, x2_, g26, grad_W_f);
 
     /* grad_W_g = x8^T @ g3, the first of 8 products added up here */
-    symbackprop_f64_matmul(1, 8, n, x8_, 0, 1, g3, 8, 1, grad_W_g);
+    lstm_sequence_product4(n, x8_, g3, grad_W_g);
 
     /* grad_W_g += x7^T @ g7 */
-    symbackprop_f64_matmul_add(1, 8, n, x7_, 0, 1, g7, 8, 1, grad_W_g);
+    lstm_sequence_product7(n, x7_, g7, grad_W_g);
 
     /* grad_W_g += x6^T @ g11 */
-    symbackprop_f64_matmul_add(1, 8, n, x6_, 0, 1, g11, 8, 1, grad_W_g);
+    lstm_sequence_product7(n, x6_, g11, grad_W_g);
 
     /* grad_W_g += x5^T @ g15 */
-    symbackprop_f64_matmul_add(1, 8, n, x5_, 0, 1, g15, 8, 1, grad_W_g);
+    lstm_sequence_product7(n, x5_, g15, grad_W_g);
 
     /* grad_W_g += x4^T @ g19 */
-    symbackprop_f64_matmul_add(1, 8, n, x4_, 0, 1, g19, 8, 1, grad_W_g);
+    lstm_sequence_product7(n, x4_, g19, grad_W_g);
 
     /* grad_W_g += x3^T @ g23 */
-    symbackprop_f64_matmul_add(1, 8, n, x3_, 0, 1, g23, 8, 1, grad_W_g);
+    lstm_sequence_product7(n, x3_, g23, grad_W_g);
 
     /* grad_W_g += x2^T @ g27 */
-    symbackprop_f64_matmul_add(1, 8, n, x2_, 0, 1, g27, 8, 1, grad_W_g);
+    lstm_sequence_product7(n, x2_, g27, grad_W_g);
 
     /* grad_W_g += x1^T @ g31 */
-    symbackprop_f64_matmul_add(1, 8, n, x1_, 0, 1, g31, 8, 1, grad_W_g);
+    lstm_sequence_product7(n, x1_, g31, grad_W_g);
 
     /* grad_W_o = x8^T @ g4, the first of 8 products added up here */
-    symbackprop_f64_matmul(1, 8, n, x8_, 0, 1, g4, 8, 1, grad_W_o);
+    lstm_sequence_product4(n, x8_, g4, grad_W_o);
 
     /* grad_W_o += x7^T @ g8 */
-    symbackprop_f64_matmul_add(1, 8, n, x7_, 0, 1, g8, 8, 1, grad_W_o);
+    lstm_sequence_product7(n, x7_, g8, grad_W_o);
 
     /* grad_W_o += x6^T @ g12 */
-    symbackprop_f64_matmul_add(1, 8, n, x6_, 0, 1, g12, 8, 1, grad_W_o);
+    lstm_sequence_product7(n, x6_, g12, grad_W_o);
 
     /* grad_W_o += x5^T @ g16 */
-    symbackprop_f64_matmul_add(1, 8, n, x5_, 0, 1, g16, 8, 1, grad_W_o);
+    lstm_sequence_product7(n, x5_, g16, grad_W_o);
 
     /* grad_W_o += x4^T @ g20 */
-    symbackprop_f64_matmul_add(1, 8, n, x4_, 0, 1, g20, 8, 1, grad_W_o);
+    lstm_sequence_product7(n, x4_, g20, grad_W_o);
 
     /* grad_W_o += x3^T @ g24 */
-    symbackprop_f64_matmul_add(1, 8, n, x3_, 0, 1, g24, 8, 1, grad_W_o);
+    lstm_sequence_product7(n, x3_, g24, grad_W_o);
 }
 #endif
 
@@ -1467,94 +1550,94 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     LSTM_SEQUENCE_REAL *g32 = work + 120*n; /* n x 8, in t23's memory; placed in an earlier part */
     LSTM_SEQUENCE_REAL *g33 = work + 128*n; /* n x 8, in t25's memory; placed in an earlier part */
     /* grad_W_o += x2^T @ g28 */
-    symbackprop_f64_matmul_add(1, 8, n, x2_, 0, 1, g28, 8, 1, grad_W_o);
+    lstm_sequence_product7(n, x2_, g28, grad_W_o);
 
     /* grad_W_o += x1^T @ g32 */
-    symbackprop_f64_matmul_add(1, 8, n, x1_, 0, 1, g32, 8, 1, grad_W_o);
+    lstm_sequence_product7(n, x1_, g32, grad_W_o);
 
     /* grad_U_i = t74^T @ g1, the first of 7 products added up here */
-    symbackprop_f64_matmul(8, 8, n, t74, 1, 8, g1, 8, 1, grad_U_i);
+    lstm_sequence_product8(n, t74, g1, grad_U_i);
 
     /* grad_U_i += t63^T @ g5 */
-    symbackprop_f64_matmul_add(8, 8, n, t63, 1, 8, g5, 8, 1, grad_U_i);
+    lstm_sequence_product9(n, t63, g5, grad_U_i);
 
     /* grad_U_i += t52^T @ g9 */
-    symbackprop_f64_matmul_add(8, 8, n, t52, 1, 8, g9, 8, 1, grad_U_i);
+    lstm_sequence_product9(n, t52, g9, grad_U_i);
 
     /* grad_U_i += t41^T @ g13 */
-    symbackprop_f64_matmul_add(8, 8, n, t41, 1, 8, g13, 8, 1, grad_U_i);
+    lstm_sequence_product9(n, t41, g13, grad_U_i);
 
     /* grad_U_i += t30^T @ g17 */
-    symbackprop_f64_matmul_add(8, 8, n, t30, 1, 8, g17, 8, 1, grad_U_i);
+    lstm_sequence_product9(n, t30, g17, grad_U_i);
 
     /* grad_U_i += t19^T @ g21 */
-    symbackprop_f64_matmul_add(8, 8, n, t19, 1, 8, g21, 8, 1, grad_U_i);
+    lstm_sequence_product9(n, t19, g21, grad_U_i);
 
     /* grad_U_i += t8^T @ g25 */
-    symbackprop_f64_matmul_add(8, 8, n, t8, 1, 8, g25, 8, 1, grad_U_i);
+    lstm_sequence_product9(n, t8, g25, grad_U_i);
 
     /* grad_U_f = t74^T @ g2, the first of 7 products added up here */
-    symbackprop_f64_matmul(8, 8, n, t74, 1, 8, g2, 8, 1, grad_U_f);
+    lstm_sequence_product8(n, t74, g2, grad_U_f);
 
     /* grad_U_f += t63^T @ g6 */
-    symbackprop_f64_matmul_add(8, 8, n, t63, 1, 8, g6, 8, 1, grad_U_f);
+    lstm_sequence_product9(n, t63, g6, grad_U_f);
 
     /* grad_U_f += t52^T @ g10 */
-    symbackprop_f64_matmul_add(8, 8, n, t52, 1, 8, g10, 8, 1, grad_U_f);
+    lstm_sequence_product9(n, t52, g10, grad_U_f);
 
     /* grad_U_f += t41^T @ g14 */
-    symbackprop_f64_matmul_add(8, 8, n, t41, 1, 8, g14, 8, 1, grad_U_f);
+    lstm_sequence_product9(n, t41, g14, grad_U_f);
 
     /* grad_U_f += t30^T @ g18 */
-    symbackprop_f64_matmul_add(8, 8, n, t30, 1, 8, g18, 8, 1, grad_U_f);
+    lstm_sequence_product9(n, t30, g18, grad_U_f);
 
     /* grad_U_f += t19^T @ g22 */
-    symbackprop_f64_matmul_add(8, 8, n, t19, 1, 8, g22, 8, 1, grad_U_f);
+    lstm_sequence_product9(n, t19, g22, grad_U_f);
 
     /* grad_U_f += t8^T @ g26 */
-    symbackprop_f64_matmul_add(8, 8, n, t8, 1, 8, g26, 8, 1, grad_U_f);
+    lstm_sequence_product9(n, t8, g26, grad_U_f);
 
     /* grad_U_g = t74^T @ g3, the first of 7 products added up here */
-    symbackprop_f64_matmul(8, 8, n, t74, 1, 8, g3, 8, 1, grad_U_g);
+    lstm_sequence_product8(n, t74, g3, grad_U_g);
 
     /* grad_U_g += t63^T @ g7 */
-    symbackprop_f64_matmul_add(8, 8, n, t63, 1, 8, g7, 8, 1, grad_U_g);
+    lstm_sequence_product9(n, t63, g7, grad_U_g);
 
     /* grad_U_g += t52^T @ g11 */
-    symbackprop_f64_matmul_add(8, 8, n, t52, 1, 8, g11, 8, 1, grad_U_g);
+    lstm_sequence_product9(n, t52, g11, grad_U_g);
 
     /* grad_U_g += t41^T @ g15 */
-    symbackprop_f64_matmul_add(8, 8, n, t41, 1, 8, g15, 8, 1, grad_U_g);
+    lstm_sequence_product9(n, t41, g15, grad_U_g);
 
     /* grad_U_g += t30^T @ g19 */
-    symbackprop_f64_matmul_add(8, 8, n, t30, 1, 8, g19, 8, 1, grad_U_g);
+    lstm_sequence_product9(n, t30, g19, grad_U_g);
 
     /* grad_U_g += t19^T @ g23 */
-    symbackprop_f64_matmul_add(8, 8, n, t19, 1, 8, g23, 8, 1, grad_U_g);
+    lstm_sequence_product9(n, t19, g23, grad_U_g);
 
     /* grad_U_g += t8^T @ g27 */
-    symbackprop_f64_matmul_add(8, 8, n, t8, 1, 8, g27, 8, 1, grad_U_g);
+    lstm_sequence_product9(n, t8, g27, grad_U_g);
 
     /* grad_U_o = t74^T @ g4, the first of 7 products added up here */
-    symbackprop_f64_matmul(8, 8, n, t74, 1, 8, g4, 8, 1, grad_U_o);
+    lstm_sequence_product8(n, t74, g4, grad_U_o);
 
     /* grad_U_o += t63^T @ g8 */
-    symbackprop_f64_matmul_add(8, 8, n, t63, 1, 8, g8, 8, 1, grad_U_o);
+    lstm_sequence_product9(n, t63, g8, grad_U_o);
 
     /* grad_U_o += t52^T @ g12 */
-    symbackprop_f64_matmul_add(8, 8, n, t52, 1, 8, g12, 8, 1, grad_U_o);
+    lstm_sequence_product9(n, t52, g12, grad_U_o);
 
     /* grad_U_o += t41^T @ g16 */
-    symbackprop_f64_matmul_add(8, 8, n, t41, 1, 8, g16, 8, 1, grad_U_o);
+    lstm_sequence_product9(n, t41, g16, grad_U_o);
 
     /* grad_U_o += t30^T @ g20 */
-    symbackprop_f64_matmul_add(8, 8, n, t30, 1, 8, g20, 8, 1, grad_U_o);
+    lstm_sequence_product9(n, t30, g20, grad_U_o);
 
     /* grad_U_o += t19^T @ g24 */
-    symbackprop_f64_matmul_add(8, 8, n, t19, 1, 8, g24, 8, 1, grad_U_o);
+    lstm_sequence_product9(n, t19, g24, grad_U_o);
 
     /* grad_U_o += t8^T @ g28 */
-    symbackprop_f64_matmul_add(8, 8, n, t8, 1, 8, g28, 8, 1, grad_U_o);
+    lstm_sequence_product9(n, t8, g28, grad_U_o);
 
     /* grad_b_i = sum of g33 down each column */
     symbackprop_f64_sum_columns(g33, n, 8, 8, grad_b_i);
@@ -1589,7 +1672,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     symbackprop_f64_sum_columns(g35, n, 8, 8, grad_b_o);
 
     /* grad_V = t84^T @ grad_logit */
-    symbackprop_f64_matmul(8, 1, n, t84, 1, 8, grad_logit, 1, 0, grad_V);
+    lstm_sequence_product10(n, t84, grad_logit, grad_V);
 
     /* grad_c0 = sum of grad_logit down each column */
     grad_c0[0] = symbackprop_f64_sum(grad_logit, n, 1);

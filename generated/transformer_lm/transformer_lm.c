@@ -25,6 +25,103 @@
 #define TRANSFORMER_LM_SHARED static
 #endif
 
+/* Its 78 matrix products, a function for each kind of call (its sizes
+ * and strides): the product's loops are compiled once a kind, fitted to its
+ * constants, not into every call (in unit 0). */
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product4(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product7(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 64, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 256, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 64, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 62, 64, a, 64, 1, b, 62, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product4(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 62, a, 62, 1, b, 1, 62, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 1, 64, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 1, 256, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product7(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 1, 64, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul_add(s0, 64, 64, a, 64, 1, b, 1, 64, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 256, s0, a, 1, 64, b, 256, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(256, 64, s0, a, 1, 256, b, 64, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
+}
+#endif
+
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_grads)
 {
@@ -342,11 +439,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* t6 = t4 @ t5 */
     TRANSFORMER_LM_REAL *t6 = with_grads ? t5 + 4096 : t3; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t4, 64, 1, t5, 64, 1, t6);
+    transformer_lm_product0(m, t4, t5, t6);
 
     /* t7 = t4 @ Wk0 */
     TRANSFORMER_LM_REAL *t7 = with_grads ? t6 + 64*m : t5 + 4096; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t4, 64, 1, Wk0, 64, 1, t7);
+    transformer_lm_product0(m, t4, Wk0, t7);
 
     /* t8[(e,t),(h,s)] = sum_k t6[(e,t),h*dh+k] * t7[(e,s),h*dh+k] for s <= t, 0 for s > t
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -425,7 +522,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* t10 = t4 @ Wv0 */
     TRANSFORMER_LM_REAL *t10 = with_grads ? t9 + 256*m : t6; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t4, 64, 1, Wv0, 64, 1, t10);
+    transformer_lm_product0(m, t4, Wv0, t10);
 
     /* t11[(e,t),h*dh+k] = sum_{s<=t} t9[(e,t),(h,s)] * t10[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
@@ -462,7 +559,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* t12 = t11 @ Wo0 */
     TRANSFORMER_LM_REAL *t12 = with_grads ? t11 + 64*m : t4; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t11, 64, 1, Wo0, 64, 1, t12);
+    transformer_lm_product0(m, t11, Wo0, t12);
 
     /* t13 = t12 + t2 */
     TRANSFORMER_LM_REAL *t13 = with_grads ? t12 + 64*m : t10; /* m x 64 */
@@ -534,7 +631,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* t16 = t15 @ W0up */
     TRANSFORMER_LM_REAL *t16 = t8; /* m x 256, in t8's memory */
-    symbackprop_f64_matmul(m, 256, 64, t15, 64, 1, W0up, 256, 1, t16);
+    transformer_lm_product1(m, t15, W0up, t16);
 
     /* t17 = (c0up + t16)*(erf(sqrt(2)*(c0up + t16)/2) + 1)/2 */
     /* t18 = sqrt(2)*(c0up + t16)*exp(-(c0up + t16)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c0up +
@@ -554,7 +651,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* t19 = t17 @ W0down */
     TRANSFORMER_LM_REAL *t19 = with_grads ? t18 + 256*m : t12; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 256, t17, 256, 1, W0down, 64, 1, t19);
+    transformer_lm_product2(m, t17, W0down, t19);
 
     /* t20 = c0down + t13 + t19 */
     TRANSFORMER_LM_REAL *t20 = with_grads ? t19 + 64*m : t14; /* m x 64 */
@@ -635,11 +732,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* t24 = t22 @ t23 */
     TRANSFORMER_LM_REAL *t24 = with_grads ? t23 + 4096 : t19; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t22, 64, 1, t23, 64, 1, t24);
+    transformer_lm_product0(m, t22, t23, t24);
 
     /* t25 = t22 @ Wk1 */
     TRANSFORMER_LM_REAL *t25 = with_grads ? t24 + 64*m : t21; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t22, 64, 1, Wk1, 64, 1, t25);
+    transformer_lm_product0(m, t22, Wk1, t25);
 
     /* t26[(e,t),(h,s)] = sum_k t24[(e,t),h*dh+k] * t25[(e,s),h*dh+k] for s <= t, 0 for s > t
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -718,7 +815,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* t28 = t22 @ Wv1 */
     TRANSFORMER_LM_REAL *t28 = with_grads ? t27 + 256*m : t24; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t22, 64, 1, Wv1, 64, 1, t28);
+    transformer_lm_product0(m, t22, Wv1, t28);
 
     /* t29[(e,t),h*dh+k] = sum_{s<=t} t27[(e,t),(h,s)] * t28[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
@@ -755,7 +852,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* t30 = t29 @ Wo1 */
     TRANSFORMER_LM_REAL *t30 = with_grads ? t29 + 64*m : t22; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t29, 64, 1, Wo1, 64, 1, t30);
+    transformer_lm_product0(m, t29, Wo1, t30);
 
     /* t31 = t20 + t30 */
     TRANSFORMER_LM_REAL *t31 = with_grads ? t30 + 64*m : t28; /* m x 64 */
@@ -830,7 +927,22 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 /* transformer_lm_run, part 3 of 8 (kernels 33 to 44): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
+    int64_t m,
+    const int64_t *targets,
+    const TRANSFORMER_LM_REAL *W1up,
+    const TRANSFORMER_LM_REAL *c1up,
+    const TRANSFORMER_LM_REAL *W1down,
+    const TRANSFORMER_LM_REAL *c1down,
+    const TRANSFORMER_LM_REAL *gf,
+    const TRANSFORMER_LM_REAL *bf,
+    const TRANSFORMER_LM_REAL *Wout,
+    TRANSFORMER_LM_REAL *loss,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
@@ -856,7 +968,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     TRANSFORMER_LM_REAL *t33 = with_grads ? work + 2496*m + 9216 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
     /* t34 = t33 @ W1up */
     TRANSFORMER_LM_REAL *t34 = with_grads ? t26 : t17; /* m x 256, in t26's memory */
-    symbackprop_f64_matmul(m, 256, 64, t33, 64, 1, W1up, 256, 1, t34);
+    transformer_lm_product1(m, t33, W1up, t34);
 
     /* t35 = (c1up + t34)*(erf(sqrt(2)*(c1up + t34)/2) + 1)/2 */
     /* t36 = sqrt(2)*(c1up + t34)*exp(-(c1up + t34)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c1up +
@@ -876,7 +988,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
 
     /* t37 = t35 @ W1down */
     TRANSFORMER_LM_REAL *t37 = with_grads ? t36 + 256*m : t30; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 256, t35, 256, 1, W1down, 64, 1, t37);
+    transformer_lm_product2(m, t35, W1down, t37);
 
     /* t38 = c1down + t31 + t37 */
     TRANSFORMER_LM_REAL *t38 = with_grads ? t37 + 64*m : t32; /* m x 64 */
@@ -948,7 +1060,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
 
     /* t41 = t40 @ Wout */
     TRANSFORMER_LM_REAL *t41 = with_grads ? t40 + 64*m : t18 + 256*m; /* m x 62 */
-    symbackprop_f64_matmul(m, 62, 64, t40, 64, 1, Wout, 62, 1, t41);
+    transformer_lm_product3(m, t40, Wout, t41);
 
     /* t42[i] = t41[i, targets[i]] */
     TRANSFORMER_LM_REAL *t42 = t41 + 62*m; /* m x 1 */
@@ -1054,7 +1166,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 
     /* grad_t40 = grad_t41 @ Wout^T */
     TRANSFORMER_LM_REAL *grad_t40 = grad_t41 + 62*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 62, grad_t41, 62, 1, Wout, 1, 62, grad_t40);
+    transformer_lm_product4(m, grad_t41, Wout, grad_t40);
 
     /* grad_t39 = gf*grad_t40 */
     /* g0 = grad_t40*t39 */
@@ -1131,7 +1243,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 
     /* grad_t35 = grad_t38 @ W1down^T */
     TRANSFORMER_LM_REAL *grad_t35 = t34; /* m x 256, in t34's memory */
-    symbackprop_f64_matmul(m, 256, 64, grad_t38, 64, 1, W1down, 1, 64, grad_t35);
+    transformer_lm_product5(m, grad_t38, W1down, grad_t35);
 
     /* g1 = grad_t35*t36 */
     TRANSFORMER_LM_REAL *g1 = g0 + 64*m; /* m x 256 */
@@ -1144,7 +1256,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 
     /* grad_t33 = g1 @ W1up^T */
     TRANSFORMER_LM_REAL *grad_t33 = t38; /* m x 64, in t38's memory */
-    symbackprop_f64_matmul(m, 64, 256, g1, 256, 1, W1up, 1, 256, grad_t33);
+    transformer_lm_product6(m, g1, W1up, grad_t33);
 
     /* grad_t32 = g1m*grad_t33 */
     /* g2 = grad_t33*t32 */
@@ -1230,7 +1342,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 
     /* grad_t29 = grad_t31 @ Wo1^T */
     TRANSFORMER_LM_REAL *grad_t29 = grad_t32; /* m x 64, in grad_t32's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t31, 64, 1, Wo1, 1, 64, grad_t29);
+    transformer_lm_product7(m, grad_t31, Wo1, grad_t29);
 
     /* grad_t28[(e,s),h*dh+k] = sum_{t>=s} t27[(e,t),(h,s)] * grad_t29[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -1267,7 +1379,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 
     /* grad_t22 = grad_t28 @ Wv1^T, the first of 3 products added up here */
     TRANSFORMER_LM_REAL *grad_t22 = g2 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, grad_t28, 64, 1, Wv1, 1, 64, grad_t22);
+    transformer_lm_product7(m, grad_t28, Wv1, grad_t22);
 
     /* grad_t27[(e,t),(h,s)] = sum_k grad_t29[(e,t),h*dh+k] * t28[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -1371,7 +1483,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_t22 += grad_t25 @ Wk1^T */
-    symbackprop_f64_matmul_add(m, 64, 64, grad_t25, 64, 1, Wk1, 1, 64, grad_t22);
+    transformer_lm_product8(m, grad_t25, Wk1, grad_t22);
 
     /* grad_t24[(e,t),h*dh+k] = sum_{s<=t} grad_t26[(e,t),(h,s)] * t25[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -1407,7 +1519,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_t22 += grad_t24 @ t23^T */
-    symbackprop_f64_matmul_add(m, 64, 64, grad_t24, 64, 1, t23, 1, 64, grad_t22);
+    transformer_lm_product8(m, grad_t24, t23, grad_t22);
 }
 #endif
 
@@ -1547,7 +1659,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 
     /* grad_t17 = grad_t20 @ W0down^T */
     TRANSFORMER_LM_REAL *grad_t17 = t27; /* m x 256, in t27's memory */
-    symbackprop_f64_matmul(m, 256, 64, grad_t20, 64, 1, W0down, 1, 64, grad_t17);
+    transformer_lm_product5(m, grad_t20, W0down, grad_t17);
 
     /* g4 = grad_t17*t18 */
     TRANSFORMER_LM_REAL *g4 = grad_t27; /* m x 256, in grad_t27's memory */
@@ -1560,7 +1672,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 
     /* grad_t15 = g4 @ W0up^T */
     TRANSFORMER_LM_REAL *grad_t15 = grad_t21; /* m x 64, in grad_t21's memory */
-    symbackprop_f64_matmul(m, 64, 256, g4, 256, 1, W0up, 1, 256, grad_t15);
+    transformer_lm_product6(m, g4, W0up, grad_t15);
 
     /* grad_t14 = g0m*grad_t15 */
     /* g5 = grad_t15*t14 */
@@ -1646,7 +1758,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 
     /* grad_t11 = grad_t13 @ Wo0^T */
     TRANSFORMER_LM_REAL *grad_t11 = grad_t14; /* m x 64, in grad_t14's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t13, 64, 1, Wo0, 1, 64, grad_t11);
+    transformer_lm_product7(m, grad_t13, Wo0, grad_t11);
 
     /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} t9[(e,t),(h,s)] * grad_t11[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -1683,7 +1795,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 
     /* grad_t4 = grad_t10 @ Wv0^T, the first of 3 products added up here */
     TRANSFORMER_LM_REAL *grad_t4 = g5 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, Wv0, 1, 64, grad_t4);
+    transformer_lm_product7(m, grad_t10, Wv0, grad_t4);
 
     /* grad_t9[(e,t),(h,s)] = sum_k grad_t11[(e,t),h*dh+k] * t10[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -1787,7 +1899,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_t4 += grad_t7 @ Wk0^T */
-    symbackprop_f64_matmul_add(m, 64, 64, grad_t7, 64, 1, Wk0, 1, 64, grad_t4);
+    transformer_lm_product8(m, grad_t7, Wk0, grad_t4);
 
     /* grad_t6[(e,t),h*dh+k] = sum_{s<=t} grad_t8[(e,t),(h,s)] * t7[(e,s),h*dh+k] (rows (e,t)
      * = e*64+t, 4 heads of 16 columns) */
@@ -1823,7 +1935,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_t4 += grad_t6 @ t5^T */
-    symbackprop_f64_matmul_add(m, 64, 64, grad_t6, 64, 1, t5, 1, 64, grad_t4);
+    transformer_lm_product8(m, grad_t6, t5, grad_t4);
 
     /* grad_t3 = g0a*grad_t4 */
     /* g6 = grad_t4*t3 */
@@ -1912,7 +2024,16 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 /* transformer_lm_run, part 6 of 8 (kernels 86 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
+    int64_t m,
+    const int64_t *ids,
+    const int64_t *positions,
+    TRANSFORMER_LM_REAL *grad_E,
+    TRANSFORMER_LM_REAL *grad_P,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     int64_t m,
     const int64_t *ids,
@@ -2129,7 +2250,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
 
     /* grad_t5 = t4^T @ grad_t6 */
     TRANSFORMER_LM_REAL *grad_t5 = t23; /* 64 x 64, in t23's memory */
-    symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t6, 64, 1, grad_t5);
+    transformer_lm_product9(m, t4, grad_t6, grad_t5);
 
     /* grad_Wq0 = grad_t5/4 */
     SYMBACKPROP_PARALLEL_FOR
@@ -2140,13 +2261,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     }
 
     /* grad_Wk0 = t4^T @ grad_t7 */
-    symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t7, 64, 1, grad_Wk0);
+    transformer_lm_product9(m, t4, grad_t7, grad_Wk0);
 
     /* grad_Wv0 = t4^T @ grad_t10 */
-    symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t10, 64, 1, grad_Wv0);
+    transformer_lm_product9(m, t4, grad_t10, grad_Wv0);
 
     /* grad_Wo0 = t11^T @ grad_t13 */
-    symbackprop_f64_matmul(64, 64, m, t11, 1, 64, grad_t13, 64, 1, grad_Wo0);
+    transformer_lm_product9(m, t11, grad_t13, grad_Wo0);
 
     /* grad_g0m = sum of g5 down each column */
     symbackprop_f64_sum_columns(g5, m, 64, 64, grad_g0m);
@@ -2155,7 +2276,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     symbackprop_f64_sum_columns(grad_t15, m, 64, 64, grad_b0m);
 
     /* grad_W0up = t15^T @ g4 */
-    symbackprop_f64_matmul(64, 256, m, t15, 1, 64, g4, 256, 1, grad_W0up);
+    transformer_lm_product10(m, t15, g4, grad_W0up);
 }
 #endif
 
@@ -2237,7 +2358,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     symbackprop_f64_sum_columns(g4, m, 256, 256, grad_c0up);
 
     /* grad_W0down = t17^T @ grad_t20 */
-    symbackprop_f64_matmul(256, 64, m, t17, 1, 256, grad_t20, 64, 1, grad_W0down);
+    transformer_lm_product11(m, t17, grad_t20, grad_W0down);
 
     /* grad_c0down = sum of grad_t20 down each column */
     symbackprop_f64_sum_columns(grad_t20, m, 64, 64, grad_c0down);
@@ -2250,7 +2371,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
 
     /* grad_t23 = t22^T @ grad_t24 */
     TRANSFORMER_LM_REAL *grad_t23 = t5; /* 64 x 64, in t5's memory */
-    symbackprop_f64_matmul(64, 64, m, t22, 1, 64, grad_t24, 64, 1, grad_t23);
+    transformer_lm_product9(m, t22, grad_t24, grad_t23);
 
     /* grad_Wq1 = grad_t23/4 */
     SYMBACKPROP_PARALLEL_FOR
@@ -2261,13 +2382,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     }
 
     /* grad_Wk1 = t22^T @ grad_t25 */
-    symbackprop_f64_matmul(64, 64, m, t22, 1, 64, grad_t25, 64, 1, grad_Wk1);
+    transformer_lm_product9(m, t22, grad_t25, grad_Wk1);
 
     /* grad_Wv1 = t22^T @ grad_t28 */
-    symbackprop_f64_matmul(64, 64, m, t22, 1, 64, grad_t28, 64, 1, grad_Wv1);
+    transformer_lm_product9(m, t22, grad_t28, grad_Wv1);
 
     /* grad_Wo1 = t29^T @ grad_t31 */
-    symbackprop_f64_matmul(64, 64, m, t29, 1, 64, grad_t31, 64, 1, grad_Wo1);
+    transformer_lm_product9(m, t29, grad_t31, grad_Wo1);
 
     /* grad_g1m = sum of g2 down each column */
     symbackprop_f64_sum_columns(g2, m, 64, 64, grad_g1m);
@@ -2276,13 +2397,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     symbackprop_f64_sum_columns(grad_t33, m, 64, 64, grad_b1m);
 
     /* grad_W1up = t33^T @ g1 */
-    symbackprop_f64_matmul(64, 256, m, t33, 1, 64, g1, 256, 1, grad_W1up);
+    transformer_lm_product10(m, t33, g1, grad_W1up);
 
     /* grad_c1up = sum of g1 down each column */
     symbackprop_f64_sum_columns(g1, m, 256, 256, grad_c1up);
 
     /* grad_W1down = t35^T @ grad_t38 */
-    symbackprop_f64_matmul(256, 64, m, t35, 1, 256, grad_t38, 64, 1, grad_W1down);
+    transformer_lm_product11(m, t35, grad_t38, grad_W1down);
 
     /* grad_c1down = sum of grad_t38 down each column */
     symbackprop_f64_sum_columns(grad_t38, m, 64, 64, grad_c1down);
@@ -2294,7 +2415,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     symbackprop_f64_sum_columns(grad_t40, m, 64, 64, grad_bf);
 
     /* grad_Wout = t40^T @ grad_t41 */
-    symbackprop_f64_matmul(64, 62, m, t40, 1, 64, grad_t41, 62, 1, grad_Wout);
+    transformer_lm_product12(m, t40, grad_t41, grad_Wout);
 }
 #endif
 
@@ -2558,16 +2679,7 @@ size_t transformer_lm_train_step_work_len(int64_t m)
 /* transformer_lm_train_step, part 1 of 9 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
-    int64_t m,
-    const int64_t *ids,
-    const int64_t *positions,
-    TRANSFORMER_LM_REAL *E,
-    TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     int64_t m,
     const int64_t *ids,
@@ -2860,11 +2972,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 
     /* t6 = t4 @ t5 */
     TRANSFORMER_LM_REAL *t6 = t5 + 4096; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t4, 64, 1, t5, 64, 1, t6);
+    transformer_lm_product0(m, t4, t5, t6);
 
     /* t7 = t4 @ Wk0 */
     TRANSFORMER_LM_REAL *t7 = t6 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t4, 64, 1, Wk0, 64, 1, t7);
+    transformer_lm_product0(m, t4, Wk0, t7);
 
     /* t8[(e,t),(h,s)] = sum_k t6[(e,t),h*dh+k] * t7[(e,s),h*dh+k] for s <= t, 0 for s > t
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -2943,7 +3055,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 
     /* t10 = t4 @ Wv0 */
     TRANSFORMER_LM_REAL *t10 = t9 + 256*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t4, 64, 1, Wv0, 64, 1, t10);
+    transformer_lm_product0(m, t4, Wv0, t10);
 
     /* t11[(e,t),h*dh+k] = sum_{s<=t} t9[(e,t),(h,s)] * t10[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
@@ -2980,7 +3092,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 
     /* t12 = t11 @ Wo0 */
     TRANSFORMER_LM_REAL *t12 = t11 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t11, 64, 1, Wo0, 64, 1, t12);
+    transformer_lm_product0(m, t11, Wo0, t12);
 
     /* t13 = t12 + t2 */
     TRANSFORMER_LM_REAL *t13 = t12 + 64*m; /* m x 64 */
@@ -3052,7 +3164,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 
     /* t16 = t15 @ W0up */
     TRANSFORMER_LM_REAL *t16 = t8; /* m x 256, in t8's memory */
-    symbackprop_f64_matmul(m, 256, 64, t15, 64, 1, W0up, 256, 1, t16);
+    transformer_lm_product1(m, t15, W0up, t16);
 
     /* t17 = (c0up + t16)*(erf(sqrt(2)*(c0up + t16)/2) + 1)/2 */
     /* t18 = sqrt(2)*(c0up + t16)*exp(-(c0up + t16)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c0up +
@@ -3072,7 +3184,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 
     /* t19 = t17 @ W0down */
     TRANSFORMER_LM_REAL *t19 = t18 + 256*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 256, t17, 256, 1, W0down, 64, 1, t19);
+    transformer_lm_product2(m, t17, W0down, t19);
 
     /* t20 = c0down + t13 + t19 */
     TRANSFORMER_LM_REAL *t20 = t19 + 64*m; /* m x 64 */
@@ -3153,11 +3265,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 
     /* t24 = t22 @ t23 */
     TRANSFORMER_LM_REAL *t24 = t23 + 4096; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t22, 64, 1, t23, 64, 1, t24);
+    transformer_lm_product0(m, t22, t23, t24);
 
     /* t25 = t22 @ Wk1 */
     TRANSFORMER_LM_REAL *t25 = t24 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t22, 64, 1, Wk1, 64, 1, t25);
+    transformer_lm_product0(m, t22, Wk1, t25);
 
     /* t26[(e,t),(h,s)] = sum_k t24[(e,t),h*dh+k] * t25[(e,s),h*dh+k] for s <= t, 0 for s > t
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -3236,7 +3348,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 
     /* t28 = t22 @ Wv1 */
     TRANSFORMER_LM_REAL *t28 = t27 + 256*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t22, 64, 1, Wv1, 64, 1, t28);
+    transformer_lm_product0(m, t22, Wv1, t28);
 
     /* t29[(e,t),h*dh+k] = sum_{s<=t} t27[(e,t),(h,s)] * t28[(e,s),h*dh+k] (rows (e,t) =
      * e*64+t, 4 heads of 16 columns) */
@@ -3273,7 +3385,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 
     /* t30 = t29 @ Wo1 */
     TRANSFORMER_LM_REAL *t30 = t29 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, t29, 64, 1, Wo1, 64, 1, t30);
+    transformer_lm_product0(m, t29, Wo1, t30);
 
     /* t31 = t20 + t30 */
     TRANSFORMER_LM_REAL *t31 = t30 + 64*m; /* m x 64 */
@@ -3379,7 +3491,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *t33 = work + 2496*m + 9216; /* m x 64; placed in an earlier part */
     /* t34 = t33 @ W1up */
     TRANSFORMER_LM_REAL *t34 = t26; /* m x 256, in t26's memory */
-    symbackprop_f64_matmul(m, 256, 64, t33, 64, 1, W1up, 256, 1, t34);
+    transformer_lm_product1(m, t33, W1up, t34);
 
     /* t35 = (c1up + t34)*(erf(sqrt(2)*(c1up + t34)/2) + 1)/2 */
     /* t36 = sqrt(2)*(c1up + t34)*exp(-(c1up + t34)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c1up +
@@ -3399,7 +3511,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* t37 = t35 @ W1down */
     TRANSFORMER_LM_REAL *t37 = t36 + 256*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 256, t35, 256, 1, W1down, 64, 1, t37);
+    transformer_lm_product2(m, t35, W1down, t37);
 
     /* t38 = c1down + t31 + t37 */
     TRANSFORMER_LM_REAL *t38 = t37 + 64*m; /* m x 64 */
@@ -3471,7 +3583,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* t41 = t40 @ Wout */
     TRANSFORMER_LM_REAL *t41 = t40 + 64*m; /* m x 62 */
-    symbackprop_f64_matmul(m, 62, 64, t40, 64, 1, Wout, 62, 1, t41);
+    transformer_lm_product3(m, t40, Wout, t41);
 
     /* t42[i] = t41[i, targets[i]] */
     TRANSFORMER_LM_REAL *t42 = t41 + 62*m; /* m x 1 */
@@ -3526,7 +3638,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* grad_t40 = grad_t41 @ Wout^T */
     TRANSFORMER_LM_REAL *grad_t40 = grad_t41 + 62*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 62, grad_t41, 62, 1, Wout, 1, 62, grad_t40);
+    transformer_lm_product4(m, grad_t41, Wout, grad_t40);
 
     /* grad_t39 = gf*grad_t40 */
     /* g0 = grad_t40*t39 */
@@ -3603,7 +3715,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* grad_t35 = grad_t38 @ W1down^T */
     TRANSFORMER_LM_REAL *grad_t35 = t34; /* m x 256, in t34's memory */
-    symbackprop_f64_matmul(m, 256, 64, grad_t38, 64, 1, W1down, 1, 64, grad_t35);
+    transformer_lm_product5(m, grad_t38, W1down, grad_t35);
 
     /* g1 = grad_t35*t36 */
     TRANSFORMER_LM_REAL *g1 = g0 + 64*m; /* m x 256 */
@@ -3616,7 +3728,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* grad_t33 = g1 @ W1up^T */
     TRANSFORMER_LM_REAL *grad_t33 = t38; /* m x 64, in t38's memory */
-    symbackprop_f64_matmul(m, 64, 256, g1, 256, 1, W1up, 1, 256, grad_t33);
+    transformer_lm_product6(m, g1, W1up, grad_t33);
 
     /* grad_t32 = g1m*grad_t33 */
     /* g2 = grad_t33*t32 */
@@ -3702,7 +3814,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* grad_t29 = grad_t31 @ Wo1^T */
     TRANSFORMER_LM_REAL *grad_t29 = grad_t32; /* m x 64, in grad_t32's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t31, 64, 1, Wo1, 1, 64, grad_t29);
+    transformer_lm_product7(m, grad_t31, Wo1, grad_t29);
 
     /* grad_t28[(e,s),h*dh+k] = sum_{t>=s} t27[(e,t),(h,s)] * grad_t29[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -3739,7 +3851,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* grad_t22 = grad_t28 @ Wv1^T, the first of 3 products added up here */
     TRANSFORMER_LM_REAL *grad_t22 = g2 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, grad_t28, 64, 1, Wv1, 1, 64, grad_t22);
+    transformer_lm_product7(m, grad_t28, Wv1, grad_t22);
 
     /* grad_t27[(e,t),(h,s)] = sum_k grad_t29[(e,t),h*dh+k] * t28[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -3843,7 +3955,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     }
 
     /* grad_t22 += grad_t25 @ Wk1^T */
-    symbackprop_f64_matmul_add(m, 64, 64, grad_t25, 64, 1, Wk1, 1, 64, grad_t22);
+    transformer_lm_product8(m, grad_t25, Wk1, grad_t22);
 
     /* grad_t24[(e,t),h*dh+k] = sum_{s<=t} grad_t26[(e,t),(h,s)] * t25[(e,s),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -3879,7 +3991,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     }
 
     /* grad_t22 += grad_t24 @ t23^T */
-    symbackprop_f64_matmul_add(m, 64, 64, grad_t24, 64, 1, t23, 1, 64, grad_t22);
+    transformer_lm_product8(m, grad_t24, t23, grad_t22);
 }
 #endif
 
@@ -4017,7 +4129,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 
     /* grad_t17 = grad_t20 @ W0down^T */
     TRANSFORMER_LM_REAL *grad_t17 = t27; /* m x 256, in t27's memory */
-    symbackprop_f64_matmul(m, 256, 64, grad_t20, 64, 1, W0down, 1, 64, grad_t17);
+    transformer_lm_product5(m, grad_t20, W0down, grad_t17);
 
     /* g4 = grad_t17*t18 */
     TRANSFORMER_LM_REAL *g4 = grad_t27; /* m x 256, in grad_t27's memory */
@@ -4030,7 +4142,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 
     /* grad_t15 = g4 @ W0up^T */
     TRANSFORMER_LM_REAL *grad_t15 = grad_t21; /* m x 64, in grad_t21's memory */
-    symbackprop_f64_matmul(m, 64, 256, g4, 256, 1, W0up, 1, 256, grad_t15);
+    transformer_lm_product6(m, g4, W0up, grad_t15);
 
     /* grad_t14 = g0m*grad_t15 */
     /* g5 = grad_t15*t14 */
@@ -4116,7 +4228,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 
     /* grad_t11 = grad_t13 @ Wo0^T */
     TRANSFORMER_LM_REAL *grad_t11 = grad_t14; /* m x 64, in grad_t14's memory */
-    symbackprop_f64_matmul(m, 64, 64, grad_t13, 64, 1, Wo0, 1, 64, grad_t11);
+    transformer_lm_product7(m, grad_t13, Wo0, grad_t11);
 
     /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} t9[(e,t),(h,s)] * grad_t11[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -4153,7 +4265,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 
     /* grad_t4 = grad_t10 @ Wv0^T, the first of 3 products added up here */
     TRANSFORMER_LM_REAL *grad_t4 = g5 + 64*m; /* m x 64 */
-    symbackprop_f64_matmul(m, 64, 64, grad_t10, 64, 1, Wv0, 1, 64, grad_t4);
+    transformer_lm_product7(m, grad_t10, Wv0, grad_t4);
 
     /* grad_t9[(e,t),(h,s)] = sum_k grad_t11[(e,t),h*dh+k] * t10[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
@@ -4257,7 +4369,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_t4 += grad_t7 @ Wk0^T */
-    symbackprop_f64_matmul_add(m, 64, 64, grad_t7, 64, 1, Wk0, 1, 64, grad_t4);
+    transformer_lm_product8(m, grad_t7, Wk0, grad_t4);
 
     /* grad_t6[(e,t),h*dh+k] = sum_{s<=t} grad_t8[(e,t),(h,s)] * t7[(e,s),h*dh+k] (rows (e,t)
      * = e*64+t, 4 heads of 16 columns) */
@@ -4293,7 +4405,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_t4 += grad_t6 @ t5^T */
-    symbackprop_f64_matmul_add(m, 64, 64, grad_t6, 64, 1, t5, 1, 64, grad_t4);
+    transformer_lm_product8(m, grad_t6, t5, grad_t4);
 
     /* grad_t3 = g0a*grad_t4 */
     /* g6 = grad_t4*t3 */
@@ -4556,7 +4668,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
 /* transformer_lm_train_step, part 6 of 9 (kernels 87 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     int64_t m,
     TRANSFORMER_LM_REAL *E,
@@ -4568,7 +4680,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     const TRANSFORMER_LM_REAL *weight_decay,
     TRANSFORMER_LM_REAL *work
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     int64_t m,
     TRANSFORMER_LM_REAL *E,
@@ -4640,7 +4752,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
 
     /* grad_t5 = t4^T @ grad_t6 */
     TRANSFORMER_LM_REAL *grad_t5 = grad_P_1; /* 64 x 64, in grad_P_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t6, 64, 1, grad_t5);
+    transformer_lm_product9(m, t4, grad_t6, grad_t5);
 
     /* grad_Wq0_2 = Wq0*weight_decay + grad_t5/4 */
     TRANSFORMER_LM_REAL *grad_Wq0_2 = grad_b0a_2 + 64; /* 64 x 64 */
@@ -4656,7 +4768,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
 
     /* grad_Wk0_1 = t4^T @ grad_t7 */
     TRANSFORMER_LM_REAL *grad_Wk0_1 = grad_t5; /* 64 x 64, in grad_t5's memory */
-    symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t7, 64, 1, grad_Wk0_1);
+    transformer_lm_product9(m, t4, grad_t7, grad_Wk0_1);
 
     /* grad_Wk0_2 = Wk0*weight_decay + grad_Wk0_1 */
     TRANSFORMER_LM_REAL *grad_Wk0_2 = grad_Wq0_2 + 4096; /* 64 x 64 */
@@ -4675,29 +4787,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
 /* transformer_lm_train_step, part 7 of 9 (kernels 97 to 128): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
-    int64_t m,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *b0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *c0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
-    const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *Wv0,
@@ -4745,7 +4835,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4157*m + 21441; /* 64 x 64; placed in an earlier part */
     /* grad_Wv0_1 = t4^T @ grad_t10 */
     TRANSFORMER_LM_REAL *grad_Wv0_1 = grad_Wk0_1; /* 64 x 64, in grad_Wk0_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t4, 1, 64, grad_t10, 64, 1, grad_Wv0_1);
+    transformer_lm_product9(m, t4, grad_t10, grad_Wv0_1);
 
     /* grad_Wv0_2 = Wv0*weight_decay + grad_Wv0_1 */
     TRANSFORMER_LM_REAL *grad_Wv0_2 = grad_Wk0_2 + 4096; /* 64 x 64 */
@@ -4761,7 +4851,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
 
     /* grad_Wo0_1 = t11^T @ grad_t13 */
     TRANSFORMER_LM_REAL *grad_Wo0_1 = grad_Wv0_1; /* 64 x 64, in grad_Wv0_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t11, 1, 64, grad_t13, 64, 1, grad_Wo0_1);
+    transformer_lm_product9(m, t11, grad_t13, grad_Wo0_1);
 
     /* grad_Wo0_2 = Wo0*weight_decay + grad_Wo0_1 */
     TRANSFORMER_LM_REAL *grad_Wo0_2 = grad_Wv0_2 + 4096; /* 64 x 64 */
@@ -4803,7 +4893,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
 
     /* grad_W0up_1 = t15^T @ g4 */
     TRANSFORMER_LM_REAL *grad_W0up_1 = grad_b0m_2 + 64; /* 64 x 256 */
-    symbackprop_f64_matmul(64, 256, m, t15, 1, 64, g4, 256, 1, grad_W0up_1);
+    transformer_lm_product10(m, t15, g4, grad_W0up_1);
 
     /* grad_W0up_2 = W0up*weight_decay + grad_W0up_1 */
     TRANSFORMER_LM_REAL *grad_W0up_2 = grad_W0up_1 + 16384; /* 64 x 256 */
@@ -4832,7 +4922,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
 
     /* grad_W0down_1 = t17^T @ grad_t20 */
     TRANSFORMER_LM_REAL *grad_W0down_1 = grad_W0up_1; /* 256 x 64, in grad_W0up_1's memory */
-    symbackprop_f64_matmul(256, 64, m, t17, 1, 256, grad_t20, 64, 1, grad_W0down_1);
+    transformer_lm_product11(m, t17, grad_t20, grad_W0down_1);
 
     /* grad_W0down_2 = W0down*weight_decay + grad_W0down_1 */
     TRANSFORMER_LM_REAL *grad_W0down_2 = grad_c0up_2 + 256; /* 256 x 64 */
@@ -4887,7 +4977,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
 
     /* grad_t23 = t22^T @ grad_t24 */
     TRANSFORMER_LM_REAL *grad_t23 = grad_Wo0_1; /* 64 x 64, in grad_Wo0_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t22, 1, 64, grad_t24, 64, 1, grad_t23);
+    transformer_lm_product9(m, t22, grad_t24, grad_t23);
 
     /* grad_Wq1_2 = Wq1*weight_decay + grad_t23/4 */
     TRANSFORMER_LM_REAL *grad_Wq1_2 = grad_b1a_2 + 64; /* 64 x 64 */
@@ -4903,7 +4993,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
 
     /* grad_Wk1_1 = t22^T @ grad_t25 */
     TRANSFORMER_LM_REAL *grad_Wk1_1 = grad_t23; /* 64 x 64, in grad_t23's memory */
-    symbackprop_f64_matmul(64, 64, m, t22, 1, 64, grad_t25, 64, 1, grad_Wk1_1);
+    transformer_lm_product9(m, t22, grad_t25, grad_Wk1_1);
 
     /* grad_Wk1_2 = Wk1*weight_decay + grad_Wk1_1 */
     TRANSFORMER_LM_REAL *grad_Wk1_2 = grad_Wq1_2 + 4096; /* 64 x 64 */
@@ -4919,7 +5009,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
 
     /* grad_Wv1_1 = t22^T @ grad_t28 */
     TRANSFORMER_LM_REAL *grad_Wv1_1 = grad_Wk1_1; /* 64 x 64, in grad_Wk1_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t22, 1, 64, grad_t28, 64, 1, grad_Wv1_1);
+    transformer_lm_product9(m, t22, grad_t28, grad_Wv1_1);
 
     /* grad_Wv1_2 = Wv1*weight_decay + grad_Wv1_1 */
     TRANSFORMER_LM_REAL *grad_Wv1_2 = grad_Wk1_2 + 4096; /* 64 x 64 */
@@ -4935,7 +5025,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
 
     /* grad_Wo1_1 = t29^T @ grad_t31 */
     TRANSFORMER_LM_REAL *grad_Wo1_1 = grad_Wv1_1; /* 64 x 64, in grad_Wv1_1's memory */
-    symbackprop_f64_matmul(64, 64, m, t29, 1, 64, grad_t31, 64, 1, grad_Wo1_1);
+    transformer_lm_product9(m, t29, grad_t31, grad_Wo1_1);
 
     /* grad_Wo1_2 = Wo1*weight_decay + grad_Wo1_1 */
     TRANSFORMER_LM_REAL *grad_Wo1_2 = grad_Wv1_2 + 4096; /* 64 x 64 */
@@ -5145,7 +5235,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4157*m + 100161; /* 1 x 64; placed in an earlier part */
     /* grad_W1up_1 = t33^T @ g1 */
     TRANSFORMER_LM_REAL *grad_W1up_1 = grad_W0down_1; /* 64 x 256, in grad_W0down_1's memory */
-    symbackprop_f64_matmul(64, 256, m, t33, 1, 64, g1, 256, 1, grad_W1up_1);
+    transformer_lm_product10(m, t33, g1, grad_W1up_1);
 
     /* grad_W1up_2 = W1up*weight_decay + grad_W1up_1 */
     TRANSFORMER_LM_REAL *grad_W1up_2 = grad_b1m_2 + 64; /* 64 x 256 */
@@ -5174,7 +5264,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
 
     /* grad_W1down_1 = t35^T @ grad_t38 */
     TRANSFORMER_LM_REAL *grad_W1down_1 = grad_W1up_1; /* 256 x 64, in grad_W1up_1's memory */
-    symbackprop_f64_matmul(256, 64, m, t35, 1, 256, grad_t38, 64, 1, grad_W1down_1);
+    transformer_lm_product11(m, t35, grad_t38, grad_W1down_1);
 
     /* grad_W1down_2 = W1down*weight_decay + grad_W1down_1 */
     TRANSFORMER_LM_REAL *grad_W1down_2 = grad_c1up_2 + 256; /* 256 x 64 */
@@ -5229,7 +5319,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
 
     /* grad_Wout_1 = t40^T @ grad_t41 */
     TRANSFORMER_LM_REAL *grad_Wout_1 = grad_E_1; /* 64 x 62, in grad_E_1's memory */
-    symbackprop_f64_matmul(64, 62, m, t40, 1, 64, grad_t41, 62, 1, grad_Wout_1);
+    transformer_lm_product12(m, t40, grad_t41, grad_Wout_1);
 
     /* grad_Wout_2 = Wout*weight_decay + grad_Wout_1 */
     TRANSFORMER_LM_REAL *grad_Wout_2 = grad_bf_2 + 64; /* 64 x 62 */

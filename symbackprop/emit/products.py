@@ -1,0 +1,123 @@
+"""A module with many matrix products calls one function per kind of product.
+
+The runtime header's product helper is static: GCC compiles a copy of its
+loops (and its BLAS branch) into each call, fitted to the call's constant
+sizes and strides. An unrolled recurrent network calls it at every step:
+a GRU of 10 steps made 142 calls of 11 kinds, and their copies were 3.1
+of its 3.4 s of GCC. Past MAX_INLINED_PRODUCTS calls, each kind of call
+(add or not, and the same sizes and strides as C text) becomes one small
+function of the module, which calls the helper with those constants (the
+one copy, fitted to them) and is not inlined; the calls pass what is not
+a constant (a batch size) and the three arrays. A module with fewer calls
+keeps them as they were (an MLP's few products: its C is unchanged).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from symbackprop.emit.codegen import CFunction, CKernel, CModule
+
+# More calls of the product than this in a module: a function per kind of
+# call (each copy compiled into a call cost GCC about 20 ms).
+MAX_INLINED_PRODUCTS = 32
+
+# A product's arguments (ops/matmul.py matmul_fields "args"): these are its
+# sizes and strides, the rest its three arrays (a, b, the result).
+_SHAPE = (0, 1, 2, 4, 5, 7, 8)
+_ARRAYS = {3: "a", 6: "b", 9: "c"}
+
+
+@dataclass(frozen=True)
+class ProductKind:
+    """One function of the module for the calls of one kind: `name`(the
+    non-constant sizes as int64_t s0, s1, ..., a, b, c)."""
+
+    name: str
+    add: bool
+    sizes: tuple[str, ...]  # its int64_t parameters: s0, s1, ...
+    args: tuple[str, ...]  # the helper's ten arguments, constants and parameters
+
+
+def share_products(module: CModule, claim: Callable[[str], str]) -> CModule:
+    """The module with each kind of product call a function of its own
+    (CModule.products), where it calls the product more than
+    MAX_INLINED_PRODUCTS times; else unchanged. `claim` gives a new C name."""
+    calls = [k for fn in module.internal + module.functions for k in _kernels(fn.kernels) if _is_call(k)]
+    if len(calls) <= MAX_INLINED_PRODUCTS:
+        return module
+    kinds: dict[tuple, ProductKind] = {}
+    for kernel in calls:
+        key = _kind_key(kernel)
+        if key not in kinds:
+            kinds[key] = _kind(claim(f"{module.prefix}_product{len(kinds)}"), key)
+
+    def rewrite(value: Any) -> Any:
+        if isinstance(value, CKernel):
+            if _is_call(value):
+                return _calling(value, kinds[_kind_key(value)])
+            return replace(value, fields=rewrite(value.fields))
+        if isinstance(value, dict):
+            return {key: rewrite(item) for key, item in value.items()}
+        if type(value) in (list, tuple):
+            return type(value)(rewrite(item) for item in value)
+        return value
+
+    def function(fn: CFunction) -> CFunction:
+        return replace(fn, kernels=rewrite(fn.kernels))
+
+    return replace(module, functions=tuple(map(function, module.functions)),
+                   internal=tuple(map(function, module.internal)), products=tuple(kinds.values()),
+                   product_calls=len(calls))
+
+
+def _kernels(value: Any) -> list[CKernel]:
+    """The kernels in `value`, and those nested in their fields (a scan's
+    step kernels), in order."""
+    if isinstance(value, CKernel):
+        return [value, *_kernels(value.fields)]
+    if isinstance(value, dict):
+        return [k for item in value.values() for k in _kernels(item)]
+    if type(value) in (list, tuple):
+        return [k for item in value for k in _kernels(item)]
+    return []
+
+
+def _is_call(kernel: CKernel) -> bool:
+    return kernel.kind == "matmul" and bool(kernel.fields.get("call")) and "callee" not in kernel.fields
+
+
+def _kind_key(kernel: CKernel) -> tuple:
+    args = kernel.fields["args"]
+    return (bool(kernel.fields["add"]), *(args[k] for k in _SHAPE))
+
+
+def _constant(text: str) -> bool:
+    return text.lstrip("-").isdigit()
+
+
+def _kind(name: str, key: tuple) -> ProductKind:
+    add, shape = key[0], dict(zip(_SHAPE, key[1:]))
+    sizes: list[str] = []
+    args = []
+    for k in range(10):
+        if k in _ARRAYS:
+            args.append(_ARRAYS[k])
+        elif _constant(shape[k]):
+            args.append(shape[k])
+        else:
+            sizes.append(f"s{len(sizes)}")
+            args.append(sizes[-1])
+    return ProductKind(name, add, tuple(sizes), tuple(args))
+
+
+def _calling(kernel: CKernel, kind: ProductKind) -> CKernel:
+    """The kernel calling its kind's function: the non-constant sizes, then the arrays."""
+    args = kernel.fields["args"]
+    passed = [args[k] for k in _SHAPE if not _constant(args[k])] + [args[k] for k in _ARRAYS]
+    return replace(kernel, fields={**kernel.fields, "callee": kind.name, "call": ", ".join(passed)})
+
+
+__all__ = ["MAX_INLINED_PRODUCTS", "ProductKind", "share_products"]
