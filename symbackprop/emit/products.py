@@ -4,12 +4,13 @@ The runtime header's product helper is static: GCC compiles a copy of its
 loops (and its BLAS branch) into each call, fitted to the call's constant
 sizes and strides. An unrolled recurrent network calls it at every step:
 a GRU of 10 steps made 142 calls of 11 kinds, and its four units took
-3.1 s of GCC CPU, 0.9 s with the helper never inlined. Past MAX_INLINED_PRODUCTS calls, each kind of call
-(add or not, and the same sizes and strides as C text) becomes one small
-function of the module, which calls the helper with those constants (the
-one copy, fitted to them) and is not inlined; the calls pass what is not
-a constant (a batch size) and the three arrays. A module with fewer calls
-keeps them as they were (an MLP's few products: its C is unchanged).
+3.1 s of GCC CPU, 0.9 s with the helper never inlined. Past
+MAX_INLINED_PRODUCTS calls, each kind of call (add or not, and the same
+sizes and strides as C text) becomes one small function of the module,
+which calls the helper with those constants (the one copy, fitted to
+them) and is not inlined; the calls pass what is not a constant (a batch
+size) and the three arrays. A module with fewer calls keeps them as they
+were (an MLP's few products: its C is unchanged).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from symbackprop.emit.codegen import CFunction, CKernel, CModule
 # call (each copy compiled into a call cost GCC about 20 ms).
 MAX_INLINED_PRODUCTS = 32
 
-# A product's arguments (ops/matmul.py matmul_fields "args"): these are its
+# A product's ten arguments (ops/matmul.py matmul_fields "args"): these are its
 # sizes and strides, the rest its three arrays (a, b, the result).
 _SHAPE = (0, 1, 2, 4, 5, 7, 8)
 _ARRAYS = {3: "a", 6: "b", 9: "c"}
@@ -32,8 +33,8 @@ _ARRAYS = {3: "a", 6: "b", 9: "c"}
 
 @dataclass(frozen=True)
 class ProductKind:
-    """One function of the module for the calls of one kind: `name`(the
-    non-constant sizes as int64_t s0, s1, ..., a, b, c)."""
+    """The module's function for the calls of one kind: name(s0, s1, ...,
+    a, b, c), its sizes that are not constants first."""
 
     name: str
     add: bool
@@ -86,7 +87,8 @@ def _kernels(value: Any) -> list[CKernel]:
 
 
 def _is_call(kernel: CKernel) -> bool:
-    return kernel.kind == "matmul" and bool(kernel.fields.get("call")) and "callee" not in kernel.fields
+    """A product calling the runtime's helper (not inline loops), not yet a kind's function."""
+    return kernel.kind == "matmul" and bool(kernel.fields.get("args")) and kernel.fields["callee"] is None
 
 
 def _kind_key(kernel: CKernel) -> tuple:
@@ -117,7 +119,7 @@ def _calling(kernel: CKernel, kind: ProductKind) -> CKernel:
     """The kernel calling its kind's function: the non-constant sizes, then the arrays."""
     args = kernel.fields["args"]
     passed = [args[k] for k in _SHAPE if not _constant(args[k])] + [args[k] for k in _ARRAYS]
-    return replace(kernel, fields={**kernel.fields, "callee": kind.name, "call": ", ".join(passed)})
+    return replace(kernel, fields={**kernel.fields, "callee": kind.name, "args": tuple(passed)})
 
 
 __all__ = ["MAX_INLINED_PRODUCTS", "ProductKind", "share_products"]

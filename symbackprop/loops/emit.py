@@ -44,7 +44,7 @@ def _inner_kernel(em: FunctionEmitter, kernel: Any) -> CKernel:
         ck = replace(ck, fields={**ck.fields, "parallel": False})
     f = ck.fields
     independent = (ck.kind == "map" and f.get("loops")) or (
-        ck.kind == "matmul" and not f.get("call") and f.get("order") == "ikj")
+        ck.kind == "matmul" and not f.get("args") and f.get("order") == "ikj")
     if independent and not ck.declares:
         ck = replace(ck, fields={**f, "independent": True})
     return ck

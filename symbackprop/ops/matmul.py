@@ -102,11 +102,11 @@ def matmul_fields(em: FunctionEmitter, kernel: MatMulKernel) -> dict:
             pointer = f"{em.namer.name(v.buffer)} + {em.dim(v.offset)}".replace(" + 0", "")
             args += [pointer, em.dim(v.row_stride), em.dim(v.col_stride)]
         args.append(em.namer.name(kernel.out))
-        return {"call": ", ".join(args), "args": tuple(args), "add": kernel.add}
+        return {"args": tuple(args), "callee": None, "add": kernel.add}  # callee: emit/products.py
     b_rows_contiguous = kernel.b.col_stride == 1 or kernel.n == 1
     out = View(kernel.out, sp.Integer(0), sp.sympify(kernel.n), sp.Integer(1))
     return {
-        "call": None,
+        "args": None,
         "add": kernel.add,
         "order": "ikj" if b_rows_contiguous else "ijk",
         "m": em.dim(kernel.m),
