@@ -300,6 +300,34 @@ def test_hash_consing_holds_while_a_node_lives():
     assert ir_node._INTERNED.get(key) is None
 
 
+_DROP_AT_EXIT = """
+import gc, weakref
+import sympy as sp
+from symbackprop.ir import construct, node
+a = construct.leaf("a", (3, 1), "param")
+first = construct.map_(sp.Float(0.5) * node.placeholder(0), [a])
+old = weakref.ref(node._INTERNED)
+node._drop_interned()
+gc.collect()
+assert old() is None  # nothing else holds the old table: its callbacks went with it
+del first
+gc.collect()
+again = construct.map_(sp.Float(0.5) * node.placeholder(0), [a])
+assert construct.map_(sp.Float(0.5) * node.placeholder(0), [a]) is again
+print("ok")
+"""
+
+
+def test_the_table_is_dropped_at_exit():
+    """At exit the table goes, so that its entries' callbacks do nothing
+    (a node freed while the interpreter shuts down had its key, a SymPy
+    Float among it, hashed after imports were gone: "Exception ignored");
+    nodes built after it are hash-consed in a new table. (In a process
+    of its own: this one's nodes stay in this one's table.)"""
+    out = subprocess.run([sys.executable, "-c", _DROP_AT_EXIT], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout == "ok\n" and out.stderr == "", out.stderr
+
+
 def _nest(levels: int) -> sp.Expr:
     """sin(sin(...(x))), built without SymPy's evaluation (which recurses)."""
     expr = sp.Symbol("x")

@@ -6,6 +6,7 @@ Symbols (bound from the arrays at call time)."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import weakref
 from collections.abc import Iterable
@@ -38,6 +39,16 @@ class Node:
 # plan or module uses it: a long session that compiles many models (or one
 # model many times) does not keep every node ever built.
 _INTERNED: weakref.WeakValueDictionary[tuple, Node] = weakref.WeakValueDictionary()
+
+
+@atexit.register
+def _drop_interned() -> None:
+    """At exit, the table itself goes (with it, its entries' callbacks):
+    a node freed while the interpreter shuts down would have its key
+    hashed, and a SymPy Float's hash imports (mpmath) once imports are
+    gone ("Exception ignored ... Python is likely shutting down")."""
+    global _INTERNED
+    _INTERNED = weakref.WeakValueDictionary()
 
 
 class ShapeMismatch(ModelError):
