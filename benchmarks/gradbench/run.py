@@ -11,7 +11,9 @@ SYMBACKPROP_CACHE_DIR; cached: the same folder again), capped at
 the numpy reference (the derivative against JAX's where the eval has no numpy
 derivative) and, for symbackprop, against finite differences where the eval
 defines them; the peers that pass are timed, interleaved (one sample of each
-call in turn, repeated), one thread. --scaling times each eval at its 3-4
+call in turn, repeated), one thread, pinned to one CPU (--no-pin: not);
+compiles (symbackprop's probe, JAX's jit, torch.compile) run on every CPU
+the process had, as a user's would. --scaling times each eval at its 3-4
 SCALING sizes and prints the slope of log(time) against log(work).
 """
 
@@ -27,6 +29,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false").strip()
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
@@ -78,12 +81,35 @@ def probe(name: str, size: dict) -> None:
     print(json.dumps({"declare_s": t1 - t0, "compile_s": t2 - t1}))
 
 
+# The CPUs this process had before main pinned it to one. Calls are timed
+# pinned; compiles are not: symbackprop's C compiler runs a large module's
+# units on every CPU, and a peer's compiler may use threads too (pinned, the
+# probe compiled saddle's four units one after another: 2.19 s, against
+# 1.05 s).
+_ALL_CPUS: set[int] | None = None
+
+
+@contextlib.contextmanager
+def every_cpu():
+    """While compiling: this process (and what it starts) on every CPU it had before it was pinned."""
+    if _ALL_CPUS is None:
+        yield
+        return
+    pinned = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, _ALL_CPUS)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, pinned)
+
+
 def compile_probe(name: str, size: dict, cache: str, timeout: float) -> dict:
     env = dict(os.environ, SYMBACKPROP_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "benchmarks.gradbench.run", "--probe", name, "--size", json.dumps(size)]
     try:
-        out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
-                             start_new_session=True)
+        with every_cpu():  # (the probe process inherits this process's CPUs)
+            out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+                                 start_new_session=True)
     except subprocess.TimeoutExpired:
         return {"status": "timeout", "reason": f"compile did not finish in {timeout:.0f} s"}
     if out.returncode != 0:
@@ -157,7 +183,8 @@ def run_eval(name: str, size: dict, args, cache_root: Path) -> dict:
         rec["sbp_compile"] = {"cold": cold, "cached": cached}
         if cold["status"] == "ok":
             os.environ["SYMBACKPROP_CACHE_DIR"] = cache
-            mod = sbp_compile(E, size)
+            with every_cpu():
+                mod = sbp_compile(E, size)
     calls, jax_deriv = {}, None
     for peer in [p for p in ("jax", *args.peers) if p in args.peers or p == "jax"]:
         if peer in calls or (peer == "jax" and "jax" in rec["peers"]):
@@ -169,7 +196,8 @@ def run_eval(name: str, size: dict, args, cache_root: Path) -> dict:
                          reason=str(rec["sbp_compile"]["cold"].get("reason", "")))
             continue
         try:
-            p, d, seconds = peer_calls(E, peer, data, mod)
+            with every_cpu():  # (a peer compiles here: JAX's jit, torch.compile)
+                p, d, seconds = peer_calls(E, peer, data, mod)
         except Unsupported as exc:
             entry.update(status="unsupported", reason=str(exc))
             continue
@@ -236,7 +264,7 @@ def format_tables(records: list) -> str:
         tc = r["peers"].get("torch_compile", {}).get("compile_s") or {}
         comp.append((r["eval"], r["label"], show(cold), show(cached), _t(sum(jx.values())) if jx else "",
                      _t(sum(tc.values())) if tc else ""))
-    lines += ["", "compile time (symbackprop: sbp.compile in a fresh process; cold: empty cache folder):"]
+    lines += ["", "compile time (symbackprop: sbp.compile in a fresh process; cold: empty cache folder; every CPU):"]
     lines += _align(comp)
     if notes:
         lines += ["", "notes:"] + [f"  {n}" for n in notes]
@@ -282,7 +310,9 @@ def main(argv=None) -> int:
         probe(args.probe, json.loads(args.size))
         return 0
     if not args.no_pin and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:1])
+        global _ALL_CPUS
+        _ALL_CPUS = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, sorted(_ALL_CPUS)[:1])
     with tempfile.TemporaryDirectory(prefix="sbp_gradbench_") as tmp:
         cache_root = Path(tmp)
         report: dict = {"meta": meta(args)}
