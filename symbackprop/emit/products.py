@@ -15,6 +15,7 @@ were (an MLP's few products: its C is unchanged).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -40,50 +41,42 @@ class ProductKind:
     add: bool
     sizes: tuple[str, ...]  # its int64_t parameters: s0, s1, ...
     args: tuple[str, ...]  # the helper's ten arguments, constants and parameters
+    calls: int  # how many calls of the module it serves
 
 
 def share_products(module: CModule, claim: Callable[[str], str]) -> CModule:
     """The module with each kind of product call a function of its own
     (CModule.products), where it calls the product more than
     MAX_INLINED_PRODUCTS times; else unchanged. `claim` gives a new C name."""
-    calls = [k for fn in module.internal + module.functions for k in _kernels(fn.kernels) if _is_call(k)]
-    if len(calls) <= MAX_INLINED_PRODUCTS:
-        return module
-    kinds: dict[tuple, ProductKind] = {}
-    for kernel in calls:
-        key = _kind_key(kernel)
-        if key not in kinds:
-            kinds[key] = _kind(claim(f"{module.prefix}_product{len(kinds)}"), key)
+    calls: Counter[tuple] = Counter()  # by kind, in the order first called
 
-    def rewrite(value: Any) -> Any:
-        if isinstance(value, CKernel):
-            if _is_call(value):
-                return _calling(value, kinds[_kind_key(value)])
-            return replace(value, fields=rewrite(value.fields))
-        if isinstance(value, dict):
-            return {key: rewrite(item) for key, item in value.items()}
-        if type(value) in (list, tuple):
-            return type(value)(rewrite(item) for item in value)
-        return value
+    def count(kernel: CKernel) -> CKernel:
+        calls[_kind_key(kernel)] += 1
+        return kernel
+
+    _with_calls([fn.kernels for fn in module.internal + module.functions], count)
+    if calls.total() <= MAX_INLINED_PRODUCTS:
+        return module
+    kinds = {key: _kind(claim(f"{module.prefix}_product{number}"), key, n)
+             for number, (key, n) in enumerate(calls.items())}
 
     def function(fn: CFunction) -> CFunction:
-        return replace(fn, kernels=rewrite(fn.kernels))
+        return replace(fn, kernels=_with_calls(fn.kernels, lambda kernel: _calling(kernel, kinds[_kind_key(kernel)])))
 
     return replace(module, functions=tuple(map(function, module.functions)),
-                   internal=tuple(map(function, module.internal)), products=tuple(kinds.values()),
-                   product_calls=len(calls))
+                   internal=tuple(map(function, module.internal)), products=tuple(kinds.values()))
 
 
-def _kernels(value: Any) -> list[CKernel]:
-    """The kernels in `value`, and those nested in their fields (a scan's
-    step kernels), in order."""
+def _with_calls(value: Any, call: Callable[[CKernel], CKernel]) -> Any:
+    """`value` with each product call in it, nested ones too (a scan's step
+    kernels, in their fields), replaced by call(kernel), in order."""
     if isinstance(value, CKernel):
-        return [value, *_kernels(value.fields)]
+        return call(value) if _is_call(value) else replace(value, fields=_with_calls(value.fields, call))
     if isinstance(value, dict):
-        return [k for item in value.values() for k in _kernels(item)]
+        return {key: _with_calls(item, call) for key, item in value.items()}
     if type(value) in (list, tuple):
-        return [k for item in value for k in _kernels(item)]
-    return []
+        return type(value)(_with_calls(item, call) for item in value)
+    return value
 
 
 def _is_call(kernel: CKernel) -> bool:
@@ -100,7 +93,7 @@ def _constant(text: str) -> bool:
     return text.lstrip("-").isdigit()
 
 
-def _kind(name: str, key: tuple) -> ProductKind:
+def _kind(name: str, key: tuple, calls: int) -> ProductKind:
     add, shape = key[0], dict(zip(_SHAPE, key[1:]))
     sizes: list[str] = []
     args = []
@@ -112,7 +105,7 @@ def _kind(name: str, key: tuple) -> ProductKind:
         else:
             sizes.append(f"s{len(sizes)}")
             args.append(sizes[-1])
-    return ProductKind(name, add, tuple(sizes), tuple(args))
+    return ProductKind(name, add, tuple(sizes), tuple(args), calls)
 
 
 def _calling(kernel: CKernel, kind: ProductKind) -> CKernel:
