@@ -34,6 +34,7 @@ from symbackprop.emit.cunits import split_units
 from symbackprop.emit.derivation import plan_derivation, render_derivation
 from symbackprop.emit.emitted import Emitted
 from symbackprop.emit.epoch import epoch_c, reserved_names, try_epoch_plan
+from symbackprop.emit.maps import share_maps
 from symbackprop.emit.products import share_products
 from symbackprop.errors import ModelError
 from symbackprop.gcpause import gc_paused
@@ -323,6 +324,7 @@ def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[
         epoch=epoch,
     )
     module = share_products(module, namer.name)  # many matrix products: a function per kind
+    module = share_maps(module, namer.name)  # many repeated element-wise loops: a function per kind
     module = split_units(module)  # a large module: its C compiled as several units at once
     source, header, cdef = render(module)
     text = _derivation_text(the_plan, model.name, dtype) if derivation else ""

@@ -24,6 +24,164 @@
 #define CNN_DIGITS_SHARED static
 #endif
 
+/* Its 16 element-wise loops that repeat (in several functions, or at
+ * every step of an unrolled network), a function for each kind of loop,
+ * called with its arrays: each kind is compiled once (in unit 0). */
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop0(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop1(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop2(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop3(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a4
+);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop4(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop5(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop6(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop7(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop0(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 1024; ++j) {
+            const CNN_DIGITS_REAL x0 = a2[j] + a3[1024*i + j];
+            a0[1024*i + j] = (((0) > (x0)) ? (0) : (x0));
+            a1[1024*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop1(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 512; ++j) {
+            const CNN_DIGITS_REAL x0 = a2[j] + a3[512*i + j];
+            a0[512*i + j] = (((0) > (x0)) ? (0) : (x0));
+            a1[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop2(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const CNN_DIGITS_REAL x0 = a2[64*i + j] + a3[j];
+            a0[64*i + j] = (((0) > (x0)) ? (0) : (x0));
+            a1[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop3(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a4
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            const CNN_DIGITS_REAL x0 = a3[10*i + j] + a4[j];
+            a0[10*i + j] = x0;
+            a1[10*i + j] = a2[10*i + j]*x0;
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop4(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        a0[i] = -a1[i] + a2[i];
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop5(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j]*a2[64*i + j];
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop6(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 512; ++j) {
+            a0[512*i + j] = a1[512*i + j]*a2[512*i + j];
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop7(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 1024; ++j) {
+            a0[1024*i + j] = a1[1024*i + j]*a2[1024*i + j];
+        }
+    }
+}
+#endif
+
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
 {
@@ -106,14 +264,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     /* t4 = Heaviside(t1 + t2) */
     CNN_DIGITS_REAL *t3 = t2_cols + 4608; /* n x 1024 */
     CNN_DIGITS_REAL *t4 = t3 + 1024*n; /* n x 1024 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 1024; ++j) {
-            const CNN_DIGITS_REAL x0 = t1[j] + t2[1024*i + j];
-            t3[1024*i + j] = (((0) > (x0)) ? (0) : (x0));
-            t4[1024*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
+    cnn_digits_loop0(n, t3, t4, t1, t2);
 
     /* t5[i,ch,oy,ox] = t3[i,ch,best], best: the first largest t3[i,ch,oy*2+ky,ox*2+kx],
      * ky,kx < 2 */
@@ -169,14 +320,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     /* t8 = Heaviside(t0 + t6) */
     CNN_DIGITS_REAL *t7 = t6_cols + 18432; /* n x 512 */
     CNN_DIGITS_REAL *t8 = t7 + 512*n; /* n x 512 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            const CNN_DIGITS_REAL x0 = t0[j] + t6[512*i + j];
-            t7[512*i + j] = (((0) > (x0)) ? (0) : (x0));
-            t8[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
+    cnn_digits_loop1(n, t7, t8, t0, t6);
 
     /* t9[i,ch,oy,ox] = t7[i,ch,best], best: the first largest t7[i,ch,oy*2+ky,ox*2+kx],
      * ky,kx < 2 */
@@ -209,14 +353,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     /* t12 = Heaviside(b1 + t10) */
     CNN_DIGITS_REAL *t11 = t10 + 64*n; /* n x 64 */
     CNN_DIGITS_REAL *t12 = t11 + 64*n; /* n x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const CNN_DIGITS_REAL x0 = t10[64*i + j] + b1[j];
-            t11[64*i + j] = (((0) > (x0)) ? (0) : (x0));
-            t12[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
+    cnn_digits_loop2(n, t11, t12, t10, b1);
 
     /* t13 = t11 @ W2 */
     CNN_DIGITS_REAL *t13 = t12 + 64*n; /* n x 10 */
@@ -225,14 +362,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     /* logits = b2 + t13 */
     /* t14 = T*(b2 + t13) */
     CNN_DIGITS_REAL *t14 = t13 + 10*n; /* n x 10 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = t13[10*i + j] + b2[j];
-            logits[10*i + j] = x0;
-            t14[10*i + j] = T[10*i + j]*x0;
-        }
-    }
+    cnn_digits_loop3(n, logits, t14, T, t13, b2);
 
     /* t15 = sum of t14 along each row */
     CNN_DIGITS_REAL *t15 = t14 + 10*n; /* n x 1 */
@@ -250,10 +380,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 
     /* t17 = -t15 + t16 */
     CNN_DIGITS_REAL *t17 = t16 + n; /* n x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        t17[i] = -t15[i] + t16[i];
-    }
+    cnn_digits_loop4(n, t17, t15, t16);
 
     /* t18 = sum of t17 down each column */
     CNN_DIGITS_REAL *t18 = t17 + n; /* 1 x 1 */
@@ -331,12 +458,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
 
     /* g0 = grad_t11*t12 */
     CNN_DIGITS_REAL *g0 = t18 + 1; /* n x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            g0[64*i + j] = grad_t11[64*i + j]*t12[64*i + j];
-        }
-    }
+    cnn_digits_loop5(n, g0, grad_t11, t12);
 
     /* grad_t9 = g0 @ W1^T */
     CNN_DIGITS_REAL *grad_t9 = g0 + 64*n; /* n x 128 */
@@ -370,12 +492,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
 
     /* g1 = grad_t7*t8 */
     CNN_DIGITS_REAL *g1 = t7; /* n x 512, in t7's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            g1[512*i + j] = grad_t7[512*i + j]*t8[512*i + j];
-        }
-    }
+    cnn_digits_loop6(n, g1, grad_t7, t8);
 
     /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
      * by its images) */
@@ -437,12 +554,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
 
     /* g2 = grad_t3*t4 */
     CNN_DIGITS_REAL *g2 = t3; /* n x 1024, in t3's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 1024; ++j) {
-            g2[1024*i + j] = grad_t3[1024*i + j]*t4[1024*i + j];
-        }
-    }
+    cnn_digits_loop7(n, g2, grad_t3, t4);
 
     /* grad_K1[oc,ic,ky,kx] = sum_{i,oy,ox} g2[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
@@ -817,14 +929,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     /* t4 = Heaviside(t1 + t2) */
     CNN_DIGITS_REAL *t3 = t2_cols_1 + 4608; /* n x 1024 */
     CNN_DIGITS_REAL *t4 = t3 + 1024*n; /* n x 1024 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 1024; ++j) {
-            const CNN_DIGITS_REAL x0 = t1[j] + t2[1024*i + j];
-            t3[1024*i + j] = (((0) > (x0)) ? (0) : (x0));
-            t4[1024*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
+    cnn_digits_loop0(n, t3, t4, t1, t2);
 
     /* t5[i,ch,oy,ox] = t3[i,ch,best], best: the first largest t3[i,ch,oy*2+ky,ox*2+kx],
      * ky,kx < 2 */
@@ -880,14 +985,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     /* t8 = Heaviside(t0 + t6) */
     CNN_DIGITS_REAL *t7 = t6_cols_1 + 18432; /* n x 512 */
     CNN_DIGITS_REAL *t8 = t7 + 512*n; /* n x 512 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            const CNN_DIGITS_REAL x0 = t0[j] + t6[512*i + j];
-            t7[512*i + j] = (((0) > (x0)) ? (0) : (x0));
-            t8[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
+    cnn_digits_loop1(n, t7, t8, t0, t6);
 
     /* t9[i,ch,oy,ox] = t7[i,ch,best], best: the first largest t7[i,ch,oy*2+ky,ox*2+kx],
      * ky,kx < 2 */
@@ -920,14 +1018,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     /* t12 = Heaviside(b1 + t10) */
     CNN_DIGITS_REAL *t11 = t10 + 64*n; /* n x 64 */
     CNN_DIGITS_REAL *t12 = t11 + 64*n; /* n x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const CNN_DIGITS_REAL x0 = t10[64*i + j] + b1[j];
-            t11[64*i + j] = (((0) > (x0)) ? (0) : (x0));
-            t12[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
+    cnn_digits_loop2(n, t11, t12, t10, b1);
 
     /* t13 = t11 @ W2 */
     CNN_DIGITS_REAL *t13 = t12 + 64*n; /* n x 10 */
@@ -937,14 +1028,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     /* t14 = T*(b2 + t13) */
     CNN_DIGITS_REAL *logits = t13 + 10*n; /* n x 10 */
     CNN_DIGITS_REAL *t14 = logits + 10*n; /* n x 10 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = t13[10*i + j] + b2[j];
-            logits[10*i + j] = x0;
-            t14[10*i + j] = T[10*i + j]*x0;
-        }
-    }
+    cnn_digits_loop3(n, logits, t14, T, t13, b2);
 
     /* t15 = sum of t14 along each row */
     CNN_DIGITS_REAL *t15 = t14 + 10*n; /* n x 1 */
@@ -962,10 +1046,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* t17 = -t15 + t16 */
     CNN_DIGITS_REAL *t17 = t16 + n; /* n x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        t17[i] = -t15[i] + t16[i];
-    }
+    cnn_digits_loop4(n, t17, t15, t16);
 
     /* t18 = sum of t17 down each column */
     CNN_DIGITS_REAL *t18 = t17 + n; /* 1 x 1 */
@@ -992,12 +1073,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* g0 = grad_t11*t12 */
     CNN_DIGITS_REAL *g0 = t18 + 1; /* n x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            g0[64*i + j] = grad_t11[64*i + j]*t12[64*i + j];
-        }
-    }
+    cnn_digits_loop5(n, g0, grad_t11, t12);
 
     /* grad_t9 = g0 @ W1^T */
     CNN_DIGITS_REAL *grad_t9 = g0 + 64*n; /* n x 128 */
@@ -1031,12 +1107,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* g1 = grad_t7*t8 */
     CNN_DIGITS_REAL *g1 = t7; /* n x 512, in t7's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            g1[512*i + j] = grad_t7[512*i + j]*t8[512*i + j];
-        }
-    }
+    cnn_digits_loop6(n, g1, grad_t7, t8);
 
     /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
      * by its images) */
@@ -1098,12 +1169,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* g2 = grad_t3*t4 */
     CNN_DIGITS_REAL *g2 = t3; /* n x 1024, in t3's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 1024; ++j) {
-            g2[1024*i + j] = grad_t3[1024*i + j]*t4[1024*i + j];
-        }
-    }
+    cnn_digits_loop7(n, g2, grad_t3, t4);
 
     /* grad_K1_1[oc,ic,ky,kx] = sum_{i,oy,ox} g2[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */

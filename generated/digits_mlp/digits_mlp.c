@@ -12,6 +12,57 @@
 #endif
 #include "symbackprop_runtime.h"
 
+/* Its 8 element-wise loops that repeat (in several functions, or at
+ * every step of an unrolled network), a function for each kind of loop,
+ * called with its arrays: each kind is compiled once. */
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void digits_mlp_loop0(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = tanh(a1[64*i + j] + a2[j]);
+        }
+    }
+}
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void digits_mlp_loop1(
+    int64_t n,
+    DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0,
+    DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1,
+    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2,
+    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a3,
+    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a4
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            const DIGITS_MLP_REAL x0 = a3[10*i + j] + a4[j];
+            a0[10*i + j] = x0;
+            a1[10*i + j] = a2[10*i + j]*x0;
+        }
+    }
+}
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void digits_mlp_loop2(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        a0[i] = -a1[i] + a2[i];
+    }
+}
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void digits_mlp_loop3(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j]*(1 - (a2[64*i + j]*a2[64*i + j]));
+        }
+    }
+}
+
 static size_t digits_mlp_run_work_len(int64_t n, int with_grads)
 {
     if (n < 1) {
@@ -50,12 +101,7 @@ static int digits_mlp_run(
 
     /* t1 = tanh(b1 + t0) */
     DIGITS_MLP_REAL *t1 = t0 + 64*n; /* n x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t1[64*i + j] = tanh(t0[64*i + j] + b1[j]);
-        }
-    }
+    digits_mlp_loop0(n, t1, t0, b1);
 
     /* t2 = t1 @ W2 */
     DIGITS_MLP_REAL *t2 = t1 + 64*n; /* n x 10 */
@@ -64,14 +110,7 @@ static int digits_mlp_run(
     /* logits = b2 + t2 */
     /* t3 = T*(b2 + t2) */
     DIGITS_MLP_REAL *t3 = t2 + 10*n; /* n x 10 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const DIGITS_MLP_REAL x0 = t2[10*i + j] + b2[j];
-            logits[10*i + j] = x0;
-            t3[10*i + j] = T[10*i + j]*x0;
-        }
-    }
+    digits_mlp_loop1(n, logits, t3, T, t2, b2);
 
     /* t4 = sum of t3 along each row */
     DIGITS_MLP_REAL *t4 = t3 + 10*n; /* n x 1 */
@@ -89,10 +128,7 @@ static int digits_mlp_run(
 
     /* t6 = -t4 + t5 */
     DIGITS_MLP_REAL *t6 = t5 + n; /* n x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        t6[i] = -t4[i] + t5[i];
-    }
+    digits_mlp_loop2(n, t6, t4, t5);
 
     /* t7 = sum of t6 down each column */
     DIGITS_MLP_REAL *t7 = t6 + n; /* 1 x 1 */
@@ -123,12 +159,7 @@ static int digits_mlp_run(
 
     /* g0 = grad_t1*(1 - t1**2) */
     DIGITS_MLP_REAL *g0 = t7 + 1; /* n x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            g0[64*i + j] = grad_t1[64*i + j]*(1 - (t1[64*i + j]*t1[64*i + j]));
-        }
-    }
+    digits_mlp_loop3(n, g0, grad_t1, t1);
 
     /* grad_W1 = X^T @ g0 */
     symbackprop_f64_matmul(64, 64, n, X, 1, 64, g0, 64, 1, grad_W1);
@@ -248,12 +279,7 @@ int digits_mlp_train_step(
 
     /* t1 = tanh(b1 + t0) */
     DIGITS_MLP_REAL *t1 = t0 + 64*n; /* n x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t1[64*i + j] = tanh(t0[64*i + j] + b1[j]);
-        }
-    }
+    digits_mlp_loop0(n, t1, t0, b1);
 
     /* t2 = t1 @ W2 */
     DIGITS_MLP_REAL *t2 = t1 + 64*n; /* n x 10 */
@@ -263,14 +289,7 @@ int digits_mlp_train_step(
     /* t3 = T*(b2 + t2) */
     DIGITS_MLP_REAL *logits = t2 + 10*n; /* n x 10 */
     DIGITS_MLP_REAL *t3 = logits + 10*n; /* n x 10 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const DIGITS_MLP_REAL x0 = t2[10*i + j] + b2[j];
-            logits[10*i + j] = x0;
-            t3[10*i + j] = T[10*i + j]*x0;
-        }
-    }
+    digits_mlp_loop1(n, logits, t3, T, t2, b2);
 
     /* t4 = sum of t3 along each row */
     DIGITS_MLP_REAL *t4 = t3 + 10*n; /* n x 1 */
@@ -288,10 +307,7 @@ int digits_mlp_train_step(
 
     /* t6 = -t4 + t5 */
     DIGITS_MLP_REAL *t6 = t5 + n; /* n x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        t6[i] = -t4[i] + t5[i];
-    }
+    digits_mlp_loop2(n, t6, t4, t5);
 
     /* t7 = sum of t6 down each column */
     DIGITS_MLP_REAL *t7 = t6 + n; /* 1 x 1 */
@@ -318,12 +334,7 @@ int digits_mlp_train_step(
 
     /* g0 = grad_t1*(1 - t1**2) */
     DIGITS_MLP_REAL *g0 = t7 + 1; /* n x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            g0[64*i + j] = grad_t1[64*i + j]*(1 - (t1[64*i + j]*t1[64*i + j]));
-        }
-    }
+    digits_mlp_loop3(n, g0, grad_t1, t1);
 
     /* grad_W1_1 = X^T @ g0 */
     DIGITS_MLP_REAL *grad_W1_1 = g0 + 64*n; /* 64 x 64 */

@@ -12,6 +12,20 @@
 #endif
 #include "symbackprop_runtime.h"
 
+/* Its 2 element-wise loops that repeat (in several functions, or at
+ * every step of an unrolled network), a function for each kind of loop,
+ * called with its arrays: each kind is compiled once. */
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void gmm_loop0(int64_t K, GMM_REAL *SYMBACKPROP_RESTRICT a0, const GMM_REAL *SYMBACKPROP_RESTRICT a1, const GMM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < K; ++i) {
+        for (int64_t j = 0; j < 3; ++j) {
+            a0[3*i + j] = a1[3*i + j] + a2[3*i + j];
+        }
+    }
+}
+
 static size_t gmm_run_work_len(int64_t N, int64_t K, int with_grads)
 {
     if (N < 1 || K < 1) {
@@ -298,20 +312,10 @@ static int gmm_run(
     }
 
     /* grad_qd = grad_qd_part + t3 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < K; ++i) {
-        for (int64_t j = 0; j < 3; ++j) {
-            grad_qd[3*i + j] = t3[3*i + j] + grad_qd_part[3*i + j];
-        }
-    }
+    gmm_loop0(K, grad_qd, t3, grad_qd_part);
 
     /* grad_ql = grad_ql_part + ql */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < K; ++i) {
-        for (int64_t j = 0; j < 3; ++j) {
-            grad_ql[3*i + j] = ql[3*i + j] + grad_ql_part[3*i + j];
-        }
-    }
+    gmm_loop0(K, grad_ql, ql, grad_ql_part);
     return 0;
 }
 

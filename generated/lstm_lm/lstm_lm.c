@@ -24,6 +24,34 @@
 #define LSTM_LM_SHARED static
 #endif
 
+/* Its 4 element-wise loops that repeat (in several functions, or at
+ * every step of an unrolled network), a function for each kind of loop,
+ * called with its arrays: each kind is compiled once (in unit 0). */
+LSTM_LM_SHARED SYMBACKPROP_CALLED
+void lstm_lm_loop0(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
+LSTM_LM_SHARED SYMBACKPROP_CALLED
+void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+LSTM_LM_SHARED SYMBACKPROP_CALLED
+void lstm_lm_loop0(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < T; ++i) {
+        for (int64_t j = 0; j < 30; ++j) {
+            a0[30*i + j] = a1[30*i + j]*a2[30*i + j];
+        }
+    }
+}
+LSTM_LM_SHARED SYMBACKPROP_CALLED
+void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < T; ++i) {
+        a0[i] = -a1[i] + a2[i];
+    }
+}
+#endif
+
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t lstm_lm_forward_work_len(int64_t T)
 {
@@ -275,12 +303,7 @@ LSTM_LM_SHARED void lstm_lm_forward_part2(
 
     /* t1 = Y*logits */
     LSTM_LM_REAL *t1 = t0 + 444; /* T x 30 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < T; ++i) {
-        for (int64_t j = 0; j < 30; ++j) {
-            t1[30*i + j] = Y[30*i + j]*logits[30*i + j];
-        }
-    }
+    lstm_lm_loop0(T, t1, Y, logits);
 
     /* t2 = sum of t1 along each row */
     LSTM_LM_REAL *t2 = t1 + 30*T; /* T x 1 */
@@ -298,10 +321,7 @@ LSTM_LM_SHARED void lstm_lm_forward_part2(
 
     /* t4 = -t2 + t3 */
     LSTM_LM_REAL *t4 = t3 + T; /* T x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < T; ++i) {
-        t4[i] = -t2[i] + t3[i];
-    }
+    lstm_lm_loop1(T, t4, t2, t3);
 
     /* t5 = sum of t4 down each column */
     LSTM_LM_REAL *t5 = t4 + T; /* 1 x 1 */
@@ -633,12 +653,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
 
     /* t1 = Y*logits */
     LSTM_LM_REAL *t1 = t6 + 32*((T + 31)/32); /* T x 30 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < T; ++i) {
-        for (int64_t j = 0; j < 30; ++j) {
-            t1[30*i + j] = Y[30*i + j]*logits[30*i + j];
-        }
-    }
+    lstm_lm_loop0(T, t1, Y, logits);
 
     /* t2 = sum of t1 along each row */
     LSTM_LM_REAL *t2 = t1 + 30*T; /* T x 1 */
@@ -656,10 +671,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
 
     /* t4 = -t2 + t3 */
     LSTM_LM_REAL *t4 = t3 + T; /* T x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < T; ++i) {
-        t4[i] = -t2[i] + t3[i];
-    }
+    lstm_lm_loop1(T, t4, t2, t3);
 
     /* t5 = sum of t4 down each column */
     LSTM_LM_REAL *t5 = t4 + T; /* 1 x 1 */

@@ -107,6 +107,129 @@ void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM
 }
 #endif
 
+/* Its 34 element-wise loops that repeat (in several functions, or at
+ * every step of an unrolled network), a function for each kind of loop,
+ * called with its arrays: each kind is compiled once (in unit 0). */
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_loop0(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_loop1(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_loop2(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9
+);
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_loop3(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a11,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a12,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a13
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_loop0(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            a0[8*i + j] = (((a1[8*i + j] + a2[j]) >= 0 ? 1.0 : exp(-fabs(a1[8*i + j] + a2[j]))) / (1.0 + exp(-fabs(a1[8*i + j] + a2[j]))));
+        }
+    }
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_loop1(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            a0[8*i + j] = tanh(a1[8*i + j] + a2[j]);
+        }
+    }
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_loop2(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            const LSTM_SEQUENCE_REAL x0 = (((a5[8*i + j] + a6[j]) >= 0 ? 1.0 : exp(-fabs(a5[8*i + j] + a6[j]))) / (1.0 + exp(-fabs(a5[8*i + j] + a6[j]))));
+            const LSTM_SEQUENCE_REAL x1 = a7[8*i + j]*a8[8*i + j] + a9[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x2 = tanh(x1);
+            a0[8*i + j] = x0;
+            a1[8*i + j] = x1;
+            a2[8*i + j] = x2;
+            a3[8*i + j] = a4[8*i + j]*x2;
+        }
+    }
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_loop3(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a11,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a12,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a13
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            const LSTM_SEQUENCE_REAL x0 = a11[8*i + j]*a10[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = a12[8*i + j]*a13[8*i + j] + x0*(1 - (a9[8*i + j]*a9[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = a3[8*i + j]*x1;
+            a0[8*i + j] = x1;
+            a1[8*i + j] = a2[8*i + j]*x2*(1 - a3[8*i + j]);
+            a4[8*i + j] = a5[8*i + j]*a6[8*i + j]*x1*(1 - a6[8*i + j]);
+            a7[8*i + j] = x2*(1 - (a2[8*i + j]*a2[8*i + j]));
+            a8[8*i + j] = a9[8*i + j]*x0*(1 - a10[8*i + j]);
+        }
+    }
+}
+#endif
+
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads)
 {
@@ -120,29 +243,7 @@ LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads
 /* lstm_sequence_run, part 1 of 8 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
-    int64_t n,
-    const LSTM_SEQUENCE_REAL *x1_,
-    const LSTM_SEQUENCE_REAL *x2_,
-    const LSTM_SEQUENCE_REAL *x3_,
-    const LSTM_SEQUENCE_REAL *x4_,
-    const LSTM_SEQUENCE_REAL *W_i,
-    const LSTM_SEQUENCE_REAL *W_f,
-    const LSTM_SEQUENCE_REAL *W_g,
-    const LSTM_SEQUENCE_REAL *W_o,
-    const LSTM_SEQUENCE_REAL *U_i,
-    const LSTM_SEQUENCE_REAL *U_f,
-    const LSTM_SEQUENCE_REAL *U_g,
-    const LSTM_SEQUENCE_REAL *U_o,
-    const LSTM_SEQUENCE_REAL *b_i,
-    const LSTM_SEQUENCE_REAL *b_f,
-    const LSTM_SEQUENCE_REAL *b_g,
-    const LSTM_SEQUENCE_REAL *b_o,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
@@ -171,12 +272,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t1 = sigmoid(b_o + t0) */
     LSTM_SEQUENCE_REAL *t1 = t0 + 8*n; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t1[8*i + j] = (((t0[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t0[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t0[8*i + j] + b_o[j]))));
-        }
-    }
+    lstm_sequence_loop0(n, t1, t0, b_o);
 
     /* t2 = x1 @ W_i */
     LSTM_SEQUENCE_REAL *t2 = t0; /* n x 8, in t0's memory */
@@ -184,12 +280,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t3 = sigmoid(b_i + t2) */
     LSTM_SEQUENCE_REAL *t3 = t1 + 8*n; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t3[8*i + j] = (((t2[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t2[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t2[8*i + j] + b_i[j]))));
-        }
-    }
+    lstm_sequence_loop0(n, t3, t2, b_i);
 
     /* t4 = x1 @ W_g */
     LSTM_SEQUENCE_REAL *t4 = t2; /* n x 8, in t2's memory */
@@ -225,12 +316,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t10 = sigmoid(b_o + t9) */
     LSTM_SEQUENCE_REAL *t10 = with_grads ? t8 + 8*n : t3; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t10[8*i + j] = (((t9[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t9[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t9[8*i + j] + b_o[j]))));
-        }
-    }
+    lstm_sequence_loop0(n, t10, t9, b_o);
 
     /* t11 = t8 @ U_i, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t11 = with_grads ? t9 : t4; /* n x 8, in t9's memory */
@@ -241,12 +327,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t12 = sigmoid(b_i + t11) */
     LSTM_SEQUENCE_REAL *t12 = with_grads ? t10 + 8*n : t5; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t12[8*i + j] = (((t11[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t11[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t11[8*i + j] + b_i[j]))));
-        }
-    }
+    lstm_sequence_loop0(n, t12, t11, b_i);
 
     /* t13 = t8 @ U_g, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t13 = with_grads ? t11 : t7; /* n x 8, in t11's memory */
@@ -257,12 +338,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t14 = tanh(b_g + t13) */
     LSTM_SEQUENCE_REAL *t14 = with_grads ? t12 + 8*n : t9; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t14[8*i + j] = tanh(t13[8*i + j] + b_g[j]);
-        }
-    }
+    lstm_sequence_loop1(n, t14, t13, b_g);
 
     /* t15 = t8 @ U_f, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t15 = with_grads ? t13 : t11; /* n x 8, in t13's memory */
@@ -279,18 +355,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     LSTM_SEQUENCE_REAL *t17 = with_grads ? t16 + 8*n : t8; /* n x 8 */
     LSTM_SEQUENCE_REAL *t18 = with_grads ? t17 + 8*n : t8 + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *t19 = t18 + 8*n; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t15[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t15[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t15[8*i + j] + b_f[j]))));
-            const LSTM_SEQUENCE_REAL x1 = t12[8*i + j]*t14[8*i + j] + t6[8*i + j]*x0;
-            const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t16[8*i + j] = x0;
-            t17[8*i + j] = x1;
-            t18[8*i + j] = x2;
-            t19[8*i + j] = t10[8*i + j]*x2;
-        }
-    }
+    lstm_sequence_loop2(n, t16, t17, t18, t19, t10, t15, b_f, t12, t14, t6);
 
     /* t20 = t19 @ U_o, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t20 = with_grads ? t15 : t6; /* n x 8, in t15's memory */
@@ -301,12 +366,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t21 = sigmoid(b_o + t20) */
     LSTM_SEQUENCE_REAL *t21 = with_grads ? t19 + 8*n : t10; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t21[8*i + j] = (((t20[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t20[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t20[8*i + j] + b_o[j]))));
-        }
-    }
+    lstm_sequence_loop0(n, t21, t20, b_o);
 
     /* t22 = t19 @ U_i, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t22 = with_grads ? t20 : t12; /* n x 8, in t20's memory */
@@ -317,12 +377,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t23 = sigmoid(b_i + t22) */
     LSTM_SEQUENCE_REAL *t23 = with_grads ? t21 + 8*n : t14; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t23[8*i + j] = (((t22[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t22[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t22[8*i + j] + b_i[j]))));
-        }
-    }
+    lstm_sequence_loop0(n, t23, t22, b_i);
 
     /* t24 = t19 @ U_g, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t24 = with_grads ? t22 : t15; /* n x 8, in t22's memory */
@@ -333,12 +388,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 
     /* t25 = tanh(b_g + t24) */
     LSTM_SEQUENCE_REAL *t25 = with_grads ? t23 + 8*n : t16; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t25[8*i + j] = tanh(t24[8*i + j] + b_g[j]);
-        }
-    }
+    lstm_sequence_loop1(n, t25, t24, b_g);
 
     /* t26 = t19 @ U_f, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t26 = with_grads ? t24 : t18; /* n x 8, in t24's memory */
@@ -355,18 +405,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     LSTM_SEQUENCE_REAL *t28 = with_grads ? t27 + 8*n : t22; /* n x 8 */
     LSTM_SEQUENCE_REAL *t29 = with_grads ? t28 + 8*n : t24; /* n x 8 */
     LSTM_SEQUENCE_REAL *t30 = with_grads ? t29 + 8*n : t19; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t26[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t26[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t26[8*i + j] + b_f[j]))));
-            const LSTM_SEQUENCE_REAL x1 = t23[8*i + j]*t25[8*i + j] + t17[8*i + j]*x0;
-            const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t27[8*i + j] = x0;
-            t28[8*i + j] = x1;
-            t29[8*i + j] = x2;
-            t30[8*i + j] = t21[8*i + j]*x2;
-        }
-    }
+    lstm_sequence_loop2(n, t27, t28, t29, t30, t21, t26, b_f, t23, t25, t17);
 
     /* t31 = t30 @ U_o, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t31 = with_grads ? t26 : t17; /* n x 8, in t26's memory */
@@ -380,7 +419,28 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
 /* lstm_sequence_run, part 2 of 8 (kernels 33 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 3; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *x4_,
+    const LSTM_SEQUENCE_REAL *x5_,
+    const LSTM_SEQUENCE_REAL *x6_,
+    const LSTM_SEQUENCE_REAL *W_i,
+    const LSTM_SEQUENCE_REAL *W_f,
+    const LSTM_SEQUENCE_REAL *W_g,
+    const LSTM_SEQUENCE_REAL *W_o,
+    const LSTM_SEQUENCE_REAL *U_i,
+    const LSTM_SEQUENCE_REAL *U_f,
+    const LSTM_SEQUENCE_REAL *U_g,
+    const LSTM_SEQUENCE_REAL *U_o,
+    const LSTM_SEQUENCE_REAL *b_i,
+    const LSTM_SEQUENCE_REAL *b_f,
+    const LSTM_SEQUENCE_REAL *b_g,
+    const LSTM_SEQUENCE_REAL *b_o,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x4_,
@@ -413,12 +473,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     LSTM_SEQUENCE_REAL *t31 = with_grads ? work : work + 48*n; /* n x 8, in t26's memory; placed in an earlier part */
     /* t32 = sigmoid(b_o + t31) */
     LSTM_SEQUENCE_REAL *t32 = with_grads ? t30 + 8*n : t21; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t32[8*i + j] = (((t31[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t31[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t31[8*i + j] + b_o[j]))));
-        }
-    }
+    lstm_sequence_loop0(n, t32, t31, b_o);
 
     /* t33 = t30 @ U_i, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t33 = with_grads ? t31 : t23; /* n x 8, in t31's memory */
@@ -429,12 +484,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t34 = sigmoid(b_i + t33) */
     LSTM_SEQUENCE_REAL *t34 = with_grads ? t32 + 8*n : t25; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t34[8*i + j] = (((t33[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t33[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t33[8*i + j] + b_i[j]))));
-        }
-    }
+    lstm_sequence_loop0(n, t34, t33, b_i);
 
     /* t35 = t30 @ U_g, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t35 = with_grads ? t33 : t26; /* n x 8, in t33's memory */
@@ -445,12 +495,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t36 = tanh(b_g + t35) */
     LSTM_SEQUENCE_REAL *t36 = with_grads ? t34 + 8*n : t27; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t36[8*i + j] = tanh(t35[8*i + j] + b_g[j]);
-        }
-    }
+    lstm_sequence_loop1(n, t36, t35, b_g);
 
     /* t37 = t30 @ U_f, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t37 = with_grads ? t35 : t29; /* n x 8, in t35's memory */
@@ -467,18 +512,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     LSTM_SEQUENCE_REAL *t39 = with_grads ? t38 + 8*n : t33; /* n x 8 */
     LSTM_SEQUENCE_REAL *t40 = with_grads ? t39 + 8*n : t35; /* n x 8 */
     LSTM_SEQUENCE_REAL *t41 = with_grads ? t40 + 8*n : t30; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t37[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t37[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t37[8*i + j] + b_f[j]))));
-            const LSTM_SEQUENCE_REAL x1 = t34[8*i + j]*t36[8*i + j] + t28[8*i + j]*x0;
-            const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t38[8*i + j] = x0;
-            t39[8*i + j] = x1;
-            t40[8*i + j] = x2;
-            t41[8*i + j] = t32[8*i + j]*x2;
-        }
-    }
+    lstm_sequence_loop2(n, t38, t39, t40, t41, t32, t37, b_f, t34, t36, t28);
 
     /* t42 = t41 @ U_o, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t42 = with_grads ? t37 : t28; /* n x 8, in t37's memory */
@@ -489,12 +523,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t43 = sigmoid(b_o + t42) */
     LSTM_SEQUENCE_REAL *t43 = with_grads ? t41 + 8*n : t32; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t43[8*i + j] = (((t42[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t42[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t42[8*i + j] + b_o[j]))));
-        }
-    }
+    lstm_sequence_loop0(n, t43, t42, b_o);
 
     /* t44 = t41 @ U_i, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t44 = with_grads ? t42 : t34; /* n x 8, in t42's memory */
@@ -505,12 +534,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t45 = sigmoid(b_i + t44) */
     LSTM_SEQUENCE_REAL *t45 = with_grads ? t43 + 8*n : t36; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t45[8*i + j] = (((t44[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t44[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t44[8*i + j] + b_i[j]))));
-        }
-    }
+    lstm_sequence_loop0(n, t45, t44, b_i);
 
     /* t46 = t41 @ U_g, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t46 = with_grads ? t44 : t37; /* n x 8, in t44's memory */
@@ -521,12 +545,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t47 = tanh(b_g + t46) */
     LSTM_SEQUENCE_REAL *t47 = with_grads ? t45 + 8*n : t38; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t47[8*i + j] = tanh(t46[8*i + j] + b_g[j]);
-        }
-    }
+    lstm_sequence_loop1(n, t47, t46, b_g);
 
     /* t48 = t41 @ U_f, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t48 = with_grads ? t46 : t40; /* n x 8, in t46's memory */
@@ -543,18 +562,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     LSTM_SEQUENCE_REAL *t50 = with_grads ? t49 + 8*n : t44; /* n x 8 */
     LSTM_SEQUENCE_REAL *t51 = with_grads ? t50 + 8*n : t46; /* n x 8 */
     LSTM_SEQUENCE_REAL *t52 = with_grads ? t51 + 8*n : t41; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t48[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t48[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t48[8*i + j] + b_f[j]))));
-            const LSTM_SEQUENCE_REAL x1 = t45[8*i + j]*t47[8*i + j] + t39[8*i + j]*x0;
-            const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t49[8*i + j] = x0;
-            t50[8*i + j] = x1;
-            t51[8*i + j] = x2;
-            t52[8*i + j] = t43[8*i + j]*x2;
-        }
-    }
+    lstm_sequence_loop2(n, t49, t50, t51, t52, t43, t48, b_f, t45, t47, t39);
 
     /* t53 = t52 @ U_o, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t53 = with_grads ? t48 : t39; /* n x 8, in t48's memory */
@@ -565,12 +573,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t54 = sigmoid(b_o + t53) */
     LSTM_SEQUENCE_REAL *t54 = with_grads ? t52 + 8*n : t43; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t54[8*i + j] = (((t53[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t53[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t53[8*i + j] + b_o[j]))));
-        }
-    }
+    lstm_sequence_loop0(n, t54, t53, b_o);
 
     /* t55 = t52 @ U_i, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t55 = with_grads ? t53 : t45; /* n x 8, in t53's memory */
@@ -581,12 +584,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t56 = sigmoid(b_i + t55) */
     LSTM_SEQUENCE_REAL *t56 = with_grads ? t54 + 8*n : t47; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t56[8*i + j] = (((t55[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t55[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t55[8*i + j] + b_i[j]))));
-        }
-    }
+    lstm_sequence_loop0(n, t56, t55, b_i);
 
     /* t57 = t52 @ U_g, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t57 = with_grads ? t55 : t48; /* n x 8, in t55's memory */
@@ -597,12 +595,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 
     /* t58 = tanh(b_g + t57) */
     LSTM_SEQUENCE_REAL *t58 = with_grads ? t56 + 8*n : t49; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t58[8*i + j] = tanh(t57[8*i + j] + b_g[j]);
-        }
-    }
+    lstm_sequence_loop1(n, t58, t57, b_g);
 
     /* t59 = t52 @ U_f, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t59 = with_grads ? t57 : t51; /* n x 8, in t57's memory */
@@ -687,18 +680,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     LSTM_SEQUENCE_REAL *t61 = with_grads ? t60 + 8*n : t55; /* n x 8 */
     LSTM_SEQUENCE_REAL *t62 = with_grads ? t61 + 8*n : t57; /* n x 8 */
     LSTM_SEQUENCE_REAL *t63 = with_grads ? t62 + 8*n : t52; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t59[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t59[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t59[8*i + j] + b_f[j]))));
-            const LSTM_SEQUENCE_REAL x1 = t56[8*i + j]*t58[8*i + j] + t50[8*i + j]*x0;
-            const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t60[8*i + j] = x0;
-            t61[8*i + j] = x1;
-            t62[8*i + j] = x2;
-            t63[8*i + j] = t54[8*i + j]*x2;
-        }
-    }
+    lstm_sequence_loop2(n, t60, t61, t62, t63, t54, t59, b_f, t56, t58, t50);
 
     /* t64 = t63 @ U_o, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t64 = with_grads ? t59 : t50; /* n x 8, in t59's memory */
@@ -709,12 +691,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 
     /* t65 = sigmoid(b_o + t64) */
     LSTM_SEQUENCE_REAL *t65 = with_grads ? t63 + 8*n : t54; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t65[8*i + j] = (((t64[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t64[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t64[8*i + j] + b_o[j]))));
-        }
-    }
+    lstm_sequence_loop0(n, t65, t64, b_o);
 
     /* t66 = t63 @ U_i, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t66 = with_grads ? t64 : t56; /* n x 8, in t64's memory */
@@ -725,12 +702,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 
     /* t67 = sigmoid(b_i + t66) */
     LSTM_SEQUENCE_REAL *t67 = with_grads ? t65 + 8*n : t58; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t67[8*i + j] = (((t66[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t66[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t66[8*i + j] + b_i[j]))));
-        }
-    }
+    lstm_sequence_loop0(n, t67, t66, b_i);
 
     /* t68 = t63 @ U_g, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t68 = with_grads ? t66 : t59; /* n x 8, in t66's memory */
@@ -741,12 +713,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 
     /* t69 = tanh(b_g + t68) */
     LSTM_SEQUENCE_REAL *t69 = with_grads ? t67 + 8*n : t60; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t69[8*i + j] = tanh(t68[8*i + j] + b_g[j]);
-        }
-    }
+    lstm_sequence_loop1(n, t69, t68, b_g);
 
     /* t70 = t63 @ U_f, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t70 = with_grads ? t68 : t62; /* n x 8, in t68's memory */
@@ -763,18 +730,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     LSTM_SEQUENCE_REAL *t72 = with_grads ? t71 + 8*n : t66; /* n x 8 */
     LSTM_SEQUENCE_REAL *t73 = with_grads ? t72 + 8*n : t68; /* n x 8 */
     LSTM_SEQUENCE_REAL *t74 = with_grads ? t73 + 8*n : t63; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((t70[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t70[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(t70[8*i + j] + b_f[j]))));
-            const LSTM_SEQUENCE_REAL x1 = t67[8*i + j]*t69[8*i + j] + t61[8*i + j]*x0;
-            const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            t71[8*i + j] = x0;
-            t72[8*i + j] = x1;
-            t73[8*i + j] = x2;
-            t74[8*i + j] = t65[8*i + j]*x2;
-        }
-    }
+    lstm_sequence_loop2(n, t71, t72, t73, t74, t65, t70, b_f, t67, t69, t61);
 
     /* t75 = t74 @ U_o, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t75 = with_grads ? t70 : t61; /* n x 8, in t70's memory */
@@ -785,12 +741,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 
     /* t76 = sigmoid(b_o + t75) */
     LSTM_SEQUENCE_REAL *t76 = with_grads ? t74 + 8*n : t65; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t76[8*i + j] = (((t75[8*i + j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t75[8*i + j] + b_o[j]))) / (1.0 + exp(-fabs(t75[8*i + j] + b_o[j]))));
-        }
-    }
+    lstm_sequence_loop0(n, t76, t75, b_o);
 
     /* t77 = t74 @ U_i, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t77 = with_grads ? t75 : t67; /* n x 8, in t75's memory */
@@ -801,12 +752,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 
     /* t78 = sigmoid(b_i + t77) */
     LSTM_SEQUENCE_REAL *t78 = with_grads ? t76 + 8*n : t69; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t78[8*i + j] = (((t77[8*i + j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t77[8*i + j] + b_i[j]))) / (1.0 + exp(-fabs(t77[8*i + j] + b_i[j]))));
-        }
-    }
+    lstm_sequence_loop0(n, t78, t77, b_i);
 
     /* t79 = t74 @ U_g, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t79 = with_grads ? t77 : t70; /* n x 8, in t77's memory */
@@ -817,12 +763,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 
     /* t80 = tanh(b_g + t79) */
     LSTM_SEQUENCE_REAL *t80 = with_grads ? t78 + 8*n : t71; /* n x 8 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            t80[8*i + j] = tanh(t79[8*i + j] + b_g[j]);
-        }
-    }
+    lstm_sequence_loop1(n, t80, t79, b_g);
 
     /* t81 = t74 @ U_f, the first of 2 products added up here */
     LSTM_SEQUENCE_REAL *t81 = with_grads ? t79 : t73; /* n x 8, in t79's memory */
@@ -1043,19 +984,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     LSTM_SEQUENCE_REAL *g6 = t80; /* n x 8, in t80's memory */
     LSTM_SEQUENCE_REAL *g7 = t83; /* n x 8, in t83's memory */
     LSTM_SEQUENCE_REAL *g8 = grad_t84; /* n x 8, in grad_t84's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_t74[8*i + j]*t65[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = g0[8*i + j]*t82[8*i + j] + x0*(1 - (t73[8*i + j]*t73[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t67[8*i + j]*x1;
-            grad_t72[8*i + j] = x1;
-            g5[8*i + j] = t69[8*i + j]*x2*(1 - t67[8*i + j]);
-            g6[8*i + j] = t61[8*i + j]*t71[8*i + j]*x1*(1 - t71[8*i + j]);
-            g7[8*i + j] = x2*(1 - (t69[8*i + j]*t69[8*i + j]));
-            g8[8*i + j] = t73[8*i + j]*x0*(1 - t65[8*i + j]);
-        }
-    }
+    lstm_sequence_loop3(n, grad_t72, g5, t69, t67, g6, t61, t71, g7, g8, t73, t65, grad_t74, g0, t82);
 
     /* grad_W_i += x7^T @ g5 */
     lstm_sequence_product7(n, x7_, g5, grad_W_i);
@@ -1083,19 +1012,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     LSTM_SEQUENCE_REAL *g10 = t69; /* n x 8, in t69's memory */
     LSTM_SEQUENCE_REAL *g11 = t73; /* n x 8, in t73's memory */
     LSTM_SEQUENCE_REAL *g12 = t82; /* n x 8, in t82's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_t63[8*i + j]*t54[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = grad_t72[8*i + j]*t71[8*i + j] + x0*(1 - (t62[8*i + j]*t62[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t56[8*i + j]*x1;
-            grad_t61[8*i + j] = x1;
-            g9[8*i + j] = t58[8*i + j]*x2*(1 - t56[8*i + j]);
-            g10[8*i + j] = t50[8*i + j]*t60[8*i + j]*x1*(1 - t60[8*i + j]);
-            g11[8*i + j] = x2*(1 - (t58[8*i + j]*t58[8*i + j]));
-            g12[8*i + j] = t62[8*i + j]*x0*(1 - t54[8*i + j]);
-        }
-    }
+    lstm_sequence_loop3(n, grad_t61, g9, t58, t56, g10, t50, t60, g11, g12, t62, t54, grad_t63, grad_t72, t71);
 
     /* grad_W_i += x6^T @ g9 */
     lstm_sequence_product7(n, x6_, g9, grad_W_i);
@@ -1123,19 +1040,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     LSTM_SEQUENCE_REAL *g14 = t54; /* n x 8, in t54's memory */
     LSTM_SEQUENCE_REAL *g15 = t56; /* n x 8, in t56's memory */
     LSTM_SEQUENCE_REAL *g16 = t58; /* n x 8, in t58's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_t52[8*i + j]*t43[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = grad_t61[8*i + j]*t60[8*i + j] + x0*(1 - (t51[8*i + j]*t51[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t45[8*i + j]*x1;
-            grad_t50[8*i + j] = x1;
-            g13[8*i + j] = t47[8*i + j]*x2*(1 - t45[8*i + j]);
-            g14[8*i + j] = t39[8*i + j]*t49[8*i + j]*x1*(1 - t49[8*i + j]);
-            g15[8*i + j] = x2*(1 - (t47[8*i + j]*t47[8*i + j]));
-            g16[8*i + j] = t51[8*i + j]*x0*(1 - t43[8*i + j]);
-        }
-    }
+    lstm_sequence_loop3(n, grad_t50, g13, t47, t45, g14, t39, t49, g15, g16, t51, t43, grad_t52, grad_t61, t60);
 
     /* grad_W_i += x5^T @ g13 */
     lstm_sequence_product7(n, x5_, g13, grad_W_i);
@@ -1163,19 +1068,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     LSTM_SEQUENCE_REAL *g18 = grad_t63; /* n x 8, in grad_t63's memory */
     LSTM_SEQUENCE_REAL *g19 = t39; /* n x 8, in t39's memory */
     LSTM_SEQUENCE_REAL *g20 = t43; /* n x 8, in t43's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_t41[8*i + j]*t32[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = grad_t50[8*i + j]*t49[8*i + j] + x0*(1 - (t40[8*i + j]*t40[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t34[8*i + j]*x1;
-            grad_t39[8*i + j] = x1;
-            g17[8*i + j] = t36[8*i + j]*x2*(1 - t34[8*i + j]);
-            g18[8*i + j] = t28[8*i + j]*t38[8*i + j]*x1*(1 - t38[8*i + j]);
-            g19[8*i + j] = x2*(1 - (t36[8*i + j]*t36[8*i + j]));
-            g20[8*i + j] = t40[8*i + j]*x0*(1 - t32[8*i + j]);
-        }
-    }
+    lstm_sequence_loop3(n, grad_t39, g17, t36, t34, g18, t28, t38, g19, g20, t40, t32, grad_t41, grad_t50, t49);
 
     /* grad_W_i += x4^T @ g17 */
     lstm_sequence_product7(n, x4_, g17, grad_W_i);
@@ -1203,19 +1096,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     LSTM_SEQUENCE_REAL *g22 = t60; /* n x 8, in t60's memory */
     LSTM_SEQUENCE_REAL *g23 = grad_t61; /* n x 8, in grad_t61's memory */
     LSTM_SEQUENCE_REAL *g24 = grad_t52; /* n x 8, in grad_t52's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = grad_t30[8*i + j]*t21[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = grad_t39[8*i + j]*t38[8*i + j] + x0*(1 - (t29[8*i + j]*t29[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = t23[8*i + j]*x1;
-            grad_t28[8*i + j] = x1;
-            g21[8*i + j] = t25[8*i + j]*x2*(1 - t23[8*i + j]);
-            g22[8*i + j] = t17[8*i + j]*t27[8*i + j]*x1*(1 - t27[8*i + j]);
-            g23[8*i + j] = x2*(1 - (t25[8*i + j]*t25[8*i + j]));
-            g24[8*i + j] = t29[8*i + j]*x0*(1 - t21[8*i + j]);
-        }
-    }
+    lstm_sequence_loop3(n, grad_t28, g21, t25, t23, g22, t17, t27, g23, g24, t29, t21, grad_t30, grad_t39, t38);
 
     /* grad_W_i += x3^T @ g21 */
     lstm_sequence_product7(n, x3_, g21, grad_W_i);
@@ -1229,7 +1110,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
 /* lstm_sequence_run, part 6 of 8 (kernels 129 to 160): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
@@ -1251,7 +1132,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *work,
     int with_grads
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,

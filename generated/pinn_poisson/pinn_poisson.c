@@ -24,6 +24,78 @@
 #define PINN_POISSON_SHARED static
 #endif
 
+/* Its 4 element-wise loops that repeat (in several functions, or at
+ * every step of an unrolled network), a function for each kind of loop,
+ * called with its arrays: each kind is compiled once (in unit 0). */
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_loop0(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5
+);
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_loop1(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a6
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_loop0(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 16; ++j) {
+            const PINN_POISSON_REAL x0 = tanh(a4[16*i + j] + a5[j]);
+            const PINN_POISSON_REAL x1 = 1 - (x0*x0);
+            a0[16*i + j] = x0;
+            a1[16*i + j] = x1;
+            a2[16*i + j] = a3[j]*x1;
+        }
+    }
+}
+PINN_POISSON_SHARED SYMBACKPROP_CALLED
+void pinn_poisson_loop1(
+    int64_t n,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
+    PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a2,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a3,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a4,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5,
+    const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a6
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 16; ++j) {
+            const PINN_POISSON_REAL x0 = a4[16*i + j]*a5[16*i + j];
+            const PINN_POISSON_REAL x1 = a6[16*i + j]*x0;
+            a0[16*i + j] = x0;
+            a1[16*i + j] = x1;
+            a2[16*i + j] = a3[j]*x1;
+        }
+    }
+}
+#endif
+
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 size_t pinn_poisson_forward_work_len(int64_t n)
 {
@@ -136,16 +208,7 @@ int pinn_poisson_forward(
     PINN_POISSON_REAL *t8 = t7 + 16*n; /* n x 16 */
     PINN_POISSON_REAL *t9 = t8 + 16*n; /* n x 16 */
     PINN_POISSON_REAL *t10 = t9 + 16*n; /* n x 16 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = tanh(t7[16*i + j] + b1[j]);
-            const PINN_POISSON_REAL x1 = 1 - (x0*x0);
-            t8[16*i + j] = x0;
-            t9[16*i + j] = x1;
-            t10[16*i + j] = W1[j]*x1;
-        }
-    }
+    pinn_poisson_loop0(n, t8, t9, t10, W1, t7, b1);
 
     /* t11 = t8 @ W2 */
     PINN_POISSON_REAL *t11 = t7; /* n x 16, in t7's memory */
@@ -157,16 +220,7 @@ int pinn_poisson_forward(
     PINN_POISSON_REAL *t12 = t10 + 16*n; /* n x 16 */
     PINN_POISSON_REAL *t13 = t12 + 16*n; /* n x 16 */
     PINN_POISSON_REAL *t14 = t13 + 16*n; /* n x 16 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = tanh(t11[16*i + j] + b2[j]);
-            const PINN_POISSON_REAL x1 = 1 - (x0*x0);
-            t12[16*i + j] = x0;
-            t13[16*i + j] = x1;
-            t14[16*i + j] = W3[j]*x1;
-        }
-    }
+    pinn_poisson_loop0(n, t12, t13, t14, W3, t11, b2);
 
     /* t15 = t14 @ W2^T */
     PINN_POISSON_REAL *t15 = t11; /* n x 16, in t11's memory */
@@ -484,16 +538,7 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     PINN_POISSON_REAL *grad_t28 = t19; /* n x 16, in t19's memory */
     PINN_POISSON_REAL *grad_t25 = grad_W1_part + 16; /* n x 16 */
     PINN_POISSON_REAL *grad_t15 = grad_t25 + 16*n; /* n x 16 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = grad_t19[16*i + j]*t9[16*i + j];
-            const PINN_POISSON_REAL x1 = t23[16*i + j]*x0;
-            grad_t28[16*i + j] = x0;
-            grad_t25[16*i + j] = x1;
-            grad_t15[16*i + j] = W1[j]*x1;
-        }
-    }
+    pinn_poisson_loop1(n, grad_t28, grad_t25, grad_t15, W1, grad_t19, t9, t23);
 
     /* grad_t17 = grad_t28 @ W2 */
     PINN_POISSON_REAL *grad_t17 = grad_t15 + 16*n; /* n x 16 */
@@ -505,16 +550,7 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     PINN_POISSON_REAL *grad_t27 = grad_t17 + 16*n; /* n x 16 */
     PINN_POISSON_REAL *grad_t26 = grad_t27 + 16*n; /* n x 16 */
     PINN_POISSON_REAL *grad_t16 = grad_t26 + 16*n; /* n x 16 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 16; ++j) {
-            const PINN_POISSON_REAL x0 = grad_t17[16*i + j]*t13[16*i + j];
-            const PINN_POISSON_REAL x1 = t24[16*i + j]*x0;
-            grad_t27[16*i + j] = x0;
-            grad_t26[16*i + j] = x1;
-            grad_t16[16*i + j] = W3[j]*x1;
-        }
-    }
+    pinn_poisson_loop1(n, grad_t27, grad_t26, grad_t16, W3, grad_t17, t13, t24);
 
     /* grad_t10 = grad_t16 @ W2^T */
     PINN_POISSON_REAL *grad_t10 = grad_t16 + 16*n; /* n x 16 */

@@ -122,6 +122,149 @@ void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TR
 }
 #endif
 
+/* Its 48 element-wise loops that repeat (in several functions, or at
+ * every step of an unrolled network), a function for each kind of loop,
+ * called with its arrays: each kind is compiled once (in unit 0). */
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop1(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop2(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop3(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop5(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4
+);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop6(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j] + a2[64*i + j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop1(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[j]*a2[64*i + j] + a3[j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop2(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 256; ++j) {
+            const TRANSFORMER_LM_REAL x0 = a2[256*i + j] + a3[j];
+            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
+            const TRANSFORMER_LM_REAL x2 = erf(x1);
+            a0[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
+            a1[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop3(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j] + a2[64*i + j] + a3[j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        a0[i] = -a1[i] + a2[i];
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop5(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j]*a2[j];
+            a3[64*i + j] = a1[64*i + j]*a4[64*i + j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop6(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 256; ++j) {
+            a0[256*i + j] = a1[256*i + j]*a2[256*i + j];
+        }
+    }
+}
+#endif
+
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_grads)
 {
@@ -362,12 +505,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     TRANSFORMER_LM_REAL *t1 = work + 64*m; /* m x 64; placed in an earlier part */
     /* t2 = t0 + t1 */
     TRANSFORMER_LM_REAL *t2 = t1 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t2[64*i + j] = t0[64*i + j] + t1[64*i + j];
-        }
-    }
+    transformer_lm_loop0(m, t2, t0, t1);
 
     /* t3[i, :] = (t2[i, :] - mu_i) r_i, mu_i = mean_j t2[i, j], r_i = 1/sqrt(mean_j
      * (t2[i, j] - mu_i)^2 + 1e-05) */
@@ -421,12 +559,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* t4 = b0a + g0a*t3 */
     TRANSFORMER_LM_REAL *t4 = t1; /* m x 64, in t1's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t4[64*i + j] = g0a[j]*t3[64*i + j] + b0a[j];
-        }
-    }
+    transformer_lm_loop1(m, t4, g0a, t3, b0a);
 
     /* t5 = Wq0/4 */
     TRANSFORMER_LM_REAL *t5 = t2 + 64*m; /* 64 x 64 */
@@ -563,12 +696,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* t13 = t12 + t2 */
     TRANSFORMER_LM_REAL *t13 = with_grads ? t12 + 64*m : t10; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t13[64*i + j] = t2[64*i + j] + t12[64*i + j];
-        }
-    }
+    transformer_lm_loop0(m, t13, t2, t12);
 
     /* t14[i, :] = (t13[i, :] - mu_i) r_i, mu_i = mean_j t13[i, j], r_i = 1/sqrt(mean_j
      * (t13[i, j] - mu_i)^2 + 1e-05) */
@@ -622,12 +750,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* t15 = b0m + g0m*t14 */
     TRANSFORMER_LM_REAL *t15 = with_grads ? t13 + 64*m : t2; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t15[64*i + j] = g0m[j]*t14[64*i + j] + b0m[j];
-        }
-    }
+    transformer_lm_loop1(m, t15, g0m, t14, b0m);
 
     /* t16 = t15 @ W0up */
     TRANSFORMER_LM_REAL *t16 = t8; /* m x 256, in t8's memory */
@@ -638,16 +761,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
      * t16)/2)/2 + 1/2 */
     TRANSFORMER_LM_REAL *t17 = with_grads ? t15 + 64*m : t9; /* m x 256 */
     TRANSFORMER_LM_REAL *t18 = with_grads ? t17 + 256*m : t9 + 256*m; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t16[256*i + j] + c0up[j];
-            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
-            const TRANSFORMER_LM_REAL x2 = erf(x1);
-            t17[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
-            t18[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
-        }
-    }
+    transformer_lm_loop2(m, t17, t18, t16, c0up);
 
     /* t19 = t17 @ W0down */
     TRANSFORMER_LM_REAL *t19 = with_grads ? t18 + 256*m : t12; /* m x 64 */
@@ -655,12 +769,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* t20 = c0down + t13 + t19 */
     TRANSFORMER_LM_REAL *t20 = with_grads ? t19 + 64*m : t14; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t20[64*i + j] = t13[64*i + j] + t19[64*i + j] + c0down[j];
-        }
-    }
+    transformer_lm_loop3(m, t20, t13, t19, c0down);
 
     /* t21[i, :] = (t20[i, :] - mu_i) r_i, mu_i = mean_j t20[i, j], r_i = 1/sqrt(mean_j
      * (t20[i, j] - mu_i)^2 + 1e-05) */
@@ -714,12 +823,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* t22 = b1a + g1a*t21 */
     TRANSFORMER_LM_REAL *t22 = with_grads ? t20 + 64*m : t13; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t22[64*i + j] = g1a[j]*t21[64*i + j] + b1a[j];
-        }
-    }
+    transformer_lm_loop1(m, t22, g1a, t21, b1a);
 
     /* t23 = Wq1/4 */
     TRANSFORMER_LM_REAL *t23 = with_grads ? t22 + 64*m : t5; /* 64 x 64 */
@@ -856,12 +960,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* t31 = t20 + t30 */
     TRANSFORMER_LM_REAL *t31 = with_grads ? t30 + 64*m : t28; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t31[64*i + j] = t20[64*i + j] + t30[64*i + j];
-        }
-    }
+    transformer_lm_loop0(m, t31, t20, t30);
 
     /* t32[i, :] = (t31[i, :] - mu_i) r_i, mu_i = mean_j t31[i, j], r_i = 1/sqrt(mean_j
      * (t31[i, j] - mu_i)^2 + 1e-05) */
@@ -915,19 +1014,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 
     /* t33 = b1m + g1m*t32 */
     TRANSFORMER_LM_REAL *t33 = with_grads ? t31 + 64*m : t20; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t33[64*i + j] = g1m[j]*t32[64*i + j] + b1m[j];
-        }
-    }
+    transformer_lm_loop1(m, t33, g1m, t32, b1m);
 }
 #endif
 
 /* transformer_lm_run, part 3 of 8 (kernels 33 to 44): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
@@ -942,7 +1036,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     TRANSFORMER_LM_REAL *work,
     int with_grads
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
@@ -975,16 +1069,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
      * t34)/2)/2 + 1/2 */
     TRANSFORMER_LM_REAL *t35 = with_grads ? t33 + 64*m : t26; /* m x 256 */
     TRANSFORMER_LM_REAL *t36 = with_grads ? t35 + 256*m : t27; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t34[256*i + j] + c1up[j];
-            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
-            const TRANSFORMER_LM_REAL x2 = erf(x1);
-            t35[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
-            t36[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
-        }
-    }
+    transformer_lm_loop2(m, t35, t36, t34, c1up);
 
     /* t37 = t35 @ W1down */
     TRANSFORMER_LM_REAL *t37 = with_grads ? t36 + 256*m : t30; /* m x 64 */
@@ -992,12 +1077,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
 
     /* t38 = c1down + t31 + t37 */
     TRANSFORMER_LM_REAL *t38 = with_grads ? t37 + 64*m : t32; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t38[64*i + j] = t31[64*i + j] + t37[64*i + j] + c1down[j];
-        }
-    }
+    transformer_lm_loop3(m, t38, t31, t37, c1down);
 
     /* t39[i, :] = (t38[i, :] - mu_i) r_i, mu_i = mean_j t38[i, j], r_i = 1/sqrt(mean_j
      * (t38[i, j] - mu_i)^2 + 1e-05) */
@@ -1051,12 +1131,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
 
     /* t40 = bf + gf*t39 */
     TRANSFORMER_LM_REAL *t40 = with_grads ? t38 + 64*m : t31; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t40[64*i + j] = gf[j]*t39[64*i + j] + bf[j];
-        }
-    }
+    transformer_lm_loop1(m, t40, gf, t39, bf);
 
     /* t41 = t40 @ Wout */
     TRANSFORMER_LM_REAL *t41 = with_grads ? t40 + 64*m : t18 + 256*m; /* m x 62 */
@@ -1079,10 +1154,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
 
     /* t44 = -t42 + t43 */
     TRANSFORMER_LM_REAL *t44 = t43 + m; /* m x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        t44[i] = -t42[i] + t43[i];
-    }
+    transformer_lm_loop4(m, t44, t42, t43);
 
     /* t45 = sum of t44 down each column */
     TRANSFORMER_LM_REAL *t45 = t44 + m; /* 1 x 1 */
@@ -1172,13 +1244,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     /* g0 = grad_t40*t39 */
     TRANSFORMER_LM_REAL *grad_t39 = grad_t40 + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *g0 = grad_t39 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t39[64*i + j] = grad_t40[64*i + j]*gf[j];
-            g0[64*i + j] = grad_t40[64*i + j]*t39[64*i + j];
-        }
-    }
+    transformer_lm_loop5(m, grad_t39, grad_t40, gf, g0, t39);
 
     /* grad_t38[i, :] = r_i (grad_t39[i, :] - mean_j grad_t39[i, j] - y[i, :] mean_j
      * grad_t39[i, j] y[i, j]), y = (t38 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -1247,12 +1313,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 
     /* g1 = grad_t35*t36 */
     TRANSFORMER_LM_REAL *g1 = g0 + 64*m; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            g1[256*i + j] = grad_t35[256*i + j]*t36[256*i + j];
-        }
-    }
+    transformer_lm_loop6(m, g1, grad_t35, t36);
 
     /* grad_t33 = g1 @ W1up^T */
     TRANSFORMER_LM_REAL *grad_t33 = t38; /* m x 64, in t38's memory */
@@ -1262,13 +1323,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     /* g2 = grad_t33*t32 */
     TRANSFORMER_LM_REAL *grad_t32 = grad_t39; /* m x 64, in grad_t39's memory */
     TRANSFORMER_LM_REAL *g2 = g1 + 256*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t32[64*i + j] = grad_t33[64*i + j]*g1m[j];
-            g2[64*i + j] = grad_t33[64*i + j]*t32[64*i + j];
-        }
-    }
+    transformer_lm_loop5(m, grad_t32, grad_t33, g1m, g2, t32);
 
     /* grad_t31_part[i, :] = r_i (grad_t32[i, :] - mean_j grad_t32[i, j] - y[i, :] mean_j
      * grad_t32[i, j] y[i, j]), y = (t31 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -1333,12 +1388,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 
     /* grad_t31 = grad_t31_part + grad_t38 */
     TRANSFORMER_LM_REAL *grad_t31 = t31; /* m x 64, in t31's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t31[64*i + j] = grad_t38[64*i + j] + grad_t31_part[64*i + j];
-        }
-    }
+    transformer_lm_loop0(m, grad_t31, grad_t38, grad_t31_part);
 
     /* grad_t29 = grad_t31 @ Wo1^T */
     TRANSFORMER_LM_REAL *grad_t29 = grad_t32; /* m x 64, in grad_t32's memory */
@@ -1579,13 +1629,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     /* g3 = grad_t22*t21 */
     TRANSFORMER_LM_REAL *grad_t21 = t24; /* m x 64, in t24's memory */
     TRANSFORMER_LM_REAL *g3 = t25; /* m x 64, in t25's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t21[64*i + j] = grad_t22[64*i + j]*g1a[j];
-            g3[64*i + j] = grad_t22[64*i + j]*t21[64*i + j];
-        }
-    }
+    transformer_lm_loop5(m, grad_t21, grad_t22, g1a, g3, t21);
 
     /* grad_t20_part[i, :] = r_i (grad_t21[i, :] - mean_j grad_t21[i, j] - y[i, :] mean_j
      * grad_t21[i, j] y[i, j]), y = (t20 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -1650,12 +1694,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 
     /* grad_t20 = grad_t20_part + grad_t31 */
     TRANSFORMER_LM_REAL *grad_t20 = t20; /* m x 64, in t20's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t20[64*i + j] = grad_t31[64*i + j] + grad_t20_part[64*i + j];
-        }
-    }
+    transformer_lm_loop0(m, grad_t20, grad_t31, grad_t20_part);
 
     /* grad_t17 = grad_t20 @ W0down^T */
     TRANSFORMER_LM_REAL *grad_t17 = t27; /* m x 256, in t27's memory */
@@ -1663,12 +1702,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 
     /* g4 = grad_t17*t18 */
     TRANSFORMER_LM_REAL *g4 = grad_t27; /* m x 256, in grad_t27's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            g4[256*i + j] = grad_t17[256*i + j]*t18[256*i + j];
-        }
-    }
+    transformer_lm_loop6(m, g4, grad_t17, t18);
 
     /* grad_t15 = g4 @ W0up^T */
     TRANSFORMER_LM_REAL *grad_t15 = grad_t21; /* m x 64, in grad_t21's memory */
@@ -1678,13 +1712,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     /* g5 = grad_t15*t14 */
     TRANSFORMER_LM_REAL *grad_t14 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
     TRANSFORMER_LM_REAL *g5 = grad_t22 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t14[64*i + j] = grad_t15[64*i + j]*g0m[j];
-            g5[64*i + j] = grad_t15[64*i + j]*t14[64*i + j];
-        }
-    }
+    transformer_lm_loop5(m, grad_t14, grad_t15, g0m, g5, t14);
 
     /* grad_t13_part[i, :] = r_i (grad_t14[i, :] - mean_j grad_t14[i, j] - y[i, :] mean_j
      * grad_t14[i, j] y[i, j]), y = (t13 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -1749,12 +1777,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 
     /* grad_t13 = grad_t13_part + grad_t20 */
     TRANSFORMER_LM_REAL *grad_t13 = t13; /* m x 64, in t13's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t13[64*i + j] = grad_t20[64*i + j] + grad_t13_part[64*i + j];
-        }
-    }
+    transformer_lm_loop0(m, grad_t13, grad_t20, grad_t13_part);
 
     /* grad_t11 = grad_t13 @ Wo0^T */
     TRANSFORMER_LM_REAL *grad_t11 = grad_t14; /* m x 64, in grad_t14's memory */
@@ -1941,13 +1964,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     /* g6 = grad_t4*t3 */
     TRANSFORMER_LM_REAL *grad_t3 = t6; /* m x 64, in t6's memory */
     TRANSFORMER_LM_REAL *g6 = t7; /* m x 64, in t7's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t3[64*i + j] = grad_t4[64*i + j]*g0a[j];
-            g6[64*i + j] = grad_t4[64*i + j]*t3[64*i + j];
-        }
-    }
+    transformer_lm_loop5(m, grad_t3, grad_t4, g0a, g6, t3);
 
     /* grad_t2_part[i, :] = r_i (grad_t3[i, :] - mean_j grad_t3[i, j] - y[i, :] mean_j
      * grad_t3[i, j] y[i, j]), y = (t2 - mu) r normalized as in normalize_rows (mu_i, r_i of
@@ -2012,12 +2029,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 
     /* grad_t2 = grad_t13 + grad_t2_part */
     TRANSFORMER_LM_REAL *grad_t2 = t2; /* m x 64, in t2's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t2[64*i + j] = grad_t13[64*i + j] + grad_t2_part[64*i + j];
-        }
-    }
+    transformer_lm_loop0(m, grad_t2, grad_t13, grad_t2_part);
 }
 #endif
 
@@ -2198,7 +2210,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
 /* transformer_lm_run, part 7 of 8 (kernels 87 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -2213,7 +2225,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *work,
     int with_grads
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -2679,7 +2691,16 @@ size_t transformer_lm_train_step_work_len(int64_t m)
 /* transformer_lm_train_step, part 1 of 9 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
+    int64_t m,
+    const int64_t *ids,
+    const int64_t *positions,
+    TRANSFORMER_LM_REAL *E,
+    TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     int64_t m,
     const int64_t *ids,
@@ -2895,12 +2916,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *t1 = work + 64*m; /* m x 64; placed in an earlier part */
     /* t2 = t0 + t1 */
     TRANSFORMER_LM_REAL *t2 = t1 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t2[64*i + j] = t0[64*i + j] + t1[64*i + j];
-        }
-    }
+    transformer_lm_loop0(m, t2, t0, t1);
 
     /* t3[i, :] = (t2[i, :] - mu_i) r_i, mu_i = mean_j t2[i, j], r_i = 1/sqrt(mean_j
      * (t2[i, j] - mu_i)^2 + 1e-05) */
@@ -2954,12 +2970,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 
     /* t4 = b0a + g0a*t3 */
     TRANSFORMER_LM_REAL *t4 = t1; /* m x 64, in t1's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t4[64*i + j] = g0a[j]*t3[64*i + j] + b0a[j];
-        }
-    }
+    transformer_lm_loop1(m, t4, g0a, t3, b0a);
 
     /* t5 = Wq0/4 */
     TRANSFORMER_LM_REAL *t5 = t2 + 64*m; /* 64 x 64 */
@@ -3096,12 +3107,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 
     /* t13 = t12 + t2 */
     TRANSFORMER_LM_REAL *t13 = t12 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t13[64*i + j] = t2[64*i + j] + t12[64*i + j];
-        }
-    }
+    transformer_lm_loop0(m, t13, t2, t12);
 
     /* t14[i, :] = (t13[i, :] - mu_i) r_i, mu_i = mean_j t13[i, j], r_i = 1/sqrt(mean_j
      * (t13[i, j] - mu_i)^2 + 1e-05) */
@@ -3155,12 +3161,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 
     /* t15 = b0m + g0m*t14 */
     TRANSFORMER_LM_REAL *t15 = t13 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t15[64*i + j] = g0m[j]*t14[64*i + j] + b0m[j];
-        }
-    }
+    transformer_lm_loop1(m, t15, g0m, t14, b0m);
 
     /* t16 = t15 @ W0up */
     TRANSFORMER_LM_REAL *t16 = t8; /* m x 256, in t8's memory */
@@ -3171,16 +3172,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
      * t16)/2)/2 + 1/2 */
     TRANSFORMER_LM_REAL *t17 = t15 + 64*m; /* m x 256 */
     TRANSFORMER_LM_REAL *t18 = t17 + 256*m; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t16[256*i + j] + c0up[j];
-            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
-            const TRANSFORMER_LM_REAL x2 = erf(x1);
-            t17[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
-            t18[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
-        }
-    }
+    transformer_lm_loop2(m, t17, t18, t16, c0up);
 
     /* t19 = t17 @ W0down */
     TRANSFORMER_LM_REAL *t19 = t18 + 256*m; /* m x 64 */
@@ -3188,12 +3180,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 
     /* t20 = c0down + t13 + t19 */
     TRANSFORMER_LM_REAL *t20 = t19 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t20[64*i + j] = t13[64*i + j] + t19[64*i + j] + c0down[j];
-        }
-    }
+    transformer_lm_loop3(m, t20, t13, t19, c0down);
 
     /* t21[i, :] = (t20[i, :] - mu_i) r_i, mu_i = mean_j t20[i, j], r_i = 1/sqrt(mean_j
      * (t20[i, j] - mu_i)^2 + 1e-05) */
@@ -3247,12 +3234,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 
     /* t22 = b1a + g1a*t21 */
     TRANSFORMER_LM_REAL *t22 = t20 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t22[64*i + j] = g1a[j]*t21[64*i + j] + b1a[j];
-        }
-    }
+    transformer_lm_loop1(m, t22, g1a, t21, b1a);
 
     /* t23 = Wq1/4 */
     TRANSFORMER_LM_REAL *t23 = t22 + 64*m; /* 64 x 64 */
@@ -3389,12 +3371,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 
     /* t31 = t20 + t30 */
     TRANSFORMER_LM_REAL *t31 = t30 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t31[64*i + j] = t20[64*i + j] + t30[64*i + j];
-        }
-    }
+    transformer_lm_loop0(m, t31, t20, t30);
 
     /* t32[i, :] = (t31[i, :] - mu_i) r_i, mu_i = mean_j t31[i, j], r_i = 1/sqrt(mean_j
      * (t31[i, j] - mu_i)^2 + 1e-05) */
@@ -3448,12 +3425,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 
     /* t33 = b1m + g1m*t32 */
     TRANSFORMER_LM_REAL *t33 = t31 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t33[64*i + j] = g1m[j]*t32[64*i + j] + b1m[j];
-        }
-    }
+    transformer_lm_loop1(m, t33, g1m, t32, b1m);
 }
 #endif
 
@@ -3498,16 +3470,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
      * t34)/2)/2 + 1/2 */
     TRANSFORMER_LM_REAL *t35 = t33 + 64*m; /* m x 256 */
     TRANSFORMER_LM_REAL *t36 = t35 + 256*m; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL x0 = t34[256*i + j] + c1up[j];
-            const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
-            const TRANSFORMER_LM_REAL x2 = erf(x1);
-            t35[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
-            t36[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
-        }
-    }
+    transformer_lm_loop2(m, t35, t36, t34, c1up);
 
     /* t37 = t35 @ W1down */
     TRANSFORMER_LM_REAL *t37 = t36 + 256*m; /* m x 64 */
@@ -3515,12 +3478,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* t38 = c1down + t31 + t37 */
     TRANSFORMER_LM_REAL *t38 = t37 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t38[64*i + j] = t31[64*i + j] + t37[64*i + j] + c1down[j];
-        }
-    }
+    transformer_lm_loop3(m, t38, t31, t37, c1down);
 
     /* t39[i, :] = (t38[i, :] - mu_i) r_i, mu_i = mean_j t38[i, j], r_i = 1/sqrt(mean_j
      * (t38[i, j] - mu_i)^2 + 1e-05) */
@@ -3574,12 +3532,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* t40 = bf + gf*t39 */
     TRANSFORMER_LM_REAL *t40 = t38 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            t40[64*i + j] = gf[j]*t39[64*i + j] + bf[j];
-        }
-    }
+    transformer_lm_loop1(m, t40, gf, t39, bf);
 
     /* t41 = t40 @ Wout */
     TRANSFORMER_LM_REAL *t41 = t40 + 64*m; /* m x 62 */
@@ -3602,10 +3555,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* t44 = -t42 + t43 */
     TRANSFORMER_LM_REAL *t44 = t43 + m; /* m x 1 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        t44[i] = -t42[i] + t43[i];
-    }
+    transformer_lm_loop4(m, t44, t42, t43);
 
     /* t45 = sum of t44 down each column */
     TRANSFORMER_LM_REAL *t45 = t44 + m; /* 1 x 1 */
@@ -3644,13 +3594,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     /* g0 = grad_t40*t39 */
     TRANSFORMER_LM_REAL *grad_t39 = grad_t40 + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *g0 = grad_t39 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t39[64*i + j] = grad_t40[64*i + j]*gf[j];
-            g0[64*i + j] = grad_t40[64*i + j]*t39[64*i + j];
-        }
-    }
+    transformer_lm_loop5(m, grad_t39, grad_t40, gf, g0, t39);
 
     /* grad_t38[i, :] = r_i (grad_t39[i, :] - mean_j grad_t39[i, j] - y[i, :] mean_j
      * grad_t39[i, j] y[i, j]), y = (t38 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -3719,12 +3663,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* g1 = grad_t35*t36 */
     TRANSFORMER_LM_REAL *g1 = g0 + 64*m; /* m x 256 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            g1[256*i + j] = grad_t35[256*i + j]*t36[256*i + j];
-        }
-    }
+    transformer_lm_loop6(m, g1, grad_t35, t36);
 
     /* grad_t33 = g1 @ W1up^T */
     TRANSFORMER_LM_REAL *grad_t33 = t38; /* m x 64, in t38's memory */
@@ -3734,13 +3673,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     /* g2 = grad_t33*t32 */
     TRANSFORMER_LM_REAL *grad_t32 = grad_t39; /* m x 64, in grad_t39's memory */
     TRANSFORMER_LM_REAL *g2 = g1 + 256*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t32[64*i + j] = grad_t33[64*i + j]*g1m[j];
-            g2[64*i + j] = grad_t33[64*i + j]*t32[64*i + j];
-        }
-    }
+    transformer_lm_loop5(m, grad_t32, grad_t33, g1m, g2, t32);
 
     /* grad_t31_part[i, :] = r_i (grad_t32[i, :] - mean_j grad_t32[i, j] - y[i, :] mean_j
      * grad_t32[i, j] y[i, j]), y = (t31 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -3805,12 +3738,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* grad_t31 = grad_t31_part + grad_t38 */
     TRANSFORMER_LM_REAL *grad_t31 = t31; /* m x 64, in t31's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t31[64*i + j] = grad_t38[64*i + j] + grad_t31_part[64*i + j];
-        }
-    }
+    transformer_lm_loop0(m, grad_t31, grad_t38, grad_t31_part);
 
     /* grad_t29 = grad_t31 @ Wo1^T */
     TRANSFORMER_LM_REAL *grad_t29 = grad_t32; /* m x 64, in grad_t32's memory */
@@ -4049,13 +3977,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     /* g3 = grad_t22*t21 */
     TRANSFORMER_LM_REAL *grad_t21 = t24; /* m x 64, in t24's memory */
     TRANSFORMER_LM_REAL *g3 = t25; /* m x 64, in t25's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t21[64*i + j] = grad_t22[64*i + j]*g1a[j];
-            g3[64*i + j] = grad_t22[64*i + j]*t21[64*i + j];
-        }
-    }
+    transformer_lm_loop5(m, grad_t21, grad_t22, g1a, g3, t21);
 
     /* grad_t20_part[i, :] = r_i (grad_t21[i, :] - mean_j grad_t21[i, j] - y[i, :] mean_j
      * grad_t21[i, j] y[i, j]), y = (t20 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -4120,12 +4042,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 
     /* grad_t20 = grad_t20_part + grad_t31 */
     TRANSFORMER_LM_REAL *grad_t20 = t20; /* m x 64, in t20's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t20[64*i + j] = grad_t31[64*i + j] + grad_t20_part[64*i + j];
-        }
-    }
+    transformer_lm_loop0(m, grad_t20, grad_t31, grad_t20_part);
 
     /* grad_t17 = grad_t20 @ W0down^T */
     TRANSFORMER_LM_REAL *grad_t17 = t27; /* m x 256, in t27's memory */
@@ -4133,12 +4050,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 
     /* g4 = grad_t17*t18 */
     TRANSFORMER_LM_REAL *g4 = grad_t27; /* m x 256, in grad_t27's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            g4[256*i + j] = grad_t17[256*i + j]*t18[256*i + j];
-        }
-    }
+    transformer_lm_loop6(m, g4, grad_t17, t18);
 
     /* grad_t15 = g4 @ W0up^T */
     TRANSFORMER_LM_REAL *grad_t15 = grad_t21; /* m x 64, in grad_t21's memory */
@@ -4148,13 +4060,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     /* g5 = grad_t15*t14 */
     TRANSFORMER_LM_REAL *grad_t14 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
     TRANSFORMER_LM_REAL *g5 = grad_t22 + 64*m; /* m x 64 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t14[64*i + j] = grad_t15[64*i + j]*g0m[j];
-            g5[64*i + j] = grad_t15[64*i + j]*t14[64*i + j];
-        }
-    }
+    transformer_lm_loop5(m, grad_t14, grad_t15, g0m, g5, t14);
 
     /* grad_t13_part[i, :] = r_i (grad_t14[i, :] - mean_j grad_t14[i, j] - y[i, :] mean_j
      * grad_t14[i, j] y[i, j]), y = (t13 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -4219,12 +4125,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 
     /* grad_t13 = grad_t13_part + grad_t20 */
     TRANSFORMER_LM_REAL *grad_t13 = t13; /* m x 64, in t13's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t13[64*i + j] = grad_t20[64*i + j] + grad_t13_part[64*i + j];
-        }
-    }
+    transformer_lm_loop0(m, grad_t13, grad_t20, grad_t13_part);
 
     /* grad_t11 = grad_t13 @ Wo0^T */
     TRANSFORMER_LM_REAL *grad_t11 = grad_t14; /* m x 64, in grad_t14's memory */
@@ -4411,13 +4312,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     /* g6 = grad_t4*t3 */
     TRANSFORMER_LM_REAL *grad_t3 = t6; /* m x 64, in t6's memory */
     TRANSFORMER_LM_REAL *g6 = t7; /* m x 64, in t7's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t3[64*i + j] = grad_t4[64*i + j]*g0a[j];
-            g6[64*i + j] = grad_t4[64*i + j]*t3[64*i + j];
-        }
-    }
+    transformer_lm_loop5(m, grad_t3, grad_t4, g0a, g6, t3);
 
     /* grad_t2_part[i, :] = r_i (grad_t3[i, :] - mean_j grad_t3[i, j] - y[i, :] mean_j
      * grad_t3[i, j] y[i, j]), y = (t2 - mu) r normalized as in normalize_rows (mu_i, r_i of
@@ -4482,12 +4377,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 
     /* grad_t2 = grad_t13 + grad_t2_part */
     TRANSFORMER_LM_REAL *grad_t2 = t2; /* m x 64, in t2's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_t2[64*i + j] = grad_t13[64*i + j] + grad_t2_part[64*i + j];
-        }
-    }
+    transformer_lm_loop0(m, grad_t2, grad_t13, grad_t2_part);
 }
 #endif
 
@@ -4668,19 +4558,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
 /* transformer_lm_train_step, part 6 of 9 (kernels 87 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
-    int64_t m,
-    TRANSFORMER_LM_REAL *E,
-    TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *b0a,
-    TRANSFORMER_LM_REAL *Wq0,
-    TRANSFORMER_LM_REAL *Wk0,
-    const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     int64_t m,
     TRANSFORMER_LM_REAL *E,

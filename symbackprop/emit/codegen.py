@@ -237,6 +237,7 @@ class CModule:
     dims: tuple[str, ...] = ()  # C names of its dimensions, in the order of a `dims` array
     units: int = 1  # translation units its C is compiled as (cunits): 1, or a few for a large module
     products: tuple[Any, ...] = ()  # a function per kind of matrix product call (emit/products.py), where it has many
+    maps: tuple[Any, ...] = ()  # a function per kind of repeated element-wise loop (emit/maps.py), where it has many
 
     @property
     def shared(self) -> str:
@@ -289,6 +290,7 @@ class CModule:
     def all_kernels(self) -> Iterator[CKernel]:
         """Every kernel, those nested in others' fields (a scan's step) too."""
         stack: list[Any] = [k for f in self.internal + self.functions for k in f.kernels]
+        stack += [kind.kernel for kind in self.maps]
         while stack:
             item = stack.pop()
             if isinstance(item, CKernel):

@@ -39,7 +39,7 @@ class ProductKind:
 
     name: str
     add: bool
-    sizes: tuple[str, ...]  # its int64_t parameters: s0, s1, ...
+    params: tuple[str, ...]  # its C parameters: `int64_t s0`, ..., then the arrays a, b and c
     args: tuple[str, ...]  # the helper's ten arguments, constants and parameters
     calls: int  # how many calls of the module it serves
 
@@ -57,7 +57,7 @@ def share_products(module: CModule, claim: Callable[[str], str]) -> CModule:
     _with_calls([fn.kernels for fn in module.internal + module.functions], count)
     if calls.total() <= MAX_INLINED_PRODUCTS:
         return module
-    kinds = {key: _kind(claim(f"{module.prefix}_product{number}"), key, n)
+    kinds = {key: _kind(claim(f"{module.prefix}_product{number}"), key, n, module.real_c)
              for number, (key, n) in enumerate(calls.items())}
 
     def function(fn: CFunction) -> CFunction:
@@ -93,7 +93,7 @@ def _constant(text: str) -> bool:
     return text.lstrip("-").isdigit()
 
 
-def _kind(name: str, key: tuple, calls: int) -> ProductKind:
+def _kind(name: str, key: tuple, calls: int, real: str) -> ProductKind:
     add, shape = key[0], dict(zip(_SHAPE, key[1:]))
     sizes: list[str] = []
     args = []
@@ -105,7 +105,8 @@ def _kind(name: str, key: tuple, calls: int) -> ProductKind:
         else:
             sizes.append(f"s{len(sizes)}")
             args.append(sizes[-1])
-    return ProductKind(name, add, tuple(sizes), tuple(args), calls)
+    params = (*(f"int64_t {size}" for size in sizes), f"const {real} *a", f"const {real} *b", f"{real} *c")
+    return ProductKind(name, add, params, tuple(args), calls)
 
 
 def _calling(kernel: CKernel, kind: ProductKind) -> CKernel:
