@@ -143,3 +143,18 @@ def test_only_loops_naming_their_own_arrays_are_shared(text, shared):
     if shared:
         assert shape.arrays == ("t1", "t0", "b") and shape.written == (True, False, False) and shape.dims == ("n",)
         assert shape.fields["stores"] == [("a0[i]", "exp(a1[i]) + a2[0]")]
+
+
+def test_a_split_module_compiles_its_kinds_in_several_units():
+    """The functions of the kinds of loops and products are placed like the
+    module's other functions (cunits): not all in unit 0."""
+    emitted = pipeline.generate(gru_model(20), derivation=False)[0]
+    module, source = emitted.module, emitted.source
+    assert module.units > 1
+    assert len({kind.unit for kind in module.maps + module.products}) > 1
+    guard = re.compile(r"^#if !defined\(SYMBACKPROP_UNIT\) \|\| SYMBACKPROP_UNIT == (\d+)$", re.M)
+    for kind in module.maps + module.products:
+        body = re.search(rf"^void {kind.name}\((?:[^;{{]*)\)\n\{{", source, re.M)
+        assert body is not None, kind.name
+        unit = [int(m.group(1)) for m in guard.finditer(source, 0, body.start())][-1]  # the guard it is under
+        assert unit == kind.unit, kind.name

@@ -24,9 +24,9 @@
 #define CNN_DIGITS_SHARED static
 #endif
 
-/* Its 16 element-wise loops that repeat (in several functions, or at
+/* Its 18 element-wise loops that repeat (in several functions, or at
  * every step of an unrolled network), a function for each kind of loop,
- * called with its arrays: each kind is compiled once (in unit 0). */
+ * called with its arrays: each kind is compiled once. */
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
 void cnn_digits_loop0(
     int64_t n,
@@ -63,11 +63,19 @@ void cnn_digits_loop3(
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
 void cnn_digits_loop4(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop5(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
+void cnn_digits_loop5(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+);
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
 void cnn_digits_loop6(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
 void cnn_digits_loop7(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop8(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
 void cnn_digits_loop0(
@@ -84,24 +92,6 @@ void cnn_digits_loop0(
             const CNN_DIGITS_REAL x0 = a2[j] + a3[1024*i + j];
             a0[1024*i + j] = (((0) > (x0)) ? (0) : (x0));
             a1[1024*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop1(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            const CNN_DIGITS_REAL x0 = a2[j] + a3[512*i + j];
-            a0[512*i + j] = (((0) > (x0)) ? (0) : (x0));
-            a1[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
         }
     }
 }
@@ -151,7 +141,54 @@ void cnn_digits_loop4(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const
     }
 }
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop5(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
+void cnn_digits_loop7(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 512; ++j) {
+            a0[512*i + j] = a1[512*i + j]*a2[512*i + j];
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop1(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 512; ++j) {
+            const CNN_DIGITS_REAL x0 = a2[j] + a3[512*i + j];
+            a0[512*i + j] = (((0) > (x0)) ? (0) : (x0));
+            a1[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop5(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
+            a0[10*i + j] = -a1[10*i + j]*x0 + x0*exp(a2[10*i + j] - a3[i]);
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop6(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
@@ -161,17 +198,7 @@ void cnn_digits_loop5(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const
     }
 }
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop6(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            a0[512*i + j] = a1[512*i + j]*a2[512*i + j];
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop7(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
+void cnn_digits_loop8(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
@@ -444,13 +471,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *t18 = work + 5207*n + 24576; /* 1 x 1; placed in an earlier part */
     /* grad_logits = -T/n + exp(logits - t16)/n */
     CNN_DIGITS_REAL *grad_logits = t13; /* n x 10, in t13's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
-            grad_logits[10*i + j] = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - t16[i]);
-        }
-    }
+    cnn_digits_loop5(n, grad_logits, T, logits, t16);
 
     /* grad_t11 = grad_logits @ W2^T */
     CNN_DIGITS_REAL *grad_t11 = t10; /* n x 64, in t10's memory */
@@ -458,7 +479,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
 
     /* g0 = grad_t11*t12 */
     CNN_DIGITS_REAL *g0 = t18 + 1; /* n x 64 */
-    cnn_digits_loop5(n, g0, grad_t11, t12);
+    cnn_digits_loop6(n, g0, grad_t11, t12);
 
     /* grad_t9 = g0 @ W1^T */
     CNN_DIGITS_REAL *grad_t9 = g0 + 64*n; /* n x 128 */
@@ -492,7 +513,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
 
     /* g1 = grad_t7*t8 */
     CNN_DIGITS_REAL *g1 = t7; /* n x 512, in t7's memory */
-    cnn_digits_loop6(n, g1, grad_t7, t8);
+    cnn_digits_loop7(n, g1, grad_t7, t8);
 
     /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
      * by its images) */
@@ -554,7 +575,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
 
     /* g2 = grad_t3*t4 */
     CNN_DIGITS_REAL *g2 = t3; /* n x 1024, in t3's memory */
-    cnn_digits_loop7(n, g2, grad_t3, t4);
+    cnn_digits_loop8(n, g2, grad_t3, t4);
 
     /* grad_K1[oc,ic,ky,kx] = sum_{i,oy,ox} g2[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
@@ -1059,13 +1080,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* grad_logits = -T/n + exp(logits - t16)/n */
     CNN_DIGITS_REAL *grad_logits = t13; /* n x 10, in t13's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
-            grad_logits[10*i + j] = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - t16[i]);
-        }
-    }
+    cnn_digits_loop5(n, grad_logits, T, logits, t16);
 
     /* grad_t11 = grad_logits @ W2^T */
     CNN_DIGITS_REAL *grad_t11 = t10; /* n x 64, in t10's memory */
@@ -1073,7 +1088,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* g0 = grad_t11*t12 */
     CNN_DIGITS_REAL *g0 = t18 + 1; /* n x 64 */
-    cnn_digits_loop5(n, g0, grad_t11, t12);
+    cnn_digits_loop6(n, g0, grad_t11, t12);
 
     /* grad_t9 = g0 @ W1^T */
     CNN_DIGITS_REAL *grad_t9 = g0 + 64*n; /* n x 128 */
@@ -1107,7 +1122,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* g1 = grad_t7*t8 */
     CNN_DIGITS_REAL *g1 = t7; /* n x 512, in t7's memory */
-    cnn_digits_loop6(n, g1, grad_t7, t8);
+    cnn_digits_loop7(n, g1, grad_t7, t8);
 
     /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
      * by its images) */
@@ -1169,7 +1184,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* g2 = grad_t3*t4 */
     CNN_DIGITS_REAL *g2 = t3; /* n x 1024, in t3's memory */
-    cnn_digits_loop7(n, g2, grad_t3, t4);
+    cnn_digits_loop8(n, g2, grad_t3, t4);
 
     /* grad_K1_1[oc,ic,ky,kx] = sum_{i,oy,ox} g2[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */

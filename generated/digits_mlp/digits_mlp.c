@@ -12,7 +12,7 @@
 #endif
 #include "symbackprop_runtime.h"
 
-/* Its 8 element-wise loops that repeat (in several functions, or at
+/* Its 10 element-wise loops that repeat (in several functions, or at
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 SYMBACKPROP_HELPER SYMBACKPROP_CALLED
@@ -53,7 +53,24 @@ void digits_mlp_loop2(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const
     }
 }
 SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void digits_mlp_loop3(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2)
+void digits_mlp_loop3(
+    int64_t n,
+    DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0,
+    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1,
+    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2,
+    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            const DIGITS_MLP_REAL x0 = 1.0/((DIGITS_MLP_REAL)n);
+            a0[10*i + j] = -a1[10*i + j]*x0 + x0*exp(a2[10*i + j] - a3[i]);
+        }
+    }
+}
+SYMBACKPROP_HELPER SYMBACKPROP_CALLED
+void digits_mlp_loop4(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
@@ -145,13 +162,7 @@ static int digits_mlp_run(
 
     /* grad_logits = -T/n + exp(logits - t5)/n */
     DIGITS_MLP_REAL *grad_logits = t2; /* n x 10, in t2's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const DIGITS_MLP_REAL x0 = 1.0/((DIGITS_MLP_REAL)n);
-            grad_logits[10*i + j] = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - t5[i]);
-        }
-    }
+    digits_mlp_loop3(n, grad_logits, T, logits, t5);
 
     /* grad_t1 = grad_logits @ W2^T */
     DIGITS_MLP_REAL *grad_t1 = t0; /* n x 64, in t0's memory */
@@ -159,7 +170,7 @@ static int digits_mlp_run(
 
     /* g0 = grad_t1*(1 - t1**2) */
     DIGITS_MLP_REAL *g0 = t7 + 1; /* n x 64 */
-    digits_mlp_loop3(n, g0, grad_t1, t1);
+    digits_mlp_loop4(n, g0, grad_t1, t1);
 
     /* grad_W1 = X^T @ g0 */
     symbackprop_f64_matmul(64, 64, n, X, 1, 64, g0, 64, 1, grad_W1);
@@ -320,13 +331,7 @@ int digits_mlp_train_step(
 
     /* grad_logits = -T/n + exp(logits - t5)/n */
     DIGITS_MLP_REAL *grad_logits = t2; /* n x 10, in t2's memory */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const DIGITS_MLP_REAL x0 = 1.0/((DIGITS_MLP_REAL)n);
-            grad_logits[10*i + j] = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - t5[i]);
-        }
-    }
+    digits_mlp_loop3(n, grad_logits, T, logits, t5);
 
     /* grad_t1 = grad_logits @ W2^T */
     DIGITS_MLP_REAL *grad_t1 = t0; /* n x 64, in t0's memory */
@@ -334,7 +339,7 @@ int digits_mlp_train_step(
 
     /* g0 = grad_t1*(1 - t1**2) */
     DIGITS_MLP_REAL *g0 = t7 + 1; /* n x 64 */
-    digits_mlp_loop3(n, g0, grad_t1, t1);
+    digits_mlp_loop4(n, g0, grad_t1, t1);
 
     /* grad_W1_1 = X^T @ g0 */
     DIGITS_MLP_REAL *grad_W1_1 = g0 + 64*n; /* 64 x 64 */

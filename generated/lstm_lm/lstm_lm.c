@@ -26,12 +26,22 @@
 
 /* Its 4 element-wise loops that repeat (in several functions, or at
  * every step of an unrolled network), a function for each kind of loop,
- * called with its arrays: each kind is compiled once (in unit 0). */
+ * called with its arrays: each kind is compiled once. */
 LSTM_LM_SHARED SYMBACKPROP_CALLED
 void lstm_lm_loop0(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
 LSTM_LM_SHARED SYMBACKPROP_CALLED
 void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+LSTM_LM_SHARED SYMBACKPROP_CALLED
+void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < T; ++i) {
+        a0[i] = -a1[i] + a2[i];
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_LM_SHARED SYMBACKPROP_CALLED
 void lstm_lm_loop0(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
 {
@@ -40,14 +50,6 @@ void lstm_lm_loop0(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_
         for (int64_t j = 0; j < 30; ++j) {
             a0[30*i + j] = a1[30*i + j]*a2[30*i + j];
         }
-    }
-}
-LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < T; ++i) {
-        a0[i] = -a1[i] + a2[i];
     }
 }
 #endif

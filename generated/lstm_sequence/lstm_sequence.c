@@ -26,7 +26,7 @@
 
 /* Its 149 matrix products, a function for each kind of call (its sizes
  * and strides): the product's loops are compiled once a kind, fitted to its
- * constants, not into every call (in unit 0). */
+ * constants, not into every call. */
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_product0(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
@@ -56,24 +56,9 @@ void lstm_sequence_product0(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_
     symbackprop_f64_matmul(s0, 8, 1, a, 1, 0, b, 0, 1, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product1(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 8, 1, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_product2(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul_add(s0, 8, 1, a, 1, 0, b, 0, 1, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 1, 8, a, 8, 1, b, 1, 0, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul(1, 8, s0, a, 0, 1, b, 8, 1, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_product5(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
@@ -81,24 +66,43 @@ void lstm_sequence_product5(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_
     symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 1, 8, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(8, 8, s0, a, 1, 8, b, 8, 1, c);
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product1(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 8, 1, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 1, 8, a, 8, 1, b, 1, 0, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_product6(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul_add(s0, 8, 8, a, 8, 1, b, 1, 8, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product7(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul_add(1, 8, s0, a, 0, 1, b, 8, 1, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul(8, 8, s0, a, 1, 8, b, 8, 1, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul_add(8, 8, s0, a, 1, 8, b, 8, 1, c);
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(1, 8, s0, a, 0, 1, b, 8, 1, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product7(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul_add(1, 8, s0, a, 0, 1, b, 8, 1, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
@@ -109,7 +113,7 @@ void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM
 
 /* Its 34 element-wise loops that repeat (in several functions, or at
  * every step of an unrolled network), a function for each kind of loop,
- * called with its arrays: each kind is compiled once (in unit 0). */
+ * called with its arrays: each kind is compiled once. */
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_loop0(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
@@ -158,6 +162,41 @@ void lstm_sequence_loop0(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     }
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_loop3(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a11,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a12,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a13
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            const LSTM_SEQUENCE_REAL x0 = a11[8*i + j]*a10[8*i + j];
+            const LSTM_SEQUENCE_REAL x1 = a12[8*i + j]*a13[8*i + j] + x0*(1 - (a9[8*i + j]*a9[8*i + j]));
+            const LSTM_SEQUENCE_REAL x2 = a3[8*i + j]*x1;
+            a0[8*i + j] = x1;
+            a1[8*i + j] = a2[8*i + j]*x2*(1 - a3[8*i + j]);
+            a4[8*i + j] = a5[8*i + j]*a6[8*i + j]*x1*(1 - a6[8*i + j]);
+            a7[8*i + j] = x2*(1 - (a2[8*i + j]*a2[8*i + j]));
+            a8[8*i + j] = a9[8*i + j]*x0*(1 - a10[8*i + j]);
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_loop1(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
@@ -192,39 +231,6 @@ void lstm_sequence_loop2(
             a1[8*i + j] = x1;
             a2[8*i + j] = x2;
             a3[8*i + j] = a4[8*i + j]*x2;
-        }
-    }
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop3(
-    int64_t n,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a10,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a11,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a12,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a13
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = a11[8*i + j]*a10[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = a12[8*i + j]*a13[8*i + j] + x0*(1 - (a9[8*i + j]*a9[8*i + j]));
-            const LSTM_SEQUENCE_REAL x2 = a3[8*i + j]*x1;
-            a0[8*i + j] = x1;
-            a1[8*i + j] = a2[8*i + j]*x2*(1 - a3[8*i + j]);
-            a4[8*i + j] = a5[8*i + j]*a6[8*i + j]*x1*(1 - a6[8*i + j]);
-            a7[8*i + j] = x2*(1 - (a2[8*i + j]*a2[8*i + j]));
-            a8[8*i + j] = a9[8*i + j]*x0*(1 - a10[8*i + j]);
         }
     }
 }
@@ -1531,7 +1537,17 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
 /* lstm_sequence_run, part 8 of 8 (kernels 193 to 196): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *grad_b_g,
+    LSTM_SEQUENCE_REAL *grad_b_o,
+    LSTM_SEQUENCE_REAL *grad_V,
+    LSTM_SEQUENCE_REAL *grad_c0,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     int64_t n,
     LSTM_SEQUENCE_REAL *grad_b_g,

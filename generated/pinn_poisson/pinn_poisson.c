@@ -26,7 +26,7 @@
 
 /* Its 4 element-wise loops that repeat (in several functions, or at
  * every step of an unrolled network), a function for each kind of loop,
- * called with its arrays: each kind is compiled once (in unit 0). */
+ * called with its arrays: each kind is compiled once. */
 PINN_POISSON_SHARED SYMBACKPROP_CALLED
 void pinn_poisson_loop0(
     int64_t n,
@@ -48,7 +48,7 @@ void pinn_poisson_loop1(
     const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5,
     const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a6
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 PINN_POISSON_SHARED SYMBACKPROP_CALLED
 void pinn_poisson_loop0(
     int64_t n,

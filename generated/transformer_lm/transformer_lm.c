@@ -27,7 +27,7 @@
 
 /* Its 78 matrix products, a function for each kind of call (its sizes
  * and strides): the product's loops are compiled once a kind, fitted to its
- * constants, not into every call (in unit 0). */
+ * constants, not into every call. */
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
@@ -56,6 +56,50 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 62, 64, a, 64, 1, b, 62, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 1, 256, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 64, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 1, 64, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul_add(s0, 64, 64, a, 64, 1, b, 1, 64, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(256, 64, s0, a, 1, 256, b, 64, 1, c);
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 64, 1, c);
@@ -66,29 +110,9 @@ void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRA
     symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 256, 1, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 62, 64, a, 64, 1, b, 62, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product4(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(s0, 64, 62, a, 62, 1, b, 1, 62, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 1, 64, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 1, 256, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product7(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
@@ -96,35 +120,15 @@ void transformer_lm_product7(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRA
     symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 1, 64, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul_add(s0, 64, 64, a, 64, 1, b, 1, 64, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(64, 256, s0, a, 1, 64, b, 256, 1, c);
 }
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(256, 64, s0, a, 1, 256, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
-}
 #endif
 
-/* Its 48 element-wise loops that repeat (in several functions, or at
+/* Its 50 element-wise loops that repeat (in several functions, or at
  * every step of an unrolled network), a function for each kind of loop,
- * called with its arrays: each kind is compiled once (in unit 0). */
+ * called with its arrays: each kind is compiled once. */
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
@@ -159,12 +163,40 @@ void transformer_lm_loop5(
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop6(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop6(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
+void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        a0[i] = -a1[i] + a2[i];
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 256; ++j) {
+            a0[256*i + j] = a1[256*i + j]*a2[256*i + j];
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
 {
@@ -175,6 +207,42 @@ void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a
         }
     }
 }
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop3(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j] + a2[64*i + j] + a3[j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop6(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j]*a2[j];
+            a3[64*i + j] = a1[64*i + j]*a4[64*i + j];
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop1(
     int64_t m,
@@ -212,7 +280,7 @@ void transformer_lm_loop2(
     }
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop3(
+void transformer_lm_loop5(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -222,44 +290,8 @@ void transformer_lm_loop3(
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j] + a2[64*i + j] + a3[j];
-        }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        a0[i] = -a1[i] + a2[i];
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop5(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j]*a2[j];
-            a3[64*i + j] = a1[64*i + j]*a4[64*i + j];
-        }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop6(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            a0[256*i + j] = a1[256*i + j]*a2[256*i + j];
+        for (int64_t j = 0; j < 62; ++j) {
+            a0[62*i + j] = a1[62*i + j] + exp(a2[62*i + j] - a3[i])/((TRANSFORMER_LM_REAL)m);
         }
     }
 }
@@ -1229,12 +1261,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 
     /* grad_t41 = grad_t41_part + exp(t41 - t43)/m */
     TRANSFORMER_LM_REAL *grad_t41 = grad_t41_part + 62*m; /* m x 62 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 62; ++j) {
-            grad_t41[62*i + j] = grad_t41_part[62*i + j] + exp(t41[62*i + j] - t43[i])/((TRANSFORMER_LM_REAL)m);
-        }
-    }
+    transformer_lm_loop5(m, grad_t41, grad_t41_part, t41, t43);
 
     /* grad_t40 = grad_t41 @ Wout^T */
     TRANSFORMER_LM_REAL *grad_t40 = grad_t41 + 62*m; /* m x 64 */
@@ -1244,7 +1271,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     /* g0 = grad_t40*t39 */
     TRANSFORMER_LM_REAL *grad_t39 = grad_t40 + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *g0 = grad_t39 + 64*m; /* m x 64 */
-    transformer_lm_loop5(m, grad_t39, grad_t40, gf, g0, t39);
+    transformer_lm_loop6(m, grad_t39, grad_t40, gf, g0, t39);
 
     /* grad_t38[i, :] = r_i (grad_t39[i, :] - mean_j grad_t39[i, j] - y[i, :] mean_j
      * grad_t39[i, j] y[i, j]), y = (t38 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -1313,7 +1340,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 
     /* g1 = grad_t35*t36 */
     TRANSFORMER_LM_REAL *g1 = g0 + 64*m; /* m x 256 */
-    transformer_lm_loop6(m, g1, grad_t35, t36);
+    transformer_lm_loop7(m, g1, grad_t35, t36);
 
     /* grad_t33 = g1 @ W1up^T */
     TRANSFORMER_LM_REAL *grad_t33 = t38; /* m x 64, in t38's memory */
@@ -1323,7 +1350,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     /* g2 = grad_t33*t32 */
     TRANSFORMER_LM_REAL *grad_t32 = grad_t39; /* m x 64, in grad_t39's memory */
     TRANSFORMER_LM_REAL *g2 = g1 + 256*m; /* m x 64 */
-    transformer_lm_loop5(m, grad_t32, grad_t33, g1m, g2, t32);
+    transformer_lm_loop6(m, grad_t32, grad_t33, g1m, g2, t32);
 
     /* grad_t31_part[i, :] = r_i (grad_t32[i, :] - mean_j grad_t32[i, j] - y[i, :] mean_j
      * grad_t32[i, j] y[i, j]), y = (t31 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -1629,7 +1656,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     /* g3 = grad_t22*t21 */
     TRANSFORMER_LM_REAL *grad_t21 = t24; /* m x 64, in t24's memory */
     TRANSFORMER_LM_REAL *g3 = t25; /* m x 64, in t25's memory */
-    transformer_lm_loop5(m, grad_t21, grad_t22, g1a, g3, t21);
+    transformer_lm_loop6(m, grad_t21, grad_t22, g1a, g3, t21);
 
     /* grad_t20_part[i, :] = r_i (grad_t21[i, :] - mean_j grad_t21[i, j] - y[i, :] mean_j
      * grad_t21[i, j] y[i, j]), y = (t20 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -1702,7 +1729,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 
     /* g4 = grad_t17*t18 */
     TRANSFORMER_LM_REAL *g4 = grad_t27; /* m x 256, in grad_t27's memory */
-    transformer_lm_loop6(m, g4, grad_t17, t18);
+    transformer_lm_loop7(m, g4, grad_t17, t18);
 
     /* grad_t15 = g4 @ W0up^T */
     TRANSFORMER_LM_REAL *grad_t15 = grad_t21; /* m x 64, in grad_t21's memory */
@@ -1712,7 +1739,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     /* g5 = grad_t15*t14 */
     TRANSFORMER_LM_REAL *grad_t14 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
     TRANSFORMER_LM_REAL *g5 = grad_t22 + 64*m; /* m x 64 */
-    transformer_lm_loop5(m, grad_t14, grad_t15, g0m, g5, t14);
+    transformer_lm_loop6(m, grad_t14, grad_t15, g0m, g5, t14);
 
     /* grad_t13_part[i, :] = r_i (grad_t14[i, :] - mean_j grad_t14[i, j] - y[i, :] mean_j
      * grad_t14[i, j] y[i, j]), y = (t13 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -1964,7 +1991,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     /* g6 = grad_t4*t3 */
     TRANSFORMER_LM_REAL *grad_t3 = t6; /* m x 64, in t6's memory */
     TRANSFORMER_LM_REAL *g6 = t7; /* m x 64, in t7's memory */
-    transformer_lm_loop5(m, grad_t3, grad_t4, g0a, g6, t3);
+    transformer_lm_loop6(m, grad_t3, grad_t4, g0a, g6, t3);
 
     /* grad_t2_part[i, :] = r_i (grad_t3[i, :] - mean_j grad_t3[i, j] - y[i, :] mean_j
      * grad_t3[i, j] y[i, j]), y = (t2 - mu) r normalized as in normalize_rows (mu_i, r_i of
@@ -2210,22 +2237,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
 /* transformer_lm_run, part 7 of 8 (kernels 87 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
-    int64_t m,
-    TRANSFORMER_LM_REAL *grad_g0a,
-    TRANSFORMER_LM_REAL *grad_b0a,
-    TRANSFORMER_LM_REAL *grad_Wq0,
-    TRANSFORMER_LM_REAL *grad_Wk0,
-    TRANSFORMER_LM_REAL *grad_Wv0,
-    TRANSFORMER_LM_REAL *grad_Wo0,
-    TRANSFORMER_LM_REAL *grad_g0m,
-    TRANSFORMER_LM_REAL *grad_b0m,
-    TRANSFORMER_LM_REAL *grad_W0up,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -3579,12 +3591,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* grad_t41 = grad_t41_part + exp(t41 - t43)/m */
     TRANSFORMER_LM_REAL *grad_t41 = grad_t41_part + 62*m; /* m x 62 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 62; ++j) {
-            grad_t41[62*i + j] = grad_t41_part[62*i + j] + exp(t41[62*i + j] - t43[i])/((TRANSFORMER_LM_REAL)m);
-        }
-    }
+    transformer_lm_loop5(m, grad_t41, grad_t41_part, t41, t43);
 
     /* grad_t40 = grad_t41 @ Wout^T */
     TRANSFORMER_LM_REAL *grad_t40 = grad_t41 + 62*m; /* m x 64 */
@@ -3594,7 +3601,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     /* g0 = grad_t40*t39 */
     TRANSFORMER_LM_REAL *grad_t39 = grad_t40 + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *g0 = grad_t39 + 64*m; /* m x 64 */
-    transformer_lm_loop5(m, grad_t39, grad_t40, gf, g0, t39);
+    transformer_lm_loop6(m, grad_t39, grad_t40, gf, g0, t39);
 
     /* grad_t38[i, :] = r_i (grad_t39[i, :] - mean_j grad_t39[i, j] - y[i, :] mean_j
      * grad_t39[i, j] y[i, j]), y = (t38 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -3663,7 +3670,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* g1 = grad_t35*t36 */
     TRANSFORMER_LM_REAL *g1 = g0 + 64*m; /* m x 256 */
-    transformer_lm_loop6(m, g1, grad_t35, t36);
+    transformer_lm_loop7(m, g1, grad_t35, t36);
 
     /* grad_t33 = g1 @ W1up^T */
     TRANSFORMER_LM_REAL *grad_t33 = t38; /* m x 64, in t38's memory */
@@ -3673,7 +3680,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     /* g2 = grad_t33*t32 */
     TRANSFORMER_LM_REAL *grad_t32 = grad_t39; /* m x 64, in grad_t39's memory */
     TRANSFORMER_LM_REAL *g2 = g1 + 256*m; /* m x 64 */
-    transformer_lm_loop5(m, grad_t32, grad_t33, g1m, g2, t32);
+    transformer_lm_loop6(m, grad_t32, grad_t33, g1m, g2, t32);
 
     /* grad_t31_part[i, :] = r_i (grad_t32[i, :] - mean_j grad_t32[i, j] - y[i, :] mean_j
      * grad_t32[i, j] y[i, j]), y = (t31 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -3977,7 +3984,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     /* g3 = grad_t22*t21 */
     TRANSFORMER_LM_REAL *grad_t21 = t24; /* m x 64, in t24's memory */
     TRANSFORMER_LM_REAL *g3 = t25; /* m x 64, in t25's memory */
-    transformer_lm_loop5(m, grad_t21, grad_t22, g1a, g3, t21);
+    transformer_lm_loop6(m, grad_t21, grad_t22, g1a, g3, t21);
 
     /* grad_t20_part[i, :] = r_i (grad_t21[i, :] - mean_j grad_t21[i, j] - y[i, :] mean_j
      * grad_t21[i, j] y[i, j]), y = (t20 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -4050,7 +4057,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 
     /* g4 = grad_t17*t18 */
     TRANSFORMER_LM_REAL *g4 = grad_t27; /* m x 256, in grad_t27's memory */
-    transformer_lm_loop6(m, g4, grad_t17, t18);
+    transformer_lm_loop7(m, g4, grad_t17, t18);
 
     /* grad_t15 = g4 @ W0up^T */
     TRANSFORMER_LM_REAL *grad_t15 = grad_t21; /* m x 64, in grad_t21's memory */
@@ -4060,7 +4067,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     /* g5 = grad_t15*t14 */
     TRANSFORMER_LM_REAL *grad_t14 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
     TRANSFORMER_LM_REAL *g5 = grad_t22 + 64*m; /* m x 64 */
-    transformer_lm_loop5(m, grad_t14, grad_t15, g0m, g5, t14);
+    transformer_lm_loop6(m, grad_t14, grad_t15, g0m, g5, t14);
 
     /* grad_t13_part[i, :] = r_i (grad_t14[i, :] - mean_j grad_t14[i, j] - y[i, :] mean_j
      * grad_t14[i, j] y[i, j]), y = (t13 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -4312,7 +4319,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     /* g6 = grad_t4*t3 */
     TRANSFORMER_LM_REAL *grad_t3 = t6; /* m x 64, in t6's memory */
     TRANSFORMER_LM_REAL *g6 = t7; /* m x 64, in t7's memory */
-    transformer_lm_loop5(m, grad_t3, grad_t4, g0a, g6, t3);
+    transformer_lm_loop6(m, grad_t3, grad_t4, g0a, g6, t3);
 
     /* grad_t2_part[i, :] = r_i (grad_t3[i, :] - mean_j grad_t3[i, j] - y[i, :] mean_j
      * grad_t3[i, j] y[i, j]), y = (t2 - mu) r normalized as in normalize_rows (mu_i, r_i of

@@ -44,6 +44,9 @@ ALONE_CHARS = 3000
 MAX_UNITS = 4
 # What unit 0 holds besides its share: wrappers, the self-describing functions.
 REST_CHARS = 2000
+# A kind of matrix product's function (emit/products.py) is one call, but GCC
+# compiles the helper's loops into it: about 20 ms, as a kernel of this length.
+PRODUCT_CHARS = 600
 
 _GUARD = re.compile(r"^#if !defined\(SYMBACKPROP_UNIT\) \|\| SYMBACKPROP_UNIT == (\d+)$", re.M)
 
@@ -56,15 +59,21 @@ def unit_count(source: str) -> int:
 
 def kernel_sizes(module: CModule) -> dict[str, list[int]]:
     """The length of each kernel's C text, by function name."""
-    macros: Any = template_environment().get_template("macros.j2").make_module({"m": module})
-    kernel = macros.kernel  # a macro of macros.j2
+    kernel = _kernel_macro(module)
     return {fn.name: [len(str(kernel(k, module.real_c, module.helper_prefix))) for k in fn.kernels]
             for fn in module.internal + module.functions}
 
 
+def _kernel_macro(module: CModule) -> Any:
+    """macros.j2's `kernel`, which prints a kernel's C."""
+    macros: Any = template_environment().get_template("macros.j2").make_module({"m": module})
+    return macros.kernel
+
+
 def split_units(module: CModule) -> CModule:
     """The module with its functions assigned to units (CFunction.unit,
-    part_units; CModule.units), or unchanged where one unit is enough."""
+    part_units, the unit of each kind of loop or product; CModule.units),
+    or unchanged where one unit is enough."""
     whole, sizes = module, kernel_sizes(module)
     module = _separated(module, sizes)
     if module is not whole:
@@ -80,6 +89,9 @@ def split_units(module: CModule) -> CModule:
             pieces += [(sum(lengths[start:end]), fn.name, index) for index, (start, end) in enumerate(parts)]
         elif fn.kernels:
             pieces.append((sum(lengths), fn.name, -1))
+    kernel = _kernel_macro(module)
+    pieces += [(len(str(kernel(kind.kernel, module.real_c, module.helper_prefix))), kind.name, -1) for kind in module.maps]
+    pieces += [(PRODUCT_CHARS, kind.name, -1) for kind in module.products]
     total = REST_CHARS + sum(size for size, _, _ in pieces)
     big = sum(size >= ALONE_CHARS for size, _, _ in pieces)  # a unit each at most (the rest goes with them)
     count = min(MAX_UNITS, total // UNIT_CHARS, big)
@@ -102,7 +114,8 @@ def split_units(module: CModule) -> CModule:
         return replace(fn, parts=parts, unit=0, part_units=tuple(placed[fn.name, i] for i in range(len(parts))))
 
     return replace(module, internal=tuple(map(assign, module.internal)), functions=tuple(map(assign, module.functions)),
-                   units=count)
+                   maps=tuple(replace(kind, unit=placed[kind.name, -1]) for kind in module.maps),
+                   products=tuple(replace(kind, unit=placed[kind.name, -1]) for kind in module.products), units=count)
 
 
 def _separated(module: CModule, sizes: dict[str, list[int]]) -> CModule:

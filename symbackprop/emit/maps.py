@@ -48,6 +48,7 @@ class MapKind:
     params: tuple[str, ...]  # its C parameters: `int64_t n`, `const REAL *a0`, `REAL *a1`, ...
     kernel: CKernel  # the loop, its arrays named a0, a1, ... in order of first use
     calls: int  # how many loops of the module it runs
+    unit: int = 0  # the translation unit of its body, where the module is split (cunits)
 
 
 @dataclass(frozen=True)
@@ -98,9 +99,10 @@ def _shapes(fn: CFunction, module: CModule) -> Iterable[tuple[CKernel, _Shape]]:
     arrays = {p.cname for p in fn.params if p.role in ("input", "inout", "output") and not p.index}
     arrays |= {name for kernel in fn.kernels for name, _, _ in kernel.declares}  # workspace slots: real
     dims = frozenset(module.dims)
+    words = _C_WORDS | {module.real_c}  # a dimension as a real: ((REAL)n)
     for kernel in fn.kernels:
         if kernel.kind == "map" and kernel.template == "map_kernel" and _plain(kernel.fields):
-            shape = _shape(kernel.fields, arrays, dims)
+            shape = _shape(kernel.fields, arrays, dims, words)
             if shape is not None:
                 yield kernel, shape
 
@@ -122,7 +124,7 @@ def _texts(value: Any) -> Iterable[str]:
             yield from _texts(item)
 
 
-def _shape(fields: dict, arrays: set[str], dims: frozenset[str]) -> _Shape | None:
+def _shape(fields: dict, arrays: set[str], dims: frozenset[str], words: frozenset[str] = _C_WORDS) -> _Shape | None:
     """The loop in canonical form, or None where its text names something
     a function of the module would not see (see the module's text)."""
     local = {index for index, _ in fields["loops"]}
@@ -136,7 +138,7 @@ def _shape(fields: dict, arrays: set[str], dims: frozenset[str]) -> _Shape | Non
     for text in _texts([fields[name] for name in sorted(fields) if name not in ("parallel", "independent")]):
         for match in _TOKEN.finditer(text):
             word, after = match.group(1), (match.group(2) or "").strip()
-            if word is None or word in local or word in _C_WORDS or after == "(":
+            if word is None or word in local or word in words or after == "(":
                 continue
             if word in dims and not after:
                 seen_dims.add(word)

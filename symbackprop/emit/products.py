@@ -42,6 +42,7 @@ class ProductKind:
     params: tuple[str, ...]  # its C parameters: `int64_t s0`, ..., then the arrays a, b and c
     args: tuple[str, ...]  # the helper's ten arguments, constants and parameters
     calls: int  # how many calls of the module it serves
+    unit: int = 0  # the translation unit of its body, where the module is split (cunits)
 
 
 def share_products(module: CModule, claim: Callable[[str], str]) -> CModule:
