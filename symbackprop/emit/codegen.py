@@ -237,7 +237,7 @@ class CModule:
     dims: tuple[str, ...] = ()  # C names of its dimensions, in the order of a `dims` array
     units: int = 1  # translation units its C is compiled as (cunits): 1, or a few for a large module
     products: tuple[Any, ...] = ()  # a function per kind of matrix product call (emit/products.py), where it has many
-    maps: tuple[Any, ...] = ()  # a function per kind of repeated element-wise loop (emit/maps.py), where it has many
+    maps: tuple[Any, ...] = ()  # a function per kind of element-wise loop that repeats (emit/maps.py)
 
     @property
     def shared(self) -> str:

@@ -17,10 +17,11 @@ outputs must not overlap its inputs), so GCC vectorizes each kind once,
 with no alias checks. A loop that occurs once keeps its C.
 
 Only plain loops over a dimension are shared: those whose text names
-nothing but their loop indices and temporaries, the module's dimensions, real arrays
-subscripted (`t3[3*i + j]`) and functions called. A table, a loop in
-parts, a straight-line body, an Index array, the workspace itself or any
-other name keeps the loop where it is.
+nothing but their loop indices and temporaries, the module's dimensions
+and real type, real arrays subscripted (`t3[3*i + j]`) and functions
+called. A loop of constant size, a table, a loop in parts, a
+straight-line body, an Index array, the workspace itself or any other
+name keeps the loop where it is.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class MapKind:
     """The module's function for the loops of one kind: name(dims..., arrays...)."""
 
     name: str
-    params: tuple[str, ...]  # its C parameters: `int64_t n`, `const REAL *a0`, `REAL *a1`, ...
+    params: tuple[str, ...]  # its C parameters: `int64_t n`, `REAL *SYMBACKPROP_RESTRICT a0`, ...
     kernel: CKernel  # the loop, its arrays named a0, a1, ... in order of first use
     calls: int  # how many loops of the module it runs
     unit: int = 0  # the translation unit of its body, where the module is split (cunits)
