@@ -131,6 +131,18 @@ def gru_numpy(steps: int, a: dict) -> float:
     return float(np.mean((h @ a["V"] - a["y"]) ** 2))
 
 
+def check_gru_gradient(steps: int, data: dict, grads: dict, names: tuple[str, ...], seed: int) -> None:
+    """Each named gradient against central differences of numpy's loss
+    (gru_numpy), along one random direction each."""
+    rng = np.random.default_rng(seed)
+    for name in names:
+        direction = rng.standard_normal(data[name].shape)
+        eps = 1e-6
+        plus = gru_numpy(steps, {**data, name: data[name] + eps * direction})
+        minus = gru_numpy(steps, {**data, name: data[name] - eps * direction})
+        assert np.sum(grads[name] * direction) == pytest.approx((plus - minus) / (2 * eps), rel=1e-6, abs=1e-9), name
+
+
 def gru_data(steps: int, hidden: int = 3, rows: int = 4) -> dict:
     rng = np.random.default_rng(steps)
     data = {f"x{t}": rng.standard_normal((rows, 1)) for t in range(steps)}

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import sympy as sp
 from conftest import load_example
-from test_depth import gru_data, gru_model, gru_numpy
+from test_depth import check_gru_gradient, gru_data, gru_model, gru_numpy
 
 import symbackprop as sbp
 from symbackprop import pipeline
@@ -54,13 +54,7 @@ def test_shared_loops_compute_what_inline_ones_do(tmp_path, monkeypatch):
     assert loss == pytest.approx(loss_inline, rel=1e-13)
     for name, grad in grads.items():
         np.testing.assert_allclose(grad, grads_inline[name], rtol=1e-12, atol=1e-15)
-    rng = np.random.default_rng(2)
-    for name in ("U_r", "W_z", "b_m", "V"):  # central differences of numpy's loss, one random direction each
-        direction = rng.standard_normal(data[name].shape)
-        eps = 1e-6
-        plus = gru_numpy(STEPS, {**data, name: data[name] + eps * direction})
-        minus = gru_numpy(STEPS, {**data, name: data[name] - eps * direction})
-        assert np.sum(grads[name] * direction) == pytest.approx((plus - minus) / (2 * eps), rel=1e-6, abs=1e-9), name
+    check_gru_gradient(STEPS, data, grads, ("U_r", "W_z", "b_m", "V"), seed=2)  # central differences of numpy's loss
 
 
 def test_a_training_step_with_shared_loops_updates_as_the_inline_one(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 from conftest import load_example
-from test_depth import gru_data, gru_model, gru_numpy
+from test_depth import check_gru_gradient, gru_data, gru_model, gru_numpy
 
 import symbackprop as sbp
 from symbackprop.build.builder import BuildOptions
@@ -50,10 +50,4 @@ def test_shared_products_compute_what_inline_ones_do(tmp_path, monkeypatch):
     assert loss == pytest.approx(loss_inline, rel=1e-13)
     for name, grad in grads.items():
         np.testing.assert_allclose(grad, grads_inline[name], rtol=1e-12, atol=1e-15)
-    rng = np.random.default_rng(1)
-    for name in ("U_z", "W_m", "b_r", "V"):  # central differences of numpy's loss, one random direction each
-        direction = rng.standard_normal(data[name].shape)
-        eps = 1e-6
-        plus = gru_numpy(STEPS, {**data, name: data[name] + eps * direction})
-        minus = gru_numpy(STEPS, {**data, name: data[name] - eps * direction})
-        assert np.sum(grads[name] * direction) == pytest.approx((plus - minus) / (2 * eps), rel=1e-6, abs=1e-9), name
+    check_gru_gradient(STEPS, data, grads, ("U_z", "W_m", "b_r", "V"), seed=1)  # central differences of numpy's loss
