@@ -332,11 +332,15 @@ class FunctionEmitter:
         self.real = real
         self.work_offsets: dict[str, int] = {}  # a workspace buffer -> its constant place in `work` (work_offsets)
         self.index = IndexPrinter({**dims, LOOP_I: "i", LOOP_J: "j", LOOP_K: "k"})
+        self._dim_texts: dict[object, str] = {}
 
     def dim(self, d: object) -> str:
         if isinstance(d, (int, sp.Integer)):  # the printer's text of it, without its walk (a slot's extent, offset)
             return str(int(d))
-        return self.index.doprint(sp.sympify(d))
+        text = self._dim_texts.get(d)
+        if text is None:  # (a function asks for a few dozen distinct ones thousands of times: n, 3*n)
+            text = self._dim_texts[d] = self.index.doprint(sp.sympify(d))
+        return text
 
     def access(self, view: View, i: sp.Expr, j: sp.Expr) -> str:
         """buffer[offset + i*row_stride + j*col_stride], terms in that order."""
