@@ -57,6 +57,20 @@ def test_shared_loops_compute_what_inline_ones_do(tmp_path, monkeypatch):
     check_gru_gradient(STEPS, data, grads, ("U_r", "W_z", "b_m", "V"), seed=2)  # central differences of numpy's loss
 
 
+def test_shared_loops_on_threads_compute_what_one_thread_does(tmp_path):
+    """With OpenMP each kind's loop over rows runs in chunks on threads."""
+    data = gru_data(STEPS, rows=70)
+    serial = sbp.compile(gru_model(STEPS), options=BuildOptions(cache_dir=tmp_path / "serial"))
+    threaded = sbp.compile(gru_model(STEPS), options=BuildOptions(cache_dir=tmp_path / "omp", openmp=True))
+    assert "_loop0(" in threaded.source
+    loss, grads = threaded.value_and_grad(**data)
+    loss_serial, grads_serial = serial.value_and_grad(**data)
+    assert loss == pytest.approx(gru_numpy(STEPS, data), rel=1e-12)
+    assert loss == pytest.approx(loss_serial, rel=1e-13)
+    for name, grad in grads.items():
+        np.testing.assert_allclose(grad, grads_serial[name], rtol=1e-12, atol=1e-15)
+
+
 def test_a_training_step_with_shared_loops_updates_as_the_inline_one(tmp_path, monkeypatch):
     """train_step (a module of its own) runs the GRU's loops as calls, then
     updates the parameters in place."""
