@@ -5,6 +5,7 @@ runtime header's unused static helpers, the products among them, are
 compiled too) loads, and all give numpy's values."""
 
 import shlex
+import subprocess
 from dataclasses import replace
 
 import numpy as np
@@ -60,3 +61,27 @@ def test_unoptimized_objects_that_keep_the_product_helpers_link_the_blas(tmp_pat
     mod = sbp.compile(_elementwise("no_blas_o0"), options=options)
     assert _links_blas(mod)  # GCC at -O0 compiles every static helper: the products' call cblas
     _check_elementwise(mod)
+
+
+def test_a_blas_with_a_link_stub_is_linked_through_it_and_loaded_itself(tmp_path):
+    """oneMKL (Blas.stub): the link reads a stub of its cblas entry points
+    (not its 65,000 symbols), the module still names the library, and its
+    products are the library's (the stub's do nothing, and are not kept)."""
+    blas = find_blas()
+    if blas.stub is None:
+        pytest.skip(f"{blas.name} is linked as it is")
+    n = sp.Symbol("n", integer=True, positive=True)
+    X, W = sp.MatrixSymbol("X", n, 200), sp.MatrixSymbol("W", 200, 50)
+    mod = sbp.compile(sbp.Model("blas_stub", inputs=[X], params=[W], loss=nn.sum_all(X * W)),  # (its C: blas_stub.c)
+                      options=BuildOptions(cache_dir=tmp_path, blas=True))
+    link = [line for line in (mod.folder / "build.log").read_text().splitlines() if line.startswith("$ ")][-1]
+    assert "-Lblas-stub" in shlex.split(link[2:]) and f"-l:{blas.stub}" in shlex.split(link[2:])
+    assert not any(path.name.startswith("blas-stub") for path in mod.folder.iterdir())
+    library = next(mod.folder.glob("*.so"))
+    dynamic = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True, check=True).stdout
+    assert f"[{blas.stub}]" in dynamic  # NEEDED: loaded by its soname, through the rpath
+    rng = np.random.default_rng(4)
+    a, w = rng.standard_normal((300, 200)), rng.standard_normal((200, 50))  # 15,000 outputs: BLAS's size
+    loss, grads = mod.value_and_grad(X=a, W=w)
+    assert np.isclose(loss, (a @ w).sum(), rtol=1e-12)
+    np.testing.assert_allclose(grads["W"], np.repeat(a.sum(axis=0)[:, None], 50, axis=1), rtol=1e-12)

@@ -57,7 +57,7 @@ from typing import Any
 
 from symbackprop._version import __version__
 from symbackprop.build import trust as cache_trust
-from symbackprop.build.blas import INSTALL, Blas, find_blas, prepare_blas, set_blas_threads
+from symbackprop.build.blas import INSTALL, STUB_FOLDER, Blas, find_blas, prepare_blas, set_blas_threads
 from symbackprop.build.cachedir import CACHE_ENV, cache_folder
 from symbackprop.build.key import asks_for_host_cpu, digest, executable_stamp, host_cpu, target_cpu
 from symbackprop.build.trust import ABSENT, entry_problem, secure_root, warn
@@ -416,7 +416,7 @@ def build_entry(prefix: str, source: str, header: str, cdef: str, options: Build
         event("cache miss: %s", final)
         build_once(final, lambda folder: _complete(folder, name),
                    lambda staging: _compile_into(staging, final, name, prefix, source, header, cdef, flags, libraries,
-                                                 run_pending, blas.link_args if blas else ()))
+                                                 run_pending, blas))
     run_pending()  # found in the cache (or made by another process meanwhile)
     return final
 
@@ -500,14 +500,15 @@ def _remove_if_older(folder: Path, cutoff: float) -> None:
 
 def _compile_into(
     staging: Path, final: Path, name: str, prefix: str, source: str, header: str, cdef: str, flags: tuple[str, ...],
-    libraries: tuple[str, ...], meanwhile: Callable[[], None] = lambda: None, blas: tuple[str, ...] = ()
+    libraries: tuple[str, ...], meanwhile: Callable[[], None] = lambda: None, blas: Blas | None = None
 ) -> None:
     """The module's files and library in `staging`: the model's objects
-    start compiling first, then cffi writes the glue and it starts too,
-    then `meanwhile` runs while they compile (Python on its own core:
-    the glue's and meanwhile's time is not added before the compiler's);
-    the link names the BLAS (its arguments `blas`) only where an object
-    calls it (_linked). The cache key holds the link command with it."""
+    start compiling first (and the BLAS's link stub, where it has one),
+    then cffi writes the glue and it starts too, then `meanwhile` runs
+    while they compile (Python on its own core: the glue's and meanwhile's
+    time is not added before the compiler's); the link names the BLAS only
+    where an object calls it (_linked). The cache key holds the link
+    command with it."""
     import cffi  # imported here: loading from the cache needs no cffi build machinery
 
     from symbackprop.emit.codegen import RUNTIME_HEADER, runtime_header
@@ -522,6 +523,8 @@ def _compile_into(
               f" in {units} units" if units > 1 else "", final.name[:12])
         objects, link = build_commands(name, prefix, flags, staging, libraries, units)
         glue, model = objects[0], objects[1:]
+        link_args = blas.link_args if blas else ()
+        stub = _link_stub(staging, blas) if blas and blas.stub and link_args and libraries[:len(link_args)] == link_args else []
 
         def write_glue() -> None:
             ffi = cffi.FFI()
@@ -532,13 +535,26 @@ def _compile_into(
             ffi.emit_c_code(str(staging / f"{name}.c"))
 
         def link_step() -> list[list[str]]:
-            kept = _linked(libraries, blas, [Path(command[-1]) for command in objects])
+            kept = _linked(libraries, link_args, [Path(command[-1]) for command in objects])
             return [link if kept == libraries else build_commands(name, prefix, flags, staging, kept, units)[1]]
 
-        _run_logged([objects, link_step], staging / "build.log", final.parent, prefix,
-                    started=[(model, write_glue), ([glue], meanwhile)])
+        _run_logged([objects + stub, link_step], staging / "build.log", final.parent, prefix,
+                    started=[(model + stub, write_glue), ([glue], meanwhile)])
         for command in objects:
             Path(command[-1]).unlink()  # in the library now
+        if stub:  # a link-time stand-in: never loaded, not kept
+            shutil.rmtree(staging / STUB_FOLDER)
+            (staging / f"{STUB_FOLDER}.c").unlink()
+
+
+def _link_stub(folder: Path, blas: Blas) -> list[list[str]]:
+    """The command building `blas`'s link stub (Blas.stub) in `folder`,
+    its source written there."""
+    source = folder / f"{STUB_FOLDER}.c"
+    source.write_text(blas.stub_source())
+    (folder / STUB_FOLDER).mkdir()
+    return [[*compiler_command(), "-shared", "-fPIC", f"-Wl,-soname,{blas.stub}", str(source),
+             "-o", str(folder / STUB_FOLDER / str(blas.stub))]]
 
 
 PROGRESS_SECONDS = 2.0  # while the compiler runs, a "still compiling" line this often
