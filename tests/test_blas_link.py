@@ -80,6 +80,8 @@ def test_a_blas_with_a_link_stub_is_linked_through_it_and_loaded_itself(tmp_path
     library = next(mod.folder.glob("*.so"))
     dynamic = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True, check=True).stdout
     assert f"[{blas.stub}]" in dynamic  # NEEDED: loaded by its soname, through the rpath
+    plain = sbp.compile(_elementwise("no_blas_no_stub"), options=BuildOptions(cache_dir=tmp_path, blas=True))
+    assert "blas-stub" not in (plain.folder / "build.log").read_text()  # built only for a link that names the BLAS
     rng = np.random.default_rng(4)
     a, w = rng.standard_normal((300, 200)), rng.standard_normal((200, 50))  # 15,000 outputs: BLAS's size
     loss, grads = mod.value_and_grad(X=a, W=w)

@@ -503,12 +503,12 @@ def _compile_into(
     libraries: tuple[str, ...], meanwhile: Callable[[], None] = lambda: None, blas: Blas | None = None
 ) -> None:
     """The module's files and library in `staging`: the model's objects
-    start compiling first (and the BLAS's link stub, where it has one),
-    then cffi writes the glue and it starts too, then `meanwhile` runs
-    while they compile (Python on its own core: the glue's and meanwhile's
-    time is not added before the compiler's); the link names the BLAS only
-    where an object calls it (_linked). The cache key holds the link
-    command with it."""
+    start compiling first, then cffi writes the glue and it starts too,
+    then `meanwhile` runs while they compile (Python on its own core:
+    the glue's and meanwhile's time is not added before the compiler's);
+    the link names the BLAS only where an object calls it (_linked),
+    through its link stub where it has one (built then). The cache key
+    holds the link command with it."""
     import cffi  # imported here: loading from the cache needs no cffi build machinery
 
     from symbackprop.emit.codegen import RUNTIME_HEADER, runtime_header
@@ -524,7 +524,7 @@ def _compile_into(
         objects, link = build_commands(name, prefix, flags, staging, libraries, units)
         glue, model = objects[0], objects[1:]
         link_args = blas.link_args if blas else ()
-        stub = _link_stub(staging, blas) if blas and blas.stub and link_args and libraries[:len(link_args)] == link_args else []
+        linked: list[tuple[str, ...]] = []  # the link's libraries, once the objects are compiled
 
         def write_glue() -> None:
             ffi = cffi.FFI()
@@ -534,15 +534,20 @@ def _compile_into(
             ffi.set_source(name, f'#include "{prefix}.h"\n' + definitions, compiler_verbose=0)
             ffi.emit_c_code(str(staging / f"{name}.c"))
 
+        def stub_step() -> list[list[str]]:  # only where the link names the BLAS
+            linked.append(_linked(libraries, link_args, [Path(command[-1]) for command in objects]))
+            names_blas = bool(link_args) and linked[0][:len(link_args)] == link_args
+            return _link_stub(staging, blas) if blas is not None and blas.stub and names_blas else []
+
         def link_step() -> list[list[str]]:
-            kept = _linked(libraries, link_args, [Path(command[-1]) for command in objects])
+            kept = linked[0]
             return [link if kept == libraries else build_commands(name, prefix, flags, staging, kept, units)[1]]
 
-        _run_logged([objects + stub, link_step], staging / "build.log", final.parent, prefix,
-                    started=[(model + stub, write_glue), ([glue], meanwhile)])
+        _run_logged([objects, stub_step, link_step], staging / "build.log", final.parent, prefix,
+                    started=[(model, write_glue), ([glue], meanwhile)])
         for command in objects:
             Path(command[-1]).unlink()  # in the library now
-        if stub:  # a link-time stand-in: never loaded, not kept
+        if (staging / STUB_FOLDER).exists():  # a link-time stand-in: never loaded, not kept
             shutil.rmtree(staging / STUB_FOLDER)
             (staging / f"{STUB_FOLDER}.c").unlink()
 
