@@ -45,7 +45,7 @@ class Blas:
     set_threads: str
     get_threads: str
     # A library linked through a stub of this file name and soname: its
-    # cblas entry points, empty, built beside the module's objects, so that
+    # cblas entry points, empty, built before the link that names it, so that
     # the linker reads them and not the library's every symbol (oneMKL's
     # libmkl_rt: 65,000, 0.12-0.15 s of each link); the module records the
     # soname, and at run time loads the real library, through the rpath.
