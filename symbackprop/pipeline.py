@@ -324,7 +324,7 @@ def _generate(model: Model, dtype: str, functions: Sequence[str], wrt: Sequence[
         epoch=epoch,
     )
     module = share_products(module, namer.name)  # many matrix products: a function per kind
-    module = share_maps(module, namer.name)  # many repeated element-wise loops: a function per kind
+    module = share_maps(module, namer.name)  # element-wise loops that repeat: a function per kind
     module = split_units(module)  # a large module: its C compiled as several units at once
     source, header, cdef = render(module)
     text = _derivation_text(the_plan, model.name, dtype) if derivation else ""

@@ -54,9 +54,11 @@ class MapKind:
 
 @dataclass(frozen=True)
 class _Shape:
-    """A loop in canonical form: its key, and what a call passes."""
+    """A loop in canonical form: its key (the renamed fields' text, which
+    also says which dimensions it reads and which arrays it writes), and
+    what a call passes."""
 
-    key: tuple
+    key: str
     dims: tuple[str, ...]
     arrays: tuple[str, ...]  # the caller's arrays, in order of first use
     written: tuple[bool, ...]  # whether each is stored to
@@ -73,7 +75,7 @@ def share_maps(module: CModule, claim: Callable[[str], str]) -> CModule:
     repeated = {key for key, n in counts.items() if n > 1}
     if not repeated:
         return module
-    kinds: dict[tuple, MapKind] = {}
+    kinds: dict[str, MapKind] = {}
     for fn in functions:  # numbered in the order first run
         for kernel in fn.kernels:
             shape = shapes.get(id(kernel))
@@ -151,9 +153,7 @@ def _shape(fields: dict, arrays: set[str], dims: frozenset[str], words: frozense
     if set(names.values()) & (local | seen_dims):
         return None
     renamed = _renamed(fields, names)
-    order = tuple(sorted(seen_dims))
-    key = (order, tuple(used.values()), repr(sorted(renamed.items())))
-    return _Shape(key, order, tuple(used), tuple(used.values()), renamed)
+    return _Shape(repr(sorted(renamed.items())), tuple(sorted(seen_dims)), tuple(used), tuple(used.values()), renamed)
 
 
 def _renamed(value: Any, names: dict[str, str]) -> Any:
