@@ -9,11 +9,12 @@ test_op_rules.py."""
 import numpy as np
 import pytest
 import sympy as sp
-import torch
 
 import symbackprop as sbp
 from symbackprop.declare import nn
 from symbackprop.errors import ModelError
+
+torch = pytest.importorskip("torch", reason="PyTorch is the reference (pip install torch==2.13.0)")
 
 n, m = sp.symbols("n m", integer=True, positive=True)
 X = sp.MatrixSymbol("X", n, m)
