@@ -36,7 +36,8 @@ def format_seconds(seconds: float | None) -> str:
     """Three significant digits in the largest unit below the value: 2.53 us, 1.2 s."""
     if seconds is None:
         return ""
-    return "{0:.3g} {1}".format(*_scaled(seconds))
+    value, unit = _scaled(seconds)
+    return f"{value:.3g} {unit}"
 
 
 def _scaled(seconds: float) -> tuple[float, str]:
