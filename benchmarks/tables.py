@@ -99,9 +99,8 @@ def render(name: str) -> str:
             label += f" [{notes.index(row['note']) + 1}]"
         lines.append("| " + " | ".join([label] + [_cell(row, c, baseline) for c in columns]) + " |")
     lines.append("")
-    lines += [f"[{number}] {note}" for number, note in enumerate(notes, 1)]
-    if notes:
-        lines.append("")
+    for number, note in enumerate(notes, 1):  # a paragraph each
+        lines += [f"[{number}] {note}", ""]
     shown = baseline and any(c.get("ratio") for c in columns)
     ratio = "; in parentheses the peer's time over symbackprop's (above 1: symbackprop is faster)" if shown else ""
     lines.append(f"{data['title']}: {data['conditions']}{ratio}. `{data['command']}` on {data['machine']}, "
