@@ -44,8 +44,7 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps(report, indent=1))
         print(f"\nwrote {args.json}")
     if args.save:
-        path = tables.RESULTS / f"{args.save}.json"
-        path.write_text(json.dumps(results_file(records, args, argv), indent=1) + "\n")
+        path = tables.save(args.save, results_file(records, args, argv))
         print(f"\nwrote {path.relative_to(ROOT)}: render it with <!-- table:{args.save} --> and benchmarks/tables.py")
     return 0
 
@@ -223,9 +222,7 @@ def results_file(records: list[dict], args, argv=None) -> dict:
             row = rows.setdefault((r["workload"], r["dtype"]), {"label": f"{r['workload']} {r['dtype']}", "seconds": {}})
             row["seconds"][r["variant"]] = r["median_s"]
     return {
-        "title": "benchmarks/run.py, time per call",
-        "machine": f"{meta['processor']}, {meta['cpu_count']} CPUs, {meta['platform']}, Python {meta['python']}",
-        "date": meta["date"][:10], "commit": _commit(),
+        "title": "benchmarks/run.py, time per call", **tables.provenance(),
         "command": " ".join(["python benchmarks/run.py", *(sys.argv[1:] if argv is None else argv)]),
         "conditions": f"{args.threads} thread(s) a peer, {meta['plan']} plan, medians",
         "source": "written by benchmarks/run.py --save", "meta": meta, "row_header": "workload",
@@ -233,11 +230,6 @@ def results_file(records: list[dict], args, argv=None) -> dict:
         "columns": [{"key": v, "label": v, "ratio": v != BASELINE} for v in variants],
         "rows": list(rows.values()),
     }
-
-
-def _commit() -> str:
-    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return run.stdout.strip() or "unknown"
 
 
 def _align(rows) -> list[str]:

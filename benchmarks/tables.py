@@ -21,8 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import re
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,6 +110,24 @@ def render(name: str) -> str:
     lines.append(f"{data['title']}: {data['conditions']}{ratio}. `{data['command']}` on {data['machine']}, "
                  f"{data['date']}, commit {data['commit']}; data: `benchmarks/results/{name}.json`.")
     return "\n".join(lines) + "\n"
+
+
+def provenance() -> dict:
+    """The machine, date and commit fields of a result file written now."""
+    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}, " \
+              f"Python {platform.python_version()}"
+    return {"machine": machine, "date": time.strftime("%Y-%m-%d"), "commit": run.stdout.strip() or "unknown"}
+
+
+def save(name: str, data: dict) -> Path:
+    """Write result file NAME (data holds every field load checks); its path."""
+    missing = [field for field in FIELDS if field not in data]
+    if missing:
+        raise ValueError(f"a result file needs {missing}")
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    return path
 
 
 def refresh(text: str) -> str:

@@ -74,3 +74,19 @@ def test_run_py_writes_a_result_file_the_tables_render(tmp_path, monkeypatch):
     text = tables.render("x")
     assert "| W1 float64 | 2 us | 6 us (3.00) |" in text
     assert "`python benchmarks/run.py --workloads W1 --save x`" in text
+
+
+def test_gradbench_run_writes_a_result_file_the_tables_render(tmp_path, monkeypatch):
+    gradbench = pytest.importorskip("benchmarks.gradbench.run")
+    timed = lambda seconds: {"median_s": seconds, "min_s": seconds}  # noqa: E731
+    records = [{"eval": "lse", "label": "n=4", "derivative": "gradient", "peers": {
+        "symbackprop": {"status": "ok", "primal": timed(1e-6), "derivative": timed(2e-6)},
+        "jax": {"status": "ok", "primal": timed(3e-6), "derivative": timed(8e-6)},
+        "torch": {"status": "failed verification"}}}]
+    args = types.SimpleNamespace(peers=["symbackprop", "jax", "torch"], plan="quick", no_pin=False, small=True)
+    data = gradbench.results_file(records, args, ["--evals", "lse"])
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    tables.save("g", data)
+    text = tables.render("g")
+    assert "| eval | symbackprop primal | symbackprop derivative | jax derivative |" in text
+    assert "| lse n=4, gradient | 1 us | 2 us | 8 us (4.00) |" in text
