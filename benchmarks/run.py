@@ -2,7 +2,7 @@
 
     python benchmarks/run.py [--quick] [--workloads W1,W3] [--dtype float64,float32]
                              [--peers numpy_ref,symbackprop] [--threads 1]
-                             [--json out.json]
+                             [--json out.json] [--save NAME]
 
 Each peer runs in subprocesses of its own, one after another, one for
 each workload and dtype. Per workload and dtype a peer's gradients are checked against numpy_ref first; only peers
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import workloads  # noqa: E402
+from benchmarks import tables, workloads  # noqa: E402
 from benchmarks.peers import PEERS  # noqa: E402
 
 BASELINE = "symbackprop"
@@ -43,6 +43,9 @@ def main(argv=None) -> int:
         report = {"meta": _meta(args), "results": records}
         Path(args.json).write_text(json.dumps(report, indent=1))
         print(f"\nwrote {args.json}")
+    if args.save:
+        path = tables.save(args.save, results_file(records, args, argv))
+        print(f"\nwrote {path.relative_to(ROOT)}: render it with <!-- table:{args.save} --> and benchmarks/tables.py")
     return 0
 
 
@@ -205,13 +208,28 @@ def _baseline_medians(records, workload, dtype) -> dict:
             and r["workload"] == workload and r["dtype"] == dtype}
 
 
-def _t(seconds) -> str:
-    if seconds is None:
-        return ""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if seconds >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
+_t = tables.format_seconds
+
+
+def results_file(records: list[dict], args, argv=None) -> dict:
+    """The run as a result file of benchmarks/results/ (its fields: benchmarks/tables.py):
+    a row per workload and dtype, a column per peer variant, the medians of the peers that passed."""
+    meta = _meta(args)
+    variants = list(dict.fromkeys(r["variant"] for r in records if r["status"] == "ok"))
+    rows = {}
+    for r in records:
+        if r["status"] == "ok":
+            row = rows.setdefault((r["workload"], r["dtype"]), {"label": f"{r['workload']} {r['dtype']}", "seconds": {}})
+            row["seconds"][r["variant"]] = r["median_s"]
+    return {
+        "title": "benchmarks/run.py, time per call", **tables.provenance(),
+        "command": " ".join(["python benchmarks/run.py", *(sys.argv[1:] if argv is None else argv)]),
+        "conditions": f"{args.threads} thread(s) a peer, {meta['plan']} plan, medians",
+        "source": "written by benchmarks/run.py --save", "meta": meta, "row_header": "workload",
+        "baseline": BASELINE if BASELINE in variants else None,
+        "columns": [{"key": v, "label": v, "ratio": v != BASELINE} for v in variants],
+        "rows": list(rows.values()),
+    }
 
 
 def _align(rows) -> list[str]:
@@ -253,6 +271,8 @@ def _parse(argv):
     p.add_argument("--compile-timeout", type=float, default=300.0,
                    help="seconds one C compile may take")
     p.add_argument("--json", default=None, help="write all results to this file")
+    p.add_argument("--save", default=None, metavar="NAME",
+                   help="write the medians to benchmarks/results/NAME.json, which benchmarks/tables.py renders")
     args = p.parse_args(argv)
     args.peers = [s.strip() for s in args.peers.split(",")] if args.peers else list(PEERS)
     unknown = sorted(set(args.peers) - set(PEERS))

@@ -11,6 +11,8 @@ import pytest
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 REQUIRES = re.compile(r"<!-- requires: ([\w ]+) -->")
+# what a log of work periods looks like: a dated heading, a clock time, a session tag
+DIARY = re.compile(r"^#+ .*\b20\d\d-\d\d-\d\d\b|\b\d\d:\d\d(-\d\d:\d\d)? UTC\b|\bs\d\d\)|\bsession\b", re.MULTILINE)
 
 
 def pages():
@@ -20,6 +22,15 @@ def pages():
 def test_every_task_has_a_page_with_code():
     for name in ("declare.md", "compile_and_call.md", "review.md", "train.md", "performance.md", "interop.md"):
         assert BLOCK.search((DOCS / name).read_text()), name
+
+
+def test_no_page_is_a_diary():
+    """The pages describe the software; how a period of work went is in the commits."""
+    root = DOCS.parent
+    for page in [*DOCS.glob("*.md"), root / "README.md", root / "benchmarks" / "README.md"]:
+        found = DIARY.search(page.read_text())
+        assert found is None, f"{page.name}: {found.group(0)!r}"
+    assert len((DOCS / "ROADMAP.md").read_text().splitlines()) <= 150
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
     python benchmarks/gradbench/run.py [--evals lse,gmm] [--small] [--quick]
                                        [--peers symbackprop,jax,torch,torch_compile]
-                                       [--compile-timeout 60] [--scaling] [--json out.json]
+                                       [--compile-timeout 60] [--scaling] [--json out.json] [--save NAME]
 
 Per eval (at its default size, or its smallest with --small): symbackprop's
 cold and cached compile time, each in a fresh process (cold: an empty
@@ -46,6 +46,7 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
+from benchmarks import tables  # noqa: E402
 from benchmarks.gradbench import EVALS  # noqa: E402
 from benchmarks.gradbench._common import (  # noqa: E402
     Unsupported,
@@ -329,7 +330,32 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=str))
         print(f"\nwrote {args.json}")
+    if args.save and "results" in report:
+        path = tables.save(args.save, results_file(report["results"], args, argv))
+        print(f"\nwrote {path.relative_to(ROOT)}: render it with <!-- table:{args.save} --> and benchmarks/tables.py")
     return 0
+
+
+def results_file(records: list, args, argv=None) -> dict:
+    """The run as a result file of benchmarks/results/ (fields: benchmarks/tables.py): a row per
+    eval, symbackprop's primal and each peer's derivative as columns, the medians of peers that passed."""
+    rows = []
+    for r in records:
+        seconds = {}
+        for peer, entry in r["peers"].items():
+            for fn, key in (("primal", f"{peer}.primal"), ("derivative", peer)):
+                if entry.get("status") == "ok" and entry.get(fn):
+                    seconds[key] = entry[fn]["median_s"]
+        rows.append({"label": f"{r['eval']} {r['label']}, {r['derivative']}", "seconds": seconds})
+    peers = [p for p in args.peers if any(p in row["seconds"] for row in rows)]
+    columns = [{"key": "symbackprop.primal", "label": "symbackprop primal", "ratio": False}] * ("symbackprop" in peers)
+    columns += [{"key": p, "label": f"{p} derivative", "ratio": p != "symbackprop"} for p in peers]
+    return {"title": "GradBench's evals, time per call", **tables.provenance(),
+            "command": " ".join(["python benchmarks/gradbench/run.py", *(sys.argv[1:] if argv is None else argv)]),
+            "conditions": f"every peer's results checked first; calls timed interleaved, {args.plan} plan, "
+                          f"{'pinned to one CPU' if not args.no_pin else 'not pinned'}, medians",
+            "source": "written by benchmarks/gradbench/run.py --save", "meta": meta(args), "row_header": "eval",
+            "baseline": "symbackprop" if "symbackprop" in peers else None, "columns": columns, "rows": rows}
 
 
 def meta(args) -> dict:
@@ -356,6 +382,8 @@ def parse(argv):
     p.add_argument("--no-pin", action="store_true", help="do not pin this process to one CPU")
     p.add_argument("--verbose", action="store_true", help="print peers' tracebacks")
     p.add_argument("--json", default=None, help="write every result to this file")
+    p.add_argument("--save", default=None, metavar="NAME",
+                   help="write the medians to benchmarks/results/NAME.json, which benchmarks/tables.py renders")
     p.add_argument("--probe", default=None, help=argparse.SUPPRESS)
     p.add_argument("--size", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
