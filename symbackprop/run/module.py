@@ -249,6 +249,12 @@ class CompiledModule(Training, Derivatives):
 
         return BackwardGraph(self.plan)
 
+    def __repr__(self) -> str:
+        from symbackprop.run.display import module_text
+
+        built = list(dict.fromkeys(kind for kind, _ in self._functions))
+        return module_text(self, built)
+
     def _repr_html_(self) -> str:
         from symbackprop.run.display import module_html
 
