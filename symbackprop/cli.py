@@ -500,7 +500,9 @@ def time_call(fn: Callable[[], object], repeats: int = 15, min_time: float = 0.0
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="symbackprop", description="SymPy model in, compiled C backprop out.")
     sub = top.add_subparsers(dest="command", required=True)
-    build = sub.add_parser("build", help="write generated C, header and derivation for models")
+    build = sub.add_parser("build", help="write generated C, header and derivation for models",
+                           epilog="exit status: 0 written (or up to date with --check), 1 stale files with --check, "
+                                  "2 an error (printed to stderr)")
     build.add_argument("models", nargs="*", metavar="MODEL_FILE[:NAME]", help="default: every file in examples/")
     build.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: generated/)")
     build.add_argument("--check", action="store_true", help="fail with a diff where the files on disk are stale")
@@ -516,7 +518,10 @@ def parser() -> argparse.ArgumentParser:
                        help="svg and png are drawn by Graphviz's dot program, which must be installed")
     graph.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE (default: stdout)")
     graph.set_defaults(run=cmd_graph)
-    diff = sub.add_parser("diff", help="what changed in a model's math: equations, kept values, memory (docs/review.md)")
+    diff = sub.add_parser("diff", help="what changed in a model's math: equations, kept values, memory (docs/review.md)",
+                          description="What changed in a model's math between two versions: equations, kept values, "
+                                      "memory.",
+                          epilog="exit status, as diff(1): 0 the same, 1 different, 2 an error (printed to stderr)")
     diff.add_argument("models", nargs="+", metavar="MODEL_FILE[:NAME]", help="OLD NEW, or one with --rev")
     diff.add_argument("--rev", action="append", metavar="REV", help="git revision of the old (then the new) version")
     diff.add_argument("--format", choices=("text", "markdown"), default="text")
