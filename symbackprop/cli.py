@@ -35,6 +35,7 @@ import numpy as np
 
 from symbackprop.declare.model import Model, leaf_name
 from symbackprop.errors import ArgumentError, SymbackpropError
+from symbackprop.log import on_stage
 from symbackprop.progress import Progress, ProgressArg
 
 DEFAULT_EXAMPLES = Path("examples")
@@ -183,7 +184,11 @@ def generate_all(found: Iterable[Found], out: Path | None = None, progress: Prog
     found = list(found)
     bar = Progress(len(found), "model", progress)  # ends itself after the last model
     for item in found:
-        emitted, _ = generate(item.model, **training(item))
+        stop = on_stage(lambda name: bar.note(stage=name))  # each model's stages beside the bar
+        try:
+            emitted, _ = generate(item.model, **training(item))
+        finally:
+            stop()
         bar.step(model=item.model.name)
         other = result.get(emitted.prefix)
         if other is not None:
@@ -510,7 +515,8 @@ def parser() -> argparse.ArgumentParser:
                        help="also write a CMakeLists.txt, a Makefile and a pkg-config file per model")
     build.add_argument("-v", "--verbose", action="store_true", help="log each stage and its duration to stderr")
     build.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                       help="a progress bar over the models (tqdm, if installed); default: when stderr is a terminal")
+                       help="a progress bar over the models and the stages of each (tqdm, if installed); "
+                            "default: when stderr is a terminal")
     build.set_defaults(run=cmd_build)
     graph = sub.add_parser("graph", help="print the backward graph (grad_fn style) as text, Graphviz DOT, SVG or PNG")
     graph.add_argument("model", metavar="MODEL_FILE[:NAME]")
