@@ -2,6 +2,8 @@
 Checked by parsing what they return (html.parser, an XML parser for the
 SVG Graphviz draws), against the module's own plan and memory()."""
 
+import html
+import re
 import shutil
 import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
@@ -157,3 +159,56 @@ def test_ipython_formatter_picks_them_up(mlp):
     data, _ = formatters.DisplayFormatter().format(mlp)
     assert data["text/html"] == mlp._repr_html_()
     assert data["text/markdown"] == mlp._repr_markdown_()
+
+
+HOSTILE_NAMES = [
+    r"x}\href{javascript:alert(1)}{y",
+    r"a$$\href{javascript:alert(2)}{b}$$c",
+    r"p\def\x{1}",
+    "w{#1}^~%&_ z",
+    r"q\\}",
+]
+
+
+def _math_blocks(text: str) -> list[str]:
+    """The $$...$$ a renderer typesets: outside code (MathJax skips <code> and
+    <pre>; Jupyter's Markdown takes code spans and fences out before math)."""
+    for code in (r"<code>.*?</code>", r"<pre>.*?</pre>", r"```.*?```", r"`[^`\n]*`"):
+        text = re.sub(code, "", text, flags=re.DOTALL)
+    return re.findall(r"\$\$(.*?)\$\$", text, re.DOTALL)
+
+
+def _balanced(latex: str) -> bool:
+    """Braces balanced, escaped ones (\\{ \\}) aside: no name closed a group it did not open."""
+    depth = 0
+    for token in re.findall(r"\\[{}]|\\\\|[{}]", latex):
+        depth += {"{": 1, "}": -1}.get(token, 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_names_reach_the_math_escaped_for_latex(name):
+    """A parameter's name in the $$...$$ of the notebook view and of the
+    derivation file: set as text, never as LaTeX commands."""
+    X = sp.MatrixSymbol("X", 3, 2)
+    W = sp.MatrixSymbol(name, 2, 2)
+    model = sbp.Model("latex_names", inputs=[X], params=[W], loss=nn.sum_all(nn.tanh(X * W)))
+    mod = sbp.compile(model)
+    for text in (mod._repr_html_(), mod.emitted.derivation or "", mod._repr_markdown_()):
+        blocks = _math_blocks(text)
+        assert blocks
+        for block in blocks:
+            assert not re.search(r"\\(href|def|url|style|class|html)", block), block
+            assert _balanced(block), block
+    shown = [html.unescape(b) for b in _math_blocks(mod._repr_html_())]
+    assert any(r"\mathtt{" in b for b in shown) and not any(re.search(r"\\(href|def)", b) for b in shown)
+
+
+def test_plain_names_keep_their_math():
+    from symbackprop.schedule.kernel import latex_name
+
+    assert latex_name("W1") == "W_{1}" and latex_name("alpha") == r"\alpha"
+    assert latex_name("grad_W1") == r"\frac{\partial L}{\partial W_{1}}"
+    assert latex_name("x}y") == r"\mathtt{x\}y}" and latex_name("a$b") == r"\mathtt{a\unicode{36}b}"
