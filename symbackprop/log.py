@@ -39,6 +39,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from symbackprop.progress import _is_terminal  # where a bar shows, a notice does
+
 logger = logging.getLogger("symbackprop")
 
 SLOW_SECONDS = 1.0  # a compile running longer says so (slow_work)
@@ -99,11 +101,6 @@ def notice(text: str) -> None:
         logger.info("%s", text)
     elif _is_terminal(sys.stderr):
         print(f"symbackprop: {text}", file=sys.stderr, flush=True)
-
-
-def _is_terminal(stream: Any) -> bool:
-    isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty())
 
 
 class slow_work:
