@@ -94,9 +94,7 @@ def train_symbackprop(params: dict, data: dict, orders: list, batch_size: int, l
     """One train_epoch call an epoch; the module single-threaded (no OpenMP,
     no BLAS threads). Returns the module, the minibatch losses (a row an
     epoch) and the seconds of each epoch."""
-    from symbackprop.build.builder import set_blas_threads
-
-    set_blas_threads(1)  # the linear layers' products, when BLAS is installed
+    sbp.set_num_threads(1)  # the linear layers' products, when BLAS is installed
     mod = sbp.compile(model, optimizer=sbp.Adam(lr=lr))
     _ = mod.trainer  # builds (or loads) train_epoch now, not in the first epoch
     x, t = data["X_train"], one_hot(data["y_train"])

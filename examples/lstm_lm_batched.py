@@ -92,9 +92,7 @@ def epoch_data(wins: np.ndarray, order: np.ndarray) -> dict:
 
 def train_symbackprop(params: dict, wins: np.ndarray, orders: list, hidden: int, lr: float):
     """One train_epoch call an epoch, one thread."""
-    from symbackprop.build.builder import set_blas_threads
-
-    set_blas_threads(1)
+    sbp.set_num_threads(1)
     mod = sbp.compile(lm_model(hidden, BATCH, f"lstm_lm_batched_{hidden}"), optimizer=sbp.Adam(lr=lr))
     _ = mod.trainer  # builds train_epoch now, not in the first epoch
     curves, seconds = [], []

@@ -125,9 +125,7 @@ def row_orders(rng: np.random.Generator, sequences: int, epochs: int) -> list[np
 def train_symbackprop(params: dict, data: dict, orders: list, batch_size: int, lr: float):
     """One train_epoch call an epoch, single-threaded. Returns the module,
     the minibatch losses (a row an epoch) and the seconds of each epoch."""
-    from symbackprop.build.builder import set_blas_threads
-
-    set_blas_threads(1)
+    sbp.set_num_threads(1)
     mod = sbp.compile(model, optimizer=sbp.Adam(lr=lr))
     _ = mod.trainer  # builds (or loads) train_epoch now, not in the first epoch
     curves, seconds = [], []

@@ -382,10 +382,10 @@ SYMBACKPROP_HELPER void symbackprop_f64_outer_product_sums(int64_t m, int64_t n,
 SYMBACKPROP_HELPER double symbackprop_f64_sum(const double *x, int64_t n, int64_t stride)
 {
     double result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
+    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    if (whole > 0) {
         double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
+        for (int64_t k = 0; k < whole; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
                 lane[l] += x[(k + l)*stride];
             }
@@ -394,7 +394,7 @@ SYMBACKPROP_HELPER double symbackprop_f64_sum(const double *x, int64_t n, int64_
             result += lane[l];
         }
     }
-    for (; k < n; ++k) {
+    for (int64_t k = whole; k < n; ++k) {
         result += x[k*stride];
     }
     return result;
@@ -426,10 +426,10 @@ SYMBACKPROP_HELPER void symbackprop_f64_sum_column_block(const double *x, int64_
 {
     enum { BLOCK = 64 };
     double result[BLOCK] = {0};
-    int64_t k = 0;
-    if (n >= 64) {
+    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the rows the lanes take, whole eights */
+    if (whole > 0) {
         double lane[8][BLOCK] = {{0}};
-        for (; k + 8 <= n; k += 8) {
+        for (int64_t k = 0; k < whole; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
                 const double *row = x + (k + l) * row_stride;
                 for (int64_t j = 0; j < width; ++j) {
@@ -443,7 +443,7 @@ SYMBACKPROP_HELPER void symbackprop_f64_sum_column_block(const double *x, int64_
             }
         }
     }
-    for (; k < n; ++k) {
+    for (int64_t k = whole; k < n; ++k) {
         const double *row = x + k * row_stride;
         for (int64_t j = 0; j < width; ++j) {
             result[j] += row[j];
@@ -506,10 +506,10 @@ SYMBACKPROP_HELPER double symbackprop_f64_max(const double *x, int64_t n, int64_
     }
 #endif
     double result = -INFINITY;
-    int64_t k = 0;
-    if (n >= 64) {
+    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    if (whole > 0) {
         double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-        for (; k + 8 <= n; k += 8) {
+        for (int64_t k = 0; k < whole; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
                 lane[l] = (x[(k + l)*stride] > lane[l] || isnan(x[(k + l)*stride])) ? x[(k + l)*stride] : lane[l];
             }
@@ -518,7 +518,7 @@ SYMBACKPROP_HELPER double symbackprop_f64_max(const double *x, int64_t n, int64_
             result = (lane[l] > result || isnan(lane[l])) ? lane[l] : result;
         }
     }
-    for (; k < n; ++k) {
+    for (int64_t k = whole; k < n; ++k) {
         result = (x[k*stride] > result || isnan(x[k*stride])) ? x[k*stride] : result;
     }
     return result;
@@ -559,10 +559,10 @@ SYMBACKPROP_HELPER double symbackprop_f64_min(const double *x, int64_t n, int64_
     }
 #endif
     double result = INFINITY;
-    int64_t k = 0;
-    if (n >= 64) {
+    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    if (whole > 0) {
         double lane[8] = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
-        for (; k + 8 <= n; k += 8) {
+        for (int64_t k = 0; k < whole; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
                 lane[l] = (x[(k + l)*stride] < lane[l] || isnan(x[(k + l)*stride])) ? x[(k + l)*stride] : lane[l];
             }
@@ -571,7 +571,7 @@ SYMBACKPROP_HELPER double symbackprop_f64_min(const double *x, int64_t n, int64_
             result = (lane[l] < result || isnan(lane[l])) ? lane[l] : result;
         }
     }
-    for (; k < n; ++k) {
+    for (int64_t k = whole; k < n; ++k) {
         result = (x[k*stride] < result || isnan(x[k*stride])) ? x[k*stride] : result;
     }
     return result;
@@ -614,10 +614,10 @@ SYMBACKPROP_HELPER double symbackprop_f64_logsumexp(const double *x, int64_t n, 
 #endif
     {
         double result = -INFINITY;
-        int64_t k = 0;
-        if (n >= 64) {
+        const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+        if (whole > 0) {
             double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-            for (; k + 8 <= n; k += 8) {
+            for (int64_t k = 0; k < whole; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
                     lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
                 }
@@ -626,7 +626,7 @@ SYMBACKPROP_HELPER double symbackprop_f64_logsumexp(const double *x, int64_t n, 
                 result = lane[l] > result ? lane[l] : result;
             }
         }
-        for (; k < n; ++k) {
+        for (int64_t k = whole; k < n; ++k) {
             result = x[k*stride] > result ? x[k*stride] : result;
         }
         top = result;
@@ -635,10 +635,10 @@ SYMBACKPROP_HELPER double symbackprop_f64_logsumexp(const double *x, int64_t n, 
         return top; /* every entry -inf (or one +inf) */
     }
     double result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
+    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    if (whole > 0) {
         double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
+        for (int64_t k = 0; k < whole; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
                 lane[l] += exp(x[(k + l)*stride] - top);
             }
@@ -647,7 +647,7 @@ SYMBACKPROP_HELPER double symbackprop_f64_logsumexp(const double *x, int64_t n, 
             result += lane[l];
         }
     }
-    for (; k < n; ++k) {
+    for (int64_t k = whole; k < n; ++k) {
         result += exp(x[k*stride] - top);
     }
     return top + log(result);
@@ -657,10 +657,10 @@ SYMBACKPROP_HELPER double symbackprop_f64_logsumexp(const double *x, int64_t n, 
 SYMBACKPROP_HELPER double symbackprop_f64_prod(const double *x, int64_t n, int64_t stride)
 {
     double result = 1;
-    int64_t k = 0;
-    if (n >= 64) {
+    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    if (whole > 0) {
         double lane[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-        for (; k + 8 <= n; k += 8) {
+        for (int64_t k = 0; k < whole; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
                 lane[l] *= x[(k + l)*stride];
             }
@@ -669,7 +669,7 @@ SYMBACKPROP_HELPER double symbackprop_f64_prod(const double *x, int64_t n, int64
             result *= lane[l];
         }
     }
-    for (; k < n; ++k) {
+    for (int64_t k = whole; k < n; ++k) {
         result *= x[k*stride];
     }
     return result;
@@ -1198,10 +1198,10 @@ SYMBACKPROP_HELPER void symbackprop_f32_outer_product_sums(int64_t m, int64_t n,
 SYMBACKPROP_HELPER float symbackprop_f32_sum(const float *x, int64_t n, int64_t stride)
 {
     float result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
+    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    if (whole > 0) {
         float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 8 <= n; k += 8) {
+        for (int64_t k = 0; k < whole; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
                 lane[l] += x[(k + l)*stride];
             }
@@ -1210,7 +1210,7 @@ SYMBACKPROP_HELPER float symbackprop_f32_sum(const float *x, int64_t n, int64_t 
             result += lane[l];
         }
     }
-    for (; k < n; ++k) {
+    for (int64_t k = whole; k < n; ++k) {
         result += x[k*stride];
     }
     return result;
@@ -1242,10 +1242,10 @@ SYMBACKPROP_HELPER void symbackprop_f32_sum_column_block(const float *x, int64_t
 {
     enum { BLOCK = 64 };
     float result[BLOCK] = {0};
-    int64_t k = 0;
-    if (n >= 64) {
+    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the rows the lanes take, whole eights */
+    if (whole > 0) {
         float lane[8][BLOCK] = {{0}};
-        for (; k + 8 <= n; k += 8) {
+        for (int64_t k = 0; k < whole; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
                 const float *row = x + (k + l) * row_stride;
                 for (int64_t j = 0; j < width; ++j) {
@@ -1259,7 +1259,7 @@ SYMBACKPROP_HELPER void symbackprop_f32_sum_column_block(const float *x, int64_t
             }
         }
     }
-    for (; k < n; ++k) {
+    for (int64_t k = whole; k < n; ++k) {
         const float *row = x + k * row_stride;
         for (int64_t j = 0; j < width; ++j) {
             result[j] += row[j];
@@ -1322,10 +1322,10 @@ SYMBACKPROP_HELPER float symbackprop_f32_max(const float *x, int64_t n, int64_t 
     }
 #endif
     float result = -INFINITY;
-    int64_t k = 0;
-    if (n >= 64) {
+    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    if (whole > 0) {
         float lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-        for (; k + 8 <= n; k += 8) {
+        for (int64_t k = 0; k < whole; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
                 lane[l] = (x[(k + l)*stride] > lane[l] || isnan(x[(k + l)*stride])) ? x[(k + l)*stride] : lane[l];
             }
@@ -1334,7 +1334,7 @@ SYMBACKPROP_HELPER float symbackprop_f32_max(const float *x, int64_t n, int64_t 
             result = (lane[l] > result || isnan(lane[l])) ? lane[l] : result;
         }
     }
-    for (; k < n; ++k) {
+    for (int64_t k = whole; k < n; ++k) {
         result = (x[k*stride] > result || isnan(x[k*stride])) ? x[k*stride] : result;
     }
     return result;
@@ -1375,10 +1375,10 @@ SYMBACKPROP_HELPER float symbackprop_f32_min(const float *x, int64_t n, int64_t 
     }
 #endif
     float result = INFINITY;
-    int64_t k = 0;
-    if (n >= 64) {
+    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    if (whole > 0) {
         float lane[8] = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY};
-        for (; k + 8 <= n; k += 8) {
+        for (int64_t k = 0; k < whole; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
                 lane[l] = (x[(k + l)*stride] < lane[l] || isnan(x[(k + l)*stride])) ? x[(k + l)*stride] : lane[l];
             }
@@ -1387,7 +1387,7 @@ SYMBACKPROP_HELPER float symbackprop_f32_min(const float *x, int64_t n, int64_t 
             result = (lane[l] < result || isnan(lane[l])) ? lane[l] : result;
         }
     }
-    for (; k < n; ++k) {
+    for (int64_t k = whole; k < n; ++k) {
         result = (x[k*stride] < result || isnan(x[k*stride])) ? x[k*stride] : result;
     }
     return result;
@@ -1430,10 +1430,10 @@ SYMBACKPROP_HELPER float symbackprop_f32_logsumexp(const float *x, int64_t n, in
 #endif
     {
         float result = -INFINITY;
-        int64_t k = 0;
-        if (n >= 64) {
+        const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+        if (whole > 0) {
             float lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-            for (; k + 8 <= n; k += 8) {
+            for (int64_t k = 0; k < whole; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
                     lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
                 }
@@ -1442,7 +1442,7 @@ SYMBACKPROP_HELPER float symbackprop_f32_logsumexp(const float *x, int64_t n, in
                 result = lane[l] > result ? lane[l] : result;
             }
         }
-        for (; k < n; ++k) {
+        for (int64_t k = whole; k < n; ++k) {
             result = x[k*stride] > result ? x[k*stride] : result;
         }
         top = result;
@@ -1451,10 +1451,10 @@ SYMBACKPROP_HELPER float symbackprop_f32_logsumexp(const float *x, int64_t n, in
         return top; /* every entry -inf (or one +inf) */
     }
     float result = 0;
-    int64_t k = 0;
-    if (n >= 64) {
+    const int64_t whole = n >= 64 ? n - n % 16 : 0; /* the entries the lanes take, whole 16s */
+    if (whole > 0) {
         float lane[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-        for (; k + 16 <= n; k += 16) {
+        for (int64_t k = 0; k < whole; k += 16) {
             for (int64_t l = 0; l < 16; ++l) {
                 lane[l] += symbackprop_f32_exp_term(x[(k + l)*stride] - top);
             }
@@ -1463,7 +1463,7 @@ SYMBACKPROP_HELPER float symbackprop_f32_logsumexp(const float *x, int64_t n, in
             result += lane[l];
         }
     }
-    for (; k < n; ++k) {
+    for (int64_t k = whole; k < n; ++k) {
         result += symbackprop_f32_exp_term(x[k*stride] - top);
     }
     return top + logf(result);
@@ -1473,10 +1473,10 @@ SYMBACKPROP_HELPER float symbackprop_f32_logsumexp(const float *x, int64_t n, in
 SYMBACKPROP_HELPER float symbackprop_f32_prod(const float *x, int64_t n, int64_t stride)
 {
     float result = 1;
-    int64_t k = 0;
-    if (n >= 64) {
+    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
+    if (whole > 0) {
         float lane[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-        for (; k + 8 <= n; k += 8) {
+        for (int64_t k = 0; k < whole; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
                 lane[l] *= x[(k + l)*stride];
             }
@@ -1485,7 +1485,7 @@ SYMBACKPROP_HELPER float symbackprop_f32_prod(const float *x, int64_t n, int64_t
             result *= lane[l];
         }
     }
-    for (; k < n; ++k) {
+    for (int64_t k = whole; k < n; ++k) {
         result *= x[k*stride];
     }
     return result;

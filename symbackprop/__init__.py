@@ -18,6 +18,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from symbackprop._version import __version__
+from symbackprop.build.builder import BuildOptions
+from symbackprop.build.threads import get_num_threads, set_num_threads
 from symbackprop.declare.attention import Sequences, position_ids, sequences
 from symbackprop.declare.conv import Images, conv_weight, images
 from symbackprop.declare.derivatives import grad, jvp
@@ -62,6 +64,7 @@ __all__ = [
     "Adam",
     "ArgumentError",
     "BuildError",
+    "BuildOptions",
     "CompiledModule",
     "GradientCheckError",
     "Images",
@@ -84,6 +87,7 @@ __all__ = [
     "fixed_point",
     "from_torch",
     "gather",
+    "get_num_threads",
     "grad",
     "images",
     "iterations",
@@ -94,6 +98,7 @@ __all__ = [
     "reduce",
     "scan",
     "sequences",
+    "set_num_threads",
     "shift",
     "solve",
     "sparse_layout",

@@ -35,6 +35,7 @@ import numpy as np
 
 from symbackprop.declare.model import Model, leaf_name
 from symbackprop.errors import ArgumentError, SymbackpropError
+from symbackprop.log import on_stage
 from symbackprop.progress import Progress, ProgressArg
 
 DEFAULT_EXAMPLES = Path("examples")
@@ -183,7 +184,11 @@ def generate_all(found: Iterable[Found], out: Path | None = None, progress: Prog
     found = list(found)
     bar = Progress(len(found), "model", progress)  # ends itself after the last model
     for item in found:
-        emitted, _ = generate(item.model, **training(item))
+        stop = on_stage(lambda name: bar.note(stage=name))  # each model's stages beside the bar
+        try:
+            emitted, _ = generate(item.model, **training(item))
+        finally:
+            stop()
         bar.step(model=item.model.name)
         other = result.get(emitted.prefix)
         if other is not None:
@@ -438,7 +443,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for name, value in outputs.items():
         if name != "loss":
             print(f"output {name}: shape {np.shape(value)}")
-    worst = mod.check_grads(**data).worst
+    worst = mod.check_grads(raise_exception=False, **data).worst
     print(f"gradient check against central finite differences: max relative error {worst:.2e}")
     per_call = time_call(lambda: mod.value_and_grad(**data))
     print(f"value_and_grad: {per_call * 1e6:.2f} us per call (median)")
@@ -500,7 +505,9 @@ def time_call(fn: Callable[[], object], repeats: int = 15, min_time: float = 0.0
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="symbackprop", description="SymPy model in, compiled C backprop out.")
     sub = top.add_subparsers(dest="command", required=True)
-    build = sub.add_parser("build", help="write generated C, header and derivation for models")
+    build = sub.add_parser("build", help="write generated C, header and derivation for models",
+                           epilog="exit status: 0 written (or up to date with --check), 1 stale files with --check, "
+                                  "2 an error (printed to stderr)")
     build.add_argument("models", nargs="*", metavar="MODEL_FILE[:NAME]", help="default: every file in examples/")
     build.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: generated/)")
     build.add_argument("--check", action="store_true", help="fail with a diff where the files on disk are stale")
@@ -508,7 +515,8 @@ def parser() -> argparse.ArgumentParser:
                        help="also write a CMakeLists.txt, a Makefile and a pkg-config file per model")
     build.add_argument("-v", "--verbose", action="store_true", help="log each stage and its duration to stderr")
     build.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                       help="a progress bar over the models (tqdm, if installed); default: when stderr is a terminal")
+                       help="a progress bar over the models and the stages of each (tqdm, if installed); "
+                            "default: when stderr is a terminal")
     build.set_defaults(run=cmd_build)
     graph = sub.add_parser("graph", help="print the backward graph (grad_fn style) as text, Graphviz DOT, SVG or PNG")
     graph.add_argument("model", metavar="MODEL_FILE[:NAME]")
@@ -516,7 +524,10 @@ def parser() -> argparse.ArgumentParser:
                        help="svg and png are drawn by Graphviz's dot program, which must be installed")
     graph.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE (default: stdout)")
     graph.set_defaults(run=cmd_graph)
-    diff = sub.add_parser("diff", help="what changed in a model's math: equations, kept values, memory (docs/review.md)")
+    diff = sub.add_parser("diff", help="what changed in a model's math: equations, kept values, memory (docs/review.md)",
+                          description="What changed in a model's math between two versions: equations, kept values, "
+                                      "memory.",
+                          epilog="exit status, as diff(1): 0 the same, 1 different, 2 an error (printed to stderr)")
     diff.add_argument("models", nargs="+", metavar="MODEL_FILE[:NAME]", help="OLD NEW, or one with --rev")
     diff.add_argument("--rev", action="append", metavar="REV", help="git revision of the old (then the new) version")
     diff.add_argument("--format", choices=("text", "markdown"), default="text")

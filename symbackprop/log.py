@@ -21,17 +21,32 @@ elapsed`; the "C compile" line gives the time when it is done.
 `symbackprop build -v` turns this on for the command line (to stderr).
 Nothing is logged unless the application configures logging (the
 library adds no handler of its own).
+
+Long work is not silent, though: a compile (`sbp.compile`, and the C
+functions built on first use inside `fit`, `train_step`, `vjp`, `jvp`,
+`hvp`) that is still running after SLOW_SECONDS says so in one line,
+naming the model and the stage it is in (`slow_work`): to the logger
+where the application configured logging, else to stderr where stderr is
+a terminal (as progress bars, symbackprop.progress).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from symbackprop.progress import _is_terminal  # where a bar shows, a notice does
+
 logger = logging.getLogger("symbackprop")
+
+SLOW_SECONDS = 1.0  # a compile running longer says so (slow_work)
+# what is told when a stage starts: the last stage's name (slow_work reads
+# it), and the functions called with it (a build's progress bar)
+_stages: dict[str, Any] = {"now": "", "listeners": []}
 
 
 class stage:
@@ -48,6 +63,9 @@ class stage:
 
     def start(self) -> stage:
         self.began = time.perf_counter()
+        _stages["now"] = self.name
+        for listener in list(_stages["listeners"]):
+            listener(self.name)
         return self
 
     def detail(self, text: str | Callable[[], str]) -> None:
@@ -67,6 +85,52 @@ class stage:
     def __exit__(self, kind: Any, value: Any, traceback: Any) -> None:
         if kind is None:
             self.stop()
+
+
+def on_stage(listener: Callable[[str], None]) -> Callable[[], None]:
+    """Call listener(name) as each stage starts; returns the call that stops it."""
+    _stages["listeners"].append(listener)
+    return lambda: _stages["listeners"].remove(listener)
+
+
+def notice(text: str) -> None:
+    """One line a user should see without configuring anything: to the
+    logger (INFO) where logging is configured, else to stderr where it is
+    a terminal, else nowhere."""
+    if logger.hasHandlers():
+        logger.info("%s", text)
+    elif _is_terminal(sys.stderr):
+        print(f"symbackprop: {text}", file=sys.stderr, flush=True)
+
+
+class slow_work:
+    """A context around a compile: where it is still running after
+    SLOW_SECONDS, one line says what (`what`, naming the model) and the
+    stage it is in (`notice`).
+
+    Args:
+        what: e.g. "compiling 'mlp'" or "compiling train_step of 'mlp' (built on first use)".
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.said = False
+        self._timer: threading.Timer | None = None
+
+    def _say(self) -> None:
+        self.said = True
+        now = _stages["now"]
+        notice(f"{self.what}: more than {SLOW_SECONDS:g} s so far" + (f" (now: {now})" if now else ""))
+
+    def __enter__(self) -> slow_work:
+        self._timer = threading.Timer(SLOW_SECONDS, self._say)
+        self._timer.daemon = True
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
 
 def event(text: str, *args: Any) -> None:
@@ -89,4 +153,4 @@ def enable(level: int = logging.INFO, stream: Any = None) -> logging.Handler:
     return handler
 
 
-__all__ = ["enable", "event", "logger", "op_counts", "stage"]
+__all__ = ["SLOW_SECONDS", "enable", "event", "logger", "notice", "on_stage", "op_counts", "slow_work", "stage"]

@@ -50,6 +50,12 @@ class Progress:
         if self.done >= self.total:
             self.close()
 
+    def note(self, **info: Any) -> None:
+        """What the current unit is doing (a stage), shown beside the bar
+        now; the callback is not told (it hears of whole units)."""
+        if self._bar is not None:
+            self._bar.set_postfix(info, refresh=True)
+
     def close(self) -> None:
         """End the bar (a no-op without one)."""
         if self._bar is not None:

@@ -245,6 +245,58 @@ def test_bad_input_is_a_clear_error_and_status_2(repo, capsys, argv, message):
     assert not list(repo.rglob("pwned"))
 
 
+def _commit_links(repo, links: dict[str, str]) -> None:
+    for name, target in links.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, repo / name)
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "links")
+
+
+@pytest.mark.parametrize("link", ["link.py", "deep/link.py", "linked/net.py", "chain.py"])
+def test_a_symbolic_link_is_followed_at_a_revision_as_in_the_working_tree(repo, capsys, link):
+    """--rev follows the link inside the revision's tree, and the model
+    imports the neighbours of the file it names (act.py), as build does."""
+    if not hasattr(os, "symlink"):
+        pytest.skip("no symbolic links here")
+    git(repo, "stash", "-q")  # the working tree as HEAD: the two-layer model
+    _commit_links(repo, {"link.py": "models/net.py", "deep/link.py": "../models/net.py", "linked": "models",
+                         "chain.py": "link.py"})
+    status, out, err = run_cli(["diff", "--rev", "HEAD", link], capsys)
+    assert (status, err) == (0, ""), err
+    assert "no change in the math" in out
+    status, plain, _ = run_cli(["diff", link, "models/net.py"], capsys)  # the working tree follows it too
+    assert status == 0 and "no change in the math" in plain
+    (repo / "models" / "act.py").write_text("from symbackprop import nn\n\nACT = nn.sigmoid\n")
+    status, out, _ = run_cli(["diff", "--rev", "HEAD", link], capsys)  # act.py as it is at HEAD: tanh
+    assert status == 1 and "+ t1 = sigmoid(b1 + t0)" in out
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    ("/etc/passwd", "points outside the git repository"),
+    ("../outside.py", "points outside the git repository"),
+    ("models/../../outside.py", "points outside the git repository"),
+    ("loop.py", "too many levels of symbolic links"),
+    ("models/missing.py", "is not a file at revision HEAD"),
+])
+def test_a_link_out_of_the_revision_is_refused(repo, capsys, target, message):
+    if not hasattr(os, "symlink"):
+        pytest.skip("no symbolic links here")
+    (repo.parent / "outside.py").write_text("open('pwned', 'w').close()\n")
+    _commit_links(repo, {"loop.py": "loop.py"} if target == "loop.py" else {"bad.py": target})
+    status, out, err = run_cli(["diff", "--rev", "HEAD", "--rev", "HEAD", "loop.py" if target == "loop.py" else
+                                "bad.py"], capsys)
+    assert status == 2 and out == "" and message in err, err
+    assert not list(repo.parent.rglob("pwned"))
+
+
+def test_diff_help_names_the_exit_statuses(capsys):
+    with pytest.raises(SystemExit):
+        main(["diff", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "0 the same, 1 different, 2 an error" in text
+
+
 def test_a_file_outside_a_repository_is_an_error(tmp_path, capsys):
     if shutil.which("git") is None:
         pytest.skip("git is not installed")

@@ -83,3 +83,35 @@ def test_build_shows_progress_over_models_when_asked(tmp_path, capsys):
     for folder in ("mlp", "relu_net"):  # the same files either way
         for path in (tmp_path / "a" / folder).iterdir():
             assert path.read_bytes() == (tmp_path / "b" / folder / path.name).read_bytes()
+
+
+def test_fit_takes_a_seed_or_a_bool_as_shuffle(example):
+    """shuffle=42 (or np.int64): default_rng(42)'s orders; True: fresh random
+    orders; False and None: the rows in order."""
+    expected, expected_params = _by_hand(example, epochs=3, batch_size=5, seed=42)
+    for seed in (42, np.int64(42)):
+        mod = sbp.compile(example.model, optimizer=Adam(lr=0.01))
+        data, params = _start(example)
+        np.testing.assert_array_equal(mod.fit(3, 5, shuffle=seed, **data, **params), expected)
+        for k in PARAMS:
+            np.testing.assert_array_equal(params[k], expected_params[k])
+    in_order = []
+    for shuffle in (None, False, np.False_, 0, True):
+        mod = sbp.compile(example.model, optimizer=Adam(lr=0.01))
+        data, params = _start(example)
+        in_order.append(mod.fit(2, 5, shuffle=shuffle, **data, **params))
+    np.testing.assert_array_equal(in_order[0], in_order[1])
+    np.testing.assert_array_equal(in_order[0], in_order[2])
+    assert not np.array_equal(in_order[0], in_order[3])  # 0 is a seed, not False
+    assert in_order[4].shape == (2, 4) and np.isfinite(in_order[4]).all()
+
+
+@pytest.mark.parametrize("bad", ["yes", 1.5, [1, 2], -1, object()])
+def test_fit_refuses_another_shuffle_by_name(example, bad):
+    mod = sbp.compile(example.model, optimizer=Adam(lr=0.01))
+    data, params = _start(example)
+    before = {k: v.copy() for k, v in params.items()}
+    with pytest.raises(sbp.ArgumentError, match="shuffle"):
+        mod.fit(2, 5, shuffle=bad, **data, **params)
+    for k in PARAMS:
+        np.testing.assert_array_equal(params[k], before[k])  # nothing trained

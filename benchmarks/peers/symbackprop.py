@@ -25,7 +25,6 @@ import os
 import sympy as sp
 
 import symbackprop as sbp
-from symbackprop.build.builder import BuildOptions
 from symbackprop.declare import nn
 
 from .. import workloads
@@ -100,7 +99,7 @@ def _columns_model(workload):
 
 def _compile(model, dtype):
     # with more than one thread, the batch loops run on them too (OpenMP)
-    options = BuildOptions(openmp=bench_threads() > 1)
+    options = sbp.BuildOptions(openmp=bench_threads() > 1)
     try:
         return timed(sbp.compile, model, dtype=dtype, options=options)
     except sbp.SymbackpropError as exc:

@@ -16,9 +16,10 @@
  * scratch memory owned by the caller, so one module can run in many threads
  * at once with one workspace each. Output arrays must not overlap inputs.
  *
- * The module describes itself (docs/c_programs.md), so that a program can
- * find every array's name and shape, and call any function, without reading
- * Python:
+ * The module describes itself, so that a program can find every array's
+ * name and shape, and call any function, without reading Python (all of it
+ * is listed here; the page "Call a model from C or C++" of symbackprop's
+ * documentation has a whole program that uses it):
  *   lstm_sequence_n_dims(), lstm_sequence_name_dim(i): its dimensions, in the order
  *     a `dims` array lists them;
  *   for each function F: F_n_dims(), F_name_dim(i): the dimensions its `dims`

@@ -178,32 +178,18 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        a0[i] = -a1[i] + a2[i];
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            a0[256*i + j] = a1[256*i + j]*a2[256*i + j];
-        }
-    }
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+void transformer_lm_loop1(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j] + a2[64*i + j];
+            a0[64*i + j] = a1[j]*a2[64*i + j] + a3[j];
         }
     }
 }
@@ -220,6 +206,42 @@ void transformer_lm_loop3(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             a0[64*i + j] = a1[64*i + j] + a2[64*i + j] + a3[j];
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j] + a2[64*i + j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        a0[i] = -a1[i] + a2[i];
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop5(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 62; ++j) {
+            a0[62*i + j] = a1[62*i + j] + exp(a2[62*i + j] - a3[i])/((TRANSFORMER_LM_REAL)m);
         }
     }
 }
@@ -244,22 +266,6 @@ void transformer_lm_loop6(
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop1(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[j]*a2[64*i + j] + a3[j];
-        }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop2(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
@@ -280,18 +286,12 @@ void transformer_lm_loop2(
     }
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop5(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
-)
+void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 62; ++j) {
-            a0[62*i + j] = a1[62*i + j] + exp(a2[62*i + j] - a3[i])/((TRANSFORMER_LM_REAL)m);
+        for (int64_t j = 0; j < 256; ++j) {
+            a0[256*i + j] = a1[256*i + j]*a2[256*i + j];
         }
     }
 }
@@ -614,6 +614,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t8 = t7 + 64*m; /* m x 256 */
     TRANSFORMER_LM_REAL *t8_block = t8 + 256*m; /* 64 x 16 */
+    (void)t8_block; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -878,6 +879,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t26 = t16; /* m x 256, in t16's memory */
     TRANSFORMER_LM_REAL *t26_block = t8_block; /* 64 x 16, in t8_block's memory */
+    (void)t26_block; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -1462,6 +1464,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t27 = t36; /* m x 256, in t36's memory */
     TRANSFORMER_LM_REAL *grad_t27_block = t26_block; /* 64 x 16, in t26_block's memory */
+    (void)grad_t27_block; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -1851,6 +1854,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t9 = grad_t26; /* m x 256, in grad_t26's memory */
     TRANSFORMER_LM_REAL *grad_t9_block = grad_t27_block; /* 64 x 16, in grad_t27_block's memory */
+    (void)grad_t9_block; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -3005,6 +3009,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t8 = t7 + 64*m; /* m x 256 */
     TRANSFORMER_LM_REAL *t8_block_1 = t8 + 256*m; /* 64 x 16 */
+    (void)t8_block_1; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -3269,6 +3274,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *t26 = t16; /* m x 256, in t16's memory */
     TRANSFORMER_LM_REAL *t26_block_1 = t8_block_1; /* 64 x 16, in t8_block_1's memory */
+    (void)t26_block_1; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -3792,6 +3798,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t27 = t36; /* m x 256, in t36's memory */
     TRANSFORMER_LM_REAL *grad_t27_block_1 = t26_block_1; /* 64 x 16, in t26_block_1's memory */
+    (void)grad_t27_block_1; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -4179,6 +4186,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
     TRANSFORMER_LM_REAL *grad_t9 = grad_t26; /* m x 256, in grad_t26's memory */
     TRANSFORMER_LM_REAL *grad_t9_block_1 = grad_t27_block_1; /* 64 x 16, in grad_t27_block_1's memory */
+    (void)grad_t9_block_1; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif

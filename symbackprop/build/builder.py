@@ -57,9 +57,17 @@ from typing import Any
 
 from symbackprop._version import __version__
 from symbackprop.build import trust as cache_trust
-from symbackprop.build.blas import INSTALL, STUB_FOLDER, Blas, find_blas, prepare_blas, set_blas_threads
+from symbackprop.build.blas import (
+    INSTALL,
+    STUB_FOLDER,
+    Blas,
+    find_blas,
+    prepare_blas,
+    set_blas_threads,  # noqa: F401  (re-exported: older scripts import it here)
+)
 from symbackprop.build.cachedir import CACHE_ENV, cache_folder
 from symbackprop.build.key import asks_for_host_cpu, digest, executable_stamp, host_cpu, target_cpu
+from symbackprop.build.threads import blas_beside_openmp
 from symbackprop.build.trust import ABSENT, entry_problem, secure_root, warn
 from symbackprop.errors import BuildError
 from symbackprop.log import event, stage
@@ -641,7 +649,7 @@ def _one_blas_pool(library: Path) -> None:
     work and for each other and starve OpenMP's (W11's step on a
     loaded 2-core machine, two threads: 5.4-9.8 s with both pools, 0.1-0.2 s
     with OpenMP's alone; docs/performance.md). set_blas_threads changes it
-    again. libgomp's wait policy is left as it is: with one pool its short
+    again (sbp.set_num_threads leaves it at one). libgomp's wait policy is left as it is: with one pool its short
     spin between parallel loops is what makes them cheap (W11 at two
     threads 38 ms; 62 ms with OMP_WAIT_POLICY=passive, which stop 25 had
     made the default while OpenBLAS ran its own pool)."""
@@ -649,7 +657,7 @@ def _one_blas_pool(library: Path) -> None:
     if b"cblas_" in data:
         prepare_blas()
         if b"libgomp" in data:
-            set_blas_threads(1)
+            blas_beside_openmp()
 
 
 def _load(folder: Path, name: str) -> ModuleType:

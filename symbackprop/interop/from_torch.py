@@ -37,6 +37,42 @@ from symbackprop.interop.torch_ops import functions, layers, method, op_name
 BATCH = sp.Symbol("n", integer=True, positive=True)
 
 
+# torch.nn layers from_torch does not convert, and the symbackprop built-in a
+# model declared by hand uses instead (named in the refusal)
+BUILT_INS = {
+    "Conv1d": "nn.conv2d on images of height 1 (sbp.images, nn.conv_weight)",
+    "Conv2d": "nn.conv2d (with sbp.images and nn.conv_weight)",
+    "MaxPool2d": "nn.max_pool2d",
+    "AvgPool2d": "nn.avg_pool2d",
+    "BatchNorm2d": "nn.batch_norm",
+    "Embedding": "nn.embedding (with an sbp.Index of token ids)",
+    "MultiheadAttention": "nn.self_attention or nn.causal_attention (on sbp.sequences)",
+    "LSTM": "nn.lstm_cell inside sbp.scan",
+    "LSTMCell": "nn.lstm_cell",
+    "GRU": "nn.gru_cell inside sbp.scan",
+    "GRUCell": "nn.gru_cell",
+}
+
+
+def built_in_hint(kind: str) -> str:
+    """'; declare it with symbackprop's <built-in> instead' where one exists, else ''."""
+    use = BUILT_INS.get(kind)
+    return f"; declare the model with symbackprop's {use} instead" if use else ""
+
+
+def _refuse_by_layer(module: Any, shape: tuple) -> None:
+    """An example input that is not (batch, features): where the network has
+    a layer from_torch does not convert (a CNN's Conv2d, an Embedding), the
+    refusal names that layer and the built-in to use, not the input's shape."""
+    known = layers()
+    for path, sub in module.named_modules() if hasattr(module, "named_modules") else ():
+        kind = type(sub)
+        if kind not in known and kind.__name__ in BUILT_INS:
+            raise ModelError(f"{path or 'the module'}: {kind.__name__} is not supported by from_torch, which "
+                             f"converts networks of (batch, features) inputs (the example input's shape is "
+                             f"{shape}){built_in_hint(kind.__name__)}")
+
+
 class Loss(NamedTuple):
     """A named loss: fn(output Y, targets T, reduction) and whether T is class labels (an Index)."""
 
@@ -118,7 +154,8 @@ class _Builder:
         convert = layers().get(kind)
         if convert is None:
             raise ModelError(f"{kind.__name__} is not supported yet; from_torch converts the layers "
-                             f"{', '.join(sorted(t.__name__ for t in layers()))} and the functions of torch_ops.functions()")
+                             f"{', '.join(sorted(t.__name__ for t in layers()))} and the functions of torch_ops.functions()"
+                             + built_in_hint(kind.__name__))
         if len(args) != 1 or kwargs:
             raise ModelError(f"{kind.__name__} called with {len(args) + len(kwargs)} arguments; it takes one")
 
@@ -275,6 +312,7 @@ def from_torch(module: Any, example_input: Any, loss: str | Callable[[sp.MatrixE
     """
     shape = tuple(np.shape(example_input.detach().cpu().numpy() if hasattr(example_input, "detach") else example_input))
     if len(shape) != 2:
+        _refuse_by_layer(module, shape)
         raise ModelError(f"from_torch takes a (batch, features) example input; got shape {shape}")
     if reduction != "mean" and not isinstance(loss, str):
         raise ModelError(f"from_torch's reduction {reduction!r} applies to a named loss; the callable or None "

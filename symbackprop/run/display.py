@@ -1,6 +1,8 @@
 """How a compiled module shows itself in Jupyter (IPython's _repr_*_ methods):
-its backward graph (an SVG drawn by Graphviz's `dot` when installed, the DOT
-text otherwise), its derivation as math, and its memory report as a table.
+its backward graph (an SVG drawn by Graphviz's `dot` when installed, the
+grad_fn-style tree as text otherwise), its derivation as math, and its
+memory report as a table; in a terminal (`repr`), its name, dtype,
+functions and arguments with their shapes.
 
 Everything a user names (model, inputs, parameters) reaches the HTML escaped.
 """
@@ -78,8 +80,9 @@ class BackwardGraph:
         if dot_program():
             svg = self.svg()
             return svg[svg.find("<svg"):]  # inline in HTML: no XML prolog or DOCTYPE
-        return ("<p>Graphviz's <code>dot</code> is not installed; the graph as DOT text:</p>\n"
-                f"<pre>{html.escape(self.dot)}</pre>")
+        return ("<p>(Graphviz's <code>dot</code> is not installed: the graph as a tree; install Graphviz "
+                "for a picture.)</p>\n"
+                f"<pre>{html.escape(self.text)}</pre>")
 
 
 class MemoryReport(dict[str, int]):
@@ -152,9 +155,45 @@ def _symbolic_sizes(mod: Shown) -> dict[str, object] | None:
 def _arguments_html(mod: Shown) -> str:
     rows = "\n".join(
         f"<tr><td><code>{html.escape(str(leaf.name))}</code></td><td>{role}</td>"
-        f"<td>{html.escape(' x '.join(str(d) for d in leaf.shape))}</td></tr>"
+        f"<td>{html.escape(_shape_text(getattr(leaf, 'shape', ())))}</td></tr>"
         for role, leaves in (("input", mod.model.inputs), ("parameter", mod.model.params)) for leaf in leaves)
     return f"<table>\n<thead><tr><th>argument</th><th>role</th><th>shape</th></tr></thead>\n<tbody>\n{rows}\n</tbody>\n</table>"
+
+
+def _shape_text(shape: tuple) -> str:
+    """A shape as "n x 3"; a scalar (a Symbol leaf, no shape) as "scalar"."""
+    return " x ".join(str(d) for d in shape) or "scalar"
+
+
+def module_text(mod: Shown, built: list[str]) -> str:
+    """A compiled module in a terminal (its repr): name, dtype, functions
+    (those built, and those compiled on first use), arguments and outputs
+    with their shapes.
+
+    Args:
+        mod: the module.
+        built: the kinds of the functions built so far.
+
+    Returns:
+        The text, several lines.
+    """
+    kinds = ("forward", "value_and_grad", "vjp", "jvp", "hvp") + (("train_step",) if getattr(mod, "optimizer", None)
+                                                                   else ())
+    usable = [k for k in kinds if mod.spec.has_loss or k in ("forward", "vjp", "jvp")]
+    built = [k for k in built if k in usable]
+    later = [k for k in usable if k not in built]
+    lines = [f"<CompiledModule {mod.model.name!r} ({mod.dtype.name})",
+             f"  functions: {', '.join(built)}" + (f"; on first use: {', '.join(later)}" if later else "")]
+    for role, leaves in (("inputs", mod.model.inputs), ("params", mod.model.params)):
+        if leaves:
+            shown = (f"{leaf.name} ({_shape_text(getattr(leaf, 'shape', ()))})" for leaf in leaves)
+            lines.append(f"  {role}: " + ", ".join(shown))
+    outputs = ([("loss", mod.spec.loss_shape)] if mod.spec.has_loss else []) + [
+        (name, shape) for name, shape, _ in mod.spec.outputs]
+    lines.append("  outputs: " + ", ".join(f"{name} ({_shape_text(tuple(shape))})" for name, shape in outputs))
+    if mod.spec.dims:
+        lines.append(f"  dimensions bound at call time: {', '.join(mod.spec.dims)}")
+    return "\n".join(lines) + ">"
 
 
 def module_html(mod: Shown) -> str:

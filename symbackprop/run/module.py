@@ -16,6 +16,7 @@ from symbackprop.build.builder import BuildOptions, build
 from symbackprop.declare.model import Model
 from symbackprop.emit.emitted import REAL_TYPES, Emitted
 from symbackprop.errors import ArgumentError
+from symbackprop.log import slow_work
 from symbackprop.run.abi import ModuleSpec
 from symbackprop.run.bridge import BRIDGES, register_bridge
 from symbackprop.run.derivatives import Derivatives
@@ -115,9 +116,10 @@ class CompiledModule(Training, Derivatives):
                     from symbackprop.pipeline import generate
                     from symbackprop.run.plan_spec import module_spec
 
-                    emitted, plan = generate(self.model, self.dtype.name, functions=(kind,), wrt=self.wrt,
-                                             optimizer=self.optimizer, derivation=False)  # (C only)
-                    module, _ = build(emitted.prefix, emitted.source, emitted.header, emitted.cdef, self.options)
+                    with slow_work(f"compiling {kind} of {self.model.name!r} (built on first use)"):
+                        emitted, plan = generate(self.model, self.dtype.name, functions=(kind,), wrt=self.wrt,
+                                                 optimizer=self.optimizer, derivation=False)  # (C only)
+                        module, _ = build(emitted.prefix, emitted.source, emitted.header, emitted.cdef, self.options)
                     self._add(module_spec(plan, self.model, self.dtype.name, emitted.prefix), module.lib, module.ffi)
             found = self._functions.get((kind, output))
         if found is None:
@@ -248,6 +250,12 @@ class CompiledModule(Training, Derivatives):
         from symbackprop.run.display import BackwardGraph
 
         return BackwardGraph(self.plan)
+
+    def __repr__(self) -> str:
+        from symbackprop.run.display import module_text
+
+        built = list(dict.fromkeys(kind for kind, _ in self._functions))
+        return module_text(self, built)
 
     def _repr_html_(self) -> str:
         from symbackprop.run.display import module_html

@@ -34,6 +34,7 @@ from symbackprop.build.builder import (
 from symbackprop.declare.model import Model
 from symbackprop.emit.emitted import REAL_TYPES, Emitted
 from symbackprop.errors import ModelError
+from symbackprop.log import slow_work
 from symbackprop.plan import DEFAULT_FUNCTIONS
 from symbackprop.run import fastcall
 from symbackprop.run.abi import ModuleSpec
@@ -75,7 +76,8 @@ def compile(
             or dtype is not one of the two.
         BuildError: the C compiler is missing or failed (names the log).
     """
-    return _start(model, dtype, options, wrt, functions, optimizer, None)()
+    with slow_work(f"compiling {model.name!r} ({', '.join(functions)}, {dtype})"):
+        return _start(model, dtype, options, wrt, functions, optimizer, None)()
 
 
 def compile_all(
@@ -107,7 +109,8 @@ def compile_all(
         BuildError: as compile's.
     """
     finishes: dict[K, Callable[[], CompiledModule]] = {}
-    with ThreadPoolExecutor(thread_name_prefix="symbackprop build") as pool:
+    names = ", ".join(repr(m.name) for m in models.values())
+    with slow_work(f"compiling {names}"), ThreadPoolExecutor(thread_name_prefix="symbackprop build") as pool:
         try:
             for key, model in models.items():
                 wanted = functions[key] if isinstance(functions, Mapping) else functions

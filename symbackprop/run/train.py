@@ -11,7 +11,7 @@ from an .npz file together with the parameters.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,8 +93,9 @@ class Trainer:
     def epoch(self, batch_size: Any = None, order: Any = None, /, **arrays: Any) -> np.ndarray:
         """One epoch in one C call: a training step on each minibatch of
         `batch_size` rows of the data inputs (the inputs whose first dimension
-        is the batch dimension), in order, or in the row order `order` (an
-        integer array of the row numbers, such as rng.permutation(rows)). The
+        is the batch dimension), in order, or in the row order `order` (any
+        sequence of row numbers: rng.permutation(rows), a subset, repeats,
+        as PyTorch's samplers allow; the epoch runs over len(order) rows). The
         last minibatch is smaller when batch_size does not divide the rows
         (as PyTorch's DataLoader with drop_last=False). Other arguments are
         passed whole to every step, as to `step`. Returns the losses of the
@@ -111,7 +112,7 @@ class Trainer:
 
         Args:
             batch_size: rows per minibatch, a positive integer.
-            order: the row order, or None for 0 ... rows-1.
+            order: the row numbers in the order they run, or None for 0 ... rows-1.
             **arrays: every input and parameter by name, as for `step`.
 
         Returns:
@@ -120,8 +121,8 @@ class Trainer:
         Raises:
             ArgumentError: the model has no batch dimension; an Index gathers
                 from a data input; batch_size is not a positive integer; order
-                is not a 1-D integer array of one row number in 0 ... rows-1
-                for each row; or any argument `step` would reject.
+                is not a non-empty 1-D sequence of integer row numbers in
+                0 ... rows-1; or any argument `step` would reject.
         """
         c_function, c_work_len, batch_index = self._epoch_function()
         leaves = self.module.spec.leaves
@@ -134,8 +135,12 @@ class Trainer:
         values, dims = self.function.bind(self._arguments(arrays))
         rows = dims[batch_index]
         other = [d for k, d in enumerate(dims) if k != batch_index]
-        batch = min(int(batch_size), rows)
         order_array = None if order is None else _check_order(order, rows)
+        if order_array is not None and order_array.shape[0] != rows:  # a subset, or more rows than the data
+            values = _gathered(values, self.function.input_names, self.function.spec.epoch_data, order_array)
+            dims[batch_index] = rows = order_array.shape[0]
+            order_array = None
+        batch = min(int(batch_size), rows)
         losses = np.empty(-(-rows // batch), dtype=self.module.dtype)
         work = np.empty(max(c_work_len(rows, batch, *other), 1), dtype=self.module.dtype)
         buf, ffi = self.function.from_buffer, self.function.ffi
@@ -228,16 +233,42 @@ def _check_gathers(batch: str, data: tuple[str, ...], bounds: Mapping[str, Any])
 
 def _check_order(order: Any, rows: int) -> np.ndarray:
     """The row order as a contiguous int64 array, checked so that C never
-    reads outside the data."""
-    array = np.asarray(order) if isinstance(order, (np.ndarray, list, tuple)) else None
-    if array is None or array.dtype.kind not in "iu" or array.ndim != 1:
+    reads outside the data: any non-empty sequence of row numbers in
+    0 ... rows-1 (a permutation, a subset, repeats), as PyTorch's samplers."""
+    is_sequence = isinstance(order, (np.ndarray, Sequence)) and not isinstance(order, (str, bytes))
+    array = np.asarray(order) if is_sequence else None
+    if array is None or array.ndim != 1 or (array.dtype.kind not in "iu" and array.size):
         what = f"{array.ndim}-D array of {array.dtype}" if array is not None else type(order).__name__
-        raise ArgumentError(f"order must be a 1-D array of integer row numbers (such as rng.permutation({rows})); got a {what}")
-    if array.shape[0] != rows:
-        raise ArgumentError(f"order must hold one row number per row of the data ({rows}); got {array.shape[0]}")
-    if rows and (array.min() < 0 or array.max() >= rows):
-        raise ArgumentError(f"order must hold row numbers in 0 ... {rows - 1}; got values from {array.min()} to {array.max()}")
+        raise ArgumentError(f"order must be a 1-D sequence of integer row numbers (such as rng.permutation({rows}), "
+                            f"or a subset of the rows); got a {what}")
+    if array.size == 0:
+        raise ArgumentError("order names no row: give at least one row number")
+    if array.min() < 0 or array.max() >= rows:
+        raise ArgumentError(f"order must hold row numbers in 0 ... {rows - 1} (the data has {rows} rows); "
+                            f"got values from {array.min()} to {array.max()}")
     return np.ascontiguousarray(array, dtype=np.int64)
+
+
+def _shuffler(shuffle: Any) -> np.random.Generator | np.random.RandomState | None:
+    """fit's `shuffle` as a generator of row orders, or None for the rows in order."""
+    if shuffle is None or shuffle is False or (isinstance(shuffle, np.bool_) and not shuffle):
+        return None
+    if shuffle is True or isinstance(shuffle, np.bool_):
+        return np.random.default_rng()
+    if isinstance(shuffle, (int, np.integer)):
+        if shuffle < 0:
+            raise ArgumentError(f"shuffle as a seed must be a non-negative integer; got {shuffle!r}")
+        return np.random.default_rng(int(shuffle))
+    if isinstance(shuffle, (np.random.Generator, np.random.RandomState)):
+        return shuffle
+    raise ArgumentError(f"shuffle must be True or False, an integer seed, or a numpy Generator "
+                        f"(np.random.default_rng(seed)); got {type(shuffle).__name__} {shuffle!r}")
+
+
+def _gathered(values: list[Any], names: Sequence[str], data: Sequence[str], order: np.ndarray) -> list[Any]:
+    """The arguments with each data input's rows taken in `order` (an order
+    of another length than the rows: the epoch then runs over these)."""
+    return [np.ascontiguousarray(np.take(v, order, axis=0)) if name in data else v for name, v in zip(names, values)]
 
 
 def _section(data: Any, prefix: str, dtype: np.dtype) -> dict[str, np.ndarray]:
@@ -291,7 +322,8 @@ class Training:
 
         Args:
             batch_size: rows per minibatch, a positive integer.
-            order: the row order (a permutation of the rows), or None.
+            order: the row numbers in the order they run (a permutation, a
+                subset, repeats), or None.
             **arrays: every input and param by name.
 
         Returns:
@@ -304,7 +336,7 @@ class Training:
         """
         return self.trainer.epoch(batch_size, order, **arrays)
 
-    def fit(self, epochs: int, batch_size: int, /, *, shuffle: np.random.Generator | None = None,
+    def fit(self, epochs: int, batch_size: int, /, *, shuffle: np.random.Generator | bool | int | None = None,
             progress: ProgressArg = None, **arrays: Any) -> np.ndarray:
         """`epochs` calls of train_epoch, as a PyTorch or Keras training loop:
         the parameter arrays are updated in place, and a progress bar (tqdm,
@@ -313,7 +345,10 @@ class Training:
         Args:
             epochs: the number of epochs, a positive integer.
             batch_size: rows per minibatch (see train_epoch).
-            shuffle: draws each epoch's row order (rng.permutation(rows)); None: the rows in order.
+            shuffle: each epoch's row order: a numpy Generator (or
+                RandomState) draws it (rng.permutation(rows)); True: a fresh
+                np.random.default_rng(); an integer: default_rng(that seed);
+                None or False: the rows in order.
             progress: None (a bar when stderr is a terminal), True, False, or
                 a callable progress(epoch, epochs, {"loss": mean loss}) (see symbackprop.progress).
             **arrays: every input and param by name, as for train_epoch (an
@@ -324,8 +359,10 @@ class Training:
             as the train_epoch calls, with or without progress.
 
         Raises:
-            ArgumentError: epochs is not a positive integer, or as train_epoch.
+            ArgumentError: epochs is not a positive integer, shuffle is none
+                of the above, or as train_epoch.
         """
+        shuffle = _shuffler(shuffle)
         if isinstance(epochs, (bool, np.bool_)) or not isinstance(epochs, (int, np.integer)) or epochs < 1:
             raise ArgumentError(f"epochs must be a positive integer; got {epochs!r}")
         rows = self.trainer.batch_rows(arrays) if shuffle is not None else 0

@@ -68,15 +68,35 @@ class Equation:
         return f"{self.lhs} {self.assign} {self.text}"
 
 
+# A name with a LaTeX special character is set as text, each one escaped
+# (_latex_text); SymPy typesets the others (W1 as W_{1}, alpha as \alpha,
+# an entry alpha[j, 0] as it is): a user's name never reaches the math (a
+# notebook's MathJax) as LaTeX commands
+_LATEX_SPECIAL = re.compile(r"[\\{}$%#&]")  # (^ and ~ alone: SymPy's superscript, a space)
+_LATEX_ESCAPES = {"\\": r"{\backslash}", "{": r"\{", "}": r"\}", "$": r"\unicode{36}", "%": r"\%", "#": r"\#", "&": r"\&",
+                  "_": r"\_", "^": r"{\wedge}", "~": r"{\sim}", " ": r"\ "}
+
+
+def _latex_text(name: str) -> str:
+    r"""Any string as LaTeX math that shows it: \mathtt{...}, escaped
+    (a control character as '?'; a dollar as its code point, which no
+    renderer reads as the end of the math)."""
+    shown = "".join(_LATEX_ESCAPES.get(c, c if c.isprintable() else "?") for c in name)
+    return rf"\mathtt{{{shown}}}"
+
+
 @functools.lru_cache(maxsize=8192)  # each equation's LaTeX names its symbols again (a determinant's: 500 of them)
 def latex_name(name: str) -> str:
-    """grad_x as dL/dx, dy_dx as dy/dx, other names as SymPy writes them."""
+    """grad_x as dL/dx, dy_dx as dy/dx, other names as SymPy writes them;
+    a name with a LaTeX special character (\\ { } $ % # &) as escaped text."""
     if name.startswith("grad_") and len(name) > 5:
         return rf"\frac{{\partial L}}{{\partial {latex_name(name[5:])}}}"
     match = re.fullmatch(r"d([A-Za-z]\w*?)_d([A-Za-z]\w*)", name)
     if match:
         top, bottom = (latex_name(g) for g in match.groups())
         return rf"\frac{{\partial {top}}}{{\partial {bottom}}}"
+    if _LATEX_SPECIAL.search(name) or not name.isprintable():
+        return _latex_text(name)
     return sp.latex(sp.Symbol(name))
 
 
