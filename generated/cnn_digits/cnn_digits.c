@@ -63,13 +63,7 @@ void cnn_digits_loop3(
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
 void cnn_digits_loop4(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop5(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-);
+void cnn_digits_loop5(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
 void cnn_digits_loop6(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
@@ -77,42 +71,6 @@ void cnn_digits_loop7(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
 void cnn_digits_loop8(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop0(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 1024; ++j) {
-            const CNN_DIGITS_REAL x0 = a2[j] + a3[1024*i + j];
-            a0[1024*i + j] = (((0) > (x0)) ? (0) : (x0));
-            a1[1024*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop2(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const CNN_DIGITS_REAL x0 = a2[64*i + j] + a3[j];
-            a0[64*i + j] = (((0) > (x0)) ? (0) : (x0));
-            a1[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
-}
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
 void cnn_digits_loop3(
     int64_t n,
@@ -129,61 +87,6 @@ void cnn_digits_loop3(
             const CNN_DIGITS_REAL x0 = a3[10*i + j] + a4[j];
             a0[10*i + j] = x0;
             a1[10*i + j] = a2[10*i + j]*x0;
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop4(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        a0[i] = -a1[i] + a2[i];
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop7(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            a0[512*i + j] = a1[512*i + j]*a2[512*i + j];
-        }
-    }
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop1(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            const CNN_DIGITS_REAL x0 = a2[j] + a3[512*i + j];
-            a0[512*i + j] = (((0) > (x0)) ? (0) : (x0));
-            a1[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop5(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
-            a0[10*i + j] = -a1[10*i + j]*x0 + x0*exp(a2[10*i + j] - a3[i]);
         }
     }
 }
@@ -208,6 +111,91 @@ void cnn_digits_loop8(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const
     }
 }
 #endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop0(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 1024; ++j) {
+            const CNN_DIGITS_REAL x0 = a2[j] + a3[1024*i + j];
+            a0[1024*i + j] = (((0) > (x0)) ? (0) : (x0));
+            a1[1024*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop1(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 512; ++j) {
+            const CNN_DIGITS_REAL x0 = a2[j] + a3[512*i + j];
+            a0[512*i + j] = (((0) > (x0)) ? (0) : (x0));
+            a1[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop2(
+    int64_t n,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const CNN_DIGITS_REAL x0 = a2[64*i + j] + a3[j];
+            a0[64*i + j] = (((0) > (x0)) ? (0) : (x0));
+            a1[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop4(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        a0[i] = -a1[i] + a2[i];
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop5(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
+            a0[10*i + j] = a1[10*i + j]*x0 - a2[10*i + j]*x0;
+        }
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop7(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 512; ++j) {
+            a0[512*i + j] = a1[512*i + j]*a2[512*i + j];
+        }
+    }
+}
+#endif
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
@@ -219,7 +207,7 @@ CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
 }
 #endif
 
-/* cnn_digits_run, part 1 of 3 (kernels 1 to 17): a long
+/* cnn_digits_run, part 1 of 3 (kernels 1 to 18): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -398,29 +386,35 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
         t15[i] = symbackprop_f64_sum(t14 + 10*i, 10, 1);
     }
 
-    /* t16 = log(sum(exp(logits))) along each row, its max subtracted first */
-    CNN_DIGITS_REAL *t16 = t15 + n; /* n x 1 */
-    SYMBACKPROP_PARALLEL_FOR
+    /* t16 = softmax of logits along each row, its max subtracted first */
+    CNN_DIGITS_REAL *t16 = t13; /* n x 10, in t13's memory */
     for (int64_t i = 0; i < n; ++i) {
-        t16[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
+        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, t16 + 10*i, 1);
     }
 
-    /* t17 = -t15 + t16 */
-    CNN_DIGITS_REAL *t17 = t16 + n; /* n x 1 */
-    cnn_digits_loop4(n, t17, t15, t16);
+    /* t17 = log(sum(exp(logits))) along each row, its max subtracted first */
+    CNN_DIGITS_REAL *t17 = t15 + n; /* n x 1 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        t17[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, t16 + 10*i, 1);
+    }
 
-    /* t18 = sum of t17 down each column */
-    CNN_DIGITS_REAL *t18 = t17 + n; /* 1 x 1 */
-    t18[0] = symbackprop_f64_sum(t17, n, 1);
+    /* t18 = -t15 + t17 */
+    CNN_DIGITS_REAL *t18 = t17 + n; /* n x 1 */
+    cnn_digits_loop4(n, t18, t15, t17);
 
-    /* loss = t18/n */
+    /* t19 = sum of t18 down each column */
+    CNN_DIGITS_REAL *t19 = t18 + n; /* 1 x 1 */
+    t19[0] = symbackprop_f64_sum(t18, n, 1);
+
+    /* loss = t19/n */
     {
-        loss[0] = t18[0]/((CNN_DIGITS_REAL)n);
+        loss[0] = t19[0]/((CNN_DIGITS_REAL)n);
     }
 }
 #endif
 
-/* cnn_digits_run, part 2 of 3 (kernels 18 to 32): a long
+/* cnn_digits_run, part 2 of 3 (kernels 19 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 3; called from unit 0. */
@@ -431,11 +425,9 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     const CNN_DIGITS_REAL *K2,
     const CNN_DIGITS_REAL *W1,
     const CNN_DIGITS_REAL *W2,
-    CNN_DIGITS_REAL *logits,
     CNN_DIGITS_REAL *grad_K1,
     CNN_DIGITS_REAL *grad_c1,
     CNN_DIGITS_REAL *grad_K2,
-    CNN_DIGITS_REAL *grad_c2,
     CNN_DIGITS_REAL *work
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
@@ -446,11 +438,9 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     const CNN_DIGITS_REAL *K2,
     const CNN_DIGITS_REAL *W1,
     const CNN_DIGITS_REAL *W2,
-    CNN_DIGITS_REAL *logits,
     CNN_DIGITS_REAL *grad_K1,
     CNN_DIGITS_REAL *grad_c1,
     CNN_DIGITS_REAL *grad_K2,
-    CNN_DIGITS_REAL *grad_c2,
     CNN_DIGITS_REAL *work
 )
 {
@@ -466,19 +456,19 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *t8 = work + 4352*n + 24576; /* n x 512; placed in an earlier part */
     CNN_DIGITS_REAL *t10 = work + 4992*n + 24576; /* n x 64; placed in an earlier part */
     CNN_DIGITS_REAL *t12 = work + 5120*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *t13 = work + 5184*n + 24576; /* n x 10; placed in an earlier part */
-    CNN_DIGITS_REAL *t16 = work + 5205*n + 24576; /* n x 1; placed in an earlier part */
-    CNN_DIGITS_REAL *t18 = work + 5207*n + 24576; /* 1 x 1; placed in an earlier part */
-    /* grad_logits = -T/n + exp(logits - t16)/n */
-    CNN_DIGITS_REAL *grad_logits = t13; /* n x 10, in t13's memory */
-    cnn_digits_loop5(n, grad_logits, T, logits, t16);
+    CNN_DIGITS_REAL *t14 = work + 5194*n + 24576; /* n x 10; placed in an earlier part */
+    CNN_DIGITS_REAL *t16 = work + 5184*n + 24576; /* n x 10, in t13's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *t19 = work + 5207*n + 24576; /* 1 x 1; placed in an earlier part */
+    /* grad_logits = -T/n + t16/n */
+    CNN_DIGITS_REAL *grad_logits = t14; /* n x 10, in t14's memory */
+    cnn_digits_loop5(n, grad_logits, t16, T);
 
     /* grad_t11 = grad_logits @ W2^T */
     CNN_DIGITS_REAL *grad_t11 = t10; /* n x 64, in t10's memory */
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t11);
 
     /* g0 = grad_t11*t12 */
-    CNN_DIGITS_REAL *g0 = t18 + 1; /* n x 64 */
+    CNN_DIGITS_REAL *g0 = t19 + 1; /* n x 64 */
     cnn_digits_loop6(n, g0, grad_t11, t12);
 
     /* grad_t9 = g0 @ W1^T */
@@ -685,7 +675,28 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     /* grad_t0 = sum of g1 down each column */
     CNN_DIGITS_REAL *grad_t0 = t0; /* 1 x 512, in t0's memory */
     symbackprop_f64_sum_columns(g1, n, 512, 512, grad_t0);
+}
+#endif
 
+/* cnn_digits_run, part 3 of 3 (kernels 33 to 37): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+CNN_DIGITS_SHARED void cnn_digits_run_part3(
+    int64_t n,
+    CNN_DIGITS_REAL *grad_c2,
+    CNN_DIGITS_REAL *grad_W1,
+    CNN_DIGITS_REAL *grad_b1,
+    CNN_DIGITS_REAL *grad_W2,
+    CNN_DIGITS_REAL *grad_b2,
+    CNN_DIGITS_REAL *work
+)
+{
+    CNN_DIGITS_REAL *t9 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
+    CNN_DIGITS_REAL *t11 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_logits = work + 5194*n + 24576; /* n x 10, in t14's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *g0 = work + 5207*n + 24577; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_t0 = work; /* 1 x 512, in t0's memory; placed in an earlier part */
     /* grad_c2[i,ch] = sum_at grad_t0[i,ch,at] (over each channel's pixels) */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
@@ -696,26 +707,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
             grad_c2[i * 32 + ch] = acc;
         }
     }
-}
-#endif
 
-/* cnn_digits_run, part 3 of 3 (kernels 33 to 36): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-CNN_DIGITS_SHARED void cnn_digits_run_part3(
-    int64_t n,
-    CNN_DIGITS_REAL *grad_W1,
-    CNN_DIGITS_REAL *grad_b1,
-    CNN_DIGITS_REAL *grad_W2,
-    CNN_DIGITS_REAL *grad_b2,
-    CNN_DIGITS_REAL *work
-)
-{
-    CNN_DIGITS_REAL *t9 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
-    CNN_DIGITS_REAL *t11 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 24576; /* n x 10, in t13's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *g0 = work + 5207*n + 24577; /* n x 64; placed in an earlier part */
     /* grad_W1 = t9^T @ g0 */
     symbackprop_f64_matmul(128, 64, n, t9, 1, 128, g0, 64, 1, grad_W1);
 
@@ -766,8 +758,8 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     if (!with_grads) {
         return 0;
     }
-    cnn_digits_run_part2(n, X, T, K2, W1, W2, logits, grad_K1, grad_c1, grad_K2, grad_c2, work);
-    cnn_digits_run_part3(n, grad_W1, grad_b1, grad_W2, grad_b2, work);
+    cnn_digits_run_part2(n, X, T, K2, W1, W2, grad_K1, grad_c1, grad_K2, work);
+    cnn_digits_run_part3(n, grad_c2, grad_W1, grad_b1, grad_W2, grad_b2, work);
     return 0;
 }
 #endif
@@ -864,7 +856,7 @@ size_t cnn_digits_train_step_work_len(int64_t n)
 /* cnn_digits_train_step, part 1 of 2 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 2; called from unit 0. */
 CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     int64_t n,
     const CNN_DIGITS_REAL *X,
@@ -881,7 +873,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     CNN_DIGITS_REAL *loss,
     CNN_DIGITS_REAL *work
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     int64_t n,
     const CNN_DIGITS_REAL *X,
@@ -1058,36 +1050,42 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
         t15[i] = symbackprop_f64_sum(t14 + 10*i, 10, 1);
     }
 
-    /* t16 = log(sum(exp(logits))) along each row, its max subtracted first */
-    CNN_DIGITS_REAL *t16 = t15 + n; /* n x 1 */
+    /* t16 = softmax of logits along each row, its max subtracted first */
+    CNN_DIGITS_REAL *t16 = t13; /* n x 10, in t13's memory */
+    for (int64_t i = 0; i < n; ++i) {
+        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, t16 + 10*i, 1);
+    }
+
+    /* t17 = log(sum(exp(logits))) along each row, its max subtracted first */
+    CNN_DIGITS_REAL *t17 = t15 + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t16[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
+        t17[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, t16 + 10*i, 1);
     }
 
-    /* t17 = -t15 + t16 */
-    CNN_DIGITS_REAL *t17 = t16 + n; /* n x 1 */
-    cnn_digits_loop4(n, t17, t15, t16);
+    /* t18 = -t15 + t17 */
+    CNN_DIGITS_REAL *t18 = t17 + n; /* n x 1 */
+    cnn_digits_loop4(n, t18, t15, t17);
 
-    /* t18 = sum of t17 down each column */
-    CNN_DIGITS_REAL *t18 = t17 + n; /* 1 x 1 */
-    t18[0] = symbackprop_f64_sum(t17, n, 1);
+    /* t19 = sum of t18 down each column */
+    CNN_DIGITS_REAL *t19 = t18 + n; /* 1 x 1 */
+    t19[0] = symbackprop_f64_sum(t18, n, 1);
 
-    /* loss = t18/n */
+    /* loss = t19/n */
     {
-        loss[0] = t18[0]/((CNN_DIGITS_REAL)n);
+        loss[0] = t19[0]/((CNN_DIGITS_REAL)n);
     }
 
-    /* grad_logits = -T/n + exp(logits - t16)/n */
-    CNN_DIGITS_REAL *grad_logits = t13; /* n x 10, in t13's memory */
-    cnn_digits_loop5(n, grad_logits, T, logits, t16);
+    /* grad_logits = -T/n + t16/n */
+    CNN_DIGITS_REAL *grad_logits = t14; /* n x 10, in t14's memory */
+    cnn_digits_loop5(n, grad_logits, t16, T);
 
     /* grad_t11 = grad_logits @ W2^T */
     CNN_DIGITS_REAL *grad_t11 = t10; /* n x 64, in t10's memory */
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t11);
 
     /* g0 = grad_t11*t12 */
-    CNN_DIGITS_REAL *g0 = t18 + 1; /* n x 64 */
+    CNN_DIGITS_REAL *g0 = t19 + 1; /* n x 64 */
     cnn_digits_loop6(n, g0, grad_t11, t12);
 
     /* grad_t9 = g0 @ W1^T */
@@ -1267,7 +1265,94 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
             grad_c1_2[j] = grad_c1_1[j] + weight_decay_value*c1[j];
         }
     }
+}
+#endif
 
+/* cnn_digits_train_step, part 2 of 2 (kernels 33 to 55): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 1; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
+    int64_t n,
+    CNN_DIGITS_REAL *K1,
+    CNN_DIGITS_REAL *c1,
+    CNN_DIGITS_REAL *K2,
+    CNN_DIGITS_REAL *c2,
+    CNN_DIGITS_REAL *W1,
+    CNN_DIGITS_REAL *b1,
+    CNN_DIGITS_REAL *W2,
+    CNN_DIGITS_REAL *b2,
+    const CNN_DIGITS_REAL *lr,
+    const CNN_DIGITS_REAL *beta1,
+    const CNN_DIGITS_REAL *beta2,
+    const CNN_DIGITS_REAL *eps,
+    const CNN_DIGITS_REAL *weight_decay,
+    CNN_DIGITS_REAL *step,
+    CNN_DIGITS_REAL *m_K1,
+    CNN_DIGITS_REAL *v_K1,
+    CNN_DIGITS_REAL *m_c1,
+    CNN_DIGITS_REAL *v_c1,
+    CNN_DIGITS_REAL *m_K2,
+    CNN_DIGITS_REAL *v_K2,
+    CNN_DIGITS_REAL *m_c2,
+    CNN_DIGITS_REAL *v_c2,
+    CNN_DIGITS_REAL *m_W1,
+    CNN_DIGITS_REAL *v_W1,
+    CNN_DIGITS_REAL *m_b1,
+    CNN_DIGITS_REAL *v_b1,
+    CNN_DIGITS_REAL *m_W2,
+    CNN_DIGITS_REAL *v_W2,
+    CNN_DIGITS_REAL *m_b2,
+    CNN_DIGITS_REAL *v_b2,
+    CNN_DIGITS_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
+    int64_t n,
+    CNN_DIGITS_REAL *K1,
+    CNN_DIGITS_REAL *c1,
+    CNN_DIGITS_REAL *K2,
+    CNN_DIGITS_REAL *c2,
+    CNN_DIGITS_REAL *W1,
+    CNN_DIGITS_REAL *b1,
+    CNN_DIGITS_REAL *W2,
+    CNN_DIGITS_REAL *b2,
+    const CNN_DIGITS_REAL *lr,
+    const CNN_DIGITS_REAL *beta1,
+    const CNN_DIGITS_REAL *beta2,
+    const CNN_DIGITS_REAL *eps,
+    const CNN_DIGITS_REAL *weight_decay,
+    CNN_DIGITS_REAL *step,
+    CNN_DIGITS_REAL *m_K1,
+    CNN_DIGITS_REAL *v_K1,
+    CNN_DIGITS_REAL *m_c1,
+    CNN_DIGITS_REAL *v_c1,
+    CNN_DIGITS_REAL *m_K2,
+    CNN_DIGITS_REAL *v_K2,
+    CNN_DIGITS_REAL *m_c2,
+    CNN_DIGITS_REAL *v_c2,
+    CNN_DIGITS_REAL *m_W1,
+    CNN_DIGITS_REAL *v_W1,
+    CNN_DIGITS_REAL *m_b1,
+    CNN_DIGITS_REAL *v_b1,
+    CNN_DIGITS_REAL *m_W2,
+    CNN_DIGITS_REAL *v_W2,
+    CNN_DIGITS_REAL *m_b2,
+    CNN_DIGITS_REAL *v_b2,
+    CNN_DIGITS_REAL *work
+)
+{
+    CNN_DIGITS_REAL *t0 = work; /* 1 x 512; placed in an earlier part */
+    CNN_DIGITS_REAL *t2_cols_1 = work + 1024*n + 1536; /* 8 x 576; placed in an earlier part */
+    CNN_DIGITS_REAL *t5 = work + 3072*n + 6144; /* n x 256; placed in an earlier part */
+    CNN_DIGITS_REAL *t9 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
+    CNN_DIGITS_REAL *t11 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *t19 = work + 5217*n + 24576; /* 1 x 1; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_logits = work + 5204*n + 24576; /* n x 10, in t14's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *g0 = work + 5217*n + 24577; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *g1 = work + 3840*n + 24576; /* n x 512, in t7's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_K1_2 = work + 5665*n + 30481; /* 16 x 9; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_c1_2 = work + 5665*n + 30641; /* 1 x 16; placed in an earlier part */
     /* grad_K2_1[oc,ic,ky,kx] = sum_{i,oy,ox} g1[i,oc,oy,ox] * t5[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
     CNN_DIGITS_REAL *grad_K2_1 = t2_cols_1; /* 32 x 144, in t2_cols_1's memory */
@@ -1313,94 +1398,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
         }
         grad_K2_1[at] = acc;
     }
-}
-#endif
 
-/* cnn_digits_train_step, part 2 of 2 (kernels 33 to 54): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
-    int64_t n,
-    CNN_DIGITS_REAL *K1,
-    CNN_DIGITS_REAL *c1,
-    CNN_DIGITS_REAL *K2,
-    CNN_DIGITS_REAL *c2,
-    CNN_DIGITS_REAL *W1,
-    CNN_DIGITS_REAL *b1,
-    CNN_DIGITS_REAL *W2,
-    CNN_DIGITS_REAL *b2,
-    const CNN_DIGITS_REAL *lr,
-    const CNN_DIGITS_REAL *beta1,
-    const CNN_DIGITS_REAL *beta2,
-    const CNN_DIGITS_REAL *eps,
-    const CNN_DIGITS_REAL *weight_decay,
-    CNN_DIGITS_REAL *step,
-    CNN_DIGITS_REAL *m_K1,
-    CNN_DIGITS_REAL *v_K1,
-    CNN_DIGITS_REAL *m_c1,
-    CNN_DIGITS_REAL *v_c1,
-    CNN_DIGITS_REAL *m_K2,
-    CNN_DIGITS_REAL *v_K2,
-    CNN_DIGITS_REAL *m_c2,
-    CNN_DIGITS_REAL *v_c2,
-    CNN_DIGITS_REAL *m_W1,
-    CNN_DIGITS_REAL *v_W1,
-    CNN_DIGITS_REAL *m_b1,
-    CNN_DIGITS_REAL *v_b1,
-    CNN_DIGITS_REAL *m_W2,
-    CNN_DIGITS_REAL *v_W2,
-    CNN_DIGITS_REAL *m_b2,
-    CNN_DIGITS_REAL *v_b2,
-    CNN_DIGITS_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
-    int64_t n,
-    CNN_DIGITS_REAL *K1,
-    CNN_DIGITS_REAL *c1,
-    CNN_DIGITS_REAL *K2,
-    CNN_DIGITS_REAL *c2,
-    CNN_DIGITS_REAL *W1,
-    CNN_DIGITS_REAL *b1,
-    CNN_DIGITS_REAL *W2,
-    CNN_DIGITS_REAL *b2,
-    const CNN_DIGITS_REAL *lr,
-    const CNN_DIGITS_REAL *beta1,
-    const CNN_DIGITS_REAL *beta2,
-    const CNN_DIGITS_REAL *eps,
-    const CNN_DIGITS_REAL *weight_decay,
-    CNN_DIGITS_REAL *step,
-    CNN_DIGITS_REAL *m_K1,
-    CNN_DIGITS_REAL *v_K1,
-    CNN_DIGITS_REAL *m_c1,
-    CNN_DIGITS_REAL *v_c1,
-    CNN_DIGITS_REAL *m_K2,
-    CNN_DIGITS_REAL *v_K2,
-    CNN_DIGITS_REAL *m_c2,
-    CNN_DIGITS_REAL *v_c2,
-    CNN_DIGITS_REAL *m_W1,
-    CNN_DIGITS_REAL *v_W1,
-    CNN_DIGITS_REAL *m_b1,
-    CNN_DIGITS_REAL *v_b1,
-    CNN_DIGITS_REAL *m_W2,
-    CNN_DIGITS_REAL *v_W2,
-    CNN_DIGITS_REAL *m_b2,
-    CNN_DIGITS_REAL *v_b2,
-    CNN_DIGITS_REAL *work
-)
-{
-    CNN_DIGITS_REAL *t0 = work; /* 1 x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t9 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
-    CNN_DIGITS_REAL *t11 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *t18 = work + 5217*n + 24576; /* 1 x 1; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 24576; /* n x 10, in t13's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *g0 = work + 5217*n + 24577; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *g1 = work + 3840*n + 24576; /* n x 512, in t7's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_K1_2 = work + 5665*n + 30481; /* 16 x 9; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_c1_2 = work + 5665*n + 30641; /* 1 x 16; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_K2_1 = work + 1024*n + 1536; /* 32 x 144, in t2_cols_1's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_K2_1_cols = work + 5665*n + 30657; /* 8 x 6912; placed in an earlier part */
     /* grad_K2_2 = K2*weight_decay + grad_K2_1 */
     CNN_DIGITS_REAL *grad_K2_2 = grad_K2_1_cols + 55296; /* 32 x 144 */
     {
@@ -1513,7 +1511,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     /* step = step + 1 */
     /* bias_correction1 = 1 - beta1**(step + 1) */
     /* bias_correction2 = 1 - beta2**(step + 1) */
-    CNN_DIGITS_REAL *bias_correction1 = t18; /* 1 x 1, in t18's memory */
+    CNN_DIGITS_REAL *bias_correction1 = t19; /* 1 x 1, in t19's memory */
     CNN_DIGITS_REAL *bias_correction2 = grad_b2_2 + 10; /* 1 x 1 */
     {
         const CNN_DIGITS_REAL step_in = step[0];

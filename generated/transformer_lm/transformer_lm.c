@@ -56,50 +56,6 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 62, 64, a, 64, 1, b, 62, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 1, 256, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 1, 64, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul_add(s0, 64, 64, a, 64, 1, b, 1, 64, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(256, 64, s0, a, 1, 256, b, 64, 1, c);
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 64, 1, c);
@@ -123,6 +79,50 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(64, 256, s0, a, 1, 64, b, 256, 1, c);
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 62, 64, a, 64, 1, b, 62, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 1, 256, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 64, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 1, 64, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul_add(s0, 64, 64, a, 64, 1, b, 1, 64, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(256, 64, s0, a, 1, 256, b, 64, 1, c);
 }
 #endif
 
@@ -158,13 +158,7 @@ void transformer_lm_loop3(
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop5(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
-);
+void transformer_lm_loop5(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop6(
     int64_t m,
@@ -177,72 +171,6 @@ void transformer_lm_loop6(
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        a0[i] = -a1[i] + a2[i];
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            a0[256*i + j] = a1[256*i + j]*a2[256*i + j];
-        }
-    }
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j] + a2[64*i + j];
-        }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop3(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j] + a2[64*i + j] + a3[j];
-        }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop6(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j]*a2[j];
-            a3[64*i + j] = a1[64*i + j]*a4[64*i + j];
-        }
-    }
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop1(
     int64_t m,
@@ -280,7 +208,7 @@ void transformer_lm_loop2(
     }
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop5(
+void transformer_lm_loop3(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -290,8 +218,68 @@ void transformer_lm_loop5(
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j] + a2[64*i + j] + a3[j];
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j] + a2[64*i + j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop5(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 62; ++j) {
-            a0[62*i + j] = a1[62*i + j] + exp(a2[62*i + j] - a3[i])/((TRANSFORMER_LM_REAL)m);
+            a0[62*i + j] = a1[62*i + j]/((TRANSFORMER_LM_REAL)m) + a2[62*i + j];
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        a0[i] = -a1[i] + a2[i];
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop6(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j]*a2[j];
+            a3[64*i + j] = a1[64*i + j]*a4[64*i + j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 256; ++j) {
+            a0[256*i + j] = a1[256*i + j]*a2[256*i + j];
         }
     }
 }
@@ -303,7 +291,7 @@ TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_gra
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 4157*m + 9217 : 1089*m + 5121);
+    return (size_t)(with_grads ? 4157*m + 9217 : 1151*m + 5121);
 }
 #endif
 
@@ -1050,10 +1038,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 }
 #endif
 
-/* transformer_lm_run, part 3 of 8 (kernels 33 to 44): a long
+/* transformer_lm_run, part 3 of 8 (kernels 33 to 45): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
@@ -1068,7 +1056,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     TRANSFORMER_LM_REAL *work,
     int with_grads
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
@@ -1177,29 +1165,35 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
         t42[i] = t41[62*i + column];
     }
 
-    /* t43 = log(sum(exp(t41))) along each row, its max subtracted first */
-    TRANSFORMER_LM_REAL *t43 = t42 + m; /* m x 1 */
-    SYMBACKPROP_PARALLEL_FOR
+    /* t43 = softmax of t41 along each row, its max subtracted first */
+    TRANSFORMER_LM_REAL *t43 = t42 + m; /* m x 62 */
     for (int64_t i = 0; i < m; ++i) {
-        t43[i] = symbackprop_f64_logsumexp(t41 + 62*i, 62, 1);
+        symbackprop_f64_softmax_axis(t41 + 62*i, 62, 1, t43 + 62*i, 1);
     }
 
-    /* t44 = -t42 + t43 */
-    TRANSFORMER_LM_REAL *t44 = t43 + m; /* m x 1 */
-    transformer_lm_loop4(m, t44, t42, t43);
+    /* t44 = log(sum(exp(t41))) along each row, its max subtracted first */
+    TRANSFORMER_LM_REAL *t44 = t43 + 62*m; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        t44[i] = symbackprop_f64_logsumexp(t41 + 62*i, 62, 1, t43 + 62*i, 1);
+    }
 
-    /* t45 = sum of t44 down each column */
-    TRANSFORMER_LM_REAL *t45 = t44 + m; /* 1 x 1 */
-    t45[0] = symbackprop_f64_sum(t44, m, 1);
+    /* t45 = -t42 + t44 */
+    TRANSFORMER_LM_REAL *t45 = t44 + m; /* m x 1 */
+    transformer_lm_loop4(m, t45, t42, t44);
 
-    /* loss = t45/m */
+    /* t46 = sum of t45 down each column */
+    TRANSFORMER_LM_REAL *t46 = t45 + m; /* 1 x 1 */
+    t46[0] = symbackprop_f64_sum(t45, m, 1);
+
+    /* loss = t46/m */
     {
-        loss[0] = t45[0]/((TRANSFORMER_LM_REAL)m);
+        loss[0] = t46[0]/((TRANSFORMER_LM_REAL)m);
     }
 }
 #endif
 
-/* transformer_lm_run, part 4 of 8 (kernels 45 to 64): a long
+/* transformer_lm_run, part 4 of 8 (kernels 46 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 1; called from unit 0. */
@@ -1233,7 +1227,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t24 = with_grads ? work + 1856*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1920*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t26_block = with_grads ? work + 576*m + 4096 : work + 512*m + 4096; /* 64 x 16, in t8_block's memory; placed in an earlier part */
@@ -1246,10 +1239,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *t38 = with_grads ? work + 3136*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t39 = with_grads ? work + 3072*m + 9216 : work + 192*m + 4096; /* m x 64, in t37's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t41 = with_grads ? work + 3264*m + 9216 : work + 1024*m + 5120; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t43 = with_grads ? work + 3327*m + 9216 : work + 1087*m + 5120; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t45 = with_grads ? work + 3329*m + 9216 : work + 1089*m + 5120; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t43 = with_grads ? work + 3327*m + 9216 : work + 1087*m + 5120; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t46 = with_grads ? work + 3391*m + 9216 : work + 1151*m + 5120; /* 1 x 1; placed in an earlier part */
     /* grad_t41_part[i, j] = (-1/m) if j == targets[i], else 0 */
-    TRANSFORMER_LM_REAL *grad_t41_part = t45 + 1; /* m x 62 */
+    TRANSFORMER_LM_REAL *grad_t41_part = t41; /* m x 62, in t41's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         const int64_t column = targets[i];
@@ -1259,9 +1252,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
         grad_t41_part[62*i + column] = (-1/((TRANSFORMER_LM_REAL)m));
     }
 
-    /* grad_t41 = grad_t41_part + exp(t41 - t43)/m */
-    TRANSFORMER_LM_REAL *grad_t41 = grad_t41_part + 62*m; /* m x 62 */
-    transformer_lm_loop5(m, grad_t41, grad_t41_part, t41, t43);
+    /* grad_t41 = grad_t41_part + t43/m */
+    TRANSFORMER_LM_REAL *grad_t41 = t46 + 1; /* m x 62 */
+    transformer_lm_loop5(m, grad_t41, t43, grad_t41_part);
 
     /* grad_t40 = grad_t41 @ Wout^T */
     TRANSFORMER_LM_REAL *grad_t40 = grad_t41 + 62*m; /* m x 64 */
@@ -1594,30 +1587,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
         }
     #endif
     }
-
-    /* grad_t22 += grad_t24 @ t23^T */
-    transformer_lm_product8(m, grad_t24, t23, grad_t22);
 }
 #endif
 
-/* transformer_lm_run, part 5 of 8 (kernels 65 to 85): a long
+/* transformer_lm_run, part 5 of 8 (kernels 65 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
-    int64_t m,
-    const TRANSFORMER_LM_REAL *g0a,
-    const TRANSFORMER_LM_REAL *Wk0,
-    const TRANSFORMER_LM_REAL *Wv0,
-    const TRANSFORMER_LM_REAL *Wo0,
-    const TRANSFORMER_LM_REAL *g0m,
-    const TRANSFORMER_LM_REAL *W0up,
-    const TRANSFORMER_LM_REAL *W0down,
-    const TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
@@ -1644,6 +1620,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *t18 = with_grads ? work + 1408*m + 5120 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t20 = with_grads ? work + 1728*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1664*m + 5120 : work + 128*m; /* m x 64, in t19's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t24 = with_grads ? work + 1856*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1920*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
@@ -1652,6 +1629,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *grad_t27 = work + 2816*m + 9216; /* m x 256, in t36's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t27_block = work + 576*m + 4096; /* 64 x 16, in t26_block's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t26 = work + 320*m + 4096; /* m x 256, in grad_t35's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t24 = work + 3517*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
+    /* grad_t22 += grad_t24 @ t23^T */
+    transformer_lm_product8(m, grad_t24, t23, grad_t22);
+
     /* grad_t21 = g1a*grad_t22 */
     /* g3 = grad_t22*t21 */
     TRANSFORMER_LM_REAL *grad_t21 = t24; /* m x 64, in t24's memory */
@@ -2060,10 +2041,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 }
 #endif
 
-/* transformer_lm_run, part 6 of 8 (kernels 86 to 86): a long
+/* transformer_lm_run, part 6 of 8 (kernels 87 to 87): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     int64_t m,
     const int64_t *ids,
@@ -2072,7 +2053,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *grad_P,
     TRANSFORMER_LM_REAL *work
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     int64_t m,
     const int64_t *ids,
@@ -2234,10 +2215,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
 }
 #endif
 
-/* transformer_lm_run, part 7 of 8 (kernels 87 to 96): a long
+/* transformer_lm_run, part 7 of 8 (kernels 88 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 1; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -2248,16 +2229,27 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_Wo0,
     TRANSFORMER_LM_REAL *grad_g0m,
     TRANSFORMER_LM_REAL *grad_b0m,
-    TRANSFORMER_LM_REAL *grad_W0up,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
+    int64_t m,
+    TRANSFORMER_LM_REAL *grad_g0a,
+    TRANSFORMER_LM_REAL *grad_b0a,
+    TRANSFORMER_LM_REAL *grad_Wq0,
+    TRANSFORMER_LM_REAL *grad_Wk0,
+    TRANSFORMER_LM_REAL *grad_Wv0,
+    TRANSFORMER_LM_REAL *grad_Wo0,
+    TRANSFORMER_LM_REAL *grad_g0m,
+    TRANSFORMER_LM_REAL *grad_b0m,
     TRANSFORMER_LM_REAL *work,
     int with_grads
 )
 {
     TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t11 = with_grads ? work + 896*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1088*m + 5120 : work + 128*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g4 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t15 = work + 1856*m + 9216; /* m x 64, in grad_t21's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *g5 = work + 4029*m + 9217; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t13 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
@@ -2298,18 +2290,16 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
 
     /* grad_b0m = sum of grad_t15 down each column */
     symbackprop_f64_sum_columns(grad_t15, m, 64, 64, grad_b0m);
-
-    /* grad_W0up = t15^T @ g4 */
-    transformer_lm_product10(m, t15, g4, grad_W0up);
 }
 #endif
 
-/* transformer_lm_run, part 8 of 8 (kernels 97 to 115): a long
+/* transformer_lm_run, part 8 of 8 (kernels 97 to 116): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 1; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     int64_t m,
+    TRANSFORMER_LM_REAL *grad_W0up,
     TRANSFORMER_LM_REAL *grad_c0up,
     TRANSFORMER_LM_REAL *grad_W0down,
     TRANSFORMER_LM_REAL *grad_c0down,
@@ -2334,6 +2324,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     int64_t m,
+    TRANSFORMER_LM_REAL *grad_W0up,
     TRANSFORMER_LM_REAL *grad_c0up,
     TRANSFORMER_LM_REAL *grad_W0down,
     TRANSFORMER_LM_REAL *grad_c0down,
@@ -2357,6 +2348,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
 )
 {
     TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1088*m + 5120 : work + 128*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t17 = with_grads ? work + 1152*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1792*m + 5120 : work; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t29 = with_grads ? work + 2304*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
@@ -2378,6 +2370,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     TRANSFORMER_LM_REAL *g3 = work + 1920*m + 9216; /* m x 64, in t25's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t20 = work + 1728*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *g4 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
+    /* grad_W0up = t15^T @ g4 */
+    transformer_lm_product10(m, t15, g4, grad_W0up);
+
     /* grad_c0up = sum of g4 down each column */
     symbackprop_f64_sum_columns(g4, m, 256, 256, grad_c0up);
 
@@ -2541,8 +2536,8 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
     transformer_lm_run_part4(m, targets, Wk1, Wv1, Wo1, g1m, W1up, W1down, gf, Wout, work, with_grads);
     transformer_lm_run_part5(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, work, with_grads);
     transformer_lm_run_part6(m, ids, positions, grad_E, grad_P, work);
-    transformer_lm_run_part7(m, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, work, with_grads);
-    transformer_lm_run_part8(m, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, with_grads);
+    transformer_lm_run_part7(m, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, work, with_grads);
+    transformer_lm_run_part8(m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, with_grads);
     return 0;
 }
 #endif
@@ -2703,7 +2698,7 @@ size_t transformer_lm_train_step_work_len(int64_t m)
 /* transformer_lm_train_step, part 1 of 9 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     int64_t m,
     const int64_t *ids,
@@ -2712,7 +2707,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *P,
     TRANSFORMER_LM_REAL *work
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     int64_t m,
     const int64_t *ids,
@@ -3444,7 +3439,25 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
 /* transformer_lm_train_step, part 3 of 9 (kernels 33 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
+    int64_t m,
+    const int64_t *targets,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    TRANSFORMER_LM_REAL *W1down,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    TRANSFORMER_LM_REAL *Wout,
+    TRANSFORMER_LM_REAL *loss,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     int64_t m,
     const int64_t *targets,
@@ -3463,7 +3476,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t23 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t24 = work + 1856*m + 9216; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t25 = work + 1920*m + 9216; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t26 = work + 320*m + 4096; /* m x 256, in t16's memory; placed in an earlier part */
@@ -3558,28 +3570,34 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
         t42[i] = t41[62*i + column];
     }
 
-    /* t43 = log(sum(exp(t41))) along each row, its max subtracted first */
-    TRANSFORMER_LM_REAL *t43 = t42 + m; /* m x 1 */
-    SYMBACKPROP_PARALLEL_FOR
+    /* t43 = softmax of t41 along each row, its max subtracted first */
+    TRANSFORMER_LM_REAL *t43 = t42 + m; /* m x 62 */
     for (int64_t i = 0; i < m; ++i) {
-        t43[i] = symbackprop_f64_logsumexp(t41 + 62*i, 62, 1);
+        symbackprop_f64_softmax_axis(t41 + 62*i, 62, 1, t43 + 62*i, 1);
     }
 
-    /* t44 = -t42 + t43 */
-    TRANSFORMER_LM_REAL *t44 = t43 + m; /* m x 1 */
-    transformer_lm_loop4(m, t44, t42, t43);
+    /* t44 = log(sum(exp(t41))) along each row, its max subtracted first */
+    TRANSFORMER_LM_REAL *t44 = t43 + 62*m; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        t44[i] = symbackprop_f64_logsumexp(t41 + 62*i, 62, 1, t43 + 62*i, 1);
+    }
 
-    /* t45 = sum of t44 down each column */
-    TRANSFORMER_LM_REAL *t45 = t44 + m; /* 1 x 1 */
-    t45[0] = symbackprop_f64_sum(t44, m, 1);
+    /* t45 = -t42 + t44 */
+    TRANSFORMER_LM_REAL *t45 = t44 + m; /* m x 1 */
+    transformer_lm_loop4(m, t45, t42, t44);
 
-    /* loss = t45/m */
+    /* t46 = sum of t45 down each column */
+    TRANSFORMER_LM_REAL *t46 = t45 + m; /* 1 x 1 */
+    t46[0] = symbackprop_f64_sum(t45, m, 1);
+
+    /* loss = t46/m */
     {
-        loss[0] = t45[0]/((TRANSFORMER_LM_REAL)m);
+        loss[0] = t46[0]/((TRANSFORMER_LM_REAL)m);
     }
 
     /* grad_t41_part[i, j] = (-1/m) if j == targets[i], else 0 */
-    TRANSFORMER_LM_REAL *grad_t41_part = t45 + 1; /* m x 62 */
+    TRANSFORMER_LM_REAL *grad_t41_part = t41; /* m x 62, in t41's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         const int64_t column = targets[i];
@@ -3589,9 +3607,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
         grad_t41_part[62*i + column] = (-1/((TRANSFORMER_LM_REAL)m));
     }
 
-    /* grad_t41 = grad_t41_part + exp(t41 - t43)/m */
-    TRANSFORMER_LM_REAL *grad_t41 = grad_t41_part + 62*m; /* m x 62 */
-    transformer_lm_loop5(m, grad_t41, grad_t41_part, t41, t43);
+    /* grad_t41 = grad_t41_part + t43/m */
+    TRANSFORMER_LM_REAL *grad_t41 = t46 + 1; /* m x 62 */
+    transformer_lm_loop5(m, grad_t41, t43, grad_t41_part);
 
     /* grad_t40 = grad_t41 @ Wout^T */
     TRANSFORMER_LM_REAL *grad_t40 = grad_t41 + 62*m; /* m x 64 */
@@ -3924,16 +3942,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
         }
     #endif
     }
-
-    /* grad_t22 += grad_t24 @ t23^T */
-    transformer_lm_product8(m, grad_t24, t23, grad_t22);
 }
 #endif
 
-/* transformer_lm_train_step, part 4 of 9 (kernels 65 to 85): a long
+/* transformer_lm_train_step, part 4 of 9 (kernels 65 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     int64_t m,
     TRANSFORMER_LM_REAL *g0a,
@@ -3946,7 +3961,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *g1a,
     TRANSFORMER_LM_REAL *work
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     int64_t m,
     TRANSFORMER_LM_REAL *g0a,
@@ -3972,6 +3987,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *t18 = work + 1408*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t20 = work + 1728*m + 5120; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t21 = work + 1664*m + 5120; /* m x 64, in t19's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t23 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t24 = work + 1856*m + 9216; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t25 = work + 1920*m + 9216; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t27 = work + 1984*m + 9216; /* m x 256; placed in an earlier part */
@@ -3980,6 +3996,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *grad_t27 = work + 2816*m + 9216; /* m x 256, in t36's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t27_block_1 = work + 576*m + 4096; /* 64 x 16, in t26_block_1's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t26 = work + 320*m + 4096; /* m x 256, in grad_t35's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t24 = work + 3517*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
+    /* grad_t22 += grad_t24 @ t23^T */
+    transformer_lm_product8(m, grad_t24, t23, grad_t22);
+
     /* grad_t21 = g1a*grad_t22 */
     /* g3 = grad_t22*t21 */
     TRANSFORMER_LM_REAL *grad_t21 = t24; /* m x 64, in t24's memory */
@@ -4388,17 +4408,17 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 }
 #endif
 
-/* transformer_lm_train_step, part 5 of 9 (kernels 86 to 86): a long
+/* transformer_lm_train_step, part 5 of 9 (kernels 87 to 87): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
     TRANSFORMER_LM_REAL *work
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
     int64_t m,
     const int64_t *ids,
@@ -4562,7 +4582,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
 }
 #endif
 
-/* transformer_lm_train_step, part 6 of 9 (kernels 87 to 96): a long
+/* transformer_lm_train_step, part 6 of 9 (kernels 88 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -4573,7 +4593,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     TRANSFORMER_LM_REAL *g0a,
     TRANSFORMER_LM_REAL *b0a,
     TRANSFORMER_LM_REAL *Wq0,
-    TRANSFORMER_LM_REAL *Wk0,
     const TRANSFORMER_LM_REAL *weight_decay,
     TRANSFORMER_LM_REAL *work
 )
@@ -4654,18 +4673,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     /* grad_Wk0_1 = t4^T @ grad_t7 */
     TRANSFORMER_LM_REAL *grad_Wk0_1 = grad_t5; /* 64 x 64, in grad_t5's memory */
     transformer_lm_product9(m, t4, grad_t7, grad_Wk0_1);
-
-    /* grad_Wk0_2 = Wk0*weight_decay + grad_Wk0_1 */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = grad_Wq0_2 + 4096; /* 64 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wk0_2[64*i + j] = grad_Wk0_1[64*i + j] + weight_decay_value*Wk0[64*i + j];
-            }
-        }
-    }
 }
 #endif
 
@@ -4675,6 +4682,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     int64_t m,
+    TRANSFORMER_LM_REAL *Wk0,
     TRANSFORMER_LM_REAL *Wv0,
     TRANSFORMER_LM_REAL *Wo0,
     TRANSFORMER_LM_REAL *g0m,
@@ -4690,7 +4698,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     TRANSFORMER_LM_REAL *Wv1,
     TRANSFORMER_LM_REAL *Wo1,
     TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
     const TRANSFORMER_LM_REAL *weight_decay,
     TRANSFORMER_LM_REAL *work
 )
@@ -4716,8 +4723,20 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     TRANSFORMER_LM_REAL *grad_t13 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t10 = work + 960*m + 5120; /* m x 64, in grad_t13_part's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_b0a_1 = work + 4157*m + 17153; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4157*m + 17345; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_Wk0_1 = work + 1856*m + 5120; /* 64 x 64, in grad_t5's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4157*m + 21441; /* 64 x 64; placed in an earlier part */
+    /* grad_Wk0_2 = Wk0*weight_decay + grad_Wk0_1 */
+    TRANSFORMER_LM_REAL *grad_Wk0_2 = grad_Wq0_2 + 4096; /* 64 x 64 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 64; ++i) {
+            for (int64_t j = 0; j < 64; ++j) {
+                grad_Wk0_2[64*i + j] = grad_Wk0_1[64*i + j] + weight_decay_value*Wk0[64*i + j];
+            }
+        }
+    }
+
     /* grad_Wv0_1 = t4^T @ grad_t10 */
     TRANSFORMER_LM_REAL *grad_Wv0_1 = grad_Wk0_1; /* 64 x 64, in grad_Wk0_1's memory */
     transformer_lm_product9(m, t4, grad_t10, grad_Wv0_1);
@@ -4940,15 +4959,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     /* grad_b1m_1 = sum of grad_t33 down each column */
     TRANSFORMER_LM_REAL *grad_b1m_1 = grad_g1m_1; /* 1 x 64, in grad_g1m_1's memory */
     symbackprop_f64_sum_columns(grad_t33, m, 64, 64, grad_b1m_1);
-
-    /* grad_b1m_2 = b1m*weight_decay + grad_b1m_1 */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = grad_g1m_2 + 64; /* 1 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b1m_2[j] = grad_b1m_1[j] + weight_decay_value*b1m[j];
-        }
-    }
 }
 #endif
 
@@ -4973,7 +4983,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *W0down,
     TRANSFORMER_LM_REAL *c0down,
     TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *b1m,
     TRANSFORMER_LM_REAL *W1up,
     TRANSFORMER_LM_REAL *c1up,
     TRANSFORMER_LM_REAL *W1down,
@@ -5017,8 +5027,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *v_c0down,
     TRANSFORMER_LM_REAL *m_g1a,
     TRANSFORMER_LM_REAL *v_g1a,
-    TRANSFORMER_LM_REAL *m_b1a,
-    TRANSFORMER_LM_REAL *v_b1a,
     TRANSFORMER_LM_REAL *work
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
@@ -5039,7 +5047,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *W0down,
     TRANSFORMER_LM_REAL *c0down,
     TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *b1m,
     TRANSFORMER_LM_REAL *W1up,
     TRANSFORMER_LM_REAL *c1up,
     TRANSFORMER_LM_REAL *W1down,
@@ -5083,15 +5091,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *v_c0down,
     TRANSFORMER_LM_REAL *m_g1a,
     TRANSFORMER_LM_REAL *v_g1a,
-    TRANSFORMER_LM_REAL *m_b1a,
-    TRANSFORMER_LM_REAL *v_b1a,
     TRANSFORMER_LM_REAL *work
 )
 {
     TRANSFORMER_LM_REAL *t33 = work + 2496*m + 9216; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t35 = work + 2560*m + 9216; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t40 = work + 3200*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t45 = work + 3329*m + 9216; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t46 = work + 3391*m + 9216; /* 1 x 1; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t41 = work + 3391*m + 9217; /* m x 62; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t40 = work + 3453*m + 9217; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *g0 = work + 3581*m + 9217; /* m x 64; placed in an earlier part */
@@ -5115,9 +5121,17 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *grad_W0down_2 = work + 4157*m + 67137; /* 256 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_c0down_2 = work + 4157*m + 83521; /* 1 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_g1a_2 = work + 4157*m + 83585; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 4157*m + 83649; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4157*m + 100097; /* 1 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_b1m_1 = work + 4157*m + 17153; /* 1 x 64, in grad_g1m_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4157*m + 100161; /* 1 x 64; placed in an earlier part */
+    /* grad_b1m_2 = b1m*weight_decay + grad_b1m_1 */
+    TRANSFORMER_LM_REAL *grad_b1m_2 = grad_g1m_2 + 64; /* 1 x 64 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_b1m_2[j] = grad_b1m_1[j] + weight_decay_value*b1m[j];
+        }
+    }
+
     /* grad_W1up_1 = t33^T @ g1 */
     TRANSFORMER_LM_REAL *grad_W1up_1 = grad_W0down_1; /* 64 x 256, in grad_W0down_1's memory */
     transformer_lm_product10(m, t33, g1, grad_W1up_1);
@@ -5236,7 +5250,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     /* step = step + 1 */
     /* bias_correction1 = 1 - beta1**(step + 1) */
     /* bias_correction2 = 1 - beta2**(step + 1) */
-    TRANSFORMER_LM_REAL *bias_correction1 = t45; /* 1 x 1, in t45's memory */
+    TRANSFORMER_LM_REAL *bias_correction1 = t46; /* 1 x 1, in t46's memory */
     TRANSFORMER_LM_REAL *bias_correction2 = grad_Wout_2 + 3968; /* 1 x 1 */
     {
         const TRANSFORMER_LM_REAL step_in = step[0];
@@ -5604,38 +5618,16 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
             g1a[j] = g1a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
-
-    /* m_b1a = beta1*m_b1a + grad_b1a_2*(1 - beta1) */
-    /* v_b1a = beta2*v_b1a + grad_b1a_2**2*(1 - beta2) */
-    /* b1a = b1a - lr*(beta1*m_b1a + grad_b1a_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b1a + grad_b1a_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL m_b1a_in = m_b1a[j];
-            const TRANSFORMER_LM_REAL v_b1a_in = v_b1a[j];
-            const TRANSFORMER_LM_REAL b1a_in = b1a[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b1a_in + grad_b1a_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_b1a_2[j]*grad_b1a_2[j])*(1 - beta2_value) + beta2_value*v_b1a_in;
-            m_b1a[j] = x0;
-            v_b1a[j] = x1;
-            b1a[j] = b1a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
 }
 #endif
 
-/* transformer_lm_train_step, part 9 of 9 (kernels 161 to 173): a long
+/* transformer_lm_train_step, part 9 of 9 (kernels 161 to 174): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
     int64_t m,
+    TRANSFORMER_LM_REAL *b1a,
     TRANSFORMER_LM_REAL *Wq1,
     TRANSFORMER_LM_REAL *Wk1,
     TRANSFORMER_LM_REAL *Wv1,
@@ -5653,6 +5645,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
     const TRANSFORMER_LM_REAL *beta1,
     const TRANSFORMER_LM_REAL *beta2,
     const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_b1a,
+    TRANSFORMER_LM_REAL *v_b1a,
     TRANSFORMER_LM_REAL *m_Wq1,
     TRANSFORMER_LM_REAL *v_Wq1,
     TRANSFORMER_LM_REAL *m_Wk1,
@@ -5682,6 +5676,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
     TRANSFORMER_LM_REAL *work
 )
 {
+    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 4157*m + 83649; /* 1 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 4157*m + 83713; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 4157*m + 87809; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 4157*m + 91905; /* 64 x 64; placed in an earlier part */
@@ -5695,8 +5690,31 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
     TRANSFORMER_LM_REAL *grad_gf_2 = work + 4157*m + 133313; /* 1 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_bf_2 = work + 4157*m + 133377; /* 1 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_Wout_2 = work + 4157*m + 133441; /* 64 x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction1 = work + 3329*m + 9216; /* 1 x 1, in t45's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *bias_correction1 = work + 3391*m + 9216; /* 1 x 1, in t46's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *bias_correction2 = work + 4157*m + 137409; /* 1 x 1; placed in an earlier part */
+    /* m_b1a = beta1*m_b1a + grad_b1a_2*(1 - beta1) */
+    /* v_b1a = beta2*v_b1a + grad_b1a_2**2*(1 - beta2) */
+    /* b1a = b1a - lr*(beta1*m_b1a + grad_b1a_2*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b1a + grad_b1a_2**2*(1 - beta2))/bias_correction2))) */
+    {
+        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
+        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
+        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
+        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
+        const TRANSFORMER_LM_REAL lr_value = lr[0];
+        const TRANSFORMER_LM_REAL eps_value = eps[0];
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL m_b1a_in = m_b1a[j];
+            const TRANSFORMER_LM_REAL v_b1a_in = v_b1a[j];
+            const TRANSFORMER_LM_REAL b1a_in = b1a[j];
+            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b1a_in + grad_b1a_2[j]*(1 - beta1_value);
+            const TRANSFORMER_LM_REAL x1 = (grad_b1a_2[j]*grad_b1a_2[j])*(1 - beta2_value) + beta2_value*v_b1a_in;
+            m_b1a[j] = x0;
+            v_b1a[j] = x1;
+            b1a[j] = b1a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+        }
+    }
+
     /* m_Wq1 = beta1*m_Wq1 + grad_Wq1_2*(1 - beta1) */
     /* v_Wq1 = beta2*v_Wq1 + grad_Wq1_2**2*(1 - beta2) */
     /* Wq1 = Wq1 - lr*(beta1*m_Wq1 + grad_Wq1_2*(1 - beta1))/(bias_correction1*(eps +
@@ -6148,10 +6166,10 @@ int transformer_lm_train_step(
     transformer_lm_train_step_part3(m, targets, Wk1, Wv1, Wo1, g1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work);
     transformer_lm_train_step_part4(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, work);
     transformer_lm_train_step_part5(m, ids, positions, work);
-    transformer_lm_train_step_part6(m, E, P, g0a, b0a, Wq0, Wk0, weight_decay, work);
-    transformer_lm_train_step_part7(m, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, weight_decay, work);
-    transformer_lm_train_step_part8(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, work);
-    transformer_lm_train_step_part9(m, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, work);
+    transformer_lm_train_step_part6(m, E, P, g0a, b0a, Wq0, weight_decay, work);
+    transformer_lm_train_step_part7(m, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, weight_decay, work);
+    transformer_lm_train_step_part8(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, m_g1a, v_g1a, work);
+    transformer_lm_train_step_part9(m, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, m_b1a, v_b1a, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, work);
     return 0;
 }
 #endif
