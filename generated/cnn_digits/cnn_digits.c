@@ -24,7 +24,7 @@
 #define CNN_DIGITS_SHARED static
 #endif
 
-/* Its 18 element-wise loops that repeat (in several functions, or at
+/* Its 12 element-wise loops that repeat (in several functions, or at
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
@@ -64,49 +64,33 @@ CNN_DIGITS_SHARED SYMBACKPROP_CALLED
 void cnn_digits_loop4(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
 void cnn_digits_loop5(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop6(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop7(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop8(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop3(
+void cnn_digits_loop2(
     int64_t n,
     CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
     CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
     const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a4
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
 )
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = a3[10*i + j] + a4[j];
-            a0[10*i + j] = x0;
-            a1[10*i + j] = a2[10*i + j]*x0;
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop6(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j]*a2[64*i + j];
+            const CNN_DIGITS_REAL x0 = a2[64*i + j] + a3[j];
+            a0[64*i + j] = (((0) > (x0)) ? (0) : (x0));
+            a1[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
         }
     }
 }
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop8(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
+void cnn_digits_loop5(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 1024; ++j) {
-            a0[1024*i + j] = a1[1024*i + j]*a2[1024*i + j];
+        for (int64_t j = 0; j < 10; ++j) {
+            const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
+            a0[10*i + j] = a1[10*i + j]*x0 - a2[10*i + j]*x0;
         }
     }
 }
@@ -149,20 +133,21 @@ void cnn_digits_loop1(
     }
 }
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop2(
+void cnn_digits_loop3(
     int64_t n,
     CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
     CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
     const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3,
+    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a4
 )
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const CNN_DIGITS_REAL x0 = a2[64*i + j] + a3[j];
-            a0[64*i + j] = (((0) > (x0)) ? (0) : (x0));
-            a1[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        for (int64_t j = 0; j < 10; ++j) {
+            const CNN_DIGITS_REAL x0 = a3[10*i + j] + a4[j];
+            a0[10*i + j] = x0;
+            a1[10*i + j] = a2[10*i + j]*x0;
         }
     }
 }
@@ -174,27 +159,6 @@ void cnn_digits_loop4(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const
         a0[i] = -a1[i] + a2[i];
     }
 }
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop5(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
-            a0[10*i + j] = a1[10*i + j]*x0 - a2[10*i + j]*x0;
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop7(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            a0[512*i + j] = a1[512*i + j]*a2[512*i + j];
-        }
-    }
-}
 #endif
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -203,7 +167,7 @@ CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 5655*n + 85633 : 5207*n + 24577);
+    return (size_t)(with_grads ? 5591*n + 85633 : 5207*n + 24577);
 }
 #endif
 
@@ -467,13 +431,17 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_t11 = t10; /* n x 64, in t10's memory */
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t11);
 
-    /* g0 = grad_t11*t12 */
-    CNN_DIGITS_REAL *g0 = t19 + 1; /* n x 64 */
-    cnn_digits_loop6(n, g0, grad_t11, t12);
+    /* grad_t11 = grad_t11*t12 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_t11[64*i + j] = grad_t11[64*i + j]*t12[64*i + j];
+        }
+    }
 
-    /* grad_t9 = g0 @ W1^T */
-    CNN_DIGITS_REAL *grad_t9 = g0 + 64*n; /* n x 128 */
-    symbackprop_f64_matmul(n, 128, 64, g0, 64, 1, W1, 1, 64, grad_t9);
+    /* grad_t9 = grad_t11 @ W1^T */
+    CNN_DIGITS_REAL *grad_t9 = t19 + 1; /* n x 128 */
+    symbackprop_f64_matmul(n, 128, 64, grad_t11, 64, 1, W1, 1, 64, grad_t9);
 
     /* grad_t7[i,ch,best] += grad_t9[i,ch,oy,ox], best: the first largest
      * t7[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
@@ -501,12 +469,16 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         }
     }
 
-    /* g1 = grad_t7*t8 */
-    CNN_DIGITS_REAL *g1 = t7; /* n x 512, in t7's memory */
-    cnn_digits_loop7(n, g1, grad_t7, t8);
+    /* grad_t7 = grad_t7*t8 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 512; ++j) {
+            grad_t7[512*i + j] = grad_t7[512*i + j]*t8[512*i + j];
+        }
+    }
 
-    /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
-     * by its images) */
+    /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * grad_t7[i,oc,oy,ox] (conv2d's
+     * gradient by its images) */
     CNN_DIGITS_REAL *grad_t5 = grad_t9 + 128*n; /* n x 256 */
     CNN_DIGITS_REAL *grad_t5_cols = t6_cols; /* 8 x 2304, in t6_cols's memory */
     /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of grad_t5_cols */
@@ -514,8 +486,8 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     for (int64_t blk = 0; blk < 8; ++blk) {
         CNN_DIGITS_REAL *const win = grad_t5_cols + blk * 2304;
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win[kk,at] = sum_oc K2[oc,kk] * g1[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
-            symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, g1 + i * 512, 16, 1, win);
+            /* win[kk,at] = sum_oc K2[oc,kk] * grad_t7[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
+            symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, grad_t7 + i * 512, 16, 1, win);
             for (int64_t at = 0; at < 256; ++at) {
                 grad_t5[i * 256 + at] = 0;
             }
@@ -563,11 +535,15 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         }
     }
 
-    /* g2 = grad_t3*t4 */
-    CNN_DIGITS_REAL *g2 = t3; /* n x 1024, in t3's memory */
-    cnn_digits_loop8(n, g2, grad_t3, t4);
+    /* grad_t3 = grad_t3*t4 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 1024; ++j) {
+            grad_t3[1024*i + j] = grad_t3[1024*i + j]*t4[1024*i + j];
+        }
+    }
 
-    /* grad_K1[oc,ic,ky,kx] = sum_{i,oy,ox} g2[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
+    /* grad_K1[oc,ic,ky,kx] = sum_{i,oy,ox} grad_t3[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
     CNN_DIGITS_REAL *grad_K1_cols = grad_t5 + 256*n; /* 8 x 720 */
     /* the batch in 8 fixed blocks of examples, each with its own 720 entries of grad_K1_cols */
@@ -592,10 +568,10 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                     }
                 }
             }
-            /* wsum[oc,kk] += sum_at g2[i,oc,at] * win[at,kk] */
+            /* wsum[oc,kk] += sum_at grad_t3[i,oc,at] * win[at,kk] */
             for (int64_t oc = 0; oc < 16; ++oc) {
                 for (int64_t at = 0; at < 64; ++at) {
-                    const CNN_DIGITS_REAL wv = g2[(i * 16 + oc) * 64 + at];
+                    const CNN_DIGITS_REAL wv = grad_t3[(i * 16 + oc) * 64 + at];
                     for (int64_t kk = 0; kk < 9; ++kk) {
                         wsum[oc * 9 + kk] += wv * win[at * 9 + kk];
                     }
@@ -612,9 +588,9 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         grad_K1[at] = acc;
     }
 
-    /* grad_t1 = sum of g2 down each column */
+    /* grad_t1 = sum of grad_t3 down each column */
     CNN_DIGITS_REAL *grad_t1 = t1; /* 1 x 1024, in t1's memory */
-    symbackprop_f64_sum_columns(g2, n, 1024, 1024, grad_t1);
+    symbackprop_f64_sum_columns(grad_t3, n, 1024, 1024, grad_t1);
 
     /* grad_c1[i,ch] = sum_at grad_t1[i,ch,at] (over each channel's pixels) */
     for (int64_t i = 0; i < 1; ++i) {
@@ -627,7 +603,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         }
     }
 
-    /* grad_K2[oc,ic,ky,kx] = sum_{i,oy,ox} g1[i,oc,oy,ox] * t5[i,ic,oy+ky-1,ox+kx-1]
+    /* grad_K2[oc,ic,ky,kx] = sum_{i,oy,ox} grad_t7[i,oc,oy,ox] * t5[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
     CNN_DIGITS_REAL *grad_K2_cols = grad_K1_cols + 5760; /* 8 x 6912 */
     /* the batch in 8 fixed blocks of examples, each with its own 6912 entries of grad_K2_cols */
@@ -652,10 +628,10 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                     }
                 }
             }
-            /* wsum[oc,kk] += sum_at g1[i,oc,at] * win[at,kk] */
+            /* wsum[oc,kk] += sum_at grad_t7[i,oc,at] * win[at,kk] */
             for (int64_t oc = 0; oc < 32; ++oc) {
                 for (int64_t at = 0; at < 16; ++at) {
-                    const CNN_DIGITS_REAL wv = g1[(i * 32 + oc) * 16 + at];
+                    const CNN_DIGITS_REAL wv = grad_t7[(i * 32 + oc) * 16 + at];
                     for (int64_t kk = 0; kk < 144; ++kk) {
                         wsum[oc * 144 + kk] += wv * win[at * 144 + kk];
                     }
@@ -672,9 +648,9 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         grad_K2[at] = acc;
     }
 
-    /* grad_t0 = sum of g1 down each column */
+    /* grad_t0 = sum of grad_t7 down each column */
     CNN_DIGITS_REAL *grad_t0 = t0; /* 1 x 512, in t0's memory */
-    symbackprop_f64_sum_columns(g1, n, 512, 512, grad_t0);
+    symbackprop_f64_sum_columns(grad_t7, n, 512, 512, grad_t0);
 }
 #endif
 
@@ -695,7 +671,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
     CNN_DIGITS_REAL *t9 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
     CNN_DIGITS_REAL *t11 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
     CNN_DIGITS_REAL *grad_logits = work + 5194*n + 24576; /* n x 10, in t14's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *g0 = work + 5207*n + 24577; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_t11 = work + 4992*n + 24576; /* n x 64, in t10's memory; placed in an earlier part */
     CNN_DIGITS_REAL *grad_t0 = work; /* 1 x 512, in t0's memory; placed in an earlier part */
     /* grad_c2[i,ch] = sum_at grad_t0[i,ch,at] (over each channel's pixels) */
     for (int64_t i = 0; i < 1; ++i) {
@@ -708,11 +684,11 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
         }
     }
 
-    /* grad_W1 = t9^T @ g0 */
-    symbackprop_f64_matmul(128, 64, n, t9, 1, 128, g0, 64, 1, grad_W1);
+    /* grad_W1 = t9^T @ grad_t11 */
+    symbackprop_f64_matmul(128, 64, n, t9, 1, 128, grad_t11, 64, 1, grad_W1);
 
-    /* grad_b1 = sum of g0 down each column */
-    symbackprop_f64_sum_columns(g0, n, 64, 64, grad_b1);
+    /* grad_b1 = sum of grad_t11 down each column */
+    symbackprop_f64_sum_columns(grad_t11, n, 64, 64, grad_b1);
 
     /* grad_W2 = t11^T @ grad_logits */
     symbackprop_f64_matmul(64, 10, n, t11, 1, 64, grad_logits, 10, 1, grad_W2);
@@ -1086,7 +1062,12 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* g0 = grad_t11*t12 */
     CNN_DIGITS_REAL *g0 = t19 + 1; /* n x 64 */
-    cnn_digits_loop6(n, g0, grad_t11, t12);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            g0[64*i + j] = grad_t11[64*i + j]*t12[64*i + j];
+        }
+    }
 
     /* grad_t9 = g0 @ W1^T */
     CNN_DIGITS_REAL *grad_t9 = g0 + 64*n; /* n x 128 */
@@ -1120,7 +1101,12 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* g1 = grad_t7*t8 */
     CNN_DIGITS_REAL *g1 = t7; /* n x 512, in t7's memory */
-    cnn_digits_loop7(n, g1, grad_t7, t8);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 512; ++j) {
+            g1[512*i + j] = grad_t7[512*i + j]*t8[512*i + j];
+        }
+    }
 
     /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
      * by its images) */
@@ -1182,7 +1168,12 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* g2 = grad_t3*t4 */
     CNN_DIGITS_REAL *g2 = t3; /* n x 1024, in t3's memory */
-    cnn_digits_loop8(n, g2, grad_t3, t4);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 1024; ++j) {
+            g2[1024*i + j] = grad_t3[1024*i + j]*t4[1024*i + j];
+        }
+    }
 
     /* grad_K1_1[oc,ic,ky,kx] = sum_{i,oy,ox} g2[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */

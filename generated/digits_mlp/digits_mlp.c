@@ -12,7 +12,7 @@
 #endif
 #include "symbackprop_runtime.h"
 
-/* Its 10 element-wise loops that repeat (in several functions, or at
+/* Its 8 element-wise loops that repeat (in several functions, or at
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 SYMBACKPROP_HELPER SYMBACKPROP_CALLED
@@ -63,23 +63,13 @@ void digits_mlp_loop3(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const
         }
     }
 }
-SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void digits_mlp_loop4(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j]*(1 - (a2[64*i + j]*a2[64*i + j]));
-        }
-    }
-}
 
 static size_t digits_mlp_run_work_len(int64_t n, int with_grads)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 215*n + 1 : 151*n + 1);
+    return (size_t)(with_grads ? 151*n + 1 : 151*n + 1);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -168,15 +158,19 @@ static int digits_mlp_run(
     DIGITS_MLP_REAL *grad_t1 = t0; /* n x 64, in t0's memory */
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t1);
 
-    /* g0 = grad_t1*(1 - t1**2) */
-    DIGITS_MLP_REAL *g0 = t8 + 1; /* n x 64 */
-    digits_mlp_loop4(n, g0, grad_t1, t1);
+    /* grad_t1 = grad_t1*(1 - t1**2) */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_t1[64*i + j] = grad_t1[64*i + j]*(1 - (t1[64*i + j]*t1[64*i + j]));
+        }
+    }
 
-    /* grad_W1 = X^T @ g0 */
-    symbackprop_f64_matmul(64, 64, n, X, 1, 64, g0, 64, 1, grad_W1);
+    /* grad_W1 = X^T @ grad_t1 */
+    symbackprop_f64_matmul(64, 64, n, X, 1, 64, grad_t1, 64, 1, grad_W1);
 
-    /* grad_b1 = sum of g0 down each column */
-    symbackprop_f64_sum_columns(g0, n, 64, 64, grad_b1);
+    /* grad_b1 = sum of grad_t1 down each column */
+    symbackprop_f64_sum_columns(grad_t1, n, 64, 64, grad_b1);
 
     /* grad_W2 = t1^T @ grad_logits */
     symbackprop_f64_matmul(64, 10, n, t1, 1, 64, grad_logits, 10, 1, grad_W2);
@@ -345,7 +339,12 @@ int digits_mlp_train_step(
 
     /* g0 = grad_t1*(1 - t1**2) */
     DIGITS_MLP_REAL *g0 = t8 + 1; /* n x 64 */
-    digits_mlp_loop4(n, g0, grad_t1, t1);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            g0[64*i + j] = grad_t1[64*i + j]*(1 - (t1[64*i + j]*t1[64*i + j]));
+        }
+    }
 
     /* grad_W1_1 = X^T @ g0 */
     DIGITS_MLP_REAL *grad_W1_1 = g0 + 64*n; /* 64 x 64 */

@@ -1047,8 +1047,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 const LSTM_LM_REAL *t8_t10_kept_1 = t8_base + 128*t8_u + 1232;
                 const LSTM_LM_REAL *t8_grad_out0 = grad_logits + 30*t8_t;
                 LSTM_LM_REAL *t8_g0 = t8_base + 5216; /* 1 x 16 */
-                LSTM_LM_REAL *t8_g1 = t8_base + 5232; /* 1 x 16 */
-                LSTM_LM_REAL *t8_t12 = t8_base + 5216; /* 1 x 16 */
+                LSTM_LM_REAL *t8_t12 = t8_base + 5232; /* 1 x 16 */
                 LSTM_LM_REAL *t8_t13 = t8_base + 5248; /* 1 x 16 */
                 LSTM_LM_REAL *t8_t14 = t8_base + 5264; /* 1 x 16 */
                 LSTM_LM_REAL *t8_t15 = t8_base + 5280; /* 1 x 16 */
@@ -1056,8 +1055,8 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 LSTM_LM_REAL *t8_t17 = t8_base + 5312; /* 1 x 16 */
                 LSTM_LM_REAL *t8_t18 = t8_base + 5328; /* 1 x 16 */
                 LSTM_LM_REAL *t8_t19 = t8_base + 5344; /* 1 x 16 */
-                LSTM_LM_REAL *t8_t20 = t8_base + 5232; /* 1 x 16 */
-                LSTM_LM_REAL *t8_t21 = t8_base + 5216; /* 1 x 16 */
+                LSTM_LM_REAL *t8_t20 = t8_base + 5216; /* 1 x 16 */
+                LSTM_LM_REAL *t8_t21 = t8_base + 5232; /* 1 x 16 */
                 LSTM_LM_REAL *t8_t22 = t8_base + 5248; /* 1 x 16 */
                 LSTM_LM_REAL *t8_t23 = t8_base + 5264; /* 1 x 16 */
                 /* g0 = grad_out0 @ V^T */
@@ -1070,12 +1069,12 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                         t8_g0[16*i + j] = acc;
                     }
                 }
-                /* g1 = g0 + grad_h_next */
+                /* g0 = g0 + grad_h_next */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    t8_g1[j] = t8_grad_h_next[j] + t8_g0[j];
+                    t8_g0[j] = t8_grad_h_next[j] + t8_g0[j];
                 }
                 /* t12 = sigmoid(b_o + t1_kept_1 + t2_kept_1) */
     #if defined(__GNUC__) && !defined(__clang__)
@@ -1098,40 +1097,36 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 for (int64_t j = 0; j < 16; ++j) {
                     t8_t14[j] = tanh(t8_t5_kept_1[j] + t8_t6_kept_1[j] + b_g[j]);
                 }
-                /* t15 = cell*(1 - sigmoid(b_f + t10_kept_1 + t9_kept_1))*(g1*t12*(1 -
+                /* t15 = cell*(1 - sigmoid(b_f + t10_kept_1 + t9_kept_1))*(g0*t12*(1 -
                  * tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) + t13*t14)**2) +
                  * grad_cell_next)*sigmoid(b_f + t10_kept_1 + t9_kept_1) */
-                /* t16 = t13*(1 - t14**2)*(g1*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 +
+                /* t16 = t13*(1 - t14**2)*(g0*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 +
                  * t9_kept_1) + t13*t14)**2) + grad_cell_next) */
-                /* t17 = t13*t14*(1 - t13)*(g1*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 +
+                /* t17 = t13*t14*(1 - t13)*(g0*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 +
                  * t9_kept_1) + t13*t14)**2) + grad_cell_next) */
-                /* t18 = g1*t12*(1 - t12)*tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) +
+                /* t18 = g0*t12*(1 - t12)*tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) +
                  * t13*t14) */
-                /* grad_cell = (g1*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) +
+                /* grad_cell = (g0*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) +
                  * t13*t14)**2) + grad_cell_next)*sigmoid(b_f + t10_kept_1 + t9_kept_1) */
-                /* grad_b_i = grad_b_i + t13*t14*(1 - t13)*(g1*t12*(1 - tanh(cell*sigmoid(b_f
+                /* grad_b_i = grad_b_i + t13*t14*(1 - t13)*(g0*t12*(1 - tanh(cell*sigmoid(b_f
                  * + t10_kept_1 + t9_kept_1) + t13*t14)**2) + grad_cell_next) */
-                /* grad_b_f = cell*(1 - sigmoid(b_f + t10_kept_1 + t9_kept_1))*(g1*t12*(1 -
+                /* grad_b_f = cell*(1 - sigmoid(b_f + t10_kept_1 + t9_kept_1))*(g0*t12*(1 -
                  * tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) + t13*t14)**2) +
                  * grad_cell_next)*sigmoid(b_f + t10_kept_1 + t9_kept_1) + grad_b_f */
-                /* grad_b_g = grad_b_g + t13*(1 - t14**2)*(g1*t12*(1 - tanh(cell*sigmoid(b_f
+                /* grad_b_g = grad_b_g + t13*(1 - t14**2)*(g0*t12*(1 - tanh(cell*sigmoid(b_f
                  * + t10_kept_1 + t9_kept_1) + t13*t14)**2) + grad_cell_next) */
-                /* grad_b_o = g1*t12*(1 - t12)*tanh(cell*sigmoid(b_f + t10_kept_1 +
+                /* grad_b_o = g0*t12*(1 - t12)*tanh(cell*sigmoid(b_f + t10_kept_1 +
                  * t9_kept_1) + t13*t14) + grad_b_o */
                 /* t19 = t12*tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) + t13*t14) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    const LSTM_LM_REAL t8_grad_b_i_in = grad_b_i[j];
-                    const LSTM_LM_REAL t8_grad_b_f_in = grad_b_f[j];
-                    const LSTM_LM_REAL t8_grad_b_g_in = grad_b_g[j];
-                    const LSTM_LM_REAL t8_grad_b_o_in = grad_b_o[j];
                     const LSTM_LM_REAL x0 = (((t8_t9_kept_1[j] + t8_t10_kept_1[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t8_t9_kept_1[j] + t8_t10_kept_1[j] + b_f[j]))) / (1.0 + exp(-fabs(t8_t9_kept_1[j] + t8_t10_kept_1[j] + b_f[j]))));
                     const LSTM_LM_REAL x1 = t8_t13[j]*t8_t14[j];
                     const LSTM_LM_REAL x2 = t8_cell[j]*x0;
                     const LSTM_LM_REAL x3 = tanh(x1 + x2);
-                    const LSTM_LM_REAL x4 = t8_g1[j]*t8_t12[j];
+                    const LSTM_LM_REAL x4 = t8_g0[j]*t8_t12[j];
                     const LSTM_LM_REAL x5 = t8_grad_cell_next[j] + x4*(1 - (x3*x3));
                     const LSTM_LM_REAL x6 = x2*x5*(1 - x0);
                     const LSTM_LM_REAL x7 = t8_t13[j]*x5*(1 - (t8_t14[j]*t8_t14[j]));
@@ -1142,11 +1137,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                     t8_t17[j] = x8;
                     t8_t18[j] = x9;
                     t8_grad_cell[j] = x0*x5;
-                    grad_b_i[j] = t8_grad_b_i_in + x8;
-                    grad_b_f[j] = t8_grad_b_f_in + x6;
-                    grad_b_g[j] = t8_grad_b_g_in + x7;
-                    grad_b_o[j] = t8_grad_b_o_in + x9;
                     t8_t19[j] = t8_t12[j]*x3;
+                    grad_b_i[j] = grad_b_i[j] + x8;
+                    grad_b_f[j] = grad_b_f[j] + x6;
+                    grad_b_g[j] = grad_b_g[j] + x7;
+                    grad_b_o[j] = grad_b_o[j] + x9;
                 }
                 /* t20 = t15 @ U_f^T */
                 for (int64_t i = 0; i < 1; ++i) {
@@ -1299,8 +1294,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 30; ++j) {
-                    const LSTM_LM_REAL t8_grad_c_in = grad_c[j];
-                    grad_c[j] = t8_grad_c_in + t8_grad_out0[j];
+                    grad_c[j] = grad_c[j] + t8_grad_out0[j];
                 }
                 LSTM_LM_REAL *t8_swap = t8_cur;
                 t8_cur = t8_nxt;

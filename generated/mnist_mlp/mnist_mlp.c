@@ -14,7 +14,7 @@
 
 static size_t mnist_mlp_run_work_len(int with_grads)
 {
-    return (size_t)(with_grads ? 101249 : 68481);
+    return (size_t)(with_grads ? 68481 : 68481);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -119,20 +119,19 @@ static int mnist_mlp_run(
     MNIST_MLP_REAL *grad_t1 = t0; /* 128 x 256, in t0's memory */
     symbackprop_f64_matmul(128, 256, 10, grad_logits, 10, 1, W2, 1, 10, grad_t1);
 
-    /* g0 = grad_t1*(1 - t1**2) */
-    MNIST_MLP_REAL *g0 = t8 + 1; /* 128 x 256 */
+    /* grad_t1 = grad_t1*(1 - t1**2) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            g0[256*i + j] = grad_t1[256*i + j]*(1 - (t1[256*i + j]*t1[256*i + j]));
+            grad_t1[256*i + j] = grad_t1[256*i + j]*(1 - (t1[256*i + j]*t1[256*i + j]));
         }
     }
 
-    /* grad_W1 = X^T @ g0 */
-    symbackprop_f64_matmul(784, 256, 128, X, 1, 784, g0, 256, 1, grad_W1);
+    /* grad_W1 = X^T @ grad_t1 */
+    symbackprop_f64_matmul(784, 256, 128, X, 1, 784, grad_t1, 256, 1, grad_W1);
 
-    /* grad_b1 = sum of g0 down each column */
-    symbackprop_f64_sum_columns(g0, 128, 256, 256, grad_b1);
+    /* grad_b1 = sum of grad_t1 down each column */
+    symbackprop_f64_sum_columns(grad_t1, 128, 256, 256, grad_b1);
 
     /* grad_W2 = t1^T @ grad_logits */
     symbackprop_f64_matmul(256, 10, 128, t1, 1, 256, grad_logits, 10, 1, grad_W2);
