@@ -576,81 +576,196 @@ SYMBACKPROP_HELPER double symbackprop_f64_min(const double *x, int64_t n, int64_
     }
     return result;
 }
+
 #if defined(__GNUC__)
 
-/* The largest of n >= 64 contiguous entries, NaN skipped: the eight
- * lanes as one vector of the vector extension (the same comparisons). */
+/* The largest of n >= 64 contiguous entries, NaN skipped: four 256-bit
+ * vectors of the vector extension (a compare and a blend each), four in
+ * flight where one vector waits for the last, no wider than AVX2's
+ * registers (a wider vector's halves were moved through memory there).
+ * Log-sum-exp's and softmax's shift: which of two equal entries wins does
+ * not matter there. */
 SYMBACKPROP_HELPER double symbackprop_f64_max_contiguous(const double *x, int64_t n)
 {
-    typedef double lanes_t __attribute__((vector_size(8 * sizeof(double))));
-    typedef int64_t mask_t __attribute__((vector_size(8 * sizeof(double))));
-    lanes_t lane = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    typedef double lanes_t __attribute__((vector_size(32)));
+    typedef int64_t mask_t __attribute__((vector_size(32)));
+    const lanes_t start = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    lanes_t lane0 = start, lane1 = start, lane2 = start, lane3 = start; /* named: an array of them stays in memory */
     int64_t k = 0;
-    for (; k + 8 <= n; k += 8) {
-        lanes_t value;
-        memcpy(&value, x + k, sizeof value);
-        const mask_t pick = (value > lane);
-        lane = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane & ~pick));
+    for (; k + 16 <= n; k += 16) {
+        {
+            lanes_t value;
+            memcpy(&value, x + k + 0, sizeof value);
+            const mask_t pick = value > lane0;
+            lane0 = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane0 & ~pick));
+        }
+        {
+            lanes_t value;
+            memcpy(&value, x + k + 4, sizeof value);
+            const mask_t pick = value > lane1;
+            lane1 = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane1 & ~pick));
+        }
+        {
+            lanes_t value;
+            memcpy(&value, x + k + 8, sizeof value);
+            const mask_t pick = value > lane2;
+            lane2 = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane2 & ~pick));
+        }
+        {
+            lanes_t value;
+            memcpy(&value, x + k + 12, sizeof value);
+            const mask_t pick = value > lane3;
+            lane3 = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane3 & ~pick));
+        }
     }
     double result = -INFINITY;
-    for (int l = 0; l < 8; ++l) {
-        result = (lane[l] > result) ? lane[l] : result;
+    for (int l = 0; l < 4; ++l) {
+        result = lane0[l] > result ? lane0[l] : result;
+        result = lane1[l] > result ? lane1[l] : result;
+        result = lane2[l] > result ? lane2[l] : result;
+        result = lane3[l] > result ? lane3[l] : result;
     }
     for (; k < n; ++k) {
-        result = (x[k] > result) ? x[k] : result;
+        result = x[k] > result ? x[k] : result;
     }
     return result;
 }
 #endif
 
-/* log(sum(exp(x))) of n entries stride apart, the largest subtracted before exp. */
-SYMBACKPROP_HELPER double symbackprop_f64_logsumexp(const double *x, int64_t n, int64_t stride)
+/* The largest of n entries stride apart, NaN skipped (-inf if all are):
+ * what log-sum-exp and softmax subtract before exp. */
+SYMBACKPROP_HELPER double symbackprop_f64_lse_top(const double *x, int64_t n, int64_t stride)
 {
-    double top;
 #if defined(__GNUC__)
     if (stride == 1 && n >= 64) {
-        top = symbackprop_f64_max_contiguous(x, n);
-    } else
+        return symbackprop_f64_max_contiguous(x, n);
+    }
 #endif
-    {
-        double result = -INFINITY;
-        const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
-        if (whole > 0) {
-            double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-            for (int64_t k = 0; k < whole; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
-                }
-            }
-            for (int64_t l = 0; l < 8; ++l) {
-                result = lane[l] > result ? lane[l] : result;
-            }
-        }
-        for (int64_t k = whole; k < n; ++k) {
-            result = x[k*stride] > result ? x[k*stride] : result;
-        }
-        top = result;
-    }
-    if (isinf(top)) {
-        return top; /* every entry -inf (or one +inf) */
-    }
-    double result = 0;
+    double result = -INFINITY;
     const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
     if (whole > 0) {
-        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        double lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
         for (int64_t k = 0; k < whole; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
-                lane[l] += exp(x[(k + l)*stride] - top);
+                lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
+            }
+        }
+        for (int64_t l = 0; l < 8; ++l) {
+            result = lane[l] > result ? lane[l] : result;
+        }
+    }
+    for (int64_t k = whole; k < n; ++k) {
+        result = x[k*stride] > result ? x[k*stride] : result;
+    }
+    return result;
+}
+/* out[k*out_stride] = exp(x[k*stride] - top), k < n, and their sum, in
+ * 8 running sums (added in order below 64 entries). A block of 256 exps
+ * at a time, then their sums from L1: libmvec's exps vectorize as a plain
+ * map (with them in the same loop, GCC shuffled the running sums' lanes).
+ * restrict: the softmax is a buffer of its own, never its argument's. */
+SYMBACKPROP_HELPER double symbackprop_f64_exp_store(const double *SYMBACKPROP_RESTRICT x, int64_t n, int64_t stride,
+                                                  double *SYMBACKPROP_RESTRICT out, int64_t out_stride, double top)
+{
+    double result = 0;
+    int64_t k = 0;
+    if (n >= 64) {
+        double lane[8] = {0};
+        const int64_t whole = n / 8 * 8;
+        while (k < whole) {         const int64_t end = whole - k > 256 ? k + 256 : whole;
+            for (int64_t j = k; j < end; ++j) {
+                out[j * out_stride] = exp(x[j * stride] - top);
+            }
+            for (; k < end; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    lane[l] += out[(k + l) * out_stride];
+                }
             }
         }
         for (int64_t l = 0; l < 8; ++l) {
             result += lane[l];
         }
     }
-    for (int64_t k = whole; k < n; ++k) {
-        result += exp(x[k*stride] - top);
+    for (; k < n; ++k) {
+        const double e = exp(x[k * stride] - top);
+        out[k * out_stride] = e;
+        result += e;
     }
-    return top + log(result);
+    return result;
+}
+
+/* The same for contiguous x and out, its own function: the strides known
+ * to be 1, the exps vectorize (GCC merged two calls of the one above, with
+ * strides 1 and general, into one call with general strides). */
+SYMBACKPROP_HELPER double symbackprop_f64_exp_store1(const double *SYMBACKPROP_RESTRICT x, int64_t n,
+                                                   double *SYMBACKPROP_RESTRICT out, double top)
+{
+    double result = 0;
+    int64_t k = 0;
+    if (n >= 64) {
+        double lane[8] = {0};
+        const int64_t whole = n / 8 * 8;
+        while (k < whole) {         const int64_t end = whole - k > 256 ? k + 256 : whole;
+            for (int64_t j = k; j < end; ++j) {
+                out[j] = exp(x[j] - top);
+            }
+            for (; k < end; k += 8) {
+                for (int64_t l = 0; l < 8; ++l) {
+                    lane[l] += out[(k + l)];
+                }
+            }
+        }
+        for (int64_t l = 0; l < 8; ++l) {
+            result += lane[l];
+        }
+    }
+    for (; k < n; ++k) {
+        const double e = exp(x[k] - top);
+        out[k] = e;
+        result += e;
+    }
+    return result;
+}
+
+/* The softmax of n entries stride apart into out (out_stride apart):
+ * exp(x - top) for each entry, once, stored and summed, then scaled by one
+ * over the sum; the log-sum-exp below and the gradient read it. The largest
+ * entry's is exactly 1/sum. */
+SYMBACKPROP_HELPER void symbackprop_f64_softmax_axis(const double *x, int64_t n, int64_t stride, double *out, int64_t out_stride)
+{
+    const double top = symbackprop_f64_lse_top(x, n, stride);
+    if (isinf(top)) { /* every entry -inf (NaN, as exp(x - lse)), or a +inf (0, NaN at +inf) */
+        for (int64_t k = 0; k < n; ++k) {
+            out[k * out_stride] = exp(x[k * stride] - top);
+        }
+        return;
+    }
+    const double sum = stride == 1 && out_stride == 1 ? symbackprop_f64_exp_store1(x, n, out, top)
+                                                  : symbackprop_f64_exp_store(x, n, stride, out, out_stride, top);
+    const double scale = 1 / sum;
+    if (out_stride == 1) {
+        for (int64_t k = 0; k < n; ++k) {
+            out[k] *= scale;
+        }
+        return;
+    }
+    for (int64_t k = 0; k < n; ++k) {
+        out[k * out_stride] *= scale;
+    }
+}
+
+
+/* log(sum(exp(x))) of n entries stride apart, from their softmax p (p_stride
+ * apart): the largest x (NaN skipped) minus the log of the largest p, which
+ * is 1/sum(exp(x - top)). A NaN in x makes every p NaN: their largest,
+ * NaN skipped, is then -inf, and its log NaN. No exp. */
+SYMBACKPROP_HELPER double symbackprop_f64_logsumexp(const double *x, int64_t n, int64_t stride, const double *p, int64_t p_stride)
+{
+    const double top = symbackprop_f64_lse_top(x, n, stride);
+    if (isinf(top)) {
+        return top; /* every entry -inf (or one +inf) */
+    }
+    return top - log(symbackprop_f64_lse_top(p, n, p_stride));
 }
 
 /* The product of x[0], x[stride], ..., x[(n - 1)*stride]. */
@@ -1024,8 +1139,17 @@ SYMBACKPROP_HELPER inline float symbackprop_f32_exp_term(float x)
     const uint32_t scale_bits = (uint32_t)(k + 127) << 23;
     float scale;
     memcpy(&scale, &scale_bits, sizeof scale);
-    const float result = x < -86.0f ? 0 : p * scale;
-    return x != x ? x : result;
+    /* 0 below the range, selected on the bits: a select of floats kept GCC's
+     * branch (the product may not be computed on a path that does not
+     * need it, under -ftrapping-math), and the loops calling it did not
+     * vectorize. A NaN x makes p NaN, which stays. */
+    const float big = p * scale;
+    uint32_t bits;
+    memcpy(&bits, &big, sizeof bits);
+    bits &= x < -86.0f ? (uint32_t)0 : ~(uint32_t)0;
+    float result;
+    memcpy(&result, &bits, sizeof result);
+    return result;
 }
 #ifdef SYMBACKPROP_CBLAS
 /* A rows x cols operand read at p[i*rs + j*cs] as a row-major BLAS matrix:
@@ -1392,81 +1516,187 @@ SYMBACKPROP_HELPER float symbackprop_f32_min(const float *x, int64_t n, int64_t 
     }
     return result;
 }
+
 #if defined(__GNUC__)
 
-/* The largest of n >= 64 contiguous entries, NaN skipped: the eight
- * lanes as one vector of the vector extension (the same comparisons). */
+/* The largest of n >= 64 contiguous entries, NaN skipped: four 256-bit
+ * vectors of the vector extension (a compare and a blend each), four in
+ * flight where one vector waits for the last, no wider than AVX2's
+ * registers (a wider vector's halves were moved through memory there).
+ * Log-sum-exp's and softmax's shift: which of two equal entries wins does
+ * not matter there. */
 SYMBACKPROP_HELPER float symbackprop_f32_max_contiguous(const float *x, int64_t n)
 {
-    typedef float lanes_t __attribute__((vector_size(8 * sizeof(float))));
-    typedef int32_t mask_t __attribute__((vector_size(8 * sizeof(float))));
-    lanes_t lane = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    typedef float lanes_t __attribute__((vector_size(32)));
+    typedef int32_t mask_t __attribute__((vector_size(32)));
+    const lanes_t start = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    lanes_t lane0 = start, lane1 = start, lane2 = start, lane3 = start; /* named: an array of them stays in memory */
     int64_t k = 0;
-    for (; k + 8 <= n; k += 8) {
-        lanes_t value;
-        memcpy(&value, x + k, sizeof value);
-        const mask_t pick = (value > lane);
-        lane = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane & ~pick));
+    for (; k + 32 <= n; k += 32) {
+        {
+            lanes_t value;
+            memcpy(&value, x + k + 0, sizeof value);
+            const mask_t pick = value > lane0;
+            lane0 = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane0 & ~pick));
+        }
+        {
+            lanes_t value;
+            memcpy(&value, x + k + 8, sizeof value);
+            const mask_t pick = value > lane1;
+            lane1 = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane1 & ~pick));
+        }
+        {
+            lanes_t value;
+            memcpy(&value, x + k + 16, sizeof value);
+            const mask_t pick = value > lane2;
+            lane2 = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane2 & ~pick));
+        }
+        {
+            lanes_t value;
+            memcpy(&value, x + k + 24, sizeof value);
+            const mask_t pick = value > lane3;
+            lane3 = (lanes_t)(((mask_t)value & pick) | ((mask_t)lane3 & ~pick));
+        }
     }
     float result = -INFINITY;
     for (int l = 0; l < 8; ++l) {
-        result = (lane[l] > result) ? lane[l] : result;
+        result = lane0[l] > result ? lane0[l] : result;
+        result = lane1[l] > result ? lane1[l] : result;
+        result = lane2[l] > result ? lane2[l] : result;
+        result = lane3[l] > result ? lane3[l] : result;
     }
     for (; k < n; ++k) {
-        result = (x[k] > result) ? x[k] : result;
+        result = x[k] > result ? x[k] : result;
     }
     return result;
 }
 #endif
 
-/* log(sum(exp(x))) of n entries stride apart, the largest subtracted before exp. */
-SYMBACKPROP_HELPER float symbackprop_f32_logsumexp(const float *x, int64_t n, int64_t stride)
+/* The largest of n entries stride apart, NaN skipped (-inf if all are):
+ * what log-sum-exp and softmax subtract before exp. */
+SYMBACKPROP_HELPER float symbackprop_f32_lse_top(const float *x, int64_t n, int64_t stride)
 {
-    float top;
 #if defined(__GNUC__)
     if (stride == 1 && n >= 64) {
-        top = symbackprop_f32_max_contiguous(x, n);
-    } else
+        return symbackprop_f32_max_contiguous(x, n);
+    }
 #endif
-    {
-        float result = -INFINITY;
-        const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
-        if (whole > 0) {
-            float lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-            for (int64_t k = 0; k < whole; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
-                }
-            }
-            for (int64_t l = 0; l < 8; ++l) {
-                result = lane[l] > result ? lane[l] : result;
-            }
-        }
-        for (int64_t k = whole; k < n; ++k) {
-            result = x[k*stride] > result ? x[k*stride] : result;
-        }
-        top = result;
-    }
-    if (isinf(top)) {
-        return top; /* every entry -inf (or one +inf) */
-    }
-    float result = 0;
-    const int64_t whole = n >= 64 ? n - n % 16 : 0; /* the entries the lanes take, whole 16s */
+    float result = -INFINITY;
+    const int64_t whole = n >= 64 ? n - n % 8 : 0; /* the entries the lanes take, whole 8s */
     if (whole > 0) {
-        float lane[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-        for (int64_t k = 0; k < whole; k += 16) {
-            for (int64_t l = 0; l < 16; ++l) {
-                lane[l] += symbackprop_f32_exp_term(x[(k + l)*stride] - top);
+        float lane[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        for (int64_t k = 0; k < whole; k += 8) {
+            for (int64_t l = 0; l < 8; ++l) {
+                lane[l] = x[(k + l)*stride] > lane[l] ? x[(k + l)*stride] : lane[l];
+            }
+        }
+        for (int64_t l = 0; l < 8; ++l) {
+            result = lane[l] > result ? lane[l] : result;
+        }
+    }
+    for (int64_t k = whole; k < n; ++k) {
+        result = x[k*stride] > result ? x[k*stride] : result;
+    }
+    return result;
+}
+/* out[k*out_stride] = exp(x[k*stride] - top), k < n, and their sum, in
+ * 16 running sums (added in order below 64 entries). The inline exp in
+ * the lanes' loop (as a plain map, GCC kept its branches).
+ * restrict: the softmax is a buffer of its own, never its argument's. */
+SYMBACKPROP_HELPER float symbackprop_f32_exp_store(const float *SYMBACKPROP_RESTRICT x, int64_t n, int64_t stride,
+                                                  float *SYMBACKPROP_RESTRICT out, int64_t out_stride, float top)
+{
+    float result = 0;
+    int64_t k = 0;
+    if (n >= 64) {
+        float lane[16] = {0};
+        const int64_t whole = n / 16 * 16;
+        for (; k < whole; k += 16) {         for (int64_t l = 0; l < 16; ++l) {
+                const float e = symbackprop_f32_exp_term(x[(k + l) * stride] - top);
+                out[(k + l) * out_stride] = e;
+                lane[l] += e;
             }
         }
         for (int64_t l = 0; l < 16; ++l) {
             result += lane[l];
         }
     }
-    for (int64_t k = whole; k < n; ++k) {
-        result += symbackprop_f32_exp_term(x[k*stride] - top);
+    for (; k < n; ++k) {
+        const float e = symbackprop_f32_exp_term(x[k * stride] - top);
+        out[k * out_stride] = e;
+        result += e;
     }
-    return top + logf(result);
+    return result;
+}
+
+/* The same for contiguous x and out, its own function: the strides known
+ * to be 1, the exps vectorize (GCC merged two calls of the one above, with
+ * strides 1 and general, into one call with general strides). */
+SYMBACKPROP_HELPER float symbackprop_f32_exp_store1(const float *SYMBACKPROP_RESTRICT x, int64_t n,
+                                                   float *SYMBACKPROP_RESTRICT out, float top)
+{
+    float result = 0;
+    int64_t k = 0;
+    if (n >= 64) {
+        float lane[16] = {0};
+        const int64_t whole = n / 16 * 16;
+        for (; k < whole; k += 16) {         for (int64_t l = 0; l < 16; ++l) {
+                const float e = symbackprop_f32_exp_term(x[(k + l)] - top);
+                out[(k + l)] = e;
+                lane[l] += e;
+            }
+        }
+        for (int64_t l = 0; l < 16; ++l) {
+            result += lane[l];
+        }
+    }
+    for (; k < n; ++k) {
+        const float e = symbackprop_f32_exp_term(x[k] - top);
+        out[k] = e;
+        result += e;
+    }
+    return result;
+}
+
+/* The softmax of n entries stride apart into out (out_stride apart):
+ * exp(x - top) for each entry, once, stored and summed, then scaled by one
+ * over the sum; the log-sum-exp below and the gradient read it. The largest
+ * entry's is exactly 1/sum. */
+SYMBACKPROP_HELPER void symbackprop_f32_softmax_axis(const float *x, int64_t n, int64_t stride, float *out, int64_t out_stride)
+{
+    const float top = symbackprop_f32_lse_top(x, n, stride);
+    if (isinf(top)) { /* every entry -inf (NaN, as exp(x - lse)), or a +inf (0, NaN at +inf) */
+        for (int64_t k = 0; k < n; ++k) {
+            out[k * out_stride] = expf(x[k * stride] - top);
+        }
+        return;
+    }
+    const float sum = stride == 1 && out_stride == 1 ? symbackprop_f32_exp_store1(x, n, out, top)
+                                                  : symbackprop_f32_exp_store(x, n, stride, out, out_stride, top);
+    const float scale = 1 / sum;
+    if (out_stride == 1) {
+        for (int64_t k = 0; k < n; ++k) {
+            out[k] *= scale;
+        }
+        return;
+    }
+    for (int64_t k = 0; k < n; ++k) {
+        out[k * out_stride] *= scale;
+    }
+}
+
+
+/* log(sum(exp(x))) of n entries stride apart, from their softmax p (p_stride
+ * apart): the largest x (NaN skipped) minus the log of the largest p, which
+ * is 1/sum(exp(x - top)). A NaN in x makes every p NaN: their largest,
+ * NaN skipped, is then -inf, and its log NaN. No exp. */
+SYMBACKPROP_HELPER float symbackprop_f32_logsumexp(const float *x, int64_t n, int64_t stride, const float *p, int64_t p_stride)
+{
+    const float top = symbackprop_f32_lse_top(x, n, stride);
+    if (isinf(top)) {
+        return top; /* every entry -inf (or one +inf) */
+    }
+    return top - logf(symbackprop_f32_lse_top(p, n, p_stride));
 }
 
 /* The product of x[0], x[stride], ..., x[(n - 1)*stride]. */
@@ -1766,10 +1996,13 @@ SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int
 #define symbackprop_f64_copy_rhs symbackprop_f32_copy_rhs
 #define symbackprop_f64_cumsum symbackprop_f32_cumsum
 #define symbackprop_f64_det symbackprop_f32_det
+#define symbackprop_f64_exp_store symbackprop_f32_exp_store
+#define symbackprop_f64_exp_store1 symbackprop_f32_exp_store1
 #define symbackprop_f64_gemm symbackprop_f32_gemm
 #define symbackprop_f64_lane_sums symbackprop_f32_lane_sums
 #define symbackprop_f64_logdet symbackprop_f32_logdet
 #define symbackprop_f64_logsumexp symbackprop_f32_logsumexp
+#define symbackprop_f64_lse_top symbackprop_f32_lse_top
 #define symbackprop_f64_lu symbackprop_f32_lu
 #define symbackprop_f64_matmul symbackprop_f32_matmul
 #define symbackprop_f64_matmul_add symbackprop_f32_matmul_add
@@ -1782,6 +2015,7 @@ SYMBACKPROP_HELPER void symbackprop_f32_causal_mix(int transpose, int64_t n, int
 #define symbackprop_f64_prod symbackprop_f32_prod
 #define symbackprop_f64_prod_others symbackprop_f32_prod_others
 #define symbackprop_f64_shift symbackprop_f32_shift
+#define symbackprop_f64_softmax_axis symbackprop_f32_softmax_axis
 #define symbackprop_f64_solve symbackprop_f32_solve
 #define symbackprop_f64_substitute symbackprop_f32_substitute
 #define symbackprop_f64_sum symbackprop_f32_sum

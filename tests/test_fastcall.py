@@ -177,6 +177,28 @@ def test_numbers_for_scalars_take_the_c_path_with_the_binders_conversion(scalars
     assert grads["b"] == pytest.approx(2 * float(dtype.type(b)), rel=1e-6)
 
 
+def test_zero_d_arrays_for_scalars_take_the_c_path(scalars, monkeypatch):
+    mod, dtype = scalars
+    x = np.array([[1.0], [2.0], [4.0]], dtype=dtype)
+    fn = mod.function("value_and_grad")
+    as_python = _python_path(fn, {"x": x, "a": np.full((1, 1), 0.5, dtype), "b": np.full((1, 1), -3.0, dtype)})
+    monkeypatch.setattr(type(fn), "bind", lambda *_: pytest.fail("the Python path ran"))
+    loss, grads = mod.value_and_grad(x=x, a=np.array(0.5, dtype), b=np.array(-3.0, dtype))
+    assert loss == as_python[0] and loss == pytest.approx(0.5 * 7 + 9, rel=1e-6)  # closed form: a sum(x) + b^2
+    np.testing.assert_array_equal(grads["b"], np.full((1, 1), -6.0, dtype))
+    np.testing.assert_array_equal(grads["a"], np.full((1, 1), 7.0, dtype))
+
+
+def test_zero_d_arrays_the_c_path_declines_go_to_the_binder(scalars):
+    mod, dtype = scalars
+    fn = mod.function("value_and_grad")
+    x = np.ones((3, 1), dtype=dtype)
+    other = np.array(2.0, np.float32 if dtype == np.float64 else np.float64)
+    assert fn.fast({"x": x, "a": other, "b": 1.0}) is None  # another dtype: the binder says so
+    with pytest.raises(ArgumentError, match="a"):
+        mod.value_and_grad(x=x, a=other, b=1.0)
+
+
 @pytest.mark.parametrize("value", [True, 2**64, 1e300, "1.0", None])
 def test_numbers_the_c_path_declines_go_to_the_binder(scalars, value):
     mod, dtype = scalars

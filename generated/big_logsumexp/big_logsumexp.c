@@ -36,21 +36,12 @@ static int big_logsumexp_run(
     }
     (void)work;
 
+    /* grad_v = softmax of v down each column, its max subtracted first */
+    symbackprop_f64_softmax_axis(v, n, 1, grad_v, 1);
+
     /* loss = log(sum(exp(v))) down each column, its max subtracted first */
-    loss[0] = symbackprop_f64_logsumexp(v, n, 1);
-
-    if (!with_grads) {
-        return 0;
-    }
-
-    /* grad_v = exp(-loss + v) */
-    {
-        const BIG_LOGSUMEXP_REAL loss_value = loss[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < n; ++i) {
-            grad_v[i] = exp(v[i] - loss_value);
-        }
-    }
+    loss[0] = symbackprop_f64_logsumexp(v, n, 1, grad_v, 1);
+    (void)with_grads;
     return 0;
 }
 
@@ -59,7 +50,7 @@ size_t big_logsumexp_forward_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(big_logsumexp_run_work_len(n, 0));
+    return (size_t)(big_logsumexp_run_work_len(n, 0) + n*1);
 }
 
 /* Forward pass: the loss and the named outputs. */
@@ -73,7 +64,7 @@ int big_logsumexp_forward(
     if (n < 1) {
         return 1;
     }
-    return big_logsumexp_run(n, v, loss, NULL, work, 0);
+    return big_logsumexp_run(n, v, loss, work + big_logsumexp_run_work_len(n, 0), work, 0);
 }
 
 size_t big_logsumexp_value_and_grad_work_len(int64_t n)

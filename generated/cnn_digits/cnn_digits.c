@@ -24,7 +24,7 @@
 #define CNN_DIGITS_SHARED static
 #endif
 
-/* Its 18 element-wise loops that repeat (in several functions, or at
+/* Its 12 element-wise loops that repeat (in several functions, or at
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
@@ -63,20 +63,39 @@ void cnn_digits_loop3(
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
 void cnn_digits_loop4(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop5(
+void cnn_digits_loop5(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop2(
     int64_t n,
     CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
+    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
     const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
     const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-);
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const CNN_DIGITS_REAL x0 = a2[64*i + j] + a3[j];
+            a0[64*i + j] = (((0) > (x0)) ? (0) : (x0));
+            a1[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        }
+    }
+}
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop6(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop7(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop8(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+void cnn_digits_loop5(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
+            a0[10*i + j] = a1[10*i + j]*x0 - a2[10*i + j]*x0;
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
 void cnn_digits_loop0(
     int64_t n,
@@ -96,7 +115,7 @@ void cnn_digits_loop0(
     }
 }
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop2(
+void cnn_digits_loop1(
     int64_t n,
     CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
     CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
@@ -106,10 +125,10 @@ void cnn_digits_loop2(
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const CNN_DIGITS_REAL x0 = a2[64*i + j] + a3[j];
-            a0[64*i + j] = (((0) > (x0)) ? (0) : (x0));
-            a1[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        for (int64_t j = 0; j < 512; ++j) {
+            const CNN_DIGITS_REAL x0 = a2[j] + a3[512*i + j];
+            a0[512*i + j] = (((0) > (x0)) ? (0) : (x0));
+            a1[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
         }
     }
 }
@@ -140,73 +159,6 @@ void cnn_digits_loop4(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const
         a0[i] = -a1[i] + a2[i];
     }
 }
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop7(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            a0[512*i + j] = a1[512*i + j]*a2[512*i + j];
-        }
-    }
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop1(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            const CNN_DIGITS_REAL x0 = a2[j] + a3[512*i + j];
-            a0[512*i + j] = (((0) > (x0)) ? (0) : (x0));
-            a1[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop5(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
-            a0[10*i + j] = -a1[10*i + j]*x0 + x0*exp(a2[10*i + j] - a3[i]);
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop6(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j]*a2[64*i + j];
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop8(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 1024; ++j) {
-            a0[1024*i + j] = a1[1024*i + j]*a2[1024*i + j];
-        }
-    }
-}
 #endif
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -215,11 +167,11 @@ CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 5655*n + 85633 : 5207*n + 24577);
+    return (size_t)(with_grads ? 5591*n + 85633 : 5207*n + 24577);
 }
 #endif
 
-/* cnn_digits_run, part 1 of 3 (kernels 1 to 17): a long
+/* cnn_digits_run, part 1 of 3 (kernels 1 to 18): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -398,29 +350,35 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
         t15[i] = symbackprop_f64_sum(t14 + 10*i, 10, 1);
     }
 
-    /* t16 = log(sum(exp(logits))) along each row, its max subtracted first */
-    CNN_DIGITS_REAL *t16 = t15 + n; /* n x 1 */
-    SYMBACKPROP_PARALLEL_FOR
+    /* t16 = softmax of logits along each row, its max subtracted first */
+    CNN_DIGITS_REAL *t16 = t13; /* n x 10, in t13's memory */
     for (int64_t i = 0; i < n; ++i) {
-        t16[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
+        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, t16 + 10*i, 1);
     }
 
-    /* t17 = -t15 + t16 */
-    CNN_DIGITS_REAL *t17 = t16 + n; /* n x 1 */
-    cnn_digits_loop4(n, t17, t15, t16);
+    /* t17 = log(sum(exp(logits))) along each row, its max subtracted first */
+    CNN_DIGITS_REAL *t17 = t15 + n; /* n x 1 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        t17[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, t16 + 10*i, 1);
+    }
 
-    /* t18 = sum of t17 down each column */
-    CNN_DIGITS_REAL *t18 = t17 + n; /* 1 x 1 */
-    t18[0] = symbackprop_f64_sum(t17, n, 1);
+    /* t18 = -t15 + t17 */
+    CNN_DIGITS_REAL *t18 = t17 + n; /* n x 1 */
+    cnn_digits_loop4(n, t18, t15, t17);
 
-    /* loss = t18/n */
+    /* t19 = sum of t18 down each column */
+    CNN_DIGITS_REAL *t19 = t18 + n; /* 1 x 1 */
+    t19[0] = symbackprop_f64_sum(t18, n, 1);
+
+    /* loss = t19/n */
     {
-        loss[0] = t18[0]/((CNN_DIGITS_REAL)n);
+        loss[0] = t19[0]/((CNN_DIGITS_REAL)n);
     }
 }
 #endif
 
-/* cnn_digits_run, part 2 of 3 (kernels 18 to 32): a long
+/* cnn_digits_run, part 2 of 3 (kernels 19 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 3; called from unit 0. */
@@ -431,11 +389,9 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     const CNN_DIGITS_REAL *K2,
     const CNN_DIGITS_REAL *W1,
     const CNN_DIGITS_REAL *W2,
-    CNN_DIGITS_REAL *logits,
     CNN_DIGITS_REAL *grad_K1,
     CNN_DIGITS_REAL *grad_c1,
     CNN_DIGITS_REAL *grad_K2,
-    CNN_DIGITS_REAL *grad_c2,
     CNN_DIGITS_REAL *work
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
@@ -446,11 +402,9 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     const CNN_DIGITS_REAL *K2,
     const CNN_DIGITS_REAL *W1,
     const CNN_DIGITS_REAL *W2,
-    CNN_DIGITS_REAL *logits,
     CNN_DIGITS_REAL *grad_K1,
     CNN_DIGITS_REAL *grad_c1,
     CNN_DIGITS_REAL *grad_K2,
-    CNN_DIGITS_REAL *grad_c2,
     CNN_DIGITS_REAL *work
 )
 {
@@ -466,24 +420,28 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *t8 = work + 4352*n + 24576; /* n x 512; placed in an earlier part */
     CNN_DIGITS_REAL *t10 = work + 4992*n + 24576; /* n x 64; placed in an earlier part */
     CNN_DIGITS_REAL *t12 = work + 5120*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *t13 = work + 5184*n + 24576; /* n x 10; placed in an earlier part */
-    CNN_DIGITS_REAL *t16 = work + 5205*n + 24576; /* n x 1; placed in an earlier part */
-    CNN_DIGITS_REAL *t18 = work + 5207*n + 24576; /* 1 x 1; placed in an earlier part */
-    /* grad_logits = -T/n + exp(logits - t16)/n */
-    CNN_DIGITS_REAL *grad_logits = t13; /* n x 10, in t13's memory */
-    cnn_digits_loop5(n, grad_logits, T, logits, t16);
+    CNN_DIGITS_REAL *t14 = work + 5194*n + 24576; /* n x 10; placed in an earlier part */
+    CNN_DIGITS_REAL *t16 = work + 5184*n + 24576; /* n x 10, in t13's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *t19 = work + 5207*n + 24576; /* 1 x 1; placed in an earlier part */
+    /* grad_logits = -T/n + t16/n */
+    CNN_DIGITS_REAL *grad_logits = t14; /* n x 10, in t14's memory */
+    cnn_digits_loop5(n, grad_logits, t16, T);
 
     /* grad_t11 = grad_logits @ W2^T */
     CNN_DIGITS_REAL *grad_t11 = t10; /* n x 64, in t10's memory */
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t11);
 
-    /* g0 = grad_t11*t12 */
-    CNN_DIGITS_REAL *g0 = t18 + 1; /* n x 64 */
-    cnn_digits_loop6(n, g0, grad_t11, t12);
+    /* grad_t11 = grad_t11*t12 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_t11[64*i + j] = grad_t11[64*i + j]*t12[64*i + j];
+        }
+    }
 
-    /* grad_t9 = g0 @ W1^T */
-    CNN_DIGITS_REAL *grad_t9 = g0 + 64*n; /* n x 128 */
-    symbackprop_f64_matmul(n, 128, 64, g0, 64, 1, W1, 1, 64, grad_t9);
+    /* grad_t9 = grad_t11 @ W1^T */
+    CNN_DIGITS_REAL *grad_t9 = t19 + 1; /* n x 128 */
+    symbackprop_f64_matmul(n, 128, 64, grad_t11, 64, 1, W1, 1, 64, grad_t9);
 
     /* grad_t7[i,ch,best] += grad_t9[i,ch,oy,ox], best: the first largest
      * t7[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
@@ -511,12 +469,16 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         }
     }
 
-    /* g1 = grad_t7*t8 */
-    CNN_DIGITS_REAL *g1 = t7; /* n x 512, in t7's memory */
-    cnn_digits_loop7(n, g1, grad_t7, t8);
+    /* grad_t7 = grad_t7*t8 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 512; ++j) {
+            grad_t7[512*i + j] = grad_t7[512*i + j]*t8[512*i + j];
+        }
+    }
 
-    /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
-     * by its images) */
+    /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * grad_t7[i,oc,oy,ox] (conv2d's
+     * gradient by its images) */
     CNN_DIGITS_REAL *grad_t5 = grad_t9 + 128*n; /* n x 256 */
     CNN_DIGITS_REAL *grad_t5_cols = t6_cols; /* 8 x 2304, in t6_cols's memory */
     /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of grad_t5_cols */
@@ -524,8 +486,8 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     for (int64_t blk = 0; blk < 8; ++blk) {
         CNN_DIGITS_REAL *const win = grad_t5_cols + blk * 2304;
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win[kk,at] = sum_oc K2[oc,kk] * g1[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
-            symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, g1 + i * 512, 16, 1, win);
+            /* win[kk,at] = sum_oc K2[oc,kk] * grad_t7[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
+            symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, grad_t7 + i * 512, 16, 1, win);
             for (int64_t at = 0; at < 256; ++at) {
                 grad_t5[i * 256 + at] = 0;
             }
@@ -573,11 +535,15 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         }
     }
 
-    /* g2 = grad_t3*t4 */
-    CNN_DIGITS_REAL *g2 = t3; /* n x 1024, in t3's memory */
-    cnn_digits_loop8(n, g2, grad_t3, t4);
+    /* grad_t3 = grad_t3*t4 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 1024; ++j) {
+            grad_t3[1024*i + j] = grad_t3[1024*i + j]*t4[1024*i + j];
+        }
+    }
 
-    /* grad_K1[oc,ic,ky,kx] = sum_{i,oy,ox} g2[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
+    /* grad_K1[oc,ic,ky,kx] = sum_{i,oy,ox} grad_t3[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
     CNN_DIGITS_REAL *grad_K1_cols = grad_t5 + 256*n; /* 8 x 720 */
     /* the batch in 8 fixed blocks of examples, each with its own 720 entries of grad_K1_cols */
@@ -602,10 +568,10 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                     }
                 }
             }
-            /* wsum[oc,kk] += sum_at g2[i,oc,at] * win[at,kk] */
+            /* wsum[oc,kk] += sum_at grad_t3[i,oc,at] * win[at,kk] */
             for (int64_t oc = 0; oc < 16; ++oc) {
                 for (int64_t at = 0; at < 64; ++at) {
-                    const CNN_DIGITS_REAL wv = g2[(i * 16 + oc) * 64 + at];
+                    const CNN_DIGITS_REAL wv = grad_t3[(i * 16 + oc) * 64 + at];
                     for (int64_t kk = 0; kk < 9; ++kk) {
                         wsum[oc * 9 + kk] += wv * win[at * 9 + kk];
                     }
@@ -622,9 +588,9 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         grad_K1[at] = acc;
     }
 
-    /* grad_t1 = sum of g2 down each column */
+    /* grad_t1 = sum of grad_t3 down each column */
     CNN_DIGITS_REAL *grad_t1 = t1; /* 1 x 1024, in t1's memory */
-    symbackprop_f64_sum_columns(g2, n, 1024, 1024, grad_t1);
+    symbackprop_f64_sum_columns(grad_t3, n, 1024, 1024, grad_t1);
 
     /* grad_c1[i,ch] = sum_at grad_t1[i,ch,at] (over each channel's pixels) */
     for (int64_t i = 0; i < 1; ++i) {
@@ -637,7 +603,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         }
     }
 
-    /* grad_K2[oc,ic,ky,kx] = sum_{i,oy,ox} g1[i,oc,oy,ox] * t5[i,ic,oy+ky-1,ox+kx-1]
+    /* grad_K2[oc,ic,ky,kx] = sum_{i,oy,ox} grad_t7[i,oc,oy,ox] * t5[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
     CNN_DIGITS_REAL *grad_K2_cols = grad_K1_cols + 5760; /* 8 x 6912 */
     /* the batch in 8 fixed blocks of examples, each with its own 6912 entries of grad_K2_cols */
@@ -662,10 +628,10 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                     }
                 }
             }
-            /* wsum[oc,kk] += sum_at g1[i,oc,at] * win[at,kk] */
+            /* wsum[oc,kk] += sum_at grad_t7[i,oc,at] * win[at,kk] */
             for (int64_t oc = 0; oc < 32; ++oc) {
                 for (int64_t at = 0; at < 16; ++at) {
-                    const CNN_DIGITS_REAL wv = g1[(i * 32 + oc) * 16 + at];
+                    const CNN_DIGITS_REAL wv = grad_t7[(i * 32 + oc) * 16 + at];
                     for (int64_t kk = 0; kk < 144; ++kk) {
                         wsum[oc * 144 + kk] += wv * win[at * 144 + kk];
                     }
@@ -682,10 +648,31 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         grad_K2[at] = acc;
     }
 
-    /* grad_t0 = sum of g1 down each column */
+    /* grad_t0 = sum of grad_t7 down each column */
     CNN_DIGITS_REAL *grad_t0 = t0; /* 1 x 512, in t0's memory */
-    symbackprop_f64_sum_columns(g1, n, 512, 512, grad_t0);
+    symbackprop_f64_sum_columns(grad_t7, n, 512, 512, grad_t0);
+}
+#endif
 
+/* cnn_digits_run, part 3 of 3 (kernels 33 to 37): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+CNN_DIGITS_SHARED void cnn_digits_run_part3(
+    int64_t n,
+    CNN_DIGITS_REAL *grad_c2,
+    CNN_DIGITS_REAL *grad_W1,
+    CNN_DIGITS_REAL *grad_b1,
+    CNN_DIGITS_REAL *grad_W2,
+    CNN_DIGITS_REAL *grad_b2,
+    CNN_DIGITS_REAL *work
+)
+{
+    CNN_DIGITS_REAL *t9 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
+    CNN_DIGITS_REAL *t11 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_logits = work + 5194*n + 24576; /* n x 10, in t14's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_t11 = work + 4992*n + 24576; /* n x 64, in t10's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_t0 = work; /* 1 x 512, in t0's memory; placed in an earlier part */
     /* grad_c2[i,ch] = sum_at grad_t0[i,ch,at] (over each channel's pixels) */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
@@ -696,31 +683,12 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
             grad_c2[i * 32 + ch] = acc;
         }
     }
-}
-#endif
 
-/* cnn_digits_run, part 3 of 3 (kernels 33 to 36): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-CNN_DIGITS_SHARED void cnn_digits_run_part3(
-    int64_t n,
-    CNN_DIGITS_REAL *grad_W1,
-    CNN_DIGITS_REAL *grad_b1,
-    CNN_DIGITS_REAL *grad_W2,
-    CNN_DIGITS_REAL *grad_b2,
-    CNN_DIGITS_REAL *work
-)
-{
-    CNN_DIGITS_REAL *t9 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
-    CNN_DIGITS_REAL *t11 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 24576; /* n x 10, in t13's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *g0 = work + 5207*n + 24577; /* n x 64; placed in an earlier part */
-    /* grad_W1 = t9^T @ g0 */
-    symbackprop_f64_matmul(128, 64, n, t9, 1, 128, g0, 64, 1, grad_W1);
+    /* grad_W1 = t9^T @ grad_t11 */
+    symbackprop_f64_matmul(128, 64, n, t9, 1, 128, grad_t11, 64, 1, grad_W1);
 
-    /* grad_b1 = sum of g0 down each column */
-    symbackprop_f64_sum_columns(g0, n, 64, 64, grad_b1);
+    /* grad_b1 = sum of grad_t11 down each column */
+    symbackprop_f64_sum_columns(grad_t11, n, 64, 64, grad_b1);
 
     /* grad_W2 = t11^T @ grad_logits */
     symbackprop_f64_matmul(64, 10, n, t11, 1, 64, grad_logits, 10, 1, grad_W2);
@@ -766,8 +734,8 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     if (!with_grads) {
         return 0;
     }
-    cnn_digits_run_part2(n, X, T, K2, W1, W2, logits, grad_K1, grad_c1, grad_K2, grad_c2, work);
-    cnn_digits_run_part3(n, grad_W1, grad_b1, grad_W2, grad_b2, work);
+    cnn_digits_run_part2(n, X, T, K2, W1, W2, grad_K1, grad_c1, grad_K2, work);
+    cnn_digits_run_part3(n, grad_c2, grad_W1, grad_b1, grad_W2, grad_b2, work);
     return 0;
 }
 #endif
@@ -864,7 +832,7 @@ size_t cnn_digits_train_step_work_len(int64_t n)
 /* cnn_digits_train_step, part 1 of 2 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 2; called from unit 0. */
 CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     int64_t n,
     const CNN_DIGITS_REAL *X,
@@ -881,7 +849,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     CNN_DIGITS_REAL *loss,
     CNN_DIGITS_REAL *work
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     int64_t n,
     const CNN_DIGITS_REAL *X,
@@ -1058,37 +1026,48 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
         t15[i] = symbackprop_f64_sum(t14 + 10*i, 10, 1);
     }
 
-    /* t16 = log(sum(exp(logits))) along each row, its max subtracted first */
-    CNN_DIGITS_REAL *t16 = t15 + n; /* n x 1 */
+    /* t16 = softmax of logits along each row, its max subtracted first */
+    CNN_DIGITS_REAL *t16 = t13; /* n x 10, in t13's memory */
+    for (int64_t i = 0; i < n; ++i) {
+        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, t16 + 10*i, 1);
+    }
+
+    /* t17 = log(sum(exp(logits))) along each row, its max subtracted first */
+    CNN_DIGITS_REAL *t17 = t15 + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t16[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
+        t17[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, t16 + 10*i, 1);
     }
 
-    /* t17 = -t15 + t16 */
-    CNN_DIGITS_REAL *t17 = t16 + n; /* n x 1 */
-    cnn_digits_loop4(n, t17, t15, t16);
+    /* t18 = -t15 + t17 */
+    CNN_DIGITS_REAL *t18 = t17 + n; /* n x 1 */
+    cnn_digits_loop4(n, t18, t15, t17);
 
-    /* t18 = sum of t17 down each column */
-    CNN_DIGITS_REAL *t18 = t17 + n; /* 1 x 1 */
-    t18[0] = symbackprop_f64_sum(t17, n, 1);
+    /* t19 = sum of t18 down each column */
+    CNN_DIGITS_REAL *t19 = t18 + n; /* 1 x 1 */
+    t19[0] = symbackprop_f64_sum(t18, n, 1);
 
-    /* loss = t18/n */
+    /* loss = t19/n */
     {
-        loss[0] = t18[0]/((CNN_DIGITS_REAL)n);
+        loss[0] = t19[0]/((CNN_DIGITS_REAL)n);
     }
 
-    /* grad_logits = -T/n + exp(logits - t16)/n */
-    CNN_DIGITS_REAL *grad_logits = t13; /* n x 10, in t13's memory */
-    cnn_digits_loop5(n, grad_logits, T, logits, t16);
+    /* grad_logits = -T/n + t16/n */
+    CNN_DIGITS_REAL *grad_logits = t14; /* n x 10, in t14's memory */
+    cnn_digits_loop5(n, grad_logits, t16, T);
 
     /* grad_t11 = grad_logits @ W2^T */
     CNN_DIGITS_REAL *grad_t11 = t10; /* n x 64, in t10's memory */
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t11);
 
     /* g0 = grad_t11*t12 */
-    CNN_DIGITS_REAL *g0 = t18 + 1; /* n x 64 */
-    cnn_digits_loop6(n, g0, grad_t11, t12);
+    CNN_DIGITS_REAL *g0 = t19 + 1; /* n x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            g0[64*i + j] = grad_t11[64*i + j]*t12[64*i + j];
+        }
+    }
 
     /* grad_t9 = g0 @ W1^T */
     CNN_DIGITS_REAL *grad_t9 = g0 + 64*n; /* n x 128 */
@@ -1122,7 +1101,12 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* g1 = grad_t7*t8 */
     CNN_DIGITS_REAL *g1 = t7; /* n x 512, in t7's memory */
-    cnn_digits_loop7(n, g1, grad_t7, t8);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 512; ++j) {
+            g1[512*i + j] = grad_t7[512*i + j]*t8[512*i + j];
+        }
+    }
 
     /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
      * by its images) */
@@ -1184,7 +1168,12 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* g2 = grad_t3*t4 */
     CNN_DIGITS_REAL *g2 = t3; /* n x 1024, in t3's memory */
-    cnn_digits_loop8(n, g2, grad_t3, t4);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 1024; ++j) {
+            g2[1024*i + j] = grad_t3[1024*i + j]*t4[1024*i + j];
+        }
+    }
 
     /* grad_K1_1[oc,ic,ky,kx] = sum_{i,oy,ox} g2[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
@@ -1267,7 +1256,94 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
             grad_c1_2[j] = grad_c1_1[j] + weight_decay_value*c1[j];
         }
     }
+}
+#endif
 
+/* cnn_digits_train_step, part 2 of 2 (kernels 33 to 55): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 1; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
+    int64_t n,
+    CNN_DIGITS_REAL *K1,
+    CNN_DIGITS_REAL *c1,
+    CNN_DIGITS_REAL *K2,
+    CNN_DIGITS_REAL *c2,
+    CNN_DIGITS_REAL *W1,
+    CNN_DIGITS_REAL *b1,
+    CNN_DIGITS_REAL *W2,
+    CNN_DIGITS_REAL *b2,
+    const CNN_DIGITS_REAL *lr,
+    const CNN_DIGITS_REAL *beta1,
+    const CNN_DIGITS_REAL *beta2,
+    const CNN_DIGITS_REAL *eps,
+    const CNN_DIGITS_REAL *weight_decay,
+    CNN_DIGITS_REAL *step,
+    CNN_DIGITS_REAL *m_K1,
+    CNN_DIGITS_REAL *v_K1,
+    CNN_DIGITS_REAL *m_c1,
+    CNN_DIGITS_REAL *v_c1,
+    CNN_DIGITS_REAL *m_K2,
+    CNN_DIGITS_REAL *v_K2,
+    CNN_DIGITS_REAL *m_c2,
+    CNN_DIGITS_REAL *v_c2,
+    CNN_DIGITS_REAL *m_W1,
+    CNN_DIGITS_REAL *v_W1,
+    CNN_DIGITS_REAL *m_b1,
+    CNN_DIGITS_REAL *v_b1,
+    CNN_DIGITS_REAL *m_W2,
+    CNN_DIGITS_REAL *v_W2,
+    CNN_DIGITS_REAL *m_b2,
+    CNN_DIGITS_REAL *v_b2,
+    CNN_DIGITS_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
+    int64_t n,
+    CNN_DIGITS_REAL *K1,
+    CNN_DIGITS_REAL *c1,
+    CNN_DIGITS_REAL *K2,
+    CNN_DIGITS_REAL *c2,
+    CNN_DIGITS_REAL *W1,
+    CNN_DIGITS_REAL *b1,
+    CNN_DIGITS_REAL *W2,
+    CNN_DIGITS_REAL *b2,
+    const CNN_DIGITS_REAL *lr,
+    const CNN_DIGITS_REAL *beta1,
+    const CNN_DIGITS_REAL *beta2,
+    const CNN_DIGITS_REAL *eps,
+    const CNN_DIGITS_REAL *weight_decay,
+    CNN_DIGITS_REAL *step,
+    CNN_DIGITS_REAL *m_K1,
+    CNN_DIGITS_REAL *v_K1,
+    CNN_DIGITS_REAL *m_c1,
+    CNN_DIGITS_REAL *v_c1,
+    CNN_DIGITS_REAL *m_K2,
+    CNN_DIGITS_REAL *v_K2,
+    CNN_DIGITS_REAL *m_c2,
+    CNN_DIGITS_REAL *v_c2,
+    CNN_DIGITS_REAL *m_W1,
+    CNN_DIGITS_REAL *v_W1,
+    CNN_DIGITS_REAL *m_b1,
+    CNN_DIGITS_REAL *v_b1,
+    CNN_DIGITS_REAL *m_W2,
+    CNN_DIGITS_REAL *v_W2,
+    CNN_DIGITS_REAL *m_b2,
+    CNN_DIGITS_REAL *v_b2,
+    CNN_DIGITS_REAL *work
+)
+{
+    CNN_DIGITS_REAL *t0 = work; /* 1 x 512; placed in an earlier part */
+    CNN_DIGITS_REAL *t2_cols_1 = work + 1024*n + 1536; /* 8 x 576; placed in an earlier part */
+    CNN_DIGITS_REAL *t5 = work + 3072*n + 6144; /* n x 256; placed in an earlier part */
+    CNN_DIGITS_REAL *t9 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
+    CNN_DIGITS_REAL *t11 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *t19 = work + 5217*n + 24576; /* 1 x 1; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_logits = work + 5204*n + 24576; /* n x 10, in t14's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *g0 = work + 5217*n + 24577; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *g1 = work + 3840*n + 24576; /* n x 512, in t7's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_K1_2 = work + 5665*n + 30481; /* 16 x 9; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_c1_2 = work + 5665*n + 30641; /* 1 x 16; placed in an earlier part */
     /* grad_K2_1[oc,ic,ky,kx] = sum_{i,oy,ox} g1[i,oc,oy,ox] * t5[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
     CNN_DIGITS_REAL *grad_K2_1 = t2_cols_1; /* 32 x 144, in t2_cols_1's memory */
@@ -1313,94 +1389,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
         }
         grad_K2_1[at] = acc;
     }
-}
-#endif
 
-/* cnn_digits_train_step, part 2 of 2 (kernels 33 to 54): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
-    int64_t n,
-    CNN_DIGITS_REAL *K1,
-    CNN_DIGITS_REAL *c1,
-    CNN_DIGITS_REAL *K2,
-    CNN_DIGITS_REAL *c2,
-    CNN_DIGITS_REAL *W1,
-    CNN_DIGITS_REAL *b1,
-    CNN_DIGITS_REAL *W2,
-    CNN_DIGITS_REAL *b2,
-    const CNN_DIGITS_REAL *lr,
-    const CNN_DIGITS_REAL *beta1,
-    const CNN_DIGITS_REAL *beta2,
-    const CNN_DIGITS_REAL *eps,
-    const CNN_DIGITS_REAL *weight_decay,
-    CNN_DIGITS_REAL *step,
-    CNN_DIGITS_REAL *m_K1,
-    CNN_DIGITS_REAL *v_K1,
-    CNN_DIGITS_REAL *m_c1,
-    CNN_DIGITS_REAL *v_c1,
-    CNN_DIGITS_REAL *m_K2,
-    CNN_DIGITS_REAL *v_K2,
-    CNN_DIGITS_REAL *m_c2,
-    CNN_DIGITS_REAL *v_c2,
-    CNN_DIGITS_REAL *m_W1,
-    CNN_DIGITS_REAL *v_W1,
-    CNN_DIGITS_REAL *m_b1,
-    CNN_DIGITS_REAL *v_b1,
-    CNN_DIGITS_REAL *m_W2,
-    CNN_DIGITS_REAL *v_W2,
-    CNN_DIGITS_REAL *m_b2,
-    CNN_DIGITS_REAL *v_b2,
-    CNN_DIGITS_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
-    int64_t n,
-    CNN_DIGITS_REAL *K1,
-    CNN_DIGITS_REAL *c1,
-    CNN_DIGITS_REAL *K2,
-    CNN_DIGITS_REAL *c2,
-    CNN_DIGITS_REAL *W1,
-    CNN_DIGITS_REAL *b1,
-    CNN_DIGITS_REAL *W2,
-    CNN_DIGITS_REAL *b2,
-    const CNN_DIGITS_REAL *lr,
-    const CNN_DIGITS_REAL *beta1,
-    const CNN_DIGITS_REAL *beta2,
-    const CNN_DIGITS_REAL *eps,
-    const CNN_DIGITS_REAL *weight_decay,
-    CNN_DIGITS_REAL *step,
-    CNN_DIGITS_REAL *m_K1,
-    CNN_DIGITS_REAL *v_K1,
-    CNN_DIGITS_REAL *m_c1,
-    CNN_DIGITS_REAL *v_c1,
-    CNN_DIGITS_REAL *m_K2,
-    CNN_DIGITS_REAL *v_K2,
-    CNN_DIGITS_REAL *m_c2,
-    CNN_DIGITS_REAL *v_c2,
-    CNN_DIGITS_REAL *m_W1,
-    CNN_DIGITS_REAL *v_W1,
-    CNN_DIGITS_REAL *m_b1,
-    CNN_DIGITS_REAL *v_b1,
-    CNN_DIGITS_REAL *m_W2,
-    CNN_DIGITS_REAL *v_W2,
-    CNN_DIGITS_REAL *m_b2,
-    CNN_DIGITS_REAL *v_b2,
-    CNN_DIGITS_REAL *work
-)
-{
-    CNN_DIGITS_REAL *t0 = work; /* 1 x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t9 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
-    CNN_DIGITS_REAL *t11 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *t18 = work + 5217*n + 24576; /* 1 x 1; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 24576; /* n x 10, in t13's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *g0 = work + 5217*n + 24577; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *g1 = work + 3840*n + 24576; /* n x 512, in t7's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_K1_2 = work + 5665*n + 30481; /* 16 x 9; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_c1_2 = work + 5665*n + 30641; /* 1 x 16; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_K2_1 = work + 1024*n + 1536; /* 32 x 144, in t2_cols_1's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_K2_1_cols = work + 5665*n + 30657; /* 8 x 6912; placed in an earlier part */
     /* grad_K2_2 = K2*weight_decay + grad_K2_1 */
     CNN_DIGITS_REAL *grad_K2_2 = grad_K2_1_cols + 55296; /* 32 x 144 */
     {
@@ -1513,7 +1502,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     /* step = step + 1 */
     /* bias_correction1 = 1 - beta1**(step + 1) */
     /* bias_correction2 = 1 - beta2**(step + 1) */
-    CNN_DIGITS_REAL *bias_correction1 = t18; /* 1 x 1, in t18's memory */
+    CNN_DIGITS_REAL *bias_correction1 = t19; /* 1 x 1, in t19's memory */
     CNN_DIGITS_REAL *bias_correction2 = grad_b2_2 + 10; /* 1 x 1 */
     {
         const CNN_DIGITS_REAL step_in = step[0];

@@ -12,7 +12,7 @@
 #endif
 #include "symbackprop_runtime.h"
 
-/* Its 10 element-wise loops that repeat (in several functions, or at
+/* Its 8 element-wise loops that repeat (in several functions, or at
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 SYMBACKPROP_HELPER SYMBACKPROP_CALLED
@@ -53,29 +53,13 @@ void digits_mlp_loop2(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const
     }
 }
 SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void digits_mlp_loop3(
-    int64_t n,
-    DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0,
-    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1,
-    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2,
-    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a3
-)
+void digits_mlp_loop3(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
             const DIGITS_MLP_REAL x0 = 1.0/((DIGITS_MLP_REAL)n);
-            a0[10*i + j] = -a1[10*i + j]*x0 + x0*exp(a2[10*i + j] - a3[i]);
-        }
-    }
-}
-SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void digits_mlp_loop4(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j]*(1 - (a2[64*i + j]*a2[64*i + j]));
+            a0[10*i + j] = a1[10*i + j]*x0 - a2[10*i + j]*x0;
         }
     }
 }
@@ -85,7 +69,7 @@ static size_t digits_mlp_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 215*n + 1 : 151*n + 1);
+    return (size_t)(with_grads ? 151*n + 1 : 151*n + 1);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -136,47 +120,57 @@ static int digits_mlp_run(
         t4[i] = symbackprop_f64_sum(t3 + 10*i, 10, 1);
     }
 
-    /* t5 = log(sum(exp(logits))) along each row, its max subtracted first */
-    DIGITS_MLP_REAL *t5 = t4 + n; /* n x 1 */
-    SYMBACKPROP_PARALLEL_FOR
+    /* t5 = softmax of logits along each row, its max subtracted first */
+    DIGITS_MLP_REAL *t5 = t2; /* n x 10, in t2's memory */
     for (int64_t i = 0; i < n; ++i) {
-        t5[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
+        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, t5 + 10*i, 1);
     }
 
-    /* t6 = -t4 + t5 */
-    DIGITS_MLP_REAL *t6 = t5 + n; /* n x 1 */
-    digits_mlp_loop2(n, t6, t4, t5);
+    /* t6 = log(sum(exp(logits))) along each row, its max subtracted first */
+    DIGITS_MLP_REAL *t6 = t4 + n; /* n x 1 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        t6[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, t5 + 10*i, 1);
+    }
 
-    /* t7 = sum of t6 down each column */
-    DIGITS_MLP_REAL *t7 = t6 + n; /* 1 x 1 */
-    t7[0] = symbackprop_f64_sum(t6, n, 1);
+    /* t7 = -t4 + t6 */
+    DIGITS_MLP_REAL *t7 = t6 + n; /* n x 1 */
+    digits_mlp_loop2(n, t7, t4, t6);
 
-    /* loss = t7/n */
+    /* t8 = sum of t7 down each column */
+    DIGITS_MLP_REAL *t8 = t7 + n; /* 1 x 1 */
+    t8[0] = symbackprop_f64_sum(t7, n, 1);
+
+    /* loss = t8/n */
     {
-        loss[0] = t7[0]/((DIGITS_MLP_REAL)n);
+        loss[0] = t8[0]/((DIGITS_MLP_REAL)n);
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_logits = -T/n + exp(logits - t5)/n */
-    DIGITS_MLP_REAL *grad_logits = t2; /* n x 10, in t2's memory */
-    digits_mlp_loop3(n, grad_logits, T, logits, t5);
+    /* grad_logits = -T/n + t5/n */
+    DIGITS_MLP_REAL *grad_logits = t3; /* n x 10, in t3's memory */
+    digits_mlp_loop3(n, grad_logits, t5, T);
 
     /* grad_t1 = grad_logits @ W2^T */
     DIGITS_MLP_REAL *grad_t1 = t0; /* n x 64, in t0's memory */
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t1);
 
-    /* g0 = grad_t1*(1 - t1**2) */
-    DIGITS_MLP_REAL *g0 = t7 + 1; /* n x 64 */
-    digits_mlp_loop4(n, g0, grad_t1, t1);
+    /* grad_t1 = grad_t1*(1 - t1**2) */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_t1[64*i + j] = grad_t1[64*i + j]*(1 - (t1[64*i + j]*t1[64*i + j]));
+        }
+    }
 
-    /* grad_W1 = X^T @ g0 */
-    symbackprop_f64_matmul(64, 64, n, X, 1, 64, g0, 64, 1, grad_W1);
+    /* grad_W1 = X^T @ grad_t1 */
+    symbackprop_f64_matmul(64, 64, n, X, 1, 64, grad_t1, 64, 1, grad_W1);
 
-    /* grad_b1 = sum of g0 down each column */
-    symbackprop_f64_sum_columns(g0, n, 64, 64, grad_b1);
+    /* grad_b1 = sum of grad_t1 down each column */
+    symbackprop_f64_sum_columns(grad_t1, n, 64, 64, grad_b1);
 
     /* grad_W2 = t1^T @ grad_logits */
     symbackprop_f64_matmul(64, 10, n, t1, 1, 64, grad_logits, 10, 1, grad_W2);
@@ -309,37 +303,48 @@ int digits_mlp_train_step(
         t4[i] = symbackprop_f64_sum(t3 + 10*i, 10, 1);
     }
 
-    /* t5 = log(sum(exp(logits))) along each row, its max subtracted first */
-    DIGITS_MLP_REAL *t5 = t4 + n; /* n x 1 */
+    /* t5 = softmax of logits along each row, its max subtracted first */
+    DIGITS_MLP_REAL *t5 = t2; /* n x 10, in t2's memory */
+    for (int64_t i = 0; i < n; ++i) {
+        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, t5 + 10*i, 1);
+    }
+
+    /* t6 = log(sum(exp(logits))) along each row, its max subtracted first */
+    DIGITS_MLP_REAL *t6 = t4 + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t5[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
+        t6[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, t5 + 10*i, 1);
     }
 
-    /* t6 = -t4 + t5 */
-    DIGITS_MLP_REAL *t6 = t5 + n; /* n x 1 */
-    digits_mlp_loop2(n, t6, t4, t5);
+    /* t7 = -t4 + t6 */
+    DIGITS_MLP_REAL *t7 = t6 + n; /* n x 1 */
+    digits_mlp_loop2(n, t7, t4, t6);
 
-    /* t7 = sum of t6 down each column */
-    DIGITS_MLP_REAL *t7 = t6 + n; /* 1 x 1 */
-    t7[0] = symbackprop_f64_sum(t6, n, 1);
+    /* t8 = sum of t7 down each column */
+    DIGITS_MLP_REAL *t8 = t7 + n; /* 1 x 1 */
+    t8[0] = symbackprop_f64_sum(t7, n, 1);
 
-    /* loss = t7/n */
+    /* loss = t8/n */
     {
-        loss[0] = t7[0]/((DIGITS_MLP_REAL)n);
+        loss[0] = t8[0]/((DIGITS_MLP_REAL)n);
     }
 
-    /* grad_logits = -T/n + exp(logits - t5)/n */
-    DIGITS_MLP_REAL *grad_logits = t2; /* n x 10, in t2's memory */
-    digits_mlp_loop3(n, grad_logits, T, logits, t5);
+    /* grad_logits = -T/n + t5/n */
+    DIGITS_MLP_REAL *grad_logits = t3; /* n x 10, in t3's memory */
+    digits_mlp_loop3(n, grad_logits, t5, T);
 
     /* grad_t1 = grad_logits @ W2^T */
     DIGITS_MLP_REAL *grad_t1 = t0; /* n x 64, in t0's memory */
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t1);
 
     /* g0 = grad_t1*(1 - t1**2) */
-    DIGITS_MLP_REAL *g0 = t7 + 1; /* n x 64 */
-    digits_mlp_loop4(n, g0, grad_t1, t1);
+    DIGITS_MLP_REAL *g0 = t8 + 1; /* n x 64 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            g0[64*i + j] = grad_t1[64*i + j]*(1 - (t1[64*i + j]*t1[64*i + j]));
+        }
+    }
 
     /* grad_W1_1 = X^T @ g0 */
     DIGITS_MLP_REAL *grad_W1_1 = g0 + 64*n; /* 64 x 64 */
@@ -418,7 +423,7 @@ int digits_mlp_train_step(
     /* step = step + 1 */
     /* bias_correction1 = 1 - beta1**(step + 1) */
     /* bias_correction2 = 1 - beta2**(step + 1) */
-    DIGITS_MLP_REAL *bias_correction1 = t7; /* 1 x 1, in t7's memory */
+    DIGITS_MLP_REAL *bias_correction1 = t8; /* 1 x 1, in t8's memory */
     DIGITS_MLP_REAL *bias_correction2 = grad_b2_2 + 10; /* 1 x 1 */
     {
         const DIGITS_MLP_REAL step_in = step[0];

@@ -31,7 +31,7 @@ static size_t gmm_run_work_len(int64_t N, int64_t K, int with_grads)
     if (N < 1 || K < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? K*N + 10*K + 4*N + 7 : 3*K + 4*N + 7);
+    return (size_t)(with_grads ? 2*K*N + 11*K + 4*N + 7 : K*N + 4*K + 4*N + 7);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -61,15 +61,19 @@ static int gmm_run(
         return 1;
     }
 
-    /* t0 = log(sum(exp(alpha))) down each column, its max subtracted first */
-    GMM_REAL *t0 = work; /* 1 x 1 */
-    t0[0] = symbackprop_f64_logsumexp(alpha, K, 1);
+    /* t0 = softmax of alpha down each column, its max subtracted first */
+    GMM_REAL *t0 = work; /* K x 1 */
+    symbackprop_f64_softmax_axis(alpha, K, 1, t0, 1);
+
+    /* t1 = log(sum(exp(alpha))) down each column, its max subtracted first */
+    GMM_REAL *t1 = t0 + K; /* 1 x 1 */
+    t1[0] = symbackprop_f64_logsumexp(alpha, K, 1, t0, 1);
 
     /* log_density[i, j] = alpha[j, 0] + qd[j, 0] + qd[j, 1] + qd[j, 2] - (X[i, 0] -
      * means[j, 0])**2*exp(2*qd[j, 0])/2 - (ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] -
      * means[j, 1])*exp(qd[j, 1]))**2/2 - (ql[j, 1]*(X[i, 0] - means[j, 0]) +
      * ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))**2/2 */
-    GMM_REAL *X_by_column = t0 + 1; /* 3 x N */
+    GMM_REAL *X_by_column = t1 + 1; /* 3 x N */
     /* X_by_column: the rows of X the inner loop reads, by column */
     for (int64_t i = 0; i < N; ++i) {
         X_by_column[i] = X[3*i];
@@ -102,66 +106,72 @@ static int gmm_run(
         }
     }
 
-    /* t1 = log(sum(exp(log_density))) along each row, its max subtracted first */
-    GMM_REAL *t1 = X_by_column + 3*N; /* N x 1 */
-    SYMBACKPROP_PARALLEL_FOR
+    /* t2 = softmax of log_density along each row, its max subtracted first */
+    GMM_REAL *t2 = X_by_column + 3*N; /* N x K */
     for (int64_t i = 0; i < N; ++i) {
-        t1[i] = symbackprop_f64_logsumexp(log_density + K*i, K, 1);
+        symbackprop_f64_softmax_axis(log_density + K*i, K, 1, t2 + K*i, 1);
     }
 
-    /* t2 = sum of t1 down each column */
-    GMM_REAL *t2 = t1 + N; /* 1 x 1 */
-    t2[0] = symbackprop_f64_sum(t1, N, 1);
-
-    /* t3 = exp(2*qd) */
-    GMM_REAL *t3 = t2 + 1; /* K x 3 */
+    /* t3 = log(sum(exp(log_density))) along each row, its max subtracted first */
+    GMM_REAL *t3 = t2 + K*N; /* N x 1 */
     SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < K; ++i) {
-        for (int64_t j = 0; j < 3; ++j) {
-            t3[3*i + j] = exp(2*qd[3*i + j]);
-        }
+    for (int64_t i = 0; i < N; ++i) {
+        t3[i] = symbackprop_f64_logsumexp(log_density + K*i, K, 1, t2 + K*i, 1);
     }
 
     /* t4 = sum of t3 down each column */
-    GMM_REAL *t4 = t3 + 3*K; /* 1 x 3 */
-    symbackprop_f64_sum_columns(t3, K, 3, 3, t4);
+    GMM_REAL *t4 = t3 + N; /* 1 x 1 */
+    t4[0] = symbackprop_f64_sum(t3, N, 1);
 
-    /* t5 = sum of t4 along each row */
-    GMM_REAL *t5 = t4 + 3; /* 1 x 1 */
-    t5[0] = symbackprop_f64_sum(t4, 3, 1);
-
-    /* t6 = ql**2 */
-    GMM_REAL *t6 = with_grads ? t5 + 1 : t3; /* K x 3 */
+    /* t5 = exp(2*qd) */
+    GMM_REAL *t5 = t4 + 1; /* K x 3 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < K; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            t6[3*i + j] = (ql[3*i + j]*ql[3*i + j]);
+            t5[3*i + j] = exp(2*qd[3*i + j]);
         }
     }
 
-    /* t7 = sum of t6 down each column */
-    GMM_REAL *t7 = t4; /* 1 x 3, in t4's memory */
-    symbackprop_f64_sum_columns(t6, K, 3, 3, t7);
+    /* t6 = sum of t5 down each column */
+    GMM_REAL *t6 = t5 + 3*K; /* 1 x 3 */
+    symbackprop_f64_sum_columns(t5, K, 3, 3, t6);
 
-    /* t8 = sum of t7 along each row */
-    GMM_REAL *t8 = with_grads ? t6 + 3*K : t5 + 1; /* 1 x 1 */
-    t8[0] = symbackprop_f64_sum(t7, 3, 1);
+    /* t7 = sum of t6 along each row */
+    GMM_REAL *t7 = t6 + 3; /* 1 x 1 */
+    t7[0] = symbackprop_f64_sum(t6, 3, 1);
 
-    /* loss = N*t0 + 3*N*log(2*pi)/2 - t2 + t5/2 + t8/2 */
+    /* t8 = ql**2 */
+    GMM_REAL *t8 = with_grads ? t7 + 1 : t5; /* K x 3 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < K; ++i) {
+        for (int64_t j = 0; j < 3; ++j) {
+            t8[3*i + j] = (ql[3*i + j]*ql[3*i + j]);
+        }
+    }
+
+    /* t9 = sum of t8 down each column */
+    GMM_REAL *t9 = t6; /* 1 x 3, in t6's memory */
+    symbackprop_f64_sum_columns(t8, K, 3, 3, t9);
+
+    /* t10 = sum of t9 along each row */
+    GMM_REAL *t10 = with_grads ? t8 + 3*K : t7 + 1; /* 1 x 1 */
+    t10[0] = symbackprop_f64_sum(t9, 3, 1);
+
+    /* loss = N*t1 + 3*N*log(2*pi)/2 + t10/2 - t4 + t7/2 */
     {
-        loss[0] = ((GMM_REAL)N)*t0[0] + (3.0/2.0)*((GMM_REAL)N)*log(2*3.1415926535897932) - t2[0] + (1.0/2.0)*t5[0] + (1.0/2.0)*t8[0];
+        loss[0] = ((GMM_REAL)N)*t1[0] + (3.0/2.0)*((GMM_REAL)N)*log(2*3.1415926535897932) - t4[0] + (1.0/2.0)*t7[0] + (1.0/2.0)*t10[0];
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_log_density = -exp(log_density - t1) */
-    GMM_REAL *grad_log_density = t8 + 1; /* N x K */
+    /* grad_log_density = -t2 */
+    GMM_REAL *grad_log_density = t10 + 1; /* N x K */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < K; ++j) {
-            grad_log_density[K*i + j] = -exp(log_density[K*i + j] - t1[i]);
+            grad_log_density[K*i + j] = -t2[K*i + j];
         }
     }
 
@@ -186,7 +196,7 @@ static int gmm_run(
      * means[j, 1])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) - ... */
     GMM_REAL *X_by_column_1 = X_by_column; /* 3 x N, in X_by_column's memory */
     GMM_REAL *grad_alpha_part = grad_log_density + K*N; /* K x 1 */
-    GMM_REAL *grad_qd_part = t6; /* K x 3, in t6's memory */
+    GMM_REAL *grad_qd_part = t8; /* K x 3, in t8's memory */
     GMM_REAL *grad_ql_part = grad_alpha_part + K; /* K x 3 */
     /* X_by_column_1: the rows of X the inner loop reads, by column */
     for (int64_t i = 0; i < N; ++i) {
@@ -302,17 +312,14 @@ static int gmm_run(
         grad_ql_part[3*j + 2] += acc9[0];
     }
 
-    /* grad_alpha = N*exp(alpha - t0) + grad_alpha_part */
-    {
-        const GMM_REAL t0_value = t0[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < K; ++i) {
-            grad_alpha[i] = ((GMM_REAL)N)*exp(alpha[i] - t0_value) + grad_alpha_part[i];
-        }
+    /* grad_alpha = N*t0 + grad_alpha_part */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < K; ++i) {
+        grad_alpha[i] = ((GMM_REAL)N)*t0[i] + grad_alpha_part[i];
     }
 
-    /* grad_qd = grad_qd_part + t3 */
-    gmm_loop0(K, grad_qd, t3, grad_qd_part);
+    /* grad_qd = grad_qd_part + t5 */
+    gmm_loop0(K, grad_qd, t5, grad_qd_part);
 
     /* grad_ql = grad_ql_part + ql */
     gmm_loop0(K, grad_ql, ql, grad_ql_part);

@@ -31,16 +31,6 @@ LSTM_LM_SHARED SYMBACKPROP_CALLED
 void lstm_lm_loop0(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
 LSTM_LM_SHARED SYMBACKPROP_CALLED
 void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < T; ++i) {
-        a0[i] = -a1[i] + a2[i];
-    }
-}
-#endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_LM_SHARED SYMBACKPROP_CALLED
 void lstm_lm_loop0(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
@@ -50,6 +40,14 @@ void lstm_lm_loop0(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_
         for (int64_t j = 0; j < 30; ++j) {
             a0[30*i + j] = a1[30*i + j]*a2[30*i + j];
         }
+    }
+}
+LSTM_LM_SHARED SYMBACKPROP_CALLED
+void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < T; ++i) {
+        a0[i] = -a1[i] + a2[i];
     }
 }
 #endif
@@ -288,7 +286,7 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
 }
 #endif
 
-/* lstm_lm_forward, part 2 of 2 (kernels 2 to 8): a long
+/* lstm_lm_forward, part 2 of 2 (kernels 2 to 9): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -314,24 +312,30 @@ LSTM_LM_SHARED void lstm_lm_forward_part2(
         t2[i] = symbackprop_f64_sum(t1 + 30*i, 30, 1);
     }
 
-    /* t3 = log(sum(exp(logits))) along each row, its max subtracted first */
-    LSTM_LM_REAL *t3 = t2 + T; /* T x 1 */
-    SYMBACKPROP_PARALLEL_FOR
+    /* t3 = softmax of logits along each row, its max subtracted first */
+    LSTM_LM_REAL *t3 = t1; /* T x 30, in t1's memory */
     for (int64_t i = 0; i < T; ++i) {
-        t3[i] = symbackprop_f64_logsumexp(logits + 30*i, 30, 1);
+        symbackprop_f64_softmax_axis(logits + 30*i, 30, 1, t3 + 30*i, 1);
     }
 
-    /* t4 = -t2 + t3 */
-    LSTM_LM_REAL *t4 = t3 + T; /* T x 1 */
-    lstm_lm_loop1(T, t4, t2, t3);
+    /* t4 = log(sum(exp(logits))) along each row, its max subtracted first */
+    LSTM_LM_REAL *t4 = t2 + T; /* T x 1 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < T; ++i) {
+        t4[i] = symbackprop_f64_logsumexp(logits + 30*i, 30, 1, t3 + 30*i, 1);
+    }
 
-    /* t5 = sum of t4 down each column */
-    LSTM_LM_REAL *t5 = t4 + T; /* 1 x 1 */
-    t5[0] = symbackprop_f64_sum(t4, T, 1);
+    /* t5 = -t2 + t4 */
+    LSTM_LM_REAL *t5 = t4 + T; /* T x 1 */
+    lstm_lm_loop1(T, t5, t2, t4);
 
-    /* loss = t5/T */
+    /* t6 = sum of t5 down each column */
+    LSTM_LM_REAL *t6 = t5 + T; /* 1 x 1 */
+    t6[0] = symbackprop_f64_sum(t5, T, 1);
+
+    /* loss = t6/T */
     {
-        loss[0] = t5[0]/((LSTM_LM_REAL)T);
+        loss[0] = t6[0]/((LSTM_LM_REAL)T);
     }
 }
 #endif
@@ -425,10 +429,10 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
 )
 {
     /* t0 = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of logits;
-     * one state in 32 kept in t6 */
+     * one state in 32 kept in t7 */
     LSTM_LM_REAL *t0 = work; /* 444 x 1 */
     LSTM_LM_REAL *logits = t0 + 444; /* T x 30 */
-    LSTM_LM_REAL *t6 = logits + 30*T; /* ((T + 31)/32) x 32 */
+    LSTM_LM_REAL *t7 = logits + 30*T; /* ((T + 31)/32) x 32 */
     {
         LSTM_LM_REAL *t0_base = (LSTM_LM_REAL *)(((uintptr_t)t0 + 63) & ~(uintptr_t)63);
         LSTM_LM_REAL *t0_cur = t0_base;
@@ -442,7 +446,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
         for (int64_t t0_t = 0; t0_t < T; ++t0_t) {
             if (t0_t % 32 == 0) {
                 for (int64_t t0_i = 0; t0_i < 32; ++t0_i) {
-                    t6[(t0_t/32)*32 + t0_i] = t0_cur[t0_i];
+                    t7[(t0_t/32)*32 + t0_i] = t0_cur[t0_i];
                 }
             }
             const LSTM_LM_REAL *t0_x = X + 30*t0_t;
@@ -631,7 +635,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
 }
 #endif
 
-/* lstm_lm_value_and_grad, part 2 of 4 (kernels 2 to 10): a long
+/* lstm_lm_value_and_grad, part 2 of 4 (kernels 2 to 11): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 2; called from unit 0. */
@@ -650,11 +654,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
 )
 {
     LSTM_LM_REAL *logits = work + 444; /* T x 30; placed in an earlier part */
-    LSTM_LM_REAL *t6 = work + 30*T + 444; /* ((T + 31)/32) x 32; placed in an earlier part */
+    LSTM_LM_REAL *t7 = work + 30*T + 444; /* ((T + 31)/32) x 32; placed in an earlier part */
     /* logits: the output 0 of the loop of t0, written by it */
 
     /* t1 = Y*logits */
-    LSTM_LM_REAL *t1 = t6 + 32*((T + 31)/32); /* T x 30 */
+    LSTM_LM_REAL *t1 = t7 + 32*((T + 31)/32); /* T x 30 */
     lstm_lm_loop0(T, t1, Y, logits);
 
     /* t2 = sum of t1 along each row */
@@ -664,41 +668,47 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
         t2[i] = symbackprop_f64_sum(t1 + 30*i, 30, 1);
     }
 
-    /* t3 = log(sum(exp(logits))) along each row, its max subtracted first */
-    LSTM_LM_REAL *t3 = t2 + T; /* T x 1 */
+    /* t3 = softmax of logits along each row, its max subtracted first */
+    LSTM_LM_REAL *t3 = t1; /* T x 30, in t1's memory */
+    for (int64_t i = 0; i < T; ++i) {
+        symbackprop_f64_softmax_axis(logits + 30*i, 30, 1, t3 + 30*i, 1);
+    }
+
+    /* t4 = log(sum(exp(logits))) along each row, its max subtracted first */
+    LSTM_LM_REAL *t4 = t2 + T; /* T x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
-        t3[i] = symbackprop_f64_logsumexp(logits + 30*i, 30, 1);
+        t4[i] = symbackprop_f64_logsumexp(logits + 30*i, 30, 1, t3 + 30*i, 1);
     }
 
-    /* t4 = -t2 + t3 */
-    LSTM_LM_REAL *t4 = t3 + T; /* T x 1 */
-    lstm_lm_loop1(T, t4, t2, t3);
+    /* t5 = -t2 + t4 */
+    LSTM_LM_REAL *t5 = t4 + T; /* T x 1 */
+    lstm_lm_loop1(T, t5, t2, t4);
 
-    /* t5 = sum of t4 down each column */
-    LSTM_LM_REAL *t5 = t4 + T; /* 1 x 1 */
-    t5[0] = symbackprop_f64_sum(t4, T, 1);
+    /* t6 = sum of t5 down each column */
+    LSTM_LM_REAL *t6 = t5 + T; /* 1 x 1 */
+    t6[0] = symbackprop_f64_sum(t5, T, 1);
 
-    /* loss = t5/T */
+    /* loss = t6/T */
     {
-        loss[0] = t5[0]/((LSTM_LM_REAL)T);
+        loss[0] = t6[0]/((LSTM_LM_REAL)T);
     }
 
-    /* t6: the kept states of the loop of t0, written by it */
+    /* t7: the kept states of the loop of t0, written by it */
 
-    /* grad_logits = -Y/T + exp(logits - t3)/T */
-    LSTM_LM_REAL *grad_logits = t1; /* T x 30, in t1's memory */
+    /* grad_logits = -Y/T + t3/T */
+    LSTM_LM_REAL *grad_logits = logits; /* T x 30, in logits's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         for (int64_t j = 0; j < 30; ++j) {
             const LSTM_LM_REAL x0 = 1.0/((LSTM_LM_REAL)T);
-            grad_logits[30*i + j] = -Y[30*i + j]*x0 + x0*exp(logits[30*i + j] - t3[i]);
+            grad_logits[30*i + j] = t3[30*i + j]*x0 - Y[30*i + j]*x0;
         }
     }
 }
 #endif
 
-/* lstm_lm_value_and_grad, part 3 of 4 (kernels 11 to 11): a long
+/* lstm_lm_value_and_grad, part 3 of 4 (kernels 12 to 12): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 1; called from unit 0. */
@@ -770,243 +780,243 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     LSTM_LM_REAL *work
 )
 {
-    LSTM_LM_REAL *t6 = work + 30*T + 444; /* ((T + 31)/32) x 32; placed in an earlier part */
-    LSTM_LM_REAL *t5 = work + 63*T + 32*((T + 31)/32) + 444; /* 1 x 1; placed in an earlier part */
-    LSTM_LM_REAL *grad_logits = work + 30*T + 32*((T + 31)/32) + 444; /* T x 30, in t1's memory; placed in an earlier part */
-    /* t7 = backward scan over t = T-1 .. 0: adjoints of (h, cell) and of the step's inputs
-     * and params, from the states kept in t6, each segment of 32 steps recomputed from its
+    LSTM_LM_REAL *t7 = work + 30*T + 444; /* ((T + 31)/32) x 32; placed in an earlier part */
+    LSTM_LM_REAL *t6 = work + 63*T + 32*((T + 31)/32) + 444; /* 1 x 1; placed in an earlier part */
+    LSTM_LM_REAL *grad_logits = work + 444; /* T x 30, in logits's memory; placed in an earlier part */
+    /* t8 = backward scan over t = T-1 .. 0: adjoints of (h, cell) and of the step's inputs
+     * and params, from the states kept in t7, each segment of 32 steps recomputed from its
      * checkpoint */
-    LSTM_LM_REAL *t7 = t5 + 1; /* 9374 x 1 */
+    LSTM_LM_REAL *t8 = t6 + 1; /* 9374 x 1 */
     {
-        LSTM_LM_REAL *t7_base = (LSTM_LM_REAL *)(((uintptr_t)t7 + 63) & ~(uintptr_t)63);
-        LSTM_LM_REAL *t7_cur = t7_base;
-        LSTM_LM_REAL *t7_nxt = t7_base + 32;
-        LSTM_LM_REAL *t7_seg = t7_base + 64;
-        for (int64_t t7_i = 0; t7_i < 480; ++t7_i) {
-            grad_W_i[t7_i] = 0;
+        LSTM_LM_REAL *t8_base = (LSTM_LM_REAL *)(((uintptr_t)t8 + 63) & ~(uintptr_t)63);
+        LSTM_LM_REAL *t8_cur = t8_base;
+        LSTM_LM_REAL *t8_nxt = t8_base + 32;
+        LSTM_LM_REAL *t8_seg = t8_base + 64;
+        for (int64_t t8_i = 0; t8_i < 480; ++t8_i) {
+            grad_W_i[t8_i] = 0;
         }
-        for (int64_t t7_i = 0; t7_i < 480; ++t7_i) {
-            grad_W_f[t7_i] = 0;
+        for (int64_t t8_i = 0; t8_i < 480; ++t8_i) {
+            grad_W_f[t8_i] = 0;
         }
-        for (int64_t t7_i = 0; t7_i < 480; ++t7_i) {
-            grad_W_g[t7_i] = 0;
+        for (int64_t t8_i = 0; t8_i < 480; ++t8_i) {
+            grad_W_g[t8_i] = 0;
         }
-        for (int64_t t7_i = 0; t7_i < 480; ++t7_i) {
-            grad_W_o[t7_i] = 0;
+        for (int64_t t8_i = 0; t8_i < 480; ++t8_i) {
+            grad_W_o[t8_i] = 0;
         }
-        for (int64_t t7_i = 0; t7_i < 256; ++t7_i) {
-            grad_U_i[t7_i] = 0;
+        for (int64_t t8_i = 0; t8_i < 256; ++t8_i) {
+            grad_U_i[t8_i] = 0;
         }
-        for (int64_t t7_i = 0; t7_i < 256; ++t7_i) {
-            grad_U_f[t7_i] = 0;
+        for (int64_t t8_i = 0; t8_i < 256; ++t8_i) {
+            grad_U_f[t8_i] = 0;
         }
-        for (int64_t t7_i = 0; t7_i < 256; ++t7_i) {
-            grad_U_g[t7_i] = 0;
+        for (int64_t t8_i = 0; t8_i < 256; ++t8_i) {
+            grad_U_g[t8_i] = 0;
         }
-        for (int64_t t7_i = 0; t7_i < 256; ++t7_i) {
-            grad_U_o[t7_i] = 0;
+        for (int64_t t8_i = 0; t8_i < 256; ++t8_i) {
+            grad_U_o[t8_i] = 0;
         }
-        for (int64_t t7_i = 0; t7_i < 16; ++t7_i) {
-            grad_b_i[t7_i] = 0;
+        for (int64_t t8_i = 0; t8_i < 16; ++t8_i) {
+            grad_b_i[t8_i] = 0;
         }
-        for (int64_t t7_i = 0; t7_i < 16; ++t7_i) {
-            grad_b_f[t7_i] = 0;
+        for (int64_t t8_i = 0; t8_i < 16; ++t8_i) {
+            grad_b_f[t8_i] = 0;
         }
-        for (int64_t t7_i = 0; t7_i < 16; ++t7_i) {
-            grad_b_g[t7_i] = 0;
+        for (int64_t t8_i = 0; t8_i < 16; ++t8_i) {
+            grad_b_g[t8_i] = 0;
         }
-        for (int64_t t7_i = 0; t7_i < 16; ++t7_i) {
-            grad_b_o[t7_i] = 0;
+        for (int64_t t8_i = 0; t8_i < 16; ++t8_i) {
+            grad_b_o[t8_i] = 0;
         }
-        for (int64_t t7_i = 0; t7_i < 480; ++t7_i) {
-            grad_V[t7_i] = 0;
+        for (int64_t t8_i = 0; t8_i < 480; ++t8_i) {
+            grad_V[t8_i] = 0;
         }
-        for (int64_t t7_i = 0; t7_i < 30; ++t7_i) {
-            grad_c[t7_i] = 0;
+        for (int64_t t8_i = 0; t8_i < 30; ++t8_i) {
+            grad_c[t8_i] = 0;
         }
-        for (int64_t t7_i = 0; t7_i < 16; ++t7_i) {
-            t7_cur[t7_i] = 0;
+        for (int64_t t8_i = 0; t8_i < 16; ++t8_i) {
+            t8_cur[t8_i] = 0;
         }
-        for (int64_t t7_i = 0; t7_i < 16; ++t7_i) {
-            (t7_cur + 16)[t7_i] = 0;
+        for (int64_t t8_i = 0; t8_i < 16; ++t8_i) {
+            (t8_cur + 16)[t8_i] = 0;
         }
-        for (int64_t t7_s = ((T + 31)/32) - 1; t7_s >= 0; --t7_s) {
-            const int64_t t7_t0 = t7_s*32;
-            const int64_t t7_len = T - t7_t0 < 32 ? T - t7_t0 : 32;
-            for (int64_t t7_i = 0; t7_i < 32; ++t7_i) {
-                t7_seg[t7_i] = t6[t7_s*32 + t7_i];
+        for (int64_t t8_s = ((T + 31)/32) - 1; t8_s >= 0; --t8_s) {
+            const int64_t t8_t0 = t8_s*32;
+            const int64_t t8_len = T - t8_t0 < 32 ? T - t8_t0 : 32;
+            for (int64_t t8_i = 0; t8_i < 32; ++t8_i) {
+                t8_seg[t8_i] = t7[t8_s*32 + t8_i];
             }
-            for (int64_t t7_u = 1; t7_u <= t7_len; ++t7_u) {
-                const int64_t t7_t = t7_t0 + t7_u - 1;
-                const LSTM_LM_REAL *t7_x = X + 30*t7_t;
-                const LSTM_LM_REAL *t7_h = t7_seg + 32*t7_u - 32;
-                const LSTM_LM_REAL *t7_cell = t7_seg + 32*t7_u - 16;
-                LSTM_LM_REAL *t7_h_next = t7_seg + 32*t7_u;
-                LSTM_LM_REAL *t7_cell_next = t7_seg + 32*t7_u + 16;
-                LSTM_LM_REAL *t7_out0_row = t7_base + 9328;
-                LSTM_LM_REAL *t7_t1_kept = t7_base + 128*t7_u + 992;
-                LSTM_LM_REAL *t7_t2_kept = t7_base + 128*t7_u + 1008;
-                LSTM_LM_REAL *t7_t3_kept = t7_base + 128*t7_u + 1024;
-                LSTM_LM_REAL *t7_t4_kept = t7_base + 128*t7_u + 1040;
-                LSTM_LM_REAL *t7_t5_kept = t7_base + 128*t7_u + 1056;
-                LSTM_LM_REAL *t7_t8_kept = t7_base + 128*t7_u + 1072;
-                LSTM_LM_REAL *t7_t9_kept = t7_base + 128*t7_u + 1088;
-                LSTM_LM_REAL *t7_t10_kept = t7_base + 128*t7_u + 1104;
-                LSTM_LM_REAL *t7_t11 = t7_base + 5216; /* 1 x 30 */
+            for (int64_t t8_u = 1; t8_u <= t8_len; ++t8_u) {
+                const int64_t t8_t = t8_t0 + t8_u - 1;
+                const LSTM_LM_REAL *t8_x = X + 30*t8_t;
+                const LSTM_LM_REAL *t8_h = t8_seg + 32*t8_u - 32;
+                const LSTM_LM_REAL *t8_cell = t8_seg + 32*t8_u - 16;
+                LSTM_LM_REAL *t8_h_next = t8_seg + 32*t8_u;
+                LSTM_LM_REAL *t8_cell_next = t8_seg + 32*t8_u + 16;
+                LSTM_LM_REAL *t8_out0_row = t8_base + 9328;
+                LSTM_LM_REAL *t8_t1_kept = t8_base + 128*t8_u + 992;
+                LSTM_LM_REAL *t8_t2_kept = t8_base + 128*t8_u + 1008;
+                LSTM_LM_REAL *t8_t3_kept = t8_base + 128*t8_u + 1024;
+                LSTM_LM_REAL *t8_t4_kept = t8_base + 128*t8_u + 1040;
+                LSTM_LM_REAL *t8_t5_kept = t8_base + 128*t8_u + 1056;
+                LSTM_LM_REAL *t8_t6_kept = t8_base + 128*t8_u + 1072;
+                LSTM_LM_REAL *t8_t9_kept = t8_base + 128*t8_u + 1088;
+                LSTM_LM_REAL *t8_t10_kept = t8_base + 128*t8_u + 1104;
+                LSTM_LM_REAL *t8_t11 = t8_base + 5216; /* 1 x 30 */
                 /* t1_kept = h @ U_o */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        t7_t1_kept[16*i + j] = 0;
+                        t8_t1_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const LSTM_LM_REAL acc = t7_h[k];
+                        const LSTM_LM_REAL acc = t8_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t7_t1_kept[16*i + j] += acc * U_o[16*k + j];
+                            t8_t1_kept[16*i + j] += acc * U_o[16*k + j];
                         }
                     }
                 }
                 /* t2_kept = x @ W_o */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        t7_t2_kept[16*i + j] = 0;
+                        t8_t2_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 30; ++k) {
-                        const LSTM_LM_REAL acc = t7_x[k];
+                        const LSTM_LM_REAL acc = t8_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t7_t2_kept[16*i + j] += acc * W_o[16*k + j];
+                            t8_t2_kept[16*i + j] += acc * W_o[16*k + j];
                         }
                     }
                 }
                 /* t3_kept = h @ U_i */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        t7_t3_kept[16*i + j] = 0;
+                        t8_t3_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const LSTM_LM_REAL acc = t7_h[k];
+                        const LSTM_LM_REAL acc = t8_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t7_t3_kept[16*i + j] += acc * U_i[16*k + j];
+                            t8_t3_kept[16*i + j] += acc * U_i[16*k + j];
                         }
                     }
                 }
                 /* t4_kept = x @ W_i */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        t7_t4_kept[16*i + j] = 0;
+                        t8_t4_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 30; ++k) {
-                        const LSTM_LM_REAL acc = t7_x[k];
+                        const LSTM_LM_REAL acc = t8_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t7_t4_kept[16*i + j] += acc * W_i[16*k + j];
+                            t8_t4_kept[16*i + j] += acc * W_i[16*k + j];
                         }
                     }
                 }
                 /* t5_kept = h @ U_g */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        t7_t5_kept[16*i + j] = 0;
+                        t8_t5_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const LSTM_LM_REAL acc = t7_h[k];
+                        const LSTM_LM_REAL acc = t8_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t7_t5_kept[16*i + j] += acc * U_g[16*k + j];
+                            t8_t5_kept[16*i + j] += acc * U_g[16*k + j];
                         }
                     }
                 }
-                /* t8_kept = x @ W_g */
+                /* t6_kept = x @ W_g */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        t7_t8_kept[16*i + j] = 0;
+                        t8_t6_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 30; ++k) {
-                        const LSTM_LM_REAL acc = t7_x[k];
+                        const LSTM_LM_REAL acc = t8_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t7_t8_kept[16*i + j] += acc * W_g[16*k + j];
+                            t8_t6_kept[16*i + j] += acc * W_g[16*k + j];
                         }
                     }
                 }
                 /* t9_kept = h @ U_f */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        t7_t9_kept[16*i + j] = 0;
+                        t8_t9_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const LSTM_LM_REAL acc = t7_h[k];
+                        const LSTM_LM_REAL acc = t8_h[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t7_t9_kept[16*i + j] += acc * U_f[16*k + j];
+                            t8_t9_kept[16*i + j] += acc * U_f[16*k + j];
                         }
                     }
                 }
                 /* t10_kept = x @ W_f */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
-                        t7_t10_kept[16*i + j] = 0;
+                        t8_t10_kept[16*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 30; ++k) {
-                        const LSTM_LM_REAL acc = t7_x[k];
+                        const LSTM_LM_REAL acc = t8_x[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 16; ++j) {
-                            t7_t10_kept[16*i + j] += acc * W_f[16*k + j];
+                            t8_t10_kept[16*i + j] += acc * W_f[16*k + j];
                         }
                     }
                 }
                 /* cell_next = cell*sigmoid(b_f + t10_kept + t9_kept) + tanh(b_g + t5_kept +
-                 * t8_kept)*sigmoid(b_i + t3_kept + t4_kept) */
+                 * t6_kept)*sigmoid(b_i + t3_kept + t4_kept) */
                 /* h_next = tanh(cell*sigmoid(b_f + t10_kept + t9_kept) + tanh(b_g + t5_kept
-                 * + t8_kept)*sigmoid(b_i + t3_kept + t4_kept))*sigmoid(b_o + t1_kept +
+                 * + t6_kept)*sigmoid(b_i + t3_kept + t4_kept))*sigmoid(b_o + t1_kept +
                  * t2_kept) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    const LSTM_LM_REAL x0 = t7_cell[j]*(((t7_t9_kept[j] + t7_t10_kept[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t7_t9_kept[j] + t7_t10_kept[j] + b_f[j]))) / (1.0 + exp(-fabs(t7_t9_kept[j] + t7_t10_kept[j] + b_f[j])))) + tanh(t7_t5_kept[j] + t7_t8_kept[j] + b_g[j])*(((t7_t3_kept[j] + t7_t4_kept[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t7_t3_kept[j] + t7_t4_kept[j] + b_i[j]))) / (1.0 + exp(-fabs(t7_t3_kept[j] + t7_t4_kept[j] + b_i[j]))));
-                    t7_cell_next[j] = x0;
-                    t7_h_next[j] = tanh(x0)*(((t7_t1_kept[j] + t7_t2_kept[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t7_t1_kept[j] + t7_t2_kept[j] + b_o[j]))) / (1.0 + exp(-fabs(t7_t1_kept[j] + t7_t2_kept[j] + b_o[j]))));
+                    const LSTM_LM_REAL x0 = t8_cell[j]*(((t8_t9_kept[j] + t8_t10_kept[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t8_t9_kept[j] + t8_t10_kept[j] + b_f[j]))) / (1.0 + exp(-fabs(t8_t9_kept[j] + t8_t10_kept[j] + b_f[j])))) + tanh(t8_t5_kept[j] + t8_t6_kept[j] + b_g[j])*(((t8_t3_kept[j] + t8_t4_kept[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t8_t3_kept[j] + t8_t4_kept[j] + b_i[j]))) / (1.0 + exp(-fabs(t8_t3_kept[j] + t8_t4_kept[j] + b_i[j]))));
+                    t8_cell_next[j] = x0;
+                    t8_h_next[j] = tanh(x0)*(((t8_t1_kept[j] + t8_t2_kept[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t8_t1_kept[j] + t8_t2_kept[j] + b_o[j]))) / (1.0 + exp(-fabs(t8_t1_kept[j] + t8_t2_kept[j] + b_o[j]))));
                 }
                 /* t11 = h_next @ V */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 30; ++j) {
-                        t7_t11[30*i + j] = 0;
+                        t8_t11[30*i + j] = 0;
                     }
                     for (int64_t k = 0; k < 16; ++k) {
-                        const LSTM_LM_REAL acc = t7_h_next[k];
+                        const LSTM_LM_REAL acc = t8_h_next[k];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                         for (int64_t j = 0; j < 30; ++j) {
-                            t7_t11[30*i + j] += acc * V[30*k + j];
+                            t8_t11[30*i + j] += acc * V[30*k + j];
                         }
                     }
                 }
@@ -1015,137 +1025,132 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 30; ++j) {
-                    t7_out0_row[j] = t7_t11[j] + c[j];
+                    t8_out0_row[j] = t8_t11[j] + c[j];
                 }
             }
-            for (int64_t t7_u = t7_len - 1; t7_u >= 0; --t7_u) {
-                const int64_t t7_t = t7_t0 + t7_u;
-                const LSTM_LM_REAL *t7_x = X + 30*t7_t;
-                const LSTM_LM_REAL *t7_h = t7_seg + 32*t7_u;
-                const LSTM_LM_REAL *t7_cell = t7_seg + 32*t7_u + 16;
-                const LSTM_LM_REAL *t7_grad_h_next = t7_cur;
-                const LSTM_LM_REAL *t7_grad_cell_next = t7_cur + 16;
-                LSTM_LM_REAL *t7_grad_h = t7_nxt;
-                LSTM_LM_REAL *t7_grad_cell = t7_nxt + 16;
-                const LSTM_LM_REAL *t7_t1_kept_1 = t7_base + 128*t7_u + 1120;
-                const LSTM_LM_REAL *t7_t2_kept_1 = t7_base + 128*t7_u + 1136;
-                const LSTM_LM_REAL *t7_t3_kept_1 = t7_base + 128*t7_u + 1152;
-                const LSTM_LM_REAL *t7_t4_kept_1 = t7_base + 128*t7_u + 1168;
-                const LSTM_LM_REAL *t7_t5_kept_1 = t7_base + 128*t7_u + 1184;
-                const LSTM_LM_REAL *t7_t8_kept_1 = t7_base + 128*t7_u + 1200;
-                const LSTM_LM_REAL *t7_t9_kept_1 = t7_base + 128*t7_u + 1216;
-                const LSTM_LM_REAL *t7_t10_kept_1 = t7_base + 128*t7_u + 1232;
-                const LSTM_LM_REAL *t7_grad_out0 = grad_logits + 30*t7_t;
-                LSTM_LM_REAL *t7_g0 = t7_base + 5216; /* 1 x 16 */
-                LSTM_LM_REAL *t7_g1 = t7_base + 5232; /* 1 x 16 */
-                LSTM_LM_REAL *t7_t12 = t7_base + 5216; /* 1 x 16 */
-                LSTM_LM_REAL *t7_t13 = t7_base + 5248; /* 1 x 16 */
-                LSTM_LM_REAL *t7_t14 = t7_base + 5264; /* 1 x 16 */
-                LSTM_LM_REAL *t7_t15 = t7_base + 5280; /* 1 x 16 */
-                LSTM_LM_REAL *t7_t16 = t7_base + 5296; /* 1 x 16 */
-                LSTM_LM_REAL *t7_t17 = t7_base + 5312; /* 1 x 16 */
-                LSTM_LM_REAL *t7_t18 = t7_base + 5328; /* 1 x 16 */
-                LSTM_LM_REAL *t7_t19 = t7_base + 5344; /* 1 x 16 */
-                LSTM_LM_REAL *t7_t20 = t7_base + 5232; /* 1 x 16 */
-                LSTM_LM_REAL *t7_t21 = t7_base + 5216; /* 1 x 16 */
-                LSTM_LM_REAL *t7_t22 = t7_base + 5248; /* 1 x 16 */
-                LSTM_LM_REAL *t7_t23 = t7_base + 5264; /* 1 x 16 */
+            for (int64_t t8_u = t8_len - 1; t8_u >= 0; --t8_u) {
+                const int64_t t8_t = t8_t0 + t8_u;
+                const LSTM_LM_REAL *t8_x = X + 30*t8_t;
+                const LSTM_LM_REAL *t8_h = t8_seg + 32*t8_u;
+                const LSTM_LM_REAL *t8_cell = t8_seg + 32*t8_u + 16;
+                const LSTM_LM_REAL *t8_grad_h_next = t8_cur;
+                const LSTM_LM_REAL *t8_grad_cell_next = t8_cur + 16;
+                LSTM_LM_REAL *t8_grad_h = t8_nxt;
+                LSTM_LM_REAL *t8_grad_cell = t8_nxt + 16;
+                const LSTM_LM_REAL *t8_t1_kept_1 = t8_base + 128*t8_u + 1120;
+                const LSTM_LM_REAL *t8_t2_kept_1 = t8_base + 128*t8_u + 1136;
+                const LSTM_LM_REAL *t8_t3_kept_1 = t8_base + 128*t8_u + 1152;
+                const LSTM_LM_REAL *t8_t4_kept_1 = t8_base + 128*t8_u + 1168;
+                const LSTM_LM_REAL *t8_t5_kept_1 = t8_base + 128*t8_u + 1184;
+                const LSTM_LM_REAL *t8_t6_kept_1 = t8_base + 128*t8_u + 1200;
+                const LSTM_LM_REAL *t8_t9_kept_1 = t8_base + 128*t8_u + 1216;
+                const LSTM_LM_REAL *t8_t10_kept_1 = t8_base + 128*t8_u + 1232;
+                const LSTM_LM_REAL *t8_grad_out0 = grad_logits + 30*t8_t;
+                LSTM_LM_REAL *t8_g0 = t8_base + 5216; /* 1 x 16 */
+                LSTM_LM_REAL *t8_t12 = t8_base + 5232; /* 1 x 16 */
+                LSTM_LM_REAL *t8_t13 = t8_base + 5248; /* 1 x 16 */
+                LSTM_LM_REAL *t8_t14 = t8_base + 5264; /* 1 x 16 */
+                LSTM_LM_REAL *t8_t15 = t8_base + 5280; /* 1 x 16 */
+                LSTM_LM_REAL *t8_t16 = t8_base + 5296; /* 1 x 16 */
+                LSTM_LM_REAL *t8_t17 = t8_base + 5312; /* 1 x 16 */
+                LSTM_LM_REAL *t8_t18 = t8_base + 5328; /* 1 x 16 */
+                LSTM_LM_REAL *t8_t19 = t8_base + 5344; /* 1 x 16 */
+                LSTM_LM_REAL *t8_t20 = t8_base + 5216; /* 1 x 16 */
+                LSTM_LM_REAL *t8_t21 = t8_base + 5232; /* 1 x 16 */
+                LSTM_LM_REAL *t8_t22 = t8_base + 5248; /* 1 x 16 */
+                LSTM_LM_REAL *t8_t23 = t8_base + 5264; /* 1 x 16 */
                 /* g0 = grad_out0 @ V^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 30; ++k) {
-                            acc += t7_grad_out0[k] * V[k + 30*j];
+                            acc += t8_grad_out0[k] * V[k + 30*j];
                         }
-                        t7_g0[16*i + j] = acc;
+                        t8_g0[16*i + j] = acc;
                     }
                 }
-                /* g1 = g0 + grad_h_next */
+                /* g0 = g0 + grad_h_next */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    t7_g1[j] = t7_grad_h_next[j] + t7_g0[j];
+                    t8_g0[j] = t8_grad_h_next[j] + t8_g0[j];
                 }
                 /* t12 = sigmoid(b_o + t1_kept_1 + t2_kept_1) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    t7_t12[j] = (((t7_t1_kept_1[j] + t7_t2_kept_1[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t7_t1_kept_1[j] + t7_t2_kept_1[j] + b_o[j]))) / (1.0 + exp(-fabs(t7_t1_kept_1[j] + t7_t2_kept_1[j] + b_o[j]))));
+                    t8_t12[j] = (((t8_t1_kept_1[j] + t8_t2_kept_1[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(t8_t1_kept_1[j] + t8_t2_kept_1[j] + b_o[j]))) / (1.0 + exp(-fabs(t8_t1_kept_1[j] + t8_t2_kept_1[j] + b_o[j]))));
                 }
                 /* t13 = sigmoid(b_i + t3_kept_1 + t4_kept_1) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    t7_t13[j] = (((t7_t3_kept_1[j] + t7_t4_kept_1[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t7_t3_kept_1[j] + t7_t4_kept_1[j] + b_i[j]))) / (1.0 + exp(-fabs(t7_t3_kept_1[j] + t7_t4_kept_1[j] + b_i[j]))));
+                    t8_t13[j] = (((t8_t3_kept_1[j] + t8_t4_kept_1[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(t8_t3_kept_1[j] + t8_t4_kept_1[j] + b_i[j]))) / (1.0 + exp(-fabs(t8_t3_kept_1[j] + t8_t4_kept_1[j] + b_i[j]))));
                 }
-                /* t14 = tanh(b_g + t5_kept_1 + t8_kept_1) */
+                /* t14 = tanh(b_g + t5_kept_1 + t6_kept_1) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    t7_t14[j] = tanh(t7_t5_kept_1[j] + t7_t8_kept_1[j] + b_g[j]);
+                    t8_t14[j] = tanh(t8_t5_kept_1[j] + t8_t6_kept_1[j] + b_g[j]);
                 }
-                /* t15 = cell*(1 - sigmoid(b_f + t10_kept_1 + t9_kept_1))*(g1*t12*(1 -
+                /* t15 = cell*(1 - sigmoid(b_f + t10_kept_1 + t9_kept_1))*(g0*t12*(1 -
                  * tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) + t13*t14)**2) +
                  * grad_cell_next)*sigmoid(b_f + t10_kept_1 + t9_kept_1) */
-                /* t16 = t13*(1 - t14**2)*(g1*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 +
+                /* t16 = t13*(1 - t14**2)*(g0*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 +
                  * t9_kept_1) + t13*t14)**2) + grad_cell_next) */
-                /* t17 = t13*t14*(1 - t13)*(g1*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 +
+                /* t17 = t13*t14*(1 - t13)*(g0*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 +
                  * t9_kept_1) + t13*t14)**2) + grad_cell_next) */
-                /* t18 = g1*t12*(1 - t12)*tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) +
+                /* t18 = g0*t12*(1 - t12)*tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) +
                  * t13*t14) */
-                /* grad_cell = (g1*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) +
+                /* grad_cell = (g0*t12*(1 - tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) +
                  * t13*t14)**2) + grad_cell_next)*sigmoid(b_f + t10_kept_1 + t9_kept_1) */
-                /* grad_b_i = grad_b_i + t13*t14*(1 - t13)*(g1*t12*(1 - tanh(cell*sigmoid(b_f
+                /* grad_b_i = grad_b_i + t13*t14*(1 - t13)*(g0*t12*(1 - tanh(cell*sigmoid(b_f
                  * + t10_kept_1 + t9_kept_1) + t13*t14)**2) + grad_cell_next) */
-                /* grad_b_f = cell*(1 - sigmoid(b_f + t10_kept_1 + t9_kept_1))*(g1*t12*(1 -
+                /* grad_b_f = cell*(1 - sigmoid(b_f + t10_kept_1 + t9_kept_1))*(g0*t12*(1 -
                  * tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) + t13*t14)**2) +
                  * grad_cell_next)*sigmoid(b_f + t10_kept_1 + t9_kept_1) + grad_b_f */
-                /* grad_b_g = grad_b_g + t13*(1 - t14**2)*(g1*t12*(1 - tanh(cell*sigmoid(b_f
+                /* grad_b_g = grad_b_g + t13*(1 - t14**2)*(g0*t12*(1 - tanh(cell*sigmoid(b_f
                  * + t10_kept_1 + t9_kept_1) + t13*t14)**2) + grad_cell_next) */
-                /* grad_b_o = g1*t12*(1 - t12)*tanh(cell*sigmoid(b_f + t10_kept_1 +
+                /* grad_b_o = g0*t12*(1 - t12)*tanh(cell*sigmoid(b_f + t10_kept_1 +
                  * t9_kept_1) + t13*t14) + grad_b_o */
                 /* t19 = t12*tanh(cell*sigmoid(b_f + t10_kept_1 + t9_kept_1) + t13*t14) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    const LSTM_LM_REAL t7_grad_b_i_in = grad_b_i[j];
-                    const LSTM_LM_REAL t7_grad_b_f_in = grad_b_f[j];
-                    const LSTM_LM_REAL t7_grad_b_g_in = grad_b_g[j];
-                    const LSTM_LM_REAL t7_grad_b_o_in = grad_b_o[j];
-                    const LSTM_LM_REAL x0 = (((t7_t9_kept_1[j] + t7_t10_kept_1[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t7_t9_kept_1[j] + t7_t10_kept_1[j] + b_f[j]))) / (1.0 + exp(-fabs(t7_t9_kept_1[j] + t7_t10_kept_1[j] + b_f[j]))));
-                    const LSTM_LM_REAL x1 = t7_t13[j]*t7_t14[j];
-                    const LSTM_LM_REAL x2 = t7_cell[j]*x0;
+                    const LSTM_LM_REAL x0 = (((t8_t9_kept_1[j] + t8_t10_kept_1[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(t8_t9_kept_1[j] + t8_t10_kept_1[j] + b_f[j]))) / (1.0 + exp(-fabs(t8_t9_kept_1[j] + t8_t10_kept_1[j] + b_f[j]))));
+                    const LSTM_LM_REAL x1 = t8_t13[j]*t8_t14[j];
+                    const LSTM_LM_REAL x2 = t8_cell[j]*x0;
                     const LSTM_LM_REAL x3 = tanh(x1 + x2);
-                    const LSTM_LM_REAL x4 = t7_g1[j]*t7_t12[j];
-                    const LSTM_LM_REAL x5 = t7_grad_cell_next[j] + x4*(1 - (x3*x3));
+                    const LSTM_LM_REAL x4 = t8_g0[j]*t8_t12[j];
+                    const LSTM_LM_REAL x5 = t8_grad_cell_next[j] + x4*(1 - (x3*x3));
                     const LSTM_LM_REAL x6 = x2*x5*(1 - x0);
-                    const LSTM_LM_REAL x7 = t7_t13[j]*x5*(1 - (t7_t14[j]*t7_t14[j]));
-                    const LSTM_LM_REAL x8 = x1*x5*(1 - t7_t13[j]);
-                    const LSTM_LM_REAL x9 = x3*x4*(1 - t7_t12[j]);
-                    t7_t15[j] = x6;
-                    t7_t16[j] = x7;
-                    t7_t17[j] = x8;
-                    t7_t18[j] = x9;
-                    t7_grad_cell[j] = x0*x5;
-                    grad_b_i[j] = t7_grad_b_i_in + x8;
-                    grad_b_f[j] = t7_grad_b_f_in + x6;
-                    grad_b_g[j] = t7_grad_b_g_in + x7;
-                    grad_b_o[j] = t7_grad_b_o_in + x9;
-                    t7_t19[j] = t7_t12[j]*x3;
+                    const LSTM_LM_REAL x7 = t8_t13[j]*x5*(1 - (t8_t14[j]*t8_t14[j]));
+                    const LSTM_LM_REAL x8 = x1*x5*(1 - t8_t13[j]);
+                    const LSTM_LM_REAL x9 = x3*x4*(1 - t8_t12[j]);
+                    t8_t15[j] = x6;
+                    t8_t16[j] = x7;
+                    t8_t17[j] = x8;
+                    t8_t18[j] = x9;
+                    t8_grad_cell[j] = x0*x5;
+                    t8_t19[j] = t8_t12[j]*x3;
+                    grad_b_i[j] = grad_b_i[j] + x8;
+                    grad_b_f[j] = grad_b_f[j] + x6;
+                    grad_b_g[j] = grad_b_g[j] + x7;
+                    grad_b_o[j] = grad_b_o[j] + x9;
                 }
                 /* t20 = t15 @ U_f^T */
                 for (int64_t i = 0; i < 1; ++i) {
                     for (int64_t j = 0; j < 16; ++j) {
                         LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
-                            acc += t7_t15[k] * U_f[k + 16*j];
+                            acc += t8_t15[k] * U_f[k + 16*j];
                         }
-                        t7_t20[16*i + j] = acc;
+                        t8_t20[16*i + j] = acc;
                     }
                 }
                 /* t21 = t16 @ U_g^T */
@@ -1153,9 +1158,9 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                     for (int64_t j = 0; j < 16; ++j) {
                         LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
-                            acc += t7_t16[k] * U_g[k + 16*j];
+                            acc += t8_t16[k] * U_g[k + 16*j];
                         }
-                        t7_t21[16*i + j] = acc;
+                        t8_t21[16*i + j] = acc;
                     }
                 }
                 /* t22 = t17 @ U_i^T */
@@ -1163,9 +1168,9 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                     for (int64_t j = 0; j < 16; ++j) {
                         LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
-                            acc += t7_t17[k] * U_i[k + 16*j];
+                            acc += t8_t17[k] * U_i[k + 16*j];
                         }
-                        t7_t22[16*i + j] = acc;
+                        t8_t22[16*i + j] = acc;
                     }
                 }
                 /* t23 = t18 @ U_o^T */
@@ -1173,9 +1178,9 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                     for (int64_t j = 0; j < 16; ++j) {
                         LSTM_LM_REAL acc = 0;
                         for (int64_t k = 0; k < 16; ++k) {
-                            acc += t7_t18[k] * U_o[k + 16*j];
+                            acc += t8_t18[k] * U_o[k + 16*j];
                         }
-                        t7_t23[16*i + j] = acc;
+                        t8_t23[16*i + j] = acc;
                     }
                 }
                 /* grad_h = t20 + t21 + t22 + t23 */
@@ -1183,105 +1188,105 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    t7_grad_h[j] = t7_t20[j] + t7_t21[j] + t7_t22[j] + t7_t23[j];
+                    t8_grad_h[j] = t8_t20[j] + t8_t21[j] + t8_t22[j] + t8_t23[j];
                 }
                 /* grad_W_i += x^T @ t17 */
                 for (int64_t i = 0; i < 30; ++i) {
-                    const LSTM_LM_REAL acc = t7_x[i];
+                    const LSTM_LM_REAL acc = t8_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_i[16*i + j] += acc * t7_t17[j];
+                        grad_W_i[16*i + j] += acc * t8_t17[j];
                     }
                 }
                 /* grad_W_f += x^T @ t15 */
                 for (int64_t i = 0; i < 30; ++i) {
-                    const LSTM_LM_REAL acc = t7_x[i];
+                    const LSTM_LM_REAL acc = t8_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_f[16*i + j] += acc * t7_t15[j];
+                        grad_W_f[16*i + j] += acc * t8_t15[j];
                     }
                 }
                 /* grad_W_g += x^T @ t16 */
                 for (int64_t i = 0; i < 30; ++i) {
-                    const LSTM_LM_REAL acc = t7_x[i];
+                    const LSTM_LM_REAL acc = t8_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_g[16*i + j] += acc * t7_t16[j];
+                        grad_W_g[16*i + j] += acc * t8_t16[j];
                     }
                 }
                 /* grad_W_o += x^T @ t18 */
                 for (int64_t i = 0; i < 30; ++i) {
-                    const LSTM_LM_REAL acc = t7_x[i];
+                    const LSTM_LM_REAL acc = t8_x[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_W_o[16*i + j] += acc * t7_t18[j];
+                        grad_W_o[16*i + j] += acc * t8_t18[j];
                     }
                 }
                 /* grad_U_i += h^T @ t17 */
                 for (int64_t i = 0; i < 16; ++i) {
-                    const LSTM_LM_REAL acc = t7_h[i];
+                    const LSTM_LM_REAL acc = t8_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_i[16*i + j] += acc * t7_t17[j];
+                        grad_U_i[16*i + j] += acc * t8_t17[j];
                     }
                 }
                 /* grad_U_f += h^T @ t15 */
                 for (int64_t i = 0; i < 16; ++i) {
-                    const LSTM_LM_REAL acc = t7_h[i];
+                    const LSTM_LM_REAL acc = t8_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_f[16*i + j] += acc * t7_t15[j];
+                        grad_U_f[16*i + j] += acc * t8_t15[j];
                     }
                 }
                 /* grad_U_g += h^T @ t16 */
                 for (int64_t i = 0; i < 16; ++i) {
-                    const LSTM_LM_REAL acc = t7_h[i];
+                    const LSTM_LM_REAL acc = t8_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_g[16*i + j] += acc * t7_t16[j];
+                        grad_U_g[16*i + j] += acc * t8_t16[j];
                     }
                 }
                 /* grad_U_o += h^T @ t18 */
                 for (int64_t i = 0; i < 16; ++i) {
-                    const LSTM_LM_REAL acc = t7_h[i];
+                    const LSTM_LM_REAL acc = t8_h[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 16; ++j) {
-                        grad_U_o[16*i + j] += acc * t7_t18[j];
+                        grad_U_o[16*i + j] += acc * t8_t18[j];
                     }
                 }
                 /* grad_V += t19^T @ grad_out0 */
                 for (int64_t i = 0; i < 16; ++i) {
-                    const LSTM_LM_REAL acc = t7_t19[i];
+                    const LSTM_LM_REAL acc = t8_t19[i];
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #pragma GCC unroll 1
     #endif
                     for (int64_t j = 0; j < 30; ++j) {
-                        grad_V[30*i + j] += acc * t7_grad_out0[j];
+                        grad_V[30*i + j] += acc * t8_grad_out0[j];
                     }
                 }
                 /* grad_c = grad_c + grad_out0 */
@@ -1289,19 +1294,18 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 30; ++j) {
-                    const LSTM_LM_REAL t7_grad_c_in = grad_c[j];
-                    grad_c[j] = t7_grad_c_in + t7_grad_out0[j];
+                    grad_c[j] = grad_c[j] + t8_grad_out0[j];
                 }
-                LSTM_LM_REAL *t7_swap = t7_cur;
-                t7_cur = t7_nxt;
-                t7_nxt = t7_swap;
+                LSTM_LM_REAL *t8_swap = t8_cur;
+                t8_cur = t8_nxt;
+                t8_nxt = t8_swap;
             }
         }
     }
 }
 #endif
 
-/* lstm_lm_value_and_grad, part 4 of 4 (kernels 12 to 25): a long
+/* lstm_lm_value_and_grad, part 4 of 4 (kernels 13 to 26): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 2; called from unit 0. */
@@ -1313,33 +1317,33 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part4(
     void
 )
 {
-    /* grad_W_i: the adjoint of captured value 0 of the loop of t7, written by it */
+    /* grad_W_i: the adjoint of captured value 0 of the loop of t8, written by it */
 
-    /* grad_W_f: the adjoint of captured value 1 of the loop of t7, written by it */
+    /* grad_W_f: the adjoint of captured value 1 of the loop of t8, written by it */
 
-    /* grad_W_g: the adjoint of captured value 2 of the loop of t7, written by it */
+    /* grad_W_g: the adjoint of captured value 2 of the loop of t8, written by it */
 
-    /* grad_W_o: the adjoint of captured value 3 of the loop of t7, written by it */
+    /* grad_W_o: the adjoint of captured value 3 of the loop of t8, written by it */
 
-    /* grad_U_i: the adjoint of captured value 4 of the loop of t7, written by it */
+    /* grad_U_i: the adjoint of captured value 4 of the loop of t8, written by it */
 
-    /* grad_U_f: the adjoint of captured value 5 of the loop of t7, written by it */
+    /* grad_U_f: the adjoint of captured value 5 of the loop of t8, written by it */
 
-    /* grad_U_g: the adjoint of captured value 6 of the loop of t7, written by it */
+    /* grad_U_g: the adjoint of captured value 6 of the loop of t8, written by it */
 
-    /* grad_U_o: the adjoint of captured value 7 of the loop of t7, written by it */
+    /* grad_U_o: the adjoint of captured value 7 of the loop of t8, written by it */
 
-    /* grad_b_i: the adjoint of captured value 8 of the loop of t7, written by it */
+    /* grad_b_i: the adjoint of captured value 8 of the loop of t8, written by it */
 
-    /* grad_b_f: the adjoint of captured value 9 of the loop of t7, written by it */
+    /* grad_b_f: the adjoint of captured value 9 of the loop of t8, written by it */
 
-    /* grad_b_g: the adjoint of captured value 10 of the loop of t7, written by it */
+    /* grad_b_g: the adjoint of captured value 10 of the loop of t8, written by it */
 
-    /* grad_b_o: the adjoint of captured value 11 of the loop of t7, written by it */
+    /* grad_b_o: the adjoint of captured value 11 of the loop of t8, written by it */
 
-    /* grad_V: the adjoint of captured value 12 of the loop of t7, written by it */
+    /* grad_V: the adjoint of captured value 12 of the loop of t8, written by it */
 
-    /* grad_c: the adjoint of captured value 13 of the loop of t7, written by it */
+    /* grad_c: the adjoint of captured value 13 of the loop of t8, written by it */
 }
 #endif
 

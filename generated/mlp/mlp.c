@@ -17,7 +17,7 @@ static size_t mlp_run_work_len(int64_t n, int with_grads)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 18*n + 3 : 14*n + 3);
+    return (size_t)(with_grads ? 14*n + 3 : 14*n + 3);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -97,20 +97,19 @@ static int mlp_run(
     MLP_REAL *grad_t1 = t0; /* n x 4, in t0's memory */
     symbackprop_f64_matmul(n, 4, 2, g0, 2, 1, W2, 1, 2, grad_t1);
 
-    /* g1 = grad_t1*t1*(1 - t1) */
-    MLP_REAL *g1 = t5 + 1; /* n x 4 */
+    /* grad_t1 = grad_t1*t1*(1 - t1) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            g1[4*i + j] = t1[4*i + j]*grad_t1[4*i + j]*(1 - t1[4*i + j]);
+            grad_t1[4*i + j] = t1[4*i + j]*grad_t1[4*i + j]*(1 - t1[4*i + j]);
         }
     }
 
-    /* grad_W1 = X^T @ g1 */
-    symbackprop_f64_matmul(3, 4, n, X, 1, 3, g1, 4, 1, grad_W1);
+    /* grad_W1 = X^T @ grad_t1 */
+    symbackprop_f64_matmul(3, 4, n, X, 1, 3, grad_t1, 4, 1, grad_W1);
 
-    /* grad_b1 = sum of g1 down each column */
-    symbackprop_f64_sum_columns(g1, n, 4, 4, grad_b1);
+    /* grad_b1 = sum of grad_t1 down each column */
+    symbackprop_f64_sum_columns(grad_t1, n, 4, 4, grad_b1);
 
     /* grad_W2 = t1^T @ g0 */
     symbackprop_f64_matmul(4, 2, n, t1, 1, 4, g0, 2, 1, grad_W2);

@@ -14,7 +14,7 @@
 
 static size_t mnist_mlp_run_work_len(int with_grads)
 {
-    return (size_t)(with_grads ? 101249 : 68481);
+    return (size_t)(with_grads ? 68481 : 68481);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -73,39 +73,45 @@ static int mnist_mlp_run(
         t4[i] = symbackprop_f64_sum(t3 + 10*i, 10, 1);
     }
 
-    /* t5 = log(sum(exp(logits))) along each row, its max subtracted first */
-    MNIST_MLP_REAL *t5 = t4 + 128; /* 128 x 1 */
-    SYMBACKPROP_PARALLEL_FOR
+    /* t5 = softmax of logits along each row, its max subtracted first */
+    MNIST_MLP_REAL *t5 = t2; /* 128 x 10, in t2's memory */
     for (int64_t i = 0; i < 128; ++i) {
-        t5[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
+        symbackprop_f64_softmax_axis(logits + 10*i, 10, 1, t5 + 10*i, 1);
     }
 
-    /* t6 = -t4 + t5 */
-    MNIST_MLP_REAL *t6 = t5 + 128; /* 128 x 1 */
+    /* t6 = log(sum(exp(logits))) along each row, its max subtracted first */
+    MNIST_MLP_REAL *t6 = t4 + 128; /* 128 x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
-        t6[i] = -t4[i] + t5[i];
+        t6[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1, t5 + 10*i, 1);
     }
 
-    /* t7 = sum of t6 down each column */
-    MNIST_MLP_REAL *t7 = t6 + 128; /* 1 x 1 */
-    t7[0] = symbackprop_f64_sum(t6, 128, 1);
+    /* t7 = -t4 + t6 */
+    MNIST_MLP_REAL *t7 = t6 + 128; /* 128 x 1 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < 128; ++i) {
+        t7[i] = -t4[i] + t6[i];
+    }
 
-    /* loss = t7/128 */
+    /* t8 = sum of t7 down each column */
+    MNIST_MLP_REAL *t8 = t7 + 128; /* 1 x 1 */
+    t8[0] = symbackprop_f64_sum(t7, 128, 1);
+
+    /* loss = t8/128 */
     {
-        loss[0] = (1.0/128.0)*t7[0];
+        loss[0] = (1.0/128.0)*t8[0];
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_logits = -T/128 + exp(logits - t5)/128 */
-    MNIST_MLP_REAL *grad_logits = t2; /* 128 x 10, in t2's memory */
+    /* grad_logits = -T/128 + t5/128 */
+    MNIST_MLP_REAL *grad_logits = t3; /* 128 x 10, in t3's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            grad_logits[10*i + j] = -1.0/128.0*T[10*i + j] + (1.0/128.0)*exp(logits[10*i + j] - t5[i]);
+            grad_logits[10*i + j] = (1.0/128.0)*t5[10*i + j] - 1.0/128.0*T[10*i + j];
         }
     }
 
@@ -113,20 +119,19 @@ static int mnist_mlp_run(
     MNIST_MLP_REAL *grad_t1 = t0; /* 128 x 256, in t0's memory */
     symbackprop_f64_matmul(128, 256, 10, grad_logits, 10, 1, W2, 1, 10, grad_t1);
 
-    /* g0 = grad_t1*(1 - t1**2) */
-    MNIST_MLP_REAL *g0 = t7 + 1; /* 128 x 256 */
+    /* grad_t1 = grad_t1*(1 - t1**2) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            g0[256*i + j] = grad_t1[256*i + j]*(1 - (t1[256*i + j]*t1[256*i + j]));
+            grad_t1[256*i + j] = grad_t1[256*i + j]*(1 - (t1[256*i + j]*t1[256*i + j]));
         }
     }
 
-    /* grad_W1 = X^T @ g0 */
-    symbackprop_f64_matmul(784, 256, 128, X, 1, 784, g0, 256, 1, grad_W1);
+    /* grad_W1 = X^T @ grad_t1 */
+    symbackprop_f64_matmul(784, 256, 128, X, 1, 784, grad_t1, 256, 1, grad_W1);
 
-    /* grad_b1 = sum of g0 down each column */
-    symbackprop_f64_sum_columns(g0, 128, 256, 256, grad_b1);
+    /* grad_b1 = sum of grad_t1 down each column */
+    symbackprop_f64_sum_columns(grad_t1, 128, 256, 256, grad_b1);
 
     /* grad_W2 = t1^T @ grad_logits */
     symbackprop_f64_matmul(256, 10, 128, t1, 1, 256, grad_logits, 10, 1, grad_W2);

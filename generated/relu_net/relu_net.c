@@ -14,7 +14,7 @@
 
 static size_t relu_net_run_work_len(int with_grads)
 {
-    return (size_t)(with_grads ? 9 : 7);
+    return (size_t)(with_grads ? 7 : 5);
 }
 
 /* The forward pass (the loss and the named outputs), then, when with_grads is 1, the
@@ -48,12 +48,11 @@ static int relu_net_run(
     }
 
     /* t1 = Max(0, t0) */
-    /* dt1_dt0 = Heaviside(t0) */
+    /* t0 = Heaviside(t0) */
     RELU_NET_REAL *t1 = t0 + 2; /* 2 x 1 */
-    RELU_NET_REAL *dt1_dt0 = t1 + 2; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         t1[i] = (((0) > (t0[i])) ? (0) : (t0[i]));
-        dt1_dt0[i] = (isnan(t0[i]) ? (t0[i]) : (t0[i]) > 0 ? 1.0 : 0.0);
+        t0[i] = (isnan(t0[i]) ? (t0[i]) : (t0[i]) > 0 ? 1.0 : 0.0);
     }
 
     /* y = W2 @ t1 */
@@ -71,7 +70,7 @@ static int relu_net_run(
 
     /* loss = (-t + y)**2/2 */
     /* g0 = -t + y */
-    RELU_NET_REAL *g0 = dt1_dt0 + 2; /* 1 x 1 */
+    RELU_NET_REAL *g0 = t1 + 2; /* 1 x 1 */
     {
         const RELU_NET_REAL x0 = -t[0] + y[0];
         loss[0] = (1.0/2.0)*(x0*x0);
@@ -83,7 +82,7 @@ static int relu_net_run(
     }
 
     /* grad_t1 = W2^T @ g0 */
-    RELU_NET_REAL *grad_t1 = t0; /* 2 x 1, in t0's memory */
+    RELU_NET_REAL *grad_t1 = g0 + 1; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             grad_t1[i + j] = 0;
@@ -96,19 +95,18 @@ static int relu_net_run(
         }
     }
 
-    /* grad_t0 = dt1_dt0*grad_t1 */
-    RELU_NET_REAL *grad_t0 = g0 + 1; /* 2 x 1 */
+    /* grad_t1 = grad_t1*t0 */
     for (int64_t i = 0; i < 2; ++i) {
-        grad_t0[i] = grad_t1[i]*dt1_dt0[i];
+        grad_t1[i] = grad_t1[i]*t0[i];
     }
 
-    /* grad_W1 = grad_t0 @ x^T */
+    /* grad_W1 = grad_t1 @ x^T */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             grad_W1[2*i + j] = 0;
         }
         for (int64_t k = 0; k < 1; ++k) {
-            const RELU_NET_REAL acc = grad_t0[i];
+            const RELU_NET_REAL acc = grad_t1[i];
             for (int64_t j = 0; j < 2; ++j) {
                 grad_W1[2*i + j] += acc * x[j];
             }

@@ -54,7 +54,7 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
@@ -74,28 +74,6 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 1, 64, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul_add(s0, 64, 64, a, 64, 1, b, 1, 64, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(256, 64, s0, a, 1, 256, b, 64, 1, c);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
@@ -125,8 +103,30 @@ void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TR
     symbackprop_f64_matmul(64, 256, s0, a, 1, 64, b, 256, 1, c);
 }
 #endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 64, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 1, 64, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul_add(s0, 64, 64, a, 64, 1, b, 1, 64, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(256, 64, s0, a, 1, 256, b, 64, 1, c);
+}
+#endif
 
-/* Its 50 element-wise loops that repeat (in several functions, or at
+/* Its 48 element-wise loops that repeat (in several functions, or at
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
@@ -163,10 +163,14 @@ void transformer_lm_loop5(
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop6(
+void transformer_lm_loop6(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1);
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop8(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -175,8 +179,30 @@ void transformer_lm_loop6(
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+void transformer_lm_loop9(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop6(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 256; ++j) {
+            a0[256*i + j] = a0[256*i + j]*a1[256*i + j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j] + a0[64*i + j];
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop1(
     int64_t m,
@@ -193,78 +219,6 @@ void transformer_lm_loop1(
         }
     }
 }
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop3(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j] + a2[64*i + j] + a3[j];
-        }
-    }
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j] + a2[64*i + j];
-        }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        a0[i] = -a1[i] + a2[i];
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop5(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 62; ++j) {
-            a0[62*i + j] = a1[62*i + j] + exp(a2[62*i + j] - a3[i])/((TRANSFORMER_LM_REAL)m);
-        }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop6(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j]*a2[j];
-            a3[64*i + j] = a1[64*i + j]*a4[64*i + j];
-        }
-    }
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop2(
     int64_t m,
@@ -286,12 +240,83 @@ void transformer_lm_loop2(
     }
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+void transformer_lm_loop8(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j]*a2[j];
+            a3[64*i + j] = a1[64*i + j]*a4[64*i + j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop9(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
             a0[256*i + j] = a1[256*i + j]*a2[256*i + j];
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j] + a2[64*i + j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop3(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j] + a2[64*i + j] + a3[j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        a0[i] = -a1[i] + a2[i];
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop5(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j]*a2[j];
+            a3[64*i + j] = a1[64*i + j]*a3[64*i + j];
         }
     }
 }
@@ -303,7 +328,7 @@ TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_gra
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(with_grads ? 4157*m + 9217 : 1089*m + 5121);
+    return (size_t)(with_grads ? 4095*m + 9217 : 1151*m + 5121);
 }
 #endif
 
@@ -1052,10 +1077,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 }
 #endif
 
-/* transformer_lm_run, part 3 of 8 (kernels 33 to 44): a long
+/* transformer_lm_run, part 3 of 8 (kernels 33 to 45): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 1; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
@@ -1070,7 +1095,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     TRANSFORMER_LM_REAL *work,
     int with_grads
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
@@ -1179,29 +1204,35 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
         t42[i] = t41[62*i + column];
     }
 
-    /* t43 = log(sum(exp(t41))) along each row, its max subtracted first */
-    TRANSFORMER_LM_REAL *t43 = t42 + m; /* m x 1 */
-    SYMBACKPROP_PARALLEL_FOR
+    /* t43 = softmax of t41 along each row, its max subtracted first */
+    TRANSFORMER_LM_REAL *t43 = t42 + m; /* m x 62 */
     for (int64_t i = 0; i < m; ++i) {
-        t43[i] = symbackprop_f64_logsumexp(t41 + 62*i, 62, 1);
+        symbackprop_f64_softmax_axis(t41 + 62*i, 62, 1, t43 + 62*i, 1);
     }
 
-    /* t44 = -t42 + t43 */
-    TRANSFORMER_LM_REAL *t44 = t43 + m; /* m x 1 */
-    transformer_lm_loop4(m, t44, t42, t43);
+    /* t44 = log(sum(exp(t41))) along each row, its max subtracted first */
+    TRANSFORMER_LM_REAL *t44 = t43 + 62*m; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        t44[i] = symbackprop_f64_logsumexp(t41 + 62*i, 62, 1, t43 + 62*i, 1);
+    }
 
-    /* t45 = sum of t44 down each column */
-    TRANSFORMER_LM_REAL *t45 = t44 + m; /* 1 x 1 */
-    t45[0] = symbackprop_f64_sum(t44, m, 1);
+    /* t45 = -t42 + t44 */
+    TRANSFORMER_LM_REAL *t45 = t44 + m; /* m x 1 */
+    transformer_lm_loop4(m, t45, t42, t44);
 
-    /* loss = t45/m */
+    /* t46 = sum of t45 down each column */
+    TRANSFORMER_LM_REAL *t46 = t45 + m; /* 1 x 1 */
+    t46[0] = symbackprop_f64_sum(t45, m, 1);
+
+    /* loss = t46/m */
     {
-        loss[0] = t45[0]/((TRANSFORMER_LM_REAL)m);
+        loss[0] = t46[0]/((TRANSFORMER_LM_REAL)m);
     }
 }
 #endif
 
-/* transformer_lm_run, part 4 of 8 (kernels 45 to 64): a long
+/* transformer_lm_run, part 4 of 8 (kernels 46 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 1; called from unit 0. */
@@ -1235,7 +1266,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t24 = with_grads ? work + 1856*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1920*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t26_block = with_grads ? work + 576*m + 4096 : work + 512*m + 4096; /* 64 x 16, in t8_block's memory; placed in an earlier part */
@@ -1248,10 +1278,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *t38 = with_grads ? work + 3136*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t39 = with_grads ? work + 3072*m + 9216 : work + 192*m + 4096; /* m x 64, in t37's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t41 = with_grads ? work + 3264*m + 9216 : work + 1024*m + 5120; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t43 = with_grads ? work + 3327*m + 9216 : work + 1087*m + 5120; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t45 = with_grads ? work + 3329*m + 9216 : work + 1089*m + 5120; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t43 = with_grads ? work + 3327*m + 9216 : work + 1087*m + 5120; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t46 = with_grads ? work + 3391*m + 9216 : work + 1151*m + 5120; /* 1 x 1; placed in an earlier part */
     /* grad_t41_part[i, j] = (-1/m) if j == targets[i], else 0 */
-    TRANSFORMER_LM_REAL *grad_t41_part = t45 + 1; /* m x 62 */
+    TRANSFORMER_LM_REAL *grad_t41_part = t41; /* m x 62, in t41's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         const int64_t column = targets[i];
@@ -1261,24 +1291,27 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
         grad_t41_part[62*i + column] = (-1/((TRANSFORMER_LM_REAL)m));
     }
 
-    /* grad_t41 = grad_t41_part + exp(t41 - t43)/m */
-    TRANSFORMER_LM_REAL *grad_t41 = grad_t41_part + 62*m; /* m x 62 */
-    transformer_lm_loop5(m, grad_t41, grad_t41_part, t41, t43);
+    /* grad_t41_part = grad_t41_part + t43/m */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 62; ++j) {
+            grad_t41_part[62*i + j] = t43[62*i + j]/((TRANSFORMER_LM_REAL)m) + grad_t41_part[62*i + j];
+        }
+    }
 
-    /* grad_t40 = grad_t41 @ Wout^T */
-    TRANSFORMER_LM_REAL *grad_t40 = grad_t41 + 62*m; /* m x 64 */
-    transformer_lm_product4(m, grad_t41, Wout, grad_t40);
+    /* grad_t40 = grad_t41_part @ Wout^T */
+    TRANSFORMER_LM_REAL *grad_t40 = t46 + 1; /* m x 64 */
+    transformer_lm_product4(m, grad_t41_part, Wout, grad_t40);
 
     /* grad_t39 = gf*grad_t40 */
-    /* g0 = grad_t40*t39 */
+    /* t39 = grad_t40*t39 */
     TRANSFORMER_LM_REAL *grad_t39 = grad_t40 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *g0 = grad_t39 + 64*m; /* m x 64 */
-    transformer_lm_loop6(m, grad_t39, grad_t40, gf, g0, t39);
+    transformer_lm_loop5(m, grad_t39, grad_t40, gf, t39);
 
     /* grad_t38[i, :] = r_i (grad_t39[i, :] - mean_j grad_t39[i, j] - y[i, :] mean_j
      * grad_t39[i, j] y[i, j]), y = (t38 - mu) r normalized as in normalize_rows (mu_i, r_i
      * of t38's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t38 = t39; /* m x 64, in t39's memory */
+    TRANSFORMER_LM_REAL *grad_t38 = grad_t39 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_t38 + 64*i;
@@ -1340,24 +1373,22 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *grad_t35 = t34; /* m x 256, in t34's memory */
     transformer_lm_product5(m, grad_t38, W1down, grad_t35);
 
-    /* g1 = grad_t35*t36 */
-    TRANSFORMER_LM_REAL *g1 = g0 + 64*m; /* m x 256 */
-    transformer_lm_loop7(m, g1, grad_t35, t36);
+    /* grad_t35 = grad_t35*t36 */
+    transformer_lm_loop6(m, grad_t35, t36);
 
-    /* grad_t33 = g1 @ W1up^T */
+    /* grad_t33 = grad_t35 @ W1up^T */
     TRANSFORMER_LM_REAL *grad_t33 = t38; /* m x 64, in t38's memory */
-    transformer_lm_product6(m, g1, W1up, grad_t33);
+    transformer_lm_product6(m, grad_t35, W1up, grad_t33);
 
     /* grad_t32 = g1m*grad_t33 */
-    /* g2 = grad_t33*t32 */
+    /* t32 = grad_t33*t32 */
     TRANSFORMER_LM_REAL *grad_t32 = grad_t39; /* m x 64, in grad_t39's memory */
-    TRANSFORMER_LM_REAL *g2 = g1 + 256*m; /* m x 64 */
-    transformer_lm_loop6(m, grad_t32, grad_t33, g1m, g2, t32);
+    transformer_lm_loop5(m, grad_t32, grad_t33, g1m, t32);
 
     /* grad_t31_part[i, :] = r_i (grad_t32[i, :] - mean_j grad_t32[i, j] - y[i, :] mean_j
      * grad_t32[i, j] y[i, j]), y = (t31 - mu) r normalized as in normalize_rows (mu_i, r_i
      * of t31's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t31_part = t32; /* m x 64, in t32's memory */
+    TRANSFORMER_LM_REAL *grad_t31_part = grad_t38 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_t31_part + 64*i;
@@ -1415,17 +1446,16 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
         }
     }
 
-    /* grad_t31 = grad_t31_part + grad_t38 */
-    TRANSFORMER_LM_REAL *grad_t31 = t31; /* m x 64, in t31's memory */
-    transformer_lm_loop0(m, grad_t31, grad_t38, grad_t31_part);
+    /* grad_t31_part = grad_t31_part + grad_t38 */
+    transformer_lm_loop7(m, grad_t31_part, grad_t38);
 
-    /* grad_t29 = grad_t31 @ Wo1^T */
-    TRANSFORMER_LM_REAL *grad_t29 = grad_t32; /* m x 64, in grad_t32's memory */
-    transformer_lm_product7(m, grad_t31, Wo1, grad_t29);
+    /* grad_t29 = grad_t31_part @ Wo1^T */
+    TRANSFORMER_LM_REAL *grad_t29 = t31; /* m x 64, in t31's memory */
+    transformer_lm_product7(m, grad_t31_part, Wo1, grad_t29);
 
     /* grad_t28[(e,s),h*dh+k] = sum_{t>=s} t27[(e,t),(h,s)] * grad_t29[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t28 = grad_t31_part; /* m x 64, in grad_t31_part's memory */
+    TRANSFORMER_LM_REAL *grad_t28 = grad_t32; /* m x 64, in grad_t32's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1457,7 +1487,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_t22 = grad_t28 @ Wv1^T, the first of 3 products added up here */
-    TRANSFORMER_LM_REAL *grad_t22 = g2 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_t22 = grad_t31_part + 64*m; /* m x 64 */
     transformer_lm_product7(m, grad_t28, Wv1, grad_t22);
 
     /* grad_t27[(e,t),(h,s)] = sum_k grad_t29[(e,t),h*dh+k] * t28[(e,s),h*dh+k] for s <= t, 0
@@ -1507,7 +1537,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     /* grad_t26[(e,t),(h,s)] = t27[(e,t),(h,s)] * (grad_t27[(e,t),(h,s)] - sum_{s'<=t}
      * t27[(e,t),(h,s')] * grad_t27[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
      * e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_t26 = grad_t35; /* m x 256, in grad_t35's memory */
+    TRANSFORMER_LM_REAL *grad_t26 = grad_t22 + 64*m; /* m x 256 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1597,30 +1627,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
         }
     #endif
     }
-
-    /* grad_t22 += grad_t24 @ t23^T */
-    transformer_lm_product8(m, grad_t24, t23, grad_t22);
 }
 #endif
 
-/* transformer_lm_run, part 5 of 8 (kernels 65 to 85): a long
+/* transformer_lm_run, part 5 of 8 (kernels 65 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
-    int64_t m,
-    const TRANSFORMER_LM_REAL *g0a,
-    const TRANSFORMER_LM_REAL *Wk0,
-    const TRANSFORMER_LM_REAL *Wv0,
-    const TRANSFORMER_LM_REAL *Wo0,
-    const TRANSFORMER_LM_REAL *g0m,
-    const TRANSFORMER_LM_REAL *W0up,
-    const TRANSFORMER_LM_REAL *W0down,
-    const TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
@@ -1647,24 +1660,28 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     TRANSFORMER_LM_REAL *t18 = with_grads ? work + 1408*m + 5120 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t20 = with_grads ? work + 1728*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1664*m + 5120 : work + 128*m; /* m x 64, in t19's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t24 = with_grads ? work + 1856*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1920*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t31_part = work + 3583*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22 = work + 3647*m + 9217; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t27 = work + 2816*m + 9216; /* m x 256, in t36's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t27_block = work + 576*m + 4096; /* 64 x 16, in t26_block's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t26 = work + 320*m + 4096; /* m x 256, in grad_t35's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t26 = work + 3711*m + 9217; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t24 = work + 2432*m + 9216; /* m x 64, in grad_t29's memory; placed in an earlier part */
+    /* grad_t22 += grad_t24 @ t23^T */
+    transformer_lm_product8(m, grad_t24, t23, grad_t22);
+
     /* grad_t21 = g1a*grad_t22 */
-    /* g3 = grad_t22*t21 */
+    /* t21 = grad_t22*t21 */
     TRANSFORMER_LM_REAL *grad_t21 = t24; /* m x 64, in t24's memory */
-    TRANSFORMER_LM_REAL *g3 = t25; /* m x 64, in t25's memory */
-    transformer_lm_loop6(m, grad_t21, grad_t22, g1a, g3, t21);
+    transformer_lm_loop5(m, grad_t21, grad_t22, g1a, t21);
 
     /* grad_t20_part[i, :] = r_i (grad_t21[i, :] - mean_j grad_t21[i, j] - y[i, :] mean_j
      * grad_t21[i, j] y[i, j]), y = (t20 - mu) r normalized as in normalize_rows (mu_i, r_i
      * of t20's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t20_part = t21; /* m x 64, in t21's memory */
+    TRANSFORMER_LM_REAL *grad_t20_part = t25; /* m x 64, in t25's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_t20_part + 64*i;
@@ -1722,32 +1739,29 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
         }
     }
 
-    /* grad_t20 = grad_t20_part + grad_t31 */
-    TRANSFORMER_LM_REAL *grad_t20 = t20; /* m x 64, in t20's memory */
-    transformer_lm_loop0(m, grad_t20, grad_t31, grad_t20_part);
+    /* grad_t20_part = grad_t20_part + grad_t31_part */
+    transformer_lm_loop7(m, grad_t20_part, grad_t31_part);
 
-    /* grad_t17 = grad_t20 @ W0down^T */
+    /* grad_t17 = grad_t20_part @ W0down^T */
     TRANSFORMER_LM_REAL *grad_t17 = t27; /* m x 256, in t27's memory */
-    transformer_lm_product5(m, grad_t20, W0down, grad_t17);
+    transformer_lm_product5(m, grad_t20_part, W0down, grad_t17);
 
-    /* g4 = grad_t17*t18 */
-    TRANSFORMER_LM_REAL *g4 = grad_t27; /* m x 256, in grad_t27's memory */
-    transformer_lm_loop7(m, g4, grad_t17, t18);
+    /* grad_t17 = grad_t17*t18 */
+    transformer_lm_loop6(m, grad_t17, t18);
 
-    /* grad_t15 = g4 @ W0up^T */
-    TRANSFORMER_LM_REAL *grad_t15 = grad_t21; /* m x 64, in grad_t21's memory */
-    transformer_lm_product6(m, g4, W0up, grad_t15);
+    /* grad_t15 = grad_t17 @ W0up^T */
+    TRANSFORMER_LM_REAL *grad_t15 = t20; /* m x 64, in t20's memory */
+    transformer_lm_product6(m, grad_t17, W0up, grad_t15);
 
     /* grad_t14 = g0m*grad_t15 */
-    /* g5 = grad_t15*t14 */
-    TRANSFORMER_LM_REAL *grad_t14 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
-    TRANSFORMER_LM_REAL *g5 = grad_t22 + 64*m; /* m x 64 */
-    transformer_lm_loop6(m, grad_t14, grad_t15, g0m, g5, t14);
+    /* t14 = grad_t15*t14 */
+    TRANSFORMER_LM_REAL *grad_t14 = grad_t21; /* m x 64, in grad_t21's memory */
+    transformer_lm_loop5(m, grad_t14, grad_t15, g0m, t14);
 
     /* grad_t13_part[i, :] = r_i (grad_t14[i, :] - mean_j grad_t14[i, j] - y[i, :] mean_j
      * grad_t14[i, j] y[i, j]), y = (t13 - mu) r normalized as in normalize_rows (mu_i, r_i
      * of t13's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t13_part = t14; /* m x 64, in t14's memory */
+    TRANSFORMER_LM_REAL *grad_t13_part = grad_t26 + 256*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_t13_part + 64*i;
@@ -1805,17 +1819,16 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
         }
     }
 
-    /* grad_t13 = grad_t13_part + grad_t20 */
-    TRANSFORMER_LM_REAL *grad_t13 = t13; /* m x 64, in t13's memory */
-    transformer_lm_loop0(m, grad_t13, grad_t20, grad_t13_part);
+    /* grad_t13_part = grad_t13_part + grad_t20_part */
+    transformer_lm_loop7(m, grad_t13_part, grad_t20_part);
 
-    /* grad_t11 = grad_t13 @ Wo0^T */
-    TRANSFORMER_LM_REAL *grad_t11 = grad_t14; /* m x 64, in grad_t14's memory */
-    transformer_lm_product7(m, grad_t13, Wo0, grad_t11);
+    /* grad_t11 = grad_t13_part @ Wo0^T */
+    TRANSFORMER_LM_REAL *grad_t11 = t13; /* m x 64, in t13's memory */
+    transformer_lm_product7(m, grad_t13_part, Wo0, grad_t11);
 
     /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} t9[(e,t),(h,s)] * grad_t11[(e,t),h*dh+k] (rows
      * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t10 = grad_t13_part; /* m x 64, in grad_t13_part's memory */
+    TRANSFORMER_LM_REAL *grad_t10 = grad_t14; /* m x 64, in grad_t14's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1847,12 +1860,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_t4 = grad_t10 @ Wv0^T, the first of 3 products added up here */
-    TRANSFORMER_LM_REAL *grad_t4 = g5 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_t4 = grad_t13_part + 64*m; /* m x 64 */
     transformer_lm_product7(m, grad_t10, Wv0, grad_t4);
 
     /* grad_t9[(e,t),(h,s)] = sum_k grad_t11[(e,t),h*dh+k] * t10[(e,s),h*dh+k] for s <= t, 0
      * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t9 = grad_t26; /* m x 256, in grad_t26's memory */
+    TRANSFORMER_LM_REAL *grad_t9 = grad_t27; /* m x 256, in grad_t27's memory */
     TRANSFORMER_LM_REAL *grad_t9_block = grad_t27_block; /* 64 x 16, in grad_t27_block's memory */
     (void)grad_t9_block; /* the loops' workspace: unused where BLAS computes the scores (-Wunused-variable) */
     #ifdef SYMBACKPROP_CBLAS
@@ -1897,7 +1910,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     /* grad_t8[(e,t),(h,s)] = t9[(e,t),(h,s)] * (grad_t9[(e,t),(h,s)] - sum_{s'<=t}
      * t9[(e,t),(h,s')] * grad_t9[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
      * e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_t8 = t18; /* m x 256, in t18's memory */
+    TRANSFORMER_LM_REAL *grad_t8 = grad_t26; /* m x 256, in grad_t26's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1992,15 +2005,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     transformer_lm_product8(m, grad_t6, t5, grad_t4);
 
     /* grad_t3 = g0a*grad_t4 */
-    /* g6 = grad_t4*t3 */
+    /* t3 = grad_t4*t3 */
     TRANSFORMER_LM_REAL *grad_t3 = t6; /* m x 64, in t6's memory */
-    TRANSFORMER_LM_REAL *g6 = t7; /* m x 64, in t7's memory */
-    transformer_lm_loop6(m, grad_t3, grad_t4, g0a, g6, t3);
+    transformer_lm_loop5(m, grad_t3, grad_t4, g0a, t3);
 
     /* grad_t2_part[i, :] = r_i (grad_t3[i, :] - mean_j grad_t3[i, j] - y[i, :] mean_j
      * grad_t3[i, j] y[i, j]), y = (t2 - mu) r normalized as in normalize_rows (mu_i, r_i of
      * t2's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t2_part = t3; /* m x 64, in t3's memory */
+    TRANSFORMER_LM_REAL *grad_t2_part = t7; /* m x 64, in t7's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_t2_part + 64*i;
@@ -2058,13 +2070,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
         }
     }
 
-    /* grad_t2 = grad_t13 + grad_t2_part */
-    TRANSFORMER_LM_REAL *grad_t2 = t2; /* m x 64, in t2's memory */
-    transformer_lm_loop0(m, grad_t2, grad_t13, grad_t2_part);
+    /* grad_t2_part = grad_t13_part + grad_t2_part */
+    transformer_lm_loop7(m, grad_t2_part, grad_t13_part);
 }
 #endif
 
-/* transformer_lm_run, part 6 of 8 (kernels 86 to 86): a long
+/* transformer_lm_run, part 6 of 8 (kernels 87 to 87): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 2; called from unit 0. */
@@ -2086,19 +2097,19 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *grad_t2 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
-    /* grad_E[ids[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2], grad_t2[i, 3],
-     * grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7], grad_t2[i, 8],
-     * grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12], grad_t2[i, 13],
-     * grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17], grad_t2[i, 18],
-     * grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22], grad_t2[i, 23],
-     * grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], grad_t2[i, 28], ... */
-    /* grad_P[positions[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2],
-     * grad_t2[i, 3], grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7],
-     * grad_t2[i, 8], grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12],
-     * grad_t2[i, 13], grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17],
-     * grad_t2[i, 18], grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22],
-     * grad_t2[i, 23], grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], ... */
+    TRANSFORMER_LM_REAL *grad_t2_part = work + 256*m + 4096; /* m x 64, in t7's memory; placed in an earlier part */
+    /* grad_E[ids[i], :] += [grad_t2_part[i, 0], grad_t2_part[i, 1], grad_t2_part[i, 2],
+     * grad_t2_part[i, 3], grad_t2_part[i, 4], grad_t2_part[i, 5], grad_t2_part[i, 6],
+     * grad_t2_part[i, 7], grad_t2_part[i, 8], grad_t2_part[i, 9], grad_t2_part[i, 10],
+     * grad_t2_part[i, 11], grad_t2_part[i, 12], grad_t2_part[i, 13], grad_t2_part[i, 14],
+     * grad_t2_part[i, 15], grad_t2_part[i, 16], grad_t2_part[i, 17], grad_t2_part[i, 18],
+     * grad_t2_part[i, 19], grad_t2_part[i, 20], grad_t2_part[i, 21], grad_t2_part[i, 22], ... */
+    /* grad_P[positions[i], :] += [grad_t2_part[i, 0], grad_t2_part[i, 1],
+     * grad_t2_part[i, 2], grad_t2_part[i, 3], grad_t2_part[i, 4], grad_t2_part[i, 5],
+     * grad_t2_part[i, 6], grad_t2_part[i, 7], grad_t2_part[i, 8], grad_t2_part[i, 9],
+     * grad_t2_part[i, 10], grad_t2_part[i, 11], grad_t2_part[i, 12], grad_t2_part[i, 13],
+     * grad_t2_part[i, 14], grad_t2_part[i, 15], grad_t2_part[i, 16], grad_t2_part[i, 17],
+     * grad_t2_part[i, 18], grad_t2_part[i, 19], grad_t2_part[i, 20], grad_t2_part[i, 21], ... */
     for (int64_t i = 0; i < 3968; ++i) {
         grad_E[i] = 0;
     }
@@ -2106,142 +2117,142 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
         grad_P[i] = 0;
     }
     for (int64_t i = 0; i < m; ++i) {
-        grad_E[64*ids[i]] += grad_t2[64*i];
-        grad_E[64*ids[i] + 1] += grad_t2[64*i + 1];
-        grad_E[64*ids[i] + 2] += grad_t2[64*i + 2];
-        grad_E[64*ids[i] + 3] += grad_t2[64*i + 3];
-        grad_E[64*ids[i] + 4] += grad_t2[64*i + 4];
-        grad_E[64*ids[i] + 5] += grad_t2[64*i + 5];
-        grad_E[64*ids[i] + 6] += grad_t2[64*i + 6];
-        grad_E[64*ids[i] + 7] += grad_t2[64*i + 7];
-        grad_E[64*ids[i] + 8] += grad_t2[64*i + 8];
-        grad_E[64*ids[i] + 9] += grad_t2[64*i + 9];
-        grad_E[64*ids[i] + 10] += grad_t2[64*i + 10];
-        grad_E[64*ids[i] + 11] += grad_t2[64*i + 11];
-        grad_E[64*ids[i] + 12] += grad_t2[64*i + 12];
-        grad_E[64*ids[i] + 13] += grad_t2[64*i + 13];
-        grad_E[64*ids[i] + 14] += grad_t2[64*i + 14];
-        grad_E[64*ids[i] + 15] += grad_t2[64*i + 15];
-        grad_E[64*ids[i] + 16] += grad_t2[64*i + 16];
-        grad_E[64*ids[i] + 17] += grad_t2[64*i + 17];
-        grad_E[64*ids[i] + 18] += grad_t2[64*i + 18];
-        grad_E[64*ids[i] + 19] += grad_t2[64*i + 19];
-        grad_E[64*ids[i] + 20] += grad_t2[64*i + 20];
-        grad_E[64*ids[i] + 21] += grad_t2[64*i + 21];
-        grad_E[64*ids[i] + 22] += grad_t2[64*i + 22];
-        grad_E[64*ids[i] + 23] += grad_t2[64*i + 23];
-        grad_E[64*ids[i] + 24] += grad_t2[64*i + 24];
-        grad_E[64*ids[i] + 25] += grad_t2[64*i + 25];
-        grad_E[64*ids[i] + 26] += grad_t2[64*i + 26];
-        grad_E[64*ids[i] + 27] += grad_t2[64*i + 27];
-        grad_E[64*ids[i] + 28] += grad_t2[64*i + 28];
-        grad_E[64*ids[i] + 29] += grad_t2[64*i + 29];
-        grad_E[64*ids[i] + 30] += grad_t2[64*i + 30];
-        grad_E[64*ids[i] + 31] += grad_t2[64*i + 31];
-        grad_E[64*ids[i] + 32] += grad_t2[64*i + 32];
-        grad_E[64*ids[i] + 33] += grad_t2[64*i + 33];
-        grad_E[64*ids[i] + 34] += grad_t2[64*i + 34];
-        grad_E[64*ids[i] + 35] += grad_t2[64*i + 35];
-        grad_E[64*ids[i] + 36] += grad_t2[64*i + 36];
-        grad_E[64*ids[i] + 37] += grad_t2[64*i + 37];
-        grad_E[64*ids[i] + 38] += grad_t2[64*i + 38];
-        grad_E[64*ids[i] + 39] += grad_t2[64*i + 39];
-        grad_E[64*ids[i] + 40] += grad_t2[64*i + 40];
-        grad_E[64*ids[i] + 41] += grad_t2[64*i + 41];
-        grad_E[64*ids[i] + 42] += grad_t2[64*i + 42];
-        grad_E[64*ids[i] + 43] += grad_t2[64*i + 43];
-        grad_E[64*ids[i] + 44] += grad_t2[64*i + 44];
-        grad_E[64*ids[i] + 45] += grad_t2[64*i + 45];
-        grad_E[64*ids[i] + 46] += grad_t2[64*i + 46];
-        grad_E[64*ids[i] + 47] += grad_t2[64*i + 47];
-        grad_E[64*ids[i] + 48] += grad_t2[64*i + 48];
-        grad_E[64*ids[i] + 49] += grad_t2[64*i + 49];
-        grad_E[64*ids[i] + 50] += grad_t2[64*i + 50];
-        grad_E[64*ids[i] + 51] += grad_t2[64*i + 51];
-        grad_E[64*ids[i] + 52] += grad_t2[64*i + 52];
-        grad_E[64*ids[i] + 53] += grad_t2[64*i + 53];
-        grad_E[64*ids[i] + 54] += grad_t2[64*i + 54];
-        grad_E[64*ids[i] + 55] += grad_t2[64*i + 55];
-        grad_E[64*ids[i] + 56] += grad_t2[64*i + 56];
-        grad_E[64*ids[i] + 57] += grad_t2[64*i + 57];
-        grad_E[64*ids[i] + 58] += grad_t2[64*i + 58];
-        grad_E[64*ids[i] + 59] += grad_t2[64*i + 59];
-        grad_E[64*ids[i] + 60] += grad_t2[64*i + 60];
-        grad_E[64*ids[i] + 61] += grad_t2[64*i + 61];
-        grad_E[64*ids[i] + 62] += grad_t2[64*i + 62];
-        grad_E[64*ids[i] + 63] += grad_t2[64*i + 63];
-        grad_P[64*positions[i]] += grad_t2[64*i];
-        grad_P[64*positions[i] + 1] += grad_t2[64*i + 1];
-        grad_P[64*positions[i] + 2] += grad_t2[64*i + 2];
-        grad_P[64*positions[i] + 3] += grad_t2[64*i + 3];
-        grad_P[64*positions[i] + 4] += grad_t2[64*i + 4];
-        grad_P[64*positions[i] + 5] += grad_t2[64*i + 5];
-        grad_P[64*positions[i] + 6] += grad_t2[64*i + 6];
-        grad_P[64*positions[i] + 7] += grad_t2[64*i + 7];
-        grad_P[64*positions[i] + 8] += grad_t2[64*i + 8];
-        grad_P[64*positions[i] + 9] += grad_t2[64*i + 9];
-        grad_P[64*positions[i] + 10] += grad_t2[64*i + 10];
-        grad_P[64*positions[i] + 11] += grad_t2[64*i + 11];
-        grad_P[64*positions[i] + 12] += grad_t2[64*i + 12];
-        grad_P[64*positions[i] + 13] += grad_t2[64*i + 13];
-        grad_P[64*positions[i] + 14] += grad_t2[64*i + 14];
-        grad_P[64*positions[i] + 15] += grad_t2[64*i + 15];
-        grad_P[64*positions[i] + 16] += grad_t2[64*i + 16];
-        grad_P[64*positions[i] + 17] += grad_t2[64*i + 17];
-        grad_P[64*positions[i] + 18] += grad_t2[64*i + 18];
-        grad_P[64*positions[i] + 19] += grad_t2[64*i + 19];
-        grad_P[64*positions[i] + 20] += grad_t2[64*i + 20];
-        grad_P[64*positions[i] + 21] += grad_t2[64*i + 21];
-        grad_P[64*positions[i] + 22] += grad_t2[64*i + 22];
-        grad_P[64*positions[i] + 23] += grad_t2[64*i + 23];
-        grad_P[64*positions[i] + 24] += grad_t2[64*i + 24];
-        grad_P[64*positions[i] + 25] += grad_t2[64*i + 25];
-        grad_P[64*positions[i] + 26] += grad_t2[64*i + 26];
-        grad_P[64*positions[i] + 27] += grad_t2[64*i + 27];
-        grad_P[64*positions[i] + 28] += grad_t2[64*i + 28];
-        grad_P[64*positions[i] + 29] += grad_t2[64*i + 29];
-        grad_P[64*positions[i] + 30] += grad_t2[64*i + 30];
-        grad_P[64*positions[i] + 31] += grad_t2[64*i + 31];
-        grad_P[64*positions[i] + 32] += grad_t2[64*i + 32];
-        grad_P[64*positions[i] + 33] += grad_t2[64*i + 33];
-        grad_P[64*positions[i] + 34] += grad_t2[64*i + 34];
-        grad_P[64*positions[i] + 35] += grad_t2[64*i + 35];
-        grad_P[64*positions[i] + 36] += grad_t2[64*i + 36];
-        grad_P[64*positions[i] + 37] += grad_t2[64*i + 37];
-        grad_P[64*positions[i] + 38] += grad_t2[64*i + 38];
-        grad_P[64*positions[i] + 39] += grad_t2[64*i + 39];
-        grad_P[64*positions[i] + 40] += grad_t2[64*i + 40];
-        grad_P[64*positions[i] + 41] += grad_t2[64*i + 41];
-        grad_P[64*positions[i] + 42] += grad_t2[64*i + 42];
-        grad_P[64*positions[i] + 43] += grad_t2[64*i + 43];
-        grad_P[64*positions[i] + 44] += grad_t2[64*i + 44];
-        grad_P[64*positions[i] + 45] += grad_t2[64*i + 45];
-        grad_P[64*positions[i] + 46] += grad_t2[64*i + 46];
-        grad_P[64*positions[i] + 47] += grad_t2[64*i + 47];
-        grad_P[64*positions[i] + 48] += grad_t2[64*i + 48];
-        grad_P[64*positions[i] + 49] += grad_t2[64*i + 49];
-        grad_P[64*positions[i] + 50] += grad_t2[64*i + 50];
-        grad_P[64*positions[i] + 51] += grad_t2[64*i + 51];
-        grad_P[64*positions[i] + 52] += grad_t2[64*i + 52];
-        grad_P[64*positions[i] + 53] += grad_t2[64*i + 53];
-        grad_P[64*positions[i] + 54] += grad_t2[64*i + 54];
-        grad_P[64*positions[i] + 55] += grad_t2[64*i + 55];
-        grad_P[64*positions[i] + 56] += grad_t2[64*i + 56];
-        grad_P[64*positions[i] + 57] += grad_t2[64*i + 57];
-        grad_P[64*positions[i] + 58] += grad_t2[64*i + 58];
-        grad_P[64*positions[i] + 59] += grad_t2[64*i + 59];
-        grad_P[64*positions[i] + 60] += grad_t2[64*i + 60];
-        grad_P[64*positions[i] + 61] += grad_t2[64*i + 61];
-        grad_P[64*positions[i] + 62] += grad_t2[64*i + 62];
-        grad_P[64*positions[i] + 63] += grad_t2[64*i + 63];
+        grad_E[64*ids[i]] += grad_t2_part[64*i];
+        grad_E[64*ids[i] + 1] += grad_t2_part[64*i + 1];
+        grad_E[64*ids[i] + 2] += grad_t2_part[64*i + 2];
+        grad_E[64*ids[i] + 3] += grad_t2_part[64*i + 3];
+        grad_E[64*ids[i] + 4] += grad_t2_part[64*i + 4];
+        grad_E[64*ids[i] + 5] += grad_t2_part[64*i + 5];
+        grad_E[64*ids[i] + 6] += grad_t2_part[64*i + 6];
+        grad_E[64*ids[i] + 7] += grad_t2_part[64*i + 7];
+        grad_E[64*ids[i] + 8] += grad_t2_part[64*i + 8];
+        grad_E[64*ids[i] + 9] += grad_t2_part[64*i + 9];
+        grad_E[64*ids[i] + 10] += grad_t2_part[64*i + 10];
+        grad_E[64*ids[i] + 11] += grad_t2_part[64*i + 11];
+        grad_E[64*ids[i] + 12] += grad_t2_part[64*i + 12];
+        grad_E[64*ids[i] + 13] += grad_t2_part[64*i + 13];
+        grad_E[64*ids[i] + 14] += grad_t2_part[64*i + 14];
+        grad_E[64*ids[i] + 15] += grad_t2_part[64*i + 15];
+        grad_E[64*ids[i] + 16] += grad_t2_part[64*i + 16];
+        grad_E[64*ids[i] + 17] += grad_t2_part[64*i + 17];
+        grad_E[64*ids[i] + 18] += grad_t2_part[64*i + 18];
+        grad_E[64*ids[i] + 19] += grad_t2_part[64*i + 19];
+        grad_E[64*ids[i] + 20] += grad_t2_part[64*i + 20];
+        grad_E[64*ids[i] + 21] += grad_t2_part[64*i + 21];
+        grad_E[64*ids[i] + 22] += grad_t2_part[64*i + 22];
+        grad_E[64*ids[i] + 23] += grad_t2_part[64*i + 23];
+        grad_E[64*ids[i] + 24] += grad_t2_part[64*i + 24];
+        grad_E[64*ids[i] + 25] += grad_t2_part[64*i + 25];
+        grad_E[64*ids[i] + 26] += grad_t2_part[64*i + 26];
+        grad_E[64*ids[i] + 27] += grad_t2_part[64*i + 27];
+        grad_E[64*ids[i] + 28] += grad_t2_part[64*i + 28];
+        grad_E[64*ids[i] + 29] += grad_t2_part[64*i + 29];
+        grad_E[64*ids[i] + 30] += grad_t2_part[64*i + 30];
+        grad_E[64*ids[i] + 31] += grad_t2_part[64*i + 31];
+        grad_E[64*ids[i] + 32] += grad_t2_part[64*i + 32];
+        grad_E[64*ids[i] + 33] += grad_t2_part[64*i + 33];
+        grad_E[64*ids[i] + 34] += grad_t2_part[64*i + 34];
+        grad_E[64*ids[i] + 35] += grad_t2_part[64*i + 35];
+        grad_E[64*ids[i] + 36] += grad_t2_part[64*i + 36];
+        grad_E[64*ids[i] + 37] += grad_t2_part[64*i + 37];
+        grad_E[64*ids[i] + 38] += grad_t2_part[64*i + 38];
+        grad_E[64*ids[i] + 39] += grad_t2_part[64*i + 39];
+        grad_E[64*ids[i] + 40] += grad_t2_part[64*i + 40];
+        grad_E[64*ids[i] + 41] += grad_t2_part[64*i + 41];
+        grad_E[64*ids[i] + 42] += grad_t2_part[64*i + 42];
+        grad_E[64*ids[i] + 43] += grad_t2_part[64*i + 43];
+        grad_E[64*ids[i] + 44] += grad_t2_part[64*i + 44];
+        grad_E[64*ids[i] + 45] += grad_t2_part[64*i + 45];
+        grad_E[64*ids[i] + 46] += grad_t2_part[64*i + 46];
+        grad_E[64*ids[i] + 47] += grad_t2_part[64*i + 47];
+        grad_E[64*ids[i] + 48] += grad_t2_part[64*i + 48];
+        grad_E[64*ids[i] + 49] += grad_t2_part[64*i + 49];
+        grad_E[64*ids[i] + 50] += grad_t2_part[64*i + 50];
+        grad_E[64*ids[i] + 51] += grad_t2_part[64*i + 51];
+        grad_E[64*ids[i] + 52] += grad_t2_part[64*i + 52];
+        grad_E[64*ids[i] + 53] += grad_t2_part[64*i + 53];
+        grad_E[64*ids[i] + 54] += grad_t2_part[64*i + 54];
+        grad_E[64*ids[i] + 55] += grad_t2_part[64*i + 55];
+        grad_E[64*ids[i] + 56] += grad_t2_part[64*i + 56];
+        grad_E[64*ids[i] + 57] += grad_t2_part[64*i + 57];
+        grad_E[64*ids[i] + 58] += grad_t2_part[64*i + 58];
+        grad_E[64*ids[i] + 59] += grad_t2_part[64*i + 59];
+        grad_E[64*ids[i] + 60] += grad_t2_part[64*i + 60];
+        grad_E[64*ids[i] + 61] += grad_t2_part[64*i + 61];
+        grad_E[64*ids[i] + 62] += grad_t2_part[64*i + 62];
+        grad_E[64*ids[i] + 63] += grad_t2_part[64*i + 63];
+        grad_P[64*positions[i]] += grad_t2_part[64*i];
+        grad_P[64*positions[i] + 1] += grad_t2_part[64*i + 1];
+        grad_P[64*positions[i] + 2] += grad_t2_part[64*i + 2];
+        grad_P[64*positions[i] + 3] += grad_t2_part[64*i + 3];
+        grad_P[64*positions[i] + 4] += grad_t2_part[64*i + 4];
+        grad_P[64*positions[i] + 5] += grad_t2_part[64*i + 5];
+        grad_P[64*positions[i] + 6] += grad_t2_part[64*i + 6];
+        grad_P[64*positions[i] + 7] += grad_t2_part[64*i + 7];
+        grad_P[64*positions[i] + 8] += grad_t2_part[64*i + 8];
+        grad_P[64*positions[i] + 9] += grad_t2_part[64*i + 9];
+        grad_P[64*positions[i] + 10] += grad_t2_part[64*i + 10];
+        grad_P[64*positions[i] + 11] += grad_t2_part[64*i + 11];
+        grad_P[64*positions[i] + 12] += grad_t2_part[64*i + 12];
+        grad_P[64*positions[i] + 13] += grad_t2_part[64*i + 13];
+        grad_P[64*positions[i] + 14] += grad_t2_part[64*i + 14];
+        grad_P[64*positions[i] + 15] += grad_t2_part[64*i + 15];
+        grad_P[64*positions[i] + 16] += grad_t2_part[64*i + 16];
+        grad_P[64*positions[i] + 17] += grad_t2_part[64*i + 17];
+        grad_P[64*positions[i] + 18] += grad_t2_part[64*i + 18];
+        grad_P[64*positions[i] + 19] += grad_t2_part[64*i + 19];
+        grad_P[64*positions[i] + 20] += grad_t2_part[64*i + 20];
+        grad_P[64*positions[i] + 21] += grad_t2_part[64*i + 21];
+        grad_P[64*positions[i] + 22] += grad_t2_part[64*i + 22];
+        grad_P[64*positions[i] + 23] += grad_t2_part[64*i + 23];
+        grad_P[64*positions[i] + 24] += grad_t2_part[64*i + 24];
+        grad_P[64*positions[i] + 25] += grad_t2_part[64*i + 25];
+        grad_P[64*positions[i] + 26] += grad_t2_part[64*i + 26];
+        grad_P[64*positions[i] + 27] += grad_t2_part[64*i + 27];
+        grad_P[64*positions[i] + 28] += grad_t2_part[64*i + 28];
+        grad_P[64*positions[i] + 29] += grad_t2_part[64*i + 29];
+        grad_P[64*positions[i] + 30] += grad_t2_part[64*i + 30];
+        grad_P[64*positions[i] + 31] += grad_t2_part[64*i + 31];
+        grad_P[64*positions[i] + 32] += grad_t2_part[64*i + 32];
+        grad_P[64*positions[i] + 33] += grad_t2_part[64*i + 33];
+        grad_P[64*positions[i] + 34] += grad_t2_part[64*i + 34];
+        grad_P[64*positions[i] + 35] += grad_t2_part[64*i + 35];
+        grad_P[64*positions[i] + 36] += grad_t2_part[64*i + 36];
+        grad_P[64*positions[i] + 37] += grad_t2_part[64*i + 37];
+        grad_P[64*positions[i] + 38] += grad_t2_part[64*i + 38];
+        grad_P[64*positions[i] + 39] += grad_t2_part[64*i + 39];
+        grad_P[64*positions[i] + 40] += grad_t2_part[64*i + 40];
+        grad_P[64*positions[i] + 41] += grad_t2_part[64*i + 41];
+        grad_P[64*positions[i] + 42] += grad_t2_part[64*i + 42];
+        grad_P[64*positions[i] + 43] += grad_t2_part[64*i + 43];
+        grad_P[64*positions[i] + 44] += grad_t2_part[64*i + 44];
+        grad_P[64*positions[i] + 45] += grad_t2_part[64*i + 45];
+        grad_P[64*positions[i] + 46] += grad_t2_part[64*i + 46];
+        grad_P[64*positions[i] + 47] += grad_t2_part[64*i + 47];
+        grad_P[64*positions[i] + 48] += grad_t2_part[64*i + 48];
+        grad_P[64*positions[i] + 49] += grad_t2_part[64*i + 49];
+        grad_P[64*positions[i] + 50] += grad_t2_part[64*i + 50];
+        grad_P[64*positions[i] + 51] += grad_t2_part[64*i + 51];
+        grad_P[64*positions[i] + 52] += grad_t2_part[64*i + 52];
+        grad_P[64*positions[i] + 53] += grad_t2_part[64*i + 53];
+        grad_P[64*positions[i] + 54] += grad_t2_part[64*i + 54];
+        grad_P[64*positions[i] + 55] += grad_t2_part[64*i + 55];
+        grad_P[64*positions[i] + 56] += grad_t2_part[64*i + 56];
+        grad_P[64*positions[i] + 57] += grad_t2_part[64*i + 57];
+        grad_P[64*positions[i] + 58] += grad_t2_part[64*i + 58];
+        grad_P[64*positions[i] + 59] += grad_t2_part[64*i + 59];
+        grad_P[64*positions[i] + 60] += grad_t2_part[64*i + 60];
+        grad_P[64*positions[i] + 61] += grad_t2_part[64*i + 61];
+        grad_P[64*positions[i] + 62] += grad_t2_part[64*i + 62];
+        grad_P[64*positions[i] + 63] += grad_t2_part[64*i + 63];
     }
 }
 #endif
 
-/* transformer_lm_run, part 7 of 8 (kernels 87 to 96): a long
+/* transformer_lm_run, part 7 of 8 (kernels 88 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -2252,26 +2263,37 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_Wo0,
     TRANSFORMER_LM_REAL *grad_g0m,
     TRANSFORMER_LM_REAL *grad_b0m,
-    TRANSFORMER_LM_REAL *grad_W0up,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
+    int64_t m,
+    TRANSFORMER_LM_REAL *grad_g0a,
+    TRANSFORMER_LM_REAL *grad_b0a,
+    TRANSFORMER_LM_REAL *grad_Wq0,
+    TRANSFORMER_LM_REAL *grad_Wk0,
+    TRANSFORMER_LM_REAL *grad_Wv0,
+    TRANSFORMER_LM_REAL *grad_Wo0,
+    TRANSFORMER_LM_REAL *grad_g0m,
+    TRANSFORMER_LM_REAL *grad_b0m,
     TRANSFORMER_LM_REAL *work,
     int with_grads
 )
 {
+    TRANSFORMER_LM_REAL *t3 = work; /* m x 64, in t0's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t11 = with_grads ? work + 896*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1088*m + 5120 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t14 = with_grads ? work + 960*m + 5120 : work + 192*m + 4096; /* m x 64, in t12's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g4 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t15 = work + 1856*m + 9216; /* m x 64, in grad_t21's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g5 = work + 4029*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t13 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t10 = work + 960*m + 5120; /* m x 64, in grad_t13_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t4 = work + 4093*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t15 = work + 1728*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t13_part = work + 3967*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t10 = work + 1856*m + 9216; /* m x 64, in grad_t14's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t4 = work + 4031*m + 9217; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t7 = work + 832*m + 5120; /* m x 64, in t10's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t6 = work + 1664*m + 5120; /* m x 64, in grad_t11's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g6 = work + 256*m + 4096; /* m x 64, in t7's memory; placed in an earlier part */
-    /* grad_g0a = sum of g6 down each column */
-    symbackprop_f64_sum_columns(g6, m, 64, 64, grad_g0a);
+    TRANSFORMER_LM_REAL *grad_t6 = work + 1024*m + 5120; /* m x 64, in grad_t11's memory; placed in an earlier part */
+    /* grad_g0a = sum of t3 down each column */
+    symbackprop_f64_sum_columns(t3, m, 64, 64, grad_g0a);
 
     /* grad_b0a = sum of grad_t4 down each column */
     symbackprop_f64_sum_columns(grad_t4, m, 64, 64, grad_b0a);
@@ -2294,26 +2316,24 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     /* grad_Wv0 = t4^T @ grad_t10 */
     transformer_lm_product9(m, t4, grad_t10, grad_Wv0);
 
-    /* grad_Wo0 = t11^T @ grad_t13 */
-    transformer_lm_product9(m, t11, grad_t13, grad_Wo0);
+    /* grad_Wo0 = t11^T @ grad_t13_part */
+    transformer_lm_product9(m, t11, grad_t13_part, grad_Wo0);
 
-    /* grad_g0m = sum of g5 down each column */
-    symbackprop_f64_sum_columns(g5, m, 64, 64, grad_g0m);
+    /* grad_g0m = sum of t14 down each column */
+    symbackprop_f64_sum_columns(t14, m, 64, 64, grad_g0m);
 
     /* grad_b0m = sum of grad_t15 down each column */
     symbackprop_f64_sum_columns(grad_t15, m, 64, 64, grad_b0m);
-
-    /* grad_W0up = t15^T @ g4 */
-    transformer_lm_product10(m, t15, g4, grad_W0up);
 }
 #endif
 
-/* transformer_lm_run, part 8 of 8 (kernels 97 to 115): a long
+/* transformer_lm_run, part 8 of 8 (kernels 97 to 116): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     int64_t m,
+    TRANSFORMER_LM_REAL *grad_W0up,
     TRANSFORMER_LM_REAL *grad_c0up,
     TRANSFORMER_LM_REAL *grad_W0down,
     TRANSFORMER_LM_REAL *grad_c0down,
@@ -2335,9 +2355,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     TRANSFORMER_LM_REAL *work,
     int with_grads
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     int64_t m,
+    TRANSFORMER_LM_REAL *grad_W0up,
     TRANSFORMER_LM_REAL *grad_c0up,
     TRANSFORMER_LM_REAL *grad_W0down,
     TRANSFORMER_LM_REAL *grad_c0down,
@@ -2361,38 +2382,42 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
 )
 {
     TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1088*m + 5120 : work + 128*m; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t17 = with_grads ? work + 1152*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1664*m + 5120 : work + 128*m; /* m x 64, in t19's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1792*m + 5120 : work; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t29 = with_grads ? work + 2304*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 2368*m + 9216 : work + 128*m; /* m x 64, in t30's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t33 = with_grads ? work + 2496*m + 9216 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2560*m + 9216 : work + 256*m + 4096; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 3072*m + 9216 : work + 192*m + 4096; /* m x 64, in t37's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *t40 = with_grads ? work + 3200*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t41 = work + 3391*m + 9217; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t40 = work + 3453*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 3581*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t38 = work + 3072*m + 9216; /* m x 64, in t39's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 3645*m + 9217; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t41_part = work + 3264*m + 9216; /* m x 62, in t41's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t40 = work + 3391*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t38 = work + 3519*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t35 = work + 320*m + 4096; /* m x 256, in t34's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t33 = work + 3136*m + 9216; /* m x 64, in t38's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g2 = work + 3901*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 2368*m + 9216; /* m x 64, in grad_t31_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t31_part = work + 3583*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t28 = work + 3455*m + 9217; /* m x 64, in grad_t32's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t22 = work + 3647*m + 9217; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t25 = work + 2240*m + 9216; /* m x 64, in t28's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t24 = work + 3517*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 1920*m + 9216; /* m x 64, in t25's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t20 = work + 1728*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g4 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
-    /* grad_c0up = sum of g4 down each column */
-    symbackprop_f64_sum_columns(g4, m, 256, 256, grad_c0up);
+    TRANSFORMER_LM_REAL *grad_t24 = work + 2432*m + 9216; /* m x 64, in grad_t29's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t20_part = work + 1920*m + 9216; /* m x 64, in t25's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t17 = work + 1984*m + 9216; /* m x 256, in t27's memory; placed in an earlier part */
+    /* grad_W0up = t15^T @ grad_t17 */
+    transformer_lm_product10(m, t15, grad_t17, grad_W0up);
 
-    /* grad_W0down = t17^T @ grad_t20 */
-    transformer_lm_product11(m, t17, grad_t20, grad_W0down);
+    /* grad_c0up = sum of grad_t17 down each column */
+    symbackprop_f64_sum_columns(grad_t17, m, 256, 256, grad_c0up);
 
-    /* grad_c0down = sum of grad_t20 down each column */
-    symbackprop_f64_sum_columns(grad_t20, m, 64, 64, grad_c0down);
+    /* grad_W0down = t17^T @ grad_t20_part */
+    transformer_lm_product11(m, t17, grad_t20_part, grad_W0down);
 
-    /* grad_g1a = sum of g3 down each column */
-    symbackprop_f64_sum_columns(g3, m, 64, 64, grad_g1a);
+    /* grad_c0down = sum of grad_t20_part down each column */
+    symbackprop_f64_sum_columns(grad_t20_part, m, 64, 64, grad_c0down);
+
+    /* grad_g1a = sum of t21 down each column */
+    symbackprop_f64_sum_columns(t21, m, 64, 64, grad_g1a);
 
     /* grad_b1a = sum of grad_t22 down each column */
     symbackprop_f64_sum_columns(grad_t22, m, 64, 64, grad_b1a);
@@ -2415,20 +2440,20 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     /* grad_Wv1 = t22^T @ grad_t28 */
     transformer_lm_product9(m, t22, grad_t28, grad_Wv1);
 
-    /* grad_Wo1 = t29^T @ grad_t31 */
-    transformer_lm_product9(m, t29, grad_t31, grad_Wo1);
+    /* grad_Wo1 = t29^T @ grad_t31_part */
+    transformer_lm_product9(m, t29, grad_t31_part, grad_Wo1);
 
-    /* grad_g1m = sum of g2 down each column */
-    symbackprop_f64_sum_columns(g2, m, 64, 64, grad_g1m);
+    /* grad_g1m = sum of t32 down each column */
+    symbackprop_f64_sum_columns(t32, m, 64, 64, grad_g1m);
 
     /* grad_b1m = sum of grad_t33 down each column */
     symbackprop_f64_sum_columns(grad_t33, m, 64, 64, grad_b1m);
 
-    /* grad_W1up = t33^T @ g1 */
-    transformer_lm_product10(m, t33, g1, grad_W1up);
+    /* grad_W1up = t33^T @ grad_t35 */
+    transformer_lm_product10(m, t33, grad_t35, grad_W1up);
 
-    /* grad_c1up = sum of g1 down each column */
-    symbackprop_f64_sum_columns(g1, m, 256, 256, grad_c1up);
+    /* grad_c1up = sum of grad_t35 down each column */
+    symbackprop_f64_sum_columns(grad_t35, m, 256, 256, grad_c1up);
 
     /* grad_W1down = t35^T @ grad_t38 */
     transformer_lm_product11(m, t35, grad_t38, grad_W1down);
@@ -2436,14 +2461,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     /* grad_c1down = sum of grad_t38 down each column */
     symbackprop_f64_sum_columns(grad_t38, m, 64, 64, grad_c1down);
 
-    /* grad_gf = sum of g0 down each column */
-    symbackprop_f64_sum_columns(g0, m, 64, 64, grad_gf);
+    /* grad_gf = sum of t39 down each column */
+    symbackprop_f64_sum_columns(t39, m, 64, 64, grad_gf);
 
     /* grad_bf = sum of grad_t40 down each column */
     symbackprop_f64_sum_columns(grad_t40, m, 64, 64, grad_bf);
 
-    /* grad_Wout = t40^T @ grad_t41 */
-    transformer_lm_product12(m, t40, grad_t41, grad_Wout);
+    /* grad_Wout = t40^T @ grad_t41_part */
+    transformer_lm_product12(m, t40, grad_t41_part, grad_Wout);
 }
 #endif
 
@@ -2545,8 +2570,8 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
     transformer_lm_run_part4(m, targets, Wk1, Wv1, Wo1, g1m, W1up, W1down, gf, Wout, work, with_grads);
     transformer_lm_run_part5(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, work, with_grads);
     transformer_lm_run_part6(m, ids, positions, grad_E, grad_P, work);
-    transformer_lm_run_part7(m, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, work, with_grads);
-    transformer_lm_run_part8(m, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, with_grads);
+    transformer_lm_run_part7(m, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, work, with_grads);
+    transformer_lm_run_part8(m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, with_grads);
     return 0;
 }
 #endif
@@ -2707,16 +2732,7 @@ size_t transformer_lm_train_step_work_len(int64_t m)
 /* transformer_lm_train_step, part 1 of 9 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
-    int64_t m,
-    const int64_t *ids,
-    const int64_t *positions,
-    TRANSFORMER_LM_REAL *E,
-    TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     int64_t m,
     const int64_t *ids,
@@ -3469,7 +3485,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t23 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t24 = work + 1856*m + 9216; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t25 = work + 1920*m + 9216; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t26 = work + 320*m + 4096; /* m x 256, in t16's memory; placed in an earlier part */
@@ -3564,28 +3579,34 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
         t42[i] = t41[62*i + column];
     }
 
-    /* t43 = log(sum(exp(t41))) along each row, its max subtracted first */
-    TRANSFORMER_LM_REAL *t43 = t42 + m; /* m x 1 */
-    SYMBACKPROP_PARALLEL_FOR
+    /* t43 = softmax of t41 along each row, its max subtracted first */
+    TRANSFORMER_LM_REAL *t43 = t42 + m; /* m x 62 */
     for (int64_t i = 0; i < m; ++i) {
-        t43[i] = symbackprop_f64_logsumexp(t41 + 62*i, 62, 1);
+        symbackprop_f64_softmax_axis(t41 + 62*i, 62, 1, t43 + 62*i, 1);
     }
 
-    /* t44 = -t42 + t43 */
-    TRANSFORMER_LM_REAL *t44 = t43 + m; /* m x 1 */
-    transformer_lm_loop4(m, t44, t42, t43);
+    /* t44 = log(sum(exp(t41))) along each row, its max subtracted first */
+    TRANSFORMER_LM_REAL *t44 = t43 + 62*m; /* m x 1 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        t44[i] = symbackprop_f64_logsumexp(t41 + 62*i, 62, 1, t43 + 62*i, 1);
+    }
 
-    /* t45 = sum of t44 down each column */
-    TRANSFORMER_LM_REAL *t45 = t44 + m; /* 1 x 1 */
-    t45[0] = symbackprop_f64_sum(t44, m, 1);
+    /* t45 = -t42 + t44 */
+    TRANSFORMER_LM_REAL *t45 = t44 + m; /* m x 1 */
+    transformer_lm_loop4(m, t45, t42, t44);
 
-    /* loss = t45/m */
+    /* t46 = sum of t45 down each column */
+    TRANSFORMER_LM_REAL *t46 = t45 + m; /* 1 x 1 */
+    t46[0] = symbackprop_f64_sum(t45, m, 1);
+
+    /* loss = t46/m */
     {
-        loss[0] = t45[0]/((TRANSFORMER_LM_REAL)m);
+        loss[0] = t46[0]/((TRANSFORMER_LM_REAL)m);
     }
 
     /* grad_t41_part[i, j] = (-1/m) if j == targets[i], else 0 */
-    TRANSFORMER_LM_REAL *grad_t41_part = t45 + 1; /* m x 62 */
+    TRANSFORMER_LM_REAL *grad_t41_part = t41; /* m x 62, in t41's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         const int64_t column = targets[i];
@@ -3595,9 +3616,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
         grad_t41_part[62*i + column] = (-1/((TRANSFORMER_LM_REAL)m));
     }
 
-    /* grad_t41 = grad_t41_part + exp(t41 - t43)/m */
-    TRANSFORMER_LM_REAL *grad_t41 = grad_t41_part + 62*m; /* m x 62 */
-    transformer_lm_loop5(m, grad_t41, grad_t41_part, t41, t43);
+    /* grad_t41 = grad_t41_part + t43/m */
+    TRANSFORMER_LM_REAL *grad_t41 = t46 + 1; /* m x 62 */
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 62; ++j) {
+            grad_t41[62*i + j] = t43[62*i + j]/((TRANSFORMER_LM_REAL)m) + grad_t41_part[62*i + j];
+        }
+    }
 
     /* grad_t40 = grad_t41 @ Wout^T */
     TRANSFORMER_LM_REAL *grad_t40 = grad_t41 + 62*m; /* m x 64 */
@@ -3607,7 +3633,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     /* g0 = grad_t40*t39 */
     TRANSFORMER_LM_REAL *grad_t39 = grad_t40 + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *g0 = grad_t39 + 64*m; /* m x 64 */
-    transformer_lm_loop6(m, grad_t39, grad_t40, gf, g0, t39);
+    transformer_lm_loop8(m, grad_t39, grad_t40, gf, g0, t39);
 
     /* grad_t38[i, :] = r_i (grad_t39[i, :] - mean_j grad_t39[i, j] - y[i, :] mean_j
      * grad_t39[i, j] y[i, j]), y = (t38 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -3676,7 +3702,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* g1 = grad_t35*t36 */
     TRANSFORMER_LM_REAL *g1 = g0 + 64*m; /* m x 256 */
-    transformer_lm_loop7(m, g1, grad_t35, t36);
+    transformer_lm_loop9(m, g1, grad_t35, t36);
 
     /* grad_t33 = g1 @ W1up^T */
     TRANSFORMER_LM_REAL *grad_t33 = t38; /* m x 64, in t38's memory */
@@ -3686,7 +3712,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     /* g2 = grad_t33*t32 */
     TRANSFORMER_LM_REAL *grad_t32 = grad_t39; /* m x 64, in grad_t39's memory */
     TRANSFORMER_LM_REAL *g2 = g1 + 256*m; /* m x 64 */
-    transformer_lm_loop6(m, grad_t32, grad_t33, g1m, g2, t32);
+    transformer_lm_loop8(m, grad_t32, grad_t33, g1m, g2, t32);
 
     /* grad_t31_part[i, :] = r_i (grad_t32[i, :] - mean_j grad_t32[i, j] - y[i, :] mean_j
      * grad_t32[i, j] y[i, j]), y = (t31 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -3931,16 +3957,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
         }
     #endif
     }
-
-    /* grad_t22 += grad_t24 @ t23^T */
-    transformer_lm_product8(m, grad_t24, t23, grad_t22);
 }
 #endif
 
-/* transformer_lm_train_step, part 4 of 9 (kernels 65 to 85): a long
+/* transformer_lm_train_step, part 4 of 9 (kernels 65 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     int64_t m,
     TRANSFORMER_LM_REAL *g0a,
@@ -3953,7 +3976,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *g1a,
     TRANSFORMER_LM_REAL *work
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     int64_t m,
     TRANSFORMER_LM_REAL *g0a,
@@ -3979,6 +4002,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *t18 = work + 1408*m + 5120; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t20 = work + 1728*m + 5120; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t21 = work + 1664*m + 5120; /* m x 64, in t19's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t23 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t24 = work + 1856*m + 9216; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t25 = work + 1920*m + 9216; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t27 = work + 1984*m + 9216; /* m x 256; placed in an earlier part */
@@ -3987,11 +4011,15 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *grad_t27 = work + 2816*m + 9216; /* m x 256, in t36's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t27_block_1 = work + 576*m + 4096; /* 64 x 16, in t26_block_1's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t26 = work + 320*m + 4096; /* m x 256, in grad_t35's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_t24 = work + 3517*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
+    /* grad_t22 += grad_t24 @ t23^T */
+    transformer_lm_product8(m, grad_t24, t23, grad_t22);
+
     /* grad_t21 = g1a*grad_t22 */
     /* g3 = grad_t22*t21 */
     TRANSFORMER_LM_REAL *grad_t21 = t24; /* m x 64, in t24's memory */
     TRANSFORMER_LM_REAL *g3 = t25; /* m x 64, in t25's memory */
-    transformer_lm_loop6(m, grad_t21, grad_t22, g1a, g3, t21);
+    transformer_lm_loop8(m, grad_t21, grad_t22, g1a, g3, t21);
 
     /* grad_t20_part[i, :] = r_i (grad_t21[i, :] - mean_j grad_t21[i, j] - y[i, :] mean_j
      * grad_t21[i, j] y[i, j]), y = (t20 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -4064,7 +4092,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 
     /* g4 = grad_t17*t18 */
     TRANSFORMER_LM_REAL *g4 = grad_t27; /* m x 256, in grad_t27's memory */
-    transformer_lm_loop7(m, g4, grad_t17, t18);
+    transformer_lm_loop9(m, g4, grad_t17, t18);
 
     /* grad_t15 = g4 @ W0up^T */
     TRANSFORMER_LM_REAL *grad_t15 = grad_t21; /* m x 64, in grad_t21's memory */
@@ -4074,7 +4102,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     /* g5 = grad_t15*t14 */
     TRANSFORMER_LM_REAL *grad_t14 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
     TRANSFORMER_LM_REAL *g5 = grad_t22 + 64*m; /* m x 64 */
-    transformer_lm_loop6(m, grad_t14, grad_t15, g0m, g5, t14);
+    transformer_lm_loop8(m, grad_t14, grad_t15, g0m, g5, t14);
 
     /* grad_t13_part[i, :] = r_i (grad_t14[i, :] - mean_j grad_t14[i, j] - y[i, :] mean_j
      * grad_t14[i, j] y[i, j]), y = (t13 - mu) r normalized as in normalize_rows (mu_i, r_i
@@ -4327,7 +4355,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     /* g6 = grad_t4*t3 */
     TRANSFORMER_LM_REAL *grad_t3 = t6; /* m x 64, in t6's memory */
     TRANSFORMER_LM_REAL *g6 = t7; /* m x 64, in t7's memory */
-    transformer_lm_loop6(m, grad_t3, grad_t4, g0a, g6, t3);
+    transformer_lm_loop8(m, grad_t3, grad_t4, g0a, g6, t3);
 
     /* grad_t2_part[i, :] = r_i (grad_t3[i, :] - mean_j grad_t3[i, j] - y[i, :] mean_j
      * grad_t3[i, j] y[i, j]), y = (t2 - mu) r normalized as in normalize_rows (mu_i, r_i of
@@ -4396,7 +4424,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 }
 #endif
 
-/* transformer_lm_train_step, part 5 of 9 (kernels 86 to 86): a long
+/* transformer_lm_train_step, part 5 of 9 (kernels 87 to 87): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 /* In unit 3; called from unit 0. */
@@ -4570,10 +4598,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
 }
 #endif
 
-/* transformer_lm_train_step, part 6 of 9 (kernels 87 to 96): a long
+/* transformer_lm_train_step, part 6 of 9 (kernels 88 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     int64_t m,
     TRANSFORMER_LM_REAL *E,
@@ -4581,7 +4609,17 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     TRANSFORMER_LM_REAL *g0a,
     TRANSFORMER_LM_REAL *b0a,
     TRANSFORMER_LM_REAL *Wq0,
-    TRANSFORMER_LM_REAL *Wk0,
+    const TRANSFORMER_LM_REAL *weight_decay,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
+    int64_t m,
+    TRANSFORMER_LM_REAL *E,
+    TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *b0a,
+    TRANSFORMER_LM_REAL *Wq0,
     const TRANSFORMER_LM_REAL *weight_decay,
     TRANSFORMER_LM_REAL *work
 )
@@ -4662,18 +4700,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     /* grad_Wk0_1 = t4^T @ grad_t7 */
     TRANSFORMER_LM_REAL *grad_Wk0_1 = grad_t5; /* 64 x 64, in grad_t5's memory */
     transformer_lm_product9(m, t4, grad_t7, grad_Wk0_1);
-
-    /* grad_Wk0_2 = Wk0*weight_decay + grad_Wk0_1 */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = grad_Wq0_2 + 4096; /* 64 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wk0_2[64*i + j] = grad_Wk0_1[64*i + j] + weight_decay_value*Wk0[64*i + j];
-            }
-        }
-    }
 }
 #endif
 
@@ -4683,6 +4709,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     int64_t m,
+    TRANSFORMER_LM_REAL *Wk0,
     TRANSFORMER_LM_REAL *Wv0,
     TRANSFORMER_LM_REAL *Wo0,
     TRANSFORMER_LM_REAL *g0m,
@@ -4698,7 +4725,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     TRANSFORMER_LM_REAL *Wv1,
     TRANSFORMER_LM_REAL *Wo1,
     TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
     const TRANSFORMER_LM_REAL *weight_decay,
     TRANSFORMER_LM_REAL *work
 )
@@ -4724,8 +4750,20 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     TRANSFORMER_LM_REAL *grad_t13 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t10 = work + 960*m + 5120; /* m x 64, in grad_t13_part's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_b0a_1 = work + 4157*m + 17153; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4157*m + 17345; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_Wk0_1 = work + 1856*m + 5120; /* 64 x 64, in grad_t5's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4157*m + 21441; /* 64 x 64; placed in an earlier part */
+    /* grad_Wk0_2 = Wk0*weight_decay + grad_Wk0_1 */
+    TRANSFORMER_LM_REAL *grad_Wk0_2 = grad_Wq0_2 + 4096; /* 64 x 64 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        SYMBACKPROP_PARALLEL_FOR
+        for (int64_t i = 0; i < 64; ++i) {
+            for (int64_t j = 0; j < 64; ++j) {
+                grad_Wk0_2[64*i + j] = grad_Wk0_1[64*i + j] + weight_decay_value*Wk0[64*i + j];
+            }
+        }
+    }
+
     /* grad_Wv0_1 = t4^T @ grad_t10 */
     TRANSFORMER_LM_REAL *grad_Wv0_1 = grad_Wk0_1; /* 64 x 64, in grad_Wk0_1's memory */
     transformer_lm_product9(m, t4, grad_t10, grad_Wv0_1);
@@ -4948,15 +4986,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     /* grad_b1m_1 = sum of grad_t33 down each column */
     TRANSFORMER_LM_REAL *grad_b1m_1 = grad_g1m_1; /* 1 x 64, in grad_g1m_1's memory */
     symbackprop_f64_sum_columns(grad_t33, m, 64, 64, grad_b1m_1);
-
-    /* grad_b1m_2 = b1m*weight_decay + grad_b1m_1 */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = grad_g1m_2 + 64; /* 1 x 64 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b1m_2[j] = grad_b1m_1[j] + weight_decay_value*b1m[j];
-        }
-    }
 }
 #endif
 
@@ -4981,7 +5010,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *W0down,
     TRANSFORMER_LM_REAL *c0down,
     TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *b1m,
     TRANSFORMER_LM_REAL *W1up,
     TRANSFORMER_LM_REAL *c1up,
     TRANSFORMER_LM_REAL *W1down,
@@ -5025,8 +5054,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *v_c0down,
     TRANSFORMER_LM_REAL *m_g1a,
     TRANSFORMER_LM_REAL *v_g1a,
-    TRANSFORMER_LM_REAL *m_b1a,
-    TRANSFORMER_LM_REAL *v_b1a,
     TRANSFORMER_LM_REAL *work
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
@@ -5047,7 +5074,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *W0down,
     TRANSFORMER_LM_REAL *c0down,
     TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *b1m,
     TRANSFORMER_LM_REAL *W1up,
     TRANSFORMER_LM_REAL *c1up,
     TRANSFORMER_LM_REAL *W1down,
@@ -5091,15 +5118,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *v_c0down,
     TRANSFORMER_LM_REAL *m_g1a,
     TRANSFORMER_LM_REAL *v_g1a,
-    TRANSFORMER_LM_REAL *m_b1a,
-    TRANSFORMER_LM_REAL *v_b1a,
     TRANSFORMER_LM_REAL *work
 )
 {
     TRANSFORMER_LM_REAL *t33 = work + 2496*m + 9216; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *t35 = work + 2560*m + 9216; /* m x 256; placed in an earlier part */
     TRANSFORMER_LM_REAL *t40 = work + 3200*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t45 = work + 3329*m + 9216; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *t46 = work + 3391*m + 9216; /* 1 x 1; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t41 = work + 3391*m + 9217; /* m x 62; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_t40 = work + 3453*m + 9217; /* m x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *g0 = work + 3581*m + 9217; /* m x 64; placed in an earlier part */
@@ -5123,9 +5148,17 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *grad_W0down_2 = work + 4157*m + 67137; /* 256 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_c0down_2 = work + 4157*m + 83521; /* 1 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_g1a_2 = work + 4157*m + 83585; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 4157*m + 83649; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4157*m + 100097; /* 1 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_b1m_1 = work + 4157*m + 17153; /* 1 x 64, in grad_g1m_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4157*m + 100161; /* 1 x 64; placed in an earlier part */
+    /* grad_b1m_2 = b1m*weight_decay + grad_b1m_1 */
+    TRANSFORMER_LM_REAL *grad_b1m_2 = grad_g1m_2 + 64; /* 1 x 64 */
+    {
+        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_b1m_2[j] = grad_b1m_1[j] + weight_decay_value*b1m[j];
+        }
+    }
+
     /* grad_W1up_1 = t33^T @ g1 */
     TRANSFORMER_LM_REAL *grad_W1up_1 = grad_W0down_1; /* 64 x 256, in grad_W0down_1's memory */
     transformer_lm_product10(m, t33, g1, grad_W1up_1);
@@ -5244,7 +5277,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     /* step = step + 1 */
     /* bias_correction1 = 1 - beta1**(step + 1) */
     /* bias_correction2 = 1 - beta2**(step + 1) */
-    TRANSFORMER_LM_REAL *bias_correction1 = t45; /* 1 x 1, in t45's memory */
+    TRANSFORMER_LM_REAL *bias_correction1 = t46; /* 1 x 1, in t46's memory */
     TRANSFORMER_LM_REAL *bias_correction2 = grad_Wout_2 + 3968; /* 1 x 1 */
     {
         const TRANSFORMER_LM_REAL step_in = step[0];
@@ -5612,38 +5645,16 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
             g1a[j] = g1a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
-
-    /* m_b1a = beta1*m_b1a + grad_b1a_2*(1 - beta1) */
-    /* v_b1a = beta2*v_b1a + grad_b1a_2**2*(1 - beta2) */
-    /* b1a = b1a - lr*(beta1*m_b1a + grad_b1a_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b1a + grad_b1a_2**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL m_b1a_in = m_b1a[j];
-            const TRANSFORMER_LM_REAL v_b1a_in = v_b1a[j];
-            const TRANSFORMER_LM_REAL b1a_in = b1a[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b1a_in + grad_b1a_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_b1a_2[j]*grad_b1a_2[j])*(1 - beta2_value) + beta2_value*v_b1a_in;
-            m_b1a[j] = x0;
-            v_b1a[j] = x1;
-            b1a[j] = b1a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
 }
 #endif
 
-/* transformer_lm_train_step, part 9 of 9 (kernels 161 to 173): a long
+/* transformer_lm_train_step, part 9 of 9 (kernels 161 to 174): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
     int64_t m,
+    TRANSFORMER_LM_REAL *b1a,
     TRANSFORMER_LM_REAL *Wq1,
     TRANSFORMER_LM_REAL *Wk1,
     TRANSFORMER_LM_REAL *Wv1,
@@ -5661,6 +5672,59 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
     const TRANSFORMER_LM_REAL *beta1,
     const TRANSFORMER_LM_REAL *beta2,
     const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_b1a,
+    TRANSFORMER_LM_REAL *v_b1a,
+    TRANSFORMER_LM_REAL *m_Wq1,
+    TRANSFORMER_LM_REAL *v_Wq1,
+    TRANSFORMER_LM_REAL *m_Wk1,
+    TRANSFORMER_LM_REAL *v_Wk1,
+    TRANSFORMER_LM_REAL *m_Wv1,
+    TRANSFORMER_LM_REAL *v_Wv1,
+    TRANSFORMER_LM_REAL *m_Wo1,
+    TRANSFORMER_LM_REAL *v_Wo1,
+    TRANSFORMER_LM_REAL *m_g1m,
+    TRANSFORMER_LM_REAL *v_g1m,
+    TRANSFORMER_LM_REAL *m_b1m,
+    TRANSFORMER_LM_REAL *v_b1m,
+    TRANSFORMER_LM_REAL *m_W1up,
+    TRANSFORMER_LM_REAL *v_W1up,
+    TRANSFORMER_LM_REAL *m_c1up,
+    TRANSFORMER_LM_REAL *v_c1up,
+    TRANSFORMER_LM_REAL *m_W1down,
+    TRANSFORMER_LM_REAL *v_W1down,
+    TRANSFORMER_LM_REAL *m_c1down,
+    TRANSFORMER_LM_REAL *v_c1down,
+    TRANSFORMER_LM_REAL *m_gf,
+    TRANSFORMER_LM_REAL *v_gf,
+    TRANSFORMER_LM_REAL *m_bf,
+    TRANSFORMER_LM_REAL *v_bf,
+    TRANSFORMER_LM_REAL *m_Wout,
+    TRANSFORMER_LM_REAL *v_Wout,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
+    int64_t m,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    TRANSFORMER_LM_REAL *W1down,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    TRANSFORMER_LM_REAL *Wout,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_b1a,
+    TRANSFORMER_LM_REAL *v_b1a,
     TRANSFORMER_LM_REAL *m_Wq1,
     TRANSFORMER_LM_REAL *v_Wq1,
     TRANSFORMER_LM_REAL *m_Wk1,
@@ -5690,6 +5754,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
     TRANSFORMER_LM_REAL *work
 )
 {
+    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 4157*m + 83649; /* 1 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 4157*m + 83713; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 4157*m + 87809; /* 64 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 4157*m + 91905; /* 64 x 64; placed in an earlier part */
@@ -5703,8 +5768,31 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
     TRANSFORMER_LM_REAL *grad_gf_2 = work + 4157*m + 133313; /* 1 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_bf_2 = work + 4157*m + 133377; /* 1 x 64; placed in an earlier part */
     TRANSFORMER_LM_REAL *grad_Wout_2 = work + 4157*m + 133441; /* 64 x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction1 = work + 3329*m + 9216; /* 1 x 1, in t45's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *bias_correction1 = work + 3391*m + 9216; /* 1 x 1, in t46's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *bias_correction2 = work + 4157*m + 137409; /* 1 x 1; placed in an earlier part */
+    /* m_b1a = beta1*m_b1a + grad_b1a_2*(1 - beta1) */
+    /* v_b1a = beta2*v_b1a + grad_b1a_2**2*(1 - beta2) */
+    /* b1a = b1a - lr*(beta1*m_b1a + grad_b1a_2*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b1a + grad_b1a_2**2*(1 - beta2))/bias_correction2))) */
+    {
+        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
+        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
+        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
+        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
+        const TRANSFORMER_LM_REAL lr_value = lr[0];
+        const TRANSFORMER_LM_REAL eps_value = eps[0];
+        for (int64_t j = 0; j < 64; ++j) {
+            const TRANSFORMER_LM_REAL m_b1a_in = m_b1a[j];
+            const TRANSFORMER_LM_REAL v_b1a_in = v_b1a[j];
+            const TRANSFORMER_LM_REAL b1a_in = b1a[j];
+            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b1a_in + grad_b1a_2[j]*(1 - beta1_value);
+            const TRANSFORMER_LM_REAL x1 = (grad_b1a_2[j]*grad_b1a_2[j])*(1 - beta2_value) + beta2_value*v_b1a_in;
+            m_b1a[j] = x0;
+            v_b1a[j] = x1;
+            b1a[j] = b1a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+        }
+    }
+
     /* m_Wq1 = beta1*m_Wq1 + grad_Wq1_2*(1 - beta1) */
     /* v_Wq1 = beta2*v_Wq1 + grad_Wq1_2**2*(1 - beta2) */
     /* Wq1 = Wq1 - lr*(beta1*m_Wq1 + grad_Wq1_2*(1 - beta1))/(bias_correction1*(eps +
@@ -6156,10 +6244,10 @@ int transformer_lm_train_step(
     transformer_lm_train_step_part3(m, targets, Wk1, Wv1, Wo1, g1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work);
     transformer_lm_train_step_part4(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, work);
     transformer_lm_train_step_part5(m, ids, positions, work);
-    transformer_lm_train_step_part6(m, E, P, g0a, b0a, Wq0, Wk0, weight_decay, work);
-    transformer_lm_train_step_part7(m, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, weight_decay, work);
-    transformer_lm_train_step_part8(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, work);
-    transformer_lm_train_step_part9(m, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, work);
+    transformer_lm_train_step_part6(m, E, P, g0a, b0a, Wq0, weight_decay, work);
+    transformer_lm_train_step_part7(m, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, weight_decay, work);
+    transformer_lm_train_step_part8(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, m_g1a, v_g1a, work);
+    transformer_lm_train_step_part9(m, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, m_b1a, v_b1a, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, work);
     return 0;
 }
 #endif

@@ -15,7 +15,7 @@ driver. The ops:
     matmul     A @ B
     transpose  A^T (a view: no copy is made)
     sum        sum over one axis (kept as size 1)       attrs: (axis,)
-    logsumexp  stable log(sum(exp)) over one axis       attrs: (axis,)
+    logsumexp  stable log(sum(exp)) over one axis       attrs: (axis,); args: (a, its softmax_axis)
     element    A[i, j] as a 1x1 (a view)                attrs: (i, j)
     pack       a matrix from 1x1 values, zero elsewhere attrs: (positions,)
     max, min   the extreme over one axis (kept as size 1) attrs: (axis,)
@@ -152,8 +152,11 @@ def reduce_sum(a: Node, axis: int) -> Node:
 
 
 def logsumexp(a: Node, axis: int) -> Node:
+    """log(sum(exp(a))) over `axis`, computed from a and its softmax along
+    that axis (the node's second argument, ops/reduce.py): each exp is
+    computed once, in the softmax, which the gradient reuses."""
     shape = reduced_shape(a.shape, axis)
-    return op_node("logsumexp", (a,), shape, (axis,))
+    return op_node("logsumexp", (a, op_node("softmax_axis", (a,), a.shape, (axis, False))), shape, (axis,))
 
 
 def reduce_extreme(op: str, a: Node, axis: int) -> Node:

@@ -38,9 +38,10 @@ class ReduceKernel:
     cols: object
     axis: int
     equations: tuple[Equation, ...]
+    softmax: View | None = None  # logsumexp's: the softmax of src along the axis, read for the result
 
     def reads(self) -> list[str]:
-        return [self.src.buffer]
+        return [self.src.buffer] + ([self.softmax.buffer] if self.softmax is not None else [])
 
     def writes(self) -> list[str]:
         return [self.out]
@@ -51,8 +52,8 @@ class ReduceKernel:
 
     def work(self) -> tuple[sp.Expr, sp.Expr]:
         """(multiply-adds, other operations): one a reduced entry (log-sum-exp
-        four: max, subtract, exp, add)."""
-        return sp.Integer(0), sp.sympify(self.rows) * self.cols * (4 if self.kind == "logsumexp" else 1)
+        two: the largest of it and of its softmax)."""
+        return sp.Integer(0), sp.sympify(self.rows) * self.cols * (2 if self.kind == "logsumexp" else 1)
 
 
 _TITLES = {"sum": "sum", "max": "maximum", "min": "minimum", "logsumexp": "log-sum-exp", "prod": "product"}
@@ -73,13 +74,14 @@ def reduction(name: str, vjp: VjpRule, jvp: JvpRule, evaluate: Callable[[np.ndar
     _FROM_REDUCE[name] = lower
 
     def kernel(sched, node: Node, out: str) -> ReduceKernel:
-        (src,) = node.args
+        src, *softmax = node.args  # logsumexp: (z, its softmax)
         axis = node.attrs[0]
         words = {"arg": sched.label(src), "what": "down each column" if axis == 0 else "along each row",
                  "index": "i" if axis == 0 else "j"}
         words["term"] = rf"\left({latex_name(words['arg'])}\right)_{{ij}}"
         equation = Equation(out, text.format(**words), f"{latex_name(out)} = {latex.format(**words)}")
-        return ReduceKernel(node.op, out, sched.view(src), src.shape[0], src.shape[1], axis, (equation,))
+        return ReduceKernel(node.op, out, sched.view(src), src.shape[0], src.shape[1], axis, (equation,),
+                            sched.view(softmax[0]) if softmax else None)
 
     return register(OpRecord(
         name, vjp=vjp, jvp=jvp, evaluate=lambda node, args, context: evaluate(args[0], node.attrs[0]),
@@ -93,12 +95,21 @@ def _emit(em: FunctionEmitter, kernel: ReduceKernel) -> dict:
     or column: its first entry, how many, and the stride between them."""
     src = kernel.src
     outer_len, inner_len = (kernel.cols, kernel.rows) if kernel.axis == 0 else (kernel.rows, kernel.cols)
-    outer_stride, inner_stride = (src.col_stride, src.row_stride) if kernel.axis == 0 else (src.row_stride, src.col_stride)
     outer = LOOP_J if kernel.axis == 0 else LOOP_I
     looped = em.dim(outer_len) != "1"
-    start = sp.expand(src.offset + (outer * outer_stride if looped else 0))
-    pointer = em.namer.name(src.buffer) + ("" if start == 0 else f" + {em.index.doprint(start)}")
-    args = f"{pointer}, {em.dim(inner_len)}, {em.dim(sp.sympify(inner_stride)) if inner_len != 1 else '1'}"
+
+    def walk(view: View) -> tuple[str, str]:
+        """A row's (column's) first entry and the stride along it, as C."""
+        outer_stride, inner_stride = (view.col_stride, view.row_stride) if kernel.axis == 0 else (view.row_stride, view.col_stride)
+        start = sp.expand(view.offset + (outer * outer_stride if looped else 0))
+        pointer = em.namer.name(view.buffer) + ("" if start == 0 else f" + {em.index.doprint(start)}")
+        return pointer, em.dim(sp.sympify(inner_stride)) if inner_len != 1 else "1"
+
+    pointer, step = walk(src)
+    args = f"{pointer}, {em.dim(inner_len)}, {step}"
+    if kernel.softmax is not None:  # logsumexp: and its softmax's row (column)
+        args += ", {}, {}".format(*walk(kernel.softmax))
+    inner_stride = src.row_stride if kernel.axis == 0 else src.col_stride
     if kernel.kind == "sum" and kernel.axis == 0 and looped and src.col_stride == 1 and inner_len != 1:
         # every column's sum in one pass over the rows (a bias's gradient of a large batch)
         base = em.namer.name(src.buffer) + ("" if src.offset == 0 else f" + {em.dim(src.offset)}")
@@ -139,19 +150,48 @@ def _sum_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
 # --- logsumexp -------------------------------------------------------------------
 
 
+# The node's args are (z, softmax(z) along its axis): the softmax computes
+# each exp once, and the log-sum-exp (the largest z minus log of the largest
+# softmax entry, 1/sum) and its derivatives read it. Its adjoint through
+# the node is 0: the softmax is z's function, and the rules below are z's
+# whole derivative.
+
+
 def _logsumexp_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
-    # d lse / d z = softmax(z) = exp(z - lse), scaled by the broadcast adjoint
-    (z,) = node.args
-    return (map_(sp.exp(A0 - A1) * A2, [z, node, g], z.shape),)
+    # d lse / d z = softmax(z), scaled by the broadcast adjoint
+    z, p = node.args
+    return (map_(A0 * A1, [p, g], z.shape), None)
 
 
 def _logsumexp_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
     # d lse = sum(softmax(z) * dz) over the reduced axis
-    (z,), (tz,) = node.args, tangents
+    (z, p), tz = node.args, tangents[0]
     if tz is None:
         return None
-    weighted = map_(sp.exp(A0 - A1) * A2, [z, node, tz], z.shape)
-    return reduce_sum(weighted, node.attrs[0])
+    return reduce_sum(map_(A0 * A1, [p, tz], z.shape), node.attrs[0])
+
+
+def _softmax_times(node: Node, v: Node) -> Node:
+    """p (v - sum(p v)) along the axis, p the softmax `node`: its Jacobian
+    (symmetric) times v, so both its VJP and its JVP."""
+    total = reduce_sum(map_(A0 * A1, [node, v], node.shape), node.attrs[0])
+    return map_(A0 * (A1 - A2), [node, v, total], node.shape)
+
+
+def _softmax_vjp(node: Node, g: Node, needed: Sequence[bool]) -> tuple[Node | None, ...]:
+    return (_softmax_times(node, g),)
+
+
+def _softmax_jvp(node: Node, tangents: Sequence[Node | None]) -> Node | None:
+    return None if tangents[0] is None else _softmax_times(node, tangents[0])
+
+
+def _softmax_value(x: np.ndarray, axis: int, reverse: bool = False) -> np.ndarray:
+    top = x.max(axis=axis, keepdims=True)
+    safe = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(all="ignore"):
+        e = np.exp(x - safe)
+        return e / e.sum(axis=axis, keepdims=True)
 
 
 def _logsumexp_value(x: np.ndarray, axis: int) -> np.ndarray:
@@ -242,6 +282,8 @@ reduction("min", _extreme_vjp, _extreme_jvp, lambda x, axis: x.min(axis=axis, ke
           lambda arg, axis: reduce_extreme("min", arg, axis), "min of {arg} {what}", r"\min_{{{index}}} {term}", "Min")
 reduction("prod", _prod_vjp, _prod_jvp, lambda x, axis: x.prod(axis=axis, keepdims=True), reduce_prod,
           "product of {arg} {what}", r"\prod_{{{index}}} {term}", "Prod")
+axis_op("softmax_axis", _softmax_vjp, _softmax_jvp, _softmax_value, "softmax of {arg} {what}, its max subtracted first",
+        r"\exp {term} / \sum_{{{index}'}} \exp \left({arg}\right)_{{{index}'}}", plain_grad_fn("Softmax"))
 axis_op("prod_others", _second_order, _second_order, _others_value, "product of the other entries of {arg} {what}",
         r"\prod_{{{index}' \ne {index}}} {term}", plain_grad_fn("ProdOthers"))
 # sbp.reduce(name, ...) lowers through the reduction of its name ("mean": a scaled sum)

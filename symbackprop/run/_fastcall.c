@@ -7,7 +7,8 @@
  * accepts a subset of what the binder accepts: exact arrays of the right
  * dtype, C-contiguous and aligned, every symbolic dimension >= 1 in every
  * array that has it and equal across them, and for a scalar a Python float
- * (or a subclass: numpy's float64) or an int that fits int64 (not a bool),
+ * (or a subclass: numpy's float64), an int that fits int64 (not a bool) or
+ * a 0-d array of the right dtype,
  * converted as numpy converts it. The arguments come as a list in C order,
  * or as the dict of keyword arguments (looked up by the names given). Anything else returns None
  * without raising: the caller then takes the binder's path, which converts
@@ -207,6 +208,14 @@ static PyObject *Caller_call(Caller *self, PyObject *args, PyObject *kwargs)
         PyArrayObject *array = (PyArrayObject *)item;
         /* an Index (int64) may be 1-D: a column of row numbers */
         int ndim = PyArray_NDIM(array), column = ndim == 1 && p->type == NPY_INT64 && p->cols == 1;
+        if (ndim == 0 && p->scalar) { /* a 0-d array for a scalar: its one element, as (1, 1) */
+            if (PyArray_TYPE(array) != p->type || PyArray_ISBYTESWAPPED(array) ||
+                !PyArray_CHKFLAGS(array, NPY_ARRAY_ALIGNED)) {
+                Py_RETURN_NONE;
+            }
+            pointers[k] = PyArray_DATA(array);
+            continue;
+        }
         if (PyArray_TYPE(array) != p->type || (ndim != 2 && !column) || PyArray_ISBYTESWAPPED(array) ||
             !PyArray_CHKFLAGS(array, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED)) {
             Py_RETURN_NONE;

@@ -199,6 +199,45 @@ class Function:
             return lambda results: (results[loss], {key: results[i] for i, key in grads})
         return lambda results: (results[loss], {key: results[i] for i, key in grads}, {key: results[i] for i, key in hvp})
 
+    def reused(self, outputs: Sequence[np.ndarray]) -> Callable[[], Any]:
+        """What a prepared call over `outputs` returns after each run, built
+        once: the same dicts of the same arrays every time, only its
+        scalars read again (as Python floats, as `returned` gives them),
+        so that a call allocates no more than the float of its loss and
+        the tuple around it. Equal to `returned` of the call's results.
+
+        Args:
+            outputs: the prepared call's output arrays, in C order.
+
+        Returns:
+            A function of no arguments, called after each run.
+        """
+        c_type = f"{REAL_TYPES[self.dtype.name].c} *"
+        # a typed pointer reads a scalar faster than indexing its array
+        scalar = {index: self.ffi.cast(c_type, self.from_buffer(outputs[index])) for index in self.scalar_outputs}
+        kind = self.spec.kind
+        if kind in ("forward", "jvp"):
+            result = {out.key: outputs[k] for k, out in enumerate(self.outputs)}
+            fresh = tuple((self.outputs[index].key, pointer) for index, pointer in scalar.items())
+
+            def refreshed() -> dict[str, Any]:
+                for key, pointer in fresh:
+                    result[key] = pointer[0]
+                return result
+
+            return refreshed
+        if kind == "train_step":
+            first = scalar.get(0)
+            return (lambda: outputs[0]) if first is None else (lambda: first[0])
+        grads = {key: outputs[i] for i, key in self.groups.get("grads", ())}
+        if "loss" not in self.groups:
+            return lambda: grads
+        loss = scalar[self.groups["loss"][0][0]]
+        if "hvp" not in self.groups:
+            return lambda: (loss[0], grads)
+        hvp = {key: outputs[i] for i, key in self.groups["hvp"]}
+        return lambda: (loss[0], grads, hvp)
+
 class PreparedCall:
     """A function bound to arrays once; each call runs the C code on their
     current contents and writes into the arrays in `results`.
@@ -208,10 +247,13 @@ class PreparedCall:
     function writes (train_step's params and optimizer state) are bound as
     given and must be writable arrays (see binding.py). Calling returns what
     the module's method of the function's kind returns (`Function.returned`:
-    ``(loss, grads)`` for value_and_grad), its arrays the ones in `results`,
-    overwritten by the next call; `run()` runs it and returns only the loss
-    (the least work a call can do, for the hottest loops). Not for
-    concurrent use from several threads (one workspace).
+    ``(loss, grads)`` for value_and_grad), built once at preparation
+    (`Function.reused`): every call returns the same dicts holding the same
+    arrays, those in `results`, overwritten by the next call, as a C
+    library's preallocated buffers are (copy what you keep); only the
+    scalars (the loss, a Python float) are new. `run()` runs it and returns
+    only the loss (the least work a call can do, for the hottest loops).
+    Not for concurrent use from several threads (one workspace).
 
     Args:
         function: the function to call.
@@ -231,9 +273,7 @@ class PreparedCall:
         self.inputs = {spec.name: v for spec, v in zip(function.inputs, values)}
         self.results = {out.name: o for out, o in zip(function.outputs, outputs)}
         self._arrays = (values, outputs, work)  # keep every buffer alive
-        self._results: list[Any] = list(outputs)  # what __call__ shapes, its scalars refreshed each call
-        self._scalars = [(index, outputs[index]) for index in function.scalar_outputs]
-        self._returned = function.returned
+        self._reused = function.reused(outputs)
         buf, ffi = function.from_buffer, function.ffi
         pointers = self._pointers = [buf(a) for a in (*values, *outputs, work)]
         packed = getattr(function.lib, function.c_name + "__packed", None)
@@ -272,16 +312,16 @@ class PreparedCall:
 
         Returns:
             What the module's method of the function's kind returns (see
-            `Function.returned`), its arrays those of `results`.
+            `Function.returned`): the same dicts and arrays (those of
+            `results`) on every call, with the scalars read again.
 
         Raises:
             ArgumentError: as `run`.
         """
-        self.run()
-        results = self._results
-        for index, array in self._scalars:  # read now: the others are the arrays themselves
-            results[index] = array.item()
-        return self._returned(results)
+        status = self._c_function(*self._args)
+        if status != 0:
+            self.function.binder.diagnose(self.inputs, status, self.function.c_name)
+        return self._reused()
 
 
 __all__ = ["Function", "PreparedCall"]

@@ -21,6 +21,7 @@ from symbackprop.ops.registry import is_view, rule
 from symbackprop.schedule.cse import cse_program, share_powers
 from symbackprop.schedule.dagcse import dag_cse
 from symbackprop.schedule.fusion import ExamplesGroup, MapGroup, Placement
+from symbackprop.schedule.inplace import over_dead_inputs, stores_last
 from symbackprop.schedule.kernel import (
     MAX_INLINED_OPS,
     Equation,
@@ -190,9 +191,13 @@ class Scheduler(Placement):
                 copies.append((out_name, node))
         holders: dict[Node, Node] = {}  # each sum's products -> the node whose buffer they share
         stored = [node for node in self._named_in_plan(holders) if node not in self.buffer_of and self._stored(node)]
+        over = over_dead_inputs(self, stored)  # written over an input nothing reads after: no buffer (name) of its own
         # values first, in the order they run, then what is named after them
-        for node in sorted(stored, key=self.naming.derived):
+        for node in sorted((n for n in stored if n not in over), key=self.naming.derived):
             self.buffer_of[node] = self.naming(node)
+        for node in stored:  # in the order they run: a chain takes the first one's buffer
+            if node in over:
+                self.buffer_of[node] = self.buffer_of[over[node]]
         for product, holder in holders.items():
             self.buffer_of[product] = self.buffer_of[holder]
         return copies
@@ -270,6 +275,8 @@ class Scheduler(Placement):
             equations = tuple(Equation(e.lhs, e.text, _elementwise_latex(e)) for e in equations)
         stores = tuple((self.buffer_of[m], e) for m, e in zip(stored, reduced))
         overwrites = {out for out, _ in stores} & {view.buffer for _, view in load_views}
+        if overwrites and not group.late:  # over an input read at its own entries only (schedule.inplace)
+            stores, overwrites = stores_last(stores, overwrites), set()
         if overwrites & {view.buffer for _, view in load_views if isinstance(view, ShiftedView)}:
             raise RuntimeError(f"internal: a loop reads {sorted(overwrites)} moved while it overwrites it")
         return MapKernel(group.shape, load_views, tuple(temps), stores, equations, load_first=bool(overwrites),

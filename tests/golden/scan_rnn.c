@@ -37,7 +37,12 @@ size_t scan_rnn_forward_work_len(int64_t T)
 /* scan_rnn_forward, part 1 of 3 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 1; called from unit 0. */
+SCAN_RNN_SHARED void scan_rnn_forward_part1(
+    const SCAN_RNN_REAL *M,
+    SCAN_RNN_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 SCAN_RNN_SHARED void scan_rnn_forward_part1(
     const SCAN_RNN_REAL *M,
     SCAN_RNN_REAL *work
@@ -180,14 +185,7 @@ SCAN_RNN_SHARED void scan_rnn_forward_part2(
 /* scan_rnn_forward, part 3 of 3 (kernels 3 to 11): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
-SCAN_RNN_SHARED void scan_rnn_forward_part3(
-    int64_t T,
-    const SCAN_RNN_REAL *Z,
-    SCAN_RNN_REAL *loss,
-    SCAN_RNN_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 SCAN_RNN_SHARED void scan_rnn_forward_part3(
     int64_t T,
     const SCAN_RNN_REAL *Z,
@@ -273,7 +271,12 @@ size_t scan_rnn_value_and_grad_work_len(int64_t T)
 /* scan_rnn_value_and_grad, part 1 of 5 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 1; called from unit 0. */
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
+    const SCAN_RNN_REAL *M,
+    SCAN_RNN_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
     const SCAN_RNN_REAL *M,
     SCAN_RNN_REAL *work
@@ -423,7 +426,14 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
 /* scan_rnn_value_and_grad, part 3 of 5 (kernels 3 to 12): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 1; called from unit 0. */
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
+    int64_t T,
+    const SCAN_RNN_REAL *Z,
+    SCAN_RNN_REAL *loss,
+    SCAN_RNN_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
     int64_t T,
     const SCAN_RNN_REAL *Z,
@@ -674,12 +684,11 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 3; ++j) {
-                    const SCAN_RNN_REAL t11_grad_b_in = grad_b[j];
                     const SCAN_RNN_REAL x0 = tanh(t11_t1_kept_1[j] + t11_t2_kept_1[j] + b[j]);
                     const SCAN_RNN_REAL x1 = (1 - (x0*x0))*(t11_grad_h_next[j] + t11_g1[j]);
                     t11_t3[j] = x0;
                     t11_t4[j] = x1;
-                    grad_b[j] = t11_grad_b_in + x1;
+                    grad_b[j] = grad_b[j] + x1;
                 }
                 /* grad_h = t4 @ W^T */
                 for (int64_t i = 0; i < 1; ++i) {
@@ -739,8 +748,7 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
     #endif
                 for (int64_t i = 0; i < 2; ++i) {
                     for (int64_t j = 0; j < 2; ++j) {
-                        const SCAN_RNN_REAL t11_grad_M_part_in = grad_M_part[2*i + j];
-                        grad_M_part[2*i + j] = t11_grad_M_part_in + t11_grad_m_next[i + 2*j];
+                        grad_M_part[2*i + j] = grad_M_part[2*i + j] + t11_grad_m_next[i + 2*j];
                     }
                 }
                 SCAN_RNN_REAL *t11_swap = t11_cur;
@@ -761,13 +769,7 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
 /* scan_rnn_value_and_grad, part 5 of 5 (kernels 14 to 22): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
-SCAN_RNN_SHARED void scan_rnn_value_and_grad_part5(
-    int64_t T,
-    SCAN_RNN_REAL *grad_M,
-    SCAN_RNN_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part5(
     int64_t T,
     SCAN_RNN_REAL *grad_M,

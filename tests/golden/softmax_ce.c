@@ -43,35 +43,41 @@ static int softmax_ce_run(
         t1[i] = symbackprop_f64_sum(t0 + 3*i, 3, 1);
     }
 
-    /* t2 = log(sum(exp(Z))) along each row, its max subtracted first */
-    SOFTMAX_CE_REAL *t2 = t1 + 4; /* 4 x 1 */
+    /* t2 = softmax of Z along each row, its max subtracted first */
+    SOFTMAX_CE_REAL *t2 = t0; /* 4 x 3, in t0's memory */
     for (int64_t i = 0; i < 4; ++i) {
-        t2[i] = symbackprop_f64_logsumexp(Z + 3*i, 3, 1);
+        symbackprop_f64_softmax_axis(Z + 3*i, 3, 1, t2 + 3*i, 1);
     }
 
-    /* t3 = -t1 + t2 */
-    SOFTMAX_CE_REAL *t3 = t2 + 4; /* 4 x 1 */
+    /* t3 = log(sum(exp(Z))) along each row, its max subtracted first */
+    SOFTMAX_CE_REAL *t3 = t1 + 4; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
-        t3[i] = -t1[i] + t2[i];
+        t3[i] = symbackprop_f64_logsumexp(Z + 3*i, 3, 1, t2 + 3*i, 1);
     }
 
-    /* t4 = sum of t3 down each column */
-    SOFTMAX_CE_REAL *t4 = t3 + 4; /* 1 x 1 */
-    t4[0] = symbackprop_f64_sum(t3, 4, 1);
+    /* t4 = -t1 + t3 */
+    SOFTMAX_CE_REAL *t4 = t3 + 4; /* 4 x 1 */
+    for (int64_t i = 0; i < 4; ++i) {
+        t4[i] = -t1[i] + t3[i];
+    }
 
-    /* loss = t4/4 */
+    /* t5 = sum of t4 down each column */
+    SOFTMAX_CE_REAL *t5 = t4 + 4; /* 1 x 1 */
+    t5[0] = symbackprop_f64_sum(t4, 4, 1);
+
+    /* loss = t5/4 */
     {
-        loss[0] = (1.0/4.0)*t4[0];
+        loss[0] = (1.0/4.0)*t5[0];
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_Z = -T/4 + exp(Z - t2)/4 */
+    /* grad_Z = -T/4 + t2/4 */
     for (int64_t i = 0; i < 4; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            grad_Z[3*i + j] = -1.0/4.0*T[3*i + j] + (1.0/4.0)*exp(Z[3*i + j] - t2[i]);
+            grad_Z[3*i + j] = (1.0/4.0)*t2[3*i + j] - 1.0/4.0*T[3*i + j];
         }
     }
     return 0;
