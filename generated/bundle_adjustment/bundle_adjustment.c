@@ -355,21 +355,21 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part2(
     BUNDLE_ADJUSTMENT_REAL *work
 )
 {
-    /* t0 = residual**2 */
-    BUNDLE_ADJUSTMENT_REAL *t0 = work; /* N x 2 */
+    /* sq_residual = residual**2 */
+    BUNDLE_ADJUSTMENT_REAL *sq_residual = work; /* N x 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            t0[2*i + j] = (residual[2*i + j]*residual[2*i + j]);
+            sq_residual[2*i + j] = (residual[2*i + j]*residual[2*i + j]);
         }
     }
 
-    /* t1 = sum of t0 down each column */
-    BUNDLE_ADJUSTMENT_REAL *t1 = t0 + 2*N; /* 1 x 2 */
-    symbackprop_f64_sum_columns(t0, N, 2, 2, t1);
+    /* colsum_residual = sum of sq_residual down each column */
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual = sq_residual + 2*N; /* 1 x 2 */
+    symbackprop_f64_sum_columns(sq_residual, N, 2, 2, colsum_residual);
 
-    /* loss = sum of t1 along each row */
-    loss[0] = symbackprop_f64_sum(t1, 2, 1);
+    /* loss = sum of colsum_residual along each row */
+    loss[0] = symbackprop_f64_sum(colsum_residual, 2, 1);
 }
 #endif
 
@@ -478,24 +478,24 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
         residual[2*i + 1] = weights[i]*(-feats[2*i + 1] + cams[11*cam[i] + 8] - x26*((isnan(x15)) ? (x15) : ((x15) ? (x23) : (x24))));
     }
 
-    /* t0 = residual**2 */
+    /* sq_residual = residual**2 */
     /* grad_residual = 2*residual */
-    BUNDLE_ADJUSTMENT_REAL *t0 = residual + 2*N; /* N x 2 */
-    BUNDLE_ADJUSTMENT_REAL *grad_residual = t0 + 2*N; /* N x 2 */
+    BUNDLE_ADJUSTMENT_REAL *sq_residual = residual + 2*N; /* N x 2 */
+    BUNDLE_ADJUSTMENT_REAL *grad_residual = sq_residual + 2*N; /* N x 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            t0[2*i + j] = (residual[2*i + j]*residual[2*i + j]);
+            sq_residual[2*i + j] = (residual[2*i + j]*residual[2*i + j]);
             grad_residual[2*i + j] = 2*residual[2*i + j];
         }
     }
 
-    /* t1 = sum of t0 down each column */
-    BUNDLE_ADJUSTMENT_REAL *t1 = grad_residual + 2*N; /* 1 x 2 */
-    symbackprop_f64_sum_columns(t0, N, 2, 2, t1);
+    /* colsum_residual = sum of sq_residual down each column */
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual = grad_residual + 2*N; /* 1 x 2 */
+    symbackprop_f64_sum_columns(sq_residual, N, 2, 2, colsum_residual);
 
-    /* loss = sum of t1 along each row */
-    loss[0] = symbackprop_f64_sum(t1, 2, 1);
+    /* loss = sum of colsum_residual along each row */
+    loss[0] = symbackprop_f64_sum(colsum_residual, 2, 1);
 }
 #endif
 

@@ -133,20 +133,12 @@ void cnn_digits_loop3(
     }
 }
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop4(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
+void cnn_digits_loop6(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        a0[i] = -a1[i] + a2[i];
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop7(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            a0[512*i + j] = a1[512*i + j]*a2[512*i + j];
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j]*a2[64*i + j];
         }
     }
 }
@@ -171,6 +163,14 @@ void cnn_digits_loop1(
     }
 }
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop4(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        a0[i] = -a1[i] + a2[i];
+    }
+}
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
 void cnn_digits_loop5(
     int64_t n,
     CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
@@ -188,12 +188,12 @@ void cnn_digits_loop5(
     }
 }
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop6(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
+void cnn_digits_loop7(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j]*a2[64*i + j];
+        for (int64_t j = 0; j < 512; ++j) {
+            a0[512*i + j] = a1[512*i + j]*a2[512*i + j];
         }
     }
 }
@@ -240,34 +240,34 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     CNN_DIGITS_REAL *work
 )
 {
-    /* t0[i,ch,at] = c2[i,ch] (over each channel's pixels) */
-    CNN_DIGITS_REAL *t0 = work; /* 1 x 512 */
+    /* bcast_c2[i,ch,at] = c2[i,ch] (over each channel's pixels) */
+    CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
             for (int64_t at = 0; at < 16; ++at) {
-                t0[(i * 32 + ch) * 16 + at] = c2[i * 32 + ch];
+                bcast_c2[(i * 32 + ch) * 16 + at] = c2[i * 32 + ch];
             }
         }
     }
 
-    /* t1[i,ch,at] = c1[i,ch] (over each channel's pixels) */
-    CNN_DIGITS_REAL *t1 = t0 + 512; /* 1 x 1024 */
+    /* bcast_c1[i,ch,at] = c1[i,ch] (over each channel's pixels) */
+    CNN_DIGITS_REAL *bcast_c1 = bcast_c2 + 512; /* 1 x 1024 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
             for (int64_t at = 0; at < 64; ++at) {
-                t1[(i * 16 + ch) * 64 + at] = c1[i * 16 + ch];
+                bcast_c1[(i * 16 + ch) * 64 + at] = c1[i * 16 + ch];
             }
         }
     }
 
-    /* t2[i,oc,oy,ox] = sum_{ic,ky,kx} K1[oc,ic,ky,kx] * X[i,ic,oy+ky-1,ox+kx-1] (conv2d;
-     * zero outside the image) */
-    CNN_DIGITS_REAL *t2 = t1 + 1024; /* n x 1024 */
-    CNN_DIGITS_REAL *t2_cols = t2 + 1024*n; /* 8 x 576 */
-    /* the batch in 8 fixed blocks of examples, each with its own 576 entries of t2_cols */
+    /* conv_K1[i,oc,oy,ox] = sum_{ic,ky,kx} K1[oc,ic,ky,kx] * X[i,ic,oy+ky-1,ox+kx-1]
+     * (conv2d; zero outside the image) */
+    CNN_DIGITS_REAL *conv_K1 = bcast_c1 + 1024; /* n x 1024 */
+    CNN_DIGITS_REAL *conv_K1_cols = conv_K1 + 1024*n; /* 8 x 576 */
+    /* the batch in 8 fixed blocks of examples, each with its own 576 entries of conv_K1_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = t2_cols + blk * 576;
+        CNN_DIGITS_REAL *const win = conv_K1_cols + blk * 576;
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
             /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 1; ++ic) {
@@ -282,20 +282,20 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
                     }
                 }
             }
-            /* t2[i,oc,at] = sum_kk K1[oc,kk] * win[kk,at] */
-            symbackprop_f64_matmul(16, 64, 9, K1, 9, 1, win, 64, 1, t2 + i * 1024);
+            /* conv_K1[i,oc,at] = sum_kk K1[oc,kk] * win[kk,at] */
+            symbackprop_f64_matmul(16, 64, 9, K1, 9, 1, win, 64, 1, conv_K1 + i * 1024);
         }
     }
 
-    /* t3 = Max(0, t1 + t2) */
-    /* t4 = Heaviside(t1 + t2) */
-    CNN_DIGITS_REAL *t3 = t2_cols + 4608; /* n x 1024 */
-    CNN_DIGITS_REAL *t4 = t3 + 1024*n; /* n x 1024 */
-    cnn_digits_loop0(n, t3, t4, t1, t2);
+    /* relu_K1 = Max(0, bcast_c1 + conv_K1) */
+    /* step_K1 = Heaviside(bcast_c1 + conv_K1) */
+    CNN_DIGITS_REAL *relu_K1 = conv_K1_cols + 4608; /* n x 1024 */
+    CNN_DIGITS_REAL *step_K1 = relu_K1 + 1024*n; /* n x 1024 */
+    cnn_digits_loop0(n, relu_K1, step_K1, bcast_c1, conv_K1);
 
-    /* t5[i,ch,oy,ox] = t3[i,ch,best], best: the first largest t3[i,ch,oy*2+ky,ox*2+kx],
-     * ky,kx < 2 */
-    CNN_DIGITS_REAL *t5 = t4 + 1024*n; /* n x 256 */
+    /* maxpool_K1[i,ch,oy,ox] = relu_K1[i,ch,best], best: the first largest
+     * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
+    CNN_DIGITS_REAL *maxpool_K1 = step_K1 + 1024*n; /* n x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
@@ -305,25 +305,25 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
-                            if (t3[at] > t3[best]) {
+                            if (relu_K1[at] > relu_K1[best]) {
                                 best = at;
                             }
                         }
                     }
-                    t5[((i * 16 + ch) * 4 + oy) * 4 + ox] = t3[best];
+                    maxpool_K1[((i * 16 + ch) * 4 + oy) * 4 + ox] = relu_K1[best];
                 }
             }
         }
     }
 
-    /* t6[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] * t5[i,ic,oy+ky-1,ox+kx-1] (conv2d;
-     * zero outside the image) */
-    CNN_DIGITS_REAL *t6 = t5 + 256*n; /* n x 512 */
-    CNN_DIGITS_REAL *t6_cols = t6 + 512*n; /* 8 x 2304 */
-    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of t6_cols */
+    /* conv_K2[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] *
+     * maxpool_K1[i,ic,oy+ky-1,ox+kx-1] (conv2d; zero outside the image) */
+    CNN_DIGITS_REAL *conv_K2 = maxpool_K1 + 256*n; /* n x 512 */
+    CNN_DIGITS_REAL *conv_K2_cols = conv_K2 + 512*n; /* 8 x 2304 */
+    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of conv_K2_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = t6_cols + blk * 2304;
+        CNN_DIGITS_REAL *const win = conv_K2_cols + blk * 2304;
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
             /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 16; ++ic) {
@@ -332,26 +332,26 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
                         for (int64_t oy = 0; oy < 4; ++oy) {
                             for (int64_t ox = 0; ox < 4; ++ox) {
                                 const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                                win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
                             }
                         }
                     }
                 }
             }
-            /* t6[i,oc,at] = sum_kk K2[oc,kk] * win[kk,at] */
-            symbackprop_f64_matmul(32, 16, 144, K2, 144, 1, win, 16, 1, t6 + i * 512);
+            /* conv_K2[i,oc,at] = sum_kk K2[oc,kk] * win[kk,at] */
+            symbackprop_f64_matmul(32, 16, 144, K2, 144, 1, win, 16, 1, conv_K2 + i * 512);
         }
     }
 
-    /* t7 = Max(0, t0 + t6) */
-    /* t8 = Heaviside(t0 + t6) */
-    CNN_DIGITS_REAL *t7 = t6_cols + 18432; /* n x 512 */
-    CNN_DIGITS_REAL *t8 = t7 + 512*n; /* n x 512 */
-    cnn_digits_loop1(n, t7, t8, t0, t6);
+    /* relu_K2 = Max(0, bcast_c2 + conv_K2) */
+    /* step_K2 = Heaviside(bcast_c2 + conv_K2) */
+    CNN_DIGITS_REAL *relu_K2 = conv_K2_cols + 18432; /* n x 512 */
+    CNN_DIGITS_REAL *step_K2 = relu_K2 + 512*n; /* n x 512 */
+    cnn_digits_loop1(n, relu_K2, step_K2, bcast_c2, conv_K2);
 
-    /* t9[i,ch,oy,ox] = t7[i,ch,best], best: the first largest t7[i,ch,oy*2+ky,ox*2+kx],
-     * ky,kx < 2 */
-    CNN_DIGITS_REAL *t9 = t8 + 512*n; /* n x 128 */
+    /* maxpool_K2[i,ch,oy,ox] = relu_K2[i,ch,best], best: the first largest
+     * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
+    CNN_DIGITS_REAL *maxpool_K2 = step_K2 + 512*n; /* n x 128 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
@@ -361,61 +361,61 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            if (t7[at] > t7[best]) {
+                            if (relu_K2[at] > relu_K2[best]) {
                                 best = at;
                             }
                         }
                     }
-                    t9[((i * 32 + ch) * 2 + oy) * 2 + ox] = t7[best];
+                    maxpool_K2[((i * 32 + ch) * 2 + oy) * 2 + ox] = relu_K2[best];
                 }
             }
         }
     }
 
-    /* t10 = t9 @ W1 */
-    CNN_DIGITS_REAL *t10 = t9 + 128*n; /* n x 64 */
-    symbackprop_f64_matmul(n, 64, 128, t9, 128, 1, W1, 64, 1, t10);
+    /* mm_W1 = maxpool_K2 @ W1 */
+    CNN_DIGITS_REAL *mm_W1 = maxpool_K2 + 128*n; /* n x 64 */
+    symbackprop_f64_matmul(n, 64, 128, maxpool_K2, 128, 1, W1, 64, 1, mm_W1);
 
-    /* t11 = Max(0, b1 + t10) */
-    /* t12 = Heaviside(b1 + t10) */
-    CNN_DIGITS_REAL *t11 = t10 + 64*n; /* n x 64 */
-    CNN_DIGITS_REAL *t12 = t11 + 64*n; /* n x 64 */
-    cnn_digits_loop2(n, t11, t12, t10, b1);
+    /* relu_W1 = Max(0, b1 + mm_W1) */
+    /* step_W1 = Heaviside(b1 + mm_W1) */
+    CNN_DIGITS_REAL *relu_W1 = mm_W1 + 64*n; /* n x 64 */
+    CNN_DIGITS_REAL *step_W1 = relu_W1 + 64*n; /* n x 64 */
+    cnn_digits_loop2(n, relu_W1, step_W1, mm_W1, b1);
 
-    /* t13 = t11 @ W2 */
-    CNN_DIGITS_REAL *t13 = t12 + 64*n; /* n x 10 */
-    symbackprop_f64_matmul(n, 10, 64, t11, 64, 1, W2, 10, 1, t13);
+    /* mm_W2 = relu_W1 @ W2 */
+    CNN_DIGITS_REAL *mm_W2 = step_W1 + 64*n; /* n x 10 */
+    symbackprop_f64_matmul(n, 10, 64, relu_W1, 64, 1, W2, 10, 1, mm_W2);
 
-    /* logits = b2 + t13 */
-    /* t14 = T*(b2 + t13) */
-    CNN_DIGITS_REAL *t14 = t13 + 10*n; /* n x 10 */
-    cnn_digits_loop3(n, logits, t14, T, t13, b2);
+    /* logits = b2 + mm_W2 */
+    /* mul_logits = T*(b2 + mm_W2) */
+    CNN_DIGITS_REAL *mul_logits = mm_W2 + 10*n; /* n x 10 */
+    cnn_digits_loop3(n, logits, mul_logits, T, mm_W2, b2);
 
-    /* t15 = sum of t14 along each row */
-    CNN_DIGITS_REAL *t15 = t14 + 10*n; /* n x 1 */
+    /* rowsum_logits = sum of mul_logits along each row */
+    CNN_DIGITS_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t15[i] = symbackprop_f64_sum(t14 + 10*i, 10, 1);
+        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
     }
 
-    /* t16 = log(sum(exp(logits))) along each row, its max subtracted first */
-    CNN_DIGITS_REAL *t16 = t15 + n; /* n x 1 */
+    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
+    CNN_DIGITS_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t16[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
+        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }
 
-    /* t17 = -t15 + t16 */
-    CNN_DIGITS_REAL *t17 = t16 + n; /* n x 1 */
-    cnn_digits_loop4(n, t17, t15, t16);
+    /* add_logits = rowlse_logits - rowsum_logits */
+    CNN_DIGITS_REAL *add_logits = rowlse_logits + n; /* n x 1 */
+    cnn_digits_loop4(n, add_logits, rowsum_logits, rowlse_logits);
 
-    /* t18 = sum of t17 down each column */
-    CNN_DIGITS_REAL *t18 = t17 + n; /* 1 x 1 */
-    t18[0] = symbackprop_f64_sum(t17, n, 1);
+    /* colsum_logits = sum of add_logits down each column */
+    CNN_DIGITS_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
+    colsum_logits[0] = symbackprop_f64_sum(add_logits, n, 1);
 
-    /* loss = t18/n */
+    /* loss = colsum_logits/n */
     {
-        loss[0] = t18[0]/((CNN_DIGITS_REAL)n);
+        loss[0] = colsum_logits[0]/((CNN_DIGITS_REAL)n);
     }
 }
 #endif
@@ -454,44 +454,44 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *work
 )
 {
-    CNN_DIGITS_REAL *t0 = work; /* 1 x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t1 = work + 512; /* 1 x 1024; placed in an earlier part */
-    CNN_DIGITS_REAL *t2 = work + 1536; /* n x 1024; placed in an earlier part */
-    CNN_DIGITS_REAL *t3 = work + 1024*n + 6144; /* n x 1024; placed in an earlier part */
-    CNN_DIGITS_REAL *t4 = work + 2048*n + 6144; /* n x 1024; placed in an earlier part */
-    CNN_DIGITS_REAL *t5 = work + 3072*n + 6144; /* n x 256; placed in an earlier part */
-    CNN_DIGITS_REAL *t6 = work + 3328*n + 6144; /* n x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t6_cols = work + 3840*n + 6144; /* 8 x 2304; placed in an earlier part */
-    CNN_DIGITS_REAL *t7 = work + 3840*n + 24576; /* n x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t8 = work + 4352*n + 24576; /* n x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t10 = work + 4992*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *t12 = work + 5120*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *t13 = work + 5184*n + 24576; /* n x 10; placed in an earlier part */
-    CNN_DIGITS_REAL *t16 = work + 5205*n + 24576; /* n x 1; placed in an earlier part */
-    CNN_DIGITS_REAL *t18 = work + 5207*n + 24576; /* 1 x 1; placed in an earlier part */
-    /* grad_logits = -T/n + exp(logits - t16)/n */
-    CNN_DIGITS_REAL *grad_logits = t13; /* n x 10, in t13's memory */
-    cnn_digits_loop5(n, grad_logits, T, logits, t16);
+    CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512; placed in an earlier part */
+    CNN_DIGITS_REAL *bcast_c1 = work + 512; /* 1 x 1024; placed in an earlier part */
+    CNN_DIGITS_REAL *conv_K1 = work + 1536; /* n x 1024; placed in an earlier part */
+    CNN_DIGITS_REAL *relu_K1 = work + 1024*n + 6144; /* n x 1024; placed in an earlier part */
+    CNN_DIGITS_REAL *step_K1 = work + 2048*n + 6144; /* n x 1024; placed in an earlier part */
+    CNN_DIGITS_REAL *maxpool_K1 = work + 3072*n + 6144; /* n x 256; placed in an earlier part */
+    CNN_DIGITS_REAL *conv_K2 = work + 3328*n + 6144; /* n x 512; placed in an earlier part */
+    CNN_DIGITS_REAL *conv_K2_cols = work + 3840*n + 6144; /* 8 x 2304; placed in an earlier part */
+    CNN_DIGITS_REAL *relu_K2 = work + 3840*n + 24576; /* n x 512; placed in an earlier part */
+    CNN_DIGITS_REAL *step_K2 = work + 4352*n + 24576; /* n x 512; placed in an earlier part */
+    CNN_DIGITS_REAL *mm_W1 = work + 4992*n + 24576; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *step_W1 = work + 5120*n + 24576; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *mm_W2 = work + 5184*n + 24576; /* n x 10; placed in an earlier part */
+    CNN_DIGITS_REAL *rowlse_logits = work + 5205*n + 24576; /* n x 1; placed in an earlier part */
+    CNN_DIGITS_REAL *colsum_logits = work + 5207*n + 24576; /* 1 x 1; placed in an earlier part */
+    /* grad_logits = -T/n + exp(logits - rowlse_logits)/n */
+    CNN_DIGITS_REAL *grad_logits = mm_W2; /* n x 10, in mm_W2's memory */
+    cnn_digits_loop5(n, grad_logits, T, logits, rowlse_logits);
 
-    /* grad_t11 = grad_logits @ W2^T */
-    CNN_DIGITS_REAL *grad_t11 = t10; /* n x 64, in t10's memory */
-    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t11);
+    /* grad_relu_W1 = grad_logits @ W2^T */
+    CNN_DIGITS_REAL *grad_relu_W1 = mm_W1; /* n x 64, in mm_W1's memory */
+    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_relu_W1);
 
-    /* g0 = grad_t11*t12 */
-    CNN_DIGITS_REAL *g0 = t18 + 1; /* n x 64 */
-    cnn_digits_loop6(n, g0, grad_t11, t12);
+    /* grad_add_W1 = grad_relu_W1*step_W1 */
+    CNN_DIGITS_REAL *grad_add_W1 = colsum_logits + 1; /* n x 64 */
+    cnn_digits_loop6(n, grad_add_W1, grad_relu_W1, step_W1);
 
-    /* grad_t9 = g0 @ W1^T */
-    CNN_DIGITS_REAL *grad_t9 = g0 + 64*n; /* n x 128 */
-    symbackprop_f64_matmul(n, 128, 64, g0, 64, 1, W1, 1, 64, grad_t9);
+    /* grad_maxpool_K2 = grad_add_W1 @ W1^T */
+    CNN_DIGITS_REAL *grad_maxpool_K2 = grad_add_W1 + 64*n; /* n x 128 */
+    symbackprop_f64_matmul(n, 128, 64, grad_add_W1, 64, 1, W1, 1, 64, grad_maxpool_K2);
 
-    /* grad_t7[i,ch,best] += grad_t9[i,ch,oy,ox], best: the first largest
-     * t7[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    CNN_DIGITS_REAL *grad_t7 = t6; /* n x 512, in t6's memory */
+    /* grad_relu_K2[i,ch,best] += grad_maxpool_K2[i,ch,oy,ox], best: the first largest
+     * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
+    CNN_DIGITS_REAL *grad_relu_K2 = conv_K2; /* n x 512, in conv_K2's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t at = 0; at < 512; ++at) {
-            grad_t7[i * 512 + at] = 0;
+            grad_relu_K2[i * 512 + at] = 0;
         }
         for (int64_t ch = 0; ch < 32; ++ch) {
             for (int64_t oy = 0; oy < 2; ++oy) {
@@ -500,34 +500,36 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            if (t7[at] > t7[best]) {
+                            if (relu_K2[at] > relu_K2[best]) {
                                 best = at;
                             }
                         }
                     }
-                    grad_t7[best] += grad_t9[((i * 32 + ch) * 2 + oy) * 2 + ox];
+                    grad_relu_K2[best] += grad_maxpool_K2[((i * 32 + ch) * 2 + oy) * 2 + ox];
                 }
             }
         }
     }
 
-    /* g1 = grad_t7*t8 */
-    CNN_DIGITS_REAL *g1 = t7; /* n x 512, in t7's memory */
-    cnn_digits_loop7(n, g1, grad_t7, t8);
+    /* grad_add_K2 = grad_relu_K2*step_K2 */
+    CNN_DIGITS_REAL *grad_add_K2 = relu_K2; /* n x 512, in relu_K2's memory */
+    cnn_digits_loop7(n, grad_add_K2, grad_relu_K2, step_K2);
 
-    /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
-     * by its images) */
-    CNN_DIGITS_REAL *grad_t5 = grad_t9 + 128*n; /* n x 256 */
-    CNN_DIGITS_REAL *grad_t5_cols = t6_cols; /* 8 x 2304, in t6_cols's memory */
-    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of grad_t5_cols */
+    /* grad_maxpool_K1[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * grad_add_K2[i,oc,oy,ox]
+     * (conv2d's gradient by its images) */
+    CNN_DIGITS_REAL *grad_maxpool_K1 = grad_maxpool_K2 + 128*n; /* n x 256 */
+    CNN_DIGITS_REAL *grad_maxpool_K1_cols = conv_K2_cols; /* 8 x 2304, in conv_K2_cols's memory */
+    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of
+     * grad_maxpool_K1_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = grad_t5_cols + blk * 2304;
+        CNN_DIGITS_REAL *const win = grad_maxpool_K1_cols + blk * 2304;
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win[kk,at] = sum_oc K2[oc,kk] * g1[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
-            symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, g1 + i * 512, 16, 1, win);
+            /* win[kk,at] = sum_oc K2[oc,kk] * grad_add_K2[i,oc,at], kk = (ic,ky,kx), at =
+             * (oy,ox) */
+            symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, grad_add_K2 + i * 512, 16, 1, win);
             for (int64_t at = 0; at < 256; ++at) {
-                grad_t5[i * 256 + at] = 0;
+                grad_maxpool_K1[i * 256 + at] = 0;
             }
             /* each window's entries added back to the pixels they were read from (col2im) */
             for (int64_t ic = 0; ic < 16; ++ic) {
@@ -537,7 +539,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                             for (int64_t ox = 0; ox < 4; ++ox) {
                                 const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
                                 if (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) {
-                                    grad_t5[((i * 16 + ic) * 4 + iy) * 4 + ix] += win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
+                                    grad_maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] += win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
                                 }
                             }
                         }
@@ -547,13 +549,13 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         }
     }
 
-    /* grad_t3[i,ch,best] += grad_t5[i,ch,oy,ox], best: the first largest
-     * t3[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    CNN_DIGITS_REAL *grad_t3 = t2; /* n x 1024, in t2's memory */
+    /* grad_relu_K1[i,ch,best] += grad_maxpool_K1[i,ch,oy,ox], best: the first largest
+     * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
+    CNN_DIGITS_REAL *grad_relu_K1 = conv_K1; /* n x 1024, in conv_K1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t at = 0; at < 1024; ++at) {
-            grad_t3[i * 1024 + at] = 0;
+            grad_relu_K1[i * 1024 + at] = 0;
         }
         for (int64_t ch = 0; ch < 16; ++ch) {
             for (int64_t oy = 0; oy < 4; ++oy) {
@@ -562,24 +564,24 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
-                            if (t3[at] > t3[best]) {
+                            if (relu_K1[at] > relu_K1[best]) {
                                 best = at;
                             }
                         }
                     }
-                    grad_t3[best] += grad_t5[((i * 16 + ch) * 4 + oy) * 4 + ox];
+                    grad_relu_K1[best] += grad_maxpool_K1[((i * 16 + ch) * 4 + oy) * 4 + ox];
                 }
             }
         }
     }
 
-    /* g2 = grad_t3*t4 */
-    CNN_DIGITS_REAL *g2 = t3; /* n x 1024, in t3's memory */
-    cnn_digits_loop8(n, g2, grad_t3, t4);
+    /* grad_add_K1 = grad_relu_K1*step_K1 */
+    CNN_DIGITS_REAL *grad_add_K1 = relu_K1; /* n x 1024, in relu_K1's memory */
+    cnn_digits_loop8(n, grad_add_K1, grad_relu_K1, step_K1);
 
-    /* grad_K1[oc,ic,ky,kx] = sum_{i,oy,ox} g2[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
+    /* grad_K1[oc,ic,ky,kx] = sum_{i,oy,ox} grad_add_K1[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K1_cols = grad_t5 + 256*n; /* 8 x 720 */
+    CNN_DIGITS_REAL *grad_K1_cols = grad_maxpool_K1 + 256*n; /* 8 x 720 */
     /* the batch in 8 fixed blocks of examples, each with its own 720 entries of grad_K1_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
@@ -602,10 +604,10 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                     }
                 }
             }
-            /* wsum[oc,kk] += sum_at g2[i,oc,at] * win[at,kk] */
+            /* wsum[oc,kk] += sum_at grad_add_K1[i,oc,at] * win[at,kk] */
             for (int64_t oc = 0; oc < 16; ++oc) {
                 for (int64_t at = 0; at < 64; ++at) {
-                    const CNN_DIGITS_REAL wv = g2[(i * 16 + oc) * 64 + at];
+                    const CNN_DIGITS_REAL wv = grad_add_K1[(i * 16 + oc) * 64 + at];
                     for (int64_t kk = 0; kk < 9; ++kk) {
                         wsum[oc * 9 + kk] += wv * win[at * 9 + kk];
                     }
@@ -622,23 +624,23 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         grad_K1[at] = acc;
     }
 
-    /* grad_t1 = sum of g2 down each column */
-    CNN_DIGITS_REAL *grad_t1 = t1; /* 1 x 1024, in t1's memory */
-    symbackprop_f64_sum_columns(g2, n, 1024, 1024, grad_t1);
+    /* grad_bcast_c1 = sum of grad_add_K1 down each column */
+    CNN_DIGITS_REAL *grad_bcast_c1 = bcast_c1; /* 1 x 1024, in bcast_c1's memory */
+    symbackprop_f64_sum_columns(grad_add_K1, n, 1024, 1024, grad_bcast_c1);
 
-    /* grad_c1[i,ch] = sum_at grad_t1[i,ch,at] (over each channel's pixels) */
+    /* grad_c1[i,ch] = sum_at grad_bcast_c1[i,ch,at] (over each channel's pixels) */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
             CNN_DIGITS_REAL acc = 0;
             for (int64_t at = 0; at < 64; ++at) {
-                acc += grad_t1[(i * 16 + ch) * 64 + at];
+                acc += grad_bcast_c1[(i * 16 + ch) * 64 + at];
             }
             grad_c1[i * 16 + ch] = acc;
         }
     }
 
-    /* grad_K2[oc,ic,ky,kx] = sum_{i,oy,ox} g1[i,oc,oy,ox] * t5[i,ic,oy+ky-1,ox+kx-1]
-     * (conv2d's gradient by its weights) */
+    /* grad_K2[oc,ic,ky,kx] = sum_{i,oy,ox} grad_add_K2[i,oc,oy,ox] *
+     * maxpool_K1[i,ic,oy+ky-1,ox+kx-1] (conv2d's gradient by its weights) */
     CNN_DIGITS_REAL *grad_K2_cols = grad_K1_cols + 5760; /* 8 x 6912 */
     /* the batch in 8 fixed blocks of examples, each with its own 6912 entries of grad_K2_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
@@ -656,16 +658,16 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                         for (int64_t oy = 0; oy < 4; ++oy) {
                             for (int64_t ox = 0; ox < 4; ++ox) {
                                 const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                                win[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
                             }
                         }
                     }
                 }
             }
-            /* wsum[oc,kk] += sum_at g1[i,oc,at] * win[at,kk] */
+            /* wsum[oc,kk] += sum_at grad_add_K2[i,oc,at] * win[at,kk] */
             for (int64_t oc = 0; oc < 32; ++oc) {
                 for (int64_t at = 0; at < 16; ++at) {
-                    const CNN_DIGITS_REAL wv = g1[(i * 32 + oc) * 16 + at];
+                    const CNN_DIGITS_REAL wv = grad_add_K2[(i * 32 + oc) * 16 + at];
                     for (int64_t kk = 0; kk < 144; ++kk) {
                         wsum[oc * 144 + kk] += wv * win[at * 144 + kk];
                     }
@@ -682,16 +684,16 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
         grad_K2[at] = acc;
     }
 
-    /* grad_t0 = sum of g1 down each column */
-    CNN_DIGITS_REAL *grad_t0 = t0; /* 1 x 512, in t0's memory */
-    symbackprop_f64_sum_columns(g1, n, 512, 512, grad_t0);
+    /* grad_bcast_c2 = sum of grad_add_K2 down each column */
+    CNN_DIGITS_REAL *grad_bcast_c2 = bcast_c2; /* 1 x 512, in bcast_c2's memory */
+    symbackprop_f64_sum_columns(grad_add_K2, n, 512, 512, grad_bcast_c2);
 
-    /* grad_c2[i,ch] = sum_at grad_t0[i,ch,at] (over each channel's pixels) */
+    /* grad_c2[i,ch] = sum_at grad_bcast_c2[i,ch,at] (over each channel's pixels) */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
             CNN_DIGITS_REAL acc = 0;
             for (int64_t at = 0; at < 16; ++at) {
-                acc += grad_t0[(i * 32 + ch) * 16 + at];
+                acc += grad_bcast_c2[(i * 32 + ch) * 16 + at];
             }
             grad_c2[i * 32 + ch] = acc;
         }
@@ -712,18 +714,18 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
     CNN_DIGITS_REAL *work
 )
 {
-    CNN_DIGITS_REAL *t9 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
-    CNN_DIGITS_REAL *t11 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 24576; /* n x 10, in t13's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *g0 = work + 5207*n + 24577; /* n x 64; placed in an earlier part */
-    /* grad_W1 = t9^T @ g0 */
-    symbackprop_f64_matmul(128, 64, n, t9, 1, 128, g0, 64, 1, grad_W1);
+    CNN_DIGITS_REAL *maxpool_K2 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
+    CNN_DIGITS_REAL *relu_W1 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 24576; /* n x 10, in mm_W2's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_add_W1 = work + 5207*n + 24577; /* n x 64; placed in an earlier part */
+    /* grad_W1 = maxpool_K2^T @ grad_add_W1 */
+    symbackprop_f64_matmul(128, 64, n, maxpool_K2, 1, 128, grad_add_W1, 64, 1, grad_W1);
 
-    /* grad_b1 = sum of g0 down each column */
-    symbackprop_f64_sum_columns(g0, n, 64, 64, grad_b1);
+    /* grad_b1 = sum of grad_add_W1 down each column */
+    symbackprop_f64_sum_columns(grad_add_W1, n, 64, 64, grad_b1);
 
-    /* grad_W2 = t11^T @ grad_logits */
-    symbackprop_f64_matmul(64, 10, n, t11, 1, 64, grad_logits, 10, 1, grad_W2);
+    /* grad_W2 = relu_W1^T @ grad_logits */
+    symbackprop_f64_matmul(64, 10, n, relu_W1, 1, 64, grad_logits, 10, 1, grad_W2);
 
     /* grad_b2 = sum of grad_logits down each column */
     symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2);
@@ -899,34 +901,34 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     CNN_DIGITS_REAL *work
 )
 {
-    /* t0[i,ch,at] = c2[i,ch] (over each channel's pixels) */
-    CNN_DIGITS_REAL *t0 = work; /* 1 x 512 */
+    /* bcast_c2[i,ch,at] = c2[i,ch] (over each channel's pixels) */
+    CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
             for (int64_t at = 0; at < 16; ++at) {
-                t0[(i * 32 + ch) * 16 + at] = c2[i * 32 + ch];
+                bcast_c2[(i * 32 + ch) * 16 + at] = c2[i * 32 + ch];
             }
         }
     }
 
-    /* t1[i,ch,at] = c1[i,ch] (over each channel's pixels) */
-    CNN_DIGITS_REAL *t1 = t0 + 512; /* 1 x 1024 */
+    /* bcast_c1[i,ch,at] = c1[i,ch] (over each channel's pixels) */
+    CNN_DIGITS_REAL *bcast_c1 = bcast_c2 + 512; /* 1 x 1024 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
             for (int64_t at = 0; at < 64; ++at) {
-                t1[(i * 16 + ch) * 64 + at] = c1[i * 16 + ch];
+                bcast_c1[(i * 16 + ch) * 64 + at] = c1[i * 16 + ch];
             }
         }
     }
 
-    /* t2[i,oc,oy,ox] = sum_{ic,ky,kx} K1[oc,ic,ky,kx] * X[i,ic,oy+ky-1,ox+kx-1] (conv2d;
-     * zero outside the image) */
-    CNN_DIGITS_REAL *t2 = t1 + 1024; /* n x 1024 */
-    CNN_DIGITS_REAL *t2_cols_1 = t2 + 1024*n; /* 8 x 576 */
-    /* the batch in 8 fixed blocks of examples, each with its own 576 entries of t2_cols_1 */
+    /* conv_K1[i,oc,oy,ox] = sum_{ic,ky,kx} K1[oc,ic,ky,kx] * X[i,ic,oy+ky-1,ox+kx-1]
+     * (conv2d; zero outside the image) */
+    CNN_DIGITS_REAL *conv_K1 = bcast_c1 + 1024; /* n x 1024 */
+    CNN_DIGITS_REAL *conv_K1_cols_2 = conv_K1 + 1024*n; /* 8 x 576 */
+    /* the batch in 8 fixed blocks of examples, each with its own 576 entries of conv_K1_cols_2 */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = t2_cols_1 + blk * 576;
+        CNN_DIGITS_REAL *const win = conv_K1_cols_2 + blk * 576;
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
             /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 1; ++ic) {
@@ -941,20 +943,20 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
                     }
                 }
             }
-            /* t2[i,oc,at] = sum_kk K1[oc,kk] * win[kk,at] */
-            symbackprop_f64_matmul(16, 64, 9, K1, 9, 1, win, 64, 1, t2 + i * 1024);
+            /* conv_K1[i,oc,at] = sum_kk K1[oc,kk] * win[kk,at] */
+            symbackprop_f64_matmul(16, 64, 9, K1, 9, 1, win, 64, 1, conv_K1 + i * 1024);
         }
     }
 
-    /* t3 = Max(0, t1 + t2) */
-    /* t4 = Heaviside(t1 + t2) */
-    CNN_DIGITS_REAL *t3 = t2_cols_1 + 4608; /* n x 1024 */
-    CNN_DIGITS_REAL *t4 = t3 + 1024*n; /* n x 1024 */
-    cnn_digits_loop0(n, t3, t4, t1, t2);
+    /* relu_K1 = Max(0, bcast_c1 + conv_K1) */
+    /* step_K1 = Heaviside(bcast_c1 + conv_K1) */
+    CNN_DIGITS_REAL *relu_K1 = conv_K1_cols_2 + 4608; /* n x 1024 */
+    CNN_DIGITS_REAL *step_K1 = relu_K1 + 1024*n; /* n x 1024 */
+    cnn_digits_loop0(n, relu_K1, step_K1, bcast_c1, conv_K1);
 
-    /* t5[i,ch,oy,ox] = t3[i,ch,best], best: the first largest t3[i,ch,oy*2+ky,ox*2+kx],
-     * ky,kx < 2 */
-    CNN_DIGITS_REAL *t5 = t4 + 1024*n; /* n x 256 */
+    /* maxpool_K1[i,ch,oy,ox] = relu_K1[i,ch,best], best: the first largest
+     * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
+    CNN_DIGITS_REAL *maxpool_K1 = step_K1 + 1024*n; /* n x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
@@ -964,25 +966,25 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
-                            if (t3[at] > t3[best]) {
+                            if (relu_K1[at] > relu_K1[best]) {
                                 best = at;
                             }
                         }
                     }
-                    t5[((i * 16 + ch) * 4 + oy) * 4 + ox] = t3[best];
+                    maxpool_K1[((i * 16 + ch) * 4 + oy) * 4 + ox] = relu_K1[best];
                 }
             }
         }
     }
 
-    /* t6[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] * t5[i,ic,oy+ky-1,ox+kx-1] (conv2d;
-     * zero outside the image) */
-    CNN_DIGITS_REAL *t6 = t5 + 256*n; /* n x 512 */
-    CNN_DIGITS_REAL *t6_cols_1 = t6 + 512*n; /* 8 x 2304 */
-    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of t6_cols_1 */
+    /* conv_K2[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] *
+     * maxpool_K1[i,ic,oy+ky-1,ox+kx-1] (conv2d; zero outside the image) */
+    CNN_DIGITS_REAL *conv_K2 = maxpool_K1 + 256*n; /* n x 512 */
+    CNN_DIGITS_REAL *conv_K2_cols_2 = conv_K2 + 512*n; /* 8 x 2304 */
+    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of conv_K2_cols_2 */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = t6_cols_1 + blk * 2304;
+        CNN_DIGITS_REAL *const win = conv_K2_cols_2 + blk * 2304;
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
             /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
             for (int64_t ic = 0; ic < 16; ++ic) {
@@ -991,26 +993,26 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
                         for (int64_t oy = 0; oy < 4; ++oy) {
                             for (int64_t ox = 0; ox < 4; ++ox) {
                                 const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                                win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
                             }
                         }
                     }
                 }
             }
-            /* t6[i,oc,at] = sum_kk K2[oc,kk] * win[kk,at] */
-            symbackprop_f64_matmul(32, 16, 144, K2, 144, 1, win, 16, 1, t6 + i * 512);
+            /* conv_K2[i,oc,at] = sum_kk K2[oc,kk] * win[kk,at] */
+            symbackprop_f64_matmul(32, 16, 144, K2, 144, 1, win, 16, 1, conv_K2 + i * 512);
         }
     }
 
-    /* t7 = Max(0, t0 + t6) */
-    /* t8 = Heaviside(t0 + t6) */
-    CNN_DIGITS_REAL *t7 = t6_cols_1 + 18432; /* n x 512 */
-    CNN_DIGITS_REAL *t8 = t7 + 512*n; /* n x 512 */
-    cnn_digits_loop1(n, t7, t8, t0, t6);
+    /* relu_K2 = Max(0, bcast_c2 + conv_K2) */
+    /* step_K2 = Heaviside(bcast_c2 + conv_K2) */
+    CNN_DIGITS_REAL *relu_K2 = conv_K2_cols_2 + 18432; /* n x 512 */
+    CNN_DIGITS_REAL *step_K2 = relu_K2 + 512*n; /* n x 512 */
+    cnn_digits_loop1(n, relu_K2, step_K2, bcast_c2, conv_K2);
 
-    /* t9[i,ch,oy,ox] = t7[i,ch,best], best: the first largest t7[i,ch,oy*2+ky,ox*2+kx],
-     * ky,kx < 2 */
-    CNN_DIGITS_REAL *t9 = t8 + 512*n; /* n x 128 */
+    /* maxpool_K2[i,ch,oy,ox] = relu_K2[i,ch,best], best: the first largest
+     * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
+    CNN_DIGITS_REAL *maxpool_K2 = step_K2 + 512*n; /* n x 128 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
@@ -1020,87 +1022,87 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            if (t7[at] > t7[best]) {
+                            if (relu_K2[at] > relu_K2[best]) {
                                 best = at;
                             }
                         }
                     }
-                    t9[((i * 32 + ch) * 2 + oy) * 2 + ox] = t7[best];
+                    maxpool_K2[((i * 32 + ch) * 2 + oy) * 2 + ox] = relu_K2[best];
                 }
             }
         }
     }
 
-    /* t10 = t9 @ W1 */
-    CNN_DIGITS_REAL *t10 = t9 + 128*n; /* n x 64 */
-    symbackprop_f64_matmul(n, 64, 128, t9, 128, 1, W1, 64, 1, t10);
+    /* mm_W1 = maxpool_K2 @ W1 */
+    CNN_DIGITS_REAL *mm_W1 = maxpool_K2 + 128*n; /* n x 64 */
+    symbackprop_f64_matmul(n, 64, 128, maxpool_K2, 128, 1, W1, 64, 1, mm_W1);
 
-    /* t11 = Max(0, b1 + t10) */
-    /* t12 = Heaviside(b1 + t10) */
-    CNN_DIGITS_REAL *t11 = t10 + 64*n; /* n x 64 */
-    CNN_DIGITS_REAL *t12 = t11 + 64*n; /* n x 64 */
-    cnn_digits_loop2(n, t11, t12, t10, b1);
+    /* relu_W1 = Max(0, b1 + mm_W1) */
+    /* step_W1 = Heaviside(b1 + mm_W1) */
+    CNN_DIGITS_REAL *relu_W1 = mm_W1 + 64*n; /* n x 64 */
+    CNN_DIGITS_REAL *step_W1 = relu_W1 + 64*n; /* n x 64 */
+    cnn_digits_loop2(n, relu_W1, step_W1, mm_W1, b1);
 
-    /* t13 = t11 @ W2 */
-    CNN_DIGITS_REAL *t13 = t12 + 64*n; /* n x 10 */
-    symbackprop_f64_matmul(n, 10, 64, t11, 64, 1, W2, 10, 1, t13);
+    /* mm_W2 = relu_W1 @ W2 */
+    CNN_DIGITS_REAL *mm_W2 = step_W1 + 64*n; /* n x 10 */
+    symbackprop_f64_matmul(n, 10, 64, relu_W1, 64, 1, W2, 10, 1, mm_W2);
 
-    /* logits = b2 + t13 */
-    /* t14 = T*(b2 + t13) */
-    CNN_DIGITS_REAL *logits = t13 + 10*n; /* n x 10 */
-    CNN_DIGITS_REAL *t14 = logits + 10*n; /* n x 10 */
-    cnn_digits_loop3(n, logits, t14, T, t13, b2);
+    /* logits = b2 + mm_W2 */
+    /* mul_logits = T*(b2 + mm_W2) */
+    CNN_DIGITS_REAL *logits = mm_W2 + 10*n; /* n x 10 */
+    CNN_DIGITS_REAL *mul_logits = logits + 10*n; /* n x 10 */
+    cnn_digits_loop3(n, logits, mul_logits, T, mm_W2, b2);
 
-    /* t15 = sum of t14 along each row */
-    CNN_DIGITS_REAL *t15 = t14 + 10*n; /* n x 1 */
+    /* rowsum_logits = sum of mul_logits along each row */
+    CNN_DIGITS_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t15[i] = symbackprop_f64_sum(t14 + 10*i, 10, 1);
+        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
     }
 
-    /* t16 = log(sum(exp(logits))) along each row, its max subtracted first */
-    CNN_DIGITS_REAL *t16 = t15 + n; /* n x 1 */
+    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
+    CNN_DIGITS_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t16[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
+        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }
 
-    /* t17 = -t15 + t16 */
-    CNN_DIGITS_REAL *t17 = t16 + n; /* n x 1 */
-    cnn_digits_loop4(n, t17, t15, t16);
+    /* add_logits = rowlse_logits - rowsum_logits */
+    CNN_DIGITS_REAL *add_logits = rowlse_logits + n; /* n x 1 */
+    cnn_digits_loop4(n, add_logits, rowsum_logits, rowlse_logits);
 
-    /* t18 = sum of t17 down each column */
-    CNN_DIGITS_REAL *t18 = t17 + n; /* 1 x 1 */
-    t18[0] = symbackprop_f64_sum(t17, n, 1);
+    /* colsum_logits = sum of add_logits down each column */
+    CNN_DIGITS_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
+    colsum_logits[0] = symbackprop_f64_sum(add_logits, n, 1);
 
-    /* loss = t18/n */
+    /* loss = colsum_logits/n */
     {
-        loss[0] = t18[0]/((CNN_DIGITS_REAL)n);
+        loss[0] = colsum_logits[0]/((CNN_DIGITS_REAL)n);
     }
 
-    /* grad_logits = -T/n + exp(logits - t16)/n */
-    CNN_DIGITS_REAL *grad_logits = t13; /* n x 10, in t13's memory */
-    cnn_digits_loop5(n, grad_logits, T, logits, t16);
+    /* grad_logits = -T/n + exp(logits - rowlse_logits)/n */
+    CNN_DIGITS_REAL *grad_logits = mm_W2; /* n x 10, in mm_W2's memory */
+    cnn_digits_loop5(n, grad_logits, T, logits, rowlse_logits);
 
-    /* grad_t11 = grad_logits @ W2^T */
-    CNN_DIGITS_REAL *grad_t11 = t10; /* n x 64, in t10's memory */
-    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t11);
+    /* grad_relu_W1 = grad_logits @ W2^T */
+    CNN_DIGITS_REAL *grad_relu_W1 = mm_W1; /* n x 64, in mm_W1's memory */
+    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_relu_W1);
 
-    /* g0 = grad_t11*t12 */
-    CNN_DIGITS_REAL *g0 = t18 + 1; /* n x 64 */
-    cnn_digits_loop6(n, g0, grad_t11, t12);
+    /* grad_add_W1 = grad_relu_W1*step_W1 */
+    CNN_DIGITS_REAL *grad_add_W1 = colsum_logits + 1; /* n x 64 */
+    cnn_digits_loop6(n, grad_add_W1, grad_relu_W1, step_W1);
 
-    /* grad_t9 = g0 @ W1^T */
-    CNN_DIGITS_REAL *grad_t9 = g0 + 64*n; /* n x 128 */
-    symbackprop_f64_matmul(n, 128, 64, g0, 64, 1, W1, 1, 64, grad_t9);
+    /* grad_maxpool_K2 = grad_add_W1 @ W1^T */
+    CNN_DIGITS_REAL *grad_maxpool_K2 = grad_add_W1 + 64*n; /* n x 128 */
+    symbackprop_f64_matmul(n, 128, 64, grad_add_W1, 64, 1, W1, 1, 64, grad_maxpool_K2);
 
-    /* grad_t7[i,ch,best] += grad_t9[i,ch,oy,ox], best: the first largest
-     * t7[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    CNN_DIGITS_REAL *grad_t7 = t6; /* n x 512, in t6's memory */
+    /* grad_relu_K2[i,ch,best] += grad_maxpool_K2[i,ch,oy,ox], best: the first largest
+     * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
+    CNN_DIGITS_REAL *grad_relu_K2 = conv_K2; /* n x 512, in conv_K2's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t at = 0; at < 512; ++at) {
-            grad_t7[i * 512 + at] = 0;
+            grad_relu_K2[i * 512 + at] = 0;
         }
         for (int64_t ch = 0; ch < 32; ++ch) {
             for (int64_t oy = 0; oy < 2; ++oy) {
@@ -1109,34 +1111,36 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            if (t7[at] > t7[best]) {
+                            if (relu_K2[at] > relu_K2[best]) {
                                 best = at;
                             }
                         }
                     }
-                    grad_t7[best] += grad_t9[((i * 32 + ch) * 2 + oy) * 2 + ox];
+                    grad_relu_K2[best] += grad_maxpool_K2[((i * 32 + ch) * 2 + oy) * 2 + ox];
                 }
             }
         }
     }
 
-    /* g1 = grad_t7*t8 */
-    CNN_DIGITS_REAL *g1 = t7; /* n x 512, in t7's memory */
-    cnn_digits_loop7(n, g1, grad_t7, t8);
+    /* grad_add_K2 = grad_relu_K2*step_K2 */
+    CNN_DIGITS_REAL *grad_add_K2 = relu_K2; /* n x 512, in relu_K2's memory */
+    cnn_digits_loop7(n, grad_add_K2, grad_relu_K2, step_K2);
 
-    /* grad_t5[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * g1[i,oc,oy,ox] (conv2d's gradient
-     * by its images) */
-    CNN_DIGITS_REAL *grad_t5 = grad_t9 + 128*n; /* n x 256 */
-    CNN_DIGITS_REAL *grad_t5_cols_1 = t6_cols_1; /* 8 x 2304, in t6_cols_1's memory */
-    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of grad_t5_cols_1 */
+    /* grad_maxpool_K1[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * grad_add_K2[i,oc,oy,ox]
+     * (conv2d's gradient by its images) */
+    CNN_DIGITS_REAL *grad_maxpool_K1 = grad_maxpool_K2 + 128*n; /* n x 256 */
+    CNN_DIGITS_REAL *grad_maxpool_K1_cols_2 = conv_K2_cols_2; /* 8 x 2304, in conv_K2_cols_2's memory */
+    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of
+     * grad_maxpool_K1_cols_2 */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = grad_t5_cols_1 + blk * 2304;
+        CNN_DIGITS_REAL *const win = grad_maxpool_K1_cols_2 + blk * 2304;
         for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win[kk,at] = sum_oc K2[oc,kk] * g1[i,oc,at], kk = (ic,ky,kx), at = (oy,ox) */
-            symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, g1 + i * 512, 16, 1, win);
+            /* win[kk,at] = sum_oc K2[oc,kk] * grad_add_K2[i,oc,at], kk = (ic,ky,kx), at =
+             * (oy,ox) */
+            symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, grad_add_K2 + i * 512, 16, 1, win);
             for (int64_t at = 0; at < 256; ++at) {
-                grad_t5[i * 256 + at] = 0;
+                grad_maxpool_K1[i * 256 + at] = 0;
             }
             /* each window's entries added back to the pixels they were read from (col2im) */
             for (int64_t ic = 0; ic < 16; ++ic) {
@@ -1146,7 +1150,7 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
                             for (int64_t ox = 0; ox < 4; ++ox) {
                                 const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
                                 if (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) {
-                                    grad_t5[((i * 16 + ic) * 4 + iy) * 4 + ix] += win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
+                                    grad_maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] += win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
                                 }
                             }
                         }
@@ -1156,13 +1160,13 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
         }
     }
 
-    /* grad_t3[i,ch,best] += grad_t5[i,ch,oy,ox], best: the first largest
-     * t3[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    CNN_DIGITS_REAL *grad_t3 = t2; /* n x 1024, in t2's memory */
+    /* grad_relu_K1[i,ch,best] += grad_maxpool_K1[i,ch,oy,ox], best: the first largest
+     * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
+    CNN_DIGITS_REAL *grad_relu_K1 = conv_K1; /* n x 1024, in conv_K1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t at = 0; at < 1024; ++at) {
-            grad_t3[i * 1024 + at] = 0;
+            grad_relu_K1[i * 1024 + at] = 0;
         }
         for (int64_t ch = 0; ch < 16; ++ch) {
             for (int64_t oy = 0; oy < 4; ++oy) {
@@ -1171,29 +1175,29 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
                     for (int64_t ky = 0; ky < 2; ++ky) {
                         for (int64_t kx = 0; kx < 2; ++kx) {
                             const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
-                            if (t3[at] > t3[best]) {
+                            if (relu_K1[at] > relu_K1[best]) {
                                 best = at;
                             }
                         }
                     }
-                    grad_t3[best] += grad_t5[((i * 16 + ch) * 4 + oy) * 4 + ox];
+                    grad_relu_K1[best] += grad_maxpool_K1[((i * 16 + ch) * 4 + oy) * 4 + ox];
                 }
             }
         }
     }
 
-    /* g2 = grad_t3*t4 */
-    CNN_DIGITS_REAL *g2 = t3; /* n x 1024, in t3's memory */
-    cnn_digits_loop8(n, g2, grad_t3, t4);
+    /* grad_add_K1 = grad_relu_K1*step_K1 */
+    CNN_DIGITS_REAL *grad_add_K1 = relu_K1; /* n x 1024, in relu_K1's memory */
+    cnn_digits_loop8(n, grad_add_K1, grad_relu_K1, step_K1);
 
-    /* grad_K1_1[oc,ic,ky,kx] = sum_{i,oy,ox} g2[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
-     * (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K1_1 = grad_t5 + 256*n; /* 16 x 9 */
-    CNN_DIGITS_REAL *grad_K1_1_cols = grad_K1_1 + 144; /* 8 x 720 */
-    /* the batch in 8 fixed blocks of examples, each with its own 720 entries of grad_K1_1_cols */
+    /* grad_K1_2[oc,ic,ky,kx] = sum_{i,oy,ox} grad_add_K1[i,oc,oy,ox] *
+     * X[i,ic,oy+ky-1,ox+kx-1] (conv2d's gradient by its weights) */
+    CNN_DIGITS_REAL *grad_K1_2 = grad_maxpool_K1 + 256*n; /* 16 x 9 */
+    CNN_DIGITS_REAL *grad_K1_2_cols = grad_K1_2 + 144; /* 8 x 720 */
+    /* the batch in 8 fixed blocks of examples, each with its own 720 entries of grad_K1_2_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = grad_K1_1_cols + blk * 720;
+        CNN_DIGITS_REAL *const win = grad_K1_2_cols + blk * 720;
         CNN_DIGITS_REAL *const wsum = win + 576; /* this block's sum */
         for (int64_t at = 0; at < 144; ++at) {
             wsum[at] = 0;
@@ -1212,10 +1216,10 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
                     }
                 }
             }
-            /* wsum[oc,kk] += sum_at g2[i,oc,at] * win[at,kk] */
+            /* wsum[oc,kk] += sum_at grad_add_K1[i,oc,at] * win[at,kk] */
             for (int64_t oc = 0; oc < 16; ++oc) {
                 for (int64_t at = 0; at < 64; ++at) {
-                    const CNN_DIGITS_REAL wv = g2[(i * 16 + oc) * 64 + at];
+                    const CNN_DIGITS_REAL wv = grad_add_K1[(i * 16 + oc) * 64 + at];
                     for (int64_t kk = 0; kk < 9; ++kk) {
                         wsum[oc * 9 + kk] += wv * win[at * 9 + kk];
                     }
@@ -1223,59 +1227,59 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
             }
         }
     }
-    /* grad_K1_1[oc,kk] = the blocks' sums, added in block order */
+    /* grad_K1_2[oc,kk] = the blocks' sums, added in block order */
     for (int64_t at = 0; at < 144; ++at) {
-        CNN_DIGITS_REAL acc = grad_K1_1_cols[576 + at];
+        CNN_DIGITS_REAL acc = grad_K1_2_cols[576 + at];
         for (int64_t blk = 1; blk < 8; ++blk) {
-            acc += grad_K1_1_cols[blk * 720 + 576 + at];
+            acc += grad_K1_2_cols[blk * 720 + 576 + at];
         }
-        grad_K1_1[at] = acc;
+        grad_K1_2[at] = acc;
     }
 
-    /* grad_K1_2 = K1*weight_decay + grad_K1_1 */
-    CNN_DIGITS_REAL *grad_K1_2 = grad_K1_1_cols + 5760; /* 16 x 9 */
+    /* grad_K1_3 = K1*weight_decay + grad_K1_2 */
+    CNN_DIGITS_REAL *grad_K1_3 = grad_K1_2_cols + 5760; /* 16 x 9 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t i = 0; i < 16; ++i) {
             for (int64_t j = 0; j < 9; ++j) {
-                grad_K1_2[9*i + j] = grad_K1_1[9*i + j] + weight_decay_value*K1[9*i + j];
+                grad_K1_3[9*i + j] = grad_K1_2[9*i + j] + weight_decay_value*K1[9*i + j];
             }
         }
     }
 
-    /* grad_t1 = sum of g2 down each column */
-    CNN_DIGITS_REAL *grad_t1 = t1; /* 1 x 1024, in t1's memory */
-    symbackprop_f64_sum_columns(g2, n, 1024, 1024, grad_t1);
+    /* grad_bcast_c1 = sum of grad_add_K1 down each column */
+    CNN_DIGITS_REAL *grad_bcast_c1 = bcast_c1; /* 1 x 1024, in bcast_c1's memory */
+    symbackprop_f64_sum_columns(grad_add_K1, n, 1024, 1024, grad_bcast_c1);
 
-    /* grad_c1_1[i,ch] = sum_at grad_t1[i,ch,at] (over each channel's pixels) */
-    CNN_DIGITS_REAL *grad_c1_1 = grad_K1_2 + 144; /* 1 x 16 */
+    /* grad_c1_2[i,ch] = sum_at grad_bcast_c1[i,ch,at] (over each channel's pixels) */
+    CNN_DIGITS_REAL *grad_c1_2 = grad_K1_3 + 144; /* 1 x 16 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
             CNN_DIGITS_REAL acc = 0;
             for (int64_t at = 0; at < 64; ++at) {
-                acc += grad_t1[(i * 16 + ch) * 64 + at];
+                acc += grad_bcast_c1[(i * 16 + ch) * 64 + at];
             }
-            grad_c1_1[i * 16 + ch] = acc;
+            grad_c1_2[i * 16 + ch] = acc;
         }
     }
 
-    /* grad_c1_2 = c1*weight_decay + grad_c1_1 */
-    CNN_DIGITS_REAL *grad_c1_2 = grad_c1_1 + 16; /* 1 x 16 */
+    /* grad_c1_3 = c1*weight_decay + grad_c1_2 */
+    CNN_DIGITS_REAL *grad_c1_3 = grad_c1_2 + 16; /* 1 x 16 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 16; ++j) {
-            grad_c1_2[j] = grad_c1_1[j] + weight_decay_value*c1[j];
+            grad_c1_3[j] = grad_c1_2[j] + weight_decay_value*c1[j];
         }
     }
 
-    /* grad_K2_1[oc,ic,ky,kx] = sum_{i,oy,ox} g1[i,oc,oy,ox] * t5[i,ic,oy+ky-1,ox+kx-1]
-     * (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K2_1 = t2_cols_1; /* 32 x 144, in t2_cols_1's memory */
-    CNN_DIGITS_REAL *grad_K2_1_cols = grad_c1_2 + 16; /* 8 x 6912 */
-    /* the batch in 8 fixed blocks of examples, each with its own 6912 entries of grad_K2_1_cols */
+    /* grad_K2_2[oc,ic,ky,kx] = sum_{i,oy,ox} grad_add_K2[i,oc,oy,ox] *
+     * maxpool_K1[i,ic,oy+ky-1,ox+kx-1] (conv2d's gradient by its weights) */
+    CNN_DIGITS_REAL *grad_K2_2 = conv_K1_cols_2; /* 32 x 144, in conv_K1_cols_2's memory */
+    CNN_DIGITS_REAL *grad_K2_2_cols = grad_c1_3 + 16; /* 8 x 6912 */
+    /* the batch in 8 fixed blocks of examples, each with its own 6912 entries of grad_K2_2_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = grad_K2_1_cols + blk * 6912;
+        CNN_DIGITS_REAL *const win = grad_K2_2_cols + blk * 6912;
         CNN_DIGITS_REAL *const wsum = win + 2304; /* this block's sum */
         for (int64_t at = 0; at < 4608; ++at) {
             wsum[at] = 0;
@@ -1288,16 +1292,16 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
                         for (int64_t oy = 0; oy < 4; ++oy) {
                             for (int64_t ox = 0; ox < 4; ++ox) {
                                 const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? t5[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                                win[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
                             }
                         }
                     }
                 }
             }
-            /* wsum[oc,kk] += sum_at g1[i,oc,at] * win[at,kk] */
+            /* wsum[oc,kk] += sum_at grad_add_K2[i,oc,at] * win[at,kk] */
             for (int64_t oc = 0; oc < 32; ++oc) {
                 for (int64_t at = 0; at < 16; ++at) {
-                    const CNN_DIGITS_REAL wv = g1[(i * 32 + oc) * 16 + at];
+                    const CNN_DIGITS_REAL wv = grad_add_K2[(i * 32 + oc) * 16 + at];
                     for (int64_t kk = 0; kk < 144; ++kk) {
                         wsum[oc * 144 + kk] += wv * win[at * 144 + kk];
                     }
@@ -1305,13 +1309,13 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
             }
         }
     }
-    /* grad_K2_1[oc,kk] = the blocks' sums, added in block order */
+    /* grad_K2_2[oc,kk] = the blocks' sums, added in block order */
     for (int64_t at = 0; at < 4608; ++at) {
-        CNN_DIGITS_REAL acc = grad_K2_1_cols[2304 + at];
+        CNN_DIGITS_REAL acc = grad_K2_2_cols[2304 + at];
         for (int64_t blk = 1; blk < 8; ++blk) {
-            acc += grad_K2_1_cols[blk * 6912 + 2304 + at];
+            acc += grad_K2_2_cols[blk * 6912 + 2304 + at];
         }
-        grad_K2_1[at] = acc;
+        grad_K2_2[at] = acc;
     }
 }
 #endif
@@ -1390,113 +1394,113 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     CNN_DIGITS_REAL *work
 )
 {
-    CNN_DIGITS_REAL *t0 = work; /* 1 x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *t9 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
-    CNN_DIGITS_REAL *t11 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *t18 = work + 5217*n + 24576; /* 1 x 1; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 24576; /* n x 10, in t13's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *g0 = work + 5217*n + 24577; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *g1 = work + 3840*n + 24576; /* n x 512, in t7's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_K1_2 = work + 5665*n + 30481; /* 16 x 9; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_c1_2 = work + 5665*n + 30641; /* 1 x 16; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_K2_1 = work + 1024*n + 1536; /* 32 x 144, in t2_cols_1's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_K2_1_cols = work + 5665*n + 30657; /* 8 x 6912; placed in an earlier part */
-    /* grad_K2_2 = K2*weight_decay + grad_K2_1 */
-    CNN_DIGITS_REAL *grad_K2_2 = grad_K2_1_cols + 55296; /* 32 x 144 */
+    CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512; placed in an earlier part */
+    CNN_DIGITS_REAL *maxpool_K2 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
+    CNN_DIGITS_REAL *relu_W1 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *colsum_logits = work + 5217*n + 24576; /* 1 x 1; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 24576; /* n x 10, in mm_W2's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_add_W1 = work + 5217*n + 24577; /* n x 64; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_add_K2 = work + 3840*n + 24576; /* n x 512, in relu_K2's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_K1_3 = work + 5665*n + 30481; /* 16 x 9; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_c1_3 = work + 5665*n + 30641; /* 1 x 16; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_K2_2 = work + 1024*n + 1536; /* 32 x 144, in conv_K1_cols_2's memory; placed in an earlier part */
+    CNN_DIGITS_REAL *grad_K2_2_cols = work + 5665*n + 30657; /* 8 x 6912; placed in an earlier part */
+    /* grad_K2_3 = K2*weight_decay + grad_K2_2 */
+    CNN_DIGITS_REAL *grad_K2_3 = grad_K2_2_cols + 55296; /* 32 x 144 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t i = 0; i < 32; ++i) {
             for (int64_t j = 0; j < 144; ++j) {
-                grad_K2_2[144*i + j] = grad_K2_1[144*i + j] + weight_decay_value*K2[144*i + j];
+                grad_K2_3[144*i + j] = grad_K2_2[144*i + j] + weight_decay_value*K2[144*i + j];
             }
         }
     }
 
-    /* grad_t0 = sum of g1 down each column */
-    CNN_DIGITS_REAL *grad_t0 = t0; /* 1 x 512, in t0's memory */
-    symbackprop_f64_sum_columns(g1, n, 512, 512, grad_t0);
+    /* grad_bcast_c2 = sum of grad_add_K2 down each column */
+    CNN_DIGITS_REAL *grad_bcast_c2 = bcast_c2; /* 1 x 512, in bcast_c2's memory */
+    symbackprop_f64_sum_columns(grad_add_K2, n, 512, 512, grad_bcast_c2);
 
-    /* grad_c2_1[i,ch] = sum_at grad_t0[i,ch,at] (over each channel's pixels) */
-    CNN_DIGITS_REAL *grad_c2_1 = grad_K2_2 + 4608; /* 1 x 32 */
+    /* grad_c2_2[i,ch] = sum_at grad_bcast_c2[i,ch,at] (over each channel's pixels) */
+    CNN_DIGITS_REAL *grad_c2_2 = grad_K2_3 + 4608; /* 1 x 32 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
             CNN_DIGITS_REAL acc = 0;
             for (int64_t at = 0; at < 16; ++at) {
-                acc += grad_t0[(i * 32 + ch) * 16 + at];
+                acc += grad_bcast_c2[(i * 32 + ch) * 16 + at];
             }
-            grad_c2_1[i * 32 + ch] = acc;
+            grad_c2_2[i * 32 + ch] = acc;
         }
     }
 
-    /* grad_c2_2 = c2*weight_decay + grad_c2_1 */
-    CNN_DIGITS_REAL *grad_c2_2 = grad_c2_1 + 32; /* 1 x 32 */
+    /* grad_c2_3 = c2*weight_decay + grad_c2_2 */
+    CNN_DIGITS_REAL *grad_c2_3 = grad_c2_2 + 32; /* 1 x 32 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 32; ++j) {
-            grad_c2_2[j] = grad_c2_1[j] + weight_decay_value*c2[j];
+            grad_c2_3[j] = grad_c2_2[j] + weight_decay_value*c2[j];
         }
     }
 
-    /* grad_W1_1 = t9^T @ g0 */
-    CNN_DIGITS_REAL *grad_W1_1 = grad_c2_2 + 32; /* 128 x 64 */
-    symbackprop_f64_matmul(128, 64, n, t9, 1, 128, g0, 64, 1, grad_W1_1);
+    /* grad_W1_2 = maxpool_K2^T @ grad_add_W1 */
+    CNN_DIGITS_REAL *grad_W1_2 = grad_c2_3 + 32; /* 128 x 64 */
+    symbackprop_f64_matmul(128, 64, n, maxpool_K2, 1, 128, grad_add_W1, 64, 1, grad_W1_2);
 
-    /* grad_W1_2 = W1*weight_decay + grad_W1_1 */
-    CNN_DIGITS_REAL *grad_W1_2 = grad_W1_1 + 8192; /* 128 x 64 */
+    /* grad_W1_3 = W1*weight_decay + grad_W1_2 */
+    CNN_DIGITS_REAL *grad_W1_3 = grad_W1_2 + 8192; /* 128 x 64 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 128; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_W1_2[64*i + j] = grad_W1_1[64*i + j] + weight_decay_value*W1[64*i + j];
+                grad_W1_3[64*i + j] = grad_W1_2[64*i + j] + weight_decay_value*W1[64*i + j];
             }
         }
     }
 
-    /* grad_b1_1 = sum of g0 down each column */
-    CNN_DIGITS_REAL *grad_b1_1 = grad_W1_2 + 8192; /* 1 x 64 */
-    symbackprop_f64_sum_columns(g0, n, 64, 64, grad_b1_1);
+    /* grad_b1_2 = sum of grad_add_W1 down each column */
+    CNN_DIGITS_REAL *grad_b1_2 = grad_W1_3 + 8192; /* 1 x 64 */
+    symbackprop_f64_sum_columns(grad_add_W1, n, 64, 64, grad_b1_2);
 
-    /* grad_b1_2 = b1*weight_decay + grad_b1_1 */
-    CNN_DIGITS_REAL *grad_b1_2 = grad_b1_1 + 64; /* 1 x 64 */
+    /* grad_b1_3 = b1*weight_decay + grad_b1_2 */
+    CNN_DIGITS_REAL *grad_b1_3 = grad_b1_2 + 64; /* 1 x 64 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_b1_2[j] = grad_b1_1[j] + weight_decay_value*b1[j];
+            grad_b1_3[j] = grad_b1_2[j] + weight_decay_value*b1[j];
         }
     }
 
-    /* grad_W2_1 = t11^T @ grad_logits */
-    CNN_DIGITS_REAL *grad_W2_1 = grad_b1_2 + 64; /* 64 x 10 */
-    symbackprop_f64_matmul(64, 10, n, t11, 1, 64, grad_logits, 10, 1, grad_W2_1);
+    /* grad_W2_2 = relu_W1^T @ grad_logits */
+    CNN_DIGITS_REAL *grad_W2_2 = grad_b1_3 + 64; /* 64 x 10 */
+    symbackprop_f64_matmul(64, 10, n, relu_W1, 1, 64, grad_logits, 10, 1, grad_W2_2);
 
-    /* grad_W2_2 = W2*weight_decay + grad_W2_1 */
-    CNN_DIGITS_REAL *grad_W2_2 = grad_W2_1 + 640; /* 64 x 10 */
+    /* grad_W2_3 = W2*weight_decay + grad_W2_2 */
+    CNN_DIGITS_REAL *grad_W2_3 = grad_W2_2 + 640; /* 64 x 10 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 10; ++j) {
-                grad_W2_2[10*i + j] = grad_W2_1[10*i + j] + weight_decay_value*W2[10*i + j];
+                grad_W2_3[10*i + j] = grad_W2_2[10*i + j] + weight_decay_value*W2[10*i + j];
             }
         }
     }
 
-    /* grad_b2_1 = sum of grad_logits down each column */
-    CNN_DIGITS_REAL *grad_b2_1 = grad_W2_2 + 640; /* 1 x 10 */
-    symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2_1);
+    /* grad_b2_2 = sum of grad_logits down each column */
+    CNN_DIGITS_REAL *grad_b2_2 = grad_W2_3 + 640; /* 1 x 10 */
+    symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2_2);
 
-    /* grad_b2_2 = b2*weight_decay + grad_b2_1 */
-    CNN_DIGITS_REAL *grad_b2_2 = grad_b2_1 + 10; /* 1 x 10 */
+    /* grad_b2_3 = b2*weight_decay + grad_b2_2 */
+    CNN_DIGITS_REAL *grad_b2_3 = grad_b2_2 + 10; /* 1 x 10 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 10; ++j) {
-            grad_b2_2[j] = grad_b2_1[j] + weight_decay_value*b2[j];
+            grad_b2_3[j] = grad_b2_2[j] + weight_decay_value*b2[j];
         }
     }
 
-    /* m_K1 = beta1*m_K1 + grad_K1_2*(1 - beta1) */
-    /* v_K1 = beta2*v_K1 + grad_K1_2**2*(1 - beta2) */
+    /* m_K1 = beta1*m_K1 + grad_K1_3*(1 - beta1) */
+    /* v_K1 = beta2*v_K1 + grad_K1_3**2*(1 - beta2) */
     {
         const CNN_DIGITS_REAL beta1_value = beta1[0];
         const CNN_DIGITS_REAL beta2_value = beta2[0];
@@ -1504,8 +1508,8 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
             for (int64_t j = 0; j < 9; ++j) {
                 const CNN_DIGITS_REAL m_K1_in = m_K1[9*i + j];
                 const CNN_DIGITS_REAL v_K1_in = v_K1[9*i + j];
-                m_K1[9*i + j] = beta1_value*m_K1_in + grad_K1_2[9*i + j]*(1 - beta1_value);
-                v_K1[9*i + j] = (grad_K1_2[9*i + j]*grad_K1_2[9*i + j])*(1 - beta2_value) + beta2_value*v_K1_in;
+                m_K1[9*i + j] = beta1_value*m_K1_in + grad_K1_3[9*i + j]*(1 - beta1_value);
+                v_K1[9*i + j] = (grad_K1_3[9*i + j]*grad_K1_3[9*i + j])*(1 - beta2_value) + beta2_value*v_K1_in;
             }
         }
     }
@@ -1513,8 +1517,8 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     /* step = step + 1 */
     /* bias_correction1 = 1 - beta1**(step + 1) */
     /* bias_correction2 = 1 - beta2**(step + 1) */
-    CNN_DIGITS_REAL *bias_correction1 = t18; /* 1 x 1, in t18's memory */
-    CNN_DIGITS_REAL *bias_correction2 = grad_b2_2 + 10; /* 1 x 1 */
+    CNN_DIGITS_REAL *bias_correction1 = colsum_logits; /* 1 x 1, in colsum_logits's memory */
+    CNN_DIGITS_REAL *bias_correction2 = grad_b2_3 + 10; /* 1 x 1 */
     {
         const CNN_DIGITS_REAL step_in = step[0];
         const CNN_DIGITS_REAL x0 = step_in + 1;
@@ -1537,10 +1541,10 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
         }
     }
 
-    /* m_c1 = beta1*m_c1 + grad_c1_2*(1 - beta1) */
-    /* v_c1 = beta2*v_c1 + grad_c1_2**2*(1 - beta2) */
-    /* c1 = c1 - lr*(beta1*m_c1 + grad_c1_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_c1 + grad_c1_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_c1 = beta1*m_c1 + grad_c1_3*(1 - beta1) */
+    /* v_c1 = beta2*v_c1 + grad_c1_3**2*(1 - beta2) */
+    /* c1 = c1 - lr*(beta1*m_c1 + grad_c1_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_c1 + grad_c1_3**2*(1 - beta2))/bias_correction2))) */
     {
         const CNN_DIGITS_REAL beta1_value = beta1[0];
         const CNN_DIGITS_REAL beta2_value = beta2[0];
@@ -1552,18 +1556,18 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
             const CNN_DIGITS_REAL m_c1_in = m_c1[j];
             const CNN_DIGITS_REAL v_c1_in = v_c1[j];
             const CNN_DIGITS_REAL c1_in = c1[j];
-            const CNN_DIGITS_REAL x0 = beta1_value*m_c1_in + grad_c1_2[j]*(1 - beta1_value);
-            const CNN_DIGITS_REAL x1 = (grad_c1_2[j]*grad_c1_2[j])*(1 - beta2_value) + beta2_value*v_c1_in;
+            const CNN_DIGITS_REAL x0 = beta1_value*m_c1_in + grad_c1_3[j]*(1 - beta1_value);
+            const CNN_DIGITS_REAL x1 = (grad_c1_3[j]*grad_c1_3[j])*(1 - beta2_value) + beta2_value*v_c1_in;
             m_c1[j] = x0;
             v_c1[j] = x1;
             c1[j] = c1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_K2 = beta1*m_K2 + grad_K2_2*(1 - beta1) */
-    /* v_K2 = beta2*v_K2 + grad_K2_2**2*(1 - beta2) */
-    /* K2 = K2 - lr*(beta1*m_K2 + grad_K2_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_K2 + grad_K2_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_K2 = beta1*m_K2 + grad_K2_3*(1 - beta1) */
+    /* v_K2 = beta2*v_K2 + grad_K2_3**2*(1 - beta2) */
+    /* K2 = K2 - lr*(beta1*m_K2 + grad_K2_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_K2 + grad_K2_3**2*(1 - beta2))/bias_correction2))) */
     {
         const CNN_DIGITS_REAL beta1_value = beta1[0];
         const CNN_DIGITS_REAL beta2_value = beta2[0];
@@ -1576,8 +1580,8 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
                 const CNN_DIGITS_REAL m_K2_in = m_K2[144*i + j];
                 const CNN_DIGITS_REAL v_K2_in = v_K2[144*i + j];
                 const CNN_DIGITS_REAL K2_in = K2[144*i + j];
-                const CNN_DIGITS_REAL x0 = beta1_value*m_K2_in + grad_K2_2[144*i + j]*(1 - beta1_value);
-                const CNN_DIGITS_REAL x1 = (grad_K2_2[144*i + j]*grad_K2_2[144*i + j])*(1 - beta2_value) + beta2_value*v_K2_in;
+                const CNN_DIGITS_REAL x0 = beta1_value*m_K2_in + grad_K2_3[144*i + j]*(1 - beta1_value);
+                const CNN_DIGITS_REAL x1 = (grad_K2_3[144*i + j]*grad_K2_3[144*i + j])*(1 - beta2_value) + beta2_value*v_K2_in;
                 m_K2[144*i + j] = x0;
                 v_K2[144*i + j] = x1;
                 K2[144*i + j] = K2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -1585,10 +1589,10 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
         }
     }
 
-    /* m_c2 = beta1*m_c2 + grad_c2_2*(1 - beta1) */
-    /* v_c2 = beta2*v_c2 + grad_c2_2**2*(1 - beta2) */
-    /* c2 = c2 - lr*(beta1*m_c2 + grad_c2_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_c2 + grad_c2_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_c2 = beta1*m_c2 + grad_c2_3*(1 - beta1) */
+    /* v_c2 = beta2*v_c2 + grad_c2_3**2*(1 - beta2) */
+    /* c2 = c2 - lr*(beta1*m_c2 + grad_c2_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_c2 + grad_c2_3**2*(1 - beta2))/bias_correction2))) */
     {
         const CNN_DIGITS_REAL beta1_value = beta1[0];
         const CNN_DIGITS_REAL beta2_value = beta2[0];
@@ -1600,18 +1604,18 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
             const CNN_DIGITS_REAL m_c2_in = m_c2[j];
             const CNN_DIGITS_REAL v_c2_in = v_c2[j];
             const CNN_DIGITS_REAL c2_in = c2[j];
-            const CNN_DIGITS_REAL x0 = beta1_value*m_c2_in + grad_c2_2[j]*(1 - beta1_value);
-            const CNN_DIGITS_REAL x1 = (grad_c2_2[j]*grad_c2_2[j])*(1 - beta2_value) + beta2_value*v_c2_in;
+            const CNN_DIGITS_REAL x0 = beta1_value*m_c2_in + grad_c2_3[j]*(1 - beta1_value);
+            const CNN_DIGITS_REAL x1 = (grad_c2_3[j]*grad_c2_3[j])*(1 - beta2_value) + beta2_value*v_c2_in;
             m_c2[j] = x0;
             v_c2[j] = x1;
             c2[j] = c2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_W1 = beta1*m_W1 + grad_W1_2*(1 - beta1) */
-    /* v_W1 = beta2*v_W1 + grad_W1_2**2*(1 - beta2) */
-    /* W1 = W1 - lr*(beta1*m_W1 + grad_W1_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_W1 + grad_W1_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_W1 = beta1*m_W1 + grad_W1_3*(1 - beta1) */
+    /* v_W1 = beta2*v_W1 + grad_W1_3**2*(1 - beta2) */
+    /* W1 = W1 - lr*(beta1*m_W1 + grad_W1_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_W1 + grad_W1_3**2*(1 - beta2))/bias_correction2))) */
     {
         const CNN_DIGITS_REAL beta1_value = beta1[0];
         const CNN_DIGITS_REAL beta2_value = beta2[0];
@@ -1625,8 +1629,8 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
                 const CNN_DIGITS_REAL m_W1_in = m_W1[64*i + j];
                 const CNN_DIGITS_REAL v_W1_in = v_W1[64*i + j];
                 const CNN_DIGITS_REAL W1_in = W1[64*i + j];
-                const CNN_DIGITS_REAL x0 = beta1_value*m_W1_in + grad_W1_2[64*i + j]*(1 - beta1_value);
-                const CNN_DIGITS_REAL x1 = (grad_W1_2[64*i + j]*grad_W1_2[64*i + j])*(1 - beta2_value) + beta2_value*v_W1_in;
+                const CNN_DIGITS_REAL x0 = beta1_value*m_W1_in + grad_W1_3[64*i + j]*(1 - beta1_value);
+                const CNN_DIGITS_REAL x1 = (grad_W1_3[64*i + j]*grad_W1_3[64*i + j])*(1 - beta2_value) + beta2_value*v_W1_in;
                 m_W1[64*i + j] = x0;
                 v_W1[64*i + j] = x1;
                 W1[64*i + j] = W1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -1634,10 +1638,10 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
         }
     }
 
-    /* m_b1 = beta1*m_b1 + grad_b1_2*(1 - beta1) */
-    /* v_b1 = beta2*v_b1 + grad_b1_2**2*(1 - beta2) */
-    /* b1 = b1 - lr*(beta1*m_b1 + grad_b1_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b1 + grad_b1_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_b1 = beta1*m_b1 + grad_b1_3*(1 - beta1) */
+    /* v_b1 = beta2*v_b1 + grad_b1_3**2*(1 - beta2) */
+    /* b1 = b1 - lr*(beta1*m_b1 + grad_b1_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b1 + grad_b1_3**2*(1 - beta2))/bias_correction2))) */
     {
         const CNN_DIGITS_REAL beta1_value = beta1[0];
         const CNN_DIGITS_REAL beta2_value = beta2[0];
@@ -1649,18 +1653,18 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
             const CNN_DIGITS_REAL m_b1_in = m_b1[j];
             const CNN_DIGITS_REAL v_b1_in = v_b1[j];
             const CNN_DIGITS_REAL b1_in = b1[j];
-            const CNN_DIGITS_REAL x0 = beta1_value*m_b1_in + grad_b1_2[j]*(1 - beta1_value);
-            const CNN_DIGITS_REAL x1 = (grad_b1_2[j]*grad_b1_2[j])*(1 - beta2_value) + beta2_value*v_b1_in;
+            const CNN_DIGITS_REAL x0 = beta1_value*m_b1_in + grad_b1_3[j]*(1 - beta1_value);
+            const CNN_DIGITS_REAL x1 = (grad_b1_3[j]*grad_b1_3[j])*(1 - beta2_value) + beta2_value*v_b1_in;
             m_b1[j] = x0;
             v_b1[j] = x1;
             b1[j] = b1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_W2 = beta1*m_W2 + grad_W2_2*(1 - beta1) */
-    /* v_W2 = beta2*v_W2 + grad_W2_2**2*(1 - beta2) */
-    /* W2 = W2 - lr*(beta1*m_W2 + grad_W2_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_W2 + grad_W2_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_W2 = beta1*m_W2 + grad_W2_3*(1 - beta1) */
+    /* v_W2 = beta2*v_W2 + grad_W2_3**2*(1 - beta2) */
+    /* W2 = W2 - lr*(beta1*m_W2 + grad_W2_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_W2 + grad_W2_3**2*(1 - beta2))/bias_correction2))) */
     {
         const CNN_DIGITS_REAL beta1_value = beta1[0];
         const CNN_DIGITS_REAL beta2_value = beta2[0];
@@ -1674,8 +1678,8 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
                 const CNN_DIGITS_REAL m_W2_in = m_W2[10*i + j];
                 const CNN_DIGITS_REAL v_W2_in = v_W2[10*i + j];
                 const CNN_DIGITS_REAL W2_in = W2[10*i + j];
-                const CNN_DIGITS_REAL x0 = beta1_value*m_W2_in + grad_W2_2[10*i + j]*(1 - beta1_value);
-                const CNN_DIGITS_REAL x1 = (grad_W2_2[10*i + j]*grad_W2_2[10*i + j])*(1 - beta2_value) + beta2_value*v_W2_in;
+                const CNN_DIGITS_REAL x0 = beta1_value*m_W2_in + grad_W2_3[10*i + j]*(1 - beta1_value);
+                const CNN_DIGITS_REAL x1 = (grad_W2_3[10*i + j]*grad_W2_3[10*i + j])*(1 - beta2_value) + beta2_value*v_W2_in;
                 m_W2[10*i + j] = x0;
                 v_W2[10*i + j] = x1;
                 W2[10*i + j] = W2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -1683,10 +1687,10 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
         }
     }
 
-    /* m_b2 = beta1*m_b2 + grad_b2_2*(1 - beta1) */
-    /* v_b2 = beta2*v_b2 + grad_b2_2**2*(1 - beta2) */
-    /* b2 = b2 - lr*(beta1*m_b2 + grad_b2_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b2 + grad_b2_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_b2 = beta1*m_b2 + grad_b2_3*(1 - beta1) */
+    /* v_b2 = beta2*v_b2 + grad_b2_3**2*(1 - beta2) */
+    /* b2 = b2 - lr*(beta1*m_b2 + grad_b2_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b2 + grad_b2_3**2*(1 - beta2))/bias_correction2))) */
     {
         const CNN_DIGITS_REAL beta1_value = beta1[0];
         const CNN_DIGITS_REAL beta2_value = beta2[0];
@@ -1698,8 +1702,8 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
             const CNN_DIGITS_REAL m_b2_in = m_b2[j];
             const CNN_DIGITS_REAL v_b2_in = v_b2[j];
             const CNN_DIGITS_REAL b2_in = b2[j];
-            const CNN_DIGITS_REAL x0 = beta1_value*m_b2_in + grad_b2_2[j]*(1 - beta1_value);
-            const CNN_DIGITS_REAL x1 = (grad_b2_2[j]*grad_b2_2[j])*(1 - beta2_value) + beta2_value*v_b2_in;
+            const CNN_DIGITS_REAL x0 = beta1_value*m_b2_in + grad_b2_3[j]*(1 - beta1_value);
+            const CNN_DIGITS_REAL x1 = (grad_b2_3[j]*grad_b2_3[j])*(1 - beta2_value) + beta2_value*v_b2_in;
             m_b2[j] = x0;
             v_b2[j] = x1;
             b2[j] = b2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));

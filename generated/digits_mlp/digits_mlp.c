@@ -112,74 +112,74 @@ static int digits_mlp_run(
         return 1;
     }
 
-    /* t0 = X @ W1 */
-    DIGITS_MLP_REAL *t0 = work; /* n x 64 */
-    symbackprop_f64_matmul(n, 64, 64, X, 64, 1, W1, 64, 1, t0);
+    /* mm_W1 = X @ W1 */
+    DIGITS_MLP_REAL *mm_W1 = work; /* n x 64 */
+    symbackprop_f64_matmul(n, 64, 64, X, 64, 1, W1, 64, 1, mm_W1);
 
-    /* t1 = tanh(b1 + t0) */
-    DIGITS_MLP_REAL *t1 = t0 + 64*n; /* n x 64 */
-    digits_mlp_loop0(n, t1, t0, b1);
+    /* tanh_W1 = tanh(b1 + mm_W1) */
+    DIGITS_MLP_REAL *tanh_W1 = mm_W1 + 64*n; /* n x 64 */
+    digits_mlp_loop0(n, tanh_W1, mm_W1, b1);
 
-    /* t2 = t1 @ W2 */
-    DIGITS_MLP_REAL *t2 = t1 + 64*n; /* n x 10 */
-    symbackprop_f64_matmul(n, 10, 64, t1, 64, 1, W2, 10, 1, t2);
+    /* mm_W2 = tanh_W1 @ W2 */
+    DIGITS_MLP_REAL *mm_W2 = tanh_W1 + 64*n; /* n x 10 */
+    symbackprop_f64_matmul(n, 10, 64, tanh_W1, 64, 1, W2, 10, 1, mm_W2);
 
-    /* logits = b2 + t2 */
-    /* t3 = T*(b2 + t2) */
-    DIGITS_MLP_REAL *t3 = t2 + 10*n; /* n x 10 */
-    digits_mlp_loop1(n, logits, t3, T, t2, b2);
+    /* logits = b2 + mm_W2 */
+    /* mul_logits = T*(b2 + mm_W2) */
+    DIGITS_MLP_REAL *mul_logits = mm_W2 + 10*n; /* n x 10 */
+    digits_mlp_loop1(n, logits, mul_logits, T, mm_W2, b2);
 
-    /* t4 = sum of t3 along each row */
-    DIGITS_MLP_REAL *t4 = t3 + 10*n; /* n x 1 */
+    /* rowsum_logits = sum of mul_logits along each row */
+    DIGITS_MLP_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t4[i] = symbackprop_f64_sum(t3 + 10*i, 10, 1);
+        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
     }
 
-    /* t5 = log(sum(exp(logits))) along each row, its max subtracted first */
-    DIGITS_MLP_REAL *t5 = t4 + n; /* n x 1 */
+    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
+    DIGITS_MLP_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t5[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
+        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }
 
-    /* t6 = -t4 + t5 */
-    DIGITS_MLP_REAL *t6 = t5 + n; /* n x 1 */
-    digits_mlp_loop2(n, t6, t4, t5);
+    /* add_logits = rowlse_logits - rowsum_logits */
+    DIGITS_MLP_REAL *add_logits = rowlse_logits + n; /* n x 1 */
+    digits_mlp_loop2(n, add_logits, rowsum_logits, rowlse_logits);
 
-    /* t7 = sum of t6 down each column */
-    DIGITS_MLP_REAL *t7 = t6 + n; /* 1 x 1 */
-    t7[0] = symbackprop_f64_sum(t6, n, 1);
+    /* colsum_logits = sum of add_logits down each column */
+    DIGITS_MLP_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
+    colsum_logits[0] = symbackprop_f64_sum(add_logits, n, 1);
 
-    /* loss = t7/n */
+    /* loss = colsum_logits/n */
     {
-        loss[0] = t7[0]/((DIGITS_MLP_REAL)n);
+        loss[0] = colsum_logits[0]/((DIGITS_MLP_REAL)n);
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_logits = -T/n + exp(logits - t5)/n */
-    DIGITS_MLP_REAL *grad_logits = t2; /* n x 10, in t2's memory */
-    digits_mlp_loop3(n, grad_logits, T, logits, t5);
+    /* grad_logits = -T/n + exp(logits - rowlse_logits)/n */
+    DIGITS_MLP_REAL *grad_logits = mm_W2; /* n x 10, in mm_W2's memory */
+    digits_mlp_loop3(n, grad_logits, T, logits, rowlse_logits);
 
-    /* grad_t1 = grad_logits @ W2^T */
-    DIGITS_MLP_REAL *grad_t1 = t0; /* n x 64, in t0's memory */
-    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t1);
+    /* grad_tanh_W1 = grad_logits @ W2^T */
+    DIGITS_MLP_REAL *grad_tanh_W1 = mm_W1; /* n x 64, in mm_W1's memory */
+    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_tanh_W1);
 
-    /* g0 = grad_t1*(1 - t1**2) */
-    DIGITS_MLP_REAL *g0 = t7 + 1; /* n x 64 */
-    digits_mlp_loop4(n, g0, grad_t1, t1);
+    /* grad_add_W1 = grad_tanh_W1*(1 - tanh_W1**2) */
+    DIGITS_MLP_REAL *grad_add_W1 = colsum_logits + 1; /* n x 64 */
+    digits_mlp_loop4(n, grad_add_W1, grad_tanh_W1, tanh_W1);
 
-    /* grad_W1 = X^T @ g0 */
-    symbackprop_f64_matmul(64, 64, n, X, 1, 64, g0, 64, 1, grad_W1);
+    /* grad_W1 = X^T @ grad_add_W1 */
+    symbackprop_f64_matmul(64, 64, n, X, 1, 64, grad_add_W1, 64, 1, grad_W1);
 
-    /* grad_b1 = sum of g0 down each column */
-    symbackprop_f64_sum_columns(g0, n, 64, 64, grad_b1);
+    /* grad_b1 = sum of grad_add_W1 down each column */
+    symbackprop_f64_sum_columns(grad_add_W1, n, 64, 64, grad_b1);
 
-    /* grad_W2 = t1^T @ grad_logits */
-    symbackprop_f64_matmul(64, 10, n, t1, 1, 64, grad_logits, 10, 1, grad_W2);
+    /* grad_W2 = tanh_W1^T @ grad_logits */
+    symbackprop_f64_matmul(64, 10, n, tanh_W1, 1, 64, grad_logits, 10, 1, grad_W2);
 
     /* grad_b2 = sum of grad_logits down each column */
     symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2);
@@ -284,123 +284,123 @@ int digits_mlp_train_step(
         return 1;
     }
 
-    /* t0 = X @ W1 */
-    DIGITS_MLP_REAL *t0 = work; /* n x 64 */
-    symbackprop_f64_matmul(n, 64, 64, X, 64, 1, W1, 64, 1, t0);
+    /* mm_W1 = X @ W1 */
+    DIGITS_MLP_REAL *mm_W1 = work; /* n x 64 */
+    symbackprop_f64_matmul(n, 64, 64, X, 64, 1, W1, 64, 1, mm_W1);
 
-    /* t1 = tanh(b1 + t0) */
-    DIGITS_MLP_REAL *t1 = t0 + 64*n; /* n x 64 */
-    digits_mlp_loop0(n, t1, t0, b1);
+    /* tanh_W1 = tanh(b1 + mm_W1) */
+    DIGITS_MLP_REAL *tanh_W1 = mm_W1 + 64*n; /* n x 64 */
+    digits_mlp_loop0(n, tanh_W1, mm_W1, b1);
 
-    /* t2 = t1 @ W2 */
-    DIGITS_MLP_REAL *t2 = t1 + 64*n; /* n x 10 */
-    symbackprop_f64_matmul(n, 10, 64, t1, 64, 1, W2, 10, 1, t2);
+    /* mm_W2 = tanh_W1 @ W2 */
+    DIGITS_MLP_REAL *mm_W2 = tanh_W1 + 64*n; /* n x 10 */
+    symbackprop_f64_matmul(n, 10, 64, tanh_W1, 64, 1, W2, 10, 1, mm_W2);
 
-    /* logits = b2 + t2 */
-    /* t3 = T*(b2 + t2) */
-    DIGITS_MLP_REAL *logits = t2 + 10*n; /* n x 10 */
-    DIGITS_MLP_REAL *t3 = logits + 10*n; /* n x 10 */
-    digits_mlp_loop1(n, logits, t3, T, t2, b2);
+    /* logits = b2 + mm_W2 */
+    /* mul_logits = T*(b2 + mm_W2) */
+    DIGITS_MLP_REAL *logits = mm_W2 + 10*n; /* n x 10 */
+    DIGITS_MLP_REAL *mul_logits = logits + 10*n; /* n x 10 */
+    digits_mlp_loop1(n, logits, mul_logits, T, mm_W2, b2);
 
-    /* t4 = sum of t3 along each row */
-    DIGITS_MLP_REAL *t4 = t3 + 10*n; /* n x 1 */
+    /* rowsum_logits = sum of mul_logits along each row */
+    DIGITS_MLP_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t4[i] = symbackprop_f64_sum(t3 + 10*i, 10, 1);
+        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
     }
 
-    /* t5 = log(sum(exp(logits))) along each row, its max subtracted first */
-    DIGITS_MLP_REAL *t5 = t4 + n; /* n x 1 */
+    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
+    DIGITS_MLP_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
-        t5[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
+        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }
 
-    /* t6 = -t4 + t5 */
-    DIGITS_MLP_REAL *t6 = t5 + n; /* n x 1 */
-    digits_mlp_loop2(n, t6, t4, t5);
+    /* add_logits = rowlse_logits - rowsum_logits */
+    DIGITS_MLP_REAL *add_logits = rowlse_logits + n; /* n x 1 */
+    digits_mlp_loop2(n, add_logits, rowsum_logits, rowlse_logits);
 
-    /* t7 = sum of t6 down each column */
-    DIGITS_MLP_REAL *t7 = t6 + n; /* 1 x 1 */
-    t7[0] = symbackprop_f64_sum(t6, n, 1);
+    /* colsum_logits = sum of add_logits down each column */
+    DIGITS_MLP_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
+    colsum_logits[0] = symbackprop_f64_sum(add_logits, n, 1);
 
-    /* loss = t7/n */
+    /* loss = colsum_logits/n */
     {
-        loss[0] = t7[0]/((DIGITS_MLP_REAL)n);
+        loss[0] = colsum_logits[0]/((DIGITS_MLP_REAL)n);
     }
 
-    /* grad_logits = -T/n + exp(logits - t5)/n */
-    DIGITS_MLP_REAL *grad_logits = t2; /* n x 10, in t2's memory */
-    digits_mlp_loop3(n, grad_logits, T, logits, t5);
+    /* grad_logits = -T/n + exp(logits - rowlse_logits)/n */
+    DIGITS_MLP_REAL *grad_logits = mm_W2; /* n x 10, in mm_W2's memory */
+    digits_mlp_loop3(n, grad_logits, T, logits, rowlse_logits);
 
-    /* grad_t1 = grad_logits @ W2^T */
-    DIGITS_MLP_REAL *grad_t1 = t0; /* n x 64, in t0's memory */
-    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_t1);
+    /* grad_tanh_W1 = grad_logits @ W2^T */
+    DIGITS_MLP_REAL *grad_tanh_W1 = mm_W1; /* n x 64, in mm_W1's memory */
+    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_tanh_W1);
 
-    /* g0 = grad_t1*(1 - t1**2) */
-    DIGITS_MLP_REAL *g0 = t7 + 1; /* n x 64 */
-    digits_mlp_loop4(n, g0, grad_t1, t1);
+    /* grad_add_W1 = grad_tanh_W1*(1 - tanh_W1**2) */
+    DIGITS_MLP_REAL *grad_add_W1 = colsum_logits + 1; /* n x 64 */
+    digits_mlp_loop4(n, grad_add_W1, grad_tanh_W1, tanh_W1);
 
-    /* grad_W1_1 = X^T @ g0 */
-    DIGITS_MLP_REAL *grad_W1_1 = g0 + 64*n; /* 64 x 64 */
-    symbackprop_f64_matmul(64, 64, n, X, 1, 64, g0, 64, 1, grad_W1_1);
+    /* grad_W1_2 = X^T @ grad_add_W1 */
+    DIGITS_MLP_REAL *grad_W1_2 = grad_add_W1 + 64*n; /* 64 x 64 */
+    symbackprop_f64_matmul(64, 64, n, X, 1, 64, grad_add_W1, 64, 1, grad_W1_2);
 
-    /* grad_W1_2 = W1*weight_decay + grad_W1_1 */
-    DIGITS_MLP_REAL *grad_W1_2 = grad_W1_1 + 4096; /* 64 x 64 */
+    /* grad_W1_3 = W1*weight_decay + grad_W1_2 */
+    DIGITS_MLP_REAL *grad_W1_3 = grad_W1_2 + 4096; /* 64 x 64 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_W1_2[64*i + j] = grad_W1_1[64*i + j] + weight_decay_value*W1[64*i + j];
+                grad_W1_3[64*i + j] = grad_W1_2[64*i + j] + weight_decay_value*W1[64*i + j];
             }
         }
     }
 
-    /* grad_b1_1 = sum of g0 down each column */
-    DIGITS_MLP_REAL *grad_b1_1 = grad_W1_2 + 4096; /* 1 x 64 */
-    symbackprop_f64_sum_columns(g0, n, 64, 64, grad_b1_1);
+    /* grad_b1_2 = sum of grad_add_W1 down each column */
+    DIGITS_MLP_REAL *grad_b1_2 = grad_W1_3 + 4096; /* 1 x 64 */
+    symbackprop_f64_sum_columns(grad_add_W1, n, 64, 64, grad_b1_2);
 
-    /* grad_b1_2 = b1*weight_decay + grad_b1_1 */
-    DIGITS_MLP_REAL *grad_b1_2 = grad_b1_1 + 64; /* 1 x 64 */
+    /* grad_b1_3 = b1*weight_decay + grad_b1_2 */
+    DIGITS_MLP_REAL *grad_b1_3 = grad_b1_2 + 64; /* 1 x 64 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_b1_2[j] = grad_b1_1[j] + weight_decay_value*b1[j];
+            grad_b1_3[j] = grad_b1_2[j] + weight_decay_value*b1[j];
         }
     }
 
-    /* grad_W2_1 = t1^T @ grad_logits */
-    DIGITS_MLP_REAL *grad_W2_1 = grad_b1_2 + 64; /* 64 x 10 */
-    symbackprop_f64_matmul(64, 10, n, t1, 1, 64, grad_logits, 10, 1, grad_W2_1);
+    /* grad_W2_2 = tanh_W1^T @ grad_logits */
+    DIGITS_MLP_REAL *grad_W2_2 = grad_b1_3 + 64; /* 64 x 10 */
+    symbackprop_f64_matmul(64, 10, n, tanh_W1, 1, 64, grad_logits, 10, 1, grad_W2_2);
 
-    /* grad_W2_2 = W2*weight_decay + grad_W2_1 */
-    DIGITS_MLP_REAL *grad_W2_2 = grad_W2_1 + 640; /* 64 x 10 */
+    /* grad_W2_3 = W2*weight_decay + grad_W2_2 */
+    DIGITS_MLP_REAL *grad_W2_3 = grad_W2_2 + 640; /* 64 x 10 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 10; ++j) {
-                grad_W2_2[10*i + j] = grad_W2_1[10*i + j] + weight_decay_value*W2[10*i + j];
+                grad_W2_3[10*i + j] = grad_W2_2[10*i + j] + weight_decay_value*W2[10*i + j];
             }
         }
     }
 
-    /* grad_b2_1 = sum of grad_logits down each column */
-    DIGITS_MLP_REAL *grad_b2_1 = grad_W2_2 + 640; /* 1 x 10 */
-    symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2_1);
+    /* grad_b2_2 = sum of grad_logits down each column */
+    DIGITS_MLP_REAL *grad_b2_2 = grad_W2_3 + 640; /* 1 x 10 */
+    symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2_2);
 
-    /* grad_b2_2 = b2*weight_decay + grad_b2_1 */
-    DIGITS_MLP_REAL *grad_b2_2 = grad_b2_1 + 10; /* 1 x 10 */
+    /* grad_b2_3 = b2*weight_decay + grad_b2_2 */
+    DIGITS_MLP_REAL *grad_b2_3 = grad_b2_2 + 10; /* 1 x 10 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 10; ++j) {
-            grad_b2_2[j] = grad_b2_1[j] + weight_decay_value*b2[j];
+            grad_b2_3[j] = grad_b2_2[j] + weight_decay_value*b2[j];
         }
     }
 
-    /* m_W1 = beta1*m_W1 + grad_W1_2*(1 - beta1) */
-    /* v_W1 = beta2*v_W1 + grad_W1_2**2*(1 - beta2) */
+    /* m_W1 = beta1*m_W1 + grad_W1_3*(1 - beta1) */
+    /* v_W1 = beta2*v_W1 + grad_W1_3**2*(1 - beta2) */
     {
         const DIGITS_MLP_REAL beta1_value = beta1[0];
         const DIGITS_MLP_REAL beta2_value = beta2[0];
@@ -409,8 +409,8 @@ int digits_mlp_train_step(
             for (int64_t j = 0; j < 64; ++j) {
                 const DIGITS_MLP_REAL m_W1_in = m_W1[64*i + j];
                 const DIGITS_MLP_REAL v_W1_in = v_W1[64*i + j];
-                m_W1[64*i + j] = beta1_value*m_W1_in + grad_W1_2[64*i + j]*(1 - beta1_value);
-                v_W1[64*i + j] = (grad_W1_2[64*i + j]*grad_W1_2[64*i + j])*(1 - beta2_value) + beta2_value*v_W1_in;
+                m_W1[64*i + j] = beta1_value*m_W1_in + grad_W1_3[64*i + j]*(1 - beta1_value);
+                v_W1[64*i + j] = (grad_W1_3[64*i + j]*grad_W1_3[64*i + j])*(1 - beta2_value) + beta2_value*v_W1_in;
             }
         }
     }
@@ -418,8 +418,8 @@ int digits_mlp_train_step(
     /* step = step + 1 */
     /* bias_correction1 = 1 - beta1**(step + 1) */
     /* bias_correction2 = 1 - beta2**(step + 1) */
-    DIGITS_MLP_REAL *bias_correction1 = t7; /* 1 x 1, in t7's memory */
-    DIGITS_MLP_REAL *bias_correction2 = grad_b2_2 + 10; /* 1 x 1 */
+    DIGITS_MLP_REAL *bias_correction1 = colsum_logits; /* 1 x 1, in colsum_logits's memory */
+    DIGITS_MLP_REAL *bias_correction2 = grad_b2_3 + 10; /* 1 x 1 */
     {
         const DIGITS_MLP_REAL step_in = step[0];
         const DIGITS_MLP_REAL x0 = step_in + 1;
@@ -443,10 +443,10 @@ int digits_mlp_train_step(
         }
     }
 
-    /* m_b1 = beta1*m_b1 + grad_b1_2*(1 - beta1) */
-    /* v_b1 = beta2*v_b1 + grad_b1_2**2*(1 - beta2) */
-    /* b1 = b1 - lr*(beta1*m_b1 + grad_b1_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b1 + grad_b1_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_b1 = beta1*m_b1 + grad_b1_3*(1 - beta1) */
+    /* v_b1 = beta2*v_b1 + grad_b1_3**2*(1 - beta2) */
+    /* b1 = b1 - lr*(beta1*m_b1 + grad_b1_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b1 + grad_b1_3**2*(1 - beta2))/bias_correction2))) */
     {
         const DIGITS_MLP_REAL beta1_value = beta1[0];
         const DIGITS_MLP_REAL beta2_value = beta2[0];
@@ -458,18 +458,18 @@ int digits_mlp_train_step(
             const DIGITS_MLP_REAL m_b1_in = m_b1[j];
             const DIGITS_MLP_REAL v_b1_in = v_b1[j];
             const DIGITS_MLP_REAL b1_in = b1[j];
-            const DIGITS_MLP_REAL x0 = beta1_value*m_b1_in + grad_b1_2[j]*(1 - beta1_value);
-            const DIGITS_MLP_REAL x1 = (grad_b1_2[j]*grad_b1_2[j])*(1 - beta2_value) + beta2_value*v_b1_in;
+            const DIGITS_MLP_REAL x0 = beta1_value*m_b1_in + grad_b1_3[j]*(1 - beta1_value);
+            const DIGITS_MLP_REAL x1 = (grad_b1_3[j]*grad_b1_3[j])*(1 - beta2_value) + beta2_value*v_b1_in;
             m_b1[j] = x0;
             v_b1[j] = x1;
             b1[j] = b1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_W2 = beta1*m_W2 + grad_W2_2*(1 - beta1) */
-    /* v_W2 = beta2*v_W2 + grad_W2_2**2*(1 - beta2) */
-    /* W2 = W2 - lr*(beta1*m_W2 + grad_W2_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_W2 + grad_W2_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_W2 = beta1*m_W2 + grad_W2_3*(1 - beta1) */
+    /* v_W2 = beta2*v_W2 + grad_W2_3**2*(1 - beta2) */
+    /* W2 = W2 - lr*(beta1*m_W2 + grad_W2_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_W2 + grad_W2_3**2*(1 - beta2))/bias_correction2))) */
     {
         const DIGITS_MLP_REAL beta1_value = beta1[0];
         const DIGITS_MLP_REAL beta2_value = beta2[0];
@@ -483,8 +483,8 @@ int digits_mlp_train_step(
                 const DIGITS_MLP_REAL m_W2_in = m_W2[10*i + j];
                 const DIGITS_MLP_REAL v_W2_in = v_W2[10*i + j];
                 const DIGITS_MLP_REAL W2_in = W2[10*i + j];
-                const DIGITS_MLP_REAL x0 = beta1_value*m_W2_in + grad_W2_2[10*i + j]*(1 - beta1_value);
-                const DIGITS_MLP_REAL x1 = (grad_W2_2[10*i + j]*grad_W2_2[10*i + j])*(1 - beta2_value) + beta2_value*v_W2_in;
+                const DIGITS_MLP_REAL x0 = beta1_value*m_W2_in + grad_W2_3[10*i + j]*(1 - beta1_value);
+                const DIGITS_MLP_REAL x1 = (grad_W2_3[10*i + j]*grad_W2_3[10*i + j])*(1 - beta2_value) + beta2_value*v_W2_in;
                 m_W2[10*i + j] = x0;
                 v_W2[10*i + j] = x1;
                 W2[10*i + j] = W2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -492,10 +492,10 @@ int digits_mlp_train_step(
         }
     }
 
-    /* m_b2 = beta1*m_b2 + grad_b2_2*(1 - beta1) */
-    /* v_b2 = beta2*v_b2 + grad_b2_2**2*(1 - beta2) */
-    /* b2 = b2 - lr*(beta1*m_b2 + grad_b2_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b2 + grad_b2_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_b2 = beta1*m_b2 + grad_b2_3*(1 - beta1) */
+    /* v_b2 = beta2*v_b2 + grad_b2_3**2*(1 - beta2) */
+    /* b2 = b2 - lr*(beta1*m_b2 + grad_b2_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b2 + grad_b2_3**2*(1 - beta2))/bias_correction2))) */
     {
         const DIGITS_MLP_REAL beta1_value = beta1[0];
         const DIGITS_MLP_REAL beta2_value = beta2[0];
@@ -507,8 +507,8 @@ int digits_mlp_train_step(
             const DIGITS_MLP_REAL m_b2_in = m_b2[j];
             const DIGITS_MLP_REAL v_b2_in = v_b2[j];
             const DIGITS_MLP_REAL b2_in = b2[j];
-            const DIGITS_MLP_REAL x0 = beta1_value*m_b2_in + grad_b2_2[j]*(1 - beta1_value);
-            const DIGITS_MLP_REAL x1 = (grad_b2_2[j]*grad_b2_2[j])*(1 - beta2_value) + beta2_value*v_b2_in;
+            const DIGITS_MLP_REAL x0 = beta1_value*m_b2_in + grad_b2_3[j]*(1 - beta1_value);
+            const DIGITS_MLP_REAL x1 = (grad_b2_3[j]*grad_b2_3[j])*(1 - beta2_value) + beta2_value*v_b2_in;
             m_b2[j] = x0;
             v_b2[j] = x1;
             b2[j] = b2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));

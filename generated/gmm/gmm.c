@@ -61,15 +61,15 @@ static int gmm_run(
         return 1;
     }
 
-    /* t0 = log(sum(exp(alpha))) down each column, its max subtracted first */
-    GMM_REAL *t0 = work; /* 1 x 1 */
-    t0[0] = symbackprop_f64_logsumexp(alpha, K, 1);
+    /* collse_alpha = log(sum(exp(alpha))) down each column, its max subtracted first */
+    GMM_REAL *collse_alpha = work; /* 1 x 1 */
+    collse_alpha[0] = symbackprop_f64_logsumexp(alpha, K, 1);
 
     /* log_density[i, j] = alpha[j, 0] + qd[j, 0] + qd[j, 1] + qd[j, 2] - (X[i, 0] -
      * means[j, 0])**2*exp(2*qd[j, 0])/2 - (ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] -
      * means[j, 1])*exp(qd[j, 1]))**2/2 - (ql[j, 1]*(X[i, 0] - means[j, 0]) +
      * ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))**2/2 */
-    GMM_REAL *X_by_column = t0 + 1; /* 3 x N */
+    GMM_REAL *X_by_column = collse_alpha + 1; /* 3 x N */
     /* X_by_column: the rows of X the inner loop reads, by column */
     for (int64_t i = 0; i < N; ++i) {
         X_by_column[i] = X[3*i];
@@ -102,66 +102,66 @@ static int gmm_run(
         }
     }
 
-    /* t1 = log(sum(exp(log_density))) along each row, its max subtracted first */
-    GMM_REAL *t1 = X_by_column + 3*N; /* N x 1 */
+    /* rowlse_log_density = log(sum(exp(log_density))) along each row, its max subtracted first */
+    GMM_REAL *rowlse_log_density = X_by_column + 3*N; /* N x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
-        t1[i] = symbackprop_f64_logsumexp(log_density + K*i, K, 1);
+        rowlse_log_density[i] = symbackprop_f64_logsumexp(log_density + K*i, K, 1);
     }
 
-    /* t2 = sum of t1 down each column */
-    GMM_REAL *t2 = t1 + N; /* 1 x 1 */
-    t2[0] = symbackprop_f64_sum(t1, N, 1);
+    /* colsum_log_density = sum of rowlse_log_density down each column */
+    GMM_REAL *colsum_log_density = rowlse_log_density + N; /* 1 x 1 */
+    colsum_log_density[0] = symbackprop_f64_sum(rowlse_log_density, N, 1);
 
-    /* t3 = exp(2*qd) */
-    GMM_REAL *t3 = t2 + 1; /* K x 3 */
+    /* exp_qd = exp(2*qd) */
+    GMM_REAL *exp_qd = colsum_log_density + 1; /* K x 3 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < K; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            t3[3*i + j] = exp(2*qd[3*i + j]);
+            exp_qd[3*i + j] = exp(2*qd[3*i + j]);
         }
     }
 
-    /* t4 = sum of t3 down each column */
-    GMM_REAL *t4 = t3 + 3*K; /* 1 x 3 */
-    symbackprop_f64_sum_columns(t3, K, 3, 3, t4);
+    /* colsum_qd = sum of exp_qd down each column */
+    GMM_REAL *colsum_qd = exp_qd + 3*K; /* 1 x 3 */
+    symbackprop_f64_sum_columns(exp_qd, K, 3, 3, colsum_qd);
 
-    /* t5 = sum of t4 along each row */
-    GMM_REAL *t5 = t4 + 3; /* 1 x 1 */
-    t5[0] = symbackprop_f64_sum(t4, 3, 1);
+    /* rowsum_qd = sum of colsum_qd along each row */
+    GMM_REAL *rowsum_qd = colsum_qd + 3; /* 1 x 1 */
+    rowsum_qd[0] = symbackprop_f64_sum(colsum_qd, 3, 1);
 
-    /* t6 = ql**2 */
-    GMM_REAL *t6 = with_grads ? t5 + 1 : t3; /* K x 3 */
+    /* sq_ql = ql**2 */
+    GMM_REAL *sq_ql = with_grads ? rowsum_qd + 1 : exp_qd; /* K x 3 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < K; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            t6[3*i + j] = (ql[3*i + j]*ql[3*i + j]);
+            sq_ql[3*i + j] = (ql[3*i + j]*ql[3*i + j]);
         }
     }
 
-    /* t7 = sum of t6 down each column */
-    GMM_REAL *t7 = t4; /* 1 x 3, in t4's memory */
-    symbackprop_f64_sum_columns(t6, K, 3, 3, t7);
+    /* colsum_ql = sum of sq_ql down each column */
+    GMM_REAL *colsum_ql = colsum_qd; /* 1 x 3, in colsum_qd's memory */
+    symbackprop_f64_sum_columns(sq_ql, K, 3, 3, colsum_ql);
 
-    /* t8 = sum of t7 along each row */
-    GMM_REAL *t8 = with_grads ? t6 + 3*K : t5 + 1; /* 1 x 1 */
-    t8[0] = symbackprop_f64_sum(t7, 3, 1);
+    /* rowsum_ql = sum of colsum_ql along each row */
+    GMM_REAL *rowsum_ql = with_grads ? sq_ql + 3*K : rowsum_qd + 1; /* 1 x 1 */
+    rowsum_ql[0] = symbackprop_f64_sum(colsum_ql, 3, 1);
 
-    /* loss = N*t0 + 3*N*log(2*pi)/2 - t2 + t5/2 + t8/2 */
+    /* loss = N*collse_alpha + 3*N*log(2*pi)/2 - colsum_log_density + rowsum_qd/2 + rowsum_ql/2 */
     {
-        loss[0] = ((GMM_REAL)N)*t0[0] + (3.0/2.0)*((GMM_REAL)N)*log(2*3.1415926535897932) - t2[0] + (1.0/2.0)*t5[0] + (1.0/2.0)*t8[0];
+        loss[0] = ((GMM_REAL)N)*collse_alpha[0] + (3.0/2.0)*((GMM_REAL)N)*log(2*3.1415926535897932) - colsum_log_density[0] + (1.0/2.0)*rowsum_qd[0] + (1.0/2.0)*rowsum_ql[0];
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_log_density = -exp(log_density - t1) */
-    GMM_REAL *grad_log_density = t8 + 1; /* N x K */
+    /* grad_log_density = -exp(log_density - rowlse_log_density) */
+    GMM_REAL *grad_log_density = rowsum_ql + 1; /* N x K */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < K; ++j) {
-            grad_log_density[K*i + j] = -exp(log_density[K*i + j] - t1[i]);
+            grad_log_density[K*i + j] = -exp(log_density[K*i + j] - rowlse_log_density[i]);
         }
     }
 
@@ -184,15 +184,15 @@ static int gmm_run(
      * means[j, 0])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) -
      * (X[i, 2] - means[j, 2])*exp(qd[j, 2])), grad_log_density[i, j]*(X[i, 1] -
      * means[j, 1])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) - ... */
-    GMM_REAL *X_by_column_1 = X_by_column; /* 3 x N, in X_by_column's memory */
+    GMM_REAL *X_by_column_2 = X_by_column; /* 3 x N, in X_by_column's memory */
     GMM_REAL *grad_alpha_part = grad_log_density + K*N; /* K x 1 */
-    GMM_REAL *grad_qd_part = t6; /* K x 3, in t6's memory */
+    GMM_REAL *grad_qd_part = sq_ql; /* K x 3, in sq_ql's memory */
     GMM_REAL *grad_ql_part = grad_alpha_part + K; /* K x 3 */
-    /* X_by_column_1: the rows of X the inner loop reads, by column */
+    /* X_by_column_2: the rows of X the inner loop reads, by column */
     for (int64_t i = 0; i < N; ++i) {
-        X_by_column_1[i] = X[3*i];
-        X_by_column_1[i + N] = X[3*i + 1];
-        X_by_column_1[i + 2*N] = X[3*i + 2];
+        X_by_column_2[i] = X[3*i];
+        X_by_column_2[i + N] = X[3*i + 1];
+        X_by_column_2[i + 2*N] = X[3*i + 2];
     }
     for (int64_t i = 0; i < K; ++i) {
         grad_alpha_part[i] = 0;
@@ -234,11 +234,11 @@ static int gmm_run(
         for (; k + 8 <= N; k += 8) {
             for (int64_t l = 0; l < 8; ++l) {
                 const int64_t i = k + l;
-                const GMM_REAL x12 = X_by_column_1[i] - x0;
-                const GMM_REAL x13 = X_by_column_1[i + N] - x1;
+                const GMM_REAL x12 = X_by_column_2[i] - x0;
+                const GMM_REAL x13 = X_by_column_2[i + N] - x1;
                 const GMM_REAL x14 = x13*x9;
                 const GMM_REAL x15 = -x6*x12 - x14;
-                const GMM_REAL x16 = x10*(X_by_column_1[i + 2*N] - x2);
+                const GMM_REAL x16 = x10*(X_by_column_2[i + 2*N] - x2);
                 const GMM_REAL x17 = -x7*x12 - x8*x13 - x16;
                 const GMM_REAL x18 = grad_log_density[K*i + j]*(x6*x15 + x7*x17 + x12*x11);
                 const GMM_REAL x19 = grad_log_density[K*i + j]*(x8*x17 + x9*x15);
@@ -269,11 +269,11 @@ static int gmm_run(
             acc9[0] += acc9[l];
         }
         for (int64_t i = k; i < N; ++i) {
-            const GMM_REAL x12 = X_by_column_1[i] - x0;
-            const GMM_REAL x13 = X_by_column_1[i + N] - x1;
+            const GMM_REAL x12 = X_by_column_2[i] - x0;
+            const GMM_REAL x13 = X_by_column_2[i + N] - x1;
             const GMM_REAL x14 = x13*x9;
             const GMM_REAL x15 = -x6*x12 - x14;
-            const GMM_REAL x16 = x10*(X_by_column_1[i + 2*N] - x2);
+            const GMM_REAL x16 = x10*(X_by_column_2[i + 2*N] - x2);
             const GMM_REAL x17 = -x7*x12 - x8*x13 - x16;
             const GMM_REAL x18 = grad_log_density[K*i + j]*(x6*x15 + x7*x17 + x12*x11);
             const GMM_REAL x19 = grad_log_density[K*i + j]*(x8*x17 + x9*x15);
@@ -302,17 +302,17 @@ static int gmm_run(
         grad_ql_part[3*j + 2] += acc9[0];
     }
 
-    /* grad_alpha = N*exp(alpha - t0) + grad_alpha_part */
+    /* grad_alpha = N*exp(alpha - collse_alpha) + grad_alpha_part */
     {
-        const GMM_REAL t0_value = t0[0];
+        const GMM_REAL collse_alpha_value = collse_alpha[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < K; ++i) {
-            grad_alpha[i] = ((GMM_REAL)N)*exp(alpha[i] - t0_value) + grad_alpha_part[i];
+            grad_alpha[i] = ((GMM_REAL)N)*exp(alpha[i] - collse_alpha_value) + grad_alpha_part[i];
         }
     }
 
-    /* grad_qd = grad_qd_part + t3 */
-    gmm_loop0(K, grad_qd, t3, grad_qd_part);
+    /* grad_qd = exp_qd + grad_qd_part */
+    gmm_loop0(K, grad_qd, exp_qd, grad_qd_part);
 
     /* grad_ql = grad_ql_part + ql */
     gmm_loop0(K, grad_ql, ql, grad_ql_part);

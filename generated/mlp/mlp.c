@@ -44,79 +44,79 @@ static int mlp_run(
         return 1;
     }
 
-    /* t0 = X @ W1 */
-    MLP_REAL *t0 = work; /* n x 4 */
-    symbackprop_f64_matmul(n, 4, 3, X, 3, 1, W1, 4, 1, t0);
+    /* mm_W1 = X @ W1 */
+    MLP_REAL *mm_W1 = work; /* n x 4 */
+    symbackprop_f64_matmul(n, 4, 3, X, 3, 1, W1, 4, 1, mm_W1);
 
-    /* t1 = sigmoid(b1 + t0) */
-    MLP_REAL *t1 = t0 + 4*n; /* n x 4 */
+    /* sigmoid_W1 = sigmoid(b1 + mm_W1) */
+    MLP_REAL *sigmoid_W1 = mm_W1 + 4*n; /* n x 4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            t1[4*i + j] = (((t0[4*i + j] + b1[j]) >= 0 ? 1.0 : exp(-fabs(t0[4*i + j] + b1[j]))) / (1.0 + exp(-fabs(t0[4*i + j] + b1[j]))));
+            sigmoid_W1[4*i + j] = (((mm_W1[4*i + j] + b1[j]) >= 0 ? 1.0 : exp(-fabs(mm_W1[4*i + j] + b1[j]))) / (1.0 + exp(-fabs(mm_W1[4*i + j] + b1[j]))));
         }
     }
 
-    /* t2 = t1 @ W2 */
-    MLP_REAL *t2 = t1 + 4*n; /* n x 2 */
-    symbackprop_f64_matmul(n, 2, 4, t1, 4, 1, W2, 2, 1, t2);
+    /* mm_W2 = sigmoid_W1 @ W2 */
+    MLP_REAL *mm_W2 = sigmoid_W1 + 4*n; /* n x 2 */
+    symbackprop_f64_matmul(n, 2, 4, sigmoid_W1, 4, 1, W2, 2, 1, mm_W2);
 
-    /* Y = b2 + t2 */
-    /* t3 = (-T + b2 + t2)**2 */
-    /* g0 = (-2*T + 2*b2 + 2*t2)/(2*n) */
-    MLP_REAL *t3 = t2 + 2*n; /* n x 2 */
-    MLP_REAL *g0 = t3 + 2*n; /* n x 2 */
+    /* Y = b2 + mm_W2 */
+    /* sq_Y = (-T + b2 + mm_W2)**2 */
+    /* grad_add_Y = (-2*T + 2*b2 + 2*mm_W2)/(2*n) */
+    MLP_REAL *sq_Y = mm_W2 + 2*n; /* n x 2 */
+    MLP_REAL *grad_add_Y = sq_Y + 2*n; /* n x 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
-            const MLP_REAL x0 = t2[2*i + j] + b2[j];
+            const MLP_REAL x0 = mm_W2[2*i + j] + b2[j];
             Y[2*i + j] = x0;
-            t3[2*i + j] = pow(-T[2*i + j] + x0, 2);
-            g0[2*i + j] = (1.0/2.0)*(2*t2[2*i + j] + 2*b2[j] - 2*T[2*i + j])/((MLP_REAL)n);
+            sq_Y[2*i + j] = pow(-T[2*i + j] + x0, 2);
+            grad_add_Y[2*i + j] = (1.0/2.0)*(2*mm_W2[2*i + j] + 2*b2[j] - 2*T[2*i + j])/((MLP_REAL)n);
         }
     }
 
-    /* t4 = sum of t3 down each column */
-    MLP_REAL *t4 = g0 + 2*n; /* 1 x 2 */
-    symbackprop_f64_sum_columns(t3, n, 2, 2, t4);
+    /* colsum_Y = sum of sq_Y down each column */
+    MLP_REAL *colsum_Y = grad_add_Y + 2*n; /* 1 x 2 */
+    symbackprop_f64_sum_columns(sq_Y, n, 2, 2, colsum_Y);
 
-    /* t5 = sum of t4 along each row */
-    MLP_REAL *t5 = t4 + 2; /* 1 x 1 */
-    t5[0] = symbackprop_f64_sum(t4, 2, 1);
+    /* rowsum_Y = sum of colsum_Y along each row */
+    MLP_REAL *rowsum_Y = colsum_Y + 2; /* 1 x 1 */
+    rowsum_Y[0] = symbackprop_f64_sum(colsum_Y, 2, 1);
 
-    /* loss = t5/(2*n) */
+    /* loss = rowsum_Y/(2*n) */
     {
-        loss[0] = (1.0/2.0)*t5[0]/((MLP_REAL)n);
+        loss[0] = (1.0/2.0)*rowsum_Y[0]/((MLP_REAL)n);
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_t1 = g0 @ W2^T */
-    MLP_REAL *grad_t1 = t0; /* n x 4, in t0's memory */
-    symbackprop_f64_matmul(n, 4, 2, g0, 2, 1, W2, 1, 2, grad_t1);
+    /* grad_sigmoid_W1 = grad_add_Y @ W2^T */
+    MLP_REAL *grad_sigmoid_W1 = mm_W1; /* n x 4, in mm_W1's memory */
+    symbackprop_f64_matmul(n, 4, 2, grad_add_Y, 2, 1, W2, 1, 2, grad_sigmoid_W1);
 
-    /* g1 = grad_t1*t1*(1 - t1) */
-    MLP_REAL *g1 = t5 + 1; /* n x 4 */
+    /* grad_add_W1 = grad_sigmoid_W1*sigmoid_W1*(1 - sigmoid_W1) */
+    MLP_REAL *grad_add_W1 = rowsum_Y + 1; /* n x 4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            g1[4*i + j] = t1[4*i + j]*grad_t1[4*i + j]*(1 - t1[4*i + j]);
+            grad_add_W1[4*i + j] = sigmoid_W1[4*i + j]*grad_sigmoid_W1[4*i + j]*(1 - sigmoid_W1[4*i + j]);
         }
     }
 
-    /* grad_W1 = X^T @ g1 */
-    symbackprop_f64_matmul(3, 4, n, X, 1, 3, g1, 4, 1, grad_W1);
+    /* grad_W1 = X^T @ grad_add_W1 */
+    symbackprop_f64_matmul(3, 4, n, X, 1, 3, grad_add_W1, 4, 1, grad_W1);
 
-    /* grad_b1 = sum of g1 down each column */
-    symbackprop_f64_sum_columns(g1, n, 4, 4, grad_b1);
+    /* grad_b1 = sum of grad_add_W1 down each column */
+    symbackprop_f64_sum_columns(grad_add_W1, n, 4, 4, grad_b1);
 
-    /* grad_W2 = t1^T @ g0 */
-    symbackprop_f64_matmul(4, 2, n, t1, 1, 4, g0, 2, 1, grad_W2);
+    /* grad_W2 = sigmoid_W1^T @ grad_add_Y */
+    symbackprop_f64_matmul(4, 2, n, sigmoid_W1, 1, 4, grad_add_Y, 2, 1, grad_W2);
 
-    /* grad_b2 = sum of g0 down each column */
-    symbackprop_f64_sum_columns(g0, n, 2, 2, grad_b2);
+    /* grad_b2 = sum of grad_add_Y down each column */
+    symbackprop_f64_sum_columns(grad_add_Y, n, 2, 2, grad_b2);
     return 0;
 }
 

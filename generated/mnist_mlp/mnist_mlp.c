@@ -37,99 +37,99 @@ static int mnist_mlp_run(
 )
 {
 
-    /* t0 = X @ W1 */
-    MNIST_MLP_REAL *t0 = work; /* 128 x 256 */
-    symbackprop_f64_matmul(128, 256, 784, X, 784, 1, W1, 256, 1, t0);
+    /* mm_W1 = X @ W1 */
+    MNIST_MLP_REAL *mm_W1 = work; /* 128 x 256 */
+    symbackprop_f64_matmul(128, 256, 784, X, 784, 1, W1, 256, 1, mm_W1);
 
-    /* t1 = tanh(b1 + t0) */
-    MNIST_MLP_REAL *t1 = t0 + 32768; /* 128 x 256 */
+    /* tanh_W1 = tanh(b1 + mm_W1) */
+    MNIST_MLP_REAL *tanh_W1 = mm_W1 + 32768; /* 128 x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            t1[256*i + j] = tanh(t0[256*i + j] + b1[j]);
+            tanh_W1[256*i + j] = tanh(mm_W1[256*i + j] + b1[j]);
         }
     }
 
-    /* t2 = t1 @ W2 */
-    MNIST_MLP_REAL *t2 = t1 + 32768; /* 128 x 10 */
-    symbackprop_f64_matmul(128, 10, 256, t1, 256, 1, W2, 10, 1, t2);
+    /* mm_W2 = tanh_W1 @ W2 */
+    MNIST_MLP_REAL *mm_W2 = tanh_W1 + 32768; /* 128 x 10 */
+    symbackprop_f64_matmul(128, 10, 256, tanh_W1, 256, 1, W2, 10, 1, mm_W2);
 
-    /* logits = b2 + t2 */
-    /* t3 = T*(b2 + t2) */
-    MNIST_MLP_REAL *t3 = t2 + 1280; /* 128 x 10 */
+    /* logits = b2 + mm_W2 */
+    /* mul_logits = T*(b2 + mm_W2) */
+    MNIST_MLP_REAL *mul_logits = mm_W2 + 1280; /* 128 x 10 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            const MNIST_MLP_REAL x0 = t2[10*i + j] + b2[j];
+            const MNIST_MLP_REAL x0 = mm_W2[10*i + j] + b2[j];
             logits[10*i + j] = x0;
-            t3[10*i + j] = T[10*i + j]*x0;
+            mul_logits[10*i + j] = T[10*i + j]*x0;
         }
     }
 
-    /* t4 = sum of t3 along each row */
-    MNIST_MLP_REAL *t4 = t3 + 1280; /* 128 x 1 */
+    /* rowsum_logits = sum of mul_logits along each row */
+    MNIST_MLP_REAL *rowsum_logits = mul_logits + 1280; /* 128 x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
-        t4[i] = symbackprop_f64_sum(t3 + 10*i, 10, 1);
+        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
     }
 
-    /* t5 = log(sum(exp(logits))) along each row, its max subtracted first */
-    MNIST_MLP_REAL *t5 = t4 + 128; /* 128 x 1 */
+    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
+    MNIST_MLP_REAL *rowlse_logits = rowsum_logits + 128; /* 128 x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
-        t5[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
+        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }
 
-    /* t6 = -t4 + t5 */
-    MNIST_MLP_REAL *t6 = t5 + 128; /* 128 x 1 */
+    /* add_logits = rowlse_logits - rowsum_logits */
+    MNIST_MLP_REAL *add_logits = rowlse_logits + 128; /* 128 x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
-        t6[i] = -t4[i] + t5[i];
+        add_logits[i] = -rowsum_logits[i] + rowlse_logits[i];
     }
 
-    /* t7 = sum of t6 down each column */
-    MNIST_MLP_REAL *t7 = t6 + 128; /* 1 x 1 */
-    t7[0] = symbackprop_f64_sum(t6, 128, 1);
+    /* colsum_logits = sum of add_logits down each column */
+    MNIST_MLP_REAL *colsum_logits = add_logits + 128; /* 1 x 1 */
+    colsum_logits[0] = symbackprop_f64_sum(add_logits, 128, 1);
 
-    /* loss = t7/128 */
+    /* loss = colsum_logits/128 */
     {
-        loss[0] = (1.0/128.0)*t7[0];
+        loss[0] = (1.0/128.0)*colsum_logits[0];
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_logits = -T/128 + exp(logits - t5)/128 */
-    MNIST_MLP_REAL *grad_logits = t2; /* 128 x 10, in t2's memory */
+    /* grad_logits = -T/128 + exp(logits - rowlse_logits)/128 */
+    MNIST_MLP_REAL *grad_logits = mm_W2; /* 128 x 10, in mm_W2's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            grad_logits[10*i + j] = -1.0/128.0*T[10*i + j] + (1.0/128.0)*exp(logits[10*i + j] - t5[i]);
+            grad_logits[10*i + j] = -1.0/128.0*T[10*i + j] + (1.0/128.0)*exp(logits[10*i + j] - rowlse_logits[i]);
         }
     }
 
-    /* grad_t1 = grad_logits @ W2^T */
-    MNIST_MLP_REAL *grad_t1 = t0; /* 128 x 256, in t0's memory */
-    symbackprop_f64_matmul(128, 256, 10, grad_logits, 10, 1, W2, 1, 10, grad_t1);
+    /* grad_tanh_W1 = grad_logits @ W2^T */
+    MNIST_MLP_REAL *grad_tanh_W1 = mm_W1; /* 128 x 256, in mm_W1's memory */
+    symbackprop_f64_matmul(128, 256, 10, grad_logits, 10, 1, W2, 1, 10, grad_tanh_W1);
 
-    /* g0 = grad_t1*(1 - t1**2) */
-    MNIST_MLP_REAL *g0 = t7 + 1; /* 128 x 256 */
+    /* grad_add_W1 = grad_tanh_W1*(1 - tanh_W1**2) */
+    MNIST_MLP_REAL *grad_add_W1 = colsum_logits + 1; /* 128 x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            g0[256*i + j] = grad_t1[256*i + j]*(1 - (t1[256*i + j]*t1[256*i + j]));
+            grad_add_W1[256*i + j] = grad_tanh_W1[256*i + j]*(1 - (tanh_W1[256*i + j]*tanh_W1[256*i + j]));
         }
     }
 
-    /* grad_W1 = X^T @ g0 */
-    symbackprop_f64_matmul(784, 256, 128, X, 1, 784, g0, 256, 1, grad_W1);
+    /* grad_W1 = X^T @ grad_add_W1 */
+    symbackprop_f64_matmul(784, 256, 128, X, 1, 784, grad_add_W1, 256, 1, grad_W1);
 
-    /* grad_b1 = sum of g0 down each column */
-    symbackprop_f64_sum_columns(g0, 128, 256, 256, grad_b1);
+    /* grad_b1 = sum of grad_add_W1 down each column */
+    symbackprop_f64_sum_columns(grad_add_W1, 128, 256, 256, grad_b1);
 
-    /* grad_W2 = t1^T @ grad_logits */
-    symbackprop_f64_matmul(256, 10, 128, t1, 1, 256, grad_logits, 10, 1, grad_W2);
+    /* grad_W2 = tanh_W1^T @ grad_logits */
+    symbackprop_f64_matmul(256, 10, 128, tanh_W1, 1, 256, grad_logits, 10, 1, grad_W2);
 
     /* grad_b2 = sum of grad_logits down each column */
     symbackprop_f64_sum_columns(grad_logits, 128, 10, 10, grad_b2);

@@ -134,13 +134,13 @@ static int polynomial_fit_run(
         }
     }
 
-    /* t0 = sum of squared_error down each column */
-    POLYNOMIAL_FIT_REAL *t0 = work; /* 1 x 1 */
-    t0[0] = symbackprop_f64_sum(squared_error, N, 1);
+    /* colsum_squared_error = sum of squared_error down each column */
+    POLYNOMIAL_FIT_REAL *colsum_squared_error = work; /* 1 x 1 */
+    colsum_squared_error[0] = symbackprop_f64_sum(squared_error, N, 1);
 
-    /* loss = t0/N */
+    /* loss = colsum_squared_error/N */
     {
-        loss[0] = t0[0]/((POLYNOMIAL_FIT_REAL)N);
+        loss[0] = colsum_squared_error[0]/((POLYNOMIAL_FIT_REAL)N);
     }
     (void)with_grads;
     return 0;

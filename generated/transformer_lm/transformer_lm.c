@@ -56,28 +56,6 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 62, 64, a, 64, 1, b, 62, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 1, 256, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 64, 1, c);
@@ -98,17 +76,7 @@ void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TR
     symbackprop_f64_matmul(256, 64, s0, a, 1, 256, b, 64, 1, c);
 }
 #endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 256, 1, c);
-}
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product4(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
@@ -123,6 +91,38 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(64, 256, s0, a, 1, 64, b, 256, 1, c);
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 64, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 256, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 62, 64, a, 64, 1, b, 62, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 1, 256, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
 }
 #endif
 
@@ -178,26 +178,6 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        a0[i] = -a1[i] + a2[i];
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            a0[256*i + j] = a1[256*i + j]*a2[256*i + j];
-        }
-    }
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
@@ -242,7 +222,7 @@ void transformer_lm_loop6(
     }
 }
 #endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop1(
     int64_t m,
@@ -296,6 +276,26 @@ void transformer_lm_loop5(
     }
 }
 #endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        a0[i] = -a1[i] + a2[i];
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 256; ++j) {
+            a0[256*i + j] = a1[256*i + j]*a2[256*i + j];
+        }
+    }
+}
+#endif
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_grads)
@@ -329,150 +329,150 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     TRANSFORMER_LM_REAL *work
 )
 {
-    /* t0[i, :] = [E[ids[i], 0], E[ids[i], 1], E[ids[i], 2], E[ids[i], 3], E[ids[i], 4],
+    /* emap_E[i, :] = [E[ids[i], 0], E[ids[i], 1], E[ids[i], 2], E[ids[i], 3], E[ids[i], 4],
      * E[ids[i], 5], E[ids[i], 6], E[ids[i], 7], E[ids[i], 8], E[ids[i], 9], E[ids[i], 10],
      * E[ids[i], 11], E[ids[i], 12], E[ids[i], 13], E[ids[i], 14], E[ids[i], 15],
      * E[ids[i], 16], E[ids[i], 17], E[ids[i], 18], E[ids[i], 19], E[ids[i], 20],
      * E[ids[i], 21], E[ids[i], 22], E[ids[i], 23], E[ids[i], 24], E[ids[i], 25],
      * E[ids[i], 26], E[ids[i], 27], E[ids[i], 28], E[ids[i], 29], E[ids[i], 30], ... */
-    /* t1[i, :] = [P[positions[i], 0], P[positions[i], 1], P[positions[i], 2],
+    /* emap_P[i, :] = [P[positions[i], 0], P[positions[i], 1], P[positions[i], 2],
      * P[positions[i], 3], P[positions[i], 4], P[positions[i], 5], P[positions[i], 6],
      * P[positions[i], 7], P[positions[i], 8], P[positions[i], 9], P[positions[i], 10],
      * P[positions[i], 11], P[positions[i], 12], P[positions[i], 13], P[positions[i], 14],
      * P[positions[i], 15], P[positions[i], 16], P[positions[i], 17], P[positions[i], 18],
      * P[positions[i], 19], P[positions[i], 20], P[positions[i], 21], P[positions[i], 22], ... */
-    TRANSFORMER_LM_REAL *t0 = work; /* m x 64 */
-    TRANSFORMER_LM_REAL *t1 = t0 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *emap_E = work; /* m x 64 */
+    TRANSFORMER_LM_REAL *emap_P = emap_E + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t0[64*i] = E[64*ids[i]];
-        t0[64*i + 1] = E[64*ids[i] + 1];
-        t0[64*i + 2] = E[64*ids[i] + 2];
-        t0[64*i + 3] = E[64*ids[i] + 3];
-        t0[64*i + 4] = E[64*ids[i] + 4];
-        t0[64*i + 5] = E[64*ids[i] + 5];
-        t0[64*i + 6] = E[64*ids[i] + 6];
-        t0[64*i + 7] = E[64*ids[i] + 7];
-        t0[64*i + 8] = E[64*ids[i] + 8];
-        t0[64*i + 9] = E[64*ids[i] + 9];
-        t0[64*i + 10] = E[64*ids[i] + 10];
-        t0[64*i + 11] = E[64*ids[i] + 11];
-        t0[64*i + 12] = E[64*ids[i] + 12];
-        t0[64*i + 13] = E[64*ids[i] + 13];
-        t0[64*i + 14] = E[64*ids[i] + 14];
-        t0[64*i + 15] = E[64*ids[i] + 15];
-        t0[64*i + 16] = E[64*ids[i] + 16];
-        t0[64*i + 17] = E[64*ids[i] + 17];
-        t0[64*i + 18] = E[64*ids[i] + 18];
-        t0[64*i + 19] = E[64*ids[i] + 19];
-        t0[64*i + 20] = E[64*ids[i] + 20];
-        t0[64*i + 21] = E[64*ids[i] + 21];
-        t0[64*i + 22] = E[64*ids[i] + 22];
-        t0[64*i + 23] = E[64*ids[i] + 23];
-        t0[64*i + 24] = E[64*ids[i] + 24];
-        t0[64*i + 25] = E[64*ids[i] + 25];
-        t0[64*i + 26] = E[64*ids[i] + 26];
-        t0[64*i + 27] = E[64*ids[i] + 27];
-        t0[64*i + 28] = E[64*ids[i] + 28];
-        t0[64*i + 29] = E[64*ids[i] + 29];
-        t0[64*i + 30] = E[64*ids[i] + 30];
-        t0[64*i + 31] = E[64*ids[i] + 31];
-        t0[64*i + 32] = E[64*ids[i] + 32];
-        t0[64*i + 33] = E[64*ids[i] + 33];
-        t0[64*i + 34] = E[64*ids[i] + 34];
-        t0[64*i + 35] = E[64*ids[i] + 35];
-        t0[64*i + 36] = E[64*ids[i] + 36];
-        t0[64*i + 37] = E[64*ids[i] + 37];
-        t0[64*i + 38] = E[64*ids[i] + 38];
-        t0[64*i + 39] = E[64*ids[i] + 39];
-        t0[64*i + 40] = E[64*ids[i] + 40];
-        t0[64*i + 41] = E[64*ids[i] + 41];
-        t0[64*i + 42] = E[64*ids[i] + 42];
-        t0[64*i + 43] = E[64*ids[i] + 43];
-        t0[64*i + 44] = E[64*ids[i] + 44];
-        t0[64*i + 45] = E[64*ids[i] + 45];
-        t0[64*i + 46] = E[64*ids[i] + 46];
-        t0[64*i + 47] = E[64*ids[i] + 47];
-        t0[64*i + 48] = E[64*ids[i] + 48];
-        t0[64*i + 49] = E[64*ids[i] + 49];
-        t0[64*i + 50] = E[64*ids[i] + 50];
-        t0[64*i + 51] = E[64*ids[i] + 51];
-        t0[64*i + 52] = E[64*ids[i] + 52];
-        t0[64*i + 53] = E[64*ids[i] + 53];
-        t0[64*i + 54] = E[64*ids[i] + 54];
-        t0[64*i + 55] = E[64*ids[i] + 55];
-        t0[64*i + 56] = E[64*ids[i] + 56];
-        t0[64*i + 57] = E[64*ids[i] + 57];
-        t0[64*i + 58] = E[64*ids[i] + 58];
-        t0[64*i + 59] = E[64*ids[i] + 59];
-        t0[64*i + 60] = E[64*ids[i] + 60];
-        t0[64*i + 61] = E[64*ids[i] + 61];
-        t0[64*i + 62] = E[64*ids[i] + 62];
-        t0[64*i + 63] = E[64*ids[i] + 63];
-        t1[64*i] = P[64*positions[i]];
-        t1[64*i + 1] = P[64*positions[i] + 1];
-        t1[64*i + 2] = P[64*positions[i] + 2];
-        t1[64*i + 3] = P[64*positions[i] + 3];
-        t1[64*i + 4] = P[64*positions[i] + 4];
-        t1[64*i + 5] = P[64*positions[i] + 5];
-        t1[64*i + 6] = P[64*positions[i] + 6];
-        t1[64*i + 7] = P[64*positions[i] + 7];
-        t1[64*i + 8] = P[64*positions[i] + 8];
-        t1[64*i + 9] = P[64*positions[i] + 9];
-        t1[64*i + 10] = P[64*positions[i] + 10];
-        t1[64*i + 11] = P[64*positions[i] + 11];
-        t1[64*i + 12] = P[64*positions[i] + 12];
-        t1[64*i + 13] = P[64*positions[i] + 13];
-        t1[64*i + 14] = P[64*positions[i] + 14];
-        t1[64*i + 15] = P[64*positions[i] + 15];
-        t1[64*i + 16] = P[64*positions[i] + 16];
-        t1[64*i + 17] = P[64*positions[i] + 17];
-        t1[64*i + 18] = P[64*positions[i] + 18];
-        t1[64*i + 19] = P[64*positions[i] + 19];
-        t1[64*i + 20] = P[64*positions[i] + 20];
-        t1[64*i + 21] = P[64*positions[i] + 21];
-        t1[64*i + 22] = P[64*positions[i] + 22];
-        t1[64*i + 23] = P[64*positions[i] + 23];
-        t1[64*i + 24] = P[64*positions[i] + 24];
-        t1[64*i + 25] = P[64*positions[i] + 25];
-        t1[64*i + 26] = P[64*positions[i] + 26];
-        t1[64*i + 27] = P[64*positions[i] + 27];
-        t1[64*i + 28] = P[64*positions[i] + 28];
-        t1[64*i + 29] = P[64*positions[i] + 29];
-        t1[64*i + 30] = P[64*positions[i] + 30];
-        t1[64*i + 31] = P[64*positions[i] + 31];
-        t1[64*i + 32] = P[64*positions[i] + 32];
-        t1[64*i + 33] = P[64*positions[i] + 33];
-        t1[64*i + 34] = P[64*positions[i] + 34];
-        t1[64*i + 35] = P[64*positions[i] + 35];
-        t1[64*i + 36] = P[64*positions[i] + 36];
-        t1[64*i + 37] = P[64*positions[i] + 37];
-        t1[64*i + 38] = P[64*positions[i] + 38];
-        t1[64*i + 39] = P[64*positions[i] + 39];
-        t1[64*i + 40] = P[64*positions[i] + 40];
-        t1[64*i + 41] = P[64*positions[i] + 41];
-        t1[64*i + 42] = P[64*positions[i] + 42];
-        t1[64*i + 43] = P[64*positions[i] + 43];
-        t1[64*i + 44] = P[64*positions[i] + 44];
-        t1[64*i + 45] = P[64*positions[i] + 45];
-        t1[64*i + 46] = P[64*positions[i] + 46];
-        t1[64*i + 47] = P[64*positions[i] + 47];
-        t1[64*i + 48] = P[64*positions[i] + 48];
-        t1[64*i + 49] = P[64*positions[i] + 49];
-        t1[64*i + 50] = P[64*positions[i] + 50];
-        t1[64*i + 51] = P[64*positions[i] + 51];
-        t1[64*i + 52] = P[64*positions[i] + 52];
-        t1[64*i + 53] = P[64*positions[i] + 53];
-        t1[64*i + 54] = P[64*positions[i] + 54];
-        t1[64*i + 55] = P[64*positions[i] + 55];
-        t1[64*i + 56] = P[64*positions[i] + 56];
-        t1[64*i + 57] = P[64*positions[i] + 57];
-        t1[64*i + 58] = P[64*positions[i] + 58];
-        t1[64*i + 59] = P[64*positions[i] + 59];
-        t1[64*i + 60] = P[64*positions[i] + 60];
-        t1[64*i + 61] = P[64*positions[i] + 61];
-        t1[64*i + 62] = P[64*positions[i] + 62];
-        t1[64*i + 63] = P[64*positions[i] + 63];
+        emap_E[64*i] = E[64*ids[i]];
+        emap_E[64*i + 1] = E[64*ids[i] + 1];
+        emap_E[64*i + 2] = E[64*ids[i] + 2];
+        emap_E[64*i + 3] = E[64*ids[i] + 3];
+        emap_E[64*i + 4] = E[64*ids[i] + 4];
+        emap_E[64*i + 5] = E[64*ids[i] + 5];
+        emap_E[64*i + 6] = E[64*ids[i] + 6];
+        emap_E[64*i + 7] = E[64*ids[i] + 7];
+        emap_E[64*i + 8] = E[64*ids[i] + 8];
+        emap_E[64*i + 9] = E[64*ids[i] + 9];
+        emap_E[64*i + 10] = E[64*ids[i] + 10];
+        emap_E[64*i + 11] = E[64*ids[i] + 11];
+        emap_E[64*i + 12] = E[64*ids[i] + 12];
+        emap_E[64*i + 13] = E[64*ids[i] + 13];
+        emap_E[64*i + 14] = E[64*ids[i] + 14];
+        emap_E[64*i + 15] = E[64*ids[i] + 15];
+        emap_E[64*i + 16] = E[64*ids[i] + 16];
+        emap_E[64*i + 17] = E[64*ids[i] + 17];
+        emap_E[64*i + 18] = E[64*ids[i] + 18];
+        emap_E[64*i + 19] = E[64*ids[i] + 19];
+        emap_E[64*i + 20] = E[64*ids[i] + 20];
+        emap_E[64*i + 21] = E[64*ids[i] + 21];
+        emap_E[64*i + 22] = E[64*ids[i] + 22];
+        emap_E[64*i + 23] = E[64*ids[i] + 23];
+        emap_E[64*i + 24] = E[64*ids[i] + 24];
+        emap_E[64*i + 25] = E[64*ids[i] + 25];
+        emap_E[64*i + 26] = E[64*ids[i] + 26];
+        emap_E[64*i + 27] = E[64*ids[i] + 27];
+        emap_E[64*i + 28] = E[64*ids[i] + 28];
+        emap_E[64*i + 29] = E[64*ids[i] + 29];
+        emap_E[64*i + 30] = E[64*ids[i] + 30];
+        emap_E[64*i + 31] = E[64*ids[i] + 31];
+        emap_E[64*i + 32] = E[64*ids[i] + 32];
+        emap_E[64*i + 33] = E[64*ids[i] + 33];
+        emap_E[64*i + 34] = E[64*ids[i] + 34];
+        emap_E[64*i + 35] = E[64*ids[i] + 35];
+        emap_E[64*i + 36] = E[64*ids[i] + 36];
+        emap_E[64*i + 37] = E[64*ids[i] + 37];
+        emap_E[64*i + 38] = E[64*ids[i] + 38];
+        emap_E[64*i + 39] = E[64*ids[i] + 39];
+        emap_E[64*i + 40] = E[64*ids[i] + 40];
+        emap_E[64*i + 41] = E[64*ids[i] + 41];
+        emap_E[64*i + 42] = E[64*ids[i] + 42];
+        emap_E[64*i + 43] = E[64*ids[i] + 43];
+        emap_E[64*i + 44] = E[64*ids[i] + 44];
+        emap_E[64*i + 45] = E[64*ids[i] + 45];
+        emap_E[64*i + 46] = E[64*ids[i] + 46];
+        emap_E[64*i + 47] = E[64*ids[i] + 47];
+        emap_E[64*i + 48] = E[64*ids[i] + 48];
+        emap_E[64*i + 49] = E[64*ids[i] + 49];
+        emap_E[64*i + 50] = E[64*ids[i] + 50];
+        emap_E[64*i + 51] = E[64*ids[i] + 51];
+        emap_E[64*i + 52] = E[64*ids[i] + 52];
+        emap_E[64*i + 53] = E[64*ids[i] + 53];
+        emap_E[64*i + 54] = E[64*ids[i] + 54];
+        emap_E[64*i + 55] = E[64*ids[i] + 55];
+        emap_E[64*i + 56] = E[64*ids[i] + 56];
+        emap_E[64*i + 57] = E[64*ids[i] + 57];
+        emap_E[64*i + 58] = E[64*ids[i] + 58];
+        emap_E[64*i + 59] = E[64*ids[i] + 59];
+        emap_E[64*i + 60] = E[64*ids[i] + 60];
+        emap_E[64*i + 61] = E[64*ids[i] + 61];
+        emap_E[64*i + 62] = E[64*ids[i] + 62];
+        emap_E[64*i + 63] = E[64*ids[i] + 63];
+        emap_P[64*i] = P[64*positions[i]];
+        emap_P[64*i + 1] = P[64*positions[i] + 1];
+        emap_P[64*i + 2] = P[64*positions[i] + 2];
+        emap_P[64*i + 3] = P[64*positions[i] + 3];
+        emap_P[64*i + 4] = P[64*positions[i] + 4];
+        emap_P[64*i + 5] = P[64*positions[i] + 5];
+        emap_P[64*i + 6] = P[64*positions[i] + 6];
+        emap_P[64*i + 7] = P[64*positions[i] + 7];
+        emap_P[64*i + 8] = P[64*positions[i] + 8];
+        emap_P[64*i + 9] = P[64*positions[i] + 9];
+        emap_P[64*i + 10] = P[64*positions[i] + 10];
+        emap_P[64*i + 11] = P[64*positions[i] + 11];
+        emap_P[64*i + 12] = P[64*positions[i] + 12];
+        emap_P[64*i + 13] = P[64*positions[i] + 13];
+        emap_P[64*i + 14] = P[64*positions[i] + 14];
+        emap_P[64*i + 15] = P[64*positions[i] + 15];
+        emap_P[64*i + 16] = P[64*positions[i] + 16];
+        emap_P[64*i + 17] = P[64*positions[i] + 17];
+        emap_P[64*i + 18] = P[64*positions[i] + 18];
+        emap_P[64*i + 19] = P[64*positions[i] + 19];
+        emap_P[64*i + 20] = P[64*positions[i] + 20];
+        emap_P[64*i + 21] = P[64*positions[i] + 21];
+        emap_P[64*i + 22] = P[64*positions[i] + 22];
+        emap_P[64*i + 23] = P[64*positions[i] + 23];
+        emap_P[64*i + 24] = P[64*positions[i] + 24];
+        emap_P[64*i + 25] = P[64*positions[i] + 25];
+        emap_P[64*i + 26] = P[64*positions[i] + 26];
+        emap_P[64*i + 27] = P[64*positions[i] + 27];
+        emap_P[64*i + 28] = P[64*positions[i] + 28];
+        emap_P[64*i + 29] = P[64*positions[i] + 29];
+        emap_P[64*i + 30] = P[64*positions[i] + 30];
+        emap_P[64*i + 31] = P[64*positions[i] + 31];
+        emap_P[64*i + 32] = P[64*positions[i] + 32];
+        emap_P[64*i + 33] = P[64*positions[i] + 33];
+        emap_P[64*i + 34] = P[64*positions[i] + 34];
+        emap_P[64*i + 35] = P[64*positions[i] + 35];
+        emap_P[64*i + 36] = P[64*positions[i] + 36];
+        emap_P[64*i + 37] = P[64*positions[i] + 37];
+        emap_P[64*i + 38] = P[64*positions[i] + 38];
+        emap_P[64*i + 39] = P[64*positions[i] + 39];
+        emap_P[64*i + 40] = P[64*positions[i] + 40];
+        emap_P[64*i + 41] = P[64*positions[i] + 41];
+        emap_P[64*i + 42] = P[64*positions[i] + 42];
+        emap_P[64*i + 43] = P[64*positions[i] + 43];
+        emap_P[64*i + 44] = P[64*positions[i] + 44];
+        emap_P[64*i + 45] = P[64*positions[i] + 45];
+        emap_P[64*i + 46] = P[64*positions[i] + 46];
+        emap_P[64*i + 47] = P[64*positions[i] + 47];
+        emap_P[64*i + 48] = P[64*positions[i] + 48];
+        emap_P[64*i + 49] = P[64*positions[i] + 49];
+        emap_P[64*i + 50] = P[64*positions[i] + 50];
+        emap_P[64*i + 51] = P[64*positions[i] + 51];
+        emap_P[64*i + 52] = P[64*positions[i] + 52];
+        emap_P[64*i + 53] = P[64*positions[i] + 53];
+        emap_P[64*i + 54] = P[64*positions[i] + 54];
+        emap_P[64*i + 55] = P[64*positions[i] + 55];
+        emap_P[64*i + 56] = P[64*positions[i] + 56];
+        emap_P[64*i + 57] = P[64*positions[i] + 57];
+        emap_P[64*i + 58] = P[64*positions[i] + 58];
+        emap_P[64*i + 59] = P[64*positions[i] + 59];
+        emap_P[64*i + 60] = P[64*positions[i] + 60];
+        emap_P[64*i + 61] = P[64*positions[i] + 61];
+        emap_P[64*i + 62] = P[64*positions[i] + 62];
+        emap_P[64*i + 63] = P[64*positions[i] + 63];
     }
 }
 #endif
@@ -533,25 +533,25 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t0 = work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t1 = work + 64*m; /* m x 64; placed in an earlier part */
-    /* t2 = t0 + t1 */
-    TRANSFORMER_LM_REAL *t2 = t1 + 64*m; /* m x 64 */
-    transformer_lm_loop0(m, t2, t0, t1);
+    TRANSFORMER_LM_REAL *emap_E = work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *emap_P = work + 64*m; /* m x 64; placed in an earlier part */
+    /* add_E = emap_E + emap_P */
+    TRANSFORMER_LM_REAL *add_E = emap_P + 64*m; /* m x 64 */
+    transformer_lm_loop0(m, add_E, emap_E, emap_P);
 
-    /* t3[i, :] = (t2[i, :] - mu_i) r_i, mu_i = mean_j t2[i, j], r_i = 1/sqrt(mean_j
-     * (t2[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t3 = t0; /* m x 64, in t0's memory */
+    /* norm_E[i, :] = (add_E[i, :] - mu_i) r_i, mu_i = mean_j add_E[i, j], r_i =
+     * 1/sqrt(mean_j (add_E[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *norm_E = emap_E; /* m x 64, in emap_E's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t3 + 64*i;
+        TRANSFORMER_LM_REAL *row = norm_E + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t2[64*i + k + l];
+                    sum_lane[l] += add_E[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -559,13 +559,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t2[64*i + k];
+                sum += add_E[64*i + k];
             }
             mean = sum / 64;
         }
         /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
         for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t2[64*i + j] - mean;
+            row[j] = add_E[64*i + j] - mean;
         }
         {
             TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -589,31 +589,31 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         }
     }
 
-    /* t4 = b0a + g0a*t3 */
-    TRANSFORMER_LM_REAL *t4 = t1; /* m x 64, in t1's memory */
-    transformer_lm_loop1(m, t4, g0a, t3, b0a);
+    /* add_b0a = b0a + g0a*norm_E */
+    TRANSFORMER_LM_REAL *add_b0a = emap_P; /* m x 64, in emap_P's memory */
+    transformer_lm_loop1(m, add_b0a, g0a, norm_E, b0a);
 
-    /* t5 = Wq0/4 */
-    TRANSFORMER_LM_REAL *t5 = t2 + 64*m; /* 64 x 64 */
+    /* mul_Wq0 = Wq0/4 */
+    TRANSFORMER_LM_REAL *mul_Wq0 = add_E + 64*m; /* 64 x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t5[64*i + j] = (1.0/4.0)*Wq0[64*i + j];
+            mul_Wq0[64*i + j] = (1.0/4.0)*Wq0[64*i + j];
         }
     }
 
-    /* t6 = t4 @ t5 */
-    TRANSFORMER_LM_REAL *t6 = with_grads ? t5 + 4096 : t3; /* m x 64 */
-    transformer_lm_product0(m, t4, t5, t6);
+    /* mm_Wq0 = add_b0a @ mul_Wq0 */
+    TRANSFORMER_LM_REAL *mm_Wq0 = with_grads ? mul_Wq0 + 4096 : norm_E; /* m x 64 */
+    transformer_lm_product0(m, add_b0a, mul_Wq0, mm_Wq0);
 
-    /* t7 = t4 @ Wk0 */
-    TRANSFORMER_LM_REAL *t7 = with_grads ? t6 + 64*m : t5 + 4096; /* m x 64 */
-    transformer_lm_product0(m, t4, Wk0, t7);
+    /* mm_Wk0 = add_b0a @ Wk0 */
+    TRANSFORMER_LM_REAL *mm_Wk0 = with_grads ? mm_Wq0 + 64*m : mul_Wq0 + 4096; /* m x 64 */
+    transformer_lm_product0(m, add_b0a, Wk0, mm_Wk0);
 
-    /* t8[(e,t),(h,s)] = sum_k t6[(e,t),h*dh+k] * t7[(e,s),h*dh+k] for s <= t, 0 for s > t
-     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t8 = t7 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *t8_block = t8 + 256*m; /* 64 x 16 */
+    /* scores_Wk0[(e,t),(h,s)] = sum_k mm_Wq0[(e,t),h*dh+k] * mm_Wk0[(e,s),h*dh+k] for s <=
+     * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *scores_Wk0 = mm_Wk0 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *scores_Wk0_block = scores_Wk0 + 256*m; /* 64 x 16 */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -622,29 +622,30 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores t6 t7^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, t6 + row0 * 64 + hd * 16, 64, t7 + row0 * 64 + hd * 16, 64,
-                                          t8 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores mm_Wq0 mm_Wk0^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, mm_Wq0 + row0 * 64 + hd * 16, 64, mm_Wk0 + row0 * 64 + hd * 16, 64,
+                                          scores_Wk0 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t8_block[dk][ks] = t7[(e,ks), hd*16+dk]: the head's keys transposed, so that a
-             * row of scores is a sum of contiguous rows */
+            /* scores_Wk0_block[dk][ks] = mm_Wk0[(e,ks), hd*16+dk]: the head's keys
+             * transposed, so that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    t8_block[dk * 64 + ks] = t7[(row0 + ks) * 64 + hd * 16 + dk];
+                    scores_Wk0_block[dk * 64 + ks] = mm_Wk0[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t8 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = scores_Wk0 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += t6[(e,qt), hd*16+dk] * t8_block[dk][ks] for keys ks <= qt */
+                /* srow[ks] += mm_Wq0[(e,qt), hd*16+dk] * scores_Wk0_block[dk][ks] for keys
+                 * ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t6[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = mm_Wq0[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t8_block[dk * 64 + ks];
+                        srow[ks] += aw * scores_Wk0_block[dk * 64 + ks];
                     }
                 }
             }
@@ -652,9 +653,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     #endif
     }
 
-    /* t9[(e,t),(h,s)] = exp(t8[(e,t),(h,s)] - max_{s'<=t} t8[(e,t),(h,s')]) / sum_{s'<=t}
-     * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t9 = t8_block + 1024; /* m x 256 */
+    /* softmax_Wk0[(e,t),(h,s)] = exp(scores_Wk0[(e,t),(h,s)] - max_{s'<=t}
+     * scores_Wk0[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
+     * mask) (rows (e,t) = e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *softmax_Wk0 = scores_Wk0_block + 1024; /* m x 256 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -662,59 +664,59 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t8[qbase];
+                TRANSFORMER_LM_REAL top = scores_Wk0[qbase];
                 for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t8[qbase + ks];
+                    const TRANSFORMER_LM_REAL val = scores_Wk0[qbase + ks];
                     top = val > top ? val : top;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t8[qbase + ks];
-                    t9[qbase + ks] = exp(-top + val);
+                    const TRANSFORMER_LM_REAL val = scores_Wk0[qbase + ks];
+                    softmax_Wk0[qbase + ks] = exp(-top + val);
                 }
                 TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += t9[qbase + ks];
+                    total += softmax_Wk0[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t9[qbase + ks] /= total;
+                    softmax_Wk0[qbase + ks] /= total;
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t9[qbase + ks] = 0;
+                    softmax_Wk0[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* t10 = t4 @ Wv0 */
-    TRANSFORMER_LM_REAL *t10 = with_grads ? t9 + 256*m : t6; /* m x 64 */
-    transformer_lm_product0(m, t4, Wv0, t10);
+    /* mm_Wv0 = add_b0a @ Wv0 */
+    TRANSFORMER_LM_REAL *mm_Wv0 = with_grads ? softmax_Wk0 + 256*m : mm_Wq0; /* m x 64 */
+    transformer_lm_product0(m, add_b0a, Wv0, mm_Wv0);
 
-    /* t11[(e,t),h*dh+k] = sum_{s<=t} t9[(e,t),(h,s)] * t10[(e,s),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t11 = with_grads ? t10 + 64*m : t7; /* m x 64 */
+    /* mix_Wv0[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk0[(e,t),(h,s)] * mm_Wv0[(e,s),h*dh+k]
+     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *mix_Wv0 = with_grads ? mm_Wv0 + 64*m : mm_Wk0; /* m x 64 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t9) t10 */
-            symbackprop_f64_causal_mix(0, len, 16, t9 + row0 * 256 + hd * 64, 256,
-                                       t10 + row0 * 64 + hd * 16, 64, t11 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(softmax_Wk0) mm_Wv0 */
+            symbackprop_f64_causal_mix(0, len, 16, softmax_Wk0 + row0 * 256 + hd * 64, 256,
+                                       mm_Wv0 + row0 * 64 + hd * 16, 64, mix_Wv0 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of t9[(e,qt),(hd,ks)] *
-                 * t10[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = t11 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of softmax_Wk0[(e,qt),(hd,ks)] *
+                 * mm_Wv0[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = mix_Wv0 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = t9[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = softmax_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t10[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wv0[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -722,27 +724,27 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     #endif
     }
 
-    /* t12 = t11 @ Wo0 */
-    TRANSFORMER_LM_REAL *t12 = with_grads ? t11 + 64*m : t4; /* m x 64 */
-    transformer_lm_product0(m, t11, Wo0, t12);
+    /* mm_Wo0 = mix_Wv0 @ Wo0 */
+    TRANSFORMER_LM_REAL *mm_Wo0 = with_grads ? mix_Wv0 + 64*m : add_b0a; /* m x 64 */
+    transformer_lm_product0(m, mix_Wv0, Wo0, mm_Wo0);
 
-    /* t13 = t12 + t2 */
-    TRANSFORMER_LM_REAL *t13 = with_grads ? t12 + 64*m : t10; /* m x 64 */
-    transformer_lm_loop0(m, t13, t2, t12);
+    /* add_Wo0 = add_E + mm_Wo0 */
+    TRANSFORMER_LM_REAL *add_Wo0 = with_grads ? mm_Wo0 + 64*m : mm_Wv0; /* m x 64 */
+    transformer_lm_loop0(m, add_Wo0, add_E, mm_Wo0);
 
-    /* t14[i, :] = (t13[i, :] - mu_i) r_i, mu_i = mean_j t13[i, j], r_i = 1/sqrt(mean_j
-     * (t13[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t14 = with_grads ? t12 : t11; /* m x 64, in t12's memory */
+    /* norm_Wo0[i, :] = (add_Wo0[i, :] - mu_i) r_i, mu_i = mean_j add_Wo0[i, j], r_i =
+     * 1/sqrt(mean_j (add_Wo0[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *norm_Wo0 = with_grads ? mm_Wo0 : mix_Wv0; /* m x 64, in mm_Wo0's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t14 + 64*i;
+        TRANSFORMER_LM_REAL *row = norm_Wo0 + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t13[64*i + k + l];
+                    sum_lane[l] += add_Wo0[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -750,13 +752,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t13[64*i + k];
+                sum += add_Wo0[64*i + k];
             }
             mean = sum / 64;
         }
         /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
         for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t13[64*i + j] - mean;
+            row[j] = add_Wo0[64*i + j] - mean;
         }
         {
             TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -780,42 +782,42 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         }
     }
 
-    /* t15 = b0m + g0m*t14 */
-    TRANSFORMER_LM_REAL *t15 = with_grads ? t13 + 64*m : t2; /* m x 64 */
-    transformer_lm_loop1(m, t15, g0m, t14, b0m);
+    /* add_b0m = b0m + g0m*norm_Wo0 */
+    TRANSFORMER_LM_REAL *add_b0m = with_grads ? add_Wo0 + 64*m : add_E; /* m x 64 */
+    transformer_lm_loop1(m, add_b0m, g0m, norm_Wo0, b0m);
 
-    /* t16 = t15 @ W0up */
-    TRANSFORMER_LM_REAL *t16 = t8; /* m x 256, in t8's memory */
-    transformer_lm_product1(m, t15, W0up, t16);
+    /* mm_W0up = add_b0m @ W0up */
+    TRANSFORMER_LM_REAL *mm_W0up = scores_Wk0; /* m x 256, in scores_Wk0's memory */
+    transformer_lm_product1(m, add_b0m, W0up, mm_W0up);
 
-    /* t17 = (c0up + t16)*(erf(sqrt(2)*(c0up + t16)/2) + 1)/2 */
-    /* t18 = sqrt(2)*(c0up + t16)*exp(-(c0up + t16)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c0up +
-     * t16)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *t17 = with_grads ? t15 + 64*m : t9; /* m x 256 */
-    TRANSFORMER_LM_REAL *t18 = with_grads ? t17 + 256*m : t9 + 256*m; /* m x 256 */
-    transformer_lm_loop2(m, t17, t18, t16, c0up);
+    /* mul_W0up = (c0up + mm_W0up)*(erf(sqrt(2)*(c0up + mm_W0up)/2) + 1)/2 */
+    /* add_W0up = sqrt(2)*(c0up + mm_W0up)*exp(-(c0up + mm_W0up)**2/2)/(2*sqrt(pi)) +
+     * erf(sqrt(2)*(c0up + mm_W0up)/2)/2 + 1/2 */
+    TRANSFORMER_LM_REAL *mul_W0up = with_grads ? add_b0m + 64*m : softmax_Wk0; /* m x 256 */
+    TRANSFORMER_LM_REAL *add_W0up = with_grads ? mul_W0up + 256*m : softmax_Wk0 + 256*m; /* m x 256 */
+    transformer_lm_loop2(m, mul_W0up, add_W0up, mm_W0up, c0up);
 
-    /* t19 = t17 @ W0down */
-    TRANSFORMER_LM_REAL *t19 = with_grads ? t18 + 256*m : t12; /* m x 64 */
-    transformer_lm_product2(m, t17, W0down, t19);
+    /* mm_W0down = mul_W0up @ W0down */
+    TRANSFORMER_LM_REAL *mm_W0down = with_grads ? add_W0up + 256*m : mm_Wo0; /* m x 64 */
+    transformer_lm_product2(m, mul_W0up, W0down, mm_W0down);
 
-    /* t20 = c0down + t13 + t19 */
-    TRANSFORMER_LM_REAL *t20 = with_grads ? t19 + 64*m : t14; /* m x 64 */
-    transformer_lm_loop3(m, t20, t13, t19, c0down);
+    /* add_W0down = add_Wo0 + c0down + mm_W0down */
+    TRANSFORMER_LM_REAL *add_W0down = with_grads ? mm_W0down + 64*m : norm_Wo0; /* m x 64 */
+    transformer_lm_loop3(m, add_W0down, add_Wo0, mm_W0down, c0down);
 
-    /* t21[i, :] = (t20[i, :] - mu_i) r_i, mu_i = mean_j t20[i, j], r_i = 1/sqrt(mean_j
-     * (t20[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t21 = with_grads ? t19 : t15; /* m x 64, in t19's memory */
+    /* norm_W0down[i, :] = (add_W0down[i, :] - mu_i) r_i, mu_i = mean_j add_W0down[i, j], r_i
+     * = 1/sqrt(mean_j (add_W0down[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *norm_W0down = with_grads ? mm_W0down : add_b0m; /* m x 64, in mm_W0down's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t21 + 64*i;
+        TRANSFORMER_LM_REAL *row = norm_W0down + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t20[64*i + k + l];
+                    sum_lane[l] += add_W0down[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -823,13 +825,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t20[64*i + k];
+                sum += add_W0down[64*i + k];
             }
             mean = sum / 64;
         }
         /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
         for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t20[64*i + j] - mean;
+            row[j] = add_W0down[64*i + j] - mean;
         }
         {
             TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -853,31 +855,31 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         }
     }
 
-    /* t22 = b1a + g1a*t21 */
-    TRANSFORMER_LM_REAL *t22 = with_grads ? t20 + 64*m : t13; /* m x 64 */
-    transformer_lm_loop1(m, t22, g1a, t21, b1a);
+    /* add_b1a = b1a + g1a*norm_W0down */
+    TRANSFORMER_LM_REAL *add_b1a = with_grads ? add_W0down + 64*m : add_Wo0; /* m x 64 */
+    transformer_lm_loop1(m, add_b1a, g1a, norm_W0down, b1a);
 
-    /* t23 = Wq1/4 */
-    TRANSFORMER_LM_REAL *t23 = with_grads ? t22 + 64*m : t5; /* 64 x 64 */
+    /* mul_Wq1 = Wq1/4 */
+    TRANSFORMER_LM_REAL *mul_Wq1 = with_grads ? add_b1a + 64*m : mul_Wq0; /* 64 x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t23[64*i + j] = (1.0/4.0)*Wq1[64*i + j];
+            mul_Wq1[64*i + j] = (1.0/4.0)*Wq1[64*i + j];
         }
     }
 
-    /* t24 = t22 @ t23 */
-    TRANSFORMER_LM_REAL *t24 = with_grads ? t23 + 4096 : t19; /* m x 64 */
-    transformer_lm_product0(m, t22, t23, t24);
+    /* mm_Wq1 = add_b1a @ mul_Wq1 */
+    TRANSFORMER_LM_REAL *mm_Wq1 = with_grads ? mul_Wq1 + 4096 : mm_W0down; /* m x 64 */
+    transformer_lm_product0(m, add_b1a, mul_Wq1, mm_Wq1);
 
-    /* t25 = t22 @ Wk1 */
-    TRANSFORMER_LM_REAL *t25 = with_grads ? t24 + 64*m : t21; /* m x 64 */
-    transformer_lm_product0(m, t22, Wk1, t25);
+    /* mm_Wk1 = add_b1a @ Wk1 */
+    TRANSFORMER_LM_REAL *mm_Wk1 = with_grads ? mm_Wq1 + 64*m : norm_W0down; /* m x 64 */
+    transformer_lm_product0(m, add_b1a, Wk1, mm_Wk1);
 
-    /* t26[(e,t),(h,s)] = sum_k t24[(e,t),h*dh+k] * t25[(e,s),h*dh+k] for s <= t, 0 for s > t
-     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t26 = t16; /* m x 256, in t16's memory */
-    TRANSFORMER_LM_REAL *t26_block = t8_block; /* 64 x 16, in t8_block's memory */
+    /* scores_Wk1[(e,t),(h,s)] = sum_k mm_Wq1[(e,t),h*dh+k] * mm_Wk1[(e,s),h*dh+k] for s <=
+     * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *scores_Wk1 = mm_W0up; /* m x 256, in mm_W0up's memory */
+    TRANSFORMER_LM_REAL *scores_Wk1_block = scores_Wk0_block; /* 64 x 16, in scores_Wk0_block's memory */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -886,29 +888,30 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores t24 t25^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, t24 + row0 * 64 + hd * 16, 64, t25 + row0 * 64 + hd * 16, 64,
-                                          t26 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores mm_Wq1 mm_Wk1^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, mm_Wq1 + row0 * 64 + hd * 16, 64, mm_Wk1 + row0 * 64 + hd * 16, 64,
+                                          scores_Wk1 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t26_block[dk][ks] = t25[(e,ks), hd*16+dk]: the head's keys transposed, so that
-             * a row of scores is a sum of contiguous rows */
+            /* scores_Wk1_block[dk][ks] = mm_Wk1[(e,ks), hd*16+dk]: the head's keys
+             * transposed, so that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    t26_block[dk * 64 + ks] = t25[(row0 + ks) * 64 + hd * 16 + dk];
+                    scores_Wk1_block[dk * 64 + ks] = mm_Wk1[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t26 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = scores_Wk1 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += t24[(e,qt), hd*16+dk] * t26_block[dk][ks] for keys ks <= qt */
+                /* srow[ks] += mm_Wq1[(e,qt), hd*16+dk] * scores_Wk1_block[dk][ks] for keys
+                 * ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t24[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = mm_Wq1[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t26_block[dk * 64 + ks];
+                        srow[ks] += aw * scores_Wk1_block[dk * 64 + ks];
                     }
                 }
             }
@@ -916,9 +919,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     #endif
     }
 
-    /* t27[(e,t),(h,s)] = exp(t26[(e,t),(h,s)] - max_{s'<=t} t26[(e,t),(h,s')]) / sum_{s'<=t}
-     * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t27 = with_grads ? t25 + 64*m : t18; /* m x 256 */
+    /* softmax_Wk1[(e,t),(h,s)] = exp(scores_Wk1[(e,t),(h,s)] - max_{s'<=t}
+     * scores_Wk1[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
+     * mask) (rows (e,t) = e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *softmax_Wk1 = with_grads ? mm_Wk1 + 64*m : add_W0up; /* m x 256 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -926,59 +930,59 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t26[qbase];
+                TRANSFORMER_LM_REAL top = scores_Wk1[qbase];
                 for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t26[qbase + ks];
+                    const TRANSFORMER_LM_REAL val = scores_Wk1[qbase + ks];
                     top = val > top ? val : top;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t26[qbase + ks];
-                    t27[qbase + ks] = exp(-top + val);
+                    const TRANSFORMER_LM_REAL val = scores_Wk1[qbase + ks];
+                    softmax_Wk1[qbase + ks] = exp(-top + val);
                 }
                 TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += t27[qbase + ks];
+                    total += softmax_Wk1[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t27[qbase + ks] /= total;
+                    softmax_Wk1[qbase + ks] /= total;
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t27[qbase + ks] = 0;
+                    softmax_Wk1[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* t28 = t22 @ Wv1 */
-    TRANSFORMER_LM_REAL *t28 = with_grads ? t27 + 256*m : t24; /* m x 64 */
-    transformer_lm_product0(m, t22, Wv1, t28);
+    /* mm_Wv1 = add_b1a @ Wv1 */
+    TRANSFORMER_LM_REAL *mm_Wv1 = with_grads ? softmax_Wk1 + 256*m : mm_Wq1; /* m x 64 */
+    transformer_lm_product0(m, add_b1a, Wv1, mm_Wv1);
 
-    /* t29[(e,t),h*dh+k] = sum_{s<=t} t27[(e,t),(h,s)] * t28[(e,s),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t29 = with_grads ? t28 + 64*m : t25; /* m x 64 */
+    /* mix_Wv1[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk1[(e,t),(h,s)] * mm_Wv1[(e,s),h*dh+k]
+     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *mix_Wv1 = with_grads ? mm_Wv1 + 64*m : mm_Wk1; /* m x 64 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t27) t28 */
-            symbackprop_f64_causal_mix(0, len, 16, t27 + row0 * 256 + hd * 64, 256,
-                                       t28 + row0 * 64 + hd * 16, 64, t29 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(softmax_Wk1) mm_Wv1 */
+            symbackprop_f64_causal_mix(0, len, 16, softmax_Wk1 + row0 * 256 + hd * 64, 256,
+                                       mm_Wv1 + row0 * 64 + hd * 16, 64, mix_Wv1 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of t27[(e,qt),(hd,ks)] *
-                 * t28[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = t29 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of softmax_Wk1[(e,qt),(hd,ks)] *
+                 * mm_Wv1[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = mix_Wv1 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = t27[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = softmax_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t28[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wv1[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -986,27 +990,27 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     #endif
     }
 
-    /* t30 = t29 @ Wo1 */
-    TRANSFORMER_LM_REAL *t30 = with_grads ? t29 + 64*m : t22; /* m x 64 */
-    transformer_lm_product0(m, t29, Wo1, t30);
+    /* mm_Wo1 = mix_Wv1 @ Wo1 */
+    TRANSFORMER_LM_REAL *mm_Wo1 = with_grads ? mix_Wv1 + 64*m : add_b1a; /* m x 64 */
+    transformer_lm_product0(m, mix_Wv1, Wo1, mm_Wo1);
 
-    /* t31 = t20 + t30 */
-    TRANSFORMER_LM_REAL *t31 = with_grads ? t30 + 64*m : t28; /* m x 64 */
-    transformer_lm_loop0(m, t31, t20, t30);
+    /* add_Wo1 = add_W0down + mm_Wo1 */
+    TRANSFORMER_LM_REAL *add_Wo1 = with_grads ? mm_Wo1 + 64*m : mm_Wv1; /* m x 64 */
+    transformer_lm_loop0(m, add_Wo1, add_W0down, mm_Wo1);
 
-    /* t32[i, :] = (t31[i, :] - mu_i) r_i, mu_i = mean_j t31[i, j], r_i = 1/sqrt(mean_j
-     * (t31[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? t30 : t29; /* m x 64, in t30's memory */
+    /* norm_Wo1[i, :] = (add_Wo1[i, :] - mu_i) r_i, mu_i = mean_j add_Wo1[i, j], r_i =
+     * 1/sqrt(mean_j (add_Wo1[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *norm_Wo1 = with_grads ? mm_Wo1 : mix_Wv1; /* m x 64, in mm_Wo1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t32 + 64*i;
+        TRANSFORMER_LM_REAL *row = norm_Wo1 + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t31[64*i + k + l];
+                    sum_lane[l] += add_Wo1[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -1014,13 +1018,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t31[64*i + k];
+                sum += add_Wo1[64*i + k];
             }
             mean = sum / 64;
         }
         /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
         for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t31[64*i + j] - mean;
+            row[j] = add_Wo1[64*i + j] - mean;
         }
         {
             TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -1044,31 +1048,16 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         }
     }
 
-    /* t33 = b1m + g1m*t32 */
-    TRANSFORMER_LM_REAL *t33 = with_grads ? t31 + 64*m : t20; /* m x 64 */
-    transformer_lm_loop1(m, t33, g1m, t32, b1m);
+    /* add_b1m = b1m + g1m*norm_Wo1 */
+    TRANSFORMER_LM_REAL *add_b1m = with_grads ? add_Wo1 + 64*m : add_W0down; /* m x 64 */
+    transformer_lm_loop1(m, add_b1m, g1m, norm_Wo1, b1m);
 }
 #endif
 
 /* transformer_lm_run, part 3 of 8 (kernels 33 to 44): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
-    int64_t m,
-    const int64_t *targets,
-    const TRANSFORMER_LM_REAL *W1up,
-    const TRANSFORMER_LM_REAL *c1up,
-    const TRANSFORMER_LM_REAL *W1down,
-    const TRANSFORMER_LM_REAL *c1down,
-    const TRANSFORMER_LM_REAL *gf,
-    const TRANSFORMER_LM_REAL *bf,
-    const TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *loss,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
@@ -1084,46 +1073,46 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t17 = with_grads ? work + 1152*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t18 = with_grads ? work + 1408*m + 5120 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = with_grads ? work + 320*m + 4096 : work + 256*m + 4096; /* m x 256, in t16's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t30 = with_grads ? work + 2368*m + 9216 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t31 = with_grads ? work + 2432*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 2368*m + 9216 : work + 128*m; /* m x 64, in t30's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t33 = with_grads ? work + 2496*m + 9216 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    /* t34 = t33 @ W1up */
-    TRANSFORMER_LM_REAL *t34 = with_grads ? t26 : t17; /* m x 256, in t26's memory */
-    transformer_lm_product1(m, t33, W1up, t34);
+    TRANSFORMER_LM_REAL *mul_W0up = with_grads ? work + 1152*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_W0up = with_grads ? work + 1408*m + 5120 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *scores_Wk1 = with_grads ? work + 320*m + 4096 : work + 256*m + 4096; /* m x 256, in mm_W0up's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *softmax_Wk1 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wo1 = with_grads ? work + 2368*m + 9216 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_Wo1 = with_grads ? work + 2432*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *norm_Wo1 = with_grads ? work + 2368*m + 9216 : work + 128*m; /* m x 64, in mm_Wo1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_b1m = with_grads ? work + 2496*m + 9216 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
+    /* mm_W1up = add_b1m @ W1up */
+    TRANSFORMER_LM_REAL *mm_W1up = with_grads ? scores_Wk1 : mul_W0up; /* m x 256, in scores_Wk1's memory */
+    transformer_lm_product1(m, add_b1m, W1up, mm_W1up);
 
-    /* t35 = (c1up + t34)*(erf(sqrt(2)*(c1up + t34)/2) + 1)/2 */
-    /* t36 = sqrt(2)*(c1up + t34)*exp(-(c1up + t34)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c1up +
-     * t34)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? t33 + 64*m : t26; /* m x 256 */
-    TRANSFORMER_LM_REAL *t36 = with_grads ? t35 + 256*m : t27; /* m x 256 */
-    transformer_lm_loop2(m, t35, t36, t34, c1up);
+    /* mul_W1up = (c1up + mm_W1up)*(erf(sqrt(2)*(c1up + mm_W1up)/2) + 1)/2 */
+    /* add_W1up = sqrt(2)*(c1up + mm_W1up)*exp(-(c1up + mm_W1up)**2/2)/(2*sqrt(pi)) +
+     * erf(sqrt(2)*(c1up + mm_W1up)/2)/2 + 1/2 */
+    TRANSFORMER_LM_REAL *mul_W1up = with_grads ? add_b1m + 64*m : scores_Wk1; /* m x 256 */
+    TRANSFORMER_LM_REAL *add_W1up = with_grads ? mul_W1up + 256*m : softmax_Wk1; /* m x 256 */
+    transformer_lm_loop2(m, mul_W1up, add_W1up, mm_W1up, c1up);
 
-    /* t37 = t35 @ W1down */
-    TRANSFORMER_LM_REAL *t37 = with_grads ? t36 + 256*m : t30; /* m x 64 */
-    transformer_lm_product2(m, t35, W1down, t37);
+    /* mm_W1down = mul_W1up @ W1down */
+    TRANSFORMER_LM_REAL *mm_W1down = with_grads ? add_W1up + 256*m : mm_Wo1; /* m x 64 */
+    transformer_lm_product2(m, mul_W1up, W1down, mm_W1down);
 
-    /* t38 = c1down + t31 + t37 */
-    TRANSFORMER_LM_REAL *t38 = with_grads ? t37 + 64*m : t32; /* m x 64 */
-    transformer_lm_loop3(m, t38, t31, t37, c1down);
+    /* add_W1down = add_Wo1 + c1down + mm_W1down */
+    TRANSFORMER_LM_REAL *add_W1down = with_grads ? mm_W1down + 64*m : norm_Wo1; /* m x 64 */
+    transformer_lm_loop3(m, add_W1down, add_Wo1, mm_W1down, c1down);
 
-    /* t39[i, :] = (t38[i, :] - mu_i) r_i, mu_i = mean_j t38[i, j], r_i = 1/sqrt(mean_j
-     * (t38[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? t37 : t33; /* m x 64, in t37's memory */
+    /* norm_W1down[i, :] = (add_W1down[i, :] - mu_i) r_i, mu_i = mean_j add_W1down[i, j], r_i
+     * = 1/sqrt(mean_j (add_W1down[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *norm_W1down = with_grads ? mm_W1down : add_b1m; /* m x 64, in mm_W1down's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t39 + 64*i;
+        TRANSFORMER_LM_REAL *row = norm_W1down + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t38[64*i + k + l];
+                    sum_lane[l] += add_W1down[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -1131,13 +1120,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t38[64*i + k];
+                sum += add_W1down[64*i + k];
             }
             mean = sum / 64;
         }
         /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
         for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t38[64*i + j] - mean;
+            row[j] = add_W1down[64*i + j] - mean;
         }
         {
             TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -1161,40 +1150,40 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
         }
     }
 
-    /* t40 = bf + gf*t39 */
-    TRANSFORMER_LM_REAL *t40 = with_grads ? t38 + 64*m : t31; /* m x 64 */
-    transformer_lm_loop1(m, t40, gf, t39, bf);
+    /* add_bf = bf + gf*norm_W1down */
+    TRANSFORMER_LM_REAL *add_bf = with_grads ? add_W1down + 64*m : add_Wo1; /* m x 64 */
+    transformer_lm_loop1(m, add_bf, gf, norm_W1down, bf);
 
-    /* t41 = t40 @ Wout */
-    TRANSFORMER_LM_REAL *t41 = with_grads ? t40 + 64*m : t18 + 256*m; /* m x 62 */
-    transformer_lm_product3(m, t40, Wout, t41);
+    /* mm_Wout = add_bf @ Wout */
+    TRANSFORMER_LM_REAL *mm_Wout = with_grads ? add_bf + 64*m : add_W0up + 256*m; /* m x 62 */
+    transformer_lm_product3(m, add_bf, Wout, mm_Wout);
 
-    /* t42[i] = t41[i, targets[i]] */
-    TRANSFORMER_LM_REAL *t42 = t41 + 62*m; /* m x 1 */
+    /* pick_targets[i] = mm_Wout[i, targets[i]] */
+    TRANSFORMER_LM_REAL *pick_targets = mm_Wout + 62*m; /* m x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         const int64_t column = targets[i];
-        t42[i] = t41[62*i + column];
+        pick_targets[i] = mm_Wout[62*i + column];
     }
 
-    /* t43 = log(sum(exp(t41))) along each row, its max subtracted first */
-    TRANSFORMER_LM_REAL *t43 = t42 + m; /* m x 1 */
+    /* rowlse_Wout = log(sum(exp(mm_Wout))) along each row, its max subtracted first */
+    TRANSFORMER_LM_REAL *rowlse_Wout = pick_targets + m; /* m x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t43[i] = symbackprop_f64_logsumexp(t41 + 62*i, 62, 1);
+        rowlse_Wout[i] = symbackprop_f64_logsumexp(mm_Wout + 62*i, 62, 1);
     }
 
-    /* t44 = -t42 + t43 */
-    TRANSFORMER_LM_REAL *t44 = t43 + m; /* m x 1 */
-    transformer_lm_loop4(m, t44, t42, t43);
+    /* add_Wout = -pick_targets + rowlse_Wout */
+    TRANSFORMER_LM_REAL *add_Wout = rowlse_Wout + m; /* m x 1 */
+    transformer_lm_loop4(m, add_Wout, pick_targets, rowlse_Wout);
 
-    /* t45 = sum of t44 down each column */
-    TRANSFORMER_LM_REAL *t45 = t44 + m; /* 1 x 1 */
-    t45[0] = symbackprop_f64_sum(t44, m, 1);
+    /* colsum_Wout = sum of add_Wout down each column */
+    TRANSFORMER_LM_REAL *colsum_Wout = add_Wout + m; /* 1 x 1 */
+    colsum_Wout[0] = symbackprop_f64_sum(add_Wout, m, 1);
 
-    /* loss = t45/m */
+    /* loss = colsum_Wout/m */
     {
-        loss[0] = t45[0]/((TRANSFORMER_LM_REAL)m);
+        loss[0] = colsum_Wout[0]/((TRANSFORMER_LM_REAL)m);
     }
 }
 #endif
@@ -1233,60 +1222,60 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t24 = with_grads ? work + 1856*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1920*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26_block = with_grads ? work + 576*m + 4096 : work + 512*m + 4096; /* 64 x 16, in t8_block's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t28 = with_grads ? work + 2240*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t31 = with_grads ? work + 2432*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = with_grads ? work + 2368*m + 9216 : work + 128*m; /* m x 64, in t30's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t34 = with_grads ? work + 320*m + 4096 : work + 512*m + 5120; /* m x 256, in t26's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t36 = with_grads ? work + 2816*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t38 = with_grads ? work + 3136*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t39 = with_grads ? work + 3072*m + 9216 : work + 192*m + 4096; /* m x 64, in t37's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t41 = with_grads ? work + 3264*m + 9216 : work + 1024*m + 5120; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t43 = with_grads ? work + 3327*m + 9216 : work + 1087*m + 5120; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t45 = with_grads ? work + 3329*m + 9216 : work + 1089*m + 5120; /* 1 x 1; placed in an earlier part */
-    /* grad_t41_part[i, j] = (-1/m) if j == targets[i], else 0 */
-    TRANSFORMER_LM_REAL *grad_t41_part = t45 + 1; /* m x 62 */
+    TRANSFORMER_LM_REAL *mul_Wq1 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wq1 = with_grads ? work + 1856*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wk1 = with_grads ? work + 1920*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *scores_Wk1_block = with_grads ? work + 576*m + 4096 : work + 512*m + 4096; /* 64 x 16, in scores_Wk0_block's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *softmax_Wk1 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wv1 = with_grads ? work + 2240*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_Wo1 = with_grads ? work + 2432*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *norm_Wo1 = with_grads ? work + 2368*m + 9216 : work + 128*m; /* m x 64, in mm_Wo1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_W1up = with_grads ? work + 320*m + 4096 : work + 512*m + 5120; /* m x 256, in scores_Wk1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_W1up = with_grads ? work + 2816*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_W1down = with_grads ? work + 3136*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *norm_W1down = with_grads ? work + 3072*m + 9216 : work + 192*m + 4096; /* m x 64, in mm_W1down's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wout = with_grads ? work + 3264*m + 9216 : work + 1024*m + 5120; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *rowlse_Wout = with_grads ? work + 3327*m + 9216 : work + 1087*m + 5120; /* m x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *colsum_Wout = with_grads ? work + 3329*m + 9216 : work + 1089*m + 5120; /* 1 x 1; placed in an earlier part */
+    /* grad_mm_Wout_part[i, j] = (-1/m) if j == targets[i], else 0 */
+    TRANSFORMER_LM_REAL *grad_mm_Wout_part = colsum_Wout + 1; /* m x 62 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         const int64_t column = targets[i];
         for (int64_t j = 0; j < 62; ++j) {
-            grad_t41_part[62*i + j] = 0;
+            grad_mm_Wout_part[62*i + j] = 0;
         }
-        grad_t41_part[62*i + column] = (-1/((TRANSFORMER_LM_REAL)m));
+        grad_mm_Wout_part[62*i + column] = (-1/((TRANSFORMER_LM_REAL)m));
     }
 
-    /* grad_t41 = grad_t41_part + exp(t41 - t43)/m */
-    TRANSFORMER_LM_REAL *grad_t41 = grad_t41_part + 62*m; /* m x 62 */
-    transformer_lm_loop5(m, grad_t41, grad_t41_part, t41, t43);
+    /* grad_mm_Wout = grad_mm_Wout_part + exp(mm_Wout - rowlse_Wout)/m */
+    TRANSFORMER_LM_REAL *grad_mm_Wout = grad_mm_Wout_part + 62*m; /* m x 62 */
+    transformer_lm_loop5(m, grad_mm_Wout, grad_mm_Wout_part, mm_Wout, rowlse_Wout);
 
-    /* grad_t40 = grad_t41 @ Wout^T */
-    TRANSFORMER_LM_REAL *grad_t40 = grad_t41 + 62*m; /* m x 64 */
-    transformer_lm_product4(m, grad_t41, Wout, grad_t40);
+    /* grad_add_bf = grad_mm_Wout @ Wout^T */
+    TRANSFORMER_LM_REAL *grad_add_bf = grad_mm_Wout + 62*m; /* m x 64 */
+    transformer_lm_product4(m, grad_mm_Wout, Wout, grad_add_bf);
 
-    /* grad_t39 = gf*grad_t40 */
-    /* g0 = grad_t40*t39 */
-    TRANSFORMER_LM_REAL *grad_t39 = grad_t40 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *g0 = grad_t39 + 64*m; /* m x 64 */
-    transformer_lm_loop6(m, grad_t39, grad_t40, gf, g0, t39);
+    /* grad_norm_W1down = gf*grad_add_bf */
+    /* grad_copy_gf = grad_add_bf*norm_W1down */
+    TRANSFORMER_LM_REAL *grad_norm_W1down = grad_add_bf + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_copy_gf = grad_norm_W1down + 64*m; /* m x 64 */
+    transformer_lm_loop6(m, grad_norm_W1down, grad_add_bf, gf, grad_copy_gf, norm_W1down);
 
-    /* grad_t38[i, :] = r_i (grad_t39[i, :] - mean_j grad_t39[i, j] - y[i, :] mean_j
-     * grad_t39[i, j] y[i, j]), y = (t38 - mu) r normalized as in normalize_rows (mu_i, r_i
-     * of t38's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t38 = t39; /* m x 64, in t39's memory */
+    /* grad_add_W1down[i, :] = r_i (grad_norm_W1down[i, :] - mean_j grad_norm_W1down[i, j] -
+     * y[i, :] mean_j grad_norm_W1down[i, j] y[i, j]), y = (add_W1down - mu) r normalized as
+     * in normalize_rows (mu_i, r_i of add_W1down's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_add_W1down = norm_W1down; /* m x 64, in norm_W1down's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t38 + 64*i;
+        TRANSFORMER_LM_REAL *row = grad_add_W1down + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t38[64*i + k + l];
+                    sum_lane[l] += add_W1down[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -1294,7 +1283,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t38[64*i + k];
+                sum += add_W1down[64*i + k];
             }
             mean = sum / 64;
         }
@@ -1307,9 +1296,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t38[64*i + k + l] - mean)*(t38[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t39[64*i + k + l];
-                    grads_c_lane[l] += grad_t39[64*i + k + l]*(t38[64*i + k + l] - mean);
+                    squares_lane[l] += (add_W1down[64*i + k + l] - mean)*(add_W1down[64*i + k + l] - mean);
+                    grads_lane[l] += grad_norm_W1down[64*i + k + l];
+                    grads_c_lane[l] += grad_norm_W1down[64*i + k + l]*(add_W1down[64*i + k + l] - mean);
                 }
             }
             TRANSFORMER_LM_REAL squares = squares_lane[0];
@@ -1321,51 +1310,51 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
                 grads_c += grads_c_lane[l];
             }
             for (; k < 64; ++k) {
-                squares += (t38[64*i + k] - mean)*(t38[64*i + k] - mean);
-                grads += grad_t39[64*i + k];
-                grads_c += grad_t39[64*i + k]*(t38[64*i + k] - mean);
+                squares += (add_W1down[64*i + k] - mean)*(add_W1down[64*i + k] - mean);
+                grads += grad_norm_W1down[64*i + k];
+                grads_c += grad_norm_W1down[64*i + k]*(add_W1down[64*i + k] - mean);
             }
             const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t39[64*i + j] - grads_mean - (t38[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_W1down[64*i + j] - grads_mean - (add_W1down[64*i + j] - mean) * r * grads_y_mean);
             }
         }
     }
 
-    /* grad_t35 = grad_t38 @ W1down^T */
-    TRANSFORMER_LM_REAL *grad_t35 = t34; /* m x 256, in t34's memory */
-    transformer_lm_product5(m, grad_t38, W1down, grad_t35);
+    /* grad_mul_W1up = grad_add_W1down @ W1down^T */
+    TRANSFORMER_LM_REAL *grad_mul_W1up = mm_W1up; /* m x 256, in mm_W1up's memory */
+    transformer_lm_product5(m, grad_add_W1down, W1down, grad_mul_W1up);
 
-    /* g1 = grad_t35*t36 */
-    TRANSFORMER_LM_REAL *g1 = g0 + 64*m; /* m x 256 */
-    transformer_lm_loop7(m, g1, grad_t35, t36);
+    /* grad_add_W1up = add_W1up*grad_mul_W1up */
+    TRANSFORMER_LM_REAL *grad_add_W1up = grad_copy_gf + 64*m; /* m x 256 */
+    transformer_lm_loop7(m, grad_add_W1up, grad_mul_W1up, add_W1up);
 
-    /* grad_t33 = g1 @ W1up^T */
-    TRANSFORMER_LM_REAL *grad_t33 = t38; /* m x 64, in t38's memory */
-    transformer_lm_product6(m, g1, W1up, grad_t33);
+    /* grad_add_b1m = grad_add_W1up @ W1up^T */
+    TRANSFORMER_LM_REAL *grad_add_b1m = add_W1down; /* m x 64, in add_W1down's memory */
+    transformer_lm_product6(m, grad_add_W1up, W1up, grad_add_b1m);
 
-    /* grad_t32 = g1m*grad_t33 */
-    /* g2 = grad_t33*t32 */
-    TRANSFORMER_LM_REAL *grad_t32 = grad_t39; /* m x 64, in grad_t39's memory */
-    TRANSFORMER_LM_REAL *g2 = g1 + 256*m; /* m x 64 */
-    transformer_lm_loop6(m, grad_t32, grad_t33, g1m, g2, t32);
+    /* grad_norm_Wo1 = g1m*grad_add_b1m */
+    /* grad_copy_g1m = grad_add_b1m*norm_Wo1 */
+    TRANSFORMER_LM_REAL *grad_norm_Wo1 = grad_norm_W1down; /* m x 64, in grad_norm_W1down's memory */
+    TRANSFORMER_LM_REAL *grad_copy_g1m = grad_add_W1up + 256*m; /* m x 64 */
+    transformer_lm_loop6(m, grad_norm_Wo1, grad_add_b1m, g1m, grad_copy_g1m, norm_Wo1);
 
-    /* grad_t31_part[i, :] = r_i (grad_t32[i, :] - mean_j grad_t32[i, j] - y[i, :] mean_j
-     * grad_t32[i, j] y[i, j]), y = (t31 - mu) r normalized as in normalize_rows (mu_i, r_i
-     * of t31's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t31_part = t32; /* m x 64, in t32's memory */
+    /* grad_add_Wo1_part[i, :] = r_i (grad_norm_Wo1[i, :] - mean_j grad_norm_Wo1[i, j] -
+     * y[i, :] mean_j grad_norm_Wo1[i, j] y[i, j]), y = (add_Wo1 - mu) r normalized as in
+     * normalize_rows (mu_i, r_i of add_Wo1's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_add_Wo1_part = norm_Wo1; /* m x 64, in norm_Wo1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t31_part + 64*i;
+        TRANSFORMER_LM_REAL *row = grad_add_Wo1_part + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t31[64*i + k + l];
+                    sum_lane[l] += add_Wo1[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -1373,7 +1362,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t31[64*i + k];
+                sum += add_Wo1[64*i + k];
             }
             mean = sum / 64;
         }
@@ -1386,9 +1375,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t31[64*i + k + l] - mean)*(t31[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t32[64*i + k + l];
-                    grads_c_lane[l] += grad_t32[64*i + k + l]*(t31[64*i + k + l] - mean);
+                    squares_lane[l] += (add_Wo1[64*i + k + l] - mean)*(add_Wo1[64*i + k + l] - mean);
+                    grads_lane[l] += grad_norm_Wo1[64*i + k + l];
+                    grads_c_lane[l] += grad_norm_Wo1[64*i + k + l]*(add_Wo1[64*i + k + l] - mean);
                 }
             }
             TRANSFORMER_LM_REAL squares = squares_lane[0];
@@ -1400,53 +1389,53 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
                 grads_c += grads_c_lane[l];
             }
             for (; k < 64; ++k) {
-                squares += (t31[64*i + k] - mean)*(t31[64*i + k] - mean);
-                grads += grad_t32[64*i + k];
-                grads_c += grad_t32[64*i + k]*(t31[64*i + k] - mean);
+                squares += (add_Wo1[64*i + k] - mean)*(add_Wo1[64*i + k] - mean);
+                grads += grad_norm_Wo1[64*i + k];
+                grads_c += grad_norm_Wo1[64*i + k]*(add_Wo1[64*i + k] - mean);
             }
             const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t32[64*i + j] - grads_mean - (t31[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_Wo1[64*i + j] - grads_mean - (add_Wo1[64*i + j] - mean) * r * grads_y_mean);
             }
         }
     }
 
-    /* grad_t31 = grad_t31_part + grad_t38 */
-    TRANSFORMER_LM_REAL *grad_t31 = t31; /* m x 64, in t31's memory */
-    transformer_lm_loop0(m, grad_t31, grad_t38, grad_t31_part);
+    /* grad_add_Wo1 = grad_add_W1down + grad_add_Wo1_part */
+    TRANSFORMER_LM_REAL *grad_add_Wo1 = add_Wo1; /* m x 64, in add_Wo1's memory */
+    transformer_lm_loop0(m, grad_add_Wo1, grad_add_W1down, grad_add_Wo1_part);
 
-    /* grad_t29 = grad_t31 @ Wo1^T */
-    TRANSFORMER_LM_REAL *grad_t29 = grad_t32; /* m x 64, in grad_t32's memory */
-    transformer_lm_product7(m, grad_t31, Wo1, grad_t29);
+    /* grad_mix_Wv1 = grad_add_Wo1 @ Wo1^T */
+    TRANSFORMER_LM_REAL *grad_mix_Wv1 = grad_norm_Wo1; /* m x 64, in grad_norm_Wo1's memory */
+    transformer_lm_product7(m, grad_add_Wo1, Wo1, grad_mix_Wv1);
 
-    /* grad_t28[(e,s),h*dh+k] = sum_{t>=s} t27[(e,t),(h,s)] * grad_t29[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t28 = grad_t31_part; /* m x 64, in grad_t31_part's memory */
+    /* grad_mm_Wv1[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk1[(e,t),(h,s)] *
+     * grad_mix_Wv1[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_mm_Wv1 = grad_add_Wo1_part; /* m x 64, in grad_add_Wo1_part's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t27)^T grad_t29 */
-            symbackprop_f64_causal_mix(1, len, 16, t27 + row0 * 256 + hd * 64, 256,
-                                       grad_t29 + row0 * 64 + hd * 16, 64, grad_t28 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(softmax_Wk1)^T grad_mix_Wv1 */
+            symbackprop_f64_causal_mix(1, len, 16, softmax_Wk1 + row0 * 256 + hd * 64, 256,
+                                       grad_mix_Wv1 + row0 * 64 + hd * 16, 64, grad_mm_Wv1 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of t27[(e,qt),(hd,ks)] *
-                 * grad_t29[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t28 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of softmax_Wk1[(e,qt),(hd,ks)] *
+                 * grad_mix_Wv1[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wv1 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = t27[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = softmax_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_t29[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_mix_Wv1[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1454,14 +1443,15 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     #endif
     }
 
-    /* grad_t22 = grad_t28 @ Wv1^T, the first of 3 products added up here */
-    TRANSFORMER_LM_REAL *grad_t22 = g2 + 64*m; /* m x 64 */
-    transformer_lm_product7(m, grad_t28, Wv1, grad_t22);
+    /* grad_add_b1a = grad_mm_Wv1 @ Wv1^T, the first of 3 products added up here */
+    TRANSFORMER_LM_REAL *grad_add_b1a = grad_copy_g1m + 64*m; /* m x 64 */
+    transformer_lm_product7(m, grad_mm_Wv1, Wv1, grad_add_b1a);
 
-    /* grad_t27[(e,t),(h,s)] = sum_k grad_t29[(e,t),h*dh+k] * t28[(e,s),h*dh+k] for s <= t, 0
-     * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t27 = t36; /* m x 256, in t36's memory */
-    TRANSFORMER_LM_REAL *grad_t27_block = t26_block; /* 64 x 16, in t26_block's memory */
+    /* grad_softmax_Wk1[(e,t),(h,s)] = sum_k grad_mix_Wv1[(e,t),h*dh+k] *
+     * mm_Wv1[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
+     * columns) */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1 = add_W1up; /* m x 256, in add_W1up's memory */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block = scores_Wk1_block; /* 64 x 16, in scores_Wk1_block's memory */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -1470,30 +1460,30 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores grad_t29 t28^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_t29 + row0 * 64 + hd * 16, 64, t28 + row0 * 64 + hd * 16, 64,
-                                          grad_t27 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores grad_mix_Wv1 mm_Wv1^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_mix_Wv1 + row0 * 64 + hd * 16, 64, mm_Wv1 + row0 * 64 + hd * 16, 64,
+                                          grad_softmax_Wk1 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_t27_block[dk][ks] = t28[(e,ks), hd*16+dk]: the head's keys transposed, so
-             * that a row of scores is a sum of contiguous rows */
+            /* grad_softmax_Wk1_block[dk][ks] = mm_Wv1[(e,ks), hd*16+dk]: the head's keys
+             * transposed, so that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_t27_block[dk * 64 + ks] = t28[(row0 + ks) * 64 + hd * 16 + dk];
+                    grad_softmax_Wk1_block[dk * 64 + ks] = mm_Wv1[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_t27 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = grad_softmax_Wk1 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += grad_t29[(e,qt), hd*16+dk] * grad_t27_block[dk][ks] for keys
-                 * ks <= qt */
+                /* srow[ks] += grad_mix_Wv1[(e,qt), hd*16+dk] *
+                 * grad_softmax_Wk1_block[dk][ks] for keys ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_t29[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = grad_mix_Wv1[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_t27_block[dk * 64 + ks];
+                        srow[ks] += aw * grad_softmax_Wk1_block[dk * 64 + ks];
                     }
                 }
             }
@@ -1501,10 +1491,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     #endif
     }
 
-    /* grad_t26[(e,t),(h,s)] = t27[(e,t),(h,s)] * (grad_t27[(e,t),(h,s)] - sum_{s'<=t}
-     * t27[(e,t),(h,s')] * grad_t27[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
-     * e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_t26 = grad_t35; /* m x 256, in grad_t35's memory */
+    /* grad_scores_Wk1[(e,t),(h,s)] = softmax_Wk1[(e,t),(h,s)] *
+     * (grad_softmax_Wk1[(e,t),(h,s)] - sum_{s'<=t} softmax_Wk1[(e,t),(h,s')] *
+     * grad_softmax_Wk1[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *grad_scores_Wk1 = grad_mul_W1up; /* m x 256, in grad_mul_W1up's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1514,44 +1504,44 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
                 TRANSFORMER_LM_REAL dot = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    dot += t27[qbase + ks] * grad_t27[qbase + ks];
+                    dot += softmax_Wk1[qbase + ks] * grad_softmax_Wk1[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_t26[qbase + ks] = t27[qbase + ks] * (grad_t27[qbase + ks] - dot);
+                    grad_scores_Wk1[qbase + ks] = softmax_Wk1[qbase + ks] * (grad_softmax_Wk1[qbase + ks] - dot);
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    grad_t26[qbase + ks] = 0;
+                    grad_scores_Wk1[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* grad_t25[(e,s),h*dh+k] = sum_{t>=s} grad_t26[(e,t),(h,s)] * t24[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t25 = t28; /* m x 64, in t28's memory */
+    /* grad_mm_Wk1[(e,s),h*dh+k] = sum_{t>=s} grad_scores_Wk1[(e,t),(h,s)] *
+     * mm_Wq1[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_mm_Wk1 = mm_Wv1; /* m x 64, in mm_Wv1's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t26)^T t24 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_t26 + row0 * 256 + hd * 64, 256,
-                                       t24 + row0 * 64 + hd * 16, 64, grad_t25 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_scores_Wk1)^T mm_Wq1 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_scores_Wk1 + row0 * 256 + hd * 64, 256,
+                                       mm_Wq1 + row0 * 64 + hd * 16, 64, grad_mm_Wk1 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t26[(e,qt),(hd,ks)] *
-                 * t24[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t25 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of grad_scores_Wk1[(e,qt),(hd,ks)] *
+                 * mm_Wq1[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wk1 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t26[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_scores_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t24[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wq1[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1559,35 +1549,35 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     #endif
     }
 
-    /* grad_t22 += grad_t25 @ Wk1^T */
-    transformer_lm_product8(m, grad_t25, Wk1, grad_t22);
+    /* grad_add_b1a += grad_mm_Wk1 @ Wk1^T */
+    transformer_lm_product8(m, grad_mm_Wk1, Wk1, grad_add_b1a);
 
-    /* grad_t24[(e,t),h*dh+k] = sum_{s<=t} grad_t26[(e,t),(h,s)] * t25[(e,s),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t24 = grad_t29; /* m x 64, in grad_t29's memory */
+    /* grad_mm_Wq1[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk1[(e,t),(h,s)] *
+     * mm_Wk1[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_mm_Wq1 = grad_mix_Wv1; /* m x 64, in grad_mix_Wv1's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t26) t25 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_t26 + row0 * 256 + hd * 64, 256,
-                                       t25 + row0 * 64 + hd * 16, 64, grad_t24 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_scores_Wk1) mm_Wk1 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_scores_Wk1 + row0 * 256 + hd * 64, 256,
+                                       mm_Wk1 + row0 * 64 + hd * 16, 64, grad_mm_Wq1 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t26[(e,qt),(hd,ks)] *
-                 * t25[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t24 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of grad_scores_Wk1[(e,qt),(hd,ks)] *
+                 * mm_Wk1[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wq1 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t26[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_scores_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t25[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wk1[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1595,8 +1585,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     #endif
     }
 
-    /* grad_t22 += grad_t24 @ t23^T */
-    transformer_lm_product8(m, grad_t24, t23, grad_t22);
+    /* grad_add_b1a += grad_mm_Wq1 @ mul_Wq1^T */
+    transformer_lm_product8(m, grad_mm_Wq1, mul_Wq1, grad_add_b1a);
 }
 #endif
 
@@ -1632,46 +1622,47 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t2 = work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t3 = work; /* m x 64, in t0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t6 = with_grads ? work + 192*m + 4096 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t7 = with_grads ? work + 256*m + 4096 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t9 = with_grads ? work + 576*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t10 = with_grads ? work + 832*m + 5120 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t13 = with_grads ? work + 1024*m + 5120 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t14 = with_grads ? work + 960*m + 5120 : work + 192*m + 4096; /* m x 64, in t12's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t18 = with_grads ? work + 1408*m + 5120 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t20 = with_grads ? work + 1728*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t21 = with_grads ? work + 1664*m + 5120 : work + 128*m; /* m x 64, in t19's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t24 = with_grads ? work + 1856*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = with_grads ? work + 1920*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t27 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t27 = work + 2816*m + 9216; /* m x 256, in t36's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t27_block = work + 576*m + 4096; /* 64 x 16, in t26_block's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t26 = work + 320*m + 4096; /* m x 256, in grad_t35's memory; placed in an earlier part */
-    /* grad_t21 = g1a*grad_t22 */
-    /* g3 = grad_t22*t21 */
-    TRANSFORMER_LM_REAL *grad_t21 = t24; /* m x 64, in t24's memory */
-    TRANSFORMER_LM_REAL *g3 = t25; /* m x 64, in t25's memory */
-    transformer_lm_loop6(m, grad_t21, grad_t22, g1a, g3, t21);
+    TRANSFORMER_LM_REAL *add_E = work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *norm_E = work; /* m x 64, in emap_E's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mul_Wq0 = work + 192*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wq0 = with_grads ? work + 192*m + 4096 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wk0 = with_grads ? work + 256*m + 4096 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *softmax_Wk0 = with_grads ? work + 576*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wv0 = with_grads ? work + 832*m + 5120 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_Wo0 = with_grads ? work + 1024*m + 5120 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *norm_Wo0 = with_grads ? work + 960*m + 5120 : work + 192*m + 4096; /* m x 64, in mm_Wo0's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_W0up = with_grads ? work + 1408*m + 5120 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_W0down = with_grads ? work + 1728*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *norm_W0down = with_grads ? work + 1664*m + 5120 : work + 128*m; /* m x 64, in mm_W0down's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wq1 = with_grads ? work + 1856*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wk1 = with_grads ? work + 1920*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *softmax_Wk1 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_Wo1 = work + 2432*m + 9216; /* m x 64, in add_Wo1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_b1a = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1 = work + 2816*m + 9216; /* m x 256, in add_W1up's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block = work + 576*m + 4096; /* 64 x 16, in scores_Wk1_block's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_scores_Wk1 = work + 320*m + 4096; /* m x 256, in grad_mul_W1up's memory; placed in an earlier part */
+    /* grad_norm_W0down = g1a*grad_add_b1a */
+    /* grad_copy_g1a = grad_add_b1a*norm_W0down */
+    TRANSFORMER_LM_REAL *grad_norm_W0down = mm_Wq1; /* m x 64, in mm_Wq1's memory */
+    TRANSFORMER_LM_REAL *grad_copy_g1a = mm_Wk1; /* m x 64, in mm_Wk1's memory */
+    transformer_lm_loop6(m, grad_norm_W0down, grad_add_b1a, g1a, grad_copy_g1a, norm_W0down);
 
-    /* grad_t20_part[i, :] = r_i (grad_t21[i, :] - mean_j grad_t21[i, j] - y[i, :] mean_j
-     * grad_t21[i, j] y[i, j]), y = (t20 - mu) r normalized as in normalize_rows (mu_i, r_i
-     * of t20's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t20_part = t21; /* m x 64, in t21's memory */
+    /* grad_add_W0down_part[i, :] = r_i (grad_norm_W0down[i, :] - mean_j
+     * grad_norm_W0down[i, j] - y[i, :] mean_j grad_norm_W0down[i, j] y[i, j]), y =
+     * (add_W0down - mu) r normalized as in normalize_rows (mu_i, r_i of add_W0down's row i,
+     * recomputed) */
+    TRANSFORMER_LM_REAL *grad_add_W0down_part = norm_W0down; /* m x 64, in norm_W0down's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t20_part + 64*i;
+        TRANSFORMER_LM_REAL *row = grad_add_W0down_part + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t20[64*i + k + l];
+                    sum_lane[l] += add_W0down[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -1679,7 +1670,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t20[64*i + k];
+                sum += add_W0down[64*i + k];
             }
             mean = sum / 64;
         }
@@ -1692,9 +1683,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t20[64*i + k + l] - mean)*(t20[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t21[64*i + k + l];
-                    grads_c_lane[l] += grad_t21[64*i + k + l]*(t20[64*i + k + l] - mean);
+                    squares_lane[l] += (add_W0down[64*i + k + l] - mean)*(add_W0down[64*i + k + l] - mean);
+                    grads_lane[l] += grad_norm_W0down[64*i + k + l];
+                    grads_c_lane[l] += grad_norm_W0down[64*i + k + l]*(add_W0down[64*i + k + l] - mean);
                 }
             }
             TRANSFORMER_LM_REAL squares = squares_lane[0];
@@ -1706,55 +1697,55 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
                 grads_c += grads_c_lane[l];
             }
             for (; k < 64; ++k) {
-                squares += (t20[64*i + k] - mean)*(t20[64*i + k] - mean);
-                grads += grad_t21[64*i + k];
-                grads_c += grad_t21[64*i + k]*(t20[64*i + k] - mean);
+                squares += (add_W0down[64*i + k] - mean)*(add_W0down[64*i + k] - mean);
+                grads += grad_norm_W0down[64*i + k];
+                grads_c += grad_norm_W0down[64*i + k]*(add_W0down[64*i + k] - mean);
             }
             const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t21[64*i + j] - grads_mean - (t20[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_W0down[64*i + j] - grads_mean - (add_W0down[64*i + j] - mean) * r * grads_y_mean);
             }
         }
     }
 
-    /* grad_t20 = grad_t20_part + grad_t31 */
-    TRANSFORMER_LM_REAL *grad_t20 = t20; /* m x 64, in t20's memory */
-    transformer_lm_loop0(m, grad_t20, grad_t31, grad_t20_part);
+    /* grad_add_W0down = grad_add_W0down_part + grad_add_Wo1 */
+    TRANSFORMER_LM_REAL *grad_add_W0down = add_W0down; /* m x 64, in add_W0down's memory */
+    transformer_lm_loop0(m, grad_add_W0down, grad_add_Wo1, grad_add_W0down_part);
 
-    /* grad_t17 = grad_t20 @ W0down^T */
-    TRANSFORMER_LM_REAL *grad_t17 = t27; /* m x 256, in t27's memory */
-    transformer_lm_product5(m, grad_t20, W0down, grad_t17);
+    /* grad_mul_W0up = grad_add_W0down @ W0down^T */
+    TRANSFORMER_LM_REAL *grad_mul_W0up = softmax_Wk1; /* m x 256, in softmax_Wk1's memory */
+    transformer_lm_product5(m, grad_add_W0down, W0down, grad_mul_W0up);
 
-    /* g4 = grad_t17*t18 */
-    TRANSFORMER_LM_REAL *g4 = grad_t27; /* m x 256, in grad_t27's memory */
-    transformer_lm_loop7(m, g4, grad_t17, t18);
+    /* grad_add_W0up = add_W0up*grad_mul_W0up */
+    TRANSFORMER_LM_REAL *grad_add_W0up = grad_softmax_Wk1; /* m x 256, in grad_softmax_Wk1's memory */
+    transformer_lm_loop7(m, grad_add_W0up, grad_mul_W0up, add_W0up);
 
-    /* grad_t15 = g4 @ W0up^T */
-    TRANSFORMER_LM_REAL *grad_t15 = grad_t21; /* m x 64, in grad_t21's memory */
-    transformer_lm_product6(m, g4, W0up, grad_t15);
+    /* grad_add_b0m = grad_add_W0up @ W0up^T */
+    TRANSFORMER_LM_REAL *grad_add_b0m = grad_norm_W0down; /* m x 64, in grad_norm_W0down's memory */
+    transformer_lm_product6(m, grad_add_W0up, W0up, grad_add_b0m);
 
-    /* grad_t14 = g0m*grad_t15 */
-    /* g5 = grad_t15*t14 */
-    TRANSFORMER_LM_REAL *grad_t14 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
-    TRANSFORMER_LM_REAL *g5 = grad_t22 + 64*m; /* m x 64 */
-    transformer_lm_loop6(m, grad_t14, grad_t15, g0m, g5, t14);
+    /* grad_norm_Wo0 = g0m*grad_add_b0m */
+    /* grad_copy_g0m = grad_add_b0m*norm_Wo0 */
+    TRANSFORMER_LM_REAL *grad_norm_Wo0 = grad_add_W0down_part; /* m x 64, in grad_add_W0down_part's memory */
+    TRANSFORMER_LM_REAL *grad_copy_g0m = grad_add_b1a + 64*m; /* m x 64 */
+    transformer_lm_loop6(m, grad_norm_Wo0, grad_add_b0m, g0m, grad_copy_g0m, norm_Wo0);
 
-    /* grad_t13_part[i, :] = r_i (grad_t14[i, :] - mean_j grad_t14[i, j] - y[i, :] mean_j
-     * grad_t14[i, j] y[i, j]), y = (t13 - mu) r normalized as in normalize_rows (mu_i, r_i
-     * of t13's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t13_part = t14; /* m x 64, in t14's memory */
+    /* grad_add_Wo0_part[i, :] = r_i (grad_norm_Wo0[i, :] - mean_j grad_norm_Wo0[i, j] -
+     * y[i, :] mean_j grad_norm_Wo0[i, j] y[i, j]), y = (add_Wo0 - mu) r normalized as in
+     * normalize_rows (mu_i, r_i of add_Wo0's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_add_Wo0_part = norm_Wo0; /* m x 64, in norm_Wo0's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t13_part + 64*i;
+        TRANSFORMER_LM_REAL *row = grad_add_Wo0_part + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t13[64*i + k + l];
+                    sum_lane[l] += add_Wo0[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -1762,7 +1753,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t13[64*i + k];
+                sum += add_Wo0[64*i + k];
             }
             mean = sum / 64;
         }
@@ -1775,9 +1766,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t13[64*i + k + l] - mean)*(t13[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t14[64*i + k + l];
-                    grads_c_lane[l] += grad_t14[64*i + k + l]*(t13[64*i + k + l] - mean);
+                    squares_lane[l] += (add_Wo0[64*i + k + l] - mean)*(add_Wo0[64*i + k + l] - mean);
+                    grads_lane[l] += grad_norm_Wo0[64*i + k + l];
+                    grads_c_lane[l] += grad_norm_Wo0[64*i + k + l]*(add_Wo0[64*i + k + l] - mean);
                 }
             }
             TRANSFORMER_LM_REAL squares = squares_lane[0];
@@ -1789,53 +1780,53 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
                 grads_c += grads_c_lane[l];
             }
             for (; k < 64; ++k) {
-                squares += (t13[64*i + k] - mean)*(t13[64*i + k] - mean);
-                grads += grad_t14[64*i + k];
-                grads_c += grad_t14[64*i + k]*(t13[64*i + k] - mean);
+                squares += (add_Wo0[64*i + k] - mean)*(add_Wo0[64*i + k] - mean);
+                grads += grad_norm_Wo0[64*i + k];
+                grads_c += grad_norm_Wo0[64*i + k]*(add_Wo0[64*i + k] - mean);
             }
             const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t14[64*i + j] - grads_mean - (t13[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_Wo0[64*i + j] - grads_mean - (add_Wo0[64*i + j] - mean) * r * grads_y_mean);
             }
         }
     }
 
-    /* grad_t13 = grad_t13_part + grad_t20 */
-    TRANSFORMER_LM_REAL *grad_t13 = t13; /* m x 64, in t13's memory */
-    transformer_lm_loop0(m, grad_t13, grad_t20, grad_t13_part);
+    /* grad_add_Wo0 = grad_add_W0down + grad_add_Wo0_part */
+    TRANSFORMER_LM_REAL *grad_add_Wo0 = add_Wo0; /* m x 64, in add_Wo0's memory */
+    transformer_lm_loop0(m, grad_add_Wo0, grad_add_W0down, grad_add_Wo0_part);
 
-    /* grad_t11 = grad_t13 @ Wo0^T */
-    TRANSFORMER_LM_REAL *grad_t11 = grad_t14; /* m x 64, in grad_t14's memory */
-    transformer_lm_product7(m, grad_t13, Wo0, grad_t11);
+    /* grad_mix_Wv0 = grad_add_Wo0 @ Wo0^T */
+    TRANSFORMER_LM_REAL *grad_mix_Wv0 = grad_norm_Wo0; /* m x 64, in grad_norm_Wo0's memory */
+    transformer_lm_product7(m, grad_add_Wo0, Wo0, grad_mix_Wv0);
 
-    /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} t9[(e,t),(h,s)] * grad_t11[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t10 = grad_t13_part; /* m x 64, in grad_t13_part's memory */
+    /* grad_mm_Wv0[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk0[(e,t),(h,s)] *
+     * grad_mix_Wv0[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_mm_Wv0 = grad_add_Wo0_part; /* m x 64, in grad_add_Wo0_part's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t9)^T grad_t11 */
-            symbackprop_f64_causal_mix(1, len, 16, t9 + row0 * 256 + hd * 64, 256,
-                                       grad_t11 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(softmax_Wk0)^T grad_mix_Wv0 */
+            symbackprop_f64_causal_mix(1, len, 16, softmax_Wk0 + row0 * 256 + hd * 64, 256,
+                                       grad_mix_Wv0 + row0 * 64 + hd * 16, 64, grad_mm_Wv0 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of t9[(e,qt),(hd,ks)] *
-                 * grad_t11[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of softmax_Wk0[(e,qt),(hd,ks)] *
+                 * grad_mix_Wv0[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wv0 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = t9[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = softmax_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_t11[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_mix_Wv0[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1843,14 +1834,15 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     #endif
     }
 
-    /* grad_t4 = grad_t10 @ Wv0^T, the first of 3 products added up here */
-    TRANSFORMER_LM_REAL *grad_t4 = g5 + 64*m; /* m x 64 */
-    transformer_lm_product7(m, grad_t10, Wv0, grad_t4);
+    /* grad_add_b0a = grad_mm_Wv0 @ Wv0^T, the first of 3 products added up here */
+    TRANSFORMER_LM_REAL *grad_add_b0a = grad_copy_g0m + 64*m; /* m x 64 */
+    transformer_lm_product7(m, grad_mm_Wv0, Wv0, grad_add_b0a);
 
-    /* grad_t9[(e,t),(h,s)] = sum_k grad_t11[(e,t),h*dh+k] * t10[(e,s),h*dh+k] for s <= t, 0
-     * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t9 = grad_t26; /* m x 256, in grad_t26's memory */
-    TRANSFORMER_LM_REAL *grad_t9_block = grad_t27_block; /* 64 x 16, in grad_t27_block's memory */
+    /* grad_softmax_Wk0[(e,t),(h,s)] = sum_k grad_mix_Wv0[(e,t),h*dh+k] *
+     * mm_Wv0[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
+     * columns) */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0 = grad_scores_Wk1; /* m x 256, in grad_scores_Wk1's memory */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block = grad_softmax_Wk1_block; /* 64 x 16, in grad_softmax_Wk1_block's memory */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -1859,30 +1851,30 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores grad_t11 t10^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_t11 + row0 * 64 + hd * 16, 64, t10 + row0 * 64 + hd * 16, 64,
-                                          grad_t9 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores grad_mix_Wv0 mm_Wv0^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_mix_Wv0 + row0 * 64 + hd * 16, 64, mm_Wv0 + row0 * 64 + hd * 16, 64,
+                                          grad_softmax_Wk0 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_t9_block[dk][ks] = t10[(e,ks), hd*16+dk]: the head's keys transposed, so
-             * that a row of scores is a sum of contiguous rows */
+            /* grad_softmax_Wk0_block[dk][ks] = mm_Wv0[(e,ks), hd*16+dk]: the head's keys
+             * transposed, so that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_t9_block[dk * 64 + ks] = t10[(row0 + ks) * 64 + hd * 16 + dk];
+                    grad_softmax_Wk0_block[dk * 64 + ks] = mm_Wv0[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_t9 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = grad_softmax_Wk0 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += grad_t11[(e,qt), hd*16+dk] * grad_t9_block[dk][ks] for keys ks
-                 * <= qt */
+                /* srow[ks] += grad_mix_Wv0[(e,qt), hd*16+dk] *
+                 * grad_softmax_Wk0_block[dk][ks] for keys ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_t11[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = grad_mix_Wv0[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_t9_block[dk * 64 + ks];
+                        srow[ks] += aw * grad_softmax_Wk0_block[dk * 64 + ks];
                     }
                 }
             }
@@ -1890,10 +1882,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     #endif
     }
 
-    /* grad_t8[(e,t),(h,s)] = t9[(e,t),(h,s)] * (grad_t9[(e,t),(h,s)] - sum_{s'<=t}
-     * t9[(e,t),(h,s')] * grad_t9[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
-     * e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_t8 = t18; /* m x 256, in t18's memory */
+    /* grad_scores_Wk0[(e,t),(h,s)] = softmax_Wk0[(e,t),(h,s)] *
+     * (grad_softmax_Wk0[(e,t),(h,s)] - sum_{s'<=t} softmax_Wk0[(e,t),(h,s')] *
+     * grad_softmax_Wk0[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *grad_scores_Wk0 = add_W0up; /* m x 256, in add_W0up's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1903,44 +1895,44 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
                 TRANSFORMER_LM_REAL dot = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    dot += t9[qbase + ks] * grad_t9[qbase + ks];
+                    dot += softmax_Wk0[qbase + ks] * grad_softmax_Wk0[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_t8[qbase + ks] = t9[qbase + ks] * (grad_t9[qbase + ks] - dot);
+                    grad_scores_Wk0[qbase + ks] = softmax_Wk0[qbase + ks] * (grad_softmax_Wk0[qbase + ks] - dot);
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    grad_t8[qbase + ks] = 0;
+                    grad_scores_Wk0[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* grad_t7[(e,s),h*dh+k] = sum_{t>=s} grad_t8[(e,t),(h,s)] * t6[(e,t),h*dh+k] (rows (e,t)
-     * = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t7 = t10; /* m x 64, in t10's memory */
+    /* grad_mm_Wk0[(e,s),h*dh+k] = sum_{t>=s} grad_scores_Wk0[(e,t),(h,s)] *
+     * mm_Wq0[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_mm_Wk0 = mm_Wv0; /* m x 64, in mm_Wv0's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t8)^T t6 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_t8 + row0 * 256 + hd * 64, 256,
-                                       t6 + row0 * 64 + hd * 16, 64, grad_t7 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_scores_Wk0)^T mm_Wq0 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_scores_Wk0 + row0 * 256 + hd * 64, 256,
+                                       mm_Wq0 + row0 * 64 + hd * 16, 64, grad_mm_Wk0 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t8[(e,qt),(hd,ks)] *
-                 * t6[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t7 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of grad_scores_Wk0[(e,qt),(hd,ks)] *
+                 * mm_Wq0[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wk0 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t8[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_scores_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t6[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wq0[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1948,35 +1940,35 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     #endif
     }
 
-    /* grad_t4 += grad_t7 @ Wk0^T */
-    transformer_lm_product8(m, grad_t7, Wk0, grad_t4);
+    /* grad_add_b0a += grad_mm_Wk0 @ Wk0^T */
+    transformer_lm_product8(m, grad_mm_Wk0, Wk0, grad_add_b0a);
 
-    /* grad_t6[(e,t),h*dh+k] = sum_{s<=t} grad_t8[(e,t),(h,s)] * t7[(e,s),h*dh+k] (rows (e,t)
-     * = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t6 = grad_t11; /* m x 64, in grad_t11's memory */
+    /* grad_mm_Wq0[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk0[(e,t),(h,s)] *
+     * mm_Wk0[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_mm_Wq0 = grad_mix_Wv0; /* m x 64, in grad_mix_Wv0's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t8) t7 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_t8 + row0 * 256 + hd * 64, 256,
-                                       t7 + row0 * 64 + hd * 16, 64, grad_t6 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_scores_Wk0) mm_Wk0 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_scores_Wk0 + row0 * 256 + hd * 64, 256,
+                                       mm_Wk0 + row0 * 64 + hd * 16, 64, grad_mm_Wq0 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t8[(e,qt),(hd,ks)] *
-                 * t7[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t6 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of grad_scores_Wk0[(e,qt),(hd,ks)] *
+                 * mm_Wk0[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wq0 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t8[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_scores_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t7[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wk0[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -1984,29 +1976,29 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     #endif
     }
 
-    /* grad_t4 += grad_t6 @ t5^T */
-    transformer_lm_product8(m, grad_t6, t5, grad_t4);
+    /* grad_add_b0a += grad_mm_Wq0 @ mul_Wq0^T */
+    transformer_lm_product8(m, grad_mm_Wq0, mul_Wq0, grad_add_b0a);
 
-    /* grad_t3 = g0a*grad_t4 */
-    /* g6 = grad_t4*t3 */
-    TRANSFORMER_LM_REAL *grad_t3 = t6; /* m x 64, in t6's memory */
-    TRANSFORMER_LM_REAL *g6 = t7; /* m x 64, in t7's memory */
-    transformer_lm_loop6(m, grad_t3, grad_t4, g0a, g6, t3);
+    /* grad_norm_E = g0a*grad_add_b0a */
+    /* grad_copy_g0a = grad_add_b0a*norm_E */
+    TRANSFORMER_LM_REAL *grad_norm_E = mm_Wq0; /* m x 64, in mm_Wq0's memory */
+    TRANSFORMER_LM_REAL *grad_copy_g0a = mm_Wk0; /* m x 64, in mm_Wk0's memory */
+    transformer_lm_loop6(m, grad_norm_E, grad_add_b0a, g0a, grad_copy_g0a, norm_E);
 
-    /* grad_t2_part[i, :] = r_i (grad_t3[i, :] - mean_j grad_t3[i, j] - y[i, :] mean_j
-     * grad_t3[i, j] y[i, j]), y = (t2 - mu) r normalized as in normalize_rows (mu_i, r_i of
-     * t2's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t2_part = t3; /* m x 64, in t3's memory */
+    /* grad_add_E_part[i, :] = r_i (grad_norm_E[i, :] - mean_j grad_norm_E[i, j] - y[i, :]
+     * mean_j grad_norm_E[i, j] y[i, j]), y = (add_E - mu) r normalized as in normalize_rows
+     * (mu_i, r_i of add_E's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_add_E_part = norm_E; /* m x 64, in norm_E's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t2_part + 64*i;
+        TRANSFORMER_LM_REAL *row = grad_add_E_part + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t2[64*i + k + l];
+                    sum_lane[l] += add_E[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -2014,7 +2006,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t2[64*i + k];
+                sum += add_E[64*i + k];
             }
             mean = sum / 64;
         }
@@ -2027,9 +2019,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t2[64*i + k + l] - mean)*(t2[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t3[64*i + k + l];
-                    grads_c_lane[l] += grad_t3[64*i + k + l]*(t2[64*i + k + l] - mean);
+                    squares_lane[l] += (add_E[64*i + k + l] - mean)*(add_E[64*i + k + l] - mean);
+                    grads_lane[l] += grad_norm_E[64*i + k + l];
+                    grads_c_lane[l] += grad_norm_E[64*i + k + l]*(add_E[64*i + k + l] - mean);
                 }
             }
             TRANSFORMER_LM_REAL squares = squares_lane[0];
@@ -2041,38 +2033,29 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
                 grads_c += grads_c_lane[l];
             }
             for (; k < 64; ++k) {
-                squares += (t2[64*i + k] - mean)*(t2[64*i + k] - mean);
-                grads += grad_t3[64*i + k];
-                grads_c += grad_t3[64*i + k]*(t2[64*i + k] - mean);
+                squares += (add_E[64*i + k] - mean)*(add_E[64*i + k] - mean);
+                grads += grad_norm_E[64*i + k];
+                grads_c += grad_norm_E[64*i + k]*(add_E[64*i + k] - mean);
             }
             const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t3[64*i + j] - grads_mean - (t2[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_E[64*i + j] - grads_mean - (add_E[64*i + j] - mean) * r * grads_y_mean);
             }
         }
     }
 
-    /* grad_t2 = grad_t13 + grad_t2_part */
-    TRANSFORMER_LM_REAL *grad_t2 = t2; /* m x 64, in t2's memory */
-    transformer_lm_loop0(m, grad_t2, grad_t13, grad_t2_part);
+    /* grad_add_E = grad_add_E_part + grad_add_Wo0 */
+    TRANSFORMER_LM_REAL *grad_add_E = add_E; /* m x 64, in add_E's memory */
+    transformer_lm_loop0(m, grad_add_E, grad_add_Wo0, grad_add_E_part);
 }
 #endif
 
 /* transformer_lm_run, part 6 of 8 (kernels 86 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
-    int64_t m,
-    const int64_t *ids,
-    const int64_t *positions,
-    TRANSFORMER_LM_REAL *grad_E,
-    TRANSFORMER_LM_REAL *grad_P,
-    TRANSFORMER_LM_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     int64_t m,
     const int64_t *ids,
@@ -2082,19 +2065,19 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *grad_t2 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
-    /* grad_E[ids[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2], grad_t2[i, 3],
-     * grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7], grad_t2[i, 8],
-     * grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12], grad_t2[i, 13],
-     * grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17], grad_t2[i, 18],
-     * grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22], grad_t2[i, 23],
-     * grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], grad_t2[i, 28], ... */
-    /* grad_P[positions[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2],
-     * grad_t2[i, 3], grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7],
-     * grad_t2[i, 8], grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12],
-     * grad_t2[i, 13], grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17],
-     * grad_t2[i, 18], grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22],
-     * grad_t2[i, 23], grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], ... */
+    TRANSFORMER_LM_REAL *grad_add_E = work + 128*m; /* m x 64, in add_E's memory; placed in an earlier part */
+    /* grad_E[ids[i], :] += [grad_add_E[i, 0], grad_add_E[i, 1], grad_add_E[i, 2],
+     * grad_add_E[i, 3], grad_add_E[i, 4], grad_add_E[i, 5], grad_add_E[i, 6],
+     * grad_add_E[i, 7], grad_add_E[i, 8], grad_add_E[i, 9], grad_add_E[i, 10],
+     * grad_add_E[i, 11], grad_add_E[i, 12], grad_add_E[i, 13], grad_add_E[i, 14],
+     * grad_add_E[i, 15], grad_add_E[i, 16], grad_add_E[i, 17], grad_add_E[i, 18],
+     * grad_add_E[i, 19], grad_add_E[i, 20], grad_add_E[i, 21], grad_add_E[i, 22], ... */
+    /* grad_P[positions[i], :] += [grad_add_E[i, 0], grad_add_E[i, 1], grad_add_E[i, 2],
+     * grad_add_E[i, 3], grad_add_E[i, 4], grad_add_E[i, 5], grad_add_E[i, 6],
+     * grad_add_E[i, 7], grad_add_E[i, 8], grad_add_E[i, 9], grad_add_E[i, 10],
+     * grad_add_E[i, 11], grad_add_E[i, 12], grad_add_E[i, 13], grad_add_E[i, 14],
+     * grad_add_E[i, 15], grad_add_E[i, 16], grad_add_E[i, 17], grad_add_E[i, 18],
+     * grad_add_E[i, 19], grad_add_E[i, 20], grad_add_E[i, 21], grad_add_E[i, 22], ... */
     for (int64_t i = 0; i < 3968; ++i) {
         grad_E[i] = 0;
     }
@@ -2102,134 +2085,134 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
         grad_P[i] = 0;
     }
     for (int64_t i = 0; i < m; ++i) {
-        grad_E[64*ids[i]] += grad_t2[64*i];
-        grad_E[64*ids[i] + 1] += grad_t2[64*i + 1];
-        grad_E[64*ids[i] + 2] += grad_t2[64*i + 2];
-        grad_E[64*ids[i] + 3] += grad_t2[64*i + 3];
-        grad_E[64*ids[i] + 4] += grad_t2[64*i + 4];
-        grad_E[64*ids[i] + 5] += grad_t2[64*i + 5];
-        grad_E[64*ids[i] + 6] += grad_t2[64*i + 6];
-        grad_E[64*ids[i] + 7] += grad_t2[64*i + 7];
-        grad_E[64*ids[i] + 8] += grad_t2[64*i + 8];
-        grad_E[64*ids[i] + 9] += grad_t2[64*i + 9];
-        grad_E[64*ids[i] + 10] += grad_t2[64*i + 10];
-        grad_E[64*ids[i] + 11] += grad_t2[64*i + 11];
-        grad_E[64*ids[i] + 12] += grad_t2[64*i + 12];
-        grad_E[64*ids[i] + 13] += grad_t2[64*i + 13];
-        grad_E[64*ids[i] + 14] += grad_t2[64*i + 14];
-        grad_E[64*ids[i] + 15] += grad_t2[64*i + 15];
-        grad_E[64*ids[i] + 16] += grad_t2[64*i + 16];
-        grad_E[64*ids[i] + 17] += grad_t2[64*i + 17];
-        grad_E[64*ids[i] + 18] += grad_t2[64*i + 18];
-        grad_E[64*ids[i] + 19] += grad_t2[64*i + 19];
-        grad_E[64*ids[i] + 20] += grad_t2[64*i + 20];
-        grad_E[64*ids[i] + 21] += grad_t2[64*i + 21];
-        grad_E[64*ids[i] + 22] += grad_t2[64*i + 22];
-        grad_E[64*ids[i] + 23] += grad_t2[64*i + 23];
-        grad_E[64*ids[i] + 24] += grad_t2[64*i + 24];
-        grad_E[64*ids[i] + 25] += grad_t2[64*i + 25];
-        grad_E[64*ids[i] + 26] += grad_t2[64*i + 26];
-        grad_E[64*ids[i] + 27] += grad_t2[64*i + 27];
-        grad_E[64*ids[i] + 28] += grad_t2[64*i + 28];
-        grad_E[64*ids[i] + 29] += grad_t2[64*i + 29];
-        grad_E[64*ids[i] + 30] += grad_t2[64*i + 30];
-        grad_E[64*ids[i] + 31] += grad_t2[64*i + 31];
-        grad_E[64*ids[i] + 32] += grad_t2[64*i + 32];
-        grad_E[64*ids[i] + 33] += grad_t2[64*i + 33];
-        grad_E[64*ids[i] + 34] += grad_t2[64*i + 34];
-        grad_E[64*ids[i] + 35] += grad_t2[64*i + 35];
-        grad_E[64*ids[i] + 36] += grad_t2[64*i + 36];
-        grad_E[64*ids[i] + 37] += grad_t2[64*i + 37];
-        grad_E[64*ids[i] + 38] += grad_t2[64*i + 38];
-        grad_E[64*ids[i] + 39] += grad_t2[64*i + 39];
-        grad_E[64*ids[i] + 40] += grad_t2[64*i + 40];
-        grad_E[64*ids[i] + 41] += grad_t2[64*i + 41];
-        grad_E[64*ids[i] + 42] += grad_t2[64*i + 42];
-        grad_E[64*ids[i] + 43] += grad_t2[64*i + 43];
-        grad_E[64*ids[i] + 44] += grad_t2[64*i + 44];
-        grad_E[64*ids[i] + 45] += grad_t2[64*i + 45];
-        grad_E[64*ids[i] + 46] += grad_t2[64*i + 46];
-        grad_E[64*ids[i] + 47] += grad_t2[64*i + 47];
-        grad_E[64*ids[i] + 48] += grad_t2[64*i + 48];
-        grad_E[64*ids[i] + 49] += grad_t2[64*i + 49];
-        grad_E[64*ids[i] + 50] += grad_t2[64*i + 50];
-        grad_E[64*ids[i] + 51] += grad_t2[64*i + 51];
-        grad_E[64*ids[i] + 52] += grad_t2[64*i + 52];
-        grad_E[64*ids[i] + 53] += grad_t2[64*i + 53];
-        grad_E[64*ids[i] + 54] += grad_t2[64*i + 54];
-        grad_E[64*ids[i] + 55] += grad_t2[64*i + 55];
-        grad_E[64*ids[i] + 56] += grad_t2[64*i + 56];
-        grad_E[64*ids[i] + 57] += grad_t2[64*i + 57];
-        grad_E[64*ids[i] + 58] += grad_t2[64*i + 58];
-        grad_E[64*ids[i] + 59] += grad_t2[64*i + 59];
-        grad_E[64*ids[i] + 60] += grad_t2[64*i + 60];
-        grad_E[64*ids[i] + 61] += grad_t2[64*i + 61];
-        grad_E[64*ids[i] + 62] += grad_t2[64*i + 62];
-        grad_E[64*ids[i] + 63] += grad_t2[64*i + 63];
-        grad_P[64*positions[i]] += grad_t2[64*i];
-        grad_P[64*positions[i] + 1] += grad_t2[64*i + 1];
-        grad_P[64*positions[i] + 2] += grad_t2[64*i + 2];
-        grad_P[64*positions[i] + 3] += grad_t2[64*i + 3];
-        grad_P[64*positions[i] + 4] += grad_t2[64*i + 4];
-        grad_P[64*positions[i] + 5] += grad_t2[64*i + 5];
-        grad_P[64*positions[i] + 6] += grad_t2[64*i + 6];
-        grad_P[64*positions[i] + 7] += grad_t2[64*i + 7];
-        grad_P[64*positions[i] + 8] += grad_t2[64*i + 8];
-        grad_P[64*positions[i] + 9] += grad_t2[64*i + 9];
-        grad_P[64*positions[i] + 10] += grad_t2[64*i + 10];
-        grad_P[64*positions[i] + 11] += grad_t2[64*i + 11];
-        grad_P[64*positions[i] + 12] += grad_t2[64*i + 12];
-        grad_P[64*positions[i] + 13] += grad_t2[64*i + 13];
-        grad_P[64*positions[i] + 14] += grad_t2[64*i + 14];
-        grad_P[64*positions[i] + 15] += grad_t2[64*i + 15];
-        grad_P[64*positions[i] + 16] += grad_t2[64*i + 16];
-        grad_P[64*positions[i] + 17] += grad_t2[64*i + 17];
-        grad_P[64*positions[i] + 18] += grad_t2[64*i + 18];
-        grad_P[64*positions[i] + 19] += grad_t2[64*i + 19];
-        grad_P[64*positions[i] + 20] += grad_t2[64*i + 20];
-        grad_P[64*positions[i] + 21] += grad_t2[64*i + 21];
-        grad_P[64*positions[i] + 22] += grad_t2[64*i + 22];
-        grad_P[64*positions[i] + 23] += grad_t2[64*i + 23];
-        grad_P[64*positions[i] + 24] += grad_t2[64*i + 24];
-        grad_P[64*positions[i] + 25] += grad_t2[64*i + 25];
-        grad_P[64*positions[i] + 26] += grad_t2[64*i + 26];
-        grad_P[64*positions[i] + 27] += grad_t2[64*i + 27];
-        grad_P[64*positions[i] + 28] += grad_t2[64*i + 28];
-        grad_P[64*positions[i] + 29] += grad_t2[64*i + 29];
-        grad_P[64*positions[i] + 30] += grad_t2[64*i + 30];
-        grad_P[64*positions[i] + 31] += grad_t2[64*i + 31];
-        grad_P[64*positions[i] + 32] += grad_t2[64*i + 32];
-        grad_P[64*positions[i] + 33] += grad_t2[64*i + 33];
-        grad_P[64*positions[i] + 34] += grad_t2[64*i + 34];
-        grad_P[64*positions[i] + 35] += grad_t2[64*i + 35];
-        grad_P[64*positions[i] + 36] += grad_t2[64*i + 36];
-        grad_P[64*positions[i] + 37] += grad_t2[64*i + 37];
-        grad_P[64*positions[i] + 38] += grad_t2[64*i + 38];
-        grad_P[64*positions[i] + 39] += grad_t2[64*i + 39];
-        grad_P[64*positions[i] + 40] += grad_t2[64*i + 40];
-        grad_P[64*positions[i] + 41] += grad_t2[64*i + 41];
-        grad_P[64*positions[i] + 42] += grad_t2[64*i + 42];
-        grad_P[64*positions[i] + 43] += grad_t2[64*i + 43];
-        grad_P[64*positions[i] + 44] += grad_t2[64*i + 44];
-        grad_P[64*positions[i] + 45] += grad_t2[64*i + 45];
-        grad_P[64*positions[i] + 46] += grad_t2[64*i + 46];
-        grad_P[64*positions[i] + 47] += grad_t2[64*i + 47];
-        grad_P[64*positions[i] + 48] += grad_t2[64*i + 48];
-        grad_P[64*positions[i] + 49] += grad_t2[64*i + 49];
-        grad_P[64*positions[i] + 50] += grad_t2[64*i + 50];
-        grad_P[64*positions[i] + 51] += grad_t2[64*i + 51];
-        grad_P[64*positions[i] + 52] += grad_t2[64*i + 52];
-        grad_P[64*positions[i] + 53] += grad_t2[64*i + 53];
-        grad_P[64*positions[i] + 54] += grad_t2[64*i + 54];
-        grad_P[64*positions[i] + 55] += grad_t2[64*i + 55];
-        grad_P[64*positions[i] + 56] += grad_t2[64*i + 56];
-        grad_P[64*positions[i] + 57] += grad_t2[64*i + 57];
-        grad_P[64*positions[i] + 58] += grad_t2[64*i + 58];
-        grad_P[64*positions[i] + 59] += grad_t2[64*i + 59];
-        grad_P[64*positions[i] + 60] += grad_t2[64*i + 60];
-        grad_P[64*positions[i] + 61] += grad_t2[64*i + 61];
-        grad_P[64*positions[i] + 62] += grad_t2[64*i + 62];
-        grad_P[64*positions[i] + 63] += grad_t2[64*i + 63];
+        grad_E[64*ids[i]] += grad_add_E[64*i];
+        grad_E[64*ids[i] + 1] += grad_add_E[64*i + 1];
+        grad_E[64*ids[i] + 2] += grad_add_E[64*i + 2];
+        grad_E[64*ids[i] + 3] += grad_add_E[64*i + 3];
+        grad_E[64*ids[i] + 4] += grad_add_E[64*i + 4];
+        grad_E[64*ids[i] + 5] += grad_add_E[64*i + 5];
+        grad_E[64*ids[i] + 6] += grad_add_E[64*i + 6];
+        grad_E[64*ids[i] + 7] += grad_add_E[64*i + 7];
+        grad_E[64*ids[i] + 8] += grad_add_E[64*i + 8];
+        grad_E[64*ids[i] + 9] += grad_add_E[64*i + 9];
+        grad_E[64*ids[i] + 10] += grad_add_E[64*i + 10];
+        grad_E[64*ids[i] + 11] += grad_add_E[64*i + 11];
+        grad_E[64*ids[i] + 12] += grad_add_E[64*i + 12];
+        grad_E[64*ids[i] + 13] += grad_add_E[64*i + 13];
+        grad_E[64*ids[i] + 14] += grad_add_E[64*i + 14];
+        grad_E[64*ids[i] + 15] += grad_add_E[64*i + 15];
+        grad_E[64*ids[i] + 16] += grad_add_E[64*i + 16];
+        grad_E[64*ids[i] + 17] += grad_add_E[64*i + 17];
+        grad_E[64*ids[i] + 18] += grad_add_E[64*i + 18];
+        grad_E[64*ids[i] + 19] += grad_add_E[64*i + 19];
+        grad_E[64*ids[i] + 20] += grad_add_E[64*i + 20];
+        grad_E[64*ids[i] + 21] += grad_add_E[64*i + 21];
+        grad_E[64*ids[i] + 22] += grad_add_E[64*i + 22];
+        grad_E[64*ids[i] + 23] += grad_add_E[64*i + 23];
+        grad_E[64*ids[i] + 24] += grad_add_E[64*i + 24];
+        grad_E[64*ids[i] + 25] += grad_add_E[64*i + 25];
+        grad_E[64*ids[i] + 26] += grad_add_E[64*i + 26];
+        grad_E[64*ids[i] + 27] += grad_add_E[64*i + 27];
+        grad_E[64*ids[i] + 28] += grad_add_E[64*i + 28];
+        grad_E[64*ids[i] + 29] += grad_add_E[64*i + 29];
+        grad_E[64*ids[i] + 30] += grad_add_E[64*i + 30];
+        grad_E[64*ids[i] + 31] += grad_add_E[64*i + 31];
+        grad_E[64*ids[i] + 32] += grad_add_E[64*i + 32];
+        grad_E[64*ids[i] + 33] += grad_add_E[64*i + 33];
+        grad_E[64*ids[i] + 34] += grad_add_E[64*i + 34];
+        grad_E[64*ids[i] + 35] += grad_add_E[64*i + 35];
+        grad_E[64*ids[i] + 36] += grad_add_E[64*i + 36];
+        grad_E[64*ids[i] + 37] += grad_add_E[64*i + 37];
+        grad_E[64*ids[i] + 38] += grad_add_E[64*i + 38];
+        grad_E[64*ids[i] + 39] += grad_add_E[64*i + 39];
+        grad_E[64*ids[i] + 40] += grad_add_E[64*i + 40];
+        grad_E[64*ids[i] + 41] += grad_add_E[64*i + 41];
+        grad_E[64*ids[i] + 42] += grad_add_E[64*i + 42];
+        grad_E[64*ids[i] + 43] += grad_add_E[64*i + 43];
+        grad_E[64*ids[i] + 44] += grad_add_E[64*i + 44];
+        grad_E[64*ids[i] + 45] += grad_add_E[64*i + 45];
+        grad_E[64*ids[i] + 46] += grad_add_E[64*i + 46];
+        grad_E[64*ids[i] + 47] += grad_add_E[64*i + 47];
+        grad_E[64*ids[i] + 48] += grad_add_E[64*i + 48];
+        grad_E[64*ids[i] + 49] += grad_add_E[64*i + 49];
+        grad_E[64*ids[i] + 50] += grad_add_E[64*i + 50];
+        grad_E[64*ids[i] + 51] += grad_add_E[64*i + 51];
+        grad_E[64*ids[i] + 52] += grad_add_E[64*i + 52];
+        grad_E[64*ids[i] + 53] += grad_add_E[64*i + 53];
+        grad_E[64*ids[i] + 54] += grad_add_E[64*i + 54];
+        grad_E[64*ids[i] + 55] += grad_add_E[64*i + 55];
+        grad_E[64*ids[i] + 56] += grad_add_E[64*i + 56];
+        grad_E[64*ids[i] + 57] += grad_add_E[64*i + 57];
+        grad_E[64*ids[i] + 58] += grad_add_E[64*i + 58];
+        grad_E[64*ids[i] + 59] += grad_add_E[64*i + 59];
+        grad_E[64*ids[i] + 60] += grad_add_E[64*i + 60];
+        grad_E[64*ids[i] + 61] += grad_add_E[64*i + 61];
+        grad_E[64*ids[i] + 62] += grad_add_E[64*i + 62];
+        grad_E[64*ids[i] + 63] += grad_add_E[64*i + 63];
+        grad_P[64*positions[i]] += grad_add_E[64*i];
+        grad_P[64*positions[i] + 1] += grad_add_E[64*i + 1];
+        grad_P[64*positions[i] + 2] += grad_add_E[64*i + 2];
+        grad_P[64*positions[i] + 3] += grad_add_E[64*i + 3];
+        grad_P[64*positions[i] + 4] += grad_add_E[64*i + 4];
+        grad_P[64*positions[i] + 5] += grad_add_E[64*i + 5];
+        grad_P[64*positions[i] + 6] += grad_add_E[64*i + 6];
+        grad_P[64*positions[i] + 7] += grad_add_E[64*i + 7];
+        grad_P[64*positions[i] + 8] += grad_add_E[64*i + 8];
+        grad_P[64*positions[i] + 9] += grad_add_E[64*i + 9];
+        grad_P[64*positions[i] + 10] += grad_add_E[64*i + 10];
+        grad_P[64*positions[i] + 11] += grad_add_E[64*i + 11];
+        grad_P[64*positions[i] + 12] += grad_add_E[64*i + 12];
+        grad_P[64*positions[i] + 13] += grad_add_E[64*i + 13];
+        grad_P[64*positions[i] + 14] += grad_add_E[64*i + 14];
+        grad_P[64*positions[i] + 15] += grad_add_E[64*i + 15];
+        grad_P[64*positions[i] + 16] += grad_add_E[64*i + 16];
+        grad_P[64*positions[i] + 17] += grad_add_E[64*i + 17];
+        grad_P[64*positions[i] + 18] += grad_add_E[64*i + 18];
+        grad_P[64*positions[i] + 19] += grad_add_E[64*i + 19];
+        grad_P[64*positions[i] + 20] += grad_add_E[64*i + 20];
+        grad_P[64*positions[i] + 21] += grad_add_E[64*i + 21];
+        grad_P[64*positions[i] + 22] += grad_add_E[64*i + 22];
+        grad_P[64*positions[i] + 23] += grad_add_E[64*i + 23];
+        grad_P[64*positions[i] + 24] += grad_add_E[64*i + 24];
+        grad_P[64*positions[i] + 25] += grad_add_E[64*i + 25];
+        grad_P[64*positions[i] + 26] += grad_add_E[64*i + 26];
+        grad_P[64*positions[i] + 27] += grad_add_E[64*i + 27];
+        grad_P[64*positions[i] + 28] += grad_add_E[64*i + 28];
+        grad_P[64*positions[i] + 29] += grad_add_E[64*i + 29];
+        grad_P[64*positions[i] + 30] += grad_add_E[64*i + 30];
+        grad_P[64*positions[i] + 31] += grad_add_E[64*i + 31];
+        grad_P[64*positions[i] + 32] += grad_add_E[64*i + 32];
+        grad_P[64*positions[i] + 33] += grad_add_E[64*i + 33];
+        grad_P[64*positions[i] + 34] += grad_add_E[64*i + 34];
+        grad_P[64*positions[i] + 35] += grad_add_E[64*i + 35];
+        grad_P[64*positions[i] + 36] += grad_add_E[64*i + 36];
+        grad_P[64*positions[i] + 37] += grad_add_E[64*i + 37];
+        grad_P[64*positions[i] + 38] += grad_add_E[64*i + 38];
+        grad_P[64*positions[i] + 39] += grad_add_E[64*i + 39];
+        grad_P[64*positions[i] + 40] += grad_add_E[64*i + 40];
+        grad_P[64*positions[i] + 41] += grad_add_E[64*i + 41];
+        grad_P[64*positions[i] + 42] += grad_add_E[64*i + 42];
+        grad_P[64*positions[i] + 43] += grad_add_E[64*i + 43];
+        grad_P[64*positions[i] + 44] += grad_add_E[64*i + 44];
+        grad_P[64*positions[i] + 45] += grad_add_E[64*i + 45];
+        grad_P[64*positions[i] + 46] += grad_add_E[64*i + 46];
+        grad_P[64*positions[i] + 47] += grad_add_E[64*i + 47];
+        grad_P[64*positions[i] + 48] += grad_add_E[64*i + 48];
+        grad_P[64*positions[i] + 49] += grad_add_E[64*i + 49];
+        grad_P[64*positions[i] + 50] += grad_add_E[64*i + 50];
+        grad_P[64*positions[i] + 51] += grad_add_E[64*i + 51];
+        grad_P[64*positions[i] + 52] += grad_add_E[64*i + 52];
+        grad_P[64*positions[i] + 53] += grad_add_E[64*i + 53];
+        grad_P[64*positions[i] + 54] += grad_add_E[64*i + 54];
+        grad_P[64*positions[i] + 55] += grad_add_E[64*i + 55];
+        grad_P[64*positions[i] + 56] += grad_add_E[64*i + 56];
+        grad_P[64*positions[i] + 57] += grad_add_E[64*i + 57];
+        grad_P[64*positions[i] + 58] += grad_add_E[64*i + 58];
+        grad_P[64*positions[i] + 59] += grad_add_E[64*i + 59];
+        grad_P[64*positions[i] + 60] += grad_add_E[64*i + 60];
+        grad_P[64*positions[i] + 61] += grad_add_E[64*i + 61];
+        grad_P[64*positions[i] + 62] += grad_add_E[64*i + 62];
+        grad_P[64*positions[i] + 63] += grad_add_E[64*i + 63];
     }
 }
 #endif
@@ -2237,7 +2220,22 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
 /* transformer_lm_run, part 7 of 8 (kernels 87 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 1; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
+    int64_t m,
+    TRANSFORMER_LM_REAL *grad_g0a,
+    TRANSFORMER_LM_REAL *grad_b0a,
+    TRANSFORMER_LM_REAL *grad_Wq0,
+    TRANSFORMER_LM_REAL *grad_Wk0,
+    TRANSFORMER_LM_REAL *grad_Wv0,
+    TRANSFORMER_LM_REAL *grad_Wo0,
+    TRANSFORMER_LM_REAL *grad_g0m,
+    TRANSFORMER_LM_REAL *grad_b0m,
+    TRANSFORMER_LM_REAL *grad_W0up,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -2253,54 +2251,54 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t11 = with_grads ? work + 896*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t15 = with_grads ? work + 1088*m + 5120 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t23 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g4 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t15 = work + 1856*m + 9216; /* m x 64, in grad_t21's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g5 = work + 4029*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t13 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t10 = work + 960*m + 5120; /* m x 64, in grad_t13_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t4 = work + 4093*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t7 = work + 832*m + 5120; /* m x 64, in t10's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t6 = work + 1664*m + 5120; /* m x 64, in grad_t11's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g6 = work + 256*m + 4096; /* m x 64, in t7's memory; placed in an earlier part */
-    /* grad_g0a = sum of g6 down each column */
-    symbackprop_f64_sum_columns(g6, m, 64, 64, grad_g0a);
+    TRANSFORMER_LM_REAL *add_b0a = work + 64*m; /* m x 64, in emap_P's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mix_Wv0 = with_grads ? work + 896*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_b0m = with_grads ? work + 1088*m + 5120 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mul_Wq1 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_W0up = work + 2816*m + 9216; /* m x 256, in grad_softmax_Wk1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_b0m = work + 1856*m + 9216; /* m x 64, in grad_norm_W0down's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_copy_g0m = work + 4029*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_Wo0 = work + 1024*m + 5120; /* m x 64, in add_Wo0's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_mm_Wv0 = work + 960*m + 5120; /* m x 64, in grad_add_Wo0_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_b0a = work + 4093*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_mm_Wk0 = work + 832*m + 5120; /* m x 64, in mm_Wv0's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_mm_Wq0 = work + 1664*m + 5120; /* m x 64, in grad_mix_Wv0's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_copy_g0a = work + 256*m + 4096; /* m x 64, in mm_Wk0's memory; placed in an earlier part */
+    /* grad_g0a = sum of grad_copy_g0a down each column */
+    symbackprop_f64_sum_columns(grad_copy_g0a, m, 64, 64, grad_g0a);
 
-    /* grad_b0a = sum of grad_t4 down each column */
-    symbackprop_f64_sum_columns(grad_t4, m, 64, 64, grad_b0a);
+    /* grad_b0a = sum of grad_add_b0a down each column */
+    symbackprop_f64_sum_columns(grad_add_b0a, m, 64, 64, grad_b0a);
 
-    /* grad_t5 = t4^T @ grad_t6 */
-    TRANSFORMER_LM_REAL *grad_t5 = t23; /* 64 x 64, in t23's memory */
-    transformer_lm_product9(m, t4, grad_t6, grad_t5);
+    /* grad_mul_Wq0 = add_b0a^T @ grad_mm_Wq0 */
+    TRANSFORMER_LM_REAL *grad_mul_Wq0 = mul_Wq1; /* 64 x 64, in mul_Wq1's memory */
+    transformer_lm_product9(m, add_b0a, grad_mm_Wq0, grad_mul_Wq0);
 
-    /* grad_Wq0 = grad_t5/4 */
+    /* grad_Wq0 = grad_mul_Wq0/4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_Wq0[64*i + j] = (1.0/4.0)*grad_t5[64*i + j];
+            grad_Wq0[64*i + j] = (1.0/4.0)*grad_mul_Wq0[64*i + j];
         }
     }
 
-    /* grad_Wk0 = t4^T @ grad_t7 */
-    transformer_lm_product9(m, t4, grad_t7, grad_Wk0);
+    /* grad_Wk0 = add_b0a^T @ grad_mm_Wk0 */
+    transformer_lm_product9(m, add_b0a, grad_mm_Wk0, grad_Wk0);
 
-    /* grad_Wv0 = t4^T @ grad_t10 */
-    transformer_lm_product9(m, t4, grad_t10, grad_Wv0);
+    /* grad_Wv0 = add_b0a^T @ grad_mm_Wv0 */
+    transformer_lm_product9(m, add_b0a, grad_mm_Wv0, grad_Wv0);
 
-    /* grad_Wo0 = t11^T @ grad_t13 */
-    transformer_lm_product9(m, t11, grad_t13, grad_Wo0);
+    /* grad_Wo0 = mix_Wv0^T @ grad_add_Wo0 */
+    transformer_lm_product9(m, mix_Wv0, grad_add_Wo0, grad_Wo0);
 
-    /* grad_g0m = sum of g5 down each column */
-    symbackprop_f64_sum_columns(g5, m, 64, 64, grad_g0m);
+    /* grad_g0m = sum of grad_copy_g0m down each column */
+    symbackprop_f64_sum_columns(grad_copy_g0m, m, 64, 64, grad_g0m);
 
-    /* grad_b0m = sum of grad_t15 down each column */
-    symbackprop_f64_sum_columns(grad_t15, m, 64, 64, grad_b0m);
+    /* grad_b0m = sum of grad_add_b0m down each column */
+    symbackprop_f64_sum_columns(grad_add_b0m, m, 64, 64, grad_b0m);
 
-    /* grad_W0up = t15^T @ g4 */
-    transformer_lm_product10(m, t15, g4, grad_W0up);
+    /* grad_W0up = add_b0m^T @ grad_add_W0up */
+    transformer_lm_product10(m, add_b0m, grad_add_W0up, grad_W0up);
 }
 #endif
 
@@ -2356,90 +2354,90 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     int with_grads
 )
 {
-    TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t17 = with_grads ? work + 1152*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t22 = with_grads ? work + 1792*m + 5120 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t29 = with_grads ? work + 2304*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t33 = with_grads ? work + 2496*m + 9216 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = with_grads ? work + 2560*m + 9216 : work + 256*m + 4096; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = with_grads ? work + 3200*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t41 = work + 3391*m + 9217; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t40 = work + 3453*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 3581*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t38 = work + 3072*m + 9216; /* m x 64, in t39's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 3645*m + 9217; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t33 = work + 3136*m + 9216; /* m x 64, in t38's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g2 = work + 3901*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 2368*m + 9216; /* m x 64, in grad_t31_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t25 = work + 2240*m + 9216; /* m x 64, in t28's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t24 = work + 3517*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 1920*m + 9216; /* m x 64, in t25's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t20 = work + 1728*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g4 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
-    /* grad_c0up = sum of g4 down each column */
-    symbackprop_f64_sum_columns(g4, m, 256, 256, grad_c0up);
+    TRANSFORMER_LM_REAL *mul_Wq0 = work + 192*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mul_W0up = with_grads ? work + 1152*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_b1a = with_grads ? work + 1792*m + 5120 : work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mix_Wv1 = with_grads ? work + 2304*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_b1m = with_grads ? work + 2496*m + 9216 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mul_W1up = with_grads ? work + 2560*m + 9216 : work + 256*m + 4096; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_bf = with_grads ? work + 3200*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_mm_Wout = work + 3391*m + 9217; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_bf = work + 3453*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_copy_gf = work + 3581*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_W1down = work + 3072*m + 9216; /* m x 64, in norm_W1down's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_W1up = work + 3645*m + 9217; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_b1m = work + 3136*m + 9216; /* m x 64, in add_W1down's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_copy_g1m = work + 3901*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_Wo1 = work + 2432*m + 9216; /* m x 64, in add_Wo1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_mm_Wv1 = work + 2368*m + 9216; /* m x 64, in grad_add_Wo1_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_b1a = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_mm_Wk1 = work + 2240*m + 9216; /* m x 64, in mm_Wv1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_mm_Wq1 = work + 3517*m + 9217; /* m x 64, in grad_mix_Wv1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_copy_g1a = work + 1920*m + 9216; /* m x 64, in mm_Wk1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_W0down = work + 1728*m + 5120; /* m x 64, in add_W0down's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_W0up = work + 2816*m + 9216; /* m x 256, in grad_softmax_Wk1's memory; placed in an earlier part */
+    /* grad_c0up = sum of grad_add_W0up down each column */
+    symbackprop_f64_sum_columns(grad_add_W0up, m, 256, 256, grad_c0up);
 
-    /* grad_W0down = t17^T @ grad_t20 */
-    transformer_lm_product11(m, t17, grad_t20, grad_W0down);
+    /* grad_W0down = mul_W0up^T @ grad_add_W0down */
+    transformer_lm_product11(m, mul_W0up, grad_add_W0down, grad_W0down);
 
-    /* grad_c0down = sum of grad_t20 down each column */
-    symbackprop_f64_sum_columns(grad_t20, m, 64, 64, grad_c0down);
+    /* grad_c0down = sum of grad_add_W0down down each column */
+    symbackprop_f64_sum_columns(grad_add_W0down, m, 64, 64, grad_c0down);
 
-    /* grad_g1a = sum of g3 down each column */
-    symbackprop_f64_sum_columns(g3, m, 64, 64, grad_g1a);
+    /* grad_g1a = sum of grad_copy_g1a down each column */
+    symbackprop_f64_sum_columns(grad_copy_g1a, m, 64, 64, grad_g1a);
 
-    /* grad_b1a = sum of grad_t22 down each column */
-    symbackprop_f64_sum_columns(grad_t22, m, 64, 64, grad_b1a);
+    /* grad_b1a = sum of grad_add_b1a down each column */
+    symbackprop_f64_sum_columns(grad_add_b1a, m, 64, 64, grad_b1a);
 
-    /* grad_t23 = t22^T @ grad_t24 */
-    TRANSFORMER_LM_REAL *grad_t23 = t5; /* 64 x 64, in t5's memory */
-    transformer_lm_product9(m, t22, grad_t24, grad_t23);
+    /* grad_mul_Wq1 = add_b1a^T @ grad_mm_Wq1 */
+    TRANSFORMER_LM_REAL *grad_mul_Wq1 = mul_Wq0; /* 64 x 64, in mul_Wq0's memory */
+    transformer_lm_product9(m, add_b1a, grad_mm_Wq1, grad_mul_Wq1);
 
-    /* grad_Wq1 = grad_t23/4 */
+    /* grad_Wq1 = grad_mul_Wq1/4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_Wq1[64*i + j] = (1.0/4.0)*grad_t23[64*i + j];
+            grad_Wq1[64*i + j] = (1.0/4.0)*grad_mul_Wq1[64*i + j];
         }
     }
 
-    /* grad_Wk1 = t22^T @ grad_t25 */
-    transformer_lm_product9(m, t22, grad_t25, grad_Wk1);
+    /* grad_Wk1 = add_b1a^T @ grad_mm_Wk1 */
+    transformer_lm_product9(m, add_b1a, grad_mm_Wk1, grad_Wk1);
 
-    /* grad_Wv1 = t22^T @ grad_t28 */
-    transformer_lm_product9(m, t22, grad_t28, grad_Wv1);
+    /* grad_Wv1 = add_b1a^T @ grad_mm_Wv1 */
+    transformer_lm_product9(m, add_b1a, grad_mm_Wv1, grad_Wv1);
 
-    /* grad_Wo1 = t29^T @ grad_t31 */
-    transformer_lm_product9(m, t29, grad_t31, grad_Wo1);
+    /* grad_Wo1 = mix_Wv1^T @ grad_add_Wo1 */
+    transformer_lm_product9(m, mix_Wv1, grad_add_Wo1, grad_Wo1);
 
-    /* grad_g1m = sum of g2 down each column */
-    symbackprop_f64_sum_columns(g2, m, 64, 64, grad_g1m);
+    /* grad_g1m = sum of grad_copy_g1m down each column */
+    symbackprop_f64_sum_columns(grad_copy_g1m, m, 64, 64, grad_g1m);
 
-    /* grad_b1m = sum of grad_t33 down each column */
-    symbackprop_f64_sum_columns(grad_t33, m, 64, 64, grad_b1m);
+    /* grad_b1m = sum of grad_add_b1m down each column */
+    symbackprop_f64_sum_columns(grad_add_b1m, m, 64, 64, grad_b1m);
 
-    /* grad_W1up = t33^T @ g1 */
-    transformer_lm_product10(m, t33, g1, grad_W1up);
+    /* grad_W1up = add_b1m^T @ grad_add_W1up */
+    transformer_lm_product10(m, add_b1m, grad_add_W1up, grad_W1up);
 
-    /* grad_c1up = sum of g1 down each column */
-    symbackprop_f64_sum_columns(g1, m, 256, 256, grad_c1up);
+    /* grad_c1up = sum of grad_add_W1up down each column */
+    symbackprop_f64_sum_columns(grad_add_W1up, m, 256, 256, grad_c1up);
 
-    /* grad_W1down = t35^T @ grad_t38 */
-    transformer_lm_product11(m, t35, grad_t38, grad_W1down);
+    /* grad_W1down = mul_W1up^T @ grad_add_W1down */
+    transformer_lm_product11(m, mul_W1up, grad_add_W1down, grad_W1down);
 
-    /* grad_c1down = sum of grad_t38 down each column */
-    symbackprop_f64_sum_columns(grad_t38, m, 64, 64, grad_c1down);
+    /* grad_c1down = sum of grad_add_W1down down each column */
+    symbackprop_f64_sum_columns(grad_add_W1down, m, 64, 64, grad_c1down);
 
-    /* grad_gf = sum of g0 down each column */
-    symbackprop_f64_sum_columns(g0, m, 64, 64, grad_gf);
+    /* grad_gf = sum of grad_copy_gf down each column */
+    symbackprop_f64_sum_columns(grad_copy_gf, m, 64, 64, grad_gf);
 
-    /* grad_bf = sum of grad_t40 down each column */
-    symbackprop_f64_sum_columns(grad_t40, m, 64, 64, grad_bf);
+    /* grad_bf = sum of grad_add_bf down each column */
+    symbackprop_f64_sum_columns(grad_add_bf, m, 64, 64, grad_bf);
 
-    /* grad_Wout = t40^T @ grad_t41 */
-    transformer_lm_product12(m, t40, grad_t41, grad_Wout);
+    /* grad_Wout = add_bf^T @ grad_mm_Wout */
+    transformer_lm_product12(m, add_bf, grad_mm_Wout, grad_Wout);
 }
 #endif
 
@@ -2703,7 +2701,7 @@ size_t transformer_lm_train_step_work_len(int64_t m)
 /* transformer_lm_train_step, part 1 of 9 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     int64_t m,
     const int64_t *ids,
@@ -2712,7 +2710,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *P,
     TRANSFORMER_LM_REAL *work
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     int64_t m,
     const int64_t *ids,
@@ -2722,150 +2720,150 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *work
 )
 {
-    /* t0[i, :] = [E[ids[i], 0], E[ids[i], 1], E[ids[i], 2], E[ids[i], 3], E[ids[i], 4],
+    /* emap_E[i, :] = [E[ids[i], 0], E[ids[i], 1], E[ids[i], 2], E[ids[i], 3], E[ids[i], 4],
      * E[ids[i], 5], E[ids[i], 6], E[ids[i], 7], E[ids[i], 8], E[ids[i], 9], E[ids[i], 10],
      * E[ids[i], 11], E[ids[i], 12], E[ids[i], 13], E[ids[i], 14], E[ids[i], 15],
      * E[ids[i], 16], E[ids[i], 17], E[ids[i], 18], E[ids[i], 19], E[ids[i], 20],
      * E[ids[i], 21], E[ids[i], 22], E[ids[i], 23], E[ids[i], 24], E[ids[i], 25],
      * E[ids[i], 26], E[ids[i], 27], E[ids[i], 28], E[ids[i], 29], E[ids[i], 30], ... */
-    /* t1[i, :] = [P[positions[i], 0], P[positions[i], 1], P[positions[i], 2],
+    /* emap_P[i, :] = [P[positions[i], 0], P[positions[i], 1], P[positions[i], 2],
      * P[positions[i], 3], P[positions[i], 4], P[positions[i], 5], P[positions[i], 6],
      * P[positions[i], 7], P[positions[i], 8], P[positions[i], 9], P[positions[i], 10],
      * P[positions[i], 11], P[positions[i], 12], P[positions[i], 13], P[positions[i], 14],
      * P[positions[i], 15], P[positions[i], 16], P[positions[i], 17], P[positions[i], 18],
      * P[positions[i], 19], P[positions[i], 20], P[positions[i], 21], P[positions[i], 22], ... */
-    TRANSFORMER_LM_REAL *t0 = work; /* m x 64 */
-    TRANSFORMER_LM_REAL *t1 = t0 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *emap_E = work; /* m x 64 */
+    TRANSFORMER_LM_REAL *emap_P = emap_E + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t0[64*i] = E[64*ids[i]];
-        t0[64*i + 1] = E[64*ids[i] + 1];
-        t0[64*i + 2] = E[64*ids[i] + 2];
-        t0[64*i + 3] = E[64*ids[i] + 3];
-        t0[64*i + 4] = E[64*ids[i] + 4];
-        t0[64*i + 5] = E[64*ids[i] + 5];
-        t0[64*i + 6] = E[64*ids[i] + 6];
-        t0[64*i + 7] = E[64*ids[i] + 7];
-        t0[64*i + 8] = E[64*ids[i] + 8];
-        t0[64*i + 9] = E[64*ids[i] + 9];
-        t0[64*i + 10] = E[64*ids[i] + 10];
-        t0[64*i + 11] = E[64*ids[i] + 11];
-        t0[64*i + 12] = E[64*ids[i] + 12];
-        t0[64*i + 13] = E[64*ids[i] + 13];
-        t0[64*i + 14] = E[64*ids[i] + 14];
-        t0[64*i + 15] = E[64*ids[i] + 15];
-        t0[64*i + 16] = E[64*ids[i] + 16];
-        t0[64*i + 17] = E[64*ids[i] + 17];
-        t0[64*i + 18] = E[64*ids[i] + 18];
-        t0[64*i + 19] = E[64*ids[i] + 19];
-        t0[64*i + 20] = E[64*ids[i] + 20];
-        t0[64*i + 21] = E[64*ids[i] + 21];
-        t0[64*i + 22] = E[64*ids[i] + 22];
-        t0[64*i + 23] = E[64*ids[i] + 23];
-        t0[64*i + 24] = E[64*ids[i] + 24];
-        t0[64*i + 25] = E[64*ids[i] + 25];
-        t0[64*i + 26] = E[64*ids[i] + 26];
-        t0[64*i + 27] = E[64*ids[i] + 27];
-        t0[64*i + 28] = E[64*ids[i] + 28];
-        t0[64*i + 29] = E[64*ids[i] + 29];
-        t0[64*i + 30] = E[64*ids[i] + 30];
-        t0[64*i + 31] = E[64*ids[i] + 31];
-        t0[64*i + 32] = E[64*ids[i] + 32];
-        t0[64*i + 33] = E[64*ids[i] + 33];
-        t0[64*i + 34] = E[64*ids[i] + 34];
-        t0[64*i + 35] = E[64*ids[i] + 35];
-        t0[64*i + 36] = E[64*ids[i] + 36];
-        t0[64*i + 37] = E[64*ids[i] + 37];
-        t0[64*i + 38] = E[64*ids[i] + 38];
-        t0[64*i + 39] = E[64*ids[i] + 39];
-        t0[64*i + 40] = E[64*ids[i] + 40];
-        t0[64*i + 41] = E[64*ids[i] + 41];
-        t0[64*i + 42] = E[64*ids[i] + 42];
-        t0[64*i + 43] = E[64*ids[i] + 43];
-        t0[64*i + 44] = E[64*ids[i] + 44];
-        t0[64*i + 45] = E[64*ids[i] + 45];
-        t0[64*i + 46] = E[64*ids[i] + 46];
-        t0[64*i + 47] = E[64*ids[i] + 47];
-        t0[64*i + 48] = E[64*ids[i] + 48];
-        t0[64*i + 49] = E[64*ids[i] + 49];
-        t0[64*i + 50] = E[64*ids[i] + 50];
-        t0[64*i + 51] = E[64*ids[i] + 51];
-        t0[64*i + 52] = E[64*ids[i] + 52];
-        t0[64*i + 53] = E[64*ids[i] + 53];
-        t0[64*i + 54] = E[64*ids[i] + 54];
-        t0[64*i + 55] = E[64*ids[i] + 55];
-        t0[64*i + 56] = E[64*ids[i] + 56];
-        t0[64*i + 57] = E[64*ids[i] + 57];
-        t0[64*i + 58] = E[64*ids[i] + 58];
-        t0[64*i + 59] = E[64*ids[i] + 59];
-        t0[64*i + 60] = E[64*ids[i] + 60];
-        t0[64*i + 61] = E[64*ids[i] + 61];
-        t0[64*i + 62] = E[64*ids[i] + 62];
-        t0[64*i + 63] = E[64*ids[i] + 63];
-        t1[64*i] = P[64*positions[i]];
-        t1[64*i + 1] = P[64*positions[i] + 1];
-        t1[64*i + 2] = P[64*positions[i] + 2];
-        t1[64*i + 3] = P[64*positions[i] + 3];
-        t1[64*i + 4] = P[64*positions[i] + 4];
-        t1[64*i + 5] = P[64*positions[i] + 5];
-        t1[64*i + 6] = P[64*positions[i] + 6];
-        t1[64*i + 7] = P[64*positions[i] + 7];
-        t1[64*i + 8] = P[64*positions[i] + 8];
-        t1[64*i + 9] = P[64*positions[i] + 9];
-        t1[64*i + 10] = P[64*positions[i] + 10];
-        t1[64*i + 11] = P[64*positions[i] + 11];
-        t1[64*i + 12] = P[64*positions[i] + 12];
-        t1[64*i + 13] = P[64*positions[i] + 13];
-        t1[64*i + 14] = P[64*positions[i] + 14];
-        t1[64*i + 15] = P[64*positions[i] + 15];
-        t1[64*i + 16] = P[64*positions[i] + 16];
-        t1[64*i + 17] = P[64*positions[i] + 17];
-        t1[64*i + 18] = P[64*positions[i] + 18];
-        t1[64*i + 19] = P[64*positions[i] + 19];
-        t1[64*i + 20] = P[64*positions[i] + 20];
-        t1[64*i + 21] = P[64*positions[i] + 21];
-        t1[64*i + 22] = P[64*positions[i] + 22];
-        t1[64*i + 23] = P[64*positions[i] + 23];
-        t1[64*i + 24] = P[64*positions[i] + 24];
-        t1[64*i + 25] = P[64*positions[i] + 25];
-        t1[64*i + 26] = P[64*positions[i] + 26];
-        t1[64*i + 27] = P[64*positions[i] + 27];
-        t1[64*i + 28] = P[64*positions[i] + 28];
-        t1[64*i + 29] = P[64*positions[i] + 29];
-        t1[64*i + 30] = P[64*positions[i] + 30];
-        t1[64*i + 31] = P[64*positions[i] + 31];
-        t1[64*i + 32] = P[64*positions[i] + 32];
-        t1[64*i + 33] = P[64*positions[i] + 33];
-        t1[64*i + 34] = P[64*positions[i] + 34];
-        t1[64*i + 35] = P[64*positions[i] + 35];
-        t1[64*i + 36] = P[64*positions[i] + 36];
-        t1[64*i + 37] = P[64*positions[i] + 37];
-        t1[64*i + 38] = P[64*positions[i] + 38];
-        t1[64*i + 39] = P[64*positions[i] + 39];
-        t1[64*i + 40] = P[64*positions[i] + 40];
-        t1[64*i + 41] = P[64*positions[i] + 41];
-        t1[64*i + 42] = P[64*positions[i] + 42];
-        t1[64*i + 43] = P[64*positions[i] + 43];
-        t1[64*i + 44] = P[64*positions[i] + 44];
-        t1[64*i + 45] = P[64*positions[i] + 45];
-        t1[64*i + 46] = P[64*positions[i] + 46];
-        t1[64*i + 47] = P[64*positions[i] + 47];
-        t1[64*i + 48] = P[64*positions[i] + 48];
-        t1[64*i + 49] = P[64*positions[i] + 49];
-        t1[64*i + 50] = P[64*positions[i] + 50];
-        t1[64*i + 51] = P[64*positions[i] + 51];
-        t1[64*i + 52] = P[64*positions[i] + 52];
-        t1[64*i + 53] = P[64*positions[i] + 53];
-        t1[64*i + 54] = P[64*positions[i] + 54];
-        t1[64*i + 55] = P[64*positions[i] + 55];
-        t1[64*i + 56] = P[64*positions[i] + 56];
-        t1[64*i + 57] = P[64*positions[i] + 57];
-        t1[64*i + 58] = P[64*positions[i] + 58];
-        t1[64*i + 59] = P[64*positions[i] + 59];
-        t1[64*i + 60] = P[64*positions[i] + 60];
-        t1[64*i + 61] = P[64*positions[i] + 61];
-        t1[64*i + 62] = P[64*positions[i] + 62];
-        t1[64*i + 63] = P[64*positions[i] + 63];
+        emap_E[64*i] = E[64*ids[i]];
+        emap_E[64*i + 1] = E[64*ids[i] + 1];
+        emap_E[64*i + 2] = E[64*ids[i] + 2];
+        emap_E[64*i + 3] = E[64*ids[i] + 3];
+        emap_E[64*i + 4] = E[64*ids[i] + 4];
+        emap_E[64*i + 5] = E[64*ids[i] + 5];
+        emap_E[64*i + 6] = E[64*ids[i] + 6];
+        emap_E[64*i + 7] = E[64*ids[i] + 7];
+        emap_E[64*i + 8] = E[64*ids[i] + 8];
+        emap_E[64*i + 9] = E[64*ids[i] + 9];
+        emap_E[64*i + 10] = E[64*ids[i] + 10];
+        emap_E[64*i + 11] = E[64*ids[i] + 11];
+        emap_E[64*i + 12] = E[64*ids[i] + 12];
+        emap_E[64*i + 13] = E[64*ids[i] + 13];
+        emap_E[64*i + 14] = E[64*ids[i] + 14];
+        emap_E[64*i + 15] = E[64*ids[i] + 15];
+        emap_E[64*i + 16] = E[64*ids[i] + 16];
+        emap_E[64*i + 17] = E[64*ids[i] + 17];
+        emap_E[64*i + 18] = E[64*ids[i] + 18];
+        emap_E[64*i + 19] = E[64*ids[i] + 19];
+        emap_E[64*i + 20] = E[64*ids[i] + 20];
+        emap_E[64*i + 21] = E[64*ids[i] + 21];
+        emap_E[64*i + 22] = E[64*ids[i] + 22];
+        emap_E[64*i + 23] = E[64*ids[i] + 23];
+        emap_E[64*i + 24] = E[64*ids[i] + 24];
+        emap_E[64*i + 25] = E[64*ids[i] + 25];
+        emap_E[64*i + 26] = E[64*ids[i] + 26];
+        emap_E[64*i + 27] = E[64*ids[i] + 27];
+        emap_E[64*i + 28] = E[64*ids[i] + 28];
+        emap_E[64*i + 29] = E[64*ids[i] + 29];
+        emap_E[64*i + 30] = E[64*ids[i] + 30];
+        emap_E[64*i + 31] = E[64*ids[i] + 31];
+        emap_E[64*i + 32] = E[64*ids[i] + 32];
+        emap_E[64*i + 33] = E[64*ids[i] + 33];
+        emap_E[64*i + 34] = E[64*ids[i] + 34];
+        emap_E[64*i + 35] = E[64*ids[i] + 35];
+        emap_E[64*i + 36] = E[64*ids[i] + 36];
+        emap_E[64*i + 37] = E[64*ids[i] + 37];
+        emap_E[64*i + 38] = E[64*ids[i] + 38];
+        emap_E[64*i + 39] = E[64*ids[i] + 39];
+        emap_E[64*i + 40] = E[64*ids[i] + 40];
+        emap_E[64*i + 41] = E[64*ids[i] + 41];
+        emap_E[64*i + 42] = E[64*ids[i] + 42];
+        emap_E[64*i + 43] = E[64*ids[i] + 43];
+        emap_E[64*i + 44] = E[64*ids[i] + 44];
+        emap_E[64*i + 45] = E[64*ids[i] + 45];
+        emap_E[64*i + 46] = E[64*ids[i] + 46];
+        emap_E[64*i + 47] = E[64*ids[i] + 47];
+        emap_E[64*i + 48] = E[64*ids[i] + 48];
+        emap_E[64*i + 49] = E[64*ids[i] + 49];
+        emap_E[64*i + 50] = E[64*ids[i] + 50];
+        emap_E[64*i + 51] = E[64*ids[i] + 51];
+        emap_E[64*i + 52] = E[64*ids[i] + 52];
+        emap_E[64*i + 53] = E[64*ids[i] + 53];
+        emap_E[64*i + 54] = E[64*ids[i] + 54];
+        emap_E[64*i + 55] = E[64*ids[i] + 55];
+        emap_E[64*i + 56] = E[64*ids[i] + 56];
+        emap_E[64*i + 57] = E[64*ids[i] + 57];
+        emap_E[64*i + 58] = E[64*ids[i] + 58];
+        emap_E[64*i + 59] = E[64*ids[i] + 59];
+        emap_E[64*i + 60] = E[64*ids[i] + 60];
+        emap_E[64*i + 61] = E[64*ids[i] + 61];
+        emap_E[64*i + 62] = E[64*ids[i] + 62];
+        emap_E[64*i + 63] = E[64*ids[i] + 63];
+        emap_P[64*i] = P[64*positions[i]];
+        emap_P[64*i + 1] = P[64*positions[i] + 1];
+        emap_P[64*i + 2] = P[64*positions[i] + 2];
+        emap_P[64*i + 3] = P[64*positions[i] + 3];
+        emap_P[64*i + 4] = P[64*positions[i] + 4];
+        emap_P[64*i + 5] = P[64*positions[i] + 5];
+        emap_P[64*i + 6] = P[64*positions[i] + 6];
+        emap_P[64*i + 7] = P[64*positions[i] + 7];
+        emap_P[64*i + 8] = P[64*positions[i] + 8];
+        emap_P[64*i + 9] = P[64*positions[i] + 9];
+        emap_P[64*i + 10] = P[64*positions[i] + 10];
+        emap_P[64*i + 11] = P[64*positions[i] + 11];
+        emap_P[64*i + 12] = P[64*positions[i] + 12];
+        emap_P[64*i + 13] = P[64*positions[i] + 13];
+        emap_P[64*i + 14] = P[64*positions[i] + 14];
+        emap_P[64*i + 15] = P[64*positions[i] + 15];
+        emap_P[64*i + 16] = P[64*positions[i] + 16];
+        emap_P[64*i + 17] = P[64*positions[i] + 17];
+        emap_P[64*i + 18] = P[64*positions[i] + 18];
+        emap_P[64*i + 19] = P[64*positions[i] + 19];
+        emap_P[64*i + 20] = P[64*positions[i] + 20];
+        emap_P[64*i + 21] = P[64*positions[i] + 21];
+        emap_P[64*i + 22] = P[64*positions[i] + 22];
+        emap_P[64*i + 23] = P[64*positions[i] + 23];
+        emap_P[64*i + 24] = P[64*positions[i] + 24];
+        emap_P[64*i + 25] = P[64*positions[i] + 25];
+        emap_P[64*i + 26] = P[64*positions[i] + 26];
+        emap_P[64*i + 27] = P[64*positions[i] + 27];
+        emap_P[64*i + 28] = P[64*positions[i] + 28];
+        emap_P[64*i + 29] = P[64*positions[i] + 29];
+        emap_P[64*i + 30] = P[64*positions[i] + 30];
+        emap_P[64*i + 31] = P[64*positions[i] + 31];
+        emap_P[64*i + 32] = P[64*positions[i] + 32];
+        emap_P[64*i + 33] = P[64*positions[i] + 33];
+        emap_P[64*i + 34] = P[64*positions[i] + 34];
+        emap_P[64*i + 35] = P[64*positions[i] + 35];
+        emap_P[64*i + 36] = P[64*positions[i] + 36];
+        emap_P[64*i + 37] = P[64*positions[i] + 37];
+        emap_P[64*i + 38] = P[64*positions[i] + 38];
+        emap_P[64*i + 39] = P[64*positions[i] + 39];
+        emap_P[64*i + 40] = P[64*positions[i] + 40];
+        emap_P[64*i + 41] = P[64*positions[i] + 41];
+        emap_P[64*i + 42] = P[64*positions[i] + 42];
+        emap_P[64*i + 43] = P[64*positions[i] + 43];
+        emap_P[64*i + 44] = P[64*positions[i] + 44];
+        emap_P[64*i + 45] = P[64*positions[i] + 45];
+        emap_P[64*i + 46] = P[64*positions[i] + 46];
+        emap_P[64*i + 47] = P[64*positions[i] + 47];
+        emap_P[64*i + 48] = P[64*positions[i] + 48];
+        emap_P[64*i + 49] = P[64*positions[i] + 49];
+        emap_P[64*i + 50] = P[64*positions[i] + 50];
+        emap_P[64*i + 51] = P[64*positions[i] + 51];
+        emap_P[64*i + 52] = P[64*positions[i] + 52];
+        emap_P[64*i + 53] = P[64*positions[i] + 53];
+        emap_P[64*i + 54] = P[64*positions[i] + 54];
+        emap_P[64*i + 55] = P[64*positions[i] + 55];
+        emap_P[64*i + 56] = P[64*positions[i] + 56];
+        emap_P[64*i + 57] = P[64*positions[i] + 57];
+        emap_P[64*i + 58] = P[64*positions[i] + 58];
+        emap_P[64*i + 59] = P[64*positions[i] + 59];
+        emap_P[64*i + 60] = P[64*positions[i] + 60];
+        emap_P[64*i + 61] = P[64*positions[i] + 61];
+        emap_P[64*i + 62] = P[64*positions[i] + 62];
+        emap_P[64*i + 63] = P[64*positions[i] + 63];
     }
 }
 #endif
@@ -2924,25 +2922,25 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t0 = work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t1 = work + 64*m; /* m x 64; placed in an earlier part */
-    /* t2 = t0 + t1 */
-    TRANSFORMER_LM_REAL *t2 = t1 + 64*m; /* m x 64 */
-    transformer_lm_loop0(m, t2, t0, t1);
+    TRANSFORMER_LM_REAL *emap_E = work; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *emap_P = work + 64*m; /* m x 64; placed in an earlier part */
+    /* add_E = emap_E + emap_P */
+    TRANSFORMER_LM_REAL *add_E = emap_P + 64*m; /* m x 64 */
+    transformer_lm_loop0(m, add_E, emap_E, emap_P);
 
-    /* t3[i, :] = (t2[i, :] - mu_i) r_i, mu_i = mean_j t2[i, j], r_i = 1/sqrt(mean_j
-     * (t2[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t3 = t0; /* m x 64, in t0's memory */
+    /* norm_E[i, :] = (add_E[i, :] - mu_i) r_i, mu_i = mean_j add_E[i, j], r_i =
+     * 1/sqrt(mean_j (add_E[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *norm_E = emap_E; /* m x 64, in emap_E's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t3 + 64*i;
+        TRANSFORMER_LM_REAL *row = norm_E + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t2[64*i + k + l];
+                    sum_lane[l] += add_E[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -2950,13 +2948,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t2[64*i + k];
+                sum += add_E[64*i + k];
             }
             mean = sum / 64;
         }
         /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
         for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t2[64*i + j] - mean;
+            row[j] = add_E[64*i + j] - mean;
         }
         {
             TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -2980,31 +2978,31 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
         }
     }
 
-    /* t4 = b0a + g0a*t3 */
-    TRANSFORMER_LM_REAL *t4 = t1; /* m x 64, in t1's memory */
-    transformer_lm_loop1(m, t4, g0a, t3, b0a);
+    /* add_b0a = b0a + g0a*norm_E */
+    TRANSFORMER_LM_REAL *add_b0a = emap_P; /* m x 64, in emap_P's memory */
+    transformer_lm_loop1(m, add_b0a, g0a, norm_E, b0a);
 
-    /* t5 = Wq0/4 */
-    TRANSFORMER_LM_REAL *t5 = t2 + 64*m; /* 64 x 64 */
+    /* mul_Wq0 = Wq0/4 */
+    TRANSFORMER_LM_REAL *mul_Wq0 = add_E + 64*m; /* 64 x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t5[64*i + j] = (1.0/4.0)*Wq0[64*i + j];
+            mul_Wq0[64*i + j] = (1.0/4.0)*Wq0[64*i + j];
         }
     }
 
-    /* t6 = t4 @ t5 */
-    TRANSFORMER_LM_REAL *t6 = t5 + 4096; /* m x 64 */
-    transformer_lm_product0(m, t4, t5, t6);
+    /* mm_Wq0 = add_b0a @ mul_Wq0 */
+    TRANSFORMER_LM_REAL *mm_Wq0 = mul_Wq0 + 4096; /* m x 64 */
+    transformer_lm_product0(m, add_b0a, mul_Wq0, mm_Wq0);
 
-    /* t7 = t4 @ Wk0 */
-    TRANSFORMER_LM_REAL *t7 = t6 + 64*m; /* m x 64 */
-    transformer_lm_product0(m, t4, Wk0, t7);
+    /* mm_Wk0 = add_b0a @ Wk0 */
+    TRANSFORMER_LM_REAL *mm_Wk0 = mm_Wq0 + 64*m; /* m x 64 */
+    transformer_lm_product0(m, add_b0a, Wk0, mm_Wk0);
 
-    /* t8[(e,t),(h,s)] = sum_k t6[(e,t),h*dh+k] * t7[(e,s),h*dh+k] for s <= t, 0 for s > t
-     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t8 = t7 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *t8_block_1 = t8 + 256*m; /* 64 x 16 */
+    /* scores_Wk0[(e,t),(h,s)] = sum_k mm_Wq0[(e,t),h*dh+k] * mm_Wk0[(e,s),h*dh+k] for s <=
+     * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *scores_Wk0 = mm_Wk0 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *scores_Wk0_block_2 = scores_Wk0 + 256*m; /* 64 x 16 */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -3013,29 +3011,30 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores t6 t7^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, t6 + row0 * 64 + hd * 16, 64, t7 + row0 * 64 + hd * 16, 64,
-                                          t8 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores mm_Wq0 mm_Wk0^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, mm_Wq0 + row0 * 64 + hd * 16, 64, mm_Wk0 + row0 * 64 + hd * 16, 64,
+                                          scores_Wk0 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t8_block_1[dk][ks] = t7[(e,ks), hd*16+dk]: the head's keys transposed, so that
-             * a row of scores is a sum of contiguous rows */
+            /* scores_Wk0_block_2[dk][ks] = mm_Wk0[(e,ks), hd*16+dk]: the head's keys
+             * transposed, so that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    t8_block_1[dk * 64 + ks] = t7[(row0 + ks) * 64 + hd * 16 + dk];
+                    scores_Wk0_block_2[dk * 64 + ks] = mm_Wk0[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t8 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = scores_Wk0 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += t6[(e,qt), hd*16+dk] * t8_block_1[dk][ks] for keys ks <= qt */
+                /* srow[ks] += mm_Wq0[(e,qt), hd*16+dk] * scores_Wk0_block_2[dk][ks] for keys
+                 * ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t6[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = mm_Wq0[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t8_block_1[dk * 64 + ks];
+                        srow[ks] += aw * scores_Wk0_block_2[dk * 64 + ks];
                     }
                 }
             }
@@ -3043,9 +3042,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     #endif
     }
 
-    /* t9[(e,t),(h,s)] = exp(t8[(e,t),(h,s)] - max_{s'<=t} t8[(e,t),(h,s')]) / sum_{s'<=t}
-     * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t9 = t8_block_1 + 1024; /* m x 256 */
+    /* softmax_Wk0[(e,t),(h,s)] = exp(scores_Wk0[(e,t),(h,s)] - max_{s'<=t}
+     * scores_Wk0[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
+     * mask) (rows (e,t) = e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *softmax_Wk0 = scores_Wk0_block_2 + 1024; /* m x 256 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -3053,59 +3053,59 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t8[qbase];
+                TRANSFORMER_LM_REAL top = scores_Wk0[qbase];
                 for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t8[qbase + ks];
+                    const TRANSFORMER_LM_REAL val = scores_Wk0[qbase + ks];
                     top = val > top ? val : top;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t8[qbase + ks];
-                    t9[qbase + ks] = exp(-top + val);
+                    const TRANSFORMER_LM_REAL val = scores_Wk0[qbase + ks];
+                    softmax_Wk0[qbase + ks] = exp(-top + val);
                 }
                 TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += t9[qbase + ks];
+                    total += softmax_Wk0[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t9[qbase + ks] /= total;
+                    softmax_Wk0[qbase + ks] /= total;
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t9[qbase + ks] = 0;
+                    softmax_Wk0[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* t10 = t4 @ Wv0 */
-    TRANSFORMER_LM_REAL *t10 = t9 + 256*m; /* m x 64 */
-    transformer_lm_product0(m, t4, Wv0, t10);
+    /* mm_Wv0 = add_b0a @ Wv0 */
+    TRANSFORMER_LM_REAL *mm_Wv0 = softmax_Wk0 + 256*m; /* m x 64 */
+    transformer_lm_product0(m, add_b0a, Wv0, mm_Wv0);
 
-    /* t11[(e,t),h*dh+k] = sum_{s<=t} t9[(e,t),(h,s)] * t10[(e,s),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t11 = t10 + 64*m; /* m x 64 */
+    /* mix_Wv0[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk0[(e,t),(h,s)] * mm_Wv0[(e,s),h*dh+k]
+     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *mix_Wv0 = mm_Wv0 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t9) t10 */
-            symbackprop_f64_causal_mix(0, len, 16, t9 + row0 * 256 + hd * 64, 256,
-                                       t10 + row0 * 64 + hd * 16, 64, t11 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(softmax_Wk0) mm_Wv0 */
+            symbackprop_f64_causal_mix(0, len, 16, softmax_Wk0 + row0 * 256 + hd * 64, 256,
+                                       mm_Wv0 + row0 * 64 + hd * 16, 64, mix_Wv0 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of t9[(e,qt),(hd,ks)] *
-                 * t10[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = t11 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of softmax_Wk0[(e,qt),(hd,ks)] *
+                 * mm_Wv0[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = mix_Wv0 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = t9[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = softmax_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t10[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wv0[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -3113,27 +3113,27 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     #endif
     }
 
-    /* t12 = t11 @ Wo0 */
-    TRANSFORMER_LM_REAL *t12 = t11 + 64*m; /* m x 64 */
-    transformer_lm_product0(m, t11, Wo0, t12);
+    /* mm_Wo0 = mix_Wv0 @ Wo0 */
+    TRANSFORMER_LM_REAL *mm_Wo0 = mix_Wv0 + 64*m; /* m x 64 */
+    transformer_lm_product0(m, mix_Wv0, Wo0, mm_Wo0);
 
-    /* t13 = t12 + t2 */
-    TRANSFORMER_LM_REAL *t13 = t12 + 64*m; /* m x 64 */
-    transformer_lm_loop0(m, t13, t2, t12);
+    /* add_Wo0 = add_E + mm_Wo0 */
+    TRANSFORMER_LM_REAL *add_Wo0 = mm_Wo0 + 64*m; /* m x 64 */
+    transformer_lm_loop0(m, add_Wo0, add_E, mm_Wo0);
 
-    /* t14[i, :] = (t13[i, :] - mu_i) r_i, mu_i = mean_j t13[i, j], r_i = 1/sqrt(mean_j
-     * (t13[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t14 = t12; /* m x 64, in t12's memory */
+    /* norm_Wo0[i, :] = (add_Wo0[i, :] - mu_i) r_i, mu_i = mean_j add_Wo0[i, j], r_i =
+     * 1/sqrt(mean_j (add_Wo0[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *norm_Wo0 = mm_Wo0; /* m x 64, in mm_Wo0's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t14 + 64*i;
+        TRANSFORMER_LM_REAL *row = norm_Wo0 + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t13[64*i + k + l];
+                    sum_lane[l] += add_Wo0[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -3141,13 +3141,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t13[64*i + k];
+                sum += add_Wo0[64*i + k];
             }
             mean = sum / 64;
         }
         /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
         for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t13[64*i + j] - mean;
+            row[j] = add_Wo0[64*i + j] - mean;
         }
         {
             TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -3171,42 +3171,42 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
         }
     }
 
-    /* t15 = b0m + g0m*t14 */
-    TRANSFORMER_LM_REAL *t15 = t13 + 64*m; /* m x 64 */
-    transformer_lm_loop1(m, t15, g0m, t14, b0m);
+    /* add_b0m = b0m + g0m*norm_Wo0 */
+    TRANSFORMER_LM_REAL *add_b0m = add_Wo0 + 64*m; /* m x 64 */
+    transformer_lm_loop1(m, add_b0m, g0m, norm_Wo0, b0m);
 
-    /* t16 = t15 @ W0up */
-    TRANSFORMER_LM_REAL *t16 = t8; /* m x 256, in t8's memory */
-    transformer_lm_product1(m, t15, W0up, t16);
+    /* mm_W0up = add_b0m @ W0up */
+    TRANSFORMER_LM_REAL *mm_W0up = scores_Wk0; /* m x 256, in scores_Wk0's memory */
+    transformer_lm_product1(m, add_b0m, W0up, mm_W0up);
 
-    /* t17 = (c0up + t16)*(erf(sqrt(2)*(c0up + t16)/2) + 1)/2 */
-    /* t18 = sqrt(2)*(c0up + t16)*exp(-(c0up + t16)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c0up +
-     * t16)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *t17 = t15 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *t18 = t17 + 256*m; /* m x 256 */
-    transformer_lm_loop2(m, t17, t18, t16, c0up);
+    /* mul_W0up = (c0up + mm_W0up)*(erf(sqrt(2)*(c0up + mm_W0up)/2) + 1)/2 */
+    /* add_W0up = sqrt(2)*(c0up + mm_W0up)*exp(-(c0up + mm_W0up)**2/2)/(2*sqrt(pi)) +
+     * erf(sqrt(2)*(c0up + mm_W0up)/2)/2 + 1/2 */
+    TRANSFORMER_LM_REAL *mul_W0up = add_b0m + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *add_W0up = mul_W0up + 256*m; /* m x 256 */
+    transformer_lm_loop2(m, mul_W0up, add_W0up, mm_W0up, c0up);
 
-    /* t19 = t17 @ W0down */
-    TRANSFORMER_LM_REAL *t19 = t18 + 256*m; /* m x 64 */
-    transformer_lm_product2(m, t17, W0down, t19);
+    /* mm_W0down = mul_W0up @ W0down */
+    TRANSFORMER_LM_REAL *mm_W0down = add_W0up + 256*m; /* m x 64 */
+    transformer_lm_product2(m, mul_W0up, W0down, mm_W0down);
 
-    /* t20 = c0down + t13 + t19 */
-    TRANSFORMER_LM_REAL *t20 = t19 + 64*m; /* m x 64 */
-    transformer_lm_loop3(m, t20, t13, t19, c0down);
+    /* add_W0down = add_Wo0 + c0down + mm_W0down */
+    TRANSFORMER_LM_REAL *add_W0down = mm_W0down + 64*m; /* m x 64 */
+    transformer_lm_loop3(m, add_W0down, add_Wo0, mm_W0down, c0down);
 
-    /* t21[i, :] = (t20[i, :] - mu_i) r_i, mu_i = mean_j t20[i, j], r_i = 1/sqrt(mean_j
-     * (t20[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t21 = t19; /* m x 64, in t19's memory */
+    /* norm_W0down[i, :] = (add_W0down[i, :] - mu_i) r_i, mu_i = mean_j add_W0down[i, j], r_i
+     * = 1/sqrt(mean_j (add_W0down[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *norm_W0down = mm_W0down; /* m x 64, in mm_W0down's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t21 + 64*i;
+        TRANSFORMER_LM_REAL *row = norm_W0down + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t20[64*i + k + l];
+                    sum_lane[l] += add_W0down[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -3214,13 +3214,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t20[64*i + k];
+                sum += add_W0down[64*i + k];
             }
             mean = sum / 64;
         }
         /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
         for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t20[64*i + j] - mean;
+            row[j] = add_W0down[64*i + j] - mean;
         }
         {
             TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -3244,31 +3244,31 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
         }
     }
 
-    /* t22 = b1a + g1a*t21 */
-    TRANSFORMER_LM_REAL *t22 = t20 + 64*m; /* m x 64 */
-    transformer_lm_loop1(m, t22, g1a, t21, b1a);
+    /* add_b1a = b1a + g1a*norm_W0down */
+    TRANSFORMER_LM_REAL *add_b1a = add_W0down + 64*m; /* m x 64 */
+    transformer_lm_loop1(m, add_b1a, g1a, norm_W0down, b1a);
 
-    /* t23 = Wq1/4 */
-    TRANSFORMER_LM_REAL *t23 = t22 + 64*m; /* 64 x 64 */
+    /* mul_Wq1 = Wq1/4 */
+    TRANSFORMER_LM_REAL *mul_Wq1 = add_b1a + 64*m; /* 64 x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            t23[64*i + j] = (1.0/4.0)*Wq1[64*i + j];
+            mul_Wq1[64*i + j] = (1.0/4.0)*Wq1[64*i + j];
         }
     }
 
-    /* t24 = t22 @ t23 */
-    TRANSFORMER_LM_REAL *t24 = t23 + 4096; /* m x 64 */
-    transformer_lm_product0(m, t22, t23, t24);
+    /* mm_Wq1 = add_b1a @ mul_Wq1 */
+    TRANSFORMER_LM_REAL *mm_Wq1 = mul_Wq1 + 4096; /* m x 64 */
+    transformer_lm_product0(m, add_b1a, mul_Wq1, mm_Wq1);
 
-    /* t25 = t22 @ Wk1 */
-    TRANSFORMER_LM_REAL *t25 = t24 + 64*m; /* m x 64 */
-    transformer_lm_product0(m, t22, Wk1, t25);
+    /* mm_Wk1 = add_b1a @ Wk1 */
+    TRANSFORMER_LM_REAL *mm_Wk1 = mm_Wq1 + 64*m; /* m x 64 */
+    transformer_lm_product0(m, add_b1a, Wk1, mm_Wk1);
 
-    /* t26[(e,t),(h,s)] = sum_k t24[(e,t),h*dh+k] * t25[(e,s),h*dh+k] for s <= t, 0 for s > t
-     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t26 = t16; /* m x 256, in t16's memory */
-    TRANSFORMER_LM_REAL *t26_block_1 = t8_block_1; /* 64 x 16, in t8_block_1's memory */
+    /* scores_Wk1[(e,t),(h,s)] = sum_k mm_Wq1[(e,t),h*dh+k] * mm_Wk1[(e,s),h*dh+k] for s <=
+     * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *scores_Wk1 = mm_W0up; /* m x 256, in mm_W0up's memory */
+    TRANSFORMER_LM_REAL *scores_Wk1_block_2 = scores_Wk0_block_2; /* 64 x 16, in scores_Wk0_block_2's memory */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -3277,29 +3277,30 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores t24 t25^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, t24 + row0 * 64 + hd * 16, 64, t25 + row0 * 64 + hd * 16, 64,
-                                          t26 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores mm_Wq1 mm_Wk1^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, mm_Wq1 + row0 * 64 + hd * 16, 64, mm_Wk1 + row0 * 64 + hd * 16, 64,
+                                          scores_Wk1 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* t26_block_1[dk][ks] = t25[(e,ks), hd*16+dk]: the head's keys transposed, so
-             * that a row of scores is a sum of contiguous rows */
+            /* scores_Wk1_block_2[dk][ks] = mm_Wk1[(e,ks), hd*16+dk]: the head's keys
+             * transposed, so that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    t26_block_1[dk * 64 + ks] = t25[(row0 + ks) * 64 + hd * 16 + dk];
+                    scores_Wk1_block_2[dk * 64 + ks] = mm_Wk1[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = t26 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = scores_Wk1 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += t24[(e,qt), hd*16+dk] * t26_block_1[dk][ks] for keys ks <= qt */
+                /* srow[ks] += mm_Wq1[(e,qt), hd*16+dk] * scores_Wk1_block_2[dk][ks] for keys
+                 * ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = t24[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = mm_Wq1[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * t26_block_1[dk * 64 + ks];
+                        srow[ks] += aw * scores_Wk1_block_2[dk * 64 + ks];
                     }
                 }
             }
@@ -3307,9 +3308,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     #endif
     }
 
-    /* t27[(e,t),(h,s)] = exp(t26[(e,t),(h,s)] - max_{s'<=t} t26[(e,t),(h,s')]) / sum_{s'<=t}
-     * exp(...) for s <= t, 0 for s > t (the causal mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *t27 = t25 + 64*m; /* m x 256 */
+    /* softmax_Wk1[(e,t),(h,s)] = exp(scores_Wk1[(e,t),(h,s)] - max_{s'<=t}
+     * scores_Wk1[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
+     * mask) (rows (e,t) = e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *softmax_Wk1 = mm_Wk1 + 64*m; /* m x 256 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -3317,59 +3319,59 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = t26[qbase];
+                TRANSFORMER_LM_REAL top = scores_Wk1[qbase];
                 for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t26[qbase + ks];
+                    const TRANSFORMER_LM_REAL val = scores_Wk1[qbase + ks];
                     top = val > top ? val : top;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = t26[qbase + ks];
-                    t27[qbase + ks] = exp(-top + val);
+                    const TRANSFORMER_LM_REAL val = scores_Wk1[qbase + ks];
+                    softmax_Wk1[qbase + ks] = exp(-top + val);
                 }
                 TRANSFORMER_LM_REAL total = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += t27[qbase + ks];
+                    total += softmax_Wk1[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    t27[qbase + ks] /= total;
+                    softmax_Wk1[qbase + ks] /= total;
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    t27[qbase + ks] = 0;
+                    softmax_Wk1[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* t28 = t22 @ Wv1 */
-    TRANSFORMER_LM_REAL *t28 = t27 + 256*m; /* m x 64 */
-    transformer_lm_product0(m, t22, Wv1, t28);
+    /* mm_Wv1 = add_b1a @ Wv1 */
+    TRANSFORMER_LM_REAL *mm_Wv1 = softmax_Wk1 + 256*m; /* m x 64 */
+    transformer_lm_product0(m, add_b1a, Wv1, mm_Wv1);
 
-    /* t29[(e,t),h*dh+k] = sum_{s<=t} t27[(e,t),(h,s)] * t28[(e,s),h*dh+k] (rows (e,t) =
-     * e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *t29 = t28 + 64*m; /* m x 64 */
+    /* mix_Wv1[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk1[(e,t),(h,s)] * mm_Wv1[(e,s),h*dh+k]
+     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *mix_Wv1 = mm_Wv1 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t27) t28 */
-            symbackprop_f64_causal_mix(0, len, 16, t27 + row0 * 256 + hd * 64, 256,
-                                       t28 + row0 * 64 + hd * 16, 64, t29 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(softmax_Wk1) mm_Wv1 */
+            symbackprop_f64_causal_mix(0, len, 16, softmax_Wk1 + row0 * 256 + hd * 64, 256,
+                                       mm_Wv1 + row0 * 64 + hd * 16, 64, mix_Wv1 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of t27[(e,qt),(hd,ks)] *
-                 * t28[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = t29 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of softmax_Wk1[(e,qt),(hd,ks)] *
+                 * mm_Wv1[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = mix_Wv1 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = t27[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = softmax_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t28[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wv1[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -3377,27 +3379,27 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     #endif
     }
 
-    /* t30 = t29 @ Wo1 */
-    TRANSFORMER_LM_REAL *t30 = t29 + 64*m; /* m x 64 */
-    transformer_lm_product0(m, t29, Wo1, t30);
+    /* mm_Wo1 = mix_Wv1 @ Wo1 */
+    TRANSFORMER_LM_REAL *mm_Wo1 = mix_Wv1 + 64*m; /* m x 64 */
+    transformer_lm_product0(m, mix_Wv1, Wo1, mm_Wo1);
 
-    /* t31 = t20 + t30 */
-    TRANSFORMER_LM_REAL *t31 = t30 + 64*m; /* m x 64 */
-    transformer_lm_loop0(m, t31, t20, t30);
+    /* add_Wo1 = add_W0down + mm_Wo1 */
+    TRANSFORMER_LM_REAL *add_Wo1 = mm_Wo1 + 64*m; /* m x 64 */
+    transformer_lm_loop0(m, add_Wo1, add_W0down, mm_Wo1);
 
-    /* t32[i, :] = (t31[i, :] - mu_i) r_i, mu_i = mean_j t31[i, j], r_i = 1/sqrt(mean_j
-     * (t31[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t32 = t30; /* m x 64, in t30's memory */
+    /* norm_Wo1[i, :] = (add_Wo1[i, :] - mu_i) r_i, mu_i = mean_j add_Wo1[i, j], r_i =
+     * 1/sqrt(mean_j (add_Wo1[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *norm_Wo1 = mm_Wo1; /* m x 64, in mm_Wo1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t32 + 64*i;
+        TRANSFORMER_LM_REAL *row = norm_Wo1 + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t31[64*i + k + l];
+                    sum_lane[l] += add_Wo1[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -3405,13 +3407,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t31[64*i + k];
+                sum += add_Wo1[64*i + k];
             }
             mean = sum / 64;
         }
         /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
         for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t31[64*i + j] - mean;
+            row[j] = add_Wo1[64*i + j] - mean;
         }
         {
             TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -3435,9 +3437,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
         }
     }
 
-    /* t33 = b1m + g1m*t32 */
-    TRANSFORMER_LM_REAL *t33 = t31 + 64*m; /* m x 64 */
-    transformer_lm_loop1(m, t33, g1m, t32, b1m);
+    /* add_b1m = b1m + g1m*norm_Wo1 */
+    TRANSFORMER_LM_REAL *add_b1m = add_Wo1 + 64*m; /* m x 64 */
+    transformer_lm_loop1(m, add_b1m, g1m, norm_Wo1, b1m);
 }
 #endif
 
@@ -3463,48 +3465,48 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t23 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t24 = work + 1856*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = work + 1920*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26 = work + 320*m + 4096; /* m x 256, in t16's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t26_block_1 = work + 576*m + 4096; /* 64 x 16, in t8_block_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t27 = work + 1984*m + 9216; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t28 = work + 2240*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t31 = work + 2432*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t32 = work + 2368*m + 9216; /* m x 64, in t30's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t33 = work + 2496*m + 9216; /* m x 64; placed in an earlier part */
-    /* t34 = t33 @ W1up */
-    TRANSFORMER_LM_REAL *t34 = t26; /* m x 256, in t26's memory */
-    transformer_lm_product1(m, t33, W1up, t34);
+    TRANSFORMER_LM_REAL *mul_Wq1 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wq1 = work + 1856*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wk1 = work + 1920*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *scores_Wk1 = work + 320*m + 4096; /* m x 256, in mm_W0up's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *scores_Wk1_block_2 = work + 576*m + 4096; /* 64 x 16, in scores_Wk0_block_2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *softmax_Wk1 = work + 1984*m + 9216; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wv1 = work + 2240*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_Wo1 = work + 2432*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *norm_Wo1 = work + 2368*m + 9216; /* m x 64, in mm_Wo1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_b1m = work + 2496*m + 9216; /* m x 64; placed in an earlier part */
+    /* mm_W1up = add_b1m @ W1up */
+    TRANSFORMER_LM_REAL *mm_W1up = scores_Wk1; /* m x 256, in scores_Wk1's memory */
+    transformer_lm_product1(m, add_b1m, W1up, mm_W1up);
 
-    /* t35 = (c1up + t34)*(erf(sqrt(2)*(c1up + t34)/2) + 1)/2 */
-    /* t36 = sqrt(2)*(c1up + t34)*exp(-(c1up + t34)**2/2)/(2*sqrt(pi)) + erf(sqrt(2)*(c1up +
-     * t34)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *t35 = t33 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *t36 = t35 + 256*m; /* m x 256 */
-    transformer_lm_loop2(m, t35, t36, t34, c1up);
+    /* mul_W1up = (c1up + mm_W1up)*(erf(sqrt(2)*(c1up + mm_W1up)/2) + 1)/2 */
+    /* add_W1up = sqrt(2)*(c1up + mm_W1up)*exp(-(c1up + mm_W1up)**2/2)/(2*sqrt(pi)) +
+     * erf(sqrt(2)*(c1up + mm_W1up)/2)/2 + 1/2 */
+    TRANSFORMER_LM_REAL *mul_W1up = add_b1m + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *add_W1up = mul_W1up + 256*m; /* m x 256 */
+    transformer_lm_loop2(m, mul_W1up, add_W1up, mm_W1up, c1up);
 
-    /* t37 = t35 @ W1down */
-    TRANSFORMER_LM_REAL *t37 = t36 + 256*m; /* m x 64 */
-    transformer_lm_product2(m, t35, W1down, t37);
+    /* mm_W1down = mul_W1up @ W1down */
+    TRANSFORMER_LM_REAL *mm_W1down = add_W1up + 256*m; /* m x 64 */
+    transformer_lm_product2(m, mul_W1up, W1down, mm_W1down);
 
-    /* t38 = c1down + t31 + t37 */
-    TRANSFORMER_LM_REAL *t38 = t37 + 64*m; /* m x 64 */
-    transformer_lm_loop3(m, t38, t31, t37, c1down);
+    /* add_W1down = add_Wo1 + c1down + mm_W1down */
+    TRANSFORMER_LM_REAL *add_W1down = mm_W1down + 64*m; /* m x 64 */
+    transformer_lm_loop3(m, add_W1down, add_Wo1, mm_W1down, c1down);
 
-    /* t39[i, :] = (t38[i, :] - mu_i) r_i, mu_i = mean_j t38[i, j], r_i = 1/sqrt(mean_j
-     * (t38[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *t39 = t37; /* m x 64, in t37's memory */
+    /* norm_W1down[i, :] = (add_W1down[i, :] - mu_i) r_i, mu_i = mean_j add_W1down[i, j], r_i
+     * = 1/sqrt(mean_j (add_W1down[i, j] - mu_i)^2 + 1e-05) */
+    TRANSFORMER_LM_REAL *norm_W1down = mm_W1down; /* m x 64, in mm_W1down's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = t39 + 64*i;
+        TRANSFORMER_LM_REAL *row = norm_W1down + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t38[64*i + k + l];
+                    sum_lane[l] += add_W1down[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -3512,13 +3514,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t38[64*i + k];
+                sum += add_W1down[64*i + k];
             }
             mean = sum / 64;
         }
         /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
         for (int64_t j = 0; j < 64; ++j) {
-            row[j] = t38[64*i + j] - mean;
+            row[j] = add_W1down[64*i + j] - mean;
         }
         {
             TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -3542,81 +3544,81 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
         }
     }
 
-    /* t40 = bf + gf*t39 */
-    TRANSFORMER_LM_REAL *t40 = t38 + 64*m; /* m x 64 */
-    transformer_lm_loop1(m, t40, gf, t39, bf);
+    /* add_bf = bf + gf*norm_W1down */
+    TRANSFORMER_LM_REAL *add_bf = add_W1down + 64*m; /* m x 64 */
+    transformer_lm_loop1(m, add_bf, gf, norm_W1down, bf);
 
-    /* t41 = t40 @ Wout */
-    TRANSFORMER_LM_REAL *t41 = t40 + 64*m; /* m x 62 */
-    transformer_lm_product3(m, t40, Wout, t41);
+    /* mm_Wout = add_bf @ Wout */
+    TRANSFORMER_LM_REAL *mm_Wout = add_bf + 64*m; /* m x 62 */
+    transformer_lm_product3(m, add_bf, Wout, mm_Wout);
 
-    /* t42[i] = t41[i, targets[i]] */
-    TRANSFORMER_LM_REAL *t42 = t41 + 62*m; /* m x 1 */
+    /* pick_targets[i] = mm_Wout[i, targets[i]] */
+    TRANSFORMER_LM_REAL *pick_targets = mm_Wout + 62*m; /* m x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         const int64_t column = targets[i];
-        t42[i] = t41[62*i + column];
+        pick_targets[i] = mm_Wout[62*i + column];
     }
 
-    /* t43 = log(sum(exp(t41))) along each row, its max subtracted first */
-    TRANSFORMER_LM_REAL *t43 = t42 + m; /* m x 1 */
+    /* rowlse_Wout = log(sum(exp(mm_Wout))) along each row, its max subtracted first */
+    TRANSFORMER_LM_REAL *rowlse_Wout = pick_targets + m; /* m x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        t43[i] = symbackprop_f64_logsumexp(t41 + 62*i, 62, 1);
+        rowlse_Wout[i] = symbackprop_f64_logsumexp(mm_Wout + 62*i, 62, 1);
     }
 
-    /* t44 = -t42 + t43 */
-    TRANSFORMER_LM_REAL *t44 = t43 + m; /* m x 1 */
-    transformer_lm_loop4(m, t44, t42, t43);
+    /* add_Wout = -pick_targets + rowlse_Wout */
+    TRANSFORMER_LM_REAL *add_Wout = rowlse_Wout + m; /* m x 1 */
+    transformer_lm_loop4(m, add_Wout, pick_targets, rowlse_Wout);
 
-    /* t45 = sum of t44 down each column */
-    TRANSFORMER_LM_REAL *t45 = t44 + m; /* 1 x 1 */
-    t45[0] = symbackprop_f64_sum(t44, m, 1);
+    /* colsum_Wout = sum of add_Wout down each column */
+    TRANSFORMER_LM_REAL *colsum_Wout = add_Wout + m; /* 1 x 1 */
+    colsum_Wout[0] = symbackprop_f64_sum(add_Wout, m, 1);
 
-    /* loss = t45/m */
+    /* loss = colsum_Wout/m */
     {
-        loss[0] = t45[0]/((TRANSFORMER_LM_REAL)m);
+        loss[0] = colsum_Wout[0]/((TRANSFORMER_LM_REAL)m);
     }
 
-    /* grad_t41_part[i, j] = (-1/m) if j == targets[i], else 0 */
-    TRANSFORMER_LM_REAL *grad_t41_part = t45 + 1; /* m x 62 */
+    /* grad_mm_Wout_part[i, j] = (-1/m) if j == targets[i], else 0 */
+    TRANSFORMER_LM_REAL *grad_mm_Wout_part = colsum_Wout + 1; /* m x 62 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         const int64_t column = targets[i];
         for (int64_t j = 0; j < 62; ++j) {
-            grad_t41_part[62*i + j] = 0;
+            grad_mm_Wout_part[62*i + j] = 0;
         }
-        grad_t41_part[62*i + column] = (-1/((TRANSFORMER_LM_REAL)m));
+        grad_mm_Wout_part[62*i + column] = (-1/((TRANSFORMER_LM_REAL)m));
     }
 
-    /* grad_t41 = grad_t41_part + exp(t41 - t43)/m */
-    TRANSFORMER_LM_REAL *grad_t41 = grad_t41_part + 62*m; /* m x 62 */
-    transformer_lm_loop5(m, grad_t41, grad_t41_part, t41, t43);
+    /* grad_mm_Wout = grad_mm_Wout_part + exp(mm_Wout - rowlse_Wout)/m */
+    TRANSFORMER_LM_REAL *grad_mm_Wout = grad_mm_Wout_part + 62*m; /* m x 62 */
+    transformer_lm_loop5(m, grad_mm_Wout, grad_mm_Wout_part, mm_Wout, rowlse_Wout);
 
-    /* grad_t40 = grad_t41 @ Wout^T */
-    TRANSFORMER_LM_REAL *grad_t40 = grad_t41 + 62*m; /* m x 64 */
-    transformer_lm_product4(m, grad_t41, Wout, grad_t40);
+    /* grad_add_bf = grad_mm_Wout @ Wout^T */
+    TRANSFORMER_LM_REAL *grad_add_bf = grad_mm_Wout + 62*m; /* m x 64 */
+    transformer_lm_product4(m, grad_mm_Wout, Wout, grad_add_bf);
 
-    /* grad_t39 = gf*grad_t40 */
-    /* g0 = grad_t40*t39 */
-    TRANSFORMER_LM_REAL *grad_t39 = grad_t40 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *g0 = grad_t39 + 64*m; /* m x 64 */
-    transformer_lm_loop6(m, grad_t39, grad_t40, gf, g0, t39);
+    /* grad_norm_W1down = gf*grad_add_bf */
+    /* grad_copy_gf = grad_add_bf*norm_W1down */
+    TRANSFORMER_LM_REAL *grad_norm_W1down = grad_add_bf + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_copy_gf = grad_norm_W1down + 64*m; /* m x 64 */
+    transformer_lm_loop6(m, grad_norm_W1down, grad_add_bf, gf, grad_copy_gf, norm_W1down);
 
-    /* grad_t38[i, :] = r_i (grad_t39[i, :] - mean_j grad_t39[i, j] - y[i, :] mean_j
-     * grad_t39[i, j] y[i, j]), y = (t38 - mu) r normalized as in normalize_rows (mu_i, r_i
-     * of t38's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t38 = t39; /* m x 64, in t39's memory */
+    /* grad_add_W1down[i, :] = r_i (grad_norm_W1down[i, :] - mean_j grad_norm_W1down[i, j] -
+     * y[i, :] mean_j grad_norm_W1down[i, j] y[i, j]), y = (add_W1down - mu) r normalized as
+     * in normalize_rows (mu_i, r_i of add_W1down's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_add_W1down = norm_W1down; /* m x 64, in norm_W1down's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t38 + 64*i;
+        TRANSFORMER_LM_REAL *row = grad_add_W1down + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t38[64*i + k + l];
+                    sum_lane[l] += add_W1down[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -3624,7 +3626,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t38[64*i + k];
+                sum += add_W1down[64*i + k];
             }
             mean = sum / 64;
         }
@@ -3637,9 +3639,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t38[64*i + k + l] - mean)*(t38[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t39[64*i + k + l];
-                    grads_c_lane[l] += grad_t39[64*i + k + l]*(t38[64*i + k + l] - mean);
+                    squares_lane[l] += (add_W1down[64*i + k + l] - mean)*(add_W1down[64*i + k + l] - mean);
+                    grads_lane[l] += grad_norm_W1down[64*i + k + l];
+                    grads_c_lane[l] += grad_norm_W1down[64*i + k + l]*(add_W1down[64*i + k + l] - mean);
                 }
             }
             TRANSFORMER_LM_REAL squares = squares_lane[0];
@@ -3651,51 +3653,51 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
                 grads_c += grads_c_lane[l];
             }
             for (; k < 64; ++k) {
-                squares += (t38[64*i + k] - mean)*(t38[64*i + k] - mean);
-                grads += grad_t39[64*i + k];
-                grads_c += grad_t39[64*i + k]*(t38[64*i + k] - mean);
+                squares += (add_W1down[64*i + k] - mean)*(add_W1down[64*i + k] - mean);
+                grads += grad_norm_W1down[64*i + k];
+                grads_c += grad_norm_W1down[64*i + k]*(add_W1down[64*i + k] - mean);
             }
             const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t39[64*i + j] - grads_mean - (t38[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_W1down[64*i + j] - grads_mean - (add_W1down[64*i + j] - mean) * r * grads_y_mean);
             }
         }
     }
 
-    /* grad_t35 = grad_t38 @ W1down^T */
-    TRANSFORMER_LM_REAL *grad_t35 = t34; /* m x 256, in t34's memory */
-    transformer_lm_product5(m, grad_t38, W1down, grad_t35);
+    /* grad_mul_W1up = grad_add_W1down @ W1down^T */
+    TRANSFORMER_LM_REAL *grad_mul_W1up = mm_W1up; /* m x 256, in mm_W1up's memory */
+    transformer_lm_product5(m, grad_add_W1down, W1down, grad_mul_W1up);
 
-    /* g1 = grad_t35*t36 */
-    TRANSFORMER_LM_REAL *g1 = g0 + 64*m; /* m x 256 */
-    transformer_lm_loop7(m, g1, grad_t35, t36);
+    /* grad_add_W1up = add_W1up*grad_mul_W1up */
+    TRANSFORMER_LM_REAL *grad_add_W1up = grad_copy_gf + 64*m; /* m x 256 */
+    transformer_lm_loop7(m, grad_add_W1up, grad_mul_W1up, add_W1up);
 
-    /* grad_t33 = g1 @ W1up^T */
-    TRANSFORMER_LM_REAL *grad_t33 = t38; /* m x 64, in t38's memory */
-    transformer_lm_product6(m, g1, W1up, grad_t33);
+    /* grad_add_b1m = grad_add_W1up @ W1up^T */
+    TRANSFORMER_LM_REAL *grad_add_b1m = add_W1down; /* m x 64, in add_W1down's memory */
+    transformer_lm_product6(m, grad_add_W1up, W1up, grad_add_b1m);
 
-    /* grad_t32 = g1m*grad_t33 */
-    /* g2 = grad_t33*t32 */
-    TRANSFORMER_LM_REAL *grad_t32 = grad_t39; /* m x 64, in grad_t39's memory */
-    TRANSFORMER_LM_REAL *g2 = g1 + 256*m; /* m x 64 */
-    transformer_lm_loop6(m, grad_t32, grad_t33, g1m, g2, t32);
+    /* grad_norm_Wo1 = g1m*grad_add_b1m */
+    /* grad_copy_g1m = grad_add_b1m*norm_Wo1 */
+    TRANSFORMER_LM_REAL *grad_norm_Wo1 = grad_norm_W1down; /* m x 64, in grad_norm_W1down's memory */
+    TRANSFORMER_LM_REAL *grad_copy_g1m = grad_add_W1up + 256*m; /* m x 64 */
+    transformer_lm_loop6(m, grad_norm_Wo1, grad_add_b1m, g1m, grad_copy_g1m, norm_Wo1);
 
-    /* grad_t31_part[i, :] = r_i (grad_t32[i, :] - mean_j grad_t32[i, j] - y[i, :] mean_j
-     * grad_t32[i, j] y[i, j]), y = (t31 - mu) r normalized as in normalize_rows (mu_i, r_i
-     * of t31's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t31_part = t32; /* m x 64, in t32's memory */
+    /* grad_add_Wo1_part[i, :] = r_i (grad_norm_Wo1[i, :] - mean_j grad_norm_Wo1[i, j] -
+     * y[i, :] mean_j grad_norm_Wo1[i, j] y[i, j]), y = (add_Wo1 - mu) r normalized as in
+     * normalize_rows (mu_i, r_i of add_Wo1's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_add_Wo1_part = norm_Wo1; /* m x 64, in norm_Wo1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t31_part + 64*i;
+        TRANSFORMER_LM_REAL *row = grad_add_Wo1_part + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t31[64*i + k + l];
+                    sum_lane[l] += add_Wo1[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -3703,7 +3705,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t31[64*i + k];
+                sum += add_Wo1[64*i + k];
             }
             mean = sum / 64;
         }
@@ -3716,9 +3718,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t31[64*i + k + l] - mean)*(t31[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t32[64*i + k + l];
-                    grads_c_lane[l] += grad_t32[64*i + k + l]*(t31[64*i + k + l] - mean);
+                    squares_lane[l] += (add_Wo1[64*i + k + l] - mean)*(add_Wo1[64*i + k + l] - mean);
+                    grads_lane[l] += grad_norm_Wo1[64*i + k + l];
+                    grads_c_lane[l] += grad_norm_Wo1[64*i + k + l]*(add_Wo1[64*i + k + l] - mean);
                 }
             }
             TRANSFORMER_LM_REAL squares = squares_lane[0];
@@ -3730,53 +3732,53 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
                 grads_c += grads_c_lane[l];
             }
             for (; k < 64; ++k) {
-                squares += (t31[64*i + k] - mean)*(t31[64*i + k] - mean);
-                grads += grad_t32[64*i + k];
-                grads_c += grad_t32[64*i + k]*(t31[64*i + k] - mean);
+                squares += (add_Wo1[64*i + k] - mean)*(add_Wo1[64*i + k] - mean);
+                grads += grad_norm_Wo1[64*i + k];
+                grads_c += grad_norm_Wo1[64*i + k]*(add_Wo1[64*i + k] - mean);
             }
             const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t32[64*i + j] - grads_mean - (t31[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_Wo1[64*i + j] - grads_mean - (add_Wo1[64*i + j] - mean) * r * grads_y_mean);
             }
         }
     }
 
-    /* grad_t31 = grad_t31_part + grad_t38 */
-    TRANSFORMER_LM_REAL *grad_t31 = t31; /* m x 64, in t31's memory */
-    transformer_lm_loop0(m, grad_t31, grad_t38, grad_t31_part);
+    /* grad_add_Wo1 = grad_add_W1down + grad_add_Wo1_part */
+    TRANSFORMER_LM_REAL *grad_add_Wo1 = add_Wo1; /* m x 64, in add_Wo1's memory */
+    transformer_lm_loop0(m, grad_add_Wo1, grad_add_W1down, grad_add_Wo1_part);
 
-    /* grad_t29 = grad_t31 @ Wo1^T */
-    TRANSFORMER_LM_REAL *grad_t29 = grad_t32; /* m x 64, in grad_t32's memory */
-    transformer_lm_product7(m, grad_t31, Wo1, grad_t29);
+    /* grad_mix_Wv1 = grad_add_Wo1 @ Wo1^T */
+    TRANSFORMER_LM_REAL *grad_mix_Wv1 = grad_norm_Wo1; /* m x 64, in grad_norm_Wo1's memory */
+    transformer_lm_product7(m, grad_add_Wo1, Wo1, grad_mix_Wv1);
 
-    /* grad_t28[(e,s),h*dh+k] = sum_{t>=s} t27[(e,t),(h,s)] * grad_t29[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t28 = grad_t31_part; /* m x 64, in grad_t31_part's memory */
+    /* grad_mm_Wv1[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk1[(e,t),(h,s)] *
+     * grad_mix_Wv1[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_mm_Wv1 = grad_add_Wo1_part; /* m x 64, in grad_add_Wo1_part's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t27)^T grad_t29 */
-            symbackprop_f64_causal_mix(1, len, 16, t27 + row0 * 256 + hd * 64, 256,
-                                       grad_t29 + row0 * 64 + hd * 16, 64, grad_t28 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(softmax_Wk1)^T grad_mix_Wv1 */
+            symbackprop_f64_causal_mix(1, len, 16, softmax_Wk1 + row0 * 256 + hd * 64, 256,
+                                       grad_mix_Wv1 + row0 * 64 + hd * 16, 64, grad_mm_Wv1 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of t27[(e,qt),(hd,ks)] *
-                 * grad_t29[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t28 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of softmax_Wk1[(e,qt),(hd,ks)] *
+                 * grad_mix_Wv1[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wv1 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = t27[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = softmax_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_t29[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_mix_Wv1[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -3784,14 +3786,15 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     #endif
     }
 
-    /* grad_t22 = grad_t28 @ Wv1^T, the first of 3 products added up here */
-    TRANSFORMER_LM_REAL *grad_t22 = g2 + 64*m; /* m x 64 */
-    transformer_lm_product7(m, grad_t28, Wv1, grad_t22);
+    /* grad_add_b1a = grad_mm_Wv1 @ Wv1^T, the first of 3 products added up here */
+    TRANSFORMER_LM_REAL *grad_add_b1a = grad_copy_g1m + 64*m; /* m x 64 */
+    transformer_lm_product7(m, grad_mm_Wv1, Wv1, grad_add_b1a);
 
-    /* grad_t27[(e,t),(h,s)] = sum_k grad_t29[(e,t),h*dh+k] * t28[(e,s),h*dh+k] for s <= t, 0
-     * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t27 = t36; /* m x 256, in t36's memory */
-    TRANSFORMER_LM_REAL *grad_t27_block_1 = t26_block_1; /* 64 x 16, in t26_block_1's memory */
+    /* grad_softmax_Wk1[(e,t),(h,s)] = sum_k grad_mix_Wv1[(e,t),h*dh+k] *
+     * mm_Wv1[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
+     * columns) */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1 = add_W1up; /* m x 256, in add_W1up's memory */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block_2 = scores_Wk1_block_2; /* 64 x 16, in scores_Wk1_block_2's memory */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -3800,30 +3803,30 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores grad_t29 t28^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_t29 + row0 * 64 + hd * 16, 64, t28 + row0 * 64 + hd * 16, 64,
-                                          grad_t27 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores grad_mix_Wv1 mm_Wv1^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_mix_Wv1 + row0 * 64 + hd * 16, 64, mm_Wv1 + row0 * 64 + hd * 16, 64,
+                                          grad_softmax_Wk1 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_t27_block_1[dk][ks] = t28[(e,ks), hd*16+dk]: the head's keys transposed,
-             * so that a row of scores is a sum of contiguous rows */
+            /* grad_softmax_Wk1_block_2[dk][ks] = mm_Wv1[(e,ks), hd*16+dk]: the head's keys
+             * transposed, so that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_t27_block_1[dk * 64 + ks] = t28[(row0 + ks) * 64 + hd * 16 + dk];
+                    grad_softmax_Wk1_block_2[dk * 64 + ks] = mm_Wv1[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_t27 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = grad_softmax_Wk1 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += grad_t29[(e,qt), hd*16+dk] * grad_t27_block_1[dk][ks] for keys
-                 * ks <= qt */
+                /* srow[ks] += grad_mix_Wv1[(e,qt), hd*16+dk] *
+                 * grad_softmax_Wk1_block_2[dk][ks] for keys ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_t29[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = grad_mix_Wv1[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_t27_block_1[dk * 64 + ks];
+                        srow[ks] += aw * grad_softmax_Wk1_block_2[dk * 64 + ks];
                     }
                 }
             }
@@ -3831,10 +3834,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     #endif
     }
 
-    /* grad_t26[(e,t),(h,s)] = t27[(e,t),(h,s)] * (grad_t27[(e,t),(h,s)] - sum_{s'<=t}
-     * t27[(e,t),(h,s')] * grad_t27[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
-     * e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_t26 = grad_t35; /* m x 256, in grad_t35's memory */
+    /* grad_scores_Wk1[(e,t),(h,s)] = softmax_Wk1[(e,t),(h,s)] *
+     * (grad_softmax_Wk1[(e,t),(h,s)] - sum_{s'<=t} softmax_Wk1[(e,t),(h,s')] *
+     * grad_softmax_Wk1[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *grad_scores_Wk1 = grad_mul_W1up; /* m x 256, in grad_mul_W1up's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -3844,44 +3847,44 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
                 TRANSFORMER_LM_REAL dot = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    dot += t27[qbase + ks] * grad_t27[qbase + ks];
+                    dot += softmax_Wk1[qbase + ks] * grad_softmax_Wk1[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_t26[qbase + ks] = t27[qbase + ks] * (grad_t27[qbase + ks] - dot);
+                    grad_scores_Wk1[qbase + ks] = softmax_Wk1[qbase + ks] * (grad_softmax_Wk1[qbase + ks] - dot);
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    grad_t26[qbase + ks] = 0;
+                    grad_scores_Wk1[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* grad_t25[(e,s),h*dh+k] = sum_{t>=s} grad_t26[(e,t),(h,s)] * t24[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t25 = t28; /* m x 64, in t28's memory */
+    /* grad_mm_Wk1[(e,s),h*dh+k] = sum_{t>=s} grad_scores_Wk1[(e,t),(h,s)] *
+     * mm_Wq1[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_mm_Wk1 = mm_Wv1; /* m x 64, in mm_Wv1's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t26)^T t24 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_t26 + row0 * 256 + hd * 64, 256,
-                                       t24 + row0 * 64 + hd * 16, 64, grad_t25 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_scores_Wk1)^T mm_Wq1 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_scores_Wk1 + row0 * 256 + hd * 64, 256,
+                                       mm_Wq1 + row0 * 64 + hd * 16, 64, grad_mm_Wk1 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t26[(e,qt),(hd,ks)] *
-                 * t24[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t25 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of grad_scores_Wk1[(e,qt),(hd,ks)] *
+                 * mm_Wq1[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wk1 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t26[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_scores_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t24[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wq1[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -3889,35 +3892,35 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     #endif
     }
 
-    /* grad_t22 += grad_t25 @ Wk1^T */
-    transformer_lm_product8(m, grad_t25, Wk1, grad_t22);
+    /* grad_add_b1a += grad_mm_Wk1 @ Wk1^T */
+    transformer_lm_product8(m, grad_mm_Wk1, Wk1, grad_add_b1a);
 
-    /* grad_t24[(e,t),h*dh+k] = sum_{s<=t} grad_t26[(e,t),(h,s)] * t25[(e,s),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t24 = grad_t29; /* m x 64, in grad_t29's memory */
+    /* grad_mm_Wq1[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk1[(e,t),(h,s)] *
+     * mm_Wk1[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_mm_Wq1 = grad_mix_Wv1; /* m x 64, in grad_mix_Wv1's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t26) t25 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_t26 + row0 * 256 + hd * 64, 256,
-                                       t25 + row0 * 64 + hd * 16, 64, grad_t24 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_scores_Wk1) mm_Wk1 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_scores_Wk1 + row0 * 256 + hd * 64, 256,
+                                       mm_Wk1 + row0 * 64 + hd * 16, 64, grad_mm_Wq1 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t26[(e,qt),(hd,ks)] *
-                 * t25[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t24 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of grad_scores_Wk1[(e,qt),(hd,ks)] *
+                 * mm_Wk1[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wq1 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t26[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_scores_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t25[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wk1[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -3925,8 +3928,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     #endif
     }
 
-    /* grad_t22 += grad_t24 @ t23^T */
-    transformer_lm_product8(m, grad_t24, t23, grad_t22);
+    /* grad_add_b1a += grad_mm_Wq1 @ mul_Wq1^T */
+    transformer_lm_product8(m, grad_mm_Wq1, mul_Wq1, grad_add_b1a);
 }
 #endif
 
@@ -3960,46 +3963,47 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t2 = work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t3 = work; /* m x 64, in t0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t6 = work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t7 = work + 256*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t9 = work + 576*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t10 = work + 832*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t13 = work + 1024*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t14 = work + 960*m + 5120; /* m x 64, in t12's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t18 = work + 1408*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t20 = work + 1728*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t21 = work + 1664*m + 5120; /* m x 64, in t19's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t24 = work + 1856*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t25 = work + 1920*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t27 = work + 1984*m + 9216; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t27 = work + 2816*m + 9216; /* m x 256, in t36's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t27_block_1 = work + 576*m + 4096; /* 64 x 16, in t26_block_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t26 = work + 320*m + 4096; /* m x 256, in grad_t35's memory; placed in an earlier part */
-    /* grad_t21 = g1a*grad_t22 */
-    /* g3 = grad_t22*t21 */
-    TRANSFORMER_LM_REAL *grad_t21 = t24; /* m x 64, in t24's memory */
-    TRANSFORMER_LM_REAL *g3 = t25; /* m x 64, in t25's memory */
-    transformer_lm_loop6(m, grad_t21, grad_t22, g1a, g3, t21);
+    TRANSFORMER_LM_REAL *add_E = work + 128*m; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *norm_E = work; /* m x 64, in emap_E's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mul_Wq0 = work + 192*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wq0 = work + 192*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wk0 = work + 256*m + 4096; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *softmax_Wk0 = work + 576*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wv0 = work + 832*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_Wo0 = work + 1024*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *norm_Wo0 = work + 960*m + 5120; /* m x 64, in mm_Wo0's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_W0up = work + 1408*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_W0down = work + 1728*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *norm_W0down = work + 1664*m + 5120; /* m x 64, in mm_W0down's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wq1 = work + 1856*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mm_Wk1 = work + 1920*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *softmax_Wk1 = work + 1984*m + 9216; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_Wo1 = work + 2432*m + 9216; /* m x 64, in add_Wo1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_b1a = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1 = work + 2816*m + 9216; /* m x 256, in add_W1up's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block_2 = work + 576*m + 4096; /* 64 x 16, in scores_Wk1_block_2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_scores_Wk1 = work + 320*m + 4096; /* m x 256, in grad_mul_W1up's memory; placed in an earlier part */
+    /* grad_norm_W0down = g1a*grad_add_b1a */
+    /* grad_copy_g1a = grad_add_b1a*norm_W0down */
+    TRANSFORMER_LM_REAL *grad_norm_W0down = mm_Wq1; /* m x 64, in mm_Wq1's memory */
+    TRANSFORMER_LM_REAL *grad_copy_g1a = mm_Wk1; /* m x 64, in mm_Wk1's memory */
+    transformer_lm_loop6(m, grad_norm_W0down, grad_add_b1a, g1a, grad_copy_g1a, norm_W0down);
 
-    /* grad_t20_part[i, :] = r_i (grad_t21[i, :] - mean_j grad_t21[i, j] - y[i, :] mean_j
-     * grad_t21[i, j] y[i, j]), y = (t20 - mu) r normalized as in normalize_rows (mu_i, r_i
-     * of t20's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t20_part = t21; /* m x 64, in t21's memory */
+    /* grad_add_W0down_part[i, :] = r_i (grad_norm_W0down[i, :] - mean_j
+     * grad_norm_W0down[i, j] - y[i, :] mean_j grad_norm_W0down[i, j] y[i, j]), y =
+     * (add_W0down - mu) r normalized as in normalize_rows (mu_i, r_i of add_W0down's row i,
+     * recomputed) */
+    TRANSFORMER_LM_REAL *grad_add_W0down_part = norm_W0down; /* m x 64, in norm_W0down's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t20_part + 64*i;
+        TRANSFORMER_LM_REAL *row = grad_add_W0down_part + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t20[64*i + k + l];
+                    sum_lane[l] += add_W0down[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -4007,7 +4011,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t20[64*i + k];
+                sum += add_W0down[64*i + k];
             }
             mean = sum / 64;
         }
@@ -4020,9 +4024,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t20[64*i + k + l] - mean)*(t20[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t21[64*i + k + l];
-                    grads_c_lane[l] += grad_t21[64*i + k + l]*(t20[64*i + k + l] - mean);
+                    squares_lane[l] += (add_W0down[64*i + k + l] - mean)*(add_W0down[64*i + k + l] - mean);
+                    grads_lane[l] += grad_norm_W0down[64*i + k + l];
+                    grads_c_lane[l] += grad_norm_W0down[64*i + k + l]*(add_W0down[64*i + k + l] - mean);
                 }
             }
             TRANSFORMER_LM_REAL squares = squares_lane[0];
@@ -4034,55 +4038,55 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
                 grads_c += grads_c_lane[l];
             }
             for (; k < 64; ++k) {
-                squares += (t20[64*i + k] - mean)*(t20[64*i + k] - mean);
-                grads += grad_t21[64*i + k];
-                grads_c += grad_t21[64*i + k]*(t20[64*i + k] - mean);
+                squares += (add_W0down[64*i + k] - mean)*(add_W0down[64*i + k] - mean);
+                grads += grad_norm_W0down[64*i + k];
+                grads_c += grad_norm_W0down[64*i + k]*(add_W0down[64*i + k] - mean);
             }
             const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t21[64*i + j] - grads_mean - (t20[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_W0down[64*i + j] - grads_mean - (add_W0down[64*i + j] - mean) * r * grads_y_mean);
             }
         }
     }
 
-    /* grad_t20 = grad_t20_part + grad_t31 */
-    TRANSFORMER_LM_REAL *grad_t20 = t20; /* m x 64, in t20's memory */
-    transformer_lm_loop0(m, grad_t20, grad_t31, grad_t20_part);
+    /* grad_add_W0down = grad_add_W0down_part + grad_add_Wo1 */
+    TRANSFORMER_LM_REAL *grad_add_W0down = add_W0down; /* m x 64, in add_W0down's memory */
+    transformer_lm_loop0(m, grad_add_W0down, grad_add_Wo1, grad_add_W0down_part);
 
-    /* grad_t17 = grad_t20 @ W0down^T */
-    TRANSFORMER_LM_REAL *grad_t17 = t27; /* m x 256, in t27's memory */
-    transformer_lm_product5(m, grad_t20, W0down, grad_t17);
+    /* grad_mul_W0up = grad_add_W0down @ W0down^T */
+    TRANSFORMER_LM_REAL *grad_mul_W0up = softmax_Wk1; /* m x 256, in softmax_Wk1's memory */
+    transformer_lm_product5(m, grad_add_W0down, W0down, grad_mul_W0up);
 
-    /* g4 = grad_t17*t18 */
-    TRANSFORMER_LM_REAL *g4 = grad_t27; /* m x 256, in grad_t27's memory */
-    transformer_lm_loop7(m, g4, grad_t17, t18);
+    /* grad_add_W0up = add_W0up*grad_mul_W0up */
+    TRANSFORMER_LM_REAL *grad_add_W0up = grad_softmax_Wk1; /* m x 256, in grad_softmax_Wk1's memory */
+    transformer_lm_loop7(m, grad_add_W0up, grad_mul_W0up, add_W0up);
 
-    /* grad_t15 = g4 @ W0up^T */
-    TRANSFORMER_LM_REAL *grad_t15 = grad_t21; /* m x 64, in grad_t21's memory */
-    transformer_lm_product6(m, g4, W0up, grad_t15);
+    /* grad_add_b0m = grad_add_W0up @ W0up^T */
+    TRANSFORMER_LM_REAL *grad_add_b0m = grad_norm_W0down; /* m x 64, in grad_norm_W0down's memory */
+    transformer_lm_product6(m, grad_add_W0up, W0up, grad_add_b0m);
 
-    /* grad_t14 = g0m*grad_t15 */
-    /* g5 = grad_t15*t14 */
-    TRANSFORMER_LM_REAL *grad_t14 = grad_t20_part; /* m x 64, in grad_t20_part's memory */
-    TRANSFORMER_LM_REAL *g5 = grad_t22 + 64*m; /* m x 64 */
-    transformer_lm_loop6(m, grad_t14, grad_t15, g0m, g5, t14);
+    /* grad_norm_Wo0 = g0m*grad_add_b0m */
+    /* grad_copy_g0m = grad_add_b0m*norm_Wo0 */
+    TRANSFORMER_LM_REAL *grad_norm_Wo0 = grad_add_W0down_part; /* m x 64, in grad_add_W0down_part's memory */
+    TRANSFORMER_LM_REAL *grad_copy_g0m = grad_add_b1a + 64*m; /* m x 64 */
+    transformer_lm_loop6(m, grad_norm_Wo0, grad_add_b0m, g0m, grad_copy_g0m, norm_Wo0);
 
-    /* grad_t13_part[i, :] = r_i (grad_t14[i, :] - mean_j grad_t14[i, j] - y[i, :] mean_j
-     * grad_t14[i, j] y[i, j]), y = (t13 - mu) r normalized as in normalize_rows (mu_i, r_i
-     * of t13's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t13_part = t14; /* m x 64, in t14's memory */
+    /* grad_add_Wo0_part[i, :] = r_i (grad_norm_Wo0[i, :] - mean_j grad_norm_Wo0[i, j] -
+     * y[i, :] mean_j grad_norm_Wo0[i, j] y[i, j]), y = (add_Wo0 - mu) r normalized as in
+     * normalize_rows (mu_i, r_i of add_Wo0's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_add_Wo0_part = norm_Wo0; /* m x 64, in norm_Wo0's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t13_part + 64*i;
+        TRANSFORMER_LM_REAL *row = grad_add_Wo0_part + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t13[64*i + k + l];
+                    sum_lane[l] += add_Wo0[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -4090,7 +4094,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t13[64*i + k];
+                sum += add_Wo0[64*i + k];
             }
             mean = sum / 64;
         }
@@ -4103,9 +4107,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t13[64*i + k + l] - mean)*(t13[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t14[64*i + k + l];
-                    grads_c_lane[l] += grad_t14[64*i + k + l]*(t13[64*i + k + l] - mean);
+                    squares_lane[l] += (add_Wo0[64*i + k + l] - mean)*(add_Wo0[64*i + k + l] - mean);
+                    grads_lane[l] += grad_norm_Wo0[64*i + k + l];
+                    grads_c_lane[l] += grad_norm_Wo0[64*i + k + l]*(add_Wo0[64*i + k + l] - mean);
                 }
             }
             TRANSFORMER_LM_REAL squares = squares_lane[0];
@@ -4117,53 +4121,53 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
                 grads_c += grads_c_lane[l];
             }
             for (; k < 64; ++k) {
-                squares += (t13[64*i + k] - mean)*(t13[64*i + k] - mean);
-                grads += grad_t14[64*i + k];
-                grads_c += grad_t14[64*i + k]*(t13[64*i + k] - mean);
+                squares += (add_Wo0[64*i + k] - mean)*(add_Wo0[64*i + k] - mean);
+                grads += grad_norm_Wo0[64*i + k];
+                grads_c += grad_norm_Wo0[64*i + k]*(add_Wo0[64*i + k] - mean);
             }
             const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t14[64*i + j] - grads_mean - (t13[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_Wo0[64*i + j] - grads_mean - (add_Wo0[64*i + j] - mean) * r * grads_y_mean);
             }
         }
     }
 
-    /* grad_t13 = grad_t13_part + grad_t20 */
-    TRANSFORMER_LM_REAL *grad_t13 = t13; /* m x 64, in t13's memory */
-    transformer_lm_loop0(m, grad_t13, grad_t20, grad_t13_part);
+    /* grad_add_Wo0 = grad_add_W0down + grad_add_Wo0_part */
+    TRANSFORMER_LM_REAL *grad_add_Wo0 = add_Wo0; /* m x 64, in add_Wo0's memory */
+    transformer_lm_loop0(m, grad_add_Wo0, grad_add_W0down, grad_add_Wo0_part);
 
-    /* grad_t11 = grad_t13 @ Wo0^T */
-    TRANSFORMER_LM_REAL *grad_t11 = grad_t14; /* m x 64, in grad_t14's memory */
-    transformer_lm_product7(m, grad_t13, Wo0, grad_t11);
+    /* grad_mix_Wv0 = grad_add_Wo0 @ Wo0^T */
+    TRANSFORMER_LM_REAL *grad_mix_Wv0 = grad_norm_Wo0; /* m x 64, in grad_norm_Wo0's memory */
+    transformer_lm_product7(m, grad_add_Wo0, Wo0, grad_mix_Wv0);
 
-    /* grad_t10[(e,s),h*dh+k] = sum_{t>=s} t9[(e,t),(h,s)] * grad_t11[(e,t),h*dh+k] (rows
-     * (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t10 = grad_t13_part; /* m x 64, in grad_t13_part's memory */
+    /* grad_mm_Wv0[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk0[(e,t),(h,s)] *
+     * grad_mix_Wv0[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_mm_Wv0 = grad_add_Wo0_part; /* m x 64, in grad_add_Wo0_part's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(t9)^T grad_t11 */
-            symbackprop_f64_causal_mix(1, len, 16, t9 + row0 * 256 + hd * 64, 256,
-                                       grad_t11 + row0 * 64 + hd * 16, 64, grad_t10 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(softmax_Wk0)^T grad_mix_Wv0 */
+            symbackprop_f64_causal_mix(1, len, 16, softmax_Wk0 + row0 * 256 + hd * 64, 256,
+                                       grad_mix_Wv0 + row0 * 64 + hd * 16, 64, grad_mm_Wv0 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of t9[(e,qt),(hd,ks)] *
-                 * grad_t11[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t10 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of softmax_Wk0[(e,qt),(hd,ks)] *
+                 * grad_mix_Wv0[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wv0 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = t9[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = softmax_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_t11[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * grad_mix_Wv0[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -4171,14 +4175,15 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     #endif
     }
 
-    /* grad_t4 = grad_t10 @ Wv0^T, the first of 3 products added up here */
-    TRANSFORMER_LM_REAL *grad_t4 = g5 + 64*m; /* m x 64 */
-    transformer_lm_product7(m, grad_t10, Wv0, grad_t4);
+    /* grad_add_b0a = grad_mm_Wv0 @ Wv0^T, the first of 3 products added up here */
+    TRANSFORMER_LM_REAL *grad_add_b0a = grad_copy_g0m + 64*m; /* m x 64 */
+    transformer_lm_product7(m, grad_mm_Wv0, Wv0, grad_add_b0a);
 
-    /* grad_t9[(e,t),(h,s)] = sum_k grad_t11[(e,t),h*dh+k] * t10[(e,s),h*dh+k] for s <= t, 0
-     * for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t9 = grad_t26; /* m x 256, in grad_t26's memory */
-    TRANSFORMER_LM_REAL *grad_t9_block_1 = grad_t27_block_1; /* 64 x 16, in grad_t27_block_1's memory */
+    /* grad_softmax_Wk0[(e,t),(h,s)] = sum_k grad_mix_Wv0[(e,t),h*dh+k] *
+     * mm_Wv0[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
+     * columns) */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0 = grad_scores_Wk1; /* m x 256, in grad_scores_Wk1's memory */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block_2 = grad_softmax_Wk1_block_2; /* 64 x 16, in grad_softmax_Wk1_block_2's memory */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -4187,30 +4192,30 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores grad_t11 t10^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_t11 + row0 * 64 + hd * 16, 64, t10 + row0 * 64 + hd * 16, 64,
-                                          grad_t9 + row0 * 256 + hd * 64, 256, 64);
+            /* the head's len x len scores grad_mix_Wv0 mm_Wv0^T, 0 above the diagonal */
+            symbackprop_f64_causal_scores(len, 16, grad_mix_Wv0 + row0 * 64 + hd * 16, 64, mm_Wv0 + row0 * 64 + hd * 16, 64,
+                                          grad_softmax_Wk0 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_t9_block_1[dk][ks] = t10[(e,ks), hd*16+dk]: the head's keys transposed,
-             * so that a row of scores is a sum of contiguous rows */
+            /* grad_softmax_Wk0_block_2[dk][ks] = mm_Wv0[(e,ks), hd*16+dk]: the head's keys
+             * transposed, so that a row of scores is a sum of contiguous rows */
             for (int64_t ks = 0; ks < len; ++ks) {
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_t9_block_1[dk * 64 + ks] = t10[(row0 + ks) * 64 + hd * 16 + dk];
+                    grad_softmax_Wk0_block_2[dk * 64 + ks] = mm_Wv0[(row0 + ks) * 64 + hd * 16 + dk];
                 }
             }
             for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_t9 + (row0 + qt) * 256 + hd * 64;
+                TRANSFORMER_LM_REAL *srow = grad_softmax_Wk0 + (row0 + qt) * 256 + hd * 64;
                 for (int64_t ks = 0; ks < 64; ++ks) {
                     srow[ks] = 0;
                 }
-                /* srow[ks] += grad_t11[(e,qt), hd*16+dk] * grad_t9_block_1[dk][ks] for keys
-                 * ks <= qt */
+                /* srow[ks] += grad_mix_Wv0[(e,qt), hd*16+dk] *
+                 * grad_softmax_Wk0_block_2[dk][ks] for keys ks <= qt */
                 for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_t11[(row0 + qt) * 64 + hd * 16 + dk];
+                    const TRANSFORMER_LM_REAL aw = grad_mix_Wv0[(row0 + qt) * 64 + hd * 16 + dk];
                     for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_t9_block_1[dk * 64 + ks];
+                        srow[ks] += aw * grad_softmax_Wk0_block_2[dk * 64 + ks];
                     }
                 }
             }
@@ -4218,10 +4223,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     #endif
     }
 
-    /* grad_t8[(e,t),(h,s)] = t9[(e,t),(h,s)] * (grad_t9[(e,t),(h,s)] - sum_{s'<=t}
-     * t9[(e,t),(h,s')] * grad_t9[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) =
-     * e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_t8 = t18; /* m x 256, in t18's memory */
+    /* grad_scores_Wk0[(e,t),(h,s)] = softmax_Wk0[(e,t),(h,s)] *
+     * (grad_softmax_Wk0[(e,t),(h,s)] - sum_{s'<=t} softmax_Wk0[(e,t),(h,s')] *
+     * grad_softmax_Wk0[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
+    TRANSFORMER_LM_REAL *grad_scores_Wk0 = add_W0up; /* m x 256, in add_W0up's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -4231,44 +4236,44 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
                 const int64_t qbase = (row0 + qt) * 256 + hd * 64;
                 TRANSFORMER_LM_REAL dot = 0;
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    dot += t9[qbase + ks] * grad_t9[qbase + ks];
+                    dot += softmax_Wk0[qbase + ks] * grad_softmax_Wk0[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_t8[qbase + ks] = t9[qbase + ks] * (grad_t9[qbase + ks] - dot);
+                    grad_scores_Wk0[qbase + ks] = softmax_Wk0[qbase + ks] * (grad_softmax_Wk0[qbase + ks] - dot);
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    grad_t8[qbase + ks] = 0;
+                    grad_scores_Wk0[qbase + ks] = 0;
                 }
             }
         }
     }
 
-    /* grad_t7[(e,s),h*dh+k] = sum_{t>=s} grad_t8[(e,t),(h,s)] * t6[(e,t),h*dh+k] (rows (e,t)
-     * = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t7 = t10; /* m x 64, in t10's memory */
+    /* grad_mm_Wk0[(e,s),h*dh+k] = sum_{t>=s} grad_scores_Wk0[(e,t),(h,s)] *
+     * mm_Wq0[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_mm_Wk0 = mm_Wv0; /* m x 64, in mm_Wv0's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t8)^T t6 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_t8 + row0 * 256 + hd * 64, 256,
-                                       t6 + row0 * 64 + hd * 16, 64, grad_t7 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_scores_Wk0)^T mm_Wq0 */
+            symbackprop_f64_causal_mix(1, len, 16, grad_scores_Wk0 + row0 * 256 + hd * 64, 256,
+                                       mm_Wq0 + row0 * 64 + hd * 16, 64, grad_mm_Wk0 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_t8[(e,qt),(hd,ks)] *
-                 * t6[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t7 + (row0 + ks) * 64 + hd * 16;
+                /* orow[dk] = sum over queries qt >= ks of grad_scores_Wk0[(e,qt),(hd,ks)] *
+                 * mm_Wq0[(e,qt), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wk0 + (row0 + ks) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_t8[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_scores_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t6[(row0 + qt) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wq0[(row0 + qt) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -4276,35 +4281,35 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     #endif
     }
 
-    /* grad_t4 += grad_t7 @ Wk0^T */
-    transformer_lm_product8(m, grad_t7, Wk0, grad_t4);
+    /* grad_add_b0a += grad_mm_Wk0 @ Wk0^T */
+    transformer_lm_product8(m, grad_mm_Wk0, Wk0, grad_add_b0a);
 
-    /* grad_t6[(e,t),h*dh+k] = sum_{s<=t} grad_t8[(e,t),(h,s)] * t7[(e,s),h*dh+k] (rows (e,t)
-     * = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_t6 = grad_t11; /* m x 64, in grad_t11's memory */
+    /* grad_mm_Wq0[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk0[(e,t),(h,s)] *
+     * mm_Wk0[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
+    TRANSFORMER_LM_REAL *grad_mm_Wq0 = grad_mix_Wv0; /* m x 64, in grad_mix_Wv0's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
         const int64_t row0 = seq * 64;
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_t8) t7 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_t8 + row0 * 256 + hd * 64, 256,
-                                       t7 + row0 * 64 + hd * 16, 64, grad_t6 + row0 * 64 + hd * 16, 64);
+            /* the head's len x 16 block: tril(grad_scores_Wk0) mm_Wk0 */
+            symbackprop_f64_causal_mix(0, len, 16, grad_scores_Wk0 + row0 * 256 + hd * 64, 256,
+                                       mm_Wk0 + row0 * 64 + hd * 16, 64, grad_mm_Wq0 + row0 * 64 + hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
             for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_t8[(e,qt),(hd,ks)] *
-                 * t7[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_t6 + (row0 + qt) * 64 + hd * 16;
+                /* orow[dk] = sum over keys ks <= qt of grad_scores_Wk0[(e,qt),(hd,ks)] *
+                 * mm_Wk0[(e,ks), hd*16+dk] */
+                TRANSFORMER_LM_REAL *orow = grad_mm_Wq0 + (row0 + qt) * 64 + hd * 16;
                 for (int64_t dk = 0; dk < 16; ++dk) {
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_t8[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw = grad_scores_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * t7[(row0 + ks) * 64 + hd * 16 + dk];
+                        orow[dk] += pw * mm_Wk0[(row0 + ks) * 64 + hd * 16 + dk];
                     }
                 }
             }
@@ -4312,29 +4317,29 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     #endif
     }
 
-    /* grad_t4 += grad_t6 @ t5^T */
-    transformer_lm_product8(m, grad_t6, t5, grad_t4);
+    /* grad_add_b0a += grad_mm_Wq0 @ mul_Wq0^T */
+    transformer_lm_product8(m, grad_mm_Wq0, mul_Wq0, grad_add_b0a);
 
-    /* grad_t3 = g0a*grad_t4 */
-    /* g6 = grad_t4*t3 */
-    TRANSFORMER_LM_REAL *grad_t3 = t6; /* m x 64, in t6's memory */
-    TRANSFORMER_LM_REAL *g6 = t7; /* m x 64, in t7's memory */
-    transformer_lm_loop6(m, grad_t3, grad_t4, g0a, g6, t3);
+    /* grad_norm_E = g0a*grad_add_b0a */
+    /* grad_copy_g0a = grad_add_b0a*norm_E */
+    TRANSFORMER_LM_REAL *grad_norm_E = mm_Wq0; /* m x 64, in mm_Wq0's memory */
+    TRANSFORMER_LM_REAL *grad_copy_g0a = mm_Wk0; /* m x 64, in mm_Wk0's memory */
+    transformer_lm_loop6(m, grad_norm_E, grad_add_b0a, g0a, grad_copy_g0a, norm_E);
 
-    /* grad_t2_part[i, :] = r_i (grad_t3[i, :] - mean_j grad_t3[i, j] - y[i, :] mean_j
-     * grad_t3[i, j] y[i, j]), y = (t2 - mu) r normalized as in normalize_rows (mu_i, r_i of
-     * t2's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_t2_part = t3; /* m x 64, in t3's memory */
+    /* grad_add_E_part[i, :] = r_i (grad_norm_E[i, :] - mean_j grad_norm_E[i, j] - y[i, :]
+     * mean_j grad_norm_E[i, j] y[i, j]), y = (add_E - mu) r normalized as in normalize_rows
+     * (mu_i, r_i of add_E's row i, recomputed) */
+    TRANSFORMER_LM_REAL *grad_add_E_part = norm_E; /* m x 64, in norm_E's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_t2_part + 64*i;
+        TRANSFORMER_LM_REAL *row = grad_add_E_part + 64*i;
         TRANSFORMER_LM_REAL mean;
         {
             TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += t2[64*i + k + l];
+                    sum_lane[l] += add_E[64*i + k + l];
                 }
             }
             TRANSFORMER_LM_REAL sum = sum_lane[0];
@@ -4342,7 +4347,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
                 sum += sum_lane[l];
             }
             for (; k < 64; ++k) {
-                sum += t2[64*i + k];
+                sum += add_E[64*i + k];
             }
             mean = sum / 64;
         }
@@ -4355,9 +4360,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (t2[64*i + k + l] - mean)*(t2[64*i + k + l] - mean);
-                    grads_lane[l] += grad_t3[64*i + k + l];
-                    grads_c_lane[l] += grad_t3[64*i + k + l]*(t2[64*i + k + l] - mean);
+                    squares_lane[l] += (add_E[64*i + k + l] - mean)*(add_E[64*i + k + l] - mean);
+                    grads_lane[l] += grad_norm_E[64*i + k + l];
+                    grads_c_lane[l] += grad_norm_E[64*i + k + l]*(add_E[64*i + k + l] - mean);
                 }
             }
             TRANSFORMER_LM_REAL squares = squares_lane[0];
@@ -4369,22 +4374,22 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
                 grads_c += grads_c_lane[l];
             }
             for (; k < 64; ++k) {
-                squares += (t2[64*i + k] - mean)*(t2[64*i + k] - mean);
-                grads += grad_t3[64*i + k];
-                grads_c += grad_t3[64*i + k]*(t2[64*i + k] - mean);
+                squares += (add_E[64*i + k] - mean)*(add_E[64*i + k] - mean);
+                grads += grad_norm_E[64*i + k];
+                grads_c += grad_norm_E[64*i + k]*(add_E[64*i + k] - mean);
             }
             const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_t3[64*i + j] - grads_mean - (t2[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_E[64*i + j] - grads_mean - (add_E[64*i + j] - mean) * r * grads_y_mean);
             }
         }
     }
 
-    /* grad_t2 = grad_t13 + grad_t2_part */
-    TRANSFORMER_LM_REAL *grad_t2 = t2; /* m x 64, in t2's memory */
-    transformer_lm_loop0(m, grad_t2, grad_t13, grad_t2_part);
+    /* grad_add_E = grad_add_E_part + grad_add_Wo0 */
+    TRANSFORMER_LM_REAL *grad_add_E = add_E; /* m x 64, in add_E's memory */
+    transformer_lm_loop0(m, grad_add_E, grad_add_Wo0, grad_add_E_part);
 }
 #endif
 
@@ -4406,158 +4411,158 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t23 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t4 = work + 4093*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t2 = work + 128*m; /* m x 64, in t2's memory; placed in an earlier part */
-    /* grad_E_1[ids[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2], grad_t2[i, 3],
-     * grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7], grad_t2[i, 8],
-     * grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12], grad_t2[i, 13],
-     * grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17], grad_t2[i, 18],
-     * grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22], grad_t2[i, 23],
-     * grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], grad_t2[i, 28], ... */
-    /* grad_P_1[positions[i], :] += [grad_t2[i, 0], grad_t2[i, 1], grad_t2[i, 2],
-     * grad_t2[i, 3], grad_t2[i, 4], grad_t2[i, 5], grad_t2[i, 6], grad_t2[i, 7],
-     * grad_t2[i, 8], grad_t2[i, 9], grad_t2[i, 10], grad_t2[i, 11], grad_t2[i, 12],
-     * grad_t2[i, 13], grad_t2[i, 14], grad_t2[i, 15], grad_t2[i, 16], grad_t2[i, 17],
-     * grad_t2[i, 18], grad_t2[i, 19], grad_t2[i, 20], grad_t2[i, 21], grad_t2[i, 22],
-     * grad_t2[i, 23], grad_t2[i, 24], grad_t2[i, 25], grad_t2[i, 26], grad_t2[i, 27], ... */
-    TRANSFORMER_LM_REAL *grad_E_1 = grad_t4 + 64*m; /* 62 x 64 */
-    TRANSFORMER_LM_REAL *grad_P_1 = t23; /* 64 x 64, in t23's memory */
+    TRANSFORMER_LM_REAL *mul_Wq1 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_b0a = work + 4093*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_E = work + 128*m; /* m x 64, in add_E's memory; placed in an earlier part */
+    /* grad_E_2[ids[i], :] += [grad_add_E[i, 0], grad_add_E[i, 1], grad_add_E[i, 2],
+     * grad_add_E[i, 3], grad_add_E[i, 4], grad_add_E[i, 5], grad_add_E[i, 6],
+     * grad_add_E[i, 7], grad_add_E[i, 8], grad_add_E[i, 9], grad_add_E[i, 10],
+     * grad_add_E[i, 11], grad_add_E[i, 12], grad_add_E[i, 13], grad_add_E[i, 14],
+     * grad_add_E[i, 15], grad_add_E[i, 16], grad_add_E[i, 17], grad_add_E[i, 18],
+     * grad_add_E[i, 19], grad_add_E[i, 20], grad_add_E[i, 21], grad_add_E[i, 22], ... */
+    /* grad_P_2[positions[i], :] += [grad_add_E[i, 0], grad_add_E[i, 1], grad_add_E[i, 2],
+     * grad_add_E[i, 3], grad_add_E[i, 4], grad_add_E[i, 5], grad_add_E[i, 6],
+     * grad_add_E[i, 7], grad_add_E[i, 8], grad_add_E[i, 9], grad_add_E[i, 10],
+     * grad_add_E[i, 11], grad_add_E[i, 12], grad_add_E[i, 13], grad_add_E[i, 14],
+     * grad_add_E[i, 15], grad_add_E[i, 16], grad_add_E[i, 17], grad_add_E[i, 18],
+     * grad_add_E[i, 19], grad_add_E[i, 20], grad_add_E[i, 21], grad_add_E[i, 22], ... */
+    TRANSFORMER_LM_REAL *grad_E_2 = grad_add_b0a + 64*m; /* 62 x 64 */
+    TRANSFORMER_LM_REAL *grad_P_2 = mul_Wq1; /* 64 x 64, in mul_Wq1's memory */
     for (int64_t i = 0; i < 3968; ++i) {
-        grad_E_1[i] = 0;
+        grad_E_2[i] = 0;
     }
     for (int64_t i = 0; i < 4096; ++i) {
-        grad_P_1[i] = 0;
+        grad_P_2[i] = 0;
     }
     for (int64_t i = 0; i < m; ++i) {
-        grad_E_1[64*ids[i]] += grad_t2[64*i];
-        grad_E_1[64*ids[i] + 1] += grad_t2[64*i + 1];
-        grad_E_1[64*ids[i] + 2] += grad_t2[64*i + 2];
-        grad_E_1[64*ids[i] + 3] += grad_t2[64*i + 3];
-        grad_E_1[64*ids[i] + 4] += grad_t2[64*i + 4];
-        grad_E_1[64*ids[i] + 5] += grad_t2[64*i + 5];
-        grad_E_1[64*ids[i] + 6] += grad_t2[64*i + 6];
-        grad_E_1[64*ids[i] + 7] += grad_t2[64*i + 7];
-        grad_E_1[64*ids[i] + 8] += grad_t2[64*i + 8];
-        grad_E_1[64*ids[i] + 9] += grad_t2[64*i + 9];
-        grad_E_1[64*ids[i] + 10] += grad_t2[64*i + 10];
-        grad_E_1[64*ids[i] + 11] += grad_t2[64*i + 11];
-        grad_E_1[64*ids[i] + 12] += grad_t2[64*i + 12];
-        grad_E_1[64*ids[i] + 13] += grad_t2[64*i + 13];
-        grad_E_1[64*ids[i] + 14] += grad_t2[64*i + 14];
-        grad_E_1[64*ids[i] + 15] += grad_t2[64*i + 15];
-        grad_E_1[64*ids[i] + 16] += grad_t2[64*i + 16];
-        grad_E_1[64*ids[i] + 17] += grad_t2[64*i + 17];
-        grad_E_1[64*ids[i] + 18] += grad_t2[64*i + 18];
-        grad_E_1[64*ids[i] + 19] += grad_t2[64*i + 19];
-        grad_E_1[64*ids[i] + 20] += grad_t2[64*i + 20];
-        grad_E_1[64*ids[i] + 21] += grad_t2[64*i + 21];
-        grad_E_1[64*ids[i] + 22] += grad_t2[64*i + 22];
-        grad_E_1[64*ids[i] + 23] += grad_t2[64*i + 23];
-        grad_E_1[64*ids[i] + 24] += grad_t2[64*i + 24];
-        grad_E_1[64*ids[i] + 25] += grad_t2[64*i + 25];
-        grad_E_1[64*ids[i] + 26] += grad_t2[64*i + 26];
-        grad_E_1[64*ids[i] + 27] += grad_t2[64*i + 27];
-        grad_E_1[64*ids[i] + 28] += grad_t2[64*i + 28];
-        grad_E_1[64*ids[i] + 29] += grad_t2[64*i + 29];
-        grad_E_1[64*ids[i] + 30] += grad_t2[64*i + 30];
-        grad_E_1[64*ids[i] + 31] += grad_t2[64*i + 31];
-        grad_E_1[64*ids[i] + 32] += grad_t2[64*i + 32];
-        grad_E_1[64*ids[i] + 33] += grad_t2[64*i + 33];
-        grad_E_1[64*ids[i] + 34] += grad_t2[64*i + 34];
-        grad_E_1[64*ids[i] + 35] += grad_t2[64*i + 35];
-        grad_E_1[64*ids[i] + 36] += grad_t2[64*i + 36];
-        grad_E_1[64*ids[i] + 37] += grad_t2[64*i + 37];
-        grad_E_1[64*ids[i] + 38] += grad_t2[64*i + 38];
-        grad_E_1[64*ids[i] + 39] += grad_t2[64*i + 39];
-        grad_E_1[64*ids[i] + 40] += grad_t2[64*i + 40];
-        grad_E_1[64*ids[i] + 41] += grad_t2[64*i + 41];
-        grad_E_1[64*ids[i] + 42] += grad_t2[64*i + 42];
-        grad_E_1[64*ids[i] + 43] += grad_t2[64*i + 43];
-        grad_E_1[64*ids[i] + 44] += grad_t2[64*i + 44];
-        grad_E_1[64*ids[i] + 45] += grad_t2[64*i + 45];
-        grad_E_1[64*ids[i] + 46] += grad_t2[64*i + 46];
-        grad_E_1[64*ids[i] + 47] += grad_t2[64*i + 47];
-        grad_E_1[64*ids[i] + 48] += grad_t2[64*i + 48];
-        grad_E_1[64*ids[i] + 49] += grad_t2[64*i + 49];
-        grad_E_1[64*ids[i] + 50] += grad_t2[64*i + 50];
-        grad_E_1[64*ids[i] + 51] += grad_t2[64*i + 51];
-        grad_E_1[64*ids[i] + 52] += grad_t2[64*i + 52];
-        grad_E_1[64*ids[i] + 53] += grad_t2[64*i + 53];
-        grad_E_1[64*ids[i] + 54] += grad_t2[64*i + 54];
-        grad_E_1[64*ids[i] + 55] += grad_t2[64*i + 55];
-        grad_E_1[64*ids[i] + 56] += grad_t2[64*i + 56];
-        grad_E_1[64*ids[i] + 57] += grad_t2[64*i + 57];
-        grad_E_1[64*ids[i] + 58] += grad_t2[64*i + 58];
-        grad_E_1[64*ids[i] + 59] += grad_t2[64*i + 59];
-        grad_E_1[64*ids[i] + 60] += grad_t2[64*i + 60];
-        grad_E_1[64*ids[i] + 61] += grad_t2[64*i + 61];
-        grad_E_1[64*ids[i] + 62] += grad_t2[64*i + 62];
-        grad_E_1[64*ids[i] + 63] += grad_t2[64*i + 63];
-        grad_P_1[64*positions[i]] += grad_t2[64*i];
-        grad_P_1[64*positions[i] + 1] += grad_t2[64*i + 1];
-        grad_P_1[64*positions[i] + 2] += grad_t2[64*i + 2];
-        grad_P_1[64*positions[i] + 3] += grad_t2[64*i + 3];
-        grad_P_1[64*positions[i] + 4] += grad_t2[64*i + 4];
-        grad_P_1[64*positions[i] + 5] += grad_t2[64*i + 5];
-        grad_P_1[64*positions[i] + 6] += grad_t2[64*i + 6];
-        grad_P_1[64*positions[i] + 7] += grad_t2[64*i + 7];
-        grad_P_1[64*positions[i] + 8] += grad_t2[64*i + 8];
-        grad_P_1[64*positions[i] + 9] += grad_t2[64*i + 9];
-        grad_P_1[64*positions[i] + 10] += grad_t2[64*i + 10];
-        grad_P_1[64*positions[i] + 11] += grad_t2[64*i + 11];
-        grad_P_1[64*positions[i] + 12] += grad_t2[64*i + 12];
-        grad_P_1[64*positions[i] + 13] += grad_t2[64*i + 13];
-        grad_P_1[64*positions[i] + 14] += grad_t2[64*i + 14];
-        grad_P_1[64*positions[i] + 15] += grad_t2[64*i + 15];
-        grad_P_1[64*positions[i] + 16] += grad_t2[64*i + 16];
-        grad_P_1[64*positions[i] + 17] += grad_t2[64*i + 17];
-        grad_P_1[64*positions[i] + 18] += grad_t2[64*i + 18];
-        grad_P_1[64*positions[i] + 19] += grad_t2[64*i + 19];
-        grad_P_1[64*positions[i] + 20] += grad_t2[64*i + 20];
-        grad_P_1[64*positions[i] + 21] += grad_t2[64*i + 21];
-        grad_P_1[64*positions[i] + 22] += grad_t2[64*i + 22];
-        grad_P_1[64*positions[i] + 23] += grad_t2[64*i + 23];
-        grad_P_1[64*positions[i] + 24] += grad_t2[64*i + 24];
-        grad_P_1[64*positions[i] + 25] += grad_t2[64*i + 25];
-        grad_P_1[64*positions[i] + 26] += grad_t2[64*i + 26];
-        grad_P_1[64*positions[i] + 27] += grad_t2[64*i + 27];
-        grad_P_1[64*positions[i] + 28] += grad_t2[64*i + 28];
-        grad_P_1[64*positions[i] + 29] += grad_t2[64*i + 29];
-        grad_P_1[64*positions[i] + 30] += grad_t2[64*i + 30];
-        grad_P_1[64*positions[i] + 31] += grad_t2[64*i + 31];
-        grad_P_1[64*positions[i] + 32] += grad_t2[64*i + 32];
-        grad_P_1[64*positions[i] + 33] += grad_t2[64*i + 33];
-        grad_P_1[64*positions[i] + 34] += grad_t2[64*i + 34];
-        grad_P_1[64*positions[i] + 35] += grad_t2[64*i + 35];
-        grad_P_1[64*positions[i] + 36] += grad_t2[64*i + 36];
-        grad_P_1[64*positions[i] + 37] += grad_t2[64*i + 37];
-        grad_P_1[64*positions[i] + 38] += grad_t2[64*i + 38];
-        grad_P_1[64*positions[i] + 39] += grad_t2[64*i + 39];
-        grad_P_1[64*positions[i] + 40] += grad_t2[64*i + 40];
-        grad_P_1[64*positions[i] + 41] += grad_t2[64*i + 41];
-        grad_P_1[64*positions[i] + 42] += grad_t2[64*i + 42];
-        grad_P_1[64*positions[i] + 43] += grad_t2[64*i + 43];
-        grad_P_1[64*positions[i] + 44] += grad_t2[64*i + 44];
-        grad_P_1[64*positions[i] + 45] += grad_t2[64*i + 45];
-        grad_P_1[64*positions[i] + 46] += grad_t2[64*i + 46];
-        grad_P_1[64*positions[i] + 47] += grad_t2[64*i + 47];
-        grad_P_1[64*positions[i] + 48] += grad_t2[64*i + 48];
-        grad_P_1[64*positions[i] + 49] += grad_t2[64*i + 49];
-        grad_P_1[64*positions[i] + 50] += grad_t2[64*i + 50];
-        grad_P_1[64*positions[i] + 51] += grad_t2[64*i + 51];
-        grad_P_1[64*positions[i] + 52] += grad_t2[64*i + 52];
-        grad_P_1[64*positions[i] + 53] += grad_t2[64*i + 53];
-        grad_P_1[64*positions[i] + 54] += grad_t2[64*i + 54];
-        grad_P_1[64*positions[i] + 55] += grad_t2[64*i + 55];
-        grad_P_1[64*positions[i] + 56] += grad_t2[64*i + 56];
-        grad_P_1[64*positions[i] + 57] += grad_t2[64*i + 57];
-        grad_P_1[64*positions[i] + 58] += grad_t2[64*i + 58];
-        grad_P_1[64*positions[i] + 59] += grad_t2[64*i + 59];
-        grad_P_1[64*positions[i] + 60] += grad_t2[64*i + 60];
-        grad_P_1[64*positions[i] + 61] += grad_t2[64*i + 61];
-        grad_P_1[64*positions[i] + 62] += grad_t2[64*i + 62];
-        grad_P_1[64*positions[i] + 63] += grad_t2[64*i + 63];
+        grad_E_2[64*ids[i]] += grad_add_E[64*i];
+        grad_E_2[64*ids[i] + 1] += grad_add_E[64*i + 1];
+        grad_E_2[64*ids[i] + 2] += grad_add_E[64*i + 2];
+        grad_E_2[64*ids[i] + 3] += grad_add_E[64*i + 3];
+        grad_E_2[64*ids[i] + 4] += grad_add_E[64*i + 4];
+        grad_E_2[64*ids[i] + 5] += grad_add_E[64*i + 5];
+        grad_E_2[64*ids[i] + 6] += grad_add_E[64*i + 6];
+        grad_E_2[64*ids[i] + 7] += grad_add_E[64*i + 7];
+        grad_E_2[64*ids[i] + 8] += grad_add_E[64*i + 8];
+        grad_E_2[64*ids[i] + 9] += grad_add_E[64*i + 9];
+        grad_E_2[64*ids[i] + 10] += grad_add_E[64*i + 10];
+        grad_E_2[64*ids[i] + 11] += grad_add_E[64*i + 11];
+        grad_E_2[64*ids[i] + 12] += grad_add_E[64*i + 12];
+        grad_E_2[64*ids[i] + 13] += grad_add_E[64*i + 13];
+        grad_E_2[64*ids[i] + 14] += grad_add_E[64*i + 14];
+        grad_E_2[64*ids[i] + 15] += grad_add_E[64*i + 15];
+        grad_E_2[64*ids[i] + 16] += grad_add_E[64*i + 16];
+        grad_E_2[64*ids[i] + 17] += grad_add_E[64*i + 17];
+        grad_E_2[64*ids[i] + 18] += grad_add_E[64*i + 18];
+        grad_E_2[64*ids[i] + 19] += grad_add_E[64*i + 19];
+        grad_E_2[64*ids[i] + 20] += grad_add_E[64*i + 20];
+        grad_E_2[64*ids[i] + 21] += grad_add_E[64*i + 21];
+        grad_E_2[64*ids[i] + 22] += grad_add_E[64*i + 22];
+        grad_E_2[64*ids[i] + 23] += grad_add_E[64*i + 23];
+        grad_E_2[64*ids[i] + 24] += grad_add_E[64*i + 24];
+        grad_E_2[64*ids[i] + 25] += grad_add_E[64*i + 25];
+        grad_E_2[64*ids[i] + 26] += grad_add_E[64*i + 26];
+        grad_E_2[64*ids[i] + 27] += grad_add_E[64*i + 27];
+        grad_E_2[64*ids[i] + 28] += grad_add_E[64*i + 28];
+        grad_E_2[64*ids[i] + 29] += grad_add_E[64*i + 29];
+        grad_E_2[64*ids[i] + 30] += grad_add_E[64*i + 30];
+        grad_E_2[64*ids[i] + 31] += grad_add_E[64*i + 31];
+        grad_E_2[64*ids[i] + 32] += grad_add_E[64*i + 32];
+        grad_E_2[64*ids[i] + 33] += grad_add_E[64*i + 33];
+        grad_E_2[64*ids[i] + 34] += grad_add_E[64*i + 34];
+        grad_E_2[64*ids[i] + 35] += grad_add_E[64*i + 35];
+        grad_E_2[64*ids[i] + 36] += grad_add_E[64*i + 36];
+        grad_E_2[64*ids[i] + 37] += grad_add_E[64*i + 37];
+        grad_E_2[64*ids[i] + 38] += grad_add_E[64*i + 38];
+        grad_E_2[64*ids[i] + 39] += grad_add_E[64*i + 39];
+        grad_E_2[64*ids[i] + 40] += grad_add_E[64*i + 40];
+        grad_E_2[64*ids[i] + 41] += grad_add_E[64*i + 41];
+        grad_E_2[64*ids[i] + 42] += grad_add_E[64*i + 42];
+        grad_E_2[64*ids[i] + 43] += grad_add_E[64*i + 43];
+        grad_E_2[64*ids[i] + 44] += grad_add_E[64*i + 44];
+        grad_E_2[64*ids[i] + 45] += grad_add_E[64*i + 45];
+        grad_E_2[64*ids[i] + 46] += grad_add_E[64*i + 46];
+        grad_E_2[64*ids[i] + 47] += grad_add_E[64*i + 47];
+        grad_E_2[64*ids[i] + 48] += grad_add_E[64*i + 48];
+        grad_E_2[64*ids[i] + 49] += grad_add_E[64*i + 49];
+        grad_E_2[64*ids[i] + 50] += grad_add_E[64*i + 50];
+        grad_E_2[64*ids[i] + 51] += grad_add_E[64*i + 51];
+        grad_E_2[64*ids[i] + 52] += grad_add_E[64*i + 52];
+        grad_E_2[64*ids[i] + 53] += grad_add_E[64*i + 53];
+        grad_E_2[64*ids[i] + 54] += grad_add_E[64*i + 54];
+        grad_E_2[64*ids[i] + 55] += grad_add_E[64*i + 55];
+        grad_E_2[64*ids[i] + 56] += grad_add_E[64*i + 56];
+        grad_E_2[64*ids[i] + 57] += grad_add_E[64*i + 57];
+        grad_E_2[64*ids[i] + 58] += grad_add_E[64*i + 58];
+        grad_E_2[64*ids[i] + 59] += grad_add_E[64*i + 59];
+        grad_E_2[64*ids[i] + 60] += grad_add_E[64*i + 60];
+        grad_E_2[64*ids[i] + 61] += grad_add_E[64*i + 61];
+        grad_E_2[64*ids[i] + 62] += grad_add_E[64*i + 62];
+        grad_E_2[64*ids[i] + 63] += grad_add_E[64*i + 63];
+        grad_P_2[64*positions[i]] += grad_add_E[64*i];
+        grad_P_2[64*positions[i] + 1] += grad_add_E[64*i + 1];
+        grad_P_2[64*positions[i] + 2] += grad_add_E[64*i + 2];
+        grad_P_2[64*positions[i] + 3] += grad_add_E[64*i + 3];
+        grad_P_2[64*positions[i] + 4] += grad_add_E[64*i + 4];
+        grad_P_2[64*positions[i] + 5] += grad_add_E[64*i + 5];
+        grad_P_2[64*positions[i] + 6] += grad_add_E[64*i + 6];
+        grad_P_2[64*positions[i] + 7] += grad_add_E[64*i + 7];
+        grad_P_2[64*positions[i] + 8] += grad_add_E[64*i + 8];
+        grad_P_2[64*positions[i] + 9] += grad_add_E[64*i + 9];
+        grad_P_2[64*positions[i] + 10] += grad_add_E[64*i + 10];
+        grad_P_2[64*positions[i] + 11] += grad_add_E[64*i + 11];
+        grad_P_2[64*positions[i] + 12] += grad_add_E[64*i + 12];
+        grad_P_2[64*positions[i] + 13] += grad_add_E[64*i + 13];
+        grad_P_2[64*positions[i] + 14] += grad_add_E[64*i + 14];
+        grad_P_2[64*positions[i] + 15] += grad_add_E[64*i + 15];
+        grad_P_2[64*positions[i] + 16] += grad_add_E[64*i + 16];
+        grad_P_2[64*positions[i] + 17] += grad_add_E[64*i + 17];
+        grad_P_2[64*positions[i] + 18] += grad_add_E[64*i + 18];
+        grad_P_2[64*positions[i] + 19] += grad_add_E[64*i + 19];
+        grad_P_2[64*positions[i] + 20] += grad_add_E[64*i + 20];
+        grad_P_2[64*positions[i] + 21] += grad_add_E[64*i + 21];
+        grad_P_2[64*positions[i] + 22] += grad_add_E[64*i + 22];
+        grad_P_2[64*positions[i] + 23] += grad_add_E[64*i + 23];
+        grad_P_2[64*positions[i] + 24] += grad_add_E[64*i + 24];
+        grad_P_2[64*positions[i] + 25] += grad_add_E[64*i + 25];
+        grad_P_2[64*positions[i] + 26] += grad_add_E[64*i + 26];
+        grad_P_2[64*positions[i] + 27] += grad_add_E[64*i + 27];
+        grad_P_2[64*positions[i] + 28] += grad_add_E[64*i + 28];
+        grad_P_2[64*positions[i] + 29] += grad_add_E[64*i + 29];
+        grad_P_2[64*positions[i] + 30] += grad_add_E[64*i + 30];
+        grad_P_2[64*positions[i] + 31] += grad_add_E[64*i + 31];
+        grad_P_2[64*positions[i] + 32] += grad_add_E[64*i + 32];
+        grad_P_2[64*positions[i] + 33] += grad_add_E[64*i + 33];
+        grad_P_2[64*positions[i] + 34] += grad_add_E[64*i + 34];
+        grad_P_2[64*positions[i] + 35] += grad_add_E[64*i + 35];
+        grad_P_2[64*positions[i] + 36] += grad_add_E[64*i + 36];
+        grad_P_2[64*positions[i] + 37] += grad_add_E[64*i + 37];
+        grad_P_2[64*positions[i] + 38] += grad_add_E[64*i + 38];
+        grad_P_2[64*positions[i] + 39] += grad_add_E[64*i + 39];
+        grad_P_2[64*positions[i] + 40] += grad_add_E[64*i + 40];
+        grad_P_2[64*positions[i] + 41] += grad_add_E[64*i + 41];
+        grad_P_2[64*positions[i] + 42] += grad_add_E[64*i + 42];
+        grad_P_2[64*positions[i] + 43] += grad_add_E[64*i + 43];
+        grad_P_2[64*positions[i] + 44] += grad_add_E[64*i + 44];
+        grad_P_2[64*positions[i] + 45] += grad_add_E[64*i + 45];
+        grad_P_2[64*positions[i] + 46] += grad_add_E[64*i + 46];
+        grad_P_2[64*positions[i] + 47] += grad_add_E[64*i + 47];
+        grad_P_2[64*positions[i] + 48] += grad_add_E[64*i + 48];
+        grad_P_2[64*positions[i] + 49] += grad_add_E[64*i + 49];
+        grad_P_2[64*positions[i] + 50] += grad_add_E[64*i + 50];
+        grad_P_2[64*positions[i] + 51] += grad_add_E[64*i + 51];
+        grad_P_2[64*positions[i] + 52] += grad_add_E[64*i + 52];
+        grad_P_2[64*positions[i] + 53] += grad_add_E[64*i + 53];
+        grad_P_2[64*positions[i] + 54] += grad_add_E[64*i + 54];
+        grad_P_2[64*positions[i] + 55] += grad_add_E[64*i + 55];
+        grad_P_2[64*positions[i] + 56] += grad_add_E[64*i + 56];
+        grad_P_2[64*positions[i] + 57] += grad_add_E[64*i + 57];
+        grad_P_2[64*positions[i] + 58] += grad_add_E[64*i + 58];
+        grad_P_2[64*positions[i] + 59] += grad_add_E[64*i + 59];
+        grad_P_2[64*positions[i] + 60] += grad_add_E[64*i + 60];
+        grad_P_2[64*positions[i] + 61] += grad_add_E[64*i + 61];
+        grad_P_2[64*positions[i] + 62] += grad_add_E[64*i + 62];
+        grad_P_2[64*positions[i] + 63] += grad_add_E[64*i + 63];
     }
 }
 #endif
@@ -4565,7 +4570,19 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
 /* transformer_lm_train_step, part 6 of 9 (kernels 87 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
+    int64_t m,
+    TRANSFORMER_LM_REAL *E,
+    TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *b0a,
+    TRANSFORMER_LM_REAL *Wq0,
+    TRANSFORMER_LM_REAL *Wk0,
+    const TRANSFORMER_LM_REAL *weight_decay,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     int64_t m,
     TRANSFORMER_LM_REAL *E,
@@ -4578,91 +4595,91 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t5 = work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t4 = work + 4093*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t7 = work + 832*m + 5120; /* m x 64, in t10's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t6 = work + 1664*m + 5120; /* m x 64, in grad_t11's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g6 = work + 256*m + 4096; /* m x 64, in t7's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_1 = work + 4157*m + 9217; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_P_1 = work + 1856*m + 5120; /* 64 x 64, in t23's memory; placed in an earlier part */
-    /* grad_E_2 = E*weight_decay + grad_E_1 */
-    TRANSFORMER_LM_REAL *grad_E_2 = grad_E_1 + 3968; /* 62 x 64 */
+    TRANSFORMER_LM_REAL *add_b0a = work + 64*m; /* m x 64, in emap_P's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mul_Wq0 = work + 192*m; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_b0a = work + 4093*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_mm_Wk0 = work + 832*m + 5120; /* m x 64, in mm_Wv0's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_mm_Wq0 = work + 1664*m + 5120; /* m x 64, in grad_mix_Wv0's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_copy_g0a = work + 256*m + 4096; /* m x 64, in mm_Wk0's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_2 = work + 4157*m + 9217; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_P_2 = work + 1856*m + 5120; /* 64 x 64, in mul_Wq1's memory; placed in an earlier part */
+    /* grad_E_3 = E*weight_decay + grad_E_2 */
+    TRANSFORMER_LM_REAL *grad_E_3 = grad_E_2 + 3968; /* 62 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t i = 0; i < 62; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_E_2[64*i + j] = grad_E_1[64*i + j] + weight_decay_value*E[64*i + j];
+                grad_E_3[64*i + j] = grad_E_2[64*i + j] + weight_decay_value*E[64*i + j];
             }
         }
     }
 
-    /* grad_P_2 = P*weight_decay + grad_P_1 */
-    TRANSFORMER_LM_REAL *grad_P_2 = t5; /* 64 x 64, in t5's memory */
+    /* grad_P_3 = P*weight_decay + grad_P_2 */
+    TRANSFORMER_LM_REAL *grad_P_3 = mul_Wq0; /* 64 x 64, in mul_Wq0's memory */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_P_2[64*i + j] = grad_P_1[64*i + j] + weight_decay_value*P[64*i + j];
+                grad_P_3[64*i + j] = grad_P_2[64*i + j] + weight_decay_value*P[64*i + j];
             }
         }
     }
 
-    /* grad_g0a_1 = sum of g6 down each column */
-    TRANSFORMER_LM_REAL *grad_g0a_1 = grad_E_2 + 3968; /* 1 x 64 */
-    symbackprop_f64_sum_columns(g6, m, 64, 64, grad_g0a_1);
+    /* grad_g0a_2 = sum of grad_copy_g0a down each column */
+    TRANSFORMER_LM_REAL *grad_g0a_2 = grad_E_3 + 3968; /* 1 x 64 */
+    symbackprop_f64_sum_columns(grad_copy_g0a, m, 64, 64, grad_g0a_2);
 
-    /* grad_g0a_2 = g0a*weight_decay + grad_g0a_1 */
-    TRANSFORMER_LM_REAL *grad_g0a_2 = grad_g0a_1 + 64; /* 1 x 64 */
+    /* grad_g0a_3 = g0a*weight_decay + grad_g0a_2 */
+    TRANSFORMER_LM_REAL *grad_g0a_3 = grad_g0a_2 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_g0a_2[j] = grad_g0a_1[j] + weight_decay_value*g0a[j];
+            grad_g0a_3[j] = grad_g0a_2[j] + weight_decay_value*g0a[j];
         }
     }
 
-    /* grad_b0a_1 = sum of grad_t4 down each column */
-    TRANSFORMER_LM_REAL *grad_b0a_1 = grad_g0a_1; /* 1 x 64, in grad_g0a_1's memory */
-    symbackprop_f64_sum_columns(grad_t4, m, 64, 64, grad_b0a_1);
+    /* grad_b0a_2 = sum of grad_add_b0a down each column */
+    TRANSFORMER_LM_REAL *grad_b0a_2 = grad_g0a_2; /* 1 x 64, in grad_g0a_2's memory */
+    symbackprop_f64_sum_columns(grad_add_b0a, m, 64, 64, grad_b0a_2);
 
-    /* grad_b0a_2 = b0a*weight_decay + grad_b0a_1 */
-    TRANSFORMER_LM_REAL *grad_b0a_2 = grad_g0a_2 + 64; /* 1 x 64 */
+    /* grad_b0a_3 = b0a*weight_decay + grad_b0a_2 */
+    TRANSFORMER_LM_REAL *grad_b0a_3 = grad_g0a_3 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_b0a_2[j] = grad_b0a_1[j] + weight_decay_value*b0a[j];
+            grad_b0a_3[j] = grad_b0a_2[j] + weight_decay_value*b0a[j];
         }
     }
 
-    /* grad_t5 = t4^T @ grad_t6 */
-    TRANSFORMER_LM_REAL *grad_t5 = grad_P_1; /* 64 x 64, in grad_P_1's memory */
-    transformer_lm_product9(m, t4, grad_t6, grad_t5);
+    /* grad_mul_Wq0 = add_b0a^T @ grad_mm_Wq0 */
+    TRANSFORMER_LM_REAL *grad_mul_Wq0 = grad_P_2; /* 64 x 64, in grad_P_2's memory */
+    transformer_lm_product9(m, add_b0a, grad_mm_Wq0, grad_mul_Wq0);
 
-    /* grad_Wq0_2 = Wq0*weight_decay + grad_t5/4 */
-    TRANSFORMER_LM_REAL *grad_Wq0_2 = grad_b0a_2 + 64; /* 64 x 64 */
+    /* grad_Wq0_3 = Wq0*weight_decay + grad_mul_Wq0/4 */
+    TRANSFORMER_LM_REAL *grad_Wq0_3 = grad_b0a_3 + 64; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_Wq0_2[64*i + j] = (1.0/4.0)*grad_t5[64*i + j] + weight_decay_value*Wq0[64*i + j];
+                grad_Wq0_3[64*i + j] = (1.0/4.0)*grad_mul_Wq0[64*i + j] + weight_decay_value*Wq0[64*i + j];
             }
         }
     }
 
-    /* grad_Wk0_1 = t4^T @ grad_t7 */
-    TRANSFORMER_LM_REAL *grad_Wk0_1 = grad_t5; /* 64 x 64, in grad_t5's memory */
-    transformer_lm_product9(m, t4, grad_t7, grad_Wk0_1);
+    /* grad_Wk0_2 = add_b0a^T @ grad_mm_Wk0 */
+    TRANSFORMER_LM_REAL *grad_Wk0_2 = grad_mul_Wq0; /* 64 x 64, in grad_mul_Wq0's memory */
+    transformer_lm_product9(m, add_b0a, grad_mm_Wk0, grad_Wk0_2);
 
-    /* grad_Wk0_2 = Wk0*weight_decay + grad_Wk0_1 */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = grad_Wq0_2 + 4096; /* 64 x 64 */
+    /* grad_Wk0_3 = Wk0*weight_decay + grad_Wk0_2 */
+    TRANSFORMER_LM_REAL *grad_Wk0_3 = grad_Wq0_3 + 4096; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_Wk0_2[64*i + j] = grad_Wk0_1[64*i + j] + weight_decay_value*Wk0[64*i + j];
+                grad_Wk0_3[64*i + j] = grad_Wk0_2[64*i + j] + weight_decay_value*Wk0[64*i + j];
             }
         }
     }
@@ -4672,7 +4689,29 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
 /* transformer_lm_train_step, part 7 of 9 (kernels 97 to 128): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
+    int64_t m,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    const TRANSFORMER_LM_REAL *weight_decay,
+    TRANSFORMER_LM_REAL *work
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *Wv0,
@@ -4695,258 +4734,258 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t4 = work + 64*m; /* m x 64, in t1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t11 = work + 896*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t15 = work + 1088*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t17 = work + 1152*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t22 = work + 1792*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t29 = work + 2304*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t33 = work + 3136*m + 9216; /* m x 64, in t38's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g2 = work + 3901*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t31 = work + 2432*m + 9216; /* m x 64, in t31's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t28 = work + 2368*m + 9216; /* m x 64, in grad_t31_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t22 = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t25 = work + 2240*m + 9216; /* m x 64, in t28's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t24 = work + 3517*m + 9217; /* m x 64, in grad_t29's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g3 = work + 1920*m + 9216; /* m x 64, in t25's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t20 = work + 1728*m + 5120; /* m x 64, in t20's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g4 = work + 2816*m + 9216; /* m x 256, in grad_t27's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t15 = work + 1856*m + 9216; /* m x 64, in grad_t21's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g5 = work + 4029*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t13 = work + 1024*m + 5120; /* m x 64, in t13's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t10 = work + 960*m + 5120; /* m x 64, in grad_t13_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_1 = work + 4157*m + 17153; /* 1 x 64, in grad_g0a_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_1 = work + 1856*m + 5120; /* 64 x 64, in grad_t5's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4157*m + 21441; /* 64 x 64; placed in an earlier part */
-    /* grad_Wv0_1 = t4^T @ grad_t10 */
-    TRANSFORMER_LM_REAL *grad_Wv0_1 = grad_Wk0_1; /* 64 x 64, in grad_Wk0_1's memory */
-    transformer_lm_product9(m, t4, grad_t10, grad_Wv0_1);
+    TRANSFORMER_LM_REAL *add_b0a = work + 64*m; /* m x 64, in emap_P's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mix_Wv0 = work + 896*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_b0m = work + 1088*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mul_W0up = work + 1152*m + 5120; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_b1a = work + 1792*m + 5120; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mix_Wv1 = work + 2304*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_b1m = work + 3136*m + 9216; /* m x 64, in add_W1down's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_copy_g1m = work + 3901*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_Wo1 = work + 2432*m + 9216; /* m x 64, in add_Wo1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_mm_Wv1 = work + 2368*m + 9216; /* m x 64, in grad_add_Wo1_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_b1a = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_mm_Wk1 = work + 2240*m + 9216; /* m x 64, in mm_Wv1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_mm_Wq1 = work + 3517*m + 9217; /* m x 64, in grad_mix_Wv1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_copy_g1a = work + 1920*m + 9216; /* m x 64, in mm_Wk1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_W0down = work + 1728*m + 5120; /* m x 64, in add_W0down's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_W0up = work + 2816*m + 9216; /* m x 256, in grad_softmax_Wk1's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_b0m = work + 1856*m + 9216; /* m x 64, in grad_norm_W0down's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_copy_g0m = work + 4029*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_Wo0 = work + 1024*m + 5120; /* m x 64, in add_Wo0's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_mm_Wv0 = work + 960*m + 5120; /* m x 64, in grad_add_Wo0_part's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 4157*m + 17153; /* 1 x 64, in grad_g0a_2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 1856*m + 5120; /* 64 x 64, in grad_mul_Wq0's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk0_3 = work + 4157*m + 21441; /* 64 x 64; placed in an earlier part */
+    /* grad_Wv0_2 = add_b0a^T @ grad_mm_Wv0 */
+    TRANSFORMER_LM_REAL *grad_Wv0_2 = grad_Wk0_2; /* 64 x 64, in grad_Wk0_2's memory */
+    transformer_lm_product9(m, add_b0a, grad_mm_Wv0, grad_Wv0_2);
 
-    /* grad_Wv0_2 = Wv0*weight_decay + grad_Wv0_1 */
-    TRANSFORMER_LM_REAL *grad_Wv0_2 = grad_Wk0_2 + 4096; /* 64 x 64 */
+    /* grad_Wv0_3 = Wv0*weight_decay + grad_Wv0_2 */
+    TRANSFORMER_LM_REAL *grad_Wv0_3 = grad_Wk0_3 + 4096; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_Wv0_2[64*i + j] = grad_Wv0_1[64*i + j] + weight_decay_value*Wv0[64*i + j];
+                grad_Wv0_3[64*i + j] = grad_Wv0_2[64*i + j] + weight_decay_value*Wv0[64*i + j];
             }
         }
     }
 
-    /* grad_Wo0_1 = t11^T @ grad_t13 */
-    TRANSFORMER_LM_REAL *grad_Wo0_1 = grad_Wv0_1; /* 64 x 64, in grad_Wv0_1's memory */
-    transformer_lm_product9(m, t11, grad_t13, grad_Wo0_1);
+    /* grad_Wo0_2 = mix_Wv0^T @ grad_add_Wo0 */
+    TRANSFORMER_LM_REAL *grad_Wo0_2 = grad_Wv0_2; /* 64 x 64, in grad_Wv0_2's memory */
+    transformer_lm_product9(m, mix_Wv0, grad_add_Wo0, grad_Wo0_2);
 
-    /* grad_Wo0_2 = Wo0*weight_decay + grad_Wo0_1 */
-    TRANSFORMER_LM_REAL *grad_Wo0_2 = grad_Wv0_2 + 4096; /* 64 x 64 */
+    /* grad_Wo0_3 = Wo0*weight_decay + grad_Wo0_2 */
+    TRANSFORMER_LM_REAL *grad_Wo0_3 = grad_Wv0_3 + 4096; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_Wo0_2[64*i + j] = grad_Wo0_1[64*i + j] + weight_decay_value*Wo0[64*i + j];
+                grad_Wo0_3[64*i + j] = grad_Wo0_2[64*i + j] + weight_decay_value*Wo0[64*i + j];
             }
         }
     }
 
-    /* grad_g0m_1 = sum of g5 down each column */
-    TRANSFORMER_LM_REAL *grad_g0m_1 = grad_b0a_1; /* 1 x 64, in grad_b0a_1's memory */
-    symbackprop_f64_sum_columns(g5, m, 64, 64, grad_g0m_1);
+    /* grad_g0m_2 = sum of grad_copy_g0m down each column */
+    TRANSFORMER_LM_REAL *grad_g0m_2 = grad_b0a_2; /* 1 x 64, in grad_b0a_2's memory */
+    symbackprop_f64_sum_columns(grad_copy_g0m, m, 64, 64, grad_g0m_2);
 
-    /* grad_g0m_2 = g0m*weight_decay + grad_g0m_1 */
-    TRANSFORMER_LM_REAL *grad_g0m_2 = grad_Wo0_2 + 4096; /* 1 x 64 */
+    /* grad_g0m_3 = g0m*weight_decay + grad_g0m_2 */
+    TRANSFORMER_LM_REAL *grad_g0m_3 = grad_Wo0_3 + 4096; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_g0m_2[j] = grad_g0m_1[j] + weight_decay_value*g0m[j];
+            grad_g0m_3[j] = grad_g0m_2[j] + weight_decay_value*g0m[j];
         }
     }
 
-    /* grad_b0m_1 = sum of grad_t15 down each column */
-    TRANSFORMER_LM_REAL *grad_b0m_1 = grad_g0m_1; /* 1 x 64, in grad_g0m_1's memory */
-    symbackprop_f64_sum_columns(grad_t15, m, 64, 64, grad_b0m_1);
+    /* grad_b0m_2 = sum of grad_add_b0m down each column */
+    TRANSFORMER_LM_REAL *grad_b0m_2 = grad_g0m_2; /* 1 x 64, in grad_g0m_2's memory */
+    symbackprop_f64_sum_columns(grad_add_b0m, m, 64, 64, grad_b0m_2);
 
-    /* grad_b0m_2 = b0m*weight_decay + grad_b0m_1 */
-    TRANSFORMER_LM_REAL *grad_b0m_2 = grad_g0m_2 + 64; /* 1 x 64 */
+    /* grad_b0m_3 = b0m*weight_decay + grad_b0m_2 */
+    TRANSFORMER_LM_REAL *grad_b0m_3 = grad_g0m_3 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_b0m_2[j] = grad_b0m_1[j] + weight_decay_value*b0m[j];
+            grad_b0m_3[j] = grad_b0m_2[j] + weight_decay_value*b0m[j];
         }
     }
 
-    /* grad_W0up_1 = t15^T @ g4 */
-    TRANSFORMER_LM_REAL *grad_W0up_1 = grad_b0m_2 + 64; /* 64 x 256 */
-    transformer_lm_product10(m, t15, g4, grad_W0up_1);
+    /* grad_W0up_2 = add_b0m^T @ grad_add_W0up */
+    TRANSFORMER_LM_REAL *grad_W0up_2 = grad_b0m_3 + 64; /* 64 x 256 */
+    transformer_lm_product10(m, add_b0m, grad_add_W0up, grad_W0up_2);
 
-    /* grad_W0up_2 = W0up*weight_decay + grad_W0up_1 */
-    TRANSFORMER_LM_REAL *grad_W0up_2 = grad_W0up_1 + 16384; /* 64 x 256 */
+    /* grad_W0up_3 = W0up*weight_decay + grad_W0up_2 */
+    TRANSFORMER_LM_REAL *grad_W0up_3 = grad_W0up_2 + 16384; /* 64 x 256 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 256; ++j) {
-                grad_W0up_2[256*i + j] = grad_W0up_1[256*i + j] + weight_decay_value*W0up[256*i + j];
+                grad_W0up_3[256*i + j] = grad_W0up_2[256*i + j] + weight_decay_value*W0up[256*i + j];
             }
         }
     }
 
-    /* grad_c0up_1 = sum of g4 down each column */
-    TRANSFORMER_LM_REAL *grad_c0up_1 = grad_W0up_2 + 16384; /* 1 x 256 */
-    symbackprop_f64_sum_columns(g4, m, 256, 256, grad_c0up_1);
+    /* grad_c0up_2 = sum of grad_add_W0up down each column */
+    TRANSFORMER_LM_REAL *grad_c0up_2 = grad_W0up_3 + 16384; /* 1 x 256 */
+    symbackprop_f64_sum_columns(grad_add_W0up, m, 256, 256, grad_c0up_2);
 
-    /* grad_c0up_2 = c0up*weight_decay + grad_c0up_1 */
-    TRANSFORMER_LM_REAL *grad_c0up_2 = grad_c0up_1 + 256; /* 1 x 256 */
+    /* grad_c0up_3 = c0up*weight_decay + grad_c0up_2 */
+    TRANSFORMER_LM_REAL *grad_c0up_3 = grad_c0up_2 + 256; /* 1 x 256 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 256; ++j) {
-            grad_c0up_2[j] = grad_c0up_1[j] + weight_decay_value*c0up[j];
+            grad_c0up_3[j] = grad_c0up_2[j] + weight_decay_value*c0up[j];
         }
     }
 
-    /* grad_W0down_1 = t17^T @ grad_t20 */
-    TRANSFORMER_LM_REAL *grad_W0down_1 = grad_W0up_1; /* 256 x 64, in grad_W0up_1's memory */
-    transformer_lm_product11(m, t17, grad_t20, grad_W0down_1);
+    /* grad_W0down_2 = mul_W0up^T @ grad_add_W0down */
+    TRANSFORMER_LM_REAL *grad_W0down_2 = grad_W0up_2; /* 256 x 64, in grad_W0up_2's memory */
+    transformer_lm_product11(m, mul_W0up, grad_add_W0down, grad_W0down_2);
 
-    /* grad_W0down_2 = W0down*weight_decay + grad_W0down_1 */
-    TRANSFORMER_LM_REAL *grad_W0down_2 = grad_c0up_2 + 256; /* 256 x 64 */
+    /* grad_W0down_3 = W0down*weight_decay + grad_W0down_2 */
+    TRANSFORMER_LM_REAL *grad_W0down_3 = grad_c0up_3 + 256; /* 256 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 256; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_W0down_2[64*i + j] = grad_W0down_1[64*i + j] + weight_decay_value*W0down[64*i + j];
+                grad_W0down_3[64*i + j] = grad_W0down_2[64*i + j] + weight_decay_value*W0down[64*i + j];
             }
         }
     }
 
-    /* grad_c0down_1 = sum of grad_t20 down each column */
-    TRANSFORMER_LM_REAL *grad_c0down_1 = grad_b0m_1; /* 1 x 64, in grad_b0m_1's memory */
-    symbackprop_f64_sum_columns(grad_t20, m, 64, 64, grad_c0down_1);
+    /* grad_c0down_2 = sum of grad_add_W0down down each column */
+    TRANSFORMER_LM_REAL *grad_c0down_2 = grad_b0m_2; /* 1 x 64, in grad_b0m_2's memory */
+    symbackprop_f64_sum_columns(grad_add_W0down, m, 64, 64, grad_c0down_2);
 
-    /* grad_c0down_2 = c0down*weight_decay + grad_c0down_1 */
-    TRANSFORMER_LM_REAL *grad_c0down_2 = grad_W0down_2 + 16384; /* 1 x 64 */
+    /* grad_c0down_3 = c0down*weight_decay + grad_c0down_2 */
+    TRANSFORMER_LM_REAL *grad_c0down_3 = grad_W0down_3 + 16384; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_c0down_2[j] = grad_c0down_1[j] + weight_decay_value*c0down[j];
+            grad_c0down_3[j] = grad_c0down_2[j] + weight_decay_value*c0down[j];
         }
     }
 
-    /* grad_g1a_1 = sum of g3 down each column */
-    TRANSFORMER_LM_REAL *grad_g1a_1 = grad_c0down_1; /* 1 x 64, in grad_c0down_1's memory */
-    symbackprop_f64_sum_columns(g3, m, 64, 64, grad_g1a_1);
+    /* grad_g1a_2 = sum of grad_copy_g1a down each column */
+    TRANSFORMER_LM_REAL *grad_g1a_2 = grad_c0down_2; /* 1 x 64, in grad_c0down_2's memory */
+    symbackprop_f64_sum_columns(grad_copy_g1a, m, 64, 64, grad_g1a_2);
 
-    /* grad_g1a_2 = g1a*weight_decay + grad_g1a_1 */
-    TRANSFORMER_LM_REAL *grad_g1a_2 = grad_c0down_2 + 64; /* 1 x 64 */
+    /* grad_g1a_3 = g1a*weight_decay + grad_g1a_2 */
+    TRANSFORMER_LM_REAL *grad_g1a_3 = grad_c0down_3 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_g1a_2[j] = grad_g1a_1[j] + weight_decay_value*g1a[j];
+            grad_g1a_3[j] = grad_g1a_2[j] + weight_decay_value*g1a[j];
         }
     }
 
-    /* grad_b1a_1 = sum of grad_t22 down each column */
-    TRANSFORMER_LM_REAL *grad_b1a_1 = grad_g1a_1; /* 1 x 64, in grad_g1a_1's memory */
-    symbackprop_f64_sum_columns(grad_t22, m, 64, 64, grad_b1a_1);
+    /* grad_b1a_2 = sum of grad_add_b1a down each column */
+    TRANSFORMER_LM_REAL *grad_b1a_2 = grad_g1a_2; /* 1 x 64, in grad_g1a_2's memory */
+    symbackprop_f64_sum_columns(grad_add_b1a, m, 64, 64, grad_b1a_2);
 
-    /* grad_b1a_2 = b1a*weight_decay + grad_b1a_1 */
-    TRANSFORMER_LM_REAL *grad_b1a_2 = grad_g1a_2 + 64; /* 1 x 64 */
+    /* grad_b1a_3 = b1a*weight_decay + grad_b1a_2 */
+    TRANSFORMER_LM_REAL *grad_b1a_3 = grad_g1a_3 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_b1a_2[j] = grad_b1a_1[j] + weight_decay_value*b1a[j];
+            grad_b1a_3[j] = grad_b1a_2[j] + weight_decay_value*b1a[j];
         }
     }
 
-    /* grad_t23 = t22^T @ grad_t24 */
-    TRANSFORMER_LM_REAL *grad_t23 = grad_Wo0_1; /* 64 x 64, in grad_Wo0_1's memory */
-    transformer_lm_product9(m, t22, grad_t24, grad_t23);
+    /* grad_mul_Wq1 = add_b1a^T @ grad_mm_Wq1 */
+    TRANSFORMER_LM_REAL *grad_mul_Wq1 = grad_Wo0_2; /* 64 x 64, in grad_Wo0_2's memory */
+    transformer_lm_product9(m, add_b1a, grad_mm_Wq1, grad_mul_Wq1);
 
-    /* grad_Wq1_2 = Wq1*weight_decay + grad_t23/4 */
-    TRANSFORMER_LM_REAL *grad_Wq1_2 = grad_b1a_2 + 64; /* 64 x 64 */
+    /* grad_Wq1_3 = Wq1*weight_decay + grad_mul_Wq1/4 */
+    TRANSFORMER_LM_REAL *grad_Wq1_3 = grad_b1a_3 + 64; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_Wq1_2[64*i + j] = (1.0/4.0)*grad_t23[64*i + j] + weight_decay_value*Wq1[64*i + j];
+                grad_Wq1_3[64*i + j] = (1.0/4.0)*grad_mul_Wq1[64*i + j] + weight_decay_value*Wq1[64*i + j];
             }
         }
     }
 
-    /* grad_Wk1_1 = t22^T @ grad_t25 */
-    TRANSFORMER_LM_REAL *grad_Wk1_1 = grad_t23; /* 64 x 64, in grad_t23's memory */
-    transformer_lm_product9(m, t22, grad_t25, grad_Wk1_1);
+    /* grad_Wk1_2 = add_b1a^T @ grad_mm_Wk1 */
+    TRANSFORMER_LM_REAL *grad_Wk1_2 = grad_mul_Wq1; /* 64 x 64, in grad_mul_Wq1's memory */
+    transformer_lm_product9(m, add_b1a, grad_mm_Wk1, grad_Wk1_2);
 
-    /* grad_Wk1_2 = Wk1*weight_decay + grad_Wk1_1 */
-    TRANSFORMER_LM_REAL *grad_Wk1_2 = grad_Wq1_2 + 4096; /* 64 x 64 */
+    /* grad_Wk1_3 = Wk1*weight_decay + grad_Wk1_2 */
+    TRANSFORMER_LM_REAL *grad_Wk1_3 = grad_Wq1_3 + 4096; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_Wk1_2[64*i + j] = grad_Wk1_1[64*i + j] + weight_decay_value*Wk1[64*i + j];
+                grad_Wk1_3[64*i + j] = grad_Wk1_2[64*i + j] + weight_decay_value*Wk1[64*i + j];
             }
         }
     }
 
-    /* grad_Wv1_1 = t22^T @ grad_t28 */
-    TRANSFORMER_LM_REAL *grad_Wv1_1 = grad_Wk1_1; /* 64 x 64, in grad_Wk1_1's memory */
-    transformer_lm_product9(m, t22, grad_t28, grad_Wv1_1);
+    /* grad_Wv1_2 = add_b1a^T @ grad_mm_Wv1 */
+    TRANSFORMER_LM_REAL *grad_Wv1_2 = grad_Wk1_2; /* 64 x 64, in grad_Wk1_2's memory */
+    transformer_lm_product9(m, add_b1a, grad_mm_Wv1, grad_Wv1_2);
 
-    /* grad_Wv1_2 = Wv1*weight_decay + grad_Wv1_1 */
-    TRANSFORMER_LM_REAL *grad_Wv1_2 = grad_Wk1_2 + 4096; /* 64 x 64 */
+    /* grad_Wv1_3 = Wv1*weight_decay + grad_Wv1_2 */
+    TRANSFORMER_LM_REAL *grad_Wv1_3 = grad_Wk1_3 + 4096; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_Wv1_2[64*i + j] = grad_Wv1_1[64*i + j] + weight_decay_value*Wv1[64*i + j];
+                grad_Wv1_3[64*i + j] = grad_Wv1_2[64*i + j] + weight_decay_value*Wv1[64*i + j];
             }
         }
     }
 
-    /* grad_Wo1_1 = t29^T @ grad_t31 */
-    TRANSFORMER_LM_REAL *grad_Wo1_1 = grad_Wv1_1; /* 64 x 64, in grad_Wv1_1's memory */
-    transformer_lm_product9(m, t29, grad_t31, grad_Wo1_1);
+    /* grad_Wo1_2 = mix_Wv1^T @ grad_add_Wo1 */
+    TRANSFORMER_LM_REAL *grad_Wo1_2 = grad_Wv1_2; /* 64 x 64, in grad_Wv1_2's memory */
+    transformer_lm_product9(m, mix_Wv1, grad_add_Wo1, grad_Wo1_2);
 
-    /* grad_Wo1_2 = Wo1*weight_decay + grad_Wo1_1 */
-    TRANSFORMER_LM_REAL *grad_Wo1_2 = grad_Wv1_2 + 4096; /* 64 x 64 */
+    /* grad_Wo1_3 = Wo1*weight_decay + grad_Wo1_2 */
+    TRANSFORMER_LM_REAL *grad_Wo1_3 = grad_Wv1_3 + 4096; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_Wo1_2[64*i + j] = grad_Wo1_1[64*i + j] + weight_decay_value*Wo1[64*i + j];
+                grad_Wo1_3[64*i + j] = grad_Wo1_2[64*i + j] + weight_decay_value*Wo1[64*i + j];
             }
         }
     }
 
-    /* grad_g1m_1 = sum of g2 down each column */
-    TRANSFORMER_LM_REAL *grad_g1m_1 = grad_b1a_1; /* 1 x 64, in grad_b1a_1's memory */
-    symbackprop_f64_sum_columns(g2, m, 64, 64, grad_g1m_1);
+    /* grad_g1m_2 = sum of grad_copy_g1m down each column */
+    TRANSFORMER_LM_REAL *grad_g1m_2 = grad_b1a_2; /* 1 x 64, in grad_b1a_2's memory */
+    symbackprop_f64_sum_columns(grad_copy_g1m, m, 64, 64, grad_g1m_2);
 
-    /* grad_g1m_2 = g1m*weight_decay + grad_g1m_1 */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = grad_Wo1_2 + 4096; /* 1 x 64 */
+    /* grad_g1m_3 = g1m*weight_decay + grad_g1m_2 */
+    TRANSFORMER_LM_REAL *grad_g1m_3 = grad_Wo1_3 + 4096; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_g1m_2[j] = grad_g1m_1[j] + weight_decay_value*g1m[j];
+            grad_g1m_3[j] = grad_g1m_2[j] + weight_decay_value*g1m[j];
         }
     }
 
-    /* grad_b1m_1 = sum of grad_t33 down each column */
-    TRANSFORMER_LM_REAL *grad_b1m_1 = grad_g1m_1; /* 1 x 64, in grad_g1m_1's memory */
-    symbackprop_f64_sum_columns(grad_t33, m, 64, 64, grad_b1m_1);
+    /* grad_b1m_2 = sum of grad_add_b1m down each column */
+    TRANSFORMER_LM_REAL *grad_b1m_2 = grad_g1m_2; /* 1 x 64, in grad_g1m_2's memory */
+    symbackprop_f64_sum_columns(grad_add_b1m, m, 64, 64, grad_b1m_2);
 
-    /* grad_b1m_2 = b1m*weight_decay + grad_b1m_1 */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = grad_g1m_2 + 64; /* 1 x 64 */
+    /* grad_b1m_3 = b1m*weight_decay + grad_b1m_2 */
+    TRANSFORMER_LM_REAL *grad_b1m_3 = grad_g1m_3 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_b1m_2[j] = grad_b1m_1[j] + weight_decay_value*b1m[j];
+            grad_b1m_3[j] = grad_b1m_2[j] + weight_decay_value*b1m[j];
         }
     }
 }
@@ -5088,138 +5127,138 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *t33 = work + 2496*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t35 = work + 2560*m + 9216; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t40 = work + 3200*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *t45 = work + 3329*m + 9216; /* 1 x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t41 = work + 3391*m + 9217; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t40 = work + 3453*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g0 = work + 3581*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_t38 = work + 3072*m + 9216; /* m x 64, in t39's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *g1 = work + 3645*m + 9217; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_1 = work + 4157*m + 9217; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_2 = work + 4157*m + 13185; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_P_2 = work + 192*m; /* 64 x 64, in t5's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0a_2 = work + 4157*m + 17217; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 4157*m + 17281; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_2 = work + 4157*m + 17345; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 4157*m + 21441; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv0_2 = work + 4157*m + 25537; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo0_2 = work + 4157*m + 29633; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0m_2 = work + 4157*m + 33729; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0m_2 = work + 4157*m + 33793; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0up_2 = work + 4157*m + 50241; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_1 = work + 4157*m + 66625; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 4157*m + 66881; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_1 = work + 4157*m + 33857; /* 256 x 64, in grad_W0up_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 4157*m + 67137; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0down_2 = work + 4157*m + 83521; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1a_2 = work + 4157*m + 83585; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1a_2 = work + 4157*m + 83649; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_1 = work + 4157*m + 17153; /* 1 x 64, in grad_g1m_1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4157*m + 100161; /* 1 x 64; placed in an earlier part */
-    /* grad_W1up_1 = t33^T @ g1 */
-    TRANSFORMER_LM_REAL *grad_W1up_1 = grad_W0down_1; /* 64 x 256, in grad_W0down_1's memory */
-    transformer_lm_product10(m, t33, g1, grad_W1up_1);
+    TRANSFORMER_LM_REAL *add_b1m = work + 2496*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *mul_W1up = work + 2560*m + 9216; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *add_bf = work + 3200*m + 9216; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *colsum_Wout = work + 3329*m + 9216; /* 1 x 1; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_mm_Wout = work + 3391*m + 9217; /* m x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_bf = work + 3453*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_copy_gf = work + 3581*m + 9217; /* m x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_W1down = work + 3072*m + 9216; /* m x 64, in norm_W1down's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_add_W1up = work + 3645*m + 9217; /* m x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_2 = work + 4157*m + 9217; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_E_3 = work + 4157*m + 13185; /* 62 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_P_3 = work + 192*m; /* 64 x 64, in mul_Wq0's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g0a_3 = work + 4157*m + 17217; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0a_3 = work + 4157*m + 17281; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq0_3 = work + 4157*m + 17345; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk0_3 = work + 4157*m + 21441; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wv0_3 = work + 4157*m + 25537; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo0_3 = work + 4157*m + 29633; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g0m_3 = work + 4157*m + 33729; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b0m_3 = work + 4157*m + 33793; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0up_3 = work + 4157*m + 50241; /* 64 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 4157*m + 66625; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0up_3 = work + 4157*m + 66881; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 4157*m + 33857; /* 256 x 64, in grad_W0up_2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W0down_3 = work + 4157*m + 67137; /* 256 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c0down_3 = work + 4157*m + 83521; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1a_3 = work + 4157*m + 83585; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1a_3 = work + 4157*m + 83649; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4157*m + 17153; /* 1 x 64, in grad_g1m_2's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_3 = work + 4157*m + 100161; /* 1 x 64; placed in an earlier part */
+    /* grad_W1up_2 = add_b1m^T @ grad_add_W1up */
+    TRANSFORMER_LM_REAL *grad_W1up_2 = grad_W0down_2; /* 64 x 256, in grad_W0down_2's memory */
+    transformer_lm_product10(m, add_b1m, grad_add_W1up, grad_W1up_2);
 
-    /* grad_W1up_2 = W1up*weight_decay + grad_W1up_1 */
-    TRANSFORMER_LM_REAL *grad_W1up_2 = grad_b1m_2 + 64; /* 64 x 256 */
+    /* grad_W1up_3 = W1up*weight_decay + grad_W1up_2 */
+    TRANSFORMER_LM_REAL *grad_W1up_3 = grad_b1m_3 + 64; /* 64 x 256 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 256; ++j) {
-                grad_W1up_2[256*i + j] = grad_W1up_1[256*i + j] + weight_decay_value*W1up[256*i + j];
+                grad_W1up_3[256*i + j] = grad_W1up_2[256*i + j] + weight_decay_value*W1up[256*i + j];
             }
         }
     }
 
-    /* grad_c1up_1 = sum of g1 down each column */
-    TRANSFORMER_LM_REAL *grad_c1up_1 = grad_c0up_1; /* 1 x 256, in grad_c0up_1's memory */
-    symbackprop_f64_sum_columns(g1, m, 256, 256, grad_c1up_1);
+    /* grad_c1up_2 = sum of grad_add_W1up down each column */
+    TRANSFORMER_LM_REAL *grad_c1up_2 = grad_c0up_2; /* 1 x 256, in grad_c0up_2's memory */
+    symbackprop_f64_sum_columns(grad_add_W1up, m, 256, 256, grad_c1up_2);
 
-    /* grad_c1up_2 = c1up*weight_decay + grad_c1up_1 */
-    TRANSFORMER_LM_REAL *grad_c1up_2 = grad_W1up_2 + 16384; /* 1 x 256 */
+    /* grad_c1up_3 = c1up*weight_decay + grad_c1up_2 */
+    TRANSFORMER_LM_REAL *grad_c1up_3 = grad_W1up_3 + 16384; /* 1 x 256 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 256; ++j) {
-            grad_c1up_2[j] = grad_c1up_1[j] + weight_decay_value*c1up[j];
+            grad_c1up_3[j] = grad_c1up_2[j] + weight_decay_value*c1up[j];
         }
     }
 
-    /* grad_W1down_1 = t35^T @ grad_t38 */
-    TRANSFORMER_LM_REAL *grad_W1down_1 = grad_W1up_1; /* 256 x 64, in grad_W1up_1's memory */
-    transformer_lm_product11(m, t35, grad_t38, grad_W1down_1);
+    /* grad_W1down_2 = mul_W1up^T @ grad_add_W1down */
+    TRANSFORMER_LM_REAL *grad_W1down_2 = grad_W1up_2; /* 256 x 64, in grad_W1up_2's memory */
+    transformer_lm_product11(m, mul_W1up, grad_add_W1down, grad_W1down_2);
 
-    /* grad_W1down_2 = W1down*weight_decay + grad_W1down_1 */
-    TRANSFORMER_LM_REAL *grad_W1down_2 = grad_c1up_2 + 256; /* 256 x 64 */
+    /* grad_W1down_3 = W1down*weight_decay + grad_W1down_2 */
+    TRANSFORMER_LM_REAL *grad_W1down_3 = grad_c1up_3 + 256; /* 256 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 256; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_W1down_2[64*i + j] = grad_W1down_1[64*i + j] + weight_decay_value*W1down[64*i + j];
+                grad_W1down_3[64*i + j] = grad_W1down_2[64*i + j] + weight_decay_value*W1down[64*i + j];
             }
         }
     }
 
-    /* grad_c1down_1 = sum of grad_t38 down each column */
-    TRANSFORMER_LM_REAL *grad_c1down_1 = grad_b1m_1; /* 1 x 64, in grad_b1m_1's memory */
-    symbackprop_f64_sum_columns(grad_t38, m, 64, 64, grad_c1down_1);
+    /* grad_c1down_2 = sum of grad_add_W1down down each column */
+    TRANSFORMER_LM_REAL *grad_c1down_2 = grad_b1m_2; /* 1 x 64, in grad_b1m_2's memory */
+    symbackprop_f64_sum_columns(grad_add_W1down, m, 64, 64, grad_c1down_2);
 
-    /* grad_c1down_2 = c1down*weight_decay + grad_c1down_1 */
-    TRANSFORMER_LM_REAL *grad_c1down_2 = grad_W1down_2 + 16384; /* 1 x 64 */
+    /* grad_c1down_3 = c1down*weight_decay + grad_c1down_2 */
+    TRANSFORMER_LM_REAL *grad_c1down_3 = grad_W1down_3 + 16384; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_c1down_2[j] = grad_c1down_1[j] + weight_decay_value*c1down[j];
+            grad_c1down_3[j] = grad_c1down_2[j] + weight_decay_value*c1down[j];
         }
     }
 
-    /* grad_gf_1 = sum of g0 down each column */
-    TRANSFORMER_LM_REAL *grad_gf_1 = grad_c1down_1; /* 1 x 64, in grad_c1down_1's memory */
-    symbackprop_f64_sum_columns(g0, m, 64, 64, grad_gf_1);
+    /* grad_gf_2 = sum of grad_copy_gf down each column */
+    TRANSFORMER_LM_REAL *grad_gf_2 = grad_c1down_2; /* 1 x 64, in grad_c1down_2's memory */
+    symbackprop_f64_sum_columns(grad_copy_gf, m, 64, 64, grad_gf_2);
 
-    /* grad_gf_2 = gf*weight_decay + grad_gf_1 */
-    TRANSFORMER_LM_REAL *grad_gf_2 = grad_c1down_2 + 64; /* 1 x 64 */
+    /* grad_gf_3 = gf*weight_decay + grad_gf_2 */
+    TRANSFORMER_LM_REAL *grad_gf_3 = grad_c1down_3 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_gf_2[j] = grad_gf_1[j] + weight_decay_value*gf[j];
+            grad_gf_3[j] = grad_gf_2[j] + weight_decay_value*gf[j];
         }
     }
 
-    /* grad_bf_1 = sum of grad_t40 down each column */
-    TRANSFORMER_LM_REAL *grad_bf_1 = grad_gf_1; /* 1 x 64, in grad_gf_1's memory */
-    symbackprop_f64_sum_columns(grad_t40, m, 64, 64, grad_bf_1);
+    /* grad_bf_2 = sum of grad_add_bf down each column */
+    TRANSFORMER_LM_REAL *grad_bf_2 = grad_gf_2; /* 1 x 64, in grad_gf_2's memory */
+    symbackprop_f64_sum_columns(grad_add_bf, m, 64, 64, grad_bf_2);
 
-    /* grad_bf_2 = bf*weight_decay + grad_bf_1 */
-    TRANSFORMER_LM_REAL *grad_bf_2 = grad_gf_2 + 64; /* 1 x 64 */
+    /* grad_bf_3 = bf*weight_decay + grad_bf_2 */
+    TRANSFORMER_LM_REAL *grad_bf_3 = grad_gf_3 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_bf_2[j] = grad_bf_1[j] + weight_decay_value*bf[j];
+            grad_bf_3[j] = grad_bf_2[j] + weight_decay_value*bf[j];
         }
     }
 
-    /* grad_Wout_1 = t40^T @ grad_t41 */
-    TRANSFORMER_LM_REAL *grad_Wout_1 = grad_E_1; /* 64 x 62, in grad_E_1's memory */
-    transformer_lm_product12(m, t40, grad_t41, grad_Wout_1);
+    /* grad_Wout_2 = add_bf^T @ grad_mm_Wout */
+    TRANSFORMER_LM_REAL *grad_Wout_2 = grad_E_2; /* 64 x 62, in grad_E_2's memory */
+    transformer_lm_product12(m, add_bf, grad_mm_Wout, grad_Wout_2);
 
-    /* grad_Wout_2 = Wout*weight_decay + grad_Wout_1 */
-    TRANSFORMER_LM_REAL *grad_Wout_2 = grad_bf_2 + 64; /* 64 x 62 */
+    /* grad_Wout_3 = Wout*weight_decay + grad_Wout_2 */
+    TRANSFORMER_LM_REAL *grad_Wout_3 = grad_bf_3 + 64; /* 64 x 62 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 62; ++j) {
-                grad_Wout_2[62*i + j] = grad_Wout_1[62*i + j] + weight_decay_value*Wout[62*i + j];
+                grad_Wout_3[62*i + j] = grad_Wout_2[62*i + j] + weight_decay_value*Wout[62*i + j];
             }
         }
     }
 
-    /* m_E = beta1*m_E + grad_E_2*(1 - beta1) */
-    /* v_E = beta2*v_E + grad_E_2**2*(1 - beta2) */
+    /* m_E = beta1*m_E + grad_E_3*(1 - beta1) */
+    /* v_E = beta2*v_E + grad_E_3**2*(1 - beta2) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5227,8 +5266,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
             for (int64_t j = 0; j < 64; ++j) {
                 const TRANSFORMER_LM_REAL m_E_in = m_E[64*i + j];
                 const TRANSFORMER_LM_REAL v_E_in = v_E[64*i + j];
-                m_E[64*i + j] = beta1_value*m_E_in + grad_E_2[64*i + j]*(1 - beta1_value);
-                v_E[64*i + j] = (grad_E_2[64*i + j]*grad_E_2[64*i + j])*(1 - beta2_value) + beta2_value*v_E_in;
+                m_E[64*i + j] = beta1_value*m_E_in + grad_E_3[64*i + j]*(1 - beta1_value);
+                v_E[64*i + j] = (grad_E_3[64*i + j]*grad_E_3[64*i + j])*(1 - beta2_value) + beta2_value*v_E_in;
             }
         }
     }
@@ -5236,8 +5275,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     /* step = step + 1 */
     /* bias_correction1 = 1 - beta1**(step + 1) */
     /* bias_correction2 = 1 - beta2**(step + 1) */
-    TRANSFORMER_LM_REAL *bias_correction1 = t45; /* 1 x 1, in t45's memory */
-    TRANSFORMER_LM_REAL *bias_correction2 = grad_Wout_2 + 3968; /* 1 x 1 */
+    TRANSFORMER_LM_REAL *bias_correction1 = colsum_Wout; /* 1 x 1, in colsum_Wout's memory */
+    TRANSFORMER_LM_REAL *bias_correction2 = grad_Wout_3 + 3968; /* 1 x 1 */
     {
         const TRANSFORMER_LM_REAL step_in = step[0];
         const TRANSFORMER_LM_REAL x0 = step_in + 1;
@@ -5260,10 +5299,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
         }
     }
 
-    /* m_P = beta1*m_P + grad_P_2*(1 - beta1) */
-    /* v_P = beta2*v_P + grad_P_2**2*(1 - beta2) */
-    /* P = P - lr*(beta1*m_P + grad_P_2*(1 - beta1))/(bias_correction1*(eps + sqrt((beta2*v_P
-     * + grad_P_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_P = beta1*m_P + grad_P_3*(1 - beta1) */
+    /* v_P = beta2*v_P + grad_P_3**2*(1 - beta2) */
+    /* P = P - lr*(beta1*m_P + grad_P_3*(1 - beta1))/(bias_correction1*(eps + sqrt((beta2*v_P
+     * + grad_P_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5277,8 +5316,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
                 const TRANSFORMER_LM_REAL m_P_in = m_P[64*i + j];
                 const TRANSFORMER_LM_REAL v_P_in = v_P[64*i + j];
                 const TRANSFORMER_LM_REAL P_in = P[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_P_in + grad_P_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_P_2[64*i + j]*grad_P_2[64*i + j])*(1 - beta2_value) + beta2_value*v_P_in;
+                const TRANSFORMER_LM_REAL x0 = beta1_value*m_P_in + grad_P_3[64*i + j]*(1 - beta1_value);
+                const TRANSFORMER_LM_REAL x1 = (grad_P_3[64*i + j]*grad_P_3[64*i + j])*(1 - beta2_value) + beta2_value*v_P_in;
                 m_P[64*i + j] = x0;
                 v_P[64*i + j] = x1;
                 P[64*i + j] = P_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -5286,10 +5325,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
         }
     }
 
-    /* m_g0a = beta1*m_g0a + grad_g0a_2*(1 - beta1) */
-    /* v_g0a = beta2*v_g0a + grad_g0a_2**2*(1 - beta2) */
-    /* g0a = g0a - lr*(beta1*m_g0a + grad_g0a_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_g0a + grad_g0a_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_g0a = beta1*m_g0a + grad_g0a_3*(1 - beta1) */
+    /* v_g0a = beta2*v_g0a + grad_g0a_3**2*(1 - beta2) */
+    /* g0a = g0a - lr*(beta1*m_g0a + grad_g0a_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_g0a + grad_g0a_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5301,18 +5340,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
             const TRANSFORMER_LM_REAL m_g0a_in = m_g0a[j];
             const TRANSFORMER_LM_REAL v_g0a_in = v_g0a[j];
             const TRANSFORMER_LM_REAL g0a_in = g0a[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_g0a_in + grad_g0a_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_g0a_2[j]*grad_g0a_2[j])*(1 - beta2_value) + beta2_value*v_g0a_in;
+            const TRANSFORMER_LM_REAL x0 = beta1_value*m_g0a_in + grad_g0a_3[j]*(1 - beta1_value);
+            const TRANSFORMER_LM_REAL x1 = (grad_g0a_3[j]*grad_g0a_3[j])*(1 - beta2_value) + beta2_value*v_g0a_in;
             m_g0a[j] = x0;
             v_g0a[j] = x1;
             g0a[j] = g0a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_b0a = beta1*m_b0a + grad_b0a_2*(1 - beta1) */
-    /* v_b0a = beta2*v_b0a + grad_b0a_2**2*(1 - beta2) */
-    /* b0a = b0a - lr*(beta1*m_b0a + grad_b0a_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b0a + grad_b0a_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_b0a = beta1*m_b0a + grad_b0a_3*(1 - beta1) */
+    /* v_b0a = beta2*v_b0a + grad_b0a_3**2*(1 - beta2) */
+    /* b0a = b0a - lr*(beta1*m_b0a + grad_b0a_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b0a + grad_b0a_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5324,18 +5363,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
             const TRANSFORMER_LM_REAL m_b0a_in = m_b0a[j];
             const TRANSFORMER_LM_REAL v_b0a_in = v_b0a[j];
             const TRANSFORMER_LM_REAL b0a_in = b0a[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b0a_in + grad_b0a_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_b0a_2[j]*grad_b0a_2[j])*(1 - beta2_value) + beta2_value*v_b0a_in;
+            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b0a_in + grad_b0a_3[j]*(1 - beta1_value);
+            const TRANSFORMER_LM_REAL x1 = (grad_b0a_3[j]*grad_b0a_3[j])*(1 - beta2_value) + beta2_value*v_b0a_in;
             m_b0a[j] = x0;
             v_b0a[j] = x1;
             b0a[j] = b0a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_Wq0 = beta1*m_Wq0 + grad_Wq0_2*(1 - beta1) */
-    /* v_Wq0 = beta2*v_Wq0 + grad_Wq0_2**2*(1 - beta2) */
-    /* Wq0 = Wq0 - lr*(beta1*m_Wq0 + grad_Wq0_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wq0 + grad_Wq0_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wq0 = beta1*m_Wq0 + grad_Wq0_3*(1 - beta1) */
+    /* v_Wq0 = beta2*v_Wq0 + grad_Wq0_3**2*(1 - beta2) */
+    /* Wq0 = Wq0 - lr*(beta1*m_Wq0 + grad_Wq0_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wq0 + grad_Wq0_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5349,8 +5388,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
                 const TRANSFORMER_LM_REAL m_Wq0_in = m_Wq0[64*i + j];
                 const TRANSFORMER_LM_REAL v_Wq0_in = v_Wq0[64*i + j];
                 const TRANSFORMER_LM_REAL Wq0_in = Wq0[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wq0_in + grad_Wq0_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wq0_2[64*i + j]*grad_Wq0_2[64*i + j])*(1 - beta2_value) + beta2_value*v_Wq0_in;
+                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wq0_in + grad_Wq0_3[64*i + j]*(1 - beta1_value);
+                const TRANSFORMER_LM_REAL x1 = (grad_Wq0_3[64*i + j]*grad_Wq0_3[64*i + j])*(1 - beta2_value) + beta2_value*v_Wq0_in;
                 m_Wq0[64*i + j] = x0;
                 v_Wq0[64*i + j] = x1;
                 Wq0[64*i + j] = Wq0_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -5358,10 +5397,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
         }
     }
 
-    /* m_Wk0 = beta1*m_Wk0 + grad_Wk0_2*(1 - beta1) */
-    /* v_Wk0 = beta2*v_Wk0 + grad_Wk0_2**2*(1 - beta2) */
-    /* Wk0 = Wk0 - lr*(beta1*m_Wk0 + grad_Wk0_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wk0 + grad_Wk0_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wk0 = beta1*m_Wk0 + grad_Wk0_3*(1 - beta1) */
+    /* v_Wk0 = beta2*v_Wk0 + grad_Wk0_3**2*(1 - beta2) */
+    /* Wk0 = Wk0 - lr*(beta1*m_Wk0 + grad_Wk0_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wk0 + grad_Wk0_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5375,8 +5414,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
                 const TRANSFORMER_LM_REAL m_Wk0_in = m_Wk0[64*i + j];
                 const TRANSFORMER_LM_REAL v_Wk0_in = v_Wk0[64*i + j];
                 const TRANSFORMER_LM_REAL Wk0_in = Wk0[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wk0_in + grad_Wk0_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wk0_2[64*i + j]*grad_Wk0_2[64*i + j])*(1 - beta2_value) + beta2_value*v_Wk0_in;
+                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wk0_in + grad_Wk0_3[64*i + j]*(1 - beta1_value);
+                const TRANSFORMER_LM_REAL x1 = (grad_Wk0_3[64*i + j]*grad_Wk0_3[64*i + j])*(1 - beta2_value) + beta2_value*v_Wk0_in;
                 m_Wk0[64*i + j] = x0;
                 v_Wk0[64*i + j] = x1;
                 Wk0[64*i + j] = Wk0_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -5384,10 +5423,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
         }
     }
 
-    /* m_Wv0 = beta1*m_Wv0 + grad_Wv0_2*(1 - beta1) */
-    /* v_Wv0 = beta2*v_Wv0 + grad_Wv0_2**2*(1 - beta2) */
-    /* Wv0 = Wv0 - lr*(beta1*m_Wv0 + grad_Wv0_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wv0 + grad_Wv0_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wv0 = beta1*m_Wv0 + grad_Wv0_3*(1 - beta1) */
+    /* v_Wv0 = beta2*v_Wv0 + grad_Wv0_3**2*(1 - beta2) */
+    /* Wv0 = Wv0 - lr*(beta1*m_Wv0 + grad_Wv0_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wv0 + grad_Wv0_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5401,8 +5440,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
                 const TRANSFORMER_LM_REAL m_Wv0_in = m_Wv0[64*i + j];
                 const TRANSFORMER_LM_REAL v_Wv0_in = v_Wv0[64*i + j];
                 const TRANSFORMER_LM_REAL Wv0_in = Wv0[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wv0_in + grad_Wv0_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wv0_2[64*i + j]*grad_Wv0_2[64*i + j])*(1 - beta2_value) + beta2_value*v_Wv0_in;
+                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wv0_in + grad_Wv0_3[64*i + j]*(1 - beta1_value);
+                const TRANSFORMER_LM_REAL x1 = (grad_Wv0_3[64*i + j]*grad_Wv0_3[64*i + j])*(1 - beta2_value) + beta2_value*v_Wv0_in;
                 m_Wv0[64*i + j] = x0;
                 v_Wv0[64*i + j] = x1;
                 Wv0[64*i + j] = Wv0_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -5410,10 +5449,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
         }
     }
 
-    /* m_Wo0 = beta1*m_Wo0 + grad_Wo0_2*(1 - beta1) */
-    /* v_Wo0 = beta2*v_Wo0 + grad_Wo0_2**2*(1 - beta2) */
-    /* Wo0 = Wo0 - lr*(beta1*m_Wo0 + grad_Wo0_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wo0 + grad_Wo0_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wo0 = beta1*m_Wo0 + grad_Wo0_3*(1 - beta1) */
+    /* v_Wo0 = beta2*v_Wo0 + grad_Wo0_3**2*(1 - beta2) */
+    /* Wo0 = Wo0 - lr*(beta1*m_Wo0 + grad_Wo0_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wo0 + grad_Wo0_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5427,8 +5466,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
                 const TRANSFORMER_LM_REAL m_Wo0_in = m_Wo0[64*i + j];
                 const TRANSFORMER_LM_REAL v_Wo0_in = v_Wo0[64*i + j];
                 const TRANSFORMER_LM_REAL Wo0_in = Wo0[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wo0_in + grad_Wo0_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wo0_2[64*i + j]*grad_Wo0_2[64*i + j])*(1 - beta2_value) + beta2_value*v_Wo0_in;
+                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wo0_in + grad_Wo0_3[64*i + j]*(1 - beta1_value);
+                const TRANSFORMER_LM_REAL x1 = (grad_Wo0_3[64*i + j]*grad_Wo0_3[64*i + j])*(1 - beta2_value) + beta2_value*v_Wo0_in;
                 m_Wo0[64*i + j] = x0;
                 v_Wo0[64*i + j] = x1;
                 Wo0[64*i + j] = Wo0_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -5436,10 +5475,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
         }
     }
 
-    /* m_g0m = beta1*m_g0m + grad_g0m_2*(1 - beta1) */
-    /* v_g0m = beta2*v_g0m + grad_g0m_2**2*(1 - beta2) */
-    /* g0m = g0m - lr*(beta1*m_g0m + grad_g0m_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_g0m + grad_g0m_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_g0m = beta1*m_g0m + grad_g0m_3*(1 - beta1) */
+    /* v_g0m = beta2*v_g0m + grad_g0m_3**2*(1 - beta2) */
+    /* g0m = g0m - lr*(beta1*m_g0m + grad_g0m_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_g0m + grad_g0m_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5451,18 +5490,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
             const TRANSFORMER_LM_REAL m_g0m_in = m_g0m[j];
             const TRANSFORMER_LM_REAL v_g0m_in = v_g0m[j];
             const TRANSFORMER_LM_REAL g0m_in = g0m[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_g0m_in + grad_g0m_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_g0m_2[j]*grad_g0m_2[j])*(1 - beta2_value) + beta2_value*v_g0m_in;
+            const TRANSFORMER_LM_REAL x0 = beta1_value*m_g0m_in + grad_g0m_3[j]*(1 - beta1_value);
+            const TRANSFORMER_LM_REAL x1 = (grad_g0m_3[j]*grad_g0m_3[j])*(1 - beta2_value) + beta2_value*v_g0m_in;
             m_g0m[j] = x0;
             v_g0m[j] = x1;
             g0m[j] = g0m_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_b0m = beta1*m_b0m + grad_b0m_2*(1 - beta1) */
-    /* v_b0m = beta2*v_b0m + grad_b0m_2**2*(1 - beta2) */
-    /* b0m = b0m - lr*(beta1*m_b0m + grad_b0m_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b0m + grad_b0m_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_b0m = beta1*m_b0m + grad_b0m_3*(1 - beta1) */
+    /* v_b0m = beta2*v_b0m + grad_b0m_3**2*(1 - beta2) */
+    /* b0m = b0m - lr*(beta1*m_b0m + grad_b0m_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b0m + grad_b0m_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5474,18 +5513,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
             const TRANSFORMER_LM_REAL m_b0m_in = m_b0m[j];
             const TRANSFORMER_LM_REAL v_b0m_in = v_b0m[j];
             const TRANSFORMER_LM_REAL b0m_in = b0m[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b0m_in + grad_b0m_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_b0m_2[j]*grad_b0m_2[j])*(1 - beta2_value) + beta2_value*v_b0m_in;
+            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b0m_in + grad_b0m_3[j]*(1 - beta1_value);
+            const TRANSFORMER_LM_REAL x1 = (grad_b0m_3[j]*grad_b0m_3[j])*(1 - beta2_value) + beta2_value*v_b0m_in;
             m_b0m[j] = x0;
             v_b0m[j] = x1;
             b0m[j] = b0m_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_W0up = beta1*m_W0up + grad_W0up_2*(1 - beta1) */
-    /* v_W0up = beta2*v_W0up + grad_W0up_2**2*(1 - beta2) */
-    /* W0up = W0up - lr*(beta1*m_W0up + grad_W0up_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_W0up + grad_W0up_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_W0up = beta1*m_W0up + grad_W0up_3*(1 - beta1) */
+    /* v_W0up = beta2*v_W0up + grad_W0up_3**2*(1 - beta2) */
+    /* W0up = W0up - lr*(beta1*m_W0up + grad_W0up_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_W0up + grad_W0up_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5499,8 +5538,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
                 const TRANSFORMER_LM_REAL m_W0up_in = m_W0up[256*i + j];
                 const TRANSFORMER_LM_REAL v_W0up_in = v_W0up[256*i + j];
                 const TRANSFORMER_LM_REAL W0up_in = W0up[256*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_W0up_in + grad_W0up_2[256*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_W0up_2[256*i + j]*grad_W0up_2[256*i + j])*(1 - beta2_value) + beta2_value*v_W0up_in;
+                const TRANSFORMER_LM_REAL x0 = beta1_value*m_W0up_in + grad_W0up_3[256*i + j]*(1 - beta1_value);
+                const TRANSFORMER_LM_REAL x1 = (grad_W0up_3[256*i + j]*grad_W0up_3[256*i + j])*(1 - beta2_value) + beta2_value*v_W0up_in;
                 m_W0up[256*i + j] = x0;
                 v_W0up[256*i + j] = x1;
                 W0up[256*i + j] = W0up_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -5508,10 +5547,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
         }
     }
 
-    /* m_c0up = beta1*m_c0up + grad_c0up_2*(1 - beta1) */
-    /* v_c0up = beta2*v_c0up + grad_c0up_2**2*(1 - beta2) */
-    /* c0up = c0up - lr*(beta1*m_c0up + grad_c0up_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_c0up + grad_c0up_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_c0up = beta1*m_c0up + grad_c0up_3*(1 - beta1) */
+    /* v_c0up = beta2*v_c0up + grad_c0up_3**2*(1 - beta2) */
+    /* c0up = c0up - lr*(beta1*m_c0up + grad_c0up_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_c0up + grad_c0up_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5523,18 +5562,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
             const TRANSFORMER_LM_REAL m_c0up_in = m_c0up[j];
             const TRANSFORMER_LM_REAL v_c0up_in = v_c0up[j];
             const TRANSFORMER_LM_REAL c0up_in = c0up[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_c0up_in + grad_c0up_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_c0up_2[j]*grad_c0up_2[j])*(1 - beta2_value) + beta2_value*v_c0up_in;
+            const TRANSFORMER_LM_REAL x0 = beta1_value*m_c0up_in + grad_c0up_3[j]*(1 - beta1_value);
+            const TRANSFORMER_LM_REAL x1 = (grad_c0up_3[j]*grad_c0up_3[j])*(1 - beta2_value) + beta2_value*v_c0up_in;
             m_c0up[j] = x0;
             v_c0up[j] = x1;
             c0up[j] = c0up_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_W0down = beta1*m_W0down + grad_W0down_2*(1 - beta1) */
-    /* v_W0down = beta2*v_W0down + grad_W0down_2**2*(1 - beta2) */
-    /* W0down = W0down - lr*(beta1*m_W0down + grad_W0down_2*(1 -
-     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_W0down + grad_W0down_2**2*(1 -
+    /* m_W0down = beta1*m_W0down + grad_W0down_3*(1 - beta1) */
+    /* v_W0down = beta2*v_W0down + grad_W0down_3**2*(1 - beta2) */
+    /* W0down = W0down - lr*(beta1*m_W0down + grad_W0down_3*(1 -
+     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_W0down + grad_W0down_3**2*(1 -
      * beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
@@ -5549,8 +5588,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
                 const TRANSFORMER_LM_REAL m_W0down_in = m_W0down[64*i + j];
                 const TRANSFORMER_LM_REAL v_W0down_in = v_W0down[64*i + j];
                 const TRANSFORMER_LM_REAL W0down_in = W0down[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_W0down_in + grad_W0down_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_W0down_2[64*i + j]*grad_W0down_2[64*i + j])*(1 - beta2_value) + beta2_value*v_W0down_in;
+                const TRANSFORMER_LM_REAL x0 = beta1_value*m_W0down_in + grad_W0down_3[64*i + j]*(1 - beta1_value);
+                const TRANSFORMER_LM_REAL x1 = (grad_W0down_3[64*i + j]*grad_W0down_3[64*i + j])*(1 - beta2_value) + beta2_value*v_W0down_in;
                 m_W0down[64*i + j] = x0;
                 v_W0down[64*i + j] = x1;
                 W0down[64*i + j] = W0down_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -5558,10 +5597,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
         }
     }
 
-    /* m_c0down = beta1*m_c0down + grad_c0down_2*(1 - beta1) */
-    /* v_c0down = beta2*v_c0down + grad_c0down_2**2*(1 - beta2) */
-    /* c0down = c0down - lr*(beta1*m_c0down + grad_c0down_2*(1 -
-     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_c0down + grad_c0down_2**2*(1 -
+    /* m_c0down = beta1*m_c0down + grad_c0down_3*(1 - beta1) */
+    /* v_c0down = beta2*v_c0down + grad_c0down_3**2*(1 - beta2) */
+    /* c0down = c0down - lr*(beta1*m_c0down + grad_c0down_3*(1 -
+     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_c0down + grad_c0down_3**2*(1 -
      * beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
@@ -5574,18 +5613,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
             const TRANSFORMER_LM_REAL m_c0down_in = m_c0down[j];
             const TRANSFORMER_LM_REAL v_c0down_in = v_c0down[j];
             const TRANSFORMER_LM_REAL c0down_in = c0down[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_c0down_in + grad_c0down_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_c0down_2[j]*grad_c0down_2[j])*(1 - beta2_value) + beta2_value*v_c0down_in;
+            const TRANSFORMER_LM_REAL x0 = beta1_value*m_c0down_in + grad_c0down_3[j]*(1 - beta1_value);
+            const TRANSFORMER_LM_REAL x1 = (grad_c0down_3[j]*grad_c0down_3[j])*(1 - beta2_value) + beta2_value*v_c0down_in;
             m_c0down[j] = x0;
             v_c0down[j] = x1;
             c0down[j] = c0down_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_g1a = beta1*m_g1a + grad_g1a_2*(1 - beta1) */
-    /* v_g1a = beta2*v_g1a + grad_g1a_2**2*(1 - beta2) */
-    /* g1a = g1a - lr*(beta1*m_g1a + grad_g1a_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_g1a + grad_g1a_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_g1a = beta1*m_g1a + grad_g1a_3*(1 - beta1) */
+    /* v_g1a = beta2*v_g1a + grad_g1a_3**2*(1 - beta2) */
+    /* g1a = g1a - lr*(beta1*m_g1a + grad_g1a_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_g1a + grad_g1a_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5597,18 +5636,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
             const TRANSFORMER_LM_REAL m_g1a_in = m_g1a[j];
             const TRANSFORMER_LM_REAL v_g1a_in = v_g1a[j];
             const TRANSFORMER_LM_REAL g1a_in = g1a[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_g1a_in + grad_g1a_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_g1a_2[j]*grad_g1a_2[j])*(1 - beta2_value) + beta2_value*v_g1a_in;
+            const TRANSFORMER_LM_REAL x0 = beta1_value*m_g1a_in + grad_g1a_3[j]*(1 - beta1_value);
+            const TRANSFORMER_LM_REAL x1 = (grad_g1a_3[j]*grad_g1a_3[j])*(1 - beta2_value) + beta2_value*v_g1a_in;
             m_g1a[j] = x0;
             v_g1a[j] = x1;
             g1a[j] = g1a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_b1a = beta1*m_b1a + grad_b1a_2*(1 - beta1) */
-    /* v_b1a = beta2*v_b1a + grad_b1a_2**2*(1 - beta2) */
-    /* b1a = b1a - lr*(beta1*m_b1a + grad_b1a_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b1a + grad_b1a_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_b1a = beta1*m_b1a + grad_b1a_3*(1 - beta1) */
+    /* v_b1a = beta2*v_b1a + grad_b1a_3**2*(1 - beta2) */
+    /* b1a = b1a - lr*(beta1*m_b1a + grad_b1a_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b1a + grad_b1a_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5620,8 +5659,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
             const TRANSFORMER_LM_REAL m_b1a_in = m_b1a[j];
             const TRANSFORMER_LM_REAL v_b1a_in = v_b1a[j];
             const TRANSFORMER_LM_REAL b1a_in = b1a[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b1a_in + grad_b1a_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_b1a_2[j]*grad_b1a_2[j])*(1 - beta2_value) + beta2_value*v_b1a_in;
+            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b1a_in + grad_b1a_3[j]*(1 - beta1_value);
+            const TRANSFORMER_LM_REAL x1 = (grad_b1a_3[j]*grad_b1a_3[j])*(1 - beta2_value) + beta2_value*v_b1a_in;
             m_b1a[j] = x0;
             v_b1a[j] = x1;
             b1a[j] = b1a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -5682,25 +5721,25 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
     TRANSFORMER_LM_REAL *work
 )
 {
-    TRANSFORMER_LM_REAL *grad_Wq1_2 = work + 4157*m + 83713; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk1_2 = work + 4157*m + 87809; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv1_2 = work + 4157*m + 91905; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo1_2 = work + 4157*m + 96001; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = work + 4157*m + 100097; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4157*m + 100161; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1up_2 = work + 4157*m + 100225; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1up_2 = work + 4157*m + 116609; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1down_2 = work + 4157*m + 116865; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1down_2 = work + 4157*m + 133249; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_gf_2 = work + 4157*m + 133313; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_bf_2 = work + 4157*m + 133377; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wout_2 = work + 4157*m + 133441; /* 64 x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction1 = work + 3329*m + 9216; /* 1 x 1, in t45's memory; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wq1_3 = work + 4157*m + 83713; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wk1_3 = work + 4157*m + 87809; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wv1_3 = work + 4157*m + 91905; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wo1_3 = work + 4157*m + 96001; /* 64 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_g1m_3 = work + 4157*m + 100097; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_b1m_3 = work + 4157*m + 100161; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1up_3 = work + 4157*m + 100225; /* 64 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1up_3 = work + 4157*m + 116609; /* 1 x 256; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_W1down_3 = work + 4157*m + 116865; /* 256 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_c1down_3 = work + 4157*m + 133249; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_gf_3 = work + 4157*m + 133313; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_bf_3 = work + 4157*m + 133377; /* 1 x 64; placed in an earlier part */
+    TRANSFORMER_LM_REAL *grad_Wout_3 = work + 4157*m + 133441; /* 64 x 62; placed in an earlier part */
+    TRANSFORMER_LM_REAL *bias_correction1 = work + 3329*m + 9216; /* 1 x 1, in colsum_Wout's memory; placed in an earlier part */
     TRANSFORMER_LM_REAL *bias_correction2 = work + 4157*m + 137409; /* 1 x 1; placed in an earlier part */
-    /* m_Wq1 = beta1*m_Wq1 + grad_Wq1_2*(1 - beta1) */
-    /* v_Wq1 = beta2*v_Wq1 + grad_Wq1_2**2*(1 - beta2) */
-    /* Wq1 = Wq1 - lr*(beta1*m_Wq1 + grad_Wq1_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wq1 + grad_Wq1_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wq1 = beta1*m_Wq1 + grad_Wq1_3*(1 - beta1) */
+    /* v_Wq1 = beta2*v_Wq1 + grad_Wq1_3**2*(1 - beta2) */
+    /* Wq1 = Wq1 - lr*(beta1*m_Wq1 + grad_Wq1_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wq1 + grad_Wq1_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5714,8 +5753,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
                 const TRANSFORMER_LM_REAL m_Wq1_in = m_Wq1[64*i + j];
                 const TRANSFORMER_LM_REAL v_Wq1_in = v_Wq1[64*i + j];
                 const TRANSFORMER_LM_REAL Wq1_in = Wq1[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wq1_in + grad_Wq1_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wq1_2[64*i + j]*grad_Wq1_2[64*i + j])*(1 - beta2_value) + beta2_value*v_Wq1_in;
+                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wq1_in + grad_Wq1_3[64*i + j]*(1 - beta1_value);
+                const TRANSFORMER_LM_REAL x1 = (grad_Wq1_3[64*i + j]*grad_Wq1_3[64*i + j])*(1 - beta2_value) + beta2_value*v_Wq1_in;
                 m_Wq1[64*i + j] = x0;
                 v_Wq1[64*i + j] = x1;
                 Wq1[64*i + j] = Wq1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -5723,10 +5762,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
         }
     }
 
-    /* m_Wk1 = beta1*m_Wk1 + grad_Wk1_2*(1 - beta1) */
-    /* v_Wk1 = beta2*v_Wk1 + grad_Wk1_2**2*(1 - beta2) */
-    /* Wk1 = Wk1 - lr*(beta1*m_Wk1 + grad_Wk1_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wk1 + grad_Wk1_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wk1 = beta1*m_Wk1 + grad_Wk1_3*(1 - beta1) */
+    /* v_Wk1 = beta2*v_Wk1 + grad_Wk1_3**2*(1 - beta2) */
+    /* Wk1 = Wk1 - lr*(beta1*m_Wk1 + grad_Wk1_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wk1 + grad_Wk1_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5740,8 +5779,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
                 const TRANSFORMER_LM_REAL m_Wk1_in = m_Wk1[64*i + j];
                 const TRANSFORMER_LM_REAL v_Wk1_in = v_Wk1[64*i + j];
                 const TRANSFORMER_LM_REAL Wk1_in = Wk1[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wk1_in + grad_Wk1_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wk1_2[64*i + j]*grad_Wk1_2[64*i + j])*(1 - beta2_value) + beta2_value*v_Wk1_in;
+                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wk1_in + grad_Wk1_3[64*i + j]*(1 - beta1_value);
+                const TRANSFORMER_LM_REAL x1 = (grad_Wk1_3[64*i + j]*grad_Wk1_3[64*i + j])*(1 - beta2_value) + beta2_value*v_Wk1_in;
                 m_Wk1[64*i + j] = x0;
                 v_Wk1[64*i + j] = x1;
                 Wk1[64*i + j] = Wk1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -5749,10 +5788,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
         }
     }
 
-    /* m_Wv1 = beta1*m_Wv1 + grad_Wv1_2*(1 - beta1) */
-    /* v_Wv1 = beta2*v_Wv1 + grad_Wv1_2**2*(1 - beta2) */
-    /* Wv1 = Wv1 - lr*(beta1*m_Wv1 + grad_Wv1_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wv1 + grad_Wv1_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wv1 = beta1*m_Wv1 + grad_Wv1_3*(1 - beta1) */
+    /* v_Wv1 = beta2*v_Wv1 + grad_Wv1_3**2*(1 - beta2) */
+    /* Wv1 = Wv1 - lr*(beta1*m_Wv1 + grad_Wv1_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wv1 + grad_Wv1_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5766,8 +5805,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
                 const TRANSFORMER_LM_REAL m_Wv1_in = m_Wv1[64*i + j];
                 const TRANSFORMER_LM_REAL v_Wv1_in = v_Wv1[64*i + j];
                 const TRANSFORMER_LM_REAL Wv1_in = Wv1[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wv1_in + grad_Wv1_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wv1_2[64*i + j]*grad_Wv1_2[64*i + j])*(1 - beta2_value) + beta2_value*v_Wv1_in;
+                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wv1_in + grad_Wv1_3[64*i + j]*(1 - beta1_value);
+                const TRANSFORMER_LM_REAL x1 = (grad_Wv1_3[64*i + j]*grad_Wv1_3[64*i + j])*(1 - beta2_value) + beta2_value*v_Wv1_in;
                 m_Wv1[64*i + j] = x0;
                 v_Wv1[64*i + j] = x1;
                 Wv1[64*i + j] = Wv1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -5775,10 +5814,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
         }
     }
 
-    /* m_Wo1 = beta1*m_Wo1 + grad_Wo1_2*(1 - beta1) */
-    /* v_Wo1 = beta2*v_Wo1 + grad_Wo1_2**2*(1 - beta2) */
-    /* Wo1 = Wo1 - lr*(beta1*m_Wo1 + grad_Wo1_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wo1 + grad_Wo1_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wo1 = beta1*m_Wo1 + grad_Wo1_3*(1 - beta1) */
+    /* v_Wo1 = beta2*v_Wo1 + grad_Wo1_3**2*(1 - beta2) */
+    /* Wo1 = Wo1 - lr*(beta1*m_Wo1 + grad_Wo1_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wo1 + grad_Wo1_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5792,8 +5831,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
                 const TRANSFORMER_LM_REAL m_Wo1_in = m_Wo1[64*i + j];
                 const TRANSFORMER_LM_REAL v_Wo1_in = v_Wo1[64*i + j];
                 const TRANSFORMER_LM_REAL Wo1_in = Wo1[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wo1_in + grad_Wo1_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wo1_2[64*i + j]*grad_Wo1_2[64*i + j])*(1 - beta2_value) + beta2_value*v_Wo1_in;
+                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wo1_in + grad_Wo1_3[64*i + j]*(1 - beta1_value);
+                const TRANSFORMER_LM_REAL x1 = (grad_Wo1_3[64*i + j]*grad_Wo1_3[64*i + j])*(1 - beta2_value) + beta2_value*v_Wo1_in;
                 m_Wo1[64*i + j] = x0;
                 v_Wo1[64*i + j] = x1;
                 Wo1[64*i + j] = Wo1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -5801,10 +5840,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
         }
     }
 
-    /* m_g1m = beta1*m_g1m + grad_g1m_2*(1 - beta1) */
-    /* v_g1m = beta2*v_g1m + grad_g1m_2**2*(1 - beta2) */
-    /* g1m = g1m - lr*(beta1*m_g1m + grad_g1m_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_g1m + grad_g1m_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_g1m = beta1*m_g1m + grad_g1m_3*(1 - beta1) */
+    /* v_g1m = beta2*v_g1m + grad_g1m_3**2*(1 - beta2) */
+    /* g1m = g1m - lr*(beta1*m_g1m + grad_g1m_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_g1m + grad_g1m_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5816,18 +5855,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
             const TRANSFORMER_LM_REAL m_g1m_in = m_g1m[j];
             const TRANSFORMER_LM_REAL v_g1m_in = v_g1m[j];
             const TRANSFORMER_LM_REAL g1m_in = g1m[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_g1m_in + grad_g1m_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_g1m_2[j]*grad_g1m_2[j])*(1 - beta2_value) + beta2_value*v_g1m_in;
+            const TRANSFORMER_LM_REAL x0 = beta1_value*m_g1m_in + grad_g1m_3[j]*(1 - beta1_value);
+            const TRANSFORMER_LM_REAL x1 = (grad_g1m_3[j]*grad_g1m_3[j])*(1 - beta2_value) + beta2_value*v_g1m_in;
             m_g1m[j] = x0;
             v_g1m[j] = x1;
             g1m[j] = g1m_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_b1m = beta1*m_b1m + grad_b1m_2*(1 - beta1) */
-    /* v_b1m = beta2*v_b1m + grad_b1m_2**2*(1 - beta2) */
-    /* b1m = b1m - lr*(beta1*m_b1m + grad_b1m_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b1m + grad_b1m_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_b1m = beta1*m_b1m + grad_b1m_3*(1 - beta1) */
+    /* v_b1m = beta2*v_b1m + grad_b1m_3**2*(1 - beta2) */
+    /* b1m = b1m - lr*(beta1*m_b1m + grad_b1m_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b1m + grad_b1m_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5839,18 +5878,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
             const TRANSFORMER_LM_REAL m_b1m_in = m_b1m[j];
             const TRANSFORMER_LM_REAL v_b1m_in = v_b1m[j];
             const TRANSFORMER_LM_REAL b1m_in = b1m[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b1m_in + grad_b1m_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_b1m_2[j]*grad_b1m_2[j])*(1 - beta2_value) + beta2_value*v_b1m_in;
+            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b1m_in + grad_b1m_3[j]*(1 - beta1_value);
+            const TRANSFORMER_LM_REAL x1 = (grad_b1m_3[j]*grad_b1m_3[j])*(1 - beta2_value) + beta2_value*v_b1m_in;
             m_b1m[j] = x0;
             v_b1m[j] = x1;
             b1m[j] = b1m_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_W1up = beta1*m_W1up + grad_W1up_2*(1 - beta1) */
-    /* v_W1up = beta2*v_W1up + grad_W1up_2**2*(1 - beta2) */
-    /* W1up = W1up - lr*(beta1*m_W1up + grad_W1up_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_W1up + grad_W1up_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_W1up = beta1*m_W1up + grad_W1up_3*(1 - beta1) */
+    /* v_W1up = beta2*v_W1up + grad_W1up_3**2*(1 - beta2) */
+    /* W1up = W1up - lr*(beta1*m_W1up + grad_W1up_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_W1up + grad_W1up_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5864,8 +5903,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
                 const TRANSFORMER_LM_REAL m_W1up_in = m_W1up[256*i + j];
                 const TRANSFORMER_LM_REAL v_W1up_in = v_W1up[256*i + j];
                 const TRANSFORMER_LM_REAL W1up_in = W1up[256*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_W1up_in + grad_W1up_2[256*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_W1up_2[256*i + j]*grad_W1up_2[256*i + j])*(1 - beta2_value) + beta2_value*v_W1up_in;
+                const TRANSFORMER_LM_REAL x0 = beta1_value*m_W1up_in + grad_W1up_3[256*i + j]*(1 - beta1_value);
+                const TRANSFORMER_LM_REAL x1 = (grad_W1up_3[256*i + j]*grad_W1up_3[256*i + j])*(1 - beta2_value) + beta2_value*v_W1up_in;
                 m_W1up[256*i + j] = x0;
                 v_W1up[256*i + j] = x1;
                 W1up[256*i + j] = W1up_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -5873,10 +5912,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
         }
     }
 
-    /* m_c1up = beta1*m_c1up + grad_c1up_2*(1 - beta1) */
-    /* v_c1up = beta2*v_c1up + grad_c1up_2**2*(1 - beta2) */
-    /* c1up = c1up - lr*(beta1*m_c1up + grad_c1up_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_c1up + grad_c1up_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_c1up = beta1*m_c1up + grad_c1up_3*(1 - beta1) */
+    /* v_c1up = beta2*v_c1up + grad_c1up_3**2*(1 - beta2) */
+    /* c1up = c1up - lr*(beta1*m_c1up + grad_c1up_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_c1up + grad_c1up_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5888,18 +5927,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
             const TRANSFORMER_LM_REAL m_c1up_in = m_c1up[j];
             const TRANSFORMER_LM_REAL v_c1up_in = v_c1up[j];
             const TRANSFORMER_LM_REAL c1up_in = c1up[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_c1up_in + grad_c1up_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_c1up_2[j]*grad_c1up_2[j])*(1 - beta2_value) + beta2_value*v_c1up_in;
+            const TRANSFORMER_LM_REAL x0 = beta1_value*m_c1up_in + grad_c1up_3[j]*(1 - beta1_value);
+            const TRANSFORMER_LM_REAL x1 = (grad_c1up_3[j]*grad_c1up_3[j])*(1 - beta2_value) + beta2_value*v_c1up_in;
             m_c1up[j] = x0;
             v_c1up[j] = x1;
             c1up[j] = c1up_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_W1down = beta1*m_W1down + grad_W1down_2*(1 - beta1) */
-    /* v_W1down = beta2*v_W1down + grad_W1down_2**2*(1 - beta2) */
-    /* W1down = W1down - lr*(beta1*m_W1down + grad_W1down_2*(1 -
-     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_W1down + grad_W1down_2**2*(1 -
+    /* m_W1down = beta1*m_W1down + grad_W1down_3*(1 - beta1) */
+    /* v_W1down = beta2*v_W1down + grad_W1down_3**2*(1 - beta2) */
+    /* W1down = W1down - lr*(beta1*m_W1down + grad_W1down_3*(1 -
+     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_W1down + grad_W1down_3**2*(1 -
      * beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
@@ -5914,8 +5953,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
                 const TRANSFORMER_LM_REAL m_W1down_in = m_W1down[64*i + j];
                 const TRANSFORMER_LM_REAL v_W1down_in = v_W1down[64*i + j];
                 const TRANSFORMER_LM_REAL W1down_in = W1down[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_W1down_in + grad_W1down_2[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_W1down_2[64*i + j]*grad_W1down_2[64*i + j])*(1 - beta2_value) + beta2_value*v_W1down_in;
+                const TRANSFORMER_LM_REAL x0 = beta1_value*m_W1down_in + grad_W1down_3[64*i + j]*(1 - beta1_value);
+                const TRANSFORMER_LM_REAL x1 = (grad_W1down_3[64*i + j]*grad_W1down_3[64*i + j])*(1 - beta2_value) + beta2_value*v_W1down_in;
                 m_W1down[64*i + j] = x0;
                 v_W1down[64*i + j] = x1;
                 W1down[64*i + j] = W1down_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
@@ -5923,10 +5962,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
         }
     }
 
-    /* m_c1down = beta1*m_c1down + grad_c1down_2*(1 - beta1) */
-    /* v_c1down = beta2*v_c1down + grad_c1down_2**2*(1 - beta2) */
-    /* c1down = c1down - lr*(beta1*m_c1down + grad_c1down_2*(1 -
-     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_c1down + grad_c1down_2**2*(1 -
+    /* m_c1down = beta1*m_c1down + grad_c1down_3*(1 - beta1) */
+    /* v_c1down = beta2*v_c1down + grad_c1down_3**2*(1 - beta2) */
+    /* c1down = c1down - lr*(beta1*m_c1down + grad_c1down_3*(1 -
+     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_c1down + grad_c1down_3**2*(1 -
      * beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
@@ -5939,18 +5978,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
             const TRANSFORMER_LM_REAL m_c1down_in = m_c1down[j];
             const TRANSFORMER_LM_REAL v_c1down_in = v_c1down[j];
             const TRANSFORMER_LM_REAL c1down_in = c1down[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_c1down_in + grad_c1down_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_c1down_2[j]*grad_c1down_2[j])*(1 - beta2_value) + beta2_value*v_c1down_in;
+            const TRANSFORMER_LM_REAL x0 = beta1_value*m_c1down_in + grad_c1down_3[j]*(1 - beta1_value);
+            const TRANSFORMER_LM_REAL x1 = (grad_c1down_3[j]*grad_c1down_3[j])*(1 - beta2_value) + beta2_value*v_c1down_in;
             m_c1down[j] = x0;
             v_c1down[j] = x1;
             c1down[j] = c1down_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_gf = beta1*m_gf + grad_gf_2*(1 - beta1) */
-    /* v_gf = beta2*v_gf + grad_gf_2**2*(1 - beta2) */
-    /* gf = gf - lr*(beta1*m_gf + grad_gf_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_gf + grad_gf_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_gf = beta1*m_gf + grad_gf_3*(1 - beta1) */
+    /* v_gf = beta2*v_gf + grad_gf_3**2*(1 - beta2) */
+    /* gf = gf - lr*(beta1*m_gf + grad_gf_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_gf + grad_gf_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5962,18 +6001,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
             const TRANSFORMER_LM_REAL m_gf_in = m_gf[j];
             const TRANSFORMER_LM_REAL v_gf_in = v_gf[j];
             const TRANSFORMER_LM_REAL gf_in = gf[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_gf_in + grad_gf_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_gf_2[j]*grad_gf_2[j])*(1 - beta2_value) + beta2_value*v_gf_in;
+            const TRANSFORMER_LM_REAL x0 = beta1_value*m_gf_in + grad_gf_3[j]*(1 - beta1_value);
+            const TRANSFORMER_LM_REAL x1 = (grad_gf_3[j]*grad_gf_3[j])*(1 - beta2_value) + beta2_value*v_gf_in;
             m_gf[j] = x0;
             v_gf[j] = x1;
             gf[j] = gf_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_bf = beta1*m_bf + grad_bf_2*(1 - beta1) */
-    /* v_bf = beta2*v_bf + grad_bf_2**2*(1 - beta2) */
-    /* bf = bf - lr*(beta1*m_bf + grad_bf_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_bf + grad_bf_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_bf = beta1*m_bf + grad_bf_3*(1 - beta1) */
+    /* v_bf = beta2*v_bf + grad_bf_3**2*(1 - beta2) */
+    /* bf = bf - lr*(beta1*m_bf + grad_bf_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_bf + grad_bf_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5985,18 +6024,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
             const TRANSFORMER_LM_REAL m_bf_in = m_bf[j];
             const TRANSFORMER_LM_REAL v_bf_in = v_bf[j];
             const TRANSFORMER_LM_REAL bf_in = bf[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_bf_in + grad_bf_2[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_bf_2[j]*grad_bf_2[j])*(1 - beta2_value) + beta2_value*v_bf_in;
+            const TRANSFORMER_LM_REAL x0 = beta1_value*m_bf_in + grad_bf_3[j]*(1 - beta1_value);
+            const TRANSFORMER_LM_REAL x1 = (grad_bf_3[j]*grad_bf_3[j])*(1 - beta2_value) + beta2_value*v_bf_in;
             m_bf[j] = x0;
             v_bf[j] = x1;
             bf[j] = bf_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
-    /* m_Wout = beta1*m_Wout + grad_Wout_2*(1 - beta1) */
-    /* v_Wout = beta2*v_Wout + grad_Wout_2**2*(1 - beta2) */
-    /* Wout = Wout - lr*(beta1*m_Wout + grad_Wout_2*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wout + grad_Wout_2**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wout = beta1*m_Wout + grad_Wout_3*(1 - beta1) */
+    /* v_Wout = beta2*v_Wout + grad_Wout_3**2*(1 - beta2) */
+    /* Wout = Wout - lr*(beta1*m_Wout + grad_Wout_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wout + grad_Wout_3**2*(1 - beta2))/bias_correction2))) */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -6010,8 +6049,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
                 const TRANSFORMER_LM_REAL m_Wout_in = m_Wout[62*i + j];
                 const TRANSFORMER_LM_REAL v_Wout_in = v_Wout[62*i + j];
                 const TRANSFORMER_LM_REAL Wout_in = Wout[62*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wout_in + grad_Wout_2[62*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wout_2[62*i + j]*grad_Wout_2[62*i + j])*(1 - beta2_value) + beta2_value*v_Wout_in;
+                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wout_in + grad_Wout_3[62*i + j]*(1 - beta1_value);
+                const TRANSFORMER_LM_REAL x1 = (grad_Wout_3[62*i + j]*grad_Wout_3[62*i + j])*(1 - beta2_value) + beta2_value*v_Wout_in;
                 m_Wout[62*i + j] = x0;
                 v_Wout[62*i + j] = x1;
                 Wout[62*i + j] = Wout_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));

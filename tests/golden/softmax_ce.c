@@ -29,49 +29,49 @@ static int softmax_ce_run(
 )
 {
 
-    /* t0 = T*Z */
-    SOFTMAX_CE_REAL *t0 = work; /* 4 x 3 */
+    /* mul_Z = T*Z */
+    SOFTMAX_CE_REAL *mul_Z = work; /* 4 x 3 */
     for (int64_t i = 0; i < 4; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            t0[3*i + j] = T[3*i + j]*Z[3*i + j];
+            mul_Z[3*i + j] = T[3*i + j]*Z[3*i + j];
         }
     }
 
-    /* t1 = sum of t0 along each row */
-    SOFTMAX_CE_REAL *t1 = t0 + 12; /* 4 x 1 */
+    /* rowsum_Z = sum of mul_Z along each row */
+    SOFTMAX_CE_REAL *rowsum_Z = mul_Z + 12; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
-        t1[i] = symbackprop_f64_sum(t0 + 3*i, 3, 1);
+        rowsum_Z[i] = symbackprop_f64_sum(mul_Z + 3*i, 3, 1);
     }
 
-    /* t2 = log(sum(exp(Z))) along each row, its max subtracted first */
-    SOFTMAX_CE_REAL *t2 = t1 + 4; /* 4 x 1 */
+    /* rowlse_Z = log(sum(exp(Z))) along each row, its max subtracted first */
+    SOFTMAX_CE_REAL *rowlse_Z = rowsum_Z + 4; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
-        t2[i] = symbackprop_f64_logsumexp(Z + 3*i, 3, 1);
+        rowlse_Z[i] = symbackprop_f64_logsumexp(Z + 3*i, 3, 1);
     }
 
-    /* t3 = -t1 + t2 */
-    SOFTMAX_CE_REAL *t3 = t2 + 4; /* 4 x 1 */
+    /* add_Z = rowlse_Z - rowsum_Z */
+    SOFTMAX_CE_REAL *add_Z = rowlse_Z + 4; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
-        t3[i] = -t1[i] + t2[i];
+        add_Z[i] = -rowsum_Z[i] + rowlse_Z[i];
     }
 
-    /* t4 = sum of t3 down each column */
-    SOFTMAX_CE_REAL *t4 = t3 + 4; /* 1 x 1 */
-    t4[0] = symbackprop_f64_sum(t3, 4, 1);
+    /* colsum_Z = sum of add_Z down each column */
+    SOFTMAX_CE_REAL *colsum_Z = add_Z + 4; /* 1 x 1 */
+    colsum_Z[0] = symbackprop_f64_sum(add_Z, 4, 1);
 
-    /* loss = t4/4 */
+    /* loss = colsum_Z/4 */
     {
-        loss[0] = (1.0/4.0)*t4[0];
+        loss[0] = (1.0/4.0)*colsum_Z[0];
     }
 
     if (!with_grads) {
         return 0;
     }
 
-    /* grad_Z = -T/4 + exp(Z - t2)/4 */
+    /* grad_Z = -T/4 + exp(Z - rowlse_Z)/4 */
     for (int64_t i = 0; i < 4; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
-            grad_Z[3*i + j] = -1.0/4.0*T[3*i + j] + (1.0/4.0)*exp(Z[3*i + j] - t2[i]);
+            grad_Z[3*i + j] = -1.0/4.0*T[3*i + j] + (1.0/4.0)*exp(Z[3*i + j] - rowlse_Z[i]);
         }
     }
     return 0;
