@@ -352,11 +352,11 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part2(
     int64_t N,
     BUNDLE_ADJUSTMENT_REAL *loss,
     BUNDLE_ADJUSTMENT_REAL *residual,
-    BUNDLE_ADJUSTMENT_REAL *work
+    BUNDLE_ADJUSTMENT_REAL *sq_residual,
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual
 )
 {
     /* sq_residual = residual**2 */
-    BUNDLE_ADJUSTMENT_REAL *sq_residual = work; /* N x 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
@@ -365,7 +365,6 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part2(
     }
 
     /* colsum_residual = sum of sq_residual down each column */
-    BUNDLE_ADJUSTMENT_REAL *colsum_residual = sq_residual + 2*N; /* 1 x 2 */
     symbackprop_f64_sum_columns(sq_residual, N, 2, 2, colsum_residual);
 
     /* loss = sum of colsum_residual along each row */
@@ -410,8 +409,13 @@ int bundle_adjustment_forward(
             return 2; /* a row number outside an array it gathers from */
         }
     }
+
+    /* where each buffer lies in work */
+    BUNDLE_ADJUSTMENT_REAL *sq_residual = work; /* N x 2 */
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual = sq_residual + 2*N; /* 1 x 2 */
+
     bundle_adjustment_forward_part1(N, feats, cam, pt, cams, pts, weights, residual, jacobian);
-    bundle_adjustment_forward_part2(N, loss, residual, work);
+    bundle_adjustment_forward_part2(N, loss, residual, sq_residual, colsum_residual);
     return 0;
 }
 #endif
@@ -439,12 +443,14 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
     const BUNDLE_ADJUSTMENT_REAL *pts,
     const BUNDLE_ADJUSTMENT_REAL *weights,
     BUNDLE_ADJUSTMENT_REAL *loss,
-    BUNDLE_ADJUSTMENT_REAL *work
+    BUNDLE_ADJUSTMENT_REAL *residual,
+    BUNDLE_ADJUSTMENT_REAL *sq_residual,
+    BUNDLE_ADJUSTMENT_REAL *grad_residual,
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual
 )
 {
     /* residual[i, :] = 2 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
      * feats[i, :]: see the temporaries */
-    BUNDLE_ADJUSTMENT_REAL *residual = work; /* N x 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         const BUNDLE_ADJUSTMENT_REAL x0 = (cams[11*cam[i]]*cams[11*cam[i]]) + (cams[11*cam[i] + 1]*cams[11*cam[i] + 1]) + (cams[11*cam[i] + 2]*cams[11*cam[i] + 2]);
@@ -480,8 +486,6 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
 
     /* sq_residual = residual**2 */
     /* grad_residual = 2*residual */
-    BUNDLE_ADJUSTMENT_REAL *sq_residual = residual + 2*N; /* N x 2 */
-    BUNDLE_ADJUSTMENT_REAL *grad_residual = sq_residual + 2*N; /* N x 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
@@ -491,7 +495,6 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
     }
 
     /* colsum_residual = sum of sq_residual down each column */
-    BUNDLE_ADJUSTMENT_REAL *colsum_residual = grad_residual + 2*N; /* 1 x 2 */
     symbackprop_f64_sum_columns(sq_residual, N, 2, 2, colsum_residual);
 
     /* loss = sum of colsum_residual along each row */
@@ -516,7 +519,7 @@ BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part2(
     BUNDLE_ADJUSTMENT_REAL *grad_cams,
     BUNDLE_ADJUSTMENT_REAL *grad_pts,
     BUNDLE_ADJUSTMENT_REAL *grad_weights,
-    BUNDLE_ADJUSTMENT_REAL *work
+    BUNDLE_ADJUSTMENT_REAL *grad_residual
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part2(
@@ -532,10 +535,9 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_
     BUNDLE_ADJUSTMENT_REAL *grad_cams,
     BUNDLE_ADJUSTMENT_REAL *grad_pts,
     BUNDLE_ADJUSTMENT_REAL *grad_weights,
-    BUNDLE_ADJUSTMENT_REAL *work
+    BUNDLE_ADJUSTMENT_REAL *grad_residual
 )
 {
-    BUNDLE_ADJUSTMENT_REAL *grad_residual = work + 4*N; /* N x 2; placed in an earlier part */
     /* grad_cams[cam[i], :] += 11 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
      * grad_residual[i, :]: see the temporaries */
     /* grad_pts[pt[i], :] += 3 values from cams[cam[i], :], pts[pt[i], :], weights[i, :],
@@ -695,8 +697,15 @@ int bundle_adjustment_value_and_grad(
             return 2; /* a row number outside an array it gathers from */
         }
     }
-    bundle_adjustment_value_and_grad_part1(N, feats, cam, pt, cams, pts, weights, loss, work);
-    bundle_adjustment_value_and_grad_part2(N, C, P, feats, cam, pt, cams, pts, weights, grad_cams, grad_pts, grad_weights, work);
+
+    /* where each buffer lies in work */
+    BUNDLE_ADJUSTMENT_REAL *residual = work; /* N x 2 */
+    BUNDLE_ADJUSTMENT_REAL *sq_residual = residual + 2*N; /* N x 2 */
+    BUNDLE_ADJUSTMENT_REAL *grad_residual = sq_residual + 2*N; /* N x 2 */
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual = grad_residual + 2*N; /* 1 x 2 */
+
+    bundle_adjustment_value_and_grad_part1(N, feats, cam, pt, cams, pts, weights, loss, residual, sq_residual, grad_residual, colsum_residual);
+    bundle_adjustment_value_and_grad_part2(N, C, P, feats, cam, pt, cams, pts, weights, grad_cams, grad_pts, grad_weights, grad_residual);
     return 0;
 }
 #endif

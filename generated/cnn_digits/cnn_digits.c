@@ -142,6 +142,16 @@ void cnn_digits_loop6(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const
         }
     }
 }
+CNN_DIGITS_SHARED SYMBACKPROP_CALLED
+void cnn_digits_loop8(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 1024; ++j) {
+            a0[1024*i + j] = a1[1024*i + j]*a2[1024*i + j];
+        }
+    }
+}
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 CNN_DIGITS_SHARED SYMBACKPROP_CALLED
@@ -197,16 +207,6 @@ void cnn_digits_loop7(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const
         }
     }
 }
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop8(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 1024; ++j) {
-            a0[1024*i + j] = a1[1024*i + j]*a2[1024*i + j];
-        }
-    }
-}
 #endif
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -237,11 +237,30 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     const CNN_DIGITS_REAL *b2,
     CNN_DIGITS_REAL *loss,
     CNN_DIGITS_REAL *logits,
-    CNN_DIGITS_REAL *work
+    CNN_DIGITS_REAL *bcast_c2,
+    CNN_DIGITS_REAL *bcast_c1,
+    CNN_DIGITS_REAL *conv_K1,
+    CNN_DIGITS_REAL *conv_K1_cols,
+    CNN_DIGITS_REAL *relu_K1,
+    CNN_DIGITS_REAL *step_K1,
+    CNN_DIGITS_REAL *maxpool_K1,
+    CNN_DIGITS_REAL *conv_K2,
+    CNN_DIGITS_REAL *conv_K2_cols,
+    CNN_DIGITS_REAL *relu_K2,
+    CNN_DIGITS_REAL *step_K2,
+    CNN_DIGITS_REAL *maxpool_K2,
+    CNN_DIGITS_REAL *mm_W1,
+    CNN_DIGITS_REAL *relu_W1,
+    CNN_DIGITS_REAL *step_W1,
+    CNN_DIGITS_REAL *mm_W2,
+    CNN_DIGITS_REAL *mul_logits,
+    CNN_DIGITS_REAL *rowsum_logits,
+    CNN_DIGITS_REAL *rowlse_logits,
+    CNN_DIGITS_REAL *add_logits,
+    CNN_DIGITS_REAL *colsum_logits
 )
 {
     /* bcast_c2[i,ch,at] = c2[i,ch] (over each channel's pixels) */
-    CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
             for (int64_t at = 0; at < 16; ++at) {
@@ -251,7 +270,6 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     }
 
     /* bcast_c1[i,ch,at] = c1[i,ch] (over each channel's pixels) */
-    CNN_DIGITS_REAL *bcast_c1 = bcast_c2 + 512; /* 1 x 1024 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
             for (int64_t at = 0; at < 64; ++at) {
@@ -262,8 +280,6 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 
     /* conv_K1[i,oc,oy,ox] = sum_{ic,ky,kx} K1[oc,ic,ky,kx] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d; zero outside the image) */
-    CNN_DIGITS_REAL *conv_K1 = bcast_c1 + 1024; /* n x 1024 */
-    CNN_DIGITS_REAL *conv_K1_cols = conv_K1 + 1024*n; /* 8 x 576 */
     /* the batch in 8 fixed blocks of examples, each with its own 576 entries of conv_K1_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
@@ -289,13 +305,10 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 
     /* relu_K1 = Max(0, bcast_c1 + conv_K1) */
     /* step_K1 = Heaviside(bcast_c1 + conv_K1) */
-    CNN_DIGITS_REAL *relu_K1 = conv_K1_cols + 4608; /* n x 1024 */
-    CNN_DIGITS_REAL *step_K1 = relu_K1 + 1024*n; /* n x 1024 */
     cnn_digits_loop0(n, relu_K1, step_K1, bcast_c1, conv_K1);
 
     /* maxpool_K1[i,ch,oy,ox] = relu_K1[i,ch,best], best: the first largest
      * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
-    CNN_DIGITS_REAL *maxpool_K1 = step_K1 + 1024*n; /* n x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
@@ -318,8 +331,6 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 
     /* conv_K2[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] *
      * maxpool_K1[i,ic,oy+ky-1,ox+kx-1] (conv2d; zero outside the image) */
-    CNN_DIGITS_REAL *conv_K2 = maxpool_K1 + 256*n; /* n x 512 */
-    CNN_DIGITS_REAL *conv_K2_cols = conv_K2 + 512*n; /* 8 x 2304 */
     /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of conv_K2_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
@@ -345,13 +356,10 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 
     /* relu_K2 = Max(0, bcast_c2 + conv_K2) */
     /* step_K2 = Heaviside(bcast_c2 + conv_K2) */
-    CNN_DIGITS_REAL *relu_K2 = conv_K2_cols + 18432; /* n x 512 */
-    CNN_DIGITS_REAL *step_K2 = relu_K2 + 512*n; /* n x 512 */
     cnn_digits_loop1(n, relu_K2, step_K2, bcast_c2, conv_K2);
 
     /* maxpool_K2[i,ch,oy,ox] = relu_K2[i,ch,best], best: the first largest
      * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
-    CNN_DIGITS_REAL *maxpool_K2 = step_K2 + 512*n; /* n x 128 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
@@ -373,44 +381,35 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     }
 
     /* mm_W1 = maxpool_K2 @ W1 */
-    CNN_DIGITS_REAL *mm_W1 = maxpool_K2 + 128*n; /* n x 64 */
     symbackprop_f64_matmul(n, 64, 128, maxpool_K2, 128, 1, W1, 64, 1, mm_W1);
 
     /* relu_W1 = Max(0, b1 + mm_W1) */
     /* step_W1 = Heaviside(b1 + mm_W1) */
-    CNN_DIGITS_REAL *relu_W1 = mm_W1 + 64*n; /* n x 64 */
-    CNN_DIGITS_REAL *step_W1 = relu_W1 + 64*n; /* n x 64 */
     cnn_digits_loop2(n, relu_W1, step_W1, mm_W1, b1);
 
     /* mm_W2 = relu_W1 @ W2 */
-    CNN_DIGITS_REAL *mm_W2 = step_W1 + 64*n; /* n x 10 */
     symbackprop_f64_matmul(n, 10, 64, relu_W1, 64, 1, W2, 10, 1, mm_W2);
 
     /* logits = b2 + mm_W2 */
     /* mul_logits = T*(b2 + mm_W2) */
-    CNN_DIGITS_REAL *mul_logits = mm_W2 + 10*n; /* n x 10 */
     cnn_digits_loop3(n, logits, mul_logits, T, mm_W2, b2);
 
     /* rowsum_logits = sum of mul_logits along each row */
-    CNN_DIGITS_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
     }
 
     /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
-    CNN_DIGITS_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }
 
     /* add_logits = rowlse_logits - rowsum_logits */
-    CNN_DIGITS_REAL *add_logits = rowlse_logits + n; /* n x 1 */
     cnn_digits_loop4(n, add_logits, rowsum_logits, rowlse_logits);
 
     /* colsum_logits = sum of add_logits down each column */
-    CNN_DIGITS_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
     colsum_logits[0] = symbackprop_f64_sum(add_logits, n, 1);
 
     /* loss = colsum_logits/n */
@@ -436,7 +435,27 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_c1,
     CNN_DIGITS_REAL *grad_K2,
     CNN_DIGITS_REAL *grad_c2,
-    CNN_DIGITS_REAL *work
+    CNN_DIGITS_REAL *relu_K1,
+    CNN_DIGITS_REAL *step_K1,
+    CNN_DIGITS_REAL *maxpool_K1,
+    CNN_DIGITS_REAL *relu_K2,
+    CNN_DIGITS_REAL *step_K2,
+    CNN_DIGITS_REAL *step_W1,
+    CNN_DIGITS_REAL *rowlse_logits,
+    CNN_DIGITS_REAL *grad_logits,
+    CNN_DIGITS_REAL *grad_relu_W1,
+    CNN_DIGITS_REAL *grad_add_W1,
+    CNN_DIGITS_REAL *grad_maxpool_K2,
+    CNN_DIGITS_REAL *grad_relu_K2,
+    CNN_DIGITS_REAL *grad_add_K2,
+    CNN_DIGITS_REAL *grad_maxpool_K1,
+    CNN_DIGITS_REAL *grad_maxpool_K1_cols,
+    CNN_DIGITS_REAL *grad_relu_K1,
+    CNN_DIGITS_REAL *grad_add_K1,
+    CNN_DIGITS_REAL *grad_K1_cols,
+    CNN_DIGITS_REAL *grad_bcast_c1,
+    CNN_DIGITS_REAL *grad_K2_cols,
+    CNN_DIGITS_REAL *grad_bcast_c2
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 CNN_DIGITS_SHARED void cnn_digits_run_part2(
@@ -451,43 +470,43 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_c1,
     CNN_DIGITS_REAL *grad_K2,
     CNN_DIGITS_REAL *grad_c2,
-    CNN_DIGITS_REAL *work
+    CNN_DIGITS_REAL *relu_K1,
+    CNN_DIGITS_REAL *step_K1,
+    CNN_DIGITS_REAL *maxpool_K1,
+    CNN_DIGITS_REAL *relu_K2,
+    CNN_DIGITS_REAL *step_K2,
+    CNN_DIGITS_REAL *step_W1,
+    CNN_DIGITS_REAL *rowlse_logits,
+    CNN_DIGITS_REAL *grad_logits,
+    CNN_DIGITS_REAL *grad_relu_W1,
+    CNN_DIGITS_REAL *grad_add_W1,
+    CNN_DIGITS_REAL *grad_maxpool_K2,
+    CNN_DIGITS_REAL *grad_relu_K2,
+    CNN_DIGITS_REAL *grad_add_K2,
+    CNN_DIGITS_REAL *grad_maxpool_K1,
+    CNN_DIGITS_REAL *grad_maxpool_K1_cols,
+    CNN_DIGITS_REAL *grad_relu_K1,
+    CNN_DIGITS_REAL *grad_add_K1,
+    CNN_DIGITS_REAL *grad_K1_cols,
+    CNN_DIGITS_REAL *grad_bcast_c1,
+    CNN_DIGITS_REAL *grad_K2_cols,
+    CNN_DIGITS_REAL *grad_bcast_c2
 )
 {
-    CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *bcast_c1 = work + 512; /* 1 x 1024; placed in an earlier part */
-    CNN_DIGITS_REAL *conv_K1 = work + 1536; /* n x 1024; placed in an earlier part */
-    CNN_DIGITS_REAL *relu_K1 = work + 1024*n + 6144; /* n x 1024; placed in an earlier part */
-    CNN_DIGITS_REAL *step_K1 = work + 2048*n + 6144; /* n x 1024; placed in an earlier part */
-    CNN_DIGITS_REAL *maxpool_K1 = work + 3072*n + 6144; /* n x 256; placed in an earlier part */
-    CNN_DIGITS_REAL *conv_K2 = work + 3328*n + 6144; /* n x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *conv_K2_cols = work + 3840*n + 6144; /* 8 x 2304; placed in an earlier part */
-    CNN_DIGITS_REAL *relu_K2 = work + 3840*n + 24576; /* n x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *step_K2 = work + 4352*n + 24576; /* n x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *mm_W1 = work + 4992*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *step_W1 = work + 5120*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *mm_W2 = work + 5184*n + 24576; /* n x 10; placed in an earlier part */
-    CNN_DIGITS_REAL *rowlse_logits = work + 5205*n + 24576; /* n x 1; placed in an earlier part */
-    CNN_DIGITS_REAL *colsum_logits = work + 5207*n + 24576; /* 1 x 1; placed in an earlier part */
     /* grad_logits = -T/n + exp(logits - rowlse_logits)/n */
-    CNN_DIGITS_REAL *grad_logits = mm_W2; /* n x 10, in mm_W2's memory */
     cnn_digits_loop5(n, grad_logits, T, logits, rowlse_logits);
 
     /* grad_relu_W1 = grad_logits @ W2^T */
-    CNN_DIGITS_REAL *grad_relu_W1 = mm_W1; /* n x 64, in mm_W1's memory */
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_relu_W1);
 
     /* grad_add_W1 = grad_relu_W1*step_W1 */
-    CNN_DIGITS_REAL *grad_add_W1 = colsum_logits + 1; /* n x 64 */
     cnn_digits_loop6(n, grad_add_W1, grad_relu_W1, step_W1);
 
     /* grad_maxpool_K2 = grad_add_W1 @ W1^T */
-    CNN_DIGITS_REAL *grad_maxpool_K2 = grad_add_W1 + 64*n; /* n x 128 */
     symbackprop_f64_matmul(n, 128, 64, grad_add_W1, 64, 1, W1, 1, 64, grad_maxpool_K2);
 
     /* grad_relu_K2[i,ch,best] += grad_maxpool_K2[i,ch,oy,ox], best: the first largest
      * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    CNN_DIGITS_REAL *grad_relu_K2 = conv_K2; /* n x 512, in conv_K2's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t at = 0; at < 512; ++at) {
@@ -512,13 +531,10 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     }
 
     /* grad_add_K2 = grad_relu_K2*step_K2 */
-    CNN_DIGITS_REAL *grad_add_K2 = relu_K2; /* n x 512, in relu_K2's memory */
     cnn_digits_loop7(n, grad_add_K2, grad_relu_K2, step_K2);
 
     /* grad_maxpool_K1[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * grad_add_K2[i,oc,oy,ox]
      * (conv2d's gradient by its images) */
-    CNN_DIGITS_REAL *grad_maxpool_K1 = grad_maxpool_K2 + 128*n; /* n x 256 */
-    CNN_DIGITS_REAL *grad_maxpool_K1_cols = conv_K2_cols; /* 8 x 2304, in conv_K2_cols's memory */
     /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of
      * grad_maxpool_K1_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
@@ -551,7 +567,6 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
 
     /* grad_relu_K1[i,ch,best] += grad_maxpool_K1[i,ch,oy,ox], best: the first largest
      * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    CNN_DIGITS_REAL *grad_relu_K1 = conv_K1; /* n x 1024, in conv_K1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t at = 0; at < 1024; ++at) {
@@ -576,12 +591,10 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     }
 
     /* grad_add_K1 = grad_relu_K1*step_K1 */
-    CNN_DIGITS_REAL *grad_add_K1 = relu_K1; /* n x 1024, in relu_K1's memory */
     cnn_digits_loop8(n, grad_add_K1, grad_relu_K1, step_K1);
 
     /* grad_K1[oc,ic,ky,kx] = sum_{i,oy,ox} grad_add_K1[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K1_cols = grad_maxpool_K1 + 256*n; /* 8 x 720 */
     /* the batch in 8 fixed blocks of examples, each with its own 720 entries of grad_K1_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
@@ -625,7 +638,6 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     }
 
     /* grad_bcast_c1 = sum of grad_add_K1 down each column */
-    CNN_DIGITS_REAL *grad_bcast_c1 = bcast_c1; /* 1 x 1024, in bcast_c1's memory */
     symbackprop_f64_sum_columns(grad_add_K1, n, 1024, 1024, grad_bcast_c1);
 
     /* grad_c1[i,ch] = sum_at grad_bcast_c1[i,ch,at] (over each channel's pixels) */
@@ -641,7 +653,6 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
 
     /* grad_K2[oc,ic,ky,kx] = sum_{i,oy,ox} grad_add_K2[i,oc,oy,ox] *
      * maxpool_K1[i,ic,oy+ky-1,ox+kx-1] (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K2_cols = grad_K1_cols + 5760; /* 8 x 6912 */
     /* the batch in 8 fixed blocks of examples, each with its own 6912 entries of grad_K2_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
@@ -685,7 +696,6 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     }
 
     /* grad_bcast_c2 = sum of grad_add_K2 down each column */
-    CNN_DIGITS_REAL *grad_bcast_c2 = bcast_c2; /* 1 x 512, in bcast_c2's memory */
     symbackprop_f64_sum_columns(grad_add_K2, n, 512, 512, grad_bcast_c2);
 
     /* grad_c2[i,ch] = sum_at grad_bcast_c2[i,ch,at] (over each channel's pixels) */
@@ -711,13 +721,12 @@ CNN_DIGITS_SHARED void cnn_digits_run_part3(
     CNN_DIGITS_REAL *grad_b1,
     CNN_DIGITS_REAL *grad_W2,
     CNN_DIGITS_REAL *grad_b2,
-    CNN_DIGITS_REAL *work
+    CNN_DIGITS_REAL *maxpool_K2,
+    CNN_DIGITS_REAL *relu_W1,
+    CNN_DIGITS_REAL *grad_logits,
+    CNN_DIGITS_REAL *grad_add_W1
 )
 {
-    CNN_DIGITS_REAL *maxpool_K2 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
-    CNN_DIGITS_REAL *relu_W1 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 24576; /* n x 10, in mm_W2's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_add_W1 = work + 5207*n + 24577; /* n x 64; placed in an earlier part */
     /* grad_W1 = maxpool_K2^T @ grad_add_W1 */
     symbackprop_f64_matmul(128, 64, n, maxpool_K2, 1, 128, grad_add_W1, 64, 1, grad_W1);
 
@@ -764,12 +773,53 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     if (n < 1) {
         return 1;
     }
-    cnn_digits_run_part1(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, work);
+
+    /* where each buffer lies in work */
+    CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512 */
+    CNN_DIGITS_REAL *bcast_c1 = bcast_c2 + 512; /* 1 x 1024 */
+    CNN_DIGITS_REAL *conv_K1 = bcast_c1 + 1024; /* n x 1024 */
+    CNN_DIGITS_REAL *conv_K1_cols = conv_K1 + 1024*n; /* 8 x 576 */
+    CNN_DIGITS_REAL *relu_K1 = conv_K1_cols + 4608; /* n x 1024 */
+    CNN_DIGITS_REAL *step_K1 = relu_K1 + 1024*n; /* n x 1024 */
+    CNN_DIGITS_REAL *maxpool_K1 = step_K1 + 1024*n; /* n x 256 */
+    CNN_DIGITS_REAL *conv_K2 = maxpool_K1 + 256*n; /* n x 512 */
+    CNN_DIGITS_REAL *conv_K2_cols = conv_K2 + 512*n; /* 8 x 2304 */
+    CNN_DIGITS_REAL *relu_K2 = conv_K2_cols + 18432; /* n x 512 */
+    CNN_DIGITS_REAL *step_K2 = relu_K2 + 512*n; /* n x 512 */
+    CNN_DIGITS_REAL *maxpool_K2 = step_K2 + 512*n; /* n x 128 */
+    CNN_DIGITS_REAL *mm_W1 = maxpool_K2 + 128*n; /* n x 64 */
+    CNN_DIGITS_REAL *relu_W1 = mm_W1 + 64*n; /* n x 64 */
+    CNN_DIGITS_REAL *step_W1 = relu_W1 + 64*n; /* n x 64 */
+    CNN_DIGITS_REAL *mm_W2 = step_W1 + 64*n; /* n x 10 */
+    CNN_DIGITS_REAL *mul_logits = mm_W2 + 10*n; /* n x 10 */
+    CNN_DIGITS_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
+    CNN_DIGITS_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
+    CNN_DIGITS_REAL *add_logits = rowlse_logits + n; /* n x 1 */
+    CNN_DIGITS_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
+
+    cnn_digits_run_part1(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, bcast_c2, bcast_c1, conv_K1, conv_K1_cols, relu_K1, step_K1, maxpool_K1, conv_K2, conv_K2_cols, relu_K2, step_K2, maxpool_K2, mm_W1, relu_W1, step_W1, mm_W2, mul_logits, rowsum_logits, rowlse_logits, add_logits, colsum_logits);
     if (!with_grads) {
         return 0;
     }
-    cnn_digits_run_part2(n, X, T, K2, W1, W2, logits, grad_K1, grad_c1, grad_K2, grad_c2, work);
-    cnn_digits_run_part3(n, grad_W1, grad_b1, grad_W2, grad_b2, work);
+
+    /* the gradient's buffers in work */
+    CNN_DIGITS_REAL *grad_logits = mm_W2; /* n x 10, in mm_W2's memory */
+    CNN_DIGITS_REAL *grad_relu_W1 = mm_W1; /* n x 64, in mm_W1's memory */
+    CNN_DIGITS_REAL *grad_add_W1 = colsum_logits + 1; /* n x 64 */
+    CNN_DIGITS_REAL *grad_maxpool_K2 = grad_add_W1 + 64*n; /* n x 128 */
+    CNN_DIGITS_REAL *grad_relu_K2 = conv_K2; /* n x 512, in conv_K2's memory */
+    CNN_DIGITS_REAL *grad_add_K2 = relu_K2; /* n x 512, in relu_K2's memory */
+    CNN_DIGITS_REAL *grad_maxpool_K1 = grad_maxpool_K2 + 128*n; /* n x 256 */
+    CNN_DIGITS_REAL *grad_maxpool_K1_cols = conv_K2_cols; /* 8 x 2304, in conv_K2_cols's memory */
+    CNN_DIGITS_REAL *grad_relu_K1 = conv_K1; /* n x 1024, in conv_K1's memory */
+    CNN_DIGITS_REAL *grad_add_K1 = relu_K1; /* n x 1024, in relu_K1's memory */
+    CNN_DIGITS_REAL *grad_K1_cols = grad_maxpool_K1 + 256*n; /* 8 x 720 */
+    CNN_DIGITS_REAL *grad_bcast_c1 = bcast_c1; /* 1 x 1024, in bcast_c1's memory */
+    CNN_DIGITS_REAL *grad_K2_cols = grad_K1_cols + 5760; /* 8 x 6912 */
+    CNN_DIGITS_REAL *grad_bcast_c2 = bcast_c2; /* 1 x 512, in bcast_c2's memory */
+
+    cnn_digits_run_part2(n, X, T, K2, W1, W2, logits, grad_K1, grad_c1, grad_K2, grad_c2, relu_K1, step_K1, maxpool_K1, relu_K2, step_K2, step_W1, rowlse_logits, grad_logits, grad_relu_W1, grad_add_W1, grad_maxpool_K2, grad_relu_K2, grad_add_K2, grad_maxpool_K1, grad_maxpool_K1_cols, grad_relu_K1, grad_add_K1, grad_K1_cols, grad_bcast_c1, grad_K2_cols, grad_bcast_c2);
+    cnn_digits_run_part3(n, grad_W1, grad_b1, grad_W2, grad_b2, maxpool_K2, relu_W1, grad_logits, grad_add_W1);
     return 0;
 }
 #endif
@@ -881,7 +931,46 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     CNN_DIGITS_REAL *b2,
     const CNN_DIGITS_REAL *weight_decay,
     CNN_DIGITS_REAL *loss,
-    CNN_DIGITS_REAL *work
+    CNN_DIGITS_REAL *bcast_c2,
+    CNN_DIGITS_REAL *bcast_c1,
+    CNN_DIGITS_REAL *conv_K1,
+    CNN_DIGITS_REAL *conv_K1_cols_2,
+    CNN_DIGITS_REAL *relu_K1,
+    CNN_DIGITS_REAL *step_K1,
+    CNN_DIGITS_REAL *maxpool_K1,
+    CNN_DIGITS_REAL *conv_K2,
+    CNN_DIGITS_REAL *conv_K2_cols_2,
+    CNN_DIGITS_REAL *relu_K2,
+    CNN_DIGITS_REAL *step_K2,
+    CNN_DIGITS_REAL *maxpool_K2,
+    CNN_DIGITS_REAL *mm_W1,
+    CNN_DIGITS_REAL *relu_W1,
+    CNN_DIGITS_REAL *step_W1,
+    CNN_DIGITS_REAL *mm_W2,
+    CNN_DIGITS_REAL *logits,
+    CNN_DIGITS_REAL *mul_logits,
+    CNN_DIGITS_REAL *rowsum_logits,
+    CNN_DIGITS_REAL *rowlse_logits,
+    CNN_DIGITS_REAL *add_logits,
+    CNN_DIGITS_REAL *colsum_logits,
+    CNN_DIGITS_REAL *grad_logits,
+    CNN_DIGITS_REAL *grad_relu_W1,
+    CNN_DIGITS_REAL *grad_add_W1,
+    CNN_DIGITS_REAL *grad_maxpool_K2,
+    CNN_DIGITS_REAL *grad_relu_K2,
+    CNN_DIGITS_REAL *grad_add_K2,
+    CNN_DIGITS_REAL *grad_maxpool_K1,
+    CNN_DIGITS_REAL *grad_maxpool_K1_cols_2,
+    CNN_DIGITS_REAL *grad_relu_K1,
+    CNN_DIGITS_REAL *grad_add_K1,
+    CNN_DIGITS_REAL *grad_K1_2,
+    CNN_DIGITS_REAL *grad_K1_2_cols,
+    CNN_DIGITS_REAL *grad_K1_3,
+    CNN_DIGITS_REAL *grad_bcast_c1,
+    CNN_DIGITS_REAL *grad_c1_2,
+    CNN_DIGITS_REAL *grad_c1_3,
+    CNN_DIGITS_REAL *grad_K2_2,
+    CNN_DIGITS_REAL *grad_K2_2_cols
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
@@ -898,11 +987,49 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     CNN_DIGITS_REAL *b2,
     const CNN_DIGITS_REAL *weight_decay,
     CNN_DIGITS_REAL *loss,
-    CNN_DIGITS_REAL *work
+    CNN_DIGITS_REAL *bcast_c2,
+    CNN_DIGITS_REAL *bcast_c1,
+    CNN_DIGITS_REAL *conv_K1,
+    CNN_DIGITS_REAL *conv_K1_cols_2,
+    CNN_DIGITS_REAL *relu_K1,
+    CNN_DIGITS_REAL *step_K1,
+    CNN_DIGITS_REAL *maxpool_K1,
+    CNN_DIGITS_REAL *conv_K2,
+    CNN_DIGITS_REAL *conv_K2_cols_2,
+    CNN_DIGITS_REAL *relu_K2,
+    CNN_DIGITS_REAL *step_K2,
+    CNN_DIGITS_REAL *maxpool_K2,
+    CNN_DIGITS_REAL *mm_W1,
+    CNN_DIGITS_REAL *relu_W1,
+    CNN_DIGITS_REAL *step_W1,
+    CNN_DIGITS_REAL *mm_W2,
+    CNN_DIGITS_REAL *logits,
+    CNN_DIGITS_REAL *mul_logits,
+    CNN_DIGITS_REAL *rowsum_logits,
+    CNN_DIGITS_REAL *rowlse_logits,
+    CNN_DIGITS_REAL *add_logits,
+    CNN_DIGITS_REAL *colsum_logits,
+    CNN_DIGITS_REAL *grad_logits,
+    CNN_DIGITS_REAL *grad_relu_W1,
+    CNN_DIGITS_REAL *grad_add_W1,
+    CNN_DIGITS_REAL *grad_maxpool_K2,
+    CNN_DIGITS_REAL *grad_relu_K2,
+    CNN_DIGITS_REAL *grad_add_K2,
+    CNN_DIGITS_REAL *grad_maxpool_K1,
+    CNN_DIGITS_REAL *grad_maxpool_K1_cols_2,
+    CNN_DIGITS_REAL *grad_relu_K1,
+    CNN_DIGITS_REAL *grad_add_K1,
+    CNN_DIGITS_REAL *grad_K1_2,
+    CNN_DIGITS_REAL *grad_K1_2_cols,
+    CNN_DIGITS_REAL *grad_K1_3,
+    CNN_DIGITS_REAL *grad_bcast_c1,
+    CNN_DIGITS_REAL *grad_c1_2,
+    CNN_DIGITS_REAL *grad_c1_3,
+    CNN_DIGITS_REAL *grad_K2_2,
+    CNN_DIGITS_REAL *grad_K2_2_cols
 )
 {
     /* bcast_c2[i,ch,at] = c2[i,ch] (over each channel's pixels) */
-    CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
             for (int64_t at = 0; at < 16; ++at) {
@@ -912,7 +1039,6 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     }
 
     /* bcast_c1[i,ch,at] = c1[i,ch] (over each channel's pixels) */
-    CNN_DIGITS_REAL *bcast_c1 = bcast_c2 + 512; /* 1 x 1024 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
             for (int64_t at = 0; at < 64; ++at) {
@@ -923,8 +1049,6 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* conv_K1[i,oc,oy,ox] = sum_{ic,ky,kx} K1[oc,ic,ky,kx] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d; zero outside the image) */
-    CNN_DIGITS_REAL *conv_K1 = bcast_c1 + 1024; /* n x 1024 */
-    CNN_DIGITS_REAL *conv_K1_cols_2 = conv_K1 + 1024*n; /* 8 x 576 */
     /* the batch in 8 fixed blocks of examples, each with its own 576 entries of conv_K1_cols_2 */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
@@ -950,13 +1074,10 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* relu_K1 = Max(0, bcast_c1 + conv_K1) */
     /* step_K1 = Heaviside(bcast_c1 + conv_K1) */
-    CNN_DIGITS_REAL *relu_K1 = conv_K1_cols_2 + 4608; /* n x 1024 */
-    CNN_DIGITS_REAL *step_K1 = relu_K1 + 1024*n; /* n x 1024 */
     cnn_digits_loop0(n, relu_K1, step_K1, bcast_c1, conv_K1);
 
     /* maxpool_K1[i,ch,oy,ox] = relu_K1[i,ch,best], best: the first largest
      * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
-    CNN_DIGITS_REAL *maxpool_K1 = step_K1 + 1024*n; /* n x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
@@ -979,8 +1100,6 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* conv_K2[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] *
      * maxpool_K1[i,ic,oy+ky-1,ox+kx-1] (conv2d; zero outside the image) */
-    CNN_DIGITS_REAL *conv_K2 = maxpool_K1 + 256*n; /* n x 512 */
-    CNN_DIGITS_REAL *conv_K2_cols_2 = conv_K2 + 512*n; /* 8 x 2304 */
     /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of conv_K2_cols_2 */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
@@ -1006,13 +1125,10 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* relu_K2 = Max(0, bcast_c2 + conv_K2) */
     /* step_K2 = Heaviside(bcast_c2 + conv_K2) */
-    CNN_DIGITS_REAL *relu_K2 = conv_K2_cols_2 + 18432; /* n x 512 */
-    CNN_DIGITS_REAL *step_K2 = relu_K2 + 512*n; /* n x 512 */
     cnn_digits_loop1(n, relu_K2, step_K2, bcast_c2, conv_K2);
 
     /* maxpool_K2[i,ch,oy,ox] = relu_K2[i,ch,best], best: the first largest
      * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
-    CNN_DIGITS_REAL *maxpool_K2 = step_K2 + 512*n; /* n x 128 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
@@ -1034,45 +1150,35 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     }
 
     /* mm_W1 = maxpool_K2 @ W1 */
-    CNN_DIGITS_REAL *mm_W1 = maxpool_K2 + 128*n; /* n x 64 */
     symbackprop_f64_matmul(n, 64, 128, maxpool_K2, 128, 1, W1, 64, 1, mm_W1);
 
     /* relu_W1 = Max(0, b1 + mm_W1) */
     /* step_W1 = Heaviside(b1 + mm_W1) */
-    CNN_DIGITS_REAL *relu_W1 = mm_W1 + 64*n; /* n x 64 */
-    CNN_DIGITS_REAL *step_W1 = relu_W1 + 64*n; /* n x 64 */
     cnn_digits_loop2(n, relu_W1, step_W1, mm_W1, b1);
 
     /* mm_W2 = relu_W1 @ W2 */
-    CNN_DIGITS_REAL *mm_W2 = step_W1 + 64*n; /* n x 10 */
     symbackprop_f64_matmul(n, 10, 64, relu_W1, 64, 1, W2, 10, 1, mm_W2);
 
     /* logits = b2 + mm_W2 */
     /* mul_logits = T*(b2 + mm_W2) */
-    CNN_DIGITS_REAL *logits = mm_W2 + 10*n; /* n x 10 */
-    CNN_DIGITS_REAL *mul_logits = logits + 10*n; /* n x 10 */
     cnn_digits_loop3(n, logits, mul_logits, T, mm_W2, b2);
 
     /* rowsum_logits = sum of mul_logits along each row */
-    CNN_DIGITS_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
     }
 
     /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
-    CNN_DIGITS_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }
 
     /* add_logits = rowlse_logits - rowsum_logits */
-    CNN_DIGITS_REAL *add_logits = rowlse_logits + n; /* n x 1 */
     cnn_digits_loop4(n, add_logits, rowsum_logits, rowlse_logits);
 
     /* colsum_logits = sum of add_logits down each column */
-    CNN_DIGITS_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
     colsum_logits[0] = symbackprop_f64_sum(add_logits, n, 1);
 
     /* loss = colsum_logits/n */
@@ -1081,24 +1187,19 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     }
 
     /* grad_logits = -T/n + exp(logits - rowlse_logits)/n */
-    CNN_DIGITS_REAL *grad_logits = mm_W2; /* n x 10, in mm_W2's memory */
     cnn_digits_loop5(n, grad_logits, T, logits, rowlse_logits);
 
     /* grad_relu_W1 = grad_logits @ W2^T */
-    CNN_DIGITS_REAL *grad_relu_W1 = mm_W1; /* n x 64, in mm_W1's memory */
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_relu_W1);
 
     /* grad_add_W1 = grad_relu_W1*step_W1 */
-    CNN_DIGITS_REAL *grad_add_W1 = colsum_logits + 1; /* n x 64 */
     cnn_digits_loop6(n, grad_add_W1, grad_relu_W1, step_W1);
 
     /* grad_maxpool_K2 = grad_add_W1 @ W1^T */
-    CNN_DIGITS_REAL *grad_maxpool_K2 = grad_add_W1 + 64*n; /* n x 128 */
     symbackprop_f64_matmul(n, 128, 64, grad_add_W1, 64, 1, W1, 1, 64, grad_maxpool_K2);
 
     /* grad_relu_K2[i,ch,best] += grad_maxpool_K2[i,ch,oy,ox], best: the first largest
      * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    CNN_DIGITS_REAL *grad_relu_K2 = conv_K2; /* n x 512, in conv_K2's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t at = 0; at < 512; ++at) {
@@ -1123,13 +1224,10 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     }
 
     /* grad_add_K2 = grad_relu_K2*step_K2 */
-    CNN_DIGITS_REAL *grad_add_K2 = relu_K2; /* n x 512, in relu_K2's memory */
     cnn_digits_loop7(n, grad_add_K2, grad_relu_K2, step_K2);
 
     /* grad_maxpool_K1[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * grad_add_K2[i,oc,oy,ox]
      * (conv2d's gradient by its images) */
-    CNN_DIGITS_REAL *grad_maxpool_K1 = grad_maxpool_K2 + 128*n; /* n x 256 */
-    CNN_DIGITS_REAL *grad_maxpool_K1_cols_2 = conv_K2_cols_2; /* 8 x 2304, in conv_K2_cols_2's memory */
     /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of
      * grad_maxpool_K1_cols_2 */
     SYMBACKPROP_PARALLEL_BLOCKS
@@ -1162,7 +1260,6 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* grad_relu_K1[i,ch,best] += grad_maxpool_K1[i,ch,oy,ox], best: the first largest
      * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    CNN_DIGITS_REAL *grad_relu_K1 = conv_K1; /* n x 1024, in conv_K1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t at = 0; at < 1024; ++at) {
@@ -1187,13 +1284,10 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     }
 
     /* grad_add_K1 = grad_relu_K1*step_K1 */
-    CNN_DIGITS_REAL *grad_add_K1 = relu_K1; /* n x 1024, in relu_K1's memory */
     cnn_digits_loop8(n, grad_add_K1, grad_relu_K1, step_K1);
 
     /* grad_K1_2[oc,ic,ky,kx] = sum_{i,oy,ox} grad_add_K1[i,oc,oy,ox] *
      * X[i,ic,oy+ky-1,ox+kx-1] (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K1_2 = grad_maxpool_K1 + 256*n; /* 16 x 9 */
-    CNN_DIGITS_REAL *grad_K1_2_cols = grad_K1_2 + 144; /* 8 x 720 */
     /* the batch in 8 fixed blocks of examples, each with its own 720 entries of grad_K1_2_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
@@ -1237,7 +1331,6 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     }
 
     /* grad_K1_3 = K1*weight_decay + grad_K1_2 */
-    CNN_DIGITS_REAL *grad_K1_3 = grad_K1_2_cols + 5760; /* 16 x 9 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t i = 0; i < 16; ++i) {
@@ -1248,11 +1341,9 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     }
 
     /* grad_bcast_c1 = sum of grad_add_K1 down each column */
-    CNN_DIGITS_REAL *grad_bcast_c1 = bcast_c1; /* 1 x 1024, in bcast_c1's memory */
     symbackprop_f64_sum_columns(grad_add_K1, n, 1024, 1024, grad_bcast_c1);
 
     /* grad_c1_2[i,ch] = sum_at grad_bcast_c1[i,ch,at] (over each channel's pixels) */
-    CNN_DIGITS_REAL *grad_c1_2 = grad_K1_3 + 144; /* 1 x 16 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 16; ++ch) {
             CNN_DIGITS_REAL acc = 0;
@@ -1264,7 +1355,6 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     }
 
     /* grad_c1_3 = c1*weight_decay + grad_c1_2 */
-    CNN_DIGITS_REAL *grad_c1_3 = grad_c1_2 + 16; /* 1 x 16 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 16; ++j) {
@@ -1274,8 +1364,6 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
 
     /* grad_K2_2[oc,ic,ky,kx] = sum_{i,oy,ox} grad_add_K2[i,oc,oy,ox] *
      * maxpool_K1[i,ic,oy+ky-1,ox+kx-1] (conv2d's gradient by its weights) */
-    CNN_DIGITS_REAL *grad_K2_2 = conv_K1_cols_2; /* 32 x 144, in conv_K1_cols_2's memory */
-    CNN_DIGITS_REAL *grad_K2_2_cols = grad_c1_3 + 16; /* 8 x 6912 */
     /* the batch in 8 fixed blocks of examples, each with its own 6912 entries of grad_K2_2_cols */
     SYMBACKPROP_PARALLEL_BLOCKS
     for (int64_t blk = 0; blk < 8; ++blk) {
@@ -1356,7 +1444,28 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     CNN_DIGITS_REAL *v_W2,
     CNN_DIGITS_REAL *m_b2,
     CNN_DIGITS_REAL *v_b2,
-    CNN_DIGITS_REAL *work
+    CNN_DIGITS_REAL *maxpool_K2,
+    CNN_DIGITS_REAL *relu_W1,
+    CNN_DIGITS_REAL *grad_logits,
+    CNN_DIGITS_REAL *grad_add_W1,
+    CNN_DIGITS_REAL *grad_add_K2,
+    CNN_DIGITS_REAL *grad_K1_3,
+    CNN_DIGITS_REAL *grad_c1_3,
+    CNN_DIGITS_REAL *grad_K2_2,
+    CNN_DIGITS_REAL *grad_K2_3,
+    CNN_DIGITS_REAL *grad_bcast_c2,
+    CNN_DIGITS_REAL *grad_c2_2,
+    CNN_DIGITS_REAL *grad_c2_3,
+    CNN_DIGITS_REAL *grad_W1_2,
+    CNN_DIGITS_REAL *grad_W1_3,
+    CNN_DIGITS_REAL *grad_b1_2,
+    CNN_DIGITS_REAL *grad_b1_3,
+    CNN_DIGITS_REAL *grad_W2_2,
+    CNN_DIGITS_REAL *grad_W2_3,
+    CNN_DIGITS_REAL *grad_b2_2,
+    CNN_DIGITS_REAL *grad_b2_3,
+    CNN_DIGITS_REAL *bias_correction1,
+    CNN_DIGITS_REAL *bias_correction2
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
@@ -1391,22 +1500,31 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     CNN_DIGITS_REAL *v_W2,
     CNN_DIGITS_REAL *m_b2,
     CNN_DIGITS_REAL *v_b2,
-    CNN_DIGITS_REAL *work
+    CNN_DIGITS_REAL *maxpool_K2,
+    CNN_DIGITS_REAL *relu_W1,
+    CNN_DIGITS_REAL *grad_logits,
+    CNN_DIGITS_REAL *grad_add_W1,
+    CNN_DIGITS_REAL *grad_add_K2,
+    CNN_DIGITS_REAL *grad_K1_3,
+    CNN_DIGITS_REAL *grad_c1_3,
+    CNN_DIGITS_REAL *grad_K2_2,
+    CNN_DIGITS_REAL *grad_K2_3,
+    CNN_DIGITS_REAL *grad_bcast_c2,
+    CNN_DIGITS_REAL *grad_c2_2,
+    CNN_DIGITS_REAL *grad_c2_3,
+    CNN_DIGITS_REAL *grad_W1_2,
+    CNN_DIGITS_REAL *grad_W1_3,
+    CNN_DIGITS_REAL *grad_b1_2,
+    CNN_DIGITS_REAL *grad_b1_3,
+    CNN_DIGITS_REAL *grad_W2_2,
+    CNN_DIGITS_REAL *grad_W2_3,
+    CNN_DIGITS_REAL *grad_b2_2,
+    CNN_DIGITS_REAL *grad_b2_3,
+    CNN_DIGITS_REAL *bias_correction1,
+    CNN_DIGITS_REAL *bias_correction2
 )
 {
-    CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512; placed in an earlier part */
-    CNN_DIGITS_REAL *maxpool_K2 = work + 4864*n + 24576; /* n x 128; placed in an earlier part */
-    CNN_DIGITS_REAL *relu_W1 = work + 5056*n + 24576; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *colsum_logits = work + 5217*n + 24576; /* 1 x 1; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_logits = work + 5184*n + 24576; /* n x 10, in mm_W2's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_add_W1 = work + 5217*n + 24577; /* n x 64; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_add_K2 = work + 3840*n + 24576; /* n x 512, in relu_K2's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_K1_3 = work + 5665*n + 30481; /* 16 x 9; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_c1_3 = work + 5665*n + 30641; /* 1 x 16; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_K2_2 = work + 1024*n + 1536; /* 32 x 144, in conv_K1_cols_2's memory; placed in an earlier part */
-    CNN_DIGITS_REAL *grad_K2_2_cols = work + 5665*n + 30657; /* 8 x 6912; placed in an earlier part */
     /* grad_K2_3 = K2*weight_decay + grad_K2_2 */
-    CNN_DIGITS_REAL *grad_K2_3 = grad_K2_2_cols + 55296; /* 32 x 144 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t i = 0; i < 32; ++i) {
@@ -1417,11 +1535,9 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     }
 
     /* grad_bcast_c2 = sum of grad_add_K2 down each column */
-    CNN_DIGITS_REAL *grad_bcast_c2 = bcast_c2; /* 1 x 512, in bcast_c2's memory */
     symbackprop_f64_sum_columns(grad_add_K2, n, 512, 512, grad_bcast_c2);
 
     /* grad_c2_2[i,ch] = sum_at grad_bcast_c2[i,ch,at] (over each channel's pixels) */
-    CNN_DIGITS_REAL *grad_c2_2 = grad_K2_3 + 4608; /* 1 x 32 */
     for (int64_t i = 0; i < 1; ++i) {
         for (int64_t ch = 0; ch < 32; ++ch) {
             CNN_DIGITS_REAL acc = 0;
@@ -1433,7 +1549,6 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     }
 
     /* grad_c2_3 = c2*weight_decay + grad_c2_2 */
-    CNN_DIGITS_REAL *grad_c2_3 = grad_c2_2 + 32; /* 1 x 32 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 32; ++j) {
@@ -1442,11 +1557,9 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     }
 
     /* grad_W1_2 = maxpool_K2^T @ grad_add_W1 */
-    CNN_DIGITS_REAL *grad_W1_2 = grad_c2_3 + 32; /* 128 x 64 */
     symbackprop_f64_matmul(128, 64, n, maxpool_K2, 1, 128, grad_add_W1, 64, 1, grad_W1_2);
 
     /* grad_W1_3 = W1*weight_decay + grad_W1_2 */
-    CNN_DIGITS_REAL *grad_W1_3 = grad_W1_2 + 8192; /* 128 x 64 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -1458,11 +1571,9 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     }
 
     /* grad_b1_2 = sum of grad_add_W1 down each column */
-    CNN_DIGITS_REAL *grad_b1_2 = grad_W1_3 + 8192; /* 1 x 64 */
     symbackprop_f64_sum_columns(grad_add_W1, n, 64, 64, grad_b1_2);
 
     /* grad_b1_3 = b1*weight_decay + grad_b1_2 */
-    CNN_DIGITS_REAL *grad_b1_3 = grad_b1_2 + 64; /* 1 x 64 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -1471,11 +1582,9 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     }
 
     /* grad_W2_2 = relu_W1^T @ grad_logits */
-    CNN_DIGITS_REAL *grad_W2_2 = grad_b1_3 + 64; /* 64 x 10 */
     symbackprop_f64_matmul(64, 10, n, relu_W1, 1, 64, grad_logits, 10, 1, grad_W2_2);
 
     /* grad_W2_3 = W2*weight_decay + grad_W2_2 */
-    CNN_DIGITS_REAL *grad_W2_3 = grad_W2_2 + 640; /* 64 x 10 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -1487,11 +1596,9 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     }
 
     /* grad_b2_2 = sum of grad_logits down each column */
-    CNN_DIGITS_REAL *grad_b2_2 = grad_W2_3 + 640; /* 1 x 10 */
     symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2_2);
 
     /* grad_b2_3 = b2*weight_decay + grad_b2_2 */
-    CNN_DIGITS_REAL *grad_b2_3 = grad_b2_2 + 10; /* 1 x 10 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 10; ++j) {
@@ -1517,8 +1624,6 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
     /* step = step + 1 */
     /* bias_correction1 = 1 - beta1**(step + 1) */
     /* bias_correction2 = 1 - beta2**(step + 1) */
-    CNN_DIGITS_REAL *bias_correction1 = colsum_logits; /* 1 x 1, in colsum_logits's memory */
-    CNN_DIGITS_REAL *bias_correction2 = grad_b2_3 + 10; /* 1 x 1 */
     {
         const CNN_DIGITS_REAL step_in = step[0];
         const CNN_DIGITS_REAL x0 = step_in + 1;
@@ -1755,8 +1860,65 @@ int cnn_digits_train_step(
     if (n < 1) {
         return 1;
     }
-    cnn_digits_train_step_part1(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, weight_decay, loss, work);
-    cnn_digits_train_step_part2(n, K1, c1, K2, c2, W1, b1, W2, b2, lr, beta1, beta2, eps, weight_decay, step, m_K1, v_K1, m_c1, v_c1, m_K2, v_K2, m_c2, v_c2, m_W1, v_W1, m_b1, v_b1, m_W2, v_W2, m_b2, v_b2, work);
+
+    /* where each buffer lies in work */
+    CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512 */
+    CNN_DIGITS_REAL *bcast_c1 = bcast_c2 + 512; /* 1 x 1024 */
+    CNN_DIGITS_REAL *conv_K1 = bcast_c1 + 1024; /* n x 1024 */
+    CNN_DIGITS_REAL *conv_K1_cols_2 = conv_K1 + 1024*n; /* 8 x 576 */
+    CNN_DIGITS_REAL *relu_K1 = conv_K1_cols_2 + 4608; /* n x 1024 */
+    CNN_DIGITS_REAL *step_K1 = relu_K1 + 1024*n; /* n x 1024 */
+    CNN_DIGITS_REAL *maxpool_K1 = step_K1 + 1024*n; /* n x 256 */
+    CNN_DIGITS_REAL *conv_K2 = maxpool_K1 + 256*n; /* n x 512 */
+    CNN_DIGITS_REAL *conv_K2_cols_2 = conv_K2 + 512*n; /* 8 x 2304 */
+    CNN_DIGITS_REAL *relu_K2 = conv_K2_cols_2 + 18432; /* n x 512 */
+    CNN_DIGITS_REAL *step_K2 = relu_K2 + 512*n; /* n x 512 */
+    CNN_DIGITS_REAL *maxpool_K2 = step_K2 + 512*n; /* n x 128 */
+    CNN_DIGITS_REAL *mm_W1 = maxpool_K2 + 128*n; /* n x 64 */
+    CNN_DIGITS_REAL *relu_W1 = mm_W1 + 64*n; /* n x 64 */
+    CNN_DIGITS_REAL *step_W1 = relu_W1 + 64*n; /* n x 64 */
+    CNN_DIGITS_REAL *mm_W2 = step_W1 + 64*n; /* n x 10 */
+    CNN_DIGITS_REAL *logits = mm_W2 + 10*n; /* n x 10 */
+    CNN_DIGITS_REAL *mul_logits = logits + 10*n; /* n x 10 */
+    CNN_DIGITS_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
+    CNN_DIGITS_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
+    CNN_DIGITS_REAL *add_logits = rowlse_logits + n; /* n x 1 */
+    CNN_DIGITS_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
+    CNN_DIGITS_REAL *grad_logits = mm_W2; /* n x 10, in mm_W2's memory */
+    CNN_DIGITS_REAL *grad_relu_W1 = mm_W1; /* n x 64, in mm_W1's memory */
+    CNN_DIGITS_REAL *grad_add_W1 = colsum_logits + 1; /* n x 64 */
+    CNN_DIGITS_REAL *grad_maxpool_K2 = grad_add_W1 + 64*n; /* n x 128 */
+    CNN_DIGITS_REAL *grad_relu_K2 = conv_K2; /* n x 512, in conv_K2's memory */
+    CNN_DIGITS_REAL *grad_add_K2 = relu_K2; /* n x 512, in relu_K2's memory */
+    CNN_DIGITS_REAL *grad_maxpool_K1 = grad_maxpool_K2 + 128*n; /* n x 256 */
+    CNN_DIGITS_REAL *grad_maxpool_K1_cols_2 = conv_K2_cols_2; /* 8 x 2304, in conv_K2_cols_2's memory */
+    CNN_DIGITS_REAL *grad_relu_K1 = conv_K1; /* n x 1024, in conv_K1's memory */
+    CNN_DIGITS_REAL *grad_add_K1 = relu_K1; /* n x 1024, in relu_K1's memory */
+    CNN_DIGITS_REAL *grad_K1_2 = grad_maxpool_K1 + 256*n; /* 16 x 9 */
+    CNN_DIGITS_REAL *grad_K1_2_cols = grad_K1_2 + 144; /* 8 x 720 */
+    CNN_DIGITS_REAL *grad_K1_3 = grad_K1_2_cols + 5760; /* 16 x 9 */
+    CNN_DIGITS_REAL *grad_bcast_c1 = bcast_c1; /* 1 x 1024, in bcast_c1's memory */
+    CNN_DIGITS_REAL *grad_c1_2 = grad_K1_3 + 144; /* 1 x 16 */
+    CNN_DIGITS_REAL *grad_c1_3 = grad_c1_2 + 16; /* 1 x 16 */
+    CNN_DIGITS_REAL *grad_K2_2 = conv_K1_cols_2; /* 32 x 144, in conv_K1_cols_2's memory */
+    CNN_DIGITS_REAL *grad_K2_2_cols = grad_c1_3 + 16; /* 8 x 6912 */
+    CNN_DIGITS_REAL *grad_K2_3 = grad_K2_2_cols + 55296; /* 32 x 144 */
+    CNN_DIGITS_REAL *grad_bcast_c2 = bcast_c2; /* 1 x 512, in bcast_c2's memory */
+    CNN_DIGITS_REAL *grad_c2_2 = grad_K2_3 + 4608; /* 1 x 32 */
+    CNN_DIGITS_REAL *grad_c2_3 = grad_c2_2 + 32; /* 1 x 32 */
+    CNN_DIGITS_REAL *grad_W1_2 = grad_c2_3 + 32; /* 128 x 64 */
+    CNN_DIGITS_REAL *grad_W1_3 = grad_W1_2 + 8192; /* 128 x 64 */
+    CNN_DIGITS_REAL *grad_b1_2 = grad_W1_3 + 8192; /* 1 x 64 */
+    CNN_DIGITS_REAL *grad_b1_3 = grad_b1_2 + 64; /* 1 x 64 */
+    CNN_DIGITS_REAL *grad_W2_2 = grad_b1_3 + 64; /* 64 x 10 */
+    CNN_DIGITS_REAL *grad_W2_3 = grad_W2_2 + 640; /* 64 x 10 */
+    CNN_DIGITS_REAL *grad_b2_2 = grad_W2_3 + 640; /* 1 x 10 */
+    CNN_DIGITS_REAL *grad_b2_3 = grad_b2_2 + 10; /* 1 x 10 */
+    CNN_DIGITS_REAL *bias_correction1 = colsum_logits; /* 1 x 1, in colsum_logits's memory */
+    CNN_DIGITS_REAL *bias_correction2 = grad_b2_3 + 10; /* 1 x 1 */
+
+    cnn_digits_train_step_part1(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, weight_decay, loss, bcast_c2, bcast_c1, conv_K1, conv_K1_cols_2, relu_K1, step_K1, maxpool_K1, conv_K2, conv_K2_cols_2, relu_K2, step_K2, maxpool_K2, mm_W1, relu_W1, step_W1, mm_W2, logits, mul_logits, rowsum_logits, rowlse_logits, add_logits, colsum_logits, grad_logits, grad_relu_W1, grad_add_W1, grad_maxpool_K2, grad_relu_K2, grad_add_K2, grad_maxpool_K1, grad_maxpool_K1_cols_2, grad_relu_K1, grad_add_K1, grad_K1_2, grad_K1_2_cols, grad_K1_3, grad_bcast_c1, grad_c1_2, grad_c1_3, grad_K2_2, grad_K2_2_cols);
+    cnn_digits_train_step_part2(n, K1, c1, K2, c2, W1, b1, W2, b2, lr, beta1, beta2, eps, weight_decay, step, m_K1, v_K1, m_c1, v_c1, m_K2, v_K2, m_c2, v_c2, m_W1, v_W1, m_b1, v_b1, m_W2, v_W2, m_b2, v_b2, maxpool_K2, relu_W1, grad_logits, grad_add_W1, grad_add_K2, grad_K1_3, grad_c1_3, grad_K2_2, grad_K2_3, grad_bcast_c2, grad_c2_2, grad_c2_3, grad_W1_2, grad_W1_3, grad_b1_2, grad_b1_3, grad_W2_2, grad_W2_3, grad_b2_2, grad_b2_3, bias_correction1, bias_correction2);
     return 0;
 }
 #endif

@@ -112,43 +112,45 @@ static int digits_mlp_run(
         return 1;
     }
 
-    /* mm_W1 = X @ W1 */
+    /* where each buffer lies in work */
     DIGITS_MLP_REAL *mm_W1 = work; /* n x 64 */
+    DIGITS_MLP_REAL *tanh_W1 = mm_W1 + 64*n; /* n x 64 */
+    DIGITS_MLP_REAL *mm_W2 = tanh_W1 + 64*n; /* n x 10 */
+    DIGITS_MLP_REAL *mul_logits = mm_W2 + 10*n; /* n x 10 */
+    DIGITS_MLP_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
+    DIGITS_MLP_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
+    DIGITS_MLP_REAL *add_logits = rowlse_logits + n; /* n x 1 */
+    DIGITS_MLP_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
+
+    /* mm_W1 = X @ W1 */
     symbackprop_f64_matmul(n, 64, 64, X, 64, 1, W1, 64, 1, mm_W1);
 
     /* tanh_W1 = tanh(b1 + mm_W1) */
-    DIGITS_MLP_REAL *tanh_W1 = mm_W1 + 64*n; /* n x 64 */
     digits_mlp_loop0(n, tanh_W1, mm_W1, b1);
 
     /* mm_W2 = tanh_W1 @ W2 */
-    DIGITS_MLP_REAL *mm_W2 = tanh_W1 + 64*n; /* n x 10 */
     symbackprop_f64_matmul(n, 10, 64, tanh_W1, 64, 1, W2, 10, 1, mm_W2);
 
     /* logits = b2 + mm_W2 */
     /* mul_logits = T*(b2 + mm_W2) */
-    DIGITS_MLP_REAL *mul_logits = mm_W2 + 10*n; /* n x 10 */
     digits_mlp_loop1(n, logits, mul_logits, T, mm_W2, b2);
 
     /* rowsum_logits = sum of mul_logits along each row */
-    DIGITS_MLP_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
     }
 
     /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
-    DIGITS_MLP_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }
 
     /* add_logits = rowlse_logits - rowsum_logits */
-    DIGITS_MLP_REAL *add_logits = rowlse_logits + n; /* n x 1 */
     digits_mlp_loop2(n, add_logits, rowsum_logits, rowlse_logits);
 
     /* colsum_logits = sum of add_logits down each column */
-    DIGITS_MLP_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
     colsum_logits[0] = symbackprop_f64_sum(add_logits, n, 1);
 
     /* loss = colsum_logits/n */
@@ -160,16 +162,18 @@ static int digits_mlp_run(
         return 0;
     }
 
-    /* grad_logits = -T/n + exp(logits - rowlse_logits)/n */
+    /* the gradient's buffers in work */
     DIGITS_MLP_REAL *grad_logits = mm_W2; /* n x 10, in mm_W2's memory */
+    DIGITS_MLP_REAL *grad_tanh_W1 = mm_W1; /* n x 64, in mm_W1's memory */
+    DIGITS_MLP_REAL *grad_add_W1 = colsum_logits + 1; /* n x 64 */
+
+    /* grad_logits = -T/n + exp(logits - rowlse_logits)/n */
     digits_mlp_loop3(n, grad_logits, T, logits, rowlse_logits);
 
     /* grad_tanh_W1 = grad_logits @ W2^T */
-    DIGITS_MLP_REAL *grad_tanh_W1 = mm_W1; /* n x 64, in mm_W1's memory */
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_tanh_W1);
 
     /* grad_add_W1 = grad_tanh_W1*(1 - tanh_W1**2) */
-    DIGITS_MLP_REAL *grad_add_W1 = colsum_logits + 1; /* n x 64 */
     digits_mlp_loop4(n, grad_add_W1, grad_tanh_W1, tanh_W1);
 
     /* grad_W1 = X^T @ grad_add_W1 */
@@ -284,44 +288,59 @@ int digits_mlp_train_step(
         return 1;
     }
 
-    /* mm_W1 = X @ W1 */
+    /* where each buffer lies in work */
     DIGITS_MLP_REAL *mm_W1 = work; /* n x 64 */
+    DIGITS_MLP_REAL *tanh_W1 = mm_W1 + 64*n; /* n x 64 */
+    DIGITS_MLP_REAL *mm_W2 = tanh_W1 + 64*n; /* n x 10 */
+    DIGITS_MLP_REAL *logits = mm_W2 + 10*n; /* n x 10 */
+    DIGITS_MLP_REAL *mul_logits = logits + 10*n; /* n x 10 */
+    DIGITS_MLP_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
+    DIGITS_MLP_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
+    DIGITS_MLP_REAL *add_logits = rowlse_logits + n; /* n x 1 */
+    DIGITS_MLP_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
+    DIGITS_MLP_REAL *grad_logits = mm_W2; /* n x 10, in mm_W2's memory */
+    DIGITS_MLP_REAL *grad_tanh_W1 = mm_W1; /* n x 64, in mm_W1's memory */
+    DIGITS_MLP_REAL *grad_add_W1 = colsum_logits + 1; /* n x 64 */
+    DIGITS_MLP_REAL *grad_W1_2 = grad_add_W1 + 64*n; /* 64 x 64 */
+    DIGITS_MLP_REAL *grad_W1_3 = grad_W1_2 + 4096; /* 64 x 64 */
+    DIGITS_MLP_REAL *grad_b1_2 = grad_W1_3 + 4096; /* 1 x 64 */
+    DIGITS_MLP_REAL *grad_b1_3 = grad_b1_2 + 64; /* 1 x 64 */
+    DIGITS_MLP_REAL *grad_W2_2 = grad_b1_3 + 64; /* 64 x 10 */
+    DIGITS_MLP_REAL *grad_W2_3 = grad_W2_2 + 640; /* 64 x 10 */
+    DIGITS_MLP_REAL *grad_b2_2 = grad_W2_3 + 640; /* 1 x 10 */
+    DIGITS_MLP_REAL *grad_b2_3 = grad_b2_2 + 10; /* 1 x 10 */
+    DIGITS_MLP_REAL *bias_correction1 = colsum_logits; /* 1 x 1, in colsum_logits's memory */
+    DIGITS_MLP_REAL *bias_correction2 = grad_b2_3 + 10; /* 1 x 1 */
+
+    /* mm_W1 = X @ W1 */
     symbackprop_f64_matmul(n, 64, 64, X, 64, 1, W1, 64, 1, mm_W1);
 
     /* tanh_W1 = tanh(b1 + mm_W1) */
-    DIGITS_MLP_REAL *tanh_W1 = mm_W1 + 64*n; /* n x 64 */
     digits_mlp_loop0(n, tanh_W1, mm_W1, b1);
 
     /* mm_W2 = tanh_W1 @ W2 */
-    DIGITS_MLP_REAL *mm_W2 = tanh_W1 + 64*n; /* n x 10 */
     symbackprop_f64_matmul(n, 10, 64, tanh_W1, 64, 1, W2, 10, 1, mm_W2);
 
     /* logits = b2 + mm_W2 */
     /* mul_logits = T*(b2 + mm_W2) */
-    DIGITS_MLP_REAL *logits = mm_W2 + 10*n; /* n x 10 */
-    DIGITS_MLP_REAL *mul_logits = logits + 10*n; /* n x 10 */
     digits_mlp_loop1(n, logits, mul_logits, T, mm_W2, b2);
 
     /* rowsum_logits = sum of mul_logits along each row */
-    DIGITS_MLP_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
     }
 
     /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
-    DIGITS_MLP_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }
 
     /* add_logits = rowlse_logits - rowsum_logits */
-    DIGITS_MLP_REAL *add_logits = rowlse_logits + n; /* n x 1 */
     digits_mlp_loop2(n, add_logits, rowsum_logits, rowlse_logits);
 
     /* colsum_logits = sum of add_logits down each column */
-    DIGITS_MLP_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
     colsum_logits[0] = symbackprop_f64_sum(add_logits, n, 1);
 
     /* loss = colsum_logits/n */
@@ -330,23 +349,18 @@ int digits_mlp_train_step(
     }
 
     /* grad_logits = -T/n + exp(logits - rowlse_logits)/n */
-    DIGITS_MLP_REAL *grad_logits = mm_W2; /* n x 10, in mm_W2's memory */
     digits_mlp_loop3(n, grad_logits, T, logits, rowlse_logits);
 
     /* grad_tanh_W1 = grad_logits @ W2^T */
-    DIGITS_MLP_REAL *grad_tanh_W1 = mm_W1; /* n x 64, in mm_W1's memory */
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_tanh_W1);
 
     /* grad_add_W1 = grad_tanh_W1*(1 - tanh_W1**2) */
-    DIGITS_MLP_REAL *grad_add_W1 = colsum_logits + 1; /* n x 64 */
     digits_mlp_loop4(n, grad_add_W1, grad_tanh_W1, tanh_W1);
 
     /* grad_W1_2 = X^T @ grad_add_W1 */
-    DIGITS_MLP_REAL *grad_W1_2 = grad_add_W1 + 64*n; /* 64 x 64 */
     symbackprop_f64_matmul(64, 64, n, X, 1, 64, grad_add_W1, 64, 1, grad_W1_2);
 
     /* grad_W1_3 = W1*weight_decay + grad_W1_2 */
-    DIGITS_MLP_REAL *grad_W1_3 = grad_W1_2 + 4096; /* 64 x 64 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -358,11 +372,9 @@ int digits_mlp_train_step(
     }
 
     /* grad_b1_2 = sum of grad_add_W1 down each column */
-    DIGITS_MLP_REAL *grad_b1_2 = grad_W1_3 + 4096; /* 1 x 64 */
     symbackprop_f64_sum_columns(grad_add_W1, n, 64, 64, grad_b1_2);
 
     /* grad_b1_3 = b1*weight_decay + grad_b1_2 */
-    DIGITS_MLP_REAL *grad_b1_3 = grad_b1_2 + 64; /* 1 x 64 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -371,11 +383,9 @@ int digits_mlp_train_step(
     }
 
     /* grad_W2_2 = tanh_W1^T @ grad_logits */
-    DIGITS_MLP_REAL *grad_W2_2 = grad_b1_3 + 64; /* 64 x 10 */
     symbackprop_f64_matmul(64, 10, n, tanh_W1, 1, 64, grad_logits, 10, 1, grad_W2_2);
 
     /* grad_W2_3 = W2*weight_decay + grad_W2_2 */
-    DIGITS_MLP_REAL *grad_W2_3 = grad_W2_2 + 640; /* 64 x 10 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -387,11 +397,9 @@ int digits_mlp_train_step(
     }
 
     /* grad_b2_2 = sum of grad_logits down each column */
-    DIGITS_MLP_REAL *grad_b2_2 = grad_W2_3 + 640; /* 1 x 10 */
     symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2_2);
 
     /* grad_b2_3 = b2*weight_decay + grad_b2_2 */
-    DIGITS_MLP_REAL *grad_b2_3 = grad_b2_2 + 10; /* 1 x 10 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 10; ++j) {
@@ -418,8 +426,6 @@ int digits_mlp_train_step(
     /* step = step + 1 */
     /* bias_correction1 = 1 - beta1**(step + 1) */
     /* bias_correction2 = 1 - beta2**(step + 1) */
-    DIGITS_MLP_REAL *bias_correction1 = colsum_logits; /* 1 x 1, in colsum_logits's memory */
-    DIGITS_MLP_REAL *bias_correction2 = grad_b2_3 + 10; /* 1 x 1 */
     {
         const DIGITS_MLP_REAL step_in = step[0];
         const DIGITS_MLP_REAL x0 = step_in + 1;

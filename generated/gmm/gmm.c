@@ -61,15 +61,25 @@ static int gmm_run(
         return 1;
     }
 
-    /* collse_alpha = log(sum(exp(alpha))) down each column, its max subtracted first */
+    /* where each buffer lies in work */
     GMM_REAL *collse_alpha = work; /* 1 x 1 */
+    GMM_REAL *X_by_column = collse_alpha + 1; /* 3 x N */
+    GMM_REAL *rowlse_log_density = X_by_column + 3*N; /* N x 1 */
+    GMM_REAL *colsum_log_density = rowlse_log_density + N; /* 1 x 1 */
+    GMM_REAL *exp_qd = colsum_log_density + 1; /* K x 3 */
+    GMM_REAL *colsum_qd = exp_qd + 3*K; /* 1 x 3 */
+    GMM_REAL *rowsum_qd = colsum_qd + 3; /* 1 x 1 */
+    GMM_REAL *sq_ql = with_grads ? rowsum_qd + 1 : exp_qd; /* K x 3 */
+    GMM_REAL *colsum_ql = colsum_qd; /* 1 x 3, in colsum_qd's memory */
+    GMM_REAL *rowsum_ql = with_grads ? sq_ql + 3*K : rowsum_qd + 1; /* 1 x 1 */
+
+    /* collse_alpha = log(sum(exp(alpha))) down each column, its max subtracted first */
     collse_alpha[0] = symbackprop_f64_logsumexp(alpha, K, 1);
 
     /* log_density[i, j] = alpha[j, 0] + qd[j, 0] + qd[j, 1] + qd[j, 2] - (X[i, 0] -
      * means[j, 0])**2*exp(2*qd[j, 0])/2 - (ql[j, 0]*(X[i, 0] - means[j, 0]) + (X[i, 1] -
      * means[j, 1])*exp(qd[j, 1]))**2/2 - (ql[j, 1]*(X[i, 0] - means[j, 0]) +
      * ql[j, 2]*(X[i, 1] - means[j, 1]) + (X[i, 2] - means[j, 2])*exp(qd[j, 2]))**2/2 */
-    GMM_REAL *X_by_column = collse_alpha + 1; /* 3 x N */
     /* X_by_column: the rows of X the inner loop reads, by column */
     for (int64_t i = 0; i < N; ++i) {
         X_by_column[i] = X[3*i];
@@ -103,18 +113,15 @@ static int gmm_run(
     }
 
     /* rowlse_log_density = log(sum(exp(log_density))) along each row, its max subtracted first */
-    GMM_REAL *rowlse_log_density = X_by_column + 3*N; /* N x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         rowlse_log_density[i] = symbackprop_f64_logsumexp(log_density + K*i, K, 1);
     }
 
     /* colsum_log_density = sum of rowlse_log_density down each column */
-    GMM_REAL *colsum_log_density = rowlse_log_density + N; /* 1 x 1 */
     colsum_log_density[0] = symbackprop_f64_sum(rowlse_log_density, N, 1);
 
     /* exp_qd = exp(2*qd) */
-    GMM_REAL *exp_qd = colsum_log_density + 1; /* K x 3 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < K; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
@@ -123,15 +130,12 @@ static int gmm_run(
     }
 
     /* colsum_qd = sum of exp_qd down each column */
-    GMM_REAL *colsum_qd = exp_qd + 3*K; /* 1 x 3 */
     symbackprop_f64_sum_columns(exp_qd, K, 3, 3, colsum_qd);
 
     /* rowsum_qd = sum of colsum_qd along each row */
-    GMM_REAL *rowsum_qd = colsum_qd + 3; /* 1 x 1 */
     rowsum_qd[0] = symbackprop_f64_sum(colsum_qd, 3, 1);
 
     /* sq_ql = ql**2 */
-    GMM_REAL *sq_ql = with_grads ? rowsum_qd + 1 : exp_qd; /* K x 3 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < K; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
@@ -140,11 +144,9 @@ static int gmm_run(
     }
 
     /* colsum_ql = sum of sq_ql down each column */
-    GMM_REAL *colsum_ql = colsum_qd; /* 1 x 3, in colsum_qd's memory */
     symbackprop_f64_sum_columns(sq_ql, K, 3, 3, colsum_ql);
 
     /* rowsum_ql = sum of colsum_ql along each row */
-    GMM_REAL *rowsum_ql = with_grads ? sq_ql + 3*K : rowsum_qd + 1; /* 1 x 1 */
     rowsum_ql[0] = symbackprop_f64_sum(colsum_ql, 3, 1);
 
     /* loss = N*collse_alpha + 3*N*log(2*pi)/2 - colsum_log_density + rowsum_qd/2 + rowsum_ql/2 */
@@ -156,8 +158,14 @@ static int gmm_run(
         return 0;
     }
 
-    /* grad_log_density = -exp(log_density - rowlse_log_density) */
+    /* the gradient's buffers in work */
     GMM_REAL *grad_log_density = rowsum_ql + 1; /* N x K */
+    GMM_REAL *X_by_column_2 = X_by_column; /* 3 x N, in X_by_column's memory */
+    GMM_REAL *grad_alpha_part = grad_log_density + K*N; /* K x 1 */
+    GMM_REAL *grad_qd_part = sq_ql; /* K x 3, in sq_ql's memory */
+    GMM_REAL *grad_ql_part = grad_alpha_part + K; /* K x 3 */
+
+    /* grad_log_density = -exp(log_density - rowlse_log_density) */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < N; ++i) {
         for (int64_t j = 0; j < K; ++j) {
@@ -184,10 +192,6 @@ static int gmm_run(
      * means[j, 0])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) -
      * (X[i, 2] - means[j, 2])*exp(qd[j, 2])), grad_log_density[i, j]*(X[i, 1] -
      * means[j, 1])*(-ql[j, 1]*(X[i, 0] - means[j, 0]) - ql[j, 2]*(X[i, 1] - means[j, 1]) - ... */
-    GMM_REAL *X_by_column_2 = X_by_column; /* 3 x N, in X_by_column's memory */
-    GMM_REAL *grad_alpha_part = grad_log_density + K*N; /* K x 1 */
-    GMM_REAL *grad_qd_part = sq_ql; /* K x 3, in sq_ql's memory */
-    GMM_REAL *grad_ql_part = grad_alpha_part + K; /* K x 3 */
     /* X_by_column_2: the rows of X the inner loop reads, by column */
     for (int64_t i = 0; i < N; ++i) {
         X_by_column_2[i] = X[3*i];

@@ -86,12 +86,11 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     const LSTM_LM_REAL *V,
     const LSTM_LM_REAL *c,
     LSTM_LM_REAL *logits,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *scan_W_i
 )
 {
     /* scan_W_i = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of
      * logits */
-    LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
     {
         LSTM_LM_REAL *scan_W_i_base = (LSTM_LM_REAL *)(((uintptr_t)scan_W_i + 63) & ~(uintptr_t)63);
         LSTM_LM_REAL *scan_W_i_cur = scan_W_i_base;
@@ -292,50 +291,40 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
 /* lstm_lm_forward, part 2 of 2 (kernels 2 to 8): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED void lstm_lm_forward_part2(
     int64_t T,
     const LSTM_LM_REAL *Y,
     LSTM_LM_REAL *loss,
     LSTM_LM_REAL *logits,
-    LSTM_LM_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-LSTM_LM_SHARED void lstm_lm_forward_part2(
-    int64_t T,
-    const LSTM_LM_REAL *Y,
-    LSTM_LM_REAL *loss,
-    LSTM_LM_REAL *logits,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *mul_logits,
+    LSTM_LM_REAL *rowsum_logits,
+    LSTM_LM_REAL *rowlse_logits,
+    LSTM_LM_REAL *add_logits,
+    LSTM_LM_REAL *colsum_logits
 )
 {
-    LSTM_LM_REAL *scan_W_i = work; /* 444 x 1; placed in an earlier part */
     /* logits: the output 0 of the loop of scan_W_i, written by it */
 
     /* mul_logits = Y*logits */
-    LSTM_LM_REAL *mul_logits = scan_W_i + 444; /* T x 30 */
     lstm_lm_loop0(T, mul_logits, Y, logits);
 
     /* rowsum_logits = sum of mul_logits along each row */
-    LSTM_LM_REAL *rowsum_logits = mul_logits + 30*T; /* T x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 30*i, 30, 1);
     }
 
     /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
-    LSTM_LM_REAL *rowlse_logits = rowsum_logits + T; /* T x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 30*i, 30, 1);
     }
 
     /* add_logits = rowlse_logits - rowsum_logits */
-    LSTM_LM_REAL *add_logits = rowlse_logits + T; /* T x 1 */
     lstm_lm_loop1(T, add_logits, rowsum_logits, rowlse_logits);
 
     /* colsum_logits = sum of add_logits down each column */
-    LSTM_LM_REAL *colsum_logits = add_logits + T; /* 1 x 1 */
     colsum_logits[0] = symbackprop_f64_sum(add_logits, T, 1);
 
     /* loss = colsum_logits/T */
@@ -373,8 +362,17 @@ int lstm_lm_forward(
     if (T < 1) {
         return 1;
     }
-    lstm_lm_forward_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c, logits, work);
-    lstm_lm_forward_part2(T, Y, loss, logits, work);
+
+    /* where each buffer lies in work */
+    LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
+    LSTM_LM_REAL *mul_logits = scan_W_i + 444; /* T x 30 */
+    LSTM_LM_REAL *rowsum_logits = mul_logits + 30*T; /* T x 1 */
+    LSTM_LM_REAL *rowlse_logits = rowsum_logits + T; /* T x 1 */
+    LSTM_LM_REAL *add_logits = rowlse_logits + T; /* T x 1 */
+    LSTM_LM_REAL *colsum_logits = add_logits + T; /* 1 x 1 */
+
+    lstm_lm_forward_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c, logits, scan_W_i);
+    lstm_lm_forward_part2(T, Y, loss, logits, mul_logits, rowsum_logits, rowlse_logits, add_logits, colsum_logits);
     return 0;
 }
 #endif
@@ -410,7 +408,9 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     const LSTM_LM_REAL *b_o,
     const LSTM_LM_REAL *V,
     const LSTM_LM_REAL *c,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *scan_W_i,
+    LSTM_LM_REAL *logits,
+    LSTM_LM_REAL *scan_part_W_i
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
@@ -430,14 +430,13 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     const LSTM_LM_REAL *b_o,
     const LSTM_LM_REAL *V,
     const LSTM_LM_REAL *c,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *scan_W_i,
+    LSTM_LM_REAL *logits,
+    LSTM_LM_REAL *scan_part_W_i
 )
 {
     /* scan_W_i = scan over t < T: (h, cell) = step(h, cell, x = row t); outputs in rows of
      * logits; one state in 32 kept in scan_part_W_i */
-    LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
-    LSTM_LM_REAL *logits = scan_W_i + 444; /* T x 30 */
-    LSTM_LM_REAL *scan_part_W_i = logits + 30*T; /* ((T + 31)/32) x 32 */
     {
         LSTM_LM_REAL *scan_W_i_base = (LSTM_LM_REAL *)(((uintptr_t)scan_W_i + 63) & ~(uintptr_t)63);
         LSTM_LM_REAL *scan_W_i_cur = scan_W_i_base;
@@ -648,44 +647,49 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     int64_t T,
     const LSTM_LM_REAL *Y,
     LSTM_LM_REAL *loss,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *logits,
+    LSTM_LM_REAL *mul_logits,
+    LSTM_LM_REAL *rowsum_logits,
+    LSTM_LM_REAL *rowlse_logits,
+    LSTM_LM_REAL *add_logits,
+    LSTM_LM_REAL *colsum_logits,
+    LSTM_LM_REAL *grad_logits
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     int64_t T,
     const LSTM_LM_REAL *Y,
     LSTM_LM_REAL *loss,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *logits,
+    LSTM_LM_REAL *mul_logits,
+    LSTM_LM_REAL *rowsum_logits,
+    LSTM_LM_REAL *rowlse_logits,
+    LSTM_LM_REAL *add_logits,
+    LSTM_LM_REAL *colsum_logits,
+    LSTM_LM_REAL *grad_logits
 )
 {
-    LSTM_LM_REAL *logits = work + 444; /* T x 30; placed in an earlier part */
-    LSTM_LM_REAL *scan_part_W_i = work + 30*T + 444; /* ((T + 31)/32) x 32; placed in an earlier part */
     /* logits: the output 0 of the loop of scan_W_i, written by it */
 
     /* mul_logits = Y*logits */
-    LSTM_LM_REAL *mul_logits = scan_part_W_i + 32*((T + 31)/32); /* T x 30 */
     lstm_lm_loop0(T, mul_logits, Y, logits);
 
     /* rowsum_logits = sum of mul_logits along each row */
-    LSTM_LM_REAL *rowsum_logits = mul_logits + 30*T; /* T x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 30*i, 30, 1);
     }
 
     /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
-    LSTM_LM_REAL *rowlse_logits = rowsum_logits + T; /* T x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 30*i, 30, 1);
     }
 
     /* add_logits = rowlse_logits - rowsum_logits */
-    LSTM_LM_REAL *add_logits = rowlse_logits + T; /* T x 1 */
     lstm_lm_loop1(T, add_logits, rowsum_logits, rowlse_logits);
 
     /* colsum_logits = sum of add_logits down each column */
-    LSTM_LM_REAL *colsum_logits = add_logits + T; /* 1 x 1 */
     colsum_logits[0] = symbackprop_f64_sum(add_logits, T, 1);
 
     /* loss = colsum_logits/T */
@@ -696,7 +700,6 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     /* scan_part_W_i: the kept states of the loop of scan_W_i, written by it */
 
     /* grad_logits = -Y/T + exp(logits - rowlse_logits)/T */
-    LSTM_LM_REAL *grad_logits = mul_logits; /* T x 30, in mul_logits's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         for (int64_t j = 0; j < 30; ++j) {
@@ -742,7 +745,9 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     LSTM_LM_REAL *grad_b_o,
     LSTM_LM_REAL *grad_V,
     LSTM_LM_REAL *grad_c,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *scan_part_W_i,
+    LSTM_LM_REAL *grad_logits,
+    LSTM_LM_REAL *scan_vjp_W_i
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
@@ -776,16 +781,14 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     LSTM_LM_REAL *grad_b_o,
     LSTM_LM_REAL *grad_V,
     LSTM_LM_REAL *grad_c,
-    LSTM_LM_REAL *work
+    LSTM_LM_REAL *scan_part_W_i,
+    LSTM_LM_REAL *grad_logits,
+    LSTM_LM_REAL *scan_vjp_W_i
 )
 {
-    LSTM_LM_REAL *scan_part_W_i = work + 30*T + 444; /* ((T + 31)/32) x 32; placed in an earlier part */
-    LSTM_LM_REAL *colsum_logits = work + 63*T + 32*((T + 31)/32) + 444; /* 1 x 1; placed in an earlier part */
-    LSTM_LM_REAL *grad_logits = work + 30*T + 32*((T + 31)/32) + 444; /* T x 30, in mul_logits's memory; placed in an earlier part */
     /* scan_vjp_W_i = backward scan over t = T-1 .. 0: adjoints of (h, cell) and of the
      * step's inputs and params, from the states kept in scan_part_W_i, each segment of 32
      * steps recomputed from its checkpoint */
-    LSTM_LM_REAL *scan_vjp_W_i = colsum_logits + 1; /* 9374 x 1 */
     {
         LSTM_LM_REAL *scan_vjp_W_i_base = (LSTM_LM_REAL *)(((uintptr_t)scan_vjp_W_i + 63) & ~(uintptr_t)63);
         LSTM_LM_REAL *scan_vjp_W_i_cur = scan_vjp_W_i_base;
@@ -1334,7 +1337,11 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
 /* lstm_lm_value_and_grad, part 4 of 4 (kernels 12 to 25): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
+LSTM_LM_SHARED void lstm_lm_value_and_grad_part4(
+    void
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_LM_SHARED void lstm_lm_value_and_grad_part4(
     void
 )
@@ -1410,9 +1417,22 @@ int lstm_lm_value_and_grad(
     if (T < 1) {
         return 1;
     }
-    lstm_lm_value_and_grad_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c, work);
-    lstm_lm_value_and_grad_part2(T, Y, loss, work);
-    lstm_lm_value_and_grad_part3(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c, grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c, work);
+
+    /* where each buffer lies in work */
+    LSTM_LM_REAL *scan_W_i = work; /* 444 x 1 */
+    LSTM_LM_REAL *logits = scan_W_i + 444; /* T x 30 */
+    LSTM_LM_REAL *scan_part_W_i = logits + 30*T; /* ((T + 31)/32) x 32 */
+    LSTM_LM_REAL *mul_logits = scan_part_W_i + 32*((T + 31)/32); /* T x 30 */
+    LSTM_LM_REAL *rowsum_logits = mul_logits + 30*T; /* T x 1 */
+    LSTM_LM_REAL *rowlse_logits = rowsum_logits + T; /* T x 1 */
+    LSTM_LM_REAL *add_logits = rowlse_logits + T; /* T x 1 */
+    LSTM_LM_REAL *colsum_logits = add_logits + T; /* 1 x 1 */
+    LSTM_LM_REAL *grad_logits = mul_logits; /* T x 30, in mul_logits's memory */
+    LSTM_LM_REAL *scan_vjp_W_i = colsum_logits + 1; /* 9374 x 1 */
+
+    lstm_lm_value_and_grad_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c, scan_W_i, logits, scan_part_W_i);
+    lstm_lm_value_and_grad_part2(T, Y, loss, logits, mul_logits, rowsum_logits, rowlse_logits, add_logits, colsum_logits, grad_logits);
+    lstm_lm_value_and_grad_part3(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c, grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c, scan_part_W_i, grad_logits, scan_vjp_W_i);
     lstm_lm_value_and_grad_part4();
     return 0;
 }

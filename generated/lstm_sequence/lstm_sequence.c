@@ -51,21 +51,6 @@ LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product1(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 8, 1, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 1, 8, a, 8, 1, b, 1, 0, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product5(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 1, 8, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_product8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul(8, 8, s0, a, 1, 8, b, 8, 1, c);
@@ -78,14 +63,14 @@ void lstm_sequence_product0(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_
     symbackprop_f64_matmul(s0, 8, 1, a, 1, 0, b, 0, 1, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product2(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product1(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
-    symbackprop_f64_matmul_add(s0, 8, 1, a, 1, 0, b, 0, 1, c);
+    symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 8, 1, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
-    symbackprop_f64_matmul(1, 8, s0, a, 0, 1, b, 8, 1, c);
+    symbackprop_f64_matmul(s0, 1, 8, a, 8, 1, b, 1, 0, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_product6(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
@@ -93,21 +78,38 @@ void lstm_sequence_product6(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_
     symbackprop_f64_matmul_add(s0, 8, 8, a, 8, 1, b, 1, 8, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
-    symbackprop_f64_matmul_add(8, 8, s0, a, 1, 8, b, 8, 1, c);
+    symbackprop_f64_matmul(8, 1, s0, a, 1, 8, b, 1, 0, c);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(1, 8, s0, a, 0, 1, b, 8, 1, c);
+}
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_product7(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul_add(1, 8, s0, a, 0, 1, b, 8, 1, c);
 }
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product2(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
 {
-    symbackprop_f64_matmul(8, 1, s0, a, 1, 8, b, 1, 0, c);
+    symbackprop_f64_matmul_add(s0, 8, 1, a, 1, 0, b, 0, 1, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product5(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 1, 8, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul_add(8, 8, s0, a, 1, 8, b, 8, 1, c);
 }
 #endif
 
@@ -152,12 +154,54 @@ void lstm_sequence_loop3(
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_loop2(
+    int64_t n,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
+    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
+    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            const LSTM_SEQUENCE_REAL x0 = (((a5[8*i + j] + a6[j]) >= 0 ? 1.0 : exp(-fabs(a5[8*i + j] + a6[j]))) / (1.0 + exp(-fabs(a5[8*i + j] + a6[j]))));
+            const LSTM_SEQUENCE_REAL x1 = a7[8*i + j]*a8[8*i + j] + a9[8*i + j]*x0;
+            const LSTM_SEQUENCE_REAL x2 = tanh(x1);
+            a0[8*i + j] = x0;
+            a1[8*i + j] = x1;
+            a2[8*i + j] = x2;
+            a3[8*i + j] = a4[8*i + j]*x2;
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_loop0(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
             a0[8*i + j] = (((a1[8*i + j] + a2[j]) >= 0 ? 1.0 : exp(-fabs(a1[8*i + j] + a2[j]))) / (1.0 + exp(-fabs(a1[8*i + j] + a2[j]))));
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_loop1(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 8; ++j) {
+            a0[8*i + j] = tanh(a1[8*i + j] + a2[j]);
         }
     }
 }
@@ -195,46 +239,6 @@ void lstm_sequence_loop3(
     }
 }
 #endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop1(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            a0[8*i + j] = tanh(a1[8*i + j] + a2[j]);
-        }
-    }
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop2(
-    int64_t n,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2,
-    LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a3,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a4,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a5,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a6,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a7,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a8,
-    const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((a5[8*i + j] + a6[j]) >= 0 ? 1.0 : exp(-fabs(a5[8*i + j] + a6[j]))) / (1.0 + exp(-fabs(a5[8*i + j] + a6[j]))));
-            const LSTM_SEQUENCE_REAL x1 = a7[8*i + j]*a8[8*i + j] + a9[8*i + j]*x0;
-            const LSTM_SEQUENCE_REAL x2 = tanh(x1);
-            a0[8*i + j] = x0;
-            a1[8*i + j] = x1;
-            a2[8*i + j] = x2;
-            a3[8*i + j] = a4[8*i + j]*x2;
-        }
-    }
-}
-#endif
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads)
@@ -268,38 +272,59 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     const LSTM_SEQUENCE_REAL *b_f,
     const LSTM_SEQUENCE_REAL *b_g,
     const LSTM_SEQUENCE_REAL *b_o,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *mm_W_o,
+    LSTM_SEQUENCE_REAL *sigmoid_W_o,
+    LSTM_SEQUENCE_REAL *mm_W_i,
+    LSTM_SEQUENCE_REAL *sigmoid_W_i,
+    LSTM_SEQUENCE_REAL *mm_W_g,
+    LSTM_SEQUENCE_REAL *tanh_W_g,
+    LSTM_SEQUENCE_REAL *mul_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_i,
+    LSTM_SEQUENCE_REAL *mul_W_o,
+    LSTM_SEQUENCE_REAL *mm_U_o,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o,
+    LSTM_SEQUENCE_REAL *mm_U_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i,
+    LSTM_SEQUENCE_REAL *mm_U_g,
+    LSTM_SEQUENCE_REAL *tanh_U_g,
+    LSTM_SEQUENCE_REAL *mm_U_f,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f,
+    LSTM_SEQUENCE_REAL *add_U_i,
+    LSTM_SEQUENCE_REAL *tanh_U_i,
+    LSTM_SEQUENCE_REAL *mul_U_o,
+    LSTM_SEQUENCE_REAL *mm_U_o_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
+    LSTM_SEQUENCE_REAL *mm_U_i_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_2,
+    LSTM_SEQUENCE_REAL *mm_U_g_2,
+    LSTM_SEQUENCE_REAL *tanh_U_g_2,
+    LSTM_SEQUENCE_REAL *mm_U_f_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
+    LSTM_SEQUENCE_REAL *add_U_i_2,
+    LSTM_SEQUENCE_REAL *tanh_U_i_2,
+    LSTM_SEQUENCE_REAL *mul_U_o_2,
+    LSTM_SEQUENCE_REAL *mm_U_o_3
 )
 {
     /* mm_W_o = x1 @ W_o */
-    LSTM_SEQUENCE_REAL *mm_W_o = work; /* n x 8 */
     lstm_sequence_product0(n, x1_, W_o, mm_W_o);
 
     /* sigmoid_W_o = sigmoid(b_o + mm_W_o) */
-    LSTM_SEQUENCE_REAL *sigmoid_W_o = mm_W_o + 8*n; /* n x 8 */
     lstm_sequence_loop0(n, sigmoid_W_o, mm_W_o, b_o);
 
     /* mm_W_i = x1 @ W_i */
-    LSTM_SEQUENCE_REAL *mm_W_i = mm_W_o; /* n x 8, in mm_W_o's memory */
     lstm_sequence_product0(n, x1_, W_i, mm_W_i);
 
     /* sigmoid_W_i = sigmoid(b_i + mm_W_i) */
-    LSTM_SEQUENCE_REAL *sigmoid_W_i = sigmoid_W_o + 8*n; /* n x 8 */
     lstm_sequence_loop0(n, sigmoid_W_i, mm_W_i, b_i);
 
     /* mm_W_g = x1 @ W_g */
-    LSTM_SEQUENCE_REAL *mm_W_g = mm_W_i; /* n x 8, in mm_W_i's memory */
     lstm_sequence_product0(n, x1_, W_g, mm_W_g);
 
     /* tanh_W_g = tanh(b_g + mm_W_g) */
     /* mul_W_i = sigmoid_W_i*tanh(b_g + mm_W_g) */
     /* tanh_W_i = tanh(sigmoid_W_i*tanh(b_g + mm_W_g)) */
     /* mul_W_o = sigmoid_W_o*tanh(sigmoid_W_i*tanh(b_g + mm_W_g)) */
-    LSTM_SEQUENCE_REAL *tanh_W_g = sigmoid_W_i + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_W_i = tanh_W_g + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_W_i = mul_W_i + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_W_o = tanh_W_i + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -314,40 +339,33 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     }
 
     /* mm_U_o = mul_W_o @ U_o, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_o = with_grads ? mm_W_g : sigmoid_W_o; /* n x 8, in mm_W_g's memory */
     lstm_sequence_product1(n, mul_W_o, U_o, mm_U_o);
 
     /* mm_U_o += x2 @ W_o */
     lstm_sequence_product2(n, x2_, W_o, mm_U_o);
 
     /* sigmoid_U_o = sigmoid(b_o + mm_U_o) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o = with_grads ? mul_W_o + 8*n : sigmoid_W_i; /* n x 8 */
     lstm_sequence_loop0(n, sigmoid_U_o, mm_U_o, b_o);
 
     /* mm_U_i = mul_W_o @ U_i, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_i = with_grads ? mm_U_o : mm_W_g; /* n x 8, in mm_U_o's memory */
     lstm_sequence_product1(n, mul_W_o, U_i, mm_U_i);
 
     /* mm_U_i += x2 @ W_i */
     lstm_sequence_product2(n, x2_, W_i, mm_U_i);
 
     /* sigmoid_U_i = sigmoid(b_i + mm_U_i) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i = with_grads ? sigmoid_U_o + 8*n : tanh_W_g; /* n x 8 */
     lstm_sequence_loop0(n, sigmoid_U_i, mm_U_i, b_i);
 
     /* mm_U_g = mul_W_o @ U_g, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_g = with_grads ? mm_U_i : tanh_W_i; /* n x 8, in mm_U_i's memory */
     lstm_sequence_product1(n, mul_W_o, U_g, mm_U_g);
 
     /* mm_U_g += x2 @ W_g */
     lstm_sequence_product2(n, x2_, W_g, mm_U_g);
 
     /* tanh_U_g = tanh(b_g + mm_U_g) */
-    LSTM_SEQUENCE_REAL *tanh_U_g = with_grads ? sigmoid_U_i + 8*n : mm_U_o; /* n x 8 */
     lstm_sequence_loop1(n, tanh_U_g, mm_U_g, b_g);
 
     /* mm_U_f = mul_W_o @ U_f, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_f = with_grads ? mm_U_g : mm_U_i; /* n x 8, in mm_U_g's memory */
     lstm_sequence_product1(n, mul_W_o, U_f, mm_U_f);
 
     /* mm_U_f += x2 @ W_f */
@@ -357,47 +375,36 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     /* add_U_i = mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g */
     /* tanh_U_i = tanh(mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g) */
     /* mul_U_o = sigmoid_U_o*tanh(mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f = with_grads ? tanh_U_g + 8*n : mm_U_g; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_i = with_grads ? sigmoid_U_f + 8*n : mul_W_o; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_i = with_grads ? add_U_i + 8*n : mul_W_o + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o = tanh_U_i + 8*n; /* n x 8 */
     lstm_sequence_loop2(n, sigmoid_U_f, add_U_i, tanh_U_i, mul_U_o, sigmoid_U_o, mm_U_f, b_f, sigmoid_U_i, tanh_U_g, mul_W_i);
 
     /* mm_U_o_2 = mul_U_o @ U_o, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_o_2 = with_grads ? mm_U_f : mul_W_i; /* n x 8, in mm_U_f's memory */
     lstm_sequence_product1(n, mul_U_o, U_o, mm_U_o_2);
 
     /* mm_U_o_2 += x3 @ W_o */
     lstm_sequence_product2(n, x3_, W_o, mm_U_o_2);
 
     /* sigmoid_U_o_2 = sigmoid(b_o + mm_U_o_2) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_2 = with_grads ? mul_U_o + 8*n : sigmoid_U_o; /* n x 8 */
     lstm_sequence_loop0(n, sigmoid_U_o_2, mm_U_o_2, b_o);
 
     /* mm_U_i_2 = mul_U_o @ U_i, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_i_2 = with_grads ? mm_U_o_2 : sigmoid_U_i; /* n x 8, in mm_U_o_2's memory */
     lstm_sequence_product1(n, mul_U_o, U_i, mm_U_i_2);
 
     /* mm_U_i_2 += x3 @ W_i */
     lstm_sequence_product2(n, x3_, W_i, mm_U_i_2);
 
     /* sigmoid_U_i_2 = sigmoid(b_i + mm_U_i_2) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_2 = with_grads ? sigmoid_U_o_2 + 8*n : tanh_U_g; /* n x 8 */
     lstm_sequence_loop0(n, sigmoid_U_i_2, mm_U_i_2, b_i);
 
     /* mm_U_g_2 = mul_U_o @ U_g, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_g_2 = with_grads ? mm_U_i_2 : mm_U_f; /* n x 8, in mm_U_i_2's memory */
     lstm_sequence_product1(n, mul_U_o, U_g, mm_U_g_2);
 
     /* mm_U_g_2 += x3 @ W_g */
     lstm_sequence_product2(n, x3_, W_g, mm_U_g_2);
 
     /* tanh_U_g_2 = tanh(b_g + mm_U_g_2) */
-    LSTM_SEQUENCE_REAL *tanh_U_g_2 = with_grads ? sigmoid_U_i_2 + 8*n : sigmoid_U_f; /* n x 8 */
     lstm_sequence_loop1(n, tanh_U_g_2, mm_U_g_2, b_g);
 
     /* mm_U_f_2 = mul_U_o @ U_f, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_f_2 = with_grads ? mm_U_g_2 : tanh_U_i; /* n x 8, in mm_U_g_2's memory */
     lstm_sequence_product1(n, mul_U_o, U_f, mm_U_f_2);
 
     /* mm_U_f_2 += x3 @ W_f */
@@ -407,14 +414,9 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     /* add_U_i_2 = add_U_i*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_2 */
     /* tanh_U_i_2 = tanh(add_U_i*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_2) */
     /* mul_U_o_2 = sigmoid_U_o_2*tanh(add_U_i*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_2) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_2 = with_grads ? tanh_U_g_2 + 8*n : mm_U_o_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_i_2 = with_grads ? sigmoid_U_f_2 + 8*n : mm_U_i_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_i_2 = with_grads ? add_U_i_2 + 8*n : mm_U_g_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_2 = with_grads ? tanh_U_i_2 + 8*n : mul_U_o; /* n x 8 */
     lstm_sequence_loop2(n, sigmoid_U_f_2, add_U_i_2, tanh_U_i_2, mul_U_o_2, sigmoid_U_o_2, mm_U_f_2, b_f, sigmoid_U_i_2, tanh_U_g_2, add_U_i);
 
     /* mm_U_o_3 = mul_U_o_2 @ U_o, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_o_3 = with_grads ? mm_U_f_2 : add_U_i; /* n x 8, in mm_U_f_2's memory */
     lstm_sequence_product1(n, mul_U_o_2, U_o, mm_U_o_3);
 
     /* mm_U_o_3 += x4 @ W_o */
@@ -443,8 +445,37 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     const LSTM_SEQUENCE_REAL *b_f,
     const LSTM_SEQUENCE_REAL *b_g,
     const LSTM_SEQUENCE_REAL *b_o,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *add_U_i_2,
+    LSTM_SEQUENCE_REAL *mul_U_o_2,
+    LSTM_SEQUENCE_REAL *mm_U_o_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
+    LSTM_SEQUENCE_REAL *mm_U_i_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_3,
+    LSTM_SEQUENCE_REAL *mm_U_g_3,
+    LSTM_SEQUENCE_REAL *tanh_U_g_3,
+    LSTM_SEQUENCE_REAL *mm_U_f_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
+    LSTM_SEQUENCE_REAL *add_U_i_3,
+    LSTM_SEQUENCE_REAL *tanh_U_i_3,
+    LSTM_SEQUENCE_REAL *mul_U_o_3,
+    LSTM_SEQUENCE_REAL *mm_U_o_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
+    LSTM_SEQUENCE_REAL *mm_U_i_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_4,
+    LSTM_SEQUENCE_REAL *mm_U_g_4,
+    LSTM_SEQUENCE_REAL *tanh_U_g_4,
+    LSTM_SEQUENCE_REAL *mm_U_f_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
+    LSTM_SEQUENCE_REAL *add_U_i_4,
+    LSTM_SEQUENCE_REAL *tanh_U_i_4,
+    LSTM_SEQUENCE_REAL *mul_U_o_4,
+    LSTM_SEQUENCE_REAL *mm_U_o_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *mm_U_i_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *mm_U_g_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_5,
+    LSTM_SEQUENCE_REAL *mm_U_f_5
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
@@ -464,47 +495,61 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     const LSTM_SEQUENCE_REAL *b_f,
     const LSTM_SEQUENCE_REAL *b_g,
     const LSTM_SEQUENCE_REAL *b_o,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *add_U_i_2,
+    LSTM_SEQUENCE_REAL *mul_U_o_2,
+    LSTM_SEQUENCE_REAL *mm_U_o_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
+    LSTM_SEQUENCE_REAL *mm_U_i_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_3,
+    LSTM_SEQUENCE_REAL *mm_U_g_3,
+    LSTM_SEQUENCE_REAL *tanh_U_g_3,
+    LSTM_SEQUENCE_REAL *mm_U_f_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
+    LSTM_SEQUENCE_REAL *add_U_i_3,
+    LSTM_SEQUENCE_REAL *tanh_U_i_3,
+    LSTM_SEQUENCE_REAL *mul_U_o_3,
+    LSTM_SEQUENCE_REAL *mm_U_o_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
+    LSTM_SEQUENCE_REAL *mm_U_i_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_4,
+    LSTM_SEQUENCE_REAL *mm_U_g_4,
+    LSTM_SEQUENCE_REAL *tanh_U_g_4,
+    LSTM_SEQUENCE_REAL *mm_U_f_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
+    LSTM_SEQUENCE_REAL *add_U_i_4,
+    LSTM_SEQUENCE_REAL *tanh_U_i_4,
+    LSTM_SEQUENCE_REAL *mul_U_o_4,
+    LSTM_SEQUENCE_REAL *mm_U_o_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *mm_U_i_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *mm_U_g_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_5,
+    LSTM_SEQUENCE_REAL *mm_U_f_5
 )
 {
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_2 = with_grads ? work + 112*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_2 = with_grads ? work + 120*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_g_2 = with_grads ? work + 128*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *mm_U_f_2 = with_grads ? work : work + 56*n; /* n x 8, in mm_U_g_2's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_2 = with_grads ? work + 136*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *add_U_i_2 = with_grads ? work + 144*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_i_2 = with_grads ? work + 152*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *mul_U_o_2 = with_grads ? work + 160*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *mm_U_o_3 = with_grads ? work : work + 48*n; /* n x 8, in mm_U_f_2's memory; placed in an earlier part */
     /* sigmoid_U_o_3 = sigmoid(b_o + mm_U_o_3) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_3 = with_grads ? mul_U_o_2 + 8*n : sigmoid_U_o_2; /* n x 8 */
     lstm_sequence_loop0(n, sigmoid_U_o_3, mm_U_o_3, b_o);
 
     /* mm_U_i_3 = mul_U_o_2 @ U_i, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_i_3 = with_grads ? mm_U_o_3 : sigmoid_U_i_2; /* n x 8, in mm_U_o_3's memory */
     lstm_sequence_product1(n, mul_U_o_2, U_i, mm_U_i_3);
 
     /* mm_U_i_3 += x4 @ W_i */
     lstm_sequence_product2(n, x4_, W_i, mm_U_i_3);
 
     /* sigmoid_U_i_3 = sigmoid(b_i + mm_U_i_3) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_3 = with_grads ? sigmoid_U_o_3 + 8*n : tanh_U_g_2; /* n x 8 */
     lstm_sequence_loop0(n, sigmoid_U_i_3, mm_U_i_3, b_i);
 
     /* mm_U_g_3 = mul_U_o_2 @ U_g, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_g_3 = with_grads ? mm_U_i_3 : mm_U_f_2; /* n x 8, in mm_U_i_3's memory */
     lstm_sequence_product1(n, mul_U_o_2, U_g, mm_U_g_3);
 
     /* mm_U_g_3 += x4 @ W_g */
     lstm_sequence_product2(n, x4_, W_g, mm_U_g_3);
 
     /* tanh_U_g_3 = tanh(b_g + mm_U_g_3) */
-    LSTM_SEQUENCE_REAL *tanh_U_g_3 = with_grads ? sigmoid_U_i_3 + 8*n : sigmoid_U_f_2; /* n x 8 */
     lstm_sequence_loop1(n, tanh_U_g_3, mm_U_g_3, b_g);
 
     /* mm_U_f_3 = mul_U_o_2 @ U_f, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_f_3 = with_grads ? mm_U_g_3 : tanh_U_i_2; /* n x 8, in mm_U_g_3's memory */
     lstm_sequence_product1(n, mul_U_o_2, U_f, mm_U_f_3);
 
     /* mm_U_f_3 += x4 @ W_f */
@@ -515,47 +560,36 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     /* tanh_U_i_3 = tanh(add_U_i_2*sigmoid(b_f + mm_U_f_3) + sigmoid_U_i_3*tanh_U_g_3) */
     /* mul_U_o_3 = sigmoid_U_o_3*tanh(add_U_i_2*sigmoid(b_f + mm_U_f_3) +
      * sigmoid_U_i_3*tanh_U_g_3) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_3 = with_grads ? tanh_U_g_3 + 8*n : mm_U_o_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_i_3 = with_grads ? sigmoid_U_f_3 + 8*n : mm_U_i_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_i_3 = with_grads ? add_U_i_3 + 8*n : mm_U_g_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_3 = with_grads ? tanh_U_i_3 + 8*n : mul_U_o_2; /* n x 8 */
     lstm_sequence_loop2(n, sigmoid_U_f_3, add_U_i_3, tanh_U_i_3, mul_U_o_3, sigmoid_U_o_3, mm_U_f_3, b_f, sigmoid_U_i_3, tanh_U_g_3, add_U_i_2);
 
     /* mm_U_o_4 = mul_U_o_3 @ U_o, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_o_4 = with_grads ? mm_U_f_3 : add_U_i_2; /* n x 8, in mm_U_f_3's memory */
     lstm_sequence_product1(n, mul_U_o_3, U_o, mm_U_o_4);
 
     /* mm_U_o_4 += x5 @ W_o */
     lstm_sequence_product2(n, x5_, W_o, mm_U_o_4);
 
     /* sigmoid_U_o_4 = sigmoid(b_o + mm_U_o_4) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_4 = with_grads ? mul_U_o_3 + 8*n : sigmoid_U_o_3; /* n x 8 */
     lstm_sequence_loop0(n, sigmoid_U_o_4, mm_U_o_4, b_o);
 
     /* mm_U_i_4 = mul_U_o_3 @ U_i, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_i_4 = with_grads ? mm_U_o_4 : sigmoid_U_i_3; /* n x 8, in mm_U_o_4's memory */
     lstm_sequence_product1(n, mul_U_o_3, U_i, mm_U_i_4);
 
     /* mm_U_i_4 += x5 @ W_i */
     lstm_sequence_product2(n, x5_, W_i, mm_U_i_4);
 
     /* sigmoid_U_i_4 = sigmoid(b_i + mm_U_i_4) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_4 = with_grads ? sigmoid_U_o_4 + 8*n : tanh_U_g_3; /* n x 8 */
     lstm_sequence_loop0(n, sigmoid_U_i_4, mm_U_i_4, b_i);
 
     /* mm_U_g_4 = mul_U_o_3 @ U_g, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_g_4 = with_grads ? mm_U_i_4 : mm_U_f_3; /* n x 8, in mm_U_i_4's memory */
     lstm_sequence_product1(n, mul_U_o_3, U_g, mm_U_g_4);
 
     /* mm_U_g_4 += x5 @ W_g */
     lstm_sequence_product2(n, x5_, W_g, mm_U_g_4);
 
     /* tanh_U_g_4 = tanh(b_g + mm_U_g_4) */
-    LSTM_SEQUENCE_REAL *tanh_U_g_4 = with_grads ? sigmoid_U_i_4 + 8*n : sigmoid_U_f_3; /* n x 8 */
     lstm_sequence_loop1(n, tanh_U_g_4, mm_U_g_4, b_g);
 
     /* mm_U_f_4 = mul_U_o_3 @ U_f, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_f_4 = with_grads ? mm_U_g_4 : tanh_U_i_3; /* n x 8, in mm_U_g_4's memory */
     lstm_sequence_product1(n, mul_U_o_3, U_f, mm_U_f_4);
 
     /* mm_U_f_4 += x5 @ W_f */
@@ -566,47 +600,36 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     /* tanh_U_i_4 = tanh(add_U_i_3*sigmoid(b_f + mm_U_f_4) + sigmoid_U_i_4*tanh_U_g_4) */
     /* mul_U_o_4 = sigmoid_U_o_4*tanh(add_U_i_3*sigmoid(b_f + mm_U_f_4) +
      * sigmoid_U_i_4*tanh_U_g_4) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_4 = with_grads ? tanh_U_g_4 + 8*n : mm_U_o_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_i_4 = with_grads ? sigmoid_U_f_4 + 8*n : mm_U_i_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_i_4 = with_grads ? add_U_i_4 + 8*n : mm_U_g_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_4 = with_grads ? tanh_U_i_4 + 8*n : mul_U_o_3; /* n x 8 */
     lstm_sequence_loop2(n, sigmoid_U_f_4, add_U_i_4, tanh_U_i_4, mul_U_o_4, sigmoid_U_o_4, mm_U_f_4, b_f, sigmoid_U_i_4, tanh_U_g_4, add_U_i_3);
 
     /* mm_U_o_5 = mul_U_o_4 @ U_o, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_o_5 = with_grads ? mm_U_f_4 : add_U_i_3; /* n x 8, in mm_U_f_4's memory */
     lstm_sequence_product1(n, mul_U_o_4, U_o, mm_U_o_5);
 
     /* mm_U_o_5 += x6 @ W_o */
     lstm_sequence_product2(n, x6_, W_o, mm_U_o_5);
 
     /* sigmoid_U_o_5 = sigmoid(b_o + mm_U_o_5) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_5 = with_grads ? mul_U_o_4 + 8*n : sigmoid_U_o_4; /* n x 8 */
     lstm_sequence_loop0(n, sigmoid_U_o_5, mm_U_o_5, b_o);
 
     /* mm_U_i_5 = mul_U_o_4 @ U_i, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_i_5 = with_grads ? mm_U_o_5 : sigmoid_U_i_4; /* n x 8, in mm_U_o_5's memory */
     lstm_sequence_product1(n, mul_U_o_4, U_i, mm_U_i_5);
 
     /* mm_U_i_5 += x6 @ W_i */
     lstm_sequence_product2(n, x6_, W_i, mm_U_i_5);
 
     /* sigmoid_U_i_5 = sigmoid(b_i + mm_U_i_5) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_5 = with_grads ? sigmoid_U_o_5 + 8*n : tanh_U_g_4; /* n x 8 */
     lstm_sequence_loop0(n, sigmoid_U_i_5, mm_U_i_5, b_i);
 
     /* mm_U_g_5 = mul_U_o_4 @ U_g, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_g_5 = with_grads ? mm_U_i_5 : mm_U_f_4; /* n x 8, in mm_U_i_5's memory */
     lstm_sequence_product1(n, mul_U_o_4, U_g, mm_U_g_5);
 
     /* mm_U_g_5 += x6 @ W_g */
     lstm_sequence_product2(n, x6_, W_g, mm_U_g_5);
 
     /* tanh_U_g_5 = tanh(b_g + mm_U_g_5) */
-    LSTM_SEQUENCE_REAL *tanh_U_g_5 = with_grads ? sigmoid_U_i_5 + 8*n : sigmoid_U_f_4; /* n x 8 */
     lstm_sequence_loop1(n, tanh_U_g_5, mm_U_g_5, b_g);
 
     /* mm_U_f_5 = mul_U_o_4 @ U_f, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_f_5 = with_grads ? mm_U_g_5 : tanh_U_i_4; /* n x 8, in mm_U_g_5's memory */
     lstm_sequence_product1(n, mul_U_o_4, U_f, mm_U_f_5);
 }
 #endif
@@ -637,8 +660,40 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     const LSTM_SEQUENCE_REAL *c0,
     LSTM_SEQUENCE_REAL *loss,
     LSTM_SEQUENCE_REAL *logit,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *add_U_i_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_5,
+    LSTM_SEQUENCE_REAL *mm_U_f_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
+    LSTM_SEQUENCE_REAL *add_U_i_5,
+    LSTM_SEQUENCE_REAL *tanh_U_i_5,
+    LSTM_SEQUENCE_REAL *mul_U_o_5,
+    LSTM_SEQUENCE_REAL *mm_U_o_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
+    LSTM_SEQUENCE_REAL *mm_U_i_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_6,
+    LSTM_SEQUENCE_REAL *mm_U_g_6,
+    LSTM_SEQUENCE_REAL *tanh_U_g_6,
+    LSTM_SEQUENCE_REAL *mm_U_f_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_6,
+    LSTM_SEQUENCE_REAL *add_U_i_6,
+    LSTM_SEQUENCE_REAL *tanh_U_i_6,
+    LSTM_SEQUENCE_REAL *mul_U_o_6,
+    LSTM_SEQUENCE_REAL *mm_U_o_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
+    LSTM_SEQUENCE_REAL *mm_U_i_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_7,
+    LSTM_SEQUENCE_REAL *mm_U_g_7,
+    LSTM_SEQUENCE_REAL *tanh_U_g_7,
+    LSTM_SEQUENCE_REAL *mm_U_f_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
+    LSTM_SEQUENCE_REAL *tanh_U_i_7,
+    LSTM_SEQUENCE_REAL *mul_U_o_7,
+    LSTM_SEQUENCE_REAL *mm_V,
+    LSTM_SEQUENCE_REAL *add_logit,
+    LSTM_SEQUENCE_REAL *grad_logit,
+    LSTM_SEQUENCE_REAL *colsum_logit
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
@@ -663,20 +718,42 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     const LSTM_SEQUENCE_REAL *c0,
     LSTM_SEQUENCE_REAL *loss,
     LSTM_SEQUENCE_REAL *logit,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *add_U_i_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_5,
+    LSTM_SEQUENCE_REAL *mm_U_f_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
+    LSTM_SEQUENCE_REAL *add_U_i_5,
+    LSTM_SEQUENCE_REAL *tanh_U_i_5,
+    LSTM_SEQUENCE_REAL *mul_U_o_5,
+    LSTM_SEQUENCE_REAL *mm_U_o_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
+    LSTM_SEQUENCE_REAL *mm_U_i_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_6,
+    LSTM_SEQUENCE_REAL *mm_U_g_6,
+    LSTM_SEQUENCE_REAL *tanh_U_g_6,
+    LSTM_SEQUENCE_REAL *mm_U_f_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_6,
+    LSTM_SEQUENCE_REAL *add_U_i_6,
+    LSTM_SEQUENCE_REAL *tanh_U_i_6,
+    LSTM_SEQUENCE_REAL *mul_U_o_6,
+    LSTM_SEQUENCE_REAL *mm_U_o_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
+    LSTM_SEQUENCE_REAL *mm_U_i_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_7,
+    LSTM_SEQUENCE_REAL *mm_U_g_7,
+    LSTM_SEQUENCE_REAL *tanh_U_g_7,
+    LSTM_SEQUENCE_REAL *mm_U_f_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
+    LSTM_SEQUENCE_REAL *tanh_U_i_7,
+    LSTM_SEQUENCE_REAL *mul_U_o_7,
+    LSTM_SEQUENCE_REAL *mm_V,
+    LSTM_SEQUENCE_REAL *add_logit,
+    LSTM_SEQUENCE_REAL *grad_logit,
+    LSTM_SEQUENCE_REAL *colsum_logit
 )
 {
-    LSTM_SEQUENCE_REAL *mul_U_o = with_grads ? work + 104*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *add_U_i_4 = with_grads ? work + 256*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *mul_U_o_4 = with_grads ? work + 272*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *mm_U_o_5 = with_grads ? work : work + 8*n; /* n x 8, in mm_U_f_4's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_5 = with_grads ? work + 280*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *mm_U_i_5 = with_grads ? work : work + 32*n; /* n x 8, in mm_U_o_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_5 = with_grads ? work + 288*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *mm_U_g_5 = with_grads ? work : work + 56*n; /* n x 8, in mm_U_i_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_g_5 = with_grads ? work + 296*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *mm_U_f_5 = work; /* n x 8, in mm_U_g_5's memory; placed in an earlier part */
     /* mm_U_f_5 += x6 @ W_f */
     lstm_sequence_product2(n, x6_, W_f, mm_U_f_5);
 
@@ -685,47 +762,36 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     /* tanh_U_i_5 = tanh(add_U_i_4*sigmoid(b_f + mm_U_f_5) + sigmoid_U_i_5*tanh_U_g_5) */
     /* mul_U_o_5 = sigmoid_U_o_5*tanh(add_U_i_4*sigmoid(b_f + mm_U_f_5) +
      * sigmoid_U_i_5*tanh_U_g_5) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_5 = with_grads ? tanh_U_g_5 + 8*n : mm_U_o_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_i_5 = with_grads ? sigmoid_U_f_5 + 8*n : mm_U_i_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_i_5 = with_grads ? add_U_i_5 + 8*n : mm_U_g_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_5 = with_grads ? tanh_U_i_5 + 8*n : mul_U_o_4; /* n x 8 */
     lstm_sequence_loop2(n, sigmoid_U_f_5, add_U_i_5, tanh_U_i_5, mul_U_o_5, sigmoid_U_o_5, mm_U_f_5, b_f, sigmoid_U_i_5, tanh_U_g_5, add_U_i_4);
 
     /* mm_U_o_6 = mul_U_o_5 @ U_o, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_o_6 = with_grads ? mm_U_f_5 : add_U_i_4; /* n x 8, in mm_U_f_5's memory */
     lstm_sequence_product1(n, mul_U_o_5, U_o, mm_U_o_6);
 
     /* mm_U_o_6 += x7 @ W_o */
     lstm_sequence_product2(n, x7_, W_o, mm_U_o_6);
 
     /* sigmoid_U_o_6 = sigmoid(b_o + mm_U_o_6) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_6 = with_grads ? mul_U_o_5 + 8*n : sigmoid_U_o_5; /* n x 8 */
     lstm_sequence_loop0(n, sigmoid_U_o_6, mm_U_o_6, b_o);
 
     /* mm_U_i_6 = mul_U_o_5 @ U_i, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_i_6 = with_grads ? mm_U_o_6 : sigmoid_U_i_5; /* n x 8, in mm_U_o_6's memory */
     lstm_sequence_product1(n, mul_U_o_5, U_i, mm_U_i_6);
 
     /* mm_U_i_6 += x7 @ W_i */
     lstm_sequence_product2(n, x7_, W_i, mm_U_i_6);
 
     /* sigmoid_U_i_6 = sigmoid(b_i + mm_U_i_6) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_6 = with_grads ? sigmoid_U_o_6 + 8*n : tanh_U_g_5; /* n x 8 */
     lstm_sequence_loop0(n, sigmoid_U_i_6, mm_U_i_6, b_i);
 
     /* mm_U_g_6 = mul_U_o_5 @ U_g, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_g_6 = with_grads ? mm_U_i_6 : mm_U_f_5; /* n x 8, in mm_U_i_6's memory */
     lstm_sequence_product1(n, mul_U_o_5, U_g, mm_U_g_6);
 
     /* mm_U_g_6 += x7 @ W_g */
     lstm_sequence_product2(n, x7_, W_g, mm_U_g_6);
 
     /* tanh_U_g_6 = tanh(b_g + mm_U_g_6) */
-    LSTM_SEQUENCE_REAL *tanh_U_g_6 = with_grads ? sigmoid_U_i_6 + 8*n : sigmoid_U_f_5; /* n x 8 */
     lstm_sequence_loop1(n, tanh_U_g_6, mm_U_g_6, b_g);
 
     /* mm_U_f_6 = mul_U_o_5 @ U_f, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_f_6 = with_grads ? mm_U_g_6 : tanh_U_i_5; /* n x 8, in mm_U_g_6's memory */
     lstm_sequence_product1(n, mul_U_o_5, U_f, mm_U_f_6);
 
     /* mm_U_f_6 += x7 @ W_f */
@@ -736,47 +802,36 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     /* tanh_U_i_6 = tanh(add_U_i_5*sigmoid(b_f + mm_U_f_6) + sigmoid_U_i_6*tanh_U_g_6) */
     /* mul_U_o_6 = sigmoid_U_o_6*tanh(add_U_i_5*sigmoid(b_f + mm_U_f_6) +
      * sigmoid_U_i_6*tanh_U_g_6) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_6 = with_grads ? tanh_U_g_6 + 8*n : mm_U_o_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *add_U_i_6 = with_grads ? sigmoid_U_f_6 + 8*n : mm_U_i_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_i_6 = with_grads ? add_U_i_6 + 8*n : mm_U_g_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_6 = with_grads ? tanh_U_i_6 + 8*n : mul_U_o_5; /* n x 8 */
     lstm_sequence_loop2(n, sigmoid_U_f_6, add_U_i_6, tanh_U_i_6, mul_U_o_6, sigmoid_U_o_6, mm_U_f_6, b_f, sigmoid_U_i_6, tanh_U_g_6, add_U_i_5);
 
     /* mm_U_o_7 = mul_U_o_6 @ U_o, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_o_7 = with_grads ? mm_U_f_6 : add_U_i_5; /* n x 8, in mm_U_f_6's memory */
     lstm_sequence_product1(n, mul_U_o_6, U_o, mm_U_o_7);
 
     /* mm_U_o_7 += x8 @ W_o */
     lstm_sequence_product2(n, x8_, W_o, mm_U_o_7);
 
     /* sigmoid_U_o_7 = sigmoid(b_o + mm_U_o_7) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_7 = with_grads ? mul_U_o_6 + 8*n : sigmoid_U_o_6; /* n x 8 */
     lstm_sequence_loop0(n, sigmoid_U_o_7, mm_U_o_7, b_o);
 
     /* mm_U_i_7 = mul_U_o_6 @ U_i, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_i_7 = with_grads ? mm_U_o_7 : sigmoid_U_i_6; /* n x 8, in mm_U_o_7's memory */
     lstm_sequence_product1(n, mul_U_o_6, U_i, mm_U_i_7);
 
     /* mm_U_i_7 += x8 @ W_i */
     lstm_sequence_product2(n, x8_, W_i, mm_U_i_7);
 
     /* sigmoid_U_i_7 = sigmoid(b_i + mm_U_i_7) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_7 = with_grads ? sigmoid_U_o_7 + 8*n : tanh_U_g_6; /* n x 8 */
     lstm_sequence_loop0(n, sigmoid_U_i_7, mm_U_i_7, b_i);
 
     /* mm_U_g_7 = mul_U_o_6 @ U_g, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_g_7 = with_grads ? mm_U_i_7 : mm_U_f_6; /* n x 8, in mm_U_i_7's memory */
     lstm_sequence_product1(n, mul_U_o_6, U_g, mm_U_g_7);
 
     /* mm_U_g_7 += x8 @ W_g */
     lstm_sequence_product2(n, x8_, W_g, mm_U_g_7);
 
     /* tanh_U_g_7 = tanh(b_g + mm_U_g_7) */
-    LSTM_SEQUENCE_REAL *tanh_U_g_7 = with_grads ? sigmoid_U_i_7 + 8*n : sigmoid_U_f_6; /* n x 8 */
     lstm_sequence_loop1(n, tanh_U_g_7, mm_U_g_7, b_g);
 
     /* mm_U_f_7 = mul_U_o_6 @ U_f, the first of 2 products added up here */
-    LSTM_SEQUENCE_REAL *mm_U_f_7 = with_grads ? mm_U_g_7 : tanh_U_i_6; /* n x 8, in mm_U_g_7's memory */
     lstm_sequence_product1(n, mul_U_o_6, U_f, mm_U_f_7);
 
     /* mm_U_f_7 += x8 @ W_f */
@@ -786,9 +841,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     /* tanh_U_i_7 = tanh(add_U_i_6*sigmoid(b_f + mm_U_f_7) + sigmoid_U_i_7*tanh_U_g_7) */
     /* mul_U_o_7 = sigmoid_U_o_7*tanh(add_U_i_6*sigmoid(b_f + mm_U_f_7) +
      * sigmoid_U_i_7*tanh_U_g_7) */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_7 = with_grads ? tanh_U_g_7 + 8*n : mm_U_o_7; /* n x 8 */
-    LSTM_SEQUENCE_REAL *tanh_U_i_7 = with_grads ? sigmoid_U_f_7 + 8*n : mm_U_i_7; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mul_U_o_7 = with_grads ? tanh_U_i_7 + 8*n : mm_U_g_7; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -801,14 +853,11 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     }
 
     /* mm_V = mul_U_o_7 @ V */
-    LSTM_SEQUENCE_REAL *mm_V = with_grads ? mul_U_o_7 + 8*n : mul_U_o + 8*n; /* n x 1 */
     lstm_sequence_product3(n, mul_U_o_7, V, mm_V);
 
     /* logit = c0 + mm_V */
     /* add_logit = -y*(c0 + mm_V) + softplus(c0 + mm_V) */
     /* grad_logit = -y/n + sigmoid(c0 + mm_V)/n */
-    LSTM_SEQUENCE_REAL *add_logit = mm_V + n; /* n x 1 */
-    LSTM_SEQUENCE_REAL *grad_logit = add_logit + n; /* n x 1 */
     {
         const LSTM_SEQUENCE_REAL c0_value = c0[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -822,7 +871,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     }
 
     /* colsum_logit = sum of add_logit down each column */
-    LSTM_SEQUENCE_REAL *colsum_logit = grad_logit + n; /* 1 x 1 */
     colsum_logit[0] = symbackprop_f64_sum(add_logit, n, 1);
 
     /* loss = colsum_logit/n */
@@ -835,25 +883,44 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
 /* lstm_sequence_run, part 4 of 8 (kernels 95 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     int64_t n,
     const LSTM_SEQUENCE_REAL *V,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *add_U_i_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_7,
+    LSTM_SEQUENCE_REAL *tanh_U_g_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
+    LSTM_SEQUENCE_REAL *tanh_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_logit,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_i,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_o
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *V,
+    LSTM_SEQUENCE_REAL *add_U_i_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_7,
+    LSTM_SEQUENCE_REAL *tanh_U_g_7,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
+    LSTM_SEQUENCE_REAL *tanh_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_logit,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_i,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_o
 )
 {
-    LSTM_SEQUENCE_REAL *add_U_i_6 = with_grads ? work + 368*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_7 = with_grads ? work + 392*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_7 = with_grads ? work + 400*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_g_7 = with_grads ? work + 408*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *mm_U_f_7 = work; /* n x 8, in mm_U_g_7's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_7 = with_grads ? work + 416*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_i_7 = with_grads ? work + 424*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_logit = with_grads ? work + 442*n : work + 74*n; /* n x 1; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *colsum_logit = with_grads ? work + 443*n : work + 75*n; /* 1 x 1; placed in an earlier part */
     /* grad_mul_U_o_7 = grad_logit @ V^T */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_7 = mm_U_f_7; /* n x 8, in mm_U_f_7's memory */
     lstm_sequence_product0(n, grad_logit, V, grad_mul_U_o_7);
 
     /* grad_add_U_i = grad_mul_U_o_7*sigmoid_U_o_7*(1 - tanh_U_i_7**2) */
@@ -864,11 +931,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
     /* grad_add_U_g = grad_mul_U_o_7*sigmoid_U_i_7*sigmoid_U_o_7*(1 - tanh_U_g_7**2)*(1 -
      * tanh_U_i_7**2) */
     /* grad_add_U_o = grad_mul_U_o_7*sigmoid_U_o_7*tanh_U_i_7*(1 - sigmoid_U_o_7) */
-    LSTM_SEQUENCE_REAL *grad_add_U_i = colsum_logit + 1; /* n x 8 */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2 = grad_add_U_i + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *grad_add_U_f = grad_add_U_i_2 + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *grad_add_U_g = grad_add_U_f + 8*n; /* n x 8 */
-    LSTM_SEQUENCE_REAL *grad_add_U_o = grad_add_U_g + 8*n; /* n x 8 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -902,8 +964,73 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     const LSTM_SEQUENCE_REAL *U_g,
     const LSTM_SEQUENCE_REAL *U_o,
     LSTM_SEQUENCE_REAL *grad_W_i,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *add_U_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_2,
+    LSTM_SEQUENCE_REAL *tanh_U_g_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
+    LSTM_SEQUENCE_REAL *add_U_i_2,
+    LSTM_SEQUENCE_REAL *tanh_U_i_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_3,
+    LSTM_SEQUENCE_REAL *tanh_U_g_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
+    LSTM_SEQUENCE_REAL *add_U_i_3,
+    LSTM_SEQUENCE_REAL *tanh_U_i_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_4,
+    LSTM_SEQUENCE_REAL *tanh_U_g_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
+    LSTM_SEQUENCE_REAL *add_U_i_4,
+    LSTM_SEQUENCE_REAL *tanh_U_i_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
+    LSTM_SEQUENCE_REAL *add_U_i_5,
+    LSTM_SEQUENCE_REAL *tanh_U_i_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_6,
+    LSTM_SEQUENCE_REAL *tanh_U_g_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_6,
+    LSTM_SEQUENCE_REAL *tanh_U_i_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_i,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
@@ -919,57 +1046,79 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     const LSTM_SEQUENCE_REAL *U_g,
     const LSTM_SEQUENCE_REAL *U_o,
     LSTM_SEQUENCE_REAL *grad_W_i,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *add_U_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_2,
+    LSTM_SEQUENCE_REAL *tanh_U_g_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
+    LSTM_SEQUENCE_REAL *add_U_i_2,
+    LSTM_SEQUENCE_REAL *tanh_U_i_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_3,
+    LSTM_SEQUENCE_REAL *tanh_U_g_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_3,
+    LSTM_SEQUENCE_REAL *add_U_i_3,
+    LSTM_SEQUENCE_REAL *tanh_U_i_3,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_4,
+    LSTM_SEQUENCE_REAL *tanh_U_g_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_4,
+    LSTM_SEQUENCE_REAL *add_U_i_4,
+    LSTM_SEQUENCE_REAL *tanh_U_i_4,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5,
+    LSTM_SEQUENCE_REAL *tanh_U_g_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_5,
+    LSTM_SEQUENCE_REAL *add_U_i_5,
+    LSTM_SEQUENCE_REAL *tanh_U_i_5,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_6,
+    LSTM_SEQUENCE_REAL *tanh_U_g_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_6,
+    LSTM_SEQUENCE_REAL *tanh_U_i_6,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_i,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o
 )
 {
-    LSTM_SEQUENCE_REAL *add_U_i = with_grads ? work + 88*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_2 = with_grads ? work + 112*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_2 = with_grads ? work + 120*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_g_2 = with_grads ? work + 128*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_2 = with_grads ? work + 136*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *add_U_i_2 = with_grads ? work + 144*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_i_2 = with_grads ? work + 152*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_3 = with_grads ? work + 168*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_3 = with_grads ? work + 176*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_g_3 = with_grads ? work + 184*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_3 = with_grads ? work + 192*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *add_U_i_3 = with_grads ? work + 200*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_i_3 = with_grads ? work + 208*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_4 = with_grads ? work + 224*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_4 = with_grads ? work + 232*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_g_4 = with_grads ? work + 240*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_4 = with_grads ? work + 248*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *add_U_i_4 = with_grads ? work + 256*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_i_4 = with_grads ? work + 264*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_5 = with_grads ? work + 280*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_5 = with_grads ? work + 288*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_g_5 = with_grads ? work + 296*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_5 = with_grads ? work + 304*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *add_U_i_5 = with_grads ? work + 312*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_i_5 = with_grads ? work + 320*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_6 = with_grads ? work + 336*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_6 = with_grads ? work + 344*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_g_6 = with_grads ? work + 352*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_6 = with_grads ? work + 360*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *add_U_i_6 = with_grads ? work + 368*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_i_6 = with_grads ? work + 376*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_7 = with_grads ? work + 392*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_7 = with_grads ? work + 400*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_g_7 = with_grads ? work + 408*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_7 = with_grads ? work + 416*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_i_7 = with_grads ? work + 424*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_7 = work; /* n x 8, in mm_U_f_7's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_i = work + 443*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2 = work + 451*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_f = work + 459*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_g = work + 467*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_o = work + 475*n + 1; /* n x 8; placed in an earlier part */
     /* grad_W_i = x8^T @ grad_add_U_i_2, the first of 8 products added up here */
     lstm_sequence_product4(n, x8_, grad_add_U_i_2, grad_W_i);
 
     /* grad_mul_U_o_6 = grad_add_U_f @ U_f^T, the first of 4 products added up here */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_6 = add_U_i_6; /* n x 8, in add_U_i_6's memory */
     lstm_sequence_product5(n, grad_add_U_f, U_f, grad_mul_U_o_6);
 
     /* grad_mul_U_o_6 += grad_add_U_g @ U_g^T */
@@ -992,18 +1141,12 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_2 = sigmoid_U_i_6*(1 - tanh_U_g_6**2)*(grad_add_U_i*sigmoid_U_f_7 +
      * grad_mul_U_o_6*sigmoid_U_o_6*(1 - tanh_U_i_6**2)) */
     /* grad_add_U_o_2 = grad_mul_U_o_6*sigmoid_U_o_6*tanh_U_i_6*(1 - sigmoid_U_o_6) */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_6 = sigmoid_U_o_7; /* n x 8, in sigmoid_U_o_7's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_3 = sigmoid_U_i_7; /* n x 8, in sigmoid_U_i_7's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_2 = tanh_U_g_7; /* n x 8, in tanh_U_g_7's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_2 = tanh_U_i_7; /* n x 8, in tanh_U_i_7's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_2 = grad_mul_U_o_7; /* n x 8, in grad_mul_U_o_7's memory */
     lstm_sequence_loop3(n, grad_add_U_i_6, grad_add_U_i_3, tanh_U_g_6, sigmoid_U_i_6, grad_add_U_f_2, add_U_i_5, sigmoid_U_f_6, grad_add_U_g_2, grad_add_U_o_2, tanh_U_i_6, sigmoid_U_o_6, grad_mul_U_o_6, grad_add_U_i, sigmoid_U_f_7);
 
     /* grad_W_i += x7^T @ grad_add_U_i_3 */
     lstm_sequence_product7(n, x7_, grad_add_U_i_3, grad_W_i);
 
     /* grad_mul_U_o_5 = grad_add_U_f_2 @ U_f^T, the first of 4 products added up here */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_5 = add_U_i_5; /* n x 8, in add_U_i_5's memory */
     lstm_sequence_product5(n, grad_add_U_f_2, U_f, grad_mul_U_o_5);
 
     /* grad_mul_U_o_5 += grad_add_U_g_2 @ U_g^T */
@@ -1026,18 +1169,12 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_3 = sigmoid_U_i_5*(1 - tanh_U_g_5**2)*(grad_add_U_i_6*sigmoid_U_f_6 +
      * grad_mul_U_o_5*sigmoid_U_o_5*(1 - tanh_U_i_5**2)) */
     /* grad_add_U_o_3 = grad_mul_U_o_5*sigmoid_U_o_5*tanh_U_i_5*(1 - sigmoid_U_o_5) */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_5 = sigmoid_U_o_6; /* n x 8, in sigmoid_U_o_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_4 = sigmoid_U_i_6; /* n x 8, in sigmoid_U_i_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_3 = tanh_U_g_6; /* n x 8, in tanh_U_g_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_3 = tanh_U_i_6; /* n x 8, in tanh_U_i_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_3 = sigmoid_U_f_7; /* n x 8, in sigmoid_U_f_7's memory */
     lstm_sequence_loop3(n, grad_add_U_i_5, grad_add_U_i_4, tanh_U_g_5, sigmoid_U_i_5, grad_add_U_f_3, add_U_i_4, sigmoid_U_f_5, grad_add_U_g_3, grad_add_U_o_3, tanh_U_i_5, sigmoid_U_o_5, grad_mul_U_o_5, grad_add_U_i_6, sigmoid_U_f_6);
 
     /* grad_W_i += x6^T @ grad_add_U_i_4 */
     lstm_sequence_product7(n, x6_, grad_add_U_i_4, grad_W_i);
 
     /* grad_mul_U_o_4 = grad_add_U_f_3 @ U_f^T, the first of 4 products added up here */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_4 = grad_add_U_i; /* n x 8, in grad_add_U_i's memory */
     lstm_sequence_product5(n, grad_add_U_f_3, U_f, grad_mul_U_o_4);
 
     /* grad_mul_U_o_4 += grad_add_U_g_3 @ U_g^T */
@@ -1060,18 +1197,12 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_4 = sigmoid_U_i_4*(1 - tanh_U_g_4**2)*(grad_add_U_i_5*sigmoid_U_f_5 +
      * grad_mul_U_o_4*sigmoid_U_o_4*(1 - tanh_U_i_4**2)) */
     /* grad_add_U_o_4 = grad_mul_U_o_4*sigmoid_U_o_4*tanh_U_i_4*(1 - sigmoid_U_o_4) */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_4_2 = grad_mul_U_o_6; /* n x 8, in grad_mul_U_o_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_7 = add_U_i_4; /* n x 8, in add_U_i_4's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_4 = sigmoid_U_o_5; /* n x 8, in sigmoid_U_o_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_4 = sigmoid_U_i_5; /* n x 8, in sigmoid_U_i_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_4 = tanh_U_g_5; /* n x 8, in tanh_U_g_5's memory */
     lstm_sequence_loop3(n, grad_add_U_i_4_2, grad_add_U_i_7, tanh_U_g_4, sigmoid_U_i_4, grad_add_U_f_4, add_U_i_3, sigmoid_U_f_4, grad_add_U_g_4, grad_add_U_o_4, tanh_U_i_4, sigmoid_U_o_4, grad_mul_U_o_4, grad_add_U_i_5, sigmoid_U_f_5);
 
     /* grad_W_i += x5^T @ grad_add_U_i_7 */
     lstm_sequence_product7(n, x5_, grad_add_U_i_7, grad_W_i);
 
     /* grad_mul_U_o_3 = grad_add_U_f_4 @ U_f^T, the first of 4 products added up here */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_3 = tanh_U_i_5; /* n x 8, in tanh_U_i_5's memory */
     lstm_sequence_product5(n, grad_add_U_f_4, U_f, grad_mul_U_o_3);
 
     /* grad_mul_U_o_3 += grad_add_U_g_4 @ U_g^T */
@@ -1094,18 +1225,12 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_5 = sigmoid_U_i_3*(1 - tanh_U_g_3**2)*(grad_add_U_i_4_2*sigmoid_U_f_4 +
      * grad_mul_U_o_3*sigmoid_U_o_3*(1 - tanh_U_i_3**2)) */
     /* grad_add_U_o_5 = grad_mul_U_o_3*sigmoid_U_o_3*tanh_U_i_3*(1 - sigmoid_U_o_3) */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_3_2 = sigmoid_U_f_6; /* n x 8, in sigmoid_U_f_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_8 = grad_add_U_i_6; /* n x 8, in grad_add_U_i_6's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_5 = grad_mul_U_o_5; /* n x 8, in grad_mul_U_o_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_5 = add_U_i_3; /* n x 8, in add_U_i_3's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_5 = sigmoid_U_o_4; /* n x 8, in sigmoid_U_o_4's memory */
     lstm_sequence_loop3(n, grad_add_U_i_3_2, grad_add_U_i_8, tanh_U_g_3, sigmoid_U_i_3, grad_add_U_f_5, add_U_i_2, sigmoid_U_f_3, grad_add_U_g_5, grad_add_U_o_5, tanh_U_i_3, sigmoid_U_o_3, grad_mul_U_o_3, grad_add_U_i_4_2, sigmoid_U_f_4);
 
     /* grad_W_i += x4^T @ grad_add_U_i_8 */
     lstm_sequence_product7(n, x4_, grad_add_U_i_8, grad_W_i);
 
     /* grad_mul_U_o_2 = grad_add_U_f_5 @ U_f^T, the first of 4 products added up here */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_2 = sigmoid_U_i_4; /* n x 8, in sigmoid_U_i_4's memory */
     lstm_sequence_product5(n, grad_add_U_f_5, U_f, grad_mul_U_o_2);
 
     /* grad_mul_U_o_2 += grad_add_U_g_5 @ U_g^T */
@@ -1128,18 +1253,12 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_6 = sigmoid_U_i_2*(1 - tanh_U_g_2**2)*(grad_add_U_i_3_2*sigmoid_U_f_3 +
      * grad_mul_U_o_2*sigmoid_U_o_2*(1 - tanh_U_i_2**2)) */
     /* grad_add_U_o_6 = grad_mul_U_o_2*sigmoid_U_o_2*tanh_U_i_2*(1 - sigmoid_U_o_2) */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2_2 = tanh_U_g_4; /* n x 8, in tanh_U_g_4's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_9 = tanh_U_i_4; /* n x 8, in tanh_U_i_4's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_6 = sigmoid_U_f_5; /* n x 8, in sigmoid_U_f_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_6 = grad_add_U_i_5; /* n x 8, in grad_add_U_i_5's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_6 = grad_mul_U_o_4; /* n x 8, in grad_mul_U_o_4's memory */
     lstm_sequence_loop3(n, grad_add_U_i_2_2, grad_add_U_i_9, tanh_U_g_2, sigmoid_U_i_2, grad_add_U_f_6, add_U_i, sigmoid_U_f_2, grad_add_U_g_6, grad_add_U_o_6, tanh_U_i_2, sigmoid_U_o_2, grad_mul_U_o_2, grad_add_U_i_3_2, sigmoid_U_f_3);
 
     /* grad_W_i += x3^T @ grad_add_U_i_9 */
     lstm_sequence_product7(n, x3_, grad_add_U_i_9, grad_W_i);
 
     /* grad_mul_U_o = grad_add_U_f_6 @ U_f^T, the first of 4 products added up here */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o = add_U_i_2; /* n x 8, in add_U_i_2's memory */
     lstm_sequence_product5(n, grad_add_U_f_6, U_f, grad_mul_U_o);
 }
 #endif
@@ -1166,8 +1285,56 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *grad_W_f,
     LSTM_SEQUENCE_REAL *grad_W_g,
     LSTM_SEQUENCE_REAL *grad_W_o,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *sigmoid_W_o,
+    LSTM_SEQUENCE_REAL *sigmoid_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_g,
+    LSTM_SEQUENCE_REAL *mul_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i,
+    LSTM_SEQUENCE_REAL *tanh_U_g,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f,
+    LSTM_SEQUENCE_REAL *tanh_U_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_10,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_11,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_7,
+    LSTM_SEQUENCE_REAL *grad_copy_b_f,
+    LSTM_SEQUENCE_REAL *grad_mul_W_o,
+    LSTM_SEQUENCE_REAL *grad_add_W_i,
+    LSTM_SEQUENCE_REAL *grad_add_W_g,
+    LSTM_SEQUENCE_REAL *grad_add_W_o,
+    LSTM_SEQUENCE_REAL *grad_copy_b_i,
+    LSTM_SEQUENCE_REAL *grad_copy_b_g,
+    LSTM_SEQUENCE_REAL *grad_copy_b_o
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
@@ -1188,60 +1355,58 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     LSTM_SEQUENCE_REAL *grad_W_f,
     LSTM_SEQUENCE_REAL *grad_W_g,
     LSTM_SEQUENCE_REAL *grad_W_o,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *sigmoid_W_o,
+    LSTM_SEQUENCE_REAL *sigmoid_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_g,
+    LSTM_SEQUENCE_REAL *mul_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i,
+    LSTM_SEQUENCE_REAL *tanh_U_g,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f,
+    LSTM_SEQUENCE_REAL *tanh_U_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_mul_U_o,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_10,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_11,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_7,
+    LSTM_SEQUENCE_REAL *grad_copy_b_f,
+    LSTM_SEQUENCE_REAL *grad_mul_W_o,
+    LSTM_SEQUENCE_REAL *grad_add_W_i,
+    LSTM_SEQUENCE_REAL *grad_add_W_g,
+    LSTM_SEQUENCE_REAL *grad_add_W_o,
+    LSTM_SEQUENCE_REAL *grad_copy_b_i,
+    LSTM_SEQUENCE_REAL *grad_copy_b_g,
+    LSTM_SEQUENCE_REAL *grad_copy_b_o
 )
 {
-    LSTM_SEQUENCE_REAL *sigmoid_W_o = work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_W_i = work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_W_g = work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *mul_W_i = work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_W_i = work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o = with_grads ? work + 56*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i = with_grads ? work + 64*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_g = with_grads ? work + 72*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f = with_grads ? work + 80*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *add_U_i = with_grads ? work + 88*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_i = with_grads ? work + 96*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_2 = with_grads ? work + 112*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_2 = with_grads ? work + 120*n : work + 8*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_g_2 = with_grads ? work + 128*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_2 = with_grads ? work + 136*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_i_2 = with_grads ? work + 152*n : work; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_o_3 = with_grads ? work + 168*n : work + 16*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_i_3 = with_grads ? work + 176*n : work + 40*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_g_3 = with_grads ? work + 184*n : work + 32*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_3 = with_grads ? work + 192*n : work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *tanh_U_i_3 = with_grads ? work + 208*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *sigmoid_U_f_4 = with_grads ? work + 248*n : work + 24*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2 = work + 451*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_f = work + 459*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_g = work + 467*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_o = work + 475*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_3 = work + 400*n; /* n x 8, in sigmoid_U_i_7's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_2 = work + 408*n; /* n x 8, in tanh_U_g_7's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_2 = work + 424*n; /* n x 8, in tanh_U_i_7's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_2 = work; /* n x 8, in grad_mul_U_o_7's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_4 = work + 344*n; /* n x 8, in sigmoid_U_i_6's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_3 = work + 352*n; /* n x 8, in tanh_U_g_6's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_3 = work + 376*n; /* n x 8, in tanh_U_i_6's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_3 = work + 416*n; /* n x 8, in sigmoid_U_f_7's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_4_2 = work + 368*n; /* n x 8, in grad_mul_U_o_6's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_7 = work + 256*n; /* n x 8, in add_U_i_4's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_4 = work + 280*n; /* n x 8, in sigmoid_U_o_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_4 = work + 288*n; /* n x 8, in sigmoid_U_i_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_4 = work + 296*n; /* n x 8, in tanh_U_g_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o_3 = work + 320*n; /* n x 8, in tanh_U_i_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_8 = work + 392*n; /* n x 8, in grad_add_U_i_6's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_5 = work + 312*n; /* n x 8, in grad_mul_U_o_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_5 = work + 200*n; /* n x 8, in add_U_i_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_5 = work + 224*n; /* n x 8, in sigmoid_U_o_4's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2_2 = work + 240*n; /* n x 8, in tanh_U_g_4's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_9 = work + 264*n; /* n x 8, in tanh_U_i_4's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_6 = work + 304*n; /* n x 8, in sigmoid_U_f_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_6 = work + 336*n; /* n x 8, in grad_add_U_i_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_6 = work + 443*n + 1; /* n x 8, in grad_mul_U_o_4's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_mul_U_o = work + 144*n; /* n x 8, in add_U_i_2's memory; placed in an earlier part */
     /* grad_mul_U_o += grad_add_U_g_6 @ U_g^T */
     lstm_sequence_product6(n, grad_add_U_g_6, U_g, grad_mul_U_o);
 
@@ -1265,12 +1430,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
      * grad_add_U_f_5 + grad_add_U_f_6 + mul_W_i*sigmoid_U_f*(1 -
      * sigmoid_U_f)*(grad_add_U_i_2_2*sigmoid_U_f_2 + grad_mul_U_o*sigmoid_U_o*(1 -
      * tanh_U_i**2)) */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_10 = sigmoid_U_o_3; /* n x 8, in sigmoid_U_o_3's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_11 = sigmoid_U_i_3; /* n x 8, in sigmoid_U_i_3's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_7 = tanh_U_g_3; /* n x 8, in tanh_U_g_3's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_7 = tanh_U_i_3; /* n x 8, in tanh_U_i_3's memory */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_7 = sigmoid_U_f_4; /* n x 8, in sigmoid_U_f_4's memory */
-    LSTM_SEQUENCE_REAL *grad_copy_b_f = grad_add_U_i_4_2; /* n x 8, in grad_add_U_i_4_2's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1291,7 +1450,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     lstm_sequence_product7(n, x2_, grad_add_U_i_11, grad_W_i);
 
     /* grad_mul_W_o = grad_add_U_f_7 @ U_f^T, the first of 4 products added up here */
-    LSTM_SEQUENCE_REAL *grad_mul_W_o = grad_mul_U_o_3; /* n x 8, in grad_mul_U_o_3's memory */
     lstm_sequence_product5(n, grad_add_U_f_7, U_f, grad_mul_W_o);
 
     /* grad_mul_W_o += grad_add_U_g_7 @ U_g^T */
@@ -1319,12 +1477,6 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     /* grad_copy_b_o = grad_add_U_o + grad_add_U_o_2 + grad_add_U_o_3 + grad_add_U_o_4 +
      * grad_add_U_o_5 + grad_add_U_o_6 + grad_add_U_o_7 +
      * grad_mul_W_o*sigmoid_W_o*tanh_W_i*(1 - sigmoid_W_o) */
-    LSTM_SEQUENCE_REAL *grad_add_W_i = add_U_i; /* n x 8, in add_U_i's memory */
-    LSTM_SEQUENCE_REAL *grad_add_W_g = sigmoid_U_o_2; /* n x 8, in sigmoid_U_o_2's memory */
-    LSTM_SEQUENCE_REAL *grad_add_W_o = sigmoid_U_i_2; /* n x 8, in sigmoid_U_i_2's memory */
-    LSTM_SEQUENCE_REAL *grad_copy_b_i = tanh_U_g_2; /* n x 8, in tanh_U_g_2's memory */
-    LSTM_SEQUENCE_REAL *grad_copy_b_g = tanh_U_i_2; /* n x 8, in tanh_U_i_2's memory */
-    LSTM_SEQUENCE_REAL *grad_copy_b_o = sigmoid_U_f_3; /* n x 8, in sigmoid_U_f_3's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
@@ -1413,7 +1565,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
 /* lstm_sequence_run, part 7 of 8 (kernels 161 to 192): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     int64_t n,
     const LSTM_SEQUENCE_REAL *x1_,
@@ -1425,63 +1577,46 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     LSTM_SEQUENCE_REAL *grad_U_o,
     LSTM_SEQUENCE_REAL *grad_b_i,
     LSTM_SEQUENCE_REAL *grad_b_f,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
-    int64_t n,
-    const LSTM_SEQUENCE_REAL *x1_,
-    const LSTM_SEQUENCE_REAL *x2_,
-    LSTM_SEQUENCE_REAL *grad_W_o,
-    LSTM_SEQUENCE_REAL *grad_U_i,
-    LSTM_SEQUENCE_REAL *grad_U_f,
-    LSTM_SEQUENCE_REAL *grad_U_g,
-    LSTM_SEQUENCE_REAL *grad_U_o,
-    LSTM_SEQUENCE_REAL *grad_b_i,
-    LSTM_SEQUENCE_REAL *grad_b_f,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *mul_W_o,
+    LSTM_SEQUENCE_REAL *mul_U_o,
+    LSTM_SEQUENCE_REAL *mul_U_o_2,
+    LSTM_SEQUENCE_REAL *mul_U_o_3,
+    LSTM_SEQUENCE_REAL *mul_U_o_4,
+    LSTM_SEQUENCE_REAL *mul_U_o_5,
+    LSTM_SEQUENCE_REAL *mul_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_11,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_7,
+    LSTM_SEQUENCE_REAL *grad_copy_b_f,
+    LSTM_SEQUENCE_REAL *grad_add_W_o,
+    LSTM_SEQUENCE_REAL *grad_copy_b_i
 )
 {
-    LSTM_SEQUENCE_REAL *mul_W_o = work + 48*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *mul_U_o = with_grads ? work + 104*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *mul_U_o_2 = with_grads ? work + 160*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *mul_U_o_3 = with_grads ? work + 216*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *mul_U_o_4 = with_grads ? work + 272*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *mul_U_o_5 = with_grads ? work + 328*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *mul_U_o_6 = with_grads ? work + 384*n : work + 64*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_2 = work + 451*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_f = work + 459*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_g = work + 467*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_o = work + 475*n + 1; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_3 = work + 400*n; /* n x 8, in sigmoid_U_i_7's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_2 = work + 408*n; /* n x 8, in tanh_U_g_7's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_2 = work + 424*n; /* n x 8, in tanh_U_i_7's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_2 = work; /* n x 8, in grad_mul_U_o_7's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_4 = work + 344*n; /* n x 8, in sigmoid_U_i_6's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_3 = work + 352*n; /* n x 8, in tanh_U_g_6's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_3 = work + 376*n; /* n x 8, in tanh_U_i_6's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_3 = work + 416*n; /* n x 8, in sigmoid_U_f_7's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_7 = work + 256*n; /* n x 8, in add_U_i_4's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_4 = work + 280*n; /* n x 8, in sigmoid_U_o_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_4 = work + 288*n; /* n x 8, in sigmoid_U_i_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_4 = work + 296*n; /* n x 8, in tanh_U_g_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_8 = work + 392*n; /* n x 8, in grad_add_U_i_6's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_5 = work + 312*n; /* n x 8, in grad_mul_U_o_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_5 = work + 200*n; /* n x 8, in add_U_i_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_5 = work + 224*n; /* n x 8, in sigmoid_U_o_4's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_9 = work + 264*n; /* n x 8, in tanh_U_i_4's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_6 = work + 304*n; /* n x 8, in sigmoid_U_f_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_6 = work + 336*n; /* n x 8, in grad_add_U_i_5's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_6 = work + 443*n + 1; /* n x 8, in grad_mul_U_o_4's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_i_11 = work + 176*n; /* n x 8, in sigmoid_U_i_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_f_7 = work + 184*n; /* n x 8, in tanh_U_g_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_g_7 = work + 208*n; /* n x 8, in tanh_U_i_3's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_U_o_7 = work + 248*n; /* n x 8, in sigmoid_U_f_4's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_copy_b_f = work + 368*n; /* n x 8, in grad_add_U_i_4_2's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_add_W_o = work + 120*n; /* n x 8, in sigmoid_U_i_2's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_copy_b_i = work + 128*n; /* n x 8, in tanh_U_g_2's memory; placed in an earlier part */
     /* grad_W_o += x2^T @ grad_add_U_o_7 */
     lstm_sequence_product7(n, x2_, grad_add_U_o_7, grad_W_o);
 
@@ -1583,31 +1718,31 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
 /* lstm_sequence_run, part 8 of 8 (kernels 193 to 196): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 3; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     int64_t n,
     LSTM_SEQUENCE_REAL *grad_b_g,
     LSTM_SEQUENCE_REAL *grad_b_o,
     LSTM_SEQUENCE_REAL *grad_V,
     LSTM_SEQUENCE_REAL *grad_c0,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *mul_U_o_7,
+    LSTM_SEQUENCE_REAL *grad_logit,
+    LSTM_SEQUENCE_REAL *grad_copy_b_g,
+    LSTM_SEQUENCE_REAL *grad_copy_b_o
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     int64_t n,
     LSTM_SEQUENCE_REAL *grad_b_g,
     LSTM_SEQUENCE_REAL *grad_b_o,
     LSTM_SEQUENCE_REAL *grad_V,
     LSTM_SEQUENCE_REAL *grad_c0,
-    LSTM_SEQUENCE_REAL *work,
-    int with_grads
+    LSTM_SEQUENCE_REAL *mul_U_o_7,
+    LSTM_SEQUENCE_REAL *grad_logit,
+    LSTM_SEQUENCE_REAL *grad_copy_b_g,
+    LSTM_SEQUENCE_REAL *grad_copy_b_o
 )
 {
-    LSTM_SEQUENCE_REAL *mul_U_o_7 = with_grads ? work + 432*n : work + 56*n; /* n x 8; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_logit = with_grads ? work + 442*n : work + 74*n; /* n x 1; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_copy_b_g = work + 152*n; /* n x 8, in tanh_U_i_2's memory; placed in an earlier part */
-    LSTM_SEQUENCE_REAL *grad_copy_b_o = work + 192*n; /* n x 8, in sigmoid_U_f_3's memory; placed in an earlier part */
     /* grad_b_g = sum of grad_copy_b_g down each column */
     symbackprop_f64_sum_columns(grad_copy_b_g, n, 8, 8, grad_b_g);
 
@@ -1673,17 +1808,162 @@ LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     if (n < 1) {
         return 1;
     }
-    lstm_sequence_run_part1(n, x1_, x2_, x3_, x4_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, work, with_grads);
-    lstm_sequence_run_part2(n, x4_, x5_, x6_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, work, with_grads);
-    lstm_sequence_run_part3(n, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, logit, work, with_grads);
+
+    /* where each buffer lies in work */
+    LSTM_SEQUENCE_REAL *mm_W_o = work; /* n x 8 */
+    LSTM_SEQUENCE_REAL *sigmoid_W_o = mm_W_o + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_W_i = mm_W_o; /* n x 8, in mm_W_o's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_W_i = sigmoid_W_o + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_W_g = mm_W_i; /* n x 8, in mm_W_i's memory */
+    LSTM_SEQUENCE_REAL *tanh_W_g = sigmoid_W_i + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_W_i = tanh_W_g + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_W_i = mul_W_i + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_W_o = tanh_W_i + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o = with_grads ? mm_W_g : sigmoid_W_o; /* n x 8, in mm_W_g's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o = with_grads ? mul_W_o + 8*n : sigmoid_W_i; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i = with_grads ? mm_U_o : mm_W_g; /* n x 8, in mm_U_o's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i = with_grads ? sigmoid_U_o + 8*n : tanh_W_g; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g = with_grads ? mm_U_i : tanh_W_i; /* n x 8, in mm_U_i's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g = with_grads ? sigmoid_U_i + 8*n : mm_U_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f = with_grads ? mm_U_g : mm_U_i; /* n x 8, in mm_U_g's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f = with_grads ? tanh_U_g + 8*n : mm_U_g; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_i = with_grads ? sigmoid_U_f + 8*n : mul_W_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_i = with_grads ? add_U_i + 8*n : mul_W_o + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o = tanh_U_i + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_2 = with_grads ? mm_U_f : mul_W_i; /* n x 8, in mm_U_f's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_2 = with_grads ? mul_U_o + 8*n : sigmoid_U_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_2 = with_grads ? mm_U_o_2 : sigmoid_U_i; /* n x 8, in mm_U_o_2's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_2 = with_grads ? sigmoid_U_o_2 + 8*n : tanh_U_g; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_2 = with_grads ? mm_U_i_2 : mm_U_f; /* n x 8, in mm_U_i_2's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_2 = with_grads ? sigmoid_U_i_2 + 8*n : sigmoid_U_f; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_2 = with_grads ? mm_U_g_2 : tanh_U_i; /* n x 8, in mm_U_g_2's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2 = with_grads ? tanh_U_g_2 + 8*n : mm_U_o_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_i_2 = with_grads ? sigmoid_U_f_2 + 8*n : mm_U_i_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_i_2 = with_grads ? add_U_i_2 + 8*n : mm_U_g_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_2 = with_grads ? tanh_U_i_2 + 8*n : mul_U_o; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_3 = with_grads ? mm_U_f_2 : add_U_i; /* n x 8, in mm_U_f_2's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_3 = with_grads ? mul_U_o_2 + 8*n : sigmoid_U_o_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_3 = with_grads ? mm_U_o_3 : sigmoid_U_i_2; /* n x 8, in mm_U_o_3's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_3 = with_grads ? sigmoid_U_o_3 + 8*n : tanh_U_g_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_3 = with_grads ? mm_U_i_3 : mm_U_f_2; /* n x 8, in mm_U_i_3's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_3 = with_grads ? sigmoid_U_i_3 + 8*n : sigmoid_U_f_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_3 = with_grads ? mm_U_g_3 : tanh_U_i_2; /* n x 8, in mm_U_g_3's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_3 = with_grads ? tanh_U_g_3 + 8*n : mm_U_o_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_i_3 = with_grads ? sigmoid_U_f_3 + 8*n : mm_U_i_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_i_3 = with_grads ? add_U_i_3 + 8*n : mm_U_g_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_3 = with_grads ? tanh_U_i_3 + 8*n : mul_U_o_2; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_4 = with_grads ? mm_U_f_3 : add_U_i_2; /* n x 8, in mm_U_f_3's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_4 = with_grads ? mul_U_o_3 + 8*n : sigmoid_U_o_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_4 = with_grads ? mm_U_o_4 : sigmoid_U_i_3; /* n x 8, in mm_U_o_4's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_4 = with_grads ? sigmoid_U_o_4 + 8*n : tanh_U_g_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_4 = with_grads ? mm_U_i_4 : mm_U_f_3; /* n x 8, in mm_U_i_4's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_4 = with_grads ? sigmoid_U_i_4 + 8*n : sigmoid_U_f_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_4 = with_grads ? mm_U_g_4 : tanh_U_i_3; /* n x 8, in mm_U_g_4's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_4 = with_grads ? tanh_U_g_4 + 8*n : mm_U_o_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_i_4 = with_grads ? sigmoid_U_f_4 + 8*n : mm_U_i_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_i_4 = with_grads ? add_U_i_4 + 8*n : mm_U_g_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_4 = with_grads ? tanh_U_i_4 + 8*n : mul_U_o_3; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_5 = with_grads ? mm_U_f_4 : add_U_i_3; /* n x 8, in mm_U_f_4's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_5 = with_grads ? mul_U_o_4 + 8*n : sigmoid_U_o_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_5 = with_grads ? mm_U_o_5 : sigmoid_U_i_4; /* n x 8, in mm_U_o_5's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_5 = with_grads ? sigmoid_U_o_5 + 8*n : tanh_U_g_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_5 = with_grads ? mm_U_i_5 : mm_U_f_4; /* n x 8, in mm_U_i_5's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_5 = with_grads ? sigmoid_U_i_5 + 8*n : sigmoid_U_f_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_5 = with_grads ? mm_U_g_5 : tanh_U_i_4; /* n x 8, in mm_U_g_5's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_5 = with_grads ? tanh_U_g_5 + 8*n : mm_U_o_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_i_5 = with_grads ? sigmoid_U_f_5 + 8*n : mm_U_i_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_i_5 = with_grads ? add_U_i_5 + 8*n : mm_U_g_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_5 = with_grads ? tanh_U_i_5 + 8*n : mul_U_o_4; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_6 = with_grads ? mm_U_f_5 : add_U_i_4; /* n x 8, in mm_U_f_5's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_6 = with_grads ? mul_U_o_5 + 8*n : sigmoid_U_o_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_6 = with_grads ? mm_U_o_6 : sigmoid_U_i_5; /* n x 8, in mm_U_o_6's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_6 = with_grads ? sigmoid_U_o_6 + 8*n : tanh_U_g_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_6 = with_grads ? mm_U_i_6 : mm_U_f_5; /* n x 8, in mm_U_i_6's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_6 = with_grads ? sigmoid_U_i_6 + 8*n : sigmoid_U_f_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_6 = with_grads ? mm_U_g_6 : tanh_U_i_5; /* n x 8, in mm_U_g_6's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_6 = with_grads ? tanh_U_g_6 + 8*n : mm_U_o_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *add_U_i_6 = with_grads ? sigmoid_U_f_6 + 8*n : mm_U_i_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_i_6 = with_grads ? add_U_i_6 + 8*n : mm_U_g_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_6 = with_grads ? tanh_U_i_6 + 8*n : mul_U_o_5; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_o_7 = with_grads ? mm_U_f_6 : add_U_i_5; /* n x 8, in mm_U_f_6's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_7 = with_grads ? mul_U_o_6 + 8*n : sigmoid_U_o_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_i_7 = with_grads ? mm_U_o_7 : sigmoid_U_i_6; /* n x 8, in mm_U_o_7's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_7 = with_grads ? sigmoid_U_o_7 + 8*n : tanh_U_g_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_g_7 = with_grads ? mm_U_i_7 : mm_U_f_6; /* n x 8, in mm_U_i_7's memory */
+    LSTM_SEQUENCE_REAL *tanh_U_g_7 = with_grads ? sigmoid_U_i_7 + 8*n : sigmoid_U_f_6; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_U_f_7 = with_grads ? mm_U_g_7 : tanh_U_i_6; /* n x 8, in mm_U_g_7's memory */
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_7 = with_grads ? tanh_U_g_7 + 8*n : mm_U_o_7; /* n x 8 */
+    LSTM_SEQUENCE_REAL *tanh_U_i_7 = with_grads ? sigmoid_U_f_7 + 8*n : mm_U_i_7; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mul_U_o_7 = with_grads ? tanh_U_i_7 + 8*n : mm_U_g_7; /* n x 8 */
+    LSTM_SEQUENCE_REAL *mm_V = with_grads ? mul_U_o_7 + 8*n : mul_U_o + 8*n; /* n x 1 */
+    LSTM_SEQUENCE_REAL *add_logit = mm_V + n; /* n x 1 */
+    LSTM_SEQUENCE_REAL *grad_logit = add_logit + n; /* n x 1 */
+    LSTM_SEQUENCE_REAL *colsum_logit = grad_logit + n; /* 1 x 1 */
+
+    lstm_sequence_run_part1(n, x1_, x2_, x3_, x4_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, mm_W_o, sigmoid_W_o, mm_W_i, sigmoid_W_i, mm_W_g, tanh_W_g, mul_W_i, tanh_W_i, mul_W_o, mm_U_o, sigmoid_U_o, mm_U_i, sigmoid_U_i, mm_U_g, tanh_U_g, mm_U_f, sigmoid_U_f, add_U_i, tanh_U_i, mul_U_o, mm_U_o_2, sigmoid_U_o_2, mm_U_i_2, sigmoid_U_i_2, mm_U_g_2, tanh_U_g_2, mm_U_f_2, sigmoid_U_f_2, add_U_i_2, tanh_U_i_2, mul_U_o_2, mm_U_o_3);
+    lstm_sequence_run_part2(n, x4_, x5_, x6_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, add_U_i_2, mul_U_o_2, mm_U_o_3, sigmoid_U_o_3, mm_U_i_3, sigmoid_U_i_3, mm_U_g_3, tanh_U_g_3, mm_U_f_3, sigmoid_U_f_3, add_U_i_3, tanh_U_i_3, mul_U_o_3, mm_U_o_4, sigmoid_U_o_4, mm_U_i_4, sigmoid_U_i_4, mm_U_g_4, tanh_U_g_4, mm_U_f_4, sigmoid_U_f_4, add_U_i_4, tanh_U_i_4, mul_U_o_4, mm_U_o_5, sigmoid_U_o_5, mm_U_i_5, sigmoid_U_i_5, mm_U_g_5, tanh_U_g_5, mm_U_f_5);
+    lstm_sequence_run_part3(n, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, logit, add_U_i_4, sigmoid_U_o_5, sigmoid_U_i_5, tanh_U_g_5, mm_U_f_5, sigmoid_U_f_5, add_U_i_5, tanh_U_i_5, mul_U_o_5, mm_U_o_6, sigmoid_U_o_6, mm_U_i_6, sigmoid_U_i_6, mm_U_g_6, tanh_U_g_6, mm_U_f_6, sigmoid_U_f_6, add_U_i_6, tanh_U_i_6, mul_U_o_6, mm_U_o_7, sigmoid_U_o_7, mm_U_i_7, sigmoid_U_i_7, mm_U_g_7, tanh_U_g_7, mm_U_f_7, sigmoid_U_f_7, tanh_U_i_7, mul_U_o_7, mm_V, add_logit, grad_logit, colsum_logit);
     if (!with_grads) {
         return 0;
     }
-    lstm_sequence_run_part4(n, V, work, with_grads);
-    lstm_sequence_run_part5(n, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, work, with_grads);
-    lstm_sequence_run_part6(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, grad_W_f, grad_W_g, grad_W_o, work, with_grads);
-    lstm_sequence_run_part7(n, x1_, x2_, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, work, with_grads);
-    lstm_sequence_run_part8(n, grad_b_g, grad_b_o, grad_V, grad_c0, work, with_grads);
+
+    /* the gradient's buffers in work */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_7 = mm_U_f_7; /* n x 8, in mm_U_f_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i = colsum_logit + 1; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2 = grad_add_U_i + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_add_U_f = grad_add_U_i_2 + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_add_U_g = grad_add_U_f + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_add_U_o = grad_add_U_g + 8*n; /* n x 8 */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_6 = add_U_i_6; /* n x 8, in add_U_i_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_6 = sigmoid_U_o_7; /* n x 8, in sigmoid_U_o_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3 = sigmoid_U_i_7; /* n x 8, in sigmoid_U_i_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2 = tanh_U_g_7; /* n x 8, in tanh_U_g_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2 = tanh_U_i_7; /* n x 8, in tanh_U_i_7's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2 = grad_mul_U_o_7; /* n x 8, in grad_mul_U_o_7's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_5 = add_U_i_5; /* n x 8, in add_U_i_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_5 = sigmoid_U_o_6; /* n x 8, in sigmoid_U_o_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4 = sigmoid_U_i_6; /* n x 8, in sigmoid_U_i_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3 = tanh_U_g_6; /* n x 8, in tanh_U_g_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3 = tanh_U_i_6; /* n x 8, in tanh_U_i_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3 = sigmoid_U_f_7; /* n x 8, in sigmoid_U_f_7's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_4 = grad_add_U_i; /* n x 8, in grad_add_U_i's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4_2 = grad_mul_U_o_6; /* n x 8, in grad_mul_U_o_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7 = add_U_i_4; /* n x 8, in add_U_i_4's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4 = sigmoid_U_o_5; /* n x 8, in sigmoid_U_o_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4 = sigmoid_U_i_5; /* n x 8, in sigmoid_U_i_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4 = tanh_U_g_5; /* n x 8, in tanh_U_g_5's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_3 = tanh_U_i_5; /* n x 8, in tanh_U_i_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3_2 = sigmoid_U_f_6; /* n x 8, in sigmoid_U_f_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_8 = grad_add_U_i_6; /* n x 8, in grad_add_U_i_6's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_5 = grad_mul_U_o_5; /* n x 8, in grad_mul_U_o_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5 = add_U_i_3; /* n x 8, in add_U_i_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5 = sigmoid_U_o_4; /* n x 8, in sigmoid_U_o_4's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o_2 = sigmoid_U_i_4; /* n x 8, in sigmoid_U_i_4's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2_2 = tanh_U_g_4; /* n x 8, in tanh_U_g_4's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_9 = tanh_U_i_4; /* n x 8, in tanh_U_i_4's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_6 = sigmoid_U_f_5; /* n x 8, in sigmoid_U_f_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6 = grad_add_U_i_5; /* n x 8, in grad_add_U_i_5's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6 = grad_mul_U_o_4; /* n x 8, in grad_mul_U_o_4's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_U_o = add_U_i_2; /* n x 8, in add_U_i_2's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_10 = sigmoid_U_o_3; /* n x 8, in sigmoid_U_o_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_i_11 = sigmoid_U_i_3; /* n x 8, in sigmoid_U_i_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_f_7 = tanh_U_g_3; /* n x 8, in tanh_U_g_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_g_7 = tanh_U_i_3; /* n x 8, in tanh_U_i_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_U_o_7 = sigmoid_U_f_4; /* n x 8, in sigmoid_U_f_4's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_f = grad_add_U_i_4_2; /* n x 8, in grad_add_U_i_4_2's memory */
+    LSTM_SEQUENCE_REAL *grad_mul_W_o = grad_mul_U_o_3; /* n x 8, in grad_mul_U_o_3's memory */
+    LSTM_SEQUENCE_REAL *grad_add_W_i = add_U_i; /* n x 8, in add_U_i's memory */
+    LSTM_SEQUENCE_REAL *grad_add_W_g = sigmoid_U_o_2; /* n x 8, in sigmoid_U_o_2's memory */
+    LSTM_SEQUENCE_REAL *grad_add_W_o = sigmoid_U_i_2; /* n x 8, in sigmoid_U_i_2's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_i = tanh_U_g_2; /* n x 8, in tanh_U_g_2's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_g = tanh_U_i_2; /* n x 8, in tanh_U_i_2's memory */
+    LSTM_SEQUENCE_REAL *grad_copy_b_o = sigmoid_U_f_3; /* n x 8, in sigmoid_U_f_3's memory */
+
+    lstm_sequence_run_part4(n, V, add_U_i_6, sigmoid_U_o_7, sigmoid_U_i_7, tanh_U_g_7, sigmoid_U_f_7, tanh_U_i_7, grad_logit, grad_mul_U_o_7, grad_add_U_i, grad_add_U_i_2, grad_add_U_f, grad_add_U_g, grad_add_U_o);
+    lstm_sequence_run_part5(n, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, add_U_i, sigmoid_U_o_2, sigmoid_U_i_2, tanh_U_g_2, sigmoid_U_f_2, add_U_i_2, tanh_U_i_2, sigmoid_U_o_3, sigmoid_U_i_3, tanh_U_g_3, sigmoid_U_f_3, add_U_i_3, tanh_U_i_3, sigmoid_U_o_4, sigmoid_U_i_4, tanh_U_g_4, sigmoid_U_f_4, add_U_i_4, tanh_U_i_4, sigmoid_U_o_5, sigmoid_U_i_5, tanh_U_g_5, sigmoid_U_f_5, add_U_i_5, tanh_U_i_5, sigmoid_U_o_6, sigmoid_U_i_6, tanh_U_g_6, sigmoid_U_f_6, tanh_U_i_6, sigmoid_U_f_7, grad_add_U_i, grad_add_U_i_2, grad_add_U_f, grad_add_U_g, grad_add_U_o, grad_mul_U_o_6, grad_add_U_i_6, grad_add_U_i_3, grad_add_U_f_2, grad_add_U_g_2, grad_add_U_o_2, grad_mul_U_o_5, grad_add_U_i_5, grad_add_U_i_4, grad_add_U_f_3, grad_add_U_g_3, grad_add_U_o_3, grad_mul_U_o_4, grad_add_U_i_4_2, grad_add_U_i_7, grad_add_U_f_4, grad_add_U_g_4, grad_add_U_o_4, grad_mul_U_o_3, grad_add_U_i_3_2, grad_add_U_i_8, grad_add_U_f_5, grad_add_U_g_5, grad_add_U_o_5, grad_mul_U_o_2, grad_add_U_i_2_2, grad_add_U_i_9, grad_add_U_f_6, grad_add_U_g_6, grad_add_U_o_6, grad_mul_U_o);
+    lstm_sequence_run_part6(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, grad_W_f, grad_W_g, grad_W_o, sigmoid_W_o, sigmoid_W_i, tanh_W_g, mul_W_i, tanh_W_i, sigmoid_U_o, sigmoid_U_i, tanh_U_g, sigmoid_U_f, tanh_U_i, sigmoid_U_f_2, grad_add_U_i_2, grad_add_U_f, grad_add_U_g, grad_add_U_o, grad_add_U_i_3, grad_add_U_f_2, grad_add_U_g_2, grad_add_U_o_2, grad_add_U_i_4, grad_add_U_f_3, grad_add_U_g_3, grad_add_U_o_3, grad_add_U_i_7, grad_add_U_f_4, grad_add_U_g_4, grad_add_U_o_4, grad_add_U_i_8, grad_add_U_f_5, grad_add_U_g_5, grad_add_U_o_5, grad_add_U_i_2_2, grad_add_U_i_9, grad_add_U_f_6, grad_add_U_g_6, grad_add_U_o_6, grad_mul_U_o, grad_add_U_i_10, grad_add_U_i_11, grad_add_U_f_7, grad_add_U_g_7, grad_add_U_o_7, grad_copy_b_f, grad_mul_W_o, grad_add_W_i, grad_add_W_g, grad_add_W_o, grad_copy_b_i, grad_copy_b_g, grad_copy_b_o);
+    lstm_sequence_run_part7(n, x1_, x2_, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, mul_W_o, mul_U_o, mul_U_o_2, mul_U_o_3, mul_U_o_4, mul_U_o_5, mul_U_o_6, grad_add_U_i_2, grad_add_U_f, grad_add_U_g, grad_add_U_o, grad_add_U_i_3, grad_add_U_f_2, grad_add_U_g_2, grad_add_U_o_2, grad_add_U_i_4, grad_add_U_f_3, grad_add_U_g_3, grad_add_U_o_3, grad_add_U_i_7, grad_add_U_f_4, grad_add_U_g_4, grad_add_U_o_4, grad_add_U_i_8, grad_add_U_f_5, grad_add_U_g_5, grad_add_U_o_5, grad_add_U_i_9, grad_add_U_f_6, grad_add_U_g_6, grad_add_U_o_6, grad_add_U_i_11, grad_add_U_f_7, grad_add_U_g_7, grad_add_U_o_7, grad_copy_b_f, grad_add_W_o, grad_copy_b_i);
+    lstm_sequence_run_part8(n, grad_b_g, grad_b_o, grad_V, grad_c0, mul_U_o_7, grad_logit, grad_copy_b_g, grad_copy_b_o);
     return 0;
 }
 #endif

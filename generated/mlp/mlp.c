@@ -44,12 +44,19 @@ static int mlp_run(
         return 1;
     }
 
-    /* mm_W1 = X @ W1 */
+    /* where each buffer lies in work */
     MLP_REAL *mm_W1 = work; /* n x 4 */
+    MLP_REAL *sigmoid_W1 = mm_W1 + 4*n; /* n x 4 */
+    MLP_REAL *mm_W2 = sigmoid_W1 + 4*n; /* n x 2 */
+    MLP_REAL *sq_Y = mm_W2 + 2*n; /* n x 2 */
+    MLP_REAL *grad_add_Y = sq_Y + 2*n; /* n x 2 */
+    MLP_REAL *colsum_Y = grad_add_Y + 2*n; /* 1 x 2 */
+    MLP_REAL *rowsum_Y = colsum_Y + 2; /* 1 x 1 */
+
+    /* mm_W1 = X @ W1 */
     symbackprop_f64_matmul(n, 4, 3, X, 3, 1, W1, 4, 1, mm_W1);
 
     /* sigmoid_W1 = sigmoid(b1 + mm_W1) */
-    MLP_REAL *sigmoid_W1 = mm_W1 + 4*n; /* n x 4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
@@ -58,14 +65,11 @@ static int mlp_run(
     }
 
     /* mm_W2 = sigmoid_W1 @ W2 */
-    MLP_REAL *mm_W2 = sigmoid_W1 + 4*n; /* n x 2 */
     symbackprop_f64_matmul(n, 2, 4, sigmoid_W1, 4, 1, W2, 2, 1, mm_W2);
 
     /* Y = b2 + mm_W2 */
     /* sq_Y = (-T + b2 + mm_W2)**2 */
     /* grad_add_Y = (-2*T + 2*b2 + 2*mm_W2)/(2*n) */
-    MLP_REAL *sq_Y = mm_W2 + 2*n; /* n x 2 */
-    MLP_REAL *grad_add_Y = sq_Y + 2*n; /* n x 2 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
@@ -77,11 +81,9 @@ static int mlp_run(
     }
 
     /* colsum_Y = sum of sq_Y down each column */
-    MLP_REAL *colsum_Y = grad_add_Y + 2*n; /* 1 x 2 */
     symbackprop_f64_sum_columns(sq_Y, n, 2, 2, colsum_Y);
 
     /* rowsum_Y = sum of colsum_Y along each row */
-    MLP_REAL *rowsum_Y = colsum_Y + 2; /* 1 x 1 */
     rowsum_Y[0] = symbackprop_f64_sum(colsum_Y, 2, 1);
 
     /* loss = rowsum_Y/(2*n) */
@@ -93,12 +95,14 @@ static int mlp_run(
         return 0;
     }
 
-    /* grad_sigmoid_W1 = grad_add_Y @ W2^T */
+    /* the gradient's buffers in work */
     MLP_REAL *grad_sigmoid_W1 = mm_W1; /* n x 4, in mm_W1's memory */
+    MLP_REAL *grad_add_W1 = rowsum_Y + 1; /* n x 4 */
+
+    /* grad_sigmoid_W1 = grad_add_Y @ W2^T */
     symbackprop_f64_matmul(n, 4, 2, grad_add_Y, 2, 1, W2, 1, 2, grad_sigmoid_W1);
 
     /* grad_add_W1 = grad_sigmoid_W1*sigmoid_W1*(1 - sigmoid_W1) */
-    MLP_REAL *grad_add_W1 = rowsum_Y + 1; /* n x 4 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {

@@ -37,12 +37,20 @@ static int mnist_mlp_run(
 )
 {
 
-    /* mm_W1 = X @ W1 */
+    /* where each buffer lies in work */
     MNIST_MLP_REAL *mm_W1 = work; /* 128 x 256 */
+    MNIST_MLP_REAL *tanh_W1 = mm_W1 + 32768; /* 128 x 256 */
+    MNIST_MLP_REAL *mm_W2 = tanh_W1 + 32768; /* 128 x 10 */
+    MNIST_MLP_REAL *mul_logits = mm_W2 + 1280; /* 128 x 10 */
+    MNIST_MLP_REAL *rowsum_logits = mul_logits + 1280; /* 128 x 1 */
+    MNIST_MLP_REAL *rowlse_logits = rowsum_logits + 128; /* 128 x 1 */
+    MNIST_MLP_REAL *add_logits = rowlse_logits + 128; /* 128 x 1 */
+    MNIST_MLP_REAL *colsum_logits = add_logits + 128; /* 1 x 1 */
+
+    /* mm_W1 = X @ W1 */
     symbackprop_f64_matmul(128, 256, 784, X, 784, 1, W1, 256, 1, mm_W1);
 
     /* tanh_W1 = tanh(b1 + mm_W1) */
-    MNIST_MLP_REAL *tanh_W1 = mm_W1 + 32768; /* 128 x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
@@ -51,12 +59,10 @@ static int mnist_mlp_run(
     }
 
     /* mm_W2 = tanh_W1 @ W2 */
-    MNIST_MLP_REAL *mm_W2 = tanh_W1 + 32768; /* 128 x 10 */
     symbackprop_f64_matmul(128, 10, 256, tanh_W1, 256, 1, W2, 10, 1, mm_W2);
 
     /* logits = b2 + mm_W2 */
     /* mul_logits = T*(b2 + mm_W2) */
-    MNIST_MLP_REAL *mul_logits = mm_W2 + 1280; /* 128 x 10 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
@@ -67,28 +73,24 @@ static int mnist_mlp_run(
     }
 
     /* rowsum_logits = sum of mul_logits along each row */
-    MNIST_MLP_REAL *rowsum_logits = mul_logits + 1280; /* 128 x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
     }
 
     /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
-    MNIST_MLP_REAL *rowlse_logits = rowsum_logits + 128; /* 128 x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
     }
 
     /* add_logits = rowlse_logits - rowsum_logits */
-    MNIST_MLP_REAL *add_logits = rowlse_logits + 128; /* 128 x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         add_logits[i] = -rowsum_logits[i] + rowlse_logits[i];
     }
 
     /* colsum_logits = sum of add_logits down each column */
-    MNIST_MLP_REAL *colsum_logits = add_logits + 128; /* 1 x 1 */
     colsum_logits[0] = symbackprop_f64_sum(add_logits, 128, 1);
 
     /* loss = colsum_logits/128 */
@@ -100,8 +102,12 @@ static int mnist_mlp_run(
         return 0;
     }
 
-    /* grad_logits = -T/128 + exp(logits - rowlse_logits)/128 */
+    /* the gradient's buffers in work */
     MNIST_MLP_REAL *grad_logits = mm_W2; /* 128 x 10, in mm_W2's memory */
+    MNIST_MLP_REAL *grad_tanh_W1 = mm_W1; /* 128 x 256, in mm_W1's memory */
+    MNIST_MLP_REAL *grad_add_W1 = colsum_logits + 1; /* 128 x 256 */
+
+    /* grad_logits = -T/128 + exp(logits - rowlse_logits)/128 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
@@ -110,11 +116,9 @@ static int mnist_mlp_run(
     }
 
     /* grad_tanh_W1 = grad_logits @ W2^T */
-    MNIST_MLP_REAL *grad_tanh_W1 = mm_W1; /* 128 x 256, in mm_W1's memory */
     symbackprop_f64_matmul(128, 256, 10, grad_logits, 10, 1, W2, 1, 10, grad_tanh_W1);
 
     /* grad_add_W1 = grad_tanh_W1*(1 - tanh_W1**2) */
-    MNIST_MLP_REAL *grad_add_W1 = colsum_logits + 1; /* 128 x 256 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {

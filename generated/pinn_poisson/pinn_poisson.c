@@ -127,8 +127,33 @@ int pinn_poisson_forward(
         return 1;
     }
 
-    /* mm_W1 = xb @ W1 */
+    /* where each buffer lies in work */
     PINN_POISSON_REAL *mm_W1 = work; /* 2 x 16 */
+    PINN_POISSON_REAL *tanh_W1 = mm_W1 + 32; /* 2 x 16 */
+    PINN_POISSON_REAL *mm_W2 = mm_W1; /* 2 x 16, in mm_W1's memory */
+    PINN_POISSON_REAL *tanh_W2 = tanh_W1; /* 2 x 16, in tanh_W1's memory */
+    PINN_POISSON_REAL *mm_W3 = tanh_W1 + 32; /* 2 x 1 */
+    PINN_POISSON_REAL *sq_W3 = mm_W3 + 2; /* 2 x 1 */
+    PINN_POISSON_REAL *colsum_W3 = sq_W3 + 2; /* 1 x 1 */
+    PINN_POISSON_REAL *mm_W1_2 = colsum_W3 + 1; /* n x 16 */
+    PINN_POISSON_REAL *tanh_W1_2 = mm_W1_2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *add_W1 = tanh_W1_2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W1 = add_W1 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mm_W2_2 = mm_W1_2; /* n x 16, in mm_W1_2's memory */
+    PINN_POISSON_REAL *tanh_W2_2 = mul_W1 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *add_W2 = tanh_W2_2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W3 = add_W2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mm_W2_3 = mm_W2_2; /* n x 16, in mm_W2_2's memory */
+    PINN_POISSON_REAL *mm_W2_4 = mul_W3; /* n x 16, in mul_W3's memory */
+    PINN_POISSON_REAL *mul_W2 = mul_W1; /* n x 16, in mul_W1's memory */
+    PINN_POISSON_REAL *mm_W2_5 = add_W2; /* n x 16, in add_W2's memory */
+    PINN_POISSON_REAL *mul_W2_2 = mm_W2_4; /* n x 16, in mm_W2_4's memory */
+    PINN_POISSON_REAL *d2u = mul_W3 + 16*n; /* n x 1 */
+    PINN_POISSON_REAL *sq_d2u = d2u + n; /* n x 1 */
+    PINN_POISSON_REAL *colsum_d2u = sq_d2u + n; /* 1 x 1 */
+    PINN_POISSON_REAL *mm_W3_2 = d2u; /* n x 1, in d2u's memory */
+
+    /* mm_W1 = xb @ W1 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             mm_W1[16*i + j] = 0;
@@ -142,7 +167,6 @@ int pinn_poisson_forward(
     }
 
     /* tanh_W1 = tanh(b1 + mm_W1) */
-    PINN_POISSON_REAL *tanh_W1 = mm_W1 + 32; /* 2 x 16 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             tanh_W1[16*i + j] = tanh(mm_W1[16*i + j] + b1[j]);
@@ -150,7 +174,6 @@ int pinn_poisson_forward(
     }
 
     /* mm_W2 = tanh_W1 @ W2 */
-    PINN_POISSON_REAL *mm_W2 = mm_W1; /* 2 x 16, in mm_W1's memory */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             mm_W2[16*i + j] = 0;
@@ -164,7 +187,6 @@ int pinn_poisson_forward(
     }
 
     /* tanh_W2 = tanh(b2 + mm_W2) */
-    PINN_POISSON_REAL *tanh_W2 = tanh_W1; /* 2 x 16, in tanh_W1's memory */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             tanh_W2[16*i + j] = tanh(mm_W2[16*i + j] + b2[j]);
@@ -172,7 +194,6 @@ int pinn_poisson_forward(
     }
 
     /* mm_W3 = tanh_W2 @ W3 */
-    PINN_POISSON_REAL *mm_W3 = tanh_W1 + 32; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             mm_W3[i + j] = 0;
@@ -186,7 +207,6 @@ int pinn_poisson_forward(
     }
 
     /* sq_W3 = (b3 + mm_W3)**2 */
-    PINN_POISSON_REAL *sq_W3 = mm_W3 + 2; /* 2 x 1 */
     {
         const PINN_POISSON_REAL b3_value = b3[0];
         for (int64_t i = 0; i < 2; ++i) {
@@ -195,43 +215,31 @@ int pinn_poisson_forward(
     }
 
     /* colsum_W3 = sum of sq_W3 down each column */
-    PINN_POISSON_REAL *colsum_W3 = sq_W3 + 2; /* 1 x 1 */
     colsum_W3[0] = symbackprop_f64_sum(sq_W3, 2, 1);
 
     /* mm_W1_2 = x @ W1 */
-    PINN_POISSON_REAL *mm_W1_2 = colsum_W3 + 1; /* n x 16 */
     symbackprop_f64_matmul(n, 16, 1, x, 1, 0, W1, 0, 1, mm_W1_2);
 
     /* tanh_W1_2 = tanh(b1 + mm_W1_2) */
     /* add_W1 = 1 - tanh(b1 + mm_W1_2)**2 */
     /* mul_W1 = W1*(1 - tanh(b1 + mm_W1_2)**2) */
-    PINN_POISSON_REAL *tanh_W1_2 = mm_W1_2 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *add_W1 = tanh_W1_2 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *mul_W1 = add_W1 + 16*n; /* n x 16 */
     pinn_poisson_loop0(n, tanh_W1_2, add_W1, mul_W1, W1, mm_W1_2, b1);
 
     /* mm_W2_2 = tanh_W1_2 @ W2 */
-    PINN_POISSON_REAL *mm_W2_2 = mm_W1_2; /* n x 16, in mm_W1_2's memory */
     symbackprop_f64_matmul(n, 16, 16, tanh_W1_2, 16, 1, W2, 16, 1, mm_W2_2);
 
     /* tanh_W2_2 = tanh(b2 + mm_W2_2) */
     /* add_W2 = 1 - tanh(b2 + mm_W2_2)**2 */
     /* mul_W3 = W3^T*(1 - tanh(b2 + mm_W2_2)**2) */
-    PINN_POISSON_REAL *tanh_W2_2 = mul_W1 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *add_W2 = tanh_W2_2 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *mul_W3 = add_W2 + 16*n; /* n x 16 */
     pinn_poisson_loop0(n, tanh_W2_2, add_W2, mul_W3, W3, mm_W2_2, b2);
 
     /* mm_W2_3 = mul_W3 @ W2^T */
-    PINN_POISSON_REAL *mm_W2_3 = mm_W2_2; /* n x 16, in mm_W2_2's memory */
     symbackprop_f64_matmul(n, 16, 16, mul_W3, 16, 1, W2, 1, 16, mm_W2_3);
 
     /* mm_W2_4 = mul_W1 @ W2 */
-    PINN_POISSON_REAL *mm_W2_4 = mul_W3; /* n x 16, in mul_W3's memory */
     symbackprop_f64_matmul(n, 16, 16, mul_W1, 16, 1, W2, 16, 1, mm_W2_4);
 
     /* mul_W2 = -2*W3^T*add_W2*mm_W2_4*tanh_W2_2 */
-    PINN_POISSON_REAL *mul_W2 = mul_W1; /* n x 16, in mul_W1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
@@ -240,11 +248,9 @@ int pinn_poisson_forward(
     }
 
     /* mm_W2_5 = mul_W2 @ W2^T */
-    PINN_POISSON_REAL *mm_W2_5 = add_W2; /* n x 16, in add_W2's memory */
     symbackprop_f64_matmul(n, 16, 16, mul_W2, 16, 1, W2, 1, 16, mm_W2_5);
 
     /* mul_W2_2 = add_W1*(-2*W1*mm_W2_3*tanh_W1_2 + mm_W2_5) */
-    PINN_POISSON_REAL *mul_W2_2 = mm_W2_4; /* n x 16, in mm_W2_4's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
@@ -253,18 +259,15 @@ int pinn_poisson_forward(
     }
 
     /* d2u = mul_W2_2 @ W1^T */
-    PINN_POISSON_REAL *d2u = mul_W3 + 16*n; /* n x 1 */
     symbackprop_f64_matmul(n, 1, 16, mul_W2_2, 16, 1, W1, 1, 0, d2u);
 
     /* sq_d2u = (d2u + pi**2*sin(pi*x))**2 */
-    PINN_POISSON_REAL *sq_d2u = d2u + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         sq_d2u[i] = pow(d2u[i] + pow(3.1415926535897932, 2)*sin(3.1415926535897932*x[i]), 2);
     }
 
     /* colsum_d2u = sum of sq_d2u down each column */
-    PINN_POISSON_REAL *colsum_d2u = sq_d2u + n; /* 1 x 1 */
     colsum_d2u[0] = symbackprop_f64_sum(sq_d2u, n, 1);
 
     /* loss = colsum_W3/2 + colsum_d2u/n */
@@ -273,7 +276,6 @@ int pinn_poisson_forward(
     }
 
     /* mm_W3_2 = tanh_W2_2 @ W3 */
-    PINN_POISSON_REAL *mm_W3_2 = d2u; /* n x 1, in d2u's memory */
     symbackprop_f64_matmul(n, 1, 16, tanh_W2_2, 16, 1, W3, 1, 0, mm_W3_2);
 
     /* u = b3 + mm_W3_2 */
@@ -313,7 +315,52 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     const PINN_POISSON_REAL *W3,
     const PINN_POISSON_REAL *b3,
     PINN_POISSON_REAL *loss,
-    PINN_POISSON_REAL *work
+    PINN_POISSON_REAL *mm_W1,
+    PINN_POISSON_REAL *tanh_W1,
+    PINN_POISSON_REAL *mm_W2,
+    PINN_POISSON_REAL *tanh_W2,
+    PINN_POISSON_REAL *mm_W3,
+    PINN_POISSON_REAL *sq_W3,
+    PINN_POISSON_REAL *grad_add_W3,
+    PINN_POISSON_REAL *colsum_W3,
+    PINN_POISSON_REAL *mm_W1_2,
+    PINN_POISSON_REAL *tanh_W1_2,
+    PINN_POISSON_REAL *mul_W1_2,
+    PINN_POISSON_REAL *add_W1,
+    PINN_POISSON_REAL *mm_W2_2,
+    PINN_POISSON_REAL *add_W2,
+    PINN_POISSON_REAL *mul_W3,
+    PINN_POISSON_REAL *mul_W2_3,
+    PINN_POISSON_REAL *mm_W2_3,
+    PINN_POISSON_REAL *mul_W1_3,
+    PINN_POISSON_REAL *mul_W1,
+    PINN_POISSON_REAL *mm_W2_4,
+    PINN_POISSON_REAL *mul_W2_4,
+    PINN_POISSON_REAL *mul_W2_5,
+    PINN_POISSON_REAL *mul_W2,
+    PINN_POISSON_REAL *mm_W2_5,
+    PINN_POISSON_REAL *add_W2_2,
+    PINN_POISSON_REAL *mul_W2_2,
+    PINN_POISSON_REAL *d2u,
+    PINN_POISSON_REAL *sq_d2u,
+    PINN_POISSON_REAL *grad_add_d2u,
+    PINN_POISSON_REAL *colsum_d2u,
+    PINN_POISSON_REAL *grad_W1_part,
+    PINN_POISSON_REAL *grad_mul_W2_2,
+    PINN_POISSON_REAL *grad_add_W2_2,
+    PINN_POISSON_REAL *grad_mul_W1_3,
+    PINN_POISSON_REAL *grad_mm_W2_3,
+    PINN_POISSON_REAL *grad_mul_W2,
+    PINN_POISSON_REAL *grad_mul_W2_5,
+    PINN_POISSON_REAL *grad_mul_W2_4,
+    PINN_POISSON_REAL *grad_mm_W2_4,
+    PINN_POISSON_REAL *grad_mul_W1,
+    PINN_POISSON_REAL *grad_mul_W3,
+    PINN_POISSON_REAL *grad_add_W2,
+    PINN_POISSON_REAL *grad_copy_W3,
+    PINN_POISSON_REAL *grad_tanh_W1_2_part,
+    PINN_POISSON_REAL *grad_add_W1,
+    PINN_POISSON_REAL *grad_copy_W1
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
@@ -327,11 +374,55 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     const PINN_POISSON_REAL *W3,
     const PINN_POISSON_REAL *b3,
     PINN_POISSON_REAL *loss,
-    PINN_POISSON_REAL *work
+    PINN_POISSON_REAL *mm_W1,
+    PINN_POISSON_REAL *tanh_W1,
+    PINN_POISSON_REAL *mm_W2,
+    PINN_POISSON_REAL *tanh_W2,
+    PINN_POISSON_REAL *mm_W3,
+    PINN_POISSON_REAL *sq_W3,
+    PINN_POISSON_REAL *grad_add_W3,
+    PINN_POISSON_REAL *colsum_W3,
+    PINN_POISSON_REAL *mm_W1_2,
+    PINN_POISSON_REAL *tanh_W1_2,
+    PINN_POISSON_REAL *mul_W1_2,
+    PINN_POISSON_REAL *add_W1,
+    PINN_POISSON_REAL *mm_W2_2,
+    PINN_POISSON_REAL *add_W2,
+    PINN_POISSON_REAL *mul_W3,
+    PINN_POISSON_REAL *mul_W2_3,
+    PINN_POISSON_REAL *mm_W2_3,
+    PINN_POISSON_REAL *mul_W1_3,
+    PINN_POISSON_REAL *mul_W1,
+    PINN_POISSON_REAL *mm_W2_4,
+    PINN_POISSON_REAL *mul_W2_4,
+    PINN_POISSON_REAL *mul_W2_5,
+    PINN_POISSON_REAL *mul_W2,
+    PINN_POISSON_REAL *mm_W2_5,
+    PINN_POISSON_REAL *add_W2_2,
+    PINN_POISSON_REAL *mul_W2_2,
+    PINN_POISSON_REAL *d2u,
+    PINN_POISSON_REAL *sq_d2u,
+    PINN_POISSON_REAL *grad_add_d2u,
+    PINN_POISSON_REAL *colsum_d2u,
+    PINN_POISSON_REAL *grad_W1_part,
+    PINN_POISSON_REAL *grad_mul_W2_2,
+    PINN_POISSON_REAL *grad_add_W2_2,
+    PINN_POISSON_REAL *grad_mul_W1_3,
+    PINN_POISSON_REAL *grad_mm_W2_3,
+    PINN_POISSON_REAL *grad_mul_W2,
+    PINN_POISSON_REAL *grad_mul_W2_5,
+    PINN_POISSON_REAL *grad_mul_W2_4,
+    PINN_POISSON_REAL *grad_mm_W2_4,
+    PINN_POISSON_REAL *grad_mul_W1,
+    PINN_POISSON_REAL *grad_mul_W3,
+    PINN_POISSON_REAL *grad_add_W2,
+    PINN_POISSON_REAL *grad_copy_W3,
+    PINN_POISSON_REAL *grad_tanh_W1_2_part,
+    PINN_POISSON_REAL *grad_add_W1,
+    PINN_POISSON_REAL *grad_copy_W1
 )
 {
     /* mm_W1 = xb @ W1 */
-    PINN_POISSON_REAL *mm_W1 = work; /* 2 x 16 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             mm_W1[16*i + j] = 0;
@@ -345,7 +436,6 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     }
 
     /* tanh_W1 = tanh(b1 + mm_W1) */
-    PINN_POISSON_REAL *tanh_W1 = mm_W1 + 32; /* 2 x 16 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             tanh_W1[16*i + j] = tanh(mm_W1[16*i + j] + b1[j]);
@@ -353,7 +443,6 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     }
 
     /* mm_W2 = tanh_W1 @ W2 */
-    PINN_POISSON_REAL *mm_W2 = mm_W1; /* 2 x 16, in mm_W1's memory */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             mm_W2[16*i + j] = 0;
@@ -367,7 +456,6 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     }
 
     /* tanh_W2 = tanh(b2 + mm_W2) */
-    PINN_POISSON_REAL *tanh_W2 = tanh_W1 + 32; /* 2 x 16 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             tanh_W2[16*i + j] = tanh(mm_W2[16*i + j] + b2[j]);
@@ -375,7 +463,6 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     }
 
     /* mm_W3 = tanh_W2 @ W3 */
-    PINN_POISSON_REAL *mm_W3 = tanh_W2 + 32; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             mm_W3[i + j] = 0;
@@ -390,8 +477,6 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
 
     /* sq_W3 = (b3 + mm_W3)**2 */
     /* grad_add_W3 = b3 + mm_W3 */
-    PINN_POISSON_REAL *sq_W3 = mm_W3 + 2; /* 2 x 1 */
-    PINN_POISSON_REAL *grad_add_W3 = sq_W3 + 2; /* 2 x 1 */
     {
         const PINN_POISSON_REAL b3_value = b3[0];
         for (int64_t i = 0; i < 2; ++i) {
@@ -402,19 +487,14 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     }
 
     /* colsum_W3 = sum of sq_W3 down each column */
-    PINN_POISSON_REAL *colsum_W3 = grad_add_W3 + 2; /* 1 x 1 */
     colsum_W3[0] = symbackprop_f64_sum(sq_W3, 2, 1);
 
     /* mm_W1_2 = x @ W1 */
-    PINN_POISSON_REAL *mm_W1_2 = colsum_W3 + 1; /* n x 16 */
     symbackprop_f64_matmul(n, 16, 1, x, 1, 0, W1, 0, 1, mm_W1_2);
 
     /* tanh_W1_2 = tanh(b1 + mm_W1_2) */
     /* mul_W1_2 = -2*tanh(b1 + mm_W1_2) */
     /* add_W1 = 1 - tanh(b1 + mm_W1_2)**2 */
-    PINN_POISSON_REAL *tanh_W1_2 = mm_W1_2 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *mul_W1_2 = tanh_W1_2 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *add_W1 = mul_W1_2 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
@@ -426,15 +506,11 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     }
 
     /* mm_W2_2 = tanh_W1_2 @ W2 */
-    PINN_POISSON_REAL *mm_W2_2 = mm_W1_2; /* n x 16, in mm_W1_2's memory */
     symbackprop_f64_matmul(n, 16, 16, tanh_W1_2, 16, 1, W2, 16, 1, mm_W2_2);
 
     /* add_W2 = 1 - tanh(b2 + mm_W2_2)**2 */
     /* mul_W3 = W3^T*(1 - tanh(b2 + mm_W2_2)**2) */
     /* mul_W2_3 = -2*tanh(b2 + mm_W2_2) */
-    PINN_POISSON_REAL *add_W2 = add_W1 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *mul_W3 = add_W2 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *mul_W2_3 = mul_W3 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
@@ -447,13 +523,10 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     }
 
     /* mm_W2_3 = mul_W3 @ W2^T */
-    PINN_POISSON_REAL *mm_W2_3 = mm_W2_2; /* n x 16, in mm_W2_2's memory */
     symbackprop_f64_matmul(n, 16, 16, mul_W3, 16, 1, W2, 1, 16, mm_W2_3);
 
     /* mul_W1_3 = W1*mm_W2_3 */
     /* mul_W1 = W1*add_W1 */
-    PINN_POISSON_REAL *mul_W1_3 = mul_W2_3 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *mul_W1 = mul_W1_3 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
@@ -463,15 +536,11 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     }
 
     /* mm_W2_4 = mul_W1 @ W2 */
-    PINN_POISSON_REAL *mm_W2_4 = mul_W1 + 16*n; /* n x 16 */
     symbackprop_f64_matmul(n, 16, 16, mul_W1, 16, 1, W2, 16, 1, mm_W2_4);
 
     /* mul_W2_4 = W3^T*mm_W2_4 */
     /* mul_W2_5 = W3^T*mm_W2_4*mul_W2_3 */
     /* mul_W2 = W3^T*add_W2*mm_W2_4*mul_W2_3 */
-    PINN_POISSON_REAL *mul_W2_4 = mm_W2_4 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *mul_W2_5 = mul_W2_4 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *mul_W2 = mul_W2_5 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
@@ -484,13 +553,10 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     }
 
     /* mm_W2_5 = mul_W2 @ W2^T */
-    PINN_POISSON_REAL *mm_W2_5 = mul_W2 + 16*n; /* n x 16 */
     symbackprop_f64_matmul(n, 16, 16, mul_W2, 16, 1, W2, 1, 16, mm_W2_5);
 
     /* add_W2_2 = mm_W2_5 + mul_W1_2*mul_W1_3 */
     /* mul_W2_2 = add_W1*(mm_W2_5 + mul_W1_2*mul_W1_3) */
-    PINN_POISSON_REAL *add_W2_2 = mm_W2_5 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *mul_W2_2 = add_W2_2 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
@@ -501,13 +567,10 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     }
 
     /* d2u = mul_W2_2 @ W1^T */
-    PINN_POISSON_REAL *d2u = mul_W2_2 + 16*n; /* n x 1 */
     symbackprop_f64_matmul(n, 1, 16, mul_W2_2, 16, 1, W1, 1, 0, d2u);
 
     /* sq_d2u = (d2u + pi**2*sin(pi*x))**2 */
     /* grad_add_d2u = (2*d2u + 2*pi**2*sin(pi*x))/n */
-    PINN_POISSON_REAL *sq_d2u = d2u + n; /* n x 1 */
-    PINN_POISSON_REAL *grad_add_d2u = sq_d2u + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         const PINN_POISSON_REAL x0 = pow(3.1415926535897932, 2)*sin(3.1415926535897932*x[i]);
@@ -516,7 +579,6 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     }
 
     /* colsum_d2u = sum of sq_d2u down each column */
-    PINN_POISSON_REAL *colsum_d2u = grad_add_d2u + n; /* 1 x 1 */
     colsum_d2u[0] = symbackprop_f64_sum(sq_d2u, n, 1);
 
     /* loss = colsum_W3/2 + colsum_d2u/n */
@@ -525,46 +587,33 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     }
 
     /* grad_W1_part = grad_add_d2u^T @ mul_W2_2, the first of 3 products added up here */
-    PINN_POISSON_REAL *grad_W1_part = colsum_d2u + 1; /* 1 x 16 */
     symbackprop_f64_matmul(1, 16, n, grad_add_d2u, 0, 1, mul_W2_2, 16, 1, grad_W1_part);
 
     /* grad_mul_W2_2 = grad_add_d2u @ W1 */
-    PINN_POISSON_REAL *grad_mul_W2_2 = mm_W2_5; /* n x 16, in mm_W2_5's memory */
     symbackprop_f64_matmul(n, 16, 1, grad_add_d2u, 1, 0, W1, 0, 1, grad_mul_W2_2);
 
     /* grad_add_W2_2 = add_W1*grad_mul_W2_2 */
     /* grad_mul_W1_3 = add_W1*grad_mul_W2_2*mul_W1_2 */
     /* grad_mm_W2_3 = W1*add_W1*grad_mul_W2_2*mul_W1_2 */
-    PINN_POISSON_REAL *grad_add_W2_2 = mul_W2_2; /* n x 16, in mul_W2_2's memory */
-    PINN_POISSON_REAL *grad_mul_W1_3 = grad_W1_part + 16; /* n x 16 */
-    PINN_POISSON_REAL *grad_mm_W2_3 = grad_mul_W1_3 + 16*n; /* n x 16 */
     pinn_poisson_loop1(n, grad_add_W2_2, grad_mul_W1_3, grad_mm_W2_3, W1, grad_mul_W2_2, add_W1, mul_W1_2);
 
     /* grad_mul_W2 = grad_add_W2_2 @ W2 */
-    PINN_POISSON_REAL *grad_mul_W2 = grad_mm_W2_3 + 16*n; /* n x 16 */
     symbackprop_f64_matmul(n, 16, 16, grad_add_W2_2, 16, 1, W2, 16, 1, grad_mul_W2);
 
     /* grad_mul_W2_5 = add_W2*grad_mul_W2 */
     /* grad_mul_W2_4 = add_W2*grad_mul_W2*mul_W2_3 */
     /* grad_mm_W2_4 = W3^T*add_W2*grad_mul_W2*mul_W2_3 */
-    PINN_POISSON_REAL *grad_mul_W2_5 = grad_mul_W2 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *grad_mul_W2_4 = grad_mul_W2_5 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *grad_mm_W2_4 = grad_mul_W2_4 + 16*n; /* n x 16 */
     pinn_poisson_loop1(n, grad_mul_W2_5, grad_mul_W2_4, grad_mm_W2_4, W3, grad_mul_W2, add_W2, mul_W2_3);
 
     /* grad_mul_W1 = grad_mm_W2_4 @ W2^T */
-    PINN_POISSON_REAL *grad_mul_W1 = grad_mm_W2_4 + 16*n; /* n x 16 */
     symbackprop_f64_matmul(n, 16, 16, grad_mm_W2_4, 16, 1, W2, 1, 16, grad_mul_W1);
 
     /* grad_mul_W3 = grad_mm_W2_3 @ W2 */
-    PINN_POISSON_REAL *grad_mul_W3 = grad_mul_W1 + 16*n; /* n x 16 */
     symbackprop_f64_matmul(n, 16, 16, grad_mm_W2_3, 16, 1, W2, 16, 1, grad_mul_W3);
 
     /* grad_add_W2 = add_W2*(-2*grad_mul_W2_5*mul_W2_4 + mul_W2_3*(W3^T*grad_mul_W3 +
      * grad_mul_W2*mul_W2_5)) */
     /* grad_copy_W3 = add_W2*grad_mul_W3 + grad_mul_W2_4*mm_W2_4 */
-    PINN_POISSON_REAL *grad_add_W2 = grad_mul_W3 + 16*n; /* n x 16 */
-    PINN_POISSON_REAL *grad_copy_W3 = grad_add_W2 + 16*n; /* n x 16 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
@@ -574,14 +623,11 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     }
 
     /* grad_tanh_W1_2_part = grad_add_W2 @ W2^T */
-    PINN_POISSON_REAL *grad_tanh_W1_2_part = add_W2; /* n x 16, in add_W2's memory */
     symbackprop_f64_matmul(n, 16, 16, grad_add_W2, 16, 1, W2, 1, 16, grad_tanh_W1_2_part);
 
     /* grad_add_W1 = add_W1*(-2*grad_add_W2_2*mul_W1_3 + grad_tanh_W1_2_part +
      * mul_W1_2*(W1*grad_mul_W1 + add_W2_2*grad_mul_W2_2)) */
     /* grad_copy_W1 = add_W1*grad_mul_W1 + grad_mul_W1_3*mm_W2_3 */
-    PINN_POISSON_REAL *grad_add_W1 = mul_W2_3; /* n x 16, in mul_W2_3's memory */
-    PINN_POISSON_REAL *grad_copy_W1 = mm_W2_4; /* n x 16, in mm_W2_4's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
@@ -610,31 +656,40 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     PINN_POISSON_REAL *grad_b2,
     PINN_POISSON_REAL *grad_W3,
     PINN_POISSON_REAL *grad_b3,
-    PINN_POISSON_REAL *work
+    PINN_POISSON_REAL *tanh_W1,
+    PINN_POISSON_REAL *tanh_W2,
+    PINN_POISSON_REAL *grad_add_W3,
+    PINN_POISSON_REAL *tanh_W1_2,
+    PINN_POISSON_REAL *mul_W3,
+    PINN_POISSON_REAL *mul_W1,
+    PINN_POISSON_REAL *mul_W2,
+    PINN_POISSON_REAL *grad_W1_part,
+    PINN_POISSON_REAL *grad_add_W2_2,
+    PINN_POISSON_REAL *grad_mm_W2_3,
+    PINN_POISSON_REAL *grad_mm_W2_4,
+    PINN_POISSON_REAL *grad_add_W2,
+    PINN_POISSON_REAL *grad_copy_W3,
+    PINN_POISSON_REAL *grad_add_W1,
+    PINN_POISSON_REAL *grad_copy_W1,
+    PINN_POISSON_REAL *grad_W1_part_2,
+    PINN_POISSON_REAL *grad_tanh_W2,
+    PINN_POISSON_REAL *grad_add_W2_3,
+    PINN_POISSON_REAL *grad_tanh_W1,
+    PINN_POISSON_REAL *grad_add_W1_2,
+    PINN_POISSON_REAL *grad_b1_part,
+    PINN_POISSON_REAL *grad_b1_part_2,
+    PINN_POISSON_REAL *grad_W2_part,
+    PINN_POISSON_REAL *grad_transpose_W2,
+    PINN_POISSON_REAL *grad_b2_part,
+    PINN_POISSON_REAL *grad_b2_part_2,
+    PINN_POISSON_REAL *grad_transpose_W3,
+    PINN_POISSON_REAL *grad_W3_part
 )
 {
-    PINN_POISSON_REAL *tanh_W1 = work + 32; /* 2 x 16; placed in an earlier part */
-    PINN_POISSON_REAL *mm_W2 = work; /* 2 x 16, in mm_W1's memory; placed in an earlier part */
-    PINN_POISSON_REAL *tanh_W2 = work + 64; /* 2 x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_add_W3 = work + 100; /* 2 x 1; placed in an earlier part */
-    PINN_POISSON_REAL *tanh_W1_2 = work + 16*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *mul_W3 = work + 80*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *mul_W1 = work + 128*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *mul_W2 = work + 192*n + 103; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_W1_part = work + 259*n + 104; /* 1 x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_add_W2_2 = work + 240*n + 103; /* n x 16, in mul_W2_2's memory; placed in an earlier part */
-    PINN_POISSON_REAL *grad_mm_W2_3 = work + 275*n + 120; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_mm_W2_4 = work + 339*n + 120; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_add_W2 = work + 387*n + 120; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_copy_W3 = work + 403*n + 120; /* n x 16; placed in an earlier part */
-    PINN_POISSON_REAL *grad_add_W1 = work + 96*n + 103; /* n x 16, in mul_W2_3's memory; placed in an earlier part */
-    PINN_POISSON_REAL *grad_copy_W1 = work + 144*n + 103; /* n x 16, in mm_W2_4's memory; placed in an earlier part */
     /* grad_W1_part_2 = sum of grad_copy_W1 down each column */
-    PINN_POISSON_REAL *grad_W1_part_2 = grad_copy_W3 + 16*n; /* 1 x 16 */
     symbackprop_f64_sum_columns(grad_copy_W1, n, 16, 16, grad_W1_part_2);
 
     /* grad_tanh_W2 = grad_add_W3 @ W3^T */
-    PINN_POISSON_REAL *grad_tanh_W2 = mm_W2; /* 2 x 16, in mm_W2's memory */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             grad_tanh_W2[16*i + j] = 0;
@@ -648,7 +703,6 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     }
 
     /* grad_add_W2_3 = grad_tanh_W2*(1 - tanh_W2**2) */
-    PINN_POISSON_REAL *grad_add_W2_3 = grad_W1_part_2 + 16; /* 2 x 16 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             grad_add_W2_3[16*i + j] = grad_tanh_W2[16*i + j]*(1 - (tanh_W2[16*i + j]*tanh_W2[16*i + j]));
@@ -656,7 +710,6 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     }
 
     /* grad_tanh_W1 = grad_add_W2_3 @ W2^T */
-    PINN_POISSON_REAL *grad_tanh_W1 = grad_tanh_W2; /* 2 x 16, in grad_tanh_W2's memory */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             PINN_POISSON_REAL acc = 0;
@@ -668,7 +721,6 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     }
 
     /* grad_add_W1_2 = grad_tanh_W1*(1 - tanh_W1**2) */
-    PINN_POISSON_REAL *grad_add_W1_2 = grad_add_W2_3 + 32; /* 2 x 16 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
             grad_add_W1_2[16*i + j] = grad_tanh_W1[16*i + j]*(1 - (tanh_W1[16*i + j]*tanh_W1[16*i + j]));
@@ -691,11 +743,9 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     }
 
     /* grad_b1_part = sum of grad_add_W1 down each column */
-    PINN_POISSON_REAL *grad_b1_part = grad_W1_part; /* 1 x 16, in grad_W1_part's memory */
     symbackprop_f64_sum_columns(grad_add_W1, n, 16, 16, grad_b1_part);
 
     /* grad_b1_part_2 = sum of grad_add_W1_2 down each column */
-    PINN_POISSON_REAL *grad_b1_part_2 = grad_W1_part_2; /* 1 x 16, in grad_W1_part_2's memory */
     symbackprop_f64_sum_columns(grad_add_W1_2, 2, 16, 16, grad_b1_part_2);
 
     /* grad_b1 = grad_b1_part + grad_b1_part_2 */
@@ -704,11 +754,9 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     }
 
     /* grad_W2_part = mul_W1^T @ grad_mm_W2_4, the first of 3 products added up here */
-    PINN_POISSON_REAL *grad_W2_part = grad_add_W1_2 + 32; /* 16 x 16 */
     symbackprop_f64_matmul(16, 16, n, mul_W1, 1, 16, grad_mm_W2_4, 16, 1, grad_W2_part);
 
     /* grad_transpose_W2 = mul_W2^T @ grad_add_W2_2, the first of 2 products added up here */
-    PINN_POISSON_REAL *grad_transpose_W2 = grad_W2_part + 256; /* 16 x 16 */
     symbackprop_f64_matmul(16, 16, n, mul_W2, 1, 16, grad_add_W2_2, 16, 1, grad_transpose_W2);
 
     /* grad_transpose_W2 += mul_W3^T @ grad_mm_W2_3 */
@@ -735,11 +783,9 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     }
 
     /* grad_b2_part = sum of grad_add_W2 down each column */
-    PINN_POISSON_REAL *grad_b2_part = grad_b1_part; /* 1 x 16, in grad_b1_part's memory */
     symbackprop_f64_sum_columns(grad_add_W2, n, 16, 16, grad_b2_part);
 
     /* grad_b2_part_2 = sum of grad_add_W2_3 down each column */
-    PINN_POISSON_REAL *grad_b2_part_2 = grad_b1_part_2; /* 1 x 16, in grad_b1_part_2's memory */
     symbackprop_f64_sum_columns(grad_add_W2_3, 2, 16, 16, grad_b2_part_2);
 
     /* grad_b2 = grad_b2_part + grad_b2_part_2 */
@@ -748,11 +794,9 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     }
 
     /* grad_transpose_W3 = sum of grad_copy_W3 down each column */
-    PINN_POISSON_REAL *grad_transpose_W3 = grad_b2_part; /* 1 x 16, in grad_b2_part's memory */
     symbackprop_f64_sum_columns(grad_copy_W3, n, 16, 16, grad_transpose_W3);
 
     /* grad_W3_part = tanh_W2^T @ grad_add_W3 */
-    PINN_POISSON_REAL *grad_W3_part = grad_b2_part_2; /* 16 x 1, in grad_b2_part_2's memory */
     for (int64_t i = 0; i < 16; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             grad_W3_part[i + j] = 0;
@@ -800,8 +844,70 @@ int pinn_poisson_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    pinn_poisson_value_and_grad_part1(n, x, xb, W1, b1, W2, b2, W3, b3, loss, work);
-    pinn_poisson_value_and_grad_part2(n, xb, W2, W3, grad_W1, grad_b1, grad_W2, grad_b2, grad_W3, grad_b3, work);
+
+    /* where each buffer lies in work */
+    PINN_POISSON_REAL *mm_W1 = work; /* 2 x 16 */
+    PINN_POISSON_REAL *tanh_W1 = mm_W1 + 32; /* 2 x 16 */
+    PINN_POISSON_REAL *mm_W2 = mm_W1; /* 2 x 16, in mm_W1's memory */
+    PINN_POISSON_REAL *tanh_W2 = tanh_W1 + 32; /* 2 x 16 */
+    PINN_POISSON_REAL *mm_W3 = tanh_W2 + 32; /* 2 x 1 */
+    PINN_POISSON_REAL *sq_W3 = mm_W3 + 2; /* 2 x 1 */
+    PINN_POISSON_REAL *grad_add_W3 = sq_W3 + 2; /* 2 x 1 */
+    PINN_POISSON_REAL *colsum_W3 = grad_add_W3 + 2; /* 1 x 1 */
+    PINN_POISSON_REAL *mm_W1_2 = colsum_W3 + 1; /* n x 16 */
+    PINN_POISSON_REAL *tanh_W1_2 = mm_W1_2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W1_2 = tanh_W1_2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *add_W1 = mul_W1_2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mm_W2_2 = mm_W1_2; /* n x 16, in mm_W1_2's memory */
+    PINN_POISSON_REAL *add_W2 = add_W1 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W3 = add_W2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W2_3 = mul_W3 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mm_W2_3 = mm_W2_2; /* n x 16, in mm_W2_2's memory */
+    PINN_POISSON_REAL *mul_W1_3 = mul_W2_3 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W1 = mul_W1_3 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mm_W2_4 = mul_W1 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W2_4 = mm_W2_4 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W2_5 = mul_W2_4 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W2 = mul_W2_5 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mm_W2_5 = mul_W2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *add_W2_2 = mm_W2_5 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *mul_W2_2 = add_W2_2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *d2u = mul_W2_2 + 16*n; /* n x 1 */
+    PINN_POISSON_REAL *sq_d2u = d2u + n; /* n x 1 */
+    PINN_POISSON_REAL *grad_add_d2u = sq_d2u + n; /* n x 1 */
+    PINN_POISSON_REAL *colsum_d2u = grad_add_d2u + n; /* 1 x 1 */
+    PINN_POISSON_REAL *grad_W1_part = colsum_d2u + 1; /* 1 x 16 */
+    PINN_POISSON_REAL *grad_mul_W2_2 = mm_W2_5; /* n x 16, in mm_W2_5's memory */
+    PINN_POISSON_REAL *grad_add_W2_2 = mul_W2_2; /* n x 16, in mul_W2_2's memory */
+    PINN_POISSON_REAL *grad_mul_W1_3 = grad_W1_part + 16; /* n x 16 */
+    PINN_POISSON_REAL *grad_mm_W2_3 = grad_mul_W1_3 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_mul_W2 = grad_mm_W2_3 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_mul_W2_5 = grad_mul_W2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_mul_W2_4 = grad_mul_W2_5 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_mm_W2_4 = grad_mul_W2_4 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_mul_W1 = grad_mm_W2_4 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_mul_W3 = grad_mul_W1 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_add_W2 = grad_mul_W3 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_copy_W3 = grad_add_W2 + 16*n; /* n x 16 */
+    PINN_POISSON_REAL *grad_tanh_W1_2_part = add_W2; /* n x 16, in add_W2's memory */
+    PINN_POISSON_REAL *grad_add_W1 = mul_W2_3; /* n x 16, in mul_W2_3's memory */
+    PINN_POISSON_REAL *grad_copy_W1 = mm_W2_4; /* n x 16, in mm_W2_4's memory */
+    PINN_POISSON_REAL *grad_W1_part_2 = grad_copy_W3 + 16*n; /* 1 x 16 */
+    PINN_POISSON_REAL *grad_tanh_W2 = mm_W2; /* 2 x 16, in mm_W2's memory */
+    PINN_POISSON_REAL *grad_add_W2_3 = grad_W1_part_2 + 16; /* 2 x 16 */
+    PINN_POISSON_REAL *grad_tanh_W1 = grad_tanh_W2; /* 2 x 16, in grad_tanh_W2's memory */
+    PINN_POISSON_REAL *grad_add_W1_2 = grad_add_W2_3 + 32; /* 2 x 16 */
+    PINN_POISSON_REAL *grad_b1_part = grad_W1_part; /* 1 x 16, in grad_W1_part's memory */
+    PINN_POISSON_REAL *grad_b1_part_2 = grad_W1_part_2; /* 1 x 16, in grad_W1_part_2's memory */
+    PINN_POISSON_REAL *grad_W2_part = grad_add_W1_2 + 32; /* 16 x 16 */
+    PINN_POISSON_REAL *grad_transpose_W2 = grad_W2_part + 256; /* 16 x 16 */
+    PINN_POISSON_REAL *grad_b2_part = grad_b1_part; /* 1 x 16, in grad_b1_part's memory */
+    PINN_POISSON_REAL *grad_b2_part_2 = grad_b1_part_2; /* 1 x 16, in grad_b1_part_2's memory */
+    PINN_POISSON_REAL *grad_transpose_W3 = grad_b2_part; /* 1 x 16, in grad_b2_part's memory */
+    PINN_POISSON_REAL *grad_W3_part = grad_b2_part_2; /* 16 x 1, in grad_b2_part_2's memory */
+
+    pinn_poisson_value_and_grad_part1(n, x, xb, W1, b1, W2, b2, W3, b3, loss, mm_W1, tanh_W1, mm_W2, tanh_W2, mm_W3, sq_W3, grad_add_W3, colsum_W3, mm_W1_2, tanh_W1_2, mul_W1_2, add_W1, mm_W2_2, add_W2, mul_W3, mul_W2_3, mm_W2_3, mul_W1_3, mul_W1, mm_W2_4, mul_W2_4, mul_W2_5, mul_W2, mm_W2_5, add_W2_2, mul_W2_2, d2u, sq_d2u, grad_add_d2u, colsum_d2u, grad_W1_part, grad_mul_W2_2, grad_add_W2_2, grad_mul_W1_3, grad_mm_W2_3, grad_mul_W2, grad_mul_W2_5, grad_mul_W2_4, grad_mm_W2_4, grad_mul_W1, grad_mul_W3, grad_add_W2, grad_copy_W3, grad_tanh_W1_2_part, grad_add_W1, grad_copy_W1);
+    pinn_poisson_value_and_grad_part2(n, xb, W2, W3, grad_W1, grad_b1, grad_W2, grad_b2, grad_W3, grad_b3, tanh_W1, tanh_W2, grad_add_W3, tanh_W1_2, mul_W3, mul_W1, mul_W2, grad_W1_part, grad_add_W2_2, grad_mm_W2_3, grad_mm_W2_4, grad_add_W2, grad_copy_W3, grad_add_W1, grad_copy_W1, grad_W1_part_2, grad_tanh_W2, grad_add_W2_3, grad_tanh_W1, grad_add_W1_2, grad_b1_part, grad_b1_part_2, grad_W2_part, grad_transpose_W2, grad_b2_part, grad_b2_part_2, grad_transpose_W3, grad_W3_part);
     return 0;
 }
 #endif

@@ -37,6 +37,9 @@ static int polynomial_fit_run(
         return 1;
     }
 
+    /* where each buffer lies in work */
+    POLYNOMIAL_FIT_REAL *colsum_squared_error = work; /* 1 x 1 */
+
     /* squared_error[i, 0] = (coeffs[0, 0] + coeffs[0, 1]*points[i, 0] +
      * coeffs[0, 2]*points[i, 0]**2 + coeffs[0, 3]*points[i, 0]**3 +
      * coeffs[0, 4]*points[i, 0]**4 + coeffs[0, 5]*points[i, 0]**5 - points[i, 1])**2 */
@@ -135,7 +138,6 @@ static int polynomial_fit_run(
     }
 
     /* colsum_squared_error = sum of squared_error down each column */
-    POLYNOMIAL_FIT_REAL *colsum_squared_error = work; /* 1 x 1 */
     colsum_squared_error[0] = symbackprop_f64_sum(squared_error, N, 1);
 
     /* loss = colsum_squared_error/N */

@@ -33,8 +33,13 @@ static int relu_net_run(
 )
 {
 
-    /* mm_W1 = W1 @ x */
+    /* where each buffer lies in work */
     RELU_NET_REAL *mm_W1 = work; /* 2 x 1 */
+    RELU_NET_REAL *relu_W1 = mm_W1 + 2; /* 2 x 1 */
+    RELU_NET_REAL *step_W1 = relu_W1 + 2; /* 2 x 1 */
+    RELU_NET_REAL *grad_add_y = step_W1 + 2; /* 1 x 1 */
+
+    /* mm_W1 = W1 @ x */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             mm_W1[i + j] = 0;
@@ -49,8 +54,6 @@ static int relu_net_run(
 
     /* relu_W1 = Max(0, mm_W1) */
     /* step_W1 = Heaviside(mm_W1) */
-    RELU_NET_REAL *relu_W1 = mm_W1 + 2; /* 2 x 1 */
-    RELU_NET_REAL *step_W1 = relu_W1 + 2; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         relu_W1[i] = (((0) > (mm_W1[i])) ? (0) : (mm_W1[i]));
         step_W1[i] = (isnan(mm_W1[i]) ? (mm_W1[i]) : (mm_W1[i]) > 0 ? 1.0 : 0.0);
@@ -71,7 +74,6 @@ static int relu_net_run(
 
     /* loss = (-t + y)**2/2 */
     /* grad_add_y = -t + y */
-    RELU_NET_REAL *grad_add_y = step_W1 + 2; /* 1 x 1 */
     {
         const RELU_NET_REAL x0 = -t[0] + y[0];
         loss[0] = (1.0/2.0)*(x0*x0);
@@ -82,8 +84,11 @@ static int relu_net_run(
         return 0;
     }
 
-    /* grad_relu_W1 = W2^T @ grad_add_y */
+    /* the gradient's buffers in work */
     RELU_NET_REAL *grad_relu_W1 = mm_W1; /* 2 x 1, in mm_W1's memory */
+    RELU_NET_REAL *grad_mm_W1 = grad_add_y + 1; /* 2 x 1 */
+
+    /* grad_relu_W1 = W2^T @ grad_add_y */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 1; ++j) {
             grad_relu_W1[i + j] = 0;
@@ -97,7 +102,6 @@ static int relu_net_run(
     }
 
     /* grad_mm_W1 = grad_relu_W1*step_W1 */
-    RELU_NET_REAL *grad_mm_W1 = grad_add_y + 1; /* 2 x 1 */
     for (int64_t i = 0; i < 2; ++i) {
         grad_mm_W1[i] = grad_relu_W1[i]*step_W1[i];
     }

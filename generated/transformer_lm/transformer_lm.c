@@ -54,7 +54,34 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 62, 64, a, 64, 1, b, 62, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 1, 256, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 64, 1, c);
+}
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
@@ -76,7 +103,12 @@ void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TR
     symbackprop_f64_matmul(256, 64, s0, a, 1, 256, b, 64, 1, c);
 }
 #endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 256, 1, c);
+}
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product4(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
@@ -91,38 +123,6 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(64, 256, s0, a, 1, 64, b, 256, 1, c);
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 256, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 62, 64, a, 64, 1, b, 62, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 1, 256, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
 }
 #endif
 
@@ -178,12 +178,18 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+void transformer_lm_loop1(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j] + a2[64*i + j];
+            a0[64*i + j] = a1[j]*a2[64*i + j] + a3[j];
         }
     }
 }
@@ -200,6 +206,44 @@ void transformer_lm_loop3(
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
             a0[64*i + j] = a1[64*i + j] + a2[64*i + j] + a3[j];
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        a0[i] = -a1[i] + a2[i];
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j] + a2[64*i + j];
+        }
+    }
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop5(
+    int64_t m,
+    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
+    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
+)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 62; ++j) {
+            a0[62*i + j] = a1[62*i + j] + exp(a2[62*i + j] - a3[i])/((TRANSFORMER_LM_REAL)m);
         }
     }
 }
@@ -222,23 +266,7 @@ void transformer_lm_loop6(
     }
 }
 #endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop1(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[j]*a2[64*i + j] + a3[j];
-        }
-    }
-}
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop2(
     int64_t m,
@@ -257,32 +285,6 @@ void transformer_lm_loop2(
             a0[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
             a1[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
         }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop5(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 62; ++j) {
-            a0[62*i + j] = a1[62*i + j] + exp(a2[62*i + j] - a3[i])/((TRANSFORMER_LM_REAL)m);
-        }
-    }
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        a0[i] = -a1[i] + a2[i];
     }
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
@@ -310,23 +312,15 @@ TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_gra
 /* transformer_lm_run, part 1 of 8 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
     const TRANSFORMER_LM_REAL *E,
     const TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
-    int64_t m,
-    const int64_t *ids,
-    const int64_t *positions,
-    const TRANSFORMER_LM_REAL *E,
-    const TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *emap_E,
+    TRANSFORMER_LM_REAL *emap_P
 )
 {
     /* emap_E[i, :] = [E[ids[i], 0], E[ids[i], 1], E[ids[i], 2], E[ids[i], 3], E[ids[i], 4],
@@ -341,8 +335,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
      * P[positions[i], 11], P[positions[i], 12], P[positions[i], 13], P[positions[i], 14],
      * P[positions[i], 15], P[positions[i], 16], P[positions[i], 17], P[positions[i], 18],
      * P[positions[i], 19], P[positions[i], 20], P[positions[i], 21], P[positions[i], 22], ... */
-    TRANSFORMER_LM_REAL *emap_E = work; /* m x 64 */
-    TRANSFORMER_LM_REAL *emap_P = emap_E + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         emap_E[64*i] = E[64*ids[i]];
@@ -480,7 +472,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
 /* transformer_lm_run, part 2 of 8 (kernels 2 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
@@ -503,10 +495,44 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     const TRANSFORMER_LM_REAL *Wo1,
     const TRANSFORMER_LM_REAL *g1m,
     const TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *emap_E,
+    TRANSFORMER_LM_REAL *emap_P,
+    TRANSFORMER_LM_REAL *add_E,
+    TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *mul_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0_block,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
+    TRANSFORMER_LM_REAL *mm_Wv0,
+    TRANSFORMER_LM_REAL *mix_Wv0,
+    TRANSFORMER_LM_REAL *mm_Wo0,
+    TRANSFORMER_LM_REAL *add_Wo0,
+    TRANSFORMER_LM_REAL *norm_Wo0,
+    TRANSFORMER_LM_REAL *add_b0m,
+    TRANSFORMER_LM_REAL *mm_W0up,
+    TRANSFORMER_LM_REAL *mul_W0up,
+    TRANSFORMER_LM_REAL *add_W0up,
+    TRANSFORMER_LM_REAL *mm_W0down,
+    TRANSFORMER_LM_REAL *add_W0down,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *add_b1a,
+    TRANSFORMER_LM_REAL *mul_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1_block,
+    TRANSFORMER_LM_REAL *softmax_Wk1,
+    TRANSFORMER_LM_REAL *mm_Wv1,
+    TRANSFORMER_LM_REAL *mix_Wv1,
+    TRANSFORMER_LM_REAL *mm_Wo1,
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *norm_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
@@ -529,19 +555,49 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     const TRANSFORMER_LM_REAL *Wo1,
     const TRANSFORMER_LM_REAL *g1m,
     const TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *emap_E,
+    TRANSFORMER_LM_REAL *emap_P,
+    TRANSFORMER_LM_REAL *add_E,
+    TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *mul_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0_block,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
+    TRANSFORMER_LM_REAL *mm_Wv0,
+    TRANSFORMER_LM_REAL *mix_Wv0,
+    TRANSFORMER_LM_REAL *mm_Wo0,
+    TRANSFORMER_LM_REAL *add_Wo0,
+    TRANSFORMER_LM_REAL *norm_Wo0,
+    TRANSFORMER_LM_REAL *add_b0m,
+    TRANSFORMER_LM_REAL *mm_W0up,
+    TRANSFORMER_LM_REAL *mul_W0up,
+    TRANSFORMER_LM_REAL *add_W0up,
+    TRANSFORMER_LM_REAL *mm_W0down,
+    TRANSFORMER_LM_REAL *add_W0down,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *add_b1a,
+    TRANSFORMER_LM_REAL *mul_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1_block,
+    TRANSFORMER_LM_REAL *softmax_Wk1,
+    TRANSFORMER_LM_REAL *mm_Wv1,
+    TRANSFORMER_LM_REAL *mix_Wv1,
+    TRANSFORMER_LM_REAL *mm_Wo1,
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *norm_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m
 )
 {
-    TRANSFORMER_LM_REAL *emap_E = work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *emap_P = work + 64*m; /* m x 64; placed in an earlier part */
     /* add_E = emap_E + emap_P */
-    TRANSFORMER_LM_REAL *add_E = emap_P + 64*m; /* m x 64 */
     transformer_lm_loop0(m, add_E, emap_E, emap_P);
 
     /* norm_E[i, :] = (add_E[i, :] - mu_i) r_i, mu_i = mean_j add_E[i, j], r_i =
      * 1/sqrt(mean_j (add_E[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *norm_E = emap_E; /* m x 64, in emap_E's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = norm_E + 64*i;
@@ -590,11 +646,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* add_b0a = b0a + g0a*norm_E */
-    TRANSFORMER_LM_REAL *add_b0a = emap_P; /* m x 64, in emap_P's memory */
     transformer_lm_loop1(m, add_b0a, g0a, norm_E, b0a);
 
     /* mul_Wq0 = Wq0/4 */
-    TRANSFORMER_LM_REAL *mul_Wq0 = add_E + 64*m; /* 64 x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -603,17 +657,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* mm_Wq0 = add_b0a @ mul_Wq0 */
-    TRANSFORMER_LM_REAL *mm_Wq0 = with_grads ? mul_Wq0 + 4096 : norm_E; /* m x 64 */
     transformer_lm_product0(m, add_b0a, mul_Wq0, mm_Wq0);
 
     /* mm_Wk0 = add_b0a @ Wk0 */
-    TRANSFORMER_LM_REAL *mm_Wk0 = with_grads ? mm_Wq0 + 64*m : mul_Wq0 + 4096; /* m x 64 */
     transformer_lm_product0(m, add_b0a, Wk0, mm_Wk0);
 
     /* scores_Wk0[(e,t),(h,s)] = sum_k mm_Wq0[(e,t),h*dh+k] * mm_Wk0[(e,s),h*dh+k] for s <=
      * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *scores_Wk0 = mm_Wk0 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *scores_Wk0_block = scores_Wk0 + 256*m; /* 64 x 16 */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -656,7 +706,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     /* softmax_Wk0[(e,t),(h,s)] = exp(scores_Wk0[(e,t),(h,s)] - max_{s'<=t}
      * scores_Wk0[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
      * mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *softmax_Wk0 = scores_Wk0_block + 1024; /* m x 256 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -688,12 +737,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* mm_Wv0 = add_b0a @ Wv0 */
-    TRANSFORMER_LM_REAL *mm_Wv0 = with_grads ? softmax_Wk0 + 256*m : mm_Wq0; /* m x 64 */
     transformer_lm_product0(m, add_b0a, Wv0, mm_Wv0);
 
     /* mix_Wv0[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk0[(e,t),(h,s)] * mm_Wv0[(e,s),h*dh+k]
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *mix_Wv0 = with_grads ? mm_Wv0 + 64*m : mm_Wk0; /* m x 64 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -725,16 +772,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* mm_Wo0 = mix_Wv0 @ Wo0 */
-    TRANSFORMER_LM_REAL *mm_Wo0 = with_grads ? mix_Wv0 + 64*m : add_b0a; /* m x 64 */
     transformer_lm_product0(m, mix_Wv0, Wo0, mm_Wo0);
 
     /* add_Wo0 = add_E + mm_Wo0 */
-    TRANSFORMER_LM_REAL *add_Wo0 = with_grads ? mm_Wo0 + 64*m : mm_Wv0; /* m x 64 */
     transformer_lm_loop0(m, add_Wo0, add_E, mm_Wo0);
 
     /* norm_Wo0[i, :] = (add_Wo0[i, :] - mu_i) r_i, mu_i = mean_j add_Wo0[i, j], r_i =
      * 1/sqrt(mean_j (add_Wo0[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *norm_Wo0 = with_grads ? mm_Wo0 : mix_Wv0; /* m x 64, in mm_Wo0's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = norm_Wo0 + 64*i;
@@ -783,31 +827,24 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* add_b0m = b0m + g0m*norm_Wo0 */
-    TRANSFORMER_LM_REAL *add_b0m = with_grads ? add_Wo0 + 64*m : add_E; /* m x 64 */
     transformer_lm_loop1(m, add_b0m, g0m, norm_Wo0, b0m);
 
     /* mm_W0up = add_b0m @ W0up */
-    TRANSFORMER_LM_REAL *mm_W0up = scores_Wk0; /* m x 256, in scores_Wk0's memory */
     transformer_lm_product1(m, add_b0m, W0up, mm_W0up);
 
     /* mul_W0up = (c0up + mm_W0up)*(erf(sqrt(2)*(c0up + mm_W0up)/2) + 1)/2 */
     /* add_W0up = sqrt(2)*(c0up + mm_W0up)*exp(-(c0up + mm_W0up)**2/2)/(2*sqrt(pi)) +
      * erf(sqrt(2)*(c0up + mm_W0up)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *mul_W0up = with_grads ? add_b0m + 64*m : softmax_Wk0; /* m x 256 */
-    TRANSFORMER_LM_REAL *add_W0up = with_grads ? mul_W0up + 256*m : softmax_Wk0 + 256*m; /* m x 256 */
     transformer_lm_loop2(m, mul_W0up, add_W0up, mm_W0up, c0up);
 
     /* mm_W0down = mul_W0up @ W0down */
-    TRANSFORMER_LM_REAL *mm_W0down = with_grads ? add_W0up + 256*m : mm_Wo0; /* m x 64 */
     transformer_lm_product2(m, mul_W0up, W0down, mm_W0down);
 
     /* add_W0down = add_Wo0 + c0down + mm_W0down */
-    TRANSFORMER_LM_REAL *add_W0down = with_grads ? mm_W0down + 64*m : norm_Wo0; /* m x 64 */
     transformer_lm_loop3(m, add_W0down, add_Wo0, mm_W0down, c0down);
 
     /* norm_W0down[i, :] = (add_W0down[i, :] - mu_i) r_i, mu_i = mean_j add_W0down[i, j], r_i
      * = 1/sqrt(mean_j (add_W0down[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *norm_W0down = with_grads ? mm_W0down : add_b0m; /* m x 64, in mm_W0down's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = norm_W0down + 64*i;
@@ -856,11 +893,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* add_b1a = b1a + g1a*norm_W0down */
-    TRANSFORMER_LM_REAL *add_b1a = with_grads ? add_W0down + 64*m : add_Wo0; /* m x 64 */
     transformer_lm_loop1(m, add_b1a, g1a, norm_W0down, b1a);
 
     /* mul_Wq1 = Wq1/4 */
-    TRANSFORMER_LM_REAL *mul_Wq1 = with_grads ? add_b1a + 64*m : mul_Wq0; /* 64 x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -869,17 +904,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* mm_Wq1 = add_b1a @ mul_Wq1 */
-    TRANSFORMER_LM_REAL *mm_Wq1 = with_grads ? mul_Wq1 + 4096 : mm_W0down; /* m x 64 */
     transformer_lm_product0(m, add_b1a, mul_Wq1, mm_Wq1);
 
     /* mm_Wk1 = add_b1a @ Wk1 */
-    TRANSFORMER_LM_REAL *mm_Wk1 = with_grads ? mm_Wq1 + 64*m : norm_W0down; /* m x 64 */
     transformer_lm_product0(m, add_b1a, Wk1, mm_Wk1);
 
     /* scores_Wk1[(e,t),(h,s)] = sum_k mm_Wq1[(e,t),h*dh+k] * mm_Wk1[(e,s),h*dh+k] for s <=
      * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *scores_Wk1 = mm_W0up; /* m x 256, in mm_W0up's memory */
-    TRANSFORMER_LM_REAL *scores_Wk1_block = scores_Wk0_block; /* 64 x 16, in scores_Wk0_block's memory */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -922,7 +953,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     /* softmax_Wk1[(e,t),(h,s)] = exp(scores_Wk1[(e,t),(h,s)] - max_{s'<=t}
      * scores_Wk1[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
      * mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *softmax_Wk1 = with_grads ? mm_Wk1 + 64*m : add_W0up; /* m x 256 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -954,12 +984,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* mm_Wv1 = add_b1a @ Wv1 */
-    TRANSFORMER_LM_REAL *mm_Wv1 = with_grads ? softmax_Wk1 + 256*m : mm_Wq1; /* m x 64 */
     transformer_lm_product0(m, add_b1a, Wv1, mm_Wv1);
 
     /* mix_Wv1[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk1[(e,t),(h,s)] * mm_Wv1[(e,s),h*dh+k]
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *mix_Wv1 = with_grads ? mm_Wv1 + 64*m : mm_Wk1; /* m x 64 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -991,16 +1019,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* mm_Wo1 = mix_Wv1 @ Wo1 */
-    TRANSFORMER_LM_REAL *mm_Wo1 = with_grads ? mix_Wv1 + 64*m : add_b1a; /* m x 64 */
     transformer_lm_product0(m, mix_Wv1, Wo1, mm_Wo1);
 
     /* add_Wo1 = add_W0down + mm_Wo1 */
-    TRANSFORMER_LM_REAL *add_Wo1 = with_grads ? mm_Wo1 + 64*m : mm_Wv1; /* m x 64 */
     transformer_lm_loop0(m, add_Wo1, add_W0down, mm_Wo1);
 
     /* norm_Wo1[i, :] = (add_Wo1[i, :] - mu_i) r_i, mu_i = mean_j add_Wo1[i, j], r_i =
      * 1/sqrt(mean_j (add_Wo1[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *norm_Wo1 = with_grads ? mm_Wo1 : mix_Wv1; /* m x 64, in mm_Wo1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = norm_Wo1 + 64*i;
@@ -1049,7 +1074,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* add_b1m = b1m + g1m*norm_Wo1 */
-    TRANSFORMER_LM_REAL *add_b1m = with_grads ? add_Wo1 + 64*m : add_W0down; /* m x 64 */
     transformer_lm_loop1(m, add_b1m, g1m, norm_Wo1, b1m);
 }
 #endif
@@ -1057,7 +1081,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 /* transformer_lm_run, part 3 of 8 (kernels 33 to 44): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
@@ -1069,40 +1093,65 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     const TRANSFORMER_LM_REAL *bf,
     const TRANSFORMER_LM_REAL *Wout,
     TRANSFORMER_LM_REAL *loss,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m,
+    TRANSFORMER_LM_REAL *mm_W1up,
+    TRANSFORMER_LM_REAL *mul_W1up,
+    TRANSFORMER_LM_REAL *add_W1up,
+    TRANSFORMER_LM_REAL *mm_W1down,
+    TRANSFORMER_LM_REAL *add_W1down,
+    TRANSFORMER_LM_REAL *norm_W1down,
+    TRANSFORMER_LM_REAL *add_bf,
+    TRANSFORMER_LM_REAL *mm_Wout,
+    TRANSFORMER_LM_REAL *pick_targets,
+    TRANSFORMER_LM_REAL *rowlse_Wout,
+    TRANSFORMER_LM_REAL *add_Wout,
+    TRANSFORMER_LM_REAL *colsum_Wout
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
+    int64_t m,
+    const int64_t *targets,
+    const TRANSFORMER_LM_REAL *W1up,
+    const TRANSFORMER_LM_REAL *c1up,
+    const TRANSFORMER_LM_REAL *W1down,
+    const TRANSFORMER_LM_REAL *c1down,
+    const TRANSFORMER_LM_REAL *gf,
+    const TRANSFORMER_LM_REAL *bf,
+    const TRANSFORMER_LM_REAL *Wout,
+    TRANSFORMER_LM_REAL *loss,
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m,
+    TRANSFORMER_LM_REAL *mm_W1up,
+    TRANSFORMER_LM_REAL *mul_W1up,
+    TRANSFORMER_LM_REAL *add_W1up,
+    TRANSFORMER_LM_REAL *mm_W1down,
+    TRANSFORMER_LM_REAL *add_W1down,
+    TRANSFORMER_LM_REAL *norm_W1down,
+    TRANSFORMER_LM_REAL *add_bf,
+    TRANSFORMER_LM_REAL *mm_Wout,
+    TRANSFORMER_LM_REAL *pick_targets,
+    TRANSFORMER_LM_REAL *rowlse_Wout,
+    TRANSFORMER_LM_REAL *add_Wout,
+    TRANSFORMER_LM_REAL *colsum_Wout
 )
 {
-    TRANSFORMER_LM_REAL *mul_W0up = with_grads ? work + 1152*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_W0up = with_grads ? work + 1408*m + 5120 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *scores_Wk1 = with_grads ? work + 320*m + 4096 : work + 256*m + 4096; /* m x 256, in mm_W0up's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *softmax_Wk1 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wo1 = with_grads ? work + 2368*m + 9216 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_Wo1 = with_grads ? work + 2432*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *norm_Wo1 = with_grads ? work + 2368*m + 9216 : work + 128*m; /* m x 64, in mm_Wo1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_b1m = with_grads ? work + 2496*m + 9216 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
     /* mm_W1up = add_b1m @ W1up */
-    TRANSFORMER_LM_REAL *mm_W1up = with_grads ? scores_Wk1 : mul_W0up; /* m x 256, in scores_Wk1's memory */
     transformer_lm_product1(m, add_b1m, W1up, mm_W1up);
 
     /* mul_W1up = (c1up + mm_W1up)*(erf(sqrt(2)*(c1up + mm_W1up)/2) + 1)/2 */
     /* add_W1up = sqrt(2)*(c1up + mm_W1up)*exp(-(c1up + mm_W1up)**2/2)/(2*sqrt(pi)) +
      * erf(sqrt(2)*(c1up + mm_W1up)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *mul_W1up = with_grads ? add_b1m + 64*m : scores_Wk1; /* m x 256 */
-    TRANSFORMER_LM_REAL *add_W1up = with_grads ? mul_W1up + 256*m : softmax_Wk1; /* m x 256 */
     transformer_lm_loop2(m, mul_W1up, add_W1up, mm_W1up, c1up);
 
     /* mm_W1down = mul_W1up @ W1down */
-    TRANSFORMER_LM_REAL *mm_W1down = with_grads ? add_W1up + 256*m : mm_Wo1; /* m x 64 */
     transformer_lm_product2(m, mul_W1up, W1down, mm_W1down);
 
     /* add_W1down = add_Wo1 + c1down + mm_W1down */
-    TRANSFORMER_LM_REAL *add_W1down = with_grads ? mm_W1down + 64*m : norm_Wo1; /* m x 64 */
     transformer_lm_loop3(m, add_W1down, add_Wo1, mm_W1down, c1down);
 
     /* norm_W1down[i, :] = (add_W1down[i, :] - mu_i) r_i, mu_i = mean_j add_W1down[i, j], r_i
      * = 1/sqrt(mean_j (add_W1down[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *norm_W1down = with_grads ? mm_W1down : add_b1m; /* m x 64, in mm_W1down's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = norm_W1down + 64*i;
@@ -1151,15 +1200,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     }
 
     /* add_bf = bf + gf*norm_W1down */
-    TRANSFORMER_LM_REAL *add_bf = with_grads ? add_W1down + 64*m : add_Wo1; /* m x 64 */
     transformer_lm_loop1(m, add_bf, gf, norm_W1down, bf);
 
     /* mm_Wout = add_bf @ Wout */
-    TRANSFORMER_LM_REAL *mm_Wout = with_grads ? add_bf + 64*m : add_W0up + 256*m; /* m x 62 */
     transformer_lm_product3(m, add_bf, Wout, mm_Wout);
 
     /* pick_targets[i] = mm_Wout[i, targets[i]] */
-    TRANSFORMER_LM_REAL *pick_targets = mm_Wout + 62*m; /* m x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         const int64_t column = targets[i];
@@ -1167,18 +1213,15 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     }
 
     /* rowlse_Wout = log(sum(exp(mm_Wout))) along each row, its max subtracted first */
-    TRANSFORMER_LM_REAL *rowlse_Wout = pick_targets + m; /* m x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         rowlse_Wout[i] = symbackprop_f64_logsumexp(mm_Wout + 62*i, 62, 1);
     }
 
     /* add_Wout = -pick_targets + rowlse_Wout */
-    TRANSFORMER_LM_REAL *add_Wout = rowlse_Wout + m; /* m x 1 */
     transformer_lm_loop4(m, add_Wout, pick_targets, rowlse_Wout);
 
     /* colsum_Wout = sum of add_Wout down each column */
-    TRANSFORMER_LM_REAL *colsum_Wout = add_Wout + m; /* 1 x 1 */
     colsum_Wout[0] = symbackprop_f64_sum(add_Wout, m, 1);
 
     /* loss = colsum_Wout/m */
@@ -1203,8 +1246,39 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     const TRANSFORMER_LM_REAL *W1down,
     const TRANSFORMER_LM_REAL *gf,
     const TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *mul_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wk1,
+    TRANSFORMER_LM_REAL *softmax_Wk1,
+    TRANSFORMER_LM_REAL *mm_Wv1,
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *norm_Wo1,
+    TRANSFORMER_LM_REAL *add_W1up,
+    TRANSFORMER_LM_REAL *add_W1down,
+    TRANSFORMER_LM_REAL *norm_W1down,
+    TRANSFORMER_LM_REAL *mm_Wout,
+    TRANSFORMER_LM_REAL *rowlse_Wout,
+    TRANSFORMER_LM_REAL *grad_mm_Wout_part,
+    TRANSFORMER_LM_REAL *grad_mm_Wout,
+    TRANSFORMER_LM_REAL *grad_add_bf,
+    TRANSFORMER_LM_REAL *grad_norm_W1down,
+    TRANSFORMER_LM_REAL *grad_copy_gf,
+    TRANSFORMER_LM_REAL *grad_add_W1down,
+    TRANSFORMER_LM_REAL *grad_mul_W1up,
+    TRANSFORMER_LM_REAL *grad_add_W1up,
+    TRANSFORMER_LM_REAL *grad_add_b1m,
+    TRANSFORMER_LM_REAL *grad_norm_Wo1,
+    TRANSFORMER_LM_REAL *grad_copy_g1m,
+    TRANSFORMER_LM_REAL *grad_add_Wo1_part,
+    TRANSFORMER_LM_REAL *grad_add_Wo1,
+    TRANSFORMER_LM_REAL *grad_mix_Wv1,
+    TRANSFORMER_LM_REAL *grad_mm_Wv1,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block,
+    TRANSFORMER_LM_REAL *grad_scores_Wk1,
+    TRANSFORMER_LM_REAL *grad_mm_Wk1,
+    TRANSFORMER_LM_REAL *grad_mm_Wq1
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
@@ -1218,27 +1292,42 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     const TRANSFORMER_LM_REAL *W1down,
     const TRANSFORMER_LM_REAL *gf,
     const TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *mul_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wk1,
+    TRANSFORMER_LM_REAL *softmax_Wk1,
+    TRANSFORMER_LM_REAL *mm_Wv1,
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *norm_Wo1,
+    TRANSFORMER_LM_REAL *add_W1up,
+    TRANSFORMER_LM_REAL *add_W1down,
+    TRANSFORMER_LM_REAL *norm_W1down,
+    TRANSFORMER_LM_REAL *mm_Wout,
+    TRANSFORMER_LM_REAL *rowlse_Wout,
+    TRANSFORMER_LM_REAL *grad_mm_Wout_part,
+    TRANSFORMER_LM_REAL *grad_mm_Wout,
+    TRANSFORMER_LM_REAL *grad_add_bf,
+    TRANSFORMER_LM_REAL *grad_norm_W1down,
+    TRANSFORMER_LM_REAL *grad_copy_gf,
+    TRANSFORMER_LM_REAL *grad_add_W1down,
+    TRANSFORMER_LM_REAL *grad_mul_W1up,
+    TRANSFORMER_LM_REAL *grad_add_W1up,
+    TRANSFORMER_LM_REAL *grad_add_b1m,
+    TRANSFORMER_LM_REAL *grad_norm_Wo1,
+    TRANSFORMER_LM_REAL *grad_copy_g1m,
+    TRANSFORMER_LM_REAL *grad_add_Wo1_part,
+    TRANSFORMER_LM_REAL *grad_add_Wo1,
+    TRANSFORMER_LM_REAL *grad_mix_Wv1,
+    TRANSFORMER_LM_REAL *grad_mm_Wv1,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block,
+    TRANSFORMER_LM_REAL *grad_scores_Wk1,
+    TRANSFORMER_LM_REAL *grad_mm_Wk1,
+    TRANSFORMER_LM_REAL *grad_mm_Wq1
 )
 {
-    TRANSFORMER_LM_REAL *mul_Wq1 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wq1 = with_grads ? work + 1856*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wk1 = with_grads ? work + 1920*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *scores_Wk1_block = with_grads ? work + 576*m + 4096 : work + 512*m + 4096; /* 64 x 16, in scores_Wk0_block's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *softmax_Wk1 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wv1 = with_grads ? work + 2240*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_Wo1 = with_grads ? work + 2432*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *norm_Wo1 = with_grads ? work + 2368*m + 9216 : work + 128*m; /* m x 64, in mm_Wo1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_W1up = with_grads ? work + 320*m + 4096 : work + 512*m + 5120; /* m x 256, in scores_Wk1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_W1up = with_grads ? work + 2816*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_W1down = with_grads ? work + 3136*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *norm_W1down = with_grads ? work + 3072*m + 9216 : work + 192*m + 4096; /* m x 64, in mm_W1down's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wout = with_grads ? work + 3264*m + 9216 : work + 1024*m + 5120; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *rowlse_Wout = with_grads ? work + 3327*m + 9216 : work + 1087*m + 5120; /* m x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *colsum_Wout = with_grads ? work + 3329*m + 9216 : work + 1089*m + 5120; /* 1 x 1; placed in an earlier part */
     /* grad_mm_Wout_part[i, j] = (-1/m) if j == targets[i], else 0 */
-    TRANSFORMER_LM_REAL *grad_mm_Wout_part = colsum_Wout + 1; /* m x 62 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         const int64_t column = targets[i];
@@ -1249,23 +1338,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_mm_Wout = grad_mm_Wout_part + exp(mm_Wout - rowlse_Wout)/m */
-    TRANSFORMER_LM_REAL *grad_mm_Wout = grad_mm_Wout_part + 62*m; /* m x 62 */
     transformer_lm_loop5(m, grad_mm_Wout, grad_mm_Wout_part, mm_Wout, rowlse_Wout);
 
     /* grad_add_bf = grad_mm_Wout @ Wout^T */
-    TRANSFORMER_LM_REAL *grad_add_bf = grad_mm_Wout + 62*m; /* m x 64 */
     transformer_lm_product4(m, grad_mm_Wout, Wout, grad_add_bf);
 
     /* grad_norm_W1down = gf*grad_add_bf */
     /* grad_copy_gf = grad_add_bf*norm_W1down */
-    TRANSFORMER_LM_REAL *grad_norm_W1down = grad_add_bf + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_copy_gf = grad_norm_W1down + 64*m; /* m x 64 */
     transformer_lm_loop6(m, grad_norm_W1down, grad_add_bf, gf, grad_copy_gf, norm_W1down);
 
     /* grad_add_W1down[i, :] = r_i (grad_norm_W1down[i, :] - mean_j grad_norm_W1down[i, j] -
      * y[i, :] mean_j grad_norm_W1down[i, j] y[i, j]), y = (add_W1down - mu) r normalized as
      * in normalize_rows (mu_i, r_i of add_W1down's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_add_W1down = norm_W1down; /* m x 64, in norm_W1down's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_add_W1down + 64*i;
@@ -1324,27 +1408,21 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_mul_W1up = grad_add_W1down @ W1down^T */
-    TRANSFORMER_LM_REAL *grad_mul_W1up = mm_W1up; /* m x 256, in mm_W1up's memory */
     transformer_lm_product5(m, grad_add_W1down, W1down, grad_mul_W1up);
 
     /* grad_add_W1up = add_W1up*grad_mul_W1up */
-    TRANSFORMER_LM_REAL *grad_add_W1up = grad_copy_gf + 64*m; /* m x 256 */
     transformer_lm_loop7(m, grad_add_W1up, grad_mul_W1up, add_W1up);
 
     /* grad_add_b1m = grad_add_W1up @ W1up^T */
-    TRANSFORMER_LM_REAL *grad_add_b1m = add_W1down; /* m x 64, in add_W1down's memory */
     transformer_lm_product6(m, grad_add_W1up, W1up, grad_add_b1m);
 
     /* grad_norm_Wo1 = g1m*grad_add_b1m */
     /* grad_copy_g1m = grad_add_b1m*norm_Wo1 */
-    TRANSFORMER_LM_REAL *grad_norm_Wo1 = grad_norm_W1down; /* m x 64, in grad_norm_W1down's memory */
-    TRANSFORMER_LM_REAL *grad_copy_g1m = grad_add_W1up + 256*m; /* m x 64 */
     transformer_lm_loop6(m, grad_norm_Wo1, grad_add_b1m, g1m, grad_copy_g1m, norm_Wo1);
 
     /* grad_add_Wo1_part[i, :] = r_i (grad_norm_Wo1[i, :] - mean_j grad_norm_Wo1[i, j] -
      * y[i, :] mean_j grad_norm_Wo1[i, j] y[i, j]), y = (add_Wo1 - mu) r normalized as in
      * normalize_rows (mu_i, r_i of add_Wo1's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_add_Wo1_part = norm_Wo1; /* m x 64, in norm_Wo1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_add_Wo1_part + 64*i;
@@ -1403,16 +1481,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_add_Wo1 = grad_add_W1down + grad_add_Wo1_part */
-    TRANSFORMER_LM_REAL *grad_add_Wo1 = add_Wo1; /* m x 64, in add_Wo1's memory */
     transformer_lm_loop0(m, grad_add_Wo1, grad_add_W1down, grad_add_Wo1_part);
 
     /* grad_mix_Wv1 = grad_add_Wo1 @ Wo1^T */
-    TRANSFORMER_LM_REAL *grad_mix_Wv1 = grad_norm_Wo1; /* m x 64, in grad_norm_Wo1's memory */
     transformer_lm_product7(m, grad_add_Wo1, Wo1, grad_mix_Wv1);
 
     /* grad_mm_Wv1[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk1[(e,t),(h,s)] *
      * grad_mix_Wv1[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_mm_Wv1 = grad_add_Wo1_part; /* m x 64, in grad_add_Wo1_part's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1444,14 +1519,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_add_b1a = grad_mm_Wv1 @ Wv1^T, the first of 3 products added up here */
-    TRANSFORMER_LM_REAL *grad_add_b1a = grad_copy_g1m + 64*m; /* m x 64 */
     transformer_lm_product7(m, grad_mm_Wv1, Wv1, grad_add_b1a);
 
     /* grad_softmax_Wk1[(e,t),(h,s)] = sum_k grad_mix_Wv1[(e,t),h*dh+k] *
      * mm_Wv1[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
      * columns) */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk1 = add_W1up; /* m x 256, in add_W1up's memory */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block = scores_Wk1_block; /* 64 x 16, in scores_Wk1_block's memory */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -1494,7 +1566,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     /* grad_scores_Wk1[(e,t),(h,s)] = softmax_Wk1[(e,t),(h,s)] *
      * (grad_softmax_Wk1[(e,t),(h,s)] - sum_{s'<=t} softmax_Wk1[(e,t),(h,s')] *
      * grad_softmax_Wk1[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_scores_Wk1 = grad_mul_W1up; /* m x 256, in grad_mul_W1up's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1518,7 +1589,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 
     /* grad_mm_Wk1[(e,s),h*dh+k] = sum_{t>=s} grad_scores_Wk1[(e,t),(h,s)] *
      * mm_Wq1[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_mm_Wk1 = mm_Wv1; /* m x 64, in mm_Wv1's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1554,7 +1624,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 
     /* grad_mm_Wq1[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk1[(e,t),(h,s)] *
      * mm_Wk1[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_mm_Wq1 = grad_mix_Wv1; /* m x 64, in grad_mix_Wv1's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1593,7 +1662,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 /* transformer_lm_run, part 5 of 8 (kernels 65 to 85): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
@@ -1604,55 +1673,53 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     const TRANSFORMER_LM_REAL *W0up,
     const TRANSFORMER_LM_REAL *W0down,
     const TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
-    int64_t m,
-    const TRANSFORMER_LM_REAL *g0a,
-    const TRANSFORMER_LM_REAL *Wk0,
-    const TRANSFORMER_LM_REAL *Wv0,
-    const TRANSFORMER_LM_REAL *Wo0,
-    const TRANSFORMER_LM_REAL *g0m,
-    const TRANSFORMER_LM_REAL *W0up,
-    const TRANSFORMER_LM_REAL *W0down,
-    const TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *add_E,
+    TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *mul_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wk0,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
+    TRANSFORMER_LM_REAL *mm_Wv0,
+    TRANSFORMER_LM_REAL *add_Wo0,
+    TRANSFORMER_LM_REAL *norm_Wo0,
+    TRANSFORMER_LM_REAL *add_W0up,
+    TRANSFORMER_LM_REAL *add_W0down,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *grad_add_Wo1,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_norm_W0down,
+    TRANSFORMER_LM_REAL *grad_copy_g1a,
+    TRANSFORMER_LM_REAL *grad_add_W0down_part,
+    TRANSFORMER_LM_REAL *grad_add_W0down,
+    TRANSFORMER_LM_REAL *grad_mul_W0up,
+    TRANSFORMER_LM_REAL *grad_add_W0up,
+    TRANSFORMER_LM_REAL *grad_add_b0m,
+    TRANSFORMER_LM_REAL *grad_norm_Wo0,
+    TRANSFORMER_LM_REAL *grad_copy_g0m,
+    TRANSFORMER_LM_REAL *grad_add_Wo0_part,
+    TRANSFORMER_LM_REAL *grad_add_Wo0,
+    TRANSFORMER_LM_REAL *grad_mix_Wv0,
+    TRANSFORMER_LM_REAL *grad_mm_Wv0,
+    TRANSFORMER_LM_REAL *grad_add_b0a,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block,
+    TRANSFORMER_LM_REAL *grad_scores_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wq0,
+    TRANSFORMER_LM_REAL *grad_norm_E,
+    TRANSFORMER_LM_REAL *grad_copy_g0a,
+    TRANSFORMER_LM_REAL *grad_add_E_part,
+    TRANSFORMER_LM_REAL *grad_add_E
 )
 {
-    TRANSFORMER_LM_REAL *add_E = work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *norm_E = work; /* m x 64, in emap_E's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mul_Wq0 = work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wq0 = with_grads ? work + 192*m + 4096 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wk0 = with_grads ? work + 256*m + 4096 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *softmax_Wk0 = with_grads ? work + 576*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wv0 = with_grads ? work + 832*m + 5120 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_Wo0 = with_grads ? work + 1024*m + 5120 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *norm_Wo0 = with_grads ? work + 960*m + 5120 : work + 192*m + 4096; /* m x 64, in mm_Wo0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_W0up = with_grads ? work + 1408*m + 5120 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_W0down = with_grads ? work + 1728*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *norm_W0down = with_grads ? work + 1664*m + 5120 : work + 128*m; /* m x 64, in mm_W0down's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wq1 = with_grads ? work + 1856*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wk1 = with_grads ? work + 1920*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *softmax_Wk1 = with_grads ? work + 1984*m + 9216 : work + 768*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_Wo1 = work + 2432*m + 9216; /* m x 64, in add_Wo1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_b1a = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk1 = work + 2816*m + 9216; /* m x 256, in add_W1up's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block = work + 576*m + 4096; /* 64 x 16, in scores_Wk1_block's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_scores_Wk1 = work + 320*m + 4096; /* m x 256, in grad_mul_W1up's memory; placed in an earlier part */
     /* grad_norm_W0down = g1a*grad_add_b1a */
     /* grad_copy_g1a = grad_add_b1a*norm_W0down */
-    TRANSFORMER_LM_REAL *grad_norm_W0down = mm_Wq1; /* m x 64, in mm_Wq1's memory */
-    TRANSFORMER_LM_REAL *grad_copy_g1a = mm_Wk1; /* m x 64, in mm_Wk1's memory */
     transformer_lm_loop6(m, grad_norm_W0down, grad_add_b1a, g1a, grad_copy_g1a, norm_W0down);
 
     /* grad_add_W0down_part[i, :] = r_i (grad_norm_W0down[i, :] - mean_j
      * grad_norm_W0down[i, j] - y[i, :] mean_j grad_norm_W0down[i, j] y[i, j]), y =
      * (add_W0down - mu) r normalized as in normalize_rows (mu_i, r_i of add_W0down's row i,
      * recomputed) */
-    TRANSFORMER_LM_REAL *grad_add_W0down_part = norm_W0down; /* m x 64, in norm_W0down's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_add_W0down_part + 64*i;
@@ -1711,31 +1778,24 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_add_W0down = grad_add_W0down_part + grad_add_Wo1 */
-    TRANSFORMER_LM_REAL *grad_add_W0down = add_W0down; /* m x 64, in add_W0down's memory */
     transformer_lm_loop0(m, grad_add_W0down, grad_add_Wo1, grad_add_W0down_part);
 
     /* grad_mul_W0up = grad_add_W0down @ W0down^T */
-    TRANSFORMER_LM_REAL *grad_mul_W0up = softmax_Wk1; /* m x 256, in softmax_Wk1's memory */
     transformer_lm_product5(m, grad_add_W0down, W0down, grad_mul_W0up);
 
     /* grad_add_W0up = add_W0up*grad_mul_W0up */
-    TRANSFORMER_LM_REAL *grad_add_W0up = grad_softmax_Wk1; /* m x 256, in grad_softmax_Wk1's memory */
     transformer_lm_loop7(m, grad_add_W0up, grad_mul_W0up, add_W0up);
 
     /* grad_add_b0m = grad_add_W0up @ W0up^T */
-    TRANSFORMER_LM_REAL *grad_add_b0m = grad_norm_W0down; /* m x 64, in grad_norm_W0down's memory */
     transformer_lm_product6(m, grad_add_W0up, W0up, grad_add_b0m);
 
     /* grad_norm_Wo0 = g0m*grad_add_b0m */
     /* grad_copy_g0m = grad_add_b0m*norm_Wo0 */
-    TRANSFORMER_LM_REAL *grad_norm_Wo0 = grad_add_W0down_part; /* m x 64, in grad_add_W0down_part's memory */
-    TRANSFORMER_LM_REAL *grad_copy_g0m = grad_add_b1a + 64*m; /* m x 64 */
     transformer_lm_loop6(m, grad_norm_Wo0, grad_add_b0m, g0m, grad_copy_g0m, norm_Wo0);
 
     /* grad_add_Wo0_part[i, :] = r_i (grad_norm_Wo0[i, :] - mean_j grad_norm_Wo0[i, j] -
      * y[i, :] mean_j grad_norm_Wo0[i, j] y[i, j]), y = (add_Wo0 - mu) r normalized as in
      * normalize_rows (mu_i, r_i of add_Wo0's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_add_Wo0_part = norm_Wo0; /* m x 64, in norm_Wo0's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_add_Wo0_part + 64*i;
@@ -1794,16 +1854,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_add_Wo0 = grad_add_W0down + grad_add_Wo0_part */
-    TRANSFORMER_LM_REAL *grad_add_Wo0 = add_Wo0; /* m x 64, in add_Wo0's memory */
     transformer_lm_loop0(m, grad_add_Wo0, grad_add_W0down, grad_add_Wo0_part);
 
     /* grad_mix_Wv0 = grad_add_Wo0 @ Wo0^T */
-    TRANSFORMER_LM_REAL *grad_mix_Wv0 = grad_norm_Wo0; /* m x 64, in grad_norm_Wo0's memory */
     transformer_lm_product7(m, grad_add_Wo0, Wo0, grad_mix_Wv0);
 
     /* grad_mm_Wv0[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk0[(e,t),(h,s)] *
      * grad_mix_Wv0[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_mm_Wv0 = grad_add_Wo0_part; /* m x 64, in grad_add_Wo0_part's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1835,14 +1892,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_add_b0a = grad_mm_Wv0 @ Wv0^T, the first of 3 products added up here */
-    TRANSFORMER_LM_REAL *grad_add_b0a = grad_copy_g0m + 64*m; /* m x 64 */
     transformer_lm_product7(m, grad_mm_Wv0, Wv0, grad_add_b0a);
 
     /* grad_softmax_Wk0[(e,t),(h,s)] = sum_k grad_mix_Wv0[(e,t),h*dh+k] *
      * mm_Wv0[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
      * columns) */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk0 = grad_scores_Wk1; /* m x 256, in grad_scores_Wk1's memory */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block = grad_softmax_Wk1_block; /* 64 x 16, in grad_softmax_Wk1_block's memory */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -1885,7 +1939,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     /* grad_scores_Wk0[(e,t),(h,s)] = softmax_Wk0[(e,t),(h,s)] *
      * (grad_softmax_Wk0[(e,t),(h,s)] - sum_{s'<=t} softmax_Wk0[(e,t),(h,s')] *
      * grad_softmax_Wk0[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_scores_Wk0 = add_W0up; /* m x 256, in add_W0up's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1909,7 +1962,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 
     /* grad_mm_Wk0[(e,s),h*dh+k] = sum_{t>=s} grad_scores_Wk0[(e,t),(h,s)] *
      * mm_Wq0[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_mm_Wk0 = mm_Wv0; /* m x 64, in mm_Wv0's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1945,7 +1997,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 
     /* grad_mm_Wq0[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk0[(e,t),(h,s)] *
      * mm_Wk0[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_mm_Wq0 = grad_mix_Wv0; /* m x 64, in grad_mix_Wv0's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -1981,14 +2032,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 
     /* grad_norm_E = g0a*grad_add_b0a */
     /* grad_copy_g0a = grad_add_b0a*norm_E */
-    TRANSFORMER_LM_REAL *grad_norm_E = mm_Wq0; /* m x 64, in mm_Wq0's memory */
-    TRANSFORMER_LM_REAL *grad_copy_g0a = mm_Wk0; /* m x 64, in mm_Wk0's memory */
     transformer_lm_loop6(m, grad_norm_E, grad_add_b0a, g0a, grad_copy_g0a, norm_E);
 
     /* grad_add_E_part[i, :] = r_i (grad_norm_E[i, :] - mean_j grad_norm_E[i, j] - y[i, :]
      * mean_j grad_norm_E[i, j] y[i, j]), y = (add_E - mu) r normalized as in normalize_rows
      * (mu_i, r_i of add_E's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_add_E_part = norm_E; /* m x 64, in norm_E's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_add_E_part + 64*i;
@@ -2047,7 +2095,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_add_E = grad_add_E_part + grad_add_Wo0 */
-    TRANSFORMER_LM_REAL *grad_add_E = add_E; /* m x 64, in add_E's memory */
     transformer_lm_loop0(m, grad_add_E, grad_add_Wo0, grad_add_E_part);
 }
 #endif
@@ -2055,17 +2102,25 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 /* transformer_lm_run, part 6 of 8 (kernels 86 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
     TRANSFORMER_LM_REAL *grad_E,
     TRANSFORMER_LM_REAL *grad_P,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *grad_add_E
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
+    int64_t m,
+    const int64_t *ids,
+    const int64_t *positions,
+    TRANSFORMER_LM_REAL *grad_E,
+    TRANSFORMER_LM_REAL *grad_P,
+    TRANSFORMER_LM_REAL *grad_add_E
 )
 {
-    TRANSFORMER_LM_REAL *grad_add_E = work + 128*m; /* m x 64, in add_E's memory; placed in an earlier part */
     /* grad_E[ids[i], :] += [grad_add_E[i, 0], grad_add_E[i, 1], grad_add_E[i, 2],
      * grad_add_E[i, 3], grad_add_E[i, 4], grad_add_E[i, 5], grad_add_E[i, 6],
      * grad_add_E[i, 7], grad_add_E[i, 8], grad_add_E[i, 9], grad_add_E[i, 10],
@@ -2220,7 +2275,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
 /* transformer_lm_run, part 7 of 8 (kernels 87 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -2232,10 +2287,21 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_g0m,
     TRANSFORMER_LM_REAL *grad_b0m,
     TRANSFORMER_LM_REAL *grad_W0up,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *mix_Wv0,
+    TRANSFORMER_LM_REAL *add_b0m,
+    TRANSFORMER_LM_REAL *grad_add_W0up,
+    TRANSFORMER_LM_REAL *grad_add_b0m,
+    TRANSFORMER_LM_REAL *grad_copy_g0m,
+    TRANSFORMER_LM_REAL *grad_add_Wo0,
+    TRANSFORMER_LM_REAL *grad_mm_Wv0,
+    TRANSFORMER_LM_REAL *grad_add_b0a,
+    TRANSFORMER_LM_REAL *grad_mm_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wq0,
+    TRANSFORMER_LM_REAL *grad_copy_g0a,
+    TRANSFORMER_LM_REAL *grad_mul_Wq0
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -2247,23 +2313,21 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_g0m,
     TRANSFORMER_LM_REAL *grad_b0m,
     TRANSFORMER_LM_REAL *grad_W0up,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *mix_Wv0,
+    TRANSFORMER_LM_REAL *add_b0m,
+    TRANSFORMER_LM_REAL *grad_add_W0up,
+    TRANSFORMER_LM_REAL *grad_add_b0m,
+    TRANSFORMER_LM_REAL *grad_copy_g0m,
+    TRANSFORMER_LM_REAL *grad_add_Wo0,
+    TRANSFORMER_LM_REAL *grad_mm_Wv0,
+    TRANSFORMER_LM_REAL *grad_add_b0a,
+    TRANSFORMER_LM_REAL *grad_mm_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wq0,
+    TRANSFORMER_LM_REAL *grad_copy_g0a,
+    TRANSFORMER_LM_REAL *grad_mul_Wq0
 )
 {
-    TRANSFORMER_LM_REAL *add_b0a = work + 64*m; /* m x 64, in emap_P's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mix_Wv0 = with_grads ? work + 896*m + 5120 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_b0m = with_grads ? work + 1088*m + 5120 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mul_Wq1 = with_grads ? work + 1856*m + 5120 : work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_W0up = work + 2816*m + 9216; /* m x 256, in grad_softmax_Wk1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_b0m = work + 1856*m + 9216; /* m x 64, in grad_norm_W0down's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_copy_g0m = work + 4029*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_Wo0 = work + 1024*m + 5120; /* m x 64, in add_Wo0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_mm_Wv0 = work + 960*m + 5120; /* m x 64, in grad_add_Wo0_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_b0a = work + 4093*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_mm_Wk0 = work + 832*m + 5120; /* m x 64, in mm_Wv0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_mm_Wq0 = work + 1664*m + 5120; /* m x 64, in grad_mix_Wv0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_copy_g0a = work + 256*m + 4096; /* m x 64, in mm_Wk0's memory; placed in an earlier part */
     /* grad_g0a = sum of grad_copy_g0a down each column */
     symbackprop_f64_sum_columns(grad_copy_g0a, m, 64, 64, grad_g0a);
 
@@ -2271,7 +2335,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     symbackprop_f64_sum_columns(grad_add_b0a, m, 64, 64, grad_b0a);
 
     /* grad_mul_Wq0 = add_b0a^T @ grad_mm_Wq0 */
-    TRANSFORMER_LM_REAL *grad_mul_Wq0 = mul_Wq1; /* 64 x 64, in mul_Wq1's memory */
     transformer_lm_product9(m, add_b0a, grad_mm_Wq0, grad_mul_Wq0);
 
     /* grad_Wq0 = grad_mul_Wq0/4 */
@@ -2305,7 +2368,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
 /* transformer_lm_run, part 8 of 8 (kernels 97 to 115): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_c0up,
@@ -2326,10 +2389,30 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     TRANSFORMER_LM_REAL *grad_gf,
     TRANSFORMER_LM_REAL *grad_bf,
     TRANSFORMER_LM_REAL *grad_Wout,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *mul_W0up,
+    TRANSFORMER_LM_REAL *add_b1a,
+    TRANSFORMER_LM_REAL *mix_Wv1,
+    TRANSFORMER_LM_REAL *add_b1m,
+    TRANSFORMER_LM_REAL *mul_W1up,
+    TRANSFORMER_LM_REAL *add_bf,
+    TRANSFORMER_LM_REAL *grad_mm_Wout,
+    TRANSFORMER_LM_REAL *grad_add_bf,
+    TRANSFORMER_LM_REAL *grad_copy_gf,
+    TRANSFORMER_LM_REAL *grad_add_W1down,
+    TRANSFORMER_LM_REAL *grad_add_W1up,
+    TRANSFORMER_LM_REAL *grad_add_b1m,
+    TRANSFORMER_LM_REAL *grad_copy_g1m,
+    TRANSFORMER_LM_REAL *grad_add_Wo1,
+    TRANSFORMER_LM_REAL *grad_mm_Wv1,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_mm_Wk1,
+    TRANSFORMER_LM_REAL *grad_mm_Wq1,
+    TRANSFORMER_LM_REAL *grad_copy_g1a,
+    TRANSFORMER_LM_REAL *grad_add_W0down,
+    TRANSFORMER_LM_REAL *grad_add_W0up,
+    TRANSFORMER_LM_REAL *grad_mul_Wq1
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_c0up,
@@ -2350,32 +2433,30 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     TRANSFORMER_LM_REAL *grad_gf,
     TRANSFORMER_LM_REAL *grad_bf,
     TRANSFORMER_LM_REAL *grad_Wout,
-    TRANSFORMER_LM_REAL *work,
-    int with_grads
+    TRANSFORMER_LM_REAL *mul_W0up,
+    TRANSFORMER_LM_REAL *add_b1a,
+    TRANSFORMER_LM_REAL *mix_Wv1,
+    TRANSFORMER_LM_REAL *add_b1m,
+    TRANSFORMER_LM_REAL *mul_W1up,
+    TRANSFORMER_LM_REAL *add_bf,
+    TRANSFORMER_LM_REAL *grad_mm_Wout,
+    TRANSFORMER_LM_REAL *grad_add_bf,
+    TRANSFORMER_LM_REAL *grad_copy_gf,
+    TRANSFORMER_LM_REAL *grad_add_W1down,
+    TRANSFORMER_LM_REAL *grad_add_W1up,
+    TRANSFORMER_LM_REAL *grad_add_b1m,
+    TRANSFORMER_LM_REAL *grad_copy_g1m,
+    TRANSFORMER_LM_REAL *grad_add_Wo1,
+    TRANSFORMER_LM_REAL *grad_mm_Wv1,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_mm_Wk1,
+    TRANSFORMER_LM_REAL *grad_mm_Wq1,
+    TRANSFORMER_LM_REAL *grad_copy_g1a,
+    TRANSFORMER_LM_REAL *grad_add_W0down,
+    TRANSFORMER_LM_REAL *grad_add_W0up,
+    TRANSFORMER_LM_REAL *grad_mul_Wq1
 )
 {
-    TRANSFORMER_LM_REAL *mul_Wq0 = work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mul_W0up = with_grads ? work + 1152*m + 5120 : work + 512*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_b1a = with_grads ? work + 1792*m + 5120 : work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mix_Wv1 = with_grads ? work + 2304*m + 9216 : work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_b1m = with_grads ? work + 2496*m + 9216 : work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mul_W1up = with_grads ? work + 2560*m + 9216 : work + 256*m + 4096; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_bf = with_grads ? work + 3200*m + 9216 : work + 64*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_mm_Wout = work + 3391*m + 9217; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_bf = work + 3453*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_copy_gf = work + 3581*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_W1down = work + 3072*m + 9216; /* m x 64, in norm_W1down's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_W1up = work + 3645*m + 9217; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_b1m = work + 3136*m + 9216; /* m x 64, in add_W1down's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_copy_g1m = work + 3901*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_Wo1 = work + 2432*m + 9216; /* m x 64, in add_Wo1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_mm_Wv1 = work + 2368*m + 9216; /* m x 64, in grad_add_Wo1_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_b1a = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_mm_Wk1 = work + 2240*m + 9216; /* m x 64, in mm_Wv1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_mm_Wq1 = work + 3517*m + 9217; /* m x 64, in grad_mix_Wv1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_copy_g1a = work + 1920*m + 9216; /* m x 64, in mm_Wk1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_W0down = work + 1728*m + 5120; /* m x 64, in add_W0down's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_W0up = work + 2816*m + 9216; /* m x 256, in grad_softmax_Wk1's memory; placed in an earlier part */
     /* grad_c0up = sum of grad_add_W0up down each column */
     symbackprop_f64_sum_columns(grad_add_W0up, m, 256, 256, grad_c0up);
 
@@ -2392,7 +2473,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     symbackprop_f64_sum_columns(grad_add_b1a, m, 64, 64, grad_b1a);
 
     /* grad_mul_Wq1 = add_b1a^T @ grad_mm_Wq1 */
-    TRANSFORMER_LM_REAL *grad_mul_Wq1 = mul_Wq0; /* 64 x 64, in mul_Wq0's memory */
     transformer_lm_product9(m, add_b1a, grad_mm_Wq1, grad_mul_Wq1);
 
     /* grad_Wq1 = grad_mul_Wq1/4 */
@@ -2530,17 +2610,117 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
             return 2; /* a row number outside an array it gathers from */
         }
     }
-    transformer_lm_run_part1(m, ids, positions, E, P, work);
-    transformer_lm_run_part2(m, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, work, with_grads);
-    transformer_lm_run_part3(m, targets, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work, with_grads);
+
+    /* where each buffer lies in work */
+    TRANSFORMER_LM_REAL *emap_E = work; /* m x 64 */
+    TRANSFORMER_LM_REAL *emap_P = emap_E + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_E = emap_P + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_E = emap_E; /* m x 64, in emap_E's memory */
+    TRANSFORMER_LM_REAL *add_b0a = emap_P; /* m x 64, in emap_P's memory */
+    TRANSFORMER_LM_REAL *mul_Wq0 = add_E + 64*m; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *mm_Wq0 = with_grads ? mul_Wq0 + 4096 : norm_E; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wk0 = with_grads ? mm_Wq0 + 64*m : mul_Wq0 + 4096; /* m x 64 */
+    TRANSFORMER_LM_REAL *scores_Wk0 = mm_Wk0 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *scores_Wk0_block = scores_Wk0 + 256*m; /* 64 x 16 */
+    TRANSFORMER_LM_REAL *softmax_Wk0 = scores_Wk0_block + 1024; /* m x 256 */
+    TRANSFORMER_LM_REAL *mm_Wv0 = with_grads ? softmax_Wk0 + 256*m : mm_Wq0; /* m x 64 */
+    TRANSFORMER_LM_REAL *mix_Wv0 = with_grads ? mm_Wv0 + 64*m : mm_Wk0; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wo0 = with_grads ? mix_Wv0 + 64*m : add_b0a; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_Wo0 = with_grads ? mm_Wo0 + 64*m : mm_Wv0; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_Wo0 = with_grads ? mm_Wo0 : mix_Wv0; /* m x 64, in mm_Wo0's memory */
+    TRANSFORMER_LM_REAL *add_b0m = with_grads ? add_Wo0 + 64*m : add_E; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_W0up = scores_Wk0; /* m x 256, in scores_Wk0's memory */
+    TRANSFORMER_LM_REAL *mul_W0up = with_grads ? add_b0m + 64*m : softmax_Wk0; /* m x 256 */
+    TRANSFORMER_LM_REAL *add_W0up = with_grads ? mul_W0up + 256*m : softmax_Wk0 + 256*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *mm_W0down = with_grads ? add_W0up + 256*m : mm_Wo0; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_W0down = with_grads ? mm_W0down + 64*m : norm_Wo0; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_W0down = with_grads ? mm_W0down : add_b0m; /* m x 64, in mm_W0down's memory */
+    TRANSFORMER_LM_REAL *add_b1a = with_grads ? add_W0down + 64*m : add_Wo0; /* m x 64 */
+    TRANSFORMER_LM_REAL *mul_Wq1 = with_grads ? add_b1a + 64*m : mul_Wq0; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *mm_Wq1 = with_grads ? mul_Wq1 + 4096 : mm_W0down; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wk1 = with_grads ? mm_Wq1 + 64*m : norm_W0down; /* m x 64 */
+    TRANSFORMER_LM_REAL *scores_Wk1 = mm_W0up; /* m x 256, in mm_W0up's memory */
+    TRANSFORMER_LM_REAL *scores_Wk1_block = scores_Wk0_block; /* 64 x 16, in scores_Wk0_block's memory */
+    TRANSFORMER_LM_REAL *softmax_Wk1 = with_grads ? mm_Wk1 + 64*m : add_W0up; /* m x 256 */
+    TRANSFORMER_LM_REAL *mm_Wv1 = with_grads ? softmax_Wk1 + 256*m : mm_Wq1; /* m x 64 */
+    TRANSFORMER_LM_REAL *mix_Wv1 = with_grads ? mm_Wv1 + 64*m : mm_Wk1; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wo1 = with_grads ? mix_Wv1 + 64*m : add_b1a; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_Wo1 = with_grads ? mm_Wo1 + 64*m : mm_Wv1; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_Wo1 = with_grads ? mm_Wo1 : mix_Wv1; /* m x 64, in mm_Wo1's memory */
+    TRANSFORMER_LM_REAL *add_b1m = with_grads ? add_Wo1 + 64*m : add_W0down; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_W1up = with_grads ? scores_Wk1 : mul_W0up; /* m x 256, in scores_Wk1's memory */
+    TRANSFORMER_LM_REAL *mul_W1up = with_grads ? add_b1m + 64*m : scores_Wk1; /* m x 256 */
+    TRANSFORMER_LM_REAL *add_W1up = with_grads ? mul_W1up + 256*m : softmax_Wk1; /* m x 256 */
+    TRANSFORMER_LM_REAL *mm_W1down = with_grads ? add_W1up + 256*m : mm_Wo1; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_W1down = with_grads ? mm_W1down + 64*m : norm_Wo1; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_W1down = with_grads ? mm_W1down : add_b1m; /* m x 64, in mm_W1down's memory */
+    TRANSFORMER_LM_REAL *add_bf = with_grads ? add_W1down + 64*m : add_Wo1; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wout = with_grads ? add_bf + 64*m : add_W0up + 256*m; /* m x 62 */
+    TRANSFORMER_LM_REAL *pick_targets = mm_Wout + 62*m; /* m x 1 */
+    TRANSFORMER_LM_REAL *rowlse_Wout = pick_targets + m; /* m x 1 */
+    TRANSFORMER_LM_REAL *add_Wout = rowlse_Wout + m; /* m x 1 */
+    TRANSFORMER_LM_REAL *colsum_Wout = add_Wout + m; /* 1 x 1 */
+
+    transformer_lm_run_part1(m, ids, positions, E, P, emap_E, emap_P);
+    transformer_lm_run_part2(m, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, emap_E, emap_P, add_E, norm_E, add_b0a, mul_Wq0, mm_Wq0, mm_Wk0, scores_Wk0, scores_Wk0_block, softmax_Wk0, mm_Wv0, mix_Wv0, mm_Wo0, add_Wo0, norm_Wo0, add_b0m, mm_W0up, mul_W0up, add_W0up, mm_W0down, add_W0down, norm_W0down, add_b1a, mul_Wq1, mm_Wq1, mm_Wk1, scores_Wk1, scores_Wk1_block, softmax_Wk1, mm_Wv1, mix_Wv1, mm_Wo1, add_Wo1, norm_Wo1, add_b1m);
+    transformer_lm_run_part3(m, targets, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, add_Wo1, add_b1m, mm_W1up, mul_W1up, add_W1up, mm_W1down, add_W1down, norm_W1down, add_bf, mm_Wout, pick_targets, rowlse_Wout, add_Wout, colsum_Wout);
     if (!with_grads) {
         return 0;
     }
-    transformer_lm_run_part4(m, targets, Wk1, Wv1, Wo1, g1m, W1up, W1down, gf, Wout, work, with_grads);
-    transformer_lm_run_part5(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, work, with_grads);
-    transformer_lm_run_part6(m, ids, positions, grad_E, grad_P, work);
-    transformer_lm_run_part7(m, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, work, with_grads);
-    transformer_lm_run_part8(m, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, with_grads);
+
+    /* the gradient's buffers in work */
+    TRANSFORMER_LM_REAL *grad_mm_Wout_part = colsum_Wout + 1; /* m x 62 */
+    TRANSFORMER_LM_REAL *grad_mm_Wout = grad_mm_Wout_part + 62*m; /* m x 62 */
+    TRANSFORMER_LM_REAL *grad_add_bf = grad_mm_Wout + 62*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_norm_W1down = grad_add_bf + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_copy_gf = grad_norm_W1down + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_add_W1down = norm_W1down; /* m x 64, in norm_W1down's memory */
+    TRANSFORMER_LM_REAL *grad_mul_W1up = mm_W1up; /* m x 256, in mm_W1up's memory */
+    TRANSFORMER_LM_REAL *grad_add_W1up = grad_copy_gf + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *grad_add_b1m = add_W1down; /* m x 64, in add_W1down's memory */
+    TRANSFORMER_LM_REAL *grad_norm_Wo1 = grad_norm_W1down; /* m x 64, in grad_norm_W1down's memory */
+    TRANSFORMER_LM_REAL *grad_copy_g1m = grad_add_W1up + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_add_Wo1_part = norm_Wo1; /* m x 64, in norm_Wo1's memory */
+    TRANSFORMER_LM_REAL *grad_add_Wo1 = add_Wo1; /* m x 64, in add_Wo1's memory */
+    TRANSFORMER_LM_REAL *grad_mix_Wv1 = grad_norm_Wo1; /* m x 64, in grad_norm_Wo1's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wv1 = grad_add_Wo1_part; /* m x 64, in grad_add_Wo1_part's memory */
+    TRANSFORMER_LM_REAL *grad_add_b1a = grad_copy_g1m + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1 = add_W1up; /* m x 256, in add_W1up's memory */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block = scores_Wk1_block; /* 64 x 16, in scores_Wk1_block's memory */
+    TRANSFORMER_LM_REAL *grad_scores_Wk1 = grad_mul_W1up; /* m x 256, in grad_mul_W1up's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wk1 = mm_Wv1; /* m x 64, in mm_Wv1's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wq1 = grad_mix_Wv1; /* m x 64, in grad_mix_Wv1's memory */
+    TRANSFORMER_LM_REAL *grad_norm_W0down = mm_Wq1; /* m x 64, in mm_Wq1's memory */
+    TRANSFORMER_LM_REAL *grad_copy_g1a = mm_Wk1; /* m x 64, in mm_Wk1's memory */
+    TRANSFORMER_LM_REAL *grad_add_W0down_part = norm_W0down; /* m x 64, in norm_W0down's memory */
+    TRANSFORMER_LM_REAL *grad_add_W0down = add_W0down; /* m x 64, in add_W0down's memory */
+    TRANSFORMER_LM_REAL *grad_mul_W0up = softmax_Wk1; /* m x 256, in softmax_Wk1's memory */
+    TRANSFORMER_LM_REAL *grad_add_W0up = grad_softmax_Wk1; /* m x 256, in grad_softmax_Wk1's memory */
+    TRANSFORMER_LM_REAL *grad_add_b0m = grad_norm_W0down; /* m x 64, in grad_norm_W0down's memory */
+    TRANSFORMER_LM_REAL *grad_norm_Wo0 = grad_add_W0down_part; /* m x 64, in grad_add_W0down_part's memory */
+    TRANSFORMER_LM_REAL *grad_copy_g0m = grad_add_b1a + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_add_Wo0_part = norm_Wo0; /* m x 64, in norm_Wo0's memory */
+    TRANSFORMER_LM_REAL *grad_add_Wo0 = add_Wo0; /* m x 64, in add_Wo0's memory */
+    TRANSFORMER_LM_REAL *grad_mix_Wv0 = grad_norm_Wo0; /* m x 64, in grad_norm_Wo0's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wv0 = grad_add_Wo0_part; /* m x 64, in grad_add_Wo0_part's memory */
+    TRANSFORMER_LM_REAL *grad_add_b0a = grad_copy_g0m + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0 = grad_scores_Wk1; /* m x 256, in grad_scores_Wk1's memory */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block = grad_softmax_Wk1_block; /* 64 x 16, in grad_softmax_Wk1_block's memory */
+    TRANSFORMER_LM_REAL *grad_scores_Wk0 = add_W0up; /* m x 256, in add_W0up's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wk0 = mm_Wv0; /* m x 64, in mm_Wv0's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wq0 = grad_mix_Wv0; /* m x 64, in grad_mix_Wv0's memory */
+    TRANSFORMER_LM_REAL *grad_norm_E = mm_Wq0; /* m x 64, in mm_Wq0's memory */
+    TRANSFORMER_LM_REAL *grad_copy_g0a = mm_Wk0; /* m x 64, in mm_Wk0's memory */
+    TRANSFORMER_LM_REAL *grad_add_E_part = norm_E; /* m x 64, in norm_E's memory */
+    TRANSFORMER_LM_REAL *grad_add_E = add_E; /* m x 64, in add_E's memory */
+    TRANSFORMER_LM_REAL *grad_mul_Wq0 = mul_Wq1; /* 64 x 64, in mul_Wq1's memory */
+    TRANSFORMER_LM_REAL *grad_mul_Wq1 = mul_Wq0; /* 64 x 64, in mul_Wq0's memory */
+
+    transformer_lm_run_part4(m, targets, Wk1, Wv1, Wo1, g1m, W1up, W1down, gf, Wout, mul_Wq1, mm_Wq1, mm_Wk1, softmax_Wk1, mm_Wv1, add_Wo1, norm_Wo1, add_W1up, add_W1down, norm_W1down, mm_Wout, rowlse_Wout, grad_mm_Wout_part, grad_mm_Wout, grad_add_bf, grad_norm_W1down, grad_copy_gf, grad_add_W1down, grad_mul_W1up, grad_add_W1up, grad_add_b1m, grad_norm_Wo1, grad_copy_g1m, grad_add_Wo1_part, grad_add_Wo1, grad_mix_Wv1, grad_mm_Wv1, grad_add_b1a, grad_softmax_Wk1, grad_softmax_Wk1_block, grad_scores_Wk1, grad_mm_Wk1, grad_mm_Wq1);
+    transformer_lm_run_part5(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, add_E, norm_E, mul_Wq0, mm_Wq0, mm_Wk0, softmax_Wk0, mm_Wv0, add_Wo0, norm_Wo0, add_W0up, add_W0down, norm_W0down, grad_add_Wo1, grad_add_b1a, grad_norm_W0down, grad_copy_g1a, grad_add_W0down_part, grad_add_W0down, grad_mul_W0up, grad_add_W0up, grad_add_b0m, grad_norm_Wo0, grad_copy_g0m, grad_add_Wo0_part, grad_add_Wo0, grad_mix_Wv0, grad_mm_Wv0, grad_add_b0a, grad_softmax_Wk0, grad_softmax_Wk0_block, grad_scores_Wk0, grad_mm_Wk0, grad_mm_Wq0, grad_norm_E, grad_copy_g0a, grad_add_E_part, grad_add_E);
+    transformer_lm_run_part6(m, ids, positions, grad_E, grad_P, grad_add_E);
+    transformer_lm_run_part7(m, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, add_b0a, mix_Wv0, add_b0m, grad_add_W0up, grad_add_b0m, grad_copy_g0m, grad_add_Wo0, grad_mm_Wv0, grad_add_b0a, grad_mm_Wk0, grad_mm_Wq0, grad_copy_g0a, grad_mul_Wq0);
+    transformer_lm_run_part8(m, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, mul_W0up, add_b1a, mix_Wv1, add_b1m, mul_W1up, add_bf, grad_mm_Wout, grad_add_bf, grad_copy_gf, grad_add_W1down, grad_add_W1up, grad_add_b1m, grad_copy_g1m, grad_add_Wo1, grad_mm_Wv1, grad_add_b1a, grad_mm_Wk1, grad_mm_Wq1, grad_copy_g1a, grad_add_W0down, grad_add_W0up, grad_mul_Wq1);
     return 0;
 }
 #endif
@@ -2701,23 +2881,25 @@ size_t transformer_lm_train_step_work_len(int64_t m)
 /* transformer_lm_train_step, part 1 of 9 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 1; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
     TRANSFORMER_LM_REAL *E,
     TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *emap_E,
+    TRANSFORMER_LM_REAL *emap_P
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
     TRANSFORMER_LM_REAL *E,
     TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *emap_E,
+    TRANSFORMER_LM_REAL *emap_P
 )
 {
     /* emap_E[i, :] = [E[ids[i], 0], E[ids[i], 1], E[ids[i], 2], E[ids[i], 3], E[ids[i], 4],
@@ -2732,8 +2914,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
      * P[positions[i], 11], P[positions[i], 12], P[positions[i], 13], P[positions[i], 14],
      * P[positions[i], 15], P[positions[i], 16], P[positions[i], 17], P[positions[i], 18],
      * P[positions[i], 19], P[positions[i], 20], P[positions[i], 21], P[positions[i], 22], ... */
-    TRANSFORMER_LM_REAL *emap_E = work; /* m x 64 */
-    TRANSFORMER_LM_REAL *emap_P = emap_E + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         emap_E[64*i] = E[64*ids[i]];
@@ -2871,7 +3051,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
 /* transformer_lm_train_step, part 2 of 9 (kernels 2 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     int64_t m,
     TRANSFORMER_LM_REAL *g0a,
@@ -2894,9 +3074,44 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *Wo1,
     TRANSFORMER_LM_REAL *g1m,
     TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *emap_E,
+    TRANSFORMER_LM_REAL *emap_P,
+    TRANSFORMER_LM_REAL *add_E,
+    TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *mul_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0_block_2,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
+    TRANSFORMER_LM_REAL *mm_Wv0,
+    TRANSFORMER_LM_REAL *mix_Wv0,
+    TRANSFORMER_LM_REAL *mm_Wo0,
+    TRANSFORMER_LM_REAL *add_Wo0,
+    TRANSFORMER_LM_REAL *norm_Wo0,
+    TRANSFORMER_LM_REAL *add_b0m,
+    TRANSFORMER_LM_REAL *mm_W0up,
+    TRANSFORMER_LM_REAL *mul_W0up,
+    TRANSFORMER_LM_REAL *add_W0up,
+    TRANSFORMER_LM_REAL *mm_W0down,
+    TRANSFORMER_LM_REAL *add_W0down,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *add_b1a,
+    TRANSFORMER_LM_REAL *mul_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1_block_2,
+    TRANSFORMER_LM_REAL *softmax_Wk1,
+    TRANSFORMER_LM_REAL *mm_Wv1,
+    TRANSFORMER_LM_REAL *mix_Wv1,
+    TRANSFORMER_LM_REAL *mm_Wo1,
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *norm_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     int64_t m,
     TRANSFORMER_LM_REAL *g0a,
@@ -2919,18 +3134,49 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     TRANSFORMER_LM_REAL *Wo1,
     TRANSFORMER_LM_REAL *g1m,
     TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *emap_E,
+    TRANSFORMER_LM_REAL *emap_P,
+    TRANSFORMER_LM_REAL *add_E,
+    TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *mul_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0,
+    TRANSFORMER_LM_REAL *scores_Wk0_block_2,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
+    TRANSFORMER_LM_REAL *mm_Wv0,
+    TRANSFORMER_LM_REAL *mix_Wv0,
+    TRANSFORMER_LM_REAL *mm_Wo0,
+    TRANSFORMER_LM_REAL *add_Wo0,
+    TRANSFORMER_LM_REAL *norm_Wo0,
+    TRANSFORMER_LM_REAL *add_b0m,
+    TRANSFORMER_LM_REAL *mm_W0up,
+    TRANSFORMER_LM_REAL *mul_W0up,
+    TRANSFORMER_LM_REAL *add_W0up,
+    TRANSFORMER_LM_REAL *mm_W0down,
+    TRANSFORMER_LM_REAL *add_W0down,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *add_b1a,
+    TRANSFORMER_LM_REAL *mul_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1,
+    TRANSFORMER_LM_REAL *scores_Wk1_block_2,
+    TRANSFORMER_LM_REAL *softmax_Wk1,
+    TRANSFORMER_LM_REAL *mm_Wv1,
+    TRANSFORMER_LM_REAL *mix_Wv1,
+    TRANSFORMER_LM_REAL *mm_Wo1,
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *norm_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m
 )
 {
-    TRANSFORMER_LM_REAL *emap_E = work; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *emap_P = work + 64*m; /* m x 64; placed in an earlier part */
     /* add_E = emap_E + emap_P */
-    TRANSFORMER_LM_REAL *add_E = emap_P + 64*m; /* m x 64 */
     transformer_lm_loop0(m, add_E, emap_E, emap_P);
 
     /* norm_E[i, :] = (add_E[i, :] - mu_i) r_i, mu_i = mean_j add_E[i, j], r_i =
      * 1/sqrt(mean_j (add_E[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *norm_E = emap_E; /* m x 64, in emap_E's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = norm_E + 64*i;
@@ -2979,11 +3225,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     }
 
     /* add_b0a = b0a + g0a*norm_E */
-    TRANSFORMER_LM_REAL *add_b0a = emap_P; /* m x 64, in emap_P's memory */
     transformer_lm_loop1(m, add_b0a, g0a, norm_E, b0a);
 
     /* mul_Wq0 = Wq0/4 */
-    TRANSFORMER_LM_REAL *mul_Wq0 = add_E + 64*m; /* 64 x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -2992,17 +3236,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     }
 
     /* mm_Wq0 = add_b0a @ mul_Wq0 */
-    TRANSFORMER_LM_REAL *mm_Wq0 = mul_Wq0 + 4096; /* m x 64 */
     transformer_lm_product0(m, add_b0a, mul_Wq0, mm_Wq0);
 
     /* mm_Wk0 = add_b0a @ Wk0 */
-    TRANSFORMER_LM_REAL *mm_Wk0 = mm_Wq0 + 64*m; /* m x 64 */
     transformer_lm_product0(m, add_b0a, Wk0, mm_Wk0);
 
     /* scores_Wk0[(e,t),(h,s)] = sum_k mm_Wq0[(e,t),h*dh+k] * mm_Wk0[(e,s),h*dh+k] for s <=
      * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *scores_Wk0 = mm_Wk0 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *scores_Wk0_block_2 = scores_Wk0 + 256*m; /* 64 x 16 */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -3045,7 +3285,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     /* softmax_Wk0[(e,t),(h,s)] = exp(scores_Wk0[(e,t),(h,s)] - max_{s'<=t}
      * scores_Wk0[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
      * mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *softmax_Wk0 = scores_Wk0_block_2 + 1024; /* m x 256 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -3077,12 +3316,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     }
 
     /* mm_Wv0 = add_b0a @ Wv0 */
-    TRANSFORMER_LM_REAL *mm_Wv0 = softmax_Wk0 + 256*m; /* m x 64 */
     transformer_lm_product0(m, add_b0a, Wv0, mm_Wv0);
 
     /* mix_Wv0[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk0[(e,t),(h,s)] * mm_Wv0[(e,s),h*dh+k]
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *mix_Wv0 = mm_Wv0 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -3114,16 +3351,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     }
 
     /* mm_Wo0 = mix_Wv0 @ Wo0 */
-    TRANSFORMER_LM_REAL *mm_Wo0 = mix_Wv0 + 64*m; /* m x 64 */
     transformer_lm_product0(m, mix_Wv0, Wo0, mm_Wo0);
 
     /* add_Wo0 = add_E + mm_Wo0 */
-    TRANSFORMER_LM_REAL *add_Wo0 = mm_Wo0 + 64*m; /* m x 64 */
     transformer_lm_loop0(m, add_Wo0, add_E, mm_Wo0);
 
     /* norm_Wo0[i, :] = (add_Wo0[i, :] - mu_i) r_i, mu_i = mean_j add_Wo0[i, j], r_i =
      * 1/sqrt(mean_j (add_Wo0[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *norm_Wo0 = mm_Wo0; /* m x 64, in mm_Wo0's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = norm_Wo0 + 64*i;
@@ -3172,31 +3406,24 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     }
 
     /* add_b0m = b0m + g0m*norm_Wo0 */
-    TRANSFORMER_LM_REAL *add_b0m = add_Wo0 + 64*m; /* m x 64 */
     transformer_lm_loop1(m, add_b0m, g0m, norm_Wo0, b0m);
 
     /* mm_W0up = add_b0m @ W0up */
-    TRANSFORMER_LM_REAL *mm_W0up = scores_Wk0; /* m x 256, in scores_Wk0's memory */
     transformer_lm_product1(m, add_b0m, W0up, mm_W0up);
 
     /* mul_W0up = (c0up + mm_W0up)*(erf(sqrt(2)*(c0up + mm_W0up)/2) + 1)/2 */
     /* add_W0up = sqrt(2)*(c0up + mm_W0up)*exp(-(c0up + mm_W0up)**2/2)/(2*sqrt(pi)) +
      * erf(sqrt(2)*(c0up + mm_W0up)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *mul_W0up = add_b0m + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *add_W0up = mul_W0up + 256*m; /* m x 256 */
     transformer_lm_loop2(m, mul_W0up, add_W0up, mm_W0up, c0up);
 
     /* mm_W0down = mul_W0up @ W0down */
-    TRANSFORMER_LM_REAL *mm_W0down = add_W0up + 256*m; /* m x 64 */
     transformer_lm_product2(m, mul_W0up, W0down, mm_W0down);
 
     /* add_W0down = add_Wo0 + c0down + mm_W0down */
-    TRANSFORMER_LM_REAL *add_W0down = mm_W0down + 64*m; /* m x 64 */
     transformer_lm_loop3(m, add_W0down, add_Wo0, mm_W0down, c0down);
 
     /* norm_W0down[i, :] = (add_W0down[i, :] - mu_i) r_i, mu_i = mean_j add_W0down[i, j], r_i
      * = 1/sqrt(mean_j (add_W0down[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *norm_W0down = mm_W0down; /* m x 64, in mm_W0down's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = norm_W0down + 64*i;
@@ -3245,11 +3472,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     }
 
     /* add_b1a = b1a + g1a*norm_W0down */
-    TRANSFORMER_LM_REAL *add_b1a = add_W0down + 64*m; /* m x 64 */
     transformer_lm_loop1(m, add_b1a, g1a, norm_W0down, b1a);
 
     /* mul_Wq1 = Wq1/4 */
-    TRANSFORMER_LM_REAL *mul_Wq1 = add_b1a + 64*m; /* 64 x 64 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 64; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
@@ -3258,17 +3483,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     }
 
     /* mm_Wq1 = add_b1a @ mul_Wq1 */
-    TRANSFORMER_LM_REAL *mm_Wq1 = mul_Wq1 + 4096; /* m x 64 */
     transformer_lm_product0(m, add_b1a, mul_Wq1, mm_Wq1);
 
     /* mm_Wk1 = add_b1a @ Wk1 */
-    TRANSFORMER_LM_REAL *mm_Wk1 = mm_Wq1 + 64*m; /* m x 64 */
     transformer_lm_product0(m, add_b1a, Wk1, mm_Wk1);
 
     /* scores_Wk1[(e,t),(h,s)] = sum_k mm_Wq1[(e,t),h*dh+k] * mm_Wk1[(e,s),h*dh+k] for s <=
      * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *scores_Wk1 = mm_W0up; /* m x 256, in mm_W0up's memory */
-    TRANSFORMER_LM_REAL *scores_Wk1_block_2 = scores_Wk0_block_2; /* 64 x 16, in scores_Wk0_block_2's memory */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -3311,7 +3532,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     /* softmax_Wk1[(e,t),(h,s)] = exp(scores_Wk1[(e,t),(h,s)] - max_{s'<=t}
      * scores_Wk1[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
      * mask) (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *softmax_Wk1 = mm_Wk1 + 64*m; /* m x 256 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -3343,12 +3563,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     }
 
     /* mm_Wv1 = add_b1a @ Wv1 */
-    TRANSFORMER_LM_REAL *mm_Wv1 = softmax_Wk1 + 256*m; /* m x 64 */
     transformer_lm_product0(m, add_b1a, Wv1, mm_Wv1);
 
     /* mix_Wv1[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk1[(e,t),(h,s)] * mm_Wv1[(e,s),h*dh+k]
      * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *mix_Wv1 = mm_Wv1 + 64*m; /* m x 64 */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -3380,16 +3598,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     }
 
     /* mm_Wo1 = mix_Wv1 @ Wo1 */
-    TRANSFORMER_LM_REAL *mm_Wo1 = mix_Wv1 + 64*m; /* m x 64 */
     transformer_lm_product0(m, mix_Wv1, Wo1, mm_Wo1);
 
     /* add_Wo1 = add_W0down + mm_Wo1 */
-    TRANSFORMER_LM_REAL *add_Wo1 = mm_Wo1 + 64*m; /* m x 64 */
     transformer_lm_loop0(m, add_Wo1, add_W0down, mm_Wo1);
 
     /* norm_Wo1[i, :] = (add_Wo1[i, :] - mu_i) r_i, mu_i = mean_j add_Wo1[i, j], r_i =
      * 1/sqrt(mean_j (add_Wo1[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *norm_Wo1 = mm_Wo1; /* m x 64, in mm_Wo1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = norm_Wo1 + 64*i;
@@ -3438,7 +3653,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
     }
 
     /* add_b1m = b1m + g1m*norm_Wo1 */
-    TRANSFORMER_LM_REAL *add_b1m = add_Wo1 + 64*m; /* m x 64 */
     transformer_lm_loop1(m, add_b1m, g1m, norm_Wo1, b1m);
 }
 #endif
@@ -3462,41 +3676,65 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *bf,
     TRANSFORMER_LM_REAL *Wout,
     TRANSFORMER_LM_REAL *loss,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *mul_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wq1,
+    TRANSFORMER_LM_REAL *mm_Wk1,
+    TRANSFORMER_LM_REAL *softmax_Wk1,
+    TRANSFORMER_LM_REAL *mm_Wv1,
+    TRANSFORMER_LM_REAL *add_Wo1,
+    TRANSFORMER_LM_REAL *norm_Wo1,
+    TRANSFORMER_LM_REAL *add_b1m,
+    TRANSFORMER_LM_REAL *mm_W1up,
+    TRANSFORMER_LM_REAL *mul_W1up,
+    TRANSFORMER_LM_REAL *add_W1up,
+    TRANSFORMER_LM_REAL *mm_W1down,
+    TRANSFORMER_LM_REAL *add_W1down,
+    TRANSFORMER_LM_REAL *norm_W1down,
+    TRANSFORMER_LM_REAL *add_bf,
+    TRANSFORMER_LM_REAL *mm_Wout,
+    TRANSFORMER_LM_REAL *pick_targets,
+    TRANSFORMER_LM_REAL *rowlse_Wout,
+    TRANSFORMER_LM_REAL *add_Wout,
+    TRANSFORMER_LM_REAL *colsum_Wout,
+    TRANSFORMER_LM_REAL *grad_mm_Wout_part,
+    TRANSFORMER_LM_REAL *grad_mm_Wout,
+    TRANSFORMER_LM_REAL *grad_add_bf,
+    TRANSFORMER_LM_REAL *grad_norm_W1down,
+    TRANSFORMER_LM_REAL *grad_copy_gf,
+    TRANSFORMER_LM_REAL *grad_add_W1down,
+    TRANSFORMER_LM_REAL *grad_mul_W1up,
+    TRANSFORMER_LM_REAL *grad_add_W1up,
+    TRANSFORMER_LM_REAL *grad_add_b1m,
+    TRANSFORMER_LM_REAL *grad_norm_Wo1,
+    TRANSFORMER_LM_REAL *grad_copy_g1m,
+    TRANSFORMER_LM_REAL *grad_add_Wo1_part,
+    TRANSFORMER_LM_REAL *grad_add_Wo1,
+    TRANSFORMER_LM_REAL *grad_mix_Wv1,
+    TRANSFORMER_LM_REAL *grad_mm_Wv1,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block_2,
+    TRANSFORMER_LM_REAL *grad_scores_Wk1,
+    TRANSFORMER_LM_REAL *grad_mm_Wk1,
+    TRANSFORMER_LM_REAL *grad_mm_Wq1
 )
 {
-    TRANSFORMER_LM_REAL *mul_Wq1 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wq1 = work + 1856*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wk1 = work + 1920*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *scores_Wk1 = work + 320*m + 4096; /* m x 256, in mm_W0up's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *scores_Wk1_block_2 = work + 576*m + 4096; /* 64 x 16, in scores_Wk0_block_2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *softmax_Wk1 = work + 1984*m + 9216; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wv1 = work + 2240*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_Wo1 = work + 2432*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *norm_Wo1 = work + 2368*m + 9216; /* m x 64, in mm_Wo1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_b1m = work + 2496*m + 9216; /* m x 64; placed in an earlier part */
     /* mm_W1up = add_b1m @ W1up */
-    TRANSFORMER_LM_REAL *mm_W1up = scores_Wk1; /* m x 256, in scores_Wk1's memory */
     transformer_lm_product1(m, add_b1m, W1up, mm_W1up);
 
     /* mul_W1up = (c1up + mm_W1up)*(erf(sqrt(2)*(c1up + mm_W1up)/2) + 1)/2 */
     /* add_W1up = sqrt(2)*(c1up + mm_W1up)*exp(-(c1up + mm_W1up)**2/2)/(2*sqrt(pi)) +
      * erf(sqrt(2)*(c1up + mm_W1up)/2)/2 + 1/2 */
-    TRANSFORMER_LM_REAL *mul_W1up = add_b1m + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *add_W1up = mul_W1up + 256*m; /* m x 256 */
     transformer_lm_loop2(m, mul_W1up, add_W1up, mm_W1up, c1up);
 
     /* mm_W1down = mul_W1up @ W1down */
-    TRANSFORMER_LM_REAL *mm_W1down = add_W1up + 256*m; /* m x 64 */
     transformer_lm_product2(m, mul_W1up, W1down, mm_W1down);
 
     /* add_W1down = add_Wo1 + c1down + mm_W1down */
-    TRANSFORMER_LM_REAL *add_W1down = mm_W1down + 64*m; /* m x 64 */
     transformer_lm_loop3(m, add_W1down, add_Wo1, mm_W1down, c1down);
 
     /* norm_W1down[i, :] = (add_W1down[i, :] - mu_i) r_i, mu_i = mean_j add_W1down[i, j], r_i
      * = 1/sqrt(mean_j (add_W1down[i, j] - mu_i)^2 + 1e-05) */
-    TRANSFORMER_LM_REAL *norm_W1down = mm_W1down; /* m x 64, in mm_W1down's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = norm_W1down + 64*i;
@@ -3545,15 +3783,12 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     }
 
     /* add_bf = bf + gf*norm_W1down */
-    TRANSFORMER_LM_REAL *add_bf = add_W1down + 64*m; /* m x 64 */
     transformer_lm_loop1(m, add_bf, gf, norm_W1down, bf);
 
     /* mm_Wout = add_bf @ Wout */
-    TRANSFORMER_LM_REAL *mm_Wout = add_bf + 64*m; /* m x 62 */
     transformer_lm_product3(m, add_bf, Wout, mm_Wout);
 
     /* pick_targets[i] = mm_Wout[i, targets[i]] */
-    TRANSFORMER_LM_REAL *pick_targets = mm_Wout + 62*m; /* m x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         const int64_t column = targets[i];
@@ -3561,18 +3796,15 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     }
 
     /* rowlse_Wout = log(sum(exp(mm_Wout))) along each row, its max subtracted first */
-    TRANSFORMER_LM_REAL *rowlse_Wout = pick_targets + m; /* m x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         rowlse_Wout[i] = symbackprop_f64_logsumexp(mm_Wout + 62*i, 62, 1);
     }
 
     /* add_Wout = -pick_targets + rowlse_Wout */
-    TRANSFORMER_LM_REAL *add_Wout = rowlse_Wout + m; /* m x 1 */
     transformer_lm_loop4(m, add_Wout, pick_targets, rowlse_Wout);
 
     /* colsum_Wout = sum of add_Wout down each column */
-    TRANSFORMER_LM_REAL *colsum_Wout = add_Wout + m; /* 1 x 1 */
     colsum_Wout[0] = symbackprop_f64_sum(add_Wout, m, 1);
 
     /* loss = colsum_Wout/m */
@@ -3581,7 +3813,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     }
 
     /* grad_mm_Wout_part[i, j] = (-1/m) if j == targets[i], else 0 */
-    TRANSFORMER_LM_REAL *grad_mm_Wout_part = colsum_Wout + 1; /* m x 62 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         const int64_t column = targets[i];
@@ -3592,23 +3823,18 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     }
 
     /* grad_mm_Wout = grad_mm_Wout_part + exp(mm_Wout - rowlse_Wout)/m */
-    TRANSFORMER_LM_REAL *grad_mm_Wout = grad_mm_Wout_part + 62*m; /* m x 62 */
     transformer_lm_loop5(m, grad_mm_Wout, grad_mm_Wout_part, mm_Wout, rowlse_Wout);
 
     /* grad_add_bf = grad_mm_Wout @ Wout^T */
-    TRANSFORMER_LM_REAL *grad_add_bf = grad_mm_Wout + 62*m; /* m x 64 */
     transformer_lm_product4(m, grad_mm_Wout, Wout, grad_add_bf);
 
     /* grad_norm_W1down = gf*grad_add_bf */
     /* grad_copy_gf = grad_add_bf*norm_W1down */
-    TRANSFORMER_LM_REAL *grad_norm_W1down = grad_add_bf + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_copy_gf = grad_norm_W1down + 64*m; /* m x 64 */
     transformer_lm_loop6(m, grad_norm_W1down, grad_add_bf, gf, grad_copy_gf, norm_W1down);
 
     /* grad_add_W1down[i, :] = r_i (grad_norm_W1down[i, :] - mean_j grad_norm_W1down[i, j] -
      * y[i, :] mean_j grad_norm_W1down[i, j] y[i, j]), y = (add_W1down - mu) r normalized as
      * in normalize_rows (mu_i, r_i of add_W1down's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_add_W1down = norm_W1down; /* m x 64, in norm_W1down's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_add_W1down + 64*i;
@@ -3667,27 +3893,21 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     }
 
     /* grad_mul_W1up = grad_add_W1down @ W1down^T */
-    TRANSFORMER_LM_REAL *grad_mul_W1up = mm_W1up; /* m x 256, in mm_W1up's memory */
     transformer_lm_product5(m, grad_add_W1down, W1down, grad_mul_W1up);
 
     /* grad_add_W1up = add_W1up*grad_mul_W1up */
-    TRANSFORMER_LM_REAL *grad_add_W1up = grad_copy_gf + 64*m; /* m x 256 */
     transformer_lm_loop7(m, grad_add_W1up, grad_mul_W1up, add_W1up);
 
     /* grad_add_b1m = grad_add_W1up @ W1up^T */
-    TRANSFORMER_LM_REAL *grad_add_b1m = add_W1down; /* m x 64, in add_W1down's memory */
     transformer_lm_product6(m, grad_add_W1up, W1up, grad_add_b1m);
 
     /* grad_norm_Wo1 = g1m*grad_add_b1m */
     /* grad_copy_g1m = grad_add_b1m*norm_Wo1 */
-    TRANSFORMER_LM_REAL *grad_norm_Wo1 = grad_norm_W1down; /* m x 64, in grad_norm_W1down's memory */
-    TRANSFORMER_LM_REAL *grad_copy_g1m = grad_add_W1up + 256*m; /* m x 64 */
     transformer_lm_loop6(m, grad_norm_Wo1, grad_add_b1m, g1m, grad_copy_g1m, norm_Wo1);
 
     /* grad_add_Wo1_part[i, :] = r_i (grad_norm_Wo1[i, :] - mean_j grad_norm_Wo1[i, j] -
      * y[i, :] mean_j grad_norm_Wo1[i, j] y[i, j]), y = (add_Wo1 - mu) r normalized as in
      * normalize_rows (mu_i, r_i of add_Wo1's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_add_Wo1_part = norm_Wo1; /* m x 64, in norm_Wo1's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_add_Wo1_part + 64*i;
@@ -3746,16 +3966,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     }
 
     /* grad_add_Wo1 = grad_add_W1down + grad_add_Wo1_part */
-    TRANSFORMER_LM_REAL *grad_add_Wo1 = add_Wo1; /* m x 64, in add_Wo1's memory */
     transformer_lm_loop0(m, grad_add_Wo1, grad_add_W1down, grad_add_Wo1_part);
 
     /* grad_mix_Wv1 = grad_add_Wo1 @ Wo1^T */
-    TRANSFORMER_LM_REAL *grad_mix_Wv1 = grad_norm_Wo1; /* m x 64, in grad_norm_Wo1's memory */
     transformer_lm_product7(m, grad_add_Wo1, Wo1, grad_mix_Wv1);
 
     /* grad_mm_Wv1[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk1[(e,t),(h,s)] *
      * grad_mix_Wv1[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_mm_Wv1 = grad_add_Wo1_part; /* m x 64, in grad_add_Wo1_part's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -3787,14 +4004,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     }
 
     /* grad_add_b1a = grad_mm_Wv1 @ Wv1^T, the first of 3 products added up here */
-    TRANSFORMER_LM_REAL *grad_add_b1a = grad_copy_g1m + 64*m; /* m x 64 */
     transformer_lm_product7(m, grad_mm_Wv1, Wv1, grad_add_b1a);
 
     /* grad_softmax_Wk1[(e,t),(h,s)] = sum_k grad_mix_Wv1[(e,t),h*dh+k] *
      * mm_Wv1[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
      * columns) */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk1 = add_W1up; /* m x 256, in add_W1up's memory */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block_2 = scores_Wk1_block_2; /* 64 x 16, in scores_Wk1_block_2's memory */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -3837,7 +4051,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     /* grad_scores_Wk1[(e,t),(h,s)] = softmax_Wk1[(e,t),(h,s)] *
      * (grad_softmax_Wk1[(e,t),(h,s)] - sum_{s'<=t} softmax_Wk1[(e,t),(h,s')] *
      * grad_softmax_Wk1[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_scores_Wk1 = grad_mul_W1up; /* m x 256, in grad_mul_W1up's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -3861,7 +4074,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* grad_mm_Wk1[(e,s),h*dh+k] = sum_{t>=s} grad_scores_Wk1[(e,t),(h,s)] *
      * mm_Wq1[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_mm_Wk1 = mm_Wv1; /* m x 64, in mm_Wv1's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -3897,7 +4109,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 
     /* grad_mm_Wq1[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk1[(e,t),(h,s)] *
      * mm_Wk1[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_mm_Wq1 = grad_mix_Wv1; /* m x 64, in grad_mix_Wv1's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -3936,7 +4147,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 /* transformer_lm_train_step, part 4 of 9 (kernels 65 to 85): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     int64_t m,
     TRANSFORMER_LM_REAL *g0a,
@@ -3947,9 +4158,45 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *W0up,
     TRANSFORMER_LM_REAL *W0down,
     TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *add_E,
+    TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *mul_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wk0,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
+    TRANSFORMER_LM_REAL *mm_Wv0,
+    TRANSFORMER_LM_REAL *add_Wo0,
+    TRANSFORMER_LM_REAL *norm_Wo0,
+    TRANSFORMER_LM_REAL *add_W0up,
+    TRANSFORMER_LM_REAL *add_W0down,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *grad_add_Wo1,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_norm_W0down,
+    TRANSFORMER_LM_REAL *grad_copy_g1a,
+    TRANSFORMER_LM_REAL *grad_add_W0down_part,
+    TRANSFORMER_LM_REAL *grad_add_W0down,
+    TRANSFORMER_LM_REAL *grad_mul_W0up,
+    TRANSFORMER_LM_REAL *grad_add_W0up,
+    TRANSFORMER_LM_REAL *grad_add_b0m,
+    TRANSFORMER_LM_REAL *grad_norm_Wo0,
+    TRANSFORMER_LM_REAL *grad_copy_g0m,
+    TRANSFORMER_LM_REAL *grad_add_Wo0_part,
+    TRANSFORMER_LM_REAL *grad_add_Wo0,
+    TRANSFORMER_LM_REAL *grad_mix_Wv0,
+    TRANSFORMER_LM_REAL *grad_mm_Wv0,
+    TRANSFORMER_LM_REAL *grad_add_b0a,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block_2,
+    TRANSFORMER_LM_REAL *grad_scores_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wq0,
+    TRANSFORMER_LM_REAL *grad_norm_E,
+    TRANSFORMER_LM_REAL *grad_copy_g0a,
+    TRANSFORMER_LM_REAL *grad_add_E_part,
+    TRANSFORMER_LM_REAL *grad_add_E
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     int64_t m,
     TRANSFORMER_LM_REAL *g0a,
@@ -3960,40 +4207,53 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *W0up,
     TRANSFORMER_LM_REAL *W0down,
     TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *add_E,
+    TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *mul_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wk0,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
+    TRANSFORMER_LM_REAL *mm_Wv0,
+    TRANSFORMER_LM_REAL *add_Wo0,
+    TRANSFORMER_LM_REAL *norm_Wo0,
+    TRANSFORMER_LM_REAL *add_W0up,
+    TRANSFORMER_LM_REAL *add_W0down,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *grad_add_Wo1,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_norm_W0down,
+    TRANSFORMER_LM_REAL *grad_copy_g1a,
+    TRANSFORMER_LM_REAL *grad_add_W0down_part,
+    TRANSFORMER_LM_REAL *grad_add_W0down,
+    TRANSFORMER_LM_REAL *grad_mul_W0up,
+    TRANSFORMER_LM_REAL *grad_add_W0up,
+    TRANSFORMER_LM_REAL *grad_add_b0m,
+    TRANSFORMER_LM_REAL *grad_norm_Wo0,
+    TRANSFORMER_LM_REAL *grad_copy_g0m,
+    TRANSFORMER_LM_REAL *grad_add_Wo0_part,
+    TRANSFORMER_LM_REAL *grad_add_Wo0,
+    TRANSFORMER_LM_REAL *grad_mix_Wv0,
+    TRANSFORMER_LM_REAL *grad_mm_Wv0,
+    TRANSFORMER_LM_REAL *grad_add_b0a,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block_2,
+    TRANSFORMER_LM_REAL *grad_scores_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wq0,
+    TRANSFORMER_LM_REAL *grad_norm_E,
+    TRANSFORMER_LM_REAL *grad_copy_g0a,
+    TRANSFORMER_LM_REAL *grad_add_E_part,
+    TRANSFORMER_LM_REAL *grad_add_E
 )
 {
-    TRANSFORMER_LM_REAL *add_E = work + 128*m; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *norm_E = work; /* m x 64, in emap_E's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mul_Wq0 = work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wq0 = work + 192*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wk0 = work + 256*m + 4096; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *softmax_Wk0 = work + 576*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wv0 = work + 832*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_Wo0 = work + 1024*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *norm_Wo0 = work + 960*m + 5120; /* m x 64, in mm_Wo0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_W0up = work + 1408*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_W0down = work + 1728*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *norm_W0down = work + 1664*m + 5120; /* m x 64, in mm_W0down's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wq1 = work + 1856*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mm_Wk1 = work + 1920*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *softmax_Wk1 = work + 1984*m + 9216; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_Wo1 = work + 2432*m + 9216; /* m x 64, in add_Wo1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_b1a = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk1 = work + 2816*m + 9216; /* m x 256, in add_W1up's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block_2 = work + 576*m + 4096; /* 64 x 16, in scores_Wk1_block_2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_scores_Wk1 = work + 320*m + 4096; /* m x 256, in grad_mul_W1up's memory; placed in an earlier part */
     /* grad_norm_W0down = g1a*grad_add_b1a */
     /* grad_copy_g1a = grad_add_b1a*norm_W0down */
-    TRANSFORMER_LM_REAL *grad_norm_W0down = mm_Wq1; /* m x 64, in mm_Wq1's memory */
-    TRANSFORMER_LM_REAL *grad_copy_g1a = mm_Wk1; /* m x 64, in mm_Wk1's memory */
     transformer_lm_loop6(m, grad_norm_W0down, grad_add_b1a, g1a, grad_copy_g1a, norm_W0down);
 
     /* grad_add_W0down_part[i, :] = r_i (grad_norm_W0down[i, :] - mean_j
      * grad_norm_W0down[i, j] - y[i, :] mean_j grad_norm_W0down[i, j] y[i, j]), y =
      * (add_W0down - mu) r normalized as in normalize_rows (mu_i, r_i of add_W0down's row i,
      * recomputed) */
-    TRANSFORMER_LM_REAL *grad_add_W0down_part = norm_W0down; /* m x 64, in norm_W0down's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_add_W0down_part + 64*i;
@@ -4052,31 +4312,24 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_add_W0down = grad_add_W0down_part + grad_add_Wo1 */
-    TRANSFORMER_LM_REAL *grad_add_W0down = add_W0down; /* m x 64, in add_W0down's memory */
     transformer_lm_loop0(m, grad_add_W0down, grad_add_Wo1, grad_add_W0down_part);
 
     /* grad_mul_W0up = grad_add_W0down @ W0down^T */
-    TRANSFORMER_LM_REAL *grad_mul_W0up = softmax_Wk1; /* m x 256, in softmax_Wk1's memory */
     transformer_lm_product5(m, grad_add_W0down, W0down, grad_mul_W0up);
 
     /* grad_add_W0up = add_W0up*grad_mul_W0up */
-    TRANSFORMER_LM_REAL *grad_add_W0up = grad_softmax_Wk1; /* m x 256, in grad_softmax_Wk1's memory */
     transformer_lm_loop7(m, grad_add_W0up, grad_mul_W0up, add_W0up);
 
     /* grad_add_b0m = grad_add_W0up @ W0up^T */
-    TRANSFORMER_LM_REAL *grad_add_b0m = grad_norm_W0down; /* m x 64, in grad_norm_W0down's memory */
     transformer_lm_product6(m, grad_add_W0up, W0up, grad_add_b0m);
 
     /* grad_norm_Wo0 = g0m*grad_add_b0m */
     /* grad_copy_g0m = grad_add_b0m*norm_Wo0 */
-    TRANSFORMER_LM_REAL *grad_norm_Wo0 = grad_add_W0down_part; /* m x 64, in grad_add_W0down_part's memory */
-    TRANSFORMER_LM_REAL *grad_copy_g0m = grad_add_b1a + 64*m; /* m x 64 */
     transformer_lm_loop6(m, grad_norm_Wo0, grad_add_b0m, g0m, grad_copy_g0m, norm_Wo0);
 
     /* grad_add_Wo0_part[i, :] = r_i (grad_norm_Wo0[i, :] - mean_j grad_norm_Wo0[i, j] -
      * y[i, :] mean_j grad_norm_Wo0[i, j] y[i, j]), y = (add_Wo0 - mu) r normalized as in
      * normalize_rows (mu_i, r_i of add_Wo0's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_add_Wo0_part = norm_Wo0; /* m x 64, in norm_Wo0's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_add_Wo0_part + 64*i;
@@ -4135,16 +4388,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_add_Wo0 = grad_add_W0down + grad_add_Wo0_part */
-    TRANSFORMER_LM_REAL *grad_add_Wo0 = add_Wo0; /* m x 64, in add_Wo0's memory */
     transformer_lm_loop0(m, grad_add_Wo0, grad_add_W0down, grad_add_Wo0_part);
 
     /* grad_mix_Wv0 = grad_add_Wo0 @ Wo0^T */
-    TRANSFORMER_LM_REAL *grad_mix_Wv0 = grad_norm_Wo0; /* m x 64, in grad_norm_Wo0's memory */
     transformer_lm_product7(m, grad_add_Wo0, Wo0, grad_mix_Wv0);
 
     /* grad_mm_Wv0[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk0[(e,t),(h,s)] *
      * grad_mix_Wv0[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_mm_Wv0 = grad_add_Wo0_part; /* m x 64, in grad_add_Wo0_part's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -4176,14 +4426,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_add_b0a = grad_mm_Wv0 @ Wv0^T, the first of 3 products added up here */
-    TRANSFORMER_LM_REAL *grad_add_b0a = grad_copy_g0m + 64*m; /* m x 64 */
     transformer_lm_product7(m, grad_mm_Wv0, Wv0, grad_add_b0a);
 
     /* grad_softmax_Wk0[(e,t),(h,s)] = sum_k grad_mix_Wv0[(e,t),h*dh+k] *
      * mm_Wv0[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
      * columns) */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk0 = grad_scores_Wk1; /* m x 256, in grad_scores_Wk1's memory */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block_2 = grad_softmax_Wk1_block_2; /* 64 x 16, in grad_softmax_Wk1_block_2's memory */
     #ifdef SYMBACKPROP_CBLAS
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     #endif
@@ -4226,7 +4473,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     /* grad_scores_Wk0[(e,t),(h,s)] = softmax_Wk0[(e,t),(h,s)] *
      * (grad_softmax_Wk0[(e,t),(h,s)] - sum_{s'<=t} softmax_Wk0[(e,t),(h,s')] *
      * grad_softmax_Wk0[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
-    TRANSFORMER_LM_REAL *grad_scores_Wk0 = add_W0up; /* m x 256, in add_W0up's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -4250,7 +4496,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 
     /* grad_mm_Wk0[(e,s),h*dh+k] = sum_{t>=s} grad_scores_Wk0[(e,t),(h,s)] *
      * mm_Wq0[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_mm_Wk0 = mm_Wv0; /* m x 64, in mm_Wv0's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -4286,7 +4531,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 
     /* grad_mm_Wq0[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk0[(e,t),(h,s)] *
      * mm_Wk0[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    TRANSFORMER_LM_REAL *grad_mm_Wq0 = grad_mix_Wv0; /* m x 64, in grad_mix_Wv0's memory */
     SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
     for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
         const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
@@ -4322,14 +4566,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 
     /* grad_norm_E = g0a*grad_add_b0a */
     /* grad_copy_g0a = grad_add_b0a*norm_E */
-    TRANSFORMER_LM_REAL *grad_norm_E = mm_Wq0; /* m x 64, in mm_Wq0's memory */
-    TRANSFORMER_LM_REAL *grad_copy_g0a = mm_Wk0; /* m x 64, in mm_Wk0's memory */
     transformer_lm_loop6(m, grad_norm_E, grad_add_b0a, g0a, grad_copy_g0a, norm_E);
 
     /* grad_add_E_part[i, :] = r_i (grad_norm_E[i, :] - mean_j grad_norm_E[i, j] - y[i, :]
      * mean_j grad_norm_E[i, j] y[i, j]), y = (add_E - mu) r normalized as in normalize_rows
      * (mu_i, r_i of add_E's row i, recomputed) */
-    TRANSFORMER_LM_REAL *grad_add_E_part = norm_E; /* m x 64, in norm_E's memory */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         TRANSFORMER_LM_REAL *row = grad_add_E_part + 64*i;
@@ -4388,7 +4629,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     }
 
     /* grad_add_E = grad_add_E_part + grad_add_Wo0 */
-    TRANSFORMER_LM_REAL *grad_add_E = add_E; /* m x 64, in add_E's memory */
     transformer_lm_loop0(m, grad_add_E, grad_add_Wo0, grad_add_E_part);
 }
 #endif
@@ -4396,24 +4636,25 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
 /* transformer_lm_train_step, part 5 of 9 (kernels 86 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *grad_add_E,
+    TRANSFORMER_LM_REAL *grad_E_2,
+    TRANSFORMER_LM_REAL *grad_P_2
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
     int64_t m,
     const int64_t *ids,
     const int64_t *positions,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *grad_add_E,
+    TRANSFORMER_LM_REAL *grad_E_2,
+    TRANSFORMER_LM_REAL *grad_P_2
 )
 {
-    TRANSFORMER_LM_REAL *mul_Wq1 = work + 1856*m + 5120; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_b0a = work + 4093*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_E = work + 128*m; /* m x 64, in add_E's memory; placed in an earlier part */
     /* grad_E_2[ids[i], :] += [grad_add_E[i, 0], grad_add_E[i, 1], grad_add_E[i, 2],
      * grad_add_E[i, 3], grad_add_E[i, 4], grad_add_E[i, 5], grad_add_E[i, 6],
      * grad_add_E[i, 7], grad_add_E[i, 8], grad_add_E[i, 9], grad_add_E[i, 10],
@@ -4426,8 +4667,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
      * grad_add_E[i, 11], grad_add_E[i, 12], grad_add_E[i, 13], grad_add_E[i, 14],
      * grad_add_E[i, 15], grad_add_E[i, 16], grad_add_E[i, 17], grad_add_E[i, 18],
      * grad_add_E[i, 19], grad_add_E[i, 20], grad_add_E[i, 21], grad_add_E[i, 22], ... */
-    TRANSFORMER_LM_REAL *grad_E_2 = grad_add_b0a + 64*m; /* 62 x 64 */
-    TRANSFORMER_LM_REAL *grad_P_2 = mul_Wq1; /* 64 x 64, in mul_Wq1's memory */
     for (int64_t i = 0; i < 3968; ++i) {
         grad_E_2[i] = 0;
     }
@@ -4570,7 +4809,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
 /* transformer_lm_train_step, part 6 of 9 (kernels 87 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 1; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     int64_t m,
     TRANSFORMER_LM_REAL *E,
@@ -4580,9 +4819,25 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     TRANSFORMER_LM_REAL *Wq0,
     TRANSFORMER_LM_REAL *Wk0,
     const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *grad_add_b0a,
+    TRANSFORMER_LM_REAL *grad_mm_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wq0,
+    TRANSFORMER_LM_REAL *grad_copy_g0a,
+    TRANSFORMER_LM_REAL *grad_E_2,
+    TRANSFORMER_LM_REAL *grad_P_2,
+    TRANSFORMER_LM_REAL *grad_E_3,
+    TRANSFORMER_LM_REAL *grad_P_3,
+    TRANSFORMER_LM_REAL *grad_g0a_2,
+    TRANSFORMER_LM_REAL *grad_g0a_3,
+    TRANSFORMER_LM_REAL *grad_b0a_2,
+    TRANSFORMER_LM_REAL *grad_b0a_3,
+    TRANSFORMER_LM_REAL *grad_mul_Wq0,
+    TRANSFORMER_LM_REAL *grad_Wq0_3,
+    TRANSFORMER_LM_REAL *grad_Wk0_2,
+    TRANSFORMER_LM_REAL *grad_Wk0_3
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     int64_t m,
     TRANSFORMER_LM_REAL *E,
@@ -4592,19 +4847,26 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     TRANSFORMER_LM_REAL *Wq0,
     TRANSFORMER_LM_REAL *Wk0,
     const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *grad_add_b0a,
+    TRANSFORMER_LM_REAL *grad_mm_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wq0,
+    TRANSFORMER_LM_REAL *grad_copy_g0a,
+    TRANSFORMER_LM_REAL *grad_E_2,
+    TRANSFORMER_LM_REAL *grad_P_2,
+    TRANSFORMER_LM_REAL *grad_E_3,
+    TRANSFORMER_LM_REAL *grad_P_3,
+    TRANSFORMER_LM_REAL *grad_g0a_2,
+    TRANSFORMER_LM_REAL *grad_g0a_3,
+    TRANSFORMER_LM_REAL *grad_b0a_2,
+    TRANSFORMER_LM_REAL *grad_b0a_3,
+    TRANSFORMER_LM_REAL *grad_mul_Wq0,
+    TRANSFORMER_LM_REAL *grad_Wq0_3,
+    TRANSFORMER_LM_REAL *grad_Wk0_2,
+    TRANSFORMER_LM_REAL *grad_Wk0_3
 )
 {
-    TRANSFORMER_LM_REAL *add_b0a = work + 64*m; /* m x 64, in emap_P's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mul_Wq0 = work + 192*m; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_b0a = work + 4093*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_mm_Wk0 = work + 832*m + 5120; /* m x 64, in mm_Wv0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_mm_Wq0 = work + 1664*m + 5120; /* m x 64, in grad_mix_Wv0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_copy_g0a = work + 256*m + 4096; /* m x 64, in mm_Wk0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_2 = work + 4157*m + 9217; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_P_2 = work + 1856*m + 5120; /* 64 x 64, in mul_Wq1's memory; placed in an earlier part */
     /* grad_E_3 = E*weight_decay + grad_E_2 */
-    TRANSFORMER_LM_REAL *grad_E_3 = grad_E_2 + 3968; /* 62 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t i = 0; i < 62; ++i) {
@@ -4615,7 +4877,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     }
 
     /* grad_P_3 = P*weight_decay + grad_P_2 */
-    TRANSFORMER_LM_REAL *grad_P_3 = mul_Wq0; /* 64 x 64, in mul_Wq0's memory */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -4627,11 +4888,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     }
 
     /* grad_g0a_2 = sum of grad_copy_g0a down each column */
-    TRANSFORMER_LM_REAL *grad_g0a_2 = grad_E_3 + 3968; /* 1 x 64 */
     symbackprop_f64_sum_columns(grad_copy_g0a, m, 64, 64, grad_g0a_2);
 
     /* grad_g0a_3 = g0a*weight_decay + grad_g0a_2 */
-    TRANSFORMER_LM_REAL *grad_g0a_3 = grad_g0a_2 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -4640,11 +4899,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     }
 
     /* grad_b0a_2 = sum of grad_add_b0a down each column */
-    TRANSFORMER_LM_REAL *grad_b0a_2 = grad_g0a_2; /* 1 x 64, in grad_g0a_2's memory */
     symbackprop_f64_sum_columns(grad_add_b0a, m, 64, 64, grad_b0a_2);
 
     /* grad_b0a_3 = b0a*weight_decay + grad_b0a_2 */
-    TRANSFORMER_LM_REAL *grad_b0a_3 = grad_g0a_3 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -4653,11 +4910,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     }
 
     /* grad_mul_Wq0 = add_b0a^T @ grad_mm_Wq0 */
-    TRANSFORMER_LM_REAL *grad_mul_Wq0 = grad_P_2; /* 64 x 64, in grad_P_2's memory */
     transformer_lm_product9(m, add_b0a, grad_mm_Wq0, grad_mul_Wq0);
 
     /* grad_Wq0_3 = Wq0*weight_decay + grad_mul_Wq0/4 */
-    TRANSFORMER_LM_REAL *grad_Wq0_3 = grad_b0a_3 + 64; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -4669,11 +4924,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
     }
 
     /* grad_Wk0_2 = add_b0a^T @ grad_mm_Wk0 */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = grad_mul_Wq0; /* 64 x 64, in grad_mul_Wq0's memory */
     transformer_lm_product9(m, add_b0a, grad_mm_Wk0, grad_Wk0_2);
 
     /* grad_Wk0_3 = Wk0*weight_decay + grad_Wk0_2 */
-    TRANSFORMER_LM_REAL *grad_Wk0_3 = grad_Wq0_3 + 4096; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -4689,7 +4942,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
 /* transformer_lm_train_step, part 7 of 9 (kernels 97 to 128): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *Wv0,
@@ -4709,60 +4962,64 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     TRANSFORMER_LM_REAL *g1m,
     TRANSFORMER_LM_REAL *b1m,
     const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
-    int64_t m,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *b0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *c0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
-    const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *add_b0a,
+    TRANSFORMER_LM_REAL *mix_Wv0,
+    TRANSFORMER_LM_REAL *add_b0m,
+    TRANSFORMER_LM_REAL *mul_W0up,
+    TRANSFORMER_LM_REAL *add_b1a,
+    TRANSFORMER_LM_REAL *mix_Wv1,
+    TRANSFORMER_LM_REAL *grad_add_b1m,
+    TRANSFORMER_LM_REAL *grad_copy_g1m,
+    TRANSFORMER_LM_REAL *grad_add_Wo1,
+    TRANSFORMER_LM_REAL *grad_mm_Wv1,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_mm_Wk1,
+    TRANSFORMER_LM_REAL *grad_mm_Wq1,
+    TRANSFORMER_LM_REAL *grad_copy_g1a,
+    TRANSFORMER_LM_REAL *grad_add_W0down,
+    TRANSFORMER_LM_REAL *grad_add_W0up,
+    TRANSFORMER_LM_REAL *grad_add_b0m,
+    TRANSFORMER_LM_REAL *grad_copy_g0m,
+    TRANSFORMER_LM_REAL *grad_add_Wo0,
+    TRANSFORMER_LM_REAL *grad_mm_Wv0,
+    TRANSFORMER_LM_REAL *grad_Wv0_2,
+    TRANSFORMER_LM_REAL *grad_Wv0_3,
+    TRANSFORMER_LM_REAL *grad_Wo0_2,
+    TRANSFORMER_LM_REAL *grad_Wo0_3,
+    TRANSFORMER_LM_REAL *grad_g0m_2,
+    TRANSFORMER_LM_REAL *grad_g0m_3,
+    TRANSFORMER_LM_REAL *grad_b0m_2,
+    TRANSFORMER_LM_REAL *grad_b0m_3,
+    TRANSFORMER_LM_REAL *grad_W0up_2,
+    TRANSFORMER_LM_REAL *grad_W0up_3,
+    TRANSFORMER_LM_REAL *grad_c0up_2,
+    TRANSFORMER_LM_REAL *grad_c0up_3,
+    TRANSFORMER_LM_REAL *grad_W0down_2,
+    TRANSFORMER_LM_REAL *grad_W0down_3,
+    TRANSFORMER_LM_REAL *grad_c0down_2,
+    TRANSFORMER_LM_REAL *grad_c0down_3,
+    TRANSFORMER_LM_REAL *grad_g1a_2,
+    TRANSFORMER_LM_REAL *grad_g1a_3,
+    TRANSFORMER_LM_REAL *grad_b1a_2,
+    TRANSFORMER_LM_REAL *grad_b1a_3,
+    TRANSFORMER_LM_REAL *grad_mul_Wq1,
+    TRANSFORMER_LM_REAL *grad_Wq1_3,
+    TRANSFORMER_LM_REAL *grad_Wk1_2,
+    TRANSFORMER_LM_REAL *grad_Wk1_3,
+    TRANSFORMER_LM_REAL *grad_Wv1_2,
+    TRANSFORMER_LM_REAL *grad_Wv1_3,
+    TRANSFORMER_LM_REAL *grad_Wo1_2,
+    TRANSFORMER_LM_REAL *grad_Wo1_3,
+    TRANSFORMER_LM_REAL *grad_g1m_2,
+    TRANSFORMER_LM_REAL *grad_g1m_3,
+    TRANSFORMER_LM_REAL *grad_b1m_2,
+    TRANSFORMER_LM_REAL *grad_b1m_3
 )
 {
-    TRANSFORMER_LM_REAL *add_b0a = work + 64*m; /* m x 64, in emap_P's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mix_Wv0 = work + 896*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_b0m = work + 1088*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mul_W0up = work + 1152*m + 5120; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_b1a = work + 1792*m + 5120; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mix_Wv1 = work + 2304*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_b1m = work + 3136*m + 9216; /* m x 64, in add_W1down's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_copy_g1m = work + 3901*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_Wo1 = work + 2432*m + 9216; /* m x 64, in add_Wo1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_mm_Wv1 = work + 2368*m + 9216; /* m x 64, in grad_add_Wo1_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_b1a = work + 3965*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_mm_Wk1 = work + 2240*m + 9216; /* m x 64, in mm_Wv1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_mm_Wq1 = work + 3517*m + 9217; /* m x 64, in grad_mix_Wv1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_copy_g1a = work + 1920*m + 9216; /* m x 64, in mm_Wk1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_W0down = work + 1728*m + 5120; /* m x 64, in add_W0down's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_W0up = work + 2816*m + 9216; /* m x 256, in grad_softmax_Wk1's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_b0m = work + 1856*m + 9216; /* m x 64, in grad_norm_W0down's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_copy_g0m = work + 4029*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_Wo0 = work + 1024*m + 5120; /* m x 64, in add_Wo0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_mm_Wv0 = work + 960*m + 5120; /* m x 64, in grad_add_Wo0_part's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_2 = work + 4157*m + 17153; /* 1 x 64, in grad_g0a_2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = work + 1856*m + 5120; /* 64 x 64, in grad_mul_Wq0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_3 = work + 4157*m + 21441; /* 64 x 64; placed in an earlier part */
     /* grad_Wv0_2 = add_b0a^T @ grad_mm_Wv0 */
-    TRANSFORMER_LM_REAL *grad_Wv0_2 = grad_Wk0_2; /* 64 x 64, in grad_Wk0_2's memory */
     transformer_lm_product9(m, add_b0a, grad_mm_Wv0, grad_Wv0_2);
 
     /* grad_Wv0_3 = Wv0*weight_decay + grad_Wv0_2 */
-    TRANSFORMER_LM_REAL *grad_Wv0_3 = grad_Wk0_3 + 4096; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -4774,11 +5031,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     }
 
     /* grad_Wo0_2 = mix_Wv0^T @ grad_add_Wo0 */
-    TRANSFORMER_LM_REAL *grad_Wo0_2 = grad_Wv0_2; /* 64 x 64, in grad_Wv0_2's memory */
     transformer_lm_product9(m, mix_Wv0, grad_add_Wo0, grad_Wo0_2);
 
     /* grad_Wo0_3 = Wo0*weight_decay + grad_Wo0_2 */
-    TRANSFORMER_LM_REAL *grad_Wo0_3 = grad_Wv0_3 + 4096; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -4790,11 +5045,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     }
 
     /* grad_g0m_2 = sum of grad_copy_g0m down each column */
-    TRANSFORMER_LM_REAL *grad_g0m_2 = grad_b0a_2; /* 1 x 64, in grad_b0a_2's memory */
     symbackprop_f64_sum_columns(grad_copy_g0m, m, 64, 64, grad_g0m_2);
 
     /* grad_g0m_3 = g0m*weight_decay + grad_g0m_2 */
-    TRANSFORMER_LM_REAL *grad_g0m_3 = grad_Wo0_3 + 4096; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -4803,11 +5056,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     }
 
     /* grad_b0m_2 = sum of grad_add_b0m down each column */
-    TRANSFORMER_LM_REAL *grad_b0m_2 = grad_g0m_2; /* 1 x 64, in grad_g0m_2's memory */
     symbackprop_f64_sum_columns(grad_add_b0m, m, 64, 64, grad_b0m_2);
 
     /* grad_b0m_3 = b0m*weight_decay + grad_b0m_2 */
-    TRANSFORMER_LM_REAL *grad_b0m_3 = grad_g0m_3 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -4816,11 +5067,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     }
 
     /* grad_W0up_2 = add_b0m^T @ grad_add_W0up */
-    TRANSFORMER_LM_REAL *grad_W0up_2 = grad_b0m_3 + 64; /* 64 x 256 */
     transformer_lm_product10(m, add_b0m, grad_add_W0up, grad_W0up_2);
 
     /* grad_W0up_3 = W0up*weight_decay + grad_W0up_2 */
-    TRANSFORMER_LM_REAL *grad_W0up_3 = grad_W0up_2 + 16384; /* 64 x 256 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -4832,11 +5081,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     }
 
     /* grad_c0up_2 = sum of grad_add_W0up down each column */
-    TRANSFORMER_LM_REAL *grad_c0up_2 = grad_W0up_3 + 16384; /* 1 x 256 */
     symbackprop_f64_sum_columns(grad_add_W0up, m, 256, 256, grad_c0up_2);
 
     /* grad_c0up_3 = c0up*weight_decay + grad_c0up_2 */
-    TRANSFORMER_LM_REAL *grad_c0up_3 = grad_c0up_2 + 256; /* 1 x 256 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 256; ++j) {
@@ -4845,11 +5092,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     }
 
     /* grad_W0down_2 = mul_W0up^T @ grad_add_W0down */
-    TRANSFORMER_LM_REAL *grad_W0down_2 = grad_W0up_2; /* 256 x 64, in grad_W0up_2's memory */
     transformer_lm_product11(m, mul_W0up, grad_add_W0down, grad_W0down_2);
 
     /* grad_W0down_3 = W0down*weight_decay + grad_W0down_2 */
-    TRANSFORMER_LM_REAL *grad_W0down_3 = grad_c0up_3 + 256; /* 256 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -4861,11 +5106,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     }
 
     /* grad_c0down_2 = sum of grad_add_W0down down each column */
-    TRANSFORMER_LM_REAL *grad_c0down_2 = grad_b0m_2; /* 1 x 64, in grad_b0m_2's memory */
     symbackprop_f64_sum_columns(grad_add_W0down, m, 64, 64, grad_c0down_2);
 
     /* grad_c0down_3 = c0down*weight_decay + grad_c0down_2 */
-    TRANSFORMER_LM_REAL *grad_c0down_3 = grad_W0down_3 + 16384; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -4874,11 +5117,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     }
 
     /* grad_g1a_2 = sum of grad_copy_g1a down each column */
-    TRANSFORMER_LM_REAL *grad_g1a_2 = grad_c0down_2; /* 1 x 64, in grad_c0down_2's memory */
     symbackprop_f64_sum_columns(grad_copy_g1a, m, 64, 64, grad_g1a_2);
 
     /* grad_g1a_3 = g1a*weight_decay + grad_g1a_2 */
-    TRANSFORMER_LM_REAL *grad_g1a_3 = grad_c0down_3 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -4887,11 +5128,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     }
 
     /* grad_b1a_2 = sum of grad_add_b1a down each column */
-    TRANSFORMER_LM_REAL *grad_b1a_2 = grad_g1a_2; /* 1 x 64, in grad_g1a_2's memory */
     symbackprop_f64_sum_columns(grad_add_b1a, m, 64, 64, grad_b1a_2);
 
     /* grad_b1a_3 = b1a*weight_decay + grad_b1a_2 */
-    TRANSFORMER_LM_REAL *grad_b1a_3 = grad_g1a_3 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -4900,11 +5139,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     }
 
     /* grad_mul_Wq1 = add_b1a^T @ grad_mm_Wq1 */
-    TRANSFORMER_LM_REAL *grad_mul_Wq1 = grad_Wo0_2; /* 64 x 64, in grad_Wo0_2's memory */
     transformer_lm_product9(m, add_b1a, grad_mm_Wq1, grad_mul_Wq1);
 
     /* grad_Wq1_3 = Wq1*weight_decay + grad_mul_Wq1/4 */
-    TRANSFORMER_LM_REAL *grad_Wq1_3 = grad_b1a_3 + 64; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -4916,11 +5153,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     }
 
     /* grad_Wk1_2 = add_b1a^T @ grad_mm_Wk1 */
-    TRANSFORMER_LM_REAL *grad_Wk1_2 = grad_mul_Wq1; /* 64 x 64, in grad_mul_Wq1's memory */
     transformer_lm_product9(m, add_b1a, grad_mm_Wk1, grad_Wk1_2);
 
     /* grad_Wk1_3 = Wk1*weight_decay + grad_Wk1_2 */
-    TRANSFORMER_LM_REAL *grad_Wk1_3 = grad_Wq1_3 + 4096; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -4932,11 +5167,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     }
 
     /* grad_Wv1_2 = add_b1a^T @ grad_mm_Wv1 */
-    TRANSFORMER_LM_REAL *grad_Wv1_2 = grad_Wk1_2; /* 64 x 64, in grad_Wk1_2's memory */
     transformer_lm_product9(m, add_b1a, grad_mm_Wv1, grad_Wv1_2);
 
     /* grad_Wv1_3 = Wv1*weight_decay + grad_Wv1_2 */
-    TRANSFORMER_LM_REAL *grad_Wv1_3 = grad_Wk1_3 + 4096; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -4948,11 +5181,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     }
 
     /* grad_Wo1_2 = mix_Wv1^T @ grad_add_Wo1 */
-    TRANSFORMER_LM_REAL *grad_Wo1_2 = grad_Wv1_2; /* 64 x 64, in grad_Wv1_2's memory */
     transformer_lm_product9(m, mix_Wv1, grad_add_Wo1, grad_Wo1_2);
 
     /* grad_Wo1_3 = Wo1*weight_decay + grad_Wo1_2 */
-    TRANSFORMER_LM_REAL *grad_Wo1_3 = grad_Wv1_3 + 4096; /* 64 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -4964,11 +5195,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     }
 
     /* grad_g1m_2 = sum of grad_copy_g1m down each column */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = grad_b1a_2; /* 1 x 64, in grad_b1a_2's memory */
     symbackprop_f64_sum_columns(grad_copy_g1m, m, 64, 64, grad_g1m_2);
 
     /* grad_g1m_3 = g1m*weight_decay + grad_g1m_2 */
-    TRANSFORMER_LM_REAL *grad_g1m_3 = grad_Wo1_3 + 4096; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -4977,11 +5206,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
     }
 
     /* grad_b1m_2 = sum of grad_add_b1m down each column */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = grad_g1m_2; /* 1 x 64, in grad_g1m_2's memory */
     symbackprop_f64_sum_columns(grad_add_b1m, m, 64, 64, grad_b1m_2);
 
     /* grad_b1m_3 = b1m*weight_decay + grad_b1m_2 */
-    TRANSFORMER_LM_REAL *grad_b1m_3 = grad_g1m_3 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -5058,7 +5285,46 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *v_g1a,
     TRANSFORMER_LM_REAL *m_b1a,
     TRANSFORMER_LM_REAL *v_b1a,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *add_b1m,
+    TRANSFORMER_LM_REAL *mul_W1up,
+    TRANSFORMER_LM_REAL *add_bf,
+    TRANSFORMER_LM_REAL *grad_mm_Wout,
+    TRANSFORMER_LM_REAL *grad_add_bf,
+    TRANSFORMER_LM_REAL *grad_copy_gf,
+    TRANSFORMER_LM_REAL *grad_add_W1down,
+    TRANSFORMER_LM_REAL *grad_add_W1up,
+    TRANSFORMER_LM_REAL *grad_E_3,
+    TRANSFORMER_LM_REAL *grad_P_3,
+    TRANSFORMER_LM_REAL *grad_g0a_3,
+    TRANSFORMER_LM_REAL *grad_b0a_3,
+    TRANSFORMER_LM_REAL *grad_Wq0_3,
+    TRANSFORMER_LM_REAL *grad_Wk0_3,
+    TRANSFORMER_LM_REAL *grad_Wv0_3,
+    TRANSFORMER_LM_REAL *grad_Wo0_3,
+    TRANSFORMER_LM_REAL *grad_g0m_3,
+    TRANSFORMER_LM_REAL *grad_b0m_3,
+    TRANSFORMER_LM_REAL *grad_W0up_3,
+    TRANSFORMER_LM_REAL *grad_c0up_3,
+    TRANSFORMER_LM_REAL *grad_W0down_3,
+    TRANSFORMER_LM_REAL *grad_c0down_3,
+    TRANSFORMER_LM_REAL *grad_g1a_3,
+    TRANSFORMER_LM_REAL *grad_b1a_3,
+    TRANSFORMER_LM_REAL *grad_W1up_2,
+    TRANSFORMER_LM_REAL *grad_W1up_3,
+    TRANSFORMER_LM_REAL *grad_c1up_2,
+    TRANSFORMER_LM_REAL *grad_c1up_3,
+    TRANSFORMER_LM_REAL *grad_W1down_2,
+    TRANSFORMER_LM_REAL *grad_W1down_3,
+    TRANSFORMER_LM_REAL *grad_c1down_2,
+    TRANSFORMER_LM_REAL *grad_c1down_3,
+    TRANSFORMER_LM_REAL *grad_gf_2,
+    TRANSFORMER_LM_REAL *grad_gf_3,
+    TRANSFORMER_LM_REAL *grad_bf_2,
+    TRANSFORMER_LM_REAL *grad_bf_3,
+    TRANSFORMER_LM_REAL *grad_Wout_2,
+    TRANSFORMER_LM_REAL *grad_Wout_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
@@ -5124,45 +5390,52 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     TRANSFORMER_LM_REAL *v_g1a,
     TRANSFORMER_LM_REAL *m_b1a,
     TRANSFORMER_LM_REAL *v_b1a,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *add_b1m,
+    TRANSFORMER_LM_REAL *mul_W1up,
+    TRANSFORMER_LM_REAL *add_bf,
+    TRANSFORMER_LM_REAL *grad_mm_Wout,
+    TRANSFORMER_LM_REAL *grad_add_bf,
+    TRANSFORMER_LM_REAL *grad_copy_gf,
+    TRANSFORMER_LM_REAL *grad_add_W1down,
+    TRANSFORMER_LM_REAL *grad_add_W1up,
+    TRANSFORMER_LM_REAL *grad_E_3,
+    TRANSFORMER_LM_REAL *grad_P_3,
+    TRANSFORMER_LM_REAL *grad_g0a_3,
+    TRANSFORMER_LM_REAL *grad_b0a_3,
+    TRANSFORMER_LM_REAL *grad_Wq0_3,
+    TRANSFORMER_LM_REAL *grad_Wk0_3,
+    TRANSFORMER_LM_REAL *grad_Wv0_3,
+    TRANSFORMER_LM_REAL *grad_Wo0_3,
+    TRANSFORMER_LM_REAL *grad_g0m_3,
+    TRANSFORMER_LM_REAL *grad_b0m_3,
+    TRANSFORMER_LM_REAL *grad_W0up_3,
+    TRANSFORMER_LM_REAL *grad_c0up_3,
+    TRANSFORMER_LM_REAL *grad_W0down_3,
+    TRANSFORMER_LM_REAL *grad_c0down_3,
+    TRANSFORMER_LM_REAL *grad_g1a_3,
+    TRANSFORMER_LM_REAL *grad_b1a_3,
+    TRANSFORMER_LM_REAL *grad_W1up_2,
+    TRANSFORMER_LM_REAL *grad_W1up_3,
+    TRANSFORMER_LM_REAL *grad_c1up_2,
+    TRANSFORMER_LM_REAL *grad_c1up_3,
+    TRANSFORMER_LM_REAL *grad_W1down_2,
+    TRANSFORMER_LM_REAL *grad_W1down_3,
+    TRANSFORMER_LM_REAL *grad_c1down_2,
+    TRANSFORMER_LM_REAL *grad_c1down_3,
+    TRANSFORMER_LM_REAL *grad_gf_2,
+    TRANSFORMER_LM_REAL *grad_gf_3,
+    TRANSFORMER_LM_REAL *grad_bf_2,
+    TRANSFORMER_LM_REAL *grad_bf_3,
+    TRANSFORMER_LM_REAL *grad_Wout_2,
+    TRANSFORMER_LM_REAL *grad_Wout_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2
 )
 {
-    TRANSFORMER_LM_REAL *add_b1m = work + 2496*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *mul_W1up = work + 2560*m + 9216; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *add_bf = work + 3200*m + 9216; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *colsum_Wout = work + 3329*m + 9216; /* 1 x 1; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_mm_Wout = work + 3391*m + 9217; /* m x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_bf = work + 3453*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_copy_gf = work + 3581*m + 9217; /* m x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_W1down = work + 3072*m + 9216; /* m x 64, in norm_W1down's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_add_W1up = work + 3645*m + 9217; /* m x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_2 = work + 4157*m + 9217; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_E_3 = work + 4157*m + 13185; /* 62 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_P_3 = work + 192*m; /* 64 x 64, in mul_Wq0's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0a_3 = work + 4157*m + 17217; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0a_3 = work + 4157*m + 17281; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wq0_3 = work + 4157*m + 17345; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk0_3 = work + 4157*m + 21441; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv0_3 = work + 4157*m + 25537; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo0_3 = work + 4157*m + 29633; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g0m_3 = work + 4157*m + 33729; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b0m_3 = work + 4157*m + 33793; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0up_3 = work + 4157*m + 50241; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_2 = work + 4157*m + 66625; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0up_3 = work + 4157*m + 66881; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_2 = work + 4157*m + 33857; /* 256 x 64, in grad_W0up_2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W0down_3 = work + 4157*m + 67137; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c0down_3 = work + 4157*m + 83521; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1a_3 = work + 4157*m + 83585; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1a_3 = work + 4157*m + 83649; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = work + 4157*m + 17153; /* 1 x 64, in grad_g1m_2's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_3 = work + 4157*m + 100161; /* 1 x 64; placed in an earlier part */
     /* grad_W1up_2 = add_b1m^T @ grad_add_W1up */
-    TRANSFORMER_LM_REAL *grad_W1up_2 = grad_W0down_2; /* 64 x 256, in grad_W0down_2's memory */
     transformer_lm_product10(m, add_b1m, grad_add_W1up, grad_W1up_2);
 
     /* grad_W1up_3 = W1up*weight_decay + grad_W1up_2 */
-    TRANSFORMER_LM_REAL *grad_W1up_3 = grad_b1m_3 + 64; /* 64 x 256 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -5174,11 +5447,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     }
 
     /* grad_c1up_2 = sum of grad_add_W1up down each column */
-    TRANSFORMER_LM_REAL *grad_c1up_2 = grad_c0up_2; /* 1 x 256, in grad_c0up_2's memory */
     symbackprop_f64_sum_columns(grad_add_W1up, m, 256, 256, grad_c1up_2);
 
     /* grad_c1up_3 = c1up*weight_decay + grad_c1up_2 */
-    TRANSFORMER_LM_REAL *grad_c1up_3 = grad_W1up_3 + 16384; /* 1 x 256 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 256; ++j) {
@@ -5187,11 +5458,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     }
 
     /* grad_W1down_2 = mul_W1up^T @ grad_add_W1down */
-    TRANSFORMER_LM_REAL *grad_W1down_2 = grad_W1up_2; /* 256 x 64, in grad_W1up_2's memory */
     transformer_lm_product11(m, mul_W1up, grad_add_W1down, grad_W1down_2);
 
     /* grad_W1down_3 = W1down*weight_decay + grad_W1down_2 */
-    TRANSFORMER_LM_REAL *grad_W1down_3 = grad_c1up_3 + 256; /* 256 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -5203,11 +5472,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     }
 
     /* grad_c1down_2 = sum of grad_add_W1down down each column */
-    TRANSFORMER_LM_REAL *grad_c1down_2 = grad_b1m_2; /* 1 x 64, in grad_b1m_2's memory */
     symbackprop_f64_sum_columns(grad_add_W1down, m, 64, 64, grad_c1down_2);
 
     /* grad_c1down_3 = c1down*weight_decay + grad_c1down_2 */
-    TRANSFORMER_LM_REAL *grad_c1down_3 = grad_W1down_3 + 16384; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -5216,11 +5483,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     }
 
     /* grad_gf_2 = sum of grad_copy_gf down each column */
-    TRANSFORMER_LM_REAL *grad_gf_2 = grad_c1down_2; /* 1 x 64, in grad_c1down_2's memory */
     symbackprop_f64_sum_columns(grad_copy_gf, m, 64, 64, grad_gf_2);
 
     /* grad_gf_3 = gf*weight_decay + grad_gf_2 */
-    TRANSFORMER_LM_REAL *grad_gf_3 = grad_c1down_3 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -5229,11 +5494,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     }
 
     /* grad_bf_2 = sum of grad_add_bf down each column */
-    TRANSFORMER_LM_REAL *grad_bf_2 = grad_gf_2; /* 1 x 64, in grad_gf_2's memory */
     symbackprop_f64_sum_columns(grad_add_bf, m, 64, 64, grad_bf_2);
 
     /* grad_bf_3 = bf*weight_decay + grad_bf_2 */
-    TRANSFORMER_LM_REAL *grad_bf_3 = grad_gf_3 + 64; /* 1 x 64 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
@@ -5242,11 +5505,9 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     }
 
     /* grad_Wout_2 = add_bf^T @ grad_mm_Wout */
-    TRANSFORMER_LM_REAL *grad_Wout_2 = grad_E_2; /* 64 x 62, in grad_E_2's memory */
     transformer_lm_product12(m, add_bf, grad_mm_Wout, grad_Wout_2);
 
     /* grad_Wout_3 = Wout*weight_decay + grad_Wout_2 */
-    TRANSFORMER_LM_REAL *grad_Wout_3 = grad_bf_3 + 64; /* 64 x 62 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
@@ -5275,8 +5536,6 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
     /* step = step + 1 */
     /* bias_correction1 = 1 - beta1**(step + 1) */
     /* bias_correction2 = 1 - beta2**(step + 1) */
-    TRANSFORMER_LM_REAL *bias_correction1 = colsum_Wout; /* 1 x 1, in colsum_Wout's memory */
-    TRANSFORMER_LM_REAL *bias_correction2 = grad_Wout_3 + 3968; /* 1 x 1 */
     {
         const TRANSFORMER_LM_REAL step_in = step[0];
         const TRANSFORMER_LM_REAL x0 = step_in + 1;
@@ -5672,9 +5931,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
 /* transformer_lm_train_step, part 9 of 9 (kernels 161 to 173): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
-    int64_t m,
     TRANSFORMER_LM_REAL *Wq1,
     TRANSFORMER_LM_REAL *Wk1,
     TRANSFORMER_LM_REAL *Wv1,
@@ -5718,24 +5976,84 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
     TRANSFORMER_LM_REAL *v_bf,
     TRANSFORMER_LM_REAL *m_Wout,
     TRANSFORMER_LM_REAL *v_Wout,
-    TRANSFORMER_LM_REAL *work
+    TRANSFORMER_LM_REAL *grad_Wq1_3,
+    TRANSFORMER_LM_REAL *grad_Wk1_3,
+    TRANSFORMER_LM_REAL *grad_Wv1_3,
+    TRANSFORMER_LM_REAL *grad_Wo1_3,
+    TRANSFORMER_LM_REAL *grad_g1m_3,
+    TRANSFORMER_LM_REAL *grad_b1m_3,
+    TRANSFORMER_LM_REAL *grad_W1up_3,
+    TRANSFORMER_LM_REAL *grad_c1up_3,
+    TRANSFORMER_LM_REAL *grad_W1down_3,
+    TRANSFORMER_LM_REAL *grad_c1down_3,
+    TRANSFORMER_LM_REAL *grad_gf_3,
+    TRANSFORMER_LM_REAL *grad_bf_3,
+    TRANSFORMER_LM_REAL *grad_Wout_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    TRANSFORMER_LM_REAL *W1down,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    TRANSFORMER_LM_REAL *Wout,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_Wq1,
+    TRANSFORMER_LM_REAL *v_Wq1,
+    TRANSFORMER_LM_REAL *m_Wk1,
+    TRANSFORMER_LM_REAL *v_Wk1,
+    TRANSFORMER_LM_REAL *m_Wv1,
+    TRANSFORMER_LM_REAL *v_Wv1,
+    TRANSFORMER_LM_REAL *m_Wo1,
+    TRANSFORMER_LM_REAL *v_Wo1,
+    TRANSFORMER_LM_REAL *m_g1m,
+    TRANSFORMER_LM_REAL *v_g1m,
+    TRANSFORMER_LM_REAL *m_b1m,
+    TRANSFORMER_LM_REAL *v_b1m,
+    TRANSFORMER_LM_REAL *m_W1up,
+    TRANSFORMER_LM_REAL *v_W1up,
+    TRANSFORMER_LM_REAL *m_c1up,
+    TRANSFORMER_LM_REAL *v_c1up,
+    TRANSFORMER_LM_REAL *m_W1down,
+    TRANSFORMER_LM_REAL *v_W1down,
+    TRANSFORMER_LM_REAL *m_c1down,
+    TRANSFORMER_LM_REAL *v_c1down,
+    TRANSFORMER_LM_REAL *m_gf,
+    TRANSFORMER_LM_REAL *v_gf,
+    TRANSFORMER_LM_REAL *m_bf,
+    TRANSFORMER_LM_REAL *v_bf,
+    TRANSFORMER_LM_REAL *m_Wout,
+    TRANSFORMER_LM_REAL *v_Wout,
+    TRANSFORMER_LM_REAL *grad_Wq1_3,
+    TRANSFORMER_LM_REAL *grad_Wk1_3,
+    TRANSFORMER_LM_REAL *grad_Wv1_3,
+    TRANSFORMER_LM_REAL *grad_Wo1_3,
+    TRANSFORMER_LM_REAL *grad_g1m_3,
+    TRANSFORMER_LM_REAL *grad_b1m_3,
+    TRANSFORMER_LM_REAL *grad_W1up_3,
+    TRANSFORMER_LM_REAL *grad_c1up_3,
+    TRANSFORMER_LM_REAL *grad_W1down_3,
+    TRANSFORMER_LM_REAL *grad_c1down_3,
+    TRANSFORMER_LM_REAL *grad_gf_3,
+    TRANSFORMER_LM_REAL *grad_bf_3,
+    TRANSFORMER_LM_REAL *grad_Wout_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2
 )
 {
-    TRANSFORMER_LM_REAL *grad_Wq1_3 = work + 4157*m + 83713; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wk1_3 = work + 4157*m + 87809; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wv1_3 = work + 4157*m + 91905; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wo1_3 = work + 4157*m + 96001; /* 64 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_g1m_3 = work + 4157*m + 100097; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_b1m_3 = work + 4157*m + 100161; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1up_3 = work + 4157*m + 100225; /* 64 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1up_3 = work + 4157*m + 116609; /* 1 x 256; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_W1down_3 = work + 4157*m + 116865; /* 256 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_c1down_3 = work + 4157*m + 133249; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_gf_3 = work + 4157*m + 133313; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_bf_3 = work + 4157*m + 133377; /* 1 x 64; placed in an earlier part */
-    TRANSFORMER_LM_REAL *grad_Wout_3 = work + 4157*m + 133441; /* 64 x 62; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction1 = work + 3329*m + 9216; /* 1 x 1, in colsum_Wout's memory; placed in an earlier part */
-    TRANSFORMER_LM_REAL *bias_correction2 = work + 4157*m + 137409; /* 1 x 1; placed in an earlier part */
     /* m_Wq1 = beta1*m_Wq1 + grad_Wq1_3*(1 - beta1) */
     /* v_Wq1 = beta2*v_Wq1 + grad_Wq1_3**2*(1 - beta2) */
     /* Wq1 = Wq1 - lr*(beta1*m_Wq1 + grad_Wq1_3*(1 - beta1))/(bias_correction1*(eps +
@@ -6182,15 +6500,170 @@ int transformer_lm_train_step(
             return 2; /* a row number outside an array it gathers from */
         }
     }
-    transformer_lm_train_step_part1(m, ids, positions, E, P, work);
-    transformer_lm_train_step_part2(m, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, work);
-    transformer_lm_train_step_part3(m, targets, Wk1, Wv1, Wo1, g1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, work);
-    transformer_lm_train_step_part4(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, work);
-    transformer_lm_train_step_part5(m, ids, positions, work);
-    transformer_lm_train_step_part6(m, E, P, g0a, b0a, Wq0, Wk0, weight_decay, work);
-    transformer_lm_train_step_part7(m, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, weight_decay, work);
-    transformer_lm_train_step_part8(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, work);
-    transformer_lm_train_step_part9(m, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, work);
+
+    /* where each buffer lies in work */
+    TRANSFORMER_LM_REAL *emap_E = work; /* m x 64 */
+    TRANSFORMER_LM_REAL *emap_P = emap_E + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_E = emap_P + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_E = emap_E; /* m x 64, in emap_E's memory */
+    TRANSFORMER_LM_REAL *add_b0a = emap_P; /* m x 64, in emap_P's memory */
+    TRANSFORMER_LM_REAL *mul_Wq0 = add_E + 64*m; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *mm_Wq0 = mul_Wq0 + 4096; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wk0 = mm_Wq0 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *scores_Wk0 = mm_Wk0 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *scores_Wk0_block_2 = scores_Wk0 + 256*m; /* 64 x 16 */
+    TRANSFORMER_LM_REAL *softmax_Wk0 = scores_Wk0_block_2 + 1024; /* m x 256 */
+    TRANSFORMER_LM_REAL *mm_Wv0 = softmax_Wk0 + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *mix_Wv0 = mm_Wv0 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wo0 = mix_Wv0 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_Wo0 = mm_Wo0 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_Wo0 = mm_Wo0; /* m x 64, in mm_Wo0's memory */
+    TRANSFORMER_LM_REAL *add_b0m = add_Wo0 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_W0up = scores_Wk0; /* m x 256, in scores_Wk0's memory */
+    TRANSFORMER_LM_REAL *mul_W0up = add_b0m + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *add_W0up = mul_W0up + 256*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *mm_W0down = add_W0up + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_W0down = mm_W0down + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_W0down = mm_W0down; /* m x 64, in mm_W0down's memory */
+    TRANSFORMER_LM_REAL *add_b1a = add_W0down + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *mul_Wq1 = add_b1a + 64*m; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *mm_Wq1 = mul_Wq1 + 4096; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wk1 = mm_Wq1 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *scores_Wk1 = mm_W0up; /* m x 256, in mm_W0up's memory */
+    TRANSFORMER_LM_REAL *scores_Wk1_block_2 = scores_Wk0_block_2; /* 64 x 16, in scores_Wk0_block_2's memory */
+    TRANSFORMER_LM_REAL *softmax_Wk1 = mm_Wk1 + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *mm_Wv1 = softmax_Wk1 + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *mix_Wv1 = mm_Wv1 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wo1 = mix_Wv1 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_Wo1 = mm_Wo1 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_Wo1 = mm_Wo1; /* m x 64, in mm_Wo1's memory */
+    TRANSFORMER_LM_REAL *add_b1m = add_Wo1 + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_W1up = scores_Wk1; /* m x 256, in scores_Wk1's memory */
+    TRANSFORMER_LM_REAL *mul_W1up = add_b1m + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *add_W1up = mul_W1up + 256*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *mm_W1down = add_W1up + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *add_W1down = mm_W1down + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *norm_W1down = mm_W1down; /* m x 64, in mm_W1down's memory */
+    TRANSFORMER_LM_REAL *add_bf = add_W1down + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *mm_Wout = add_bf + 64*m; /* m x 62 */
+    TRANSFORMER_LM_REAL *pick_targets = mm_Wout + 62*m; /* m x 1 */
+    TRANSFORMER_LM_REAL *rowlse_Wout = pick_targets + m; /* m x 1 */
+    TRANSFORMER_LM_REAL *add_Wout = rowlse_Wout + m; /* m x 1 */
+    TRANSFORMER_LM_REAL *colsum_Wout = add_Wout + m; /* 1 x 1 */
+    TRANSFORMER_LM_REAL *grad_mm_Wout_part = colsum_Wout + 1; /* m x 62 */
+    TRANSFORMER_LM_REAL *grad_mm_Wout = grad_mm_Wout_part + 62*m; /* m x 62 */
+    TRANSFORMER_LM_REAL *grad_add_bf = grad_mm_Wout + 62*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_norm_W1down = grad_add_bf + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_copy_gf = grad_norm_W1down + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_add_W1down = norm_W1down; /* m x 64, in norm_W1down's memory */
+    TRANSFORMER_LM_REAL *grad_mul_W1up = mm_W1up; /* m x 256, in mm_W1up's memory */
+    TRANSFORMER_LM_REAL *grad_add_W1up = grad_copy_gf + 64*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *grad_add_b1m = add_W1down; /* m x 64, in add_W1down's memory */
+    TRANSFORMER_LM_REAL *grad_norm_Wo1 = grad_norm_W1down; /* m x 64, in grad_norm_W1down's memory */
+    TRANSFORMER_LM_REAL *grad_copy_g1m = grad_add_W1up + 256*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_add_Wo1_part = norm_Wo1; /* m x 64, in norm_Wo1's memory */
+    TRANSFORMER_LM_REAL *grad_add_Wo1 = add_Wo1; /* m x 64, in add_Wo1's memory */
+    TRANSFORMER_LM_REAL *grad_mix_Wv1 = grad_norm_Wo1; /* m x 64, in grad_norm_Wo1's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wv1 = grad_add_Wo1_part; /* m x 64, in grad_add_Wo1_part's memory */
+    TRANSFORMER_LM_REAL *grad_add_b1a = grad_copy_g1m + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1 = add_W1up; /* m x 256, in add_W1up's memory */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block_2 = scores_Wk1_block_2; /* 64 x 16, in scores_Wk1_block_2's memory */
+    TRANSFORMER_LM_REAL *grad_scores_Wk1 = grad_mul_W1up; /* m x 256, in grad_mul_W1up's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wk1 = mm_Wv1; /* m x 64, in mm_Wv1's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wq1 = grad_mix_Wv1; /* m x 64, in grad_mix_Wv1's memory */
+    TRANSFORMER_LM_REAL *grad_norm_W0down = mm_Wq1; /* m x 64, in mm_Wq1's memory */
+    TRANSFORMER_LM_REAL *grad_copy_g1a = mm_Wk1; /* m x 64, in mm_Wk1's memory */
+    TRANSFORMER_LM_REAL *grad_add_W0down_part = norm_W0down; /* m x 64, in norm_W0down's memory */
+    TRANSFORMER_LM_REAL *grad_add_W0down = add_W0down; /* m x 64, in add_W0down's memory */
+    TRANSFORMER_LM_REAL *grad_mul_W0up = softmax_Wk1; /* m x 256, in softmax_Wk1's memory */
+    TRANSFORMER_LM_REAL *grad_add_W0up = grad_softmax_Wk1; /* m x 256, in grad_softmax_Wk1's memory */
+    TRANSFORMER_LM_REAL *grad_add_b0m = grad_norm_W0down; /* m x 64, in grad_norm_W0down's memory */
+    TRANSFORMER_LM_REAL *grad_norm_Wo0 = grad_add_W0down_part; /* m x 64, in grad_add_W0down_part's memory */
+    TRANSFORMER_LM_REAL *grad_copy_g0m = grad_add_b1a + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_add_Wo0_part = norm_Wo0; /* m x 64, in norm_Wo0's memory */
+    TRANSFORMER_LM_REAL *grad_add_Wo0 = add_Wo0; /* m x 64, in add_Wo0's memory */
+    TRANSFORMER_LM_REAL *grad_mix_Wv0 = grad_norm_Wo0; /* m x 64, in grad_norm_Wo0's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wv0 = grad_add_Wo0_part; /* m x 64, in grad_add_Wo0_part's memory */
+    TRANSFORMER_LM_REAL *grad_add_b0a = grad_copy_g0m + 64*m; /* m x 64 */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0 = grad_scores_Wk1; /* m x 256, in grad_scores_Wk1's memory */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block_2 = grad_softmax_Wk1_block_2; /* 64 x 16, in grad_softmax_Wk1_block_2's memory */
+    TRANSFORMER_LM_REAL *grad_scores_Wk0 = add_W0up; /* m x 256, in add_W0up's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wk0 = mm_Wv0; /* m x 64, in mm_Wv0's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wq0 = grad_mix_Wv0; /* m x 64, in grad_mix_Wv0's memory */
+    TRANSFORMER_LM_REAL *grad_norm_E = mm_Wq0; /* m x 64, in mm_Wq0's memory */
+    TRANSFORMER_LM_REAL *grad_copy_g0a = mm_Wk0; /* m x 64, in mm_Wk0's memory */
+    TRANSFORMER_LM_REAL *grad_add_E_part = norm_E; /* m x 64, in norm_E's memory */
+    TRANSFORMER_LM_REAL *grad_add_E = add_E; /* m x 64, in add_E's memory */
+    TRANSFORMER_LM_REAL *grad_E_2 = grad_add_b0a + 64*m; /* 62 x 64 */
+    TRANSFORMER_LM_REAL *grad_P_2 = mul_Wq1; /* 64 x 64, in mul_Wq1's memory */
+    TRANSFORMER_LM_REAL *grad_E_3 = grad_E_2 + 3968; /* 62 x 64 */
+    TRANSFORMER_LM_REAL *grad_P_3 = mul_Wq0; /* 64 x 64, in mul_Wq0's memory */
+    TRANSFORMER_LM_REAL *grad_g0a_2 = grad_E_3 + 3968; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_g0a_3 = grad_g0a_2 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b0a_2 = grad_g0a_2; /* 1 x 64, in grad_g0a_2's memory */
+    TRANSFORMER_LM_REAL *grad_b0a_3 = grad_g0a_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_mul_Wq0 = grad_P_2; /* 64 x 64, in grad_P_2's memory */
+    TRANSFORMER_LM_REAL *grad_Wq0_3 = grad_b0a_3 + 64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wk0_2 = grad_mul_Wq0; /* 64 x 64, in grad_mul_Wq0's memory */
+    TRANSFORMER_LM_REAL *grad_Wk0_3 = grad_Wq0_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wv0_2 = grad_Wk0_2; /* 64 x 64, in grad_Wk0_2's memory */
+    TRANSFORMER_LM_REAL *grad_Wv0_3 = grad_Wk0_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wo0_2 = grad_Wv0_2; /* 64 x 64, in grad_Wv0_2's memory */
+    TRANSFORMER_LM_REAL *grad_Wo0_3 = grad_Wv0_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_g0m_2 = grad_b0a_2; /* 1 x 64, in grad_b0a_2's memory */
+    TRANSFORMER_LM_REAL *grad_g0m_3 = grad_Wo0_3 + 4096; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b0m_2 = grad_g0m_2; /* 1 x 64, in grad_g0m_2's memory */
+    TRANSFORMER_LM_REAL *grad_b0m_3 = grad_g0m_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_W0up_2 = grad_b0m_3 + 64; /* 64 x 256 */
+    TRANSFORMER_LM_REAL *grad_W0up_3 = grad_W0up_2 + 16384; /* 64 x 256 */
+    TRANSFORMER_LM_REAL *grad_c0up_2 = grad_W0up_3 + 16384; /* 1 x 256 */
+    TRANSFORMER_LM_REAL *grad_c0up_3 = grad_c0up_2 + 256; /* 1 x 256 */
+    TRANSFORMER_LM_REAL *grad_W0down_2 = grad_W0up_2; /* 256 x 64, in grad_W0up_2's memory */
+    TRANSFORMER_LM_REAL *grad_W0down_3 = grad_c0up_3 + 256; /* 256 x 64 */
+    TRANSFORMER_LM_REAL *grad_c0down_2 = grad_b0m_2; /* 1 x 64, in grad_b0m_2's memory */
+    TRANSFORMER_LM_REAL *grad_c0down_3 = grad_W0down_3 + 16384; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_g1a_2 = grad_c0down_2; /* 1 x 64, in grad_c0down_2's memory */
+    TRANSFORMER_LM_REAL *grad_g1a_3 = grad_c0down_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b1a_2 = grad_g1a_2; /* 1 x 64, in grad_g1a_2's memory */
+    TRANSFORMER_LM_REAL *grad_b1a_3 = grad_g1a_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_mul_Wq1 = grad_Wo0_2; /* 64 x 64, in grad_Wo0_2's memory */
+    TRANSFORMER_LM_REAL *grad_Wq1_3 = grad_b1a_3 + 64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wk1_2 = grad_mul_Wq1; /* 64 x 64, in grad_mul_Wq1's memory */
+    TRANSFORMER_LM_REAL *grad_Wk1_3 = grad_Wq1_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wv1_2 = grad_Wk1_2; /* 64 x 64, in grad_Wk1_2's memory */
+    TRANSFORMER_LM_REAL *grad_Wv1_3 = grad_Wk1_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wo1_2 = grad_Wv1_2; /* 64 x 64, in grad_Wv1_2's memory */
+    TRANSFORMER_LM_REAL *grad_Wo1_3 = grad_Wv1_3 + 4096; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_g1m_2 = grad_b1a_2; /* 1 x 64, in grad_b1a_2's memory */
+    TRANSFORMER_LM_REAL *grad_g1m_3 = grad_Wo1_3 + 4096; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b1m_2 = grad_g1m_2; /* 1 x 64, in grad_g1m_2's memory */
+    TRANSFORMER_LM_REAL *grad_b1m_3 = grad_g1m_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_W1up_2 = grad_W0down_2; /* 64 x 256, in grad_W0down_2's memory */
+    TRANSFORMER_LM_REAL *grad_W1up_3 = grad_b1m_3 + 64; /* 64 x 256 */
+    TRANSFORMER_LM_REAL *grad_c1up_2 = grad_c0up_2; /* 1 x 256, in grad_c0up_2's memory */
+    TRANSFORMER_LM_REAL *grad_c1up_3 = grad_W1up_3 + 16384; /* 1 x 256 */
+    TRANSFORMER_LM_REAL *grad_W1down_2 = grad_W1up_2; /* 256 x 64, in grad_W1up_2's memory */
+    TRANSFORMER_LM_REAL *grad_W1down_3 = grad_c1up_3 + 256; /* 256 x 64 */
+    TRANSFORMER_LM_REAL *grad_c1down_2 = grad_b1m_2; /* 1 x 64, in grad_b1m_2's memory */
+    TRANSFORMER_LM_REAL *grad_c1down_3 = grad_W1down_3 + 16384; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_gf_2 = grad_c1down_2; /* 1 x 64, in grad_c1down_2's memory */
+    TRANSFORMER_LM_REAL *grad_gf_3 = grad_c1down_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_bf_2 = grad_gf_2; /* 1 x 64, in grad_gf_2's memory */
+    TRANSFORMER_LM_REAL *grad_bf_3 = grad_gf_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wout_2 = grad_E_2; /* 64 x 62, in grad_E_2's memory */
+    TRANSFORMER_LM_REAL *grad_Wout_3 = grad_bf_3 + 64; /* 64 x 62 */
+    TRANSFORMER_LM_REAL *bias_correction1 = colsum_Wout; /* 1 x 1, in colsum_Wout's memory */
+    TRANSFORMER_LM_REAL *bias_correction2 = grad_Wout_3 + 3968; /* 1 x 1 */
+
+    transformer_lm_train_step_part1(m, ids, positions, E, P, emap_E, emap_P);
+    transformer_lm_train_step_part2(m, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, emap_E, emap_P, add_E, norm_E, add_b0a, mul_Wq0, mm_Wq0, mm_Wk0, scores_Wk0, scores_Wk0_block_2, softmax_Wk0, mm_Wv0, mix_Wv0, mm_Wo0, add_Wo0, norm_Wo0, add_b0m, mm_W0up, mul_W0up, add_W0up, mm_W0down, add_W0down, norm_W0down, add_b1a, mul_Wq1, mm_Wq1, mm_Wk1, scores_Wk1, scores_Wk1_block_2, softmax_Wk1, mm_Wv1, mix_Wv1, mm_Wo1, add_Wo1, norm_Wo1, add_b1m);
+    transformer_lm_train_step_part3(m, targets, Wk1, Wv1, Wo1, g1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, mul_Wq1, mm_Wq1, mm_Wk1, softmax_Wk1, mm_Wv1, add_Wo1, norm_Wo1, add_b1m, mm_W1up, mul_W1up, add_W1up, mm_W1down, add_W1down, norm_W1down, add_bf, mm_Wout, pick_targets, rowlse_Wout, add_Wout, colsum_Wout, grad_mm_Wout_part, grad_mm_Wout, grad_add_bf, grad_norm_W1down, grad_copy_gf, grad_add_W1down, grad_mul_W1up, grad_add_W1up, grad_add_b1m, grad_norm_Wo1, grad_copy_g1m, grad_add_Wo1_part, grad_add_Wo1, grad_mix_Wv1, grad_mm_Wv1, grad_add_b1a, grad_softmax_Wk1, grad_softmax_Wk1_block_2, grad_scores_Wk1, grad_mm_Wk1, grad_mm_Wq1);
+    transformer_lm_train_step_part4(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, add_E, norm_E, mul_Wq0, mm_Wq0, mm_Wk0, softmax_Wk0, mm_Wv0, add_Wo0, norm_Wo0, add_W0up, add_W0down, norm_W0down, grad_add_Wo1, grad_add_b1a, grad_norm_W0down, grad_copy_g1a, grad_add_W0down_part, grad_add_W0down, grad_mul_W0up, grad_add_W0up, grad_add_b0m, grad_norm_Wo0, grad_copy_g0m, grad_add_Wo0_part, grad_add_Wo0, grad_mix_Wv0, grad_mm_Wv0, grad_add_b0a, grad_softmax_Wk0, grad_softmax_Wk0_block_2, grad_scores_Wk0, grad_mm_Wk0, grad_mm_Wq0, grad_norm_E, grad_copy_g0a, grad_add_E_part, grad_add_E);
+    transformer_lm_train_step_part5(m, ids, positions, grad_add_E, grad_E_2, grad_P_2);
+    transformer_lm_train_step_part6(m, E, P, g0a, b0a, Wq0, Wk0, weight_decay, add_b0a, grad_add_b0a, grad_mm_Wk0, grad_mm_Wq0, grad_copy_g0a, grad_E_2, grad_P_2, grad_E_3, grad_P_3, grad_g0a_2, grad_g0a_3, grad_b0a_2, grad_b0a_3, grad_mul_Wq0, grad_Wq0_3, grad_Wk0_2, grad_Wk0_3);
+    transformer_lm_train_step_part7(m, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, weight_decay, add_b0a, mix_Wv0, add_b0m, mul_W0up, add_b1a, mix_Wv1, grad_add_b1m, grad_copy_g1m, grad_add_Wo1, grad_mm_Wv1, grad_add_b1a, grad_mm_Wk1, grad_mm_Wq1, grad_copy_g1a, grad_add_W0down, grad_add_W0up, grad_add_b0m, grad_copy_g0m, grad_add_Wo0, grad_mm_Wv0, grad_Wv0_2, grad_Wv0_3, grad_Wo0_2, grad_Wo0_3, grad_g0m_2, grad_g0m_3, grad_b0m_2, grad_b0m_3, grad_W0up_2, grad_W0up_3, grad_c0up_2, grad_c0up_3, grad_W0down_2, grad_W0down_3, grad_c0down_2, grad_c0down_3, grad_g1a_2, grad_g1a_3, grad_b1a_2, grad_b1a_3, grad_mul_Wq1, grad_Wq1_3, grad_Wk1_2, grad_Wk1_3, grad_Wv1_2, grad_Wv1_3, grad_Wo1_2, grad_Wo1_3, grad_g1m_2, grad_g1m_3, grad_b1m_2, grad_b1m_3);
+    transformer_lm_train_step_part8(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, add_b1m, mul_W1up, add_bf, grad_mm_Wout, grad_add_bf, grad_copy_gf, grad_add_W1down, grad_add_W1up, grad_E_3, grad_P_3, grad_g0a_3, grad_b0a_3, grad_Wq0_3, grad_Wk0_3, grad_Wv0_3, grad_Wo0_3, grad_g0m_3, grad_b0m_3, grad_W0up_3, grad_c0up_3, grad_W0down_3, grad_c0down_3, grad_g1a_3, grad_b1a_3, grad_W1up_2, grad_W1up_3, grad_c1up_2, grad_c1up_3, grad_W1down_2, grad_W1down_3, grad_c1down_2, grad_c1down_3, grad_gf_2, grad_gf_3, grad_bf_2, grad_bf_3, grad_Wout_2, grad_Wout_3, bias_correction1, bias_correction2);
+    transformer_lm_train_step_part9(Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, grad_Wq1_3, grad_Wk1_3, grad_Wv1_3, grad_Wo1_3, grad_g1m_3, grad_b1m_3, grad_W1up_3, grad_c1up_3, grad_W1down_3, grad_c1down_3, grad_gf_3, grad_bf_3, grad_Wout_3, bias_correction1, bias_correction2);
     return 0;
 }
 #endif

@@ -37,21 +37,24 @@ static int logistic_run(
         return 1;
     }
 
-    /* add_t = 1 - t */
+    /* where each buffer lies in work */
     LOGISTIC_REAL *add_t = work; /* n x 1 */
+    LOGISTIC_REAL *mm_w = add_t + n; /* n x 1 */
+    LOGISTIC_REAL *add_t_2 = mm_w + n; /* n x 1 */
+    LOGISTIC_REAL *grad_mm_w = add_t_2 + n; /* n x 1 */
+    LOGISTIC_REAL *colsum_t = grad_mm_w + n; /* 1 x 1 */
+
+    /* add_t = 1 - t */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         add_t[i] = 1 - t[i];
     }
 
     /* mm_w = X @ w */
-    LOGISTIC_REAL *mm_w = add_t + n; /* n x 1 */
     symbackprop_f64_matmul(n, 1, 2, X, 2, 1, w, 1, 0, mm_w);
 
     /* add_t_2 = add_t*softplus(mm_w) + t*softplus(-mm_w) */
     /* grad_mm_w = add_t*sigmoid(mm_w)/n - t*sigmoid(-mm_w)/n */
-    LOGISTIC_REAL *add_t_2 = mm_w + n; /* n x 1 */
-    LOGISTIC_REAL *grad_mm_w = add_t_2 + n; /* n x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         const LOGISTIC_REAL x0 = 1.0/((LOGISTIC_REAL)n);
@@ -60,7 +63,6 @@ static int logistic_run(
     }
 
     /* colsum_t = sum of add_t_2 down each column */
-    LOGISTIC_REAL *colsum_t = grad_mm_w + n; /* 1 x 1 */
     colsum_t[0] = symbackprop_f64_sum(add_t_2, n, 1);
 
     /* loss = colsum_t/n */

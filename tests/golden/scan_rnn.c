@@ -40,16 +40,15 @@ size_t scan_rnn_forward_work_len(int64_t T)
 /* In unit 2; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_forward_part1(
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *mul_M
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_forward_part1(
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *mul_M
 )
 {
     /* mul_M = 2*M^T */
-    SCAN_RNN_REAL *mul_M = work; /* 2 x 2 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             mul_M[2*i + j] = 2*M[i + 2*j];
@@ -71,15 +70,14 @@ SCAN_RNN_SHARED void scan_rnn_forward_part2(
     const SCAN_RNN_REAL *V,
     const SCAN_RNN_REAL *h0,
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *mul_M,
+    SCAN_RNN_REAL *scan_h0,
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3
 )
 {
-    SCAN_RNN_REAL *mul_M = work; /* 2 x 2; placed in an earlier part */
     /* scan_h0 = scan over t < T: (h, m) = step(h, m, x = row t); outputs in rows of scan_part_h0 */
-    SCAN_RNN_REAL *scan_h0 = mul_M + 4; /* 46 x 1 */
-    SCAN_RNN_REAL *scan_part_h0 = scan_h0 + 46; /* T x 1 */
-    SCAN_RNN_REAL *scan_part_h0_2 = scan_part_h0 + T; /* 1 x 3 */
-    SCAN_RNN_REAL *scan_part_h0_3 = scan_part_h0_2 + 3; /* 2 x 2 */
     {
         SCAN_RNN_REAL *scan_h0_base = (SCAN_RNN_REAL *)(((uintptr_t)scan_h0 + 63) & ~(uintptr_t)63);
         SCAN_RNN_REAL *scan_h0_cur = scan_h0_base;
@@ -185,51 +183,43 @@ SCAN_RNN_SHARED void scan_rnn_forward_part2(
 /* scan_rnn_forward, part 3 of 3 (kernels 3 to 11): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 SCAN_RNN_SHARED void scan_rnn_forward_part3(
     int64_t T,
     const SCAN_RNN_REAL *Z,
     SCAN_RNN_REAL *loss,
-    SCAN_RNN_REAL *work
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-SCAN_RNN_SHARED void scan_rnn_forward_part3(
-    int64_t T,
-    const SCAN_RNN_REAL *Z,
-    SCAN_RNN_REAL *loss,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3,
+    SCAN_RNN_REAL *sq_Z,
+    SCAN_RNN_REAL *colsum_Z,
+    SCAN_RNN_REAL *rowsum_h0,
+    SCAN_RNN_REAL *colsum_h0,
+    SCAN_RNN_REAL *rowsum_h0_2
 )
 {
-    SCAN_RNN_REAL *scan_part_h0 = work + 50; /* T x 1; placed in an earlier part */
-    SCAN_RNN_REAL *scan_part_h0_2 = work + T + 50; /* 1 x 3; placed in an earlier part */
-    SCAN_RNN_REAL *scan_part_h0_3 = work + T + 53; /* 2 x 2; placed in an earlier part */
     /* scan_part_h0: the output 0 of the loop of scan_h0, written by it */
 
     /* sq_Z = (-Z + scan_part_h0)**2 */
-    SCAN_RNN_REAL *sq_Z = scan_part_h0_3 + 4; /* T x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         sq_Z[i] = pow(-Z[i] + scan_part_h0[i], 2);
     }
 
     /* colsum_Z = sum of sq_Z down each column */
-    SCAN_RNN_REAL *colsum_Z = sq_Z + T; /* 1 x 1 */
     colsum_Z[0] = symbackprop_f64_sum(sq_Z, T, 1);
 
     /* scan_part_h0_2: the final state 0 of the loop of scan_h0, written by it */
 
     /* rowsum_h0 = sum of scan_part_h0_2 along each row */
-    SCAN_RNN_REAL *rowsum_h0 = colsum_Z + 1; /* 1 x 1 */
     rowsum_h0[0] = symbackprop_f64_sum(scan_part_h0_2, 3, 1);
 
     /* scan_part_h0_3: the final state 1 of the loop of scan_h0, written by it */
 
     /* colsum_h0 = sum of scan_part_h0_3 down each column */
-    SCAN_RNN_REAL *colsum_h0 = rowsum_h0 + 1; /* 1 x 2 */
     symbackprop_f64_sum_columns(scan_part_h0_3, 2, 2, 2, colsum_h0);
 
     /* rowsum_h0_2 = sum of colsum_h0 along each row */
-    SCAN_RNN_REAL *rowsum_h0_2 = colsum_h0 + 2; /* 1 x 1 */
     rowsum_h0_2[0] = symbackprop_f64_sum(colsum_h0, 2, 1);
 
     /* loss = colsum_Z + rowsum_h0 + rowsum_h0_2 */
@@ -258,9 +248,22 @@ int scan_rnn_forward(
     if (T < 1) {
         return 1;
     }
-    scan_rnn_forward_part1(M, work);
-    scan_rnn_forward_part2(T, XT_, W, Ux, b, V, h0, M, work);
-    scan_rnn_forward_part3(T, Z, loss, work);
+
+    /* where each buffer lies in work */
+    SCAN_RNN_REAL *mul_M = work; /* 2 x 2 */
+    SCAN_RNN_REAL *scan_h0 = mul_M + 4; /* 46 x 1 */
+    SCAN_RNN_REAL *scan_part_h0 = scan_h0 + 46; /* T x 1 */
+    SCAN_RNN_REAL *scan_part_h0_2 = scan_part_h0 + T; /* 1 x 3 */
+    SCAN_RNN_REAL *scan_part_h0_3 = scan_part_h0_2 + 3; /* 2 x 2 */
+    SCAN_RNN_REAL *sq_Z = scan_part_h0_3 + 4; /* T x 1 */
+    SCAN_RNN_REAL *colsum_Z = sq_Z + T; /* 1 x 1 */
+    SCAN_RNN_REAL *rowsum_h0 = colsum_Z + 1; /* 1 x 1 */
+    SCAN_RNN_REAL *colsum_h0 = rowsum_h0 + 1; /* 1 x 2 */
+    SCAN_RNN_REAL *rowsum_h0_2 = colsum_h0 + 2; /* 1 x 1 */
+
+    scan_rnn_forward_part1(M, mul_M);
+    scan_rnn_forward_part2(T, XT_, W, Ux, b, V, h0, M, mul_M, scan_h0, scan_part_h0, scan_part_h0_2, scan_part_h0_3);
+    scan_rnn_forward_part3(T, Z, loss, scan_part_h0, scan_part_h0_2, scan_part_h0_3, sq_Z, colsum_Z, rowsum_h0, colsum_h0, rowsum_h0_2);
     return 0;
 }
 #endif
@@ -278,14 +281,18 @@ size_t scan_rnn_value_and_grad_work_len(int64_t T)
 /* scan_rnn_value_and_grad, part 1 of 5 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *mul_M
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part1(
+    const SCAN_RNN_REAL *M,
+    SCAN_RNN_REAL *mul_M
 )
 {
     /* mul_M = 2*M^T */
-    SCAN_RNN_REAL *mul_M = work; /* 2 x 2 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             mul_M[2*i + j] = 2*M[i + 2*j];
@@ -307,7 +314,12 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
     const SCAN_RNN_REAL *V,
     const SCAN_RNN_REAL *h0,
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *mul_M,
+    SCAN_RNN_REAL *scan_h0,
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_4,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
@@ -319,17 +331,16 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part2(
     const SCAN_RNN_REAL *V,
     const SCAN_RNN_REAL *h0,
     const SCAN_RNN_REAL *M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *mul_M,
+    SCAN_RNN_REAL *scan_h0,
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_4,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3
 )
 {
-    SCAN_RNN_REAL *mul_M = work; /* 2 x 2; placed in an earlier part */
     /* scan_h0 = scan over t < T: (h, m) = step(h, m, x = row t); outputs in rows of
      * scan_part_h0; one state in 2 kept in scan_part_h0_4 */
-    SCAN_RNN_REAL *scan_h0 = mul_M + 4; /* 46 x 1 */
-    SCAN_RNN_REAL *scan_part_h0 = scan_h0 + 46; /* T x 1 */
-    SCAN_RNN_REAL *scan_part_h0_4 = scan_part_h0 + T; /* ((T + 1)/2) x 7 */
-    SCAN_RNN_REAL *scan_part_h0_2 = scan_part_h0_4 + 7*((T + 1)/2); /* 1 x 3 */
-    SCAN_RNN_REAL *scan_part_h0_3 = scan_part_h0_2 + 3; /* 2 x 2 */
     {
         SCAN_RNN_REAL *scan_h0_base = (SCAN_RNN_REAL *)(((uintptr_t)scan_h0 + 63) & ~(uintptr_t)63);
         SCAN_RNN_REAL *scan_h0_cur = scan_h0_base;
@@ -445,25 +456,36 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
     int64_t T,
     const SCAN_RNN_REAL *Z,
     SCAN_RNN_REAL *loss,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3,
+    SCAN_RNN_REAL *sq_Z,
+    SCAN_RNN_REAL *grad_add_Z,
+    SCAN_RNN_REAL *colsum_Z,
+    SCAN_RNN_REAL *rowsum_h0,
+    SCAN_RNN_REAL *colsum_h0,
+    SCAN_RNN_REAL *rowsum_h0_2
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
     int64_t T,
     const SCAN_RNN_REAL *Z,
     SCAN_RNN_REAL *loss,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3,
+    SCAN_RNN_REAL *sq_Z,
+    SCAN_RNN_REAL *grad_add_Z,
+    SCAN_RNN_REAL *colsum_Z,
+    SCAN_RNN_REAL *rowsum_h0,
+    SCAN_RNN_REAL *colsum_h0,
+    SCAN_RNN_REAL *rowsum_h0_2
 )
 {
-    SCAN_RNN_REAL *scan_part_h0 = work + 50; /* T x 1; placed in an earlier part */
-    SCAN_RNN_REAL *scan_part_h0_2 = work + T + 7*((T + 1)/2) + 50; /* 1 x 3; placed in an earlier part */
-    SCAN_RNN_REAL *scan_part_h0_3 = work + T + 7*((T + 1)/2) + 53; /* 2 x 2; placed in an earlier part */
     /* scan_part_h0: the output 0 of the loop of scan_h0, written by it */
 
     /* sq_Z = (-Z + scan_part_h0)**2 */
     /* grad_add_Z = -2*Z + 2*scan_part_h0 */
-    SCAN_RNN_REAL *sq_Z = scan_part_h0_3 + 4; /* T x 1 */
-    SCAN_RNN_REAL *grad_add_Z = sq_Z + T; /* T x 1 */
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
         sq_Z[i] = pow(-Z[i] + scan_part_h0[i], 2);
@@ -471,23 +493,19 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part3(
     }
 
     /* colsum_Z = sum of sq_Z down each column */
-    SCAN_RNN_REAL *colsum_Z = grad_add_Z + T; /* 1 x 1 */
     colsum_Z[0] = symbackprop_f64_sum(sq_Z, T, 1);
 
     /* scan_part_h0_2: the final state 0 of the loop of scan_h0, written by it */
 
     /* rowsum_h0 = sum of scan_part_h0_2 along each row */
-    SCAN_RNN_REAL *rowsum_h0 = colsum_Z + 1; /* 1 x 1 */
     rowsum_h0[0] = symbackprop_f64_sum(scan_part_h0_2, 3, 1);
 
     /* scan_part_h0_3: the final state 1 of the loop of scan_h0, written by it */
 
     /* colsum_h0 = sum of scan_part_h0_3 down each column */
-    SCAN_RNN_REAL *colsum_h0 = rowsum_h0 + 1; /* 1 x 2 */
     symbackprop_f64_sum_columns(scan_part_h0_3, 2, 2, 2, colsum_h0);
 
     /* rowsum_h0_2 = sum of colsum_h0 along each row */
-    SCAN_RNN_REAL *rowsum_h0_2 = colsum_h0 + 2; /* 1 x 1 */
     rowsum_h0_2[0] = symbackprop_f64_sum(colsum_h0, 2, 1);
 
     /* loss = colsum_Z + rowsum_h0 + rowsum_h0_2 */
@@ -516,7 +534,11 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
     SCAN_RNN_REAL *grad_b,
     SCAN_RNN_REAL *grad_V,
     SCAN_RNN_REAL *grad_h0,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *scan_part_h0_4,
+    SCAN_RNN_REAL *grad_add_Z,
+    SCAN_RNN_REAL *scan_vjp_W,
+    SCAN_RNN_REAL *grad_M_part,
+    SCAN_RNN_REAL *grad_mul_M
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
@@ -532,20 +554,16 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
     SCAN_RNN_REAL *grad_b,
     SCAN_RNN_REAL *grad_V,
     SCAN_RNN_REAL *grad_h0,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *scan_part_h0_4,
+    SCAN_RNN_REAL *grad_add_Z,
+    SCAN_RNN_REAL *scan_vjp_W,
+    SCAN_RNN_REAL *grad_M_part,
+    SCAN_RNN_REAL *grad_mul_M
 )
 {
-    SCAN_RNN_REAL *mul_M = work; /* 2 x 2; placed in an earlier part */
-    SCAN_RNN_REAL *scan_part_h0_4 = work + T + 50; /* ((T + 1)/2) x 7; placed in an earlier part */
-    SCAN_RNN_REAL *scan_part_h0_3 = work + T + 7*((T + 1)/2) + 53; /* 2 x 2; placed in an earlier part */
-    SCAN_RNN_REAL *grad_add_Z = work + 2*T + 7*((T + 1)/2) + 57; /* T x 1; placed in an earlier part */
-    SCAN_RNN_REAL *rowsum_h0_2 = work + 3*T + 7*((T + 1)/2) + 61; /* 1 x 1; placed in an earlier part */
     /* scan_vjp_W = backward scan over t = T-1 .. 0: adjoints of (h, m) and of the step's
      * inputs and params, from the states kept in scan_part_h0_4, each segment of 2 steps
      * recomputed from its checkpoint */
-    SCAN_RNN_REAL *scan_vjp_W = rowsum_h0_2 + 1; /* 108 x 1 */
-    SCAN_RNN_REAL *grad_M_part = mul_M; /* 2 x 2, in mul_M's memory */
-    SCAN_RNN_REAL *grad_mul_M = scan_part_h0_3; /* 2 x 2, in scan_part_h0_3's memory */
     {
         SCAN_RNN_REAL *scan_vjp_W_base = (SCAN_RNN_REAL *)(((uintptr_t)scan_vjp_W + 63) & ~(uintptr_t)63);
         SCAN_RNN_REAL *scan_vjp_W_cur = scan_vjp_W_base;
@@ -787,16 +805,21 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
 /* scan_rnn_value_and_grad, part 5 of 5 (kernels 14 to 22): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
 SCAN_RNN_SHARED void scan_rnn_value_and_grad_part5(
-    int64_t T,
     SCAN_RNN_REAL *grad_M,
-    SCAN_RNN_REAL *work
+    SCAN_RNN_REAL *grad_M_part,
+    SCAN_RNN_REAL *grad_mul_M,
+    SCAN_RNN_REAL *grad_transpose_M
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+SCAN_RNN_SHARED void scan_rnn_value_and_grad_part5(
+    SCAN_RNN_REAL *grad_M,
+    SCAN_RNN_REAL *grad_M_part,
+    SCAN_RNN_REAL *grad_mul_M,
+    SCAN_RNN_REAL *grad_transpose_M
 )
 {
-    SCAN_RNN_REAL *scan_vjp_W = work + 3*T + 7*((T + 1)/2) + 62; /* 108 x 1; placed in an earlier part */
-    SCAN_RNN_REAL *grad_M_part = work; /* 2 x 2, in mul_M's memory; placed in an earlier part */
-    SCAN_RNN_REAL *grad_mul_M = work + T + 7*((T + 1)/2) + 53; /* 2 x 2, in scan_part_h0_3's memory; placed in an earlier part */
     /* grad_W: the adjoint of captured value 0 of the loop of scan_vjp_W, written by it */
 
     /* grad_Ux: the adjoint of captured value 1 of the loop of scan_vjp_W, written by it */
@@ -812,7 +835,6 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part5(
     /* grad_mul_M: the adjoint of init 1 of the loop of scan_vjp_W, written by it */
 
     /* grad_transpose_M = 2*grad_mul_M */
-    SCAN_RNN_REAL *grad_transpose_M = scan_vjp_W + 108; /* 2 x 2 */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 2; ++j) {
             grad_transpose_M[2*i + j] = 2*grad_mul_M[2*i + j];
@@ -853,11 +875,30 @@ int scan_rnn_value_and_grad(
     if (T < 1) {
         return 1;
     }
-    scan_rnn_value_and_grad_part1(M, work);
-    scan_rnn_value_and_grad_part2(T, XT_, W, Ux, b, V, h0, M, work);
-    scan_rnn_value_and_grad_part3(T, Z, loss, work);
-    scan_rnn_value_and_grad_part4(T, XT_, W, Ux, b, V, M, grad_W, grad_Ux, grad_b, grad_V, grad_h0, work);
-    scan_rnn_value_and_grad_part5(T, grad_M, work);
+
+    /* where each buffer lies in work */
+    SCAN_RNN_REAL *mul_M = work; /* 2 x 2 */
+    SCAN_RNN_REAL *scan_h0 = mul_M + 4; /* 46 x 1 */
+    SCAN_RNN_REAL *scan_part_h0 = scan_h0 + 46; /* T x 1 */
+    SCAN_RNN_REAL *scan_part_h0_4 = scan_part_h0 + T; /* ((T + 1)/2) x 7 */
+    SCAN_RNN_REAL *scan_part_h0_2 = scan_part_h0_4 + 7*((T + 1)/2); /* 1 x 3 */
+    SCAN_RNN_REAL *scan_part_h0_3 = scan_part_h0_2 + 3; /* 2 x 2 */
+    SCAN_RNN_REAL *sq_Z = scan_part_h0_3 + 4; /* T x 1 */
+    SCAN_RNN_REAL *grad_add_Z = sq_Z + T; /* T x 1 */
+    SCAN_RNN_REAL *colsum_Z = grad_add_Z + T; /* 1 x 1 */
+    SCAN_RNN_REAL *rowsum_h0 = colsum_Z + 1; /* 1 x 1 */
+    SCAN_RNN_REAL *colsum_h0 = rowsum_h0 + 1; /* 1 x 2 */
+    SCAN_RNN_REAL *rowsum_h0_2 = colsum_h0 + 2; /* 1 x 1 */
+    SCAN_RNN_REAL *scan_vjp_W = rowsum_h0_2 + 1; /* 108 x 1 */
+    SCAN_RNN_REAL *grad_M_part = mul_M; /* 2 x 2, in mul_M's memory */
+    SCAN_RNN_REAL *grad_mul_M = scan_part_h0_3; /* 2 x 2, in scan_part_h0_3's memory */
+    SCAN_RNN_REAL *grad_transpose_M = scan_vjp_W + 108; /* 2 x 2 */
+
+    scan_rnn_value_and_grad_part1(M, mul_M);
+    scan_rnn_value_and_grad_part2(T, XT_, W, Ux, b, V, h0, M, mul_M, scan_h0, scan_part_h0, scan_part_h0_4, scan_part_h0_2, scan_part_h0_3);
+    scan_rnn_value_and_grad_part3(T, Z, loss, scan_part_h0, scan_part_h0_2, scan_part_h0_3, sq_Z, grad_add_Z, colsum_Z, rowsum_h0, colsum_h0, rowsum_h0_2);
+    scan_rnn_value_and_grad_part4(T, XT_, W, Ux, b, V, M, grad_W, grad_Ux, grad_b, grad_V, grad_h0, scan_part_h0_4, grad_add_Z, scan_vjp_W, grad_M_part, grad_mul_M);
+    scan_rnn_value_and_grad_part5(grad_M, grad_M_part, grad_mul_M, grad_transpose_M);
     return 0;
 }
 #endif

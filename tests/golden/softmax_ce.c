@@ -29,8 +29,14 @@ static int softmax_ce_run(
 )
 {
 
-    /* mul_Z = T*Z */
+    /* where each buffer lies in work */
     SOFTMAX_CE_REAL *mul_Z = work; /* 4 x 3 */
+    SOFTMAX_CE_REAL *rowsum_Z = mul_Z + 12; /* 4 x 1 */
+    SOFTMAX_CE_REAL *rowlse_Z = rowsum_Z + 4; /* 4 x 1 */
+    SOFTMAX_CE_REAL *add_Z = rowlse_Z + 4; /* 4 x 1 */
+    SOFTMAX_CE_REAL *colsum_Z = add_Z + 4; /* 1 x 1 */
+
+    /* mul_Z = T*Z */
     for (int64_t i = 0; i < 4; ++i) {
         for (int64_t j = 0; j < 3; ++j) {
             mul_Z[3*i + j] = T[3*i + j]*Z[3*i + j];
@@ -38,25 +44,21 @@ static int softmax_ce_run(
     }
 
     /* rowsum_Z = sum of mul_Z along each row */
-    SOFTMAX_CE_REAL *rowsum_Z = mul_Z + 12; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
         rowsum_Z[i] = symbackprop_f64_sum(mul_Z + 3*i, 3, 1);
     }
 
     /* rowlse_Z = log(sum(exp(Z))) along each row, its max subtracted first */
-    SOFTMAX_CE_REAL *rowlse_Z = rowsum_Z + 4; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
         rowlse_Z[i] = symbackprop_f64_logsumexp(Z + 3*i, 3, 1);
     }
 
     /* add_Z = rowlse_Z - rowsum_Z */
-    SOFTMAX_CE_REAL *add_Z = rowlse_Z + 4; /* 4 x 1 */
     for (int64_t i = 0; i < 4; ++i) {
         add_Z[i] = -rowsum_Z[i] + rowlse_Z[i];
     }
 
     /* colsum_Z = sum of add_Z down each column */
-    SOFTMAX_CE_REAL *colsum_Z = add_Z + 4; /* 1 x 1 */
     colsum_Z[0] = symbackprop_f64_sum(add_Z, 4, 1);
 
     /* loss = colsum_Z/4 */
