@@ -11,9 +11,9 @@
 #define SYMBACKPROP_F64_AS_F32
 #endif
 #include "symbackprop_runtime.h"
-/* One translation unit, or 4: compiled with -DSYMBACKPROP_UNIT=k for each k
- * from 0 to 3 (symbackprop's builder compiles them at once, on as many
- * cores), each unit compiles the functions marked for it, and the 4 objects
+/* One translation unit, or 3: compiled with -DSYMBACKPROP_UNIT=k for each k
+ * from 0 to 2 (symbackprop's builder compiles them at once, on as many
+ * cores), each unit compiles the functions marked for it, and the 3 objects
  * link into the module. Functions one unit calls in another are then
  * CNN_DIGITS_SHARED: hidden from other modules, where one unit has them static. */
 #if defined(SYMBACKPROP_UNIT) && defined(__GNUC__)
@@ -22,191 +22,6 @@
 #define CNN_DIGITS_SHARED
 #else
 #define CNN_DIGITS_SHARED static
-#endif
-
-/* Its 18 element-wise loops that repeat (in several functions, or at
- * every step of an unrolled network), a function for each kind of loop,
- * called with its arrays: each kind is compiled once. */
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop0(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-);
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop1(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-);
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop2(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-);
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop3(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a4
-);
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop4(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop5(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-);
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop6(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop7(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop8(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop0(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 1024; ++j) {
-            const CNN_DIGITS_REAL x0 = a2[j] + a3[1024*i + j];
-            a0[1024*i + j] = (((0) > (x0)) ? (0) : (x0));
-            a1[1024*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop2(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            const CNN_DIGITS_REAL x0 = a2[64*i + j] + a3[j];
-            a0[64*i + j] = (((0) > (x0)) ? (0) : (x0));
-            a1[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop3(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a4
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = a3[10*i + j] + a4[j];
-            a0[10*i + j] = x0;
-            a1[10*i + j] = a2[10*i + j]*x0;
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop6(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j]*a2[64*i + j];
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop8(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 1024; ++j) {
-            a0[1024*i + j] = a1[1024*i + j]*a2[1024*i + j];
-        }
-    }
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop1(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            const CNN_DIGITS_REAL x0 = a2[j] + a3[512*i + j];
-            a0[512*i + j] = (((0) > (x0)) ? (0) : (x0));
-            a1[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop4(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        a0[i] = -a1[i] + a2[i];
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop5(
-    int64_t n,
-    CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2,
-    const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
-            a0[10*i + j] = -a1[10*i + j]*x0 + x0*exp(a2[10*i + j] - a3[i]);
-        }
-    }
-}
-CNN_DIGITS_SHARED SYMBACKPROP_CALLED
-void cnn_digits_loop7(int64_t n, CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a0, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a1, const CNN_DIGITS_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 512; ++j) {
-            a0[512*i + j] = a1[512*i + j]*a2[512*i + j];
-        }
-    }
-}
 #endif
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -305,7 +120,14 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 
     /* relu_K1 = Max(0, bcast_c1 + conv_K1) */
     /* step_K1 = Heaviside(bcast_c1 + conv_K1) */
-    cnn_digits_loop0(n, relu_K1, step_K1, bcast_c1, conv_K1);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 1024; ++j) {
+            const CNN_DIGITS_REAL x0 = bcast_c1[j] + conv_K1[1024*i + j];
+            relu_K1[1024*i + j] = (((0) > (x0)) ? (0) : (x0));
+            step_K1[1024*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        }
+    }
 
     /* maxpool_K1[i,ch,oy,ox] = relu_K1[i,ch,best], best: the first largest
      * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
@@ -356,7 +178,14 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 
     /* relu_K2 = Max(0, bcast_c2 + conv_K2) */
     /* step_K2 = Heaviside(bcast_c2 + conv_K2) */
-    cnn_digits_loop1(n, relu_K2, step_K2, bcast_c2, conv_K2);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 512; ++j) {
+            const CNN_DIGITS_REAL x0 = bcast_c2[j] + conv_K2[512*i + j];
+            relu_K2[512*i + j] = (((0) > (x0)) ? (0) : (x0));
+            step_K2[512*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        }
+    }
 
     /* maxpool_K2[i,ch,oy,ox] = relu_K2[i,ch,best], best: the first largest
      * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
@@ -385,14 +214,28 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 
     /* relu_W1 = Max(0, b1 + mm_W1) */
     /* step_W1 = Heaviside(b1 + mm_W1) */
-    cnn_digits_loop2(n, relu_W1, step_W1, mm_W1, b1);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            const CNN_DIGITS_REAL x0 = mm_W1[64*i + j] + b1[j];
+            relu_W1[64*i + j] = (((0) > (x0)) ? (0) : (x0));
+            step_W1[64*i + j] = (isnan(x0) ? (x0) : (x0) > 0 ? 1.0 : 0.0);
+        }
+    }
 
     /* mm_W2 = relu_W1 @ W2 */
     symbackprop_f64_matmul(n, 10, 64, relu_W1, 64, 1, W2, 10, 1, mm_W2);
 
     /* logits = b2 + mm_W2 */
     /* mul_logits = T*(b2 + mm_W2) */
-    cnn_digits_loop3(n, logits, mul_logits, T, mm_W2, b2);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            const CNN_DIGITS_REAL x0 = mm_W2[10*i + j] + b2[j];
+            logits[10*i + j] = x0;
+            mul_logits[10*i + j] = T[10*i + j]*x0;
+        }
+    }
 
     /* rowsum_logits = sum of mul_logits along each row */
     SYMBACKPROP_PARALLEL_FOR
@@ -407,7 +250,10 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
     }
 
     /* add_logits = rowlse_logits - rowsum_logits */
-    cnn_digits_loop4(n, add_logits, rowsum_logits, rowlse_logits);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        add_logits[i] = -rowsum_logits[i] + rowlse_logits[i];
+    }
 
     /* colsum_logits = sum of add_logits down each column */
     colsum_logits[0] = symbackprop_f64_sum(add_logits, n, 1);
@@ -422,7 +268,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
 /* cnn_digits_run, part 2 of 3 (kernels 18 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 CNN_DIGITS_SHARED void cnn_digits_run_part2(
     int64_t n,
     const CNN_DIGITS_REAL *X,
@@ -457,7 +303,7 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     CNN_DIGITS_REAL *grad_K2_cols,
     CNN_DIGITS_REAL *grad_bcast_c2
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 CNN_DIGITS_SHARED void cnn_digits_run_part2(
     int64_t n,
     const CNN_DIGITS_REAL *X,
@@ -494,13 +340,24 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
 )
 {
     /* grad_logits = -T/n + exp(logits - rowlse_logits)/n */
-    cnn_digits_loop5(n, grad_logits, T, logits, rowlse_logits);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            const CNN_DIGITS_REAL x0 = 1.0/((CNN_DIGITS_REAL)n);
+            grad_logits[10*i + j] = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - rowlse_logits[i]);
+        }
+    }
 
     /* grad_relu_W1 = grad_logits @ W2^T */
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_relu_W1);
 
     /* grad_add_W1 = grad_relu_W1*step_W1 */
-    cnn_digits_loop6(n, grad_add_W1, grad_relu_W1, step_W1);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_add_W1[64*i + j] = grad_relu_W1[64*i + j]*step_W1[64*i + j];
+        }
+    }
 
     /* grad_maxpool_K2 = grad_add_W1 @ W1^T */
     symbackprop_f64_matmul(n, 128, 64, grad_add_W1, 64, 1, W1, 1, 64, grad_maxpool_K2);
@@ -531,7 +388,12 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     }
 
     /* grad_add_K2 = grad_relu_K2*step_K2 */
-    cnn_digits_loop7(n, grad_add_K2, grad_relu_K2, step_K2);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 512; ++j) {
+            grad_add_K2[512*i + j] = grad_relu_K2[512*i + j]*step_K2[512*i + j];
+        }
+    }
 
     /* grad_maxpool_K1[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * grad_add_K2[i,oc,oy,ox]
      * (conv2d's gradient by its images) */
@@ -591,7 +453,12 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
     }
 
     /* grad_add_K1 = grad_relu_K1*step_K1 */
-    cnn_digits_loop8(n, grad_add_K1, grad_relu_K1, step_K1);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 1024; ++j) {
+            grad_add_K1[1024*i + j] = grad_relu_K1[1024*i + j]*step_K1[1024*i + j];
+        }
+    }
 
     /* grad_K1[oc,ic,ky,kx] = sum_{i,oy,ox} grad_add_K1[i,oc,oy,ox] * X[i,ic,oy+ky-1,ox+kx-1]
      * (conv2d's gradient by its weights) */
@@ -903,77 +770,19 @@ int cnn_digits_value_and_grad(
 }
 #endif
 
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 size_t cnn_digits_train_step_work_len(int64_t n)
 {
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(5665*n + 108438);
+    return (size_t)(13708 + 16*9 + 1*16 + 32*144 + 1*32 + 128*64 + 1*64 + 64*10 + 1*10 + cnn_digits_value_and_grad_work_len(n));
 }
 #endif
 
-/* cnn_digits_train_step, part 1 of 2 (kernels 1 to 32): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
-CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
-    int64_t n,
-    const CNN_DIGITS_REAL *X,
-    const CNN_DIGITS_REAL *T,
-    CNN_DIGITS_REAL *K1,
-    CNN_DIGITS_REAL *c1,
-    CNN_DIGITS_REAL *K2,
-    CNN_DIGITS_REAL *c2,
-    CNN_DIGITS_REAL *W1,
-    CNN_DIGITS_REAL *b1,
-    CNN_DIGITS_REAL *W2,
-    CNN_DIGITS_REAL *b2,
-    const CNN_DIGITS_REAL *weight_decay,
-    CNN_DIGITS_REAL *loss,
-    CNN_DIGITS_REAL *bcast_c2,
-    CNN_DIGITS_REAL *bcast_c1,
-    CNN_DIGITS_REAL *conv_K1,
-    CNN_DIGITS_REAL *conv_K1_cols_2,
-    CNN_DIGITS_REAL *relu_K1,
-    CNN_DIGITS_REAL *step_K1,
-    CNN_DIGITS_REAL *maxpool_K1,
-    CNN_DIGITS_REAL *conv_K2,
-    CNN_DIGITS_REAL *conv_K2_cols_2,
-    CNN_DIGITS_REAL *relu_K2,
-    CNN_DIGITS_REAL *step_K2,
-    CNN_DIGITS_REAL *maxpool_K2,
-    CNN_DIGITS_REAL *mm_W1,
-    CNN_DIGITS_REAL *relu_W1,
-    CNN_DIGITS_REAL *step_W1,
-    CNN_DIGITS_REAL *mm_W2,
-    CNN_DIGITS_REAL *logits,
-    CNN_DIGITS_REAL *mul_logits,
-    CNN_DIGITS_REAL *rowsum_logits,
-    CNN_DIGITS_REAL *rowlse_logits,
-    CNN_DIGITS_REAL *add_logits,
-    CNN_DIGITS_REAL *colsum_logits,
-    CNN_DIGITS_REAL *grad_logits,
-    CNN_DIGITS_REAL *grad_relu_W1,
-    CNN_DIGITS_REAL *grad_add_W1,
-    CNN_DIGITS_REAL *grad_maxpool_K2,
-    CNN_DIGITS_REAL *grad_relu_K2,
-    CNN_DIGITS_REAL *grad_add_K2,
-    CNN_DIGITS_REAL *grad_maxpool_K1,
-    CNN_DIGITS_REAL *grad_maxpool_K1_cols_2,
-    CNN_DIGITS_REAL *grad_relu_K1,
-    CNN_DIGITS_REAL *grad_add_K1,
-    CNN_DIGITS_REAL *grad_K1_2,
-    CNN_DIGITS_REAL *grad_K1_2_cols,
-    CNN_DIGITS_REAL *grad_K1_3,
-    CNN_DIGITS_REAL *grad_bcast_c1,
-    CNN_DIGITS_REAL *grad_c1_2,
-    CNN_DIGITS_REAL *grad_c1_3,
-    CNN_DIGITS_REAL *grad_K2_2,
-    CNN_DIGITS_REAL *grad_K2_2_cols
-);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
+/* One training step: the loss, then the optimizer updates the parameters and its state in place. */
+int cnn_digits_train_step(
     int64_t n,
     const CNN_DIGITS_REAL *X,
     const CNN_DIGITS_REAL *T,
@@ -985,624 +794,134 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part1(
     CNN_DIGITS_REAL *b1,
     CNN_DIGITS_REAL *W2,
     CNN_DIGITS_REAL *b2,
+    const CNN_DIGITS_REAL *lr,
+    const CNN_DIGITS_REAL *beta1,
+    const CNN_DIGITS_REAL *beta2,
+    const CNN_DIGITS_REAL *eps,
     const CNN_DIGITS_REAL *weight_decay,
+    CNN_DIGITS_REAL *step,
+    CNN_DIGITS_REAL *m_K1,
+    CNN_DIGITS_REAL *v_K1,
+    CNN_DIGITS_REAL *m_c1,
+    CNN_DIGITS_REAL *v_c1,
+    CNN_DIGITS_REAL *m_K2,
+    CNN_DIGITS_REAL *v_K2,
+    CNN_DIGITS_REAL *m_c2,
+    CNN_DIGITS_REAL *v_c2,
+    CNN_DIGITS_REAL *m_W1,
+    CNN_DIGITS_REAL *v_W1,
+    CNN_DIGITS_REAL *m_b1,
+    CNN_DIGITS_REAL *v_b1,
+    CNN_DIGITS_REAL *m_W2,
+    CNN_DIGITS_REAL *v_W2,
+    CNN_DIGITS_REAL *m_b2,
+    CNN_DIGITS_REAL *v_b2,
     CNN_DIGITS_REAL *loss,
-    CNN_DIGITS_REAL *bcast_c2,
-    CNN_DIGITS_REAL *bcast_c1,
-    CNN_DIGITS_REAL *conv_K1,
-    CNN_DIGITS_REAL *conv_K1_cols_2,
-    CNN_DIGITS_REAL *relu_K1,
-    CNN_DIGITS_REAL *step_K1,
-    CNN_DIGITS_REAL *maxpool_K1,
-    CNN_DIGITS_REAL *conv_K2,
-    CNN_DIGITS_REAL *conv_K2_cols_2,
-    CNN_DIGITS_REAL *relu_K2,
-    CNN_DIGITS_REAL *step_K2,
-    CNN_DIGITS_REAL *maxpool_K2,
-    CNN_DIGITS_REAL *mm_W1,
-    CNN_DIGITS_REAL *relu_W1,
-    CNN_DIGITS_REAL *step_W1,
-    CNN_DIGITS_REAL *mm_W2,
-    CNN_DIGITS_REAL *logits,
-    CNN_DIGITS_REAL *mul_logits,
-    CNN_DIGITS_REAL *rowsum_logits,
-    CNN_DIGITS_REAL *rowlse_logits,
-    CNN_DIGITS_REAL *add_logits,
-    CNN_DIGITS_REAL *colsum_logits,
-    CNN_DIGITS_REAL *grad_logits,
-    CNN_DIGITS_REAL *grad_relu_W1,
-    CNN_DIGITS_REAL *grad_add_W1,
-    CNN_DIGITS_REAL *grad_maxpool_K2,
-    CNN_DIGITS_REAL *grad_relu_K2,
-    CNN_DIGITS_REAL *grad_add_K2,
-    CNN_DIGITS_REAL *grad_maxpool_K1,
-    CNN_DIGITS_REAL *grad_maxpool_K1_cols_2,
-    CNN_DIGITS_REAL *grad_relu_K1,
-    CNN_DIGITS_REAL *grad_add_K1,
-    CNN_DIGITS_REAL *grad_K1_2,
-    CNN_DIGITS_REAL *grad_K1_2_cols,
-    CNN_DIGITS_REAL *grad_K1_3,
-    CNN_DIGITS_REAL *grad_bcast_c1,
-    CNN_DIGITS_REAL *grad_c1_2,
-    CNN_DIGITS_REAL *grad_c1_3,
-    CNN_DIGITS_REAL *grad_K2_2,
-    CNN_DIGITS_REAL *grad_K2_2_cols
+    CNN_DIGITS_REAL *work
 )
 {
-    /* bcast_c2[i,ch,at] = c2[i,ch] (over each channel's pixels) */
-    for (int64_t i = 0; i < 1; ++i) {
-        for (int64_t ch = 0; ch < 32; ++ch) {
-            for (int64_t at = 0; at < 16; ++at) {
-                bcast_c2[(i * 32 + ch) * 16 + at] = c2[i * 32 + ch];
-            }
-        }
+    if (n < 1) {
+        return 1;
     }
 
-    /* bcast_c1[i,ch,at] = c1[i,ch] (over each channel's pixels) */
-    for (int64_t i = 0; i < 1; ++i) {
-        for (int64_t ch = 0; ch < 16; ++ch) {
-            for (int64_t at = 0; at < 64; ++at) {
-                bcast_c1[(i * 16 + ch) * 64 + at] = c1[i * 16 + ch];
-            }
-        }
+    /* where each buffer lies in work */
+    CNN_DIGITS_REAL *grad_K1_3 = work; /* 16 x 9 */
+    CNN_DIGITS_REAL *grad_c1_3 = grad_K1_3 + 144; /* 1 x 16 */
+    CNN_DIGITS_REAL *grad_K2_3 = grad_c1_3 + 16; /* 32 x 144 */
+    CNN_DIGITS_REAL *grad_c2_3 = grad_K2_3 + 4608; /* 1 x 32 */
+    CNN_DIGITS_REAL *grad_W1_3 = grad_c2_3 + 32; /* 128 x 64 */
+    CNN_DIGITS_REAL *grad_b1_3 = grad_W1_3 + 8192; /* 1 x 64 */
+    CNN_DIGITS_REAL *grad_W2_3 = grad_b1_3 + 64; /* 64 x 10 */
+    CNN_DIGITS_REAL *grad_b2_3 = grad_W2_3 + 640; /* 1 x 10 */
+    CNN_DIGITS_REAL *bias_correction1 = grad_b2_3 + 10; /* 1 x 1 */
+    CNN_DIGITS_REAL *bias_correction2 = bias_correction1 + 1; /* 1 x 1 */
+
+    /* the gradient, in work after the buffers above */
+    CNN_DIGITS_REAL *grad_K1 = work + 13708; /* 16 x 9 */
+    CNN_DIGITS_REAL *grad_c1 = grad_K1 + 16*9; /* 1 x 16 */
+    CNN_DIGITS_REAL *grad_K2 = grad_c1 + 1*16; /* 32 x 144 */
+    CNN_DIGITS_REAL *grad_c2 = grad_K2 + 32*144; /* 1 x 32 */
+    CNN_DIGITS_REAL *grad_W1 = grad_c2 + 1*32; /* 128 x 64 */
+    CNN_DIGITS_REAL *grad_b1 = grad_W1 + 128*64; /* 1 x 64 */
+    CNN_DIGITS_REAL *grad_W2 = grad_b1 + 1*64; /* 64 x 10 */
+    CNN_DIGITS_REAL *grad_b2 = grad_W2 + 64*10; /* 1 x 10 */
+
+    const int status = cnn_digits_value_and_grad(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, grad_K1, grad_c1, grad_K2, grad_c2, grad_W1, grad_b1, grad_W2, grad_b2, grad_b2 + 1*10);
+    if (status != 0) {
+        return status; /* (it writes nothing then) */
     }
 
-    /* conv_K1[i,oc,oy,ox] = sum_{ic,ky,kx} K1[oc,ic,ky,kx] * X[i,ic,oy+ky-1,ox+kx-1]
-     * (conv2d; zero outside the image) */
-    /* the batch in 8 fixed blocks of examples, each with its own 576 entries of conv_K1_cols_2 */
-    SYMBACKPROP_PARALLEL_BLOCKS
-    for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = conv_K1_cols_2 + blk * 576;
-        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
-            for (int64_t ic = 0; ic < 1; ++ic) {
-                for (int64_t ky = 0; ky < 3; ++ky) {
-                    for (int64_t kx = 0; kx < 3; ++kx) {
-                        for (int64_t oy = 0; oy < 8; ++oy) {
-                            for (int64_t ox = 0; ox < 8; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[((ic * 3 + ky) * 3 + kx) * 64 + oy * 8 + ox] = (iy >= 0 && iy < 8 && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
-                            }
-                        }
-                    }
-                }
-            }
-            /* conv_K1[i,oc,at] = sum_kk K1[oc,kk] * win[kk,at] */
-            symbackprop_f64_matmul(16, 64, 9, K1, 9, 1, win, 64, 1, conv_K1 + i * 1024);
-        }
-    }
-
-    /* relu_K1 = Max(0, bcast_c1 + conv_K1) */
-    /* step_K1 = Heaviside(bcast_c1 + conv_K1) */
-    cnn_digits_loop0(n, relu_K1, step_K1, bcast_c1, conv_K1);
-
-    /* maxpool_K1[i,ch,oy,ox] = relu_K1[i,ch,best], best: the first largest
-     * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t ch = 0; ch < 16; ++ch) {
-            for (int64_t oy = 0; oy < 4; ++oy) {
-                for (int64_t ox = 0; ox < 4; ++ox) {
-                    int64_t best = ((i * 16 + ch) * 8 + oy * 2) * 8 + ox * 2;
-                    for (int64_t ky = 0; ky < 2; ++ky) {
-                        for (int64_t kx = 0; kx < 2; ++kx) {
-                            const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
-                            if (relu_K1[at] > relu_K1[best]) {
-                                best = at;
-                            }
-                        }
-                    }
-                    maxpool_K1[((i * 16 + ch) * 4 + oy) * 4 + ox] = relu_K1[best];
-                }
-            }
-        }
-    }
-
-    /* conv_K2[i,oc,oy,ox] = sum_{ic,ky,kx} K2[oc,ic,ky,kx] *
-     * maxpool_K1[i,ic,oy+ky-1,ox+kx-1] (conv2d; zero outside the image) */
-    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of conv_K2_cols_2 */
-    SYMBACKPROP_PARALLEL_BLOCKS
-    for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = conv_K2_cols_2 + blk * 2304;
-        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (ic,ky,kx), column (oy,ox) (im2col) */
-            for (int64_t ic = 0; ic < 16; ++ic) {
-                for (int64_t ky = 0; ky < 3; ++ky) {
-                    for (int64_t kx = 0; kx < 3; ++kx) {
-                        for (int64_t oy = 0; oy < 4; ++oy) {
-                            for (int64_t ox = 0; ox < 4; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
-                            }
-                        }
-                    }
-                }
-            }
-            /* conv_K2[i,oc,at] = sum_kk K2[oc,kk] * win[kk,at] */
-            symbackprop_f64_matmul(32, 16, 144, K2, 144, 1, win, 16, 1, conv_K2 + i * 512);
-        }
-    }
-
-    /* relu_K2 = Max(0, bcast_c2 + conv_K2) */
-    /* step_K2 = Heaviside(bcast_c2 + conv_K2) */
-    cnn_digits_loop1(n, relu_K2, step_K2, bcast_c2, conv_K2);
-
-    /* maxpool_K2[i,ch,oy,ox] = relu_K2[i,ch,best], best: the first largest
-     * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t ch = 0; ch < 32; ++ch) {
-            for (int64_t oy = 0; oy < 2; ++oy) {
-                for (int64_t ox = 0; ox < 2; ++ox) {
-                    int64_t best = ((i * 32 + ch) * 4 + oy * 2) * 4 + ox * 2;
-                    for (int64_t ky = 0; ky < 2; ++ky) {
-                        for (int64_t kx = 0; kx < 2; ++kx) {
-                            const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            if (relu_K2[at] > relu_K2[best]) {
-                                best = at;
-                            }
-                        }
-                    }
-                    maxpool_K2[((i * 32 + ch) * 2 + oy) * 2 + ox] = relu_K2[best];
-                }
-            }
-        }
-    }
-
-    /* mm_W1 = maxpool_K2 @ W1 */
-    symbackprop_f64_matmul(n, 64, 128, maxpool_K2, 128, 1, W1, 64, 1, mm_W1);
-
-    /* relu_W1 = Max(0, b1 + mm_W1) */
-    /* step_W1 = Heaviside(b1 + mm_W1) */
-    cnn_digits_loop2(n, relu_W1, step_W1, mm_W1, b1);
-
-    /* mm_W2 = relu_W1 @ W2 */
-    symbackprop_f64_matmul(n, 10, 64, relu_W1, 64, 1, W2, 10, 1, mm_W2);
-
-    /* logits = b2 + mm_W2 */
-    /* mul_logits = T*(b2 + mm_W2) */
-    cnn_digits_loop3(n, logits, mul_logits, T, mm_W2, b2);
-
-    /* rowsum_logits = sum of mul_logits along each row */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
-    }
-
-    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
-    }
-
-    /* add_logits = rowlse_logits - rowsum_logits */
-    cnn_digits_loop4(n, add_logits, rowsum_logits, rowlse_logits);
-
-    /* colsum_logits = sum of add_logits down each column */
-    colsum_logits[0] = symbackprop_f64_sum(add_logits, n, 1);
-
-    /* loss = colsum_logits/n */
-    {
-        loss[0] = colsum_logits[0]/((CNN_DIGITS_REAL)n);
-    }
-
-    /* grad_logits = -T/n + exp(logits - rowlse_logits)/n */
-    cnn_digits_loop5(n, grad_logits, T, logits, rowlse_logits);
-
-    /* grad_relu_W1 = grad_logits @ W2^T */
-    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_relu_W1);
-
-    /* grad_add_W1 = grad_relu_W1*step_W1 */
-    cnn_digits_loop6(n, grad_add_W1, grad_relu_W1, step_W1);
-
-    /* grad_maxpool_K2 = grad_add_W1 @ W1^T */
-    symbackprop_f64_matmul(n, 128, 64, grad_add_W1, 64, 1, W1, 1, 64, grad_maxpool_K2);
-
-    /* grad_relu_K2[i,ch,best] += grad_maxpool_K2[i,ch,oy,ox], best: the first largest
-     * relu_K2[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t at = 0; at < 512; ++at) {
-            grad_relu_K2[i * 512 + at] = 0;
-        }
-        for (int64_t ch = 0; ch < 32; ++ch) {
-            for (int64_t oy = 0; oy < 2; ++oy) {
-                for (int64_t ox = 0; ox < 2; ++ox) {
-                    int64_t best = ((i * 32 + ch) * 4 + oy * 2) * 4 + ox * 2;
-                    for (int64_t ky = 0; ky < 2; ++ky) {
-                        for (int64_t kx = 0; kx < 2; ++kx) {
-                            const int64_t at = ((i * 32 + ch) * 4 + oy * 2 + ky) * 4 + ox * 2 + kx;
-                            if (relu_K2[at] > relu_K2[best]) {
-                                best = at;
-                            }
-                        }
-                    }
-                    grad_relu_K2[best] += grad_maxpool_K2[((i * 32 + ch) * 2 + oy) * 2 + ox];
-                }
-            }
-        }
-    }
-
-    /* grad_add_K2 = grad_relu_K2*step_K2 */
-    cnn_digits_loop7(n, grad_add_K2, grad_relu_K2, step_K2);
-
-    /* grad_maxpool_K1[i,ic,oy+ky-1,ox+kx-1] += K2[oc,ic,ky,kx] * grad_add_K2[i,oc,oy,ox]
-     * (conv2d's gradient by its images) */
-    /* the batch in 8 fixed blocks of examples, each with its own 2304 entries of
-     * grad_maxpool_K1_cols_2 */
-    SYMBACKPROP_PARALLEL_BLOCKS
-    for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = grad_maxpool_K1_cols_2 + blk * 2304;
-        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win[kk,at] = sum_oc K2[oc,kk] * grad_add_K2[i,oc,at], kk = (ic,ky,kx), at =
-             * (oy,ox) */
-            symbackprop_f64_matmul(144, 16, 32, K2, 1, 144, grad_add_K2 + i * 512, 16, 1, win);
-            for (int64_t at = 0; at < 256; ++at) {
-                grad_maxpool_K1[i * 256 + at] = 0;
-            }
-            /* each window's entries added back to the pixels they were read from (col2im) */
-            for (int64_t ic = 0; ic < 16; ++ic) {
-                for (int64_t ky = 0; ky < 3; ++ky) {
-                    for (int64_t kx = 0; kx < 3; ++kx) {
-                        for (int64_t oy = 0; oy < 4; ++oy) {
-                            for (int64_t ox = 0; ox < 4; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                if (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) {
-                                    grad_maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] += win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /* grad_relu_K1[i,ch,best] += grad_maxpool_K1[i,ch,oy,ox], best: the first largest
-     * relu_K1[i,ch,oy*2+ky,ox*2+kx], ky,kx < 2 (zero elsewhere) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t at = 0; at < 1024; ++at) {
-            grad_relu_K1[i * 1024 + at] = 0;
-        }
-        for (int64_t ch = 0; ch < 16; ++ch) {
-            for (int64_t oy = 0; oy < 4; ++oy) {
-                for (int64_t ox = 0; ox < 4; ++ox) {
-                    int64_t best = ((i * 16 + ch) * 8 + oy * 2) * 8 + ox * 2;
-                    for (int64_t ky = 0; ky < 2; ++ky) {
-                        for (int64_t kx = 0; kx < 2; ++kx) {
-                            const int64_t at = ((i * 16 + ch) * 8 + oy * 2 + ky) * 8 + ox * 2 + kx;
-                            if (relu_K1[at] > relu_K1[best]) {
-                                best = at;
-                            }
-                        }
-                    }
-                    grad_relu_K1[best] += grad_maxpool_K1[((i * 16 + ch) * 4 + oy) * 4 + ox];
-                }
-            }
-        }
-    }
-
-    /* grad_add_K1 = grad_relu_K1*step_K1 */
-    cnn_digits_loop8(n, grad_add_K1, grad_relu_K1, step_K1);
-
-    /* grad_K1_2[oc,ic,ky,kx] = sum_{i,oy,ox} grad_add_K1[i,oc,oy,ox] *
-     * X[i,ic,oy+ky-1,ox+kx-1] (conv2d's gradient by its weights) */
-    /* the batch in 8 fixed blocks of examples, each with its own 720 entries of grad_K1_2_cols */
-    SYMBACKPROP_PARALLEL_BLOCKS
-    for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = grad_K1_2_cols + blk * 720;
-        CNN_DIGITS_REAL *const wsum = win + 576; /* this block's sum */
-        for (int64_t at = 0; at < 144; ++at) {
-            wsum[at] = 0;
-        }
-        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
-            for (int64_t ic = 0; ic < 1; ++ic) {
-                for (int64_t ky = 0; ky < 3; ++ky) {
-                    for (int64_t kx = 0; kx < 3; ++kx) {
-                        for (int64_t oy = 0; oy < 8; ++oy) {
-                            for (int64_t ox = 0; ox < 8; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[(oy * 8 + ox) * 9 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 8 && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
-                            }
-                        }
-                    }
-                }
-            }
-            /* wsum[oc,kk] += sum_at grad_add_K1[i,oc,at] * win[at,kk] */
-            for (int64_t oc = 0; oc < 16; ++oc) {
-                for (int64_t at = 0; at < 64; ++at) {
-                    const CNN_DIGITS_REAL wv = grad_add_K1[(i * 16 + oc) * 64 + at];
-                    for (int64_t kk = 0; kk < 9; ++kk) {
-                        wsum[oc * 9 + kk] += wv * win[at * 9 + kk];
-                    }
-                }
-            }
-        }
-    }
-    /* grad_K1_2[oc,kk] = the blocks' sums, added in block order */
-    for (int64_t at = 0; at < 144; ++at) {
-        CNN_DIGITS_REAL acc = grad_K1_2_cols[576 + at];
-        for (int64_t blk = 1; blk < 8; ++blk) {
-            acc += grad_K1_2_cols[blk * 720 + 576 + at];
-        }
-        grad_K1_2[at] = acc;
-    }
-
-    /* grad_K1_3 = K1*weight_decay + grad_K1_2 */
+    /* grad_K1_3 = K1*weight_decay + grad_K1 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t i = 0; i < 16; ++i) {
             for (int64_t j = 0; j < 9; ++j) {
-                grad_K1_3[9*i + j] = grad_K1_2[9*i + j] + weight_decay_value*K1[9*i + j];
+                grad_K1_3[9*i + j] = grad_K1[9*i + j] + weight_decay_value*K1[9*i + j];
             }
         }
     }
 
-    /* grad_bcast_c1 = sum of grad_add_K1 down each column */
-    symbackprop_f64_sum_columns(grad_add_K1, n, 1024, 1024, grad_bcast_c1);
-
-    /* grad_c1_2[i,ch] = sum_at grad_bcast_c1[i,ch,at] (over each channel's pixels) */
-    for (int64_t i = 0; i < 1; ++i) {
-        for (int64_t ch = 0; ch < 16; ++ch) {
-            CNN_DIGITS_REAL acc = 0;
-            for (int64_t at = 0; at < 64; ++at) {
-                acc += grad_bcast_c1[(i * 16 + ch) * 64 + at];
-            }
-            grad_c1_2[i * 16 + ch] = acc;
-        }
-    }
-
-    /* grad_c1_3 = c1*weight_decay + grad_c1_2 */
+    /* grad_c1_3 = c1*weight_decay + grad_c1 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 16; ++j) {
-            grad_c1_3[j] = grad_c1_2[j] + weight_decay_value*c1[j];
+            grad_c1_3[j] = grad_c1[j] + weight_decay_value*c1[j];
         }
     }
 
-    /* grad_K2_2[oc,ic,ky,kx] = sum_{i,oy,ox} grad_add_K2[i,oc,oy,ox] *
-     * maxpool_K1[i,ic,oy+ky-1,ox+kx-1] (conv2d's gradient by its weights) */
-    /* the batch in 8 fixed blocks of examples, each with its own 6912 entries of grad_K2_2_cols */
-    SYMBACKPROP_PARALLEL_BLOCKS
-    for (int64_t blk = 0; blk < 8; ++blk) {
-        CNN_DIGITS_REAL *const win = grad_K2_2_cols + blk * 6912;
-        CNN_DIGITS_REAL *const wsum = win + 2304; /* this block's sum */
-        for (int64_t at = 0; at < 4608; ++at) {
-            wsum[at] = 0;
-        }
-        for (int64_t i = blk * (n) / 8; i < (blk + 1) * (n) / 8; ++i) {
-            /* win: example i's windows, row (oy,ox), column (ic,ky,kx) (im2col) */
-            for (int64_t ic = 0; ic < 16; ++ic) {
-                for (int64_t ky = 0; ky < 3; ++ky) {
-                    for (int64_t kx = 0; kx < 3; ++kx) {
-                        for (int64_t oy = 0; oy < 4; ++oy) {
-                            for (int64_t ox = 0; ox < 4; ++ox) {
-                                const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
-                            }
-                        }
-                    }
-                }
-            }
-            /* wsum[oc,kk] += sum_at grad_add_K2[i,oc,at] * win[at,kk] */
-            for (int64_t oc = 0; oc < 32; ++oc) {
-                for (int64_t at = 0; at < 16; ++at) {
-                    const CNN_DIGITS_REAL wv = grad_add_K2[(i * 32 + oc) * 16 + at];
-                    for (int64_t kk = 0; kk < 144; ++kk) {
-                        wsum[oc * 144 + kk] += wv * win[at * 144 + kk];
-                    }
-                }
-            }
-        }
-    }
-    /* grad_K2_2[oc,kk] = the blocks' sums, added in block order */
-    for (int64_t at = 0; at < 4608; ++at) {
-        CNN_DIGITS_REAL acc = grad_K2_2_cols[2304 + at];
-        for (int64_t blk = 1; blk < 8; ++blk) {
-            acc += grad_K2_2_cols[blk * 6912 + 2304 + at];
-        }
-        grad_K2_2[at] = acc;
-    }
-}
-#endif
-
-/* cnn_digits_train_step, part 2 of 2 (kernels 33 to 54): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
-    int64_t n,
-    CNN_DIGITS_REAL *K1,
-    CNN_DIGITS_REAL *c1,
-    CNN_DIGITS_REAL *K2,
-    CNN_DIGITS_REAL *c2,
-    CNN_DIGITS_REAL *W1,
-    CNN_DIGITS_REAL *b1,
-    CNN_DIGITS_REAL *W2,
-    CNN_DIGITS_REAL *b2,
-    const CNN_DIGITS_REAL *lr,
-    const CNN_DIGITS_REAL *beta1,
-    const CNN_DIGITS_REAL *beta2,
-    const CNN_DIGITS_REAL *eps,
-    const CNN_DIGITS_REAL *weight_decay,
-    CNN_DIGITS_REAL *step,
-    CNN_DIGITS_REAL *m_K1,
-    CNN_DIGITS_REAL *v_K1,
-    CNN_DIGITS_REAL *m_c1,
-    CNN_DIGITS_REAL *v_c1,
-    CNN_DIGITS_REAL *m_K2,
-    CNN_DIGITS_REAL *v_K2,
-    CNN_DIGITS_REAL *m_c2,
-    CNN_DIGITS_REAL *v_c2,
-    CNN_DIGITS_REAL *m_W1,
-    CNN_DIGITS_REAL *v_W1,
-    CNN_DIGITS_REAL *m_b1,
-    CNN_DIGITS_REAL *v_b1,
-    CNN_DIGITS_REAL *m_W2,
-    CNN_DIGITS_REAL *v_W2,
-    CNN_DIGITS_REAL *m_b2,
-    CNN_DIGITS_REAL *v_b2,
-    CNN_DIGITS_REAL *maxpool_K2,
-    CNN_DIGITS_REAL *relu_W1,
-    CNN_DIGITS_REAL *grad_logits,
-    CNN_DIGITS_REAL *grad_add_W1,
-    CNN_DIGITS_REAL *grad_add_K2,
-    CNN_DIGITS_REAL *grad_K1_3,
-    CNN_DIGITS_REAL *grad_c1_3,
-    CNN_DIGITS_REAL *grad_K2_2,
-    CNN_DIGITS_REAL *grad_K2_3,
-    CNN_DIGITS_REAL *grad_bcast_c2,
-    CNN_DIGITS_REAL *grad_c2_2,
-    CNN_DIGITS_REAL *grad_c2_3,
-    CNN_DIGITS_REAL *grad_W1_2,
-    CNN_DIGITS_REAL *grad_W1_3,
-    CNN_DIGITS_REAL *grad_b1_2,
-    CNN_DIGITS_REAL *grad_b1_3,
-    CNN_DIGITS_REAL *grad_W2_2,
-    CNN_DIGITS_REAL *grad_W2_3,
-    CNN_DIGITS_REAL *grad_b2_2,
-    CNN_DIGITS_REAL *grad_b2_3,
-    CNN_DIGITS_REAL *bias_correction1,
-    CNN_DIGITS_REAL *bias_correction2
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
-    int64_t n,
-    CNN_DIGITS_REAL *K1,
-    CNN_DIGITS_REAL *c1,
-    CNN_DIGITS_REAL *K2,
-    CNN_DIGITS_REAL *c2,
-    CNN_DIGITS_REAL *W1,
-    CNN_DIGITS_REAL *b1,
-    CNN_DIGITS_REAL *W2,
-    CNN_DIGITS_REAL *b2,
-    const CNN_DIGITS_REAL *lr,
-    const CNN_DIGITS_REAL *beta1,
-    const CNN_DIGITS_REAL *beta2,
-    const CNN_DIGITS_REAL *eps,
-    const CNN_DIGITS_REAL *weight_decay,
-    CNN_DIGITS_REAL *step,
-    CNN_DIGITS_REAL *m_K1,
-    CNN_DIGITS_REAL *v_K1,
-    CNN_DIGITS_REAL *m_c1,
-    CNN_DIGITS_REAL *v_c1,
-    CNN_DIGITS_REAL *m_K2,
-    CNN_DIGITS_REAL *v_K2,
-    CNN_DIGITS_REAL *m_c2,
-    CNN_DIGITS_REAL *v_c2,
-    CNN_DIGITS_REAL *m_W1,
-    CNN_DIGITS_REAL *v_W1,
-    CNN_DIGITS_REAL *m_b1,
-    CNN_DIGITS_REAL *v_b1,
-    CNN_DIGITS_REAL *m_W2,
-    CNN_DIGITS_REAL *v_W2,
-    CNN_DIGITS_REAL *m_b2,
-    CNN_DIGITS_REAL *v_b2,
-    CNN_DIGITS_REAL *maxpool_K2,
-    CNN_DIGITS_REAL *relu_W1,
-    CNN_DIGITS_REAL *grad_logits,
-    CNN_DIGITS_REAL *grad_add_W1,
-    CNN_DIGITS_REAL *grad_add_K2,
-    CNN_DIGITS_REAL *grad_K1_3,
-    CNN_DIGITS_REAL *grad_c1_3,
-    CNN_DIGITS_REAL *grad_K2_2,
-    CNN_DIGITS_REAL *grad_K2_3,
-    CNN_DIGITS_REAL *grad_bcast_c2,
-    CNN_DIGITS_REAL *grad_c2_2,
-    CNN_DIGITS_REAL *grad_c2_3,
-    CNN_DIGITS_REAL *grad_W1_2,
-    CNN_DIGITS_REAL *grad_W1_3,
-    CNN_DIGITS_REAL *grad_b1_2,
-    CNN_DIGITS_REAL *grad_b1_3,
-    CNN_DIGITS_REAL *grad_W2_2,
-    CNN_DIGITS_REAL *grad_W2_3,
-    CNN_DIGITS_REAL *grad_b2_2,
-    CNN_DIGITS_REAL *grad_b2_3,
-    CNN_DIGITS_REAL *bias_correction1,
-    CNN_DIGITS_REAL *bias_correction2
-)
-{
-    /* grad_K2_3 = K2*weight_decay + grad_K2_2 */
+    /* grad_K2_3 = K2*weight_decay + grad_K2 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t i = 0; i < 32; ++i) {
             for (int64_t j = 0; j < 144; ++j) {
-                grad_K2_3[144*i + j] = grad_K2_2[144*i + j] + weight_decay_value*K2[144*i + j];
+                grad_K2_3[144*i + j] = grad_K2[144*i + j] + weight_decay_value*K2[144*i + j];
             }
         }
     }
 
-    /* grad_bcast_c2 = sum of grad_add_K2 down each column */
-    symbackprop_f64_sum_columns(grad_add_K2, n, 512, 512, grad_bcast_c2);
-
-    /* grad_c2_2[i,ch] = sum_at grad_bcast_c2[i,ch,at] (over each channel's pixels) */
-    for (int64_t i = 0; i < 1; ++i) {
-        for (int64_t ch = 0; ch < 32; ++ch) {
-            CNN_DIGITS_REAL acc = 0;
-            for (int64_t at = 0; at < 16; ++at) {
-                acc += grad_bcast_c2[(i * 32 + ch) * 16 + at];
-            }
-            grad_c2_2[i * 32 + ch] = acc;
-        }
-    }
-
-    /* grad_c2_3 = c2*weight_decay + grad_c2_2 */
+    /* grad_c2_3 = c2*weight_decay + grad_c2 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 32; ++j) {
-            grad_c2_3[j] = grad_c2_2[j] + weight_decay_value*c2[j];
+            grad_c2_3[j] = grad_c2[j] + weight_decay_value*c2[j];
         }
     }
 
-    /* grad_W1_2 = maxpool_K2^T @ grad_add_W1 */
-    symbackprop_f64_matmul(128, 64, n, maxpool_K2, 1, 128, grad_add_W1, 64, 1, grad_W1_2);
-
-    /* grad_W1_3 = W1*weight_decay + grad_W1_2 */
+    /* grad_W1_3 = W1*weight_decay + grad_W1 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 128; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_W1_3[64*i + j] = grad_W1_2[64*i + j] + weight_decay_value*W1[64*i + j];
+                grad_W1_3[64*i + j] = grad_W1[64*i + j] + weight_decay_value*W1[64*i + j];
             }
         }
     }
 
-    /* grad_b1_2 = sum of grad_add_W1 down each column */
-    symbackprop_f64_sum_columns(grad_add_W1, n, 64, 64, grad_b1_2);
-
-    /* grad_b1_3 = b1*weight_decay + grad_b1_2 */
+    /* grad_b1_3 = b1*weight_decay + grad_b1 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_b1_3[j] = grad_b1_2[j] + weight_decay_value*b1[j];
+            grad_b1_3[j] = grad_b1[j] + weight_decay_value*b1[j];
         }
     }
 
-    /* grad_W2_2 = relu_W1^T @ grad_logits */
-    symbackprop_f64_matmul(64, 10, n, relu_W1, 1, 64, grad_logits, 10, 1, grad_W2_2);
-
-    /* grad_W2_3 = W2*weight_decay + grad_W2_2 */
+    /* grad_W2_3 = W2*weight_decay + grad_W2 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 10; ++j) {
-                grad_W2_3[10*i + j] = grad_W2_2[10*i + j] + weight_decay_value*W2[10*i + j];
+                grad_W2_3[10*i + j] = grad_W2[10*i + j] + weight_decay_value*W2[10*i + j];
             }
         }
     }
 
-    /* grad_b2_2 = sum of grad_logits down each column */
-    symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2_2);
-
-    /* grad_b2_3 = b2*weight_decay + grad_b2_2 */
+    /* grad_b2_3 = b2*weight_decay + grad_b2 */
     {
         const CNN_DIGITS_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 10; ++j) {
-            grad_b2_3[j] = grad_b2_2[j] + weight_decay_value*b2[j];
+            grad_b2_3[j] = grad_b2[j] + weight_decay_value*b2[j];
         }
     }
 
@@ -1814,111 +1133,6 @@ CNN_DIGITS_SHARED void cnn_digits_train_step_part2(
             b2[j] = b2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
-}
-#endif
-
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-/* One training step: the loss, then the optimizer updates the parameters and its state in place. */
-int cnn_digits_train_step(
-    int64_t n,
-    const CNN_DIGITS_REAL *X,
-    const CNN_DIGITS_REAL *T,
-    CNN_DIGITS_REAL *K1,
-    CNN_DIGITS_REAL *c1,
-    CNN_DIGITS_REAL *K2,
-    CNN_DIGITS_REAL *c2,
-    CNN_DIGITS_REAL *W1,
-    CNN_DIGITS_REAL *b1,
-    CNN_DIGITS_REAL *W2,
-    CNN_DIGITS_REAL *b2,
-    const CNN_DIGITS_REAL *lr,
-    const CNN_DIGITS_REAL *beta1,
-    const CNN_DIGITS_REAL *beta2,
-    const CNN_DIGITS_REAL *eps,
-    const CNN_DIGITS_REAL *weight_decay,
-    CNN_DIGITS_REAL *step,
-    CNN_DIGITS_REAL *m_K1,
-    CNN_DIGITS_REAL *v_K1,
-    CNN_DIGITS_REAL *m_c1,
-    CNN_DIGITS_REAL *v_c1,
-    CNN_DIGITS_REAL *m_K2,
-    CNN_DIGITS_REAL *v_K2,
-    CNN_DIGITS_REAL *m_c2,
-    CNN_DIGITS_REAL *v_c2,
-    CNN_DIGITS_REAL *m_W1,
-    CNN_DIGITS_REAL *v_W1,
-    CNN_DIGITS_REAL *m_b1,
-    CNN_DIGITS_REAL *v_b1,
-    CNN_DIGITS_REAL *m_W2,
-    CNN_DIGITS_REAL *v_W2,
-    CNN_DIGITS_REAL *m_b2,
-    CNN_DIGITS_REAL *v_b2,
-    CNN_DIGITS_REAL *loss,
-    CNN_DIGITS_REAL *work
-)
-{
-    if (n < 1) {
-        return 1;
-    }
-
-    /* where each buffer lies in work */
-    CNN_DIGITS_REAL *bcast_c2 = work; /* 1 x 512 */
-    CNN_DIGITS_REAL *bcast_c1 = bcast_c2 + 512; /* 1 x 1024 */
-    CNN_DIGITS_REAL *conv_K1 = bcast_c1 + 1024; /* n x 1024 */
-    CNN_DIGITS_REAL *conv_K1_cols_2 = conv_K1 + 1024*n; /* 8 x 576 */
-    CNN_DIGITS_REAL *relu_K1 = conv_K1_cols_2 + 4608; /* n x 1024 */
-    CNN_DIGITS_REAL *step_K1 = relu_K1 + 1024*n; /* n x 1024 */
-    CNN_DIGITS_REAL *maxpool_K1 = step_K1 + 1024*n; /* n x 256 */
-    CNN_DIGITS_REAL *conv_K2 = maxpool_K1 + 256*n; /* n x 512 */
-    CNN_DIGITS_REAL *conv_K2_cols_2 = conv_K2 + 512*n; /* 8 x 2304 */
-    CNN_DIGITS_REAL *relu_K2 = conv_K2_cols_2 + 18432; /* n x 512 */
-    CNN_DIGITS_REAL *step_K2 = relu_K2 + 512*n; /* n x 512 */
-    CNN_DIGITS_REAL *maxpool_K2 = step_K2 + 512*n; /* n x 128 */
-    CNN_DIGITS_REAL *mm_W1 = maxpool_K2 + 128*n; /* n x 64 */
-    CNN_DIGITS_REAL *relu_W1 = mm_W1 + 64*n; /* n x 64 */
-    CNN_DIGITS_REAL *step_W1 = relu_W1 + 64*n; /* n x 64 */
-    CNN_DIGITS_REAL *mm_W2 = step_W1 + 64*n; /* n x 10 */
-    CNN_DIGITS_REAL *logits = mm_W2 + 10*n; /* n x 10 */
-    CNN_DIGITS_REAL *mul_logits = logits + 10*n; /* n x 10 */
-    CNN_DIGITS_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
-    CNN_DIGITS_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
-    CNN_DIGITS_REAL *add_logits = rowlse_logits + n; /* n x 1 */
-    CNN_DIGITS_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
-    CNN_DIGITS_REAL *grad_logits = mm_W2; /* n x 10, in mm_W2's memory */
-    CNN_DIGITS_REAL *grad_relu_W1 = mm_W1; /* n x 64, in mm_W1's memory */
-    CNN_DIGITS_REAL *grad_add_W1 = colsum_logits + 1; /* n x 64 */
-    CNN_DIGITS_REAL *grad_maxpool_K2 = grad_add_W1 + 64*n; /* n x 128 */
-    CNN_DIGITS_REAL *grad_relu_K2 = conv_K2; /* n x 512, in conv_K2's memory */
-    CNN_DIGITS_REAL *grad_add_K2 = relu_K2; /* n x 512, in relu_K2's memory */
-    CNN_DIGITS_REAL *grad_maxpool_K1 = grad_maxpool_K2 + 128*n; /* n x 256 */
-    CNN_DIGITS_REAL *grad_maxpool_K1_cols_2 = conv_K2_cols_2; /* 8 x 2304, in conv_K2_cols_2's memory */
-    CNN_DIGITS_REAL *grad_relu_K1 = conv_K1; /* n x 1024, in conv_K1's memory */
-    CNN_DIGITS_REAL *grad_add_K1 = relu_K1; /* n x 1024, in relu_K1's memory */
-    CNN_DIGITS_REAL *grad_K1_2 = grad_maxpool_K1 + 256*n; /* 16 x 9 */
-    CNN_DIGITS_REAL *grad_K1_2_cols = grad_K1_2 + 144; /* 8 x 720 */
-    CNN_DIGITS_REAL *grad_K1_3 = grad_K1_2_cols + 5760; /* 16 x 9 */
-    CNN_DIGITS_REAL *grad_bcast_c1 = bcast_c1; /* 1 x 1024, in bcast_c1's memory */
-    CNN_DIGITS_REAL *grad_c1_2 = grad_K1_3 + 144; /* 1 x 16 */
-    CNN_DIGITS_REAL *grad_c1_3 = grad_c1_2 + 16; /* 1 x 16 */
-    CNN_DIGITS_REAL *grad_K2_2 = conv_K1_cols_2; /* 32 x 144, in conv_K1_cols_2's memory */
-    CNN_DIGITS_REAL *grad_K2_2_cols = grad_c1_3 + 16; /* 8 x 6912 */
-    CNN_DIGITS_REAL *grad_K2_3 = grad_K2_2_cols + 55296; /* 32 x 144 */
-    CNN_DIGITS_REAL *grad_bcast_c2 = bcast_c2; /* 1 x 512, in bcast_c2's memory */
-    CNN_DIGITS_REAL *grad_c2_2 = grad_K2_3 + 4608; /* 1 x 32 */
-    CNN_DIGITS_REAL *grad_c2_3 = grad_c2_2 + 32; /* 1 x 32 */
-    CNN_DIGITS_REAL *grad_W1_2 = grad_c2_3 + 32; /* 128 x 64 */
-    CNN_DIGITS_REAL *grad_W1_3 = grad_W1_2 + 8192; /* 128 x 64 */
-    CNN_DIGITS_REAL *grad_b1_2 = grad_W1_3 + 8192; /* 1 x 64 */
-    CNN_DIGITS_REAL *grad_b1_3 = grad_b1_2 + 64; /* 1 x 64 */
-    CNN_DIGITS_REAL *grad_W2_2 = grad_b1_3 + 64; /* 64 x 10 */
-    CNN_DIGITS_REAL *grad_W2_3 = grad_W2_2 + 640; /* 64 x 10 */
-    CNN_DIGITS_REAL *grad_b2_2 = grad_W2_3 + 640; /* 1 x 10 */
-    CNN_DIGITS_REAL *grad_b2_3 = grad_b2_2 + 10; /* 1 x 10 */
-    CNN_DIGITS_REAL *bias_correction1 = colsum_logits; /* 1 x 1, in colsum_logits's memory */
-    CNN_DIGITS_REAL *bias_correction2 = grad_b2_3 + 10; /* 1 x 1 */
-
-    cnn_digits_train_step_part1(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, weight_decay, loss, bcast_c2, bcast_c1, conv_K1, conv_K1_cols_2, relu_K1, step_K1, maxpool_K1, conv_K2, conv_K2_cols_2, relu_K2, step_K2, maxpool_K2, mm_W1, relu_W1, step_W1, mm_W2, logits, mul_logits, rowsum_logits, rowlse_logits, add_logits, colsum_logits, grad_logits, grad_relu_W1, grad_add_W1, grad_maxpool_K2, grad_relu_K2, grad_add_K2, grad_maxpool_K1, grad_maxpool_K1_cols_2, grad_relu_K1, grad_add_K1, grad_K1_2, grad_K1_2_cols, grad_K1_3, grad_bcast_c1, grad_c1_2, grad_c1_3, grad_K2_2, grad_K2_2_cols);
-    cnn_digits_train_step_part2(n, K1, c1, K2, c2, W1, b1, W2, b2, lr, beta1, beta2, eps, weight_decay, step, m_K1, v_K1, m_c1, v_c1, m_K2, v_K2, m_c2, v_c2, m_W1, v_W1, m_b1, v_b1, m_W2, v_W2, m_b2, v_b2, maxpool_K2, relu_W1, grad_logits, grad_add_W1, grad_add_K2, grad_K1_3, grad_c1_3, grad_K2_2, grad_K2_3, grad_bcast_c2, grad_c2_2, grad_c2_3, grad_W1_2, grad_W1_3, grad_b1_2, grad_b1_3, grad_W2_2, grad_W2_3, grad_b2_2, grad_b2_3, bias_correction1, bias_correction2);
     return 0;
 }
 #endif

@@ -12,74 +12,6 @@
 #endif
 #include "symbackprop_runtime.h"
 
-/* Its 10 element-wise loops that repeat (in several functions, or at
- * every step of an unrolled network), a function for each kind of loop,
- * called with its arrays: each kind is compiled once. */
-SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void digits_mlp_loop0(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = tanh(a1[64*i + j] + a2[j]);
-        }
-    }
-}
-SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void digits_mlp_loop1(
-    int64_t n,
-    DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0,
-    DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1,
-    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2,
-    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a3,
-    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a4
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const DIGITS_MLP_REAL x0 = a3[10*i + j] + a4[j];
-            a0[10*i + j] = x0;
-            a1[10*i + j] = a2[10*i + j]*x0;
-        }
-    }
-}
-SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void digits_mlp_loop2(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        a0[i] = -a1[i] + a2[i];
-    }
-}
-SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void digits_mlp_loop3(
-    int64_t n,
-    DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0,
-    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1,
-    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2,
-    const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 10; ++j) {
-            const DIGITS_MLP_REAL x0 = 1.0/((DIGITS_MLP_REAL)n);
-            a0[10*i + j] = -a1[10*i + j]*x0 + x0*exp(a2[10*i + j] - a3[i]);
-        }
-    }
-}
-SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void digits_mlp_loop4(int64_t n, DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a0, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a1, const DIGITS_MLP_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j]*(1 - (a2[64*i + j]*a2[64*i + j]));
-        }
-    }
-}
-
 static size_t digits_mlp_run_work_len(int64_t n, int with_grads)
 {
     if (n < 1) {
@@ -126,14 +58,26 @@ static int digits_mlp_run(
     symbackprop_f64_matmul(n, 64, 64, X, 64, 1, W1, 64, 1, mm_W1);
 
     /* tanh_W1 = tanh(b1 + mm_W1) */
-    digits_mlp_loop0(n, tanh_W1, mm_W1, b1);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            tanh_W1[64*i + j] = tanh(mm_W1[64*i + j] + b1[j]);
+        }
+    }
 
     /* mm_W2 = tanh_W1 @ W2 */
     symbackprop_f64_matmul(n, 10, 64, tanh_W1, 64, 1, W2, 10, 1, mm_W2);
 
     /* logits = b2 + mm_W2 */
     /* mul_logits = T*(b2 + mm_W2) */
-    digits_mlp_loop1(n, logits, mul_logits, T, mm_W2, b2);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            const DIGITS_MLP_REAL x0 = mm_W2[10*i + j] + b2[j];
+            logits[10*i + j] = x0;
+            mul_logits[10*i + j] = T[10*i + j]*x0;
+        }
+    }
 
     /* rowsum_logits = sum of mul_logits along each row */
     SYMBACKPROP_PARALLEL_FOR
@@ -148,7 +92,10 @@ static int digits_mlp_run(
     }
 
     /* add_logits = rowlse_logits - rowsum_logits */
-    digits_mlp_loop2(n, add_logits, rowsum_logits, rowlse_logits);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        add_logits[i] = -rowsum_logits[i] + rowlse_logits[i];
+    }
 
     /* colsum_logits = sum of add_logits down each column */
     colsum_logits[0] = symbackprop_f64_sum(add_logits, n, 1);
@@ -168,13 +115,24 @@ static int digits_mlp_run(
     DIGITS_MLP_REAL *grad_add_W1 = colsum_logits + 1; /* n x 64 */
 
     /* grad_logits = -T/n + exp(logits - rowlse_logits)/n */
-    digits_mlp_loop3(n, grad_logits, T, logits, rowlse_logits);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 10; ++j) {
+            const DIGITS_MLP_REAL x0 = 1.0/((DIGITS_MLP_REAL)n);
+            grad_logits[10*i + j] = -T[10*i + j]*x0 + x0*exp(logits[10*i + j] - rowlse_logits[i]);
+        }
+    }
 
     /* grad_tanh_W1 = grad_logits @ W2^T */
     symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_tanh_W1);
 
     /* grad_add_W1 = grad_tanh_W1*(1 - tanh_W1**2) */
-    digits_mlp_loop4(n, grad_add_W1, grad_tanh_W1, tanh_W1);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            grad_add_W1[64*i + j] = grad_tanh_W1[64*i + j]*(1 - (tanh_W1[64*i + j]*tanh_W1[64*i + j]));
+        }
+    }
 
     /* grad_W1 = X^T @ grad_add_W1 */
     symbackprop_f64_matmul(64, 64, n, X, 1, 64, grad_add_W1, 64, 1, grad_W1);
@@ -254,7 +212,7 @@ size_t digits_mlp_train_step_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(225*n + 9622);
+    return (size_t)(4812 + 64*64 + 1*64 + 64*10 + 1*10 + digits_mlp_value_and_grad_work_len(n));
 }
 
 /* One training step: the loss, then the optimizer updates the parameters and its state in place. */
@@ -289,121 +247,59 @@ int digits_mlp_train_step(
     }
 
     /* where each buffer lies in work */
-    DIGITS_MLP_REAL *mm_W1 = work; /* n x 64 */
-    DIGITS_MLP_REAL *tanh_W1 = mm_W1 + 64*n; /* n x 64 */
-    DIGITS_MLP_REAL *mm_W2 = tanh_W1 + 64*n; /* n x 10 */
-    DIGITS_MLP_REAL *logits = mm_W2 + 10*n; /* n x 10 */
-    DIGITS_MLP_REAL *mul_logits = logits + 10*n; /* n x 10 */
-    DIGITS_MLP_REAL *rowsum_logits = mul_logits + 10*n; /* n x 1 */
-    DIGITS_MLP_REAL *rowlse_logits = rowsum_logits + n; /* n x 1 */
-    DIGITS_MLP_REAL *add_logits = rowlse_logits + n; /* n x 1 */
-    DIGITS_MLP_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
-    DIGITS_MLP_REAL *grad_logits = mm_W2; /* n x 10, in mm_W2's memory */
-    DIGITS_MLP_REAL *grad_tanh_W1 = mm_W1; /* n x 64, in mm_W1's memory */
-    DIGITS_MLP_REAL *grad_add_W1 = colsum_logits + 1; /* n x 64 */
-    DIGITS_MLP_REAL *grad_W1_2 = grad_add_W1 + 64*n; /* 64 x 64 */
-    DIGITS_MLP_REAL *grad_W1_3 = grad_W1_2 + 4096; /* 64 x 64 */
-    DIGITS_MLP_REAL *grad_b1_2 = grad_W1_3 + 4096; /* 1 x 64 */
-    DIGITS_MLP_REAL *grad_b1_3 = grad_b1_2 + 64; /* 1 x 64 */
-    DIGITS_MLP_REAL *grad_W2_2 = grad_b1_3 + 64; /* 64 x 10 */
-    DIGITS_MLP_REAL *grad_W2_3 = grad_W2_2 + 640; /* 64 x 10 */
-    DIGITS_MLP_REAL *grad_b2_2 = grad_W2_3 + 640; /* 1 x 10 */
-    DIGITS_MLP_REAL *grad_b2_3 = grad_b2_2 + 10; /* 1 x 10 */
-    DIGITS_MLP_REAL *bias_correction1 = colsum_logits; /* 1 x 1, in colsum_logits's memory */
-    DIGITS_MLP_REAL *bias_correction2 = grad_b2_3 + 10; /* 1 x 1 */
+    DIGITS_MLP_REAL *grad_W1_3 = work; /* 64 x 64 */
+    DIGITS_MLP_REAL *grad_b1_3 = grad_W1_3 + 4096; /* 1 x 64 */
+    DIGITS_MLP_REAL *grad_W2_3 = grad_b1_3 + 64; /* 64 x 10 */
+    DIGITS_MLP_REAL *grad_b2_3 = grad_W2_3 + 640; /* 1 x 10 */
+    DIGITS_MLP_REAL *bias_correction1 = grad_b2_3 + 10; /* 1 x 1 */
+    DIGITS_MLP_REAL *bias_correction2 = bias_correction1 + 1; /* 1 x 1 */
 
-    /* mm_W1 = X @ W1 */
-    symbackprop_f64_matmul(n, 64, 64, X, 64, 1, W1, 64, 1, mm_W1);
+    /* the gradient, in work after the buffers above */
+    DIGITS_MLP_REAL *grad_W1 = work + 4812; /* 64 x 64 */
+    DIGITS_MLP_REAL *grad_b1 = grad_W1 + 64*64; /* 1 x 64 */
+    DIGITS_MLP_REAL *grad_W2 = grad_b1 + 1*64; /* 64 x 10 */
+    DIGITS_MLP_REAL *grad_b2 = grad_W2 + 64*10; /* 1 x 10 */
 
-    /* tanh_W1 = tanh(b1 + mm_W1) */
-    digits_mlp_loop0(n, tanh_W1, mm_W1, b1);
-
-    /* mm_W2 = tanh_W1 @ W2 */
-    symbackprop_f64_matmul(n, 10, 64, tanh_W1, 64, 1, W2, 10, 1, mm_W2);
-
-    /* logits = b2 + mm_W2 */
-    /* mul_logits = T*(b2 + mm_W2) */
-    digits_mlp_loop1(n, logits, mul_logits, T, mm_W2, b2);
-
-    /* rowsum_logits = sum of mul_logits along each row */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        rowsum_logits[i] = symbackprop_f64_sum(mul_logits + 10*i, 10, 1);
+    const int status = digits_mlp_value_and_grad(n, X, T, W1, b1, W2, b2, loss, grad_W1, grad_b1, grad_W2, grad_b2, grad_b2 + 1*10);
+    if (status != 0) {
+        return status; /* (it writes nothing then) */
     }
 
-    /* rowlse_logits = log(sum(exp(logits))) along each row, its max subtracted first */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < n; ++i) {
-        rowlse_logits[i] = symbackprop_f64_logsumexp(logits + 10*i, 10, 1);
-    }
-
-    /* add_logits = rowlse_logits - rowsum_logits */
-    digits_mlp_loop2(n, add_logits, rowsum_logits, rowlse_logits);
-
-    /* colsum_logits = sum of add_logits down each column */
-    colsum_logits[0] = symbackprop_f64_sum(add_logits, n, 1);
-
-    /* loss = colsum_logits/n */
-    {
-        loss[0] = colsum_logits[0]/((DIGITS_MLP_REAL)n);
-    }
-
-    /* grad_logits = -T/n + exp(logits - rowlse_logits)/n */
-    digits_mlp_loop3(n, grad_logits, T, logits, rowlse_logits);
-
-    /* grad_tanh_W1 = grad_logits @ W2^T */
-    symbackprop_f64_matmul(n, 64, 10, grad_logits, 10, 1, W2, 1, 10, grad_tanh_W1);
-
-    /* grad_add_W1 = grad_tanh_W1*(1 - tanh_W1**2) */
-    digits_mlp_loop4(n, grad_add_W1, grad_tanh_W1, tanh_W1);
-
-    /* grad_W1_2 = X^T @ grad_add_W1 */
-    symbackprop_f64_matmul(64, 64, n, X, 1, 64, grad_add_W1, 64, 1, grad_W1_2);
-
-    /* grad_W1_3 = W1*weight_decay + grad_W1_2 */
+    /* grad_W1_3 = W1*weight_decay + grad_W1 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_W1_3[64*i + j] = grad_W1_2[64*i + j] + weight_decay_value*W1[64*i + j];
+                grad_W1_3[64*i + j] = grad_W1[64*i + j] + weight_decay_value*W1[64*i + j];
             }
         }
     }
 
-    /* grad_b1_2 = sum of grad_add_W1 down each column */
-    symbackprop_f64_sum_columns(grad_add_W1, n, 64, 64, grad_b1_2);
-
-    /* grad_b1_3 = b1*weight_decay + grad_b1_2 */
+    /* grad_b1_3 = b1*weight_decay + grad_b1 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_b1_3[j] = grad_b1_2[j] + weight_decay_value*b1[j];
+            grad_b1_3[j] = grad_b1[j] + weight_decay_value*b1[j];
         }
     }
 
-    /* grad_W2_2 = tanh_W1^T @ grad_logits */
-    symbackprop_f64_matmul(64, 10, n, tanh_W1, 1, 64, grad_logits, 10, 1, grad_W2_2);
-
-    /* grad_W2_3 = W2*weight_decay + grad_W2_2 */
+    /* grad_W2_3 = W2*weight_decay + grad_W2 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 10; ++j) {
-                grad_W2_3[10*i + j] = grad_W2_2[10*i + j] + weight_decay_value*W2[10*i + j];
+                grad_W2_3[10*i + j] = grad_W2[10*i + j] + weight_decay_value*W2[10*i + j];
             }
         }
     }
 
-    /* grad_b2_2 = sum of grad_logits down each column */
-    symbackprop_f64_sum_columns(grad_logits, n, 10, 10, grad_b2_2);
-
-    /* grad_b2_3 = b2*weight_decay + grad_b2_2 */
+    /* grad_b2_3 = b2*weight_decay + grad_b2 */
     {
         const DIGITS_MLP_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 10; ++j) {
-            grad_b2_3[j] = grad_b2_2[j] + weight_decay_value*b2[j];
+            grad_b2_3[j] = grad_b2[j] + weight_decay_value*b2[j];
         }
     }
 

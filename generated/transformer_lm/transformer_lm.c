@@ -25,7 +25,7 @@
 #define TRANSFORMER_LM_SHARED static
 #endif
 
-/* Its 78 matrix products, a function for each kind of call (its sizes
+/* Its 39 matrix products, a function for each kind of call (its sizes
  * and strides): the product's loops are compiled once a kind, fitted to its
  * constants, not into every call. */
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
@@ -54,21 +54,38 @@ TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(s0, 62, 64, a, 64, 1, b, 62, 1, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product7(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
-    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 1, 256, c);
+    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 1, 64, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
-    symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
+    symbackprop_f64_matmul(256, 64, s0, a, 1, 256, b, 64, 1, c);
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 256, 1, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product4(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 62, a, 62, 1, b, 1, 62, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul_add(s0, 64, 64, a, 64, 1, b, 1, 64, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
@@ -77,6 +94,18 @@ void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TR
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 1, 256, c);
+}
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+{
+    symbackprop_f64_matmul(64, 256, s0, a, 1, 64, b, 256, 1, c);
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
@@ -93,40 +122,13 @@ void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRA
     symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 1, 64, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
 {
-    symbackprop_f64_matmul_add(s0, 64, 64, a, 64, 1, b, 1, 64, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(256, 64, s0, a, 1, 256, b, 64, 1, c);
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 256, 1, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product4(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 62, a, 62, 1, b, 1, 62, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product7(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 1, 64, c);
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
-{
-    symbackprop_f64_matmul(64, 256, s0, a, 1, 64, b, 256, 1, c);
+    symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
 }
 #endif
 
-/* Its 50 element-wise loops that repeat (in several functions, or at
+/* Its 23 element-wise loops that repeat (in several functions, or at
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
@@ -156,17 +158,7 @@ void transformer_lm_loop3(
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop5(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
-);
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop6(
+void transformer_lm_loop4(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -175,8 +167,20 @@ void transformer_lm_loop6(
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
+void transformer_lm_loop5(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop5(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 256; ++j) {
+            a0[256*i + j] = a1[256*i + j]*a2[256*i + j];
+        }
+    }
+}
+#endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop1(
     int64_t m,
@@ -209,46 +213,8 @@ void transformer_lm_loop3(
         }
     }
 }
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop4(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        a0[i] = -a1[i] + a2[i];
-    }
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            a0[64*i + j] = a1[64*i + j] + a2[64*i + j];
-        }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop5(
-    int64_t m,
-    TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2,
-    const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
-)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 62; ++j) {
-            a0[62*i + j] = a1[62*i + j] + exp(a2[62*i + j] - a3[i])/((TRANSFORMER_LM_REAL)m);
-        }
-    }
-}
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop6(
+void transformer_lm_loop4(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -267,6 +233,16 @@ void transformer_lm_loop6(
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
+void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+{
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 64; ++j) {
+            a0[64*i + j] = a1[64*i + j] + a2[64*i + j];
+        }
+    }
+}
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop2(
     int64_t m,
@@ -287,16 +263,6 @@ void transformer_lm_loop2(
         }
     }
 }
-TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop7(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
-{
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = 0; j < 256; ++j) {
-            a0[256*i + j] = a1[256*i + j]*a2[256*i + j];
-        }
-    }
-}
 #endif
 
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -312,7 +278,17 @@ TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_gra
 /* transformer_lm_run, part 1 of 8 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
+    int64_t m,
+    const int64_t *ids,
+    const int64_t *positions,
+    const TRANSFORMER_LM_REAL *E,
+    const TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *emap_E,
+    TRANSFORMER_LM_REAL *emap_P
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
     int64_t m,
     const int64_t *ids,
@@ -472,7 +448,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part1(
 /* transformer_lm_run, part 2 of 8 (kernels 2 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 1; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
@@ -532,7 +508,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     TRANSFORMER_LM_REAL *norm_Wo1,
     TRANSFORMER_LM_REAL *add_b1m
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
@@ -1081,7 +1057,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 /* transformer_lm_run, part 3 of 8 (kernels 33 to 44): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
@@ -1108,7 +1084,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     TRANSFORMER_LM_REAL *add_Wout,
     TRANSFORMER_LM_REAL *colsum_Wout
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     int64_t m,
     const int64_t *targets,
@@ -1219,7 +1195,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     }
 
     /* add_Wout = -pick_targets + rowlse_Wout */
-    transformer_lm_loop4(m, add_Wout, pick_targets, rowlse_Wout);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        add_Wout[i] = -pick_targets[i] + rowlse_Wout[i];
+    }
 
     /* colsum_Wout = sum of add_Wout down each column */
     colsum_Wout[0] = symbackprop_f64_sum(add_Wout, m, 1);
@@ -1234,7 +1213,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
 /* transformer_lm_run, part 4 of 8 (kernels 45 to 64): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
+/* In unit 3; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     int64_t m,
     const int64_t *targets,
@@ -1280,7 +1259,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     TRANSFORMER_LM_REAL *grad_mm_Wk1,
     TRANSFORMER_LM_REAL *grad_mm_Wq1
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     int64_t m,
     const int64_t *targets,
@@ -1338,14 +1317,19 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_mm_Wout = grad_mm_Wout_part + exp(mm_Wout - rowlse_Wout)/m */
-    transformer_lm_loop5(m, grad_mm_Wout, grad_mm_Wout_part, mm_Wout, rowlse_Wout);
+    SYMBACKPROP_PARALLEL_FOR
+    for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < 62; ++j) {
+            grad_mm_Wout[62*i + j] = grad_mm_Wout_part[62*i + j] + exp(mm_Wout[62*i + j] - rowlse_Wout[i])/((TRANSFORMER_LM_REAL)m);
+        }
+    }
 
     /* grad_add_bf = grad_mm_Wout @ Wout^T */
     transformer_lm_product4(m, grad_mm_Wout, Wout, grad_add_bf);
 
     /* grad_norm_W1down = gf*grad_add_bf */
     /* grad_copy_gf = grad_add_bf*norm_W1down */
-    transformer_lm_loop6(m, grad_norm_W1down, grad_add_bf, gf, grad_copy_gf, norm_W1down);
+    transformer_lm_loop4(m, grad_norm_W1down, grad_add_bf, gf, grad_copy_gf, norm_W1down);
 
     /* grad_add_W1down[i, :] = r_i (grad_norm_W1down[i, :] - mean_j grad_norm_W1down[i, j] -
      * y[i, :] mean_j grad_norm_W1down[i, j] y[i, j]), y = (add_W1down - mu) r normalized as
@@ -1411,14 +1395,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     transformer_lm_product5(m, grad_add_W1down, W1down, grad_mul_W1up);
 
     /* grad_add_W1up = add_W1up*grad_mul_W1up */
-    transformer_lm_loop7(m, grad_add_W1up, grad_mul_W1up, add_W1up);
+    transformer_lm_loop5(m, grad_add_W1up, grad_mul_W1up, add_W1up);
 
     /* grad_add_b1m = grad_add_W1up @ W1up^T */
     transformer_lm_product6(m, grad_add_W1up, W1up, grad_add_b1m);
 
     /* grad_norm_Wo1 = g1m*grad_add_b1m */
     /* grad_copy_g1m = grad_add_b1m*norm_Wo1 */
-    transformer_lm_loop6(m, grad_norm_Wo1, grad_add_b1m, g1m, grad_copy_g1m, norm_Wo1);
+    transformer_lm_loop4(m, grad_norm_Wo1, grad_add_b1m, g1m, grad_copy_g1m, norm_Wo1);
 
     /* grad_add_Wo1_part[i, :] = r_i (grad_norm_Wo1[i, :] - mean_j grad_norm_Wo1[i, j] -
      * y[i, :] mean_j grad_norm_Wo1[i, j] y[i, j]), y = (add_Wo1 - mu) r normalized as in
@@ -1662,7 +1646,56 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 /* transformer_lm_run, part 5 of 8 (kernels 65 to 85): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+/* In unit 2; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
+    int64_t m,
+    const TRANSFORMER_LM_REAL *g0a,
+    const TRANSFORMER_LM_REAL *Wk0,
+    const TRANSFORMER_LM_REAL *Wv0,
+    const TRANSFORMER_LM_REAL *Wo0,
+    const TRANSFORMER_LM_REAL *g0m,
+    const TRANSFORMER_LM_REAL *W0up,
+    const TRANSFORMER_LM_REAL *W0down,
+    const TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *add_E,
+    TRANSFORMER_LM_REAL *norm_E,
+    TRANSFORMER_LM_REAL *mul_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wq0,
+    TRANSFORMER_LM_REAL *mm_Wk0,
+    TRANSFORMER_LM_REAL *softmax_Wk0,
+    TRANSFORMER_LM_REAL *mm_Wv0,
+    TRANSFORMER_LM_REAL *add_Wo0,
+    TRANSFORMER_LM_REAL *norm_Wo0,
+    TRANSFORMER_LM_REAL *add_W0up,
+    TRANSFORMER_LM_REAL *add_W0down,
+    TRANSFORMER_LM_REAL *norm_W0down,
+    TRANSFORMER_LM_REAL *grad_add_Wo1,
+    TRANSFORMER_LM_REAL *grad_add_b1a,
+    TRANSFORMER_LM_REAL *grad_norm_W0down,
+    TRANSFORMER_LM_REAL *grad_copy_g1a,
+    TRANSFORMER_LM_REAL *grad_add_W0down_part,
+    TRANSFORMER_LM_REAL *grad_add_W0down,
+    TRANSFORMER_LM_REAL *grad_mul_W0up,
+    TRANSFORMER_LM_REAL *grad_add_W0up,
+    TRANSFORMER_LM_REAL *grad_add_b0m,
+    TRANSFORMER_LM_REAL *grad_norm_Wo0,
+    TRANSFORMER_LM_REAL *grad_copy_g0m,
+    TRANSFORMER_LM_REAL *grad_add_Wo0_part,
+    TRANSFORMER_LM_REAL *grad_add_Wo0,
+    TRANSFORMER_LM_REAL *grad_mix_Wv0,
+    TRANSFORMER_LM_REAL *grad_mm_Wv0,
+    TRANSFORMER_LM_REAL *grad_add_b0a,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0,
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block,
+    TRANSFORMER_LM_REAL *grad_scores_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wk0,
+    TRANSFORMER_LM_REAL *grad_mm_Wq0,
+    TRANSFORMER_LM_REAL *grad_norm_E,
+    TRANSFORMER_LM_REAL *grad_copy_g0a,
+    TRANSFORMER_LM_REAL *grad_add_E_part,
+    TRANSFORMER_LM_REAL *grad_add_E
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     int64_t m,
     const TRANSFORMER_LM_REAL *g0a,
@@ -1714,7 +1747,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 {
     /* grad_norm_W0down = g1a*grad_add_b1a */
     /* grad_copy_g1a = grad_add_b1a*norm_W0down */
-    transformer_lm_loop6(m, grad_norm_W0down, grad_add_b1a, g1a, grad_copy_g1a, norm_W0down);
+    transformer_lm_loop4(m, grad_norm_W0down, grad_add_b1a, g1a, grad_copy_g1a, norm_W0down);
 
     /* grad_add_W0down_part[i, :] = r_i (grad_norm_W0down[i, :] - mean_j
      * grad_norm_W0down[i, j] - y[i, :] mean_j grad_norm_W0down[i, j] y[i, j]), y =
@@ -1784,14 +1817,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     transformer_lm_product5(m, grad_add_W0down, W0down, grad_mul_W0up);
 
     /* grad_add_W0up = add_W0up*grad_mul_W0up */
-    transformer_lm_loop7(m, grad_add_W0up, grad_mul_W0up, add_W0up);
+    transformer_lm_loop5(m, grad_add_W0up, grad_mul_W0up, add_W0up);
 
     /* grad_add_b0m = grad_add_W0up @ W0up^T */
     transformer_lm_product6(m, grad_add_W0up, W0up, grad_add_b0m);
 
     /* grad_norm_Wo0 = g0m*grad_add_b0m */
     /* grad_copy_g0m = grad_add_b0m*norm_Wo0 */
-    transformer_lm_loop6(m, grad_norm_Wo0, grad_add_b0m, g0m, grad_copy_g0m, norm_Wo0);
+    transformer_lm_loop4(m, grad_norm_Wo0, grad_add_b0m, g0m, grad_copy_g0m, norm_Wo0);
 
     /* grad_add_Wo0_part[i, :] = r_i (grad_norm_Wo0[i, :] - mean_j grad_norm_Wo0[i, j] -
      * y[i, :] mean_j grad_norm_Wo0[i, j] y[i, j]), y = (add_Wo0 - mu) r normalized as in
@@ -2032,7 +2065,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 
     /* grad_norm_E = g0a*grad_add_b0a */
     /* grad_copy_g0a = grad_add_b0a*norm_E */
-    transformer_lm_loop6(m, grad_norm_E, grad_add_b0a, g0a, grad_copy_g0a, norm_E);
+    transformer_lm_loop4(m, grad_norm_E, grad_add_b0a, g0a, grad_copy_g0a, norm_E);
 
     /* grad_add_E_part[i, :] = r_i (grad_norm_E[i, :] - mean_j grad_norm_E[i, j] - y[i, :]
      * mean_j grad_norm_E[i, j] y[i, j]), y = (add_E - mu) r normalized as in normalize_rows
@@ -2102,16 +2135,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 /* transformer_lm_run, part 6 of 8 (kernels 86 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
-    int64_t m,
-    const int64_t *ids,
-    const int64_t *positions,
-    TRANSFORMER_LM_REAL *grad_E,
-    TRANSFORMER_LM_REAL *grad_P,
-    TRANSFORMER_LM_REAL *grad_add_E
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     int64_t m,
     const int64_t *ids,
@@ -2275,7 +2299,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
 /* transformer_lm_run, part 7 of 8 (kernels 87 to 96): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 1; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -2301,7 +2325,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     TRANSFORMER_LM_REAL *grad_copy_g0a,
     TRANSFORMER_LM_REAL *grad_mul_Wq0
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_g0a,
@@ -2368,7 +2392,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part7(
 /* transformer_lm_run, part 8 of 8 (kernels 97 to 115): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_c0up,
@@ -2412,7 +2436,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     TRANSFORMER_LM_REAL *grad_add_W0up,
     TRANSFORMER_LM_REAL *grad_mul_Wq1
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED void transformer_lm_run_part8(
     int64_t m,
     TRANSFORMER_LM_REAL *grad_c0up,
@@ -2874,800 +2898,37 @@ size_t transformer_lm_train_step_work_len(int64_t m)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(4157*m + 137410);
+    return (size_t)(111618 + 62*64 + 64*64 + 1*64 + 1*64 + 64*64 + 64*64 + 64*64 + 64*64 + 1*64 + 1*64 + 64*256 + 1*256 + 256*64 + 1*64 + 1*64 + 1*64 + 64*64 + 64*64 + 64*64 + 64*64 + 1*64 + 1*64 + 64*256 + 1*256 + 256*64 + 1*64 + 1*64 + 1*64 + 64*62 + transformer_lm_value_and_grad_work_len(m));
 }
 #endif
 
-/* transformer_lm_train_step, part 1 of 9 (kernels 1 to 1): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
-    int64_t m,
-    const int64_t *ids,
-    const int64_t *positions,
-    TRANSFORMER_LM_REAL *E,
-    TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *emap_E,
-    TRANSFORMER_LM_REAL *emap_P
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
-    int64_t m,
-    const int64_t *ids,
-    const int64_t *positions,
-    TRANSFORMER_LM_REAL *E,
-    TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *emap_E,
-    TRANSFORMER_LM_REAL *emap_P
-)
-{
-    /* emap_E[i, :] = [E[ids[i], 0], E[ids[i], 1], E[ids[i], 2], E[ids[i], 3], E[ids[i], 4],
-     * E[ids[i], 5], E[ids[i], 6], E[ids[i], 7], E[ids[i], 8], E[ids[i], 9], E[ids[i], 10],
-     * E[ids[i], 11], E[ids[i], 12], E[ids[i], 13], E[ids[i], 14], E[ids[i], 15],
-     * E[ids[i], 16], E[ids[i], 17], E[ids[i], 18], E[ids[i], 19], E[ids[i], 20],
-     * E[ids[i], 21], E[ids[i], 22], E[ids[i], 23], E[ids[i], 24], E[ids[i], 25],
-     * E[ids[i], 26], E[ids[i], 27], E[ids[i], 28], E[ids[i], 29], E[ids[i], 30], ... */
-    /* emap_P[i, :] = [P[positions[i], 0], P[positions[i], 1], P[positions[i], 2],
-     * P[positions[i], 3], P[positions[i], 4], P[positions[i], 5], P[positions[i], 6],
-     * P[positions[i], 7], P[positions[i], 8], P[positions[i], 9], P[positions[i], 10],
-     * P[positions[i], 11], P[positions[i], 12], P[positions[i], 13], P[positions[i], 14],
-     * P[positions[i], 15], P[positions[i], 16], P[positions[i], 17], P[positions[i], 18],
-     * P[positions[i], 19], P[positions[i], 20], P[positions[i], 21], P[positions[i], 22], ... */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        emap_E[64*i] = E[64*ids[i]];
-        emap_E[64*i + 1] = E[64*ids[i] + 1];
-        emap_E[64*i + 2] = E[64*ids[i] + 2];
-        emap_E[64*i + 3] = E[64*ids[i] + 3];
-        emap_E[64*i + 4] = E[64*ids[i] + 4];
-        emap_E[64*i + 5] = E[64*ids[i] + 5];
-        emap_E[64*i + 6] = E[64*ids[i] + 6];
-        emap_E[64*i + 7] = E[64*ids[i] + 7];
-        emap_E[64*i + 8] = E[64*ids[i] + 8];
-        emap_E[64*i + 9] = E[64*ids[i] + 9];
-        emap_E[64*i + 10] = E[64*ids[i] + 10];
-        emap_E[64*i + 11] = E[64*ids[i] + 11];
-        emap_E[64*i + 12] = E[64*ids[i] + 12];
-        emap_E[64*i + 13] = E[64*ids[i] + 13];
-        emap_E[64*i + 14] = E[64*ids[i] + 14];
-        emap_E[64*i + 15] = E[64*ids[i] + 15];
-        emap_E[64*i + 16] = E[64*ids[i] + 16];
-        emap_E[64*i + 17] = E[64*ids[i] + 17];
-        emap_E[64*i + 18] = E[64*ids[i] + 18];
-        emap_E[64*i + 19] = E[64*ids[i] + 19];
-        emap_E[64*i + 20] = E[64*ids[i] + 20];
-        emap_E[64*i + 21] = E[64*ids[i] + 21];
-        emap_E[64*i + 22] = E[64*ids[i] + 22];
-        emap_E[64*i + 23] = E[64*ids[i] + 23];
-        emap_E[64*i + 24] = E[64*ids[i] + 24];
-        emap_E[64*i + 25] = E[64*ids[i] + 25];
-        emap_E[64*i + 26] = E[64*ids[i] + 26];
-        emap_E[64*i + 27] = E[64*ids[i] + 27];
-        emap_E[64*i + 28] = E[64*ids[i] + 28];
-        emap_E[64*i + 29] = E[64*ids[i] + 29];
-        emap_E[64*i + 30] = E[64*ids[i] + 30];
-        emap_E[64*i + 31] = E[64*ids[i] + 31];
-        emap_E[64*i + 32] = E[64*ids[i] + 32];
-        emap_E[64*i + 33] = E[64*ids[i] + 33];
-        emap_E[64*i + 34] = E[64*ids[i] + 34];
-        emap_E[64*i + 35] = E[64*ids[i] + 35];
-        emap_E[64*i + 36] = E[64*ids[i] + 36];
-        emap_E[64*i + 37] = E[64*ids[i] + 37];
-        emap_E[64*i + 38] = E[64*ids[i] + 38];
-        emap_E[64*i + 39] = E[64*ids[i] + 39];
-        emap_E[64*i + 40] = E[64*ids[i] + 40];
-        emap_E[64*i + 41] = E[64*ids[i] + 41];
-        emap_E[64*i + 42] = E[64*ids[i] + 42];
-        emap_E[64*i + 43] = E[64*ids[i] + 43];
-        emap_E[64*i + 44] = E[64*ids[i] + 44];
-        emap_E[64*i + 45] = E[64*ids[i] + 45];
-        emap_E[64*i + 46] = E[64*ids[i] + 46];
-        emap_E[64*i + 47] = E[64*ids[i] + 47];
-        emap_E[64*i + 48] = E[64*ids[i] + 48];
-        emap_E[64*i + 49] = E[64*ids[i] + 49];
-        emap_E[64*i + 50] = E[64*ids[i] + 50];
-        emap_E[64*i + 51] = E[64*ids[i] + 51];
-        emap_E[64*i + 52] = E[64*ids[i] + 52];
-        emap_E[64*i + 53] = E[64*ids[i] + 53];
-        emap_E[64*i + 54] = E[64*ids[i] + 54];
-        emap_E[64*i + 55] = E[64*ids[i] + 55];
-        emap_E[64*i + 56] = E[64*ids[i] + 56];
-        emap_E[64*i + 57] = E[64*ids[i] + 57];
-        emap_E[64*i + 58] = E[64*ids[i] + 58];
-        emap_E[64*i + 59] = E[64*ids[i] + 59];
-        emap_E[64*i + 60] = E[64*ids[i] + 60];
-        emap_E[64*i + 61] = E[64*ids[i] + 61];
-        emap_E[64*i + 62] = E[64*ids[i] + 62];
-        emap_E[64*i + 63] = E[64*ids[i] + 63];
-        emap_P[64*i] = P[64*positions[i]];
-        emap_P[64*i + 1] = P[64*positions[i] + 1];
-        emap_P[64*i + 2] = P[64*positions[i] + 2];
-        emap_P[64*i + 3] = P[64*positions[i] + 3];
-        emap_P[64*i + 4] = P[64*positions[i] + 4];
-        emap_P[64*i + 5] = P[64*positions[i] + 5];
-        emap_P[64*i + 6] = P[64*positions[i] + 6];
-        emap_P[64*i + 7] = P[64*positions[i] + 7];
-        emap_P[64*i + 8] = P[64*positions[i] + 8];
-        emap_P[64*i + 9] = P[64*positions[i] + 9];
-        emap_P[64*i + 10] = P[64*positions[i] + 10];
-        emap_P[64*i + 11] = P[64*positions[i] + 11];
-        emap_P[64*i + 12] = P[64*positions[i] + 12];
-        emap_P[64*i + 13] = P[64*positions[i] + 13];
-        emap_P[64*i + 14] = P[64*positions[i] + 14];
-        emap_P[64*i + 15] = P[64*positions[i] + 15];
-        emap_P[64*i + 16] = P[64*positions[i] + 16];
-        emap_P[64*i + 17] = P[64*positions[i] + 17];
-        emap_P[64*i + 18] = P[64*positions[i] + 18];
-        emap_P[64*i + 19] = P[64*positions[i] + 19];
-        emap_P[64*i + 20] = P[64*positions[i] + 20];
-        emap_P[64*i + 21] = P[64*positions[i] + 21];
-        emap_P[64*i + 22] = P[64*positions[i] + 22];
-        emap_P[64*i + 23] = P[64*positions[i] + 23];
-        emap_P[64*i + 24] = P[64*positions[i] + 24];
-        emap_P[64*i + 25] = P[64*positions[i] + 25];
-        emap_P[64*i + 26] = P[64*positions[i] + 26];
-        emap_P[64*i + 27] = P[64*positions[i] + 27];
-        emap_P[64*i + 28] = P[64*positions[i] + 28];
-        emap_P[64*i + 29] = P[64*positions[i] + 29];
-        emap_P[64*i + 30] = P[64*positions[i] + 30];
-        emap_P[64*i + 31] = P[64*positions[i] + 31];
-        emap_P[64*i + 32] = P[64*positions[i] + 32];
-        emap_P[64*i + 33] = P[64*positions[i] + 33];
-        emap_P[64*i + 34] = P[64*positions[i] + 34];
-        emap_P[64*i + 35] = P[64*positions[i] + 35];
-        emap_P[64*i + 36] = P[64*positions[i] + 36];
-        emap_P[64*i + 37] = P[64*positions[i] + 37];
-        emap_P[64*i + 38] = P[64*positions[i] + 38];
-        emap_P[64*i + 39] = P[64*positions[i] + 39];
-        emap_P[64*i + 40] = P[64*positions[i] + 40];
-        emap_P[64*i + 41] = P[64*positions[i] + 41];
-        emap_P[64*i + 42] = P[64*positions[i] + 42];
-        emap_P[64*i + 43] = P[64*positions[i] + 43];
-        emap_P[64*i + 44] = P[64*positions[i] + 44];
-        emap_P[64*i + 45] = P[64*positions[i] + 45];
-        emap_P[64*i + 46] = P[64*positions[i] + 46];
-        emap_P[64*i + 47] = P[64*positions[i] + 47];
-        emap_P[64*i + 48] = P[64*positions[i] + 48];
-        emap_P[64*i + 49] = P[64*positions[i] + 49];
-        emap_P[64*i + 50] = P[64*positions[i] + 50];
-        emap_P[64*i + 51] = P[64*positions[i] + 51];
-        emap_P[64*i + 52] = P[64*positions[i] + 52];
-        emap_P[64*i + 53] = P[64*positions[i] + 53];
-        emap_P[64*i + 54] = P[64*positions[i] + 54];
-        emap_P[64*i + 55] = P[64*positions[i] + 55];
-        emap_P[64*i + 56] = P[64*positions[i] + 56];
-        emap_P[64*i + 57] = P[64*positions[i] + 57];
-        emap_P[64*i + 58] = P[64*positions[i] + 58];
-        emap_P[64*i + 59] = P[64*positions[i] + 59];
-        emap_P[64*i + 60] = P[64*positions[i] + 60];
-        emap_P[64*i + 61] = P[64*positions[i] + 61];
-        emap_P[64*i + 62] = P[64*positions[i] + 62];
-        emap_P[64*i + 63] = P[64*positions[i] + 63];
-    }
-}
-#endif
-
-/* transformer_lm_train_step, part 2 of 9 (kernels 2 to 32): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
-    int64_t m,
-    TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *b0a,
-    TRANSFORMER_LM_REAL *Wq0,
-    TRANSFORMER_LM_REAL *Wk0,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *b0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *c0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *emap_E,
-    TRANSFORMER_LM_REAL *emap_P,
-    TRANSFORMER_LM_REAL *add_E,
-    TRANSFORMER_LM_REAL *norm_E,
-    TRANSFORMER_LM_REAL *add_b0a,
-    TRANSFORMER_LM_REAL *mul_Wq0,
-    TRANSFORMER_LM_REAL *mm_Wq0,
-    TRANSFORMER_LM_REAL *mm_Wk0,
-    TRANSFORMER_LM_REAL *scores_Wk0,
-    TRANSFORMER_LM_REAL *scores_Wk0_block_2,
-    TRANSFORMER_LM_REAL *softmax_Wk0,
-    TRANSFORMER_LM_REAL *mm_Wv0,
-    TRANSFORMER_LM_REAL *mix_Wv0,
-    TRANSFORMER_LM_REAL *mm_Wo0,
-    TRANSFORMER_LM_REAL *add_Wo0,
-    TRANSFORMER_LM_REAL *norm_Wo0,
-    TRANSFORMER_LM_REAL *add_b0m,
-    TRANSFORMER_LM_REAL *mm_W0up,
-    TRANSFORMER_LM_REAL *mul_W0up,
-    TRANSFORMER_LM_REAL *add_W0up,
-    TRANSFORMER_LM_REAL *mm_W0down,
-    TRANSFORMER_LM_REAL *add_W0down,
-    TRANSFORMER_LM_REAL *norm_W0down,
-    TRANSFORMER_LM_REAL *add_b1a,
-    TRANSFORMER_LM_REAL *mul_Wq1,
-    TRANSFORMER_LM_REAL *mm_Wq1,
-    TRANSFORMER_LM_REAL *mm_Wk1,
-    TRANSFORMER_LM_REAL *scores_Wk1,
-    TRANSFORMER_LM_REAL *scores_Wk1_block_2,
-    TRANSFORMER_LM_REAL *softmax_Wk1,
-    TRANSFORMER_LM_REAL *mm_Wv1,
-    TRANSFORMER_LM_REAL *mix_Wv1,
-    TRANSFORMER_LM_REAL *mm_Wo1,
-    TRANSFORMER_LM_REAL *add_Wo1,
-    TRANSFORMER_LM_REAL *norm_Wo1,
-    TRANSFORMER_LM_REAL *add_b1m
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
-    int64_t m,
-    TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *b0a,
-    TRANSFORMER_LM_REAL *Wq0,
-    TRANSFORMER_LM_REAL *Wk0,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *b0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *c0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *emap_E,
-    TRANSFORMER_LM_REAL *emap_P,
-    TRANSFORMER_LM_REAL *add_E,
-    TRANSFORMER_LM_REAL *norm_E,
-    TRANSFORMER_LM_REAL *add_b0a,
-    TRANSFORMER_LM_REAL *mul_Wq0,
-    TRANSFORMER_LM_REAL *mm_Wq0,
-    TRANSFORMER_LM_REAL *mm_Wk0,
-    TRANSFORMER_LM_REAL *scores_Wk0,
-    TRANSFORMER_LM_REAL *scores_Wk0_block_2,
-    TRANSFORMER_LM_REAL *softmax_Wk0,
-    TRANSFORMER_LM_REAL *mm_Wv0,
-    TRANSFORMER_LM_REAL *mix_Wv0,
-    TRANSFORMER_LM_REAL *mm_Wo0,
-    TRANSFORMER_LM_REAL *add_Wo0,
-    TRANSFORMER_LM_REAL *norm_Wo0,
-    TRANSFORMER_LM_REAL *add_b0m,
-    TRANSFORMER_LM_REAL *mm_W0up,
-    TRANSFORMER_LM_REAL *mul_W0up,
-    TRANSFORMER_LM_REAL *add_W0up,
-    TRANSFORMER_LM_REAL *mm_W0down,
-    TRANSFORMER_LM_REAL *add_W0down,
-    TRANSFORMER_LM_REAL *norm_W0down,
-    TRANSFORMER_LM_REAL *add_b1a,
-    TRANSFORMER_LM_REAL *mul_Wq1,
-    TRANSFORMER_LM_REAL *mm_Wq1,
-    TRANSFORMER_LM_REAL *mm_Wk1,
-    TRANSFORMER_LM_REAL *scores_Wk1,
-    TRANSFORMER_LM_REAL *scores_Wk1_block_2,
-    TRANSFORMER_LM_REAL *softmax_Wk1,
-    TRANSFORMER_LM_REAL *mm_Wv1,
-    TRANSFORMER_LM_REAL *mix_Wv1,
-    TRANSFORMER_LM_REAL *mm_Wo1,
-    TRANSFORMER_LM_REAL *add_Wo1,
-    TRANSFORMER_LM_REAL *norm_Wo1,
-    TRANSFORMER_LM_REAL *add_b1m
-)
-{
-    /* add_E = emap_E + emap_P */
-    transformer_lm_loop0(m, add_E, emap_E, emap_P);
-
-    /* norm_E[i, :] = (add_E[i, :] - mu_i) r_i, mu_i = mean_j add_E[i, j], r_i =
-     * 1/sqrt(mean_j (add_E[i, j] - mu_i)^2 + 1e-05) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = norm_E + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_E[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_E[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
-        for (int64_t j = 0; j < 64; ++j) {
-            row[j] = add_E[64*i + j] - mean;
-        }
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += row[k + l]*row[k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += row[k]*row[k];
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] *= r;
-            }
-        }
-    }
-
-    /* add_b0a = b0a + g0a*norm_E */
-    transformer_lm_loop1(m, add_b0a, g0a, norm_E, b0a);
-
-    /* mul_Wq0 = Wq0/4 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < 64; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            mul_Wq0[64*i + j] = (1.0/4.0)*Wq0[64*i + j];
-        }
-    }
-
-    /* mm_Wq0 = add_b0a @ mul_Wq0 */
-    transformer_lm_product0(m, add_b0a, mul_Wq0, mm_Wq0);
-
-    /* mm_Wk0 = add_b0a @ Wk0 */
-    transformer_lm_product0(m, add_b0a, Wk0, mm_Wk0);
-
-    /* scores_Wk0[(e,t),(h,s)] = sum_k mm_Wq0[(e,t),h*dh+k] * mm_Wk0[(e,s),h*dh+k] for s <=
-     * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    #endif
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores mm_Wq0 mm_Wk0^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, mm_Wq0 + row0 * 64 + hd * 16, 64, mm_Wk0 + row0 * 64 + hd * 16, 64,
-                                          scores_Wk0 + row0 * 256 + hd * 64, 256, 64);
-        }
-    #else
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* scores_Wk0_block_2[dk][ks] = mm_Wk0[(e,ks), hd*16+dk]: the head's keys
-             * transposed, so that a row of scores is a sum of contiguous rows */
-            for (int64_t ks = 0; ks < len; ++ks) {
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    scores_Wk0_block_2[dk * 64 + ks] = mm_Wk0[(row0 + ks) * 64 + hd * 16 + dk];
-                }
-            }
-            for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = scores_Wk0 + (row0 + qt) * 256 + hd * 64;
-                for (int64_t ks = 0; ks < 64; ++ks) {
-                    srow[ks] = 0;
-                }
-                /* srow[ks] += mm_Wq0[(e,qt), hd*16+dk] * scores_Wk0_block_2[dk][ks] for keys
-                 * ks <= qt */
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = mm_Wq0[(row0 + qt) * 64 + hd * 16 + dk];
-                    for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * scores_Wk0_block_2[dk * 64 + ks];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* softmax_Wk0[(e,t),(h,s)] = exp(scores_Wk0[(e,t),(h,s)] - max_{s'<=t}
-     * scores_Wk0[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
-     * mask) (rows (e,t) = e*64+t, 4 heads) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = scores_Wk0[qbase];
-                for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = scores_Wk0[qbase + ks];
-                    top = val > top ? val : top;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = scores_Wk0[qbase + ks];
-                    softmax_Wk0[qbase + ks] = exp(-top + val);
-                }
-                TRANSFORMER_LM_REAL total = 0;
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += softmax_Wk0[qbase + ks];
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    softmax_Wk0[qbase + ks] /= total;
-                }
-                for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    softmax_Wk0[qbase + ks] = 0;
-                }
-            }
-        }
-    }
-
-    /* mm_Wv0 = add_b0a @ Wv0 */
-    transformer_lm_product0(m, add_b0a, Wv0, mm_Wv0);
-
-    /* mix_Wv0[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk0[(e,t),(h,s)] * mm_Wv0[(e,s),h*dh+k]
-     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(softmax_Wk0) mm_Wv0 */
-            symbackprop_f64_causal_mix(0, len, 16, softmax_Wk0 + row0 * 256 + hd * 64, 256,
-                                       mm_Wv0 + row0 * 64 + hd * 16, 64, mix_Wv0 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of softmax_Wk0[(e,qt),(hd,ks)] *
-                 * mm_Wv0[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = mix_Wv0 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = softmax_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * mm_Wv0[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* mm_Wo0 = mix_Wv0 @ Wo0 */
-    transformer_lm_product0(m, mix_Wv0, Wo0, mm_Wo0);
-
-    /* add_Wo0 = add_E + mm_Wo0 */
-    transformer_lm_loop0(m, add_Wo0, add_E, mm_Wo0);
-
-    /* norm_Wo0[i, :] = (add_Wo0[i, :] - mu_i) r_i, mu_i = mean_j add_Wo0[i, j], r_i =
-     * 1/sqrt(mean_j (add_Wo0[i, j] - mu_i)^2 + 1e-05) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = norm_Wo0 + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_Wo0[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_Wo0[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
-        for (int64_t j = 0; j < 64; ++j) {
-            row[j] = add_Wo0[64*i + j] - mean;
-        }
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += row[k + l]*row[k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += row[k]*row[k];
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] *= r;
-            }
-        }
-    }
-
-    /* add_b0m = b0m + g0m*norm_Wo0 */
-    transformer_lm_loop1(m, add_b0m, g0m, norm_Wo0, b0m);
-
-    /* mm_W0up = add_b0m @ W0up */
-    transformer_lm_product1(m, add_b0m, W0up, mm_W0up);
-
-    /* mul_W0up = (c0up + mm_W0up)*(erf(sqrt(2)*(c0up + mm_W0up)/2) + 1)/2 */
-    /* add_W0up = sqrt(2)*(c0up + mm_W0up)*exp(-(c0up + mm_W0up)**2/2)/(2*sqrt(pi)) +
-     * erf(sqrt(2)*(c0up + mm_W0up)/2)/2 + 1/2 */
-    transformer_lm_loop2(m, mul_W0up, add_W0up, mm_W0up, c0up);
-
-    /* mm_W0down = mul_W0up @ W0down */
-    transformer_lm_product2(m, mul_W0up, W0down, mm_W0down);
-
-    /* add_W0down = add_Wo0 + c0down + mm_W0down */
-    transformer_lm_loop3(m, add_W0down, add_Wo0, mm_W0down, c0down);
-
-    /* norm_W0down[i, :] = (add_W0down[i, :] - mu_i) r_i, mu_i = mean_j add_W0down[i, j], r_i
-     * = 1/sqrt(mean_j (add_W0down[i, j] - mu_i)^2 + 1e-05) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = norm_W0down + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_W0down[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_W0down[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
-        for (int64_t j = 0; j < 64; ++j) {
-            row[j] = add_W0down[64*i + j] - mean;
-        }
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += row[k + l]*row[k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += row[k]*row[k];
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] *= r;
-            }
-        }
-    }
-
-    /* add_b1a = b1a + g1a*norm_W0down */
-    transformer_lm_loop1(m, add_b1a, g1a, norm_W0down, b1a);
-
-    /* mul_Wq1 = Wq1/4 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < 64; ++i) {
-        for (int64_t j = 0; j < 64; ++j) {
-            mul_Wq1[64*i + j] = (1.0/4.0)*Wq1[64*i + j];
-        }
-    }
-
-    /* mm_Wq1 = add_b1a @ mul_Wq1 */
-    transformer_lm_product0(m, add_b1a, mul_Wq1, mm_Wq1);
-
-    /* mm_Wk1 = add_b1a @ Wk1 */
-    transformer_lm_product0(m, add_b1a, Wk1, mm_Wk1);
-
-    /* scores_Wk1[(e,t),(h,s)] = sum_k mm_Wq1[(e,t),h*dh+k] * mm_Wk1[(e,s),h*dh+k] for s <=
-     * t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    #endif
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores mm_Wq1 mm_Wk1^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, mm_Wq1 + row0 * 64 + hd * 16, 64, mm_Wk1 + row0 * 64 + hd * 16, 64,
-                                          scores_Wk1 + row0 * 256 + hd * 64, 256, 64);
-        }
-    #else
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* scores_Wk1_block_2[dk][ks] = mm_Wk1[(e,ks), hd*16+dk]: the head's keys
-             * transposed, so that a row of scores is a sum of contiguous rows */
-            for (int64_t ks = 0; ks < len; ++ks) {
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    scores_Wk1_block_2[dk * 64 + ks] = mm_Wk1[(row0 + ks) * 64 + hd * 16 + dk];
-                }
-            }
-            for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = scores_Wk1 + (row0 + qt) * 256 + hd * 64;
-                for (int64_t ks = 0; ks < 64; ++ks) {
-                    srow[ks] = 0;
-                }
-                /* srow[ks] += mm_Wq1[(e,qt), hd*16+dk] * scores_Wk1_block_2[dk][ks] for keys
-                 * ks <= qt */
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = mm_Wq1[(row0 + qt) * 64 + hd * 16 + dk];
-                    for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * scores_Wk1_block_2[dk * 64 + ks];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* softmax_Wk1[(e,t),(h,s)] = exp(scores_Wk1[(e,t),(h,s)] - max_{s'<=t}
-     * scores_Wk1[(e,t),(h,s')]) / sum_{s'<=t} exp(...) for s <= t, 0 for s > t (the causal
-     * mask) (rows (e,t) = e*64+t, 4 heads) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL top = scores_Wk1[qbase];
-                for (int64_t ks = 1; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = scores_Wk1[qbase + ks];
-                    top = val > top ? val : top;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL val = scores_Wk1[qbase + ks];
-                    softmax_Wk1[qbase + ks] = exp(-top + val);
-                }
-                TRANSFORMER_LM_REAL total = 0;
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    total += softmax_Wk1[qbase + ks];
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    softmax_Wk1[qbase + ks] /= total;
-                }
-                for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    softmax_Wk1[qbase + ks] = 0;
-                }
-            }
-        }
-    }
-
-    /* mm_Wv1 = add_b1a @ Wv1 */
-    transformer_lm_product0(m, add_b1a, Wv1, mm_Wv1);
-
-    /* mix_Wv1[(e,t),h*dh+k] = sum_{s<=t} softmax_Wk1[(e,t),(h,s)] * mm_Wv1[(e,s),h*dh+k]
-     * (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(softmax_Wk1) mm_Wv1 */
-            symbackprop_f64_causal_mix(0, len, 16, softmax_Wk1 + row0 * 256 + hd * 64, 256,
-                                       mm_Wv1 + row0 * 64 + hd * 16, 64, mix_Wv1 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of softmax_Wk1[(e,qt),(hd,ks)] *
-                 * mm_Wv1[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = mix_Wv1 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = softmax_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * mm_Wv1[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* mm_Wo1 = mix_Wv1 @ Wo1 */
-    transformer_lm_product0(m, mix_Wv1, Wo1, mm_Wo1);
-
-    /* add_Wo1 = add_W0down + mm_Wo1 */
-    transformer_lm_loop0(m, add_Wo1, add_W0down, mm_Wo1);
-
-    /* norm_Wo1[i, :] = (add_Wo1[i, :] - mu_i) r_i, mu_i = mean_j add_Wo1[i, j], r_i =
-     * 1/sqrt(mean_j (add_Wo1[i, j] - mu_i)^2 + 1e-05) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = norm_Wo1 + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_Wo1[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_Wo1[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
-        for (int64_t j = 0; j < 64; ++j) {
-            row[j] = add_Wo1[64*i + j] - mean;
-        }
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += row[k + l]*row[k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += row[k]*row[k];
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] *= r;
-            }
-        }
-    }
-
-    /* add_b1m = b1m + g1m*norm_Wo1 */
-    transformer_lm_loop1(m, add_b1m, g1m, norm_Wo1, b1m);
-}
-#endif
-
-/* transformer_lm_train_step, part 3 of 9 (kernels 33 to 64): a long
+/* transformer_lm_train_step, part 1 of 4 (kernels 1 to 10): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
-    int64_t m,
-    const int64_t *targets,
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
+    TRANSFORMER_LM_REAL *E,
+    TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *b0a,
+    TRANSFORMER_LM_REAL *Wq0,
+    TRANSFORMER_LM_REAL *Wk0,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *Wq1,
     TRANSFORMER_LM_REAL *Wk1,
     TRANSFORMER_LM_REAL *Wv1,
     TRANSFORMER_LM_REAL *Wo1,
     TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
     TRANSFORMER_LM_REAL *W1up,
     TRANSFORMER_LM_REAL *c1up,
     TRANSFORMER_LM_REAL *W1down,
@@ -3675,1845 +2936,186 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
     TRANSFORMER_LM_REAL *gf,
     TRANSFORMER_LM_REAL *bf,
     TRANSFORMER_LM_REAL *Wout,
-    TRANSFORMER_LM_REAL *loss,
-    TRANSFORMER_LM_REAL *mul_Wq1,
-    TRANSFORMER_LM_REAL *mm_Wq1,
-    TRANSFORMER_LM_REAL *mm_Wk1,
-    TRANSFORMER_LM_REAL *softmax_Wk1,
-    TRANSFORMER_LM_REAL *mm_Wv1,
-    TRANSFORMER_LM_REAL *add_Wo1,
-    TRANSFORMER_LM_REAL *norm_Wo1,
-    TRANSFORMER_LM_REAL *add_b1m,
-    TRANSFORMER_LM_REAL *mm_W1up,
-    TRANSFORMER_LM_REAL *mul_W1up,
-    TRANSFORMER_LM_REAL *add_W1up,
-    TRANSFORMER_LM_REAL *mm_W1down,
-    TRANSFORMER_LM_REAL *add_W1down,
-    TRANSFORMER_LM_REAL *norm_W1down,
-    TRANSFORMER_LM_REAL *add_bf,
-    TRANSFORMER_LM_REAL *mm_Wout,
-    TRANSFORMER_LM_REAL *pick_targets,
-    TRANSFORMER_LM_REAL *rowlse_Wout,
-    TRANSFORMER_LM_REAL *add_Wout,
-    TRANSFORMER_LM_REAL *colsum_Wout,
-    TRANSFORMER_LM_REAL *grad_mm_Wout_part,
-    TRANSFORMER_LM_REAL *grad_mm_Wout,
-    TRANSFORMER_LM_REAL *grad_add_bf,
-    TRANSFORMER_LM_REAL *grad_norm_W1down,
-    TRANSFORMER_LM_REAL *grad_copy_gf,
-    TRANSFORMER_LM_REAL *grad_add_W1down,
-    TRANSFORMER_LM_REAL *grad_mul_W1up,
-    TRANSFORMER_LM_REAL *grad_add_W1up,
-    TRANSFORMER_LM_REAL *grad_add_b1m,
-    TRANSFORMER_LM_REAL *grad_norm_Wo1,
-    TRANSFORMER_LM_REAL *grad_copy_g1m,
-    TRANSFORMER_LM_REAL *grad_add_Wo1_part,
-    TRANSFORMER_LM_REAL *grad_add_Wo1,
-    TRANSFORMER_LM_REAL *grad_mix_Wv1,
-    TRANSFORMER_LM_REAL *grad_mm_Wv1,
-    TRANSFORMER_LM_REAL *grad_add_b1a,
-    TRANSFORMER_LM_REAL *grad_softmax_Wk1,
-    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block_2,
-    TRANSFORMER_LM_REAL *grad_scores_Wk1,
-    TRANSFORMER_LM_REAL *grad_mm_Wk1,
-    TRANSFORMER_LM_REAL *grad_mm_Wq1
-)
-{
-    /* mm_W1up = add_b1m @ W1up */
-    transformer_lm_product1(m, add_b1m, W1up, mm_W1up);
-
-    /* mul_W1up = (c1up + mm_W1up)*(erf(sqrt(2)*(c1up + mm_W1up)/2) + 1)/2 */
-    /* add_W1up = sqrt(2)*(c1up + mm_W1up)*exp(-(c1up + mm_W1up)**2/2)/(2*sqrt(pi)) +
-     * erf(sqrt(2)*(c1up + mm_W1up)/2)/2 + 1/2 */
-    transformer_lm_loop2(m, mul_W1up, add_W1up, mm_W1up, c1up);
-
-    /* mm_W1down = mul_W1up @ W1down */
-    transformer_lm_product2(m, mul_W1up, W1down, mm_W1down);
-
-    /* add_W1down = add_Wo1 + c1down + mm_W1down */
-    transformer_lm_loop3(m, add_W1down, add_Wo1, mm_W1down, c1down);
-
-    /* norm_W1down[i, :] = (add_W1down[i, :] - mu_i) r_i, mu_i = mean_j add_W1down[i, j], r_i
-     * = 1/sqrt(mean_j (add_W1down[i, j] - mu_i)^2 + 1e-05) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = norm_W1down + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_W1down[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_W1down[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* the row centred, then scaled by r = 1/sqrt(variance + eps) */
-        for (int64_t j = 0; j < 64; ++j) {
-            row[j] = add_W1down[64*i + j] - mean;
-        }
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += row[k + l]*row[k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += row[k]*row[k];
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] *= r;
-            }
-        }
-    }
-
-    /* add_bf = bf + gf*norm_W1down */
-    transformer_lm_loop1(m, add_bf, gf, norm_W1down, bf);
-
-    /* mm_Wout = add_bf @ Wout */
-    transformer_lm_product3(m, add_bf, Wout, mm_Wout);
-
-    /* pick_targets[i] = mm_Wout[i, targets[i]] */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        const int64_t column = targets[i];
-        pick_targets[i] = mm_Wout[62*i + column];
-    }
-
-    /* rowlse_Wout = log(sum(exp(mm_Wout))) along each row, its max subtracted first */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        rowlse_Wout[i] = symbackprop_f64_logsumexp(mm_Wout + 62*i, 62, 1);
-    }
-
-    /* add_Wout = -pick_targets + rowlse_Wout */
-    transformer_lm_loop4(m, add_Wout, pick_targets, rowlse_Wout);
-
-    /* colsum_Wout = sum of add_Wout down each column */
-    colsum_Wout[0] = symbackprop_f64_sum(add_Wout, m, 1);
-
-    /* loss = colsum_Wout/m */
-    {
-        loss[0] = colsum_Wout[0]/((TRANSFORMER_LM_REAL)m);
-    }
-
-    /* grad_mm_Wout_part[i, j] = (-1/m) if j == targets[i], else 0 */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        const int64_t column = targets[i];
-        for (int64_t j = 0; j < 62; ++j) {
-            grad_mm_Wout_part[62*i + j] = 0;
-        }
-        grad_mm_Wout_part[62*i + column] = (-1/((TRANSFORMER_LM_REAL)m));
-    }
-
-    /* grad_mm_Wout = grad_mm_Wout_part + exp(mm_Wout - rowlse_Wout)/m */
-    transformer_lm_loop5(m, grad_mm_Wout, grad_mm_Wout_part, mm_Wout, rowlse_Wout);
-
-    /* grad_add_bf = grad_mm_Wout @ Wout^T */
-    transformer_lm_product4(m, grad_mm_Wout, Wout, grad_add_bf);
-
-    /* grad_norm_W1down = gf*grad_add_bf */
-    /* grad_copy_gf = grad_add_bf*norm_W1down */
-    transformer_lm_loop6(m, grad_norm_W1down, grad_add_bf, gf, grad_copy_gf, norm_W1down);
-
-    /* grad_add_W1down[i, :] = r_i (grad_norm_W1down[i, :] - mean_j grad_norm_W1down[i, j] -
-     * y[i, :] mean_j grad_norm_W1down[i, j] y[i, j]), y = (add_W1down - mu) r normalized as
-     * in normalize_rows (mu_i, r_i of add_W1down's row i, recomputed) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_add_W1down + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_W1down[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_W1down[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
-         * mean(g) - y mean(g y)) */
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (add_W1down[64*i + k + l] - mean)*(add_W1down[64*i + k + l] - mean);
-                    grads_lane[l] += grad_norm_W1down[64*i + k + l];
-                    grads_c_lane[l] += grad_norm_W1down[64*i + k + l]*(add_W1down[64*i + k + l] - mean);
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            TRANSFORMER_LM_REAL grads = grads_lane[0];
-            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-                grads += grads_lane[l];
-                grads_c += grads_c_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += (add_W1down[64*i + k] - mean)*(add_W1down[64*i + k] - mean);
-                grads += grad_norm_W1down[64*i + k];
-                grads_c += grad_norm_W1down[64*i + k]*(add_W1down[64*i + k] - mean);
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
-            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_norm_W1down[64*i + j] - grads_mean - (add_W1down[64*i + j] - mean) * r * grads_y_mean);
-            }
-        }
-    }
-
-    /* grad_mul_W1up = grad_add_W1down @ W1down^T */
-    transformer_lm_product5(m, grad_add_W1down, W1down, grad_mul_W1up);
-
-    /* grad_add_W1up = add_W1up*grad_mul_W1up */
-    transformer_lm_loop7(m, grad_add_W1up, grad_mul_W1up, add_W1up);
-
-    /* grad_add_b1m = grad_add_W1up @ W1up^T */
-    transformer_lm_product6(m, grad_add_W1up, W1up, grad_add_b1m);
-
-    /* grad_norm_Wo1 = g1m*grad_add_b1m */
-    /* grad_copy_g1m = grad_add_b1m*norm_Wo1 */
-    transformer_lm_loop6(m, grad_norm_Wo1, grad_add_b1m, g1m, grad_copy_g1m, norm_Wo1);
-
-    /* grad_add_Wo1_part[i, :] = r_i (grad_norm_Wo1[i, :] - mean_j grad_norm_Wo1[i, j] -
-     * y[i, :] mean_j grad_norm_Wo1[i, j] y[i, j]), y = (add_Wo1 - mu) r normalized as in
-     * normalize_rows (mu_i, r_i of add_Wo1's row i, recomputed) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_add_Wo1_part + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_Wo1[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_Wo1[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
-         * mean(g) - y mean(g y)) */
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (add_Wo1[64*i + k + l] - mean)*(add_Wo1[64*i + k + l] - mean);
-                    grads_lane[l] += grad_norm_Wo1[64*i + k + l];
-                    grads_c_lane[l] += grad_norm_Wo1[64*i + k + l]*(add_Wo1[64*i + k + l] - mean);
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            TRANSFORMER_LM_REAL grads = grads_lane[0];
-            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-                grads += grads_lane[l];
-                grads_c += grads_c_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += (add_Wo1[64*i + k] - mean)*(add_Wo1[64*i + k] - mean);
-                grads += grad_norm_Wo1[64*i + k];
-                grads_c += grad_norm_Wo1[64*i + k]*(add_Wo1[64*i + k] - mean);
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
-            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_norm_Wo1[64*i + j] - grads_mean - (add_Wo1[64*i + j] - mean) * r * grads_y_mean);
-            }
-        }
-    }
-
-    /* grad_add_Wo1 = grad_add_W1down + grad_add_Wo1_part */
-    transformer_lm_loop0(m, grad_add_Wo1, grad_add_W1down, grad_add_Wo1_part);
-
-    /* grad_mix_Wv1 = grad_add_Wo1 @ Wo1^T */
-    transformer_lm_product7(m, grad_add_Wo1, Wo1, grad_mix_Wv1);
-
-    /* grad_mm_Wv1[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk1[(e,t),(h,s)] *
-     * grad_mix_Wv1[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(softmax_Wk1)^T grad_mix_Wv1 */
-            symbackprop_f64_causal_mix(1, len, 16, softmax_Wk1 + row0 * 256 + hd * 64, 256,
-                                       grad_mix_Wv1 + row0 * 64 + hd * 16, 64, grad_mm_Wv1 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of softmax_Wk1[(e,qt),(hd,ks)] *
-                 * grad_mix_Wv1[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_mm_Wv1 + (row0 + ks) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = softmax_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_mix_Wv1[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* grad_add_b1a = grad_mm_Wv1 @ Wv1^T, the first of 3 products added up here */
-    transformer_lm_product7(m, grad_mm_Wv1, Wv1, grad_add_b1a);
-
-    /* grad_softmax_Wk1[(e,t),(h,s)] = sum_k grad_mix_Wv1[(e,t),h*dh+k] *
-     * mm_Wv1[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
-     * columns) */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    #endif
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores grad_mix_Wv1 mm_Wv1^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_mix_Wv1 + row0 * 64 + hd * 16, 64, mm_Wv1 + row0 * 64 + hd * 16, 64,
-                                          grad_softmax_Wk1 + row0 * 256 + hd * 64, 256, 64);
-        }
-    #else
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_softmax_Wk1_block_2[dk][ks] = mm_Wv1[(e,ks), hd*16+dk]: the head's keys
-             * transposed, so that a row of scores is a sum of contiguous rows */
-            for (int64_t ks = 0; ks < len; ++ks) {
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_softmax_Wk1_block_2[dk * 64 + ks] = mm_Wv1[(row0 + ks) * 64 + hd * 16 + dk];
-                }
-            }
-            for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_softmax_Wk1 + (row0 + qt) * 256 + hd * 64;
-                for (int64_t ks = 0; ks < 64; ++ks) {
-                    srow[ks] = 0;
-                }
-                /* srow[ks] += grad_mix_Wv1[(e,qt), hd*16+dk] *
-                 * grad_softmax_Wk1_block_2[dk][ks] for keys ks <= qt */
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_mix_Wv1[(row0 + qt) * 64 + hd * 16 + dk];
-                    for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_softmax_Wk1_block_2[dk * 64 + ks];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* grad_scores_Wk1[(e,t),(h,s)] = softmax_Wk1[(e,t),(h,s)] *
-     * (grad_softmax_Wk1[(e,t),(h,s)] - sum_{s'<=t} softmax_Wk1[(e,t),(h,s')] *
-     * grad_softmax_Wk1[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL dot = 0;
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    dot += softmax_Wk1[qbase + ks] * grad_softmax_Wk1[qbase + ks];
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_scores_Wk1[qbase + ks] = softmax_Wk1[qbase + ks] * (grad_softmax_Wk1[qbase + ks] - dot);
-                }
-                for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    grad_scores_Wk1[qbase + ks] = 0;
-                }
-            }
-        }
-    }
-
-    /* grad_mm_Wk1[(e,s),h*dh+k] = sum_{t>=s} grad_scores_Wk1[(e,t),(h,s)] *
-     * mm_Wq1[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_scores_Wk1)^T mm_Wq1 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_scores_Wk1 + row0 * 256 + hd * 64, 256,
-                                       mm_Wq1 + row0 * 64 + hd * 16, 64, grad_mm_Wk1 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_scores_Wk1[(e,qt),(hd,ks)] *
-                 * mm_Wq1[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_mm_Wk1 + (row0 + ks) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_scores_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * mm_Wq1[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* grad_add_b1a += grad_mm_Wk1 @ Wk1^T */
-    transformer_lm_product8(m, grad_mm_Wk1, Wk1, grad_add_b1a);
-
-    /* grad_mm_Wq1[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk1[(e,t),(h,s)] *
-     * mm_Wk1[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_scores_Wk1) mm_Wk1 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_scores_Wk1 + row0 * 256 + hd * 64, 256,
-                                       mm_Wk1 + row0 * 64 + hd * 16, 64, grad_mm_Wq1 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_scores_Wk1[(e,qt),(hd,ks)] *
-                 * mm_Wk1[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_mm_Wq1 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_scores_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * mm_Wk1[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* grad_add_b1a += grad_mm_Wq1 @ mul_Wq1^T */
-    transformer_lm_product8(m, grad_mm_Wq1, mul_Wq1, grad_add_b1a);
-}
-#endif
-
-/* transformer_lm_train_step, part 4 of 9 (kernels 65 to 85): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
-    int64_t m,
-    TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *Wk0,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *add_E,
-    TRANSFORMER_LM_REAL *norm_E,
-    TRANSFORMER_LM_REAL *mul_Wq0,
-    TRANSFORMER_LM_REAL *mm_Wq0,
-    TRANSFORMER_LM_REAL *mm_Wk0,
-    TRANSFORMER_LM_REAL *softmax_Wk0,
-    TRANSFORMER_LM_REAL *mm_Wv0,
-    TRANSFORMER_LM_REAL *add_Wo0,
-    TRANSFORMER_LM_REAL *norm_Wo0,
-    TRANSFORMER_LM_REAL *add_W0up,
-    TRANSFORMER_LM_REAL *add_W0down,
-    TRANSFORMER_LM_REAL *norm_W0down,
-    TRANSFORMER_LM_REAL *grad_add_Wo1,
-    TRANSFORMER_LM_REAL *grad_add_b1a,
-    TRANSFORMER_LM_REAL *grad_norm_W0down,
-    TRANSFORMER_LM_REAL *grad_copy_g1a,
-    TRANSFORMER_LM_REAL *grad_add_W0down_part,
-    TRANSFORMER_LM_REAL *grad_add_W0down,
-    TRANSFORMER_LM_REAL *grad_mul_W0up,
-    TRANSFORMER_LM_REAL *grad_add_W0up,
-    TRANSFORMER_LM_REAL *grad_add_b0m,
-    TRANSFORMER_LM_REAL *grad_norm_Wo0,
-    TRANSFORMER_LM_REAL *grad_copy_g0m,
-    TRANSFORMER_LM_REAL *grad_add_Wo0_part,
-    TRANSFORMER_LM_REAL *grad_add_Wo0,
-    TRANSFORMER_LM_REAL *grad_mix_Wv0,
-    TRANSFORMER_LM_REAL *grad_mm_Wv0,
-    TRANSFORMER_LM_REAL *grad_add_b0a,
-    TRANSFORMER_LM_REAL *grad_softmax_Wk0,
-    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block_2,
-    TRANSFORMER_LM_REAL *grad_scores_Wk0,
-    TRANSFORMER_LM_REAL *grad_mm_Wk0,
-    TRANSFORMER_LM_REAL *grad_mm_Wq0,
-    TRANSFORMER_LM_REAL *grad_norm_E,
-    TRANSFORMER_LM_REAL *grad_copy_g0a,
-    TRANSFORMER_LM_REAL *grad_add_E_part,
-    TRANSFORMER_LM_REAL *grad_add_E
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
-    int64_t m,
-    TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *Wk0,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *add_E,
-    TRANSFORMER_LM_REAL *norm_E,
-    TRANSFORMER_LM_REAL *mul_Wq0,
-    TRANSFORMER_LM_REAL *mm_Wq0,
-    TRANSFORMER_LM_REAL *mm_Wk0,
-    TRANSFORMER_LM_REAL *softmax_Wk0,
-    TRANSFORMER_LM_REAL *mm_Wv0,
-    TRANSFORMER_LM_REAL *add_Wo0,
-    TRANSFORMER_LM_REAL *norm_Wo0,
-    TRANSFORMER_LM_REAL *add_W0up,
-    TRANSFORMER_LM_REAL *add_W0down,
-    TRANSFORMER_LM_REAL *norm_W0down,
-    TRANSFORMER_LM_REAL *grad_add_Wo1,
-    TRANSFORMER_LM_REAL *grad_add_b1a,
-    TRANSFORMER_LM_REAL *grad_norm_W0down,
-    TRANSFORMER_LM_REAL *grad_copy_g1a,
-    TRANSFORMER_LM_REAL *grad_add_W0down_part,
-    TRANSFORMER_LM_REAL *grad_add_W0down,
-    TRANSFORMER_LM_REAL *grad_mul_W0up,
-    TRANSFORMER_LM_REAL *grad_add_W0up,
-    TRANSFORMER_LM_REAL *grad_add_b0m,
-    TRANSFORMER_LM_REAL *grad_norm_Wo0,
-    TRANSFORMER_LM_REAL *grad_copy_g0m,
-    TRANSFORMER_LM_REAL *grad_add_Wo0_part,
-    TRANSFORMER_LM_REAL *grad_add_Wo0,
-    TRANSFORMER_LM_REAL *grad_mix_Wv0,
-    TRANSFORMER_LM_REAL *grad_mm_Wv0,
-    TRANSFORMER_LM_REAL *grad_add_b0a,
-    TRANSFORMER_LM_REAL *grad_softmax_Wk0,
-    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block_2,
-    TRANSFORMER_LM_REAL *grad_scores_Wk0,
-    TRANSFORMER_LM_REAL *grad_mm_Wk0,
-    TRANSFORMER_LM_REAL *grad_mm_Wq0,
-    TRANSFORMER_LM_REAL *grad_norm_E,
-    TRANSFORMER_LM_REAL *grad_copy_g0a,
-    TRANSFORMER_LM_REAL *grad_add_E_part,
-    TRANSFORMER_LM_REAL *grad_add_E
-)
-{
-    /* grad_norm_W0down = g1a*grad_add_b1a */
-    /* grad_copy_g1a = grad_add_b1a*norm_W0down */
-    transformer_lm_loop6(m, grad_norm_W0down, grad_add_b1a, g1a, grad_copy_g1a, norm_W0down);
-
-    /* grad_add_W0down_part[i, :] = r_i (grad_norm_W0down[i, :] - mean_j
-     * grad_norm_W0down[i, j] - y[i, :] mean_j grad_norm_W0down[i, j] y[i, j]), y =
-     * (add_W0down - mu) r normalized as in normalize_rows (mu_i, r_i of add_W0down's row i,
-     * recomputed) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_add_W0down_part + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_W0down[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_W0down[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
-         * mean(g) - y mean(g y)) */
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (add_W0down[64*i + k + l] - mean)*(add_W0down[64*i + k + l] - mean);
-                    grads_lane[l] += grad_norm_W0down[64*i + k + l];
-                    grads_c_lane[l] += grad_norm_W0down[64*i + k + l]*(add_W0down[64*i + k + l] - mean);
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            TRANSFORMER_LM_REAL grads = grads_lane[0];
-            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-                grads += grads_lane[l];
-                grads_c += grads_c_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += (add_W0down[64*i + k] - mean)*(add_W0down[64*i + k] - mean);
-                grads += grad_norm_W0down[64*i + k];
-                grads_c += grad_norm_W0down[64*i + k]*(add_W0down[64*i + k] - mean);
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
-            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_norm_W0down[64*i + j] - grads_mean - (add_W0down[64*i + j] - mean) * r * grads_y_mean);
-            }
-        }
-    }
-
-    /* grad_add_W0down = grad_add_W0down_part + grad_add_Wo1 */
-    transformer_lm_loop0(m, grad_add_W0down, grad_add_Wo1, grad_add_W0down_part);
-
-    /* grad_mul_W0up = grad_add_W0down @ W0down^T */
-    transformer_lm_product5(m, grad_add_W0down, W0down, grad_mul_W0up);
-
-    /* grad_add_W0up = add_W0up*grad_mul_W0up */
-    transformer_lm_loop7(m, grad_add_W0up, grad_mul_W0up, add_W0up);
-
-    /* grad_add_b0m = grad_add_W0up @ W0up^T */
-    transformer_lm_product6(m, grad_add_W0up, W0up, grad_add_b0m);
-
-    /* grad_norm_Wo0 = g0m*grad_add_b0m */
-    /* grad_copy_g0m = grad_add_b0m*norm_Wo0 */
-    transformer_lm_loop6(m, grad_norm_Wo0, grad_add_b0m, g0m, grad_copy_g0m, norm_Wo0);
-
-    /* grad_add_Wo0_part[i, :] = r_i (grad_norm_Wo0[i, :] - mean_j grad_norm_Wo0[i, j] -
-     * y[i, :] mean_j grad_norm_Wo0[i, j] y[i, j]), y = (add_Wo0 - mu) r normalized as in
-     * normalize_rows (mu_i, r_i of add_Wo0's row i, recomputed) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_add_Wo0_part + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_Wo0[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_Wo0[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
-         * mean(g) - y mean(g y)) */
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (add_Wo0[64*i + k + l] - mean)*(add_Wo0[64*i + k + l] - mean);
-                    grads_lane[l] += grad_norm_Wo0[64*i + k + l];
-                    grads_c_lane[l] += grad_norm_Wo0[64*i + k + l]*(add_Wo0[64*i + k + l] - mean);
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            TRANSFORMER_LM_REAL grads = grads_lane[0];
-            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-                grads += grads_lane[l];
-                grads_c += grads_c_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += (add_Wo0[64*i + k] - mean)*(add_Wo0[64*i + k] - mean);
-                grads += grad_norm_Wo0[64*i + k];
-                grads_c += grad_norm_Wo0[64*i + k]*(add_Wo0[64*i + k] - mean);
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
-            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_norm_Wo0[64*i + j] - grads_mean - (add_Wo0[64*i + j] - mean) * r * grads_y_mean);
-            }
-        }
-    }
-
-    /* grad_add_Wo0 = grad_add_W0down + grad_add_Wo0_part */
-    transformer_lm_loop0(m, grad_add_Wo0, grad_add_W0down, grad_add_Wo0_part);
-
-    /* grad_mix_Wv0 = grad_add_Wo0 @ Wo0^T */
-    transformer_lm_product7(m, grad_add_Wo0, Wo0, grad_mix_Wv0);
-
-    /* grad_mm_Wv0[(e,s),h*dh+k] = sum_{t>=s} softmax_Wk0[(e,t),(h,s)] *
-     * grad_mix_Wv0[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(softmax_Wk0)^T grad_mix_Wv0 */
-            symbackprop_f64_causal_mix(1, len, 16, softmax_Wk0 + row0 * 256 + hd * 64, 256,
-                                       grad_mix_Wv0 + row0 * 64 + hd * 16, 64, grad_mm_Wv0 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of softmax_Wk0[(e,qt),(hd,ks)] *
-                 * grad_mix_Wv0[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_mm_Wv0 + (row0 + ks) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = softmax_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * grad_mix_Wv0[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* grad_add_b0a = grad_mm_Wv0 @ Wv0^T, the first of 3 products added up here */
-    transformer_lm_product7(m, grad_mm_Wv0, Wv0, grad_add_b0a);
-
-    /* grad_softmax_Wk0[(e,t),(h,s)] = sum_k grad_mix_Wv0[(e,t),h*dh+k] *
-     * mm_Wv0[(e,s),h*dh+k] for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads of 16
-     * columns) */
-    #ifdef SYMBACKPROP_CBLAS
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    #endif
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x len scores grad_mix_Wv0 mm_Wv0^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_mix_Wv0 + row0 * 64 + hd * 16, 64, mm_Wv0 + row0 * 64 + hd * 16, 64,
-                                          grad_softmax_Wk0 + row0 * 256 + hd * 64, 256, 64);
-        }
-    #else
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* grad_softmax_Wk0_block_2[dk][ks] = mm_Wv0[(e,ks), hd*16+dk]: the head's keys
-             * transposed, so that a row of scores is a sum of contiguous rows */
-            for (int64_t ks = 0; ks < len; ++ks) {
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    grad_softmax_Wk0_block_2[dk * 64 + ks] = mm_Wv0[(row0 + ks) * 64 + hd * 16 + dk];
-                }
-            }
-            for (int64_t qt = 0; qt < len; ++qt) {
-                TRANSFORMER_LM_REAL *srow = grad_softmax_Wk0 + (row0 + qt) * 256 + hd * 64;
-                for (int64_t ks = 0; ks < 64; ++ks) {
-                    srow[ks] = 0;
-                }
-                /* srow[ks] += grad_mix_Wv0[(e,qt), hd*16+dk] *
-                 * grad_softmax_Wk0_block_2[dk][ks] for keys ks <= qt */
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    const TRANSFORMER_LM_REAL aw = grad_mix_Wv0[(row0 + qt) * 64 + hd * 16 + dk];
-                    for (int64_t ks = 0; ks <= qt; ++ks) {
-                        srow[ks] += aw * grad_softmax_Wk0_block_2[dk * 64 + ks];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* grad_scores_Wk0[(e,t),(h,s)] = softmax_Wk0[(e,t),(h,s)] *
-     * (grad_softmax_Wk0[(e,t),(h,s)] - sum_{s'<=t} softmax_Wk0[(e,t),(h,s')] *
-     * grad_softmax_Wk0[(e,t),(h,s')]) for s <= t, 0 for s > t (rows (e,t) = e*64+t, 4 heads) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 127)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                const int64_t qbase = (row0 + qt) * 256 + hd * 64;
-                TRANSFORMER_LM_REAL dot = 0;
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    dot += softmax_Wk0[qbase + ks] * grad_softmax_Wk0[qbase + ks];
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_scores_Wk0[qbase + ks] = softmax_Wk0[qbase + ks] * (grad_softmax_Wk0[qbase + ks] - dot);
-                }
-                for (int64_t ks = qt + 1; ks < 64; ++ks) {
-                    grad_scores_Wk0[qbase + ks] = 0;
-                }
-            }
-        }
-    }
-
-    /* grad_mm_Wk0[(e,s),h*dh+k] = sum_{t>=s} grad_scores_Wk0[(e,t),(h,s)] *
-     * mm_Wq0[(e,t),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_scores_Wk0)^T mm_Wq0 */
-            symbackprop_f64_causal_mix(1, len, 16, grad_scores_Wk0 + row0 * 256 + hd * 64, 256,
-                                       mm_Wq0 + row0 * 64 + hd * 16, 64, grad_mm_Wk0 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t ks = 0; ks < len; ++ks) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over queries qt >= ks of grad_scores_Wk0[(e,qt),(hd,ks)] *
-                 * mm_Wq0[(e,qt), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_mm_Wk0 + (row0 + ks) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_scores_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * mm_Wq0[(row0 + qt) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* grad_add_b0a += grad_mm_Wk0 @ Wk0^T */
-    transformer_lm_product8(m, grad_mm_Wk0, Wk0, grad_add_b0a);
-
-    /* grad_mm_Wq0[(e,t),h*dh+k] = sum_{s<=t} grad_scores_Wk0[(e,t),(h,s)] *
-     * mm_Wk0[(e,s),h*dh+k] (rows (e,t) = e*64+t, 4 heads of 16 columns) */
-    SYMBACKPROP_PARALLEL_EACH_IF(m >= 65)
-    for (int64_t seq = 0; seq < (m + 63) / 64; ++seq) {
-        const int64_t len = m - seq * 64 < 64 ? m - seq * 64 : 64;
-        const int64_t row0 = seq * 64;
-    #ifdef SYMBACKPROP_CBLAS
-        for (int64_t hd = 0; hd < 4; ++hd) {
-            /* the head's len x 16 block: tril(grad_scores_Wk0) mm_Wk0 */
-            symbackprop_f64_causal_mix(0, len, 16, grad_scores_Wk0 + row0 * 256 + hd * 64, 256,
-                                       mm_Wk0 + row0 * 64 + hd * 16, 64, grad_mm_Wq0 + row0 * 64 + hd * 16, 64);
-        }
-    #else
-        for (int64_t qt = 0; qt < len; ++qt) {
-            for (int64_t hd = 0; hd < 4; ++hd) {
-                /* orow[dk] = sum over keys ks <= qt of grad_scores_Wk0[(e,qt),(hd,ks)] *
-                 * mm_Wk0[(e,ks), hd*16+dk] */
-                TRANSFORMER_LM_REAL *orow = grad_mm_Wq0 + (row0 + qt) * 64 + hd * 16;
-                for (int64_t dk = 0; dk < 16; ++dk) {
-                    orow[dk] = 0;
-                }
-                for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_scores_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
-                    for (int64_t dk = 0; dk < 16; ++dk) {
-                        orow[dk] += pw * mm_Wk0[(row0 + ks) * 64 + hd * 16 + dk];
-                    }
-                }
-            }
-        }
-    #endif
-    }
-
-    /* grad_add_b0a += grad_mm_Wq0 @ mul_Wq0^T */
-    transformer_lm_product8(m, grad_mm_Wq0, mul_Wq0, grad_add_b0a);
-
-    /* grad_norm_E = g0a*grad_add_b0a */
-    /* grad_copy_g0a = grad_add_b0a*norm_E */
-    transformer_lm_loop6(m, grad_norm_E, grad_add_b0a, g0a, grad_copy_g0a, norm_E);
-
-    /* grad_add_E_part[i, :] = r_i (grad_norm_E[i, :] - mean_j grad_norm_E[i, j] - y[i, :]
-     * mean_j grad_norm_E[i, j] y[i, j]), y = (add_E - mu) r normalized as in normalize_rows
-     * (mu_i, r_i of add_E's row i, recomputed) */
-    SYMBACKPROP_PARALLEL_FOR
-    for (int64_t i = 0; i < m; ++i) {
-        TRANSFORMER_LM_REAL *row = grad_add_E_part + 64*i;
-        TRANSFORMER_LM_REAL mean;
-        {
-            TRANSFORMER_LM_REAL sum_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    sum_lane[l] += add_E[64*i + k + l];
-                }
-            }
-            TRANSFORMER_LM_REAL sum = sum_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                sum += sum_lane[l];
-            }
-            for (; k < 64; ++k) {
-                sum += add_E[64*i + k];
-            }
-            mean = sum / 64;
-        }
-        /* with c = x - mean: r = 1/sqrt(mean(c^2) + eps), y = c r; the gradient r (g -
-         * mean(g) - y mean(g y)) */
-        {
-            TRANSFORMER_LM_REAL squares_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            TRANSFORMER_LM_REAL grads_c_lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int64_t k = 0;
-            for (; k + 8 <= 64; k += 8) {
-                for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (add_E[64*i + k + l] - mean)*(add_E[64*i + k + l] - mean);
-                    grads_lane[l] += grad_norm_E[64*i + k + l];
-                    grads_c_lane[l] += grad_norm_E[64*i + k + l]*(add_E[64*i + k + l] - mean);
-                }
-            }
-            TRANSFORMER_LM_REAL squares = squares_lane[0];
-            TRANSFORMER_LM_REAL grads = grads_lane[0];
-            TRANSFORMER_LM_REAL grads_c = grads_c_lane[0];
-            for (int64_t l = 1; l < 8; ++l) {
-                squares += squares_lane[l];
-                grads += grads_lane[l];
-                grads_c += grads_c_lane[l];
-            }
-            for (; k < 64; ++k) {
-                squares += (add_E[64*i + k] - mean)*(add_E[64*i + k] - mean);
-                grads += grad_norm_E[64*i + k];
-                grads_c += grad_norm_E[64*i + k]*(add_E[64*i + k] - mean);
-            }
-            const TRANSFORMER_LM_REAL r = 1.0/sqrt((1.0/64.0)*squares + 1.0000000000000001e-5);
-            const TRANSFORMER_LM_REAL grads_mean = grads / 64;
-            const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
-            for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_norm_E[64*i + j] - grads_mean - (add_E[64*i + j] - mean) * r * grads_y_mean);
-            }
-        }
-    }
-
-    /* grad_add_E = grad_add_E_part + grad_add_Wo0 */
-    transformer_lm_loop0(m, grad_add_E, grad_add_Wo0, grad_add_E_part);
-}
-#endif
-
-/* transformer_lm_train_step, part 5 of 9 (kernels 86 to 86): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 2; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
-    int64_t m,
-    const int64_t *ids,
-    const int64_t *positions,
-    TRANSFORMER_LM_REAL *grad_add_E,
-    TRANSFORMER_LM_REAL *grad_E_2,
-    TRANSFORMER_LM_REAL *grad_P_2
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part5(
-    int64_t m,
-    const int64_t *ids,
-    const int64_t *positions,
-    TRANSFORMER_LM_REAL *grad_add_E,
-    TRANSFORMER_LM_REAL *grad_E_2,
-    TRANSFORMER_LM_REAL *grad_P_2
-)
-{
-    /* grad_E_2[ids[i], :] += [grad_add_E[i, 0], grad_add_E[i, 1], grad_add_E[i, 2],
-     * grad_add_E[i, 3], grad_add_E[i, 4], grad_add_E[i, 5], grad_add_E[i, 6],
-     * grad_add_E[i, 7], grad_add_E[i, 8], grad_add_E[i, 9], grad_add_E[i, 10],
-     * grad_add_E[i, 11], grad_add_E[i, 12], grad_add_E[i, 13], grad_add_E[i, 14],
-     * grad_add_E[i, 15], grad_add_E[i, 16], grad_add_E[i, 17], grad_add_E[i, 18],
-     * grad_add_E[i, 19], grad_add_E[i, 20], grad_add_E[i, 21], grad_add_E[i, 22], ... */
-    /* grad_P_2[positions[i], :] += [grad_add_E[i, 0], grad_add_E[i, 1], grad_add_E[i, 2],
-     * grad_add_E[i, 3], grad_add_E[i, 4], grad_add_E[i, 5], grad_add_E[i, 6],
-     * grad_add_E[i, 7], grad_add_E[i, 8], grad_add_E[i, 9], grad_add_E[i, 10],
-     * grad_add_E[i, 11], grad_add_E[i, 12], grad_add_E[i, 13], grad_add_E[i, 14],
-     * grad_add_E[i, 15], grad_add_E[i, 16], grad_add_E[i, 17], grad_add_E[i, 18],
-     * grad_add_E[i, 19], grad_add_E[i, 20], grad_add_E[i, 21], grad_add_E[i, 22], ... */
-    for (int64_t i = 0; i < 3968; ++i) {
-        grad_E_2[i] = 0;
-    }
-    for (int64_t i = 0; i < 4096; ++i) {
-        grad_P_2[i] = 0;
-    }
-    for (int64_t i = 0; i < m; ++i) {
-        grad_E_2[64*ids[i]] += grad_add_E[64*i];
-        grad_E_2[64*ids[i] + 1] += grad_add_E[64*i + 1];
-        grad_E_2[64*ids[i] + 2] += grad_add_E[64*i + 2];
-        grad_E_2[64*ids[i] + 3] += grad_add_E[64*i + 3];
-        grad_E_2[64*ids[i] + 4] += grad_add_E[64*i + 4];
-        grad_E_2[64*ids[i] + 5] += grad_add_E[64*i + 5];
-        grad_E_2[64*ids[i] + 6] += grad_add_E[64*i + 6];
-        grad_E_2[64*ids[i] + 7] += grad_add_E[64*i + 7];
-        grad_E_2[64*ids[i] + 8] += grad_add_E[64*i + 8];
-        grad_E_2[64*ids[i] + 9] += grad_add_E[64*i + 9];
-        grad_E_2[64*ids[i] + 10] += grad_add_E[64*i + 10];
-        grad_E_2[64*ids[i] + 11] += grad_add_E[64*i + 11];
-        grad_E_2[64*ids[i] + 12] += grad_add_E[64*i + 12];
-        grad_E_2[64*ids[i] + 13] += grad_add_E[64*i + 13];
-        grad_E_2[64*ids[i] + 14] += grad_add_E[64*i + 14];
-        grad_E_2[64*ids[i] + 15] += grad_add_E[64*i + 15];
-        grad_E_2[64*ids[i] + 16] += grad_add_E[64*i + 16];
-        grad_E_2[64*ids[i] + 17] += grad_add_E[64*i + 17];
-        grad_E_2[64*ids[i] + 18] += grad_add_E[64*i + 18];
-        grad_E_2[64*ids[i] + 19] += grad_add_E[64*i + 19];
-        grad_E_2[64*ids[i] + 20] += grad_add_E[64*i + 20];
-        grad_E_2[64*ids[i] + 21] += grad_add_E[64*i + 21];
-        grad_E_2[64*ids[i] + 22] += grad_add_E[64*i + 22];
-        grad_E_2[64*ids[i] + 23] += grad_add_E[64*i + 23];
-        grad_E_2[64*ids[i] + 24] += grad_add_E[64*i + 24];
-        grad_E_2[64*ids[i] + 25] += grad_add_E[64*i + 25];
-        grad_E_2[64*ids[i] + 26] += grad_add_E[64*i + 26];
-        grad_E_2[64*ids[i] + 27] += grad_add_E[64*i + 27];
-        grad_E_2[64*ids[i] + 28] += grad_add_E[64*i + 28];
-        grad_E_2[64*ids[i] + 29] += grad_add_E[64*i + 29];
-        grad_E_2[64*ids[i] + 30] += grad_add_E[64*i + 30];
-        grad_E_2[64*ids[i] + 31] += grad_add_E[64*i + 31];
-        grad_E_2[64*ids[i] + 32] += grad_add_E[64*i + 32];
-        grad_E_2[64*ids[i] + 33] += grad_add_E[64*i + 33];
-        grad_E_2[64*ids[i] + 34] += grad_add_E[64*i + 34];
-        grad_E_2[64*ids[i] + 35] += grad_add_E[64*i + 35];
-        grad_E_2[64*ids[i] + 36] += grad_add_E[64*i + 36];
-        grad_E_2[64*ids[i] + 37] += grad_add_E[64*i + 37];
-        grad_E_2[64*ids[i] + 38] += grad_add_E[64*i + 38];
-        grad_E_2[64*ids[i] + 39] += grad_add_E[64*i + 39];
-        grad_E_2[64*ids[i] + 40] += grad_add_E[64*i + 40];
-        grad_E_2[64*ids[i] + 41] += grad_add_E[64*i + 41];
-        grad_E_2[64*ids[i] + 42] += grad_add_E[64*i + 42];
-        grad_E_2[64*ids[i] + 43] += grad_add_E[64*i + 43];
-        grad_E_2[64*ids[i] + 44] += grad_add_E[64*i + 44];
-        grad_E_2[64*ids[i] + 45] += grad_add_E[64*i + 45];
-        grad_E_2[64*ids[i] + 46] += grad_add_E[64*i + 46];
-        grad_E_2[64*ids[i] + 47] += grad_add_E[64*i + 47];
-        grad_E_2[64*ids[i] + 48] += grad_add_E[64*i + 48];
-        grad_E_2[64*ids[i] + 49] += grad_add_E[64*i + 49];
-        grad_E_2[64*ids[i] + 50] += grad_add_E[64*i + 50];
-        grad_E_2[64*ids[i] + 51] += grad_add_E[64*i + 51];
-        grad_E_2[64*ids[i] + 52] += grad_add_E[64*i + 52];
-        grad_E_2[64*ids[i] + 53] += grad_add_E[64*i + 53];
-        grad_E_2[64*ids[i] + 54] += grad_add_E[64*i + 54];
-        grad_E_2[64*ids[i] + 55] += grad_add_E[64*i + 55];
-        grad_E_2[64*ids[i] + 56] += grad_add_E[64*i + 56];
-        grad_E_2[64*ids[i] + 57] += grad_add_E[64*i + 57];
-        grad_E_2[64*ids[i] + 58] += grad_add_E[64*i + 58];
-        grad_E_2[64*ids[i] + 59] += grad_add_E[64*i + 59];
-        grad_E_2[64*ids[i] + 60] += grad_add_E[64*i + 60];
-        grad_E_2[64*ids[i] + 61] += grad_add_E[64*i + 61];
-        grad_E_2[64*ids[i] + 62] += grad_add_E[64*i + 62];
-        grad_E_2[64*ids[i] + 63] += grad_add_E[64*i + 63];
-        grad_P_2[64*positions[i]] += grad_add_E[64*i];
-        grad_P_2[64*positions[i] + 1] += grad_add_E[64*i + 1];
-        grad_P_2[64*positions[i] + 2] += grad_add_E[64*i + 2];
-        grad_P_2[64*positions[i] + 3] += grad_add_E[64*i + 3];
-        grad_P_2[64*positions[i] + 4] += grad_add_E[64*i + 4];
-        grad_P_2[64*positions[i] + 5] += grad_add_E[64*i + 5];
-        grad_P_2[64*positions[i] + 6] += grad_add_E[64*i + 6];
-        grad_P_2[64*positions[i] + 7] += grad_add_E[64*i + 7];
-        grad_P_2[64*positions[i] + 8] += grad_add_E[64*i + 8];
-        grad_P_2[64*positions[i] + 9] += grad_add_E[64*i + 9];
-        grad_P_2[64*positions[i] + 10] += grad_add_E[64*i + 10];
-        grad_P_2[64*positions[i] + 11] += grad_add_E[64*i + 11];
-        grad_P_2[64*positions[i] + 12] += grad_add_E[64*i + 12];
-        grad_P_2[64*positions[i] + 13] += grad_add_E[64*i + 13];
-        grad_P_2[64*positions[i] + 14] += grad_add_E[64*i + 14];
-        grad_P_2[64*positions[i] + 15] += grad_add_E[64*i + 15];
-        grad_P_2[64*positions[i] + 16] += grad_add_E[64*i + 16];
-        grad_P_2[64*positions[i] + 17] += grad_add_E[64*i + 17];
-        grad_P_2[64*positions[i] + 18] += grad_add_E[64*i + 18];
-        grad_P_2[64*positions[i] + 19] += grad_add_E[64*i + 19];
-        grad_P_2[64*positions[i] + 20] += grad_add_E[64*i + 20];
-        grad_P_2[64*positions[i] + 21] += grad_add_E[64*i + 21];
-        grad_P_2[64*positions[i] + 22] += grad_add_E[64*i + 22];
-        grad_P_2[64*positions[i] + 23] += grad_add_E[64*i + 23];
-        grad_P_2[64*positions[i] + 24] += grad_add_E[64*i + 24];
-        grad_P_2[64*positions[i] + 25] += grad_add_E[64*i + 25];
-        grad_P_2[64*positions[i] + 26] += grad_add_E[64*i + 26];
-        grad_P_2[64*positions[i] + 27] += grad_add_E[64*i + 27];
-        grad_P_2[64*positions[i] + 28] += grad_add_E[64*i + 28];
-        grad_P_2[64*positions[i] + 29] += grad_add_E[64*i + 29];
-        grad_P_2[64*positions[i] + 30] += grad_add_E[64*i + 30];
-        grad_P_2[64*positions[i] + 31] += grad_add_E[64*i + 31];
-        grad_P_2[64*positions[i] + 32] += grad_add_E[64*i + 32];
-        grad_P_2[64*positions[i] + 33] += grad_add_E[64*i + 33];
-        grad_P_2[64*positions[i] + 34] += grad_add_E[64*i + 34];
-        grad_P_2[64*positions[i] + 35] += grad_add_E[64*i + 35];
-        grad_P_2[64*positions[i] + 36] += grad_add_E[64*i + 36];
-        grad_P_2[64*positions[i] + 37] += grad_add_E[64*i + 37];
-        grad_P_2[64*positions[i] + 38] += grad_add_E[64*i + 38];
-        grad_P_2[64*positions[i] + 39] += grad_add_E[64*i + 39];
-        grad_P_2[64*positions[i] + 40] += grad_add_E[64*i + 40];
-        grad_P_2[64*positions[i] + 41] += grad_add_E[64*i + 41];
-        grad_P_2[64*positions[i] + 42] += grad_add_E[64*i + 42];
-        grad_P_2[64*positions[i] + 43] += grad_add_E[64*i + 43];
-        grad_P_2[64*positions[i] + 44] += grad_add_E[64*i + 44];
-        grad_P_2[64*positions[i] + 45] += grad_add_E[64*i + 45];
-        grad_P_2[64*positions[i] + 46] += grad_add_E[64*i + 46];
-        grad_P_2[64*positions[i] + 47] += grad_add_E[64*i + 47];
-        grad_P_2[64*positions[i] + 48] += grad_add_E[64*i + 48];
-        grad_P_2[64*positions[i] + 49] += grad_add_E[64*i + 49];
-        grad_P_2[64*positions[i] + 50] += grad_add_E[64*i + 50];
-        grad_P_2[64*positions[i] + 51] += grad_add_E[64*i + 51];
-        grad_P_2[64*positions[i] + 52] += grad_add_E[64*i + 52];
-        grad_P_2[64*positions[i] + 53] += grad_add_E[64*i + 53];
-        grad_P_2[64*positions[i] + 54] += grad_add_E[64*i + 54];
-        grad_P_2[64*positions[i] + 55] += grad_add_E[64*i + 55];
-        grad_P_2[64*positions[i] + 56] += grad_add_E[64*i + 56];
-        grad_P_2[64*positions[i] + 57] += grad_add_E[64*i + 57];
-        grad_P_2[64*positions[i] + 58] += grad_add_E[64*i + 58];
-        grad_P_2[64*positions[i] + 59] += grad_add_E[64*i + 59];
-        grad_P_2[64*positions[i] + 60] += grad_add_E[64*i + 60];
-        grad_P_2[64*positions[i] + 61] += grad_add_E[64*i + 61];
-        grad_P_2[64*positions[i] + 62] += grad_add_E[64*i + 62];
-        grad_P_2[64*positions[i] + 63] += grad_add_E[64*i + 63];
-    }
-}
-#endif
-
-/* transformer_lm_train_step, part 6 of 9 (kernels 87 to 96): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
-    int64_t m,
-    TRANSFORMER_LM_REAL *E,
-    TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *b0a,
-    TRANSFORMER_LM_REAL *Wq0,
-    TRANSFORMER_LM_REAL *Wk0,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
     const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *add_b0a,
-    TRANSFORMER_LM_REAL *grad_add_b0a,
-    TRANSFORMER_LM_REAL *grad_mm_Wk0,
-    TRANSFORMER_LM_REAL *grad_mm_Wq0,
-    TRANSFORMER_LM_REAL *grad_copy_g0a,
-    TRANSFORMER_LM_REAL *grad_E_2,
-    TRANSFORMER_LM_REAL *grad_P_2,
+    TRANSFORMER_LM_REAL *step,
+    TRANSFORMER_LM_REAL *m_E,
+    TRANSFORMER_LM_REAL *v_E,
     TRANSFORMER_LM_REAL *grad_E_3,
     TRANSFORMER_LM_REAL *grad_P_3,
-    TRANSFORMER_LM_REAL *grad_g0a_2,
-    TRANSFORMER_LM_REAL *grad_g0a_3,
-    TRANSFORMER_LM_REAL *grad_b0a_2,
-    TRANSFORMER_LM_REAL *grad_b0a_3,
-    TRANSFORMER_LM_REAL *grad_mul_Wq0,
     TRANSFORMER_LM_REAL *grad_Wq0_3,
-    TRANSFORMER_LM_REAL *grad_Wk0_2,
-    TRANSFORMER_LM_REAL *grad_Wk0_3
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part6(
-    int64_t m,
-    TRANSFORMER_LM_REAL *E,
-    TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *b0a,
-    TRANSFORMER_LM_REAL *Wq0,
-    TRANSFORMER_LM_REAL *Wk0,
-    const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *add_b0a,
-    TRANSFORMER_LM_REAL *grad_add_b0a,
-    TRANSFORMER_LM_REAL *grad_mm_Wk0,
-    TRANSFORMER_LM_REAL *grad_mm_Wq0,
-    TRANSFORMER_LM_REAL *grad_copy_g0a,
-    TRANSFORMER_LM_REAL *grad_E_2,
-    TRANSFORMER_LM_REAL *grad_P_2,
-    TRANSFORMER_LM_REAL *grad_E_3,
-    TRANSFORMER_LM_REAL *grad_P_3,
-    TRANSFORMER_LM_REAL *grad_g0a_2,
+    TRANSFORMER_LM_REAL *grad_Wk0_3,
+    TRANSFORMER_LM_REAL *grad_Wv0_3,
+    TRANSFORMER_LM_REAL *grad_Wo0_3,
+    TRANSFORMER_LM_REAL *grad_Wq1_3,
+    TRANSFORMER_LM_REAL *grad_Wk1_3,
+    TRANSFORMER_LM_REAL *grad_Wv1_3,
+    TRANSFORMER_LM_REAL *grad_Wo1_3,
     TRANSFORMER_LM_REAL *grad_g0a_3,
-    TRANSFORMER_LM_REAL *grad_b0a_2,
     TRANSFORMER_LM_REAL *grad_b0a_3,
-    TRANSFORMER_LM_REAL *grad_mul_Wq0,
-    TRANSFORMER_LM_REAL *grad_Wq0_3,
-    TRANSFORMER_LM_REAL *grad_Wk0_2,
-    TRANSFORMER_LM_REAL *grad_Wk0_3
+    TRANSFORMER_LM_REAL *grad_g0m_3,
+    TRANSFORMER_LM_REAL *grad_b0m_3,
+    TRANSFORMER_LM_REAL *grad_c0down_3,
+    TRANSFORMER_LM_REAL *grad_g1a_3,
+    TRANSFORMER_LM_REAL *grad_b1a_3,
+    TRANSFORMER_LM_REAL *grad_g1m_3,
+    TRANSFORMER_LM_REAL *grad_b1m_3,
+    TRANSFORMER_LM_REAL *grad_c1down_3,
+    TRANSFORMER_LM_REAL *grad_gf_3,
+    TRANSFORMER_LM_REAL *grad_bf_3,
+    TRANSFORMER_LM_REAL *grad_W0up_3,
+    TRANSFORMER_LM_REAL *grad_W1up_3,
+    TRANSFORMER_LM_REAL *grad_c0up_3,
+    TRANSFORMER_LM_REAL *grad_c1up_3,
+    TRANSFORMER_LM_REAL *grad_W0down_3,
+    TRANSFORMER_LM_REAL *grad_W1down_3,
+    TRANSFORMER_LM_REAL *grad_Wout_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2,
+    TRANSFORMER_LM_REAL *grad_E,
+    TRANSFORMER_LM_REAL *grad_P,
+    TRANSFORMER_LM_REAL *grad_g0a,
+    TRANSFORMER_LM_REAL *grad_b0a,
+    TRANSFORMER_LM_REAL *grad_Wq0,
+    TRANSFORMER_LM_REAL *grad_Wk0,
+    TRANSFORMER_LM_REAL *grad_Wv0,
+    TRANSFORMER_LM_REAL *grad_Wo0,
+    TRANSFORMER_LM_REAL *grad_g0m,
+    TRANSFORMER_LM_REAL *grad_b0m,
+    TRANSFORMER_LM_REAL *grad_W0up,
+    TRANSFORMER_LM_REAL *grad_c0up,
+    TRANSFORMER_LM_REAL *grad_W0down,
+    TRANSFORMER_LM_REAL *grad_c0down,
+    TRANSFORMER_LM_REAL *grad_g1a,
+    TRANSFORMER_LM_REAL *grad_b1a,
+    TRANSFORMER_LM_REAL *grad_Wq1,
+    TRANSFORMER_LM_REAL *grad_Wk1,
+    TRANSFORMER_LM_REAL *grad_Wv1,
+    TRANSFORMER_LM_REAL *grad_Wo1,
+    TRANSFORMER_LM_REAL *grad_g1m,
+    TRANSFORMER_LM_REAL *grad_b1m,
+    TRANSFORMER_LM_REAL *grad_W1up,
+    TRANSFORMER_LM_REAL *grad_c1up,
+    TRANSFORMER_LM_REAL *grad_W1down,
+    TRANSFORMER_LM_REAL *grad_c1down,
+    TRANSFORMER_LM_REAL *grad_gf,
+    TRANSFORMER_LM_REAL *grad_bf,
+    TRANSFORMER_LM_REAL *grad_Wout
 )
 {
-    /* grad_E_3 = E*weight_decay + grad_E_2 */
+    /* grad_E_3 = E*weight_decay + grad_E */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t i = 0; i < 62; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_E_3[64*i + j] = grad_E_2[64*i + j] + weight_decay_value*E[64*i + j];
+                grad_E_3[64*i + j] = grad_E[64*i + j] + weight_decay_value*E[64*i + j];
             }
         }
     }
 
-    /* grad_P_3 = P*weight_decay + grad_P_2 */
+    /* grad_P_3 = P*weight_decay + grad_P */
+    /* grad_Wq0_3 = Wq0*weight_decay + grad_Wq0 */
+    /* grad_Wk0_3 = Wk0*weight_decay + grad_Wk0 */
+    /* grad_Wv0_3 = Wv0*weight_decay + grad_Wv0 */
+    /* grad_Wo0_3 = Wo0*weight_decay + grad_Wo0 */
+    /* grad_Wq1_3 = Wq1*weight_decay + grad_Wq1 */
+    /* grad_Wk1_3 = Wk1*weight_decay + grad_Wk1 */
+    /* grad_Wv1_3 = Wv1*weight_decay + grad_Wv1 */
+    /* grad_Wo1_3 = Wo1*weight_decay + grad_Wo1 */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_P_3[64*i + j] = grad_P_2[64*i + j] + weight_decay_value*P[64*i + j];
+                grad_P_3[64*i + j] = grad_P[64*i + j] + weight_decay_value*P[64*i + j];
+                grad_Wq0_3[64*i + j] = weight_decay_value*Wq0[64*i + j] + grad_Wq0[64*i + j];
+                grad_Wk0_3[64*i + j] = weight_decay_value*Wk0[64*i + j] + grad_Wk0[64*i + j];
+                grad_Wv0_3[64*i + j] = weight_decay_value*Wv0[64*i + j] + grad_Wv0[64*i + j];
+                grad_Wo0_3[64*i + j] = weight_decay_value*Wo0[64*i + j] + grad_Wo0[64*i + j];
+                grad_Wq1_3[64*i + j] = weight_decay_value*Wq1[64*i + j] + grad_Wq1[64*i + j];
+                grad_Wk1_3[64*i + j] = weight_decay_value*Wk1[64*i + j] + grad_Wk1[64*i + j];
+                grad_Wv1_3[64*i + j] = weight_decay_value*Wv1[64*i + j] + grad_Wv1[64*i + j];
+                grad_Wo1_3[64*i + j] = weight_decay_value*Wo1[64*i + j] + grad_Wo1[64*i + j];
             }
         }
     }
 
-    /* grad_g0a_2 = sum of grad_copy_g0a down each column */
-    symbackprop_f64_sum_columns(grad_copy_g0a, m, 64, 64, grad_g0a_2);
-
-    /* grad_g0a_3 = g0a*weight_decay + grad_g0a_2 */
+    /* grad_g0a_3 = g0a*weight_decay + grad_g0a */
+    /* grad_b0a_3 = b0a*weight_decay + grad_b0a */
+    /* grad_g0m_3 = g0m*weight_decay + grad_g0m */
+    /* grad_b0m_3 = b0m*weight_decay + grad_b0m */
+    /* grad_c0down_3 = c0down*weight_decay + grad_c0down */
+    /* grad_g1a_3 = g1a*weight_decay + grad_g1a */
+    /* grad_b1a_3 = b1a*weight_decay + grad_b1a */
+    /* grad_g1m_3 = g1m*weight_decay + grad_g1m */
+    /* grad_b1m_3 = b1m*weight_decay + grad_b1m */
+    /* grad_c1down_3 = c1down*weight_decay + grad_c1down */
+    /* grad_gf_3 = gf*weight_decay + grad_gf */
+    /* grad_bf_3 = bf*weight_decay + grad_bf */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 64; ++j) {
-            grad_g0a_3[j] = grad_g0a_2[j] + weight_decay_value*g0a[j];
+            grad_g0a_3[j] = grad_g0a[j] + weight_decay_value*g0a[j];
+            grad_b0a_3[j] = weight_decay_value*b0a[j] + grad_b0a[j];
+            grad_g0m_3[j] = weight_decay_value*g0m[j] + grad_g0m[j];
+            grad_b0m_3[j] = weight_decay_value*b0m[j] + grad_b0m[j];
+            grad_c0down_3[j] = weight_decay_value*c0down[j] + grad_c0down[j];
+            grad_g1a_3[j] = weight_decay_value*g1a[j] + grad_g1a[j];
+            grad_b1a_3[j] = weight_decay_value*b1a[j] + grad_b1a[j];
+            grad_g1m_3[j] = weight_decay_value*g1m[j] + grad_g1m[j];
+            grad_b1m_3[j] = weight_decay_value*b1m[j] + grad_b1m[j];
+            grad_c1down_3[j] = weight_decay_value*c1down[j] + grad_c1down[j];
+            grad_gf_3[j] = weight_decay_value*gf[j] + grad_gf[j];
+            grad_bf_3[j] = weight_decay_value*bf[j] + grad_bf[j];
         }
     }
 
-    /* grad_b0a_2 = sum of grad_add_b0a down each column */
-    symbackprop_f64_sum_columns(grad_add_b0a, m, 64, 64, grad_b0a_2);
-
-    /* grad_b0a_3 = b0a*weight_decay + grad_b0a_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b0a_3[j] = grad_b0a_2[j] + weight_decay_value*b0a[j];
-        }
-    }
-
-    /* grad_mul_Wq0 = add_b0a^T @ grad_mm_Wq0 */
-    transformer_lm_product9(m, add_b0a, grad_mm_Wq0, grad_mul_Wq0);
-
-    /* grad_Wq0_3 = Wq0*weight_decay + grad_mul_Wq0/4 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wq0_3[64*i + j] = (1.0/4.0)*grad_mul_Wq0[64*i + j] + weight_decay_value*Wq0[64*i + j];
-            }
-        }
-    }
-
-    /* grad_Wk0_2 = add_b0a^T @ grad_mm_Wk0 */
-    transformer_lm_product9(m, add_b0a, grad_mm_Wk0, grad_Wk0_2);
-
-    /* grad_Wk0_3 = Wk0*weight_decay + grad_Wk0_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wk0_3[64*i + j] = grad_Wk0_2[64*i + j] + weight_decay_value*Wk0[64*i + j];
-            }
-        }
-    }
-}
-#endif
-
-/* transformer_lm_train_step, part 7 of 9 (kernels 97 to 128): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part7(
-    int64_t m,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *b0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *c0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
-    const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *add_b0a,
-    TRANSFORMER_LM_REAL *mix_Wv0,
-    TRANSFORMER_LM_REAL *add_b0m,
-    TRANSFORMER_LM_REAL *mul_W0up,
-    TRANSFORMER_LM_REAL *add_b1a,
-    TRANSFORMER_LM_REAL *mix_Wv1,
-    TRANSFORMER_LM_REAL *grad_add_b1m,
-    TRANSFORMER_LM_REAL *grad_copy_g1m,
-    TRANSFORMER_LM_REAL *grad_add_Wo1,
-    TRANSFORMER_LM_REAL *grad_mm_Wv1,
-    TRANSFORMER_LM_REAL *grad_add_b1a,
-    TRANSFORMER_LM_REAL *grad_mm_Wk1,
-    TRANSFORMER_LM_REAL *grad_mm_Wq1,
-    TRANSFORMER_LM_REAL *grad_copy_g1a,
-    TRANSFORMER_LM_REAL *grad_add_W0down,
-    TRANSFORMER_LM_REAL *grad_add_W0up,
-    TRANSFORMER_LM_REAL *grad_add_b0m,
-    TRANSFORMER_LM_REAL *grad_copy_g0m,
-    TRANSFORMER_LM_REAL *grad_add_Wo0,
-    TRANSFORMER_LM_REAL *grad_mm_Wv0,
-    TRANSFORMER_LM_REAL *grad_Wv0_2,
-    TRANSFORMER_LM_REAL *grad_Wv0_3,
-    TRANSFORMER_LM_REAL *grad_Wo0_2,
-    TRANSFORMER_LM_REAL *grad_Wo0_3,
-    TRANSFORMER_LM_REAL *grad_g0m_2,
-    TRANSFORMER_LM_REAL *grad_g0m_3,
-    TRANSFORMER_LM_REAL *grad_b0m_2,
-    TRANSFORMER_LM_REAL *grad_b0m_3,
-    TRANSFORMER_LM_REAL *grad_W0up_2,
-    TRANSFORMER_LM_REAL *grad_W0up_3,
-    TRANSFORMER_LM_REAL *grad_c0up_2,
-    TRANSFORMER_LM_REAL *grad_c0up_3,
-    TRANSFORMER_LM_REAL *grad_W0down_2,
-    TRANSFORMER_LM_REAL *grad_W0down_3,
-    TRANSFORMER_LM_REAL *grad_c0down_2,
-    TRANSFORMER_LM_REAL *grad_c0down_3,
-    TRANSFORMER_LM_REAL *grad_g1a_2,
-    TRANSFORMER_LM_REAL *grad_g1a_3,
-    TRANSFORMER_LM_REAL *grad_b1a_2,
-    TRANSFORMER_LM_REAL *grad_b1a_3,
-    TRANSFORMER_LM_REAL *grad_mul_Wq1,
-    TRANSFORMER_LM_REAL *grad_Wq1_3,
-    TRANSFORMER_LM_REAL *grad_Wk1_2,
-    TRANSFORMER_LM_REAL *grad_Wk1_3,
-    TRANSFORMER_LM_REAL *grad_Wv1_2,
-    TRANSFORMER_LM_REAL *grad_Wv1_3,
-    TRANSFORMER_LM_REAL *grad_Wo1_2,
-    TRANSFORMER_LM_REAL *grad_Wo1_3,
-    TRANSFORMER_LM_REAL *grad_g1m_2,
-    TRANSFORMER_LM_REAL *grad_g1m_3,
-    TRANSFORMER_LM_REAL *grad_b1m_2,
-    TRANSFORMER_LM_REAL *grad_b1m_3
-)
-{
-    /* grad_Wv0_2 = add_b0a^T @ grad_mm_Wv0 */
-    transformer_lm_product9(m, add_b0a, grad_mm_Wv0, grad_Wv0_2);
-
-    /* grad_Wv0_3 = Wv0*weight_decay + grad_Wv0_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wv0_3[64*i + j] = grad_Wv0_2[64*i + j] + weight_decay_value*Wv0[64*i + j];
-            }
-        }
-    }
-
-    /* grad_Wo0_2 = mix_Wv0^T @ grad_add_Wo0 */
-    transformer_lm_product9(m, mix_Wv0, grad_add_Wo0, grad_Wo0_2);
-
-    /* grad_Wo0_3 = Wo0*weight_decay + grad_Wo0_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wo0_3[64*i + j] = grad_Wo0_2[64*i + j] + weight_decay_value*Wo0[64*i + j];
-            }
-        }
-    }
-
-    /* grad_g0m_2 = sum of grad_copy_g0m down each column */
-    symbackprop_f64_sum_columns(grad_copy_g0m, m, 64, 64, grad_g0m_2);
-
-    /* grad_g0m_3 = g0m*weight_decay + grad_g0m_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_g0m_3[j] = grad_g0m_2[j] + weight_decay_value*g0m[j];
-        }
-    }
-
-    /* grad_b0m_2 = sum of grad_add_b0m down each column */
-    symbackprop_f64_sum_columns(grad_add_b0m, m, 64, 64, grad_b0m_2);
-
-    /* grad_b0m_3 = b0m*weight_decay + grad_b0m_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b0m_3[j] = grad_b0m_2[j] + weight_decay_value*b0m[j];
-        }
-    }
-
-    /* grad_W0up_2 = add_b0m^T @ grad_add_W0up */
-    transformer_lm_product10(m, add_b0m, grad_add_W0up, grad_W0up_2);
-
-    /* grad_W0up_3 = W0up*weight_decay + grad_W0up_2 */
+    /* grad_W0up_3 = W0up*weight_decay + grad_W0up */
+    /* grad_W1up_3 = W1up*weight_decay + grad_W1up */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 256; ++j) {
-                grad_W0up_3[256*i + j] = grad_W0up_2[256*i + j] + weight_decay_value*W0up[256*i + j];
+                grad_W0up_3[256*i + j] = grad_W0up[256*i + j] + weight_decay_value*W0up[256*i + j];
+                grad_W1up_3[256*i + j] = weight_decay_value*W1up[256*i + j] + grad_W1up[256*i + j];
             }
         }
     }
 
-    /* grad_c0up_2 = sum of grad_add_W0up down each column */
-    symbackprop_f64_sum_columns(grad_add_W0up, m, 256, 256, grad_c0up_2);
-
-    /* grad_c0up_3 = c0up*weight_decay + grad_c0up_2 */
+    /* grad_c0up_3 = c0up*weight_decay + grad_c0up */
+    /* grad_c1up_3 = c1up*weight_decay + grad_c1up */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         for (int64_t j = 0; j < 256; ++j) {
-            grad_c0up_3[j] = grad_c0up_2[j] + weight_decay_value*c0up[j];
+            grad_c0up_3[j] = grad_c0up[j] + weight_decay_value*c0up[j];
+            grad_c1up_3[j] = weight_decay_value*c1up[j] + grad_c1up[j];
         }
     }
 
-    /* grad_W0down_2 = mul_W0up^T @ grad_add_W0down */
-    transformer_lm_product11(m, mul_W0up, grad_add_W0down, grad_W0down_2);
-
-    /* grad_W0down_3 = W0down*weight_decay + grad_W0down_2 */
+    /* grad_W0down_3 = W0down*weight_decay + grad_W0down */
+    /* grad_W1down_3 = W1down*weight_decay + grad_W1down */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 256; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_W0down_3[64*i + j] = grad_W0down_2[64*i + j] + weight_decay_value*W0down[64*i + j];
+                grad_W0down_3[64*i + j] = grad_W0down[64*i + j] + weight_decay_value*W0down[64*i + j];
+                grad_W1down_3[64*i + j] = weight_decay_value*W1down[64*i + j] + grad_W1down[64*i + j];
             }
         }
     }
 
-    /* grad_c0down_2 = sum of grad_add_W0down down each column */
-    symbackprop_f64_sum_columns(grad_add_W0down, m, 64, 64, grad_c0down_2);
-
-    /* grad_c0down_3 = c0down*weight_decay + grad_c0down_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_c0down_3[j] = grad_c0down_2[j] + weight_decay_value*c0down[j];
-        }
-    }
-
-    /* grad_g1a_2 = sum of grad_copy_g1a down each column */
-    symbackprop_f64_sum_columns(grad_copy_g1a, m, 64, 64, grad_g1a_2);
-
-    /* grad_g1a_3 = g1a*weight_decay + grad_g1a_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_g1a_3[j] = grad_g1a_2[j] + weight_decay_value*g1a[j];
-        }
-    }
-
-    /* grad_b1a_2 = sum of grad_add_b1a down each column */
-    symbackprop_f64_sum_columns(grad_add_b1a, m, 64, 64, grad_b1a_2);
-
-    /* grad_b1a_3 = b1a*weight_decay + grad_b1a_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b1a_3[j] = grad_b1a_2[j] + weight_decay_value*b1a[j];
-        }
-    }
-
-    /* grad_mul_Wq1 = add_b1a^T @ grad_mm_Wq1 */
-    transformer_lm_product9(m, add_b1a, grad_mm_Wq1, grad_mul_Wq1);
-
-    /* grad_Wq1_3 = Wq1*weight_decay + grad_mul_Wq1/4 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wq1_3[64*i + j] = (1.0/4.0)*grad_mul_Wq1[64*i + j] + weight_decay_value*Wq1[64*i + j];
-            }
-        }
-    }
-
-    /* grad_Wk1_2 = add_b1a^T @ grad_mm_Wk1 */
-    transformer_lm_product9(m, add_b1a, grad_mm_Wk1, grad_Wk1_2);
-
-    /* grad_Wk1_3 = Wk1*weight_decay + grad_Wk1_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wk1_3[64*i + j] = grad_Wk1_2[64*i + j] + weight_decay_value*Wk1[64*i + j];
-            }
-        }
-    }
-
-    /* grad_Wv1_2 = add_b1a^T @ grad_mm_Wv1 */
-    transformer_lm_product9(m, add_b1a, grad_mm_Wv1, grad_Wv1_2);
-
-    /* grad_Wv1_3 = Wv1*weight_decay + grad_Wv1_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wv1_3[64*i + j] = grad_Wv1_2[64*i + j] + weight_decay_value*Wv1[64*i + j];
-            }
-        }
-    }
-
-    /* grad_Wo1_2 = mix_Wv1^T @ grad_add_Wo1 */
-    transformer_lm_product9(m, mix_Wv1, grad_add_Wo1, grad_Wo1_2);
-
-    /* grad_Wo1_3 = Wo1*weight_decay + grad_Wo1_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_Wo1_3[64*i + j] = grad_Wo1_2[64*i + j] + weight_decay_value*Wo1[64*i + j];
-            }
-        }
-    }
-
-    /* grad_g1m_2 = sum of grad_copy_g1m down each column */
-    symbackprop_f64_sum_columns(grad_copy_g1m, m, 64, 64, grad_g1m_2);
-
-    /* grad_g1m_3 = g1m*weight_decay + grad_g1m_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_g1m_3[j] = grad_g1m_2[j] + weight_decay_value*g1m[j];
-        }
-    }
-
-    /* grad_b1m_2 = sum of grad_add_b1m down each column */
-    symbackprop_f64_sum_columns(grad_add_b1m, m, 64, 64, grad_b1m_2);
-
-    /* grad_b1m_3 = b1m*weight_decay + grad_b1m_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_b1m_3[j] = grad_b1m_2[j] + weight_decay_value*b1m[j];
-        }
-    }
-}
-#endif
-
-/* transformer_lm_train_step, part 8 of 9 (kernels 129 to 160): a long
- * function is cut into parts, since a C compiler's time grows faster than
- * linearly with a function's length. */
-/* In unit 1; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
-    int64_t m,
-    TRANSFORMER_LM_REAL *E,
-    TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *b0a,
-    TRANSFORMER_LM_REAL *Wq0,
-    TRANSFORMER_LM_REAL *Wk0,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *b0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *c0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *W1up,
-    TRANSFORMER_LM_REAL *c1up,
-    TRANSFORMER_LM_REAL *W1down,
-    TRANSFORMER_LM_REAL *c1down,
-    TRANSFORMER_LM_REAL *gf,
-    TRANSFORMER_LM_REAL *bf,
-    TRANSFORMER_LM_REAL *Wout,
-    const TRANSFORMER_LM_REAL *lr,
-    const TRANSFORMER_LM_REAL *beta1,
-    const TRANSFORMER_LM_REAL *beta2,
-    const TRANSFORMER_LM_REAL *eps,
-    const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *step,
-    TRANSFORMER_LM_REAL *m_E,
-    TRANSFORMER_LM_REAL *v_E,
-    TRANSFORMER_LM_REAL *m_P,
-    TRANSFORMER_LM_REAL *v_P,
-    TRANSFORMER_LM_REAL *m_g0a,
-    TRANSFORMER_LM_REAL *v_g0a,
-    TRANSFORMER_LM_REAL *m_b0a,
-    TRANSFORMER_LM_REAL *v_b0a,
-    TRANSFORMER_LM_REAL *m_Wq0,
-    TRANSFORMER_LM_REAL *v_Wq0,
-    TRANSFORMER_LM_REAL *m_Wk0,
-    TRANSFORMER_LM_REAL *v_Wk0,
-    TRANSFORMER_LM_REAL *m_Wv0,
-    TRANSFORMER_LM_REAL *v_Wv0,
-    TRANSFORMER_LM_REAL *m_Wo0,
-    TRANSFORMER_LM_REAL *v_Wo0,
-    TRANSFORMER_LM_REAL *m_g0m,
-    TRANSFORMER_LM_REAL *v_g0m,
-    TRANSFORMER_LM_REAL *m_b0m,
-    TRANSFORMER_LM_REAL *v_b0m,
-    TRANSFORMER_LM_REAL *m_W0up,
-    TRANSFORMER_LM_REAL *v_W0up,
-    TRANSFORMER_LM_REAL *m_c0up,
-    TRANSFORMER_LM_REAL *v_c0up,
-    TRANSFORMER_LM_REAL *m_W0down,
-    TRANSFORMER_LM_REAL *v_W0down,
-    TRANSFORMER_LM_REAL *m_c0down,
-    TRANSFORMER_LM_REAL *v_c0down,
-    TRANSFORMER_LM_REAL *m_g1a,
-    TRANSFORMER_LM_REAL *v_g1a,
-    TRANSFORMER_LM_REAL *m_b1a,
-    TRANSFORMER_LM_REAL *v_b1a,
-    TRANSFORMER_LM_REAL *add_b1m,
-    TRANSFORMER_LM_REAL *mul_W1up,
-    TRANSFORMER_LM_REAL *add_bf,
-    TRANSFORMER_LM_REAL *grad_mm_Wout,
-    TRANSFORMER_LM_REAL *grad_add_bf,
-    TRANSFORMER_LM_REAL *grad_copy_gf,
-    TRANSFORMER_LM_REAL *grad_add_W1down,
-    TRANSFORMER_LM_REAL *grad_add_W1up,
-    TRANSFORMER_LM_REAL *grad_E_3,
-    TRANSFORMER_LM_REAL *grad_P_3,
-    TRANSFORMER_LM_REAL *grad_g0a_3,
-    TRANSFORMER_LM_REAL *grad_b0a_3,
-    TRANSFORMER_LM_REAL *grad_Wq0_3,
-    TRANSFORMER_LM_REAL *grad_Wk0_3,
-    TRANSFORMER_LM_REAL *grad_Wv0_3,
-    TRANSFORMER_LM_REAL *grad_Wo0_3,
-    TRANSFORMER_LM_REAL *grad_g0m_3,
-    TRANSFORMER_LM_REAL *grad_b0m_3,
-    TRANSFORMER_LM_REAL *grad_W0up_3,
-    TRANSFORMER_LM_REAL *grad_c0up_3,
-    TRANSFORMER_LM_REAL *grad_W0down_3,
-    TRANSFORMER_LM_REAL *grad_c0down_3,
-    TRANSFORMER_LM_REAL *grad_g1a_3,
-    TRANSFORMER_LM_REAL *grad_b1a_3,
-    TRANSFORMER_LM_REAL *grad_W1up_2,
-    TRANSFORMER_LM_REAL *grad_W1up_3,
-    TRANSFORMER_LM_REAL *grad_c1up_2,
-    TRANSFORMER_LM_REAL *grad_c1up_3,
-    TRANSFORMER_LM_REAL *grad_W1down_2,
-    TRANSFORMER_LM_REAL *grad_W1down_3,
-    TRANSFORMER_LM_REAL *grad_c1down_2,
-    TRANSFORMER_LM_REAL *grad_c1down_3,
-    TRANSFORMER_LM_REAL *grad_gf_2,
-    TRANSFORMER_LM_REAL *grad_gf_3,
-    TRANSFORMER_LM_REAL *grad_bf_2,
-    TRANSFORMER_LM_REAL *grad_bf_3,
-    TRANSFORMER_LM_REAL *grad_Wout_2,
-    TRANSFORMER_LM_REAL *grad_Wout_3,
-    TRANSFORMER_LM_REAL *bias_correction1,
-    TRANSFORMER_LM_REAL *bias_correction2
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
-    int64_t m,
-    TRANSFORMER_LM_REAL *E,
-    TRANSFORMER_LM_REAL *P,
-    TRANSFORMER_LM_REAL *g0a,
-    TRANSFORMER_LM_REAL *b0a,
-    TRANSFORMER_LM_REAL *Wq0,
-    TRANSFORMER_LM_REAL *Wk0,
-    TRANSFORMER_LM_REAL *Wv0,
-    TRANSFORMER_LM_REAL *Wo0,
-    TRANSFORMER_LM_REAL *g0m,
-    TRANSFORMER_LM_REAL *b0m,
-    TRANSFORMER_LM_REAL *W0up,
-    TRANSFORMER_LM_REAL *c0up,
-    TRANSFORMER_LM_REAL *W0down,
-    TRANSFORMER_LM_REAL *c0down,
-    TRANSFORMER_LM_REAL *g1a,
-    TRANSFORMER_LM_REAL *b1a,
-    TRANSFORMER_LM_REAL *W1up,
-    TRANSFORMER_LM_REAL *c1up,
-    TRANSFORMER_LM_REAL *W1down,
-    TRANSFORMER_LM_REAL *c1down,
-    TRANSFORMER_LM_REAL *gf,
-    TRANSFORMER_LM_REAL *bf,
-    TRANSFORMER_LM_REAL *Wout,
-    const TRANSFORMER_LM_REAL *lr,
-    const TRANSFORMER_LM_REAL *beta1,
-    const TRANSFORMER_LM_REAL *beta2,
-    const TRANSFORMER_LM_REAL *eps,
-    const TRANSFORMER_LM_REAL *weight_decay,
-    TRANSFORMER_LM_REAL *step,
-    TRANSFORMER_LM_REAL *m_E,
-    TRANSFORMER_LM_REAL *v_E,
-    TRANSFORMER_LM_REAL *m_P,
-    TRANSFORMER_LM_REAL *v_P,
-    TRANSFORMER_LM_REAL *m_g0a,
-    TRANSFORMER_LM_REAL *v_g0a,
-    TRANSFORMER_LM_REAL *m_b0a,
-    TRANSFORMER_LM_REAL *v_b0a,
-    TRANSFORMER_LM_REAL *m_Wq0,
-    TRANSFORMER_LM_REAL *v_Wq0,
-    TRANSFORMER_LM_REAL *m_Wk0,
-    TRANSFORMER_LM_REAL *v_Wk0,
-    TRANSFORMER_LM_REAL *m_Wv0,
-    TRANSFORMER_LM_REAL *v_Wv0,
-    TRANSFORMER_LM_REAL *m_Wo0,
-    TRANSFORMER_LM_REAL *v_Wo0,
-    TRANSFORMER_LM_REAL *m_g0m,
-    TRANSFORMER_LM_REAL *v_g0m,
-    TRANSFORMER_LM_REAL *m_b0m,
-    TRANSFORMER_LM_REAL *v_b0m,
-    TRANSFORMER_LM_REAL *m_W0up,
-    TRANSFORMER_LM_REAL *v_W0up,
-    TRANSFORMER_LM_REAL *m_c0up,
-    TRANSFORMER_LM_REAL *v_c0up,
-    TRANSFORMER_LM_REAL *m_W0down,
-    TRANSFORMER_LM_REAL *v_W0down,
-    TRANSFORMER_LM_REAL *m_c0down,
-    TRANSFORMER_LM_REAL *v_c0down,
-    TRANSFORMER_LM_REAL *m_g1a,
-    TRANSFORMER_LM_REAL *v_g1a,
-    TRANSFORMER_LM_REAL *m_b1a,
-    TRANSFORMER_LM_REAL *v_b1a,
-    TRANSFORMER_LM_REAL *add_b1m,
-    TRANSFORMER_LM_REAL *mul_W1up,
-    TRANSFORMER_LM_REAL *add_bf,
-    TRANSFORMER_LM_REAL *grad_mm_Wout,
-    TRANSFORMER_LM_REAL *grad_add_bf,
-    TRANSFORMER_LM_REAL *grad_copy_gf,
-    TRANSFORMER_LM_REAL *grad_add_W1down,
-    TRANSFORMER_LM_REAL *grad_add_W1up,
-    TRANSFORMER_LM_REAL *grad_E_3,
-    TRANSFORMER_LM_REAL *grad_P_3,
-    TRANSFORMER_LM_REAL *grad_g0a_3,
-    TRANSFORMER_LM_REAL *grad_b0a_3,
-    TRANSFORMER_LM_REAL *grad_Wq0_3,
-    TRANSFORMER_LM_REAL *grad_Wk0_3,
-    TRANSFORMER_LM_REAL *grad_Wv0_3,
-    TRANSFORMER_LM_REAL *grad_Wo0_3,
-    TRANSFORMER_LM_REAL *grad_g0m_3,
-    TRANSFORMER_LM_REAL *grad_b0m_3,
-    TRANSFORMER_LM_REAL *grad_W0up_3,
-    TRANSFORMER_LM_REAL *grad_c0up_3,
-    TRANSFORMER_LM_REAL *grad_W0down_3,
-    TRANSFORMER_LM_REAL *grad_c0down_3,
-    TRANSFORMER_LM_REAL *grad_g1a_3,
-    TRANSFORMER_LM_REAL *grad_b1a_3,
-    TRANSFORMER_LM_REAL *grad_W1up_2,
-    TRANSFORMER_LM_REAL *grad_W1up_3,
-    TRANSFORMER_LM_REAL *grad_c1up_2,
-    TRANSFORMER_LM_REAL *grad_c1up_3,
-    TRANSFORMER_LM_REAL *grad_W1down_2,
-    TRANSFORMER_LM_REAL *grad_W1down_3,
-    TRANSFORMER_LM_REAL *grad_c1down_2,
-    TRANSFORMER_LM_REAL *grad_c1down_3,
-    TRANSFORMER_LM_REAL *grad_gf_2,
-    TRANSFORMER_LM_REAL *grad_gf_3,
-    TRANSFORMER_LM_REAL *grad_bf_2,
-    TRANSFORMER_LM_REAL *grad_bf_3,
-    TRANSFORMER_LM_REAL *grad_Wout_2,
-    TRANSFORMER_LM_REAL *grad_Wout_3,
-    TRANSFORMER_LM_REAL *bias_correction1,
-    TRANSFORMER_LM_REAL *bias_correction2
-)
-{
-    /* grad_W1up_2 = add_b1m^T @ grad_add_W1up */
-    transformer_lm_product10(m, add_b1m, grad_add_W1up, grad_W1up_2);
-
-    /* grad_W1up_3 = W1up*weight_decay + grad_W1up_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 256; ++j) {
-                grad_W1up_3[256*i + j] = grad_W1up_2[256*i + j] + weight_decay_value*W1up[256*i + j];
-            }
-        }
-    }
-
-    /* grad_c1up_2 = sum of grad_add_W1up down each column */
-    symbackprop_f64_sum_columns(grad_add_W1up, m, 256, 256, grad_c1up_2);
-
-    /* grad_c1up_3 = c1up*weight_decay + grad_c1up_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 256; ++j) {
-            grad_c1up_3[j] = grad_c1up_2[j] + weight_decay_value*c1up[j];
-        }
-    }
-
-    /* grad_W1down_2 = mul_W1up^T @ grad_add_W1down */
-    transformer_lm_product11(m, mul_W1up, grad_add_W1down, grad_W1down_2);
-
-    /* grad_W1down_3 = W1down*weight_decay + grad_W1down_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 256; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                grad_W1down_3[64*i + j] = grad_W1down_2[64*i + j] + weight_decay_value*W1down[64*i + j];
-            }
-        }
-    }
-
-    /* grad_c1down_2 = sum of grad_add_W1down down each column */
-    symbackprop_f64_sum_columns(grad_add_W1down, m, 64, 64, grad_c1down_2);
-
-    /* grad_c1down_3 = c1down*weight_decay + grad_c1down_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_c1down_3[j] = grad_c1down_2[j] + weight_decay_value*c1down[j];
-        }
-    }
-
-    /* grad_gf_2 = sum of grad_copy_gf down each column */
-    symbackprop_f64_sum_columns(grad_copy_gf, m, 64, 64, grad_gf_2);
-
-    /* grad_gf_3 = gf*weight_decay + grad_gf_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_gf_3[j] = grad_gf_2[j] + weight_decay_value*gf[j];
-        }
-    }
-
-    /* grad_bf_2 = sum of grad_add_bf down each column */
-    symbackprop_f64_sum_columns(grad_add_bf, m, 64, 64, grad_bf_2);
-
-    /* grad_bf_3 = bf*weight_decay + grad_bf_2 */
-    {
-        const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            grad_bf_3[j] = grad_bf_2[j] + weight_decay_value*bf[j];
-        }
-    }
-
-    /* grad_Wout_2 = add_bf^T @ grad_mm_Wout */
-    transformer_lm_product12(m, add_bf, grad_mm_Wout, grad_Wout_2);
-
-    /* grad_Wout_3 = Wout*weight_decay + grad_Wout_2 */
+    /* grad_Wout_3 = Wout*weight_decay + grad_Wout */
     {
         const TRANSFORMER_LM_REAL weight_decay_value = weight_decay[0];
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 62; ++j) {
-                grad_Wout_3[62*i + j] = grad_Wout_2[62*i + j] + weight_decay_value*Wout[62*i + j];
+                grad_Wout_3[62*i + j] = grad_Wout[62*i + j] + weight_decay_value*Wout[62*i + j];
             }
         }
     }
@@ -5557,11 +3159,135 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
             }
         }
     }
+}
+#endif
 
+/* transformer_lm_train_step, part 2 of 4 (kernels 11 to 11): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 1; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
+    TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *Wq0,
+    TRANSFORMER_LM_REAL *Wk0,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_P,
+    TRANSFORMER_LM_REAL *v_P,
+    TRANSFORMER_LM_REAL *m_Wq0,
+    TRANSFORMER_LM_REAL *v_Wq0,
+    TRANSFORMER_LM_REAL *m_Wk0,
+    TRANSFORMER_LM_REAL *v_Wk0,
+    TRANSFORMER_LM_REAL *m_Wv0,
+    TRANSFORMER_LM_REAL *v_Wv0,
+    TRANSFORMER_LM_REAL *m_Wo0,
+    TRANSFORMER_LM_REAL *v_Wo0,
+    TRANSFORMER_LM_REAL *m_Wq1,
+    TRANSFORMER_LM_REAL *v_Wq1,
+    TRANSFORMER_LM_REAL *m_Wk1,
+    TRANSFORMER_LM_REAL *v_Wk1,
+    TRANSFORMER_LM_REAL *m_Wv1,
+    TRANSFORMER_LM_REAL *v_Wv1,
+    TRANSFORMER_LM_REAL *m_Wo1,
+    TRANSFORMER_LM_REAL *v_Wo1,
+    TRANSFORMER_LM_REAL *grad_P_3,
+    TRANSFORMER_LM_REAL *grad_Wq0_3,
+    TRANSFORMER_LM_REAL *grad_Wk0_3,
+    TRANSFORMER_LM_REAL *grad_Wv0_3,
+    TRANSFORMER_LM_REAL *grad_Wo0_3,
+    TRANSFORMER_LM_REAL *grad_Wq1_3,
+    TRANSFORMER_LM_REAL *grad_Wk1_3,
+    TRANSFORMER_LM_REAL *grad_Wv1_3,
+    TRANSFORMER_LM_REAL *grad_Wo1_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
+    TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *Wq0,
+    TRANSFORMER_LM_REAL *Wk0,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_P,
+    TRANSFORMER_LM_REAL *v_P,
+    TRANSFORMER_LM_REAL *m_Wq0,
+    TRANSFORMER_LM_REAL *v_Wq0,
+    TRANSFORMER_LM_REAL *m_Wk0,
+    TRANSFORMER_LM_REAL *v_Wk0,
+    TRANSFORMER_LM_REAL *m_Wv0,
+    TRANSFORMER_LM_REAL *v_Wv0,
+    TRANSFORMER_LM_REAL *m_Wo0,
+    TRANSFORMER_LM_REAL *v_Wo0,
+    TRANSFORMER_LM_REAL *m_Wq1,
+    TRANSFORMER_LM_REAL *v_Wq1,
+    TRANSFORMER_LM_REAL *m_Wk1,
+    TRANSFORMER_LM_REAL *v_Wk1,
+    TRANSFORMER_LM_REAL *m_Wv1,
+    TRANSFORMER_LM_REAL *v_Wv1,
+    TRANSFORMER_LM_REAL *m_Wo1,
+    TRANSFORMER_LM_REAL *v_Wo1,
+    TRANSFORMER_LM_REAL *grad_P_3,
+    TRANSFORMER_LM_REAL *grad_Wq0_3,
+    TRANSFORMER_LM_REAL *grad_Wk0_3,
+    TRANSFORMER_LM_REAL *grad_Wv0_3,
+    TRANSFORMER_LM_REAL *grad_Wo0_3,
+    TRANSFORMER_LM_REAL *grad_Wq1_3,
+    TRANSFORMER_LM_REAL *grad_Wk1_3,
+    TRANSFORMER_LM_REAL *grad_Wv1_3,
+    TRANSFORMER_LM_REAL *grad_Wo1_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2
+)
+{
     /* m_P = beta1*m_P + grad_P_3*(1 - beta1) */
     /* v_P = beta2*v_P + grad_P_3**2*(1 - beta2) */
     /* P = P - lr*(beta1*m_P + grad_P_3*(1 - beta1))/(bias_correction1*(eps + sqrt((beta2*v_P
      * + grad_P_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wq0 = beta1*m_Wq0 + grad_Wq0_3*(1 - beta1) */
+    /* v_Wq0 = beta2*v_Wq0 + grad_Wq0_3**2*(1 - beta2) */
+    /* Wq0 = Wq0 - lr*(beta1*m_Wq0 + grad_Wq0_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wq0 + grad_Wq0_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wk0 = beta1*m_Wk0 + grad_Wk0_3*(1 - beta1) */
+    /* v_Wk0 = beta2*v_Wk0 + grad_Wk0_3**2*(1 - beta2) */
+    /* Wk0 = Wk0 - lr*(beta1*m_Wk0 + grad_Wk0_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wk0 + grad_Wk0_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wv0 = beta1*m_Wv0 + grad_Wv0_3*(1 - beta1) */
+    /* v_Wv0 = beta2*v_Wv0 + grad_Wv0_3**2*(1 - beta2) */
+    /* Wv0 = Wv0 - lr*(beta1*m_Wv0 + grad_Wv0_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wv0 + grad_Wv0_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wo0 = beta1*m_Wo0 + grad_Wo0_3*(1 - beta1) */
+    /* v_Wo0 = beta2*v_Wo0 + grad_Wo0_3**2*(1 - beta2) */
+    /* Wo0 = Wo0 - lr*(beta1*m_Wo0 + grad_Wo0_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_Wo0 + grad_Wo0_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_Wq1 = beta1*m_Wq1 + grad_Wq1_3*(1 - beta1) */
+    /* v_Wq1 = see the temporaries in the C */
+    /* Wq1 = see the temporaries in the C */
+    /* m_Wk1 = see the temporaries in the C */
+    /* v_Wk1 = see the temporaries in the C */
+    /* Wk1 = see the temporaries in the C */
+    /* m_Wv1 = see the temporaries in the C */
+    /* v_Wv1 = see the temporaries in the C */
+    /* Wv1 = see the temporaries in the C */
+    /* m_Wo1 = see the temporaries in the C */
+    /* v_Wo1 = see the temporaries in the C */
+    /* Wo1 = see the temporaries in the C */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5575,19 +3301,245 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
                 const TRANSFORMER_LM_REAL m_P_in = m_P[64*i + j];
                 const TRANSFORMER_LM_REAL v_P_in = v_P[64*i + j];
                 const TRANSFORMER_LM_REAL P_in = P[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_P_in + grad_P_3[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_P_3[64*i + j]*grad_P_3[64*i + j])*(1 - beta2_value) + beta2_value*v_P_in;
-                m_P[64*i + j] = x0;
-                v_P[64*i + j] = x1;
-                P[64*i + j] = P_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+                const TRANSFORMER_LM_REAL m_Wq0_in = m_Wq0[64*i + j];
+                const TRANSFORMER_LM_REAL v_Wq0_in = v_Wq0[64*i + j];
+                const TRANSFORMER_LM_REAL Wq0_in = Wq0[64*i + j];
+                const TRANSFORMER_LM_REAL m_Wk0_in = m_Wk0[64*i + j];
+                const TRANSFORMER_LM_REAL v_Wk0_in = v_Wk0[64*i + j];
+                const TRANSFORMER_LM_REAL Wk0_in = Wk0[64*i + j];
+                const TRANSFORMER_LM_REAL m_Wv0_in = m_Wv0[64*i + j];
+                const TRANSFORMER_LM_REAL v_Wv0_in = v_Wv0[64*i + j];
+                const TRANSFORMER_LM_REAL Wv0_in = Wv0[64*i + j];
+                const TRANSFORMER_LM_REAL m_Wo0_in = m_Wo0[64*i + j];
+                const TRANSFORMER_LM_REAL v_Wo0_in = v_Wo0[64*i + j];
+                const TRANSFORMER_LM_REAL Wo0_in = Wo0[64*i + j];
+                const TRANSFORMER_LM_REAL m_Wq1_in = m_Wq1[64*i + j];
+                const TRANSFORMER_LM_REAL v_Wq1_in = v_Wq1[64*i + j];
+                const TRANSFORMER_LM_REAL Wq1_in = Wq1[64*i + j];
+                const TRANSFORMER_LM_REAL m_Wk1_in = m_Wk1[64*i + j];
+                const TRANSFORMER_LM_REAL v_Wk1_in = v_Wk1[64*i + j];
+                const TRANSFORMER_LM_REAL Wk1_in = Wk1[64*i + j];
+                const TRANSFORMER_LM_REAL m_Wv1_in = m_Wv1[64*i + j];
+                const TRANSFORMER_LM_REAL v_Wv1_in = v_Wv1[64*i + j];
+                const TRANSFORMER_LM_REAL Wv1_in = Wv1[64*i + j];
+                const TRANSFORMER_LM_REAL m_Wo1_in = m_Wo1[64*i + j];
+                const TRANSFORMER_LM_REAL v_Wo1_in = v_Wo1[64*i + j];
+                const TRANSFORMER_LM_REAL Wo1_in = Wo1[64*i + j];
+                const TRANSFORMER_LM_REAL x0 = 1 - beta1_value;
+                const TRANSFORMER_LM_REAL x1 = beta1_value*m_P_in + grad_P_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x2 = 1 - beta2_value;
+                const TRANSFORMER_LM_REAL x3 = (grad_P_3[64*i + j]*grad_P_3[64*i + j])*x2 + beta2_value*v_P_in;
+                const TRANSFORMER_LM_REAL x4 = 1.0/bias_correction2_value;
+                const TRANSFORMER_LM_REAL x5 = -lr_value/bias_correction1_value;
+                const TRANSFORMER_LM_REAL x6 = beta1_value*m_Wq0_in + grad_Wq0_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x7 = (grad_Wq0_3[64*i + j]*grad_Wq0_3[64*i + j])*x2 + v_Wq0_in*beta2_value;
+                const TRANSFORMER_LM_REAL x8 = beta1_value*m_Wk0_in + grad_Wk0_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x9 = (grad_Wk0_3[64*i + j]*grad_Wk0_3[64*i + j])*x2 + v_Wk0_in*beta2_value;
+                const TRANSFORMER_LM_REAL x10 = beta1_value*m_Wv0_in + grad_Wv0_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x11 = (grad_Wv0_3[64*i + j]*grad_Wv0_3[64*i + j])*x2 + v_Wv0_in*beta2_value;
+                const TRANSFORMER_LM_REAL x12 = beta1_value*m_Wo0_in + grad_Wo0_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x13 = (grad_Wo0_3[64*i + j]*grad_Wo0_3[64*i + j])*x2 + v_Wo0_in*beta2_value;
+                const TRANSFORMER_LM_REAL x14 = beta1_value*m_Wq1_in + grad_Wq1_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x15 = (grad_Wq1_3[64*i + j]*grad_Wq1_3[64*i + j])*x2 + v_Wq1_in*beta2_value;
+                const TRANSFORMER_LM_REAL x16 = beta1_value*m_Wk1_in + grad_Wk1_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x17 = beta2_value*v_Wk1_in + (grad_Wk1_3[64*i + j]*grad_Wk1_3[64*i + j])*x2;
+                const TRANSFORMER_LM_REAL x18 = beta1_value*m_Wv1_in + grad_Wv1_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x19 = beta2_value*v_Wv1_in + (grad_Wv1_3[64*i + j]*grad_Wv1_3[64*i + j])*x2;
+                const TRANSFORMER_LM_REAL x20 = beta1_value*m_Wo1_in + grad_Wo1_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x21 = beta2_value*v_Wo1_in + (grad_Wo1_3[64*i + j]*grad_Wo1_3[64*i + j])*x2;
+                m_P[64*i + j] = x1;
+                v_P[64*i + j] = x3;
+                P[64*i + j] = P_in + x1*x5/(eps_value + sqrt(x3*x4));
+                m_Wq0[64*i + j] = x6;
+                v_Wq0[64*i + j] = x7;
+                Wq0[64*i + j] = Wq0_in + x5*x6/(eps_value + sqrt(x4*x7));
+                m_Wk0[64*i + j] = x8;
+                v_Wk0[64*i + j] = x9;
+                Wk0[64*i + j] = Wk0_in + x5*x8/(eps_value + sqrt(x4*x9));
+                m_Wv0[64*i + j] = x10;
+                v_Wv0[64*i + j] = x11;
+                Wv0[64*i + j] = Wv0_in + x10*x5/(eps_value + sqrt(x11*x4));
+                m_Wo0[64*i + j] = x12;
+                v_Wo0[64*i + j] = x13;
+                Wo0[64*i + j] = Wo0_in + x12*x5/(eps_value + sqrt(x13*x4));
+                m_Wq1[64*i + j] = x14;
+                v_Wq1[64*i + j] = x15;
+                Wq1[64*i + j] = Wq1_in + x14*x5/(eps_value + sqrt(x15*x4));
+                m_Wk1[64*i + j] = x16;
+                v_Wk1[64*i + j] = x17;
+                Wk1[64*i + j] = Wk1_in + x16*x5/(eps_value + sqrt(x17*x4));
+                m_Wv1[64*i + j] = x18;
+                v_Wv1[64*i + j] = x19;
+                Wv1[64*i + j] = Wv1_in + x18*x5/(eps_value + sqrt(x19*x4));
+                m_Wo1[64*i + j] = x20;
+                v_Wo1[64*i + j] = x21;
+                Wo1[64*i + j] = Wo1_in + x20*x5/(eps_value + sqrt(x21*x4));
             }
         }
     }
+}
+#endif
 
+/* transformer_lm_train_step, part 3 of 4 (kernels 12 to 12): a long
+ * function is cut into parts, since a C compiler's time grows faster than
+ * linearly with a function's length. */
+/* In unit 3; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *b0a,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_g0a,
+    TRANSFORMER_LM_REAL *v_g0a,
+    TRANSFORMER_LM_REAL *m_b0a,
+    TRANSFORMER_LM_REAL *v_b0a,
+    TRANSFORMER_LM_REAL *m_g0m,
+    TRANSFORMER_LM_REAL *v_g0m,
+    TRANSFORMER_LM_REAL *m_b0m,
+    TRANSFORMER_LM_REAL *v_b0m,
+    TRANSFORMER_LM_REAL *m_c0down,
+    TRANSFORMER_LM_REAL *v_c0down,
+    TRANSFORMER_LM_REAL *m_g1a,
+    TRANSFORMER_LM_REAL *v_g1a,
+    TRANSFORMER_LM_REAL *m_b1a,
+    TRANSFORMER_LM_REAL *v_b1a,
+    TRANSFORMER_LM_REAL *m_g1m,
+    TRANSFORMER_LM_REAL *v_g1m,
+    TRANSFORMER_LM_REAL *m_b1m,
+    TRANSFORMER_LM_REAL *v_b1m,
+    TRANSFORMER_LM_REAL *m_c1down,
+    TRANSFORMER_LM_REAL *v_c1down,
+    TRANSFORMER_LM_REAL *m_gf,
+    TRANSFORMER_LM_REAL *v_gf,
+    TRANSFORMER_LM_REAL *m_bf,
+    TRANSFORMER_LM_REAL *v_bf,
+    TRANSFORMER_LM_REAL *grad_g0a_3,
+    TRANSFORMER_LM_REAL *grad_b0a_3,
+    TRANSFORMER_LM_REAL *grad_g0m_3,
+    TRANSFORMER_LM_REAL *grad_b0m_3,
+    TRANSFORMER_LM_REAL *grad_c0down_3,
+    TRANSFORMER_LM_REAL *grad_g1a_3,
+    TRANSFORMER_LM_REAL *grad_b1a_3,
+    TRANSFORMER_LM_REAL *grad_g1m_3,
+    TRANSFORMER_LM_REAL *grad_b1m_3,
+    TRANSFORMER_LM_REAL *grad_c1down_3,
+    TRANSFORMER_LM_REAL *grad_gf_3,
+    TRANSFORMER_LM_REAL *grad_bf_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2
+);
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *b0a,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_g0a,
+    TRANSFORMER_LM_REAL *v_g0a,
+    TRANSFORMER_LM_REAL *m_b0a,
+    TRANSFORMER_LM_REAL *v_b0a,
+    TRANSFORMER_LM_REAL *m_g0m,
+    TRANSFORMER_LM_REAL *v_g0m,
+    TRANSFORMER_LM_REAL *m_b0m,
+    TRANSFORMER_LM_REAL *v_b0m,
+    TRANSFORMER_LM_REAL *m_c0down,
+    TRANSFORMER_LM_REAL *v_c0down,
+    TRANSFORMER_LM_REAL *m_g1a,
+    TRANSFORMER_LM_REAL *v_g1a,
+    TRANSFORMER_LM_REAL *m_b1a,
+    TRANSFORMER_LM_REAL *v_b1a,
+    TRANSFORMER_LM_REAL *m_g1m,
+    TRANSFORMER_LM_REAL *v_g1m,
+    TRANSFORMER_LM_REAL *m_b1m,
+    TRANSFORMER_LM_REAL *v_b1m,
+    TRANSFORMER_LM_REAL *m_c1down,
+    TRANSFORMER_LM_REAL *v_c1down,
+    TRANSFORMER_LM_REAL *m_gf,
+    TRANSFORMER_LM_REAL *v_gf,
+    TRANSFORMER_LM_REAL *m_bf,
+    TRANSFORMER_LM_REAL *v_bf,
+    TRANSFORMER_LM_REAL *grad_g0a_3,
+    TRANSFORMER_LM_REAL *grad_b0a_3,
+    TRANSFORMER_LM_REAL *grad_g0m_3,
+    TRANSFORMER_LM_REAL *grad_b0m_3,
+    TRANSFORMER_LM_REAL *grad_c0down_3,
+    TRANSFORMER_LM_REAL *grad_g1a_3,
+    TRANSFORMER_LM_REAL *grad_b1a_3,
+    TRANSFORMER_LM_REAL *grad_g1m_3,
+    TRANSFORMER_LM_REAL *grad_b1m_3,
+    TRANSFORMER_LM_REAL *grad_c1down_3,
+    TRANSFORMER_LM_REAL *grad_gf_3,
+    TRANSFORMER_LM_REAL *grad_bf_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2
+)
+{
     /* m_g0a = beta1*m_g0a + grad_g0a_3*(1 - beta1) */
     /* v_g0a = beta2*v_g0a + grad_g0a_3**2*(1 - beta2) */
     /* g0a = g0a - lr*(beta1*m_g0a + grad_g0a_3*(1 - beta1))/(bias_correction1*(eps +
      * sqrt((beta2*v_g0a + grad_g0a_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_b0a = beta1*m_b0a + grad_b0a_3*(1 - beta1) */
+    /* v_b0a = beta2*v_b0a + grad_b0a_3**2*(1 - beta2) */
+    /* b0a = b0a - lr*(beta1*m_b0a + grad_b0a_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b0a + grad_b0a_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_g0m = beta1*m_g0m + grad_g0m_3*(1 - beta1) */
+    /* v_g0m = beta2*v_g0m + grad_g0m_3**2*(1 - beta2) */
+    /* g0m = g0m - lr*(beta1*m_g0m + grad_g0m_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_g0m + grad_g0m_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_b0m = beta1*m_b0m + grad_b0m_3*(1 - beta1) */
+    /* v_b0m = beta2*v_b0m + grad_b0m_3**2*(1 - beta2) */
+    /* b0m = b0m - lr*(beta1*m_b0m + grad_b0m_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_b0m + grad_b0m_3**2*(1 - beta2))/bias_correction2))) */
+    /* m_c0down = beta1*m_c0down + grad_c0down_3*(1 - beta1) */
+    /* v_c0down = beta2*v_c0down + grad_c0down_3**2*(1 - beta2) */
+    /* c0down = c0down - lr*(beta1*m_c0down + grad_c0down_3*(1 -
+     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_c0down + grad_c0down_3**2*(1 -
+     * beta2))/bias_correction2))) */
+    /* m_g1a = beta1*m_g1a + grad_g1a_3*(1 - beta1) */
+    /* v_g1a = see the temporaries in the C */
+    /* g1a = see the temporaries in the C */
+    /* m_b1a = see the temporaries in the C */
+    /* v_b1a = see the temporaries in the C */
+    /* b1a = see the temporaries in the C */
+    /* m_g1m = see the temporaries in the C */
+    /* v_g1m = see the temporaries in the C */
+    /* g1m = see the temporaries in the C */
+    /* m_b1m = see the temporaries in the C */
+    /* v_b1m = see the temporaries in the C */
+    /* b1m = see the temporaries in the C */
+    /* m_c1down = see the temporaries in the C */
+    /* v_c1down = see the temporaries in the C */
+    /* c1down = see the temporaries in the C */
+    /* m_gf = see the temporaries in the C */
+    /* v_gf = see the temporaries in the C */
+    /* gf = see the temporaries in the C */
+    /* m_bf = see the temporaries in the C */
+    /* v_bf = see the temporaries in the C */
+    /* bf = see the temporaries in the C */
     {
         const TRANSFORMER_LM_REAL beta1_value = beta1[0];
         const TRANSFORMER_LM_REAL beta2_value = beta2[0];
@@ -5599,611 +3551,153 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part8(
             const TRANSFORMER_LM_REAL m_g0a_in = m_g0a[j];
             const TRANSFORMER_LM_REAL v_g0a_in = v_g0a[j];
             const TRANSFORMER_LM_REAL g0a_in = g0a[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_g0a_in + grad_g0a_3[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_g0a_3[j]*grad_g0a_3[j])*(1 - beta2_value) + beta2_value*v_g0a_in;
-            m_g0a[j] = x0;
-            v_g0a[j] = x1;
-            g0a[j] = g0a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_b0a = beta1*m_b0a + grad_b0a_3*(1 - beta1) */
-    /* v_b0a = beta2*v_b0a + grad_b0a_3**2*(1 - beta2) */
-    /* b0a = b0a - lr*(beta1*m_b0a + grad_b0a_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b0a + grad_b0a_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL m_b0a_in = m_b0a[j];
             const TRANSFORMER_LM_REAL v_b0a_in = v_b0a[j];
             const TRANSFORMER_LM_REAL b0a_in = b0a[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b0a_in + grad_b0a_3[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_b0a_3[j]*grad_b0a_3[j])*(1 - beta2_value) + beta2_value*v_b0a_in;
-            m_b0a[j] = x0;
-            v_b0a[j] = x1;
-            b0a[j] = b0a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_Wq0 = beta1*m_Wq0 + grad_Wq0_3*(1 - beta1) */
-    /* v_Wq0 = beta2*v_Wq0 + grad_Wq0_3**2*(1 - beta2) */
-    /* Wq0 = Wq0 - lr*(beta1*m_Wq0 + grad_Wq0_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wq0 + grad_Wq0_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const TRANSFORMER_LM_REAL m_Wq0_in = m_Wq0[64*i + j];
-                const TRANSFORMER_LM_REAL v_Wq0_in = v_Wq0[64*i + j];
-                const TRANSFORMER_LM_REAL Wq0_in = Wq0[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wq0_in + grad_Wq0_3[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wq0_3[64*i + j]*grad_Wq0_3[64*i + j])*(1 - beta2_value) + beta2_value*v_Wq0_in;
-                m_Wq0[64*i + j] = x0;
-                v_Wq0[64*i + j] = x1;
-                Wq0[64*i + j] = Wq0_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_Wk0 = beta1*m_Wk0 + grad_Wk0_3*(1 - beta1) */
-    /* v_Wk0 = beta2*v_Wk0 + grad_Wk0_3**2*(1 - beta2) */
-    /* Wk0 = Wk0 - lr*(beta1*m_Wk0 + grad_Wk0_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wk0 + grad_Wk0_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const TRANSFORMER_LM_REAL m_Wk0_in = m_Wk0[64*i + j];
-                const TRANSFORMER_LM_REAL v_Wk0_in = v_Wk0[64*i + j];
-                const TRANSFORMER_LM_REAL Wk0_in = Wk0[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wk0_in + grad_Wk0_3[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wk0_3[64*i + j]*grad_Wk0_3[64*i + j])*(1 - beta2_value) + beta2_value*v_Wk0_in;
-                m_Wk0[64*i + j] = x0;
-                v_Wk0[64*i + j] = x1;
-                Wk0[64*i + j] = Wk0_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_Wv0 = beta1*m_Wv0 + grad_Wv0_3*(1 - beta1) */
-    /* v_Wv0 = beta2*v_Wv0 + grad_Wv0_3**2*(1 - beta2) */
-    /* Wv0 = Wv0 - lr*(beta1*m_Wv0 + grad_Wv0_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wv0 + grad_Wv0_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const TRANSFORMER_LM_REAL m_Wv0_in = m_Wv0[64*i + j];
-                const TRANSFORMER_LM_REAL v_Wv0_in = v_Wv0[64*i + j];
-                const TRANSFORMER_LM_REAL Wv0_in = Wv0[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wv0_in + grad_Wv0_3[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wv0_3[64*i + j]*grad_Wv0_3[64*i + j])*(1 - beta2_value) + beta2_value*v_Wv0_in;
-                m_Wv0[64*i + j] = x0;
-                v_Wv0[64*i + j] = x1;
-                Wv0[64*i + j] = Wv0_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_Wo0 = beta1*m_Wo0 + grad_Wo0_3*(1 - beta1) */
-    /* v_Wo0 = beta2*v_Wo0 + grad_Wo0_3**2*(1 - beta2) */
-    /* Wo0 = Wo0 - lr*(beta1*m_Wo0 + grad_Wo0_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wo0 + grad_Wo0_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const TRANSFORMER_LM_REAL m_Wo0_in = m_Wo0[64*i + j];
-                const TRANSFORMER_LM_REAL v_Wo0_in = v_Wo0[64*i + j];
-                const TRANSFORMER_LM_REAL Wo0_in = Wo0[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wo0_in + grad_Wo0_3[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wo0_3[64*i + j]*grad_Wo0_3[64*i + j])*(1 - beta2_value) + beta2_value*v_Wo0_in;
-                m_Wo0[64*i + j] = x0;
-                v_Wo0[64*i + j] = x1;
-                Wo0[64*i + j] = Wo0_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_g0m = beta1*m_g0m + grad_g0m_3*(1 - beta1) */
-    /* v_g0m = beta2*v_g0m + grad_g0m_3**2*(1 - beta2) */
-    /* g0m = g0m - lr*(beta1*m_g0m + grad_g0m_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_g0m + grad_g0m_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL m_g0m_in = m_g0m[j];
             const TRANSFORMER_LM_REAL v_g0m_in = v_g0m[j];
             const TRANSFORMER_LM_REAL g0m_in = g0m[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_g0m_in + grad_g0m_3[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_g0m_3[j]*grad_g0m_3[j])*(1 - beta2_value) + beta2_value*v_g0m_in;
-            m_g0m[j] = x0;
-            v_g0m[j] = x1;
-            g0m[j] = g0m_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_b0m = beta1*m_b0m + grad_b0m_3*(1 - beta1) */
-    /* v_b0m = beta2*v_b0m + grad_b0m_3**2*(1 - beta2) */
-    /* b0m = b0m - lr*(beta1*m_b0m + grad_b0m_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b0m + grad_b0m_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL m_b0m_in = m_b0m[j];
             const TRANSFORMER_LM_REAL v_b0m_in = v_b0m[j];
             const TRANSFORMER_LM_REAL b0m_in = b0m[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b0m_in + grad_b0m_3[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_b0m_3[j]*grad_b0m_3[j])*(1 - beta2_value) + beta2_value*v_b0m_in;
-            m_b0m[j] = x0;
-            v_b0m[j] = x1;
-            b0m[j] = b0m_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_W0up = beta1*m_W0up + grad_W0up_3*(1 - beta1) */
-    /* v_W0up = beta2*v_W0up + grad_W0up_3**2*(1 - beta2) */
-    /* W0up = W0up - lr*(beta1*m_W0up + grad_W0up_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_W0up + grad_W0up_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 256; ++j) {
-                const TRANSFORMER_LM_REAL m_W0up_in = m_W0up[256*i + j];
-                const TRANSFORMER_LM_REAL v_W0up_in = v_W0up[256*i + j];
-                const TRANSFORMER_LM_REAL W0up_in = W0up[256*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_W0up_in + grad_W0up_3[256*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_W0up_3[256*i + j]*grad_W0up_3[256*i + j])*(1 - beta2_value) + beta2_value*v_W0up_in;
-                m_W0up[256*i + j] = x0;
-                v_W0up[256*i + j] = x1;
-                W0up[256*i + j] = W0up_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_c0up = beta1*m_c0up + grad_c0up_3*(1 - beta1) */
-    /* v_c0up = beta2*v_c0up + grad_c0up_3**2*(1 - beta2) */
-    /* c0up = c0up - lr*(beta1*m_c0up + grad_c0up_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_c0up + grad_c0up_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 256; ++j) {
-            const TRANSFORMER_LM_REAL m_c0up_in = m_c0up[j];
-            const TRANSFORMER_LM_REAL v_c0up_in = v_c0up[j];
-            const TRANSFORMER_LM_REAL c0up_in = c0up[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_c0up_in + grad_c0up_3[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_c0up_3[j]*grad_c0up_3[j])*(1 - beta2_value) + beta2_value*v_c0up_in;
-            m_c0up[j] = x0;
-            v_c0up[j] = x1;
-            c0up[j] = c0up_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_W0down = beta1*m_W0down + grad_W0down_3*(1 - beta1) */
-    /* v_W0down = beta2*v_W0down + grad_W0down_3**2*(1 - beta2) */
-    /* W0down = W0down - lr*(beta1*m_W0down + grad_W0down_3*(1 -
-     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_W0down + grad_W0down_3**2*(1 -
-     * beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 256; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const TRANSFORMER_LM_REAL m_W0down_in = m_W0down[64*i + j];
-                const TRANSFORMER_LM_REAL v_W0down_in = v_W0down[64*i + j];
-                const TRANSFORMER_LM_REAL W0down_in = W0down[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_W0down_in + grad_W0down_3[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_W0down_3[64*i + j]*grad_W0down_3[64*i + j])*(1 - beta2_value) + beta2_value*v_W0down_in;
-                m_W0down[64*i + j] = x0;
-                v_W0down[64*i + j] = x1;
-                W0down[64*i + j] = W0down_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_c0down = beta1*m_c0down + grad_c0down_3*(1 - beta1) */
-    /* v_c0down = beta2*v_c0down + grad_c0down_3**2*(1 - beta2) */
-    /* c0down = c0down - lr*(beta1*m_c0down + grad_c0down_3*(1 -
-     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_c0down + grad_c0down_3**2*(1 -
-     * beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL m_c0down_in = m_c0down[j];
             const TRANSFORMER_LM_REAL v_c0down_in = v_c0down[j];
             const TRANSFORMER_LM_REAL c0down_in = c0down[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_c0down_in + grad_c0down_3[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_c0down_3[j]*grad_c0down_3[j])*(1 - beta2_value) + beta2_value*v_c0down_in;
-            m_c0down[j] = x0;
-            v_c0down[j] = x1;
-            c0down[j] = c0down_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_g1a = beta1*m_g1a + grad_g1a_3*(1 - beta1) */
-    /* v_g1a = beta2*v_g1a + grad_g1a_3**2*(1 - beta2) */
-    /* g1a = g1a - lr*(beta1*m_g1a + grad_g1a_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_g1a + grad_g1a_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL m_g1a_in = m_g1a[j];
             const TRANSFORMER_LM_REAL v_g1a_in = v_g1a[j];
             const TRANSFORMER_LM_REAL g1a_in = g1a[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_g1a_in + grad_g1a_3[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_g1a_3[j]*grad_g1a_3[j])*(1 - beta2_value) + beta2_value*v_g1a_in;
-            m_g1a[j] = x0;
-            v_g1a[j] = x1;
-            g1a[j] = g1a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_b1a = beta1*m_b1a + grad_b1a_3*(1 - beta1) */
-    /* v_b1a = beta2*v_b1a + grad_b1a_3**2*(1 - beta2) */
-    /* b1a = b1a - lr*(beta1*m_b1a + grad_b1a_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b1a + grad_b1a_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
             const TRANSFORMER_LM_REAL m_b1a_in = m_b1a[j];
             const TRANSFORMER_LM_REAL v_b1a_in = v_b1a[j];
             const TRANSFORMER_LM_REAL b1a_in = b1a[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b1a_in + grad_b1a_3[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_b1a_3[j]*grad_b1a_3[j])*(1 - beta2_value) + beta2_value*v_b1a_in;
-            m_b1a[j] = x0;
-            v_b1a[j] = x1;
-            b1a[j] = b1a_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+            const TRANSFORMER_LM_REAL m_g1m_in = m_g1m[j];
+            const TRANSFORMER_LM_REAL v_g1m_in = v_g1m[j];
+            const TRANSFORMER_LM_REAL g1m_in = g1m[j];
+            const TRANSFORMER_LM_REAL m_b1m_in = m_b1m[j];
+            const TRANSFORMER_LM_REAL v_b1m_in = v_b1m[j];
+            const TRANSFORMER_LM_REAL b1m_in = b1m[j];
+            const TRANSFORMER_LM_REAL m_c1down_in = m_c1down[j];
+            const TRANSFORMER_LM_REAL v_c1down_in = v_c1down[j];
+            const TRANSFORMER_LM_REAL c1down_in = c1down[j];
+            const TRANSFORMER_LM_REAL m_gf_in = m_gf[j];
+            const TRANSFORMER_LM_REAL v_gf_in = v_gf[j];
+            const TRANSFORMER_LM_REAL gf_in = gf[j];
+            const TRANSFORMER_LM_REAL m_bf_in = m_bf[j];
+            const TRANSFORMER_LM_REAL v_bf_in = v_bf[j];
+            const TRANSFORMER_LM_REAL bf_in = bf[j];
+            const TRANSFORMER_LM_REAL x0 = 1 - beta1_value;
+            const TRANSFORMER_LM_REAL x1 = beta1_value*m_g0a_in + grad_g0a_3[j]*x0;
+            const TRANSFORMER_LM_REAL x2 = 1 - beta2_value;
+            const TRANSFORMER_LM_REAL x3 = (grad_g0a_3[j]*grad_g0a_3[j])*x2 + beta2_value*v_g0a_in;
+            const TRANSFORMER_LM_REAL x4 = 1.0/bias_correction2_value;
+            const TRANSFORMER_LM_REAL x5 = -lr_value/bias_correction1_value;
+            const TRANSFORMER_LM_REAL x6 = beta1_value*m_b0a_in + grad_b0a_3[j]*x0;
+            const TRANSFORMER_LM_REAL x7 = (grad_b0a_3[j]*grad_b0a_3[j])*x2 + v_b0a_in*beta2_value;
+            const TRANSFORMER_LM_REAL x8 = beta1_value*m_g0m_in + grad_g0m_3[j]*x0;
+            const TRANSFORMER_LM_REAL x9 = (grad_g0m_3[j]*grad_g0m_3[j])*x2 + v_g0m_in*beta2_value;
+            const TRANSFORMER_LM_REAL x10 = beta1_value*m_b0m_in + grad_b0m_3[j]*x0;
+            const TRANSFORMER_LM_REAL x11 = (grad_b0m_3[j]*grad_b0m_3[j])*x2 + v_b0m_in*beta2_value;
+            const TRANSFORMER_LM_REAL x12 = beta1_value*m_c0down_in + grad_c0down_3[j]*x0;
+            const TRANSFORMER_LM_REAL x13 = (grad_c0down_3[j]*grad_c0down_3[j])*x2 + v_c0down_in*beta2_value;
+            const TRANSFORMER_LM_REAL x14 = beta1_value*m_g1a_in + grad_g1a_3[j]*x0;
+            const TRANSFORMER_LM_REAL x15 = (grad_g1a_3[j]*grad_g1a_3[j])*x2 + v_g1a_in*beta2_value;
+            const TRANSFORMER_LM_REAL x16 = beta1_value*m_b1a_in + grad_b1a_3[j]*x0;
+            const TRANSFORMER_LM_REAL x17 = beta2_value*v_b1a_in + (grad_b1a_3[j]*grad_b1a_3[j])*x2;
+            const TRANSFORMER_LM_REAL x18 = beta1_value*m_g1m_in + grad_g1m_3[j]*x0;
+            const TRANSFORMER_LM_REAL x19 = beta2_value*v_g1m_in + (grad_g1m_3[j]*grad_g1m_3[j])*x2;
+            const TRANSFORMER_LM_REAL x20 = beta1_value*m_b1m_in + grad_b1m_3[j]*x0;
+            const TRANSFORMER_LM_REAL x21 = beta2_value*v_b1m_in + (grad_b1m_3[j]*grad_b1m_3[j])*x2;
+            const TRANSFORMER_LM_REAL x22 = beta1_value*m_c1down_in + grad_c1down_3[j]*x0;
+            const TRANSFORMER_LM_REAL x23 = beta2_value*v_c1down_in + (grad_c1down_3[j]*grad_c1down_3[j])*x2;
+            const TRANSFORMER_LM_REAL x24 = beta1_value*m_gf_in + grad_gf_3[j]*x0;
+            const TRANSFORMER_LM_REAL x25 = beta2_value*v_gf_in + (grad_gf_3[j]*grad_gf_3[j])*x2;
+            const TRANSFORMER_LM_REAL x26 = beta1_value*m_bf_in + grad_bf_3[j]*x0;
+            const TRANSFORMER_LM_REAL x27 = beta2_value*v_bf_in + (grad_bf_3[j]*grad_bf_3[j])*x2;
+            m_g0a[j] = x1;
+            v_g0a[j] = x3;
+            g0a[j] = g0a_in + x1*x5/(eps_value + sqrt(x3*x4));
+            m_b0a[j] = x6;
+            v_b0a[j] = x7;
+            b0a[j] = b0a_in + x5*x6/(eps_value + sqrt(x4*x7));
+            m_g0m[j] = x8;
+            v_g0m[j] = x9;
+            g0m[j] = g0m_in + x5*x8/(eps_value + sqrt(x4*x9));
+            m_b0m[j] = x10;
+            v_b0m[j] = x11;
+            b0m[j] = b0m_in + x10*x5/(eps_value + sqrt(x11*x4));
+            m_c0down[j] = x12;
+            v_c0down[j] = x13;
+            c0down[j] = c0down_in + x12*x5/(eps_value + sqrt(x13*x4));
+            m_g1a[j] = x14;
+            v_g1a[j] = x15;
+            g1a[j] = g1a_in + x14*x5/(eps_value + sqrt(x15*x4));
+            m_b1a[j] = x16;
+            v_b1a[j] = x17;
+            b1a[j] = b1a_in + x16*x5/(eps_value + sqrt(x17*x4));
+            m_g1m[j] = x18;
+            v_g1m[j] = x19;
+            g1m[j] = g1m_in + x18*x5/(eps_value + sqrt(x19*x4));
+            m_b1m[j] = x20;
+            v_b1m[j] = x21;
+            b1m[j] = b1m_in + x20*x5/(eps_value + sqrt(x21*x4));
+            m_c1down[j] = x22;
+            v_c1down[j] = x23;
+            c1down[j] = c1down_in + x22*x5/(eps_value + sqrt(x23*x4));
+            m_gf[j] = x24;
+            v_gf[j] = x25;
+            gf[j] = gf_in + x24*x5/(eps_value + sqrt(x25*x4));
+            m_bf[j] = x26;
+            v_bf[j] = x27;
+            bf[j] = bf_in + x26*x5/(eps_value + sqrt(x27*x4));
         }
     }
 }
 #endif
 
-/* transformer_lm_train_step, part 9 of 9 (kernels 161 to 173): a long
+/* transformer_lm_train_step, part 4 of 4 (kernels 13 to 16): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
     TRANSFORMER_LM_REAL *W1up,
     TRANSFORMER_LM_REAL *c1up,
     TRANSFORMER_LM_REAL *W1down,
-    TRANSFORMER_LM_REAL *c1down,
-    TRANSFORMER_LM_REAL *gf,
-    TRANSFORMER_LM_REAL *bf,
     TRANSFORMER_LM_REAL *Wout,
     const TRANSFORMER_LM_REAL *lr,
     const TRANSFORMER_LM_REAL *beta1,
     const TRANSFORMER_LM_REAL *beta2,
     const TRANSFORMER_LM_REAL *eps,
-    TRANSFORMER_LM_REAL *m_Wq1,
-    TRANSFORMER_LM_REAL *v_Wq1,
-    TRANSFORMER_LM_REAL *m_Wk1,
-    TRANSFORMER_LM_REAL *v_Wk1,
-    TRANSFORMER_LM_REAL *m_Wv1,
-    TRANSFORMER_LM_REAL *v_Wv1,
-    TRANSFORMER_LM_REAL *m_Wo1,
-    TRANSFORMER_LM_REAL *v_Wo1,
-    TRANSFORMER_LM_REAL *m_g1m,
-    TRANSFORMER_LM_REAL *v_g1m,
-    TRANSFORMER_LM_REAL *m_b1m,
-    TRANSFORMER_LM_REAL *v_b1m,
+    TRANSFORMER_LM_REAL *m_W0up,
+    TRANSFORMER_LM_REAL *v_W0up,
+    TRANSFORMER_LM_REAL *m_c0up,
+    TRANSFORMER_LM_REAL *v_c0up,
+    TRANSFORMER_LM_REAL *m_W0down,
+    TRANSFORMER_LM_REAL *v_W0down,
     TRANSFORMER_LM_REAL *m_W1up,
     TRANSFORMER_LM_REAL *v_W1up,
     TRANSFORMER_LM_REAL *m_c1up,
     TRANSFORMER_LM_REAL *v_c1up,
     TRANSFORMER_LM_REAL *m_W1down,
     TRANSFORMER_LM_REAL *v_W1down,
-    TRANSFORMER_LM_REAL *m_c1down,
-    TRANSFORMER_LM_REAL *v_c1down,
-    TRANSFORMER_LM_REAL *m_gf,
-    TRANSFORMER_LM_REAL *v_gf,
-    TRANSFORMER_LM_REAL *m_bf,
-    TRANSFORMER_LM_REAL *v_bf,
     TRANSFORMER_LM_REAL *m_Wout,
     TRANSFORMER_LM_REAL *v_Wout,
-    TRANSFORMER_LM_REAL *grad_Wq1_3,
-    TRANSFORMER_LM_REAL *grad_Wk1_3,
-    TRANSFORMER_LM_REAL *grad_Wv1_3,
-    TRANSFORMER_LM_REAL *grad_Wo1_3,
-    TRANSFORMER_LM_REAL *grad_g1m_3,
-    TRANSFORMER_LM_REAL *grad_b1m_3,
+    TRANSFORMER_LM_REAL *grad_W0up_3,
     TRANSFORMER_LM_REAL *grad_W1up_3,
+    TRANSFORMER_LM_REAL *grad_c0up_3,
     TRANSFORMER_LM_REAL *grad_c1up_3,
+    TRANSFORMER_LM_REAL *grad_W0down_3,
     TRANSFORMER_LM_REAL *grad_W1down_3,
-    TRANSFORMER_LM_REAL *grad_c1down_3,
-    TRANSFORMER_LM_REAL *grad_gf_3,
-    TRANSFORMER_LM_REAL *grad_bf_3,
-    TRANSFORMER_LM_REAL *grad_Wout_3,
-    TRANSFORMER_LM_REAL *bias_correction1,
-    TRANSFORMER_LM_REAL *bias_correction2
-);
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
-    TRANSFORMER_LM_REAL *Wq1,
-    TRANSFORMER_LM_REAL *Wk1,
-    TRANSFORMER_LM_REAL *Wv1,
-    TRANSFORMER_LM_REAL *Wo1,
-    TRANSFORMER_LM_REAL *g1m,
-    TRANSFORMER_LM_REAL *b1m,
-    TRANSFORMER_LM_REAL *W1up,
-    TRANSFORMER_LM_REAL *c1up,
-    TRANSFORMER_LM_REAL *W1down,
-    TRANSFORMER_LM_REAL *c1down,
-    TRANSFORMER_LM_REAL *gf,
-    TRANSFORMER_LM_REAL *bf,
-    TRANSFORMER_LM_REAL *Wout,
-    const TRANSFORMER_LM_REAL *lr,
-    const TRANSFORMER_LM_REAL *beta1,
-    const TRANSFORMER_LM_REAL *beta2,
-    const TRANSFORMER_LM_REAL *eps,
-    TRANSFORMER_LM_REAL *m_Wq1,
-    TRANSFORMER_LM_REAL *v_Wq1,
-    TRANSFORMER_LM_REAL *m_Wk1,
-    TRANSFORMER_LM_REAL *v_Wk1,
-    TRANSFORMER_LM_REAL *m_Wv1,
-    TRANSFORMER_LM_REAL *v_Wv1,
-    TRANSFORMER_LM_REAL *m_Wo1,
-    TRANSFORMER_LM_REAL *v_Wo1,
-    TRANSFORMER_LM_REAL *m_g1m,
-    TRANSFORMER_LM_REAL *v_g1m,
-    TRANSFORMER_LM_REAL *m_b1m,
-    TRANSFORMER_LM_REAL *v_b1m,
-    TRANSFORMER_LM_REAL *m_W1up,
-    TRANSFORMER_LM_REAL *v_W1up,
-    TRANSFORMER_LM_REAL *m_c1up,
-    TRANSFORMER_LM_REAL *v_c1up,
-    TRANSFORMER_LM_REAL *m_W1down,
-    TRANSFORMER_LM_REAL *v_W1down,
-    TRANSFORMER_LM_REAL *m_c1down,
-    TRANSFORMER_LM_REAL *v_c1down,
-    TRANSFORMER_LM_REAL *m_gf,
-    TRANSFORMER_LM_REAL *v_gf,
-    TRANSFORMER_LM_REAL *m_bf,
-    TRANSFORMER_LM_REAL *v_bf,
-    TRANSFORMER_LM_REAL *m_Wout,
-    TRANSFORMER_LM_REAL *v_Wout,
-    TRANSFORMER_LM_REAL *grad_Wq1_3,
-    TRANSFORMER_LM_REAL *grad_Wk1_3,
-    TRANSFORMER_LM_REAL *grad_Wv1_3,
-    TRANSFORMER_LM_REAL *grad_Wo1_3,
-    TRANSFORMER_LM_REAL *grad_g1m_3,
-    TRANSFORMER_LM_REAL *grad_b1m_3,
-    TRANSFORMER_LM_REAL *grad_W1up_3,
-    TRANSFORMER_LM_REAL *grad_c1up_3,
-    TRANSFORMER_LM_REAL *grad_W1down_3,
-    TRANSFORMER_LM_REAL *grad_c1down_3,
-    TRANSFORMER_LM_REAL *grad_gf_3,
-    TRANSFORMER_LM_REAL *grad_bf_3,
     TRANSFORMER_LM_REAL *grad_Wout_3,
     TRANSFORMER_LM_REAL *bias_correction1,
     TRANSFORMER_LM_REAL *bias_correction2
 )
 {
-    /* m_Wq1 = beta1*m_Wq1 + grad_Wq1_3*(1 - beta1) */
-    /* v_Wq1 = beta2*v_Wq1 + grad_Wq1_3**2*(1 - beta2) */
-    /* Wq1 = Wq1 - lr*(beta1*m_Wq1 + grad_Wq1_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wq1 + grad_Wq1_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const TRANSFORMER_LM_REAL m_Wq1_in = m_Wq1[64*i + j];
-                const TRANSFORMER_LM_REAL v_Wq1_in = v_Wq1[64*i + j];
-                const TRANSFORMER_LM_REAL Wq1_in = Wq1[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wq1_in + grad_Wq1_3[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wq1_3[64*i + j]*grad_Wq1_3[64*i + j])*(1 - beta2_value) + beta2_value*v_Wq1_in;
-                m_Wq1[64*i + j] = x0;
-                v_Wq1[64*i + j] = x1;
-                Wq1[64*i + j] = Wq1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_Wk1 = beta1*m_Wk1 + grad_Wk1_3*(1 - beta1) */
-    /* v_Wk1 = beta2*v_Wk1 + grad_Wk1_3**2*(1 - beta2) */
-    /* Wk1 = Wk1 - lr*(beta1*m_Wk1 + grad_Wk1_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wk1 + grad_Wk1_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const TRANSFORMER_LM_REAL m_Wk1_in = m_Wk1[64*i + j];
-                const TRANSFORMER_LM_REAL v_Wk1_in = v_Wk1[64*i + j];
-                const TRANSFORMER_LM_REAL Wk1_in = Wk1[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wk1_in + grad_Wk1_3[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wk1_3[64*i + j]*grad_Wk1_3[64*i + j])*(1 - beta2_value) + beta2_value*v_Wk1_in;
-                m_Wk1[64*i + j] = x0;
-                v_Wk1[64*i + j] = x1;
-                Wk1[64*i + j] = Wk1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_Wv1 = beta1*m_Wv1 + grad_Wv1_3*(1 - beta1) */
-    /* v_Wv1 = beta2*v_Wv1 + grad_Wv1_3**2*(1 - beta2) */
-    /* Wv1 = Wv1 - lr*(beta1*m_Wv1 + grad_Wv1_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wv1 + grad_Wv1_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const TRANSFORMER_LM_REAL m_Wv1_in = m_Wv1[64*i + j];
-                const TRANSFORMER_LM_REAL v_Wv1_in = v_Wv1[64*i + j];
-                const TRANSFORMER_LM_REAL Wv1_in = Wv1[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wv1_in + grad_Wv1_3[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wv1_3[64*i + j]*grad_Wv1_3[64*i + j])*(1 - beta2_value) + beta2_value*v_Wv1_in;
-                m_Wv1[64*i + j] = x0;
-                v_Wv1[64*i + j] = x1;
-                Wv1[64*i + j] = Wv1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_Wo1 = beta1*m_Wo1 + grad_Wo1_3*(1 - beta1) */
-    /* v_Wo1 = beta2*v_Wo1 + grad_Wo1_3**2*(1 - beta2) */
-    /* Wo1 = Wo1 - lr*(beta1*m_Wo1 + grad_Wo1_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_Wo1 + grad_Wo1_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        SYMBACKPROP_PARALLEL_FOR
-        for (int64_t i = 0; i < 64; ++i) {
-            for (int64_t j = 0; j < 64; ++j) {
-                const TRANSFORMER_LM_REAL m_Wo1_in = m_Wo1[64*i + j];
-                const TRANSFORMER_LM_REAL v_Wo1_in = v_Wo1[64*i + j];
-                const TRANSFORMER_LM_REAL Wo1_in = Wo1[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wo1_in + grad_Wo1_3[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wo1_3[64*i + j]*grad_Wo1_3[64*i + j])*(1 - beta2_value) + beta2_value*v_Wo1_in;
-                m_Wo1[64*i + j] = x0;
-                v_Wo1[64*i + j] = x1;
-                Wo1[64*i + j] = Wo1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-            }
-        }
-    }
-
-    /* m_g1m = beta1*m_g1m + grad_g1m_3*(1 - beta1) */
-    /* v_g1m = beta2*v_g1m + grad_g1m_3**2*(1 - beta2) */
-    /* g1m = g1m - lr*(beta1*m_g1m + grad_g1m_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_g1m + grad_g1m_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL m_g1m_in = m_g1m[j];
-            const TRANSFORMER_LM_REAL v_g1m_in = v_g1m[j];
-            const TRANSFORMER_LM_REAL g1m_in = g1m[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_g1m_in + grad_g1m_3[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_g1m_3[j]*grad_g1m_3[j])*(1 - beta2_value) + beta2_value*v_g1m_in;
-            m_g1m[j] = x0;
-            v_g1m[j] = x1;
-            g1m[j] = g1m_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_b1m = beta1*m_b1m + grad_b1m_3*(1 - beta1) */
-    /* v_b1m = beta2*v_b1m + grad_b1m_3**2*(1 - beta2) */
-    /* b1m = b1m - lr*(beta1*m_b1m + grad_b1m_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_b1m + grad_b1m_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL m_b1m_in = m_b1m[j];
-            const TRANSFORMER_LM_REAL v_b1m_in = v_b1m[j];
-            const TRANSFORMER_LM_REAL b1m_in = b1m[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_b1m_in + grad_b1m_3[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_b1m_3[j]*grad_b1m_3[j])*(1 - beta2_value) + beta2_value*v_b1m_in;
-            m_b1m[j] = x0;
-            v_b1m[j] = x1;
-            b1m[j] = b1m_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
+    /* m_W0up = beta1*m_W0up + grad_W0up_3*(1 - beta1) */
+    /* v_W0up = beta2*v_W0up + grad_W0up_3**2*(1 - beta2) */
+    /* W0up = W0up - lr*(beta1*m_W0up + grad_W0up_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_W0up + grad_W0up_3**2*(1 - beta2))/bias_correction2))) */
     /* m_W1up = beta1*m_W1up + grad_W1up_3*(1 - beta1) */
     /* v_W1up = beta2*v_W1up + grad_W1up_3**2*(1 - beta2) */
     /* W1up = W1up - lr*(beta1*m_W1up + grad_W1up_3*(1 - beta1))/(bias_correction1*(eps +
@@ -6218,18 +3712,34 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 256; ++j) {
+                const TRANSFORMER_LM_REAL m_W0up_in = m_W0up[256*i + j];
+                const TRANSFORMER_LM_REAL v_W0up_in = v_W0up[256*i + j];
+                const TRANSFORMER_LM_REAL W0up_in = W0up[256*i + j];
                 const TRANSFORMER_LM_REAL m_W1up_in = m_W1up[256*i + j];
                 const TRANSFORMER_LM_REAL v_W1up_in = v_W1up[256*i + j];
                 const TRANSFORMER_LM_REAL W1up_in = W1up[256*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_W1up_in + grad_W1up_3[256*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_W1up_3[256*i + j]*grad_W1up_3[256*i + j])*(1 - beta2_value) + beta2_value*v_W1up_in;
-                m_W1up[256*i + j] = x0;
-                v_W1up[256*i + j] = x1;
-                W1up[256*i + j] = W1up_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+                const TRANSFORMER_LM_REAL x0 = 1 - beta1_value;
+                const TRANSFORMER_LM_REAL x1 = beta1_value*m_W0up_in + grad_W0up_3[256*i + j]*x0;
+                const TRANSFORMER_LM_REAL x2 = 1 - beta2_value;
+                const TRANSFORMER_LM_REAL x3 = (grad_W0up_3[256*i + j]*grad_W0up_3[256*i + j])*x2 + beta2_value*v_W0up_in;
+                const TRANSFORMER_LM_REAL x4 = 1.0/bias_correction2_value;
+                const TRANSFORMER_LM_REAL x5 = -lr_value/bias_correction1_value;
+                const TRANSFORMER_LM_REAL x6 = beta1_value*m_W1up_in + grad_W1up_3[256*i + j]*x0;
+                const TRANSFORMER_LM_REAL x7 = (grad_W1up_3[256*i + j]*grad_W1up_3[256*i + j])*x2 + v_W1up_in*beta2_value;
+                m_W0up[256*i + j] = x1;
+                v_W0up[256*i + j] = x3;
+                W0up[256*i + j] = W0up_in + x1*x5/(eps_value + sqrt(x3*x4));
+                m_W1up[256*i + j] = x6;
+                v_W1up[256*i + j] = x7;
+                W1up[256*i + j] = W1up_in + x5*x6/(eps_value + sqrt(x4*x7));
             }
         }
     }
 
+    /* m_c0up = beta1*m_c0up + grad_c0up_3*(1 - beta1) */
+    /* v_c0up = beta2*v_c0up + grad_c0up_3**2*(1 - beta2) */
+    /* c0up = c0up - lr*(beta1*m_c0up + grad_c0up_3*(1 - beta1))/(bias_correction1*(eps +
+     * sqrt((beta2*v_c0up + grad_c0up_3**2*(1 - beta2))/bias_correction2))) */
     /* m_c1up = beta1*m_c1up + grad_c1up_3*(1 - beta1) */
     /* v_c1up = beta2*v_c1up + grad_c1up_3**2*(1 - beta2) */
     /* c1up = c1up - lr*(beta1*m_c1up + grad_c1up_3*(1 - beta1))/(bias_correction1*(eps +
@@ -6242,17 +3752,34 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
         const TRANSFORMER_LM_REAL lr_value = lr[0];
         const TRANSFORMER_LM_REAL eps_value = eps[0];
         for (int64_t j = 0; j < 256; ++j) {
+            const TRANSFORMER_LM_REAL m_c0up_in = m_c0up[j];
+            const TRANSFORMER_LM_REAL v_c0up_in = v_c0up[j];
+            const TRANSFORMER_LM_REAL c0up_in = c0up[j];
             const TRANSFORMER_LM_REAL m_c1up_in = m_c1up[j];
             const TRANSFORMER_LM_REAL v_c1up_in = v_c1up[j];
             const TRANSFORMER_LM_REAL c1up_in = c1up[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_c1up_in + grad_c1up_3[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_c1up_3[j]*grad_c1up_3[j])*(1 - beta2_value) + beta2_value*v_c1up_in;
-            m_c1up[j] = x0;
-            v_c1up[j] = x1;
-            c1up[j] = c1up_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+            const TRANSFORMER_LM_REAL x0 = 1 - beta1_value;
+            const TRANSFORMER_LM_REAL x1 = beta1_value*m_c0up_in + grad_c0up_3[j]*x0;
+            const TRANSFORMER_LM_REAL x2 = 1 - beta2_value;
+            const TRANSFORMER_LM_REAL x3 = (grad_c0up_3[j]*grad_c0up_3[j])*x2 + beta2_value*v_c0up_in;
+            const TRANSFORMER_LM_REAL x4 = 1.0/bias_correction2_value;
+            const TRANSFORMER_LM_REAL x5 = -lr_value/bias_correction1_value;
+            const TRANSFORMER_LM_REAL x6 = beta1_value*m_c1up_in + grad_c1up_3[j]*x0;
+            const TRANSFORMER_LM_REAL x7 = (grad_c1up_3[j]*grad_c1up_3[j])*x2 + v_c1up_in*beta2_value;
+            m_c0up[j] = x1;
+            v_c0up[j] = x3;
+            c0up[j] = c0up_in + x1*x5/(eps_value + sqrt(x3*x4));
+            m_c1up[j] = x6;
+            v_c1up[j] = x7;
+            c1up[j] = c1up_in + x5*x6/(eps_value + sqrt(x4*x7));
         }
     }
 
+    /* m_W0down = beta1*m_W0down + grad_W0down_3*(1 - beta1) */
+    /* v_W0down = beta2*v_W0down + grad_W0down_3**2*(1 - beta2) */
+    /* W0down = W0down - lr*(beta1*m_W0down + grad_W0down_3*(1 -
+     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_W0down + grad_W0down_3**2*(1 -
+     * beta2))/bias_correction2))) */
     /* m_W1down = beta1*m_W1down + grad_W1down_3*(1 - beta1) */
     /* v_W1down = beta2*v_W1down + grad_W1down_3**2*(1 - beta2) */
     /* W1down = W1down - lr*(beta1*m_W1down + grad_W1down_3*(1 -
@@ -6268,85 +3795,27 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part9(
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 256; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
+                const TRANSFORMER_LM_REAL m_W0down_in = m_W0down[64*i + j];
+                const TRANSFORMER_LM_REAL v_W0down_in = v_W0down[64*i + j];
+                const TRANSFORMER_LM_REAL W0down_in = W0down[64*i + j];
                 const TRANSFORMER_LM_REAL m_W1down_in = m_W1down[64*i + j];
                 const TRANSFORMER_LM_REAL v_W1down_in = v_W1down[64*i + j];
                 const TRANSFORMER_LM_REAL W1down_in = W1down[64*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_W1down_in + grad_W1down_3[64*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_W1down_3[64*i + j]*grad_W1down_3[64*i + j])*(1 - beta2_value) + beta2_value*v_W1down_in;
-                m_W1down[64*i + j] = x0;
-                v_W1down[64*i + j] = x1;
-                W1down[64*i + j] = W1down_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+                const TRANSFORMER_LM_REAL x0 = 1 - beta1_value;
+                const TRANSFORMER_LM_REAL x1 = beta1_value*m_W0down_in + grad_W0down_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x2 = 1 - beta2_value;
+                const TRANSFORMER_LM_REAL x3 = (grad_W0down_3[64*i + j]*grad_W0down_3[64*i + j])*x2 + beta2_value*v_W0down_in;
+                const TRANSFORMER_LM_REAL x4 = 1.0/bias_correction2_value;
+                const TRANSFORMER_LM_REAL x5 = -lr_value/bias_correction1_value;
+                const TRANSFORMER_LM_REAL x6 = beta1_value*m_W1down_in + grad_W1down_3[64*i + j]*x0;
+                const TRANSFORMER_LM_REAL x7 = (grad_W1down_3[64*i + j]*grad_W1down_3[64*i + j])*x2 + v_W1down_in*beta2_value;
+                m_W0down[64*i + j] = x1;
+                v_W0down[64*i + j] = x3;
+                W0down[64*i + j] = W0down_in + x1*x5/(eps_value + sqrt(x3*x4));
+                m_W1down[64*i + j] = x6;
+                v_W1down[64*i + j] = x7;
+                W1down[64*i + j] = W1down_in + x5*x6/(eps_value + sqrt(x4*x7));
             }
-        }
-    }
-
-    /* m_c1down = beta1*m_c1down + grad_c1down_3*(1 - beta1) */
-    /* v_c1down = beta2*v_c1down + grad_c1down_3**2*(1 - beta2) */
-    /* c1down = c1down - lr*(beta1*m_c1down + grad_c1down_3*(1 -
-     * beta1))/(bias_correction1*(eps + sqrt((beta2*v_c1down + grad_c1down_3**2*(1 -
-     * beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL m_c1down_in = m_c1down[j];
-            const TRANSFORMER_LM_REAL v_c1down_in = v_c1down[j];
-            const TRANSFORMER_LM_REAL c1down_in = c1down[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_c1down_in + grad_c1down_3[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_c1down_3[j]*grad_c1down_3[j])*(1 - beta2_value) + beta2_value*v_c1down_in;
-            m_c1down[j] = x0;
-            v_c1down[j] = x1;
-            c1down[j] = c1down_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_gf = beta1*m_gf + grad_gf_3*(1 - beta1) */
-    /* v_gf = beta2*v_gf + grad_gf_3**2*(1 - beta2) */
-    /* gf = gf - lr*(beta1*m_gf + grad_gf_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_gf + grad_gf_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL m_gf_in = m_gf[j];
-            const TRANSFORMER_LM_REAL v_gf_in = v_gf[j];
-            const TRANSFORMER_LM_REAL gf_in = gf[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_gf_in + grad_gf_3[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_gf_3[j]*grad_gf_3[j])*(1 - beta2_value) + beta2_value*v_gf_in;
-            m_gf[j] = x0;
-            v_gf[j] = x1;
-            gf[j] = gf_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
-        }
-    }
-
-    /* m_bf = beta1*m_bf + grad_bf_3*(1 - beta1) */
-    /* v_bf = beta2*v_bf + grad_bf_3**2*(1 - beta2) */
-    /* bf = bf - lr*(beta1*m_bf + grad_bf_3*(1 - beta1))/(bias_correction1*(eps +
-     * sqrt((beta2*v_bf + grad_bf_3**2*(1 - beta2))/bias_correction2))) */
-    {
-        const TRANSFORMER_LM_REAL beta1_value = beta1[0];
-        const TRANSFORMER_LM_REAL beta2_value = beta2[0];
-        const TRANSFORMER_LM_REAL bias_correction1_value = bias_correction1[0];
-        const TRANSFORMER_LM_REAL bias_correction2_value = bias_correction2[0];
-        const TRANSFORMER_LM_REAL lr_value = lr[0];
-        const TRANSFORMER_LM_REAL eps_value = eps[0];
-        for (int64_t j = 0; j < 64; ++j) {
-            const TRANSFORMER_LM_REAL m_bf_in = m_bf[j];
-            const TRANSFORMER_LM_REAL v_bf_in = v_bf[j];
-            const TRANSFORMER_LM_REAL bf_in = bf[j];
-            const TRANSFORMER_LM_REAL x0 = beta1_value*m_bf_in + grad_bf_3[j]*(1 - beta1_value);
-            const TRANSFORMER_LM_REAL x1 = (grad_bf_3[j]*grad_bf_3[j])*(1 - beta2_value) + beta2_value*v_bf_in;
-            m_bf[j] = x0;
-            v_bf[j] = x1;
-            bf[j] = bf_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
         }
     }
 
@@ -6502,168 +3971,78 @@ int transformer_lm_train_step(
     }
 
     /* where each buffer lies in work */
-    TRANSFORMER_LM_REAL *emap_E = work; /* m x 64 */
-    TRANSFORMER_LM_REAL *emap_P = emap_E + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *add_E = emap_P + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *norm_E = emap_E; /* m x 64, in emap_E's memory */
-    TRANSFORMER_LM_REAL *add_b0a = emap_P; /* m x 64, in emap_P's memory */
-    TRANSFORMER_LM_REAL *mul_Wq0 = add_E + 64*m; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *mm_Wq0 = mul_Wq0 + 4096; /* m x 64 */
-    TRANSFORMER_LM_REAL *mm_Wk0 = mm_Wq0 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *scores_Wk0 = mm_Wk0 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *scores_Wk0_block_2 = scores_Wk0 + 256*m; /* 64 x 16 */
-    TRANSFORMER_LM_REAL *softmax_Wk0 = scores_Wk0_block_2 + 1024; /* m x 256 */
-    TRANSFORMER_LM_REAL *mm_Wv0 = softmax_Wk0 + 256*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *mix_Wv0 = mm_Wv0 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *mm_Wo0 = mix_Wv0 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *add_Wo0 = mm_Wo0 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *norm_Wo0 = mm_Wo0; /* m x 64, in mm_Wo0's memory */
-    TRANSFORMER_LM_REAL *add_b0m = add_Wo0 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *mm_W0up = scores_Wk0; /* m x 256, in scores_Wk0's memory */
-    TRANSFORMER_LM_REAL *mul_W0up = add_b0m + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *add_W0up = mul_W0up + 256*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *mm_W0down = add_W0up + 256*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *add_W0down = mm_W0down + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *norm_W0down = mm_W0down; /* m x 64, in mm_W0down's memory */
-    TRANSFORMER_LM_REAL *add_b1a = add_W0down + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *mul_Wq1 = add_b1a + 64*m; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *mm_Wq1 = mul_Wq1 + 4096; /* m x 64 */
-    TRANSFORMER_LM_REAL *mm_Wk1 = mm_Wq1 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *scores_Wk1 = mm_W0up; /* m x 256, in mm_W0up's memory */
-    TRANSFORMER_LM_REAL *scores_Wk1_block_2 = scores_Wk0_block_2; /* 64 x 16, in scores_Wk0_block_2's memory */
-    TRANSFORMER_LM_REAL *softmax_Wk1 = mm_Wk1 + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *mm_Wv1 = softmax_Wk1 + 256*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *mix_Wv1 = mm_Wv1 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *mm_Wo1 = mix_Wv1 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *add_Wo1 = mm_Wo1 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *norm_Wo1 = mm_Wo1; /* m x 64, in mm_Wo1's memory */
-    TRANSFORMER_LM_REAL *add_b1m = add_Wo1 + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *mm_W1up = scores_Wk1; /* m x 256, in scores_Wk1's memory */
-    TRANSFORMER_LM_REAL *mul_W1up = add_b1m + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *add_W1up = mul_W1up + 256*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *mm_W1down = add_W1up + 256*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *add_W1down = mm_W1down + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *norm_W1down = mm_W1down; /* m x 64, in mm_W1down's memory */
-    TRANSFORMER_LM_REAL *add_bf = add_W1down + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *mm_Wout = add_bf + 64*m; /* m x 62 */
-    TRANSFORMER_LM_REAL *pick_targets = mm_Wout + 62*m; /* m x 1 */
-    TRANSFORMER_LM_REAL *rowlse_Wout = pick_targets + m; /* m x 1 */
-    TRANSFORMER_LM_REAL *add_Wout = rowlse_Wout + m; /* m x 1 */
-    TRANSFORMER_LM_REAL *colsum_Wout = add_Wout + m; /* 1 x 1 */
-    TRANSFORMER_LM_REAL *grad_mm_Wout_part = colsum_Wout + 1; /* m x 62 */
-    TRANSFORMER_LM_REAL *grad_mm_Wout = grad_mm_Wout_part + 62*m; /* m x 62 */
-    TRANSFORMER_LM_REAL *grad_add_bf = grad_mm_Wout + 62*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_norm_W1down = grad_add_bf + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_copy_gf = grad_norm_W1down + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_add_W1down = norm_W1down; /* m x 64, in norm_W1down's memory */
-    TRANSFORMER_LM_REAL *grad_mul_W1up = mm_W1up; /* m x 256, in mm_W1up's memory */
-    TRANSFORMER_LM_REAL *grad_add_W1up = grad_copy_gf + 64*m; /* m x 256 */
-    TRANSFORMER_LM_REAL *grad_add_b1m = add_W1down; /* m x 64, in add_W1down's memory */
-    TRANSFORMER_LM_REAL *grad_norm_Wo1 = grad_norm_W1down; /* m x 64, in grad_norm_W1down's memory */
-    TRANSFORMER_LM_REAL *grad_copy_g1m = grad_add_W1up + 256*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_add_Wo1_part = norm_Wo1; /* m x 64, in norm_Wo1's memory */
-    TRANSFORMER_LM_REAL *grad_add_Wo1 = add_Wo1; /* m x 64, in add_Wo1's memory */
-    TRANSFORMER_LM_REAL *grad_mix_Wv1 = grad_norm_Wo1; /* m x 64, in grad_norm_Wo1's memory */
-    TRANSFORMER_LM_REAL *grad_mm_Wv1 = grad_add_Wo1_part; /* m x 64, in grad_add_Wo1_part's memory */
-    TRANSFORMER_LM_REAL *grad_add_b1a = grad_copy_g1m + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk1 = add_W1up; /* m x 256, in add_W1up's memory */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block_2 = scores_Wk1_block_2; /* 64 x 16, in scores_Wk1_block_2's memory */
-    TRANSFORMER_LM_REAL *grad_scores_Wk1 = grad_mul_W1up; /* m x 256, in grad_mul_W1up's memory */
-    TRANSFORMER_LM_REAL *grad_mm_Wk1 = mm_Wv1; /* m x 64, in mm_Wv1's memory */
-    TRANSFORMER_LM_REAL *grad_mm_Wq1 = grad_mix_Wv1; /* m x 64, in grad_mix_Wv1's memory */
-    TRANSFORMER_LM_REAL *grad_norm_W0down = mm_Wq1; /* m x 64, in mm_Wq1's memory */
-    TRANSFORMER_LM_REAL *grad_copy_g1a = mm_Wk1; /* m x 64, in mm_Wk1's memory */
-    TRANSFORMER_LM_REAL *grad_add_W0down_part = norm_W0down; /* m x 64, in norm_W0down's memory */
-    TRANSFORMER_LM_REAL *grad_add_W0down = add_W0down; /* m x 64, in add_W0down's memory */
-    TRANSFORMER_LM_REAL *grad_mul_W0up = softmax_Wk1; /* m x 256, in softmax_Wk1's memory */
-    TRANSFORMER_LM_REAL *grad_add_W0up = grad_softmax_Wk1; /* m x 256, in grad_softmax_Wk1's memory */
-    TRANSFORMER_LM_REAL *grad_add_b0m = grad_norm_W0down; /* m x 64, in grad_norm_W0down's memory */
-    TRANSFORMER_LM_REAL *grad_norm_Wo0 = grad_add_W0down_part; /* m x 64, in grad_add_W0down_part's memory */
-    TRANSFORMER_LM_REAL *grad_copy_g0m = grad_add_b1a + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_add_Wo0_part = norm_Wo0; /* m x 64, in norm_Wo0's memory */
-    TRANSFORMER_LM_REAL *grad_add_Wo0 = add_Wo0; /* m x 64, in add_Wo0's memory */
-    TRANSFORMER_LM_REAL *grad_mix_Wv0 = grad_norm_Wo0; /* m x 64, in grad_norm_Wo0's memory */
-    TRANSFORMER_LM_REAL *grad_mm_Wv0 = grad_add_Wo0_part; /* m x 64, in grad_add_Wo0_part's memory */
-    TRANSFORMER_LM_REAL *grad_add_b0a = grad_copy_g0m + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk0 = grad_scores_Wk1; /* m x 256, in grad_scores_Wk1's memory */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block_2 = grad_softmax_Wk1_block_2; /* 64 x 16, in grad_softmax_Wk1_block_2's memory */
-    TRANSFORMER_LM_REAL *grad_scores_Wk0 = add_W0up; /* m x 256, in add_W0up's memory */
-    TRANSFORMER_LM_REAL *grad_mm_Wk0 = mm_Wv0; /* m x 64, in mm_Wv0's memory */
-    TRANSFORMER_LM_REAL *grad_mm_Wq0 = grad_mix_Wv0; /* m x 64, in grad_mix_Wv0's memory */
-    TRANSFORMER_LM_REAL *grad_norm_E = mm_Wq0; /* m x 64, in mm_Wq0's memory */
-    TRANSFORMER_LM_REAL *grad_copy_g0a = mm_Wk0; /* m x 64, in mm_Wk0's memory */
-    TRANSFORMER_LM_REAL *grad_add_E_part = norm_E; /* m x 64, in norm_E's memory */
-    TRANSFORMER_LM_REAL *grad_add_E = add_E; /* m x 64, in add_E's memory */
-    TRANSFORMER_LM_REAL *grad_E_2 = grad_add_b0a + 64*m; /* 62 x 64 */
-    TRANSFORMER_LM_REAL *grad_P_2 = mul_Wq1; /* 64 x 64, in mul_Wq1's memory */
-    TRANSFORMER_LM_REAL *grad_E_3 = grad_E_2 + 3968; /* 62 x 64 */
-    TRANSFORMER_LM_REAL *grad_P_3 = mul_Wq0; /* 64 x 64, in mul_Wq0's memory */
-    TRANSFORMER_LM_REAL *grad_g0a_2 = grad_E_3 + 3968; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_g0a_3 = grad_g0a_2 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_b0a_2 = grad_g0a_2; /* 1 x 64, in grad_g0a_2's memory */
-    TRANSFORMER_LM_REAL *grad_b0a_3 = grad_g0a_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_mul_Wq0 = grad_P_2; /* 64 x 64, in grad_P_2's memory */
-    TRANSFORMER_LM_REAL *grad_Wq0_3 = grad_b0a_3 + 64; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *grad_Wk0_2 = grad_mul_Wq0; /* 64 x 64, in grad_mul_Wq0's memory */
+    TRANSFORMER_LM_REAL *grad_E_3 = work; /* 62 x 64 */
+    TRANSFORMER_LM_REAL *grad_P_3 = grad_E_3 + 3968; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wq0_3 = grad_P_3 + 4096; /* 64 x 64 */
     TRANSFORMER_LM_REAL *grad_Wk0_3 = grad_Wq0_3 + 4096; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *grad_Wv0_2 = grad_Wk0_2; /* 64 x 64, in grad_Wk0_2's memory */
     TRANSFORMER_LM_REAL *grad_Wv0_3 = grad_Wk0_3 + 4096; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *grad_Wo0_2 = grad_Wv0_2; /* 64 x 64, in grad_Wv0_2's memory */
     TRANSFORMER_LM_REAL *grad_Wo0_3 = grad_Wv0_3 + 4096; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *grad_g0m_2 = grad_b0a_2; /* 1 x 64, in grad_b0a_2's memory */
-    TRANSFORMER_LM_REAL *grad_g0m_3 = grad_Wo0_3 + 4096; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_b0m_2 = grad_g0m_2; /* 1 x 64, in grad_g0m_2's memory */
-    TRANSFORMER_LM_REAL *grad_b0m_3 = grad_g0m_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_W0up_2 = grad_b0m_3 + 64; /* 64 x 256 */
-    TRANSFORMER_LM_REAL *grad_W0up_3 = grad_W0up_2 + 16384; /* 64 x 256 */
-    TRANSFORMER_LM_REAL *grad_c0up_2 = grad_W0up_3 + 16384; /* 1 x 256 */
-    TRANSFORMER_LM_REAL *grad_c0up_3 = grad_c0up_2 + 256; /* 1 x 256 */
-    TRANSFORMER_LM_REAL *grad_W0down_2 = grad_W0up_2; /* 256 x 64, in grad_W0up_2's memory */
-    TRANSFORMER_LM_REAL *grad_W0down_3 = grad_c0up_3 + 256; /* 256 x 64 */
-    TRANSFORMER_LM_REAL *grad_c0down_2 = grad_b0m_2; /* 1 x 64, in grad_b0m_2's memory */
-    TRANSFORMER_LM_REAL *grad_c0down_3 = grad_W0down_3 + 16384; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_g1a_2 = grad_c0down_2; /* 1 x 64, in grad_c0down_2's memory */
-    TRANSFORMER_LM_REAL *grad_g1a_3 = grad_c0down_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_b1a_2 = grad_g1a_2; /* 1 x 64, in grad_g1a_2's memory */
-    TRANSFORMER_LM_REAL *grad_b1a_3 = grad_g1a_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_mul_Wq1 = grad_Wo0_2; /* 64 x 64, in grad_Wo0_2's memory */
-    TRANSFORMER_LM_REAL *grad_Wq1_3 = grad_b1a_3 + 64; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *grad_Wk1_2 = grad_mul_Wq1; /* 64 x 64, in grad_mul_Wq1's memory */
+    TRANSFORMER_LM_REAL *grad_Wq1_3 = grad_Wo0_3 + 4096; /* 64 x 64 */
     TRANSFORMER_LM_REAL *grad_Wk1_3 = grad_Wq1_3 + 4096; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *grad_Wv1_2 = grad_Wk1_2; /* 64 x 64, in grad_Wk1_2's memory */
     TRANSFORMER_LM_REAL *grad_Wv1_3 = grad_Wk1_3 + 4096; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *grad_Wo1_2 = grad_Wv1_2; /* 64 x 64, in grad_Wv1_2's memory */
     TRANSFORMER_LM_REAL *grad_Wo1_3 = grad_Wv1_3 + 4096; /* 64 x 64 */
-    TRANSFORMER_LM_REAL *grad_g1m_2 = grad_b1a_2; /* 1 x 64, in grad_b1a_2's memory */
-    TRANSFORMER_LM_REAL *grad_g1m_3 = grad_Wo1_3 + 4096; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_b1m_2 = grad_g1m_2; /* 1 x 64, in grad_g1m_2's memory */
+    TRANSFORMER_LM_REAL *grad_g0a_3 = grad_Wo1_3 + 4096; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b0a_3 = grad_g0a_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_g0m_3 = grad_b0a_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b0m_3 = grad_g0m_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_c0down_3 = grad_b0m_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_g1a_3 = grad_c0down_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b1a_3 = grad_g1a_3 + 64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_g1m_3 = grad_b1a_3 + 64; /* 1 x 64 */
     TRANSFORMER_LM_REAL *grad_b1m_3 = grad_g1m_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_W1up_2 = grad_W0down_2; /* 64 x 256, in grad_W0down_2's memory */
-    TRANSFORMER_LM_REAL *grad_W1up_3 = grad_b1m_3 + 64; /* 64 x 256 */
-    TRANSFORMER_LM_REAL *grad_c1up_2 = grad_c0up_2; /* 1 x 256, in grad_c0up_2's memory */
-    TRANSFORMER_LM_REAL *grad_c1up_3 = grad_W1up_3 + 16384; /* 1 x 256 */
-    TRANSFORMER_LM_REAL *grad_W1down_2 = grad_W1up_2; /* 256 x 64, in grad_W1up_2's memory */
-    TRANSFORMER_LM_REAL *grad_W1down_3 = grad_c1up_3 + 256; /* 256 x 64 */
-    TRANSFORMER_LM_REAL *grad_c1down_2 = grad_b1m_2; /* 1 x 64, in grad_b1m_2's memory */
-    TRANSFORMER_LM_REAL *grad_c1down_3 = grad_W1down_3 + 16384; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_gf_2 = grad_c1down_2; /* 1 x 64, in grad_c1down_2's memory */
+    TRANSFORMER_LM_REAL *grad_c1down_3 = grad_b1m_3 + 64; /* 1 x 64 */
     TRANSFORMER_LM_REAL *grad_gf_3 = grad_c1down_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_bf_2 = grad_gf_2; /* 1 x 64, in grad_gf_2's memory */
     TRANSFORMER_LM_REAL *grad_bf_3 = grad_gf_3 + 64; /* 1 x 64 */
-    TRANSFORMER_LM_REAL *grad_Wout_2 = grad_E_2; /* 64 x 62, in grad_E_2's memory */
-    TRANSFORMER_LM_REAL *grad_Wout_3 = grad_bf_3 + 64; /* 64 x 62 */
-    TRANSFORMER_LM_REAL *bias_correction1 = colsum_Wout; /* 1 x 1, in colsum_Wout's memory */
-    TRANSFORMER_LM_REAL *bias_correction2 = grad_Wout_3 + 3968; /* 1 x 1 */
+    TRANSFORMER_LM_REAL *grad_W0up_3 = grad_bf_3 + 64; /* 64 x 256 */
+    TRANSFORMER_LM_REAL *grad_W1up_3 = grad_W0up_3 + 16384; /* 64 x 256 */
+    TRANSFORMER_LM_REAL *grad_c0up_3 = grad_W1up_3 + 16384; /* 1 x 256 */
+    TRANSFORMER_LM_REAL *grad_c1up_3 = grad_c0up_3 + 256; /* 1 x 256 */
+    TRANSFORMER_LM_REAL *grad_W0down_3 = grad_c1up_3 + 256; /* 256 x 64 */
+    TRANSFORMER_LM_REAL *grad_W1down_3 = grad_W0down_3 + 16384; /* 256 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wout_3 = grad_W1down_3 + 16384; /* 64 x 62 */
+    TRANSFORMER_LM_REAL *bias_correction1 = grad_Wout_3 + 3968; /* 1 x 1 */
+    TRANSFORMER_LM_REAL *bias_correction2 = bias_correction1 + 1; /* 1 x 1 */
 
-    transformer_lm_train_step_part1(m, ids, positions, E, P, emap_E, emap_P);
-    transformer_lm_train_step_part2(m, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, emap_E, emap_P, add_E, norm_E, add_b0a, mul_Wq0, mm_Wq0, mm_Wk0, scores_Wk0, scores_Wk0_block_2, softmax_Wk0, mm_Wv0, mix_Wv0, mm_Wo0, add_Wo0, norm_Wo0, add_b0m, mm_W0up, mul_W0up, add_W0up, mm_W0down, add_W0down, norm_W0down, add_b1a, mul_Wq1, mm_Wq1, mm_Wk1, scores_Wk1, scores_Wk1_block_2, softmax_Wk1, mm_Wv1, mix_Wv1, mm_Wo1, add_Wo1, norm_Wo1, add_b1m);
-    transformer_lm_train_step_part3(m, targets, Wk1, Wv1, Wo1, g1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, mul_Wq1, mm_Wq1, mm_Wk1, softmax_Wk1, mm_Wv1, add_Wo1, norm_Wo1, add_b1m, mm_W1up, mul_W1up, add_W1up, mm_W1down, add_W1down, norm_W1down, add_bf, mm_Wout, pick_targets, rowlse_Wout, add_Wout, colsum_Wout, grad_mm_Wout_part, grad_mm_Wout, grad_add_bf, grad_norm_W1down, grad_copy_gf, grad_add_W1down, grad_mul_W1up, grad_add_W1up, grad_add_b1m, grad_norm_Wo1, grad_copy_g1m, grad_add_Wo1_part, grad_add_Wo1, grad_mix_Wv1, grad_mm_Wv1, grad_add_b1a, grad_softmax_Wk1, grad_softmax_Wk1_block_2, grad_scores_Wk1, grad_mm_Wk1, grad_mm_Wq1);
-    transformer_lm_train_step_part4(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, add_E, norm_E, mul_Wq0, mm_Wq0, mm_Wk0, softmax_Wk0, mm_Wv0, add_Wo0, norm_Wo0, add_W0up, add_W0down, norm_W0down, grad_add_Wo1, grad_add_b1a, grad_norm_W0down, grad_copy_g1a, grad_add_W0down_part, grad_add_W0down, grad_mul_W0up, grad_add_W0up, grad_add_b0m, grad_norm_Wo0, grad_copy_g0m, grad_add_Wo0_part, grad_add_Wo0, grad_mix_Wv0, grad_mm_Wv0, grad_add_b0a, grad_softmax_Wk0, grad_softmax_Wk0_block_2, grad_scores_Wk0, grad_mm_Wk0, grad_mm_Wq0, grad_norm_E, grad_copy_g0a, grad_add_E_part, grad_add_E);
-    transformer_lm_train_step_part5(m, ids, positions, grad_add_E, grad_E_2, grad_P_2);
-    transformer_lm_train_step_part6(m, E, P, g0a, b0a, Wq0, Wk0, weight_decay, add_b0a, grad_add_b0a, grad_mm_Wk0, grad_mm_Wq0, grad_copy_g0a, grad_E_2, grad_P_2, grad_E_3, grad_P_3, grad_g0a_2, grad_g0a_3, grad_b0a_2, grad_b0a_3, grad_mul_Wq0, grad_Wq0_3, grad_Wk0_2, grad_Wk0_3);
-    transformer_lm_train_step_part7(m, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, weight_decay, add_b0a, mix_Wv0, add_b0m, mul_W0up, add_b1a, mix_Wv1, grad_add_b1m, grad_copy_g1m, grad_add_Wo1, grad_mm_Wv1, grad_add_b1a, grad_mm_Wk1, grad_mm_Wq1, grad_copy_g1a, grad_add_W0down, grad_add_W0up, grad_add_b0m, grad_copy_g0m, grad_add_Wo0, grad_mm_Wv0, grad_Wv0_2, grad_Wv0_3, grad_Wo0_2, grad_Wo0_3, grad_g0m_2, grad_g0m_3, grad_b0m_2, grad_b0m_3, grad_W0up_2, grad_W0up_3, grad_c0up_2, grad_c0up_3, grad_W0down_2, grad_W0down_3, grad_c0down_2, grad_c0down_3, grad_g1a_2, grad_g1a_3, grad_b1a_2, grad_b1a_3, grad_mul_Wq1, grad_Wq1_3, grad_Wk1_2, grad_Wk1_3, grad_Wv1_2, grad_Wv1_3, grad_Wo1_2, grad_Wo1_3, grad_g1m_2, grad_g1m_3, grad_b1m_2, grad_b1m_3);
-    transformer_lm_train_step_part8(m, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, m_P, v_P, m_g0a, v_g0a, m_b0a, v_b0a, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_g0m, v_g0m, m_b0m, v_b0m, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_c0down, v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, add_b1m, mul_W1up, add_bf, grad_mm_Wout, grad_add_bf, grad_copy_gf, grad_add_W1down, grad_add_W1up, grad_E_3, grad_P_3, grad_g0a_3, grad_b0a_3, grad_Wq0_3, grad_Wk0_3, grad_Wv0_3, grad_Wo0_3, grad_g0m_3, grad_b0m_3, grad_W0up_3, grad_c0up_3, grad_W0down_3, grad_c0down_3, grad_g1a_3, grad_b1a_3, grad_W1up_2, grad_W1up_3, grad_c1up_2, grad_c1up_3, grad_W1down_2, grad_W1down_3, grad_c1down_2, grad_c1down_3, grad_gf_2, grad_gf_3, grad_bf_2, grad_bf_3, grad_Wout_2, grad_Wout_3, bias_correction1, bias_correction2);
-    transformer_lm_train_step_part9(Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, m_g1m, v_g1m, m_b1m, v_b1m, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, m_Wout, v_Wout, grad_Wq1_3, grad_Wk1_3, grad_Wv1_3, grad_Wo1_3, grad_g1m_3, grad_b1m_3, grad_W1up_3, grad_c1up_3, grad_W1down_3, grad_c1down_3, grad_gf_3, grad_bf_3, grad_Wout_3, bias_correction1, bias_correction2);
+    /* the gradient, in work after the buffers above */
+    TRANSFORMER_LM_REAL *grad_E = work + 111618; /* 62 x 64 */
+    TRANSFORMER_LM_REAL *grad_P = grad_E + 62*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_g0a = grad_P + 64*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b0a = grad_g0a + 1*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wq0 = grad_b0a + 1*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wk0 = grad_Wq0 + 64*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wv0 = grad_Wk0 + 64*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wo0 = grad_Wv0 + 64*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_g0m = grad_Wo0 + 64*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b0m = grad_g0m + 1*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_W0up = grad_b0m + 1*64; /* 64 x 256 */
+    TRANSFORMER_LM_REAL *grad_c0up = grad_W0up + 64*256; /* 1 x 256 */
+    TRANSFORMER_LM_REAL *grad_W0down = grad_c0up + 1*256; /* 256 x 64 */
+    TRANSFORMER_LM_REAL *grad_c0down = grad_W0down + 256*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_g1a = grad_c0down + 1*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b1a = grad_g1a + 1*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wq1 = grad_b1a + 1*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wk1 = grad_Wq1 + 64*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wv1 = grad_Wk1 + 64*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wo1 = grad_Wv1 + 64*64; /* 64 x 64 */
+    TRANSFORMER_LM_REAL *grad_g1m = grad_Wo1 + 64*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_b1m = grad_g1m + 1*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_W1up = grad_b1m + 1*64; /* 64 x 256 */
+    TRANSFORMER_LM_REAL *grad_c1up = grad_W1up + 64*256; /* 1 x 256 */
+    TRANSFORMER_LM_REAL *grad_W1down = grad_c1up + 1*256; /* 256 x 64 */
+    TRANSFORMER_LM_REAL *grad_c1down = grad_W1down + 256*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_gf = grad_c1down + 1*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_bf = grad_gf + 1*64; /* 1 x 64 */
+    TRANSFORMER_LM_REAL *grad_Wout = grad_bf + 1*64; /* 64 x 62 */
+
+    const int status = transformer_lm_value_and_grad(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, grad_Wout + 64*62);
+    if (status != 0) {
+        return status; /* (it writes nothing then) */
+    }
+
+    transformer_lm_train_step_part1(E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, grad_E_3, grad_P_3, grad_Wq0_3, grad_Wk0_3, grad_Wv0_3, grad_Wo0_3, grad_Wq1_3, grad_Wk1_3, grad_Wv1_3, grad_Wo1_3, grad_g0a_3, grad_b0a_3, grad_g0m_3, grad_b0m_3, grad_c0down_3, grad_g1a_3, grad_b1a_3, grad_g1m_3, grad_b1m_3, grad_c1down_3, grad_gf_3, grad_bf_3, grad_W0up_3, grad_W1up_3, grad_c0up_3, grad_c1up_3, grad_W0down_3, grad_W1down_3, grad_Wout_3, bias_correction1, bias_correction2, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout);
+    transformer_lm_train_step_part2(P, Wq0, Wk0, Wv0, Wo0, Wq1, Wk1, Wv1, Wo1, lr, beta1, beta2, eps, m_P, v_P, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, grad_P_3, grad_Wq0_3, grad_Wk0_3, grad_Wv0_3, grad_Wo0_3, grad_Wq1_3, grad_Wk1_3, grad_Wv1_3, grad_Wo1_3, bias_correction1, bias_correction2);
+    transformer_lm_train_step_part3(g0a, b0a, g0m, b0m, c0down, g1a, b1a, g1m, b1m, c1down, gf, bf, lr, beta1, beta2, eps, m_g0a, v_g0a, m_b0a, v_b0a, m_g0m, v_g0m, m_b0m, v_b0m, m_c0down, v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, m_g1m, v_g1m, m_b1m, v_b1m, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, grad_g0a_3, grad_b0a_3, grad_g0m_3, grad_b0m_3, grad_c0down_3, grad_g1a_3, grad_b1a_3, grad_g1m_3, grad_b1m_3, grad_c1down_3, grad_gf_3, grad_bf_3, bias_correction1, bias_correction2);
+    transformer_lm_train_step_part4(W0up, c0up, W0down, W1up, c1up, W1down, Wout, lr, beta1, beta2, eps, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_Wout, v_Wout, grad_W0up_3, grad_W1up_3, grad_c0up_3, grad_c1up_3, grad_W0down_3, grad_W1down_3, grad_Wout_3, bias_correction1, bias_correction2);
     return 0;
 }
 #endif

@@ -168,6 +168,10 @@ class CFunction:
     divides: tuple[tuple[str, str], ...] = ()
     parts: tuple[tuple[int, int], ...] = ()  # kernel ranges of its parts (see cparts), none when short
     unit: int = 0  # the translation unit of its body (and work_len) where the module is split (cunits)
+    # a call its kernels follow (a train step's value_and_grad: emit/stepcall.py), and the
+    # workspace pointers (name, where, extent) it writes into
+    call: str | None = None
+    call_pointers: tuple[tuple[str, str, str], ...] = ()
     part_units: tuple[int, ...] = ()  # the unit of each part, where the module is split
 
     def wide(self, start: int = 0, end: int | None = None) -> bool:
@@ -199,7 +203,7 @@ class CFunction:
         """The parameters of the part beginning at kernel `start`, given its
         C text: the function's, and the workspace pointers it uses."""
         real = next(p.decl for p in self.params if p.role == "work").rsplit("*", 1)[0]
-        pointers = [(name, f"{real}*{name}") for name, _, _ in self.table()]
+        pointers = [(name, f"{real}*{name}") for name, _, _ in [*self.table(), *self.call_pointers]]
         return prelude([(p.cname, p.decl) for p in self.params] + pointers, body)
 
     @property

@@ -101,6 +101,7 @@ def _shapes(fn: CFunction, module: CModule) -> Iterable[tuple[CKernel, _Shape]]:
     """Each of its loops that can be shared, with its canonical form."""
     arrays = {p.cname for p in fn.params if p.role in ("input", "inout", "output") and not p.index}
     arrays |= {name for kernel in fn.kernels for name, _, _ in kernel.declares}  # workspace slots: real
+    arrays |= {name for name, _, _ in fn.call_pointers}
     dims = frozenset(module.dims)
     words = _C_WORDS | {module.real_c}  # a dimension as a real: ((REAL)n)
     for kernel in fn.kernels:
