@@ -107,7 +107,9 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
                         for (int64_t oy = 0; oy < 8; ++oy) {
                             for (int64_t ox = 0; ox < 8; ++ox) {
                                 const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[((ic * 3 + ky) * 3 + kx) * 64 + oy * 8 + ox] = (iy >= 0 && iy < 8 && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
+                                win[((ic * 3 + ky) * 3 + kx) * 64 + oy * 8 + ox] = (iy >= 0 && iy <
+                                        8 && ix >= 0 && ix < 8) ?
+                                        X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
                             }
                         }
                     }
@@ -165,7 +167,9 @@ CNN_DIGITS_SHARED void cnn_digits_run_part1(
                         for (int64_t oy = 0; oy < 4; ++oy) {
                             for (int64_t ox = 0; ox < 4; ++ox) {
                                 const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                                win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox] = (iy >= 0 && iy <
+                                        4 && ix >= 0 && ix < 4) ?
+                                        maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
                             }
                         }
                     }
@@ -417,7 +421,8 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                             for (int64_t ox = 0; ox < 4; ++ox) {
                                 const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
                                 if (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) {
-                                    grad_maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] += win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
+                                    grad_maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] +=
+                                            win[((ic * 3 + ky) * 3 + kx) * 16 + oy * 4 + ox];
                                 }
                             }
                         }
@@ -478,7 +483,9 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                         for (int64_t oy = 0; oy < 8; ++oy) {
                             for (int64_t ox = 0; ox < 8; ++ox) {
                                 const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[(oy * 8 + ox) * 9 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 8 && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix] : 0;
+                                win[(oy * 8 + ox) * 9 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 8
+                                        && ix >= 0 && ix < 8) ? X[((i * 1 + ic) * 8 + iy) * 8 + ix]
+                                        : 0;
                             }
                         }
                     }
@@ -536,7 +543,9 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
                         for (int64_t oy = 0; oy < 4; ++oy) {
                             for (int64_t ox = 0; ox < 4; ++ox) {
                                 const int64_t iy = oy + ky - 1, ix = ox + kx - 1;
-                                win[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy < 4 && ix >= 0 && ix < 4) ? maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
+                                win[(oy * 4 + ox) * 144 + (ic * 3 + ky) * 3 + kx] = (iy >= 0 && iy <
+                                        4 && ix >= 0 && ix < 4) ?
+                                        maxpool_K1[((i * 16 + ic) * 4 + iy) * 4 + ix] : 0;
                             }
                         }
                     }
@@ -664,7 +673,10 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     CNN_DIGITS_REAL *add_logits = rowlse_logits + n; /* n x 1 */
     CNN_DIGITS_REAL *colsum_logits = add_logits + n; /* 1 x 1 */
 
-    cnn_digits_run_part1(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, bcast_c2, bcast_c1, conv_K1, conv_K1_cols, relu_K1, step_K1, maxpool_K1, conv_K2, conv_K2_cols, relu_K2, step_K2, maxpool_K2, mm_W1, relu_W1, step_W1, mm_W2, mul_logits, rowsum_logits, rowlse_logits, add_logits, colsum_logits);
+    cnn_digits_run_part1(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, bcast_c2, bcast_c1,
+            conv_K1, conv_K1_cols, relu_K1, step_K1, maxpool_K1, conv_K2, conv_K2_cols, relu_K2,
+            step_K2, maxpool_K2, mm_W1, relu_W1, step_W1, mm_W2, mul_logits, rowsum_logits,
+            rowlse_logits, add_logits, colsum_logits);
     if (!with_grads) {
         return 0;
     }
@@ -685,8 +697,13 @@ CNN_DIGITS_SHARED int cnn_digits_run(
     CNN_DIGITS_REAL *grad_K2_cols = grad_K1_cols + 5760; /* 8 x 6912 */
     CNN_DIGITS_REAL *grad_bcast_c2 = bcast_c2; /* 1 x 512, in bcast_c2's memory */
 
-    cnn_digits_run_part2(n, X, T, K2, W1, W2, logits, grad_K1, grad_c1, grad_K2, grad_c2, relu_K1, step_K1, maxpool_K1, relu_K2, step_K2, step_W1, rowlse_logits, grad_logits, grad_relu_W1, grad_add_W1, grad_maxpool_K2, grad_relu_K2, grad_add_K2, grad_maxpool_K1, grad_maxpool_K1_cols, grad_relu_K1, grad_add_K1, grad_K1_cols, grad_bcast_c1, grad_K2_cols, grad_bcast_c2);
-    cnn_digits_run_part3(n, grad_W1, grad_b1, grad_W2, grad_b2, maxpool_K2, relu_W1, grad_logits, grad_add_W1);
+    cnn_digits_run_part2(n, X, T, K2, W1, W2, logits, grad_K1, grad_c1, grad_K2, grad_c2, relu_K1,
+            step_K1, maxpool_K1, relu_K2, step_K2, step_W1, rowlse_logits, grad_logits,
+            grad_relu_W1, grad_add_W1, grad_maxpool_K2, grad_relu_K2, grad_add_K2, grad_maxpool_K1,
+            grad_maxpool_K1_cols, grad_relu_K1, grad_add_K1, grad_K1_cols, grad_bcast_c1,
+            grad_K2_cols, grad_bcast_c2);
+    cnn_digits_run_part3(n, grad_W1, grad_b1, grad_W2, grad_b2, maxpool_K2, relu_W1, grad_logits,
+            grad_add_W1);
     return 0;
 }
 #endif
@@ -723,7 +740,8 @@ int cnn_digits_forward(
     if (n < 1) {
         return 1;
     }
-    return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
+    return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, logits, NULL, NULL, NULL,
+            NULL, NULL, NULL, NULL, NULL, work, 0);
 }
 #endif
 
@@ -766,7 +784,9 @@ int cnn_digits_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, work + cnn_digits_run_work_len(n, 1), grad_K1, grad_c1, grad_K2, grad_c2, grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
+    return cnn_digits_run(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, work +
+            cnn_digits_run_work_len(n, 1), grad_K1, grad_c1, grad_K2, grad_c2, grad_W1, grad_b1,
+            grad_W2, grad_b2, work, 1);
 }
 #endif
 
@@ -776,7 +796,8 @@ size_t cnn_digits_train_step_work_len(int64_t n)
     if (n < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(13708 + 16*9 + 1*16 + 32*144 + 1*32 + 128*64 + 1*64 + 64*10 + 1*10 + cnn_digits_value_and_grad_work_len(n));
+    return (size_t)(13708 + 16*9 + 1*16 + 32*144 + 1*32 + 128*64 + 1*64 + 64*10 + 1*10 +
+            cnn_digits_value_and_grad_work_len(n));
 }
 #endif
 
@@ -846,7 +867,8 @@ int cnn_digits_train_step(
     CNN_DIGITS_REAL *grad_W2 = grad_b1 + 1*64; /* 64 x 10 */
     CNN_DIGITS_REAL *grad_b2 = grad_W2 + 64*10; /* 1 x 10 */
 
-    const int status = cnn_digits_value_and_grad(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss, grad_K1, grad_c1, grad_K2, grad_c2, grad_W1, grad_b1, grad_W2, grad_b2, grad_b2 + 1*10);
+    const int status = cnn_digits_value_and_grad(n, X, T, K1, c1, K2, c2, W1, b1, W2, b2, loss,
+            grad_K1, grad_c1, grad_K2, grad_c2, grad_W1, grad_b1, grad_W2, grad_b2, grad_b2 + 1*10);
     if (status != 0) {
         return status; /* (it writes nothing then) */
     }
@@ -935,7 +957,8 @@ int cnn_digits_train_step(
                 const CNN_DIGITS_REAL m_K1_in = m_K1[9*i + j];
                 const CNN_DIGITS_REAL v_K1_in = v_K1[9*i + j];
                 m_K1[9*i + j] = beta1_value*m_K1_in + grad_K1_3[9*i + j]*(1 - beta1_value);
-                v_K1[9*i + j] = (grad_K1_3[9*i + j]*grad_K1_3[9*i + j])*(1 - beta2_value) + beta2_value*v_K1_in;
+                v_K1[9*i + j] = (grad_K1_3[9*i + j]*grad_K1_3[9*i + j])*(1 - beta2_value) +
+                        beta2_value*v_K1_in;
             }
         }
     }
@@ -960,7 +983,8 @@ int cnn_digits_train_step(
         for (int64_t i = 0; i < 16; ++i) {
             for (int64_t j = 0; j < 9; ++j) {
                 const CNN_DIGITS_REAL K1_in = K1[9*i + j];
-                K1[9*i + j] = -m_K1[9*i + j]*lr_value/(bias_correction1_value*(eps_value + sqrt(v_K1[9*i + j]/bias_correction2_value))) + K1_in;
+                K1[9*i + j] = -m_K1[9*i + j]*lr_value/(bias_correction1_value*(eps_value +
+                        sqrt(v_K1[9*i + j]/bias_correction2_value))) + K1_in;
             }
         }
     }
@@ -981,10 +1005,12 @@ int cnn_digits_train_step(
             const CNN_DIGITS_REAL v_c1_in = v_c1[j];
             const CNN_DIGITS_REAL c1_in = c1[j];
             const CNN_DIGITS_REAL x0 = beta1_value*m_c1_in + grad_c1_3[j]*(1 - beta1_value);
-            const CNN_DIGITS_REAL x1 = (grad_c1_3[j]*grad_c1_3[j])*(1 - beta2_value) + beta2_value*v_c1_in;
+            const CNN_DIGITS_REAL x1 = (grad_c1_3[j]*grad_c1_3[j])*(1 - beta2_value) +
+                    beta2_value*v_c1_in;
             m_c1[j] = x0;
             v_c1[j] = x1;
-            c1[j] = c1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+            c1[j] = c1_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                    sqrt(x1/bias_correction2_value)));
         }
     }
 
@@ -1004,11 +1030,14 @@ int cnn_digits_train_step(
                 const CNN_DIGITS_REAL m_K2_in = m_K2[144*i + j];
                 const CNN_DIGITS_REAL v_K2_in = v_K2[144*i + j];
                 const CNN_DIGITS_REAL K2_in = K2[144*i + j];
-                const CNN_DIGITS_REAL x0 = beta1_value*m_K2_in + grad_K2_3[144*i + j]*(1 - beta1_value);
-                const CNN_DIGITS_REAL x1 = (grad_K2_3[144*i + j]*grad_K2_3[144*i + j])*(1 - beta2_value) + beta2_value*v_K2_in;
+                const CNN_DIGITS_REAL x0 = beta1_value*m_K2_in + grad_K2_3[144*i + j]*(1 -
+                        beta1_value);
+                const CNN_DIGITS_REAL x1 = (grad_K2_3[144*i + j]*grad_K2_3[144*i + j])*(1 -
+                        beta2_value) + beta2_value*v_K2_in;
                 m_K2[144*i + j] = x0;
                 v_K2[144*i + j] = x1;
-                K2[144*i + j] = K2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+                K2[144*i + j] = K2_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                        sqrt(x1/bias_correction2_value)));
             }
         }
     }
@@ -1029,10 +1058,12 @@ int cnn_digits_train_step(
             const CNN_DIGITS_REAL v_c2_in = v_c2[j];
             const CNN_DIGITS_REAL c2_in = c2[j];
             const CNN_DIGITS_REAL x0 = beta1_value*m_c2_in + grad_c2_3[j]*(1 - beta1_value);
-            const CNN_DIGITS_REAL x1 = (grad_c2_3[j]*grad_c2_3[j])*(1 - beta2_value) + beta2_value*v_c2_in;
+            const CNN_DIGITS_REAL x1 = (grad_c2_3[j]*grad_c2_3[j])*(1 - beta2_value) +
+                    beta2_value*v_c2_in;
             m_c2[j] = x0;
             v_c2[j] = x1;
-            c2[j] = c2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+            c2[j] = c2_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                    sqrt(x1/bias_correction2_value)));
         }
     }
 
@@ -1053,11 +1084,14 @@ int cnn_digits_train_step(
                 const CNN_DIGITS_REAL m_W1_in = m_W1[64*i + j];
                 const CNN_DIGITS_REAL v_W1_in = v_W1[64*i + j];
                 const CNN_DIGITS_REAL W1_in = W1[64*i + j];
-                const CNN_DIGITS_REAL x0 = beta1_value*m_W1_in + grad_W1_3[64*i + j]*(1 - beta1_value);
-                const CNN_DIGITS_REAL x1 = (grad_W1_3[64*i + j]*grad_W1_3[64*i + j])*(1 - beta2_value) + beta2_value*v_W1_in;
+                const CNN_DIGITS_REAL x0 = beta1_value*m_W1_in + grad_W1_3[64*i + j]*(1 -
+                        beta1_value);
+                const CNN_DIGITS_REAL x1 = (grad_W1_3[64*i + j]*grad_W1_3[64*i + j])*(1 -
+                        beta2_value) + beta2_value*v_W1_in;
                 m_W1[64*i + j] = x0;
                 v_W1[64*i + j] = x1;
-                W1[64*i + j] = W1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+                W1[64*i + j] = W1_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                        sqrt(x1/bias_correction2_value)));
             }
         }
     }
@@ -1078,10 +1112,12 @@ int cnn_digits_train_step(
             const CNN_DIGITS_REAL v_b1_in = v_b1[j];
             const CNN_DIGITS_REAL b1_in = b1[j];
             const CNN_DIGITS_REAL x0 = beta1_value*m_b1_in + grad_b1_3[j]*(1 - beta1_value);
-            const CNN_DIGITS_REAL x1 = (grad_b1_3[j]*grad_b1_3[j])*(1 - beta2_value) + beta2_value*v_b1_in;
+            const CNN_DIGITS_REAL x1 = (grad_b1_3[j]*grad_b1_3[j])*(1 - beta2_value) +
+                    beta2_value*v_b1_in;
             m_b1[j] = x0;
             v_b1[j] = x1;
-            b1[j] = b1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+            b1[j] = b1_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                    sqrt(x1/bias_correction2_value)));
         }
     }
 
@@ -1102,11 +1138,14 @@ int cnn_digits_train_step(
                 const CNN_DIGITS_REAL m_W2_in = m_W2[10*i + j];
                 const CNN_DIGITS_REAL v_W2_in = v_W2[10*i + j];
                 const CNN_DIGITS_REAL W2_in = W2[10*i + j];
-                const CNN_DIGITS_REAL x0 = beta1_value*m_W2_in + grad_W2_3[10*i + j]*(1 - beta1_value);
-                const CNN_DIGITS_REAL x1 = (grad_W2_3[10*i + j]*grad_W2_3[10*i + j])*(1 - beta2_value) + beta2_value*v_W2_in;
+                const CNN_DIGITS_REAL x0 = beta1_value*m_W2_in + grad_W2_3[10*i + j]*(1 -
+                        beta1_value);
+                const CNN_DIGITS_REAL x1 = (grad_W2_3[10*i + j]*grad_W2_3[10*i + j])*(1 -
+                        beta2_value) + beta2_value*v_W2_in;
                 m_W2[10*i + j] = x0;
                 v_W2[10*i + j] = x1;
-                W2[10*i + j] = W2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+                W2[10*i + j] = W2_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                        sqrt(x1/bias_correction2_value)));
             }
         }
     }
@@ -1127,10 +1166,12 @@ int cnn_digits_train_step(
             const CNN_DIGITS_REAL v_b2_in = v_b2[j];
             const CNN_DIGITS_REAL b2_in = b2[j];
             const CNN_DIGITS_REAL x0 = beta1_value*m_b2_in + grad_b2_3[j]*(1 - beta1_value);
-            const CNN_DIGITS_REAL x1 = (grad_b2_3[j]*grad_b2_3[j])*(1 - beta2_value) + beta2_value*v_b2_in;
+            const CNN_DIGITS_REAL x1 = (grad_b2_3[j]*grad_b2_3[j])*(1 - beta2_value) +
+                    beta2_value*v_b2_in;
             m_b2[j] = x0;
             v_b2[j] = x1;
-            b2[j] = b2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+            b2[j] = b2_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                    sqrt(x1/bias_correction2_value)));
         }
     }
     return 0;
@@ -1219,7 +1260,8 @@ int cnn_digits_train_epoch(
         batch = rows;
     }
     CNN_DIGITS_REAL *X_rows = work + cnn_digits_train_epoch_step_len(rows, batch); /* batch x 64 */
-    CNN_DIGITS_REAL *T_rows = work + cnn_digits_train_epoch_step_len(rows, batch) + batch*64; /* batch x 10 */
+    CNN_DIGITS_REAL *T_rows = work + cnn_digits_train_epoch_step_len(rows, batch) + batch*64; /*
+            batch x 10 */
     int64_t b = 0;
     for (int64_t start = 0; start < rows; start += batch) {
         const int64_t n = rows - start < batch ? rows - start : batch;
@@ -1375,9 +1417,11 @@ size_t cnn_digits_forward_call_work_len(const int64_t *dims)
 }
 
 /* cnn_digits_forward with its arrays in arrays (see cnn_digits.h). */
-int cnn_digits_forward_call(const int64_t *dims, const void *const *in, void *const *out, CNN_DIGITS_REAL *work)
+int cnn_digits_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        CNN_DIGITS_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && cnn_digits_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            cnn_digits_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 10; ++i) {
@@ -1392,8 +1436,10 @@ int cnn_digits_forward_call(const int64_t *dims, const void *const *in, void *co
     }
     return cnn_digits_forward(
         dims[0], (const CNN_DIGITS_REAL *)in[0], (const CNN_DIGITS_REAL *)in[1],
-        (const CNN_DIGITS_REAL *)in[2], (const CNN_DIGITS_REAL *)in[3], (const CNN_DIGITS_REAL *)in[4],
-        (const CNN_DIGITS_REAL *)in[5], (const CNN_DIGITS_REAL *)in[6], (const CNN_DIGITS_REAL *)in[7],
+        (const CNN_DIGITS_REAL *)in[2], (const CNN_DIGITS_REAL *)in[3], (const CNN_DIGITS_REAL
+                *)in[4],
+        (const CNN_DIGITS_REAL *)in[5], (const CNN_DIGITS_REAL *)in[6], (const CNN_DIGITS_REAL
+                *)in[7],
         (const CNN_DIGITS_REAL *)in[8], (const CNN_DIGITS_REAL *)in[9], (CNN_DIGITS_REAL *)out[0],
         (CNN_DIGITS_REAL *)out[1], work
     );
@@ -1485,9 +1531,11 @@ size_t cnn_digits_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* cnn_digits_value_and_grad with its arrays in arrays (see cnn_digits.h). */
-int cnn_digits_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, CNN_DIGITS_REAL *work)
+int cnn_digits_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        CNN_DIGITS_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && cnn_digits_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            cnn_digits_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 10; ++i) {
@@ -1502,8 +1550,10 @@ int cnn_digits_value_and_grad_call(const int64_t *dims, const void *const *in, v
     }
     return cnn_digits_value_and_grad(
         dims[0], (const CNN_DIGITS_REAL *)in[0], (const CNN_DIGITS_REAL *)in[1],
-        (const CNN_DIGITS_REAL *)in[2], (const CNN_DIGITS_REAL *)in[3], (const CNN_DIGITS_REAL *)in[4],
-        (const CNN_DIGITS_REAL *)in[5], (const CNN_DIGITS_REAL *)in[6], (const CNN_DIGITS_REAL *)in[7],
+        (const CNN_DIGITS_REAL *)in[2], (const CNN_DIGITS_REAL *)in[3], (const CNN_DIGITS_REAL
+                *)in[4],
+        (const CNN_DIGITS_REAL *)in[5], (const CNN_DIGITS_REAL *)in[6], (const CNN_DIGITS_REAL
+                *)in[7],
         (const CNN_DIGITS_REAL *)in[8], (const CNN_DIGITS_REAL *)in[9], (CNN_DIGITS_REAL *)out[0],
         (CNN_DIGITS_REAL *)out[1], (CNN_DIGITS_REAL *)out[2], (CNN_DIGITS_REAL *)out[3],
         (CNN_DIGITS_REAL *)out[4], (CNN_DIGITS_REAL *)out[5], (CNN_DIGITS_REAL *)out[6],
@@ -1545,7 +1595,8 @@ const char *cnn_digits_train_step_name_out(int64_t i)
 
 int cnn_digits_train_step_kind_in(int64_t i)
 {
-    static const int kinds[] = {0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
+    static const int kinds[] = {0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2,
+            2, 2, 2, 2, 2, 2, 2, 2, 2};
     return i >= 0 && i < 32 ? kinds[i] : -1;
 }
 
@@ -1612,9 +1663,11 @@ size_t cnn_digits_train_step_call_work_len(const int64_t *dims)
 }
 
 /* cnn_digits_train_step with its arrays in arrays (see cnn_digits.h). */
-int cnn_digits_train_step_call(const int64_t *dims, const void *const *in, void *const *out, CNN_DIGITS_REAL *work)
+int cnn_digits_train_step_call(const int64_t *dims, const void *const *in, void *const *out,
+        CNN_DIGITS_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && cnn_digits_train_step_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            cnn_digits_train_step_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 32; ++i) {
@@ -1628,11 +1681,13 @@ int cnn_digits_train_step_call(const int64_t *dims, const void *const *in, void 
         }
     }
     return cnn_digits_train_step(
-        dims[0], (const CNN_DIGITS_REAL *)in[0], (const CNN_DIGITS_REAL *)in[1], (CNN_DIGITS_REAL *)in[2],
+        dims[0], (const CNN_DIGITS_REAL *)in[0], (const CNN_DIGITS_REAL *)in[1], (CNN_DIGITS_REAL
+                *)in[2],
         (CNN_DIGITS_REAL *)in[3], (CNN_DIGITS_REAL *)in[4], (CNN_DIGITS_REAL *)in[5],
         (CNN_DIGITS_REAL *)in[6], (CNN_DIGITS_REAL *)in[7], (CNN_DIGITS_REAL *)in[8],
         (CNN_DIGITS_REAL *)in[9], (const CNN_DIGITS_REAL *)in[10], (const CNN_DIGITS_REAL *)in[11],
-        (const CNN_DIGITS_REAL *)in[12], (const CNN_DIGITS_REAL *)in[13], (const CNN_DIGITS_REAL *)in[14],
+        (const CNN_DIGITS_REAL *)in[12], (const CNN_DIGITS_REAL *)in[13], (const CNN_DIGITS_REAL
+                *)in[14],
         (CNN_DIGITS_REAL *)in[15], (CNN_DIGITS_REAL *)in[16], (CNN_DIGITS_REAL *)in[17],
         (CNN_DIGITS_REAL *)in[18], (CNN_DIGITS_REAL *)in[19], (CNN_DIGITS_REAL *)in[20],
         (CNN_DIGITS_REAL *)in[21], (CNN_DIGITS_REAL *)in[22], (CNN_DIGITS_REAL *)in[23],
@@ -1677,7 +1732,8 @@ const char *cnn_digits_train_epoch_name_out(int64_t i)
 
 int cnn_digits_train_epoch_kind_in(int64_t i)
 {
-    static const int kinds[] = {1, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
+    static const int kinds[] = {1, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2,
+            2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
     return i >= 0 && i < 33 ? kinds[i] : -1;
 }
 
@@ -1747,9 +1803,11 @@ size_t cnn_digits_train_epoch_call_work_len(const int64_t *dims)
 }
 
 /* cnn_digits_train_epoch with its arrays in arrays (see cnn_digits.h). */
-int cnn_digits_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out, CNN_DIGITS_REAL *work)
+int cnn_digits_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out,
+        CNN_DIGITS_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && cnn_digits_train_epoch_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            cnn_digits_train_epoch_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 1; i < 33; ++i) { /* order may be NULL */
@@ -1767,7 +1825,8 @@ int cnn_digits_train_epoch_call(const int64_t *dims, const void *const *in, void
         (const CNN_DIGITS_REAL *)in[2], (CNN_DIGITS_REAL *)in[3], (CNN_DIGITS_REAL *)in[4],
         (CNN_DIGITS_REAL *)in[5], (CNN_DIGITS_REAL *)in[6], (CNN_DIGITS_REAL *)in[7],
         (CNN_DIGITS_REAL *)in[8], (CNN_DIGITS_REAL *)in[9], (CNN_DIGITS_REAL *)in[10],
-        (const CNN_DIGITS_REAL *)in[11], (const CNN_DIGITS_REAL *)in[12], (const CNN_DIGITS_REAL *)in[13],
+        (const CNN_DIGITS_REAL *)in[11], (const CNN_DIGITS_REAL *)in[12], (const CNN_DIGITS_REAL
+                *)in[13],
         (const CNN_DIGITS_REAL *)in[14], (const CNN_DIGITS_REAL *)in[15], (CNN_DIGITS_REAL *)in[16],
         (CNN_DIGITS_REAL *)in[17], (CNN_DIGITS_REAL *)in[18], (CNN_DIGITS_REAL *)in[19],
         (CNN_DIGITS_REAL *)in[20], (CNN_DIGITS_REAL *)in[21], (CNN_DIGITS_REAL *)in[22],

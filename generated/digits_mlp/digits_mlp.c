@@ -130,7 +130,8 @@ static int digits_mlp_run(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 64; ++j) {
-            grad_add_W1[64*i + j] = grad_tanh_W1[64*i + j]*(1 - (tanh_W1[64*i + j]*tanh_W1[64*i + j]));
+            grad_add_W1[64*i + j] = grad_tanh_W1[64*i + j]*(1 -
+                    (tanh_W1[64*i + j]*tanh_W1[64*i + j]));
         }
     }
 
@@ -204,7 +205,8 @@ int digits_mlp_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    return digits_mlp_run(n, X, T, W1, b1, W2, b2, loss, work + digits_mlp_run_work_len(n, 1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
+    return digits_mlp_run(n, X, T, W1, b1, W2, b2, loss, work + digits_mlp_run_work_len(n, 1),
+            grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
 }
 
 size_t digits_mlp_train_step_work_len(int64_t n)
@@ -260,7 +262,8 @@ int digits_mlp_train_step(
     DIGITS_MLP_REAL *grad_W2 = grad_b1 + 1*64; /* 64 x 10 */
     DIGITS_MLP_REAL *grad_b2 = grad_W2 + 64*10; /* 1 x 10 */
 
-    const int status = digits_mlp_value_and_grad(n, X, T, W1, b1, W2, b2, loss, grad_W1, grad_b1, grad_W2, grad_b2, grad_b2 + 1*10);
+    const int status = digits_mlp_value_and_grad(n, X, T, W1, b1, W2, b2, loss, grad_W1, grad_b1,
+            grad_W2, grad_b2, grad_b2 + 1*10);
     if (status != 0) {
         return status; /* (it writes nothing then) */
     }
@@ -314,7 +317,8 @@ int digits_mlp_train_step(
                 const DIGITS_MLP_REAL m_W1_in = m_W1[64*i + j];
                 const DIGITS_MLP_REAL v_W1_in = v_W1[64*i + j];
                 m_W1[64*i + j] = beta1_value*m_W1_in + grad_W1_3[64*i + j]*(1 - beta1_value);
-                v_W1[64*i + j] = (grad_W1_3[64*i + j]*grad_W1_3[64*i + j])*(1 - beta2_value) + beta2_value*v_W1_in;
+                v_W1[64*i + j] = (grad_W1_3[64*i + j]*grad_W1_3[64*i + j])*(1 - beta2_value) +
+                        beta2_value*v_W1_in;
             }
         }
     }
@@ -340,7 +344,8 @@ int digits_mlp_train_step(
         for (int64_t i = 0; i < 64; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
                 const DIGITS_MLP_REAL W1_in = W1[64*i + j];
-                W1[64*i + j] = -m_W1[64*i + j]*lr_value/(bias_correction1_value*(eps_value + sqrt(v_W1[64*i + j]/bias_correction2_value))) + W1_in;
+                W1[64*i + j] = -m_W1[64*i + j]*lr_value/(bias_correction1_value*(eps_value +
+                        sqrt(v_W1[64*i + j]/bias_correction2_value))) + W1_in;
             }
         }
     }
@@ -361,10 +366,12 @@ int digits_mlp_train_step(
             const DIGITS_MLP_REAL v_b1_in = v_b1[j];
             const DIGITS_MLP_REAL b1_in = b1[j];
             const DIGITS_MLP_REAL x0 = beta1_value*m_b1_in + grad_b1_3[j]*(1 - beta1_value);
-            const DIGITS_MLP_REAL x1 = (grad_b1_3[j]*grad_b1_3[j])*(1 - beta2_value) + beta2_value*v_b1_in;
+            const DIGITS_MLP_REAL x1 = (grad_b1_3[j]*grad_b1_3[j])*(1 - beta2_value) +
+                    beta2_value*v_b1_in;
             m_b1[j] = x0;
             v_b1[j] = x1;
-            b1[j] = b1_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+            b1[j] = b1_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                    sqrt(x1/bias_correction2_value)));
         }
     }
 
@@ -385,11 +392,14 @@ int digits_mlp_train_step(
                 const DIGITS_MLP_REAL m_W2_in = m_W2[10*i + j];
                 const DIGITS_MLP_REAL v_W2_in = v_W2[10*i + j];
                 const DIGITS_MLP_REAL W2_in = W2[10*i + j];
-                const DIGITS_MLP_REAL x0 = beta1_value*m_W2_in + grad_W2_3[10*i + j]*(1 - beta1_value);
-                const DIGITS_MLP_REAL x1 = (grad_W2_3[10*i + j]*grad_W2_3[10*i + j])*(1 - beta2_value) + beta2_value*v_W2_in;
+                const DIGITS_MLP_REAL x0 = beta1_value*m_W2_in + grad_W2_3[10*i + j]*(1 -
+                        beta1_value);
+                const DIGITS_MLP_REAL x1 = (grad_W2_3[10*i + j]*grad_W2_3[10*i + j])*(1 -
+                        beta2_value) + beta2_value*v_W2_in;
                 m_W2[10*i + j] = x0;
                 v_W2[10*i + j] = x1;
-                W2[10*i + j] = W2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+                W2[10*i + j] = W2_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                        sqrt(x1/bias_correction2_value)));
             }
         }
     }
@@ -410,10 +420,12 @@ int digits_mlp_train_step(
             const DIGITS_MLP_REAL v_b2_in = v_b2[j];
             const DIGITS_MLP_REAL b2_in = b2[j];
             const DIGITS_MLP_REAL x0 = beta1_value*m_b2_in + grad_b2_3[j]*(1 - beta1_value);
-            const DIGITS_MLP_REAL x1 = (grad_b2_3[j]*grad_b2_3[j])*(1 - beta2_value) + beta2_value*v_b2_in;
+            const DIGITS_MLP_REAL x1 = (grad_b2_3[j]*grad_b2_3[j])*(1 - beta2_value) +
+                    beta2_value*v_b2_in;
             m_b2[j] = x0;
             v_b2[j] = x1;
-            b2[j] = b2_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+            b2[j] = b2_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                    sqrt(x1/bias_correction2_value)));
         }
     }
     return 0;
@@ -488,7 +500,8 @@ int digits_mlp_train_epoch(
         batch = rows;
     }
     DIGITS_MLP_REAL *X_rows = work + digits_mlp_train_epoch_step_len(rows, batch); /* batch x 64 */
-    DIGITS_MLP_REAL *T_rows = work + digits_mlp_train_epoch_step_len(rows, batch) + batch*64; /* batch x 10 */
+    DIGITS_MLP_REAL *T_rows = work + digits_mlp_train_epoch_step_len(rows, batch) + batch*64; /*
+            batch x 10 */
     int64_t b = 0;
     for (int64_t start = 0; start < rows; start += batch) {
         const int64_t n = rows - start < batch ? rows - start : batch;
@@ -628,9 +641,11 @@ size_t digits_mlp_forward_call_work_len(const int64_t *dims)
 }
 
 /* digits_mlp_forward with its arrays in arrays (see digits_mlp.h). */
-int digits_mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work)
+int digits_mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        DIGITS_MLP_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && digits_mlp_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            digits_mlp_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 6; ++i) {
@@ -645,7 +660,8 @@ int digits_mlp_forward_call(const int64_t *dims, const void *const *in, void *co
     }
     return digits_mlp_forward(
         dims[0], (const DIGITS_MLP_REAL *)in[0], (const DIGITS_MLP_REAL *)in[1],
-        (const DIGITS_MLP_REAL *)in[2], (const DIGITS_MLP_REAL *)in[3], (const DIGITS_MLP_REAL *)in[4],
+        (const DIGITS_MLP_REAL *)in[2], (const DIGITS_MLP_REAL *)in[3], (const DIGITS_MLP_REAL
+                *)in[4],
         (const DIGITS_MLP_REAL *)in[5], (DIGITS_MLP_REAL *)out[0], (DIGITS_MLP_REAL *)out[1], work
     );
 }
@@ -728,9 +744,11 @@ size_t digits_mlp_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* digits_mlp_value_and_grad with its arrays in arrays (see digits_mlp.h). */
-int digits_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work)
+int digits_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        DIGITS_MLP_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && digits_mlp_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            digits_mlp_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 6; ++i) {
@@ -745,7 +763,8 @@ int digits_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, v
     }
     return digits_mlp_value_and_grad(
         dims[0], (const DIGITS_MLP_REAL *)in[0], (const DIGITS_MLP_REAL *)in[1],
-        (const DIGITS_MLP_REAL *)in[2], (const DIGITS_MLP_REAL *)in[3], (const DIGITS_MLP_REAL *)in[4],
+        (const DIGITS_MLP_REAL *)in[2], (const DIGITS_MLP_REAL *)in[3], (const DIGITS_MLP_REAL
+                *)in[4],
         (const DIGITS_MLP_REAL *)in[5], (DIGITS_MLP_REAL *)out[0], (DIGITS_MLP_REAL *)out[1],
         (DIGITS_MLP_REAL *)out[2], (DIGITS_MLP_REAL *)out[3], (DIGITS_MLP_REAL *)out[4], work
     );
@@ -840,9 +859,11 @@ size_t digits_mlp_train_step_call_work_len(const int64_t *dims)
 }
 
 /* digits_mlp_train_step with its arrays in arrays (see digits_mlp.h). */
-int digits_mlp_train_step_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work)
+int digits_mlp_train_step_call(const int64_t *dims, const void *const *in, void *const *out,
+        DIGITS_MLP_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && digits_mlp_train_step_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            digits_mlp_train_step_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 20; ++i) {
@@ -856,9 +877,11 @@ int digits_mlp_train_step_call(const int64_t *dims, const void *const *in, void 
         }
     }
     return digits_mlp_train_step(
-        dims[0], (const DIGITS_MLP_REAL *)in[0], (const DIGITS_MLP_REAL *)in[1], (DIGITS_MLP_REAL *)in[2],
+        dims[0], (const DIGITS_MLP_REAL *)in[0], (const DIGITS_MLP_REAL *)in[1], (DIGITS_MLP_REAL
+                *)in[2],
         (DIGITS_MLP_REAL *)in[3], (DIGITS_MLP_REAL *)in[4], (DIGITS_MLP_REAL *)in[5],
-        (const DIGITS_MLP_REAL *)in[6], (const DIGITS_MLP_REAL *)in[7], (const DIGITS_MLP_REAL *)in[8],
+        (const DIGITS_MLP_REAL *)in[6], (const DIGITS_MLP_REAL *)in[7], (const DIGITS_MLP_REAL
+                *)in[8],
         (const DIGITS_MLP_REAL *)in[9], (const DIGITS_MLP_REAL *)in[10], (DIGITS_MLP_REAL *)in[11],
         (DIGITS_MLP_REAL *)in[12], (DIGITS_MLP_REAL *)in[13], (DIGITS_MLP_REAL *)in[14],
         (DIGITS_MLP_REAL *)in[15], (DIGITS_MLP_REAL *)in[16], (DIGITS_MLP_REAL *)in[17],
@@ -959,9 +982,11 @@ size_t digits_mlp_train_epoch_call_work_len(const int64_t *dims)
 }
 
 /* digits_mlp_train_epoch with its arrays in arrays (see digits_mlp.h). */
-int digits_mlp_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out, DIGITS_MLP_REAL *work)
+int digits_mlp_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out,
+        DIGITS_MLP_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && digits_mlp_train_epoch_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            digits_mlp_train_epoch_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 1; i < 21; ++i) { /* order may be NULL */
@@ -978,7 +1003,8 @@ int digits_mlp_train_epoch_call(const int64_t *dims, const void *const *in, void
         dims[0], dims[1], (const int64_t *)in[0], (const DIGITS_MLP_REAL *)in[1],
         (const DIGITS_MLP_REAL *)in[2], (DIGITS_MLP_REAL *)in[3], (DIGITS_MLP_REAL *)in[4],
         (DIGITS_MLP_REAL *)in[5], (DIGITS_MLP_REAL *)in[6], (const DIGITS_MLP_REAL *)in[7],
-        (const DIGITS_MLP_REAL *)in[8], (const DIGITS_MLP_REAL *)in[9], (const DIGITS_MLP_REAL *)in[10],
+        (const DIGITS_MLP_REAL *)in[8], (const DIGITS_MLP_REAL *)in[9], (const DIGITS_MLP_REAL
+                *)in[10],
         (const DIGITS_MLP_REAL *)in[11], (DIGITS_MLP_REAL *)in[12], (DIGITS_MLP_REAL *)in[13],
         (DIGITS_MLP_REAL *)in[14], (DIGITS_MLP_REAL *)in[15], (DIGITS_MLP_REAL *)in[16],
         (DIGITS_MLP_REAL *)in[17], (DIGITS_MLP_REAL *)in[18], (DIGITS_MLP_REAL *)in[19],

@@ -16,7 +16,8 @@
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void gmm_loop0(int64_t K, GMM_REAL *SYMBACKPROP_RESTRICT a0, const GMM_REAL *SYMBACKPROP_RESTRICT a1, const GMM_REAL *SYMBACKPROP_RESTRICT a2)
+void gmm_loop0(int64_t K, GMM_REAL *SYMBACKPROP_RESTRICT a0, const GMM_REAL *SYMBACKPROP_RESTRICT
+        a1, const GMM_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < K; ++i) {
@@ -108,7 +109,8 @@ static int gmm_run(
         for (int64_t i = 0; i < N; ++i) {
             const GMM_REAL x14 = X_by_column[i] - x0;
             const GMM_REAL x15 = X_by_column[i + N] - x1;
-            log_density[K*i + j] = x12*(x14*x14) + x13 - 1.0/2.0*pow(x10*x15 + x6*x14, 2) - 1.0/2.0*pow(x11*(X_by_column[i + 2*N] - x2) + x7*x14 + x8*x15, 2);
+            log_density[K*i + j] = x12*(x14*x14) + x13 - 1.0/2.0*pow(x10*x15 + x6*x14, 2) -
+                    1.0/2.0*pow(x11*(X_by_column[i + 2*N] - x2) + x7*x14 + x8*x15, 2);
         }
     }
 
@@ -151,7 +153,8 @@ static int gmm_run(
 
     /* loss = N*collse_alpha + 3*N*log(2*pi)/2 - colsum_log_density + rowsum_qd/2 + rowsum_ql/2 */
     {
-        loss[0] = ((GMM_REAL)N)*collse_alpha[0] + (3.0/2.0)*((GMM_REAL)N)*log(2*3.1415926535897932) - colsum_log_density[0] + (1.0/2.0)*rowsum_qd[0] + (1.0/2.0)*rowsum_ql[0];
+        loss[0] = ((GMM_REAL)N)*collse_alpha[0] + (3.0/2.0)*((GMM_REAL)N)*log(2*3.1415926535897932)
+                - colsum_log_density[0] + (1.0/2.0)*rowsum_qd[0] + (1.0/2.0)*rowsum_ql[0];
     }
 
     if (!with_grads) {
@@ -351,7 +354,8 @@ int gmm_forward(
     if (K < 1) {
         return 1;
     }
-    return gmm_run(N, K, X, alpha, means, qd, ql, loss, log_density, NULL, NULL, NULL, NULL, work, 0);
+    return gmm_run(N, K, X, alpha, means, qd, ql, loss, log_density, NULL, NULL, NULL, NULL, work,
+            0);
 }
 
 size_t gmm_value_and_grad_work_len(int64_t N, int64_t K)
@@ -385,7 +389,8 @@ int gmm_value_and_grad(
     if (K < 1) {
         return 1;
     }
-    return gmm_run(N, K, X, alpha, means, qd, ql, loss, work + gmm_run_work_len(N, K, 1), grad_alpha, grad_means, grad_qd, grad_ql, work, 1);
+    return gmm_run(N, K, X, alpha, means, qd, ql, loss, work + gmm_run_work_len(N, K, 1),
+            grad_alpha, grad_means, grad_qd, grad_ql, work, 1);
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see gmm.h) --- */
@@ -480,7 +485,8 @@ size_t gmm_forward_call_work_len(const int64_t *dims)
 /* gmm_forward with its arrays in arrays (see gmm.h). */
 int gmm_forward_call(const int64_t *dims, const void *const *in, void *const *out, GMM_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && gmm_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            gmm_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 5; ++i) {
@@ -495,7 +501,8 @@ int gmm_forward_call(const int64_t *dims, const void *const *in, void *const *ou
     }
     return gmm_forward(
         dims[0], dims[1], (const GMM_REAL *)in[0], (const GMM_REAL *)in[1], (const GMM_REAL *)in[2],
-        (const GMM_REAL *)in[3], (const GMM_REAL *)in[4], (GMM_REAL *)out[0], (GMM_REAL *)out[1], work
+        (const GMM_REAL *)in[3], (const GMM_REAL *)in[4], (GMM_REAL *)out[0], (GMM_REAL *)out[1],
+                work
     );
 }
 
@@ -578,9 +585,11 @@ size_t gmm_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* gmm_value_and_grad with its arrays in arrays (see gmm.h). */
-int gmm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, GMM_REAL *work)
+int gmm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, GMM_REAL
+        *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && gmm_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            gmm_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 5; ++i) {

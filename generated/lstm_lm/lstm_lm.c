@@ -28,12 +28,15 @@
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_loop0(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
+void lstm_lm_loop0(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
+        *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
 LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
+void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
+        *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
+void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
+        *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
@@ -43,7 +46,8 @@ void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_loop0(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
+void lstm_lm_loop0(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
+        *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < T; ++i) {
@@ -253,9 +257,17 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 16; ++j) {
-                const LSTM_LM_REAL x0 = scan_W_i_cell[j]*(((scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] + b_f[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] + b_f[j])))) + tanh(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_g[j])*(((scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))));
+                const LSTM_LM_REAL x0 = scan_W_i_cell[j]*(((scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j]
+                        + b_f[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] +
+                        b_f[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] +
+                        b_f[j])))) + tanh(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] +
+                        b_g[j])*(((scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]) >= 0 ? 1.0 :
+                        exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))));
                 scan_W_i_cell_next[j] = x0;
-                scan_W_i_h_next[j] = tanh(x0)*(((scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))));
+                scan_W_i_h_next[j] = tanh(x0)*(((scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]) >= 0
+                        ? 1.0 : exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))));
             }
             /* mm_V = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
@@ -371,8 +383,10 @@ int lstm_lm_forward(
     LSTM_LM_REAL *add_logits = rowlse_logits + T; /* T x 1 */
     LSTM_LM_REAL *colsum_logits = add_logits + T; /* 1 x 1 */
 
-    lstm_lm_forward_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c, logits, scan_W_i);
-    lstm_lm_forward_part2(T, Y, loss, logits, mul_logits, rowsum_logits, rowlse_logits, add_logits, colsum_logits);
+    lstm_lm_forward_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c,
+            logits, scan_W_i);
+    lstm_lm_forward_part2(T, Y, loss, logits, mul_logits, rowsum_logits, rowlse_logits, add_logits,
+            colsum_logits);
     return 0;
 }
 #endif
@@ -604,9 +618,17 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part1(
     #pragma GCC ivdep
     #endif
             for (int64_t j = 0; j < 16; ++j) {
-                const LSTM_LM_REAL x0 = scan_W_i_cell[j]*(((scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] + b_f[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] + b_f[j])))) + tanh(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] + b_g[j])*(((scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))));
+                const LSTM_LM_REAL x0 = scan_W_i_cell[j]*(((scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j]
+                        + b_f[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] +
+                        b_f[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h_4[j] + scan_W_i_mm_x_4[j] +
+                        b_f[j])))) + tanh(scan_W_i_mm_h_3[j] + scan_W_i_mm_x_3[j] +
+                        b_g[j])*(((scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]) >= 0 ? 1.0 :
+                        exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h_2[j] + scan_W_i_mm_x_2[j] + b_i[j]))));
                 scan_W_i_cell_next[j] = x0;
-                scan_W_i_h_next[j] = tanh(x0)*(((scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))) / (1.0 + exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))));
+                scan_W_i_h_next[j] = tanh(x0)*(((scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]) >= 0
+                        ? 1.0 : exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))) / (1.0 +
+                        exp(-fabs(scan_W_i_mm_h[j] + scan_W_i_mm_x[j] + b_o[j]))));
             }
             /* mm_V = h_next @ V */
             for (int64_t i = 0; i < 1; ++i) {
@@ -790,7 +812,8 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
      * step's inputs and params, from the states kept in scan_part_W_i, each segment of 32
      * steps recomputed from its checkpoint */
     {
-        LSTM_LM_REAL *scan_vjp_W_i_base = (LSTM_LM_REAL *)(((uintptr_t)scan_vjp_W_i + 63) & ~(uintptr_t)63);
+        LSTM_LM_REAL *scan_vjp_W_i_base = (LSTM_LM_REAL *)(((uintptr_t)scan_vjp_W_i + 63) &
+                ~(uintptr_t)63);
         LSTM_LM_REAL *scan_vjp_W_i_cur = scan_vjp_W_i_base;
         LSTM_LM_REAL *scan_vjp_W_i_nxt = scan_vjp_W_i_base + 32;
         LSTM_LM_REAL *scan_vjp_W_i_seg = scan_vjp_W_i_base + 64;
@@ -846,7 +869,8 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
             const int64_t scan_vjp_W_i_t0 = scan_vjp_W_i_s*32;
             const int64_t scan_vjp_W_i_len = T - scan_vjp_W_i_t0 < 32 ? T - scan_vjp_W_i_t0 : 32;
             for (int64_t scan_vjp_W_i_i = 0; scan_vjp_W_i_i < 32; ++scan_vjp_W_i_i) {
-                scan_vjp_W_i_seg[scan_vjp_W_i_i] = scan_part_W_i[scan_vjp_W_i_s*32 + scan_vjp_W_i_i];
+                scan_vjp_W_i_seg[scan_vjp_W_i_i] =
+                        scan_part_W_i[scan_vjp_W_i_s*32 + scan_vjp_W_i_i];
             }
             for (int64_t scan_vjp_W_i_u = 1; scan_vjp_W_i_u <= scan_vjp_W_i_len; ++scan_vjp_W_i_u) {
                 const int64_t scan_vjp_W_i_t = scan_vjp_W_i_t0 + scan_vjp_W_i_u - 1;
@@ -857,13 +881,20 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 LSTM_LM_REAL *scan_vjp_W_i_cell_next = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u + 16;
                 LSTM_LM_REAL *scan_vjp_W_i_out0_row = scan_vjp_W_i_base + 9328;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_h_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 992;
-                LSTM_LM_REAL *scan_vjp_W_i_mm_x_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 1008;
-                LSTM_LM_REAL *scan_vjp_W_i_mm_h_2_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 1024;
-                LSTM_LM_REAL *scan_vjp_W_i_mm_x_2_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 1040;
-                LSTM_LM_REAL *scan_vjp_W_i_mm_h_3_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 1056;
-                LSTM_LM_REAL *scan_vjp_W_i_mm_x_3_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 1072;
-                LSTM_LM_REAL *scan_vjp_W_i_mm_h_4_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 1088;
-                LSTM_LM_REAL *scan_vjp_W_i_mm_x_4_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 1104;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_x_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
+                        1008;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_h_2_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
+                        1024;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_x_2_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
+                        1040;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_h_3_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
+                        1056;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_x_3_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
+                        1072;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_h_4_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
+                        1088;
+                LSTM_LM_REAL *scan_vjp_W_i_mm_x_4_kept = scan_vjp_W_i_base + 128*scan_vjp_W_i_u +
+                        1104;
                 LSTM_LM_REAL *scan_vjp_W_i_mm_V = scan_vjp_W_i_base + 5216; /* 1 x 30 */
                 /* mm_h_kept = h @ U_o */
                 for (int64_t i = 0; i < 1; ++i) {
@@ -1002,9 +1033,23 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    const LSTM_LM_REAL x0 = scan_vjp_W_i_cell[j]*(((scan_vjp_W_i_mm_h_4_kept[j] + scan_vjp_W_i_mm_x_4_kept[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(scan_vjp_W_i_mm_h_4_kept[j] + scan_vjp_W_i_mm_x_4_kept[j] + b_f[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_4_kept[j] + scan_vjp_W_i_mm_x_4_kept[j] + b_f[j])))) + tanh(scan_vjp_W_i_mm_h_3_kept[j] + scan_vjp_W_i_mm_x_3_kept[j] + b_g[j])*(((scan_vjp_W_i_mm_h_2_kept[j] + scan_vjp_W_i_mm_x_2_kept[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(scan_vjp_W_i_mm_h_2_kept[j] + scan_vjp_W_i_mm_x_2_kept[j] + b_i[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_2_kept[j] + scan_vjp_W_i_mm_x_2_kept[j] + b_i[j]))));
+                    const LSTM_LM_REAL x0 = scan_vjp_W_i_cell[j]*(((scan_vjp_W_i_mm_h_4_kept[j] +
+                            scan_vjp_W_i_mm_x_4_kept[j] + b_f[j]) >= 0 ? 1.0 :
+                            exp(-fabs(scan_vjp_W_i_mm_h_4_kept[j] + scan_vjp_W_i_mm_x_4_kept[j] +
+                            b_f[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_4_kept[j] +
+                            scan_vjp_W_i_mm_x_4_kept[j] + b_f[j])))) +
+                            tanh(scan_vjp_W_i_mm_h_3_kept[j] + scan_vjp_W_i_mm_x_3_kept[j] +
+                            b_g[j])*(((scan_vjp_W_i_mm_h_2_kept[j] + scan_vjp_W_i_mm_x_2_kept[j] +
+                            b_i[j]) >= 0 ? 1.0 : exp(-fabs(scan_vjp_W_i_mm_h_2_kept[j] +
+                            scan_vjp_W_i_mm_x_2_kept[j] + b_i[j]))) / (1.0 +
+                            exp(-fabs(scan_vjp_W_i_mm_h_2_kept[j] + scan_vjp_W_i_mm_x_2_kept[j] +
+                            b_i[j]))));
                     scan_vjp_W_i_cell_next[j] = x0;
-                    scan_vjp_W_i_h_next[j] = tanh(x0)*(((scan_vjp_W_i_mm_h_kept[j] + scan_vjp_W_i_mm_x_kept[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(scan_vjp_W_i_mm_h_kept[j] + scan_vjp_W_i_mm_x_kept[j] + b_o[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_kept[j] + scan_vjp_W_i_mm_x_kept[j] + b_o[j]))));
+                    scan_vjp_W_i_h_next[j] = tanh(x0)*(((scan_vjp_W_i_mm_h_kept[j] +
+                            scan_vjp_W_i_mm_x_kept[j] + b_o[j]) >= 0 ? 1.0 :
+                            exp(-fabs(scan_vjp_W_i_mm_h_kept[j] + scan_vjp_W_i_mm_x_kept[j] +
+                            b_o[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_kept[j] +
+                            scan_vjp_W_i_mm_x_kept[j] + b_o[j]))));
                 }
                 /* mm_V = h_next @ V */
                 for (int64_t i = 0; i < 1; ++i) {
@@ -1030,7 +1075,8 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                     scan_vjp_W_i_out0_row[j] = scan_vjp_W_i_mm_V[j] + c[j];
                 }
             }
-            for (int64_t scan_vjp_W_i_u = scan_vjp_W_i_len - 1; scan_vjp_W_i_u >= 0; --scan_vjp_W_i_u) {
+            for (int64_t scan_vjp_W_i_u = scan_vjp_W_i_len - 1; scan_vjp_W_i_u >= 0;
+                    --scan_vjp_W_i_u) {
                 const int64_t scan_vjp_W_i_t = scan_vjp_W_i_t0 + scan_vjp_W_i_u;
                 const LSTM_LM_REAL *scan_vjp_W_i_x = X + 30*scan_vjp_W_i_t;
                 const LSTM_LM_REAL *scan_vjp_W_i_h = scan_vjp_W_i_seg + 32*scan_vjp_W_i_u;
@@ -1039,23 +1085,37 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                 const LSTM_LM_REAL *scan_vjp_W_i_grad_cell_next = scan_vjp_W_i_cur + 16;
                 LSTM_LM_REAL *scan_vjp_W_i_grad_h = scan_vjp_W_i_nxt;
                 LSTM_LM_REAL *scan_vjp_W_i_grad_cell = scan_vjp_W_i_nxt + 16;
-                const LSTM_LM_REAL *scan_vjp_W_i_mm_h_kept_2 = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 1120;
-                const LSTM_LM_REAL *scan_vjp_W_i_mm_x_kept_2 = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 1136;
-                const LSTM_LM_REAL *scan_vjp_W_i_mm_h_2_kept_2 = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 1152;
-                const LSTM_LM_REAL *scan_vjp_W_i_mm_x_2_kept_2 = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 1168;
-                const LSTM_LM_REAL *scan_vjp_W_i_mm_h_3_kept_2 = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 1184;
-                const LSTM_LM_REAL *scan_vjp_W_i_mm_x_3_kept_2 = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 1200;
-                const LSTM_LM_REAL *scan_vjp_W_i_mm_h_4_kept_2 = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 1216;
-                const LSTM_LM_REAL *scan_vjp_W_i_mm_x_4_kept_2 = scan_vjp_W_i_base + 128*scan_vjp_W_i_u + 1232;
+                const LSTM_LM_REAL *scan_vjp_W_i_mm_h_kept_2 = scan_vjp_W_i_base +
+                        128*scan_vjp_W_i_u + 1120;
+                const LSTM_LM_REAL *scan_vjp_W_i_mm_x_kept_2 = scan_vjp_W_i_base +
+                        128*scan_vjp_W_i_u + 1136;
+                const LSTM_LM_REAL *scan_vjp_W_i_mm_h_2_kept_2 = scan_vjp_W_i_base +
+                        128*scan_vjp_W_i_u + 1152;
+                const LSTM_LM_REAL *scan_vjp_W_i_mm_x_2_kept_2 = scan_vjp_W_i_base +
+                        128*scan_vjp_W_i_u + 1168;
+                const LSTM_LM_REAL *scan_vjp_W_i_mm_h_3_kept_2 = scan_vjp_W_i_base +
+                        128*scan_vjp_W_i_u + 1184;
+                const LSTM_LM_REAL *scan_vjp_W_i_mm_x_3_kept_2 = scan_vjp_W_i_base +
+                        128*scan_vjp_W_i_u + 1200;
+                const LSTM_LM_REAL *scan_vjp_W_i_mm_h_4_kept_2 = scan_vjp_W_i_base +
+                        128*scan_vjp_W_i_u + 1216;
+                const LSTM_LM_REAL *scan_vjp_W_i_mm_x_4_kept_2 = scan_vjp_W_i_base +
+                        128*scan_vjp_W_i_u + 1232;
                 const LSTM_LM_REAL *scan_vjp_W_i_grad_out0 = grad_logits + 30*scan_vjp_W_i_t;
-                LSTM_LM_REAL *scan_vjp_W_i_grad_mul_b_o_part = scan_vjp_W_i_base + 5216; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_grad_mul_b_o_part = scan_vjp_W_i_base + 5216; /* 1 x 16
+                        */
                 LSTM_LM_REAL *scan_vjp_W_i_grad_mul_b_o = scan_vjp_W_i_base + 5232; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_kept_2 = scan_vjp_W_i_base + 5216; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_2_kept_2 = scan_vjp_W_i_base + 5248; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_tanh_mm_h_3_kept_2 = scan_vjp_W_i_base + 5264; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_kept_2 = scan_vjp_W_i_base + 5216; /* 1 x 16
+                        */
+                LSTM_LM_REAL *scan_vjp_W_i_sigmoid_mm_h_2_kept_2 = scan_vjp_W_i_base + 5248; /* 1 x
+                        16 */
+                LSTM_LM_REAL *scan_vjp_W_i_tanh_mm_h_3_kept_2 = scan_vjp_W_i_base + 5264; /* 1 x 16
+                        */
                 LSTM_LM_REAL *scan_vjp_W_i_mul_cell = scan_vjp_W_i_base + 5280; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next = scan_vjp_W_i_base + 5296; /* 1 x 16 */
-                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next_2 = scan_vjp_W_i_base + 5312; /* 1 x 16 */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next = scan_vjp_W_i_base + 5296; /* 1 x 16
+                        */
+                LSTM_LM_REAL *scan_vjp_W_i_mul_grad_cell_next_2 = scan_vjp_W_i_base + 5312; /* 1 x
+                        16 */
                 LSTM_LM_REAL *scan_vjp_W_i_mul_grad_h_next = scan_vjp_W_i_base + 5328; /* 1 x 16 */
                 LSTM_LM_REAL *scan_vjp_W_i_mul_mm_h_kept_2 = scan_vjp_W_i_base + 5344; /* 1 x 16 */
                 LSTM_LM_REAL *scan_vjp_W_i_mm_U_f = scan_vjp_W_i_base + 5232; /* 1 x 16 */
@@ -1077,28 +1137,38 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    scan_vjp_W_i_grad_mul_b_o[j] = scan_vjp_W_i_grad_h_next[j] + scan_vjp_W_i_grad_mul_b_o_part[j];
+                    scan_vjp_W_i_grad_mul_b_o[j] = scan_vjp_W_i_grad_h_next[j] +
+                            scan_vjp_W_i_grad_mul_b_o_part[j];
                 }
                 /* sigmoid_mm_h_kept_2 = sigmoid(b_o + mm_h_kept_2 + mm_x_kept_2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    scan_vjp_W_i_sigmoid_mm_h_kept_2[j] = (((scan_vjp_W_i_mm_h_kept_2[j] + scan_vjp_W_i_mm_x_kept_2[j] + b_o[j]) >= 0 ? 1.0 : exp(-fabs(scan_vjp_W_i_mm_h_kept_2[j] + scan_vjp_W_i_mm_x_kept_2[j] + b_o[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_kept_2[j] + scan_vjp_W_i_mm_x_kept_2[j] + b_o[j]))));
+                    scan_vjp_W_i_sigmoid_mm_h_kept_2[j] = (((scan_vjp_W_i_mm_h_kept_2[j] +
+                            scan_vjp_W_i_mm_x_kept_2[j] + b_o[j]) >= 0 ? 1.0 :
+                            exp(-fabs(scan_vjp_W_i_mm_h_kept_2[j] + scan_vjp_W_i_mm_x_kept_2[j] +
+                            b_o[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_kept_2[j] +
+                            scan_vjp_W_i_mm_x_kept_2[j] + b_o[j]))));
                 }
                 /* sigmoid_mm_h_2_kept_2 = sigmoid(b_i + mm_h_2_kept_2 + mm_x_2_kept_2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j] = (((scan_vjp_W_i_mm_h_2_kept_2[j] + scan_vjp_W_i_mm_x_2_kept_2[j] + b_i[j]) >= 0 ? 1.0 : exp(-fabs(scan_vjp_W_i_mm_h_2_kept_2[j] + scan_vjp_W_i_mm_x_2_kept_2[j] + b_i[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_2_kept_2[j] + scan_vjp_W_i_mm_x_2_kept_2[j] + b_i[j]))));
+                    scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j] = (((scan_vjp_W_i_mm_h_2_kept_2[j] +
+                            scan_vjp_W_i_mm_x_2_kept_2[j] + b_i[j]) >= 0 ? 1.0 :
+                            exp(-fabs(scan_vjp_W_i_mm_h_2_kept_2[j] + scan_vjp_W_i_mm_x_2_kept_2[j]
+                            + b_i[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_2_kept_2[j] +
+                            scan_vjp_W_i_mm_x_2_kept_2[j] + b_i[j]))));
                 }
                 /* tanh_mm_h_3_kept_2 = tanh(b_g + mm_h_3_kept_2 + mm_x_3_kept_2) */
     #if defined(__GNUC__) && !defined(__clang__)
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    scan_vjp_W_i_tanh_mm_h_3_kept_2[j] = tanh(scan_vjp_W_i_mm_h_3_kept_2[j] + scan_vjp_W_i_mm_x_3_kept_2[j] + b_g[j]);
+                    scan_vjp_W_i_tanh_mm_h_3_kept_2[j] = tanh(scan_vjp_W_i_mm_h_3_kept_2[j] +
+                            scan_vjp_W_i_mm_x_3_kept_2[j] + b_g[j]);
                 }
                 /* mul_cell = cell*(1 - sigmoid(b_f + mm_h_4_kept_2 +
                  * mm_x_4_kept_2))*(grad_cell_next + grad_mul_b_o*sigmoid_mm_h_kept_2*(1 -
@@ -1150,14 +1220,22 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
                     const LSTM_LM_REAL scan_vjp_W_i_grad_b_f_in = grad_b_f[j];
                     const LSTM_LM_REAL scan_vjp_W_i_grad_b_g_in = grad_b_g[j];
                     const LSTM_LM_REAL scan_vjp_W_i_grad_b_o_in = grad_b_o[j];
-                    const LSTM_LM_REAL x0 = (((scan_vjp_W_i_mm_h_4_kept_2[j] + scan_vjp_W_i_mm_x_4_kept_2[j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(scan_vjp_W_i_mm_h_4_kept_2[j] + scan_vjp_W_i_mm_x_4_kept_2[j] + b_f[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_4_kept_2[j] + scan_vjp_W_i_mm_x_4_kept_2[j] + b_f[j]))));
-                    const LSTM_LM_REAL x1 = scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j]*scan_vjp_W_i_tanh_mm_h_3_kept_2[j];
+                    const LSTM_LM_REAL x0 = (((scan_vjp_W_i_mm_h_4_kept_2[j] +
+                            scan_vjp_W_i_mm_x_4_kept_2[j] + b_f[j]) >= 0 ? 1.0 :
+                            exp(-fabs(scan_vjp_W_i_mm_h_4_kept_2[j] + scan_vjp_W_i_mm_x_4_kept_2[j]
+                            + b_f[j]))) / (1.0 + exp(-fabs(scan_vjp_W_i_mm_h_4_kept_2[j] +
+                            scan_vjp_W_i_mm_x_4_kept_2[j] + b_f[j]))));
+                    const LSTM_LM_REAL x1 = scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j]*
+                            scan_vjp_W_i_tanh_mm_h_3_kept_2[j];
                     const LSTM_LM_REAL x2 = scan_vjp_W_i_cell[j]*x0;
                     const LSTM_LM_REAL x3 = tanh(x1 + x2);
-                    const LSTM_LM_REAL x4 = scan_vjp_W_i_grad_mul_b_o[j]*scan_vjp_W_i_sigmoid_mm_h_kept_2[j];
+                    const LSTM_LM_REAL x4 =
+                            scan_vjp_W_i_grad_mul_b_o[j]*scan_vjp_W_i_sigmoid_mm_h_kept_2[j];
                     const LSTM_LM_REAL x5 = scan_vjp_W_i_grad_cell_next[j] + x4*(1 - (x3*x3));
                     const LSTM_LM_REAL x6 = x2*x5*(1 - x0);
-                    const LSTM_LM_REAL x7 = scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j]*x5*(1 - (scan_vjp_W_i_tanh_mm_h_3_kept_2[j]*scan_vjp_W_i_tanh_mm_h_3_kept_2[j]));
+                    const LSTM_LM_REAL x7 = scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j]*x5*(1 -
+                            (scan_vjp_W_i_tanh_mm_h_3_kept_2[j]*
+                            scan_vjp_W_i_tanh_mm_h_3_kept_2[j]));
                     const LSTM_LM_REAL x8 = x1*x5*(1 - scan_vjp_W_i_sigmoid_mm_h_2_kept_2[j]);
                     const LSTM_LM_REAL x9 = x3*x4*(1 - scan_vjp_W_i_sigmoid_mm_h_kept_2[j]);
                     scan_vjp_W_i_mul_cell[j] = x6;
@@ -1216,7 +1294,8 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part3(
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 16; ++j) {
-                    scan_vjp_W_i_grad_h[j] = scan_vjp_W_i_mm_U_f[j] + scan_vjp_W_i_mm_U_g[j] + scan_vjp_W_i_mm_U_i[j] + scan_vjp_W_i_mm_U_o[j];
+                    scan_vjp_W_i_grad_h[j] = scan_vjp_W_i_mm_U_f[j] + scan_vjp_W_i_mm_U_g[j] +
+                            scan_vjp_W_i_mm_U_i[j] + scan_vjp_W_i_mm_U_o[j];
                 }
                 /* grad_W_i += x^T @ mul_grad_cell_next_2 */
                 for (int64_t i = 0; i < 30; ++i) {
@@ -1430,9 +1509,14 @@ int lstm_lm_value_and_grad(
     LSTM_LM_REAL *grad_logits = mul_logits; /* T x 30, in mul_logits's memory */
     LSTM_LM_REAL *scan_vjp_W_i = colsum_logits + 1; /* 9374 x 1 */
 
-    lstm_lm_value_and_grad_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c, scan_W_i, logits, scan_part_W_i);
-    lstm_lm_value_and_grad_part2(T, Y, loss, logits, mul_logits, rowsum_logits, rowlse_logits, add_logits, colsum_logits, grad_logits);
-    lstm_lm_value_and_grad_part3(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c, grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c, scan_part_W_i, grad_logits, scan_vjp_W_i);
+    lstm_lm_value_and_grad_part1(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o,
+            V, c, scan_W_i, logits, scan_part_W_i);
+    lstm_lm_value_and_grad_part2(T, Y, loss, logits, mul_logits, rowsum_logits, rowlse_logits,
+            add_logits, colsum_logits, grad_logits);
+    lstm_lm_value_and_grad_part3(T, X, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o,
+            V, c, grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o,
+            grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c, scan_part_W_i, grad_logits,
+            scan_vjp_W_i);
     lstm_lm_value_and_grad_part4();
     return 0;
 }
@@ -1538,9 +1622,11 @@ size_t lstm_lm_forward_call_work_len(const int64_t *dims)
 }
 
 /* lstm_lm_forward with its arrays in arrays (see lstm_lm.h). */
-int lstm_lm_forward_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_LM_REAL *work)
+int lstm_lm_forward_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_LM_REAL
+        *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && lstm_lm_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            lstm_lm_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 16; ++i) {
@@ -1554,7 +1640,8 @@ int lstm_lm_forward_call(const int64_t *dims, const void *const *in, void *const
         }
     }
     return lstm_lm_forward(
-        dims[0], (const LSTM_LM_REAL *)in[0], (const LSTM_LM_REAL *)in[1], (const LSTM_LM_REAL *)in[2],
+        dims[0], (const LSTM_LM_REAL *)in[0], (const LSTM_LM_REAL *)in[1], (const LSTM_LM_REAL
+                *)in[2],
         (const LSTM_LM_REAL *)in[3], (const LSTM_LM_REAL *)in[4], (const LSTM_LM_REAL *)in[5],
         (const LSTM_LM_REAL *)in[6], (const LSTM_LM_REAL *)in[7], (const LSTM_LM_REAL *)in[8],
         (const LSTM_LM_REAL *)in[9], (const LSTM_LM_REAL *)in[10], (const LSTM_LM_REAL *)in[11],
@@ -1661,9 +1748,11 @@ size_t lstm_lm_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* lstm_lm_value_and_grad with its arrays in arrays (see lstm_lm.h). */
-int lstm_lm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_LM_REAL *work)
+int lstm_lm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        LSTM_LM_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && lstm_lm_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            lstm_lm_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 16; ++i) {
@@ -1677,15 +1766,20 @@ int lstm_lm_value_and_grad_call(const int64_t *dims, const void *const *in, void
         }
     }
     return lstm_lm_value_and_grad(
-        dims[0], (const LSTM_LM_REAL *)in[0], (const LSTM_LM_REAL *)in[1], (const LSTM_LM_REAL *)in[2],
+        dims[0], (const LSTM_LM_REAL *)in[0], (const LSTM_LM_REAL *)in[1], (const LSTM_LM_REAL
+                *)in[2],
         (const LSTM_LM_REAL *)in[3], (const LSTM_LM_REAL *)in[4], (const LSTM_LM_REAL *)in[5],
         (const LSTM_LM_REAL *)in[6], (const LSTM_LM_REAL *)in[7], (const LSTM_LM_REAL *)in[8],
         (const LSTM_LM_REAL *)in[9], (const LSTM_LM_REAL *)in[10], (const LSTM_LM_REAL *)in[11],
         (const LSTM_LM_REAL *)in[12], (const LSTM_LM_REAL *)in[13], (const LSTM_LM_REAL *)in[14],
-        (const LSTM_LM_REAL *)in[15], (LSTM_LM_REAL *)out[0], (LSTM_LM_REAL *)out[1], (LSTM_LM_REAL *)out[2],
-        (LSTM_LM_REAL *)out[3], (LSTM_LM_REAL *)out[4], (LSTM_LM_REAL *)out[5], (LSTM_LM_REAL *)out[6],
-        (LSTM_LM_REAL *)out[7], (LSTM_LM_REAL *)out[8], (LSTM_LM_REAL *)out[9], (LSTM_LM_REAL *)out[10],
-        (LSTM_LM_REAL *)out[11], (LSTM_LM_REAL *)out[12], (LSTM_LM_REAL *)out[13], (LSTM_LM_REAL *)out[14],
+        (const LSTM_LM_REAL *)in[15], (LSTM_LM_REAL *)out[0], (LSTM_LM_REAL *)out[1], (LSTM_LM_REAL
+                *)out[2],
+        (LSTM_LM_REAL *)out[3], (LSTM_LM_REAL *)out[4], (LSTM_LM_REAL *)out[5], (LSTM_LM_REAL
+                *)out[6],
+        (LSTM_LM_REAL *)out[7], (LSTM_LM_REAL *)out[8], (LSTM_LM_REAL *)out[9], (LSTM_LM_REAL
+                *)out[10],
+        (LSTM_LM_REAL *)out[11], (LSTM_LM_REAL *)out[12], (LSTM_LM_REAL *)out[13], (LSTM_LM_REAL
+                *)out[14],
         work
     );
 }

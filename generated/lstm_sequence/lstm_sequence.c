@@ -28,86 +28,108 @@
  * and strides): the product's loops are compiled once a kind, fitted to its
  * constants, not into every call. */
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product0(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product0(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product1(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product1(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product2(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product2(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product5(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product5(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product6(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product6(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product7(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product7(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c);
+void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product8(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul(8, 8, s0, a, 1, 8, b, 8, 1, c);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product0(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product0(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul(s0, 8, 1, a, 1, 0, b, 0, 1, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product1(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product1(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 8, 1, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product3(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul(s0, 1, 8, a, 8, 1, b, 1, 0, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product6(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product6(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul_add(s0, 8, 8, a, 8, 1, b, 1, 8, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul(8, 1, s0, a, 1, 8, b, 1, 0, c);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul(1, 8, s0, a, 0, 1, b, 8, 1, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product7(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product7(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul_add(1, 8, s0, a, 0, 1, b, 8, 1, c);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product2(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product2(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul_add(s0, 8, 1, a, 1, 0, b, 0, 1, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product5(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product5(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul(s0, 8, 8, a, 8, 1, b, 1, 8, c);
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b, LSTM_SEQUENCE_REAL *c)
+void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
 {
     symbackprop_f64_matmul_add(8, 8, s0, a, 1, 8, b, 8, 1, c);
 }
@@ -117,9 +139,13 @@ void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop0(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2);
+void lstm_sequence_loop0(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
+        LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
+        a2);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop1(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2);
+void lstm_sequence_loop1(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
+        LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
+        a2);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_loop2(
     int64_t n,
@@ -171,7 +197,8 @@ void lstm_sequence_loop2(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((a5[8*i + j] + a6[j]) >= 0 ? 1.0 : exp(-fabs(a5[8*i + j] + a6[j]))) / (1.0 + exp(-fabs(a5[8*i + j] + a6[j]))));
+            const LSTM_SEQUENCE_REAL x0 = (((a5[8*i + j] + a6[j]) >= 0 ? 1.0 : exp(-fabs(a5[8*i + j]
+                    + a6[j]))) / (1.0 + exp(-fabs(a5[8*i + j] + a6[j]))));
             const LSTM_SEQUENCE_REAL x1 = a7[8*i + j]*a8[8*i + j] + a9[8*i + j]*x0;
             const LSTM_SEQUENCE_REAL x2 = tanh(x1);
             a0[8*i + j] = x0;
@@ -184,19 +211,24 @@ void lstm_sequence_loop2(
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop0(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2)
+void lstm_sequence_loop0(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
+        LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
+        a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            a0[8*i + j] = (((a1[8*i + j] + a2[j]) >= 0 ? 1.0 : exp(-fabs(a1[8*i + j] + a2[j]))) / (1.0 + exp(-fabs(a1[8*i + j] + a2[j]))));
+            a0[8*i + j] = (((a1[8*i + j] + a2[j]) >= 0 ? 1.0 : exp(-fabs(a1[8*i + j] + a2[j]))) /
+                    (1.0 + exp(-fabs(a1[8*i + j] + a2[j]))));
         }
     }
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop1(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a2)
+void lstm_sequence_loop1(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
+        LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
+        a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
@@ -228,7 +260,8 @@ void lstm_sequence_loop3(
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
             const LSTM_SEQUENCE_REAL x0 = a11[8*i + j]*a10[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = a12[8*i + j]*a13[8*i + j] + x0*(1 - (a9[8*i + j]*a9[8*i + j]));
+            const LSTM_SEQUENCE_REAL x1 = a12[8*i + j]*a13[8*i + j] + x0*(1 -
+                    (a9[8*i + j]*a9[8*i + j]));
             const LSTM_SEQUENCE_REAL x2 = a3[8*i + j]*x1;
             a0[8*i + j] = x1;
             a1[8*i + j] = a2[8*i + j]*x2*(1 - a3[8*i + j]);
@@ -375,7 +408,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     /* add_U_i = mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g */
     /* tanh_U_i = tanh(mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g) */
     /* mul_U_o = sigmoid_U_o*tanh(mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g) */
-    lstm_sequence_loop2(n, sigmoid_U_f, add_U_i, tanh_U_i, mul_U_o, sigmoid_U_o, mm_U_f, b_f, sigmoid_U_i, tanh_U_g, mul_W_i);
+    lstm_sequence_loop2(n, sigmoid_U_f, add_U_i, tanh_U_i, mul_U_o, sigmoid_U_o, mm_U_f, b_f,
+            sigmoid_U_i, tanh_U_g, mul_W_i);
 
     /* mm_U_o_2 = mul_U_o @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o, U_o, mm_U_o_2);
@@ -414,7 +448,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     /* add_U_i_2 = add_U_i*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_2 */
     /* tanh_U_i_2 = tanh(add_U_i*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_2) */
     /* mul_U_o_2 = sigmoid_U_o_2*tanh(add_U_i*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_2) */
-    lstm_sequence_loop2(n, sigmoid_U_f_2, add_U_i_2, tanh_U_i_2, mul_U_o_2, sigmoid_U_o_2, mm_U_f_2, b_f, sigmoid_U_i_2, tanh_U_g_2, add_U_i);
+    lstm_sequence_loop2(n, sigmoid_U_f_2, add_U_i_2, tanh_U_i_2, mul_U_o_2, sigmoid_U_o_2, mm_U_f_2,
+            b_f, sigmoid_U_i_2, tanh_U_g_2, add_U_i);
 
     /* mm_U_o_3 = mul_U_o_2 @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_2, U_o, mm_U_o_3);
@@ -560,7 +595,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     /* tanh_U_i_3 = tanh(add_U_i_2*sigmoid(b_f + mm_U_f_3) + sigmoid_U_i_3*tanh_U_g_3) */
     /* mul_U_o_3 = sigmoid_U_o_3*tanh(add_U_i_2*sigmoid(b_f + mm_U_f_3) +
      * sigmoid_U_i_3*tanh_U_g_3) */
-    lstm_sequence_loop2(n, sigmoid_U_f_3, add_U_i_3, tanh_U_i_3, mul_U_o_3, sigmoid_U_o_3, mm_U_f_3, b_f, sigmoid_U_i_3, tanh_U_g_3, add_U_i_2);
+    lstm_sequence_loop2(n, sigmoid_U_f_3, add_U_i_3, tanh_U_i_3, mul_U_o_3, sigmoid_U_o_3, mm_U_f_3,
+            b_f, sigmoid_U_i_3, tanh_U_g_3, add_U_i_2);
 
     /* mm_U_o_4 = mul_U_o_3 @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_3, U_o, mm_U_o_4);
@@ -600,7 +636,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     /* tanh_U_i_4 = tanh(add_U_i_3*sigmoid(b_f + mm_U_f_4) + sigmoid_U_i_4*tanh_U_g_4) */
     /* mul_U_o_4 = sigmoid_U_o_4*tanh(add_U_i_3*sigmoid(b_f + mm_U_f_4) +
      * sigmoid_U_i_4*tanh_U_g_4) */
-    lstm_sequence_loop2(n, sigmoid_U_f_4, add_U_i_4, tanh_U_i_4, mul_U_o_4, sigmoid_U_o_4, mm_U_f_4, b_f, sigmoid_U_i_4, tanh_U_g_4, add_U_i_3);
+    lstm_sequence_loop2(n, sigmoid_U_f_4, add_U_i_4, tanh_U_i_4, mul_U_o_4, sigmoid_U_o_4, mm_U_f_4,
+            b_f, sigmoid_U_i_4, tanh_U_g_4, add_U_i_3);
 
     /* mm_U_o_5 = mul_U_o_4 @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_4, U_o, mm_U_o_5);
@@ -762,7 +799,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     /* tanh_U_i_5 = tanh(add_U_i_4*sigmoid(b_f + mm_U_f_5) + sigmoid_U_i_5*tanh_U_g_5) */
     /* mul_U_o_5 = sigmoid_U_o_5*tanh(add_U_i_4*sigmoid(b_f + mm_U_f_5) +
      * sigmoid_U_i_5*tanh_U_g_5) */
-    lstm_sequence_loop2(n, sigmoid_U_f_5, add_U_i_5, tanh_U_i_5, mul_U_o_5, sigmoid_U_o_5, mm_U_f_5, b_f, sigmoid_U_i_5, tanh_U_g_5, add_U_i_4);
+    lstm_sequence_loop2(n, sigmoid_U_f_5, add_U_i_5, tanh_U_i_5, mul_U_o_5, sigmoid_U_o_5, mm_U_f_5,
+            b_f, sigmoid_U_i_5, tanh_U_g_5, add_U_i_4);
 
     /* mm_U_o_6 = mul_U_o_5 @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_5, U_o, mm_U_o_6);
@@ -802,7 +840,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     /* tanh_U_i_6 = tanh(add_U_i_5*sigmoid(b_f + mm_U_f_6) + sigmoid_U_i_6*tanh_U_g_6) */
     /* mul_U_o_6 = sigmoid_U_o_6*tanh(add_U_i_5*sigmoid(b_f + mm_U_f_6) +
      * sigmoid_U_i_6*tanh_U_g_6) */
-    lstm_sequence_loop2(n, sigmoid_U_f_6, add_U_i_6, tanh_U_i_6, mul_U_o_6, sigmoid_U_o_6, mm_U_f_6, b_f, sigmoid_U_i_6, tanh_U_g_6, add_U_i_5);
+    lstm_sequence_loop2(n, sigmoid_U_f_6, add_U_i_6, tanh_U_i_6, mul_U_o_6, sigmoid_U_o_6, mm_U_f_6,
+            b_f, sigmoid_U_i_6, tanh_U_g_6, add_U_i_5);
 
     /* mm_U_o_7 = mul_U_o_6 @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_6, U_o, mm_U_o_7);
@@ -844,8 +883,11 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
-            const LSTM_SEQUENCE_REAL x0 = (((mm_U_f_7[8*i + j] + b_f[j]) >= 0 ? 1.0 : exp(-fabs(mm_U_f_7[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(mm_U_f_7[8*i + j] + b_f[j]))));
-            const LSTM_SEQUENCE_REAL x1 = tanh(sigmoid_U_i_7[8*i + j]*tanh_U_g_7[8*i + j] + add_U_i_6[8*i + j]*x0);
+            const LSTM_SEQUENCE_REAL x0 = (((mm_U_f_7[8*i + j] + b_f[j]) >= 0 ? 1.0 :
+                    exp(-fabs(mm_U_f_7[8*i + j] + b_f[j]))) / (1.0 + exp(-fabs(mm_U_f_7[8*i + j] +
+                    b_f[j]))));
+            const LSTM_SEQUENCE_REAL x1 = tanh(sigmoid_U_i_7[8*i + j]*tanh_U_g_7[8*i + j] +
+                    add_U_i_6[8*i + j]*x0);
             sigmoid_U_f_7[8*i + j] = x0;
             tanh_U_i_7[8*i + j] = x1;
             mul_U_o_7[8*i + j] = sigmoid_U_o_7[8*i + j]*x1;
@@ -866,7 +908,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
             const LSTM_SEQUENCE_REAL x1 = 1.0/((LSTM_SEQUENCE_REAL)n);
             logit[i] = x0;
             add_logit[i] = -y[i]*x0 + (((x0) > 0 ? (x0) : 0.0) + log1p(exp(-fabs(x0))));
-            grad_logit[i] = -y[i]*x1 + x1*(((x0) >= 0 ? 1.0 : exp(-fabs(x0))) / (1.0 + exp(-fabs(x0))));
+            grad_logit[i] = -y[i]*x1 + x1*(((x0) >= 0 ? 1.0 : exp(-fabs(x0))) / (1.0 +
+                    exp(-fabs(x0))));
         }
     }
 
@@ -939,7 +982,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part4(
             const LSTM_SEQUENCE_REAL x2 = sigmoid_U_i_7[8*i + j]*x1;
             grad_add_U_i[8*i + j] = x1;
             grad_add_U_i_2[8*i + j] = tanh_U_g_7[8*i + j]*x2*(1 - sigmoid_U_i_7[8*i + j]);
-            grad_add_U_f[8*i + j] = add_U_i_6[8*i + j]*sigmoid_U_f_7[8*i + j]*x1*(1 - sigmoid_U_f_7[8*i + j]);
+            grad_add_U_f[8*i + j] = add_U_i_6[8*i + j]*sigmoid_U_f_7[8*i + j]*x1*(1 -
+                    sigmoid_U_f_7[8*i + j]);
             grad_add_U_g[8*i + j] = x2*(1 - (tanh_U_g_7[8*i + j]*tanh_U_g_7[8*i + j]));
             grad_add_U_o[8*i + j] = tanh_U_i_7[8*i + j]*x0*(1 - sigmoid_U_o_7[8*i + j]);
         }
@@ -1141,7 +1185,9 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_2 = sigmoid_U_i_6*(1 - tanh_U_g_6**2)*(grad_add_U_i*sigmoid_U_f_7 +
      * grad_mul_U_o_6*sigmoid_U_o_6*(1 - tanh_U_i_6**2)) */
     /* grad_add_U_o_2 = grad_mul_U_o_6*sigmoid_U_o_6*tanh_U_i_6*(1 - sigmoid_U_o_6) */
-    lstm_sequence_loop3(n, grad_add_U_i_6, grad_add_U_i_3, tanh_U_g_6, sigmoid_U_i_6, grad_add_U_f_2, add_U_i_5, sigmoid_U_f_6, grad_add_U_g_2, grad_add_U_o_2, tanh_U_i_6, sigmoid_U_o_6, grad_mul_U_o_6, grad_add_U_i, sigmoid_U_f_7);
+    lstm_sequence_loop3(n, grad_add_U_i_6, grad_add_U_i_3, tanh_U_g_6, sigmoid_U_i_6,
+            grad_add_U_f_2, add_U_i_5, sigmoid_U_f_6, grad_add_U_g_2, grad_add_U_o_2, tanh_U_i_6,
+            sigmoid_U_o_6, grad_mul_U_o_6, grad_add_U_i, sigmoid_U_f_7);
 
     /* grad_W_i += x7^T @ grad_add_U_i_3 */
     lstm_sequence_product7(n, x7_, grad_add_U_i_3, grad_W_i);
@@ -1169,7 +1215,9 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_3 = sigmoid_U_i_5*(1 - tanh_U_g_5**2)*(grad_add_U_i_6*sigmoid_U_f_6 +
      * grad_mul_U_o_5*sigmoid_U_o_5*(1 - tanh_U_i_5**2)) */
     /* grad_add_U_o_3 = grad_mul_U_o_5*sigmoid_U_o_5*tanh_U_i_5*(1 - sigmoid_U_o_5) */
-    lstm_sequence_loop3(n, grad_add_U_i_5, grad_add_U_i_4, tanh_U_g_5, sigmoid_U_i_5, grad_add_U_f_3, add_U_i_4, sigmoid_U_f_5, grad_add_U_g_3, grad_add_U_o_3, tanh_U_i_5, sigmoid_U_o_5, grad_mul_U_o_5, grad_add_U_i_6, sigmoid_U_f_6);
+    lstm_sequence_loop3(n, grad_add_U_i_5, grad_add_U_i_4, tanh_U_g_5, sigmoid_U_i_5,
+            grad_add_U_f_3, add_U_i_4, sigmoid_U_f_5, grad_add_U_g_3, grad_add_U_o_3, tanh_U_i_5,
+            sigmoid_U_o_5, grad_mul_U_o_5, grad_add_U_i_6, sigmoid_U_f_6);
 
     /* grad_W_i += x6^T @ grad_add_U_i_4 */
     lstm_sequence_product7(n, x6_, grad_add_U_i_4, grad_W_i);
@@ -1197,7 +1245,9 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_4 = sigmoid_U_i_4*(1 - tanh_U_g_4**2)*(grad_add_U_i_5*sigmoid_U_f_5 +
      * grad_mul_U_o_4*sigmoid_U_o_4*(1 - tanh_U_i_4**2)) */
     /* grad_add_U_o_4 = grad_mul_U_o_4*sigmoid_U_o_4*tanh_U_i_4*(1 - sigmoid_U_o_4) */
-    lstm_sequence_loop3(n, grad_add_U_i_4_2, grad_add_U_i_7, tanh_U_g_4, sigmoid_U_i_4, grad_add_U_f_4, add_U_i_3, sigmoid_U_f_4, grad_add_U_g_4, grad_add_U_o_4, tanh_U_i_4, sigmoid_U_o_4, grad_mul_U_o_4, grad_add_U_i_5, sigmoid_U_f_5);
+    lstm_sequence_loop3(n, grad_add_U_i_4_2, grad_add_U_i_7, tanh_U_g_4, sigmoid_U_i_4,
+            grad_add_U_f_4, add_U_i_3, sigmoid_U_f_4, grad_add_U_g_4, grad_add_U_o_4, tanh_U_i_4,
+            sigmoid_U_o_4, grad_mul_U_o_4, grad_add_U_i_5, sigmoid_U_f_5);
 
     /* grad_W_i += x5^T @ grad_add_U_i_7 */
     lstm_sequence_product7(n, x5_, grad_add_U_i_7, grad_W_i);
@@ -1225,7 +1275,9 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_5 = sigmoid_U_i_3*(1 - tanh_U_g_3**2)*(grad_add_U_i_4_2*sigmoid_U_f_4 +
      * grad_mul_U_o_3*sigmoid_U_o_3*(1 - tanh_U_i_3**2)) */
     /* grad_add_U_o_5 = grad_mul_U_o_3*sigmoid_U_o_3*tanh_U_i_3*(1 - sigmoid_U_o_3) */
-    lstm_sequence_loop3(n, grad_add_U_i_3_2, grad_add_U_i_8, tanh_U_g_3, sigmoid_U_i_3, grad_add_U_f_5, add_U_i_2, sigmoid_U_f_3, grad_add_U_g_5, grad_add_U_o_5, tanh_U_i_3, sigmoid_U_o_3, grad_mul_U_o_3, grad_add_U_i_4_2, sigmoid_U_f_4);
+    lstm_sequence_loop3(n, grad_add_U_i_3_2, grad_add_U_i_8, tanh_U_g_3, sigmoid_U_i_3,
+            grad_add_U_f_5, add_U_i_2, sigmoid_U_f_3, grad_add_U_g_5, grad_add_U_o_5, tanh_U_i_3,
+            sigmoid_U_o_3, grad_mul_U_o_3, grad_add_U_i_4_2, sigmoid_U_f_4);
 
     /* grad_W_i += x4^T @ grad_add_U_i_8 */
     lstm_sequence_product7(n, x4_, grad_add_U_i_8, grad_W_i);
@@ -1253,7 +1305,9 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_6 = sigmoid_U_i_2*(1 - tanh_U_g_2**2)*(grad_add_U_i_3_2*sigmoid_U_f_3 +
      * grad_mul_U_o_2*sigmoid_U_o_2*(1 - tanh_U_i_2**2)) */
     /* grad_add_U_o_6 = grad_mul_U_o_2*sigmoid_U_o_2*tanh_U_i_2*(1 - sigmoid_U_o_2) */
-    lstm_sequence_loop3(n, grad_add_U_i_2_2, grad_add_U_i_9, tanh_U_g_2, sigmoid_U_i_2, grad_add_U_f_6, add_U_i, sigmoid_U_f_2, grad_add_U_g_6, grad_add_U_o_6, tanh_U_i_2, sigmoid_U_o_2, grad_mul_U_o_2, grad_add_U_i_3_2, sigmoid_U_f_3);
+    lstm_sequence_loop3(n, grad_add_U_i_2_2, grad_add_U_i_9, tanh_U_g_2, sigmoid_U_i_2,
+            grad_add_U_f_6, add_U_i, sigmoid_U_f_2, grad_add_U_g_6, grad_add_U_o_6, tanh_U_i_2,
+            sigmoid_U_o_2, grad_mul_U_o_2, grad_add_U_i_3_2, sigmoid_U_f_3);
 
     /* grad_W_i += x3^T @ grad_add_U_i_9 */
     lstm_sequence_product7(n, x3_, grad_add_U_i_9, grad_W_i);
@@ -1434,15 +1488,19 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
             const LSTM_SEQUENCE_REAL x0 = grad_mul_U_o[8*i + j]*sigmoid_U_o[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = grad_add_U_i_2_2[8*i + j]*sigmoid_U_f_2[8*i + j] + x0*(1 - (tanh_U_i[8*i + j]*tanh_U_i[8*i + j]));
+            const LSTM_SEQUENCE_REAL x1 = grad_add_U_i_2_2[8*i + j]*sigmoid_U_f_2[8*i + j] + x0*(1 -
+                    (tanh_U_i[8*i + j]*tanh_U_i[8*i + j]));
             const LSTM_SEQUENCE_REAL x2 = sigmoid_U_i[8*i + j]*x1;
-            const LSTM_SEQUENCE_REAL x3 = mul_W_i[8*i + j]*sigmoid_U_f[8*i + j]*x1*(1 - sigmoid_U_f[8*i + j]);
+            const LSTM_SEQUENCE_REAL x3 = mul_W_i[8*i + j]*sigmoid_U_f[8*i + j]*x1*(1 -
+                    sigmoid_U_f[8*i + j]);
             grad_add_U_i_10[8*i + j] = x1;
             grad_add_U_i_11[8*i + j] = tanh_U_g[8*i + j]*x2*(1 - sigmoid_U_i[8*i + j]);
             grad_add_U_f_7[8*i + j] = x3;
             grad_add_U_g_7[8*i + j] = x2*(1 - (tanh_U_g[8*i + j]*tanh_U_g[8*i + j]));
             grad_add_U_o_7[8*i + j] = tanh_U_i[8*i + j]*x0*(1 - sigmoid_U_o[8*i + j]);
-            grad_copy_b_f[8*i + j] = grad_add_U_f_2[8*i + j] + grad_add_U_f_3[8*i + j] + grad_add_U_f_4[8*i + j] + grad_add_U_f_5[8*i + j] + grad_add_U_f_6[8*i + j] + grad_add_U_f[8*i + j] + x3;
+            grad_copy_b_f[8*i + j] = grad_add_U_f_2[8*i + j] + grad_add_U_f_3[8*i + j] +
+                    grad_add_U_f_4[8*i + j] + grad_add_U_f_5[8*i + j] + grad_add_U_f_6[8*i + j] +
+                    grad_add_U_f[8*i + j] + x3;
         }
     }
 
@@ -1481,16 +1539,24 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 8; ++j) {
             const LSTM_SEQUENCE_REAL x0 = grad_mul_W_o[8*i + j]*sigmoid_W_o[8*i + j];
-            const LSTM_SEQUENCE_REAL x1 = sigmoid_W_i[8*i + j]*(grad_add_U_i_10[8*i + j]*sigmoid_U_f[8*i + j] + x0*(1 - (tanh_W_i[8*i + j]*tanh_W_i[8*i + j])));
+            const LSTM_SEQUENCE_REAL x1 =
+                    sigmoid_W_i[8*i + j]*(grad_add_U_i_10[8*i + j]*sigmoid_U_f[8*i + j] + x0*(1 -
+                    (tanh_W_i[8*i + j]*tanh_W_i[8*i + j])));
             const LSTM_SEQUENCE_REAL x2 = tanh_W_g[8*i + j]*x1*(1 - sigmoid_W_i[8*i + j]);
             const LSTM_SEQUENCE_REAL x3 = x1*(1 - (tanh_W_g[8*i + j]*tanh_W_g[8*i + j]));
             const LSTM_SEQUENCE_REAL x4 = tanh_W_i[8*i + j]*x0*(1 - sigmoid_W_o[8*i + j]);
             grad_add_W_i[8*i + j] = x2;
             grad_add_W_g[8*i + j] = x3;
             grad_add_W_o[8*i + j] = x4;
-            grad_copy_b_i[8*i + j] = grad_add_U_i_7[8*i + j] + grad_add_U_i_8[8*i + j] + grad_add_U_i_9[8*i + j] + grad_add_U_i_11[8*i + j] + grad_add_U_i_2[8*i + j] + grad_add_U_i_3[8*i + j] + grad_add_U_i_4[8*i + j] + x2;
-            grad_copy_b_g[8*i + j] = grad_add_U_g[8*i + j] + grad_add_U_g_2[8*i + j] + grad_add_U_g_3[8*i + j] + grad_add_U_g_4[8*i + j] + grad_add_U_g_5[8*i + j] + grad_add_U_g_6[8*i + j] + grad_add_U_g_7[8*i + j] + x3;
-            grad_copy_b_o[8*i + j] = grad_add_U_o[8*i + j] + grad_add_U_o_2[8*i + j] + grad_add_U_o_3[8*i + j] + grad_add_U_o_4[8*i + j] + grad_add_U_o_5[8*i + j] + grad_add_U_o_6[8*i + j] + grad_add_U_o_7[8*i + j] + x4;
+            grad_copy_b_i[8*i + j] = grad_add_U_i_7[8*i + j] + grad_add_U_i_8[8*i + j] +
+                    grad_add_U_i_9[8*i + j] + grad_add_U_i_11[8*i + j] + grad_add_U_i_2[8*i + j] +
+                    grad_add_U_i_3[8*i + j] + grad_add_U_i_4[8*i + j] + x2;
+            grad_copy_b_g[8*i + j] = grad_add_U_g[8*i + j] + grad_add_U_g_2[8*i + j] +
+                    grad_add_U_g_3[8*i + j] + grad_add_U_g_4[8*i + j] + grad_add_U_g_5[8*i + j] +
+                    grad_add_U_g_6[8*i + j] + grad_add_U_g_7[8*i + j] + x3;
+            grad_copy_b_o[8*i + j] = grad_add_U_o[8*i + j] + grad_add_U_o_2[8*i + j] +
+                    grad_add_U_o_3[8*i + j] + grad_add_U_o_4[8*i + j] + grad_add_U_o_5[8*i + j] +
+                    grad_add_U_o_6[8*i + j] + grad_add_U_o_7[8*i + j] + x4;
         }
     }
 
@@ -1900,9 +1966,25 @@ LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     LSTM_SEQUENCE_REAL *grad_logit = add_logit + n; /* n x 1 */
     LSTM_SEQUENCE_REAL *colsum_logit = grad_logit + n; /* 1 x 1 */
 
-    lstm_sequence_run_part1(n, x1_, x2_, x3_, x4_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, mm_W_o, sigmoid_W_o, mm_W_i, sigmoid_W_i, mm_W_g, tanh_W_g, mul_W_i, tanh_W_i, mul_W_o, mm_U_o, sigmoid_U_o, mm_U_i, sigmoid_U_i, mm_U_g, tanh_U_g, mm_U_f, sigmoid_U_f, add_U_i, tanh_U_i, mul_U_o, mm_U_o_2, sigmoid_U_o_2, mm_U_i_2, sigmoid_U_i_2, mm_U_g_2, tanh_U_g_2, mm_U_f_2, sigmoid_U_f_2, add_U_i_2, tanh_U_i_2, mul_U_o_2, mm_U_o_3);
-    lstm_sequence_run_part2(n, x4_, x5_, x6_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, add_U_i_2, mul_U_o_2, mm_U_o_3, sigmoid_U_o_3, mm_U_i_3, sigmoid_U_i_3, mm_U_g_3, tanh_U_g_3, mm_U_f_3, sigmoid_U_f_3, add_U_i_3, tanh_U_i_3, mul_U_o_3, mm_U_o_4, sigmoid_U_o_4, mm_U_i_4, sigmoid_U_i_4, mm_U_g_4, tanh_U_g_4, mm_U_f_4, sigmoid_U_f_4, add_U_i_4, tanh_U_i_4, mul_U_o_4, mm_U_o_5, sigmoid_U_o_5, mm_U_i_5, sigmoid_U_i_5, mm_U_g_5, tanh_U_g_5, mm_U_f_5);
-    lstm_sequence_run_part3(n, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, logit, add_U_i_4, sigmoid_U_o_5, sigmoid_U_i_5, tanh_U_g_5, mm_U_f_5, sigmoid_U_f_5, add_U_i_5, tanh_U_i_5, mul_U_o_5, mm_U_o_6, sigmoid_U_o_6, mm_U_i_6, sigmoid_U_i_6, mm_U_g_6, tanh_U_g_6, mm_U_f_6, sigmoid_U_f_6, add_U_i_6, tanh_U_i_6, mul_U_o_6, mm_U_o_7, sigmoid_U_o_7, mm_U_i_7, sigmoid_U_i_7, mm_U_g_7, tanh_U_g_7, mm_U_f_7, sigmoid_U_f_7, tanh_U_i_7, mul_U_o_7, mm_V, add_logit, grad_logit, colsum_logit);
+    lstm_sequence_run_part1(n, x1_, x2_, x3_, x4_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f,
+            b_g, b_o, mm_W_o, sigmoid_W_o, mm_W_i, sigmoid_W_i, mm_W_g, tanh_W_g, mul_W_i, tanh_W_i,
+            mul_W_o, mm_U_o, sigmoid_U_o, mm_U_i, sigmoid_U_i, mm_U_g, tanh_U_g, mm_U_f,
+            sigmoid_U_f, add_U_i, tanh_U_i, mul_U_o, mm_U_o_2, sigmoid_U_o_2, mm_U_i_2,
+            sigmoid_U_i_2, mm_U_g_2, tanh_U_g_2, mm_U_f_2, sigmoid_U_f_2, add_U_i_2, tanh_U_i_2,
+            mul_U_o_2, mm_U_o_3);
+    lstm_sequence_run_part2(n, x4_, x5_, x6_, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g,
+            b_o, add_U_i_2, mul_U_o_2, mm_U_o_3, sigmoid_U_o_3, mm_U_i_3, sigmoid_U_i_3, mm_U_g_3,
+            tanh_U_g_3, mm_U_f_3, sigmoid_U_f_3, add_U_i_3, tanh_U_i_3, mul_U_o_3, mm_U_o_4,
+            sigmoid_U_o_4, mm_U_i_4, sigmoid_U_i_4, mm_U_g_4, tanh_U_g_4, mm_U_f_4, sigmoid_U_f_4,
+            add_U_i_4, tanh_U_i_4, mul_U_o_4, mm_U_o_5, sigmoid_U_o_5, mm_U_i_5, sigmoid_U_i_5,
+            mm_U_g_5, tanh_U_g_5, mm_U_f_5);
+    lstm_sequence_run_part3(n, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f,
+            b_g, b_o, V, c0, loss, logit, add_U_i_4, sigmoid_U_o_5, sigmoid_U_i_5, tanh_U_g_5,
+            mm_U_f_5, sigmoid_U_f_5, add_U_i_5, tanh_U_i_5, mul_U_o_5, mm_U_o_6, sigmoid_U_o_6,
+            mm_U_i_6, sigmoid_U_i_6, mm_U_g_6, tanh_U_g_6, mm_U_f_6, sigmoid_U_f_6, add_U_i_6,
+            tanh_U_i_6, mul_U_o_6, mm_U_o_7, sigmoid_U_o_7, mm_U_i_7, sigmoid_U_i_7, mm_U_g_7,
+            tanh_U_g_7, mm_U_f_7, sigmoid_U_f_7, tanh_U_i_7, mul_U_o_7, mm_V, add_logit, grad_logit,
+            colsum_logit);
     if (!with_grads) {
         return 0;
     }
@@ -1959,11 +2041,44 @@ LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     LSTM_SEQUENCE_REAL *grad_copy_b_g = tanh_U_i_2; /* n x 8, in tanh_U_i_2's memory */
     LSTM_SEQUENCE_REAL *grad_copy_b_o = sigmoid_U_f_3; /* n x 8, in sigmoid_U_f_3's memory */
 
-    lstm_sequence_run_part4(n, V, add_U_i_6, sigmoid_U_o_7, sigmoid_U_i_7, tanh_U_g_7, sigmoid_U_f_7, tanh_U_i_7, grad_logit, grad_mul_U_o_7, grad_add_U_i, grad_add_U_i_2, grad_add_U_f, grad_add_U_g, grad_add_U_o);
-    lstm_sequence_run_part5(n, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, add_U_i, sigmoid_U_o_2, sigmoid_U_i_2, tanh_U_g_2, sigmoid_U_f_2, add_U_i_2, tanh_U_i_2, sigmoid_U_o_3, sigmoid_U_i_3, tanh_U_g_3, sigmoid_U_f_3, add_U_i_3, tanh_U_i_3, sigmoid_U_o_4, sigmoid_U_i_4, tanh_U_g_4, sigmoid_U_f_4, add_U_i_4, tanh_U_i_4, sigmoid_U_o_5, sigmoid_U_i_5, tanh_U_g_5, sigmoid_U_f_5, add_U_i_5, tanh_U_i_5, sigmoid_U_o_6, sigmoid_U_i_6, tanh_U_g_6, sigmoid_U_f_6, tanh_U_i_6, sigmoid_U_f_7, grad_add_U_i, grad_add_U_i_2, grad_add_U_f, grad_add_U_g, grad_add_U_o, grad_mul_U_o_6, grad_add_U_i_6, grad_add_U_i_3, grad_add_U_f_2, grad_add_U_g_2, grad_add_U_o_2, grad_mul_U_o_5, grad_add_U_i_5, grad_add_U_i_4, grad_add_U_f_3, grad_add_U_g_3, grad_add_U_o_3, grad_mul_U_o_4, grad_add_U_i_4_2, grad_add_U_i_7, grad_add_U_f_4, grad_add_U_g_4, grad_add_U_o_4, grad_mul_U_o_3, grad_add_U_i_3_2, grad_add_U_i_8, grad_add_U_f_5, grad_add_U_g_5, grad_add_U_o_5, grad_mul_U_o_2, grad_add_U_i_2_2, grad_add_U_i_9, grad_add_U_f_6, grad_add_U_g_6, grad_add_U_o_6, grad_mul_U_o);
-    lstm_sequence_run_part6(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, grad_W_f, grad_W_g, grad_W_o, sigmoid_W_o, sigmoid_W_i, tanh_W_g, mul_W_i, tanh_W_i, sigmoid_U_o, sigmoid_U_i, tanh_U_g, sigmoid_U_f, tanh_U_i, sigmoid_U_f_2, grad_add_U_i_2, grad_add_U_f, grad_add_U_g, grad_add_U_o, grad_add_U_i_3, grad_add_U_f_2, grad_add_U_g_2, grad_add_U_o_2, grad_add_U_i_4, grad_add_U_f_3, grad_add_U_g_3, grad_add_U_o_3, grad_add_U_i_7, grad_add_U_f_4, grad_add_U_g_4, grad_add_U_o_4, grad_add_U_i_8, grad_add_U_f_5, grad_add_U_g_5, grad_add_U_o_5, grad_add_U_i_2_2, grad_add_U_i_9, grad_add_U_f_6, grad_add_U_g_6, grad_add_U_o_6, grad_mul_U_o, grad_add_U_i_10, grad_add_U_i_11, grad_add_U_f_7, grad_add_U_g_7, grad_add_U_o_7, grad_copy_b_f, grad_mul_W_o, grad_add_W_i, grad_add_W_g, grad_add_W_o, grad_copy_b_i, grad_copy_b_g, grad_copy_b_o);
-    lstm_sequence_run_part7(n, x1_, x2_, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, mul_W_o, mul_U_o, mul_U_o_2, mul_U_o_3, mul_U_o_4, mul_U_o_5, mul_U_o_6, grad_add_U_i_2, grad_add_U_f, grad_add_U_g, grad_add_U_o, grad_add_U_i_3, grad_add_U_f_2, grad_add_U_g_2, grad_add_U_o_2, grad_add_U_i_4, grad_add_U_f_3, grad_add_U_g_3, grad_add_U_o_3, grad_add_U_i_7, grad_add_U_f_4, grad_add_U_g_4, grad_add_U_o_4, grad_add_U_i_8, grad_add_U_f_5, grad_add_U_g_5, grad_add_U_o_5, grad_add_U_i_9, grad_add_U_f_6, grad_add_U_g_6, grad_add_U_o_6, grad_add_U_i_11, grad_add_U_f_7, grad_add_U_g_7, grad_add_U_o_7, grad_copy_b_f, grad_add_W_o, grad_copy_b_i);
-    lstm_sequence_run_part8(n, grad_b_g, grad_b_o, grad_V, grad_c0, mul_U_o_7, grad_logit, grad_copy_b_g, grad_copy_b_o);
+    lstm_sequence_run_part4(n, V, add_U_i_6, sigmoid_U_o_7, sigmoid_U_i_7, tanh_U_g_7,
+            sigmoid_U_f_7, tanh_U_i_7, grad_logit, grad_mul_U_o_7, grad_add_U_i, grad_add_U_i_2,
+            grad_add_U_f, grad_add_U_g, grad_add_U_o);
+    lstm_sequence_run_part5(n, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i, add_U_i,
+            sigmoid_U_o_2, sigmoid_U_i_2, tanh_U_g_2, sigmoid_U_f_2, add_U_i_2, tanh_U_i_2,
+            sigmoid_U_o_3, sigmoid_U_i_3, tanh_U_g_3, sigmoid_U_f_3, add_U_i_3, tanh_U_i_3,
+            sigmoid_U_o_4, sigmoid_U_i_4, tanh_U_g_4, sigmoid_U_f_4, add_U_i_4, tanh_U_i_4,
+            sigmoid_U_o_5, sigmoid_U_i_5, tanh_U_g_5, sigmoid_U_f_5, add_U_i_5, tanh_U_i_5,
+            sigmoid_U_o_6, sigmoid_U_i_6, tanh_U_g_6, sigmoid_U_f_6, tanh_U_i_6, sigmoid_U_f_7,
+            grad_add_U_i, grad_add_U_i_2, grad_add_U_f, grad_add_U_g, grad_add_U_o, grad_mul_U_o_6,
+            grad_add_U_i_6, grad_add_U_i_3, grad_add_U_f_2, grad_add_U_g_2, grad_add_U_o_2,
+            grad_mul_U_o_5, grad_add_U_i_5, grad_add_U_i_4, grad_add_U_f_3, grad_add_U_g_3,
+            grad_add_U_o_3, grad_mul_U_o_4, grad_add_U_i_4_2, grad_add_U_i_7, grad_add_U_f_4,
+            grad_add_U_g_4, grad_add_U_o_4, grad_mul_U_o_3, grad_add_U_i_3_2, grad_add_U_i_8,
+            grad_add_U_f_5, grad_add_U_g_5, grad_add_U_o_5, grad_mul_U_o_2, grad_add_U_i_2_2,
+            grad_add_U_i_9, grad_add_U_f_6, grad_add_U_g_6, grad_add_U_o_6, grad_mul_U_o);
+    lstm_sequence_run_part6(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, U_i, U_f, U_g, U_o, grad_W_i,
+            grad_W_f, grad_W_g, grad_W_o, sigmoid_W_o, sigmoid_W_i, tanh_W_g, mul_W_i, tanh_W_i,
+            sigmoid_U_o, sigmoid_U_i, tanh_U_g, sigmoid_U_f, tanh_U_i, sigmoid_U_f_2,
+            grad_add_U_i_2, grad_add_U_f, grad_add_U_g, grad_add_U_o, grad_add_U_i_3,
+            grad_add_U_f_2, grad_add_U_g_2, grad_add_U_o_2, grad_add_U_i_4, grad_add_U_f_3,
+            grad_add_U_g_3, grad_add_U_o_3, grad_add_U_i_7, grad_add_U_f_4, grad_add_U_g_4,
+            grad_add_U_o_4, grad_add_U_i_8, grad_add_U_f_5, grad_add_U_g_5, grad_add_U_o_5,
+            grad_add_U_i_2_2, grad_add_U_i_9, grad_add_U_f_6, grad_add_U_g_6, grad_add_U_o_6,
+            grad_mul_U_o, grad_add_U_i_10, grad_add_U_i_11, grad_add_U_f_7, grad_add_U_g_7,
+            grad_add_U_o_7, grad_copy_b_f, grad_mul_W_o, grad_add_W_i, grad_add_W_g, grad_add_W_o,
+            grad_copy_b_i, grad_copy_b_g, grad_copy_b_o);
+    lstm_sequence_run_part7(n, x1_, x2_, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i,
+            grad_b_f, mul_W_o, mul_U_o, mul_U_o_2, mul_U_o_3, mul_U_o_4, mul_U_o_5, mul_U_o_6,
+            grad_add_U_i_2, grad_add_U_f, grad_add_U_g, grad_add_U_o, grad_add_U_i_3,
+            grad_add_U_f_2, grad_add_U_g_2, grad_add_U_o_2, grad_add_U_i_4, grad_add_U_f_3,
+            grad_add_U_g_3, grad_add_U_o_3, grad_add_U_i_7, grad_add_U_f_4, grad_add_U_g_4,
+            grad_add_U_o_4, grad_add_U_i_8, grad_add_U_f_5, grad_add_U_g_5, grad_add_U_o_5,
+            grad_add_U_i_9, grad_add_U_f_6, grad_add_U_g_6, grad_add_U_o_6, grad_add_U_i_11,
+            grad_add_U_f_7, grad_add_U_g_7, grad_add_U_o_7, grad_copy_b_f, grad_add_W_o,
+            grad_copy_b_i);
+    lstm_sequence_run_part8(n, grad_b_g, grad_b_o, grad_V, grad_c0, mul_U_o_7, grad_logit,
+            grad_copy_b_g, grad_copy_b_o);
     return 0;
 }
 #endif
@@ -2013,7 +2128,9 @@ int lstm_sequence_forward(
     if (n < 1) {
         return 1;
     }
-    return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, logit, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
+    return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i,
+            U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, logit, NULL, NULL, NULL, NULL, NULL,
+            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
 }
 #endif
 
@@ -2075,7 +2192,10 @@ int lstm_sequence_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i, U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, work + lstm_sequence_run_work_len(n, 1), grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o, grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c0, work, 1);
+    return lstm_sequence_run(n, x1_, x2_, x3_, x4_, x5_, x6_, x7_, x8_, y, W_i, W_f, W_g, W_o, U_i,
+            U_f, U_g, U_o, b_i, b_f, b_g, b_o, V, c0, loss, work + lstm_sequence_run_work_len(n, 1),
+            grad_W_i, grad_W_f, grad_W_g, grad_W_o, grad_U_i, grad_U_f, grad_U_g, grad_U_o,
+            grad_b_i, grad_b_f, grad_b_g, grad_b_o, grad_V, grad_c0, work, 1);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
@@ -2187,9 +2307,11 @@ size_t lstm_sequence_forward_call_work_len(const int64_t *dims)
 }
 
 /* lstm_sequence_forward with its arrays in arrays (see lstm_sequence.h). */
-int lstm_sequence_forward_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_SEQUENCE_REAL *work)
+int lstm_sequence_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        LSTM_SEQUENCE_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && lstm_sequence_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            lstm_sequence_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 23; ++i) {
@@ -2214,7 +2336,8 @@ int lstm_sequence_forward_call(const int64_t *dims, const void *const *in, void 
         (const LSTM_SEQUENCE_REAL *)in[16], (const LSTM_SEQUENCE_REAL *)in[17],
         (const LSTM_SEQUENCE_REAL *)in[18], (const LSTM_SEQUENCE_REAL *)in[19],
         (const LSTM_SEQUENCE_REAL *)in[20], (const LSTM_SEQUENCE_REAL *)in[21],
-        (const LSTM_SEQUENCE_REAL *)in[22], (LSTM_SEQUENCE_REAL *)out[0], (LSTM_SEQUENCE_REAL *)out[1], work
+        (const LSTM_SEQUENCE_REAL *)in[22], (LSTM_SEQUENCE_REAL *)out[0], (LSTM_SEQUENCE_REAL
+                *)out[1], work
     );
 }
 
@@ -2323,9 +2446,11 @@ size_t lstm_sequence_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* lstm_sequence_value_and_grad with its arrays in arrays (see lstm_sequence.h). */
-int lstm_sequence_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, LSTM_SEQUENCE_REAL *work)
+int lstm_sequence_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        LSTM_SEQUENCE_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && lstm_sequence_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            lstm_sequence_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 23; ++i) {
@@ -2350,7 +2475,8 @@ int lstm_sequence_value_and_grad_call(const int64_t *dims, const void *const *in
         (const LSTM_SEQUENCE_REAL *)in[16], (const LSTM_SEQUENCE_REAL *)in[17],
         (const LSTM_SEQUENCE_REAL *)in[18], (const LSTM_SEQUENCE_REAL *)in[19],
         (const LSTM_SEQUENCE_REAL *)in[20], (const LSTM_SEQUENCE_REAL *)in[21],
-        (const LSTM_SEQUENCE_REAL *)in[22], (LSTM_SEQUENCE_REAL *)out[0], (LSTM_SEQUENCE_REAL *)out[1],
+        (const LSTM_SEQUENCE_REAL *)in[22], (LSTM_SEQUENCE_REAL *)out[0], (LSTM_SEQUENCE_REAL
+                *)out[1],
         (LSTM_SEQUENCE_REAL *)out[2], (LSTM_SEQUENCE_REAL *)out[3], (LSTM_SEQUENCE_REAL *)out[4],
         (LSTM_SEQUENCE_REAL *)out[5], (LSTM_SEQUENCE_REAL *)out[6], (LSTM_SEQUENCE_REAL *)out[7],
         (LSTM_SEQUENCE_REAL *)out[8], (LSTM_SEQUENCE_REAL *)out[9], (LSTM_SEQUENCE_REAL *)out[10],

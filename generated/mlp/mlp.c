@@ -60,7 +60,8 @@ static int mlp_run(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            sigmoid_W1[4*i + j] = (((mm_W1[4*i + j] + b1[j]) >= 0 ? 1.0 : exp(-fabs(mm_W1[4*i + j] + b1[j]))) / (1.0 + exp(-fabs(mm_W1[4*i + j] + b1[j]))));
+            sigmoid_W1[4*i + j] = (((mm_W1[4*i + j] + b1[j]) >= 0 ? 1.0 : exp(-fabs(mm_W1[4*i + j] +
+                    b1[j]))) / (1.0 + exp(-fabs(mm_W1[4*i + j] + b1[j]))));
         }
     }
 
@@ -76,7 +77,8 @@ static int mlp_run(
             const MLP_REAL x0 = mm_W2[2*i + j] + b2[j];
             Y[2*i + j] = x0;
             sq_Y[2*i + j] = pow(-T[2*i + j] + x0, 2);
-            grad_add_Y[2*i + j] = (1.0/2.0)*(2*mm_W2[2*i + j] + 2*b2[j] - 2*T[2*i + j])/((MLP_REAL)n);
+            grad_add_Y[2*i + j] = (1.0/2.0)*(2*mm_W2[2*i + j] + 2*b2[j] -
+                    2*T[2*i + j])/((MLP_REAL)n);
         }
     }
 
@@ -106,7 +108,8 @@ static int mlp_run(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 4; ++j) {
-            grad_add_W1[4*i + j] = sigmoid_W1[4*i + j]*grad_sigmoid_W1[4*i + j]*(1 - sigmoid_W1[4*i + j]);
+            grad_add_W1[4*i + j] = sigmoid_W1[4*i + j]*grad_sigmoid_W1[4*i + j]*(1 -
+                    sigmoid_W1[4*i + j]);
         }
     }
 
@@ -180,7 +183,8 @@ int mlp_value_and_grad(
     if (n < 1) {
         return 1;
     }
-    return mlp_run(n, X, T, W1, b1, W2, b2, loss, work + mlp_run_work_len(n, 1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
+    return mlp_run(n, X, T, W1, b1, W2, b2, loss, work + mlp_run_work_len(n, 1), grad_W1, grad_b1,
+            grad_W2, grad_b2, work, 1);
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see mlp.h) --- */
@@ -274,7 +278,8 @@ size_t mlp_forward_call_work_len(const int64_t *dims)
 /* mlp_forward with its arrays in arrays (see mlp.h). */
 int mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out, MLP_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && mlp_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            mlp_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 6; ++i) {
@@ -289,7 +294,8 @@ int mlp_forward_call(const int64_t *dims, const void *const *in, void *const *ou
     }
     return mlp_forward(
         dims[0], (const MLP_REAL *)in[0], (const MLP_REAL *)in[1], (const MLP_REAL *)in[2],
-        (const MLP_REAL *)in[3], (const MLP_REAL *)in[4], (const MLP_REAL *)in[5], (MLP_REAL *)out[0],
+        (const MLP_REAL *)in[3], (const MLP_REAL *)in[4], (const MLP_REAL *)in[5], (MLP_REAL
+                *)out[0],
         (MLP_REAL *)out[1], work
     );
 }
@@ -372,9 +378,11 @@ size_t mlp_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* mlp_value_and_grad with its arrays in arrays (see mlp.h). */
-int mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, MLP_REAL *work)
+int mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, MLP_REAL
+        *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && mlp_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            mlp_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 6; ++i) {
@@ -389,7 +397,8 @@ int mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *co
     }
     return mlp_value_and_grad(
         dims[0], (const MLP_REAL *)in[0], (const MLP_REAL *)in[1], (const MLP_REAL *)in[2],
-        (const MLP_REAL *)in[3], (const MLP_REAL *)in[4], (const MLP_REAL *)in[5], (MLP_REAL *)out[0],
+        (const MLP_REAL *)in[3], (const MLP_REAL *)in[4], (const MLP_REAL *)in[5], (MLP_REAL
+                *)out[0],
         (MLP_REAL *)out[1], (MLP_REAL *)out[2], (MLP_REAL *)out[3], (MLP_REAL *)out[4], work
     );
 }

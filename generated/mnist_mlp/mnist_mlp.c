@@ -111,7 +111,8 @@ static int mnist_mlp_run(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 10; ++j) {
-            grad_logits[10*i + j] = -1.0/128.0*T[10*i + j] + (1.0/128.0)*exp(logits[10*i + j] - rowlse_logits[i]);
+            grad_logits[10*i + j] = -1.0/128.0*T[10*i + j] + (1.0/128.0)*exp(logits[10*i + j] -
+                    rowlse_logits[i]);
         }
     }
 
@@ -122,7 +123,8 @@ static int mnist_mlp_run(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < 128; ++i) {
         for (int64_t j = 0; j < 256; ++j) {
-            grad_add_W1[256*i + j] = grad_tanh_W1[256*i + j]*(1 - (tanh_W1[256*i + j]*tanh_W1[256*i + j]));
+            grad_add_W1[256*i + j] = grad_tanh_W1[256*i + j]*(1 -
+                    (tanh_W1[256*i + j]*tanh_W1[256*i + j]));
         }
     }
 
@@ -182,7 +184,8 @@ int mnist_mlp_value_and_grad(
     MNIST_MLP_REAL *work
 )
 {
-    return mnist_mlp_run(X, T, W1, b1, W2, b2, loss, work + mnist_mlp_run_work_len(1), grad_W1, grad_b1, grad_W2, grad_b2, work, 1);
+    return mnist_mlp_run(X, T, W1, b1, W2, b2, loss, work + mnist_mlp_run_work_len(1), grad_W1,
+            grad_b1, grad_W2, grad_b2, work, 1);
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see mnist_mlp.h) --- */
@@ -269,7 +272,8 @@ size_t mnist_mlp_forward_call_work_len(const int64_t *dims)
 }
 
 /* mnist_mlp_forward with its arrays in arrays (see mnist_mlp.h). */
-int mnist_mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out, MNIST_MLP_REAL *work)
+int mnist_mlp_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        MNIST_MLP_REAL *work)
 {
     if (in == NULL || out == NULL || (work == NULL && mnist_mlp_forward_call_work_len(dims) > 0)) {
         return 4;
@@ -364,9 +368,11 @@ size_t mnist_mlp_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* mnist_mlp_value_and_grad with its arrays in arrays (see mnist_mlp.h). */
-int mnist_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, MNIST_MLP_REAL *work)
+int mnist_mlp_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        MNIST_MLP_REAL *work)
 {
-    if (in == NULL || out == NULL || (work == NULL && mnist_mlp_value_and_grad_call_work_len(dims) > 0)) {
+    if (in == NULL || out == NULL || (work == NULL && mnist_mlp_value_and_grad_call_work_len(dims) >
+            0)) {
         return 4;
     }
     for (int i = 0; i < 6; ++i) {

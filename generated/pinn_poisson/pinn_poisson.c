@@ -254,7 +254,8 @@ int pinn_poisson_forward(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            mul_W2_2[16*i + j] = add_W1[16*i + j]*(-2*W1[j]*mm_W2_3[16*i + j]*tanh_W1_2[16*i + j] + mm_W2_5[16*i + j]);
+            mul_W2_2[16*i + j] = add_W1[16*i + j]*(-2*W1[j]*mm_W2_3[16*i + j]*tanh_W1_2[16*i + j] +
+                    mm_W2_5[16*i + j]);
         }
     }
 
@@ -595,7 +596,8 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     /* grad_add_W2_2 = add_W1*grad_mul_W2_2 */
     /* grad_mul_W1_3 = add_W1*grad_mul_W2_2*mul_W1_2 */
     /* grad_mm_W2_3 = W1*add_W1*grad_mul_W2_2*mul_W1_2 */
-    pinn_poisson_loop1(n, grad_add_W2_2, grad_mul_W1_3, grad_mm_W2_3, W1, grad_mul_W2_2, add_W1, mul_W1_2);
+    pinn_poisson_loop1(n, grad_add_W2_2, grad_mul_W1_3, grad_mm_W2_3, W1, grad_mul_W2_2, add_W1,
+            mul_W1_2);
 
     /* grad_mul_W2 = grad_add_W2_2 @ W2 */
     symbackprop_f64_matmul(n, 16, 16, grad_add_W2_2, 16, 1, W2, 16, 1, grad_mul_W2);
@@ -603,7 +605,8 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     /* grad_mul_W2_5 = add_W2*grad_mul_W2 */
     /* grad_mul_W2_4 = add_W2*grad_mul_W2*mul_W2_3 */
     /* grad_mm_W2_4 = W3^T*add_W2*grad_mul_W2*mul_W2_3 */
-    pinn_poisson_loop1(n, grad_mul_W2_5, grad_mul_W2_4, grad_mm_W2_4, W3, grad_mul_W2, add_W2, mul_W2_3);
+    pinn_poisson_loop1(n, grad_mul_W2_5, grad_mul_W2_4, grad_mm_W2_4, W3, grad_mul_W2, add_W2,
+            mul_W2_3);
 
     /* grad_mul_W1 = grad_mm_W2_4 @ W2^T */
     symbackprop_f64_matmul(n, 16, 16, grad_mm_W2_4, 16, 1, W2, 1, 16, grad_mul_W1);
@@ -617,8 +620,11 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            grad_add_W2[16*i + j] = add_W2[16*i + j]*(-2*grad_mul_W2_5[16*i + j]*mul_W2_4[16*i + j] + mul_W2_3[16*i + j]*(grad_mul_W2[16*i + j]*mul_W2_5[16*i + j] + grad_mul_W3[16*i + j]*W3[j]));
-            grad_copy_W3[16*i + j] = grad_mul_W3[16*i + j]*add_W2[16*i + j] + grad_mul_W2_4[16*i + j]*mm_W2_4[16*i + j];
+            grad_add_W2[16*i + j] = add_W2[16*i + j]*(-2*grad_mul_W2_5[16*i + j]*mul_W2_4[16*i + j]
+                    + mul_W2_3[16*i + j]*(grad_mul_W2[16*i + j]*mul_W2_5[16*i + j] +
+                    grad_mul_W3[16*i + j]*W3[j]));
+            grad_copy_W3[16*i + j] = grad_mul_W3[16*i + j]*add_W2[16*i + j] +
+                    grad_mul_W2_4[16*i + j]*mm_W2_4[16*i + j];
         }
     }
 
@@ -631,8 +637,12 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            grad_add_W1[16*i + j] = add_W1[16*i + j]*(mul_W1_2[16*i + j]*(grad_mul_W2_2[16*i + j]*add_W2_2[16*i + j] + grad_mul_W1[16*i + j]*W1[j]) - 2*grad_add_W2_2[16*i + j]*mul_W1_3[16*i + j] + grad_tanh_W1_2_part[16*i + j]);
-            grad_copy_W1[16*i + j] = mm_W2_3[16*i + j]*grad_mul_W1_3[16*i + j] + grad_mul_W1[16*i + j]*add_W1[16*i + j];
+            grad_add_W1[16*i + j] =
+                    add_W1[16*i + j]*(mul_W1_2[16*i + j]*(grad_mul_W2_2[16*i + j]*add_W2_2[16*i + j]
+                    + grad_mul_W1[16*i + j]*W1[j]) - 2*grad_add_W2_2[16*i + j]*mul_W1_3[16*i + j] +
+                    grad_tanh_W1_2_part[16*i + j]);
+            grad_copy_W1[16*i + j] = mm_W2_3[16*i + j]*grad_mul_W1_3[16*i + j] +
+                    grad_mul_W1[16*i + j]*add_W1[16*i + j];
         }
     }
 
@@ -705,7 +715,8 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     /* grad_add_W2_3 = grad_tanh_W2*(1 - tanh_W2**2) */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            grad_add_W2_3[16*i + j] = grad_tanh_W2[16*i + j]*(1 - (tanh_W2[16*i + j]*tanh_W2[16*i + j]));
+            grad_add_W2_3[16*i + j] = grad_tanh_W2[16*i + j]*(1 -
+                    (tanh_W2[16*i + j]*tanh_W2[16*i + j]));
         }
     }
 
@@ -723,7 +734,8 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     /* grad_add_W1_2 = grad_tanh_W1*(1 - tanh_W1**2) */
     for (int64_t i = 0; i < 2; ++i) {
         for (int64_t j = 0; j < 16; ++j) {
-            grad_add_W1_2[16*i + j] = grad_tanh_W1[16*i + j]*(1 - (tanh_W1[16*i + j]*tanh_W1[16*i + j]));
+            grad_add_W1_2[16*i + j] = grad_tanh_W1[16*i + j]*(1 -
+                    (tanh_W1[16*i + j]*tanh_W1[16*i + j]));
         }
     }
 
@@ -906,8 +918,19 @@ int pinn_poisson_value_and_grad(
     PINN_POISSON_REAL *grad_transpose_W3 = grad_b2_part; /* 1 x 16, in grad_b2_part's memory */
     PINN_POISSON_REAL *grad_W3_part = grad_b2_part_2; /* 16 x 1, in grad_b2_part_2's memory */
 
-    pinn_poisson_value_and_grad_part1(n, x, xb, W1, b1, W2, b2, W3, b3, loss, mm_W1, tanh_W1, mm_W2, tanh_W2, mm_W3, sq_W3, grad_add_W3, colsum_W3, mm_W1_2, tanh_W1_2, mul_W1_2, add_W1, mm_W2_2, add_W2, mul_W3, mul_W2_3, mm_W2_3, mul_W1_3, mul_W1, mm_W2_4, mul_W2_4, mul_W2_5, mul_W2, mm_W2_5, add_W2_2, mul_W2_2, d2u, sq_d2u, grad_add_d2u, colsum_d2u, grad_W1_part, grad_mul_W2_2, grad_add_W2_2, grad_mul_W1_3, grad_mm_W2_3, grad_mul_W2, grad_mul_W2_5, grad_mul_W2_4, grad_mm_W2_4, grad_mul_W1, grad_mul_W3, grad_add_W2, grad_copy_W3, grad_tanh_W1_2_part, grad_add_W1, grad_copy_W1);
-    pinn_poisson_value_and_grad_part2(n, xb, W2, W3, grad_W1, grad_b1, grad_W2, grad_b2, grad_W3, grad_b3, tanh_W1, tanh_W2, grad_add_W3, tanh_W1_2, mul_W3, mul_W1, mul_W2, grad_W1_part, grad_add_W2_2, grad_mm_W2_3, grad_mm_W2_4, grad_add_W2, grad_copy_W3, grad_add_W1, grad_copy_W1, grad_W1_part_2, grad_tanh_W2, grad_add_W2_3, grad_tanh_W1, grad_add_W1_2, grad_b1_part, grad_b1_part_2, grad_W2_part, grad_transpose_W2, grad_b2_part, grad_b2_part_2, grad_transpose_W3, grad_W3_part);
+    pinn_poisson_value_and_grad_part1(n, x, xb, W1, b1, W2, b2, W3, b3, loss, mm_W1, tanh_W1, mm_W2,
+            tanh_W2, mm_W3, sq_W3, grad_add_W3, colsum_W3, mm_W1_2, tanh_W1_2, mul_W1_2, add_W1,
+            mm_W2_2, add_W2, mul_W3, mul_W2_3, mm_W2_3, mul_W1_3, mul_W1, mm_W2_4, mul_W2_4,
+            mul_W2_5, mul_W2, mm_W2_5, add_W2_2, mul_W2_2, d2u, sq_d2u, grad_add_d2u, colsum_d2u,
+            grad_W1_part, grad_mul_W2_2, grad_add_W2_2, grad_mul_W1_3, grad_mm_W2_3, grad_mul_W2,
+            grad_mul_W2_5, grad_mul_W2_4, grad_mm_W2_4, grad_mul_W1, grad_mul_W3, grad_add_W2,
+            grad_copy_W3, grad_tanh_W1_2_part, grad_add_W1, grad_copy_W1);
+    pinn_poisson_value_and_grad_part2(n, xb, W2, W3, grad_W1, grad_b1, grad_W2, grad_b2, grad_W3,
+            grad_b3, tanh_W1, tanh_W2, grad_add_W3, tanh_W1_2, mul_W3, mul_W1, mul_W2, grad_W1_part,
+            grad_add_W2_2, grad_mm_W2_3, grad_mm_W2_4, grad_add_W2, grad_copy_W3, grad_add_W1,
+            grad_copy_W1, grad_W1_part_2, grad_tanh_W2, grad_add_W2_3, grad_tanh_W1, grad_add_W1_2,
+            grad_b1_part, grad_b1_part_2, grad_W2_part, grad_transpose_W2, grad_b2_part,
+            grad_b2_part_2, grad_transpose_W3, grad_W3_part);
     return 0;
 }
 #endif
@@ -1005,9 +1028,11 @@ size_t pinn_poisson_forward_call_work_len(const int64_t *dims)
 }
 
 /* pinn_poisson_forward with its arrays in arrays (see pinn_poisson.h). */
-int pinn_poisson_forward_call(const int64_t *dims, const void *const *in, void *const *out, PINN_POISSON_REAL *work)
+int pinn_poisson_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        PINN_POISSON_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && pinn_poisson_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            pinn_poisson_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 8; ++i) {
@@ -1022,8 +1047,10 @@ int pinn_poisson_forward_call(const int64_t *dims, const void *const *in, void *
     }
     return pinn_poisson_forward(
         dims[0], (const PINN_POISSON_REAL *)in[0], (const PINN_POISSON_REAL *)in[1],
-        (const PINN_POISSON_REAL *)in[2], (const PINN_POISSON_REAL *)in[3], (const PINN_POISSON_REAL *)in[4],
-        (const PINN_POISSON_REAL *)in[5], (const PINN_POISSON_REAL *)in[6], (const PINN_POISSON_REAL *)in[7],
+        (const PINN_POISSON_REAL *)in[2], (const PINN_POISSON_REAL *)in[3], (const PINN_POISSON_REAL
+                *)in[4],
+        (const PINN_POISSON_REAL *)in[5], (const PINN_POISSON_REAL *)in[6], (const PINN_POISSON_REAL
+                *)in[7],
         (PINN_POISSON_REAL *)out[0], (PINN_POISSON_REAL *)out[1], work
     );
 }
@@ -1110,9 +1137,11 @@ size_t pinn_poisson_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* pinn_poisson_value_and_grad with its arrays in arrays (see pinn_poisson.h). */
-int pinn_poisson_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, PINN_POISSON_REAL *work)
+int pinn_poisson_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        PINN_POISSON_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && pinn_poisson_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            pinn_poisson_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 8; ++i) {
@@ -1127,8 +1156,10 @@ int pinn_poisson_value_and_grad_call(const int64_t *dims, const void *const *in,
     }
     return pinn_poisson_value_and_grad(
         dims[0], (const PINN_POISSON_REAL *)in[0], (const PINN_POISSON_REAL *)in[1],
-        (const PINN_POISSON_REAL *)in[2], (const PINN_POISSON_REAL *)in[3], (const PINN_POISSON_REAL *)in[4],
-        (const PINN_POISSON_REAL *)in[5], (const PINN_POISSON_REAL *)in[6], (const PINN_POISSON_REAL *)in[7],
+        (const PINN_POISSON_REAL *)in[2], (const PINN_POISSON_REAL *)in[3], (const PINN_POISSON_REAL
+                *)in[4],
+        (const PINN_POISSON_REAL *)in[5], (const PINN_POISSON_REAL *)in[6], (const PINN_POISSON_REAL
+                *)in[7],
         (PINN_POISSON_REAL *)out[0], (PINN_POISSON_REAL *)out[1], (PINN_POISSON_REAL *)out[2],
         (PINN_POISSON_REAL *)out[3], (PINN_POISSON_REAL *)out[4], (PINN_POISSON_REAL *)out[5],
         (PINN_POISSON_REAL *)out[6], work

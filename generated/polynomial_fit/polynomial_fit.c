@@ -75,7 +75,8 @@ static int polynomial_fit_run(
                     const POLYNOMIAL_FIT_REAL x8 = points[2*i]*x7;
                     const POLYNOMIAL_FIT_REAL x9 = points[2*i]*x8;
                     const POLYNOMIAL_FIT_REAL x10 = points[2*i]*x9;
-                    const POLYNOMIAL_FIT_REAL x11 = points[2*i]*x1 - points[2*i + 1] + x0 + x2*x7 + x3*x8 + x4*x9 + x5*x10;
+                    const POLYNOMIAL_FIT_REAL x11 = points[2*i]*x1 - points[2*i + 1] + x0 + x2*x7 +
+                            x3*x8 + x4*x9 + x5*x10;
                     const POLYNOMIAL_FIT_REAL x12 = 2*x11;
                     const POLYNOMIAL_FIT_REAL x13 = x6*x12;
                     squared_error[i] = (x11*x11);
@@ -100,7 +101,8 @@ static int polynomial_fit_run(
                 const POLYNOMIAL_FIT_REAL x8 = points[2*i]*x7;
                 const POLYNOMIAL_FIT_REAL x9 = points[2*i]*x8;
                 const POLYNOMIAL_FIT_REAL x10 = points[2*i]*x9;
-                const POLYNOMIAL_FIT_REAL x11 = points[2*i]*x1 - points[2*i + 1] + x0 + x2*x7 + x3*x8 + x4*x9 + x5*x10;
+                const POLYNOMIAL_FIT_REAL x11 = points[2*i]*x1 - points[2*i + 1] + x0 + x2*x7 +
+                        x3*x8 + x4*x9 + x5*x10;
                 const POLYNOMIAL_FIT_REAL x12 = 2*x11;
                 const POLYNOMIAL_FIT_REAL x13 = x6*x12;
                 squared_error[i] = (x11*x11);
@@ -131,7 +133,8 @@ static int polynomial_fit_run(
                 const POLYNOMIAL_FIT_REAL x8 = points[2*i]*x7;
                 const POLYNOMIAL_FIT_REAL x9 = points[2*i]*x8;
                 const POLYNOMIAL_FIT_REAL x10 = points[2*i]*x9;
-                const POLYNOMIAL_FIT_REAL x11 = points[2*i]*x1 - points[2*i + 1] + x0 + x2*x7 + x3*x8 + x4*x9 + x5*x10;
+                const POLYNOMIAL_FIT_REAL x11 = points[2*i]*x1 - points[2*i + 1] + x0 + x2*x7 +
+                        x3*x8 + x4*x9 + x5*x10;
                 squared_error[i] = (x11*x11);
             }
         }
@@ -169,7 +172,8 @@ int polynomial_fit_forward(
     if (N < 1) {
         return 1;
     }
-    return polynomial_fit_run(N, points, coeffs, loss, squared_error, work + polynomial_fit_run_work_len(N, 0), work, 0);
+    return polynomial_fit_run(N, points, coeffs, loss, squared_error, work +
+            polynomial_fit_run_work_len(N, 0), work, 0);
 }
 
 size_t polynomial_fit_value_and_grad_work_len(int64_t N)
@@ -193,7 +197,8 @@ int polynomial_fit_value_and_grad(
     if (N < 1) {
         return 1;
     }
-    return polynomial_fit_run(N, points, coeffs, loss, work + polynomial_fit_run_work_len(N, 1), grad_coeffs, work, 1);
+    return polynomial_fit_run(N, points, coeffs, loss, work + polynomial_fit_run_work_len(N, 1),
+            grad_coeffs, work, 1);
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see
@@ -282,9 +287,11 @@ size_t polynomial_fit_forward_call_work_len(const int64_t *dims)
 }
 
 /* polynomial_fit_forward with its arrays in arrays (see polynomial_fit.h). */
-int polynomial_fit_forward_call(const int64_t *dims, const void *const *in, void *const *out, POLYNOMIAL_FIT_REAL *work)
+int polynomial_fit_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        POLYNOMIAL_FIT_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && polynomial_fit_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            polynomial_fit_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 2; ++i) {
@@ -374,9 +381,11 @@ size_t polynomial_fit_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* polynomial_fit_value_and_grad with its arrays in arrays (see polynomial_fit.h). */
-int polynomial_fit_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, POLYNOMIAL_FIT_REAL *work)
+int polynomial_fit_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        POLYNOMIAL_FIT_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && polynomial_fit_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            polynomial_fit_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 2; ++i) {

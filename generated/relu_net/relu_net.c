@@ -170,7 +170,8 @@ int relu_net_value_and_grad(
     RELU_NET_REAL *work
 )
 {
-    return relu_net_run(x, t, W1, W2, loss, work + relu_net_run_work_len(1), grad_W1, grad_W2, work, 1);
+    return relu_net_run(x, t, W1, W2, loss, work + relu_net_run_work_len(1), grad_W1, grad_W2, work,
+            1);
 }
 
 /* --- what the functions take, and each called with its arrays in arrays (see relu_net.h) --- */
@@ -255,7 +256,8 @@ size_t relu_net_forward_call_work_len(const int64_t *dims)
 }
 
 /* relu_net_forward with its arrays in arrays (see relu_net.h). */
-int relu_net_forward_call(const int64_t *dims, const void *const *in, void *const *out, RELU_NET_REAL *work)
+int relu_net_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        RELU_NET_REAL *work)
 {
     if (in == NULL || out == NULL || (work == NULL && relu_net_forward_call_work_len(dims) > 0)) {
         return 4;
@@ -345,9 +347,11 @@ size_t relu_net_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* relu_net_value_and_grad with its arrays in arrays (see relu_net.h). */
-int relu_net_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, RELU_NET_REAL *work)
+int relu_net_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        RELU_NET_REAL *work)
 {
-    if (in == NULL || out == NULL || (work == NULL && relu_net_value_and_grad_call_work_len(dims) > 0)) {
+    if (in == NULL || out == NULL || (work == NULL && relu_net_value_and_grad_call_work_len(dims) >
+            0)) {
         return 4;
     }
     for (int i = 0; i < 4; ++i) {

@@ -29,100 +29,126 @@
  * and strides): the product's loops are compiled once a kind, fitted to its
  * constants, not into every call. */
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product4(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product4(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product7(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product7(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
+        *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
+        *b, TRANSFORMER_LM_REAL *c);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c);
+void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
+        *b, TRANSFORMER_LM_REAL *c);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product3(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(s0, 62, 64, a, 64, 1, b, 62, 1, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product7(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product7(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 1, 64, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product11(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
+        *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(256, 64, s0, a, 1, 256, b, 64, 1, c);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product1(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 256, 1, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product4(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product4(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(s0, 64, 62, a, 62, 1, b, 1, 62, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product8(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul_add(s0, 64, 64, a, 64, 1, b, 1, 64, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product12(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
+        *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(64, 62, s0, a, 1, 64, b, 62, 1, c);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product6(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 1, 256, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product10(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL
+        *b, TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(64, 256, s0, a, 1, 64, b, 256, 1, c);
 }
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product0(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(s0, 64, 64, a, 64, 1, b, 64, 1, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product2(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(s0, 64, 256, a, 256, 1, b, 64, 1, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product5(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(s0, 256, 64, a, 64, 1, b, 1, 64, c);
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b, TRANSFORMER_LM_REAL *c)
+void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRANSFORMER_LM_REAL *b,
+        TRANSFORMER_LM_REAL *c)
 {
     symbackprop_f64_matmul(64, 64, s0, a, 1, 64, b, 64, 1, c);
 }
@@ -132,7 +158,9 @@ void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRA
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
+void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
+        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL
+        *SYMBACKPROP_RESTRICT a2);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
 void transformer_lm_loop1(
     int64_t m,
@@ -167,10 +195,14 @@ void transformer_lm_loop4(
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop5(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2);
+void transformer_lm_loop5(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
+        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL
+        *SYMBACKPROP_RESTRICT a2);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop5(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+void transformer_lm_loop5(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
+        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL
+        *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
@@ -234,7 +266,9 @@ void transformer_lm_loop4(
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a2)
+void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
+        TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL
+        *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
@@ -259,7 +293,8 @@ void transformer_lm_loop2(
             const TRANSFORMER_LM_REAL x1 = (1.0/2.0)*sqrt(2)*x0;
             const TRANSFORMER_LM_REAL x2 = erf(x1);
             a0[256*i + j] = (1.0/2.0)*x0*(x2 + 1);
-            a1[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 + 1.0/2.0;
+            a1[256*i + j] = x1*exp(-1.0/2.0*(x0*x0))/sqrt(3.1415926535897932) + (1.0/2.0)*x2 +
+                    1.0/2.0;
         }
     }
 }
@@ -649,7 +684,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* the head's len x len scores mm_Wq0 mm_Wk0^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, mm_Wq0 + row0 * 64 + hd * 16, 64, mm_Wk0 + row0 * 64 + hd * 16, 64,
+            symbackprop_f64_causal_scores(len, 16, mm_Wq0 + row0 * 64 + hd * 16, 64, mm_Wk0 + row0 *
+                    64 + hd * 16, 64,
                                           scores_Wk0 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
@@ -725,7 +761,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* the head's len x 16 block: tril(softmax_Wk0) mm_Wv0 */
             symbackprop_f64_causal_mix(0, len, 16, softmax_Wk0 + row0 * 256 + hd * 64, 256,
-                                       mm_Wv0 + row0 * 64 + hd * 16, 64, mix_Wv0 + row0 * 64 + hd * 16, 64);
+                                       mm_Wv0 + row0 * 64 + hd * 16, 64, mix_Wv0 + row0 * 64 + hd *
+                                               16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
@@ -896,7 +933,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* the head's len x len scores mm_Wq1 mm_Wk1^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, mm_Wq1 + row0 * 64 + hd * 16, 64, mm_Wk1 + row0 * 64 + hd * 16, 64,
+            symbackprop_f64_causal_scores(len, 16, mm_Wq1 + row0 * 64 + hd * 16, 64, mm_Wk1 + row0 *
+                    64 + hd * 16, 64,
                                           scores_Wk1 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
@@ -972,7 +1010,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* the head's len x 16 block: tril(softmax_Wk1) mm_Wv1 */
             symbackprop_f64_causal_mix(0, len, 16, softmax_Wk1 + row0 * 256 + hd * 64, 256,
-                                       mm_Wv1 + row0 * 64 + hd * 16, 64, mix_Wv1 + row0 * 64 + hd * 16, 64);
+                                       mm_Wv1 + row0 * 64 + hd * 16, 64, mix_Wv1 + row0 * 64 + hd *
+                                               16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
@@ -1320,7 +1359,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < 62; ++j) {
-            grad_mm_Wout[62*i + j] = grad_mm_Wout_part[62*i + j] + exp(mm_Wout[62*i + j] - rowlse_Wout[i])/((TRANSFORMER_LM_REAL)m);
+            grad_mm_Wout[62*i + j] = grad_mm_Wout_part[62*i + j] + exp(mm_Wout[62*i + j] -
+                    rowlse_Wout[i])/((TRANSFORMER_LM_REAL)m);
         }
     }
 
@@ -1364,9 +1404,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (add_W1down[64*i + k + l] - mean)*(add_W1down[64*i + k + l] - mean);
+                    squares_lane[l] += (add_W1down[64*i + k + l] - mean)*(add_W1down[64*i + k + l] -
+                            mean);
                     grads_lane[l] += grad_norm_W1down[64*i + k + l];
-                    grads_c_lane[l] += grad_norm_W1down[64*i + k + l]*(add_W1down[64*i + k + l] - mean);
+                    grads_c_lane[l] += grad_norm_W1down[64*i + k + l]*(add_W1down[64*i + k + l] -
+                            mean);
                 }
             }
             TRANSFORMER_LM_REAL squares = squares_lane[0];
@@ -1386,7 +1428,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_norm_W1down[64*i + j] - grads_mean - (add_W1down[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_W1down[64*i + j] - grads_mean - (add_W1down[64*i + j] -
+                        mean) * r * grads_y_mean);
             }
         }
     }
@@ -1437,7 +1480,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (add_Wo1[64*i + k + l] - mean)*(add_Wo1[64*i + k + l] - mean);
+                    squares_lane[l] += (add_Wo1[64*i + k + l] - mean)*(add_Wo1[64*i + k + l] -
+                            mean);
                     grads_lane[l] += grad_norm_Wo1[64*i + k + l];
                     grads_c_lane[l] += grad_norm_Wo1[64*i + k + l]*(add_Wo1[64*i + k + l] - mean);
                 }
@@ -1459,7 +1503,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_norm_Wo1[64*i + j] - grads_mean - (add_Wo1[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_Wo1[64*i + j] - grads_mean - (add_Wo1[64*i + j] - mean) * r
+                        * grads_y_mean);
             }
         }
     }
@@ -1480,7 +1525,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* the head's len x 16 block: tril(softmax_Wk1)^T grad_mix_Wv1 */
             symbackprop_f64_causal_mix(1, len, 16, softmax_Wk1 + row0 * 256 + hd * 64, 256,
-                                       grad_mix_Wv1 + row0 * 64 + hd * 16, 64, grad_mm_Wv1 + row0 * 64 + hd * 16, 64);
+                                       grad_mix_Wv1 + row0 * 64 + hd * 16, 64, grad_mm_Wv1 + row0 *
+                                               64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
@@ -1517,7 +1563,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* the head's len x len scores grad_mix_Wv1 mm_Wv1^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_mix_Wv1 + row0 * 64 + hd * 16, 64, mm_Wv1 + row0 * 64 + hd * 16, 64,
+            symbackprop_f64_causal_scores(len, 16, grad_mix_Wv1 + row0 * 64 + hd * 16, 64, mm_Wv1 +
+                    row0 * 64 + hd * 16, 64,
                                           grad_softmax_Wk1 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
@@ -1562,7 +1609,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
                     dot += softmax_Wk1[qbase + ks] * grad_softmax_Wk1[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_scores_Wk1[qbase + ks] = softmax_Wk1[qbase + ks] * (grad_softmax_Wk1[qbase + ks] - dot);
+                    grad_scores_Wk1[qbase + ks] = softmax_Wk1[qbase + ks] *
+                            (grad_softmax_Wk1[qbase + ks] - dot);
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
                     grad_scores_Wk1[qbase + ks] = 0;
@@ -1581,7 +1629,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* the head's len x 16 block: tril(grad_scores_Wk1)^T mm_Wq1 */
             symbackprop_f64_causal_mix(1, len, 16, grad_scores_Wk1 + row0 * 256 + hd * 64, 256,
-                                       mm_Wq1 + row0 * 64 + hd * 16, 64, grad_mm_Wk1 + row0 * 64 + hd * 16, 64);
+                                       mm_Wq1 + row0 * 64 + hd * 16, 64, grad_mm_Wk1 + row0 * 64 +
+                                               hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
@@ -1593,7 +1642,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_scores_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw =
+                            grad_scores_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
                         orow[dk] += pw * mm_Wq1[(row0 + qt) * 64 + hd * 16 + dk];
                     }
@@ -1616,7 +1666,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* the head's len x 16 block: tril(grad_scores_Wk1) mm_Wk1 */
             symbackprop_f64_causal_mix(0, len, 16, grad_scores_Wk1 + row0 * 256 + hd * 64, 256,
-                                       mm_Wk1 + row0 * 64 + hd * 16, 64, grad_mm_Wq1 + row0 * 64 + hd * 16, 64);
+                                       mm_Wk1 + row0 * 64 + hd * 16, 64, grad_mm_Wq1 + row0 * 64 +
+                                               hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
@@ -1628,7 +1679,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_scores_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw =
+                            grad_scores_Wk1[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
                         orow[dk] += pw * mm_Wk1[(row0 + ks) * 64 + hd * 16 + dk];
                     }
@@ -1783,9 +1835,11 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (add_W0down[64*i + k + l] - mean)*(add_W0down[64*i + k + l] - mean);
+                    squares_lane[l] += (add_W0down[64*i + k + l] - mean)*(add_W0down[64*i + k + l] -
+                            mean);
                     grads_lane[l] += grad_norm_W0down[64*i + k + l];
-                    grads_c_lane[l] += grad_norm_W0down[64*i + k + l]*(add_W0down[64*i + k + l] - mean);
+                    grads_c_lane[l] += grad_norm_W0down[64*i + k + l]*(add_W0down[64*i + k + l] -
+                            mean);
                 }
             }
             TRANSFORMER_LM_REAL squares = squares_lane[0];
@@ -1805,7 +1859,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_norm_W0down[64*i + j] - grads_mean - (add_W0down[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_W0down[64*i + j] - grads_mean - (add_W0down[64*i + j] -
+                        mean) * r * grads_y_mean);
             }
         }
     }
@@ -1859,7 +1914,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
             int64_t k = 0;
             for (; k + 8 <= 64; k += 8) {
                 for (int64_t l = 0; l < 8; ++l) {
-                    squares_lane[l] += (add_Wo0[64*i + k + l] - mean)*(add_Wo0[64*i + k + l] - mean);
+                    squares_lane[l] += (add_Wo0[64*i + k + l] - mean)*(add_Wo0[64*i + k + l] -
+                            mean);
                     grads_lane[l] += grad_norm_Wo0[64*i + k + l];
                     grads_c_lane[l] += grad_norm_Wo0[64*i + k + l]*(add_Wo0[64*i + k + l] - mean);
                 }
@@ -1881,7 +1937,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_norm_Wo0[64*i + j] - grads_mean - (add_Wo0[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_Wo0[64*i + j] - grads_mean - (add_Wo0[64*i + j] - mean) * r
+                        * grads_y_mean);
             }
         }
     }
@@ -1902,7 +1959,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* the head's len x 16 block: tril(softmax_Wk0)^T grad_mix_Wv0 */
             symbackprop_f64_causal_mix(1, len, 16, softmax_Wk0 + row0 * 256 + hd * 64, 256,
-                                       grad_mix_Wv0 + row0 * 64 + hd * 16, 64, grad_mm_Wv0 + row0 * 64 + hd * 16, 64);
+                                       grad_mix_Wv0 + row0 * 64 + hd * 16, 64, grad_mm_Wv0 + row0 *
+                                               64 + hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
@@ -1939,7 +1997,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     #ifdef SYMBACKPROP_CBLAS
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* the head's len x len scores grad_mix_Wv0 mm_Wv0^T, 0 above the diagonal */
-            symbackprop_f64_causal_scores(len, 16, grad_mix_Wv0 + row0 * 64 + hd * 16, 64, mm_Wv0 + row0 * 64 + hd * 16, 64,
+            symbackprop_f64_causal_scores(len, 16, grad_mix_Wv0 + row0 * 64 + hd * 16, 64, mm_Wv0 +
+                    row0 * 64 + hd * 16, 64,
                                           grad_softmax_Wk0 + row0 * 256 + hd * 64, 256, 64);
         }
     #else
@@ -1984,7 +2043,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
                     dot += softmax_Wk0[qbase + ks] * grad_softmax_Wk0[qbase + ks];
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    grad_scores_Wk0[qbase + ks] = softmax_Wk0[qbase + ks] * (grad_softmax_Wk0[qbase + ks] - dot);
+                    grad_scores_Wk0[qbase + ks] = softmax_Wk0[qbase + ks] *
+                            (grad_softmax_Wk0[qbase + ks] - dot);
                 }
                 for (int64_t ks = qt + 1; ks < 64; ++ks) {
                     grad_scores_Wk0[qbase + ks] = 0;
@@ -2003,7 +2063,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* the head's len x 16 block: tril(grad_scores_Wk0)^T mm_Wq0 */
             symbackprop_f64_causal_mix(1, len, 16, grad_scores_Wk0 + row0 * 256 + hd * 64, 256,
-                                       mm_Wq0 + row0 * 64 + hd * 16, 64, grad_mm_Wk0 + row0 * 64 + hd * 16, 64);
+                                       mm_Wq0 + row0 * 64 + hd * 16, 64, grad_mm_Wk0 + row0 * 64 +
+                                               hd * 16, 64);
         }
     #else
         for (int64_t ks = 0; ks < len; ++ks) {
@@ -2015,7 +2076,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
                     orow[dk] = 0;
                 }
                 for (int64_t qt = ks; qt < len; ++qt) {
-                    const TRANSFORMER_LM_REAL pw = grad_scores_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw =
+                            grad_scores_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
                         orow[dk] += pw * mm_Wq0[(row0 + qt) * 64 + hd * 16 + dk];
                     }
@@ -2038,7 +2100,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
         for (int64_t hd = 0; hd < 4; ++hd) {
             /* the head's len x 16 block: tril(grad_scores_Wk0) mm_Wk0 */
             symbackprop_f64_causal_mix(0, len, 16, grad_scores_Wk0 + row0 * 256 + hd * 64, 256,
-                                       mm_Wk0 + row0 * 64 + hd * 16, 64, grad_mm_Wq0 + row0 * 64 + hd * 16, 64);
+                                       mm_Wk0 + row0 * 64 + hd * 16, 64, grad_mm_Wq0 + row0 * 64 +
+                                               hd * 16, 64);
         }
     #else
         for (int64_t qt = 0; qt < len; ++qt) {
@@ -2050,7 +2113,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
                     orow[dk] = 0;
                 }
                 for (int64_t ks = 0; ks <= qt; ++ks) {
-                    const TRANSFORMER_LM_REAL pw = grad_scores_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
+                    const TRANSFORMER_LM_REAL pw =
+                            grad_scores_Wk0[(row0 + qt) * 256 + hd * 64 + ks];
                     for (int64_t dk = 0; dk < 16; ++dk) {
                         orow[dk] += pw * mm_Wk0[(row0 + ks) * 64 + hd * 16 + dk];
                     }
@@ -2122,7 +2186,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
             const TRANSFORMER_LM_REAL grads_mean = grads / 64;
             const TRANSFORMER_LM_REAL grads_y_mean = grads_c * r / 64;
             for (int64_t j = 0; j < 64; ++j) {
-                row[j] = r * (grad_norm_E[64*i + j] - grads_mean - (add_E[64*i + j] - mean) * r * grads_y_mean);
+                row[j] = r * (grad_norm_E[64*i + j] - grads_mean - (add_E[64*i + j] - mean) * r *
+                        grads_y_mean);
             }
         }
     }
@@ -2655,7 +2720,8 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *add_b0m = with_grads ? add_Wo0 + 64*m : add_E; /* m x 64 */
     TRANSFORMER_LM_REAL *mm_W0up = scores_Wk0; /* m x 256, in scores_Wk0's memory */
     TRANSFORMER_LM_REAL *mul_W0up = with_grads ? add_b0m + 64*m : softmax_Wk0; /* m x 256 */
-    TRANSFORMER_LM_REAL *add_W0up = with_grads ? mul_W0up + 256*m : softmax_Wk0 + 256*m; /* m x 256 */
+    TRANSFORMER_LM_REAL *add_W0up = with_grads ? mul_W0up + 256*m : softmax_Wk0 + 256*m; /* m x 256
+            */
     TRANSFORMER_LM_REAL *mm_W0down = with_grads ? add_W0up + 256*m : mm_Wo0; /* m x 64 */
     TRANSFORMER_LM_REAL *add_W0down = with_grads ? mm_W0down + 64*m : norm_Wo0; /* m x 64 */
     TRANSFORMER_LM_REAL *norm_W0down = with_grads ? mm_W0down : add_b0m; /* m x 64, in mm_W0down's memory */
@@ -2686,8 +2752,15 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *colsum_Wout = add_Wout + m; /* 1 x 1 */
 
     transformer_lm_run_part1(m, ids, positions, E, P, emap_E, emap_P);
-    transformer_lm_run_part2(m, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, emap_E, emap_P, add_E, norm_E, add_b0a, mul_Wq0, mm_Wq0, mm_Wk0, scores_Wk0, scores_Wk0_block, softmax_Wk0, mm_Wv0, mix_Wv0, mm_Wo0, add_Wo0, norm_Wo0, add_b0m, mm_W0up, mul_W0up, add_W0up, mm_W0down, add_W0down, norm_W0down, add_b1a, mul_Wq1, mm_Wq1, mm_Wk1, scores_Wk1, scores_Wk1_block, softmax_Wk1, mm_Wv1, mix_Wv1, mm_Wo1, add_Wo1, norm_Wo1, add_b1m);
-    transformer_lm_run_part3(m, targets, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, add_Wo1, add_b1m, mm_W1up, mul_W1up, add_W1up, mm_W1down, add_W1down, norm_W1down, add_bf, mm_Wout, pick_targets, rowlse_Wout, add_Wout, colsum_Wout);
+    transformer_lm_run_part2(m, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down,
+            g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, emap_E, emap_P, add_E, norm_E, add_b0a, mul_Wq0,
+            mm_Wq0, mm_Wk0, scores_Wk0, scores_Wk0_block, softmax_Wk0, mm_Wv0, mix_Wv0, mm_Wo0,
+            add_Wo0, norm_Wo0, add_b0m, mm_W0up, mul_W0up, add_W0up, mm_W0down, add_W0down,
+            norm_W0down, add_b1a, mul_Wq1, mm_Wq1, mm_Wk1, scores_Wk1, scores_Wk1_block,
+            softmax_Wk1, mm_Wv1, mix_Wv1, mm_Wo1, add_Wo1, norm_Wo1, add_b1m);
+    transformer_lm_run_part3(m, targets, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, add_Wo1,
+            add_b1m, mm_W1up, mul_W1up, add_W1up, mm_W1down, add_W1down, norm_W1down, add_bf,
+            mm_Wout, pick_targets, rowlse_Wout, add_Wout, colsum_Wout);
     if (!with_grads) {
         return 0;
     }
@@ -2740,11 +2813,31 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *grad_mul_Wq0 = mul_Wq1; /* 64 x 64, in mul_Wq1's memory */
     TRANSFORMER_LM_REAL *grad_mul_Wq1 = mul_Wq0; /* 64 x 64, in mul_Wq0's memory */
 
-    transformer_lm_run_part4(m, targets, Wk1, Wv1, Wo1, g1m, W1up, W1down, gf, Wout, mul_Wq1, mm_Wq1, mm_Wk1, softmax_Wk1, mm_Wv1, add_Wo1, norm_Wo1, add_W1up, add_W1down, norm_W1down, mm_Wout, rowlse_Wout, grad_mm_Wout_part, grad_mm_Wout, grad_add_bf, grad_norm_W1down, grad_copy_gf, grad_add_W1down, grad_mul_W1up, grad_add_W1up, grad_add_b1m, grad_norm_Wo1, grad_copy_g1m, grad_add_Wo1_part, grad_add_Wo1, grad_mix_Wv1, grad_mm_Wv1, grad_add_b1a, grad_softmax_Wk1, grad_softmax_Wk1_block, grad_scores_Wk1, grad_mm_Wk1, grad_mm_Wq1);
-    transformer_lm_run_part5(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, add_E, norm_E, mul_Wq0, mm_Wq0, mm_Wk0, softmax_Wk0, mm_Wv0, add_Wo0, norm_Wo0, add_W0up, add_W0down, norm_W0down, grad_add_Wo1, grad_add_b1a, grad_norm_W0down, grad_copy_g1a, grad_add_W0down_part, grad_add_W0down, grad_mul_W0up, grad_add_W0up, grad_add_b0m, grad_norm_Wo0, grad_copy_g0m, grad_add_Wo0_part, grad_add_Wo0, grad_mix_Wv0, grad_mm_Wv0, grad_add_b0a, grad_softmax_Wk0, grad_softmax_Wk0_block, grad_scores_Wk0, grad_mm_Wk0, grad_mm_Wq0, grad_norm_E, grad_copy_g0a, grad_add_E_part, grad_add_E);
+    transformer_lm_run_part4(m, targets, Wk1, Wv1, Wo1, g1m, W1up, W1down, gf, Wout, mul_Wq1,
+            mm_Wq1, mm_Wk1, softmax_Wk1, mm_Wv1, add_Wo1, norm_Wo1, add_W1up, add_W1down,
+            norm_W1down, mm_Wout, rowlse_Wout, grad_mm_Wout_part, grad_mm_Wout, grad_add_bf,
+            grad_norm_W1down, grad_copy_gf, grad_add_W1down, grad_mul_W1up, grad_add_W1up,
+            grad_add_b1m, grad_norm_Wo1, grad_copy_g1m, grad_add_Wo1_part, grad_add_Wo1,
+            grad_mix_Wv1, grad_mm_Wv1, grad_add_b1a, grad_softmax_Wk1, grad_softmax_Wk1_block,
+            grad_scores_Wk1, grad_mm_Wk1, grad_mm_Wq1);
+    transformer_lm_run_part5(m, g0a, Wk0, Wv0, Wo0, g0m, W0up, W0down, g1a, add_E, norm_E, mul_Wq0,
+            mm_Wq0, mm_Wk0, softmax_Wk0, mm_Wv0, add_Wo0, norm_Wo0, add_W0up, add_W0down,
+            norm_W0down, grad_add_Wo1, grad_add_b1a, grad_norm_W0down, grad_copy_g1a,
+            grad_add_W0down_part, grad_add_W0down, grad_mul_W0up, grad_add_W0up, grad_add_b0m,
+            grad_norm_Wo0, grad_copy_g0m, grad_add_Wo0_part, grad_add_Wo0, grad_mix_Wv0,
+            grad_mm_Wv0, grad_add_b0a, grad_softmax_Wk0, grad_softmax_Wk0_block, grad_scores_Wk0,
+            grad_mm_Wk0, grad_mm_Wq0, grad_norm_E, grad_copy_g0a, grad_add_E_part, grad_add_E);
     transformer_lm_run_part6(m, ids, positions, grad_E, grad_P, grad_add_E);
-    transformer_lm_run_part7(m, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, add_b0a, mix_Wv0, add_b0m, grad_add_W0up, grad_add_b0m, grad_copy_g0m, grad_add_Wo0, grad_mm_Wv0, grad_add_b0a, grad_mm_Wk0, grad_mm_Wq0, grad_copy_g0a, grad_mul_Wq0);
-    transformer_lm_run_part8(m, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, mul_W0up, add_b1a, mix_Wv1, add_b1m, mul_W1up, add_bf, grad_mm_Wout, grad_add_bf, grad_copy_gf, grad_add_W1down, grad_add_W1up, grad_add_b1m, grad_copy_g1m, grad_add_Wo1, grad_mm_Wv1, grad_add_b1a, grad_mm_Wk1, grad_mm_Wq1, grad_copy_g1a, grad_add_W0down, grad_add_W0up, grad_mul_Wq1);
+    transformer_lm_run_part7(m, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0,
+            grad_g0m, grad_b0m, grad_W0up, add_b0a, mix_Wv0, add_b0m, grad_add_W0up, grad_add_b0m,
+            grad_copy_g0m, grad_add_Wo0, grad_mm_Wv0, grad_add_b0a, grad_mm_Wk0, grad_mm_Wq0,
+            grad_copy_g0a, grad_mul_Wq0);
+    transformer_lm_run_part8(m, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1,
+            grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down,
+            grad_c1down, grad_gf, grad_bf, grad_Wout, mul_W0up, add_b1a, mix_Wv1, add_b1m, mul_W1up,
+            add_bf, grad_mm_Wout, grad_add_bf, grad_copy_gf, grad_add_W1down, grad_add_W1up,
+            grad_add_b1m, grad_copy_g1m, grad_add_Wo1, grad_mm_Wv1, grad_add_b1a, grad_mm_Wk1,
+            grad_mm_Wq1, grad_copy_g1a, grad_add_W0down, grad_add_W0up, grad_mul_Wq1);
     return 0;
 }
 #endif
@@ -2802,7 +2895,11 @@ int transformer_lm_forward(
     if (m < 1) {
         return 1;
     }
-    return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
+    return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m,
+            b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up,
+            W1down, c1down, gf, bf, Wout, loss, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            NULL, NULL, NULL, NULL, NULL, NULL, NULL, work, 0);
 }
 #endif
 
@@ -2888,7 +2985,13 @@ int transformer_lm_value_and_grad(
     if (m < 1) {
         return 1;
     }
-    return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, work, 1);
+    return transformer_lm_run(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m,
+            b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up,
+            W1down, c1down, gf, bf, Wout, loss, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0,
+            grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, grad_c0up, grad_W0down,
+            grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m,
+            grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout,
+            work, 1);
 }
 #endif
 
@@ -2898,7 +3001,10 @@ size_t transformer_lm_train_step_work_len(int64_t m)
     if (m < 1) {
         return 0; /* the function returns 1 */
     }
-    return (size_t)(111618 + 62*64 + 64*64 + 1*64 + 1*64 + 64*64 + 64*64 + 64*64 + 64*64 + 1*64 + 1*64 + 64*256 + 1*256 + 256*64 + 1*64 + 1*64 + 1*64 + 64*64 + 64*64 + 64*64 + 64*64 + 1*64 + 1*64 + 64*256 + 1*256 + 256*64 + 1*64 + 1*64 + 1*64 + 64*62 + transformer_lm_value_and_grad_work_len(m));
+    return (size_t)(111618 + 62*64 + 64*64 + 1*64 + 1*64 + 64*64 + 64*64 + 64*64 + 64*64 + 1*64 +
+            1*64 + 64*256 + 1*256 + 256*64 + 1*64 + 1*64 + 1*64 + 64*64 + 64*64 + 64*64 + 64*64 +
+            1*64 + 1*64 + 64*256 + 1*256 + 256*64 + 1*64 + 1*64 + 1*64 + 64*62 +
+            transformer_lm_value_and_grad_work_len(m));
 }
 #endif
 
@@ -3103,8 +3209,10 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
         SYMBACKPROP_PARALLEL_FOR
         for (int64_t i = 0; i < 256; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
-                grad_W0down_3[64*i + j] = grad_W0down[64*i + j] + weight_decay_value*W0down[64*i + j];
-                grad_W1down_3[64*i + j] = weight_decay_value*W1down[64*i + j] + grad_W1down[64*i + j];
+                grad_W0down_3[64*i + j] = grad_W0down[64*i + j] +
+                        weight_decay_value*W0down[64*i + j];
+                grad_W1down_3[64*i + j] = weight_decay_value*W1down[64*i + j] +
+                        grad_W1down[64*i + j];
             }
         }
     }
@@ -3130,7 +3238,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
                 const TRANSFORMER_LM_REAL m_E_in = m_E[64*i + j];
                 const TRANSFORMER_LM_REAL v_E_in = v_E[64*i + j];
                 m_E[64*i + j] = beta1_value*m_E_in + grad_E_3[64*i + j]*(1 - beta1_value);
-                v_E[64*i + j] = (grad_E_3[64*i + j]*grad_E_3[64*i + j])*(1 - beta2_value) + beta2_value*v_E_in;
+                v_E[64*i + j] = (grad_E_3[64*i + j]*grad_E_3[64*i + j])*(1 - beta2_value) +
+                        beta2_value*v_E_in;
             }
         }
     }
@@ -3155,7 +3264,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
         for (int64_t i = 0; i < 62; ++i) {
             for (int64_t j = 0; j < 64; ++j) {
                 const TRANSFORMER_LM_REAL E_in = E[64*i + j];
-                E[64*i + j] = -m_E[64*i + j]*lr_value/(bias_correction1_value*(eps_value + sqrt(v_E[64*i + j]/bias_correction2_value))) + E_in;
+                E[64*i + j] = -m_E[64*i + j]*lr_value/(bias_correction1_value*(eps_value +
+                        sqrt(v_E[64*i + j]/bias_correction2_value))) + E_in;
             }
         }
     }
@@ -3328,25 +3438,34 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part2(
                 const TRANSFORMER_LM_REAL x0 = 1 - beta1_value;
                 const TRANSFORMER_LM_REAL x1 = beta1_value*m_P_in + grad_P_3[64*i + j]*x0;
                 const TRANSFORMER_LM_REAL x2 = 1 - beta2_value;
-                const TRANSFORMER_LM_REAL x3 = (grad_P_3[64*i + j]*grad_P_3[64*i + j])*x2 + beta2_value*v_P_in;
+                const TRANSFORMER_LM_REAL x3 = (grad_P_3[64*i + j]*grad_P_3[64*i + j])*x2 +
+                        beta2_value*v_P_in;
                 const TRANSFORMER_LM_REAL x4 = 1.0/bias_correction2_value;
                 const TRANSFORMER_LM_REAL x5 = -lr_value/bias_correction1_value;
                 const TRANSFORMER_LM_REAL x6 = beta1_value*m_Wq0_in + grad_Wq0_3[64*i + j]*x0;
-                const TRANSFORMER_LM_REAL x7 = (grad_Wq0_3[64*i + j]*grad_Wq0_3[64*i + j])*x2 + v_Wq0_in*beta2_value;
+                const TRANSFORMER_LM_REAL x7 = (grad_Wq0_3[64*i + j]*grad_Wq0_3[64*i + j])*x2 +
+                        v_Wq0_in*beta2_value;
                 const TRANSFORMER_LM_REAL x8 = beta1_value*m_Wk0_in + grad_Wk0_3[64*i + j]*x0;
-                const TRANSFORMER_LM_REAL x9 = (grad_Wk0_3[64*i + j]*grad_Wk0_3[64*i + j])*x2 + v_Wk0_in*beta2_value;
+                const TRANSFORMER_LM_REAL x9 = (grad_Wk0_3[64*i + j]*grad_Wk0_3[64*i + j])*x2 +
+                        v_Wk0_in*beta2_value;
                 const TRANSFORMER_LM_REAL x10 = beta1_value*m_Wv0_in + grad_Wv0_3[64*i + j]*x0;
-                const TRANSFORMER_LM_REAL x11 = (grad_Wv0_3[64*i + j]*grad_Wv0_3[64*i + j])*x2 + v_Wv0_in*beta2_value;
+                const TRANSFORMER_LM_REAL x11 = (grad_Wv0_3[64*i + j]*grad_Wv0_3[64*i + j])*x2 +
+                        v_Wv0_in*beta2_value;
                 const TRANSFORMER_LM_REAL x12 = beta1_value*m_Wo0_in + grad_Wo0_3[64*i + j]*x0;
-                const TRANSFORMER_LM_REAL x13 = (grad_Wo0_3[64*i + j]*grad_Wo0_3[64*i + j])*x2 + v_Wo0_in*beta2_value;
+                const TRANSFORMER_LM_REAL x13 = (grad_Wo0_3[64*i + j]*grad_Wo0_3[64*i + j])*x2 +
+                        v_Wo0_in*beta2_value;
                 const TRANSFORMER_LM_REAL x14 = beta1_value*m_Wq1_in + grad_Wq1_3[64*i + j]*x0;
-                const TRANSFORMER_LM_REAL x15 = (grad_Wq1_3[64*i + j]*grad_Wq1_3[64*i + j])*x2 + v_Wq1_in*beta2_value;
+                const TRANSFORMER_LM_REAL x15 = (grad_Wq1_3[64*i + j]*grad_Wq1_3[64*i + j])*x2 +
+                        v_Wq1_in*beta2_value;
                 const TRANSFORMER_LM_REAL x16 = beta1_value*m_Wk1_in + grad_Wk1_3[64*i + j]*x0;
-                const TRANSFORMER_LM_REAL x17 = beta2_value*v_Wk1_in + (grad_Wk1_3[64*i + j]*grad_Wk1_3[64*i + j])*x2;
+                const TRANSFORMER_LM_REAL x17 = beta2_value*v_Wk1_in +
+                        (grad_Wk1_3[64*i + j]*grad_Wk1_3[64*i + j])*x2;
                 const TRANSFORMER_LM_REAL x18 = beta1_value*m_Wv1_in + grad_Wv1_3[64*i + j]*x0;
-                const TRANSFORMER_LM_REAL x19 = beta2_value*v_Wv1_in + (grad_Wv1_3[64*i + j]*grad_Wv1_3[64*i + j])*x2;
+                const TRANSFORMER_LM_REAL x19 = beta2_value*v_Wv1_in +
+                        (grad_Wv1_3[64*i + j]*grad_Wv1_3[64*i + j])*x2;
                 const TRANSFORMER_LM_REAL x20 = beta1_value*m_Wo1_in + grad_Wo1_3[64*i + j]*x0;
-                const TRANSFORMER_LM_REAL x21 = beta2_value*v_Wo1_in + (grad_Wo1_3[64*i + j]*grad_Wo1_3[64*i + j])*x2;
+                const TRANSFORMER_LM_REAL x21 = beta2_value*v_Wo1_in +
+                        (grad_Wo1_3[64*i + j]*grad_Wo1_3[64*i + j])*x2;
                 m_P[64*i + j] = x1;
                 v_P[64*i + j] = x3;
                 P[64*i + j] = P_in + x1*x5/(eps_value + sqrt(x3*x4));
@@ -3597,7 +3716,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
             const TRANSFORMER_LM_REAL x10 = beta1_value*m_b0m_in + grad_b0m_3[j]*x0;
             const TRANSFORMER_LM_REAL x11 = (grad_b0m_3[j]*grad_b0m_3[j])*x2 + v_b0m_in*beta2_value;
             const TRANSFORMER_LM_REAL x12 = beta1_value*m_c0down_in + grad_c0down_3[j]*x0;
-            const TRANSFORMER_LM_REAL x13 = (grad_c0down_3[j]*grad_c0down_3[j])*x2 + v_c0down_in*beta2_value;
+            const TRANSFORMER_LM_REAL x13 = (grad_c0down_3[j]*grad_c0down_3[j])*x2 +
+                    v_c0down_in*beta2_value;
             const TRANSFORMER_LM_REAL x14 = beta1_value*m_g1a_in + grad_g1a_3[j]*x0;
             const TRANSFORMER_LM_REAL x15 = (grad_g1a_3[j]*grad_g1a_3[j])*x2 + v_g1a_in*beta2_value;
             const TRANSFORMER_LM_REAL x16 = beta1_value*m_b1a_in + grad_b1a_3[j]*x0;
@@ -3607,7 +3727,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
             const TRANSFORMER_LM_REAL x20 = beta1_value*m_b1m_in + grad_b1m_3[j]*x0;
             const TRANSFORMER_LM_REAL x21 = beta2_value*v_b1m_in + (grad_b1m_3[j]*grad_b1m_3[j])*x2;
             const TRANSFORMER_LM_REAL x22 = beta1_value*m_c1down_in + grad_c1down_3[j]*x0;
-            const TRANSFORMER_LM_REAL x23 = beta2_value*v_c1down_in + (grad_c1down_3[j]*grad_c1down_3[j])*x2;
+            const TRANSFORMER_LM_REAL x23 = beta2_value*v_c1down_in +
+                    (grad_c1down_3[j]*grad_c1down_3[j])*x2;
             const TRANSFORMER_LM_REAL x24 = beta1_value*m_gf_in + grad_gf_3[j]*x0;
             const TRANSFORMER_LM_REAL x25 = beta2_value*v_gf_in + (grad_gf_3[j]*grad_gf_3[j])*x2;
             const TRANSFORMER_LM_REAL x26 = beta1_value*m_bf_in + grad_bf_3[j]*x0;
@@ -3721,11 +3842,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
                 const TRANSFORMER_LM_REAL x0 = 1 - beta1_value;
                 const TRANSFORMER_LM_REAL x1 = beta1_value*m_W0up_in + grad_W0up_3[256*i + j]*x0;
                 const TRANSFORMER_LM_REAL x2 = 1 - beta2_value;
-                const TRANSFORMER_LM_REAL x3 = (grad_W0up_3[256*i + j]*grad_W0up_3[256*i + j])*x2 + beta2_value*v_W0up_in;
+                const TRANSFORMER_LM_REAL x3 = (grad_W0up_3[256*i + j]*grad_W0up_3[256*i + j])*x2 +
+                        beta2_value*v_W0up_in;
                 const TRANSFORMER_LM_REAL x4 = 1.0/bias_correction2_value;
                 const TRANSFORMER_LM_REAL x5 = -lr_value/bias_correction1_value;
                 const TRANSFORMER_LM_REAL x6 = beta1_value*m_W1up_in + grad_W1up_3[256*i + j]*x0;
-                const TRANSFORMER_LM_REAL x7 = (grad_W1up_3[256*i + j]*grad_W1up_3[256*i + j])*x2 + v_W1up_in*beta2_value;
+                const TRANSFORMER_LM_REAL x7 = (grad_W1up_3[256*i + j]*grad_W1up_3[256*i + j])*x2 +
+                        v_W1up_in*beta2_value;
                 m_W0up[256*i + j] = x1;
                 v_W0up[256*i + j] = x3;
                 W0up[256*i + j] = W0up_in + x1*x5/(eps_value + sqrt(x3*x4));
@@ -3761,11 +3884,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
             const TRANSFORMER_LM_REAL x0 = 1 - beta1_value;
             const TRANSFORMER_LM_REAL x1 = beta1_value*m_c0up_in + grad_c0up_3[j]*x0;
             const TRANSFORMER_LM_REAL x2 = 1 - beta2_value;
-            const TRANSFORMER_LM_REAL x3 = (grad_c0up_3[j]*grad_c0up_3[j])*x2 + beta2_value*v_c0up_in;
+            const TRANSFORMER_LM_REAL x3 = (grad_c0up_3[j]*grad_c0up_3[j])*x2 +
+                    beta2_value*v_c0up_in;
             const TRANSFORMER_LM_REAL x4 = 1.0/bias_correction2_value;
             const TRANSFORMER_LM_REAL x5 = -lr_value/bias_correction1_value;
             const TRANSFORMER_LM_REAL x6 = beta1_value*m_c1up_in + grad_c1up_3[j]*x0;
-            const TRANSFORMER_LM_REAL x7 = (grad_c1up_3[j]*grad_c1up_3[j])*x2 + v_c1up_in*beta2_value;
+            const TRANSFORMER_LM_REAL x7 = (grad_c1up_3[j]*grad_c1up_3[j])*x2 +
+                    v_c1up_in*beta2_value;
             m_c0up[j] = x1;
             v_c0up[j] = x3;
             c0up[j] = c0up_in + x1*x5/(eps_value + sqrt(x3*x4));
@@ -3804,11 +3929,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
                 const TRANSFORMER_LM_REAL x0 = 1 - beta1_value;
                 const TRANSFORMER_LM_REAL x1 = beta1_value*m_W0down_in + grad_W0down_3[64*i + j]*x0;
                 const TRANSFORMER_LM_REAL x2 = 1 - beta2_value;
-                const TRANSFORMER_LM_REAL x3 = (grad_W0down_3[64*i + j]*grad_W0down_3[64*i + j])*x2 + beta2_value*v_W0down_in;
+                const TRANSFORMER_LM_REAL x3 = (grad_W0down_3[64*i + j]*grad_W0down_3[64*i + j])*x2
+                        + beta2_value*v_W0down_in;
                 const TRANSFORMER_LM_REAL x4 = 1.0/bias_correction2_value;
                 const TRANSFORMER_LM_REAL x5 = -lr_value/bias_correction1_value;
                 const TRANSFORMER_LM_REAL x6 = beta1_value*m_W1down_in + grad_W1down_3[64*i + j]*x0;
-                const TRANSFORMER_LM_REAL x7 = (grad_W1down_3[64*i + j]*grad_W1down_3[64*i + j])*x2 + v_W1down_in*beta2_value;
+                const TRANSFORMER_LM_REAL x7 = (grad_W1down_3[64*i + j]*grad_W1down_3[64*i + j])*x2
+                        + v_W1down_in*beta2_value;
                 m_W0down[64*i + j] = x1;
                 v_W0down[64*i + j] = x3;
                 W0down[64*i + j] = W0down_in + x1*x5/(eps_value + sqrt(x3*x4));
@@ -3836,11 +3963,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
                 const TRANSFORMER_LM_REAL m_Wout_in = m_Wout[62*i + j];
                 const TRANSFORMER_LM_REAL v_Wout_in = v_Wout[62*i + j];
                 const TRANSFORMER_LM_REAL Wout_in = Wout[62*i + j];
-                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wout_in + grad_Wout_3[62*i + j]*(1 - beta1_value);
-                const TRANSFORMER_LM_REAL x1 = (grad_Wout_3[62*i + j]*grad_Wout_3[62*i + j])*(1 - beta2_value) + beta2_value*v_Wout_in;
+                const TRANSFORMER_LM_REAL x0 = beta1_value*m_Wout_in + grad_Wout_3[62*i + j]*(1 -
+                        beta1_value);
+                const TRANSFORMER_LM_REAL x1 = (grad_Wout_3[62*i + j]*grad_Wout_3[62*i + j])*(1 -
+                        beta2_value) + beta2_value*v_Wout_in;
                 m_Wout[62*i + j] = x0;
                 v_Wout[62*i + j] = x1;
-                Wout[62*i + j] = Wout_in - lr_value*x0/(bias_correction1_value*(eps_value + sqrt(x1/bias_correction2_value)));
+                Wout[62*i + j] = Wout_in - lr_value*x0/(bias_correction1_value*(eps_value +
+                        sqrt(x1/bias_correction2_value)));
             }
         }
     }
@@ -4034,15 +4164,43 @@ int transformer_lm_train_step(
     TRANSFORMER_LM_REAL *grad_bf = grad_gf + 1*64; /* 1 x 64 */
     TRANSFORMER_LM_REAL *grad_Wout = grad_bf + 1*64; /* 64 x 62 */
 
-    const int status = transformer_lm_value_and_grad(m, ids, positions, targets, E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout, grad_Wout + 64*62);
+    const int status = transformer_lm_value_and_grad(m, ids, positions, targets, E, P, g0a, b0a,
+            Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1,
+            g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, loss, grad_E, grad_P, grad_g0a,
+            grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up,
+            grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1,
+            grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf,
+            grad_bf, grad_Wout, grad_Wout + 64*62);
     if (status != 0) {
         return status; /* (it writes nothing then) */
     }
 
-    transformer_lm_train_step_part1(E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up, W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf, bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, grad_E_3, grad_P_3, grad_Wq0_3, grad_Wk0_3, grad_Wv0_3, grad_Wo0_3, grad_Wq1_3, grad_Wk1_3, grad_Wv1_3, grad_Wo1_3, grad_g0a_3, grad_b0a_3, grad_g0m_3, grad_b0m_3, grad_c0down_3, grad_g1a_3, grad_b1a_3, grad_g1m_3, grad_b1m_3, grad_c1down_3, grad_gf_3, grad_bf_3, grad_W0up_3, grad_W1up_3, grad_c0up_3, grad_c1up_3, grad_W0down_3, grad_W1down_3, grad_Wout_3, bias_correction1, bias_correction2, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0, grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, grad_c0up, grad_W0down, grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m, grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout);
-    transformer_lm_train_step_part2(P, Wq0, Wk0, Wv0, Wo0, Wq1, Wk1, Wv1, Wo1, lr, beta1, beta2, eps, m_P, v_P, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_Wq1, v_Wq1, m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, grad_P_3, grad_Wq0_3, grad_Wk0_3, grad_Wv0_3, grad_Wo0_3, grad_Wq1_3, grad_Wk1_3, grad_Wv1_3, grad_Wo1_3, bias_correction1, bias_correction2);
-    transformer_lm_train_step_part3(g0a, b0a, g0m, b0m, c0down, g1a, b1a, g1m, b1m, c1down, gf, bf, lr, beta1, beta2, eps, m_g0a, v_g0a, m_b0a, v_b0a, m_g0m, v_g0m, m_b0m, v_b0m, m_c0down, v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, m_g1m, v_g1m, m_b1m, v_b1m, m_c1down, v_c1down, m_gf, v_gf, m_bf, v_bf, grad_g0a_3, grad_b0a_3, grad_g0m_3, grad_b0m_3, grad_c0down_3, grad_g1a_3, grad_b1a_3, grad_g1m_3, grad_b1m_3, grad_c1down_3, grad_gf_3, grad_bf_3, bias_correction1, bias_correction2);
-    transformer_lm_train_step_part4(W0up, c0up, W0down, W1up, c1up, W1down, Wout, lr, beta1, beta2, eps, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_W1up, v_W1up, m_c1up, v_c1up, m_W1down, v_W1down, m_Wout, v_Wout, grad_W0up_3, grad_W1up_3, grad_c0up_3, grad_c1up_3, grad_W0down_3, grad_W1down_3, grad_Wout_3, bias_correction1, bias_correction2);
+    transformer_lm_train_step_part1(E, P, g0a, b0a, Wq0, Wk0, Wv0, Wo0, g0m, b0m, W0up, c0up,
+            W0down, c0down, g1a, b1a, Wq1, Wk1, Wv1, Wo1, g1m, b1m, W1up, c1up, W1down, c1down, gf,
+            bf, Wout, lr, beta1, beta2, eps, weight_decay, step, m_E, v_E, grad_E_3, grad_P_3,
+            grad_Wq0_3, grad_Wk0_3, grad_Wv0_3, grad_Wo0_3, grad_Wq1_3, grad_Wk1_3, grad_Wv1_3,
+            grad_Wo1_3, grad_g0a_3, grad_b0a_3, grad_g0m_3, grad_b0m_3, grad_c0down_3, grad_g1a_3,
+            grad_b1a_3, grad_g1m_3, grad_b1m_3, grad_c1down_3, grad_gf_3, grad_bf_3, grad_W0up_3,
+            grad_W1up_3, grad_c0up_3, grad_c1up_3, grad_W0down_3, grad_W1down_3, grad_Wout_3,
+            bias_correction1, bias_correction2, grad_E, grad_P, grad_g0a, grad_b0a, grad_Wq0,
+            grad_Wk0, grad_Wv0, grad_Wo0, grad_g0m, grad_b0m, grad_W0up, grad_c0up, grad_W0down,
+            grad_c0down, grad_g1a, grad_b1a, grad_Wq1, grad_Wk1, grad_Wv1, grad_Wo1, grad_g1m,
+            grad_b1m, grad_W1up, grad_c1up, grad_W1down, grad_c1down, grad_gf, grad_bf, grad_Wout);
+    transformer_lm_train_step_part2(P, Wq0, Wk0, Wv0, Wo0, Wq1, Wk1, Wv1, Wo1, lr, beta1, beta2,
+            eps, m_P, v_P, m_Wq0, v_Wq0, m_Wk0, v_Wk0, m_Wv0, v_Wv0, m_Wo0, v_Wo0, m_Wq1, v_Wq1,
+            m_Wk1, v_Wk1, m_Wv1, v_Wv1, m_Wo1, v_Wo1, grad_P_3, grad_Wq0_3, grad_Wk0_3, grad_Wv0_3,
+            grad_Wo0_3, grad_Wq1_3, grad_Wk1_3, grad_Wv1_3, grad_Wo1_3, bias_correction1,
+            bias_correction2);
+    transformer_lm_train_step_part3(g0a, b0a, g0m, b0m, c0down, g1a, b1a, g1m, b1m, c1down, gf, bf,
+            lr, beta1, beta2, eps, m_g0a, v_g0a, m_b0a, v_b0a, m_g0m, v_g0m, m_b0m, v_b0m, m_c0down,
+            v_c0down, m_g1a, v_g1a, m_b1a, v_b1a, m_g1m, v_g1m, m_b1m, v_b1m, m_c1down, v_c1down,
+            m_gf, v_gf, m_bf, v_bf, grad_g0a_3, grad_b0a_3, grad_g0m_3, grad_b0m_3, grad_c0down_3,
+            grad_g1a_3, grad_b1a_3, grad_g1m_3, grad_b1m_3, grad_c1down_3, grad_gf_3, grad_bf_3,
+            bias_correction1, bias_correction2);
+    transformer_lm_train_step_part4(W0up, c0up, W0down, W1up, c1up, W1down, Wout, lr, beta1, beta2,
+            eps, m_W0up, v_W0up, m_c0up, v_c0up, m_W0down, v_W0down, m_W1up, v_W1up, m_c1up, v_c1up,
+            m_W1down, v_W1down, m_Wout, v_Wout, grad_W0up_3, grad_W1up_3, grad_c0up_3, grad_c1up_3,
+            grad_W0down_3, grad_W1down_3, grad_Wout_3, bias_correction1, bias_correction2);
     return 0;
 }
 #endif
@@ -4208,9 +4366,12 @@ int transformer_lm_train_epoch(
             return 2; /* a row number outside an array it gathers from */
         }
     }
-    int64_t *ids_rows = (int64_t *)(void *)(work + transformer_lm_train_epoch_step_len(rows, batch)); /* batch x 1 */
-    int64_t *positions_rows = (int64_t *)(void *)(work + transformer_lm_train_epoch_step_len(rows, batch) + batch); /* batch x 1 */
-    int64_t *targets_rows = (int64_t *)(void *)(work + transformer_lm_train_epoch_step_len(rows, batch) + batch + batch); /* batch x 1 */
+    int64_t *ids_rows = (int64_t *)(void *)(work + transformer_lm_train_epoch_step_len(rows,
+            batch)); /* batch x 1 */
+    int64_t *positions_rows = (int64_t *)(void *)(work + transformer_lm_train_epoch_step_len(rows,
+            batch) + batch); /* batch x 1 */
+    int64_t *targets_rows = (int64_t *)(void *)(work + transformer_lm_train_epoch_step_len(rows,
+            batch) + batch + batch); /* batch x 1 */
     int64_t b = 0;
     for (int64_t start = 0; start < rows; start += batch) {
         const int64_t m = rows - start < batch ? rows - start : batch;
@@ -4391,7 +4552,8 @@ const char *transformer_lm_forward_name_out(int64_t i)
 
 int transformer_lm_forward_kind_in(int64_t i)
 {
-    static const int kinds[] = {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    static const int kinds[] = {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            0, 0, 0, 0, 0, 0, 0, 0, 0};
     return i >= 0 && i < 32 ? kinds[i] : -1;
 }
 
@@ -4458,9 +4620,11 @@ size_t transformer_lm_forward_call_work_len(const int64_t *dims)
 }
 
 /* transformer_lm_forward with its arrays in arrays (see transformer_lm.h). */
-int transformer_lm_forward_call(const int64_t *dims, const void *const *in, void *const *out, TRANSFORMER_LM_REAL *work)
+int transformer_lm_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        TRANSFORMER_LM_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && transformer_lm_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            transformer_lm_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 32; ++i) {
@@ -4527,7 +4691,8 @@ const char *transformer_lm_value_and_grad_name_out(int64_t i)
 
 int transformer_lm_value_and_grad_kind_in(int64_t i)
 {
-    static const int kinds[] = {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    static const int kinds[] = {1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            0, 0, 0, 0, 0, 0, 0, 0, 0};
     return i >= 0 && i < 32 ? kinds[i] : -1;
 }
 
@@ -4623,9 +4788,11 @@ size_t transformer_lm_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* transformer_lm_value_and_grad with its arrays in arrays (see transformer_lm.h). */
-int transformer_lm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, TRANSFORMER_LM_REAL *work)
+int transformer_lm_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        TRANSFORMER_LM_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && transformer_lm_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            transformer_lm_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 32; ++i) {
@@ -4654,16 +4821,24 @@ int transformer_lm_value_and_grad_call(const int64_t *dims, const void *const *i
         (const TRANSFORMER_LM_REAL *)in[25], (const TRANSFORMER_LM_REAL *)in[26],
         (const TRANSFORMER_LM_REAL *)in[27], (const TRANSFORMER_LM_REAL *)in[28],
         (const TRANSFORMER_LM_REAL *)in[29], (const TRANSFORMER_LM_REAL *)in[30],
-        (const TRANSFORMER_LM_REAL *)in[31], (TRANSFORMER_LM_REAL *)out[0], (TRANSFORMER_LM_REAL *)out[1],
+        (const TRANSFORMER_LM_REAL *)in[31], (TRANSFORMER_LM_REAL *)out[0], (TRANSFORMER_LM_REAL
+                *)out[1],
         (TRANSFORMER_LM_REAL *)out[2], (TRANSFORMER_LM_REAL *)out[3], (TRANSFORMER_LM_REAL *)out[4],
         (TRANSFORMER_LM_REAL *)out[5], (TRANSFORMER_LM_REAL *)out[6], (TRANSFORMER_LM_REAL *)out[7],
-        (TRANSFORMER_LM_REAL *)out[8], (TRANSFORMER_LM_REAL *)out[9], (TRANSFORMER_LM_REAL *)out[10],
-        (TRANSFORMER_LM_REAL *)out[11], (TRANSFORMER_LM_REAL *)out[12], (TRANSFORMER_LM_REAL *)out[13],
-        (TRANSFORMER_LM_REAL *)out[14], (TRANSFORMER_LM_REAL *)out[15], (TRANSFORMER_LM_REAL *)out[16],
-        (TRANSFORMER_LM_REAL *)out[17], (TRANSFORMER_LM_REAL *)out[18], (TRANSFORMER_LM_REAL *)out[19],
-        (TRANSFORMER_LM_REAL *)out[20], (TRANSFORMER_LM_REAL *)out[21], (TRANSFORMER_LM_REAL *)out[22],
-        (TRANSFORMER_LM_REAL *)out[23], (TRANSFORMER_LM_REAL *)out[24], (TRANSFORMER_LM_REAL *)out[25],
-        (TRANSFORMER_LM_REAL *)out[26], (TRANSFORMER_LM_REAL *)out[27], (TRANSFORMER_LM_REAL *)out[28],
+        (TRANSFORMER_LM_REAL *)out[8], (TRANSFORMER_LM_REAL *)out[9], (TRANSFORMER_LM_REAL
+                *)out[10],
+        (TRANSFORMER_LM_REAL *)out[11], (TRANSFORMER_LM_REAL *)out[12], (TRANSFORMER_LM_REAL
+                *)out[13],
+        (TRANSFORMER_LM_REAL *)out[14], (TRANSFORMER_LM_REAL *)out[15], (TRANSFORMER_LM_REAL
+                *)out[16],
+        (TRANSFORMER_LM_REAL *)out[17], (TRANSFORMER_LM_REAL *)out[18], (TRANSFORMER_LM_REAL
+                *)out[19],
+        (TRANSFORMER_LM_REAL *)out[20], (TRANSFORMER_LM_REAL *)out[21], (TRANSFORMER_LM_REAL
+                *)out[22],
+        (TRANSFORMER_LM_REAL *)out[23], (TRANSFORMER_LM_REAL *)out[24], (TRANSFORMER_LM_REAL
+                *)out[25],
+        (TRANSFORMER_LM_REAL *)out[26], (TRANSFORMER_LM_REAL *)out[27], (TRANSFORMER_LM_REAL
+                *)out[28],
         (TRANSFORMER_LM_REAL *)out[29], work
     );
 }
@@ -4702,7 +4877,10 @@ const char *transformer_lm_train_step_name_out(int64_t i)
 
 int transformer_lm_train_step_kind_in(int64_t i)
 {
-    static const int kinds[] = {1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
+    static const int kinds[] = {1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
+            2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
+            2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
+            2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
     return i >= 0 && i < 96 ? kinds[i] : -1;
 }
 
@@ -4833,9 +5011,11 @@ size_t transformer_lm_train_step_call_work_len(const int64_t *dims)
 }
 
 /* transformer_lm_train_step with its arrays in arrays (see transformer_lm.h). */
-int transformer_lm_train_step_call(const int64_t *dims, const void *const *in, void *const *out, TRANSFORMER_LM_REAL *work)
+int transformer_lm_train_step_call(const int64_t *dims, const void *const *in, void *const *out,
+        TRANSFORMER_LM_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && transformer_lm_train_step_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            transformer_lm_train_step_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 96; ++i) {
@@ -4859,7 +5039,8 @@ int transformer_lm_train_step_call(const int64_t *dims, const void *const *in, v
         (TRANSFORMER_LM_REAL *)in[21], (TRANSFORMER_LM_REAL *)in[22], (TRANSFORMER_LM_REAL *)in[23],
         (TRANSFORMER_LM_REAL *)in[24], (TRANSFORMER_LM_REAL *)in[25], (TRANSFORMER_LM_REAL *)in[26],
         (TRANSFORMER_LM_REAL *)in[27], (TRANSFORMER_LM_REAL *)in[28], (TRANSFORMER_LM_REAL *)in[29],
-        (TRANSFORMER_LM_REAL *)in[30], (TRANSFORMER_LM_REAL *)in[31], (const TRANSFORMER_LM_REAL *)in[32],
+        (TRANSFORMER_LM_REAL *)in[30], (TRANSFORMER_LM_REAL *)in[31], (const TRANSFORMER_LM_REAL
+                *)in[32],
         (const TRANSFORMER_LM_REAL *)in[33], (const TRANSFORMER_LM_REAL *)in[34],
         (const TRANSFORMER_LM_REAL *)in[35], (const TRANSFORMER_LM_REAL *)in[36],
         (TRANSFORMER_LM_REAL *)in[37], (TRANSFORMER_LM_REAL *)in[38], (TRANSFORMER_LM_REAL *)in[39],
@@ -4881,7 +5062,8 @@ int transformer_lm_train_step_call(const int64_t *dims, const void *const *in, v
         (TRANSFORMER_LM_REAL *)in[85], (TRANSFORMER_LM_REAL *)in[86], (TRANSFORMER_LM_REAL *)in[87],
         (TRANSFORMER_LM_REAL *)in[88], (TRANSFORMER_LM_REAL *)in[89], (TRANSFORMER_LM_REAL *)in[90],
         (TRANSFORMER_LM_REAL *)in[91], (TRANSFORMER_LM_REAL *)in[92], (TRANSFORMER_LM_REAL *)in[93],
-        (TRANSFORMER_LM_REAL *)in[94], (TRANSFORMER_LM_REAL *)in[95], (TRANSFORMER_LM_REAL *)out[0], work
+        (TRANSFORMER_LM_REAL *)in[94], (TRANSFORMER_LM_REAL *)in[95], (TRANSFORMER_LM_REAL *)out[0],
+                work
     );
 }
 
@@ -4920,7 +5102,10 @@ const char *transformer_lm_train_epoch_name_out(int64_t i)
 
 int transformer_lm_train_epoch_kind_in(int64_t i)
 {
-    static const int kinds[] = {1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
+    static const int kinds[] = {1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
+            2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
+            2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2,
+            2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
     return i >= 0 && i < 97 ? kinds[i] : -1;
 }
 
@@ -5054,9 +5239,11 @@ size_t transformer_lm_train_epoch_call_work_len(const int64_t *dims)
 }
 
 /* transformer_lm_train_epoch with its arrays in arrays (see transformer_lm.h). */
-int transformer_lm_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out, TRANSFORMER_LM_REAL *work)
+int transformer_lm_train_epoch_call(const int64_t *dims, const void *const *in, void *const *out,
+        TRANSFORMER_LM_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && transformer_lm_train_epoch_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            transformer_lm_train_epoch_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 1; i < 97; ++i) { /* order may be NULL */
@@ -5083,7 +5270,8 @@ int transformer_lm_train_epoch_call(const int64_t *dims, const void *const *in, 
         (TRANSFORMER_LM_REAL *)in[30], (TRANSFORMER_LM_REAL *)in[31], (TRANSFORMER_LM_REAL *)in[32],
         (const TRANSFORMER_LM_REAL *)in[33], (const TRANSFORMER_LM_REAL *)in[34],
         (const TRANSFORMER_LM_REAL *)in[35], (const TRANSFORMER_LM_REAL *)in[36],
-        (const TRANSFORMER_LM_REAL *)in[37], (TRANSFORMER_LM_REAL *)in[38], (TRANSFORMER_LM_REAL *)in[39],
+        (const TRANSFORMER_LM_REAL *)in[37], (TRANSFORMER_LM_REAL *)in[38], (TRANSFORMER_LM_REAL
+                *)in[39],
         (TRANSFORMER_LM_REAL *)in[40], (TRANSFORMER_LM_REAL *)in[41], (TRANSFORMER_LM_REAL *)in[42],
         (TRANSFORMER_LM_REAL *)in[43], (TRANSFORMER_LM_REAL *)in[44], (TRANSFORMER_LM_REAL *)in[45],
         (TRANSFORMER_LM_REAL *)in[46], (TRANSFORMER_LM_REAL *)in[47], (TRANSFORMER_LM_REAL *)in[48],

@@ -26,7 +26,7 @@ from symbackprop.emit.cprint import IEEEPrinter
 from symbackprop.emit.describe import NULL_POINTER, SHAPE_STATUSES, CDescription, EpochNames, describe, describe_epoch
 from symbackprop.emit.emitted import FLOAT32, FLOAT64, REAL_TYPES, RealType
 from symbackprop.emit.templatecache import TEMPLATES, environment, template_bytecode_cache
-from symbackprop.emit.wrap import wrap_c_comments
+from symbackprop.emit.wrap import wrap_c_code, wrap_c_comments
 from symbackprop.errors import ModelError
 from symbackprop.ops.functions import CHelper, helpers_called
 from symbackprop.ops.registry import helpers, record
@@ -562,8 +562,8 @@ def runtime_header() -> str:
 
 def render(module: CModule) -> tuple[str, str, str]:
     env = template_environment()
-    source = wrap_c_comments(env.get_template("module.c.j2").render(m=module))
-    header = wrap_c_comments(env.get_template("module.h.j2").render(m=module))
+    source = wrap_c_code(wrap_c_comments(env.get_template("module.c.j2").render(m=module)))
+    header = wrap_c_code(wrap_c_comments(env.get_template("module.h.j2").render(m=module)))
     cdef = env.get_template("cdef.j2").render(m=module)
     return source, header, cdef
 

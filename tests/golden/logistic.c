@@ -58,8 +58,11 @@ static int logistic_run(
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < n; ++i) {
         const LOGISTIC_REAL x0 = 1.0/((LOGISTIC_REAL)n);
-        add_t_2[i] = add_t[i]*(((mm_w[i]) > 0 ? (mm_w[i]) : 0.0) + log1p(exp(-fabs(mm_w[i])))) + t[i]*(((-mm_w[i]) > 0 ? (-mm_w[i]) : 0.0) + log1p(exp(-fabs(mm_w[i]))));
-        grad_mm_w[i] = add_t[i]*x0*(((mm_w[i]) >= 0 ? 1.0 : exp(-fabs(mm_w[i]))) / (1.0 + exp(-fabs(mm_w[i])))) - t[i]*x0*(((-mm_w[i]) >= 0 ? 1.0 : exp(-fabs(mm_w[i]))) / (1.0 + exp(-fabs(mm_w[i]))));
+        add_t_2[i] = add_t[i]*(((mm_w[i]) > 0 ? (mm_w[i]) : 0.0) + log1p(exp(-fabs(mm_w[i])))) +
+                t[i]*(((-mm_w[i]) > 0 ? (-mm_w[i]) : 0.0) + log1p(exp(-fabs(mm_w[i]))));
+        grad_mm_w[i] = add_t[i]*x0*(((mm_w[i]) >= 0 ? 1.0 : exp(-fabs(mm_w[i]))) / (1.0 +
+                exp(-fabs(mm_w[i])))) - t[i]*x0*(((-mm_w[i]) >= 0 ? 1.0 : exp(-fabs(mm_w[i]))) /
+                (1.0 + exp(-fabs(mm_w[i]))));
     }
 
     /* colsum_t = sum of add_t_2 down each column */
@@ -213,9 +216,11 @@ size_t logistic_forward_call_work_len(const int64_t *dims)
 }
 
 /* logistic_forward with its arrays in arrays (see logistic.h). */
-int logistic_forward_call(const int64_t *dims, const void *const *in, void *const *out, LOGISTIC_REAL *work)
+int logistic_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        LOGISTIC_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && logistic_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            logistic_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 3; ++i) {
@@ -229,7 +234,8 @@ int logistic_forward_call(const int64_t *dims, const void *const *in, void *cons
         }
     }
     return logistic_forward(
-        dims[0], (const LOGISTIC_REAL *)in[0], (const LOGISTIC_REAL *)in[1], (const LOGISTIC_REAL *)in[2],
+        dims[0], (const LOGISTIC_REAL *)in[0], (const LOGISTIC_REAL *)in[1], (const LOGISTIC_REAL
+                *)in[2],
         (LOGISTIC_REAL *)out[0], work
     );
 }
@@ -306,9 +312,11 @@ size_t logistic_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* logistic_value_and_grad with its arrays in arrays (see logistic.h). */
-int logistic_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, LOGISTIC_REAL *work)
+int logistic_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        LOGISTIC_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && logistic_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            logistic_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 3; ++i) {
@@ -322,7 +330,8 @@ int logistic_value_and_grad_call(const int64_t *dims, const void *const *in, voi
         }
     }
     return logistic_value_and_grad(
-        dims[0], (const LOGISTIC_REAL *)in[0], (const LOGISTIC_REAL *)in[1], (const LOGISTIC_REAL *)in[2],
+        dims[0], (const LOGISTIC_REAL *)in[0], (const LOGISTIC_REAL *)in[1], (const LOGISTIC_REAL
+                *)in[2],
         (LOGISTIC_REAL *)out[0], (LOGISTIC_REAL *)out[1], work
     );
 }

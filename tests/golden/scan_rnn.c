@@ -262,8 +262,10 @@ int scan_rnn_forward(
     SCAN_RNN_REAL *rowsum_h0_2 = colsum_h0 + 2; /* 1 x 1 */
 
     scan_rnn_forward_part1(M, mul_M);
-    scan_rnn_forward_part2(T, XT_, W, Ux, b, V, h0, M, mul_M, scan_h0, scan_part_h0, scan_part_h0_2, scan_part_h0_3);
-    scan_rnn_forward_part3(T, Z, loss, scan_part_h0, scan_part_h0_2, scan_part_h0_3, sq_Z, colsum_Z, rowsum_h0, colsum_h0, rowsum_h0_2);
+    scan_rnn_forward_part2(T, XT_, W, Ux, b, V, h0, M, mul_M, scan_h0, scan_part_h0, scan_part_h0_2,
+            scan_part_h0_3);
+    scan_rnn_forward_part3(T, Z, loss, scan_part_h0, scan_part_h0_2, scan_part_h0_3, sq_Z, colsum_Z,
+            rowsum_h0, colsum_h0, rowsum_h0_2);
     return 0;
 }
 #endif
@@ -565,7 +567,8 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
      * inputs and params, from the states kept in scan_part_h0_4, each segment of 2 steps
      * recomputed from its checkpoint */
     {
-        SCAN_RNN_REAL *scan_vjp_W_base = (SCAN_RNN_REAL *)(((uintptr_t)scan_vjp_W + 63) & ~(uintptr_t)63);
+        SCAN_RNN_REAL *scan_vjp_W_base = (SCAN_RNN_REAL *)(((uintptr_t)scan_vjp_W + 63) &
+                ~(uintptr_t)63);
         SCAN_RNN_REAL *scan_vjp_W_cur = scan_vjp_W_base;
         SCAN_RNN_REAL *scan_vjp_W_nxt = scan_vjp_W_base + 7;
         SCAN_RNN_REAL *scan_vjp_W_seg = scan_vjp_W_base + 14;
@@ -648,7 +651,8 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
     #pragma GCC ivdep
     #endif
                 for (int64_t j = 0; j < 3; ++j) {
-                    scan_vjp_W_h_next[j] = tanh(scan_vjp_W_mm_h_kept[j] + scan_vjp_W_mm_x_kept[j] + b[j]);
+                    scan_vjp_W_h_next[j] = tanh(scan_vjp_W_mm_h_kept[j] + scan_vjp_W_mm_x_kept[j] +
+                            b[j]);
                 }
                 /* m_next = M^T + m/2 */
     #if defined(__GNUC__) && !defined(__clang__)
@@ -719,8 +723,10 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
     #endif
                 for (int64_t j = 0; j < 3; ++j) {
                     const SCAN_RNN_REAL scan_vjp_W_grad_b_in = grad_b[j];
-                    const SCAN_RNN_REAL x0 = tanh(scan_vjp_W_mm_h_kept_2[j] + scan_vjp_W_mm_x_kept_2[j] + b[j]);
-                    const SCAN_RNN_REAL x1 = (1 - (x0*x0))*(scan_vjp_W_grad_h_next[j] + scan_vjp_W_grad_tanh_b_part[j]);
+                    const SCAN_RNN_REAL x0 = tanh(scan_vjp_W_mm_h_kept_2[j] +
+                            scan_vjp_W_mm_x_kept_2[j] + b[j]);
+                    const SCAN_RNN_REAL x1 = (1 - (x0*x0))*(scan_vjp_W_grad_h_next[j] +
+                            scan_vjp_W_grad_tanh_b_part[j]);
                     scan_vjp_W_tanh_mm_h_kept_2[j] = x0;
                     scan_vjp_W_mul_grad_h_next[j] = x1;
                     grad_b[j] = scan_vjp_W_grad_b_in + x1;
@@ -784,7 +790,8 @@ SCAN_RNN_SHARED void scan_rnn_value_and_grad_part4(
                 for (int64_t i = 0; i < 2; ++i) {
                     for (int64_t j = 0; j < 2; ++j) {
                         const SCAN_RNN_REAL scan_vjp_W_grad_M_part_in = grad_M_part[2*i + j];
-                        grad_M_part[2*i + j] = scan_vjp_W_grad_M_part_in + scan_vjp_W_grad_m_next[i + 2*j];
+                        grad_M_part[2*i + j] = scan_vjp_W_grad_M_part_in +
+                                scan_vjp_W_grad_m_next[i + 2*j];
                     }
                 }
                 SCAN_RNN_REAL *scan_vjp_W_swap = scan_vjp_W_cur;
@@ -895,9 +902,12 @@ int scan_rnn_value_and_grad(
     SCAN_RNN_REAL *grad_transpose_M = scan_vjp_W + 108; /* 2 x 2 */
 
     scan_rnn_value_and_grad_part1(M, mul_M);
-    scan_rnn_value_and_grad_part2(T, XT_, W, Ux, b, V, h0, M, mul_M, scan_h0, scan_part_h0, scan_part_h0_4, scan_part_h0_2, scan_part_h0_3);
-    scan_rnn_value_and_grad_part3(T, Z, loss, scan_part_h0, scan_part_h0_2, scan_part_h0_3, sq_Z, grad_add_Z, colsum_Z, rowsum_h0, colsum_h0, rowsum_h0_2);
-    scan_rnn_value_and_grad_part4(T, XT_, W, Ux, b, V, M, grad_W, grad_Ux, grad_b, grad_V, grad_h0, scan_part_h0_4, grad_add_Z, scan_vjp_W, grad_M_part, grad_mul_M);
+    scan_rnn_value_and_grad_part2(T, XT_, W, Ux, b, V, h0, M, mul_M, scan_h0, scan_part_h0,
+            scan_part_h0_4, scan_part_h0_2, scan_part_h0_3);
+    scan_rnn_value_and_grad_part3(T, Z, loss, scan_part_h0, scan_part_h0_2, scan_part_h0_3, sq_Z,
+            grad_add_Z, colsum_Z, rowsum_h0, colsum_h0, rowsum_h0_2);
+    scan_rnn_value_and_grad_part4(T, XT_, W, Ux, b, V, M, grad_W, grad_Ux, grad_b, grad_V, grad_h0,
+            scan_part_h0_4, grad_add_Z, scan_vjp_W, grad_M_part, grad_mul_M);
     scan_rnn_value_and_grad_part5(grad_M, grad_M_part, grad_mul_M, grad_transpose_M);
     return 0;
 }
@@ -994,9 +1004,11 @@ size_t scan_rnn_forward_call_work_len(const int64_t *dims)
 }
 
 /* scan_rnn_forward with its arrays in arrays (see scan_rnn.h). */
-int scan_rnn_forward_call(const int64_t *dims, const void *const *in, void *const *out, SCAN_RNN_REAL *work)
+int scan_rnn_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        SCAN_RNN_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && scan_rnn_forward_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            scan_rnn_forward_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 8; ++i) {
@@ -1010,7 +1022,8 @@ int scan_rnn_forward_call(const int64_t *dims, const void *const *in, void *cons
         }
     }
     return scan_rnn_forward(
-        dims[0], (const SCAN_RNN_REAL *)in[0], (const SCAN_RNN_REAL *)in[1], (const SCAN_RNN_REAL *)in[2],
+        dims[0], (const SCAN_RNN_REAL *)in[0], (const SCAN_RNN_REAL *)in[1], (const SCAN_RNN_REAL
+                *)in[2],
         (const SCAN_RNN_REAL *)in[3], (const SCAN_RNN_REAL *)in[4], (const SCAN_RNN_REAL *)in[5],
         (const SCAN_RNN_REAL *)in[6], (const SCAN_RNN_REAL *)in[7], (SCAN_RNN_REAL *)out[0], work
     );
@@ -1098,9 +1111,11 @@ size_t scan_rnn_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* scan_rnn_value_and_grad with its arrays in arrays (see scan_rnn.h). */
-int scan_rnn_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, SCAN_RNN_REAL *work)
+int scan_rnn_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        SCAN_RNN_REAL *work)
 {
-    if (dims == NULL || in == NULL || out == NULL || (work == NULL && scan_rnn_value_and_grad_call_work_len(dims) > 0)) {
+    if (dims == NULL || in == NULL || out == NULL || (work == NULL &&
+            scan_rnn_value_and_grad_call_work_len(dims) > 0)) {
         return 4;
     }
     for (int i = 0; i < 8; ++i) {
@@ -1114,10 +1129,12 @@ int scan_rnn_value_and_grad_call(const int64_t *dims, const void *const *in, voi
         }
     }
     return scan_rnn_value_and_grad(
-        dims[0], (const SCAN_RNN_REAL *)in[0], (const SCAN_RNN_REAL *)in[1], (const SCAN_RNN_REAL *)in[2],
+        dims[0], (const SCAN_RNN_REAL *)in[0], (const SCAN_RNN_REAL *)in[1], (const SCAN_RNN_REAL
+                *)in[2],
         (const SCAN_RNN_REAL *)in[3], (const SCAN_RNN_REAL *)in[4], (const SCAN_RNN_REAL *)in[5],
         (const SCAN_RNN_REAL *)in[6], (const SCAN_RNN_REAL *)in[7], (SCAN_RNN_REAL *)out[0],
-        (SCAN_RNN_REAL *)out[1], (SCAN_RNN_REAL *)out[2], (SCAN_RNN_REAL *)out[3], (SCAN_RNN_REAL *)out[4],
+        (SCAN_RNN_REAL *)out[1], (SCAN_RNN_REAL *)out[2], (SCAN_RNN_REAL *)out[3], (SCAN_RNN_REAL
+                *)out[4],
         (SCAN_RNN_REAL *)out[5], (SCAN_RNN_REAL *)out[6], work
     );
 }

@@ -191,7 +191,8 @@ size_t softmax_ce_forward_call_work_len(const int64_t *dims)
 }
 
 /* softmax_ce_forward with its arrays in arrays (see softmax_ce.h). */
-int softmax_ce_forward_call(const int64_t *dims, const void *const *in, void *const *out, SOFTMAX_CE_REAL *work)
+int softmax_ce_forward_call(const int64_t *dims, const void *const *in, void *const *out,
+        SOFTMAX_CE_REAL *work)
 {
     if (in == NULL || out == NULL || (work == NULL && softmax_ce_forward_call_work_len(dims) > 0)) {
         return 4;
@@ -207,7 +208,8 @@ int softmax_ce_forward_call(const int64_t *dims, const void *const *in, void *co
         }
     }
     return softmax_ce_forward(
-        (const SOFTMAX_CE_REAL *)in[0], (const SOFTMAX_CE_REAL *)in[1], (SOFTMAX_CE_REAL *)out[0], work
+        (const SOFTMAX_CE_REAL *)in[0], (const SOFTMAX_CE_REAL *)in[1], (SOFTMAX_CE_REAL *)out[0],
+                work
     );
 }
 
@@ -277,9 +279,11 @@ size_t softmax_ce_value_and_grad_call_work_len(const int64_t *dims)
 }
 
 /* softmax_ce_value_and_grad with its arrays in arrays (see softmax_ce.h). */
-int softmax_ce_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out, SOFTMAX_CE_REAL *work)
+int softmax_ce_value_and_grad_call(const int64_t *dims, const void *const *in, void *const *out,
+        SOFTMAX_CE_REAL *work)
 {
-    if (in == NULL || out == NULL || (work == NULL && softmax_ce_value_and_grad_call_work_len(dims) > 0)) {
+    if (in == NULL || out == NULL || (work == NULL && softmax_ce_value_and_grad_call_work_len(dims)
+            > 0)) {
         return 4;
     }
     for (int i = 0; i < 2; ++i) {
