@@ -62,3 +62,12 @@ def test_the_math_diff_lists_no_equation_whose_text_is_unchanged():
     renamed = dict(change.renamed)
     assert all(_of_layer(n, ("gamma", "beta")) for n in [*renamed, *renamed.values(), *added]), (renamed, added)
     assert diff_models(ln_net(), ln_net()).renamed == () and not diff_models(ln_net(), ln_net()).changed
+
+
+def test_with_an_optimizer_the_forward_and_backward_c_is_written_once():
+    """train_step calls value_and_grad (and train_epoch train_step): each
+    kernel's C of the model is in one function, not repeated per caller."""
+    source = "\n".join(c_text(ln_net(), optimizer=True))
+    assert source.count("/* mm_W1 = X @ W1 */") == 1
+    assert source.count("/* grad_W1 = X^T @ ") == 1
+    assert re.search(r"const int status = net_value_and_grad\(", source)

@@ -99,6 +99,15 @@ def test_comment_lines_fit_in_100_columns():
                 assert len(line) <= WIDTH or " " not in line.strip(), f"{path}:{number}"
 
 
+def test_code_lines_fit_in_100_columns():
+    """Long calls and expressions continue on further lines; only
+    preprocessor lines and tables of strings may be longer."""
+    for path in [*GENERATED.glob("*/*.c"), *GENERATED.glob("*/*.h")]:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if len(line) > WIDTH:
+                assert line.startswith("#") or '"' in line, f"{path}:{number}"
+
+
 def test_no_trailing_blanks_and_a_function_body_opens_on_its_own_line():
     """What a reviewer's diff shows as noise: blanks at line ends, and code
     glued to the brace that opens a function."""

@@ -394,6 +394,14 @@ SYMBACKPROP_WIDE BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part1(
 /* bundle_adjustment_forward, part 2 of 2 (kernels 2 to 4): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part2(
+    int64_t N,
+    BUNDLE_ADJUSTMENT_REAL *loss,
+    BUNDLE_ADJUSTMENT_REAL *residual,
+    BUNDLE_ADJUSTMENT_REAL *sq_residual,
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_forward_part2(
     int64_t N,
@@ -480,6 +488,21 @@ size_t bundle_adjustment_value_and_grad_work_len(int64_t N, int64_t C, int64_t P
 /* bundle_adjustment_value_and_grad, part 1 of 2 (kernels 1 to 4): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
+    int64_t N,
+    const BUNDLE_ADJUSTMENT_REAL *feats,
+    const int64_t *cam,
+    const int64_t *pt,
+    const BUNDLE_ADJUSTMENT_REAL *cams,
+    const BUNDLE_ADJUSTMENT_REAL *pts,
+    const BUNDLE_ADJUSTMENT_REAL *weights,
+    BUNDLE_ADJUSTMENT_REAL *loss,
+    BUNDLE_ADJUSTMENT_REAL *residual,
+    BUNDLE_ADJUSTMENT_REAL *sq_residual,
+    BUNDLE_ADJUSTMENT_REAL *grad_residual,
+    BUNDLE_ADJUSTMENT_REAL *colsum_residual
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 BUNDLE_ADJUSTMENT_SHARED void bundle_adjustment_value_and_grad_part1(
     int64_t N,

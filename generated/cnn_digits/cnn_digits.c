@@ -24,6 +24,33 @@
 #define CNN_DIGITS_SHARED static
 #endif
 
+/* In unit 0; called from unit 0. */
+CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads);
+CNN_DIGITS_SHARED int cnn_digits_run(
+    int64_t n,
+    const CNN_DIGITS_REAL *X,
+    const CNN_DIGITS_REAL *T,
+    const CNN_DIGITS_REAL *K1,
+    const CNN_DIGITS_REAL *c1,
+    const CNN_DIGITS_REAL *K2,
+    const CNN_DIGITS_REAL *c2,
+    const CNN_DIGITS_REAL *W1,
+    const CNN_DIGITS_REAL *b1,
+    const CNN_DIGITS_REAL *W2,
+    const CNN_DIGITS_REAL *b2,
+    CNN_DIGITS_REAL *loss,
+    CNN_DIGITS_REAL *logits,
+    CNN_DIGITS_REAL *grad_K1,
+    CNN_DIGITS_REAL *grad_c1,
+    CNN_DIGITS_REAL *grad_K2,
+    CNN_DIGITS_REAL *grad_c2,
+    CNN_DIGITS_REAL *grad_W1,
+    CNN_DIGITS_REAL *grad_b1,
+    CNN_DIGITS_REAL *grad_W2,
+    CNN_DIGITS_REAL *grad_b2,
+    CNN_DIGITS_REAL *work,
+    int with_grads
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
 {
@@ -37,6 +64,43 @@ CNN_DIGITS_SHARED size_t cnn_digits_run_work_len(int64_t n, int with_grads)
 /* cnn_digits_run, part 1 of 3 (kernels 1 to 17): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_run_part1(
+    int64_t n,
+    const CNN_DIGITS_REAL *X,
+    const CNN_DIGITS_REAL *T,
+    const CNN_DIGITS_REAL *K1,
+    const CNN_DIGITS_REAL *c1,
+    const CNN_DIGITS_REAL *K2,
+    const CNN_DIGITS_REAL *c2,
+    const CNN_DIGITS_REAL *W1,
+    const CNN_DIGITS_REAL *b1,
+    const CNN_DIGITS_REAL *W2,
+    const CNN_DIGITS_REAL *b2,
+    CNN_DIGITS_REAL *loss,
+    CNN_DIGITS_REAL *logits,
+    CNN_DIGITS_REAL *bcast_c2,
+    CNN_DIGITS_REAL *bcast_c1,
+    CNN_DIGITS_REAL *conv_K1,
+    CNN_DIGITS_REAL *conv_K1_cols,
+    CNN_DIGITS_REAL *relu_K1,
+    CNN_DIGITS_REAL *step_K1,
+    CNN_DIGITS_REAL *maxpool_K1,
+    CNN_DIGITS_REAL *conv_K2,
+    CNN_DIGITS_REAL *conv_K2_cols,
+    CNN_DIGITS_REAL *relu_K2,
+    CNN_DIGITS_REAL *step_K2,
+    CNN_DIGITS_REAL *maxpool_K2,
+    CNN_DIGITS_REAL *mm_W1,
+    CNN_DIGITS_REAL *relu_W1,
+    CNN_DIGITS_REAL *step_W1,
+    CNN_DIGITS_REAL *mm_W2,
+    CNN_DIGITS_REAL *mul_logits,
+    CNN_DIGITS_REAL *rowsum_logits,
+    CNN_DIGITS_REAL *rowlse_logits,
+    CNN_DIGITS_REAL *add_logits,
+    CNN_DIGITS_REAL *colsum_logits
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED void cnn_digits_run_part1(
     int64_t n,
@@ -590,6 +654,18 @@ CNN_DIGITS_SHARED void cnn_digits_run_part2(
 /* cnn_digits_run, part 3 of 3 (kernels 33 to 36): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+CNN_DIGITS_SHARED void cnn_digits_run_part3(
+    int64_t n,
+    CNN_DIGITS_REAL *grad_W1,
+    CNN_DIGITS_REAL *grad_b1,
+    CNN_DIGITS_REAL *grad_W2,
+    CNN_DIGITS_REAL *grad_b2,
+    CNN_DIGITS_REAL *maxpool_K2,
+    CNN_DIGITS_REAL *relu_W1,
+    CNN_DIGITS_REAL *grad_logits,
+    CNN_DIGITS_REAL *grad_add_W1
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 CNN_DIGITS_SHARED void cnn_digits_run_part3(
     int64_t n,

@@ -71,6 +71,27 @@ size_t lstm_lm_forward_work_len(int64_t T)
 /* lstm_lm_forward, part 1 of 2 (kernels 1 to 1): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+LSTM_LM_SHARED void lstm_lm_forward_part1(
+    int64_t T,
+    const LSTM_LM_REAL *X,
+    const LSTM_LM_REAL *W_i,
+    const LSTM_LM_REAL *W_f,
+    const LSTM_LM_REAL *W_g,
+    const LSTM_LM_REAL *W_o,
+    const LSTM_LM_REAL *U_i,
+    const LSTM_LM_REAL *U_f,
+    const LSTM_LM_REAL *U_g,
+    const LSTM_LM_REAL *U_o,
+    const LSTM_LM_REAL *b_i,
+    const LSTM_LM_REAL *b_f,
+    const LSTM_LM_REAL *b_g,
+    const LSTM_LM_REAL *b_o,
+    const LSTM_LM_REAL *V,
+    const LSTM_LM_REAL *c,
+    LSTM_LM_REAL *logits,
+    LSTM_LM_REAL *scan_W_i
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED void lstm_lm_forward_part1(
     int64_t T,
@@ -303,6 +324,18 @@ LSTM_LM_SHARED void lstm_lm_forward_part1(
 /* lstm_lm_forward, part 2 of 2 (kernels 2 to 8): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+LSTM_LM_SHARED void lstm_lm_forward_part2(
+    int64_t T,
+    const LSTM_LM_REAL *Y,
+    LSTM_LM_REAL *loss,
+    LSTM_LM_REAL *logits,
+    LSTM_LM_REAL *mul_logits,
+    LSTM_LM_REAL *rowsum_logits,
+    LSTM_LM_REAL *rowlse_logits,
+    LSTM_LM_REAL *add_logits,
+    LSTM_LM_REAL *colsum_logits
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED void lstm_lm_forward_part2(
     int64_t T,

@@ -273,6 +273,52 @@ void lstm_sequence_loop3(
 }
 #endif
 
+/* In unit 0; called from unit 0. */
+LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads);
+LSTM_SEQUENCE_SHARED int lstm_sequence_run(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *x1_,
+    const LSTM_SEQUENCE_REAL *x2_,
+    const LSTM_SEQUENCE_REAL *x3_,
+    const LSTM_SEQUENCE_REAL *x4_,
+    const LSTM_SEQUENCE_REAL *x5_,
+    const LSTM_SEQUENCE_REAL *x6_,
+    const LSTM_SEQUENCE_REAL *x7_,
+    const LSTM_SEQUENCE_REAL *x8_,
+    const LSTM_SEQUENCE_REAL *y,
+    const LSTM_SEQUENCE_REAL *W_i,
+    const LSTM_SEQUENCE_REAL *W_f,
+    const LSTM_SEQUENCE_REAL *W_g,
+    const LSTM_SEQUENCE_REAL *W_o,
+    const LSTM_SEQUENCE_REAL *U_i,
+    const LSTM_SEQUENCE_REAL *U_f,
+    const LSTM_SEQUENCE_REAL *U_g,
+    const LSTM_SEQUENCE_REAL *U_o,
+    const LSTM_SEQUENCE_REAL *b_i,
+    const LSTM_SEQUENCE_REAL *b_f,
+    const LSTM_SEQUENCE_REAL *b_g,
+    const LSTM_SEQUENCE_REAL *b_o,
+    const LSTM_SEQUENCE_REAL *V,
+    const LSTM_SEQUENCE_REAL *c0,
+    LSTM_SEQUENCE_REAL *loss,
+    LSTM_SEQUENCE_REAL *logit,
+    LSTM_SEQUENCE_REAL *grad_W_i,
+    LSTM_SEQUENCE_REAL *grad_W_f,
+    LSTM_SEQUENCE_REAL *grad_W_g,
+    LSTM_SEQUENCE_REAL *grad_W_o,
+    LSTM_SEQUENCE_REAL *grad_U_i,
+    LSTM_SEQUENCE_REAL *grad_U_f,
+    LSTM_SEQUENCE_REAL *grad_U_g,
+    LSTM_SEQUENCE_REAL *grad_U_o,
+    LSTM_SEQUENCE_REAL *grad_b_i,
+    LSTM_SEQUENCE_REAL *grad_b_f,
+    LSTM_SEQUENCE_REAL *grad_b_g,
+    LSTM_SEQUENCE_REAL *grad_b_o,
+    LSTM_SEQUENCE_REAL *grad_V,
+    LSTM_SEQUENCE_REAL *grad_c0,
+    LSTM_SEQUENCE_REAL *work,
+    int with_grads
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads)
 {
@@ -286,6 +332,58 @@ LSTM_SEQUENCE_SHARED size_t lstm_sequence_run_work_len(int64_t n, int with_grads
 /* lstm_sequence_run, part 1 of 8 (kernels 1 to 32): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *x1_,
+    const LSTM_SEQUENCE_REAL *x2_,
+    const LSTM_SEQUENCE_REAL *x3_,
+    const LSTM_SEQUENCE_REAL *x4_,
+    const LSTM_SEQUENCE_REAL *W_i,
+    const LSTM_SEQUENCE_REAL *W_f,
+    const LSTM_SEQUENCE_REAL *W_g,
+    const LSTM_SEQUENCE_REAL *W_o,
+    const LSTM_SEQUENCE_REAL *U_i,
+    const LSTM_SEQUENCE_REAL *U_f,
+    const LSTM_SEQUENCE_REAL *U_g,
+    const LSTM_SEQUENCE_REAL *U_o,
+    const LSTM_SEQUENCE_REAL *b_i,
+    const LSTM_SEQUENCE_REAL *b_f,
+    const LSTM_SEQUENCE_REAL *b_g,
+    const LSTM_SEQUENCE_REAL *b_o,
+    LSTM_SEQUENCE_REAL *mm_W_o,
+    LSTM_SEQUENCE_REAL *sigmoid_W_o,
+    LSTM_SEQUENCE_REAL *mm_W_i,
+    LSTM_SEQUENCE_REAL *sigmoid_W_i,
+    LSTM_SEQUENCE_REAL *mm_W_g,
+    LSTM_SEQUENCE_REAL *tanh_W_g,
+    LSTM_SEQUENCE_REAL *mul_W_i,
+    LSTM_SEQUENCE_REAL *tanh_W_i,
+    LSTM_SEQUENCE_REAL *mul_W_o,
+    LSTM_SEQUENCE_REAL *mm_U_o,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o,
+    LSTM_SEQUENCE_REAL *mm_U_i,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i,
+    LSTM_SEQUENCE_REAL *mm_U_g,
+    LSTM_SEQUENCE_REAL *tanh_U_g,
+    LSTM_SEQUENCE_REAL *mm_U_f,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f,
+    LSTM_SEQUENCE_REAL *add_U_i,
+    LSTM_SEQUENCE_REAL *tanh_U_i,
+    LSTM_SEQUENCE_REAL *mul_U_o,
+    LSTM_SEQUENCE_REAL *mm_U_o_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_o_2,
+    LSTM_SEQUENCE_REAL *mm_U_i_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_i_2,
+    LSTM_SEQUENCE_REAL *mm_U_g_2,
+    LSTM_SEQUENCE_REAL *tanh_U_g_2,
+    LSTM_SEQUENCE_REAL *mm_U_f_2,
+    LSTM_SEQUENCE_REAL *sigmoid_U_f_2,
+    LSTM_SEQUENCE_REAL *add_U_i_2,
+    LSTM_SEQUENCE_REAL *tanh_U_i_2,
+    LSTM_SEQUENCE_REAL *mul_U_o_2,
+    LSTM_SEQUENCE_REAL *mm_U_o_3
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     int64_t n,
@@ -1631,6 +1729,57 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part6(
 /* lstm_sequence_run, part 7 of 8 (kernels 161 to 192): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
+    int64_t n,
+    const LSTM_SEQUENCE_REAL *x1_,
+    const LSTM_SEQUENCE_REAL *x2_,
+    LSTM_SEQUENCE_REAL *grad_W_o,
+    LSTM_SEQUENCE_REAL *grad_U_i,
+    LSTM_SEQUENCE_REAL *grad_U_f,
+    LSTM_SEQUENCE_REAL *grad_U_g,
+    LSTM_SEQUENCE_REAL *grad_U_o,
+    LSTM_SEQUENCE_REAL *grad_b_i,
+    LSTM_SEQUENCE_REAL *grad_b_f,
+    LSTM_SEQUENCE_REAL *mul_W_o,
+    LSTM_SEQUENCE_REAL *mul_U_o,
+    LSTM_SEQUENCE_REAL *mul_U_o_2,
+    LSTM_SEQUENCE_REAL *mul_U_o_3,
+    LSTM_SEQUENCE_REAL *mul_U_o_4,
+    LSTM_SEQUENCE_REAL *mul_U_o_5,
+    LSTM_SEQUENCE_REAL *mul_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_f,
+    LSTM_SEQUENCE_REAL *grad_add_U_g,
+    LSTM_SEQUENCE_REAL *grad_add_U_o,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_2,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_3,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_4,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_8,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_5,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_9,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_6,
+    LSTM_SEQUENCE_REAL *grad_add_U_i_11,
+    LSTM_SEQUENCE_REAL *grad_add_U_f_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_g_7,
+    LSTM_SEQUENCE_REAL *grad_add_U_o_7,
+    LSTM_SEQUENCE_REAL *grad_copy_b_f,
+    LSTM_SEQUENCE_REAL *grad_add_W_o,
+    LSTM_SEQUENCE_REAL *grad_copy_b_i
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
     int64_t n,
@@ -1898,66 +2047,88 @@ LSTM_SEQUENCE_SHARED int lstm_sequence_run(
     LSTM_SEQUENCE_REAL *mul_U_o = tanh_U_i + 8*n; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_o_2 = with_grads ? mm_U_f : mul_W_i; /* n x 8, in mm_U_f's memory */
     LSTM_SEQUENCE_REAL *sigmoid_U_o_2 = with_grads ? mul_U_o + 8*n : sigmoid_U_o; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_2 = with_grads ? mm_U_o_2 : sigmoid_U_i; /* n x 8, in mm_U_o_2's memory */
+    LSTM_SEQUENCE_REAL *mm_U_i_2 = with_grads ? mm_U_o_2 : sigmoid_U_i; /* n x 8, in mm_U_o_2's
+            memory */
     LSTM_SEQUENCE_REAL *sigmoid_U_i_2 = with_grads ? sigmoid_U_o_2 + 8*n : tanh_U_g; /* n x 8 */
     LSTM_SEQUENCE_REAL *mm_U_g_2 = with_grads ? mm_U_i_2 : mm_U_f; /* n x 8, in mm_U_i_2's memory */
     LSTM_SEQUENCE_REAL *tanh_U_g_2 = with_grads ? sigmoid_U_i_2 + 8*n : sigmoid_U_f; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_2 = with_grads ? mm_U_g_2 : tanh_U_i; /* n x 8, in mm_U_g_2's memory */
+    LSTM_SEQUENCE_REAL *mm_U_f_2 = with_grads ? mm_U_g_2 : tanh_U_i; /* n x 8, in mm_U_g_2's memory
+            */
     LSTM_SEQUENCE_REAL *sigmoid_U_f_2 = with_grads ? tanh_U_g_2 + 8*n : mm_U_o_2; /* n x 8 */
     LSTM_SEQUENCE_REAL *add_U_i_2 = with_grads ? sigmoid_U_f_2 + 8*n : mm_U_i_2; /* n x 8 */
     LSTM_SEQUENCE_REAL *tanh_U_i_2 = with_grads ? add_U_i_2 + 8*n : mm_U_g_2; /* n x 8 */
     LSTM_SEQUENCE_REAL *mul_U_o_2 = with_grads ? tanh_U_i_2 + 8*n : mul_U_o; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_3 = with_grads ? mm_U_f_2 : add_U_i; /* n x 8, in mm_U_f_2's memory */
+    LSTM_SEQUENCE_REAL *mm_U_o_3 = with_grads ? mm_U_f_2 : add_U_i; /* n x 8, in mm_U_f_2's memory
+            */
     LSTM_SEQUENCE_REAL *sigmoid_U_o_3 = with_grads ? mul_U_o_2 + 8*n : sigmoid_U_o_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_3 = with_grads ? mm_U_o_3 : sigmoid_U_i_2; /* n x 8, in mm_U_o_3's memory */
+    LSTM_SEQUENCE_REAL *mm_U_i_3 = with_grads ? mm_U_o_3 : sigmoid_U_i_2; /* n x 8, in mm_U_o_3's
+            memory */
     LSTM_SEQUENCE_REAL *sigmoid_U_i_3 = with_grads ? sigmoid_U_o_3 + 8*n : tanh_U_g_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_3 = with_grads ? mm_U_i_3 : mm_U_f_2; /* n x 8, in mm_U_i_3's memory */
+    LSTM_SEQUENCE_REAL *mm_U_g_3 = with_grads ? mm_U_i_3 : mm_U_f_2; /* n x 8, in mm_U_i_3's memory
+            */
     LSTM_SEQUENCE_REAL *tanh_U_g_3 = with_grads ? sigmoid_U_i_3 + 8*n : sigmoid_U_f_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_3 = with_grads ? mm_U_g_3 : tanh_U_i_2; /* n x 8, in mm_U_g_3's memory */
+    LSTM_SEQUENCE_REAL *mm_U_f_3 = with_grads ? mm_U_g_3 : tanh_U_i_2; /* n x 8, in mm_U_g_3's
+            memory */
     LSTM_SEQUENCE_REAL *sigmoid_U_f_3 = with_grads ? tanh_U_g_3 + 8*n : mm_U_o_3; /* n x 8 */
     LSTM_SEQUENCE_REAL *add_U_i_3 = with_grads ? sigmoid_U_f_3 + 8*n : mm_U_i_3; /* n x 8 */
     LSTM_SEQUENCE_REAL *tanh_U_i_3 = with_grads ? add_U_i_3 + 8*n : mm_U_g_3; /* n x 8 */
     LSTM_SEQUENCE_REAL *mul_U_o_3 = with_grads ? tanh_U_i_3 + 8*n : mul_U_o_2; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_4 = with_grads ? mm_U_f_3 : add_U_i_2; /* n x 8, in mm_U_f_3's memory */
+    LSTM_SEQUENCE_REAL *mm_U_o_4 = with_grads ? mm_U_f_3 : add_U_i_2; /* n x 8, in mm_U_f_3's memory
+            */
     LSTM_SEQUENCE_REAL *sigmoid_U_o_4 = with_grads ? mul_U_o_3 + 8*n : sigmoid_U_o_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_4 = with_grads ? mm_U_o_4 : sigmoid_U_i_3; /* n x 8, in mm_U_o_4's memory */
+    LSTM_SEQUENCE_REAL *mm_U_i_4 = with_grads ? mm_U_o_4 : sigmoid_U_i_3; /* n x 8, in mm_U_o_4's
+            memory */
     LSTM_SEQUENCE_REAL *sigmoid_U_i_4 = with_grads ? sigmoid_U_o_4 + 8*n : tanh_U_g_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_4 = with_grads ? mm_U_i_4 : mm_U_f_3; /* n x 8, in mm_U_i_4's memory */
+    LSTM_SEQUENCE_REAL *mm_U_g_4 = with_grads ? mm_U_i_4 : mm_U_f_3; /* n x 8, in mm_U_i_4's memory
+            */
     LSTM_SEQUENCE_REAL *tanh_U_g_4 = with_grads ? sigmoid_U_i_4 + 8*n : sigmoid_U_f_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_4 = with_grads ? mm_U_g_4 : tanh_U_i_3; /* n x 8, in mm_U_g_4's memory */
+    LSTM_SEQUENCE_REAL *mm_U_f_4 = with_grads ? mm_U_g_4 : tanh_U_i_3; /* n x 8, in mm_U_g_4's
+            memory */
     LSTM_SEQUENCE_REAL *sigmoid_U_f_4 = with_grads ? tanh_U_g_4 + 8*n : mm_U_o_4; /* n x 8 */
     LSTM_SEQUENCE_REAL *add_U_i_4 = with_grads ? sigmoid_U_f_4 + 8*n : mm_U_i_4; /* n x 8 */
     LSTM_SEQUENCE_REAL *tanh_U_i_4 = with_grads ? add_U_i_4 + 8*n : mm_U_g_4; /* n x 8 */
     LSTM_SEQUENCE_REAL *mul_U_o_4 = with_grads ? tanh_U_i_4 + 8*n : mul_U_o_3; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_5 = with_grads ? mm_U_f_4 : add_U_i_3; /* n x 8, in mm_U_f_4's memory */
+    LSTM_SEQUENCE_REAL *mm_U_o_5 = with_grads ? mm_U_f_4 : add_U_i_3; /* n x 8, in mm_U_f_4's memory
+            */
     LSTM_SEQUENCE_REAL *sigmoid_U_o_5 = with_grads ? mul_U_o_4 + 8*n : sigmoid_U_o_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_5 = with_grads ? mm_U_o_5 : sigmoid_U_i_4; /* n x 8, in mm_U_o_5's memory */
+    LSTM_SEQUENCE_REAL *mm_U_i_5 = with_grads ? mm_U_o_5 : sigmoid_U_i_4; /* n x 8, in mm_U_o_5's
+            memory */
     LSTM_SEQUENCE_REAL *sigmoid_U_i_5 = with_grads ? sigmoid_U_o_5 + 8*n : tanh_U_g_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_5 = with_grads ? mm_U_i_5 : mm_U_f_4; /* n x 8, in mm_U_i_5's memory */
+    LSTM_SEQUENCE_REAL *mm_U_g_5 = with_grads ? mm_U_i_5 : mm_U_f_4; /* n x 8, in mm_U_i_5's memory
+            */
     LSTM_SEQUENCE_REAL *tanh_U_g_5 = with_grads ? sigmoid_U_i_5 + 8*n : sigmoid_U_f_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_5 = with_grads ? mm_U_g_5 : tanh_U_i_4; /* n x 8, in mm_U_g_5's memory */
+    LSTM_SEQUENCE_REAL *mm_U_f_5 = with_grads ? mm_U_g_5 : tanh_U_i_4; /* n x 8, in mm_U_g_5's
+            memory */
     LSTM_SEQUENCE_REAL *sigmoid_U_f_5 = with_grads ? tanh_U_g_5 + 8*n : mm_U_o_5; /* n x 8 */
     LSTM_SEQUENCE_REAL *add_U_i_5 = with_grads ? sigmoid_U_f_5 + 8*n : mm_U_i_5; /* n x 8 */
     LSTM_SEQUENCE_REAL *tanh_U_i_5 = with_grads ? add_U_i_5 + 8*n : mm_U_g_5; /* n x 8 */
     LSTM_SEQUENCE_REAL *mul_U_o_5 = with_grads ? tanh_U_i_5 + 8*n : mul_U_o_4; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_6 = with_grads ? mm_U_f_5 : add_U_i_4; /* n x 8, in mm_U_f_5's memory */
+    LSTM_SEQUENCE_REAL *mm_U_o_6 = with_grads ? mm_U_f_5 : add_U_i_4; /* n x 8, in mm_U_f_5's memory
+            */
     LSTM_SEQUENCE_REAL *sigmoid_U_o_6 = with_grads ? mul_U_o_5 + 8*n : sigmoid_U_o_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_6 = with_grads ? mm_U_o_6 : sigmoid_U_i_5; /* n x 8, in mm_U_o_6's memory */
+    LSTM_SEQUENCE_REAL *mm_U_i_6 = with_grads ? mm_U_o_6 : sigmoid_U_i_5; /* n x 8, in mm_U_o_6's
+            memory */
     LSTM_SEQUENCE_REAL *sigmoid_U_i_6 = with_grads ? sigmoid_U_o_6 + 8*n : tanh_U_g_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_6 = with_grads ? mm_U_i_6 : mm_U_f_5; /* n x 8, in mm_U_i_6's memory */
+    LSTM_SEQUENCE_REAL *mm_U_g_6 = with_grads ? mm_U_i_6 : mm_U_f_5; /* n x 8, in mm_U_i_6's memory
+            */
     LSTM_SEQUENCE_REAL *tanh_U_g_6 = with_grads ? sigmoid_U_i_6 + 8*n : sigmoid_U_f_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_6 = with_grads ? mm_U_g_6 : tanh_U_i_5; /* n x 8, in mm_U_g_6's memory */
+    LSTM_SEQUENCE_REAL *mm_U_f_6 = with_grads ? mm_U_g_6 : tanh_U_i_5; /* n x 8, in mm_U_g_6's
+            memory */
     LSTM_SEQUENCE_REAL *sigmoid_U_f_6 = with_grads ? tanh_U_g_6 + 8*n : mm_U_o_6; /* n x 8 */
     LSTM_SEQUENCE_REAL *add_U_i_6 = with_grads ? sigmoid_U_f_6 + 8*n : mm_U_i_6; /* n x 8 */
     LSTM_SEQUENCE_REAL *tanh_U_i_6 = with_grads ? add_U_i_6 + 8*n : mm_U_g_6; /* n x 8 */
     LSTM_SEQUENCE_REAL *mul_U_o_6 = with_grads ? tanh_U_i_6 + 8*n : mul_U_o_5; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_o_7 = with_grads ? mm_U_f_6 : add_U_i_5; /* n x 8, in mm_U_f_6's memory */
+    LSTM_SEQUENCE_REAL *mm_U_o_7 = with_grads ? mm_U_f_6 : add_U_i_5; /* n x 8, in mm_U_f_6's memory
+            */
     LSTM_SEQUENCE_REAL *sigmoid_U_o_7 = with_grads ? mul_U_o_6 + 8*n : sigmoid_U_o_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_i_7 = with_grads ? mm_U_o_7 : sigmoid_U_i_6; /* n x 8, in mm_U_o_7's memory */
+    LSTM_SEQUENCE_REAL *mm_U_i_7 = with_grads ? mm_U_o_7 : sigmoid_U_i_6; /* n x 8, in mm_U_o_7's
+            memory */
     LSTM_SEQUENCE_REAL *sigmoid_U_i_7 = with_grads ? sigmoid_U_o_7 + 8*n : tanh_U_g_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_g_7 = with_grads ? mm_U_i_7 : mm_U_f_6; /* n x 8, in mm_U_i_7's memory */
+    LSTM_SEQUENCE_REAL *mm_U_g_7 = with_grads ? mm_U_i_7 : mm_U_f_6; /* n x 8, in mm_U_i_7's memory
+            */
     LSTM_SEQUENCE_REAL *tanh_U_g_7 = with_grads ? sigmoid_U_i_7 + 8*n : sigmoid_U_f_6; /* n x 8 */
-    LSTM_SEQUENCE_REAL *mm_U_f_7 = with_grads ? mm_U_g_7 : tanh_U_i_6; /* n x 8, in mm_U_g_7's memory */
+    LSTM_SEQUENCE_REAL *mm_U_f_7 = with_grads ? mm_U_g_7 : tanh_U_i_6; /* n x 8, in mm_U_g_7's
+            memory */
     LSTM_SEQUENCE_REAL *sigmoid_U_f_7 = with_grads ? tanh_U_g_7 + 8*n : mm_U_o_7; /* n x 8 */
     LSTM_SEQUENCE_REAL *tanh_U_i_7 = with_grads ? sigmoid_U_f_7 + 8*n : mm_U_i_7; /* n x 8 */
     LSTM_SEQUENCE_REAL *mul_U_o_7 = with_grads ? tanh_U_i_7 + 8*n : mm_U_g_7; /* n x 8 */

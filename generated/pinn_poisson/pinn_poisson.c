@@ -654,6 +654,47 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
 /* pinn_poisson_value_and_grad, part 2 of 2 (kernels 33 to 55): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
+    int64_t n,
+    const PINN_POISSON_REAL *xb,
+    const PINN_POISSON_REAL *W2,
+    const PINN_POISSON_REAL *W3,
+    PINN_POISSON_REAL *grad_W1,
+    PINN_POISSON_REAL *grad_b1,
+    PINN_POISSON_REAL *grad_W2,
+    PINN_POISSON_REAL *grad_b2,
+    PINN_POISSON_REAL *grad_W3,
+    PINN_POISSON_REAL *grad_b3,
+    PINN_POISSON_REAL *tanh_W1,
+    PINN_POISSON_REAL *tanh_W2,
+    PINN_POISSON_REAL *grad_add_W3,
+    PINN_POISSON_REAL *tanh_W1_2,
+    PINN_POISSON_REAL *mul_W3,
+    PINN_POISSON_REAL *mul_W1,
+    PINN_POISSON_REAL *mul_W2,
+    PINN_POISSON_REAL *grad_W1_part,
+    PINN_POISSON_REAL *grad_add_W2_2,
+    PINN_POISSON_REAL *grad_mm_W2_3,
+    PINN_POISSON_REAL *grad_mm_W2_4,
+    PINN_POISSON_REAL *grad_add_W2,
+    PINN_POISSON_REAL *grad_copy_W3,
+    PINN_POISSON_REAL *grad_add_W1,
+    PINN_POISSON_REAL *grad_copy_W1,
+    PINN_POISSON_REAL *grad_W1_part_2,
+    PINN_POISSON_REAL *grad_tanh_W2,
+    PINN_POISSON_REAL *grad_add_W2_3,
+    PINN_POISSON_REAL *grad_tanh_W1,
+    PINN_POISSON_REAL *grad_add_W1_2,
+    PINN_POISSON_REAL *grad_b1_part,
+    PINN_POISSON_REAL *grad_b1_part_2,
+    PINN_POISSON_REAL *grad_W2_part,
+    PINN_POISSON_REAL *grad_transpose_W2,
+    PINN_POISSON_REAL *grad_b2_part,
+    PINN_POISSON_REAL *grad_b2_part_2,
+    PINN_POISSON_REAL *grad_transpose_W3,
+    PINN_POISSON_REAL *grad_W3_part
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part2(
     int64_t n,

@@ -300,6 +300,75 @@ void transformer_lm_loop2(
 }
 #endif
 
+/* In unit 0; called from unit 0. */
+TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_grads);
+TRANSFORMER_LM_SHARED int transformer_lm_run(
+    int64_t m,
+    const int64_t *ids,
+    const int64_t *positions,
+    const int64_t *targets,
+    const TRANSFORMER_LM_REAL *E,
+    const TRANSFORMER_LM_REAL *P,
+    const TRANSFORMER_LM_REAL *g0a,
+    const TRANSFORMER_LM_REAL *b0a,
+    const TRANSFORMER_LM_REAL *Wq0,
+    const TRANSFORMER_LM_REAL *Wk0,
+    const TRANSFORMER_LM_REAL *Wv0,
+    const TRANSFORMER_LM_REAL *Wo0,
+    const TRANSFORMER_LM_REAL *g0m,
+    const TRANSFORMER_LM_REAL *b0m,
+    const TRANSFORMER_LM_REAL *W0up,
+    const TRANSFORMER_LM_REAL *c0up,
+    const TRANSFORMER_LM_REAL *W0down,
+    const TRANSFORMER_LM_REAL *c0down,
+    const TRANSFORMER_LM_REAL *g1a,
+    const TRANSFORMER_LM_REAL *b1a,
+    const TRANSFORMER_LM_REAL *Wq1,
+    const TRANSFORMER_LM_REAL *Wk1,
+    const TRANSFORMER_LM_REAL *Wv1,
+    const TRANSFORMER_LM_REAL *Wo1,
+    const TRANSFORMER_LM_REAL *g1m,
+    const TRANSFORMER_LM_REAL *b1m,
+    const TRANSFORMER_LM_REAL *W1up,
+    const TRANSFORMER_LM_REAL *c1up,
+    const TRANSFORMER_LM_REAL *W1down,
+    const TRANSFORMER_LM_REAL *c1down,
+    const TRANSFORMER_LM_REAL *gf,
+    const TRANSFORMER_LM_REAL *bf,
+    const TRANSFORMER_LM_REAL *Wout,
+    TRANSFORMER_LM_REAL *loss,
+    TRANSFORMER_LM_REAL *grad_E,
+    TRANSFORMER_LM_REAL *grad_P,
+    TRANSFORMER_LM_REAL *grad_g0a,
+    TRANSFORMER_LM_REAL *grad_b0a,
+    TRANSFORMER_LM_REAL *grad_Wq0,
+    TRANSFORMER_LM_REAL *grad_Wk0,
+    TRANSFORMER_LM_REAL *grad_Wv0,
+    TRANSFORMER_LM_REAL *grad_Wo0,
+    TRANSFORMER_LM_REAL *grad_g0m,
+    TRANSFORMER_LM_REAL *grad_b0m,
+    TRANSFORMER_LM_REAL *grad_W0up,
+    TRANSFORMER_LM_REAL *grad_c0up,
+    TRANSFORMER_LM_REAL *grad_W0down,
+    TRANSFORMER_LM_REAL *grad_c0down,
+    TRANSFORMER_LM_REAL *grad_g1a,
+    TRANSFORMER_LM_REAL *grad_b1a,
+    TRANSFORMER_LM_REAL *grad_Wq1,
+    TRANSFORMER_LM_REAL *grad_Wk1,
+    TRANSFORMER_LM_REAL *grad_Wv1,
+    TRANSFORMER_LM_REAL *grad_Wo1,
+    TRANSFORMER_LM_REAL *grad_g1m,
+    TRANSFORMER_LM_REAL *grad_b1m,
+    TRANSFORMER_LM_REAL *grad_W1up,
+    TRANSFORMER_LM_REAL *grad_c1up,
+    TRANSFORMER_LM_REAL *grad_W1down,
+    TRANSFORMER_LM_REAL *grad_c1down,
+    TRANSFORMER_LM_REAL *grad_gf,
+    TRANSFORMER_LM_REAL *grad_bf,
+    TRANSFORMER_LM_REAL *grad_Wout,
+    TRANSFORMER_LM_REAL *work,
+    int with_grads
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED size_t transformer_lm_run_work_len(int64_t m, int with_grads)
 {
@@ -2200,6 +2269,15 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 /* transformer_lm_run, part 6 of 8 (kernels 86 to 86): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
+    int64_t m,
+    const int64_t *ids,
+    const int64_t *positions,
+    TRANSFORMER_LM_REAL *grad_E,
+    TRANSFORMER_LM_REAL *grad_P,
+    TRANSFORMER_LM_REAL *grad_add_E
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_run_part6(
     int64_t m,
@@ -2724,13 +2802,15 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
             */
     TRANSFORMER_LM_REAL *mm_W0down = with_grads ? add_W0up + 256*m : mm_Wo0; /* m x 64 */
     TRANSFORMER_LM_REAL *add_W0down = with_grads ? mm_W0down + 64*m : norm_Wo0; /* m x 64 */
-    TRANSFORMER_LM_REAL *norm_W0down = with_grads ? mm_W0down : add_b0m; /* m x 64, in mm_W0down's memory */
+    TRANSFORMER_LM_REAL *norm_W0down = with_grads ? mm_W0down : add_b0m; /* m x 64, in mm_W0down's
+            memory */
     TRANSFORMER_LM_REAL *add_b1a = with_grads ? add_W0down + 64*m : add_Wo0; /* m x 64 */
     TRANSFORMER_LM_REAL *mul_Wq1 = with_grads ? add_b1a + 64*m : mul_Wq0; /* 64 x 64 */
     TRANSFORMER_LM_REAL *mm_Wq1 = with_grads ? mul_Wq1 + 4096 : mm_W0down; /* m x 64 */
     TRANSFORMER_LM_REAL *mm_Wk1 = with_grads ? mm_Wq1 + 64*m : norm_W0down; /* m x 64 */
     TRANSFORMER_LM_REAL *scores_Wk1 = mm_W0up; /* m x 256, in mm_W0up's memory */
-    TRANSFORMER_LM_REAL *scores_Wk1_block = scores_Wk0_block; /* 64 x 16, in scores_Wk0_block's memory */
+    TRANSFORMER_LM_REAL *scores_Wk1_block = scores_Wk0_block; /* 64 x 16, in scores_Wk0_block's
+            memory */
     TRANSFORMER_LM_REAL *softmax_Wk1 = with_grads ? mm_Wk1 + 64*m : add_W0up; /* m x 256 */
     TRANSFORMER_LM_REAL *mm_Wv1 = with_grads ? softmax_Wk1 + 256*m : mm_Wq1; /* m x 64 */
     TRANSFORMER_LM_REAL *mix_Wv1 = with_grads ? mm_Wv1 + 64*m : mm_Wk1; /* m x 64 */
@@ -2738,12 +2818,14 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *add_Wo1 = with_grads ? mm_Wo1 + 64*m : mm_Wv1; /* m x 64 */
     TRANSFORMER_LM_REAL *norm_Wo1 = with_grads ? mm_Wo1 : mix_Wv1; /* m x 64, in mm_Wo1's memory */
     TRANSFORMER_LM_REAL *add_b1m = with_grads ? add_Wo1 + 64*m : add_W0down; /* m x 64 */
-    TRANSFORMER_LM_REAL *mm_W1up = with_grads ? scores_Wk1 : mul_W0up; /* m x 256, in scores_Wk1's memory */
+    TRANSFORMER_LM_REAL *mm_W1up = with_grads ? scores_Wk1 : mul_W0up; /* m x 256, in scores_Wk1's
+            memory */
     TRANSFORMER_LM_REAL *mul_W1up = with_grads ? add_b1m + 64*m : scores_Wk1; /* m x 256 */
     TRANSFORMER_LM_REAL *add_W1up = with_grads ? mul_W1up + 256*m : softmax_Wk1; /* m x 256 */
     TRANSFORMER_LM_REAL *mm_W1down = with_grads ? add_W1up + 256*m : mm_Wo1; /* m x 64 */
     TRANSFORMER_LM_REAL *add_W1down = with_grads ? mm_W1down + 64*m : norm_Wo1; /* m x 64 */
-    TRANSFORMER_LM_REAL *norm_W1down = with_grads ? mm_W1down : add_b1m; /* m x 64, in mm_W1down's memory */
+    TRANSFORMER_LM_REAL *norm_W1down = with_grads ? mm_W1down : add_b1m; /* m x 64, in mm_W1down's
+            memory */
     TRANSFORMER_LM_REAL *add_bf = with_grads ? add_W1down + 64*m : add_Wo1; /* m x 64 */
     TRANSFORMER_LM_REAL *mm_Wout = with_grads ? add_bf + 64*m : add_W0up + 256*m; /* m x 62 */
     TRANSFORMER_LM_REAL *pick_targets = mm_Wout + 62*m; /* m x 1 */
@@ -2775,15 +2857,18 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *grad_mul_W1up = mm_W1up; /* m x 256, in mm_W1up's memory */
     TRANSFORMER_LM_REAL *grad_add_W1up = grad_copy_gf + 64*m; /* m x 256 */
     TRANSFORMER_LM_REAL *grad_add_b1m = add_W1down; /* m x 64, in add_W1down's memory */
-    TRANSFORMER_LM_REAL *grad_norm_Wo1 = grad_norm_W1down; /* m x 64, in grad_norm_W1down's memory */
+    TRANSFORMER_LM_REAL *grad_norm_Wo1 = grad_norm_W1down; /* m x 64, in grad_norm_W1down's memory
+            */
     TRANSFORMER_LM_REAL *grad_copy_g1m = grad_add_W1up + 256*m; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_add_Wo1_part = norm_Wo1; /* m x 64, in norm_Wo1's memory */
     TRANSFORMER_LM_REAL *grad_add_Wo1 = add_Wo1; /* m x 64, in add_Wo1's memory */
     TRANSFORMER_LM_REAL *grad_mix_Wv1 = grad_norm_Wo1; /* m x 64, in grad_norm_Wo1's memory */
-    TRANSFORMER_LM_REAL *grad_mm_Wv1 = grad_add_Wo1_part; /* m x 64, in grad_add_Wo1_part's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wv1 = grad_add_Wo1_part; /* m x 64, in grad_add_Wo1_part's memory
+            */
     TRANSFORMER_LM_REAL *grad_add_b1a = grad_copy_g1m + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_softmax_Wk1 = add_W1up; /* m x 256, in add_W1up's memory */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block = scores_Wk1_block; /* 64 x 16, in scores_Wk1_block's memory */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk1_block = scores_Wk1_block; /* 64 x 16, in
+            scores_Wk1_block's memory */
     TRANSFORMER_LM_REAL *grad_scores_Wk1 = grad_mul_W1up; /* m x 256, in grad_mul_W1up's memory */
     TRANSFORMER_LM_REAL *grad_mm_Wk1 = mm_Wv1; /* m x 64, in mm_Wv1's memory */
     TRANSFORMER_LM_REAL *grad_mm_Wq1 = grad_mix_Wv1; /* m x 64, in grad_mix_Wv1's memory */
@@ -2792,17 +2877,22 @@ TRANSFORMER_LM_SHARED int transformer_lm_run(
     TRANSFORMER_LM_REAL *grad_add_W0down_part = norm_W0down; /* m x 64, in norm_W0down's memory */
     TRANSFORMER_LM_REAL *grad_add_W0down = add_W0down; /* m x 64, in add_W0down's memory */
     TRANSFORMER_LM_REAL *grad_mul_W0up = softmax_Wk1; /* m x 256, in softmax_Wk1's memory */
-    TRANSFORMER_LM_REAL *grad_add_W0up = grad_softmax_Wk1; /* m x 256, in grad_softmax_Wk1's memory */
+    TRANSFORMER_LM_REAL *grad_add_W0up = grad_softmax_Wk1; /* m x 256, in grad_softmax_Wk1's memory
+            */
     TRANSFORMER_LM_REAL *grad_add_b0m = grad_norm_W0down; /* m x 64, in grad_norm_W0down's memory */
-    TRANSFORMER_LM_REAL *grad_norm_Wo0 = grad_add_W0down_part; /* m x 64, in grad_add_W0down_part's memory */
+    TRANSFORMER_LM_REAL *grad_norm_Wo0 = grad_add_W0down_part; /* m x 64, in grad_add_W0down_part's
+            memory */
     TRANSFORMER_LM_REAL *grad_copy_g0m = grad_add_b1a + 64*m; /* m x 64 */
     TRANSFORMER_LM_REAL *grad_add_Wo0_part = norm_Wo0; /* m x 64, in norm_Wo0's memory */
     TRANSFORMER_LM_REAL *grad_add_Wo0 = add_Wo0; /* m x 64, in add_Wo0's memory */
     TRANSFORMER_LM_REAL *grad_mix_Wv0 = grad_norm_Wo0; /* m x 64, in grad_norm_Wo0's memory */
-    TRANSFORMER_LM_REAL *grad_mm_Wv0 = grad_add_Wo0_part; /* m x 64, in grad_add_Wo0_part's memory */
+    TRANSFORMER_LM_REAL *grad_mm_Wv0 = grad_add_Wo0_part; /* m x 64, in grad_add_Wo0_part's memory
+            */
     TRANSFORMER_LM_REAL *grad_add_b0a = grad_copy_g0m + 64*m; /* m x 64 */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk0 = grad_scores_Wk1; /* m x 256, in grad_scores_Wk1's memory */
-    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block = grad_softmax_Wk1_block; /* 64 x 16, in grad_softmax_Wk1_block's memory */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0 = grad_scores_Wk1; /* m x 256, in grad_scores_Wk1's memory
+            */
+    TRANSFORMER_LM_REAL *grad_softmax_Wk0_block = grad_softmax_Wk1_block; /* 64 x 16, in
+            grad_softmax_Wk1_block's memory */
     TRANSFORMER_LM_REAL *grad_scores_Wk0 = add_W0up; /* m x 256, in add_W0up's memory */
     TRANSFORMER_LM_REAL *grad_mm_Wk0 = mm_Wv0; /* m x 64, in mm_Wv0's memory */
     TRANSFORMER_LM_REAL *grad_mm_Wq0 = grad_mix_Wv0; /* m x 64, in grad_mix_Wv0's memory */
@@ -3011,6 +3101,106 @@ size_t transformer_lm_train_step_work_len(int64_t m)
 /* transformer_lm_train_step, part 1 of 4 (kernels 1 to 10): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
+    TRANSFORMER_LM_REAL *E,
+    TRANSFORMER_LM_REAL *P,
+    TRANSFORMER_LM_REAL *g0a,
+    TRANSFORMER_LM_REAL *b0a,
+    TRANSFORMER_LM_REAL *Wq0,
+    TRANSFORMER_LM_REAL *Wk0,
+    TRANSFORMER_LM_REAL *Wv0,
+    TRANSFORMER_LM_REAL *Wo0,
+    TRANSFORMER_LM_REAL *g0m,
+    TRANSFORMER_LM_REAL *b0m,
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *c0down,
+    TRANSFORMER_LM_REAL *g1a,
+    TRANSFORMER_LM_REAL *b1a,
+    TRANSFORMER_LM_REAL *Wq1,
+    TRANSFORMER_LM_REAL *Wk1,
+    TRANSFORMER_LM_REAL *Wv1,
+    TRANSFORMER_LM_REAL *Wo1,
+    TRANSFORMER_LM_REAL *g1m,
+    TRANSFORMER_LM_REAL *b1m,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    TRANSFORMER_LM_REAL *W1down,
+    TRANSFORMER_LM_REAL *c1down,
+    TRANSFORMER_LM_REAL *gf,
+    TRANSFORMER_LM_REAL *bf,
+    TRANSFORMER_LM_REAL *Wout,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    const TRANSFORMER_LM_REAL *weight_decay,
+    TRANSFORMER_LM_REAL *step,
+    TRANSFORMER_LM_REAL *m_E,
+    TRANSFORMER_LM_REAL *v_E,
+    TRANSFORMER_LM_REAL *grad_E_3,
+    TRANSFORMER_LM_REAL *grad_P_3,
+    TRANSFORMER_LM_REAL *grad_Wq0_3,
+    TRANSFORMER_LM_REAL *grad_Wk0_3,
+    TRANSFORMER_LM_REAL *grad_Wv0_3,
+    TRANSFORMER_LM_REAL *grad_Wo0_3,
+    TRANSFORMER_LM_REAL *grad_Wq1_3,
+    TRANSFORMER_LM_REAL *grad_Wk1_3,
+    TRANSFORMER_LM_REAL *grad_Wv1_3,
+    TRANSFORMER_LM_REAL *grad_Wo1_3,
+    TRANSFORMER_LM_REAL *grad_g0a_3,
+    TRANSFORMER_LM_REAL *grad_b0a_3,
+    TRANSFORMER_LM_REAL *grad_g0m_3,
+    TRANSFORMER_LM_REAL *grad_b0m_3,
+    TRANSFORMER_LM_REAL *grad_c0down_3,
+    TRANSFORMER_LM_REAL *grad_g1a_3,
+    TRANSFORMER_LM_REAL *grad_b1a_3,
+    TRANSFORMER_LM_REAL *grad_g1m_3,
+    TRANSFORMER_LM_REAL *grad_b1m_3,
+    TRANSFORMER_LM_REAL *grad_c1down_3,
+    TRANSFORMER_LM_REAL *grad_gf_3,
+    TRANSFORMER_LM_REAL *grad_bf_3,
+    TRANSFORMER_LM_REAL *grad_W0up_3,
+    TRANSFORMER_LM_REAL *grad_W1up_3,
+    TRANSFORMER_LM_REAL *grad_c0up_3,
+    TRANSFORMER_LM_REAL *grad_c1up_3,
+    TRANSFORMER_LM_REAL *grad_W0down_3,
+    TRANSFORMER_LM_REAL *grad_W1down_3,
+    TRANSFORMER_LM_REAL *grad_Wout_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2,
+    TRANSFORMER_LM_REAL *grad_E,
+    TRANSFORMER_LM_REAL *grad_P,
+    TRANSFORMER_LM_REAL *grad_g0a,
+    TRANSFORMER_LM_REAL *grad_b0a,
+    TRANSFORMER_LM_REAL *grad_Wq0,
+    TRANSFORMER_LM_REAL *grad_Wk0,
+    TRANSFORMER_LM_REAL *grad_Wv0,
+    TRANSFORMER_LM_REAL *grad_Wo0,
+    TRANSFORMER_LM_REAL *grad_g0m,
+    TRANSFORMER_LM_REAL *grad_b0m,
+    TRANSFORMER_LM_REAL *grad_W0up,
+    TRANSFORMER_LM_REAL *grad_c0up,
+    TRANSFORMER_LM_REAL *grad_W0down,
+    TRANSFORMER_LM_REAL *grad_c0down,
+    TRANSFORMER_LM_REAL *grad_g1a,
+    TRANSFORMER_LM_REAL *grad_b1a,
+    TRANSFORMER_LM_REAL *grad_Wq1,
+    TRANSFORMER_LM_REAL *grad_Wk1,
+    TRANSFORMER_LM_REAL *grad_Wv1,
+    TRANSFORMER_LM_REAL *grad_Wo1,
+    TRANSFORMER_LM_REAL *grad_g1m,
+    TRANSFORMER_LM_REAL *grad_b1m,
+    TRANSFORMER_LM_REAL *grad_W1up,
+    TRANSFORMER_LM_REAL *grad_c1up,
+    TRANSFORMER_LM_REAL *grad_W1down,
+    TRANSFORMER_LM_REAL *grad_c1down,
+    TRANSFORMER_LM_REAL *grad_gf,
+    TRANSFORMER_LM_REAL *grad_bf,
+    TRANSFORMER_LM_REAL *grad_Wout
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part1(
     TRANSFORMER_LM_REAL *E,
@@ -3777,6 +3967,43 @@ TRANSFORMER_LM_SHARED void transformer_lm_train_step_part3(
 /* transformer_lm_train_step, part 4 of 4 (kernels 13 to 16): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
+    TRANSFORMER_LM_REAL *W0up,
+    TRANSFORMER_LM_REAL *c0up,
+    TRANSFORMER_LM_REAL *W0down,
+    TRANSFORMER_LM_REAL *W1up,
+    TRANSFORMER_LM_REAL *c1up,
+    TRANSFORMER_LM_REAL *W1down,
+    TRANSFORMER_LM_REAL *Wout,
+    const TRANSFORMER_LM_REAL *lr,
+    const TRANSFORMER_LM_REAL *beta1,
+    const TRANSFORMER_LM_REAL *beta2,
+    const TRANSFORMER_LM_REAL *eps,
+    TRANSFORMER_LM_REAL *m_W0up,
+    TRANSFORMER_LM_REAL *v_W0up,
+    TRANSFORMER_LM_REAL *m_c0up,
+    TRANSFORMER_LM_REAL *v_c0up,
+    TRANSFORMER_LM_REAL *m_W0down,
+    TRANSFORMER_LM_REAL *v_W0down,
+    TRANSFORMER_LM_REAL *m_W1up,
+    TRANSFORMER_LM_REAL *v_W1up,
+    TRANSFORMER_LM_REAL *m_c1up,
+    TRANSFORMER_LM_REAL *v_c1up,
+    TRANSFORMER_LM_REAL *m_W1down,
+    TRANSFORMER_LM_REAL *v_W1down,
+    TRANSFORMER_LM_REAL *m_Wout,
+    TRANSFORMER_LM_REAL *v_Wout,
+    TRANSFORMER_LM_REAL *grad_W0up_3,
+    TRANSFORMER_LM_REAL *grad_W1up_3,
+    TRANSFORMER_LM_REAL *grad_c0up_3,
+    TRANSFORMER_LM_REAL *grad_c1up_3,
+    TRANSFORMER_LM_REAL *grad_W0down_3,
+    TRANSFORMER_LM_REAL *grad_W1down_3,
+    TRANSFORMER_LM_REAL *grad_Wout_3,
+    TRANSFORMER_LM_REAL *bias_correction1,
+    TRANSFORMER_LM_REAL *bias_correction2
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED void transformer_lm_train_step_part4(
     TRANSFORMER_LM_REAL *W0up,

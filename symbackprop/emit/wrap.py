@@ -112,12 +112,12 @@ def wrap_c_code(source: str, width: int = WIDTH) -> str:
     expression), continued on lines indented 8 columns deeper, cut at
     spaces outside an index; C reads whitespace alike, so the code means
     the same. Preprocessor lines, comments of their own and lines with a
-    string or character literal stay whole."""
+    string stay whole (the generated C has no character literals)."""
     out = []
     for line in source.split("\n"):
         text = line.lstrip(" ")
         if len(line) <= width or text.startswith(("#", "/*", "*", "//")) or line.endswith("\\") \
-                or '"' in line or "'" in line or "//" in line:
+                or '"' in line or "//" in line:
             out.append(line)
             continue
         indent = line[:len(line) - len(text)]

@@ -60,6 +60,22 @@ SCAN_RNN_SHARED void scan_rnn_forward_part1(
 /* scan_rnn_forward, part 2 of 3 (kernels 2 to 2): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+SCAN_RNN_SHARED void scan_rnn_forward_part2(
+    int64_t T,
+    const SCAN_RNN_REAL *XT_,
+    const SCAN_RNN_REAL *W,
+    const SCAN_RNN_REAL *Ux,
+    const SCAN_RNN_REAL *b,
+    const SCAN_RNN_REAL *V,
+    const SCAN_RNN_REAL *h0,
+    const SCAN_RNN_REAL *M,
+    SCAN_RNN_REAL *mul_M,
+    SCAN_RNN_REAL *scan_h0,
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 SCAN_RNN_SHARED void scan_rnn_forward_part2(
     int64_t T,
@@ -183,6 +199,20 @@ SCAN_RNN_SHARED void scan_rnn_forward_part2(
 /* scan_rnn_forward, part 3 of 3 (kernels 3 to 11): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
+/* In unit 0; called from unit 0. */
+SCAN_RNN_SHARED void scan_rnn_forward_part3(
+    int64_t T,
+    const SCAN_RNN_REAL *Z,
+    SCAN_RNN_REAL *loss,
+    SCAN_RNN_REAL *scan_part_h0,
+    SCAN_RNN_REAL *scan_part_h0_2,
+    SCAN_RNN_REAL *scan_part_h0_3,
+    SCAN_RNN_REAL *sq_Z,
+    SCAN_RNN_REAL *colsum_Z,
+    SCAN_RNN_REAL *rowsum_h0,
+    SCAN_RNN_REAL *colsum_h0,
+    SCAN_RNN_REAL *rowsum_h0_2
+);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 SCAN_RNN_SHARED void scan_rnn_forward_part3(
     int64_t T,
