@@ -16,8 +16,8 @@
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 SYMBACKPROP_HELPER SYMBACKPROP_CALLED
-void gmm_loop0(int64_t K, GMM_REAL *SYMBACKPROP_RESTRICT a0, const GMM_REAL *SYMBACKPROP_RESTRICT
-        a1, const GMM_REAL *SYMBACKPROP_RESTRICT a2)
+void gmm_grad_loop(int64_t K, GMM_REAL *SYMBACKPROP_RESTRICT a0, const GMM_REAL
+        *SYMBACKPROP_RESTRICT a1, const GMM_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
     for (int64_t i = 0; i < K; ++i) {
@@ -319,10 +319,10 @@ static int gmm_run(
     }
 
     /* grad_qd = exp_qd + grad_qd_part */
-    gmm_loop0(K, grad_qd, exp_qd, grad_qd_part);
+    gmm_grad_loop(K, grad_qd, exp_qd, grad_qd_part);
 
     /* grad_ql = grad_ql_part + ql */
-    gmm_loop0(K, grad_ql, ql, grad_ql_part);
+    gmm_grad_loop(K, grad_ql, ql, grad_ql_part);
     return 0;
 }
 

@@ -28,14 +28,14 @@
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_loop0(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
+void lstm_lm_mul_loop(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
         *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
 LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
+void lstm_lm_add_loop(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
         *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
+void lstm_lm_add_loop(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
         *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
@@ -46,7 +46,7 @@ void lstm_lm_loop1(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_LM_SHARED SYMBACKPROP_CALLED
-void lstm_lm_loop0(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
+void lstm_lm_mul_loop(int64_t T, LSTM_LM_REAL *SYMBACKPROP_RESTRICT a0, const LSTM_LM_REAL
         *SYMBACKPROP_RESTRICT a1, const LSTM_LM_REAL *SYMBACKPROP_RESTRICT a2)
 {
     SYMBACKPROP_PARALLEL_FOR
@@ -352,7 +352,7 @@ LSTM_LM_SHARED void lstm_lm_forward_part2(
     /* logits: the output 0 of the loop of scan_W_i, written by it */
 
     /* mul_logits = Y*logits */
-    lstm_lm_loop0(T, mul_logits, Y, logits);
+    lstm_lm_mul_loop(T, mul_logits, Y, logits);
 
     /* rowsum_logits = sum of mul_logits along each row */
     SYMBACKPROP_PARALLEL_FOR
@@ -367,7 +367,7 @@ LSTM_LM_SHARED void lstm_lm_forward_part2(
     }
 
     /* add_logits = rowlse_logits - rowsum_logits */
-    lstm_lm_loop1(T, add_logits, rowsum_logits, rowlse_logits);
+    lstm_lm_add_loop(T, add_logits, rowsum_logits, rowlse_logits);
 
     /* colsum_logits = sum of add_logits down each column */
     colsum_logits[0] = symbackprop_f64_sum(add_logits, T, 1);
@@ -727,7 +727,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     /* logits: the output 0 of the loop of scan_W_i, written by it */
 
     /* mul_logits = Y*logits */
-    lstm_lm_loop0(T, mul_logits, Y, logits);
+    lstm_lm_mul_loop(T, mul_logits, Y, logits);
 
     /* rowsum_logits = sum of mul_logits along each row */
     SYMBACKPROP_PARALLEL_FOR
@@ -742,7 +742,7 @@ LSTM_LM_SHARED void lstm_lm_value_and_grad_part2(
     }
 
     /* add_logits = rowlse_logits - rowsum_logits */
-    lstm_lm_loop1(T, add_logits, rowsum_logits, rowlse_logits);
+    lstm_lm_add_loop(T, add_logits, rowsum_logits, rowlse_logits);
 
     /* colsum_logits = sum of add_logits down each column */
     colsum_logits[0] = symbackprop_f64_sum(add_logits, T, 1);

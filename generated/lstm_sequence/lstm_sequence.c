@@ -102,20 +102,6 @@ void lstm_sequence_product10(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul(1, 8, s0, a, 0, 1, b, 8, 1, c);
-}
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_product7(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
-        LSTM_SEQUENCE_REAL *c)
-{
-    symbackprop_f64_matmul_add(1, 8, s0, a, 0, 1, b, 8, 1, c);
-}
-#endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
-LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
 void lstm_sequence_product2(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
         LSTM_SEQUENCE_REAL *c)
 {
@@ -134,20 +120,34 @@ void lstm_sequence_product9(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_
     symbackprop_f64_matmul_add(8, 8, s0, a, 1, 8, b, 8, 1, c);
 }
 #endif
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product4(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul(1, 8, s0, a, 0, 1, b, 8, 1, c);
+}
+LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
+void lstm_sequence_product7(int64_t s0, const LSTM_SEQUENCE_REAL *a, const LSTM_SEQUENCE_REAL *b,
+        LSTM_SEQUENCE_REAL *c)
+{
+    symbackprop_f64_matmul_add(1, 8, s0, a, 0, 1, b, 8, 1, c);
+}
+#endif
 
 /* Its 34 element-wise loops that repeat (in several functions, or at
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop0(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
+void lstm_sequence_sigmoid_W_loop(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
         LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
         a2);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop1(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
+void lstm_sequence_tanh_U_loop(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
         LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
         a2);
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop2(
+void lstm_sequence_sigmoid_U_loop(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
@@ -161,7 +161,7 @@ void lstm_sequence_loop2(
     const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a9
 );
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop3(
+void lstm_sequence_grad_add_U_loop(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
@@ -180,7 +180,7 @@ void lstm_sequence_loop3(
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop2(
+void lstm_sequence_sigmoid_U_loop(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
@@ -211,7 +211,7 @@ void lstm_sequence_loop2(
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop0(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
+void lstm_sequence_sigmoid_W_loop(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
         LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
         a2)
 {
@@ -224,9 +224,9 @@ void lstm_sequence_loop0(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     }
 }
 #endif
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop1(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
+void lstm_sequence_tanh_U_loop(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0, const
         LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1, const LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT
         a2)
 {
@@ -238,7 +238,7 @@ void lstm_sequence_loop1(int64_t n, LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     }
 }
 LSTM_SEQUENCE_SHARED SYMBACKPROP_CALLED
-void lstm_sequence_loop3(
+void lstm_sequence_grad_add_U_loop(
     int64_t n,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a0,
     LSTM_SEQUENCE_REAL *SYMBACKPROP_RESTRICT a1,
@@ -441,13 +441,13 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     lstm_sequence_product0(n, x1_, W_o, mm_W_o);
 
     /* sigmoid_W_o = sigmoid(b_o + mm_W_o) */
-    lstm_sequence_loop0(n, sigmoid_W_o, mm_W_o, b_o);
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_W_o, mm_W_o, b_o);
 
     /* mm_W_i = x1 @ W_i */
     lstm_sequence_product0(n, x1_, W_i, mm_W_i);
 
     /* sigmoid_W_i = sigmoid(b_i + mm_W_i) */
-    lstm_sequence_loop0(n, sigmoid_W_i, mm_W_i, b_i);
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_W_i, mm_W_i, b_i);
 
     /* mm_W_g = x1 @ W_g */
     lstm_sequence_product0(n, x1_, W_g, mm_W_g);
@@ -476,7 +476,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     lstm_sequence_product2(n, x2_, W_o, mm_U_o);
 
     /* sigmoid_U_o = sigmoid(b_o + mm_U_o) */
-    lstm_sequence_loop0(n, sigmoid_U_o, mm_U_o, b_o);
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o, mm_U_o, b_o);
 
     /* mm_U_i = mul_W_o @ U_i, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_W_o, U_i, mm_U_i);
@@ -485,7 +485,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     lstm_sequence_product2(n, x2_, W_i, mm_U_i);
 
     /* sigmoid_U_i = sigmoid(b_i + mm_U_i) */
-    lstm_sequence_loop0(n, sigmoid_U_i, mm_U_i, b_i);
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i, mm_U_i, b_i);
 
     /* mm_U_g = mul_W_o @ U_g, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_W_o, U_g, mm_U_g);
@@ -494,7 +494,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     lstm_sequence_product2(n, x2_, W_g, mm_U_g);
 
     /* tanh_U_g = tanh(b_g + mm_U_g) */
-    lstm_sequence_loop1(n, tanh_U_g, mm_U_g, b_g);
+    lstm_sequence_tanh_U_loop(n, tanh_U_g, mm_U_g, b_g);
 
     /* mm_U_f = mul_W_o @ U_f, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_W_o, U_f, mm_U_f);
@@ -506,8 +506,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     /* add_U_i = mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g */
     /* tanh_U_i = tanh(mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g) */
     /* mul_U_o = sigmoid_U_o*tanh(mul_W_i*sigmoid(b_f + mm_U_f) + sigmoid_U_i*tanh_U_g) */
-    lstm_sequence_loop2(n, sigmoid_U_f, add_U_i, tanh_U_i, mul_U_o, sigmoid_U_o, mm_U_f, b_f,
-            sigmoid_U_i, tanh_U_g, mul_W_i);
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f, add_U_i, tanh_U_i, mul_U_o, sigmoid_U_o, mm_U_f,
+            b_f, sigmoid_U_i, tanh_U_g, mul_W_i);
 
     /* mm_U_o_2 = mul_U_o @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o, U_o, mm_U_o_2);
@@ -516,7 +516,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     lstm_sequence_product2(n, x3_, W_o, mm_U_o_2);
 
     /* sigmoid_U_o_2 = sigmoid(b_o + mm_U_o_2) */
-    lstm_sequence_loop0(n, sigmoid_U_o_2, mm_U_o_2, b_o);
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_2, mm_U_o_2, b_o);
 
     /* mm_U_i_2 = mul_U_o @ U_i, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o, U_i, mm_U_i_2);
@@ -525,7 +525,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     lstm_sequence_product2(n, x3_, W_i, mm_U_i_2);
 
     /* sigmoid_U_i_2 = sigmoid(b_i + mm_U_i_2) */
-    lstm_sequence_loop0(n, sigmoid_U_i_2, mm_U_i_2, b_i);
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_2, mm_U_i_2, b_i);
 
     /* mm_U_g_2 = mul_U_o @ U_g, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o, U_g, mm_U_g_2);
@@ -534,7 +534,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     lstm_sequence_product2(n, x3_, W_g, mm_U_g_2);
 
     /* tanh_U_g_2 = tanh(b_g + mm_U_g_2) */
-    lstm_sequence_loop1(n, tanh_U_g_2, mm_U_g_2, b_g);
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_2, mm_U_g_2, b_g);
 
     /* mm_U_f_2 = mul_U_o @ U_f, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o, U_f, mm_U_f_2);
@@ -546,8 +546,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part1(
     /* add_U_i_2 = add_U_i*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_2 */
     /* tanh_U_i_2 = tanh(add_U_i*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_2) */
     /* mul_U_o_2 = sigmoid_U_o_2*tanh(add_U_i*sigmoid(b_f + mm_U_f_2) + sigmoid_U_i_2*tanh_U_g_2) */
-    lstm_sequence_loop2(n, sigmoid_U_f_2, add_U_i_2, tanh_U_i_2, mul_U_o_2, sigmoid_U_o_2, mm_U_f_2,
-            b_f, sigmoid_U_i_2, tanh_U_g_2, add_U_i);
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_2, add_U_i_2, tanh_U_i_2, mul_U_o_2, sigmoid_U_o_2,
+            mm_U_f_2, b_f, sigmoid_U_i_2, tanh_U_g_2, add_U_i);
 
     /* mm_U_o_3 = mul_U_o_2 @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_2, U_o, mm_U_o_3);
@@ -662,7 +662,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
 )
 {
     /* sigmoid_U_o_3 = sigmoid(b_o + mm_U_o_3) */
-    lstm_sequence_loop0(n, sigmoid_U_o_3, mm_U_o_3, b_o);
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_3, mm_U_o_3, b_o);
 
     /* mm_U_i_3 = mul_U_o_2 @ U_i, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_2, U_i, mm_U_i_3);
@@ -671,7 +671,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     lstm_sequence_product2(n, x4_, W_i, mm_U_i_3);
 
     /* sigmoid_U_i_3 = sigmoid(b_i + mm_U_i_3) */
-    lstm_sequence_loop0(n, sigmoid_U_i_3, mm_U_i_3, b_i);
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_3, mm_U_i_3, b_i);
 
     /* mm_U_g_3 = mul_U_o_2 @ U_g, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_2, U_g, mm_U_g_3);
@@ -680,7 +680,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     lstm_sequence_product2(n, x4_, W_g, mm_U_g_3);
 
     /* tanh_U_g_3 = tanh(b_g + mm_U_g_3) */
-    lstm_sequence_loop1(n, tanh_U_g_3, mm_U_g_3, b_g);
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_3, mm_U_g_3, b_g);
 
     /* mm_U_f_3 = mul_U_o_2 @ U_f, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_2, U_f, mm_U_f_3);
@@ -693,8 +693,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     /* tanh_U_i_3 = tanh(add_U_i_2*sigmoid(b_f + mm_U_f_3) + sigmoid_U_i_3*tanh_U_g_3) */
     /* mul_U_o_3 = sigmoid_U_o_3*tanh(add_U_i_2*sigmoid(b_f + mm_U_f_3) +
      * sigmoid_U_i_3*tanh_U_g_3) */
-    lstm_sequence_loop2(n, sigmoid_U_f_3, add_U_i_3, tanh_U_i_3, mul_U_o_3, sigmoid_U_o_3, mm_U_f_3,
-            b_f, sigmoid_U_i_3, tanh_U_g_3, add_U_i_2);
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_3, add_U_i_3, tanh_U_i_3, mul_U_o_3, sigmoid_U_o_3,
+            mm_U_f_3, b_f, sigmoid_U_i_3, tanh_U_g_3, add_U_i_2);
 
     /* mm_U_o_4 = mul_U_o_3 @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_3, U_o, mm_U_o_4);
@@ -703,7 +703,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     lstm_sequence_product2(n, x5_, W_o, mm_U_o_4);
 
     /* sigmoid_U_o_4 = sigmoid(b_o + mm_U_o_4) */
-    lstm_sequence_loop0(n, sigmoid_U_o_4, mm_U_o_4, b_o);
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_4, mm_U_o_4, b_o);
 
     /* mm_U_i_4 = mul_U_o_3 @ U_i, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_3, U_i, mm_U_i_4);
@@ -712,7 +712,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     lstm_sequence_product2(n, x5_, W_i, mm_U_i_4);
 
     /* sigmoid_U_i_4 = sigmoid(b_i + mm_U_i_4) */
-    lstm_sequence_loop0(n, sigmoid_U_i_4, mm_U_i_4, b_i);
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_4, mm_U_i_4, b_i);
 
     /* mm_U_g_4 = mul_U_o_3 @ U_g, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_3, U_g, mm_U_g_4);
@@ -721,7 +721,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     lstm_sequence_product2(n, x5_, W_g, mm_U_g_4);
 
     /* tanh_U_g_4 = tanh(b_g + mm_U_g_4) */
-    lstm_sequence_loop1(n, tanh_U_g_4, mm_U_g_4, b_g);
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_4, mm_U_g_4, b_g);
 
     /* mm_U_f_4 = mul_U_o_3 @ U_f, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_3, U_f, mm_U_f_4);
@@ -734,8 +734,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     /* tanh_U_i_4 = tanh(add_U_i_3*sigmoid(b_f + mm_U_f_4) + sigmoid_U_i_4*tanh_U_g_4) */
     /* mul_U_o_4 = sigmoid_U_o_4*tanh(add_U_i_3*sigmoid(b_f + mm_U_f_4) +
      * sigmoid_U_i_4*tanh_U_g_4) */
-    lstm_sequence_loop2(n, sigmoid_U_f_4, add_U_i_4, tanh_U_i_4, mul_U_o_4, sigmoid_U_o_4, mm_U_f_4,
-            b_f, sigmoid_U_i_4, tanh_U_g_4, add_U_i_3);
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_4, add_U_i_4, tanh_U_i_4, mul_U_o_4, sigmoid_U_o_4,
+            mm_U_f_4, b_f, sigmoid_U_i_4, tanh_U_g_4, add_U_i_3);
 
     /* mm_U_o_5 = mul_U_o_4 @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_4, U_o, mm_U_o_5);
@@ -744,7 +744,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     lstm_sequence_product2(n, x6_, W_o, mm_U_o_5);
 
     /* sigmoid_U_o_5 = sigmoid(b_o + mm_U_o_5) */
-    lstm_sequence_loop0(n, sigmoid_U_o_5, mm_U_o_5, b_o);
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_5, mm_U_o_5, b_o);
 
     /* mm_U_i_5 = mul_U_o_4 @ U_i, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_4, U_i, mm_U_i_5);
@@ -753,7 +753,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     lstm_sequence_product2(n, x6_, W_i, mm_U_i_5);
 
     /* sigmoid_U_i_5 = sigmoid(b_i + mm_U_i_5) */
-    lstm_sequence_loop0(n, sigmoid_U_i_5, mm_U_i_5, b_i);
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_5, mm_U_i_5, b_i);
 
     /* mm_U_g_5 = mul_U_o_4 @ U_g, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_4, U_g, mm_U_g_5);
@@ -762,7 +762,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part2(
     lstm_sequence_product2(n, x6_, W_g, mm_U_g_5);
 
     /* tanh_U_g_5 = tanh(b_g + mm_U_g_5) */
-    lstm_sequence_loop1(n, tanh_U_g_5, mm_U_g_5, b_g);
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_5, mm_U_g_5, b_g);
 
     /* mm_U_f_5 = mul_U_o_4 @ U_f, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_4, U_f, mm_U_f_5);
@@ -897,8 +897,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     /* tanh_U_i_5 = tanh(add_U_i_4*sigmoid(b_f + mm_U_f_5) + sigmoid_U_i_5*tanh_U_g_5) */
     /* mul_U_o_5 = sigmoid_U_o_5*tanh(add_U_i_4*sigmoid(b_f + mm_U_f_5) +
      * sigmoid_U_i_5*tanh_U_g_5) */
-    lstm_sequence_loop2(n, sigmoid_U_f_5, add_U_i_5, tanh_U_i_5, mul_U_o_5, sigmoid_U_o_5, mm_U_f_5,
-            b_f, sigmoid_U_i_5, tanh_U_g_5, add_U_i_4);
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_5, add_U_i_5, tanh_U_i_5, mul_U_o_5, sigmoid_U_o_5,
+            mm_U_f_5, b_f, sigmoid_U_i_5, tanh_U_g_5, add_U_i_4);
 
     /* mm_U_o_6 = mul_U_o_5 @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_5, U_o, mm_U_o_6);
@@ -907,7 +907,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     lstm_sequence_product2(n, x7_, W_o, mm_U_o_6);
 
     /* sigmoid_U_o_6 = sigmoid(b_o + mm_U_o_6) */
-    lstm_sequence_loop0(n, sigmoid_U_o_6, mm_U_o_6, b_o);
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_6, mm_U_o_6, b_o);
 
     /* mm_U_i_6 = mul_U_o_5 @ U_i, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_5, U_i, mm_U_i_6);
@@ -916,7 +916,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     lstm_sequence_product2(n, x7_, W_i, mm_U_i_6);
 
     /* sigmoid_U_i_6 = sigmoid(b_i + mm_U_i_6) */
-    lstm_sequence_loop0(n, sigmoid_U_i_6, mm_U_i_6, b_i);
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_6, mm_U_i_6, b_i);
 
     /* mm_U_g_6 = mul_U_o_5 @ U_g, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_5, U_g, mm_U_g_6);
@@ -925,7 +925,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     lstm_sequence_product2(n, x7_, W_g, mm_U_g_6);
 
     /* tanh_U_g_6 = tanh(b_g + mm_U_g_6) */
-    lstm_sequence_loop1(n, tanh_U_g_6, mm_U_g_6, b_g);
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_6, mm_U_g_6, b_g);
 
     /* mm_U_f_6 = mul_U_o_5 @ U_f, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_5, U_f, mm_U_f_6);
@@ -938,8 +938,8 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     /* tanh_U_i_6 = tanh(add_U_i_5*sigmoid(b_f + mm_U_f_6) + sigmoid_U_i_6*tanh_U_g_6) */
     /* mul_U_o_6 = sigmoid_U_o_6*tanh(add_U_i_5*sigmoid(b_f + mm_U_f_6) +
      * sigmoid_U_i_6*tanh_U_g_6) */
-    lstm_sequence_loop2(n, sigmoid_U_f_6, add_U_i_6, tanh_U_i_6, mul_U_o_6, sigmoid_U_o_6, mm_U_f_6,
-            b_f, sigmoid_U_i_6, tanh_U_g_6, add_U_i_5);
+    lstm_sequence_sigmoid_U_loop(n, sigmoid_U_f_6, add_U_i_6, tanh_U_i_6, mul_U_o_6, sigmoid_U_o_6,
+            mm_U_f_6, b_f, sigmoid_U_i_6, tanh_U_g_6, add_U_i_5);
 
     /* mm_U_o_7 = mul_U_o_6 @ U_o, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_6, U_o, mm_U_o_7);
@@ -948,7 +948,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     lstm_sequence_product2(n, x8_, W_o, mm_U_o_7);
 
     /* sigmoid_U_o_7 = sigmoid(b_o + mm_U_o_7) */
-    lstm_sequence_loop0(n, sigmoid_U_o_7, mm_U_o_7, b_o);
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_o_7, mm_U_o_7, b_o);
 
     /* mm_U_i_7 = mul_U_o_6 @ U_i, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_6, U_i, mm_U_i_7);
@@ -957,7 +957,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     lstm_sequence_product2(n, x8_, W_i, mm_U_i_7);
 
     /* sigmoid_U_i_7 = sigmoid(b_i + mm_U_i_7) */
-    lstm_sequence_loop0(n, sigmoid_U_i_7, mm_U_i_7, b_i);
+    lstm_sequence_sigmoid_W_loop(n, sigmoid_U_i_7, mm_U_i_7, b_i);
 
     /* mm_U_g_7 = mul_U_o_6 @ U_g, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_6, U_g, mm_U_g_7);
@@ -966,7 +966,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part3(
     lstm_sequence_product2(n, x8_, W_g, mm_U_g_7);
 
     /* tanh_U_g_7 = tanh(b_g + mm_U_g_7) */
-    lstm_sequence_loop1(n, tanh_U_g_7, mm_U_g_7, b_g);
+    lstm_sequence_tanh_U_loop(n, tanh_U_g_7, mm_U_g_7, b_g);
 
     /* mm_U_f_7 = mul_U_o_6 @ U_f, the first of 2 products added up here */
     lstm_sequence_product1(n, mul_U_o_6, U_f, mm_U_f_7);
@@ -1283,7 +1283,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_2 = sigmoid_U_i_6*(1 - tanh_U_g_6**2)*(grad_add_U_i*sigmoid_U_f_7 +
      * grad_mul_U_o_6*sigmoid_U_o_6*(1 - tanh_U_i_6**2)) */
     /* grad_add_U_o_2 = grad_mul_U_o_6*sigmoid_U_o_6*tanh_U_i_6*(1 - sigmoid_U_o_6) */
-    lstm_sequence_loop3(n, grad_add_U_i_6, grad_add_U_i_3, tanh_U_g_6, sigmoid_U_i_6,
+    lstm_sequence_grad_add_U_loop(n, grad_add_U_i_6, grad_add_U_i_3, tanh_U_g_6, sigmoid_U_i_6,
             grad_add_U_f_2, add_U_i_5, sigmoid_U_f_6, grad_add_U_g_2, grad_add_U_o_2, tanh_U_i_6,
             sigmoid_U_o_6, grad_mul_U_o_6, grad_add_U_i, sigmoid_U_f_7);
 
@@ -1313,7 +1313,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_3 = sigmoid_U_i_5*(1 - tanh_U_g_5**2)*(grad_add_U_i_6*sigmoid_U_f_6 +
      * grad_mul_U_o_5*sigmoid_U_o_5*(1 - tanh_U_i_5**2)) */
     /* grad_add_U_o_3 = grad_mul_U_o_5*sigmoid_U_o_5*tanh_U_i_5*(1 - sigmoid_U_o_5) */
-    lstm_sequence_loop3(n, grad_add_U_i_5, grad_add_U_i_4, tanh_U_g_5, sigmoid_U_i_5,
+    lstm_sequence_grad_add_U_loop(n, grad_add_U_i_5, grad_add_U_i_4, tanh_U_g_5, sigmoid_U_i_5,
             grad_add_U_f_3, add_U_i_4, sigmoid_U_f_5, grad_add_U_g_3, grad_add_U_o_3, tanh_U_i_5,
             sigmoid_U_o_5, grad_mul_U_o_5, grad_add_U_i_6, sigmoid_U_f_6);
 
@@ -1343,7 +1343,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_4 = sigmoid_U_i_4*(1 - tanh_U_g_4**2)*(grad_add_U_i_5*sigmoid_U_f_5 +
      * grad_mul_U_o_4*sigmoid_U_o_4*(1 - tanh_U_i_4**2)) */
     /* grad_add_U_o_4 = grad_mul_U_o_4*sigmoid_U_o_4*tanh_U_i_4*(1 - sigmoid_U_o_4) */
-    lstm_sequence_loop3(n, grad_add_U_i_4_2, grad_add_U_i_7, tanh_U_g_4, sigmoid_U_i_4,
+    lstm_sequence_grad_add_U_loop(n, grad_add_U_i_4_2, grad_add_U_i_7, tanh_U_g_4, sigmoid_U_i_4,
             grad_add_U_f_4, add_U_i_3, sigmoid_U_f_4, grad_add_U_g_4, grad_add_U_o_4, tanh_U_i_4,
             sigmoid_U_o_4, grad_mul_U_o_4, grad_add_U_i_5, sigmoid_U_f_5);
 
@@ -1373,7 +1373,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_5 = sigmoid_U_i_3*(1 - tanh_U_g_3**2)*(grad_add_U_i_4_2*sigmoid_U_f_4 +
      * grad_mul_U_o_3*sigmoid_U_o_3*(1 - tanh_U_i_3**2)) */
     /* grad_add_U_o_5 = grad_mul_U_o_3*sigmoid_U_o_3*tanh_U_i_3*(1 - sigmoid_U_o_3) */
-    lstm_sequence_loop3(n, grad_add_U_i_3_2, grad_add_U_i_8, tanh_U_g_3, sigmoid_U_i_3,
+    lstm_sequence_grad_add_U_loop(n, grad_add_U_i_3_2, grad_add_U_i_8, tanh_U_g_3, sigmoid_U_i_3,
             grad_add_U_f_5, add_U_i_2, sigmoid_U_f_3, grad_add_U_g_5, grad_add_U_o_5, tanh_U_i_3,
             sigmoid_U_o_3, grad_mul_U_o_3, grad_add_U_i_4_2, sigmoid_U_f_4);
 
@@ -1403,7 +1403,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part5(
     /* grad_add_U_g_6 = sigmoid_U_i_2*(1 - tanh_U_g_2**2)*(grad_add_U_i_3_2*sigmoid_U_f_3 +
      * grad_mul_U_o_2*sigmoid_U_o_2*(1 - tanh_U_i_2**2)) */
     /* grad_add_U_o_6 = grad_mul_U_o_2*sigmoid_U_o_2*tanh_U_i_2*(1 - sigmoid_U_o_2) */
-    lstm_sequence_loop3(n, grad_add_U_i_2_2, grad_add_U_i_9, tanh_U_g_2, sigmoid_U_i_2,
+    lstm_sequence_grad_add_U_loop(n, grad_add_U_i_2_2, grad_add_U_i_9, tanh_U_g_2, sigmoid_U_i_2,
             grad_add_U_f_6, add_U_i, sigmoid_U_f_2, grad_add_U_g_6, grad_add_U_o_6, tanh_U_i_2,
             sigmoid_U_o_2, grad_mul_U_o_2, grad_add_U_i_3_2, sigmoid_U_f_3);
 
@@ -1933,7 +1933,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part7(
 /* lstm_sequence_run, part 8 of 8 (kernels 193 to 196): a long
  * function is cut into parts, since a C compiler's time grows faster than
  * linearly with a function's length. */
-/* In unit 3; called from unit 0. */
+/* In unit 2; called from unit 0. */
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     int64_t n,
     LSTM_SEQUENCE_REAL *grad_b_g,
@@ -1945,7 +1945,7 @@ LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     LSTM_SEQUENCE_REAL *grad_copy_b_g,
     LSTM_SEQUENCE_REAL *grad_copy_b_o
 );
-#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
+#if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 LSTM_SEQUENCE_SHARED void lstm_sequence_run_part8(
     int64_t n,
     LSTM_SEQUENCE_REAL *grad_b_g,

@@ -28,7 +28,7 @@
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 PINN_POISSON_SHARED SYMBACKPROP_CALLED
-void pinn_poisson_loop0(
+void pinn_poisson_tanh_loop(
     int64_t n,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
@@ -38,7 +38,7 @@ void pinn_poisson_loop0(
     const PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a5
 );
 PINN_POISSON_SHARED SYMBACKPROP_CALLED
-void pinn_poisson_loop1(
+void pinn_poisson_grad_add_loop(
     int64_t n,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
@@ -50,7 +50,7 @@ void pinn_poisson_loop1(
 );
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 1
 PINN_POISSON_SHARED SYMBACKPROP_CALLED
-void pinn_poisson_loop0(
+void pinn_poisson_tanh_loop(
     int64_t n,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
@@ -72,7 +72,7 @@ void pinn_poisson_loop0(
     }
 }
 PINN_POISSON_SHARED SYMBACKPROP_CALLED
-void pinn_poisson_loop1(
+void pinn_poisson_grad_add_loop(
     int64_t n,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a0,
     PINN_POISSON_REAL *SYMBACKPROP_RESTRICT a1,
@@ -223,7 +223,7 @@ int pinn_poisson_forward(
     /* tanh_W1_2 = tanh(b1 + mm_W1_2) */
     /* add_W1 = 1 - tanh(b1 + mm_W1_2)**2 */
     /* mul_W1 = W1*(1 - tanh(b1 + mm_W1_2)**2) */
-    pinn_poisson_loop0(n, tanh_W1_2, add_W1, mul_W1, W1, mm_W1_2, b1);
+    pinn_poisson_tanh_loop(n, tanh_W1_2, add_W1, mul_W1, W1, mm_W1_2, b1);
 
     /* mm_W2_2 = tanh_W1_2 @ W2 */
     symbackprop_f64_matmul(n, 16, 16, tanh_W1_2, 16, 1, W2, 16, 1, mm_W2_2);
@@ -231,7 +231,7 @@ int pinn_poisson_forward(
     /* tanh_W2_2 = tanh(b2 + mm_W2_2) */
     /* add_W2 = 1 - tanh(b2 + mm_W2_2)**2 */
     /* mul_W3 = W3^T*(1 - tanh(b2 + mm_W2_2)**2) */
-    pinn_poisson_loop0(n, tanh_W2_2, add_W2, mul_W3, W3, mm_W2_2, b2);
+    pinn_poisson_tanh_loop(n, tanh_W2_2, add_W2, mul_W3, W3, mm_W2_2, b2);
 
     /* mm_W2_3 = mul_W3 @ W2^T */
     symbackprop_f64_matmul(n, 16, 16, mul_W3, 16, 1, W2, 1, 16, mm_W2_3);
@@ -596,8 +596,8 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     /* grad_add_W2_2 = add_W1*grad_mul_W2_2 */
     /* grad_mul_W1_3 = add_W1*grad_mul_W2_2*mul_W1_2 */
     /* grad_mm_W2_3 = W1*add_W1*grad_mul_W2_2*mul_W1_2 */
-    pinn_poisson_loop1(n, grad_add_W2_2, grad_mul_W1_3, grad_mm_W2_3, W1, grad_mul_W2_2, add_W1,
-            mul_W1_2);
+    pinn_poisson_grad_add_loop(n, grad_add_W2_2, grad_mul_W1_3, grad_mm_W2_3, W1, grad_mul_W2_2,
+            add_W1, mul_W1_2);
 
     /* grad_mul_W2 = grad_add_W2_2 @ W2 */
     symbackprop_f64_matmul(n, 16, 16, grad_add_W2_2, 16, 1, W2, 16, 1, grad_mul_W2);
@@ -605,8 +605,8 @@ PINN_POISSON_SHARED void pinn_poisson_value_and_grad_part1(
     /* grad_mul_W2_5 = add_W2*grad_mul_W2 */
     /* grad_mul_W2_4 = add_W2*grad_mul_W2*mul_W2_3 */
     /* grad_mm_W2_4 = W3^T*add_W2*grad_mul_W2*mul_W2_3 */
-    pinn_poisson_loop1(n, grad_mul_W2_5, grad_mul_W2_4, grad_mm_W2_4, W3, grad_mul_W2, add_W2,
-            mul_W2_3);
+    pinn_poisson_grad_add_loop(n, grad_mul_W2_5, grad_mul_W2_4, grad_mm_W2_4, W3, grad_mul_W2,
+            add_W2, mul_W2_3);
 
     /* grad_mul_W1 = grad_mm_W2_4 @ W2^T */
     symbackprop_f64_matmul(n, 16, 16, grad_mm_W2_4, 16, 1, W2, 1, 16, grad_mul_W1);

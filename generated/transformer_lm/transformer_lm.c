@@ -158,11 +158,11 @@ void transformer_lm_product9(int64_t s0, const TRANSFORMER_LM_REAL *a, const TRA
  * every step of an unrolled network), a function for each kind of loop,
  * called with its arrays: each kind is compiled once. */
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
+void transformer_lm_add_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
         TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL
         *SYMBACKPROP_RESTRICT a2);
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop1(
+void transformer_lm_add_loop_2(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -170,7 +170,7 @@ void transformer_lm_loop1(
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop2(
+void transformer_lm_mul_loop(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -178,7 +178,7 @@ void transformer_lm_loop2(
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop3(
+void transformer_lm_add_loop_3(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -186,7 +186,7 @@ void transformer_lm_loop3(
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a3
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop4(
+void transformer_lm_grad_norm_loop(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -195,12 +195,12 @@ void transformer_lm_loop4(
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a4
 );
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop5(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
+void transformer_lm_grad_add_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
         TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL
         *SYMBACKPROP_RESTRICT a2);
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 0
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop5(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
+void transformer_lm_grad_add_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
         TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL
         *SYMBACKPROP_RESTRICT a2)
 {
@@ -214,7 +214,7 @@ void transformer_lm_loop5(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 2
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop1(
+void transformer_lm_add_loop_2(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -230,7 +230,7 @@ void transformer_lm_loop1(
     }
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop3(
+void transformer_lm_add_loop_3(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -246,7 +246,7 @@ void transformer_lm_loop3(
     }
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop4(
+void transformer_lm_grad_norm_loop(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     const TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -266,7 +266,7 @@ void transformer_lm_loop4(
 #endif
 #if !defined(SYMBACKPROP_UNIT) || SYMBACKPROP_UNIT == 3
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
+void transformer_lm_add_loop(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0, const
         TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1, const TRANSFORMER_LM_REAL
         *SYMBACKPROP_RESTRICT a2)
 {
@@ -278,7 +278,7 @@ void transformer_lm_loop0(int64_t m, TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a
     }
 }
 TRANSFORMER_LM_SHARED SYMBACKPROP_CALLED
-void transformer_lm_loop2(
+void transformer_lm_mul_loop(
     int64_t m,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a0,
     TRANSFORMER_LM_REAL *SYMBACKPROP_RESTRICT a1,
@@ -674,7 +674,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
 )
 {
     /* add_E = emap_E + emap_P */
-    transformer_lm_loop0(m, add_E, emap_E, emap_P);
+    transformer_lm_add_loop(m, add_E, emap_E, emap_P);
 
     /* norm_E[i, :] = (add_E[i, :] - mu_i) r_i, mu_i = mean_j add_E[i, j], r_i =
      * 1/sqrt(mean_j (add_E[i, j] - mu_i)^2 + 1e-05) */
@@ -726,7 +726,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* add_b0a = b0a + g0a*norm_E */
-    transformer_lm_loop1(m, add_b0a, g0a, norm_E, b0a);
+    transformer_lm_add_loop_2(m, add_b0a, g0a, norm_E, b0a);
 
     /* mul_Wq0 = Wq0/4 */
     SYMBACKPROP_PARALLEL_FOR
@@ -857,7 +857,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     transformer_lm_product0(m, mix_Wv0, Wo0, mm_Wo0);
 
     /* add_Wo0 = add_E + mm_Wo0 */
-    transformer_lm_loop0(m, add_Wo0, add_E, mm_Wo0);
+    transformer_lm_add_loop(m, add_Wo0, add_E, mm_Wo0);
 
     /* norm_Wo0[i, :] = (add_Wo0[i, :] - mu_i) r_i, mu_i = mean_j add_Wo0[i, j], r_i =
      * 1/sqrt(mean_j (add_Wo0[i, j] - mu_i)^2 + 1e-05) */
@@ -909,7 +909,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* add_b0m = b0m + g0m*norm_Wo0 */
-    transformer_lm_loop1(m, add_b0m, g0m, norm_Wo0, b0m);
+    transformer_lm_add_loop_2(m, add_b0m, g0m, norm_Wo0, b0m);
 
     /* mm_W0up = add_b0m @ W0up */
     transformer_lm_product1(m, add_b0m, W0up, mm_W0up);
@@ -917,13 +917,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     /* mul_W0up = (c0up + mm_W0up)*(erf(sqrt(2)*(c0up + mm_W0up)/2) + 1)/2 */
     /* add_W0up = sqrt(2)*(c0up + mm_W0up)*exp(-(c0up + mm_W0up)**2/2)/(2*sqrt(pi)) +
      * erf(sqrt(2)*(c0up + mm_W0up)/2)/2 + 1/2 */
-    transformer_lm_loop2(m, mul_W0up, add_W0up, mm_W0up, c0up);
+    transformer_lm_mul_loop(m, mul_W0up, add_W0up, mm_W0up, c0up);
 
     /* mm_W0down = mul_W0up @ W0down */
     transformer_lm_product2(m, mul_W0up, W0down, mm_W0down);
 
     /* add_W0down = add_Wo0 + c0down + mm_W0down */
-    transformer_lm_loop3(m, add_W0down, add_Wo0, mm_W0down, c0down);
+    transformer_lm_add_loop_3(m, add_W0down, add_Wo0, mm_W0down, c0down);
 
     /* norm_W0down[i, :] = (add_W0down[i, :] - mu_i) r_i, mu_i = mean_j add_W0down[i, j], r_i
      * = 1/sqrt(mean_j (add_W0down[i, j] - mu_i)^2 + 1e-05) */
@@ -975,7 +975,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* add_b1a = b1a + g1a*norm_W0down */
-    transformer_lm_loop1(m, add_b1a, g1a, norm_W0down, b1a);
+    transformer_lm_add_loop_2(m, add_b1a, g1a, norm_W0down, b1a);
 
     /* mul_Wq1 = Wq1/4 */
     SYMBACKPROP_PARALLEL_FOR
@@ -1106,7 +1106,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     transformer_lm_product0(m, mix_Wv1, Wo1, mm_Wo1);
 
     /* add_Wo1 = add_W0down + mm_Wo1 */
-    transformer_lm_loop0(m, add_Wo1, add_W0down, mm_Wo1);
+    transformer_lm_add_loop(m, add_Wo1, add_W0down, mm_Wo1);
 
     /* norm_Wo1[i, :] = (add_Wo1[i, :] - mu_i) r_i, mu_i = mean_j add_Wo1[i, j], r_i =
      * 1/sqrt(mean_j (add_Wo1[i, j] - mu_i)^2 + 1e-05) */
@@ -1158,7 +1158,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part2(
     }
 
     /* add_b1m = b1m + g1m*norm_Wo1 */
-    transformer_lm_loop1(m, add_b1m, g1m, norm_Wo1, b1m);
+    transformer_lm_add_loop_2(m, add_b1m, g1m, norm_Wo1, b1m);
 }
 #endif
 
@@ -1226,13 +1226,13 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     /* mul_W1up = (c1up + mm_W1up)*(erf(sqrt(2)*(c1up + mm_W1up)/2) + 1)/2 */
     /* add_W1up = sqrt(2)*(c1up + mm_W1up)*exp(-(c1up + mm_W1up)**2/2)/(2*sqrt(pi)) +
      * erf(sqrt(2)*(c1up + mm_W1up)/2)/2 + 1/2 */
-    transformer_lm_loop2(m, mul_W1up, add_W1up, mm_W1up, c1up);
+    transformer_lm_mul_loop(m, mul_W1up, add_W1up, mm_W1up, c1up);
 
     /* mm_W1down = mul_W1up @ W1down */
     transformer_lm_product2(m, mul_W1up, W1down, mm_W1down);
 
     /* add_W1down = add_Wo1 + c1down + mm_W1down */
-    transformer_lm_loop3(m, add_W1down, add_Wo1, mm_W1down, c1down);
+    transformer_lm_add_loop_3(m, add_W1down, add_Wo1, mm_W1down, c1down);
 
     /* norm_W1down[i, :] = (add_W1down[i, :] - mu_i) r_i, mu_i = mean_j add_W1down[i, j], r_i
      * = 1/sqrt(mean_j (add_W1down[i, j] - mu_i)^2 + 1e-05) */
@@ -1284,7 +1284,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part3(
     }
 
     /* add_bf = bf + gf*norm_W1down */
-    transformer_lm_loop1(m, add_bf, gf, norm_W1down, bf);
+    transformer_lm_add_loop_2(m, add_bf, gf, norm_W1down, bf);
 
     /* mm_Wout = add_bf @ Wout */
     transformer_lm_product3(m, add_bf, Wout, mm_Wout);
@@ -1438,7 +1438,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
 
     /* grad_norm_W1down = gf*grad_add_bf */
     /* grad_copy_gf = grad_add_bf*norm_W1down */
-    transformer_lm_loop4(m, grad_norm_W1down, grad_add_bf, gf, grad_copy_gf, norm_W1down);
+    transformer_lm_grad_norm_loop(m, grad_norm_W1down, grad_add_bf, gf, grad_copy_gf, norm_W1down);
 
     /* grad_add_W1down[i, :] = r_i (grad_norm_W1down[i, :] - mean_j grad_norm_W1down[i, j] -
      * y[i, :] mean_j grad_norm_W1down[i, j] y[i, j]), y = (add_W1down - mu) r normalized as
@@ -1507,14 +1507,14 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     transformer_lm_product5(m, grad_add_W1down, W1down, grad_mul_W1up);
 
     /* grad_add_W1up = add_W1up*grad_mul_W1up */
-    transformer_lm_loop5(m, grad_add_W1up, grad_mul_W1up, add_W1up);
+    transformer_lm_grad_add_loop(m, grad_add_W1up, grad_mul_W1up, add_W1up);
 
     /* grad_add_b1m = grad_add_W1up @ W1up^T */
     transformer_lm_product6(m, grad_add_W1up, W1up, grad_add_b1m);
 
     /* grad_norm_Wo1 = g1m*grad_add_b1m */
     /* grad_copy_g1m = grad_add_b1m*norm_Wo1 */
-    transformer_lm_loop4(m, grad_norm_Wo1, grad_add_b1m, g1m, grad_copy_g1m, norm_Wo1);
+    transformer_lm_grad_norm_loop(m, grad_norm_Wo1, grad_add_b1m, g1m, grad_copy_g1m, norm_Wo1);
 
     /* grad_add_Wo1_part[i, :] = r_i (grad_norm_Wo1[i, :] - mean_j grad_norm_Wo1[i, j] -
      * y[i, :] mean_j grad_norm_Wo1[i, j] y[i, j]), y = (add_Wo1 - mu) r normalized as in
@@ -1579,7 +1579,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part4(
     }
 
     /* grad_add_Wo1 = grad_add_W1down + grad_add_Wo1_part */
-    transformer_lm_loop0(m, grad_add_Wo1, grad_add_W1down, grad_add_Wo1_part);
+    transformer_lm_add_loop(m, grad_add_Wo1, grad_add_W1down, grad_add_Wo1_part);
 
     /* grad_mix_Wv1 = grad_add_Wo1 @ Wo1^T */
     transformer_lm_product7(m, grad_add_Wo1, Wo1, grad_mix_Wv1);
@@ -1868,7 +1868,8 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 {
     /* grad_norm_W0down = g1a*grad_add_b1a */
     /* grad_copy_g1a = grad_add_b1a*norm_W0down */
-    transformer_lm_loop4(m, grad_norm_W0down, grad_add_b1a, g1a, grad_copy_g1a, norm_W0down);
+    transformer_lm_grad_norm_loop(m, grad_norm_W0down, grad_add_b1a, g1a, grad_copy_g1a,
+            norm_W0down);
 
     /* grad_add_W0down_part[i, :] = r_i (grad_norm_W0down[i, :] - mean_j
      * grad_norm_W0down[i, j] - y[i, :] mean_j grad_norm_W0down[i, j] y[i, j]), y =
@@ -1935,20 +1936,20 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_add_W0down = grad_add_W0down_part + grad_add_Wo1 */
-    transformer_lm_loop0(m, grad_add_W0down, grad_add_Wo1, grad_add_W0down_part);
+    transformer_lm_add_loop(m, grad_add_W0down, grad_add_Wo1, grad_add_W0down_part);
 
     /* grad_mul_W0up = grad_add_W0down @ W0down^T */
     transformer_lm_product5(m, grad_add_W0down, W0down, grad_mul_W0up);
 
     /* grad_add_W0up = add_W0up*grad_mul_W0up */
-    transformer_lm_loop5(m, grad_add_W0up, grad_mul_W0up, add_W0up);
+    transformer_lm_grad_add_loop(m, grad_add_W0up, grad_mul_W0up, add_W0up);
 
     /* grad_add_b0m = grad_add_W0up @ W0up^T */
     transformer_lm_product6(m, grad_add_W0up, W0up, grad_add_b0m);
 
     /* grad_norm_Wo0 = g0m*grad_add_b0m */
     /* grad_copy_g0m = grad_add_b0m*norm_Wo0 */
-    transformer_lm_loop4(m, grad_norm_Wo0, grad_add_b0m, g0m, grad_copy_g0m, norm_Wo0);
+    transformer_lm_grad_norm_loop(m, grad_norm_Wo0, grad_add_b0m, g0m, grad_copy_g0m, norm_Wo0);
 
     /* grad_add_Wo0_part[i, :] = r_i (grad_norm_Wo0[i, :] - mean_j grad_norm_Wo0[i, j] -
      * y[i, :] mean_j grad_norm_Wo0[i, j] y[i, j]), y = (add_Wo0 - mu) r normalized as in
@@ -2013,7 +2014,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_add_Wo0 = grad_add_W0down + grad_add_Wo0_part */
-    transformer_lm_loop0(m, grad_add_Wo0, grad_add_W0down, grad_add_Wo0_part);
+    transformer_lm_add_loop(m, grad_add_Wo0, grad_add_W0down, grad_add_Wo0_part);
 
     /* grad_mix_Wv0 = grad_add_Wo0 @ Wo0^T */
     transformer_lm_product7(m, grad_add_Wo0, Wo0, grad_mix_Wv0);
@@ -2198,7 +2199,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
 
     /* grad_norm_E = g0a*grad_add_b0a */
     /* grad_copy_g0a = grad_add_b0a*norm_E */
-    transformer_lm_loop4(m, grad_norm_E, grad_add_b0a, g0a, grad_copy_g0a, norm_E);
+    transformer_lm_grad_norm_loop(m, grad_norm_E, grad_add_b0a, g0a, grad_copy_g0a, norm_E);
 
     /* grad_add_E_part[i, :] = r_i (grad_norm_E[i, :] - mean_j grad_norm_E[i, j] - y[i, :]
      * mean_j grad_norm_E[i, j] y[i, j]), y = (add_E - mu) r normalized as in normalize_rows
@@ -2262,7 +2263,7 @@ TRANSFORMER_LM_SHARED void transformer_lm_run_part5(
     }
 
     /* grad_add_E = grad_add_E_part + grad_add_Wo0 */
-    transformer_lm_loop0(m, grad_add_E, grad_add_Wo0, grad_add_E_part);
+    transformer_lm_add_loop(m, grad_add_E, grad_add_Wo0, grad_add_E_part);
 }
 #endif
 
